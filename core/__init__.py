@@ -1,0 +1,123 @@
+"""agentik.core — the transport-agnostic agent.
+
+Public API (everything a transport, a plugin or a library user needs)::
+
+    from agentik.core import Agent, SQLiteStore, OpenAIBackend, tool
+
+    async with Agent(llm=OpenAIBackend(model="..."), store=SQLiteStore("bot.db")) as agent:
+        conv = await agent.conversation_for_channel("stdio:local")
+        async for event in conv.events(profile="chat"):
+            ...
+
+No chat-protocol code lives here; ``agentik.transports`` and ``agentik.bot``
+build on this package, never the other way round.
+"""
+
+from .agent import Agent, AgentState
+from .conversation import Capabilities, Conversation, ConversationState
+from .errors import (
+    AgentikError,
+    ClosedError,
+    ConfigError,
+    LLMConnectionError,
+    LLMError,
+    LLMResponseError,
+    LLMStatusError,
+    LLMTimeout,
+    MigrationError,
+    NotFound,
+    PluginError,
+    StoreError,
+    ToolError,
+)
+from .eventbus import Subscription
+from .events import (
+    PROFILES,
+    ChildRunLinked,
+    Error,
+    Event,
+    EventsLost,
+    Interrupted,
+    ReasoningDelta,
+    ReasoningStarted,
+    ResponseStarted,
+    TextDelta,
+    ToolCallEnded,
+    ToolCallStarted,
+    TurnEnded,
+    TurnStarted,
+    event_from_dict,
+    event_from_json,
+    event_to_dict,
+    event_to_json,
+)
+from .hookspecs import hookimpl
+from .llm.base import LLMBackend, LLMRequest, ToolSpec
+from .llm.openai_backend import OpenAIBackend
+from .messages import ChatMessage, Message, ToolCall, Usage
+from .plugins import Registry, load_plugins
+from .store.base import ConversationRecord, Store
+from .store.memory import MemoryStore
+from .store.sqlite import SQLiteStore
+from .tools.base import FunctionTool, Tool, ToolContext, ToolResult, TurnPolicy, tool
+
+__all__ = [
+    "PROFILES",
+    "Agent",
+    "AgentState",
+    "AgentikError",
+    "Capabilities",
+    "ChatMessage",
+    "ChildRunLinked",
+    "ClosedError",
+    "ConfigError",
+    "Conversation",
+    "ConversationRecord",
+    "ConversationState",
+    "Error",
+    "Event",
+    "EventsLost",
+    "FunctionTool",
+    "Interrupted",
+    "LLMBackend",
+    "LLMConnectionError",
+    "LLMError",
+    "LLMRequest",
+    "LLMResponseError",
+    "LLMStatusError",
+    "LLMTimeout",
+    "MemoryStore",
+    "Message",
+    "MigrationError",
+    "NotFound",
+    "OpenAIBackend",
+    "PluginError",
+    "ReasoningDelta",
+    "ReasoningStarted",
+    "Registry",
+    "ResponseStarted",
+    "SQLiteStore",
+    "Store",
+    "StoreError",
+    "Subscription",
+    "TextDelta",
+    "Tool",
+    "ToolCall",
+    "ToolCallEnded",
+    "ToolCallStarted",
+    "ToolContext",
+    "ToolError",
+    "ToolResult",
+    "ToolSpec",
+    "TurnEnded",
+    "TurnPolicy",
+    "TurnStarted",
+    "Usage",
+    "event_from_dict",
+    "event_from_json",
+    "event_to_dict",
+    "event_to_json",
+    "hookimpl",
+    "load_plugins",
+    "tool",
+]

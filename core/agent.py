@@ -1,0 +1,284 @@
+"""The Agent: owns every conversation, their persistence and the event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import logging
+import time
+import uuid
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from .conversation import Conversation, _kinds
+from .errors import ClosedError, ConfigError, NotFound
+from .eventbus import EventBus, Subscription
+from .events import EventBase, EventsLost
+from .llm.base import LLMBackend
+from .store.base import ConversationRecord, Store
+from .store.memory import MemoryStore
+from .store.sqlite import SQLiteStore
+from .tools.base import Tool, TurnPolicy
+
+__all__ = ["Agent", "AgentState"]
+
+log = logging.getLogger(__name__)
+
+
+class AgentState(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class Agent:
+    """An LLM agent serving many conversations.
+
+    ``llm`` is the model backend; ``store`` the persistence engine (default:
+    SQLite in memory); ``tools`` what the model may call; ``system_prompt``
+    is put in front of every request (so changing it takes effect at once,
+    in every conversation); ``policy`` the default :class:`TurnPolicy`;
+    ``event_buffer`` how many recent events each stream keeps for
+    reconnecting subscribers.
+
+    Use as an async context manager, or call :meth:`start` and
+    :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        *,
+        llm: LLMBackend,
+        store: Store | None = None,
+        tools: Iterable[Tool] = (),
+        system_prompt: str | None = None,
+        policy: TurnPolicy | None = None,
+        event_buffer: int = 1024,
+    ) -> None:
+        self.llm = llm
+        self.store: Store = store if store is not None else SQLiteStore(":memory:")
+        self.system_prompt = system_prompt
+        self.policy = policy or TurnPolicy()
+        self.event_buffer = event_buffer
+        self.state = AgentState.NEW
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            self.add_tool(t)
+        self._temp_store = MemoryStore()
+        # Conversations in use stay here; idle ones are dropped when no
+        # caller holds them any more (they reload from the store on demand).
+        self._open: weakref.WeakValueDictionary[str, Conversation] = weakref.WeakValueDictionary()
+        self._busy: dict[str, Conversation] = {}
+        self._stream_seq = itertools.count(1)
+        self._last_stream_seq = 0
+        self._bus = EventBus(key=lambda e: e.stream_seq, lost=self._lost, buffer=event_buffer * 4)
+        self._channel_locks: dict[str, asyncio.Lock] = {}
+
+    def __repr__(self) -> str:
+        return f"<Agent {self.state.value} llm={self.llm!r}>"
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def start(self) -> Agent:
+        if self.state is AgentState.NEW:
+            await self.store.start()
+            self.state = AgentState.RUNNING
+        return self
+
+    async def aclose(self, *, drain: bool = False) -> None:
+        """Stop every conversation (interrupting running turns unless ``drain``),
+        close the model backend and the store.  Nothing is left running."""
+        if self.state in (AgentState.CLOSING, AgentState.CLOSED):
+            return
+        self.state = AgentState.CLOSING
+        convs = {**{c.id: c for c in list(self._open.values())}, **self._busy}
+        await asyncio.gather(
+            *(c.aclose(drain=drain) for c in convs.values()), return_exceptions=True
+        )
+        self._bus.close()
+        with contextlib.suppress(Exception):
+            await self.llm.aclose()
+        await self.store.aclose()
+        self.state = AgentState.CLOSED
+
+    async def __aenter__(self) -> Agent:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _check_running(self) -> None:
+        if self.state is not AgentState.RUNNING:
+            raise ClosedError(f"the agent is {self.state.value}")
+
+    # -- tools -------------------------------------------------------------------
+    @property
+    def tools(self) -> list[Tool]:
+        return list(self._tools.values())
+
+    def add_tool(self, tool: Tool) -> None:
+        """Offer ``tool`` to the model; names must be unique."""
+        if tool.name in self._tools:
+            raise ConfigError(f"two tools are named {tool.name!r}")
+        self._tools[tool.name] = tool
+
+    # -- conversations ---------------------------------------------------------------
+    def _wrap(
+        self,
+        record: ConversationRecord,
+        *,
+        temp: bool,
+        channel_key: str | None = None,
+    ) -> Conversation:
+        conv = self._open.get(record.id)
+        if conv is None:
+            store = self._temp_store if temp else self.store
+            conv = Conversation(self, record, store=store, temp=temp, channel_key=channel_key)
+            self._open[record.id] = conv
+        elif channel_key is not None and conv.channel_key is None:
+            conv.channel_key = channel_key
+        return conv
+
+    def _forget(self, conv: Conversation) -> None:
+        if self._open.get(conv.id) is conv:
+            del self._open[conv.id]
+        self._busy.pop(conv.id, None)
+
+    async def create_conversation(
+        self,
+        *,
+        title: str = "",
+        temp: bool = False,
+        conversation_id: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Conversation:
+        """Create a conversation; ``temp=True`` keeps it in memory only."""
+        self._check_running()
+        now = time.time()
+        record = ConversationRecord(
+            id=conversation_id or uuid.uuid4().hex,
+            title=title,
+            created_at=now,
+            updated_at=now,
+            meta=dict(meta or {}),
+        )
+        await (self._temp_store if temp else self.store).create_conversation(record)
+        return self._wrap(record, temp=temp)
+
+    async def get_conversation(self, conversation_id: str) -> Conversation:
+        """The conversation with this id; raises :class:`NotFound`."""
+        self._check_running()
+        conv = self._open.get(conversation_id)
+        if conv is not None:
+            return conv
+        record = await self._temp_store.get_conversation(conversation_id)
+        temp = record is not None
+        if record is None:
+            record = await self.store.get_conversation(conversation_id)
+        if record is None:
+            raise NotFound(f"no conversation {conversation_id!r}")
+        return self._wrap(record, temp=temp, channel_key=record.meta.get("channel_key"))
+
+    async def delete_conversation(self, conversation_id: str) -> None:
+        """Delete a conversation and everything stored about it."""
+        self._check_running()
+        conv = self._open.get(conversation_id)
+        if conv is not None:
+            await conv.aclose()
+        if not await self._temp_store.delete_conversation(conversation_id):
+            if not await self.store.delete_conversation(conversation_id):
+                raise NotFound(f"no conversation {conversation_id!r}")
+
+    async def list_conversations(
+        self,
+        *,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[ConversationRecord]:
+        """A page of conversations (temporary ones included), most recent first."""
+        self._check_running()
+        stored = await self.store.list_conversations(limit=limit + offset, offset=0)
+        temp = await self._temp_store.list_conversations(limit=limit + offset, offset=0)
+        merged = sorted([*stored, *temp], key=lambda r: (-r.updated_at, r.id))
+        return merged[offset : offset + limit]
+
+    async def conversation_for_channel(
+        self,
+        channel_key: str,
+        *,
+        title: str | None = None,
+    ) -> Conversation:
+        """Get or create the conversation bound to ``channel_key`` (persistently).
+
+        Keys look like ``irc:<network>:<#channel>``,
+        ``slack:<team>:<channel>[:<thread_ts>]``, ``stdio:<name>``.
+        """
+        self._check_running()
+        lock = self._channel_locks.setdefault(channel_key, asyncio.Lock())
+        async with lock:
+            conv_id = await self.store.get_binding(channel_key)
+            if conv_id is not None:
+                conv = self._open.get(conv_id)
+                if conv is not None:
+                    return conv
+                record = await self.store.get_conversation(conv_id)
+                if record is not None:
+                    return self._wrap(record, temp=False, channel_key=channel_key)
+            return await self._bind_new(channel_key, title)
+
+    async def new_conversation_for_channel(
+        self,
+        channel_key: str,
+        *,
+        title: str | None = None,
+    ) -> Conversation:
+        """Bind ``channel_key`` to a fresh conversation; the old one stays in history."""
+        self._check_running()
+        lock = self._channel_locks.setdefault(channel_key, asyncio.Lock())
+        async with lock:
+            return await self._bind_new(channel_key, title)
+
+    async def _bind_new(self, channel_key: str, title: str | None) -> Conversation:
+        now = time.time()
+        record = ConversationRecord(
+            id=uuid.uuid4().hex,
+            title=title if title is not None else channel_key,
+            created_at=now,
+            updated_at=now,
+            meta={"channel_key": channel_key},
+        )
+        await self.store.create_conversation(record, channel_key=channel_key)
+        return self._wrap(record, temp=False, channel_key=channel_key)
+
+    # -- events --------------------------------------------------------------------------
+    def _next_stream_seq(self) -> int:
+        self._last_stream_seq = next(self._stream_seq)
+        return self._last_stream_seq
+
+    def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
+        return EventsLost(
+            conversation_id="",
+            stream_seq=after,
+            ts=time.time(),
+            requested_after=after,
+            oldest_seq=oldest,
+        )
+
+    def _publish(self, event: EventBase) -> None:
+        self._bus.publish(event)
+
+    def events(
+        self,
+        *,
+        after: int | None = None,
+        profile: str = "debug",
+        kinds: Iterable[str] | None = None,
+    ) -> Subscription:
+        """One live stream of the events of every conversation.
+
+        ``after`` is a ``stream_seq``; otherwise as :meth:`Conversation.events`.
+        """
+        return self._bus.subscribe(after=after, kinds=_kinds(profile, kinds))

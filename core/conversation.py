@@ -1,0 +1,365 @@
+"""A conversation: ordered turns over a persistent dual log, and its events.
+
+``send`` is fire-and-forget: it commits the user message to the audit log,
+queues a turn and returns the turn's run id.  One worker task per busy
+conversation runs the queued turns strictly one at a time, in arrival order;
+it exits when the queue is empty (idle conversations cost no task).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import ClosedError
+from .eventbus import EventBus, Subscription
+from .events import PROFILES, EventBase, EventsLost
+from .messages import ChatMessage, Message, MessageKind, NewMessage
+from .store.base import ConversationRecord, Store
+from .tools.base import TurnPolicy
+from .turn import TurnRunner
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+__all__ = ["Capabilities", "Conversation", "ConversationState"]
+
+log = logging.getLogger(__name__)
+
+
+class ConversationState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What this conversation's model can take and give besides text."""
+
+    image_in: bool = False
+    image_out: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    run_id: str
+    content: str
+    author: str | None
+    committed: asyncio.Future[list[Message]]
+
+
+def _new_run_id() -> str:
+    return f"run_{uuid.uuid4().hex[:20]}"
+
+
+class Conversation:
+    """One persistent conversation.  Obtain it from :class:`~agentik.core.agent.Agent`."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        record: ConversationRecord,
+        *,
+        store: Store,
+        temp: bool = False,
+        channel_key: str | None = None,
+    ) -> None:
+        self.agent = agent
+        self.id = record.id
+        self.title = record.title
+        self.created_at = record.created_at
+        self.updated_at = record.updated_at
+        self.temp = temp
+        self.channel_key = channel_key
+        #: Per-conversation override of the agent's :class:`TurnPolicy`.
+        self.policy: TurnPolicy | None = None
+        self.state = ConversationState.OPEN
+        self._store = store
+        self._seq = 0
+        self._bus: EventBus | None = None
+        self._queue: deque[_Pending] = deque()
+        self._worker: asyncio.Task[None] | None = None
+        self._runner: TurnRunner | None = None
+        self._current: asyncio.Task[None] | None = None
+        self._memory_cache: list[ChatMessage] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def __repr__(self) -> str:
+        return f"<Conversation {self.id} {self.title!r}{' temp' if self.temp else ''}>"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        llm = self.agent.llm
+        return Capabilities(
+            image_in=bool(getattr(llm, "supports_image_in", False)),
+            image_out=bool(getattr(llm, "supports_image_out", False)),
+        )
+
+    @property
+    def busy(self) -> bool:
+        """Whether a turn is running or queued."""
+        return not self._idle.is_set()
+
+    @property
+    def queued(self) -> int:
+        """Turns waiting behind the running one."""
+        return max(0, len(self._queue) - (1 if self._current is not None else 0))
+
+    @property
+    def running_run_id(self) -> str | None:
+        return self._runner.run_id if self._runner is not None else None
+
+    def _check_open(self) -> None:
+        if self.state is ConversationState.CLOSED:
+            raise ClosedError(f"conversation {self.id} is closed")
+        self.agent._check_running()
+
+    # -- sending ----------------------------------------------------------------
+    async def send(
+        self, content: str, *, author: str | None = None, channel: str | None = None
+    ) -> str:
+        """Record ``content`` as a user message and queue a turn; return its run id.
+
+        Returns once the message is committed to the audit log (it survives a
+        crash from then on).  The turn runs after every turn queued before it.
+        ``author`` is the speaker's display name; ``channel`` defaults to the
+        conversation's channel key.
+        """
+        self._check_open()
+        if not isinstance(content, str):
+            raise TypeError("content must be a str")
+        run_id = _new_run_id()
+        now = time.time()
+        entry = NewMessage(
+            kind="user",
+            content=content,
+            author=author,
+            channel=channel or self.channel_key,
+            run_id=run_id,
+            created_at=now,
+        )
+        # The write runs in its own task, queued now, so the order of the audit
+        # log matches the order of the turn queue even under concurrent sends.
+        committed = asyncio.ensure_future(self._store.append(self.id, log=[entry], updated_at=now))
+        self._queue.append(_Pending(run_id, content, author, committed))
+        self._idle.clear()
+        if self._worker is None:
+            # Busy conversations stay referenced even if no caller holds them.
+            self.agent._busy[self.id] = self
+            self._worker = asyncio.create_task(self._work(), name=f"agentik-conversation:{self.id}")
+        await asyncio.shield(committed)
+        self.updated_at = now
+        return run_id
+
+    async def _work(self) -> None:
+        try:
+            while self._queue:
+                pending = self._queue[0]
+                try:
+                    stored = await pending.committed
+                except Exception:
+                    self._queue.popleft()  # send() already raised to its caller
+                    continue
+                runner = TurnRunner(
+                    self,
+                    run_id=pending.run_id,
+                    message=stored[0],
+                    policy=self.policy or self.agent.policy,
+                    tools=self.agent.tools,
+                )
+                self._runner = runner
+                self._current = asyncio.create_task(
+                    runner.run(), name=f"agentik-turn:{pending.run_id}"
+                )
+                try:
+                    await self._current
+                finally:
+                    self._queue.popleft()
+                    self._runner = self._current = None
+        finally:
+            self._worker = None
+            self.agent._busy.pop(self.id, None)
+            if not self._queue:
+                self._idle.set()
+
+    async def interrupt(self) -> bool:
+        """Stop the running turn; return once it has stopped.
+
+        The model's stream is closed and running tool calls are cancelled;
+        the partial answer is kept, marked interrupted.  Queued turns still
+        run.  Returns ``False`` if no turn was running.
+        """
+        task, runner = self._current, self._runner
+        if task is None or runner is None or task.done():
+            return False
+        runner.interrupt_requested = True
+        task.cancel()
+        await asyncio.wait([task])
+        return True
+
+    async def wait_idle(self) -> None:
+        """Wait until no turn is running or queued."""
+        await self._idle.wait()
+
+    # -- events ---------------------------------------------------------------
+    def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
+        return EventsLost(
+            conversation_id=self.id,
+            seq=after,
+            ts=time.time(),
+            requested_after=after,
+            oldest_seq=oldest,
+        )
+
+    def _get_bus(self) -> EventBus:
+        if self._bus is None:
+            self._bus = EventBus(
+                key=lambda e: e.seq, lost=self._lost, buffer=self.agent.event_buffer
+            )
+            if self.state is ConversationState.CLOSED:
+                self._bus.close()
+        return self._bus
+
+    def _emit(self, cls: type[EventBase], run_id: str | None, **fields: Any) -> None:
+        self._seq += 1
+        event = cls(
+            conversation_id=self.id,
+            run_id=run_id,
+            seq=self._seq,
+            stream_seq=self.agent._next_stream_seq(),
+            ts=time.time(),
+            **fields,
+        )
+        self._get_bus().publish(event)
+        self.agent._publish(event)
+
+    def events(
+        self,
+        *,
+        after: int | None = None,
+        profile: str = "debug",
+        kinds: Iterable[str] | None = None,
+    ) -> Subscription:
+        """Live events of this conversation (an async iterator).
+
+        With ``after=seq`` a reconnecting subscriber first receives the
+        buffered events it missed, or an ``events_lost`` notice if the buffer
+        no longer reaches back that far.  ``profile`` picks a kind set from
+        :data:`~agentik.core.events.PROFILES` (``chat``, ``debug``,
+        ``metrics``); ``kinds`` overrides it.
+        """
+        return self._get_bus().subscribe(after=after, kinds=_kinds(profile, kinds))
+
+    # -- history and working memory ------------------------------------------------
+    async def messages(
+        self,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        offset: int | None = None,
+        limit: int = 100,
+        kinds: Sequence[MessageKind] | None = None,
+    ) -> list[Message]:
+        """A page of the audit log, oldest first (see :meth:`Store.messages`)."""
+        return await self._store.messages(
+            self.id, after=after, before=before, offset=offset, limit=limit, kinds=kinds
+        )
+
+    async def working_memory(self) -> list[ChatMessage]:
+        """The current LLM context (without the system prompt)."""
+        return [e.message for e in await self._store.load_memory(self.id)]
+
+    async def _ensure_memory(self, *, exclude_run: str | None = None) -> None:
+        """Load the working memory, folding in user messages a crash left out.
+
+        A user message whose turn never started (the process died first) is in
+        the audit log but not in working memory; it is added as context so
+        nothing the user said is lost to the model.
+        """
+        if self._memory_cache is not None:
+            return
+        entries = await self._store.load_memory(self.id)
+        cache = [e.message for e in entries]
+        last = max((m.message_id or 0 for m in cache), default=0)
+        pending = {p.run_id for p in self._queue} | {exclude_run}
+        orphans = [
+            m
+            for m in await self._store.messages(self.id, after=last, kinds=["user"], limit=1000)
+            if m.run_id not in pending
+        ]
+        if orphans:
+            log.warning(
+                "conversation %s: %d user message(s) from an interrupted process added to context",
+                self.id,
+                len(orphans),
+            )
+            extra = [
+                ChatMessage(role="user", content=m.content, author=m.author, message_id=m.id)
+                for m in orphans
+            ]
+            await self._store.append(self.id, memory=extra)
+            cache.extend(extra)
+        self._memory_cache = cache
+
+    def _memory_cache_extend(self, memory: Sequence[ChatMessage]) -> None:
+        if self._memory_cache is not None:
+            self._memory_cache.extend(memory)
+
+    def _invalidate_memory(self) -> None:
+        self._memory_cache = None
+
+    async def compact(self, upto: int, summary: str) -> None:
+        """Replace working-memory entries up to position ``upto`` with ``summary``."""
+        await self._store.compact(self.id, upto, ChatMessage(role="system", content=summary))
+        self._invalidate_memory()
+
+    # -- metadata and lifecycle ----------------------------------------------------
+    async def rename(self, title: str) -> None:
+        self._check_open()
+        await self._store.update_conversation(self.id, title=title)
+        self.title = title
+
+    async def aclose(self, *, drain: bool = False) -> None:
+        """Close: with ``drain``, let queued turns finish; else interrupt them.
+
+        Queued user messages stay in the audit log either way (and reach the
+        model as context next time).  Subscribers' streams end.
+        """
+        if self.state is ConversationState.CLOSED:
+            return
+        if drain:
+            await self.wait_idle()
+        self.state = ConversationState.CLOSED
+        worker = self._worker
+        if worker is not None:
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        self._queue.clear()
+        self._idle.set()
+        if self._bus is not None:
+            self._bus.close()
+        self.agent._forget(self)
+
+    async def __aenter__(self) -> Conversation:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _kinds(profile: str, kinds: Iterable[str] | None) -> frozenset[str] | None:
+    if kinds is not None:
+        return frozenset(kinds)
+    if profile not in PROFILES:
+        raise ValueError(f"unknown event profile {profile!r} (known: {', '.join(PROFILES)})")
+    return None if profile == "debug" else PROFILES[profile]

@@ -1,0 +1,106 @@
+"""The agentik exception tree.
+
+Every error agentik raises on purpose derives from :class:`AgentikError`.
+Third-party errors (``openai``, ``sqlite3``, ...) are translated at the
+boundary with ``raise ... from`` so callers only ever catch our types::
+
+    AgentikError
+    ├── ConfigError             user/config mistakes: bad value, unknown backend
+    │   └── PluginError         a plugin failed to load or registered nonsense
+    ├── NotFound                no such conversation / message
+    ├── ClosedError             the agent or conversation was closed
+    ├── StoreError              the persistence layer failed (disk, schema)
+    │   └── MigrationError      a schema migration could not be applied
+    ├── LLMError                the model backend failed at run time
+    │   ├── LLMConnectionError  the endpoint could not be reached / dropped mid-stream
+    │   │   └── LLMTimeout      no answer (or no next chunk) within the timeout
+    │   ├── LLMStatusError      the endpoint answered with an HTTP error status
+    │   └── LLMResponseError    the endpoint answered something we cannot use
+    └── ToolError               a tool failed; the message goes back to the model
+
+User/config errors (``ConfigError``) are meant to be shown to a person as one
+line; run-time errors are reported as ``error`` events and logged.  No error
+message ever contains a secret (API keys are never formatted into them).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentikError",
+    "ClosedError",
+    "ConfigError",
+    "LLMConnectionError",
+    "LLMError",
+    "LLMResponseError",
+    "LLMStatusError",
+    "LLMTimeout",
+    "MigrationError",
+    "NotFound",
+    "PluginError",
+    "StoreError",
+    "ToolError",
+]
+
+
+class AgentikError(Exception):
+    """Base class of every error agentik raises on purpose."""
+
+
+class ConfigError(AgentikError):
+    """A configuration or usage mistake a person must fix."""
+
+
+class PluginError(ConfigError):
+    """A plugin failed to load, or registered something invalid."""
+
+
+class NotFound(AgentikError, LookupError):
+    """The conversation (or other object) asked for does not exist."""
+
+
+class ClosedError(AgentikError):
+    """The agent or conversation was closed; no more work is accepted."""
+
+
+class StoreError(AgentikError):
+    """The persistence layer failed."""
+
+
+class MigrationError(StoreError):
+    """A schema migration could not be applied."""
+
+
+class LLMError(AgentikError):
+    """The model backend failed.
+
+    ``retryable`` tells whether the same request might succeed later.
+    """
+
+    retryable: bool = False
+
+
+class LLMConnectionError(LLMError):
+    """The endpoint could not be reached, or the stream broke off."""
+
+    retryable = True
+
+
+class LLMTimeout(LLMConnectionError):
+    """The endpoint did not answer (or send the next chunk) in time."""
+
+
+class LLMStatusError(LLMError):
+    """The endpoint answered with an HTTP error status."""
+
+    def __init__(self, message: str, *, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retryable = status_code == 429 or status_code >= 500
+
+
+class LLMResponseError(LLMError):
+    """The endpoint answered with something that cannot be used."""
+
+
+class ToolError(AgentikError):
+    """Raised by a tool to report a failure to the model as an error result."""

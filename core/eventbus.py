@@ -1,0 +1,145 @@
+"""A live event stream with a bounded replay buffer.
+
+One :class:`EventBus` per conversation (keyed by ``seq``) and one for the whole
+agent (keyed by ``stream_seq``).  Publishing is synchronous and never blocks:
+each subscriber has a bounded queue; a subscriber that falls further behind
+than that is sent :class:`~agentik.core.events.EventsLost` and its stream
+ends, so a slow reader can never slow the agent down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+
+from .events import EventBase, EventsLost
+
+__all__ = ["EventBus", "Subscription"]
+
+
+class Subscription(AsyncIterator[EventBase]):
+    """An async iterator over the events of one bus; ``aclose()`` to leave.
+
+    Ends (``StopAsyncIteration``) when the bus closes, or after an
+    ``EventsLost`` event when the subscriber fell too far behind.
+    """
+
+    def __init__(
+        self,
+        bus: EventBus,
+        kinds: frozenset[str] | None,
+        max_pending: int,
+    ) -> None:
+        self._bus = bus
+        self._kinds = kinds
+        self._max_pending = max_pending
+        self._pending: deque[EventBase] = deque()
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self._last_key = 0
+
+    def _push(self, event: EventBase) -> None:
+        if self._closed:
+            return
+        if self._kinds is not None and event.kind not in self._kinds:
+            return
+        if len(self._pending) >= self._max_pending:
+            # Too slow: drop the backlog, say so, and end this subscription.
+            self._pending.clear()
+            self._pending.append(self._bus._lost(event, self._last_key, self._bus._oldest_key()))
+            self._end()
+            return
+        self._pending.append(event)
+        self._last_key = self._bus._key(event)
+        self._wakeup.set()
+
+    def _end(self) -> None:
+        self._closed = True
+        self._bus._subscribers.discard(self)
+        self._wakeup.set()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> EventBase:
+        while not self._pending:
+            if self._closed:
+                raise StopAsyncIteration
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self._pending.popleft()
+
+    async def aclose(self) -> None:
+        self._pending.clear()
+        self._end()
+
+
+class EventBus:
+    """Fan-out of events to subscribers, with a replay buffer of ``buffer`` events.
+
+    ``key`` extracts the sequence number (``seq`` or ``stream_seq``);
+    ``lost`` builds the ``EventsLost`` notice for a subscriber.
+    """
+
+    def __init__(
+        self,
+        *,
+        key: Callable[[EventBase], int],
+        lost: Callable[[EventBase | None, int, int], EventsLost],
+        buffer: int = 1024,
+        max_pending: int = 4096,
+    ) -> None:
+        self._key = key
+        self._lost_factory = lost
+        self._buffer: deque[EventBase] = deque(maxlen=buffer)
+        self._subscribers: set[Subscription] = set()
+        self._max_pending = max_pending
+        self._closed = False
+        self.last_key = 0
+
+    def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
+        return self._lost_factory(event, after, oldest)
+
+    def _oldest_key(self) -> int:
+        return self._key(self._buffer[0]) if self._buffer else 0
+
+    def publish(self, event: EventBase) -> None:
+        """Record ``event`` in the replay buffer and hand it to every subscriber."""
+        self._buffer.append(event)
+        self.last_key = self._key(event)
+        for sub in list(self._subscribers):
+            sub._push(event)
+
+    def subscribe(
+        self, *, after: int | None = None, kinds: Iterable[str] | None = None
+    ) -> Subscription:
+        """Subscribe to live events; with ``after``, first replay what was missed.
+
+        If the buffer no longer holds every event after ``after`` (or ``after``
+        is ahead of this process's sequence, e.g. from before a restart), the
+        subscriber first receives an ``EventsLost`` notice, then whatever the
+        buffer still has.
+        """
+        sub = Subscription(self, frozenset(kinds) if kinds is not None else None, self._max_pending)
+        if after is not None:
+            oldest = self._oldest_key()
+            # Events after ``after`` exist but the buffer starts later: a gap.
+            gap = (self.last_key > after and oldest > after + 1) or after > self.last_key
+            if gap:
+                sub._pending.append(self._lost(None, after, oldest))
+                sub._wakeup.set()
+            for event in self._buffer:
+                if self._key(event) > after:
+                    sub._push(event)
+        if self._closed:
+            sub._end()
+        else:
+            self._subscribers.add(sub)
+        return sub
+
+    def close(self) -> None:
+        """End every subscription (after they drain what they already have)."""
+        self._closed = True
+        for sub in list(self._subscribers):
+            sub._end()

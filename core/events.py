@@ -1,0 +1,263 @@
+"""Events: the only thing transports see of a running turn.
+
+Every event is a small frozen dataclass with a ``kind`` discriminator and the
+same envelope:
+
+``conversation_id``
+    the conversation the event belongs to;
+``run_id`` / ``parent_run_id``
+    the turn (run) that produced it; ``parent_run_id`` is set for child runs
+    (sub-agents) and ``None`` otherwise;
+``seq``
+    per-conversation sequence number, strictly increasing from 1 within one
+    agent process; a subscriber reconnects with ``events(after=seq)``;
+``stream_seq``
+    agent-wide sequence number (for :meth:`Agent.events`);
+``ts``
+    wall-clock time (``time.time()``) when the event was published.
+
+``event_to_dict``/``event_from_dict`` (and the JSON twins) round-trip every
+event losslessly, so the same shapes go to transports, the HTTP API and logs.
+
+Subscribers choose a *profile* — a set of kinds — with :data:`PROFILES`:
+``chat`` (text and short tool notices), ``debug`` (everything) and
+``metrics`` (usage and lifecycle).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from .messages import Usage
+
+__all__ = [
+    "PROFILES",
+    "ChildRunLinked",
+    "Error",
+    "Event",
+    "EventBase",
+    "EventsLost",
+    "Interrupted",
+    "ReasoningDelta",
+    "ReasoningStarted",
+    "ResponseStarted",
+    "TextDelta",
+    "ToolCallEnded",
+    "ToolCallStarted",
+    "TurnEnded",
+    "TurnStarted",
+    "event_from_dict",
+    "event_from_json",
+    "event_to_dict",
+    "event_to_json",
+]
+
+#: Why a turn ended: the model finished (``stop``), hit its output limit
+#: (``length``), was interrupted, ran out of its time budget, or failed.
+StopReason = Literal["stop", "length", "interrupted", "time_budget", "error"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EventBase:
+    """Envelope shared by all events (see the module docstring)."""
+
+    kind: ClassVar[str] = ""
+    conversation_id: str
+    run_id: str | None = None
+    parent_run_id: str | None = None
+    seq: int = 0
+    stream_seq: int = 0
+    ts: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TurnStarted(EventBase):
+    """A turn began; ``message_id`` is the audit-log id of the user message."""
+
+    kind: ClassVar[str] = "turn_started"
+    message_id: int | None = None
+    author: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReasoningStarted(EventBase):
+    """The model started emitting reasoning ("thinking") text."""
+
+    kind: ClassVar[str] = "reasoning_started"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReasoningDelta(EventBase):
+    """A piece of reasoning text."""
+
+    kind: ClassVar[str] = "reasoning_delta"
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResponseStarted(EventBase):
+    """The model started emitting answer text (sent once per model request)."""
+
+    kind: ClassVar[str] = "response_started"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TextDelta(EventBase):
+    """A piece of answer text, in order."""
+
+    kind: ClassVar[str] = "text_delta"
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolCallStarted(EventBase):
+    """A tool call began; ``arguments`` is the model's raw JSON text."""
+
+    kind: ClassVar[str] = "tool_call_started"
+    call_id: str
+    name: str
+    arguments: str = "{}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolCallEnded(EventBase):
+    """A tool call finished: ``result`` is the text given back to the model."""
+
+    kind: ClassVar[str] = "tool_call_ended"
+    call_id: str
+    name: str
+    result: str = ""
+    is_error: bool = False
+    duration: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChildRunLinked(EventBase):
+    """A child run (sub-agent) was started for the tool call ``call_id``."""
+
+    kind: ClassVar[str] = "child_run_linked"
+    child_run_id: str
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TurnEnded(EventBase):
+    """The turn is over; ``text`` is the full final answer as recorded."""
+
+    kind: ClassVar[str] = "turn_ended"
+    stop_reason: StopReason = "stop"
+    usage: Usage = dataclasses.field(default_factory=Usage)
+    text: str = ""
+    tool_calls: int = 0
+    duration: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Interrupted(EventBase):
+    """The turn was interrupted; ``partial_text`` was kept, marked interrupted."""
+
+    kind: ClassVar[str] = "interrupted"
+    partial_text: str = ""
+    reason: str = "interrupt"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Error(EventBase):
+    """Something failed during the turn; ``message`` is safe to show a user."""
+
+    kind: ClassVar[str] = "error"
+    message: str
+    error_type: str = ""
+    retryable: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EventsLost(EventBase):
+    """Sent to one subscriber only: events after ``requested_after`` are gone.
+
+    The replay buffer no longer reaches back that far (or the sequence is
+    from an earlier process, or the subscriber fell too far behind).  The
+    subscriber should resynchronise from :meth:`Conversation.messages`.
+    ``oldest_seq`` is the oldest event still buffered (0 if none).
+    """
+
+    kind: ClassVar[str] = "events_lost"
+    requested_after: int = 0
+    oldest_seq: int = 0
+
+
+Event = (
+    TurnStarted
+    | ReasoningStarted
+    | ReasoningDelta
+    | ResponseStarted
+    | TextDelta
+    | ToolCallStarted
+    | ToolCallEnded
+    | ChildRunLinked
+    | TurnEnded
+    | Interrupted
+    | Error
+    | EventsLost
+)
+
+_BY_KIND: dict[str, type[EventBase]] = {
+    cls.kind: cls
+    for cls in (
+        TurnStarted,
+        ReasoningStarted,
+        ReasoningDelta,
+        ResponseStarted,
+        TextDelta,
+        ToolCallStarted,
+        ToolCallEnded,
+        ChildRunLinked,
+        TurnEnded,
+        Interrupted,
+        Error,
+        EventsLost,
+    )
+}
+
+_LIFECYCLE = frozenset({"turn_started", "turn_ended", "interrupted", "error", "events_lost"})
+
+#: Named subscriber profiles: the kinds each one receives.
+PROFILES: dict[str, frozenset[str]] = {
+    "debug": frozenset(_BY_KIND),
+    "chat": _LIFECYCLE | {"text_delta", "tool_call_started", "tool_call_ended"},
+    "metrics": _LIFECYCLE | {"tool_call_ended", "child_run_linked"},
+}
+
+
+def event_to_dict(event: EventBase) -> dict[str, Any]:
+    """Serialise an event to plain JSON types, ``kind`` included."""
+    d = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    if isinstance(d.get("usage"), Usage):
+        d["usage"] = d["usage"].to_dict()
+    d["kind"] = event.kind
+    return d
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Rebuild an event from :func:`event_to_dict` output (unknown keys ignored)."""
+    d = dict(data)
+    kind = d.pop("kind", None)
+    cls = _BY_KIND.get(kind or "")
+    if cls is None:
+        raise ValueError(f"unknown event kind: {kind!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in d.items() if k in names}
+    if "usage" in kwargs and isinstance(kwargs["usage"], dict):
+        kwargs["usage"] = Usage.from_dict(kwargs["usage"])
+    return cls(**kwargs)  # type: ignore[return-value]
+
+
+def event_to_json(event: EventBase) -> str:
+    return json.dumps(event_to_dict(event), ensure_ascii=False, separators=(",", ":"))
+
+
+def event_from_json(text: str) -> Event:
+    return event_from_dict(json.loads(text))

@@ -1,0 +1,1 @@
+"""LLM backends: the interface (base) and the built-in OpenAI-compatible backend."""

@@ -1,0 +1,119 @@
+"""The LLM backend interface.
+
+A backend has one required method, :meth:`LLMBackend.stream`: given an
+:class:`LLMRequest` (messages, tool definitions), it yields
+:data:`StreamItem` values as the model produces them:
+
+* :class:`TextChunk` / :class:`ReasoningChunk` — answer / reasoning text;
+* :class:`ToolCallItem` — one complete tool call (arguments fully assembled);
+* :class:`UsageItem` — token usage for this request;
+* :class:`FinishItem` — the model's stop reason, last.
+
+Cancellation: the agent cancels the task iterating the stream (or closes the
+generator); a backend must then release its resources promptly — for an
+HTTP backend, close the response so the server sees the client go away.
+Errors are raised as :class:`~agentik.core.errors.LLMError` subclasses.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..messages import ChatMessage, ToolCall, Usage
+
+__all__ = [
+    "FinishItem",
+    "LLMBackend",
+    "LLMRequest",
+    "ReasoningChunk",
+    "StreamItem",
+    "TextChunk",
+    "ToolCallItem",
+    "ToolSpec",
+    "UsageItem",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolSpec:
+    """A tool as offered to the model: name, description, JSON-Schema."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LLMRequest:
+    """One chat-completion request.
+
+    ``system`` is the system prompt (backends put it where the model wants
+    it); ``messages`` the working memory; ``model`` overrides the backend's
+    default model for this request; ``conversation_id`` lets stateful
+    backends keep per-conversation state.
+    """
+
+    messages: Sequence[ChatMessage]
+    system: str | None = None
+    tools: Sequence[ToolSpec] = ()
+    tool_choice: Literal["auto", "none", "required"] = "auto"
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    conversation_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningChunk:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallItem:
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class UsageItem:
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class FinishItem:
+    #: ``stop``, ``tool_calls``, ``length``, ``content_filter`` or backend-specific.
+    reason: str
+
+
+StreamItem = TextChunk | ReasoningChunk | ToolCallItem | UsageItem | FinishItem
+
+
+class LLMBackend(abc.ABC):
+    """Base class of model backends. Subclasses implement :meth:`stream`."""
+
+    #: Registry name (``[llm] backend = "..."``).
+    name: str = ""
+    #: The default model identifier.
+    model: str = ""
+    #: Whether the model accepts tool definitions.
+    supports_tools: bool = True
+
+    @abc.abstractmethod
+    def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
+        """Stream the completion for ``request`` (an async generator)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release clients and connections."""
+
+    async def __aenter__(self) -> LLMBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,247 @@
+"""The ``openai`` backend: any OpenAI-compatible chat-completions endpoint.
+
+Uses the official ``openai`` SDK (``AsyncOpenAI``): streaming with
+``stream_options.include_usage``, tool-call deltas accumulated per index,
+reasoning deltas (``reasoning_content`` or ``reasoning``), retries with
+exponential backoff on 429/5xx/connection errors (the SDK's own, honouring
+``Retry-After``), a timeout that also bounds the wait for each next chunk,
+and cancellation that closes the HTTP response.
+
+This module is also the built-in plugin that registers the backend, through
+the same hook a third-party backend uses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import openai
+
+from ..errors import ConfigError, LLMConnectionError, LLMError, LLMStatusError, LLMTimeout
+from ..hookspecs import hookimpl
+from ..messages import ChatMessage, ToolCall, Usage
+from .base import (
+    FinishItem,
+    LLMBackend,
+    LLMRequest,
+    ReasoningChunk,
+    StreamItem,
+    TextChunk,
+    ToolCallItem,
+    UsageItem,
+)
+
+__all__ = ["OpenAIBackend"]
+
+_NAME_RE = re.compile(r"[^A-Za-z0-9_-]+")
+AuthorMode = Literal["name", "prefix", "none"]
+
+
+class OpenAIBackend(LLMBackend):
+    """An OpenAI-compatible endpoint.
+
+    ``base_url`` defaults to ``$OPENAI_BASE_URL`` (else the SDK's default);
+    ``api_key`` to ``$OPENAI_API_KEY`` (local servers need none);
+    ``model`` to ``$OPENAI_MODEL``.  ``timeout`` (seconds) bounds connecting
+    and the wait for every chunk; ``max_retries`` retries 429/5xx/connection
+    errors with backoff before the first chunk.  ``author_mode`` says how the
+    author of a user message reaches the model: the ``name`` field, a
+    ``"name: "`` prefix in the content, or not at all.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        connect_timeout: float = 10.0,
+        max_retries: int = 2,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        author_mode: AuthorMode = "name",
+        extra_body: dict[str, Any] | None = None,
+        default_headers: dict[str, str] | None = None,
+    ) -> None:
+        model = model or os.environ.get("OPENAI_MODEL")
+        if not model:
+            raise ConfigError("llm.model is required for the openai backend (or set OPENAI_MODEL)")
+        if author_mode not in ("name", "prefix", "none"):
+            raise ConfigError(f"llm.author_mode must be name|prefix|none, not {author_mode!r}")
+        self.model = model
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        # Keep the key only inside the client and to scrub error messages.
+        self._api_key = api_key or os.environ.get("OPENAI_API_KEY") or "not-needed"
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.author_mode: AuthorMode = author_mode
+        self.extra_body = dict(extra_body or {})
+        self._client = openai.AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=self._api_key,
+            timeout=openai.Timeout(timeout, connect=min(connect_timeout, timeout)),
+            max_retries=max_retries,
+            default_headers=default_headers,
+        )
+
+    def __repr__(self) -> str:
+        return f"OpenAIBackend(model={self.model!r}, base_url={self.base_url!r})"
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    # -- request building -------------------------------------------------------
+    def _wire_message(self, m: ChatMessage) -> dict[str, Any]:
+        if m.role == "user":
+            out: dict[str, Any] = {"role": "user", "content": m.content}
+            if m.author and self.author_mode == "name":
+                name = _NAME_RE.sub("_", m.author)[:64].strip("_")
+                if name:
+                    out["name"] = name
+            elif m.author and self.author_mode == "prefix":
+                out["content"] = f"{m.author}: {m.content}"
+            return out
+        if m.role == "assistant":
+            out = {"role": "assistant", "content": m.content or None}
+            if m.tool_calls:
+                out["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                    for c in m.tool_calls
+                ]
+            elif out["content"] is None:
+                out["content"] = ""
+            return out
+        if m.role == "tool":
+            return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+        return {"role": m.role, "content": m.content}
+
+    def build_params(self, request: LLMRequest) -> dict[str, Any]:
+        """The keyword arguments for ``chat.completions.create`` (for tests/plugins)."""
+        messages: list[dict[str, Any]] = []
+        if request.system:
+            messages.append({"role": "system", "content": request.system})
+        messages.extend(self._wire_message(m) for m in request.messages)
+        params: dict[str, Any] = {
+            "model": request.model or self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools and request.tool_choice != "none":
+            params["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in request.tools
+            ]
+            params["tool_choice"] = request.tool_choice
+        temperature = request.temperature if request.temperature is not None else self.temperature
+        if temperature is not None:
+            params["temperature"] = temperature
+        max_tokens = request.max_tokens or self.max_tokens
+        if max_tokens:
+            params["max_tokens"] = max_tokens
+        if self.extra_body:
+            params["extra_body"] = self.extra_body
+        return params
+
+    # -- streaming ----------------------------------------------------------------
+    async def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
+        params = self.build_params(request)
+        try:
+            response = await self._client.chat.completions.create(**params)
+        except openai.APIError as exc:
+            raise self._translate(exc) from exc
+        calls: dict[int, dict[str, str]] = {}
+        finish: str | None = None
+        try:
+            async for chunk in response:
+                if chunk.usage is not None:
+                    u = chunk.usage
+                    yield UsageItem(
+                        Usage(
+                            prompt_tokens=u.prompt_tokens or 0,
+                            completion_tokens=u.completion_tokens or 0,
+                            total_tokens=u.total_tokens or 0,
+                        )
+                    )
+                for choice in chunk.choices:
+                    if choice.index != 0:
+                        continue
+                    delta = choice.delta
+                    if delta is not None:
+                        reasoning = getattr(delta, "reasoning_content", None) or getattr(
+                            delta, "reasoning", None
+                        )
+                        if isinstance(reasoning, str) and reasoning:
+                            yield ReasoningChunk(reasoning)
+                        if delta.content:
+                            yield TextChunk(delta.content)
+                        for tc in delta.tool_calls or ():
+                            acc = calls.setdefault(
+                                tc.index, {"id": "", "name": "", "arguments": ""}
+                            )
+                            if tc.id:
+                                acc["id"] = tc.id
+                            if tc.function is not None:
+                                if tc.function.name:
+                                    acc["name"] += tc.function.name
+                                if tc.function.arguments:
+                                    acc["arguments"] += tc.function.arguments
+                    if choice.finish_reason:
+                        finish = choice.finish_reason
+        except openai.APIError as exc:
+            raise self._translate(exc) from exc
+        finally:
+            await response.close()
+        if finish is None:
+            raise LLMConnectionError("the model's stream ended before it finished")
+        for index in sorted(calls):
+            acc = calls[index]
+            yield ToolCallItem(
+                ToolCall(
+                    id=acc["id"] or f"call_{uuid.uuid4().hex[:24]}",
+                    name=acc["name"],
+                    arguments=acc["arguments"] or "{}",
+                )
+            )
+        yield FinishItem(finish)
+
+    def _scrub(self, text: str) -> str:
+        if self._api_key and self._api_key != "not-needed":
+            text = text.replace(self._api_key, "***")
+        return text
+
+    def _translate(self, exc: openai.APIError) -> LLMError:
+        where = self.base_url or "the OpenAI API"
+        if isinstance(exc, openai.APITimeoutError):
+            return LLMTimeout(f"the model at {where} timed out")
+        if isinstance(exc, openai.APIConnectionError):
+            return LLMConnectionError(f"could not reach the model at {where}: {exc.message}")
+        if isinstance(exc, openai.APIStatusError):
+            return LLMStatusError(
+                self._scrub(f"the model at {where} answered HTTP {exc.status_code}: {exc.message}"),
+                status_code=exc.status_code,
+            )
+        return LLMError(self._scrub(f"the model at {where} failed: {exc.message}"))
+
+
+@hookimpl
+def register_llm_backends(register: Any) -> None:
+    register("openai", OpenAIBackend)

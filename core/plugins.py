@@ -1,0 +1,193 @@
+"""Finding and loading plugins; the registry of what they provide.
+
+Plugins are modules (or objects) with :data:`~agentik.core.hookspecs.hookimpl`
+functions, advertised in the entry-point group ``agentik``::
+
+    [project.entry-points.agentik]
+    mybackend = "my_package.plugin"
+
+The built-in backends are entry points of the ``agentik`` distribution and
+load the same way.  Environment switches:
+
+``AGENTIK_PLUGINS``
+    comma-separated entry-point names of third-party plugins to load; unset
+    loads all, empty loads none.  Built-in plugins always load.
+``AGENTIK_TRACE_HOOKS``
+    ``1`` logs every hook call and result at DEBUG on logger
+    ``agentik.hooks``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError
+
+__all__ = ["ENTRY_POINT_GROUP", "PluginInfo", "Registry", "load_plugins"]
+
+log = logging.getLogger(__name__)
+ENTRY_POINT_GROUP = "agentik"
+BUILTIN_DISTRIBUTION = "agentik"
+_BUILTIN_MODULES = ("agentik.core.llm.openai_backend", "agentik.core.testing.scripted")
+
+
+@dataclass(frozen=True, slots=True)
+class PluginInfo:
+    """A loaded plugin: its name, and the distribution it came from."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    builtin: bool = False
+
+
+@dataclass
+class Registry:
+    """What the loaded plugins registered."""
+
+    pm: pluggy.PluginManager
+    plugins: list[PluginInfo] = field(default_factory=list)
+    llm_backends: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    transports: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    tools: list[Any] = field(default_factory=list)
+    _owners: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def create_backend(self, name: str, **settings: Any) -> Any:
+        """Instantiate the backend registered as ``name`` with ``settings``."""
+        factory = self.llm_backends.get(name)
+        if factory is None:
+            known = ", ".join(sorted(self.llm_backends)) or "none"
+            raise PluginError(f"unknown LLM backend {name!r} (registered: {known})")
+        try:
+            return factory(**settings)
+        except TypeError as exc:
+            raise PluginError(f"backend {name!r}: {exc}") from exc
+
+    def _collect(self) -> None:
+        def registrar(kind: str, target: dict[str, Any], plugin: str) -> Callable[..., None]:
+            def register(name: str, factory: Callable[..., Any]) -> None:
+                if not isinstance(name, str) or not name:
+                    raise PluginError(f"plugin {plugin!r} registered a {kind} without a name")
+                owner = self._owners.get((kind, name))
+                if owner is not None:
+                    raise PluginError(
+                        f"{kind} {name!r} is registered by both {owner!r} and {plugin!r}"
+                    )
+                self._owners[(kind, name)] = plugin
+                target[name] = factory
+
+            return register
+
+        def register_tool(plugin: str) -> Callable[[Any], None]:
+            def register(t: Any) -> None:
+                for attr in ("name", "description", "parameters", "call"):
+                    if not hasattr(t, attr):
+                        raise PluginError(f"plugin {plugin!r} registered a tool without {attr!r}")
+                owner = self._owners.get(("tool", t.name))
+                if owner is not None:
+                    raise PluginError(
+                        f"tool {t.name!r} is registered by both {owner!r} and {plugin!r}"
+                    )
+                self._owners[("tool", t.name)] = plugin
+                self.tools.append(t)
+
+            return register
+
+        hooks: list[tuple[str, Callable[[str], Callable[..., None]]]] = [
+            ("register_llm_backends", lambda p: registrar("LLM backend", self.llm_backends, p)),
+            ("register_transports", lambda p: registrar("transport", self.transports, p)),
+            ("register_tools", register_tool),
+        ]
+        for hook_name, make in hooks:
+            caller = getattr(self.pm.hook, hook_name)
+            # Call each implementation ourselves (in pluggy's order) so that a
+            # clash or a crash names the plugin responsible.
+            for impl in reversed(caller.get_hookimpls()):
+                try:
+                    impl.function(make(impl.plugin_name))
+                except PluginError:
+                    raise
+                except Exception as exc:
+                    raise PluginError(
+                        f"plugin {impl.plugin_name!r} failed in {hook_name}: {exc}"
+                    ) from exc
+
+
+def _selected(env: Mapping[str, str]) -> set[str] | None:
+    raw = env.get("AGENTIK_PLUGINS")
+    if raw is None:
+        return None
+    return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def load_plugins(
+    extra: Iterable[object] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    entry_points: bool = True,
+) -> Registry:
+    """Build a plugin manager, load plugins, and collect their registrations.
+
+    ``extra`` are plugin objects/modules registered in addition (tests and
+    library users use this to add plugins without packaging them).
+    """
+    env = os.environ if env is None else env
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    if env.get("AGENTIK_TRACE_HOOKS", "") not in ("", "0"):
+        trace_log = logging.getLogger("agentik.hooks")
+        pm.trace.root.setwriter(lambda msg: trace_log.debug("%s", msg.rstrip()))
+        pm.enable_tracing()
+    registry = Registry(pm=pm)
+    wanted = _selected(env)
+    loaded_builtin = False
+    if entry_points:
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = ep.dist.name if ep.dist is not None else None
+            builtin = dist == BUILTIN_DISTRIBUTION
+            if not builtin and wanted is not None and ep.name not in wanted:
+                continue
+            if pm.get_plugin(ep.name) is not None:
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                raise PluginError(f"cannot load plugin {ep.name!r} ({ep.value}): {exc}") from exc
+            pm.register(plugin, name=ep.name)
+            loaded_builtin |= builtin
+            registry.plugins.append(
+                PluginInfo(
+                    ep.name,
+                    dist,
+                    ep.dist.version if ep.dist is not None else None,
+                    builtin,
+                )
+            )
+    if not loaded_builtin:
+        # Running from a source tree without installed metadata: load the
+        # built-ins directly so the core still works.
+        for modname in _BUILTIN_MODULES:
+            module: ModuleType = __import__(modname, fromlist=["_"])
+            short = modname.rsplit(".", 1)[-1]
+            if pm.get_plugin(short) is None:
+                pm.register(module, name=short)
+                registry.plugins.append(PluginInfo(short, None, None, True))
+    for obj in extra:
+        name = getattr(obj, "__name__", None) or type(obj).__name__
+        pm.register(obj, name=name)
+        registry.plugins.append(PluginInfo(name))
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(str(exc)) from exc
+    registry._collect()
+    return registry

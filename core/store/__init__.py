@@ -1,0 +1,1 @@
+"""Persistence: the Store interface, SQLite (default) and in-memory engines."""

@@ -1,0 +1,159 @@
+"""The store interface: what the agent needs from a persistence engine.
+
+The agent talks only to :class:`Store`; SQLite (:mod:`.sqlite`) is the
+embedded default and :class:`~.memory.MemoryStore` keeps temporary
+conversations in memory.  Another engine (PostgreSQL for several bot
+processes) implements the same methods and nothing in the agent changes.
+
+Contract every implementation keeps:
+
+* ``append`` writes its audit-log rows and working-memory entries in one
+  transaction, and returns only after they are durable (committed);
+* the audit log (``message``) is append-only: rows are never updated, and
+  are deleted only together with their conversation;
+* ``compact`` replaces a prefix of working memory with a summary in one
+  transaction and never touches the audit log;
+* deleting a conversation removes every row that belongs to it (messages,
+  working memory, channel bindings).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..messages import ChatMessage, Message, MessageKind, NewMessage
+
+__all__ = ["ConversationRecord", "MemoryEntry", "Store"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConversationRecord:
+    """A stored conversation's metadata."""
+
+    id: str
+    title: str = ""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryEntry:
+    """One working-memory entry and its position (ascending, gaps allowed)."""
+
+    pos: int
+    message: ChatMessage
+
+
+class Store(abc.ABC):
+    """Persistence for conversations, channel bindings and the dual log."""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open connections and apply migrations; called once before use."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Flush pending writes and close; the store is unusable afterwards."""
+
+    async def __aenter__(self) -> Store:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- conversations ---------------------------------------------------
+    @abc.abstractmethod
+    async def create_conversation(
+        self, record: ConversationRecord, *, channel_key: str | None = None
+    ) -> None:
+        """Create a conversation, bound to ``channel_key`` when given (atomically)."""
+
+    @abc.abstractmethod
+    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
+        """Return the record, or ``None`` if there is no such conversation."""
+
+    @abc.abstractmethod
+    async def list_conversations(
+        self, *, limit: int = 50, offset: int = 0
+    ) -> list[ConversationRecord]:
+        """A page of conversations, most recently updated first."""
+
+    @abc.abstractmethod
+    async def update_conversation(
+        self,
+        conversation_id: str,
+        *,
+        title: str | None = None,
+        updated_at: float | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        """Change a conversation's title, update time or metadata."""
+
+    @abc.abstractmethod
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Delete the conversation and every row that belongs to it.
+
+        Returns ``False`` if it did not exist.
+        """
+
+    # -- channel bindings -------------------------------------------------
+    @abc.abstractmethod
+    async def get_binding(self, channel_key: str) -> str | None:
+        """The conversation id bound to ``channel_key``, or ``None``."""
+
+    @abc.abstractmethod
+    async def set_binding(self, channel_key: str, conversation_id: str) -> None:
+        """Bind (or re-bind) ``channel_key`` to an existing conversation."""
+
+    # -- the dual log -------------------------------------------------------
+    @abc.abstractmethod
+    async def append(
+        self,
+        conversation_id: str,
+        *,
+        log: Sequence[NewMessage] = (),
+        memory: Sequence[ChatMessage] = (),
+        updated_at: float | None = None,
+    ) -> list[Message]:
+        """Append audit-log rows and working-memory entries in one transaction.
+
+        Returns the audit-log rows as stored (with their ids), after commit.
+        """
+
+    @abc.abstractmethod
+    async def messages(
+        self,
+        conversation_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        offset: int | None = None,
+        limit: int = 100,
+        kinds: Sequence[MessageKind] | None = None,
+    ) -> list[Message]:
+        """A page of the audit log, oldest first.
+
+        ``after``/``before`` are message ids (keyset paging: cost does not
+        grow with history length).  ``after`` returns the first ``limit``
+        rows after that id; otherwise the *last* ``limit`` rows (before
+        ``before`` if given).  ``offset`` counts from the oldest row and costs
+        O(offset).
+        """
+
+    @abc.abstractmethod
+    async def count_messages(self, conversation_id: str) -> int:
+        """Number of audit-log rows of the conversation."""
+
+    @abc.abstractmethod
+    async def load_memory(self, conversation_id: str) -> list[MemoryEntry]:
+        """The working memory, in order."""
+
+    @abc.abstractmethod
+    async def compact(self, conversation_id: str, upto: int, summary: ChatMessage) -> None:
+        """Replace every working-memory entry with ``pos <= upto`` by ``summary``.
+
+        One transaction; the audit log is untouched.
+        """

@@ -1,0 +1,149 @@
+"""A store that keeps everything in process memory.
+
+Used for temporary conversations (``temp=True``: never written to disk) and
+handy in tests.  Same contract as :class:`~agentik.core.store.base.Store`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import StoreError
+from ..messages import ChatMessage, Message, MessageKind, NewMessage
+from .base import ConversationRecord, MemoryEntry, Store
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(Store):
+    """In-memory :class:`Store`; nothing survives the process."""
+
+    def __init__(self) -> None:
+        self._conversations: dict[str, ConversationRecord] = {}
+        self._bindings: dict[str, str] = {}
+        self._log: dict[str, list[Message]] = {}
+        self._memory: dict[str, list[MemoryEntry]] = {}
+        self._ids = itertools.count(1)
+
+    def _require(self, conversation_id: str) -> None:
+        if conversation_id not in self._conversations:
+            raise StoreError(f"no conversation {conversation_id!r}")
+
+    async def create_conversation(
+        self, record: ConversationRecord, *, channel_key: str | None = None
+    ) -> None:
+        if record.id in self._conversations:
+            raise StoreError(f"conversation {record.id!r} exists")
+        self._conversations[record.id] = record
+        self._log[record.id] = []
+        self._memory[record.id] = []
+        if channel_key is not None:
+            self._bindings[channel_key] = record.id
+
+    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
+        return self._conversations.get(conversation_id)
+
+    async def list_conversations(
+        self, *, limit: int = 50, offset: int = 0
+    ) -> list[ConversationRecord]:
+        ordered = sorted(self._conversations.values(), key=lambda r: (-r.updated_at, r.id))
+        return ordered[offset : offset + limit]
+
+    async def update_conversation(
+        self,
+        conversation_id: str,
+        *,
+        title: str | None = None,
+        updated_at: float | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        rec = self._conversations.get(conversation_id)
+        if rec is None:
+            return
+        changes: dict[str, Any] = {}
+        if title is not None:
+            changes["title"] = title
+        if updated_at is not None:
+            changes["updated_at"] = updated_at
+        if meta is not None:
+            changes["meta"] = dict(meta)
+        self._conversations[conversation_id] = dataclasses.replace(rec, **changes)
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        if self._conversations.pop(conversation_id, None) is None:
+            return False
+        self._log.pop(conversation_id, None)
+        self._memory.pop(conversation_id, None)
+        for key in [k for k, v in self._bindings.items() if v == conversation_id]:
+            del self._bindings[key]
+        return True
+
+    async def get_binding(self, channel_key: str) -> str | None:
+        return self._bindings.get(channel_key)
+
+    async def set_binding(self, channel_key: str, conversation_id: str) -> None:
+        self._require(conversation_id)
+        self._bindings[channel_key] = conversation_id
+
+    async def append(
+        self,
+        conversation_id: str,
+        *,
+        log: Sequence[NewMessage] = (),
+        memory: Sequence[ChatMessage] = (),
+        updated_at: float | None = None,
+    ) -> list[Message]:
+        self._require(conversation_id)
+        out = []
+        for m in log:
+            fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
+            fields["created_at"] = m.created_at or time.time()
+            out.append(Message(id=next(self._ids), conversation_id=conversation_id, **fields))
+        self._log[conversation_id].extend(out)
+        entries = self._memory[conversation_id]
+        for cm in memory:
+            entries.append(MemoryEntry(pos=(entries[-1].pos + 1) if entries else 1, message=cm))
+        if updated_at is not None:
+            rec = self._conversations[conversation_id]
+            if updated_at > rec.updated_at:
+                self._conversations[conversation_id] = dataclasses.replace(
+                    rec, updated_at=updated_at
+                )
+        return out
+
+    async def messages(
+        self,
+        conversation_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        offset: int | None = None,
+        limit: int = 100,
+        kinds: Sequence[MessageKind] | None = None,
+    ) -> list[Message]:
+        rows = [
+            m
+            for m in self._log.get(conversation_id, ())
+            if (not kinds or m.kind in kinds)
+            and (after is None or m.id > after)
+            and (before is None or m.id < before)
+        ]
+        if after is not None or offset is not None:
+            start = offset or 0
+            return rows[start : start + limit]
+        return rows[-limit:] if limit else []
+
+    async def count_messages(self, conversation_id: str) -> int:
+        return len(self._log.get(conversation_id, ()))
+
+    async def load_memory(self, conversation_id: str) -> list[MemoryEntry]:
+        return list(self._memory.get(conversation_id, ()))
+
+    async def compact(self, conversation_id: str, upto: int, summary: ChatMessage) -> None:
+        self._require(conversation_id)
+        kept = [e for e in self._memory[conversation_id] if e.pos > upto]
+        self._memory[conversation_id] = [MemoryEntry(pos=upto, message=summary), *kept]

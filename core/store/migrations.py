@@ -1,0 +1,140 @@
+"""Numbered, named SQLite schema migrations, recorded in ``schema_migrations``.
+
+Each migration is a plain SQL script applied in its own transaction together
+with its ``schema_migrations`` row, so a crash mid-migration leaves the
+database at the previous version.  Never edit a released migration: add the
+next number.  ``tests/test_store_migrations.py`` applies them from a blank
+database and from every earlier version.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import aiosqlite
+
+from ..errors import MigrationError
+
+__all__ = ["MIGRATIONS", "Migration", "apply_migrations", "schema_version"]
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    number: int
+    name: str
+    sql: str
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "initial",
+        """
+        CREATE TABLE conversation (
+            id          TEXT PRIMARY KEY,
+            title       TEXT NOT NULL DEFAULT '',
+            created_at  REAL NOT NULL,
+            updated_at  REAL NOT NULL,
+            meta        TEXT NOT NULL DEFAULT '{}'
+        );
+        CREATE INDEX conversation_by_update ON conversation (updated_at DESC, id);
+
+        CREATE TABLE channel_binding (
+            channel_key      TEXT PRIMARY KEY,
+            conversation_id  TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            created_at       REAL NOT NULL
+        );
+        CREATE INDEX channel_binding_by_conversation ON channel_binding (conversation_id);
+
+        -- The audit log: append-only.
+        CREATE TABLE message (
+            id               INTEGER PRIMARY KEY,
+            conversation_id  TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            kind             TEXT NOT NULL
+                CHECK (kind IN ('user', 'assistant', 'tool_call', 'tool_result')),
+            content          TEXT NOT NULL DEFAULT '',
+            author           TEXT,
+            channel          TEXT,
+            run_id           TEXT,
+            tool_call_id     TEXT,
+            tool_name        TEXT,
+            arguments        TEXT,
+            is_error         INTEGER NOT NULL DEFAULT 0,
+            status           TEXT NOT NULL DEFAULT 'complete',
+            data             TEXT,
+            duration         REAL,
+            created_at       REAL NOT NULL
+        );
+        CREATE INDEX message_by_conversation ON message (conversation_id, id);
+        CREATE TRIGGER message_append_only BEFORE UPDATE ON message
+        BEGIN
+            SELECT RAISE(ABORT, 'the message audit log is append-only');
+        END;
+
+        -- The LLM context: mutable (compaction replaces a prefix).
+        CREATE TABLE working_memory (
+            conversation_id  TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            pos              INTEGER NOT NULL,
+            message_id       INTEGER,
+            body             TEXT NOT NULL,
+            PRIMARY KEY (conversation_id, pos)
+        ) WITHOUT ROWID;
+        """,
+    ),
+)
+
+
+async def schema_version(conn: aiosqlite.Connection) -> int:
+    """The highest applied migration number (0 for a blank database)."""
+    async with conn.execute(
+        "SELECT name FROM sqlite_master WHERE type='table' AND name='schema_migrations'"
+    ) as cur:
+        if await cur.fetchone() is None:
+            return 0
+    async with conn.execute("SELECT COALESCE(MAX(number), 0) FROM schema_migrations") as cur:
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def apply_migrations(
+    conn: aiosqlite.Connection,
+    migrations: tuple[Migration, ...] = MIGRATIONS,
+    *,
+    target: int | None = None,
+) -> list[int]:
+    """Apply every migration newer than the database, up to ``target``.
+
+    Returns the numbers applied.  Refuses a database whose schema is newer
+    than this code knows.
+    """
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " number INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+    )
+    current = await schema_version(conn)
+    known = max((m.number for m in migrations), default=0)
+    if current > known:
+        raise MigrationError(
+            f"database schema version {current} is newer than this agentik knows ({known})"
+        )
+    applied: list[int] = []
+    for m in sorted(migrations, key=lambda m: m.number):
+        if m.number <= current or (target is not None and m.number > target):
+            continue
+        script = (
+            "BEGIN IMMEDIATE;\n"
+            f"{m.sql}\n"
+            f"INSERT INTO schema_migrations (number, name, applied_at)"
+            f" VALUES ({m.number}, '{m.name}', {time.time()!r});\n"
+            f"PRAGMA user_version = {m.number};\n"
+            "COMMIT;"
+        )
+        try:
+            await conn.executescript(script)
+        except Exception as exc:
+            if conn.in_transaction:
+                await conn.execute("ROLLBACK")
+            raise MigrationError(f"migration {m.number} ({m.name}) failed: {exc}") from exc
+        applied.append(m.number)
+    return applied

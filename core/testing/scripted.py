@@ -1,0 +1,174 @@
+"""A scripted model: a real :class:`LLMBackend` you enqueue answers into.
+
+For our tests and for plugin authors' tests.  It records every request it
+receives (``model.requests``) and streams enqueued replies word by word::
+
+    model = ScriptedModel()
+    model.enqueue("Hello there")                       # plain text
+    model.enqueue(Reply(tool_calls=[call("add", {"a": 1, "b": 2})]))
+    model.enqueue(Reply(text="slow", delay=0.05))      # a pause before each chunk
+    model.enqueue(Reply(text="half", fail_after=1))    # raises LLMConnectionError
+    model.enqueue(Reply(text="gated", gate=event))     # waits for event.set()
+
+With nothing queued it answers ``default(request)``; the default echoes the
+last user message as ``"echo: <text>"``.  Registered as backend
+``scripted`` so a configuration can select it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import LLMConnectionError, LLMError
+from ..hookspecs import hookimpl
+from ..llm.base import (
+    FinishItem,
+    LLMBackend,
+    LLMRequest,
+    ReasoningChunk,
+    StreamItem,
+    TextChunk,
+    ToolCallItem,
+    UsageItem,
+)
+from ..messages import ToolCall, Usage
+
+__all__ = ["Reply", "ScriptedModel", "call"]
+
+_ids = itertools.count(1)
+
+
+def call(
+    name: str, arguments: dict[str, Any] | str | None = None, *, id: str | None = None
+) -> ToolCall:
+    """Build a :class:`ToolCall` (arguments as a dict or raw JSON text)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+    return ToolCall(id=id or f"call_{next(_ids)}", name=name, arguments=args)
+
+
+@dataclass(kw_only=True)
+class Reply:
+    """One scripted model response."""
+
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: Sequence[ToolCall] = ()
+    usage: Usage | None = None
+    #: seconds to sleep before each chunk
+    delay: float = 0.0
+    #: awaited before the first chunk
+    gate: asyncio.Event | None = None
+    #: raise ``error`` (default: a dropped connection) after this many text chunks
+    fail_after: int | None = None
+    error: LLMError | None = None
+    finish_reason: str | None = None
+    chunks: Sequence[str] | None = None
+    #: set when this reply starts streaming (lets tests wait for "mid-stream")
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _echo(request: LLMRequest) -> Reply:
+    last = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+    return Reply(text=f"echo: {last}")
+
+
+class ScriptedModel(LLMBackend):
+    """An LLM backend that plays back :class:`Reply` objects in order."""
+
+    name = "scripted"
+
+    def __init__(
+        self,
+        replies: Sequence[Reply | str] = (),
+        *,
+        model: str = "scripted",
+        default: Callable[[LLMRequest], Reply | str] | None = None,
+        supports_tools: bool = True,
+    ) -> None:
+        self.model = model
+        self.supports_tools = supports_tools
+        self.default = default or _echo
+        self.requests: list[LLMRequest] = []
+        self._queue: collections.deque[Reply] = collections.deque()
+        self.cancelled = 0
+        self.closed = False
+        for r in replies:
+            self.enqueue(r)
+
+    def enqueue(self, *replies: Reply | str) -> None:
+        for reply in replies:
+            self._queue.append(Reply(text=reply) if isinstance(reply, str) else reply)
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    async def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
+        self.requests.append(request)
+        if self._queue:
+            reply = self._queue.popleft()
+        else:
+            made = self.default(request)
+            reply = Reply(text=made) if isinstance(made, str) else made
+        reply.started.set()
+        try:
+            if reply.gate is not None:
+                await reply.gate.wait()
+            if reply.reasoning:
+                yield ReasoningChunk(reply.reasoning)
+            pieces = list(reply.chunks) if reply.chunks is not None else _words(reply.text)
+            for i, piece in enumerate(pieces):
+                if reply.fail_after is not None and i >= reply.fail_after:
+                    raise reply.error or LLMConnectionError(
+                        "scripted: connection dropped mid-stream"
+                    )
+                if reply.delay:
+                    await asyncio.sleep(reply.delay)
+                yield TextChunk(piece)
+            if reply.fail_after is not None and reply.fail_after >= len(pieces):
+                raise reply.error or LLMConnectionError("scripted: connection dropped mid-stream")
+            for tc in reply.tool_calls:
+                yield ToolCallItem(tc)
+            n = len(pieces)
+            yield UsageItem(
+                reply.usage
+                or Usage(
+                    prompt_tokens=len(request.messages),
+                    completion_tokens=n,
+                    total_tokens=len(request.messages) + n,
+                )
+            )
+            yield FinishItem(reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop"))
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def _words(text: str) -> list[str]:
+    """Split keeping whitespace attached, so the pieces join back to ``text``."""
+    if not text:
+        return []
+    out: list[str] = []
+    current = ""
+    for ch in text:
+        current += ch
+        if ch == " ":
+            out.append(current)
+            current = ""
+    if current:
+        out.append(current)
+    return out
+
+
+@hookimpl
+def register_llm_backends(register: Any) -> None:
+    register("scripted", ScriptedModel)

@@ -1,0 +1,1 @@
+"""Tools and the per-turn tool policy."""

@@ -1,0 +1,154 @@
+"""Tools: a name, a description, a JSON-Schema and an async call.
+
+Anything with those four attributes is a :class:`Tool` (a Protocol), so MCP
+servers, memory backends, sub-agents and plugins each bring their own
+classes.  :class:`FunctionTool` wraps an async function::
+
+    @tool(description="Add two numbers", parameters={
+        "type": "object",
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    })
+    async def add(a: float, b: float) -> str:
+        return str(a + b)
+
+A tool returns text (``str``) or a :class:`ToolResult` (text plus optional
+structured ``data``, or ``is_error``).  Raising
+:class:`~agentik.core.errors.ToolError` (or any exception) reports an error to
+the model; the turn goes on.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any, Protocol, runtime_checkable
+
+from ..llm.base import ToolSpec
+
+__all__ = [
+    "FunctionTool",
+    "Tool",
+    "ToolContext",
+    "ToolResult",
+    "TurnPolicy",
+    "tool",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolResult:
+    """What a tool gives back: ``text`` for the model, ``data`` for the log."""
+
+    text: str
+    data: Any = None
+    is_error: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolContext:
+    """Who is calling: passed to tools that accept a ``context`` argument."""
+
+    conversation_id: str
+    run_id: str
+    call_id: str
+    author: str | None = None
+    channel: str | None = None
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """The tool protocol."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | str:
+        """Run the tool with the model's (parsed) ``arguments``."""
+        ...
+
+
+def spec_of(t: Tool) -> ToolSpec:
+    return ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
+
+
+class FunctionTool:
+    """A :class:`Tool` around an async function taking the arguments as keywords.
+
+    If the function has a ``context`` parameter, it receives the
+    :class:`ToolContext`.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[ToolResult | str]],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"tool {fn.__name__!r} must be an async function")
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.description = description or inspect.getdoc(fn) or ""
+        self.parameters = parameters or {"type": "object", "properties": {}}
+        self._wants_context = "context" in inspect.signature(fn).parameters
+
+    def __repr__(self) -> str:
+        return f"FunctionTool({self.name!r})"
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | str:
+        if self._wants_context:
+            return await self.fn(**arguments, context=context)
+        return await self.fn(**arguments)
+
+
+def tool(
+    fn: Callable[..., Awaitable[ToolResult | str]] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
+) -> Any:
+    """Decorator form of :class:`FunctionTool` (with or without arguments)."""
+
+    def wrap(f: Callable[..., Awaitable[ToolResult | str]]) -> FunctionTool:
+        return FunctionTool(f, name=name, description=description, parameters=parameters)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TurnPolicy:
+    """Limits of one turn.
+
+    ``max_tool_calls``: tool calls allowed in one turn; calls past the cap get
+    an error result and the model is then asked to answer without tools.
+    ``time_budget``: seconds for the whole turn (model requests and tools);
+    when it runs out the turn stops, keeping the partial answer.
+    ``tool_timeout``: seconds for one tool call.
+    ``allowed_tools``: glob patterns of tool names the model may see and
+    call (``None``: all); a tool not allowed is not even offered.
+    """
+
+    max_tool_calls: int = 16
+    time_budget: float = 300.0
+    tool_timeout: float = 60.0
+    allowed_tools: tuple[str, ...] | None = None
+    _cache: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def allows(self, tool_name: str) -> bool:
+        if self.allowed_tools is None:
+            return True
+        hit = self._cache.get(tool_name)
+        if hit is None:
+            hit = any(fnmatchcase(tool_name, pat) for pat in self.allowed_tools)
+            self._cache[tool_name] = hit
+        return hit
+
+    def visible(self, tools: Iterable[Tool]) -> list[Tool]:
+        return [t for t in tools if self.allows(t.name)]

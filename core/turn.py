@@ -1,0 +1,400 @@
+"""One turn: model → tool calls → model … until a final answer.
+
+A :class:`TurnRunner` runs in its own task, owned by the conversation.  It
+writes every step to both logs (audit log and working memory) as it goes,
+emits events, and on interruption, time-out or failure keeps what was
+produced: the partial answer is recorded with status ``interrupted`` or
+``error``, and every tool call left without a result gets an error result so
+the working memory stays a valid LLM context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import LLMError, StoreError
+from .events import (
+    Error,
+    Interrupted,
+    ReasoningDelta,
+    ReasoningStarted,
+    ResponseStarted,
+    TextDelta,
+    ToolCallEnded,
+    ToolCallStarted,
+    TurnEnded,
+    TurnStarted,
+)
+from .llm.base import (
+    FinishItem,
+    LLMRequest,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallItem,
+    UsageItem,
+)
+from .messages import ChatMessage, Message, MessageStatus, NewMessage, ToolCall, Usage
+from .tools.base import Tool, ToolContext, ToolResult, TurnPolicy, spec_of
+
+if TYPE_CHECKING:
+    from .conversation import Conversation
+
+__all__ = ["TurnRunner"]
+
+log = logging.getLogger(__name__)
+
+#: Tool output longer than this is cut before it reaches the model (the
+#: audit log keeps it whole).
+MAX_TOOL_RESULT_CHARS = 64_000
+
+
+@dataclass(slots=True)
+class _State:
+    usage: Usage = field(default_factory=Usage)
+    partial: list[str] = field(default_factory=list)
+    final_text: str = ""
+    tool_calls: int = 0
+    tools_exhausted: bool = False
+    open_calls: dict[str, ToolCall] = field(default_factory=dict)
+    stop_reason: str = "stop"
+
+
+class TurnRunner:
+    """Runs one turn of ``conversation`` for the user message ``message``."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        *,
+        run_id: str,
+        message: Message,
+        policy: TurnPolicy,
+        tools: Sequence[Tool],
+    ) -> None:
+        self.conv = conversation
+        self.agent = conversation.agent
+        self.run_id = run_id
+        self.message = message
+        self.policy = policy
+        self.tools = {t.name: t for t in policy.visible(tools)}
+        self.state = _State()
+        self.interrupt_requested = False
+        self._writes: set[asyncio.Future[Any]] = set()
+
+    # -- helpers -------------------------------------------------------------
+    def _emit(self, cls: Any, **fields: Any) -> None:
+        self.conv._emit(cls, self.run_id, **fields)
+
+    def _append(self, *, log: Sequence[NewMessage] = (), memory: Sequence[ChatMessage] = ()) -> Any:
+        """Queue a write to both logs; the WM cache is updated at once.
+
+        The write runs in its own task, so it lands even if this turn is
+        cancelled while waiting for the commit; the caller awaits the commit,
+        and the turn does not end before every write it started has settled.
+        """
+        self.conv._memory_cache_extend(memory)
+        fut = asyncio.ensure_future(
+            self.conv._store.append(self.conv.id, log=log, memory=memory, updated_at=time.time())
+        )
+        self._writes.add(fut)
+        fut.add_done_callback(self._writes.discard)
+        return fut
+
+    async def _settle_writes(self) -> None:
+        while self._writes:
+            await asyncio.wait(set(self._writes))
+
+    def _new(self, kind: str, **fields: Any) -> NewMessage:
+        return NewMessage(
+            kind=kind,  # type: ignore[arg-type]
+            run_id=self.run_id,
+            channel=self.conv.channel_key,
+            created_at=time.time(),
+            **fields,
+        )
+
+    # -- the turn ---------------------------------------------------------------
+    async def run(self) -> None:
+        started = time.monotonic()
+        m = self.message
+        self._emit(TurnStarted, message_id=m.id, author=m.author)
+        try:
+            await self.conv._ensure_memory(exclude_run=self.run_id)
+            await self._append(
+                memory=[
+                    ChatMessage(role="user", content=m.content, author=m.author, message_id=m.id)
+                ]
+            )
+            async with asyncio.timeout(self.policy.time_budget):
+                await self._steps()
+        except TimeoutError:
+            await self._keep_partial("interrupted", "time budget exceeded")
+            self.state.stop_reason = "time_budget"
+            self._emit(Interrupted, partial_text=self.state.final_text, reason="time_budget")
+        except asyncio.CancelledError:
+            await self._keep_partial("interrupted", "turn interrupted")
+            self._emit(
+                Interrupted,
+                partial_text=self.state.final_text,
+                reason="interrupt" if self.interrupt_requested else "shutdown",
+            )
+            self.state.stop_reason = "interrupted"
+            if not self.interrupt_requested:
+                self._end(started)
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        except (LLMError, StoreError) as exc:
+            log.warning("conversation %s run %s failed: %s", self.conv.id, self.run_id, exc)
+            await self._keep_partial("error", str(exc))
+            self.state.stop_reason = "error"
+            self._emit(
+                Error,
+                message=str(exc),
+                error_type=type(exc).__name__,
+                retryable=getattr(exc, "retryable", False),
+            )
+        except Exception as exc:
+            log.exception("conversation %s run %s crashed", self.conv.id, self.run_id)
+            await self._keep_partial("error", "internal error")
+            self.state.stop_reason = "error"
+            self._emit(
+                Error, message=f"internal error: {type(exc).__name__}", error_type="internal"
+            )
+        self._end(started)
+
+    def _end(self, started: float) -> None:
+        self._emit(
+            TurnEnded,
+            stop_reason=self.state.stop_reason,
+            usage=self.state.usage,
+            text=self.state.final_text,
+            tool_calls=self.state.tool_calls,
+            duration=time.monotonic() - started,
+        )
+
+    async def _keep_partial(self, status: MessageStatus, why: str) -> None:
+        """Record the partial answer and close every open tool call."""
+        # Whatever was queued may or may not be in the cache: reload next turn.
+        self.conv._invalidate_memory()
+        log_rows: list[NewMessage] = []
+        memory: list[ChatMessage] = []
+        text = "".join(self.state.partial)
+        self.state.partial.clear()
+        self.state.final_text = text
+        if text:
+            log_rows.append(self._new("assistant", content=text, status=status))
+            memory.append(ChatMessage(role="assistant", content=text))
+        for call in self.state.open_calls.values():
+            result = f"error: tool call not completed ({why})"
+            log_rows.append(
+                self._new(
+                    "tool_result",
+                    content=result,
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    is_error=True,
+                    status=status,
+                )
+            )
+            memory.append(
+                ChatMessage(
+                    role="tool", content=result, tool_call_id=call.id, name=call.name, is_error=True
+                )
+            )
+        self.state.open_calls.clear()
+        if log_rows or memory:
+            fut = self._append(log=log_rows, memory=memory)
+            fut.add_done_callback(self._log_failed_partial)
+        # Everything this turn wrote must be committed before the next turn
+        # reloads the working memory.
+        await asyncio.shield(self._settle_writes())
+
+    def _log_failed_partial(self, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            log.error(
+                "could not record the partial answer of run %s: %s", self.run_id, fut.exception()
+            )
+
+    async def _steps(self) -> None:
+        agent = self.agent
+        while True:
+            offered = (
+                []
+                if self.state.tools_exhausted or not agent.llm.supports_tools
+                else [spec_of(t) for t in self.tools.values()]
+            )
+            request = LLMRequest(
+                messages=tuple(self.conv._memory_cache or ()),
+                system=agent.system_prompt,
+                tools=offered,
+                tool_choice="auto" if offered else "none",
+                conversation_id=self.conv.id,
+            )
+            text, calls, finish = await self._stream(request)
+            if not calls:
+                self.state.partial.clear()
+                self.state.final_text = text
+                await self._append(
+                    log=[self._new("assistant", content=text)],
+                    memory=[ChatMessage(role="assistant", content=text)],
+                )
+                self.state.stop_reason = "length" if finish == "length" else "stop"
+                return
+            self.state.partial.clear()
+            rows = [self._new("assistant", content=text)] if text else []
+            rows += [
+                self._new("tool_call", tool_call_id=c.id, tool_name=c.name, arguments=c.arguments)
+                for c in calls
+            ]
+            self.state.open_calls.update((c.id, c) for c in calls)
+            await self._append(
+                log=rows,
+                memory=[ChatMessage(role="assistant", content=text, tool_calls=tuple(calls))],
+            )
+            await self._run_tools(calls)
+
+    async def _stream(self, request: LLMRequest) -> tuple[str, list[ToolCall], str | None]:
+        partial = self.state.partial
+        calls: list[ToolCall] = []
+        finish: str | None = None
+        reasoning = response = False
+        gen = self.agent.llm.stream(request)
+        async with contextlib.aclosing(gen):  # type: ignore[type-var]
+            async for item in gen:
+                if isinstance(item, TextChunk):
+                    if not response:
+                        response = True
+                        self._emit(ResponseStarted)
+                    partial.append(item.text)
+                    self._emit(TextDelta, text=item.text)
+                elif isinstance(item, ReasoningChunk):
+                    if not reasoning:
+                        reasoning = True
+                        self._emit(ReasoningStarted)
+                    self._emit(ReasoningDelta, text=item.text)
+                elif isinstance(item, ToolCallItem):
+                    calls.append(item.call)
+                elif isinstance(item, UsageItem):
+                    self.state.usage = self.state.usage + item.usage
+                elif isinstance(item, FinishItem):
+                    finish = item.reason
+        return "".join(partial), calls, finish
+
+    # -- tools --------------------------------------------------------------------
+    async def _run_tools(self, calls: list[ToolCall]) -> None:
+        runnable: list[ToolCall] = []
+        refused: list[ToolCall] = []
+        for c in calls:
+            if self.state.tool_calls >= self.policy.max_tool_calls:
+                refused.append(c)
+            else:
+                self.state.tool_calls += 1
+                runnable.append(c)
+        if refused:
+            # The model is asked for a final answer without tools next.
+            self.state.tools_exhausted = True
+        async with asyncio.TaskGroup() as tg:
+            for c in runnable:
+                tg.create_task(self._run_tool(c))
+            for c in refused:
+                msg = (
+                    f"error: tool call limit reached ({self.policy.max_tool_calls} per turn);"
+                    " answer with what you have"
+                )
+                tg.create_task(
+                    self._finish_tool(c, ToolResult(text=msg, is_error=True), 0.0, started=False)
+                )
+
+    async def _run_tool(self, call: ToolCall) -> None:
+        self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)
+        t0 = time.monotonic()
+        result = await self._invoke(call)
+        await self._finish_tool(call, result, time.monotonic() - t0)
+
+    async def _invoke(self, call: ToolCall) -> ToolResult:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return ToolResult(
+                text=f"error: unknown tool {call.name!r} (available: {known})", is_error=True
+            )
+        try:
+            args = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            return ToolResult(text=f"error: arguments are not valid JSON: {exc}", is_error=True)
+        if not isinstance(args, dict):
+            return ToolResult(text="error: arguments must be a JSON object", is_error=True)
+        context = ToolContext(
+            conversation_id=self.conv.id,
+            run_id=self.run_id,
+            call_id=call.id,
+            author=self.message.author,
+            channel=self.conv.channel_key,
+        )
+        try:
+            async with asyncio.timeout(self.policy.tool_timeout):
+                raw = await tool.call(args, context)
+        except TimeoutError:
+            return ToolResult(
+                text=f"error: tool timed out after {self.policy.tool_timeout:g}s", is_error=True
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info("tool %s failed: %r", call.name, exc)
+            return ToolResult(text=f"error: {type(exc).__name__}: {exc}", is_error=True)
+        if isinstance(raw, ToolResult):
+            return raw
+        if isinstance(raw, str):
+            return ToolResult(text=raw)
+        return ToolResult(text=json.dumps(raw, ensure_ascii=False, default=str), data=raw)
+
+    async def _finish_tool(
+        self, call: ToolCall, result: ToolResult, duration: float, *, started: bool = True
+    ) -> None:
+        if not started:
+            self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)
+        text = result.text
+        if len(text) > MAX_TOOL_RESULT_CHARS:
+            text = text[:MAX_TOOL_RESULT_CHARS] + f"\n[… cut: {len(result.text)} characters in all]"
+        self.state.open_calls.pop(call.id, None)
+        write = self._append(
+            log=[
+                self._new(
+                    "tool_result",
+                    content=result.text,
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    is_error=result.is_error,
+                    data=result.data,
+                    duration=duration,
+                )
+            ],
+            memory=[
+                ChatMessage(
+                    role="tool",
+                    content=text,
+                    tool_call_id=call.id,
+                    name=call.name,
+                    is_error=result.is_error,
+                )
+            ],
+        )
+        self._emit(
+            ToolCallEnded,
+            call_id=call.id,
+            name=call.name,
+            result=text,
+            is_error=result.is_error,
+            duration=duration,
+        )
+        await write

@@ -1,0 +1,475 @@
+"""The Agent and Conversation contracts, on a scripted model and a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from agentik.core import Agent, ClosedError, NotFound, SQLiteStore, TurnPolicy, tool
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from helpers import collect_turn
+
+
+async def test_send_commits_before_returning_and_runs_a_turn(agent, scripted, db_path):
+    conv = await agent.create_conversation(title="t")
+    sub = conv.events()
+    gate = asyncio.Event()
+    scripted.enqueue(Reply(text="hello alice", gate=gate))
+    run_id = await conv.send("hi", author="alice")
+    # Committed: visible from another connection while the turn is still blocked.
+    con = sqlite3.connect(db_path)
+    assert con.execute("SELECT kind, content, author, run_id FROM message").fetchall() == [
+        ("user", "hi", "alice", run_id)
+    ]
+    con.close()
+    gate.set()
+    events = await collect_turn(sub)
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "turn_started" and kinds[-1] == "turn_ended"
+    assert "".join(e.text for e in events if e.kind == "text_delta") == "hello alice"
+    assert all(e.run_id == run_id for e in events)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[-1].text == "hello alice" and events[-1].stop_reason == "stop"
+    history = await conv.messages()
+    assert [(m.kind, m.content) for m in history] == [("user", "hi"), ("assistant", "hello alice")]
+    # The model saw the author's name.
+    assert scripted.requests[0].messages[-1].author == "alice"
+
+
+async def test_fifty_messages_to_one_conversation_make_fifty_ordered_turns(agent, scripted):
+    conv = await agent.create_conversation()
+    scripted.default = lambda req: Reply(text="ok " + req.messages[-1].content, delay=0.001)
+    sub = conv.events(kinds={"turn_started", "turn_ended"})
+    run_ids = await asyncio.gather(*(conv.send(f"m{i}") for i in range(50)))
+    await conv.wait_idle()
+    assert [r.messages[-1].content for r in scripted.requests] == [f"m{i}" for i in range(50)]
+    events = []
+    while len(events) < 100:
+        events.append(await asyncio.wait_for(anext(sub), 5))
+    # Strictly one at a time: started/ended alternate, in send order.
+    assert [e.kind for e in events] == ["turn_started", "turn_ended"] * 50
+    assert [e.run_id for e in events[::2]] == list(run_ids)
+    history = await conv.messages(limit=200)
+    users = [m.content for m in history if m.kind == "user"]
+    answers = [m.content for m in history if m.kind == "assistant"]
+    assert users == [f"m{i}" for i in range(50)]
+    assert answers == [f"ok m{i}" for i in range(50)]
+    # Each turn's context holds exactly the earlier exchanges plus its own message.
+    assert [len(r.messages) for r in scripted.requests] == [2 * i + 1 for i in range(50)]
+
+
+async def test_fifty_conversations_run_in_parallel(agent, scripted):
+    gate = asyncio.Event()
+    convs = [await agent.create_conversation() for _ in range(50)]
+    replies = [Reply(text=f"answer {i}", gate=gate) for i in range(50)]
+    scripted.enqueue(*replies)
+    await asyncio.gather(*(c.send(f"q{i}") for i, c in enumerate(convs)))
+    # All 50 turns reach the model before any may finish: they run concurrently.
+    await asyncio.wait_for(asyncio.gather(*(r.started.wait() for r in replies)), 10)
+    gate.set()
+    await asyncio.gather(*(c.wait_idle() for c in convs))
+    for c in convs:
+        msgs = await c.messages()
+        assert [m.kind for m in msgs] == ["user", "assistant"]
+
+
+async def test_message_sent_during_a_turn_is_queued_not_dropped(agent, scripted):
+    conv = await agent.create_conversation()
+    gate = asyncio.Event()
+    first = Reply(text="first answer", gate=gate)
+    scripted.enqueue(first, "second answer")
+    await conv.send("one")
+    await first.started.wait()
+    await conv.send("two")
+    assert conv.busy and conv.queued == 1
+    gate.set()
+    await conv.wait_idle()
+    contents = [(m.kind, m.content) for m in await conv.messages()]
+    assert contents == [
+        ("user", "one"),
+        ("user", "two"),
+        ("assistant", "first answer"),
+        ("assistant", "second answer"),
+    ]
+    assert scripted.requests[1].messages[-1].content == "two"
+    assert scripted.requests[1].messages[-2].content == "first answer"
+
+
+async def test_interrupt_keeps_partial_answer_marked_interrupted(agent, scripted):
+    conv = await agent.create_conversation()
+    sub = conv.events()
+    slow = Reply(text="one two three four five six seven", delay=0.05)
+    scripted.enqueue(slow, "next answer")
+    await conv.send("talk")
+    async for e in sub:
+        if e.kind == "text_delta":
+            break
+    assert await conv.interrupt() is True
+    events = await collect_turn(sub)
+    kinds = [e.kind for e in events]
+    assert "interrupted" in kinds and kinds[-1] == "turn_ended"
+    assert events[-1].stop_reason == "interrupted"
+    assert scripted.cancelled == 1
+    partial = [m for m in await conv.messages() if m.kind == "assistant"]
+    assert len(partial) == 1 and partial[0].status == "interrupted"
+    assert partial[0].content and "seven" not in partial[0].content
+    # The conversation goes on; the model sees the partial answer as context.
+    await conv.send("again")
+    await conv.wait_idle()
+    assert scripted.requests[-1].messages[-2].content == partial[0].content
+    assert (await conv.messages())[-1].content == "next answer"
+    assert await conv.interrupt() is False
+
+
+async def test_tool_calls_run_concurrently_and_results_reach_the_model(agent, scripted):
+    both_started = asyncio.Event()
+    started = []
+
+    @tool(parameters={"type": "object", "properties": {"name": {"type": "string"}}})
+    async def rendezvous(name: str) -> str:
+        """Wait until both calls are running."""
+        started.append(name)
+        if len(started) == 2:
+            both_started.set()
+        await asyncio.wait_for(both_started.wait(), 5)
+        return f"hello {name}"
+
+    agent.add_tool(rendezvous)
+    scripted.enqueue(
+        Reply(
+            text="Let me check.",
+            tool_calls=[
+                call("rendezvous", {"name": "a"}, id="c1"),
+                call("rendezvous", {"name": "b"}, id="c2"),
+            ],
+        ),
+        "done",
+    )
+    conv = await agent.create_conversation()
+    sub = conv.events()
+    await conv.send("go")
+    events = await collect_turn(sub)
+    ended = {e.call_id: e.result for e in events if e.kind == "tool_call_ended"}
+    assert ended == {"c1": "hello a", "c2": "hello b"}
+    second = scripted.requests[1].messages
+    assert second[-3].role == "assistant" and [c.id for c in second[-3].tool_calls] == ["c1", "c2"]
+    assert {m.tool_call_id: m.content for m in second[-2:]} == ended
+    assert [t.name for t in scripted.requests[0].tools] == ["rendezvous"]
+    kinds = [m.kind for m in await conv.messages()]
+    assert kinds == [
+        "user",
+        "assistant",
+        "tool_call",
+        "tool_call",
+        "tool_result",
+        "tool_result",
+        "assistant",
+    ]
+
+
+async def test_tool_errors_go_back_to_the_model(agent, scripted):
+    @tool
+    async def broken() -> str:
+        """Always fails."""
+        raise RuntimeError("disk on fire")
+
+    agent.add_tool(broken)
+    scripted.enqueue(
+        Reply(
+            tool_calls=[
+                call("broken", id="c1"),
+                call("missing_tool", id="c2"),
+                call("broken", "{not json", id="c3"),
+            ]
+        ),
+        "sorry",
+    )
+    conv = await agent.create_conversation()
+    await conv.send("go")
+    await conv.wait_idle()
+    results = {m.tool_call_id: m for m in scripted.requests[1].messages if m.role == "tool"}
+    assert "RuntimeError: disk on fire" in results["c1"].content and results["c1"].is_error
+    assert "unknown tool 'missing_tool'" in results["c2"].content
+    assert "not valid JSON" in results["c3"].content
+    assert (await conv.messages())[-1].content == "sorry"
+
+
+async def test_tool_call_cap_then_answer_without_tools(scripted, db_path):
+    calls = []
+
+    @tool
+    async def ping() -> str:
+        """Ping."""
+        calls.append(1)
+        return "pong"
+
+    policy = TurnPolicy(max_tool_calls=3)
+    async with Agent(llm=scripted, store=SQLiteStore(db_path), tools=[ping], policy=policy) as a:
+        scripted.enqueue(
+            Reply(tool_calls=[call("ping") for _ in range(2)]),
+            Reply(tool_calls=[call("ping") for _ in range(2)]),
+            "final",
+        )
+        conv = await a.create_conversation()
+        sub = conv.events()
+        await conv.send("ping a lot")
+        events = await collect_turn(sub)
+    assert len(calls) == 3
+    assert events[-1].tool_calls == 3 and events[-1].text == "final"
+    refused = [e for e in events if e.kind == "tool_call_ended" and e.is_error]
+    assert len(refused) == 1 and "limit reached" in refused[0].result
+    assert scripted.requests[2].tools == [] and scripted.requests[2].tool_choice == "none"
+
+
+async def test_time_budget_stops_a_slow_turn(scripted, db_path):
+    @tool
+    async def sleepy() -> str:
+        """Sleeps."""
+        await asyncio.sleep(60)
+        return "never"
+
+    policy = TurnPolicy(time_budget=0.3)
+    async with Agent(llm=scripted, store=SQLiteStore(db_path), tools=[sleepy], policy=policy) as a:
+        scripted.enqueue(Reply(text="checking", tool_calls=[call("sleepy", id="s1")]))
+        conv = await a.create_conversation()
+        sub = conv.events()
+        await conv.send("go")
+        events = await collect_turn(sub)
+        assert events[-1].stop_reason == "time_budget"
+        rows = await conv.messages()
+        result = [m for m in rows if m.kind == "tool_result"]
+        assert len(result) == 1 and result[0].is_error and "time budget" in result[0].content
+        # The working memory stays a valid context: every tool call has a result.
+        wm = await conv.working_memory()
+        assert [m.role for m in wm] == ["user", "assistant", "tool"]
+
+
+async def test_tool_timeout_is_an_error_result(scripted, db_path):
+    @tool
+    async def sleepy() -> str:
+        """Sleeps."""
+        await asyncio.sleep(60)
+        return "never"
+
+    policy = TurnPolicy(tool_timeout=0.05)
+    async with Agent(llm=scripted, store=SQLiteStore(db_path), tools=[sleepy], policy=policy) as a:
+        scripted.enqueue(Reply(tool_calls=[call("sleepy")]), "gave up")
+        conv = await a.create_conversation()
+        await conv.send("go")
+        await conv.wait_idle()
+        tool_msg = next(m for m in scripted.requests[1].messages if m.role == "tool")
+        assert "timed out" in tool_msg.content
+
+
+async def test_interrupt_during_tool_call_cancels_it(agent, scripted):
+    cancelled = asyncio.Event()
+    running = asyncio.Event()
+
+    @tool
+    async def forever() -> str:
+        """Runs until cancelled."""
+        running.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    agent.add_tool(forever)
+    scripted.enqueue(Reply(tool_calls=[call("forever", id="f1")]), "after")
+    conv = await agent.create_conversation()
+    await conv.send("go")
+    await asyncio.wait_for(running.wait(), 5)
+    await conv.interrupt()
+    assert cancelled.is_set()
+    wm = await conv.working_memory()
+    assert wm[-1].role == "tool" and wm[-1].tool_call_id == "f1" and wm[-1].is_error
+    await conv.send("and now?")
+    await conv.wait_idle()
+    assert (await conv.messages())[-1].content == "after"
+
+
+async def test_tool_policy_hides_tools(agent, scripted):
+    @tool
+    async def secret() -> str:
+        """Secret."""
+        return "s"
+
+    @tool
+    async def public_info() -> str:
+        """Public."""
+        return "p"
+
+    agent.add_tool(secret)
+    agent.add_tool(public_info)
+    conv = await agent.create_conversation()
+    conv.policy = TurnPolicy(allowed_tools=("public_*",))
+    scripted.enqueue(Reply(tool_calls=[call("secret", id="x")]), "ok")
+    await conv.send("hi")
+    await conv.wait_idle()
+    assert [t.name for t in scripted.requests[0].tools] == ["public_info"]
+    tool_msg = next(m for m in scripted.requests[1].messages if m.role == "tool")
+    assert tool_msg.is_error and "unknown tool" in tool_msg.content
+
+
+async def test_reasoning_events(agent, scripted):
+    scripted.enqueue(Reply(reasoning="thinking hard", text="42"))
+    conv = await agent.create_conversation()
+    sub = conv.events()
+    await conv.send("q")
+    kinds = [e.kind for e in await collect_turn(sub)]
+    assert kinds.index("reasoning_started") < kinds.index("reasoning_delta")
+    assert kinds.index("reasoning_delta") < kinds.index("response_started")
+    chat = conv.events(after=0, profile="chat")
+    await conv.aclose()
+    assert {e.kind async for e in chat} == {"turn_started", "text_delta", "turn_ended"}
+
+
+async def test_events_after_replays_missed_events(agent, scripted):
+    conv = await agent.create_conversation()
+    await conv.send("one")
+    await conv.wait_idle()
+    first_turn_end = None
+    replay = conv.events(after=0)
+    while True:
+        e = await anext(replay)
+        if e.kind == "turn_ended":
+            first_turn_end = e.seq
+            break
+    await conv.send("two")
+    await conv.wait_idle()
+    resumed = conv.events(after=first_turn_end)
+    e = await anext(resumed)
+    assert e.kind == "turn_started" and e.seq == first_turn_end + 1
+
+
+async def test_agent_event_stream_covers_all_conversations(agent, scripted):
+    sub = agent.events(profile="metrics")
+    a = await agent.create_conversation()
+    b = await agent.create_conversation()
+    await a.send("x")
+    await b.send("y")
+    seen = set()
+    while len(seen) < 2:
+        e = await asyncio.wait_for(anext(sub), 5)
+        if e.kind == "turn_ended":
+            seen.add(e.conversation_id)
+    assert seen == {a.id, b.id}
+
+
+async def test_model_error_mid_stream_is_an_error_event_and_keeps_partial(agent, scripted):
+    scripted.enqueue(Reply(text="half of it", fail_after=1), "recovered")
+    conv = await agent.create_conversation()
+    sub = conv.events()
+    await conv.send("q1")
+    events = await collect_turn(sub)
+    err = [e for e in events if e.kind == "error"]
+    assert len(err) == 1 and err[0].retryable and "dropped" in err[0].message
+    assert events[-1].stop_reason == "error"
+    rows = await conv.messages()
+    assert [(m.kind, m.status) for m in rows] == [("user", "complete"), ("assistant", "error")]
+    assert rows[1].content == "half "
+    await conv.send("q2")
+    await conv.wait_idle()
+    assert (await conv.messages())[-1].content == "recovered"
+
+
+async def test_conversation_lifecycle(agent, scripted, db_path):
+    conv = await agent.create_conversation(title="hello")
+    await conv.rename("renamed")
+    got = await agent.get_conversation(conv.id)
+    assert got is conv and got.title == "renamed"
+    temp = await agent.create_conversation(temp=True)
+    await temp.send("secret temp message")
+    await temp.wait_idle()
+    assert [m.kind for m in await temp.messages()] == ["user", "assistant"]
+    listed = [r.id for r in await agent.list_conversations()]
+    assert set(listed) == {conv.id, temp.id}
+    con = sqlite3.connect(db_path)
+    assert con.execute("SELECT COUNT(*) FROM conversation WHERE id = ?", (temp.id,)).fetchone() == (
+        0,
+    )
+    assert con.execute("SELECT COUNT(*) FROM message").fetchone() == (0,)
+    con.close()
+    await agent.delete_conversation(temp.id)
+    await conv.send("x")
+    await conv.wait_idle()
+    await agent.delete_conversation(conv.id)
+    with pytest.raises(NotFound):
+        await agent.get_conversation(conv.id)
+    with pytest.raises(NotFound):
+        await agent.delete_conversation(conv.id)
+    with pytest.raises(ClosedError):
+        await conv.send("after delete")
+
+
+async def test_channel_binding_persists_across_restart(db_path):
+    model = ScriptedModel()
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as a:
+        conv = await a.conversation_for_channel("irc:libera:#agentik")
+        same = await a.conversation_for_channel("irc:libera:#agentik")
+        assert same is conv
+        await conv.send("remember me")
+        await conv.wait_idle()
+        first_id = conv.id
+        # Concurrent get-or-create of a new channel makes one conversation.
+        many = await asyncio.gather(*(a.conversation_for_channel("slack:T1:C1") for _ in range(10)))
+        assert len({c.id for c in many}) == 1
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as a:
+        conv = await a.conversation_for_channel("irc:libera:#agentik")
+        assert conv.id == first_id and conv.channel_key == "irc:libera:#agentik"
+        await conv.send("and now")
+        await conv.wait_idle()
+        ctx = [m.content for m in model.requests[-1].messages]
+        assert ctx == ["remember me", "echo: remember me", "and now"]
+        fresh = await a.new_conversation_for_channel("irc:libera:#agentik")
+        assert fresh.id != first_id
+        assert (await a.conversation_for_channel("irc:libera:#agentik")).id == fresh.id
+        assert (await a.get_conversation(first_id)).id == first_id
+
+
+async def test_system_prompt_goes_first(scripted, db_path):
+    async with Agent(llm=scripted, store=SQLiteStore(db_path), system_prompt="Be brief.") as a:
+        conv = await a.create_conversation()
+        await conv.send("hi")
+        await conv.wait_idle()
+    assert scripted.requests[0].system == "Be brief."
+
+
+async def test_close_interrupts_running_turns_and_leaves_no_tasks(scripted, db_path):
+    gate = asyncio.Event()
+    scripted.enqueue(Reply(text="never finishes", gate=gate))
+    a = Agent(llm=scripted, store=SQLiteStore(db_path))
+    await a.start()
+    conv = await a.create_conversation()
+    sub = conv.events()
+    await conv.send("hello")
+    await conv.send("queued")
+    before = {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+    assert any(t.get_name().startswith("agentik-turn") for t in before)
+    await a.aclose()
+    kinds = [e.kind async for e in sub]
+    assert "interrupted" in kinds and kinds[-1] == "turn_ended"
+    leftover = [
+        t
+        for t in asyncio.all_tasks()
+        if t is not asyncio.current_task() and t.get_name().startswith("agentik")
+    ]
+    assert leftover == []
+    assert scripted.closed
+    with pytest.raises(ClosedError):
+        await conv.send("late")
+    # Both user messages were kept; the queued one reaches the model next time.
+    model2 = ScriptedModel()
+    async with Agent(llm=model2, store=SQLiteStore(db_path)) as a2:
+        conv2 = await a2.get_conversation(conv.id)
+        await conv2.send("back")
+        await conv2.wait_idle()
+        assert [m.content for m in model2.requests[0].messages if m.role == "user"] == [
+            "hello",
+            "queued",
+            "back",
+        ]

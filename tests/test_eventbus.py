@@ -1,0 +1,101 @@
+"""The live event stream: replay after reconnect, gaps, slow subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentik.core.eventbus import EventBus
+from agentik.core.events import EventsLost, TextDelta
+
+
+def make_bus(buffer=5, max_pending=100):
+    return EventBus(
+        key=lambda e: e.seq,
+        lost=lambda e, after, oldest: EventsLost(
+            conversation_id="c", requested_after=after, oldest_seq=oldest
+        ),
+        buffer=buffer,
+        max_pending=max_pending,
+    )
+
+
+def ev(seq):
+    return TextDelta(conversation_id="c", seq=seq, text=str(seq))
+
+
+async def drain(sub, n):
+    return [await asyncio.wait_for(anext(sub), 2) for _ in range(n)]
+
+
+async def test_live_subscriber_gets_events_in_order():
+    bus = make_bus()
+    sub = bus.subscribe()
+    for i in range(1, 4):
+        bus.publish(ev(i))
+    assert [e.seq for e in await drain(sub, 3)] == [1, 2, 3]
+
+
+async def test_reconnect_replays_missed_events_then_live():
+    bus = make_bus(buffer=10)
+    for i in range(1, 6):
+        bus.publish(ev(i))
+    sub = bus.subscribe(after=3)
+    bus.publish(ev(6))
+    assert [e.seq for e in await drain(sub, 3)] == [4, 5, 6]
+
+
+async def test_reconnect_beyond_buffer_is_told_about_the_gap():
+    bus = make_bus(buffer=3)
+    for i in range(1, 11):
+        bus.publish(ev(i))
+    sub = bus.subscribe(after=2)
+    got = await drain(sub, 4)
+    assert got[0].kind == "events_lost"
+    assert got[0].requested_after == 2 and got[0].oldest_seq == 8
+    assert [e.seq for e in got[1:]] == [8, 9, 10]
+
+
+async def test_reconnect_from_a_future_sequence_is_a_gap():
+    """A cursor from before a restart (ahead of this process) cannot be served."""
+    bus = make_bus()
+    bus.publish(ev(1))
+    sub = bus.subscribe(after=500)
+    assert (await drain(sub, 1))[0].kind == "events_lost"
+
+
+async def test_up_to_date_reconnect_has_no_gap():
+    bus = make_bus(buffer=3)
+    for i in range(1, 11):
+        bus.publish(ev(i))
+    sub = bus.subscribe(after=10)
+    bus.publish(ev(11))
+    assert [e.seq for e in await drain(sub, 1)] == [11]
+
+
+async def test_slow_subscriber_is_cut_off_not_the_publisher():
+    bus = make_bus(buffer=1000, max_pending=10)
+    slow = bus.subscribe()
+    fast = bus.subscribe()
+    for i in range(1, 51):
+        bus.publish(ev(i))
+        if i <= 10:
+            assert (await anext(fast)).seq == i
+    events = [e async for e in slow]
+    assert [e.kind for e in events] == ["events_lost"]
+    assert events[0].requested_after == 10
+
+
+async def test_close_ends_subscriptions_after_draining():
+    bus = make_bus()
+    sub = bus.subscribe()
+    bus.publish(ev(1))
+    bus.close()
+    assert [e.seq async for e in sub] == [1]
+
+
+async def test_kind_filter():
+    bus = make_bus()
+    sub = bus.subscribe(kinds={"turn_ended"})
+    bus.publish(ev(1))
+    bus.close()
+    assert [e async for e in sub] == []

@@ -1,0 +1,98 @@
+"""Events serialise losslessly and profiles select the right kinds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from agentik.core import events as ev
+from agentik.core.messages import ChatMessage, Message, ToolCall, Usage
+
+ENVELOPE = dict(
+    conversation_id="c1",
+    run_id="run_1",
+    parent_run_id="run_0",
+    seq=7,
+    stream_seq=42,
+    ts=1700000000.25,
+)
+
+SAMPLES = [
+    ev.TurnStarted(**ENVELOPE, message_id=3, author="alice"),
+    ev.ReasoningStarted(**ENVELOPE),
+    ev.ReasoningDelta(**ENVELOPE, text="hmm"),
+    ev.ResponseStarted(**ENVELOPE),
+    ev.TextDelta(**ENVELOPE, text="héllo 🌍"),
+    ev.ToolCallStarted(**ENVELOPE, call_id="call_1", name="add", arguments='{"a": 1}'),
+    ev.ToolCallEnded(
+        **ENVELOPE, call_id="call_1", name="add", result="2", is_error=True, duration=0.5
+    ),
+    ev.ChildRunLinked(**ENVELOPE, child_run_id="run_2", call_id="call_1"),
+    ev.TurnEnded(
+        **ENVELOPE,
+        stop_reason="length",
+        usage=Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7),
+        text="done",
+        tool_calls=2,
+        duration=1.5,
+    ),
+    ev.Interrupted(**ENVELOPE, partial_text="par", reason="time_budget"),
+    ev.Error(**ENVELOPE, message="boom", error_type="LLMTimeout", retryable=True),
+    ev.EventsLost(**ENVELOPE, requested_after=3, oldest_seq=9),
+]
+
+
+def test_every_kind_has_a_sample():
+    assert {type(e) for e in SAMPLES} == set(ev._BY_KIND.values())
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.kind)
+def test_event_json_round_trip_is_lossless(event):
+    text = ev.event_to_json(event)
+    data = json.loads(text)
+    assert data["kind"] == event.kind
+    assert data["seq"] == 7 and data["stream_seq"] == 42
+    back = ev.event_from_json(text)
+    assert back == event
+    assert type(back) is type(event)
+
+
+def test_events_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SAMPLES[4].text = "changed"
+
+
+def test_unknown_kind_is_rejected():
+    with pytest.raises(ValueError, match="unknown event kind"):
+        ev.event_from_dict({"kind": "nope", "conversation_id": "c"})
+
+
+def test_profiles():
+    assert ev.PROFILES["debug"] == frozenset(ev._BY_KIND)
+    assert "text_delta" in ev.PROFILES["chat"] and "reasoning_delta" not in ev.PROFILES["chat"]
+    assert "text_delta" not in ev.PROFILES["metrics"]
+    assert "turn_ended" in ev.PROFILES["metrics"]
+    for profile in ev.PROFILES.values():
+        assert "events_lost" in profile
+
+
+def test_messages_round_trip():
+    cm = ChatMessage(
+        role="assistant",
+        content="x",
+        tool_calls=(ToolCall(id="1", name="t", arguments="{}"),),
+        message_id=5,
+    )
+    assert ChatMessage.from_json(cm.to_json()) == cm
+    m = Message(
+        id=1,
+        conversation_id="c",
+        kind="tool_result",
+        content="r",
+        data={"k": [1]},
+        is_error=True,
+        status="interrupted",
+    )
+    assert Message.from_dict(json.loads(json.dumps(m.to_dict()))) == m

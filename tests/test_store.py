@@ -1,0 +1,172 @@
+"""The store contract, checked on every engine we ship."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+
+import pytest
+
+from agentik.core import MemoryStore, SQLiteStore, StoreError
+from agentik.core.errors import ClosedError
+from agentik.core.messages import ChatMessage, NewMessage
+from agentik.core.store.base import ConversationRecord
+
+
+@pytest.fixture(params=["sqlite-file", "sqlite-memory", "memory"])
+async def store(request, tmp_path):
+    if request.param == "sqlite-file":
+        s = SQLiteStore(str(tmp_path / "s.db"))
+    elif request.param == "sqlite-memory":
+        s = SQLiteStore(":memory:")
+    else:
+        s = MemoryStore()
+    async with s:
+        yield s
+
+
+def rec(cid, t=1.0, title=""):
+    return ConversationRecord(id=cid, title=title, created_at=t, updated_at=t)
+
+
+def user(text, **kw):
+    return NewMessage(kind="user", content=text, created_at=time.time(), **kw)
+
+
+async def test_conversation_crud_and_listing(store):
+    await store.create_conversation(rec("a", 1.0, "first"))
+    await store.create_conversation(rec("b", 2.0))
+    assert (await store.get_conversation("a")).title == "first"
+    assert await store.get_conversation("zzz") is None
+    assert [r.id for r in await store.list_conversations()] == ["b", "a"]
+    await store.update_conversation("a", title="renamed", updated_at=3.0)
+    page = await store.list_conversations(limit=1)
+    assert [(r.id, r.title) for r in page] == [("a", "renamed")]
+    assert [r.id for r in await store.list_conversations(limit=1, offset=1)] == ["b"]
+
+
+async def test_append_returns_ids_and_pages_history(store):
+    await store.create_conversation(rec("c"))
+    rows = await store.append("c", log=[user(f"m{i}", author="bob") for i in range(10)])
+    ids = [r.id for r in rows]
+    assert ids == sorted(ids) and len(set(ids)) == 10
+    assert rows[0].author == "bob" and rows[0].conversation_id == "c"
+    assert [m.content for m in await store.messages("c", limit=3)] == ["m7", "m8", "m9"]
+    assert [m.content for m in await store.messages("c", after=ids[2], limit=2)] == ["m3", "m4"]
+    assert [m.content for m in await store.messages("c", before=ids[2], limit=5)] == ["m0", "m1"]
+    assert [m.content for m in await store.messages("c", offset=8, limit=5)] == ["m8", "m9"]
+    assert await store.count_messages("c") == 10
+
+
+async def test_messages_filter_by_kind_and_keep_fields(store):
+    await store.create_conversation(rec("c"))
+    await store.append(
+        "c",
+        log=[
+            user("hi"),
+            NewMessage(kind="tool_call", tool_call_id="t1", tool_name="add", arguments='{"a":1}'),
+            NewMessage(
+                kind="tool_result",
+                tool_call_id="t1",
+                tool_name="add",
+                content="2",
+                data={"sum": 2},
+                is_error=False,
+                duration=0.25,
+            ),
+            NewMessage(kind="assistant", content="partial", status="interrupted", run_id="r1"),
+        ],
+    )
+    results = await store.messages("c", kinds=["tool_result"])
+    assert len(results) == 1 and results[0].data == {"sum": 2} and results[0].duration == 0.25
+    assistant = (await store.messages("c", kinds=["assistant"]))[0]
+    assert assistant.status == "interrupted" and assistant.run_id == "r1"
+
+
+async def test_working_memory_append_and_compact_leaves_audit_log(store):
+    await store.create_conversation(rec("c"))
+    for i in range(6):
+        await store.append(
+            "c", log=[user(f"u{i}")], memory=[ChatMessage(role="user", content=f"u{i}")]
+        )
+    entries = await store.load_memory("c")
+    assert [e.message.content for e in entries] == [f"u{i}" for i in range(6)]
+    await store.compact("c", entries[3].pos, ChatMessage(role="system", content="summary"))
+    after = [e.message.content for e in await store.load_memory("c")]
+    assert after == ["summary", "u4", "u5"]
+    # Appends after a compaction go after the kept tail.
+    await store.append("c", memory=[ChatMessage(role="user", content="u6")])
+    assert [e.message.content for e in await store.load_memory("c")][-1] == "u6"
+    assert await store.count_messages("c") == 6
+
+
+async def test_delete_cascades_to_every_row(store):
+    await store.create_conversation(rec("gone"), channel_key="irc:net:#gone")
+    await store.create_conversation(rec("kept"), channel_key="irc:net:#kept")
+    for cid in ("gone", "kept"):
+        await store.append(cid, log=[user("x")], memory=[ChatMessage(role="user", content="x")])
+    assert await store.delete_conversation("gone") is True
+    assert await store.delete_conversation("gone") is False
+    assert await store.get_conversation("gone") is None
+    assert await store.get_binding("irc:net:#gone") is None
+    assert await store.messages("gone") == []
+    assert await store.load_memory("gone") == []
+    assert await store.get_binding("irc:net:#kept") == "kept"
+    assert await store.count_messages("kept") == 1
+
+
+async def test_bindings(store):
+    await store.create_conversation(rec("a"), channel_key="stdio:local")
+    await store.create_conversation(rec("b"))
+    assert await store.get_binding("stdio:local") == "a"
+    await store.set_binding("stdio:local", "b")
+    assert await store.get_binding("stdio:local") == "b"
+
+
+async def test_append_to_missing_conversation_fails_cleanly(store):
+    with pytest.raises(StoreError):
+        await store.append("nope", log=[user("x")])
+
+
+async def test_sqlite_file_layout_and_append_only(tmp_path):
+    path = str(tmp_path / "a.db")
+    async with SQLiteStore(path) as s:
+        await s.create_conversation(rec("c"))
+        await s.append("c", log=[user("hello")])
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        con.execute("UPDATE message SET content = 'forged'")
+    assert con.execute("SELECT content FROM message").fetchone()[0] == "hello"
+    con.close()
+
+
+async def test_concurrent_appends_are_group_committed_and_isolated(tmp_path):
+    """Many writers at once: every commit lands; one bad write fails alone."""
+    async with SQLiteStore(str(tmp_path / "g.db")) as s:
+        for i in range(20):
+            await s.create_conversation(rec(f"c{i}"))
+        writes = [s.append(f"c{i % 20}", log=[user(f"m{i}")]) for i in range(400)]
+        writes.insert(200, s.append("missing", log=[user("orphan")]))
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert len(errors) == 1 and isinstance(errors[0], StoreError)
+        total = sum([await s.count_messages(f"c{i}") for i in range(20)])
+        assert total == 400
+        ids = [r[0].id for r in results if not isinstance(r, BaseException)]
+        assert ids == sorted(ids), "audit-log order follows submission order"
+
+
+async def test_closed_store_refuses_work(tmp_path):
+    s = SQLiteStore(str(tmp_path / "c.db"))
+    await s.start()
+    await s.aclose()
+    with pytest.raises(ClosedError):
+        await s.append("c", log=[user("x")])
+
+
+async def test_unopenable_path_is_a_clear_error(tmp_path):
+    bad = tmp_path / "no" / "such" / "dir" / "x.db"
+    with pytest.raises(StoreError, match="cannot open database"):
+        await SQLiteStore(str(bad)).start()

@@ -1,0 +1,91 @@
+"""Schema migrations: numbered, recorded, applied from blank and from every version."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import aiosqlite
+import pytest
+
+from agentik.core import SQLiteStore
+from agentik.core.errors import MigrationError
+from agentik.core.store.migrations import MIGRATIONS, apply_migrations, schema_version
+
+LATEST = max(m.number for m in MIGRATIONS)
+EXPECTED_TABLES = {
+    "conversation",
+    "channel_binding",
+    "message",
+    "working_memory",
+    "schema_migrations",
+}
+
+
+def tables(path):
+    con = sqlite3.connect(path)
+    try:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    finally:
+        con.close()
+
+
+def test_migrations_are_numbered_consecutively_and_named():
+    numbers = [m.number for m in MIGRATIONS]
+    assert numbers == list(range(1, len(MIGRATIONS) + 1))
+    assert all(m.name and m.name.isidentifier() for m in MIGRATIONS)
+
+
+async def test_blank_database_gets_the_latest_schema(tmp_path):
+    path = str(tmp_path / "blank.db")
+    async with SQLiteStore(path):
+        pass
+    assert EXPECTED_TABLES <= tables(path)
+    con = sqlite3.connect(path)
+    rows = con.execute("SELECT number, name FROM schema_migrations ORDER BY number").fetchall()
+    assert rows == [(m.number, m.name) for m in MIGRATIONS]
+    assert con.execute("PRAGMA user_version").fetchone()[0] == LATEST
+    con.close()
+
+
+@pytest.mark.parametrize("start", range(0, LATEST + 1))
+async def test_upgrade_from_every_earlier_version(tmp_path, start):
+    path = str(tmp_path / f"v{start}.db")
+    async with aiosqlite.connect(path, isolation_level=None) as conn:
+        await apply_migrations(conn, target=start)
+        assert await schema_version(conn) == start
+    async with SQLiteStore(path) as store:
+        assert await store.list_conversations() == []
+    async with aiosqlite.connect(path) as conn:
+        assert await schema_version(conn) == LATEST
+
+
+async def test_reopening_applies_nothing_twice(tmp_path):
+    path = str(tmp_path / "twice.db")
+    async with SQLiteStore(path):
+        pass
+    async with aiosqlite.connect(path, isolation_level=None) as conn:
+        assert await apply_migrations(conn) == []
+
+
+async def test_newer_schema_is_refused(tmp_path):
+    path = str(tmp_path / "future.db")
+    async with SQLiteStore(path):
+        pass
+    con = sqlite3.connect(path)
+    con.execute("INSERT INTO schema_migrations VALUES (999, 'from_the_future', 0)")
+    con.commit()
+    con.close()
+    with pytest.raises(MigrationError, match="newer"):
+        await SQLiteStore(path).start()
+
+
+async def test_failed_migration_rolls_back(tmp_path):
+    from agentik.core.store.migrations import Migration
+
+    broken = (*MIGRATIONS, Migration(LATEST + 1, "broken", "CREATE TABLE t (x); SELECT nope();"))
+    path = str(tmp_path / "broken.db")
+    async with aiosqlite.connect(path, isolation_level=None) as conn:
+        with pytest.raises(MigrationError, match="broken"):
+            await apply_migrations(conn, broken)
+        assert await schema_version(conn) == LATEST
+    assert "t" not in tables(path)
