@@ -1,1 +1,1 @@
-"""placeholder"""
+"""agentik.bot — configuration, wiring (builder), the bridge, and the CLI."""

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class AgentState(enum.Enum):
+    """Lifecycle of an :class:`Agent`: new → running → closing → closed."""
+
     NEW = "new"
     RUNNING = "running"
     CLOSING = "closing"

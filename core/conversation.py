@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 
 class ConversationState(enum.Enum):
+    """Lifecycle of a :class:`Conversation`."""
+
     OPEN = "open"
     CLOSED = "closed"
 

@@ -256,8 +256,10 @@ def event_from_dict(data: dict[str, Any]) -> Event:
 
 
 def event_to_json(event: EventBase) -> str:
+    """Serialise an event to compact JSON text."""
     return json.dumps(event_to_dict(event), ensure_ascii=False, separators=(",", ":"))
 
 
 def event_from_json(text: str) -> Event:
+    """Rebuild an event from :func:`event_to_json` output."""
     return event_from_dict(json.loads(text))

@@ -109,9 +109,9 @@ class Registry:
         ]
         for hook_name, make in hooks:
             caller = getattr(self.pm.hook, hook_name)
-            # Call each implementation ourselves (in pluggy's order) so that a
-            # clash or a crash names the plugin responsible.
-            for impl in reversed(caller.get_hookimpls()):
+            # Call each implementation ourselves, in registration order
+            # (built-ins first), so a clash or a crash names the plugin responsible.
+            for impl in caller.get_hookimpls():
                 try:
                     impl.function(make(impl.plugin_name))
                 except PluginError:

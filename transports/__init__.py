@@ -1,1 +1,1 @@
-"""placeholder"""
+"""agentik.transports — one module or package per chat protocol."""

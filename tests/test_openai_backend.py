@@ -1,0 +1,238 @@
+"""The openai backend: the real ``openai`` SDK against a local OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+import pytest
+
+from agentik.core import (
+    Agent,
+    ConfigError,
+    LLMStatusError,
+    OpenAIBackend,
+    SQLiteStore,
+    tool,
+)
+from agentik.core.llm.base import LLMRequest, TextChunk, UsageItem
+from agentik.core.messages import ChatMessage
+from agentik.core.testing.openai_server import Reply
+from helpers import collect_turn
+
+SECRET = "sk-test-secret"
+
+
+async def test_plain_streaming_turn(openai_agent, openai_server):
+    openai_server.enqueue(Reply.text("Hello from the model", chunks=4, usage=(12, 5)))
+    conv = await openai_agent.create_conversation()
+    sub = conv.events()
+    await conv.send("hi there", author="alice")
+    events = await collect_turn(sub)
+    deltas = [e.text for e in events if e.kind == "text_delta"]
+    assert len(deltas) == 4 and "".join(deltas) == "Hello from the model"
+    end = events[-1]
+    assert end.stop_reason == "stop" and end.text == "Hello from the model"
+    # The usage chunk (empty choices) arrived and was counted.
+    assert (end.usage.prompt_tokens, end.usage.completion_tokens, end.usage.total_tokens) == (
+        12,
+        5,
+        17,
+    )
+    body = openai_server.requests[0]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["model"] == "fake-model"
+    assert body["messages"] == [{"role": "user", "content": "hi there", "name": "alice"}]
+    assert openai_server.request_headers[0]["authorization"] == f"Bearer {SECRET}"
+    rows = await conv.messages()
+    assert [(m.kind, m.content) for m in rows] == [
+        ("user", "hi there"),
+        ("assistant", "Hello from the model"),
+    ]
+
+
+async def test_split_tool_call_deltas_for_two_parallel_calls(openai_agent, openai_server):
+    @tool(
+        parameters={
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        }
+    )
+    async def weather(city: str) -> str:
+        """Current weather for a city."""
+        return f"sunny in {city}"
+
+    @tool(parameters={"type": "object", "properties": {"tz": {"type": "string"}}})
+    async def clock(tz: str) -> str:
+        """Current time in a time zone."""
+        return f"12:00 {tz}"
+
+    openai_agent.add_tool(weather)
+    openai_agent.add_tool(clock)
+    openai_server.enqueue(
+        Reply.tool_calls(
+            [
+                ("call_w", "weather", '{"city": "Paris, France"}'),
+                ("call_t", "clock", '{"tz": "Europe/Paris"}'),
+            ],
+            split=5,
+            text="Checking both.",
+        ),
+        Reply.text("It is noon and sunny.", chunks=3),
+    )
+    conv = await openai_agent.create_conversation()
+    sub = conv.events()
+    await conv.send("weather and time in Paris?")
+    events = await collect_turn(sub)
+    started = {e.call_id: (e.name, e.arguments) for e in events if e.kind == "tool_call_started"}
+    assert started == {
+        "call_w": ("weather", '{"city": "Paris, France"}'),
+        "call_t": ("clock", '{"tz": "Europe/Paris"}'),
+    }
+    first, second = openai_server.requests
+    assert [t["function"]["name"] for t in first["tools"]] == ["weather", "clock"]
+    assert first["tools"][0]["function"]["parameters"]["required"] == ["city"]
+    msgs = second["messages"]
+    assert msgs[1]["role"] == "assistant" and msgs[1]["content"] == "Checking both."
+    assert [c["id"] for c in msgs[1]["tool_calls"]] == ["call_w", "call_t"]
+    results = {m["tool_call_id"]: m["content"] for m in msgs[2:]}
+    assert results == {"call_w": "sunny in Paris, France", "call_t": "12:00 Europe/Paris"}
+    assert events[-1].text == "It is noon and sunny."
+
+
+async def test_rate_limited_then_success(openai_agent, openai_server):
+    openai_server.enqueue(Reply.error(429, retry_after=0.01), Reply.text("made it", chunks=2))
+    conv = await openai_agent.create_conversation()
+    sub = conv.events()
+    await conv.send("hello")
+    events = await collect_turn(sub)
+    assert events[-1].stop_reason == "stop" and events[-1].text == "made it"
+    assert len(openai_server.requests) == 2
+    assert not [e for e in events if e.kind == "error"]
+
+
+async def test_connection_dropped_mid_stream(openai_agent, openai_server):
+    openai_server.enqueue(
+        Reply.text("this answer will break off", chunks=5, drop_after=2),
+        Reply.text("second try works", chunks=2),
+    )
+    conv = await openai_agent.create_conversation()
+    sub = conv.events()
+    await conv.send("first question")
+    events = await collect_turn(sub)
+    errors = [e for e in events if e.kind == "error"]
+    assert len(errors) == 1 and errors[0].error_type == "LLMConnectionError"
+    assert events[-1].stop_reason == "error"
+    partial = "".join(e.text for e in events if e.kind == "text_delta")
+    assert partial and partial != "this answer will break off"
+    rows = await conv.messages()
+    assert [(m.kind, m.content, m.status) for m in rows] == [
+        ("user", "first question", "complete"),
+        ("assistant", partial, "error"),
+    ]
+    await conv.send("second question")
+    events = await collect_turn(sub)
+    assert events[-1].text == "second try works"
+    last = openai_server.requests[-1]["messages"]
+    assert [m["content"] for m in last] == ["first question", partial, "second question"]
+
+
+async def test_slow_model_interrupted_closes_the_http_stream(openai_agent, openai_server):
+    openai_server.enqueue(Reply.text("a b c d e f g h i j k l m n o p", chunks=16, delay=0.1))
+    conv = await openai_agent.create_conversation()
+    sub = conv.events()
+    await conv.send("tell me a long story")
+    async for e in sub:
+        if e.kind == "text_delta":
+            break
+    assert await conv.interrupt()
+    # The server saw the client go away: the HTTP response was closed.
+    await openai_server.wait_disconnect(timeout=5)
+    events = await collect_turn(sub)
+    assert events[-1].stop_reason == "interrupted"
+    assistant = [m for m in await conv.messages() if m.kind == "assistant"]
+    assert assistant[0].status == "interrupted"
+    assert assistant[0].content.startswith("a ")
+
+
+async def test_stalled_stream_times_out(openai_server, db_path):
+    llm = OpenAIBackend(
+        model="fake-model", base_url=openai_server.base_url, timeout=0.3, max_retries=0
+    )
+    async with Agent(llm=llm, store=SQLiteStore(db_path)) as agent:
+        openai_server.enqueue(Reply.text("too slow", chunks=2, delay=30))
+        conv = await agent.create_conversation()
+        sub = conv.events()
+        await conv.send("anyone?")
+        events = await collect_turn(sub)
+    err = next(e for e in events if e.kind == "error")
+    assert err.error_type == "LLMTimeout" and "timed out" in err.message
+
+
+async def test_unreachable_endpoint_is_an_error_event(db_path):
+    llm = OpenAIBackend(model="m", base_url="http://127.0.0.1:9/v1", max_retries=1, timeout=2)
+    async with Agent(llm=llm, store=SQLiteStore(db_path)) as agent:
+        conv = await agent.create_conversation()
+        sub = conv.events()
+        await conv.send("hello?")
+        events = await collect_turn(sub)
+        err = next(e for e in events if e.kind == "error")
+        assert err.error_type == "LLMConnectionError" and "127.0.0.1:9" in err.message
+        assert [m.kind for m in await conv.messages()] == ["user"]
+
+
+async def test_secret_never_reaches_errors_logs_or_database(
+    openai_server, db_path, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.DEBUG)
+    llm = OpenAIBackend(
+        model="fake-model", base_url=openai_server.base_url, api_key=SECRET, max_retries=0
+    )
+    openai_server.enqueue(Reply.error(401, f"Incorrect API key provided: {SECRET}"))
+    async with Agent(llm=llm, store=SQLiteStore(db_path)) as agent:
+        conv = await agent.create_conversation()
+        sub = conv.events()
+        await conv.send("hi")
+        events = await collect_turn(sub)
+    err = next(e for e in events if e.kind == "error")
+    assert "401" in err.message and SECRET not in err.message and "***" in err.message
+    assert not err.retryable
+    assert SECRET not in caplog.text
+    assert SECRET not in repr(llm)
+    con = sqlite3.connect(db_path)
+    dump = "\n".join(con.iterdump())
+    con.close()
+    assert SECRET not in dump
+
+
+async def test_backend_streams_directly(openai_server):
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url)
+    openai_server.enqueue(Reply.text("thought done", reasoning="let me think", chunks=2))
+    items = [
+        i
+        async for i in llm.stream(
+            LLMRequest(messages=[ChatMessage(role="user", content="q")], system="sys")
+        )
+    ]
+    await llm.aclose()
+    assert "".join(i.text for i in items if isinstance(i, TextChunk)) == "thought done"
+    assert any(isinstance(i, UsageItem) for i in items)
+    assert type(items[0]).__name__ == "ReasoningChunk"
+    assert openai_server.requests[0]["messages"][0] == {"role": "system", "content": "sys"}
+
+
+async def test_status_error_is_typed(openai_server):
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url, max_retries=0)
+    openai_server.enqueue(Reply.error(500, "upstream exploded"))
+    with pytest.raises(LLMStatusError) as info:
+        async for _ in llm.stream(LLMRequest(messages=[ChatMessage(role="user", content="q")])):
+            pass
+    await llm.aclose()
+    assert info.value.status_code == 500 and info.value.retryable
+
+
+def test_model_is_required(monkeypatch):
+    monkeypatch.delenv("OPENAI_MODEL", raising=False)
+    with pytest.raises(ConfigError, match=r"llm\.model"):
+        OpenAIBackend()

@@ -1,0 +1,74 @@
+"""Packaging: the public API is pinned, and wheels carry the mapped packages."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import agentik.core
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_public_api_is_pinned():
+    assert sorted(agentik.core.__all__) == sorted(
+        """
+        PROFILES Agent AgentState AgentikError Capabilities ChatMessage ChildRunLinked
+        ClosedError ConfigError Conversation ConversationRecord ConversationState Error Event
+        EventsLost FunctionTool Interrupted LLMBackend LLMConnectionError LLMError LLMRequest
+        LLMResponseError LLMStatusError LLMTimeout MemoryStore Message MigrationError NotFound
+        OpenAIBackend PluginError ReasoningDelta ReasoningStarted Registry ResponseStarted
+        SQLiteStore Store StoreError Subscription TextDelta Tool ToolCall ToolCallEnded
+        ToolCallStarted ToolContext ToolError ToolResult ToolSpec TurnEnded TurnPolicy
+        TurnStarted Usage event_from_dict event_from_json event_to_dict event_to_json hookimpl
+        load_plugins tool
+        """.split()
+    )
+    for name in agentik.core.__all__:
+        assert getattr(agentik.core, name).__doc__ or name.isupper() or name == "Event"
+
+
+def test_core_imports_no_transport_or_bot_code():
+    pattern = re.compile(
+        r"^\s*(from|import)\s+(agentik\.(transports|bot)|\.+(transports|bot))\b", re.M
+    )
+    for path in (ROOT / "core").rglob("*.py"):
+        assert not pattern.search(path.read_text()), path
+
+
+def test_wheel_maps_the_three_folders(tmp_path):
+    out = tmp_path / "wheel"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        env={**os.environ, "PIP_NO_INPUT": "1"},
+    )
+    (wheel,) = out.glob("agentik-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for module in (
+        "agentik/core/agent.py",
+        "agentik/core/store/sqlite.py",
+        "agentik/core/llm/openai_backend.py",
+        "agentik/transports/__init__.py",
+        "agentik/bot/__init__.py",
+    ):
+        assert module in names
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[agentik]" in text and "openai = agentik.core.llm.openai_backend" in text
+    assert "agentik = agentik.bot.cli:main" in text
