@@ -1,24 +1,261 @@
-"""The ``agentik`` command line."""
+"""The ``agentik`` command line.
+
+::
+
+    agentik run -c FILE            start every configured transport
+    agentik chat -c FILE           chat in this terminal (stdio transport only)
+    agentik check -c FILE          validate the configuration, show what will run
+    agentik conversations list     list stored conversations (-c FILE for the database)
+    agentik conversations show ID  print a conversation's history
+    agentik conversations export ID --format json|markdown
+    agentik conversations rm ID    delete a conversation and all its rows
+    agentik plugins                list loaded plugins and what they registered
+    agentik --version
+
+``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
+0 success, 1 run-time failure, 2 configuration or usage error (one line on
+stderr, no traceback).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import logging
+import os
 import sys
+import time
 from importlib.metadata import version
+from typing import Any
+
+from agentik.core import AgentikError, ConfigError, SQLiteStore
+from agentik.core.errors import NotFound
+
+from .config import Config, load_config, reveal
+from .logs import setup_logging
+
+__all__ = ["COMMANDS", "main"]
+
+log = logging.getLogger("agentik.cli")
+
+#: Every command and subcommand, documented in the README (a test checks).
+COMMANDS = (
+    "run",
+    "chat",
+    "check",
+    "conversations list",
+    "conversations show",
+    "conversations export",
+    "conversations rm",
+    "plugins",
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentik", description="Run an LLM agent as a chat bot.")
+    p.add_argument("--version", action="version", version=f"agentik {version('agentik')}")
+    p.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)"
+    )
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (overrides [logging] level)",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def with_config(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sp.add_argument(
+            "-c",
+            "--config",
+            default=os.environ.get("AGENTIK_CONFIG", "config.toml"),
+            help="configuration file (default: $AGENTIK_CONFIG or config.toml)",
+        )
+        return sp
+
+    with_config(sub.add_parser("run", help="start every configured transport"))
+    with_config(sub.add_parser("chat", help="chat in this terminal"))
+    with_config(sub.add_parser("check", help="validate the configuration"))
+    conv = sub.add_parser("conversations", help="list, show, export or delete conversations")
+    csub = conv.add_subparsers(dest="action", metavar="ACTION", required=True)
+    lst = with_config(csub.add_parser("list", help="list conversations, most recent first"))
+    lst.add_argument("--limit", type=int, default=50)
+    lst.add_argument("--offset", type=int, default=0)
+    with_config(csub.add_parser("show", help="print a conversation")).add_argument("id")
+    exp = with_config(csub.add_parser("export", help="export a conversation"))
+    exp.add_argument("id")
+    exp.add_argument("--format", choices=["json", "markdown"], default="json")
+    with_config(csub.add_parser("rm", help="delete a conversation")).add_argument("id")
+    with_config(sub.add_parser("plugins", help="list plugins and what they registered"))
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="agentik", description="Run an LLM agent as a chat bot.")
-    parser.add_argument("--version", action="version", version=f"agentik {version('agentik')}")
-    sub = parser.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="start the configured bot")
-    run.add_argument("-c", "--config", default="config.example.toml")
+    parser = _parser()
     args = parser.parse_args(argv)
-    if args.command == "run":
-        print("agentik: the config-file bot is not there yet (see issue 3).", file=sys.stderr)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        config = load_config(args.config) if hasattr(args, "config") else Config()
+        level = args.log_level or (
+            "debug" if args.verbose >= 2 else "info" if args.verbose == 1 else config.logging.level
+        )
+        setup_logging(level, config.logging.format, config.secrets())
+        return _dispatch(args, config)
+    except ConfigError as exc:
+        print(f"agentik: {exc}", file=sys.stderr)
+        return 2
+    except AgentikError as exc:
+        print(f"agentik: {exc}", file=sys.stderr)
         return 1
-    parser.print_help()
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace, config: Config) -> int:
+    if args.command == "run":
+        return asyncio.run(_run(config, only=None))
+    if args.command == "chat":
+        return asyncio.run(_run(config, only=["stdio"]))
+    if args.command == "check":
+        return _check(config)
+    if args.command == "plugins":
+        return _plugins(config)
+    if config.storage.path != ":memory:" and not os.path.exists(config.storage.path):
+        raise ConfigError(f"{config.source}: storage.path: no database at {config.storage.path}")
+    return asyncio.run(_conversations(args, config))
+
+
+async def _run(config: Config, *, only: list[str] | None) -> int:
+    from .app import Bot
+
+    if only is not None and not any(
+        s.type in only and s.enabled for s in config.transports.values()
+    ):
+        from .config import TransportSection
+
+        transports = dict(config.transports)
+        transports["terminal"] = TransportSection(type="stdio")
+        config = config.model_copy(update={"transports": transports})
+    async with Bot(config, only=only) as bot:
+        await bot.serve()
     return 0
+
+
+def _check(config: Config) -> int:
+    from .app import load_registry, make_transport
+    from .builder import backend_choice, resolve_backend
+
+    registry = load_registry(config)
+    backend = resolve_backend(config, registry)
+    llm = config.llm
+    out = [
+        f"configuration: {config.source} is valid",
+        f"agent: {config.agent.name}",
+        f"llm: backend {backend_choice(config)!r} (configured {llm.backend!r}),"
+        f" model {getattr(backend, 'model', None) or '-'!r}",
+    ]
+    if llm.base_url:
+        out.append(f"llm.base_url: {llm.base_url}")
+    out.append(f"llm.api_key: {'**********' if reveal(llm.api_key) else '(not set)'}")
+    if backend_choice(config) == "none":
+        out.append("  note: no model configured; the bot will answer with setup instructions")
+    out.append(f"storage: {config.storage.path} (synchronous={config.storage.synchronous})")
+    t = config.tools
+    out.append(
+        f"tools: at most {t.max_tool_calls} calls and {t.time_budget:g}s per turn;"
+        f" allowed {', '.join(t.allowed) if t.allowed is not None else 'all'}"
+    )
+    for name, section in config.transports.items():
+        make_transport(registry, name, section, config.source)
+        state = "" if section.enabled else " (disabled)"
+        out.append(f"transport {name}: {section.type}{state}")
+    if not config.transports:
+        out.append("transports: none configured (agentik chat adds a terminal)")
+    print("\n".join(out))
+    asyncio.run(_aclose(backend))
+    return 0
+
+
+async def _aclose(obj: Any) -> None:
+    await obj.aclose()
+
+
+def _plugins(config: Config) -> int:
+    from .app import load_registry
+
+    registry = load_registry(config)
+    for p in registry.plugins:
+        where = f"{p.distribution} {p.version}" if p.distribution else "(not packaged)"
+        kind = "built-in" if p.builtin else "plugin"
+        print(f"{p.name:<16} {kind:<9} {where}")
+    print("llm backends: " + ", ".join(sorted(registry.llm_backends)))
+    print("transports:   " + ", ".join(sorted(registry.transports)))
+    print("tools:        " + (", ".join(t.name for t in registry.tools) or "-"))
+    return 0
+
+
+async def _conversations(args: argparse.Namespace, config: Config) -> int:
+    async with SQLiteStore(config.storage.path) as store:
+        if args.action == "list":
+            records = await store.list_conversations(limit=args.limit, offset=args.offset)
+            for r in records:
+                n = await store.count_messages(r.id)
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.updated_at))
+                print(f"{r.id}  {when}  {n:>6} msgs  {r.title}")
+            return 0
+        record = await store.get_conversation(args.id)
+        if record is None:
+            raise NotFound(f"no conversation {args.id!r}")
+        if args.action == "rm":
+            await store.delete_conversation(args.id)
+            print(f"deleted {args.id}")
+            return 0
+        messages = []
+        after = 0
+        while True:
+            page = await store.messages(args.id, after=after, limit=1000)
+            if not page:
+                break
+            messages.extend(page)
+            after = page[-1].id
+        if args.action == "export" and args.format == "json":
+            doc = {
+                "conversation": {
+                    "id": record.id,
+                    "title": record.title,
+                    "created_at": record.created_at,
+                    "updated_at": record.updated_at,
+                    "meta": record.meta,
+                },
+                "messages": [m.to_dict() for m in messages],
+            }
+            print(json.dumps(doc, ensure_ascii=False, indent=2))
+            return 0
+        markdown = args.action == "export"
+        if markdown:
+            print(f"# {record.title or record.id}\n")
+        for m in messages:
+            print(_render_message(m, markdown=markdown))
+        return 0
+
+
+def _render_message(m: Any, *, markdown: bool) -> str:
+    who = {"user": m.author or "user", "assistant": "assistant"}.get(m.kind, m.kind)
+    if m.kind == "tool_call":
+        body = f"{m.tool_name}({m.arguments})"
+    elif m.kind == "tool_result":
+        body = f"{m.tool_name} → {m.content}"
+    else:
+        body = m.content
+    if m.status != "complete":
+        body += f" [{m.status}]"
+    if markdown:
+        return f"**{who}**: {body}\n"
+    when = time.strftime("%H:%M:%S", time.localtime(m.created_at))
+    return f"[{when}] {who}: {body}"
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from .conversation import Conversation, _kinds
@@ -18,6 +18,7 @@ from .errors import ClosedError, ConfigError, NotFound
 from .eventbus import EventBus, Subscription
 from .events import EventBase, EventsLost
 from .llm.base import LLMBackend
+from .memory import MemoryBackend, NoMemory
 from .store.base import ConversationRecord, Store
 from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
@@ -45,7 +46,10 @@ class Agent:
     is put in front of every request (so changing it takes effect at once,
     in every conversation); ``policy`` the default :class:`TurnPolicy`;
     ``event_buffer`` how many recent events each stream keeps for
-    reconnecting subscribers.
+    reconnecting subscribers; ``memory`` the long-term memory backend (its
+    tools are merged with ``tools``); ``background`` coroutines functions
+    run as tasks while the agent runs (each receives the agent; they react
+    to :meth:`events`, they do not poll), cancelled by :meth:`aclose`.
 
     Use as an async context manager, or call :meth:`start` and
     :meth:`aclose`.
@@ -60,6 +64,8 @@ class Agent:
         system_prompt: str | None = None,
         policy: TurnPolicy | None = None,
         event_buffer: int = 1024,
+        memory: MemoryBackend | None = None,
+        background: Iterable[Callable[[Agent], Awaitable[None]]] = (),
     ) -> None:
         self.llm = llm
         self.store: Store = store if store is not None else SQLiteStore(":memory:")
@@ -67,9 +73,12 @@ class Agent:
         self.policy = policy or TurnPolicy()
         self.event_buffer = event_buffer
         self.state = AgentState.NEW
+        self.memory: MemoryBackend = memory if memory is not None else NoMemory()
         self._tools: dict[str, Tool] = {}
-        for t in tools:
+        for t in (*tools, *self.memory.tools()):
             self.add_tool(t)
+        self._background_fns = list(background)
+        self._background: list[asyncio.Task[None]] = []
         self._temp_store = MemoryStore()
         # Conversations in use stay here; idle ones are dropped when no
         # caller holds them any more (they reload from the store on demand).
@@ -87,8 +96,24 @@ class Agent:
     async def start(self) -> Agent:
         if self.state is AgentState.NEW:
             await self.store.start()
+            try:
+                await self.memory.start()
+            except BaseException:
+                await self.store.aclose()
+                raise
             self.state = AgentState.RUNNING
+            for i, fn in enumerate(self._background_fns):
+                task = asyncio.create_task(self._run_background(fn), name=f"agentik-background:{i}")
+                self._background.append(task)
         return self
+
+    async def _run_background(self, fn: Callable[[Agent], Awaitable[None]]) -> None:
+        try:
+            await fn(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background task %r failed", fn)
 
     async def aclose(self, *, drain: bool = False) -> None:
         """Stop every conversation (interrupting running turns unless ``drain``),
@@ -100,9 +125,14 @@ class Agent:
         await asyncio.gather(
             *(c.aclose(drain=drain) for c in convs.values()), return_exceptions=True
         )
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         self._bus.close()
         with contextlib.suppress(Exception):
             await self.llm.aclose()
+        with contextlib.suppress(Exception):
+            await self.memory.aclose()
         await self.store.aclose()
         self.state = AgentState.CLOSED
 

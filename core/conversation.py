@@ -276,6 +276,10 @@ class Conversation:
             self.id, after=after, before=before, offset=offset, limit=limit, kinds=kinds
         )
 
+    async def count_messages(self) -> int:
+        """Number of audit-log rows."""
+        return await self._store.count_messages(self.id)
+
     async def working_memory(self) -> list[ChatMessage]:
         """The current LLM context (without the system prompt)."""
         return [e.message for e in await self._store.load_memory(self.id)]

@@ -1,0 +1,125 @@
+"""The running bot: configuration → plugins → agent → bridge → transports."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+
+from agentik.core import Agent, ConfigError
+from agentik.core.plugins import Registry, load_plugins
+from agentik.core.transport import Transport
+
+from .bridge import Bridge, options_from
+from .builder import AgentBuilder
+from .config import Config, TransportSection
+
+__all__ = ["Bot", "load_registry"]
+
+log = logging.getLogger(__name__)
+
+
+def load_registry(config: Config, extra: tuple[object, ...] = ()) -> Registry:
+    """Load plugins, honouring ``[plugins] load`` unless ``AGENTIK_PLUGINS`` is set."""
+    env = dict(os.environ)
+    if config.plugins.load is not None and "AGENTIK_PLUGINS" not in env:
+        env["AGENTIK_PLUGINS"] = ",".join(config.plugins.load)
+    return load_plugins(extra, env=env)
+
+
+def make_transport(
+    registry: Registry, name: str, section: TransportSection, source: str
+) -> Transport:
+    """Instantiate ``[transports.<name>]``; settings errors name the key."""
+    factory = registry.transports.get(section.type)
+    if factory is None:
+        known = ", ".join(sorted(registry.transports)) or "none"
+        raise ConfigError(
+            f"{source}: transports.{name}.type: unknown transport {section.type!r}"
+            f" (installed: {known})"
+        )
+    try:
+        return factory(name=name, settings=section.settings)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+class Bot:
+    """An agent with its transports.  ``async with Bot(config) as bot: await bot.serve()``."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        registry: Registry | None = None,
+        only: list[str] | None = None,
+        transports: dict[str, Transport] | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = registry or load_registry(config)
+        self.agent: Agent = AgentBuilder.from_config(config, self.registry).build()
+        self.bridge = Bridge(self.agent)
+        self.transports: dict[str, Transport] = dict(transports or {})
+        sections = {n: s for n, s in config.transports.items() if s.enabled}
+        for name, section in sections.items():
+            if only is not None and section.type not in only:
+                continue
+            if name not in self.transports:
+                self.transports[name] = make_transport(self.registry, name, section, config.source)
+        for name, transport in self.transports.items():
+            section = sections.get(name)
+            self.bridge.attach(transport, options_from(section, transport) if section else None)
+        self._started: list[Transport] = []
+
+    async def __aenter__(self) -> Bot:
+        await self.agent.start()
+        try:
+            for transport in self.transports.values():
+                await transport.start(self.bridge)
+                self._started.append(transport)
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def serve(self) -> None:
+        """Run until every transport finishes, or SIGTERM/SIGINT (when unhandled)."""
+        if not self.transports:
+            raise ConfigError(f"{self.config.source}: transports: no transport is enabled")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        installed: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if sig == signal.SIGINT and any(t.type == "stdio" for t in self.transports.values()):
+                continue  # the terminal transport owns Ctrl-C
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
+                installed.append(sig)
+        waiters = [asyncio.ensure_future(t.serve()) for t in self.transports.values()]
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            all_done = asyncio.ensure_future(asyncio.gather(*waiters, return_exceptions=True))
+            await asyncio.wait({all_done, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            stopper.cancel()
+            for w in waiters:
+                w.cancel()
+            await asyncio.gather(stopper, all_done, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Stop transports, renderers and the agent; nothing is left running."""
+        for transport in reversed(self._started):
+            try:
+                await transport.aclose()
+            except Exception:
+                log.exception("closing transport %s failed", transport.name)
+        self._started.clear()
+        await self.bridge.aclose()
+        await self.agent.aclose()

@@ -1,0 +1,446 @@
+"""The bridge: the one place that maps channels to conversations and events
+to channel messages.
+
+Transports hand it :class:`~agentik.core.transport.IncomingMessage` values.
+For each one it decides whether to answer (always in direct messages; in
+shared channels when addressed, or per the instance's ``answer`` setting),
+runs chat commands, and sends the text to the channel's conversation, with
+the author's name.  The conversation queues turns, so nothing is dropped
+while one runs.
+
+A renderer task per channel follows the conversation's events and turns them
+into :class:`~agentik.core.transport.OutgoingMessage` values fitted to the
+transport's :class:`~agentik.core.transport.ChannelCaps`: deltas as they come,
+complete lines, or whole messages, split to the size limits; long answers
+are capped at ``max_answer_lines`` and the rest kept for ``more``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentik.core import Agent, Conversation
+from agentik.core.errors import AgentikError
+from agentik.core.eventbus import Subscription
+from agentik.core.events import EventBase
+from agentik.core.transport import IncomingMessage, OutgoingKind, OutgoingMessage, Transport
+
+from .text import split_lines, split_text
+
+__all__ = ["COMMANDS", "Bridge", "ChannelOptions"]
+
+log = logging.getLogger(__name__)
+
+COMMANDS: dict[str, str] = {
+    "new": "start a fresh conversation in this channel (the old one stays in history)",
+    "stop": "interrupt the answer being written",
+    "more": "show the next part of a long answer",
+    "status": "show the model, the conversation and whether a turn is running",
+    "help": "list these commands",
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChannelOptions:
+    """Per-transport-instance behaviour of the bridge."""
+
+    command_prefix: str = "!"
+    answer: Literal["addressed", "all", "direct"] = "addressed"
+    events: Literal["chat", "debug"] = "chat"
+    #: Lines of an answer sent before the rest waits for ``more`` (0: no cap).
+    max_answer_lines: int = 0
+    allowed_tools: tuple[str, ...] | None = None
+    #: Longest accepted message, in characters.
+    max_input_chars: int = 32_000
+
+
+@dataclass(eq=False)
+class _Channel:
+    key: str
+    transport: Transport
+    options: ChannelOptions
+    conversation: Conversation
+    subscription: Subscription | None = None
+    task: asyncio.Task[None] | None = None
+    more: deque[str] = field(default_factory=deque)
+    reply_to: object = None
+    pending: set[str] = field(default_factory=set)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+class Bridge:
+    """Connects transports to one :class:`~agentik.core.Agent`."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._options: dict[str, ChannelOptions] = {}
+        self._channels: dict[str, _Channel] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
+        """Register a transport instance and its options."""
+        self._options[transport.name] = options or ChannelOptions(
+            command_prefix=transport.default_command_prefix
+        )
+
+    # -- incoming -------------------------------------------------------------
+    async def handle(self, message: IncomingMessage, transport: Transport) -> None:
+        """Decide, run a command, or send the message to the channel's conversation."""
+        opts = self._options.get(transport.name) or ChannelOptions(
+            command_prefix=transport.default_command_prefix
+        )
+        text = message.text.strip()
+        if not text:
+            return
+        command = self._parse_command(text, opts)
+        if command is not None:
+            # Unknown "commands" in a shared channel are just chatter: ignore.
+            if command in COMMANDS or message.direct or message.addressed:
+                await self._command(command, message, transport, opts)
+            return
+        if not self._should_answer(message, opts):
+            return
+        if len(text) > opts.max_input_chars:
+            await self._send(
+                transport,
+                message.channel_key,
+                f"message too long ({len(text)} characters; the limit is "
+                f"{opts.max_input_chars}): not sent to the model",
+                "error",
+                message.reply_to,
+            )
+            return
+        ch = await self._channel(message.channel_key, transport, opts)
+        ch.reply_to = message.reply_to
+        ch.more.clear()
+        try:
+            run_id = await ch.conversation.send(
+                text, author=message.author_name or message.author_id
+            )
+        except AgentikError as exc:
+            await self._send(
+                transport, message.channel_key, f"error: {exc}", "error", message.reply_to
+            )
+            return
+        async with ch.changed:
+            ch.pending.add(run_id)
+
+    @staticmethod
+    def _parse_command(text: str, opts: ChannelOptions) -> str | None:
+        prefix = opts.command_prefix
+        if not prefix or not text.startswith(prefix):
+            return None
+        word = text[len(prefix) :].split(maxsplit=1)
+        return word[0].lower() if word else None
+
+    @staticmethod
+    def _should_answer(message: IncomingMessage, opts: ChannelOptions) -> bool:
+        if message.direct:
+            return True
+        if opts.answer == "direct":
+            return False
+        return opts.answer == "all" or message.addressed
+
+    # -- channels --------------------------------------------------------------------
+    async def _channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
+        ch = self._channels.get(key)
+        if ch is not None and ch.conversation.state.value == "open":
+            return ch
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            ch = self._channels.get(key)
+            if ch is not None and ch.conversation.state.value == "open":
+                return ch
+            conv = await self.agent.conversation_for_channel(key)
+            return self._open(key, transport, opts, conv)
+
+    def _open(
+        self, key: str, transport: Transport, opts: ChannelOptions, conv: Conversation
+    ) -> _Channel:
+        if opts.allowed_tools is not None:
+            conv.policy = dataclasses.replace(
+                conv.policy or self.agent.policy, allowed_tools=opts.allowed_tools
+            )
+        ch = _Channel(key=key, transport=transport, options=opts, conversation=conv)
+        ch.subscription = conv.events(profile=opts.events)
+        ch.task = asyncio.create_task(self._render(ch), name=f"agentik-render:{key}")
+        self._channels[key] = ch
+        return ch
+
+    async def _close_channel(self, ch: _Channel) -> None:
+        if ch.subscription is not None:
+            await ch.subscription.aclose()
+        if ch.task is not None:
+            ch.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ch.task
+
+    async def interrupt(self, channel_key: str) -> bool:
+        """Interrupt the turn running in ``channel_key``; ``False`` if none."""
+        ch = self._channels.get(channel_key)
+        return bool(ch is not None and await ch.conversation.interrupt())
+
+    async def flush(self, channel_key: str) -> None:
+        """Wait until every answer asked for in ``channel_key`` has been sent."""
+        ch = self._channels.get(channel_key)
+        if ch is None:
+            return
+        async with ch.changed:
+            await ch.changed.wait_for(lambda: not ch.pending)
+
+    def busy(self, channel_key: str) -> bool:
+        ch = self._channels.get(channel_key)
+        return bool(ch is not None and ch.conversation.busy)
+
+    async def aclose(self) -> None:
+        """Stop every renderer (the agent is closed separately)."""
+        for ch in list(self._channels.values()):
+            await self._close_channel(ch)
+        self._channels.clear()
+
+    # -- commands ----------------------------------------------------------------------
+    async def _command(
+        self, name: str, message: IncomingMessage, transport: Transport, opts: ChannelOptions
+    ) -> None:
+        key, reply_to, p = message.channel_key, message.reply_to, opts.command_prefix
+
+        async def say(text: str) -> None:
+            await self._send(transport, key, text, "command", reply_to)
+
+        handlers: dict[str, Callable[[], Awaitable[None]]] = {
+            "help": lambda: say(
+                "commands: " + "; ".join(f"{p}{n} — {d}" for n, d in COMMANDS.items())
+            ),
+            "stop": lambda: self._cmd_stop(key, say),
+            "new": lambda: self._cmd_new(key, transport, opts, say),
+            "more": lambda: self._cmd_more(key, transport, say, p),
+            "status": lambda: self._cmd_status(key, transport, opts, say),
+        }
+        handler = handlers.get(name)
+        if handler is None:
+            await say(f"unknown command {p}{name}; try {p}help")
+            return
+        await handler()
+
+    async def _cmd_stop(self, key: str, say: Callable[[str], Awaitable[None]]) -> None:
+        if not await self.interrupt(key):
+            await say("nothing to stop")
+
+    async def _cmd_new(
+        self,
+        key: str,
+        transport: Transport,
+        opts: ChannelOptions,
+        say: Callable[[str], Awaitable[None]],
+    ) -> None:
+        old = self._channels.get(key)
+        if old is not None:
+            await old.conversation.interrupt()
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            conv = await self.agent.new_conversation_for_channel(key)
+            if old is not None:
+                async with old.changed:
+                    old.pending.clear()
+                    old.changed.notify_all()
+                await self._close_channel(old)
+            self._open(key, transport, opts, conv)
+        await say(
+            "started a new conversation"
+            + (f" (the previous one is kept as {old.conversation.id})" if old else "")
+        )
+
+    async def _cmd_more(
+        self, key: str, transport: Transport, say: Callable[[str], Awaitable[None]], prefix: str
+    ) -> None:
+        ch = self._channels.get(key)
+        if ch is None or not ch.more:
+            await say("nothing more")
+            return
+        cap = ch.options.max_answer_lines or len(ch.more)
+        for _ in range(min(cap, len(ch.more))):
+            await self._send(transport, key, ch.more.popleft(), "answer", ch.reply_to)
+        if ch.more:
+            await say(f"… {len(ch.more)} more lines: {prefix}more")
+
+    async def _cmd_status(
+        self,
+        key: str,
+        transport: Transport,
+        opts: ChannelOptions,
+        say: Callable[[str], Awaitable[None]],
+    ) -> None:
+        ch = await self._channel(key, transport, opts)
+        conv = ch.conversation
+        count = await conv.count_messages()
+        state = "answering" if conv.running_run_id else "idle"
+        if conv.queued:
+            state += f", {conv.queued} queued"
+        await say(
+            f"model {self.agent.llm.model or self.agent.llm.name} · conversation {conv.id} "
+            f"({count} messages) · {state}"
+        )
+
+    # -- rendering -----------------------------------------------------------------------
+    async def _send(
+        self,
+        transport: Transport,
+        key: str,
+        text: str,
+        kind: OutgoingKind,
+        reply_to: object,
+        run_id: str | None = None,
+    ) -> None:
+        try:
+            await transport.send(
+                OutgoingMessage(
+                    channel_key=key, text=text, kind=kind, run_id=run_id, reply_to=reply_to
+                )
+            )
+        except Exception:
+            log.exception("transport %s could not send to %s", transport.name, key)
+
+    async def _render(self, ch: _Channel) -> None:
+        renderer = _Renderer(self, ch)
+        assert ch.subscription is not None
+        async for event in ch.subscription:
+            try:
+                await renderer.on_event(event)
+            except Exception:
+                log.exception("rendering %s in %s failed", event.kind, ch.key)
+            if event.kind == "turn_ended":
+                async with ch.changed:
+                    ch.pending.discard(event.run_id or "")
+                    ch.changed.notify_all()
+
+
+class _Renderer:
+    """Turns one channel's events into outgoing messages."""
+
+    def __init__(self, bridge: Bridge, ch: _Channel) -> None:
+        self.bridge = bridge
+        self.ch = ch
+        self.caps = ch.transport.caps
+        self.buffer = ""
+        self.lines_sent = 0
+        self.had_text = False
+
+    async def _out(self, text: str, kind: OutgoingKind, run_id: str | None) -> None:
+        await self.bridge._send(
+            self.ch.transport, self.ch.key, text, kind, self.ch.reply_to, run_id
+        )
+
+    async def _line(self, line: str, run_id: str | None) -> None:
+        cap = self.ch.options.max_answer_lines
+        if cap and self.lines_sent >= cap:
+            self.ch.more.append(line)
+            return
+        self.lines_sent += 1
+        await self._out(line, "answer", run_id)
+
+    async def _lines(self, text: str, run_id: str | None) -> None:
+        for line in split_lines(text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars):
+            if line:
+                await self._line(line, run_id)
+
+    async def on_event(self, e: EventBase) -> None:
+        mode = self.caps.streaming
+        run = e.run_id
+        kind = e.kind
+        if kind == "turn_started":
+            self.buffer, self.lines_sent, self.had_text = "", 0, False
+        elif kind == "response_started":
+            # A new model step: keep its text apart from the previous step's.
+            if self.had_text:
+                if mode == "deltas":
+                    await self._out("\n", "delta", run)
+                elif mode == "lines":
+                    await self._lines(self.buffer, run)
+                    self.buffer = ""
+                else:
+                    self.buffer += "\n"
+        elif kind == "text_delta":
+            self.had_text = True
+            text = e.text  # type: ignore[attr-defined]
+            if mode == "deltas":
+                await self._out(text, "delta", run)
+            elif mode == "lines":
+                self.buffer += text
+                while "\n" in self.buffer:
+                    line, self.buffer = self.buffer.split("\n", 1)
+                    await self._lines(line, run)
+            else:
+                self.buffer += text
+        elif kind == "reasoning_delta":
+            await self._out(f"(thinking) {e.text}", "notice", run)  # type: ignore[attr-defined]
+        elif kind == "tool_call_started":
+            args = _short_args(e.arguments)  # type: ignore[attr-defined]
+            await self._out(f"⚙ {e.name}({args})", "notice", run)  # type: ignore[attr-defined]
+        elif kind == "tool_call_ended" and e.is_error:  # type: ignore[attr-defined]
+            result = e.result.replace("\n", " ")[:160]  # type: ignore[attr-defined]
+            await self._out(f"⚙ {e.name} failed: {result}", "notice", run)  # type: ignore[attr-defined]
+        elif kind == "error":
+            await self._flush(run)
+            await self._out(f"error: {e.message}", "error", run)  # type: ignore[attr-defined]
+        elif kind == "interrupted":
+            await self._flush(run)
+            why = "time budget used up" if e.reason == "time_budget" else "interrupted"  # type: ignore[attr-defined]
+            await self._out(f"({why})", "notice", run)
+        elif kind == "turn_ended":
+            await self._flush(run)
+            if mode == "deltas" and self.had_text:
+                await self._out("", "end", run)
+            if self.ch.more:
+                p = self.ch.options.command_prefix
+                await self._out(f"… {len(self.ch.more)} more lines: {p}more", "notice", run)
+
+    async def _flush(self, run: str | None) -> None:
+        text, self.buffer = self.buffer, ""
+        if not text.strip():
+            return
+        if self.caps.streaming == "lines":
+            await self._lines(text, run)
+            return
+        cap = self.ch.options.max_answer_lines
+        if cap:
+            lines = text.split("\n")
+            if len(lines) > cap:
+                self.ch.more.extend(lines[cap:])
+                text = "\n".join(lines[:cap])
+        for piece in split_text(text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars):
+            await self._out(piece, "answer", run)
+
+
+def _short_args(arguments: str, limit: int = 80) -> str:
+    try:
+        parsed = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        text = arguments
+    else:
+        if isinstance(parsed, dict):
+            text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in parsed.items())
+        else:
+            text = json.dumps(parsed, ensure_ascii=False)
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def options_from(section: object, transport: Transport) -> ChannelOptions:
+    """Build :class:`ChannelOptions` from a ``[transports.<name>]`` section."""
+    prefix = getattr(section, "command_prefix", None)
+    allowed = getattr(section, "allowed_tools", None)
+    return ChannelOptions(
+        command_prefix=transport.default_command_prefix if prefix is None else prefix,
+        answer=getattr(section, "answer", "addressed"),
+        events=getattr(section, "events", "chat"),
+        max_answer_lines=getattr(section, "max_answer_lines", 0),
+        allowed_tools=tuple(allowed) if allowed is not None else None,
+    )

@@ -1,0 +1,212 @@
+"""AgentBuilder: the one way agents are assembled.
+
+The CLI, the tests and library users all build agents here; only the wiring
+differs.  ``llm``, ``storage`` and ``memory`` are required; the soul
+(persona), tools, toolsets and background work are optional::
+
+    agent = (
+        AgentBuilder()
+        .llm(OpenAIBackend(model="llama3"))
+        .storage(SQLiteStore("bot.db"))
+        .memory(NoMemory())
+        .soul("You are Ada, a terse assistant.")
+        .tools(my_tool)
+        .build()
+    )
+    async with agent: ...
+
+:meth:`AgentBuilder.from_config` does the same from a :class:`Config`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol, Self
+
+from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolicy
+from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
+from agentik.core.memory import MemoryBackend, NoMemory
+from agentik.core.plugins import Registry
+
+from .config import Config, reveal
+
+__all__ = ["AgentBuilder", "NoModelBackend", "Toolset", "backend_choice", "resolve_backend"]
+
+NO_MODEL_HELP = (
+    "No language model is configured, so I cannot answer yet. Point me at any "
+    "OpenAI-compatible endpoint: set OPENAI_BASE_URL (e.g. http://127.0.0.1:11434/v1 for "
+    "Ollama), OPENAI_MODEL and, if it needs one, OPENAI_API_KEY — or fill in [llm] in "
+    "the configuration file — then restart."
+)
+
+
+class Toolset(Protocol):
+    """Anything that provides several tools (an MCP server, a plugin)."""
+
+    def tools(self) -> list[Tool]: ...
+
+
+class NoModelBackend(LLMBackend):
+    """Answers every message with one line saying how to configure a model."""
+
+    name = "none"
+    model = "none"
+    supports_tools = False
+
+    async def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
+        yield TextChunk(NO_MODEL_HELP)
+        yield FinishItem("stop")
+
+
+class AgentBuilder:
+    """Collects the parts of an agent, then :meth:`build` makes it."""
+
+    def __init__(self) -> None:
+        self._llm: LLMBackend | None = None
+        self._store: Store | None = None
+        self._memory: MemoryBackend | None = None
+        self._system_prompt: str | None = None
+        self._soul: str | None = None
+        self._tools: list[Tool] = []
+        self._toolsets: list[Toolset] = []
+        self._background: list[Callable[[Agent], Awaitable[None]]] = []
+        self._policy = TurnPolicy()
+        self._event_buffer = 1024
+
+    def llm(self, backend: LLMBackend) -> Self:
+        self._llm = backend
+        return self
+
+    def storage(self, store: Store) -> Self:
+        self._store = store
+        return self
+
+    def memory(self, memory: MemoryBackend) -> Self:
+        self._memory = memory
+        return self
+
+    def system_prompt(self, text: str | None) -> Self:
+        self._system_prompt = text
+        return self
+
+    def soul(self, text: str | None = None, *, file: str | os.PathLike[str] | None = None) -> Self:
+        """The persona: text, or the contents of ``file``; added to the system prompt."""
+        if file is not None:
+            try:
+                text = Path(file).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"agent.soul_file: cannot read {file}: {exc}") from None
+        self._soul = text.strip() if text else None
+        return self
+
+    def tools(self, *tools: Tool) -> Self:
+        self._tools.extend(tools)
+        return self
+
+    def toolset(self, toolset: Toolset) -> Self:
+        self._toolsets.append(toolset)
+        return self
+
+    def background(self, *work: Callable[[Agent], Awaitable[None]]) -> Self:
+        self._background.extend(work)
+        return self
+
+    def policy(self, policy: TurnPolicy) -> Self:
+        self._policy = policy
+        return self
+
+    def event_buffer(self, size: int) -> Self:
+        self._event_buffer = size
+        return self
+
+    def build(self) -> Agent:
+        """The agent (not started: use it as an async context manager)."""
+        missing = [
+            name
+            for name, part in (
+                ("llm", self._llm),
+                ("storage", self._store),
+                ("memory", self._memory),
+            )
+            if part is None
+        ]
+        if missing:
+            raise ConfigError(f"AgentBuilder: missing required part(s): {', '.join(missing)}")
+        assert self._llm is not None and self._store is not None
+        prompt = "\n\n".join(p for p in (self._system_prompt, self._soul) if p) or None
+        tools: list[Tool] = list(self._tools)
+        for ts in self._toolsets:
+            tools.extend(ts.tools())
+        return Agent(
+            llm=self._llm,
+            store=self._store,
+            memory=self._memory,
+            tools=tools,
+            system_prompt=prompt,
+            policy=self._policy,
+            event_buffer=self._event_buffer,
+            background=self._background,
+        )
+
+    @classmethod
+    def from_config(cls, config: Config, registry: Registry) -> AgentBuilder:
+        """A builder wired from a configuration and the loaded plugins."""
+        b = cls()
+        b.llm(resolve_backend(config, registry))
+        b.storage(SQLiteStore(config.storage.path, synchronous=config.storage.synchronous))
+        b.memory(NoMemory())
+        b.system_prompt(config.agent.system_prompt)
+        if config.agent.soul_file:
+            base = Path(config.source).parent if config.source != "<string>" else Path()
+            b.soul(file=base / config.agent.soul_file)
+        b.tools(*registry.tools)
+        t = config.tools
+        b.policy(
+            TurnPolicy(
+                max_tool_calls=t.max_tool_calls,
+                time_budget=t.time_budget,
+                tool_timeout=t.tool_timeout,
+                allowed_tools=tuple(t.allowed) if t.allowed is not None else None,
+            )
+        )
+        b.event_buffer(config.agent.event_buffer)
+        return b
+
+
+def backend_choice(config: Config) -> str:
+    """The backend name ``auto`` resolves to for this configuration."""
+    llm = config.llm
+    if llm.backend != "auto":
+        return llm.backend
+    if llm.base_url or reveal(llm.api_key):
+        return "openai"
+    return "none"
+
+
+def resolve_backend(config: Config, registry: Registry) -> LLMBackend:
+    """Instantiate the configured LLM backend."""
+    llm = config.llm
+    name = backend_choice(config)
+    if name == "none":
+        return NoModelBackend()
+    settings: dict[str, Any] = dict(llm.options)
+    if name == "openai":
+        if not llm.model:
+            raise ConfigError(
+                f"{config.source}: llm.model: required for the openai backend (or set OPENAI_MODEL)"
+            )
+        settings.update(
+            model=llm.model,
+            base_url=llm.base_url,
+            api_key=reveal(llm.api_key),
+            timeout=llm.timeout,
+            max_retries=llm.max_retries,
+            temperature=llm.temperature,
+            max_tokens=llm.max_tokens,
+            author_mode=llm.author_mode,
+        )
+    elif llm.model:
+        settings["model"] = llm.model
+    return registry.create_backend(name, **settings)

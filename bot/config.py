@@ -1,0 +1,279 @@
+"""The TOML configuration: loading, ``${VAR}`` interpolation, validation.
+
+A configuration is one TOML file (see ``config.example.toml``, which
+documents every key).  Loading goes:
+
+1. parse with :mod:`tomllib`;
+2. replace ``${VAR}`` / ``${VAR:-default}`` in every string from the
+   environment (``$$`` is a literal ``$``);
+3. apply the environment overrides in :data:`ENV_OVERRIDES`;
+4. validate into :class:`Config` (pydantic): unknown keys are errors, and an
+   error names the file, the key path and what was expected.
+
+Secrets (API keys, passwords, tokens) are :class:`pydantic.SecretStr`: they
+print as ``**********`` and only :func:`reveal` gives the value.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+
+from agentik.core.errors import ConfigError
+
+__all__ = [
+    "ENV_OVERRIDES",
+    "AgentSection",
+    "Config",
+    "LLMSection",
+    "LoggingSection",
+    "PluginsSection",
+    "StorageSection",
+    "ToolsSection",
+    "TransportSection",
+    "load_config",
+    "parse_config",
+    "reveal",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AgentSection(_Section):
+    """``[agent]``: who the bot is."""
+
+    name: str = "agentik"
+    system_prompt: str = "You are a helpful assistant in a chat. Answer briefly and plainly."
+    soul_file: str | None = None
+    event_buffer: int = Field(1024, ge=16)
+
+
+class LLMSection(_Section):
+    """``[llm]``: the model backend.
+
+    ``backend = "auto"`` picks ``openai`` when an endpoint or key is given
+    (here or through ``OPENAI_BASE_URL``/``OPENAI_API_KEY``); otherwise the
+    bot still runs and answers with a line saying how to configure a model.
+    Keys other than ``backend`` go to the backend; ``options`` holds any
+    extra backend-specific settings.
+    """
+
+    backend: str = "auto"
+    model: str | None = None
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    timeout: float = Field(60.0, gt=0)
+    max_retries: int = Field(2, ge=0)
+    temperature: float | None = Field(None, ge=0, le=2)
+    max_tokens: int | None = Field(None, gt=0)
+    author_mode: Literal["prefix", "name", "none"] = "prefix"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("model", "base_url", mode="before")
+    @classmethod
+    def _blank_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _blank_key_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+
+class StorageSection(_Section):
+    """``[storage]``: where conversations live."""
+
+    path: str = "agentik.db"
+    synchronous: Literal["off", "normal", "full", "extra"] = "full"
+
+
+class ToolsSection(_Section):
+    """``[tools]``: the per-turn tool policy."""
+
+    max_tool_calls: int = Field(16, ge=0)
+    time_budget: float = Field(300.0, gt=0)
+    tool_timeout: float = Field(60.0, gt=0)
+    allowed: list[str] | None = None
+
+
+class TransportSection(BaseModel):
+    """``[transports.<name>]``: one transport instance.
+
+    ``type`` selects the transport plugin; the keys below are handled by the
+    bridge for every transport; any other key is the transport's own setting
+    and is validated by the transport.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: str
+    enabled: bool = True
+    command_prefix: str | None = None
+    answer: Literal["addressed", "all", "direct"] = "addressed"
+    events: Literal["chat", "debug"] = "chat"
+    max_answer_lines: int = Field(0, ge=0)
+    allowed_tools: list[str] | None = None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The transport-specific keys."""
+        return dict(self.model_extra or {})
+
+
+class PluginsSection(_Section):
+    """``[plugins]``: which third-party plugins load."""
+
+    load: list[str] | None = None
+
+
+class LoggingSection(_Section):
+    """``[logging]``: diagnostics on stderr."""
+
+    level: Literal["debug", "info", "warning", "error"] = "warning"
+    format: Literal["text", "json"] = "text"
+
+
+class Config(_Section):
+    """The whole configuration file."""
+
+    agent: AgentSection = Field(default_factory=AgentSection)
+    llm: LLMSection = Field(default_factory=LLMSection)
+    storage: StorageSection = Field(default_factory=StorageSection)
+    tools: ToolsSection = Field(default_factory=ToolsSection)
+    transports: dict[str, TransportSection] = Field(default_factory=dict)
+    plugins: PluginsSection = Field(default_factory=PluginsSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    #: The file this came from (not a key).
+    source: str = Field("<string>", exclude=True)
+
+    def secrets(self) -> list[str]:
+        """Every secret value, so logging can redact them."""
+        found: list[str] = []
+
+        def walk(obj: Any) -> None:
+            if isinstance(obj, SecretStr):
+                if obj.get_secret_value():
+                    found.append(obj.get_secret_value())
+            elif isinstance(obj, BaseModel):
+                for name in type(obj).model_fields:
+                    walk(getattr(obj, name))
+                for value in (obj.model_extra or {}).values():
+                    walk(value)
+            elif isinstance(obj, dict):
+                for value in obj.values():
+                    walk(value)
+
+        walk(self)
+        return found
+
+
+def reveal(secret: SecretStr | str | None) -> str | None:
+    """The plain value of a secret (``None`` stays ``None``)."""
+    if isinstance(secret, SecretStr):
+        return secret.get_secret_value()
+    return secret
+
+
+#: Environment variables that override a key, whatever the file says.
+ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "AGENTIK_DB_PATH": ("storage", "path"),
+    "AGENTIK_LLM_BACKEND": ("llm", "backend"),
+    "AGENTIK_SYSTEM_PROMPT": ("agent", "system_prompt"),
+    "OPENAI_BASE_URL": ("llm", "base_url"),
+    "OPENAI_API_KEY": ("llm", "api_key"),
+    "OPENAI_MODEL": ("llm", "model"),
+}
+
+_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value: Any, env: Mapping[str, str], path: str, source: str) -> Any:
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            if m.group(0) == "$$":
+                return "$"
+            name, default = m.group(1), m.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise ConfigError(
+                f"{source}: {path}: environment variable {name} is not set"
+                f" (write ${{{name}:-default}} to make it optional)"
+            )
+
+        return _VAR.sub(sub, value)
+    if isinstance(value, dict):
+        return {
+            k: _interpolate(v, env, f"{path}.{k}" if path else k, source) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_interpolate(v, env, f"{path}[{i}]", source) for i, v in enumerate(value)]
+    return value
+
+
+def _describe(error: Any) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    msg = error["msg"]
+    if "input" in error and kind not in ("missing",):
+        shown = error["input"]
+        if isinstance(shown, str | int | float | bool):
+            return f"{msg}, got {shown!r}"
+    return msg
+
+
+def parse_config(
+    data: Mapping[str, Any], *, source: str = "<string>", env: Mapping[str, str] | None = None
+) -> Config:
+    """Validate already-parsed TOML data (interpolation and overrides applied here)."""
+    env = os.environ if env is None else env
+    raw = _interpolate(dict(data), env, "", source)
+    for var, (section, key) in ENV_OVERRIDES.items():
+        if env.get(var):
+            table = raw.setdefault(section, {})
+            if isinstance(table, dict):
+                table[key] = env[var]
+    try:
+        return Config.model_validate({**raw, "source": source})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        more = len(exc.errors()) - 1
+        tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        raise ConfigError(f"{source}: {where}: {_describe(first)}{tail}") from None
+
+
+def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:
+    """Read, interpolate, override and validate the TOML file at ``path``."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such configuration file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse_config(data, source=str(p), env=env)

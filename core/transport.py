@@ -1,0 +1,159 @@
+"""The protocol-neutral transport interface.
+
+A transport adapter only speaks its protocol.  It turns what arrives into an
+:class:`IncomingMessage` and hands it to a :class:`MessageSink` (the bot's
+bridge); it sends the :class:`OutgoingMessage` values the bridge gives it;
+and it declares what its channels can do in :class:`ChannelCaps`.  Nothing
+here knows IRC, Slack or terminals: those live in ``agentik.transports``.
+
+Transports are registered with the ``register_transports`` hook as
+``register(type_name, TransportClass)``; the bot constructs them as
+``TransportClass(name=<instance name>, settings=<dict of its own keys>)``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+__all__ = [
+    "ChannelCaps",
+    "IncomingMessage",
+    "MessageSink",
+    "OutgoingKind",
+    "OutgoingMessage",
+    "Transport",
+    "parse_settings",
+]
+
+#: How the bridge should stream answers into this channel:
+#: ``deltas`` as they come (a terminal), complete ``lines`` (IRC: no edits),
+#: whole ``message`` at the end of the turn, or ``edit`` one message in place.
+StreamMode = Literal["deltas", "lines", "message", "edit"]
+Formatting = Literal["plain", "markdown", "irc", "mrkdwn"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChannelCaps:
+    """What a transport's channels can do."""
+
+    #: Longest message in bytes (UTF-8) / characters; ``None`` = no limit.
+    max_bytes: int | None = None
+    max_chars: int | None = None
+    can_edit: bool = False
+    threads: bool = False
+    typing: bool = False
+    formatting: Formatting = "plain"
+    streaming: StreamMode = "message"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IncomingMessage:
+    """Something a person said, in protocol-neutral form.
+
+    ``channel_key`` names the conversation's channel (``irc:net:#chan``);
+    ``direct`` is a private message; ``addressed`` means the bot was
+    addressed (mention, ``nick:``), with the address already stripped from
+    ``text``.  ``reply_to`` is transport data to answer in the right place
+    (a thread), passed back untouched in :class:`OutgoingMessage`.
+    """
+
+    channel_key: str
+    text: str
+    author_id: str
+    author_name: str
+    direct: bool = False
+    addressed: bool = False
+    reply_to: Any = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutgoingMessage:
+    """Something the bridge asks a transport to send.
+
+    ``kind``: ``answer`` (a complete message or line of the answer),
+    ``delta`` (a piece of a streamed answer), ``end`` (the streamed answer is
+    complete), ``notice`` (a short status line: tool call, interruption),
+    ``error`` (a short error line), ``command`` (a command's reply).
+    """
+
+    channel_key: str
+    text: str
+    kind: OutgoingKind = "answer"
+    run_id: str | None = None
+    reply_to: Any = None
+
+
+class MessageSink(Protocol):
+    """Where transports deliver incoming messages (the bridge)."""
+
+    async def handle(self, message: IncomingMessage, transport: Transport) -> None:
+        """Take one incoming message; returns quickly (turns run elsewhere)."""
+        ...
+
+
+class Transport(abc.ABC):
+    """Base class of transport adapters.
+
+    Lifecycle: ``await start(sink)`` connects and begins delivering messages
+    to ``sink``; ``await serve()`` returns when the transport is finished on
+    its own (a terminal at end of input) and otherwise runs until
+    ``aclose()``; ``aclose()`` disconnects cleanly and leaves no task behind.
+    """
+
+    #: The registered type name (``type = "..."`` in the configuration).
+    type: ClassVar[str] = ""
+    #: Command prefix when the configuration sets none.
+    default_command_prefix: ClassVar[str] = "!"
+    caps: ChannelCaps = ChannelCaps()
+
+    def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.settings = dict(settings or {})
+        #: Set once the transport has shut down.
+        self.closed = asyncio.Event()
+
+    @abc.abstractmethod
+    async def start(self, sink: MessageSink) -> None:
+        """Connect and start delivering incoming messages to ``sink``."""
+
+    @abc.abstractmethod
+    async def send(self, message: OutgoingMessage) -> None:
+        """Send one outgoing message (in order; may wait for flood control)."""
+
+    async def serve(self) -> None:
+        """Wait until the transport finishes (default: until closed)."""
+        await self.closed.wait()
+
+    async def aclose(self) -> None:
+        """Disconnect; ``serve`` returns."""
+        self.closed.set()
+
+
+def parse_settings(model: Any, settings: dict[str, Any], *, where: str) -> Any:
+    """Validate a transport's own keys with a pydantic ``model``.
+
+    Errors become one :class:`~agentik.core.errors.ConfigError` line naming
+    the key, e.g. ``transports.libera.port: unknown key``.
+    """
+    from pydantic import ValidationError
+
+    from .errors import ConfigError
+
+    try:
+        return model.model_validate(settings)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        if err["type"] not in ("extra_forbidden", "missing") and isinstance(
+            err.get("input"), str | int | float | bool
+        ):
+            what += f", got {err['input']!r}"
+        raise ConfigError(f"{where}.{key}: {what}") from None

@@ -1,0 +1,268 @@
+"""The terminal transport: chat with the agent on stdin/stdout.
+
+Two modes, chosen from whether stdin is a terminal (``interactive = "auto"``):
+
+* **interactive** — a prompt; answers stream as they are written; Ctrl-C
+  interrupts the running answer; Ctrl-C when idle, a second Ctrl-C within two
+  seconds, or Ctrl-D exits cleanly.
+* **piped** — one message per input line; each full answer is printed; at
+  end of input the transport finishes after the last answer, so the bot is
+  scriptable (``echo hi | agentik chat -c config.toml``).  SIGINT still
+  interrupts the running answer.
+
+The channel is ``stdio:<channel>`` and persistent: restart the bot and the
+conversation continues.  Input is UTF-8 (invalid bytes are replaced); a
+line longer than ``max_line_bytes`` is refused with a message.  Answers and
+error lines go to stdout; notices (tool calls, interruptions) go to stdout
+when interactive and to stderr when piped, so piped output is just answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Literal, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentik.core.hookspecs import hookimpl
+from agentik.core.transport import (
+    ChannelCaps,
+    IncomingMessage,
+    MessageSink,
+    OutgoingMessage,
+    Transport,
+    parse_settings,
+)
+
+__all__ = ["StdioSettings", "StdioTransport"]
+
+
+class StdioSettings(BaseModel):
+    """Keys of a ``type = "stdio"`` transport table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Channel name: the conversation is bound to ``stdio:<channel>``.
+    channel: str = "local"
+    #: Your name as the model sees it (default: the login name).
+    user: str | None = None
+    #: ``auto`` (interactive when stdin is a terminal), ``true`` or ``false``.
+    interactive: Literal["auto", True, False] = "auto"
+    #: Longest accepted input line, in bytes.
+    max_line_bytes: int = Field(65_536, ge=64)
+    #: The interactive prompt.
+    prompt: str = "> "
+
+
+def _login() -> str:
+    with contextlib.suppress(Exception):
+        return getpass.getuser()
+    return "user"
+
+
+class StdioTransport(Transport):
+    """The terminal transport (see the module docstring)."""
+
+    type = "stdio"
+    default_command_prefix = "/"
+    settings_model = StdioSettings
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: dict[str, Any] | None = None,
+        stdin: Any = None,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+    ) -> None:
+        super().__init__(name=name, settings=settings)
+        self.options: StdioSettings = parse_settings(
+            StdioSettings, self.settings, where=f"transports.{name}"
+        )
+        self._stdin = stdin if stdin is not None else sys.stdin.buffer
+        self._out = stdout or sys.stdout
+        self._err = stderr or sys.stderr
+        mode = self.options.interactive
+        self.interactive = bool(os.isatty(self._stdin.fileno())) if mode == "auto" else bool(mode)
+        self.caps = ChannelCaps(streaming="deltas" if self.interactive else "message")
+        self.channel_key = f"stdio:{self.options.channel}"
+        self.user = self.options.user or _login()
+        self._sink: MessageSink | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._last_sigint = 0.0
+        self._streaming = False
+        self._sigint_installed = False
+        self._interrupts: set[asyncio.Future[Any]] = set()
+
+    # -- lifecycle ----------------------------------------------------------------
+    async def start(self, sink: MessageSink) -> None:
+        self._sink = sink
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+            self._sigint_installed = True
+        self._reader = asyncio.create_task(self._read_loop(), name=f"agentik-stdio:{self.name}")
+        if self.interactive:
+            self._write(
+                f"agentik — chatting on {self.channel_key} as {self.user}. "
+                f"{self.default_command_prefix}help for commands, Ctrl-C stops an answer, "
+                "Ctrl-D quits.\n",
+                err=False,
+            )
+            self._prompt()
+
+    async def serve(self) -> None:
+        await self.closed.wait()
+
+    async def aclose(self) -> None:
+        if self._sigint_installed:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+            self._sigint_installed = False
+        reader = self._reader
+        if reader is not None and reader is not asyncio.current_task():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        self.closed.set()
+
+    # -- input ---------------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        # A daemon thread does the blocking reads: it works for terminals,
+        # pipes and files alike, and never holds up interpreter exit.
+        thread = threading.Thread(
+            target=self._reader_thread, args=(loop, queue), name="agentik-stdin", daemon=True
+        )
+        thread.start()
+        try:
+            while True:
+                raw = await queue.get()
+                if raw is None:
+                    break
+                await self._line(raw)
+            # End of input: finish the answers already asked for, then stop.
+            if self._sink is not None and hasattr(self._sink, "flush"):
+                await self._sink.flush(self.channel_key)  # type: ignore[attr-defined]
+            if self.interactive:
+                self._write("\n", err=False)
+        finally:
+            self.closed.set()
+
+    def _reader_thread(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
+        limit = self.options.max_line_bytes
+        stream = self._stdin
+        try:
+            while True:
+                line = stream.readline(limit + 1)
+                if not line:
+                    break
+                if len(line) > limit and not line.endswith(b"\n"):
+                    # Too long: measure and discard the rest of the line.
+                    size = len(line)
+                    while True:
+                        more = stream.readline(1 << 20)
+                        size += len(more)
+                        if not more or more.endswith(b"\n"):
+                            break
+                    loop.call_soon_threadsafe(queue.put_nowait, b"\x00TOOLONG:%d" % size)
+                    continue
+                loop.call_soon_threadsafe(queue.put_nowait, line)
+        except (OSError, ValueError):
+            pass
+        finally:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    async def _line(self, raw: bytes) -> None:
+        if raw.startswith(b"\x00TOOLONG:"):
+            size = int(raw.split(b":", 1)[1])
+            self._write(
+                f"error: input line too long ({size} bytes; the limit is "
+                f"{self.options.max_line_bytes}): ignored\n",
+                err=False,
+            )
+            self._prompt()
+            return
+        text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not text.strip():
+            self._prompt()
+            return
+        assert self._sink is not None
+        await self._sink.handle(
+            IncomingMessage(
+                channel_key=self.channel_key,
+                text=text,
+                author_id=self.user,
+                author_name=self.user,
+                direct=True,
+                addressed=True,
+            ),
+            self,
+        )
+
+    def _on_sigint(self) -> None:
+        now = time.monotonic()
+        twice = now - self._last_sigint < 2.0
+        self._last_sigint = now
+        sink = self._sink
+        busy = bool(sink is not None and getattr(sink, "busy", lambda k: False)(self.channel_key))
+        if busy and not twice:
+            task = asyncio.ensure_future(sink.interrupt(self.channel_key))  # type: ignore[union-attr]
+            self._interrupts.add(task)
+            task.add_done_callback(self._interrupts.discard)
+            return
+        # Idle, or pressed twice: leave.
+        self.closed.set()
+
+    # -- output ----------------------------------------------------------------------------
+    def _write(self, text: str, *, err: bool) -> None:
+        stream = self._err if err else self._out
+        try:
+            stream.write(text)
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def _prompt(self) -> None:
+        if self.interactive and not self._streaming:
+            self._write(self.options.prompt, err=False)
+
+    async def send(self, message: OutgoingMessage) -> None:
+        kind = message.kind
+        if kind == "delta":
+            self._streaming = True
+            self._write(message.text, err=False)
+        elif kind == "end":
+            if self._streaming:
+                self._write("\n", err=False)
+            self._streaming = False
+            self._prompt()
+        elif kind == "answer":
+            self._write(message.text + "\n", err=False)
+            self._prompt()
+        elif kind == "notice":
+            if self._streaming:
+                self._write("\n", err=False)
+                self._streaming = False
+            self._write(f"· {message.text}\n", err=not self.interactive)
+        else:  # error, command
+            if self._streaming:
+                self._write("\n", err=False)
+                self._streaming = False
+            self._write(message.text + "\n", err=False)
+            self._prompt()
+
+
+@hookimpl
+def register_transports(register: Any) -> None:
+    register("stdio", StdioTransport)
