@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 import weakref
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -45,8 +46,9 @@ class Agent:
     SQLite in memory); ``tools`` what the model may call; ``system_prompt``
     is put in front of every request (so changing it takes effect at once,
     in every conversation); ``policy`` the default :class:`TurnPolicy`;
-    ``event_buffer`` how many recent events each stream keeps for
-    reconnecting subscribers; ``memory`` the long-term memory backend (its
+    ``event_buffer`` how many recent events each conversation keeps for
+    reconnecting subscribers, and ``event_budget`` how many all of them keep
+    together (memory stays bounded with many channels); ``memory`` the long-term memory backend (its
     tools are merged with ``tools``); ``background`` coroutines functions
     run as tasks while the agent runs (each receives the agent; they react
     to :meth:`events`, they do not poll), cancelled by :meth:`aclose`.
@@ -63,7 +65,8 @@ class Agent:
         tools: Iterable[Tool] = (),
         system_prompt: str | None = None,
         policy: TurnPolicy | None = None,
-        event_buffer: int = 1024,
+        event_buffer: int = 512,
+        event_budget: int = 50_000,
         memory: MemoryBackend | None = None,
         background: Iterable[Callable[[Agent], Awaitable[None]]] = (),
     ) -> None:
@@ -87,7 +90,15 @@ class Agent:
         self._stream_seq = itertools.count(1)
         self._last_stream_seq = 0
         self._bus = EventBus(key=lambda e: e.stream_seq, lost=self._lost, buffer=event_buffer * 4)
-        self._channel_locks: dict[str, asyncio.Lock] = {}
+        # Locks live only while someone waits on them (no per-channel leak).
+        self._channel_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+        #: Most events kept in all conversations' replay buffers together; the
+        #: least recently active conversations lose theirs first.
+        self.event_budget = event_budget
+        self._buffers: OrderedDict[str, deque[Any]] = OrderedDict()
+        self._buffered = 0
 
     def __repr__(self) -> str:
         return f"<Agent {self.state.value} llm={self.llm!r}>"
@@ -249,7 +260,7 @@ class Agent:
         ``slack:<team>:<channel>[:<thread_ts>]``, ``stdio:<name>``.
         """
         self._check_running()
-        lock = self._channel_locks.setdefault(channel_key, asyncio.Lock())
+        lock = self._channel_lock(channel_key)
         async with lock:
             conv_id = await self.store.get_binding(channel_key)
             if conv_id is not None:
@@ -269,9 +280,15 @@ class Agent:
     ) -> Conversation:
         """Bind ``channel_key`` to a fresh conversation; the old one stays in history."""
         self._check_running()
-        lock = self._channel_locks.setdefault(channel_key, asyncio.Lock())
+        lock = self._channel_lock(channel_key)
         async with lock:
             return await self._bind_new(channel_key, title)
+
+    def _channel_lock(self, channel_key: str) -> asyncio.Lock:
+        lock = self._channel_locks.get(channel_key)
+        if lock is None:
+            lock = self._channel_locks[channel_key] = asyncio.Lock()
+        return lock
 
     async def _bind_new(self, channel_key: str, title: str | None) -> Conversation:
         now = time.time()
@@ -301,6 +318,16 @@ class Agent:
 
     def _publish(self, event: EventBase) -> None:
         self._bus.publish(event)
+
+    def _account(self, conversation_id: str, buffer: deque[Any], added: int) -> None:
+        """Keep the replay buffers of all conversations within ``event_budget``."""
+        self._buffers[conversation_id] = buffer
+        self._buffers.move_to_end(conversation_id)
+        self._buffered += added
+        while self._buffered > self.event_budget and len(self._buffers) > 1:
+            _, oldest = self._buffers.popitem(last=False)
+            self._buffered -= len(oldest)
+            oldest.clear()
 
     def events(
         self,

@@ -56,6 +56,7 @@ class _Pending:
     content: str
     author: str | None
     committed: asyncio.Future[list[Message]]
+    in_memory: bool = False
 
 
 def _new_run_id() -> str:
@@ -149,10 +150,24 @@ class Conversation:
             run_id=run_id,
             created_at=now,
         )
+        # When nothing is queued (and the working memory is loaded, so
+        # messages a crash left out are already folded in) this message's turn
+        # is next: it joins the working memory in the same transaction.
+        idle = not self._queue and self._memory_cache is not None
+        memory = (
+            [ChatMessage(role="user", content=content, author=author, message_id=-1)]
+            if idle
+            else []
+        )
         # The write runs in its own task, queued now, so the order of the audit
         # log matches the order of the turn queue even under concurrent sends.
-        committed = asyncio.ensure_future(self._store.append(self.id, log=[entry], updated_at=now))
-        self._queue.append(_Pending(run_id, content, author, committed))
+        committed = asyncio.ensure_future(
+            self._store.append(self.id, log=[entry], memory=memory, updated_at=now)
+        )
+        if idle:
+            self._memory_cache_extend([ChatMessage(role="user", content=content, author=author)])
+            committed.add_done_callback(self._invalidate_on_failure)
+        self._queue.append(_Pending(run_id, content, author, committed, idle))
         self._idle.clear()
         if self._worker is None:
             # Busy conversations stay referenced even if no caller holds them.
@@ -177,6 +192,7 @@ class Conversation:
                     message=stored[0],
                     policy=self.policy or self.agent.policy,
                     tools=self.agent.tools,
+                    in_memory=pending.in_memory,
                 )
                 self._runner = runner
                 self._current = asyncio.create_task(
@@ -241,7 +257,10 @@ class Conversation:
             ts=time.time(),
             **fields,
         )
-        self._get_bus().publish(event)
+        bus = self._get_bus()
+        before = len(bus.buffer)
+        bus.publish(event)
+        self.agent._account(self.id, bus.buffer, len(bus.buffer) - before)
         self.agent._publish(event)
 
     def events(
@@ -320,12 +339,24 @@ class Conversation:
         if self._memory_cache is not None:
             self._memory_cache.extend(memory)
 
+    def _invalidate_on_failure(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            self._invalidate_memory()
+
     def _invalidate_memory(self) -> None:
         self._memory_cache = None
 
     async def compact(self, upto: int, summary: str) -> None:
-        """Replace working-memory entries up to position ``upto`` with ``summary``."""
-        await self._store.compact(self.id, upto, ChatMessage(role="system", content=summary))
+        """Replace working-memory entries up to position ``upto`` with ``summary``.
+
+        The summary keeps the highest audit-log id it covers, so messages it
+        replaced are never mistaken for ones a crash left out.
+        """
+        entries = await self._store.load_memory(self.id)
+        covered = max((e.message.message_id or 0 for e in entries if e.pos <= upto), default=0)
+        await self._store.compact(
+            self.id, upto, ChatMessage(role="system", content=summary, message_id=covered or None)
+        )
         self._invalidate_memory()
 
     # -- metadata and lifecycle ----------------------------------------------------

@@ -92,7 +92,7 @@ class EventBus:
     ) -> None:
         self._key = key
         self._lost_factory = lost
-        self._buffer: deque[EventBase] = deque(maxlen=buffer)
+        self.buffer: deque[EventBase] = deque(maxlen=buffer)
         self._subscribers: set[Subscription] = set()
         self._max_pending = max_pending
         self._closed = False
@@ -102,11 +102,11 @@ class EventBus:
         return self._lost_factory(event, after, oldest)
 
     def _oldest_key(self) -> int:
-        return self._key(self._buffer[0]) if self._buffer else 0
+        return self._key(self.buffer[0]) if self.buffer else 0
 
     def publish(self, event: EventBase) -> None:
         """Record ``event`` in the replay buffer and hand it to every subscriber."""
-        self._buffer.append(event)
+        self.buffer.append(event)
         self.last_key = self._key(event)
         for sub in list(self._subscribers):
             sub._push(event)
@@ -123,13 +123,14 @@ class EventBus:
         """
         sub = Subscription(self, frozenset(kinds) if kinds is not None else None, self._max_pending)
         if after is not None:
-            oldest = self._oldest_key()
+            # The first event still buffered (one past the last if none is).
+            first = self._key(self.buffer[0]) if self.buffer else self.last_key + 1
             # Events after ``after`` exist but the buffer starts later: a gap.
-            gap = (self.last_key > after and oldest > after + 1) or after > self.last_key
+            gap = (self.last_key > after and first > after + 1) or after > self.last_key
             if gap:
-                sub._pending.append(self._lost(None, after, oldest))
+                sub._pending.append(self._lost(None, after, self._oldest_key()))
                 sub._wakeup.set()
-            for event in self._buffer:
+            for event in self.buffer:
                 if self._key(event) > after:
                     sub._push(event)
         if self._closed:

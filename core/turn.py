@@ -77,6 +77,7 @@ class TurnRunner:
         message: Message,
         policy: TurnPolicy,
         tools: Sequence[Tool],
+        in_memory: bool = False,
     ) -> None:
         self.conv = conversation
         self.agent = conversation.agent
@@ -86,7 +87,10 @@ class TurnRunner:
         self.tools = {t.name: t for t in policy.visible(tools)}
         self.state = _State()
         self.interrupt_requested = False
+        #: True when ``send`` already put the user message in working memory.
+        self.in_memory = in_memory
         self._writes: set[asyncio.Future[Any]] = set()
+        self.failed_writes: list[BaseException] = []
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: Any, **fields: Any) -> None:
@@ -104,8 +108,13 @@ class TurnRunner:
             self.conv._store.append(self.conv.id, log=log, memory=memory, updated_at=time.time())
         )
         self._writes.add(fut)
-        fut.add_done_callback(self._writes.discard)
+        fut.add_done_callback(self._write_done)
         return fut
+
+    def _write_done(self, fut: asyncio.Future[Any]) -> None:
+        self._writes.discard(fut)
+        if not fut.cancelled() and fut.exception() is not None:
+            self.failed_writes.append(fut.exception())  # type: ignore[arg-type]
 
     async def _settle_writes(self) -> None:
         while self._writes:
@@ -127,11 +136,17 @@ class TurnRunner:
         self._emit(TurnStarted, message_id=m.id, author=m.author)
         try:
             await self.conv._ensure_memory(exclude_run=self.run_id)
-            await self._append(
-                memory=[
-                    ChatMessage(role="user", content=m.content, author=m.author, message_id=m.id)
-                ]
-            )
+            if not self.in_memory:
+                # Queued behind other turns: the message joins the working
+                # memory now.  Not awaited: the writer keeps order, and the
+                # turn settles all its writes before it ends.
+                self._append(
+                    memory=[
+                        ChatMessage(
+                            role="user", content=m.content, author=m.author, message_id=m.id
+                        )
+                    ]
+                )
             async with asyncio.timeout(self.policy.time_budget):
                 await self._steps()
         except TimeoutError:
@@ -247,6 +262,9 @@ class TurnRunner:
                     log=[self._new("assistant", content=text)],
                     memory=[ChatMessage(role="assistant", content=text)],
                 )
+                await self._settle_writes()
+                if self.failed_writes:
+                    raise self.failed_writes[0]
                 self.state.stop_reason = "length" if finish == "length" else "stop"
                 return
             self.state.partial.clear()

@@ -473,3 +473,55 @@ async def test_close_interrupts_running_turns_and_leaves_no_tasks(scripted, db_p
             "queued",
             "back",
         ]
+
+
+async def test_replay_buffers_share_a_budget(scripted, db_path):
+    async with Agent(
+        llm=scripted, store=SQLiteStore(db_path), event_buffer=64, event_budget=100
+    ) as a:
+        first = await a.create_conversation()
+        await first.send(" ".join(f"w{i}" for i in range(30)))
+        await first.wait_idle()
+        others = [await a.create_conversation() for _ in range(10)]
+        for c in others:
+            await c.send(" ".join(f"w{i}" for i in range(30)))
+            await c.wait_idle()
+        assert a._buffered <= 100
+        # The least recently active conversation lost its replay buffer ...
+        gone = first.events(after=0)
+        assert (await anext(gone)).kind == "events_lost"
+        # ... the most recent one still has it.
+        kept = others[-1].events(after=0)
+        assert (await anext(kept)).kind == "turn_started"
+        # Bindings leave no per-channel lock behind.
+        for i in range(20):
+            await a.conversation_for_channel(f"irc:net:#c{i}")
+        assert len(a._channel_locks) == 0
+
+
+async def test_compaction_keeps_the_audit_log_and_invents_no_messages(db_path):
+    model = ScriptedModel()
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as a:
+        conv = await a.create_conversation()
+        for i in range(3):
+            await conv.send(f"question {i}")
+            await conv.wait_idle()
+        entries = await a.store.load_memory(conv.id)
+        assert len(entries) == 6
+        await conv.compact(entries[3].pos, "Summary: asked questions 0 and 1.")
+        await conv.send("question 3")
+        await conv.wait_idle()
+        ctx = [(m.role, m.content) for m in model.requests[-1].messages]
+        assert ctx == [
+            ("system", "Summary: asked questions 0 and 1."),
+            ("user", "question 2"),
+            ("assistant", "echo: question 2"),
+            ("user", "question 3"),
+        ]
+        assert await conv.count_messages() == 8
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as a:
+        conv = await a.get_conversation(conv.id)
+        await conv.send("question 4")
+        await conv.wait_idle()
+        users = [m.content for m in model.requests[-1].messages if m.role == "user"]
+        assert users == ["question 2", "question 3", "question 4"]

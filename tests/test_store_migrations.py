@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 
-import aiosqlite
 import pytest
 
 from agentik.core import SQLiteStore
@@ -50,21 +50,21 @@ async def test_blank_database_gets_the_latest_schema(tmp_path):
 @pytest.mark.parametrize("start", range(0, LATEST + 1))
 async def test_upgrade_from_every_earlier_version(tmp_path, start):
     path = str(tmp_path / f"v{start}.db")
-    async with aiosqlite.connect(path, isolation_level=None) as conn:
-        await apply_migrations(conn, target=start)
-        assert await schema_version(conn) == start
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        apply_migrations(conn, target=start)
+        assert schema_version(conn) == start
     async with SQLiteStore(path) as store:
         assert await store.list_conversations() == []
-    async with aiosqlite.connect(path) as conn:
-        assert await schema_version(conn) == LATEST
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert schema_version(conn) == LATEST
 
 
 async def test_reopening_applies_nothing_twice(tmp_path):
     path = str(tmp_path / "twice.db")
     async with SQLiteStore(path):
         pass
-    async with aiosqlite.connect(path, isolation_level=None) as conn:
-        assert await apply_migrations(conn) == []
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        assert apply_migrations(conn) == []
 
 
 async def test_newer_schema_is_refused(tmp_path):
@@ -84,8 +84,8 @@ async def test_failed_migration_rolls_back(tmp_path):
 
     broken = (*MIGRATIONS, Migration(LATEST + 1, "broken", "CREATE TABLE t (x); SELECT nope();"))
     path = str(tmp_path / "broken.db")
-    async with aiosqlite.connect(path, isolation_level=None) as conn:
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
         with pytest.raises(MigrationError, match="broken"):
-            await apply_migrations(conn, broken)
-        assert await schema_version(conn) == LATEST
+            apply_migrations(conn, broken)
+        assert schema_version(conn) == LATEST
     assert "t" not in tables(path)

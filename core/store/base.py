@@ -120,6 +120,8 @@ class Store(abc.ABC):
     ) -> list[Message]:
         """Append audit-log rows and working-memory entries in one transaction.
 
+        A memory entry whose ``message_id`` is ``-(k + 1)`` is linked to the
+        k-th ``log`` row of this same call (its id is not known before).
         Returns the audit-log rows as stored (with their ids), after commit.
         """
 

@@ -106,6 +106,8 @@ class MemoryStore(Store):
         self._log[conversation_id].extend(out)
         entries = self._memory[conversation_id]
         for cm in memory:
+            if cm.message_id is not None and cm.message_id < 0:
+                cm = dataclasses.replace(cm, message_id=out[-cm.message_id - 1].id)
             entries.append(MemoryEntry(pos=(entries[-1].pos + 1) if entries else 1, message=cm))
         if updated_at is not None:
             rec = self._conversations[conversation_id]

@@ -9,10 +9,9 @@ database and from every earlier version.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from dataclasses import dataclass
-
-import aiosqlite
 
 from ..errors import MigrationError
 
@@ -85,34 +84,34 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
-async def schema_version(conn: aiosqlite.Connection) -> int:
+def schema_version(conn: sqlite3.Connection) -> int:
     """The highest applied migration number (0 for a blank database)."""
-    async with conn.execute(
+    row = conn.execute(
         "SELECT name FROM sqlite_master WHERE type='table' AND name='schema_migrations'"
-    ) as cur:
-        if await cur.fetchone() is None:
-            return 0
-    async with conn.execute("SELECT COALESCE(MAX(number), 0) FROM schema_migrations") as cur:
-        row = await cur.fetchone()
+    ).fetchone()
+    if row is None:
+        return 0
+    row = conn.execute("SELECT COALESCE(MAX(number), 0) FROM schema_migrations").fetchone()
     return int(row[0]) if row else 0
 
 
-async def apply_migrations(
-    conn: aiosqlite.Connection,
+def apply_migrations(
+    conn: sqlite3.Connection,
     migrations: tuple[Migration, ...] = MIGRATIONS,
     *,
     target: int | None = None,
 ) -> list[int]:
     """Apply every migration newer than the database, up to ``target``.
 
-    Returns the numbers applied.  Refuses a database whose schema is newer
-    than this code knows.
+    ``conn`` must be in autocommit mode (``isolation_level=None``).  Returns
+    the numbers applied.  Refuses a database whose schema is newer than this
+    code knows.
     """
-    await conn.execute(
+    conn.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations ("
         " number INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
     )
-    current = await schema_version(conn)
+    current = schema_version(conn)
     known = max((m.number for m in migrations), default=0)
     if current > known:
         raise MigrationError(
@@ -131,10 +130,10 @@ async def apply_migrations(
             "COMMIT;"
         )
         try:
-            await conn.executescript(script)
-        except Exception as exc:
+            conn.executescript(script)
+        except sqlite3.Error as exc:
             if conn.in_transaction:
-                await conn.execute("ROLLBACK")
+                conn.execute("ROLLBACK")
             raise MigrationError(f"migration {m.number} ({m.name}) failed: {exc}") from exc
         applied.append(m.number)
     return applied

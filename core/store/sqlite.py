@@ -1,27 +1,30 @@
-"""The embedded default store: SQLite through aiosqlite.
+"""The embedded default store: SQLite.
 
 * WAL journal; ``synchronous`` is configurable (``"full"`` by default: a
   committed message survives power loss, not only a killed process).
-* One writer: every write is a job on one queue, executed by one task on one
-  connection.  Jobs that queue up while a commit is in flight are committed
-  together in the next transaction (group commit), so many conversations
-  writing at once cost one fsync, not one each.  Each caller still waits for
-  *its* commit.
-* Reads use a second connection (WAL lets it read while the writer commits);
-  with ``:memory:`` everything shares the one connection.
-* aiosqlite runs SQLite in its own thread: the event loop never blocks on disk.
+* One writer: every write is a job on one queue, drained by one task that
+  hands whole batches to one writer thread owning the only writing
+  connection.  A batch is one transaction, run in a single thread hop (not a
+  hop per statement), and jobs that queue up while a commit is in flight are
+  committed together in the next transaction (group commit): many
+  conversations writing at once cost one fsync, not one each.  Each caller
+  still waits for *its* commit; a failing job fails alone.
+* Reads go through aiosqlite on a second connection (WAL lets it read while
+  the writer commits); with ``:memory:`` the one connection serves both.
+* The event loop never blocks on disk: SQLite only runs in those threads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import aiosqlite
@@ -56,13 +59,17 @@ class _Append:
     memory: Sequence[ChatMessage]
     updated_at: float | None
     future: asyncio.Future[Any]
-    result: list[Message] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class _Job:
-    fn: Callable[[aiosqlite.Connection], Awaitable[Any]]
+    fn: Callable[[sqlite3.Connection], Any]
     future: asyncio.Future[Any]
+
+
+@dataclass(slots=True)
+class _Failed:
+    error: BaseException
 
 
 def _row_to_message(row: sqlite3.Row | tuple[Any, ...]) -> Message:
@@ -92,6 +99,112 @@ def _row_to_conversation(row: tuple[Any, ...]) -> ConversationRecord:
     )
 
 
+def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[list[Message]]:
+    """Write consecutive appends with one statement per table."""
+    row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM message").fetchone()
+    next_id = int(row[0]) + 1
+    message_rows: list[tuple[Any, ...]] = []
+    memory_rows: list[tuple[Any, ...]] = []
+    touches: list[tuple[float, str]] = []
+    results: list[list[Message]] = []
+    now = time.time()
+    for a in appends:
+        stored: list[Message] = []
+        for m in a.log:
+            msg = Message(
+                id=next_id,
+                conversation_id=a.conversation_id,
+                kind=m.kind,
+                content=m.content,
+                author=m.author,
+                channel=m.channel,
+                run_id=m.run_id,
+                tool_call_id=m.tool_call_id,
+                tool_name=m.tool_name,
+                arguments=m.arguments,
+                is_error=m.is_error,
+                status=m.status,
+                data=m.data,
+                duration=m.duration,
+                created_at=m.created_at or now,
+            )
+            next_id += 1
+            stored.append(msg)
+            data = json.dumps(msg.data, ensure_ascii=False) if msg.data is not None else None
+            message_rows.append(
+                (
+                    msg.id, msg.conversation_id, msg.kind, msg.content, msg.author,
+                    msg.channel, msg.run_id, msg.tool_call_id, msg.tool_name, msg.arguments,
+                    int(msg.is_error), msg.status, data, msg.duration, msg.created_at,
+                )
+            )  # fmt: skip
+        for cm in a.memory:
+            cm = _link(cm, stored)
+            memory_rows.append((a.conversation_id, a.conversation_id, cm.message_id, cm.to_json()))
+        if a.updated_at is not None:
+            touches.append((a.updated_at, a.conversation_id))
+        results.append(stored)
+    if message_rows:
+        conn.executemany(_INSERT_MESSAGE, message_rows)
+    if memory_rows:
+        conn.executemany(_INSERT_MEMORY, memory_rows)
+    if touches:
+        conn.executemany(_TOUCH, touches)
+    return results
+
+
+def _link(cm: ChatMessage, stored: Sequence[Message]) -> ChatMessage:
+    """Resolve ``message_id = -(k + 1)``: "the k-th audit row of this append"."""
+    if cm.message_id is not None and cm.message_id < 0:
+        return replace(cm, message_id=stored[-cm.message_id - 1].id)
+    return cm
+
+
+def _apply(conn: sqlite3.Connection, batch: Sequence[_Append | _Job]) -> list[Any]:
+    results: list[Any] = []
+    run: list[_Append] = []
+    for item in batch:
+        if isinstance(item, _Append):
+            run.append(item)
+            continue
+        if run:
+            results.extend(_apply_appends(conn, run))
+            run = []
+        results.append(item.fn(conn))
+    if run:
+        results.extend(_apply_appends(conn, run))
+    return results
+
+
+def _transaction(conn: sqlite3.Connection, batch: Sequence[_Append | _Job]) -> list[Any]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        results = _apply(conn, batch)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return results
+
+
+def _commit_batch(conn: sqlite3.Connection, batch: list[_Append | _Job]) -> list[Any]:
+    """Runs in the writer thread: the batch as one transaction, or job by job."""
+    try:
+        return _transaction(conn, batch)
+    except Exception as exc:
+        if len(batch) == 1:
+            return [_Failed(exc)]
+    # Isolate the failing job: every other job still commits.
+    out: list[Any] = []
+    for item in batch:
+        try:
+            out.extend(_transaction(conn, [item]))
+        except Exception as exc:
+            out.append(_Failed(exc))
+    return out
+
+
 class SQLiteStore(Store):
     """SQLite implementation of :class:`~agentik.core.store.base.Store`.
 
@@ -113,39 +226,49 @@ class SQLiteStore(Store):
         self.synchronous = synchronous
         self.max_batch = max_batch
         self.busy_timeout = busy_timeout
-        self._writer: aiosqlite.Connection | None = None
+        self._memory = self.path == ":memory:"
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._queue: asyncio.Queue[_Append | _Job | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
     # -- lifecycle -----------------------------------------------------------
-    async def _connect(self, *, readonly: bool) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(self.path, isolation_level=None)
-        await conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-        await conn.execute("PRAGMA foreign_keys = ON")
-        if readonly:
-            await conn.execute("PRAGMA query_only = ON")
-        else:
-            await conn.execute("PRAGMA journal_mode = WAL")
-            await conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
-        return conn
+    def _open_writer(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+            apply_migrations(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
+        assert self._executor is not None
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def start(self) -> None:
         if self._task is not None:
             return
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="agentik-sqlite-writer"
+        )
         try:
-            self._writer = await self._connect(readonly=False)
-            await apply_migrations(self._writer)
-            if self.path == ":memory:" or self.path.startswith("file::memory:"):
-                self._reader = self._writer
-            else:
-                self._reader = await self._connect(readonly=True)
+            await self._in_writer(self._open_writer)
+            if not self._memory:
+                self._reader = await aiosqlite.connect(self.path, isolation_level=None)
+                await self._reader.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+                await self._reader.execute("PRAGMA query_only = ON")
         except sqlite3.Error as exc:
-            await self._close_connections()
+            await self._shutdown()
             raise StoreError(f"cannot open database {self.path!r}: {exc}") from exc
         except BaseException:
-            await self._close_connections()
+            await self._shutdown()
             raise
         self._task = asyncio.create_task(
             self._write_loop(), name=f"agentik-sqlite-writer:{self.path}"
@@ -159,13 +282,20 @@ class SQLiteStore(Store):
             self._queue.put_nowait(None)  # drain what is queued, then stop
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._close_connections()
+        await self._shutdown()
 
-    async def _close_connections(self) -> None:
-        for conn in {id(c): c for c in (self._reader, self._writer) if c is not None}.values():
+    async def _shutdown(self) -> None:
+        if self._reader is not None:
             with contextlib.suppress(Exception):
-                await conn.close()
-        self._reader = self._writer = None
+                await self._reader.close()
+            self._reader = None
+        if self._conn is not None and self._executor is not None:
+            with contextlib.suppress(Exception):
+                await self._in_writer(self._conn.close)
+        self._conn = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     # -- the single writer ---------------------------------------------------
     def _submit(self, item: _Append | _Job) -> asyncio.Future[Any]:
@@ -187,127 +317,36 @@ class SQLiteStore(Store):
                     stop = True
                     break
                 batch.append(item)
-            await self._commit_batch(batch)
+            assert self._conn is not None
+            try:
+                results = await self._in_writer(_commit_batch, self._conn, batch)
+            except BaseException as exc:  # the thread itself failed
+                results = [_Failed(exc)] * len(batch)
+            for item, result in zip(batch, results, strict=True):
+                if item.future.done():
+                    continue
+                if isinstance(result, _Failed):
+                    err = result.error
+                    if not isinstance(err, StoreError):
+                        wrapped = StoreError(f"database write failed: {err}")
+                        wrapped.__cause__ = err
+                        err = wrapped
+                    item.future.set_exception(err)
+                else:
+                    item.future.set_result(result)
 
-    async def _commit_batch(self, batch: list[_Append | _Job]) -> None:
-        assert self._writer is not None
-        conn = self._writer
-        try:
-            await conn.execute("BEGIN IMMEDIATE")
-            results = await self._apply(conn, batch)
-            await conn.execute("COMMIT")
-        except Exception as exc:
-            if conn.in_transaction:
-                with contextlib.suppress(Exception):
-                    await conn.execute("ROLLBACK")
-            if len(batch) > 1:
-                # Isolate the failing job: every other job still commits.
-                for item in batch:
-                    await self._commit_batch([item])
-                return
-            item = batch[0]
-            if not item.future.done():
-                err = (
-                    exc
-                    if isinstance(exc, StoreError)
-                    else StoreError(f"database write failed: {exc}")
-                )
-                if err is not exc:
-                    err.__cause__ = exc
-                item.future.set_exception(err)
-            return
-        for item, result in zip(batch, results, strict=True):
-            if not item.future.done():
-                item.future.set_result(result)
-
-    async def _apply(self, conn: aiosqlite.Connection, batch: list[_Append | _Job]) -> list[Any]:
-        results: list[Any] = []
-        run: list[_Append] = []
-        for item in batch:
-            if isinstance(item, _Append):
-                run.append(item)
-                continue
-            if run:
-                await self._apply_appends(conn, run)
-                results.extend(a.result for a in run)
-                run = []
-            results.append(await item.fn(conn))
-        if run:
-            await self._apply_appends(conn, run)
-            results.extend(a.result for a in run)
-        return results
-
-    async def _apply_appends(self, conn: aiosqlite.Connection, appends: list[_Append]) -> None:
-        """Write consecutive appends with one statement per table."""
-        async with conn.execute("SELECT COALESCE(MAX(id), 0) FROM message") as cur:
-            row = await cur.fetchone()
-        next_id = int(row[0]) + 1 if row else 1
-        message_rows: list[tuple[Any, ...]] = []
-        memory_rows: list[tuple[Any, ...]] = []
-        touches: list[tuple[float, str]] = []
-        for a in appends:
-            a.result = []
-            for m in a.log:
-                created = m.created_at or time.time()
-                msg = Message(
-                    id=next_id,
-                    conversation_id=a.conversation_id,
-                    kind=m.kind,
-                    content=m.content,
-                    author=m.author,
-                    channel=m.channel,
-                    run_id=m.run_id,
-                    tool_call_id=m.tool_call_id,
-                    tool_name=m.tool_name,
-                    arguments=m.arguments,
-                    is_error=m.is_error,
-                    status=m.status,
-                    data=m.data,
-                    duration=m.duration,
-                    created_at=created,
-                )
-                next_id += 1
-                a.result.append(msg)
-                message_rows.append(
-                    (
-                        msg.id,
-                        msg.conversation_id,
-                        msg.kind,
-                        msg.content,
-                        msg.author,
-                        msg.channel,
-                        msg.run_id,
-                        msg.tool_call_id,
-                        msg.tool_name,
-                        msg.arguments,
-                        int(msg.is_error),
-                        msg.status,
-                        json.dumps(msg.data, ensure_ascii=False) if msg.data is not None else None,
-                        msg.duration,
-                        msg.created_at,
-                    )
-                )
-            for cm in a.memory:
-                memory_rows.append(
-                    (a.conversation_id, a.conversation_id, cm.message_id, cm.to_json())
-                )
-            if a.updated_at is not None:
-                touches.append((a.updated_at, a.conversation_id))
-        if message_rows:
-            await conn.executemany(_INSERT_MESSAGE, message_rows)
-        if memory_rows:
-            await conn.executemany(_INSERT_MEMORY, memory_rows)
-        if touches:
-            await conn.executemany(_TOUCH, touches)
-
-    async def _write(self, fn: Callable[[aiosqlite.Connection], Awaitable[Any]]) -> Any:
+    async def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         loop = asyncio.get_running_loop()
         return await self._submit(_Job(fn, loop.create_future()))
 
     async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        if self._reader is None:
+        if self._closed or self._task is None:
             raise ClosedError("the store is closed" if self._closed else "the store is not started")
         try:
+            if self._reader is None:  # :memory: - one connection for everything
+                assert self._conn is not None
+                conn = self._conn
+                return await self._in_writer(lambda: conn.execute(sql, params).fetchall())
             async with self._reader.execute(sql, params) as cur:
                 return list(await cur.fetchall())
         except sqlite3.Error as exc:
@@ -317,8 +356,8 @@ class SQLiteStore(Store):
     async def create_conversation(
         self, record: ConversationRecord, *, channel_key: str | None = None
     ) -> None:
-        async def fn(conn: aiosqlite.Connection) -> None:
-            await conn.execute(
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute(
                 "INSERT INTO conversation (id, title, created_at, updated_at, meta)"
                 " VALUES (?, ?, ?, ?, ?)",
                 (
@@ -330,7 +369,7 @@ class SQLiteStore(Store):
                 ),
             )
             if channel_key is not None:
-                await conn.execute(
+                conn.execute(
                     "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id,"
                     " created_at) VALUES (?, ?, ?)",
                     (channel_key, record.id, record.created_at),
@@ -375,8 +414,8 @@ class SQLiteStore(Store):
         if not sets:
             return
 
-        async def fn(conn: aiosqlite.Connection) -> None:
-            await conn.execute(
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute(
                 f"UPDATE conversation SET {', '.join(sets)} WHERE id = ?",
                 (*params, conversation_id),
             )
@@ -384,11 +423,9 @@ class SQLiteStore(Store):
         await self._write(fn)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
-        async def fn(conn: aiosqlite.Connection) -> bool:
-            cur = await conn.execute("DELETE FROM conversation WHERE id = ?", (conversation_id,))
-            deleted = cur.rowcount > 0
-            await cur.close()
-            return deleted
+        def fn(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute("DELETE FROM conversation WHERE id = ?", (conversation_id,))
+            return cur.rowcount > 0
 
         return bool(await self._write(fn))
 
@@ -400,8 +437,8 @@ class SQLiteStore(Store):
         return rows[0][0] if rows else None
 
     async def set_binding(self, channel_key: str, conversation_id: str) -> None:
-        async def fn(conn: aiosqlite.Connection) -> None:
-            await conn.execute(
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute(
                 "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id, created_at)"
                 " VALUES (?, ?, ?)",
                 (channel_key, conversation_id, time.time()),
@@ -468,12 +505,12 @@ class SQLiteStore(Store):
         return [MemoryEntry(pos=r[0], message=ChatMessage.from_json(r[1])) for r in rows]
 
     async def compact(self, conversation_id: str, upto: int, summary: ChatMessage) -> None:
-        async def fn(conn: aiosqlite.Connection) -> None:
-            await conn.execute(
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute(
                 "DELETE FROM working_memory WHERE conversation_id = ? AND pos <= ?",
                 (conversation_id, upto),
             )
-            await conn.execute(
+            conn.execute(
                 "INSERT INTO working_memory (conversation_id, pos, message_id, body)"
                 " VALUES (?, ?, ?, ?)",
                 (conversation_id, upto, summary.message_id, summary.to_json()),
