@@ -175,11 +175,14 @@ class Agent:
         *,
         temp: bool,
         channel_key: str | None = None,
+        new: bool = False,
     ) -> Conversation:
         conv = self._open.get(record.id)
         if conv is None:
             store = self._temp_store if temp else self.store
             conv = Conversation(self, record, store=store, temp=temp, channel_key=channel_key)
+            if new:
+                conv._memory_cache = []  # just created: nothing to load
             self._open[record.id] = conv
         elif channel_key is not None and conv.channel_key is None:
             conv.channel_key = channel_key
@@ -209,7 +212,7 @@ class Agent:
             meta=dict(meta or {}),
         )
         await (self._temp_store if temp else self.store).create_conversation(record)
-        return self._wrap(record, temp=temp)
+        return self._wrap(record, temp=temp, new=True)
 
     async def get_conversation(self, conversation_id: str) -> Conversation:
         """The conversation with this id; raises :class:`NotFound`."""
@@ -300,7 +303,7 @@ class Agent:
             meta={"channel_key": channel_key},
         )
         await self.store.create_conversation(record, channel_key=channel_key)
-        return self._wrap(record, temp=False, channel_key=channel_key)
+        return self._wrap(record, temp=False, channel_key=channel_key, new=True)
 
     # -- events --------------------------------------------------------------------------
     def _next_stream_seq(self) -> int:
