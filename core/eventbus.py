@@ -25,6 +25,8 @@ class Subscription(AsyncIterator[EventBase]):
     ``EventsLost`` event when the subscriber fell too far behind.
     """
 
+    __slots__ = ("_bus", "_closed", "_kinds", "_last_key", "_max_pending", "_pending", "_wakeup")
+
     def __init__(
         self,
         bus: EventBus,
@@ -81,6 +83,16 @@ class EventBus:
     ``key`` extracts the sequence number (``seq`` or ``stream_seq``);
     ``lost`` builds the ``EventsLost`` notice for a subscriber.
     """
+
+    __slots__ = (
+        "_closed",
+        "_key",
+        "_lost_factory",
+        "_max_pending",
+        "_subscribers",
+        "buffer",
+        "last_key",
+    )
 
     def __init__(
         self,
