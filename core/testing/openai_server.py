@@ -329,6 +329,10 @@ class FakeOpenAIServer:
     def _note_disconnect(self) -> None:
         with self._cond:
             self.disconnects += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._cond:
             waiters = list(self._waiters)
             self._cond.notify_all()
         for loop, event in waiters:
@@ -356,6 +360,22 @@ class FakeOpenAIServer:
             with self._lock:
                 self._waiters.remove(entry)
 
+    async def wait_requests(self, count: int = 1, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+        """Wait until at least ``count`` chat requests have arrived."""
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            self._waiters.append(entry)
+        try:
+            async with asyncio.timeout(timeout):
+                while len(self.requests) < count:
+                    entry[1].clear()
+                    if len(self.requests) >= count:
+                        break
+                    await entry[1].wait()
+        finally:
+            with self._lock:
+                self._waiters.remove(entry)
+
     def wait_disconnect_sync(self, timeout: float = 5.0) -> None:
         """Blocking twin of :meth:`wait_disconnect`, for threads (e.g. ``in_thread``)."""
         with self._cond:
@@ -375,6 +395,7 @@ class FakeOpenAIServer:
             return web.json_response(Reply.error(400, "Invalid JSON body").error_body, status=400)
         self.requests.append(body)
         self.request_headers.append({k.lower(): v for k, v in request.headers.items()})
+        self._wake()
         with self._lock:
             reply = self._queue.popleft() if self._queue else None
         if reply is None:

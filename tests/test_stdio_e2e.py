@@ -1,0 +1,150 @@
+"""End to end: the installed ``agentik`` command, piped stdin, a local LLM server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+
+import pytest
+
+from agentik.core.testing.openai_server import Reply
+
+AGENTIK = shutil.which("agentik") or os.path.join(os.path.dirname(sys.executable), "agentik")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OPENAI_", "AGENTIK_")) and k != "PYTHONASYNCIODEBUG"
+    }
+    env.update(extra)
+    return env
+
+
+def write_config(tmp_path, base_url: str | None, **llm: str) -> str:
+    lines = ["[llm]"]
+    if base_url:
+        lines += [f'base_url = "{base_url}"', 'model = "fake-model"', "max_retries = 0"]
+    lines += [f"{k} = {v}" for k, v in llm.items()]
+    lines += [
+        "[storage]",
+        f'path = "{tmp_path / "bot.db"}"',
+        "[transports.terminal]",
+        'type = "stdio"',
+        'user = "tester"',
+    ]
+    path = tmp_path / "bot.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+async def chat(config: str, stdin: bytes, *, env=None, limit=30.0):
+    proc = await asyncio.create_subprocess_exec(
+        AGENTIK, "chat", "-c", config,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env or clean_env(),
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(stdin), limit)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_answers_arrive_and_the_conversation_persists(openai_server, tmp_path):
+    config = write_config(tmp_path, openai_server.base_url)
+    code, out, err = await chat(config, b"hello\nhow are you?\n")
+    assert code == 0, err
+    assert out.splitlines() == ["echo: tester: hello", "echo: tester: how are you?"]
+    assert "Traceback" not in err
+    # A second run continues the same conversation, with its history.
+    code, out, err = await chat(config, b"and again\n")
+    assert code == 0, err
+    assert out.splitlines() == ["echo: tester: and again"]
+    history = openai_server.requests[-1]["messages"]
+    assert [m["content"] for m in history] == [
+        "You are a helpful assistant in a chat. Answer briefly and plainly.",
+        "tester: hello",
+        "echo: tester: hello",
+        "tester: how are you?",
+        "echo: tester: how are you?",
+        "tester: and again",
+    ]
+    # /new starts a fresh conversation; the old one stays in history.
+    code, out, err = await chat(config, b"/new\nfresh start\n")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("started a new conversation")
+    assert out.splitlines()[-1] == "echo: tester: fresh start"
+    fresh = [m["content"] for m in openai_server.requests[-1]["messages"]]
+    assert fresh[1:] == ["tester: fresh start"]
+
+
+async def test_sigint_interrupts_a_slow_answer_and_the_bot_stays_usable(openai_server, tmp_path):
+    config = write_config(tmp_path, openai_server.base_url)
+    openai_server.enqueue(Reply.text("slow " * 100, chunks=100, delay=0.05))
+    proc = await asyncio.create_subprocess_exec(
+        AGENTIK, "chat", "-c", config,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=clean_env(),
+    )  # fmt: skip
+    proc.stdin.write(b"tell me something slowly\n")
+    await proc.stdin.drain()
+    await openai_server.wait_requests(1, timeout=20)
+    await asyncio.sleep(0.2)  # some chunks are on their way
+    proc.send_signal(signal.SIGINT)
+    await openai_server.wait_disconnect(timeout=10)
+    proc.stdin.write(b"are you still there?\n")
+    proc.stdin.close()
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err
+    lines = out.decode().splitlines()
+    assert lines[-1] == "echo: tester: are you still there?"
+    assert lines[0].startswith("slow slow") and len(lines[0]) < len("slow " * 100)
+    assert "(interrupted)" in err.decode()
+
+
+async def test_unreachable_model_gives_an_error_line_and_keeps_running(tmp_path):
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    code, out, err = await chat(config, b"hello?\nstill there?\n")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2
+    assert all(
+        line.startswith("error: could not reach the model at http://127.0.0.1:9") for line in lines
+    )
+    assert "Traceback" not in err
+
+
+async def test_a_one_megabyte_line_is_refused_not_a_crash(openai_server, tmp_path):
+    config = write_config(tmp_path, openai_server.base_url)
+    code, out, err = await chat(config, b"x" * 1_000_000 + b"\nhello after\n")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == ("error: input line too long (1000001 bytes; the limit is 65536): ignored")
+    assert lines[1] == "echo: tester: hello after"
+    assert len(openai_server.requests) == 1
+
+
+async def test_invalid_utf8_is_replaced_not_fatal(openai_server, tmp_path):
+    config = write_config(tmp_path, openai_server.base_url)
+    code, out, err = await chat(config, b"caf\xe9 \xff\xfe ok\n")
+    assert code == 0, err
+    assert out.splitlines() == ["echo: tester: caf\ufffd \ufffd\ufffd ok"]
+
+
+async def test_without_a_model_the_bot_explains_how_to_configure_one(tmp_path):
+    config = write_config(tmp_path, None)
+    code, out, err = await chat(config, b"hi\n")
+    assert code == 0, err
+    assert "No language model is configured" in out and "OPENAI_BASE_URL" in out
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["/help", "/status"])
+async def test_commands_work_in_the_terminal(openai_server, tmp_path, command):
+    config = write_config(tmp_path, openai_server.base_url)
+    code, out, err = await chat(config, command.encode() + b"\n")
+    assert code == 0, err
+    assert ("/new" in out) if command == "/help" else ("model fake-model" in out)
+    assert openai_server.requests == []
