@@ -61,6 +61,49 @@ class StdioSettings(BaseModel):
     prompt: str = "> "
 
 
+class _LineSplitter:
+    """Cuts a byte stream into lines; a line over ``limit`` becomes a marker.
+
+    ``emit`` receives each complete line (without its newline), a
+    ``b"\\x00TOOLONG:<size>"`` marker for a line that was too long (its
+    bytes are dropped as they arrive, never buffered), and ``None`` at end
+    of input.
+    """
+
+    def __init__(self, limit: int, emit: Any) -> None:
+        self.limit = limit
+        self.emit = emit
+        self.buffer = b""
+        self.dropping = 0  # bytes of an overlong line seen so far
+
+    def feed(self, data: bytes) -> None:
+        if not data:
+            if self.dropping:
+                self.emit(b"\x00TOOLONG:%d" % self.dropping)
+            elif self.buffer:
+                self.emit(self.buffer)
+            self.buffer = b""
+            self.emit(None)
+            return
+        while data:
+            newline = data.find(b"\n")
+            chunk, data = (data, b"") if newline < 0 else (data[:newline], data[newline + 1 :])
+            if self.dropping:
+                self.dropping += len(chunk) + (newline >= 0)
+            elif len(self.buffer) + len(chunk) > self.limit:
+                self.dropping = len(self.buffer) + len(chunk) + (newline >= 0)
+                self.buffer = b""
+            else:
+                self.buffer += chunk
+            if newline >= 0:
+                if self.dropping:
+                    self.emit(b"\x00TOOLONG:%d" % self.dropping)
+                    self.dropping = 0
+                else:
+                    self.emit(self.buffer)
+                self.buffer = b""
+
+
 def _login() -> str:
     with contextlib.suppress(Exception):
         return getpass.getuser()
@@ -138,12 +181,23 @@ class StdioTransport(Transport):
     async def _read_loop(self) -> None:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        # A daemon thread does the blocking reads: it works for terminals,
-        # pipes and files alike, and never holds up interpreter exit.
-        thread = threading.Thread(
-            target=self._reader_thread, args=(loop, queue), name="agentik-stdin", daemon=True
-        )
-        thread.start()
+        splitter = _LineSplitter(self.options.max_line_bytes, queue.put_nowait)
+        fd = self._stdin.fileno()
+        watching = False
+        try:
+            # Terminals and pipes: the event loop watches the descriptor and
+            # reads what is there (no thread, no change to its blocking mode).
+            loop.add_reader(fd, self._on_readable, fd, splitter)
+            watching = True
+        except (OSError, ValueError, NotImplementedError):
+            # Regular files cannot be watched: a daemon thread reads them.
+            # It uses os.read, so it holds no lock that could block exit.
+            threading.Thread(
+                target=self._read_blocking,
+                args=(fd, loop, splitter),
+                name="agentik-stdin",
+                daemon=True,
+            ).start()
         try:
             while True:
                 raw = await queue.get()
@@ -156,32 +210,33 @@ class StdioTransport(Transport):
             if self.interactive:
                 self._write("\n", err=False)
         finally:
+            if watching:
+                loop.remove_reader(fd)
             self.closed.set()
 
-    def _reader_thread(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
-        limit = self.options.max_line_bytes
-        stream = self._stdin
+    def _on_readable(self, fd: int, splitter: _LineSplitter) -> None:
         try:
-            while True:
-                line = stream.readline(limit + 1)
-                if not line:
-                    break
-                if len(line) > limit and not line.endswith(b"\n"):
-                    # Too long: measure and discard the rest of the line.
-                    size = len(line)
-                    while True:
-                        more = stream.readline(1 << 20)
-                        size += len(more)
-                        if not more or more.endswith(b"\n"):
-                            break
-                    loop.call_soon_threadsafe(queue.put_nowait, b"\x00TOOLONG:%d" % size)
-                    continue
-                loop.call_soon_threadsafe(queue.put_nowait, line)
-        except (OSError, ValueError):
-            pass
-        finally:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            asyncio.get_running_loop().remove_reader(fd)
+        splitter.feed(data)
+
+    def _read_blocking(
+        self, fd: int, loop: asyncio.AbstractEventLoop, splitter: _LineSplitter
+    ) -> None:
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except OSError:
+                data = b""
+            with contextlib.suppress(RuntimeError):  # the loop is gone
+                loop.call_soon_threadsafe(splitter.feed, data)
+            if not data:
+                return
 
     async def _line(self, raw: bytes) -> None:
         if raw.startswith(b"\x00TOOLONG:"):
