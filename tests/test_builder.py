@@ -1,0 +1,124 @@
+"""AgentBuilder: required parts, the soul, tools, background work, from a config."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentik.bot.app import load_registry
+from agentik.bot.builder import NO_MODEL_HELP, AgentBuilder, NoModelBackend
+from agentik.bot.config import parse_config
+from agentik.core import ConfigError, OpenAIBackend, SQLiteStore, tool
+from agentik.core.memory import MemoryBackend, NoMemory
+from agentik.core.testing.scripted import ScriptedModel
+
+
+@pytest.mark.parametrize("missing", ["llm", "storage", "memory"])
+def test_required_parts(missing):
+    b = AgentBuilder()
+    if missing != "llm":
+        b.llm(ScriptedModel())
+    if missing != "storage":
+        b.storage(SQLiteStore())
+    if missing != "memory":
+        b.memory(NoMemory())
+    with pytest.raises(ConfigError, match=f"missing required part.*{missing}"):
+        b.build()
+
+
+async def test_soul_tools_memory_tools_and_background(tmp_path):
+    soul = tmp_path / "soul.md"
+    soul.write_text("You are Ada, terse.\n")
+    seen: list[str] = []
+    started = asyncio.Event()
+    got = asyncio.Event()
+
+    @tool
+    async def ping() -> str:
+        """Ping."""
+        return "pong"
+
+    class NotesMemory(MemoryBackend):
+        name = "notes"
+
+        def tools(self):
+            @tool
+            async def memory_list() -> str:
+                """List notes."""
+                return "nothing yet"
+
+            return [memory_list]
+
+    async def watcher(agent):
+        # Background work reacts to events; it does not poll.
+        started.set()
+        async for event in agent.events(kinds={"turn_ended"}):
+            seen.append(event.text)
+            got.set()
+
+    model = ScriptedModel()
+    agent = (
+        AgentBuilder()
+        .llm(model)
+        .storage(SQLiteStore(str(tmp_path / "b.db")))
+        .memory(NotesMemory())
+        .system_prompt("Be helpful.")
+        .soul(file=soul)
+        .tools(ping)
+        .background(watcher)
+        .build()
+    )
+    async with agent:
+        await started.wait()
+        conv = await agent.create_conversation()
+        await conv.send("hi")
+        await conv.wait_idle()
+        await asyncio.wait_for(got.wait(), 10)
+    assert model.requests[0].system == "Be helpful.\n\nYou are Ada, terse."
+    assert sorted(t.name for t in model.requests[0].tools) == ["memory_list", "ping"]
+    assert seen == ["echo: hi"]
+    leftover = [t for t in asyncio.all_tasks() if t.get_name().startswith("agentik-background")]
+    assert leftover == []
+
+
+def test_missing_soul_file_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"agent\.soul_file"):
+        AgentBuilder().soul(file=tmp_path / "nope.md")
+
+
+def test_from_config_wires_backend_storage_and_policy(tmp_path):
+    config = parse_config(
+        {
+            "agent": {"system_prompt": "Hello."},
+            "llm": {"base_url": "http://127.0.0.1:9/v1", "model": "m", "timeout": 5},
+            "storage": {"path": str(tmp_path / "c.db"), "synchronous": "normal"},
+            "tools": {"max_tool_calls": 3, "allowed": ["safe_*"]},
+        },
+        env={},
+    )
+    agent = AgentBuilder.from_config(config, load_registry(config)).build()
+    assert isinstance(agent.llm, OpenAIBackend) and agent.llm.model == "m"
+    assert agent.store.synchronous == "normal"
+    assert agent.policy.max_tool_calls == 3 and agent.policy.allowed_tools == ("safe_*",)
+    assert agent.system_prompt == "Hello."
+
+
+async def test_no_model_configured_gives_the_help_line(tmp_path):
+    config = parse_config({"storage": {"path": ":memory:"}}, env={})
+    agent = AgentBuilder.from_config(config, load_registry(config)).build()
+    assert isinstance(agent.llm, NoModelBackend)
+    async with agent:
+        conv = await agent.create_conversation()
+        await conv.send("hello?")
+        await conv.wait_idle()
+        assert (await conv.messages())[-1].content == NO_MODEL_HELP
+
+
+def test_other_backends_come_from_the_registry():
+    config = parse_config({"llm": {"backend": "scripted", "model": "x"}}, env={})
+    agent = AgentBuilder.from_config(config, load_registry(config)).build()
+    assert isinstance(agent.llm, ScriptedModel) and agent.llm.model == "x"
+    bad = parse_config({"llm": {"backend": "nope"}}, env={})
+    with pytest.raises(ConfigError, match="unknown LLM backend 'nope'"):
+        AgentBuilder.from_config(bad, load_registry(bad))
