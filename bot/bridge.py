@@ -329,6 +329,7 @@ class _Renderer:
         self.bridge = bridge
         self.ch = ch
         self.caps = ch.transport.caps
+        self.debug = ch.options.events == "debug"
         self.buffer = ""
         self.lines_sent = 0
         self.had_text = False
@@ -384,9 +385,10 @@ class _Renderer:
         elif kind == "tool_call_started":
             args = _short_args(e.arguments)  # type: ignore[attr-defined]
             await self._out(f"⚙ {e.name}({args})", "notice", run)  # type: ignore[attr-defined]
-        elif kind == "tool_call_ended" and e.is_error:  # type: ignore[attr-defined]
+        elif kind == "tool_call_ended" and (e.is_error or self.debug):  # type: ignore[attr-defined]
             result = e.result.replace("\n", " ")[:160]  # type: ignore[attr-defined]
-            await self._out(f"⚙ {e.name} failed: {result}", "notice", run)  # type: ignore[attr-defined]
+            verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"  # type: ignore[attr-defined]
+            await self._out(f"⚙ {e.name} {verb}: {result}", "notice", run)  # type: ignore[attr-defined]
         elif kind == "error":
             await self._flush(run)
             await self._out(f"error: {e.message}", "error", run)  # type: ignore[attr-defined]
@@ -401,6 +403,15 @@ class _Renderer:
             if self.ch.more:
                 p = self.ch.options.command_prefix
                 await self._out(f"… {len(self.ch.more)} more lines: {p}more", "notice", run)
+            if self.debug:
+                u = e.usage  # type: ignore[attr-defined]
+                await self._out(
+                    f"turn {run}: {e.stop_reason}, {e.duration:.2f}s, "  # type: ignore[attr-defined]
+                    f"{u.prompt_tokens}+{u.completion_tokens} tokens, "
+                    f"{e.tool_calls} tool calls",  # type: ignore[attr-defined]
+                    "notice",
+                    run,
+                )
 
     async def _flush(self, run: str | None) -> None:
         text, self.buffer = self.buffer, ""

@@ -221,3 +221,27 @@ def test_split_text_respects_limits_and_characters():
     assert split_text("a\nb\nc", max_chars=3) == ["a\nb", "c"]
     assert split_text("hello", max_bytes=None) == ["hello"]
     assert split_lines("one two three", max_chars=1)[:3] == ["o", "n", "e"]
+
+
+async def test_debug_profile_shows_tool_results_reasoning_and_usage(rig):
+    model, agent, bridge, make = rig
+
+    @tool
+    async def clock() -> str:
+        """The time."""
+        return "noon"
+
+    agent.add_tool(clock)
+    model.enqueue(Reply(reasoning="need the time", tool_calls=[call("clock")]), "It is noon.")
+    t = await make(events="debug")
+    await t.inject("time?", channel_key="mem:#x", direct=True)
+    await bridge.flush("mem:#x")
+    notices = t.texts("notice")
+    assert "(thinking) need the time" in notices
+    assert any(n.startswith("⚙ clock → (") and n.endswith("noon") for n in notices)
+    assert notices[-1].startswith("turn run_") and "1 tool calls" in notices[-1]
+    chat = await make()
+    model.enqueue(Reply(reasoning="hidden", text="shown"))
+    await chat.inject("x", channel_key="chat:#x", direct=True)
+    await bridge.flush("chat:#x")
+    assert chat.texts("notice") == [] and chat.texts("answer") == ["shown"]
