@@ -87,7 +87,14 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("id")
     exp.add_argument("--format", choices=["json", "markdown"], default="json")
     with_config(csub.add_parser("rm", help="delete a conversation")).add_argument("id")
-    with_config(sub.add_parser("plugins", help="list plugins and what they registered"))
+    plugins = sub.add_parser("plugins", help="list plugins and what they registered")
+    plugins.add_argument(
+        "-c",
+        "--config",
+        default=None,
+        help="configuration file, for [plugins] load (default: $AGENTIK_CONFIG, else"
+        " config.toml if present, else none)",
+    )
     return p
 
 
@@ -98,7 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        config = load_config(args.config) if hasattr(args, "config") else Config()
+        if args.command == "plugins" and args.config is None:
+            # Listing plugins needs no configuration file; it honours one if there is one.
+            args.config = os.environ.get("AGENTIK_CONFIG") or (
+                "config.toml" if os.path.exists("config.toml") else None
+            )
+        config = load_config(args.config) if args.config is not None else Config()
         level = args.log_level or (
             "debug" if args.verbose >= 2 else "info" if args.verbose == 1 else config.logging.level
         )

@@ -248,6 +248,8 @@ def parse_config(
     """Validate already-parsed TOML data (interpolation and overrides applied here)."""
     env = os.environ if env is None else env
     raw = _interpolate(dict(data), env, "", source)
+    if "source" in raw:  # a field of Config, but not a key: never silently ignore it
+        raise ConfigError(f"{source}: source: unknown key")
     for var, (section, key) in ENV_OVERRIDES.items():
         if env.get(var):
             table = raw.setdefault(section, {})

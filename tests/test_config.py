@@ -1,0 +1,463 @@
+"""The TOML configuration: the example file, errors naming keys, ``${VAR}``, overrides, secrets."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tomllib
+import typing
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, SecretStr
+
+from agentik.bot.app import load_registry, make_transport
+from agentik.bot.builder import backend_choice
+from agentik.bot.config import (
+    ENV_OVERRIDES,
+    Config,
+    TransportSection,
+    load_config,
+    parse_config,
+    reveal,
+)
+from agentik.core import ConfigError
+from agentik.core.transport import Transport
+from agentik.transports.stdio import StdioSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "config.example.toml"
+SECRET = "sk-very-secret-123"
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch):
+    """No OPENAI_* / AGENTIK_* variable from the outside leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith(("OPENAI_", "AGENTIK_")):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def real_stdin(monkeypatch):
+    """A real file as stdin (pytest's capture stdin has no file descriptor)."""
+    with open(os.devnull, encoding="utf-8") as devnull:
+        monkeypatch.setattr(sys, "stdin", devnull)
+        yield
+
+
+def write(tmp_path: Path, text: str, name: str = "bot.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def load_error(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env=env or {})
+    message = str(info.value)
+    assert str(path) in message
+    assert "\n" not in message
+    return message
+
+
+# -- the example file ---------------------------------------------------------------------
+
+
+def test_example_config_loads_validates_and_builds_its_transports(real_stdin):
+    config = load_config(EXAMPLE, env={})
+    assert config.source == str(EXAMPLE)
+    # With no model configured the bot still runs, answering with setup instructions.
+    assert config.llm.backend == "auto"
+    assert config.llm.model is None and config.llm.base_url is None
+    assert config.llm.api_key is None
+    assert backend_choice(config) == "none"
+    assert config.transports, "the example configures at least one transport"
+    registry = load_registry(config)
+    for name, section in config.transports.items():
+        transport = make_transport(registry, name, section, config.source)
+        assert isinstance(transport, Transport)
+        assert transport.name == name
+        assert transport.type == section.type
+    terminal = make_transport(registry, "terminal", config.transports["terminal"], config.source)
+    assert terminal.channel_key == "stdio:local"
+
+
+def test_example_config_picks_up_the_openai_variables():
+    env = {
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "OPENAI_MODEL": "m",
+        "OPENAI_API_KEY": SECRET,
+    }
+    config = load_config(EXAMPLE, env=env)
+    assert config.llm.base_url == "http://127.0.0.1:9/v1"
+    assert config.llm.model == "m"
+    assert reveal(config.llm.api_key) == SECRET
+    assert backend_choice(config) == "openai"
+
+
+_HEADER = re.compile(r"^\[([A-Za-z0-9_.\-]+)\]\s*(#.*)?$")
+_LIVE_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=")
+_COMMENTED_KEY = re.compile(r"^# ?([A-Za-z_][A-Za-z0-9_]*) = \S")
+
+
+class _Key(typing.NamedTuple):
+    table: str
+    key: str
+    lineno: int
+    commented: bool
+
+    @property
+    def path(self) -> str:
+        return f"{self.table}.{self.key}" if self.table else self.key
+
+
+def _scan_example() -> tuple[list[str], dict[str, int], list[_Key]]:
+    """The example's lines, its table headers (name -> line index) and its keys."""
+    lines = EXAMPLE.read_text(encoding="utf-8").splitlines()
+    tables: dict[str, int] = {}
+    keys: list[_Key] = []
+    table = ""
+    for i, line in enumerate(lines):
+        if m := _HEADER.match(line.strip()):
+            table = m.group(1)
+            tables[table] = i
+        elif m := _LIVE_KEY.match(line):
+            keys.append(_Key(table, m.group(1), i, commented=False))
+        elif m := _COMMENTED_KEY.match(line):
+            keys.append(_Key(table, m.group(1), i, commented=True))
+    return lines, tables, keys
+
+
+def _model_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Every key path of ``model``, recursively; ``*`` stands for a table name of a dict."""
+    paths: set[str] = set()
+    for name, field in model.model_fields.items():
+        if field.exclude:  # Config.source: where the file came from, not a key
+            continue
+        path = prefix + name
+        ann = field.annotation
+        args = typing.get_args(ann)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            paths |= _model_keys(ann, path + ".")
+        elif (
+            typing.get_origin(ann) is dict
+            and isinstance(args[1], type)
+            and issubclass(args[1], BaseModel)
+        ):
+            paths |= _model_keys(args[1], path + ".*.")
+        else:
+            paths.add(path)
+    return paths
+
+
+def _matches(pattern: str, path: str) -> bool:
+    regex = r"\.".join("[^.]+" if part == "*" else re.escape(part) for part in pattern.split("."))
+    return re.fullmatch(regex, path) is not None
+
+
+def _transport_settings_model(type_name: str) -> type[BaseModel] | None:
+    registry = load_registry(Config())
+    factory = registry.transports[type_name]
+    return getattr(factory, "settings_model", None)
+
+
+def test_example_config_mentions_every_key():
+    """Every key of the configuration appears in ``config.example.toml``.
+
+    A key counts as present as a live ``key = value`` line or as a commented-out
+    ``# key = value`` line inside its table; a table such as ``[llm.options]`` counts for
+    its key.  Keys come from walking the pydantic models (``Config``, its sections,
+    ``TransportSection`` including ``type``), plus the transport's own settings model
+    (``StdioSettings``) for every ``type = "stdio"`` table.  Conversely, every key the
+    example writes (commented out or not) must be a real key, so stale examples fail too.
+    """
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    _, tables, keys = _scan_example()
+    present = {k.path for k in keys} | set(tables)
+
+    expected = _model_keys(Config)
+    transport_tables = {name: t["type"] for name, t in data.get("transports", {}).items()}
+    assert "stdio" in transport_tables.values(), "the example has a stdio transport table"
+    for name, type_name in transport_tables.items():
+        settings = _transport_settings_model(type_name)
+        if type_name == "stdio":
+            assert settings is StdioSettings
+        if settings is not None:
+            expected |= {f"transports.{name}.{key}" for key in settings.model_fields}
+
+    for pattern in sorted(expected):
+        assert any(_matches(pattern, path) for path in present), (
+            f"{pattern} is not in config.example.toml (not even as '# key = ...')"
+        )
+
+    for key in keys:
+        assert any(_matches(pattern, key.path) for pattern in expected), (
+            f"config.example.toml line {key.lineno + 1}: {key.path} is not a configuration key"
+        )
+    for table in tables:
+        depth = table.count(".") + 1
+        prefixes = {".".join(p.split(".")[:depth]) for p in expected}
+        assert any(_matches(prefix, table) for prefix in prefixes), (
+            f"[{table}] is not a configuration table"
+        )
+
+
+def test_every_key_in_the_example_has_a_comment_right_above_it():
+    """Each key in a table is documented by a comment line directly above it.
+
+    The rule: the line just above every ``key = value`` or ``# key = value`` line inside a
+    table is a prose comment (a ``#`` line that is not itself a commented-out key).  The
+    first key of a table may instead rely on the prose comment directly above the table
+    header, provided that comment names the key (``[transports.<name>]`` tables explain
+    their ``type`` that way).
+    """
+    lines, tables, keys = _scan_example()
+
+    def prose(index: int) -> str | None:
+        if index < 0:
+            return None
+        line = lines[index]
+        if line.startswith("#") and not _COMMENTED_KEY.match(line):
+            return line
+        return None
+
+    undocumented = []
+    for key in keys:
+        if not key.table:
+            continue
+        if prose(key.lineno - 1) is not None:
+            continue
+        header = tables[key.table]
+        above_header = prose(header - 1)
+        if key.lineno - 1 == header and above_header and key.key in above_header:
+            continue
+        undocumented.append(f"line {key.lineno + 1}: {key.path}")
+    assert not undocumented, "keys without a comment right above them: " + ", ".join(undocumented)
+
+
+# -- errors name the file and the key -----------------------------------------------------
+
+
+def test_unknown_key_is_named(tmp_path):
+    message = load_error(tmp_path, '[llm]\nmodle = "x"\n')
+    assert "llm.modle" in message and "unknown key" in message
+
+
+def test_unknown_section_is_named(tmp_path):
+    message = load_error(tmp_path, '[lmm]\nmodel = "x"\n')
+    assert "lmm" in message and "unknown key" in message
+
+
+def test_source_is_not_a_key(tmp_path):
+    message = load_error(tmp_path, 'source = "elsewhere.toml"\n')
+    assert "source" in message and "unknown key" in message
+
+
+def test_wrong_type_is_named(tmp_path):
+    message = load_error(tmp_path, '[llm]\ntimeout = "soon"\n')
+    assert "llm.timeout" in message
+    assert "soon" in message
+
+
+def test_out_of_range_value_is_named(tmp_path):
+    message = load_error(tmp_path, "[llm]\ntemperature = 3\n")
+    assert "llm.temperature" in message
+
+
+def test_value_outside_a_choice_is_named(tmp_path):
+    message = load_error(tmp_path, '[storage]\nsynchronous = "sometimes"\n')
+    assert "storage.synchronous" in message and "sometimes" in message
+
+
+def test_missing_transport_type_is_named(tmp_path):
+    message = load_error(tmp_path, "[transports.t]\nenabled = true\n")
+    assert "transports.t.type" in message and "missing" in message
+
+
+def test_several_problems_report_the_first_and_count_the_rest(tmp_path):
+    message = load_error(tmp_path, '[llm]\nmodle = "x"\ntimeout = "soon"\n')
+    assert "1 more problem" in message
+
+
+def test_bad_transport_setting_is_named_when_the_transport_is_made(tmp_path, real_stdin):
+    path = write(tmp_path, '[transports.t]\ntype = "stdio"\nbogus = 1\n')
+    config = load_config(path, env={})
+    assert config.transports["t"].settings == {"bogus": 1}
+    registry = load_registry(config)
+    with pytest.raises(ConfigError) as info:
+        make_transport(registry, "t", config.transports["t"], config.source)
+    message = str(info.value)
+    assert str(path) in message
+    assert "transports.t.bogus" in message and "unknown key" in message
+
+
+def test_badly_typed_transport_setting_is_named(tmp_path, real_stdin):
+    path = write(tmp_path, '[transports.t]\ntype = "stdio"\nmax_line_bytes = "lots"\n')
+    config = load_config(path, env={})
+    with pytest.raises(ConfigError) as info:
+        make_transport(load_registry(config), "t", config.transports["t"], config.source)
+    assert "transports.t.max_line_bytes" in str(info.value) and "lots" in str(info.value)
+
+
+def test_unknown_transport_type_is_named(tmp_path):
+    path = write(tmp_path, '[transports.t]\ntype = "carrier-pigeon"\n')
+    config = load_config(path, env={})
+    with pytest.raises(ConfigError) as info:
+        make_transport(load_registry(config), "t", config.transports["t"], config.source)
+    message = str(info.value)
+    assert "transports.t.type" in message and "carrier-pigeon" in message
+    assert "stdio" in message  # lists what is installed
+
+
+def test_invalid_toml_names_the_file_and_the_line(tmp_path):
+    message = load_error(tmp_path, '[llm\nmodel = "x"\n')
+    assert "not valid TOML" in message and "line 1" in message
+
+
+def test_missing_file_is_named(tmp_path):
+    path = tmp_path / "nowhere.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(path) in str(info.value)
+    assert "no such configuration file" in str(info.value)
+
+
+# -- ${VAR} interpolation ---------------------------------------------------------------------
+
+
+def test_variables_are_read_from_the_environment(tmp_path):
+    path = write(
+        tmp_path,
+        '[agent]\nname = "${BOT_NAME}"\nsystem_prompt = "Be ${MOOD:-kind}, ${WHO:-friend}."\n'
+        '[storage]\npath = "${DATA}/bot.db"\n'
+        '[tools]\nallowed = ["${TOOL_A}", "b_*"]\n',
+    )
+    config = load_config(
+        path, env={"BOT_NAME": "ada", "MOOD": "terse", "DATA": "/srv", "TOOL_A": "a_*"}
+    )
+    assert config.agent.name == "ada"
+    assert config.agent.system_prompt == "Be terse, friend."
+    assert config.storage.path == "/srv/bot.db"
+    assert config.tools.allowed == ["a_*", "b_*"]
+
+
+def test_interpolated_numbers_are_validated_as_numbers(tmp_path):
+    path = write(tmp_path, '[llm]\ntimeout = "${LLM_TIMEOUT:-30}"\n')
+    assert load_config(path, env={}).llm.timeout == 30.0
+    assert load_config(path, env={"LLM_TIMEOUT": "5.5"}).llm.timeout == 5.5
+
+
+def test_double_dollar_is_a_literal_dollar(tmp_path):
+    path = write(tmp_path, '[agent]\nsystem_prompt = "costs $$5, write $${HOME} literally"\n')
+    config = load_config(path, env={"HOME": "/root"})
+    assert config.agent.system_prompt == "costs $5, write ${HOME} literally"
+
+
+def test_unset_variable_without_default_names_the_key_and_the_variable(tmp_path):
+    message = load_error(tmp_path, '[agent]\nsystem_prompt = "hi ${NOT_SET_ANYWHERE}"\n')
+    assert "agent.system_prompt" in message
+    assert "NOT_SET_ANYWHERE" in message
+    assert ":-default" in message  # says how to make it optional
+
+
+def test_unset_variable_in_a_list_names_the_element(tmp_path):
+    message = load_error(tmp_path, '[tools]\nallowed = ["a", "${NOPE}"]\n')
+    assert "tools.allowed[1]" in message and "NOPE" in message
+
+
+def test_unset_variable_in_a_transport_table_names_the_key(tmp_path):
+    message = load_error(tmp_path, '[transports.t]\ntype = "stdio"\nuser = "${WHO_AM_I}"\n')
+    assert "transports.t.user" in message and "WHO_AM_I" in message
+
+
+# -- environment overrides -------------------------------------------------------------------
+
+FULL = """
+[agent]
+system_prompt = "from the file"
+[llm]
+backend = "openai"
+model = "file-model"
+base_url = "http://file.invalid/v1"
+api_key = "sk-from-the-file"
+[storage]
+path = "file.db"
+"""
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "get"),
+    [
+        ("AGENTIK_DB_PATH", "/tmp/env.db", lambda c: c.storage.path),
+        ("AGENTIK_LLM_BACKEND", "scripted", lambda c: c.llm.backend),
+        ("AGENTIK_SYSTEM_PROMPT", "from the environment", lambda c: c.agent.system_prompt),
+        ("OPENAI_BASE_URL", "http://127.0.0.1:9/v1", lambda c: c.llm.base_url),
+        ("OPENAI_API_KEY", SECRET, lambda c: reveal(c.llm.api_key)),
+        ("OPENAI_MODEL", "env-model", lambda c: c.llm.model),
+    ],
+)
+def test_environment_overrides_the_file(tmp_path, var, value, get):
+    path = write(tmp_path, FULL)
+    before = load_config(path, env={})
+    assert get(before) != value
+    assert get(load_config(path, env={var: value})) == value
+
+
+def test_overrides_apply_when_the_file_has_no_such_table(tmp_path):
+    path = write(tmp_path, "")
+    config = load_config(path, env={"OPENAI_MODEL": "m", "AGENTIK_DB_PATH": "x.db"})
+    assert config.llm.model == "m" and config.storage.path == "x.db"
+
+
+def test_every_override_is_tested():
+    assert set(ENV_OVERRIDES) == {
+        "AGENTIK_DB_PATH",
+        "AGENTIK_LLM_BACKEND",
+        "AGENTIK_SYSTEM_PROMPT",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+        "OPENAI_MODEL",
+    }
+
+
+def test_empty_environment_variable_does_not_override(tmp_path):
+    path = write(tmp_path, FULL)
+    assert load_config(path, env={"OPENAI_MODEL": ""}).llm.model == "file-model"
+
+
+def test_overrides_read_the_process_environment_by_default(tmp_path, monkeypatch):
+    path = write(tmp_path, FULL)
+    monkeypatch.setenv("OPENAI_MODEL", "process-model")
+    assert load_config(path).llm.model == "process-model"
+
+
+# -- secrets ------------------------------------------------------------------------------
+
+
+def test_api_key_is_secret_everywhere_but_reveal(tmp_path):
+    path = write(tmp_path, '[llm]\napi_key = "${KEY}"\nmodel = "m"\n')
+    config = load_config(path, env={"KEY": SECRET})
+    assert isinstance(config.llm.api_key, SecretStr)
+    assert SECRET not in repr(config)
+    assert SECRET not in str(config)
+    assert SECRET not in str(config.model_dump())
+    assert SECRET not in config.model_dump_json()
+    assert reveal(config.llm.api_key) == SECRET
+    assert config.secrets() == [SECRET]
+
+
+def test_blank_api_key_is_no_key():
+    config = parse_config({"llm": {"api_key": ""}}, env={})
+    assert config.llm.api_key is None
+    assert config.secrets() == []
+    assert reveal(None) is None
+    assert reveal("plain") == "plain"
+
+
+def test_transport_section_keeps_its_own_settings_apart():
+    section = TransportSection(type="stdio", channel="ops", answer="all")
+    assert section.answer == "all"
+    assert section.settings == {"channel": "ops"}
