@@ -155,12 +155,11 @@ class AgentBuilder:
         """A builder wired from a configuration and the loaded plugins."""
         b = cls()
         b.llm(resolve_backend(config, registry))
-        b.storage(SQLiteStore(config.storage.path, synchronous=config.storage.synchronous))
+        b.storage(SQLiteStore(config.database, synchronous=config.storage.synchronous))
         b.memory(NoMemory())
         b.system_prompt(config.agent.system_prompt)
         if config.agent.soul_file:
-            base = Path(config.source).parent if config.source != "<string>" else Path()
-            b.soul(file=base / config.agent.soul_file)
+            b.soul(file=config.resolve_path(config.agent.soul_file))
         b.tools(*registry.tools)
         t = config.tools
         b.policy(

@@ -135,8 +135,8 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         return _check(config)
     if args.command == "plugins":
         return _plugins(config)
-    if config.storage.path != ":memory:" and not os.path.exists(config.storage.path):
-        raise ConfigError(f"{config.source}: storage.path: no database at {config.storage.path}")
+    if config.database != ":memory:" and not os.path.exists(config.database):
+        raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
     return asyncio.run(_conversations(args, config))
 
 
@@ -174,7 +174,7 @@ def _check(config: Config) -> int:
     out.append(f"llm.api_key: {'**********' if reveal(llm.api_key) else '(not set)'}")
     if backend_choice(config) == "none":
         out.append("  note: no model configured; the bot will answer with setup instructions")
-    out.append(f"storage: {config.storage.path} (synchronous={config.storage.synchronous})")
+    out.append(f"storage: {config.database} (synchronous={config.storage.synchronous})")
     t = config.tools
     out.append(
         f"tools: at most {t.max_tool_calls} calls and {t.time_budget:g}s per turn;"
@@ -210,7 +210,7 @@ def _plugins(config: Config) -> int:
 
 
 async def _conversations(args: argparse.Namespace, config: Config) -> int:
-    async with SQLiteStore(config.storage.path) as store:
+    async with SQLiteStore(config.database) as store:
         if args.action == "list":
             records = await store.list_conversations(limit=args.limit, offset=args.offset)
             for r in records:

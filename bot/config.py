@@ -161,6 +161,17 @@ class Config(_Section):
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 
+    def resolve_path(self, path: str) -> str:
+        """A path from this file, relative to the file's folder (``:memory:`` stays)."""
+        if path == ":memory:" or os.path.isabs(path) or self.source == "<string>":
+            return path
+        return os.path.join(os.path.dirname(os.path.abspath(self.source)), path)
+
+    @property
+    def database(self) -> str:
+        """``storage.path``, resolved against the configuration file's folder."""
+        return self.resolve_path(self.storage.path)
+
     def secrets(self) -> list[str]:
         """Every secret value, so logging can redact them."""
         found: list[str] = []
@@ -172,7 +183,11 @@ class Config(_Section):
             elif isinstance(obj, BaseModel):
                 for name in type(obj).model_fields:
                     walk(getattr(obj, name))
-                for value in (obj.model_extra or {}).values():
+                for key, value in (obj.model_extra or {}).items():
+                    # A transport's own keys are plain values: mask the ones
+                    # whose names say they are secret.
+                    if isinstance(value, str) and value and _SECRETISH.search(key):
+                        found.append(value)
                     walk(value)
             elif isinstance(obj, dict):
                 for value in obj.values():
@@ -228,18 +243,37 @@ def _interpolate(value: Any, env: Mapping[str, str], path: str, source: str) -> 
     return value
 
 
-def _describe(error: Any) -> str:
+_SECRETISH = re.compile(r"(key|token|secret|password|passwd|credential)", re.I)
+
+
+def _describe(error: Any, *, show_input: bool = True) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         return "unknown key"
     if kind == "missing":
         return "required key is missing"
     msg = error["msg"]
-    if "input" in error and kind not in ("missing",):
+    if show_input and "input" in error:
         shown = error["input"]
         if isinstance(shown, str | int | float | bool):
             return f"{msg}, got {shown!r}"
     return msg
+
+
+def _echo_safe(loc: tuple[Any, ...], data: Mapping[str, Any]) -> bool:
+    """Whether an error may quote the value: never for secret-looking keys,
+    nor for values that came from the environment (they may be secrets)."""
+    if any(_SECRETISH.search(str(p)) for p in loc):
+        return False
+    original: Any = data
+    for part in loc:
+        if isinstance(original, Mapping) and part in original:
+            original = original[part]
+        elif isinstance(original, list) and isinstance(part, int) and part < len(original):
+            original = original[part]
+        else:
+            return False  # set by an environment override
+    return not (isinstance(original, str) and "$" in original)
 
 
 def parse_config(
@@ -260,9 +294,10 @@ def parse_config(
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        first_desc = _describe(first, show_input=_echo_safe(tuple(first["loc"]), data))
         more = len(exc.errors()) - 1
         tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-        raise ConfigError(f"{source}: {where}: {_describe(first)}{tail}") from None
+        raise ConfigError(f"{source}: {where}: {first_desc}{tail}") from None
 
 
 def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:

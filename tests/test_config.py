@@ -461,3 +461,31 @@ def test_transport_section_keeps_its_own_settings_apart():
     section = TransportSection(type="stdio", channel="ops", answer="all")
     assert section.answer == "all"
     assert section.settings == {"channel": "ops"}
+
+
+def test_errors_never_quote_values_from_the_environment_or_secret_keys():
+    secret = "sk-do-not-print-me"
+    with pytest.raises(ConfigError) as info:
+        parse_config({"llm": {"temperature": "${OPENAI_API_KEY}"}}, env={"OPENAI_API_KEY": secret})
+    assert "llm.temperature" in str(info.value) and secret not in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_config({"llm": {"timeout": "soon"}}, env={})
+    assert "'soon'" in str(info.value)  # a literal typo is still quoted, to help fix it
+
+
+def test_transport_secrets_are_masked_too():
+    config = parse_config(
+        {"transports": {"irc": {"type": "irc", "sasl_password": "hunter22", "nick": "bot"}}},
+        env={},
+    )
+    assert "hunter22" in config.secrets() and "bot" not in config.secrets()
+
+
+def test_relative_paths_are_relative_to_the_config_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "bot.toml"
+    path.write_text('[storage]\npath = "data/bot.db"\n[agent]\nsoul_file = "soul.md"\n')
+    config = load_config(path, env={})
+    assert config.database == str(tmp_path / "sub" / "data" / "bot.db")
+    assert config.resolve_path("soul.md") == str(tmp_path / "sub" / "soul.md")
+    assert parse_config({"storage": {"path": ":memory:"}}, env={}).database == ":memory:"
