@@ -42,7 +42,8 @@ async def test_plain_streaming_turn(openai_agent, openai_server):
     body = openai_server.requests[0]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["model"] == "fake-model"
-    assert body["messages"] == [{"role": "user", "content": "hi there", "name": "alice"}]
+    # Several people share a channel: the author reaches the model in the text.
+    assert body["messages"] == [{"role": "user", "content": "alice: hi there"}]
     assert openai_server.request_headers[0]["authorization"] == f"Bearer {SECRET}"
     rows = await conv.messages()
     assert [(m.kind, m.content) for m in rows] == [
@@ -236,3 +237,16 @@ def test_model_is_required(monkeypatch):
     monkeypatch.delenv("OPENAI_MODEL", raising=False)
     with pytest.raises(ConfigError, match=r"llm\.model"):
         OpenAIBackend()
+
+
+async def test_author_modes(openai_server):
+    for mode, expected in [
+        ("name", {"role": "user", "content": "hi", "name": "Zo_B"}),
+        ("none", {"role": "user", "content": "hi"}),
+    ]:
+        llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url, author_mode=mode)
+        msgs = [ChatMessage(role="user", content="hi", author="Zoë B")]
+        async for _ in llm.stream(LLMRequest(messages=msgs)):
+            pass
+        await llm.aclose()
+        assert openai_server.requests[-1]["messages"] == [expected]

@@ -49,8 +49,9 @@ class OpenAIBackend(LLMBackend):
     ``model`` to ``$OPENAI_MODEL``.  ``timeout`` (seconds) bounds connecting
     and the wait for every chunk; ``max_retries`` retries 429/5xx/connection
     errors with backoff before the first chunk.  ``author_mode`` says how the
-    author of a user message reaches the model: the ``name`` field, a
-    ``"name: "`` prefix in the content, or not at all.
+    author of a user message reaches the model: a ``"name: "`` prefix in the
+    content (default: every model understands it), the ``name`` field (only
+    ``[A-Za-z0-9_-]``; many local servers ignore it), or not at all.
     """
 
     name = "openai"
@@ -66,7 +67,7 @@ class OpenAIBackend(LLMBackend):
         max_retries: int = 2,
         temperature: float | None = None,
         max_tokens: int | None = None,
-        author_mode: AuthorMode = "name",
+        author_mode: AuthorMode = "prefix",
         extra_body: dict[str, Any] | None = None,
         default_headers: dict[str, str] | None = None,
     ) -> None:
