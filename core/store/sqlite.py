@@ -2,13 +2,12 @@
 
 * WAL journal; ``synchronous`` is configurable (``"full"`` by default: a
   committed message survives power loss, not only a killed process).
-* One writer: every write is a job on one queue, drained by one task that
-  hands whole batches to one writer thread owning the only writing
-  connection.  A batch is one transaction, run in a single thread hop (not a
-  hop per statement), and jobs that queue up while a commit is in flight are
-  committed together in the next transaction (group commit): many
-  conversations writing at once cost one fsync, not one each.  Each caller
-  still waits for *its* commit; a failing job fails alone.
+* One writer: every write is a job handed, in batches, to one writer thread
+  owning the only writing connection.  A batch is one transaction run in a
+  single thread round trip (not one per statement), and jobs that arrive
+  while a commit is in flight are committed together in the next one (group
+  commit): many conversations writing at once cost one fsync, not one each.
+  Each caller still waits for *its* commit; a failing job fails alone.
 * Reads go through aiosqlite on a second connection (WAL lets it read while
   the writer commits); with ``:memory:`` the one connection serves both.
 * The event loop never blocks on disk: SQLite only runs in those threads.
@@ -223,18 +222,26 @@ class _WriterThread:
             item = self._queue.get()
             if item is None:
                 return
-            loop, fut, fn, args = item
+            loop, done, fn, args = item
             try:
                 result = fn(*args)
             except BaseException as exc:
-                loop.call_soon_threadsafe(_settle, fut, None, exc)
+                loop.call_soon_threadsafe(done, None, exc)
             else:
-                loop.call_soon_threadsafe(_settle, fut, result, None)
+                loop.call_soon_threadsafe(done, result, None)
+
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        done: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        """Run ``fn(*args)`` in the thread; ``done(result, error)`` runs on the loop."""
+        self._queue.put((asyncio.get_running_loop(), done, fn, args))
 
     def call(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._queue.put((loop, fut, fn, args))
+        fut = asyncio.get_running_loop().create_future()
+        self.submit(fn, args, lambda result, exc: _settle(fut, result, exc))
         return fut
 
     async def stop(self) -> None:
@@ -277,8 +284,10 @@ class SQLiteStore(Store):
         self._writer: _WriterThread | None = None
         self._conn: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
-        self._queue: asyncio.Queue[_Append | _Job | None] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
+        self._pending: list[_Append | _Job] = []
+        self._busy = False  # a batch is in the writer thread
+        self._idle: asyncio.Event | None = None
+        self._started = False
         self._closed = False
 
     # -- lifecycle -----------------------------------------------------------
@@ -300,7 +309,7 @@ class SQLiteStore(Store):
         return await self._writer.call(fn, *args)
 
     async def start(self) -> None:
-        if self._task is not None:
+        if self._started:
             return
         self._writer = _WriterThread("agentik-sqlite-writer")
         try:
@@ -315,18 +324,16 @@ class SQLiteStore(Store):
         except BaseException:
             await self._shutdown()
             raise
-        self._task = asyncio.create_task(
-            self._write_loop(), name=f"agentik-sqlite-writer:{self.path}"
-        )
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._started = True
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._task is not None:
-            self._queue.put_nowait(None)  # drain what is queued, then stop
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        if self._idle is not None:
+            await self._idle.wait()  # every write submitted before is committed
         await self._shutdown()
 
     async def _shutdown(self) -> None:
@@ -344,48 +351,59 @@ class SQLiteStore(Store):
 
     # -- the single writer ---------------------------------------------------
     def _submit(self, item: _Append | _Job) -> asyncio.Future[Any]:
-        if self._closed or self._task is None:
+        if self._closed or not self._started:
             raise ClosedError("the store is closed" if self._closed else "the store is not started")
-        self._queue.put_nowait(item)
+        self._pending.append(item)
+        if not self._busy:
+            self._pump()
         return item.future
 
-    async def _write_loop(self) -> None:
-        stop = False
-        while not stop:
-            first = await self._queue.get()
-            if first is None:
-                break
-            batch: list[_Append | _Job] = [first]
-            while len(batch) < self.max_batch and not self._queue.empty():
-                item = self._queue.get_nowait()
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-            assert self._conn is not None
-            try:
-                results = await self._in_writer(_commit_batch, self._conn, batch)
-            except BaseException as exc:  # the thread itself failed
-                results = [_Failed(exc)] * len(batch)
-            for item, result in zip(batch, results, strict=True):
-                if item.future.done():
-                    continue
-                if isinstance(result, _Failed):
-                    err = result.error
-                    if not isinstance(err, StoreError):
-                        wrapped = StoreError(f"database write failed: {err}")
-                        wrapped.__cause__ = err
-                        err = wrapped
-                    item.future.set_exception(err)
-                else:
-                    item.future.set_result(result)
+    def _pump(self) -> None:
+        """Hand everything pending to the writer thread as one batch.
+
+        Runs when a write arrives at an idle writer, and when a batch
+        finishes: writes that queued meanwhile go together (group commit).
+        No task sits in between, so a write costs one thread round trip.
+        """
+        batch = self._pending[: self.max_batch]
+        del self._pending[: self.max_batch]
+        if not batch:
+            self._busy = False
+            assert self._idle is not None
+            self._idle.set()
+            return
+        self._busy = True
+        assert self._writer is not None and self._idle is not None
+        self._idle.clear()
+        self._writer.submit(
+            _commit_batch, (self._conn, batch), lambda results, exc: self._done(batch, results, exc)
+        )
+
+    def _done(
+        self, batch: list[_Append | _Job], results: list[Any] | None, exc: BaseException | None
+    ) -> None:
+        if exc is not None or results is None:  # the thread itself failed
+            results = [_Failed(exc or StoreError("the writer failed"))] * len(batch)
+        for item, result in zip(batch, results, strict=True):
+            if item.future.done():
+                continue
+            if isinstance(result, _Failed):
+                err = result.error
+                if not isinstance(err, StoreError):
+                    wrapped = StoreError(f"database write failed: {err}")
+                    wrapped.__cause__ = err
+                    err = wrapped
+                item.future.set_exception(err)
+            else:
+                item.future.set_result(result)
+        self._pump()
 
     async def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         loop = asyncio.get_running_loop()
         return await self._submit(_Job(fn, loop.create_future()))
 
     async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        if self._closed or self._task is None:
+        if self._closed or not self._started:
             raise ClosedError("the store is closed" if self._closed else "the store is not started")
         try:
             if self._reader is None:  # :memory: - one connection for everything
