@@ -598,7 +598,7 @@ async def rss_child(n: int, event_convs: int, tmp: str) -> dict[str, Any]:
         await asyncio.sleep(0)  # the finished gather() future holds its results until now
         gc.collect()
         out["open_after_drop"] = len(agent._open)
-        out["locks_after_drop"] = len(agent._channel_locks)
+        out["locks_after_drop"] = len(agent._channel_lock)
     return out
 
 

@@ -31,6 +31,7 @@ from agentik.core import Agent, Conversation
 from agentik.core.errors import AgentikError
 from agentik.core.eventbus import Subscription
 from agentik.core.events import EventBase
+from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.transport import IncomingMessage, OutgoingKind, OutgoingMessage, Transport
 
 from .text import split_lines, split_text
@@ -83,7 +84,7 @@ class Bridge:
         self.agent = agent
         self._options: dict[str, ChannelOptions] = {}
         self._channels: dict[str, _Channel] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._lock = KeyedLocks()
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options."""
@@ -154,7 +155,7 @@ class Bridge:
         ch = self._channels.get(key)
         if ch is not None and ch.conversation.state.value == "open":
             return ch
-        lock = self._locks.setdefault(key, asyncio.Lock())
+        lock = self._lock(key)
         async with lock:
             ch = self._channels.get(key)
             if ch is not None and ch.conversation.state.value == "open":
@@ -244,7 +245,7 @@ class Bridge:
         old = self._channels.get(key)
         if old is not None:
             await old.conversation.interrupt()
-        lock = self._locks.setdefault(key, asyncio.Lock())
+        lock = self._lock(key)
         async with lock:
             conv = await self.agent.new_conversation_for_channel(key)
             if old is not None:

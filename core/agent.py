@@ -18,6 +18,7 @@ from .conversation import Conversation, _kinds
 from .errors import ClosedError, ConfigError, NotFound
 from .eventbus import EventBus, Subscription
 from .events import EventBase, EventsLost
+from .keyedlocks import KeyedLocks
 from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
 from .store.base import ConversationRecord, Store
@@ -90,10 +91,8 @@ class Agent:
         self._stream_seq = itertools.count(1)
         self._last_stream_seq = 0
         self._bus = EventBus(key=lambda e: e.stream_seq, lost=self._lost, buffer=event_buffer * 4)
-        # Locks live only while someone waits on them (no per-channel leak).
-        self._channel_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
-            weakref.WeakValueDictionary()
-        )
+        # One lock per channel key, kept only while in use.
+        self._channel_lock = KeyedLocks()
         #: Most events kept in all conversations' replay buffers together; the
         #: least recently active conversations lose theirs first.
         self.event_budget = event_budget
@@ -286,12 +285,6 @@ class Agent:
         lock = self._channel_lock(channel_key)
         async with lock:
             return await self._bind_new(channel_key, title)
-
-    def _channel_lock(self, channel_key: str) -> asyncio.Lock:
-        lock = self._channel_locks.get(channel_key)
-        if lock is None:
-            lock = self._channel_locks[channel_key] = asyncio.Lock()
-        return lock
 
     async def _bind_new(self, channel_key: str, title: str | None) -> Conversation:
         now = time.time()
