@@ -32,9 +32,8 @@ from agentik.core.errors import AgentikError
 from agentik.core.eventbus import Subscription
 from agentik.core.events import EventBase
 from agentik.core.keyedlocks import KeyedLocks
+from agentik.core.text import split_lines, split_text
 from agentik.core.transport import IncomingMessage, OutgoingKind, OutgoingMessage, Transport
-
-from .text import split_lines, split_text
 
 __all__ = ["COMMANDS", "Bridge", "ChannelOptions"]
 

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from agentik.bot.bridge import Bridge, ChannelOptions
-from agentik.bot.text import split_lines, split_text
 from agentik.core import Agent, SQLiteStore, tool
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.testing.transport import MemoryTransport
+from agentik.core.text import split_lines, split_text
 from agentik.core.transport import ChannelCaps
 
 
