@@ -60,6 +60,10 @@ class ChannelOptions:
     allowed_tools: tuple[str, ...] | None = None
     #: Longest accepted message, in characters.
     max_input_chars: int = 32_000
+    #: Record what others say in shared channels (without answering) as context.
+    ambient: bool = False
+    #: How many such lines at most reach the model with the next turn.
+    ambient_lines: int = 50
 
 
 @dataclass(eq=False)
@@ -107,6 +111,14 @@ class Bridge:
                 await self._command(command, message, transport, opts)
             return
         if not self._should_answer(message, opts):
+            if opts.ambient and not message.direct:
+                # Not for us, but the model should know what was said here.
+                ch = await self._channel(message.channel_key, transport, opts)
+                await ch.conversation.note(
+                    text[: opts.max_input_chars],
+                    author=message.author_name or message.author_id,
+                    keep=opts.ambient_lines,
+                )
             return
         if len(text) > opts.max_input_chars:
             await self._send(
@@ -453,5 +465,7 @@ def options_from(section: object, transport: Transport) -> ChannelOptions:
         answer=getattr(section, "answer", "addressed"),
         events=getattr(section, "events", "chat"),
         max_answer_lines=getattr(section, "max_answer_lines", 0),
+        ambient=getattr(section, "ambient", False),
+        ambient_lines=getattr(section, "ambient_lines", 50),
         allowed_tools=tuple(allowed) if allowed is not None else None,
     )

@@ -128,6 +128,8 @@ class TransportSection(BaseModel):
     events: Literal["chat", "debug"] = "chat"
     max_answer_lines: int = Field(0, ge=0)
     allowed_tools: list[str] | None = None
+    ambient: bool = False
+    ambient_lines: int = Field(50, ge=1)
 
     @property
     def settings(self) -> dict[str, Any]:

@@ -93,6 +93,7 @@ class Conversation:
         self._runner: TurnRunner | None = None
         self._current: asyncio.Task[None] | None = None
         self._memory_cache: list[ChatMessage] | None = None
+        self._notes: list[ChatMessage] = []
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -154,8 +155,9 @@ class Conversation:
         # messages a crash left out are already folded in) this message's turn
         # is next: it joins the working memory in the same transaction.
         idle = not self._queue and self._memory_cache is not None
+        notes = self._take_notes() if idle else []
         memory = (
-            [ChatMessage(role="user", content=content, author=author, message_id=-1)]
+            [*notes, ChatMessage(role="user", content=content, author=author, message_id=-1)]
             if idle
             else []
         )
@@ -165,7 +167,9 @@ class Conversation:
             self._store.append(self.id, log=[entry], memory=memory, updated_at=now)
         )
         if idle:
-            self._memory_cache_extend([ChatMessage(role="user", content=content, author=author)])
+            self._memory_cache_extend(
+                [*notes, ChatMessage(role="user", content=content, author=author)]
+            )
             committed.add_done_callback(self._invalidate_on_failure)
         self._queue.append(_Pending(run_id, content, author, committed, idle))
         self._idle.clear()
@@ -176,6 +180,45 @@ class Conversation:
         await asyncio.shield(committed)
         self.updated_at = now
         return run_id
+
+    async def note(
+        self,
+        content: str,
+        *,
+        author: str | None = None,
+        channel: str | None = None,
+        keep: int = 50,
+    ) -> None:
+        """Record something said in the channel without answering it (ambient context).
+
+        It goes to the audit log at once and reaches the model with the next
+        turn, before that turn's message; at most the last ``keep`` notes
+        wait for a turn (older ones stay in the audit log only).
+        """
+        self._check_open()
+        now = time.time()
+        rows = await self._store.append(
+            self.id,
+            log=[
+                NewMessage(
+                    kind="user",
+                    content=content,
+                    author=author,
+                    channel=channel or self.channel_key,
+                    data={"ambient": True},
+                    created_at=now,
+                )
+            ],
+            updated_at=now,
+        )
+        self._notes.append(
+            ChatMessage(role="user", content=content, author=author, message_id=rows[0].id)
+        )
+        del self._notes[:-keep]
+
+    def _take_notes(self) -> list[ChatMessage]:
+        notes, self._notes = self._notes, []
+        return notes
 
     async def _work(self) -> None:
         try:
@@ -319,7 +362,7 @@ class Conversation:
         orphans = [
             m
             for m in await self._store.messages(self.id, after=last, kinds=["user"], limit=1000)
-            if m.run_id not in pending
+            if m.run_id not in pending and not (isinstance(m.data, dict) and m.data.get("ambient"))
         ]
         if orphans:
             log.warning(

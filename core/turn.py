@@ -142,9 +142,10 @@ class TurnRunner:
                 # turn settles all its writes before it ends.
                 self._append(
                     memory=[
+                        *self.conv._take_notes(),
                         ChatMessage(
                             role="user", content=m.content, author=m.author, message_id=m.id
-                        )
+                        ),
                     ]
                 )
             async with asyncio.timeout(self.policy.time_budget):

@@ -525,3 +525,37 @@ async def test_compaction_keeps_the_audit_log_and_invents_no_messages(db_path):
         await conv.wait_idle()
         users = [m.content for m in model.requests[-1].messages if m.role == "user"]
         assert users == ["question 2", "question 3", "question 4"]
+
+
+async def test_ambient_notes_reach_the_model_with_the_next_turn(agent, scripted):
+    conv = await agent.conversation_for_channel("irc:net:#room")
+    await conv.note("anyone seen the build?", author="bob")
+    await conv.note("it is red again", author="carol")
+    for i in range(5):
+        await conv.note(f"old chatter {i}", author="dave", keep=3)
+    await conv.send("what is going on?", author="alice")
+    await conv.wait_idle()
+    ctx = [(m.author, m.content) for m in scripted.requests[-1].messages]
+    assert ctx == [
+        ("dave", "old chatter 2"),
+        ("dave", "old chatter 3"),
+        ("dave", "old chatter 4"),
+        ("alice", "what is going on?"),
+    ]
+    # All of it is in the audit log; nothing was answered but alice.
+    rows = await conv.messages()
+    assert [m.kind for m in rows].count("user") == 8
+    assert [m.kind for m in rows].count("assistant") == 1
+    # While a turn runs, notes wait for the next turn (never inside a turn's context).
+    gate = asyncio.Event()
+    scripted.enqueue(Reply(text="thinking", gate=gate), "second")
+    await conv.send("first question")
+    await conv.note("meanwhile…", author="bob")
+    await conv.send("second question")
+    gate.set()
+    await conv.wait_idle()
+    assert [m.content for m in scripted.requests[-1].messages][-3:] == [
+        "thinking",
+        "meanwhile…",
+        "second question",
+    ]

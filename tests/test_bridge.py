@@ -245,3 +245,15 @@ async def test_debug_profile_shows_tool_results_reasoning_and_usage(rig):
     await chat.inject("x", channel_key="chat:#x", direct=True)
     await bridge.flush("chat:#x")
     assert chat.texts("notice") == [] and chat.texts("answer") == ["shown"]
+
+
+async def test_ambient_context_is_recorded_without_answering(rig):
+    model, agent, bridge, make = rig
+    t = await make(ambient=True, ambient_lines=2)
+    for who, text in [("bob", "deploy at 5?"), ("carol", "no, at 6"), ("bob", "ok 6 then")]:
+        await t.inject(text, channel_key="mem:#ops", author=who)
+    assert model.requests == [] and t.sent == []
+    await t.inject("when is the deploy?", channel_key="mem:#ops", author="alice", addressed=True)
+    await bridge.flush("mem:#ops")
+    ctx = [(m.author, m.content) for m in model.requests[0].messages]
+    assert ctx == [("carol", "no, at 6"), ("bob", "ok 6 then"), ("alice", "when is the deploy?")]
