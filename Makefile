@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 DEV    := $(VENV)/.installed-dev
 CONFIG ?= config.example.toml
 
-.PHONY: run test bench lint format clean
+.PHONY: run test bench lint format clean irc-servers
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,41 @@ $(DEV): pyproject.toml | $(PY)
 run: $(DEV)
 	$(VENV)/bin/agentik run -c $(CONFIG)
 
-test: $(DEV)
+test: $(DEV) irc-servers
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# ngircd for the IRC integration tests (miniircd comes from pip with '.[dev]').
+# Installed with apt-get when missing and we are root; otherwise a note is
+# printed and those tests skip (under CI=true they fail). A temporary
+# policy-rc.d stops the package from starting a system daemon on port 6667;
+# should one have started anyway, it is stopped (the tests use random ports).
+irc-servers:
+	@set -e; \
+	if command -v ngircd >/dev/null 2>&1 || [ -x /usr/sbin/ngircd ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "note: ngircd is missing and installing it needs root and apt-get;"; \
+	  echo "      the ngircd IRC tests will skip, or fail under CI=true (fix: sudo make irc-servers)"; \
+	  exit 0; \
+	fi; \
+	echo "installing ngircd (apt-get) for the IRC integration tests"; \
+	policy=/usr/sbin/policy-rc.d; \
+	if [ ! -e $$policy ]; then \
+	  trap "rm -f $$policy" EXIT; \
+	  printf '#!/bin/sh\n# temporary, from agentik make irc-servers\nexit 101\n' >$$policy; \
+	  chmod 755 $$policy; \
+	fi; \
+	if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	       apt-get install -y -qq -o Dpkg::Use-Pty=0 ngircd >/dev/null; }; then \
+	  echo "note: installing ngircd failed; the ngircd IRC tests will skip (CI=true: fail)"; \
+	  [ "$${CI:-}" != true ] || exit 1; \
+	  exit 0; \
+	fi; \
+	if [ -d /run/systemd/system ]; then \
+	  systemctl disable --now ngircd >/dev/null 2>&1 || true; \
+	elif [ -x /etc/init.d/ngircd ]; then \
+	  /etc/init.d/ngircd stop >/dev/null 2>&1 || true; \
+	fi; \
+	echo "ngircd installed: $$(command -v ngircd || echo /usr/sbin/ngircd)"
 
 bench: $(DEV)
 	$(PY) benchmarks/bench_core.py

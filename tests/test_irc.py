@@ -1,0 +1,430 @@
+"""The IRC transport against real IRC servers and a scripted one."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+from contextlib import asynccontextmanager
+
+from ircservers import (
+    IRCTestClient,
+    ScriptedIRCServer,
+    registration_handler,
+    sasl_plain,
+)
+
+from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.core import Agent, SQLiteStore
+from agentik.core.testing.scripted import Reply, ScriptedModel
+from agentik.transports.irc.transport import IRCTransport, sasl_chunks
+from agentik.transports.irc.wire import strip_formatting
+
+pytest_plugins = ["ircservers"]
+
+FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
+        "flood_rate": 200.0}  # fmt: skip
+
+
+@asynccontextmanager
+async def irc_bot(port: int, tmp_path, *, options: ChannelOptions | None = None, **settings):
+    model = ScriptedModel()
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "irc.db")))
+    await agent.start()
+    bridge = Bridge(agent)
+    transport = IRCTransport(
+        name="testnet",
+        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", **FAST, **settings},
+    )
+    bridge.attach(transport, options or ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        yield transport, model, agent
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+async def joined(transport: IRCTransport, channel: str) -> None:
+    async with asyncio.timeout(15):
+        while channel not in transport.joined:
+            await transport._queue_changed.wait()
+            await asyncio.sleep(0)
+
+
+def from_bot(line) -> bool:
+    return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
+
+
+async def test_addressing_private_messages_and_two_users(irc_server, tmp_path):
+    async with irc_bot(irc_server.port, tmp_path, channels=["#room"]) as (bot, model, agent):
+        await joined(bot, "#room")
+        alice = await IRCTestClient.connect(irc_server.port, "alice")
+        bob = await IRCTestClient.connect(irc_server.port, "bob")
+        await alice.join("#room")
+        await bob.join("#room")
+        bob.privmsg("#room", "just chatting, nothing for the bot")
+        alice.privmsg("#room", "agentik: what is up?")
+        answer = await alice.wait_for(from_bot)
+        assert list(answer.params) == ["#room", "echo: what is up?"]
+        bob.privmsg("#room", "I also want to ask, agentik, are you there?")
+        answer = await bob.wait_for(lambda m: from_bot(m) and "there" in m.text)
+        assert answer.text == "echo: I also want to ask, agentik, are you there?"
+        # Both speakers reached the model with their names; the chatter did not.
+        users = [(m.author, m.content) for m in model.requests[-1].messages if m.role == "user"]
+        assert users == [
+            ("alice", "what is up?"),
+            ("bob", "I also want to ask, agentik, are you there?"),
+        ]
+        alice.privmsg("agentik", "a private question")
+        private = await alice.wait_for(lambda m: from_bot(m) and m.params[0] == "alice")
+        assert private.text == "echo: a private question"
+        conv = await agent.conversation_for_channel("irc:testnet:alice")
+        assert [m.content for m in await conv.messages()] == [
+            "a private question",
+            "echo: a private question",
+        ]
+        await alice.close()
+        await bob.close()
+
+
+async def test_commands_more_stop_new(miniircd, tmp_path):
+    options = ChannelOptions(command_prefix="!", max_answer_lines=3)
+    async with irc_bot(miniircd.port, tmp_path, channels=["#cmd"], options=options) as (
+        bot,
+        model,
+        agent,
+    ):
+        await joined(bot, "#cmd")
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        await alice.join("#cmd")
+        model.enqueue(Reply(text="\n".join(f"line {i}" for i in range(8))))
+        alice.privmsg("#cmd", "agentik: count to eight")
+        lines = await alice.collect(from_bot, 3)
+        assert [m.text for m in lines] == ["line 0", "line 1", "line 2"]
+        notice = await alice.wait_for(lambda m: m.command == "NOTICE" and "more" in m.text)
+        assert "5 more lines: !more" in notice.text
+        alice.privmsg("#cmd", "!more")
+        assert [m.text for m in await alice.collect(from_bot, 3)] == ["line 3", "line 4", "line 5"]
+        # !stop interrupts a slow answer.
+        slow = Reply(text="word " * 100, delay=0.05)
+        model.enqueue(slow)
+        alice.privmsg("#cmd", "agentik: talk slowly")
+        await slow.started.wait()
+        alice.privmsg("#cmd", "!stop")
+        await alice.wait_for(lambda m: m.command == "NOTICE" and "(interrupted)" in m.text)
+        # !new starts a fresh conversation for the channel.
+        old = (await agent.conversation_for_channel("irc:testnet:#cmd")).id
+        alice.privmsg("#cmd", "!new")
+        reply = await alice.wait_for(lambda m: from_bot(m) and "new conversation" in m.text)
+        assert old in reply.text
+        alice.privmsg("#cmd", "agentik: fresh?")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "echo: fresh?")
+        assert [m.content for m in model.requests[-1].messages] == ["fresh?"]
+        await alice.close()
+
+
+LONG_ANSWER = (
+    "# Report\n\n"
+    + "\n\n".join(
+        f"Paragraph {i}: "
+        + " ".join(f"**word{j}** and `code{j}` with ünïcödé text" for j in range(14))
+        for i in range(5)
+    )
+    + "\n\n```python\n"
+    + "\n".join(f"def function_{i}(argument):  # a comment {'x' * 40}" for i in range(6))
+    + "\n```\n\nSee [the docs](https://example.org/docs) for more."
+)
+
+
+def _words(text: str) -> list[str]:
+    text = strip_formatting(text)
+    text = re.sub(r"```\w*", " ", text)
+    for ch in "*`#[]()<>":
+        text = text.replace(ch, " ")
+    return text.split()
+
+
+async def test_a_long_answer_arrives_as_correctly_split_lines(irc_server, tmp_path):
+    assert len(LONG_ANSWER) > 3000
+    async with irc_bot(irc_server.port, tmp_path, channels=["#long"]) as (bot, model, agent):
+        await joined(bot, "#long")
+        alice = await IRCTestClient.connect(irc_server.port, "alice")
+        await alice.join("#long")
+        model.enqueue(Reply(text=LONG_ANSWER))
+        alice.privmsg("#long", "agentik: write a long report")
+        last = await alice.wait_for(lambda m: from_bot(m) and "example.org" in m.text, timeout=30)
+        lines = [m for m in alice.received if from_bot(m)]
+        assert last is lines[-1]
+        for m in lines:
+            assert len(m.raw) <= 512, m.raw  # as relayed, with the server's prefix and CRLF
+            assert b"\r" not in m.raw.rstrip(b"\r\n") and b"\x00" not in m.raw
+        received = " ".join(m.text for m in lines)
+        assert _words(received) == _words(LONG_ANSWER)
+        assert "\x02Report\x02" in lines[0].text  # Markdown became IRC formatting
+        code = [m.text for m in lines if "def function_" in m.text]
+        assert code and all(t.startswith("\x11") for t in code)
+        assert lines[-1].text.endswith("the docs <https://example.org/docs> for more.")
+        await alice.close()
+
+
+async def test_server_restart_mid_conversation_delivers_the_queued_answer_once(miniircd, tmp_path):
+    async with irc_bot(
+        miniircd.port, tmp_path, channels=["#ops"], reconnect_min=1.5, reconnect_max=2.0
+    ) as (bot, model, agent):
+        await joined(bot, "#ops")
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        await alice.join("#ops")
+        gate = asyncio.Event()
+        held = Reply(text="the answer written while the server was down", gate=gate)
+        model.enqueue(held)
+        alice.privmsg("#ops", "agentik: take your time")
+        await held.started.wait()
+        await miniircd.kill()
+        await alice.wait_closed()
+        gate.set()  # the answer is produced while disconnected: it must wait in the queue
+        async with asyncio.timeout(10):
+            while bot.queued == 0:
+                await bot._queue_changed.wait()
+                await asyncio.sleep(0)
+        await miniircd.restart()
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        await alice.join("#ops")
+        answer = await alice.wait_for(from_bot, timeout=20)
+        assert answer.text == "echo: take your time" or answer.text.startswith("the answer")
+        # Something after it proves the first answer was not sent twice.
+        alice.privmsg("#ops", "agentik: and now?")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "echo: and now?")
+        texts = [m.text for m in alice.received if from_bot(m)]
+        assert texts == ["the answer written while the server was down", "echo: and now?"]
+        await alice.close()
+
+
+# -- negotiation against a scripted server ------------------------------------------------
+
+
+async def test_cap_negotiation_and_sasl_plain_success():
+    handler = registration_handler(
+        caps_offered="sasl message-tags server-time account-tag echo-message batch",
+        sasl=sasl_plain("botaccount", "s3cret"),
+    )
+    async with ScriptedIRCServer(handler) as server:
+        t = IRCTransport(
+            name="s",
+            settings={"port": server.port, "tls": False, "sasl_mechanism": "plain",
+                      "sasl_username": "botaccount", "sasl_password": "s3cret"},
+        )  # fmt: skip
+        sink = _NullSink()
+        await t.start(sink)
+        try:
+            await asyncio.wait_for(t.registered.wait(), 10)
+            lines = server.received
+            assert lines[0] == "CAP LS 302"
+            req = next(line for line in lines if line.startswith("CAP REQ"))
+            assert set(req.split(":", 1)[1].split()) == {
+                "sasl", "message-tags", "server-time", "account-tag", "echo-message", "batch",
+            }  # fmt: skip
+            auth = [line for line in lines if line.startswith("AUTHENTICATE")]
+            assert auth[0] == "AUTHENTICATE PLAIN"
+            assert base64.b64decode(auth[1].split()[1]) == b"botaccount\0botaccount\0s3cret"
+            assert lines.index("CAP END") > lines.index(auth[-1])
+            assert t.caps_enabled >= {"sasl", "echo-message"}
+            # ISUPPORT BOT=B: the bot marks itself as a bot.
+            await server.wait_for_line("MODE agentik +B")
+        finally:
+            await t.aclose()
+
+
+async def test_sasl_failure_stops_with_a_clear_error(caplog):
+    handler = registration_handler(sasl=sasl_plain("bot", "right", succeed=False))
+    async with ScriptedIRCServer(handler) as server:
+        t = IRCTransport(
+            name="s",
+            settings={"port": server.port, "tls": False, "sasl_mechanism": "plain",
+                      "sasl_username": "bot", "sasl_password": "wrong-password",
+                      "reconnect_min": 0.1},
+        )  # fmt: skip
+        await t.start(_NullSink())
+        try:
+            await asyncio.wait_for(t.closed.wait(), 10)
+            assert t.failed and "SASL PLAIN login rejected (904)" in t.failed
+            assert not t.registered.is_set()
+            assert len(server.clients) == 1  # no reconnect loop on bad credentials
+            assert "wrong-password" not in caplog.text and "wrong-password" not in t.failed
+        finally:
+            await t.aclose()
+
+
+def test_sasl_payloads_are_split_at_400_bytes():
+    assert sasl_chunks(b"") == ["+"]
+    long = sasl_chunks(b"x" * 500)
+    assert [len(c) for c in long] == [400, 268]
+    exact = sasl_chunks(b"y" * 300)  # 400 base64 characters exactly
+    assert [len(c) for c in exact] == [400, 1] and exact[-1] == "+"
+    assert base64.b64decode("".join(long)) == b"x" * 500
+
+
+def _chunked_sasl(account: str, password: str):
+    """Server side of SASL PLAIN as the spec says: 400-byte chunks reassembled."""
+
+    def sasl(client, line):
+        arg = line.split(" ", 1)[1]
+        if arg == "PLAIN":
+            client.send("AUTHENTICATE +")
+            return
+        parts = client.state.setdefault("chunks", [])
+        if arg != "+":
+            parts.append(arg)
+        if arg != "+" and len(arg) == 400:
+            return  # more to come
+        payload = base64.b64decode("".join(parts))
+        if payload.split(b"\0")[1:] == [account.encode(), password.encode()]:
+            client.reply("900", client.prefix, account, "logged in")
+            client.reply("903", "SASL authentication successful")
+        else:
+            client.reply("904", "SASL authentication failed")
+
+    return sasl
+
+
+async def test_multi_chunk_authenticate_reaches_the_server():
+    password = "p" * 700
+    handler = registration_handler(sasl=_chunked_sasl("acct", password))
+    async with ScriptedIRCServer(handler) as server:
+        t = IRCTransport(
+            name="s",
+            settings={"port": server.port, "tls": False, "sasl_mechanism": "plain",
+                      "sasl_username": "acct", "sasl_password": password},
+        )  # fmt: skip
+        await t.start(_NullSink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 10)
+            chunks = [
+                line.split()[1]
+                for line in server.received
+                if line.startswith("AUTHENTICATE") and line != "AUTHENTICATE PLAIN"
+            ]
+            assert len(chunks) >= 3 and all(len(c) <= 400 for c in chunks)
+            assert base64.b64decode("".join(c for c in chunks if c != "+")).endswith(
+                password.encode()
+            )
+        finally:
+            await t.aclose()
+
+
+async def test_nick_collision_takes_an_alternate_and_regains_it_later():
+    base = registration_handler(caps_offered="")
+
+    async def handler(client, line):
+        client.state.setdefault("taken_nicks", ["agentik"])
+        await base(client, line)
+
+    async with ScriptedIRCServer(handler) as server:
+        t = IRCTransport(name="s", settings={"port": server.port, "tls": False})
+        await t.start(_NullSink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 10)
+            assert t.nick == "agentik_"
+            client = server.clients[0]
+            client.state["taken_nicks"] = []
+            since = server.mark()
+            client.send(":agentik!x@elsewhere QUIT :gone")  # the holder leaves
+            await server.wait_for_line("NICK agentik", since=since)
+            async with asyncio.timeout(5):
+                while t.nick != "agentik":  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+        finally:
+            await t.aclose()
+
+
+async def test_ctcp_notices_echo_and_bots_are_handled():
+    async with ScriptedIRCServer(registration_handler(caps_offered="")) as server:
+        sink = _RecordingSink()
+        t = IRCTransport(name="s", settings={"port": server.port, "tls": False})
+        await t.start(sink)
+        try:
+            await asyncio.wait_for(t.registered.wait(), 10)
+            client = server.clients[0]
+            client.send(":alice!a@h PRIVMSG agentik :\x01VERSION\x01")
+            version = await server.wait_for_line(lambda line: line.startswith("NOTICE alice"))
+            assert "\x01VERSION agentik" in version
+            client.send(":alice!a@h PRIVMSG agentik :\x01PING 12345\x01")
+            assert "\x01PING 12345\x01" in await server.wait_for_line("NOTICE alice")
+            client.send(":alice!a@h NOTICE agentik :a notice is never answered")
+            client.send(":agentik!me@h PRIVMSG #x :our own echo")
+            client.send("@bot :otherbot!b@h PRIVMSG agentik :hello from a bot")
+            client.send(":alice!a@h PRIVMSG agentik :\x01ACTION waves\x01")
+            client.send(":alice!a@h PRIVMSG agentik :caf\xe9 bytes?".encode("latin-1"))
+            async with asyncio.timeout(5):
+                while len(sink.messages) < 2:
+                    await sink.changed.wait()
+            assert [m.text for m in sink.messages] == ["* alice waves", "caf\ufffd bytes?"]
+            assert all(m.direct and m.channel_key == "irc:s:alice" for m in sink.messages)
+        finally:
+            await t.aclose()
+
+
+async def test_incoming_rate_limit_answers_once_with_a_notice():
+    async with ScriptedIRCServer(registration_handler(caps_offered="")) as server:
+        sink = _RecordingSink()
+        t = IRCTransport(
+            name="s", settings={"port": server.port, "tls": False, "user_rate_limit": 3}
+        )
+        await t.start(sink)
+        try:
+            await asyncio.wait_for(t.registered.wait(), 10)
+            for i in range(6):
+                server.clients[0].send(f":spammer!s@h PRIVMSG agentik :message {i}")
+            notice = await server.wait_for_line("NOTICE spammer")
+            assert "too fast" in notice
+            await asyncio.sleep(0.2)
+            assert [m.text for m in sink.messages] == ["message 0", "message 1", "message 2"]
+            assert sum(line.startswith("NOTICE spammer") for line in server.received) == 1
+        finally:
+            await t.aclose()
+
+
+async def test_ping_timeout_reconnects():
+    async with ScriptedIRCServer(registration_handler(caps_offered="")) as server:
+        t = IRCTransport(
+            name="s",
+            settings={"port": server.port, "tls": False, "ping_interval": 0.2,
+                      "ping_timeout": 0.5, "reconnect_min": 0.1, "reconnect_max": 0.2},
+        )  # fmt: skip
+        await t.start(_NullSink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 10)
+            first = server.clients[0]
+            first.state["silent"] = True
+            # The scripted server answers PING; make this client's server go silent.
+            server.handler = _silent_for(first, server.handler)
+            await server.wait_for_client(1, timeout=10)
+            assert any(line.startswith("PING") for line in first.received)
+        finally:
+            await t.aclose()
+
+
+def _silent_for(client, handler):
+    async def wrapped(c, line):
+        if c is client:
+            return
+        await handler(c, line)
+
+    return wrapped
+
+
+class _NullSink:
+    async def handle(self, message, transport):
+        return None
+
+
+class _RecordingSink:
+    def __init__(self):
+        self.messages = []
+        self.changed = asyncio.Event()
+
+    async def handle(self, message, transport):
+        self.messages.append(message)
+        self.changed.set()
+        self.changed = asyncio.Event()

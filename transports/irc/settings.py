@@ -1,0 +1,77 @@
+"""Keys of a ``type = "irc"`` transport table (one IRC network per table)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+__all__ = ["IRCSettings"]
+
+
+class IRCSettings(BaseModel):
+    """Settings of one IRC connection.  Every key is documented in ``config.example.toml``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Network name used in channel keys (``irc:<network>:<#channel>``); default: the
+    #: transport instance's name.
+    network: str | None = None
+    host: str = "127.0.0.1"
+    #: Default 6697 with TLS, 6667 without.
+    port: int | None = Field(None, ge=1, le=65535)
+    tls: bool = True
+    #: Verify the server's certificate (and host name).  Only turn off for testing.
+    ssl_verify: bool = True
+    #: Server password (PASS).
+    password: SecretStr | None = None
+    nick: str = "agentik"
+    #: Tried in order when the nick is taken; then the nick with digits.
+    alt_nicks: list[str] = Field(default_factory=list)
+    username: str = "agentik"
+    realname: str = "agentik chat bot"
+    #: ``plain`` (account + password), ``external`` (TLS client certificate), or ``none``.
+    sasl_mechanism: Literal["none", "plain", "external"] = "none"
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    #: PEM files for a TLS client certificate (SASL EXTERNAL / CertFP).
+    client_cert: str | None = None
+    client_key: str | None = None
+    #: Sent to NickServ (IDENTIFY) after connecting when SASL is not used.
+    nickserv_password: SecretStr | None = None
+    #: Channels to join; ``"#chan key"`` for a keyed channel.
+    channels: list[str] = Field(default_factory=list)
+    #: ``prefix``: answer in channels only to ``nick: ...`` / ``nick, ...``;
+    #: ``mention``: also when the nick appears anywhere in the message.
+    address_mode: Literal["prefix", "mention"] = "mention"
+    #: Flood control: lines sent back to back, then ``flood_rate`` lines per second.
+    flood_burst: int = Field(4, ge=1)
+    flood_rate: float = Field(1.0, gt=0)
+    #: Incoming rate limit: at most this many messages per user per minute.
+    user_rate_limit: int = Field(20, ge=1)
+    #: Reconnect backoff: first delay, cap, and how long a connection must last to reset it.
+    reconnect_min: float = Field(5.0, gt=0)
+    reconnect_max: float = Field(300.0, gt=0)
+    reconnect_stable: float = Field(60.0, gt=0)
+    #: Seconds of silence before we PING the server, and before we give up on it.
+    ping_interval: float = Field(120.0, gt=0)
+    ping_timeout: float = Field(240.0, gt=0)
+    #: Lines kept while disconnected (delivered after reconnecting); past this the
+    #: oldest are dropped, with a warning in the log.
+    queue_limit: int = Field(500, ge=1)
+    #: Answer to CTCP VERSION.
+    version: str = "agentik IRC bot"
+
+    @model_validator(mode="after")
+    def _check(self) -> IRCSettings:
+        if self.sasl_mechanism == "plain" and not (self.sasl_username and self.sasl_password):
+            raise ValueError("sasl_mechanism 'plain' needs sasl_username and sasl_password")
+        if self.sasl_mechanism == "external" and not self.client_cert:
+            raise ValueError("sasl_mechanism 'external' needs client_cert")
+        if self.reconnect_max < self.reconnect_min:
+            raise ValueError("reconnect_max must be >= reconnect_min")
+        return self
+
+    @property
+    def effective_port(self) -> int:
+        return self.port or (6697 if self.tls else 6667)
