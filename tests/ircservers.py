@@ -890,9 +890,12 @@ class ScriptedIRCServer:
 
     name = "irc.scripted.test"
 
-    def __init__(self, handler: Handler | None = None, *, host: str = HOST) -> None:
+    def __init__(
+        self, handler: Handler | None = None, *, host: str = HOST, ssl: Any = None
+    ) -> None:
         self.handler: Handler = handler or registration_handler()
         self.host = host
+        self.ssl = ssl  # an ssl.SSLContext to serve TLS
         self.port = 0
         self.received: list[str] = []
         self.received_raw: list[bytes] = []
@@ -904,7 +907,9 @@ class ScriptedIRCServer:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> ScriptedIRCServer:
-        self._server = await asyncio.start_server(self._serve, self.host, 0, limit=1 << 20)
+        self._server = await asyncio.start_server(
+            self._serve, self.host, 0, limit=1 << 20, ssl=self.ssl
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 

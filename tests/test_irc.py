@@ -428,3 +428,104 @@ class _RecordingSink:
         self.messages.append(message)
         self.changed.set()
         self.changed = asyncio.Event()
+
+
+# -- TLS ---------------------------------------------------------------------------------
+
+
+def _pki(tmp_path):
+    """A private CA, a server certificate for 127.0.0.1 and a client certificate."""
+    import subprocess
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=agentik test CA")  # fmt: skip
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+            f"{name}.csr", "-subj", f"/CN={name}")  # fmt: skip
+        (tmp_path / f"{name}.ext").write_text(ext + "\n")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2",
+            "-extfile", f"{name}.ext")  # fmt: skip
+    return tmp_path
+
+
+def _server_tls(pki, *, require_client_cert=False):
+    import ssl
+
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(pki / "server.pem", pki / "server.key")
+    if require_client_cert:
+        ctx.load_verify_locations(pki / "ca.pem")
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+async def test_tls_verifies_the_certificate_by_default(tmp_path, caplog):
+    pki = _pki(tmp_path)
+    async with ScriptedIRCServer(
+        registration_handler(caps_offered=""), ssl=_server_tls(pki)
+    ) as server:
+        # Verification on (the default) with an untrusted CA: no connection is made.
+        t = IRCTransport(
+            name="tls", settings={"port": server.port, "reconnect_min": 0.05,
+                                  "reconnect_max": 0.1},
+        )  # fmt: skip
+        await t.start(_NullSink())
+        try:
+            async with asyncio.timeout(10):
+                while "certificate verify failed" not in caplog.text:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            assert not t.registered.is_set() and server.received == []
+        finally:
+            await t.aclose()
+        # Trusting the network's CA: registered over TLS.
+        t = IRCTransport(
+            name="tls", settings={"port": server.port, "ssl_ca_file": str(pki / "ca.pem")}
+        )
+        await t.start(_NullSink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 10)
+        finally:
+            await t.aclose()
+        # ssl_verify = false accepts any certificate (testing only).
+        t = IRCTransport(name="tls", settings={"port": server.port, "ssl_verify": False})
+        await t.start(_NullSink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 10)
+        finally:
+            await t.aclose()
+
+
+async def test_sasl_external_with_a_client_certificate(tmp_path):
+    pki = _pki(tmp_path)
+
+    def external(client, line):
+        arg = line.split(" ", 1)[1]
+        if arg == "EXTERNAL":
+            client.send("AUTHENTICATE +")
+        elif arg == "+":
+            client.reply("900", client.prefix, "client", "You are now logged in as client")
+            client.reply("903", "SASL authentication successful")
+
+    handler = registration_handler(caps_offered="sasl", sasl=external)
+    tls = _server_tls(pki, require_client_cert=True)
+    async with ScriptedIRCServer(handler, ssl=tls) as server:
+        t = IRCTransport(
+            name="ext",
+            settings={"port": server.port, "ssl_ca_file": str(pki / "ca.pem"),
+                      "sasl_mechanism": "external", "client_cert": str(pki / "client.pem"),
+                      "client_key": str(pki / "client.key")},
+        )  # fmt: skip
+        await t.start(_NullSink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 10)
+            assert "AUTHENTICATE EXTERNAL" in server.received
+            assert server.received.index("AUTHENTICATE +") < server.received.index("CAP END")
+        finally:
+            await t.aclose()

@@ -23,6 +23,8 @@ class IRCSettings(BaseModel):
     tls: bool = True
     #: Verify the server's certificate (and host name).  Only turn off for testing.
     ssl_verify: bool = True
+    #: Trust this CA file (PEM) instead of the system's, e.g. a private network's CA.
+    ssl_ca_file: str | None = None
     #: Server password (PASS).
     password: SecretStr | None = None
     nick: str = "agentik"

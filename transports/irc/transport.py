@@ -221,7 +221,10 @@ class IRCTransport(Transport):
         o = self.options
         if not o.tls:
             return None
-        ctx = ssl.create_default_context()
+        try:
+            ctx = ssl.create_default_context(cafile=o.ssl_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"transports.{self.name}.ssl_ca_file: {exc}") from None
         if not o.ssl_verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
