@@ -529,3 +529,53 @@ async def test_sasl_external_with_a_client_certificate(tmp_path):
             assert server.received.index("AUTHENTICATE +") < server.received.index("CAP END")
         finally:
             await t.aclose()
+
+
+async def test_agentik_run_serves_irc_from_a_config_file(miniircd, openai_server, tmp_path):
+    """The whole path: the CLI, a TOML file, the OpenAI backend, IRC; SIGTERM quits cleanly."""
+    import os
+    import signal
+    import sys
+
+    config = tmp_path / "bot.toml"
+    config.write_text(
+        f"""
+[llm]
+base_url = "{openai_server.base_url}"
+model = "fake-model"
+[storage]
+path = "{tmp_path / "bot.db"}"
+[transports.local]
+type = "irc"
+host = "127.0.0.1"
+port = {miniircd.port}
+tls = false
+nick = "agentik"
+channels = ["#e2e"]
+"""
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
+    exe = os.path.join(os.path.dirname(sys.executable), "agentik")
+    proc = await asyncio.create_subprocess_exec(
+        exe, "run", "-c", str(config), env=env, stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    alice = None
+    try:
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        await alice.join("#e2e")
+        await alice.wait_for(lambda m: m.command == "JOIN" and m.nick == "agentik", timeout=20)
+        alice.privmsg("#e2e", "agentik: hello from IRC")
+        answer = await alice.wait_for(from_bot, timeout=20)
+        assert answer.text == "echo: alice: hello from IRC"
+        proc.send_signal(signal.SIGTERM)
+        await alice.wait_for(lambda m: m.command == "QUIT" and m.nick == "agentik", timeout=20)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+        assert proc.returncode == 0, err.decode()
+        assert b"Traceback" not in err
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if alice is not None:
+            await alice.close()
