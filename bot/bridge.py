@@ -410,7 +410,7 @@ class _Renderer:
             await self._out(f"({why})", "notice", run)
         elif kind == "turn_ended":
             await self._flush(run)
-            if mode == "deltas" and self.had_text:
+            if mode in ("deltas", "lines") and self.had_text:
                 await self._out("", "end", run)
             if self.ch.more:
                 p = self.ch.options.command_prefix

@@ -78,8 +78,9 @@ class OutgoingMessage:
     """Something the bridge asks a transport to send.
 
     ``kind``: ``answer`` (a complete message or line of the answer),
-    ``delta`` (a piece of a streamed answer), ``end`` (the streamed answer is
-    complete), ``notice`` (a short status line: tool call, interruption),
+    ``delta`` (a piece of a streamed answer), ``end`` (the answer of this
+    ``run_id`` is complete; sent after ``delta`` or ``lines`` streaming, with
+    empty text), ``notice`` (a short status line: tool call, interruption),
     ``error`` (a short error line), ``command`` (a command's reply).
     """
 

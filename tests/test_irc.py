@@ -579,3 +579,26 @@ channels = ["#e2e"]
             await proc.wait()
         if alice is not None:
             await alice.close()
+
+
+async def test_multiline_batches_an_answer_when_the_server_offers_it(tmp_path):
+    handler = registration_handler(
+        caps_offered="batch message-tags draft/multiline=max-bytes=4096,max-lines=24"
+    )
+    async with ScriptedIRCServer(handler) as server:
+        async with irc_bot(server.port, tmp_path) as (bot, model, agent):
+            await asyncio.wait_for(bot.registered.wait(), 10)
+            assert "draft/multiline" in bot.caps_enabled
+            model.enqueue(Reply(text="first line\nsecond line\nthird line"))
+            server.clients[0].send(":alice!a@h PRIVMSG agentik :three lines please")
+            opening = await server.wait_for_line(lambda line: line.startswith("BATCH +"))
+            ref = opening.split()[1][1:]
+            assert opening == f"BATCH +{ref} draft/multiline alice"
+            await server.wait_for_line(f"BATCH -{ref}")
+            start = server.received.index(opening)
+            body = server.received[start + 1 : start + 4]
+            assert body == [
+                f"@batch={ref} PRIVMSG alice :first line",
+                f"@batch={ref} PRIVMSG alice :second line",
+                f"@batch={ref} PRIVMSG alice :third line",
+            ]

@@ -74,6 +74,7 @@ WANTED_CAPS = (
     "account-tag",
     "echo-message",
     "batch",
+    "draft/multiline",
     "multi-prefix",
 )
 #: Longest line we accept from a server before dropping it (tags + 512).
@@ -166,6 +167,8 @@ class IRCTransport(Transport):
         self._user_hits: dict[str, deque[float]] = {}
         self._user_warned: dict[str, float] = {}
         self._in_code: dict[str, bool] = {}
+        self._batches: dict[str, tuple[str, list[str]]] = {}
+        self._batch_seq = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle -----------------------------------------------------------------
@@ -608,17 +611,64 @@ class IRCTransport(Transport):
 
     async def send(self, message: OutgoingMessage) -> None:
         target = message.reply_to or message.channel_key.rsplit(":", 1)[-1]
-        if message.kind in ("delta", "end"):
-            return  # we stream by lines; the bridge sends complete ones
-        text = message.text
         state_key = f"{target}\0{message.run_id}"
+        if message.kind == "delta":
+            return  # we stream by lines; the bridge sends complete ones
+        if message.kind == "end":
+            self._in_code.pop(state_key, None)
+            self._flush_batch(state_key)
+            return
+        text = message.text
         if message.kind == "answer":
             text = self._format_answer_line(state_key, text)
             if text is None:
                 return
         command = "NOTICE" if message.kind == "notice" else "PRIVMSG"
-        for piece in split_message(text, self._budget(target, command)):
+        pieces = split_message(text, self._budget(target, command))
+        limits = self._multiline_limits()
+        if message.kind == "answer" and limits is not None:
+            # draft/multiline: collect the answer and send it as one batch.
+            batch = self._batches.setdefault(state_key, (target, []))[1]
+            batch.extend(pieces)
+            max_bytes, max_lines = limits
+            if len(batch) >= max_lines or sum(len(p.encode()) for p in batch) >= max_bytes:
+                self._flush_batch(state_key)
+            return
+        self._flush_batch(state_key)
+        for piece in pieces:
             self._enqueue(target, format_line(command, target, piece))
+
+    def _multiline_limits(self) -> tuple[int, int] | None:
+        """``(max-bytes, max-lines)`` when draft/multiline is enabled, else None."""
+        if "draft/multiline" not in self.caps_enabled or "batch" not in self.caps_enabled:
+            return None
+        values = dict(
+            item.partition("=")[::2]
+            for item in self._caps_offered.get("draft/multiline", "").split(",")
+            if item
+        )
+        try:
+            max_bytes = int(values.get("max-bytes", "4096"))
+            max_lines = int(values.get("max-lines", "100"))
+        except ValueError:
+            return None
+        return max(1, max_bytes), max(1, max_lines)
+
+    def _flush_batch(self, state_key: str) -> None:
+        entry = self._batches.pop(state_key, None)
+        if entry is None or not entry[1]:
+            return
+        target, pieces = entry
+        if len(pieces) == 1:
+            self._enqueue(target, format_line("PRIVMSG", target, pieces[0]))
+            return
+        self._batch_seq += 1
+        ref = f"ml{self._batch_seq}"
+        lines = [format_line("BATCH", f"+{ref}", "draft/multiline", target)]
+        lines += [format_line("PRIVMSG", target, piece, tags={"batch": ref}) for piece in pieces]
+        lines.append(format_line("BATCH", f"-{ref}"))
+        # One queue item: a batch is never cut in half by flood control.
+        self._enqueue(target, "\r\n".join(lines), cost=1.0 + len(pieces) / 4)
 
     def _format_answer_line(self, state_key: str, line: str) -> str | None:
         """Markdown to IRC, one line at a time, keeping track of code fences."""
@@ -631,8 +681,9 @@ class IRCTransport(Transport):
             return f"\x11{line}\x11" if line.strip() else None
         return markdown_to_irc(line)
 
-    def _enqueue(self, target: str, line: str) -> None:
-        cost = 1.0 + len(line.encode()) / 256
+    def _enqueue(self, target: str, line: str, cost: float | None = None) -> None:
+        if cost is None:
+            cost = 1.0 + len(line.encode()) / 256
         self._queue.append(_Out(target, line, cost))
         if len(self._queue) > self.options.queue_limit:
             dropped = self._queue.popleft()
