@@ -5,31 +5,39 @@ Run with ``.venv/bin/python benchmarks/bench_irc.py``; ``--quick`` is a much sma
 for smoke tests.  Everything runs on this machine, each part in its own process:
 
 * the IRC server: ngircd (``MaxPenaltyTime = 0``: no flood penalties, as
-  ``tests/ircservers.py`` configures it), or miniircd (``--server miniircd``, no flood
-  limits, but single-threaded Python);
+  ``tests/ircservers.py`` configures it), or miniircd with ``--server miniircd`` (no flood
+  limits, but single-threaded Python, so it competes harder for the CPU);
 * the fake OpenAI-compatible echo server (``agentik.core.testing.openai_server``), which
-  answers instantly;
+  answers instantly (its CPU is not counted anywhere);
 * the bot under test, in a child process of its own so its CPU can be measured:
-  - agentik: ``Agent`` (real ``OpenAIBackend``, ``SQLiteStore`` file with the default
-    ``synchronous=full``) + ``Bridge`` + ``IRCTransport`` with its flood control and
-    per-user incoming rate limit relaxed (huge ``flood_burst``/``flood_rate``/
+
+  - agentik: ``Agent`` (the real ``OpenAIBackend``; a ``SQLiteStore`` file with the
+    default ``synchronous=full``) + ``Bridge`` + ``IRCTransport`` with its flood control
+    and per-user incoming rate limit relaxed (huge ``flood_burst``, ``flood_rate``,
     ``user_rate_limit``);
-  - the baseline: a bare ``irc3.IrcBot`` whose PRIVMSG event echoes what is addressed to
-    it, in the same format as the fake model's answer (``echo: <nick>: <text>``), with
-    irc3's send queue off (``asynchronous=False``: lines are written at once);
+  - the baseline: a bare ``irc3.IrcBot`` (with ``irc3.plugins.core`` for PING) whose
+    PRIVMSG event echoes what is addressed to it, in the fake model's answer format
+    (``echo: <nick>: <text>``), with irc3's send queue off (``asynchronous=False``);
+
 * the load generator (this process): one lean raw-socket client per channel sending
   ``agentik: question <id>`` and matching each answer to its question, with at most
-  ``window`` questions in flight per channel (``k * window`` in all).
+  ``window`` questions in flight per channel (``k * window`` in all).  Its sockets use
+  ``TCP_QUICKACK``: ngircd does not set ``TCP_NODELAY``, and without quick ACKs an answer
+  written while the previous one is unacknowledged waits ~40 ms (Nagle vs delayed ACK).
 
-Measurements: throughput (answers/s, first send to last answer), p50/p99 latency (client
-send to answer received), the bot's CPU per answered message (process CPU time, all
-threads, read inside the bot process over the measured window) and RSS.  A third child
-makes the same number of bare ``openai.AsyncOpenAI`` streaming calls to the same fake
-server with the same concurrency and exactly the same message histories as agentik's
+Measured per bot: throughput (answers/s, first send to last answer), p50/p99 latency
+(client send to answer received) under that load, p50 latency unloaded (questions asked
+one at a time in an extra channel, before the load), CPU per answered message (the bot
+process's CPU time, all threads, read inside it before and after the load) and RSS.  A
+third child makes the same number of bare ``openai.AsyncOpenAI`` streaming calls to the
+same fake server, ``k`` concurrent, with exactly the message histories of agentik's
 requests (each channel is one conversation whose history grows by two messages a turn),
-and reports its CPU per call.  Goal: agentik's CPU per answered message <= the bare
-streaming call's CPU + 2 ms.  Phases alternate order between rounds; figures pool all
-rounds.  The exit status is 0 unless ``--strict`` is given and a goal is missed.
+and reports the CPU per call, once with ``chat.completions.create()`` (the goal's
+baseline) and once with ``client.post()``, which skips the SDK's per-message request
+transform (information).  Goal: agentik's CPU per answered message <= the bare
+``create()`` call's CPU + 2 ms.  The three phases run in alternating order over the
+rounds, each in fresh processes; figures pool all rounds.  The exit status is 0 unless
+``--strict`` is given and a goal is missed.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ SCRIPT = os.path.abspath(__file__)
 TESTS_DIR = Path(SCRIPT).parent.parent / "tests"
 GOAL_EXTRA_CPU = 2e-3  # seconds of CPU per answer above the bare SDK call
 SETTLE = 0.5  # seconds after the last answer before the bot's CPU is read again
+CHILD_LOG: dict[str, dict[str, int]] = {}  # what the bots logged (stderr), line -> count
 
 
 # -- configuration -----------------------------------------------------------------------
@@ -75,7 +84,7 @@ class Config:
     rounds: int
 
 
-FULL = Config(quick=False, n=400, k=8, window=2, warm=2, probe=30, rounds=3)
+FULL = Config(quick=False, n=400, k=8, window=2, warm=2, probe=30, rounds=4)
 QUICK = Config(quick=True, n=40, k=4, window=2, warm=1, probe=10, rounds=1)
 
 
@@ -678,9 +687,9 @@ async def run_bot_phase(
         if probe_client is not None:
             await probe_client.close()
         await child.stop()
-    log = child.log()
-    if log:
-        _say(f"  ({kind} round {r} logged {len(log.splitlines())} lines; last: {log[-300:]!r})")
+    for line in child.log().splitlines():
+        CHILD_LOG.setdefault(kind, {}).setdefault(re.sub(r"\d{6,}", "<n>", line), 0)
+        CHILD_LOG[kind][re.sub(r"\d{6,}", "<n>", line)] += 1
     return PhaseResult(
         answers=len(latencies),
         elapsed=elapsed,
@@ -936,10 +945,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="agentik-bench-irc-", dir=args.tmpdir) as tmp:
-        os.chmod(tmp, 0o755)  # ngircd started as root drops to "nobody"
         print_environment(cfg, tmp, args.server)
         with fake_llm_server() as (url, _pid):
             rows = asyncio.run(bench(cfg, tmp, args.server, url))
+    if CHILD_LOG:
+        _say("== what the bot processes logged (all rounds; count x line)")
+        for kind, lines in CHILD_LOG.items():
+            for line, count in lines.items():
+                _say(f"  {kind}: {count} x {line[:160]}")
+        _say()
     print_table(rows)
     _say(f"total time {time.perf_counter() - started:.1f} s")
     return 1 if args.strict and any(r.ok is False for r in rows) else 0

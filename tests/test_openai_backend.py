@@ -250,3 +250,16 @@ async def test_author_modes(openai_server):
             pass
         await llm.aclose()
         assert openai_server.requests[-1]["messages"] == [expected]
+
+
+async def test_extra_body_and_sampling_settings_reach_the_endpoint(openai_server):
+    llm = OpenAIBackend(
+        model="fake-model", base_url=openai_server.base_url, temperature=0.2, max_tokens=64,
+        extra_body={"top_k": 5, "repeat_penalty": 1.1},
+    )  # fmt: skip
+    async for _ in llm.stream(LLMRequest(messages=[ChatMessage(role="user", content="q")])):
+        pass
+    await llm.aclose()
+    body = openai_server.requests[-1]
+    assert (body["temperature"], body["max_tokens"]) == (0.2, 64)
+    assert (body["top_k"], body["repeat_penalty"]) == (5, 1.1)

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from ..errors import ConfigError, LLMConnectionError, LLMError, LLMStatusError, LLMTimeout
 from ..hookspecs import hookimpl
@@ -128,7 +129,7 @@ class OpenAIBackend(LLMBackend):
         return {"role": m.role, "content": m.content}
 
     def build_params(self, request: LLMRequest) -> dict[str, Any]:
-        """The keyword arguments for ``chat.completions.create`` (for tests/plugins)."""
+        """The JSON body of the ``/chat/completions`` request (for tests/plugins)."""
         messages: list[dict[str, Any]] = []
         if request.system:
             messages.append({"role": "system", "content": request.system})
@@ -158,15 +159,27 @@ class OpenAIBackend(LLMBackend):
         max_tokens = request.max_tokens or self.max_tokens
         if max_tokens:
             params["max_tokens"] = max_tokens
-        if self.extra_body:
-            params["extra_body"] = self.extra_body
+        # Backend-specific extras go into the body itself (it is sent as is).
+        for key, value in self.extra_body.items():
+            params.setdefault(key, value)
         return params
 
     # -- streaming ----------------------------------------------------------------
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
         params = self.build_params(request)
         try:
-            response = await self._client.chat.completions.create(**params)
+            # The request body is already plain JSON: post it through the SDK's
+            # client (same retries, timeouts, auth, SSE decoding and errors as
+            # ``chat.completions.create``) without its per-field request
+            # transformation, which costs ~0.3 ms of CPU per history message.
+            response = await self._client.post(
+                "/chat/completions",
+                body=params,
+                cast_to=ChatCompletion,
+                stream=True,
+                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+                options={"security": {"bearer_auth": True}},
+            )
         except openai.APIError as exc:
             raise self._translate(exc) from exc
         calls: dict[int, dict[str, str]] = {}
