@@ -40,6 +40,7 @@ from typing import Any
 
 import aiosqlite
 import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from agentik.core import Agent, OpenAIBackend, SQLiteStore, TextDelta
 from agentik.core.messages import NewMessage
@@ -224,18 +225,33 @@ async def _agent_round(agent: Agent, turns: int, out: Samples | None) -> None:
     await conv.aclose()
 
 
-async def _baseline_round(client: openai.AsyncOpenAI, turns: int, out: Samples | None) -> None:
+async def _baseline_round(
+    client: openai.AsyncOpenAI, turns: int, out: Samples | None, *, post: bool = False
+) -> None:
+    """Bare SDK streaming calls: ``chat.completions.create`` or, with ``post``, the same
+    JSON body through ``client.post`` (which skips the SDK's request transformation, as
+    agentik's backend does)."""
     history: list[dict[str, Any]] = []
     for i in range(turns):
         text = _turn_text(i)
         history.append({"role": "user", "content": text})
         w0, c0 = time.perf_counter(), time.process_time()
-        stream = await client.chat.completions.create(
-            model=MODEL,
-            messages=history,  # type: ignore[arg-type]
-            stream=True,
-            stream_options={"include_usage": True},
-        )
+        if post:
+            stream = await client.post(
+                "/chat/completions",
+                body={"model": MODEL, "messages": history, "stream": True,
+                      "stream_options": {"include_usage": True}},
+                cast_to=ChatCompletion,
+                stream=True,
+                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            )  # fmt: skip
+        else:
+            stream = await client.chat.completions.create(
+                model=MODEL,
+                messages=history,  # type: ignore[arg-type]
+                stream=True,
+                stream_options={"include_usage": True},
+            )
         parts: list[str] = []
         async for chunk in stream:
             for choice in chunk.choices:
@@ -278,13 +294,13 @@ async def bench_turns(cfg: Config, tmp: str, url: str) -> list[Row]:
     }
     for agent in agents.values():
         await agent.start()
-    names = ["baseline", *agents]
+    names = ["baseline", "post", *agents]
     samples: dict[str, Samples] = {n: [] for n in names}
 
     async def run(name: str, out: Samples | None) -> None:
         gc.collect()
-        if name == "baseline":
-            await _baseline_round(client, k, out)
+        if name in ("baseline", "post"):
+            await _baseline_round(client, k, out, post=name == "post")
         else:
             await _agent_round(agents[name], k, out)
 
@@ -310,7 +326,8 @@ async def bench_turns(cfg: Config, tmp: str, url: str) -> list[Row]:
     _say(f"== 1. per-turn overhead ({cfg.turn_rounds} rounds x {k} turns = {n} turns/variant;")
     _say(f"      history per request 1..{2 * k - 1} messages; median [p90] per turn)")
     labels = {
-        "baseline": "bare openai SDK call",
+        "baseline": "bare openai SDK call (chat.completions.create)",
+        "post": "bare openai SDK call (client.post, same body)",
         "full": "agentik, SQLite file, synchronous=full (default)",
         "normal": "agentik, SQLite file, synchronous=normal",
         "memory": "agentik, SQLite :memory:",
@@ -318,8 +335,9 @@ async def bench_turns(cfg: Config, tmp: str, url: str) -> list[Row]:
     b_wall, b_cpu = med("baseline", 0), med("baseline", 1)
     for name in names:
         wall, cpu = med(name, 0), med(name, 1)
-        extra = "" if name == "baseline" else f"  (+{(wall - b_wall) * 1e3:.2f} ms wall"
-        extra += "" if name == "baseline" else f", +{(cpu - b_cpu) * 1e3:.2f} ms CPU)"
+        first = name == "baseline"
+        extra = "" if first else f"  ({(wall - b_wall) * 1e3:+.2f} ms wall"
+        extra += "" if first else f", {(cpu - b_cpu) * 1e3:+.2f} ms CPU)"
         _say(
             f"  {labels[name]:<50} wall {_ms(wall)} [{_ms(p90(name, 0))}]"
             f"  CPU {_ms(cpu)} [{_ms(p90(name, 1))}]{extra}"
@@ -343,6 +361,13 @@ async def bench_turns(cfg: Config, tmp: str, url: str) -> list[Row]:
                     (ratio <= 1.15) if goal else None,
                 )
             )
+    # agentik's own cost, against a bare call that also skips the SDK's transformation.
+    for i, what in ((0, "wall"), (1, "CPU")):
+        value, base = med("full", i), med("post", i)
+        rows.append(
+            Row("1", f"turn {what} (sync=full) vs bare post()", _ms(value), _ms(base),
+                value / base, "-", None)
+        )  # fmt: skip
     return rows
 
 
