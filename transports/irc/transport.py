@@ -304,7 +304,8 @@ class IRCTransport(Transport):
     def _on_lost(self, protocol: Any, exc: BaseException | None) -> None:
         if protocol is not self._protocol:
             return
-        log.warning("irc %s: connection lost (%s)", self.name, exc or "closed")
+        level = logging.DEBUG if self._closing else logging.WARNING
+        log.log(level, "irc %s: connection lost (%s)", self.name, exc or "closed")
         self.registered.clear()
         self.joined.clear()
         if self._ping_timer is not None:
@@ -398,7 +399,8 @@ class IRCTransport(Transport):
         elif cmd in ("PRIVMSG", "NOTICE"):
             self._on_message(line)
         elif cmd == "ERROR":
-            log.warning("irc %s: server error: %s", self.name, p[-1] if p else "")
+            level = logging.DEBUG if self._closing else logging.WARNING
+            log.log(level, "irc %s: server closes the link: %s", self.name, p[-1] if p else "")
         elif cmd in ("464", "465"):
             self._fail(f"the server refused us ({cmd}): {p[-1] if p else ''}")
 
