@@ -33,7 +33,13 @@ from agentik.core.eventbus import Subscription
 from agentik.core.events import EventBase
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.text import split_lines, split_text
-from agentik.core.transport import IncomingMessage, OutgoingKind, OutgoingMessage, Transport
+from agentik.core.transport import (
+    ChannelCaps,
+    IncomingMessage,
+    OutgoingKind,
+    OutgoingMessage,
+    Transport,
+)
 
 __all__ = ["COMMANDS", "Bridge", "ChannelOptions"]
 
@@ -340,11 +346,15 @@ class _Renderer:
     def __init__(self, bridge: Bridge, ch: _Channel) -> None:
         self.bridge = bridge
         self.ch = ch
-        self.caps = ch.transport.caps
         self.debug = ch.options.events == "debug"
         self.buffer = ""
         self.lines_sent = 0
         self.had_text = False
+
+    @property
+    def caps(self) -> ChannelCaps:
+        # Read each time: a transport may learn its limits after connecting.
+        return self.ch.transport.caps
 
     async def _out(self, text: str, kind: OutgoingKind, run_id: str | None) -> None:
         await self.bridge._send(

@@ -602,3 +602,34 @@ async def test_multiline_batches_an_answer_when_the_server_offers_it(tmp_path):
                 f"@batch={ref} PRIVMSG alice :second line",
                 f"@batch={ref} PRIVMSG alice :third line",
             ]
+
+
+async def test_server_password_nickserv_and_flood_control_keep_every_line_in_order(tmp_path):
+    async with ScriptedIRCServer(registration_handler(caps_offered="")) as server:
+        async with irc_bot(
+            server.port, tmp_path, password="server-pass", nickserv_password="ns-pass",
+            flood_burst=2, flood_rate=50.0,
+        ) as (bot, model, agent):  # fmt: skip
+            await asyncio.wait_for(bot.registered.wait(), 10)
+            lines = server.received
+            assert lines.index("PASS server-pass") < lines.index("NICK agentik")
+            await server.wait_for_line("PRIVMSG NickServ :IDENTIFY ns-pass")
+            model.enqueue(Reply(text="\n".join(f"row {i}" for i in range(12))))
+            server.clients[0].send(":alice!a@h PRIVMSG agentik :twelve rows")
+            for i in range(12):
+                await server.wait_for_line(f"PRIVMSG alice :row {i}")
+            sent = [line for line in server.received if line.startswith("PRIVMSG alice")]
+            assert sent == [f"PRIVMSG alice :row {i}" for i in range(12)]
+
+
+async def test_isupport_linelen_allows_longer_lines(tmp_path):
+    handler = registration_handler(caps_offered="", isupport="LINELEN=1024 NETWORK=Test")
+    async with ScriptedIRCServer(handler) as server:
+        async with irc_bot(server.port, tmp_path) as (bot, model, agent):
+            await asyncio.wait_for(bot.registered.wait(), 10)
+            assert bot.linelen == 1024
+            long_line = " ".join(f"word{i}" for i in range(120))  # ~830 bytes
+            model.enqueue(Reply(text=long_line))
+            server.clients[0].send(":alice!a@h PRIVMSG agentik :long please")
+            first = await server.wait_for_line(lambda line: line.startswith("PRIVMSG alice"))
+            assert len(first.encode()) > 512 and len(first.encode()) + 2 <= 1024

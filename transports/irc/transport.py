@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import logging
 import random
 import re
@@ -135,7 +136,7 @@ class IRCTransport(Transport):
             raise ConfigError(f"transports.{name}.reconnect_max: below reconnect_min")
         self.network = self.options.network or name
         # The bridge splits roughly; we re-split each line to the exact budget.
-        self.caps = ChannelCaps(max_bytes=400, formatting="irc", streaming="lines")
+        self.caps = ChannelCaps(max_bytes=512 - 112, formatting="irc", streaming="lines")
         self.nick = self.options.nick
         self.user: str | None = None
         self.host: str | None = None
@@ -386,6 +387,8 @@ class IRCTransport(Transport):
                 self.isupport[key.upper()] = value
             if self.isupport.get("LINELEN", "").isdigit():
                 self.linelen = max(512, int(self.isupport["LINELEN"]))
+                # Let the bridge's rough split use the room too (we re-split exactly).
+                self.caps = dataclasses.replace(self.caps, max_bytes=self.linelen - 112)
         elif cmd in ("376", "422"):
             self._on_registered()
         elif cmd in ("433", "432", "437") and not self.registered.is_set():
