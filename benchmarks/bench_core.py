@@ -24,22 +24,29 @@ import asyncio
 import gc
 import json
 import os
-import platform
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import aiosqlite
 import openai
+from _common import (
+    Row,
+    fake_openai_server,
+    mb,
+    ms,
+    per_s,
+    print_table,
+    proc_status,
+    say,
+    say_environment,
+    version,
+)
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from agentik.core import Agent, OpenAIBackend, SQLiteStore, TextDelta
@@ -109,95 +116,22 @@ QUICK = Config(
 )
 
 
-# -- results ---------------------------------------------------------------------------
-@dataclass
-class Row:
-    section: str
-    name: str
-    value: str
-    baseline: str
-    ratio: float | None
-    goal: str
-    ok: bool | None  # None: informational
-
-    @property
-    def result(self) -> str:
-        return "info" if self.ok is None else ("PASS" if self.ok else "MISS")
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f} ms"
-
-
-def _rate(per_s: float) -> str:
-    return f"{per_s:,.0f} msg/s"
-
-
-def _mb(n_bytes: float) -> str:
-    return f"{n_bytes / 2**20:.1f} MB"
-
-
-def _say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
+# -- environment -------------------------------------------------------------------------
 def print_environment(cfg: Config, tmp: str) -> None:
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
-    _say("== environment")
-    _say(f"python      {sys.version.split()[0]} ({platform.python_implementation()})")
-    _say(f"platform    {platform.platform()}")
-    _say(f"cpu         {_cpu_model()}; cpu_count={os.cpu_count()} usable={affinity}")
-    _say(f"sqlite      {sqlite3.sqlite_version}")
-    _say(f"openai      {_version('openai')}")
-    _say(f"aiosqlite   {_version('aiosqlite')}")
-    _say(f"aiohttp     {_version('aiohttp')} (fake server)")
-    _say(f"agentik     {_version('agentik')}")
-    _say(f"temp dir    {tmp}")
-    _say(f"mode        {'quick' if cfg.quick else 'full'}")
-    _say()
+    say_environment(
+        [
+            ("sqlite", sqlite3.sqlite_version),
+            ("openai", version("openai")),
+            ("aiosqlite", version("aiosqlite")),
+            ("aiohttp", f"{version('aiohttp')} (fake server)"),
+            ("agentik", version("agentik")),
+            ("temp dir", tmp),
+            ("mode", "quick" if cfg.quick else "full"),
+        ]
+    )
 
 
 # -- 1. per-turn overhead ------------------------------------------------------------------
-@contextmanager
-def fake_server() -> Iterator[str]:
-    """Run the fake OpenAI server in its own process (its CPU is not ours); yield its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentik.core.testing.openai_server", "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        if not url.startswith("http"):
-            raise RuntimeError(f"the fake OpenAI server did not start (printed {url!r})")
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _turn_text(i: int) -> str:
     return f"turn {i}: {FILLER * 2}"
 
@@ -323,8 +257,8 @@ async def bench_turns(cfg: Config, tmp: str, url: str) -> list[Row]:
         return statistics.quantiles([s[i] for s in samples[name]], n=10)[-1]
 
     n = len(samples["baseline"])
-    _say(f"== 1. per-turn overhead ({cfg.turn_rounds} rounds x {k} turns = {n} turns/variant;")
-    _say(f"      history per request 1..{2 * k - 1} messages; median [p90] per turn)")
+    say(f"== 1. per-turn overhead ({cfg.turn_rounds} rounds x {k} turns = {n} turns/variant;")
+    say(f"      history per request 1..{2 * k - 1} messages; median [p90] per turn)")
     labels = {
         "baseline": "bare openai SDK call (chat.completions.create)",
         "post": "bare openai SDK call (client.post, same body)",
@@ -338,11 +272,11 @@ async def bench_turns(cfg: Config, tmp: str, url: str) -> list[Row]:
         first = name == "baseline"
         extra = "" if first else f"  ({(wall - b_wall) * 1e3:+.2f} ms wall"
         extra += "" if first else f", {(cpu - b_cpu) * 1e3:+.2f} ms CPU)"
-        _say(
-            f"  {labels[name]:<50} wall {_ms(wall)} [{_ms(p90(name, 0))}]"
-            f"  CPU {_ms(cpu)} [{_ms(p90(name, 1))}]{extra}"
+        say(
+            f"  {labels[name]:<50} wall {ms(wall)} [{ms(p90(name, 0))}]"
+            f"  CPU {ms(cpu)} [{ms(p90(name, 1))}]{extra}"
         )
-    _say()
+    say()
 
     rows: list[Row] = []
     for name, goal in (("full", True), ("normal", False), ("memory", False)):
@@ -352,21 +286,21 @@ async def bench_turns(cfg: Config, tmp: str, url: str) -> list[Row]:
             ratio = value / base
             rows.append(
                 Row(
-                    "1",
                     f"turn {what} time ({tag})",
-                    _ms(value),
-                    _ms(base),
+                    ms(value),
+                    ms(base),
                     ratio,
                     "<= 1.15x" if goal else "-",
                     (ratio <= 1.15) if goal else None,
+                    section="1",
                 )
             )
     # agentik's own cost, against a bare call that also skips the SDK's transformation.
     for i, what in ((0, "wall"), (1, "CPU")):
         value, base = med("full", i), med("post", i)
         rows.append(
-            Row("1", f"turn {what} (sync=full) vs bare post()", _ms(value), _ms(base),
-                value / base, "-", None)
+            Row(f"turn {what} (sync=full) vs bare post()", ms(value), ms(base), value / base,
+                "-", None, section="1")
         )  # fmt: skip
     return rows
 
@@ -522,16 +456,16 @@ async def bench_appends(cfg: Config, tmp: str) -> list[Row]:
     def med(sync: str, kind: str) -> float:
         return statistics.median(results[(sync, kind)])
 
-    _say(
+    say(
         f"== 2. audit-log append rate (median of {cfg.append_rounds} rounds; sequential:"
         f" {cfg.seq_appends_full:,} (full) / {cfg.seq_appends_normal:,} (normal) appends;"
     )
-    _say(
+    say(
         f"      concurrent: {cfg.conc_convs} conversations x {cfg.conc_per_conv} appends;"
         " baseline: raw sqlite3, one transaction per row)"
     )
     hop_wall, hop_cpu = await aiosqlite_round_trip(fresh(), cfg.seq_appends_full)
-    _say(
+    say(
         f"  (one aiosqlite call round trip: {hop_wall * 1e6:.0f} us wall,"
         f" {hop_cpu * 1e6:.0f} us CPU)"
     )
@@ -539,36 +473,29 @@ async def bench_appends(cfg: Config, tmp: str) -> list[Row]:
     for sync in ("full", "normal"):
         raw = med(sync, "raw")
         durable = sync == "full"
-        _say(f"  synchronous={sync:<7} raw sqlite3 {_rate(raw):>16}")
+        say(f"  synchronous={sync:<7} raw sqlite3 {per_s(raw, 'msg/s'):>16}")
         for kind, label in (("seq", "sequential"), ("conc", f"{cfg.conc_convs} concurrent")):
             value = med(sync, kind)
-            _say(f"  synchronous={sync:<7} store {label:<15} {_rate(value):>16}")
+            say(f"  synchronous={sync:<7} store {label:<15} {per_s(value, 'msg/s'):>16}")
             rows.append(
                 Row(
-                    "2",
                     f"append {label}, sync={sync}{'' if durable else ' (not durable)'}",
-                    _rate(value),
-                    _rate(raw),
+                    per_s(value, "msg/s"),
+                    per_s(raw, "msg/s"),
                     value / raw,
                     ">= 5,000/s" if durable else "-",
                     (value >= 5_000) if durable else None,
+                    section="2",
                 )
             )
-    _say()
+    say()
     return rows
 
 
 # -- 3. RSS of bound conversations --------------------------------------------------------
-def rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
 def _settled_rss() -> int:
     gc.collect()
-    return rss_bytes()
+    return proc_status()["VmRSS"]
 
 
 async def rss_child(n: int, event_convs: int, tmp: str) -> dict[str, Any]:
@@ -651,38 +578,38 @@ def bench_rss(cfg: Config, tmp: str) -> list[Row]:
     delta = res["after"] - res["before"]
     goal_mb = 50 * n / 10_000  # 50 MB per 10,000 conversations (scaled for --quick)
     per_conv = delta / n
-    _say(f"== 3. RSS of {n:,} channel-bound conversations (fresh subprocess)")
-    _say(f"  RSS before {_mb(res['before'])}, after {_mb(res['after'])}: +{_mb(delta)}")
-    _say(f"  = {per_conv:,.0f} bytes per conversation; bound in {res['bind_seconds']:.2f} s")
-    _say(f"  second lookup returned the same objects: {res['same_objects']}")
-    _say(
+    say(f"== 3. RSS of {n:,} channel-bound conversations (fresh subprocess)")
+    say(f"  RSS before {mb(res['before'])}, after {mb(res['after'])}: +{mb(delta)}")
+    say(f"  = {per_conv:,.0f} bytes per conversation; bound in {res['bind_seconds']:.2f} s")
+    say(f"  second lookup returned the same objects: {res['same_objects']}")
+    say(
         f"  after {res['event_buffer']} events streamed in each of {res['event_convs']:,}"
-        f" conversations: +{_mb(res['ev_after'] - res['ev_before'])};"
+        f" conversations: +{mb(res['ev_after'] - res['ev_before'])};"
         f" {res['buffered']:,} events buffered (agent budget {res['event_budget']:,})"
     )
-    _say(
+    say(
         f"  after the caller dropped every conversation: {res['open_after_drop']:,} still open,"
         f" {res['locks_after_drop']:,} per-channel locks still held by the agent"
     )
-    _say()
+    say()
     return [
         Row(
-            "3",
             f"RSS for {n:,} bound conversations",
-            f"+{_mb(delta)}",
-            _mb(res["before"]),
+            f"+{mb(delta)}",
+            mb(res["before"]),
             res["after"] / res["before"],
             f"<= +{goal_mb:g} MB",
             delta <= goal_mb * 2**20,
+            section="3",
         ),
         Row(
-            "3",
             f"  ... after {res['event_buffer']} events in each",
-            f"+{_mb(res['ev_after'] - res['before'])}",
-            _mb(res["before"]),
+            f"+{mb(res['ev_after'] - res['before'])}",
+            mb(res["before"]),
             res["ev_after"] / res["before"],
             "-",
             None,
+            section="3",
         ),
     ]
 
@@ -758,8 +685,8 @@ async def bench_history(cfg: Config, tmp: str) -> list[Row]:
         return statistics.median(times[(title, q)])
 
     nb, ns = len(ids[big.id]), len(ids[small.id])
-    _say(f"== 4. history page of 50 ({nb:,} vs {ns:,} messages; {cfg.hist_reps} reps each,")
-    _say(f"      median; filled {nb + ns:,} rows in {fill:.2f} s)")
+    say(f"== 4. history page of 50 ({nb:,} vs {ns:,} messages; {cfg.hist_reps} reps each,")
+    say(f"      median; filled {nb + ns:,} rows in {fill:.2f} s)")
     rows: list[Row] = []
     labels = {
         "latest": "messages(limit=50)",
@@ -768,59 +695,21 @@ async def bench_history(cfg: Config, tmp: str) -> list[Row]:
     }
     for q in queries:
         b, s = med("big", q), med("small", q)
-        _say(f"  {labels[q]:<32} {nb:,}: {_ms(b)}   {ns:,}: {_ms(s)}   ratio {b / s:.2f}x")
+        say(f"  {labels[q]:<32} {nb:,}: {ms(b)}   {ns:,}: {ms(s)}   ratio {b / s:.2f}x")
         goal = q != "before_mid"
         rows.append(
             Row(
-                "4",
                 f"{labels[q]}, {nb // 1000}k vs {ns // 1000}k",
-                _ms(b),
-                _ms(s),
+                ms(b),
+                ms(s),
                 b / s,
                 "<= 1.5x" if goal else "-",
                 (b / s <= 1.5) if goal else None,
+                section="4",
             )
         )
-    _say()
+    say()
     return rows
-
-
-# -- report -----------------------------------------------------------------------------
-def print_table(rows: list[Row]) -> None:
-    header = ("#", "measurement", "agentik", "baseline", "ratio", "goal", "result")
-    body = [
-        (
-            r.section,
-            r.name,
-            r.value,
-            r.baseline,
-            f"{r.ratio:.2f}x" if r.ratio is not None else "-",
-            r.goal,
-            r.result,
-        )
-        for r in rows
-    ]
-    widths = [max(len(str(x[i])) for x in [header, *body]) for i in range(len(header))]
-    right = {2, 3, 4}
-
-    def fmt(cells: tuple[str, ...]) -> str:
-        return "  ".join(
-            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)
-        ).rstrip()
-
-    line = "-" * len(fmt(header))
-    _say("== summary (ratio = agentik / baseline)")
-    _say(line)
-    _say(fmt(header))
-    _say(line)
-    for cells in body:
-        _say(fmt(cells))
-    _say(line)
-    graded = [r for r in rows if r.ok is not None]
-    missed = [r for r in graded if not r.ok]
-    _say(f"{len(graded) - len(missed)}/{len(graded)} goals met")
-    for r in missed:
-        _say(f"  MISS [{r.section}] {r.name}: {r.value} (baseline {r.baseline}), goal {r.goal}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -852,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agentik-bench-", dir=args.tmpdir) as tmp:
         print_environment(cfg, tmp)
         if "turns" in only:
-            with fake_server() as url:
+            with fake_openai_server() as url:
                 rows += asyncio.run(bench_turns(cfg, tmp, url))
         if "append" in only:
             rows += asyncio.run(bench_appends(cfg, tmp))
@@ -860,8 +749,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_rss(cfg, tmp)
         if "history" in only:
             rows += asyncio.run(bench_history(cfg, tmp))
-    print_table(rows)
-    _say(f"total time {time.perf_counter() - started:.1f} s")
+    print_table(rows, sections=True)
+    say(f"total time {time.perf_counter() - started:.1f} s")
     return 1 if args.strict and any(r.ok is False for r in rows) else 0
 
 

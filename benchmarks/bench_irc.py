@@ -47,7 +47,6 @@ import asyncio
 import gc
 import json
 import os
-import platform
 import re
 import socket
 import statistics
@@ -55,12 +54,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
+
+from _common import (
+    Row,
+    fake_openai_server,
+    mb,
+    ms,
+    per_s,
+    print_table,
+    proc_status,
+    say,
+    say_environment,
+    version,
+)
 
 MODEL = "fake-model"
 BOT_NICK = "agentik"
@@ -89,20 +99,6 @@ QUICK = Config(quick=True, n=40, k=4, window=2, warm=1, probe=10, rounds=1)
 
 
 # -- results ---------------------------------------------------------------------------
-@dataclass
-class Row:
-    name: str
-    value: str
-    baseline: str
-    ratio: float | None
-    goal: str
-    ok: bool | None  # None: informational
-
-    @property
-    def result(self) -> str:
-        return "info" if self.ok is None else ("PASS" if self.ok else "MISS")
-
-
 @dataclass
 class PhaseResult:
     """One bot's load run (one round)."""
@@ -159,49 +155,6 @@ def _pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p * len(values)))]
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f} ms"
-
-
-def _rate(per_s: float) -> str:
-    return f"{per_s:,.0f} ans/s"
-
-
-def _mb(n_bytes: float) -> str:
-    return f"{n_bytes / 2**20:.1f} MB"
-
-
-def _say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _proc_status(pid: int | str = "self") -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "Threads"):
-            parts = value.split()
-            out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
-    return out
-
-
 def _proc_cpu(pid: int) -> float:
     """utime + stime of ``pid`` (all its threads) from /proc, in seconds (tick resolution)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
@@ -234,7 +187,7 @@ def _emit(obj: dict[str, Any]) -> None:
 
 
 def _child_stats(**extra: Any) -> dict[str, Any]:
-    st = _proc_status()
+    st = proc_status()
     return {
         "cpu": time.process_time(),  # CLOCK_PROCESS_CPUTIME_ID: every thread
         "cpu_main": time.thread_time(),  # the event-loop thread (stats run on it)
@@ -715,29 +668,6 @@ async def run_openai_phase(r: int, cfg: Config, tmp: str, llm_url: str) -> dict[
 
 
 # -- servers -------------------------------------------------------------------------------
-@contextmanager
-def fake_llm_server() -> Iterator[tuple[str, int]]:
-    """The fake OpenAI server in its own process; yields its URL and PID."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentik.core.testing.openai_server", "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        if not url.startswith("http"):
-            raise RuntimeError(f"the fake OpenAI server did not start (printed {url!r})")
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 async def start_irc_server(name: str, tmp: str) -> Any:
     sys.path.insert(0, str(TESTS_DIR))
     import ircservers
@@ -753,7 +683,6 @@ async def start_irc_server(name: str, tmp: str) -> Any:
 
 # -- the benchmark ---------------------------------------------------------------------------
 def print_environment(cfg: Config, tmp: str, server_name: str) -> None:
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     if server_name == "ngircd":
         try:
             out = subprocess.run(
@@ -764,22 +693,23 @@ def print_environment(cfg: Config, tmp: str, server_name: str) -> None:
             server_version = "ngircd"
         server_version += " (MaxPenaltyTime = 0: no flood penalties)"
     else:
-        server_version = f"miniircd {_version('miniircd')} (no flood limits)"
-    _say("== environment")
-    _say(f"python      {sys.version.split()[0]} ({platform.python_implementation()})")
-    _say(f"platform    {platform.platform()}")
-    _say(f"cpu         {_cpu_model()}; cpu_count={os.cpu_count()} usable={affinity}")
-    _say(f"irc server  {server_version}")
-    _say(f"irc3        {_version('irc3')}")
-    _say(f"openai      {_version('openai')}")
-    _say(f"agentik     {_version('agentik')}")
-    _say(f"temp dir    {tmp}")
-    _say(
-        f"mode        {'quick' if cfg.quick else 'full'}: {cfg.n} questions over {cfg.k}"
-        f" channels per bot per round, {cfg.window} in flight per channel"
-        f" ({cfg.k * cfg.window} in all), {cfg.warm} warm-up per channel, {cfg.rounds} round(s)"
+        server_version = f"miniircd {version('miniircd')} (no flood limits)"
+    say_environment(
+        [
+            ("irc server", server_version),
+            ("irc3", version("irc3")),
+            ("openai", version("openai")),
+            ("agentik", version("agentik")),
+            ("temp dir", tmp),
+            (
+                "mode",
+                f"{'quick' if cfg.quick else 'full'}: {cfg.n} questions over {cfg.k}"
+                f" channels per bot per round, {cfg.window} in flight per channel"
+                f" ({cfg.k * cfg.window} in all), {cfg.warm} warm-up per channel,"
+                f" {cfg.rounds} round(s)",
+            ),
+        ]
     )
-    _say()
 
 
 async def bench(cfg: Config, tmp: str, server_name: str, llm_url: str) -> list[Row]:
@@ -799,32 +729,32 @@ async def bench(cfg: Config, tmp: str, server_name: str, llm_url: str) -> list[R
         await server.stop()
 
     ag, ec = pooled["agentik"], pooled["echo"]
-    _say(
+    say(
         f"== IRC round trip ({ag.answers} answers per bot over {cfg.rounds} round(s);"
         f" {cfg.k} channels x {cfg.window} in flight; unloaded: {cfg.probe} questions one"
         " at a time in another channel)"
     )
     for name, res in (("agentik (full path)", ag), ("irc3 echo bot", ec)):
         per_round = ", ".join(f"{r.cpu / r.answers * 1e3:.2f}" for r in res.rounds)
-        _say(
-            f"  {name:<20} {_rate(res.throughput):>13}  p50 {_ms(res.pct(0.5))}"
-            f"  p99 {_ms(res.pct(0.99))}  max {_ms(res.latencies[-1])}"
-            f"  unloaded p50 {_ms(res.probe_p50)}"
+        say(
+            f"  {name:<20} {per_s(res.throughput, 'ans/s'):>13}  p50 {ms(res.pct(0.5))}"
+            f"  p99 {ms(res.pct(0.99))}  max {ms(res.latencies[-1])}"
+            f"  unloaded p50 {ms(res.probe_p50)}"
         )
-        _say(
-            f"  {'':<20} CPU/answer {_ms(res.per_answer('cpu'))} [rounds: {per_round}]"
-            f" (event-loop thread {_ms(res.per_answer('cpu_main'))});"
-            f" RSS {_mb(res.rss)} (peak {_mb(res.hwm)})"
+        say(
+            f"  {'':<20} CPU/answer {ms(res.per_answer('cpu'))} [rounds: {per_round}]"
+            f" (event-loop thread {ms(res.per_answer('cpu_main'))});"
+            f" RSS {mb(res.rss)} (peak {mb(res.hwm)})"
         )
-        _say(
-            f"  {'':<20} elsewhere per answer: IRC server {_ms(res.per_answer('server_cpu'))},"
-            f" load generator {_ms(res.per_answer('driver_cpu'))}"
+        say(
+            f"  {'':<20} elsewhere per answer: IRC server {ms(res.per_answer('server_cpu'))},"
+            f" load generator {ms(res.per_answer('driver_cpu'))}"
         )
-    _say()
+    say()
 
     ag_cpu, ec_cpu = ag.per_answer("cpu"), ec.per_answer("cpu")
     sdk: dict[str, float] = {}
-    _say(
+    say(
         f"== CPU per answered message vs bare openai.AsyncOpenAI streaming calls ({cfg.n} per"
         f" round, {cfg.k} concurrent, the same message histories as agentik's requests)"
     )
@@ -838,75 +768,45 @@ async def bench(cfg: Config, tmp: str, server_name: str, llm_url: str) -> list[R
         walls = sorted(w for x in runs for w in x["walls"])
         sdk[mode] = sum(x["cpu"] for x in runs) / calls
         per_round = ", ".join(f"{x['cpu'] / x['calls'] * 1e3:.2f}" for x in runs)
-        _say(
-            f"  {labels[mode]:<45} CPU/call {_ms(sdk[mode])} [rounds: {per_round}];"
+        say(
+            f"  {labels[mode]:<45} CPU/call {ms(sdk[mode])} [rounds: {per_round}];"
             f" {calls / sum(x['wall'] for x in runs):,.0f} calls/s, wall p50"
-            f" {_ms(statistics.median(walls))} p99 {_ms(_pct(walls, 0.99))}"
+            f" {ms(statistics.median(walls))} p99 {ms(_pct(walls, 0.99))}"
         )
     extra = ag_cpu - sdk["create"]
-    _say(f"  {'agentik (full path)':<45} CPU/answer {_ms(ag_cpu)}")
-    _say(
+    say(f"  {'agentik (full path)':<45} CPU/answer {ms(ag_cpu)}")
+    say(
         f"  agentik - bare create(): {extra * 1e3:+.2f} ms per answer"
         f" (goal <= +{GOAL_EXTRA_CPU * 1e3:.0f} ms);"
         f" agentik - bare post(): {(ag_cpu - sdk['post']) * 1e3:+.2f} ms"
     )
-    _say()
+    say()
 
     return [
         Row(
             "throughput (vs irc3 echo bot)",
-            _rate(ag.throughput),
-            _rate(ec.throughput),
+            per_s(ag.throughput, "ans/s"),
+            per_s(ec.throughput, "ans/s"),
             ag.throughput / ec.throughput,
             "-",
             None,
         ),
-        Row("latency p50 under load", _ms(ag.pct(0.5)), _ms(ec.pct(0.5)),
+        Row("latency p50 under load", ms(ag.pct(0.5)), ms(ec.pct(0.5)),
             ag.pct(0.5) / ec.pct(0.5), "-", None),
-        Row("latency p99 under load", _ms(ag.pct(0.99)), _ms(ec.pct(0.99)),
+        Row("latency p99 under load", ms(ag.pct(0.99)), ms(ec.pct(0.99)),
             ag.pct(0.99) / ec.pct(0.99), "-", None),
-        Row("latency p50 unloaded", _ms(ag.probe_p50), _ms(ec.probe_p50),
+        Row("latency p50 unloaded", ms(ag.probe_p50), ms(ec.probe_p50),
             ag.probe_p50 / ec.probe_p50, "-", None),
-        Row("CPU per answer (vs irc3 echo bot)", _ms(ag_cpu), _ms(ec_cpu), ag_cpu / ec_cpu,
+        Row("CPU per answer (vs irc3 echo bot)", ms(ag_cpu), ms(ec_cpu), ag_cpu / ec_cpu,
             "-", None),
-        Row("CPU per answer (vs bare create() call)", _ms(ag_cpu), _ms(sdk["create"]),
+        Row("CPU per answer (vs bare create() call)", ms(ag_cpu), ms(sdk["create"]),
             ag_cpu / sdk["create"], f"<= +{GOAL_EXTRA_CPU * 1e3:.0f} ms",
             extra <= GOAL_EXTRA_CPU),
-        Row("CPU per answer (vs bare post(), no transform)", _ms(ag_cpu), _ms(sdk["post"]),
+        Row("CPU per answer (vs bare post(), no transform)", ms(ag_cpu), ms(sdk["post"]),
             ag_cpu / sdk["post"], "-", None),
-        Row("RSS at end of load (vs irc3 echo bot)", _mb(ag.rss), _mb(ec.rss), ag.rss / ec.rss,
+        Row("RSS at end of load (vs irc3 echo bot)", mb(ag.rss), mb(ec.rss), ag.rss / ec.rss,
             "-", None),
     ]  # fmt: skip
-
-
-def print_table(rows: list[Row]) -> None:
-    header = ("measurement", "agentik", "baseline", "ratio", "goal", "result")
-    body = [
-        (r.name, r.value, r.baseline, f"{r.ratio:.2f}x" if r.ratio is not None else "-", r.goal,
-         r.result)
-        for r in rows
-    ]  # fmt: skip
-    widths = [max(len(str(x[i])) for x in [header, *body]) for i in range(len(header))]
-    right = {1, 2, 3}
-
-    def fmt(cells: tuple[str, ...]) -> str:
-        return "  ".join(
-            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)
-        ).rstrip()
-
-    line = "-" * len(fmt(header))
-    _say("== summary (ratio = agentik / baseline)")
-    _say(line)
-    _say(fmt(header))
-    _say(line)
-    for cells in body:
-        _say(fmt(cells))
-    _say(line)
-    graded = [r for r in rows if r.ok is not None]
-    missed = [r for r in graded if not r.ok]
-    _say(f"{len(graded) - len(missed)}/{len(graded)} goals met")
-    for r in missed:
-        _say(f"  MISS {r.name}: {r.value} (baseline {r.baseline}), goal {r.goal}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -946,16 +846,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="agentik-bench-irc-", dir=args.tmpdir) as tmp:
         print_environment(cfg, tmp, args.server)
-        with fake_llm_server() as (url, _pid):
+        with fake_openai_server() as url:
             rows = asyncio.run(bench(cfg, tmp, args.server, url))
     if CHILD_LOG:
-        _say("== what the bot processes logged (all rounds; count x line)")
+        say("== what the bot processes logged (all rounds; count x line)")
         for kind, lines in CHILD_LOG.items():
             for line, count in lines.items():
-                _say(f"  {kind}: {count} x {line[:160]}")
-        _say()
+                say(f"  {kind}: {count} x {line[:160]}")
+        say()
     print_table(rows)
-    _say(f"total time {time.perf_counter() - started:.1f} s")
+    say(f"total time {time.perf_counter() - started:.1f} s")
     return 1 if args.strict and any(r.ok is False for r in rows) else 0
 
 

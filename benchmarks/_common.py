@@ -1,0 +1,156 @@
+"""Helpers shared by the benchmark scripts (``bench_core.py``, ``bench_irc.py``).
+
+The scripts are run by path (``python benchmarks/bench_core.py``), which puts this folder
+on ``sys.path``, so they import this module as ``_common``.  Only the standard library is
+imported here: ``bench_irc.py`` measures the RSS of child processes that must not load
+agentik or the OpenAI SDK.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import KW_ONLY, dataclass
+from importlib import metadata
+from pathlib import Path
+
+
+# -- results ---------------------------------------------------------------------------
+@dataclass
+class Row:
+    name: str
+    value: str
+    baseline: str
+    ratio: float | None
+    goal: str
+    ok: bool | None  # None: informational
+    _: KW_ONLY
+    section: str = ""  # the "#" column of the summary, where a script has sections
+
+    @property
+    def result(self) -> str:
+        return "info" if self.ok is None else ("PASS" if self.ok else "MISS")
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def per_s(value: float, unit: str) -> str:
+    """``value`` per second, e.g. ``per_s(1234.5, "msg/s")`` is ``1,234 msg/s``."""
+    return f"{value:,.0f} {unit}"
+
+
+def mb(n_bytes: float) -> str:
+    return f"{n_bytes / 2**20:.1f} MB"
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def print_table(rows: list[Row], *, sections: bool = False) -> None:
+    """The summary table and the goals missed; ``sections`` adds a ``#`` column first."""
+    header: tuple[str, ...] = ("measurement", "agentik", "baseline", "ratio", "goal", "result")
+    body: list[tuple[str, ...]] = [
+        (r.name, r.value, r.baseline, f"{r.ratio:.2f}x" if r.ratio is not None else "-", r.goal,
+         r.result)
+        for r in rows
+    ]  # fmt: skip
+    right = {1, 2, 3}
+    if sections:
+        header = ("#", *header)
+        body = [(r.section, *cells) for r, cells in zip(rows, body, strict=True)]
+        right = {i + 1 for i in right}
+    widths = [max(len(str(x[i])) for x in [header, *body]) for i in range(len(header))]
+
+    def fmt(cells: tuple[str, ...]) -> str:
+        return "  ".join(
+            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)
+        ).rstrip()
+
+    line = "-" * len(fmt(header))
+    say("== summary (ratio = agentik / baseline)")
+    say(line)
+    say(fmt(header))
+    say(line)
+    for cells in body:
+        say(fmt(cells))
+    say(line)
+    graded = [r for r in rows if r.ok is not None]
+    missed = [r for r in graded if not r.ok]
+    say(f"{len(graded) - len(missed)}/{len(graded)} goals met")
+    for r in missed:
+        where = f"[{r.section}] " if sections else ""
+        say(f"  MISS {where}{r.name}: {r.value} (baseline {r.baseline}), goal {r.goal}")
+
+
+# -- environment -------------------------------------------------------------------------
+def version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def say_environment(items: Iterable[tuple[str, str]]) -> None:
+    """The ``== environment`` block: Python, platform and CPU, then ``items`` (label, value)."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    say("== environment")
+    for label, value in (
+        ("python", f"{sys.version.split()[0]} ({platform.python_implementation()})"),
+        ("platform", platform.platform()),
+        ("cpu", f"{cpu_model()}; cpu_count={os.cpu_count()} usable={affinity}"),
+        *items,
+    ):
+        say(f"{label:<11} {value}")
+    say()
+
+
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    """VmRSS and VmHWM (bytes) and Threads of ``pid`` from /proc."""
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "Threads"):
+            parts = value.split()
+            out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
+    return out
+
+
+# -- servers -------------------------------------------------------------------------------
+@contextmanager
+def fake_openai_server() -> Iterator[str]:
+    """Run the fake OpenAI server in its own process (its CPU is not ours); yield its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentik.core.testing.openai_server", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http"):
+            raise RuntimeError(f"the fake OpenAI server did not start (printed {url!r})")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,62 @@
+"""Keys of a ``type = "slack"`` transport table (one Slack app per table)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+__all__ = ["SlackSettings"]
+
+
+class SlackSettings(BaseModel):
+    """Settings of one Slack app.  Every key is documented in ``config.example.toml``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ``socket`` (Socket Mode: an outgoing WebSocket, no public URL) or ``http``
+    #: (Events API: Slack POSTs to us; signatures always verified).
+    mode: Literal["socket", "http"] = "socket"
+    #: ``xoxb-`` bot token.
+    bot_token: SecretStr
+    #: ``xapp-`` app-level token (Socket Mode).
+    app_token: SecretStr | None = None
+    #: Signing secret (HTTP mode).
+    signing_secret: SecretStr | None = None
+    #: Where HTTP mode listens.
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(3000, ge=0, le=65535)
+    http_path: str = "/slack/events"
+    #: Web API base URL (default: Slack's).  For tests and proxies.
+    api_url: str | None = None
+    #: ``thread``: each thread is a conversation and the bot answers in the thread;
+    #: ``channel``: each channel is one conversation.
+    conversation_per: Literal["thread", "channel"] = "thread"
+    #: ``native`` (chat.startStream/appendStream/stopStream), ``edit`` (post, then
+    #: chat.update), or ``auto`` (native where the workspace supports it).
+    streaming: Literal["auto", "native", "edit"] = "auto"
+    #: Seconds between two chat.update calls on one message (Slack allows ~1/s).
+    edit_interval: float = Field(1.0, gt=0)
+    #: Characters buffered before a native stream append.
+    stream_buffer: int = Field(256, ge=1)
+    #: Longest message before an answer continues in a new message.
+    max_message_chars: int = Field(3900, ge=100, le=40000)
+    #: Shown while the model works (assistant threads); empty: none.
+    status_text: str = "is thinking…"
+    #: A reaction with this name on the bot's message stops the answer.
+    stop_reaction: str = "octagonal_sign"
+    #: Retries of a rate-limited (429) call, honouring Retry-After.
+    rate_limit_retries: int = Field(5, ge=0)
+    #: File remembering handled events, so retries and restarts never answer twice
+    #: (default: ``slack-<name>-seen.sqlite3`` next to the database).
+    state_file: str | None = None
+    #: How many handled event ids to remember.
+    dedupe_keep: int = Field(20_000, ge=100)
+
+    @model_validator(mode="after")
+    def _check(self) -> SlackSettings:
+        if self.mode == "socket" and self.app_token is None:
+            raise ValueError("Socket Mode needs app_token (an xapp- token)")
+        if self.mode == "http" and self.signing_secret is None:
+            raise ValueError("HTTP mode needs signing_secret")
+        return self

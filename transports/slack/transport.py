@@ -1,0 +1,449 @@
+"""The Slack transport: slack-bolt's ``AsyncApp`` over Socket Mode or HTTP.
+
+* Events: ``app_mention`` in channels, DMs (``message.im``), and replies in
+  threads the bot takes part in.  Each thread is a conversation
+  (``slack:<team>:<channel>:<thread_ts>``) and the bot answers in the thread,
+  or, with ``conversation_per = "channel"``, each channel is one.
+* Every message is handled once: by ``event_id`` (Slack retries slow
+  deliveries) and by ``(channel, ts)`` (a mention arrives both as
+  ``app_mention`` and ``message``), remembered in a small SQLite file so a
+  restart does not answer again.
+* Streaming: Slack's native ``chat.startStream``/``appendStream``/
+  ``stopStream`` (slack-sdk's ``chat_stream`` helper) where the workspace
+  supports it, else post then ``chat.update`` no more often than
+  ``edit_interval``.  The assistant status shows while the model works.
+  Long answers continue in a new message.  429s are retried after
+  ``Retry-After`` by slack-sdk's retry handler.
+* ``!stop`` (any command prefix, handled by the bridge) and a
+  ``:octagonal_sign:`` reaction on the bot's message stop the answer.
+* Display names, not ids, reach the model (``users.info``, cached).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import sqlite3
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentik.core.errors import ConfigError
+from agentik.core.transport import (
+    ChannelCaps,
+    IncomingMessage,
+    MessageSink,
+    OutgoingMessage,
+    Transport,
+    parse_settings,
+)
+
+from .settings import SlackSettings
+
+__all__ = ["SlackTransport", "markdown_to_mrkdwn"]
+
+log = logging.getLogger(__name__)
+
+_MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
+
+
+def markdown_to_mrkdwn(text: str) -> str:
+    """The Markdown an LLM writes, in Slack's mrkdwn (code spans/blocks untouched)."""
+    parts = re.split(r"(```.*?```|`[^`\n]*`)", text, flags=re.S)
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2:  # code
+            out.append(re.sub(r"```[\w+-]*\n", "```\n", part, count=1))
+            continue
+        part = re.sub(r"\[([^\]]+)\]\((https?://[^)\s]+)\)", r"<\2|\1>", part)
+        part = re.sub(r"(?<![*\w])\*(?!\s)([^*\n]+?)(?<!\s)\*(?![*\w])", r"_\1_", part)
+        part = re.sub(r"\*\*(?!\s)(.+?)(?<!\s)\*\*", r"*\1*", part)
+        part = re.sub(r"^#{1,6}\s+(.+)$", r"*\1*", part, flags=re.M)
+        part = re.sub(r"__(?!\s)(.+?)(?<!\s)__", r"*\1*", part)
+        part = re.sub(r"~~(.+?)~~", r"~\1~", part)
+        out.append(part)
+    return "".join(out)
+
+
+class _Seen:
+    """Handled event keys, in memory and in a SQLite file (so restarts remember)."""
+
+    def __init__(self, path: str, keep: int) -> None:
+        self.path = path
+        self.keep = keep
+        self.keys: OrderedDict[str, None] = OrderedDict()
+        self.conn: sqlite3.Connection | None = None
+
+    def open(self) -> None:
+        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.conn.execute("CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, at REAL)")
+        rows = self.conn.execute(
+            "SELECT key FROM seen ORDER BY at DESC LIMIT ?", (self.keep,)
+        ).fetchall()
+        for (key,) in reversed(rows):
+            self.keys[key] = None
+
+    def check_and_add(self, *keys: str) -> bool:
+        """True if any key was seen before; records them all either way."""
+        dup = any(k in self.keys for k in keys)
+        for k in keys:
+            self.keys[k] = None
+            self.keys.move_to_end(k)
+        while len(self.keys) > self.keep:
+            self.keys.popitem(last=False)
+        return dup
+
+    def persist(self, *keys: str) -> None:
+        if self.conn is None:
+            return
+        now = time.time()
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)", [(k, now) for k in keys]
+        )
+        self.conn.execute(
+            "DELETE FROM seen WHERE at < (SELECT MIN(at) FROM (SELECT at FROM seen"
+            " ORDER BY at DESC LIMIT ?))",
+            (self.keep,),
+        )
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+@dataclass
+class _Answer:
+    """One answer being streamed into a thread."""
+
+    channel: str
+    thread_ts: str | None
+    user: str | None
+    text: str = ""
+    ts: str | None = None  # edit mode: the message being edited
+    shown: int = 0  # characters of ``text`` already in the current message
+    offset: int = 0  # where the current message starts in ``text``
+    last_edit: float = 0.0
+    flush: asyncio.TimerHandle | None = None
+    streamer: Any = None
+    native: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class SlackTransport(Transport):
+    """One Slack app (see the module docstring)."""
+
+    type = "slack"
+    default_command_prefix = "!"
+    settings_model = SlackSettings
+
+    def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
+        super().__init__(name=name, settings=settings)
+        self.options: SlackSettings = parse_settings(
+            SlackSettings, self.settings, where=f"transports.{name}"
+        )
+        o = self.options
+        self.caps = ChannelCaps(
+            max_chars=o.max_message_chars, can_edit=True, threads=True, typing=True,
+            formatting="mrkdwn", streaming="deltas",
+        )  # fmt: skip
+        self.team_id = ""
+        self.bot_user_id = ""
+        self.client: Any = None
+        self.app: Any = None
+        self._handler: Any = None
+        self._runner: Any = None
+        self._sink: MessageSink | None = None
+        self._seen = _Seen(o.state_file or f"slack-{name}-seen.sqlite3", o.dedupe_keep)
+        self._names: dict[str, str] = {}
+        self._threads: set[str] = set()  # thread keys the bot takes part in
+        self._answers: dict[str, _Answer] = {}
+        self._bot_messages: OrderedDict[str, str] = OrderedDict()  # ts -> channel key
+        self._native_ok: bool | None = None if o.streaming == "auto" else o.streaming == "native"
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def start(self, sink: MessageSink) -> None:
+        from slack_bolt.async_app import AsyncApp
+        from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
+        from slack_sdk.web.async_client import AsyncWebClient
+
+        o = self.options
+        for key in ("bot_token", "app_token" if o.mode == "socket" else "signing_secret"):
+            secret = getattr(o, key)
+            if secret is None or not secret.get_secret_value():
+                raise ConfigError(f"transports.{self.name}.{key} is empty")
+        self._sink = sink
+        await asyncio.to_thread(self._seen.open)
+        kwargs: dict[str, Any] = {"token": o.bot_token.get_secret_value()}
+        if o.api_url:
+            kwargs["base_url"] = o.api_url
+        self.client = AsyncWebClient(**kwargs)
+        self.client.retry_handlers.append(
+            AsyncRateLimitErrorRetryHandler(max_retry_count=o.rate_limit_retries)
+        )
+        auth = await self.client.auth_test()
+        self.bot_user_id = auth["user_id"]
+        self.team_id = auth.get("team_id") or ""
+        self.app = AsyncApp(
+            client=self.client,
+            signing_secret=o.signing_secret.get_secret_value() if o.signing_secret else None,
+            request_verification_enabled=o.mode == "http",
+            token_verification_enabled=False,
+        )
+        self.app.event("app_mention")(self._on_event)
+        self.app.event("message")(self._on_event)
+        self.app.event("reaction_added")(self._on_reaction)
+        if o.mode == "socket":
+            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+
+            assert o.app_token is not None
+            self._handler = AsyncSocketModeHandler(
+                self.app, o.app_token.get_secret_value(), web_client=self.client
+            )
+            await self._handler.connect_async()
+        else:
+            await self._serve_http()
+        log.info("slack %s: connected as %s in team %s", self.name, self.bot_user_id, self.team_id)
+
+    async def _serve_http(self) -> None:
+        from aiohttp import web
+        from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+
+        async def events(request: web.Request) -> web.Response:
+            response = await self.app.async_dispatch(await to_bolt_request(request))
+            return await to_aiohttp_response(response)
+
+        webapp = web.Application()
+        webapp.router.add_post(self.options.http_path, events)
+        self._runner = web.AppRunner(webapp, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.options.http_host, self.options.http_port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        if sockets:
+            self.http_port = sockets[0].getsockname()[1]
+
+    async def aclose(self) -> None:
+        for answer in list(self._answers.values()):
+            if answer.flush is not None:
+                answer.flush.cancel()
+        if self._handler is not None:
+            with contextlib.suppress(Exception):
+                await self._handler.close_async()
+            self._handler = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.to_thread(self._seen.close)
+        self.closed.set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- incoming ---------------------------------------------------------------------
+    async def _name(self, user: str) -> str:
+        name = self._names.get(user)
+        if name is None:
+            try:
+                info = (await self.client.users_info(user=user))["user"]
+                profile = info.get("profile") or {}
+                name = (
+                    profile.get("display_name") or info.get("real_name") or info.get("name")
+                    or user
+                )  # fmt: skip
+            except Exception as exc:  # the name is a nicety: never lose the message
+                log.info("slack %s: users.info %s failed: %s", self.name, user, exc)
+                name = user
+            self._names[user] = name
+        return name
+
+    def _key(self, channel: str, thread_ts: str | None) -> str:
+        if self.options.conversation_per == "thread" and thread_ts:
+            return f"slack:{self.team_id}:{channel}:{thread_ts}"
+        return f"slack:{self.team_id}:{channel}"
+
+    async def _on_event(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        # Bolt acknowledges the event itself; the answer runs elsewhere.
+        if event.get("bot_id") or event.get("subtype") or not event.get("user"):
+            return
+        if event.get("user") == self.bot_user_id:
+            return
+        channel, ts = event.get("channel", ""), event.get("ts", "")
+        event_id = body.get("event_id") or f"{channel}:{ts}:{event.get('type')}"
+        keys = (f"event:{event_id}", f"msg:{channel}:{ts}")
+        if self._seen.check_and_add(*keys):
+            return
+        await asyncio.to_thread(self._seen.persist, *keys)
+        text = event.get("text") or ""
+        is_dm = event.get("channel_type") == "im"
+        mentioned = f"<@{self.bot_user_id}>" in text
+        thread_ts = event.get("thread_ts")
+        if not is_dm and self.options.conversation_per == "thread":
+            thread_ts = thread_ts or ts
+        key = self._key(channel, thread_ts)
+        addressed = is_dm or mentioned or key in self._threads
+        if event.get("type") == "message" and not addressed:
+            return  # channel chatter outside our threads
+        self._threads.add(key)
+        text = _MENTION.sub(lambda m: "" if m.group(1) == self.bot_user_id else m.group(0), text)
+        user = event["user"]
+        message = IncomingMessage(
+            channel_key=key, text=text.strip(), author_id=user, author_name=await self._name(user),
+            direct=is_dm, addressed=True,
+            reply_to={"channel": channel, "thread_ts": thread_ts, "user": user},
+            meta={"team": self.team_id, "ts": ts},
+        )  # fmt: skip
+        await self._status(channel, thread_ts, self.options.status_text)
+        assert self._sink is not None
+        self._spawn(self._sink.handle(message, self))
+
+    async def _on_reaction(self, event: dict[str, Any]) -> None:
+        if event.get("reaction") != self.options.stop_reaction:
+            return
+        item = event.get("item") or {}
+        key = self._bot_messages.get(item.get("ts", ""))
+        interrupt = getattr(self._sink, "interrupt", None)
+        if key is not None and interrupt is not None:
+            await interrupt(key)
+
+    async def _status(self, channel: str, thread_ts: str | None, status: str) -> None:
+        if not thread_ts or not self.options.status_text:
+            return
+        try:
+            await self.client.assistant_threads_setStatus(
+                channel_id=channel, thread_ts=thread_ts, status=status
+            )
+        except Exception as exc:  # only assistant threads have a status
+            log.debug("slack %s: setStatus: %s", self.name, exc)
+
+    # -- outgoing ------------------------------------------------------------------------
+    def _remember(self, ts: str | None, key: str) -> None:
+        if ts:
+            self._bot_messages[ts] = key
+            while len(self._bot_messages) > 5000:
+                self._bot_messages.popitem(last=False)
+
+    async def send(self, message: OutgoingMessage) -> None:
+        where = message.reply_to or {}
+        channel = where.get("channel") or message.channel_key.split(":")[2]
+        thread_ts = where.get("thread_ts")
+        run = message.run_id or ""
+        if message.kind == "delta":
+            answer = self._answers.get(run)
+            if answer is None:
+                answer = self._answers[run] = _Answer(channel, thread_ts, where.get("user"))
+            async with answer.lock:
+                await self._delta(message.channel_key, answer, message.text)
+            return
+        if message.kind == "end":
+            answer = self._answers.pop(run, None)
+            if answer is not None:
+                async with answer.lock:
+                    await self._finish(message.channel_key, answer)
+            await self._status(channel, thread_ts, "")
+            return
+        text = message.text if message.kind != "answer" else markdown_to_mrkdwn(message.text)
+        if message.kind == "notice":
+            text = f"_{text}_"
+        response = await self.client.chat_postMessage(
+            channel=channel, thread_ts=thread_ts, text=text
+        )
+        self._remember(response.get("ts"), message.channel_key)
+
+    async def _delta(self, key: str, answer: _Answer, text: str) -> None:
+        answer.text += text
+        if answer.streamer is None and answer.ts is None and self._native_ok is not False:
+            await self._start_native(key, answer)
+        if answer.native:
+            try:
+                await answer.streamer.append(markdown_text=text)
+                self._native_ok = True
+                return
+            except Exception as exc:
+                self._native_failed(answer, exc)
+        await self._edit(key, answer, final=False)
+
+    def _native_failed(self, answer: _Answer, exc: Exception) -> None:
+        """Native streaming is not available here: edit messages instead, from now on."""
+        if self.options.streaming == "native":
+            raise exc
+        log.info("slack %s: native streaming unavailable (%s): posting and editing", self.name,
+                 getattr(exc, "response", {}).get("error", exc) if hasattr(exc, "response")
+                 else exc)  # fmt: skip
+        self._native_ok = False
+        answer.native = False
+        answer.streamer = None
+
+    async def _start_native(self, key: str, answer: _Answer) -> None:
+        if not answer.thread_ts:
+            return  # native streams are replies in a thread
+        # The helper calls chat.startStream when its buffer first flushes; a
+        # workspace without streaming fails there and we fall back to edits.
+        answer.streamer = await self.client.chat_stream(
+            channel=answer.channel, thread_ts=answer.thread_ts,
+            recipient_team_id=self.team_id, recipient_user_id=answer.user,
+            buffer_size=self.options.stream_buffer,
+        )  # fmt: skip
+        answer.native = True
+
+    async def _edit(self, key: str, answer: _Answer, *, final: bool) -> None:
+        """Post, then update the message at most every ``edit_interval`` seconds."""
+        limit = self.options.max_message_chars
+        while len(answer.text) - answer.offset > limit:
+            # This message is full: finish it and continue in a new one.
+            cut = answer.text.rfind("\n", answer.offset, answer.offset + limit)
+            cut = cut if cut > answer.offset else answer.offset + limit
+            await self._write(key, answer, answer.text[answer.offset : cut])
+            answer.ts, answer.offset, answer.shown = None, cut, 0
+        now = time.monotonic()
+        due = answer.last_edit + self.options.edit_interval
+        if answer.ts is not None and not final and now < due:
+            if answer.flush is None:
+                loop = asyncio.get_running_loop()
+                answer.flush = loop.call_later(
+                    due - now, lambda: self._spawn(self._flush(key, answer))
+                )
+            return
+        await self._write(key, answer, answer.text[answer.offset :])
+
+    async def _flush(self, key: str, answer: _Answer) -> None:
+        async with answer.lock:
+            answer.flush = None
+            if not answer.native and answer.shown < len(answer.text) - answer.offset:
+                await self._write(key, answer, answer.text[answer.offset :])
+
+    async def _write(self, key: str, answer: _Answer, text: str) -> None:
+        body = markdown_to_mrkdwn(text) or "…"
+        if answer.ts is None:
+            response = await self.client.chat_postMessage(
+                channel=answer.channel, thread_ts=answer.thread_ts, text=body
+            )
+            answer.ts = response.get("ts")
+            self._remember(answer.ts, key)
+        elif answer.shown != len(text):
+            await self.client.chat_update(channel=answer.channel, ts=answer.ts, text=body)
+        answer.shown = len(text)
+        answer.last_edit = time.monotonic()
+
+    async def _finish(self, key: str, answer: _Answer) -> None:
+        if answer.flush is not None:
+            answer.flush.cancel()
+            answer.flush = None
+        if answer.native:
+            try:
+                response = await answer.streamer.stop()
+                self._native_ok = True
+                self._remember(response.get("ts") if response else None, key)
+                return
+            except Exception as exc:
+                self._native_failed(answer, exc)
+        await self._edit(key, answer, final=True)
