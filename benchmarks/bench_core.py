@@ -35,6 +35,13 @@ from typing import Any
 
 import aiosqlite
 import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from agentik.core import Agent, OpenAIBackend, SQLiteStore, TextDelta
+from agentik.core.messages import NewMessage
+from agentik.core.store.base import ConversationRecord
+from agentik.core.store.migrations import MIGRATIONS
+
 from _common import (
     Row,
     fake_openai_server,
@@ -47,12 +54,6 @@ from _common import (
     say_environment,
     version,
 )
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
-
-from agentik.core import Agent, OpenAIBackend, SQLiteStore, TextDelta
-from agentik.core.messages import NewMessage
-from agentik.core.store.base import ConversationRecord
-from agentik.core.store.migrations import MIGRATIONS
 
 MODEL = "fake-model"
 FILLER = "the quick brown fox jumps over the lazy dog, "  # ~45 characters

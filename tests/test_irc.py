@@ -7,18 +7,18 @@ import base64
 import re
 from contextlib import asynccontextmanager
 
+from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.core import Agent, SQLiteStore
+from agentik.core.testing.scripted import Reply, ScriptedModel
+from agentik.transports.irc.transport import IRCTransport, sasl_chunks
+from agentik.transports.irc.wire import strip_formatting
+
 from ircservers import (
     IRCTestClient,
     ScriptedIRCServer,
     registration_handler,
     sasl_plain,
 )
-
-from agentik.bot.bridge import Bridge, ChannelOptions
-from agentik.core import Agent, SQLiteStore
-from agentik.core.testing.scripted import Reply, ScriptedModel
-from agentik.transports.irc.transport import IRCTransport, sasl_chunks
-from agentik.transports.irc.wire import strip_formatting
 
 pytest_plugins = ["ircservers"]
 
