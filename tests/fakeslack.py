@@ -274,7 +274,7 @@ class FakeSlack:
         for event in self._waiters:
             event.set()
 
-    async def _wait_until(self, check: Callable[[], Any], timeout: float, what: str) -> Any:
+    async def _wait_until(self, check: Callable[[], Any], timeout: float, what: str) -> Any:  # noqa: ASYNC109
         event = asyncio.Event()
         self._waiters.add(event)
         try:
@@ -286,7 +286,9 @@ class FakeSlack:
                         return result
                     await event.wait()
         except TimeoutError:
-            raise TimeoutError(f"FakeSlack: timed out after {timeout}s waiting for {what}") from None
+            raise TimeoutError(
+                f"FakeSlack: timed out after {timeout}s waiting for {what}"
+            ) from None
         finally:
             self._waiters.discard(event)
 
@@ -433,7 +435,6 @@ class FakeSlack:
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
         params: dict[str, Any] = dict(request.query)
-        body_token = None
         if request.method == "POST" and request.can_read_body:
             ctype = request.content_type
             if ctype == "application/json":

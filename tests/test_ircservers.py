@@ -6,6 +6,7 @@ import asyncio
 import base64
 
 import pytest
+
 from ircservers import (
     HOST,
     IRCServerProcess,

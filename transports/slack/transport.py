@@ -192,7 +192,6 @@ class SlackTransport(Transport):
             client=self.client,
             signing_secret=o.signing_secret.get_secret_value() if o.signing_secret else None,
             request_verification_enabled=o.mode == "http",
-            token_verification_enabled=False,
         )
         self.app.event("app_mention")(self._on_event)
         self.app.event("message")(self._on_event)

@@ -1,0 +1,286 @@
+"""The Slack transport: the real slack-bolt/slack-sdk stack against a local fake Slack."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import asynccontextmanager
+
+import aiohttp
+
+from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.core import Agent, SQLiteStore
+from agentik.core.testing.scripted import Reply, ScriptedModel
+from agentik.transports.slack.transport import SlackTransport, markdown_to_mrkdwn
+
+from fakeslack import FakeSlack
+
+
+@asynccontextmanager
+async def slack_bot(slack: FakeSlack, tmp_path, *, model=None, store=None, **settings):
+    model = model or ScriptedModel()
+    agent = Agent(llm=model, store=store or SQLiteStore(str(tmp_path / "slack.db")))
+    await agent.start()
+    bridge = Bridge(agent)
+    base = {
+        "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
+        "state_file": str(tmp_path / "seen.sqlite3"), "edit_interval": 0.05,
+    }  # fmt: skip
+    transport = SlackTransport(name="slack", settings={**base, **settings})
+    bridge.attach(transport, ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        yield transport, model, agent, bridge
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+def bot_texts(slack: FakeSlack, channel: str) -> list[str]:
+    return [
+        m["text"]
+        for (ch, _), m in sorted(slack.messages.items(), key=lambda kv: kv[0][1])
+        if ch == channel and m.get("user") == slack.bot_user_id
+    ]
+
+
+async def answered(slack: FakeSlack, bridge: Bridge, key: str) -> None:
+    """Wait until the bridge took the message for ``key`` and every answer is sent."""
+    async with asyncio.timeout(10):
+        while True:
+            ch = bridge._channels.get(key)
+            if ch is not None and (
+                ch.pending or await ch.conversation.messages(kinds=["assistant"], limit=1)
+            ):
+                break
+            await asyncio.sleep(0.01)
+    await bridge.flush(key)
+
+
+async def test_a_mention_is_answered_in_its_thread_with_native_streaming(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice", display_name="Alice A.")
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            model.enqueue(Reply(text="Hello **Alice**, here is the answer.", chunks=None))
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> hi there")
+            await slack.push_event(event)
+            key = f"slack:T1:C1:{event['ts']}"
+            await answered(slack, bridge, key)
+            start = await slack.wait_for_call("chat.startStream")
+            assert start["thread_ts"] == event["ts"] and start["channel"] == "C1"
+            await slack.wait_for_call("chat.stopStream")
+            assert bot_texts(slack, "C1") == ["Hello **Alice**, here is the answer."]
+            # The model saw the display name, not the user id, and no mention markup.
+            assert [(m.author, m.content) for m in model.requests[0].messages] == [
+                ("Alice A.", "hi there")
+            ]
+            status = slack.calls_to("assistant.threads.setStatus")
+            assert status[0]["status"] == "is thinking…" and status[-1]["status"] == ""
+
+
+async def test_a_direct_message_is_answered(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            event = slack.message_event("D1", "private question", channel_type="im")
+            await slack.push_event(event)
+            await answered(slack, bridge, "slack:T1:D1")
+            assert bot_texts(slack, "D1") == ["echo: private question"]
+
+
+async def test_two_users_in_one_thread(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.add_user("U2", "bob")
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            first = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> start", user="U1")
+            await slack.push_event(first)
+            key = f"slack:T1:C1:{first['ts']}"
+            await answered(slack, bridge, key)
+            # A reply in the bot's thread, without a mention, is for the bot too.
+            reply = slack.message_event("C1", "and me?", user="U2", thread_ts=first["ts"])
+            await slack.push_event(reply)
+            async with asyncio.timeout(10):
+                while len(model.requests) < 2:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            await bridge.flush(key)
+            users = [(m.author, m.content) for m in model.requests[-1].messages if m.role == "user"]
+            assert users == [("alice", "start"), ("bob", "and me?")]
+            # Chatter outside the bot's threads is not answered.
+            await slack.push_event(slack.message_event("C1", "unrelated", user="U2"))
+            await slack.push_event(slack.message_event("C1", "!help", user="U2"))
+            assert len(model.requests) == 2
+
+
+async def test_each_message_is_handled_once_even_across_a_restart(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        store_path = tmp_path / "slack.db"
+        async with slack_bot(slack, tmp_path, store=SQLiteStore(str(store_path))) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> once please")
+            await slack.push_event(event, event_id="Ev1")
+            await slack.push_event(event, event_id="Ev1", retry_num=1, retry_reason="timeout")
+            # The same message also arrives as a plain message event (another event id).
+            twin = dict(event, type="message", channel_type="channel")
+            await slack.push_event(twin, event_id="Ev2")
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            await asyncio.sleep(0.2)
+            assert len(model.requests) == 1
+        # After a restart the same delivery is still recognised.
+        model = ScriptedModel()
+        async with slack_bot(slack, tmp_path, model=model, store=SQLiteStore(str(store_path))) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            envelope = await slack.push_event(event, event_id="Ev1", retry_num=2)
+            await slack.wait_for_ack(envelope)
+            await asyncio.sleep(0.2)
+            assert model.requests == []
+
+
+async def test_edit_streaming_stays_within_the_edit_rate(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, streaming="edit", edit_interval=0.2) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            words = [f"w{i} " for i in range(40)]
+            model.enqueue(Reply(chunks=words, delay=0.02))
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> stream it")
+            started = time.monotonic()
+            await slack.push_event(event)
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            elapsed = time.monotonic() - started
+            assert [t.strip() for t in bot_texts(slack, "C1")] == ["".join(words).strip()]
+            updates = slack.calls_to("chat.update")
+            assert len(slack.calls_to("chat.postMessage")) == 1
+            # Throttled: at most one edit per edit_interval (plus the final one).
+            assert 1 <= len(updates) <= elapsed / 0.2 + 2
+            assert slack.calls_to("chat.startStream") == []
+
+
+async def test_auto_streaming_falls_back_to_edits_without_native_support(tmp_path):
+    async with FakeSlack() as slack:
+        slack.supports_streaming = False
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            first = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> one")
+            await slack.push_event(first)
+            await answered(slack, bridge, f"slack:T1:C1:{first['ts']}")
+            # The workspace refused the native stream: the answer was posted instead ...
+            assert bot_texts(slack, "C1") == ["echo: one"]
+            # ... and later answers stream by editing, without trying native again.
+            tries = len(slack.calls_to("chat.startStream"))
+            model.enqueue(Reply(chunks=[f"x{i} " for i in range(10)], delay=0.02))
+            second = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> two")
+            await slack.push_event(second)
+            await answered(slack, bridge, f"slack:T1:C1:{second['ts']}")
+            assert len(slack.calls_to("chat.startStream")) == tries
+            assert slack.calls_to("chat.update")
+
+
+async def test_rate_limited_calls_are_retried_not_dropped_or_doubled(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, streaming="edit") as (bot, model, agent, bridge):
+            slack.rate_limit("chat.postMessage", times=1, retry_after=1)
+            event = slack.message_event("D1", "hello", channel_type="im")
+            await slack.push_event(event)
+            await answered(slack, bridge, "slack:T1:D1")
+            assert bot_texts(slack, "D1") == ["echo: hello"]
+            assert len(slack.calls_to("chat.postMessage")) == 2  # the 429, then the retry
+
+
+async def test_socket_dropped_mid_answer_reconnects_and_delivers(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, streaming="edit") as (bot, model, agent, bridge):
+            gate = asyncio.Event()
+            held = Reply(text="answer after the drop", gate=gate)
+            model.enqueue(held)
+            await slack.push_event(slack.message_event("D1", "first", channel_type="im"))
+            await held.started.wait()
+            await slack.drop_socket(abort=False)
+            await slack.wait_for_socket(2)
+            gate.set()
+            await bridge.flush("slack:T1:D1")
+            await slack.push_event(slack.message_event("D1", "second", channel_type="im"))
+            async with asyncio.timeout(10):
+                while len(bot_texts(slack, "D1")) < 2:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            await bridge.flush("slack:T1:D1")
+            assert bot_texts(slack, "D1") == ["answer after the drop", "echo: second"]
+
+
+async def test_stop_command_and_stop_reaction(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, streaming="edit") as (bot, model, agent, bridge):
+            first = slack.message_event("D1", "talk", channel_type="im")
+            slow = Reply(text="word " * 200, delay=0.02)
+            model.enqueue(slow)
+            await slack.push_event(first)
+            await slow.started.wait()
+            await slack.wait_for_call("chat.postMessage")
+            await slack.push_event(slack.message_event("D1", "!stop", channel_type="im"))
+            await bridge.flush("slack:T1:D1")
+            assert "_(interrupted)_" in bot_texts(slack, "D1")
+            # The same with the stop reaction on the bot's message.
+            slow2 = Reply(text="more " * 200, delay=0.02)
+            model.enqueue(slow2)
+            await slack.push_event(slack.message_event("D1", "again", channel_type="im"))
+            await slow2.started.wait()
+            posted = await slack.wait_for_call("chat.postMessage")
+            del posted
+            bot_ts = max(ts for (ch, ts), m in slack.messages.items()
+                         if ch == "D1" and m.get("user") == slack.bot_user_id)  # fmt: skip
+            reaction = {
+                "type": "reaction_added", "user": "U1", "reaction": "octagonal_sign",
+                "item": {"type": "message", "channel": "D1", "ts": bot_ts},
+                "item_user": slack.bot_user_id, "event_ts": slack.new_ts(),
+            }  # fmt: skip
+            await slack.push_event(reaction)
+            await bridge.flush("slack:T1:D1")
+            assert bot_texts(slack, "D1").count("_(interrupted)_") == 2
+
+
+async def test_http_mode_verifies_signatures(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(
+            slack, tmp_path, mode="http", signing_secret=slack.signing_secret, http_port=0
+        ) as (bot, model, agent, bridge):
+            url = f"http://127.0.0.1:{bot.http_port}/slack/events"
+            event = slack.message_event("D1", "over http", channel_type="im")
+            body = json.dumps(slack.event_callback(event)).encode()
+            async with aiohttp.ClientSession() as http:
+                bad = {**slack.sign(body), "X-Slack-Signature": "v0=" + "0" * 64}
+                async with http.post(url, data=body, headers=bad) as resp:
+                    assert resp.status == 401
+                assert model.requests == []
+                headers = {**slack.sign(body), "Content-Type": "application/json"}
+                async with http.post(url, data=body, headers=headers) as resp:
+                    assert resp.status == 200
+            await answered(slack, bridge, "slack:T1:D1")
+            assert bot_texts(slack, "D1") == ["echo: over http"]
+
+
+def test_markdown_becomes_mrkdwn():
+    assert markdown_to_mrkdwn("**bold** *it* [docs](https://x.y/z)") == (
+        "*bold* _it_ <https://x.y/z|docs>"
+    )
+    assert markdown_to_mrkdwn("# Title\n```py\nkeep **this**\n```") == (
+        "*Title*\n```\nkeep **this**\n```"
+    )
