@@ -284,3 +284,35 @@ def test_markdown_becomes_mrkdwn():
     assert markdown_to_mrkdwn("# Title\n```py\nkeep **this**\n```") == (
         "*Title*\n```\nkeep **this**\n```"
     )
+
+
+async def test_one_conversation_per_channel_when_configured(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, conversation_per="channel", streaming="edit") as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            for n, text in enumerate(("first", "second"), start=1):
+                await slack.push_event(
+                    slack.app_mention_event("C9", f"<@{slack.bot_user_id}> {text}")
+                )
+                async with asyncio.timeout(10):
+                    while len(model.requests) < n:  # noqa: ASYNC110
+                        await asyncio.sleep(0.01)
+                await answered(slack, bridge, "slack:T1:C9")
+            users = [m.content for m in model.requests[-1].messages if m.role == "user"]
+            assert users == ["first", "second"]
+
+
+def test_settings_name_the_missing_token():
+    import pytest
+
+    from agentik.core import ConfigError
+
+    with pytest.raises(ConfigError, match=r"transports\.s\..*app_token"):
+        SlackTransport(name="s", settings={"bot_token": "xoxb-1"})
+    with pytest.raises(ConfigError, match="signing_secret"):
+        SlackTransport(name="s", settings={"bot_token": "xoxb-1", "mode": "http"})

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import re
 import sqlite3
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -76,8 +77,14 @@ class _Seen:
         self.keep = keep
         self.keys: OrderedDict[str, None] = OrderedDict()
         self.conn: sqlite3.Connection | None = None
+        # Calls come from worker threads: one at a time, and never after close.
+        self.lock = threading.Lock()
 
     def open(self) -> None:
+        with self.lock:
+            self._open()
+
+    def _open(self) -> None:
         self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.conn.execute("CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, at REAL)")
         rows = self.conn.execute(
@@ -97,22 +104,24 @@ class _Seen:
         return dup
 
     def persist(self, *keys: str) -> None:
-        if self.conn is None:
-            return
-        now = time.time()
-        self.conn.executemany(
-            "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)", [(k, now) for k in keys]
-        )
-        self.conn.execute(
-            "DELETE FROM seen WHERE at < (SELECT MIN(at) FROM (SELECT at FROM seen"
-            " ORDER BY at DESC LIMIT ?))",
-            (self.keep,),
-        )
+        with self.lock:
+            if self.conn is None:
+                return
+            now = time.time()
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)", [(k, now) for k in keys]
+            )
+            self.conn.execute(
+                "DELETE FROM seen WHERE at < (SELECT MIN(at) FROM (SELECT at FROM seen"
+                " ORDER BY at DESC LIMIT ?))",
+                (self.keep,),
+            )
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        with self.lock:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
 
 
 @dataclass
