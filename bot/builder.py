@@ -43,7 +43,11 @@ NO_MODEL_HELP = (
 
 
 class Toolset(Protocol):
-    """Anything that provides several tools (an MCP server, a plugin)."""
+    """Anything that provides several tools (MCP servers, a plugin).
+
+    ``tools()`` is asked at every turn, so the set may change while the agent
+    runs; optional ``start()``/``aclose()`` follow the agent's lifecycle.
+    """
 
     def tools(self) -> list[Tool]: ...
 
@@ -136,14 +140,12 @@ class AgentBuilder:
             raise ConfigError(f"AgentBuilder: missing required part(s): {', '.join(missing)}")
         assert self._llm is not None and self._store is not None
         prompt = "\n\n".join(p for p in (self._system_prompt, self._soul) if p) or None
-        tools: list[Tool] = list(self._tools)
-        for ts in self._toolsets:
-            tools.extend(ts.tools())
         return Agent(
             llm=self._llm,
             store=self._store,
             memory=self._memory,
-            tools=tools,
+            tools=self._tools,
+            toolsets=self._toolsets,
             system_prompt=prompt,
             policy=self._policy,
             event_buffer=self._event_buffer,

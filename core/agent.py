@@ -50,7 +50,9 @@ class Agent:
     ``event_buffer`` how many recent events each conversation keeps for
     reconnecting subscribers, and ``event_budget`` how many all of them keep
     together (memory stays bounded with many channels); ``memory`` the long-term memory backend (its
-    tools are merged with ``tools``); ``background`` coroutines functions
+    tools are merged with ``tools``); ``toolsets`` provide tools that may
+    change while the agent runs (MCP servers: ``tools()`` is asked at every
+    turn, ``start()``/``aclose()`` follow the agent's); ``background`` coroutine functions
     run as tasks while the agent runs (each receives the agent; they react
     to :meth:`events`, they do not poll), cancelled by :meth:`aclose`.
 
@@ -70,6 +72,7 @@ class Agent:
         event_budget: int = 50_000,
         memory: MemoryBackend | None = None,
         background: Iterable[Callable[[Agent], Awaitable[None]]] = (),
+        toolsets: Iterable[Any] = (),
     ) -> None:
         self.llm = llm
         self.store: Store = store if store is not None else SQLiteStore(":memory:")
@@ -81,6 +84,7 @@ class Agent:
         self._tools: dict[str, Tool] = {}
         for t in (*tools, *self.memory.tools()):
             self.add_tool(t)
+        self.toolsets = list(toolsets)
         self._background_fns = list(background)
         self._background: list[asyncio.Task[None]] = []
         self._temp_store = MemoryStore()
@@ -111,6 +115,12 @@ class Agent:
             except BaseException:
                 await self.store.aclose()
                 raise
+            # A toolset that fails to start is logged; the agent runs without it.
+            starters = [ts for ts in self.toolsets if hasattr(ts, "start")]
+            results = await asyncio.gather(*(ts.start() for ts in starters), return_exceptions=True)
+            for toolset, result in zip(starters, results, strict=True):
+                if isinstance(result, BaseException):
+                    log.error("toolset %r failed to start: %s", toolset, result)
             self.state = AgentState.RUNNING
             for i, fn in enumerate(self._background_fns):
                 task = asyncio.create_task(self._run_background(fn), name=f"agentik-background:{i}")
@@ -143,6 +153,12 @@ class Agent:
             await self.llm.aclose()
         with contextlib.suppress(Exception):
             await self.memory.aclose()
+        for toolset in self.toolsets:
+            if hasattr(toolset, "aclose"):
+                try:
+                    await toolset.aclose()
+                except Exception:
+                    log.exception("closing toolset %r failed", toolset)
         await self.store.aclose()
         self.state = AgentState.CLOSED
 
@@ -159,7 +175,15 @@ class Agent:
     # -- tools -------------------------------------------------------------------
     @property
     def tools(self) -> list[Tool]:
-        return list(self._tools.values())
+        """Every tool the model may be offered now: fixed ones, then each toolset's."""
+        tools = list(self._tools.values())
+        seen = set(self._tools)
+        for toolset in self.toolsets:
+            for t in toolset.tools():
+                if t.name not in seen:
+                    seen.add(t.name)
+                    tools.append(t)
+        return tools
 
     def add_tool(self, tool: Tool) -> None:
         """Offer ``tool`` to the model; names must be unique."""

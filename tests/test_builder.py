@@ -122,3 +122,50 @@ def test_other_backends_come_from_the_registry():
     bad = parse_config({"llm": {"backend": "nope"}}, env={})
     with pytest.raises(ConfigError, match="unknown LLM backend 'nope'"):
         AgentBuilder.from_config(bad, load_registry(bad))
+
+
+async def test_toolsets_are_asked_every_turn_and_follow_the_agent_lifecycle(tmp_path):
+    @tool
+    async def first() -> str:
+        """First."""
+        return "1"
+
+    @tool
+    async def second() -> str:
+        """Second."""
+        return "2"
+
+    class Growing:
+        def __init__(self):
+            self.offered = [first]
+            self.started = self.closed = False
+
+        def tools(self):
+            return list(self.offered)
+
+        async def start(self):
+            self.started = True
+
+        async def aclose(self):
+            self.closed = True
+
+    toolset = Growing()
+    model = ScriptedModel()
+    agent = (
+        AgentBuilder()
+        .llm(model)
+        .storage(SQLiteStore(str(tmp_path / "t.db")))
+        .memory(NoMemory())
+        .toolset(toolset)
+        .build()
+    )
+    async with agent:
+        assert toolset.started
+        conv = await agent.create_conversation()
+        await conv.send("a")
+        await conv.wait_idle()
+        toolset.offered.append(second)  # e.g. an MCP server announced a new tool
+        await conv.send("b")
+        await conv.wait_idle()
+    assert toolset.closed
+    assert [[t.name for t in r.tools] for r in model.requests] == [["first"], ["first", "second"]]
