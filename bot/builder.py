@@ -32,7 +32,14 @@ from agentik.core.plugins import Registry
 
 from .config import Config, reveal
 
-__all__ = ["AgentBuilder", "NoModelBackend", "Toolset", "backend_choice", "resolve_backend"]
+__all__ = [
+    "AgentBuilder",
+    "NoModelBackend",
+    "Toolset",
+    "backend_choice",
+    "mcp_toolset",
+    "resolve_backend",
+]
 
 NO_MODEL_HELP = (
     "No language model is configured, so I cannot answer yet. Point me at any "
@@ -163,6 +170,9 @@ class AgentBuilder:
         if config.agent.soul_file:
             b.soul(file=config.resolve_path(config.agent.soul_file))
         b.tools(*registry.tools)
+        toolset = mcp_toolset(config)
+        if toolset is not None:
+            b.toolset(toolset)
         t = config.tools
         b.policy(
             TurnPolicy(
@@ -174,6 +184,34 @@ class AgentBuilder:
         )
         b.event_buffer(config.agent.event_buffer)
         return b
+
+
+def mcp_toolset(config: Config) -> Any:
+    """The :class:`~agentik.core.tools.mcp.MCPToolset` for ``[mcp]``, or None."""
+    if not config.mcp.servers:
+        return None
+    from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
+
+    servers = [
+        MCPServerConfig(
+            name=s.name,
+            command=s.command,
+            args=tuple(s.args),
+            env=dict(s.env) or None,
+            cwd=config.resolve_path(s.cwd) if s.cwd else None,
+            url=s.url,
+            headers=dict(s.headers) or None,
+            bearer_token=reveal(s.bearer_token),
+            allow=tuple(s.allow) if s.allow is not None else None,
+            deny=tuple(s.deny),
+            timeout=s.timeout,
+            startup=s.startup or config.mcp.startup,
+            restart_min=s.restart_min,
+            restart_max=s.restart_max,
+        )
+        for s in config.mcp.servers
+    ]
+    return MCPToolset(servers)
 
 
 def backend_choice(config: Config) -> str:

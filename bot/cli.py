@@ -49,6 +49,7 @@ COMMANDS = (
     "conversations export",
     "conversations rm",
     "plugins",
+    "mcp list",
 )
 
 
@@ -95,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
         help="configuration file, for [plugins] load (default: $AGENTIK_CONFIG, else"
         " config.toml if present, else none)",
     )
+    mcp = sub.add_parser("mcp", help="MCP servers")
+    msub = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
+    with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
     return p
 
 
@@ -135,6 +139,8 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         return _check(config)
     if args.command == "plugins":
         return _plugins(config)
+    if args.command == "mcp":
+        return asyncio.run(_mcp_list(config))
     if config.database != ":memory:" and not os.path.exists(config.database):
         raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
     return asyncio.run(_conversations(args, config))
@@ -193,6 +199,31 @@ def _check(config: Config) -> int:
 
 async def _aclose(obj: Any) -> None:
     await obj.aclose()
+
+
+async def _mcp_list(config: Config) -> int:
+    from .builder import mcp_toolset
+
+    toolset = mcp_toolset(config)
+    if toolset is None:
+        print("no MCP servers configured ([[mcp.servers]])")
+        return 0
+    await toolset.start()
+    try:
+        toolset.tools()  # lazy servers connect on first use
+        failed = 0
+        for server in toolset.status():
+            state = server.get("state")
+            failed += state == "failed"
+            line = f"{server['name']}: {state}"
+            if server.get("error"):
+                line += f" ({server['error']})"
+            print(line)
+            for name in server.get("tools") or ():
+                print(f"  {name}")
+    finally:
+        await toolset.aclose()
+    return 1 if failed else 0
 
 
 def _plugins(config: Config) -> int:

@@ -30,6 +30,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from agentik.core.errors import ConfigError
@@ -40,6 +41,8 @@ __all__ = [
     "Config",
     "LLMSection",
     "LoggingSection",
+    "MCPSection",
+    "MCPServerSection",
     "PluginsSection",
     "StorageSection",
     "ToolsSection",
@@ -137,6 +140,47 @@ class TransportSection(BaseModel):
         return dict(self.model_extra or {})
 
 
+class MCPServerSection(_Section):
+    """``[[mcp.servers]]``: one MCP server; its tools become ``<name>__<tool>``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,40}$")
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    bearer_token: SecretStr | None = None
+    allow: list[str] | None = None
+    deny: list[str] = Field(default_factory=list)
+    timeout: float = Field(60.0, gt=0)
+    startup: Literal["eager", "lazy"] | None = None
+    restart_min: float = Field(0.5, gt=0)
+    restart_max: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> MCPServerSection:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either command (stdio) or url (streamable HTTP)")
+        return self
+
+
+class MCPSection(_Section):
+    """``[mcp]``: tools from MCP servers."""
+
+    #: ``eager``: connect every server at start-up; ``lazy``: on first use.
+    startup: Literal["eager", "lazy"] = "eager"
+    servers: list[MCPServerSection] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> MCPSection:
+        names = [s.name for s in self.servers]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"two MCP servers are named {name!r}")
+        return self
+
+
 class PluginsSection(_Section):
     """``[plugins]``: which third-party plugins load."""
 
@@ -158,6 +202,7 @@ class Config(_Section):
     storage: StorageSection = Field(default_factory=StorageSection)
     tools: ToolsSection = Field(default_factory=ToolsSection)
     transports: dict[str, TransportSection] = Field(default_factory=dict)
+    mcp: MCPSection = Field(default_factory=MCPSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     #: The file this came from (not a key).
@@ -192,7 +237,13 @@ class Config(_Section):
                         found.append(value)
                     walk(value)
             elif isinstance(obj, dict):
-                for value in obj.values():
+                for key, value in obj.items():
+                    # MCP server env/headers: values under secret-looking names.
+                    if isinstance(value, str) and value and _SECRETISH.search(str(key)):
+                        found.append(value)
+                    walk(value)
+            elif isinstance(obj, list):
+                for value in obj:
                     walk(value)
 
         walk(self)
@@ -245,7 +296,7 @@ def _interpolate(value: Any, env: Mapping[str, str], path: str, source: str) -> 
     return value
 
 
-_SECRETISH = re.compile(r"(key|token|secret|password|passwd|credential)", re.I)
+_SECRETISH = re.compile(r"(key|token|secret|password|passwd|credential|authorization)", re.I)
 
 
 def _describe(error: Any, *, show_input: bool = True) -> str:

@@ -98,7 +98,8 @@ def test_example_config_picks_up_the_openai_variables():
     assert backend_choice(config) == "openai"
 
 
-_HEADER = re.compile(r"^\[([A-Za-z0-9_.\-]+)\]\s*(#.*)?$")
+# ``[table]``, ``[[array.of.tables]]``, and such headers commented out (``# [[mcp.servers]]``).
+_HEADER = re.compile(r"^(?:# ?)?\[\[?([A-Za-z0-9_.\-]+)\]\]?\s*(#.*)?$")
 _LIVE_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=")
 _COMMENTED_KEY = re.compile(r"^# ?([A-Za-z_][A-Za-z0-9_]*) = \S")
 
@@ -148,6 +149,13 @@ def _model_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
             and issubclass(args[1], BaseModel)
         ):
             paths |= _model_keys(args[1], path + ".*.")
+        elif (
+            typing.get_origin(ann) is list
+            and args
+            and isinstance(args[0], type)
+            and issubclass(args[0], BaseModel)
+        ):
+            paths |= _model_keys(args[0], path + ".")  # an array of tables
         else:
             paths.add(path)
     return paths
@@ -489,3 +497,35 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path):
     assert config.database == str(tmp_path / "sub" / "data" / "bot.db")
     assert config.resolve_path("soul.md") == str(tmp_path / "sub" / "soul.md")
     assert parse_config({"storage": {"path": ":memory:"}}, env={}).database == ":memory:"
+
+
+def test_mcp_servers_are_validated_and_their_secrets_masked():
+    config = parse_config(
+        {
+            "mcp": {
+                "servers": [
+                    {"name": "time", "command": "mcp-server-time",
+                     "env": {"API_KEY": "k-123456", "TZ": "UTC"}},
+                    {"name": "web", "url": "http://127.0.0.1:9/mcp", "bearer_token": "tok-98765",
+                     "headers": {"Authorization": "Bearer hdr-55555"}},
+                ]
+            }
+        },
+        env={},
+    )  # fmt: skip
+    assert [s.name for s in config.mcp.servers] == ["time", "web"]
+    secrets = config.secrets()
+    assert {"k-123456", "tok-98765", "Bearer hdr-55555"} <= set(secrets)
+    assert "UTC" not in secrets
+    for bad, message in [
+        ({"name": "x"}, "either command"),
+        ({"name": "x", "command": "a", "url": "http://b"}, "either command"),
+        ({"name": "bad name!", "command": "a"}, "mcp.servers.0.name"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_config({"mcp": {"servers": [bad]}}, env={})
+    with pytest.raises(ConfigError, match="two MCP servers are named 'a'"):
+        parse_config(
+            {"mcp": {"servers": [{"name": "a", "command": "x"}, {"name": "a", "command": "y"}]}},
+            env={},
+        )
