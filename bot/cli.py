@@ -210,7 +210,7 @@ async def _mcp_list(config: Config) -> int:
         return 0
     await toolset.start()
     try:
-        toolset.tools()  # lazy servers connect on first use
+        await toolset.refresh()  # lazy servers connect too
         failed = 0
         for server in toolset.status():
             state = server.get("state")
