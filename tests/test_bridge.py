@@ -257,3 +257,28 @@ async def test_ambient_context_is_recorded_without_answering(rig):
     await bridge.flush("mem:#ops")
     ctx = [(m.author, m.content) for m in model.requests[0].messages]
     assert ctx == [("carol", "no, at 6"), ("bob", "ok 6 then"), ("alice", "when is the deploy?")]
+
+
+async def test_a_transport_instance_can_limit_the_tools_of_its_channels(rig):
+    model, agent, bridge, make = rig
+
+    @tool
+    async def time__now() -> str:
+        """The time."""
+        return "noon"
+
+    @tool
+    async def shell__run() -> str:
+        """Runs commands."""
+        return "no"
+
+    agent.add_tool(time__now)
+    agent.add_tool(shell__run)
+    public = await make(allowed_tools=("time__*",))
+    private = await make()
+    await public.inject("hi", channel_key="pub:#x", direct=True)
+    await bridge.flush("pub:#x")
+    await private.inject("hi", channel_key="priv:#x", direct=True)
+    await bridge.flush("priv:#x")
+    offered = [sorted(t.name for t in r.tools) for r in model.requests]
+    assert offered == [["time__now"], ["shell__run", "time__now"]]
