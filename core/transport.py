@@ -113,12 +113,35 @@ class Transport(abc.ABC):
     #: Command prefix when the configuration sets none.
     default_command_prefix: ClassVar[str] = "!"
     caps: ChannelCaps = ChannelCaps()
+    #: A pydantic model of the transport's own keys; when set, ``__init__``
+    #: validates ``settings`` into :attr:`options` (errors name the key).
+    settings_model: ClassVar[Any] = None
 
     def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
         self.name = name
         self.settings = dict(settings or {})
         #: Set once the transport has shut down.
         self.closed = asyncio.Event()
+        self._tasks: set[asyncio.Future[Any]] = set()
+        if self.settings_model is not None:
+            self.options = parse_settings(
+                self.settings_model, self.settings, where=f"transports.{name}"
+            )
+
+    def spawn(self, coro: Any, *, name: str | None = None) -> asyncio.Future[Any]:
+        """Run ``coro`` as a task the transport keeps until it ends or :meth:`cancel_tasks`."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def cancel_tasks(self) -> None:
+        """Cancel every task started with :meth:`spawn` and wait for them."""
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     @abc.abstractmethod
     async def start(self, sink: MessageSink) -> None:

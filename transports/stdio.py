@@ -38,7 +38,6 @@ from agentik.core.transport import (
     MessageSink,
     OutgoingMessage,
     Transport,
-    parse_settings,
 )
 
 __all__ = ["StdioSettings", "StdioTransport"]
@@ -116,6 +115,7 @@ class StdioTransport(Transport):
     type = "stdio"
     default_command_prefix = "/"
     settings_model = StdioSettings
+    options: StdioSettings
 
     def __init__(
         self,
@@ -127,9 +127,6 @@ class StdioTransport(Transport):
         stderr: TextIO | None = None,
     ) -> None:
         super().__init__(name=name, settings=settings)
-        self.options: StdioSettings = parse_settings(
-            StdioSettings, self.settings, where=f"transports.{name}"
-        )
         self._stdin = stdin if stdin is not None else sys.stdin.buffer
         self._out = stdout or sys.stdout
         self._err = stderr or sys.stderr
@@ -139,11 +136,9 @@ class StdioTransport(Transport):
         self.channel_key = f"stdio:{self.options.channel}"
         self.user = self.options.user or _login()
         self._sink: MessageSink | None = None
-        self._reader: asyncio.Task[None] | None = None
         self._last_sigint = 0.0
         self._streaming = False
         self._sigint_installed = False
-        self._interrupts: set[asyncio.Future[Any]] = set()
 
     # -- lifecycle ----------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -152,7 +147,7 @@ class StdioTransport(Transport):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGINT, self._on_sigint)
             self._sigint_installed = True
-        self._reader = asyncio.create_task(self._read_loop(), name=f"agentik-stdio:{self.name}")
+        self.spawn(self._read_loop(), name=f"agentik-stdio:{self.name}")
         if self.interactive:
             self._write(
                 f"agentik — chatting on {self.channel_key} as {self.user}. "
@@ -170,11 +165,7 @@ class StdioTransport(Transport):
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
             self._sigint_installed = False
-        reader = self._reader
-        if reader is not None and reader is not asyncio.current_task():
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        await self.cancel_tasks()
         self.closed.set()
 
     # -- input ---------------------------------------------------------------------------
@@ -272,9 +263,7 @@ class StdioTransport(Transport):
         sink = self._sink
         busy = bool(sink is not None and getattr(sink, "busy", lambda k: False)(self.channel_key))
         if busy and not twice:
-            task = asyncio.ensure_future(sink.interrupt(self.channel_key))  # type: ignore[union-attr]
-            self._interrupts.add(task)
-            task.add_done_callback(self._interrupts.discard)
+            self.spawn(sink.interrupt(self.channel_key))  # type: ignore[union-attr]
             return
         # Idle, or pressed twice: leave.
         self.closed.set()

@@ -49,7 +49,6 @@ from agentik.core.transport import (
     MessageSink,
     OutgoingMessage,
     Transport,
-    parse_settings,
 )
 
 from .settings import IRCSettings
@@ -127,13 +126,10 @@ class IRCTransport(Transport):
     default_command_prefix = "!"
     settings_model = IRCSettings
 
+    options: IRCSettings
+
     def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
         super().__init__(name=name, settings=settings)
-        self.options: IRCSettings = parse_settings(
-            IRCSettings, self.settings, where=f"transports.{name}"
-        )
-        if self.options.reconnect_max < self.options.reconnect_min:  # pragma: no cover
-            raise ConfigError(f"transports.{name}.reconnect_max: below reconnect_min")
         self.network = self.options.network or name
         # The bridge splits roughly; we re-split each line to the exact budget.
         self.caps = ChannelCaps(max_bytes=512 - 112, formatting="irc", streaming="lines")
@@ -153,8 +149,6 @@ class IRCTransport(Transport):
         self._connected_at = 0.0
         self._attempt = 0
         self._lost = asyncio.Event()
-        self._main: asyncio.Task[None] | None = None
-        self._sender: asyncio.Task[None] | None = None
         self._queue: deque[_Out] = deque()
         self._queue_changed = asyncio.Event()
         self._tokens = float(self.options.flood_burst)
@@ -170,7 +164,6 @@ class IRCTransport(Transport):
         self._in_code: dict[str, bool] = {}
         self._batches: dict[str, tuple[str, list[str]]] = {}
         self._batch_seq = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -185,8 +178,8 @@ class IRCTransport(Transport):
         self._bot.owner = self
         self._connection_cls = connection
         self._bot.attach_events(irc3.event(r"^(?P<raw>.*)$", self._on_line))
-        self._main = asyncio.create_task(self._run(), name=f"agentik-irc:{self.name}")
-        self._sender = asyncio.create_task(self._send_loop(), name=f"agentik-irc-send:{self.name}")
+        self.spawn(self._run(), name=f"agentik-irc:{self.name}")
+        self.spawn(self._send_loop(), name=f"agentik-irc-send:{self.name}")
 
     async def serve(self) -> None:
         await self.closed.wait()
@@ -206,19 +199,8 @@ class IRCTransport(Transport):
                 self._protocol.close()
         if self._ping_timer is not None:
             self._ping_timer.cancel()
-        for task in (self._main, self._sender, *self._tasks):
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
-        await asyncio.gather(
-            *(t for t in (self._main, self._sender, *self._tasks) if t is not None),
-            return_exceptions=True,
-        )
+        await self.cancel_tasks()
         self.closed.set()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- connecting ------------------------------------------------------------------
     def _ssl_context(self) -> ssl.SSLContext | None:
@@ -560,7 +542,7 @@ class IRCTransport(Transport):
             meta={"network": self.network, "account": account},
         )  # fmt: skip
         assert self._sink is not None
-        self._spawn(self._sink.handle(message, self))
+        self.spawn(self._sink.handle(message, self))
 
     def _addressed(self, text: str) -> tuple[str, bool]:
         nick = re.escape(self.nick)

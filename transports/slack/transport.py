@@ -39,7 +39,6 @@ from agentik.core.transport import (
     MessageSink,
     OutgoingMessage,
     Transport,
-    parse_settings,
 )
 
 from .settings import SlackSettings
@@ -149,11 +148,10 @@ class SlackTransport(Transport):
     default_command_prefix = "!"
     settings_model = SlackSettings
 
+    options: SlackSettings
+
     def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
         super().__init__(name=name, settings=settings)
-        self.options: SlackSettings = parse_settings(
-            SlackSettings, self.settings, where=f"transports.{name}"
-        )
         o = self.options
         self.caps = ChannelCaps(
             max_chars=o.max_message_chars, can_edit=True, threads=True, typing=True,
@@ -172,7 +170,6 @@ class SlackTransport(Transport):
         self._answers: dict[str, _Answer] = {}
         self._bot_messages: OrderedDict[str, str] = OrderedDict()  # ts -> channel key
         self._native_ok: bool | None = None if o.streaming == "auto" else o.streaming == "native"
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -246,16 +243,9 @@ class SlackTransport(Transport):
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.cancel_tasks()
         await asyncio.to_thread(self._seen.close)
         self.closed.set()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- incoming ---------------------------------------------------------------------
     async def _name(self, user: str) -> str:
@@ -312,7 +302,7 @@ class SlackTransport(Transport):
         )  # fmt: skip
         await self._status(channel, thread_ts, self.options.status_text)
         assert self._sink is not None
-        self._spawn(self._sink.handle(message, self))
+        self.spawn(self._sink.handle(message, self))
 
     async def _on_reaction(self, event: dict[str, Any]) -> None:
         if event.get("reaction") != self.options.stop_reaction:
@@ -418,7 +408,7 @@ class SlackTransport(Transport):
             if answer.flush is None:
                 loop = asyncio.get_running_loop()
                 answer.flush = loop.call_later(
-                    due - now, lambda: self._spawn(self._flush(key, answer))
+                    due - now, lambda: self.spawn(self._flush(key, answer))
                 )
             return
         await self._write(key, answer, answer.text[answer.offset :])
