@@ -50,6 +50,7 @@ COMMANDS: dict[str, str] = {
     "stop": "interrupt the answer being written",
     "more": "show the next part of a long answer",
     "status": "show the model, the conversation and whether a turn is running",
+    "compact": "summarise the older part of this conversation now, to free context",
     "help": "list these commands",
 }
 
@@ -123,6 +124,7 @@ class Bridge:
                 await ch.conversation.note(
                     text[: opts.max_input_chars],
                     author=message.author_name or message.author_id,
+                    author_id=_author_id(transport, message),
                     keep=opts.ambient_lines,
                 )
             return
@@ -141,7 +143,9 @@ class Bridge:
         ch.more.clear()
         try:
             run_id = await ch.conversation.send(
-                text, author=message.author_name or message.author_id
+                text,
+                author=message.author_name or message.author_id,
+                author_id=_author_id(transport, message),
             )
         except AgentikError as exc:
             await self._send(
@@ -241,6 +245,7 @@ class Bridge:
             "new": lambda: self._cmd_new(key, transport, opts, say),
             "more": lambda: self._cmd_more(key, transport, say, p),
             "status": lambda: self._cmd_status(key, transport, opts, say),
+            "compact": lambda: self._cmd_compact(key, transport, opts, say),
         }
         handler = handlers.get(name)
         if handler is None:
@@ -288,6 +293,28 @@ class Bridge:
             await self._send(transport, key, ch.more.popleft(), "answer", ch.reply_to)
         if ch.more:
             await say(f"… {len(ch.more)} more lines: {prefix}more")
+
+    async def _cmd_compact(
+        self,
+        key: str,
+        transport: Transport,
+        opts: ChannelOptions,
+        say: Callable[[str], Awaitable[None]],
+    ) -> None:
+        ch = await self._channel(key, transport, opts)
+        try:
+            event = await ch.conversation.compact_now()
+        except AgentikError as exc:
+            await say(f"could not compact: {exc}")
+            return
+        if event is None:
+            await say("nothing to compact yet: the conversation is short")
+            return
+        how = "dropped (summarising failed)" if event.fallback else "summarised"
+        await say(
+            f"compacted: {event.messages} older messages {how}; context about "
+            f"{event.tokens_before} → {event.tokens_after} tokens"
+        )
 
     async def _cmd_status(
         self,
@@ -411,6 +438,13 @@ class _Renderer:
             result = e.result.replace("\n", " ")[:160]  # type: ignore[attr-defined]
             verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"  # type: ignore[attr-defined]
             await self._out(f"⚙ {e.name} {verb}: {result}", "notice", run)  # type: ignore[attr-defined]
+        elif kind == "compacted" and self.debug:
+            how = "dropped" if e.fallback else "summarised"  # type: ignore[attr-defined]
+            await self._out(
+                f"(context compacted: {e.messages} older messages {how})",  # type: ignore[attr-defined]
+                "notice",
+                run,
+            )
         elif kind == "error":
             await self._flush(run)
             await self._out(f"error: {e.message}", "error", run)  # type: ignore[attr-defined]
@@ -450,6 +484,11 @@ class _Renderer:
                 text = "\n".join(lines[:cap])
         for piece in split_text(text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars):
             await self._out(piece, "answer", run)
+
+
+def _author_id(transport: Transport, message: IncomingMessage) -> str | None:
+    """The speaker's identity qualified by transport instance: ``libera:alice``."""
+    return f"{transport.name}:{message.author_id}" if message.author_id else None
 
 
 def _short_args(arguments: str, limit: int = 80) -> str:

@@ -22,13 +22,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any, Protocol, Self
 
 from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolicy
+from agentik.core.background import BackgroundPolicy, MemoryWorker
+from agentik.core.compaction import CompactionPolicy
 from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
 from agentik.core.memory import MemoryBackend, NoMemory
+from agentik.core.memory.markdown import MarkdownMemory
+from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.plugins import Registry
+from agentik.core.skills import SkillSet, load_skills
+from agentik.core.soul import fetch_soul, is_url, read_soul
 
 from .config import Config, reveal
 
@@ -80,6 +85,10 @@ class AgentBuilder:
         self._memory: MemoryBackend | None = None
         self._system_prompt: str | None = None
         self._soul: str | None = None
+        self._soul_url: str | None = None
+        self._skills: SkillSet | None = None
+        self._compaction = CompactionPolicy()
+        self._hooks: Any = None
         self._tools: list[Tool] = []
         self._toolsets: list[Toolset] = []
         self._background: list[Callable[[Agent], Awaitable[None]]] = []
@@ -102,14 +111,39 @@ class AgentBuilder:
         self._system_prompt = text
         return self
 
-    def soul(self, text: str | None = None, *, file: str | os.PathLike[str] | None = None) -> Self:
-        """The persona: text, or the contents of ``file``; added to the system prompt."""
-        if file is not None:
-            try:
-                text = Path(file).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ConfigError(f"agent.soul_file: cannot read {file}: {exc}") from None
+    def soul(
+        self,
+        text: str | None = None,
+        *,
+        file: str | os.PathLike[str] | None = None,
+        url: str | None = None,
+    ) -> Self:
+        """The persona, appended to the system prompt: ``text``, the contents of
+        ``file``, or the document at ``url`` (fetched when the agent starts)."""
+        self._soul_url = None
+        if url is not None:
+            self._soul_url, text = url, None
+        elif file is not None:
+            text = read_soul(file)
         self._soul = text.strip() if text else None
+        return self
+
+    def skills(self, skills: SkillSet | str | os.PathLike[str] | None) -> Self:
+        """Skills from a folder (or a loaded :class:`SkillSet`): listed in the
+        system prompt, loaded by the model with the ``skill_load`` tool."""
+        if skills is None or isinstance(skills, SkillSet):
+            self._skills = skills
+        else:
+            self._skills = load_skills(skills)
+        return self
+
+    def compaction(self, policy: CompactionPolicy) -> Self:
+        self._compaction = policy
+        return self
+
+    def hooks(self, plugins: Any) -> Self:
+        """Plugins whose interception hooks run (a pluggy manager or plugin objects)."""
+        self._hooks = plugins
         return self
 
     def tools(self, *tools: Tool) -> Self:
@@ -146,17 +180,35 @@ class AgentBuilder:
         if missing:
             raise ConfigError(f"AgentBuilder: missing required part(s): {', '.join(missing)}")
         assert self._llm is not None and self._store is not None
-        prompt = "\n\n".join(p for p in (self._system_prompt, self._soul) if p) or None
+        skills_prompt = self._skills.prompt() if self._skills is not None else None
+        base, url = self._system_prompt, self._soul_url
+
+        def compose(soul: str | None) -> str | None:
+            return "\n\n".join(p for p in (base, soul, skills_prompt) if p) or None
+
+        on_start: list[Callable[[Agent], Awaitable[None]]] = []
+        if url is not None:
+
+            async def load_soul(agent: Agent) -> None:
+                agent.system_prompt = compose(await fetch_soul(url))
+
+            on_start.append(load_soul)
+        tools = list(self._tools)
+        if self._skills is not None:
+            tools += self._skills.tools()
         return Agent(
             llm=self._llm,
             store=self._store,
             memory=self._memory,
-            tools=self._tools,
+            tools=tools,
             toolsets=self._toolsets,
-            system_prompt=prompt,
+            system_prompt=compose(self._soul),
             policy=self._policy,
             event_buffer=self._event_buffer,
             background=self._background,
+            compaction=self._compaction,
+            hooks=self._hooks,
+            on_start=on_start,
         )
 
     @classmethod
@@ -164,11 +216,55 @@ class AgentBuilder:
         """A builder wired from a configuration and the loaded plugins."""
         b = cls()
         b.llm(resolve_backend(config, registry))
-        b.storage(SQLiteStore(config.database, synchronous=config.storage.synchronous))
-        b.memory(NoMemory())
+        store = SQLiteStore(config.database, synchronous=config.storage.synchronous)
+        b.storage(store)
+        b.hooks(registry.pm)
+        mem = config.memory
+        memory: MemoryBackend
+        if mem.backend == "sqlite":
+            memory = SQLiteMemory(store, allow_global_writes=mem.allow_global_writes)
+        elif mem.backend == "markdown":
+            memory = MarkdownMemory(
+                config.resolve_path(mem.path), allow_global_writes=mem.allow_global_writes
+            )
+        else:
+            memory = NoMemory()
+        b.memory(memory)
+        if not isinstance(memory, NoMemory) and (mem.mining or mem.reflection):
+            b.background(
+                MemoryWorker(
+                    BackgroundPolicy(
+                        mining=mem.mining,
+                        mining_debounce=mem.mining_debounce,
+                        max_facts=mem.max_facts,
+                        reflection=mem.reflection,
+                        reflection_debounce=mem.reflection_debounce,
+                    )
+                )
+            )
+        c = config.compaction
+        b.compaction(
+            CompactionPolicy(
+                enabled=c.enabled,
+                context_tokens=c.context_tokens,
+                trigger=c.trigger,
+                keep_turns=c.keep_turns,
+                summary_tokens=c.summary_tokens,
+                timeout=c.timeout,
+            )
+        )
         b.system_prompt(config.agent.system_prompt)
-        if config.agent.soul_file:
-            b.soul(file=config.resolve_path(config.agent.soul_file))
+        soul = config.agent.soul
+        if soul:
+            if is_url(soul):
+                b.soul(url=soul)
+            else:
+                b.soul(file=config.resolve_path(soul))
+        if config.agent.skills:
+            try:
+                b.skills(config.resolve_path(config.agent.skills))
+            except ConfigError as exc:
+                raise ConfigError(f"{config.source}: agent.skills: {exc}") from None
         b.tools(*registry.tools)
         toolset = mcp_toolset(config)
         if toolset is not None:

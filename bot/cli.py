@@ -9,6 +9,13 @@
     agentik conversations show ID  print a conversation's history
     agentik conversations export ID --format json|markdown
     agentik conversations rm ID    delete a conversation and all its rows
+    agentik memory list            list long-term memory notes (--scope, --deleted)
+    agentik memory show ID         print a note
+    agentik memory history ID      every version of a note
+    agentik memory rm ID           delete a note (restorable; --purge: for good)
+    agentik memory restore ID VER  make an old version current again
+    agentik memory add SCOPE TEXT  write a note (scope: global, channel:KEY, user:ID)
+    agentik memory search WORDS    full-text search
     agentik plugins                list loaded plugins and what they registered
     agentik --version
 
@@ -48,6 +55,13 @@ COMMANDS = (
     "conversations show",
     "conversations export",
     "conversations rm",
+    "memory list",
+    "memory show",
+    "memory history",
+    "memory rm",
+    "memory restore",
+    "memory add",
+    "memory search",
     "plugins",
     "mcp list",
 )
@@ -88,6 +102,29 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("id")
     exp.add_argument("--format", choices=["json", "markdown"], default="json")
     with_config(csub.add_parser("rm", help="delete a conversation")).add_argument("id")
+    mem = sub.add_parser("memory", help="inspect and edit long-term memory")
+    memsub = mem.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ml = with_config(memsub.add_parser("list", help="list notes, most recently changed first"))
+    ml.add_argument("--scope", action="append", help="only this scope (repeatable)")
+    ml.add_argument("--deleted", action="store_true", help="include deleted notes")
+    ml.add_argument("--limit", type=int, default=100)
+    with_config(memsub.add_parser("show", help="print a note")).add_argument("id", type=int)
+    with_config(memsub.add_parser("history", help="every version of a note")).add_argument(
+        "id", type=int
+    )
+    mrm = with_config(memsub.add_parser("rm", help="delete a note (restorable)"))
+    mrm.add_argument("id", type=int)
+    mrm.add_argument("--purge", action="store_true", help="remove it and its history for good")
+    mre = with_config(memsub.add_parser("restore", help="make an old version current again"))
+    mre.add_argument("id", type=int)
+    mre.add_argument("version", type=int)
+    madd = with_config(memsub.add_parser("add", help="write a note"))
+    madd.add_argument("scope", help="global, channel:<channel key> or user:<transport>:<id>")
+    madd.add_argument("text")
+    ms = with_config(memsub.add_parser("search", help="full-text search"))
+    ms.add_argument("query", nargs="+")
+    ms.add_argument("--scope", action="append", help="only this scope (repeatable)")
+    ms.add_argument("--limit", type=int, default=20)
     plugins = sub.add_parser("plugins", help="list plugins and what they registered")
     plugins.add_argument(
         "-c",
@@ -141,6 +178,10 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         return _plugins(config)
     if args.command == "mcp":
         return asyncio.run(_mcp_list(config))
+    if args.command == "memory":
+        if config.memory.backend == "sqlite" and not os.path.exists(config.database):
+            raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
+        return asyncio.run(_memory(args, config))
     if config.database != ":memory:" and not os.path.exists(config.database):
         raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
     return asyncio.run(_conversations(args, config))
@@ -283,6 +324,84 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
         for m in messages:
             print(_render_message(m, markdown=markdown))
         return 0
+
+
+async def _memory(args: argparse.Namespace, config: Config) -> int:
+    from agentik.core.memory import NoteError, valid_scope
+    from agentik.core.memory.markdown import MarkdownMemory
+    from agentik.core.memory.sqlite import SQLiteMemory
+
+    backend = config.memory.backend
+    if backend == "none":
+        raise ConfigError(f'{config.source}: memory.backend: is "none": there is no memory')
+    store: SQLiteStore | None = None
+    memory: Any
+    if backend == "sqlite":
+        store = SQLiteStore(config.database)
+        await store.start()
+        memory = SQLiteMemory(store)
+    else:
+        memory = MarkdownMemory(config.resolve_path(config.memory.path))
+    try:
+        await memory.start()
+        who = f"cli:{os.environ.get('USER') or 'admin'}"
+        a = args.action
+        if a == "list":
+            notes = await memory.list(args.scope, limit=args.limit, include_deleted=args.deleted)
+            for n in notes:
+                print(_note_line(n))
+            if not notes:
+                print("no notes")
+        elif a == "search":
+            for n in await memory.search(" ".join(args.query), args.scope, limit=args.limit):
+                print(_note_line(n))
+        elif a == "add":
+            try:
+                scope = valid_scope(args.scope)
+            except NoteError as exc:
+                raise ConfigError(str(exc)) from None
+            note = await memory.save(scope, args.text, author=who)
+            print(f"saved note #{note.id} in {note.scope}")
+        elif a == "show":
+            n = await memory.get(args.id, include_deleted=True)
+            if n is None:
+                raise NotFound(f"no note #{args.id}")
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(n.updated_at))
+            state = " (deleted)" if n.deleted else ""
+            print(f"#{n.id} {n.scope} version {n.version}{state} · {when} · {n.author or '-'}")
+            print(n.text)
+        elif a == "history":
+            versions = await memory.history(args.id)
+            if not versions:
+                raise NotFound(f"no note #{args.id}")
+            for v in versions:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.created_at))
+                print(f"version {v.version} · {v.op} · {when} · {v.author or '-'}")
+                print("  " + v.text.replace("\n", "\n  "))
+        elif a == "rm":
+            ok = await (memory.purge(args.id) if args.purge else memory.delete(args.id, author=who))
+            if not ok:
+                raise NotFound(f"no note #{args.id} (or already deleted)")
+            print(f"{'purged' if args.purge else 'deleted'} note #{args.id}")
+        elif a == "restore":
+            try:
+                n = await memory.restore(args.id, args.version, author=who)
+            except NoteError as exc:
+                raise NotFound(str(exc)) from None
+            print(f"note #{n.id} is now version {n.version} (text of version {args.version})")
+    finally:
+        await memory.aclose()
+        if store is not None:
+            await store.aclose()
+    return 0
+
+
+def _note_line(n: Any) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(n.updated_at))
+    text = " ".join(n.text.split())
+    text = text if len(text) <= 100 else text[:99] + "…"
+    state = " [deleted]" if n.deleted else ""
+    return f"#{n.id:<5} {when}  {n.scope}  v{n.version}{state}  {text}"
 
 
 def _render_message(m: Any, *, markdown: bool) -> str:

@@ -38,11 +38,13 @@ from agentik.core.errors import ConfigError
 __all__ = [
     "ENV_OVERRIDES",
     "AgentSection",
+    "CompactionSection",
     "Config",
     "LLMSection",
     "LoggingSection",
     "MCPSection",
     "MCPServerSection",
+    "MemorySection",
     "PluginsSection",
     "StorageSection",
     "ToolsSection",
@@ -62,8 +64,42 @@ class AgentSection(_Section):
 
     name: str = "agentik"
     system_prompt: str = "You are a helpful assistant in a chat. Answer briefly and plainly."
-    soul_file: str | None = None
+    #: A persona appended to the system prompt: a file path (relative to the
+    #: configuration file) or an http(s) URL fetched at start-up.
+    soul: str | None = None
+    #: A folder of skills (``<name>/SKILL.md`` with front matter).
+    skills: str | None = None
     event_buffer: int = Field(1024, ge=16)
+
+    @field_validator("soul", "skills", mode="before")
+    @classmethod
+    def _blank_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+
+class MemorySection(_Section):
+    """``[memory]``: long-term memory, and the background work that fills it."""
+
+    backend: Literal["sqlite", "markdown", "none"] = "sqlite"
+    #: The folder of the markdown backend (relative to the configuration file).
+    path: str = "memory"
+    allow_global_writes: bool = True
+    mining: bool = True
+    mining_debounce: float = Field(30.0, ge=0)
+    max_facts: int = Field(8, ge=1, le=50)
+    reflection: bool = True
+    reflection_debounce: float = Field(5.0, ge=0)
+
+
+class CompactionSection(_Section):
+    """``[compaction]``: keeping long conversations inside the model's context."""
+
+    enabled: bool = True
+    context_tokens: int | None = Field(None, ge=256)
+    trigger: float = Field(0.8, gt=0, le=1)
+    keep_turns: int = Field(4, ge=1)
+    summary_tokens: int = Field(512, ge=32)
+    timeout: float = Field(120.0, gt=0)
 
 
 class LLMSection(_Section):
@@ -201,6 +237,8 @@ class Config(_Section):
     llm: LLMSection = Field(default_factory=LLMSection)
     storage: StorageSection = Field(default_factory=StorageSection)
     tools: ToolsSection = Field(default_factory=ToolsSection)
+    memory: MemorySection = Field(default_factory=MemorySection)
+    compaction: CompactionSection = Field(default_factory=CompactionSection)
     transports: dict[str, TransportSection] = Field(default_factory=dict)
     mcp: MCPSection = Field(default_factory=MCPSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)

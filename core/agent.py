@@ -14,10 +14,12 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation, _kinds
 from .errors import ClosedError, ConfigError, NotFound
 from .eventbus import EventBus, Subscription
-from .events import EventBase, EventsLost
+from .events import ConversationEnded, EventBase, EventsLost
+from .hooks import Hooks
 from .keyedlocks import KeyedLocks
 from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
@@ -54,7 +56,13 @@ class Agent:
     change while the agent runs (MCP servers: ``tools()`` is asked at every
     turn, ``start()``/``aclose()`` follow the agent's); ``background`` coroutine functions
     run as tasks while the agent runs (each receives the agent; they react
-    to :meth:`events`, they do not poll), cancelled by :meth:`aclose`.
+    to :meth:`events`, they do not poll), cancelled by :meth:`aclose`;
+    ``compaction`` when and how working memory is compacted
+    (:class:`~agentik.core.compaction.CompactionPolicy`); ``hooks`` the
+    plugins whose interception hooks run (a pluggy ``PluginManager``, a
+    :class:`~agentik.core.hooks.Hooks`, or a list of plugin objects);
+    ``on_start`` coroutine functions awaited (in order) by :meth:`start`
+    once the store and memory are open — a failure stops start-up.
 
     Use as an async context manager, or call :meth:`start` and
     :meth:`aclose`.
@@ -73,6 +81,9 @@ class Agent:
         memory: MemoryBackend | None = None,
         background: Iterable[Callable[[Agent], Awaitable[None]]] = (),
         toolsets: Iterable[Any] = (),
+        compaction: CompactionPolicy | None = None,
+        hooks: Any = None,
+        on_start: Iterable[Callable[[Agent], Awaitable[None]]] = (),
     ) -> None:
         self.llm = llm
         self.store: Store = store if store is not None else SQLiteStore(":memory:")
@@ -81,11 +92,14 @@ class Agent:
         self.event_buffer = event_buffer
         self.state = AgentState.NEW
         self.memory: MemoryBackend = memory if memory is not None else NoMemory()
+        self.hooks = Hooks.of(hooks)
+        self.compactor = Compactor(self, compaction)
         self._tools: dict[str, Tool] = {}
         for t in (*tools, *self.memory.tools()):
             self.add_tool(t)
         self.toolsets = list(toolsets)
         self._background_fns = list(background)
+        self._on_start = list(on_start)
         self._background: list[asyncio.Task[None]] = []
         self._temp_store = MemoryStore()
         # Conversations in use stay here; idle ones are dropped when no
@@ -113,6 +127,14 @@ class Agent:
             try:
                 await self.memory.start()
             except BaseException:
+                await self.store.aclose()
+                raise
+            try:
+                for fn in self._on_start:
+                    await fn(self)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.memory.aclose()
                 await self.store.aclose()
                 raise
             # A toolset that fails to start is logged; the agent runs without it.
@@ -308,7 +330,16 @@ class Agent:
         self._check_running()
         lock = self._channel_lock(channel_key)
         async with lock:
-            return await self._bind_new(channel_key, title)
+            old_id = await self.store.get_binding(channel_key)
+            conv = await self._bind_new(channel_key, title)
+        if old_id is not None:
+            try:
+                old = await self.get_conversation(old_id)
+            except NotFound:
+                pass
+            else:
+                old._emit(ConversationEnded, None, reason="reset", channel_key=channel_key)
+        return conv
 
     async def _bind_new(self, channel_key: str, title: str | None) -> Conversation:
         now = time.time()

@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +59,18 @@ class _Pending:
     in_memory: bool = False
 
 
+@dataclass(slots=True)
+class _Job:
+    """Work that must not overlap a turn (compaction), run in queue order."""
+
+    fn: Callable[[], Awaitable[Any]]
+    done: asyncio.Future[Any]
+
+
+#: How many recent speakers a conversation remembers (their memory is visible).
+MAX_SPEAKERS = 32
+
+
 def _new_run_id() -> str:
     return f"run_{uuid.uuid4().hex[:20]}"
 
@@ -88,12 +100,15 @@ class Conversation:
         self._store = store
         self._seq = 0
         self._bus: EventBus | None = None
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[_Pending | _Job] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._runner: TurnRunner | None = None
         self._current: asyncio.Task[None] | None = None
         self._memory_cache: list[ChatMessage] | None = None
         self._notes: list[ChatMessage] = []
+        # Recent speakers' author ids, in order (a dict as an ordered set).
+        self._speakers: dict[str, None] = {}
+        self._speakers_loaded = False
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -129,14 +144,20 @@ class Conversation:
 
     # -- sending ----------------------------------------------------------------
     async def send(
-        self, content: str, *, author: str | None = None, channel: str | None = None
+        self,
+        content: str,
+        *,
+        author: str | None = None,
+        author_id: str | None = None,
+        channel: str | None = None,
     ) -> str:
         """Record ``content`` as a user message and queue a turn; return its run id.
 
         Returns once the message is committed to the audit log (it survives a
         crash from then on).  The turn runs after every turn queued before it.
-        ``author`` is the speaker's display name; ``channel`` defaults to the
-        conversation's channel key.
+        ``author`` is the speaker's display name, ``author_id`` their identity
+        qualified by transport (``libera:alice``; it selects their long-term
+        memory scope); ``channel`` defaults to the conversation's channel key.
         """
         self._check_open()
         if not isinstance(content, str):
@@ -149,8 +170,10 @@ class Conversation:
             author=author,
             channel=channel or self.channel_key,
             run_id=run_id,
+            data={"author_id": author_id} if author_id else None,
             created_at=now,
         )
+        self._add_speaker(author_id)
         # When nothing is queued (and the working memory is loaded, so
         # messages a crash left out are already folded in) this message's turn
         # is next: it joins the working memory in the same transaction.
@@ -186,6 +209,7 @@ class Conversation:
         content: str,
         *,
         author: str | None = None,
+        author_id: str | None = None,
         channel: str | None = None,
         keep: int = 50,
     ) -> None:
@@ -205,7 +229,7 @@ class Conversation:
                     content=content,
                     author=author,
                     channel=channel or self.channel_key,
-                    data={"ambient": True},
+                    data={"ambient": True, **({"author_id": author_id} if author_id else {})},
                     created_at=now,
                 )
             ],
@@ -215,6 +239,32 @@ class Conversation:
             ChatMessage(role="user", content=content, author=author, message_id=rows[0].id)
         )
         del self._notes[:-keep]
+        self._add_speaker(author_id)
+
+    # -- speakers -------------------------------------------------------------
+    def _add_speaker(self, author_id: str | None) -> None:
+        if not author_id:
+            return
+        self._speakers.pop(author_id, None)
+        self._speakers[author_id] = None
+        while len(self._speakers) > MAX_SPEAKERS:
+            del self._speakers[next(iter(self._speakers))]
+
+    async def speakers(self) -> tuple[str, ...]:
+        """Who spoke here recently (``author_id`` values), most recent last.
+
+        Loaded from the audit log on first use, so it survives restarts.
+        """
+        if not self._speakers_loaded:
+            recent = await self._store.messages(self.id, kinds=["user"], limit=200)
+            known, self._speakers = self._speakers, {}
+            for m in recent:
+                if isinstance(m.data, dict) and m.data.get("author_id"):
+                    self._add_speaker(str(m.data["author_id"]))
+            for who in known:  # said since: more recent than the log's
+                self._add_speaker(who)
+            self._speakers_loaded = True
+        return tuple(self._speakers)
 
     def _take_notes(self) -> list[ChatMessage]:
         notes, self._notes = self._notes, []
@@ -224,6 +274,9 @@ class Conversation:
         try:
             while self._queue:
                 pending = self._queue[0]
+                if isinstance(pending, _Job):
+                    await self._run_job(pending)
+                    continue
                 try:
                     stored = await pending.committed
                 except Exception:
@@ -251,6 +304,44 @@ class Conversation:
             self.agent._busy.pop(self.id, None)
             if not self._queue:
                 self._idle.set()
+
+    async def _run_job(self, job: _Job) -> None:
+        try:
+            result = await job.fn()
+        except asyncio.CancelledError:
+            if not job.done.done():
+                job.done.cancel()
+            raise
+        except Exception as exc:
+            if not job.done.done():
+                job.done.set_exception(exc)
+        else:
+            if not job.done.done():
+                job.done.set_result(result)
+        finally:
+            self._queue.popleft()
+
+    async def run_exclusive(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``fn()`` in the turn queue: after the turns queued before, before later ones.
+
+        For work that must not overlap a turn (forced compaction).
+        """
+        self._check_open()
+        job = _Job(fn, asyncio.get_running_loop().create_future())
+        self._queue.append(job)
+        self._idle.clear()
+        if self._worker is None:
+            self.agent._busy[self.id] = self
+            self._worker = asyncio.create_task(self._work(), name=f"agentik-conversation:{self.id}")
+        return await job.done
+
+    async def compact_now(self) -> Any:
+        """Compact the working memory now, whatever its size (``!compact``).
+
+        Returns the :class:`~agentik.core.events.Compacted` event, or ``None``
+        when there was nothing old enough to compact.
+        """
+        return await self.run_exclusive(lambda: self.agent.compactor.compact(self, reason="forced"))
 
     async def interrupt(self) -> bool:
         """Stop the running turn; return once it has stopped.
@@ -290,7 +381,7 @@ class Conversation:
                 self._bus.close()
         return self._bus
 
-    def _emit(self, cls: type[EventBase], run_id: str | None, **fields: Any) -> None:
+    def _emit(self, cls: type[EventBase], run_id: str | None, **fields: Any) -> Any:
         self._seq += 1
         event = cls(
             conversation_id=self.id,
@@ -305,6 +396,7 @@ class Conversation:
         bus.publish(event)
         self.agent._account(self.id, bus.buffer, len(bus.buffer) - before)
         self.agent._publish(event)
+        return event
 
     def events(
         self,
@@ -358,7 +450,7 @@ class Conversation:
         entries = await self._store.load_memory(self.id)
         cache = [e.message for e in entries]
         last = max((m.message_id or 0 for m in cache), default=0)
-        pending = {p.run_id for p in self._queue} | {exclude_run}
+        pending = {p.run_id for p in self._queue if isinstance(p, _Pending)} | {exclude_run}
         orphans = [
             m
             for m in await self._store.messages(self.id, after=last, kinds=["user"], limit=1000)
@@ -424,6 +516,9 @@ class Conversation:
             worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
+        for item in self._queue:
+            if isinstance(item, _Job) and not item.done.done():
+                item.done.cancel()
         self._queue.clear()
         self._idle.set()
         if self._bus is not None:

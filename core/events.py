@@ -36,6 +36,8 @@ from .messages import Usage
 __all__ = [
     "PROFILES",
     "ChildRunLinked",
+    "Compacted",
+    "ConversationEnded",
     "Error",
     "Event",
     "EventBase",
@@ -189,6 +191,35 @@ class EventsLost(EventBase):
     oldest_seq: int = 0
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Compacted(EventBase):
+    """The working memory was compacted (the audit log is untouched).
+
+    ``messages`` older entries were replaced by ``summary``; the estimated
+    context size went from ``tokens_before`` to ``tokens_after``.
+    ``reason`` is ``budget`` (a request would not fit) or ``forced``
+    (``!compact``); ``fallback`` is true when summarising failed and the
+    oldest turns were dropped instead.
+    """
+
+    kind: ClassVar[str] = "compacted"
+    messages: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    summary: str = ""
+    reason: str = "budget"
+    fallback: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConversationEnded(EventBase):
+    """The conversation ended: ``reset`` (its channel moved on to a new one, ``!new``)."""
+
+    kind: ClassVar[str] = "conversation_ended"
+    reason: str = "reset"
+    channel_key: str | None = None
+
+
 Event = (
     TurnStarted
     | ReasoningStarted
@@ -202,6 +233,8 @@ Event = (
     | Interrupted
     | Error
     | EventsLost
+    | Compacted
+    | ConversationEnded
 )
 
 _BY_KIND: dict[str, type[EventBase]] = {
@@ -219,10 +252,22 @@ _BY_KIND: dict[str, type[EventBase]] = {
         Interrupted,
         Error,
         EventsLost,
+        Compacted,
+        ConversationEnded,
     )
 }
 
-_LIFECYCLE = frozenset({"turn_started", "turn_ended", "interrupted", "error", "events_lost"})
+_LIFECYCLE = frozenset(
+    {
+        "turn_started",
+        "turn_ended",
+        "interrupted",
+        "error",
+        "events_lost",
+        "compacted",
+        "conversation_ended",
+    }
+)
 
 #: Named subscriber profiles: the kinds each one receives.
 PROFILES: dict[str, frozenset[str]] = {

@@ -63,3 +63,16 @@ def register_transports(register: Callable[[str, Callable[..., Any]], None]) -> 
     ``factory(**settings)``, which returns the transport adapter.  The
     return value is ignored.
     """
+
+
+@hookspec
+def before_compact(conversation: Any, messages: list[Any], reason: str) -> None:
+    """See the working-memory messages about to be summarised away.
+
+    Called before compaction replaces the oldest part of ``conversation``'s
+    working memory (``messages``: :class:`~agentik.core.messages.ChatMessage`
+    values, oldest first) with a summary; ``reason`` is ``budget`` or
+    ``forced``.  Persist facts you want to keep (the audit log keeps every
+    message regardless).  May be ``async``; the return value is ignored; an
+    exception is logged and compaction goes on.
+    """

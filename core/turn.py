@@ -248,13 +248,11 @@ class TurnRunner:
                 if self.state.tools_exhausted or not agent.llm.supports_tools
                 else [spec_of(t) for t in self.tools.values()]
             )
-            request = LLMRequest(
-                messages=tuple(self.conv._memory_cache or ()),
-                system=agent.system_prompt,
-                tools=offered,
-                tool_choice="auto" if offered else "none",
-                conversation_id=self.conv.id,
-            )
+            request = self._request(offered)
+            if agent.compactor.policy.enabled and await agent.compactor.before_request(
+                self.conv, request, run_id=self.run_id, settle=self._settled
+            ):
+                request = self._request(offered)
             text, calls, finish = await self._stream(request)
             if not calls:
                 self.state.partial.clear()
@@ -280,6 +278,21 @@ class TurnRunner:
                 memory=[ChatMessage(role="assistant", content=text, tool_calls=tuple(calls))],
             )
             await self._run_tools(calls)
+
+    async def _settled(self) -> None:
+        """Wait until every write of this turn is committed (compaction reads the store)."""
+        await self._settle_writes()
+        if self.failed_writes:
+            raise self.failed_writes[0]
+
+    def _request(self, offered: list[Any]) -> LLMRequest:
+        return LLMRequest(
+            messages=tuple(self.conv._memory_cache or ()),
+            system=self.agent.system_prompt,
+            tools=offered,
+            tool_choice="auto" if offered else "none",
+            conversation_id=self.conv.id,
+        )
 
     async def _stream(self, request: LLMRequest) -> tuple[str, list[ToolCall], str | None]:
         partial = self.state.partial
@@ -352,12 +365,15 @@ class TurnRunner:
             return ToolResult(text=f"error: arguments are not valid JSON: {exc}", is_error=True)
         if not isinstance(args, dict):
             return ToolResult(text="error: arguments must be a JSON object", is_error=True)
+        data = self.message.data if isinstance(self.message.data, dict) else {}
         context = ToolContext(
             conversation_id=self.conv.id,
             run_id=self.run_id,
             call_id=call.id,
             author=self.message.author,
             channel=self.conv.channel_key,
+            author_id=data.get("author_id"),
+            speakers=await self.conv.speakers(),
         )
         try:
             async with asyncio.timeout(self.policy.tool_timeout):

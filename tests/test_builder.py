@@ -10,7 +10,7 @@ from agentik.bot.app import load_registry
 from agentik.bot.builder import NO_MODEL_HELP, AgentBuilder, NoModelBackend
 from agentik.bot.config import parse_config
 from agentik.core import ConfigError, OpenAIBackend, SQLiteStore, tool
-from agentik.core.memory import MemoryBackend, NoMemory
+from agentik.core.memory import NoMemory
 from agentik.core.testing.scripted import ScriptedModel
 
 
@@ -39,7 +39,7 @@ async def test_soul_tools_memory_tools_and_background(tmp_path):
         """Ping."""
         return "pong"
 
-    class NotesMemory(MemoryBackend):
+    class NotesMemory(NoMemory):  # the storage methods of "remember nothing"
         name = "notes"
 
         def tools(self):
@@ -83,7 +83,7 @@ async def test_soul_tools_memory_tools_and_background(tmp_path):
 
 
 def test_missing_soul_file_names_the_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"agent\.soul_file"):
+    with pytest.raises(ConfigError, match=r"agent\.soul: cannot read"):
         AgentBuilder().soul(file=tmp_path / "nope.md")
 
 

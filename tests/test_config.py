@@ -492,7 +492,7 @@ def test_transport_secrets_are_masked_too():
 def test_relative_paths_are_relative_to_the_config_file(tmp_path):
     (tmp_path / "sub").mkdir()
     path = tmp_path / "sub" / "bot.toml"
-    path.write_text('[storage]\npath = "data/bot.db"\n[agent]\nsoul_file = "soul.md"\n')
+    path.write_text('[storage]\npath = "data/bot.db"\n[agent]\nsoul = "soul.md"\n')
     config = load_config(path, env={})
     assert config.database == str(tmp_path / "sub" / "data" / "bot.db")
     assert config.resolve_path("soul.md") == str(tmp_path / "sub" / "soul.md")

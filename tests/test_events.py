@@ -41,6 +41,16 @@ SAMPLES = [
     ev.Interrupted(**ENVELOPE, partial_text="par", reason="time_budget"),
     ev.Error(**ENVELOPE, message="boom", error_type="LLMTimeout", retryable=True),
     ev.EventsLost(**ENVELOPE, requested_after=3, oldest_seq=9),
+    ev.Compacted(
+        **ENVELOPE,
+        messages=12,
+        tokens_before=900,
+        tokens_after=200,
+        summary="alice wants tea",
+        reason="forced",
+        fallback=True,
+    ),
+    ev.ConversationEnded(**ENVELOPE, reason="reset", channel_key="irc:net:#c"),
 ]
 
 

@@ -81,6 +81,52 @@ MIGRATIONS: tuple[Migration, ...] = (
         ) WITHOUT ROWID;
         """,
     ),
+    Migration(
+        2,
+        "long_term_memory",
+        """
+        -- Long-term memory notes (agentik.core.memory.sqlite): the current text.
+        CREATE TABLE memory_note (
+            id          INTEGER PRIMARY KEY,
+            scope       TEXT NOT NULL,
+            text        TEXT NOT NULL,
+            author      TEXT,
+            version     INTEGER NOT NULL DEFAULT 1,
+            deleted     INTEGER NOT NULL DEFAULT 0,
+            created_at  REAL NOT NULL,
+            updated_at  REAL NOT NULL
+        );
+        CREATE INDEX memory_note_by_scope ON memory_note (scope, deleted, updated_at DESC);
+        CREATE INDEX memory_note_by_update ON memory_note (updated_at DESC, id);
+
+        -- Every version of every note (the text after each change).
+        CREATE TABLE memory_version (
+            note_id     INTEGER NOT NULL REFERENCES memory_note (id) ON DELETE CASCADE,
+            version     INTEGER NOT NULL,
+            text        TEXT NOT NULL,
+            op          TEXT NOT NULL CHECK (op IN ('save', 'edit', 'delete', 'restore')),
+            author      TEXT,
+            created_at  REAL NOT NULL,
+            PRIMARY KEY (note_id, version)
+        ) WITHOUT ROWID;
+
+        -- Full-text index over the current text (external content).
+        CREATE VIRTUAL TABLE memory_fts USING fts5 (
+            text, content = 'memory_note', content_rowid = 'id',
+            tokenize = 'unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER memory_note_ai AFTER INSERT ON memory_note BEGIN
+            INSERT INTO memory_fts (rowid, text) VALUES (new.id, new.text);
+        END;
+        CREATE TRIGGER memory_note_ad AFTER DELETE ON memory_note BEGIN
+            INSERT INTO memory_fts (memory_fts, rowid, text) VALUES ('delete', old.id, old.text);
+        END;
+        CREATE TRIGGER memory_note_au AFTER UPDATE OF text ON memory_note BEGIN
+            INSERT INTO memory_fts (memory_fts, rowid, text) VALUES ('delete', old.id, old.text);
+            INSERT INTO memory_fts (rowid, text) VALUES (new.id, new.text);
+        END;
+        """,
+    ),
 )
 
 

@@ -402,6 +402,19 @@ class SQLiteStore(Store):
         loop = asyncio.get_running_loop()
         return await self._submit(_Job(fn, loop.create_future()))
 
+    async def run_write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run ``fn(connection)`` in the writer thread, in its own transaction.
+
+        For components sharing this database (long-term memory): the job is
+        ordered and group-committed with every other write.  ``fn`` must not
+        commit or roll back itself; an exception rolls back its changes only.
+        """
+        return await self._write(fn)
+
+    async def run_read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Run a read-only query on the reading connection; rows as tuples."""
+        return await self._read(sql, params)
+
     async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         if self._closed or not self._started:
             raise ClosedError("the store is closed" if self._closed else "the store is not started")

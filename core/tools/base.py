@@ -56,6 +56,12 @@ class ToolContext:
     call_id: str
     author: str | None = None
     channel: str | None = None
+    #: The speaker's identity, qualified by transport instance
+    #: (``libera:alice``); ``None`` when unknown (library use).
+    author_id: str | None = None
+    #: Everyone who spoke recently in this conversation (``author_id`` values),
+    #: the current speaker included.
+    speakers: tuple[str, ...] = ()
 
 
 @runtime_checkable

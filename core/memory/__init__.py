@@ -1,0 +1,435 @@
+"""Long-term memory: notes that outlive a conversation, in scopes.
+
+A memory backend stores short notes, each in one *scope*:
+
+``global``
+    seen by every conversation;
+``channel:<channel key>``
+    seen only by the conversation(s) of that channel
+    (``channel:irc:libera:#agentik``);
+``user:<transport>:<user id>``
+    about or for one person, as their transport identifies them
+    (``user:libera:alice`` — the IRC account or nick, ``user:work:U024BE7LH``
+    — the Slack user id), seen wherever that person speaks.
+
+A conversation sees ``global``, its own channel, and the users who spoke in
+it recently (:func:`visible_scopes`); memory saved in one channel never
+reaches another channel's context.
+
+Every change is versioned: saving over a note, deleting it or restoring an
+old version adds a version and keeps the earlier text, so a bad edit can be
+undone (``agentik memory history`` / ``restore``).
+
+A backend implements the storage methods of :class:`MemoryBackend`; the
+model-facing tools (``memory_save``, ``memory_read``, ``memory_list``,
+``memory_delete``, ``memory_search``) are built on them by
+:meth:`MemoryBackend.tools`, which the agent merges with its other tools.
+Backends: :class:`~.sqlite.SQLiteMemory` (same database as the
+conversations, FTS5 search) and :class:`~.markdown.MarkdownMemory` (one
+Markdown file per scope in a folder).  :class:`NoMemory` remembers nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import AgentikError
+from ..tools.base import Tool, ToolContext, ToolResult
+
+__all__ = [
+    "MemoryBackend",
+    "NoMemory",
+    "Note",
+    "NoteError",
+    "NoteVersion",
+    "channel_scope",
+    "user_scope",
+    "valid_scope",
+    "visible_scopes",
+]
+
+#: What a version records: the first save, an edit, a deletion, a restore.
+VersionOp = Literal["save", "edit", "delete", "restore"]
+
+#: Longest note the tools accept (characters); longer text is refused.
+MAX_NOTE_CHARS = 8_000
+
+
+class NoteError(AgentikError):
+    """A memory operation failed (unknown note, bad scope, storage failure)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Note:
+    """One note as it is now."""
+
+    id: int
+    scope: str
+    text: str
+    author: str | None = None
+    version: int = 1
+    deleted: bool = False
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "scope": self.scope,
+            "text": self.text,
+            "author": self.author,
+            "version": self.version,
+            "deleted": self.deleted,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NoteVersion:
+    """One version of a note: its text after ``op``."""
+
+    note_id: int
+    version: int
+    text: str
+    op: VersionOp
+    author: str | None = None
+    created_at: float = 0.0
+
+
+def channel_scope(channel_key: str) -> str:
+    return f"channel:{channel_key}"
+
+
+def user_scope(author_id: str) -> str:
+    return f"user:{author_id}"
+
+
+def valid_scope(scope: str) -> str:
+    """``scope`` if well-formed, else :class:`NoteError` naming it."""
+    if scope == "global":
+        return scope
+    kind, sep, rest = scope.partition(":")
+    if kind in ("channel", "user") and sep and rest.strip() and "\n" not in rest:
+        return scope
+    raise NoteError(f"invalid memory scope {scope!r}: use 'global', 'channel:<key>' or 'user:<id>'")
+
+
+def context_channel(context: ToolContext) -> str:
+    """The channel scope of a tool call (a conversation without channel is its own)."""
+    return channel_scope(context.channel or f"conversation:{context.conversation_id}")
+
+
+def visible_scopes(context: ToolContext) -> list[str]:
+    """The scopes a tool call may read: global, its channel, its speakers."""
+    scopes = ["global", context_channel(context)]
+    for who in (context.author_id, *context.speakers):
+        if who and user_scope(who) not in scopes:
+            scopes.append(user_scope(who))
+    return scopes
+
+
+class MemoryBackend(abc.ABC):
+    """Base class of long-term memory backends.
+
+    Subclasses implement the storage methods (all ``async``); the tools come
+    from here.  ``allow_global_writes=False`` keeps the model from writing
+    ``global`` notes (people still can, with the CLI).
+    """
+
+    #: Registry / configuration name.
+    name: str = ""
+
+    def __init__(self, *, allow_global_writes: bool = True) -> None:
+        self.allow_global_writes = allow_global_writes
+
+    # -- lifecycle ----------------------------------------------------------------
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open resources; called once by the agent's ``start``."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; called by the agent's ``aclose``."""
+
+    # -- storage (implemented by backends) ---------------------------------------------
+    @abc.abstractmethod
+    async def save(
+        self, scope: str, text: str, *, author: str | None = None, note_id: int | None = None
+    ) -> Note:
+        """Add a note to ``scope``, or with ``note_id`` replace its text (a new version)."""
+
+    @abc.abstractmethod
+    async def get(self, note_id: int, *, include_deleted: bool = False) -> Note | None:
+        """The note, or ``None`` (also for a deleted note unless ``include_deleted``)."""
+
+    @abc.abstractmethod
+    async def list(
+        self,
+        scopes: Sequence[str] | None = None,
+        *,
+        limit: int = 50,
+        offset: int = 0,
+        include_deleted: bool = False,
+    ) -> list[Note]:
+        """Notes in ``scopes`` (all when ``None``), most recently changed first."""
+
+    @abc.abstractmethod
+    async def search(
+        self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
+    ) -> list[Note]:
+        """Notes in ``scopes`` matching ``query``'s words, best match first."""
+
+    @abc.abstractmethod
+    async def delete(self, note_id: int, *, author: str | None = None) -> bool:
+        """Mark the note deleted (a version; restorable).  ``False`` if unknown."""
+
+    @abc.abstractmethod
+    async def history(self, note_id: int) -> list[NoteVersion]:
+        """Every version of the note, oldest first (empty if unknown)."""
+
+    @abc.abstractmethod
+    async def restore(self, note_id: int, version: int, *, author: str | None = None) -> Note:
+        """Make ``version``'s text current again (a new version; undeletes)."""
+
+    @abc.abstractmethod
+    async def purge(self, note_id: int) -> bool:
+        """Remove the note and its history for good.  ``False`` if unknown."""
+
+    # -- tools ----------------------------------------------------------------------
+    def tools(self) -> list[Tool]:
+        """The tools this backend offers the model."""
+        return [cls(self) for cls in _TOOLS]
+
+
+class NoMemory(MemoryBackend):
+    """Remembers nothing and offers no tools (``[memory] backend = "none"``)."""
+
+    name = "none"
+
+    def tools(self) -> list[Tool]:
+        return []
+
+    async def save(
+        self, scope: str, text: str, *, author: str | None = None, note_id: int | None = None
+    ) -> Note:
+        raise NoteError('memory is switched off ([memory] backend = "none")')
+
+    async def get(self, note_id: int, *, include_deleted: bool = False) -> Note | None:
+        return None
+
+    async def list(
+        self,
+        scopes: Sequence[str] | None = None,
+        *,
+        limit: int = 50,
+        offset: int = 0,
+        include_deleted: bool = False,
+    ) -> list[Note]:
+        return []
+
+    async def search(
+        self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
+    ) -> list[Note]:
+        return []
+
+    async def delete(self, note_id: int, *, author: str | None = None) -> bool:
+        return False
+
+    async def history(self, note_id: int) -> list[NoteVersion]:
+        return []
+
+    async def restore(self, note_id: int, version: int, *, author: str | None = None) -> Note:
+        raise NoteError(f"no note {note_id}")
+
+    async def purge(self, note_id: int) -> bool:
+        return False
+
+
+# -- the model-facing tools -------------------------------------------------------------
+def _line(note: Note, width: int = 160) -> str:
+    text = " ".join(note.text.split())
+    if len(text) > width:
+        text = text[: width - 1] + "…"
+    return f"#{note.id} [{note.scope}] {text}"
+
+
+class _MemoryTool:
+    name = ""
+    description = ""
+    parameters: dict[str, Any] = {}
+
+    def __init__(self, memory: MemoryBackend) -> None:
+        self.memory = memory
+
+    def __repr__(self) -> str:
+        return f"<{self.name} tool of {type(self.memory).__name__}>"
+
+    async def _visible(self, note_id: Any, context: ToolContext) -> Note:
+        try:
+            nid = int(note_id)
+        except (TypeError, ValueError):
+            raise NoteError(f"note id must be a number, got {note_id!r}") from None
+        note = await self.memory.get(nid)
+        if note is None or note.scope not in visible_scopes(context):
+            # Notes of other channels are not even admitted to exist.
+            raise NoteError(f"no note #{nid} in this conversation's memory")
+        return note
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | str:
+        try:
+            return await self.run(arguments, context)
+        except NoteError as exc:
+            return ToolResult(text=f"error: {exc}", is_error=True)
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | str:
+        raise NotImplementedError
+
+
+class _Save(_MemoryTool):
+    name = "memory_save"
+    description = (
+        "Save a durable note to long-term memory: a fact, preference, decision or to-do worth "
+        "remembering in later conversations. scope 'channel' (default) is seen only in this "
+        "channel, 'user' only where the current speaker talks, 'global' everywhere. Pass id to "
+        "replace an existing note's text (the old text is kept as a version)."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "text": {"type": "string", "description": "The note, self-contained and short."},
+            "scope": {
+                "type": "string",
+                "enum": ["channel", "user", "global"],
+                "description": "Who may see it (default: channel).",
+            },
+            "id": {"type": "integer", "description": "Replace this note instead of adding one."},
+        },
+        "required": ["text"],
+    }
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | str:
+        text = str(arguments.get("text") or "").strip()
+        if not text:
+            raise NoteError("text is empty")
+        if len(text) > MAX_NOTE_CHARS:
+            raise NoteError(f"note too long ({len(text)} characters; limit {MAX_NOTE_CHARS})")
+        author = context.author_id or context.author
+        if arguments.get("id") is not None:
+            old = await self._visible(arguments["id"], context)
+            note = await self.memory.save(old.scope, text, author=author, note_id=old.id)
+            return ToolResult(
+                text=f"updated note #{note.id} (version {note.version})", data=note.to_dict()
+            )
+        which = arguments.get("scope") or "channel"
+        if which == "channel":
+            scope = context_channel(context)
+        elif which == "user":
+            if not context.author_id:
+                raise NoteError("the speaker is unknown here; use scope 'channel'")
+            scope = user_scope(context.author_id)
+        elif which == "global":
+            if not self.memory.allow_global_writes:
+                raise NoteError("global notes are not allowed here; use 'channel' or 'user'")
+            scope = "global"
+        else:
+            raise NoteError(f"scope must be channel, user or global, not {which!r}")
+        note = await self.memory.save(scope, text, author=author)
+        return ToolResult(text=f"saved note #{note.id} ({which})", data=note.to_dict())
+
+
+class _Read(_MemoryTool):
+    name = "memory_read"
+    description = "Read one long-term memory note in full, by id."
+    parameters = {
+        "type": "object",
+        "properties": {"id": {"type": "integer", "description": "The note's id."}},
+        "required": ["id"],
+    }
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | str:
+        note = await self._visible(arguments.get("id"), context)
+        return ToolResult(
+            text=f"#{note.id} [{note.scope}] (version {note.version})\n{note.text}",
+            data=note.to_dict(),
+        )
+
+
+class _List(_MemoryTool):
+    name = "memory_list"
+    description = (
+        "List the long-term memory notes this conversation can see (newest first), "
+        "optionally only one scope."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "scope": {"type": "string", "enum": ["all", "channel", "user", "global"]},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+        },
+    }
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | str:
+        scopes = visible_scopes(context)
+        which = arguments.get("scope") or "all"
+        if which == "global":
+            scopes = ["global"]
+        elif which == "channel":
+            scopes = [context_channel(context)]
+        elif which == "user":
+            scopes = [user_scope(context.author_id)] if context.author_id else []
+        limit = max(1, min(int(arguments.get("limit") or 30), 100))
+        notes = await self.memory.list(scopes, limit=limit) if scopes else []
+        if not notes:
+            return "no notes"
+        return "\n".join(_line(n) for n in notes)
+
+
+class _Search(_MemoryTool):
+    name = "memory_search"
+    description = (
+        "Search long-term memory for notes matching words (full-text, best match first). "
+        "Use it before answering questions about people, past decisions or preferences."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "Words to look for."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+        },
+        "required": ["query"],
+    }
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | str:
+        query = str(arguments.get("query") or "").strip()
+        if not query:
+            raise NoteError("query is empty")
+        limit = max(1, min(int(arguments.get("limit") or 10), 50))
+        notes = await self.memory.search(query, visible_scopes(context), limit=limit)
+        if not notes:
+            return f"nothing found for {query!r}"
+        return "\n".join(_line(n, 400) for n in notes)
+
+
+class _Delete(_MemoryTool):
+    name = "memory_delete"
+    description = (
+        "Delete a long-term memory note that is wrong or no longer true "
+        "(people can restore it from its history)."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {"id": {"type": "integer", "description": "The note's id."}},
+        "required": ["id"],
+    }
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | str:
+        note = await self._visible(arguments.get("id"), context)
+        if note.scope == "global" and not self.memory.allow_global_writes:
+            raise NoteError("global notes cannot be deleted from here")
+        await self.memory.delete(note.id, author=context.author_id or context.author)
+        return f"deleted note #{note.id}"
+
+
+_TOOLS: tuple[type[_MemoryTool], ...] = (_Save, _Read, _List, _Search, _Delete)
