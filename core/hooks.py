@@ -49,7 +49,10 @@ class Hooks:
         pm = pluggy.PluginManager(hookspecs.PROJECT)
         pm.add_hookspecs(hookspecs)
         for p in plugins or ():
-            pm.register(p)
+            name = getattr(p, "__name__", None) or type(p).__name__
+            if pm.get_plugin(name) is not None:
+                name = f"{name}-{id(p):x}"
+            pm.register(p, name=name)
         return cls(pm)
 
     def implemented(self, name: str) -> bool:
