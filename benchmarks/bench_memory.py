@@ -8,6 +8,8 @@
 2. Memory search: ``SQLiteMemory.search`` over 100,000 notes (median ms),
    against the same FTS5 query run with plain ``sqlite3`` on the same file
    (agentik's own overhead), and against a 1,000-note database (scaling).
+   Notes are spread over 51 scopes (global and 50 channels); a search sees
+   three of them, as a conversation does.
 
 ``--quick`` runs a smaller version (a smoke test).
 """
@@ -25,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from agentik.core import Agent, SQLiteStore
-from agentik.core.memory.sqlite import SQLiteMemory, fts_query
+from agentik.core.memory.sqlite import SQLiteMemory, fts_query, scope_key
 from agentik.core.messages import ChatMessage, NewMessage
 from agentik.core.testing.scripted import ScriptedModel
 
@@ -54,6 +56,16 @@ QUICK = Config(history=5_000, small=100, notes=5_000, small_notes=500, repeats=3
 
 def sentence(rng: random.Random, n: int = 12) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+#: Notes' vocabulary: the common words above plus 5,000 rarer made-up ones,
+#: drawn with a Zipf-like distribution as real text is.
+VOCABULARY = WORDS + [f"w{i:04d}" for i in range(5000)]
+WEIGHTS = [1 / (rank + 1) for rank in range(len(VOCABULARY))]
+
+
+def note_text(rng: random.Random, n: int = 15) -> str:
+    return " ".join(rng.choices(VOCABULARY, WEIGHTS, k=n))
 
 
 async def fill_conversation(store: SQLiteStore, conv_id: str, n: int, rng: random.Random) -> None:
@@ -125,23 +137,24 @@ def bulk_notes(conn: sqlite3.Connection, n: int, seed: int) -> None:
     for start in range(0, n, 5000):
         rows = []
         for i in range(start, min(n, start + 5000)):
-            rows.append((i + 1, rng.choice(scopes), sentence(rng, 15), "bench", now, now))
+            scope = rng.choice(scopes)
+            rows.append((i + 1, scope, scope_key(scope), note_text(rng), "bench", now, now))
         conn.executemany(
-            "INSERT INTO memory_note (id, scope, text, author, version, deleted, created_at,"
-            " updated_at) VALUES (?, ?, ?, ?, 1, 0, ?, ?)",
+            "INSERT INTO memory_note (id, scope, scope_key, text, author, version, deleted,"
+            " created_at, updated_at) VALUES (?, ?, ?, ?, ?, 1, 0, ?, ?)",
             rows,
         )
         conn.executemany(
             "INSERT INTO memory_version (note_id, version, text, op, author, created_at)"
             " VALUES (?, 1, ?, 'save', ?, ?)",
-            [(r[0], r[2], r[3], r[4]) for r in rows],
+            [(r[0], r[3], r[4], r[5]) for r in rows],
         )
 
 
 async def memory_search(cfg: Config, tmp: str) -> list[Row]:
     say(f"== 2. memory search over {cfg.notes:,} notes")
     rng = random.Random(7)
-    queries = [" ".join(rng.sample(WORDS, 3)) for _ in range(cfg.repeats)]
+    queries = [" ".join(rng.choices(VOCABULARY, WEIGHTS, k=3)) for _ in range(cfg.repeats)]
     scopes = ["global", "channel:irc:net:#c1", "user:net:alice"]
     results: dict[str, float] = {}
     for label, n in (("big", cfg.notes), ("small", cfg.small_notes)):
@@ -172,8 +185,8 @@ async def memory_search(cfg: Config, tmp: str) -> list[Row]:
                 conn.execute(
                     "SELECT n.id, n.scope, n.text FROM memory_fts JOIN memory_note n ON"
                     " n.id = memory_fts.rowid WHERE memory_fts MATCH ? AND n.deleted = 0 AND"
-                    " n.scope IN (?, ?, ?) ORDER BY bm25(memory_fts) LIMIT 10",
-                    (fts_query(q), *scopes),
+                    " n.scope IN (?, ?, ?) ORDER BY bm25(memory_fts, 1.0, 0.0) LIMIT 10",
+                    (fts_query(q, scopes), *scopes),
                 ).fetchall()
                 raw.append(time.perf_counter() - t)
             conn.close()

@@ -175,9 +175,11 @@ async def test_markdown_corrupt_history_is_a_clear_error(tmp_path):
         await MarkdownMemory(folder).start()
 
 
-def test_fts_query_quotes_every_word():
+def test_fts_query_quotes_every_word_and_adds_scope_tokens():
     assert fts_query('alice "likes" tea*') == '"alice" OR "likes" OR "tea"'
     assert fts_query("!!!") is None
+    q = fts_query("tea", ["global", "channel:x:#a"])
+    assert q.startswith('("tea") AND (scope_key:s') and q.count("scope_key:") == 2
 
 
 def test_visible_scopes():

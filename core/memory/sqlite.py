@@ -9,11 +9,15 @@ transaction each), reads through its reading connection.
 Search: the query's words are matched as FTS5 terms (any word may match;
 notes with more and rarer matches rank first, by ``bm25``), so a model's
 loose query such as "what colour does alice like" still finds
-"alice's favourite colour is teal".
+"alice's favourite colour is teal".  The visible scopes are part of the
+FTS query (each scope is one token in an indexed ``scope_key`` column), so
+the index intersects words and scopes: searching one channel's notes costs
+about the same however many notes other channels hold.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sqlite3
 import time
@@ -42,8 +46,14 @@ def _note(row: Sequence[Any]) -> Note:
     )
 
 
-def fts_query(query: str) -> str | None:
-    """An FTS5 expression matching any of ``query``'s words (``None``: no words).
+def scope_key(scope: str) -> str:
+    """The single FTS token that stands for ``scope`` in the index."""
+    return "s" + hashlib.sha1(scope.encode("utf-8")).hexdigest()[:24]
+
+
+def fts_query(query: str, scopes: Sequence[str] | None = None) -> str | None:
+    """An FTS5 expression matching any of ``query``'s words (``None``: no words),
+    restricted to ``scopes`` when given.
 
     Each word is quoted, so FTS5 operators and punctuation in user text are
     never interpreted.
@@ -51,7 +61,11 @@ def fts_query(query: str) -> str | None:
     words = list(dict.fromkeys(w.lower() for w in _WORD.findall(query)))[:32]
     if not words:
         return None
-    return " OR ".join(f'"{w}"' for w in words)
+    match = " OR ".join(f'"{w}"' for w in words)
+    if scopes is None:
+        return match
+    keys = " OR ".join(f"scope_key:{scope_key(s)}" for s in dict.fromkeys(scopes))
+    return f"({match}) AND ({keys})"
 
 
 class SQLiteMemory(MemoryBackend):
@@ -73,9 +87,9 @@ class SQLiteMemory(MemoryBackend):
         def fn(conn: sqlite3.Connection) -> Note:
             if note_id is None:
                 cur = conn.execute(
-                    "INSERT INTO memory_note (scope, text, author, version, deleted,"
-                    " created_at, updated_at) VALUES (?, ?, ?, 1, 0, ?, ?)",
-                    (scope, text, author, now, now),
+                    "INSERT INTO memory_note (scope, scope_key, text, author, version, deleted,"
+                    " created_at, updated_at) VALUES (?, ?, ?, ?, 1, 0, ?, ?)",
+                    (scope, scope_key(scope), text, author, now, now),
                 )
                 nid, version, op = int(cur.lastrowid or 0), 1, "save"
             else:
@@ -210,8 +224,10 @@ class SQLiteMemory(MemoryBackend):
     async def search(
         self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
     ) -> list[Note]:
-        match = fts_query(query)
-        if match is None or (scopes is not None and not scopes):
+        if scopes is not None and not scopes:
+            return []
+        match = fts_query(query, scopes)
+        if match is None:
             return []
         where = ["memory_fts MATCH ?", "n.deleted = 0"]
         params: list[Any] = [match]
@@ -221,7 +237,7 @@ class SQLiteMemory(MemoryBackend):
         cols = ", ".join(f"n.{c.strip()}" for c in _COLUMNS.split(","))
         rows = await self.store.run_read(
             f"SELECT {cols} FROM memory_fts JOIN memory_note n ON n.id = memory_fts.rowid"
-            f" WHERE {' AND '.join(where)} ORDER BY bm25(memory_fts), n.id DESC LIMIT ?",
+            f" WHERE {' AND '.join(where)} ORDER BY bm25(memory_fts, 1.0, 0.0), n.id DESC LIMIT ?",
             (*params, limit),
         )
         return [_note(r) for r in rows]

@@ -89,6 +89,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE TABLE memory_note (
             id          INTEGER PRIMARY KEY,
             scope       TEXT NOT NULL,
+            -- One FTS token standing for the scope ('s' + hash), so a search
+            -- intersects the words with the visible scopes inside the index.
+            scope_key   TEXT NOT NULL,
             text        TEXT NOT NULL,
             author      TEXT,
             version     INTEGER NOT NULL DEFAULT 1,
@@ -110,20 +113,21 @@ MIGRATIONS: tuple[Migration, ...] = (
             PRIMARY KEY (note_id, version)
         ) WITHOUT ROWID;
 
-        -- Full-text index over the current text (external content).
+        -- Full-text index over the current text and the scope token.
         CREATE VIRTUAL TABLE memory_fts USING fts5 (
-            text, content = 'memory_note', content_rowid = 'id',
-            tokenize = 'unicode61 remove_diacritics 2'
+            text, scope_key, tokenize = 'unicode61 remove_diacritics 2'
         );
         CREATE TRIGGER memory_note_ai AFTER INSERT ON memory_note BEGIN
-            INSERT INTO memory_fts (rowid, text) VALUES (new.id, new.text);
+            INSERT INTO memory_fts (rowid, text, scope_key)
+            VALUES (new.id, new.text, new.scope_key);
         END;
         CREATE TRIGGER memory_note_ad AFTER DELETE ON memory_note BEGIN
-            INSERT INTO memory_fts (memory_fts, rowid, text) VALUES ('delete', old.id, old.text);
+            DELETE FROM memory_fts WHERE rowid = old.id;
         END;
         CREATE TRIGGER memory_note_au AFTER UPDATE OF text ON memory_note BEGIN
-            INSERT INTO memory_fts (memory_fts, rowid, text) VALUES ('delete', old.id, old.text);
-            INSERT INTO memory_fts (rowid, text) VALUES (new.id, new.text);
+            DELETE FROM memory_fts WHERE rowid = old.id;
+            INSERT INTO memory_fts (rowid, text, scope_key)
+            VALUES (new.id, new.text, new.scope_key);
         END;
         """,
     ),
