@@ -79,6 +79,7 @@ class Bot:
             for transport in self.transports.values():
                 await transport.start(self.bridge)
                 self._started.append(transport)
+                await self.agent.hooks.call("transport_start", transport=transport)
         except BaseException:
             await self.aclose()
             raise
@@ -120,6 +121,7 @@ class Bot:
                 await transport.aclose()
             except Exception:
                 log.exception("closing transport %s failed", transport.name)
+            await self.agent.hooks.call("transport_stop", transport=transport)
         self._started.clear()
         await self.bridge.aclose()
         await self.agent.aclose()

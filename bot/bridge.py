@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agentik.core import Agent, Conversation
-from agentik.core.errors import AgentikError
+from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
 from agentik.core.events import EventBase
 from agentik.core.keyedlocks import KeyedLocks
@@ -147,6 +147,10 @@ class Bridge:
                 author=message.author_name or message.author_id,
                 author_id=_author_id(transport, message),
             )
+        except PromptRefused as exc:
+            # A plugin's words, shown as they are.
+            await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
+            return
         except AgentikError as exc:
             await self._send(
                 transport, message.channel_key, f"error: {exc}", "error", message.reply_to

@@ -276,6 +276,7 @@ class AgentBuilder:
                 time_budget=t.time_budget,
                 tool_timeout=t.tool_timeout,
                 allowed_tools=tuple(t.allowed) if t.allowed is not None else None,
+                max_tool_retries=t.max_tool_retries,
             )
         )
         b.event_buffer(config.agent.event_buffer)

@@ -148,6 +148,7 @@ class ToolsSection(_Section):
     time_budget: float = Field(300.0, gt=0)
     tool_timeout: float = Field(60.0, gt=0)
     allowed: list[str] | None = None
+    max_tool_retries: int = Field(2, ge=0)
 
 
 class TransportSection(BaseModel):

@@ -257,7 +257,20 @@ class Agent:
             meta=dict(meta or {}),
         )
         await (self._temp_store if temp else self.store).create_conversation(record)
-        return self._wrap(record, temp=temp, new=True)
+        conv = self._wrap(record, temp=temp, new=True)
+        await self._session_start(conv)
+        return conv
+
+    async def _session_start(self, conv: Conversation) -> None:
+        if self.hooks.implemented("session_start"):
+            await self.hooks.call("session_start", conversation=conv)
+
+    async def _session_end(self, conv: Conversation, reason: str) -> None:
+        if conv._ended:
+            return
+        conv._ended = True
+        if self.hooks.implemented("session_end"):
+            await self.hooks.call("session_end", conversation=conv, reason=reason)
 
     async def get_conversation(self, conversation_id: str) -> Conversation:
         """The conversation with this id; raises :class:`NotFound`."""
@@ -278,6 +291,7 @@ class Agent:
         self._check_running()
         conv = self._open.get(conversation_id)
         if conv is not None:
+            await self._session_end(conv, "deleted")
             await conv.aclose()
         if not await self._temp_store.delete_conversation(conversation_id):
             if not await self.store.delete_conversation(conversation_id):
@@ -339,6 +353,7 @@ class Agent:
                 pass
             else:
                 old._emit(ConversationEnded, None, reason="reset", channel_key=channel_key)
+                await self._session_end(old, "reset")
         return conv
 
     async def _bind_new(self, channel_key: str, title: str | None) -> Conversation:
@@ -351,7 +366,9 @@ class Agent:
             meta={"channel_key": channel_key},
         )
         await self.store.create_conversation(record, channel_key=channel_key)
-        return self._wrap(record, temp=False, channel_key=channel_key, new=True)
+        conv = self._wrap(record, temp=False, channel_key=channel_key, new=True)
+        await self._session_start(conv)
+        return conv
 
     # -- events --------------------------------------------------------------------------
     def _next_stream_seq(self) -> int:

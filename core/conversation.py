@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import ClosedError
+from .errors import ClosedError, PromptRefused
 from .eventbus import EventBus, Subscription
 from .events import PROFILES, EventBase, EventsLost
 from .messages import ChatMessage, Message, MessageKind, NewMessage
@@ -109,6 +109,8 @@ class Conversation:
         # Recent speakers' author ids, in order (a dict as an ordered set).
         self._speakers: dict[str, None] = {}
         self._speakers_loaded = False
+        #: Set once ``session_end`` hooks ran for this conversation.
+        self._ended = False
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -162,6 +164,9 @@ class Conversation:
         self._check_open()
         if not isinstance(content, str):
             raise TypeError("content must be a str")
+        hooks = self.agent.hooks
+        if hooks.implemented("before_prompt"):
+            content = await self._before_prompt(content, author, author_id)
         run_id = _new_run_id()
         now = time.time()
         entry = NewMessage(
@@ -203,6 +208,20 @@ class Conversation:
         await asyncio.shield(committed)
         self.updated_at = now
         return run_id
+
+    async def _before_prompt(self, content: str, author: str | None, author_id: str | None) -> str:
+        from .hooks import Refuse
+
+        args = {"conversation": self, "text": content, "author": author, "author_id": author_id}
+        async for plugin, result in self.agent.hooks.each("before_prompt", args):
+            if isinstance(result, Refuse):
+                log.info("conversation %s: plugin %r refused a message", self.id, plugin)
+                raise PromptRefused(result.message)
+            if isinstance(result, str):
+                args["text"] = result
+            else:
+                log.warning("plugin %r: before_prompt returned %r; ignored", plugin, result)
+        return str(args["text"])
 
     async def note(
         self,
@@ -511,6 +530,7 @@ class Conversation:
         if drain:
             await self.wait_idle()
         self.state = ConversationState.CLOSED
+        await self.agent._session_end(self, "closed")
         worker = self._worker
         if worker is not None:
             worker.cancel()

@@ -16,7 +16,8 @@ boundary with ``raise ... from`` so callers only ever catch our types::
     │   │   └── LLMTimeout      no answer (or no next chunk) within the timeout
     │   ├── LLMStatusError      the endpoint answered with an HTTP error status
     │   └── LLMResponseError    the endpoint answered something we cannot use
-    └── ToolError               a tool failed; the message goes back to the model
+    ├── ToolError               a tool failed; the message goes back to the model
+    └── PromptRefused           a plugin refused a message (``before_prompt``)
 
 User/config errors (``ConfigError``) are meant to be shown to a person as one
 line; run-time errors are reported as ``error`` events and logged.  No error
@@ -37,6 +38,7 @@ __all__ = [
     "MigrationError",
     "NotFound",
     "PluginError",
+    "PromptRefused",
     "StoreError",
     "ToolError",
 ]
@@ -104,3 +106,8 @@ class LLMResponseError(LLMError):
 
 class ToolError(AgentikError):
     """Raised by a tool to report a failure to the model as an error result."""
+
+
+class PromptRefused(AgentikError):
+    """A ``before_prompt`` hook refused the message; ``str(exc)`` is the reason
+    to show in the channel.  Nothing was stored and no turn runs."""

@@ -58,8 +58,9 @@ __all__ = [
 ]
 
 #: Why a turn ended: the model finished (``stop``), hit its output limit
-#: (``length``), was interrupted, ran out of its time budget, or failed.
-StopReason = Literal["stop", "length", "interrupted", "time_budget", "error"]
+#: (``length``), was interrupted, ran out of its time budget, failed, or a
+#: plugin aborted it (``aborted``, from the ``after_response`` hook).
+StopReason = Literal["stop", "length", "interrupted", "time_budget", "error", "aborted"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

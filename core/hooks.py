@@ -17,15 +17,53 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
 from . import hookspecs
 
-__all__ = ["Hooks"]
+__all__ = ["Abort", "Block", "Hooks", "Refuse", "Retry", "UseBackend"]
 
 log = logging.getLogger("agentik.hooks")
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """``before_prompt``: refuse the message; ``message`` is shown in the channel."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """``after_response``: end the turn without recording the response."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """``before_tool_call``: do not run the call; the model gets ``blocked: <reason>``."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """``on_tool_error``: run the failed call again after ``delay`` seconds."""
+
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class UseBackend:
+    """``before_llm_request``: send this request to ``backend`` (optionally a new ``request``)."""
+
+    backend: Any
+    request: Any = None
 
 
 class Hooks:
@@ -62,20 +100,23 @@ class Hooks:
         caller = getattr(self.pm.hook, name, None)
         return bool(caller is not None and caller.get_hookimpls())
 
-    async def call(self, name: str, **kwargs: Any) -> list[tuple[str, Any]]:
-        """Call every implementation of ``name``; ``[(plugin name, result), ...]``.
+    async def each(self, name: str, kwargs: dict[str, Any]) -> AsyncIterator[tuple[str, Any]]:
+        """Call the implementations one by one, yielding ``(plugin, result)``
+        for each that returned something.
 
-        ``None`` results are left out.  Results come in call order.
+        ``kwargs`` is read anew for every implementation, so a caller that
+        updates it between results chains rewrites; a caller that stops
+        iterating stops calling.
         """
         if self.pm is None:
-            return []
+            return
         caller = getattr(self.pm.hook, name, None)
         if caller is None:
             raise AttributeError(f"no hook named {name!r}")
-        out: list[tuple[str, Any]] = []
-        # pluggy's own order: it calls get_hookimpls() back to front.
         for impl in reversed(caller.get_hookimpls()):
             args = {k: kwargs[k] for k in impl.argnames if k in kwargs}
+            if self.trace:
+                log.debug("hook %s plugin=%s call(%s)", name, impl.plugin_name, ", ".join(args))
             try:
                 result = impl.function(**args)
                 if inspect.isawaitable(result):
@@ -86,5 +127,12 @@ class Hooks:
             if self.trace:
                 log.debug("hook %s plugin=%s result=%r", name, impl.plugin_name, result)
             if result is not None:
-                out.append((impl.plugin_name, result))
-        return out
+                yield impl.plugin_name, result
+
+    async def call(self, name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Call every implementation of ``name``; ``[(plugin name, result), ...]``.
+
+        ``None`` results are left out.  Results come in call order.
+        """
+        # pluggy's own order: it calls get_hookimpls() back to front.
+        return [pair async for pair in self.each(name, kwargs)]

@@ -15,6 +15,27 @@ through these same hooks.
 Registration hooks receive a ``register`` callback and return nothing; call
 ``register`` once per thing you add.  Names must be unique: registering a
 name twice is a :class:`~agentik.core.errors.PluginError` naming both plugins.
+
+**Interception hooks** run around every turn (see each hook for what its
+return value does; ``None`` always means "no change").  Their rules:
+
+* They may be ``async def``: the agent awaits what they return.
+* Order: ``@hookimpl(tryfirst=True)`` runs first, ``trylast=True`` last,
+  otherwise the most recently registered plugin first.  Rewriting hooks
+  chain: each implementation sees what the previous one returned.  Deciding
+  hooks (refuse, abort, block) stop at the first implementation that decides.
+* An implementation that raises is logged (``agentik.hooks``) with its
+  plugin's name and skipped; the turn goes on.
+* Implementations take only the arguments they name.
+* ``AGENTIK_TRACE_HOOKS=1`` logs every call and result at DEBUG.
+* A hook implementation whose name matches no hook here is an error at
+  start-up, naming the plugin and the hook (spelling mistakes do not fail
+  silently).
+
+The result types (:class:`~agentik.core.hooks.Refuse`,
+:class:`~agentik.core.hooks.Abort`, :class:`~agentik.core.hooks.Block`,
+:class:`~agentik.core.hooks.Retry`, :class:`~agentik.core.hooks.UseBackend`)
+live in :mod:`agentik.core.hooks`.
 """
 
 from __future__ import annotations
@@ -66,6 +87,71 @@ def register_transports(register: Callable[[str, Callable[..., Any]], None]) -> 
 
 
 @hookspec
+def before_prompt(conversation: Any, text: str, author: str | None, author_id: str | None) -> Any:
+    """A person's message is about to enter the agent.
+
+    Return a ``str`` to replace the text (what is stored and sent to the
+    model), :class:`~agentik.core.hooks.Refuse` ``(message)`` to refuse it —
+    nothing is stored, no turn runs, and the transport shows ``message`` in
+    the channel — or ``None`` to leave it.  Runs before the message is
+    committed to the audit log.
+    """
+
+
+@hookspec
+def before_llm_request(conversation: Any, request: Any, run_id: str) -> Any:
+    """A request to the model is about to be sent (once per model step of a turn).
+
+    ``request`` is the :class:`~agentik.core.llm.base.LLMRequest` (messages,
+    tools offered, model).  Return a new ``LLMRequest`` (e.g. with
+    ``dataclasses.replace``) to change the messages, the tools offered or
+    the model; or :class:`~agentik.core.hooks.UseBackend` ``(backend,
+    request=None)`` to send this request to another backend; or ``None``.
+    """
+
+
+@hookspec
+def after_response(conversation: Any, run_id: str, text: str, tool_calls: list[Any]) -> Any:
+    """The model finished one response (``text`` and the ``tool_calls`` it asked for).
+
+    Return a ``str`` to replace the text (the channel sees the replacement:
+    while any plugin implements this hook, answer text is held back until the
+    response is complete), :class:`~agentik.core.hooks.Abort` ``(reason)`` to
+    end the turn without recording the response (the channel gets the
+    reason as an error), or ``None``.
+    """
+
+
+@hookspec
+def before_tool_call(conversation: Any, run_id: str, call: Any) -> Any:
+    """The model asked for a tool call (:class:`~agentik.core.messages.ToolCall`).
+
+    Return :class:`~agentik.core.hooks.Block` ``(reason)`` to refuse it (the
+    model gets an error result ``blocked: <reason>``), a ``dict`` to replace
+    its arguments, or ``None``.
+    """
+
+
+@hookspec
+def after_tool_call(conversation: Any, run_id: str, call: Any, result: Any) -> Any:
+    """A tool call finished with ``result`` (:class:`~agentik.core.tools.base.ToolResult`).
+
+    Return a ``ToolResult`` or a ``str`` to replace what the model (and the
+    audit log) gets, or ``None``.
+    """
+
+
+@hookspec
+def on_tool_error(conversation: Any, run_id: str, call: Any, error: Any, attempt: int) -> Any:
+    """A tool call failed (``error`` is the error ``ToolResult``; ``attempt`` counts from 1).
+
+    Return :class:`~agentik.core.hooks.Retry` ``(delay=0)`` to run the call
+    again — at most ``TurnPolicy.max_tool_retries`` times, then the error
+    stands — or ``None`` to give up (the model gets the error).
+    """
+
+
+@hookspec
 def before_compact(conversation: Any, messages: list[Any], reason: str) -> None:
     """See the working-memory messages about to be summarised away.
 
@@ -73,6 +159,38 @@ def before_compact(conversation: Any, messages: list[Any], reason: str) -> None:
     working memory (``messages``: :class:`~agentik.core.messages.ChatMessage`
     values, oldest first) with a summary; ``reason`` is ``budget`` or
     ``forced``.  Persist facts you want to keep (the audit log keeps every
-    message regardless).  May be ``async``; the return value is ignored; an
-    exception is logged and compaction goes on.
+    message regardless).  The return value is ignored.
+    """
+
+
+@hookspec
+def session_start(conversation: Any) -> None:
+    """A conversation was created (its ``channel_key`` is set when it belongs to a channel).
+
+    The return value is ignored.
+    """
+
+
+@hookspec
+def session_end(conversation: Any, reason: str) -> None:
+    """A conversation ended: ``reason`` is ``reset`` (its channel started a new
+    one, ``!new``), ``deleted`` or ``closed`` (the agent shut down or the
+    conversation was closed).  The return value is ignored."""
+
+
+@hookspec
+def transport_start(transport: Any) -> None:
+    """A transport adapter started: it is connected and delivers messages.
+
+    ``transport`` is the :class:`~agentik.core.transport.Transport` (its
+    ``name`` is the configuration's table name).  The return value is ignored.
+    """
+
+
+@hookspec
+def transport_stop(transport: Any) -> None:
+    """A transport adapter stopped: the bot is shutting down and it has disconnected.
+
+    Called after its ``aclose()``, before the agent closes.  The return value
+    is ignored.
     """

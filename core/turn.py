@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -32,8 +33,10 @@ from .events import (
     TurnEnded,
     TurnStarted,
 )
+from .hooks import Abort, Block, Retry, UseBackend
 from .llm.base import (
     FinishItem,
+    LLMBackend,
     LLMRequest,
     ReasoningChunk,
     TextChunk,
@@ -53,6 +56,10 @@ log = logging.getLogger(__name__)
 #: Tool output longer than this is cut before it reaches the model (the
 #: audit log keeps it whole).
 MAX_TOOL_RESULT_CHARS = 64_000
+
+
+class TurnAborted(Exception):
+    """An ``after_response`` hook ended the turn."""
 
 
 @dataclass(slots=True)
@@ -168,6 +175,11 @@ class TurnRunner:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+        except TurnAborted as exc:
+            self.state.partial.clear()  # the aborted response is not recorded
+            await self._keep_partial("error", "turn aborted")
+            self.state.stop_reason = "aborted"
+            self._emit(Error, message=f"turn aborted: {exc}", error_type="aborted")
         except (LLMError, StoreError) as exc:
             log.warning("conversation %s run %s failed: %s", self.conv.id, self.run_id, exc)
             await self._keep_partial("error", str(exc))
@@ -253,7 +265,14 @@ class TurnRunner:
                 self.conv, request, run_id=self.run_id, settle=self._settled
             ):
                 request = self._request(offered)
-            text, calls, finish = await self._stream(request)
+            backend = agent.llm
+            hooks = agent.hooks
+            if hooks.implemented("before_llm_request"):
+                request, backend = await self._before_llm_request(request, backend)
+            hold = hooks.implemented("after_response")
+            text, calls, finish = await self._stream(request, backend, hold=hold)
+            if hold:
+                text = await self._after_response(text, calls)
             if not calls:
                 self.state.partial.clear()
                 self.state.final_text = text
@@ -294,19 +313,111 @@ class TurnRunner:
             conversation_id=self.conv.id,
         )
 
-    async def _stream(self, request: LLMRequest) -> tuple[str, list[ToolCall], str | None]:
+    # -- interception hooks ---------------------------------------------------------
+    async def _before_llm_request(
+        self, request: LLMRequest, backend: LLMBackend
+    ) -> tuple[LLMRequest, LLMBackend]:
+        args: dict[str, Any] = {
+            "conversation": self.conv,
+            "request": request,
+            "run_id": self.run_id,
+        }
+        async for plugin, result in self.agent.hooks.each("before_llm_request", args):
+            if isinstance(result, UseBackend):
+                backend = result.backend
+                if result.request is not None:
+                    args["request"] = result.request
+            elif isinstance(result, LLMRequest):
+                args["request"] = result
+            else:
+                log.warning("plugin %r: before_llm_request returned %r; ignored", plugin, result)
+        return args["request"], backend
+
+    async def _after_response(self, text: str, calls: list[ToolCall]) -> str:
+        args: dict[str, Any] = {
+            "conversation": self.conv,
+            "run_id": self.run_id,
+            "text": text,
+            "tool_calls": list(calls),
+        }
+        async for plugin, result in self.agent.hooks.each("after_response", args):
+            if isinstance(result, Abort):
+                log.info("run %s aborted by plugin %r: %s", self.run_id, plugin, result.reason)
+                raise TurnAborted(result.reason)
+            if isinstance(result, str):
+                args["text"] = result
+            else:
+                log.warning("plugin %r: after_response returned %r; ignored", plugin, result)
+        text = str(args["text"])
+        # The held-back text goes out now, as the hooks left it.
+        self.state.partial[:] = [text] if text else []
+        if text:
+            self._emit(ResponseStarted)
+            self._emit(TextDelta, text=text)
+        return text
+
+    async def _before_tool_call(self, call: ToolCall) -> tuple[ToolCall, str | None]:
+        args: dict[str, Any] = {"conversation": self.conv, "run_id": self.run_id, "call": call}
+        async for plugin, result in self.agent.hooks.each("before_tool_call", args):
+            if isinstance(result, Block):
+                log.info("plugin %r blocked tool call %s: %s", plugin, call.name, result.reason)
+                return args["call"], result.reason
+            if isinstance(result, dict):
+                args["call"] = dataclasses.replace(
+                    args["call"], arguments=json.dumps(result, ensure_ascii=False)
+                )
+            else:
+                log.warning("plugin %r: before_tool_call returned %r; ignored", plugin, result)
+        return args["call"], None
+
+    async def _after_tool_call(self, call: ToolCall, result: ToolResult) -> ToolResult:
+        args: dict[str, Any] = {
+            "conversation": self.conv,
+            "run_id": self.run_id,
+            "call": call,
+            "result": result,
+        }
+        async for plugin, new in self.agent.hooks.each("after_tool_call", args):
+            if isinstance(new, str):
+                new = ToolResult(text=new)
+            if isinstance(new, ToolResult):
+                args["result"] = new
+            else:
+                log.warning("plugin %r: after_tool_call returned %r; ignored", plugin, new)
+        return args["result"]
+
+    async def _retry_wanted(self, call: ToolCall, error: ToolResult, attempt: int) -> Retry | None:
+        args = {
+            "conversation": self.conv,
+            "run_id": self.run_id,
+            "call": call,
+            "error": error,
+            "attempt": attempt,
+        }
+        async for plugin, result in self.agent.hooks.each("on_tool_error", args):
+            if isinstance(result, Retry):
+                log.info("plugin %r retries tool %s (attempt %d)", plugin, call.name, attempt + 1)
+                return result
+        return None
+
+    async def _stream(
+        self, request: LLMRequest, backend: LLMBackend, *, hold: bool = False
+    ) -> tuple[str, list[ToolCall], str | None]:
+        """Stream one response; with ``hold`` the text is not emitted (hooks see it first)."""
         partial = self.state.partial
         calls: list[ToolCall] = []
         finish: str | None = None
         reasoning = response = False
-        gen = self.agent.llm.stream(request)
+        gen = backend.stream(request)
         async with contextlib.aclosing(gen):  # type: ignore[type-var]
             async for item in gen:
                 if isinstance(item, TextChunk):
+                    partial.append(item.text)
+                    if hold:
+                        continue
                     if not response:
                         response = True
                         self._emit(ResponseStarted)
-                    partial.append(item.text)
                     self._emit(TextDelta, text=item.text)
                 elif isinstance(item, ReasoningChunk):
                     if not reasoning:
@@ -347,9 +458,31 @@ class TurnRunner:
                 )
 
     async def _run_tool(self, call: ToolCall) -> None:
+        hooks = self.agent.hooks
+        blocked: str | None = None
+        if hooks.implemented("before_tool_call"):
+            call, blocked = await self._before_tool_call(call)
         self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)
         t0 = time.monotonic()
-        result = await self._invoke(call)
+        if blocked is not None:
+            result = ToolResult(text=f"blocked: {blocked}", is_error=True)
+        else:
+            result = await self._invoke(call)
+            attempt = 1
+            while (
+                result.is_error
+                and attempt <= self.policy.max_tool_retries
+                and hooks.implemented("on_tool_error")
+            ):
+                retry = await self._retry_wanted(call, result, attempt)
+                if retry is None:
+                    break
+                if retry.delay > 0:
+                    await asyncio.sleep(retry.delay)
+                attempt += 1
+                result = await self._invoke(call)
+            if hooks.implemented("after_tool_call"):
+                result = await self._after_tool_call(call, result)
         await self._finish_tool(call, result, time.monotonic() - t0)
 
     async def _invoke(self, call: ToolCall) -> ToolResult:

@@ -139,12 +139,15 @@ class TurnPolicy:
     ``tool_timeout``: seconds for one tool call.
     ``allowed_tools``: glob patterns of tool names the model may see and
     call (``None``: all); a tool not allowed is not even offered.
+    ``max_tool_retries``: how often one failed call may be retried when an
+    ``on_tool_error`` plugin hook asks for it.
     """
 
     max_tool_calls: int = 16
     time_budget: float = 300.0
     tool_timeout: float = 60.0
     allowed_tools: tuple[str, ...] | None = None
+    max_tool_retries: int = 2
     _cache: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def allows(self, tool_name: str) -> bool:
