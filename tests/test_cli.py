@@ -381,3 +381,52 @@ def test_every_command_is_in_the_readme(command):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     pattern = r"\bagentik\s+" + r"\s+".join(map(re.escape, command.split())) + r"\b"
     assert re.search(pattern, readme), f"README.md does not show `agentik {command}`"
+
+
+# -- agentik memory ---------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["sqlite", "markdown"])
+def test_memory_commands_list_show_history_rm_restore(tmp_path, backend):
+    conf = write_config(tmp_path, f'[storage]\npath = "bot.db"\n[memory]\nbackend = "{backend}"\n')
+    if backend == "sqlite":
+
+        async def create() -> None:
+            async with SQLiteStore(str(tmp_path / "bot.db")):
+                pass  # the bot's database, as a first run leaves it
+
+        asyncio.run(create())
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return agentik("memory", *args, "-c", conf, cwd=tmp_path)
+
+    added = run("add", "channel:irc:libera:#ops", "deploys happen on Tuesday")
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.strip() == "saved note #1 in channel:irc:libera:#ops"
+    assert run("add", "global", "be kind").returncode == 0
+    bad = run("add", "team:x", "nope")
+    assert bad.returncode == 2 and "invalid memory scope 'team:x'" in bad.stderr
+    listed = run("list").stdout
+    assert "deploys happen on Tuesday" in listed and "be kind" in listed
+    only = run("list", "--scope", "global").stdout
+    assert "be kind" in only and "Tuesday" not in only
+    assert "#1" in run("search", "deploy", "tuesday").stdout
+    shown = run("show", "1").stdout
+    assert shown.splitlines()[0].startswith("#1 channel:irc:libera:#ops version 1")
+    assert run("rm", "1").stdout.strip() == "deleted note #1"
+    assert "Tuesday" not in run("list").stdout
+    assert "[deleted]" in run("list", "--deleted").stdout
+    history = run("history", "1").stdout
+    assert "version 1 · save" in history and "version 2 · delete" in history
+    restored = run("restore", "1", "1")
+    assert restored.stdout.strip() == "note #1 is now version 3 (text of version 1)"
+    assert "Tuesday" in run("list").stdout
+    assert run("rm", "1", "--purge").stdout.strip() == "purged note #1"
+    missing = run("show", "1")
+    assert missing.returncode == 1 and missing.stderr.strip() == "agentik: no note #1"
+    assert run("history", "1").returncode == 1
+
+
+def test_memory_with_backend_none_exits_2(tmp_path):
+    conf = write_config(tmp_path, '[memory]\nbackend = "none"\n')
+    result = agentik("memory", "list", "-c", conf, cwd=tmp_path)
+    assert_one_line_error(result, 2)
+    assert "memory.backend" in result.stderr
