@@ -11,7 +11,7 @@ from agentik.bot.builder import NO_MODEL_HELP, AgentBuilder, NoModelBackend
 from agentik.bot.config import parse_config
 from agentik.core import ConfigError, OpenAIBackend, SQLiteStore, tool
 from agentik.core.memory import NoMemory
-from agentik.core.testing.scripted import ScriptedModel
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
 
 
 @pytest.mark.parametrize("missing", ["llm", "storage", "memory"])
@@ -169,3 +169,34 @@ async def test_toolsets_are_asked_every_turn_and_follow_the_agent_lifecycle(tmp_
         await conv.wait_idle()
     assert toolset.closed
     assert [[t.name for t in r.tools] for r in model.requests] == [["first"], ["first", "second"]]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "markdown", "none"])
+async def test_from_config_picks_the_memory_backend(tmp_path, backend):
+    from agentik.bot.config import load_config
+    from agentik.core.background import MemoryWorker
+    from agentik.core.memory.markdown import MarkdownMemory
+    from agentik.core.memory.sqlite import SQLiteMemory
+    from agentik.core.plugins import load_plugins
+
+    conf = tmp_path / "bot.toml"
+    conf.write_text(
+        f'[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n'
+        f'[memory]\nbackend = "{backend}"\npath = "notes"\nreflection = false\n'
+        "[compaction]\ncontext_tokens = 2048\nkeep_turns = 3\n"
+    )
+    agent = AgentBuilder.from_config(load_config(conf), load_plugins()).build()
+    expected = {"sqlite": SQLiteMemory, "markdown": MarkdownMemory, "none": NoMemory}[backend]
+    assert type(agent.memory) is expected
+    assert agent.compactor.budget == 2048 and agent.compactor.policy.keep_turns == 3
+    workers = [w for w in agent._background_fns if isinstance(w, MemoryWorker)]
+    assert len(workers) == (0 if backend == "none" else 1)
+    names = {t.name for t in agent.tools}
+    assert ("memory_save" in names) == (backend != "none")
+    async with agent:
+        if backend == "markdown":
+            conv = await agent.create_conversation()
+            agent.llm.enqueue(Reply(tool_calls=[call("memory_save", {"text": "hi"})]), "ok")
+            await conv.send("remember hi")
+            await conv.wait_idle()
+            assert (tmp_path / "notes" / "channel").is_dir()  # relative to the config file
