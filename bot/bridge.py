@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -85,16 +86,29 @@ class _Channel:
     reply_to: object = None
     pending: set[str] = field(default_factory=set)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    last_used: float = field(default_factory=time.monotonic)
+
+    def idle(self, now: float, after: float) -> bool:
+        return not self.pending and not self.conversation.busy and now - self.last_used >= after
 
 
 class Bridge:
-    """Connects transports to one :class:`~agentik.core.Agent`."""
+    """Connects transports to one :class:`~agentik.core.Agent`.
 
-    def __init__(self, agent: Agent) -> None:
+    Each active channel holds a renderer task and its conversation; a channel
+    left idle for ``idle_seconds`` (no message, no turn running) is released,
+    so memory stays bounded however many channels and threads a bot has
+    seen.  It reopens, with the same conversation, on its next message (a
+    capped answer's unsent rest, ``!more``, does not survive the release).
+    """
+
+    def __init__(self, agent: Agent, *, idle_seconds: float = 900.0) -> None:
         self.agent = agent
+        self.idle_seconds = idle_seconds
         self._options: dict[str, ChannelOptions] = {}
         self._channels: dict[str, _Channel] = {}
         self._lock = KeyedLocks()
+        self._reaper: asyncio.Task[None] | None = None
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options."""
@@ -179,11 +193,13 @@ class Bridge:
     async def _channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
         ch = self._channels.get(key)
         if ch is not None and ch.conversation.state.value == "open":
+            ch.last_used = time.monotonic()
             return ch
         lock = self._lock(key)
         async with lock:
             ch = self._channels.get(key)
             if ch is not None and ch.conversation.state.value == "open":
+                ch.last_used = time.monotonic()
                 return ch
             conv = await self.agent.conversation_for_channel(key)
             return self._open(key, transport, opts, conv)
@@ -199,7 +215,36 @@ class Bridge:
         ch.subscription = conv.events(profile=opts.events)
         ch.task = asyncio.create_task(self._render(ch), name=f"agentik-render:{key}")
         self._channels[key] = ch
+        if self._reaper is None and self.idle_seconds > 0:
+            self._reaper = asyncio.create_task(self._reap(), name="agentik-bridge-reaper")
         return ch
+
+    @property
+    def open_channels(self) -> int:
+        """Channels holding a renderer now (idle ones are released)."""
+        return len(self._channels)
+
+    async def _reap(self) -> None:
+        """Release channels idle for ``idle_seconds``; sleeps until the next may be."""
+        try:
+            while self._channels:
+                now = time.monotonic()
+                oldest = min(ch.last_used for ch in self._channels.values())
+                await asyncio.sleep(max(0.0, oldest + self.idle_seconds - now) + 0.01)
+                now = time.monotonic()
+                for key, ch in list(self._channels.items()):
+                    if now - ch.last_used < self.idle_seconds:
+                        continue
+                    if not ch.idle(now, self.idle_seconds):
+                        ch.last_used = now  # a long turn: look again later
+                        continue
+                    async with self._lock(key):
+                        if self._channels.get(key) is ch and ch.idle(now, self.idle_seconds):
+                            del self._channels[key]
+                            await self._close_channel(ch)
+                            log.debug("released idle channel %s", key)
+        finally:
+            self._reaper = None
 
     async def _close_channel(self, ch: _Channel) -> None:
         if ch.subscription is not None:
@@ -228,6 +273,10 @@ class Bridge:
 
     async def aclose(self) -> None:
         """Stop every renderer (the agent is closed separately)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
         for ch in list(self._channels.values()):
             await self._close_channel(ch)
         self._channels.clear()

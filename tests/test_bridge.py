@@ -282,3 +282,50 @@ async def test_a_transport_instance_can_limit_the_tools_of_its_channels(rig):
     await bridge.flush("priv:#x")
     offered = [sorted(t.name for t in r.tools) for r in model.requests]
     assert offered == [["time__now"], ["shell__run", "time__now"]]
+
+
+async def test_idle_channels_are_released_and_reopen_with_the_same_conversation(db_path):
+    model = ScriptedModel()
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as agent:
+        bridge = Bridge(agent, idle_seconds=0.2)
+        t = MemoryTransport(name="mem")
+        bridge.attach(t, ChannelOptions(answer="all"))
+        await t.start(bridge)
+        for i in range(20):
+            await t.inject(f"hello {i}", channel_key=f"mem:#c{i}", author="alice")
+        for i in range(20):
+            await bridge.flush(f"mem:#c{i}")
+        first = (await agent.conversation_for_channel("mem:#c0")).id
+        assert bridge.open_channels == 20
+        # The reaper ends once it has released every channel.
+        await asyncio.wait_for(bridge._reaper, 10)
+        assert bridge.open_channels == 0
+        renderers = [t for t in asyncio.all_tasks() if t.get_name().startswith("agentik-render")]
+        assert renderers == []
+        # The next message reopens the channel on the same conversation, with its history.
+        await t.inject("again", channel_key="mem:#c0", author="alice")
+        await bridge.flush("mem:#c0")
+        assert t.texts("answer")[-1] == "echo: again"
+        assert (await agent.conversation_for_channel("mem:#c0")).id == first
+        assert [m.content for m in model.requests[-1].messages if m.role == "user"] == [
+            "hello 0",
+            "again",
+        ]
+        await bridge.aclose()
+
+
+async def test_a_channel_with_a_running_turn_is_not_released(db_path):
+    gate = asyncio.Event()
+    model = ScriptedModel([Reply(text="slow answer", gate=gate)])
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as agent:
+        bridge = Bridge(agent, idle_seconds=0.1)
+        t = MemoryTransport(name="mem")
+        bridge.attach(t, ChannelOptions(answer="all"))
+        await t.start(bridge)
+        await t.inject("question", channel_key="mem:#busy", author="alice")
+        await asyncio.sleep(0.5)  # several idle periods pass while the turn runs
+        assert bridge.open_channels == 1
+        gate.set()
+        await bridge.flush("mem:#busy")
+        assert t.texts("answer") == ["slow answer"]
+        await bridge.aclose()
