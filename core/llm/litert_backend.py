@@ -88,6 +88,8 @@ ENV_THREADS = "AGENTIK_GOOGLE_THREADS"
 #: How long an interrupted generation may take to stop before the backend
 #: stops waiting for it (the worker still finishes and is cleaned up).
 _CANCEL_WAIT = 2.0
+#: Shortest time between two batches of deltas handed to the turn (seconds).
+_DELTA_INTERVAL = 0.005
 
 
 def default_cache_dir() -> str:
@@ -275,18 +277,30 @@ class _Feed:
             self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
-        with self._lock:
-            self._wake_pending = False
         self._ready.set()
 
     async def take(self) -> list[tuple[str, Any]]:
+        """Everything pushed since the last call (waits for at least one item)."""
         while True:
             with self._lock:
                 if self._items:
+                    # Until the next take, pushes only append: one wake-up per batch.
                     items, self._items = self._items, []
+                    self._wake_pending = False
                     return items
                 self._ready.clear()
             await self._ready.wait()
+
+
+def _coalesce(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Join runs of consecutive text (or reasoning) items into one."""
+    out: list[tuple[str, Any]] = []
+    for kind, value in items:
+        if out and kind in ("text", "reasoning") and out[-1][0] == kind:
+            out[-1] = (kind, out[-1][1] + value)
+        else:
+            out.append((kind, value))
+    return out
 
 
 # -- per-conversation state ---------------------------------------------------------------------
@@ -298,6 +312,8 @@ class _Slot:
 
     key: tuple[Any, ...]
     conv: Any = None
+    #: The answer cap the engine conversation was created with.
+    max_tokens: int | None = None
     consumed: list[str] = field(default_factory=list)
     busy: bool = False
     poisoned: bool = False
@@ -578,8 +594,18 @@ class LiteRTBackend(LLMBackend):
         calls: list[ToolCall] = []
         texts: list[str] = []
         try:
+            paced = 0.0
             while True:
-                for kind, value in await feed.take():
+                # At most one batch per _DELTA_INTERVAL: a fast model's tokens go
+                # out a few at a time, since per-token events on the loop would
+                # cost the engine's callback thread the GIL.  Slower models
+                # (most real ones) still stream token by token.
+                wait = paced - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                batch = await feed.take()
+                paced = loop.time() + _DELTA_INTERVAL
+                for kind, value in _coalesce(batch):
                     if kind == "text":
                         texts.append(value)
                         yield TextChunk(value)
@@ -662,12 +688,18 @@ class LiteRTBackend(LLMBackend):
                 )
                 with job.lock:
                     slot.conv = conv
+                    slot.max_tokens = job.max_tokens
             if job.cancelled:
                 return
             conv = slot.conv
             before = conv.token_count
             chunks = 0
-            stream = conv.send_message_async(job.feed, max_output_tokens=job.max_tokens)
+            # Per-message options cost the engine extra work on every send:
+            # only when this request's cap differs from the conversation's.
+            options = (
+                {"max_output_tokens": job.max_tokens} if job.max_tokens != slot.max_tokens else {}
+            )
+            stream = conv.send_message_async(job.feed, **options)
             for message in stream:
                 if job.cancelled:
                     # A cancel that came before the engine started is lost
@@ -812,6 +844,22 @@ class LiteRTBackend(LLMBackend):
         fut = asyncio.get_running_loop().run_in_executor(self._executor, close)
         self._workers.add(fut)
         fut.add_done_callback(self._workers.discard)
+
+    @property
+    def engine(self) -> Any:
+        """The ``litert_lm.Engine`` (shared by the process), or None before the first turn."""
+        return self._engine
+
+    def release(self, conversation_id: str) -> bool:
+        """Free the engine state of one conversation now; its next turn rebuilds it.
+
+        Returns ``False`` if it held none (a running generation is left alone).
+        """
+        slot = self._slots.get(conversation_id)
+        if slot is None or slot.busy:
+            return False
+        self._drop(conversation_id, slot)
+        return True
 
     @property
     def live_conversations(self) -> int:
