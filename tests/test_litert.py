@@ -281,6 +281,15 @@ async def test_idle_engine_conversations_are_released_then_rebuilt(tmp_path):
     await backend.aclose()
 
 
+async def test_release_frees_one_conversations_engine_state(agent, llm):
+    conv = await agent.create_conversation()
+    ended(await turn(conv, "hi"))
+    assert llm.release(conv.id) and llm.live_conversations == 0
+    assert not llm.release(conv.id), "nothing left to free"
+    ended(await turn(conv, "again"))
+    assert (llm.stats.builds, llm.stats.reuses) == (2, 0)
+
+
 async def test_at_most_max_conversations_keep_engine_state(tmp_path):
     backend = make_backend(tmp_path, max_conversations=2)
     async with Agent(llm=backend, store=SQLiteStore(":memory:"), system_prompt=SYSTEM) as a:
