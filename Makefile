@@ -58,6 +58,7 @@ irc-servers:
 bench: $(DEV)
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_memory.py
+	$(PY) benchmarks/bench_litert.py
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check .

@@ -343,6 +343,33 @@ def resolve_backend(config: Config, registry: Registry) -> LLMBackend:
             max_tokens=llm.max_tokens,
             author_mode=llm.author_mode,
         )
+    elif name == "litert":
+        settings.update(litert_settings(config))
     elif llm.model:
         settings["model"] = llm.model
     return registry.create_backend(name, **settings)
+
+
+def litert_settings(config: Config) -> dict[str, Any]:
+    """The ``litert`` backend's arguments from ``[llm]`` (paths resolved against the file)."""
+    llm = config.llm
+    settings: dict[str, Any] = {
+        "threads": llm.threads,
+        "max_tokens": llm.max_tokens,
+        "context_tokens": llm.context_tokens,
+        "top_k": llm.top_k,
+        "top_p": llm.top_p,
+        "temperature": llm.temperature,
+        "seed": llm.seed,
+        "fold_system_prompt": llm.fold_system_prompt,
+        "idle_release_seconds": llm.idle_release_seconds,
+        "max_conversations": llm.max_conversations,
+        "author_mode": "none" if llm.author_mode == "none" else "prefix",
+    }
+    if llm.model_path:
+        settings["model_path"] = config.resolve_path(os.path.expanduser(llm.model_path))
+    if llm.cache_dir:
+        settings["cache_dir"] = config.resolve_path(os.path.expanduser(llm.cache_dir))
+    if llm.model:
+        settings["model"] = llm.model
+    return settings

@@ -122,8 +122,19 @@ class LLMSection(_Section):
     max_tokens: int | None = Field(None, gt=0)
     author_mode: Literal["prefix", "name", "none"] = "prefix"
     options: dict[str, Any] = Field(default_factory=dict)
+    # -- backend = "litert" (on-device LiteRT-LM) --
+    model_path: str | None = None
+    cache_dir: str | None = None
+    threads: int | None = Field(None, ge=1)
+    context_tokens: int | None = Field(None, gt=0)
+    top_k: int | None = Field(None, gt=0)
+    top_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = None
+    fold_system_prompt: bool = True
+    idle_release_seconds: float = Field(600.0, gt=0)
+    max_conversations: int = Field(4, ge=1)
 
-    @field_validator("model", "base_url", mode="before")
+    @field_validator("model", "base_url", "model_path", "cache_dir", "threads", mode="before")
     @classmethod
     def _blank_is_none(cls, v: Any) -> Any:
         return None if v == "" else v
@@ -304,6 +315,9 @@ ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "OPENAI_BASE_URL": ("llm", "base_url"),
     "OPENAI_API_KEY": ("llm", "api_key"),
     "OPENAI_MODEL": ("llm", "model"),
+    "AGENTIK_GOOGLE_MODEL_PATH": ("llm", "model_path"),
+    "AGENTIK_GOOGLE_CACHE_DIR": ("llm", "cache_dir"),
+    "AGENTIK_GOOGLE_THREADS": ("llm", "threads"),
 }
 
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

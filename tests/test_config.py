@@ -405,6 +405,9 @@ path = "file.db"
         ("OPENAI_BASE_URL", "http://127.0.0.1:9/v1", lambda c: c.llm.base_url),
         ("OPENAI_API_KEY", SECRET, lambda c: reveal(c.llm.api_key)),
         ("OPENAI_MODEL", "env-model", lambda c: c.llm.model),
+        ("AGENTIK_GOOGLE_MODEL_PATH", "/models/g.litertlm", lambda c: c.llm.model_path),
+        ("AGENTIK_GOOGLE_CACHE_DIR", "/tmp/litert-cache", lambda c: c.llm.cache_dir),
+        ("AGENTIK_GOOGLE_THREADS", "3", lambda c: str(c.llm.threads)),
     ],
 )
 def test_environment_overrides_the_file(tmp_path, var, value, get):
@@ -428,6 +431,9 @@ def test_every_override_is_tested():
         "OPENAI_BASE_URL",
         "OPENAI_API_KEY",
         "OPENAI_MODEL",
+        "AGENTIK_GOOGLE_MODEL_PATH",
+        "AGENTIK_GOOGLE_CACHE_DIR",
+        "AGENTIK_GOOGLE_THREADS",
     }
 
 

@@ -1,0 +1,450 @@
+"""The litert backend: the real LiteRT-LM engine running a real (tiny, random) model.
+
+``tests/fixtures/tiny-random.litertlm`` is built by ``tools/build_tiny_litertlm.py``:
+a 2-layer Llama-style model with random weights, a SentencePiece tokenizer and a
+Gemma-style chat template with no system role and strictly alternating turns.
+It talks gibberish, so these tests assert behaviour, never wording.  The engine
+(``litert-lm-api``) comes with ``agentik[dev]``; without it this module fails
+to import — a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import litert_lm  # noqa: F401 - a missing engine must fail the suite, not skip it
+import pytest
+
+from agentik.bot.builder import resolve_backend
+from agentik.bot.config import parse_config
+from agentik.core import Agent, ConfigError, SQLiteStore, tool
+from agentik.core.llm.litert_backend import LiteRTBackend, to_engine_messages
+from agentik.core.messages import ChatMessage, ToolCall
+from agentik.core.plugins import load_plugins
+from agentik.core.testing.scripted import ScriptedModel
+from helpers import collect_turn
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tiny-random.litertlm"
+SYSTEM = "You are a tiny test model."
+
+
+def make_backend(tmp_path: Path, **kw) -> LiteRTBackend:
+    kw.setdefault("cache_dir", tmp_path / "litert-cache")
+    kw.setdefault("top_k", 1)
+    kw.setdefault("seed", 7)
+    kw.setdefault("max_tokens", 24)
+    kw.setdefault("threads", 1)
+    return LiteRTBackend(model_path=FIXTURE, **kw)
+
+
+@pytest.fixture
+async def llm(tmp_path):
+    backend = make_backend(tmp_path)
+    yield backend
+    await backend.aclose()
+
+
+@pytest.fixture
+async def agent(llm, db_path):
+    async with Agent(llm=llm, store=SQLiteStore(db_path), system_prompt=SYSTEM) as a:
+        yield a
+
+
+async def turn(conv, text: str, *, author: str | None = "alice") -> list:
+    sub = conv.events()
+    run_id = await conv.send(text, author=author)
+    events = await collect_turn(sub, run_id=run_id, wait=60)
+    await sub.aclose()
+    return events
+
+
+def deltas(events) -> list[str]:
+    return [e.text for e in events if e.kind == "text_delta"]
+
+
+def ended(events):
+    end = events[-1]
+    assert end.kind == "turn_ended", [e.kind for e in events]
+    return end
+
+
+# -- streaming and reuse ----------------------------------------------------------------------
+
+
+async def test_a_turn_streams_the_models_tokens_as_deltas(tmp_path, db_path):
+    llm = make_backend(tmp_path, max_tokens=400)
+    agent = Agent(llm=llm, store=SQLiteStore(db_path), system_prompt=SYSTEM)
+    async with agent:
+        conv = await agent.create_conversation()
+        events = await turn(conv, "hello the cat")
+        rows = await conv.messages()
+    end = ended(events)
+    parts = deltas(events)
+    # The tiny model is fast: tokens that arrive within a few milliseconds
+    # share a delta, but the answer still streams in several pieces.
+    assert len(parts) >= 3, "the answer arrives piece by piece, not at the end"
+    assert end.stop_reason in ("stop", "length") and end.text == "".join(parts)
+    assert 0 < end.usage.completion_tokens <= 400 and end.usage.prompt_tokens > 0
+    assert [(m.kind, m.content) for m in rows] == [
+        ("user", "hello the cat"),
+        ("assistant", end.text),
+    ]
+    assert llm.stats.builds == 1 and llm.stats.engine_loads == 1
+
+
+async def test_later_turns_reuse_the_engine_conversation(agent, llm):
+    conv = await agent.create_conversation()
+    usages = []
+    for text in ("first message", "second message", "third message"):
+        end = ended(await turn(conv, text))
+        assert end.stop_reason in ("stop", "length")
+        usages.append(end.usage)
+    # One engine conversation served all three turns: only the new message
+    # was fed each time, its KV cache kept the rest.
+    assert (llm.stats.builds, llm.stats.reuses) == (1, 2)
+    assert llm.live_conversations == 1
+    # The context the model saw grew with the history.
+    assert usages[0].prompt_tokens < usages[1].prompt_tokens < usages[2].prompt_tokens
+
+
+async def test_each_agent_conversation_has_its_own_engine_conversation(agent, llm):
+    a = await agent.create_conversation()
+    b = await agent.create_conversation()
+    for conv in (a, b, a, b):
+        ended(await turn(conv, "hi"))
+    assert (llm.stats.builds, llm.stats.reuses) == (2, 2)
+    assert llm.live_conversations == 2
+
+
+async def test_one_engine_per_process(tmp_path):
+    first, second = make_backend(tmp_path), make_backend(tmp_path)
+    async with (
+        Agent(llm=first, store=SQLiteStore(":memory:")) as a,
+        Agent(llm=second, store=SQLiteStore(":memory:")) as b,
+    ):
+        for agent in (a, b):
+            conv = await agent.create_conversation()
+            ended(await turn(conv, "hi"))
+        assert first.stats.engine_loads == 1
+        assert second.stats.engine_loads == 0, "the second backend found the engine loaded"
+
+
+async def test_the_system_prompt_is_folded_for_templates_without_a_system_role(tmp_path, db_path):
+    # The fixture's chat template (like Gemma's) rejects a system role.
+    for fold in (True, False):
+        backend = make_backend(tmp_path, fold_system_prompt=fold)
+        async with Agent(llm=backend, store=SQLiteStore(":memory:"), system_prompt=SYSTEM) as a:
+            conv = await a.create_conversation()
+            events = await turn(conv, "hi")
+        await backend.aclose()
+        if fold:
+            assert ended(events).stop_reason in ("stop", "length")
+        else:
+            errors = [e for e in events if e.kind == "error"]
+            assert len(errors) == 1 and ended(events).stop_reason == "error"
+            assert str(FIXTURE) in errors[0].message
+            assert "fold_system_prompt" in errors[0].message
+
+
+# -- interrupt, restart, compaction: rebuilt from history ---------------------------------------
+
+
+async def test_interrupt_then_the_next_turn_works_on_a_rebuilt_conversation(tmp_path, db_path):
+    backend = make_backend(tmp_path, max_tokens=900)
+    async with Agent(llm=backend, store=SQLiteStore(db_path), system_prompt=SYSTEM) as a:
+        conv = await a.create_conversation()
+        sub = conv.events()
+        await conv.send("talk for a long time")
+        async for event in sub:
+            if event.kind == "text_delta":
+                break
+        assert await conv.interrupt()
+        events = await collect_turn(sub, wait=30)
+        await sub.aclose()
+        interrupted = [e for e in events if e.kind == "interrupted"]
+        assert interrupted and interrupted[0].reason == "interrupt"
+        end = ended(events)
+        assert end.stop_reason == "interrupted"
+        # The engine stopped early: far fewer than the 900 tokens it was allowed.
+        assert 0 < len(end.text) and len(deltas(events)) + 1 < 900
+        assert backend.stats.cancelled == 1
+        rows = await conv.messages()
+        assert rows[-1].kind == "assistant" and rows[-1].status == "interrupted"
+
+        # The cancelled engine conversation is not reused: it is rebuilt from
+        # the history (which keeps the partial answer), and the turn works.
+        end2 = ended(await turn(conv, "and now?"))
+        assert end2.stop_reason in ("stop", "length") and end2.text
+        assert backend.stats.builds == 2 and backend.stats.reuses == 0
+        end3 = ended(await turn(conv, "once more"))
+        assert end3.stop_reason in ("stop", "length")
+        assert backend.stats.reuses == 1
+    await backend.aclose()
+
+
+async def test_after_a_restart_the_history_is_rebuilt_into_a_new_engine_conversation(
+    tmp_path, db_path
+):
+    first = make_backend(tmp_path)
+    async with Agent(llm=first, store=SQLiteStore(db_path), system_prompt=SYSTEM) as a:
+        conv = await a.conversation_for_channel("stdio:local")
+        fresh = ended(await turn(conv, "remember this"))
+        ended(await turn(conv, "and this"))
+    await first.aclose()
+
+    second = make_backend(tmp_path)  # a new process would start like this
+    async with Agent(llm=second, store=SQLiteStore(db_path), system_prompt=SYSTEM) as a:
+        conv = await a.conversation_for_channel("stdio:local")
+        end = ended(await turn(conv, "what did I say?"))
+        assert end.stop_reason in ("stop", "length")
+        assert second.stats.builds == 1
+        # The model saw the whole stored history, not just the new message.
+        assert end.usage.prompt_tokens > 2 * fresh.usage.prompt_tokens
+        ended(await turn(conv, "thanks"))
+        assert second.stats.reuses == 1
+    await second.aclose()
+
+
+async def test_compaction_changes_the_context_so_the_engine_conversation_is_rebuilt(agent, llm):
+    conv = await agent.create_conversation()
+    ended(await turn(conv, "one"))
+    before = ended(await turn(conv, "two"))
+    assert (llm.stats.builds, llm.stats.reuses) == (1, 1)
+    memory = await conv.working_memory()
+    await conv.compact(len(memory) - 1, "The user said one and two.")
+    after = ended(await turn(conv, "three"))
+    assert after.stop_reason in ("stop", "length")
+    assert llm.stats.builds == 2, "the compacted context is not a continuation"
+    # The summary replaced the history: the new context is smaller.
+    assert after.usage.prompt_tokens < before.usage.prompt_tokens + before.usage.completion_tokens
+    ended(await turn(conv, "four"))
+    assert llm.stats.reuses == 2
+
+
+# -- the event loop stays free ------------------------------------------------------------------
+
+
+async def test_other_conversations_events_flow_while_the_model_generates(tmp_path, db_path):
+    backend = make_backend(tmp_path, max_tokens=900)
+    other_model = ScriptedModel(["I am another agent on the same event loop."])
+    async with (
+        Agent(llm=backend, store=SQLiteStore(db_path), system_prompt=SYSTEM) as a,
+        Agent(llm=other_model, store=SQLiteStore(":memory:")) as b,
+    ):
+        slow = await a.create_conversation()
+        fast = await b.create_conversation()
+        slow_events: list = []
+        streaming = asyncio.Event()
+
+        async def follow(sub) -> None:
+            async for event in sub:
+                slow_events.append(event)
+                if event.kind == "text_delta":
+                    streaming.set()
+                if event.kind == "turn_ended":
+                    return
+
+        follower = asyncio.create_task(follow(slow.events()))
+        await slow.send("talk for a long time")
+        await asyncio.wait_for(streaming.wait(), 30)
+        # While the engine generates in its worker thread, another
+        # conversation runs a whole turn on this loop.
+        other = await turn(fast, "are you there?")
+        assert ended(other).text == "I am another agent on the same event loop."
+        assert not [e for e in slow_events if e.kind == "turn_ended"]
+        seen = len(deltas(slow_events))
+        await asyncio.wait_for(follower, 60)
+        assert ended(slow_events).stop_reason in ("stop", "length")
+        assert len(deltas(slow_events)) > seen, "the model kept streaming after the other turn"
+    await backend.aclose()
+
+
+# -- memory stays bounded ----------------------------------------------------------------------
+
+
+async def test_idle_engine_conversations_are_released_then_rebuilt(tmp_path):
+    backend = make_backend(tmp_path, idle_release_seconds=0.05)
+    async with Agent(llm=backend, store=SQLiteStore(":memory:"), system_prompt=SYSTEM) as a:
+        conv = await a.create_conversation()
+        ended(await turn(conv, "hi"))
+        for _ in range(400):
+            if backend.live_conversations == 0:
+                break
+            await asyncio.sleep(0.025)
+        assert backend.live_conversations == 0 and backend.stats.released_idle == 1
+        end = ended(await turn(conv, "still there?"))
+        assert end.stop_reason in ("stop", "length")
+        assert backend.stats.builds == 2 and backend.live_conversations == 1
+    await backend.aclose()
+
+
+async def test_release_frees_one_conversations_engine_state(agent, llm):
+    conv = await agent.create_conversation()
+    ended(await turn(conv, "hi"))
+    assert llm.release(conv.id) and llm.live_conversations == 0
+    assert not llm.release(conv.id), "nothing left to free"
+    ended(await turn(conv, "again"))
+    assert (llm.stats.builds, llm.stats.reuses) == (2, 0)
+
+
+async def test_at_most_max_conversations_keep_engine_state(tmp_path):
+    backend = make_backend(tmp_path, max_conversations=2)
+    async with Agent(llm=backend, store=SQLiteStore(":memory:"), system_prompt=SYSTEM) as a:
+        convs = [await a.create_conversation() for _ in range(3)]
+        for conv in convs:
+            ended(await turn(conv, "hi"))
+        assert backend.live_conversations == 2 and backend.stats.evicted == 1
+        # The least recently used one was freed: it is rebuilt; the others reused.
+        ended(await turn(convs[0], "back again"))
+        ended(await turn(convs[2], "and you"))
+        assert backend.stats.builds == 4 and backend.stats.reuses == 1
+    await backend.aclose()
+
+
+# -- tools --------------------------------------------------------------------------------------
+
+
+async def test_a_model_without_function_calling_is_offered_no_tools(agent, llm):
+    called = []
+
+    @tool
+    async def clock() -> str:
+        """The time."""
+        called.append(1)
+        return "12:00"
+
+    agent.add_tool(clock)
+    assert llm.supports_tools is False  # the fixture does not declare function calling
+    conv = await agent.create_conversation()
+    events = await turn(conv, "what time is it?")
+    assert ended(events).stop_reason in ("stop", "length")
+    assert not [e for e in events if e.kind.startswith("tool_call")] and not called
+
+
+# -- errors name the path -----------------------------------------------------------------------
+
+
+def test_a_missing_model_file_is_a_config_error_naming_it(tmp_path):
+    missing = tmp_path / "nope.litertlm"
+    with pytest.raises(ConfigError) as err:
+        LiteRTBackend(model_path=missing, cache_dir=tmp_path / "c")
+    assert str(missing) in str(err.value) and "llm.model_path" in str(err.value)
+
+
+def test_a_file_that_is_not_a_model_is_a_config_error_naming_it(tmp_path):
+    garbage = tmp_path / "garbage.litertlm"
+    garbage.write_bytes(os.urandom(64 * 1024))
+    with pytest.raises(ConfigError) as err:
+        LiteRTBackend(model_path=garbage, cache_dir=tmp_path / "c")
+    assert str(garbage) in str(err.value) and "not a LiteRT-LM model" in str(err.value)
+
+
+def test_no_model_path_says_how_to_give_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("AGENTIK_GOOGLE_MODEL_PATH", raising=False)
+    with pytest.raises(ConfigError, match="AGENTIK_GOOGLE_MODEL_PATH"):
+        LiteRTBackend(cache_dir=tmp_path / "c")
+
+
+async def test_a_missing_cache_dir_is_created_and_used(tmp_path):
+    cache = tmp_path / "deep" / "cache"
+    backend = make_backend(tmp_path, cache_dir=cache)
+    assert cache.is_dir()
+    async with Agent(llm=backend, store=SQLiteStore(":memory:"), system_prompt=SYSTEM) as a:
+        conv = await a.create_conversation()
+        ended(await turn(conv, "hi"))
+    await backend.aclose()
+
+
+def test_a_cache_dir_that_cannot_be_created_is_a_config_error_naming_it(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    with pytest.raises(ConfigError) as err:
+        LiteRTBackend(model_path=FIXTURE, cache_dir=blocker / "cache")
+    assert str(blocker / "cache") in str(err.value) and "llm.cache_dir" in str(err.value)
+
+
+# -- configuration and plugin registration --------------------------------------------------------
+
+
+def test_the_backend_registers_as_litert():
+    registry = load_plugins(env={})
+    assert registry.llm_backends["litert"] is LiteRTBackend
+
+
+async def test_configured_from_toml_and_the_seeds_environment_names(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copyfile(FIXTURE, models / "m.litertlm")
+    source = str(tmp_path / "bot.toml")
+    data = {"llm": {"backend": "litert", "model_path": "models/m.litertlm", "top_k": 1}}
+    config = parse_config(data, source=source, env={"AGENTIK_GOOGLE_THREADS": "1"})
+    backend = resolve_backend(config, load_plugins(env={}))
+    try:
+        assert isinstance(backend, LiteRTBackend)
+        assert backend.model_path == str(models / "m.litertlm")  # relative to the file
+        assert backend.threads == 1 and backend.fold_system_prompt is True
+    finally:
+        await backend.aclose()
+    cache = tmp_path / "env-cache"
+    env = {"AGENTIK_GOOGLE_MODEL_PATH": str(FIXTURE), "AGENTIK_GOOGLE_CACHE_DIR": str(cache)}
+    config = parse_config({"llm": {"backend": "litert"}}, source=source, env=env)
+    backend = resolve_backend(config, load_plugins(env={}))
+    try:
+        assert backend.model_path == str(FIXTURE) and backend.cache_dir == str(cache)
+        assert cache.is_dir()
+    finally:
+        await backend.aclose()
+
+
+# -- message translation --------------------------------------------------------------------------
+
+
+def test_folding_puts_the_system_prompt_and_summaries_in_user_turns():
+    history = [
+        ChatMessage(role="system", content="Summary: they talked."),
+        ChatMessage(role="user", content="one", author="alice"),
+        ChatMessage(role="user", content="two", author="bob"),
+        ChatMessage(role="assistant", content="ok"),
+        ChatMessage(role="user", content="three"),
+    ]
+    system, wire = to_engine_messages(history, "Be brief.")
+    assert system is None
+    assert wire == [
+        {"role": "user", "content": "Be brief.\n\nSummary: they talked.\n\nalice: one\nbob: two"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "three"},
+    ]
+    system, wire = to_engine_messages(history, "Be brief.", fold_system_prompt=False)
+    assert system == "Be brief."
+    assert [m["role"] for m in wire] == ["system", "user", "user", "assistant", "user"]
+
+
+def test_tool_calls_and_results_translate_to_the_engines_shapes():
+    history = [
+        ChatMessage(role="user", content="time in two places?"),
+        ChatMessage(
+            role="assistant",
+            content="",
+            tool_calls=(
+                ToolCall(id="c1", name="clock", arguments='{"tz": "UTC"}'),
+                ToolCall(id="c2", name="clock", arguments='{"tz": "CET"}'),
+            ),
+        ),
+        ChatMessage(role="tool", content="12:00", tool_call_id="c1", name="clock"),
+        ChatMessage(role="tool", content="13:00", tool_call_id="c2", name="clock"),
+    ]
+    _, wire = to_engine_messages(history, None)
+    assert wire[1]["tool_calls"] == [
+        {"type": "function", "function": {"name": "clock", "arguments": {"tz": "UTC"}}},
+        {"type": "function", "function": {"name": "clock", "arguments": {"tz": "CET"}}},
+    ]
+    assert wire[2] == {
+        "role": "tool",
+        "content": [
+            {"type": "tool_response", "name": "clock", "response": "12:00"},
+            {"type": "tool_response", "name": "clock", "response": "13:00"},
+        ],
+    }
