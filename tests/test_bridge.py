@@ -282,3 +282,14 @@ async def test_a_transport_instance_can_limit_the_tools_of_its_channels(rig):
     await bridge.flush("priv:#x")
     offered = [sorted(t.name for t in r.tools) for r in model.requests]
     assert offered == [["time__now"], ["shell__run", "time__now"]]
+
+
+async def test_command_replies_are_split_to_a_small_channel(rig):
+    model, agent, bridge, make = rig
+    t = await make(caps=ChannelCaps(streaming="message", max_chars=80))
+    await t.inject("!help", channel_key="mem:#tiny", direct=True)
+    replies = t.texts("command")
+    assert len(replies) > 1 and all(len(r) <= 80 for r in replies)
+    listed = " ".join(replies)
+    for command in ("!new", "!stop", "!more", "!status", "!help"):
+        assert command in listed
