@@ -90,7 +90,8 @@ class Conformance:
     def __init__(self, harness: TransportHarness, tmp_path: Path) -> None:
         self.harness = harness
         self.model = ScriptedModel()
-        self.agent = Agent(llm=self.model, store=SQLiteStore(str(tmp_path / "conformance.db")))
+        self.database = str(tmp_path / "conformance.db")
+        self.agent = Agent(llm=self.model, store=SQLiteStore(self.database))
         self.bridge = _RecordingBridge(self.agent)
         self.transport: Transport | None = None
         self.serving: asyncio.Future[None] | None = None
@@ -131,8 +132,16 @@ class Conformance:
                 f"{self.harness.timeout:g}s of aclose()"
             ) from None
 
-    async def restart_transport(self) -> Transport:
+    async def restart(self) -> Transport:
+        """Restart as a new bot process would: new transport, bridge and agent; same database."""
         await self.stop_transport()
+        await self.bridge.aclose()
+        await self.agent.aclose()
+        incoming = self.bridge.incoming
+        self.agent = Agent(llm=self.model, store=SQLiteStore(self.database))
+        self.bridge = _RecordingBridge(self.agent)
+        self.bridge.incoming = incoming
+        await self.agent.start()
         return await self.start_transport()
 
     async def aclose(self) -> None:
@@ -180,6 +189,8 @@ class Conformance:
     async def say(
         self, place: Place, text: str, *, user: str | None = None, addressed: bool = True
     ) -> None:
+        if place.kind == "direct":
+            user = place.name  # only that person talks there
         await self.harness.say(place, text, user=user or self.user(0), addressed=addressed)
 
     async def answer(self, place: Place, question: str, *, user: str | None = None) -> None:
@@ -374,9 +385,7 @@ class TransportConformance:
         if len(places) < 2:
             pytest.skip(f"{type(h).__name__} has a single place to talk in")
         for i, place in enumerate(places):
-            await rig.answer(
-                place, f"ping {i}", user=place.name if place.kind == "direct" else None
-            )
+            await rig.answer(place, f"ping {i}")
         keys = [(await rig.incoming(f"ping {i}")).channel_key for i in range(len(places))]
         clashes = {
             f"{places[i]} and {places[j]}: {keys[i]}"
@@ -392,9 +401,7 @@ class TransportConformance:
             assert echoes == [f"echo: ping {i}"], f"{place} received {echoes}"
         # A second message in each place: the same key again.
         for i, place in enumerate(places):
-            await rig.answer(
-                place, f"pong {i}", user=place.name if place.kind == "direct" else None
-            )
+            await rig.answer(place, f"pong {i}")
             assert (await rig.incoming(f"pong {i}")).channel_key == keys[i], place
 
     async def test_channel_keys_are_stable_across_a_restart(self, conformance: Conformance) -> None:
@@ -402,7 +409,7 @@ class TransportConformance:
         place = rig.harness.channel("a") if "channel" in rig.harness.place_kinds else rig.place()
         await rig.answer(place, "remember me")
         before = (await rig.incoming("remember me")).channel_key
-        await rig.restart_transport()
+        await rig.restart()
         await rig.answer(place, "do you remember?")
         after = (await rig.incoming("do you remember?")).channel_key
         assert after == before, f"the channel key changed across a restart: {before} -> {after}"
@@ -416,27 +423,35 @@ class TransportConformance:
         self, conformance: Conformance
     ) -> None:
         rig, h = conformance, conformance.harness
-        place = rig.place()
-        text = long_answer(rig.caps)
-        rig.model.enqueue(Reply(text=text))
-        since = len(h.received(place))
-        await rig.say(place, "write a long answer")
-        got = await h.wait_for(
-            place, lambda r: "THE-END" in " ".join(r), since=since, what="the end of a long answer"
-        )
-        caps = rig.caps  # read again: a transport may learn its limits after connecting
-        too_long = [t for t in got if not _fits(t, caps)]
-        assert not too_long, (
-            f"messages over the declared limits (max_bytes={caps.max_bytes}, "
-            f"max_chars={caps.max_chars}): {[len(t) for t in too_long]} characters"
-        )
-        if caps.max_bytes or caps.max_chars:
-            assert len(got) > 1, "the answer is longer than the limits, so it must be split"
-        received_words = " ".join(got).split()
-        assert received_words == text.split(), (
-            f"{len(received_words)} words arrived of {len(text.split())}; the first difference "
-            f"is at word {_first_difference(received_words, text.split())}"
-        )
+        # One place of each kind: a transport may render them differently.
+        places: list[Place] = []
+        for p in self._places(rig):
+            if all(p.kind != q.kind for q in places):
+                places.append(p)
+        for place in places:
+            text = long_answer(rig.caps)
+            rig.model.enqueue(Reply(text=text))
+            since = len(h.received(place))
+            await rig.say(place, "write a long answer")
+            got = await h.wait_for(
+                place,
+                lambda r: "THE-END" in " ".join(r),
+                since=since,
+                what="the end of a long answer",
+            )
+            caps = rig.caps  # read again: a transport may learn its limits after connecting
+            too_long = [len(t) for t in got if not _fits(t, caps)]
+            assert not too_long, (
+                f"in {place}: messages over the declared limits (max_bytes={caps.max_bytes}, "
+                f"max_chars={caps.max_chars}): {too_long} characters"
+            )
+            if caps.max_bytes or caps.max_chars:
+                assert len(got) > 1, f"in {place}: a long answer must be split"
+            words = " ".join(got).split()
+            assert words == text.split(), (
+                f"in {place}: {len(words)} words arrived of {len(text.split())}; "
+                f"the first difference is at word {_first_difference(words, text.split())}"
+            )
 
     async def test_several_messages_are_answered_in_order(self, conformance: Conformance) -> None:
         rig, h = conformance, conformance.harness
