@@ -122,14 +122,20 @@ class Conformance:
         self.transport = self.serving = None
         if transport is None or serving is None:
             return
-        await transport.aclose()
+        name = type(transport).__name__
+        try:
+            await asyncio.wait_for(transport.aclose(), self.harness.timeout)
+        except TimeoutError:
+            serving.cancel()
+            raise AssertionError(
+                f"{name}.aclose() did not return within {self.harness.timeout:g}s"
+            ) from None
         try:
             await asyncio.wait_for(asyncio.shield(serving), self.harness.timeout)
         except TimeoutError:
             serving.cancel()
             raise AssertionError(
-                f"{type(transport).__name__}.serve() did not return within "
-                f"{self.harness.timeout:g}s of aclose()"
+                f"{name}.serve() did not return within {self.harness.timeout:g}s of aclose()"
             ) from None
 
     async def restart(self) -> Transport:
