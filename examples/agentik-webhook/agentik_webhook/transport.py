@@ -161,8 +161,10 @@ class WebhookTransport(Transport):
             ) from None
         self.port = self._runner.addresses[0][1]
         self.spawn(self._deliver(), name=f"agentik-webhook:{self.name}")
-        log.info("webhook %s: listening on %s; answers go to %s", self.name, self.url,
-                 o.callback_url)  # fmt: skip
+        # Only the callback's origin: its path may carry a token (chat webhook URLs do).
+        origin = re.match(r"^https?://[^/?#]+", o.callback_url)
+        log.info("webhook %s: listening on %s; answers go to %s/...", self.name, self.url,
+                 origin.group(0) if origin else "?")  # fmt: skip
 
     async def aclose(self) -> None:
         if self._closing:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import shutil
@@ -254,8 +255,10 @@ async def test_addressing_channel_keys_and_duplicate_ids(tmp_path):
 async def test_failed_callbacks_are_retried_and_order_is_kept(tmp_path, caplog):
     from agentik.core.transport import OutgoingMessage
 
+    caplog.set_level(logging.INFO, logger="agentik_webhook")
     async with CallbackServer() as callback:
-        t, _ = await started(callback.url, retries=2)
+        # A chat webhook URL carries its token: it must not reach the log.
+        t, _ = await started(callback.url + "?token=very-secret-token", retries=2)
         try:
             callback.fail_next = [503, 503]  # the first message succeeds on its 3rd try
             where = {"channel": "ops", "thread": None, "user": None}
@@ -274,6 +277,8 @@ async def test_failed_callbacks_are_retried_and_order_is_kept(tmp_path, caplog):
             assert "could not deliver message 3 (answer) to the callback URL: HTTP 400" in (
                 caplog.text
             )
+            assert "answers go to http://127.0.0.1:" in caplog.text
+            assert "very-secret-token" not in caplog.text
         finally:
             await t.aclose()
 
