@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEV    := $(VENV)/.installed-dev
+EXAMPLES := $(VENV)/.installed-examples
 CONFIG ?= config.example.toml
 
 .PHONY: run test bench lint format clean irc-servers
@@ -19,8 +20,15 @@ $(DEV): pyproject.toml | $(PY)
 run: $(DEV)
 	$(VENV)/bin/agentik run -c $(CONFIG)
 
-test: $(DEV) irc-servers
+test: $(DEV) $(EXAMPLES) irc-servers
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The example third-party plugin (examples/agentik-webhook), installed into the
+# venv as its own distribution so its entry point is found like any plugin's;
+# its tests are in the suite. Editable, so edits to it are tested as they are.
+$(EXAMPLES): examples/agentik-webhook/pyproject.toml $(DEV)
+	$(PY) -m pip install -q --no-build-isolation -e ./examples/agentik-webhook
+	touch $@
 
 # ngircd for the IRC integration tests (miniircd comes from pip with '.[dev]').
 # Installed with apt-get when missing and we are root; otherwise a note is

@@ -397,14 +397,21 @@ class Bridge:
         reply_to: object,
         run_id: str | None = None,
     ) -> None:
-        try:
-            await transport.send(
-                OutgoingMessage(
-                    channel_key=key, text=text, kind=kind, run_id=run_id, reply_to=reply_to
+        pieces = [text]
+        if kind in ("notice", "error", "command"):
+            # Answers are split by the renderer; these short lines can still be
+            # too long for a small channel (a command list): fit them too.
+            caps = transport.caps
+            pieces = split_text(text, max_bytes=caps.max_bytes, max_chars=caps.max_chars) or [text]
+        for piece in pieces:
+            try:
+                await transport.send(
+                    OutgoingMessage(
+                        channel_key=key, text=piece, kind=kind, run_id=run_id, reply_to=reply_to
+                    )
                 )
-            )
-        except Exception:
-            log.exception("transport %s could not send to %s", transport.name, key)
+            except Exception:
+                log.exception("transport %s could not send to %s", transport.name, key)
 
     async def _render(self, ch: _Channel) -> None:
         renderer = _Renderer(self, ch)

@@ -19,6 +19,7 @@ load the same way.  Environment switches:
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import logging
 import os
@@ -162,20 +163,16 @@ def load_plugins(
                 continue
             if pm.get_plugin(ep.name) is not None:
                 continue
+            info = PluginInfo(
+                ep.name, dist, ep.dist.version if ep.dist is not None else None, builtin
+            )
             try:
                 plugin = ep.load()
             except Exception as exc:
                 raise PluginError(f"cannot load plugin {ep.name!r} ({ep.value}): {exc}") from exc
-            pm.register(plugin, name=ep.name)
+            _register(pm, plugin, info)
             loaded_builtin |= builtin
-            registry.plugins.append(
-                PluginInfo(
-                    ep.name,
-                    dist,
-                    ep.dist.version if ep.dist is not None else None,
-                    builtin,
-                )
-            )
+            registry.plugins.append(info)
     if not loaded_builtin:
         # Running from a source tree without installed metadata: load the
         # built-ins directly so the core still works.
@@ -187,11 +184,43 @@ def load_plugins(
                 registry.plugins.append(PluginInfo(short, None, None, True))
     for obj in extra:
         name = getattr(obj, "__name__", None) or type(obj).__name__
-        pm.register(obj, name=name)
+        _register(pm, obj, PluginInfo(name))
         registry.plugins.append(PluginInfo(name))
+    _check_hook_names(pm, registry.plugins)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginError(str(exc)) from exc
+        raise PluginError(" ".join(str(exc).split())) from exc
     registry._collect()
     return registry
+
+
+def _describe(info: PluginInfo) -> str:
+    where = f" ({info.distribution} {info.version})" if info.distribution else ""
+    return f"plugin {info.name!r}{where}"
+
+
+def _register(pm: pluggy.PluginManager, plugin: object, info: PluginInfo) -> None:
+    """Register ``plugin``; a hook implementation that does not fit its spec is a PluginError."""
+    try:
+        pm.register(plugin, name=info.name)
+    except pluggy.PluginValidationError as exc:
+        # pluggy's message spans lines; the CLI shows errors as one line.
+        raise PluginError(f"{_describe(info)}: {' '.join(str(exc).split())}") from exc
+
+
+def _check_hook_names(pm: pluggy.PluginManager, plugins: list[PluginInfo]) -> None:
+    """Fail on an implementation of a hook that does not exist (a misspelt name),
+    naming the plugin, its distribution and the closest real hook."""
+    known = [name for name, caller in vars(pm.hook).items() if caller.has_spec()]
+    infos = {p.name: p for p in plugins}
+    for name, caller in vars(pm.hook).items():
+        if caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            if impl.optionalhook:
+                continue
+            info = infos.get(impl.plugin_name) or PluginInfo(impl.plugin_name)
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PluginError(f"{_describe(info)}: unknown hook {name!r}{hint}")

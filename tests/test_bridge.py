@@ -329,3 +329,14 @@ async def test_a_channel_with_a_running_turn_is_not_released(db_path):
         await bridge.flush("mem:#busy")
         assert t.texts("answer") == ["slow answer"]
         await bridge.aclose()
+
+
+async def test_command_replies_are_split_to_a_small_channel(rig):
+    model, agent, bridge, make = rig
+    t = await make(caps=ChannelCaps(streaming="message", max_chars=80))
+    await t.inject("!help", channel_key="mem:#tiny", direct=True)
+    replies = t.texts("command")
+    assert len(replies) > 1 and all(len(r) <= 80 for r in replies)
+    listed = " ".join(replies)
+    for command in ("!new", "!stop", "!more", "!status", "!help"):
+        assert command in listed

@@ -60,7 +60,7 @@ def test_third_party_plugin_registers_backend_tool_and_transport():
                 register_transports=register_transports,
             )
         ],
-        env={},
+        env={"AGENTIK_PLUGINS": ""},  # only built-ins besides this one
     )
     assert isinstance(registry.create_backend("mine", model="x"), ScriptedModel)
     assert [t.name for t in registry.tools] == ["echo"]

@@ -316,3 +316,25 @@ def test_settings_name_the_missing_token():
         SlackTransport(name="s", settings={"bot_token": "xoxb-1"})
     with pytest.raises(ConfigError, match="signing_secret"):
         SlackTransport(name="s", settings={"bot_token": "xoxb-1", "mode": "http"})
+
+
+async def test_a_long_streamed_answer_continues_in_new_messages_at_word_breaks(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, max_message_chars=200, stream_buffer=16) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            words = [f"wörd{i}" for i in range(120)]
+            # Tokens cut words in half, as models do.
+            text = " ".join(words)
+            model.enqueue(Reply(chunks=[text[i : i + 7] for i in range(0, len(text), 7)]))
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> long please")
+            await slack.push_event(event)
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            texts = bot_texts(slack, "C1")
+            assert len(texts) >= 4 and all(len(t) <= 200 for t in texts)
+            assert " ".join(texts).split() == words  # no word cut in two
+            assert len(slack.calls_to("chat.startStream")) == len(texts)  # all streamed natively

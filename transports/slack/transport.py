@@ -123,6 +123,20 @@ class _Seen:
                 self.conn = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Incoming:
+    """An event accepted by ``_on_event``, waiting for ``_deliver`` (``key`` None: not for us)."""
+
+    seen: tuple[str, ...]
+    key: str | None = None
+    text: str = ""
+    user: str = ""
+    channel: str = ""
+    thread_ts: str | None = None
+    ts: str = ""
+    direct: bool = False
+
+
 @dataclass
 class _Answer:
     """One answer being streamed into a thread."""
@@ -138,6 +152,8 @@ class _Answer:
     flush: asyncio.TimerHandle | None = None
     streamer: Any = None
     native: bool = False
+    streamed: int = 0  # native: characters in the current streamed message
+    pending: str = ""  # native: the end of a word not streamed yet
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -170,6 +186,7 @@ class SlackTransport(Transport):
         self._answers: dict[str, _Answer] = {}
         self._bot_messages: OrderedDict[str, str] = OrderedDict()  # ts -> channel key
         self._native_ok: bool | None = None if o.streaming == "auto" else o.streaming == "native"
+        self._incoming: asyncio.Queue[_Incoming] = asyncio.Queue()
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -202,6 +219,7 @@ class SlackTransport(Transport):
         self.app.event("app_mention")(self._on_event)
         self.app.event("message")(self._on_event)
         self.app.event("reaction_added")(self._on_reaction)
+        self.spawn(self._deliver(), name=f"agentik-slack:{self.name}")
         if o.mode == "socket":
             from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
@@ -270,7 +288,9 @@ class SlackTransport(Transport):
         return f"slack:{self.team_id}:{channel}"
 
     async def _on_event(self, body: dict[str, Any], event: dict[str, Any]) -> None:
-        # Bolt acknowledges the event itself; the answer runs elsewhere.
+        # Bolt acknowledges the event itself and runs each listener as its own
+        # task.  Nothing here awaits before the queue, so messages reach the
+        # bridge in the order they arrived; the I/O happens in _deliver.
         if event.get("bot_id") or event.get("subtype") or not event.get("user"):
             return
         if event.get("user") == self.bot_user_id:
@@ -280,7 +300,6 @@ class SlackTransport(Transport):
         keys = (f"event:{event_id}", f"msg:{channel}:{ts}")
         if self._seen.check_and_add(*keys):
             return
-        await asyncio.to_thread(self._seen.persist, *keys)
         text = event.get("text") or ""
         is_dm = event.get("channel_type") == "im"
         mentioned = f"<@{self.bot_user_id}>" in text
@@ -290,19 +309,34 @@ class SlackTransport(Transport):
         key = self._key(channel, thread_ts)
         addressed = is_dm or mentioned or key in self._threads
         if event.get("type") == "message" and not addressed:
-            return  # channel chatter outside our threads
+            self._incoming.put_nowait(_Incoming(keys))  # channel chatter outside our threads
+            return
         self._threads.add(key)
         text = _MENTION.sub(lambda m: "" if m.group(1) == self.bot_user_id else m.group(0), text)
-        user = event["user"]
-        message = IncomingMessage(
-            channel_key=key, text=text.strip(), author_id=user, author_name=await self._name(user),
-            direct=is_dm, addressed=True,
-            reply_to={"channel": channel, "thread_ts": thread_ts, "user": user},
-            meta={"team": self.team_id, "ts": ts},
-        )  # fmt: skip
-        await self._status(channel, thread_ts, self.options.status_text)
-        assert self._sink is not None
-        self.spawn(self._sink.handle(message, self))
+        self._incoming.put_nowait(
+            _Incoming(keys, key, text.strip(), event["user"], channel, thread_ts, ts, is_dm)
+        )
+
+    async def _deliver(self) -> None:
+        """Hand incoming messages to the bridge one at a time, in arrival order."""
+        while True:
+            item = await self._incoming.get()
+            try:
+                await asyncio.to_thread(self._seen.persist, *item.seen)
+                if item.key is None:
+                    continue
+                message = IncomingMessage(
+                    channel_key=item.key, text=item.text, author_id=item.user,
+                    author_name=await self._name(item.user), direct=item.direct, addressed=True,
+                    reply_to={"channel": item.channel, "thread_ts": item.thread_ts,
+                              "user": item.user},
+                    meta={"team": self.team_id, "ts": item.ts},
+                )  # fmt: skip
+                await self._status(item.channel, item.thread_ts, self.options.status_text)
+                assert self._sink is not None
+                await self._sink.handle(message, self)
+            except Exception:
+                log.exception("slack %s: could not deliver a message", self.name)
 
     async def _on_reaction(self, event: dict[str, Any]) -> None:
         if event.get("reaction") != self.options.stop_reaction:
@@ -363,12 +397,38 @@ class SlackTransport(Transport):
             await self._start_native(key, answer)
         if answer.native:
             try:
-                await answer.streamer.append(markdown_text=text)
+                # Whole words only, so a message never ends inside a word.
+                text = answer.pending + text
+                cut = max(text.rfind(" "), text.rfind("\n")) + 1
+                answer.pending = text[cut:]
+                await self._stream(key, answer, text[:cut])
                 self._native_ok = True
                 return
             except Exception as exc:
                 self._native_failed(answer, exc)
         await self._edit(key, answer, final=False)
+
+    async def _stream(self, key: str, answer: _Answer, text: str) -> None:
+        """Append to the native stream; a full message is stopped and a new one started."""
+        limit = self.options.max_message_chars
+        while len(text) > limit - answer.streamed:
+            room = limit - answer.streamed
+            cut = max(text.rfind(" ", 0, room + 1), text.rfind("\n", 0, room + 1))
+            if cut > 0:
+                head, text = text[:cut], text[cut + 1 :]
+            elif answer.streamed:
+                head = ""  # the next word starts the next message
+            else:
+                head, text = text[:room], text[room:]  # one word longer than a message
+            if head:
+                await answer.streamer.append(markdown_text=head)
+            response = await answer.streamer.stop()
+            self._remember(response.get("ts") if response else None, key)
+            answer.streamer, answer.streamed = None, 0
+            await self._start_native(key, answer)
+        if text:
+            await answer.streamer.append(markdown_text=text)
+            answer.streamed += len(text)
 
     def _native_failed(self, answer: _Answer, exc: Exception) -> None:
         """Native streaming is not available here: edit messages instead, from now on."""
@@ -397,11 +457,15 @@ class SlackTransport(Transport):
         """Post, then update the message at most every ``edit_interval`` seconds."""
         limit = self.options.max_message_chars
         while len(answer.text) - answer.offset > limit:
-            # This message is full: finish it and continue in a new one.
-            cut = answer.text.rfind("\n", answer.offset, answer.offset + limit)
-            cut = cut if cut > answer.offset else answer.offset + limit
-            await self._write(key, answer, answer.text[answer.offset : cut])
-            answer.ts, answer.offset, answer.shown = None, cut, 0
+            # This message is full: finish it at a line or word break and continue
+            # in a new one (a word longer than a message is cut).
+            start, end = answer.offset, answer.offset + limit
+            cut = answer.text.rfind("\n", start, end + 1)
+            if cut <= start:
+                cut = answer.text.rfind(" ", start, end + 1)
+            head, rest = (cut, cut + 1) if cut > start else (end, end)
+            await self._write(key, answer, answer.text[start:head])
+            answer.ts, answer.offset, answer.shown = None, rest, 0
         now = time.monotonic()
         due = answer.last_edit + self.options.edit_interval
         if answer.ts is not None and not final and now < due:
@@ -438,6 +502,8 @@ class SlackTransport(Transport):
             answer.flush = None
         if answer.native:
             try:
+                await self._stream(key, answer, answer.pending)
+                answer.pending = ""
                 response = await answer.streamer.stop()
                 self._native_ok = True
                 self._remember(response.get("ts") if response else None, key)

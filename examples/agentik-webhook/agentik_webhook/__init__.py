@@ -1,0 +1,16 @@
+"""agentik-webhook: a webhook transport and an example tool, as a separate plugin.
+
+* :class:`~.transport.WebhookTransport` (``type = "webhook"``): a JSON
+  ``POST`` to ``http://host:port/path`` is a message to the bot; its answers
+  are ``POST``\\ ed as JSON to ``callback_url``, both ways signed with HMAC-SHA256
+  when a ``secret`` is set (:func:`~.signing.sign`, :func:`~.signing.verify`).
+* :data:`~.tools.webhook_time`: a tool the model can call.
+* :mod:`.plugin`: the hook implementations, advertised in the ``agentik``
+  entry-point group of this distribution's ``pyproject.toml``.
+"""
+
+from .signing import sign, verify
+from .tools import webhook_time
+from .transport import WebhookSettings, WebhookTransport
+
+__all__ = ["WebhookSettings", "WebhookTransport", "sign", "verify", "webhook_time"]

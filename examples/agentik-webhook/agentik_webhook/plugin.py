@@ -1,0 +1,32 @@
+"""The hook implementations agentik finds through this distribution's entry point.
+
+``pyproject.toml`` says::
+
+    [project.entry-points.agentik]
+    webhook = "agentik_webhook.plugin"
+
+so ``agentik run`` loads this module and calls each ``@hookimpl`` below once.
+A misspelt hook name here would stop the bot at start-up with an error
+naming it, instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentik.core.hookspecs import hookimpl
+
+from .tools import webhook_time
+from .transport import WebhookTransport
+
+
+@hookimpl
+def register_transports(register: Any) -> None:
+    """``[transports.<name>] type = "webhook"``."""
+    register("webhook", WebhookTransport)
+
+
+@hookimpl
+def register_tools(register: Any) -> None:
+    """Offered to the model in every conversation (a channel's ``allowed_tools`` may hide it)."""
+    register(webhook_time)

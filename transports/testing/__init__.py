@@ -1,0 +1,54 @@
+"""Test kit for transport adapters: a fake transport and the conformance suite.
+
+Shipped in the package so third-party transport authors prove their adapter
+the same way the built-in ones do::
+
+    from agentik.transports.testing import TransportConformance, TransportHarness
+
+* :class:`TransportConformance` — a pytest test class; subclass it, provide a
+  ``transport_harness`` fixture, and your transport runs the shared contract
+  tests through the real bridge and agent (see :mod:`.conformance`).  It needs
+  ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]`` extra) and is
+  imported only when asked for, so the rest of this package does not.
+* :class:`TransportHarness`, :class:`Place` — what a harness implements: build
+  the transport, let a person on the peer say something, read what the peer
+  received (see :mod:`.harness`).
+* :class:`FakeTransport` — a chat network that lives in the test (channels,
+  threads, private messages, addressing; it enforces its declared limits),
+  and :class:`FakeHarness`, its harness and the smallest complete example.
+* :class:`~agentik.core.testing.transport.MemoryTransport` — the bare
+  in-memory transport, re-exported.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agentik.core.testing.transport import MemoryTransport
+
+from .fake import FakeHarness, FakePost, FakeTransport
+from .harness import Place, PlaceKind, TransportHarness
+
+if TYPE_CHECKING:
+    from .conformance import Conformance, TransportConformance
+
+__all__ = [
+    "Conformance",
+    "FakeHarness",
+    "FakePost",
+    "FakeTransport",
+    "MemoryTransport",
+    "Place",
+    "PlaceKind",
+    "TransportConformance",
+    "TransportHarness",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The suite imports pytest: load it only when someone asks for it.
+    if name in ("TransportConformance", "Conformance"):
+        from . import conformance
+
+        return getattr(conformance, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
