@@ -224,6 +224,11 @@ async def test_compaction_changes_the_context_so_the_engine_conversation_is_rebu
     assert llm.stats.reuses == 2
 
 
+async def test_compaction_budgets_by_the_models_context(agent, llm):
+    assert llm.context_window == llm.model_context > 0
+    assert agent.compactor.budget == llm.context_window
+
+
 # -- the event loop stays free ------------------------------------------------------------------
 
 

@@ -468,6 +468,11 @@ class LiteRTBackend(LLMBackend):
         self._jobs: set[_Job] = set()
         self._closed = False
 
+    @property
+    def context_window(self) -> int:
+        """Tokens the model can hold: what compaction keeps the context under."""
+        return int(self.context_tokens or self.model_context)
+
     def __repr__(self) -> str:
         return f"LiteRTBackend(model_path={self.model_path!r})"
 
