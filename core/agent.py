@@ -355,9 +355,12 @@ class Agent:
         after: int | None = None,
         profile: str = "debug",
         kinds: Iterable[str] | None = None,
+        max_pending: int | None = None,
     ) -> Subscription:
         """One live stream of the events of every conversation.
 
         ``after`` is a ``stream_seq``; otherwise as :meth:`Conversation.events`.
         """
-        return self._bus.subscribe(after=after, kinds=_kinds(profile, kinds))
+        return self._bus.subscribe(
+            after=after, kinds=_kinds(profile, kinds), max_pending=max_pending
+        )
