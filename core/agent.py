@@ -223,8 +223,13 @@ class Agent:
         temp: bool = False,
         conversation_id: str | None = None,
         meta: dict[str, Any] | None = None,
+        channel_key: str | None = None,
     ) -> Conversation:
-        """Create a conversation; ``temp=True`` keeps it in memory only."""
+        """Create a conversation; ``temp=True`` keeps it in memory only.
+
+        ``channel_key`` binds it to a channel, as :meth:`conversation_for_channel`
+        would (for a temporary conversation, only until the process ends).
+        """
         self._check_running()
         now = time.time()
         record = ConversationRecord(
@@ -232,10 +237,11 @@ class Agent:
             title=title,
             created_at=now,
             updated_at=now,
-            meta=dict(meta or {}),
+            meta={**(meta or {}), **({"channel_key": channel_key} if channel_key else {})},
         )
-        await (self._temp_store if temp else self.store).create_conversation(record)
-        return self._wrap(record, temp=temp, new=True)
+        store = self._temp_store if temp else self.store
+        await store.create_conversation(record, channel_key=channel_key)
+        return self._wrap(record, temp=temp, channel_key=channel_key, new=True)
 
     async def get_conversation(self, conversation_id: str) -> Conversation:
         """The conversation with this id; raises :class:`NotFound`."""
