@@ -109,7 +109,7 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "content": {"type": "string", "minLength": 1, "pattern": "\\S"},
             "author": {
-                "type": "string",
+                "type": ["string", "null"],
                 "minLength": 1,
                 "maxLength": 100,
                 "description": "the speaker's name for the model (default: the token's name)",
@@ -133,7 +133,10 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            "run_id": {"type": "string", "description": "only stop this run (409 otherwise)"}
+            "run_id": {
+                "type": ["string", "null"],
+                "description": "only stop this run (409 otherwise)",
+            }
         },
     },
     "InterruptAccepted": {
@@ -314,7 +317,24 @@ def openapi_document(prefix: str, *, auth: bool) -> dict[str, Any]:
                 "createConversation",
                 "Create a conversation",
                 {
-                    "201": _json("Conversation", "created"),
+                    "201": {
+                        **_json("Conversation", "created"),
+                        "links": {
+                            op_id: {
+                                "operationId": op_id,
+                                "parameters": {"conversation_id": "$response.body#/id"},
+                            }
+                            for op_id in (
+                                "getConversation",
+                                "renameConversation",
+                                "deleteConversation",
+                                "postMessage",
+                                "listMessages",
+                                "interrupt",
+                                "conversationEvents",
+                            )
+                        },
+                    },
                     "403": _error("this token may not create conversations"),
                     **with_body,
                 },
