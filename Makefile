@@ -78,6 +78,7 @@ chromium:
 
 bench: $(DEV)
 	$(PY) benchmarks/bench_core.py
+	$(PY) benchmarks/bench_http.py
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check .

@@ -556,11 +556,12 @@ async def test_requests_without_a_valid_token_are_401(secured):
                 ("GET", "/conversations"),
                 ("POST", "/conversations"),
                 ("GET", "/events"),
+                ("HEAD", "/events"),
                 ("GET", "/conversations/x/events"),
             ]:
                 r = await c.request(method, path)
                 assert r.status_code == 401, (token, path)
-                assert error_code(r) == "unauthorized"
+                assert method == "HEAD" or error_code(r) == "unauthorized"
                 assert r.headers["www-authenticate"].startswith("Bearer")
     async with httpx.AsyncClient(base_url=secured.api) as c:
         r = await c.get(
@@ -569,6 +570,10 @@ async def test_requests_without_a_valid_token_are_401(secured):
         assert r.status_code == 401
     async with secured.client(TOKENS["ADMIN_TOKEN"]) as c:
         assert (await c.get("/conversations")).status_code == 200
+        # HEAD on a stream: the same checks, headers only, and it does not hang.
+        r = await c.head("/events")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert (await c.head("/conversations/nope/events")).status_code == 404
 
 
 async def test_a_token_limited_to_a_channel_prefix_sees_only_those_conversations(secured):

@@ -39,7 +39,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -422,6 +422,25 @@ class Api:
         accept = None if principal.prefixes is None else self._visible_to(principal)
         return self._stream(sub, global_ids=True, accept=accept)
 
+    def guard(self, handler: Handler) -> Handler:
+        """Turn our errors (and a client gone mid-body) into JSON responses."""
+
+        async def endpoint(request: Request) -> Any:
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return error_response(exc.status, exc.code, exc.message, exc.headers)
+            except ClientDisconnect:
+                return error_response(422, "invalid_body", "the client went away mid-body")
+            except ClosedError:
+                if self.agent.state.value == "running" and not self.ctx.closing:
+                    # The conversation was deleted while the request ran.
+                    cid = request.path_params.get("conversation_id", "")
+                    return error_response(404, "conversation_not_found", f"no conversation {cid!r}")
+                return error_response(503, "unavailable", "the agent is shutting down")
+
+        return endpoint
+
     def _refuse_when_closing(self) -> None:
         if self.ctx.closing:
             raise ApiError(503, "unavailable", "the server is shutting down")
@@ -448,21 +467,6 @@ class Api:
         return accept
 
 
-def _guard(handler: Handler) -> Handler:
-    """Turn our errors into JSON responses."""
-
-    async def endpoint(request: Request) -> Any:
-        try:
-            return await handler(request)
-        except ApiError as exc:
-            return error_response(exc.status, exc.code, exc.message, exc.headers)
-        except ClosedError:
-            return error_response(503, "unavailable", "the agent is shutting down")
-
-    endpoint.__name__ = getattr(handler, "__name__", "endpoint")
-    return endpoint
-
-
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
@@ -473,16 +477,18 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(500, "internal_error", "internal error (see the server log)")
 
 
-def _methods(handlers: dict[str, Handler], *, streaming: bool = False) -> Handler:
+def _methods(handlers: dict[str, Handler]) -> Handler:
     """One endpoint for every method of a path, so a 405 lists them all in ``Allow``."""
 
     async def endpoint(request: Request) -> Any:
-        method = request.method
-        if method == "HEAD":
-            if streaming:  # headers only; an event stream never ends by itself
-                return Response(status_code=200, media_type="text/event-stream")
-            method = "GET"
-        return await handlers[method](request)
+        if request.method != "HEAD":
+            return await handlers[request.method](request)
+        response = await handlers["GET"](request)  # the same checks, the same status
+        if isinstance(response, EventStream):
+            # Headers only: an event stream never ends by itself.
+            await response.discard()
+            return Response(status_code=200, media_type="text/event-stream")
+        return response
 
     return endpoint
 
@@ -492,13 +498,12 @@ def build_app(ctx: ApiContext) -> Starlette:
     api = Api(ctx)
     p = ctx.settings.prefix
     conv = p + "/conversations/{conversation_id}"
-    paths: list[tuple[str, dict[str, Handler], bool]] = [
-        ("/health", {"GET": api.health}, False),
-        (p + "/openapi.json", {"GET": api.openapi}, False),
+    paths: list[tuple[str, dict[str, Handler]]] = [
+        ("/health", {"GET": api.health}),
+        (p + "/openapi.json", {"GET": api.openapi}),
         (
             p + "/conversations",
             {"GET": api.list_conversations, "POST": api.create_conversation},
-            False,
         ),
         (
             conv,
@@ -507,22 +512,21 @@ def build_app(ctx: ApiContext) -> Starlette:
                 "PATCH": api.rename_conversation,
                 "DELETE": api.delete_conversation,
             },
-            False,
         ),
-        (conv + "/messages", {"GET": api.list_messages, "POST": api.post_message}, False),
-        (conv + "/interrupt", {"POST": api.interrupt}, False),
-        (conv + "/events", {"GET": api.conversation_events}, True),
-        (p + "/events", {"GET": api.all_events}, True),
+        (conv + "/messages", {"GET": api.list_messages, "POST": api.post_message}),
+        (conv + "/interrupt", {"POST": api.interrupt}),
+        (conv + "/events", {"GET": api.conversation_events}),
+        (p + "/events", {"GET": api.all_events}),
     ]
     if ctx.page is not None:
-        paths.append(("/", {"GET": api.page}, False))
+        paths.append(("/", {"GET": api.page}))
     routes = [
         Route(
             path,
-            _methods({m: _guard(h) for m, h in handlers.items()}, streaming=streaming),
+            _methods({m: api.guard(h) for m, h in handlers.items()}),
             methods=list(handlers),
         )
-        for path, handlers, streaming in paths
+        for path, handlers in paths
     ]
     middleware = []
     if ctx.settings.cors_origins:

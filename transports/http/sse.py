@@ -98,6 +98,12 @@ class EventStream:
         self.on_close = on_close
         self._lock = asyncio.Lock()
 
+    async def discard(self) -> None:
+        """Close without streaming (a HEAD request)."""
+        await self.subscription.aclose()
+        if self.on_close is not None:
+            self.on_close(self)
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
