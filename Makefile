@@ -7,7 +7,7 @@ DEV    := $(VENV)/.installed-dev
 EXAMPLES := $(VENV)/.installed-examples
 CONFIG ?= config.example.toml
 
-.PHONY: run test bench lint format clean irc-servers
+.PHONY: run test bench lint format clean irc-servers chromium
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(DEV): pyproject.toml | $(PY)
 run: $(DEV)
 	$(VENV)/bin/agentik run -c $(CONFIG)
 
-test: $(DEV) $(EXAMPLES) irc-servers
+test: $(DEV) $(EXAMPLES) irc-servers chromium
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The example third-party plugin (examples/agentik-webhook), installed into the
@@ -63,10 +63,32 @@ irc-servers:
 	fi; \
 	echo "ngircd installed: $$(command -v ngircd || echo /usr/sbin/ngircd)"
 
+# Debian's chromium for the web page's browser test (Playwright drives it;
+# it never downloads a browser of its own).  Installed with apt-get when
+# missing and we are root; otherwise a note, and the test skips (CI=true: fails).
+chromium:
+	@set -e; \
+	if [ -x /usr/bin/chromium ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "note: chromium is missing and installing it needs root and apt-get;"; \
+	  echo "      the browser test will skip, or fail under CI=true (fix: sudo make chromium)"; \
+	  exit 0; \
+	fi; \
+	echo "installing chromium (apt-get) for the web page's browser test"; \
+	if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	       apt-get install -y -qq --no-install-recommends -o Dpkg::Use-Pty=0 \
+	       chromium fonts-liberation >/dev/null; }; then \
+	  echo "note: installing chromium failed; the browser test will skip (CI=true: fail)"; \
+	  [ "$${CI:-}" != true ] || exit 1; \
+	  exit 0; \
+	fi; \
+	echo "chromium installed: $$(/usr/bin/chromium --version 2>/dev/null || echo /usr/bin/chromium)"
+
 bench: $(DEV)
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_memory.py
 	$(PY) benchmarks/bench_litert.py
+	$(PY) benchmarks/bench_http.py
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check .

@@ -116,6 +116,12 @@ class Bridge:
             command_prefix=transport.default_command_prefix
         )
 
+    def options_for(self, transport: Transport) -> ChannelOptions:
+        """The options a transport instance was attached with (defaults if none)."""
+        return self._options.get(transport.name) or ChannelOptions(
+            command_prefix=transport.default_command_prefix
+        )
+
     # -- incoming -------------------------------------------------------------
     async def handle(self, message: IncomingMessage, transport: Transport) -> None:
         """Decide, run a command, or send the message to the channel's conversation."""

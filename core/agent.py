@@ -245,8 +245,13 @@ class Agent:
         temp: bool = False,
         conversation_id: str | None = None,
         meta: dict[str, Any] | None = None,
+        channel_key: str | None = None,
     ) -> Conversation:
-        """Create a conversation; ``temp=True`` keeps it in memory only."""
+        """Create a conversation; ``temp=True`` keeps it in memory only.
+
+        ``channel_key`` binds it to a channel, as :meth:`conversation_for_channel`
+        would (for a temporary conversation, only until the process ends).
+        """
         self._check_running()
         now = time.time()
         record = ConversationRecord(
@@ -254,10 +259,11 @@ class Agent:
             title=title,
             created_at=now,
             updated_at=now,
-            meta=dict(meta or {}),
+            meta={**(meta or {}), **({"channel_key": channel_key} if channel_key else {})},
         )
-        await (self._temp_store if temp else self.store).create_conversation(record)
-        conv = self._wrap(record, temp=temp, new=True)
+        store = self._temp_store if temp else self.store
+        await store.create_conversation(record, channel_key=channel_key)
+        conv = self._wrap(record, temp=temp, channel_key=channel_key, new=True)
         await self._session_start(conv)
         return conv
 
@@ -403,9 +409,12 @@ class Agent:
         after: int | None = None,
         profile: str = "debug",
         kinds: Iterable[str] | None = None,
+        max_pending: int | None = None,
     ) -> Subscription:
         """One live stream of the events of every conversation.
 
         ``after`` is a ``stream_seq``; otherwise as :meth:`Conversation.events`.
         """
-        return self._bus.subscribe(after=after, kinds=_kinds(profile, kinds))
+        return self._bus.subscribe(
+            after=after, kinds=_kinds(profile, kinds), max_pending=max_pending
+        )

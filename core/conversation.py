@@ -139,6 +139,11 @@ class Conversation:
     def running_run_id(self) -> str | None:
         return self._runner.run_id if self._runner is not None else None
 
+    @property
+    def interrupting(self) -> bool:
+        """Whether the running turn has already been asked to stop."""
+        return self._runner is not None and self._runner.interrupt_requested
+
     def _check_open(self) -> None:
         if self.state is ConversationState.CLOSED:
             raise ClosedError(f"conversation {self.id} is closed")
@@ -423,6 +428,7 @@ class Conversation:
         after: int | None = None,
         profile: str = "debug",
         kinds: Iterable[str] | None = None,
+        max_pending: int | None = None,
     ) -> Subscription:
         """Live events of this conversation (an async iterator).
 
@@ -430,9 +436,12 @@ class Conversation:
         buffered events it missed, or an ``events_lost`` notice if the buffer
         no longer reaches back that far.  ``profile`` picks a kind set from
         :data:`~agentik.core.events.PROFILES` (``chat``, ``debug``,
-        ``metrics``); ``kinds`` overrides it.
+        ``metrics``); ``kinds`` overrides it.  ``max_pending`` bounds how far
+        this subscriber may fall behind before it is told and cut off.
         """
-        return self._get_bus().subscribe(after=after, kinds=_kinds(profile, kinds))
+        return self._get_bus().subscribe(
+            after=after, kinds=_kinds(profile, kinds), max_pending=max_pending
+        )
 
     # -- history and working memory ------------------------------------------------
     async def messages(

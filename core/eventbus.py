@@ -53,7 +53,6 @@ class Subscription(AsyncIterator[EventBase]):
             self._end()
             return
         self._pending.append(event)
-        self._last_key = self._bus._key(event)
         self._wakeup.set()
 
     def _end(self) -> None:
@@ -70,7 +69,11 @@ class Subscription(AsyncIterator[EventBase]):
                 raise StopAsyncIteration
             self._wakeup.clear()
             await self._wakeup.wait()
-        return self._pending.popleft()
+        event = self._pending.popleft()
+        # The last event this subscriber actually received: when it falls
+        # behind, everything after it is what it lost.
+        self._last_key = self._bus._key(event)
+        return event
 
     async def aclose(self) -> None:
         self._pending.clear()
@@ -124,16 +127,23 @@ class EventBus:
             sub._push(event)
 
     def subscribe(
-        self, *, after: int | None = None, kinds: Iterable[str] | None = None
+        self,
+        *,
+        after: int | None = None,
+        kinds: Iterable[str] | None = None,
+        max_pending: int | None = None,
     ) -> Subscription:
         """Subscribe to live events; with ``after``, first replay what was missed.
 
         If the buffer no longer holds every event after ``after`` (or ``after``
         is ahead of this process's sequence, e.g. from before a restart), the
         subscriber first receives an ``EventsLost`` notice, then whatever the
-        buffer still has.
+        buffer still has.  ``max_pending`` bounds this subscriber's queue
+        (default: the bus's); past it the subscriber is told and cut off.
         """
-        sub = Subscription(self, frozenset(kinds) if kinds is not None else None, self._max_pending)
+        limit = self._max_pending if max_pending is None else max(1, max_pending)
+        sub = Subscription(self, frozenset(kinds) if kinds is not None else None, limit)
+        sub._last_key = after if after is not None else self.last_key
         if after is not None:
             # The first event still buffered (one past the last if none is).
             first = self._key(self.buffer[0]) if self.buffer else self.last_key + 1
@@ -142,9 +152,12 @@ class EventBus:
             if gap:
                 sub._pending.append(self._lost(None, after, self._oldest_key()))
                 sub._wakeup.set()
-            for event in self.buffer:
-                if self._key(event) > after:
-                    sub._push(event)
+            missed = [e for e in self.buffer if self._key(e) > after]
+            # The replay itself never counts as falling behind: the queue
+            # bound applies to what arrives on top of it.
+            sub._max_pending += len(missed)
+            for event in missed:
+                sub._push(event)
         if self._closed:
             sub._end()
         else:

@@ -82,7 +82,36 @@ async def test_slow_subscriber_is_cut_off_not_the_publisher():
             assert (await anext(fast)).seq == i
     events = [e async for e in slow]
     assert [e.kind for e in events] == ["events_lost"]
-    assert events[0].requested_after == 10
+    # It received nothing: everything from the start is what it lost, and
+    # resubscribing after that point replays all of it from the buffer.
+    assert events[0].requested_after == 0
+    again = bus.subscribe(after=events[0].requested_after)
+    assert [e.seq for e in await drain(again, 50)] == list(range(1, 51))
+
+
+async def test_a_subscriber_cut_off_mid_stream_resumes_after_what_it_received():
+    bus = make_bus(buffer=1000, max_pending=5)
+    sub = bus.subscribe()
+    for i in range(1, 4):
+        bus.publish(ev(i))
+    assert [e.seq for e in await drain(sub, 2)] == [1, 2]
+    for i in range(4, 20):
+        bus.publish(ev(i))
+    rest = [e async for e in sub]
+    assert [e.kind for e in rest] == ["events_lost"]
+    assert rest[0].requested_after == 2  # 3 was queued but never received
+    again = bus.subscribe(after=2)
+    assert [e.seq for e in await drain(again, 17)] == list(range(3, 20))
+
+
+async def test_a_small_queue_can_be_asked_for_per_subscriber():
+    bus = make_bus(buffer=1000, max_pending=100)
+    small = bus.subscribe(max_pending=3)
+    big = bus.subscribe()
+    for i in range(1, 11):
+        bus.publish(ev(i))
+    assert [e.kind for e in [e async for e in small]] == ["events_lost"]
+    assert [e.seq for e in await drain(big, 10)] == list(range(1, 11))
 
 
 async def test_close_ends_subscriptions_after_draining():

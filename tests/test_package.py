@@ -65,6 +65,9 @@ def test_wheel_maps_the_three_folders(tmp_path):
         "agentik/core/store/sqlite.py",
         "agentik/core/llm/openai_backend.py",
         "agentik/transports/__init__.py",
+        "agentik/transports/http/transport.py",
+        # The web chat page is package data, not a module.
+        "agentik/transports/http/static/index.html",
         "agentik/bot/__init__.py",
     ):
         assert module in names

@@ -9,6 +9,7 @@ receives (``model.requests``) and streams enqueued replies word by word::
     model.enqueue(Reply(text="slow", delay=0.05))      # a pause before each chunk
     model.enqueue(Reply(text="half", fail_after=1))    # raises LLMConnectionError
     model.enqueue(Reply(text="gated", gate=event))     # waits for event.set()
+    model.enqueue(Reply(text="a b c", hold_after=1))   # "a " then waits for reply.release
 
 With nothing queued it answers ``default(request)``; the default echoes the
 last user message as ``"echo: <text>"``.  Registered as backend
@@ -71,6 +72,12 @@ class Reply:
     chunks: Sequence[str] | None = None
     #: set when this reply starts streaming (lets tests wait for "mid-stream")
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    #: after this many text chunks, wait for ``release`` before the rest
+    #: (the answer is visibly mid-stream until the test says go on)
+    hold_after: int | None = None
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set once ``hold_after`` chunks have gone out and the reply waits
+    held: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def _echo(request: LLMRequest) -> Reply:
@@ -124,6 +131,9 @@ class ScriptedModel(LLMBackend):
                 yield ReasoningChunk(reply.reasoning)
             pieces = list(reply.chunks) if reply.chunks is not None else _words(reply.text)
             for i, piece in enumerate(pieces):
+                if reply.hold_after is not None and i == reply.hold_after:
+                    reply.held.set()
+                    await reply.release.wait()
                 if reply.fail_after is not None and i >= reply.fail_after:
                     raise reply.error or LLMConnectionError(
                         "scripted: connection dropped mid-stream"

@@ -1,0 +1,136 @@
+"""The web chat page in headless Chromium (Debian's ``chromium``, driven by Playwright).
+
+A person signs in with a token, sees the conversation list, starts a
+conversation, watches an answer stream in, and stops one mid-answer.
+Screenshots go to ``tests/artifacts/`` (git-ignored) for a human to look at.
+``make chromium`` installs the browser; with ``CI=true`` a missing one fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from playwright.async_api import async_playwright, expect
+
+from agentik.core.testing.scripted import Reply
+
+from httpserver import TOKENS, running_server
+
+CHROMIUM = Path(os.environ.get("AGENTIK_CHROMIUM", "/usr/bin/chromium"))
+HAVE_CHROMIUM = CHROMIUM.exists()
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+# The flags keep Chromium from reaching for the network (there is none here).
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+]
+SETTINGS = {"tokens": [{"name": "ada", "env": "ADMIN_TOKEN"}]}
+
+
+@pytest.fixture
+async def browser():
+    if not HAVE_CHROMIUM:
+        message = (
+            f"{CHROMIUM} is missing: run `make chromium` (as root) to install Debian's chromium"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def test_the_web_page_chats_streams_and_stops_an_answer(db_path, browser):
+    expect.set_options(timeout=20_000)
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        async with server.client(TOKENS["ADMIN_TOKEN"]) as c:
+            earlier = (await c.post("/conversations", json={"title": "Weather in Lyon"})).json()
+            await c.post(f"/conversations/{earlier['id']}/messages", json={"content": "Rain?"})
+            await (await server.agent.get_conversation(earlier["id"])).wait_idle()
+
+        page = await browser.new_page(viewport={"width": 1180, "height": 760})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        await page.goto(server.url + "/")
+
+        # The API needs a token: the page asks for one.
+        await expect(page.locator("#auth")).to_be_visible()
+        await page.fill("#token", TOKENS["ADMIN_TOKEN"])
+        await page.click("#save-token")
+        items = page.locator("#conversations li")
+        await expect(items).to_have_count(1)
+        await expect(items.first).to_contain_text("Weather in Lyon")
+
+        # An earlier conversation shows its history.
+        await items.first.click()
+        await expect(page.locator(".msg.user")).to_have_text([re.compile("Rain\\?")])
+        await expect(page.locator(".msg.assistant")).to_have_text([re.compile("echo: Rain\\?")])
+
+        # A new conversation; the answer streams in.
+        await page.click("#new")
+        await expect(items).to_have_count(2)
+        await expect(page.locator("#status")).to_have_text("live")
+        server.model.enqueue(Reply(chunks=["agentik ", "runs an ", "LLM agent ", "as a chat bot."]))
+        await page.fill("#input", "What is agentik?")
+        await page.press("#input", "Enter")
+        answer = page.locator(".msg.assistant").last
+        await expect(answer).to_contain_text("agentik runs an LLM agent as a chat bot.")
+        await expect(page.locator("#stop")).to_be_disabled()
+        # The first message names the conversation.
+        await expect(page.locator("#title")).to_have_text("What is agentik?")
+        await expect(page.locator("#conversations li.active")).to_contain_text("What is agentik?")
+
+        # A long answer: the page shows it while it is being written, and Stop stops it.
+        story = Reply(
+            chunks=["Once upon a time, ", "a small bot ", "answered ", "every question..."],
+            hold_after=2,
+        )
+        server.model.enqueue(story)
+        await page.fill("#input", "Tell me a long story")
+        await page.press("#input", "Enter")
+        writing = page.locator(".msg.assistant.writing")
+        await expect(writing).to_have_text(re.compile("Once upon a time, a small bot $"))
+        await expect(page.locator("#stop")).to_be_enabled()
+        await page.screenshot(path=str(ARTIFACTS / "http-web-chat-streaming.png"))
+        await page.click("#stop")
+        stopped = page.locator(".msg.assistant").last
+        await expect(stopped).to_have_class(re.compile("interrupted"))
+        await expect(page.locator("#stop")).to_be_disabled()
+        await page.screenshot(path=str(ARTIFACTS / "http-web-chat.png"))
+        assert not errors, errors
+
+    # What the page showed is what was stored.
+    conv_id = await _newest_titled(db_path, "What is agentik?")
+    assert conv_id is not None
+
+
+async def _newest_titled(db_path: str, title: str) -> str | None:
+    import sqlite3
+
+    with sqlite3.connect(db_path) as db:
+        row = db.execute("SELECT id FROM conversation WHERE title = ?", (title,)).fetchone()
+        if row is None:
+            return None
+        statuses = db.execute(
+            "SELECT content, status FROM message WHERE conversation_id = ? AND kind = 'assistant'"
+            " ORDER BY id",
+            (row[0],),
+        ).fetchall()
+    assert statuses == [
+        ("agentik runs an LLM agent as a chat bot.", "complete"),
+        ("Once upon a time, a small bot ", "interrupted"),
+    ]
+    return row[0]

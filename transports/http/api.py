@@ -1,0 +1,546 @@
+"""The REST API on Starlette: routes, request parsing, access control, errors.
+
+Every error is JSON with a stable code::
+
+    {"error": {"code": "conversation_not_found", "message": "no conversation 'x'"}}
+
+==========================  ======  ===============================================
+code                        status  when
+==========================  ======  ===============================================
+``unauthorized``            401     no token, or not a configured one
+``forbidden``               403     the token may not create conversations here
+``not_found``               404     no such path
+``conversation_not_found``  404     unknown id, or one the token may not see
+``method_not_allowed``      405     e.g. ``PUT`` on a conversation
+``no_turn_running``         409     interrupt with no turn running
+``turn_already_interrupted`` 409    interrupt of a turn already being stopped
+``run_not_running``         409     interrupt naming a run that is not the running one
+``body_too_large``          413     body over ``max_body_bytes``
+``invalid_body``            422     not JSON, not an object, or a field is wrong
+``invalid_parameter``       422     a query parameter or header is wrong
+``unavailable``             503     the agent is shutting down
+``internal_error``          500     a bug: logged with its traceback
+==========================  ======  ===============================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from agentik.core import Agent, Conversation
+from agentik.core.errors import ClosedError, NotFound
+from agentik.core.events import PROFILES, EventBase
+
+from .auth import Principal, TokenTable
+from .openapi import openapi_document
+from .settings import HttpSettings
+from .sse import EventStream, FrameCache
+
+__all__ = ["ApiContext", "ApiError", "build_app"]
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": {"code", "message"}}`` with ``status``."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message}}, status_code=status, headers=headers
+    )
+
+
+# -- request bodies ----------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class NewConversationBody(_Body):
+    temp: bool = False
+    title: str = Field("", max_length=200)
+
+
+class RenameBody(_Body):
+    title: str = Field(max_length=200)
+
+
+class NewMessageBody(_Body):
+    content: str = Field(min_length=1, pattern=r"\S")
+    author: str | None = Field(None, min_length=1, max_length=100)
+
+
+class InterruptBody(_Body):
+    run_id: str | None = None
+
+
+# -- the application -----------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class ApiContext:
+    """What the API needs from its transport."""
+
+    agent: Agent
+    settings: HttpSettings
+    tokens: TokenTable
+    #: The transport instance name: conversations it creates are bound to
+    #: ``http:<instance>:<token name>:<id>``.
+    instance: str
+    #: The instance's ``allowed_tools`` (bridge key), applied to its own conversations.
+    allowed_tools: tuple[str, ...] | None = None
+    page: str | None = None
+    cache: FrameCache = field(default_factory=FrameCache)
+    streams: set[EventStream] = field(default_factory=set)
+    #: Set while shutting down: new event streams are refused.
+    closing: bool = False
+
+
+def _conversation_json(conv: Conversation) -> dict[str, Any]:
+    return {
+        "id": conv.id,
+        "title": conv.title,
+        "temp": conv.temp,
+        "channel_key": conv.channel_key,
+        "created_at": conv.created_at,
+        "updated_at": conv.updated_at,
+        "busy": conv.busy,
+        "running_run_id": conv.running_run_id,
+        "queued": conv.queued,
+    }
+
+
+def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    if not _INTEGER.fullmatch(raw):
+        raise ApiError(422, "invalid_parameter", f"{name} must be an integer")
+    value = int(raw)
+    if not low <= value <= high:
+        raise ApiError(422, "invalid_parameter", f"{name} must be between {low} and {high}")
+    return value
+
+
+Handler = Callable[[Request], Awaitable[Any]]
+
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+
+
+class Api:
+    """The route handlers, bound to one :class:`ApiContext`."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+        self.agent = ctx.agent
+        self.prefix = ctx.settings.prefix
+
+    # -- helpers -------------------------------------------------------------------------
+    def principal(self, request: Request) -> Principal:
+        found = self.ctx.tokens.lookup(request.headers.get("authorization"))
+        if found is None:
+            raise ApiError(
+                401,
+                "unauthorized",
+                "a valid bearer token is required (Authorization: Bearer <token>)",
+                headers={"WWW-Authenticate": 'Bearer realm="agentik"'},
+            )
+        return found
+
+    def _own_prefix(self, principal: Principal) -> str:
+        return f"http:{self.ctx.instance}:{principal.name}:"
+
+    def _ours(self, channel_key: str | None) -> bool:
+        return channel_key is not None and channel_key.startswith(f"http:{self.ctx.instance}:")
+
+    async def conversation(self, request: Request, principal: Principal) -> Conversation:
+        cid = request.path_params["conversation_id"]
+        try:
+            conv = await self.agent.get_conversation(cid)
+        except NotFound:
+            conv = None
+        if conv is None or not principal.allows(conv.channel_key):
+            # Conversations a token may not see look exactly like unknown ones.
+            raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}")
+        return conv
+
+    async def body(self, request: Request, model: type[_Body], *, required: bool) -> Any:
+        limit = self.ctx.settings.max_body_bytes
+        too_large = ApiError(
+            413, "body_too_large", f"the request body is larger than {limit} bytes"
+        )
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise too_large
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limit:
+                raise too_large
+        if not data.strip():
+            if required:
+                raise ApiError(422, "invalid_body", "a JSON object is required")
+            return model()
+        try:
+            parsed = json.loads(data)
+        except ValueError as exc:
+            raise ApiError(422, "invalid_body", f"the body is not valid JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise ApiError(422, "invalid_body", "the body must be a JSON object")
+        try:
+            return model.model_validate(parsed)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "body"
+            what = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+            raise ApiError(422, "invalid_body", f"{where}: {what}") from None
+
+    def _after(self, request: Request) -> int | None:
+        raw = request.headers.get("last-event-id")
+        name = "Last-Event-ID"
+        if raw is None or not raw.strip():
+            raw, name = request.query_params.get("after"), "after"
+        if raw is None or not raw.strip():
+            return None
+        raw = raw.strip()
+        if not re.fullmatch(r"[0-9]{1,18}", raw):
+            raise ApiError(422, "invalid_parameter", f"{name} must be an event id (an integer)")
+        return int(raw)
+
+    def _profile(self, request: Request) -> str:
+        profile = request.query_params.get("profile") or "debug"
+        if profile not in PROFILES:
+            raise ApiError(
+                422, "invalid_parameter", f"profile must be one of {', '.join(sorted(PROFILES))}"
+            )
+        return profile
+
+    def _stream(
+        self,
+        subscription: Any,
+        *,
+        global_ids: bool,
+        accept: Callable[[EventBase], Awaitable[bool]] | None = None,
+    ) -> EventStream:
+        stream = EventStream(
+            subscription,
+            cache=self.ctx.cache,
+            heartbeat=self.ctx.settings.heartbeat,
+            global_ids=global_ids,
+            accept=accept,
+            on_close=self.ctx.streams.discard,
+        )
+        self.ctx.streams.add(stream)
+        return stream
+
+    # -- routes ---------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        running = self.agent.state.value == "running" and not self.ctx.closing
+        return JSONResponse(
+            {"status": "ok" if running else "unavailable"}, status_code=200 if running else 503
+        )
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_document(self.prefix, auth=self.ctx.tokens.enabled))
+
+    async def page(self, request: Request) -> Response:
+        assert self.ctx.page is not None
+        return HTMLResponse(self.ctx.page, headers={"cache-control": "no-cache"})
+
+    async def create_conversation(self, request: Request) -> Response:
+        principal = self.principal(request)
+        body = await self.body(request, NewConversationBody, required=False)
+        prefix = self._own_prefix(principal)
+        if not principal.allows(prefix):
+            raise ApiError(
+                403,
+                "forbidden",
+                f"this token may not create conversations (they would be bound to {prefix}…)",
+            )
+        cid = uuid.uuid4().hex
+        conv = await self.agent.create_conversation(
+            title=body.title, temp=body.temp, conversation_id=cid, channel_key=prefix + cid
+        )
+        return JSONResponse(
+            _conversation_json(conv),
+            status_code=201,
+            headers={"location": f"{self.prefix}/conversations/{cid}"},
+        )
+
+    async def list_conversations(self, request: Request) -> Response:
+        principal = self.principal(request)
+        offset = _int_param(request, "offset", 0, 0, 1_000_000)
+        limit = _int_param(request, "limit", 50, 1, 200)
+        assert offset is not None and limit is not None
+        if principal.prefixes is None:
+            records = await self.agent.list_conversations(limit=limit + 1, offset=offset)
+        else:
+            # Filter, then page: scan the newest first until the page is full.
+            records, scanned, batch = [], 0, 200
+            while len(records) <= offset + limit:
+                chunk = await self.agent.list_conversations(limit=batch, offset=scanned)
+                records += [r for r in chunk if principal.allows(r.meta.get("channel_key"))]
+                scanned += len(chunk)
+                if len(chunk) < batch:
+                    break
+            records = records[offset : offset + limit + 1]
+        items = []
+        for record in records[:limit]:
+            try:
+                items.append(_conversation_json(await self.agent.get_conversation(record.id)))
+            except NotFound:
+                continue  # deleted meanwhile
+        more = len(records) > limit
+        return JSONResponse(
+            {
+                "items": items,
+                "offset": offset,
+                "limit": limit,
+                "next_offset": offset + limit if more else None,
+            }
+        )
+
+    async def get_conversation(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        return JSONResponse(_conversation_json(conv))
+
+    async def rename_conversation(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, RenameBody, required=True)
+        await conv.rename(body.title)
+        return JSONResponse(_conversation_json(conv))
+
+    async def delete_conversation(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        try:
+            await self.agent.delete_conversation(conv.id)
+        except NotFound:
+            raise ApiError(404, "conversation_not_found", f"no conversation {conv.id!r}") from None
+        return Response(status_code=204)
+
+    async def post_message(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, NewMessageBody, required=True)
+        ours = self._ours(conv.channel_key)
+        if ours and self.ctx.allowed_tools is not None:
+            conv.policy = dataclasses.replace(
+                conv.policy or self.agent.policy, allowed_tools=self.ctx.allowed_tools
+            )
+        # A message posted into another transport's conversation is recorded
+        # as coming from this API, not from that channel.
+        channel = conv.channel_key if ours else f"http:{self.ctx.instance}:{principal.name}"
+        author = body.author or principal.name
+        run_id = await conv.send(body.content, author=author, channel=channel)
+        return JSONResponse(
+            {"conversation_id": conv.id, "run_id": run_id, "queued": conv.queued},
+            status_code=202,
+        )
+
+    async def list_messages(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        after = _int_param(request, "after", None, 0, 2**62)
+        before = _int_param(request, "before", None, 0, 2**62)
+        limit = _int_param(request, "limit", 100, 1, 1000)
+        assert limit is not None
+        # With ``after``: the next page forward; without: the latest page
+        # (before ``before``), to scroll back from.
+        rows = await conv.messages(after=after, before=before, limit=limit)
+        full = len(rows) == limit
+        return JSONResponse(
+            {
+                "items": [m.to_dict() for m in rows],
+                "next_after": rows[-1].id if full and after is not None else None,
+                "prev_before": rows[0].id if full and after is None else None,
+            }
+        )
+
+    async def interrupt(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, InterruptBody, required=False)
+        running = conv.running_run_id
+        if running is None:
+            raise ApiError(409, "no_turn_running", "no turn is running in this conversation")
+        if body.run_id is not None and body.run_id != running:
+            raise ApiError(409, "run_not_running", f"run {body.run_id!r} is not the running turn")
+        if conv.interrupting:
+            raise ApiError(409, "turn_already_interrupted", f"run {running} is already stopping")
+        await conv.interrupt()
+        return JSONResponse({"conversation_id": conv.id, "run_id": running}, status_code=202)
+
+    async def conversation_events(self, request: Request) -> Any:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        after, profile = self._after(request), self._profile(request)
+        self._refuse_when_closing()
+        sub = conv.events(
+            after=after, profile=profile, max_pending=self.ctx.settings.subscriber_queue
+        )
+        return self._stream(sub, global_ids=False)
+
+    async def all_events(self, request: Request) -> Any:
+        principal = self.principal(request)
+        after, profile = self._after(request), self._profile(request)
+        self._refuse_when_closing()
+        sub = self.agent.events(
+            after=after, profile=profile, max_pending=self.ctx.settings.subscriber_queue
+        )
+        accept = None if principal.prefixes is None else self._visible_to(principal)
+        return self._stream(sub, global_ids=True, accept=accept)
+
+    def guard(self, handler: Handler) -> Handler:
+        """Turn our errors (and a client gone mid-body) into JSON responses."""
+
+        async def endpoint(request: Request) -> Any:
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return error_response(exc.status, exc.code, exc.message, exc.headers)
+            except ClientDisconnect:
+                return error_response(422, "invalid_body", "the client went away mid-body")
+            except ClosedError:
+                if self.agent.state.value == "running" and not self.ctx.closing:
+                    # The conversation was deleted while the request ran.
+                    cid = request.path_params.get("conversation_id", "")
+                    return error_response(404, "conversation_not_found", f"no conversation {cid!r}")
+                return error_response(503, "unavailable", "the agent is shutting down")
+
+        return endpoint
+
+    def _refuse_when_closing(self) -> None:
+        if self.ctx.closing:
+            raise ApiError(503, "unavailable", "the server is shutting down")
+
+    def _visible_to(self, principal: Principal) -> Callable[[EventBase], Awaitable[bool]]:
+        seen: dict[str, bool] = {}
+
+        async def accept(event: EventBase) -> bool:
+            cid = event.conversation_id
+            if not cid:  # events_lost: for this subscriber
+                return True
+            allowed = seen.get(cid)
+            if allowed is None:
+                try:
+                    conv = await self.agent.get_conversation(cid)
+                    allowed = principal.allows(conv.channel_key)
+                except (NotFound, ClosedError):
+                    allowed = False
+                if len(seen) > 10_000:
+                    seen.clear()
+                seen[cid] = allowed
+            return allowed
+
+        return accept
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return error_response(500, "internal_error", "internal error (see the server log)")
+
+
+def _methods(handlers: dict[str, Handler]) -> Handler:
+    """One endpoint for every method of a path, so a 405 lists them all in ``Allow``."""
+
+    async def endpoint(request: Request) -> Any:
+        if request.method != "HEAD":
+            return await handlers[request.method](request)
+        response = await handlers["GET"](request)  # the same checks, the same status
+        if isinstance(response, EventStream):
+            # Headers only: an event stream never ends by itself.
+            await response.discard()
+            return Response(status_code=200, media_type="text/event-stream")
+        return response
+
+    return endpoint
+
+
+def build_app(ctx: ApiContext) -> Starlette:
+    """The Starlette application of one HTTP transport instance."""
+    api = Api(ctx)
+    p = ctx.settings.prefix
+    conv = p + "/conversations/{conversation_id}"
+    paths: list[tuple[str, dict[str, Handler]]] = [
+        ("/health", {"GET": api.health}),
+        (p + "/openapi.json", {"GET": api.openapi}),
+        (
+            p + "/conversations",
+            {"GET": api.list_conversations, "POST": api.create_conversation},
+        ),
+        (
+            conv,
+            {
+                "GET": api.get_conversation,
+                "PATCH": api.rename_conversation,
+                "DELETE": api.delete_conversation,
+            },
+        ),
+        (conv + "/messages", {"GET": api.list_messages, "POST": api.post_message}),
+        (conv + "/interrupt", {"POST": api.interrupt}),
+        (conv + "/events", {"GET": api.conversation_events}),
+        (p + "/events", {"GET": api.all_events}),
+    ]
+    if ctx.page is not None:
+        paths.append(("/", {"GET": api.page}))
+    routes = [
+        Route(
+            path,
+            _methods({m: api.guard(h) for m, h in handlers.items()}),
+            methods=list(handlers),
+        )
+        for path, handlers in paths
+    ]
+    middleware = []
+    if ctx.settings.cors_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=ctx.settings.cors_origins,
+                allow_methods=["GET", "POST", "PATCH", "DELETE"],
+                allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+                expose_headers=["Location"],
+            )
+        )
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={HTTPException: _http_error, Exception: _server_error},
+    )

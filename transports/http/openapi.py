@@ -1,0 +1,483 @@
+"""The OpenAPI 3.1 document of the HTTP API, served at ``<prefix>/openapi.json``.
+
+Written by hand to say exactly what the server does; the test suite runs
+schemathesis against it (every documented status, body and content type
+is checked against real responses).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ERROR_CODES", "openapi_document"]
+
+#: Every ``error.code`` the API answers with.
+ERROR_CODES = (
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "conversation_not_found",
+    "method_not_allowed",
+    "no_turn_running",
+    "turn_already_interrupted",
+    "run_not_running",
+    "body_too_large",
+    "invalid_body",
+    "invalid_parameter",
+    "unavailable",
+    "internal_error",
+)
+
+_NULLABLE_STR = {"type": ["string", "null"]}
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {
+                    "code": {"type": "string", "enum": list(ERROR_CODES)},
+                    "message": {"type": "string"},
+                },
+            }
+        },
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string", "enum": ["ok", "unavailable"]}},
+    },
+    "Conversation": {
+        "type": "object",
+        "required": [
+            "id",
+            "title",
+            "temp",
+            "channel_key",
+            "created_at",
+            "updated_at",
+            "busy",
+            "running_run_id",
+            "queued",
+        ],
+        "properties": {
+            "id": {"type": "string"},
+            "title": {"type": "string"},
+            "temp": {"type": "boolean", "description": "kept in memory only, never on disk"},
+            "channel_key": {
+                **_NULLABLE_STR,
+                "description": "e.g. http:<instance>:<token name>:<id>, irc:<net>:<#chan>",
+            },
+            "created_at": {"type": "number", "description": "Unix time"},
+            "updated_at": {"type": "number", "description": "Unix time"},
+            "busy": {"type": "boolean", "description": "a turn is running or queued"},
+            "running_run_id": _NULLABLE_STR,
+            "queued": {"type": "integer", "minimum": 0},
+        },
+    },
+    "ConversationPage": {
+        "type": "object",
+        "required": ["items", "offset", "limit", "next_offset"],
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": "#/components/schemas/Conversation"}},
+            "offset": {"type": "integer", "minimum": 0},
+            "limit": {"type": "integer", "minimum": 1},
+            "next_offset": {"type": ["integer", "null"]},
+        },
+    },
+    "NewConversation": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "temp": {"type": "boolean", "default": False},
+            "title": {"type": "string", "maxLength": 200, "default": ""},
+        },
+    },
+    "Rename": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["title"],
+        "properties": {"title": {"type": "string", "maxLength": 200}},
+    },
+    "NewMessage": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["content"],
+        "properties": {
+            "content": {"type": "string", "minLength": 1, "pattern": "\\S"},
+            "author": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "maxLength": 100,
+                "description": "the speaker's name for the model (default: the token's name)",
+            },
+        },
+    },
+    "MessageAccepted": {
+        "type": "object",
+        "required": ["conversation_id", "run_id", "queued"],
+        "properties": {
+            "conversation_id": {"type": "string"},
+            "run_id": {"type": "string"},
+            "queued": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "turns waiting behind the running one",
+            },
+        },
+    },
+    "Interrupt": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "run_id": {
+                "type": ["string", "null"],
+                "description": "only stop this run (409 otherwise)",
+            }
+        },
+    },
+    "InterruptAccepted": {
+        "type": "object",
+        "required": ["conversation_id", "run_id"],
+        "properties": {"conversation_id": {"type": "string"}, "run_id": {"type": "string"}},
+    },
+    "Message": {
+        "type": "object",
+        "description": "One row of the append-only audit log.",
+        "required": ["id", "conversation_id", "kind", "content", "status", "created_at"],
+        "properties": {
+            "id": {"type": "integer"},
+            "conversation_id": {"type": "string"},
+            "kind": {"type": "string", "enum": ["user", "assistant", "tool_call", "tool_result"]},
+            "content": {"type": "string"},
+            "author": _NULLABLE_STR,
+            "channel": _NULLABLE_STR,
+            "run_id": _NULLABLE_STR,
+            "tool_call_id": _NULLABLE_STR,
+            "tool_name": _NULLABLE_STR,
+            "arguments": _NULLABLE_STR,
+            "is_error": {"type": "boolean"},
+            "status": {"type": "string", "enum": ["complete", "interrupted", "error"]},
+            "data": {},
+            "duration": {"type": ["number", "null"]},
+            "created_at": {"type": "number"},
+        },
+    },
+    "MessagePage": {
+        "type": "object",
+        "required": ["items", "next_after", "prev_before"],
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": "#/components/schemas/Message"}},
+            "next_after": {
+                "type": ["integer", "null"],
+                "description": "paging forward (after= given): pass as after= (null: no more)",
+            },
+            "prev_before": {
+                "type": ["integer", "null"],
+                "description": "the latest page (no after=): pass as before= for older ones",
+            },
+        },
+    },
+    "Event": {
+        "type": "object",
+        "description": (
+            "One agent event (the data of an SSE message). Kinds: turn_started, "
+            "reasoning_started, reasoning_delta, response_started, text_delta, "
+            "tool_call_started, tool_call_ended, child_run_linked, turn_ended, "
+            "interrupted, error, events_lost."
+        ),
+        "required": ["kind", "conversation_id", "seq", "stream_seq", "ts"],
+        "properties": {
+            "kind": {"type": "string"},
+            "conversation_id": {"type": "string"},
+            "run_id": _NULLABLE_STR,
+            "parent_run_id": _NULLABLE_STR,
+            "seq": {"type": "integer"},
+            "stream_seq": {"type": "integer"},
+            "ts": {"type": "number"},
+        },
+    },
+}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+
+
+def _json(ref: str, description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}},
+    }
+
+
+def _body(ref: str, *, required: bool) -> dict[str, Any]:
+    return {
+        "required": required,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}},
+    }
+
+
+_CONV_ID = {
+    "name": "conversation_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+}
+_PROFILE = {
+    "name": "profile",
+    "in": "query",
+    "description": "chat: text and tool notices; debug: everything; metrics: usage and lifecycle",
+    "schema": {"type": "string", "enum": ["chat", "debug", "metrics"], "default": "debug"},
+}
+_LAST_EVENT_ID = {
+    "name": "Last-Event-ID",
+    "in": "header",
+    "description": "replay the events after this id (sent by EventSource when it reconnects)",
+    "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+}
+_AFTER_EVENT = {
+    "name": "after",
+    "in": "query",
+    "description": "as Last-Event-ID, for clients that cannot set headers",
+    "schema": {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
+}
+
+
+def _sse(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {
+            "text/event-stream": {
+                "schema": {"type": "string"},
+                "x-event-schema": {"$ref": "#/components/schemas/Event"},
+            }
+        },
+    }
+
+
+def openapi_document(prefix: str, *, auth: bool) -> dict[str, Any]:
+    """The document for an API under ``prefix``; ``auth``: tokens are required."""
+    p = prefix
+    conv = p + "/conversations/{conversation_id}"
+    unauthorized = {"401": _error("no valid bearer token")} if auth else {}
+    common = {
+        **unauthorized,
+        "503": _error("the agent is shutting down"),
+    }
+    with_body = {
+        "413": _error("the body is larger than the server's max_body_bytes"),
+        "422": _error("the body is not a JSON object of the documented shape"),
+    }
+    not_found = {"404": _error("no such conversation, or one this token may not see")}
+    security = [{"bearer": []}] if auth else []
+
+    def op(op_id: str, summary: str, responses: dict[str, Any], **more: Any) -> dict[str, Any]:
+        return {
+            "operationId": op_id,
+            "summary": summary,
+            "security": security,
+            "responses": {**responses, **common},
+            **more,
+        }
+
+    paths: dict[str, Any] = {
+        "/health": {
+            "get": {
+                "operationId": "health",
+                "summary": "Liveness: 200 while the agent runs",
+                "security": [],
+                "responses": {
+                    "200": _json("Health", "the agent is running"),
+                    "503": _json("Health", "the agent is shutting down"),
+                },
+            }
+        },
+        p + "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3.1",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+        p + "/conversations": {
+            "post": op(
+                "createConversation",
+                "Create a conversation",
+                {
+                    "201": {
+                        **_json("Conversation", "created"),
+                        "links": {
+                            op_id: {
+                                "operationId": op_id,
+                                "parameters": {"conversation_id": "$response.body#/id"},
+                            }
+                            for op_id in (
+                                "getConversation",
+                                "renameConversation",
+                                "deleteConversation",
+                                "postMessage",
+                                "listMessages",
+                                "interrupt",
+                                "conversationEvents",
+                            )
+                        },
+                    },
+                    "403": _error("this token may not create conversations"),
+                    **with_body,
+                },
+                requestBody=_body("NewConversation", required=False),
+            ),
+            "get": op(
+                "listConversations",
+                "A page of conversations, most recently active first",
+                {
+                    "200": _json("ConversationPage", "a page"),
+                    "422": _error("a bad query parameter"),
+                },
+                parameters=[
+                    {
+                        "name": "offset",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
+                    },
+                ],
+            ),
+        },
+        conv: {
+            "parameters": [_CONV_ID],
+            "get": op(
+                "getConversation",
+                "One conversation",
+                {"200": _json("Conversation", "the conversation"), **not_found},
+            ),
+            "patch": op(
+                "renameConversation",
+                "Rename a conversation",
+                {"200": _json("Conversation", "renamed"), **not_found, **with_body},
+                requestBody=_body("Rename", required=True),
+            ),
+            "delete": op(
+                "deleteConversation",
+                "Delete a conversation and everything stored about it",
+                {"204": {"description": "deleted"}, **not_found},
+            ),
+        },
+        conv + "/messages": {
+            "parameters": [_CONV_ID],
+            "post": op(
+                "postMessage",
+                "Send a message: stored, and its turn queued (answers arrive as events)",
+                {
+                    "202": _json("MessageAccepted", "stored; the turn runs after those queued"),
+                    **not_found,
+                    **with_body,
+                },
+                requestBody=_body("NewMessage", required=True),
+            ),
+            "get": op(
+                "listMessages",
+                "A page of the audit log, oldest first: the latest messages, or those after=",
+                {
+                    "200": _json("MessagePage", "a page"),
+                    **not_found,
+                    "422": _error("a bad query parameter"),
+                },
+                parameters=[
+                    {
+                        "name": name,
+                        "in": "query",
+                        "description": desc,
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 2**62},
+                    }
+                    for name, desc in (
+                        ("after", "the page of messages after this id (page forward)"),
+                        ("before", "only messages before this id (scroll back)"),
+                    )
+                ]
+                + [
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": 1000,
+                            "default": 100,
+                        },
+                    }
+                ],
+            ),
+        },
+        conv + "/interrupt": {
+            "parameters": [_CONV_ID],
+            "post": op(
+                "interrupt",
+                "Stop the running turn (its partial answer is kept, marked interrupted)",
+                {
+                    "202": _json("InterruptAccepted", "the turn was stopped"),
+                    **not_found,
+                    "409": _error("no turn running, another run, or already being stopped"),
+                    **with_body,
+                },
+                requestBody=_body("Interrupt", required=False),
+            ),
+        },
+        conv + "/events": {
+            "parameters": [_CONV_ID],
+            "get": op(
+                "conversationEvents",
+                "Live events of one conversation (Server-Sent Events; id = the event's seq)",
+                {
+                    "200": _sse("an endless event stream with heartbeat comments"),
+                    **not_found,
+                    "422": _error("a bad profile, after or Last-Event-ID"),
+                },
+                parameters=[_PROFILE, _AFTER_EVENT, _LAST_EVENT_ID],
+            ),
+        },
+        p + "/events": {
+            "get": op(
+                "allEvents",
+                "Live events of every conversation this token may see (id = stream_seq)",
+                {
+                    "200": _sse("an endless event stream with heartbeat comments"),
+                    "422": _error("a bad profile, after or Last-Event-ID"),
+                },
+                parameters=[_PROFILE, _AFTER_EVENT, _LAST_EVENT_ID],
+            ),
+        },
+    }
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "agentik HTTP API",
+            "version": "1",
+            "description": (
+                "Conversations with an agentik agent: create them, send messages, "
+                "follow the answers as Server-Sent Events, interrupt a turn."
+            ),
+        },
+        "paths": paths,
+        "components": {"schemas": _SCHEMAS},
+    }
+    if auth:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return doc

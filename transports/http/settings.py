@@ -1,0 +1,79 @@
+"""Keys of a ``type = "http"`` transport table (one HTTP server per table)."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["HttpSettings", "TokenSettings"]
+
+
+class TokenSettings(BaseModel):
+    """One bearer token: where its secret value comes from and what it may use.
+
+    The value is never written in the configuration: it is read from the
+    environment variable ``env`` or from the file ``file`` (its first line).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Who uses the token: shown in logs, the default author of its messages,
+    #: and part of the channel key of the conversations it creates
+    #: (``http:<instance>:<name>:<id>``).
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    #: Environment variable that holds the token.
+    env: str | None = None
+    #: File that holds the token (first line), relative to the working directory.
+    file: str | None = None
+    #: Channel-key prefixes of the conversations this token may see and use
+    #: (unset: every conversation, IRC and Slack ones included).
+    channels: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TokenSettings:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give the token's env (a variable name) or its file, not both")
+        return self
+
+
+class HttpSettings(BaseModel):
+    """Settings of one HTTP API server.  Every key is documented in ``config.example.toml``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Address to listen on.  Without tokens only a loopback address is used.
+    host: str = "127.0.0.1"
+    #: TCP port (0: any free port).  ``AGENTIK_PORT`` overrides it.
+    port: int = Field(8080, ge=0, le=65535)
+    #: Path prefix of the API (``""`` for none).
+    prefix: str = "/agentik"
+    #: Bearer tokens; none: no authentication and loopback only.
+    tokens: list[TokenSettings] = Field(default_factory=list)
+    #: Largest request body accepted, in bytes (larger: 413).
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    #: Seconds of silence on an event stream before a heartbeat comment is sent.
+    heartbeat: float = Field(15.0, gt=0)
+    #: Events one stream client may fall behind before it is told and disconnected.
+    subscriber_queue: int = Field(1024, ge=1)
+    #: Serve the web chat page at ``/``.
+    web_ui: bool = True
+    #: Browser origins allowed to call the API from another site (CORS).
+    cors_origins: list[str] = Field(default_factory=list)
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        v = v.rstrip("/")
+        if v and not re.fullmatch(r"(/[A-Za-z0-9._~-]+)+", v):
+            raise ValueError("prefix must look like /name or /name/more (letters, digits, ._~-)")
+        return v
+
+    @field_validator("tokens")
+    @classmethod
+    def _unique_names(cls, v: list[TokenSettings]) -> list[TokenSettings]:
+        names = [t.name for t in v]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"two tokens are named {name!r}")
+        return v

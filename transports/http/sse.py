@@ -1,0 +1,150 @@
+"""Server-Sent Events: one event subscription streamed to one HTTP client.
+
+Each event becomes one SSE message::
+
+    id: <seq>            (the conversation's seq; stream_seq on the all-conversations stream)
+    data: <event JSON>   (agentik.core.events.event_to_json: the same shape everywhere)
+
+A client that reconnects sends the last ``id`` it saw as ``Last-Event-ID``
+and is replayed what it missed.  A comment line (``: ping``) goes out every
+``heartbeat`` seconds so proxies keep the connection open.
+
+A slow client never slows the agent: the subscription's queue is bounded;
+when the client falls that far behind it receives an ``events_lost`` event
+(whose ``id`` is the last event it did receive, so an automatic reconnect
+resumes exactly there) and the stream ends.  Frames are serialised once per
+event however many clients receive it (:class:`FrameCache`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agentik.core.eventbus import Subscription
+from agentik.core.events import EventBase, event_to_json
+
+__all__ = ["EventStream", "FrameCache"]
+
+log = logging.getLogger(__name__)
+
+_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    # nginx and friends buffer responses unless told not to.
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def _chunk(body: bytes) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": body, "more_body": True}
+
+
+def _encode(event: EventBase, event_id: int) -> bytes:
+    return b"id: %d\ndata: %s\n\n" % (event_id, event_to_json(event).encode("utf-8"))
+
+
+class FrameCache:
+    """Encoded SSE frames of recent events, shared by every stream.
+
+    Keyed by the event's agent-wide ``stream_seq`` and which id the stream
+    uses; ``events_lost`` notices are per subscriber and never cached.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._frames: dict[tuple[int, bool], bytes] = {}
+
+    def frame(self, event: EventBase, *, global_ids: bool) -> bytes:
+        event_id = event.stream_seq if global_ids else event.seq
+        if event.kind == "events_lost" or not event.stream_seq:
+            return _encode(event, event_id)
+        key = (event.stream_seq, global_ids)
+        frame = self._frames.get(key)
+        if frame is None:
+            frame = self._frames[key] = _encode(event, event_id)
+            if len(self._frames) > self.size:
+                del self._frames[next(iter(self._frames))]
+        return frame
+
+
+class EventStream:
+    """An ASGI response that streams ``subscription`` as ``text/event-stream``.
+
+    ``accept`` (optional) filters events (e.g. to the conversations a token
+    may see).  The stream ends when the subscription ends (the conversation
+    was deleted, the client fell behind, the server is closing) or when the
+    client goes away; the subscription is closed either way.
+    """
+
+    def __init__(
+        self,
+        subscription: Subscription,
+        *,
+        cache: FrameCache,
+        heartbeat: float,
+        global_ids: bool = False,
+        accept: Callable[[EventBase], Awaitable[bool]] | None = None,
+        on_close: Callable[[EventStream], None] | None = None,
+    ) -> None:
+        self.subscription = subscription
+        self.cache = cache
+        self.heartbeat = heartbeat
+        self.global_ids = global_ids
+        self.accept = accept
+        self.on_close = on_close
+        self._lock = asyncio.Lock()
+
+    async def discard(self) -> None:
+        """Close without streaming (a HEAD request)."""
+        await self.subscription.aclose()
+        if self.on_close is not None:
+            self.on_close(self)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+            await send(_chunk(b"retry: 2000\n\n"))
+            pump = asyncio.ensure_future(self._pump(send))
+            watch = asyncio.ensure_future(self._watch(receive, send))
+            try:
+                await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (pump, watch):
+                    task.cancel()
+                await asyncio.gather(pump, watch, return_exceptions=True)
+            failed = pump.done() and not pump.cancelled() and pump.exception()
+            if failed:
+                log.warning("event stream failed: %s", failed)
+            if pump.done() and not pump.cancelled():
+                # The stream ended on our side: finish the response properly.
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await self.subscription.aclose()
+            if self.on_close is not None:
+                self.on_close(self)
+
+    async def _pump(self, send: Any) -> None:
+        cache, global_ids, accept = self.cache, self.global_ids, self.accept
+        async for event in self.subscription:
+            if accept is not None and not await accept(event):
+                continue
+            frame = cache.frame(event, global_ids=global_ids)
+            async with self._lock:
+                await send(_chunk(frame))
+
+    async def _watch(self, receive: Any, send: Any) -> None:
+        """Return when the client disconnects; send a heartbeat when it is quiet."""
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), self.heartbeat)
+            except TimeoutError:
+                async with self._lock:
+                    await send(_chunk(b": ping\n\n"))
+                continue
+            if message["type"] == "http.disconnect":
+                return

@@ -1,0 +1,239 @@
+"""The HTTP transport: the REST + SSE API server inside the bot's event loop.
+
+Unlike chat transports, API clients do not talk through the bridge's
+incoming-message path: they create conversations, post messages, follow
+events and interrupt turns directly on the :class:`~agentik.core.Agent`.
+
+**How the transport gets the agent.**  ``HttpTransport(..., agent=agent)``
+when used as a library; otherwise :meth:`HttpTransport.start` takes it from
+the sink's ``agent`` attribute (the bot's :class:`~agentik.bot.bridge.Bridge`
+has one) and the instance's bridge options from ``sink.options_for(self)``
+(its ``allowed_tools`` then apply to the conversations it creates).  A sink
+with neither is a configuration error.
+
+**Serving.**  Starlette routes (:mod:`.api`) served by uvicorn's ``Server``
+on a socket we bind ourselves, as a task of the running loop: no loop of its
+own, no lifespan, no signal handlers (the bot owns SIGINT/SIGTERM), no
+access log.  :meth:`aclose` ends every event stream, lets in-flight
+requests finish (at most ``_GRACE`` seconds) and closes the socket.
+
+**Exposure.**  Without tokens there is no authentication, so the server
+only listens on a loopback address, and says so at start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from importlib import resources
+from typing import Any
+
+import uvicorn
+
+from agentik.core import Agent
+from agentik.core.errors import ConfigError
+from agentik.core.transport import ChannelCaps, MessageSink, OutgoingMessage, Transport
+
+from .api import ApiContext, build_app
+from .auth import TokenTable, load_tokens
+from .settings import HttpSettings
+
+__all__ = ["HttpTransport"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds in-flight requests get to finish when the transport closes.
+_GRACE = 5.0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _web_page(prefix: str) -> str:
+    page = resources.files(__package__).joinpath("static/index.html").read_text("utf-8")
+    return page.replace("__AGENTIK_PREFIX__", prefix)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server as one task of our loop, telling us when it listens."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The bot owns SIGINT/SIGTERM; uvicorn must not take them over.
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+
+class HttpTransport(Transport):
+    """The ``type = "http"`` transport (see the module docstring)."""
+
+    type = "http"
+    settings_model = HttpSettings
+    options: HttpSettings
+    caps = ChannelCaps(streaming="deltas", formatting="markdown")
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: dict[str, Any] | None = None,
+        agent: Agent | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(name=name, settings=settings)
+        env = os.environ if environ is None else environ
+        where = f"transports.{name}"
+        #: The agent served; set here or taken from the sink at :meth:`start`.
+        self.agent = agent
+        self.port = self.options.port
+        if env.get("AGENTIK_PORT"):
+            raw = env["AGENTIK_PORT"].strip()
+            if not raw.isdigit() or not 0 <= int(raw) <= 65535:
+                raise ConfigError(f"AGENTIK_PORT: not a port number: {raw!r} ({where}.port)")
+            self.port = int(raw)
+        self.tokens: TokenTable = load_tokens(self.options.tokens, where=where, environ=env)
+        self.host = self.options.host
+        #: Without tokens a non-loopback address would expose an open API.
+        self.loopback_only = not self.tokens.enabled and not _is_loopback(self.host)
+        if self.loopback_only:
+            self.host = "127.0.0.1"
+        #: ``http://host:port`` once listening (the real port when ``port = 0``).
+        self.url: str | None = None
+        self._ctx: ApiContext | None = None
+        self._server: Any = None
+        self._serving: asyncio.Future[Any] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self, sink: MessageSink) -> None:
+        agent = self.agent if self.agent is not None else getattr(sink, "agent", None)
+        if agent is None:
+            raise ConfigError(
+                f"transports.{self.name}: the http transport needs the agent "
+                "(pass agent=... or start it with the bot's bridge)"
+            )
+        self.agent = agent
+        options_for = getattr(sink, "options_for", None)
+        allowed = options_for(self).allowed_tools if callable(options_for) else None
+        o = self.options
+        self._ctx = ApiContext(
+            agent=agent,
+            settings=o,
+            tokens=self.tokens,
+            instance=self.name,
+            allowed_tools=allowed,
+            page=_web_page(o.prefix) if o.web_ui else None,
+        )
+        sock = self._bind()
+        try:
+            await self._serve(build_app(self._ctx), sock)
+        except BaseException:
+            sock.close()
+            raise
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{port}"
+        log.info("transport %s: HTTP API on %s%s", self.name, self.url, o.prefix or "/")
+        if not self.tokens.enabled:
+            note = (
+                f" (host {o.host!r} was replaced: an API without tokens only listens on loopback)"
+                if self.loopback_only
+                else ""
+            )
+            log.warning(
+                "transport %s: no tokens configured: the HTTP API on %s needs no authentication "
+                "and is reachable from this machine only%s",
+                self.name,
+                self.url,
+                note,
+            )
+
+    def _bind(self) -> socket.socket:
+        host, port = self.host, self.port
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            family, _, _, _, address = infos[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(address)
+                sock.listen(512)
+                sock.setblocking(False)
+            except BaseException:
+                sock.close()
+                raise
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ConfigError(
+                f"transports.{self.name}.port: cannot listen on {host}:{port}: {reason}"
+            ) from None
+        return sock
+
+    async def _serve(self, app: Any, sock: socket.socket) -> None:
+        config = uvicorn.Config(
+            app,
+            loop="none",
+            lifespan="off",
+            # httptools (a dependency) when installed: its chunk writing costs a
+            # third less CPU per SSE event than h11's (benchmarks/bench_http.py).
+            http="auto",
+            ws="none",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_graceful_shutdown=_GRACE,
+            timeout_keep_alive=30,
+        )
+        server = _Server(config)
+        self._server = server
+        self._serving = self.spawn(server.serve(sockets=[sock]), name=f"agentik-http:{self.name}")
+        ready = asyncio.ensure_future(server.ready.wait())
+        try:
+            await asyncio.wait({ready, self._serving}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if not server.ready.is_set():
+            exc = self._serving.exception() if self._serving.done() else None
+            raise ConfigError(f"transports.{self.name}: the HTTP server did not start: {exc}")
+
+    async def serve(self) -> None:
+        await self.closed.wait()
+
+    async def aclose(self) -> None:
+        ctx, server, serving = self._ctx, self._server, self._serving
+        if ctx is not None:
+            ctx.closing = True
+            # End every event stream: their responses finish cleanly.
+            for stream in list(ctx.streams):
+                await stream.subscription.aclose()
+        if server is not None and serving is not None and not serving.done():
+            server.should_exit = True
+            try:
+                await asyncio.wait_for(asyncio.shield(serving), _GRACE + 2)
+            except (TimeoutError, Exception):
+                log.warning("transport %s: the HTTP server did not stop cleanly", self.name)
+        await self.cancel_tasks()
+        self._server = self._serving = None
+        self.closed.set()
+
+    # -- output ---------------------------------------------------------------------------
+    async def send(self, message: OutgoingMessage) -> None:
+        """API clients read events, not bridge messages: nothing is sent this way."""
+        log.debug("transport %s: ignoring %s for %s", self.name, message.kind, message.channel_key)
