@@ -14,6 +14,8 @@ import pytest
 from agentik.bot.bridge import ChannelOptions
 from agentik.core import tool
 from agentik.core.errors import ConfigError
+from agentik.core.hooks import Refuse
+from agentik.core.hookspecs import hookimpl
 from agentik.core.testing.scripted import Reply, call
 from agentik.transports.http.openapi import ERROR_CODES
 from agentik.transports.http.transport import HttpTransport
@@ -773,3 +775,29 @@ def test_it_is_registered_as_a_plugin():
     from agentik.core.plugins import load_plugins
 
     assert load_plugins(env={}).transports["http"] is HttpTransport
+
+
+class _NoPasswords:
+    @hookimpl
+    def before_prompt(self, text):
+        return Refuse("no passwords, please") if "password" in text else None
+
+
+async def test_a_message_a_plugin_refuses_is_422_and_stores_nothing(db_path):
+    async with running_server(db_path, hooks=[_NoPasswords()]) as s, s.client() as c:
+        conv = await create(c)
+        r = await c.post(f"/conversations/{conv['id']}/messages", json={"content": "my password"})
+        assert r.status_code == 422 and error_code(r) == "prompt_refused"
+        assert r.json()["error"]["message"] == "no passwords, please"
+        assert rows(db_path, "SELECT COUNT(*) FROM message") == [(0,)]
+        ok = await c.post(f"/conversations/{conv['id']}/messages", json={"content": "hello"})
+        assert ok.status_code == 202
+
+
+async def test_messages_carry_the_token_identity_for_user_memory(secured, db_path):
+    async with secured.client(TOKENS["ALICE_TOKEN"]) as c:
+        conv = await create(c)
+        r = await c.post(f"/conversations/{conv['id']}/messages", json={"content": "hi"})
+        assert r.status_code == 202
+    (data,) = rows(db_path, "SELECT data FROM message WHERE kind = 'user'")[0]
+    assert '"author_id": "web:alice"' in data

@@ -44,7 +44,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from agentik.core import Agent, Conversation
-from agentik.core.errors import ClosedError, NotFound
+from agentik.core.errors import ClosedError, NotFound, PromptRefused
 from agentik.core.events import PROFILES, EventBase
 
 from .auth import Principal, TokenTable
@@ -363,7 +363,15 @@ class Api:
         # as coming from this API, not from that channel.
         channel = conv.channel_key if ours else f"http:{self.ctx.instance}:{principal.name}"
         author = body.author or principal.name
-        run_id = await conv.send(body.content, author=author, channel=channel)
+        try:
+            run_id = await conv.send(
+                body.content,
+                author=author,
+                author_id=f"{self.ctx.instance}:{principal.name}",
+                channel=channel,
+            )
+        except PromptRefused as exc:
+            raise ApiError(422, "prompt_refused", str(exc)) from None
         return JSONResponse(
             {"conversation_id": conv.id, "run_id": run_id, "queued": conv.queued},
             status_code=202,

@@ -24,6 +24,7 @@ ERROR_CODES = (
     "body_too_large",
     "invalid_body",
     "invalid_parameter",
+    "prompt_refused",
     "unavailable",
     "internal_error",
 )
@@ -389,6 +390,10 @@ def openapi_document(prefix: str, *, auth: bool) -> dict[str, Any]:
                     "202": _json("MessageAccepted", "stored; the turn runs after those queued"),
                     **not_found,
                     **with_body,
+                    "422": _error(
+                        "the body is not of the documented shape (invalid_body), or a"
+                        " plugin refused the message (prompt_refused: nothing was stored)"
+                    ),
                 },
                 requestBody=_body("NewMessage", required=True),
             ),
