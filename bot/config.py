@@ -70,8 +70,9 @@ class LLMSection(_Section):
     """``[llm]``: the model backend.
 
     ``backend = "auto"`` picks ``openai`` when an endpoint or key is given
-    (here or through ``OPENAI_BASE_URL``/``OPENAI_API_KEY``); otherwise the
-    bot still runs and answers with a line saying how to configure a model.
+    (here or through ``OPENAI_BASE_URL``/``OPENAI_API_KEY``), ``litert`` when
+    ``AGENTIK_GOOGLE_MODEL_PATH`` is set, otherwise the local ``llamacpp``
+    backend with its default model (see ``agentik.bot.builder.backend_choice``).
     Keys other than ``backend`` go to the backend; ``options`` holds any
     extra backend-specific settings.
     """
@@ -85,9 +86,14 @@ class LLMSection(_Section):
     temperature: float | None = Field(None, ge=0, le=2)
     max_tokens: int | None = Field(None, gt=0)
     author_mode: Literal["prefix", "name", "none"] = "prefix"
+    # The local llama.cpp backend ("llamacpp").
+    model_path: str | None = None
+    n_ctx: int = Field(2048, ge=64)
+    n_threads: int | None = Field(None, ge=1)
+    tool_choice: Literal["auto", "required"] = "auto"
     options: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("model", "base_url", mode="before")
+    @field_validator("model", "base_url", "model_path", mode="before")
     @classmethod
     def _blank_is_none(cls, v: Any) -> Any:
         return None if v == "" else v

@@ -37,7 +37,11 @@ __all__ = ["ENTRY_POINT_GROUP", "PluginInfo", "Registry", "load_plugins"]
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "agentik"
 BUILTIN_DISTRIBUTION = "agentik"
-_BUILTIN_MODULES = ("agentik.core.llm.openai_backend", "agentik.core.testing.scripted")
+_BUILTIN_MODULES = (
+    "agentik.core.llm.openai_backend",
+    "agentik.core.llm.llamacpp_backend",
+    "agentik.core.testing.scripted",
+)
 
 
 @dataclass(frozen=True, slots=True)

