@@ -281,6 +281,70 @@ async def test_a_forced_tool_call_runs_through_the_tool_loop(model, db_path):
     assert rows == ["user", "tool_call", "tool_result", "assistant"]
 
 
+# A ChatML template that shows tools the way Qwen/Hermes templates do.
+TOOL_TEMPLATE = """
+{%- if messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}
+{%- if tools %}
+
+# Tools
+<tools>
+{%- for t in tools %}
+{{ t | tojson }}
+{%- endfor %}
+</tools>
+Call a tool with <tool_call>{"name": ..., "arguments": ...}</tool_call>.
+{%- endif %}<|im_end|>
+{% endif %}
+{%- for m in messages if m.role != 'system' %}
+{%- if m.role == 'tool' %}<|im_start|>user
+<tool_response>{{ m.content }}</tool_response><|im_end|>
+{% elif m.tool_calls %}<|im_start|>assistant
+{{ m.content }}
+{%- for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+async def test_a_template_that_shows_tools_gets_them_and_renders_the_tool_history(model, db_path):
+    backend = make_backend(chat_template=TOOL_TEMPLATE, tool_choice="required", max_tokens=48)
+    assert backend.template_tools is True and model.template_tools is False
+    ran: list[str] = []
+
+    @tool(parameters={"type": "object", "properties": {"city": {"type": "string"}}})
+    async def get_weather(city: str = "") -> str:
+        """The current weather in a city."""
+        ran.append(city)
+        return "Sunny."
+
+    try:
+        async with Agent(
+            llm=backend,
+            store=SQLiteStore(db_path),
+            system_prompt=SYSTEM,
+            tools=[get_weather],
+            policy=TurnPolicy(max_tool_calls=2),
+        ) as agent:
+            conv = await agent.create_conversation()
+            sub = conv.events()
+            await conv.send("What is the weather in Rome?")
+            events = await collect_turn(sub, wait=120)
+            rows = [m.kind for m in await conv.messages()]
+    finally:
+        await backend.aclose()
+    # The forced first step called the tool; later steps (auto mode, tools shown by
+    # the template, the tool call and its result rendered into the history) may
+    # call it again, up to the policy's limit, and the turn ends with an answer.
+    assert ran and len(ran) <= 2
+    assert rows[:3] == ["user", "tool_call", "tool_result"] and rows[-1] == "assistant"
+    assert events[-1].kind == "turn_ended" and events[-1].stop_reason in ("stop", "length")
+    assert "<tool_call>" not in events[-1].text or events[-1].tool_calls == 2
+
+
 # -- context ---------------------------------------------------------------------------------
 
 

@@ -300,7 +300,7 @@ class LlamaCppBackend(LLMBackend):
         )
         self._vocab = self._llama_cpp.llama_model_get_vocab(llama.model)
         # Does the template show tool definitions to the model?
-        probe = [{"role": "user", "content": "hi"}]
+        probe = [{"role": "system", "content": "S."}, {"role": "user", "content": "hi"}]
         spec = ToolSpec(name="probe_tool", description="Probe.")
         try:
             plain = self._render(probe, None)
