@@ -10,8 +10,9 @@ the contenders so load from elsewhere on the machine hits them alike.
 1. tokens/s of a whole agentik turn (``conv.send`` → ``turn_ended``: SQLite writes, the
    worker thread, events) vs a plain ``Llama.generate`` loop on the same prompt tokens
    (the baseline; goal ≥ 0.95), and ``create_chat_completion(stream=True)`` for reference;
-2. time to the first token: ``conv.send`` → first ``text_delta`` vs the first token of
-   the plain loop;
+2. time to the first token: ``conv.send`` → first ``text_delta`` (it includes the
+   durable commit of the user message, ``synchronous=full``) vs writing the prompt and
+   getting the first token of the plain loop;
 3. peak RSS (VmHWM) of a fresh process that answers one question through agentik vs one
    that loads the model with llama-cpp-python and generates directly.
 
@@ -46,25 +47,33 @@ def _backend(tokens: int) -> Any:
     return LlamaCppBackend(temperature=0, max_tokens=tokens, n_threads=1, n_ctx=2048)
 
 
-def _direct_prompt(llama: Any) -> list[int]:
+class DirectPrompt:
     """The prompt as a direct user of llama-cpp-python writes it: the GGUF's template."""
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    def special(token: int) -> str:
-        return llama.detokenize([token], special=True).decode() if token >= 0 else ""
+    def __init__(self, llama: Any) -> None:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    formatter = Jinja2ChatFormatter(
-        template=llama.metadata["tokenizer.chat_template"],
-        eos_token=special(llama.token_eos()),
-        bos_token=special(llama.token_bos()),
-    )
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}]
-    text = formatter(messages=messages).prompt
-    return llama.tokenize(text.encode(), add_bos=True, special=True)
+        def special(token: int) -> str:
+            return llama.detokenize([token], special=True).decode() if token >= 0 else ""
+
+        self.llama = llama
+        self.formatter = Jinja2ChatFormatter(
+            template=llama.metadata["tokenizer.chat_template"],
+            eos_token=special(llama.token_eos()),
+            bos_token=special(llama.token_bos()),
+        )
+
+    def tokens(self) -> list[int]:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}]
+        text = self.formatter(messages=messages).prompt
+        return self.llama.tokenize(text.encode(), add_bos=True, special=True)
 
 
-def direct_generate(llama: Any, prompt: list[int], tokens: int) -> tuple[int, float, float]:
-    """(tokens, seconds, seconds to the first token) of a plain ``generate`` loop."""
+def direct_generate(llama: Any, prompt: DirectPrompt, tokens: int) -> tuple[int, float, float]:
+    """(tokens, seconds, seconds to the first token) of a plain ``generate`` loop.
+
+    The clock includes writing the prompt, as it does for agentik.
+    """
     import llama_cpp
 
     vocab = llama_cpp.llama_model_get_vocab(llama.model)
@@ -72,7 +81,7 @@ def direct_generate(llama: Any, prompt: list[int], tokens: int) -> tuple[int, fl
     llama.reset()
     count, first = 0, 0.0
     t0 = time.perf_counter()
-    gen = llama.generate(prompt, temp=0.0, **SAMPLING)
+    gen = llama.generate(prompt.tokens(), temp=0.0, **SAMPLING)
     for token in gen:
         if llama_cpp.llama_vocab_is_eog(vocab, token):
             break
@@ -127,7 +136,7 @@ async def measure(rounds: int, tokens: int) -> list[Row]:
 
     backend = _backend(tokens)
     llama = backend._llama
-    prompt = _direct_prompt(llama)
+    prompt = DirectPrompt(llama)
     ours: list[tuple[int, float, float]] = []
     base: list[tuple[int, float, float]] = []
     chat: list[tuple[int, float]] = []
@@ -145,12 +154,13 @@ async def measure(rounds: int, tokens: int) -> list[Row]:
                     ours.append(await agentik_turn(agent, backend))
                     base.append(direct_generate(llama, prompt, tokens))
                 chat.append(direct_chat_completion(llama, tokens))
+            n_prompt = len(prompt.tokens())
+        # Leaving the agent closed the backend, which freed the model: llama is gone.
     stats = backend.last_generation
-    await backend.aclose()
     if {n for n, _, _ in ours} != {n for n, _, _ in base}:
         say(f"  note: token counts differ: agentik {ours}, direct {base}")
     n_ours, n_base = ours[0][0], base[0][0]
-    say(f"  prompt {len(prompt)} tokens (agentik: {stats.prompt_tokens}); answer {n_ours} tokens")
+    say(f"  prompt {n_prompt} tokens (agentik: {stats.prompt_tokens}); answer {n_ours} tokens")
     tps_ours = statistics.median(n / s for n, s, _ in ours)
     tps_base = statistics.median(n / s for n, s, _ in base)
     tps_chat = statistics.median(n / s for n, s in chat)
@@ -179,7 +189,7 @@ async def measure(rounds: int, tokens: int) -> list[Row]:
             None,
         ),
         Row(
-            "time to first token",
+            f"time to first token ({(ttft_ours - ttft_base) * 1e3:+.0f} ms)",
             ms(ttft_ours),
             ms(ttft_base),
             ttft_ours / ttft_base,
@@ -202,7 +212,7 @@ def child_rss(kind: str, tokens: int) -> None:
         llama = Llama(
             model_path=path, n_ctx=2048, n_threads=1, last_n_tokens_size=256, verbose=False
         )
-        n, _, _ = direct_generate(llama, _direct_prompt(llama), tokens)
+        n, _, _ = direct_generate(llama, DirectPrompt(llama), tokens)
     else:
         from agentik.core import Agent, SQLiteStore
 
