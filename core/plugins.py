@@ -41,6 +41,7 @@ BUILTIN_DISTRIBUTION = "agentik"
 _BUILTIN_MODULES = (
     "agentik.core.llm.openai_backend",
     "agentik.core.llm.litert_backend",
+    "agentik.core.llm.llamacpp_backend",
     "agentik.core.testing.scripted",
 )
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+
+import pytest
 
 
 async def collect_turn(sub, *, run_id: str | None = None, wait: float = 10.0) -> list:
@@ -17,3 +20,20 @@ async def collect_turn(sub, *, run_id: str | None = None, wait: float = 10.0) ->
 
     await asyncio.wait_for(consume(), wait)
     return events
+
+
+def in_ci() -> bool:
+    """Whether we run under CI (``CI=true``): missing dependencies fail there."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def require_local_model() -> None:
+    """Skip when the local model (the ``local`` extra) is missing; fail under ``CI=true``."""
+    from agentik.core.llm.llamacpp_backend import local_model_problem
+
+    problem = local_model_problem()
+    if problem is None:
+        return
+    if in_ci():
+        pytest.fail(f"{problem} (CI=true: `make test` installs the local extra)", pytrace=False)
+    pytest.skip(problem)

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
 from agentik.bot.app import load_registry
-from agentik.bot.builder import NO_MODEL_HELP, AgentBuilder, NoModelBackend
-from agentik.bot.config import parse_config
+from agentik.bot.builder import (
+    NO_MODEL_HELP,
+    AgentBuilder,
+    NoModelBackend,
+    backend_choice,
+    resolve_backend,
+)
+from agentik.bot.config import load_config, parse_config
 from agentik.core import ConfigError, OpenAIBackend, SQLiteStore, tool
 from agentik.core.memory import NoMemory
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
@@ -104,15 +111,58 @@ def test_from_config_wires_backend_storage_and_policy(tmp_path):
     assert agent.system_prompt == "Hello."
 
 
-async def test_no_model_configured_gives_the_help_line(tmp_path):
+def test_auto_picks_openai_then_litert_then_the_local_model():
+    litert = {"AGENTIK_GOOGLE_MODEL_PATH": "/models/gemma.litertlm"}
+
+    def choice(llm: dict, env: dict) -> str:
+        return backend_choice(parse_config({"llm": llm}, env={}), env=env)
+
+    assert choice({"base_url": "http://127.0.0.1:9/v1"}, litert) == "openai"
+    assert choice({"api_key": "sk-x"}, {}) == "openai"
+    assert choice({}, litert) == "litert"
+    assert choice({}, {}) == "llamacpp"
+    assert choice({"backend": "scripted"}, litert) == "scripted"
+    # The variables reach the choice through the configuration (as overrides).
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+    assert backend_choice(parse_config({}, env=env), env=env) == "openai"
+
+
+def test_litert_chosen_but_not_installed_says_so():
+    config = parse_config({}, env={})
+    registry = load_registry(config)
+    registry.llm_backends.pop("litert", None)  # as where no plugin provides it
+    with pytest.raises(ConfigError) as info:
+        resolve_backend(config, registry, env={"AGENTIK_GOOGLE_MODEL_PATH": "/m.litertlm"})
+    message = str(info.value)
+    assert "AGENTIK_GOOGLE_MODEL_PATH is set" in message
+    assert "'litert'" in message and "no installed plugin registers it" in message
+    assert "registered: " in message and "openai" in message
+
+
+async def test_without_the_local_extra_auto_answers_with_setup_help(monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if it were not installed
     config = parse_config({"storage": {"path": ":memory:"}}, env={})
     agent = AgentBuilder.from_config(config, load_registry(config)).build()
     assert isinstance(agent.llm, NoModelBackend)
+    assert "llama-cpp-python" in agent.llm.reason and "agentik[local]" in agent.llm.reason
+    assert "agentik[local]" in NO_MODEL_HELP and "OPENAI_BASE_URL" in NO_MODEL_HELP
     async with agent:
         conv = await agent.create_conversation()
         await conv.send("hello?")
         await conv.wait_idle()
         assert (await conv.messages())[-1].content == NO_MODEL_HELP
+
+
+def test_naming_llamacpp_without_the_local_extra_is_a_config_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    source = tmp_path / "bot.toml"
+    source.write_text('[llm]\nbackend = "llamacpp"\n')
+    config = load_config(source, env={})
+    with pytest.raises(ConfigError) as info:
+        AgentBuilder.from_config(config, load_registry(config))
+    message = str(info.value)
+    assert message.startswith(f"{source}: llm.backend: ")
+    assert "llama-cpp-python" in message and "pip install 'agentik[local]'" in message
 
 
 def test_other_backends_come_from_the_registry():

@@ -158,12 +158,26 @@ def test_check_of_the_example_config_with_the_key_in_the_environment(tmp_path):
     assert SECRET not in result.stdout + result.stderr
 
 
-def test_check_without_a_model_says_backend_none_with_a_note(tmp_path):
+def test_check_without_the_local_extra_says_backend_none_and_how_to_install_it(tmp_path):
+    # The real CLI in a process where llama-cpp-python cannot be imported.
+    hide = (
+        "import sys; sys.modules['llama_cpp'] = None; "
+        "from agentik.bot.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     config = write_config(tmp_path, "")
-    result = agentik("check", "-c", config, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", hide, "check", "-c", config],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
-    assert "backend 'none'" in result.stdout
-    assert "note: no model configured" in result.stdout
+    assert "backend 'none' (configured 'auto')" in result.stdout
+    assert "note: the local model needs llama-cpp-python" in result.stdout
+    assert "agentik[local]" in result.stdout
     assert "llm.api_key: (not set)" in result.stdout
     assert "transports: none configured" in result.stdout
 

@@ -69,11 +69,11 @@ def load_error(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> 
 def test_example_config_loads_validates_and_builds_its_transports(real_stdin):
     config = load_config(EXAMPLE, env={})
     assert config.source == str(EXAMPLE)
-    # With no model configured the bot still runs, answering with setup instructions.
+    # With no model configured the bot answers with the local model.
     assert config.llm.backend == "auto"
     assert config.llm.model is None and config.llm.base_url is None
-    assert config.llm.api_key is None
-    assert backend_choice(config) == "none"
+    assert config.llm.api_key is None and config.llm.model_path is None
+    assert backend_choice(config) == "llamacpp"
     assert config.transports, "the example configures at least one transport"
     registry = load_registry(config)
     for name, section in config.transports.items():

@@ -133,12 +133,24 @@ async def test_invalid_utf8_is_replaced_not_fatal(openai_server, tmp_path):
     assert out.splitlines() == ["echo: tester: caf\ufffd \ufffd\ufffd ok"]
 
 
-async def test_without_a_model_the_bot_explains_how_to_configure_one(tmp_path):
+async def test_without_any_model_the_bot_explains_how_to_get_one(tmp_path):
+    # No endpoint configured and no local model (llama-cpp-python hidden from
+    # this process): the bot still runs and says how to get a model.
+    hide = (
+        "import sys; sys.modules['llama_cpp'] = None; "
+        "from agentik.bot.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     config = write_config(tmp_path, None)
-    code, out, err = await chat(config, b"hi\n")
-    assert code == 0, err
-    assert "No language model is configured" in out and "OPENAI_BASE_URL" in out
-    assert "Traceback" not in err
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", hide, "chat", "-c", config,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=clean_env(),
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(b"hi\n"), 30)
+    assert proc.returncode == 0, err
+    assert b"No language model is available" in out and b"agentik[local]" in out
+    assert b"OPENAI_BASE_URL" in out
+    assert b"Traceback" not in err
 
 
 @pytest.mark.parametrize("command", ["/help", "/status"])
