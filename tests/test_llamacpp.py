@@ -21,6 +21,7 @@ from agentik.bot.app import load_registry
 from agentik.bot.builder import AgentBuilder, backend_choice, resolve_backend
 from agentik.bot.config import load_config, parse_config
 from agentik.core import Agent, ConfigError, SQLiteStore, TurnPolicy, tool
+from agentik.core.compaction import CompactionPolicy
 from agentik.core.llm.base import (
     FinishItem,
     LLMRequest,
@@ -352,7 +353,11 @@ async def test_a_long_conversation_drops_its_oldest_exchanges_to_fit_n_ctx(db_pa
     require_local_model()
     small = make_backend(n_ctx=256, max_tokens=16)
     try:
-        async with Agent(llm=small, store=SQLiteStore(db_path), system_prompt=SYSTEM) as agent:
+        # Compaction off: this is the backend's own last line of defence.
+        off = CompactionPolicy(enabled=False)
+        async with Agent(
+            llm=small, store=SQLiteStore(db_path), system_prompt=SYSTEM, compaction=off
+        ) as agent:
             conv = await agent.create_conversation()
             for i in range(6):
                 await conv.send(f"Fact {i}: " + "the sky is blue and the grass is green. " * 5)
@@ -370,6 +375,36 @@ async def test_a_long_conversation_drops_its_oldest_exchanges_to_fit_n_ctx(db_pa
             events = await collect_turn(sub, wait=60)
             errors = [e for e in events if e.kind == "error"]
             assert errors and "n_ctx" in errors[0].message
+    finally:
+        await small.aclose()
+
+
+async def test_compaction_counts_with_the_models_tokenizer_and_keeps_requests_in_context(
+    db_path,
+):
+    require_local_model()
+    small = make_backend(n_ctx=512, max_tokens=16)
+    try:
+        assert small.context_window == 512 - 16
+        short, long = ask("hi"), ask("hi " + "the grass is green. " * 20)
+        n_short, n_long = await small.count_tokens(short), await small.count_tokens(long)
+        assert n_long - n_short >= 100  # ~5 tokens a repeat, counted by the model's tokenizer
+        async with Agent(
+            llm=small,
+            store=SQLiteStore(db_path),
+            system_prompt=SYSTEM,
+            compaction=CompactionPolicy(keep_turns=1, summary_tokens=64),
+        ) as agent:
+            conv = await agent.create_conversation()
+            events = conv.events(kinds={"compacted"})
+            for i in range(6):
+                await conv.send(f"Fact {i}: " + "the sky is blue and the grass is green. " * 5)
+                await conv.wait_idle()
+                assert small.last_generation.prompt_tokens <= small.context_window
+            compacted = await asyncio.wait_for(anext(events), 5)
+            assert compacted.tokens_before > 0.8 * small.context_window
+            rows = await conv.messages(limit=100)
+            assert [m.status for m in rows] == ["complete"] * 12  # nothing lost, all answered
     finally:
         await small.aclose()
 

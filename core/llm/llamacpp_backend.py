@@ -417,6 +417,23 @@ class LlamaCppBackend(LLMBackend):
         log.info("the conversation was cut to fit n_ctx=%d", self.n_ctx)
         return best
 
+    @property
+    def context_window(self) -> int:
+        """Prompt tokens a request may use, room for the answer kept: what
+        compaction keeps the working memory under."""
+        return self.n_ctx - min(self.max_tokens, self.n_ctx // 4)
+
+    async def count_tokens(self, request: LLMRequest) -> int:
+        """The size of ``request``'s whole prompt, with the model's own tokenizer
+        and chat template (nothing dropped: compaction decides what goes)."""
+        tools = list(request.tools) if request.tool_choice != "none" else []
+        template_tools = self.template_tools and bool(tools)
+        system = request.system or ""
+        head = [{"role": "system", "content": system}] if system else []
+        history = [self._wire(m, template_tools) for m in request.messages]
+        params = [_tool_param(t) for t in tools] if template_tools else None
+        return len(await asyncio.to_thread(self._tokenize, head, history, params))
+
     def _tokenize(
         self,
         head: list[dict[str, Any]],
