@@ -3,7 +3,10 @@
 ``tests/fixtures/tiny-random.litertlm`` is built by ``tools/build_tiny_litertlm.py``:
 a 2-layer Llama-style model with random weights, a SentencePiece tokenizer and a
 Gemma-style chat template with no system role and strictly alternating turns.
-It talks gibberish, so these tests assert behaviour, never wording.  The engine
+It talks gibberish, so these tests assert behaviour, never wording.
+``tests/fixtures/tiny-toolcall.litertlm`` (``build_tiny_litertlm.py --toolcall``)
+declares function calling and, greedily, always calls ``add`` with a=2, b=3 in
+Qwen3's ``<tool_call>`` format, which the engine parses into a tool call.  The engine
 (``litert-lm-api``) comes with ``agentik[dev]``; without it this module fails
 to import — a failure, not a skip.
 """
@@ -11,6 +14,7 @@ to import — a failure, not a skip.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 from pathlib import Path
@@ -20,14 +24,24 @@ import pytest
 
 from agentik.bot.builder import resolve_backend
 from agentik.bot.config import parse_config
-from agentik.core import Agent, ConfigError, SQLiteStore, tool
+from agentik.core import Agent, ConfigError, SQLiteStore, TurnPolicy, tool
+from agentik.core.hookspecs import hookimpl
+from agentik.core.llm.base import (
+    FinishItem,
+    LLMRequest,
+    TextChunk,
+    ToolCallItem,
+    UsageItem,
+)
 from agentik.core.llm.litert_backend import LiteRTBackend, to_engine_messages
 from agentik.core.messages import ChatMessage, ToolCall
 from agentik.core.plugins import load_plugins
 from agentik.core.testing.scripted import ScriptedModel
+from agentik.core.tools.base import spec_of
 from helpers import collect_turn
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-random.litertlm"
+TOOLCALL_FIXTURE = Path(__file__).parent / "fixtures" / "tiny-toolcall.litertlm"
 SYSTEM = "You are a tiny test model."
 
 
@@ -37,12 +51,20 @@ def make_backend(tmp_path: Path, **kw) -> LiteRTBackend:
     kw.setdefault("seed", 7)
     kw.setdefault("max_tokens", 24)
     kw.setdefault("threads", 1)
-    return LiteRTBackend(model_path=FIXTURE, **kw)
+    kw.setdefault("model_path", FIXTURE)
+    return LiteRTBackend(**kw)
 
 
 @pytest.fixture
 async def llm(tmp_path):
     backend = make_backend(tmp_path)
+    yield backend
+    await backend.aclose()
+
+
+@pytest.fixture
+async def llm_tools(tmp_path):
+    backend = make_backend(tmp_path, model_path=TOOLCALL_FIXTURE)
     yield backend
     await backend.aclose()
 
@@ -327,6 +349,148 @@ async def test_a_model_without_function_calling_is_offered_no_tools(agent, llm):
     events = await turn(conv, "what time is it?")
     assert ended(events).stop_reason in ("stop", "length")
     assert not [e for e in events if e.kind.startswith("tool_call")] and not called
+
+
+class Adder:
+    """A real tool ``add`` that counts its runs."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+        @tool
+        async def add(a: int, b: int) -> str:
+            """Add two whole numbers."""
+            self.calls.append((a, b))
+            return str(a + b)
+
+        self.tool = add
+
+
+def kinds(events) -> list[str]:
+    return [e.kind for e in events]
+
+
+async def test_the_models_tool_call_runs_in_our_tool_loop_and_the_turn_goes_on(tmp_path, db_path):
+    llm = make_backend(tmp_path, model_path=TOOLCALL_FIXTURE)
+    assert llm.supports_tools is True  # the model file declares function calling
+    adder = Adder()
+    agent = Agent(
+        llm=llm,
+        store=SQLiteStore(db_path),
+        system_prompt=SYSTEM,
+        policy=TurnPolicy(max_tool_calls=1),
+    )
+    agent.add_tool(adder.tool)
+    async with agent:
+        conv = await agent.create_conversation()
+        events = await turn(conv, "what is 2 + 3?")
+        rows = await conv.messages()
+        first_runs = list(adder.calls)
+        first_stats = (llm.stats.builds, llm.stats.reuses)
+        # A second turn: the history now holds calls and results, and tools
+        # are offered again, so the engine conversation is rebuilt from it.
+        again = await turn(conv, "and once more?")
+    await llm.aclose()
+    end = ended(events)
+    assert end.stop_reason in ("stop", "length")
+    started = [e for e in events if e.kind == "tool_call_started"]
+    finished = [e for e in events if e.kind == "tool_call_ended"]
+    # The engine parsed the model's call; agentik's loop ran it, once.
+    assert started[0].name == "add" and json.loads(started[0].arguments) == {"a": 2, "b": 3}
+    assert finished[0].call_id == started[0].call_id
+    assert finished[0].result == "5" and not finished[0].is_error
+    # The engine's automatic tool calling stayed off: every run of the tool
+    # is one our loop recorded (a call past the cap is refused, not run).
+    ran = [e for e in events if e.kind == "tool_call_ended" and not e.is_error]
+    assert first_runs == [(2, 3)] and len(ran) == 1
+    # The turn went on after the result: the model was asked again and called
+    # again; the per-turn cap refused that call, and a last step ended the turn.
+    assert len(started) == len(finished) == 2
+    assert finished[1].is_error and started[1].name == "add"
+    assert kinds(events).index("tool_call_ended") < kinds(events).index("turn_ended")
+    log = [(m.kind, m.tool_name) for m in rows]
+    assert log[0] == ("user", None)
+    assert log[1:5] == [
+        ("tool_call", "add"),
+        ("tool_result", "add"),
+        ("tool_call", "add"),
+        ("tool_result", "add"),
+    ]
+    assert log[-1] == ("assistant", None)
+    results = [m for m in rows if m.kind == "tool_result"]
+    assert results[0].content == "5" and results[0].tool_call_id == started[0].call_id
+    assert results[1].is_error
+    # One engine conversation per tool set: the tool result was fed to the one
+    # that made the call; the last step, offered no tools, was a new one.
+    assert first_stats == (2, 1)
+    assert ended(again).stop_reason in ("stop", "length")
+    assert next(e.result for e in again if e.kind == "tool_call_ended") == "5"
+    assert adder.calls == [(2, 3), (2, 3)]
+    assert (llm.stats.builds, llm.stats.reuses) == (4, 2)
+
+
+class Doubler:
+    """A plugin: every ``add`` call the model makes runs with doubled arguments."""
+
+    def __init__(self) -> None:
+        self.seen = []
+
+    @hookimpl
+    def before_tool_call(self, call):
+        self.seen.append(call.arguments)
+        args = json.loads(call.arguments)
+        return {k: 2 * v for k, v in args.items()}
+
+
+async def test_tool_hooks_apply_to_the_models_calls(tmp_path):
+    llm = make_backend(tmp_path, model_path=TOOLCALL_FIXTURE)
+    adder, doubler = Adder(), Doubler()
+    agent = Agent(
+        llm=llm,
+        store=SQLiteStore(":memory:"),
+        system_prompt=SYSTEM,
+        tools=(adder.tool,),
+        hooks=[doubler],
+        policy=TurnPolicy(max_tool_calls=1),
+    )
+    async with agent:
+        conv = await agent.create_conversation()
+        events = await turn(conv, "what is 2 + 3?")
+    await llm.aclose()
+    assert json.loads(doubler.seen[0]) == {"a": 2, "b": 3}
+    assert adder.calls == [(4, 6)]
+    assert next(e.result for e in events if e.kind == "tool_call_ended") == "10"
+
+
+async def test_tool_definitions_reach_the_model_only_when_tools_are_offered(llm_tools):
+    add = spec_of(Adder().tool)
+    question = (ChatMessage(role="user", content="what is 2 + 3?"),)
+
+    async def step(**kw) -> list:
+        return [item async for item in llm_tools.stream(LLMRequest(messages=question, **kw))]
+
+    offered = await step(tools=[add])
+    bare = await step()
+    declined = await step(tools=[add], tool_choice="none")
+    # Offered tools, the engine turns the model's output into a tool call
+    # (no text), and the definitions are in the prompt it saw.
+    calls = [i.call for i in offered if isinstance(i, ToolCallItem)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 2, "b": 3})]
+    assert calls[0].id, "each call gets an id for its result"
+    assert not [i for i in offered if isinstance(i, TextChunk)]
+    assert [i.reason for i in offered if isinstance(i, FinishItem)] == ["tool_calls"]
+    # Without tools (none offered, or tool_choice "none") nothing is parsed:
+    # the same output is plain text, and the prompt is shorter.
+    for items in (bare, declined):
+        assert not [i for i in items if isinstance(i, ToolCallItem)]
+        text = "".join(i.text for i in items if isinstance(i, TextChunk))
+        assert text.startswith("<tool_call>") and '"add"' in text
+        assert [i.reason for i in items if isinstance(i, FinishItem)] == ["stop"]
+
+    def prompt(items) -> int:
+        return next(i.usage.prompt_tokens for i in items if isinstance(i, UsageItem))
+
+    assert prompt(offered) > prompt(bare) == prompt(declined)
 
 
 # -- errors name the path -----------------------------------------------------------------------

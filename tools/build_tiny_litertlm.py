@@ -23,6 +23,28 @@ real one is far too large to commit.  This script makes one from nothing:
 
 The output (about 0.6 MB) says gibberish; the tests assert behaviour only.
 
+``--toolcall`` builds ``tests/fixtures/tiny-toolcall.litertlm`` instead: a model
+that declares function calling and, under greedy sampling, always answers with
+one call of a tool ``add``::
+
+    <tool_call>{"name":"add","arguments":{"a":2,"b":3}}</tool_call>
+
+How: its LLM metadata says ``supports_function_calling: true`` (what the
+engine's ``ModelInfo.llm.supports_function_calling()`` reports) and
+``llm_model_type { qwen3 {} }``, whose output parser turns the JSON between
+``<tool_call>`` and ``</tool_call>`` into a tool call (only when the
+conversation was given tools).  The weights make a *bigram* model: every
+transformer block is scaled to almost nothing, so the logits at a position
+depend only on the current token's embedding.  Each of the call's pieces —
+``<tool_call>``, the JSON, ``</tool_call>`` — is a single token of its own
+(SentencePiece ``user_defined_symbols``), and the embeddings and the untied
+LM head are one-hot "next token" tables: any token outside the chain (so the
+end of every prompt) leads to ``<tool_call>``, each chain token to the next,
+and the last to ``<end_of_turn>``, a stop token.  The chain never repeats a
+token, so greedy decoding spells the call and stops.  The chat template
+(shared by both models) lists the tools as JSON in the first user turn, so
+offering tools makes the prompt longer.  About 0.7 MB.
+
 The toolchain is heavy (~6 GB: torch, tensorflow-cpu, jax, litert-torch) and is
 NOT needed to run the tests: the artifact is committed.  To rebuild it, in a
 separate virtual environment (Python 3.11, PyPI only)::
@@ -32,6 +54,7 @@ separate virtual environment (Python 3.11, PyPI only)::
         tensorflow-cpu sentencepiece
     python tools/build_tiny_litertlm.py            # writes the fixture
     python tools/build_tiny_litertlm.py --out /tmp/x.litertlm --layers 8 --width 256
+    python tools/build_tiny_litertlm.py --toolcall  # writes tests/fixtures/tiny-toolcall.litertlm
 
 Versions last used: litert-torch 0.10.0, litert-lm-builder 0.18.1,
 litert-converter 0.5.0, ai-edge-litert 2.3.0, torch 2.14.1,
@@ -48,6 +71,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "tests" / "fixtures" / "tiny-random.litertlm"
+TOOLCALL_OUT = ROOT / "tests" / "fixtures" / "tiny-toolcall.litertlm"
+
+# What the --toolcall model always says, one token per piece, then <end_of_turn>.
+TOOLCALL_CHAIN = ("<tool_call>", '{"name":"add","arguments":{"a":2,"b":3}}', "</tool_call>")
+# Qwen3's output parser (JSON between <tool_call> fences) and function calling declared.
+TOOLCALL_METADATA = "llm_model_type { qwen3 {} }\nsupports_function_calling: true\n"
 
 WORDS = (
     "the a an cat dog bird fish sat ran flew swam on under over mat tree house river "
@@ -70,6 +99,9 @@ CHAT_TEMPLATE = """\
 {{ raise_exception("Conversation roles must alternate user/model/user/model/...") }}
 {%- endif -%}
 {{ '<start_of_turn>' + ('model' if side == 'model' else 'user') + '\\n' }}
+{%- if loop.first and tools -%}
+{{ 'tools: ' }}{{ tools | tojson }}{{ '\\n' }}
+{%- endif -%}
 {%- if message['content'] is string -%}
 {{ message['content'] }}
 {%- else -%}
@@ -93,7 +125,7 @@ CHAT_TEMPLATE = """\
 """
 
 
-def train_tokenizer(work: Path, vocab: int, seed: int) -> Path:
+def train_tokenizer(work: Path, vocab: int, seed: int, extra_symbols: tuple[str, ...] = ()) -> Path:
     import sentencepiece as spm
 
     rng = random.Random(seed)
@@ -112,7 +144,7 @@ def train_tokenizer(work: Path, vocab: int, seed: int) -> Path:
         eos_id=3,
         bos_piece="<bos>",
         eos_piece="<eos>",
-        user_defined_symbols=["<start_of_turn>", "<end_of_turn>"],
+        user_defined_symbols=["<start_of_turn>", "<end_of_turn>", *extra_symbols],
         byte_fallback=True,
         character_coverage=1.0,
         num_threads=1,
@@ -121,7 +153,41 @@ def train_tokenizer(work: Path, vocab: int, seed: int) -> Path:
     return work / "tokenizer.model"
 
 
-def build(out: Path, *, layers: int, width: int, context: int, seed: int) -> None:
+def make_bigram(model, tokenizer: Path) -> None:
+    """Weights that make greedy decoding spell TOOLCALL_CHAIN, then <end_of_turn>.
+
+    Each token's embedding is a one-hot "class" vector naming the token that
+    must follow it; the LM head maps each class back to that token.  The
+    transformer blocks are scaled down so they barely touch the residual
+    stream (not zeroed, so the int8 quantizer never meets an all-zero tensor).
+    """
+    import sentencepiece as spm
+    import torch
+
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer))
+    chain = [sp.piece_to_id(piece) for piece in (*TOOLCALL_CHAIN, "<end_of_turn>")]
+    assert len(set(chain)) == len(chain) and sp.unk_id() not in chain, chain
+    # follows[t]: the token after t.  Off the chain: the chain's first token.
+    # Class k (one-hot dimension k) predicts chain[k].
+    follows = {t: chain[i + 1] for i, t in enumerate(chain[:-1])}
+    assert len(chain) <= model.config.embedding_dim
+    with torch.no_grad():
+        for p in model.transformer_blocks.parameters():
+            p.mul_(1e-4)
+        emb = torch.zeros_like(model.tok_embedding.weight)
+        for token in range(emb.shape[0]):
+            emb[token, chain.index(follows.get(token, chain[0]))] = 1.0
+        model.tok_embedding.weight.copy_(emb)
+        head = torch.randn_like(model.lm_head.weight) * 1e-3
+        for k, token in enumerate(chain):
+            head[token] = 0.0
+            head[token, k] = 10.0
+        model.lm_head.weight.copy_(head)
+
+
+def build(
+    out: Path, *, layers: int, width: int, context: int, seed: int, toolcall: bool = False
+) -> None:
     import torch
     from litert_torch.generative.layers import kv_cache
     from litert_torch.generative.layers import model_config as cfg
@@ -130,7 +196,7 @@ def build(out: Path, *, layers: int, width: int, context: int, seed: int) -> Non
     vocab = 448
     work = Path(tempfile.mkdtemp(prefix="tiny-litertlm-"))
     try:
-        tokenizer = train_tokenizer(work, vocab, seed)
+        tokenizer = train_tokenizer(work, vocab, seed, TOOLCALL_CHAIN if toolcall else ())
         torch.manual_seed(seed)
         heads = max(2, width // 16)
         norm = cfg.NormalizationConfig(type=cfg.NormalizationType.RMS_NORM)
@@ -157,9 +223,15 @@ def build(out: Path, *, layers: int, width: int, context: int, seed: int) -> Non
             embedding_dim=width,
             block_configs=block,
             final_norm_config=norm,
-            lm_head_share_weight_with_embedding=True,
+            lm_head_share_weight_with_embedding=not toolcall,
         )
         model = model_builder.DecoderOnlyModel(config, mask_cache_size=0).eval()
+        extra = {}
+        if toolcall:
+            make_bigram(model, tokenizer)
+            metadata = work / "base_metadata.textproto"
+            metadata.write_text(TOOLCALL_METADATA)
+            extra["base_llm_metadata_path"] = str(metadata)
         converter.convert_to_litert(
             model,
             output_path=str(work),
@@ -176,6 +248,7 @@ def build(out: Path, *, layers: int, width: int, context: int, seed: int) -> Non
             start_token="<bos>",
             stop_tokens=["<eos>", "<end_of_turn>"],
             jinja_prompt_template=CHAT_TEMPLATE,
+            **extra,
         )
         (built,) = work.glob("*.litertlm")
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -187,13 +260,19 @@ def build(out: Path, *, layers: int, width: int, context: int, seed: int) -> Non
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output .litertlm file")
+    p.add_argument("--out", type=Path, help="output .litertlm file (default: the fixture)")
+    p.add_argument(
+        "--toolcall",
+        action="store_true",
+        help="build the function-calling fixture that always calls add (see above)",
+    )
     p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     p.add_argument("--width", type=int, default=64, help="embedding width (default 64)")
     p.add_argument("--context", type=int, default=1024, help="KV cache tokens (default 1024)")
     p.add_argument("--seed", type=int, default=20261129, help="random seed")
     a = p.parse_args()
-    build(a.out, layers=a.layers, width=a.width, context=a.context, seed=a.seed)
+    out = a.out or (TOOLCALL_OUT if a.toolcall else DEFAULT_OUT)
+    build(out, layers=a.layers, width=a.width, context=a.context, seed=a.seed, toolcall=a.toolcall)
 
 
 if __name__ == "__main__":
