@@ -25,12 +25,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .compaction import SUMMARY_PREFIX, _transcript, collect_text
+from .compaction import SUMMARY_PREFIX, _transcript, ask
 from .errors import NotFound
 from .events import Compacted, ConversationEnded, EventBase
-from .llm.base import LLMRequest
-from .memory import channel_scope
-from .messages import ChatMessage
+from .memory import NoMemory, channel_scope
 
 __all__ = ["MINING_PROMPT", "REFLECTION_PROMPT", "BackgroundPolicy", "MemoryWorker"]
 
@@ -85,7 +83,7 @@ class MemoryWorker:
 
     async def __call__(self, agent: Any) -> None:
         kinds = self._kinds()
-        if not kinds or not agent.memory.tools():
+        if not kinds or isinstance(agent.memory, NoMemory):
             return
         try:
             async with contextlib.aclosing(agent.events(kinds=kinds)) as events:
@@ -169,14 +167,7 @@ class MemoryWorker:
         return channel_scope(conv.channel_key or f"conversation:{conversation_id}")
 
     async def _ask(self, agent: Any, system: str, content: str, max_tokens: int) -> str | None:
-        request = LLMRequest(
-            system=system,
-            messages=(ChatMessage(role="user", content=content),),
-            tool_choice="none",
-            max_tokens=max_tokens,
-            temperature=0.2,
-        )
-        text = (await collect_text(agent.llm, request)).strip()
+        text = await ask(agent.llm, system, content, max_tokens)
         if not text or text.upper().rstrip(".") == "NONE":
             return None
         return text

@@ -36,7 +36,7 @@ from .messages import ChatMessage
 if TYPE_CHECKING:
     from .conversation import Conversation
 
-__all__ = ["SUMMARY_PROMPT", "CompactionPolicy", "Compactor", "estimate_tokens"]
+__all__ = ["SUMMARY_PROMPT", "CompactionPolicy", "Compactor", "ask", "estimate_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class Compactor:
         if hooks is not None and hooks.implemented("before_compact"):
             await hooks.call("before_compact", conversation=conv, messages=list(old), reason=reason)
         summary, fallback = await self._summarise(conv, old)
-        await conv.compact(entries[cut - 1].pos, summary)
+        await conv._compact(entries, entries[cut - 1].pos, summary)
         await conv._ensure_memory(exclude_run=run_id)
         now_messages = conv._memory_cache or []
         tokens_after = estimate_tokens(now_messages, system, tools)
@@ -225,17 +225,11 @@ class Compactor:
 
     async def _summarise(self, conv: Conversation, old: Sequence[ChatMessage]) -> tuple[str, bool]:
         p = self.policy
-        request = LLMRequest(
-            system=p.prompt.format(words=max(50, int(p.summary_tokens * 0.7))),
-            messages=(ChatMessage(role="user", content=_transcript(old)),),
-            tool_choice="none",
-            max_tokens=p.summary_tokens,
-            temperature=0.2,
-        )
+        system = p.prompt.format(words=max(50, int(p.summary_tokens * 0.7)))
         started = time.monotonic()
         try:
             async with asyncio.timeout(p.timeout):
-                text = await collect_text(self.agent.llm, request)
+                text = await ask(self.agent.llm, system, _transcript(old), p.summary_tokens)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -248,7 +242,6 @@ class Compactor:
                 exc,
             )
             return DROPPED_NOTICE.format(n=len(old)), True
-        text = text.strip()
         if not text:
             log.warning(
                 "conversation %s: the summary came back empty; dropping %d messages instead",
@@ -260,15 +253,25 @@ class Compactor:
         return SUMMARY_PREFIX + text, False
 
 
-async def collect_text(llm: Any, request: LLMRequest) -> str:
-    """Run ``request`` on ``llm`` and return the answer text (tool calls ignored)."""
+async def ask(llm: Any, system: str, content: str, max_tokens: int) -> str:
+    """One tool-less request (``system`` + one user message); the answer text, stripped.
+
+    For the agent's own bookkeeping: summaries, mining, reflections.
+    """
+    request = LLMRequest(
+        system=system,
+        messages=(ChatMessage(role="user", content=content),),
+        tool_choice="none",
+        max_tokens=max_tokens,
+        temperature=0.2,
+    )
     parts: list[str] = []
     gen = llm.stream(request)
     async with contextlib.aclosing(gen):
         async for item in gen:
             if isinstance(item, TextChunk):
                 parts.append(item.text)
-    return "".join(parts)
+    return "".join(parts).strip()
 
 
 def _cut_index(messages: Sequence[ChatMessage], keep_turns: int) -> int:

@@ -23,7 +23,7 @@ from .errors import ClosedError, PromptRefused
 from .eventbus import EventBus, Subscription
 from .events import PROFILES, EventBase, EventsLost
 from .messages import ChatMessage, Message, MessageKind, NewMessage
-from .store.base import ConversationRecord, Store
+from .store.base import ConversationRecord, MemoryEntry, Store
 from .tools.base import TurnPolicy
 from .turn import TurnRunner
 
@@ -204,12 +204,7 @@ class Conversation:
                 [*notes, ChatMessage(role="user", content=content, author=author)]
             )
             committed.add_done_callback(self._invalidate_on_failure)
-        self._queue.append(_Pending(run_id, content, author, committed, idle))
-        self._idle.clear()
-        if self._worker is None:
-            # Busy conversations stay referenced even if no caller holds them.
-            self.agent._busy[self.id] = self
-            self._worker = asyncio.create_task(self._work(), name=f"agentik-conversation:{self.id}")
+        self._enqueue(_Pending(run_id, content, author, committed, idle))
         await asyncio.shield(committed)
         self.updated_at = now
         return run_id
@@ -294,6 +289,15 @@ class Conversation:
         notes, self._notes = self._notes, []
         return notes
 
+    def _enqueue(self, item: _Pending | _Job) -> None:
+        """Queue a turn or a job; start the worker if none runs."""
+        self._queue.append(item)
+        self._idle.clear()
+        if self._worker is None:
+            # Busy conversations stay referenced even if no caller holds them.
+            self.agent._busy[self.id] = self
+            self._worker = asyncio.create_task(self._work(), name=f"agentik-conversation:{self.id}")
+
     async def _work(self) -> None:
         try:
             while self._queue:
@@ -352,11 +356,7 @@ class Conversation:
         """
         self._check_open()
         job = _Job(fn, asyncio.get_running_loop().create_future())
-        self._queue.append(job)
-        self._idle.clear()
-        if self._worker is None:
-            self.agent._busy[self.id] = self
-            self._worker = asyncio.create_task(self._work(), name=f"agentik-conversation:{self.id}")
+        self._enqueue(job)
         return await job.done
 
     async def compact_now(self) -> Any:
@@ -515,7 +515,10 @@ class Conversation:
         The summary keeps the highest audit-log id it covers, so messages it
         replaced are never mistaken for ones a crash left out.
         """
-        entries = await self._store.load_memory(self.id)
+        await self._compact(await self._store.load_memory(self.id), upto, summary)
+
+    async def _compact(self, entries: Sequence[MemoryEntry], upto: int, summary: str) -> None:
+        """:meth:`compact` on working-memory ``entries`` the caller has just loaded."""
         covered = max((e.message.message_id or 0 for e in entries if e.pos <= upto), default=0)
         await self._store.compact(
             self.id, upto, ChatMessage(role="system", content=summary, message_id=covered or None)

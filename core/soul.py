@@ -29,12 +29,17 @@ def read_soul(path: str | os.PathLike[str]) -> str:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"agent.soul: cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    return _text(data, repr(str(path)))
+
+
+def _text(data: bytes, where: str) -> str:
+    """The persona ``data`` read from ``where``, checked for size and UTF-8."""
     if len(data) > MAX_SOUL_BYTES:
-        raise ConfigError(f"agent.soul: {str(path)!r} is larger than {MAX_SOUL_BYTES} bytes")
+        raise ConfigError(f"agent.soul: {where} is larger than {MAX_SOUL_BYTES} bytes")
     try:
         return data.decode("utf-8").strip()
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"agent.soul: {str(path)!r} is not UTF-8 text: {exc}") from None
+        raise ConfigError(f"agent.soul: {where} is not UTF-8 text: {exc}") from None
 
 
 #: Seconds to fetch a soul URL.
@@ -59,9 +64,4 @@ async def fetch_soul(url: str) -> str:
         raise ConfigError(
             f"agent.soul: cannot fetch {url}: {type(exc).__name__}: {exc}".rstrip(": ")
         ) from None
-    if len(data) > MAX_SOUL_BYTES:
-        raise ConfigError(f"agent.soul: {url} is larger than {MAX_SOUL_BYTES} bytes")
-    try:
-        return data.decode("utf-8").strip()
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"agent.soul: {url} is not UTF-8 text: {exc}") from None
+    return _text(data, url)

@@ -144,13 +144,8 @@ class MarkdownMemory(MemoryBackend):
         v = NoteVersion(
             note_id=nid, version=version, text=text, op=op, author=author, created_at=now
         )  # type: ignore[arg-type]
-        line = json.dumps(
-            {"id": nid, "scope": scope, "version": version, "text": text, "op": op,
-             "author": author, "ts": now},
-            ensure_ascii=False,
-        )  # fmt: skip
         with self._history_file.open("a", encoding="utf-8") as f:
-            f.write(line + "\n")
+            f.write(_history_line(v, scope) + "\n")
             f.flush()
             os.fsync(f.fileno())
         versions.append(v)
@@ -234,14 +229,7 @@ class MarkdownMemory(MemoryBackend):
             lines = []
             for versions in self._versions.values():
                 for v in versions:
-                    lines.append(
-                        json.dumps(
-                            {"id": v.note_id, "scope": self._notes[v.note_id].scope,
-                             "version": v.version, "text": v.text, "op": v.op,
-                             "author": v.author, "ts": v.created_at},
-                            ensure_ascii=False,
-                        )
-                    )  # fmt: skip
+                    lines.append(_history_line(v, self._notes[v.note_id].scope))
             tmp = self._history_file.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
             os.replace(tmp, self._history_file)
@@ -293,6 +281,15 @@ class MarkdownMemory(MemoryBackend):
 
     async def history(self, note_id: int) -> list[NoteVersion]:
         return list(self._versions.get(note_id, ()))
+
+
+def _history_line(v: NoteVersion, scope: str) -> str:
+    """One ``history.jsonl`` line (what :meth:`MarkdownMemory._load` reads back)."""
+    return json.dumps(
+        {"id": v.note_id, "scope": scope, "version": v.version, "text": v.text, "op": v.op,
+         "author": v.author, "ts": v.created_at},
+        ensure_ascii=False,
+    )  # fmt: skip
 
 
 def _parse(text: str) -> list[tuple[int, str]]:
