@@ -109,6 +109,8 @@ class Bridge:
         self._channels: dict[str, _Channel] = {}
         self._lock = KeyedLocks()
         self._reaper: asyncio.Task[None] | None = None
+        #: How many idle channels have been released so far.
+        self.released_channels = 0
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options."""
@@ -248,6 +250,7 @@ class Bridge:
                         if self._channels.get(key) is ch and ch.idle(now, self.idle_seconds):
                             del self._channels[key]
                             await self._close_channel(ch)
+                            self.released_channels += 1
                             log.debug("released idle channel %s", key)
         finally:
             self._reaper = None

@@ -296,10 +296,12 @@ async def test_idle_channels_are_released_and_reopen_with_the_same_conversation(
         for i in range(20):
             await bridge.flush(f"mem:#c{i}")
         first = (await agent.conversation_for_channel("mem:#c0")).id
-        assert bridge.open_channels == 20
-        # The reaper ends once it has released every channel.
-        await asyncio.wait_for(bridge._reaper, 10)
+        # A reaper ends once it has released every channel (a slow machine may
+        # release early ones before the last opens: then a new reaper follows).
+        while (reaper := bridge._reaper) is not None:
+            await asyncio.wait_for(reaper, 10)
         assert bridge.open_channels == 0
+        assert bridge.released_channels == 20  # every channel was held, then released
         renderers = [t for t in asyncio.all_tasks() if t.get_name().startswith("agentik-render")]
         assert renderers == []
         # The next message reopens the channel on the same conversation, with its history.
