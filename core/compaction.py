@@ -97,8 +97,29 @@ def estimate_tokens(
         for c in m.tool_calls:
             chars += len(c.name) + len(c.arguments) + 8
     for t in tools:
-        chars += len(t.name) + len(t.description) + len(json.dumps(t.parameters))
+        chars += len(t.name) + len(t.description) + _schema_chars(t.parameters)
     return -(-chars // 4) + 4 * count + 4 * len(tools)
+
+
+#: JSON length of tool schemas seen, by ``id``; each entry keeps its schema
+#: alive, so an id is never reused while it is cached.
+_SCHEMA_CHARS: dict[int, tuple[Any, int]] = {}
+
+
+def _schema_chars(parameters: Any) -> int:
+    """``len(json.dumps(parameters))``, computed once per schema object.
+
+    Tools hand the same schema dict to every request, and this runs before
+    each one; serialising every schema every time was the measurable part.
+    """
+    hit = _SCHEMA_CHARS.get(id(parameters))
+    if hit is not None and hit[0] is parameters:
+        return hit[1]
+    n = len(json.dumps(parameters))
+    if len(_SCHEMA_CHARS) >= 4096:
+        _SCHEMA_CHARS.clear()
+    _SCHEMA_CHARS[id(parameters)] = (parameters, n)
+    return n
 
 
 def _transcript(messages: Sequence[ChatMessage], *, tool_chars: int = 600) -> str:
