@@ -10,10 +10,10 @@ import pytest
 
 from agentik.bot.bridge import Bridge
 from agentik.core import Agent, MemoryStore, SQLiteStore
-from agentik.core.messages import NewMessage
+from agentik.core.messages import ChatMessage, NewMessage
 from agentik.core.store.base import ConversationRecord, TurnEnd
 from agentik.core.store.migrations import apply_migrations
-from agentik.core.testing.scripted import Reply, ScriptedModel
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.testing.fake import FakeTransport
 
 TIMEOUT = 60
@@ -317,3 +317,68 @@ async def test_resume_refuses_a_message_of_another_conversation(agent, mode):
         b.resume([msg])
     with pytest.raises(ValueError, match="unknown resume mode"):
         a.resume([msg], mode=mode)  # type: ignore[arg-type]
+
+
+async def test_a_tool_call_cut_off_by_a_crash_gets_an_error_result_before_the_rerun(db_path):
+    # What a turn has committed when the process dies while its tool runs:
+    # the message, and the model's tool call, in both logs; no result.
+    async with SQLiteStore(db_path) as store:
+        await store.create_conversation(
+            ConversationRecord(id="c", created_at=0, updated_at=0), channel_key="stdio:tools"
+        )
+        tc = call("slow_lookup", {"q": "x"}, id="call_1")
+        await store.append(
+            "c",
+            log=[NewMessage(kind="user", content="look it up", run_id="run_1")],
+            memory=[ChatMessage(role="user", content="look it up", message_id=-1)],
+        )
+        await store.append(
+            "c",
+            log=[
+                NewMessage(
+                    kind="tool_call",
+                    run_id="run_1",
+                    tool_call_id="call_1",
+                    tool_name="slow_lookup",
+                    arguments=tc.arguments,
+                )
+            ],
+            memory=[ChatMessage(role="assistant", content="", tool_calls=(tc,))],
+        )
+    model = ScriptedModel(["the lookup failed; sorry"])
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as agent:
+        conv = await agent.conversation_for_channel("stdio:tools")
+        assert conv.resume(await agent.pending_turns()) == ["run_1"]
+        async with asyncio.timeout(TIMEOUT):
+            await conv.wait_idle()
+        [request] = model.requests
+        roles = [(m.role, m.tool_call_id, m.is_error) for m in request.messages]
+        assert roles == [
+            ("user", None, False),
+            ("assistant", None, False),
+            ("tool", "call_1", True),
+        ]
+        rows = [(m.kind, m.status) for m in await conv.messages() if m.run_id == "run_1"]
+        assert rows == [
+            ("user", "complete"),
+            ("tool_call", "complete"),
+            ("tool_result", "interrupted"),
+            ("assistant", "complete"),
+        ]
+        assert await agent.pending_turns() == []
+
+
+async def test_a_channel_started_over_meanwhile_records_the_old_message_as_superseded(db_path):
+    await leave_unanswered(db_path, ["ops"])
+    async with Agent(llm=ScriptedModel(), store=SQLiteStore(db_path)) as agent:
+        old_id = (await agent.conversation_for_channel("fake:chat:#ops")).id
+        await agent.new_conversation_for_channel("fake:chat:#ops")
+    agent, bridge, fake, model, counts = await bridge_restart(db_path, resume="answer")
+    try:
+        assert counts["superseded"] == 1 and counts["answer"] == 0
+        async with asyncio.timeout(TIMEOUT):
+            await (await agent.get_conversation(old_id)).wait_idle()
+        assert await agent.pending_turns() == []
+        assert fake.posts == [] and model.requests == []
+    finally:
+        await close(agent, bridge)
