@@ -60,7 +60,9 @@ class Bot:
         self.config = config
         self.registry = registry or load_registry(config)
         self.agent: Agent = AgentBuilder.from_config(config, self.registry).build()
-        self.bridge = Bridge(self.agent)
+        self.bridge = Bridge(
+            self.agent, resume=config.agent.resume, resume_max_age=config.agent.resume_max_age
+        )
         self.transports: dict[str, Transport] = dict(transports or {})
         sections = {n: s for n, s in config.transports.items() if s.enabled}
         for name, section in sections.items():
@@ -80,6 +82,8 @@ class Bot:
                 await transport.start(self.bridge)
                 self._started.append(transport)
                 await self.agent.hooks.call("transport_start", transport=transport)
+            # Messages a crash left unanswered: their turns run in the background.
+            await self.bridge.resume_pending()
         except BaseException:
             await self.aclose()
             raise

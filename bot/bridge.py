@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agentik.core import Agent, Conversation
+from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
 from agentik.core.events import EventBase
 from agentik.core.keyedlocks import KeyedLocks
+from agentik.core.messages import Message
 from agentik.core.text import split_lines, split_text
 from agentik.core.transport import (
     ChannelCaps,
@@ -102,10 +104,22 @@ class Bridge:
     capped answer's unsent rest, ``!more``, does not survive the release).
     """
 
-    def __init__(self, agent: Agent, *, idle_seconds: float = 900.0) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        idle_seconds: float = 900.0,
+        resume: ResumeMode = "answer",
+        resume_max_age: float = 0.0,
+    ) -> None:
         self.agent = agent
         self.idle_seconds = idle_seconds
+        #: What :meth:`resume_pending` does with a message a crash left unanswered.
+        self.resume = resume
+        #: Older pending messages (seconds) only get a notice; 0: no limit.
+        self.resume_max_age = resume_max_age
         self._options: dict[str, ChannelOptions] = {}
+        self._transports: dict[str, Transport] = {}
         self._channels: dict[str, _Channel] = {}
         self._lock = KeyedLocks()
         self._reaper: asyncio.Task[None] | None = None
@@ -114,6 +128,7 @@ class Bridge:
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options."""
+        self._transports[transport.name] = transport
         self._options[transport.name] = options or ChannelOptions(
             command_prefix=transport.default_command_prefix
         )
@@ -262,6 +277,64 @@ class Bridge:
             ch.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ch.task
+
+    # -- after a restart ---------------------------------------------------------------
+    async def resume_pending(self) -> dict[str, int]:
+        """Take up every message a crash left unanswered; call once transports are started.
+
+        For each conversation with committed user messages that have no
+        finished turn, the channel is opened on the attached transport that
+        owns its key and the conversation resumes them by :attr:`resume`:
+        ``answer`` runs the turn (rendered to the channel as usual),
+        ``note`` posts a short notice instead, ``drop`` records it as dropped.
+        A message older than :attr:`resume_max_age` only gets ``note`` (when
+        the policy is ``answer``).  A conversation whose channel has no
+        attached transport stays pending (logged) for a later start; one
+        whose channel has since been bound to another conversation (``!new``)
+        is recorded as superseded.  Returns how many messages went each way.
+        """
+        counts = {"answer": 0, "note": 0, "drop": 0, "superseded": 0, "left": 0}
+        pending = await self.agent.pending_turns()
+        by_conv: dict[str, list[Message]] = {}
+        for m in pending:
+            by_conv.setdefault(m.conversation_id, []).append(m)
+        now = time.time()
+        for cid, messages in by_conv.items():
+            key = messages[-1].channel or ""
+            transport = next((t for t in self._transports.values() if key and t.owns(key)), None)
+            if transport is None:
+                counts["left"] += len(messages)
+                log.warning(
+                    "conversation %s: %d unanswered message(s) for %s, which no attached "
+                    "transport serves; left for a later start",
+                    cid,
+                    len(messages),
+                    key or "no channel",
+                )
+                continue
+            ch = await self._channel(key, transport, self.options_for(transport))
+            conv = ch.conversation
+            if conv.id != cid:
+                old = await self.agent.get_conversation(cid)
+                old.resume(messages, mode="drop", outcome="superseded")
+                counts["superseded"] += len(messages)
+                continue
+            queued: list[str] = []
+            for m in messages:
+                mode: ResumeMode = self.resume
+                if (
+                    mode == "answer"
+                    and self.resume_max_age
+                    and now - m.created_at > (self.resume_max_age)
+                ):
+                    mode = "note"
+                queued += conv.resume([m], mode=mode)
+                counts[mode] += 1
+            if queued:
+                async with ch.changed:
+                    ch.pending.update(queued)
+            log.info("resumed %d unanswered message(s) in %s", len(messages), key)
+        return counts
 
     async def interrupt(self, channel_key: str) -> bool:
         """Interrupt the turn running in ``channel_key``; ``False`` if none."""

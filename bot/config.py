@@ -70,6 +70,12 @@ class AgentSection(_Section):
     #: A folder of skills (``<name>/SKILL.md`` with front matter).
     skills: str | None = None
     event_buffer: int = Field(1024, ge=16)
+    #: At start-up, a committed message a crash left unanswered is answered
+    #: (``answer``), gets a short "please ask again" notice (``note``) or is
+    #: recorded as dropped (``drop``).
+    resume: Literal["answer", "note", "drop"] = "answer"
+    #: Seconds after which a pending message only gets the notice (0: no limit).
+    resume_max_age: float = Field(3600.0, ge=0)
 
     @field_validator("soul", "skills", mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from .hooks import Hooks
 from .keyedlocks import KeyedLocks
 from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
+from .messages import Message
 from .store.base import ConversationRecord, Store
 from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
@@ -315,6 +316,17 @@ class Agent:
         temp = await self._temp_store.list_conversations(limit=limit + offset, offset=0)
         merged = sorted([*stored, *temp], key=lambda r: (-r.updated_at, r.id))
         return merged[offset : offset + limit]
+
+    async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
+        """Committed user messages that were never answered, oldest first.
+
+        A turn that a crash or a shutdown cut off has no recorded end (a
+        ``!stop``, an error or a finished answer has one).  Hand each to its
+        conversation's :meth:`Conversation.resume` (``agentik.bot`` does this
+        at start-up, by the ``resume`` setting).
+        """
+        self._check_running()
+        return await self.store.pending_turns(limit=limit)
 
     async def conversation_for_channel(
         self,

@@ -17,20 +17,20 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ClosedError, PromptRefused
 from .eventbus import EventBus, Subscription
-from .events import PROFILES, EventBase, EventsLost
+from .events import PROFILES, EventBase, EventsLost, TextDelta, TurnEnded, TurnStarted
 from .messages import ChatMessage, Message, MessageKind, NewMessage
-from .store.base import ConversationRecord, MemoryEntry, Store
+from .store.base import ConversationRecord, MemoryEntry, Store, TurnEnd
 from .tools.base import TurnPolicy
 from .turn import TurnRunner
 
 if TYPE_CHECKING:
     from .agent import Agent
 
-__all__ = ["Capabilities", "Conversation", "ConversationState"]
+__all__ = ["RESUME_MODES", "Capabilities", "Conversation", "ConversationState", "ResumeMode"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,8 @@ class _Pending:
     author: str | None
     committed: asyncio.Future[list[Message]]
     in_memory: bool = False
+    #: A turn resumed after a restart, for a message committed before it.
+    resumed: bool = False
 
 
 @dataclass(slots=True)
@@ -66,6 +68,10 @@ class _Job:
     fn: Callable[[], Awaitable[Any]]
     done: asyncio.Future[Any]
 
+
+#: What to do with a message a crash left unanswered (see :meth:`Conversation.resume`).
+ResumeMode = Literal["answer", "note", "drop"]
+RESUME_MODES: tuple[str, ...] = ("answer", "note", "drop")
 
 #: How many recent speakers a conversation remembers (their memory is visible).
 MAX_SPEAKERS = 32
@@ -109,6 +115,8 @@ class Conversation:
         # Recent speakers' author ids, in order (a dict as an ordered set).
         self._speakers: dict[str, None] = {}
         self._speakers_loaded = False
+        #: Run ids resumed by this process (each is resumed at most once).
+        self._resumed: set[str] = set()
         #: Set once ``session_end`` hooks ran for this conversation.
         self._ended = False
         self._idle = asyncio.Event()
@@ -208,6 +216,88 @@ class Conversation:
         await asyncio.shield(committed)
         self.updated_at = now
         return run_id
+
+    # -- resuming after a restart -------------------------------------------------
+    def resume(
+        self,
+        messages: Sequence[Message],
+        *,
+        mode: ResumeMode = "answer",
+        outcome: str | None = None,
+    ) -> list[str]:
+        """Take up committed user messages whose turn a crash or shutdown cut off.
+
+        ``messages`` come from :meth:`Agent.pending_turns` (rows of this
+        conversation's audit log; nothing is recorded again).  ``answer``
+        queues each one's turn, with the message's own run id, in order and
+        before anything sent later; a turn that was mid-stream restarts from
+        what was committed (its partial answer stays in the audit log, marked
+        interrupted).  ``note`` posts a short notice instead ("I was
+        restarted and did not answer …") as that run's answer; ``drop``
+        records the turn as dropped and says nothing.  Either way the turn's
+        end is recorded, so no message is taken up twice, and this process
+        never takes the same run id up twice (a second call is a no-op).
+        Returns the run ids whose events (a turn or a notice) will follow.
+        """
+        self._check_open()
+        if mode not in RESUME_MODES:
+            raise ValueError(f"unknown resume mode {mode!r} (known: {', '.join(RESUME_MODES)})")
+        queued: list[str] = []
+        for m in messages:
+            if m.conversation_id != self.id or m.kind != "user" or not m.run_id:
+                raise ValueError(f"message {m.id} is not a user turn of conversation {self.id}")
+            if m.run_id in self._resumed:
+                continue
+            self._resumed.add(m.run_id)
+            if mode == "answer":
+                done = asyncio.get_running_loop().create_future()
+                done.set_result([m])
+                self._enqueue(_Pending(m.run_id, m.content, m.author, done, resumed=True))
+                queued.append(m.run_id)
+            elif mode == "note":
+                self._enqueue(self._job(lambda m=m: self._resume_note(m, outcome or "noted")))
+                queued.append(m.run_id)
+            else:
+                self._enqueue(self._job(lambda m=m: self._resume_drop(m, outcome or "dropped")))
+        return queued
+
+    def _job(self, fn: Callable[[], Awaitable[Any]]) -> _Job:
+        done = asyncio.get_running_loop().create_future()
+        # Nobody awaits it: its outcome is logged, never raised.
+        done.add_done_callback(_log_job_failure)
+        return _Job(fn, done)
+
+    async def _resume_note(self, m: Message, outcome: str) -> None:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(m.created_at))
+        who = f"{m.author}'s" if m.author else "a"
+        text = f"I was restarted and did not answer {who} message from {when}; please ask again."
+        self._emit(TurnStarted, m.run_id, message_id=m.id, author=m.author)
+        now = time.time()
+        try:
+            await self._store.append(
+                self.id,
+                log=[
+                    NewMessage(
+                        kind="assistant",
+                        content=text,
+                        channel=self.channel_key,
+                        run_id=m.run_id,
+                        data={"resume": outcome},
+                        created_at=now,
+                    )
+                ],
+                updated_at=now,
+                ended=TurnEnd(m.run_id, outcome),
+            )
+        except Exception:
+            self._emit(TurnEnded, m.run_id, stop_reason="error")
+            raise
+        self._emit(TextDelta, m.run_id, text=text)
+        self._emit(TurnEnded, m.run_id, stop_reason="stop", text=text)
+
+    async def _resume_drop(self, m: Message, outcome: str) -> None:
+        await self._store.append(self.id, ended=TurnEnd(m.run_id or "", outcome))
+        log.info("conversation %s: unanswered message %d %s", self.id, m.id, outcome)
 
     async def _before_prompt(self, content: str, author: str | None, author_id: str | None) -> str:
         from .hooks import Refuse
@@ -317,6 +407,7 @@ class Conversation:
                     policy=self.policy or self.agent.policy,
                     tools=self.agent.tools,
                     in_memory=pending.in_memory,
+                    resumed=pending.resumed,
                 )
                 self._runner = runner
                 self._current = asyncio.create_task(
@@ -562,6 +653,11 @@ class Conversation:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _log_job_failure(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("resuming an unanswered message failed: %s", fut.exception())
 
 
 def _kinds(profile: str, kinds: Iterable[str] | None) -> frozenset[str] | None:

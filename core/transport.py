@@ -143,6 +143,15 @@ class Transport(abc.ABC):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def owns(self, channel_key: str) -> bool:
+        """Whether ``channel_key`` names one of this instance's channels.
+
+        Used after a restart to deliver answers to channels no message has
+        come from yet.  The default matches ``<type>:<name>:…``; a transport
+        whose keys are built otherwise overrides it.
+        """
+        return channel_key.startswith(f"{self.type}:{self.name}:")
+
     @abc.abstractmethod
     async def start(self, sink: MessageSink) -> None:
         """Connect and start delivering incoming messages to ``sink``."""

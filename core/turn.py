@@ -44,6 +44,7 @@ from .llm.base import (
     UsageItem,
 )
 from .messages import ChatMessage, Message, MessageStatus, NewMessage, ToolCall, Usage
+from .store.base import TurnEnd
 from .tools.base import Tool, ToolContext, ToolResult, TurnPolicy, spec_of
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class TurnRunner:
         policy: TurnPolicy,
         tools: Sequence[Tool],
         in_memory: bool = False,
+        resumed: bool = False,
     ) -> None:
         self.conv = conversation
         self.agent = conversation.agent
@@ -96,6 +98,8 @@ class TurnRunner:
         self.interrupt_requested = False
         #: True when ``send`` already put the user message in working memory.
         self.in_memory = in_memory
+        #: Resumed after a restart: the message may already be in working memory.
+        self.resumed = resumed
         self._writes: set[asyncio.Future[Any]] = set()
         self.failed_writes: list[BaseException] = []
 
@@ -103,16 +107,29 @@ class TurnRunner:
     def _emit(self, cls: Any, **fields: Any) -> None:
         self.conv._emit(cls, self.run_id, **fields)
 
-    def _append(self, *, log: Sequence[NewMessage] = (), memory: Sequence[ChatMessage] = ()) -> Any:
+    def _append(
+        self,
+        *,
+        log: Sequence[NewMessage] = (),
+        memory: Sequence[ChatMessage] = (),
+        ended: str | None = None,
+    ) -> Any:
         """Queue a write to both logs; the WM cache is updated at once.
 
         The write runs in its own task, so it lands even if this turn is
         cancelled while waiting for the commit; the caller awaits the commit,
         and the turn does not end before every write it started has settled.
+        ``ended`` records the turn's end (its outcome) in the same transaction.
         """
         self.conv._memory_cache_extend(memory)
         fut = asyncio.ensure_future(
-            self.conv._store.append(self.conv.id, log=log, memory=memory, updated_at=time.time())
+            self.conv._store.append(
+                self.conv.id,
+                log=log,
+                memory=memory,
+                updated_at=time.time(),
+                ended=TurnEnd(self.run_id, ended) if ended else None,
+            )
         )
         self._writes.add(fut)
         fut.add_done_callback(self._write_done)
@@ -142,7 +159,10 @@ class TurnRunner:
         m = self.message
         self._emit(TurnStarted, message_id=m.id, author=m.author)
         try:
-            await self.conv._ensure_memory(exclude_run=self.run_id)
+            if self.resumed:
+                await self._prepare_resume()
+            else:
+                await self.conv._ensure_memory(exclude_run=self.run_id)
             if not self.in_memory:
                 # Queued behind other turns: the message joins the working
                 # memory now.  Not awaited: the writer keeps order, and the
@@ -158,11 +178,17 @@ class TurnRunner:
             async with asyncio.timeout(self.policy.time_budget):
                 await self._steps()
         except TimeoutError:
-            await self._keep_partial("interrupted", "time budget exceeded")
+            await self._keep_partial("interrupted", "time budget exceeded", ended="time_budget")
             self.state.stop_reason = "time_budget"
             self._emit(Interrupted, partial_text=self.state.final_text, reason="time_budget")
         except asyncio.CancelledError:
-            await self._keep_partial("interrupted", "turn interrupted")
+            # Asked to stop (``!stop``), the turn has ended; stopped by a
+            # shutdown it has not: it is resumed at the next start.
+            await self._keep_partial(
+                "interrupted",
+                "turn interrupted",
+                ended="interrupted" if self.interrupt_requested else None,
+            )
             self._emit(
                 Interrupted,
                 partial_text=self.state.final_text,
@@ -177,12 +203,12 @@ class TurnRunner:
                 task.uncancel()
         except TurnAborted as exc:
             self.state.partial.clear()  # the aborted response is not recorded
-            await self._keep_partial("error", "turn aborted")
+            await self._keep_partial("error", "turn aborted", ended="aborted")
             self.state.stop_reason = "aborted"
             self._emit(Error, message=f"turn aborted: {exc}", error_type="aborted")
         except (LLMError, StoreError) as exc:
             log.warning("conversation %s run %s failed: %s", self.conv.id, self.run_id, exc)
-            await self._keep_partial("error", str(exc))
+            await self._keep_partial("error", str(exc), ended="error")
             self.state.stop_reason = "error"
             self._emit(
                 Error,
@@ -192,12 +218,48 @@ class TurnRunner:
             )
         except Exception as exc:
             log.exception("conversation %s run %s crashed", self.conv.id, self.run_id)
-            await self._keep_partial("error", "internal error")
+            await self._keep_partial("error", "internal error", ended="error")
             self.state.stop_reason = "error"
             self._emit(
                 Error, message=f"internal error: {type(exc).__name__}", error_type="internal"
             )
         self._end(started)
+
+    async def _prepare_resume(self) -> None:
+        """Make the committed state of a cut-off turn a valid context to re-run from.
+
+        The working memory is reloaded from the store.  If the message is not
+        in it, the turn runs as if just queued.  If it is, what the cut-off
+        turn committed after it stays: tool calls left without a result get
+        an error result (audit log too), and a partial answer kept by a
+        shutdown is followed by the message again, so the model answers it
+        anew rather than continuing mid-sentence.
+        """
+        conv, m = self.conv, self.message
+        conv._invalidate_memory()
+        await conv._ensure_memory(exclude_run=self.run_id)
+        cache = conv._memory_cache or []
+        at = next((i for i, cm in enumerate(cache) if cm.message_id == m.id), None)
+        covered = any(cm.role == "system" and (cm.message_id or 0) >= m.id for cm in cache)
+        if at is None and not covered:
+            return  # never reached working memory: the normal path adds it
+        self.in_memory = True
+        tail = cache[at + 1 :] if at is not None else []
+        answered = {cm.tool_call_id for cm in tail if cm.role == "tool"}
+        for cm in tail:
+            for call in cm.tool_calls or ():
+                if call.id not in answered:
+                    self.state.open_calls[call.id] = call
+        if self.state.open_calls:
+            await self._keep_partial("interrupted", "the process was restarted")
+            await conv._ensure_memory(exclude_run=self.run_id)
+        elif tail and tail[-1].role == "assistant":
+            await self._append(
+                memory=[
+                    ChatMessage(role="user", content=m.content, author=m.author, message_id=m.id)
+                ]
+            )
+        log.info("conversation %s: resuming run %s after a restart", conv.id, self.run_id)
 
     def _end(self, started: float) -> None:
         self._emit(
@@ -209,8 +271,10 @@ class TurnRunner:
             duration=time.monotonic() - started,
         )
 
-    async def _keep_partial(self, status: MessageStatus, why: str) -> None:
-        """Record the partial answer and close every open tool call."""
+    async def _keep_partial(
+        self, status: MessageStatus, why: str, *, ended: str | None = None
+    ) -> None:
+        """Record the partial answer and close every open tool call (and the turn's end)."""
         # Whatever was queued may or may not be in the cache: reload next turn.
         self.conv._invalidate_memory()
         log_rows: list[NewMessage] = []
@@ -239,8 +303,8 @@ class TurnRunner:
                 )
             )
         self.state.open_calls.clear()
-        if log_rows or memory:
-            fut = self._append(log=log_rows, memory=memory)
+        if log_rows or memory or ended:
+            fut = self._append(log=log_rows, memory=memory, ended=ended)
             fut.add_done_callback(self._log_failed_partial)
         # Everything this turn wrote must be committed before the next turn
         # reloads the working memory.
@@ -276,14 +340,16 @@ class TurnRunner:
             if not calls:
                 self.state.partial.clear()
                 self.state.final_text = text
+                reason = "length" if finish == "length" else "stop"
                 await self._append(
                     log=[self._new("assistant", content=text)],
                     memory=[ChatMessage(role="assistant", content=text)],
+                    ended=reason,
                 )
                 await self._settle_writes()
                 if self.failed_writes:
                     raise self.failed_writes[0]
-                self.state.stop_reason = "length" if finish == "length" else "stop"
+                self.state.stop_reason = reason
                 return
             self.state.partial.clear()
             rows = [self._new("assistant", content=text)] if text else []

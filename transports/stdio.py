@@ -281,6 +281,9 @@ class StdioTransport(Transport):
         if self.interactive and not self._streaming:
             self._write(self.options.prompt, err=False)
 
+    def owns(self, channel_key: str) -> bool:
+        return channel_key == self.channel_key
+
     async def send(self, message: OutgoingMessage) -> None:
         kind = message.kind
         if kind == "delta":

@@ -14,7 +14,11 @@ Contract every implementation keeps:
 * ``compact`` replaces a prefix of working memory with a summary in one
   transaction and never touches the audit log;
 * deleting a conversation removes every row that belongs to it (messages,
-  working memory, channel bindings).
+  working memory, channel bindings, turn ends);
+* a turn's end (:class:`TurnEnd`) is recorded with the turn's last rows in
+  the same ``append`` transaction, at most once per run id (a second one is
+  ignored); :meth:`Store.pending_turns` lists the user messages that have
+  none — what a crash left unanswered.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 
-__all__ = ["ConversationRecord", "MemoryEntry", "Store"]
+__all__ = ["ConversationRecord", "MemoryEntry", "Store", "TurnEnd"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,6 +50,20 @@ class MemoryEntry:
 
     pos: int
     message: ChatMessage
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """The end of the turn that answers the user message with this ``run_id``.
+
+    ``outcome``: the turn's stop reason (``stop``, ``length``, ``error``,
+    ``interrupted`` by a user, ``aborted``, ``time_budget``) or, for a turn
+    resumed after a crash, ``noted`` / ``dropped`` / ``superseded``.  A turn
+    cut short by a shutdown or a crash has no end: it is resumed.
+    """
+
+    run_id: str
+    outcome: str
 
 
 class Store(abc.ABC):
@@ -117,12 +135,22 @@ class Store(abc.ABC):
         log: Sequence[NewMessage] = (),
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
+        ended: TurnEnd | None = None,
     ) -> list[Message]:
         """Append audit-log rows and working-memory entries in one transaction.
 
         A memory entry whose ``message_id`` is ``-(k + 1)`` is linked to the
         k-th ``log`` row of this same call (its id is not known before).
+        ``ended`` records a turn's end in the same transaction (ignored if
+        that run already has one).
         Returns the audit-log rows as stored (with their ids), after commit.
+        """
+
+    @abc.abstractmethod
+    async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
+        """User messages whose turn has no :class:`TurnEnd`, oldest first.
+
+        Across all conversations; ambient notes (no run id) are not turns.
         """
 
     @abc.abstractmethod

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from .base import ConversationRecord, MemoryEntry, Store
+from .base import ConversationRecord, MemoryEntry, Store, TurnEnd
 
 __all__ = ["MemoryStore"]
 
@@ -27,6 +27,7 @@ class MemoryStore(Store):
         self._bindings: dict[str, str] = {}
         self._log: dict[str, list[Message]] = {}
         self._memory: dict[str, list[MemoryEntry]] = {}
+        self._ended: dict[str, dict[str, str]] = {}
         self._ids = itertools.count(1)
 
     def _require(self, conversation_id: str) -> None:
@@ -41,6 +42,7 @@ class MemoryStore(Store):
         self._conversations[record.id] = record
         self._log[record.id] = []
         self._memory[record.id] = []
+        self._ended[record.id] = {}
         if channel_key is not None:
             self._bindings[channel_key] = record.id
 
@@ -78,6 +80,7 @@ class MemoryStore(Store):
             return False
         self._log.pop(conversation_id, None)
         self._memory.pop(conversation_id, None)
+        self._ended.pop(conversation_id, None)
         for key in [k for k, v in self._bindings.items() if v == conversation_id]:
             del self._bindings[key]
         return True
@@ -96,6 +99,7 @@ class MemoryStore(Store):
         log: Sequence[NewMessage] = (),
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
+        ended: TurnEnd | None = None,
     ) -> list[Message]:
         self._require(conversation_id)
         out = []
@@ -109,6 +113,8 @@ class MemoryStore(Store):
             if cm.message_id is not None and cm.message_id < 0:
                 cm = dataclasses.replace(cm, message_id=out[-cm.message_id - 1].id)
             entries.append(MemoryEntry(pos=(entries[-1].pos + 1) if entries else 1, message=cm))
+        if ended is not None:
+            self._ended[conversation_id].setdefault(ended.run_id, ended.outcome)
         if updated_at is not None:
             rec = self._conversations[conversation_id]
             if updated_at > rec.updated_at:
@@ -116,6 +122,15 @@ class MemoryStore(Store):
                     rec, updated_at=updated_at
                 )
         return out
+
+    async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
+        rows = [
+            m
+            for cid, log in self._log.items()
+            for m in log
+            if m.kind == "user" and m.run_id and m.run_id not in self._ended[cid]
+        ]
+        return sorted(rows, key=lambda m: m.id)[:limit]
 
     async def messages(
         self,

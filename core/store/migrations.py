@@ -131,6 +131,35 @@ MIGRATIONS: tuple[Migration, ...] = (
         END;
         """,
     ),
+    Migration(
+        3,
+        "turn_end",
+        """
+        -- One row per finished turn, keyed by the run id of the user message it
+        -- answers: written in the same transaction as the turn's last audit-log
+        -- rows.  A committed user message without one was never answered (the
+        -- process died first) and is resumed at start-up.  Append-only.
+        CREATE TABLE turn_end (
+            conversation_id  TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            run_id           TEXT NOT NULL,
+            outcome          TEXT NOT NULL,
+            created_at       REAL NOT NULL,
+            PRIMARY KEY (conversation_id, run_id)
+        ) WITHOUT ROWID;
+        CREATE TRIGGER turn_end_append_only BEFORE UPDATE ON turn_end
+        BEGIN
+            SELECT RAISE(ABORT, 'turn_end is append-only');
+        END;
+        -- The user messages that start turns (ambient notes have no run id).
+        CREATE INDEX message_user_turn ON message (run_id)
+            WHERE kind = 'user' AND run_id IS NOT NULL;
+        -- History from before this migration is not resumed: every existing
+        -- turn counts as ended.
+        INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)
+            SELECT conversation_id, run_id, 'before_resume', created_at
+            FROM message WHERE kind = 'user' AND run_id IS NOT NULL;
+        """,
+    ),
 )
 
 

@@ -31,7 +31,7 @@ import aiosqlite
 
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from .base import ConversationRecord, MemoryEntry, Store
+from .base import ConversationRecord, MemoryEntry, Store, TurnEnd
 from .migrations import apply_migrations
 
 __all__ = ["SQLiteStore"]
@@ -49,6 +49,10 @@ _INSERT_MEMORY = (
     "INSERT INTO working_memory (conversation_id, pos, message_id, body) VALUES"
     " (?, (SELECT COALESCE(MAX(pos), 0) + 1 FROM working_memory WHERE conversation_id = ?), ?, ?)"
 )
+_INSERT_TURN_END = (
+    "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
+    " VALUES (?, ?, ?, ?)"
+)
 _TOUCH = "UPDATE conversation SET updated_at = MAX(updated_at, ?) WHERE id = ?"
 
 
@@ -59,6 +63,7 @@ class _Append:
     memory: Sequence[ChatMessage]
     updated_at: float | None
     future: asyncio.Future[Any]
+    ended: TurnEnd | None = None
 
 
 @dataclass(slots=True)
@@ -106,6 +111,7 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
     message_rows: list[tuple[Any, ...]] = []
     memory_rows: list[tuple[Any, ...]] = []
     touches: list[tuple[float, str]] = []
+    ends: list[tuple[Any, ...]] = []
     results: list[list[Message]] = []
     now = time.time()
     for a in appends:
@@ -143,6 +149,8 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
             memory_rows.append((a.conversation_id, a.conversation_id, cm.message_id, cm.to_json()))
         if a.updated_at is not None:
             touches.append((a.updated_at, a.conversation_id))
+        if a.ended is not None:
+            ends.append((a.conversation_id, a.ended.run_id, a.ended.outcome, now))
         results.append(stored)
     if message_rows:
         conn.executemany(_INSERT_MESSAGE, message_rows)
@@ -150,6 +158,8 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
         conn.executemany(_INSERT_MEMORY, memory_rows)
     if touches:
         conn.executemany(_TOUCH, touches)
+    if ends:
+        conn.executemany(_INSERT_TURN_END, ends)
     return results
 
 
@@ -530,10 +540,24 @@ class SQLiteStore(Store):
         log: Sequence[NewMessage] = (),
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
+        ended: TurnEnd | None = None,
     ) -> list[Message]:
         loop = asyncio.get_running_loop()
-        item = _Append(conversation_id, tuple(log), tuple(memory), updated_at, loop.create_future())
+        item = _Append(
+            conversation_id, tuple(log), tuple(memory), updated_at, loop.create_future(), ended
+        )
         return await self._submit(item)  # type: ignore[no-any-return]
+
+    async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
+        rows = await self._read(
+            f"SELECT {_MESSAGE_COLUMNS} FROM message m"
+            " WHERE m.kind = 'user' AND m.run_id IS NOT NULL AND NOT EXISTS ("
+            "  SELECT 1 FROM turn_end t"
+            "  WHERE t.conversation_id = m.conversation_id AND t.run_id = m.run_id)"
+            " ORDER BY m.id LIMIT ?",
+            (limit,),
+        )
+        return [_row_to_message(r) for r in rows]
 
     async def messages(
         self,

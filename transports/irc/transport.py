@@ -596,6 +596,9 @@ class IRCTransport(Transport):
             command=command,
         )  # fmt: skip
 
+    def owns(self, channel_key: str) -> bool:
+        return channel_key.startswith(f"irc:{self.network}:")
+
     async def send(self, message: OutgoingMessage) -> None:
         target = message.reply_to or message.channel_key.rsplit(":", 1)[-1]
         state_key = f"{target}\0{message.run_id}"

@@ -364,10 +364,15 @@ class SlackTransport(Transport):
             while len(self._bot_messages) > 5000:
                 self._bot_messages.popitem(last=False)
 
+    def owns(self, channel_key: str) -> bool:
+        return bool(self.team_id) and channel_key.startswith(f"slack:{self.team_id}:")
+
     async def send(self, message: OutgoingMessage) -> None:
         where = message.reply_to or {}
-        channel = where.get("channel") or message.channel_key.split(":")[2]
-        thread_ts = where.get("thread_ts")
+        parts = message.channel_key.split(":")
+        channel = where.get("channel") or parts[2]
+        # Without reply_to (an answer resumed after a restart) the key names the thread.
+        thread_ts = where.get("thread_ts") if where else (parts[3] if len(parts) > 3 else None)
         run = message.run_id or ""
         if message.kind == "delta":
             answer = self._answers.get(run)

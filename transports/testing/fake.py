@@ -124,6 +124,16 @@ class FakeTransport(MemoryTransport):
             self,
         )
 
+    def _where_of(self, key: str) -> _Where:
+        """Where a key points (an answer without ``reply_to``, e.g. resumed after a restart)."""
+        place = key.removeprefix(f"fake:{self.name}:")
+        if place.startswith("@"):
+            return _Where(None, None, place[1:])
+        if place.startswith("#"):
+            channel, _, thread = place[1:].partition(":")
+            return _Where(channel, thread or None, None)
+        return _Where(None, None, "")
+
     def _new_post(self, run_id: str | None, where: _Where) -> int:
         self.posts.append(FakePost(where.channel, where.thread, where.user, "answer", "", run_id))
         self._open[run_id] = len(self.posts) - 1
@@ -136,7 +146,11 @@ class FakeTransport(MemoryTransport):
         return caps.max_bytes is None or len(text.encode("utf-8")) <= caps.max_bytes
 
     async def send(self, message: OutgoingMessage) -> None:
-        where = message.reply_to if isinstance(message.reply_to, _Where) else _Where(None, None, "")
+        where = (
+            message.reply_to
+            if isinstance(message.reply_to, _Where)
+            else self._where_of(message.channel_key)
+        )
         if message.kind == "delta":
             # Streaming into one growing message; when it is full, continue in
             # a new one (what a real streaming transport must do itself).
