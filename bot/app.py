@@ -80,6 +80,8 @@ class Bot:
                 await transport.start(self.bridge)
                 self._started.append(transport)
                 await self.agent.hooks.call("transport_start", transport=transport)
+            # What a killed process left in the outbox goes out now, once.
+            await self.bridge.redeliver()
         except BaseException:
             await self.aclose()
             raise
