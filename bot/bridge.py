@@ -43,7 +43,7 @@ from agentik.core.transport import (
     Transport,
 )
 
-from .outbox import KEEP_SECONDS, Outbox
+from .outbox import Outbox
 
 __all__ = ["COMMANDS", "Bridge", "ChannelOptions"]
 
@@ -314,7 +314,7 @@ class Bridge:
         older than a week are pruned first.
         """
         store = self.agent.store
-        await store.outbox_prune(time.time() - KEEP_SECONDS)
+        await self.outbox.prune()
         rows = await store.outbox_undelivered()
         sent = 0
         ends: dict[tuple[str, str], OutboxEntry] = {}

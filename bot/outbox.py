@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Literal
 
@@ -24,8 +25,10 @@ __all__ = ["Outbox"]
 
 log = logging.getLogger(__name__)
 
-#: Outbox rows older than this are pruned when the bot starts.
+#: Outbox rows older than this are pruned when the bot starts, and every
+#: ``PRUNE_EVERY`` rows written while it runs.
 KEEP_SECONDS = 7 * 24 * 3600.0
+PRUNE_EVERY = 5000
 
 
 class Outbox:
@@ -35,10 +38,28 @@ class Outbox:
         self.store = store
         self._marks: list[tuple[int, Literal["sent", "confirmed"], bool | None, str | None]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._pruner: asyncio.Task[None] | None = None
+        self._added = 0
 
     async def add(self, entries: Sequence[OutboxEntry]) -> list[int]:
         """Persist pieces before they are handed to a transport; their row ids."""
-        return await self.store.outbox_add(entries)
+        ids = await self.store.outbox_add(entries)
+        self._added += len(entries)
+        if self._added >= PRUNE_EVERY and self._pruner is None:
+            self._added = 0
+            self._pruner = asyncio.get_running_loop().create_task(
+                self.prune(), name="agentik-outbox-prune"
+            )
+        return ids
+
+    async def prune(self) -> None:
+        """Forget rows older than :data:`KEEP_SECONDS`."""
+        try:
+            await self.store.outbox_prune(time.time() - KEEP_SECONDS)
+        except Exception:
+            log.exception("could not prune the outbox")
+        finally:
+            self._pruner = None
 
     def mark(
         self,
@@ -67,7 +88,9 @@ class Outbox:
             self._flusher = None
 
     async def drain(self) -> None:
-        """Wait until every report so far is written."""
-        while self._flusher is not None:
+        """Wait until every report so far is written (and a running prune)."""
+        while self._flusher is not None or self._pruner is not None:
+            task = self._flusher or self._pruner
+            assert task is not None
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._flusher)
+                await asyncio.shield(task)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sqlite3
 import sys
@@ -19,6 +20,7 @@ import pytest
 
 from agentik.core import MemoryStore, SQLiteStore
 from agentik.core.store.base import OutboxEntry
+from agentik.core.testing.openai_server import Reply
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient, start_miniircd
@@ -77,6 +79,16 @@ async def test_a_streamed_answer_row_is_completed_in_place(store):
     # Complete now: a later write of the same piece changes nothing.
     await store.outbox_add([entry(0, "something else")])
     assert (await store.outbox_undelivered())[0].text == "the whole answer"
+
+
+async def test_old_outbox_rows_are_pruned(store):
+    import time
+
+    await store.outbox_add([entry(0), entry(1)])
+    assert await store.outbox_prune(time.time() - 3600) == 0
+    assert len(await store.outbox_undelivered()) == 2
+    assert await store.outbox_prune(time.time() + 1) == 2
+    assert await store.outbox_undelivered() == []
 
 
 # -- kill -9 with lines in the IRC flood queue ------------------------------------------------
@@ -162,34 +174,75 @@ def settings(**kw) -> str:
 ANSWER = [f"line {i:02d} of a long answer" for i in range(1, 13)]
 
 
-@pytest.mark.parametrize("echo", [True, False], ids=["echo-message", "no-echo"])
-async def test_kill_9_with_lines_in_the_irc_flood_queue(tmp_path, echo):
-    import json
+@contextlib.asynccontextmanager
+async def agentik_run(config):
+    """``agentik run -c config``: the installed command, the whole run path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
+    exe = os.path.join(os.path.dirname(sys.executable), "agentik")
+    proc = await asyncio.create_subprocess_exec(
+        exe, "run", "-c", str(config), env=env, cwd=config.parent,
+        stdin=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGKILL)
+        await proc.wait()
 
+
+def irc_config(tmp_path, openai_server, port, *, burst: int, rate: float):
+    config = tmp_path / "bot.toml"
+    config.write_text(
+        f"""
+[llm]
+base_url = "{openai_server.base_url}"
+model = "fake-model"
+[storage]
+path = "{tmp_path / "bot.db"}"
+[memory]
+mining = false
+reflection = false
+[transports.net]
+type = "irc"
+host = "127.0.0.1"
+port = {port}
+tls = false
+nick = "agentbot"
+channels = ["#t"]
+flood_burst = {burst}
+flood_rate = {rate}
+"""
+    )
+    return config
+
+
+@pytest.mark.parametrize("echo", [True, False], ids=["echo-message", "no-echo"])
+async def test_kill_9_with_lines_in_the_irc_flood_queue(tmp_path, openai_server, echo):
     server = await start_miniircd(tmp_path, echo_message=echo)
     db = str(tmp_path / "bot.db")
     alice = None
+
+    def from_bot(m):
+        return m.command == "PRIVMSG" and m.nick == "agentbot" and m.target == "#t"
+
+    def joined(m):
+        return m.command == "JOIN" and m.nick == "agentbot"
+
     try:
         alice = await IRCTestClient.connect(server.port, "alice")
         await alice.join("#t")
-        base = {"host": "127.0.0.1", "port": server.port, "tls": False, "nick": "agentbot",
-                "channels": ["#t"]}  # fmt: skip
+        openai_server.default = lambda body: Reply.text("\n".join(ANSWER), chunks=3)
         # Flood control lets 3 lines through (each costs ~1.15 of 4 tokens); the
         # rest would wait ~1000 s each: they are still queued when the bot dies.
-        slow = settings(**base, flood_burst=4, flood_rate=0.001)
-        replies = json.dumps(["\n".join(ANSWER)])
-
-        def from_bot(m):
-            return m.command == "PRIVMSG" and m.nick == "agentbot" and m.target == "#t"
-
-        async with bot_process(db, "irc", slow, replies) as (proc, redelivered):
-            assert redelivered == 0
-            await alice.wait_for(lambda m: m.command == "JOIN" and m.nick == "agentbot", WAIT)
+        slow = irc_config(tmp_path, openai_server, server.port, burst=4, rate=0.001)
+        async with agentik_run(slow) as proc:
+            await alice.wait_for(joined, WAIT)
             await alice.privmsg("#t", "agentbot: tell me a long story")
             first = await alice.collect(from_bot, 3, WAIT)
             assert [m.text for m in first] == ANSWER[:3]
             # Every line is in the outbox; the three written ones are recorded as
-            # confirmed (echo-message) or sent (no echo) - the state we kill in.
+            # confirmed (echo-message) or sent (no echo): the state we kill in.
             done = "confirmed" if echo else "sent"
             await wait_db(
                 db,
@@ -202,13 +255,10 @@ async def test_kill_9_with_lines_in_the_irc_flood_queue(tmp_path, echo):
 
         # Restart on the same database with fast flood control: the nine queued
         # lines go out, once, in order; then a new answer follows them.
-        fast = settings(**base, flood_burst=20, flood_rate=50)
-        async with bot_process(db, "irc", fast, json.dumps(["after the restart"])) as (
-            proc,
-            redelivered,
-        ):
-            assert redelivered == 9
-            await alice.wait_for(lambda m: m.command == "JOIN" and m.nick == "agentbot", WAIT)
+        openai_server.default = lambda body: Reply.text("after the restart", chunks=1)
+        fast = irc_config(tmp_path, openai_server, server.port, burst=20, rate=50)
+        async with agentik_run(fast) as proc:
+            await alice.wait_for(joined, WAIT)
             rest = await alice.collect(from_bot, 9, WAIT)
             assert [m.text for m in rest] == ANSWER[3:]
             await alice.privmsg("#t", "agentbot: and now?")
@@ -216,8 +266,7 @@ async def test_kill_9_with_lines_in_the_irc_flood_queue(tmp_path, echo):
             await alice.wait_for(lambda m: from_bot(m) and m.text == "after the restart", WAIT)
             texts = [m.text for m in alice.received if from_bot(m)]
             assert texts == [*ANSWER, "after the restart"]
-            want = "confirmed" if echo else "sent"
-            await wait_db(db, "SELECT DISTINCT state FROM outbox", [(want,)])
+            await wait_db(db, "SELECT DISTINCT state FROM outbox", [(done,)])
     finally:
         if alice is not None:
             await alice.close()
