@@ -560,9 +560,10 @@ class IRCTransport(Transport):
         """echo-message: the server relayed a line we wrote; its outbox rows are confirmed."""
         if "batch" in line.tags or len(line.params) < 2:
             return
-        want = (line.params[0].lower(), line.params[-1])
+        # Servers may drop trailing blanks from what they relay.
+        want = (line.params[0].lower(), line.params[-1].rstrip())
         for i, (target, text, ids) in enumerate(self._unechoed):
-            if (target, text) == want:
+            if (target, text.rstrip()) == want:
                 del self._unechoed[i]
                 for oid in ids:
                     self.delivered(oid, "confirmed")
