@@ -82,7 +82,10 @@ class Bot:
                 await transport.start(self.bridge)
                 self._started.append(transport)
                 await self.agent.hooks.call("transport_start", transport=transport)
-            # Messages a crash left unanswered: their turns run in the background.
+            # What a killed process left in the outbox goes out first, once;
+            # then messages a crash left unanswered get their turns (these run
+            # in the background, rendered after the redelivered pieces).
+            await self.bridge.redeliver()
             await self.bridge.resume_pending()
         except BaseException:
             await self.aclose()

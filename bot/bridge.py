@@ -35,6 +35,7 @@ from agentik.core.eventbus import Subscription
 from agentik.core.events import EventBase
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
+from agentik.core.store.base import OutboxEntry
 from agentik.core.text import split_lines, split_text
 from agentik.core.transport import (
     ChannelCaps,
@@ -43,6 +44,8 @@ from agentik.core.transport import (
     OutgoingMessage,
     Transport,
 )
+
+from .outbox import Outbox
 
 __all__ = ["COMMANDS", "Bridge", "ChannelOptions"]
 
@@ -125,6 +128,9 @@ class Bridge:
         self._reaper: asyncio.Task[None] | None = None
         #: How many idle channels have been released so far.
         self.released_channels = 0
+        #: Outgoing pieces and their delivery state, persisted (see :meth:`redeliver`).
+        self.outbox = Outbox(agent.store)
+        self._transports: dict[str, Transport] = {}
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options."""
@@ -132,6 +138,9 @@ class Bridge:
         self._options[transport.name] = options or ChannelOptions(
             command_prefix=transport.default_command_prefix
         )
+        self._transports[transport.name] = transport
+        if transport.outbox:
+            transport.on_delivery = self.outbox.mark
 
     def options_for(self, transport: Transport) -> ChannelOptions:
         """The options a transport instance was attached with (defaults if none)."""
@@ -362,6 +371,76 @@ class Bridge:
         for ch in list(self._channels.values()):
             await self._close_channel(ch)
         self._channels.clear()
+        await self.outbox.drain()
+
+    # -- delivery after a restart ---------------------------------------------------------
+    async def redeliver(self) -> int:
+        """Send what the outbox says a previous process left undelivered; how many pieces.
+
+        Called once the transports have started.  Pieces still ``queued``
+        (an IRC line waiting for flood control, a Slack answer not posted)
+        are sent; so are pieces ``sent`` but awaiting a confirmation that
+        never came (IRC with echo-message; a Slack answer whose final text was
+        not in its message yet: that message is updated, not posted again).
+        A streamed answer whose turn never reached the renderer's end is
+        completed from the audit log when the turn did finish there.  Rows
+        older than a week are pruned first.
+        """
+        store = self.agent.store
+        await self.outbox.prune()
+        rows = await store.outbox_undelivered()
+        sent = 0
+        ends: dict[tuple[str, str], OutboxEntry] = {}
+        for row in rows:
+            transport = self._transports.get(row.transport)
+            if transport is None or not transport.outbox:
+                continue  # that transport is not configured any more
+            text = row.text
+            if not row.complete:
+                found = await self._answer_from_log(row)
+                if found is None:
+                    continue  # the turn did not finish: resuming it is not ours
+                text = found
+                await self.outbox.add([dataclasses.replace(row, text=text, complete=True)])
+            kind: OutgoingKind = "answer" if row.kind == "stream" else row.kind  # type: ignore[assignment]
+            try:
+                await transport.send(
+                    OutgoingMessage(
+                        channel_key=row.channel_key, text=text, kind=kind, run_id=row.run_id,
+                        reply_to=row.reply_to, outbox_id=row.id, replaces=row.ref,
+                    )
+                )  # fmt: skip
+            except Exception:
+                log.exception("transport %s could not redeliver to %s", row.transport,
+                              row.channel_key)  # fmt: skip
+                continue
+            sent += 1
+            ends[(row.channel_key, row.run_id)] = row
+        for row in ends.values():
+            transport = self._transports[row.transport]
+            with contextlib.suppress(Exception):
+                await transport.send(
+                    OutgoingMessage(
+                        channel_key=row.channel_key, text="", kind="end", run_id=row.run_id,
+                        reply_to=row.reply_to,
+                    )
+                )  # fmt: skip
+        if sent:
+            log.info("redelivered %d outgoing pieces left undelivered by the last run", sent)
+        return sent
+
+    async def _answer_from_log(self, row: OutboxEntry) -> str | None:
+        """The answer text of ``row``'s run if its turn completed in the audit log."""
+        store = self.agent.store
+        conv_id = await store.get_binding(row.channel_key)
+        if conv_id is None:
+            return None
+        recent = await store.messages(conv_id, limit=200)
+        run = [m for m in recent if m.run_id == row.run_id]
+        if not run or run[-1].kind != "assistant" or run[-1].status != "complete":
+            return None
+        texts = [m.content for m in run if m.kind == "assistant" and m.content]
+        return "\n".join(texts) or None
 
     # -- commands ----------------------------------------------------------------------
     async def _command(
@@ -478,22 +557,40 @@ class Bridge:
         kind: OutgoingKind,
         reply_to: object,
         run_id: str | None = None,
-    ) -> None:
+        *,
+        piece: int | None = None,
+        outbox_id: int | None = None,
+    ) -> int:
+        """Send ``text``; returns how many pieces it took.
+
+        With ``piece`` (the renderer's count of this run's pieces so far) on a
+        transport with an outbox, each piece is persisted first.
+        """
         pieces = [text]
         if kind in ("notice", "error", "command"):
             # Answers are split by the renderer; these short lines can still be
             # too long for a small channel (a command list): fit them too.
             caps = transport.caps
             pieces = split_text(text, max_bytes=caps.max_bytes, max_chars=caps.max_chars) or [text]
-        for piece in pieces:
+        ids: list[int | None] = [outbox_id] * len(pieces)
+        if piece is not None and run_id and transport.outbox and kind not in ("delta", "end"):
+            try:
+                ids = list(await self.outbox.add(_rows(transport, key, run_id, piece, kind,
+                                                       pieces, reply_to)))  # fmt: skip
+            except Exception:
+                # Still send it: only a restart's redelivery depends on the row.
+                log.exception("could not persist an outgoing piece for %s", key)
+        for text_piece, oid in zip(pieces, ids, strict=True):
             try:
                 await transport.send(
                     OutgoingMessage(
-                        channel_key=key, text=piece, kind=kind, run_id=run_id, reply_to=reply_to
+                        channel_key=key, text=text_piece, kind=kind, run_id=run_id,
+                        reply_to=reply_to, outbox_id=oid,
                     )
-                )
+                )  # fmt: skip
             except Exception:
                 log.exception("transport %s could not send to %s", transport.name, key)
+        return len(pieces)
 
     async def _render(self, ch: _Channel) -> None:
         renderer = _Renderer(self, ch)
@@ -519,6 +616,11 @@ class _Renderer:
         self.buffer = ""
         self.lines_sent = 0
         self.had_text = False
+        #: Pieces of this run sent so far (the outbox key's last part).
+        self.piece = 0
+        #: Streamed answer (deltas) on an outbox transport: its row and text.
+        self.stream_id: int | None = None
+        self.stream_text: list[str] = []
 
     @property
     def caps(self) -> ChannelCaps:
@@ -526,9 +628,43 @@ class _Renderer:
         return self.ch.transport.caps
 
     async def _out(self, text: str, kind: OutgoingKind, run_id: str | None) -> None:
-        await self.bridge._send(
-            self.ch.transport, self.ch.key, text, kind, self.ch.reply_to, run_id
+        if kind in ("delta", "end"):
+            if kind == "delta" and self.ch.transport.outbox and run_id:
+                await self._stream_row(text, run_id)
+            await self.bridge._send(
+                self.ch.transport, self.ch.key, text, kind, self.ch.reply_to, run_id,
+                outbox_id=self.stream_id,
+            )  # fmt: skip
+            return
+        self.piece += await self.bridge._send(
+            self.ch.transport, self.ch.key, text, kind, self.ch.reply_to, run_id, piece=self.piece
         )
+
+    async def _stream_row(self, text: str, run_id: str) -> None:
+        """One outbox row per streamed answer: written at its first delta, completed at its end."""
+        self.stream_text.append(text)
+        if self.stream_id is not None:
+            return
+        try:
+            [self.stream_id] = await self.bridge.outbox.add(
+                _rows(self.ch.transport, self.ch.key, run_id, self.piece, "stream", [""],
+                      self.ch.reply_to, complete=False)
+            )  # fmt: skip
+        except Exception:
+            log.exception("could not persist a streamed answer for %s", self.ch.key)
+            return
+        self.piece += 1
+
+    async def _stream_done(self, run_id: str | None) -> None:
+        if self.stream_id is None or not run_id:
+            return
+        try:
+            await self.bridge.outbox.add(
+                _rows(self.ch.transport, self.ch.key, run_id, self.piece - 1, "stream",
+                      ["".join(self.stream_text)], self.ch.reply_to)
+            )  # fmt: skip
+        except Exception:
+            log.exception("could not persist a streamed answer for %s", self.ch.key)
 
     async def _line(self, line: str, run_id: str | None) -> None:
         cap = self.ch.options.max_answer_lines
@@ -549,6 +685,7 @@ class _Renderer:
         kind = e.kind
         if kind == "turn_started":
             self.buffer, self.lines_sent, self.had_text = "", 0, False
+            self.piece, self.stream_id, self.stream_text = 0, None, []
         elif kind == "response_started":
             # A new model step: keep its text apart from the previous step's.
             if self.had_text:
@@ -597,7 +734,9 @@ class _Renderer:
         elif kind == "turn_ended":
             await self._flush(run)
             if mode in ("deltas", "lines") and self.had_text:
+                await self._stream_done(run)
                 await self._out("", "end", run)
+            self.stream_id, self.stream_text = None, []
             if self.ch.more:
                 p = self.ch.options.command_prefix
                 await self._out(f"… {len(self.ch.more)} more lines: {p}more", "notice", run)
@@ -626,6 +765,26 @@ class _Renderer:
                 text = "\n".join(lines[:cap])
         for piece in split_text(text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars):
             await self._out(piece, "answer", run)
+
+
+def _rows(
+    transport: Transport,
+    key: str,
+    run_id: str,
+    first: int,
+    kind: str,
+    texts: list[str],
+    reply_to: object,
+    *,
+    complete: bool = True,
+) -> list[OutboxEntry]:
+    return [
+        OutboxEntry(
+            channel_key=key, run_id=run_id, piece=first + i, transport=transport.name, kind=kind,
+            text=text, reply_to=reply_to, complete=complete,
+        )
+        for i, text in enumerate(texts)
+    ]  # fmt: skip
 
 
 def _author_id(transport: Transport, message: IncomingMessage) -> str | None:

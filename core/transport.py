@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
 __all__ = [
     "ChannelCaps",
+    "DeliveryCallback",
     "IncomingMessage",
     "MessageSink",
     "OutgoingKind",
@@ -89,6 +91,17 @@ class OutgoingMessage:
     kind: OutgoingKind = "answer"
     run_id: str | None = None
     reply_to: Any = None
+    #: The outbox row of this piece (``None``: not persisted).  A transport
+    #: whose :attr:`Transport.outbox` is true reports its delivery with
+    #: :meth:`Transport.delivered`.
+    outbox_id: int | None = None
+    #: Redelivery after a restart: the protocol id (Slack ``ts``) of the
+    #: message this answer already started; update it instead of posting anew.
+    replaces: str | None = None
+
+
+#: Reports delivery progress of an outbox row: ``(id, state, awaits_confirm, ref)``.
+DeliveryCallback = Callable[[int, Literal["sent", "confirmed"], bool | None, str | None], None]
 
 
 class MessageSink(Protocol):
@@ -116,6 +129,13 @@ class Transport(abc.ABC):
     #: A pydantic model of the transport's own keys; when set, ``__init__``
     #: validates ``settings`` into :attr:`options` (errors name the key).
     settings_model: ClassVar[Any] = None
+    #: Outgoing pieces go through the bridge's persisted outbox and the
+    #: transport reports their delivery (:meth:`delivered`), so a restart
+    #: delivers what a killed process left undelivered.  Off for transports
+    #: whose output has no meaning after a restart (a terminal, an SSE stream).
+    outbox: ClassVar[bool] = False
+    #: Set by the bridge: where :meth:`delivered` reports.
+    on_delivery: DeliveryCallback | None = None
 
     def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
         self.name = name
@@ -151,6 +171,25 @@ class Transport(abc.ABC):
         whose keys are built otherwise overrides it.
         """
         return channel_key.startswith(f"{self.type}:{self.name}:")
+
+    def delivered(
+        self,
+        outbox_id: int | None,
+        state: Literal["sent", "confirmed"],
+        *,
+        awaits_confirm: bool | None = None,
+        ref: str | None = None,
+    ) -> None:
+        """Report that the outbox piece ``outbox_id`` was sent or confirmed.
+
+        ``sent``: written to the socket / the API call returned; with
+        ``awaits_confirm`` the protocol will confirm it later (and a restart
+        before that sends it again).  ``confirmed``: the peer confirmed it.
+        ``ref`` is the protocol's id of the message (a Slack ``ts``).  Cheap
+        and synchronous: the bridge batches the writes.
+        """
+        if outbox_id is not None and self.on_delivery is not None:
+            self.on_delivery(outbox_id, state, awaits_confirm, ref)
 
     @abc.abstractmethod
     async def start(self, sink: MessageSink) -> None:

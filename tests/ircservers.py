@@ -285,9 +285,47 @@ def _miniircd_argv() -> list[str]:
     raise AssertionError("unreachable")
 
 
-async def start_miniircd(tmp_path: Path, *, password: str | None = None) -> IRCServerProcess:
-    """Start miniircd (from the venv) on 127.0.0.1 and a free port."""
+#: miniircd with the IRCv3 ``echo-message`` capability: offered in ``CAP LS``,
+#: and a client that enabled it gets its own channel PRIVMSG/NOTICE back.
+_MINIIRCD_ECHO = """
+import miniircd, sys
+C = miniircd.Client
+def cap(self, args):
+    if args and args[0] == b"LS":
+        self.reply(b"CAP * LS :echo-message")
+        self._Client__awaiting_cap_end = True
+    elif len(args) > 1 and args[0] == b"REQ":
+        if set(args[1].split()) <= {b"echo-message"}:
+            self.echo_message = True
+            self.reply(b"CAP * ACK :%s" % args[1])
+        else:
+            self.reply(b"CAP * NAK :%s" % args[1])
+        self._Client__awaiting_cap_end = True
+    elif args and args[0] == b"END":
+        self._Client__awaiting_cap_end = False
+C._Client__handle_cap_command = cap
+plain = C.message_channel
+def message_channel(self, channel, command, message, include_self=False):
+    echo = getattr(self, "echo_message", False) and command in (b"PRIVMSG", b"NOTICE")
+    plain(self, channel, command, message, include_self or echo)
+C.message_channel = message_channel
+sys.argv[0] = "miniircd"
+miniircd.main()
+"""
+
+
+async def start_miniircd(
+    tmp_path: Path, *, password: str | None = None, echo_message: bool = False
+) -> IRCServerProcess:
+    """Start miniircd (from the venv) on 127.0.0.1 and a free port.
+
+    ``echo_message``: a miniircd that offers IRCv3 ``echo-message`` (patched
+    in at start-up; plain miniircd offers no capability).
+    """
     base = _miniircd_argv()
+    if echo_message:
+        _miniircd_argv()  # skips or fails when miniircd is missing
+        base = [sys.executable, "-c", _MINIIRCD_ECHO]
     workdir = Path(tmp_path) / "miniircd"
     workdir.mkdir(parents=True, exist_ok=True)
 

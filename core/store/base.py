@@ -26,11 +26,15 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 
-__all__ = ["ConversationRecord", "MemoryEntry", "Store", "TurnEnd"]
+__all__ = ["ConversationRecord", "MemoryEntry", "OutboxEntry", "OutboxState", "Store", "TurnEnd"]
+
+#: Delivery state of an outbox row: written, handed to the peer, confirmed by it.
+OutboxState = Literal["queued", "sent", "confirmed"]
+_RANK = {"queued": 0, "sent": 1, "confirmed": 2}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,6 +68,43 @@ class TurnEnd:
 
     run_id: str
     outcome: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutboxEntry:
+    """One outgoing piece (an IRC line, a Slack answer) and its delivery state.
+
+    ``(channel_key, run_id, piece)`` is unique: writing the same piece again
+    does not enqueue it twice.  ``complete`` is false while a streamed answer
+    is still being written (its ``text`` is filled in when it ends).
+    ``awaits_confirm``: the protocol will confirm it (IRC echo-message; a
+    Slack answer whose final text is not in its message yet).  ``ref`` is the
+    protocol's id of the delivered message (a Slack ``ts``).
+    """
+
+    id: int = 0
+    channel_key: str
+    run_id: str
+    piece: int
+    transport: str
+    kind: str
+    text: str
+    reply_to: Any = None
+    complete: bool = True
+    state: OutboxState = "queued"
+    awaits_confirm: bool = False
+    ref: str | None = None
+    created_at: float = 0.0
+
+    @property
+    def undelivered(self) -> bool:
+        """Not known to have reached the peer: send it (again) after a restart."""
+        return self.state == "queued" or (self.state == "sent" and self.awaits_confirm)
+
+
+def outbox_advance(old: str, new: str) -> bool:
+    """Delivery states only move forward (queued → sent → confirmed)."""
+    return _RANK[new] > _RANK[old]
 
 
 class Store(abc.ABC):
@@ -187,3 +228,30 @@ class Store(abc.ABC):
 
         One transaction; the audit log is untouched.
         """
+
+    # -- the outbox -------------------------------------------------------------
+    @abc.abstractmethod
+    async def outbox_add(self, entries: Sequence[OutboxEntry]) -> list[int]:
+        """Write outgoing pieces (state ``queued``) in one transaction; their ids.
+
+        A piece already present (same channel, run and piece number) is not
+        added again; if it was incomplete, its text and ``complete`` are updated.
+        """
+
+    @abc.abstractmethod
+    async def outbox_mark(
+        self, updates: Sequence[tuple[int, OutboxState, bool | None, str | None]]
+    ) -> None:
+        """Record delivery progress ``(id, state, awaits_confirm, ref)`` in one transaction.
+
+        States only move forward; ``None`` leaves ``awaits_confirm``/``ref`` as they are.
+        """
+
+    @abc.abstractmethod
+    async def outbox_undelivered(self, *, limit: int = 10_000) -> list[OutboxEntry]:
+        """Complete pieces not known to be delivered (see :attr:`OutboxEntry.undelivered`)
+        and incomplete ones, oldest first."""
+
+    @abc.abstractmethod
+    async def outbox_prune(self, before: float) -> int:
+        """Delete outbox rows created before ``before`` (a Unix time); how many."""

@@ -14,7 +14,15 @@ from typing import Any
 
 from ..errors import StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from .base import ConversationRecord, MemoryEntry, Store, TurnEnd
+from .base import (
+    ConversationRecord,
+    MemoryEntry,
+    OutboxEntry,
+    OutboxState,
+    Store,
+    TurnEnd,
+    outbox_advance,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -29,6 +37,8 @@ class MemoryStore(Store):
         self._memory: dict[str, list[MemoryEntry]] = {}
         self._ended: dict[str, dict[str, str]] = {}
         self._ids = itertools.count(1)
+        self._outbox: dict[tuple[str, str, int], OutboxEntry] = {}
+        self._outbox_ids = itertools.count(1)
 
     def _require(self, conversation_id: str) -> None:
         if conversation_id not in self._conversations:
@@ -164,3 +174,45 @@ class MemoryStore(Store):
         self._require(conversation_id)
         kept = [e for e in self._memory[conversation_id] if e.pos > upto]
         self._memory[conversation_id] = [MemoryEntry(pos=upto, message=summary), *kept]
+
+    async def outbox_add(self, entries: Sequence[OutboxEntry]) -> list[int]:
+        ids = []
+        for e in entries:
+            key = (e.channel_key, e.run_id, e.piece)
+            old = self._outbox.get(key)
+            if old is None:
+                old = self._outbox[key] = dataclasses.replace(
+                    e, id=next(self._outbox_ids), state="queued", created_at=time.time()
+                )
+            elif not old.complete:
+                old = self._outbox[key] = dataclasses.replace(old, text=e.text, complete=e.complete)
+            ids.append(old.id)
+        return ids
+
+    async def outbox_mark(
+        self, updates: Sequence[tuple[int, OutboxState, bool | None, str | None]]
+    ) -> None:
+        by_id = {e.id: k for k, e in self._outbox.items()}
+        for id_, state, awaits, ref in updates:
+            key = by_id.get(id_)
+            if key is None:
+                continue
+            e = self._outbox[key]
+            changes: dict[str, Any] = {}
+            if outbox_advance(e.state, state):
+                changes["state"] = state
+            if awaits is not None:
+                changes["awaits_confirm"] = awaits
+            if ref is not None:
+                changes["ref"] = ref
+            self._outbox[key] = dataclasses.replace(e, **changes)
+
+    async def outbox_undelivered(self, *, limit: int = 10_000) -> list[OutboxEntry]:
+        rows = [e for e in self._outbox.values() if e.undelivered or not e.complete]
+        return sorted(rows, key=lambda e: e.id)[:limit]
+
+    async def outbox_prune(self, before: float) -> int:
+        old = [k for k, e in self._outbox.items() if e.created_at < before]
+        for k in old:
+            del self._outbox[k]
+        return len(old)

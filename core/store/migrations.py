@@ -160,6 +160,38 @@ MIGRATIONS: tuple[Migration, ...] = (
             FROM message WHERE kind = 'user' AND run_id IS NOT NULL;
         """,
     ),
+    Migration(
+        4,
+        "outbox",
+        """
+        -- Outgoing channel messages and their delivery state (agentik.bot's
+        -- bridge): written before a transport is asked to send, so a restart
+        -- delivers what a killed process left queued.  One row per piece of a
+        -- run's output (an IRC line, a Slack answer), keyed so a re-render
+        -- can tell what was already enqueued.
+        CREATE TABLE outbox (
+            id          INTEGER PRIMARY KEY,
+            channel_key TEXT NOT NULL,
+            run_id      TEXT NOT NULL,
+            piece       INTEGER NOT NULL,
+            transport   TEXT NOT NULL,
+            kind        TEXT NOT NULL,
+            text        TEXT NOT NULL,
+            reply_to    TEXT,
+            -- 0: more text may follow (a streamed answer still being written).
+            complete    INTEGER NOT NULL DEFAULT 1,
+            state       TEXT NOT NULL DEFAULT 'queued'
+                        CHECK (state IN ('queued', 'sent', 'confirmed')),
+            -- 1: the protocol will confirm this piece (IRC echo-message).
+            awaits_confirm INTEGER NOT NULL DEFAULT 0,
+            -- The protocol's id of the delivered message (Slack ts).
+            ref         TEXT,
+            created_at  REAL NOT NULL,
+            UNIQUE (channel_key, run_id, piece)
+        );
+        CREATE INDEX outbox_open ON outbox (state, id) WHERE state != 'confirmed';
+        """,
+    ),
 )
 
 

@@ -87,6 +87,10 @@ class _Out:
     target: str
     line: str
     cost: float
+    #: Outbox rows completed by writing this line (its last piece).
+    outbox_ids: tuple[int, ...] = ()
+    #: ``(target, text)`` of a PRIVMSG/NOTICE the server echoes (echo-message).
+    echo: tuple[str, str] | None = None
 
 
 def _irc3() -> tuple[Any, type, type]:
@@ -125,6 +129,7 @@ class IRCTransport(Transport):
     type = "irc"
     default_command_prefix = "!"
     settings_model = IRCSettings
+    outbox = True
 
     options: IRCSettings
 
@@ -164,6 +169,9 @@ class IRCTransport(Transport):
         self._in_code: dict[str, bool] = {}
         self._batches: dict[str, tuple[str, list[str]]] = {}
         self._batch_seq = 0
+        self._batch_ids: dict[str, list[int]] = {}
+        #: Lines written and not echoed yet (echo-message): ``(target, text, outbox ids)``.
+        self._unechoed: deque[tuple[str, str, tuple[int, ...]]] = deque(maxlen=2000)
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -291,6 +299,7 @@ class IRCTransport(Transport):
         log.log(level, "irc %s: connection lost (%s)", self.name, exc or "closed")
         self.registered.clear()
         self.joined.clear()
+        self._unechoed.clear()  # never confirmed: a restart sends them again
         if self._ping_timer is not None:
             self._ping_timer.cancel()
         self._lost.set()
@@ -510,8 +519,11 @@ class IRCTransport(Transport):
         if len(line.params) < 2 or line.nick is None:
             return
         sender = line.nick
-        if self._is_me(sender) or "bot" in line.tags:
-            return  # our own echo, or another bot
+        if self._is_me(sender):
+            self._on_echo(line)
+            return  # our own echo
+        if "bot" in line.tags:
+            return  # another bot
         target, text = line.params[0], line.params[-1]
         special = ctcp_parse(text)
         if line.command == "NOTICE":
@@ -543,6 +555,19 @@ class IRCTransport(Transport):
         )  # fmt: skip
         assert self._sink is not None
         self.spawn(self._sink.handle(message, self))
+
+    def _on_echo(self, line: Line) -> None:
+        """echo-message: the server relayed a line we wrote; its outbox rows are confirmed."""
+        if "batch" in line.tags or len(line.params) < 2:
+            return
+        # Servers may drop trailing blanks from what they relay.
+        want = (line.params[0].lower(), line.params[-1].rstrip())
+        for i, (target, text, ids) in enumerate(self._unechoed):
+            if (target, text.rstrip()) == want:
+                del self._unechoed[i]
+                for oid in ids:
+                    self.delivered(oid, "confirmed")
+                return
 
     def _addressed(self, text: str) -> tuple[str, bool]:
         nick = re.escape(self.nick)
@@ -609,24 +634,35 @@ class IRCTransport(Transport):
             self._flush_batch(state_key)
             return
         text = message.text
+        oid = message.outbox_id
         if message.kind == "answer":
             text = self._format_answer_line(state_key, text)
             if text is None:
+                self.delivered(oid, "confirmed")  # a code fence: nothing to send
                 return
         command = "NOTICE" if message.kind == "notice" else "PRIVMSG"
         pieces = split_message(text, self._budget(target, command))
+        if not pieces:
+            self.delivered(oid, "confirmed")
+            return
         limits = self._multiline_limits()
         if message.kind == "answer" and limits is not None:
             # draft/multiline: collect the answer and send it as one batch.
             batch = self._batches.setdefault(state_key, (target, []))[1]
             batch.extend(pieces)
+            if oid is not None:
+                self._batch_ids.setdefault(state_key, []).append(oid)
             max_bytes, max_lines = limits
             if len(batch) >= max_lines or sum(len(p.encode()) for p in batch) >= max_bytes:
                 self._flush_batch(state_key)
             return
         self._flush_batch(state_key)
-        for piece in pieces:
-            self._enqueue(target, format_line(command, target, piece))
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            self._enqueue(
+                target, format_line(command, target, piece),
+                outbox_ids=(oid,) if last and oid is not None else (), echo=(target, piece),
+            )  # fmt: skip
 
     def _multiline_limits(self) -> tuple[int, int] | None:
         """``(max-bytes, max-lines)`` when draft/multiline is enabled, else None."""
@@ -646,11 +682,15 @@ class IRCTransport(Transport):
 
     def _flush_batch(self, state_key: str) -> None:
         entry = self._batches.pop(state_key, None)
+        ids = tuple(self._batch_ids.pop(state_key, ()))
         if entry is None or not entry[1]:
             return
         target, pieces = entry
         if len(pieces) == 1:
-            self._enqueue(target, format_line("PRIVMSG", target, pieces[0]))
+            self._enqueue(
+                target, format_line("PRIVMSG", target, pieces[0]), outbox_ids=ids,
+                echo=(target, pieces[0]),
+            )  # fmt: skip
             return
         self._batch_seq += 1
         ref = f"ml{self._batch_seq}"
@@ -658,7 +698,7 @@ class IRCTransport(Transport):
         lines += [format_line("PRIVMSG", target, piece, tags={"batch": ref}) for piece in pieces]
         lines.append(format_line("BATCH", f"-{ref}"))
         # One queue item: a batch is never cut in half by flood control.
-        self._enqueue(target, "\r\n".join(lines), cost=1.0 + len(pieces) / 4)
+        self._enqueue(target, "\r\n".join(lines), cost=1.0 + len(pieces) / 4, outbox_ids=ids)
 
     def _format_answer_line(self, state_key: str, line: str) -> str | None:
         """Markdown to IRC, one line at a time, keeping track of code fences."""
@@ -671,10 +711,18 @@ class IRCTransport(Transport):
             return f"\x11{line}\x11" if line.strip() else None
         return markdown_to_irc(line)
 
-    def _enqueue(self, target: str, line: str, cost: float | None = None) -> None:
+    def _enqueue(
+        self,
+        target: str,
+        line: str,
+        cost: float | None = None,
+        *,
+        outbox_ids: tuple[int, ...] = (),
+        echo: tuple[str, str] | None = None,
+    ) -> None:
         if cost is None:
             cost = 1.0 + len(line.encode()) / 256
-        self._queue.append(_Out(target, line, cost))
+        self._queue.append(_Out(target, line, cost, outbox_ids, echo))
         if len(self._queue) > self.options.queue_limit:
             dropped = self._queue.popleft()
             log.warning(
@@ -715,6 +763,16 @@ class IRCTransport(Transport):
             self._tokens -= need
             self._queue.popleft()
             self._write(head.line)
+            self._written(head)
+
+    def _written(self, out: _Out) -> None:
+        """Report a written line: sent, and awaiting its echo where the server echoes."""
+        echoes = "echo-message" in self.caps_enabled and out.echo is not None
+        if echoes:
+            assert out.echo is not None
+            self._unechoed.append((out.echo[0].lower(), out.echo[1], out.outbox_ids))
+        for oid in out.outbox_ids:
+            self.delivered(oid, "sent", awaits_confirm=echoes)
 
     @property
     def queued(self) -> int:

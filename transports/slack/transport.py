@@ -155,6 +155,8 @@ class _Answer:
     streamed: int = 0  # native: characters in the current streamed message
     pending: str = ""  # native: the end of a word not streamed yet
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    outbox_id: int | None = None  # the bridge's outbox row of this answer
+    reported: bool = False  # its first message's ts is in the outbox
 
 
 class SlackTransport(Transport):
@@ -163,6 +165,7 @@ class SlackTransport(Transport):
     type = "slack"
     default_command_prefix = "!"
     settings_model = SlackSettings
+    outbox = True
 
     options: SlackSettings
 
@@ -378,6 +381,7 @@ class SlackTransport(Transport):
             answer = self._answers.get(run)
             if answer is None:
                 answer = self._answers[run] = _Answer(channel, thread_ts, where.get("user"))
+            answer.outbox_id = answer.outbox_id or message.outbox_id
             async with answer.lock:
                 await self._delta(message.channel_key, answer, message.text)
             return
@@ -386,7 +390,11 @@ class SlackTransport(Transport):
             if answer is not None:
                 async with answer.lock:
                     await self._finish(message.channel_key, answer)
+                self.delivered(answer.outbox_id, "confirmed")
             await self._status(channel, thread_ts, "")
+            return
+        if message.kind == "answer" and message.outbox_id is not None:
+            await self._redeliver(message, channel, thread_ts, where.get("user"))
             return
         text = message.text if message.kind != "answer" else markdown_to_mrkdwn(message.text)
         if message.kind == "notice":
@@ -395,6 +403,20 @@ class SlackTransport(Transport):
             channel=channel, thread_ts=thread_ts, text=text
         )
         self._remember(response.get("ts"), message.channel_key)
+        self.delivered(message.outbox_id, "confirmed", ref=response.get("ts"))
+
+    async def _redeliver(
+        self, message: OutgoingMessage, channel: str, thread_ts: str | None, user: str | None
+    ) -> None:
+        """A whole answer from the outbox after a restart: update the message it
+        started (``replaces``, its ts) or post it; never a second post of it."""
+        answer = _Answer(channel, thread_ts, user, text=message.text, ts=message.replaces)
+        answer.outbox_id, answer.reported = message.outbox_id, message.replaces is not None
+        if answer.ts is not None:
+            self._remember(answer.ts, message.channel_key)
+        async with answer.lock:
+            await self._edit(message.channel_key, answer, final=True)
+        self.delivered(answer.outbox_id, "confirmed")
 
     async def _delta(self, key: str, answer: _Answer, text: str) -> None:
         answer.text += text
@@ -434,6 +456,10 @@ class SlackTransport(Transport):
         if text:
             await answer.streamer.append(markdown_text=text)
             answer.streamed += len(text)
+        ts = getattr(answer.streamer, "ts", None)
+        if ts and not answer.reported:
+            answer.reported = True
+            self.delivered(answer.outbox_id, "sent", awaits_confirm=True, ref=ts)
 
     def _native_failed(self, answer: _Answer, exc: Exception) -> None:
         """Native streaming is not available here: edit messages instead, from now on."""
@@ -496,6 +522,10 @@ class SlackTransport(Transport):
             )
             answer.ts = response.get("ts")
             self._remember(answer.ts, key)
+            if not answer.reported:
+                # The answer's first message exists: a restart updates it, never reposts.
+                answer.reported = True
+                self.delivered(answer.outbox_id, "sent", awaits_confirm=True, ref=answer.ts)
         elif answer.shown != len(text):
             await self.client.chat_update(channel=answer.channel, ts=answer.ts, text=body)
         answer.shown = len(text)

@@ -1,0 +1,96 @@
+"""The bridge's side of the persisted outbox.
+
+Every outgoing piece of a run's output on a transport with
+:attr:`~agentik.core.transport.Transport.outbox` set (IRC, Slack) is written
+to the store's ``outbox`` table (state ``queued``) before the transport is
+asked to send it.  The transport reports ``sent`` and ``confirmed`` through
+:meth:`~agentik.core.transport.Transport.delivered`; :class:`Outbox` batches
+those reports into one store write at a time, off the rendering path.  After
+a restart :meth:`agentik.bot.bridge.Bridge.redeliver` sends again what the
+outbox says was not delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+from agentik.core.store.base import OutboxEntry, Store
+
+__all__ = ["Outbox"]
+
+log = logging.getLogger(__name__)
+
+#: Outbox rows older than this are pruned when the bot starts, and every
+#: ``PRUNE_EVERY`` rows written while it runs.
+KEEP_SECONDS = 7 * 24 * 3600.0
+PRUNE_EVERY = 5000
+
+
+class Outbox:
+    """Writes outgoing pieces and batches their delivery reports."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._marks: list[tuple[int, Literal["sent", "confirmed"], bool | None, str | None]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._pruner: asyncio.Task[None] | None = None
+        self._added = 0
+
+    async def add(self, entries: Sequence[OutboxEntry]) -> list[int]:
+        """Persist pieces before they are handed to a transport; their row ids."""
+        ids = await self.store.outbox_add(entries)
+        self._added += len(entries)
+        if self._added >= PRUNE_EVERY and self._pruner is None:
+            self._added = 0
+            self._pruner = asyncio.get_running_loop().create_task(
+                self.prune(), name="agentik-outbox-prune"
+            )
+        return ids
+
+    async def prune(self) -> None:
+        """Forget rows older than :data:`KEEP_SECONDS`."""
+        try:
+            await self.store.outbox_prune(time.time() - KEEP_SECONDS)
+        except Exception:
+            log.exception("could not prune the outbox")
+        finally:
+            self._pruner = None
+
+    def mark(
+        self,
+        outbox_id: int,
+        state: Literal["sent", "confirmed"],
+        awaits_confirm: bool | None = None,
+        ref: str | None = None,
+    ) -> None:
+        """Record delivery progress (a transport's report); written in the background."""
+        self._marks.append((outbox_id, state, awaits_confirm, ref))
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(
+                self._flush(), name="agentik-outbox"
+            )
+
+    async def _flush(self) -> None:
+        try:
+            while self._marks:
+                batch, self._marks = self._marks, []
+                try:
+                    await self.store.outbox_mark(batch)
+                except Exception:
+                    # The worst case is a piece sent again after a restart.
+                    log.exception("could not record the delivery of %d pieces", len(batch))
+        finally:
+            self._flusher = None
+
+    async def drain(self) -> None:
+        """Wait until every report so far is written (and a running prune)."""
+        while self._flusher is not None or self._pruner is not None:
+            task = self._flusher or self._pruner
+            assert task is not None
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
