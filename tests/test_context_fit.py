@@ -266,3 +266,28 @@ async def test_the_openai_backend_maps_size_refusals_to_context_too_long(openai_
             assert type(exc).__name__ == "LLMStatusError"
     finally:
         await llm.aclose()
+
+
+async def test_the_channel_is_told_when_older_messages_were_dropped(db_path):
+    from agentik.bot.bridge import Bridge, ChannelOptions
+    from agentik.core.testing.transport import MemoryTransport
+
+    model = ScriptedModel(context_window=WINDOW)
+    policy = CompactionPolicy(enabled=False)
+    async with Agent(llm=model, store=SQLiteStore(db_path), compaction=policy) as agent:
+        bridge = Bridge(agent)
+        t = MemoryTransport(name="mem")
+        bridge.attach(t, ChannelOptions(command_prefix="!"))
+        await t.start(bridge)
+        try:
+            await t.inject("first " * 40, channel_key="mem:alice", author="alice", direct=True)
+            await bridge.flush("mem:alice")
+            assert t.texts("notice") == [], "nothing dropped yet"
+            await t.inject("words " * 60, channel_key="mem:alice", author="alice", direct=True)
+            await bridge.flush("mem:alice")
+        finally:
+            await bridge.aclose()
+    # In the chat profile too (not only when debugging): the people in the
+    # channel learn that the model no longer sees the earlier messages.
+    assert t.texts("notice") == ["(context compacted: 2 older messages dropped)"]
+    assert t.texts("answer")[-1].startswith("echo: words")
