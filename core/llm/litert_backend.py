@@ -625,15 +625,25 @@ class LiteRTBackend(LLMBackend):
         slot = self._slots.get(cid) if cid is not None else None
         history: list[dict[str, Any]] | None
         max_tokens = request.max_tokens or self.max_tokens
+
+        def reusable() -> bool:
+            return (
+                slot is not None
+                and self._slots.get(cid) is slot  # type: ignore[arg-type]
+                and not slot.busy
+                and not slot.poisoned
+                and slot.conv is not None
+                and slot.key == key
+                and len(prints) == len(slot.consumed) + 1
+                and prints[: len(slot.consumed)] == slot.consumed
+            )
+
+        # Checked again after the room is measured: the idle timer may have
+        # released the engine conversation meanwhile.
         if (
-            slot is not None
-            and not slot.busy
-            and not slot.poisoned
-            and slot.conv is not None
-            and slot.key == key
-            and len(prints) == len(slot.consumed) + 1
-            and prints[: len(slot.consumed)] == slot.consumed
-            and await self._room_for(engine, slot, wire[-1], max_tokens)
+            reusable()
+            and await self._room_for(engine, slot, wire[-1], max_tokens)  # type: ignore[arg-type]
+            and reusable()
         ):
             history = None
             self.stats.reuses += 1
