@@ -16,6 +16,15 @@ out), the oldest turns are dropped instead, replaced by a one-line notice,
 and a warning is logged: the turn still runs.  Each compaction publishes a
 :class:`~agentik.core.events.Compacted` event; plugins see the messages
 first through the ``before_compact`` hook.
+
+Whatever compaction did (or if it is disabled), a request must then fit the
+model's real window — the backend's ``context_window`` — or the oldest
+whole turns are dropped until it does (:meth:`Compactor.trim`): the latest
+user message always stays, a one-line notice replaces the dropped messages,
+and a ``Compacted`` event with ``fallback`` set and reason ``window`` tells
+the channel.  When even the latest message does not fit, the turn ends with
+:class:`~agentik.core.errors.ContextTooLong`.  A request the model refuses
+as too large is shrunk by :meth:`Compactor.after_refusal` for one retry.
 """
 
 from __future__ import annotations
