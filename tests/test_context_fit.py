@@ -291,3 +291,27 @@ async def test_the_channel_is_told_when_older_messages_were_dropped(db_path):
     # channel learn that the model no longer sees the earlier messages.
     assert t.texts("notice") == ["(context compacted: 2 older messages dropped)"]
     assert t.texts("answer")[-1].startswith("echo: words")
+
+
+async def test_plugins_see_the_messages_dropped_to_fit_before_they_go(db_path):
+    from agentik.core.hookspecs import hookimpl
+
+    class Keeper:
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, list[str]]] = []
+
+        @hookimpl
+        def before_compact(self, conversation, messages, reason):
+            self.seen.append((reason, [m.content for m in messages]))
+
+    keeper = Keeper()
+    model = ScriptedModel(context_window=WINDOW)
+    policy = CompactionPolicy(enabled=False)
+    async with Agent(
+        llm=model, store=SQLiteStore(db_path), compaction=policy, hooks=[keeper]
+    ) as agent:
+        conv = await agent.create_conversation()
+        first = "first " * 40
+        ended(await turn(conv, first))
+        ended(await turn(conv, "second " * 40))
+    assert keeper.seen == [("window", [first, "echo: " + first])]
