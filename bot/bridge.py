@@ -717,7 +717,9 @@ class _Renderer:
             result = e.result.replace("\n", " ")[:160]  # type: ignore[attr-defined]
             verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"  # type: ignore[attr-defined]
             await self._out(f"⚙ {e.name} {verb}: {result}", "notice", run)  # type: ignore[attr-defined]
-        elif kind == "compacted" and self.debug:
+        elif kind == "compacted" and (self.debug or e.fallback):  # type: ignore[attr-defined]
+            # Dropped messages are news to the people in the channel: the
+            # model no longer sees them.  A summary only shows when debugging.
             how = "dropped" if e.fallback else "summarised"  # type: ignore[attr-defined]
             await self._out(
                 f"(context compacted: {e.messages} older messages {how})",  # type: ignore[attr-defined]

@@ -16,12 +16,22 @@ out), the oldest turns are dropped instead, replaced by a one-line notice,
 and a warning is logged: the turn still runs.  Each compaction publishes a
 :class:`~agentik.core.events.Compacted` event; plugins see the messages
 first through the ``before_compact`` hook.
+
+Whatever compaction did (or if it is disabled), a request must then fit the
+model's real window — the backend's ``context_window`` — or the oldest
+whole turns are dropped until it does (:meth:`Compactor.trim`): the latest
+user message always stays, a one-line notice replaces the dropped messages,
+and a ``Compacted`` event with ``fallback`` set and reason ``window`` tells
+the channel.  When even the latest message does not fit, the turn ends with
+:class:`~agentik.core.errors.ContextTooLong`.  A request the model refuses
+as too large is shrunk by :meth:`Compactor.after_refusal` for one retry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -29,6 +39,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .errors import ContextTooLong
 from .events import Compacted
 from .llm.base import LLMRequest, TextChunk, ToolSpec
 from .messages import ChatMessage
@@ -149,20 +160,29 @@ class Compactor:
 
     @property
     def budget(self) -> int:
-        return int(
-            self.policy.context_tokens
-            or getattr(self.agent.llm, "context_window", None)
-            or DEFAULT_CONTEXT_TOKENS
-        )
+        """Tokens compaction keeps a request under (its ``trigger`` share starts it)."""
+        return int(self.policy.context_tokens or self.window or DEFAULT_CONTEXT_TOKENS)
+
+    @property
+    def window(self) -> int | None:
+        """The model's real window for a request — the backend's ``context_window``
+        (prompt tokens it takes with room for the answer kept) — or ``None``
+        when the backend does not know it (a remote endpoint: its refusal
+        is handled by :meth:`after_refusal`)."""
+        known = getattr(self.agent.llm, "context_window", None)
+        return int(known) if known else None
 
     async def count(self, request: LLMRequest) -> int:
         """The request's size in tokens: the backend's tokenizer, else the estimate."""
         counter = getattr(self.agent.llm, "count_tokens", None)
         if counter is not None:
             try:
-                return int(await counter(request))
+                counted = await counter(request)
             except Exception as exc:
                 log.debug("count_tokens failed (%s); estimating", exc)
+            else:
+                if counted is not None:
+                    return int(counted)
         return estimate_tokens(request.messages, request.system, request.tools)
 
     async def before_request(
@@ -173,22 +193,155 @@ class Compactor:
         run_id: str | None = None,
         settle: Callable[[], Awaitable[None]] | None = None,
     ) -> bool:
-        """Compact ``conv`` if ``request`` would not fit; ``True`` if it compacted.
+        """Make ``request`` fit; ``True`` if the working memory changed (build it again).
 
-        ``settle`` is awaited before compacting: it waits for the caller's
-        pending writes, since compaction works on the stored working memory.
+        Past ``trigger`` of the budget the older part is summarised (when
+        compaction is enabled); if the request still exceeds the model's real
+        window (:attr:`window`) — or compaction is off — the oldest whole
+        turns are dropped (:meth:`trim`).  Raises
+        :class:`~agentik.core.errors.ContextTooLong` when even the latest
+        turn alone does not fit.  ``settle`` is awaited before the working
+        memory is rewritten: it waits for the caller's pending writes.
         """
-        if not self.policy.enabled:
-            return False
         tokens = await self.count(request)
-        if tokens <= self.budget * self.policy.trigger:
+        window = self.window
+        compact = self.policy.enabled and tokens > self.budget * self.policy.trigger
+        if not compact and (window is None or tokens <= window):
             return False
         if settle is not None:
             await settle()
-        event = await self.compact(
-            conv, reason="budget", run_id=run_id, tools=request.tools, tokens_before=tokens
+        changed = False
+        if compact:
+            event = await self.compact(
+                conv, reason="budget", run_id=run_id, tools=request.tools, tokens_before=tokens
+            )
+            if event is not None:
+                changed = True
+                request = dataclasses.replace(request, messages=tuple(conv._memory_cache or ()))
+                tokens = await self.count(request)
+        if window is not None and tokens > window:
+            await self.trim(conv, request, window, run_id=run_id, reason="window", tokens=tokens)
+            changed = True
+        return changed
+
+    async def after_refusal(
+        self,
+        conv: Conversation,
+        request: LLMRequest,
+        error: ContextTooLong,
+        *,
+        run_id: str | None = None,
+        settle: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """The model refused ``request`` as too large: shrink the context for one retry.
+
+        The context is compacted (when enabled) and then trimmed to at most
+        half its measured size (or the known window, if smaller): the
+        measurement said it fits, so the model's real limit is lower than
+        we thought.  Re-raises ``error`` when nothing can be dropped.
+        """
+        if settle is not None:
+            await settle()
+        tokens = await self.count(request)
+        target = tokens // 2
+        if self.window is not None:
+            target = min(target, self.window)
+        log.info(
+            "conversation %s: the model refused %d tokens as too large (%s); shrinking to %d",
+            conv.id,
+            tokens,
+            error,
+            target,
         )
-        return event is not None
+        if self.policy.enabled:
+            event = await self.compact(
+                conv, reason="refused", run_id=run_id, tools=request.tools, tokens_before=tokens
+            )
+            if event is not None:
+                request = dataclasses.replace(request, messages=tuple(conv._memory_cache or ()))
+                tokens = await self.count(request)
+                if tokens <= target:
+                    return
+        try:
+            await self.trim(conv, request, target, run_id=run_id, reason="refused", tokens=tokens)
+        except ContextTooLong:
+            raise error from None
+
+    async def trim(
+        self,
+        conv: Conversation,
+        request: LLMRequest,
+        limit: int,
+        *,
+        run_id: str | None = None,
+        reason: str = "window",
+        tokens: int | None = None,
+    ) -> Compacted:
+        """Drop the oldest whole turns until ``request`` fits in ``limit`` tokens.
+
+        Cuts fall only before a user message (a tool call keeps its result);
+        the latest user message — and its turn so far — always stays, and
+        the dropped messages become a one-line notice in the working memory
+        (the audit log keeps them).  Publishes a
+        :class:`~agentik.core.events.Compacted` event with ``fallback`` set.
+        Raises :class:`~agentik.core.errors.ContextTooLong` when the latest
+        user message alone does not fit.
+        """
+        entries = await conv._store.load_memory(conv.id)
+        messages = [e.message for e in entries]
+        if tokens is None:
+            tokens = await self.count(dataclasses.replace(request, messages=tuple(messages)))
+        # A cut may fall before any user message (never between a tool call
+        # and its result); the latest user message always stays.
+        starts = [i for i, m in enumerate(messages) if m.role == "user"]
+        cuts = [i for i in starts if i > 0]
+
+        def candidate(cut: int) -> LLMRequest:
+            notice = ChatMessage(role="system", content=DROPPED_NOTICE.format(n=cut))
+            return dataclasses.replace(request, messages=(notice, *messages[cut:]))
+
+        lo, hi, best, best_tokens = 0, len(cuts) - 1, None, 0
+        while lo <= hi:  # the earliest cut that fits: each later one is shorter
+            mid = (lo + hi) // 2
+            size = await self.count(candidate(cuts[mid]))
+            if size <= limit:
+                best, best_tokens, hi = cuts[mid], size, mid - 1
+            else:
+                lo = mid + 1
+        if best is None:
+            latest = await self.count(candidate(starts[-1])) if starts else tokens
+            raise ContextTooLong(
+                f"the latest message is too long for the model's context: it needs about"
+                f" {latest} tokens with the system prompt, and {limit} fit; send a shorter"
+                f" message (the conversation itself is kept)"
+            )
+        old = messages[:best]
+        hooks = getattr(self.agent, "hooks", None)
+        if hooks is not None and hooks.implemented("before_compact"):
+            await hooks.call("before_compact", conversation=conv, messages=list(old), reason=reason)
+        notice = DROPPED_NOTICE.format(n=best)
+        await conv._compact(entries, entries[best - 1].pos, notice)
+        await conv._ensure_memory(exclude_run=run_id)
+        event = conv._emit(
+            Compacted,
+            run_id,
+            messages=len(old),
+            tokens_before=tokens,
+            tokens_after=best_tokens,
+            summary=notice,
+            reason=reason,
+            fallback=True,
+        )
+        log.warning(
+            "conversation %s: dropped the %d oldest messages from the context to fit the"
+            " model's window (%d → %d tokens, limit %d; the audit log keeps them)",
+            conv.id,
+            len(old),
+            tokens,
+            best_tokens,
+            limit,
+        )
+        return event
 
     async def compact(
         self,
@@ -295,18 +448,23 @@ async def ask(llm: Any, system: str, content: str, max_tokens: int) -> str:
     return "".join(parts).strip()
 
 
-def _cut_index(messages: Sequence[ChatMessage], keep_turns: int) -> int:
-    """Index of the first message to keep: the start of the ``keep_turns``-th last turn.
-
-    A turn starts at a user message that follows a non-user message (a
-    block of several user messages — ambient notes, then the message — is
-    one start).  Returns 0 when there are not more turns than that.
-    """
-    starts = [
+def _turn_starts(messages: Sequence[ChatMessage]) -> list[int]:
+    """Indexes where a turn starts: a user message that follows a non-user one
+    (a block of several user messages — ambient notes, then the message — is
+    one start)."""
+    return [
         i
         for i, m in enumerate(messages)
         if m.role == "user" and (i == 0 or messages[i - 1].role != "user")
     ]
+
+
+def _cut_index(messages: Sequence[ChatMessage], keep_turns: int) -> int:
+    """Index of the first message to keep: the start of the ``keep_turns``-th last turn.
+
+    Returns 0 when there are not more turns than that.
+    """
+    starts = _turn_starts(messages)
     keep = max(1, keep_turns)
     if len(starts) <= keep:
         return 0

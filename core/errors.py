@@ -15,6 +15,7 @@ boundary with ``raise ... from`` so callers only ever catch our types::
     │   ├── LLMConnectionError  the endpoint could not be reached / dropped mid-stream
     │   │   └── LLMTimeout      no answer (or no next chunk) within the timeout
     │   ├── LLMStatusError      the endpoint answered with an HTTP error status
+    │   ├── ContextTooLong      the request does not fit the model's context window
     │   └── LLMResponseError    the endpoint answered something we cannot use
     ├── ToolError               a tool failed; the message goes back to the model
     └── PromptRefused           a plugin refused a message (``before_prompt``)
@@ -30,6 +31,7 @@ __all__ = [
     "AgentikError",
     "ClosedError",
     "ConfigError",
+    "ContextTooLong",
     "LLMConnectionError",
     "LLMError",
     "LLMResponseError",
@@ -98,6 +100,22 @@ class LLMStatusError(LLMError):
         super().__init__(message)
         self.status_code = status_code
         self.retryable = status_code == 429 or status_code >= 500
+
+
+class ContextTooLong(LLMError):
+    """The request does not fit the model's context window.
+
+    Raised by a backend when the model refuses a request as too large — an
+    endpoint's HTTP 413 or OpenAI-style ``context_length_exceeded``, a local
+    engine with no room left — and by compaction when even the latest message
+    alone does not fit.  The turn answers a backend's refusal by compacting
+    or trimming the context and retrying once.  ``status_code`` is the HTTP
+    status when an endpoint answered one (else ``None``).
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class LLMResponseError(LLMError):

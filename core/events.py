@@ -198,9 +198,13 @@ class Compacted(EventBase):
 
     ``messages`` older entries were replaced by ``summary``; the estimated
     context size went from ``tokens_before`` to ``tokens_after``.
-    ``reason`` is ``budget`` (a request would not fit) or ``forced``
-    (``!compact``); ``fallback`` is true when summarising failed and the
-    oldest turns were dropped instead.
+    ``reason`` is ``budget`` (a request passed compaction's trigger),
+    ``forced`` (``!compact``), ``window`` (the context did not fit the
+    model's real window, even after compaction or with compaction off: the
+    oldest turns were dropped) or ``refused`` (the model refused a request
+    as too large; the context was shrunk for one retry).  ``fallback`` is
+    true when messages were dropped rather than summarised (summarising
+    failed, or trimming); ``summary`` is then the notice left in their place.
     """
 
     kind: ClassVar[str] = "compacted"

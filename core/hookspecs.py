@@ -157,8 +157,10 @@ def before_compact(conversation: Any, messages: list[Any], reason: str) -> None:
 
     Called before compaction replaces the oldest part of ``conversation``'s
     working memory (``messages``: :class:`~agentik.core.messages.ChatMessage`
-    values, oldest first) with a summary; ``reason`` is ``budget`` or
-    ``forced``.  Persist facts you want to keep (the audit log keeps every
+    values, oldest first) with a summary or, when they are dropped to fit
+    the model's window, a notice; ``reason`` is ``budget``, ``forced``,
+    ``window`` (trimming) or ``refused`` (the model refused a request as too
+    large).  Persist facts you want to keep (the audit log keeps every
     message regardless).  The return value is ignored.
     """
 

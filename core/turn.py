@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import LLMError, StoreError
+from .errors import ContextTooLong, LLMError, StoreError
 from .events import (
     Error,
     Interrupted,
@@ -324,17 +324,21 @@ class TurnRunner:
                 if self.state.tools_exhausted or not agent.llm.supports_tools
                 else [spec_of(t) for t in self.tools.values()]
             )
-            request = self._request(offered)
-            if agent.compactor.policy.enabled and await agent.compactor.before_request(
-                self.conv, request, run_id=self.run_id, settle=self._settled
-            ):
-                request = self._request(offered)
-            backend = agent.llm
+            request, backend = await self._fitted_request(offered)
             hooks = agent.hooks
-            if hooks.implemented("before_llm_request"):
-                request, backend = await self._before_llm_request(request, backend)
             hold = hooks.implemented("after_response")
-            text, calls, finish = await self._stream(request, backend, hold=hold)
+            try:
+                text, calls, finish = await self._stream(request, backend, hold=hold)
+            except ContextTooLong as exc:
+                # The model refused the request as too large before answering:
+                # shrink the context and try once more (a second refusal ends the turn).
+                if self.state.partial:
+                    raise
+                await agent.compactor.after_refusal(
+                    self.conv, request, exc, run_id=self.run_id, settle=self._settled
+                )
+                request, backend = await self._fitted_request(offered)
+                text, calls, finish = await self._stream(request, backend, hold=hold)
             if hold:
                 text = await self._after_response(text, calls)
             if not calls:
@@ -363,6 +367,19 @@ class TurnRunner:
                 memory=[ChatMessage(role="assistant", content=text, tool_calls=tuple(calls))],
             )
             await self._run_tools(calls)
+
+    async def _fitted_request(self, offered: list[Any]) -> tuple[LLMRequest, LLMBackend]:
+        """The next request, its context made to fit the model, after the request hooks."""
+        agent = self.agent
+        request = self._request(offered)
+        if await agent.compactor.before_request(
+            self.conv, request, run_id=self.run_id, settle=self._settled
+        ):
+            request = self._request(offered)
+        backend = agent.llm
+        if agent.hooks.implemented("before_llm_request"):
+            request, backend = await self._before_llm_request(request, backend)
+        return request, backend
 
     async def _settled(self) -> None:
         """Wait until every write of this turn is committed (compaction reads the store)."""

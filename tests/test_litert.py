@@ -36,7 +36,7 @@ from agentik.core.llm.base import (
 from agentik.core.llm.litert_backend import LiteRTBackend, to_engine_messages
 from agentik.core.messages import ChatMessage, ToolCall
 from agentik.core.plugins import load_plugins
-from agentik.core.testing.scripted import ScriptedModel
+from agentik.core.testing.scripted import Reply, ScriptedModel
 from agentik.core.tools.base import spec_of
 from helpers import collect_turn
 
@@ -203,8 +203,82 @@ async def test_interrupt_then_the_next_turn_works_on_a_rebuilt_conversation(tmp_
         assert backend.stats.builds == 2 and backend.stats.reuses == 0
         end3 = ended(await turn(conv, "once more"))
         assert end3.stop_reason in ("stop", "length")
-        assert backend.stats.reuses == 1
+        # Reused when the engine conversation had room for another message and
+        # answer, rebuilt from the (fitted) history when it had not — how long
+        # the interrupted answer got depends on timing; an error never.
+        assert backend.stats.builds + backend.stats.reuses == 3
     await backend.aclose()
+
+
+# -- a conversation never outgrows the model ------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", [FIXTURE, TOOLCALL_FIXTURE], ids=["random", "toolcall"])
+async def test_a_history_too_long_after_an_interrupt_is_fitted_and_the_next_turn_answers(
+    tmp_path, db_path, fixture
+):
+    # A long answer interrupted mid-stream — scripted, so its length does not
+    # depend on how fast the machine is: longer than the model's whole context.
+    partial = "the cat sat on the mat " * 200
+    reply = Reply(text=partial + "and it went on", hold_after=len(partial.split()))
+    scripted = ScriptedModel([reply])
+    async with Agent(llm=scripted, store=SQLiteStore(db_path), system_prompt=SYSTEM) as a:
+        conv = await a.conversation_for_channel("stdio:local")
+        await conv.send("talk for a long time")
+        await asyncio.wait_for(reply.held.wait(), 30)
+        assert await conv.interrupt()
+
+    backend = make_backend(tmp_path, model_path=fixture, max_tokens=900)
+    async with Agent(llm=backend, store=SQLiteStore(db_path), system_prompt=SYSTEM) as a:
+        conv = await a.conversation_for_channel("stdio:local")
+        history = [*await conv.working_memory(), ChatMessage(role="user", content="and now?")]
+        tokens = await backend.count_tokens(LLMRequest(messages=history, system=SYSTEM))
+        assert tokens > backend.context_size > backend.context_window
+        events = await turn(conv, "and now?")
+        again = await turn(conv, "once more")
+        rows = await conv.messages()
+        memory = await conv.working_memory()
+    await backend.aclose()
+    # No engine error: the oldest turn was dropped with a notice, and the
+    # model answered — twice.
+    assert not [e for e in events + again if e.kind == "error"]
+    assert ended(events).stop_reason in ("stop", "length") and ended(events).text
+    assert ended(again).stop_reason in ("stop", "length")
+    (notice,) = [e for e in events if e.kind == "compacted"]
+    assert notice.fallback and notice.reason == "window" and notice.messages == 2
+    assert memory[0].role == "system" and "dropped to fit" in memory[0].content
+    # The audit log keeps the interrupted answer.
+    assert rows[1].kind == "assistant" and rows[1].status == "interrupted"
+    assert rows[1].content == partial
+
+
+async def test_a_nearly_full_engine_conversation_is_rebuilt_instead_of_overrun(tmp_path, db_path):
+    # How many prompt tokens the first message takes (the same in every run).
+    probe = make_backend(tmp_path)
+    async with Agent(llm=probe, store=SQLiteStore(":memory:"), system_prompt=SYSTEM) as a:
+        prompt = ended(await turn(await a.create_conversation(), "hello")).usage.prompt_tokens
+    await probe.aclose()
+    # Answers that leave the KV cache 20 tokens short of full: too little room
+    # for the engine to prefill even a short next message (its prefill works
+    # in groups of 32 tokens: "Chosen prefill work group size exceeds
+    # available state entries").
+    room = 20
+    backend = make_backend(tmp_path, max_tokens=backend_context(probe) - prompt - room)
+    async with Agent(llm=backend, store=SQLiteStore(db_path), system_prompt=SYSTEM) as a:
+        conv = await a.create_conversation()
+        first = ended(await turn(conv, "hello"))
+        assert first.usage.prompt_tokens + first.usage.completion_tokens == (
+            backend.context_size - room
+        ), "the model answered up to its cap"
+        events = await turn(conv, "x")
+    await backend.aclose()
+    assert not [e for e in events if e.kind == "error"]
+    assert ended(events).stop_reason in ("stop", "length")
+    assert backend.stats.builds == 2 and backend.stats.reuses == 0
+
+
+def backend_context(backend: LiteRTBackend) -> int:
+    return backend.context_size
 
 
 async def test_after_a_restart_the_history_is_rebuilt_into_a_new_engine_conversation(
@@ -247,8 +321,10 @@ async def test_compaction_changes_the_context_so_the_engine_conversation_is_rebu
 
 
 async def test_compaction_budgets_by_the_models_context(agent, llm):
-    assert llm.context_window == llm.model_context > 0
-    assert agent.compactor.budget == llm.context_window
+    # The window leaves room in the KV cache for the answer and the prefill.
+    assert llm.context_size == llm.model_context > llm.context_window > 0
+    assert llm.context_window <= llm.model_context - llm.max_tokens
+    assert agent.compactor.budget == agent.compactor.window == llm.context_window
 
 
 # -- the event loop stays free ------------------------------------------------------------------

@@ -353,7 +353,7 @@ async def test_a_long_conversation_drops_its_oldest_exchanges_to_fit_n_ctx(db_pa
     require_local_model()
     small = make_backend(n_ctx=256, max_tokens=16)
     try:
-        # Compaction off: this is the backend's own last line of defence.
+        # Compaction off: the oldest turns are still dropped to fit the window.
         off = CompactionPolicy(enabled=False)
         async with Agent(
             llm=small, store=SQLiteStore(db_path), system_prompt=SYSTEM, compaction=off
@@ -374,9 +374,74 @@ async def test_a_long_conversation_drops_its_oldest_exchanges_to_fit_n_ctx(db_pa
             await conv.send("word " * 400)
             events = await collect_turn(sub, wait=60)
             errors = [e for e in events if e.kind == "error"]
-            assert errors and "n_ctx" in errors[0].message
+            assert errors and errors[0].error_type == "ContextTooLong"
+            assert "too long for the model's context" in errors[0].message
+            assert small.last_generation is stats, "no request was made"
     finally:
         await small.aclose()
+
+
+async def test_an_interrupted_long_answer_is_trimmed_away_and_the_next_turn_answers(model, db_path):
+    long = make_backend(max_tokens=1000)  # n_ctx 1024: the module's model, shared
+    assert long._shared is model._shared
+    try:
+        async with Agent(llm=long, store=SQLiteStore(db_path), system_prompt=SYSTEM) as agent:
+            conv = await agent.create_conversation()
+            sub = conv.events()
+            await conv.send("Write a very long story about a dragon and a knight.")
+            # The story runs to ~675 tokens; interrupt it once ~100 have arrived.
+            text = ""
+            async for event in sub:
+                assert event.kind != "turn_ended", "the story ended before the interrupt"
+                if event.kind == "text_delta":
+                    text += event.text
+                    if len(text) >= 400:
+                        break
+            assert await conv.interrupt() is True
+            first = await collect_turn(sub, wait=60)
+            assert first[-1].stop_reason == "interrupted"
+            partial = first[-1].text
+            assert len(partial) >= 400
+
+            # A long next message: alone it fits the window, after the
+            # interrupted answer it does not (sized with the model's tokenizer).
+            memory = await conv.working_memory()
+            notice = ChatMessage(role="system", content="[3 earlier messages were dropped.]")
+
+            async def tokens(messages) -> int:
+                return await long.count_tokens(LLMRequest(messages=messages, system=SYSTEM))
+
+            unit = "The grass is green and the sky is blue. "
+            k = 1
+            while await tokens([notice, user(unit * (k + 1))]) < long.context_window - 40:
+                k += 1
+            message = unit * k
+            assert await tokens([*memory, user(message)]) > long.context_window
+            await conv.send(message)
+            events = await collect_turn(sub, wait=120)
+            rows = await conv.messages()
+            working = await conv.working_memory()
+    finally:
+        await long.aclose()
+    end = events[-1]
+    assert not [e for e in events if e.kind == "error"]
+    assert end.stop_reason in ("stop", "length") and end.text.strip()
+    (trimmed,) = [e for e in events if e.kind == "compacted"]
+    assert trimmed.fallback and trimmed.reason == "window" and trimmed.messages == 2
+    assert trimmed.tokens_after <= long.context_window < trimmed.tokens_before
+    assert working[0].role == "system" and working[1].content == message
+    # The audit log keeps the interrupted answer.
+    assert [(m.kind, m.status) for m in rows] == [
+        ("user", "complete"),
+        ("assistant", "interrupted"),
+        ("user", "complete"),
+        ("assistant", "complete"),
+    ]
+    assert rows[1].content == partial
+
+
+def user(text: str) -> ChatMessage:
+    return ChatMessage(role="user", content=text)
 
 
 async def test_compaction_counts_with_the_models_tokenizer_and_keeps_requests_in_context(

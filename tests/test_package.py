@@ -18,7 +18,8 @@ def test_public_api_is_pinned():
     assert sorted(agentik.core.__all__) == sorted(
         """
         PROFILES Agent AgentState AgentikError Capabilities ChatMessage ChildRunLinked
-        ClosedError ConfigError Conversation ConversationRecord ConversationState Error Event
+        ClosedError ConfigError ContextTooLong Conversation ConversationRecord ConversationState
+        Error Event
         EventsLost FunctionTool Interrupted LLMBackend LLMConnectionError LLMError LLMRequest
         LLMResponseError LLMStatusError LLMTimeout MemoryStore Message MigrationError NotFound
         OpenAIBackend PluginError ReasoningDelta ReasoningStarted Registry ResponseStarted

@@ -12,7 +12,19 @@ A backend has one required method, :meth:`LLMBackend.stream`: given an
 Cancellation: the agent cancels the task iterating the stream (or closes the
 generator); a backend must then release its resources promptly — for an
 HTTP backend, close the response so the server sees the client go away.
-Errors are raised as :class:`~agentik.core.errors.LLMError` subclasses.
+Errors are raised as :class:`~agentik.core.errors.LLMError` subclasses; a
+request the model refuses as too large for its context raises
+:class:`~agentik.core.errors.ContextTooLong` (the turn then shrinks the
+context and retries once).
+
+Fitting the context: a backend that knows its model's window reports it as
+:attr:`LLMBackend.context_window` — the prompt tokens a request may use, the
+room for the answer (and anything else the engine needs) already kept — and
+may count a request with the model's own tokenizer in
+:meth:`LLMBackend.count_tokens`.  Before every request the agent measures it
+(``count_tokens``, else an estimate) and compacts or trims the working
+memory until it fits ``context_window``.  A backend that knows neither (a
+remote endpoint) leaves both at their defaults.
 """
 
 from __future__ import annotations
@@ -104,10 +116,18 @@ class LLMBackend(abc.ABC):
     model: str = ""
     #: Whether the model accepts tool definitions.
     supports_tools: bool = True
+    #: Prompt tokens a request may use (room for the answer kept), or ``None``
+    #: when unknown; every request is fitted to it (see the module docstring).
+    context_window: int | None = None
 
     @abc.abstractmethod
     def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
         """Stream the completion for ``request`` (an async generator)."""
+
+    async def count_tokens(self, request: LLMRequest) -> int | None:
+        """The size of ``request``'s prompt in the model's tokens (``None``: the
+        backend cannot count; the agent estimates instead)."""
+        return None
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release clients and connections."""

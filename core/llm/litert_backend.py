@@ -51,6 +51,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -59,7 +60,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..errors import ConfigError, LLMError, LLMResponseError
+from ..errors import ConfigError, ContextTooLong, LLMError, LLMResponseError
 from ..hookspecs import hookimpl
 from ..messages import ChatMessage, ToolCall, Usage
 from .base import (
@@ -90,6 +91,24 @@ ENV_THREADS = "AGENTIK_GOOGLE_THREADS"
 _CANCEL_WAIT = 2.0
 #: Shortest time between two batches of deltas handed to the turn (seconds).
 _DELTA_INTERVAL = 0.005
+#: Tokens counted for each message's chat-template framing (turn markers,
+#: role, newlines): a little more than the templates we know use.
+_FRAME_TOKENS = 10
+
+
+#: How the engine says a prompt does not fit its KV cache.
+_TOO_LONG_RE = re.compile(
+    r"exceeds available state entries|Input token ids are too long|Exceeding the maximum number"
+    r" of tokens|Prefill input length exceeds",
+    re.IGNORECASE,
+)
+
+
+def _prefill_slack(context: int) -> int:
+    """Room kept for the engine's prefill: it works in fixed-size groups, and a
+    prefill that would pass the end of the KV cache fails (``FAILED_PRECONDITION:
+    Chosen prefill work group size exceeds available state entries``)."""
+    return min(128, max(32, context // 16))
 
 
 def default_cache_dir() -> str:
@@ -467,11 +486,63 @@ class LiteRTBackend(LLMBackend):
         self._workers: set[asyncio.Future[Any]] = set()
         self._jobs: set[_Job] = set()
         self._closed = False
+        #: Token counts of message texts (``count_tokens``), by text.
+        self._token_counts: dict[str, int] = {}
+
+    @property
+    def context_size(self) -> int:
+        """Tokens the engine's KV cache holds (``context_tokens``, else the model's)."""
+        return int(self.context_tokens or self.model_context)
+
+    def _answer_reserve(self, max_tokens: int | None = None) -> int:
+        """Room kept for the answer: its cap, at most a quarter of the context."""
+        context = self.context_size
+        return min(max_tokens or self.max_tokens or context, context // 4)
 
     @property
     def context_window(self) -> int:
-        """Tokens the model can hold: what compaction keeps the context under."""
-        return int(self.context_tokens or self.model_context)
+        """Prompt tokens a request may use — the KV cache less the room kept for
+        the answer and for the engine's prefill padding: what compaction and
+        trimming keep every request under."""
+        context = self.context_size
+        return max(1, context - self._answer_reserve() - _prefill_slack(context))
+
+    async def count_tokens(self, request: LLMRequest) -> int:
+        """The size of ``request`` as the engine would prefill it after a rebuild,
+        with the model's own tokenizer (message framing counted generously)."""
+        engine = await self._get_engine()
+        system, wire = to_engine_messages(
+            request.messages,
+            request.system,
+            fold_system_prompt=self.fold_system_prompt,
+            author_mode=self.author_mode,
+        )
+        texts = [system or ""]
+        texts += [
+            json.dumps(m["content"]) if not isinstance(m["content"], str) else m["content"]
+            for m in wire
+        ]
+        texts += [json.dumps(m["tool_calls"]) for m in wire if m.get("tool_calls")]
+        if self.supports_tools and request.tools and request.tool_choice != "none":
+            texts += [json.dumps(_tool_description(t)) for t in request.tools]
+        loop = asyncio.get_running_loop()
+        counted = await loop.run_in_executor(self._executor, self._count_texts, engine, texts)
+        return counted + _FRAME_TOKENS * (len(wire) + 1)
+
+    def _count_texts(self, engine: Any, texts: list[str]) -> int:  # worker thread
+        cache = self._token_counts
+        total = 0
+        for text in texts:
+            if not text:
+                continue
+            n = cache.get(text)
+            if n is None:
+                n = len(engine.tokenize(text))
+                if len(cache) >= 4096:
+                    cache.clear()
+                cache[text] = n
+            total += n
+        return total
 
     def __repr__(self) -> str:
         return f"LiteRTBackend(model_path={self.model_path!r})"
@@ -553,14 +624,26 @@ class LiteRTBackend(LLMBackend):
         cid = request.conversation_id
         slot = self._slots.get(cid) if cid is not None else None
         history: list[dict[str, Any]] | None
+        max_tokens = request.max_tokens or self.max_tokens
+
+        def reusable() -> bool:
+            return (
+                slot is not None
+                and self._slots.get(cid) is slot  # type: ignore[arg-type]
+                and not slot.busy
+                and not slot.poisoned
+                and slot.conv is not None
+                and slot.key == key
+                and len(prints) == len(slot.consumed) + 1
+                and prints[: len(slot.consumed)] == slot.consumed
+            )
+
+        # Checked again after the room is measured: the idle timer may have
+        # released the engine conversation meanwhile.
         if (
-            slot is not None
-            and not slot.busy
-            and not slot.poisoned
-            and slot.conv is not None
-            and slot.key == key
-            and len(prints) == len(slot.consumed) + 1
-            and prints[: len(slot.consumed)] == slot.consumed
+            reusable()
+            and await self._room_for(engine, slot, wire[-1], max_tokens)  # type: ignore[arg-type]
+            and reusable()
         ):
             history = None
             self.stats.reuses += 1
@@ -586,7 +669,7 @@ class LiteRTBackend(LLMBackend):
             feed=wire[-1],
             system=system,
             tools=tools,
-            max_tokens=request.max_tokens or self.max_tokens,
+            max_tokens=max_tokens,
             sampler=sampler,
         )
         loop = asyncio.get_running_loop()
@@ -670,6 +753,29 @@ class LiteRTBackend(LLMBackend):
             temperature=request.temperature,
             seed=getattr(base, "seed", None),
         )
+
+    async def _room_for(
+        self, engine: Any, slot: _Slot, feed: dict[str, Any], max_tokens: int | None
+    ) -> bool:
+        """Whether the engine conversation has room for ``feed`` and an answer.
+
+        Its KV cache holds every token it consumed and generated, which can be
+        more than the history re-tokenized (an interrupted or long answer):
+        when the new message, its prefill padding and the room kept for the
+        answer would not fit, the conversation is rebuilt from the (fitted)
+        history instead of failing in the engine.
+        """
+        try:
+            used = slot.conv.token_count
+        except RuntimeError:
+            return False
+        content = feed["content"]
+        text = content if isinstance(content, str) else json.dumps(content)
+        loop = asyncio.get_running_loop()
+        tokens = await loop.run_in_executor(self._executor, self._count_texts, engine, [text])
+        context = self.context_size
+        need = tokens + 2 * _FRAME_TOKENS + self._answer_reserve(max_tokens)
+        return used + need + _prefill_slack(context) <= context
 
     def _context_full(self, slot: _Slot) -> bool:
         try:
@@ -787,6 +893,11 @@ class LiteRTBackend(LLMBackend):
         if isinstance(exc, LLMError):
             return exc
         text = str(exc)
+        if _TOO_LONG_RE.search(text):
+            return ContextTooLong(
+                f"the conversation does not fit the LiteRT-LM model's context"
+                f" ({self.context_size} tokens): {text.splitlines()[0] if text else ''}"
+            )
         if "send_message_stream failed" in text or "Failed to create conversation" in text:
             hint = (
                 ""

@@ -11,7 +11,10 @@ Turns of all conversations queue for the model, in order.
   file can be configured (``[llm] model_path``).
 * **Prompts** are written with the model's own chat template (from the GGUF
   file, or ``chat_template``).  A conversation longer than the context
-  (``n_ctx``) loses its oldest exchanges, never the system prompt.
+  (``n_ctx``) is fitted by the agent before the request (compaction, then
+  trimming of the oldest turns with a notice: see ``context_window`` and
+  ``count_tokens``); should one still not fit, the backend drops its oldest
+  exchanges, never the system prompt.
 * **Tool calls.**  With ``tool_choice = "required"`` on the request — or the
   backend's ``tool_choice = "required"``, which forces a call on the first
   model step of every turn — the output is constrained by a grammar built
@@ -44,7 +47,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import ConfigError, LLMError, LLMResponseError
+from ..errors import ConfigError, ContextTooLong, LLMError, LLMResponseError
 from ..hookspecs import hookimpl
 from ..messages import ChatMessage, ToolCall, Usage
 from . import _llama_worker as worker
@@ -409,7 +412,7 @@ class LlamaCppBackend(LLMBackend):
             else:
                 lo = mid + 1
         if best is None:
-            raise LLMResponseError(
+            raise ContextTooLong(
                 f"the conversation does not fit the local model's context (llm.n_ctx ="
                 f" {self.n_ctx} tokens, the last message alone needs more); raise llm.n_ctx"
                 " or start a new conversation"

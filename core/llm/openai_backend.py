@@ -22,7 +22,14 @@ from typing import Any, Literal
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from ..errors import ConfigError, LLMConnectionError, LLMError, LLMStatusError, LLMTimeout
+from ..errors import (
+    ConfigError,
+    ContextTooLong,
+    LLMConnectionError,
+    LLMError,
+    LLMStatusError,
+    LLMTimeout,
+)
 from ..hookspecs import hookimpl
 from ..messages import ChatMessage, ToolCall, Usage
 from .base import (
@@ -39,6 +46,15 @@ from .base import (
 __all__ = ["OpenAIBackend"]
 
 _NAME_RE = re.compile(r"[^A-Za-z0-9_-]+")
+#: How servers say a request is longer than the model's context (OpenAI's
+#: ``context_length_exceeded`` code, and the wording of vLLM, llama.cpp's
+#: server, Ollama and others, which often send no code).
+_TOO_LONG_CODES = {"context_length_exceeded", "string_above_max_length", "request_too_large"}
+_TOO_LONG_RE = re.compile(
+    r"context[ _-]?(length|window|size)|maximum context|too many tokens|prompt is too long"
+    r"|exceeds? the (model's )?(context|maximum)|request too large",
+    re.IGNORECASE,
+)
 AuthorMode = Literal["name", "prefix", "none"]
 
 
@@ -248,12 +264,32 @@ class OpenAIBackend(LLMBackend):
             return LLMTimeout(f"the model at {where} timed out")
         if isinstance(exc, openai.APIConnectionError):
             return LLMConnectionError(f"could not reach the model at {where}: {exc.message}")
+        if isinstance(exc, openai.APIStatusError) and _too_long(exc):
+            return ContextTooLong(
+                self._scrub(
+                    f"the model at {where} refused the request as too large for its context"
+                    f" (HTTP {exc.status_code}: {exc.message})"
+                ),
+                status_code=exc.status_code,
+            )
         if isinstance(exc, openai.APIStatusError):
             return LLMStatusError(
                 self._scrub(f"the model at {where} answered HTTP {exc.status_code}: {exc.message}"),
                 status_code=exc.status_code,
             )
         return LLMError(self._scrub(f"the model at {where} failed: {exc.message}"))
+
+
+def _too_long(exc: openai.APIStatusError) -> bool:
+    """Whether the endpoint refused the request for its size (413, or a 400 saying so)."""
+    if exc.status_code == 413:
+        return True
+    if exc.status_code != 400:
+        return False
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code in _TOO_LONG_CODES:
+        return True
+    return bool(_TOO_LONG_RE.search(exc.message or ""))
 
 
 @hookimpl

@@ -12,7 +12,11 @@ receives (``model.requests``) and streams enqueued replies word by word::
     model.enqueue(Reply(text="a b c", hold_after=1))   # "a " then waits for reply.release
 
 With nothing queued it answers ``default(request)``; the default echoes the
-last user message as ``"echo: <text>"``.  Registered as backend
+last user message as ``"echo: <text>"``.  With ``context_window`` it acts
+like a model with that many tokens of context: it reports the window (so
+compaction fits requests to it) and refuses a larger request — by
+:func:`~agentik.core.compaction.estimate_tokens` — with
+:class:`~agentik.core.errors.ContextTooLong`, recording it in ``refused``.  Registered as backend
 ``scripted`` so a configuration can select it.
 """
 
@@ -26,7 +30,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import LLMConnectionError, LLMError
+from ..compaction import estimate_tokens
+from ..errors import ContextTooLong, LLMConnectionError, LLMError
 from ..hookspecs import hookimpl
 from ..llm.base import (
     FinishItem,
@@ -97,8 +102,13 @@ class ScriptedModel(LLMBackend):
         model: str = "scripted",
         default: Callable[[LLMRequest], Reply | str] | None = None,
         supports_tools: bool = True,
+        context_window: int | None = None,
     ) -> None:
         self.model = model
+        #: Prompt tokens a request may use (``None``: unlimited, unknown).
+        self.context_window = context_window
+        #: Requests refused as longer than ``context_window``.
+        self.refused: list[LLMRequest] = []
         self.supports_tools = supports_tools
         self.default = default or _echo
         self.requests: list[LLMRequest] = []
@@ -117,6 +127,13 @@ class ScriptedModel(LLMBackend):
         return len(self._queue)
 
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
+        if self.context_window is not None:
+            size = estimate_tokens(request.messages, request.system, request.tools)
+            if size > self.context_window:
+                self.refused.append(request)
+                raise ContextTooLong(
+                    f"scripted: {size} tokens do not fit the context of {self.context_window}"
+                )
         self.requests.append(request)
         if self._queue:
             reply = self._queue.popleft()
