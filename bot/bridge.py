@@ -606,6 +606,13 @@ class Bridge:
                     ch.changed.notify_all()
 
 
+#: Turns that ended early get a short notice after what was said.
+_STOP_NOTICES = {
+    "length": "(answer cut: too long)",
+    "tool_limit": "(stopped: tool call limit)",
+}
+
+
 class _Renderer:
     """Turns one channel's events into outgoing messages."""
 
@@ -739,6 +746,9 @@ class _Renderer:
                 await self._stream_done(run)
                 await self._out("", "end", run)
             self.stream_id, self.stream_text = None, []
+            why = _STOP_NOTICES.get(e.stop_reason)  # type: ignore[attr-defined]
+            if why:
+                await self._out(why, "notice", run)
             if self.ch.more:
                 p = self.ch.options.command_prefix
                 await self._out(f"… {len(self.ch.more)} more lines: {p}more", "notice", run)

@@ -289,6 +289,9 @@ class AgentBuilder:
                 tool_timeout=t.tool_timeout,
                 allowed_tools=tuple(t.allowed) if t.allowed is not None else None,
                 max_tool_retries=t.max_tool_retries,
+                max_tool_argument_chars=t.max_tool_argument_chars,
+                max_tool_result_chars=t.max_tool_result_chars,
+                max_answer_chars=t.max_answer_chars,
             )
         )
         b.event_buffer(config.agent.event_buffer)

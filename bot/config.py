@@ -173,6 +173,9 @@ class ToolsSection(_Section):
     tool_timeout: float = Field(60.0, gt=0)
     allowed: list[str] | None = None
     max_tool_retries: int = Field(2, ge=0)
+    max_tool_argument_chars: int = Field(64_000, ge=1)
+    max_tool_result_chars: int = Field(64_000, ge=1)
+    max_answer_chars: int = Field(100_000, ge=1)
 
 
 class TransportSection(BaseModel):

@@ -57,10 +57,14 @@ __all__ = [
     "event_to_json",
 ]
 
-#: Why a turn ended: the model finished (``stop``), hit its output limit
-#: (``length``), was interrupted, ran out of its time budget, failed, or a
-#: plugin aborted it (``aborted``, from the ``after_response`` hook).
-StopReason = Literal["stop", "length", "interrupted", "time_budget", "error", "aborted"]
+#: Why a turn ended: the model finished (``stop``), hit its output limit or
+#: the turn's ``max_answer_chars`` (``length``), was interrupted, ran out of
+#: its time budget, failed, a plugin aborted it (``aborted``, from the
+#: ``after_response`` hook), or the model kept calling tools after the turn's
+#: tool calls were used up (``tool_limit``).
+StopReason = Literal[
+    "stop", "length", "interrupted", "time_budget", "error", "aborted", "tool_limit"
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -54,10 +54,6 @@ __all__ = ["TurnRunner"]
 
 log = logging.getLogger(__name__)
 
-#: Tool output longer than this is cut before it reaches the model (the
-#: audit log keeps it whole).
-MAX_TOOL_RESULT_CHARS = 64_000
-
 
 class TurnAborted(Exception):
     """An ``after_response`` hook ended the turn."""
@@ -69,6 +65,8 @@ class _State:
     partial: list[str] = field(default_factory=list)
     final_text: str = ""
     tool_calls: int = 0
+    #: The turn's tool calls are used up: the model is asked for an answer
+    #: without tools, and a tool call then ends the turn (``tool_limit``).
     tools_exhausted: bool = False
     open_calls: dict[str, ToolCall] = field(default_factory=dict)
     stop_reason: str = "stop"
@@ -94,7 +92,7 @@ class TurnRunner:
         self.message = message
         self.policy = policy
         self.tools = {t.name: t for t in policy.visible(tools)}
-        self.state = _State()
+        self.state = _State(tools_exhausted=policy.max_tool_calls <= 0)
         self.interrupt_requested = False
         #: True when ``send`` already put the user message in working memory.
         self.in_memory = in_memory
@@ -319,9 +317,10 @@ class TurnRunner:
     async def _steps(self) -> None:
         agent = self.agent
         while True:
+            no_tools = self.state.tools_exhausted
             offered = (
                 []
-                if self.state.tools_exhausted or not agent.llm.supports_tools
+                if no_tools or not agent.llm.supports_tools
                 else [spec_of(t) for t in self.tools.values()]
             )
             request, backend = await self._fitted_request(offered)
@@ -341,18 +340,21 @@ class TurnRunner:
                 text, calls, finish = await self._stream(request, backend, hold=hold)
             if hold:
                 text = await self._after_response(text, calls)
+            if calls and no_tools:
+                # Asked for an answer without tools, the model called tools
+                # again: end here rather than loop until the time budget.
+                await self._end_at_tool_limit(text, calls)
+                return
             if not calls:
                 self.state.partial.clear()
-                self.state.final_text = text
+                self.state.final_text = text[: self.policy.max_answer_chars]
                 reason = "length" if finish == "length" else "stop"
                 await self._append(
                     log=[self._new("assistant", content=text)],
-                    memory=[ChatMessage(role="assistant", content=text)],
+                    memory=[ChatMessage(role="assistant", content=self._answer_for_memory(text))],
                     ended=reason,
                 )
-                await self._settle_writes()
-                if self.failed_writes:
-                    raise self.failed_writes[0]
+                await self._settled()
                 self.state.stop_reason = reason
                 return
             self.state.partial.clear()
@@ -364,7 +366,13 @@ class TurnRunner:
             self.state.open_calls.update((c.id, c) for c in calls)
             await self._append(
                 log=rows,
-                memory=[ChatMessage(role="assistant", content=text, tool_calls=tuple(calls))],
+                memory=[
+                    ChatMessage(
+                        role="assistant",
+                        content=self._answer_for_memory(text),
+                        tool_calls=tuple(self._call_for_memory(c) for c in calls),
+                    )
+                ],
             )
             await self._run_tools(calls)
 
@@ -380,6 +388,61 @@ class TurnRunner:
         if agent.hooks.implemented("before_llm_request"):
             request, backend = await self._before_llm_request(request, backend)
         return request, backend
+
+    # -- size limits: the audit log keeps everything, the working memory is cut ----
+    def _answer_for_memory(self, text: str) -> str:
+        cap = self.policy.max_answer_chars
+        if len(text) <= cap:
+            return text
+        return text[:cap] + f"\n[… answer cut: too long ({len(text)} characters)]"
+
+    def _too_big(self, call: ToolCall) -> bool:
+        return len(call.arguments) > self.policy.max_tool_argument_chars
+
+    def _call_for_memory(self, call: ToolCall) -> ToolCall:
+        """``call`` as the working memory keeps it: oversized arguments become a
+        small JSON object with a marker (still valid JSON for endpoints that
+        parse them)."""
+        if not self._too_big(call):
+            return call
+        marker = {"_cut": f"arguments too large ({len(call.arguments)} characters); not run"}
+        return dataclasses.replace(call, arguments=json.dumps(marker))
+
+    async def _end_at_tool_limit(self, text: str, calls: list[ToolCall]) -> None:
+        """End the turn (``tool_limit``): the calls are logged, refused and not run."""
+        self.state.partial.clear()
+        cap = self.policy.max_tool_calls
+        refusal = f"error: not run: the tool call limit ({cap} per turn) was reached"
+        rows = [self._new("assistant", content=text)] if text else []
+        for c in calls:
+            rows.append(
+                self._new("tool_call", tool_call_id=c.id, tool_name=c.name, arguments=c.arguments)
+            )
+            rows.append(
+                self._new(
+                    "tool_result",
+                    content=refusal,
+                    tool_call_id=c.id,
+                    tool_name=c.name,
+                    is_error=True,
+                )
+            )
+        # The working memory gets no dangling calls: just the answer so far, or
+        # a note that the turn stopped, so the next turn starts from a valid context.
+        note = f"(stopped: the tool call limit of {cap} per turn was reached)"
+        self.state.final_text = text[: self.policy.max_answer_chars]
+        await self._append(
+            log=rows,
+            memory=[ChatMessage(role="assistant", content=self._answer_for_memory(text) or note)],
+            ended="tool_limit",
+        )
+        await self._settled()
+        log.info(
+            "conversation %s run %s: the model called tools past the limit; turn ended",
+            self.conv.id,
+            self.run_id,
+        )
+        self.state.stop_reason = "tool_limit"
 
     async def _settled(self) -> None:
         """Wait until every write of this turn is committed (compaction reads the store)."""
@@ -434,9 +497,10 @@ class TurnRunner:
         text = str(args["text"])
         # The held-back text goes out now, as the hooks left it.
         self.state.partial[:] = [text] if text else []
-        if text:
+        shown = text[: self.policy.max_answer_chars]
+        if shown:
             self._emit(ResponseStarted)
-            self._emit(TextDelta, text=text)
+            self._emit(TextDelta, text=shown)
         return text
 
     async def _before_tool_call(self, call: ToolCall) -> tuple[ToolCall, str | None]:
@@ -486,22 +550,40 @@ class TurnRunner:
     async def _stream(
         self, request: LLMRequest, backend: LLMBackend, *, hold: bool = False
     ) -> tuple[str, list[ToolCall], str | None]:
-        """Stream one response; with ``hold`` the text is not emitted (hooks see it first)."""
+        """Stream one response; with ``hold`` the text is not emitted (hooks see it first).
+
+        Past ``max_answer_chars`` the stream is closed (the backend stops the
+        model) and the finish reason is ``length``: what was shown stops at the
+        limit; the returned text is everything received.
+        """
         partial = self.state.partial
         calls: list[ToolCall] = []
         finish: str | None = None
         reasoning = response = False
+        cap = self.policy.max_answer_chars
+        size = 0
         gen = backend.stream(request)
         async with contextlib.aclosing(gen):  # type: ignore[type-var]
             async for item in gen:
                 if isinstance(item, TextChunk):
                     partial.append(item.text)
-                    if hold:
-                        continue
-                    if not response:
-                        response = True
-                        self._emit(ResponseStarted)
-                    self._emit(TextDelta, text=item.text)
+                    piece = item.text
+                    size += len(piece)
+                    over = size > cap
+                    if over:
+                        piece = piece[: max(0, len(piece) - (size - cap))]
+                    if not hold and piece:
+                        if not response:
+                            response = True
+                            self._emit(ResponseStarted)
+                        self._emit(TextDelta, text=piece)
+                    if over:
+                        log.info(
+                            "run %s: answer longer than %d characters; stream stopped",
+                            self.run_id,
+                            cap,
+                        )
+                        return "".join(partial), [], "length"
                 elif isinstance(item, ReasoningChunk):
                     if not reasoning:
                         reasoning = True
@@ -519,14 +601,16 @@ class TurnRunner:
     async def _run_tools(self, calls: list[ToolCall]) -> None:
         runnable: list[ToolCall] = []
         refused: list[ToolCall] = []
+        too_big: list[ToolCall] = []
         for c in calls:
             if self.state.tool_calls >= self.policy.max_tool_calls:
                 refused.append(c)
             else:
                 self.state.tool_calls += 1
-                runnable.append(c)
-        if refused:
-            # The model is asked for a final answer without tools next.
+                (too_big if self._too_big(c) else runnable).append(c)
+        if self.state.tool_calls >= self.policy.max_tool_calls:
+            # The cap is used up: the model is asked for a final answer without
+            # tools next (and a tool call then ends the turn).
             self.state.tools_exhausted = True
         async with asyncio.TaskGroup() as tg:
             for c in runnable:
@@ -538,6 +622,19 @@ class TurnRunner:
                 )
                 tg.create_task(
                     self._finish_tool(c, ToolResult(text=msg, is_error=True), 0.0, started=False)
+                )
+            for c in too_big:
+                msg = (
+                    f"error: tool call refused: its arguments are too large ({len(c.arguments)}"
+                    f" characters; the limit is {self.policy.max_tool_argument_chars})"
+                )
+                tg.create_task(
+                    self._finish_tool(
+                        self._call_for_memory(c),
+                        ToolResult(text=msg, is_error=True),
+                        0.0,
+                        started=False,
+                    )
                 )
 
     async def _run_tool(self, call: ToolCall) -> None:
@@ -615,8 +712,9 @@ class TurnRunner:
         if not started:
             self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)
         text = result.text
-        if len(text) > MAX_TOOL_RESULT_CHARS:
-            text = text[:MAX_TOOL_RESULT_CHARS] + f"\n[… cut: {len(result.text)} characters in all]"
+        cap = self.policy.max_tool_result_chars
+        if len(text) > cap:
+            text = text[:cap] + f"\n[… result cut: too long ({len(result.text)} characters)]"
         self.state.open_calls.pop(call.id, None)
         write = self._append(
             log=[

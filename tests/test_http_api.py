@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from agentik.bot.bridge import ChannelOptions
-from agentik.core import tool
+from agentik.core import TurnPolicy, tool
 from agentik.core.errors import ConfigError
 from agentik.core.hooks import Refuse
 from agentik.core.hookspecs import hookimpl
@@ -514,6 +514,8 @@ async def test_a_client_that_stops_reading_is_cut_off_and_never_slows_the_agent(
     big, chunks, turns = "x" * 4000, 300, 4
     per_turn = chunks + 3  # turn_started, response_started, the deltas, turn_ended
     async with running_server(db_path, settings={"subscriber_queue": 64}) as server:
+        # Answers this big are cut by default (max_answer_chars): allow them here.
+        server.agent.policy = TurnPolicy(max_answer_chars=len(big) * chunks)
         for _ in range(turns):
             server.model.enqueue(Reply(chunks=[big] * chunks, delay=0.0005))
         async with server.client() as c, server.client() as stalled:

@@ -476,33 +476,30 @@ async def test_the_models_tool_call_runs_in_our_tool_loop_and_the_turn_goes_on(t
     assert finished[0].call_id == started[0].call_id
     assert finished[0].result == "5" and not finished[0].is_error
     # The engine's automatic tool calling stayed off: every run of the tool
-    # is one our loop recorded (a call past the cap is refused, not run).
+    # is one our loop recorded.
     ran = [e for e in events if e.kind == "tool_call_ended" and not e.is_error]
     assert first_runs == [(2, 3)] and len(ran) == 1
-    # The turn went on after the result: the model was asked again and called
-    # again; the per-turn cap refused that call, and a last step ended the turn.
-    assert len(started) == len(finished) == 2
-    assert finished[1].is_error and started[1].name == "add"
+    # The turn went on after the result: with the per-turn cap (1) used up,
+    # the model was asked again without tools, and (nothing parsed as a call)
+    # its answer ended the turn.
+    assert len(started) == len(finished) == 1
     assert kinds(events).index("tool_call_ended") < kinds(events).index("turn_ended")
     log = [(m.kind, m.tool_name) for m in rows]
-    assert log[0] == ("user", None)
-    assert log[1:5] == [
+    assert log == [
+        ("user", None),
         ("tool_call", "add"),
         ("tool_result", "add"),
-        ("tool_call", "add"),
-        ("tool_result", "add"),
+        ("assistant", None),
     ]
-    assert log[-1] == ("assistant", None)
     results = [m for m in rows if m.kind == "tool_result"]
     assert results[0].content == "5" and results[0].tool_call_id == started[0].call_id
-    assert results[1].is_error
-    # One engine conversation per tool set: the tool result was fed to the one
-    # that made the call; the last step, offered no tools, was a new one.
-    assert first_stats == (2, 1)
+    # One engine conversation per tool set: the last step, offered no tools,
+    # was a new one.
+    assert first_stats == (2, 0)
     assert ended(again).stop_reason in ("stop", "length")
     assert next(e.result for e in again if e.kind == "tool_call_ended") == "5"
     assert adder.calls == [(2, 3), (2, 3)]
-    assert (llm.stats.builds, llm.stats.reuses) == (4, 2)
+    assert (llm.stats.builds, llm.stats.reuses) == (4, 0)
 
 
 class Doubler:

@@ -58,6 +58,36 @@ _TOO_LONG_RE = re.compile(
 AuthorMode = Literal["name", "prefix", "none"]
 
 
+class _ChunkStream(openai.AsyncStream[ChatCompletionChunk]):
+    """The SDK's chunk stream, noting whether the server ended it with ``[DONE]``.
+
+    Some servers end a stream with ``[DONE]`` but never send a
+    ``finish_reason``: that is a normal end; a stream that stops with neither
+    was cut off.
+    """
+
+    done = False
+
+    async def _iter_events(self) -> AsyncIterator[Any]:
+        async for sse in super()._iter_events():
+            if sse.data.startswith("[DONE]"):
+                self.done = True
+            yield sse
+
+
+def _merge_name(have: str, piece: str) -> str:
+    """The tool-call name after a delta carrying ``piece``.
+
+    Most servers send the name once; some repeat it whole in every delta
+    (which must not be concatenated), and a rare few stream it in fragments.
+    A repeat, or a longer name starting with what we have, replaces; anything
+    else is a fragment and is appended.
+    """
+    if piece == have or piece.startswith(have):
+        return piece
+    return have + piece
+
+
 class OpenAIBackend(LLMBackend):
     """An OpenAI-compatible endpoint.
 
@@ -193,7 +223,7 @@ class OpenAIBackend(LLMBackend):
                 body=params,
                 cast_to=ChatCompletion,
                 stream=True,
-                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+                stream_cls=_ChunkStream,
                 options={"security": {"bearer_auth": True}},
             )
         except openai.APIError as exc:
@@ -231,7 +261,7 @@ class OpenAIBackend(LLMBackend):
                                 acc["id"] = tc.id
                             if tc.function is not None:
                                 if tc.function.name:
-                                    acc["name"] += tc.function.name
+                                    acc["name"] = _merge_name(acc["name"], tc.function.name)
                                 if tc.function.arguments:
                                     acc["arguments"] += tc.function.arguments
                     if choice.finish_reason:
@@ -241,7 +271,10 @@ class OpenAIBackend(LLMBackend):
         finally:
             await response.close()
         if finish is None:
-            raise LLMConnectionError("the model's stream ended before it finished")
+            if not response.done:
+                raise LLMConnectionError("the model's stream ended before it finished")
+            # Ended with [DONE] but no finish_reason (some servers): a normal end.
+            finish = "tool_calls" if calls else "stop"
         for index in sorted(calls):
             acc = calls[index]
             yield ToolCallItem(

@@ -13,6 +13,11 @@ tool-call deltas, usage chunks, SDK retries, dropped connections and cancellatio
 Replies are consumed in FIFO order, one per ``POST /v1/chat/completions``; when the
 queue is empty ``server.default(body)`` is called (it echoes the last user message).
 ``GET /v1/models`` lists the one model. The server only ever binds 127.0.0.1.
+Like real endpoints it refuses a request body larger than ``max_body_bytes`` with
+HTTP 413 (counted in ``server.too_large``). Replies can reproduce quirks real
+servers have: a tool-call ``name`` repeated in every delta (``repeat_name``), a
+stream that ends with ``[DONE]`` but no ``finish_reason`` (``finish_reason=None``),
+and an answer that never ends (``Reply.endless``).
 
 For synchronous code and benchmarks, ``with FakeOpenAIServer.in_thread() as server:``
 runs the same server on its own event loop in a daemon thread.  ``python -m
@@ -88,21 +93,26 @@ class Reply:
     """One scripted answer to a chat-completions request.
 
     ``steps`` are the ``delta`` dicts of the streamed chunks, one chunk each (the first
-    chunk also gets ``"role": "assistant"``, the last one ``finish_reason``); a
+    chunk also gets ``"role": "assistant"``, the last one ``finish_reason``, unless it
+    is None: then no chunk has one, and the stream still ends with ``[DONE]``); a
     non-streaming request gets them merged into one ``chat.completion`` message.
     ``usage`` is ``(prompt_tokens, completion_tokens)`` (guessed when None); ``delay``
     is slept before each chunk; ``drop_after=N`` sends N chunks then aborts the TCP
-    connection. A ``status`` other than 200 answers with ``error_body`` and ``headers``.
+    connection; ``done=False`` ends the body cleanly but without ``[DONE]``; ``forever``
+    repeats the steps (never finishing) until the client goes away. A ``status`` other
+    than 200 answers with ``error_body`` and ``headers``.
     """
 
     steps: list[dict[str, Any]] = field(default_factory=list)
-    finish_reason: str = "stop"
+    finish_reason: str | None = "stop"
     usage: tuple[int, int] | None = None
     delay: float = 0.0
     drop_after: int | None = None
     status: int = 200
     error_body: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    done: bool = True
+    forever: bool = False
 
     @classmethod
     def text(
@@ -114,12 +124,25 @@ class Reply:
         delay: float = 0.0,
         drop_after: int | None = None,
         reasoning: str | None = None,
+        finish_reason: str | None = "stop",
     ) -> Reply:
         """Text split into ``chunks`` content deltas, preceded (if given) by ``reasoning``
         split into ``chunks`` ``reasoning_content`` deltas (llama.cpp/DeepSeek style)."""
         steps = [{"reasoning_content": p} for p in _split(reasoning, chunks)] if reasoning else []
         steps += [{"content": p} for p in _split(text, chunks)]
-        return cls(steps=steps, usage=usage, delay=delay, drop_after=drop_after)
+        return cls(
+            steps=steps,
+            usage=usage,
+            delay=delay,
+            drop_after=drop_after,
+            finish_reason=finish_reason,
+        )
+
+    @classmethod
+    def endless(cls, piece: str = "la ", *, delay: float = 0.0) -> Reply:
+        """An answer that never ends: ``piece`` as a content delta, again and again,
+        until the client closes the stream (a model stuck in a loop)."""
+        return cls(steps=[{"content": piece}], delay=delay, forever=True)
 
     @classmethod
     def tool_calls(
@@ -131,12 +154,16 @@ class Reply:
         usage: tuple[int, int] | None = None,
         delay: float = 0.0,
         drop_after: int | None = None,
+        repeat_name: bool = False,
+        finish_reason: str | None = "tool_calls",
     ) -> Reply:
         """Tool calls ``(id, name, arguments_json)`` with finish_reason ``tool_calls``.
 
         An optional ``text`` content chunk comes first. Each call then gets a header chunk
         (index, id, type, function.name, empty arguments) and its arguments split into
-        ``split`` chunks; the calls' chunks are interleaved round-robin.
+        ``split`` chunks; the calls' chunks are interleaved round-robin. With
+        ``repeat_name`` every argument chunk carries the id and the whole name again
+        (as some servers do).
         """
         steps: list[dict[str, Any]] = [{"content": text}] if text else []
         for i, (call_id, name, _) in enumerate(calls):
@@ -147,9 +174,22 @@ class Reply:
         pieces = [_split(args, split) for _, _, args in calls]
         for r in range(max(1, split)):
             for i, parts in enumerate(pieces):
-                steps.append({"tool_calls": [{"index": i, "function": {"arguments": parts[r]}}]})
+                delta: dict[str, Any] = {"index": i, "function": {"arguments": parts[r]}}
+                if repeat_name:
+                    call_id, name, _ = calls[i]
+                    delta = {
+                        "index": i,
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": parts[r]},
+                    }
+                steps.append({"tool_calls": [delta]})
         return cls(
-            steps=steps, finish_reason="tool_calls", usage=usage, delay=delay, drop_after=drop_after
+            steps=steps,
+            finish_reason=finish_reason,
+            usage=usage,
+            delay=delay,
+            drop_after=drop_after,
         )
 
     @classmethod
@@ -225,9 +265,15 @@ class FakeOpenAIServer:
     before the server finished sending.
     """
 
-    def __init__(self, model: str = "fake-model", *, port: int = 0) -> None:
+    def __init__(
+        self, model: str = "fake-model", *, port: int = 0, max_body_bytes: int = 1024 * 1024
+    ) -> None:
         self.model = model
         self.port = port
+        #: Request bodies larger than this are refused with HTTP 413 (like real
+        #: endpoints); ``too_large`` counts them (they are not in ``requests``).
+        self.max_body_bytes = max_body_bytes
+        self.too_large = 0
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
         self.disconnects = 0
@@ -257,7 +303,9 @@ class FakeOpenAIServer:
 
     async def start(self) -> None:
         """Bind and start serving on the running loop."""
-        app = web.Application()
+        # The body limit is ours (see _chat): aiohttp's own would answer before
+        # the client finished sending, which a client sees as a broken connection.
+        app = web.Application(client_max_size=1 << 40)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         # handler_cancellation: aiohttp cancels a handler whose client went away.
@@ -288,11 +336,13 @@ class FakeOpenAIServer:
         await self.close()
 
     @classmethod
-    def in_thread(cls, model: str = "fake-model", *, port: int = 0) -> FakeOpenAIServer:
+    def in_thread(
+        cls, model: str = "fake-model", *, port: int = 0, max_body_bytes: int = 1024 * 1024
+    ) -> FakeOpenAIServer:
         """A server to use as a *sync* context manager: it then runs on its own event loop
         in a daemon thread. All attributes may be used from any thread; sync code waits
         for disconnects with ``wait_disconnect_sync``."""
-        return cls(model, port=port)
+        return cls(model, port=port, max_body_bytes=max_body_bytes)
 
     def __enter__(self) -> FakeOpenAIServer:
         ready = threading.Event()
@@ -389,8 +439,17 @@ class FakeOpenAIServer:
         return web.json_response({"object": "list", "data": [model]})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()  # all of it, then judge (as real servers answer)
+        if len(raw) > self.max_body_bytes:
+            with self._lock:
+                self.too_large += 1
+            message = (
+                f"Request too large: {len(raw)} bytes; the limit is {self.max_body_bytes} bytes"
+            )
+            error = Reply.error(413, message, code="request_too_large")
+            return web.json_response(error.error_body, status=413)
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             return web.json_response(Reply.error(400, "Invalid JSON body").error_body, status=400)
         self.requests.append(body)
@@ -435,6 +494,8 @@ class FakeOpenAIServer:
     async def _stream(
         self, request: web.Request, reply: Reply, head: dict[str, Any], usage: dict[str, Any] | None
     ) -> web.StreamResponse:
+        if reply.forever:
+            return await self._stream_endless(request, reply, head)
         steps = reply.steps or [{"content": ""}]
         events: list[dict[str, Any]] = []
         for i, delta in enumerate(steps):
@@ -472,7 +533,8 @@ class FakeOpenAIServer:
                 await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             if reply.drop_after is not None:
                 return await self._drop(request, resp)  # everything but [DONE]
-            await resp.write(b"data: [DONE]\n\n")
+            if reply.done:
+                await resp.write(b"data: [DONE]\n\n")
         except asyncio.CancelledError:
             # aiohttp cancels the handler when the peer goes away (handler_cancellation).
             if not self._closing:
@@ -480,6 +542,47 @@ class FakeOpenAIServer:
             raise
         except ConnectionResetError:
             # A write to an already-dead transport; aiohttp's write_eof handles the rest.
+            if not self._closing:
+                self._note_disconnect()
+        finally:
+            self._active.discard(transport)  # type: ignore[arg-type]
+        return resp
+
+    async def _stream_endless(
+        self, request: web.Request, reply: Reply, head: dict[str, Any]
+    ) -> web.StreamResponse:
+        """Send the reply's steps again and again, never finishing, until the client
+        goes away (counted in ``disconnects``) or the server closes."""
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream; charset=utf-8", **reply.headers}
+        )
+        transport = request.transport
+        if transport is not None:
+            self._active.add(transport)
+        steps = reply.steps or [{"content": "la "}]
+        try:
+            await resp.prepare(request)
+            first = True
+            while True:
+                for delta in steps:
+                    choice = {
+                        "index": 0,
+                        "delta": {"role": "assistant", **delta} if first else delta,
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    first = False
+                    event = {**head, "object": "chat.completion.chunk", "choices": [choice]}
+                    if reply.delay:
+                        await asyncio.sleep(reply.delay)
+                    # write() waits while the socket's buffer is full, so a
+                    # client that stops reading stops this loop too.
+                    await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        except asyncio.CancelledError:
+            if not self._closing:
+                self._note_disconnect()
+            raise
+        except ConnectionResetError:
             if not self._closing:
                 self._note_disconnect()
         finally:

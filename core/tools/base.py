@@ -141,6 +141,18 @@ class TurnPolicy:
     call (``None``: all); a tool not allowed is not even offered.
     ``max_tool_retries``: how often one failed call may be retried when an
     ``on_tool_error`` plugin hook asks for it.
+
+    Size limits keep one bad exchange from wedging a conversation (every later
+    request carries the working memory back to the model).  The audit log
+    always keeps everything whole; only the working memory is cut:
+    ``max_tool_argument_chars``: a tool call whose arguments are longer is
+    refused (not run); in the working memory its arguments become a small
+    JSON object with a marker.
+    ``max_tool_result_chars``: a longer tool result reaches the model cut,
+    with a marker.
+    ``max_answer_chars``: the model's answer is streamed up to this many
+    characters; past it the stream is stopped and the turn ends with
+    ``stop_reason = "length"``.
     """
 
     max_tool_calls: int = 16
@@ -148,6 +160,9 @@ class TurnPolicy:
     tool_timeout: float = 60.0
     allowed_tools: tuple[str, ...] | None = None
     max_tool_retries: int = 2
+    max_tool_argument_chars: int = 64_000
+    max_tool_result_chars: int = 64_000
+    max_answer_chars: int = 100_000
     _cache: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def allows(self, tool_name: str) -> bool:
