@@ -9,7 +9,8 @@ Two modes, chosen from whether stdin is a terminal (``interactive = "auto"``):
   end of input the transport finishes after the last answer, so the bot is
   scriptable (``echo hi | agentik chat -c config.toml``).  A command line
   (``/new``, ``/status``…) waits until the lines before it were answered,
-  as a script expects.  SIGINT still interrupts the running answer.
+  as a script expects; ``/stop`` acts at once.  SIGINT still interrupts the
+  running answer.
 
 The channel is ``stdio:<channel>`` and persistent: restart the bot and the
 conversation continues.  Input is UTF-8 (invalid bytes are replaced); a
@@ -210,12 +211,19 @@ class StdioTransport(Transport):
         if self._sink is not None and hasattr(self._sink, "flush"):
             await self._sink.flush(self.channel_key)  # type: ignore[attr-defined]
 
-    def _command_prefix(self) -> str:
-        """The command prefix the sink uses for this transport (``/`` by default)."""
+    def _command(self, text: str) -> str | None:
+        """The command word of ``text`` (``"new"`` for ``/new``), or ``None``."""
         options_for = getattr(self._sink, "options_for", None)
-        if options_for is None:
-            return self.default_command_prefix
-        return options_for(self).command_prefix or ""  # "" when commands are off
+        prefix = (
+            options_for(self).command_prefix
+            if options_for is not None
+            else self.default_command_prefix
+        )
+        text = text.strip()
+        if not prefix or not text.startswith(prefix):  # no prefix: commands are off
+            return None
+        word = text[len(prefix) :].split(maxsplit=1)
+        return word[0].lower() if word else None
 
     def _on_readable(self, fd: int, splitter: _LineSplitter) -> None:
         try:
@@ -256,10 +264,10 @@ class StdioTransport(Transport):
             self._prompt()
             return
         assert self._sink is not None
-        prefix = self._command_prefix()
-        if not self.interactive and prefix and text.lstrip().startswith(prefix):
+        if not self.interactive and self._command(text) not in (None, "stop"):
             # Piped input is a script: a command acts after the lines before it
             # were answered, so `hello` then `/new` answers hello, then resets.
+            # Only `stop` acts at once: it is there to cut the running answer.
             await self._flush()
         await self._sink.handle(
             IncomingMessage(
