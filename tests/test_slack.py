@@ -48,7 +48,7 @@ def bot_texts(slack: FakeSlack, channel: str) -> list[str]:
 
 async def answered(slack: FakeSlack, bridge: Bridge, key: str) -> None:
     """Wait until the bridge took the message for ``key`` and every answer is sent."""
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(60):
         while True:
             ch = bridge._channels.get(key)
             if ch is not None and (
@@ -102,7 +102,7 @@ async def test_two_users_in_one_thread(tmp_path):
             # A reply in the bot's thread, without a mention, is for the bot too.
             reply = slack.message_event("C1", "and me?", user="U2", thread_ts=first["ts"])
             await slack.push_event(reply)
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(60):
                 while len(model.requests) < 2:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
             await bridge.flush(key)
@@ -217,7 +217,7 @@ async def test_socket_dropped_mid_answer_reconnects_and_delivers(tmp_path):
             gate.set()
             await bridge.flush("slack:T1:D1")
             await slack.push_event(slack.message_event("D1", "second", channel_type="im"))
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(60):
                 while len(bot_texts(slack, "D1")) < 2:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
             await bridge.flush("slack:T1:D1")
@@ -229,23 +229,29 @@ async def test_stop_command_and_stop_reaction(tmp_path):
         slack.add_user("U1", "alice")
         async with slack_bot(slack, tmp_path, streaming="edit") as (bot, model, agent, bridge):
             first = slack.message_event("D1", "talk", channel_type="im")
-            slow = Reply(text="word " * 200, delay=0.02)
+            # Held mid-answer until stopped: the stop always finds it running.
+            slow = Reply(text="word " * 200, hold_after=5)
             model.enqueue(slow)
             await slack.push_event(first)
-            await slow.started.wait()
-            await slack.wait_for_call("chat.postMessage")
+            await slow.held.wait()
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith("word")
+            )
             await slack.push_event(slack.message_event("D1", "!stop", channel_type="im"))
             await bridge.flush("slack:T1:D1")
             assert "_(interrupted)_" in bot_texts(slack, "D1")
             # The same with the stop reaction on the bot's message.
-            slow2 = Reply(text="more " * 200, delay=0.02)
+            slow2 = Reply(text="more " * 200, hold_after=5)
             model.enqueue(slow2)
             await slack.push_event(slack.message_event("D1", "again", channel_type="im"))
-            await slow2.started.wait()
-            posted = await slack.wait_for_call("chat.postMessage")
-            del posted
+            await slow2.held.wait()
+            # The answer being written (not the earlier "(interrupted)" line) gets the reaction.
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith("more")
+            )
             bot_ts = max(ts for (ch, ts), m in slack.messages.items()
-                         if ch == "D1" and m.get("user") == slack.bot_user_id)  # fmt: skip
+                         if ch == "D1" and m.get("user") == slack.bot_user_id
+                         and m["text"].startswith("more"))  # fmt: skip
             reaction = {
                 "type": "reaction_added", "user": "U1", "reaction": "octagonal_sign",
                 "item": {"type": "message", "channel": "D1", "ts": bot_ts},
@@ -299,7 +305,7 @@ async def test_one_conversation_per_channel_when_configured(tmp_path):
                 await slack.push_event(
                     slack.app_mention_event("C9", f"<@{slack.bot_user_id}> {text}")
                 )
-                async with asyncio.timeout(10):
+                async with asyncio.timeout(60):
                     while len(model.requests) < n:  # noqa: ASYNC110
                         await asyncio.sleep(0.01)
                 await answered(slack, bridge, "slack:T1:C9")
