@@ -73,7 +73,7 @@ secret = "${{WEBHOOK_SECRET}}"
 
 
 async def wait_listening(port: int, proc: asyncio.subprocess.Process) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         if proc.returncode is not None:
             err = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
