@@ -81,6 +81,7 @@ async def test_addressing_private_messages_and_two_users(irc_server, tmp_path):
         private = await alice.wait_for(lambda m: from_bot(m) and m.params[0] == "alice")
         assert private.text == "echo: a private question"
         conv = await agent.conversation_for_channel("irc:testnet:alice")
+        await conv.wait_idle()  # the line can go out before the turn has ended
         assert [m.content for m in await conv.messages()] == [
             "a private question",
             "echo: a private question",
