@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from agentik.transports.testing import TransportConformance
 
 pytest_plugins = ["pytester"]
@@ -126,6 +128,9 @@ EXPECTED = {
 }
 
 
+# A whole pytest run in a subprocess (20 s on an idle machine): more than the
+# suite's 120 s guard is needed under load.
+@pytest.mark.timeout(400)
 def test_each_broken_transport_fails_the_check_for_its_bug(pytester):
     pytester.makepyfile(test_broken=BROKEN)
     # The correct fake runs everything; each broken one only the checks for its bug.
