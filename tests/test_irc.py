@@ -12,6 +12,7 @@ from agentik.core import Agent, SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel
 from agentik.transports.irc.transport import IRCTransport, sasl_chunks
 from agentik.transports.irc.wire import strip_formatting
+from helpers import AGENTIK
 
 from ircservers import (
     IRCTestClient,
@@ -543,7 +544,6 @@ async def test_agentik_run_serves_irc_from_a_config_file(miniircd, openai_server
     """The whole path: the CLI, a TOML file, the OpenAI backend, IRC; SIGTERM quits cleanly."""
     import os
     import signal
-    import sys
 
     config = tmp_path / "bot.toml"
     config.write_text(
@@ -563,9 +563,8 @@ channels = ["#e2e"]
 """
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
-    exe = os.path.join(os.path.dirname(sys.executable), "agentik")
     proc = await asyncio.create_subprocess_exec(
-        exe, "run", "-c", str(config), env=env, stdin=asyncio.subprocess.DEVNULL,
+        AGENTIK, "run", "-c", str(config), env=env, stdin=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     alice = None
