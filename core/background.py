@@ -22,6 +22,7 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +66,15 @@ class BackgroundPolicy:
 class MemoryWorker:
     """An agent ``background`` coroutine: ``AgentBuilder().background(MemoryWorker())``."""
 
-    def __init__(self, policy: BackgroundPolicy | None = None) -> None:
+    def __init__(
+        self,
+        policy: BackgroundPolicy | None = None,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.policy = policy or BackgroundPolicy()
+        #: How a debounce waits (tests pass a clock they control).
+        self._sleep = sleep
         self._timers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._jobs: set[asyncio.Task[Any]] = set()
         #: Finished jobs, for status and tests: ``(kind, conversation_id, notes written)``.
@@ -111,7 +119,7 @@ class MemoryWorker:
     async def _later(self, agent: Any, kind: str, event: EventBase, delay: float) -> None:
         key = (kind, event.conversation_id)
         try:
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
         finally:
             if self._timers.get(key) is asyncio.current_task():
                 del self._timers[key]

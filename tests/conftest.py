@@ -40,7 +40,7 @@ async def openai_agent(openai_server, db_path) -> AsyncIterator[Agent]:
         base_url=openai_server.base_url,
         api_key="sk-test-secret",
         max_retries=2,
-        timeout=10,
+        timeout=60,
     )
     async with Agent(llm=llm, store=SQLiteStore(db_path)) as a:
         yield a

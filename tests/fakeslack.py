@@ -296,7 +296,7 @@ class FakeSlack:
         self,
         method: str,
         predicate: Callable[[dict[str, Any]], bool] | None = None,
-        timeout: float = 10,  # noqa: ASYNC109
+        timeout: float = 60.0,  # noqa: ASYNC109
     ) -> dict[str, Any]:
         """The params of the earliest call to ``method`` matching ``predicate`` that no earlier
         ``wait_for_call`` returned (past calls count, so there is no race); waits if none."""
@@ -310,13 +310,13 @@ class FakeSlack:
 
         return await self._wait_until(check, timeout, f"a call to {method}")
 
-    async def wait_for_ack(self, envelope_id: str, timeout: float = 10) -> dict[str, Any]:  # noqa: ASYNC109
+    async def wait_for_ack(self, envelope_id: str, timeout: float = 60.0) -> dict[str, Any]:  # noqa: ASYNC109
         """Wait for the client's ack of ``envelope_id``; returns the ack message."""
         return await self._wait_until(
             lambda: self.acks.get(envelope_id), timeout, f"the ack of {envelope_id}"
         )
 
-    async def wait_for_socket(self, count: int = 1, timeout: float = 10) -> None:  # noqa: ASYNC109
+    async def wait_for_socket(self, count: int = 1, timeout: float = 60.0) -> None:  # noqa: ASYNC109
         """Wait until ``count`` websocket sessions have been opened and one is live."""
         await self._wait_until(
             lambda: self.socket_connections >= count and self._live_ws() is not None,
@@ -330,7 +330,7 @@ class FakeSlack:
         ws = self._ws
         return ws if ws is not None and not ws.closed else None
 
-    async def _send(self, frame: dict[str, Any], timeout: float = 10) -> None:  # noqa: ASYNC109
+    async def _send(self, frame: dict[str, Any], timeout: float = 60.0) -> None:  # noqa: ASYNC109
         ws = await self._wait_until(self._live_ws, timeout, "a live socket connection")
         self.sent.append(frame)
         await ws.send_str(json.dumps(frame))

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
+#: The ``agentik`` console script of the venv running the tests, never
+#: whatever ``agentik`` comes first on ``PATH`` (another checkout, a global install).
+AGENTIK = str(Path(sys.executable).parent / "agentik")
 
-async def collect_turn(sub, *, run_id: str | None = None, wait: float = 10.0) -> list:
+
+async def collect_turn(sub, *, run_id: str | None = None, wait: float = 60.0) -> list:
     """Events from ``sub`` until the turn (``run_id`` or the first one) ends."""
     events = []
 

@@ -46,7 +46,7 @@ class Server:
 
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.AsyncClient(base_url=self.api, headers=headers, timeout=10, **kwargs)
+        return httpx.AsyncClient(base_url=self.api, headers=headers, timeout=60, **kwargs)
 
 
 @contextlib.asynccontextmanager
@@ -99,7 +99,7 @@ class SSEReader:
     retry: int | None = None
     messages: list[SSEMessage] = field(default_factory=list)
 
-    async def next(self, *, comments: bool = False, timeout: float = 10.0) -> SSEMessage:  # noqa: ASYNC109
+    async def next(self, *, comments: bool = False, timeout: float = 60.0) -> SSEMessage:  # noqa: ASYNC109
         return await asyncio.wait_for(self._next(comments), timeout)
 
     async def _next(self, comments: bool) -> SSEMessage:
@@ -128,7 +128,7 @@ class SSEReader:
                 self.retry = int(value)
         raise EOFError("the event stream ended")
 
-    async def until(self, kind: str, *, timeout: float = 10.0) -> list[SSEMessage]:  # noqa: ASYNC109
+    async def until(self, kind: str, *, timeout: float = 60.0) -> list[SSEMessage]:  # noqa: ASYNC109
         """Messages up to and including the first of ``kind``."""
         got: list[SSEMessage] = []
         while True:
@@ -137,7 +137,7 @@ class SSEReader:
             if msg.kind == kind:
                 return got
 
-    async def rest(self, *, timeout: float = 10.0) -> list[SSEMessage]:  # noqa: ASYNC109
+    async def rest(self, *, timeout: float = 60.0) -> list[SSEMessage]:  # noqa: ASYNC109
         """Every message until the server ends the stream."""
         got: list[SSEMessage] = []
         with contextlib.suppress(EOFError):

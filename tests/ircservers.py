@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
-READY_TIMEOUT = 10.0  # seconds a server gets to accept connections
+READY_TIMEOUT = 60.0  # seconds a server gets to accept connections
 STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL
 NGIRCD_OPER = ("testoper", "testoper-secret")  # an [Operator] block in ngircd.conf
 
@@ -628,7 +628,7 @@ class IRCTestClient:
 
     @classmethod
     async def open(
-        cls, port: int, nick: str = "*", host: str = HOST, *, timeout: float = 10.0
+        cls, port: int, nick: str = "*", host: str = HOST, *, timeout: float = 60.0
     ) -> IRCTestClient:
         """Connect without registering: the test sends CAP/NICK/USER itself."""
         reader, writer = await asyncio.wait_for(
@@ -646,7 +646,7 @@ class IRCTestClient:
         user: str | None = None,
         realname: str = "agentik test client",
         password: str | None = None,
-        timeout: float = 10.0,
+        timeout: float = 60.0,
     ) -> IRCTestClient:
         """Connect, register as ``nick`` and wait for 001 and the end of the MOTD."""
         client = await cls.open(port, nick, host, timeout=timeout)
@@ -687,7 +687,7 @@ class IRCTestClient:
     async def drain(self) -> None:
         await self.writer.drain()
 
-    async def join(self, channel: str, key: str | None = None, timeout: float = 10.0) -> None:
+    async def join(self, channel: str, key: str | None = None, timeout: float = 60.0) -> None:
         """JOIN ``channel`` and wait for the server's JOIN echo and end of NAMES."""
         since = self.mark()
         self.send_raw(f"JOIN {channel}" + (f" {key}" if key else ""))
@@ -708,7 +708,7 @@ class IRCTestClient:
             since=since,
         )
 
-    async def part(self, channel: str, reason: str = "bye", timeout: float = 10.0) -> None:
+    async def part(self, channel: str, reason: str = "bye", timeout: float = 60.0) -> None:
         since = self.mark()
         self.send_raw(f"PART {channel} :{reason}")
         await self.wait_for(
@@ -732,7 +732,7 @@ class IRCTestClient:
         i = self._find(predicate, since)
         return None if i is None else self.received[i]
 
-    async def sync(self, timeout: float = 10.0) -> None:
+    async def sync(self, timeout: float = 60.0) -> None:
         """A barrier: PING the server and wait for its PONG.
 
         The server answers in order, so afterwards every reply to what this
@@ -751,13 +751,13 @@ class IRCTestClient:
         return None
 
     async def wait_for(
-        self, predicate: Predicate, timeout: float = 10.0, *, since: int = 0
+        self, predicate: Predicate, timeout: float = 60.0, *, since: int = 0
     ) -> ParsedLine:
         """The first line not handed out yet that matches ``predicate``."""
         return (await self.collect(predicate, 1, timeout, since=since))[0]
 
     async def collect(
-        self, predicate: Predicate, count: int, timeout: float = 10.0, *, since: int = 0
+        self, predicate: Predicate, count: int, timeout: float = 60.0, *, since: int = 0
     ) -> list[ParsedLine]:
         """``count`` matching lines not handed out yet, in order of arrival."""
         found: list[int] = []
@@ -834,11 +834,11 @@ class IRCTestClient:
         self.received.append(msg)
         self._notify()
 
-    async def wait_closed(self, timeout: float = 10.0) -> None:
+    async def wait_closed(self, timeout: float = 60.0) -> None:
         """Wait until the server closed the connection."""
         await asyncio.wait_for(asyncio.shield(self.closed), timeout)
 
-    async def quit(self, message: str = "bye", timeout: float = 10.0) -> None:
+    async def quit(self, message: str = "bye", timeout: float = 60.0) -> None:
         """QUIT and wait (bounded) for the server to close the connection."""
         if not self.closed.done():
             self.send_raw(f"QUIT :{message}")
@@ -976,7 +976,7 @@ class ScriptedIRCServer:
         for client in self.clients:
             client.send(line)
 
-    async def wait_for_client(self, index: int = 0, timeout: float = 10.0) -> ScriptedClient:
+    async def wait_for_client(self, index: int = 0, timeout: float = 60.0) -> ScriptedClient:
         """The ``index``-th client to connect (0 = first), waiting for it."""
         async with asyncio.timeout(timeout):
             while len(self.clients) <= index:
@@ -994,7 +994,7 @@ class ScriptedIRCServer:
     async def wait_for_line(
         self,
         predicate: Callable[[str], bool] | str,
-        timeout: float = 10.0,
+        timeout: float = 60.0,
         *,
         since: int = 0,
     ) -> str:

@@ -40,7 +40,9 @@ def fail() -> str:
 
 
 @server.tool(description="Sleep for a while, then answer.")
-async def slow(seconds: float) -> str:
+async def slow(seconds: float, started: str = "") -> str:
+    if started:  # a file the test waits for: the call is in flight
+        await anyio.Path(started).write_text("started")
     await anyio.sleep(seconds)
     return f"slept {seconds}"
 

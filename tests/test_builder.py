@@ -81,7 +81,7 @@ async def test_soul_tools_memory_tools_and_background(tmp_path):
         conv = await agent.create_conversation()
         await conv.send("hi")
         await conv.wait_idle()
-        await asyncio.wait_for(got.wait(), 10)
+        await asyncio.wait_for(got.wait(), 60)
     assert model.requests[0].system == "Be helpful.\n\nYou are Ada, terse."
     assert sorted(t.name for t in model.requests[0].tools) == ["memory_list", "ping"]
     assert seen == ["echo: hi"]

@@ -7,7 +7,6 @@ import importlib.metadata
 import json
 import os
 import re
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -18,10 +17,10 @@ import pytest
 from agentik.bot.cli import COMMANDS
 from agentik.core import Agent, SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
+from helpers import AGENTIK as AGENTIK_EXE
 
 ROOT = Path(__file__).resolve().parent.parent
-_SCRIPT = shutil.which("agentik")
-AGENTIK = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "agentik.bot.cli"]
+AGENTIK = [AGENTIK_EXE]
 SECRET = "sk-very-secret-123"
 OPENAI_ENV = {
     "OPENAI_API_KEY": SECRET,

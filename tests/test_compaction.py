@@ -119,7 +119,7 @@ async def test_compaction_triggers_at_the_budget_and_keeps_the_audit_log(db_path
         conv = await agent.create_conversation(title="long")
         events = conv.events(kinds={"compacted"})
         await chat(conv, 6)
-        event = await asyncio.wait_for(anext(events), 5)
+        event = await asyncio.wait_for(anext(events), 60)
         assert event.reason == "budget" and not event.fallback
         assert event.tokens_after < event.tokens_before
         assert event.summary == SUMMARY_PREFIX + SUMMARY
@@ -183,7 +183,7 @@ async def test_failed_summary_drops_the_oldest_turns_and_the_turn_still_runs(db_
         await chat(conv, 6)
         seen = []
         while not any(e.kind == "compacted" for e in seen):
-            seen.append(await asyncio.wait_for(anext(events), 5))
+            seen.append(await asyncio.wait_for(anext(events), 60))
         compacted = next(e for e in seen if e.kind == "compacted")
         assert compacted.fallback
         memory = await conv.working_memory()
@@ -249,7 +249,7 @@ async def test_mining_writes_durable_facts_after_a_compaction(db_path):
     async with make_agent(brain, db_path, worker=worker) as agent:
         conv = await agent.conversation_for_channel("net:#rel")
         await chat(conv, 6)
-        await asyncio.wait_for(worker.wait_for("mining"), 10)
+        await asyncio.wait_for(worker.wait_for("mining"), 60)
         notes = await agent.memory.list(["channel:net:#rel"])
         assert sorted(n.text for n in notes) == [
             "Bob writes the release notes.",
@@ -259,7 +259,7 @@ async def test_mining_writes_durable_facts_after_a_compaction(db_path):
         assert SUMMARY in brain.requests("mining")[0].messages[0].content
         # Mining the same facts again adds nothing.
         await conv.compact_now()
-        await asyncio.wait_for(worker.wait_for("mining", 2), 10)
+        await asyncio.wait_for(worker.wait_for("mining", 2), 60)
         assert len(await agent.memory.list(["channel:net:#rel"])) == 2
 
 
@@ -277,24 +277,59 @@ async def test_mining_failure_is_logged_not_raised(db_path, caplog):
     async with make_agent(brain, db_path, worker=worker) as agent:
         conv = await agent.create_conversation()
         await chat(conv, 6)
-        await asyncio.wait_for(worker.wait_for("mining"), 10)
+        await asyncio.wait_for(worker.wait_for("mining"), 60)
         assert worker.done[-1][2] == -1
         assert "background mining" in caplog.text and "failed" in caplog.text
         await chat(conv, 1, start=6)  # the agent carries on
         assert (await conv.messages(limit=2))[-1].content == "answer to question 6 " + "x" * 200
 
 
+class ManualClock:
+    """A debounce clock the test advances: timers fire when told, never by themselves."""
+
+    def __init__(self) -> None:
+        self.timers: list[asyncio.Future[None]] = []
+        self.changed = asyncio.Condition()
+
+    async def sleep(self, delay: float) -> None:
+        timer = asyncio.get_running_loop().create_future()
+        async with self.changed:
+            self.timers.append(timer)
+            self.changed.notify_all()
+        await timer
+
+    def pending(self) -> list[asyncio.Future[None]]:
+        return [t for t in self.timers if not t.done()]
+
+    def fire(self) -> None:
+        for timer in self.pending():
+            timer.set_result(None)
+
+
 async def test_debounce_coalesces_bursts(db_path):
     brain = Brain(facts="- fact one")
-    worker = MemoryWorker(BackgroundPolicy(mining_debounce=0.3, reflection=False))
-    async with make_agent(brain, db_path, worker=worker, keep=1) as agent:
+    clock = ManualClock()
+    # A long debounce on a clock the test controls: however slowly the three
+    # compactions arrive, they fall within one debounce period.
+    policy = BackgroundPolicy(mining_debounce=30, reflection=False)
+    worker = MemoryWorker(policy, sleep=clock.sleep)
+    # A large budget: exactly the three forced compactions below, none automatic.
+    async with make_agent(brain, db_path, worker=worker, keep=1, budget=100_000) as agent:
         conv = await agent.create_conversation()
-        await chat(conv, 3, size=0)
-        for _ in range(3):
-            await conv.compact_now()
-        await asyncio.wait_for(worker.wait_for("mining"), 10)
-        await asyncio.sleep(0.5)
+        compactions = []
+        for i in range(3):
+            await chat(conv, 2, start=2 * i, size=0)
+            compactions.append(await conv.compact_now())
+        assert all(c is not None and not c.fallback for c in compactions)
+        async with asyncio.timeout(60):
+            async with clock.changed:  # each compaction started a debounce timer
+                await clock.changed.wait_for(lambda: len(clock.timers) == 3)
+        # Each newer one cancelled the one before: one timer is left running.
+        assert len(clock.pending()) == 1 and brain.requests("mining") == []
+        clock.fire()
+        await asyncio.wait_for(worker.wait_for("mining"), 60)
         assert len(brain.requests("mining")) == 1
+        assert clock.pending() == [] and [d[0] for d in worker.done] == ["mining"]
 
 
 @pytest.fixture
@@ -317,14 +352,14 @@ async def test_new_writes_a_reflection_into_the_channel_memory(bot):
     await t.inject("let's plan the release", channel_key="net:#a", author="alice")
     await bridge.flush("net:#a")
     await t.inject("!new", channel_key="net:#a", author="alice")
-    await asyncio.wait_for(worker.wait_for("reflection"), 10)
+    await asyncio.wait_for(worker.wait_for("reflection"), 60)
     notes = await agent.memory.list(["channel:net:#a"])
     assert len(notes) == 1 and "Alice planned the release" in notes[0].text
     assert notes[0].author == "agentik:reflection"
     assert "alice: let's plan the release" in brain.requests("reflection")[0].messages[0].content
     # An empty conversation is not reflected on.
     await t.inject("!new", channel_key="net:#a", author="alice")
-    await asyncio.wait_for(worker.wait_for("reflection", 2), 10)
+    await asyncio.wait_for(worker.wait_for("reflection", 2), 60)
     assert worker.done[-1][2] == 0
 
 

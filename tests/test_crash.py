@@ -35,8 +35,9 @@ CHILD = textwrap.dedent(
 
 
 async def test_sigkill_mid_turn_loses_no_committed_message(openai_server, db_path):
-    # Every answer streams slowly, so the kill lands in the middle of a turn.
-    openai_server.default = lambda body: Reply.text("a slow answer " * 20, chunks=40, delay=0.05)
+    # Every answer stops mid-stream (held until released, never), so the kill
+    # lands in the middle of a turn however fast or slow the machine is.
+    openai_server.default = lambda body: Reply.text("a slow answer " * 20, chunks=40, hold_after=5)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -48,7 +49,7 @@ async def test_sigkill_mid_turn_loses_no_committed_message(openai_server, db_pat
     sent: list[tuple[int, str]] = []
     conv_id = None
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(60):
             while len(sent) < 25 or not openai_server.requests:
                 line = (await proc.stdout.readline()).decode().split()
                 assert line, "child exited early"

@@ -24,7 +24,7 @@ def ev(seq):
 
 
 async def drain(sub, n):
-    return [await asyncio.wait_for(anext(sub), 2) for _ in range(n)]
+    return [await asyncio.wait_for(anext(sub), 60) for _ in range(n)]
 
 
 async def test_live_subscriber_gets_events_in_order():

@@ -111,6 +111,30 @@ async def test_an_empty_body_creates_an_untitled_conversation(server):
         assert r.status_code == 201 and r.json()["title"] == ""
 
 
+async def test_the_first_message_names_an_untitled_conversation(server, db_path):
+    async with server.client() as c:
+        conv = (await c.post("/conversations")).json()
+        long_line = "What is agentik, " + "and why " * 20
+        r = await c.post(
+            f"/conversations/{conv['id']}/messages", json={"content": f"\n  {long_line}\nmore"}
+        )
+        # The answer to the post already carries the title: no second request races it.
+        title = long_line.strip()[:60]
+        assert r.status_code == 202 and r.json()["title"] == title
+        assert (await c.get(f"/conversations/{conv['id']}")).json()["title"] == title
+        assert rows(db_path, "SELECT title FROM conversation WHERE id = ?", conv["id"]) == [
+            (title,)
+        ]
+        # Later messages, and a title someone chose, are left alone.
+        r = await c.post(f"/conversations/{conv['id']}/messages", json={"content": "other"})
+        assert r.json()["title"] == title
+        named = (await c.post("/conversations", json={"title": "Plans"})).json()
+        r = await c.post(f"/conversations/{named['id']}/messages", json={"content": "hi"})
+        assert r.json()["title"] == "Plans"
+        for cid in (conv["id"], named["id"]):
+            await (await server.agent.get_conversation(cid)).wait_idle()
+
+
 async def test_temporary_conversations_never_reach_the_disk(server, db_path):
     async with server.client() as c:
         conv = await create(c, temp=True, title="scratch")

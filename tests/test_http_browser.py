@@ -8,8 +8,10 @@ Screenshots go to ``tests/artifacts/`` (git-ignored) for a human to look at.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -54,7 +56,7 @@ async def browser():
 
 
 async def test_the_web_page_chats_streams_and_stops_an_answer(db_path, browser):
-    expect.set_options(timeout=20_000)
+    expect.set_options(timeout=60_000)
     async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
         async with server.client(TOKENS["ADMIN_TOKEN"]) as c:
             earlier = (await c.post("/conversations", json={"title": "Weather in Lyon"})).json()
@@ -117,9 +119,56 @@ async def test_the_web_page_chats_streams_and_stops_an_answer(db_path, browser):
     assert conv_id is not None
 
 
-async def _newest_titled(db_path: str, title: str) -> str | None:
-    import sqlite3
+async def test_a_conversation_being_opened_takes_no_message_until_it_is_ready(db_path, browser):
+    # Opening a conversation reads it from the API. While that read is held
+    # back, the page must not look ready for it ("live", the input enabled
+    # with the previous conversation's title in mind): a message sent then went
+    # to the new conversation but left it "Untitled".
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        async with server.client(TOKENS["ADMIN_TOKEN"]) as c:
+            await c.post("/conversations", json={"title": "Weather in Lyon"})
+        page = await browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        await page.goto(server.url + "/")
+        await page.fill("#token", TOKENS["ADMIN_TOKEN"])
+        await page.click("#save-token")
+        items = page.locator("#conversations li")
+        await items.first.click()
+        await expect(page.locator("#title")).to_have_text("Weather in Lyon")
+        await expect(page.locator("#input")).to_be_enabled()
 
+        asked, release = asyncio.Event(), asyncio.Event()
+
+        async def hold_reads(route) -> None:
+            if route.request.method == "GET":  # the new conversation's own record
+                asked.set()
+                await release.wait()
+            await route.continue_()
+
+        await page.route(re.compile(r"/conversations/[0-9a-f-]+$"), hold_reads)
+        await page.click("#new")
+        await asyncio.wait_for(asked.wait(), 60)
+        await expect(page.locator("#status")).not_to_have_text("live")
+        await expect(page.locator("#input")).to_be_disabled()
+        release.set()
+
+        await expect(page.locator("#status")).to_have_text("live")
+        await page.fill("#input", "Where am I?")
+        await page.press("#input", "Enter")
+        await expect(page.locator(".msg.assistant").last).to_have_text(
+            re.compile("echo: Where am I")
+        )
+        await expect(page.locator("#title")).to_have_text("Where am I?")
+        await expect(page.locator("#conversations li.active")).to_contain_text("Where am I?")
+        assert not errors, errors
+    with sqlite3.connect(db_path) as db:
+        titles = sorted(row[0] for row in db.execute("SELECT title FROM conversation"))
+    assert titles == ["Weather in Lyon", "Where am I?"]
+
+
+async def _newest_titled(db_path: str, title: str) -> str | None:
     with sqlite3.connect(db_path) as db:
         row = db.execute("SELECT id FROM conversation WHERE title = ?", (title,)).fetchone()
         if row is None:

@@ -8,13 +8,13 @@ import asyncio
 import os
 import re
 import signal
-import sys
 import tomllib
 from pathlib import Path
 
 import httpx
 
 from agentik.transports.http.settings import HttpSettings
+from helpers import AGENTIK
 
 from httpserver import sse
 
@@ -44,9 +44,8 @@ tokens = [{{ name = "e2e", env = "E2E_TOKEN" }}]
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
     env["E2E_TOKEN"] = TOKEN
-    exe = os.path.join(os.path.dirname(sys.executable), "agentik")
     proc = await asyncio.create_subprocess_exec(
-        exe, "-v", "run", "-c", str(config), env=env,
+        AGENTIK, "-v", "run", "-c", str(config), env=env,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

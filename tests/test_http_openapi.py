@@ -44,6 +44,8 @@ def api(tmp_path_factory):
         yield server
 
 
+# Half a minute on an idle machine; the suite's 120 s guard is too tight under load.
+@pytest.mark.timeout(450)
 def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     assert SCHEMATHESIS.exists(), "schemathesis is in the dev extra: pip install -e '.[dev]'"
     result = subprocess.run(

@@ -117,7 +117,7 @@ async def test_miniircd_password(tmp_path):
     try:
         assert server.name == "miniircd" and server.password == "letmein"
         with pytest.raises(ConnectionError, match="464"):
-            await IRCTestClient.connect(server.port, "nopass", password="wrong", timeout=5)
+            await IRCTestClient.connect(server.port, "nopass", password="wrong", timeout=60)
         client = await IRCTestClient.connect(server.port, "withpass", password="letmein")
         await client.quit()
     finally:

@@ -140,7 +140,8 @@ async def test_connection_dropped_mid_stream(openai_agent, openai_server):
 
 
 async def test_slow_model_interrupted_closes_the_http_stream(openai_agent, openai_server):
-    openai_server.enqueue(Reply.text("a b c d e f g h i j k l m n o p", chunks=16, delay=0.1))
+    # Two chunks, then the stream holds until released (never): still open when interrupted.
+    openai_server.enqueue(Reply.text("a b c d e f g h i j k l m n o p", chunks=16, hold_after=2))
     conv = await openai_agent.create_conversation()
     sub = conv.events()
     await conv.send("tell me a long story")
@@ -149,7 +150,7 @@ async def test_slow_model_interrupted_closes_the_http_stream(openai_agent, opena
             break
     assert await conv.interrupt()
     # The server saw the client go away: the HTTP response was closed.
-    await openai_server.wait_disconnect(timeout=5)
+    await openai_server.wait_disconnect(timeout=60)
     events = await collect_turn(sub)
     assert events[-1].stop_reason == "interrupted"
     assistant = [m for m in await conv.messages() if m.kind == "assistant"]

@@ -167,7 +167,7 @@ async def test_drop_after_raises_connection_error_mid_stream(server, client) -> 
 
 
 async def test_client_close_is_counted_as_disconnect(server, client) -> None:
-    server.enqueue(Reply.text("slow", chunks=50, delay=0.2))
+    server.enqueue(Reply.text("slow", chunks=50, hold_after=2))
     stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
     await stream.__anext__()
     await stream.__anext__()
@@ -235,7 +235,7 @@ def test_in_thread_with_sync_client() -> None:
             completion = client.chat.completions.create(model="m", messages=MESSAGES)
             assert completion.choices[0].message.content == "echo: hi there"
 
-            server.enqueue(Reply.text("slow", chunks=50, delay=0.2))
+            server.enqueue(Reply.text("slow", chunks=50, hold_after=2))
             stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
             next(stream)
             stream.close()

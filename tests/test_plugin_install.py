@@ -8,7 +8,6 @@ the rest of the test environment stays clean).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-AGENTIK = shutil.which("agentik") or str(Path(sys.executable).parent / "agentik")
+from helpers import AGENTIK
 
 
 def install_plugin(tmp_path: Path, module_source: str) -> Path:

@@ -47,8 +47,9 @@ def bot_texts(slack: FakeSlack, channel: str) -> list[str]:
 
 
 async def answered(slack: FakeSlack, bridge: Bridge, key: str) -> None:
-    """Wait until the bridge took the message for ``key`` and every answer is sent."""
-    async with asyncio.timeout(10):
+    """Wait until the bridge took the first message for ``key`` and every answer is sent
+    (for a place whose conversation has no answer yet)."""
+    async with asyncio.timeout(60):
         while True:
             ch = bridge._channels.get(key)
             if ch is not None and (
@@ -102,16 +103,21 @@ async def test_two_users_in_one_thread(tmp_path):
             # A reply in the bot's thread, without a mention, is for the bot too.
             reply = slack.message_event("C1", "and me?", user="U2", thread_ts=first["ts"])
             await slack.push_event(reply)
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(60):
                 while len(model.requests) < 2:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
             await bridge.flush(key)
             users = [(m.author, m.content) for m in model.requests[-1].messages if m.role == "user"]
             assert users == [("alice", "start"), ("bob", "and me?")]
-            # Chatter outside the bot's threads is not answered.
+            # Chatter outside the bot's threads is not answered. Events reach the
+            # bridge in arrival order: once a later direct message is answered,
+            # the chatter has been seen (and ignored).
             await slack.push_event(slack.message_event("C1", "unrelated", user="U2"))
             await slack.push_event(slack.message_event("C1", "!help", user="U2"))
-            assert len(model.requests) == 2
+            await slack.push_event(slack.message_event("D1", "later", channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D1")
+            assert [r.messages[-1].content for r in model.requests][2:] == ["later"]
+            assert bot_texts(slack, "C1") == ["echo: start", "echo: and me?"]
 
 
 async def test_each_message_is_handled_once_even_across_a_restart(tmp_path):
@@ -131,8 +137,10 @@ async def test_each_message_is_handled_once_even_across_a_restart(tmp_path):
             twin = dict(event, type="message", channel_type="channel")
             await slack.push_event(twin, event_id="Ev2")
             await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
-            await asyncio.sleep(0.2)
-            assert len(model.requests) == 1
+            # A later message, answered, proves the duplicates were seen (in order).
+            await slack.push_event(slack.message_event("D1", "later", channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D1")
+            assert [r.messages[-1].content for r in model.requests] == ["once please", "later"]
         # After a restart the same delivery is still recognised.
         model = ScriptedModel()
         async with slack_bot(slack, tmp_path, model=model, store=SQLiteStore(str(store_path))) as (
@@ -143,8 +151,10 @@ async def test_each_message_is_handled_once_even_across_a_restart(tmp_path):
         ):
             envelope = await slack.push_event(event, event_id="Ev1", retry_num=2)
             await slack.wait_for_ack(envelope)
-            await asyncio.sleep(0.2)
-            assert model.requests == []
+            # (A new place: answered() tells a fresh conversation's first answer.)
+            await slack.push_event(slack.message_event("D2", "after", channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D2")
+            assert [r.messages[-1].content for r in model.requests] == ["after"]
 
 
 async def test_edit_streaming_stays_within_the_edit_rate(tmp_path):
@@ -217,7 +227,7 @@ async def test_socket_dropped_mid_answer_reconnects_and_delivers(tmp_path):
             gate.set()
             await bridge.flush("slack:T1:D1")
             await slack.push_event(slack.message_event("D1", "second", channel_type="im"))
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(60):
                 while len(bot_texts(slack, "D1")) < 2:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
             await bridge.flush("slack:T1:D1")
@@ -229,23 +239,29 @@ async def test_stop_command_and_stop_reaction(tmp_path):
         slack.add_user("U1", "alice")
         async with slack_bot(slack, tmp_path, streaming="edit") as (bot, model, agent, bridge):
             first = slack.message_event("D1", "talk", channel_type="im")
-            slow = Reply(text="word " * 200, delay=0.02)
+            # Held mid-answer until stopped: the stop always finds it running.
+            slow = Reply(text="word " * 200, hold_after=5)
             model.enqueue(slow)
             await slack.push_event(first)
-            await slow.started.wait()
-            await slack.wait_for_call("chat.postMessage")
+            await slow.held.wait()
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith("word")
+            )
             await slack.push_event(slack.message_event("D1", "!stop", channel_type="im"))
             await bridge.flush("slack:T1:D1")
             assert "_(interrupted)_" in bot_texts(slack, "D1")
             # The same with the stop reaction on the bot's message.
-            slow2 = Reply(text="more " * 200, delay=0.02)
+            slow2 = Reply(text="more " * 200, hold_after=5)
             model.enqueue(slow2)
             await slack.push_event(slack.message_event("D1", "again", channel_type="im"))
-            await slow2.started.wait()
-            posted = await slack.wait_for_call("chat.postMessage")
-            del posted
+            await slow2.held.wait()
+            # The answer being written (not the earlier "(interrupted)" line) gets the reaction.
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith("more")
+            )
             bot_ts = max(ts for (ch, ts), m in slack.messages.items()
-                         if ch == "D1" and m.get("user") == slack.bot_user_id)  # fmt: skip
+                         if ch == "D1" and m.get("user") == slack.bot_user_id
+                         and m["text"].startswith("more"))  # fmt: skip
             reaction = {
                 "type": "reaction_added", "user": "U1", "reaction": "octagonal_sign",
                 "item": {"type": "message", "channel": "D1", "ts": bot_ts},
@@ -299,7 +315,7 @@ async def test_one_conversation_per_channel_when_configured(tmp_path):
                 await slack.push_event(
                     slack.app_mention_event("C9", f"<@{slack.bot_user_id}> {text}")
                 )
-                async with asyncio.timeout(10):
+                async with asyncio.timeout(60):
                     while len(model.requests) < n:  # noqa: ASYNC110
                         await asyncio.sleep(0.01)
                 await answered(slack, bridge, "slack:T1:C9")

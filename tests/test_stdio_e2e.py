@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import sys
 
 import pytest
 
 from agentik.core.testing.openai_server import Reply
-
-AGENTIK = shutil.which("agentik") or os.path.join(os.path.dirname(sys.executable), "agentik")
+from helpers import AGENTIK
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -42,7 +40,7 @@ def write_config(tmp_path, base_url: str | None, **llm: str) -> str:
     return str(path)
 
 
-async def chat(config: str, stdin: bytes, *, env=None, limit=30.0):
+async def chat(config: str, stdin: bytes, *, env=None, limit=60.0):
     proc = await asyncio.create_subprocess_exec(
         AGENTIK, "chat", "-c", config,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -82,7 +80,10 @@ async def test_answers_arrive_and_the_conversation_persists(openai_server, tmp_p
 
 async def test_sigint_interrupts_a_slow_answer_and_the_bot_stays_usable(openai_server, tmp_path):
     config = write_config(tmp_path, openai_server.base_url)
-    openai_server.enqueue(Reply.text("slow " * 100, chunks=100, delay=0.05))
+    # The answer streams 10 of its 100 chunks, then holds until released (never):
+    # SIGINT lands while it is known to be mid-stream, however slow the machine.
+    slow = Reply.text("slow " * 100, chunks=100, hold_after=10)
+    openai_server.enqueue(slow)
     proc = await asyncio.create_subprocess_exec(
         AGENTIK, "chat", "-c", config,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -90,18 +91,37 @@ async def test_sigint_interrupts_a_slow_answer_and_the_bot_stays_usable(openai_s
     )  # fmt: skip
     proc.stdin.write(b"tell me something slowly\n")
     await proc.stdin.drain()
-    await openai_server.wait_requests(1, timeout=20)
-    await asyncio.sleep(0.2)  # some chunks are on their way
+    await slow.wait_held(timeout=60)
     proc.send_signal(signal.SIGINT)
-    await openai_server.wait_disconnect(timeout=10)
+    await openai_server.wait_disconnect(timeout=60)
     proc.stdin.write(b"are you still there?\n")
     proc.stdin.close()
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err
     lines = out.decode().splitlines()
     assert lines[-1] == "echo: tester: are you still there?"
-    assert lines[0].startswith("slow slow") and len(lines[0]) < len("slow " * 100)
+    # Whatever part of the first answer had arrived is kept; never the whole of it.
+    partial = "\n".join(lines[:-1])
+    assert ("slow " * 100).startswith(partial) and len(partial) < len("slow " * 100)
     assert "(interrupted)" in err.decode()
+    assert len(openai_server.requests) == 2
+
+
+async def test_a_piped_line_before_new_is_answered_before_the_reset(openai_server, tmp_path):
+    # `printf 'hello\n/new\n' | agentik chat`: hello is answered, then the reset.
+    config = write_config(tmp_path, openai_server.base_url)
+    code, out, err = await chat(config, b"hello\n/new\n")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "echo: tester: hello"
+    assert lines[1].startswith("started a new conversation (the previous one is kept as ")
+    assert len(lines) == 2 and len(openai_server.requests) == 1
+    # The answered conversation is the old one; the next line starts afresh.
+    code, out, err = await chat(config, b"/status\nagain\n")
+    assert code == 0, err
+    assert "(0 messages)" in out.splitlines()[0]
+    assert out.splitlines()[-1] == "echo: tester: again"
+    assert [m["content"] for m in openai_server.requests[-1]["messages"][1:]] == ["tester: again"]
 
 
 async def test_unreachable_model_gives_an_error_line_and_keeps_running(tmp_path):
@@ -146,7 +166,7 @@ async def test_without_any_model_the_bot_explains_how_to_get_one(tmp_path):
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=clean_env(),
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(b"hi\n"), 30)
+    out, err = await asyncio.wait_for(proc.communicate(b"hi\n"), 60)
     assert proc.returncode == 0, err
     assert b"No language model is available" in out and b"agentik[local]" in out
     assert b"OPENAI_BASE_URL" in out

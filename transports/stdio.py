@@ -7,8 +7,10 @@ Two modes, chosen from whether stdin is a terminal (``interactive = "auto"``):
   seconds, or Ctrl-D exits cleanly.
 * **piped** — one message per input line; each full answer is printed; at
   end of input the transport finishes after the last answer, so the bot is
-  scriptable (``echo hi | agentik chat -c config.toml``).  SIGINT still
-  interrupts the running answer.
+  scriptable (``echo hi | agentik chat -c config.toml``).  A command line
+  (``/new``, ``/status``…) waits until the lines before it were answered,
+  as a script expects; ``/stop`` acts at once.  SIGINT still interrupts the
+  running answer.
 
 The channel is ``stdio:<channel>`` and persistent: restart the bot and the
 conversation continues.  Input is UTF-8 (invalid bytes are replaced); a
@@ -196,14 +198,32 @@ class StdioTransport(Transport):
                     break
                 await self._line(raw)
             # End of input: finish the answers already asked for, then stop.
-            if self._sink is not None and hasattr(self._sink, "flush"):
-                await self._sink.flush(self.channel_key)  # type: ignore[attr-defined]
+            await self._flush()
             if self.interactive:
                 self._write("\n", err=False)
         finally:
             if watching:
                 loop.remove_reader(fd)
             self.closed.set()
+
+    async def _flush(self) -> None:
+        """Wait until every answer asked for on this channel has been written."""
+        if self._sink is not None and hasattr(self._sink, "flush"):
+            await self._sink.flush(self.channel_key)  # type: ignore[attr-defined]
+
+    def _command(self, text: str) -> str | None:
+        """The command word of ``text`` (``"new"`` for ``/new``), or ``None``."""
+        options_for = getattr(self._sink, "options_for", None)
+        prefix = (
+            options_for(self).command_prefix
+            if options_for is not None
+            else self.default_command_prefix
+        )
+        text = text.strip()
+        if not prefix or not text.startswith(prefix):  # no prefix: commands are off
+            return None
+        word = text[len(prefix) :].split(maxsplit=1)
+        return word[0].lower() if word else None
 
     def _on_readable(self, fd: int, splitter: _LineSplitter) -> None:
         try:
@@ -244,6 +264,11 @@ class StdioTransport(Transport):
             self._prompt()
             return
         assert self._sink is not None
+        if not self.interactive and self._command(text) not in (None, "stop"):
+            # Piped input is a script: a command acts after the lines before it
+            # were answered, so `hello` then `/new` answers hello, then resets.
+            # Only `stop` acts at once: it is there to cut the running answer.
+            await self._flush()
         await self._sink.handle(
             IncomingMessage(
                 channel_key=self.channel_key,

@@ -101,6 +101,11 @@ class Reply:
     connection; ``done=False`` ends the body cleanly but without ``[DONE]``; ``forever``
     repeats the steps (never finishing) until the client goes away. A ``status`` other
     than 200 answers with ``error_body`` and ``headers``.
+
+    ``hold_after=N`` streams N chunks, sets ``held`` and then waits (however long it
+    takes) until :meth:`release` is called before sending the rest: a test can act
+    while an answer is known to be mid-stream, whatever the machine's speed. Both
+    are thread-safe (the server may run in its own thread).
     """
 
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -113,6 +118,44 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     done: bool = True
     forever: bool = False
+    hold_after: int | None = None
+    #: set once ``hold_after`` chunks were written and the stream waits for ``release``
+    held: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    _released: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(
+        default_factory=list, repr=False, compare=False
+    )
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def release(self) -> None:
+        """Let a held stream send the rest (thread-safe)."""
+        self._released.set()
+        self._notify()
+
+    async def wait_held(self, timeout: float = 60.0) -> None:  # noqa: ASYNC109
+        """Wait until the stream has sent its ``hold_after`` chunks and is holding."""
+        async with asyncio.timeout(timeout):
+            await self._wait(self.held)
+
+    def _notify(self) -> None:
+        with self._lock:
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                loop.call_soon_threadsafe(event.set)
+
+    async def _wait(self, flag: threading.Event) -> None:
+        """Wait on any loop, in any thread, until ``flag`` is set."""
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            self._waiters.append(entry)
+        try:
+            while not flag.is_set():
+                await entry[1].wait()
+                entry[1].clear()
+        finally:
+            with self._lock:
+                self._waiters.remove(entry)
 
     @classmethod
     def text(
@@ -125,6 +168,7 @@ class Reply:
         drop_after: int | None = None,
         reasoning: str | None = None,
         finish_reason: str | None = "stop",
+        hold_after: int | None = None,
     ) -> Reply:
         """Text split into ``chunks`` content deltas, preceded (if given) by ``reasoning``
         split into ``chunks`` ``reasoning_content`` deltas (llama.cpp/DeepSeek style)."""
@@ -136,6 +180,7 @@ class Reply:
             delay=delay,
             drop_after=drop_after,
             finish_reason=finish_reason,
+            hold_after=hold_after,
         )
 
     @classmethod
@@ -389,7 +434,7 @@ class FakeOpenAIServer:
             with contextlib.suppress(RuntimeError):  # waiter's loop already closed
                 loop.call_soon_threadsafe(event.set)
 
-    async def wait_disconnect(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    async def wait_disconnect(self, timeout: float = 60.0) -> None:  # noqa: ASYNC109
         """Wait until ``disconnects`` exceeds the count seen by the previous successful
         call (so a disconnect that already happened returns at once); each call consumes
         one. Works from any event loop. Raises ``TimeoutError`` after ``timeout``."""
@@ -410,7 +455,7 @@ class FakeOpenAIServer:
             with self._lock:
                 self._waiters.remove(entry)
 
-    async def wait_requests(self, count: int = 1, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    async def wait_requests(self, count: int = 1, timeout: float = 60.0) -> None:  # noqa: ASYNC109
         """Wait until at least ``count`` chat requests have arrived."""
         entry = (asyncio.get_running_loop(), asyncio.Event())
         with self._lock:
@@ -426,7 +471,7 @@ class FakeOpenAIServer:
             with self._lock:
                 self._waiters.remove(entry)
 
-    def wait_disconnect_sync(self, timeout: float = 5.0) -> None:
+    def wait_disconnect_sync(self, timeout: float = 60.0) -> None:
         """Blocking twin of :meth:`wait_disconnect`, for threads (e.g. ``in_thread``)."""
         with self._cond:
             target = self._awaited + 1
@@ -528,6 +573,8 @@ class FakeOpenAIServer:
             for i, event in enumerate(events):
                 if reply.drop_after is not None and i >= reply.drop_after:
                     return await self._drop(request, resp)
+                if reply.hold_after is not None and i == reply.hold_after:
+                    await self._hold(request, reply)
                 if reply.delay:
                     await asyncio.sleep(reply.delay)
                 await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
@@ -588,6 +635,17 @@ class FakeOpenAIServer:
         finally:
             self._active.discard(transport)  # type: ignore[arg-type]
         return resp
+
+    async def _hold(self, request: web.Request, reply: Reply) -> None:
+        """Wait (cancellable: the client may go away) until the test releases ``reply``."""
+        transport = request.transport
+        for _ in range(400):  # let what was written reach the socket (bounded)
+            if transport is None or not transport.get_write_buffer_size():
+                break
+            await asyncio.sleep(0.005)
+        reply.held.set()
+        reply._notify()
+        await reply._wait(reply._released)
 
     async def _drop(self, request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
         """Abort the connection mid-body (no ``[DONE]``, no chunked terminator)."""

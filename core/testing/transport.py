@@ -81,7 +81,7 @@ class MemoryTransport(Transport):
         predicate: Callable[[OutgoingMessage], bool],
         *,
         count: int = 1,
-        timeout: float = 10.0,  # noqa: ASYNC109 - a test helper's deadline
+        timeout: float = 60.0,  # noqa: ASYNC109 - a test helper's deadline
     ) -> list[OutgoingMessage]:
         """Wait until ``count`` sent messages match ``predicate``; return them."""
 

@@ -125,6 +125,16 @@ class ApiContext:
     closing: bool = False
 
 
+#: Longest title taken from a conversation's first message.
+TITLE_CHARS = 60
+
+
+def _title_from(content: str) -> str:
+    """A conversation's title from its first message: its first non-empty line, cut."""
+    line = next((ln.strip() for ln in content.splitlines() if ln.strip()), "")
+    return line[:TITLE_CHARS]
+
+
 def _conversation_json(conv: Conversation) -> dict[str, Any]:
     return {
         "id": conv.id,
@@ -372,8 +382,17 @@ class Api:
             )
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
+        if ours and not conv.title:
+            # An untitled conversation of this API is named by its first message,
+            # here and not by a client, so no reader races a second request for it.
+            await conv.rename(_title_from(body.content))
         return JSONResponse(
-            {"conversation_id": conv.id, "run_id": run_id, "queued": conv.queued},
+            {
+                "conversation_id": conv.id,
+                "run_id": run_id,
+                "queued": conv.queued,
+                "title": conv.title,
+            },
             status_code=202,
         )
 

@@ -119,10 +119,15 @@ _SCHEMAS: dict[str, Any] = {
     },
     "MessageAccepted": {
         "type": "object",
-        "required": ["conversation_id", "run_id", "queued"],
+        "required": ["conversation_id", "run_id", "queued", "title"],
         "properties": {
             "conversation_id": {"type": "string"},
             "run_id": {"type": "string"},
+            "title": {
+                "type": "string",
+                "description": "the conversation's title (an untitled one of this API is "
+                "named by its first message)",
+            },
             "queued": {
                 "type": "integer",
                 "minimum": 0,

@@ -71,7 +71,7 @@ class TransportHarness:
     #: they are skipped with the reason shown.  Keep it short.
     unsupported: ClassVar[Mapping[str, str]] = {}
     #: Seconds any single wait of the suite may take before it fails.
-    timeout: ClassVar[float] = 15.0
+    timeout: ClassVar[float] = 60.0
 
     def __init__(self) -> None:
         self._changed = asyncio.Event()

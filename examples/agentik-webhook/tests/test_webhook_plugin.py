@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -35,7 +34,8 @@ require_installed()
 from agentik_webhook import WebhookTransport, sign, webhook_time  # noqa: E402
 
 PACKAGE = Path(__file__).resolve().parent.parent
-AGENTIK = shutil.which("agentik") or str(Path(sys.executable).parent / "agentik")
+# The venv's own agentik (next to this interpreter), never the first one on PATH.
+AGENTIK = str(Path(sys.executable).parent / "agentik")
 SECRET = "webhook-test-secret-123"
 
 
@@ -73,7 +73,7 @@ secret = "${{WEBHOOK_SECRET}}"
 
 
 async def wait_listening(port: int, proc: asyncio.subprocess.Process) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         if proc.returncode is not None:
             err = (await proc.stderr.read()).decode()  # type: ignore[union-attr]

@@ -87,7 +87,7 @@ class CallbackServer:
     async def wait_for(
         self,
         predicate: Callable[[dict[str, Any]], bool],
-        timeout: float = 15.0,  # noqa: ASYNC109
+        timeout: float = 60.0,  # noqa: ASYNC109
     ) -> dict[str, Any]:
         """The first received payload matching ``predicate`` (waiting for it)."""
         async with asyncio.timeout(timeout):
