@@ -77,6 +77,9 @@ class MemoryWorker:
         self._sleep = sleep
         self._timers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._jobs: set[asyncio.Task[Any]] = set()
+        #: Jobs of one kind run one at a time: mining reads the notes it has
+        #: not to repeat, then writes; two at once would both miss the other's.
+        self._serial: dict[str, asyncio.Lock] = {}
         #: Finished jobs, for status and tests: ``(kind, conversation_id, notes written)``.
         self.done: list[tuple[str, str, int]] = []
         self.changed = asyncio.Condition()
@@ -130,8 +133,10 @@ class MemoryWorker:
     async def _run(self, agent: Any, kind: str, event: EventBase) -> None:
         started = time.monotonic()
         written = 0
+        lock = self._serial.setdefault(kind, asyncio.Lock())
         try:
-            async with asyncio.timeout(self.policy.timeout):
+            async with lock, asyncio.timeout(self.policy.timeout):
+                started = time.monotonic()
                 if isinstance(event, Compacted):
                     written = await self._mine(agent, event)
                 elif isinstance(event, ConversationEnded):
