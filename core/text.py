@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._moved import moved_attribute
+from .compat import moved_attribute
 
 __all__ = [
     "fit_prefix",  # noqa: F822 - resolved by __getattr__

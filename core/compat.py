@@ -1,4 +1,4 @@
-"""Deprecated aliases of modules that moved out of ``agentik.core``.
+"""Compatibility aliases of modules that moved out of ``agentik.core`` (deprecated).
 
 The channel contract (``agentik.core.transport``, ``agentik.core.text``,
 ``agentik.core.testing.transport``) moved next to the transports, which are
