@@ -139,7 +139,7 @@ class HttpTransport(Transport):
         if agent is None:
             raise ConfigError(
                 f"transports.{self.name}: the http transport needs the agent "
-                "(pass agent=... or start it with the bot's bridge)"
+                "(pass agent=..., or start it with an AgentAccess sink such as the bot's bridge)"
             )
         self.agent = agent
         allowed = access.allowed_tools(self) if access is not None else None
