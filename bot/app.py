@@ -10,7 +10,7 @@ import signal
 
 from agentik.core import Agent, ConfigError
 from agentik.core.plugins import Registry, load_plugins
-from agentik.core.transport import Transport
+from agentik.transports.base import Transport
 
 from .bridge import Bridge, options_from
 from .builder import AgentBuilder

@@ -1,7 +1,7 @@
 """The bridge: the one place that maps channels to conversations and events
 to channel messages.
 
-Transports hand it :class:`~agentik.core.transport.IncomingMessage` values.
+Transports hand it :class:`~agentik.transports.base.IncomingMessage` values.
 For each one it decides whether to answer (always in direct messages; in
 shared channels when addressed, or per the instance's ``answer`` setting),
 runs chat commands, and sends the text to the channel's conversation, with
@@ -9,8 +9,8 @@ the author's name.  The conversation queues turns, so nothing is dropped
 while one runs.
 
 A renderer task per channel follows the conversation's events and turns them
-into :class:`~agentik.core.transport.OutgoingMessage` values fitted to the
-transport's :class:`~agentik.core.transport.ChannelCaps`: deltas as they come,
+into :class:`~agentik.transports.base.OutgoingMessage` values fitted to the
+transport's :class:`~agentik.transports.base.ChannelCaps`: deltas as they come,
 complete lines, or whole messages, split to the size limits; long answers
 are capped at ``max_answer_lines`` and the rest kept for ``more``.
 """
@@ -36,14 +36,16 @@ from agentik.core.events import EventBase
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.store.base import OutboxEntry
-from agentik.core.text import split_lines, split_text
-from agentik.core.transport import (
+from agentik.transports.base import (
+    AgentAccess,
     ChannelCaps,
     IncomingMessage,
     OutgoingKind,
     OutgoingMessage,
     Transport,
+    restrict_tools,
 )
+from agentik.transports.text import split_lines, split_text
 
 from .outbox import Outbox
 
@@ -97,7 +99,7 @@ class _Channel:
         return not self.pending and not self.conversation.busy and now - self.last_used >= after
 
 
-class Bridge:
+class Bridge(AgentAccess):
     """Connects transports to one :class:`~agentik.core.Agent`.
 
     Each active channel holds a renderer task and its conversation; a channel
@@ -105,6 +107,10 @@ class Bridge:
     so memory stays bounded however many channels and threads a bot has
     seen.  It reopens, with the same conversation, on its next message (a
     capped answer's unsent rest, ``!more``, does not survive the release).
+
+    It is the transports' :class:`~agentik.transports.base.AgentAccess`: a
+    transport that serves the agent directly (HTTP) takes it, and the tools
+    its instance allows, from here.
     """
 
     def __init__(
@@ -147,6 +153,10 @@ class Bridge:
         return self._options.get(transport.name) or ChannelOptions(
             command_prefix=transport.default_command_prefix
         )
+
+    def allowed_tools(self, transport: Transport) -> tuple[str, ...] | None:
+        """The ``allowed_tools`` of the options ``transport`` was attached with."""
+        return self.options_for(transport).allowed_tools
 
     # -- incoming -------------------------------------------------------------
     async def handle(self, message: IncomingMessage, transport: Transport) -> None:
@@ -239,10 +249,7 @@ class Bridge:
     def _open(
         self, key: str, transport: Transport, opts: ChannelOptions, conv: Conversation
     ) -> _Channel:
-        if opts.allowed_tools is not None:
-            conv.policy = dataclasses.replace(
-                conv.policy or self.agent.policy, allowed_tools=opts.allowed_tools
-            )
+        restrict_tools(conv, opts.allowed_tools, default=self.agent.policy)
         ch = _Channel(key=key, transport=transport, options=opts, conversation=conv)
         ch.subscription = conv.events(profile=opts.events)
         ch.task = asyncio.create_task(self._render(ch), name=f"agentik-render:{key}")

@@ -184,7 +184,7 @@ def session_end(conversation: Any, reason: str) -> None:
 def transport_start(transport: Any) -> None:
     """A transport adapter started: it is connected and delivers messages.
 
-    ``transport`` is the :class:`~agentik.core.transport.Transport` (its
+    ``transport`` is the :class:`~agentik.transports.base.Transport` (its
     ``name`` is the configuration's table name).  The return value is ignored.
     """
 

@@ -23,7 +23,7 @@ from agentik.bot.config import (
     reveal,
 )
 from agentik.core import ConfigError
-from agentik.core.transport import Transport
+from agentik.transports.base import Transport
 from agentik.transports.stdio import StdioSettings
 
 ROOT = Path(__file__).resolve().parent.parent

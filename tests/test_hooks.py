@@ -19,8 +19,8 @@ from agentik.core.hooks import Abort, Block, Hooks, Refuse, Retry, UseBackend
 from agentik.core.hookspecs import hookimpl
 from agentik.core.plugins import load_plugins
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
-from agentik.core.testing.transport import MemoryTransport
 from agentik.core.tools.base import ToolResult
+from agentik.transports.testing import MemoryTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -31,7 +31,7 @@ CHILD = textwrap.dedent(
     import asyncio, json, sys
     from agentik.bot.app import Bot
     from agentik.bot.config import parse_config
-    from agentik.core.transport import ChannelCaps
+    from agentik.transports.base import ChannelCaps
     from agentik.transports.testing.fake import FakeTransport
 
     class PrintingFake(FakeTransport):

@@ -34,7 +34,7 @@ from typing import Any, Literal, TextIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentik.core.hookspecs import hookimpl
-from agentik.core.transport import (
+from agentik.transports.base import (
     ChannelCaps,
     IncomingMessage,
     MessageSink,
