@@ -130,7 +130,6 @@ class Bridge:
         self.released_channels = 0
         #: Outgoing pieces and their delivery state, persisted (see :meth:`redeliver`).
         self.outbox = Outbox(agent.store)
-        self._transports: dict[str, Transport] = {}
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options."""

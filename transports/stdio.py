@@ -197,7 +197,7 @@ class StdioTransport(Transport):
                 await self._line(raw)
             # End of input: finish the answers already asked for, then stop.
             if self._sink is not None and hasattr(self._sink, "flush"):
-                await self._sink.flush(self.channel_key)  # type: ignore[attr-defined]
+                await self._sink.flush(self.channel_key)
             if self.interactive:
                 self._write("\n", err=False)
         finally:

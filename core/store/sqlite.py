@@ -564,7 +564,7 @@ class SQLiteStore(Store):
         item = _Append(
             conversation_id, tuple(log), tuple(memory), updated_at, loop.create_future(), ended
         )
-        return await self._submit(item)  # type: ignore[no-any-return]
+        return await self._submit(item)
 
     async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
         rows = await self._read(
@@ -658,7 +658,7 @@ class SQLiteStore(Store):
                 ids.append(int(found[0]))
             return ids
 
-        return await self._write(fn)  # type: ignore[no-any-return]
+        return await self._write(fn)
 
     async def outbox_mark(
         self, updates: Sequence[tuple[int, OutboxState, bool | None, str | None]]
@@ -693,4 +693,4 @@ class SQLiteStore(Store):
         def fn(conn: sqlite3.Connection) -> int:
             return conn.execute("DELETE FROM outbox WHERE created_at < ?", (before,)).rowcount
 
-        return await self._write(fn)  # type: ignore[no-any-return]
+        return await self._write(fn)
