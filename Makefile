@@ -134,13 +134,16 @@ bench: $(DEV)
 bench-local: $(DEV) $(LOCAL)
 	$(PY) benchmarks/bench_llamacpp.py
 
+# ruff, then mypy on the whole package (agentik.core, .transports, .bot, found through
+# src/agentik; its strictness is in pyproject.toml under [tool.mypy]).
 lint: $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: $(DEV)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache .mypy_cache

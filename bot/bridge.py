@@ -32,7 +32,7 @@ from agentik.core import Agent, Conversation
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
-from agentik.core.events import EventBase
+from agentik.core.events import Event
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.store.base import OutboxEntry
@@ -136,7 +136,6 @@ class Bridge(AgentAccess):
         self.released_channels = 0
         #: Outgoing pieces and their delivery state, persisted (see :meth:`redeliver`).
         self.outbox = Outbox(agent.store)
-        self._transports: dict[str, Transport] = {}
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options."""
@@ -693,14 +692,13 @@ class _Renderer:
             if line:
                 await self._line(line, run_id)
 
-    async def on_event(self, e: EventBase) -> None:
+    async def on_event(self, e: Event) -> None:
         mode = self.caps.streaming
         run = e.run_id
-        kind = e.kind
-        if kind == "turn_started":
+        if e.kind == "turn_started":
             self.buffer, self.lines_sent, self.had_text = "", 0, False
             self.piece, self.stream_id, self.stream_text = 0, None, []
-        elif kind == "response_started":
+        elif e.kind == "response_started":
             # A new model step: keep its text apart from the previous step's.
             if self.had_text:
                 if mode == "deltas":
@@ -710,9 +708,9 @@ class _Renderer:
                     self.buffer = ""
                 else:
                     self.buffer += "\n"
-        elif kind == "text_delta":
+        elif e.kind == "text_delta":
             self.had_text = True
-            text = e.text  # type: ignore[attr-defined]
+            text = e.text
             if mode == "deltas":
                 await self._out(text, "delta", run)
             elif mode == "lines":
@@ -722,49 +720,49 @@ class _Renderer:
                     await self._lines(line, run)
             else:
                 self.buffer += text
-        elif kind == "reasoning_delta":
-            await self._out(f"(thinking) {e.text}", "notice", run)  # type: ignore[attr-defined]
-        elif kind == "tool_call_started":
-            args = _short_args(e.arguments)  # type: ignore[attr-defined]
-            await self._out(f"⚙ {e.name}({args})", "notice", run)  # type: ignore[attr-defined]
-        elif kind == "tool_call_ended" and (e.is_error or self.debug):  # type: ignore[attr-defined]
-            result = e.result.replace("\n", " ")[:160]  # type: ignore[attr-defined]
-            verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"  # type: ignore[attr-defined]
-            await self._out(f"⚙ {e.name} {verb}: {result}", "notice", run)  # type: ignore[attr-defined]
-        elif kind == "compacted" and (self.debug or e.fallback):  # type: ignore[attr-defined]
+        elif e.kind == "reasoning_delta":
+            await self._out(f"(thinking) {e.text}", "notice", run)
+        elif e.kind == "tool_call_started":
+            args = _short_args(e.arguments)
+            await self._out(f"⚙ {e.name}({args})", "notice", run)
+        elif e.kind == "tool_call_ended" and (e.is_error or self.debug):
+            result = e.result.replace("\n", " ")[:160]
+            verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"
+            await self._out(f"⚙ {e.name} {verb}: {result}", "notice", run)
+        elif e.kind == "compacted" and (self.debug or e.fallback):
             # Dropped messages are news to the people in the channel: the
             # model no longer sees them.  A summary only shows when debugging.
-            how = "dropped" if e.fallback else "summarised"  # type: ignore[attr-defined]
+            how = "dropped" if e.fallback else "summarised"
             await self._out(
-                f"(context compacted: {e.messages} older messages {how})",  # type: ignore[attr-defined]
+                f"(context compacted: {e.messages} older messages {how})",
                 "notice",
                 run,
             )
-        elif kind == "error":
+        elif e.kind == "error":
             await self._flush(run)
-            await self._out(f"error: {e.message}", "error", run)  # type: ignore[attr-defined]
-        elif kind == "interrupted":
+            await self._out(f"error: {e.message}", "error", run)
+        elif e.kind == "interrupted":
             await self._flush(run)
-            why = "time budget used up" if e.reason == "time_budget" else "interrupted"  # type: ignore[attr-defined]
+            why = "time budget used up" if e.reason == "time_budget" else "interrupted"
             await self._out(f"({why})", "notice", run)
-        elif kind == "turn_ended":
+        elif e.kind == "turn_ended":
             await self._flush(run)
             if mode in ("deltas", "lines") and self.had_text:
                 await self._stream_done(run)
                 await self._out("", "end", run)
             self.stream_id, self.stream_text = None, []
-            why = _STOP_NOTICES.get(e.stop_reason)  # type: ignore[attr-defined]
-            if why:
-                await self._out(why, "notice", run)
+            stopped = _STOP_NOTICES.get(e.stop_reason)
+            if stopped:
+                await self._out(stopped, "notice", run)
             if self.ch.more:
                 p = self.ch.options.command_prefix
                 await self._out(f"… {len(self.ch.more)} more lines: {p}more", "notice", run)
             if self.debug:
-                u = e.usage  # type: ignore[attr-defined]
+                u = e.usage
                 await self._out(
-                    f"turn {run}: {e.stop_reason}, {e.duration:.2f}s, "  # type: ignore[attr-defined]
+                    f"turn {run}: {e.stop_reason}, {e.duration:.2f}s, "
                     f"{u.prompt_tokens}+{u.completion_tokens} tokens, "
-                    f"{e.tool_calls} tool calls",  # type: ignore[attr-defined]
+                    f"{e.tool_calls} tool calls",
                     "notice",
                     run,
                 )

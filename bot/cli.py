@@ -217,8 +217,9 @@ def _check(config: Config) -> int:
         f"llm: backend {chosen!r} (configured {llm.backend!r}),"
         f" model {getattr(backend, 'model', None) or '-'!r}",
     ]
-    if getattr(backend, "model_path", None):  # a local model file
-        out.append(f"llm.model_path: {backend.model_path}")
+    model_path = getattr(backend, "model_path", None)
+    if model_path:  # a local model file
+        out.append(f"llm.model_path: {model_path}")
         local = [
             f"{key}: {getattr(backend, key)}"
             for key in ("n_ctx", "n_threads", "tool_choice")

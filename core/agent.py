@@ -18,7 +18,7 @@ from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation, _kinds
 from .errors import ClosedError, ConfigError, NotFound
 from .eventbus import EventBus, Subscription
-from .events import ConversationEnded, EventBase, EventsLost
+from .events import ConversationEnded, Event, EventBase, EventsLost
 from .hooks import Hooks
 from .keyedlocks import KeyedLocks
 from .llm.base import LLMBackend
@@ -402,7 +402,7 @@ class Agent:
             oldest_seq=oldest,
         )
 
-    def _publish(self, event: EventBase) -> None:
+    def _publish(self, event: Event) -> None:
         self._bus.publish(event)
 
     def _account(self, conversation_id: str, buffer: deque[Any], added: int) -> None:

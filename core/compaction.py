@@ -169,20 +169,18 @@ class Compactor:
         (prompt tokens it takes with room for the answer kept) — or ``None``
         when the backend does not know it (a remote endpoint: its refusal
         is handled by :meth:`after_refusal`)."""
-        known = getattr(self.agent.llm, "context_window", None)
+        known = self.agent.llm.context_window
         return int(known) if known else None
 
     async def count(self, request: LLMRequest) -> int:
         """The request's size in tokens: the backend's tokenizer, else the estimate."""
-        counter = getattr(self.agent.llm, "count_tokens", None)
-        if counter is not None:
-            try:
-                counted = await counter(request)
-            except Exception as exc:
-                log.debug("count_tokens failed (%s); estimating", exc)
-            else:
-                if counted is not None:
-                    return int(counted)
+        try:
+            counted = await self.agent.llm.count_tokens(request)
+        except Exception as exc:
+            log.debug("count_tokens failed (%s); estimating", exc)
+        else:
+            if counted is not None:
+                return int(counted)
         return estimate_tokens(request.messages, request.system, request.tools)
 
     async def before_request(

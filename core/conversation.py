@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ClosedError, PromptRefused
 from .eventbus import EventBus, Subscription
-from .events import PROFILES, EventBase, EventsLost, TextDelta, TurnEnded, TurnStarted
+from .events import PROFILES, Event, EventBase, EventsLost, TextDelta, TurnEnded, TurnStarted
 from .messages import ChatMessage, Message, MessageKind, NewMessage
 from .store.base import ConversationRecord, MemoryEntry, Store, TurnEnd
 from .tools.base import TurnPolicy
@@ -129,8 +129,8 @@ class Conversation:
     def capabilities(self) -> Capabilities:
         llm = self.agent.llm
         return Capabilities(
-            image_in=bool(getattr(llm, "supports_image_in", False)),
-            image_out=bool(getattr(llm, "supports_image_out", False)),
+            image_in=bool(llm.supports_image_in),
+            image_out=bool(llm.supports_image_out),
         )
 
     @property
@@ -496,7 +496,7 @@ class Conversation:
                 self._bus.close()
         return self._bus
 
-    def _emit(self, cls: type[EventBase], run_id: str | None, **fields: Any) -> Any:
+    def _emit(self, cls: type[Event], run_id: str | None, **fields: Any) -> Any:
         self._seq += 1
         event = cls(
             conversation_id=self.id,

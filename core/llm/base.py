@@ -108,7 +108,14 @@ StreamItem = TextChunk | ReasoningChunk | ToolCallItem | UsageItem | FinishItem
 
 
 class LLMBackend(abc.ABC):
-    """Base class of model backends. Subclasses implement :meth:`stream`."""
+    """Base class of model backends. Subclasses implement :meth:`stream`.
+
+    Optional features are declared here with their "not supported" defaults;
+    a backend overrides the ones it has (a class attribute, an instance
+    attribute or a property): :attr:`supports_tools`, :attr:`supports_image_in`,
+    :attr:`supports_image_out`, :attr:`context_window` and :meth:`count_tokens`.
+    The agent reads them directly; it never probes a backend with ``getattr``.
+    """
 
     #: Registry name (``[llm] backend = "..."``).
     name: str = ""
@@ -116,6 +123,11 @@ class LLMBackend(abc.ABC):
     model: str = ""
     #: Whether the model accepts tool definitions.
     supports_tools: bool = True
+    #: Whether the model accepts images in user messages (a conversation's
+    #: ``capabilities.image_in``).
+    supports_image_in: bool = False
+    #: Whether the model can answer with images (``capabilities.image_out``).
+    supports_image_out: bool = False
     #: Prompt tokens a request may use (room for the answer kept), or ``None``
     #: when unknown; every request is fitted to it (see the module docstring).
     context_window: int | None = None

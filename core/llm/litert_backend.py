@@ -500,7 +500,7 @@ class LiteRTBackend(LLMBackend):
         return min(max_tokens or self.max_tokens or context, context // 4)
 
     @property
-    def context_window(self) -> int:
+    def context_window(self) -> int:  # type: ignore[override]  # read-only here
         """Prompt tokens a request may use — the KV cache less the room kept for
         the answer and for the engine's prefill padding: what compaction and
         trimming keep every request under."""
@@ -626,10 +626,11 @@ class LiteRTBackend(LLMBackend):
         history: list[dict[str, Any]] | None
         max_tokens = request.max_tokens or self.max_tokens
 
-        def reusable() -> bool:
+        def reusable(slot: _Slot | None) -> bool:
             return (
                 slot is not None
-                and self._slots.get(cid) is slot  # type: ignore[arg-type]
+                and cid is not None
+                and self._slots.get(cid) is slot
                 and not slot.busy
                 and not slot.poisoned
                 and slot.conv is not None
@@ -641,16 +642,18 @@ class LiteRTBackend(LLMBackend):
         # Checked again after the room is measured: the idle timer may have
         # released the engine conversation meanwhile.
         if (
-            reusable()
-            and await self._room_for(engine, slot, wire[-1], max_tokens)  # type: ignore[arg-type]
-            and reusable()
+            cid is not None
+            and slot is not None
+            and reusable(slot)
+            and await self._room_for(engine, slot, wire[-1], max_tokens)
+            and reusable(slot)
         ):
             history = None
             self.stats.reuses += 1
-            self._slots.move_to_end(cid)  # type: ignore[arg-type]
+            self._slots.move_to_end(cid)
         else:
-            if slot is not None:
-                self._drop(cid, slot)  # type: ignore[arg-type]
+            if slot is not None and cid is not None:
+                self._drop(cid, slot)
             slot = _Slot(key=key)
             slot.idle.set()
             if cid is not None:
@@ -878,7 +881,7 @@ class LiteRTBackend(LLMBackend):
     def _tool(self, spec: ToolSpec) -> Any:
         description = _tool_description(spec)
 
-        class _Declared(self._lm.Tool):  # type: ignore[name-defined,misc]
+        class _Declared(self._lm.Tool):  # type: ignore[name-defined]
             """A tool the model may call; agentik runs it, never the engine."""
 
             def get_tool_description(self) -> dict[str, Any]:

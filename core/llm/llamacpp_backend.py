@@ -421,7 +421,7 @@ class LlamaCppBackend(LLMBackend):
         return best
 
     @property
-    def context_window(self) -> int:
+    def context_window(self) -> int:  # type: ignore[override]  # read-only here
         """Prompt tokens a request may use, room for the answer kept: what
         compaction keeps the working memory under."""
         return self.n_ctx - min(self.max_tokens, self.n_ctx // 4)

@@ -32,6 +32,7 @@ Markdown file per scope in a folder).  :class:`NoMemory` remembers nothing.
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -172,13 +173,13 @@ class MemoryBackend(abc.ABC):
         limit: int = 50,
         offset: int = 0,
         include_deleted: bool = False,
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         """Notes in ``scopes`` (all when ``None``), most recently changed first."""
 
     @abc.abstractmethod
     async def search(
         self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         """Notes in ``scopes`` matching ``query``'s words, best match first."""
 
     @abc.abstractmethod
@@ -186,7 +187,7 @@ class MemoryBackend(abc.ABC):
         """Mark the note deleted (a version; restorable).  ``False`` if unknown."""
 
     @abc.abstractmethod
-    async def history(self, note_id: int) -> list[NoteVersion]:
+    async def history(self, note_id: int) -> builtins.list[NoteVersion]:
         """Every version of the note, oldest first (empty if unknown)."""
 
     @abc.abstractmethod
@@ -198,7 +199,7 @@ class MemoryBackend(abc.ABC):
         """Remove the note and its history for good.  ``False`` if unknown."""
 
     # -- tools ----------------------------------------------------------------------
-    def tools(self) -> list[Tool]:
+    def tools(self) -> builtins.list[Tool]:
         """The tools this backend offers the model."""
         return [cls(self) for cls in _TOOLS]
 
@@ -208,7 +209,7 @@ class NoMemory(MemoryBackend):
 
     name = "none"
 
-    def tools(self) -> list[Tool]:
+    def tools(self) -> builtins.list[Tool]:
         return []
 
     async def save(
@@ -226,18 +227,18 @@ class NoMemory(MemoryBackend):
         limit: int = 50,
         offset: int = 0,
         include_deleted: bool = False,
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         return []
 
     async def search(
         self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         return []
 
     async def delete(self, note_id: int, *, author: str | None = None) -> bool:
         return False
 
-    async def history(self, note_id: int) -> list[NoteVersion]:
+    async def history(self, note_id: int) -> builtins.list[NoteVersion]:
         return []
 
     async def restore(self, note_id: int, version: int, *, author: str | None = None) -> Note:

@@ -56,7 +56,7 @@ __all__ = ["HttpTransport"]
 log = logging.getLogger(__name__)
 
 #: Seconds in-flight requests get to finish when the transport closes.
-_GRACE = 5.0
+_GRACE = 5
 
 
 def _is_loopback(host: str) -> bool:
