@@ -69,7 +69,7 @@ $(DOCS): pyproject.toml | $(DEV)
 
 docs: $(DOCS)
 	$(PY) tools/gen_config_reference.py
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Only the tests that run the real local model (make test runs them too).
 test-model: $(DEV) $(LOCAL)

@@ -17,6 +17,7 @@ test makes sure that file mentions every key).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import re
 import sys
@@ -118,10 +119,38 @@ class Table:
     level: int = 2
 
 
+def source_comments(model: Any) -> dict[str, dict[str, str]]:
+    """``class name -> key -> its #: comment`` for the classes of ``model``'s module."""
+    module = sys.modules.get(getattr(model, "__module__", ""), None)
+    try:
+        lines = inspect.getsource(module).splitlines() if module else []
+    except (OSError, TypeError):
+        return {}
+    found: dict[str, dict[str, str]] = {}
+    current, comment = "", []
+    for line in lines:
+        m = re.match(r"^class (\w+)", line)
+        if m:
+            current, comment = m.group(1), []
+            continue
+        stripped = line.strip()
+        if stripped.startswith("#:"):
+            comment.append(stripped[2:].strip())
+            continue
+        m = re.match(r"^    (\w+)\s*:", line)
+        if m and comment and current:
+            found.setdefault(current, {})[m.group(1)] = " ".join(comment).replace("``", "`")
+        comment = []
+    return found
+
+
 class SchemaWalker:
-    def __init__(self, schema: dict[str, Any], comments: dict[tuple[str, str], str]) -> None:
+    def __init__(
+        self, schema: dict[str, Any], comments: dict[tuple[str, str], str], model: Any = None
+    ) -> None:
         self.defs: dict[str, Any] = schema.get("$defs", {})
         self.comments = comments
+        self.source = source_comments(model)
 
     def resolve(self, node: dict[str, Any]) -> dict[str, Any]:
         while "$ref" in node:
@@ -227,10 +256,17 @@ class SchemaWalker:
                     if sub is not None:
                         nested.append((sub, f"[{child}.<name>]", f"{child}.<name>", child_path))
                         continue
-            keys.append(self.key(name, prop, path, required))
+            key = self.key(name, prop, path, required)
+            if not key.description:
+                key.description = self.source.get(node.get("title", ""), {}).get(name, "")
+            keys.append(key)
         yield Table(header, path, _about(node.get("description", "")), keys, level)
         for sub, sub_header, sub_shown, sub_path in nested:
-            yield from self.tables(sub, sub_header, sub_shown, sub_path, level)
+            for table in self.tables(sub, sub_header, sub_shown, sub_path, level):
+                if table.path == sub_path:  # what the example says above the table or key
+                    parent, _, name = sub_path.rpartition(".")
+                    table.description = table.description or self.comment(parent, name)
+                yield table
 
     def key(self, name: str, prop: dict[str, Any], path: str, required: set[str]) -> Key:
         resolved = self.resolve(prop)
@@ -248,7 +284,8 @@ class SchemaWalker:
 
     def comment(self, path: str, name: str) -> str:
         lookups = [(path, name)]
-        if path.startswith("transports"):  # the bridge's keys, or a transport type's
+        if path == "transports" or (path.startswith("transports:") and "." not in path):
+            # the bridge's keys, or a transport type's: filed under the first table using them
             lookups.append(("transports:*", name))
         for where in lookups:
             if where in self.comments:
@@ -259,9 +296,9 @@ class SchemaWalker:
 def _about(docstring: str) -> str:
     """A table's description from its model's docstring: the first paragraph, without
     the table's name in front (``[agent]``: ...) and without pointers to the example."""
-    text = " ".join(docstring.split("\n\n")[0].split())
-    text = re.sub(r"^``\[+[^`]*\]+``:\s*", "", text)
-    text = re.sub(r"\s*Every key is documented in ``config.example.toml``\.", "", text)
+    text = " ".join(docstring.split("\n\n")[0].split()).replace("``", "`")
+    text = re.sub(r"^`\[+[^`]*\]+`:\s*", "", text)
+    text = re.sub(r"\s*Every key is documented in `config.example.toml`\.", "", text)
     return text[:1].upper() + text[1:]
 
 
@@ -306,6 +343,15 @@ def _schema(model: Any) -> dict[str, Any]:
 
 
 # -- the page ------------------------------------------------------------------------------
+def _prose(text: str) -> str:
+    """Plain text as Markdown: ``<name>`` and ``a_b__c`` stay as they are; code spans too."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # outside code spans
+        part = parts[i].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        parts[i] = re.sub(r"([\\*_\[\]])", r"\\\1", part)
+    return "`".join(parts)
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -313,13 +359,13 @@ def _cell(text: str) -> str:
 def render_table(table: Table) -> str:
     out = [f"{'#' * table.level} `{table.header}`", ""]
     if table.description:
-        out += [table.description, ""]
+        out += [_prose(table.description), ""]
     if not table.keys:
         out += ["Any keys: handed over as they are.", ""]
         return "\n".join(out)
     out += ["| key | type | default | description |", "|---|---|---|---|"]
     for key in table.keys:
-        cells = (f"`{key.name}`", key.type, key.default, key.description)
+        cells = (f"`{key.name}`", _prose(key.type), key.default, _prose(key.description))
         out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     out.append("")
     return "\n".join(out)
@@ -348,7 +394,7 @@ def render() -> str:
 
     comments = example_comments(EXAMPLE.read_text(encoding="utf-8"))
     schema = _schema(Config)
-    walker = SchemaWalker(schema, comments)
+    walker = SchemaWalker(schema, comments, Config)
     # Fields of Config that are not keys of the file (e.g. ``source``: where it was read).
     fields = getattr(Config, "model_fields", {})
     hidden = {name for name, f in fields.items() if getattr(f, "exclude", False)}
@@ -379,12 +425,13 @@ def _plugin_tables(
     out = []
     for name, model in models.items():
         schema = _schema(model)
-        walker = SchemaWalker(schema, comments)
+        walker = SchemaWalker(schema, comments, model)
         place = f"{path}:{name}" if path == "transports" else path
         shown = "transports.<name>" if path == "transports" else path
         header = f"{where} {selector} = {_value(name)}".strip()
         for table in walker.tables(schema, header, shown, place, level=3):
-            out.append(render_table(Table(table.header, place, "", table.keys, table.level)))
+            about = table.description if table.path != place else ""
+            out.append(render_table(Table(table.header, place, about, table.keys, table.level)))
     return out
 
 
