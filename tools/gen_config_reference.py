@@ -17,10 +17,12 @@ test makes sure that file mentions every key).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import re
 import sys
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,28 +121,45 @@ class Table:
     level: int = 2
 
 
+def _model_classes(model: Any, seen: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``model`` and every model or dataclass its fields use, by class name."""
+    seen = {} if seen is None else seen
+    if not isinstance(model, type) or model.__name__ in seen:
+        return seen
+    fields = getattr(model, "model_fields", None) or getattr(model, "__pydantic_fields__", None)
+    if fields is None and dataclasses.is_dataclass(model):
+        fields = {f.name: f for f in dataclasses.fields(model)}
+    if fields is None:
+        return seen
+    seen[model.__name__] = model
+    for field in fields.values():
+        stack = [getattr(field, "annotation", None) or getattr(field, "type", None)]
+        while stack:
+            ann = stack.pop()
+            if isinstance(ann, type):
+                _model_classes(ann, seen)
+            stack.extend(typing.get_args(ann))
+    return seen
+
+
 def source_comments(model: Any) -> dict[str, dict[str, str]]:
-    """``class name -> key -> its #: comment`` for the classes of ``model``'s module."""
-    module = sys.modules.get(getattr(model, "__module__", ""), None)
-    try:
-        lines = inspect.getsource(module).splitlines() if module else []
-    except (OSError, TypeError):
-        return {}
+    """``class name -> key -> its #: comment`` for ``model`` and the models it uses."""
     found: dict[str, dict[str, str]] = {}
-    current, comment = "", []
-    for line in lines:
-        m = re.match(r"^class (\w+)", line)
-        if m:
-            current, comment = m.group(1), []
+    for name, cls in _model_classes(model).items():
+        try:
+            lines = inspect.getsource(cls).splitlines()
+        except (OSError, TypeError):
             continue
-        stripped = line.strip()
-        if stripped.startswith("#:"):
-            comment.append(stripped[2:].strip())
-            continue
-        m = re.match(r"^    (\w+)\s*:", line)
-        if m and comment and current:
-            found.setdefault(current, {})[m.group(1)] = " ".join(comment).replace("``", "`")
-        comment = []
+        comment: list[str] = []
+        for line in lines[1:]:
+            stripped = line.strip()
+            if stripped.startswith("#:"):
+                comment.append(stripped[2:].strip())
+                continue
+            m = re.match(r"^\s{4}(\w+)\s*:", line)
+            if m and comment:
+                found.setdefault(name, {})[m.group(1)] = " ".join(comment).replace("``", "`")
+            comment = []
     return found
 
 
