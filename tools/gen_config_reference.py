@@ -449,8 +449,10 @@ def _plugin_tables(
         shown = "transports.<name>" if path == "transports" else path
         header = f"{where} {selector} = {_value(name)}".strip()
         for table in walker.tables(schema, header, shown, place, level=3):
-            about = table.description if table.path != place else ""
-            out.append(render_table(Table(table.header, place, about, table.keys, table.level)))
+            nested = table.path != place  # e.g. [[transports.<name>.tokens]]: one level down
+            about = table.description if nested else ""
+            level = table.level + 1 if nested else table.level
+            out.append(render_table(Table(table.header, place, about, table.keys, level)))
     return out
 
 
