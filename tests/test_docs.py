@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,42 @@ def test_strict_build_fails_on_a_broken_anchor(tmp_path):
     result = _mkdocs(copy, tmp_path / "site")
     assert result.returncode != 0
     assert "no-such-section" in result.stdout + result.stderr
+
+
+def _key_names(model: type, seen: set[type] | None = None) -> set[str]:
+    """The names of every key of ``model`` and of the tables nested in it."""
+    seen = set() if seen is None else seen
+    fields = getattr(model, "model_fields", None) or getattr(model, "__pydantic_fields__", None)
+    if not fields or model in seen:
+        return set()
+    seen.add(model)
+    names: set[str] = set()
+    for name, field in fields.items():
+        if getattr(field, "exclude", False):
+            continue
+        nested: set[str] = set()
+        stack = [field.annotation]
+        while stack:
+            ann = stack.pop()
+            if isinstance(ann, type):
+                nested |= _key_names(ann, seen)
+            stack.extend(typing.get_args(ann))
+        names |= nested or {name}  # a table shows as its keys, a key as itself
+    return names
+
+
+def test_config_reference_lists_every_key():
+    """The generator walks the models; this walks them too, so it cannot skip a key."""
+    from agentik.bot.config import Config
+    from agentik.core.plugins import load_plugins
+
+    reference = (DOCS / "reference" / "config.md").read_text(encoding="utf-8")
+    names = _key_names(Config)
+    registry = load_plugins((), env={"AGENTIK_PLUGINS": ""})
+    for factory in [*registry.transports.values(), *registry.llm_backends.values()]:
+        model = getattr(factory, "settings_model", None)
+        if model is not None:
+            names |= _key_names(model)
+    assert len(names) > 100
+    missing = sorted(n for n in names if f"| `{n}` |" not in reference)
+    assert not missing, f"keys missing from docs/reference/config.md: {missing}"
