@@ -46,7 +46,7 @@ __all__ = ["COMMANDS", "main"]
 
 log = logging.getLogger("agentik.cli")
 
-#: Every command and subcommand, documented in the README (a test checks).
+#: Every command and subcommand, documented in the manual, docs/ (a test checks).
 COMMANDS = (
     "run",
     "chat",
