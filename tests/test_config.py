@@ -11,18 +11,22 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, SecretStr
+from pydantic.dataclasses import is_pydantic_dataclass
 
 from agentik.bot.app import load_registry, make_transport
 from agentik.bot.builder import backend_choice
 from agentik.bot.config import (
     ENV_OVERRIDES,
     Config,
+    LLMSection,
     TransportSection,
+    builtin_llm_settings,
     load_config,
     parse_config,
     reveal,
 )
 from agentik.core import ConfigError
+from agentik.core.settings import config_key, setting_fields
 from agentik.core.transport import Transport
 from agentik.transports.stdio import StdioSettings
 
@@ -132,29 +136,34 @@ def _scan_example() -> tuple[list[str], dict[str, int], list[_Key]]:
     return lines, tables, keys
 
 
-def _model_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
-    """Every key path of ``model``, recursively; ``*`` stands for a table name of a dict."""
+def _is_section(ann: object) -> bool:
+    return isinstance(ann, type) and (
+        issubclass(ann, BaseModel) or is_pydantic_dataclass(ann)
+    )
+
+
+def _model_keys(model: type, prefix: str = "") -> set[str]:
+    """Every key path of ``model``, recursively; ``*`` stands for a table name of a dict.
+
+    Sections may be pydantic models or pydantic dataclasses (the core's policies); a
+    field's key is its alias when it has one.  ``[llm]`` holds, besides its own keys,
+    the keys of every built-in backend's settings model.
+    """
     paths: set[str] = set()
-    for name, field in model.model_fields.items():
+    if isinstance(model, type) and issubclass(model, LLMSection):
+        for backend in builtin_llm_settings().values():
+            paths |= _model_keys(backend, prefix)
+    for name, field in setting_fields(model).items():
         if field.exclude:  # Config.source: where the file came from, not a key
             continue
-        path = prefix + name
+        path = prefix + config_key(name, field)
         ann = field.annotation
         args = typing.get_args(ann)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            paths |= _model_keys(ann, path + ".")
-        elif (
-            typing.get_origin(ann) is dict
-            and isinstance(args[1], type)
-            and issubclass(args[1], BaseModel)
-        ):
+        if _is_section(ann):
+            paths |= _model_keys(ann, path + ".")  # type: ignore[arg-type]
+        elif typing.get_origin(ann) is dict and _is_section(args[1]):
             paths |= _model_keys(args[1], path + ".*.")
-        elif (
-            typing.get_origin(ann) is list
-            and args
-            and isinstance(args[0], type)
-            and issubclass(args[0], BaseModel)
-        ):
+        elif typing.get_origin(ann) is list and args and _is_section(args[0]):
             paths |= _model_keys(args[0], path + ".")  # an array of tables
         else:
             paths.add(path)
