@@ -109,7 +109,6 @@ def config_key(name: str, field: FieldInfo) -> str:
     return alias if isinstance(alias, str) else name
 
 
-
 def is_file_path(field: FieldInfo) -> bool:
     """Whether ``field`` holds a path relative to the configuration file."""
     return any(isinstance(m, FilePath) for m in field.metadata) or any(
@@ -165,4 +164,3 @@ def validate_settings(cls: type[_T], data: Mapping[str, Any], *, where: str) -> 
 def defaults(cls: type[_T]) -> _T:
     """An instance with every default (for constructor signatures: one declaration)."""
     return cls()
-

@@ -137,9 +137,7 @@ def _scan_example() -> tuple[list[str], dict[str, int], list[_Key]]:
 
 
 def _is_section(ann: object) -> bool:
-    return isinstance(ann, type) and (
-        issubclass(ann, BaseModel) or is_pydantic_dataclass(ann)
-    )
+    return isinstance(ann, type) and (issubclass(ann, BaseModel) or is_pydantic_dataclass(ann))
 
 
 def _model_keys(model: type, prefix: str = "") -> set[str]:
