@@ -349,11 +349,12 @@ def backend_settings(config: Config, registry: Registry, name: str) -> Any:
 
 
 def ignored_settings(config: Config, registry: Registry, name: str) -> list[str]:
-    """Keys in ``[llm]`` that backend ``name`` does not use (other backends' keys)."""
+    """Keys set in ``[llm]`` that backend ``name`` does not use (other backends' keys)."""
     model = getattr(registry.llm_backends.get(name), "settings_model", None)
     if model is None:
         return []
-    return sorted(set(config.llm.given()) - set(setting_fields(model)))
+    given = {key for key, value in config.llm.given().items() if value is not None}
+    return sorted(given - set(setting_fields(model)))
 
 
 def resolve_backend(

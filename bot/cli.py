@@ -204,8 +204,18 @@ async def _run(config: Config, *, only: list[str] | None) -> int:
 
 
 def _check(config: Config) -> int:
+    from pydantic import SecretStr
+
+    from agentik.core.settings import setting_fields
+
     from .app import load_registry, make_transport
-    from .builder import NoModelBackend, backend_choice, resolve_backend
+    from .builder import (
+        NoModelBackend,
+        backend_choice,
+        backend_settings,
+        ignored_settings,
+        resolve_backend,
+    )
 
     registry = load_registry(config)
     backend = resolve_backend(config, registry)
@@ -217,6 +227,17 @@ def _check(config: Config) -> int:
         f"llm: backend {chosen!r} (configured {llm.backend!r}),"
         f" model {getattr(backend, 'model', None) or '-'!r}",
     ]
+    settings = None if chosen == "none" else backend_settings(config, registry, chosen)
+    if settings is not None:  # the backend's own keys, as it validated them
+        shown = ", ".join(
+            f"{key}={'**********' if isinstance(value, SecretStr) else value!r}"
+            for key, value in ((k, getattr(settings, k)) for k in setting_fields(type(settings)))
+            if value is not None and value != {}
+        )
+        out.append(f"llm.{chosen} settings: {shown}")
+        ignored = ignored_settings(config, registry, chosen)
+        if ignored:
+            out.append(f"llm: ignored (not keys of {chosen!r}): {', '.join(ignored)}")
     if getattr(backend, "model_path", None):  # a local model file
         out.append(f"llm.model_path: {backend.model_path}")
         local = [
