@@ -38,6 +38,7 @@ from pydantic import (
 
 from agentik.core.agent import AgentSettings
 from agentik.core.compaction import CompactionPolicy
+from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
 from agentik.core.memory import MemorySettings
 from agentik.core.settings import Blank, describe_error, setting_fields, settings_dataclass
@@ -85,7 +86,7 @@ class AgentSection(AgentSettings):
     #: At start-up, a committed message a crash left unanswered is answered
     #: (``answer``), gets a short "please ask again" notice (``note``) or is
     #: recorded as dropped (``drop``).
-    resume: Literal["answer", "note", "drop"] = "answer"
+    resume: ResumeMode = "answer"
     #: Seconds after which a pending message only gets the notice (0: no limit).
     resume_max_age: float = Field(3600.0, ge=0)
 

@@ -699,3 +699,43 @@ def test_check_shows_the_backend_settings_and_the_ignored_keys(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "llm.scripted settings: supports_tools=True, context_window=4096" in out
     assert "llm: ignored (not keys of 'scripted'): n_ctx" in out
+
+
+def _empty_is_none(value: object) -> object:
+    if isinstance(value, list | tuple | dict) and not value:
+        return None
+    return tuple(value) if isinstance(value, list) else value
+
+
+def test_sections_that_still_have_a_core_twin_keep_its_defaults():
+    """[transports.*] bridge keys, [[mcp.servers]] and [storage] are still written twice
+    (the bridge's ChannelOptions, the core's MCPServerConfig, SQLiteStore): a default that
+    drifts between a section and the class it configures fails here."""
+    import dataclasses
+
+    from agentik.bot.bridge import ChannelOptions
+    from agentik.bot.config import MCPSection, MCPServerSection, StorageSection
+    from agentik.core import SQLiteStore
+    from agentik.core.tools.mcp import MCPServerConfig
+
+    def compare(section: type[BaseModel], core: type, skip: set[str]) -> None:
+        core_defaults = {
+            f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(core)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        }
+        shared = (set(section.model_fields) & set(core_defaults)) - skip
+        assert shared
+        for name in shared:
+            mine = section.model_fields[name].get_default(call_default_factory=True)
+            assert _empty_is_none(mine) == _empty_is_none(core_defaults[name]), (
+                f"{section.__name__}.{name}: {mine!r} != {core.__name__}: {core_defaults[name]!r}"
+            )
+
+    # command_prefix: None means "the transport's default".
+    compare(TransportSection, ChannelOptions, {"command_prefix"})
+    # startup: None means "the [mcp] default", which is the core's.
+    compare(MCPServerSection, MCPServerConfig, {"startup"})
+    assert MCPSection().startup == MCPServerConfig.__dataclass_fields__["startup"].default
+    store = inspect.signature(SQLiteStore).parameters
+    assert StorageSection().synchronous == store["synchronous"].default
