@@ -185,30 +185,29 @@ def llm_section(
 ) -> LLMSection:
     """Validate an ``[llm]`` table against backend settings ``models`` (default: the built-ins).
 
-    Raises :class:`pydantic.ValidationError`; errors of keys given under
-    ``options`` are located there.
+    Keys under ``options`` are read as keys of the table (the table's own
+    win).  Raises :class:`pydantic.ValidationError`.
     """
     models = builtin_llm_settings() if models is None else models
-    table = dict(table)
     options = table.get("options", {})
-    merged = {**options, **table} if isinstance(options, dict) else table
-    backend = merged.get("backend", "auto")
-    chosen = backend
-    if backend == "auto":
+    merged = {**options, **table} if isinstance(options, dict) else dict(table)
+    chosen = merged.get("backend", "auto")
+    if chosen == "auto":
         chosen = auto_backend(merged.get("base_url"), merged.get("api_key"), env)
     cls = _llm_section_class(str(chosen), tuple(models.items()))
-    try:
-        return cls.model_validate(merged)
-    except ValidationError as exc:
-        if not isinstance(options, dict) or not options:
-            raise
-        errors = []
-        for e in exc.errors():
-            loc = e["loc"]
-            if loc and loc[0] in options and loc[0] not in table:
-                e = {**e, "loc": ("options", *loc)}
-            errors.append(e)
-        raise ValidationError.from_exception_data(exc.title, errors) from None  # type: ignore[arg-type]
+    return cls.model_validate(merged)
+
+
+def _llm_errors(exc: ValidationError, table: Mapping[str, Any]) -> list[Any]:
+    """``exc``'s errors located in the file: ``llm.<key>``, or ``llm.options.<key>``."""
+    options = table.get("options")
+    errors = []
+    for e in exc.errors():
+        loc = e["loc"]
+        if isinstance(options, dict) and loc and loc[0] in options and loc[0] not in table:
+            loc = ("options", *loc)
+        errors.append({**e, "loc": ("llm", *loc)})
+    return errors
 
 
 def _default_llm() -> LLMSection:
@@ -445,12 +444,13 @@ def parse_config(
             if isinstance(table, dict):
                 table[key] = env[var]
     errors: list[Any] = []
-    if isinstance(raw.get("llm", {}), dict):
+    table = raw.get("llm", {})
+    if isinstance(table, dict):
         # [llm] is validated against the backends' own settings models.
         try:
-            raw["llm"] = llm_section(raw.get("llm", {}), env=env)
+            raw["llm"] = llm_section(table, env=env)
         except ValidationError as exc:
-            errors += [{**e, "loc": ("llm", *e["loc"])} for e in exc.errors()]
+            errors += _llm_errors(exc, table)
             raw["llm"] = _default_llm()
     try:
         config = Config.model_validate({**raw, "source": source})
