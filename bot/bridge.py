@@ -47,9 +47,13 @@ from agentik.transports.base import (
 )
 from agentik.transports.text import split_lines, split_text
 
+from .config import AgentSection
 from .outbox import Outbox
 
 __all__ = ["COMMANDS", "Bridge", "ChannelOptions"]
+
+#: The ``[agent]`` defaults (resume mode and age), declared once in the configuration.
+_AGENT = AgentSection()
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +122,8 @@ class Bridge(AgentAccess):
         agent: Agent,
         *,
         idle_seconds: float = 900.0,
-        resume: ResumeMode = "answer",
-        resume_max_age: float = 0.0,
+        resume: ResumeMode = _AGENT.resume,
+        resume_max_age: float = _AGENT.resume_max_age,
     ) -> None:
         self.agent = agent
         self.idle_seconds = idle_seconds

@@ -36,13 +36,15 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
 
 from .errors import ContextTooLong
 from .events import Compacted
 from .llm.base import LLMRequest, TextChunk, ToolSpec
 from .messages import ChatMessage
+from .settings import settings_dataclass
 
 if TYPE_CHECKING:
     from .conversation import Conversation
@@ -70,7 +72,7 @@ DROPPED_NOTICE = (
 )
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@settings_dataclass
 class CompactionPolicy:
     """When and how to compact.
 
@@ -79,14 +81,17 @@ class CompactionPolicy:
     compact when a request would use more than this share of it.
     ``keep_turns``: the most recent turns kept verbatim.  ``summary_tokens``:
     the summary's length limit.  ``timeout``: seconds for the summary call.
+    ``prompt``: the summariser's instruction (``{words}``: its word limit).
+
+    This class is also the ``[compaction]`` section of the configuration file.
     """
 
     enabled: bool = True
-    context_tokens: int | None = None
-    trigger: float = 0.8
-    keep_turns: int = 4
-    summary_tokens: int = 512
-    timeout: float = 120.0
+    context_tokens: int | None = Field(None, ge=256)
+    trigger: float = Field(0.8, gt=0, le=1)
+    keep_turns: int = Field(4, ge=1)
+    summary_tokens: int = Field(512, ge=32)
+    timeout: float = Field(120.0, gt=0)
     prompt: str = SUMMARY_PROMPT
 
 

@@ -72,7 +72,11 @@ def register_llm_backends(register: Callable[[str, Callable[..., LLMBackend]], N
     Call ``register(name, factory)`` for each backend: ``name`` is what a
     configuration selects (``[llm] backend = "name"``); ``factory(**settings)``
     returns an :class:`~agentik.core.llm.base.LLMBackend`, where ``settings``
-    are the backend's configuration keys.  The return value is ignored.
+    are the backend's configuration keys.  Give the factory (the class) a
+    ``settings_model`` — a pydantic model of those keys — and they become
+    first-class ``[llm]`` keys: validated, errors naming the key, shown by
+    ``agentik check``, passed to the factory as its fields.  The return value
+    is ignored.
     """
 
 

@@ -161,7 +161,10 @@ def restrict_tools(
     if allowed_tools is None:
         return
     allowed = allowed_tools if isinstance(allowed_tools, tuple) else tuple(allowed_tools)
-    conversation.policy = dataclasses.replace(conversation.policy or default, allowed_tools=allowed)
+    # TurnPolicy is a pydantic dataclass, which mypy does not see as a dataclass.
+    conversation.policy = dataclasses.replace(  # type: ignore[type-var]
+        conversation.policy or default, allowed_tools=allowed
+    )
 
 
 class Transport(abc.ABC):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from ..messages import ChatMessage, ToolCall, Usage
 
@@ -119,6 +119,12 @@ class LLMBackend(abc.ABC):
 
     #: Registry name (``[llm] backend = "..."``).
     name: str = ""
+    #: A pydantic model of the backend's configuration keys (flat in ``[llm]``),
+    #: or ``None``.  The builder validates the ``[llm]`` table with it (errors
+    #: name the key) and calls the registered factory with its fields as
+    #: keyword arguments (secrets revealed, :class:`~agentik.core.settings.FilePath`
+    #: fields resolved against the configuration file).
+    settings_model: ClassVar[Any] = None
     #: The default model identifier.
     model: str = ""
     #: Whether the model accepts tool definitions.
@@ -131,6 +137,18 @@ class LLMBackend(abc.ABC):
     #: Prompt tokens a request may use (room for the answer kept), or ``None``
     #: when unknown; every request is fitted to it (see the module docstring).
     context_window: int | None = None
+
+    @classmethod
+    def unavailable(cls, settings: Any) -> str | None:
+        """Why this backend cannot run on this machine with ``settings`` (its
+        ``settings_model`` instance), as one sentence; ``None``: it can.
+
+        For what a user installs (a package, a model file).  When
+        ``backend = "auto"`` picked this backend, the bot then runs without a
+        model and says this sentence; a configuration naming the backend gets
+        it as an error.
+        """
+        return None
 
     @abc.abstractmethod
     def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
