@@ -222,7 +222,10 @@ def _default_llm() -> LLMSection:
 
 @settings_dataclass
 class StorageSection(SQLiteSettings):
-    """``[storage]``: where conversations live (plus the store's :class:`SQLiteSettings`)."""
+    """``[storage]``: where conversations live.
+
+    ``synchronous`` is the store's own setting (:class:`SQLiteSettings`).
+    """
 
     path: str = "agentik.db"
 

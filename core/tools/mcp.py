@@ -63,10 +63,11 @@ _NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")
 # settings_dataclass spelled out, so type checkers see the keyword constructor.
 @dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS)
 class MCPServerConfig:
-    """One MCP server: a program spoken to over stdio, or a streamable HTTP URL.
+    """One MCP server; its tools become ``<name>__<tool>``.
 
-    Its tools are offered as ``<name>__<tool>``.  This class is also the
-    configuration's ``[[mcp.servers]]`` table (one declaration of each key).
+    A program spoken to over stdio, or a streamable HTTP URL.  This class is
+    also the configuration's ``[[mcp.servers]]`` table (one declaration of
+    each key).
     """
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,40}$")]
