@@ -26,7 +26,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 from agentik.core import Agent, Conversation
 from agentik.core.conversation import ResumeMode
@@ -35,6 +34,7 @@ from agentik.core.eventbus import Subscription
 from agentik.core.events import Event
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
+from agentik.core.settings import setting_fields
 from agentik.core.store.base import OutboxEntry
 from agentik.transports.base import (
     AgentAccess,
@@ -47,6 +47,7 @@ from agentik.transports.base import (
 )
 from agentik.transports.text import split_lines, split_text
 
+from .channel import ChannelOptions
 from .config import AgentSection
 from .outbox import Outbox
 
@@ -65,24 +66,6 @@ COMMANDS: dict[str, str] = {
     "compact": "summarise the older part of this conversation now, to free context",
     "help": "list these commands",
 }
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ChannelOptions:
-    """Per-transport-instance behaviour of the bridge."""
-
-    command_prefix: str = "!"
-    answer: Literal["addressed", "all", "direct"] = "addressed"
-    events: Literal["chat", "debug"] = "chat"
-    #: Lines of an answer sent before the rest waits for ``more`` (0: no cap).
-    max_answer_lines: int = 0
-    allowed_tools: tuple[str, ...] | None = None
-    #: Longest accepted message, in characters.
-    max_input_chars: int = 32_000
-    #: Record what others say in shared channels (without answering) as context.
-    ambient: bool = False
-    #: How many such lines at most reach the model with the next turn.
-    ambient_lines: int = 50
 
 
 @dataclass(eq=False)
@@ -828,15 +811,17 @@ def _short_args(arguments: str, limit: int = 80) -> str:
 
 
 def options_from(section: object, transport: Transport) -> ChannelOptions:
-    """Build :class:`ChannelOptions` from a ``[transports.<name>]`` section."""
-    prefix = getattr(section, "command_prefix", None)
-    allowed = getattr(section, "allowed_tools", None)
-    return ChannelOptions(
-        command_prefix=transport.default_command_prefix if prefix is None else prefix,
-        answer=getattr(section, "answer", "addressed"),
-        events=getattr(section, "events", "chat"),
-        max_answer_lines=getattr(section, "max_answer_lines", 0),
-        ambient=getattr(section, "ambient", False),
-        ambient_lines=getattr(section, "ambient_lines", 50),
-        allowed_tools=tuple(allowed) if allowed is not None else None,
-    )
+    """Build :class:`ChannelOptions` from a ``[transports.<name>]`` section.
+
+    The section's bridge keys are :class:`ChannelOptions`'s own fields (see
+    :class:`agentik.bot.config.TransportSection`); a key it lacks keeps its
+    default, and an unset ``command_prefix`` is the transport's default.
+    """
+    values = {
+        name: getattr(section, name)
+        for name in setting_fields(ChannelOptions)
+        if hasattr(section, name)
+    }
+    if values.get("command_prefix") is None:
+        values["command_prefix"] = transport.default_command_prefix
+    return ChannelOptions(**values)

@@ -20,6 +20,7 @@ differs.  ``llm``, ``storage`` and ``memory`` are required; the soul
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, Self
@@ -271,24 +272,15 @@ def mcp_toolset(config: Config) -> Any:
     """The :class:`~agentik.core.tools.mcp.MCPToolset` for ``[mcp]``, or None."""
     if not config.mcp.servers:
         return None
-    from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
+    from agentik.core.tools.mcp import MCPToolset
 
+    # The servers are validated already: cwd is relative to the file, and a server
+    # without its own startup takes [mcp] startup.
     servers = [
-        MCPServerConfig(
-            name=s.name,
-            command=s.command,
-            args=tuple(s.args),
-            env=dict(s.env) or None,
+        dataclasses.replace(
+            s,
             cwd=config.resolve_path(s.cwd) if s.cwd else None,
-            url=s.url,
-            headers=dict(s.headers) or None,
-            bearer_token=reveal(s.bearer_token),
-            allow=tuple(s.allow) if s.allow is not None else None,
-            deny=tuple(s.deny),
-            timeout=s.timeout,
             startup=s.startup or config.mcp.startup,
-            restart_min=s.restart_min,
-            restart_max=s.restart_max,
         )
         for s in config.mcp.servers
     ]

@@ -23,7 +23,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -42,7 +42,11 @@ from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
 from agentik.core.memory import MemorySettings
 from agentik.core.settings import Blank, describe_error, setting_fields, settings_dataclass
+from agentik.core.store.sqlite import SQLiteSettings
 from agentik.core.tools.base import TurnPolicy
+from agentik.core.tools.mcp import MCPServerConfig
+
+from .channel import ChannelOptions
 
 __all__ = [
     "ENV_OVERRIDES",
@@ -216,32 +220,29 @@ def _default_llm() -> LLMSection:
     return llm_section({}, env={})
 
 
-class StorageSection(_Section):
-    """``[storage]``: where conversations live."""
+@settings_dataclass
+class StorageSection(SQLiteSettings):
+    """``[storage]``: where conversations live.
+
+    ``synchronous`` is the store's own setting (:class:`SQLiteSettings`).
+    """
 
     path: str = "agentik.db"
-    synchronous: Literal["off", "normal", "full", "extra"] = "full"
 
 
-class TransportSection(BaseModel):
+class _TransportBase(BaseModel):
     """``[transports.<name>]``: one transport instance.
 
-    ``type`` selects the transport plugin; the keys below are handled by the
-    bridge for every transport; any other key is the transport's own setting
-    and is validated by the transport.
+    ``type`` selects the transport plugin; the bridge's keys (the fields of
+    :class:`~agentik.bot.channel.ChannelOptions`) are handled by the bridge
+    for every transport; any other key is the transport's own setting and is
+    validated by the transport.
     """
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
     type: str
     enabled: bool = True
-    command_prefix: str | None = None
-    answer: Literal["addressed", "all", "direct"] = "addressed"
-    events: Literal["chat", "debug"] = "chat"
-    max_answer_lines: int = Field(0, ge=0)
-    allowed_tools: list[str] | None = None
-    ambient: bool = False
-    ambient_lines: int = Field(50, ge=1)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -249,29 +250,42 @@ class TransportSection(BaseModel):
         return dict(self.model_extra or {})
 
 
-class MCPServerSection(_Section):
-    """``[[mcp.servers]]``: one MCP server; its tools become ``<name>__<tool>``."""
+#: Fields of :class:`ChannelOptions` that are not keys of the file.
+BRIDGE_NOT_KEYS = frozenset({"max_input_chars"})
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,40}$")
-    command: str | None = None
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
-    url: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    bearer_token: SecretStr | None = None
-    allow: list[str] | None = None
-    deny: list[str] = Field(default_factory=list)
-    timeout: float = Field(60.0, gt=0)
-    startup: Literal["eager", "lazy"] | None = None
-    restart_min: float = Field(0.5, gt=0)
-    restart_max: float = Field(30.0, gt=0)
 
-    @model_validator(mode="after")
-    def _one_transport(self) -> MCPServerSection:
-        if (self.command is None) == (self.url is None):
-            raise ValueError("give either command (stdio) or url (streamable HTTP)")
-        return self
+def _bridge_keys() -> dict[str, Any]:
+    """The bridge keys of a transport table: :class:`ChannelOptions`'s own fields.
+
+    ``command_prefix`` may be left unset: the transport's default (``/`` in a
+    terminal, ``!`` on chat networks) is used.
+    """
+    fields: dict[str, Any] = {}
+    for name, info in setting_fields(ChannelOptions).items():
+        if name in BRIDGE_NOT_KEYS:
+            continue
+        if name == "command_prefix":
+            annotation: Any = info.annotation
+            fields[name] = (annotation | None, Field(None))
+        else:
+            fields[name] = (info.annotation, info)
+    return fields
+
+
+if TYPE_CHECKING:
+    TransportSection = _TransportBase
+else:
+    TransportSection = create_model(
+        "TransportSection",
+        __base__=_TransportBase,
+        __doc__=_TransportBase.__doc__,
+        __module__=__name__,
+        **_bridge_keys(),
+    )
+
+
+#: ``[[mcp.servers]]`` is the core's :class:`MCPServerConfig` (one declaration of each key).
+MCPServerSection = MCPServerConfig
 
 
 class MCPSection(_Section):
@@ -279,7 +293,8 @@ class MCPSection(_Section):
 
     #: ``eager``: connect every server at start-up; ``lazy``: on first use.
     startup: Literal["eager", "lazy"] = "eager"
-    servers: list[MCPServerSection] = Field(default_factory=list)
+    #: A server without its own ``startup`` takes this one.
+    servers: list[MCPServerConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique(self) -> MCPSection:

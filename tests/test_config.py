@@ -701,41 +701,61 @@ def test_check_shows_the_backend_settings_and_the_ignored_keys(tmp_path, capsys)
     assert "llm: ignored (not keys of 'scripted'): n_ctx" in out
 
 
-def _empty_is_none(value: object) -> object:
-    if isinstance(value, list | tuple | dict) and not value:
-        return None
-    return tuple(value) if isinstance(value, list) else value
-
-
-def test_sections_that_still_have_a_core_twin_keep_its_defaults():
-    """[transports.*] bridge keys, [[mcp.servers]] and [storage] are still written twice
-    (the bridge's ChannelOptions, the core's MCPServerConfig, SQLiteStore): a default that
-    drifts between a section and the class it configures fails here."""
-    import dataclasses
-
+def test_transport_mcp_and_storage_sections_are_the_classes_they_configure():
+    """[transports.*] bridge keys, [[mcp.servers]] and [storage] are declared once, by the
+    part that uses them (the bridge's ChannelOptions, the core's MCPServerConfig and
+    SQLiteSettings): a section that re-declares one of their keys fails here."""
     from agentik.bot.bridge import ChannelOptions
-    from agentik.bot.config import MCPSection, MCPServerSection, StorageSection
+    from agentik.bot.config import (
+        BRIDGE_NOT_KEYS,
+        MCPSection,
+        MCPServerSection,
+        StorageSection,
+    )
     from agentik.core import SQLiteStore
+    from agentik.core.store.sqlite import SQLiteSettings
     from agentik.core.tools.mcp import MCPServerConfig
 
-    def compare(section: type[BaseModel], core: type, skip: set[str]) -> None:
-        core_defaults = {
-            f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
-            for f in dataclasses.fields(core)
-            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        }
-        shared = (set(section.model_fields) & set(core_defaults)) - skip
-        assert shared
-        for name in shared:
-            mine = section.model_fields[name].get_default(call_default_factory=True)
-            assert _empty_is_none(mine) == _empty_is_none(core_defaults[name]), (
-                f"{section.__name__}.{name}: {mine!r} != {core.__name__}: {core_defaults[name]!r}"
-            )
-
-    # command_prefix: None means "the transport's default".
-    compare(TransportSection, ChannelOptions, {"command_prefix"})
-    # startup: None means "the [mcp] default", which is the core's.
-    compare(MCPServerSection, MCPServerConfig, {"startup"})
-    assert MCPSection().startup == MCPServerConfig.__dataclass_fields__["startup"].default
+    # [transports.<name>]: type and enabled, then exactly ChannelOptions's fields, each
+    # with its type, default and limits (only command_prefix may be unset: the
+    # transport's default).
+    bridge = setting_fields(ChannelOptions)
+    keys = dict(TransportSection.model_fields)
+    assert list(keys)[:2] == ["type", "enabled"]
+    assert set(keys) - {"type", "enabled"} == set(bridge) - BRIDGE_NOT_KEYS
+    for name, info in bridge.items():
+        if name in BRIDGE_NOT_KEYS:
+            continue
+        mine = keys[name]
+        if name == "command_prefix":
+            assert mine.annotation == info.annotation | None and mine.default is None
+            continue
+        assert (mine.annotation, mine.default, mine.metadata) == (
+            info.annotation,
+            info.default,
+            info.metadata,
+        ), name
+    # [[mcp.servers]] is the core's class itself.
+    assert MCPServerSection is MCPServerConfig
+    assert MCPSection.model_fields["servers"].annotation == list[MCPServerConfig]
+    # [storage] adds path to the store's own settings.
+    assert issubclass(StorageSection, SQLiteSettings)
+    assert set(setting_fields(StorageSection)) == {"path", *setting_fields(SQLiteSettings)}
     store = inspect.signature(SQLiteStore).parameters
     assert StorageSection().synchronous == store["synchronous"].default
+
+
+def test_a_server_without_startup_takes_the_mcp_default():
+    from agentik.bot.builder import mcp_toolset
+
+    def states(table: dict) -> list[str]:
+        toolset = mcp_toolset(parse_config({"mcp": table}, env={}))
+        return [s["state"] for s in toolset.status()]  # not started: nothing connects
+
+    servers = [
+        {"name": "a", "command": "x"},
+        {"name": "b", "command": "y", "startup": "eager"},
+        {"name": "c", "command": "z", "startup": "lazy"},
+    ]
+    assert states({"startup": "lazy", "servers": servers}) == ["lazy", "starting", "lazy"]
+    assert states({"servers": servers}) == ["starting", "starting", "lazy"]

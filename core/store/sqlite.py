@@ -31,6 +31,7 @@ import aiosqlite
 
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
+from ..settings import defaults, settings_dataclass
 from .base import (
     ConversationRecord,
     MemoryEntry,
@@ -42,11 +43,23 @@ from .base import (
 )
 from .migrations import apply_migrations
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous"]
 
 log = logging.getLogger(__name__)
 
 Synchronous = Literal["off", "normal", "full", "extra"]
+
+
+@settings_dataclass
+class SQLiteSettings:
+    """The store's settings (the configuration's ``[storage]`` adds its ``path``)."""
+
+    #: SQLite ``synchronous`` mode: ``full`` survives power loss; ``normal``
+    #: survives a killed process and is faster; ``off`` is for throwaway bots.
+    synchronous: Synchronous = "full"
+
+
+_DEFAULTS = defaults(SQLiteSettings)
 
 _MESSAGE_COLUMNS = (
     "id, conversation_id, kind, content, author, channel, run_id, tool_call_id, tool_name,"
@@ -283,7 +296,7 @@ class SQLiteStore(Store):
         self,
         path: str = ":memory:",
         *,
-        synchronous: Synchronous = "full",
+        synchronous: Synchronous = _DEFAULTS.synchronous,
         max_batch: int = 512,
         busy_timeout: float = 5.0,
     ) -> None:

@@ -34,14 +34,16 @@ import re
 import sys
 from collections.abc import Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 import mcp_types as mt
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 
 from ..errors import ToolError
+from ..settings import SETTINGS, BlankSecret, PathSetting
 from .base import Tool, ToolContext, ToolResult
 
 __all__ = ["MCPServerConfig", "MCPTool", "MCPToolset"]
@@ -58,36 +60,49 @@ CLOSE_TIMEOUT = 15.0
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")
 
 
-@dataclass(frozen=True, kw_only=True)
+# settings_dataclass spelled out, so type checkers see the keyword constructor.
+@dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS)
 class MCPServerConfig:
-    """One MCP server: a program spoken to over stdio, or a streamable HTTP URL."""
+    """One MCP server; its tools become ``<name>__<tool>``.
 
-    name: str
+    A program spoken to over stdio, or a streamable HTTP URL.  This class is
+    also the configuration's ``[[mcp.servers]]`` table (one declaration of
+    each key).
+    """
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,40}$")]
     command: str | None = None
     args: tuple[str, ...] = ()
     env: dict[str, str] | None = None
-    cwd: str | None = None
+    cwd: PathSetting = None
     url: str | None = None
     headers: dict[str, str] | None = None
-    bearer_token: str | None = None
+    bearer_token: BlankSecret = None
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] = ()
-    timeout: float = 60.0
-    startup: Literal["eager", "lazy"] = "eager"
-    restart_min: float = 0.5
-    restart_max: float = 30.0
+    timeout: Annotated[float, Field(gt=0)] = 60.0
+    #: ``eager``: connect when the toolset starts; ``lazy``: when its tools are
+    #: first needed.  Unset: ``eager`` (the configuration's ``[mcp] startup``).
+    startup: Literal["eager", "lazy"] | None = None
+    restart_min: Annotated[float, Field(gt=0)] = 0.5
+    restart_max: Annotated[float, Field(gt=0)] = 30.0
 
     def __post_init__(self) -> None:
-        if not self.name or "__" in self.name or _NAME_BAD.search(self.name):
+        if "__" in self.name or _NAME_BAD.search(self.name):
             raise ValueError(
                 f"MCP server name {self.name!r}: use letters, digits, '_' or '-' (no '__')"
             )
         if (self.command is None) == (self.url is None):
-            raise ValueError(f"MCP server {self.name!r}: give exactly one of command or url")
-        if self.startup not in ("eager", "lazy"):
-            raise ValueError(f"MCP server {self.name!r}: startup must be 'eager' or 'lazy'")
-        if self.timeout <= 0 or self.restart_min <= 0 or self.restart_max < self.restart_min:
-            raise ValueError(f"MCP server {self.name!r}: bad timeout or restart delays")
+            raise ValueError(
+                f"MCP server {self.name!r}: give either command (stdio) or url (streamable HTTP)"
+            )
+        if self.restart_max < self.restart_min:
+            raise ValueError(f"MCP server {self.name!r}: restart_max is below restart_min")
+
+    @property
+    def token(self) -> str | None:
+        """The bearer token, revealed."""
+        return self.bearer_token.get_secret_value() if self.bearer_token else None
 
     def __repr__(self) -> str:
         # Never show the token, header or environment values.
@@ -257,7 +272,7 @@ class _Server:
 
     # -- helpers ------------------------------------------------------------------
     def _scrub(self, text: str) -> str:
-        secrets = [self.cfg.bearer_token or ""]
+        secrets = [self.cfg.token or ""]
         secrets += list((self.cfg.env or {}).values())
         secrets += list((self.cfg.headers or {}).values())
         for s in secrets:
@@ -404,8 +419,8 @@ class _Server:
                 from mcp.shared._httpx_utils import create_mcp_http_client
 
                 headers = dict(cfg.headers or {})
-                if cfg.bearer_token:
-                    headers["Authorization"] = f"Bearer {cfg.bearer_token}"
+                if cfg.token:
+                    headers["Authorization"] = f"Bearer {cfg.token}"
                 client = create_mcp_http_client(headers=headers)
                 await stack.enter_async_context(client)
                 assert cfg.url is not None
@@ -566,7 +581,7 @@ class MCPToolset:
 
     async def start(self) -> None:
         """Connect the eager servers concurrently; a failing server is only marked failed."""
-        eager = [s for s in self._servers if s.cfg.startup == "eager"]
+        eager = [s for s in self._servers if s.cfg.startup != "lazy"]
         for s in eager:
             s.launch()
         await asyncio.gather(*(s.wait_settled() for s in eager))

@@ -1,0 +1,37 @@
+"""The bridge's per-transport settings, :class:`ChannelOptions`.
+
+Declared here, apart from :mod:`agentik.bot.bridge` (which re-exports it), so
+that the configuration (:mod:`agentik.bot.config`, which the bridge imports)
+can derive the bridge keys of ``[transports.<name>]`` from it without an
+import cycle: each key, its type, default and limits are written once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from agentik.core.settings import SETTINGS
+
+__all__ = ["ChannelOptions"]
+
+
+# settings_dataclass spelled out, so type checkers see the keyword constructor.
+@dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS)
+class ChannelOptions:
+    """Per-transport-instance behaviour of the bridge."""
+
+    command_prefix: str = "!"
+    answer: Literal["addressed", "all", "direct"] = "addressed"
+    events: Literal["chat", "debug"] = "chat"
+    #: Lines of an answer sent before the rest waits for ``more`` (0: no cap).
+    max_answer_lines: Annotated[int, Field(ge=0)] = 0
+    allowed_tools: tuple[str, ...] | None = None
+    #: Longest accepted message, in characters.
+    max_input_chars: int = 32_000
+    #: Record what others say in shared channels (without answering) as context.
+    ambient: bool = False
+    #: How many such lines at most reach the model with the next turn.
+    ambient_lines: Annotated[int, Field(ge=1)] = 50
