@@ -8,22 +8,40 @@ implementation declares, awaits awaitable results explicitly, and isolates
 failures: an implementation that raises is logged with its plugin's name
 and skipped; the turn goes on.
 
+The interception hooks each have a typed method here (:meth:`Hooks.before_prompt`,
+:meth:`Hooks.before_llm_request`, :meth:`Hooks.after_response`,
+:meth:`Hooks.before_tool_call`, :meth:`Hooks.after_tool_call`,
+:meth:`Hooks.on_tool_error`, :meth:`Hooks.before_compact`, and the
+``session_start``/``session_end`` notifications): it chains the rewriting
+results, stops at the first deciding one (refuse, abort, block, retry),
+logs and ignores results of the wrong type, and returns the outcome as a
+typed value.  Each returns at once, with its input unchanged, when no plugin
+implements the hook.
+
 With ``AGENTIK_TRACE_HOOKS=1`` every call and result is logged at DEBUG on
 the ``agentik.hooks`` logger.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from . import hookspecs
+from .llm.base import LLMBackend, LLMRequest
+from .messages import ChatMessage, ToolCall
+from .tools.base import ToolResult
+
+if TYPE_CHECKING:
+    from .conversation import Conversation
 
 __all__ = ["Abort", "Block", "Hooks", "Refuse", "Retry", "UseBackend"]
 
@@ -136,3 +154,153 @@ class Hooks:
         """
         # pluggy's own order: it calls get_hookimpls() back to front.
         return [pair async for pair in self.each(name, kwargs)]
+
+    # -- the interception hooks, typed (see agentik.core.hookspecs for each contract) --------
+    async def before_prompt(
+        self, conversation: Conversation, text: str, author: str | None, author_id: str | None
+    ) -> str | Refuse:
+        """The message text as the plugins rewrote it, or the first :class:`Refuse`."""
+        if not self.implemented("before_prompt"):
+            return text
+        args: dict[str, Any] = {
+            "conversation": conversation,
+            "text": text,
+            "author": author,
+            "author_id": author_id,
+        }
+        async for plugin, result in self.each("before_prompt", args):
+            if isinstance(result, Refuse):
+                log.info("conversation %s: plugin %r refused a message", conversation.id, plugin)
+                return result
+            if isinstance(result, str):
+                args["text"] = result
+            else:
+                _ignored(plugin, "before_prompt", result)
+        return str(args["text"])
+
+    async def before_llm_request(
+        self, conversation: Conversation, request: LLMRequest, backend: LLMBackend, run_id: str
+    ) -> tuple[LLMRequest, LLMBackend]:
+        """The request to send and the backend to send it to."""
+        if not self.implemented("before_llm_request"):
+            return request, backend
+        args: dict[str, Any] = {"conversation": conversation, "request": request, "run_id": run_id}
+        async for plugin, result in self.each("before_llm_request", args):
+            if isinstance(result, UseBackend):
+                backend = result.backend
+                if result.request is not None:
+                    args["request"] = result.request
+            elif isinstance(result, LLMRequest):
+                args["request"] = result
+            else:
+                _ignored(plugin, "before_llm_request", result)
+        return args["request"], backend
+
+    async def after_response(
+        self, conversation: Conversation, run_id: str, text: str, tool_calls: Sequence[ToolCall]
+    ) -> str | Abort:
+        """The response text as the plugins rewrote it, or the first :class:`Abort`."""
+        if not self.implemented("after_response"):
+            return text
+        args: dict[str, Any] = {
+            "conversation": conversation,
+            "run_id": run_id,
+            "text": text,
+            "tool_calls": list(tool_calls),
+        }
+        async for plugin, result in self.each("after_response", args):
+            if isinstance(result, Abort):
+                log.info("run %s aborted by plugin %r: %s", run_id, plugin, result.reason)
+                return result
+            if isinstance(result, str):
+                args["text"] = result
+            else:
+                _ignored(plugin, "after_response", result)
+        return str(args["text"])
+
+    async def before_tool_call(
+        self, conversation: Conversation, run_id: str, call: ToolCall
+    ) -> tuple[ToolCall, Block | None]:
+        """The call to run (its arguments as plugins replaced them) and the first :class:`Block`."""
+        if not self.implemented("before_tool_call"):
+            return call, None
+        args: dict[str, Any] = {"conversation": conversation, "run_id": run_id, "call": call}
+        async for plugin, result in self.each("before_tool_call", args):
+            if isinstance(result, Block):
+                log.info("plugin %r blocked tool call %s: %s", plugin, call.name, result.reason)
+                return args["call"], result
+            if isinstance(result, dict):
+                args["call"] = dataclasses.replace(
+                    args["call"], arguments=json.dumps(result, ensure_ascii=False)
+                )
+            else:
+                _ignored(plugin, "before_tool_call", result)
+        return args["call"], None
+
+    async def after_tool_call(
+        self, conversation: Conversation, run_id: str, call: ToolCall, result: ToolResult
+    ) -> ToolResult:
+        """The tool result as the plugins replaced it."""
+        if not self.implemented("after_tool_call"):
+            return result
+        args: dict[str, Any] = {
+            "conversation": conversation,
+            "run_id": run_id,
+            "call": call,
+            "result": result,
+        }
+        async for plugin, new in self.each("after_tool_call", args):
+            if isinstance(new, str):
+                new = ToolResult(text=new)
+            if isinstance(new, ToolResult):
+                args["result"] = new
+            else:
+                _ignored(plugin, "after_tool_call", new)
+        return args["result"]
+
+    async def on_tool_error(
+        self,
+        conversation: Conversation,
+        run_id: str,
+        call: ToolCall,
+        error: ToolResult,
+        attempt: int,
+    ) -> Retry | None:
+        """The first :class:`Retry` a plugin asked for, or ``None`` (the error stands)."""
+        if not self.implemented("on_tool_error"):
+            return None
+        args = {
+            "conversation": conversation,
+            "run_id": run_id,
+            "call": call,
+            "error": error,
+            "attempt": attempt,
+        }
+        async for plugin, result in self.each("on_tool_error", args):
+            if isinstance(result, Retry):
+                log.info("plugin %r retries tool %s (attempt %d)", plugin, call.name, attempt + 1)
+                return result
+        return None
+
+    async def before_compact(
+        self, conversation: Conversation, messages: Sequence[ChatMessage], reason: str
+    ) -> None:
+        """Show the plugins the working-memory ``messages`` about to be replaced."""
+        if self.implemented("before_compact"):
+            await self.call(
+                "before_compact", conversation=conversation, messages=list(messages), reason=reason
+            )
+
+    async def session_start(self, conversation: Conversation) -> None:
+        """Tell the plugins a conversation was created."""
+        if self.implemented("session_start"):
+            await self.call("session_start", conversation=conversation)
+
+    async def session_end(self, conversation: Conversation, reason: str) -> None:
+        """Tell the plugins a conversation ended (``reset``, ``deleted`` or ``closed``)."""
+        if self.implemented("session_end"):
+            await self.call("session_end", conversation=conversation, reason=reason)
+
+
+def _ignored(plugin: str, hook: str, result: object) -> None:
+    log.warning("plugin %r: %s returned %r; ignored", plugin, hook, result)

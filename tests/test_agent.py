@@ -488,7 +488,7 @@ async def test_replay_buffers_share_a_budget(scripted, db_path):
         for c in others:
             await c.send(" ".join(f"w{i}" for i in range(30)))
             await c.wait_idle()
-        assert a._buffered <= 100
+        assert a.services.buffered <= 100
         # The least recently active conversation lost its replay buffer ...
         gone = first.events(after=0)
         assert (await anext(gone)).kind == "events_lost"
