@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import time
 import uuid
@@ -274,10 +275,14 @@ class Conversation:
                 self._enqueue(_Pending(m.run_id, m.content, m.author, done, resumed=True))
                 queued.append(m.run_id)
             elif mode == "note":
-                self._enqueue(self._job(lambda m=m: self._resume_note(m, outcome or "noted")))
+                self._enqueue(
+                    self._job(functools.partial(self._resume_note, m, outcome or "noted"))
+                )
                 queued.append(m.run_id)
             else:
-                self._enqueue(self._job(lambda m=m: self._resume_drop(m, outcome or "dropped")))
+                self._enqueue(
+                    self._job(functools.partial(self._resume_drop, m, outcome or "dropped"))
+                )
         return queued
 
     def _job(self, fn: Callable[[], Awaitable[Any]]) -> _Job:
@@ -307,7 +312,7 @@ class Conversation:
                     )
                 ],
                 updated_at=now,
-                ended=TurnEnd(m.run_id, outcome),
+                ended=TurnEnd(m.run_id or "", outcome),
             )
         except Exception:
             emit(TurnEnded, m.run_id, stop_reason="error")

@@ -29,9 +29,9 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
@@ -82,6 +82,10 @@ class UseBackend:
 
     backend: Any
     request: Any = None
+
+
+#: The results that end a chain of hook implementations (see ``Hooks._chain``).
+_Stop = TypeVar("_Stop", Refuse, Abort, Block, Retry)
 
 
 class Hooks:
@@ -155,6 +159,30 @@ class Hooks:
         # pluggy's own order: it calls get_hookimpls() back to front.
         return [pair async for pair in self.each(name, kwargs)]
 
+    async def _chain(
+        self,
+        name: str,
+        args: dict[str, Any],
+        rewrite: Callable[[Any, dict[str, Any]], dict[str, Any] | None],
+        stop: type[_Stop] | None = None,
+    ) -> tuple[str, _Stop] | None:
+        """Run ``name``'s implementations in order, each seeing what the previous ones left.
+
+        A result of type ``stop`` decides: the chain ends and it is returned
+        with its plugin's name.  Any other result goes to ``rewrite(result,
+        args)``, which returns the arguments it replaces (``None``: a result
+        of the wrong type, logged and ignored).
+        """
+        async for plugin, result in self.each(name, args):
+            if stop is not None and isinstance(result, stop):
+                return plugin, result
+            changes = rewrite(result, args)
+            if changes is None:
+                log.warning("plugin %r: %s returned %r; ignored", plugin, name, result)
+            else:
+                args.update(changes)
+        return None
+
     # -- the interception hooks, typed (see agentik.core.hookspecs for each contract) --------
     async def before_prompt(
         self, conversation: Conversation, text: str, author: str | None, author_id: str | None
@@ -162,20 +190,17 @@ class Hooks:
         """The message text as the plugins rewrote it, or the first :class:`Refuse`."""
         if not self.implemented("before_prompt"):
             return text
-        args: dict[str, Any] = {
+        args = {
             "conversation": conversation,
             "text": text,
             "author": author,
             "author_id": author_id,
         }
-        async for plugin, result in self.each("before_prompt", args):
-            if isinstance(result, Refuse):
-                log.info("conversation %s: plugin %r refused a message", conversation.id, plugin)
-                return result
-            if isinstance(result, str):
-                args["text"] = result
-            else:
-                _ignored(plugin, "before_prompt", result)
+        refused = await self._chain("before_prompt", args, _new_text, Refuse)
+        if refused is not None:
+            plugin, refusal = refused
+            log.info("conversation %s: plugin %r refused a message", conversation.id, plugin)
+            return refusal
         return str(args["text"])
 
     async def before_llm_request(
@@ -185,16 +210,9 @@ class Hooks:
         if not self.implemented("before_llm_request"):
             return request, backend
         args: dict[str, Any] = {"conversation": conversation, "request": request, "run_id": run_id}
-        async for plugin, result in self.each("before_llm_request", args):
-            if isinstance(result, UseBackend):
-                backend = result.backend
-                if result.request is not None:
-                    args["request"] = result.request
-            elif isinstance(result, LLMRequest):
-                args["request"] = result
-            else:
-                _ignored(plugin, "before_llm_request", result)
-        return args["request"], backend
+        args["backend"] = backend  # not a hook argument: where UseBackend sends the request
+        await self._chain("before_llm_request", args, _new_request)
+        return args["request"], args["backend"]
 
     async def after_response(
         self, conversation: Conversation, run_id: str, text: str, tool_calls: Sequence[ToolCall]
@@ -208,14 +226,11 @@ class Hooks:
             "text": text,
             "tool_calls": list(tool_calls),
         }
-        async for plugin, result in self.each("after_response", args):
-            if isinstance(result, Abort):
-                log.info("run %s aborted by plugin %r: %s", run_id, plugin, result.reason)
-                return result
-            if isinstance(result, str):
-                args["text"] = result
-            else:
-                _ignored(plugin, "after_response", result)
+        aborted = await self._chain("after_response", args, _new_text, Abort)
+        if aborted is not None:
+            plugin, abort = aborted
+            log.info("run %s aborted by plugin %r: %s", run_id, plugin, abort.reason)
+            return abort
         return str(args["text"])
 
     async def before_tool_call(
@@ -225,16 +240,11 @@ class Hooks:
         if not self.implemented("before_tool_call"):
             return call, None
         args: dict[str, Any] = {"conversation": conversation, "run_id": run_id, "call": call}
-        async for plugin, result in self.each("before_tool_call", args):
-            if isinstance(result, Block):
-                log.info("plugin %r blocked tool call %s: %s", plugin, call.name, result.reason)
-                return args["call"], result
-            if isinstance(result, dict):
-                args["call"] = dataclasses.replace(
-                    args["call"], arguments=json.dumps(result, ensure_ascii=False)
-                )
-            else:
-                _ignored(plugin, "before_tool_call", result)
+        blocked = await self._chain("before_tool_call", args, _new_arguments, Block)
+        if blocked is not None:
+            plugin, block = blocked
+            log.info("plugin %r blocked tool call %s: %s", plugin, call.name, block.reason)
+            return args["call"], block
         return args["call"], None
 
     async def after_tool_call(
@@ -249,14 +259,9 @@ class Hooks:
             "call": call,
             "result": result,
         }
-        async for plugin, new in self.each("after_tool_call", args):
-            if isinstance(new, str):
-                new = ToolResult(text=new)
-            if isinstance(new, ToolResult):
-                args["result"] = new
-            else:
-                _ignored(plugin, "after_tool_call", new)
-        return args["result"]
+        await self._chain("after_tool_call", args, _new_result)
+        replaced: ToolResult = args["result"]
+        return replaced
 
     async def on_tool_error(
         self,
@@ -269,18 +274,20 @@ class Hooks:
         """The first :class:`Retry` a plugin asked for, or ``None`` (the error stands)."""
         if not self.implemented("on_tool_error"):
             return None
-        args = {
+        args: dict[str, Any] = {
             "conversation": conversation,
             "run_id": run_id,
             "call": call,
             "error": error,
             "attempt": attempt,
         }
-        async for plugin, result in self.each("on_tool_error", args):
-            if isinstance(result, Retry):
-                log.info("plugin %r retries tool %s (attempt %d)", plugin, call.name, attempt + 1)
-                return result
-        return None
+        # Anything but a Retry leaves the error standing.
+        retried = await self._chain("on_tool_error", args, lambda result, args: {}, Retry)
+        if retried is None:
+            return None
+        plugin, retry = retried
+        log.info("plugin %r retries tool %s (attempt %d)", plugin, call.name, attempt + 1)
+        return retry
 
     async def before_compact(
         self, conversation: Conversation, messages: Sequence[ChatMessage], reason: str
@@ -302,5 +309,27 @@ class Hooks:
             await self.call("session_end", conversation=conversation, reason=reason)
 
 
-def _ignored(plugin: str, hook: str, result: object) -> None:
-    log.warning("plugin %r: %s returned %r; ignored", plugin, hook, result)
+# What each rewriting result replaces (see Hooks._chain); ``None``: the wrong type.
+def _new_text(result: object, args: dict[str, Any]) -> dict[str, Any] | None:
+    return {"text": result} if isinstance(result, str) else None
+
+
+def _new_request(result: object, args: dict[str, Any]) -> dict[str, Any] | None:
+    if isinstance(result, UseBackend):
+        if result.request is None:
+            return {"backend": result.backend}
+        return {"backend": result.backend, "request": result.request}
+    return {"request": result} if isinstance(result, LLMRequest) else None
+
+
+def _new_arguments(result: object, args: dict[str, Any]) -> dict[str, Any] | None:
+    if not isinstance(result, dict):
+        return None
+    arguments = json.dumps(result, ensure_ascii=False)
+    return {"call": dataclasses.replace(args["call"], arguments=arguments)}
+
+
+def _new_result(result: object, args: dict[str, Any]) -> dict[str, Any] | None:
+    if isinstance(result, str):
+        return {"result": ToolResult(text=result)}
+    return {"result": result} if isinstance(result, ToolResult) else None
