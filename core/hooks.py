@@ -84,7 +84,7 @@ class UseBackend:
     request: Any = None
 
 
-#: The results that end a chain of hook implementations (see ``Hooks._chain``).
+#: The results that end a chain of hook implementations (see ``_chain`` below).
 _Stop = TypeVar("_Stop", Refuse, Abort, Block, Retry)
 
 
@@ -309,7 +309,7 @@ class Hooks:
             await self.call("session_end", conversation=conversation, reason=reason)
 
 
-# What each rewriting result replaces (see Hooks._chain); ``None``: the wrong type.
+# What each rewriting result replaces (see ``_chain``); ``None``: the wrong type.
 def _new_text(result: object, args: dict[str, Any]) -> dict[str, Any] | None:
     return {"text": result} if isinstance(result, str) else None
 
