@@ -94,6 +94,7 @@ class TurnRunner:
         #: The conversation (what hooks and tools are told about).
         self.conv = parts.conversation
         self.memory = parts.memory
+        self.events = parts.events
         self.services = parts.services
         self.run_id = run_id
         self.message = message
@@ -110,7 +111,7 @@ class TurnRunner:
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: type[EventBase], **fields: Any) -> None:
-        self.parts.events.emit(cls, self.run_id, **fields)
+        self.events.emit(cls, self.run_id, **fields)
 
     def _append(
         self,
