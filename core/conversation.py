@@ -124,7 +124,7 @@ class Conversation:
         self._queue: deque[_Pending | _Job] = deque()
         # The memory sees the turn queue (whose messages are not orphans).
         self._memory = WorkingMemory(store, record.id, queue=self._queue, fresh=fresh)
-        self._events = ConversationEvents(record.id, services)
+        self._events: ConversationEvents | None = None  # created on first use
         self._worker: asyncio.Task[None] | None = None
         self._runner: TurnRunner | None = None
         self._current: asyncio.Task[None] | None = None
@@ -143,7 +143,7 @@ class Conversation:
     def parts(self) -> ConversationParts:
         """This conversation's engine parts (working memory, event stream, the
         agent's services), as the turn engine gets them."""
-        return ConversationParts(self, self._memory, self._events, self._services)
+        return ConversationParts(self, self._memory, self._event_stream(), self._services)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -295,7 +295,7 @@ class Conversation:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(m.created_at))
         who = f"{m.author}'s" if m.author else "a"
         text = f"I was restarted and did not answer {who} message from {when}; please ask again."
-        emit = self._events.emit
+        emit = self._event_stream().emit
         emit(TurnStarted, m.run_id, message_id=m.id, author=m.author)
         now = time.time()
         try:
@@ -490,6 +490,17 @@ class Conversation:
         await self._idle.wait()
 
     # -- events ---------------------------------------------------------------
+    def _event_stream(self) -> ConversationEvents:
+        if self._events is None:
+            # It holds this conversation: while subscribed to, it stays in memory.
+            self._events = ConversationEvents(
+                self.id,
+                self._services,
+                owner=self,
+                closed=self.state is ConversationState.CLOSED,
+            )
+        return self._events
+
     def events(
         self,
         *,
@@ -507,7 +518,7 @@ class Conversation:
         ``metrics``); ``kinds`` overrides it.  ``max_pending`` bounds how far
         this subscriber may fall behind before it is told and cut off.
         """
-        return self._events.subscribe(
+        return self._event_stream().subscribe(
             after=after, kinds=kinds_of(profile, kinds), max_pending=max_pending
         )
 
@@ -560,7 +571,6 @@ class Conversation:
         if drain:
             await self.wait_idle()
         self.state = ConversationState.CLOSED
-        self._events.closing()
         await self._services.session_end(self, "closed")
         worker = self._worker
         if worker is not None:
@@ -572,7 +582,8 @@ class Conversation:
                 item.done.cancel()
         self._queue.clear()
         self._idle.set()
-        self._events.close()
+        if self._events is not None:
+            self._events.close()
         self._services.forget(self)
 
     async def __aenter__(self) -> Conversation:

@@ -211,17 +211,32 @@ class ConversationEvents:
     agent-wide), keeps it in the replay buffer (``services.event_buffer``
     events, within the agent's budget) and publishes it to this
     conversation's subscribers and the agent's stream.
+
+    The stream holds its ``owner`` (the conversation), so while anyone
+    holds the stream — a subscriber — the conversation stays in memory:
+    later lookups find the same object, and its subscribers see its turns.
+    A conversation creates its stream on first use (idle ones have none).
+    ``closed``: the conversation is closing; subscribers end at once.
     """
 
-    __slots__ = ("_bus", "_closed", "_services", "conversation_id", "seq")
+    __slots__ = ("_bus", "_services", "conversation_id", "owner", "seq")
 
-    def __init__(self, conversation_id: str, services: AgentServices) -> None:
+    def __init__(
+        self,
+        conversation_id: str,
+        services: AgentServices,
+        *,
+        owner: object = None,
+        closed: bool = False,
+    ) -> None:
         self.conversation_id = conversation_id
+        self.owner = owner
         self._services = services
         #: The number of the last event emitted.
         self.seq = 0
-        self._bus: EventBus | None = None
-        self._closed = False
+        self._bus = EventBus(key=lambda e: e.seq, lost=self._lost, buffer=services.event_buffer)
+        if closed:
+            self._bus.close()
 
     def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
         return EventsLost(
@@ -231,16 +246,6 @@ class ConversationEvents:
             requested_after=after,
             oldest_seq=oldest,
         )
-
-    def _get_bus(self) -> EventBus:
-        # Created on first use: idle conversations hold no buffer.
-        if self._bus is None:
-            self._bus = EventBus(
-                key=lambda e: e.seq, lost=self._lost, buffer=self._services.event_buffer
-            )
-            if self._closed:
-                self._bus.close()
-        return self._bus
 
     def emit(self, cls: type[E], run_id: str | None, **fields: Any) -> E:
         """Create an event of type ``cls`` for turn ``run_id`` and publish it."""
@@ -254,7 +259,7 @@ class ConversationEvents:
             ts=time.time(),
             **fields,
         )
-        bus = self._get_bus()
+        bus = self._bus
         before = len(bus.buffer)
         bus.publish(event)
         services.account(self.conversation_id, bus.buffer, len(bus.buffer) - before)
@@ -269,18 +274,11 @@ class ConversationEvents:
         max_pending: int | None,
     ) -> Subscription:
         """A subscription to this conversation's events (``after`` is a ``seq``)."""
-        return self._get_bus().subscribe(after=after, kinds=kinds, max_pending=max_pending)
-
-    def closing(self) -> None:
-        """The conversation is closing: a stream created from now on starts closed
-        (current subscribers still get what is emitted until :meth:`close`)."""
-        self._closed = True
+        return self._bus.subscribe(after=after, kinds=kinds, max_pending=max_pending)
 
     def close(self) -> None:
         """End the stream: subscribers' iterations end, later ones end at once."""
-        self._closed = True
-        if self._bus is not None:
-            self._bus.close()
+        self._bus.close()
 
 
 @dataclass(frozen=True, slots=True)

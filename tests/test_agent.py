@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 
 import pytest
@@ -346,6 +347,21 @@ async def test_events_after_replays_missed_events(agent, scripted):
     resumed = conv.events(after=first_turn_end)
     e = await anext(resumed)
     assert e.kind == "turn_started" and e.seq == first_turn_end + 1
+
+
+async def test_a_watched_conversation_stays_the_one_its_subscribers_watch(agent, scripted):
+    # An HTTP client subscribes in one request and posts in the next; nobody else
+    # holds the conversation in between.  Its subscription keeps it in memory, so
+    # the lookup finds the same conversation and the subscriber sees the turn.
+    conv = await agent.create_conversation()
+    cid = conv.id
+    sub = conv.events()
+    del conv
+    gc.collect()
+    again = await agent.get_conversation(cid)
+    run_id = await again.send("still there?")
+    events = await collect_turn(sub, run_id=run_id)
+    assert events[-1].text == "echo: still there?"
 
 
 async def test_agent_event_stream_covers_all_conversations(agent, scripted):
