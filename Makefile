@@ -6,12 +6,13 @@ PY     := $(VENV)/bin/python
 DEV    := $(VENV)/.installed-dev
 EXAMPLES := $(VENV)/.installed-examples
 LOCAL  := $(VENV)/.installed-local
+DOCS   := $(VENV)/.installed-docs
 CONFIG ?= config.example.toml
 # Shell test: true when no model is configured through the environment, so
 # `make run` needs the local one (read by the shell: no secret on a command line).
 NO_REMOTE := [ -z "$${OPENAI_BASE_URL}$${OPENAI_API_KEY}$${AGENTIK_GOOGLE_MODEL_PATH}" ]
 
-.PHONY: run test test-model bench bench-local lint format clean irc-servers chromium local-build-tools
+.PHONY: run test docs test-model bench bench-local lint format clean irc-servers chromium local-build-tools
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -56,8 +57,19 @@ run:
 	@if $(NO_REMOTE); then $(MAKE) -s --no-print-directory $(LOCAL); fi
 	$(VENV)/bin/agentik run -c $(CONFIG)
 
-test: $(DEV) $(LOCAL) $(EXAMPLES) irc-servers chromium
+test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The manual: docs/ built by mkdocs (Material theme) into site/, strictly (a warning,
+# e.g. a broken link or anchor, fails). The configuration reference is regenerated
+# from the settings models first (tools/gen_config_reference.py).
+$(DOCS): pyproject.toml | $(DEV)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(DOCS)
+	$(PY) tools/gen_config_reference.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Only the tests that run the real local model (make test runs them too).
 test-model: $(DEV) $(LOCAL)
@@ -134,13 +146,16 @@ bench: $(DEV)
 bench-local: $(DEV) $(LOCAL)
 	$(PY) benchmarks/bench_llamacpp.py
 
+# ruff, then mypy on the whole package (agentik.core, .transports, .bot, found through
+# src/agentik; its strictness is in pyproject.toml under [tool.mypy]).
 lint: $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: $(DEV)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache .mypy_cache site

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts (``bench_core.py``, ``bench_irc.py``).
+"""Helpers shared by the benchmark scripts (``bench_*.py``).
 
 The scripts are run by path (``python benchmarks/bench_core.py``), which puts this folder
 on ``sys.path``, so they import this module as ``_common``.  Only the standard library is
@@ -12,6 +12,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import KW_ONLY, dataclass
@@ -89,6 +90,17 @@ def print_table(rows: list[Row], *, sections: bool = False) -> None:
         say(f"  MISS {where}{r.name}: {r.value} (baseline {r.baseline}), goal {r.goal}")
 
 
+def finish(
+    rows: list[Row], *, strict: bool, sections: bool = False, started: float | None = None
+) -> int:
+    """The end of every script: the summary table, the total time when ``started`` (a
+    ``time.perf_counter()``) is given, and the exit status (1: ``strict`` and a goal missed)."""
+    print_table(rows, sections=sections)
+    if started is not None:
+        say(f"total time {time.perf_counter() - started:.1f} s")
+    return 1 if strict and any(r.ok is False for r in rows) else 0
+
+
 # -- environment -------------------------------------------------------------------------
 def version(dist: str) -> str:
     try:
@@ -133,6 +145,12 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
 
 
 # -- servers -------------------------------------------------------------------------------
+async def aclose_all(*parts: object) -> None:
+    """Close a bot's parts in order (e.g. transport, bridge, agent), each awaited."""
+    for part in parts:
+        await part.aclose()  # type: ignore[attr-defined]
+
+
 @contextmanager
 def fake_openai_server() -> Iterator[str]:
     """Run the fake OpenAI server in its own process (its CPU is not ours); yield its URL."""

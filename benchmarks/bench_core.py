@@ -45,10 +45,10 @@ from agentik.core.store.migrations import MIGRATIONS
 from _common import (
     Row,
     fake_openai_server,
+    finish,
     mb,
     ms,
     per_s,
-    print_table,
     proc_status,
     say,
     say_environment,
@@ -750,9 +750,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_rss(cfg, tmp)
         if "history" in only:
             rows += asyncio.run(bench_history(cfg, tmp))
-    print_table(rows, sections=True)
-    say(f"total time {time.perf_counter() - started:.1f} s")
-    return 1 if args.strict and any(r.ok is False for r in rows) else 0
+    return finish(rows, strict=args.strict, sections=True, started=started)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from _common import Row, ms, print_table, say, say_environment, version
+from _common import Row, aclose_all, finish, ms, say, say_environment, version
 
 SCRIPT = os.path.abspath(__file__)
 GOAL_P99 = 0.100  # seconds
@@ -80,9 +80,7 @@ async def _server(events: int, rate: float, db: str) -> None:
             elif cmd["do"] == "quit":
                 break
     finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
+        await aclose_all(transport, bridge, agent)
 
 
 async def _inproc(agent: Any, subscribers: int) -> dict[str, Any]:
@@ -321,9 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{inproc.cpu / (inproc.published / args.rate) * 100:.0f} %",
             ratio(http.cpu, inproc.cpu), "info", None),
     ]  # fmt: skip
-    print_table(rows)
-    missed = [r for r in rows if r.ok is False]
-    return 1 if args.strict and missed else 0
+    return finish(rows, strict=args.strict)
 
 
 if __name__ == "__main__":

@@ -61,11 +61,12 @@ from typing import IO, Any
 
 from _common import (
     Row,
+    aclose_all,
     fake_openai_server,
+    finish,
     mb,
     ms,
     per_s,
-    print_table,
     proc_status,
     say,
     say_environment,
@@ -256,9 +257,7 @@ async def agentik_child(args: argparse.Namespace) -> None:
         _emit({"ready": True, "nick": transport.nick})
         await _serve_commands(lambda: _child_stats(queued=transport.queued))
     finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
+        await aclose_all(transport, bridge, agent)
 
 
 async def echo_child(args: argparse.Namespace) -> None:
@@ -854,9 +853,7 @@ def main(argv: list[str] | None = None) -> int:
             for line, count in lines.items():
                 say(f"  {kind}: {count} x {line[:160]}")
         say()
-    print_table(rows)
-    say(f"total time {time.perf_counter() - started:.1f} s")
-    return 1 if args.strict and any(r.ok is False for r in rows) else 0
+    return finish(rows, strict=args.strict, started=started)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import litert_lm
 from agentik.core import Agent, SQLiteStore
 from agentik.core.llm.litert_backend import LiteRTBackend
 
-from _common import Row, ms, per_s, print_table, say, say_environment, version
+from _common import Row, finish, ms, per_s, say, say_environment, version
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny-random.litertlm"
 PROMPT = "the cat sat on the mat and the dog ran under the big red tree"
@@ -43,6 +43,17 @@ SYSTEM = "You are a helpful assistant. Answer briefly."
 
 def _model_path(arg: str | None) -> str:
     return arg or os.environ.get("AGENTIK_GOOGLE_MODEL_PATH") or str(FIXTURE)
+
+
+def _backend(model: str, tmp: str, *, max_tokens: int) -> LiteRTBackend:
+    """Greedy and seeded, so the agentik side and the direct side generate alike."""
+    return LiteRTBackend(
+        model_path=model,
+        cache_dir=os.path.join(tmp, "cache"),
+        top_k=1,
+        seed=1,
+        max_tokens=max_tokens,
+    )
 
 
 # -- 1. throughput ----------------------------------------------------------------------------
@@ -80,13 +91,7 @@ async def _agent_round(agent: Agent, backend: LiteRTBackend) -> tuple[float, int
 
 async def bench_throughput(model: str, tokens: int, rounds: int, tmp: str) -> list[Row]:
     say(f"== 1. decode throughput ({rounds} rounds of {tokens} answer tokens, interleaved)")
-    backend = LiteRTBackend(
-        model_path=model,
-        cache_dir=os.path.join(tmp, "cache"),
-        top_k=1,
-        seed=1,
-        max_tokens=tokens,
-    )
+    backend = _backend(model, tmp, max_tokens=tokens)
     direct: list[float] = []
     through: list[float] = []
     async with Agent(
@@ -125,13 +130,7 @@ async def bench_throughput(model: str, tokens: int, rounds: int, tmp: str) -> li
 # -- 2. turn-2 latency --------------------------------------------------------------------------
 async def bench_reuse(model: str, history_turns: int, rounds: int, tmp: str) -> list[Row]:
     say(f"== 2. latency of a turn after {history_turns} turns of history: reused vs rebuilt")
-    backend = LiteRTBackend(
-        model_path=model,
-        cache_dir=os.path.join(tmp, "cache"),
-        top_k=1,
-        seed=1,
-        max_tokens=8,
-    )
+    backend = _backend(model, tmp, max_tokens=8)
     reused: list[float] = []
     rebuilt: list[float] = []
     async with Agent(
@@ -202,9 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = _model_path(args.model)
     rows = asyncio.run(run(args, model, os.path.getsize(model)))
-    print_table(rows, sections=True)
-    missed = [r for r in rows if r.ok is False]
-    return 1 if (args.strict and missed) else 0
+    return finish(rows, strict=args.strict, sections=True)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import tempfile
 import time
 from typing import Any
 
-from _common import Row, mb, ms, print_table, proc_status, say, say_environment, version
+from _common import Row, finish, mb, ms, proc_status, say, say_environment, version
 
 SYSTEM = "You are a helpful assistant."
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
@@ -287,9 +287,7 @@ def main() -> int:
     say("== 3. peak RSS")
     rows += measure_rss(args.tokens)
     say()
-    print_table(rows)
-    missed = any(r.ok is False for r in rows)
-    return 1 if args.strict and missed else 0
+    return finish(rows, strict=args.strict)
 
 
 if __name__ == "__main__":

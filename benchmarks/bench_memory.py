@@ -31,7 +31,7 @@ from agentik.core.memory.sqlite import SQLiteMemory, fts_query, scope_key
 from agentik.core.messages import ChatMessage, NewMessage
 from agentik.core.testing.scripted import ScriptedModel
 
-from _common import Row, ms, print_table, say, say_environment, version
+from _common import Row, finish, ms, say, say_environment, version
 
 WORDS = (
     "release deploy friday alice bob carol meeting notes coffee tea green server database "
@@ -229,9 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agentik-bench-memory-") as tmp:
         rows += asyncio.run(context_build(cfg, tmp))
         rows += asyncio.run(memory_search(cfg, tmp))
-    print_table(rows, sections=True)
-    say(f"total time {time.perf_counter() - started:.1f} s")
-    return 1 if args.strict and any(r.ok is False for r in rows) else 0
+    return finish(rows, strict=args.strict, sections=True, started=started)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,11 @@ import contextlib
 import logging
 import os
 import signal
+from typing import Any
 
 from agentik.core import Agent, ConfigError
 from agentik.core.plugins import Registry, load_plugins
-from agentik.core.transport import Transport
+from agentik.transports.base import Transport
 
 from .bridge import Bridge, options_from
 from .builder import AgentBuilder
@@ -71,8 +72,8 @@ class Bot:
             if name not in self.transports:
                 self.transports[name] = make_transport(self.registry, name, section, config.source)
         for name, transport in self.transports.items():
-            section = sections.get(name)
-            self.bridge.attach(transport, options_from(section, transport) if section else None)
+            found = sections.get(name)
+            self.bridge.attach(transport, options_from(found, transport) if found else None)
         self._started: list[Transport] = []
 
     async def __aenter__(self) -> Bot:
@@ -112,10 +113,11 @@ class Bot:
         stopper = asyncio.ensure_future(stop.wait())
         try:
             all_done = asyncio.ensure_future(asyncio.gather(*waiters, return_exceptions=True))
-            await asyncio.wait({all_done, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            pair: list[asyncio.Future[Any]] = [all_done, stopper]
+            await asyncio.wait(pair, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            for signum in installed:
+                loop.remove_signal_handler(signum)
             stopper.cancel()
             for w in waiters:
                 w.cancel()

@@ -1,7 +1,7 @@
 """The bridge: the one place that maps channels to conversations and events
 to channel messages.
 
-Transports hand it :class:`~agentik.core.transport.IncomingMessage` values.
+Transports hand it :class:`~agentik.transports.base.IncomingMessage` values.
 For each one it decides whether to answer (always in direct messages; in
 shared channels when addressed, or per the instance's ``answer`` setting),
 runs chat commands, and sends the text to the channel's conversation, with
@@ -9,8 +9,8 @@ the author's name.  The conversation queues turns, so nothing is dropped
 while one runs.
 
 A renderer task per channel follows the conversation's events and turns them
-into :class:`~agentik.core.transport.OutgoingMessage` values fitted to the
-transport's :class:`~agentik.core.transport.ChannelCaps`: deltas as they come,
+into :class:`~agentik.transports.base.OutgoingMessage` values fitted to the
+transport's :class:`~agentik.transports.base.ChannelCaps`: deltas as they come,
 complete lines, or whole messages, split to the size limits; long answers
 are capped at ``max_answer_lines`` and the rest kept for ``more``.
 """
@@ -32,22 +32,28 @@ from agentik.core import Agent, Conversation
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
-from agentik.core.events import EventBase
+from agentik.core.events import Event
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.store.base import OutboxEntry
-from agentik.core.text import split_lines, split_text
-from agentik.core.transport import (
+from agentik.transports.base import (
+    AgentAccess,
     ChannelCaps,
     IncomingMessage,
     OutgoingKind,
     OutgoingMessage,
     Transport,
+    restrict_tools,
 )
+from agentik.transports.text import split_lines, split_text
 
+from .config import AgentSection
 from .outbox import Outbox
 
 __all__ = ["COMMANDS", "Bridge", "ChannelOptions"]
+
+#: The ``[agent]`` defaults (resume mode and age), declared once in the configuration.
+_AGENT = AgentSection()
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +103,7 @@ class _Channel:
         return not self.pending and not self.conversation.busy and now - self.last_used >= after
 
 
-class Bridge:
+class Bridge(AgentAccess):
     """Connects transports to one :class:`~agentik.core.Agent`.
 
     Each active channel holds a renderer task and its conversation; a channel
@@ -105,6 +111,10 @@ class Bridge:
     so memory stays bounded however many channels and threads a bot has
     seen.  It reopens, with the same conversation, on its next message (a
     capped answer's unsent rest, ``!more``, does not survive the release).
+
+    It is the transports' :class:`~agentik.transports.base.AgentAccess`: a
+    transport that serves the agent directly (HTTP) takes it, and the tools
+    its instance allows, from here.
     """
 
     def __init__(
@@ -112,8 +122,8 @@ class Bridge:
         agent: Agent,
         *,
         idle_seconds: float = 900.0,
-        resume: ResumeMode = "answer",
-        resume_max_age: float = 0.0,
+        resume: ResumeMode = _AGENT.resume,
+        resume_max_age: float = _AGENT.resume_max_age,
     ) -> None:
         self.agent = agent
         self.idle_seconds = idle_seconds
@@ -130,7 +140,6 @@ class Bridge:
         self.released_channels = 0
         #: Outgoing pieces and their delivery state, persisted (see :meth:`redeliver`).
         self.outbox = Outbox(agent.store)
-        self._transports: dict[str, Transport] = {}
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options."""
@@ -147,6 +156,10 @@ class Bridge:
         return self._options.get(transport.name) or ChannelOptions(
             command_prefix=transport.default_command_prefix
         )
+
+    def allowed_tools(self, transport: Transport) -> tuple[str, ...] | None:
+        """The ``allowed_tools`` of the options ``transport`` was attached with."""
+        return self.options_for(transport).allowed_tools
 
     # -- incoming -------------------------------------------------------------
     async def handle(self, message: IncomingMessage, transport: Transport) -> None:
@@ -239,10 +252,7 @@ class Bridge:
     def _open(
         self, key: str, transport: Transport, opts: ChannelOptions, conv: Conversation
     ) -> _Channel:
-        if opts.allowed_tools is not None:
-            conv.policy = dataclasses.replace(
-                conv.policy or self.agent.policy, allowed_tools=opts.allowed_tools
-            )
+        restrict_tools(conv, opts.allowed_tools, default=self.agent.policy)
         ch = _Channel(key=key, transport=transport, options=opts, conversation=conv)
         ch.subscription = conv.events(profile=opts.events)
         ch.task = asyncio.create_task(self._render(ch), name=f"agentik-render:{key}")
@@ -686,14 +696,13 @@ class _Renderer:
             if line:
                 await self._line(line, run_id)
 
-    async def on_event(self, e: EventBase) -> None:
+    async def on_event(self, e: Event) -> None:
         mode = self.caps.streaming
         run = e.run_id
-        kind = e.kind
-        if kind == "turn_started":
+        if e.kind == "turn_started":
             self.buffer, self.lines_sent, self.had_text = "", 0, False
             self.piece, self.stream_id, self.stream_text = 0, None, []
-        elif kind == "response_started":
+        elif e.kind == "response_started":
             # A new model step: keep its text apart from the previous step's.
             if self.had_text:
                 if mode == "deltas":
@@ -703,9 +712,9 @@ class _Renderer:
                     self.buffer = ""
                 else:
                     self.buffer += "\n"
-        elif kind == "text_delta":
+        elif e.kind == "text_delta":
             self.had_text = True
-            text = e.text  # type: ignore[attr-defined]
+            text = e.text
             if mode == "deltas":
                 await self._out(text, "delta", run)
             elif mode == "lines":
@@ -715,49 +724,49 @@ class _Renderer:
                     await self._lines(line, run)
             else:
                 self.buffer += text
-        elif kind == "reasoning_delta":
-            await self._out(f"(thinking) {e.text}", "notice", run)  # type: ignore[attr-defined]
-        elif kind == "tool_call_started":
-            args = _short_args(e.arguments)  # type: ignore[attr-defined]
-            await self._out(f"⚙ {e.name}({args})", "notice", run)  # type: ignore[attr-defined]
-        elif kind == "tool_call_ended" and (e.is_error or self.debug):  # type: ignore[attr-defined]
-            result = e.result.replace("\n", " ")[:160]  # type: ignore[attr-defined]
-            verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"  # type: ignore[attr-defined]
-            await self._out(f"⚙ {e.name} {verb}: {result}", "notice", run)  # type: ignore[attr-defined]
-        elif kind == "compacted" and (self.debug or e.fallback):  # type: ignore[attr-defined]
+        elif e.kind == "reasoning_delta":
+            await self._out(f"(thinking) {e.text}", "notice", run)
+        elif e.kind == "tool_call_started":
+            args = _short_args(e.arguments)
+            await self._out(f"⚙ {e.name}({args})", "notice", run)
+        elif e.kind == "tool_call_ended" and (e.is_error or self.debug):
+            result = e.result.replace("\n", " ")[:160]
+            verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"
+            await self._out(f"⚙ {e.name} {verb}: {result}", "notice", run)
+        elif e.kind == "compacted" and (self.debug or e.fallback):
             # Dropped messages are news to the people in the channel: the
             # model no longer sees them.  A summary only shows when debugging.
-            how = "dropped" if e.fallback else "summarised"  # type: ignore[attr-defined]
+            how = "dropped" if e.fallback else "summarised"
             await self._out(
-                f"(context compacted: {e.messages} older messages {how})",  # type: ignore[attr-defined]
+                f"(context compacted: {e.messages} older messages {how})",
                 "notice",
                 run,
             )
-        elif kind == "error":
+        elif e.kind == "error":
             await self._flush(run)
-            await self._out(f"error: {e.message}", "error", run)  # type: ignore[attr-defined]
-        elif kind == "interrupted":
+            await self._out(f"error: {e.message}", "error", run)
+        elif e.kind == "interrupted":
             await self._flush(run)
-            why = "time budget used up" if e.reason == "time_budget" else "interrupted"  # type: ignore[attr-defined]
+            why = "time budget used up" if e.reason == "time_budget" else "interrupted"
             await self._out(f"({why})", "notice", run)
-        elif kind == "turn_ended":
+        elif e.kind == "turn_ended":
             await self._flush(run)
             if mode in ("deltas", "lines") and self.had_text:
                 await self._stream_done(run)
                 await self._out("", "end", run)
             self.stream_id, self.stream_text = None, []
-            why = _STOP_NOTICES.get(e.stop_reason)  # type: ignore[attr-defined]
-            if why:
-                await self._out(why, "notice", run)
+            stopped = _STOP_NOTICES.get(e.stop_reason)
+            if stopped:
+                await self._out(stopped, "notice", run)
             if self.ch.more:
                 p = self.ch.options.command_prefix
                 await self._out(f"… {len(self.ch.more)} more lines: {p}more", "notice", run)
             if self.debug:
-                u = e.usage  # type: ignore[attr-defined]
+                u = e.usage
                 await self._out(
-                    f"turn {run}: {e.stop_reason}, {e.duration:.2f}s, "  # type: ignore[attr-defined]
+                    f"turn {run}: {e.stop_reason}, {e.duration:.2f}s, "
                     f"{u.prompt_tokens}+{u.completion_tokens} tokens, "
-                    f"{e.tool_calls} tool calls",  # type: ignore[attr-defined]
+                    f"{e.tool_calls} tool calls",
                     "notice",
                     run,
                 )

@@ -25,17 +25,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, Self
 
 from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolicy
-from agentik.core.background import BackgroundPolicy, MemoryWorker
+from agentik.core.agent import AgentSettings
+from agentik.core.background import MemoryWorker
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
 from agentik.core.memory import MemoryBackend, NoMemory
 from agentik.core.memory.markdown import MarkdownMemory
 from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.plugins import Registry
+from agentik.core.settings import is_file_path, plain_values, setting_fields, validate_settings
 from agentik.core.skills import SkillSet, load_skills
 from agentik.core.soul import fetch_soul, is_url, read_soul
 
-from .config import Config, reveal
+from .config import LITERT_ENV, Config, auto_backend, reveal
 
 __all__ = [
     "LITERT_ENV",
@@ -43,6 +45,8 @@ __all__ = [
     "NoModelBackend",
     "Toolset",
     "backend_choice",
+    "backend_settings",
+    "ignored_settings",
     "mcp_toolset",
     "resolve_backend",
 ]
@@ -54,9 +58,6 @@ NO_MODEL_HELP = (
     "http://127.0.0.1:11434/v1 for Ollama), OPENAI_MODEL and, if it needs one, "
     "OPENAI_API_KEY — or fill in [llm] in the configuration file — then restart."
 )
-
-#: Setting this environment variable makes ``backend = "auto"`` pick LiteRT-LM.
-LITERT_ENV = "AGENTIK_GOOGLE_MODEL_PATH"
 
 
 class Toolset(Protocol):
@@ -105,7 +106,7 @@ class AgentBuilder:
         self._toolsets: list[Toolset] = []
         self._background: list[Callable[[Agent], Awaitable[None]]] = []
         self._policy = TurnPolicy()
-        self._event_buffer = 1024
+        self._event_buffer = AgentSettings().event_buffer
 
     def llm(self, backend: LLMBackend) -> Self:
         self._llm = backend
@@ -243,28 +244,8 @@ class AgentBuilder:
             memory = NoMemory()
         b.memory(memory)
         if not isinstance(memory, NoMemory) and (mem.mining or mem.reflection):
-            b.background(
-                MemoryWorker(
-                    BackgroundPolicy(
-                        mining=mem.mining,
-                        mining_debounce=mem.mining_debounce,
-                        max_facts=mem.max_facts,
-                        reflection=mem.reflection,
-                        reflection_debounce=mem.reflection_debounce,
-                    )
-                )
-            )
-        c = config.compaction
-        b.compaction(
-            CompactionPolicy(
-                enabled=c.enabled,
-                context_tokens=c.context_tokens,
-                trigger=c.trigger,
-                keep_turns=c.keep_turns,
-                summary_tokens=c.summary_tokens,
-                timeout=c.timeout,
-            )
-        )
+            b.background(MemoryWorker(mem))
+        b.compaction(config.compaction)
         b.system_prompt(config.agent.system_prompt)
         soul = config.agent.soul
         if soul:
@@ -281,19 +262,7 @@ class AgentBuilder:
         toolset = mcp_toolset(config)
         if toolset is not None:
             b.toolset(toolset)
-        t = config.tools
-        b.policy(
-            TurnPolicy(
-                max_tool_calls=t.max_tool_calls,
-                time_budget=t.time_budget,
-                tool_timeout=t.tool_timeout,
-                allowed_tools=tuple(t.allowed) if t.allowed is not None else None,
-                max_tool_retries=t.max_tool_retries,
-                max_tool_argument_chars=t.max_tool_argument_chars,
-                max_tool_result_chars=t.max_tool_result_chars,
-                max_answer_chars=t.max_answer_chars,
-            )
-        )
+        b.policy(config.tools)
         b.event_buffer(config.agent.event_buffer)
         return b
 
@@ -337,18 +306,66 @@ def backend_choice(config: Config, env: Mapping[str, str] | None = None) -> str:
     llm = config.llm
     if llm.backend != "auto":
         return llm.backend
-    if llm.base_url or reveal(llm.api_key):
-        return "openai"
     env = os.environ if env is None else env
-    if env.get(LITERT_ENV):
-        return "litert"
-    return "llamacpp"
+    return auto_backend(getattr(llm, "base_url", None), getattr(llm, "api_key", None), env)
+
+
+def _declared_keys(registry: Registry) -> set[str]:
+    """Every key some registered backend's settings model declares."""
+    return {
+        key
+        for factory in registry.llm_backends.values()
+        if getattr(factory, "settings_model", None) is not None
+        for key in setting_fields(factory.settings_model)  # type: ignore[attr-defined]
+    }
+
+
+def backend_settings(config: Config, registry: Registry, name: str) -> Any:
+    """The settings of backend ``name`` from ``[llm]``: an instance of its
+    ``settings_model`` (``None`` for a backend without one).
+
+    Keys the backend does not declare but another registered backend does are
+    ignored (a file can switch backends); a key no backend declares is an
+    error naming it.  Paths are resolved against the configuration file.
+    """
+    factory = registry.llm_backends[name]
+    model = getattr(factory, "settings_model", None)
+    given = config.llm.given()
+    if model is None:
+        return None
+    fields = setting_fields(model)
+    declared = _declared_keys(registry)
+    for key in given:
+        if key not in declared:
+            raise ConfigError(f"{config.source}: llm.{key}: unknown key")
+    mine = {key: value for key, value in given.items() if key in fields}
+    for key, value in mine.items():
+        if value and is_file_path(fields[key]):
+            mine[key] = config.resolve_path(os.path.expanduser(value))
+    try:
+        return validate_settings(model, mine, where="llm")
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source}: {exc}") from None
+
+
+def ignored_settings(config: Config, registry: Registry, name: str) -> list[str]:
+    """Keys set in ``[llm]`` that backend ``name`` does not use (other backends' keys)."""
+    model = getattr(registry.llm_backends.get(name), "settings_model", None)
+    if model is None:
+        return []
+    given = {key for key, value in config.llm.given().items() if value is not None}
+    return sorted(given - set(setting_fields(model)))
 
 
 def resolve_backend(
     config: Config, registry: Registry, env: Mapping[str, str] | None = None
 ) -> LLMBackend:
-    """Instantiate the configured LLM backend."""
+    """Instantiate the configured LLM backend.
+
+    The backend's ``settings_model`` validates ``[llm]`` and its fields become
+    the factory's keyword arguments; a backend without one gets the keys no
+    other backend declares (and ``model``), as they are.
+    """
     llm = config.llm
     name = backend_choice(config, env)
     if name == "none":
@@ -360,74 +377,31 @@ def resolve_backend(
             f" 'litert' was chosen, but no installed plugin registers it (registered: {known});"
             f" install the LiteRT-LM plugin, unset {LITERT_ENV}, or set llm.backend"
         )
-    settings: dict[str, Any] = dict(llm.options)
-    if name == "openai":
-        if not llm.model:
-            raise ConfigError(
-                f"{config.source}: llm.model: required for the openai backend (or set OPENAI_MODEL)"
-            )
-        settings.update(
-            model=llm.model,
-            base_url=llm.base_url,
-            api_key=reveal(llm.api_key),
-            timeout=llm.timeout,
-            max_retries=llm.max_retries,
-            temperature=llm.temperature,
-            max_tokens=llm.max_tokens,
-            author_mode=llm.author_mode,
-        )
-    elif name == "litert":
-        settings.update(litert_settings(config))
-    elif name == "llamacpp":
-        from agentik.core.llm.llamacpp_backend import local_model_problem
-
-        model_path = config.resolve_path(llm.model_path) if llm.model_path else None
-        problem = local_model_problem(model_path)
-        if problem is not None:
+    factory = registry.llm_backends.get(name)
+    if factory is None:  # let the registry name what is installed
+        registry.create_backend(name)
+    settings = backend_settings(config, registry, name)
+    kwargs: dict[str, Any]
+    if settings is None:
+        declared = _declared_keys(registry)
+        kwargs = {
+            key: reveal(value)
+            for key, value in llm.given().items()
+            if key not in declared or (key == "model" and value)
+        }
+    else:
+        unavailable = getattr(factory, "unavailable", None)
+        reason = unavailable(settings) if callable(unavailable) else None
+        if reason is not None:
             if llm.backend == "auto":
                 # Zero-config start without the extra: run, and say how to get a model.
-                return NoModelBackend(reason=problem)
-            raise ConfigError(f"{config.source}: llm.backend: {problem}")
-        settings.update(
-            model_path=model_path,
-            n_ctx=llm.n_ctx,
-            n_threads=llm.n_threads,
-            temperature=llm.temperature,
-            max_tokens=llm.max_tokens,
-            author_mode=llm.author_mode,
-            tool_choice=llm.tool_choice,
-        )
-    elif llm.model:
-        settings["model"] = llm.model
+                return NoModelBackend(reason=reason)
+            raise ConfigError(f"{config.source}: llm.backend: {reason}")
+        kwargs = plain_values(settings)
     try:
-        return registry.create_backend(name, **settings)
+        return registry.create_backend(name, **kwargs)
     except ConfigError as exc:
-        if not str(exc).startswith("llm."):
+        if not str(exc).startswith("llm"):
             raise
         # A backend names the key; name the file too, like every config error.
         raise ConfigError(f"{config.source}: {exc}") from None
-
-
-def litert_settings(config: Config) -> dict[str, Any]:
-    """The ``litert`` backend's arguments from ``[llm]`` (paths resolved against the file)."""
-    llm = config.llm
-    settings: dict[str, Any] = {
-        "threads": llm.threads,
-        "max_tokens": llm.max_tokens,
-        "context_tokens": llm.context_tokens,
-        "top_k": llm.top_k,
-        "top_p": llm.top_p,
-        "temperature": llm.temperature,
-        "seed": llm.seed,
-        "fold_system_prompt": llm.fold_system_prompt,
-        "idle_release_seconds": llm.idle_release_seconds,
-        "max_conversations": llm.max_conversations,
-        "author_mode": "none" if llm.author_mode == "none" else "prefix",
-    }
-    if llm.model_path:
-        settings["model_path"] = config.resolve_path(os.path.expanduser(llm.model_path))
-    if llm.cache_dir:
-        settings["cache_dir"] = config.resolve_path(os.path.expanduser(llm.cache_dir))
-    if llm.model:
-        settings["model"] = llm.model
-    return settings

@@ -46,7 +46,7 @@ __all__ = ["COMMANDS", "main"]
 
 log = logging.getLogger("agentik.cli")
 
-#: Every command and subcommand, documented in the README (a test checks).
+#: Every command and subcommand, documented in the manual, docs/ (a test checks).
 COMMANDS = (
     "run",
     "chat",
@@ -204,8 +204,18 @@ async def _run(config: Config, *, only: list[str] | None) -> int:
 
 
 def _check(config: Config) -> int:
+    from pydantic import SecretStr
+
+    from agentik.core.settings import setting_fields
+
     from .app import load_registry, make_transport
-    from .builder import NoModelBackend, backend_choice, resolve_backend
+    from .builder import (
+        NoModelBackend,
+        backend_choice,
+        backend_settings,
+        ignored_settings,
+        resolve_backend,
+    )
 
     registry = load_registry(config)
     backend = resolve_backend(config, registry)
@@ -217,8 +227,20 @@ def _check(config: Config) -> int:
         f"llm: backend {chosen!r} (configured {llm.backend!r}),"
         f" model {getattr(backend, 'model', None) or '-'!r}",
     ]
-    if getattr(backend, "model_path", None):  # a local model file
-        out.append(f"llm.model_path: {backend.model_path}")
+    settings = None if chosen == "none" else backend_settings(config, registry, chosen)
+    if settings is not None:  # the backend's own keys, as it validated them
+        shown = ", ".join(
+            f"{key}={'**********' if isinstance(value, SecretStr) else value!r}"
+            for key, value in ((k, getattr(settings, k)) for k in setting_fields(type(settings)))
+            if value is not None and value != {}
+        )
+        out.append(f"llm.{chosen} settings: {shown}")
+        ignored = ignored_settings(config, registry, chosen)
+        if ignored:
+            out.append(f"llm: ignored (not keys of {chosen!r}): {', '.join(ignored)}")
+    model_path = getattr(backend, "model_path", None)
+    if model_path:  # a local model file
+        out.append(f"llm.model_path: {model_path}")
         local = [
             f"{key}: {getattr(backend, key)}"
             for key in ("n_ctx", "n_threads", "tool_choice")
@@ -226,9 +248,12 @@ def _check(config: Config) -> int:
         ]
         if local:
             out.append("llm." + ", ".join(local))
-    if llm.base_url:
-        out.append(f"llm.base_url: {llm.base_url}")
-    out.append(f"llm.api_key: {'**********' if reveal(llm.api_key) else '(not set)'}")
+    # Keys of the chosen backend's settings: [llm] is validated by its model.
+    base_url = getattr(llm, "base_url", None)
+    if base_url:
+        out.append(f"llm.base_url: {base_url}")
+    api_key = getattr(llm, "api_key", None)
+    out.append(f"llm.api_key: {'**********' if reveal(api_key) else '(not set)'}")
     if isinstance(backend, NoModelBackend):
         why = backend.reason or "no model configured"
         out.append(f"  note: {why}; until then the bot answers with setup instructions")

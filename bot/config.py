@@ -16,6 +16,8 @@ print as ``**********`` and only :func:`reveal` gives the value.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import re
 import tomllib
@@ -28,15 +30,23 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    SerializeAsAny,
     ValidationError,
-    field_validator,
+    create_model,
     model_validator,
 )
 
+from agentik.core.agent import AgentSettings
+from agentik.core.compaction import CompactionPolicy
+from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
+from agentik.core.memory import MemorySettings
+from agentik.core.settings import Blank, describe_error, setting_fields, settings_dataclass
+from agentik.core.tools.base import TurnPolicy
 
 __all__ = [
     "ENV_OVERRIDES",
+    "LITERT_ENV",
     "AgentSection",
     "CompactionSection",
     "Config",
@@ -49,6 +59,9 @@ __all__ = [
     "StorageSection",
     "ToolsSection",
     "TransportSection",
+    "auto_backend",
+    "builtin_llm_settings",
+    "llm_section",
     "load_config",
     "parse_config",
     "reveal",
@@ -59,103 +72,148 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class AgentSection(_Section):
-    """``[agent]``: who the bot is."""
+@settings_dataclass
+class AgentSection(AgentSettings):
+    """``[agent]``: who the bot is (plus the core's :class:`AgentSettings`)."""
 
     name: str = "agentik"
     system_prompt: str = "You are a helpful assistant in a chat. Answer briefly and plainly."
     #: A persona appended to the system prompt: a file path (relative to the
     #: configuration file) or an http(s) URL fetched at start-up.
-    soul: str | None = None
+    soul: Blank = None
     #: A folder of skills (``<name>/SKILL.md`` with front matter).
-    skills: str | None = None
-    event_buffer: int = Field(1024, ge=16)
+    skills: Blank = None
     #: At start-up, a committed message a crash left unanswered is answered
     #: (``answer``), gets a short "please ask again" notice (``note``) or is
     #: recorded as dropped (``drop``).
-    resume: Literal["answer", "note", "drop"] = "answer"
+    resume: ResumeMode = "answer"
     #: Seconds after which a pending message only gets the notice (0: no limit).
     resume_max_age: float = Field(3600.0, ge=0)
 
-    @field_validator("soul", "skills", mode="before")
-    @classmethod
-    def _blank_is_none(cls, v: Any) -> Any:
-        return None if v == "" else v
 
-
-class MemorySection(_Section):
-    """``[memory]``: long-term memory, and the background work that fills it."""
-
-    backend: Literal["sqlite", "markdown", "none"] = "sqlite"
-    #: The folder of the markdown backend (relative to the configuration file).
-    path: str = "memory"
-    allow_global_writes: bool = True
-    mining: bool = True
-    mining_debounce: float = Field(30.0, ge=0)
-    max_facts: int = Field(8, ge=1, le=50)
-    reflection: bool = True
-    reflection_debounce: float = Field(5.0, ge=0)
-
-
-class CompactionSection(_Section):
-    """``[compaction]``: keeping long conversations inside the model's context."""
-
-    enabled: bool = True
-    context_tokens: int | None = Field(None, ge=256)
-    trigger: float = Field(0.8, gt=0, le=1)
-    keep_turns: int = Field(4, ge=1)
-    summary_tokens: int = Field(512, ge=32)
-    timeout: float = Field(120.0, gt=0)
+#: The core's settings classes are the configuration's sections (one declaration each).
+MemorySection = MemorySettings
+CompactionSection = CompactionPolicy
+ToolsSection = TurnPolicy
 
 
 class LLMSection(_Section):
-    """``[llm]``: the model backend.
+    """``[llm]``: ``backend`` and the backends' own keys, flat.
+
+    Each backend declares its keys in its ``settings_model`` (a pydantic
+    model).  The table is validated with the models of the built-in backends
+    when the file is read (the chosen backend's model first, so its defaults
+    show): a key no backend declares is an error naming it; a key of a
+    backend other than the chosen one is accepted and ignored, so a file can
+    switch backends by changing ``backend``.  A backend that only a plugin
+    provides has its keys validated by its model when the agent is built
+    (:func:`agentik.bot.builder.resolve_backend`).
 
     ``backend = "auto"`` picks ``openai`` when an endpoint or key is given
     (here or through ``OPENAI_BASE_URL``/``OPENAI_API_KEY``), ``litert`` when
     ``AGENTIK_GOOGLE_MODEL_PATH`` is set, otherwise the local ``llamacpp``
-    backend with its default model (see ``agentik.bot.builder.backend_choice``).
-    Keys other than ``backend`` go to the backend; ``options`` holds any
-    extra backend-specific settings.
+    backend with its default model (:func:`auto_backend`).  ``options`` is the
+    old place of backend keys: they are read as if written in ``[llm]``.
     """
 
     backend: str = "auto"
-    model: str | None = None
-    base_url: str | None = None
-    api_key: SecretStr | None = None
-    timeout: float = Field(60.0, gt=0)
-    max_retries: int = Field(2, ge=0)
-    temperature: float | None = Field(None, ge=0, le=2)
-    max_tokens: int | None = Field(None, gt=0)
-    author_mode: Literal["prefix", "name", "none"] = "prefix"
+    #: Deprecated: keys here are read as if written directly in ``[llm]``.
     options: dict[str, Any] = Field(default_factory=dict)
-    # -- local models: "llamacpp" (GGUF) and "litert" (.litertlm) --
-    #: The model file (llamacpp: unset = SmolLM2-135M-Instruct; litert: required).
-    model_path: str | None = None
-    # -- backend = "llamacpp" --
-    n_ctx: int = Field(2048, ge=64)
-    n_threads: int | None = Field(None, ge=1)
-    tool_choice: Literal["auto", "required"] = "auto"
-    # -- backend = "litert" (on-device LiteRT-LM) --
-    cache_dir: str | None = None
-    threads: int | None = Field(None, ge=1)
-    context_tokens: int | None = Field(None, gt=0)
-    top_k: int | None = Field(None, gt=0)
-    top_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = None
-    fold_system_prompt: bool = True
-    idle_release_seconds: float = Field(600.0, gt=0)
-    max_conversations: int = Field(4, ge=1)
 
-    @field_validator("model", "base_url", "model_path", "cache_dir", "threads", mode="before")
-    @classmethod
-    def _blank_is_none(cls, v: Any) -> Any:
-        return None if v == "" else v
+    def given(self) -> dict[str, Any]:
+        """The backend keys the file sets (``options`` merged in), validated where known."""
+        out = {
+            name: getattr(self, name)
+            for name in self.model_fields_set
+            if name not in ("backend", "options")
+        }
+        out.update(self.model_extra or {})
+        return out
 
-    @field_validator("api_key", mode="before")
-    @classmethod
-    def _blank_key_is_none(cls, v: Any) -> Any:
-        return None if v == "" else v
+
+class _OpenLLMSection(LLMSection):
+    # A backend a plugin provides: its keys are checked once plugins are loaded.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+#: Setting this environment variable makes ``backend = "auto"`` pick LiteRT-LM.
+LITERT_ENV = "AGENTIK_GOOGLE_MODEL_PATH"
+
+
+def auto_backend(base_url: Any, api_key: Any, env: Mapping[str, str]) -> str:
+    """What ``backend = "auto"`` picks: ``openai`` with an endpoint or key,
+    ``litert`` when :data:`LITERT_ENV` is set, else ``llamacpp``."""
+    if base_url or reveal(api_key):
+        return "openai"
+    if env.get(LITERT_ENV):
+        return "litert"
+    return "llamacpp"
+
+
+@functools.cache
+def builtin_llm_settings() -> dict[str, type[BaseModel]]:
+    """The settings models of the LLM backends that come with agentik, by name."""
+    from agentik.core.plugins import load_plugins
+
+    backends = load_plugins(env={"AGENTIK_PLUGINS": ""}, entry_points=False).llm_backends
+    return {
+        name: factory.settings_model  # type: ignore[attr-defined]
+        for name, factory in backends.items()
+        if getattr(factory, "settings_model", None) is not None
+    }
+
+
+@functools.cache
+def _llm_section_class(
+    chosen: str, models: tuple[tuple[str, type[BaseModel]], ...]
+) -> type[LLMSection]:
+    known = dict(models)
+    fields: dict[str, Any] = {}
+    for name in [chosen, *known]:
+        if name not in known:
+            continue
+        for key, info in setting_fields(known[name]).items():
+            if key not in LLMSection.model_fields:
+                fields.setdefault(key, (info.annotation, info))
+    base = LLMSection if chosen in known else _OpenLLMSection
+    return create_model(f"LLMSection[{chosen}]", __base__=base, **fields)
+
+
+def llm_section(
+    table: Mapping[str, Any],
+    *,
+    env: Mapping[str, str],
+    models: Mapping[str, type[BaseModel]] | None = None,
+) -> LLMSection:
+    """Validate an ``[llm]`` table against backend settings ``models`` (default: the built-ins).
+
+    Keys under ``options`` are read as keys of the table (the table's own
+    win).  Raises :class:`pydantic.ValidationError`.
+    """
+    models = builtin_llm_settings() if models is None else models
+    options = table.get("options", {})
+    merged = {**options, **table} if isinstance(options, dict) else dict(table)
+    chosen = merged.get("backend", "auto")
+    if chosen == "auto":
+        chosen = auto_backend(merged.get("base_url"), merged.get("api_key"), env)
+    cls = _llm_section_class(str(chosen), tuple(models.items()))
+    return cls.model_validate(merged)
+
+
+def _llm_errors(exc: ValidationError, table: Mapping[str, Any]) -> list[Any]:
+    """``exc``'s errors located in the file: ``llm.<key>``, or ``llm.options.<key>``."""
+    options = table.get("options")
+    errors = []
+    for e in exc.errors():
+        loc = e["loc"]
+        if isinstance(options, dict) and loc and loc[0] in options and loc[0] not in table:
+            loc = ("options", *loc)
+        errors.append({**e, "loc": ("llm", *loc)})
+    return errors
+
+
+def _default_llm() -> LLMSection:
+    return llm_section({}, env={})
 
 
 class StorageSection(_Section):
@@ -163,19 +221,6 @@ class StorageSection(_Section):
 
     path: str = "agentik.db"
     synchronous: Literal["off", "normal", "full", "extra"] = "full"
-
-
-class ToolsSection(_Section):
-    """``[tools]``: the per-turn tool policy."""
-
-    max_tool_calls: int = Field(16, ge=0)
-    time_budget: float = Field(300.0, gt=0)
-    tool_timeout: float = Field(60.0, gt=0)
-    allowed: list[str] | None = None
-    max_tool_retries: int = Field(2, ge=0)
-    max_tool_argument_chars: int = Field(64_000, ge=1)
-    max_tool_result_chars: int = Field(64_000, ge=1)
-    max_answer_chars: int = Field(100_000, ge=1)
 
 
 class TransportSection(BaseModel):
@@ -262,11 +307,11 @@ class Config(_Section):
     """The whole configuration file."""
 
     agent: AgentSection = Field(default_factory=AgentSection)
-    llm: LLMSection = Field(default_factory=LLMSection)
+    llm: SerializeAsAny[LLMSection] = Field(default_factory=_default_llm)
     storage: StorageSection = Field(default_factory=StorageSection)
-    tools: ToolsSection = Field(default_factory=ToolsSection)
-    memory: MemorySection = Field(default_factory=MemorySection)
-    compaction: CompactionSection = Field(default_factory=CompactionSection)
+    tools: TurnPolicy = Field(default_factory=TurnPolicy)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    compaction: CompactionPolicy = Field(default_factory=CompactionPolicy)
     transports: dict[str, TransportSection] = Field(default_factory=dict)
     mcp: MCPSection = Field(default_factory=MCPSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
@@ -302,6 +347,9 @@ class Config(_Section):
                     if isinstance(value, str) and value and _SECRETISH.search(key):
                         found.append(value)
                     walk(value)
+            elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+                for name in setting_fields(type(obj)):
+                    walk(getattr(obj, name))
             elif isinstance(obj, dict):
                 for key, value in obj.items():
                     # MCP server env/headers: values under secret-looking names.
@@ -368,20 +416,6 @@ def _interpolate(value: Any, env: Mapping[str, str], path: str, source: str) -> 
 _SECRETISH = re.compile(r"(key|token|secret|password|passwd|credential|authorization)", re.I)
 
 
-def _describe(error: Any, *, show_input: bool = True) -> str:
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required key is missing"
-    msg = error["msg"]
-    if show_input and "input" in error:
-        shown = error["input"]
-        if isinstance(shown, str | int | float | bool):
-            return f"{msg}, got {shown!r}"
-    return msg
-
-
 def _echo_safe(loc: tuple[Any, ...], data: Mapping[str, Any]) -> bool:
     """Whether an error may quote the value: never for secret-looking keys,
     nor for values that came from the environment (they may be secrets)."""
@@ -411,15 +445,34 @@ def parse_config(
             table = raw.setdefault(section, {})
             if isinstance(table, dict):
                 table[key] = env[var]
+    errors: list[Any] = []
+    table = raw.get("llm", {})
+    if isinstance(table, dict):
+        # [llm] is validated against the backends' own settings models.
+        try:
+            raw["llm"] = llm_section(table, env=env)
+        except ValidationError as exc:
+            errors += _llm_errors(exc, table)
+            raw["llm"] = _default_llm()
     try:
-        return Config.model_validate({**raw, "source": source})
+        config = Config.model_validate({**raw, "source": source})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        first_desc = _describe(first, show_input=_echo_safe(tuple(first["loc"]), data))
-        more = len(exc.errors()) - 1
-        tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-        raise ConfigError(f"{source}: {where}: {first_desc}{tail}") from None
+        errors += exc.errors()
+    if not errors:
+        return config
+    order = list(Config.model_fields)
+
+    def section_of(e: Any) -> int:
+        head = e["loc"][0] if e["loc"] else None
+        return order.index(head) if head in order else len(order)
+
+    errors.sort(key=section_of)
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    first_desc = describe_error(first, show_input=_echo_safe(tuple(first["loc"]), data))
+    more = len(errors) - 1
+    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    raise ConfigError(f"{source}: {where}: {first_desc}{tail}") from None
 
 
 def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:

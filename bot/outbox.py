@@ -1,10 +1,10 @@
 """The bridge's side of the persisted outbox.
 
 Every outgoing piece of a run's output on a transport with
-:attr:`~agentik.core.transport.Transport.outbox` set (IRC, Slack) is written
+:attr:`~agentik.transports.base.Transport.outbox` set (IRC, Slack) is written
 to the store's ``outbox`` table (state ``queued``) before the transport is
 asked to send it.  The transport reports ``sent`` and ``confirmed`` through
-:meth:`~agentik.core.transport.Transport.delivered`; :class:`Outbox` batches
+:meth:`~agentik.transports.base.Transport.delivered`; :class:`Outbox` batches
 those reports into one store write at a time, off the rendering path.  After
 a restart :meth:`agentik.bot.bridge.Bridge.redeliver` sends again what the
 outbox says was not delivered.

@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from pydantic import Field
+
 from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation
 from .errors import ConfigError, NotFound
@@ -21,14 +23,29 @@ from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
 from .messages import Message
 from .services import AgentServices, AgentState, kinds_of
+from .settings import settings_dataclass
 from .store.base import ConversationRecord, Store
 from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
 from .tools.base import Tool, TurnPolicy
 
-__all__ = ["Agent", "AgentState"]
+__all__ = ["Agent", "AgentSettings", "AgentState"]
 
 log = logging.getLogger(__name__)
+
+
+@settings_dataclass
+class AgentSettings:
+    """The agent's own settings (the core part of the ``[agent]`` section).
+
+    ``event_buffer``: how many recent events each conversation keeps for
+    reconnecting subscribers.
+    """
+
+    event_buffer: int = Field(1024, ge=16)
+
+
+_DEFAULTS = AgentSettings()
 
 
 class Agent:
@@ -68,7 +85,7 @@ class Agent:
         tools: Iterable[Tool] = (),
         system_prompt: str | None = None,
         policy: TurnPolicy | None = None,
-        event_buffer: int = 512,
+        event_buffer: int = _DEFAULTS.event_buffer,
         event_budget: int = 50_000,
         memory: MemoryBackend | None = None,
         background: Iterable[Callable[[Agent], Awaitable[None]]] = (),

@@ -23,13 +23,12 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .compaction import SUMMARY_PREFIX, _transcript, ask
 from .errors import NotFound
 from .events import Compacted, ConversationEnded, EventBase
-from .memory import NoMemory, channel_scope
+from .memory import BackgroundPolicy, NoMemory, channel_scope
 
 __all__ = ["MINING_PROMPT", "REFLECTION_PROMPT", "BackgroundPolicy", "MemoryWorker"]
 
@@ -49,18 +48,6 @@ REFLECTION_PROMPT = (
     "remains open. Answer 'NONE' if nothing in it is worth remembering."
 )
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.*\S)\s*$")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BackgroundPolicy:
-    """Switches and debounce times (seconds) of the background memory work."""
-
-    mining: bool = True
-    mining_debounce: float = 30.0
-    max_facts: int = 8
-    reflection: bool = True
-    reflection_debounce: float = 5.0
-    timeout: float = 120.0
 
 
 class MemoryWorker:

@@ -36,13 +36,15 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import Field
 
 from .errors import ContextTooLong
 from .events import Compacted
 from .llm.base import LLMBackend, LLMRequest, TextChunk, ToolSpec
 from .messages import ChatMessage
+from .settings import settings_dataclass
 
 if TYPE_CHECKING:
     from .hooks import Hooks
@@ -79,7 +81,7 @@ DROPPED_NOTICE = (
 )
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@settings_dataclass
 class CompactionPolicy:
     """When and how to compact.
 
@@ -88,14 +90,17 @@ class CompactionPolicy:
     compact when a request would use more than this share of it.
     ``keep_turns``: the most recent turns kept verbatim.  ``summary_tokens``:
     the summary's length limit.  ``timeout``: seconds for the summary call.
+    ``prompt``: the summariser's instruction (``{words}``: its word limit).
+
+    This class is also the ``[compaction]`` section of the configuration file.
     """
 
     enabled: bool = True
-    context_tokens: int | None = None
-    trigger: float = 0.8
-    keep_turns: int = 4
-    summary_tokens: int = 512
-    timeout: float = 120.0
+    context_tokens: int | None = Field(None, ge=256)
+    trigger: float = Field(0.8, gt=0, le=1)
+    keep_turns: int = Field(4, ge=1)
+    summary_tokens: int = Field(512, ge=32)
+    timeout: float = Field(120.0, gt=0)
     prompt: str = SUMMARY_PROMPT
 
 
@@ -200,20 +205,18 @@ class Compactor:
         (prompt tokens it takes with room for the answer kept) — or ``None``
         when the backend does not know it (a remote endpoint: its refusal
         is handled by :meth:`after_refusal`)."""
-        known = getattr(self.agent.llm, "context_window", None)
+        known = self.agent.llm.context_window
         return int(known) if known else None
 
     async def count(self, request: LLMRequest) -> int:
         """The request's size in tokens: the backend's tokenizer, else the estimate."""
-        counter = getattr(self.agent.llm, "count_tokens", None)
-        if counter is not None:
-            try:
-                counted = await counter(request)
-            except Exception as exc:
-                log.debug("count_tokens failed (%s); estimating", exc)
-            else:
-                if counted is not None:
-                    return int(counted)
+        try:
+            counted = await self.agent.llm.count_tokens(request)
+        except Exception as exc:
+            log.debug("count_tokens failed (%s); estimating", exc)
+        else:
+            if counted is not None:
+                return int(counted)
         return estimate_tokens(request.messages, request.system, request.tools)
 
     async def before_request(

@@ -149,8 +149,8 @@ class Conversation:
     def capabilities(self) -> Capabilities:
         llm = self.agent.llm
         return Capabilities(
-            image_in=bool(getattr(llm, "supports_image_in", False)),
-            image_out=bool(getattr(llm, "supports_image_out", False)),
+            image_in=bool(llm.supports_image_in),
+            image_out=bool(llm.supports_image_out),
         )
 
     @property

@@ -13,12 +13,12 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 
-from .events import EventBase, EventsLost
+from .events import Event, EventsLost
 
 __all__ = ["EventBus", "Subscription"]
 
 
-class Subscription(AsyncIterator[EventBase]):
+class Subscription(AsyncIterator[Event]):
     """An async iterator over the events of one bus; ``aclose()`` to leave.
 
     Ends (``StopAsyncIteration``) when the bus closes, or after an
@@ -36,12 +36,12 @@ class Subscription(AsyncIterator[EventBase]):
         self._bus = bus
         self._kinds = kinds
         self._max_pending = max_pending
-        self._pending: deque[EventBase] = deque()
+        self._pending: deque[Event] = deque()
         self._wakeup = asyncio.Event()
         self._closed = False
         self._last_key = 0
 
-    def _push(self, event: EventBase) -> None:
+    def _push(self, event: Event) -> None:
         if self._closed:
             return
         if self._kinds is not None and event.kind not in self._kinds:
@@ -63,7 +63,7 @@ class Subscription(AsyncIterator[EventBase]):
     def __aiter__(self) -> Subscription:
         return self
 
-    async def __anext__(self) -> EventBase:
+    async def __anext__(self) -> Event:
         while not self._pending:
             if self._closed:
                 raise StopAsyncIteration
@@ -100,26 +100,26 @@ class EventBus:
     def __init__(
         self,
         *,
-        key: Callable[[EventBase], int],
-        lost: Callable[[EventBase | None, int, int], EventsLost],
+        key: Callable[[Event], int],
+        lost: Callable[[Event | None, int, int], EventsLost],
         buffer: int = 1024,
         max_pending: int = 4096,
     ) -> None:
         self._key = key
         self._lost_factory = lost
-        self.buffer: deque[EventBase] = deque(maxlen=buffer)
+        self.buffer: deque[Event] = deque(maxlen=buffer)
         self._subscribers: set[Subscription] = set()
         self._max_pending = max_pending
         self._closed = False
         self.last_key = 0
 
-    def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
+    def _lost(self, event: Event | None, after: int, oldest: int) -> EventsLost:
         return self._lost_factory(event, after, oldest)
 
     def _oldest_key(self) -> int:
         return self._key(self.buffer[0]) if self.buffer else 0
 
-    def publish(self, event: EventBase) -> None:
+    def publish(self, event: Event) -> None:
         """Record ``event`` in the replay buffer and hand it to every subscriber."""
         self.buffer.append(event)
         self.last_key = self._key(event)

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast, get_args
 
 from .messages import Usage
 
 __all__ = [
+    "EVENT_TYPES",
     "PROFILES",
     "ChildRunLinked",
     "Compacted",
@@ -71,7 +72,7 @@ StopReason = Literal[
 class EventBase:
     """Envelope shared by all events (see the module docstring)."""
 
-    kind: ClassVar[str] = ""
+    kind: str = field(default="", init=False)
     conversation_id: str
     run_id: str | None = None
     parent_run_id: str | None = None
@@ -84,7 +85,7 @@ class EventBase:
 class TurnStarted(EventBase):
     """A turn began; ``message_id`` is the audit-log id of the user message."""
 
-    kind: ClassVar[str] = "turn_started"
+    kind: Literal["turn_started"] = field(default="turn_started", init=False)
     message_id: int | None = None
     author: str | None = None
 
@@ -93,14 +94,14 @@ class TurnStarted(EventBase):
 class ReasoningStarted(EventBase):
     """The model started emitting reasoning ("thinking") text."""
 
-    kind: ClassVar[str] = "reasoning_started"
+    kind: Literal["reasoning_started"] = field(default="reasoning_started", init=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReasoningDelta(EventBase):
     """A piece of reasoning text."""
 
-    kind: ClassVar[str] = "reasoning_delta"
+    kind: Literal["reasoning_delta"] = field(default="reasoning_delta", init=False)
     text: str
 
 
@@ -108,14 +109,14 @@ class ReasoningDelta(EventBase):
 class ResponseStarted(EventBase):
     """The model started emitting answer text (sent once per model request)."""
 
-    kind: ClassVar[str] = "response_started"
+    kind: Literal["response_started"] = field(default="response_started", init=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TextDelta(EventBase):
     """A piece of answer text, in order."""
 
-    kind: ClassVar[str] = "text_delta"
+    kind: Literal["text_delta"] = field(default="text_delta", init=False)
     text: str
 
 
@@ -123,7 +124,7 @@ class TextDelta(EventBase):
 class ToolCallStarted(EventBase):
     """A tool call began; ``arguments`` is the model's raw JSON text."""
 
-    kind: ClassVar[str] = "tool_call_started"
+    kind: Literal["tool_call_started"] = field(default="tool_call_started", init=False)
     call_id: str
     name: str
     arguments: str = "{}"
@@ -133,7 +134,7 @@ class ToolCallStarted(EventBase):
 class ToolCallEnded(EventBase):
     """A tool call finished: ``result`` is the text given back to the model."""
 
-    kind: ClassVar[str] = "tool_call_ended"
+    kind: Literal["tool_call_ended"] = field(default="tool_call_ended", init=False)
     call_id: str
     name: str
     result: str = ""
@@ -145,7 +146,7 @@ class ToolCallEnded(EventBase):
 class ChildRunLinked(EventBase):
     """A child run (sub-agent) was started for the tool call ``call_id``."""
 
-    kind: ClassVar[str] = "child_run_linked"
+    kind: Literal["child_run_linked"] = field(default="child_run_linked", init=False)
     child_run_id: str
     call_id: str | None = None
 
@@ -154,7 +155,7 @@ class ChildRunLinked(EventBase):
 class TurnEnded(EventBase):
     """The turn is over; ``text`` is the full final answer as recorded."""
 
-    kind: ClassVar[str] = "turn_ended"
+    kind: Literal["turn_ended"] = field(default="turn_ended", init=False)
     stop_reason: StopReason = "stop"
     usage: Usage = dataclasses.field(default_factory=Usage)
     text: str = ""
@@ -166,7 +167,7 @@ class TurnEnded(EventBase):
 class Interrupted(EventBase):
     """The turn was interrupted; ``partial_text`` was kept, marked interrupted."""
 
-    kind: ClassVar[str] = "interrupted"
+    kind: Literal["interrupted"] = field(default="interrupted", init=False)
     partial_text: str = ""
     reason: str = "interrupt"
 
@@ -175,7 +176,7 @@ class Interrupted(EventBase):
 class Error(EventBase):
     """Something failed during the turn; ``message`` is safe to show a user."""
 
-    kind: ClassVar[str] = "error"
+    kind: Literal["error"] = field(default="error", init=False)
     message: str
     error_type: str = ""
     retryable: bool = False
@@ -191,7 +192,7 @@ class EventsLost(EventBase):
     ``oldest_seq`` is the oldest event still buffered (0 if none).
     """
 
-    kind: ClassVar[str] = "events_lost"
+    kind: Literal["events_lost"] = field(default="events_lost", init=False)
     requested_after: int = 0
     oldest_seq: int = 0
 
@@ -211,7 +212,7 @@ class Compacted(EventBase):
     failed, or trimming); ``summary`` is then the notice left in their place.
     """
 
-    kind: ClassVar[str] = "compacted"
+    kind: Literal["compacted"] = field(default="compacted", init=False)
     messages: int = 0
     tokens_before: int = 0
     tokens_after: int = 0
@@ -224,11 +225,13 @@ class Compacted(EventBase):
 class ConversationEnded(EventBase):
     """The conversation ended: ``reset`` (its channel moved on to a new one, ``!new``)."""
 
-    kind: ClassVar[str] = "conversation_ended"
+    kind: Literal["conversation_ended"] = field(default="conversation_ended", init=False)
     reason: str = "reset"
     channel_key: str | None = None
 
 
+#: Every event, as one union discriminated by ``kind``: a type checker narrows
+#: ``event: Event`` to one class on ``if event.kind == "text_delta": ...``.
 Event = (
     TurnStarted
     | ReasoningStarted
@@ -246,25 +249,16 @@ Event = (
     | ConversationEnded
 )
 
-_BY_KIND: dict[str, type[EventBase]] = {
-    cls.kind: cls
-    for cls in (
-        TurnStarted,
-        ReasoningStarted,
-        ReasoningDelta,
-        ResponseStarted,
-        TextDelta,
-        ToolCallStarted,
-        ToolCallEnded,
-        ChildRunLinked,
-        TurnEnded,
-        Interrupted,
-        Error,
-        EventsLost,
-        Compacted,
-        ConversationEnded,
-    )
-}
+#: The event classes of :data:`Event`, in order.
+EVENT_TYPES: tuple[type[Event], ...] = get_args(Event)
+
+
+def _kind_of(cls: type[EventBase]) -> str:
+    # ``kind`` is a field with a fixed default; slotted classes keep defaults on the field.
+    return cast(str, cls.__dataclass_fields__["kind"].default)
+
+
+_BY_KIND: dict[str, type[Event]] = {_kind_of(cls): cls for cls in EVENT_TYPES}
 
 _LIFECYCLE = frozenset(
     {
@@ -287,8 +281,8 @@ PROFILES: dict[str, frozenset[str]] = {
 
 
 def event_to_dict(event: EventBase) -> dict[str, Any]:
-    """Serialise an event to plain JSON types, ``kind`` included."""
-    d = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    """Serialise an event to plain JSON types, ``kind`` included (last)."""
+    d = {f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name != "kind"}
     if isinstance(d.get("usage"), Usage):
         d["usage"] = d["usage"].to_dict()
     d["kind"] = event.kind
@@ -302,11 +296,11 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     cls = _BY_KIND.get(kind or "")
     if cls is None:
         raise ValueError(f"unknown event kind: {kind!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
     kwargs = {k: v for k, v in d.items() if k in names}
     if "usage" in kwargs and isinstance(kwargs["usage"], dict):
         kwargs["usage"] = Usage.from_dict(kwargs["usage"])
-    return cls(**kwargs)  # type: ignore[return-value]
+    return cls(**kwargs)
 
 
 def event_to_json(event: EventBase) -> str:

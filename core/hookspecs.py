@@ -40,12 +40,24 @@ live in :mod:`agentik.core.hooks`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import pluggy
 
-__all__ = ["PROJECT", "hookimpl", "hookspec"]
+if TYPE_CHECKING:
+    from .conversation import Conversation
+    from .hooks import Abort, Block, Refuse, Retry, UseBackend
+    from .llm.base import LLMBackend, LLMRequest
+    from .messages import ChatMessage, ToolCall
+    from .tools.base import Tool, ToolResult
+
+__all__ = ["PROJECT", "MaybeAwaitable", "hookimpl", "hookspec"]
+
+_T = TypeVar("_T")
+#: What an interception hook returns: its result, or an awaitable of it
+#: (``async def`` implementations).
+MaybeAwaitable: TypeAlias = "_T | Awaitable[_T]"
 
 PROJECT = "agentik"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -53,19 +65,23 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def register_llm_backends(register: Callable[[str, Callable[..., Any]], None]) -> None:
+def register_llm_backends(register: Callable[[str, Callable[..., LLMBackend]], None]) -> None:
     """Register LLM backends.
 
     Called once when a :class:`~agentik.core.plugins.Registry` is built.
     Call ``register(name, factory)`` for each backend: ``name`` is what a
     configuration selects (``[llm] backend = "name"``); ``factory(**settings)``
     returns an :class:`~agentik.core.llm.base.LLMBackend`, where ``settings``
-    are the backend's configuration keys.  The return value is ignored.
+    are the backend's configuration keys.  Give the factory (the class) a
+    ``settings_model`` — a pydantic model of those keys — and they become
+    first-class ``[llm]`` keys: validated, errors naming the key, shown by
+    ``agentik check``, passed to the factory as its fields.  The return value
+    is ignored.
     """
 
 
 @hookspec
-def register_tools(register: Callable[[Any], None]) -> None:
+def register_tools(register: Callable[[Tool], None]) -> None:
     """Register tools offered to the model in every conversation.
 
     Called once when a registry is built.  Call ``register(tool)`` with an
@@ -87,7 +103,9 @@ def register_transports(register: Callable[[str, Callable[..., Any]], None]) -> 
 
 
 @hookspec
-def before_prompt(conversation: Any, text: str, author: str | None, author_id: str | None) -> Any:
+def before_prompt(
+    conversation: Conversation, text: str, author: str | None, author_id: str | None
+) -> MaybeAwaitable[str | Refuse | None]:
     """A person's message is about to enter the agent.
 
     Return a ``str`` to replace the text (what is stored and sent to the
@@ -99,7 +117,9 @@ def before_prompt(conversation: Any, text: str, author: str | None, author_id: s
 
 
 @hookspec
-def before_llm_request(conversation: Any, request: Any, run_id: str) -> Any:
+def before_llm_request(
+    conversation: Conversation, request: LLMRequest, run_id: str
+) -> MaybeAwaitable[LLMRequest | UseBackend | None]:
     """A request to the model is about to be sent (once per model step of a turn).
 
     ``request`` is the :class:`~agentik.core.llm.base.LLMRequest` (messages,
@@ -111,7 +131,9 @@ def before_llm_request(conversation: Any, request: Any, run_id: str) -> Any:
 
 
 @hookspec
-def after_response(conversation: Any, run_id: str, text: str, tool_calls: list[Any]) -> Any:
+def after_response(
+    conversation: Conversation, run_id: str, text: str, tool_calls: list[ToolCall]
+) -> MaybeAwaitable[str | Abort | None]:
     """The model finished one response (``text`` and the ``tool_calls`` it asked for).
 
     Return a ``str`` to replace the text (the channel sees the replacement:
@@ -123,7 +145,9 @@ def after_response(conversation: Any, run_id: str, text: str, tool_calls: list[A
 
 
 @hookspec
-def before_tool_call(conversation: Any, run_id: str, call: Any) -> Any:
+def before_tool_call(
+    conversation: Conversation, run_id: str, call: ToolCall
+) -> MaybeAwaitable[Block | dict[str, Any] | None]:
     """The model asked for a tool call (:class:`~agentik.core.messages.ToolCall`).
 
     Return :class:`~agentik.core.hooks.Block` ``(reason)`` to refuse it (the
@@ -133,7 +157,9 @@ def before_tool_call(conversation: Any, run_id: str, call: Any) -> Any:
 
 
 @hookspec
-def after_tool_call(conversation: Any, run_id: str, call: Any, result: Any) -> Any:
+def after_tool_call(
+    conversation: Conversation, run_id: str, call: ToolCall, result: ToolResult
+) -> MaybeAwaitable[ToolResult | str | None]:
     """A tool call finished with ``result`` (:class:`~agentik.core.tools.base.ToolResult`).
 
     Return a ``ToolResult`` or a ``str`` to replace what the model (and the
@@ -142,7 +168,9 @@ def after_tool_call(conversation: Any, run_id: str, call: Any, result: Any) -> A
 
 
 @hookspec
-def on_tool_error(conversation: Any, run_id: str, call: Any, error: Any, attempt: int) -> Any:
+def on_tool_error(
+    conversation: Conversation, run_id: str, call: ToolCall, error: ToolResult, attempt: int
+) -> MaybeAwaitable[Retry | None]:
     """A tool call failed (``error`` is the error ``ToolResult``; ``attempt`` counts from 1).
 
     Return :class:`~agentik.core.hooks.Retry` ``(delay=0)`` to run the call
@@ -152,7 +180,9 @@ def on_tool_error(conversation: Any, run_id: str, call: Any, error: Any, attempt
 
 
 @hookspec
-def before_compact(conversation: Any, messages: list[Any], reason: str) -> None:
+def before_compact(
+    conversation: Conversation, messages: list[ChatMessage], reason: str
+) -> MaybeAwaitable[None]:
     """See the working-memory messages about to be summarised away.
 
     Called before compaction replaces the oldest part of ``conversation``'s
@@ -166,7 +196,7 @@ def before_compact(conversation: Any, messages: list[Any], reason: str) -> None:
 
 
 @hookspec
-def session_start(conversation: Any) -> None:
+def session_start(conversation: Conversation) -> MaybeAwaitable[None]:
     """A conversation was created (its ``channel_key`` is set when it belongs to a channel).
 
     The return value is ignored.
@@ -174,23 +204,23 @@ def session_start(conversation: Any) -> None:
 
 
 @hookspec
-def session_end(conversation: Any, reason: str) -> None:
+def session_end(conversation: Conversation, reason: str) -> MaybeAwaitable[None]:
     """A conversation ended: ``reason`` is ``reset`` (its channel started a new
     one, ``!new``), ``deleted`` or ``closed`` (the agent shut down or the
     conversation was closed).  The return value is ignored."""
 
 
 @hookspec
-def transport_start(transport: Any) -> None:
+def transport_start(transport: Any) -> MaybeAwaitable[None]:
     """A transport adapter started: it is connected and delivers messages.
 
-    ``transport`` is the :class:`~agentik.core.transport.Transport` (its
+    ``transport`` is the :class:`~agentik.transports.base.Transport` (its
     ``name`` is the configuration's table name).  The return value is ignored.
     """
 
 
 @hookspec
-def transport_stop(transport: Any) -> None:
+def transport_stop(transport: Any) -> MaybeAwaitable[None]:
     """A transport adapter stopped: the bot is shutting down and it has disconnected.
 
     Called after its ``aclose()``, before the agent closes.  The return value

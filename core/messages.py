@@ -137,8 +137,9 @@ class ChatMessage:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class NewMessage:
-    """An audit-log row about to be written (the store assigns ``id``)."""
+class _AuditRow:
+    """The fields of an audit-log row its writer gives: shared by
+    :class:`NewMessage` (to be written) and :class:`Message` (as stored)."""
 
     kind: MessageKind
     content: str = ""
@@ -156,27 +157,28 @@ class NewMessage:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Message:
+class NewMessage(_AuditRow):
+    """An audit-log row about to be written (the store assigns ``id``)."""
+
+    def stored(self, *, id: int, conversation_id: str, now: float) -> Message:
+        """This row as a store writes it: with its ``id``, its conversation, and
+        ``created_at`` set to ``now`` unless the writer gave one."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(_AuditRow)}
+        fields["created_at"] = self.created_at or now
+        return Message(id=id, conversation_id=conversation_id, **fields)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Message(_AuditRow):
     """One row of the append-only audit log, as read back from the store."""
 
     id: int
     conversation_id: str
-    kind: MessageKind
-    content: str = ""
-    author: str | None = None
-    channel: str | None = None
-    run_id: str | None = None
-    tool_call_id: str | None = None
-    tool_name: str | None = None
-    arguments: str | None = None
-    is_error: bool = False
-    status: MessageStatus = "complete"
-    data: Any = None
-    duration: float | None = None
-    created_at: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        # ``id`` and ``conversation_id`` first, as they always were.
+        return {"id": d.pop("id"), "conversation_id": d.pop("conversation_id"), **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Message:

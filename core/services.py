@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ClosedError
 from .eventbus import EventBus, Subscription
-from .events import PROFILES, EventBase, EventsLost
+from .events import PROFILES, Event, EventBase, EventsLost
 from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AgentServices", "AgentState", "ConversationEvents", "ConversationParts", "kinds_of"]
 
-E = TypeVar("E", bound=EventBase)
+E = TypeVar("E", bound=Event)
 
 
 class AgentState(enum.Enum):
@@ -173,7 +173,7 @@ class AgentServices:
             oldest_seq=oldest,
         )
 
-    def publish(self, event: EventBase) -> None:
+    def publish(self, event: Event) -> None:
         """Put ``event`` on the agent-wide stream."""
         self._bus.publish(event)
 

@@ -1,231 +1,32 @@
-"""The protocol-neutral transport interface.
+"""Deprecated alias of :mod:`agentik.transports.base`, the channel contract.
 
-A transport adapter only speaks its protocol.  It turns what arrives into an
-:class:`IncomingMessage` and hands it to a :class:`MessageSink` (the bot's
-bridge); it sends the :class:`OutgoingMessage` values the bridge gives it;
-and it declares what its channels can do in :class:`ChannelCaps`.  Nothing
-here knows IRC, Slack or terminals: those live in ``agentik.transports``.
-
-Transports are registered with the ``register_transports`` hook as
-``register(type_name, TransportClass)``; the bot constructs them as
-``TransportClass(name=<instance name>, settings=<dict of its own keys>)``.
+``from agentik.core.transport import Transport`` still works (same objects)
+but warns: import from ``agentik.transports.base`` instead.  This module goes
+away in a future release.
 """
 
 from __future__ import annotations
 
-import abc
-import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any
+
+from .compat import moved_attribute
 
 __all__ = [
-    "ChannelCaps",
-    "DeliveryCallback",
-    "IncomingMessage",
-    "MessageSink",
-    "OutgoingKind",
-    "OutgoingMessage",
-    "Transport",
-    "parse_settings",
+    "ChannelCaps",  # noqa: F822 - resolved by __getattr__
+    "DeliveryCallback",  # noqa: F822 - resolved by __getattr__
+    "IncomingMessage",  # noqa: F822 - resolved by __getattr__
+    "MessageSink",  # noqa: F822 - resolved by __getattr__
+    "OutgoingKind",  # noqa: F822 - resolved by __getattr__
+    "OutgoingMessage",  # noqa: F822 - resolved by __getattr__
+    "Transport",  # noqa: F822 - resolved by __getattr__
+    "parse_settings",  # noqa: F822 - resolved by __getattr__
 ]
 
-#: How the bridge should stream answers into this channel:
-#: ``deltas`` as they come (a terminal), complete ``lines`` (IRC: no edits),
-#: whole ``message`` at the end of the turn, or ``edit`` one message in place.
-StreamMode = Literal["deltas", "lines", "message", "edit"]
-Formatting = Literal["plain", "markdown", "irc", "mrkdwn"]
+
+def __getattr__(name: str) -> Any:
+    # Every public name of the new module, same object, with a DeprecationWarning.
+    return moved_attribute(__name__, "agentik.transports.base", name)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ChannelCaps:
-    """What a transport's channels can do."""
-
-    #: Longest message in bytes (UTF-8) / characters; ``None`` = no limit.
-    max_bytes: int | None = None
-    max_chars: int | None = None
-    can_edit: bool = False
-    threads: bool = False
-    typing: bool = False
-    formatting: Formatting = "plain"
-    streaming: StreamMode = "message"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class IncomingMessage:
-    """Something a person said, in protocol-neutral form.
-
-    ``channel_key`` names the conversation's channel (``irc:net:#chan``);
-    ``direct`` is a private message; ``addressed`` means the bot was
-    addressed (mention, ``nick:``), with the address already stripped from
-    ``text``.  ``reply_to`` is transport data to answer in the right place
-    (a thread), passed back untouched in :class:`OutgoingMessage`.
-    """
-
-    channel_key: str
-    text: str
-    author_id: str
-    author_name: str
-    direct: bool = False
-    addressed: bool = False
-    reply_to: Any = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class OutgoingMessage:
-    """Something the bridge asks a transport to send.
-
-    ``kind``: ``answer`` (a complete message or line of the answer),
-    ``delta`` (a piece of a streamed answer), ``end`` (the answer of this
-    ``run_id`` is complete; sent after ``delta`` or ``lines`` streaming, with
-    empty text), ``notice`` (a short status line: tool call, interruption),
-    ``error`` (a short error line), ``command`` (a command's reply).
-    """
-
-    channel_key: str
-    text: str
-    kind: OutgoingKind = "answer"
-    run_id: str | None = None
-    reply_to: Any = None
-    #: The outbox row of this piece (``None``: not persisted).  A transport
-    #: whose :attr:`Transport.outbox` is true reports its delivery with
-    #: :meth:`Transport.delivered`.
-    outbox_id: int | None = None
-    #: Redelivery after a restart: the protocol id (Slack ``ts``) of the
-    #: message this answer already started; update it instead of posting anew.
-    replaces: str | None = None
-
-
-#: Reports delivery progress of an outbox row: ``(id, state, awaits_confirm, ref)``.
-DeliveryCallback = Callable[[int, Literal["sent", "confirmed"], bool | None, str | None], None]
-
-
-class MessageSink(Protocol):
-    """Where transports deliver incoming messages (the bridge)."""
-
-    async def handle(self, message: IncomingMessage, transport: Transport) -> None:
-        """Take one incoming message; returns quickly (turns run elsewhere)."""
-        ...
-
-
-class Transport(abc.ABC):
-    """Base class of transport adapters.
-
-    Lifecycle: ``await start(sink)`` connects and begins delivering messages
-    to ``sink``; ``await serve()`` returns when the transport is finished on
-    its own (a terminal at end of input) and otherwise runs until
-    ``aclose()``; ``aclose()`` disconnects cleanly and leaves no task behind.
-    """
-
-    #: The registered type name (``type = "..."`` in the configuration).
-    type: ClassVar[str] = ""
-    #: Command prefix when the configuration sets none.
-    default_command_prefix: ClassVar[str] = "!"
-    caps: ChannelCaps = ChannelCaps()
-    #: A pydantic model of the transport's own keys; when set, ``__init__``
-    #: validates ``settings`` into :attr:`options` (errors name the key).
-    settings_model: ClassVar[Any] = None
-    #: Outgoing pieces go through the bridge's persisted outbox and the
-    #: transport reports their delivery (:meth:`delivered`), so a restart
-    #: delivers what a killed process left undelivered.  Off for transports
-    #: whose output has no meaning after a restart (a terminal, an SSE stream).
-    outbox: ClassVar[bool] = False
-    #: Set by the bridge: where :meth:`delivered` reports.
-    on_delivery: DeliveryCallback | None = None
-
-    def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
-        self.name = name
-        self.settings = dict(settings or {})
-        #: Set once the transport has shut down.
-        self.closed = asyncio.Event()
-        self._tasks: set[asyncio.Future[Any]] = set()
-        if self.settings_model is not None:
-            self.options = parse_settings(
-                self.settings_model, self.settings, where=f"transports.{name}"
-            )
-
-    def spawn(self, coro: Any, *, name: str | None = None) -> asyncio.Future[Any]:
-        """Run ``coro`` as a task the transport keeps until it ends or :meth:`cancel_tasks`."""
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def cancel_tasks(self) -> None:
-        """Cancel every task started with :meth:`spawn` and wait for them."""
-        current = asyncio.current_task()
-        tasks = [t for t in self._tasks if t is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def owns(self, channel_key: str) -> bool:
-        """Whether ``channel_key`` names one of this instance's channels.
-
-        Used after a restart to deliver answers to channels no message has
-        come from yet.  The default matches ``<type>:<name>:…``; a transport
-        whose keys are built otherwise overrides it.
-        """
-        return channel_key.startswith(f"{self.type}:{self.name}:")
-
-    def delivered(
-        self,
-        outbox_id: int | None,
-        state: Literal["sent", "confirmed"],
-        *,
-        awaits_confirm: bool | None = None,
-        ref: str | None = None,
-    ) -> None:
-        """Report that the outbox piece ``outbox_id`` was sent or confirmed.
-
-        ``sent``: written to the socket / the API call returned; with
-        ``awaits_confirm`` the protocol will confirm it later (and a restart
-        before that sends it again).  ``confirmed``: the peer confirmed it.
-        ``ref`` is the protocol's id of the message (a Slack ``ts``).  Cheap
-        and synchronous: the bridge batches the writes.
-        """
-        if outbox_id is not None and self.on_delivery is not None:
-            self.on_delivery(outbox_id, state, awaits_confirm, ref)
-
-    @abc.abstractmethod
-    async def start(self, sink: MessageSink) -> None:
-        """Connect and start delivering incoming messages to ``sink``."""
-
-    @abc.abstractmethod
-    async def send(self, message: OutgoingMessage) -> None:
-        """Send one outgoing message (in order; may wait for flood control)."""
-
-    async def serve(self) -> None:
-        """Wait until the transport finishes (default: until closed)."""
-        await self.closed.wait()
-
-    async def aclose(self) -> None:
-        """Disconnect; ``serve`` returns."""
-        self.closed.set()
-
-
-def parse_settings(model: Any, settings: dict[str, Any], *, where: str) -> Any:
-    """Validate a transport's own keys with a pydantic ``model``.
-
-    Errors become one :class:`~agentik.core.errors.ConfigError` line naming
-    the key, e.g. ``transports.libera.port: unknown key``.
-    """
-    from pydantic import ValidationError
-
-    from .errors import ConfigError
-
-    try:
-        return model.model_validate(settings)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(p) for p in err["loc"])
-        what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        if err["type"] not in ("extra_forbidden", "missing") and isinstance(
-            err.get("input"), str | int | float | bool
-        ):
-            what += f", got {err['input']!r}"
-        raise ConfigError(f"{where}.{key}: {what}") from None
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -51,7 +51,7 @@ from .messages import ChatMessage, Message, MessageKind, MessageStatus, NewMessa
 from .tools.base import Tool, ToolContext, ToolResult, TurnPolicy, spec_of
 
 if TYPE_CHECKING:
-    from .events import EventBase
+    from .events import Event
     from .services import ConversationParts
 
 __all__ = ["TurnRunner"]
@@ -110,7 +110,7 @@ class TurnRunner:
         self.failed_writes: list[BaseException] = []
 
     # -- helpers -------------------------------------------------------------
-    def _emit(self, cls: type[EventBase], **fields: Any) -> None:
+    def _emit(self, cls: type[Event], **fields: Any) -> None:
         self.events.emit(cls, self.run_id, **fields)
 
     def _append(

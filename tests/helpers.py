@@ -43,3 +43,12 @@ def require_local_model() -> None:
     if in_ci():
         pytest.fail(f"{problem} (CI=true: `make test` installs the local extra)", pytrace=False)
     pytest.skip(problem)
+
+
+#: The manual: every page under ``docs/`` (the README only points into it).
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def manual_text() -> str:
+    """The text of every page of the manual, for the "is it documented" tests."""
+    return "\n".join(p.read_text(encoding="utf-8") for p in sorted(DOCS.rglob("*.md")))

@@ -9,9 +9,9 @@ import pytest
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore, tool
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
-from agentik.core.testing.transport import MemoryTransport
-from agentik.core.text import split_lines, split_text
-from agentik.core.transport import ChannelCaps
+from agentik.transports.base import ChannelCaps
+from agentik.transports.testing import MemoryTransport
+from agentik.transports.text import split_lines, split_text
 
 
 @pytest.fixture

@@ -250,3 +250,38 @@ async def test_from_config_picks_the_memory_backend(tmp_path, backend):
             await conv.send("remember hi")
             await conv.wait_idle()
             assert (tmp_path / "notes" / "channel").is_dir()  # relative to the config file
+
+
+def test_from_config_hands_the_configured_settings_to_the_agent(tmp_path):
+    from agentik.core.background import MemoryWorker
+
+    config = parse_config(
+        {
+            "agent": {"event_buffer": 64},
+            "llm": {"backend": "scripted"},
+            "storage": {"path": str(tmp_path / "s.db")},
+            "tools": {"max_tool_calls": 2, "time_budget": 9, "allowed": ["x_*"]},
+            "compaction": {"keep_turns": 2, "summary_tokens": 64, "prompt": "Sum up: {words}"},
+            "memory": {"mining_debounce": 1.5, "timeout": 7, "reflection": False},
+        },
+        env={},
+    )
+    agent = AgentBuilder.from_config(config, load_registry(config)).build()
+    assert agent.event_buffer == 64
+    assert agent.policy == config.tools
+    assert agent.policy.time_budget == 9 and agent.policy.allows("x_y")
+    assert not agent.policy.allows("y")
+    assert agent.compactor.policy == config.compaction
+    assert agent.compactor.policy.prompt == "Sum up: {words}"
+    (worker,) = [w for w in agent._background_fns if isinstance(w, MemoryWorker)]
+    assert worker.policy.mining_debounce == 1.5 and worker.policy.timeout == 7
+    assert not worker.policy.reflection
+
+
+def test_the_event_buffer_default_is_the_same_everywhere(tmp_path):
+    from agentik.core import Agent
+
+    built = AgentBuilder().llm(ScriptedModel()).storage(SQLiteStore()).memory(NoMemory()).build()
+    by_hand = Agent(llm=ScriptedModel())
+    configured = parse_config({}, env={}).agent.event_buffer
+    assert built.event_buffer == by_hand.event_buffer == configured == 1024

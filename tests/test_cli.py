@@ -18,6 +18,7 @@ from agentik.bot.cli import COMMANDS
 from agentik.core import Agent, SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
 from helpers import AGENTIK as AGENTIK_EXE
+from helpers import manual_text
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTIK = [AGENTIK_EXE]
@@ -390,10 +391,10 @@ def test_missing_database_exits_2_and_creates_nothing(tmp_path, action):
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_is_in_the_readme(command):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_every_command_is_in_the_manual(command):
+    manual = manual_text()
     pattern = r"\bagentik\s+" + r"\s+".join(map(re.escape, command.split())) + r"\b"
-    assert re.search(pattern, readme), f"README.md does not show `agentik {command}`"
+    assert re.search(pattern, manual), f"the manual (docs/) does not show `agentik {command}`"
 
 
 # -- agentik memory ---------------------------------------------------------------------------

@@ -28,8 +28,8 @@ from agentik.core.llm.base import LLMRequest
 from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.messages import ChatMessage, ToolCall
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
-from agentik.core.testing.transport import MemoryTransport
 from agentik.core.tools.base import tool
+from agentik.transports.testing import MemoryTransport
 
 SUMMARY = "alice asked about the release; bob decided Friday; open: who writes notes."
 

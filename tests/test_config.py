@@ -2,28 +2,44 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
 import tomllib
 import typing
 from pathlib import Path
+from typing import Annotated
 
 import pytest
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic.dataclasses import is_pydantic_dataclass
 
 from agentik.bot.app import load_registry, make_transport
-from agentik.bot.builder import backend_choice
+from agentik.bot.builder import backend_choice, ignored_settings, resolve_backend
+from agentik.bot.cli import main as cli_main
 from agentik.bot.config import (
     ENV_OVERRIDES,
     Config,
+    LLMSection,
     TransportSection,
+    builtin_llm_settings,
     load_config,
     parse_config,
     reveal,
 )
-from agentik.core import ConfigError
-from agentik.core.transport import Transport
+from agentik.core import Agent, ConfigError, TurnPolicy
+from agentik.core.agent import AgentSettings
+from agentik.core.background import MemoryWorker
+from agentik.core.compaction import CompactionPolicy
+from agentik.core.hookspecs import hookimpl
+from agentik.core.memory import BackgroundPolicy, MemoryBackend, MemorySettings
+from agentik.core.memory.markdown import MarkdownMemory
+from agentik.core.memory.sqlite import SQLiteMemory
+from agentik.core.plugins import load_plugins
+from agentik.core.settings import FilePath, config_key, setting_fields
+from agentik.core.testing.scripted import ScriptedModel
+from agentik.transports.base import Transport
 from agentik.transports.stdio import StdioSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,29 +148,32 @@ def _scan_example() -> tuple[list[str], dict[str, int], list[_Key]]:
     return lines, tables, keys
 
 
-def _model_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
-    """Every key path of ``model``, recursively; ``*`` stands for a table name of a dict."""
+def _is_section(ann: object) -> bool:
+    return isinstance(ann, type) and (issubclass(ann, BaseModel) or is_pydantic_dataclass(ann))
+
+
+def _model_keys(model: type, prefix: str = "") -> set[str]:
+    """Every key path of ``model``, recursively; ``*`` stands for a table name of a dict.
+
+    Sections may be pydantic models or pydantic dataclasses (the core's policies); a
+    field's key is its alias when it has one.  ``[llm]`` holds, besides its own keys,
+    the keys of every built-in backend's settings model.
+    """
     paths: set[str] = set()
-    for name, field in model.model_fields.items():
+    if isinstance(model, type) and issubclass(model, LLMSection):
+        for backend in builtin_llm_settings().values():
+            paths |= _model_keys(backend, prefix)
+    for name, field in setting_fields(model).items():
         if field.exclude:  # Config.source: where the file came from, not a key
             continue
-        path = prefix + name
+        path = prefix + config_key(name, field)
         ann = field.annotation
         args = typing.get_args(ann)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            paths |= _model_keys(ann, path + ".")
-        elif (
-            typing.get_origin(ann) is dict
-            and isinstance(args[1], type)
-            and issubclass(args[1], BaseModel)
-        ):
+        if _is_section(ann):
+            paths |= _model_keys(ann, path + ".")  # type: ignore[arg-type]
+        elif typing.get_origin(ann) is dict and _is_section(args[1]):
             paths |= _model_keys(args[1], path + ".*.")
-        elif (
-            typing.get_origin(ann) is list
-            and args
-            and isinstance(args[0], type)
-            and issubclass(args[0], BaseModel)
-        ):
+        elif typing.get_origin(ann) is list and args and _is_section(args[0]):
             paths |= _model_keys(args[0], path + ".")  # an array of tables
         else:
             paths.add(path)
@@ -535,3 +554,188 @@ def test_mcp_servers_are_validated_and_their_secrets_masked():
             {"mcp": {"servers": [{"name": "a", "command": "x"}, {"name": "a", "command": "y"}]}},
             env={},
         )
+
+
+# -- one schema per setting ----------------------------------------------------------------
+
+
+def test_config_sections_are_the_core_settings_classes():
+    """No twin: the sections ARE the classes the core uses, so a default cannot drift."""
+    fields = Config.model_fields
+    assert fields["tools"].annotation is TurnPolicy
+    assert fields["compaction"].annotation is CompactionPolicy
+    assert fields["memory"].annotation is MemorySettings
+    assert issubclass(fields["agent"].annotation, AgentSettings)
+    assert issubclass(MemorySettings, BackgroundPolicy)
+    # [llm] declares only the choice; every other key is a backend's own.
+    assert set(LLMSection.model_fields) == {"backend", "options"}
+    config = parse_config(
+        {"tools": {"allowed": ["a_*"]}, "compaction": {"keep_turns": 2}, "memory": {"timeout": 9}},
+        env={},
+    )
+    assert config.tools == TurnPolicy(allowed_tools=("a_*",))
+    assert config.compaction == CompactionPolicy(keep_turns=2)
+    assert config.memory == MemorySettings(timeout=9)
+    assert parse_config({}, env={}).agent.event_buffer == AgentSettings().event_buffer
+
+
+def _default(param: inspect.Parameter) -> object:
+    return param.default
+
+
+def test_constructor_defaults_are_the_settings_defaults():
+    """Library users building parts by hand get the same defaults as the file."""
+    assert _default(inspect.signature(Agent).parameters["event_buffer"]) == (
+        AgentSettings().event_buffer
+    )
+    for cls in (MemoryBackend, SQLiteMemory, MarkdownMemory):
+        param = inspect.signature(cls).parameters["allow_global_writes"]
+        assert param.default == MemorySettings().allow_global_writes, cls
+    assert MemoryWorker().policy == BackgroundPolicy()
+    backends = load_plugins(env={"AGENTIK_PLUGINS": ""}).llm_backends
+    assert set(builtin_llm_settings()) == {"openai", "llamacpp", "litert", "scripted"}
+    for name, model in builtin_llm_settings().items():
+        assert backends[name].settings_model is model
+        params = inspect.signature(backends[name]).parameters
+        for key, field in model.model_fields.items():
+            assert key in params, f"{name}: the constructor takes no {key}"
+            default = params[key].default
+            expected = field.get_default(call_default_factory=True)
+            if default is None and expected == {}:
+                continue  # a mapping parameter: None stands for "empty"
+            assert default == expected, f"{name}.{key}: {default!r} != {expected!r}"
+
+
+def test_the_chosen_backend_validates_its_own_keys():
+    # top_k: llamacpp allows 0 (off), litert needs at least 1.
+    assert parse_config({"llm": {"backend": "llamacpp", "top_k": 0}}, env={}).llm.top_k == 0
+    with pytest.raises(ConfigError, match=r"llm\.top_k: Input should be greater than 0"):
+        parse_config({"llm": {"backend": "litert", "top_k": 0}}, env={})
+    # Each backend's defaults show for its own keys.
+    assert parse_config({"llm": {"backend": "llamacpp"}}, env={}).llm.top_p == 0.9
+    assert parse_config({"llm": {"backend": "litert"}}, env={}).llm.top_p is None
+
+
+def test_keys_of_another_backend_are_checked_and_ignored(real_stdin):
+    config = parse_config(
+        {"llm": {"backend": "scripted", "model": "m", "n_ctx": 512, "timeout": 5}}, env={}
+    )
+    registry = load_registry(config)
+    backend = resolve_backend(config, registry)
+    assert isinstance(backend, ScriptedModel) and backend.model == "m"
+    assert ignored_settings(config, registry, "scripted") == ["n_ctx", "timeout"]
+    with pytest.raises(ConfigError, match=r"llm\.n_ctx: Input should be a valid integer"):
+        parse_config({"llm": {"backend": "scripted", "n_ctx": "big"}}, env={})
+
+
+def test_llm_options_are_read_as_keys_of_the_table(tmp_path):
+    config = parse_config(
+        {"llm": {"backend": "llamacpp", "options": {"top_p": 0.5, "n_batch": 64}}}, env={}
+    )
+    assert config.llm.top_p == 0.5 and config.llm.n_batch == 64
+    message = load_error(tmp_path, '[llm]\nbackend = "llamacpp"\n[llm.options]\nbogus = 1\n')
+    assert "llm.options.bogus: unknown key" in message
+
+
+class _EchoSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    greeting: str = "hello"
+    loud: bool = False
+    token: SecretStr | None = None
+    notes: Annotated[str | None, FilePath()] = None
+
+
+class _EchoBackend(ScriptedModel):
+    name = "echo"
+    settings_model = _EchoSettings
+
+    def __init__(self, *, greeting: str, loud: bool, token: str | None, notes: str | None):
+        super().__init__(model=greeting.upper() if loud else greeting)
+        self.token, self.notes = token, notes
+
+
+class _EchoPlugin:
+    @hookimpl
+    def register_llm_backends(self, register):
+        register("echo", _EchoBackend)
+
+
+def test_a_plugin_backend_gets_first_class_keys(tmp_path, capsys):
+    """A third-party backend's keys are flat in [llm], validated by its model, errors
+    name the file and the key, secrets stay secret, paths are relative to the file."""
+    path = write(
+        tmp_path,
+        '[llm]\nbackend = "echo"\ngreeting = "hi"\nloud = true\ntoken = "${TOK}"\n'
+        'notes = "notes.txt"\ntimeout = 5\n',
+    )
+    config = load_config(path, env={"TOK": SECRET})
+    assert SECRET in config.secrets()
+    registry = load_registry(config, (_EchoPlugin(),))
+    backend = resolve_backend(config, registry)
+    assert isinstance(backend, _EchoBackend) and backend.model == "HI"
+    assert backend.token == SECRET
+    assert backend.notes == str(tmp_path / "notes.txt")
+    assert ignored_settings(config, registry, "echo") == ["timeout"]
+
+    for text, key, what in [
+        ('loud = "very"', "llm.loud", "valid boolean"),
+        ("volume = 11", "llm.volume", "unknown key"),
+    ]:
+        path = write(tmp_path, f'[llm]\nbackend = "echo"\n{text}\n')
+        config = load_config(path, env={})
+        with pytest.raises(ConfigError) as info:
+            resolve_backend(config, load_registry(config, (_EchoPlugin(),)))
+        assert str(info.value).startswith(f"{path}: {key}: ") and what in str(info.value)
+
+
+def test_check_shows_the_backend_settings_and_the_ignored_keys(tmp_path, capsys):
+    path = write(
+        tmp_path,
+        '[llm]\nbackend = "scripted"\ncontext_window = 4096\nn_ctx = 512\n'
+        '[storage]\npath = ":memory:"\n',
+    )
+    assert cli_main(["check", "-c", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "llm.scripted settings: supports_tools=True, context_window=4096" in out
+    assert "llm: ignored (not keys of 'scripted'): n_ctx" in out
+
+
+def _empty_is_none(value: object) -> object:
+    if isinstance(value, list | tuple | dict) and not value:
+        return None
+    return tuple(value) if isinstance(value, list) else value
+
+
+def test_sections_that_still_have_a_core_twin_keep_its_defaults():
+    """[transports.*] bridge keys, [[mcp.servers]] and [storage] are still written twice
+    (the bridge's ChannelOptions, the core's MCPServerConfig, SQLiteStore): a default that
+    drifts between a section and the class it configures fails here."""
+    import dataclasses
+
+    from agentik.bot.bridge import ChannelOptions
+    from agentik.bot.config import MCPSection, MCPServerSection, StorageSection
+    from agentik.core import SQLiteStore
+    from agentik.core.tools.mcp import MCPServerConfig
+
+    def compare(section: type[BaseModel], core: type, skip: set[str]) -> None:
+        core_defaults = {
+            f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(core)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        }
+        shared = (set(section.model_fields) & set(core_defaults)) - skip
+        assert shared
+        for name in shared:
+            mine = section.model_fields[name].get_default(call_default_factory=True)
+            assert _empty_is_none(mine) == _empty_is_none(core_defaults[name]), (
+                f"{section.__name__}.{name}: {mine!r} != {core.__name__}: {core_defaults[name]!r}"
+            )
+
+    # command_prefix: None means "the transport's default".
+    compare(TransportSection, ChannelOptions, {"command_prefix"})
+    # startup: None means "the [mcp] default", which is the core's.
+    compare(MCPServerSection, MCPServerConfig, {"startup"})
+    assert MCPSection().startup == MCPServerConfig.__dataclass_fields__["startup"].default
+    store = inspect.signature(SQLiteStore).parameters
+    assert StorageSection().synchronous == store["synchronous"].default

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest_asyncio
 
-from agentik.core.transport import ChannelCaps
+from agentik.transports.base import ChannelCaps
 from agentik.transports.testing import FakeHarness, TransportConformance
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from agentik.core.transport import Transport
+from agentik.transports.base import Transport
 from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.testing import Place, TransportConformance, TransportHarness
 

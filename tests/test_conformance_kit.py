@@ -20,7 +20,7 @@ import dataclasses
 
 import pytest_asyncio
 
-from agentik.core.transport import ChannelCaps
+from agentik.transports.base import ChannelCaps
 from agentik.transports.testing import FakeHarness, FakeTransport, TransportConformance
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from agentik.core.transport import Transport
+from agentik.transports.base import Transport
 from agentik.transports.slack.transport import SlackTransport
 from agentik.transports.testing import Place, TransportConformance, TransportHarness
 

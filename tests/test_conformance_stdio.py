@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from agentik.core.transport import Transport
+from agentik.transports.base import Transport
 from agentik.transports.stdio import StdioTransport
 from agentik.transports.testing import Place, TransportConformance, TransportHarness
 

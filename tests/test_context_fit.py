@@ -270,7 +270,7 @@ async def test_the_openai_backend_maps_size_refusals_to_context_too_long(openai_
 
 async def test_the_channel_is_told_when_older_messages_were_dropped(db_path):
     from agentik.bot.bridge import Bridge, ChannelOptions
-    from agentik.core.testing.transport import MemoryTransport
+    from agentik.transports.testing import MemoryTransport
 
     model = ScriptedModel(context_window=WINDOW)
     policy = CompactionPolicy(enabled=False)

@@ -12,11 +12,12 @@ import httpx
 import pytest
 
 from agentik.bot.bridge import ChannelOptions
-from agentik.core import TurnPolicy, tool
+from agentik.core import Agent, SQLiteStore, TurnPolicy, tool
 from agentik.core.errors import ConfigError
 from agentik.core.hooks import Refuse
 from agentik.core.hookspecs import hookimpl
-from agentik.core.testing.scripted import Reply, call
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.transports.base import AgentAccess
 from agentik.transports.http.openapi import ERROR_CODES
 from agentik.transports.http.transport import HttpTransport
 
@@ -672,6 +673,52 @@ async def test_allowed_tools_of_the_instance_apply_to_its_conversations(db_path)
             await (await server.agent.get_conversation(conv["id"])).wait_idle()
         offered = {t.name for t in server.model.requests[-1].tools}
         assert offered == {"clock"}
+
+
+async def test_a_sink_of_its_own_gives_the_agent_through_the_declared_interface(db_path):
+    """Not only the bot's bridge: any :class:`AgentAccess` sink serves the API."""
+
+    @tool(parameters={"type": "object", "properties": {}})
+    async def secret_tool() -> str:
+        """Not for the web."""
+        return "secret"
+
+    @tool(parameters={"type": "object", "properties": {}})
+    async def clock() -> str:
+        """The time."""
+        return "noon"
+
+    class Sink:
+        def __init__(self, agent: Agent) -> None:
+            self.agent = agent
+            self.asked: list[str] = []
+
+        async def handle(self, message, transport) -> None:
+            raise AssertionError("the HTTP API sends no incoming messages")
+
+        def allowed_tools(self, transport) -> tuple[str, ...] | None:
+            self.asked.append(transport.name)
+            return ("clock",)
+
+    model = ScriptedModel()
+    agent = Agent(llm=model, store=SQLiteStore(db_path), tools=[secret_tool, clock])
+    await agent.start()
+    sink = Sink(agent)
+    assert isinstance(sink, AgentAccess)
+    transport = make({"port": 0})
+    try:
+        await transport.start(sink)
+        assert transport.agent is agent and sink.asked == ["web"]
+        api = f"{transport.url}{transport.options.prefix}"
+        async with httpx.AsyncClient(base_url=api, timeout=60) as c:
+            conv = await create(c)
+            r = await c.post(f"/conversations/{conv['id']}/messages", json={"content": "time?"})
+            assert r.status_code == 202, r.text
+            await (await agent.get_conversation(conv["id"])).wait_idle()
+    finally:
+        await transport.aclose()
+        await agent.aclose()
+    assert {t.name for t in model.requests[-1].tools} == {"clock"}
 
 
 # -- configuration and lifecycle ----------------------------------------------------------------

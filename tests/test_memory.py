@@ -13,8 +13,8 @@ from agentik.core.memory import NoteError, visible_scopes
 from agentik.core.memory.markdown import MarkdownMemory
 from agentik.core.memory.sqlite import SQLiteMemory, fts_query
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
-from agentik.core.testing.transport import MemoryTransport
 from agentik.core.tools.base import ToolContext
+from agentik.transports.testing import MemoryTransport
 
 
 class Backend:

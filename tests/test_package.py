@@ -70,6 +70,10 @@ def test_wheel_maps_the_three_folders(tmp_path):
         # The web chat page is package data, not a module.
         "agentik/transports/http/static/index.html",
         "agentik/bot/__init__.py",
+        # PEP 561 markers: the packages are typed.
+        "agentik/core/py.typed",
+        "agentik/transports/py.typed",
+        "agentik/bot/py.typed",
     ):
         assert module in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

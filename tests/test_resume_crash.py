@@ -2,9 +2,9 @@
 
 A child process runs the bot (``Bot``: the same start-up path as ``agentik
 run``) with a fake chat network that prints every delivery, against the fake
-OpenAI-compatible server.  Twenty people ask in twenty channels; fifteen
-answers have not started streaming, five are mid-stream; the child is
-killed with SIGKILL.  A second child on the same database must answer every
+OpenAI-compatible server.  Twenty-five people ask in twenty-five channels;
+twenty answers have not started streaming, five are mid-stream; the child
+is killed with SIGKILL.  A second child on the same database must answer every
 one, once: one model request per question, one delivery per channel.
 """
 
@@ -23,7 +23,7 @@ from agentik.core import Agent, SQLiteStore
 from agentik.core.testing.openai_server import Reply
 from agentik.core.testing.scripted import ScriptedModel
 
-N = 20
+N = 25
 MID_STREAM = 5
 
 CHILD = textwrap.dedent(
@@ -31,7 +31,7 @@ CHILD = textwrap.dedent(
     import asyncio, json, sys
     from agentik.bot.app import Bot
     from agentik.bot.config import parse_config
-    from agentik.core.transport import ChannelCaps
+    from agentik.transports.base import ChannelCaps
     from agentik.transports.testing.fake import FakeTransport
 
     class PrintingFake(FakeTransport):

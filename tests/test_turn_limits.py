@@ -22,7 +22,7 @@ from agentik.core import Agent, ConfigError, OpenAIBackend, SQLiteStore, TurnPol
 from agentik.core.testing import openai_server as fake
 from agentik.core.testing.openai_server import FakeOpenAIServer
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
-from agentik.core.testing.transport import MemoryTransport
+from agentik.transports.testing import MemoryTransport
 from helpers import collect_turn
 
 WAIT = 60.0  # only guards against a hang

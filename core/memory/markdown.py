@@ -27,6 +27,7 @@ backend.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import math
 import os
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from . import MemoryBackend, Note, NoteError, NoteVersion, valid_scope
+from . import MemoryBackend, Note, NoteError, NoteVersion, VersionOp, valid_scope
 
 __all__ = ["MarkdownMemory"]
 
@@ -136,14 +137,14 @@ class MarkdownMemory(MemoryBackend):
         for note, text in edited:
             self._record(note.id, note.scope, text, "edit", "(edited by hand)")
 
-    def _record(self, nid: int, scope: str, text: str, op: str, author: str | None) -> Note:
+    def _record(self, nid: int, scope: str, text: str, op: VersionOp, author: str | None) -> Note:
         """Add a version in memory and on disk (runs in a thread)."""
         now = time.time()
         versions = self._versions.setdefault(nid, [])
         version = versions[-1].version + 1 if versions else 1
         v = NoteVersion(
             note_id=nid, version=version, text=text, op=op, author=author, created_at=now
-        )  # type: ignore[arg-type]
+        )
         with self._history_file.open("a", encoding="utf-8") as f:
             f.write(_history_line(v, scope) + "\n")
             f.flush()
@@ -251,7 +252,7 @@ class MarkdownMemory(MemoryBackend):
         limit: int = 50,
         offset: int = 0,
         include_deleted: bool = False,
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         wanted = set(scopes) if scopes is not None else None
         notes = [
             n
@@ -263,7 +264,7 @@ class MarkdownMemory(MemoryBackend):
 
     async def search(
         self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         terms = _words(query)
         if not terms:
             return []
@@ -279,7 +280,7 @@ class MarkdownMemory(MemoryBackend):
         scored.sort(key=lambda p: (-p[0], -p[1].id))
         return [n for _, n in scored[:limit]]
 
-    async def history(self, note_id: int) -> list[NoteVersion]:
+    async def history(self, note_id: int) -> builtins.list[NoteVersion]:
         return list(self._versions.get(note_id, ()))
 
 

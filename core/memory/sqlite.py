@@ -17,6 +17,7 @@ about the same however many notes other channels hold.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import re
 import sqlite3
@@ -203,7 +204,7 @@ class SQLiteMemory(MemoryBackend):
         limit: int = 50,
         offset: int = 0,
         include_deleted: bool = False,
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         where: list[str] = []
         params: list[Any] = []
         if scopes is not None:
@@ -223,7 +224,7 @@ class SQLiteMemory(MemoryBackend):
 
     async def search(
         self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
-    ) -> list[Note]:
+    ) -> builtins.list[Note]:
         if scopes is not None and not scopes:
             return []
         match = fts_query(query, scopes)
@@ -242,7 +243,7 @@ class SQLiteMemory(MemoryBackend):
         )
         return [_note(r) for r in rows]
 
-    async def history(self, note_id: int) -> list[NoteVersion]:
+    async def history(self, note_id: int) -> builtins.list[NoteVersion]:
         rows = await self.store.run_read(
             "SELECT note_id, version, text, op, author, created_at FROM memory_version"
             " WHERE note_id = ? ORDER BY version",

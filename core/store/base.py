@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
@@ -100,6 +100,14 @@ class OutboxEntry:
     def undelivered(self) -> bool:
         """Not known to have reached the peer: send it (again) after a restart."""
         return self.state == "queued" or (self.state == "sent" and self.awaits_confirm)
+
+
+def link_stored(cm: ChatMessage, stored: Sequence[Message]) -> ChatMessage:
+    """Resolve a working-memory entry's ``message_id = -(k + 1)``, "the k-th
+    audit row of this append", to that row's id (what ``append`` stores)."""
+    if cm.message_id is not None and cm.message_id < 0:
+        return replace(cm, message_id=stored[-cm.message_id - 1].id)
+    return cm
 
 
 def outbox_advance(old: str, new: str) -> bool:

@@ -21,6 +21,7 @@ from .base import (
     OutboxState,
     Store,
     TurnEnd,
+    link_stored,
     outbox_advance,
 )
 
@@ -112,16 +113,14 @@ class MemoryStore(Store):
         ended: TurnEnd | None = None,
     ) -> list[Message]:
         self._require(conversation_id)
-        out = []
-        for m in log:
-            fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
-            fields["created_at"] = m.created_at or time.time()
-            out.append(Message(id=next(self._ids), conversation_id=conversation_id, **fields))
+        out = [
+            m.stored(id=next(self._ids), conversation_id=conversation_id, now=time.time())
+            for m in log
+        ]
         self._log[conversation_id].extend(out)
         entries = self._memory[conversation_id]
         for cm in memory:
-            if cm.message_id is not None and cm.message_id < 0:
-                cm = dataclasses.replace(cm, message_id=out[-cm.message_id - 1].id)
+            cm = link_stored(cm, out)
             entries.append(MemoryEntry(pos=(entries[-1].pos + 1) if entries else 1, message=cm))
         if ended is not None:
             self._ended[conversation_id].setdefault(ended.run_id, ended.outcome)

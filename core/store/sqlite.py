@@ -24,14 +24,22 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiosqlite
 
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from .base import ConversationRecord, MemoryEntry, OutboxEntry, OutboxState, Store, TurnEnd
+from .base import (
+    ConversationRecord,
+    MemoryEntry,
+    OutboxEntry,
+    OutboxState,
+    Store,
+    TurnEnd,
+    link_stored,
+)
 from .migrations import apply_migrations
 
 __all__ = ["SQLiteStore"]
@@ -135,23 +143,7 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
     for a in appends:
         stored: list[Message] = []
         for m in a.log:
-            msg = Message(
-                id=next_id,
-                conversation_id=a.conversation_id,
-                kind=m.kind,
-                content=m.content,
-                author=m.author,
-                channel=m.channel,
-                run_id=m.run_id,
-                tool_call_id=m.tool_call_id,
-                tool_name=m.tool_name,
-                arguments=m.arguments,
-                is_error=m.is_error,
-                status=m.status,
-                data=m.data,
-                duration=m.duration,
-                created_at=m.created_at or now,
-            )
+            msg = m.stored(id=next_id, conversation_id=a.conversation_id, now=now)
             next_id += 1
             stored.append(msg)
             data = json.dumps(msg.data, ensure_ascii=False) if msg.data is not None else None
@@ -163,7 +155,7 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
                 )
             )  # fmt: skip
         for cm in a.memory:
-            cm = _link(cm, stored)
+            cm = link_stored(cm, stored)
             memory_rows.append((a.conversation_id, a.conversation_id, cm.message_id, cm.to_json()))
         if a.updated_at is not None:
             touches.append((a.updated_at, a.conversation_id))
@@ -179,13 +171,6 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
     if ends:
         conn.executemany(_INSERT_TURN_END, ends)
     return results
-
-
-def _link(cm: ChatMessage, stored: Sequence[Message]) -> ChatMessage:
-    """Resolve ``message_id = -(k + 1)``: "the k-th audit row of this append"."""
-    if cm.message_id is not None and cm.message_id < 0:
-        return replace(cm, message_id=stored[-cm.message_id - 1].id)
-    return cm
 
 
 def _apply(conn: sqlite3.Connection, batch: Sequence[_Append | _Job]) -> list[Any]:
@@ -564,7 +549,7 @@ class SQLiteStore(Store):
         item = _Append(
             conversation_id, tuple(log), tuple(memory), updated_at, loop.create_future(), ended
         )
-        return await self._submit(item)  # type: ignore[no-any-return]
+        return await self._submit(item)
 
     async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
         rows = await self._read(
@@ -658,7 +643,7 @@ class SQLiteStore(Store):
                 ids.append(int(found[0]))
             return ids
 
-        return await self._write(fn)  # type: ignore[no-any-return]
+        return await self._write(fn)
 
     async def outbox_mark(
         self, updates: Sequence[tuple[int, OutboxState, bool | None, str | None]]
@@ -693,4 +678,4 @@ class SQLiteStore(Store):
         def fn(conn: sqlite3.Connection) -> int:
             return conn.execute("DELETE FROM outbox WHERE created_at < ?", (before,)).rowcount
 
-        return await self._write(fn)  # type: ignore[no-any-return]
+        return await self._write(fn)

@@ -328,7 +328,7 @@ class FakeOpenAIServer:
         self._cond = threading.Condition(self._lock)
         self._awaited = 0  # disconnects already consumed by wait_disconnect()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-        self._active: set[asyncio.BaseTransport] = set()  # in-flight streams
+        self._active: set[asyncio.Transport] = set()  # in-flight streams
         self._closing = False
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -592,7 +592,7 @@ class FakeOpenAIServer:
             if not self._closing:
                 self._note_disconnect()
         finally:
-            self._active.discard(transport)  # type: ignore[arg-type]
+            self._active.discard(transport)
         return resp
 
     async def _stream_endless(
@@ -633,7 +633,7 @@ class FakeOpenAIServer:
             if not self._closing:
                 self._note_disconnect()
         finally:
-            self._active.discard(transport)  # type: ignore[arg-type]
+            self._active.discard(transport)
         return resp
 
     async def _hold(self, request: web.Request, reply: Reply) -> None:

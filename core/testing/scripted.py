@@ -30,6 +30,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from ..compaction import estimate_tokens
 from ..errors import ContextTooLong, LLMConnectionError, LLMError
 from ..hookspecs import hookimpl
@@ -44,8 +46,9 @@ from ..llm.base import (
     UsageItem,
 )
 from ..messages import ToolCall, Usage
+from ..settings import SETTINGS, Blank
 
-__all__ = ["Reply", "ScriptedModel", "call"]
+__all__ = ["Reply", "ScriptedModel", "ScriptedSettings", "call"]
 
 _ids = itertools.count(1)
 
@@ -90,21 +93,37 @@ def _echo(request: LLMRequest) -> Reply:
     return Reply(text=f"echo: {last}")
 
 
+class ScriptedSettings(BaseModel):
+    """The ``scripted`` backend's keys in ``[llm]`` (a test double: it echoes)."""
+
+    model_config = SETTINGS | ConfigDict(frozen=True)
+
+    #: The model name it reports (unset: ``scripted``).
+    model: Blank = None
+    supports_tools: bool = True
+    #: Act like a model with this many tokens of context (unset: unlimited).
+    context_window: int | None = Field(None, gt=0)
+
+
+_DEFAULTS = ScriptedSettings()
+
+
 class ScriptedModel(LLMBackend):
     """An LLM backend that plays back :class:`Reply` objects in order."""
 
     name = "scripted"
+    settings_model = ScriptedSettings
 
     def __init__(
         self,
         replies: Sequence[Reply | str] = (),
         *,
-        model: str = "scripted",
+        model: str | None = _DEFAULTS.model,
         default: Callable[[LLMRequest], Reply | str] | None = None,
-        supports_tools: bool = True,
-        context_window: int | None = None,
+        supports_tools: bool = _DEFAULTS.supports_tools,
+        context_window: int | None = _DEFAULTS.context_window,
     ) -> None:
-        self.model = model
+        self.model = model or self.name
         #: Prompt tokens a request may use (``None``: unlimited, unknown).
         self.context_window = context_window
         #: Requests refused as longer than ``context_window``.

@@ -26,7 +26,10 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Protocol, runtime_checkable
 
+from pydantic import Field
+
 from ..llm.base import ToolSpec
+from ..settings import settings_dataclass
 
 __all__ = [
     "FunctionTool",
@@ -128,7 +131,7 @@ def tool(
     return wrap(fn) if fn is not None else wrap
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@settings_dataclass
 class TurnPolicy:
     """Limits of one turn.
 
@@ -153,17 +156,25 @@ class TurnPolicy:
     ``max_answer_chars``: the model's answer is streamed up to this many
     characters; past it the stream is stopped and the turn ends with
     ``stop_reason = "length"``.
+
+    This class is also the ``[tools]`` section of the configuration file
+    (where ``allowed_tools`` is written ``allowed``).
     """
 
-    max_tool_calls: int = 16
-    time_budget: float = 300.0
-    tool_timeout: float = 60.0
-    allowed_tools: tuple[str, ...] | None = None
-    max_tool_retries: int = 2
-    max_tool_argument_chars: int = 64_000
-    max_tool_result_chars: int = 64_000
-    max_answer_chars: int = 100_000
-    _cache: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+    max_tool_calls: int = Field(16, ge=0)
+    time_budget: float = Field(300.0, gt=0)
+    tool_timeout: float = Field(60.0, gt=0)
+    allowed_tools: tuple[str, ...] | None = Field(None, validation_alias="allowed")
+    max_tool_retries: int = Field(2, ge=0)
+    max_tool_argument_chars: int = Field(64_000, ge=1)
+    max_tool_result_chars: int = Field(64_000, ge=1)
+    max_answer_chars: int = Field(100_000, ge=1)
+    _cache: dict[str, bool] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    @property
+    def allowed(self) -> list[str] | None:
+        """``allowed_tools`` as the configuration file writes it (a list)."""
+        return None if self.allowed_tools is None else list(self.allowed_tools)
 
     def allows(self, tool_name: str) -> bool:
         if self.allowed_tools is None:

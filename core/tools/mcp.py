@@ -123,7 +123,7 @@ def _install_spawn_hook() -> None:
         return process
 
     spawn._agentik_hook = True  # type: ignore[attr-defined]
-    mcp_stdio._create_platform_compatible_process = spawn  # type: ignore[attr-defined]
+    mcp_stdio._create_platform_compatible_process = spawn
 
 
 class _WatchedRead:
@@ -414,7 +414,7 @@ class _Server:
                 )
             session = await stack.enter_async_context(
                 ClientSession(
-                    _WatchedRead(read, self._mark_lost),  # type: ignore[arg-type]
+                    _WatchedRead(read, self._mark_lost),
                     write,
                     message_handler=self._on_message,
                 )
@@ -504,8 +504,9 @@ class _Server:
                             break
                         waiter = asyncio.ensure_future(self._connected.wait())
                         done = asyncio.ensure_future(asyncio.shield(self.task))
+                        pair: list[asyncio.Future[Any]] = [waiter, done]
                         try:
-                            await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
+                            await asyncio.wait(pair, return_when=asyncio.FIRST_COMPLETED)
                         finally:
                             waiter.cancel()
                             done.cancel()

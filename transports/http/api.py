@@ -25,7 +25,6 @@ code                        status  when
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -46,6 +45,7 @@ from starlette.routing import Route
 from agentik.core import Agent, Conversation
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
 from agentik.core.events import PROFILES, EventBase
+from agentik.transports.base import restrict_tools
 
 from .auth import Principal, TokenTable
 from .openapi import openapi_document
@@ -365,10 +365,8 @@ class Api:
         conv = await self.conversation(request, principal)
         body = await self.body(request, NewMessageBody, required=True)
         ours = self._ours(conv.channel_key)
-        if ours and self.ctx.allowed_tools is not None:
-            conv.policy = dataclasses.replace(
-                conv.policy or self.agent.policy, allowed_tools=self.ctx.allowed_tools
-            )
+        if ours:
+            restrict_tools(conv, self.ctx.allowed_tools, default=self.agent.policy)
         # A message posted into another transport's conversation is recorded
         # as coming from this API, not from that channel.
         channel = conv.channel_key if ours else f"http:{self.ctx.instance}:{principal.name}"

@@ -282,7 +282,7 @@ def openapi_document(prefix: str, *, auth: bool) -> dict[str, Any]:
         "422": _error("the body is not a JSON object of the documented shape"),
     }
     not_found = {"404": _error("no such conversation, or one this token may not see")}
-    security = [{"bearer": []}] if auth else []
+    security: list[dict[str, list[str]]] = [{"bearer": []}] if auth else []
 
     def op(op_id: str, summary: str, responses: dict[str, Any], **more: Any) -> dict[str, Any]:
         return {

@@ -5,11 +5,13 @@ incoming-message path: they create conversations, post messages, follow
 events and interrupt turns directly on the :class:`~agentik.core.Agent`.
 
 **How the transport gets the agent.**  ``HttpTransport(..., agent=agent)``
-when used as a library; otherwise :meth:`HttpTransport.start` takes it from
-the sink's ``agent`` attribute (the bot's :class:`~agentik.bot.bridge.Bridge`
-has one) and the instance's bridge options from ``sink.options_for(self)``
-(its ``allowed_tools`` then apply to the conversations it creates).  A sink
-with neither is a configuration error.
+when used as a library; otherwise :meth:`HttpTransport.start` takes it from a
+sink that is an :class:`~agentik.transports.base.AgentAccess` (the bot's
+:class:`~agentik.bot.bridge.Bridge` is one), which also says which tools the
+instance allows (``sink.allowed_tools(self)``, the bridge's ``allowed_tools``
+key); they apply to the conversations it creates, through the bridge's own
+:func:`~agentik.transports.base.restrict_tools`.  Without an agent from
+either, starting is a configuration error.
 
 **Serving.**  Starlette routes (:mod:`.api`) served by uvicorn's ``Server``
 on a socket we bind ourselves, as a task of the running loop: no loop of its
@@ -37,7 +39,13 @@ import uvicorn
 
 from agentik.core import Agent
 from agentik.core.errors import ConfigError
-from agentik.core.transport import ChannelCaps, MessageSink, OutgoingMessage, Transport
+from agentik.transports.base import (
+    AgentAccess,
+    ChannelCaps,
+    MessageSink,
+    OutgoingMessage,
+    Transport,
+)
 
 from .api import ApiContext, build_app
 from .auth import TokenTable, load_tokens
@@ -48,7 +56,7 @@ __all__ = ["HttpTransport"]
 log = logging.getLogger(__name__)
 
 #: Seconds in-flight requests get to finish when the transport closes.
-_GRACE = 5.0
+_GRACE = 5
 
 
 def _is_loopback(host: str) -> bool:
@@ -123,15 +131,18 @@ class HttpTransport(Transport):
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
-        agent = self.agent if self.agent is not None else getattr(sink, "agent", None)
+        # The bot's bridge is an AgentAccess; a bare sink only delivers messages.
+        access = sink if isinstance(sink, AgentAccess) else None
+        agent = self.agent
+        if agent is None and access is not None:
+            agent = access.agent
         if agent is None:
             raise ConfigError(
                 f"transports.{self.name}: the http transport needs the agent "
-                "(pass agent=... or start it with the bot's bridge)"
+                "(pass agent=..., or start it with an AgentAccess sink such as the bot's bridge)"
             )
         self.agent = agent
-        options_for = getattr(sink, "options_for", None)
-        allowed = options_for(self).allowed_tools if callable(options_for) else None
+        allowed = access.allowed_tools(self) if access is not None else None
         o = self.options
         self._ctx = ApiContext(
             agent=agent,

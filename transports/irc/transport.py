@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentik.core.errors import ConfigError
-from agentik.core.transport import (
+from agentik.transports.base import (
     ChannelCaps,
     IncomingMessage,
     MessageSink,
@@ -97,7 +97,7 @@ def _irc3() -> tuple[Any, type, type]:
     """Import irc3 lazily and build our subclasses of its bot and protocol."""
     import irc3
 
-    class Connection(irc3.IrcConnection):  # type: ignore[misc]
+    class Connection(irc3.IrcConnection):
         """Bytes-level line splitting: tolerant of bare LF, invalid UTF-8 and garbage."""
 
         def connection_made(self, transport: Any) -> None:
@@ -116,7 +116,7 @@ def _irc3() -> tuple[Any, type, type]:
             self.closed = True
             self.factory.owner._on_lost(self, exc)
 
-    class Bot(irc3.IrcBot):  # type: ignore[misc]
+    class Bot(irc3.IrcBot):
         # irc3 reconfigures logging in every IrcBot(); keep ours.
         logging_config = {"version": 1, "incremental": True}
 
@@ -633,13 +633,13 @@ class IRCTransport(Transport):
             self._in_code.pop(state_key, None)
             self._flush_batch(state_key)
             return
-        text = message.text
+        text: str | None = message.text
         oid = message.outbox_id
         if message.kind == "answer":
-            text = self._format_answer_line(state_key, text)
-            if text is None:
-                self.delivered(oid, "confirmed")  # a code fence: nothing to send
-                return
+            text = self._format_answer_line(state_key, message.text)
+        if text is None:
+            self.delivered(oid, "confirmed")  # a code fence: nothing to send
+            return
         command = "NOTICE" if message.kind == "notice" else "PRIVMSG"
         pieces = split_message(text, self._budget(target, command))
         if not pieces:

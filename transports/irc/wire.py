@@ -556,8 +556,8 @@ class _Splitter:
                 while tokens[end - 1] == " ":
                     end -= 1
                 return end, space + 1
-        end = clean if clean is not None else hard
-        return None if end is None else (end, end)
+        cut = clean if clean is not None else hard
+        return None if cut is None else (cut, cut)
 
 
 def _clean_text(text: str) -> str:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentik.core.errors import ConfigError
-from agentik.core.transport import (
+from agentik.transports.base import (
     ChannelCaps,
     IncomingMessage,
     MessageSink,

@@ -16,18 +16,17 @@ the same way the built-in ones do::
 * :class:`FakeTransport` — a chat network that lives in the test (channels,
   threads, private messages, addressing; it enforces its declared limits),
   and :class:`FakeHarness`, its harness and the smallest complete example.
-* :class:`~agentik.core.testing.transport.MemoryTransport` — the bare
-  in-memory transport, re-exported.
+* :class:`MemoryTransport` (:mod:`.memory`) — the bare in-memory transport, the
+  ``memory`` plugin (it moved here from ``agentik.core.testing.transport``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentik.core.testing.transport import MemoryTransport
-
 from .fake import FakeHarness, FakePost, FakeTransport
 from .harness import Place, PlaceKind, TransportHarness
+from .memory import MemoryTransport
 
 if TYPE_CHECKING:
     from .conformance import Conformance, TransportConformance

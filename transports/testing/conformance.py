@@ -18,7 +18,7 @@ and :class:`~agentik.core.Agent` (SQLite in ``tmp_path``) with a
 :class:`~agentik.core.testing.scripted.ScriptedModel`, and checks what a
 person on the peer notices:
 
-* the transport declares a type, sane :class:`~agentik.core.transport.ChannelCaps`
+* the transport declares a type, sane :class:`~agentik.transports.base.ChannelCaps`
   and refuses an unknown setting with an error naming the key;
 * a direct message is answered privately; in a shared channel the bot answers
   only when addressed, and the model sees the text without the address and
@@ -59,7 +59,7 @@ from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
 from agentik.core.errors import ConfigError
 from agentik.core.testing.scripted import Reply, ScriptedModel
-from agentik.core.transport import ChannelCaps, IncomingMessage, Transport
+from agentik.transports.base import ChannelCaps, IncomingMessage, Transport
 
 from .harness import Place, TransportHarness
 

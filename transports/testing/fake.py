@@ -1,6 +1,6 @@
 """``FakeTransport``: a chat network that lives in the test, and its harness.
 
-:class:`FakeTransport` is a real :class:`~agentik.core.transport.Transport`
+:class:`FakeTransport` is a real :class:`~agentik.transports.base.Transport`
 whose "network" is a Python object.  People speak with :meth:`~FakeTransport.say`
 (in a channel, a thread, or privately); the transport does what a protocol
 adapter does — channel keys, addressed/direct detection with the address
@@ -33,11 +33,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agentik.core.testing.transport import MemoryTransport
-from agentik.core.text import fit_prefix
-from agentik.core.transport import ChannelCaps, IncomingMessage, OutgoingMessage, Transport
-
+from ..base import ChannelCaps, IncomingMessage, OutgoingMessage, Transport
+from ..text import fit_prefix
 from .harness import Place, TransportHarness
+from .memory import MemoryTransport
 
 __all__ = ["FakeHarness", "FakePost", "FakeTransport"]
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from agentik.core.transport import Transport
+from agentik.transports.base import Transport
 
 __all__ = ["Place", "PlaceKind", "TransportHarness"]
 

@@ -48,7 +48,7 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from agentik.core.transport import (
+from agentik.transports.base import (
     ChannelCaps,
     IncomingMessage,
     MessageSink,

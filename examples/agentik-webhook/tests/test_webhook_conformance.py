@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from agentik.core.transport import Transport
+from agentik.transports.base import Transport
 from agentik.transports.testing import Place, TransportConformance, TransportHarness
 
 from webhook_peer import CallbackServer, post, require_installed

@@ -25,7 +25,7 @@ import pytest
 
 from agentik.core.errors import ConfigError
 from agentik.core.testing.openai_server import FakeOpenAIServer, Reply
-from agentik.core.transport import IncomingMessage, Transport
+from agentik.transports.base import IncomingMessage, Transport
 
 from webhook_peer import CallbackServer, post, require_installed
 
@@ -253,7 +253,7 @@ async def test_addressing_channel_keys_and_duplicate_ids(tmp_path):
 
 
 async def test_failed_callbacks_are_retried_and_order_is_kept(tmp_path, caplog):
-    from agentik.core.transport import OutgoingMessage
+    from agentik.transports.base import OutgoingMessage
 
     caplog.set_level(logging.INFO, logger="agentik_webhook")
     async with CallbackServer() as callback:

@@ -1,0 +1,157 @@
+"""The manual (docs/) and the README: short README, strict build, current config reference.
+
+The manual is built with mkdocs (the ``docs`` extra, which ``make test`` installs); without
+it the build checks skip, and under ``CI=true`` they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from helpers import DOCS, in_ci, manual_text
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def _mkdocs(cwd: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    try:
+        import material  # noqa: F401  (the theme mkdocs.yml names)
+        import mkdocs  # noqa: F401
+    except ImportError:
+        if in_ci():
+            pytest.fail("mkdocs and mkdocs-material are missing (pip install -e '.[docs]')")
+        pytest.skip("mkdocs and mkdocs-material are missing (pip install -e '.[docs]')")
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+
+
+def test_readme_is_short_and_starts_with_the_two_commands():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    first_block = re.search(r"```sh\n(.*?)```", text, re.S)
+    assert first_block is not None
+    commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
+    assert commands == ["make run", "make test"]
+
+
+def test_readme_links_point_at_pages_that_exist():
+    text = README.read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)
+    assert any(t.startswith("docs/") for t in targets)
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_config_reference_is_current():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_config_reference.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_config_reference_names_every_section_and_transport_type():
+    reference = (DOCS / "reference" / "config.md").read_text(encoding="utf-8")
+    for table in ("[agent]", "[llm]", "[storage]", "[tools]", "[memory]", "[compaction]"):
+        assert f"`{table}`" in reference
+    for table in ("[transports.<name>]", "[[mcp.servers]]", "[plugins]", "[logging]"):
+        assert f"`{table}`" in reference
+    for type_name in ("stdio", "irc", "slack", "http"):
+        assert f'`type = "{type_name}"`' in reference
+    assert "| `max_tool_argument_chars` | integer (&gt;= 1) | `64000` |" in reference
+
+
+def test_moved_sections_are_in_the_manual():
+    """What the README used to say is still said: the manual lost no section."""
+    manual = manual_text()
+    for phrase in (
+        "After a crash: nothing left unanswered",
+        "Delivery: the outbox.",
+        "| IRC with `echo-message` |",
+        "How the context is fitted",
+        "| `max_tool_argument_chars` | 64000 |",
+        "The transport conformance kit",
+        "Writing a transport plugin",
+        "`GET /agentik/conversations/{id}/events`",
+        "**Reconnecting.**",
+        "fold_system_prompt",
+    ):
+        assert phrase in manual, phrase
+
+
+def test_strict_build_has_no_warning(tmp_path):
+    result = _mkdocs(ROOT, tmp_path / "site")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stderr, result.stderr
+    assert (tmp_path / "site" / "reference" / "config" / "index.html").exists()
+    page = (tmp_path / "site" / "configuration" / "index.html").read_text(encoding="utf-8")
+    assert "max_tool_argument_chars" in page  # config.example.toml, included whole
+
+
+def test_strict_build_fails_on_a_broken_anchor(tmp_path):
+    """The check above would catch a link to a heading that moved away."""
+    copy = tmp_path / "repo"
+    shutil.copytree(DOCS, copy / "docs")
+    for name in ("mkdocs.yml", "config.example.toml", "slack-app-manifest.yaml"):
+        shutil.copy(ROOT / name, copy / name)
+    index = copy / "docs" / "index.md"
+    index.write_text(index.read_text() + "\n[gone](operations.md#no-such-section)\n")
+    result = _mkdocs(copy, tmp_path / "site")
+    assert result.returncode != 0
+    assert "no-such-section" in result.stdout + result.stderr
+
+
+def _key_names(model: type, seen: set[type] | None = None) -> set[str]:
+    """The names of every key of ``model`` and of the tables nested in it."""
+    seen = set() if seen is None else seen
+    fields = getattr(model, "model_fields", None) or getattr(model, "__pydantic_fields__", None)
+    if not fields or model in seen:
+        return set()
+    seen.add(model)
+    names: set[str] = set()
+    for name, field in fields.items():
+        if getattr(field, "exclude", False):
+            continue
+        nested: set[str] = set()
+        stack = [field.annotation]
+        while stack:
+            ann = stack.pop()
+            if isinstance(ann, type):
+                nested |= _key_names(ann, seen)
+            stack.extend(typing.get_args(ann))
+        names |= nested or {name}  # a table shows as its keys, a key as itself
+    return names
+
+
+def test_config_reference_lists_every_key():
+    """The generator walks the models; this walks them too, so it cannot skip a key."""
+    from agentik.bot.config import Config
+    from agentik.core.plugins import load_plugins
+
+    reference = (DOCS / "reference" / "config.md").read_text(encoding="utf-8")
+    names = _key_names(Config)
+    registry = load_plugins((), env={"AGENTIK_PLUGINS": ""})
+    for factory in [*registry.transports.values(), *registry.llm_backends.values()]:
+        model = getattr(factory, "settings_model", None)
+        if model is not None:
+            names |= _key_names(model)
+    assert len(names) > 100
+    missing = sorted(n for n in names if f"| `{n}` |" not in reference)
+    assert not missing, f"keys missing from docs/reference/config.md: {missing}"
