@@ -532,7 +532,7 @@ async def rss_child(n: int, event_convs: int, tmp: str) -> dict[str, Any]:
         def fill_buffers(sample: list[Any]) -> None:
             for conv in sample:
                 for j in range(per_conv_events):
-                    conv._emit(TextDelta, "run_simulated", text=f" tok{j}")
+                    conv.parts.events.emit(TextDelta, "run_simulated", text=f" tok{j}")
 
         ev_before = _settled_rss()
         fill_buffers(convs)
@@ -541,7 +541,7 @@ async def rss_child(n: int, event_convs: int, tmp: str) -> dict[str, Any]:
             event_convs=len(convs),
             event_buffer=per_conv_events,
             event_budget=agent.event_budget,
-            buffered=agent._buffered,
+            buffered=agent.services.buffered,
             ev_before=ev_before,
             ev_after=ev_after,
         )
@@ -550,7 +550,7 @@ async def rss_child(n: int, event_convs: int, tmp: str) -> dict[str, Any]:
         del convs, warm
         await asyncio.sleep(0)  # the finished gather() future holds its results until now
         gc.collect()
-        out["open_after_drop"] = len(agent._open)
+        out["open_after_drop"] = len(agent.services.open)
         out["locks_after_drop"] = len(agent._channel_lock)
     return out
 

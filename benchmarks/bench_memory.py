@@ -104,9 +104,10 @@ async def context_build(cfg: Config, tmp: str) -> list[Row]:
         assert len(await big.working_memory()) == 9
 
         async def build(conv) -> float:
-            conv._invalidate_memory()
+            memory = conv.parts.memory
+            memory.invalidate()
             t = time.perf_counter()
-            await conv._ensure_memory()
+            await memory.load()
             return time.perf_counter() - t
 
         samples: dict[str, list[float]] = {"big": [], "small": []}

@@ -4,28 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import itertools
 import logging
 import time
 import uuid
-import weakref
-from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from pydantic import Field
 
 from .compaction import CompactionPolicy, Compactor
-from .conversation import Conversation, _kinds
-from .errors import ClosedError, ConfigError, NotFound
-from .eventbus import EventBus, Subscription
-from .events import ConversationEnded, Event, EventBase, EventsLost
+from .conversation import Conversation
+from .errors import ConfigError, NotFound
+from .eventbus import Subscription
+from .events import ConversationEnded
 from .hooks import Hooks
 from .keyedlocks import KeyedLocks
 from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
 from .messages import Message
+from .services import AgentServices, AgentState, kinds_of
 from .settings import settings_dataclass
 from .store.base import ConversationRecord, Store
 from .store.memory import MemoryStore
@@ -35,15 +32,6 @@ from .tools.base import Tool, TurnPolicy
 __all__ = ["Agent", "AgentSettings", "AgentState"]
 
 log = logging.getLogger(__name__)
-
-
-class AgentState(enum.Enum):
-    """Lifecycle of an :class:`Agent`: new → running → closing → closed."""
-
-    NEW = "new"
-    RUNNING = "running"
-    CLOSING = "closing"
-    CLOSED = "closed"
 
 
 @settings_dataclass
@@ -83,7 +71,10 @@ class Agent:
     once the store and memory are open — a failure stops start-up.
 
     Use as an async context manager, or call :meth:`start` and
-    :meth:`aclose`.
+    :meth:`aclose`.  What the agent hands its conversations (event numbering
+    and publishing, the replay-buffer budget, the registry of open and busy
+    conversations, their lifecycle) is :attr:`services`
+    (:class:`~agentik.core.services.AgentServices`).
     """
 
     def __init__(
@@ -112,6 +103,9 @@ class Agent:
         self.memory: MemoryBackend = memory if memory is not None else NoMemory()
         self.hooks = Hooks.of(hooks)
         self.compactor = Compactor(self, compaction)
+        #: Most events kept in all conversations' replay buffers together; the
+        #: least recently active conversations lose theirs first.
+        self.event_budget = event_budget
         self._tools: dict[str, Tool] = {}
         for t in (*tools, *self.memory.tools()):
             self.add_tool(t)
@@ -120,20 +114,10 @@ class Agent:
         self._on_start = list(on_start)
         self._background: list[asyncio.Task[None]] = []
         self._temp_store = MemoryStore()
-        # Conversations in use stay here; idle ones are dropped when no
-        # caller holds them any more (they reload from the store on demand).
-        self._open: weakref.WeakValueDictionary[str, Conversation] = weakref.WeakValueDictionary()
-        self._busy: dict[str, Conversation] = {}
-        self._stream_seq = itertools.count(1)
-        self._last_stream_seq = 0
-        self._bus = EventBus(key=lambda e: e.stream_seq, lost=self._lost, buffer=event_buffer * 4)
+        #: What the agent hands each conversation (see :mod:`agentik.core.services`).
+        self.services = AgentServices(self)
         # One lock per channel key, kept only while in use.
         self._channel_lock = KeyedLocks()
-        #: Most events kept in all conversations' replay buffers together; the
-        #: least recently active conversations lose theirs first.
-        self.event_budget = event_budget
-        self._buffers: OrderedDict[str, deque[Any]] = OrderedDict()
-        self._buffered = 0
 
     def __repr__(self) -> str:
         return f"<Agent {self.state.value} llm={self.llm!r}>"
@@ -181,14 +165,14 @@ class Agent:
         if self.state in (AgentState.CLOSING, AgentState.CLOSED):
             return
         self.state = AgentState.CLOSING
-        convs = {**{c.id: c for c in list(self._open.values())}, **self._busy}
         await asyncio.gather(
-            *(c.aclose(drain=drain) for c in convs.values()), return_exceptions=True
+            *(c.aclose(drain=drain) for c in self.services.conversations()),
+            return_exceptions=True,
         )
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        self._bus.close()
+        self.services.close()
         with contextlib.suppress(Exception):
             await self.llm.aclose()
         with contextlib.suppress(Exception):
@@ -209,8 +193,7 @@ class Agent:
         await self.aclose()
 
     def _check_running(self) -> None:
-        if self.state is not AgentState.RUNNING:
-            raise ClosedError(f"the agent is {self.state.value}")
+        self.services.check_running()
 
     # -- tools -------------------------------------------------------------------
     @property
@@ -240,21 +223,16 @@ class Agent:
         channel_key: str | None = None,
         new: bool = False,
     ) -> Conversation:
-        conv = self._open.get(record.id)
+        conv = self.services.find(record.id)
         if conv is None:
             store = self._temp_store if temp else self.store
-            conv = Conversation(self, record, store=store, temp=temp, channel_key=channel_key)
-            if new:
-                conv._memory_cache = []  # just created: nothing to load
-            self._open[record.id] = conv
+            conv = Conversation(
+                self.services, record, store=store, temp=temp, channel_key=channel_key, fresh=new
+            )
+            self.services.remember(conv)
         elif channel_key is not None and conv.channel_key is None:
             conv.channel_key = channel_key
         return conv
-
-    def _forget(self, conv: Conversation) -> None:
-        if self._open.get(conv.id) is conv:
-            del self._open[conv.id]
-        self._busy.pop(conv.id, None)
 
     async def create_conversation(
         self,
@@ -282,24 +260,13 @@ class Agent:
         store = self._temp_store if temp else self.store
         await store.create_conversation(record, channel_key=channel_key)
         conv = self._wrap(record, temp=temp, channel_key=channel_key, new=True)
-        await self._session_start(conv)
+        await self.services.session_start(conv)
         return conv
-
-    async def _session_start(self, conv: Conversation) -> None:
-        if self.hooks.implemented("session_start"):
-            await self.hooks.call("session_start", conversation=conv)
-
-    async def _session_end(self, conv: Conversation, reason: str) -> None:
-        if conv._ended:
-            return
-        conv._ended = True
-        if self.hooks.implemented("session_end"):
-            await self.hooks.call("session_end", conversation=conv, reason=reason)
 
     async def get_conversation(self, conversation_id: str) -> Conversation:
         """The conversation with this id; raises :class:`NotFound`."""
         self._check_running()
-        conv = self._open.get(conversation_id)
+        conv = self.services.find(conversation_id)
         if conv is not None:
             return conv
         record = await self._temp_store.get_conversation(conversation_id)
@@ -313,9 +280,9 @@ class Agent:
     async def delete_conversation(self, conversation_id: str) -> None:
         """Delete a conversation and everything stored about it."""
         self._check_running()
-        conv = self._open.get(conversation_id)
+        conv = self.services.find(conversation_id)
         if conv is not None:
-            await self._session_end(conv, "deleted")
+            await self.services.session_end(conv, "deleted")
             await conv.aclose()
         if not await self._temp_store.delete_conversation(conversation_id):
             if not await self.store.delete_conversation(conversation_id):
@@ -361,7 +328,7 @@ class Agent:
         async with lock:
             conv_id = await self.store.get_binding(channel_key)
             if conv_id is not None:
-                conv = self._open.get(conv_id)
+                conv = self.services.find(conv_id)
                 if conv is not None:
                     return conv
                 record = await self.store.get_conversation(conv_id)
@@ -387,8 +354,10 @@ class Agent:
             except NotFound:
                 pass
             else:
-                old._emit(ConversationEnded, None, reason="reset", channel_key=channel_key)
-                await self._session_end(old, "reset")
+                old.parts.events.emit(
+                    ConversationEnded, None, reason="reset", channel_key=channel_key
+                )
+                await self.services.session_end(old, "reset")
         return conv
 
     async def _bind_new(self, channel_key: str, title: str | None) -> Conversation:
@@ -402,36 +371,10 @@ class Agent:
         )
         await self.store.create_conversation(record, channel_key=channel_key)
         conv = self._wrap(record, temp=False, channel_key=channel_key, new=True)
-        await self._session_start(conv)
+        await self.services.session_start(conv)
         return conv
 
     # -- events --------------------------------------------------------------------------
-    def _next_stream_seq(self) -> int:
-        self._last_stream_seq = next(self._stream_seq)
-        return self._last_stream_seq
-
-    def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
-        return EventsLost(
-            conversation_id="",
-            stream_seq=after,
-            ts=time.time(),
-            requested_after=after,
-            oldest_seq=oldest,
-        )
-
-    def _publish(self, event: Event) -> None:
-        self._bus.publish(event)
-
-    def _account(self, conversation_id: str, buffer: deque[Any], added: int) -> None:
-        """Keep the replay buffers of all conversations within ``event_budget``."""
-        self._buffers[conversation_id] = buffer
-        self._buffers.move_to_end(conversation_id)
-        self._buffered += added
-        while self._buffered > self.event_budget and len(self._buffers) > 1:
-            _, oldest = self._buffers.popitem(last=False)
-            self._buffered -= len(oldest)
-            oldest.clear()
-
     def events(
         self,
         *,
@@ -444,6 +387,6 @@ class Agent:
 
         ``after`` is a ``stream_seq``; otherwise as :meth:`Conversation.events`.
         """
-        return self._bus.subscribe(
-            after=after, kinds=_kinds(profile, kinds), max_pending=max_pending
+        return self.services.subscribe(
+            after=after, kinds=kinds_of(profile, kinds), max_pending=max_pending
         )

@@ -36,20 +36,29 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import Field
 
 from .errors import ContextTooLong
 from .events import Compacted
-from .llm.base import LLMRequest, TextChunk, ToolSpec
+from .llm.base import LLMBackend, LLMRequest, TextChunk, ToolSpec
 from .messages import ChatMessage
 from .settings import settings_dataclass
 
 if TYPE_CHECKING:
-    from .conversation import Conversation
+    from .hooks import Hooks
+    from .services import ConversationParts
+    from .store.base import MemoryEntry
 
-__all__ = ["SUMMARY_PROMPT", "CompactionPolicy", "Compactor", "ask", "estimate_tokens"]
+__all__ = [
+    "SUMMARY_PROMPT",
+    "CompactionPolicy",
+    "Compactor",
+    "CompactorHost",
+    "ask",
+    "estimate_tokens",
+]
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +165,32 @@ def _transcript(messages: Sequence[ChatMessage], *, tool_chars: int = 600) -> st
     return "\n".join(lines)
 
 
-class Compactor:
-    """Compacts the working memory of an agent's conversations."""
+class CompactorHost(Protocol):
+    """What a :class:`Compactor` needs of its agent, read at each use (an
+    :class:`~agentik.core.agent.Agent` or its
+    :class:`~agentik.core.services.AgentServices`)."""
 
-    def __init__(self, agent: Any, policy: CompactionPolicy | None = None) -> None:
+    @property
+    def llm(self) -> LLMBackend: ...
+
+    @property
+    def system_prompt(self) -> str | None: ...
+
+    @property
+    def hooks(self) -> Hooks: ...
+
+
+class Compactor:
+    """Compacts the working memory of an agent's conversations.
+
+    ``agent`` provides the model (which summarises and whose window and
+    tokenizer are used), the system prompt and the ``before_compact`` hooks.
+    Each method works on one conversation's
+    :class:`~agentik.core.services.ConversationParts`: its working memory
+    (read, compacted, reloaded) and its event stream (``Compacted``).
+    """
+
+    def __init__(self, agent: CompactorHost, policy: CompactionPolicy | None = None) -> None:
         self.agent = agent
         self.policy = policy or CompactionPolicy()
 
@@ -190,7 +221,7 @@ class Compactor:
 
     async def before_request(
         self,
-        conv: Conversation,
+        parts: ConversationParts,
         request: LLMRequest,
         *,
         run_id: str | None = None,
@@ -216,20 +247,20 @@ class Compactor:
         changed = False
         if compact:
             event = await self.compact(
-                conv, reason="budget", run_id=run_id, tools=request.tools, tokens_before=tokens
+                parts, reason="budget", run_id=run_id, tools=request.tools, tokens_before=tokens
             )
             if event is not None:
                 changed = True
-                request = dataclasses.replace(request, messages=tuple(conv._memory_cache or ()))
+                request = dataclasses.replace(request, messages=parts.memory.messages)
                 tokens = await self.count(request)
         if window is not None and tokens > window:
-            await self.trim(conv, request, window, run_id=run_id, reason="window", tokens=tokens)
+            await self.trim(parts, request, window, run_id=run_id, reason="window", tokens=tokens)
             changed = True
         return changed
 
     async def after_refusal(
         self,
-        conv: Conversation,
+        parts: ConversationParts,
         request: LLMRequest,
         error: ContextTooLong,
         *,
@@ -251,28 +282,28 @@ class Compactor:
             target = min(target, self.window)
         log.info(
             "conversation %s: the model refused %d tokens as too large (%s); shrinking to %d",
-            conv.id,
+            parts.id,
             tokens,
             error,
             target,
         )
         if self.policy.enabled:
             event = await self.compact(
-                conv, reason="refused", run_id=run_id, tools=request.tools, tokens_before=tokens
+                parts, reason="refused", run_id=run_id, tools=request.tools, tokens_before=tokens
             )
             if event is not None:
-                request = dataclasses.replace(request, messages=tuple(conv._memory_cache or ()))
+                request = dataclasses.replace(request, messages=parts.memory.messages)
                 tokens = await self.count(request)
                 if tokens <= target:
                     return
         try:
-            await self.trim(conv, request, target, run_id=run_id, reason="refused", tokens=tokens)
+            await self.trim(parts, request, target, run_id=run_id, reason="refused", tokens=tokens)
         except ContextTooLong:
             raise error from None
 
     async def trim(
         self,
-        conv: Conversation,
+        parts: ConversationParts,
         request: LLMRequest,
         limit: int,
         *,
@@ -290,7 +321,7 @@ class Compactor:
         Raises :class:`~agentik.core.errors.ContextTooLong` when the latest
         user message alone does not fit.
         """
-        entries = await conv._store.load_memory(conv.id)
+        entries = await parts.memory.entries()
         messages = [e.message for e in entries]
         if tokens is None:
             tokens = await self.count(dataclasses.replace(request, messages=tuple(messages)))
@@ -318,28 +349,23 @@ class Compactor:
                 f" {latest} tokens with the system prompt, and {limit} fit; send a shorter"
                 f" message (the conversation itself is kept)"
             )
-        old = messages[:best]
-        hooks = getattr(self.agent, "hooks", None)
-        if hooks is not None and hooks.implemented("before_compact"):
-            await hooks.call("before_compact", conversation=conv, messages=list(old), reason=reason)
         notice = DROPPED_NOTICE.format(n=best)
-        await conv._compact(entries, entries[best - 1].pos, notice)
-        await conv._ensure_memory(exclude_run=run_id)
-        event = conv._emit(
-            Compacted,
-            run_id,
-            messages=len(old),
-            tokens_before=tokens,
-            tokens_after=best_tokens,
-            summary=notice,
+        event = await self._replace(
+            parts,
+            entries,
+            best,
+            notice,
             reason=reason,
+            run_id=run_id,
+            tokens_before=tokens,
+            tokens_after=lambda: best_tokens,
             fallback=True,
         )
         log.warning(
             "conversation %s: dropped the %d oldest messages from the context to fit the"
             " model's window (%d → %d tokens, limit %d; the audit log keeps them)",
-            conv.id,
-            len(old),
+            parts.id,
+            best,
             tokens,
             best_tokens,
             limit,
@@ -348,7 +374,7 @@ class Compactor:
 
     async def compact(
         self,
-        conv: Conversation,
+        parts: ConversationParts,
         *,
         reason: str = "budget",
         run_id: str | None = None,
@@ -357,50 +383,87 @@ class Compactor:
     ) -> Compacted | None:
         """Summarise everything before the last ``keep_turns`` turns.
 
-        Must run where no turn of ``conv`` runs concurrently (inside its
-        turn, or through :meth:`Conversation.run_exclusive`).  Returns the
+        Must run where no turn of the conversation runs concurrently (inside
+        its turn, or through :meth:`Conversation.run_exclusive`).  Returns the
         published event, or ``None`` when there was nothing to compact.
         """
-        entries = await conv._store.load_memory(conv.id)
+        entries = await parts.memory.entries()
         messages = [e.message for e in entries]
         cut = _cut_index(messages, self.policy.keep_turns)
         if cut <= 0 or (cut == 1 and messages[0].role == "system"):
-            log.info("conversation %s: nothing old enough to compact", conv.id)
+            log.info("conversation %s: nothing old enough to compact", parts.id)
             return None
         system = self.agent.system_prompt
         if tokens_before is None:
             tokens_before = estimate_tokens(messages, system, tools)
-        old = messages[:cut]
-        hooks = getattr(self.agent, "hooks", None)
-        if hooks is not None and hooks.implemented("before_compact"):
-            await hooks.call("before_compact", conversation=conv, messages=list(old), reason=reason)
-        summary, fallback = await self._summarise(conv, old)
-        await conv._compact(entries, entries[cut - 1].pos, summary)
-        await conv._ensure_memory(exclude_run=run_id)
-        now_messages = conv._memory_cache or []
-        tokens_after = estimate_tokens(now_messages, system, tools)
-        event = conv._emit(
+
+        async def summarise() -> tuple[str, bool]:
+            return await self._summarise(parts.id, messages[:cut])
+
+        event = await self._replace(
+            parts,
+            entries,
+            cut,
+            summarise,
+            reason=reason,
+            run_id=run_id,
+            tokens_before=tokens_before,
+            tokens_after=lambda: estimate_tokens(parts.memory.messages, system, tools),
+        )
+        log.info(
+            "conversation %s: compacted %d messages (%d → %d tokens, %s%s)",
+            parts.id,
+            cut,
+            tokens_before,
+            event.tokens_after,
+            reason,
+            ", summary failed: dropped" if event.fallback else "",
+        )
+        return event
+
+    async def _replace(
+        self,
+        parts: ConversationParts,
+        entries: Sequence[MemoryEntry],
+        cut: int,
+        summary: str | Callable[[], Awaitable[tuple[str, bool]]],
+        *,
+        reason: str,
+        run_id: str | None,
+        tokens_before: int,
+        tokens_after: Callable[[], int],
+        fallback: bool = False,
+    ) -> Compacted:
+        """Replace the first ``cut`` working-memory ``entries`` with ``summary`` and
+        publish the :class:`~agentik.core.events.Compacted` event.
+
+        The ``before_compact`` hooks see the messages first; ``summary`` is
+        text, or a coroutine function giving ``(text, fallback)`` (run after
+        the hooks).  ``tokens_after`` is asked once the memory is reloaded.
+        """
+        old = [e.message for e in entries[:cut]]
+        await self.agent.hooks.before_compact(parts.conversation, old, reason)
+        if isinstance(summary, str):
+            text = summary
+        else:
+            text, fallback = await summary()
+        memory = parts.memory
+        await memory.compact(entries, entries[cut - 1].pos, text)
+        await memory.load(exclude_run=run_id)
+        return parts.events.emit(
             Compacted,
             run_id,
             messages=len(old),
             tokens_before=tokens_before,
-            tokens_after=tokens_after,
-            summary=summary,
+            tokens_after=tokens_after(),
+            summary=text,
             reason=reason,
             fallback=fallback,
         )
-        log.info(
-            "conversation %s: compacted %d messages (%d → %d tokens, %s%s)",
-            conv.id,
-            len(old),
-            tokens_before,
-            tokens_after,
-            reason,
-            ", summary failed: dropped" if fallback else "",
-        )
-        return event
 
-    async def _summarise(self, conv: Conversation, old: Sequence[ChatMessage]) -> tuple[str, bool]:
+    async def _summarise(
+        self, conversation_id: str, old: Sequence[ChatMessage]
+    ) -> tuple[str, bool]:
         p = self.policy
         system = p.prompt.format(words=max(50, int(p.summary_tokens * 0.7)))
         started = time.monotonic()
@@ -413,7 +476,7 @@ class Compactor:
             log.warning(
                 "conversation %s: summarising %d messages failed (%s: %s); dropping them"
                 " from the context instead (the audit log keeps them)",
-                conv.id,
+                conversation_id,
                 len(old),
                 type(exc).__name__,
                 exc,
@@ -422,7 +485,7 @@ class Compactor:
         if not text:
             log.warning(
                 "conversation %s: the summary came back empty; dropping %d messages instead",
-                conv.id,
+                conversation_id,
                 len(old),
             )
             return DROPPED_NOTICE.format(n=len(old)), True

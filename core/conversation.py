@@ -4,6 +4,12 @@
 queues a turn and returns the turn's run id.  One worker task per busy
 conversation runs the queued turns strictly one at a time, in arrival order;
 it exits when the queue is empty (idle conversations cost no task).
+
+A conversation owns its parts — its
+:class:`~agentik.core.workingmemory.WorkingMemory` and its
+:class:`~agentik.core.services.ConversationEvents` — and gets the agent's
+:class:`~agentik.core.services.AgentServices`; it hands them to each turn
+and compaction as :class:`~agentik.core.services.ConversationParts`.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import time
 import uuid
@@ -20,12 +27,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ClosedError, PromptRefused
-from .eventbus import EventBus, Subscription
-from .events import PROFILES, Event, EventBase, EventsLost, TextDelta, TurnEnded, TurnStarted
+from .eventbus import Subscription
+from .events import Compacted, TextDelta, TurnEnded, TurnStarted
+from .hooks import Refuse
 from .messages import ChatMessage, Message, MessageKind, NewMessage
-from .store.base import ConversationRecord, MemoryEntry, Store, TurnEnd
+from .services import AgentServices, ConversationEvents, ConversationParts, kinds_of
+from .store.base import ConversationRecord, Store, TurnEnd
 from .tools.base import TurnPolicy
 from .turn import TurnRunner
+from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -67,6 +77,8 @@ class _Job:
 
     fn: Callable[[], Awaitable[Any]]
     done: asyncio.Future[Any]
+    #: A job answers no user message itself.
+    run_id: None = None
 
 
 #: What to do with a message a crash left unanswered (see :meth:`Conversation.resume`).
@@ -82,18 +94,23 @@ def _new_run_id() -> str:
 
 
 class Conversation:
-    """One persistent conversation.  Obtain it from :class:`~agentik.core.agent.Agent`."""
+    """One persistent conversation.  Obtain it from :class:`~agentik.core.agent.Agent`.
+
+    ``fresh``: just created, so its working memory is known to be empty.
+    """
 
     def __init__(
         self,
-        agent: Agent,
+        services: AgentServices,
         record: ConversationRecord,
         *,
         store: Store,
         temp: bool = False,
         channel_key: str | None = None,
+        fresh: bool = False,
     ) -> None:
-        self.agent = agent
+        self._services = services
+        self.agent: Agent = services.agent
         self.id = record.id
         self.title = record.title
         self.created_at = record.created_at
@@ -104,26 +121,29 @@ class Conversation:
         self.policy: TurnPolicy | None = None
         self.state = ConversationState.OPEN
         self._store = store
-        self._seq = 0
-        self._bus: EventBus | None = None
         self._queue: deque[_Pending | _Job] = deque()
+        # The memory sees the turn queue (whose messages are not orphans).
+        self._memory = WorkingMemory(store, record.id, queue=self._queue, fresh=fresh)
+        self._events: ConversationEvents | None = None  # created on first use
         self._worker: asyncio.Task[None] | None = None
         self._runner: TurnRunner | None = None
         self._current: asyncio.Task[None] | None = None
-        self._memory_cache: list[ChatMessage] | None = None
-        self._notes: list[ChatMessage] = []
         # Recent speakers' author ids, in order (a dict as an ordered set).
         self._speakers: dict[str, None] = {}
         self._speakers_loaded = False
         #: Run ids resumed by this process (each is resumed at most once).
         self._resumed: set[str] = set()
-        #: Set once ``session_end`` hooks ran for this conversation.
-        self._ended = False
         self._idle = asyncio.Event()
         self._idle.set()
 
     def __repr__(self) -> str:
         return f"<Conversation {self.id} {self.title!r}{' temp' if self.temp else ''}>"
+
+    @property
+    def parts(self) -> ConversationParts:
+        """This conversation's engine parts (working memory, event stream, the
+        agent's services), as the turn engine gets them."""
+        return ConversationParts(self, self._memory, self._event_stream(), self._services)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -155,7 +175,7 @@ class Conversation:
     def _check_open(self) -> None:
         if self.state is ConversationState.CLOSED:
             raise ClosedError(f"conversation {self.id} is closed")
-        self.agent._check_running()
+        self._services.check_running()
 
     # -- sending ----------------------------------------------------------------
     async def send(
@@ -177,9 +197,10 @@ class Conversation:
         self._check_open()
         if not isinstance(content, str):
             raise TypeError("content must be a str")
-        hooks = self.agent.hooks
-        if hooks.implemented("before_prompt"):
-            content = await self._before_prompt(content, author, author_id)
+        outcome = await self._services.hooks.before_prompt(self, content, author, author_id)
+        if isinstance(outcome, Refuse):
+            raise PromptRefused(outcome.message)
+        content = outcome
         run_id = _new_run_id()
         now = time.time()
         entry = NewMessage(
@@ -195,9 +216,10 @@ class Conversation:
         # When nothing is queued (and the working memory is loaded, so
         # messages a crash left out are already folded in) this message's turn
         # is next: it joins the working memory in the same transaction.
-        idle = not self._queue and self._memory_cache is not None
-        notes = self._take_notes() if idle else []
-        memory = (
+        memory = self._memory
+        idle = not self._queue and memory.loaded
+        notes = memory.take_notes() if idle else []
+        stored = (
             [*notes, ChatMessage(role="user", content=content, author=author, message_id=-1)]
             if idle
             else []
@@ -205,13 +227,11 @@ class Conversation:
         # The write runs in its own task, queued now, so the order of the audit
         # log matches the order of the turn queue even under concurrent sends.
         committed = asyncio.ensure_future(
-            self._store.append(self.id, log=[entry], memory=memory, updated_at=now)
+            self._store.append(self.id, log=[entry], memory=stored, updated_at=now)
         )
         if idle:
-            self._memory_cache_extend(
-                [*notes, ChatMessage(role="user", content=content, author=author)]
-            )
-            committed.add_done_callback(self._invalidate_on_failure)
+            memory.extend([*notes, ChatMessage(role="user", content=content, author=author)])
+            committed.add_done_callback(memory.invalidate_on_failure)
         self._enqueue(_Pending(run_id, content, author, committed, idle))
         await asyncio.shield(committed)
         self.updated_at = now
@@ -255,10 +275,14 @@ class Conversation:
                 self._enqueue(_Pending(m.run_id, m.content, m.author, done, resumed=True))
                 queued.append(m.run_id)
             elif mode == "note":
-                self._enqueue(self._job(lambda m=m: self._resume_note(m, outcome or "noted")))
+                self._enqueue(
+                    self._job(functools.partial(self._resume_note, m, outcome or "noted"))
+                )
                 queued.append(m.run_id)
             else:
-                self._enqueue(self._job(lambda m=m: self._resume_drop(m, outcome or "dropped")))
+                self._enqueue(
+                    self._job(functools.partial(self._resume_drop, m, outcome or "dropped"))
+                )
         return queued
 
     def _job(self, fn: Callable[[], Awaitable[Any]]) -> _Job:
@@ -271,7 +295,8 @@ class Conversation:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(m.created_at))
         who = f"{m.author}'s" if m.author else "a"
         text = f"I was restarted and did not answer {who} message from {when}; please ask again."
-        self._emit(TurnStarted, m.run_id, message_id=m.id, author=m.author)
+        emit = self._event_stream().emit
+        emit(TurnStarted, m.run_id, message_id=m.id, author=m.author)
         now = time.time()
         try:
             await self._store.append(
@@ -287,31 +312,17 @@ class Conversation:
                     )
                 ],
                 updated_at=now,
-                ended=TurnEnd(m.run_id, outcome),
+                ended=TurnEnd(m.run_id or "", outcome),
             )
         except Exception:
-            self._emit(TurnEnded, m.run_id, stop_reason="error")
+            emit(TurnEnded, m.run_id, stop_reason="error")
             raise
-        self._emit(TextDelta, m.run_id, text=text)
-        self._emit(TurnEnded, m.run_id, stop_reason="stop", text=text)
+        emit(TextDelta, m.run_id, text=text)
+        emit(TurnEnded, m.run_id, stop_reason="stop", text=text)
 
     async def _resume_drop(self, m: Message, outcome: str) -> None:
         await self._store.append(self.id, ended=TurnEnd(m.run_id or "", outcome))
         log.info("conversation %s: unanswered message %d %s", self.id, m.id, outcome)
-
-    async def _before_prompt(self, content: str, author: str | None, author_id: str | None) -> str:
-        from .hooks import Refuse
-
-        args = {"conversation": self, "text": content, "author": author, "author_id": author_id}
-        async for plugin, result in self.agent.hooks.each("before_prompt", args):
-            if isinstance(result, Refuse):
-                log.info("conversation %s: plugin %r refused a message", self.id, plugin)
-                raise PromptRefused(result.message)
-            if isinstance(result, str):
-                args["text"] = result
-            else:
-                log.warning("plugin %r: before_prompt returned %r; ignored", plugin, result)
-        return str(args["text"])
 
     async def note(
         self,
@@ -344,10 +355,10 @@ class Conversation:
             ],
             updated_at=now,
         )
-        self._notes.append(
-            ChatMessage(role="user", content=content, author=author, message_id=rows[0].id)
+        self._memory.add_note(
+            ChatMessage(role="user", content=content, author=author, message_id=rows[0].id),
+            keep=keep,
         )
-        del self._notes[:-keep]
         self._add_speaker(author_id)
 
     # -- speakers -------------------------------------------------------------
@@ -375,20 +386,17 @@ class Conversation:
             self._speakers_loaded = True
         return tuple(self._speakers)
 
-    def _take_notes(self) -> list[ChatMessage]:
-        notes, self._notes = self._notes, []
-        return notes
-
     def _enqueue(self, item: _Pending | _Job) -> None:
         """Queue a turn or a job; start the worker if none runs."""
         self._queue.append(item)
         self._idle.clear()
         if self._worker is None:
             # Busy conversations stay referenced even if no caller holds them.
-            self.agent._busy[self.id] = self
+            self._services.mark_busy(self)
             self._worker = asyncio.create_task(self._work(), name=f"agentik-conversation:{self.id}")
 
     async def _work(self) -> None:
+        parts = self.parts
         try:
             while self._queue:
                 pending = self._queue[0]
@@ -401,11 +409,11 @@ class Conversation:
                     self._queue.popleft()  # send() already raised to its caller
                     continue
                 runner = TurnRunner(
-                    self,
+                    parts,
                     run_id=pending.run_id,
                     message=stored[0],
-                    policy=self.policy or self.agent.policy,
-                    tools=self.agent.tools,
+                    policy=self.policy or self._services.policy,
+                    tools=self._services.tools,
                     in_memory=pending.in_memory,
                     resumed=pending.resumed,
                 )
@@ -420,7 +428,7 @@ class Conversation:
                     self._runner = self._current = None
         finally:
             self._worker = None
-            self.agent._busy.pop(self.id, None)
+            self._services.mark_idle(self)
             if not self._queue:
                 self._idle.set()
 
@@ -450,13 +458,17 @@ class Conversation:
         self._enqueue(job)
         return await job.done
 
-    async def compact_now(self) -> Any:
+    async def compact_now(self) -> Compacted | None:
         """Compact the working memory now, whatever its size (``!compact``).
 
         Returns the :class:`~agentik.core.events.Compacted` event, or ``None``
         when there was nothing old enough to compact.
         """
-        return await self.run_exclusive(lambda: self.agent.compactor.compact(self, reason="forced"))
+        compactor = self._services.compactor
+        event: Compacted | None = await self.run_exclusive(
+            lambda: compactor.compact(self.parts, reason="forced")
+        )
+        return event
 
     async def interrupt(self) -> bool:
         """Stop the running turn; return once it has stopped.
@@ -478,40 +490,16 @@ class Conversation:
         await self._idle.wait()
 
     # -- events ---------------------------------------------------------------
-    def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
-        return EventsLost(
-            conversation_id=self.id,
-            seq=after,
-            ts=time.time(),
-            requested_after=after,
-            oldest_seq=oldest,
-        )
-
-    def _get_bus(self) -> EventBus:
-        if self._bus is None:
-            self._bus = EventBus(
-                key=lambda e: e.seq, lost=self._lost, buffer=self.agent.event_buffer
+    def _event_stream(self) -> ConversationEvents:
+        if self._events is None:
+            # It holds this conversation: while subscribed to, it stays in memory.
+            self._events = ConversationEvents(
+                self.id,
+                self._services,
+                owner=self,
+                closed=self.state is ConversationState.CLOSED,
             )
-            if self.state is ConversationState.CLOSED:
-                self._bus.close()
-        return self._bus
-
-    def _emit(self, cls: type[Event], run_id: str | None, **fields: Any) -> Any:
-        self._seq += 1
-        event = cls(
-            conversation_id=self.id,
-            run_id=run_id,
-            seq=self._seq,
-            stream_seq=self.agent._next_stream_seq(),
-            ts=time.time(),
-            **fields,
-        )
-        bus = self._get_bus()
-        before = len(bus.buffer)
-        bus.publish(event)
-        self.agent._account(self.id, bus.buffer, len(bus.buffer) - before)
-        self.agent._publish(event)
-        return event
+        return self._events
 
     def events(
         self,
@@ -530,8 +518,8 @@ class Conversation:
         ``metrics``); ``kinds`` overrides it.  ``max_pending`` bounds how far
         this subscriber may fall behind before it is told and cut off.
         """
-        return self._get_bus().subscribe(
-            after=after, kinds=_kinds(profile, kinds), max_pending=max_pending
+        return self._event_stream().subscribe(
+            after=after, kinds=kinds_of(profile, kinds), max_pending=max_pending
         )
 
     # -- history and working memory ------------------------------------------------
@@ -557,64 +545,14 @@ class Conversation:
         """The current LLM context (without the system prompt)."""
         return [e.message for e in await self._store.load_memory(self.id)]
 
-    async def _ensure_memory(self, *, exclude_run: str | None = None) -> None:
-        """Load the working memory, folding in user messages a crash left out.
-
-        A user message whose turn never started (the process died first) is in
-        the audit log but not in working memory; it is added as context so
-        nothing the user said is lost to the model.
-        """
-        if self._memory_cache is not None:
-            return
-        entries = await self._store.load_memory(self.id)
-        cache = [e.message for e in entries]
-        last = max((m.message_id or 0 for m in cache), default=0)
-        pending = {p.run_id for p in self._queue if isinstance(p, _Pending)} | {exclude_run}
-        orphans = [
-            m
-            for m in await self._store.messages(self.id, after=last, kinds=["user"], limit=1000)
-            if m.run_id not in pending and not (isinstance(m.data, dict) and m.data.get("ambient"))
-        ]
-        if orphans:
-            log.warning(
-                "conversation %s: %d user message(s) from an interrupted process added to context",
-                self.id,
-                len(orphans),
-            )
-            extra = [
-                ChatMessage(role="user", content=m.content, author=m.author, message_id=m.id)
-                for m in orphans
-            ]
-            await self._store.append(self.id, memory=extra)
-            cache.extend(extra)
-        self._memory_cache = cache
-
-    def _memory_cache_extend(self, memory: Sequence[ChatMessage]) -> None:
-        if self._memory_cache is not None:
-            self._memory_cache.extend(memory)
-
-    def _invalidate_on_failure(self, fut: asyncio.Future[Any]) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            self._invalidate_memory()
-
-    def _invalidate_memory(self) -> None:
-        self._memory_cache = None
-
     async def compact(self, upto: int, summary: str) -> None:
         """Replace working-memory entries up to position ``upto`` with ``summary``.
 
         The summary keeps the highest audit-log id it covers, so messages it
         replaced are never mistaken for ones a crash left out.
         """
-        await self._compact(await self._store.load_memory(self.id), upto, summary)
-
-    async def _compact(self, entries: Sequence[MemoryEntry], upto: int, summary: str) -> None:
-        """:meth:`compact` on working-memory ``entries`` the caller has just loaded."""
-        covered = max((e.message.message_id or 0 for e in entries if e.pos <= upto), default=0)
-        await self._store.compact(
-            self.id, upto, ChatMessage(role="system", content=summary, message_id=covered or None)
-        )
-        self._invalidate_memory()
+        memory = self._memory
+        await memory.compact(await memory.entries(), upto, summary)
 
     # -- metadata and lifecycle ----------------------------------------------------
     async def rename(self, title: str) -> None:
@@ -633,7 +571,7 @@ class Conversation:
         if drain:
             await self.wait_idle()
         self.state = ConversationState.CLOSED
-        await self.agent._session_end(self, "closed")
+        await self._services.session_end(self, "closed")
         worker = self._worker
         if worker is not None:
             worker.cancel()
@@ -644,9 +582,9 @@ class Conversation:
                 item.done.cancel()
         self._queue.clear()
         self._idle.set()
-        if self._bus is not None:
-            self._bus.close()
-        self.agent._forget(self)
+        if self._events is not None:
+            self._events.close()
+        self._services.forget(self)
 
     async def __aenter__(self) -> Conversation:
         return self
@@ -658,11 +596,3 @@ class Conversation:
 def _log_job_failure(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.error("resuming an unanswered message failed: %s", fut.exception())
-
-
-def _kinds(profile: str, kinds: Iterable[str] | None) -> frozenset[str] | None:
-    if kinds is not None:
-        return frozenset(kinds)
-    if profile not in PROFILES:
-        raise ValueError(f"unknown event profile {profile!r} (known: {', '.join(PROFILES)})")
-    return None if profile == "debug" else PROFILES[profile]

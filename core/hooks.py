@@ -8,22 +8,40 @@ implementation declares, awaits awaitable results explicitly, and isolates
 failures: an implementation that raises is logged with its plugin's name
 and skipped; the turn goes on.
 
+The interception hooks each have a typed method here (:meth:`Hooks.before_prompt`,
+:meth:`Hooks.before_llm_request`, :meth:`Hooks.after_response`,
+:meth:`Hooks.before_tool_call`, :meth:`Hooks.after_tool_call`,
+:meth:`Hooks.on_tool_error`, :meth:`Hooks.before_compact`, and the
+``session_start``/``session_end`` notifications): it chains the rewriting
+results, stops at the first deciding one (refuse, abort, block, retry),
+logs and ignores results of the wrong type, and returns the outcome as a
+typed value.  Each returns at once, with its input unchanged, when no plugin
+implements the hook.
+
 With ``AGENTIK_TRACE_HOOKS=1`` every call and result is logged at DEBUG on
 the ``agentik.hooks`` logger.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
 from . import hookspecs
+from .llm.base import LLMBackend, LLMRequest
+from .messages import ChatMessage, ToolCall
+from .tools.base import ToolResult
+
+if TYPE_CHECKING:
+    from .conversation import Conversation
 
 __all__ = ["Abort", "Block", "Hooks", "Refuse", "Retry", "UseBackend"]
 
@@ -64,6 +82,10 @@ class UseBackend:
 
     backend: Any
     request: Any = None
+
+
+#: The results that end a chain of hook implementations (see ``_chain`` below).
+_Stop = TypeVar("_Stop", Refuse, Abort, Block, Retry)
 
 
 class Hooks:
@@ -136,3 +158,178 @@ class Hooks:
         """
         # pluggy's own order: it calls get_hookimpls() back to front.
         return [pair async for pair in self.each(name, kwargs)]
+
+    async def _chain(
+        self,
+        name: str,
+        args: dict[str, Any],
+        rewrite: Callable[[Any, dict[str, Any]], dict[str, Any] | None],
+        stop: type[_Stop] | None = None,
+    ) -> tuple[str, _Stop] | None:
+        """Run ``name``'s implementations in order, each seeing what the previous ones left.
+
+        A result of type ``stop`` decides: the chain ends and it is returned
+        with its plugin's name.  Any other result goes to ``rewrite(result,
+        args)``, which returns the arguments it replaces (``None``: a result
+        of the wrong type, logged and ignored).
+        """
+        async for plugin, result in self.each(name, args):
+            if stop is not None and isinstance(result, stop):
+                return plugin, result
+            changes = rewrite(result, args)
+            if changes is None:
+                log.warning("plugin %r: %s returned %r; ignored", plugin, name, result)
+            else:
+                args.update(changes)
+        return None
+
+    # -- the interception hooks, typed (see agentik.core.hookspecs for each contract) --------
+    async def before_prompt(
+        self, conversation: Conversation, text: str, author: str | None, author_id: str | None
+    ) -> str | Refuse:
+        """The message text as the plugins rewrote it, or the first :class:`Refuse`."""
+        if not self.implemented("before_prompt"):
+            return text
+        args = {
+            "conversation": conversation,
+            "text": text,
+            "author": author,
+            "author_id": author_id,
+        }
+        refused = await self._chain("before_prompt", args, _new_text, Refuse)
+        if refused is not None:
+            plugin, refusal = refused
+            log.info("conversation %s: plugin %r refused a message", conversation.id, plugin)
+            return refusal
+        return str(args["text"])
+
+    async def before_llm_request(
+        self, conversation: Conversation, request: LLMRequest, backend: LLMBackend, run_id: str
+    ) -> tuple[LLMRequest, LLMBackend]:
+        """The request to send and the backend to send it to."""
+        if not self.implemented("before_llm_request"):
+            return request, backend
+        args: dict[str, Any] = {"conversation": conversation, "request": request, "run_id": run_id}
+        args["backend"] = backend  # not a hook argument: where UseBackend sends the request
+        await self._chain("before_llm_request", args, _new_request)
+        return args["request"], args["backend"]
+
+    async def after_response(
+        self, conversation: Conversation, run_id: str, text: str, tool_calls: Sequence[ToolCall]
+    ) -> str | Abort:
+        """The response text as the plugins rewrote it, or the first :class:`Abort`."""
+        if not self.implemented("after_response"):
+            return text
+        args: dict[str, Any] = {
+            "conversation": conversation,
+            "run_id": run_id,
+            "text": text,
+            "tool_calls": list(tool_calls),
+        }
+        aborted = await self._chain("after_response", args, _new_text, Abort)
+        if aborted is not None:
+            plugin, abort = aborted
+            log.info("run %s aborted by plugin %r: %s", run_id, plugin, abort.reason)
+            return abort
+        return str(args["text"])
+
+    async def before_tool_call(
+        self, conversation: Conversation, run_id: str, call: ToolCall
+    ) -> tuple[ToolCall, Block | None]:
+        """The call to run (its arguments as plugins replaced them) and the first :class:`Block`."""
+        if not self.implemented("before_tool_call"):
+            return call, None
+        args: dict[str, Any] = {"conversation": conversation, "run_id": run_id, "call": call}
+        blocked = await self._chain("before_tool_call", args, _new_arguments, Block)
+        if blocked is not None:
+            plugin, block = blocked
+            log.info("plugin %r blocked tool call %s: %s", plugin, call.name, block.reason)
+            return args["call"], block
+        return args["call"], None
+
+    async def after_tool_call(
+        self, conversation: Conversation, run_id: str, call: ToolCall, result: ToolResult
+    ) -> ToolResult:
+        """The tool result as the plugins replaced it."""
+        if not self.implemented("after_tool_call"):
+            return result
+        args: dict[str, Any] = {
+            "conversation": conversation,
+            "run_id": run_id,
+            "call": call,
+            "result": result,
+        }
+        await self._chain("after_tool_call", args, _new_result)
+        replaced: ToolResult = args["result"]
+        return replaced
+
+    async def on_tool_error(
+        self,
+        conversation: Conversation,
+        run_id: str,
+        call: ToolCall,
+        error: ToolResult,
+        attempt: int,
+    ) -> Retry | None:
+        """The first :class:`Retry` a plugin asked for, or ``None`` (the error stands)."""
+        if not self.implemented("on_tool_error"):
+            return None
+        args: dict[str, Any] = {
+            "conversation": conversation,
+            "run_id": run_id,
+            "call": call,
+            "error": error,
+            "attempt": attempt,
+        }
+        # Anything but a Retry leaves the error standing.
+        retried = await self._chain("on_tool_error", args, lambda result, args: {}, Retry)
+        if retried is None:
+            return None
+        plugin, retry = retried
+        log.info("plugin %r retries tool %s (attempt %d)", plugin, call.name, attempt + 1)
+        return retry
+
+    async def before_compact(
+        self, conversation: Conversation, messages: Sequence[ChatMessage], reason: str
+    ) -> None:
+        """Show the plugins the working-memory ``messages`` about to be replaced."""
+        if self.implemented("before_compact"):
+            await self.call(
+                "before_compact", conversation=conversation, messages=list(messages), reason=reason
+            )
+
+    async def session_start(self, conversation: Conversation) -> None:
+        """Tell the plugins a conversation was created."""
+        if self.implemented("session_start"):
+            await self.call("session_start", conversation=conversation)
+
+    async def session_end(self, conversation: Conversation, reason: str) -> None:
+        """Tell the plugins a conversation ended (``reset``, ``deleted`` or ``closed``)."""
+        if self.implemented("session_end"):
+            await self.call("session_end", conversation=conversation, reason=reason)
+
+
+# What each rewriting result replaces (see ``_chain``); ``None``: the wrong type.
+def _new_text(result: object, args: dict[str, Any]) -> dict[str, Any] | None:
+    return {"text": result} if isinstance(result, str) else None
+
+
+def _new_request(result: object, args: dict[str, Any]) -> dict[str, Any] | None:
+    if isinstance(result, UseBackend):
+        if result.request is None:
+            return {"backend": result.backend}
+        return {"backend": result.backend, "request": result.request}
+    return {"request": result} if isinstance(result, LLMRequest) else None
+
+
+def _new_arguments(result: object, args: dict[str, Any]) -> dict[str, Any] | None:
+    if not isinstance(result, dict):
+        return None
+    arguments = json.dumps(result, ensure_ascii=False)
+    return {"call": dataclasses.replace(args["call"], arguments=arguments)}
+
+
+def _new_result(result: object, args: dict[str, Any]) -> dict[str, Any] | None:
+    if isinstance(result, str):
+        return {"result": ToolResult(text=result)}
+    return {"result": result} if isinstance(result, ToolResult) else None

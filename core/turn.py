@@ -1,7 +1,10 @@
 """One turn: model → tool calls → model … until a final answer.
 
-A :class:`TurnRunner` runs in its own task, owned by the conversation.  It
-writes every step to both logs (audit log and working memory) as it goes,
+A :class:`TurnRunner` runs in its own task, owned by the conversation, and
+works on the conversation's explicit parts
+(:class:`~agentik.core.services.ConversationParts`): its working memory,
+its event stream and the agent's services (model, system prompt, hooks,
+compactor).  It writes every step to both logs (audit log and working memory) as it goes,
 emits events, and on interruption, time-out or failure keeps what was
 produced: the partial answer is recorded with status ``interrupted`` or
 ``error``, and every tool call left without a result gets an error result so
@@ -33,7 +36,7 @@ from .events import (
     TurnEnded,
     TurnStarted,
 )
-from .hooks import Abort, Block, Retry, UseBackend
+from .hooks import Abort
 from .llm.base import (
     FinishItem,
     LLMBackend,
@@ -41,14 +44,15 @@ from .llm.base import (
     ReasoningChunk,
     TextChunk,
     ToolCallItem,
+    ToolSpec,
     UsageItem,
 )
-from .messages import ChatMessage, Message, MessageStatus, NewMessage, ToolCall, Usage
-from .store.base import TurnEnd
+from .messages import ChatMessage, Message, MessageKind, MessageStatus, NewMessage, ToolCall, Usage
 from .tools.base import Tool, ToolContext, ToolResult, TurnPolicy, spec_of
 
 if TYPE_CHECKING:
-    from .conversation import Conversation
+    from .events import Event
+    from .services import ConversationParts
 
 __all__ = ["TurnRunner"]
 
@@ -73,11 +77,11 @@ class _State:
 
 
 class TurnRunner:
-    """Runs one turn of ``conversation`` for the user message ``message``."""
+    """Runs one turn of a conversation (its ``parts``) for the user message ``message``."""
 
     def __init__(
         self,
-        conversation: Conversation,
+        parts: ConversationParts,
         *,
         run_id: str,
         message: Message,
@@ -86,8 +90,12 @@ class TurnRunner:
         in_memory: bool = False,
         resumed: bool = False,
     ) -> None:
-        self.conv = conversation
-        self.agent = conversation.agent
+        self.parts = parts
+        #: The conversation (what hooks and tools are told about).
+        self.conv = parts.conversation
+        self.memory = parts.memory
+        self.events = parts.events
+        self.services = parts.services
         self.run_id = run_id
         self.message = message
         self.policy = policy
@@ -102,8 +110,8 @@ class TurnRunner:
         self.failed_writes: list[BaseException] = []
 
     # -- helpers -------------------------------------------------------------
-    def _emit(self, cls: Any, **fields: Any) -> None:
-        self.conv._emit(cls, self.run_id, **fields)
+    def _emit(self, cls: type[Event], **fields: Any) -> None:
+        self.events.emit(cls, self.run_id, **fields)
 
     def _append(
         self,
@@ -111,7 +119,7 @@ class TurnRunner:
         log: Sequence[NewMessage] = (),
         memory: Sequence[ChatMessage] = (),
         ended: str | None = None,
-    ) -> Any:
+    ) -> asyncio.Future[list[Message]]:
         """Queue a write to both logs; the WM cache is updated at once.
 
         The write runs in its own task, so it lands even if this turn is
@@ -119,32 +127,24 @@ class TurnRunner:
         and the turn does not end before every write it started has settled.
         ``ended`` records the turn's end (its outcome) in the same transaction.
         """
-        self.conv._memory_cache_extend(memory)
-        fut = asyncio.ensure_future(
-            self.conv._store.append(
-                self.conv.id,
-                log=log,
-                memory=memory,
-                updated_at=time.time(),
-                ended=TurnEnd(self.run_id, ended) if ended else None,
-            )
-        )
+        fut = self.memory.append(log=log, memory=memory, run_id=self.run_id, ended=ended)
         self._writes.add(fut)
         fut.add_done_callback(self._write_done)
         return fut
 
     def _write_done(self, fut: asyncio.Future[Any]) -> None:
         self._writes.discard(fut)
-        if not fut.cancelled() and fut.exception() is not None:
-            self.failed_writes.append(fut.exception())  # type: ignore[arg-type]
+        error = None if fut.cancelled() else fut.exception()
+        if error is not None:
+            self.failed_writes.append(error)
 
     async def _settle_writes(self) -> None:
         while self._writes:
             await asyncio.wait(set(self._writes))
 
-    def _new(self, kind: str, **fields: Any) -> NewMessage:
+    def _new(self, kind: MessageKind, **fields: Any) -> NewMessage:
         return NewMessage(
-            kind=kind,  # type: ignore[arg-type]
+            kind=kind,
             run_id=self.run_id,
             channel=self.conv.channel_key,
             created_at=time.time(),
@@ -160,14 +160,14 @@ class TurnRunner:
             if self.resumed:
                 await self._prepare_resume()
             else:
-                await self.conv._ensure_memory(exclude_run=self.run_id)
+                await self.memory.load(exclude_run=self.run_id)
             if not self.in_memory:
                 # Queued behind other turns: the message joins the working
                 # memory now.  Not awaited: the writer keeps order, and the
                 # turn settles all its writes before it ends.
                 self._append(
                     memory=[
-                        *self.conv._take_notes(),
+                        *self.memory.take_notes(),
                         ChatMessage(
                             role="user", content=m.content, author=m.author, message_id=m.id
                         ),
@@ -233,10 +233,10 @@ class TurnRunner:
         shutdown is followed by the message again, so the model answers it
         anew rather than continuing mid-sentence.
         """
-        conv, m = self.conv, self.message
-        conv._invalidate_memory()
-        await conv._ensure_memory(exclude_run=self.run_id)
-        cache = conv._memory_cache or []
+        memory, m = self.memory, self.message
+        memory.invalidate()
+        await memory.load(exclude_run=self.run_id)
+        cache = memory.messages
         at = next((i for i, cm in enumerate(cache) if cm.message_id == m.id), None)
         covered = any(cm.role == "system" and (cm.message_id or 0) >= m.id for cm in cache)
         if at is None and not covered:
@@ -250,14 +250,14 @@ class TurnRunner:
                     self.state.open_calls[call.id] = call
         if self.state.open_calls:
             await self._keep_partial("interrupted", "the process was restarted")
-            await conv._ensure_memory(exclude_run=self.run_id)
+            await memory.load(exclude_run=self.run_id)
         elif tail and tail[-1].role == "assistant":
             await self._append(
                 memory=[
                     ChatMessage(role="user", content=m.content, author=m.author, message_id=m.id)
                 ]
             )
-        log.info("conversation %s: resuming run %s after a restart", conv.id, self.run_id)
+        log.info("conversation %s: resuming run %s after a restart", self.parts.id, self.run_id)
 
     def _end(self, started: float) -> None:
         self._emit(
@@ -274,7 +274,7 @@ class TurnRunner:
     ) -> None:
         """Record the partial answer and close every open tool call (and the turn's end)."""
         # Whatever was queued may or may not be in the cache: reload next turn.
-        self.conv._invalidate_memory()
+        self.memory.invalidate()
         log_rows: list[NewMessage] = []
         memory: list[ChatMessage] = []
         text = "".join(self.state.partial)
@@ -315,17 +315,16 @@ class TurnRunner:
             )
 
     async def _steps(self) -> None:
-        agent = self.agent
+        services = self.services
         while True:
             no_tools = self.state.tools_exhausted
             offered = (
                 []
-                if no_tools or not agent.llm.supports_tools
+                if no_tools or not services.llm.supports_tools
                 else [spec_of(t) for t in self.tools.values()]
             )
             request, backend = await self._fitted_request(offered)
-            hooks = agent.hooks
-            hold = hooks.implemented("after_response")
+            hold = services.hooks.implemented("after_response")
             try:
                 text, calls, finish = await self._stream(request, backend, hold=hold)
             except ContextTooLong as exc:
@@ -333,8 +332,8 @@ class TurnRunner:
                 # shrink the context and try once more (a second refusal ends the turn).
                 if self.state.partial:
                     raise
-                await agent.compactor.after_refusal(
-                    self.conv, request, exc, run_id=self.run_id, settle=self._settled
+                await services.compactor.after_refusal(
+                    self.parts, request, exc, run_id=self.run_id, settle=self._settled
                 )
                 request, backend = await self._fitted_request(offered)
                 text, calls, finish = await self._stream(request, backend, hold=hold)
@@ -376,18 +375,17 @@ class TurnRunner:
             )
             await self._run_tools(calls)
 
-    async def _fitted_request(self, offered: list[Any]) -> tuple[LLMRequest, LLMBackend]:
+    async def _fitted_request(self, offered: list[ToolSpec]) -> tuple[LLMRequest, LLMBackend]:
         """The next request, its context made to fit the model, after the request hooks."""
-        agent = self.agent
+        services = self.services
         request = self._request(offered)
-        if await agent.compactor.before_request(
-            self.conv, request, run_id=self.run_id, settle=self._settled
+        if await services.compactor.before_request(
+            self.parts, request, run_id=self.run_id, settle=self._settled
         ):
             request = self._request(offered)
-        backend = agent.llm
-        if agent.hooks.implemented("before_llm_request"):
-            request, backend = await self._before_llm_request(request, backend)
-        return request, backend
+        return await services.hooks.before_llm_request(
+            self.conv, request, services.llm, self.run_id
+        )
 
     # -- size limits: the audit log keeps everything, the working memory is cut ----
     def _answer_for_memory(self, text: str) -> str:
@@ -450,51 +448,22 @@ class TurnRunner:
         if self.failed_writes:
             raise self.failed_writes[0]
 
-    def _request(self, offered: list[Any]) -> LLMRequest:
+    def _request(self, offered: list[ToolSpec]) -> LLMRequest:
         return LLMRequest(
-            messages=tuple(self.conv._memory_cache or ()),
-            system=self.agent.system_prompt,
+            messages=self.memory.messages,
+            system=self.services.system_prompt,
             tools=offered,
             tool_choice="auto" if offered else "none",
-            conversation_id=self.conv.id,
+            conversation_id=self.parts.id,
         )
 
     # -- interception hooks ---------------------------------------------------------
-    async def _before_llm_request(
-        self, request: LLMRequest, backend: LLMBackend
-    ) -> tuple[LLMRequest, LLMBackend]:
-        args: dict[str, Any] = {
-            "conversation": self.conv,
-            "request": request,
-            "run_id": self.run_id,
-        }
-        async for plugin, result in self.agent.hooks.each("before_llm_request", args):
-            if isinstance(result, UseBackend):
-                backend = result.backend
-                if result.request is not None:
-                    args["request"] = result.request
-            elif isinstance(result, LLMRequest):
-                args["request"] = result
-            else:
-                log.warning("plugin %r: before_llm_request returned %r; ignored", plugin, result)
-        return args["request"], backend
-
     async def _after_response(self, text: str, calls: list[ToolCall]) -> str:
-        args: dict[str, Any] = {
-            "conversation": self.conv,
-            "run_id": self.run_id,
-            "text": text,
-            "tool_calls": list(calls),
-        }
-        async for plugin, result in self.agent.hooks.each("after_response", args):
-            if isinstance(result, Abort):
-                log.info("run %s aborted by plugin %r: %s", self.run_id, plugin, result.reason)
-                raise TurnAborted(result.reason)
-            if isinstance(result, str):
-                args["text"] = result
-            else:
-                log.warning("plugin %r: after_response returned %r; ignored", plugin, result)
-        text = str(args["text"])
+        """Run the ``after_response`` hooks; emit the held-back text as they left it."""
+        outcome = await self.services.hooks.after_response(self.conv, self.run_id, text, calls)
+        if isinstance(outcome, Abort):
+            raise TurnAborted(outcome.reason)
+        text = outcome
         # The held-back text goes out now, as the hooks left it.
         self.state.partial[:] = [text] if text else []
         shown = text[: self.policy.max_answer_chars]
@@ -502,50 +471,6 @@ class TurnRunner:
             self._emit(ResponseStarted)
             self._emit(TextDelta, text=shown)
         return text
-
-    async def _before_tool_call(self, call: ToolCall) -> tuple[ToolCall, str | None]:
-        args: dict[str, Any] = {"conversation": self.conv, "run_id": self.run_id, "call": call}
-        async for plugin, result in self.agent.hooks.each("before_tool_call", args):
-            if isinstance(result, Block):
-                log.info("plugin %r blocked tool call %s: %s", plugin, call.name, result.reason)
-                return args["call"], result.reason
-            if isinstance(result, dict):
-                args["call"] = dataclasses.replace(
-                    args["call"], arguments=json.dumps(result, ensure_ascii=False)
-                )
-            else:
-                log.warning("plugin %r: before_tool_call returned %r; ignored", plugin, result)
-        return args["call"], None
-
-    async def _after_tool_call(self, call: ToolCall, result: ToolResult) -> ToolResult:
-        args: dict[str, Any] = {
-            "conversation": self.conv,
-            "run_id": self.run_id,
-            "call": call,
-            "result": result,
-        }
-        async for plugin, new in self.agent.hooks.each("after_tool_call", args):
-            if isinstance(new, str):
-                new = ToolResult(text=new)
-            if isinstance(new, ToolResult):
-                args["result"] = new
-            else:
-                log.warning("plugin %r: after_tool_call returned %r; ignored", plugin, new)
-        return args["result"]
-
-    async def _retry_wanted(self, call: ToolCall, error: ToolResult, attempt: int) -> Retry | None:
-        args = {
-            "conversation": self.conv,
-            "run_id": self.run_id,
-            "call": call,
-            "error": error,
-            "attempt": attempt,
-        }
-        async for plugin, result in self.agent.hooks.each("on_tool_error", args):
-            if isinstance(result, Retry):
-                log.info("plugin %r retries tool %s (attempt %d)", plugin, call.name, attempt + 1)
-                return result
-        return None
 
     async def _stream(
         self, request: LLMRequest, backend: LLMBackend, *, hold: bool = False
@@ -638,31 +563,24 @@ class TurnRunner:
                 )
 
     async def _run_tool(self, call: ToolCall) -> None:
-        hooks = self.agent.hooks
-        blocked: str | None = None
-        if hooks.implemented("before_tool_call"):
-            call, blocked = await self._before_tool_call(call)
+        hooks, conv, run_id = self.services.hooks, self.conv, self.run_id
+        call, block = await hooks.before_tool_call(conv, run_id, call)
         self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)
         t0 = time.monotonic()
-        if blocked is not None:
-            result = ToolResult(text=f"blocked: {blocked}", is_error=True)
+        if block is not None:
+            result = ToolResult(text=f"blocked: {block.reason}", is_error=True)
         else:
             result = await self._invoke(call)
             attempt = 1
-            while (
-                result.is_error
-                and attempt <= self.policy.max_tool_retries
-                and hooks.implemented("on_tool_error")
-            ):
-                retry = await self._retry_wanted(call, result, attempt)
+            while result.is_error and attempt <= self.policy.max_tool_retries:
+                retry = await hooks.on_tool_error(conv, run_id, call, result, attempt)
                 if retry is None:
                     break
                 if retry.delay > 0:
                     await asyncio.sleep(retry.delay)
                 attempt += 1
                 result = await self._invoke(call)
-            if hooks.implemented("after_tool_call"):
-                result = await self._after_tool_call(call, result)
+            result = await hooks.after_tool_call(conv, run_id, call, result)
         await self._finish_tool(call, result, time.monotonic() - t0)
 
     async def _invoke(self, call: ToolCall) -> ToolResult:
@@ -680,7 +598,7 @@ class TurnRunner:
             return ToolResult(text="error: arguments must be a JSON object", is_error=True)
         data = self.message.data if isinstance(self.message.data, dict) else {}
         context = ToolContext(
-            conversation_id=self.conv.id,
+            conversation_id=self.parts.id,
             run_id=self.run_id,
             call_id=call.id,
             author=self.message.author,

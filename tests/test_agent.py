@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 
 import pytest
@@ -348,6 +349,21 @@ async def test_events_after_replays_missed_events(agent, scripted):
     assert e.kind == "turn_started" and e.seq == first_turn_end + 1
 
 
+async def test_a_watched_conversation_stays_the_one_its_subscribers_watch(agent, scripted):
+    # An HTTP client subscribes in one request and posts in the next; nobody else
+    # holds the conversation in between.  Its subscription keeps it in memory, so
+    # the lookup finds the same conversation and the subscriber sees the turn.
+    conv = await agent.create_conversation()
+    cid = conv.id
+    sub = conv.events()
+    del conv
+    gc.collect()
+    again = await agent.get_conversation(cid)
+    run_id = await again.send("still there?")
+    events = await collect_turn(sub, run_id=run_id)
+    assert events[-1].text == "echo: still there?"
+
+
 async def test_agent_event_stream_covers_all_conversations(agent, scripted):
     sub = agent.events(profile="metrics")
     a = await agent.create_conversation()
@@ -488,7 +504,7 @@ async def test_replay_buffers_share_a_budget(scripted, db_path):
         for c in others:
             await c.send(" ".join(f"w{i}" for i in range(30)))
             await c.wait_idle()
-        assert a._buffered <= 100
+        assert a.services.buffered <= 100
         # The least recently active conversation lost its replay buffer ...
         gone = first.events(after=0)
         assert (await anext(gone)).kind == "events_lost"

@@ -1,0 +1,312 @@
+"""The turn engine's explicit parts: what an agent hands its conversations.
+
+The engine is four classes — :class:`~agentik.core.agent.Agent`,
+:class:`~agentik.core.conversation.Conversation`,
+:class:`~agentik.core.turn.TurnRunner` and
+:class:`~agentik.core.compaction.Compactor` — that talk only through public
+methods of these parts, each step getting its state and named dependencies
+handed in (as in pydantic-ai's run graph):
+
+* :class:`AgentServices` — one per agent, handed to each conversation:
+  stream sequence numbers and the agent-wide event stream, the budget of
+  every conversation's replay buffer, the registry of open and busy
+  conversations, their lifecycle (``session_start``/``session_end``), and
+  the agent's current model, system prompt, hooks, policy, tools and
+  compactor (read anew each time, so changing them on the agent takes
+  effect at once).
+* :class:`ConversationEvents` — a conversation's event stream: it numbers
+  each event, keeps the replay buffer and publishes to the agent's stream.
+* :class:`~agentik.core.workingmemory.WorkingMemory` — the conversation's
+  LLM context (cache, notes, load, compact).
+* :class:`ConversationParts` — the three above plus the conversation, as
+  one typed bundle for :class:`~agentik.core.turn.TurnRunner` and
+  :class:`~agentik.core.compaction.Compactor`.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .errors import ClosedError
+from .eventbus import EventBus, Subscription
+from .events import PROFILES, Event, EventBase, EventsLost
+from .workingmemory import WorkingMemory
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .compaction import Compactor
+    from .conversation import Conversation
+    from .hooks import Hooks
+    from .llm.base import LLMBackend
+    from .tools.base import Tool, TurnPolicy
+
+__all__ = ["AgentServices", "AgentState", "ConversationEvents", "ConversationParts", "kinds_of"]
+
+E = TypeVar("E", bound=Event)
+
+
+class AgentState(enum.Enum):
+    """Lifecycle of an :class:`~agentik.core.agent.Agent`: new → running → closing → closed."""
+
+    NEW = "new"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class AgentServices:
+    """What an :class:`~agentik.core.agent.Agent` provides to its conversations."""
+
+    def __init__(self, agent: Agent) -> None:
+        #: The agent these services belong to (its public face).
+        self.agent = agent
+        self._stream_seq = itertools.count(1)
+        self.last_stream_seq = 0
+        self._bus = EventBus(
+            key=lambda e: e.stream_seq, lost=self._lost, buffer=agent.event_buffer * 4
+        )
+        # Replay buffers of all conversations, least recently active first.
+        self._buffers: OrderedDict[str, deque[Any]] = OrderedDict()
+        #: Events held in all conversations' replay buffers together.
+        self.buffered = 0
+        # Conversations in use stay here; idle ones are dropped when no
+        # caller holds them any more (they reload from the store on demand).
+        self.open: weakref.WeakValueDictionary[str, Conversation] = weakref.WeakValueDictionary()
+        # Busy conversations stay referenced even if no caller holds them.
+        self.busy: dict[str, Conversation] = {}
+        # Conversations whose ``session_end`` hooks ran.
+        self._ended: weakref.WeakSet[Conversation] = weakref.WeakSet()
+
+    # -- what the agent is configured with (read anew: changes apply at once) ----------
+    @property
+    def llm(self) -> LLMBackend:
+        return self.agent.llm
+
+    @property
+    def system_prompt(self) -> str | None:
+        return self.agent.system_prompt
+
+    @property
+    def hooks(self) -> Hooks:
+        return self.agent.hooks
+
+    @property
+    def policy(self) -> TurnPolicy:
+        return self.agent.policy
+
+    @property
+    def tools(self) -> list[Tool]:
+        return self.agent.tools
+
+    @property
+    def compactor(self) -> Compactor:
+        return self.agent.compactor
+
+    @property
+    def event_buffer(self) -> int:
+        """Events each conversation keeps for reconnecting subscribers."""
+        return self.agent.event_buffer
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def check_running(self) -> None:
+        """Raise :class:`~agentik.core.errors.ClosedError` unless the agent runs."""
+        state = self.agent.state
+        if state is not AgentState.RUNNING:
+            raise ClosedError(f"the agent is {state.value}")
+
+    async def session_start(self, conv: Conversation) -> None:
+        """Run the ``session_start`` hooks for a conversation just created."""
+        await self.hooks.session_start(conv)
+
+    async def session_end(self, conv: Conversation, reason: str) -> None:
+        """Run the ``session_end`` hooks, once per conversation object."""
+        if conv in self._ended:
+            return
+        self._ended.add(conv)
+        await self.hooks.session_end(conv, reason)
+
+    # -- the registry of conversations ------------------------------------------------------
+    def remember(self, conv: Conversation) -> None:
+        """Keep ``conv`` findable while anyone holds it."""
+        self.open[conv.id] = conv
+
+    def find(self, conversation_id: str) -> Conversation | None:
+        """The conversation with this id if it is in use."""
+        return self.open.get(conversation_id)
+
+    def mark_busy(self, conv: Conversation) -> None:
+        """``conv`` has turns queued: keep it referenced until :meth:`mark_idle`."""
+        self.busy[conv.id] = conv
+
+    def mark_idle(self, conv: Conversation) -> None:
+        self.busy.pop(conv.id, None)
+
+    def forget(self, conv: Conversation) -> None:
+        """``conv`` closed: drop it from the registry."""
+        if self.open.get(conv.id) is conv:
+            del self.open[conv.id]
+        self.busy.pop(conv.id, None)
+
+    def conversations(self) -> list[Conversation]:
+        """Every conversation in use or busy (each once)."""
+        return list({**{c.id: c for c in list(self.open.values())}, **self.busy}.values())
+
+    # -- events --------------------------------------------------------------------------------
+    def next_stream_seq(self) -> int:
+        """The next number of the agent-wide event stream."""
+        self.last_stream_seq = next(self._stream_seq)
+        return self.last_stream_seq
+
+    def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
+        return EventsLost(
+            conversation_id="",
+            stream_seq=after,
+            ts=time.time(),
+            requested_after=after,
+            oldest_seq=oldest,
+        )
+
+    def publish(self, event: Event) -> None:
+        """Put ``event`` on the agent-wide stream."""
+        self._bus.publish(event)
+
+    def account(self, conversation_id: str, buffer: deque[Any], added: int) -> None:
+        """Keep the replay buffers of all conversations within the agent's ``event_budget``;
+        the least recently active conversations lose theirs first."""
+        self._buffers[conversation_id] = buffer
+        self._buffers.move_to_end(conversation_id)
+        self.buffered += added
+        budget = self.agent.event_budget
+        while self.buffered > budget and len(self._buffers) > 1:
+            _, oldest = self._buffers.popitem(last=False)
+            self.buffered -= len(oldest)
+            oldest.clear()
+
+    def subscribe(
+        self,
+        *,
+        after: int | None,
+        kinds: frozenset[str] | None,
+        max_pending: int | None,
+    ) -> Subscription:
+        """A subscription to the agent-wide stream (``after`` is a ``stream_seq``)."""
+        return self._bus.subscribe(after=after, kinds=kinds, max_pending=max_pending)
+
+    def close(self) -> None:
+        """End the agent-wide stream (its subscribers' iterations end)."""
+        self._bus.close()
+
+
+class ConversationEvents:
+    """The event stream of one conversation.
+
+    :meth:`emit` numbers an event (``seq`` per conversation, ``stream_seq``
+    agent-wide), keeps it in the replay buffer (``services.event_buffer``
+    events, within the agent's budget) and publishes it to this
+    conversation's subscribers and the agent's stream.
+
+    The stream holds its ``owner`` (the conversation), so while anyone
+    holds the stream — a subscriber — the conversation stays in memory:
+    later lookups find the same object, and its subscribers see its turns.
+    A conversation creates its stream on first use (idle ones have none).
+    ``closed``: the conversation is closing; subscribers end at once.
+    """
+
+    __slots__ = ("_bus", "_services", "conversation_id", "owner", "seq")
+
+    def __init__(
+        self,
+        conversation_id: str,
+        services: AgentServices,
+        *,
+        owner: object = None,
+        closed: bool = False,
+    ) -> None:
+        self.conversation_id = conversation_id
+        self.owner = owner
+        self._services = services
+        #: The number of the last event emitted.
+        self.seq = 0
+        self._bus = EventBus(key=lambda e: e.seq, lost=self._lost, buffer=services.event_buffer)
+        if closed:
+            self._bus.close()
+
+    def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
+        return EventsLost(
+            conversation_id=self.conversation_id,
+            seq=after,
+            ts=time.time(),
+            requested_after=after,
+            oldest_seq=oldest,
+        )
+
+    def emit(self, cls: type[E], run_id: str | None, **fields: Any) -> E:
+        """Create an event of type ``cls`` for turn ``run_id`` and publish it."""
+        services = self._services
+        self.seq += 1
+        event = cls(
+            conversation_id=self.conversation_id,
+            run_id=run_id,
+            seq=self.seq,
+            stream_seq=services.next_stream_seq(),
+            ts=time.time(),
+            **fields,
+        )
+        bus = self._bus
+        before = len(bus.buffer)
+        bus.publish(event)
+        services.account(self.conversation_id, bus.buffer, len(bus.buffer) - before)
+        services.publish(event)
+        return event
+
+    def subscribe(
+        self,
+        *,
+        after: int | None,
+        kinds: frozenset[str] | None,
+        max_pending: int | None,
+    ) -> Subscription:
+        """A subscription to this conversation's events (``after`` is a ``seq``)."""
+        return self._bus.subscribe(after=after, kinds=kinds, max_pending=max_pending)
+
+    def close(self) -> None:
+        """End the stream: subscribers' iterations end, later ones end at once."""
+        self._bus.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationParts:
+    """A conversation's engine parts, handed to each turn and compaction as one value."""
+
+    #: The conversation itself: what hooks receive, its id and channel.
+    conversation: Conversation
+    #: Its LLM context.
+    memory: WorkingMemory
+    #: Its event stream.
+    events: ConversationEvents
+    #: What its agent provides (model, system prompt, hooks, compactor).
+    services: AgentServices
+
+    @property
+    def id(self) -> str:
+        return self.memory.conversation_id
+
+    @property
+    def channel_key(self) -> str | None:
+        return self.conversation.channel_key
+
+
+def kinds_of(profile: str, kinds: Iterable[str] | None) -> frozenset[str] | None:
+    """The event kinds a subscriber with ``profile`` (or explicit ``kinds``) gets."""
+    if kinds is not None:
+        return frozenset(kinds)
+    if profile not in PROFILES:
+        raise ValueError(f"unknown event profile {profile!r} (known: {', '.join(PROFILES)})")
+    return None if profile == "debug" else PROFILES[profile]

@@ -1,0 +1,182 @@
+"""A conversation's working memory: the LLM context, cached, and the notes waiting for a turn.
+
+The working memory is the mutable half of the dual log (see
+:mod:`agentik.core.store.base`): the system-side summaries and the recent
+history the model sees.  :class:`WorkingMemory` is owned by one
+:class:`~agentik.core.conversation.Conversation`; the turn engine
+(:class:`~agentik.core.turn.TurnRunner`,
+:class:`~agentik.core.compaction.Compactor`) reads and changes it only
+through these methods:
+
+* :attr:`messages` — the cached context (loaded by :meth:`load`);
+* :meth:`append` — a write to both logs, the cache updated at once;
+* :meth:`invalidate` / :meth:`load` — drop the cache, reload it from the store
+  (folding in user messages a crash left out of working memory);
+* :meth:`entries` / :meth:`compact` — replace a prefix with a summary;
+* :meth:`add_note` / :meth:`take_notes` — ambient messages that reach the
+  model with the next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from .messages import ChatMessage, Message, NewMessage
+from .store.base import MemoryEntry, Store, TurnEnd
+
+__all__ = ["Queued", "WorkingMemory"]
+
+log = logging.getLogger(__name__)
+
+
+class Queued(Protocol):
+    """An item of a conversation's turn queue: ``run_id`` is the turn whose
+    user message it answers (``None``: other work)."""
+
+    @property
+    def run_id(self) -> str | None: ...
+
+
+class WorkingMemory:
+    """The working memory of conversation ``conversation_id`` in ``store``.
+
+    ``queue`` is the conversation's turn queue, read (never changed) by
+    :meth:`load`: the user messages of queued turns are not orphans.
+    ``fresh`` marks a conversation just created, whose memory is known to be
+    empty.
+    """
+
+    __slots__ = ("_cache", "_notes", "_queue", "conversation_id", "store")
+
+    def __init__(
+        self,
+        store: Store,
+        conversation_id: str,
+        *,
+        queue: Iterable[Queued] = (),
+        fresh: bool = False,
+    ) -> None:
+        self.store = store
+        self.conversation_id = conversation_id
+        self._queue = queue
+        self._cache: list[ChatMessage] | None = [] if fresh else None
+        self._notes: list[ChatMessage] = []
+
+    # -- the cached context ----------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        """Whether the cache holds the current context (else :meth:`load` it)."""
+        return self._cache is not None
+
+    @property
+    def messages(self) -> tuple[ChatMessage, ...]:
+        """The cached context, oldest first (empty when not loaded)."""
+        return tuple(self._cache or ())
+
+    def extend(self, memory: Sequence[ChatMessage]) -> None:
+        """Add ``memory`` to the cache (if loaded) after writing it to the store."""
+        if self._cache is not None:
+            self._cache.extend(memory)
+
+    def invalidate(self) -> None:
+        """Forget the cache: the next :meth:`load` reads the store."""
+        self._cache = None
+
+    def invalidate_on_failure(self, fut: asyncio.Future[Any]) -> None:
+        """A done-callback for a write: a failed one leaves the cache unknown."""
+        if fut.cancelled() or fut.exception() is not None:
+            self._cache = None
+
+    async def load(self, *, exclude_run: str | None = None) -> None:
+        """Load the working memory, folding in user messages a crash left out.
+
+        A user message whose turn never started (the process died first) is in
+        the audit log but not in working memory; it is added as context so
+        nothing the user said is lost to the model.  Messages of queued turns
+        (and of ``exclude_run``) are not orphans: their turn adds them.
+        """
+        if self._cache is not None:
+            return
+        store, cid = self.store, self.conversation_id
+        cache = [e.message for e in await store.load_memory(cid)]
+        last = max((m.message_id or 0 for m in cache), default=0)
+        pending = {q.run_id for q in self._queue if q.run_id is not None} | {exclude_run}
+        orphans = [
+            m
+            for m in await store.messages(cid, after=last, kinds=["user"], limit=1000)
+            if m.run_id not in pending and not (isinstance(m.data, dict) and m.data.get("ambient"))
+        ]
+        if orphans:
+            log.warning(
+                "conversation %s: %d user message(s) from an interrupted process added to context",
+                cid,
+                len(orphans),
+            )
+            extra = [
+                ChatMessage(role="user", content=m.content, author=m.author, message_id=m.id)
+                for m in orphans
+            ]
+            await store.append(cid, memory=extra)
+            cache.extend(extra)
+        self._cache = cache
+
+    # -- writes ----------------------------------------------------------------------
+    def append(
+        self,
+        *,
+        log: Sequence[NewMessage] = (),
+        memory: Sequence[ChatMessage] = (),
+        run_id: str = "",
+        ended: str | None = None,
+    ) -> asyncio.Future[list[Message]]:
+        """Write to both logs in one transaction; the cache is extended at once.
+
+        The write runs in its own task (it lands even if the caller is
+        cancelled while waiting); ``ended`` records the end of turn
+        ``run_id`` (its outcome) in the same transaction.
+        """
+        self.extend(memory)
+        return asyncio.ensure_future(
+            self.store.append(
+                self.conversation_id,
+                log=log,
+                memory=memory,
+                updated_at=time.time(),
+                ended=TurnEnd(run_id, ended) if ended else None,
+            )
+        )
+
+    # -- compaction ----------------------------------------------------------------------
+    async def entries(self) -> list[MemoryEntry]:
+        """The stored working memory with its positions (what :meth:`compact` cuts)."""
+        return await self.store.load_memory(self.conversation_id)
+
+    async def compact(self, entries: Sequence[MemoryEntry], upto: int, summary: str) -> None:
+        """Replace ``entries`` up to position ``upto`` (just loaded) with ``summary``.
+
+        The summary keeps the highest audit-log id it covers, so messages it
+        replaced are never mistaken for ones a crash left out.  The cache is
+        dropped (:meth:`load` it again).
+        """
+        covered = max((e.message.message_id or 0 for e in entries if e.pos <= upto), default=0)
+        await self.store.compact(
+            self.conversation_id,
+            upto,
+            ChatMessage(role="system", content=summary, message_id=covered or None),
+        )
+        self._cache = None
+
+    # -- ambient notes -------------------------------------------------------------------
+    def add_note(self, note: ChatMessage, *, keep: int) -> None:
+        """Hold ``note`` for the next turn; at most the last ``keep`` notes wait."""
+        self._notes.append(note)
+        del self._notes[:-keep]
+
+    def take_notes(self) -> list[ChatMessage]:
+        """The notes waiting for a turn, oldest first; none wait afterwards."""
+        notes, self._notes = self._notes, []
+        return notes
