@@ -555,16 +555,20 @@ class LiteRTBackend(LLMBackend):
         context = self.context_size
         return max(1, context - self._answer_reserve() - _prefill_slack(context))
 
-    async def count_tokens(self, request: LLMRequest) -> int:
-        """The size of ``request`` as the engine would prefill it after a rebuild,
-        with the model's own tokenizer (message framing counted generously)."""
-        engine = await self._get_engine()
-        system, wire = to_engine_messages(
+    def _engine_messages(self, request: LLMRequest) -> tuple[str | None, list[dict[str, Any]]]:
+        """``request`` as the engine's system prompt and messages (this backend's options)."""
+        return to_engine_messages(
             request.messages,
             request.system,
             fold_system_prompt=self.fold_system_prompt,
             author_mode=self.author_mode,
         )
+
+    async def count_tokens(self, request: LLMRequest) -> int:
+        """The size of ``request`` as the engine would prefill it after a rebuild,
+        with the model's own tokenizer (message framing counted generously)."""
+        engine = await self._get_engine()
+        system, wire = self._engine_messages(request)
         texts = [system or ""]
         texts += [
             json.dumps(m["content"]) if not isinstance(m["content"], str) else m["content"]
@@ -649,12 +653,7 @@ class LiteRTBackend(LLMBackend):
         if self._closed:
             raise LLMError("the litert backend is closed")
         engine = await self._get_engine()
-        system, wire = to_engine_messages(
-            request.messages,
-            request.system,
-            fold_system_prompt=self.fold_system_prompt,
-            author_mode=self.author_mode,
-        )
+        system, wire = self._engine_messages(request)
         if not wire or wire[-1]["role"] == "assistant":
             raise LLMResponseError("nothing to answer: the conversation ends with the model's turn")
         tools = (
