@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -539,25 +539,9 @@ class FakeOpenAIServer:
     async def _stream(
         self, request: web.Request, reply: Reply, head: dict[str, Any], usage: dict[str, Any] | None
     ) -> web.StreamResponse:
-        if reply.forever:
-            return await self._stream_endless(request, reply, head)
-        steps = reply.steps or [{"content": ""}]
-        events: list[dict[str, Any]] = []
-        for i, delta in enumerate(steps):
-            last = i == len(steps) - 1
-            choice = {
-                "index": 0,
-                "delta": {"role": "assistant", **delta} if i == 0 else delta,
-                "logprobs": None,
-                "finish_reason": reply.finish_reason if last else None,
-            }
-            events.append({**head, "object": "chat.completion.chunk", "choices": [choice]})
-        if usage is not None:
-            for event in events:
-                event["usage"] = None
-            events.append(
-                {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
-            )
+        events: Iterable[dict[str, Any]] = (
+            self._endless(reply, head) if reply.forever else self._chunks(reply, head, usage)
+        )
         resp = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream; charset=utf-8",
@@ -577,6 +561,8 @@ class FakeOpenAIServer:
                     await self._hold(request, reply)
                 if reply.delay:
                     await asyncio.sleep(reply.delay)
+                # write() waits while the socket's buffer is full, so a client
+                # that stops reading also stops an endless reply.
                 await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             if reply.drop_after is not None:
                 return await self._drop(request, resp)  # everything but [DONE]
@@ -595,46 +581,45 @@ class FakeOpenAIServer:
             self._active.discard(transport)
         return resp
 
-    async def _stream_endless(
-        self, request: web.Request, reply: Reply, head: dict[str, Any]
-    ) -> web.StreamResponse:
-        """Send the reply's steps again and again, never finishing, until the client
-        goes away (counted in ``disconnects``) or the server closes."""
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream; charset=utf-8", **reply.headers}
-        )
-        transport = request.transport
-        if transport is not None:
-            self._active.add(transport)
+    @staticmethod
+    def _chunks(
+        reply: Reply, head: dict[str, Any], usage: dict[str, Any] | None
+    ) -> list[dict[str, Any]]:
+        """The ``chat.completion.chunk`` events of ``reply``, usage last when asked for."""
+        steps = reply.steps or [{"content": ""}]
+        events: list[dict[str, Any]] = []
+        for i, delta in enumerate(steps):
+            last = i == len(steps) - 1
+            choice = {
+                "index": 0,
+                "delta": {"role": "assistant", **delta} if i == 0 else delta,
+                "logprobs": None,
+                "finish_reason": reply.finish_reason if last else None,
+            }
+            events.append({**head, "object": "chat.completion.chunk", "choices": [choice]})
+        if usage is not None:
+            for event in events:
+                event["usage"] = None
+            events.append(
+                {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+            )
+        return events
+
+    @staticmethod
+    def _endless(reply: Reply, head: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The reply's steps again and again, never a ``finish_reason`` (``Reply.forever``)."""
         steps = reply.steps or [{"content": "la "}]
-        try:
-            await resp.prepare(request)
-            first = True
-            while True:
-                for delta in steps:
-                    choice = {
-                        "index": 0,
-                        "delta": {"role": "assistant", **delta} if first else delta,
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                    first = False
-                    event = {**head, "object": "chat.completion.chunk", "choices": [choice]}
-                    if reply.delay:
-                        await asyncio.sleep(reply.delay)
-                    # write() waits while the socket's buffer is full, so a
-                    # client that stops reading stops this loop too.
-                    await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        except asyncio.CancelledError:
-            if not self._closing:
-                self._note_disconnect()
-            raise
-        except ConnectionResetError:
-            if not self._closing:
-                self._note_disconnect()
-        finally:
-            self._active.discard(transport)
-        return resp
+        first = True
+        while True:
+            for delta in steps:
+                choice = {
+                    "index": 0,
+                    "delta": {"role": "assistant", **delta} if first else delta,
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                first = False
+                yield {**head, "object": "chat.completion.chunk", "choices": [choice]}
 
     async def _hold(self, request: web.Request, reply: Reply) -> None:
         """Wait (cancellable: the client may go away) until the test releases ``reply``."""
