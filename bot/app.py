@@ -9,9 +9,9 @@ import os
 import signal
 from typing import Any
 
-from agentik.core import Agent, ConfigError
+from agentik.core import Agent, AgentikError, ConfigError
 from agentik.core.plugins import Registry, load_plugins
-from agentik.transports.base import Transport
+from agentik.transports.base import Transport, TransportFailed
 
 from .bridge import Bridge, options_from
 from .builder import AgentBuilder
@@ -97,7 +97,12 @@ class Bot:
         await self.aclose()
 
     async def serve(self) -> None:
-        """Run until every transport finishes, or SIGTERM/SIGINT (when unhandled)."""
+        """Run until every transport finishes, or SIGTERM/SIGINT (when unhandled).
+
+        A transport that fails for good (its ``serve()`` raises) is logged at
+        ERROR while the others keep running; once every transport has finished,
+        any failure is raised as :class:`TransportFailed` (``agentik run`` exits 1).
+        """
         if not self.transports:
             raise ConfigError(f"{self.config.source}: transports: no transport is enabled")
         stop = asyncio.Event()
@@ -109,19 +114,43 @@ class Bot:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, stop.set)
                 installed.append(sig)
-        waiters = [asyncio.ensure_future(t.serve()) for t in self.transports.values()]
+        waiters: dict[asyncio.Future[Any], str] = {
+            asyncio.ensure_future(t.serve()): n for n, t in self.transports.items()
+        }
         stopper = asyncio.ensure_future(stop.wait())
+        pending: set[asyncio.Future[Any]] = set(waiters)
+        failures: list[str] = []
         try:
-            all_done = asyncio.ensure_future(asyncio.gather(*waiters, return_exceptions=True))
-            pair: list[asyncio.Future[Any]] = [all_done, stopper]
-            await asyncio.wait(pair, return_when=asyncio.FIRST_COMPLETED)
+            while pending:
+                done, _ = await asyncio.wait(
+                    {*pending, stopper}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stopper in done:
+                    return
+                for waiter in done:
+                    pending.discard(waiter)
+                    exc = None if waiter.cancelled() else waiter.exception()
+                    if exc is None:
+                        continue
+                    failures.append(str(exc) or type(exc).__name__)
+                    log.error(
+                        "transport %s failed: %s%s", waiters[waiter], failures[-1],
+                        f" ({len(pending)} other transport(s) keep running)" if pending else "",
+                        exc_info=None if isinstance(exc, AgentikError) else exc,
+                    )  # fmt: skip
         finally:
             for signum in installed:
                 loop.remove_signal_handler(signum)
             stopper.cancel()
             for w in waiters:
                 w.cancel()
-            await asyncio.gather(stopper, all_done, return_exceptions=True)
+            await asyncio.gather(stopper, *waiters, return_exceptions=True)
+        if failures:
+            if len(self.transports) == 1:
+                raise TransportFailed(failures[0])
+            raise TransportFailed(
+                f"every transport has stopped, {len(failures)} on an error: " + "; ".join(failures)
+            )
 
     async def aclose(self) -> None:
         """Stop transports, renderers and the agent; nothing is left running."""

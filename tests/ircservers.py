@@ -923,15 +923,23 @@ class ScriptedIRCServer:
     sends, in order; ``line`` has no CR/LF. Every line from every client is
     recorded in :attr:`received` (``received_raw`` keeps the bytes). An
     exception in the handler is re-raised when the ``async with`` block exits.
-    The default handler is :func:`registration_handler()`.
+    The default handler is :func:`registration_handler()`. ``greeting`` lines are
+    sent to each client as soon as it connects (as real servers send
+    ``NOTICE * :*** Looking up your hostname...``).
     """
 
     name = "irc.scripted.test"
 
     def __init__(
-        self, handler: Handler | None = None, *, host: str = HOST, ssl: Any = None
+        self,
+        handler: Handler | None = None,
+        *,
+        host: str = HOST,
+        ssl: Any = None,
+        greeting: Iterable[str] = (),
     ) -> None:
         self.handler: Handler = handler or registration_handler()
+        self.greeting = list(greeting)
         self.host = host
         self.ssl = ssl  # an ssl.SSLContext to serve TLS
         self.port = 0
@@ -1034,6 +1042,8 @@ class ScriptedIRCServer:
         client = ScriptedClient(self, writer, len(self.clients))
         self.clients.append(client)
         self._notify()
+        for line in self.greeting:
+            client.send(line)
         try:
             while True:
                 try:
@@ -1090,7 +1100,9 @@ def registration_handler(
     """A handler for the usual registration flow, to use or to wrap.
 
     * ``CAP LS [302]`` -> ``CAP * LS :<caps_offered>`` (and registration waits
-      for ``CAP END``); ``CAP REQ :a b`` -> ``CAP * ACK :a b`` if every cap is
+      for ``CAP END``); ``client.state["caps_offered"]`` (a list), when set,
+      replaces ``caps_offered`` for that client (announce a change with
+      ``CAP <nick> NEW :<cap>``); ``CAP REQ :a b`` -> ``CAP * ACK :a b`` if every cap is
       offered, else ``CAP * NAK :a b``; ``CAP LIST``; ``CAP END``.
     * ``NICK``/``USER`` -> 001..005 (005 carries ``isupport``) and 376 once
       both arrived and no CAP negotiation is open; ``433`` for a nick in
@@ -1104,7 +1116,6 @@ def registration_handler(
     handler, ``await base(client, line)`` for the lines you don't handle.
     """
     offered = caps_offered.split()
-    offered_names = {_cap_name(c) for c in offered}
     tokens = isupport.split()
 
     def try_register(client: ScriptedClient) -> None:
@@ -1130,15 +1141,16 @@ def registration_handler(
         if cmd == "CAP":
             sub = params[0].upper() if params else ""
             who = client.nick or "*"
+            caps = client.state.get("caps_offered", offered)
             if sub == "LS":
                 client.state["cap_open"] = not client.registered
-                client.send(f":{client.server.name} CAP {who} LS :{' '.join(offered)}")
+                client.send(f":{client.server.name} CAP {who} LS :{' '.join(caps)}")
             elif sub == "REQ":
                 if not client.registered:
                     client.state["cap_open"] = True
                 wanted = params[1] if len(params) > 1 else ""
                 names = [c.lstrip("-") for c in wanted.split()]
-                if names and all(n in offered_names for n in names):
+                if names and all(n in {_cap_name(c) for c in caps} for n in names):
                     for cap in wanted.split():
                         if cap.startswith("-"):
                             client.caps.discard(cap[1:])

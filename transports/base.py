@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from agentik.core.errors import ConfigError
+from agentik.core.errors import AgentikError, ConfigError
 
 if TYPE_CHECKING:
     from agentik.core import Agent, Conversation, TurnPolicy
@@ -41,6 +41,7 @@ __all__ = [
     "OutgoingKind",
     "OutgoingMessage",
     "Transport",
+    "TransportFailed",
     "parse_settings",
     "restrict_tools",
 ]
@@ -167,13 +168,20 @@ def restrict_tools(
     )
 
 
+class TransportFailed(AgentikError):
+    """Raised by :meth:`Transport.serve` when the transport stopped for good on an
+    error (e.g. a rejected login): a run-time failure, not a normal end."""
+
+
 class Transport(abc.ABC):
     """Base class of transport adapters.
 
     Lifecycle: ``await start(sink)`` connects and begins delivering messages
     to ``sink``; ``await serve()`` returns when the transport is finished on
     its own (a terminal at end of input) and otherwise runs until
-    ``aclose()``; ``aclose()`` disconnects cleanly and leaves no task behind.
+    ``aclose()``; it raises :class:`TransportFailed` when the transport gave
+    up on an error it cannot recover from; ``aclose()`` disconnects cleanly
+    and leaves no task behind.
     """
 
     #: The registered type name (``type = "..."`` in the configuration).

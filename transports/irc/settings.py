@@ -25,6 +25,8 @@ class IRCSettings(BaseModel):
     ssl_verify: bool = True
     #: Trust this CA file (PEM) instead of the system's, e.g. a private network's CA.
     ssl_ca_file: str | None = None
+    #: Seconds to open the connection, and again for the TLS handshake, before giving up.
+    connect_timeout: float = Field(30.0, gt=0)
     #: Server password (PASS).
     password: SecretStr | None = None
     nick: str = "agentik"
@@ -36,6 +38,12 @@ class IRCSettings(BaseModel):
     sasl_mechanism: Literal["none", "plain", "external"] = "none"
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
+    #: With SASL configured, never register unauthenticated: when the server does not
+    #: offer SASL (services down), hold registration, wait ``sasl_wait`` seconds for it
+    #: to be offered (``CAP NEW``), else disconnect and retry.  ``false``: register
+    #: without it (a warning) and log in when the server offers it later.
+    sasl_required: bool = True
+    sasl_wait: float = Field(20.0, gt=0)
     #: PEM files for a TLS client certificate (SASL EXTERNAL / CertFP).
     client_cert: str | None = None
     client_key: str | None = None

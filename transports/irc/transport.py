@@ -49,6 +49,7 @@ from agentik.transports.base import (
     MessageSink,
     OutgoingMessage,
     Transport,
+    TransportFailed,
 )
 
 from .settings import IRCSettings
@@ -76,10 +77,30 @@ WANTED_CAPS = (
     "batch",
     "draft/multiline",
     "multi-prefix",
+    "cap-notify",
+)
+#: OpenSSL's reasons for a handshake that got something other than TLS back.
+_PLAINTEXT_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+     "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "WRONG_SSL_VERSION"}
+)  # fmt: skip
+_PLAINTEXT_HINT = (
+    "; the server answers in plain text on this port: set tls = false"
+    " (or use its TLS port, usually 6697)"
 )
 #: Longest line we accept from a server before dropping it (tags + 512).
 MAX_INCOMING = 8191 + 512
 _SASL_CHUNK = 400
+
+
+class _CannotConnect(Exception):
+    """A connection attempt failed; the message says why, for the log."""
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` (just ``Type`` when the message is empty)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @dataclass(slots=True)
@@ -115,6 +136,13 @@ def _irc3() -> tuple[Any, type, type]:
         def connection_lost(self, exc: BaseException | None) -> None:
             self.closed = True
             self.factory.owner._on_lost(self, exc)
+
+        def close(self) -> None:
+            # irc3's close() logs every hang-up at CRITICAL ("closing old
+            # transport"), a normal shutdown included; ours are ordinary.
+            if not self.closed:
+                self.closed = True
+                self.transport.close()
 
     class Bot(irc3.IrcBot):
         # irc3 reconfigures logging in every IrcBot(); keep ours.
@@ -163,6 +191,14 @@ class IRCTransport(Transport):
         self._caps_offered: dict[str, str] = {}
         self._cap_pending = False
         self._sasl_state: str | None = None
+        #: Registration held open (no CAP END) until the server offers SASL.
+        self._sasl_waiting = False
+        self._sasl_timer: asyncio.TimerHandle | None = None
+        #: Why we hung up ourselves (for the "connection lost" line).
+        self._hangup_reason: str | None = None
+        #: When the last connection was lost or an attempt failed (None: all well).
+        self._down_since: float | None = None
+        self._server_name: str | None = None
         self._nick_candidates: list[str] = []
         self._user_hits: dict[str, deque[float]] = {}
         self._user_warned: dict[str, float] = {}
@@ -189,9 +225,6 @@ class IRCTransport(Transport):
         self.spawn(self._run(), name=f"agentik-irc:{self.name}")
         self.spawn(self._send_loop(), name=f"agentik-irc-send:{self.name}")
 
-    async def serve(self) -> None:
-        await self.closed.wait()
-
     async def aclose(self) -> None:
         if self._closing:
             return
@@ -207,8 +240,16 @@ class IRCTransport(Transport):
                 self._protocol.close()
         if self._ping_timer is not None:
             self._ping_timer.cancel()
+        if self._sasl_timer is not None:
+            self._sasl_timer.cancel()
         await self.cancel_tasks()
         self.closed.set()
+
+    async def serve(self) -> None:
+        """Until closed; raises :class:`TransportFailed` when the network failed for good."""
+        await self.closed.wait()
+        if self.failed is not None:
+            raise TransportFailed(f"irc {self.name}: {self.failed}")
 
     # -- connecting ------------------------------------------------------------------
     def _ssl_context(self) -> ssl.SSLContext | None:
@@ -229,6 +270,10 @@ class IRCTransport(Transport):
                 raise ConfigError(f"transports.{self.name}.client_cert: {exc}") from None
         return ctx
 
+    @property
+    def _where(self) -> str:
+        return f"{self.options.host}:{self.options.effective_port}"
+
     async def _run(self) -> None:
         """Connect, and reconnect with backoff, until closed or failed."""
         o = self.options
@@ -238,10 +283,10 @@ class IRCTransport(Transport):
             except ConfigError as exc:
                 self._fail(str(exc))
                 break
-            except (OSError, ssl.SSLError, TimeoutError) as exc:
-                log.warning(
-                    "irc %s: cannot connect to %s:%s: %s", self.name, o.host, o.effective_port, exc
-                )
+            except _CannotConnect as exc:
+                log.warning("irc %s: cannot connect to %s: %s", self.name, self._where, exc)
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
             else:
                 await self._lost.wait()
                 if time.monotonic() - self._connected_at >= o.reconnect_stable:
@@ -258,21 +303,17 @@ class IRCTransport(Transport):
 
     async def _connect(self) -> None:
         o = self.options
-        loop = asyncio.get_running_loop()
         bot = self._bot
         ctx = self._ssl_context()
-
-        def make_protocol() -> Any:
-            protocol = self._connection_cls()
-            protocol.factory = bot
-            protocol.encoding = "utf-8"
-            return protocol
-
-        async with asyncio.timeout(30):
-            _, protocol = await loop.create_connection(
-                make_protocol, host=o.host, port=o.effective_port, ssl=ctx,
-                server_hostname=o.host if ctx is not None else None,
-            )  # fmt: skip
+        log.info(
+            "irc %s: connecting to %s (%s)", self.name, self._where, "TLS" if ctx else "plain text"
+        )
+        transport, protocol = await self._open(ctx)
+        tls = transport.get_extra_info("ssl_object")
+        log.info(
+            "irc %s: connected to %s (%s)", self.name, self._where,
+            tls.version() if tls is not None else "plain text",
+        )  # fmt: skip
         bot.protocol = protocol
         self._protocol = protocol
         self._lost.clear()
@@ -281,6 +322,8 @@ class IRCTransport(Transport):
         self.caps_enabled.clear()
         self._caps_offered.clear()
         self._sasl_state = None
+        self._sasl_waiting = False
+        self._hangup_reason = None
         self._connected_at = time.monotonic()
         self.nick = o.nick
         self._nick_candidates = [*o.alt_nicks, f"{o.nick}_", f"{o.nick}__"]
@@ -292,11 +335,91 @@ class IRCTransport(Transport):
         self._write(format_line("NICK", o.nick))
         self._write(format_line("USER", o.username, "0", "*", o.realname))
 
+    async def _open(self, ctx: ssl.SSLContext | None) -> tuple[Any, Any]:
+        """TCP, then the TLS handshake; failures become :class:`_CannotConnect` with the reason."""
+        o = self.options
+        loop = asyncio.get_running_loop()
+        limit = o.connect_timeout
+
+        def make_protocol() -> Any:
+            protocol = self._connection_cls()
+            protocol.factory = self._bot
+            protocol.encoding = "utf-8"
+            return protocol
+
+        try:
+            async with asyncio.timeout(limit):
+                transport, protocol = await loop.create_connection(
+                    make_protocol, host=o.host, port=o.effective_port
+                )
+        except TimeoutError:
+            raise _CannotConnect(f"timed out after {limit:g} s") from None
+        except OSError as exc:
+            raise _CannotConnect(_describe(exc)) from None
+        if ctx is None:
+            return transport, protocol
+        try:
+            async with asyncio.timeout(limit):
+                tls = await loop.start_tls(
+                    transport, protocol, ctx, server_hostname=o.host,
+                    ssl_handshake_timeout=limit + 5,
+                )  # fmt: skip
+        except TimeoutError:
+            why = f"TLS handshake timed out after {limit:g} s"
+            raise _CannotConnect(
+                why + (_PLAINTEXT_HINT if await self._answers_plain_irc() else "")
+            ) from None
+        except ssl.SSLCertVerificationError as exc:
+            raise _CannotConnect(
+                f"TLS certificate not trusted: {_describe(exc)} (ssl_ca_file names a"
+                " private network's CA)"
+            ) from None
+        except (ssl.SSLError, OSError) as exc:
+            transport.close()
+            why = f"TLS handshake failed: {_describe(exc)}"
+            plain = getattr(exc, "reason", None) in _PLAINTEXT_REASONS
+            if plain or await self._answers_plain_irc():
+                why += _PLAINTEXT_HINT
+            raise _CannotConnect(why) from None
+        protocol.transport = tls
+        return tls, protocol
+
+    async def _answers_plain_irc(self) -> bool:
+        """Whether the server speaks plain-text IRC on our port (after a failed handshake).
+
+        One short probe: ``CAP LS 302`` without TLS; an IRC line back means yes.
+        """
+        o = self.options
+        writer = None
+        try:
+            async with asyncio.timeout(min(o.connect_timeout, 10.0)):
+                reader, writer = await asyncio.open_connection(o.host, o.effective_port)
+                writer.write(b"CAP LS 302\r\n")
+                raw = await reader.readline()
+        except (OSError, TimeoutError, ValueError, EOFError):
+            return False
+        finally:
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    writer.write(b"QUIT\r\n")
+                    writer.close()
+        line = parse_line(raw) if raw.endswith(b"\n") else None
+        return line is not None and (
+            line.command.isdigit() or line.command in {"CAP", "NOTICE", "ERROR", "PING"}
+        )
+
     def _on_lost(self, protocol: Any, exc: BaseException | None) -> None:
         if protocol is not self._protocol:
             return
         level = logging.DEBUG if self._closing else logging.WARNING
-        log.log(level, "irc %s: connection lost (%s)", self.name, exc or "closed")
+        why = self._hangup_reason or (_describe(exc) if exc else "closed")
+        log.log(level, "irc %s: connection to %s lost (%s)", self.name, self._where, why)
+        if not self._closing and self._down_since is None:
+            self._down_since = time.monotonic()
+        self._sasl_waiting = False
+        if self._sasl_timer is not None:
+            self._sasl_timer.cancel()
+            self._sasl_timer = None
         self.registered.clear()
         self.joined.clear()
         self._unechoed.clear()  # never confirmed: a restart sends them again
@@ -304,6 +427,14 @@ class IRCTransport(Transport):
             self._ping_timer.cancel()
         self._lost.set()
         self._queue_changed.set()
+
+    def _hang_up(self, why: str) -> None:
+        """Leave this server now (QUIT) and reconnect with backoff."""
+        log.warning("irc %s: %s", self.name, why)
+        self._hangup_reason = why
+        self._write(format_line("QUIT", "reconnecting"))
+        if self._protocol is not None:
+            self._protocol.close()
 
     def _fail(self, why: str) -> None:
         log.error("irc %s: %s", self.name, why)
@@ -330,7 +461,8 @@ class IRCTransport(Transport):
     def _ping_due(self) -> None:
         idle = time.monotonic() - self._last_seen
         if idle >= self.options.ping_timeout:
-            log.warning("irc %s: no answer for %.0fs: reconnecting", self.name, idle)
+            self._hangup_reason = f"no answer for {idle:.0f} s"
+            log.warning("irc %s: no answer for %.0f s: reconnecting", self.name, idle)
             if self._protocol is not None:
                 self._protocol.close()
             return
@@ -363,15 +495,24 @@ class IRCTransport(Transport):
             self._on_cap(line)
         elif cmd == "AUTHENTICATE":
             self._on_authenticate(line)
-        elif cmd in ("900", "903"):
-            if cmd == "903":
-                self._sasl_state = "done"
-                self._cap_end()
+        elif cmd == "900":
+            account = p[2] if len(p) > 3 else "?"
+            log.info("irc %s: logged in as %s (SASL)", self.name, account)
+        elif cmd == "903":
+            self._sasl_state = "done"
+            self._sasl_waiting = False
+            if self._sasl_timer is not None:
+                self._sasl_timer.cancel()
+                self._sasl_timer = None
+            self._cap_end()
         elif cmd in ("902", "904", "905", "906", "907", "908"):
             self._on_sasl_failure(line)
         elif cmd == "001":
             self.nick = p[0] if p else self.nick
+            self._server_name = line.source
             self._cap_pending = False
+            if self.options.sasl_mechanism != "none" and self._sasl_state != "done":
+                self._registered_without_sasl()
         elif cmd == "005":
             for token in p[1:-1]:
                 key, _, value = token.partition("=")
@@ -403,37 +544,108 @@ class IRCTransport(Transport):
         if len(p) < 3:
             return
         sub = p[1].upper()
+        mech = self.options.sasl_mechanism
         if sub == "LS":
             more = len(p) >= 4 and p[2] == "*"
             for item in p[-1].split():
                 key, _, value = item.partition("=")
                 self._caps_offered[key] = value
-            if more:
+            if more or not self._cap_pending:
                 return
             want = [c for c in WANTED_CAPS if c in self._caps_offered]
-            if "sasl" in want and self.options.sasl_mechanism == "none":
+            if "sasl" in want and mech == "none":
                 want.remove("sasl")
+            if mech != "none" and "sasl" not in self._caps_offered:
+                self._sasl_unavailable("does not offer SASL")
             if want:
                 self._write(format_line("CAP", "REQ", " ".join(want)))
             else:
                 self._cap_end()
         elif sub == "ACK":
-            self.caps_enabled.update(c.lstrip("-=~") for c in p[-1].split())
-            mech = self.options.sasl_mechanism
-            if "sasl" in self.caps_enabled and mech != "none" and self._sasl_state is None:
+            acked = p[-1].split()
+            for cap in acked:
+                if cap.startswith("-"):
+                    self.caps_enabled.discard(cap[1:])
+                else:
+                    self.caps_enabled.add(cap.lstrip("=~"))
+            if "sasl" in acked and mech != "none" and self._sasl_state is None:
                 self._sasl_state = "started"
                 self._write(format_line("AUTHENTICATE", mech.upper()))
             else:
                 self._cap_end()
         elif sub == "NAK":
+            if "sasl" in p[-1].split() and mech != "none" and self._sasl_state != "done":
+                self._sasl_unavailable("refused the sasl capability")
             self._cap_end()
-        elif sub == "NEW" and "batch" not in self.caps_enabled:
-            pass  # cap-notify: nothing we need mid-session
+        elif sub == "NEW":
+            # cap-notify (implied by CAP LS 302): SASL may come back with the services.
+            new = set()
+            for item in p[-1].split():
+                key, _, value = item.partition("=")
+                self._caps_offered[key] = value
+                new.add(key)
+            if "sasl" in new and mech != "none" and self._sasl_state is None:
+                log.info("irc %s: the server offers SASL now: logging in", self.name)
+                if self._sasl_waiting:  # a fresh bound for the login itself
+                    self._arm_sasl_timer()
+                self._write(format_line("CAP", "REQ", "sasl"))
+        elif sub == "DEL":
+            for item in p[-1].split():
+                self._caps_offered.pop(item.partition("=")[0], None)
+                self.caps_enabled.discard(item.partition("=")[0])
 
     def _cap_end(self) -> None:
-        if self._cap_pending:
+        if self._cap_pending and not self._sasl_waiting:
             self._cap_pending = False
             self._write("CAP END")
+
+    def _sasl_unavailable(self, why: str) -> None:
+        """SASL is configured but the server does not offer it (yet)."""
+        o = self.options
+        if self._sasl_waiting or self.registered.is_set():
+            return
+        if not o.sasl_required:
+            log.warning(
+                "irc %s: the server %s: registering WITHOUT logging in (sasl_required = false);"
+                " will log in if it offers SASL later", self.name, why,
+            )  # fmt: skip
+            return
+        log.warning(
+            "irc %s: the server %s (are its services down?): not registering without"
+            " logging in; waiting up to %g s for it to offer SASL, then reconnecting"
+            " (sasl_required = false would register without it)", self.name, why, o.sasl_wait,
+        )  # fmt: skip
+        self._sasl_waiting = True
+        self._arm_sasl_timer()
+
+    def _arm_sasl_timer(self) -> None:
+        if self._sasl_timer is not None:
+            self._sasl_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._sasl_timer = loop.call_later(self.options.sasl_wait, self._sasl_wait_over)
+
+    def _sasl_wait_over(self) -> None:
+        self._sasl_timer = None
+        if not self._sasl_waiting:
+            return
+        self._sasl_waiting = False
+        self._hang_up(
+            f"no SASL login within {self.options.sasl_wait:g} s (sasl_wait):"
+            " disconnecting, will retry"
+        )
+
+    def _registered_without_sasl(self) -> None:
+        """The server registered us before we logged in (it has no CAP support)."""
+        if self.options.sasl_required:
+            self._hang_up(
+                "the server registered us without SASL (no IRCv3 capability negotiation):"
+                " disconnecting, will retry (sasl_required = false would stay connected)"
+            )
+        elif not self._caps_offered:
+            log.warning(
+                "irc %s: the server does not negotiate capabilities: registered WITHOUT"
+                " logging in (sasl_required = false)", self.name,
+            )  # fmt: skip
 
     def _on_authenticate(self, line: Line) -> None:
         if not line.params or line.params[0] != "+" or self._sasl_state != "started":
@@ -466,10 +678,19 @@ class IRCTransport(Transport):
         self._write(format_line("NICK", self.nick))
 
     def _on_registered(self) -> None:
-        if self.registered.is_set():
+        if self.registered.is_set() or getattr(self._protocol, "closed", True):
             return
         self.registered.set()
-        log.info("irc %s: registered as %s", self.name, self.nick)
+        network = self.isupport.get("NETWORK") or self._server_name or self._where
+        if self._down_since is not None:
+            # Restored: logged at the level the loss was.
+            log.warning(
+                "irc %s: registered as %s on %s: connection restored after %.0f s",
+                self.name, self.nick, network, time.monotonic() - self._down_since,
+            )  # fmt: skip
+            self._down_since = None
+        else:
+            log.info("irc %s: registered as %s on %s", self.name, self.nick, network)
         bot_mode = self.isupport.get("BOT")
         if bot_mode:
             self._write(format_line("MODE", self.nick, f"+{bot_mode}"))
@@ -495,6 +716,7 @@ class IRCTransport(Transport):
         if user and host:
             self.user, self.host = user, host
         self.joined.add(line.params[0].lower())
+        log.info("irc %s: joined %s", self.name, line.params[0])
         self._queue_changed.set()
 
     def _on_part(self, line: Line) -> None:
