@@ -155,6 +155,29 @@ async def test_sasl_required_false_registers_with_a_warning_and_logs_in_when_off
             await t.aclose()
 
 
+async def test_a_refused_capability_request_still_logs_in_with_sasl_alone():
+    base = registration_handler(
+        caps_offered="sasl echo-message message-tags", sasl=sasl_plain("bot", "pw-secret")
+    )
+
+    async def picky(client, line):
+        if line.startswith("CAP REQ") and "echo-message" in line:  # offered, then refused
+            client.send(f":{client.server.name} CAP * NAK :{line.split(' ', 2)[2].lstrip(':')}")
+            return
+        await base(client, line)
+
+    async with ScriptedIRCServer(picky) as server:
+        t = _transport(server.port, **SASL)
+        await t.start(_NullSink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 60)
+            lines = server.received
+            assert lines.index("CAP REQ sasl") < lines.index("AUTHENTICATE PLAIN")
+            assert lines.index("AUTHENTICATE PLAIN") < lines.index("CAP END")
+        finally:
+            await t.aclose()
+
+
 async def test_a_server_without_cap_support_is_left_when_sasl_is_required(caplog):
     base = registration_handler(caps_offered="")
 

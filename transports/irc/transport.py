@@ -574,7 +574,11 @@ class IRCTransport(Transport):
             else:
                 self._cap_end()
         elif sub == "NAK":
-            if "sasl" in p[-1].split() and mech != "none" and self._sasl_state != "done":
+            refused = p[-1].split()
+            if "sasl" in refused and mech != "none" and self._sasl_state is None:
+                if len(refused) > 1:  # a REQ is all or nothing: ask for sasl alone
+                    self._write(format_line("CAP", "REQ", "sasl"))
+                    return
                 self._sasl_unavailable("refused the sasl capability")
             self._cap_end()
         elif sub == "NEW":
