@@ -7,8 +7,10 @@ decides how a serious bot behaves on a real network is here:
 * registration with IRCv3 ``CAP LS 302`` (``sasl``, ``message-tags``,
   ``server-time``, ``account-tag``, ``echo-message``, ``batch`` when
   offered), our own SASL PLAIN/EXTERNAL (AUTHENTICATE split at 400 bytes,
-  903-907 handled, a rejected login stops the transport with a clear error),
-  NickServ IDENTIFY as a fallback, alternate nicks on 433/432/437 and
+  903-907 handled, a rejected login stops the transport with a clear error;
+  configured SASL the server does not offer holds registration until
+  ``CAP NEW sasl`` or ``sasl_wait``, then reconnects), NickServ IDENTIFY as
+  a fallback, alternate nicks on 433/432/437 and
   regaining the nick when its holder leaves, user mode from ISUPPORT ``BOT``;
 * when to answer: always in private messages; in channels when addressed
   (``nick:``/``nick,`` or, in ``mention`` mode, the nick anywhere) or for a
@@ -21,7 +23,9 @@ decides how a serious bot behaves on a real network is here:
   bucket per connection (longer lines cost more), nothing dropped silently;
 * reconnect with exponential backoff and jitter after a ping timeout or a
   lost connection, rejoin, and deliver what was queued meanwhile in order;
-* shutdown: QUIT, no reconnect, no task left.
+* connecting: each attempt, its outcome and the reason of a failure logged
+  (a TLS handshake against a plain-text port suggests ``tls = false``);
+* shutdown: QUIT, no reconnect, no task left, nothing logged as critical.
 
 irc3 patches ``asyncio.sleep``/``asyncio.wait`` when imported, so it is only
 imported when an IRC transport starts; its logging setup is neutralised.
@@ -411,7 +415,8 @@ class IRCTransport(Transport):
     def _on_lost(self, protocol: Any, exc: BaseException | None) -> None:
         if protocol is not self._protocol:
             return
-        level = logging.DEBUG if self._closing else logging.WARNING
+        # Shutting down, or giving up (already logged at ERROR): nothing to warn about.
+        level = logging.DEBUG if self._closing or self.failed else logging.WARNING
         why = self._hangup_reason or (_describe(exc) if exc else "closed")
         log.log(level, "irc %s: connection to %s lost (%s)", self.name, self._where, why)
         if not self._closing and self._down_since is None:
@@ -562,12 +567,12 @@ class IRCTransport(Transport):
             else:
                 self._cap_end()
         elif sub == "ACK":
-            acked = p[-1].split()
+            acked = {cap.lstrip("=~") for cap in p[-1].split()}
             for cap in acked:
                 if cap.startswith("-"):
                     self.caps_enabled.discard(cap[1:])
                 else:
-                    self.caps_enabled.add(cap.lstrip("=~"))
+                    self.caps_enabled.add(cap)
             if "sasl" in acked and mech != "none" and self._sasl_state is None:
                 self._sasl_state = "started"
                 self._write(format_line("AUTHENTICATE", mech.upper()))
