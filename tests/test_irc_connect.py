@@ -293,14 +293,14 @@ async def test_tls_to_a_plain_text_server_names_the_error_and_suggests_tls_false
 
 async def test_tls_to_a_silent_plain_text_server_times_out_and_suggests_tls_false(ngircd, caplog):
     # ngircd waits for a line; the TLS ClientHello never ends one: the handshake hangs.
-    t = _transport(ngircd.port, tls=True, connect_timeout=2, reconnect_min=30, reconnect_max=30)
+    t = _transport(ngircd.port, tls=True, connect_timeout=5, reconnect_min=30, reconnect_max=30)
     await t.start(_NullSink())
     try:
         failure = await _logged(caplog, _saying("cannot connect"))
     finally:
         await t.aclose()
     text = failure.getMessage()
-    assert "TLS handshake timed out after 2 s" in text
+    assert "TLS handshake timed out after 5 s" in text
     assert "answers in plain text on this port: set tls = false" in text
 
 
