@@ -402,6 +402,8 @@ tokens = [{{ name = "ops", env = "FD_TOKEN" }}]
             if m := re.search(rb"HTTP API on (http://127\.0\.0\.1:(\d+))/agentik", line):
                 url, port = m.group(1).decode(), int(m.group(2))
         drain = asyncio.ensure_future(_read_lines(proc.stderr, later))
+        # The default cap does not fit this limit, and start-up says so.
+        assert b"max_connections (256) leaves fewer than" in b"".join(startup)
         limits = Path(f"/proc/{proc.pid}/limits").read_text()  # noqa: ASYNC240
         assert re.search(rf"Max open files\s+{FD_LIMIT}\s", limits), limits
 

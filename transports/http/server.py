@@ -84,6 +84,8 @@ _SKIP = frozenset(
 )  # fmt: skip
 #: Connections taken per wake-up of the listening socket (then other work gets a turn).
 _ACCEPT_BATCH = 64
+#: Descriptors max_connections should leave to the rest of the process.
+_FD_RESERVE = 64
 _BACKOFF_MIN = 0.05
 _BACKOFF_MAX = 1.0
 
@@ -461,12 +463,32 @@ class ApiServer(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         yield
 
+    def _check_descriptors(self) -> None:
+        """Warn when ``max_connections`` can use up the process's open-files limit."""
+        try:
+            import resource
+        except ImportError:  # not on POSIX
+            return
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and self.limits.max_connections > soft - _FD_RESERVE:
+            log.warning(
+                "transport %s: max_connections (%d) leaves fewer than %d of the open-files "
+                "limit (%d) to the rest of the bot: when connections use them up, new ones "
+                "wait and other files may fail to open; raise ulimit -n or lower "
+                "max_connections",
+                self.name,
+                self.limits.max_connections,
+                _FD_RESERVE,
+                soft,
+            )
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # Replaces uvicorn's startup, whose loop.create_server we do not want (see the
         # module docstring); the rest is what it does for sockets passed in.
         if not sockets:
             raise ValueError("ApiServer serves sockets it is given")
         await self.lifespan.startup()
+        self._check_descriptors()
         config = self.config
         loop = asyncio.get_running_loop()
         state = self.server_state
