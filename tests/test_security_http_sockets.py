@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agentik.transports.http.server import ThrottledWarning
 from helpers import AGENTIK
 
 from httpserver import TOKENS, Server, running_server, sse
@@ -286,6 +287,26 @@ async def test_start_up_names_the_api_and_web_page_urls_and_no_token(db_path, ca
     lines = [r.getMessage() for r in caplog.records if "HTTP API on" in r.getMessage()]
     assert lines == [f"transport web: HTTP API on {url}/agentik (web page {url}/)"]
     assert not any(value in caplog.text for value in TOKENS.values())
+
+
+async def test_a_throttled_warning_is_one_line_now_and_one_count_per_interval(caplog):
+    logger = logging.getLogger("agentik.test.throttled")
+    warning = ThrottledWarning(logger, "cannot accept: %s", interval=0.2)
+    try:
+        for _ in range(1000):
+            warning.note("EMFILE")
+        lines = [r.getMessage() for r in caplog.records if r.name == logger.name]
+        assert lines == ["cannot accept: EMFILE"]
+        async with asyncio.timeout(GUARD):
+            while len(caplog.records) < 2:  # noqa: ASYNC110 - the interval has no event
+                await asyncio.sleep(0.05)
+        lines = [r.getMessage() for r in caplog.records if r.name == logger.name]
+        assert lines == [
+            "cannot accept: EMFILE",
+            "cannot accept: EMFILE (999 more times in the last 0.2 s)",
+        ]
+    finally:
+        warning.close()
 
 
 # -- file-descriptor exhaustion (a child process under a low limit) ------------------------

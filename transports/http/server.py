@@ -71,9 +71,9 @@ log = logging.getLogger(__name__)
 #: Seconds between two warnings about the same kind of refused connections.
 WARN_INTERVAL = 60.0
 
-#: Accept errors that mean "out of descriptors or memory": wait, then try again.
-_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-#: Errors of one pending connection (accept(2) on Linux): skip it, take the next.
+#: Errors of one pending connection (accept(2) on Linux): skip it, take the next.  Any
+#: other error (EMFILE, ENFILE, ENOBUFS, ENOMEM: out of descriptors or memory) pauses
+#: accepting for a moment.
 _SKIP = frozenset(
     getattr(errno, name)
     for name in (
@@ -148,10 +148,10 @@ class ThrottledWarning:
         if self.count:
             count, self.count = self.count, 0
             self.logger.warning(
-                self.message + " (%d more times in the last %d s)",
+                self.message + " (%d more times in the last %g s)",
                 *self._args,
                 count,
-                round(self.interval),
+                self.interval,
             )
             self._window = asyncio.get_running_loop().call_later(self.interval, self._flush)
 
