@@ -57,7 +57,10 @@ async def _server(events: int, rate: float, db: str) -> None:
     await agent.start()
     bridge = Bridge(agent)
     transport = HttpTransport(
-        name="bench", settings={"port": 0, "subscriber_queue": 4 * events}, environ={}
+        name="bench",
+        # Every subscriber holds a connection; the cap is for hostile clients.
+        settings={"port": 0, "subscriber_queue": 4 * events, "max_connections": 100_000},
+        environ={},
     )
     bridge.attach(transport)
     await transport.start(bridge)

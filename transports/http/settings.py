@@ -61,6 +61,21 @@ class HttpSettings(BaseModel):
     #: Browser origins allowed to call the API from another site (CORS).
     cors_origins: list[str] = Field(default_factory=list)
 
+    # -- connection limits (transports/http/server.py) --------------------------------------
+    #: Seconds a connection gets to send a complete request head, from when it opens
+    #: (or from the first byte of its next request); later bytes do not extend it.
+    header_timeout: float = Field(10.0, gt=0)
+    #: Seconds an idle kept-alive connection stays open after a response.
+    keepalive_timeout: float = Field(30.0, gt=0)
+    #: Connections open at once, event streams included; more get 503 and are closed.
+    max_connections: int = Field(256, ge=1)
+    #: Connections the kernel queues until the server accepts them (listen backlog).
+    backlog: int = Field(128, ge=1)
+    #: Largest request head (request line and headers) in bytes; larger: 431.
+    max_header_bytes: int = Field(32768, ge=1024)
+    #: Most header lines in one request; more: 431.
+    max_headers: int = Field(100, ge=1)
+
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:

@@ -16,8 +16,11 @@ either, starting is a configuration error.
 **Serving.**  Starlette routes (:mod:`.api`) served by uvicorn's ``Server``
 on a socket we bind ourselves, as a task of the running loop: no loop of its
 own, no lifespan, no signal handlers (the bot owns SIGINT/SIGTERM), no
-access log.  :meth:`aclose` ends every event stream, lets in-flight
-requests finish (at most ``_GRACE`` seconds) and closes the socket.
+access log.  :mod:`.server` adds what a socket open to anyone needs: a
+deadline for request heads, head size and count limits, a connection cap,
+and an accept loop that backs off quietly when file descriptors run out.
+:meth:`aclose` ends every event stream, lets in-flight requests finish (at
+most ``_GRACE`` seconds) and closes the socket.
 
 **Exposure.**  Without tokens there is no authentication, so the server
 only listens on a loopback address, and says so at start-up.
@@ -26,12 +29,11 @@ only listens on a loopback address, and says so at start-up.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -49,6 +51,7 @@ from agentik.transports.base import (
 
 from .api import ApiContext, build_app
 from .auth import TokenTable, load_tokens
+from .server import ApiServer, GuardedHttpProtocol, Limits
 from .settings import HttpSettings
 
 __all__ = ["HttpTransport"]
@@ -71,23 +74,6 @@ def _is_loopback(host: str) -> bool:
 def _web_page(prefix: str) -> str:
     page = resources.files(__package__).joinpath("static/index.html").read_text("utf-8")
     return page.replace("__AGENTIK_PREFIX__", prefix)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server as one task of our loop, telling us when it listens."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        # The bot owns SIGINT/SIGTERM; uvicorn must not take them over.
-        yield
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        self.ready.set()
 
 
 class HttpTransport(Transport):
@@ -161,7 +147,8 @@ class HttpTransport(Transport):
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{port}"
-        log.info("transport %s: HTTP API on %s%s", self.name, self.url, o.prefix or "/")
+        page = f" (web page {self.url}/)" if o.web_ui else ""
+        log.info("transport %s: HTTP API on %s%s%s", self.name, self.url, o.prefix or "/", page)
         if not self.tokens.enabled:
             note = (
                 f" (host {o.host!r} was replaced: an API without tokens only listens on loopback)"
@@ -185,7 +172,7 @@ class HttpTransport(Transport):
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(address)
-                sock.listen(512)
+                sock.listen(self.options.backlog)
                 sock.setblocking(False)
             except BaseException:
                 sock.close()
@@ -198,21 +185,30 @@ class HttpTransport(Transport):
         return sock
 
     async def _serve(self, app: Any, sock: socket.socket) -> None:
+        o = self.options
         config = uvicorn.Config(
             app,
             loop="none",
             lifespan="off",
-            # httptools (a dependency) when installed: its chunk writing costs a
-            # third less CPU per SSE event than h11's (benchmarks/bench_http.py).
-            http="auto",
+            # httptools (a dependency; GuardedHttpProtocol builds on its protocol): its
+            # chunk writing costs a third less CPU per SSE event than h11's
+            # (benchmarks/bench_http.py).
+            http=GuardedHttpProtocol,
             ws="none",
             log_config=None,
             access_log=False,
             server_header=False,
             timeout_graceful_shutdown=_GRACE,
-            timeout_keep_alive=30,
+            timeout_keep_alive=o.keepalive_timeout,  # type: ignore[arg-type]
+            backlog=o.backlog,
         )
-        server = _Server(config)
+        limits = Limits(
+            header_timeout=o.header_timeout,
+            max_header_bytes=o.max_header_bytes,
+            max_headers=o.max_headers,
+            max_connections=o.max_connections,
+        )
+        server = ApiServer(config, limits, name=self.name)
         self._server = server
         self._serving = self.spawn(server.serve(sockets=[sock]), name=f"agentik-http:{self.name}")
         ready = asyncio.ensure_future(server.ready.wait())
