@@ -80,7 +80,7 @@ async def test_stdio_tools_and_result_mapping(calc):
     result = await add.call({"a": 2, "b": 40}, CTX)
     assert not result.is_error
     assert result.data == {"result": 42}  # structured content kept for the log
-    assert result.text.splitlines() == ["42", '{"result": 42}']
+    assert result.text == "42"  # the text only: its structured twin is not sent again
 
     echoed = await tools["calc__echo"].call({"text": "hi there"}, CTX)
     assert echoed.text.splitlines()[0] == "hi there"
@@ -91,7 +91,7 @@ async def test_stdio_tools_and_result_mapping(calc):
     img = await tools["calc__image"].call({}, CTX)
     assert img.text.startswith("[image image/png, ") and img.text.endswith(" bytes]")
     res = await tools["calc__resource"].call({}, CTX)
-    assert res.text == "[resource file:///x: text/plain]"
+    assert res.text == "[resource file:///x (text/plain)]\nhello"  # the text reaches the model
 
     st = status(calc, "calc")
     assert st["state"] == "connected" and st["error"] is None and st["pid"] > 0
