@@ -252,24 +252,30 @@ def _session_refused(status: int, body: bytes) -> bool:
 
 class _WatchedHTTP(httpx2.AsyncBaseTransport):
     """An ``httpx2`` transport that tells the server when its session is gone
-    (404 for our session ID) or the server cannot be reached at all."""
+    (404 for our session ID) or the server cannot be reached at all — and then
+    does not send the session's closing DELETE to a server that cannot take it."""
 
     def __init__(self, inner: Any, on_gone: Any, on_unreachable: Any) -> None:
         self._inner = inner
         self._on_gone = on_gone
         self._on_unreachable = on_unreachable
+        self._dead = False
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         in_session = _SESSION_HEADER in request.headers and request.method != "DELETE"
+        if request.method == "DELETE" and self._dead:
+            return httpx2.Response(204, request=request)
         try:
             response = await self._inner.handle_async_request(request)
-        except httpx2.ConnectError:
+        except (httpx2.NetworkError, httpx2.RemoteProtocolError):
             if in_session:
+                self._dead = True
                 self._on_unreachable()
             raise
         if in_session and response.status_code in (400, 404):
             body = await response.aread() if response.status_code == 400 else b""
             if _session_refused(response.status_code, body):
+                self._dead = True
                 self._on_gone(response.status_code)
         return response
 
@@ -372,6 +378,8 @@ class _Server:
         self._down = asyncio.Event()  # set once a session's teardown is over
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
+        self._retry_now = asyncio.Event()  # a call wants a connection attempt now
+        self._tick = asyncio.Event()  # replaced (and the old one set) at every outcome
         self._lost = False
         self._refresh = False
         #: Sessions are numbered; a transport reports for the session it served.
@@ -379,8 +387,11 @@ class _Server:
         self._gone_generation = -1  # the server forgot this session (HTTP 404)
         self._unreachable_generation = -1  # the server could not be reached
         self._did_connect = False  # the current attempt got a session
+        self._attempting = False  # a connection attempt is under way
         self._ever_connected = False
         self._trouble = False  # a loss or failure was logged since the last success
+        self._trouble_level = logging.WARNING  # ... at this level
+        self._said_unavailable = False  # a failed restart was logged since then
         self._noise_at: float | None = None  # last non-JSON stdout warning
         self._noise_skipped = 0
 
@@ -452,6 +463,12 @@ class _Server:
         self.session = None
         self._connected.clear()
         self._settled.set()
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake whoever waits for an attempt's outcome (see ``_ensure_session``)."""
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
 
     def _mark_lost(self) -> None:
         """The connection ended: the owning task restarts it (called from any task)."""
@@ -491,8 +508,10 @@ class _Server:
             self._refresh = False
             self._wake.clear()
             self._failed.clear()
+            self._retry_now.clear()
             self._down = asyncio.Event()  # one per session: callers wait for theirs
             self._did_connect = False
+            self._attempting = True
             self._generation += 1
             generation = self._generation
             try:
@@ -504,10 +523,12 @@ class _Server:
                     raise
                 self.error = self._describe(exc)
             finally:
+                self._attempting = False
                 self.session = None
                 self._connected.clear()
                 self.pid = None
                 self._down.set()
+                self._notify()
             # A session that connected and then failed (an HTTP server gone away)
             # is a loss to recover from, not a failure to start.
             connected = self._did_connect
@@ -519,7 +540,7 @@ class _Server:
                 delay = self.cfg.restart_min
                 pause = 0.0 if self._gone_generation == generation else delay
                 if self._gone_generation != generation:
-                    self._trouble = True
+                    self._trouble, self._trouble_level = True, logging.WARNING
                     log.warning(
                         "MCP server %r stopped (%s); restarting",
                         name,
@@ -527,24 +548,34 @@ class _Server:
                     )
                 self.state = "restarting"
             elif self._ever_connected:
-                self._trouble = True
                 self._failed.set()
                 self.state = "restarting"
-                log.warning(
-                    "MCP server %r is unavailable (%s); retrying in %gs", name, self.error, delay
-                )
+                if not self._said_unavailable:  # said once; the recovery is said too
+                    self._said_unavailable = True
+                    log.warning(
+                        "MCP server %r is unavailable (%s); retrying with backoff (%g-%gs)",
+                        name,
+                        self.error,
+                        self.cfg.restart_min,
+                        self.cfg.restart_max,
+                    )
+                else:
+                    log.debug("MCP server %r: still unavailable: %s", name, self.error)
+                self._trouble = True
             elif self.cfg.command is not None:
                 # A program that does not start is a configuration error.
                 self.state = "failed"
                 self._failed.set()
                 log.error("MCP server %r failed to start: %s", name, self.error)
                 self._settled.set()
+                self._notify()
                 return
             else:
                 # An HTTP server may come up after us: keep trying, quietly.
                 self.state = "failed"
                 self._failed.set()
                 if not self._trouble:
+                    self._trouble_level = logging.ERROR
                     log.error(
                         "MCP server %r failed to start: %s; retrying in the background",
                         name,
@@ -554,13 +585,25 @@ class _Server:
                     log.debug("MCP server %r: still failing: %s", name, self.error)
                 self._trouble = True
                 self._settled.set()
+            self._notify()
             if pause:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(pause):
-                        await self._closing.wait()
+                await self._pause(pause)
             if not connected:
                 delay = min(delay * 2, self.cfg.restart_max)
         self._settled.set()
+        self._notify()
+
+    async def _pause(self, seconds: float) -> None:
+        """The backoff between attempts; ends early on close or when a call asks."""
+        waiters = [
+            asyncio.ensure_future(self._closing.wait()),
+            asyncio.ensure_future(self._retry_now.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
 
     async def _session_once(self, generation: int) -> None:
         """Connect and serve until the connection ends or close; sets ``_did_connect``."""
@@ -625,12 +668,15 @@ class _Server:
             self.state = "connected"
             self.error = None
             self._did_connect = True
+            self._attempting = False
             self._connected.set()
             self._settled.set()
+            self._notify()
             if self._trouble:
                 # Said at the level the loss was: whoever saw that sees this.
-                self._trouble = False
-                log.warning("mcp %s: back, %d tools", cfg.name, len(self.tools))
+                level, self._trouble_level = self._trouble_level, logging.WARNING
+                self._trouble = self._said_unavailable = False
+                log.log(level, "mcp %s: back, %d tools", cfg.name, len(self.tools))
             else:
                 log.info("mcp %s: %d tools", cfg.name, len(self.tools))
             while not (self._closing.is_set() or self._lost):
@@ -727,27 +773,13 @@ class _Server:
         if self.state in ("lazy", "failed"):
             self.launch()
         if not self._connected.is_set():
-            if self._failed.is_set() and self.state in ("restarting", "failed"):
-                # Down, and retrying with backoff: say so now rather than wait.
-                raise self._unavailable()
-            try:
-                async with asyncio.timeout(self.startup_timeout):
-                    # Until this attempt connects or fails (or the task ends).
-                    while not (self._connected.is_set() or self._failed.is_set()):
-                        if self.task is None or self.task.done():
-                            break
-                        waiters = [
-                            asyncio.ensure_future(self._connected.wait()),
-                            asyncio.ensure_future(self._failed.wait()),
-                            asyncio.ensure_future(asyncio.shield(self.task)),
-                        ]
-                        try:
-                            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                        finally:
-                            for w in waiters:
-                                w.cancel()
-            except TimeoutError:
-                pass
+            # Wait for the outcome of a connection attempt that starts after this
+            # call did: an attempt already under way may have begun before the
+            # server came back, so its failure earns one more.
+            for _ in range(2 if self._attempting else 1):
+                await self._await_attempt()
+                if self._connected.is_set() or self._closing.is_set():
+                    break
         session = self.session
         if session is None or not self._connected.is_set():
             if self.state in ("restarting", "failed") and self.task and not self.task.done():
@@ -755,6 +787,29 @@ class _Server:
             why = f": {self.error}" if self.error else ""
             raise ToolError(f"MCP server {name!r} is not available ({self.state}){why}")
         return session
+
+    async def _await_attempt(self) -> None:
+        """Wait for the outcome of the next connection attempt (``startup_timeout``
+        at most).  When the last one failed and the server waits out its backoff,
+        ask for one now (a burst of calls shares it)."""
+        target = self._generation
+        if self._failed.is_set() and self.task is not None and not self.task.done():
+            target += 1
+            self._retry_now.set()
+
+        def settled() -> bool:
+            return (
+                self._connected.is_set()
+                or (self._failed.is_set() and self._generation >= target)
+                or self._closing.is_set()
+                or self.task is None
+                or self.task.done()
+            )
+
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.startup_timeout):
+                while not settled():
+                    await self._tick.wait()
 
     async def call(self, tool_name: str, arguments: dict[str, Any]) -> ToolResult:
         try:
