@@ -28,6 +28,7 @@ from agentik.core.testing.openai_server import Reply as OpenAIReply
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import ToolContext
 from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
+from helpers import in_ci
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 CTX = ToolContext(conversation_id="c", run_id="r", call_id="k")
@@ -258,12 +259,13 @@ def free_port() -> int:
 
 
 class HTTPServer:
-    """Our test server over streamable HTTP, as a real process on 127.0.0.1 that a
-    test can stop and start again on the same port."""
+    """An MCP server over streamable HTTP (ours by default), as a real process on
+    127.0.0.1 that a test can stop and start again on the same port."""
 
-    def __init__(self, script: str = SERVER, port: int | None = None) -> None:
-        self.script = script
-        self.port = port or free_port()
+    def __init__(self, argv: tuple[str, ...] | None = None) -> None:
+        self.port = free_port()
+        ours = (sys.executable, SERVER, "--transport", "http", "--port", str(self.port))
+        self.argv = argv or ours
         self.proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -272,9 +274,10 @@ class HTTPServer:
 
     async def start(self) -> HTTPServer:
         self.proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, self.script, "--transport", "http", "--port", str(self.port)),
+            *self.argv,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, "PORT": str(self.port)},  # how server-everything takes it
         )
         await wait_port(self.port, self.proc)
         return self
@@ -322,11 +325,11 @@ async def http_server(http_proc) -> AsyncIterator[str]:
     yield http_proc.url
 
 
-def web(url: str, **kw) -> MCPServerConfig:
+def web(url: str, name: str = "web", **kw) -> MCPServerConfig:
     kw.setdefault("restart_min", 0.05)
     kw.setdefault("restart_max", 0.5)
     kw.setdefault("timeout", 20.0)
-    return MCPServerConfig(name="web", url=url, **kw)
+    return MCPServerConfig(name=name, url=url, **kw)
 
 
 async def test_streamable_http_server(http_server):
@@ -619,3 +622,91 @@ command = "/nonexistent/mcp-server"
     assert "secret_tool" not in out
     assert "broken: failed" in out and "nonexistent" in out
     assert "Traceback" not in result.stderr
+
+
+# -- the npm reference server ---------------------------------------------------------------
+#: ``make mcp-servers`` (part of ``make test``) installs it here with npm.
+EVERYTHING = (
+    Path(__file__).resolve().parent.parent
+    / ".npm-tools/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+)
+
+
+def require_everything() -> str:
+    """node, when it and server-everything are installed; else skip (CI=true: fail)."""
+    node = shutil.which("node")
+    problem = None
+    if node is None:
+        problem = "node is not installed: the server-everything MCP tests need it"
+    elif not EVERYTHING.exists():
+        problem = "@modelcontextprotocol/server-everything is missing (run `make mcp-servers`)"
+    if problem is not None:
+        if in_ci():
+            pytest.fail(f"{problem} (CI=true: `make test` installs it)", pytrace=False)
+        pytest.skip(problem)
+    assert node is not None
+    return node
+
+
+@contextlib.asynccontextmanager
+async def everything(transport: str) -> AsyncIterator[tuple[MCPServerConfig, HTTPServer | None]]:
+    node = require_everything()
+    if transport == "stdio":
+        yield MCPServerConfig(name="ev", command=node, args=(str(EVERYTHING), "stdio")), None
+        return
+    server = await HTTPServer((node, str(EVERYTHING), "streamableHttp")).start()
+    try:
+        yield web(server.url, name="ev"), server
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_server_everything_tool_calls_reach_the_model(transport, openai_server, db_path):
+    async with everything(transport) as (cfg, _):
+        toolset = MCPToolset([cfg])
+        openai_server.enqueue(
+            OpenAIReply.tool_calls(
+                [
+                    ("c1", "ev__echo", '{"message": "hello from agentik"}'),
+                    ("c2", "ev__get-resource-reference", '{"resourceType": "Text"}'),
+                    ("c3", "ev__get-structured-content", '{"location": "Chicago"}'),
+                    ("c4", "ev__get-sum", '{"a": 20, "b": 22}'),
+                ]
+            ),
+            OpenAIReply.text("done"),
+        )
+        llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url)
+        try:
+            async with Agent(llm=llm, store=SQLiteStore(db_path), toolsets=[toolset]) as agent:
+                conv = await agent.create_conversation()
+                await conv.send("try the reference server")
+                await conv.wait_idle()
+        finally:
+            await toolset.aclose()
+    offered = {t["function"]["name"] for t in openai_server.requests[0]["tools"]}
+    assert {"ev__echo", "ev__get-resource-reference", "ev__get-sum"} <= offered
+    sent = openai_server.requests[1]["messages"]
+    results = {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"}
+    assert results["c1"] == "Echo: hello from agentik"
+    # The embedded text resource arrives with its text, under its uri.
+    assert "[resource demo://resource/dynamic/text/1 (text/plain)]\nResource 1: " in results["c2"]
+    weather = json.loads(results["c3"])  # its text block only: one copy of the JSON
+    assert set(weather) == {"temperature", "conditions", "humidity"}
+    assert "42" in results["c4"]
+
+
+async def test_server_everything_http_restarted_while_idle_next_call_works():
+    async with everything("http") as (cfg, server):
+        assert server is not None
+        toolset = MCPToolset([cfg])
+        await toolset.start()
+        try:
+            echo = by_name(toolset)["ev__echo"]
+            assert (await echo.call({"message": "one"}, CTX)).text == "Echo: one"
+            await server.stop()
+            await server.start()  # it answers the old session ID with 400
+            assert (await echo.call({"message": "two"}, CTX)).text == "Echo: two"
+            assert status(toolset, "ev")["state"] == "connected"
+        finally:
+            await toolset.aclose()
