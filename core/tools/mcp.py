@@ -17,9 +17,13 @@ task)::
     await toolset.aclose()
 
 Tools are named ``<server>__<tool>``.  When a server process dies (or an HTTP
-session ends) the call in flight fails with a :class:`ToolError` and the
-server is restarted in the background with exponential backoff; the tools
-keep their names, so the next call goes to the new session.
+session ends, or its server cannot be reached) the call in flight fails with a
+:class:`ToolError` and the server is restarted in the background with
+exponential backoff; the tools keep their names (and stay offered), so the next
+call goes to the new session — or, while the server stays down, fails at once
+with "MCP server X is unavailable (...); retrying".  An HTTP server that forgot
+our session (404 for its ID, as after a restart) gets a new one, transparently:
+the refused call is sent once more.
 """
 
 from __future__ import annotations
