@@ -12,7 +12,12 @@ CONFIG ?= config.example.toml
 # `make run` needs the local one (read by the shell: no secret on a command line).
 NO_REMOTE := [ -z "$${OPENAI_BASE_URL}$${OPENAI_API_KEY}$${AGENTIK_GOOGLE_MODEL_PATH}" ]
 
-.PHONY: run test docs test-model bench bench-local lint format clean irc-servers chromium local-build-tools
+# The npm reference MCP server for the MCP interop tests, pinned, in a local
+# directory (never global): .npm-tools/node_modules/@modelcontextprotocol/...
+NPM_TOOLS ?= .npm-tools
+MCP_EVERYTHING_VERSION := 2026.8.31
+
+.PHONY: run test docs test-model bench bench-local lint format clean irc-servers chromium local-build-tools mcp-servers
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -57,7 +62,7 @@ run:
 	@if $(NO_REMOTE); then $(MAKE) -s --no-print-directory $(LOCAL); fi
 	$(VENV)/bin/agentik run -c $(CONFIG)
 
-test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium
+test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium mcp-servers
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The manual: docs/ built by mkdocs (Material theme) into site/, strictly (a warning,
@@ -136,6 +141,27 @@ chromium:
 	fi; \
 	echo "chromium installed: $$(/usr/bin/chromium --version 2>/dev/null || echo /usr/bin/chromium)"
 
+# @modelcontextprotocol/server-everything (stdio and streamable HTTP) for the MCP
+# tests, installed with npm into $(NPM_TOOLS) when node is present; otherwise a
+# note, and those tests skip (CI=true: they fail, and so does this target).
+mcp-servers:
+	@set -e; \
+	stamp=$(NPM_TOOLS)/.server-everything-$(MCP_EVERYTHING_VERSION); \
+	if [ -f $$stamp ]; then exit 0; fi; \
+	if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
+	  echo "note: node and npm are missing; the server-everything MCP tests will skip (CI=true: fail)"; \
+	  [ "$${CI:-}" != true ] || exit 1; \
+	  exit 0; \
+	fi; \
+	echo "installing @modelcontextprotocol/server-everything@$(MCP_EVERYTHING_VERSION) into $(NPM_TOOLS)"; \
+	if ! npm install --prefix $(NPM_TOOLS) --no-audit --no-fund --save-exact --loglevel=error \
+	     @modelcontextprotocol/server-everything@$(MCP_EVERYTHING_VERSION) >/dev/null; then \
+	  echo "note: installing server-everything failed; its MCP tests will skip (CI=true: fail)"; \
+	  [ "$${CI:-}" != true ] || exit 1; \
+	  exit 0; \
+	fi; \
+	touch $$stamp
+
 bench: $(DEV)
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_memory.py
@@ -158,4 +184,4 @@ format: $(DEV)
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache .mypy_cache site
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache .mypy_cache site $(NPM_TOOLS)

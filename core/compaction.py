@@ -72,8 +72,13 @@ SUMMARY_PROMPT = (
     "in. Write plain concise prose or bullet points, at most about {words} words."
 )
 
-#: Context budget used when neither the configuration nor the backend gives one.
-DEFAULT_CONTEXT_TOKENS = 8192
+#: Context budget used when neither the configuration nor the backend gives one:
+#: a remote OpenAI-compatible model whose window is not known.  Current models
+#: take at least this much; tool schemas alone (a few MCP servers) take several
+#: thousand tokens, so a smaller guess compacted after a handful of short turns.
+#: A model with a smaller window refuses a request that is too large, and the
+#: context is then shrunk for a retry (:meth:`Compactor.after_refusal`).
+DEFAULT_CONTEXT_TOKENS = 32768
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 DROPPED_NOTICE = (
     "[{n} earlier messages of this conversation were dropped to fit the model's context; "
@@ -86,7 +91,7 @@ class CompactionPolicy:
     """When and how to compact.
 
     ``context_tokens``: the model's context budget (``None``: the backend's
-    ``context_window`` attribute if it has one, else 8192).  ``trigger``:
+    ``context_window`` attribute if it has one, else 32768).  ``trigger``:
     compact when a request would use more than this share of it.
     ``keep_turns``: the most recent turns kept verbatim.  ``summary_tokens``:
     the summary's length limit.  ``timeout``: seconds for the summary call.
@@ -110,7 +115,8 @@ def estimate_tokens(
     """A tokenizer-free estimate of a request's size, in tokens.
 
     ``ceil(characters / 4)`` for text, plus 4 per message (role and
-    framing) and the tool definitions' JSON.  English text runs about 4
+    framing) and the tool definitions' JSON — once per request, as a request
+    carries them once however many messages it has.  English text runs about 4
     characters a token with common tokenizers; code and other scripts use
     more tokens, which the ``trigger`` margin absorbs.
     """

@@ -2,7 +2,8 @@
 
 Run as ``python tests/mcp_server.py --transport stdio`` or
 ``python tests/mcp_server.py --transport http --port N`` (streamable HTTP on
-127.0.0.1, endpoint ``/mcp``).
+127.0.0.1, endpoint ``/mcp``).  ``--banner N`` first prints N lines that are not
+JSON-RPC on stdout, as some servers do.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import sys
 
 import anyio
 import mcp_types as mt
@@ -23,23 +25,37 @@ PNG = base64.b64decode(
 
 server = MCPServer("agentik-test", log_level="WARNING")
 
+#: ``--long-docs``: every tool describes itself at the length real servers do (a
+#: paragraph of usage notes), so many servers' schemas weigh what they do in practice.
+LONG_DOCS = "--long-docs" in sys.argv
+USAGE_NOTES = (
+    " Usage notes: call this tool only when the user asks for it or when its result is"
+    " needed to answer; arguments are validated against the schema and a wrong type is"
+    " refused with an error that says which argument was wrong. The result is returned"
+    " as text, and as structured content when the tool has an output schema."
+)
 
-@server.tool(description="Add two integers.")
+
+def doc(text: str) -> str:
+    return text + USAGE_NOTES if LONG_DOCS else text
+
+
+@server.tool(description=doc("Add two integers."))
 def add(a: int, b: int) -> int:
     return a + b
 
 
-@server.tool(description="Echo the text back.")
+@server.tool(description=doc("Echo the text back."))
 def echo(text: str) -> str:
     return text
 
 
-@server.tool(description="Always fails.")
+@server.tool(description=doc("Always fails."))
 def fail() -> str:
     raise ToolError("this tool always fails")
 
 
-@server.tool(description="Sleep for a while, then answer.")
+@server.tool(description=doc("Sleep for a while, then answer."))
 async def slow(seconds: float, started: str = "") -> str:
     if started:  # a file the test waits for: the call is in flight
         await anyio.Path(started).write_text("started")
@@ -47,17 +63,17 @@ async def slow(seconds: float, started: str = "") -> str:
     return f"slept {seconds}"
 
 
-@server.tool(description="Kill the server process during the call.")
+@server.tool(description=doc("Kill the server process during the call."))
 def crash() -> str:
     os._exit(1)
 
 
-@server.tool(description="Return a small PNG image.")
+@server.tool(description=doc("Return a small PNG image."))
 def image() -> Image:
     return Image(data=PNG, format="png")
 
 
-@server.tool(description="Return an embedded text resource.")
+@server.tool(description=doc("Return an embedded text resource."))
 def resource() -> mt.EmbeddedResource:
     return mt.EmbeddedResource(
         type="resource",
@@ -65,17 +81,40 @@ def resource() -> mt.EmbeddedResource:
     )
 
 
-@server.tool(description="The server's process id.")
+@server.tool(description=doc("Return an embedded binary resource."))
+def blob() -> mt.EmbeddedResource:
+    return mt.EmbeddedResource(
+        type="resource",
+        resource=mt.BlobResourceContents(
+            uri="file:///y.png", mime_type="image/png", blob=base64.b64encode(PNG).decode()
+        ),
+    )
+
+
+@server.tool(description=doc("A small record (structured content, and its JSON as text)."))
+def record(name: str) -> dict[str, object]:
+    return {"name": name, "size": 3}
+
+
+@server.tool(description=doc("Forget every session, as a server restarted in place does (HTTP)."))
+def forget_sessions() -> str:
+    # The session manager's table of live sessions: emptied, every known session
+    # ID now answers 404 "Session not found" (this call's response still goes out).
+    server.session_manager._server_instances.clear()
+    return "forgotten"
+
+
+@server.tool(description=doc("The server's process id."))
 def pid() -> int:
     return os.getpid()
 
 
-@server.tool(description="A tool that must never be offered.")
+@server.tool(description=doc("A tool that must never be offered."))
 def secret_tool() -> str:
     return "the secret"
 
 
-@server.tool(description="Register a new tool at run time and announce it.")
+@server.tool(description=doc("Register a new tool at run time and announce it."))
 async def add_tool(name: str, ctx: Context) -> str:
     def made() -> str:
         return f"I am {name}"
@@ -95,7 +134,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--banner", type=int, default=0, help="print this many non-JSON lines on stdout first"
+    )
+    parser.add_argument("--long-docs", action="store_true", help="realistic description lengths")
     args = parser.parse_args()
+    for i in range(args.banner):  # as servers that greet on stdout do
+        print(f"agentik-test server starting ({i + 1}/{args.banner})", flush=True)
     if args.transport == "stdio":
         server.run("stdio")
     else:

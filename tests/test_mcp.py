@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
+import logging
 import os
 import shutil
 import signal
@@ -18,11 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from agentik.core import Agent, SQLiteStore
+from agentik.core import Agent, OpenAIBackend, SQLiteStore
+from agentik.core.compaction import SUMMARY_PROMPT, estimate_tokens
 from agentik.core.errors import ToolError
+from agentik.core.llm.base import ToolSpec
+from agentik.core.testing.openai_server import Reply as OpenAIReply
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import ToolContext
 from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
+from helpers import in_ci
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 CTX = ToolContext(conversation_id="c", run_id="r", call_id="k")
@@ -32,7 +38,8 @@ def stdio(name: str = "calc", **kw) -> MCPServerConfig:
     kw.setdefault("restart_min", 0.05)
     kw.setdefault("restart_max", 0.5)
     kw.setdefault("timeout", 20.0)
-    return MCPServerConfig(name=name, command=sys.executable, args=(SERVER,), **kw)
+    kw.setdefault("args", (SERVER,))
+    return MCPServerConfig(name=name, command=sys.executable, **kw)
 
 
 async def until(pred: Callable[[], bool], what: str, wait: float = 60.0) -> None:
@@ -80,7 +87,7 @@ async def test_stdio_tools_and_result_mapping(calc):
     result = await add.call({"a": 2, "b": 40}, CTX)
     assert not result.is_error
     assert result.data == {"result": 42}  # structured content kept for the log
-    assert result.text.splitlines() == ["42", '{"result": 42}']
+    assert result.text == "42"  # the text only: its structured twin is not sent again
 
     echoed = await tools["calc__echo"].call({"text": "hi there"}, CTX)
     assert echoed.text.splitlines()[0] == "hi there"
@@ -91,7 +98,7 @@ async def test_stdio_tools_and_result_mapping(calc):
     img = await tools["calc__image"].call({}, CTX)
     assert img.text.startswith("[image image/png, ") and img.text.endswith(" bytes]")
     res = await tools["calc__resource"].call({}, CTX)
-    assert res.text == "[resource file:///x: text/plain]"
+    assert res.text == "[resource file:///x (text/plain)]\nhello"  # the text reaches the model
 
     st = status(calc, "calc")
     assert st["state"] == "connected" and st["error"] is None and st["pid"] > 0
@@ -251,29 +258,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-async def http_server() -> AsyncIterator[str]:
-    port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, SERVER, "--transport", "http", "--port", str(port)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                if proc.returncode is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the HTTP MCP server did not start") from None
-                await asyncio.sleep(0.05)
-            else:
-                writer.close()
-                await writer.wait_closed()
-                break
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
+class HTTPServer:
+    """An MCP server over streamable HTTP (ours by default), as a real process on
+    127.0.0.1 that a test can stop and start again on the same port."""
+
+    def __init__(self, argv: tuple[str, ...] | None = None) -> None:
+        self.port = free_port()
+        ours = (sys.executable, SERVER, "--transport", "http", "--port", str(self.port))
+        self.argv = argv or ours
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    async def start(self) -> HTTPServer:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PORT": str(self.port)},  # how server-everything takes it
+        )
+        await wait_port(self.port, self.proc)
+        return self
+
+    async def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.returncode is not None:
+            return
         proc.terminate()
         try:
             async with asyncio.timeout(60):
@@ -281,6 +293,43 @@ async def http_server() -> AsyncIterator[str]:
         except TimeoutError:  # pragma: no cover
             proc.kill()
             await proc.wait()
+
+
+async def wait_port(port: int, proc: asyncio.subprocess.Process | None = None) -> None:
+    """Wait until something accepts connections on ``port`` (60 s against hangs)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            if (proc is not None and proc.returncode is not None) or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP MCP server on port {port} did not start") from None
+            await asyncio.sleep(0.05)
+        else:
+            writer.close()
+            await writer.wait_closed()
+            return
+
+
+@pytest.fixture
+async def http_proc() -> AsyncIterator[HTTPServer]:
+    server = await HTTPServer().start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def http_server(http_proc) -> AsyncIterator[str]:
+    yield http_proc.url
+
+
+def web(url: str, name: str = "web", **kw) -> MCPServerConfig:
+    kw.setdefault("restart_min", 0.05)
+    kw.setdefault("restart_max", 0.5)
+    kw.setdefault("timeout", 20.0)
+    return MCPServerConfig(name=name, url=url, **kw)
 
 
 async def test_streamable_http_server(http_server):
@@ -308,6 +357,204 @@ async def test_streamable_http_server(http_server):
     finally:
         await toolset.aclose()
     assert status(toolset, "web")["state"] == "closed"
+
+
+async def test_http_session_forgotten_new_session_and_the_call_goes_through(http_proc, caplog):
+    caplog.set_level(logging.INFO, logger="agentik.core.tools.mcp")
+    toolset = MCPToolset([web(http_proc.url)])
+    await toolset.start()
+    try:
+        tools = by_name(toolset)
+        assert (await tools["web__forget_sessions"].call({}, CTX)).text == "forgotten"
+        # The next call carries the forgotten session ID: the server answers 404
+        # "Session not found"; a new session is initialised and the call is sent again.
+        assert (await tools["web__add"].call({"a": 1, "b": 2}, CTX)).data == {"result": 3}
+        assert "no longer knows our session (HTTP 404)" in caplog.text
+        assert status(toolset, "web")["state"] == "connected"
+        assert (await tools["web__add"].call({"a": 2, "b": 2}, CTX)).data == {"result": 4}
+    finally:
+        await toolset.aclose()
+
+
+async def test_http_server_restarted_while_idle_next_call_works(http_proc):
+    toolset = MCPToolset([web(http_proc.url)])
+    await toolset.start()
+    try:
+        pid_tool = by_name(toolset)["web__pid"]
+        first = (await pid_tool.call({}, CTX)).data["result"]
+        await http_proc.stop()
+        await http_proc.start()  # same port, a new process that knows no session
+        second = (await pid_tool.call({}, CTX)).data["result"]
+        assert http_proc.proc is not None and second == http_proc.proc.pid != first
+        assert status(toolset, "web")["state"] == "connected"
+    finally:
+        await toolset.aclose()
+
+
+async def test_http_server_down_clear_error_then_tools_come_back(http_proc, caplog):
+    caplog.set_level(logging.INFO, logger="agentik.core.tools.mcp")
+    toolset = MCPToolset([web(http_proc.url)])
+    await toolset.start()
+    try:
+        add = by_name(toolset)["web__add"]
+        assert (await add.call({"a": 1, "b": 1}, CTX)).data == {"result": 2}
+        await http_proc.stop()
+        for _ in range(2):  # the call that finds it gone, and one while it stays down
+            with pytest.raises(ToolError) as info:
+                await add.call({"a": 1, "b": 2}, CTX)
+            assert str(info.value).startswith("MCP server 'web' is unavailable (")
+            assert str(info.value).endswith("; retrying")
+            assert len(str(info.value)) < 200
+        # Its tools stay offered: the model gets that error, not "unknown tool".
+        assert "web__add" in by_name(toolset)
+        assert status(toolset, "web")["state"] == "restarting"
+        assert "failed to start" not in caplog.text
+        await http_proc.start()
+        # Retried with backoff in the background: it comes back by itself.
+        await until(lambda: status(toolset, "web")["state"] == "connected", "the server to be back")
+        assert (await by_name(toolset)["web__add"].call({"a": 2, "b": 3}, CTX)).data == {
+            "result": 5
+        }
+        back = [r for r in caplog.records if "mcp web: back" in r.getMessage()]
+        lost = [r for r in caplog.records if "is unavailable" in r.getMessage()]
+        assert back and lost and back[0].levelno == lost[0].levelno == logging.WARNING
+    finally:
+        await toolset.aclose()
+
+
+async def test_http_server_down_at_start_connects_when_it_comes_up(caplog):
+    caplog.set_level(logging.INFO, logger="agentik.core.tools.mcp")
+    server = HTTPServer()
+    toolset = MCPToolset([web(server.url)])
+    await toolset.start()
+    try:
+        st = status(toolset, "web")
+        assert st["state"] == "failed" and "ConnectError" in st["error"]
+        await server.start()
+        await until(lambda: status(toolset, "web")["state"] == "connected", "the server to be up")
+        assert (await by_name(toolset)["web__add"].call({"a": 4, "b": 4}, CTX)).data == {
+            "result": 8
+        }
+    finally:
+        await toolset.aclose()
+        await server.stop()
+    failed = [r for r in caplog.records if "failed to start" in r.getMessage()]
+    back = [r for r in caplog.records if "mcp web: back, 13 tools" in r.getMessage()]
+    assert len(failed) == 1 and back and back[0].levelno == failed[0].levelno == logging.ERROR
+
+
+async def test_startup_logs_one_info_line_per_server(caplog):
+    caplog.set_level(logging.INFO, logger="agentik.core.tools.mcp")
+    toolset = MCPToolset([stdio("one", deny=("secret_*",)), stdio("two")])
+    await toolset.start()
+    await toolset.aclose()
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert "mcp one: 12 tools" in lines and "mcp two: 13 tools" in lines
+
+
+async def test_stdout_noise_is_one_short_warning_and_the_server_keeps_working(caplog):
+    caplog.set_level(logging.DEBUG)
+    toolset = MCPToolset([stdio(args=(SERVER, "--banner", "5"))])
+    await toolset.start()
+    try:
+        echoed = await by_name(toolset)["calc__echo"].call({"text": "still fine"}, CTX)
+        assert echoed.text == "still fine"
+    finally:
+        await toolset.aclose()
+    noise = [r for r in caplog.records if "not JSON-RPC" in r.getMessage()]
+    assert len(noise) == 1 and noise[0].levelno == logging.WARNING
+    assert "'calc'" in noise[0].getMessage()
+    assert "agentik-test server starting (1/5)" in noise[0].getMessage()
+    assert all(r.exc_info is None for r in caplog.records)
+    assert "Traceback" not in caplog.text
+
+
+async def test_model_gets_resource_text_and_structured_results_once(openai_server, db_path):
+    toolset = MCPToolset([stdio()])
+    openai_server.enqueue(
+        OpenAIReply.tool_calls(
+            [
+                ("c1", "calc__resource", "{}"),
+                ("c2", "calc__echo", '{"text": "hi there"}'),
+                ("c3", "calc__record", '{"name": "box"}'),
+                ("c4", "calc__blob", "{}"),
+            ]
+        ),
+        OpenAIReply.text("done"),
+    )
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url)
+    try:
+        async with Agent(llm=llm, store=SQLiteStore(db_path), toolsets=[toolset]) as agent:
+            conv = await agent.create_conversation()
+            await conv.send("use the tools")
+            await conv.wait_idle()
+    finally:
+        await toolset.aclose()
+    # What the model received in the request after the tool calls.
+    sent = openai_server.requests[1]["messages"]
+    results = {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"}
+    assert results["c1"] == "[resource file:///x (text/plain)]\nhello"
+    assert results["c2"] == "hi there"  # not "hi there" plus {"result": "hi there"}
+    assert json.loads(results["c3"]) == {"name": "box", "size": 3}  # one copy
+    assert results["c4"].startswith("[resource file:///y.png: image/png, ")
+
+
+# -- many tool schemas and the context budget ---------------------------------------------
+
+
+def four_servers() -> list[MCPServerConfig]:
+    """Four servers, 52 tools with descriptions as long as real servers write them."""
+    return [
+        MCPServerConfig(name=n, command=sys.executable, args=(SERVER, "--long-docs"), timeout=20)
+        for n in ("fs", "git", "web", "notes")
+    ]
+
+
+async def test_many_tool_schemas_short_turns_do_not_compact_by_default(openai_server, db_path):
+    toolset = MCPToolset(four_servers())
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url)  # window unknown
+    turns = 20
+    try:
+        async with Agent(llm=llm, store=SQLiteStore(db_path), toolsets=[toolset]) as agent:
+            conv = await agent.create_conversation()
+            for i in range(turns):
+                await conv.send(f"short question number {i}, please answer briefly")
+                await conv.wait_idle()
+            specs = [ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
+                     for t in toolset.tools()]  # fmt: skip
+    finally:
+        await toolset.aclose()
+    assert len(specs) == 52
+    summaries = [r for r in openai_server.requests if SUMMARY_PROMPT[:30] in json.dumps(r)]
+    assert not summaries and len(openai_server.requests) == turns
+    last = openai_server.requests[-1]
+    assert len(last["tools"]) == 52
+    assert "short question number 0" in json.dumps(last["messages"])  # nothing dropped
+    # The scene of the report: the old default (8192) would have compacted here.
+    assert estimate_tokens([], None, specs) > 0.6 * 8192
+
+
+async def test_a_known_small_window_still_forces_fitting(db_path):
+    toolset = MCPToolset(four_servers())
+    await toolset.start()
+    specs = [ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
+             for t in toolset.tools()]  # fmt: skip
+    window = estimate_tokens([], None, specs) + 400  # room for a few turns only
+    model = ScriptedModel(context_window=window)
+    try:
+        async with Agent(llm=model, store=SQLiteStore(db_path), toolsets=[toolset]) as agent:
+            conv = await agent.create_conversation()
+            for i in range(20):
+                await conv.send(f"short question number {i}, please answer briefly")
+                await conv.wait_idle()
+    finally:
+        await toolset.aclose()
+    summaries = [r for r in model.requests if (r.system or "").startswith(SUMMARY_PROMPT[:30])]
+    assert summaries and not model.refused
+    last = model.requests[-1]
+    assert len(last.tools) == 52 and "number 19," in last.messages[-1].content
+    assert estimate_tokens(last.messages, last.system, last.tools) <= window
+    assert all(not (m.role == "user" and "number 0," in m.content) for m in last.messages)
 
 
 # -- a third-party server ----------------------------------------------------------------
@@ -375,3 +622,91 @@ command = "/nonexistent/mcp-server"
     assert "secret_tool" not in out
     assert "broken: failed" in out and "nonexistent" in out
     assert "Traceback" not in result.stderr
+
+
+# -- the npm reference server ---------------------------------------------------------------
+#: ``make mcp-servers`` (part of ``make test``) installs it here with npm.
+EVERYTHING = (
+    Path(__file__).resolve().parent.parent
+    / ".npm-tools/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+)
+
+
+def require_everything() -> str:
+    """node, when it and server-everything are installed; else skip (CI=true: fail)."""
+    node = shutil.which("node")
+    problem = None
+    if node is None:
+        problem = "node is not installed: the server-everything MCP tests need it"
+    elif not EVERYTHING.exists():
+        problem = "@modelcontextprotocol/server-everything is missing (run `make mcp-servers`)"
+    if problem is not None:
+        if in_ci():
+            pytest.fail(f"{problem} (CI=true: `make test` installs it)", pytrace=False)
+        pytest.skip(problem)
+    assert node is not None
+    return node
+
+
+@contextlib.asynccontextmanager
+async def everything(transport: str) -> AsyncIterator[tuple[MCPServerConfig, HTTPServer | None]]:
+    node = require_everything()
+    if transport == "stdio":
+        yield MCPServerConfig(name="ev", command=node, args=(str(EVERYTHING), "stdio")), None
+        return
+    server = await HTTPServer((node, str(EVERYTHING), "streamableHttp")).start()
+    try:
+        yield web(server.url, name="ev"), server
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_server_everything_tool_calls_reach_the_model(transport, openai_server, db_path):
+    async with everything(transport) as (cfg, _):
+        toolset = MCPToolset([cfg])
+        openai_server.enqueue(
+            OpenAIReply.tool_calls(
+                [
+                    ("c1", "ev__echo", '{"message": "hello from agentik"}'),
+                    ("c2", "ev__get-resource-reference", '{"resourceType": "Text"}'),
+                    ("c3", "ev__get-structured-content", '{"location": "Chicago"}'),
+                    ("c4", "ev__get-sum", '{"a": 20, "b": 22}'),
+                ]
+            ),
+            OpenAIReply.text("done"),
+        )
+        llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url)
+        try:
+            async with Agent(llm=llm, store=SQLiteStore(db_path), toolsets=[toolset]) as agent:
+                conv = await agent.create_conversation()
+                await conv.send("try the reference server")
+                await conv.wait_idle()
+        finally:
+            await toolset.aclose()
+    offered = {t["function"]["name"] for t in openai_server.requests[0]["tools"]}
+    assert {"ev__echo", "ev__get-resource-reference", "ev__get-sum"} <= offered
+    sent = openai_server.requests[1]["messages"]
+    results = {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"}
+    assert results["c1"] == "Echo: hello from agentik"
+    # The embedded text resource arrives with its text, under its uri.
+    assert "[resource demo://resource/dynamic/text/1 (text/plain)]\nResource 1: " in results["c2"]
+    weather = json.loads(results["c3"])  # its text block only: one copy of the JSON
+    assert set(weather) == {"temperature", "conditions", "humidity"}
+    assert "42" in results["c4"]
+
+
+async def test_server_everything_http_restarted_while_idle_next_call_works():
+    async with everything("http") as (cfg, server):
+        assert server is not None
+        toolset = MCPToolset([cfg])
+        await toolset.start()
+        try:
+            echo = by_name(toolset)["ev__echo"]
+            assert (await echo.call({"message": "one"}, CTX)).text == "Echo: one"
+            await server.stop()
+            await server.start()  # it answers the old session ID with 400
+            assert (await echo.call({"message": "two"}, CTX)).text == "Echo: two"
+            assert status(toolset, "ev")["state"] == "connected"
+        finally:
+            await toolset.aclose()

@@ -17,9 +17,13 @@ task)::
     await toolset.aclose()
 
 Tools are named ``<server>__<tool>``.  When a server process dies (or an HTTP
-session ends) the call in flight fails with a :class:`ToolError` and the
-server is restarted in the background with exponential backoff; the tools
-keep their names, so the next call goes to the new session.
+session ends, or its server cannot be reached) the call in flight fails with a
+:class:`ToolError` and the server is restarted in the background with
+exponential backoff; the tools keep their names (and stay offered), so the next
+call goes to the new session — or, while the server stays down, fails at once
+with "MCP server X is unavailable (...); retrying".  An HTTP server that forgot
+our session (404 for its ID, as after a restart) gets a new one, transparently:
+the refused call is sent once more.
 """
 
 from __future__ import annotations
@@ -32,13 +36,16 @@ import json
 import logging
 import re
 import sys
+import time
 from collections.abc import Sequence
 from contextvars import ContextVar
 from fnmatch import fnmatchcase
 from typing import Annotated, Any, Literal
 
 import anyio
+import httpx2
 import mcp_types as mt
+import pydantic
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
@@ -56,6 +63,10 @@ MAX_LIST_PAGES = 100
 STARTUP_TIMEOUT = 30.0
 #: Seconds ``aclose`` waits for a server task to wind down before cancelling it.
 CLOSE_TIMEOUT = 15.0
+#: Seconds between two warnings about a server's non-JSON stdout lines.
+NOISE_INTERVAL = 60.0
+#: Characters of an offending stdout line quoted in that warning.
+NOISE_CHARS = 120
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -187,6 +198,95 @@ def _errlog() -> Any:
     return sys.stderr
 
 
+# -- stdout lines that are not JSON-RPC ---------------------------------------------------
+# The SDK logs every such line with a full traceback (``logger.exception``) and then
+# hands the parse error to the session, which passes it to our message handler; the
+# traceback is dropped here and the handler logs one short, rate-limited warning
+# naming the server instead.
+_PARSE_FAILURE = "Failed to parse JSONRPC message from server"
+
+
+class _NoParseTraceback(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != _PARSE_FAILURE
+
+
+_NO_PARSE_TRACEBACK = _NoParseTraceback()
+
+
+def _quiet_parse_failures() -> None:
+    stdio_log = logging.getLogger("mcp.client.stdio")
+    if _NO_PARSE_TRACEBACK not in stdio_log.filters:
+        stdio_log.addFilter(_NO_PARSE_TRACEBACK)
+
+
+def _offending_line(exc: BaseException) -> str | None:
+    """The stdout line a JSON-RPC parse error was about (pydantic keeps it), or
+    ``None`` when ``exc`` is no such error."""
+    if not isinstance(exc, pydantic.ValidationError):
+        return None
+    errors = exc.errors()
+    raw = errors[0].get("input") if errors else None
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    if isinstance(raw, str):
+        return raw
+    return json.dumps(raw, ensure_ascii=False, default=str)
+
+
+# -- streamable HTTP: watching the session -------------------------------------------------
+_SESSION_HEADER = "mcp-session-id"
+
+
+def _session_refused(status: int, body: bytes) -> bool:
+    """Whether a response to a request carrying a session ID says the session is gone.
+
+    The MCP specification: 404 Not Found for a request with a session ID means
+    the session is gone and the client MUST start a new one.  Some servers (the
+    TypeScript reference servers) answer an unknown session ID with 400 and a
+    message about the session instead.
+    """
+    if status == 404:
+        return True
+    if status != 400:
+        return False
+    text = body[:2000].decode("utf-8", "replace").lower()
+    return "session" in text or "not initialized" in text
+
+
+class _WatchedHTTP(httpx2.AsyncBaseTransport):
+    """An ``httpx2`` transport that tells the server when its session is gone
+    (404 for our session ID) or the server cannot be reached at all — and then
+    does not send the session's closing DELETE to a server that cannot take it."""
+
+    def __init__(self, inner: Any, on_gone: Any, on_unreachable: Any) -> None:
+        self._inner = inner
+        self._on_gone = on_gone
+        self._on_unreachable = on_unreachable
+        self._dead = False
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        in_session = _SESSION_HEADER in request.headers and request.method != "DELETE"
+        if request.method == "DELETE" and self._dead:
+            return httpx2.Response(204, request=request)
+        try:
+            response = await self._inner.handle_async_request(request)
+        except (httpx2.NetworkError, httpx2.RemoteProtocolError):
+            if in_session:
+                self._dead = True
+                self._on_unreachable()
+            raise
+        if in_session and response.status_code in (400, 404):
+            body = await response.aread() if response.status_code == 400 else b""
+            if _session_refused(response.status_code, body):
+                self._dead = True
+                self._on_gone(response.status_code)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 # -- results -------------------------------------------------------------------------
 def _byte_count(data: str) -> int:
     try:
@@ -204,25 +304,38 @@ def _summarise(block: Any) -> str:
         return f"[audio {block.mime_type}, {_byte_count(block.data)} bytes]"
     if isinstance(block, mt.EmbeddedResource):
         res = block.resource
-        mime = res.mime_type or ("text/plain" if hasattr(res, "text") else "binary")
-        return f"[resource {res.uri}: {mime}]"
+        if isinstance(res, mt.TextResourceContents):
+            # The text is what the tool meant the model to read: the uri heads it
+            # (the turn's result size limit cuts it like any other text).
+            return f"[resource {res.uri} ({res.mime_type or 'text/plain'})]\n{res.text}"
+        blob = getattr(res, "blob", "")
+        mime = res.mime_type or "binary"
+        return f"[resource {res.uri}: {mime}, {_byte_count(blob)} bytes]"
     if isinstance(block, mt.ResourceLink):
         return f"[resource link {block.uri}: {block.mime_type or 'unknown type'}]"
     return f"[{getattr(block, 'type', type(block).__name__)} content]"
 
 
+def _is_text(block: Any) -> bool:
+    if isinstance(block, mt.EmbeddedResource):
+        return isinstance(block.resource, mt.TextResourceContents)
+    return isinstance(block, mt.TextContent)
+
+
 def result_of(result: mt.CallToolResult) -> ToolResult:
-    """Map an MCP ``CallToolResult`` to a :class:`ToolResult`."""
+    """Map an MCP ``CallToolResult`` to a :class:`ToolResult`.
+
+    The model gets the content blocks as text.  Structured content is kept
+    whole as ``data`` (for the audit log); the model gets its JSON only when
+    the result has no text content — a tool that returns structured content
+    SHOULD also return it serialised as text (MCP specification, "Structured
+    Content"), and sending both would double every such result in the context.
+    """
     text = "\n".join(_summarise(b) for b in result.content)
     structured = result.structured_content
-    if structured is not None:
+    if structured is not None and not any(_is_text(b) for b in result.content):
         encoded = json.dumps(structured, ensure_ascii=False, default=str)
-        try:
-            already = json.loads(text) == structured
-        except ValueError:
-            already = encoded in text
-        if not already:
-            text = f"{text}\n{encoded}" if text else encoded
+        text = f"{text}\n{encoded}" if text else encoded
     return ToolResult(text=text, data=structured, is_error=bool(result.is_error))
 
 
@@ -265,10 +378,26 @@ class _Server:
         self._process: Any = None
         self._connected = asyncio.Event()  # set while a session is usable
         self._settled = asyncio.Event()  # set once a start attempt succeeded or failed
+        self._failed = asyncio.Event()  # set when the latest connection attempt failed
+        self._down = asyncio.Event()  # set once a session's teardown is over
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
+        self._retry_now = asyncio.Event()  # a call wants a connection attempt now
+        self._tick = asyncio.Event()  # replaced (and the old one set) at every outcome
         self._lost = False
         self._refresh = False
+        #: Sessions are numbered; a transport reports for the session it served.
+        self._generation = 0
+        self._gone_generation = -1  # the server forgot this session (HTTP 404)
+        self._unreachable_generation = -1  # the server could not be reached
+        self._did_connect = False  # the current attempt got a session
+        self._attempting = False  # a connection attempt is under way
+        self._ever_connected = False
+        self._trouble = False  # a loss or failure was logged since the last success
+        self._trouble_level = logging.WARNING  # ... at this level
+        self._said_unavailable = False  # a failed restart was logged since then
+        self._noise_at: float | None = None  # last non-JSON stdout warning
+        self._noise_skipped = 0
 
     # -- helpers ------------------------------------------------------------------
     def _scrub(self, text: str) -> str:
@@ -298,6 +427,8 @@ class _Server:
         return out
 
     def offered(self) -> list[MCPTool]:
+        # While a server that was up is being restarted its tools stay offered:
+        # a call then gets a clear "unavailable" error rather than "unknown tool".
         if self.state in ("connected", "restarting") or (self.state == "starting" and self.tools):
             return list(self.tools.values())
         return []
@@ -308,6 +439,7 @@ class _Server:
         if self._closing.is_set() or (self.task is not None and not self.task.done()):
             return
         self._settled.clear()
+        self._failed.clear()
         self.state = "starting" if self.state != "restarting" else "restarting"
         self.task = asyncio.get_running_loop().create_task(
             self._run(), name=f"mcp-server-{self.cfg.name}"
@@ -335,6 +467,12 @@ class _Server:
         self.session = None
         self._connected.clear()
         self._settled.set()
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake whoever waits for an attempt's outcome (see ``_ensure_session``)."""
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
 
     def _mark_lost(self) -> None:
         """The connection ended: the owning task restarts it (called from any task)."""
@@ -344,64 +482,144 @@ class _Server:
             self.state = "restarting"
         self._wake.set()
 
+    def _session_gone(self, generation: int, status: int) -> None:
+        """The HTTP server answered our session ID with "no such session"."""
+        if generation != self._generation or self._gone_generation == generation:
+            return
+        self._gone_generation = generation
+        log.info(
+            "MCP server %r no longer knows our session (HTTP %d); opening a new one",
+            self.cfg.name,
+            status,
+        )
+        self._mark_lost()
+
+    def _unreachable(self, generation: int) -> None:
+        """A request of our HTTP session could not even connect: the server is down."""
+        if generation != self._generation:
+            return
+        self._unreachable_generation = generation
+        self._mark_lost()
+
     async def _run(self) -> None:
         _spawned.set([])
         delay = self.cfg.restart_min
-        ever_connected = self.state == "restarting"
+        name = self.cfg.name
+        if self.state == "restarting":
+            self._ever_connected = True
         while not self._closing.is_set():
             self._lost = False
             self._refresh = False
             self._wake.clear()
+            self._failed.clear()
+            self._retry_now.clear()
+            self._down = asyncio.Event()  # one per session: callers wait for theirs
+            self._did_connect = False
+            self._attempting = True
+            self._generation += 1
+            generation = self._generation
             try:
-                connected = await self._session_once()
+                await self._session_once(generation)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # anyio may wrap failures in groups
                 if isinstance(exc, KeyboardInterrupt | SystemExit):
                     raise
-                connected = False
                 self.error = self._describe(exc)
             finally:
+                self._attempting = False
                 self.session = None
                 self._connected.clear()
                 self.pid = None
+                self._down.set()
+                self._notify()
+            # A session that connected and then failed (an HTTP server gone away)
+            # is a loss to recover from, not a failure to start.
+            connected = self._did_connect
             if self._closing.is_set():
                 break
+            pause = delay
             if connected:
-                ever_connected = True
+                self._ever_connected = True
                 delay = self.cfg.restart_min
-                log.warning("MCP server %r stopped; restarting", self.cfg.name)
-            elif not ever_connected:
+                pause = 0.0 if self._gone_generation == generation else delay
+                if self._gone_generation != generation:
+                    self._trouble, self._trouble_level = True, logging.WARNING
+                    log.warning(
+                        "MCP server %r stopped (%s); restarting",
+                        name,
+                        self.error or "connection lost",
+                    )
+                self.state = "restarting"
+            elif self._ever_connected:
+                self._failed.set()
+                self.state = "restarting"
+                if not self._said_unavailable:  # said once; the recovery is said too
+                    self._said_unavailable = True
+                    log.warning(
+                        "MCP server %r is unavailable (%s); retrying with backoff (%g-%gs)",
+                        name,
+                        self.error,
+                        self.cfg.restart_min,
+                        self.cfg.restart_max,
+                    )
+                else:
+                    log.debug("MCP server %r: still unavailable: %s", name, self.error)
+                self._trouble = True
+            elif self.cfg.command is not None:
+                # A program that does not start is a configuration error.
                 self.state = "failed"
-                log.error("MCP server %r failed to start: %s", self.cfg.name, self.error)
+                self._failed.set()
+                log.error("MCP server %r failed to start: %s", name, self.error)
                 self._settled.set()
+                self._notify()
                 return
             else:
-                log.warning(
-                    "MCP server %r restart failed (%s); retrying in %gs",
-                    self.cfg.name,
-                    self.error,
-                    delay,
-                )
-            self.state = "restarting"
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._closing.wait()
+                # An HTTP server may come up after us: keep trying, quietly.
+                self.state = "failed"
+                self._failed.set()
+                if not self._trouble:
+                    self._trouble_level = logging.ERROR
+                    log.error(
+                        "MCP server %r failed to start: %s; retrying in the background",
+                        name,
+                        self.error,
+                    )
+                else:
+                    log.debug("MCP server %r: still failing: %s", name, self.error)
+                self._trouble = True
+                self._settled.set()
+            self._notify()
+            if pause:
+                await self._pause(pause)
             if not connected:
                 delay = min(delay * 2, self.cfg.restart_max)
         self._settled.set()
+        self._notify()
 
-    async def _session_once(self) -> bool:
-        """Connect, serve until the connection ends or close; True if it connected."""
+    async def _pause(self, seconds: float) -> None:
+        """The backoff between attempts; ends early on close or when a call asks."""
+        waiters = [
+            asyncio.ensure_future(self._closing.wait()),
+            asyncio.ensure_future(self._retry_now.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def _session_once(self, generation: int) -> None:
+        """Connect and serve until the connection ends or close; sets ``_did_connect``."""
         from mcp.client.session import ClientSession
 
         cfg = self.cfg
-        connected = False
         async with contextlib.AsyncExitStack() as stack:
             if cfg.command is not None:
                 from mcp.client.stdio import StdioServerParameters, stdio_client
 
                 _install_spawn_hook()
+                _quiet_parse_failures()
                 sink = _spawned.get()
                 if sink is not None:
                     sink.clear()
@@ -416,12 +634,25 @@ class _Server:
                     self.pid = getattr(self._process, "pid", None)
             else:
                 from mcp.client.streamable_http import streamable_http_client
-                from mcp.shared._httpx_utils import create_mcp_http_client
+                from mcp.shared._httpx_utils import (
+                    MCP_DEFAULT_SSE_READ_TIMEOUT,
+                    MCP_DEFAULT_TIMEOUT,
+                )
 
                 headers = dict(cfg.headers or {})
                 if cfg.token:
                     headers["Authorization"] = f"Bearer {cfg.token}"
-                client = create_mcp_http_client(headers=headers)
+                # What the SDK's create_mcp_http_client makes, with a transport
+                # that watches for a forgotten session or an unreachable server.
+                client = httpx2.AsyncClient(
+                    headers=headers,
+                    timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+                    transport=_WatchedHTTP(
+                        httpx2.AsyncHTTPTransport(),
+                        lambda status: self._session_gone(generation, status),
+                        lambda: self._unreachable(generation),
+                    ),
+                )
                 await stack.enter_async_context(client)
                 assert cfg.url is not None
                 read, write = await stack.enter_async_context(
@@ -440,10 +671,18 @@ class _Server:
             self.session = session
             self.state = "connected"
             self.error = None
-            connected = True
+            self._did_connect = True
+            self._attempting = False
             self._connected.set()
             self._settled.set()
-            log.info("MCP server %r connected (%d tools offered)", cfg.name, len(self.tools))
+            self._notify()
+            if self._trouble:
+                # Said at the level the loss was: whoever saw that sees this.
+                level, self._trouble_level = self._trouble_level, logging.WARNING
+                self._trouble = self._said_unavailable = False
+                log.log(level, "mcp %s: back, %d tools", cfg.name, len(self.tools))
+            else:
+                log.info("mcp %s: %d tools", cfg.name, len(self.tools))
             while not (self._closing.is_set() or self._lost):
                 await self._wake.wait()
                 self._wake.clear()
@@ -461,14 +700,36 @@ class _Server:
             self._connected.clear()
             if self._lost and not self._closing.is_set():
                 self.error = "connection lost"
-        return connected
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, mt.ToolListChangedNotification):
             self._refresh = True
             self._wake.set()
         elif isinstance(message, Exception):
-            log.debug("MCP server %r transport error: %s", self.cfg.name, self._describe(message))
+            line = _offending_line(message)
+            if line is None:
+                log.debug(
+                    "MCP server %r transport error: %s", self.cfg.name, self._describe(message)
+                )
+                return
+            self._noise(line)
+
+    def _noise(self, line: str) -> None:
+        """A stdout line that is not JSON-RPC: one short warning now and then."""
+        now = time.monotonic()
+        if self._noise_at is not None and now - self._noise_at < NOISE_INTERVAL:
+            self._noise_skipped += 1
+            return
+        more = f" (and {self._noise_skipped} more lines)" if self._noise_skipped else ""
+        self._noise_at, self._noise_skipped = now, 0
+        shown = line if len(line) <= NOISE_CHARS else line[:NOISE_CHARS] + "…"
+        log.warning(
+            "MCP server %r wrote a line that is not JSON-RPC to stdout (ignored; servers"
+            " should log to stderr)%s: %s",
+            self.cfg.name,
+            more,
+            self._scrub(repr(shown)),
+        )
 
     async def _list_tools(self, session: Any) -> None:
         listed: list[mt.Tool] = []
@@ -498,6 +759,10 @@ class _Server:
         self.tools = tools
 
     # -- calls ----------------------------------------------------------------------------
+    def _unavailable(self) -> ToolError:
+        why = f" ({self.error})" if self.error else ""
+        return ToolError(f"MCP server {self.cfg.name!r} is unavailable{why}; retrying")
+
     async def _ensure_session(self) -> Any:
         name = self.cfg.name
         if self._closing.is_set():
@@ -512,56 +777,102 @@ class _Server:
         if self.state in ("lazy", "failed"):
             self.launch()
         if not self._connected.is_set():
-            try:
-                async with asyncio.timeout(self.startup_timeout):
-                    while not self._connected.is_set():
-                        if self.task is None or self.task.done():
-                            break
-                        waiter = asyncio.ensure_future(self._connected.wait())
-                        done = asyncio.ensure_future(asyncio.shield(self.task))
-                        pair: list[asyncio.Future[Any]] = [waiter, done]
-                        try:
-                            await asyncio.wait(pair, return_when=asyncio.FIRST_COMPLETED)
-                        finally:
-                            waiter.cancel()
-                            done.cancel()
-            except TimeoutError:
-                pass
+            # Wait for the outcome of a connection attempt that starts after this
+            # call did: an attempt already under way may have begun before the
+            # server came back, so its failure earns one more.
+            for _ in range(2 if self._attempting else 1):
+                await self._await_attempt()
+                if self._connected.is_set() or self._closing.is_set():
+                    break
         session = self.session
         if session is None or not self._connected.is_set():
+            if self.state in ("restarting", "failed") and self.task and not self.task.done():
+                raise self._unavailable()
             why = f": {self.error}" if self.error else ""
             raise ToolError(f"MCP server {name!r} is not available ({self.state}){why}")
         return session
 
+    async def _await_attempt(self) -> None:
+        """Wait for the outcome of the next connection attempt (``startup_timeout``
+        at most).  When the last one failed and the server waits out its backoff,
+        ask for one now (a burst of calls shares it)."""
+        target = self._generation
+        if self._failed.is_set() and self.task is not None and not self.task.done():
+            target += 1
+            self._retry_now.set()
+
+        def settled() -> bool:
+            return (
+                self._connected.is_set()
+                or (self._failed.is_set() and self._generation >= target)
+                or self._closing.is_set()
+                or self.task is None
+                or self.task.done()
+            )
+
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.startup_timeout):
+                while not settled():
+                    await self._tick.wait()
+
     async def call(self, tool_name: str, arguments: dict[str, Any]) -> ToolResult:
+        try:
+            return await self._call_once(tool_name, arguments)
+        except _SessionGone:
+            # The server forgot our session (it restarted): the request was
+            # refused, not run, so it goes once more over a new session.
+            try:
+                return await self._call_once(tool_name, arguments)
+            except _SessionGone:
+                raise ToolError(
+                    f"MCP server {self.cfg.name!r} refused our new session too; retrying"
+                ) from None
+
+    async def _call_once(self, tool_name: str, arguments: dict[str, Any]) -> ToolResult:
         from mcp.shared.exceptions import MCPError
 
         name, timeout = self.cfg.name, self.cfg.timeout
         session = await self._ensure_session()
+        generation, down = self._generation, self._down
         try:
             async with asyncio.timeout(timeout + 1.0):
                 result = await session.call_tool(tool_name, arguments, read_timeout_seconds=timeout)
         except TimeoutError:
             raise ToolError(f"MCP server {name!r} did not answer within {timeout:g}s") from None
         except MCPError as exc:
+            if self._gone_generation == generation:
+                raise _SessionGone from None
             if exc.code == mt.REQUEST_TIMEOUT:
                 raise ToolError(f"MCP server {name!r} did not answer within {timeout:g}s") from None
             if self._lost or exc.code == mt.CONNECTION_CLOSED or "terminated" in exc.message:
                 if session is self.session:
                     self._mark_lost()
-                raise ToolError(
-                    f"MCP server {name!r} stopped: {self._scrub(exc.message)}; restarting"
-                ) from None
+                raise await self._stopped(generation, down, self._scrub(exc.message)) from None
             raise ToolError(f"MCP server {name!r}: {self._scrub(exc.message)}") from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            if self._gone_generation == generation:
+                raise _SessionGone from None
             if session is self.session:
                 self._mark_lost()
-            raise ToolError(
-                f"MCP server {name!r} stopped: {self._describe(exc)}; restarting"
-            ) from None
+            raise await self._stopped(generation, down, self._describe(exc)) from None
         if not isinstance(result, mt.CallToolResult):  # pragma: no cover - extensions only
             return ToolResult(text=str(result))
         return result_of(result)
+
+    async def _stopped(self, generation: int, down: asyncio.Event, why: str) -> ToolError:
+        """The error for a call whose connection ended under it."""
+        if self._unreachable_generation == generation:
+            # The request could not even connect: the server is down.  Wait for
+            # the session's teardown so the error names the real cause.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await down.wait()
+            return self._unavailable()
+        return ToolError(f"MCP server {self.cfg.name!r} stopped: {why}; restarting")
+
+
+class _SessionGone(Exception):
+    """The HTTP server answered a call with "no such session"."""
 
 
 # -- the toolset ---------------------------------------------------------------------------
