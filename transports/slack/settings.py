@@ -6,7 +6,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-__all__ = ["SlackSettings"]
+from agentik.core.settings import PathSetting
+
+__all__ = ["SlackSettings", "SuggestedPrompt"]
+
+
+class SuggestedPrompt(BaseModel):
+    """One suggested prompt of an assistant thread: a button ``title`` that sends ``message``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(min_length=1, max_length=75)
+    message: str = Field(min_length=1, max_length=2000)
 
 
 class SlackSettings(BaseModel):
@@ -48,10 +59,22 @@ class SlackSettings(BaseModel):
     #: Retries of a rate-limited (429) call, honouring Retry-After.
     rate_limit_retries: int = Field(5, ge=0)
     #: File remembering handled events, so retries and restarts never answer twice
-    #: (default: ``slack-<name>-seen.sqlite3`` next to the database).
-    state_file: str | None = None
+    #: (default: ``slack-<name>-seen.sqlite3`` next to the database; in memory
+    #: when the database is).  A relative path is relative to the configuration file.
+    state_file: PathSetting = None
     #: How many handled event ids to remember.
     dedupe_keep: int = Field(20_000, ge=100)
+    #: Mentions the model may write that really notify: ``users`` lets its
+    #: ``<@U…>`` through.  Default none: everything the model writes is shown
+    #: as text; ``<!here>``, ``<!channel>``, ``<!everyone>`` and group
+    #: mentions never go out.
+    allow_mentions: list[Literal["users"]] = Field(default_factory=list)
+    #: Posted when a user opens a new assistant thread (Slack's AI app view);
+    #: empty: none.  Markdown.
+    assistant_greeting: str = "Hi! How can I help?"
+    #: Suggested prompts offered in a new assistant thread (at most 4): each a
+    #: string, or a table ``{ title = "…", message = "…" }``.
+    assistant_prompts: list[str | SuggestedPrompt] = Field(default_factory=list, max_length=4)
 
     @model_validator(mode="after")
     def _check(self) -> SlackSettings:
