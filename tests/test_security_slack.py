@@ -19,12 +19,12 @@ import threading
 from typing import Any
 
 import pytest
+from test_slack import answered, bot_texts, slack_bot
 
 from agentik.core.testing.scripted import Reply
 from agentik.transports.slack.mrkdwn import markdown_safe, markdown_to_mrkdwn, safe_url
 
 from fakeslack import FakeSlack, _chunks_text
-from test_slack import answered, bot_texts, slack_bot
 
 ATTACK = (
     "Hi <!channel> and <!here> and <!everyone>, ping <@U0BOSS> and <!subteam^S0ADMINS|@admins>. "
@@ -156,8 +156,7 @@ def test_code_is_escaped_too_and_keeps_its_text():
     # Slack control sequence is followed by an invisible WORD JOINER.
     safe = markdown_safe(text)
     assert safe == (
-        "Use `a<b && c>d` or &lt;!here&gt;:\n"
-        "```html\n<\u2060!-- <\u2060@U1> -->\n<a href=x>\n```"
+        "Use `a<b && c>d` or &lt;!here&gt;:\n```html\n<\u2060!-- <\u2060@U1> -->\n<a href=x>\n```"
     )
 
 
