@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from test_slack import answered, bot_texts, slack_bot
 
+from agentik.core import SQLiteStore
 from agentik.core.testing.scripted import Reply
 from agentik.transports.slack.mrkdwn import markdown_safe, markdown_to_mrkdwn, safe_url
 
@@ -138,6 +139,8 @@ async def test_user_mentions_only_when_allowed(tmp_path):
             slack.add_user("U1", "alice")
             async with slack_bot(
                 slack, tmp_path, streaming="edit", allow_mentions=allow,
+                # A fresh database each time: answered() waits for a first answer.
+                store=SQLiteStore(str(tmp_path / f"slack-{len(allow)}.db")),
                 state_file=str(tmp_path / f"seen-{len(allow)}.sqlite3"),
             ) as (bot, model, agent, bridge):  # fmt: skip
                 model.enqueue(Reply(text=answer, chunks=None))

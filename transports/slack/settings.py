@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, model_validator
 
 from agentik.core.settings import PathSetting
 
@@ -16,8 +16,17 @@ class SuggestedPrompt(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    #: The button's label.
     title: str = Field(min_length=1, max_length=75)
+    #: What the button sends, as if the user had written it.
     message: str = Field(min_length=1, max_length=2000)
+
+
+def _prompts(value: Any) -> Any:
+    """A plain string is a prompt whose label is its message."""
+    if isinstance(value, list):
+        return [{"title": v, "message": v} if isinstance(v, str) else v for v in value]
+    return value
 
 
 class SlackSettings(BaseModel):
@@ -73,8 +82,10 @@ class SlackSettings(BaseModel):
     #: empty: none.  Markdown.
     assistant_greeting: str = "Hi! How can I help?"
     #: Suggested prompts offered in a new assistant thread (at most 4): each a
-    #: string, or a table ``{ title = "…", message = "…" }``.
-    assistant_prompts: list[str | SuggestedPrompt] = Field(default_factory=list, max_length=4)
+    #: table ``{ title = "…", message = "…" }``, or a string (its own title).
+    assistant_prompts: Annotated[list[SuggestedPrompt], BeforeValidator(_prompts)] = Field(
+        default_factory=list, max_length=4
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SlackSettings:

@@ -431,7 +431,7 @@ class SlackTransport(Transport):
                     metadata={"event_type": "assistant_thread_context", "event_payload": context},
                 )
                 self._remember(response.get("ts"), self._key(channel, thread_ts))
-            prompts = [p if isinstance(p, str) else p.model_dump() for p in o.assistant_prompts]
+            prompts = [p.model_dump() for p in o.assistant_prompts]
             if prompts:
                 await set_suggested_prompts(prompts=prompts)
         except Exception as exc:  # a greeting is a nicety: log it, the thread still works
