@@ -259,16 +259,28 @@ _places = itertools.count(100)
     max_examples=40, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )  # fmt: skip
-@given(text=_texts, fields=_fields, kind=st.sampled_from(["message", "app_mention"]))
-def test_fuzzed_events_never_crash_or_inject(slack_loop, text: str, fields: Any, kind: str):
+@given(
+    text=_texts,
+    fields=_fields,
+    kind=st.sampled_from(["message", "app_mention", "assistant_thread_started"]),
+    drop=st.sets(st.sampled_from(["channel_id", "thread_ts", "context", "user_id"])),
+)
+def test_fuzzed_events_never_crash_or_inject(
+    slack_loop, text: str, fields: Any, kind: str, drop: set[str]
+):
     run, slack, bridge, errors = slack_loop
-    event = slack.message_event("D1", text, channel_type="im")
-    event["type"] = kind
-    for key, value in fields.items():
-        if value is None:
-            event.pop(key, None)
-        else:
-            event[key] = value
+    if kind == "assistant_thread_started":  # with parts of its thread missing
+        event = slack.assistant_thread_started_event("D1", context={"channel_id": text})
+        for key in drop:
+            del event["assistant_thread"][key]
+    else:
+        event = slack.message_event("D1", text, channel_type="im")
+        event["type"] = kind
+        for key, value in fields.items():
+            if value is None:
+                event.pop(key, None)
+            else:
+                event[key] = value
     before = len(slack.calls)
 
     async def go() -> None:
