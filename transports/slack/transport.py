@@ -292,16 +292,12 @@ class SlackTransport(Transport):
 
     async def _on_socket_message(self, client: Any, message: dict[str, Any], raw: str) -> None:
         """Socket Mode frames: a ``hello`` opens every connection; log reconnections."""
-        kind = message.get("type")
-        if kind == "hello":
+        # (slack-sdk handles Slack's "disconnect" request, a routine refresh,
+        # before listeners see it; the next hello shows the new connection.)
+        if message.get("type") == "hello":
             self._connections += 1
             if self._connections > 1:
                 log.info("slack %s: Socket Mode reconnected to %s", self.name, self.where)
-        elif kind == "disconnect":
-            log.info(
-                "slack %s: Slack asked to reconnect (%s); reconnecting",
-                self.name, message.get("reason") or "no reason given",
-            )  # fmt: skip
 
     async def _on_socket_close(self, message: Any) -> None:
         if self._handler is not None and not self._handler.client.closed:
@@ -420,6 +416,8 @@ class SlackTransport(Transport):
             return
         if self._seen.check_and_add(f"event:{body.get('event_id') or channel + ':' + thread_ts}"):
             return
+        if len(self._untitled) >= 5000:  # threads whose first message never came
+            self._untitled.pop()
         self._untitled.add((channel, thread_ts))
         context = thread.get("context") or {}
         await self._contexts.save(channel_id=channel, thread_ts=thread_ts, context=context)
