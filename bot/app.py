@@ -11,6 +11,7 @@ from typing import Any
 
 from agentik.core import Agent, AgentikError, ConfigError
 from agentik.core.plugins import Registry, load_plugins
+from agentik.core.settings import is_file_path, setting_fields
 from agentik.transports.base import Transport, TransportFailed
 
 from .bridge import Bridge, options_from
@@ -41,8 +42,17 @@ def make_transport(
             f"{source}: transports.{name}.type: unknown transport {section.type!r}"
             f" (installed: {known})"
         )
+    settings = dict(section.settings)
+    model = getattr(factory, "settings_model", None)
+    if model is not None and source != "<string>":
+        # Path keys are relative to the configuration file, as elsewhere.
+        base = os.path.dirname(os.path.abspath(source))
+        for key, field in setting_fields(model).items():
+            value = settings.get(key)
+            if isinstance(value, str) and value and is_file_path(field):
+                settings[key] = os.path.join(base, os.path.expanduser(value))
     try:
-        return factory(name=name, settings=section.settings)
+        return factory(name=name, settings=settings)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 

@@ -208,8 +208,13 @@ class FakeSlack:
         ts: str | None = None,
         thread_ts: str | None = None,
         channel_type: str | None = None,
+        subtype: str | None = None,
     ) -> dict[str, Any]:
-        """A user's ``message`` event as Slack sends it (``ts`` is fresh when not given)."""
+        """A user's ``message`` event as Slack sends it (``ts`` is fresh when not given).
+
+        ``subtype="file_share"`` adds a ``files`` list (one text file) and ``upload``;
+        ``subtype="thread_broadcast"`` (a thread reply also sent to the channel)
+        needs ``thread_ts`` and adds the ``root`` message."""
         event: dict[str, Any] = {
             "type": "message",
             "user": user,
@@ -224,6 +229,65 @@ class FakeSlack:
         event["event_ts"] = event["ts"]
         if thread_ts:
             event["thread_ts"] = thread_ts
+        if subtype is not None:
+            event["subtype"] = subtype
+        if subtype == "file_share":
+            file_id = "F" + uuid.uuid4().hex[:10].upper()
+            event["upload"] = False
+            event["display_as_bot"] = False
+            event["files"] = [
+                {
+                    "id": file_id,
+                    "created": int(time.time()),
+                    "timestamp": int(time.time()),
+                    "name": "notes.txt",
+                    "title": "notes.txt",
+                    "mimetype": "text/plain",
+                    "filetype": "text",
+                    "pretty_type": "Plain Text",
+                    "user": user,
+                    "mode": "snippet",
+                    "size": 12,
+                    "url_private": f"https://files.slack.com/files-pri/{self.team_id}-{file_id}/notes.txt",
+                    "permalink": f"https://{self.team_domain}.slack.com/files/{user}/{file_id}/notes.txt",
+                }
+            ]
+        if subtype == "thread_broadcast":
+            root = self.messages.get((channel, thread_ts or ""))
+            event["root"] = dict(root or {"type": "message", "ts": thread_ts, "text": ""})
+        return event
+
+    def assistant_thread_started_event(
+        self,
+        channel: str = "D1",
+        *,
+        user: str = "U1",
+        thread_ts: str | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """``assistant_thread_started``: ``user`` opened a new thread in the assistant
+        view (a thread of the DM ``channel``); ``context`` is where they were
+        (``{"channel_id", "team_id", "enterprise_id"}``; ``{}``: nowhere in particular)."""
+        return {
+            "type": "assistant_thread_started",
+            "assistant_thread": {
+                "user_id": user,
+                "context": {} if context is None else context,
+                "channel_id": channel,
+                "thread_ts": thread_ts or self.new_ts(),
+            },
+            "event_ts": self.new_ts(),
+        }
+
+    def assistant_thread_context_changed_event(
+        self, channel: str, thread_ts: str, context: dict[str, Any], *, user: str = "U1"
+    ) -> dict[str, Any]:
+        """``assistant_thread_context_changed``: the user of an open assistant thread
+        switched to another channel (``context``)."""
+        event = self.assistant_thread_started_event(
+            channel, user=user, thread_ts=thread_ts, context=context
+        )
+        event["type"] = "assistant_thread_context_changed"
         return event
 
     def app_mention_event(
@@ -347,7 +411,7 @@ class FakeSlack:
         one if needed); returns the envelope id. Message and app_mention events are also
         stored in ``messages``."""
         if event.get("type") in ("message", "app_mention") and event.get("channel"):
-            if event.get("ts") and not event.get("subtype"):
+            if event.get("ts") and event.get("subtype") in (None, "file_share", "thread_broadcast"):
                 msg = {k: v for k, v in event.items() if k not in ("channel", "channel_type")}
                 msg["type"] = "message"
                 self.messages.setdefault((event["channel"], event["ts"]), msg)
@@ -611,15 +675,36 @@ class FakeSlack:
             msg["metadata"] = _maybe_json(params["metadata"])
         return {"channel": channel, "ts": ts, "message": msg}
 
+    # assistant.threads.*: channel_id and thread_ts name the thread (a thread of a DM).
+
     def _m_assistant_threads_setStatus(self, params: dict[str, Any]) -> dict[str, Any] | str:
         if not params.get("channel_id") or not params.get("thread_ts"):
             return "invalid_arguments"
+        if "status" not in params:  # required; "" clears it
+            return "invalid_arguments"
         return {}
 
-    def _m_assistant_threads_setTitle(self, params: dict[str, Any]) -> dict[str, Any]:
+    def _m_assistant_threads_setTitle(self, params: dict[str, Any]) -> dict[str, Any] | str:
+        if not params.get("channel_id") or not params.get("thread_ts"):
+            return "invalid_arguments"
+        if not params.get("title"):
+            return "invalid_arguments"
         return {}
 
-    def _m_assistant_threads_setSuggestedPrompts(self, params: dict[str, Any]) -> dict[str, Any]:
+    def _m_assistant_threads_setSuggestedPrompts(
+        self, params: dict[str, Any]
+    ) -> dict[str, Any] | str:
+        if not params.get("channel_id") or not params.get("thread_ts"):
+            return "invalid_arguments"
+        prompts = _maybe_json(params.get("prompts"))
+        if not isinstance(prompts, list) or not 1 <= len(prompts) <= 4:
+            return "invalid_arguments"
+        for prompt in prompts:
+            if not isinstance(prompt, dict) or set(prompt) != {"title", "message"}:
+                return "invalid_arguments"
+            if not all(isinstance(v, str) and v for v in prompt.values()):
+                return "invalid_arguments"
+        params["prompts"] = prompts
         return {}
 
     def _m_users_info(self, params: dict[str, Any]) -> dict[str, Any] | str:

@@ -260,3 +260,47 @@ def test_sign_verifies_with_signature_verifier(slack: FakeSlack) -> None:
     stale = slack.sign(body, timestamp=1_000_000)
     assert stale["X-Slack-Request-Timestamp"] == "1000000"
     assert not verifier.is_valid_request(body, stale)  # too old
+
+
+async def test_assistant_thread_methods_check_their_arguments(
+    slack: FakeSlack, client: AsyncWebClient
+) -> None:
+    where = {"channel_id": "D1", "thread_ts": "1700000000.000100"}
+    await client.assistant_threads_setStatus(**where, status="is thinking…")
+    await client.assistant_threads_setTitle(**where, title="Deploying")
+    await client.assistant_threads_setSuggestedPrompts(
+        **where, prompts=[{"title": "Hi", "message": "Say hi"}], title="Try"
+    )
+    assert slack.calls_to("assistant.threads.setSuggestedPrompts")[0]["prompts"] == [
+        {"title": "Hi", "message": "Say hi"}
+    ]
+    bad = [
+        client.assistant_threads_setTitle(channel_id="D1", thread_ts="1.0", title=""),
+        client.assistant_threads_setStatus(channel_id="D1", thread_ts="", status="x"),
+        client.assistant_threads_setSuggestedPrompts(**where, prompts=[]),
+        client.assistant_threads_setSuggestedPrompts(**where, prompts=[{"title": "no message"}]),
+        client.assistant_threads_setSuggestedPrompts(
+            **where, prompts=[{"title": str(i), "message": str(i)} for i in range(5)]
+        ),
+    ]
+    for call in bad:
+        with pytest.raises(SlackApiError) as err:
+            await call
+        assert err.value.response["error"] == "invalid_arguments"
+
+
+async def test_assistant_and_subtype_events_have_slacks_shape(slack: FakeSlack) -> None:
+    started = slack.assistant_thread_started_event("D1", user="U1", context={"channel_id": "C1"})
+    thread = started["assistant_thread"]
+    assert started["type"] == "assistant_thread_started"
+    assert set(thread) == {"user_id", "context", "channel_id", "thread_ts"}
+    assert thread["channel_id"] == "D1" and thread["context"] == {"channel_id": "C1"}
+    changed = slack.assistant_thread_context_changed_event("D1", thread["thread_ts"], {})
+    assert changed["type"] == "assistant_thread_context_changed"
+    assert changed["assistant_thread"]["thread_ts"] == thread["thread_ts"]
+    shared = slack.message_event("C1", "look", subtype="file_share")
+    assert shared["subtype"] == "file_share" and shared["files"][0]["mimetype"] == "text/plain"
+    root = slack.message_event("C1", "root")
+    slack.messages[("C1", root["ts"])] = root
+    broadcast = slack.message_event("C1", "all", thread_ts=root["ts"], subtype="thread_broadcast")
+    assert broadcast["root"]["ts"] == root["ts"] and broadcast["thread_ts"] == root["ts"]

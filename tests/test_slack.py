@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 
@@ -354,3 +355,195 @@ async def test_a_long_streamed_answer_continues_in_new_messages_at_word_breaks(t
             assert len(texts) >= 4 and all(len(t) <= 200 for t in texts)
             assert " ".join(texts).split() == words  # no word cut in two
             assert len(slack.calls_to("chat.startStream")) == len(texts)  # all streamed natively
+
+
+# ----------------------------------------------------------------- issue 18
+
+
+async def test_assistant_thread_gets_a_greeting_prompts_and_a_title(tmp_path):
+    prompts = ["What can you do?", {"title": "Summarize", "message": "Summarize this channel"}]
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(
+            slack, tmp_path, streaming="edit", assistant_greeting="Hello, I am **here**.",
+            assistant_prompts=prompts,
+        ) as (bot, model, agent, bridge):  # fmt: skip
+            started = slack.assistant_thread_started_event(
+                "D1", context={"channel_id": "C7", "team_id": "T1", "enterprise_id": None}
+            )
+            thread_ts = started["assistant_thread"]["thread_ts"]
+            envelope = await slack.push_event(started)
+            await slack.wait_for_ack(envelope)
+            offered = await slack.wait_for_call("assistant.threads.setSuggestedPrompts")
+            assert offered["channel_id"] == "D1" and offered["thread_ts"] == thread_ts
+            assert offered["prompts"] == [
+                {"title": "What can you do?", "message": "What can you do?"},
+                {"title": "Summarize", "message": "Summarize this channel"},
+            ]
+            greeting = await slack.wait_for_call("chat.postMessage")
+            assert greeting["channel"] == "D1" and greeting["thread_ts"] == thread_ts
+            assert greeting["text"] == "Hello, I am *here*."
+            # The user switches channels: the context is kept, no message is rewritten.
+            changed = slack.assistant_thread_context_changed_event(
+                "D1", thread_ts, {"channel_id": "C8", "team_id": "T1"}
+            )
+            await slack.wait_for_ack(await slack.push_event(changed))
+            assert slack.calls_to("chat.update") == []
+            # The first message names the thread and is answered in it.
+            first = slack.message_event(
+                "D1", "How do I deploy the staging cluster?\nDetails follow.", thread_ts=thread_ts
+            )
+            await slack.push_event(first)
+            title = await slack.wait_for_call("assistant.threads.setTitle")
+            assert title == {
+                "channel_id": "D1", "thread_ts": thread_ts,
+                "title": "How do I deploy the staging cluster?",
+            }  # fmt: skip
+            await answered(slack, bridge, f"slack:T1:D1:{thread_ts}")
+            assert bot_texts(slack, "D1")[-1].startswith("echo: How do I deploy")
+            # Only the first message names it.
+            await slack.push_event(slack.message_event("D1", "and prod?", thread_ts=thread_ts))
+            async with asyncio.timeout(60):
+                while len(model.requests) < 2:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            await bridge.flush(f"slack:T1:D1:{thread_ts}")
+            assert len(slack.calls_to("assistant.threads.setTitle")) == 1
+
+
+async def test_assistant_thread_without_greeting_or_prompts_stays_quiet(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, assistant_greeting="") as (bot, model, a, bridge):
+            started = slack.assistant_thread_started_event("D1")
+            await slack.wait_for_ack(await slack.push_event(started))
+            # A later message, answered, shows the event was handled (in order).
+            await slack.push_event(slack.message_event("D2", "hi", channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D2")
+            assert slack.calls_to("assistant.threads.setSuggestedPrompts") == []
+            assert [p["channel"] for p in slack.calls_to("chat.postMessage")] == ["D2"]
+
+
+async def test_file_share_and_thread_broadcast_are_answered_other_subtypes_not(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, streaming="edit") as (bot, model, agent, bridge):
+            shared = slack.message_event(
+                "D1", "what is in this file?", channel_type="im", subtype="file_share"
+            )
+            await slack.push_event(shared)
+            await answered(slack, bridge, "slack:T1:D1")
+            assert bot_texts(slack, "D1") == ["echo: what is in this file?"]
+            # A thread the bot takes part in; a reply "also sent to the channel".
+            first = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> start")
+            await slack.push_event(first)
+            key = f"slack:T1:C1:{first['ts']}"
+            await answered(slack, bridge, key)
+            broadcast = slack.message_event(
+                "C1", "for everyone", thread_ts=first["ts"], subtype="thread_broadcast"
+            )
+            await slack.push_event(broadcast)
+            async with asyncio.timeout(60):
+                while len(model.requests) < 3:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            await bridge.flush(key)
+            assert bot_texts(slack, "C1") == ["echo: start", "echo: for everyone"]
+            # Not people's messages: ignored.  Our own message (as Slack echoes it) too.
+            ours = slack.message_event("D1", "echo: loop?", user=slack.bot_user_id)
+            ours["bot_id"] = slack.bot_id
+            edited = slack.message_event("D1", "", subtype="message_changed")
+            edited["message"] = {"type": "message", "user": "U1", "text": "changed", "ts": "1.0"}
+            others = [
+                ours,
+                edited,
+                slack.message_event("D1", "<@U1> has joined", subtype="channel_join"),
+                slack.message_event("D1", "from a bot", subtype="bot_message"),
+                slack.message_event("D1", "", subtype="file_share"),  # a file, no words
+            ]
+            for event in others:
+                await slack.push_event(event)
+            await slack.push_event(slack.message_event("D2", "later", channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D2")
+            asked = [r.messages[-1].content for r in model.requests]
+            assert asked == ["what is in this file?", "start", "for everyone", "later"]
+
+
+async def test_state_file_defaults_next_to_the_database(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    data.mkdir()
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        store = SQLiteStore(str(data / "agentik.db"))
+        async with slack_bot(slack, tmp_path, store=store, state_file=None) as (bot, *_):
+            assert bot._seen.path == str(data / "slack-slack-seen.sqlite3")
+        assert (data / "slack-slack-seen.sqlite3").exists()
+        assert list(elsewhere.iterdir()) == []
+        # With the database in memory, so are the handled events: no file anywhere.
+        memory = SQLiteStore(":memory:")
+        async with slack_bot(slack, tmp_path, store=memory, state_file=None) as (bot, *_):
+            assert bot._seen.path == ":memory:"
+        assert list(elsewhere.iterdir()) == []
+
+
+def test_a_relative_state_file_is_relative_to_the_configuration_file(tmp_path, monkeypatch):
+    from agentik.bot.app import load_registry, make_transport
+    from agentik.bot.config import load_config
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "agentik.toml").write_text(
+        '[transports.team]\ntype = "slack"\nbot_token = "xoxb-1"\napp_token = "xapp-1"\n'
+        'state_file = "state/seen.sqlite3"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    config = load_config(conf / "agentik.toml")
+    transport = make_transport(
+        load_registry(config), "team", config.transports["team"], config.source
+    )
+    assert transport.options.state_file == str(conf / "state" / "seen.sqlite3")
+
+
+async def test_no_unused_token_warning_and_connection_logs(tmp_path, monkeypatch, caplog):
+    async with FakeSlack() as slack:
+        # Exported as the README says.
+        monkeypatch.setenv("SLACK_BOT_TOKEN", slack.bot_token)
+        slack.add_user("U1", "alice")
+        caplog.set_level(logging.INFO)
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            assert not [r for r in caplog.records if "unused" in r.getMessage()]
+            assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+            started = [r for r in caplog.records if "connected to team" in r.getMessage()]
+            assert [r.levelno for r in started] == [logging.INFO]
+            assert "Fake Team (T1) as @bot (UBOT), Socket Mode" in started[0].getMessage()
+            # A lost connection and its recovery are logged at the same level.
+            await slack.drop_socket(abort=False)
+            await slack.wait_for_socket(2)
+
+            def records(text: str) -> list[logging.LogRecord]:
+                return [r for r in caplog.records if text in r.getMessage()]
+
+            async with asyncio.timeout(60):
+                while not records("Socket Mode reconnected"):  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            (lost,) = records("connection lost")
+            (back,) = records("Socket Mode reconnected")
+            assert lost.levelno == back.levelno == logging.INFO
+            # The reconnected bot still answers.
+            await slack.push_event(slack.message_event("D1", "still there?", channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D1")
+
+
+async def test_http_mode_logs_where_it_listens(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    async with FakeSlack() as slack:
+        async with slack_bot(
+            slack, tmp_path, mode="http", signing_secret=slack.signing_secret, http_port=0
+        ) as (bot, *_):
+            (line,) = [
+                r.getMessage() for r in caplog.records if "connected to team" in r.getMessage()
+            ]
+            assert line.endswith(
+                f"HTTP mode: Events API at http://127.0.0.1:{bot.http_port}/slack/events"
+            )

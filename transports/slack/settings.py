@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, model_validator
 
-__all__ = ["SlackSettings"]
+from agentik.core.settings import PathSetting
+
+__all__ = ["SlackSettings", "SuggestedPrompt"]
+
+
+class SuggestedPrompt(BaseModel):
+    """One suggested prompt of an assistant thread: a button ``title`` that sends ``message``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: The button's label.
+    title: str = Field(min_length=1, max_length=75)
+    #: What the button sends, as if the user had written it.
+    message: str = Field(min_length=1, max_length=2000)
+
+
+def _prompts(value: Any) -> Any:
+    """A plain string is a prompt whose label is its message."""
+    if isinstance(value, list):
+        return [{"title": v, "message": v} if isinstance(v, str) else v for v in value]
+    return value
 
 
 class SlackSettings(BaseModel):
@@ -48,10 +68,24 @@ class SlackSettings(BaseModel):
     #: Retries of a rate-limited (429) call, honouring Retry-After.
     rate_limit_retries: int = Field(5, ge=0)
     #: File remembering handled events, so retries and restarts never answer twice
-    #: (default: ``slack-<name>-seen.sqlite3`` next to the database).
-    state_file: str | None = None
+    #: (default: ``slack-<name>-seen.sqlite3`` next to the database; in memory
+    #: when the database is).  A relative path is relative to the configuration file.
+    state_file: PathSetting = None
     #: How many handled event ids to remember.
     dedupe_keep: int = Field(20_000, ge=100)
+    #: Mentions the model may write that really notify: ``users`` lets its
+    #: ``<@U…>`` through.  Default none: everything the model writes is shown
+    #: as text; ``<!here>``, ``<!channel>``, ``<!everyone>`` and group
+    #: mentions never go out.
+    allow_mentions: list[Literal["users"]] = Field(default_factory=list)
+    #: Posted when a user opens a new assistant thread (Slack's AI app view);
+    #: empty: none.  Markdown.
+    assistant_greeting: str = "Hi! How can I help?"
+    #: Suggested prompts offered in a new assistant thread (at most 4): each a
+    #: table ``{ title = "…", message = "…" }``, or a string (its own title).
+    assistant_prompts: Annotated[list[SuggestedPrompt], BeforeValidator(_prompts)] = Field(
+        default_factory=list, max_length=4
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SlackSettings:

@@ -17,6 +17,15 @@
 * ``!stop`` (any command prefix, handled by the bridge) and a
   ``:octagonal_sign:`` reaction on the bot's message stop the answer.
 * Display names, not ids, reach the model (``users.info``, cached).
+* Model text is escaped for Slack (:mod:`.mrkdwn`): no ``<!channel>``,
+  ``<@U…>`` or fake link label the model writes ever goes out.
+* Assistant threads (Slack's AI app view): a greeting and suggested prompts
+  when one opens, its title from the first message, its context (the
+  channel the user is looking at) kept for the thread (bolt's
+  ``AsyncAssistant`` middleware).
+* ``file_share`` (the text of a message with files) and ``thread_broadcast``
+  messages are answered like plain ones; other subtypes are not messages
+  from people and are ignored, as are the bot's own messages.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import sqlite3
 import threading
@@ -41,6 +51,7 @@ from agentik.transports.base import (
     Transport,
 )
 
+from .mrkdwn import clean, escape, markdown_safe, markdown_to_mrkdwn, stream_cut
 from .settings import SlackSettings
 
 __all__ = ["SlackTransport", "markdown_to_mrkdwn"]
@@ -48,24 +59,8 @@ __all__ = ["SlackTransport", "markdown_to_mrkdwn"]
 log = logging.getLogger(__name__)
 
 _MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
-
-
-def markdown_to_mrkdwn(text: str) -> str:
-    """The Markdown an LLM writes, in Slack's mrkdwn (code spans/blocks untouched)."""
-    parts = re.split(r"(```.*?```|`[^`\n]*`)", text, flags=re.S)
-    out = []
-    for i, part in enumerate(parts):
-        if i % 2:  # code
-            out.append(re.sub(r"```[\w+-]*\n", "```\n", part, count=1))
-            continue
-        part = re.sub(r"\[([^\]]+)\]\((https?://[^)\s]+)\)", r"<\2|\1>", part)
-        part = re.sub(r"(?<![*\w])\*(?!\s)([^*\n]+?)(?<!\s)\*(?![*\w])", r"_\1_", part)
-        part = re.sub(r"\*\*(?!\s)(.+?)(?<!\s)\*\*", r"*\1*", part)
-        part = re.sub(r"^#{1,6}\s+(.+)$", r"*\1*", part, flags=re.M)
-        part = re.sub(r"__(?!\s)(.+?)(?<!\s)__", r"*\1*", part)
-        part = re.sub(r"~~(.+?)~~", r"~\1~", part)
-        out.append(part)
-    return "".join(out)
+#: Message subtypes that are a person's message (answered like plain ones).
+_ANSWERED_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
 
 
 class _Seen:
@@ -123,6 +118,29 @@ class _Seen:
                 self.conn = None
 
 
+class _ThreadContexts:
+    """Assistant thread contexts (the channel a user looks at), in memory.
+
+    Bolt's ``AsyncAssistantThreadContextStore`` protocol; its default store
+    would rewrite the bot's first message in the thread to hold them.
+    """
+
+    def __init__(self) -> None:
+        self.contexts: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
+
+    async def save(self, *, channel_id: str, thread_ts: str, context: dict[str, Any]) -> None:
+        self.contexts[(channel_id, thread_ts)] = dict(context or {})
+        self.contexts.move_to_end((channel_id, thread_ts))
+        while len(self.contexts) > 5000:
+            self.contexts.popitem(last=False)
+
+    async def find(self, *, channel_id: str, thread_ts: str) -> Any:
+        from slack_bolt.context.assistant.thread_context import AssistantThreadContext
+
+        found = self.contexts.get((channel_id, thread_ts))
+        return AssistantThreadContext(found) if found else None
+
+
 @dataclass(frozen=True, slots=True)
 class _Incoming:
     """An event accepted by ``_on_event``, waiting for ``_deliver`` (``key`` None: not for us)."""
@@ -135,6 +153,7 @@ class _Incoming:
     thread_ts: str | None = None
     ts: str = ""
     direct: bool = False
+    title: bool = False  # the first message of an assistant thread: it names the thread
 
 
 @dataclass
@@ -183,7 +202,12 @@ class SlackTransport(Transport):
         self._handler: Any = None
         self._runner: Any = None
         self._sink: MessageSink | None = None
-        self._seen = _Seen(o.state_file or f"slack-{name}-seen.sqlite3", o.dedupe_keep)
+        self._seen = _Seen(o.state_file or ":memory:", o.dedupe_keep)
+        self._contexts = _ThreadContexts()
+        self._untitled: set[tuple[str, str]] = set()  # assistant threads without a title yet
+        self._mentions = "users" in o.allow_mentions
+        self._connections = 0  # Socket Mode connections opened (hello frames seen)
+        self.where = ""  # what start() connected to, for the logs
         self._names: dict[str, str] = {}
         self._threads: set[str] = set()  # thread keys the bot takes part in
         self._answers: dict[str, _Answer] = {}
@@ -193,9 +217,8 @@ class SlackTransport(Transport):
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
-        from slack_bolt.async_app import AsyncApp
+        from slack_bolt.async_app import AsyncApp, AsyncAssistant
         from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
-        from slack_sdk.web.async_client import AsyncWebClient
 
         o = self.options
         for key in ("bot_token", "app_token" if o.mode == "socket" else "signing_secret"):
@@ -203,22 +226,34 @@ class SlackTransport(Transport):
             if secret is None or not secret.get_secret_value():
                 raise ConfigError(f"transports.{self.name}.{key} is empty")
         self._sink = sink
+        self._seen.path = self.state_path(sink)
         await asyncio.to_thread(self._seen.open)
-        kwargs: dict[str, Any] = {"token": o.bot_token.get_secret_value()}
+        # Bolt is given the token itself, never a client next to it: given a
+        # client, bolt still reads SLACK_BOT_TOKEN from the environment and
+        # warns that it "will be unused" (the README exports it).  It builds
+        # the client; the API URL and 429 retries are set on it before any call.
+        self.app = AsyncApp(
+            token=o.bot_token.get_secret_value(),
+            signing_secret=o.signing_secret.get_secret_value() if o.signing_secret else None,
+            request_verification_enabled=o.mode == "http",
+            assistant_thread_context_store=self._contexts,  # type: ignore[arg-type]
+        )
+        self.client = self.app.client
         if o.api_url:
-            kwargs["base_url"] = o.api_url
-        self.client = AsyncWebClient(**kwargs)
+            self.client.base_url = o.api_url if o.api_url.endswith("/") else o.api_url + "/"
         self.client.retry_handlers.append(
             AsyncRateLimitErrorRetryHandler(max_retry_count=o.rate_limit_retries)
         )
         auth = await self.client.auth_test()
         self.bot_user_id = auth["user_id"]
         self.team_id = auth.get("team_id") or ""
-        self.app = AsyncApp(
-            client=self.client,
-            signing_secret=o.signing_secret.get_secret_value() if o.signing_secret else None,
-            request_verification_enabled=o.mode == "http",
+        self.where = (
+            f"team {auth.get('team') or '?'} ({self.team_id}) as @{auth.get('user') or '?'}"
+            f" ({self.bot_user_id})"
         )
+        assistant = AsyncAssistant(thread_context_store=self._contexts)  # type: ignore[arg-type]
+        assistant.thread_started(self._on_thread_started)
+        self.app.assistant(assistant)
         self.app.event("app_mention")(self._on_event)
         self.app.event("message")(self._on_event)
         self.app.event("reaction_added")(self._on_reaction)
@@ -230,10 +265,46 @@ class SlackTransport(Transport):
             self._handler = AsyncSocketModeHandler(
                 self.app, o.app_token.get_secret_value(), web_client=self.client
             )
+            socket = self._handler.client
+            socket.message_listeners.append(self._on_socket_message)
+            socket.on_close_listeners.append(self._on_socket_close)
             await self._handler.connect_async()
+            log.info("slack %s: connected to %s, Socket Mode", self.name, self.where)
         else:
             await self._serve_http()
-        log.info("slack %s: connected as %s in team %s", self.name, self.bot_user_id, self.team_id)
+            log.info(
+                "slack %s: connected to %s, HTTP mode: Events API at http://%s:%s%s",
+                self.name, self.where, o.http_host, self.http_port, o.http_path,
+            )  # fmt: skip
+
+    def state_path(self, sink: Any) -> str:
+        """Where handled events are remembered: ``state_file``, else
+        ``slack-<name>-seen.sqlite3`` next to the agent's database (in memory
+        when the database is, or is not a file)."""
+        if self.options.state_file:
+            return self.options.state_file
+        store = getattr(getattr(sink, "agent", None), "store", None)
+        database = getattr(store, "path", None)
+        if not isinstance(database, str) or database in ("", ":memory:"):
+            return ":memory:"
+        folder = os.path.dirname(os.path.abspath(database))
+        return os.path.join(folder, f"slack-{self.name}-seen.sqlite3")
+
+    async def _on_socket_message(self, client: Any, message: dict[str, Any], raw: str) -> None:
+        """Socket Mode frames: a ``hello`` opens every connection; log reconnections."""
+        # (slack-sdk handles Slack's "disconnect" request, a routine refresh,
+        # before listeners see it; the next hello shows the new connection.)
+        if message.get("type") == "hello":
+            self._connections += 1
+            if self._connections > 1:
+                log.info("slack %s: Socket Mode reconnected to %s", self.name, self.where)
+
+    async def _on_socket_close(self, message: Any) -> None:
+        if self._handler is not None and not self._handler.client.closed:
+            log.info(
+                "slack %s: Socket Mode connection lost (close code %s); reconnecting",
+                self.name, getattr(message, "data", None),
+            )  # fmt: skip
 
     async def _serve_http(self) -> None:
         from aiohttp import web
@@ -249,6 +320,7 @@ class SlackTransport(Transport):
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.http_host, self.options.http_port)
         await site.start()
+        self.http_port = self.options.http_port
         sockets = getattr(site._server, "sockets", None) or []
         if sockets:
             self.http_port = sockets[0].getsockname()[1]
@@ -294,19 +366,29 @@ class SlackTransport(Transport):
         # Bolt acknowledges the event itself and runs each listener as its own
         # task.  Nothing here awaits before the queue, so messages reach the
         # bridge in the order they arrived; the I/O happens in _deliver.
-        if event.get("bot_id") or event.get("subtype") or not event.get("user"):
+        subtype = event.get("subtype")
+        if event.get("bot_id") or (subtype and subtype not in _ANSWERED_SUBTYPES):
+            return  # bots (ourselves too), edits, deletions, joins …: not a person's message
+        user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
+        if not all(isinstance(v, str) and v for v in (user, channel, ts)):
             return
-        if event.get("user") == self.bot_user_id:
+        assert isinstance(user, str) and isinstance(channel, str) and isinstance(ts, str)
+        if user == self.bot_user_id:
             return
-        channel, ts = event.get("channel", ""), event.get("ts", "")
         event_id = body.get("event_id") or f"{channel}:{ts}:{event.get('type')}"
         keys = (f"event:{event_id}", f"msg:{channel}:{ts}")
         if self._seen.check_and_add(*keys):
             return
-        text = event.get("text") or ""
+        text = event.get("text")
+        text = clean(text) if isinstance(text, str) else ""
+        if not text.strip():  # a file without words, say: nothing to answer
+            self._incoming.put_nowait(_Incoming(keys))
+            return
         is_dm = event.get("channel_type") == "im"
         mentioned = f"<@{self.bot_user_id}>" in text
         thread_ts = event.get("thread_ts")
+        if not isinstance(thread_ts, str) or not thread_ts:
+            thread_ts = None
         if not is_dm and self.options.conversation_per == "thread":
             thread_ts = thread_ts or ts
         key = self._key(channel, thread_ts)
@@ -316,9 +398,42 @@ class SlackTransport(Transport):
             return
         self._threads.add(key)
         text = _MENTION.sub(lambda m: "" if m.group(1) == self.bot_user_id else m.group(0), text)
+        title = False
+        if thread_ts and (channel, thread_ts) in self._untitled:
+            self._untitled.discard((channel, thread_ts))
+            title = True
         self._incoming.put_nowait(
-            _Incoming(keys, key, text.strip(), event["user"], channel, thread_ts, ts, is_dm)
+            _Incoming(keys, key, text.strip(), user, channel, thread_ts, ts, is_dm, title)
         )
+
+    async def _on_thread_started(
+        self, body: dict[str, Any], event: dict[str, Any], say: Any, set_suggested_prompts: Any
+    ) -> None:
+        """A user opened a new assistant thread: greet, offer the prompts."""
+        thread = event.get("assistant_thread") or {}
+        channel, thread_ts = thread.get("channel_id"), thread.get("thread_ts")
+        if not channel or not thread_ts:
+            return
+        if self._seen.check_and_add(f"event:{body.get('event_id') or channel + ':' + thread_ts}"):
+            return
+        if len(self._untitled) >= 5000:  # threads whose first message never came
+            self._untitled.pop()
+        self._untitled.add((channel, thread_ts))
+        context = thread.get("context") or {}
+        await self._contexts.save(channel_id=channel, thread_ts=thread_ts, context=context)
+        o = self.options
+        try:
+            if o.assistant_greeting.strip():
+                response = await say(
+                    text=markdown_to_mrkdwn(o.assistant_greeting),
+                    metadata={"event_type": "assistant_thread_context", "event_payload": context},
+                )
+                self._remember(response.get("ts"), self._key(channel, thread_ts))
+            prompts = [p.model_dump() for p in o.assistant_prompts]
+            if prompts:
+                await set_suggested_prompts(prompts=prompts)
+        except Exception as exc:  # a greeting is a nicety: log it, the thread still works
+            log.warning("slack %s: could not greet an assistant thread: %s", self.name, exc)
 
     async def _deliver(self) -> None:
         """Hand incoming messages to the bridge one at a time, in arrival order."""
@@ -328,18 +443,39 @@ class SlackTransport(Transport):
                 await asyncio.to_thread(self._seen.persist, *item.seen)
                 if item.key is None:
                     continue
+                meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
+                if item.thread_ts:
+                    found = self._contexts.contexts.get((item.channel, item.thread_ts))
+                    if found:
+                        meta["assistant_context"] = dict(found)
                 message = IncomingMessage(
                     channel_key=item.key, text=item.text, author_id=item.user,
                     author_name=await self._name(item.user), direct=item.direct, addressed=True,
                     reply_to={"channel": item.channel, "thread_ts": item.thread_ts,
                               "user": item.user},
-                    meta={"team": self.team_id, "ts": item.ts},
+                    meta=meta,
                 )  # fmt: skip
+                if item.title and item.thread_ts:
+                    await self._title(item.channel, item.thread_ts, item.text)
                 await self._status(item.channel, item.thread_ts, self.options.status_text)
                 assert self._sink is not None
                 await self._sink.handle(message, self)
             except Exception:
                 log.exception("slack %s: could not deliver a message", self.name)
+
+    async def _title(self, channel: str, thread_ts: str, text: str) -> None:
+        """Name an assistant thread after its first message (its first line, shortened)."""
+        title = (text.strip().splitlines() or [""])[0].strip()
+        if len(title) > 60:
+            title = title[:59].rstrip() + "…"
+        if not title:
+            return
+        try:
+            await self.client.assistant_threads_setTitle(
+                channel_id=channel, thread_ts=thread_ts, title=title
+            )
+        except Exception as exc:
+            log.info("slack %s: setTitle: %s", self.name, exc)
 
     async def _on_reaction(self, event: dict[str, Any]) -> None:
         if event.get("reaction") != self.options.stop_reaction:
@@ -396,7 +532,10 @@ class SlackTransport(Transport):
         if message.kind == "answer" and message.outbox_id is not None:
             await self._redeliver(message, channel, thread_ts, where.get("user"))
             return
-        text = message.text if message.kind != "answer" else markdown_to_mrkdwn(message.text)
+        if message.kind == "answer":
+            text = markdown_to_mrkdwn(message.text, user_mentions=self._mentions)
+        else:  # notices, errors, command replies: plain text, shown as written
+            text = escape(message.text)
         if message.kind == "notice":
             text = f"_{text}_"
         response = await self.client.chat_postMessage(
@@ -427,8 +566,9 @@ class SlackTransport(Transport):
                 # Whole words only, so a message never ends inside a word.
                 text = answer.pending + text
                 cut = max(text.rfind(" "), text.rfind("\n")) + 1
+                cut = stream_cut(text[:cut])  # a link still arriving waits, to be checked whole
                 answer.pending = text[cut:]
-                await self._stream(key, answer, text[:cut])
+                await self._stream(key, answer, self._safe(text[:cut]))
                 self._native_ok = True
                 return
             except Exception as exc:
@@ -445,8 +585,9 @@ class SlackTransport(Transport):
                 head, text = text[:cut], text[cut + 1 :]
             elif answer.streamed:
                 head = ""  # the next word starts the next message
-            else:
-                head, text = text[:room], text[room:]  # one word longer than a message
+            else:  # one word longer than a message (never cut inside an entity)
+                room = _entity_safe(text, room)
+                head, text = text[:room], text[room:]
             if head:
                 await answer.streamer.append(markdown_text=head)
             response = await answer.streamer.stop()
@@ -460,6 +601,10 @@ class SlackTransport(Transport):
         if ts and not answer.reported:
             answer.reported = True
             self.delivered(answer.outbox_id, "sent", awaits_confirm=True, ref=ts)
+
+    def _safe(self, text: str) -> str:
+        """Model Markdown for ``markdown_text`` (native streaming), made safe."""
+        return markdown_safe(text, user_mentions=self._mentions)
 
     def _native_failed(self, answer: _Answer, exc: Exception) -> None:
         """Native streaming is not available here: edit messages instead, from now on."""
@@ -515,7 +660,7 @@ class SlackTransport(Transport):
                 await self._write(key, answer, answer.text[answer.offset :])
 
     async def _write(self, key: str, answer: _Answer, text: str) -> None:
-        body = markdown_to_mrkdwn(text) or "…"
+        body = markdown_to_mrkdwn(text, user_mentions=self._mentions) or "…"
         if answer.ts is None:
             response = await self.client.chat_postMessage(
                 channel=answer.channel, thread_ts=answer.thread_ts, text=body
@@ -537,7 +682,7 @@ class SlackTransport(Transport):
             answer.flush = None
         if answer.native:
             try:
-                await self._stream(key, answer, answer.pending)
+                await self._stream(key, answer, self._safe(answer.pending))
                 answer.pending = ""
                 response = await answer.streamer.stop()
                 self._native_ok = True
@@ -546,3 +691,11 @@ class SlackTransport(Transport):
             except Exception as exc:
                 self._native_failed(answer, exc)
         await self._edit(key, answer, final=True)
+
+
+def _entity_safe(text: str, cut: int) -> int:
+    """``cut``, moved back when it would split an ``&lt;``-style entity in two."""
+    amp = text.rfind("&", max(0, cut - 5), cut)
+    if amp > 0 and ";" not in text[amp:cut]:
+        return amp
+    return cut
