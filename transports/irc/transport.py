@@ -614,7 +614,8 @@ class IRCTransport(Transport):
         if account is not None:
             author_id, verified = account, True
         elif self.options.unverified_identity == "hostmask":
-            author_id, verified = self._fold(f"{nick}!{user}@{host}"), True
+            # The nick as the server compares it; the ident as it is; the host in ASCII lower case.
+            author_id, verified = f"{self._fold(sender)}!{user}@{(host or '').lower()}", True
         else:
             author_id, verified = self._fold(sender), False
         reply_to: Any
