@@ -176,7 +176,8 @@ async def test_an_account_keeps_its_notes_whatever_the_nick_case_and_a_bare_nick
                 "my PIN?",
             ]
             # The nick without the account: no identity, another conversation.
-            model.enqueue(Reply(tool_calls=[call("memory_search", {"query": "PIN"})]), "nope, nothing")
+            search = Reply(tool_calls=[call("memory_search", {"query": "PIN"})])
+            model.enqueue(search, "nope, nothing")
             client.send(":Alice[m]!evil@elsewhere PRIVMSG agentik :my PIN?")
             await server.wait_for_line("PRIVMSG Alice[m] :nope, nothing")
             assert tool_results(model) == ["nothing found for 'PIN'"]
@@ -482,13 +483,39 @@ async def test_address_asker_can_be_switched_off(miniircd, tmp_path):
 
 _PREFIXES = st.one_of(
     st.none(),
-    st.sampled_from(["irc.scripted.test", "services.", "alice!a@h", ":evil!u@h", "!@", "a!b",
-                     "x@y", "AGENTIK!me@h", "#chan!u@h", "$*!u@h", "ev il"]),  # fmt: skip
+    st.sampled_from(
+        [
+            "irc.scripted.test",
+            "services.",
+            "alice!a@h",
+            ":evil!u@h",
+            "!@",
+            "a!b",
+            "x@y",
+            "AGENTIK!me@h",
+            "#chan!u@h",
+            "$*!u@h",
+            "ev il",
+        ]
+    ),
     st.text(min_size=1, max_size=30).map(lambda s: s.replace(" ", "")),
 )
 _TARGETS = st.one_of(
-    st.sampled_from(["agentik", "AGENTIK", "#chan", "#CHAN", "$*", "@#chan", "+#chan",
-                     "#*.tld", "", ":", "alice"]),  # fmt: skip
+    st.sampled_from(
+        [
+            "agentik",
+            "AGENTIK",
+            "#chan",
+            "#CHAN",
+            "$*",
+            "@#chan",
+            "+#chan",
+            "#*.tld",
+            "",
+            ":",
+            "alice",
+        ]
+    ),
     st.text(max_size=20),
 )
 _TAGS = st.dictionaries(
@@ -498,14 +525,28 @@ _TAGS = st.dictionaries(
 )
 _TEXTS = st.one_of(
     st.text(max_size=200),
-    st.sampled_from(["\x01VERSION\x01", "\x01PING 1\x01", "\x01ACTION x\x01", "\x01", "agentik: hi",
-                     "AGENTIK, hi", "\x01DCC SEND x 1 2 3\x01"]),  # fmt: skip
+    st.sampled_from(
+        [
+            "\x01VERSION\x01",
+            "\x01PING 1\x01",
+            "\x01ACTION x\x01",
+            "\x01",
+            "agentik: hi",
+            "AGENTIK, hi",
+            "\x01DCC SEND x 1 2 3\x01",
+        ]
+    ),
 )
 
 
 def _escape_tag(value: str) -> str:
-    return (value.replace("\\", "\\\\").replace(";", "\\:").replace(" ", "\\s")
-            .replace("\r", "\\r").replace("\n", "\\n"))  # fmt: skip
+    return (
+        value.replace("\\", "\\\\")
+        .replace(";", "\\:")
+        .replace(" ", "\\s")
+        .replace("\r", "\\r")
+        .replace("\n", "\\n")
+    )
 
 
 @st.composite
@@ -515,8 +556,26 @@ def irc_lines(draw) -> bytes:
     tags = draw(_TAGS)
     prefix = draw(_PREFIXES)
     command = draw(
-        st.sampled_from(["PRIVMSG", "NOTICE", "JOIN", "PART", "KICK", "NICK", "QUIT", "005", "001",
-                         "PING", "CAP", "ERROR", "376", "433", "903", "904"])  # fmt: skip
+        st.sampled_from(
+            [
+                "PRIVMSG",
+                "NOTICE",
+                "JOIN",
+                "PART",
+                "KICK",
+                "NICK",
+                "QUIT",
+                "005",
+                "001",
+                "PING",
+                "CAP",
+                "ERROR",
+                "376",
+                "433",
+                "903",
+                "904",
+            ]
+        )
     )
     target = draw(_TARGETS)
     text = draw(_TEXTS)
@@ -535,7 +594,8 @@ def irc_lines(draw) -> bytes:
 
 
 _MODEL_TEXT = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]) | st.sampled_from(
+    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"])
+    | st.sampled_from(
         ["\x00", "\x01", "\r", "\n", "\x02", "\x03", "\x07", "\x0f", "\x16", "\x1d", "\x7f"]
     ),
     max_size=700,

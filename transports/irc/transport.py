@@ -610,7 +610,7 @@ class IRCTransport(Transport):
         if not self._allow(sender):
             return
         account = self._account(line)
-        nick, user, host = line.hostmask
+        _, user, host = line.hostmask
         if account is not None:
             author_id, verified = account, True
         elif self.options.unverified_identity == "hostmask":
