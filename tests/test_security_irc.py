@@ -549,35 +549,60 @@ def _escape_tag(value: str) -> str:
     )
 
 
+_USERS = st.one_of(
+    st.sampled_from(
+        ["alice!a@h", "ALICE!a@h", "bob!~b@host.example", "al[ice]!a@h", ":evil!u@h", "x!y@z"]
+    ),
+    st.text(min_size=1, max_size=12).map(lambda s: s.replace(" ", "") + "!u@h"),
+)
+
+
+_USER_TAGS = st.dictionaries(
+    st.sampled_from(["account", "time", "msgid", "+draft/x", "batch"]),
+    st.text(max_size=20),
+    max_size=2,
+)
+_USER_TARGETS = st.one_of(
+    st.sampled_from(["agentik", "AGENTIK", "#chan", "#CHAN", "$*", "@#chan", "#*.tld"]),
+    st.text(max_size=10),
+)
+
+
 @st.composite
 def irc_lines(draw) -> bytes:
-    if draw(st.integers(0, 9)) == 0:
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
         return draw(st.binary(max_size=600))  # anything, invalid UTF-8 included
     tags = draw(_TAGS)
-    prefix = draw(_PREFIXES)
-    command = draw(
-        st.sampled_from(
-            [
-                "PRIVMSG",
-                "NOTICE",
-                "JOIN",
-                "PART",
-                "KICK",
-                "NICK",
-                "QUIT",
-                "005",
-                "001",
-                "PING",
-                "CAP",
-                "ERROR",
-                "376",
-                "433",
-                "903",
-                "904",
-            ]
+    if kind <= 3:  # any command, any source
+        prefix = draw(_PREFIXES)
+        command = draw(
+            st.sampled_from(
+                [
+                    "PRIVMSG",
+                    "NOTICE",
+                    "JOIN",
+                    "PART",
+                    "KICK",
+                    "NICK",
+                    "QUIT",
+                    "005",
+                    "001",
+                    "PING",
+                    "CAP",
+                    "ERROR",
+                    "376",
+                    "433",
+                    "903",
+                    "904",
+                ]
+            )
         )
-    )
-    target = draw(_TARGETS)
+    else:  # a message from someone who looks like a user
+        prefix = draw(_USERS)
+        command = draw(st.sampled_from(["PRIVMSG", "PRIVMSG", "PRIVMSG", "NOTICE"]))
+        tags = draw(_USER_TAGS)
+    target = draw(_TARGETS if kind <= 3 else _USER_TARGETS)
     text = draw(_TEXTS)
     line = ""
     if tags:
@@ -588,18 +613,22 @@ def irc_lines(draw) -> bytes:
     data = line.encode("utf-8", "surrogatepass")
     if draw(st.booleans()):
         data += b"x" * draw(st.integers(0, 9000))  # huge lines
-    if draw(st.integers(0, 4)) == 0:
+    if kind == 1:
         data = data.replace(b"a", b"\xff\xfe")  # invalid UTF-8 inside
     return data
 
 
-_MODEL_TEXT = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"])
-    | st.sampled_from(
-        ["\x00", "\x01", "\r", "\n", "\x02", "\x03", "\x07", "\x0f", "\x16", "\x1d", "\x7f"]
-    ),
-    max_size=700,
-)
+_HOSTILE_BITS = st.sampled_from(
+    ["\x01", "\x01DCC SEND x.exe 1 2 3\x01", "\x01PING 1\x01", "\x01ACTION hi\x01", "\r\n",
+     "\x00", "\r", "\n", "\x02", "\x03", "\x034,5", "\x07", "\x0f", "\x16", "\x1d", "\x7f",
+     "```", "**", "`", "[x](http://e/\x01)", "\ud800", "agentik: ", "alice: "]
+)  # fmt: skip
+#: Model output: plain text with hostile pieces mixed in, up to a few KB.
+_MODEL_TEXT = st.lists(
+    st.one_of(_HOSTILE_BITS, st.text(max_size=60), st.just("word " * 120)),
+    min_size=1,
+    max_size=25,
+).map("".join)
 
 
 async def _fuzz_once(lines: list[bytes], model_text: str, casemapping: str) -> None:
@@ -640,7 +669,7 @@ async def _fuzz_once(lines: list[bytes], model_text: str, casemapping: str) -> N
 
 
 @settings(
-    max_examples=150,
+    max_examples=300,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
