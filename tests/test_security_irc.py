@@ -13,7 +13,7 @@ import asyncio
 import logging
 from contextlib import asynccontextmanager
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agentik.bot.bridge import Bridge, ChannelOptions
@@ -551,7 +551,19 @@ def _escape_tag(value: str) -> str:
 
 _USERS = st.one_of(
     st.sampled_from(
-        ["alice!a@h", "ALICE!a@h", "bob!~b@host.example", "al[ice]!a@h", ":evil!u@h", "x!y@z"]
+        [
+            "alice!a@h",
+            "ALICE!a@h",
+            "bob!~b@host.example",
+            "al[ice]!a@h",
+            ":evil!u@h",
+            "x!y@z",
+            "#chan!u@h",
+            "a,b!u@h",
+            "$x!u@h",
+            "a*!u@h",
+            ":!u@h",
+        ]
     ),
     st.text(min_size=1, max_size=12).map(lambda s: s.replace(" ", "") + "!u@h"),
 )
@@ -678,6 +690,16 @@ async def _fuzz_once(lines: list[bytes], model_text: str, casemapping: str) -> N
     lines=st.lists(irc_lines(), min_size=1, max_size=8),
     model_text=_MODEL_TEXT,
     casemapping=st.sampled_from(["rfc1459", "ascii", "strict-rfc1459", "rfc8265", "bogus"]),
+)
+@example(  # the findings themselves, always tried
+    lines=[
+        b"::evil!u@h PRIVMSG agentik :\x01VERSION\x01",
+        b"::evil!u@h PRIVMSG agentik :hello",
+        b":alice!a@h PRIVMSG agentik :hello",
+        b":alice!a@h PRIVMSG #chan :agentik: hello",
+    ],
+    model_text="\x01DCC SEND evil.exe 1 2 3\x01\n\x01PING 1\x01",
+    casemapping="rfc1459",
 )
 def test_fuzzed_lines_never_crash_and_never_make_unsafe_output(lines, model_text, casemapping):
     asyncio.run(_fuzz_once(lines, model_text, casemapping))
