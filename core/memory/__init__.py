@@ -47,6 +47,7 @@ from ..settings import settings_dataclass
 from ..tools.base import Tool, ToolContext, ToolResult
 
 __all__ = [
+    "NO_IDENTITY",
     "BackgroundPolicy",
     "MemoryBackend",
     "MemorySettings",
