@@ -78,6 +78,9 @@ class _Channel:
     task: asyncio.Task[None] | None = None
     more: deque[str] = field(default_factory=deque)
     reply_to: object = None
+    #: The ``reply_to`` of the message each pending run answers (a transport may
+    #: address the asker); runs without one use :attr:`reply_to`.
+    run_reply_to: dict[str, object] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     last_used: float = field(default_factory=time.monotonic)
@@ -198,6 +201,7 @@ class Bridge(AgentAccess):
                 transport, message.channel_key, f"error: {exc}", "error", message.reply_to
             )
             return
+        ch.run_reply_to[run_id] = message.reply_to
         async with ch.changed:
             ch.pending.add(run_id)
 
@@ -594,6 +598,7 @@ class Bridge(AgentAccess):
             except Exception:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
             if event.kind == "turn_ended":
+                ch.run_reply_to.pop(event.run_id or "", None)
                 async with ch.changed:
                     ch.pending.discard(event.run_id or "")
                     ch.changed.notify_all()
@@ -627,17 +632,22 @@ class _Renderer:
         # Read each time: a transport may learn its limits after connecting.
         return self.ch.transport.caps
 
+    def _reply_to(self, run_id: str | None) -> object:
+        """Where the answer of ``run_id`` goes: the reply data of the message it answers."""
+        return self.ch.run_reply_to.get(run_id or "", self.ch.reply_to)
+
     async def _out(self, text: str, kind: OutgoingKind, run_id: str | None) -> None:
+        reply_to = self._reply_to(run_id)
         if kind in ("delta", "end"):
             if kind == "delta" and self.ch.transport.outbox and run_id:
                 await self._stream_row(text, run_id)
             await self.bridge._send(
-                self.ch.transport, self.ch.key, text, kind, self.ch.reply_to, run_id,
+                self.ch.transport, self.ch.key, text, kind, reply_to, run_id,
                 outbox_id=self.stream_id,
             )  # fmt: skip
             return
         self.piece += await self.bridge._send(
-            self.ch.transport, self.ch.key, text, kind, self.ch.reply_to, run_id, piece=self.piece
+            self.ch.transport, self.ch.key, text, kind, reply_to, run_id, piece=self.piece
         )
 
     async def _stream_row(self, text: str, run_id: str) -> None:
@@ -648,7 +658,7 @@ class _Renderer:
         try:
             [self.stream_id] = await self.bridge.outbox.add(
                 _rows(self.ch.transport, self.ch.key, run_id, self.piece, "stream", [""],
-                      self.ch.reply_to, complete=False)
+                      self._reply_to(run_id), complete=False)
             )  # fmt: skip
         except Exception:
             log.exception("could not persist a streamed answer for %s", self.ch.key)
@@ -661,7 +671,7 @@ class _Renderer:
         try:
             await self.bridge.outbox.add(
                 _rows(self.ch.transport, self.ch.key, run_id, self.piece - 1, "stream",
-                      ["".join(self.stream_text)], self.ch.reply_to)
+                      ["".join(self.stream_text)], self._reply_to(run_id))
             )  # fmt: skip
         except Exception:
             log.exception("could not persist a streamed answer for %s", self.ch.key)
@@ -792,8 +802,14 @@ def _rows(
 
 
 def _author_id(transport: Transport, message: IncomingMessage) -> str | None:
-    """The speaker's identity qualified by transport instance: ``libera:alice``."""
-    return f"{transport.name}:{message.author_id}" if message.author_id else None
+    """The speaker's identity qualified by transport instance: ``libera:alice``.
+
+    ``None`` for a speaker the transport could not verify: an unverified name
+    keys no user-scoped data (their memory tools say so).
+    """
+    if not message.verified or not message.author_id:
+        return None
+    return f"{transport.name}:{message.author_id}"
 
 
 def _short_args(arguments: str, limit: int = 80) -> str:

@@ -93,7 +93,17 @@ class IRCHarness(TransportHarness):
                 and (line.target or "").lower() == target.lower()
             )
 
-        return [line.text for line in viewer.received if from_bot(line)] if viewer else []
+        def text(line: ParsedLine) -> str:
+            # In channels the bot starts each answer with the asker's nick
+            # (address_asker, tested in test_security_irc.py); the suite
+            # compares the answers themselves.
+            if place.kind != "direct" and line.command == "PRIVMSG":
+                for user in self.users:
+                    if line.text.startswith(f"{user}: "):
+                        return line.text[len(user) + 2 :]
+            return line.text
+
+        return [text(line) for line in viewer.received if from_bot(line)] if viewer else []
 
     async def close_peers(self) -> None:
         for client in self.clients.values():

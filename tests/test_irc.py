@@ -68,10 +68,11 @@ async def test_addressing_private_messages_and_two_users(irc_server, tmp_path):
         bob.privmsg("#room", "just chatting, nothing for the bot")
         alice.privmsg("#room", "agentik: what is up?")
         answer = await alice.wait_for(from_bot)
-        assert list(answer.params) == ["#room", "echo: what is up?"]
+        # In a channel the answer starts with the asker's nick (address_asker).
+        assert list(answer.params) == ["#room", "alice: echo: what is up?"]
         bob.privmsg("#room", "I also want to ask, agentik, are you there?")
         answer = await bob.wait_for(lambda m: from_bot(m) and "there" in m.text)
-        assert answer.text == "echo: I also want to ask, agentik, are you there?"
+        assert answer.text == "bob: echo: I also want to ask, agentik, are you there?"
         # Both speakers reached the model with their names; the chatter did not.
         users = [(m.author, m.content) for m in model.requests[-1].messages if m.role == "user"]
         assert users == [
@@ -80,8 +81,10 @@ async def test_addressing_private_messages_and_two_users(irc_server, tmp_path):
         ]
         alice.privmsg("agentik", "a private question")
         private = await alice.wait_for(lambda m: from_bot(m) and m.params[0] == "alice")
-        assert private.text == "echo: a private question"
-        conv = await agent.conversation_for_channel("irc:testnet:alice")
+        assert private.text == "echo: a private question"  # no nick prefix in private
+        # alice has no services account: her private conversation is keyed as an
+        # unverified nick, apart from any account named alice.
+        conv = await agent.conversation_for_channel("irc:testnet:alice!*@*")
         await conv.wait_idle()  # the line can go out before the turn has ended
         assert [m.content for m in await conv.messages()] == [
             "a private question",
@@ -104,7 +107,7 @@ async def test_commands_more_stop_new(miniircd, tmp_path):
         model.enqueue(Reply(text="\n".join(f"line {i}" for i in range(8))))
         alice.privmsg("#cmd", "agentik: count to eight")
         lines = await alice.collect(from_bot, 3)
-        assert [m.text for m in lines] == ["line 0", "line 1", "line 2"]
+        assert [m.text for m in lines] == ["alice: line 0", "line 1", "line 2"]
         notice = await alice.wait_for(lambda m: m.command == "NOTICE" and "more" in m.text)
         assert "5 more lines: !more" in notice.text
         alice.privmsg("#cmd", "!more")
@@ -122,7 +125,7 @@ async def test_commands_more_stop_new(miniircd, tmp_path):
         reply = await alice.wait_for(lambda m: from_bot(m) and "new conversation" in m.text)
         assert old in reply.text
         alice.privmsg("#cmd", "agentik: fresh?")
-        await alice.wait_for(lambda m: from_bot(m) and m.text == "echo: fresh?")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: echo: fresh?")
         assert [m.content for m in model.requests[-1].messages] == ["fresh?"]
         await alice.close()
 
@@ -163,7 +166,8 @@ async def test_a_long_answer_arrives_as_correctly_split_lines(irc_server, tmp_pa
             assert len(m.raw) <= 512, m.raw  # as relayed, with the server's prefix and CRLF
             assert b"\r" not in m.raw.rstrip(b"\r\n") and b"\x00" not in m.raw
         received = " ".join(m.text for m in lines)
-        assert _words(received) == _words(LONG_ANSWER)
+        assert received.startswith("alice: ")  # the asker, once, on the first line
+        assert _words(received.removeprefix("alice: ")) == _words(LONG_ANSWER)
         assert "\x02Report\x02" in lines[0].text  # Markdown became IRC formatting
         code = [m.text for m in lines if "def function_" in m.text]
         assert code and all(t.startswith("\x11") for t in code)
@@ -194,12 +198,15 @@ async def test_server_restart_mid_conversation_delivers_the_queued_answer_once(m
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         await alice.join("#ops")
         answer = await alice.wait_for(from_bot, timeout=60)
-        assert answer.text == "echo: take your time" or answer.text.startswith("the answer")
+        assert answer.text == "alice: the answer written while the server was down"
         # Something after it proves the first answer was not sent twice.
         alice.privmsg("#ops", "agentik: and now?")
-        await alice.wait_for(lambda m: from_bot(m) and m.text == "echo: and now?")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: echo: and now?")
         texts = [m.text for m in alice.received if from_bot(m)]
-        assert texts == ["the answer written while the server was down", "echo: and now?"]
+        assert texts == [
+            "alice: the answer written while the server was down",
+            "alice: echo: and now?",
+        ]
         await alice.close()
 
 
@@ -362,7 +369,8 @@ async def test_ctcp_notices_echo_and_bots_are_handled():
                 while len(sink.messages) < 2:
                     await sink.changed.wait()
             assert [m.text for m in sink.messages] == ["* alice waves", "caf\ufffd bytes?"]
-            assert all(m.direct and m.channel_key == "irc:s:alice" for m in sink.messages)
+            assert all(m.direct and m.channel_key == "irc:s:alice!*@*" for m in sink.messages)
+            assert not any(m.verified for m in sink.messages)  # no account: a claimed nick
         finally:
             await t.aclose()
 
@@ -574,7 +582,7 @@ channels = ["#e2e"]
         await alice.wait_for(lambda m: m.command == "JOIN" and m.nick == "agentik", timeout=60)
         alice.privmsg("#e2e", "agentik: hello from IRC")
         answer = await alice.wait_for(from_bot, timeout=60)
-        assert answer.text == "echo: alice: hello from IRC"
+        assert answer.text == "alice: echo: alice: hello from IRC"
         proc.send_signal(signal.SIGTERM)
         await alice.wait_for(lambda m: m.command == "QUIT" and m.nick == "agentik", timeout=60)
         _, err = await asyncio.wait_for(proc.communicate(), 60)

@@ -240,7 +240,8 @@ async def test_kill_9_with_lines_in_the_irc_flood_queue(tmp_path, openai_server,
             await alice.wait_for(joined, WAIT)
             await alice.privmsg("#t", "agentbot: tell me a long story")
             first = await alice.collect(from_bot, 3, WAIT)
-            assert [m.text for m in first] == ANSWER[:3]
+            # In a channel the answer's first line names the asker (address_asker).
+            assert [m.text for m in first] == [f"alice: {ANSWER[0]}", *ANSWER[1:3]]
             # Every line is in the outbox; the three written ones are recorded as
             # confirmed (echo-message) or sent (no echo): the state we kill in.
             done = "confirmed" if echo else "sent"
@@ -260,11 +261,13 @@ async def test_kill_9_with_lines_in_the_irc_flood_queue(tmp_path, openai_server,
         async with agentik_run(fast) as proc:
             await alice.wait_for(joined, WAIT)
             rest = await alice.collect(from_bot, 9, WAIT)
-            assert [m.text for m in rest] == ANSWER[3:]
+            # The resumed answer names the asker again on its first line after the gap.
+            assert [m.text for m in rest] == [f"alice: {ANSWER[3]}", *ANSWER[4:]]
             await alice.privmsg("#t", "agentbot: and now?")
             # The queue is FIFO: a line sent twice would arrive before this one.
-            await alice.wait_for(lambda m: from_bot(m) and m.text == "after the restart", WAIT)
-            texts = [m.text for m in alice.received if from_bot(m)]
+            last = "alice: after the restart"
+            await alice.wait_for(lambda m: from_bot(m) and m.text == last, WAIT)
+            texts = [m.text.removeprefix("alice: ") for m in alice.received if from_bot(m)]
             assert texts == [*ANSWER, "after the restart"]
             await wait_db(db, "SELECT DISTINCT state FROM outbox", [(done,)])
     finally:

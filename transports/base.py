@@ -76,6 +76,14 @@ class IncomingMessage:
     addressed (mention, ``nick:``), with the address already stripped from
     ``text``.  ``reply_to`` is transport data to answer in the right place
     (a thread), passed back untouched in :class:`OutgoingMessage`.
+
+    ``verified`` says whether ``author_id`` is an identity the transport
+    vouches for: authenticated (an IRC services account, a Slack user id, an
+    HTTP token, the local terminal user) or trusted by the operator's own
+    setting.  A transport sets it to ``False`` when ``author_id`` is only a
+    name anyone may claim (an IRC nick without an account); the bridge then
+    gives the speaker no identity: no user-scoped memory, not counted among
+    the conversation's speakers, no per-user data or rights.
     """
 
     channel_key: str
@@ -86,6 +94,7 @@ class IncomingMessage:
     addressed: bool = False
     reply_to: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
+    verified: bool = True
 
 
 OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command"]

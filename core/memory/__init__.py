@@ -9,8 +9,11 @@ A memory backend stores short notes, each in one *scope*:
     (``channel:irc:libera:#agentik``);
 ``user:<transport>:<user id>``
     about or for one person, as their transport identifies them
-    (``user:libera:alice`` — the IRC account or nick, ``user:work:U024BE7LH``
-    — the Slack user id), seen wherever that person speaks.
+    (``user:libera:alice`` — the IRC services account, ``user:work:U024BE7LH``
+    — the Slack user id), seen wherever that person speaks.  Only verified
+    identities have one: a speaker whose transport could not verify them (an
+    IRC nick without an account) has no ``author_id`` in the tool context, so
+    no user scope, and the tools say so (:data:`NO_IDENTITY`).
 
 A conversation sees ``global``, its own channel, and the users who spoke in
 it recently (:func:`visible_scopes`); memory saved in one channel never
@@ -44,6 +47,7 @@ from ..settings import settings_dataclass
 from ..tools.base import Tool, ToolContext, ToolResult
 
 __all__ = [
+    "NO_IDENTITY",
     "BackgroundPolicy",
     "MemoryBackend",
     "MemorySettings",
@@ -143,6 +147,12 @@ class NoteVersion:
     created_at: float = 0.0
 
 
+#: What the tools tell the model when the speaker has no verified identity.
+NO_IDENTITY = (
+    "this user has no verified identity, so user notes are unavailable (use scope 'channel')"
+)
+
+
 def channel_scope(channel_key: str) -> str:
     return f"channel:{channel_key}"
 
@@ -167,7 +177,11 @@ def context_channel(context: ToolContext) -> str:
 
 
 def visible_scopes(context: ToolContext) -> list[str]:
-    """The scopes a tool call may read: global, its channel, its speakers."""
+    """The scopes a tool call may read: global, its channel, its speakers.
+
+    Speakers are verified identities only: the bridge passes no ``author_id``
+    for an unverified speaker, so they add no scope.
+    """
     scopes = ["global", context_channel(context)]
     for who in (context.author_id, *context.speakers):
         if who and user_scope(who) not in scopes:
@@ -370,7 +384,7 @@ class _Save(_MemoryTool):
             scope = context_channel(context)
         elif which == "user":
             if not context.author_id:
-                raise NoteError("the speaker is unknown here; use scope 'channel'")
+                raise NoteError(NO_IDENTITY)
             scope = user_scope(context.author_id)
         elif which == "global":
             if not self.memory.allow_global_writes:
@@ -421,7 +435,9 @@ class _List(_MemoryTool):
         elif which == "channel":
             scopes = [context_channel(context)]
         elif which == "user":
-            scopes = [user_scope(context.author_id)] if context.author_id else []
+            if not context.author_id:
+                return NO_IDENTITY
+            scopes = [user_scope(context.author_id)]
         limit = max(1, min(int(arguments.get("limit") or 30), 100))
         notes = await self.memory.list(scopes, limit=limit) if scopes else []
         if not notes:

@@ -54,6 +54,14 @@ class IRCSettings(BaseModel):
     #: ``prefix``: answer in channels only to ``nick: ...`` / ``nick, ...``;
     #: ``mention``: also when the nick appears anywhere in the message.
     address_mode: Literal["prefix", "mention"] = "mention"
+    #: In channels, start each answer with the asker's nick (``alice: ...``), on its
+    #: first line only; never in private messages.
+    address_asker: bool = True
+    #: Identity of a speaker without a services account (no IRCv3 ``account`` tag):
+    #: ``none``: no user notes for them (and no other per-user data or rights);
+    #: ``hostmask``: key them on ``nick!user@host`` (spoofable where hosts are not
+    #: cloaked; a warning is logged at start).
+    unverified_identity: Literal["none", "hostmask"] = "none"
     #: Flood control: lines sent back to back, then ``flood_rate`` lines per second.
     flood_burst: int = Field(4, ge=1)
     flood_rate: float = Field(1.0, gt=0)

@@ -12,15 +12,24 @@ decides how a serious bot behaves on a real network is here:
   ``CAP NEW sasl`` or ``sasl_wait``, then reconnects), NickServ IDENTIFY as
   a fallback, alternate nicks on 433/432/437 and
   regaining the nick when its holder leaves, user mode from ISUPPORT ``BOT``;
-* when to answer: always in private messages; in channels when addressed
-  (``nick:``/``nick,`` or, in ``mention`` mode, the nick anywhere) or for a
-  command; never a NOTICE, our own echo, or a sender tagged ``bot``; CTCP
-  VERSION and PING answered by NOTICE, ACTION taken as text; a per-user
-  incoming rate limit answered once with a notice;
-* output: Markdown turned into IRC formatting, lines split on UTF-8 and word
-  boundaries to fit 512 bytes once the server adds our ``:nick!user@host``
-  prefix (learnt from our JOIN echo; ISUPPORT ``LINELEN`` honoured), a token
-  bucket per connection (longer lines cost more), nothing dropped silently;
+* when to answer: always in private messages (a PRIVMSG to our own nick);
+  in channels we are in when addressed (``nick:``/``nick,`` or, in
+  ``mention`` mode, the nick anywhere) or for a command; never a NOTICE, our
+  own echo, a sender tagged ``bot``, a server (a source that is not
+  ``nick!user@host``), a server or host mask (``$*``), a STATUSMSG target
+  (``@#chan``: meant for the channel's operators only) or a nick we could not
+  write back to; CTCP VERSION and PING answered by NOTICE, ACTION taken as
+  text; a per-user incoming rate limit answered once with a notice;
+* identity: the IRCv3 ``account`` tag (``account-tag``) is a verified
+  identity; a nick without one is not (``unverified_identity``); nicks,
+  channels and accounts are compared casefolded per ISUPPORT ``CASEMAPPING``;
+* output: control characters other than formatting codes (``\x01``: CTCP)
+  never leave from message text; in channels each answer starts with the
+  asker's nick (``address_asker``); Markdown turned into IRC formatting,
+  lines split on UTF-8 and word boundaries to fit 512 bytes once the server
+  adds our ``:nick!user@host`` prefix (learnt from our JOIN echo; ISUPPORT
+  ``LINELEN`` honoured), a token bucket per connection (longer lines cost
+  more), nothing dropped silently;
 * reconnect with exponential backoff and jitter after a ping timeout or a
   lost connection, rejoin, and deliver what was queued meanwhile in order;
 * connecting: each attempt, its outcome and the reason of a failure logged
@@ -59,6 +68,8 @@ from agentik.transports.base import (
 from .settings import IRCSettings
 from .wire import (
     Line,
+    casefold,
+    clean_outgoing,
     ctcp,
     ctcp_parse,
     format_line,
@@ -66,6 +77,8 @@ from .wire import (
     parse_line,
     payload_budget,
     split_message,
+    strip_formatting,
+    valid_target,
 )
 
 __all__ = ["IRCTransport"]
@@ -177,6 +190,7 @@ class IRCTransport(Transport):
         self.registered = asyncio.Event()
         self.failed: str | None = None
         self.isupport: dict[str, str] = {}
+        #: The server's name (the source of its 001): its PRIVMSGs are never answered.
         self.caps_enabled: set[str] = set()
         self.joined: set[str] = set()
         self._sink: MessageSink | None = None
@@ -202,11 +216,13 @@ class IRCTransport(Transport):
         self._hangup_reason: str | None = None
         #: When the last connection was lost or an attempt failed (None: all well).
         self._down_since: float | None = None
-        self._server_name: str | None = None
+        self.server_name: str | None = None
         self._nick_candidates: list[str] = []
         self._user_hits: dict[str, deque[float]] = {}
         self._user_warned: dict[str, float] = {}
         self._in_code: dict[str, bool] = {}
+        #: Answers (``target\0run id``) whose first line already named the asker.
+        self._addressed_runs: dict[str, None] = {}
         self._batches: dict[str, tuple[str, list[str]]] = {}
         self._batch_seq = 0
         self._batch_ids: dict[str, list[int]] = {}
@@ -216,6 +232,13 @@ class IRCTransport(Transport):
     # -- lifecycle -----------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
         self._sink = sink
+        if self.options.unverified_identity == "hostmask":
+            log.warning(
+                'irc %s: unverified_identity = "hostmask": a speaker without a services '
+                "account gets user notes keyed on nick!user@host, which anyone who can take "
+                "the nick from the same user@host (no cloak, no ident) can read",
+                self.name,
+            )
         irc3, connection, bot_cls = _irc3()
         o = self.options
         self._bot = bot_cls(
@@ -514,7 +537,7 @@ class IRCTransport(Transport):
             self._on_sasl_failure(line)
         elif cmd == "001":
             self.nick = p[0] if p else self.nick
-            self._server_name = line.source
+            self.server_name = line.source
             self._cap_pending = False
             if self.options.sasl_mechanism != "none" and self._sasl_state != "done":
                 self._registered_without_sasl()
@@ -690,7 +713,7 @@ class IRCTransport(Transport):
         if self.registered.is_set() or getattr(self._protocol, "closed", True):
             return
         self.registered.set()
-        network = self.isupport.get("NETWORK") or self._server_name or self._where
+        network = self.isupport.get("NETWORK") or self.server_name or self._where
         if self._down_since is not None:
             # Restored: logged at the level the loss was.
             log.warning(
@@ -715,8 +738,16 @@ class IRCTransport(Transport):
             self._write(format_line("JOIN", chan, key) if key else format_line("JOIN", chan))
         self._queue_changed.set()
 
+    def _fold(self, name: str) -> str:
+        """``name`` casefolded as the server compares names (ISUPPORT ``CASEMAPPING``)."""
+        return casefold(name, self.isupport.get("CASEMAPPING"))
+
+    @property
+    def _chantypes(self) -> str:
+        return self.isupport.get("CHANTYPES", "#&")
+
     def _is_me(self, nick: str | None) -> bool:
-        return bool(nick) and nick.lower() == self.nick.lower()  # type: ignore[union-attr]
+        return bool(nick) and self._fold(nick) == self._fold(self.nick)  # type: ignore[arg-type]
 
     def _on_join(self, line: Line) -> None:
         nick, user, host = line.hostmask
@@ -724,7 +755,7 @@ class IRCTransport(Transport):
             return
         if user and host:
             self.user, self.host = user, host
-        self.joined.add(line.params[0].lower())
+        self.joined.add(self._fold(line.params[0]))
         log.info("irc %s: joined %s", self.name, line.params[0])
         self._queue_changed.set()
 
@@ -733,7 +764,7 @@ class IRCTransport(Transport):
             return
         kicked = line.command == "KICK" and len(line.params) > 1 and self._is_me(line.params[1])
         if kicked or (line.command == "PART" and self._is_me(line.nick)):
-            self.joined.discard(line.params[0].lower())
+            self.joined.discard(self._fold(line.params[0]))
 
     def _on_nick_change(self, line: Line) -> None:
         old = line.nick or ""
@@ -742,23 +773,62 @@ class IRCTransport(Transport):
             return
         # The holder of our preferred nick left or changed: take it back.
         wanted = self.options.nick
-        if old.lower() == wanted.lower() and not self._is_me(wanted):
+        if self._fold(old) == self._fold(wanted) and not self._is_me(wanted):
             self._write(format_line("NICK", wanted))
 
     # -- incoming messages ------------------------------------------------------------------
+    def _user_source(self, line: Line) -> str | None:
+        """The sender's nick when ``line`` comes from a user (``nick!user@host``), else None.
+
+        A server (``irc.example.org``, the name of our server's 001, a bare
+        name) is not a user: what it sends is never answered.
+        """
+        nick, user, host = line.hostmask
+        if not nick or user is None or host is None or "." in nick:
+            return None
+        if self.server_name is not None and line.source == self.server_name:
+            return None
+        return nick
+
+    def _account(self, line: Line) -> str | None:
+        """The sender's services account from the IRCv3 ``account`` tag, casefolded."""
+        if "account-tag" not in self.caps_enabled:
+            return None  # only a server that negotiated account-tag vouches for the tag
+        account = line.tags.get("account")
+        if not account or account == "*" or len(account) > 200:
+            return None
+        if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in account):
+            log.debug("irc %s: ignored a malformed account tag %r", self.name, account[:50])
+            return None
+        return self._fold(account)
+
     def _on_message(self, line: Line) -> None:
-        if len(line.params) < 2 or line.nick is None:
+        if len(line.params) < 2:
             return
-        sender = line.nick
+        sender = self._user_source(line)
+        if sender is None:
+            log.debug("irc %s: ignored %s from a server (%r)", self.name, line.command,
+                      line.source)  # fmt: skip
+            return
         if self._is_me(sender):
             self._on_echo(line)
             return  # our own echo
+        if line.command == "NOTICE":
+            return  # never answer a notice (RFC 2812)
         if "bot" in line.tags:
             return  # another bot
+        chantypes = self._chantypes
+        if not valid_target(sender, chantypes=chantypes) or sender[0] in chantypes:
+            log.debug("irc %s: ignored a message from the unusable nick %r", self.name, sender)
+            return
         target, text = line.params[0], line.params[-1]
+        direct = self._is_me(target)
+        if not direct and self._fold(target) not in self.joined:
+            # A server or host mask ($*, #*.tld), a STATUSMSG target (@#chan: for
+            # the channel's operators only), a channel we are not in: not for us.
+            log.debug("irc %s: ignored a message from %s to %r", self.name, sender, target)
+            return
         special = ctcp_parse(text)
-        if line.command == "NOTICE":
-            return  # never answer a notice
         if special is not None:
             command, arg = special
             if command == "ACTION":
@@ -766,22 +836,31 @@ class IRCTransport(Transport):
             else:
                 self._on_ctcp(sender, command, arg)
                 return
-        prefixes = self.isupport.get("CHANTYPES", "#&")
-        direct = not target or target[0] not in prefixes
         if not self._allow(sender):
             return
-        account = line.tags.get("account")
+        account = self._account(line)
+        _, user, host = line.hostmask
+        if account is not None:
+            author_id, verified = account, True
+        elif self.options.unverified_identity == "hostmask":
+            # The nick as the server compares it; the ident as it is; the host in ASCII lower case.
+            author_id, verified = f"{self._fold(sender)}!{user}@{(host or '').lower()}", True
+        else:
+            author_id, verified = self._fold(sender), False
+        reply_to: Any
         if direct:
-            key = f"irc:{self.network}:{(account or sender).lower()}"
+            # An unverified nick never shares a conversation with the account of that name.
+            who = author_id if verified else f"{author_id}!*@*"
+            key = f"irc:{self.network}:{who}"
             reply_to = sender
             addressed = True
         else:
-            key = f"irc:{self.network}:{target.lower()}"
-            reply_to = target
+            key = f"irc:{self.network}:{self._fold(target)}"
+            reply_to = {"target": target, "asker": sender}
             text, addressed = self._addressed(text)
         message = IncomingMessage(
-            channel_key=key, text=text, author_id=account or sender, author_name=sender,
-            direct=direct, addressed=addressed, reply_to=reply_to,
+            channel_key=key, text=text, author_id=author_id, author_name=sender,
+            direct=direct, addressed=addressed, reply_to=reply_to, verified=verified,
             meta={"network": self.network, "account": account},
         )  # fmt: skip
         assert self._sink is not None
@@ -792,7 +871,7 @@ class IRCTransport(Transport):
         if "batch" in line.tags or len(line.params) < 2:
             return
         # Servers may drop trailing blanks from what they relay.
-        want = (line.params[0].lower(), line.params[-1].rstrip())
+        want = (self._fold(line.params[0]), line.params[-1].rstrip())
         for i, (target, text, ids) in enumerate(self._unechoed):
             if (target, text.rstrip()) == want:
                 del self._unechoed[i]
@@ -800,13 +879,23 @@ class IRCTransport(Transport):
                     self.delivered(oid, "confirmed")
                 return
 
+    def _nick_pattern(self) -> str:
+        """A regex matching our nick in any case the server's CASEMAPPING equates."""
+        parts = []
+        for ch in self.nick:
+            folded = self._fold(ch)
+            variants = {ch, ch.lower(), ch.upper(), *"[]\\~{}|^"}
+            same = sorted(v for v in variants if len(v) == 1 and self._fold(v) == folded)
+            parts.append("[" + "".join(re.escape(v) for v in same) + "]")
+        return "".join(parts)
+
     def _addressed(self, text: str) -> tuple[str, bool]:
-        nick = re.escape(self.nick)
-        m = re.match(rf"^\s*{nick}\s*[:,]\s*(.*)$", text, re.I | re.S)
+        nick = self._nick_pattern()
+        m = re.match(rf"^\s*{nick}\s*[:,]\s*(.*)$", text, re.S)
         if m:
             return m.group(1), True
         if self.options.address_mode == "mention":
-            if re.search(rf"(?<![\w\-\[\]\\`^{{}}|]){nick}(?![\w\-\[\]\\`^{{}}|])", text, re.I):
+            if re.search(rf"(?<![\w\-\[\]\\`^{{}}|]){nick}(?![\w\-\[\]\\`^{{}}|])", text):
                 return text, True
         return text, False
 
@@ -824,12 +913,13 @@ class IRCTransport(Transport):
     def _allow(self, sender: str) -> bool:
         """The per-user incoming rate limit (a sliding minute)."""
         now = time.monotonic()
-        hits = self._user_hits.setdefault(sender.lower(), deque())
+        who = self._fold(sender)
+        hits = self._user_hits.setdefault(who, deque())
         while hits and now - hits[0] > 60:
             hits.popleft()
         if len(hits) >= self.options.user_rate_limit:
-            if now - self._user_warned.get(sender.lower(), -1e9) > 60:
-                self._user_warned[sender.lower()] = now
+            if now - self._user_warned.get(who, -1e9) > 60:
+                self._user_warned[who] = now
                 self._enqueue(
                     sender,
                     format_line(
@@ -855,19 +945,65 @@ class IRCTransport(Transport):
     def owns(self, channel_key: str) -> bool:
         return channel_key.startswith(f"irc:{self.network}:")
 
+    def _destination(self, message: OutgoingMessage) -> tuple[str, str | None]:
+        """``(target, asker)`` of an outgoing message, from its ``reply_to`` or its key.
+
+        ``reply_to`` is what :meth:`_on_message` made: the sender's nick (a
+        private message) or ``{"target": "#chan", "asker": nick}``; older
+        outbox rows hold the target alone.  Without one (an answer resumed
+        after a restart, a message posted over HTTP) the key names the target.
+        """
+        reply = message.reply_to
+        target: Any = reply.get("target") if isinstance(reply, dict) else reply
+        asker = reply.get("asker") if isinstance(reply, dict) else None
+        if not isinstance(target, str) or not target:
+            prefix = f"irc:{self.network}:"
+            key = message.channel_key
+            rest = key[len(prefix) :] if key.startswith(prefix) else key.rsplit(":", 1)[-1]
+            target = rest.partition("!")[0]  # an unverified nick's key: nick!*@*
+        return target, asker if isinstance(asker, str) else None
+
+    def _address(self, state_key: str, target: str, asker: str | None, text: str) -> str:
+        """The first line of an answer in a channel, starting with the asker's nick."""
+        if (
+            not self.options.address_asker
+            or asker is None
+            or not target
+            or target[0] not in self._chantypes
+            or state_key in self._addressed_runs
+            or not valid_target(asker, chantypes=self._chantypes)
+        ):
+            return text
+        self._addressed_runs[state_key] = None
+        while len(self._addressed_runs) > 1000:
+            del self._addressed_runs[next(iter(self._addressed_runs))]
+        plain = self._fold(strip_formatting(text).lstrip())
+        named = self._fold(asker)
+        if plain.startswith(named) and plain[len(named) : len(named) + 1] in (":", ","):
+            return text  # the model already addressed them
+        return f"{asker}: {text}"
+
     async def send(self, message: OutgoingMessage) -> None:
-        target = message.reply_to or message.channel_key.rsplit(":", 1)[-1]
+        target, asker = self._destination(message)
         state_key = f"{target}\0{message.run_id}"
         if message.kind == "delta":
             return  # we stream by lines; the bridge sends complete ones
         if message.kind == "end":
             self._in_code.pop(state_key, None)
+            self._addressed_runs.pop(state_key, None)
             self._flush_batch(state_key)
             return
-        text: str | None = message.text
         oid = message.outbox_id
-        if message.kind == "answer":
-            text = self._format_answer_line(state_key, message.text)
+        if not valid_target(target, chantypes=self._chantypes):
+            log.debug("irc %s: not sending to the unusable target %r", self.name, target)
+            self.delivered(oid, "confirmed")  # nothing to retry: it can never be sent
+            return
+        # No CTCP (\x01) or other stray control character from message text.
+        text: str | None = clean_outgoing(message.text)
+        if message.kind == "answer" and text is not None:
+            text = self._format_answer_line(state_key, text)
+            if text is not None and message.run_id is not None:
+                text = self._address(state_key, target, asker, text)
         if text is None:
             self.delivered(oid, "confirmed")  # a code fence: nothing to send
             return
@@ -969,9 +1105,9 @@ class IRCTransport(Transport):
             return False
         prefixes = self.isupport.get("CHANTYPES", "#&")
         if target and target[0] in prefixes:
-            wanted = {c.partition(" ")[0].lower() for c in self.options.channels}
+            wanted = {self._fold(c.partition(" ")[0]) for c in self.options.channels}
             # A configured channel: wait until we are (re)joined.
-            return target.lower() in self.joined or target.lower() not in wanted
+            return self._fold(target) in self.joined or self._fold(target) not in wanted
         return True
 
     async def _send_loop(self) -> None:
@@ -1001,7 +1137,7 @@ class IRCTransport(Transport):
         echoes = "echo-message" in self.caps_enabled and out.echo is not None
         if echoes:
             assert out.echo is not None
-            self._unechoed.append((out.echo[0].lower(), out.echo[1], out.outbox_ids))
+            self._unechoed.append((self._fold(out.echo[0]), out.echo[1], out.outbox_ids))
         for oid in out.outbox_ids:
             self.delivered(oid, "sent", awaits_confirm=echoes)
 

@@ -12,6 +12,11 @@ the IRC transport says and hears is testable without a server:
   (``ACTION``, ``VERSION``, ``PING``...).
 * :func:`strip_formatting` removes mIRC formatting codes;
   :func:`markdown_to_irc` turns the Markdown an LLM writes into them.
+* :func:`casefold` compares nicks, channels and accounts as the server
+  does (ISUPPORT ``CASEMAPPING``); :func:`valid_target` says whether a nick
+  or channel from the network can be written back as a command's target;
+  :func:`clean_outgoing` strips the control characters that must never
+  leave as message text (``\\x01`` would make a CTCP).
 * :func:`payload_budget` says how many bytes of text fit in one ``PRIVMSG``
   once the server relays it with our ``:nick!user@host`` prefix, and
   :func:`split_message` cuts a long answer into lines of that size, at
@@ -33,6 +38,8 @@ __all__ = [
     "MAX_LINE_BYTES",
     "MAX_TAGS_BYTES",
     "Line",
+    "casefold",
+    "clean_outgoing",
     "ctcp",
     "ctcp_parse",
     "format_line",
@@ -41,6 +48,7 @@ __all__ = [
     "payload_budget",
     "split_message",
     "strip_formatting",
+    "valid_target",
 ]
 
 #: Longest line without tags, CRLF included (RFC 1459).
@@ -246,6 +254,72 @@ def ctcp(command: str, arg: str = "") -> str:
         raise ValueError(f"invalid CTCP command {command!r}")
     arg = arg.translate(_CTCP_UNSAFE)
     return f"\x01{command} {arg}\x01" if arg else f"\x01{command}\x01"
+
+
+# -- names ---------------------------------------------------------------------------------
+
+_ASCII_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_ASCII_LOWER = "abcdefghijklmnopqrstuvwxyz"
+_FOLDS = {
+    "ascii": str.maketrans(_ASCII_UPPER, _ASCII_LOWER),
+    "strict-rfc1459": str.maketrans(_ASCII_UPPER + "[]\\", _ASCII_LOWER + "{}|"),
+    "rfc1459": str.maketrans(_ASCII_UPPER + "[]\\~", _ASCII_LOWER + "{}|^"),
+}
+
+
+def casefold(name: str, casemapping: str | None = None) -> str:
+    """``name`` in the one case the server compares names in (ISUPPORT ``CASEMAPPING``).
+
+    ``ascii``: ``A-Z`` → ``a-z``; ``rfc1459`` (the default, also when the
+    server announces none): ASCII and ``[]\\~`` → ``{}|^``; ``strict-rfc1459``:
+    ASCII and ``[]\\`` → ``{}|``.  Other mappings (``rfc8265``, ``rfc7613``,
+    ``precis``: Unicode nicks) fold ASCII as ``rfc1459`` and other letters
+    with Unicode lower-casing, NFC-normalised.  ``"ALICE[m]"`` and
+    ``"alice{m}"`` are one nick on an ``rfc1459`` server.
+    """
+    mapping = (casemapping or "rfc1459").lower()
+    table = _FOLDS.get(mapping)
+    if table is not None:
+        return name.translate(table)
+    return unicodedata.normalize("NFC", name.translate(_FOLDS["rfc1459"]).lower())
+
+
+#: Characters a channel name we write to may not contain: separators and controls.
+_BAD_CHANNEL_RE = re.compile(r"[\s,\x00-\x1f\x7f]")
+#: ... and a nick: those, wildcards and the ``nick!user@host`` delimiters.
+_BAD_NICK_RE = re.compile(r"[\s,*?!@\x00-\x1f\x7f]")
+
+
+def valid_target(target: str, *, chantypes: str = "#&") -> bool:
+    """Whether ``target`` (a nick or a channel from the network) may be written back.
+
+    Refuses what would break or redirect the line we send: an empty or
+    overlong name, a leading ``:`` (it would start the trailing parameter)
+    or ``$`` (a server mask), spaces, ``,`` (several targets) and control
+    characters; in a nick (a first character not in ``chantypes``) also the
+    wildcards ``*``/``?`` and ``!``/``@``.  Never raises.
+    """
+    if not target or target[0] in ":$" or len(target.encode("utf-8", "replace")) > 200:
+        return False
+    bad = _BAD_CHANNEL_RE if target[0] in chantypes else _BAD_NICK_RE
+    return not bad.search(target)
+
+
+#: C0 controls that are not mIRC formatting codes, plus DEL.  ``\x01`` is among
+#: them (CTCP); tab and newline stay (the line splitter handles them).
+_OUT_CONTROL_RE = re.compile(r"[\x00\x01\x05-\x08\x0b\x0c\x0e\x10\x12-\x15\x17-\x1c\x7f]")
+
+
+def clean_outgoing(text: str) -> str:
+    """Message text (from a model or a person) made safe to send as PRIVMSG/NOTICE text.
+
+    Removes ``\\x01`` (so no CTCP — ``\\x01DCC SEND …\\x01``, ``\\x01PING\\x01`` —
+    can be made from text; the transport's own CTCP replies are built by
+    :func:`ctcp`), NUL, and every other C0 control character that is not a
+    formatting code, tab, CR or LF (BEL, ESC, …), and DEL.  Formatting codes
+    stay: they cannot start a CTCP once ``\\x01`` is gone.
+    """
+    return _OUT_CONTROL_RE.sub("", text)
 
 
 # -- formatting -----------------------------------------------------------------------------

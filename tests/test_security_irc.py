@@ -1,0 +1,705 @@
+"""IRC identity and rendering under attack (issue 17 items 4, 5, 7; issue 18's IRC rules).
+
+Each test reproduces a finding through the real transport: real IRC servers
+(miniircd, ngircd) where they can show it, the scripted server where only a
+hostile or IRCv3-capable server can (account tags, ``$*`` relayed as is,
+STATUSMSG, nicks no real server allows).  Then a hypothesis fuzz over IRC
+lines fed through the parser and the transport's message handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.core import Agent, SQLiteStore
+from agentik.core.memory import NO_IDENTITY
+from agentik.core.memory.sqlite import SQLiteMemory
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.transports.base import IncomingMessage, OutgoingMessage
+from agentik.transports.irc.transport import IRCTransport
+from agentik.transports.irc.wire import casefold, parse_line
+
+from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
+
+pytest_plugins = ["ircservers"]
+
+FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
+        "flood_rate": 200.0}  # fmt: skip
+PIN = "alice's bank PIN is 4711"
+#: A server with accounts: the IRCv3 account tag, RFC 1459 casemapping, STATUSMSG.
+ACCOUNTS = registration_handler(
+    caps_offered="account-tag message-tags",
+    isupport="CASEMAPPING=rfc1459 CHANTYPES=#& STATUSMSG=@+ NETWORK=Test",
+)
+
+
+@asynccontextmanager
+async def irc_bot(port: int, tmp_path, *, options: ChannelOptions | None = None, **settings):
+    """A bot with SQLite memory on one IRC server (network ``testnet``)."""
+    model = ScriptedModel()
+    store = SQLiteStore(str(tmp_path / "irc.db"))
+    agent = Agent(llm=model, store=store, memory=SQLiteMemory(store))
+    await agent.start()
+    bridge = Bridge(agent)
+    transport = IRCTransport(
+        name="testnet",
+        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", **FAST, **settings},
+    )
+    bridge.attach(transport, options or ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        yield transport, model, agent, bridge
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+async def joined(transport: IRCTransport, channel: str) -> None:
+    async with asyncio.timeout(60):
+        while channel not in transport.joined:
+            await transport._queue_changed.wait()
+            await asyncio.sleep(0)
+
+
+def from_bot(line) -> bool:
+    return line.command in ("PRIVMSG", "NOTICE") and (line.nick or "").lower() == "agentik"
+
+
+def tool_results(model, index=-1) -> list[str]:
+    """The tool results of the current turn as request ``index`` carried them."""
+    messages = list(model.requests[index].messages)
+    last_user = max(i for i, m in enumerate(messages) if m.role == "user")
+    return [m.content for m in messages[last_user:] if m.role == "tool"]
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.messages: list[IncomingMessage] = []
+        self.changed = asyncio.Event()
+
+    async def handle(self, message, transport) -> None:
+        self.messages.append(message)
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    async def wait(self, predicate) -> IncomingMessage:
+        async with asyncio.timeout(60):
+            while True:
+                found = [m for m in self.messages if predicate(m)]
+                if found:
+                    return found[0]
+                await self.changed.wait()
+
+
+async def sentinel(server: ScriptedIRCServer, sink: RecordingSink, text: str) -> None:
+    """Send a plain private message and wait for it: every line before it was handled."""
+    server.clients[0].send(f":carol!c@h PRIVMSG agentik :{text}")
+    await sink.wait(lambda m: m.text == text)
+
+
+# -- item 4: identity ------------------------------------------------------------------------
+
+
+async def test_a_nick_taken_without_an_account_cannot_read_the_owners_user_notes(
+    irc_server, tmp_path
+):
+    """Nobody has an account on these servers: a nick is a claim, not an identity."""
+    async with irc_bot(irc_server.port, tmp_path, channels=["#room"]) as (bot, model, agent, _):
+        await joined(bot, "#room")
+        # What the old code wrote for nick "alice": her user notes and her DM notes.
+        await agent.memory.save("user:testnet:alice", PIN, author="testnet:alice")
+        await agent.memory.save("channel:irc:testnet:alice", PIN, author="testnet:alice")
+        mallory = await IRCTestClient.connect(irc_server.port, "alice")  # took the nick
+        model.enqueue(
+            Reply(
+                tool_calls=[
+                    call("memory_search", {"query": "PIN"}),
+                    call("memory_list", {"scope": "user"}),
+                    call("memory_list", {}),
+                    call("memory_save", {"text": "alice likes mallory", "scope": "user"}),
+                ]
+            ),
+            "I know nothing about that.",
+        )
+        mallory.privmsg("agentik", "what is my bank PIN?")
+        answer = await mallory.wait_for(lambda m: from_bot(m) and m.command == "PRIVMSG")
+        assert answer.params[0] == "alice" and answer.text == "I know nothing about that."
+        # (Tool calls of one step run together: their results come in any order.)
+        assert sorted(tool_results(model)) == sorted(
+            ["nothing found for 'PIN'", NO_IDENTITY, "no notes", f"error: {NO_IDENTITY}"]
+        )
+        assert len(await agent.memory.list()) == 2  # nothing written for the claimed nick
+        # In a channel, the unverified nick is no speaker whose notes others see.
+        await mallory.join("#room")
+        mallory.privmsg("#room", "agentik: hello everyone")
+        await mallory.wait_for(lambda m: from_bot(m) and m.text.endswith("echo: hello everyone"))
+        bob = await IRCTestClient.connect(irc_server.port, "bob")
+        await bob.join("#room")
+        model.enqueue(Reply(tool_calls=[call("memory_search", {"query": "PIN"})]), "no idea")
+        bob.privmsg("#room", "agentik: what is alice's PIN?")
+        await bob.wait_for(lambda m: from_bot(m) and m.text == "bob: no idea")
+        assert tool_results(model) == ["nothing found for 'PIN'"]
+        await mallory.close()
+        await bob.close()
+
+
+async def test_an_account_keeps_its_notes_whatever_the_nick_case_and_a_bare_nick_does_not(
+    tmp_path,
+):
+    async with ScriptedIRCServer(ACCOUNTS) as server:
+        async with irc_bot(server.port, tmp_path) as (bot, model, agent, _):
+            await asyncio.wait_for(bot.registered.wait(), 60)
+            assert "account-tag" in bot.caps_enabled
+            client = server.clients[0]
+            model.enqueue(
+                Reply(tool_calls=[call("memory_save", {"text": PIN, "scope": "user"})]), "noted it"
+            )
+            client.send("@account=Alice[m] :Alice[m]!a@h PRIVMSG agentik :remember my PIN")
+            await server.wait_for_line("PRIVMSG Alice[m] :noted it")
+            [note] = await agent.memory.list()
+            assert note.scope == "user:testnet:alice{m}"
+            # The same account in other case (RFC 1459: [] and {} are one): the same notes.
+            model.enqueue(Reply(tool_calls=[call("memory_search", {"query": "PIN"})]), "found it")
+            client.send("@account=ALICE{M} :ALICE{M}!a@h PRIVMSG AGENTIK :my PIN?")
+            await server.wait_for_line("PRIVMSG ALICE{M} :found it")
+            assert PIN in tool_results(model)[0]
+            first = await agent.conversation_for_channel("irc:testnet:alice{m}")
+            assert [m.content for m in await first.messages() if m.kind == "user"] == [
+                "remember my PIN",
+                "my PIN?",
+            ]
+            # The nick without the account: no identity, another conversation.
+            search = Reply(tool_calls=[call("memory_search", {"query": "PIN"})])
+            model.enqueue(search, "nope, nothing")
+            client.send(":Alice[m]!evil@elsewhere PRIVMSG agentik :my PIN?")
+            await server.wait_for_line("PRIVMSG Alice[m] :nope, nothing")
+            assert tool_results(model) == ["nothing found for 'PIN'"]
+            other = await agent.conversation_for_channel("irc:testnet:alice{m}!*@*")
+            assert other.id != first.id
+            assert [m.content for m in await other.messages() if m.kind == "user"] == ["my PIN?"]
+
+
+async def test_an_account_tag_counts_only_when_the_server_negotiated_account_tag():
+    handler = registration_handler(caps_offered="message-tags", isupport="NETWORK=Test")
+    async with ScriptedIRCServer(handler) as server:
+        sink = RecordingSink()
+        t = IRCTransport(name="s", settings={"port": server.port, "tls": False})
+        await t.start(sink)
+        try:
+            await asyncio.wait_for(t.registered.wait(), 60)
+            server.clients[0].send("@account=alice :alice!a@h PRIVMSG agentik :trust me")
+            message = await sink.wait(lambda m: m.text == "trust me")
+            assert not message.verified and message.channel_key == "irc:s:alice!*@*"
+        finally:
+            await t.aclose()
+
+
+async def test_hostmask_identity_is_an_opt_in_with_a_warning(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="agentik.transports.irc.transport")
+    async with ScriptedIRCServer(ACCOUNTS) as server:
+        async with irc_bot(server.port, tmp_path, unverified_identity="hostmask") as (
+            bot, model, agent, _,
+        ):  # fmt: skip
+            await asyncio.wait_for(bot.registered.wait(), 60)
+            assert 'unverified_identity = "hostmask"' in caplog.text
+            model.enqueue(
+                Reply(tool_calls=[call("memory_save", {"text": "likes tea", "scope": "user"})]),
+                "ok then",
+            )
+            server.clients[0].send(":Bob!~bob@Host.Example PRIVMSG agentik :I like tea")
+            await server.wait_for_line("PRIVMSG Bob :ok then")
+            [note] = await agent.memory.list()
+            assert note.scope == "user:testnet:bob!~bob@host.example"
+            # The same nick from another host is someone else.
+            model.enqueue(Reply(tool_calls=[call("memory_search", {"query": "tea"})]), "no idea")
+            server.clients[0].send(":Bob!~bob@other.example PRIVMSG agentik :what do I like?")
+            await server.wait_for_line("PRIVMSG Bob :no idea")
+            assert tool_results(model) == ["nothing found for 'tea'"]
+
+
+# -- CASEMAPPING -------------------------------------------------------------------------------
+
+
+async def test_nick_and_channel_case_do_not_split_keys_or_miss_the_address():
+    async with ScriptedIRCServer(ACCOUNTS) as server:
+        sink = RecordingSink()
+        t = IRCTransport(
+            name="s",
+            settings={"port": server.port, "tls": False, "nick": "agent[x]",
+                      "channels": ["#Room[1]"], "address_mode": "prefix"},
+        )  # fmt: skip
+        await t.start(sink)
+        try:
+            await joined(t, "#room{1}")
+            client = server.clients[0]
+            client.send("@account=Alice :Alice!a@h PRIVMSG #Room[1] :agent[x]: one")
+            client.send("@account=ALICE :ALICE!a@h PRIVMSG #ROOM{1} :AGENT{X}: two")
+            client.send("@account=alice :alice!a@h PRIVMSG #room{1} :AGENT[x], three")
+            client.send("@account=alice :alice!a@h PRIVMSG AGENT{X} :four")
+            await sink.wait(lambda m: m.text == "four")
+            one, two, three, four = sink.messages
+            assert [m.text for m in (one, two, three)] == ["one", "two", "three"]
+            assert all(m.addressed and not m.direct for m in (one, two, three))
+            assert {m.channel_key for m in (one, two, three)} == {"irc:s:#room{1}"}
+            assert {m.author_id for m in sink.messages} == {"alice"}
+            assert four.direct and four.channel_key == "irc:s:alice"
+        finally:
+            await t.aclose()
+
+
+async def test_the_address_check_ignores_case_on_a_real_server(irc_server, tmp_path):
+    async with irc_bot(irc_server.port, tmp_path, channels=["#Case"]) as (bot, model, agent, _):
+        await joined(bot, "#case")
+        alice = await IRCTestClient.connect(irc_server.port, "alice")
+        await alice.join("#CASE")
+        alice.privmsg("#CASE", "AGENTIK: loud hello")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: echo: loud hello")
+        alice.privmsg("#case", "Agentik, quiet hello")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: echo: quiet hello")
+        conv = await agent.conversation_for_channel("irc:testnet:#case")
+        assert [m.content for m in await conv.messages() if m.kind == "user"] == [
+            "loud hello",
+            "quiet hello",
+        ]
+        await alice.close()
+
+
+def test_casefold_follows_the_casemapping():
+    assert casefold("Alice[m]\\~") == "alice{m}|^"  # rfc1459, also when not announced
+    assert casefold("Alice[m]\\~", "rfc1459") == "alice{m}|^"
+    assert casefold("Alice[m]\\~", "strict-rfc1459") == "alice{m}|~"
+    assert casefold("Alice[m]\\~", "ascii") == "alice[m]\\~"
+    assert casefold("ÄLICE", "ascii") == "Älice"
+    assert casefold("ÄLICE", "rfc8265") == "älice"
+
+
+# -- item 5: CTCP from model text ---------------------------------------------------------------
+
+HOSTILE = (
+    "\x01DCC SEND evil.exe 2130706433 4444 1\x01\n"
+    "\x01PING 1\x01 everyone\n"
+    "\x02\x01ACTION dances\x01\x02 and rings \x07 the bell"
+)
+
+
+async def test_model_text_never_makes_a_ctcp(irc_server, tmp_path):
+    async with irc_bot(irc_server.port, tmp_path, channels=["#ctcp"]) as (bot, model, agent, _):
+        await joined(bot, "#ctcp")
+        alice = await IRCTestClient.connect(irc_server.port, "alice")
+        await alice.join("#ctcp")
+        model.enqueue(HOSTILE, HOSTILE)
+        alice.privmsg("#ctcp", "agentik: say something nasty")
+        alice.privmsg("agentik", "and in private?")
+        await alice.wait_for(lambda m: from_bot(m) and m.target == "#ctcp" and "bell" in m.text)
+        await alice.wait_for(lambda m: from_bot(m) and m.target == "alice" and "bell" in m.text)
+        lines = [m for m in alice.received if from_bot(m)]
+        assert len(lines) == 6
+        assert not any(b"\x01" in m.raw or b"\x07" in m.raw for m in lines)
+        texts = [m.text for m in lines if m.target == "alice"]
+        assert texts == [
+            "DCC SEND evil.exe 2130706433 4444 1",
+            "PING 1 everyone",
+            "\x02ACTION dances\x02 and rings  the bell",
+        ]
+        await alice.close()
+
+
+async def test_no_outgoing_kind_carries_a_ctcp():
+    """Answers, notices, errors and command replies: every line the transport writes."""
+    async with ScriptedIRCServer(registration_handler(caps_offered="")) as server:
+        t = IRCTransport(name="s", settings={"port": server.port, "tls": False})
+        await t.start(RecordingSink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 60)
+            for kind in ("answer", "notice", "error", "command"):
+                await t.send(
+                    OutgoingMessage(
+                        channel_key="irc:s:alice!*@*", text=f"{kind} \x01PING 1\x01",
+                        kind=kind, run_id="r1", reply_to="alice",
+                    )
+                )  # fmt: skip
+            await server.wait_for_line("PRIVMSG alice :command PING 1")
+            sent = [line for line in server.received if "alice" in line]
+            assert sent == [
+                "PRIVMSG alice :answer PING 1",
+                "NOTICE alice :notice PING 1",
+                "PRIVMSG alice :error PING 1",
+                "PRIVMSG alice :command PING 1",
+            ]
+            # Our own CTCP replies are still CTCP.
+            since = server.mark()
+            server.clients[0].send(":alice!a@h PRIVMSG agentik :\x01VERSION\x01")
+            version = await server.wait_for_line(
+                lambda line: line.startswith("NOTICE alice"), since=since
+            )
+            assert version.startswith("NOTICE alice :\x01VERSION ") and version.endswith("\x01")
+        finally:
+            await t.aclose()
+
+
+# -- item 7: hostile nicks and targets ------------------------------------------------------------
+
+
+async def test_hostile_nicks_from_the_server_are_skipped_not_crashed_on(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="agentik")
+    async with ScriptedIRCServer(registration_handler(caps_offered="")) as server:
+        async with irc_bot(server.port, tmp_path) as (bot, model, agent, bridge):
+            await asyncio.wait_for(bot.registered.wait(), 60)
+            client = server.clients[0]
+            for nick in (":evil", "", "ev,il", "#secret", "$mask", "a*b", "bell\x07"):
+                client.send(f":{nick}!u@h PRIVMSG agentik :\x01VERSION\x01")
+                client.send(f":{nick}!u@h PRIVMSG agentik :hello from {nick!r}")
+            client.send(":alice!a@h PRIVMSG agentik :still there?")
+            await server.wait_for_line("PRIVMSG alice :echo: still there?")
+            assert model.requests and len(model.requests) == 1  # only alice reached the model
+            written = [line for line in server.received if line.startswith(("PRIVMSG", "NOTICE"))]
+            assert written == ["PRIVMSG alice :echo: still there?"]
+            # An answer addressed to such a target (an old outbox row, a hostile
+            # reply_to) is dropped, not raised.
+            await bot.send(
+                OutgoingMessage(channel_key="irc:testnet::evil", text="hi", reply_to=":evil")
+            )
+            await bot.send(OutgoingMessage(channel_key="irc:testnet::evil", text="hi"))
+        assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+        assert "unusable nick ':evil'" in caplog.text
+
+
+# -- issue 18: what is direct -------------------------------------------------------------------
+
+
+async def test_broadcasts_server_messages_and_statusmsg_are_never_answered(tmp_path):
+    async with ScriptedIRCServer(ACCOUNTS) as server:
+        async with irc_bot(server.port, tmp_path, channels=["#room"]) as (
+            bot, model, agent, bridge,
+        ):  # fmt: skip
+            await joined(bot, "#room")
+            client = server.clients[0]
+            name = server.name
+            client.send(":oper!o@staff.example PRIVMSG $* :agentik: network maintenance soon")
+            client.send(":oper!o@staff.example PRIVMSG $*.example :agentik: hello servers")
+            client.send(":oper!o@staff.example PRIVMSG #*.example :agentik: hello hosts")
+            client.send(f":{name} PRIVMSG agentik :server speaking, answer me")
+            client.send(":services.example PRIVMSG agentik :a server without a dot-free name")
+            client.send(f":{name} NOTICE agentik :*** a server notice")
+            client.send("NOTICE agentik :no source at all")
+            client.send(":alice!a@h PRIVMSG @#room :agentik: ops only, answer me")
+            client.send(":alice!a@h PRIVMSG +#room :agentik: voiced only")
+            client.send(":alice!a@h PRIVMSG #elsewhere :agentik: a channel we are not in")
+            client.send(":alice!a@h NOTICE agentik :notices are never answered")
+            client.send(":alice!a@h NOTICE #room :agentik: not even addressed ones")
+            client.send(":alice!a@h PRIVMSG #room :agentik: the one real question")
+            await server.wait_for_line("PRIVMSG #room :alice: echo: the one real question")
+            conv = await agent.conversation_for_channel("irc:testnet:#room")
+            await conv.wait_idle()
+            assert [m.content for m in model.requests[-1].messages] == ["the one real question"]
+            assert len(model.requests) == 1
+            written = [line for line in server.received if line.startswith(("PRIVMSG", "NOTICE"))]
+            assert written == ["PRIVMSG #room :alice: echo: the one real question"]
+
+
+async def test_only_a_privmsg_to_our_own_nick_is_direct(irc_server, tmp_path):
+    async with irc_bot(irc_server.port, tmp_path) as (bot, model, agent, _):
+        await asyncio.wait_for(bot.registered.wait(), 60)
+        alice = await IRCTestClient.connect(irc_server.port, "alice")
+        alice.privmsg("AgEnTiK", "private, in any case")
+        answer = await alice.wait_for(from_bot)
+        assert answer.command == "PRIVMSG" and answer.params[0] == "alice"
+        assert answer.text == "echo: private, in any case"
+        alice.notice("agentik", "a notice")
+        alice.privmsg("agentik", "after the notice")
+        later = await alice.wait_for(from_bot)
+        assert later.text == "echo: after the notice"  # the notice got nothing
+        await alice.close()
+
+
+# -- issue 18: manners ----------------------------------------------------------------------------
+
+
+async def test_answers_in_channels_name_the_asker_once_and_private_ones_do_not(
+    irc_server, tmp_path
+):
+    async with irc_bot(irc_server.port, tmp_path, channels=["#manners"]) as (
+        bot, model, agent, _,
+    ):  # fmt: skip
+        await joined(bot, "#manners")
+        alice = await IRCTestClient.connect(irc_server.port, "alice")
+        bob = await IRCTestClient.connect(irc_server.port, "bob")
+        await alice.join("#manners")
+        await bob.join("#manners")
+        # alice's answer is held while bob asks: each answer names its own asker.
+        gate = asyncio.Event()
+        held = Reply(text="first line\nsecond line\nthird line", gate=gate)
+        model.enqueue(held)
+        alice.privmsg("#manners", "agentik: three lines please")
+        await held.started.wait()
+        bob.privmsg("#manners", "agentik: and me?")
+        await bob.sync()
+        conv = await agent.conversation_for_channel("irc:testnet:#manners")
+        async with asyncio.timeout(60):
+            while not conv.queued:  # noqa: ASYNC110 - bob's question waits behind alice's
+                await asyncio.sleep(0.01)
+        gate.set()
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "bob: echo: and me?")
+        texts = [m.text for m in alice.received if from_bot(m)]
+        assert texts == [
+            "alice: first line",
+            "second line",
+            "third line",
+            "bob: echo: and me?",
+        ]
+        # A model that already named the asker is not made to say it twice.
+        model.enqueue("alice: yes, you")
+        alice.privmsg("#manners", "agentik: me?")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: yes, you")
+        # Private answers have no prefix.
+        alice.privmsg("agentik", "private question")
+        private = await alice.wait_for(lambda m: from_bot(m) and m.target == "alice")
+        assert private.text == "echo: private question"
+        await alice.close()
+        await bob.close()
+
+
+async def test_address_asker_can_be_switched_off(miniircd, tmp_path):
+    async with irc_bot(miniircd.port, tmp_path, channels=["#plain"], address_asker=False) as (
+        bot, model, agent, _,
+    ):  # fmt: skip
+        await joined(bot, "#plain")
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        await alice.join("#plain")
+        alice.privmsg("#plain", "agentik: hi")
+        answer = await alice.wait_for(from_bot)
+        assert answer.text == "echo: hi"
+        await alice.close()
+
+
+# -- fuzz: hostile lines through the parser and the message handling ----------------------------
+
+_PREFIXES = st.one_of(
+    st.none(),
+    st.sampled_from(
+        [
+            "irc.scripted.test",
+            "services.",
+            "alice!a@h",
+            ":evil!u@h",
+            "!@",
+            "a!b",
+            "x@y",
+            "AGENTIK!me@h",
+            "#chan!u@h",
+            "$*!u@h",
+            "ev il",
+        ]
+    ),
+    st.text(min_size=1, max_size=30).map(lambda s: s.replace(" ", "")),
+)
+_TARGETS = st.one_of(
+    st.sampled_from(
+        [
+            "agentik",
+            "AGENTIK",
+            "#chan",
+            "#CHAN",
+            "$*",
+            "@#chan",
+            "+#chan",
+            "#*.tld",
+            "",
+            ":",
+            "alice",
+        ]
+    ),
+    st.text(max_size=20),
+)
+_TAGS = st.dictionaries(
+    st.sampled_from(["account", "bot", "batch", "time", "+draft/x", "msgid"]),
+    st.text(max_size=20),
+    max_size=3,
+)
+_TEXTS = st.one_of(
+    st.text(max_size=200),
+    st.sampled_from(
+        [
+            "\x01VERSION\x01",
+            "\x01PING 1\x01",
+            "\x01ACTION x\x01",
+            "\x01",
+            "agentik: hi",
+            "AGENTIK, hi",
+            "\x01DCC SEND x 1 2 3\x01",
+        ]
+    ),
+)
+
+
+def _escape_tag(value: str) -> str:
+    return (
+        value.replace("\\", "\\\\")
+        .replace(";", "\\:")
+        .replace(" ", "\\s")
+        .replace("\r", "\\r")
+        .replace("\n", "\\n")
+    )
+
+
+_USERS = st.one_of(
+    st.sampled_from(
+        [
+            "alice!a@h",
+            "ALICE!a@h",
+            "bob!~b@host.example",
+            "al[ice]!a@h",
+            ":evil!u@h",
+            "x!y@z",
+            "#chan!u@h",
+            "a,b!u@h",
+            "$x!u@h",
+            "a*!u@h",
+            ":!u@h",
+        ]
+    ),
+    st.text(min_size=1, max_size=12).map(lambda s: s.replace(" ", "") + "!u@h"),
+)
+
+
+_USER_TAGS = st.dictionaries(
+    st.sampled_from(["account", "time", "msgid", "+draft/x", "batch"]),
+    st.text(max_size=20),
+    max_size=2,
+)
+_USER_TARGETS = st.one_of(
+    st.sampled_from(["agentik", "AGENTIK", "#chan", "#CHAN", "$*", "@#chan", "#*.tld"]),
+    st.text(max_size=10),
+)
+
+
+@st.composite
+def irc_lines(draw) -> bytes:
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
+        return draw(st.binary(max_size=600))  # anything, invalid UTF-8 included
+    tags = draw(_TAGS)
+    if kind <= 3:  # any command, any source
+        prefix = draw(_PREFIXES)
+        command = draw(
+            st.sampled_from(
+                [
+                    "PRIVMSG",
+                    "NOTICE",
+                    "JOIN",
+                    "PART",
+                    "KICK",
+                    "NICK",
+                    "QUIT",
+                    "005",
+                    "001",
+                    "PING",
+                    "CAP",
+                    "ERROR",
+                    "376",
+                    "433",
+                    "903",
+                    "904",
+                ]
+            )
+        )
+    else:  # a message from someone who looks like a user
+        prefix = draw(_USERS)
+        command = draw(st.sampled_from(["PRIVMSG", "PRIVMSG", "PRIVMSG", "NOTICE"]))
+        tags = draw(_USER_TAGS)
+    target = draw(_TARGETS if kind <= 3 else _USER_TARGETS)
+    text = draw(_TEXTS)
+    line = ""
+    if tags:
+        line += "@" + ";".join(f"{k}={_escape_tag(v)}" for k, v in tags.items()) + " "
+    if prefix is not None:
+        line += f":{prefix} "
+    line += f"{command} {target} :{text}"
+    data = line.encode("utf-8", "surrogatepass")
+    if draw(st.booleans()):
+        data += b"x" * draw(st.integers(0, 9000))  # huge lines
+    if kind == 1:
+        data = data.replace(b"a", b"\xff\xfe")  # invalid UTF-8 inside
+    return data
+
+
+_HOSTILE_BITS = st.sampled_from(
+    ["\x01", "\x01DCC SEND x.exe 1 2 3\x01", "\x01PING 1\x01", "\x01ACTION hi\x01", "\r\n",
+     "\x00", "\r", "\n", "\x02", "\x03", "\x034,5", "\x07", "\x0f", "\x16", "\x1d", "\x7f",
+     "```", "**", "`", "[x](http://e/\x01)", "\ud800", "agentik: ", "alice: "]
+)  # fmt: skip
+#: Model output: plain text with hostile pieces mixed in, up to a few KB.
+_MODEL_TEXT = st.lists(
+    st.one_of(_HOSTILE_BITS, st.text(max_size=60), st.just("word " * 120)),
+    min_size=1,
+    max_size=25,
+).map("".join)
+
+
+async def _fuzz_once(lines: list[bytes], model_text: str, casemapping: str) -> None:
+    sink = RecordingSink()
+    t = IRCTransport(name="fz", settings={"tls": False, "channels": ["#chan"]})
+    t._sink = sink
+    t.nick = "agentik"
+    t.isupport.update({"CASEMAPPING": casemapping, "STATUSMSG": "@+"})
+    t.caps_enabled.add("account-tag")
+    t.joined.add(t._fold("#chan"))
+    for raw in lines:
+        line = parse_line(raw)
+        if line is not None:
+            t._handle(line)  # raises if anything goes wrong
+    await asyncio.gather(*list(t._tasks))
+    before = len(t._queue)
+    for message in sink.messages:
+        assert "\n" not in message.channel_key and "\r" not in message.channel_key
+        for kind in ("answer", "notice", "error", "command"):
+            await t.send(
+                OutgoingMessage(
+                    channel_key=message.channel_key, text=model_text, kind=kind, run_id="r",
+                    reply_to=message.reply_to,
+                )
+            )  # fmt: skip
+        await t.send(
+            OutgoingMessage(channel_key=message.channel_key, text="", kind="end", run_id="r",
+                            reply_to=message.reply_to)
+        )  # fmt: skip
+    for out in t._queue:
+        for piece in out.line.split("\r\n"):
+            assert not ({"\r", "\n", "\x00"} & set(piece)), piece
+    for out in list(t._queue)[before:]:
+        assert "\x01" not in out.line, out.line  # nothing from model text makes a CTCP
+        parsed = parse_line(out.line)
+        assert parsed is not None and parsed.command in ("PRIVMSG", "NOTICE")
+        assert parsed.params[0] == out.target
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    lines=st.lists(irc_lines(), min_size=1, max_size=8),
+    model_text=_MODEL_TEXT,
+    casemapping=st.sampled_from(["rfc1459", "ascii", "strict-rfc1459", "rfc8265", "bogus"]),
+)
+@example(  # the findings themselves, always tried
+    lines=[
+        b"::evil!u@h PRIVMSG agentik :\x01VERSION\x01",
+        b"::evil!u@h PRIVMSG agentik :hello",
+        b":alice!a@h PRIVMSG agentik :hello",
+        b":alice!a@h PRIVMSG #chan :agentik: hello",
+    ],
+    model_text="\x01DCC SEND evil.exe 1 2 3\x01\n\x01PING 1\x01",
+    casemapping="rfc1459",
+)
+def test_fuzzed_lines_never_crash_and_never_make_unsafe_output(lines, model_text, casemapping):
+    asyncio.run(_fuzz_once(lines, model_text, casemapping))
