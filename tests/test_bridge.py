@@ -585,6 +585,35 @@ async def test_model_failures_are_one_short_line_and_the_log_has_the_details(
     assert "sk-test-secret" not in caplog.text
 
 
+async def test_a_model_that_does_not_answer_in_time_is_one_short_line(
+    db_path, caplog, openai_server
+):
+    caplog.set_level(logging.ERROR)
+    # The read timeout of the client; the reply is held until the test releases it.
+    llm = OpenAIBackend(
+        model="fake-model", base_url=openai_server.base_url, api_key="x", max_retries=0,
+        timeout=1.0,
+    )  # fmt: skip
+    held = fake.Reply.text("too late", hold_after=0)
+    openai_server.enqueue(held)
+    try:
+        async with Agent(llm=llm, store=SQLiteStore(db_path)) as agent:
+            bridge = Bridge(agent)
+            t = MemoryTransport(name="net")
+            bridge.attach(t, ChannelOptions(answer="all"))
+            await t.start(bridge)
+            await t.inject("hello?", channel_key="net:#room", author="alice")
+            await bridge.flush("net:#room")
+            await bridge.aclose()
+    finally:
+        held.release()
+    (line,) = t.texts("error")
+    match = ERROR_LINE.match(line)
+    assert match["what"] == "the model did not answer in time"
+    (record,) = [r for r in caplog.records if f"error ref {match['ref']} " in r.getMessage()]
+    assert f"LLMTimeout: the model at {openai_server.base_url} timed out" in record.getMessage()
+
+
 async def test_a_conversation_too_long_for_the_model_says_what_to_do(rig):
     model, agent, bridge, make = rig
     t = await make(answer="all")
