@@ -13,6 +13,13 @@ into :class:`~agentik.transports.base.OutgoingMessage` values fitted to the
 transport's :class:`~agentik.transports.base.ChannelCaps`: deltas as they come,
 complete lines, or whole messages, split to the size limits; long answers
 are capped at ``max_answer_lines`` and the rest kept for ``more``.
+
+Manners in shared channels: with ``events = "auto"`` (the default) a shared
+channel sees the answer, errors and interruptions only, while direct
+conversations and threads also get one line per tool call.  An error is one
+short line with a reference (``error: the model is unavailable right now
+(ref 3f9a0c)``); its details (URLs, backend messages) go to the log, in an
+ERROR line with the same reference, never to a channel.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -31,7 +39,7 @@ from agentik.core import Agent, Conversation
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
-from agentik.core.events import Event
+from agentik.core.events import Error, Event
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.settings import setting_fields
@@ -81,6 +89,8 @@ class _Channel:
     #: The ``reply_to`` of the message each pending run answers (a transport may
     #: address the asker); runs without one use :attr:`reply_to`.
     run_reply_to: dict[str, object] = field(default_factory=dict)
+    #: The channel is a direct conversation (its last message was direct).
+    direct: bool = False
     pending: set[str] = field(default_factory=set)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     last_used: float = field(default_factory=time.monotonic)
@@ -128,20 +138,19 @@ class Bridge(AgentAccess):
         self.outbox = Outbox(agent.store)
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
-        """Register a transport instance and its options."""
+        """Register a transport instance and its options.
+
+        Options left unset take the transport's defaults (``max_answer_lines``:
+        :attr:`~agentik.transports.base.Transport.default_max_answer_lines`).
+        """
         self._transports[transport.name] = transport
-        self._options[transport.name] = options or ChannelOptions(
-            command_prefix=transport.default_command_prefix
-        )
-        self._transports[transport.name] = transport
+        self._options[transport.name] = _resolved(transport, options)
         if transport.outbox:
             transport.on_delivery = self.outbox.mark
 
     def options_for(self, transport: Transport) -> ChannelOptions:
         """The options a transport instance was attached with (defaults if none)."""
-        return self._options.get(transport.name) or ChannelOptions(
-            command_prefix=transport.default_command_prefix
-        )
+        return self._options.get(transport.name) or _resolved(transport, None)
 
     def allowed_tools(self, transport: Transport) -> tuple[str, ...] | None:
         """The ``allowed_tools`` of the options ``transport`` was attached with."""
@@ -150,9 +159,7 @@ class Bridge(AgentAccess):
     # -- incoming -------------------------------------------------------------
     async def handle(self, message: IncomingMessage, transport: Transport) -> None:
         """Decide, run a command, or send the message to the channel's conversation."""
-        opts = self._options.get(transport.name) or ChannelOptions(
-            command_prefix=transport.default_command_prefix
-        )
+        opts = self.options_for(transport)
         text = message.text.strip()
         if not text:
             return
@@ -185,6 +192,7 @@ class Bridge(AgentAccess):
             return
         ch = await self._channel(message.channel_key, transport, opts)
         ch.reply_to = message.reply_to
+        ch.direct = message.direct
         ch.more.clear()
         try:
             run_id = await ch.conversation.send(
@@ -197,9 +205,11 @@ class Bridge(AgentAccess):
             await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
             return
         except AgentikError as exc:
-            await self._send(
-                transport, message.channel_key, f"error: {exc}", "error", message.reply_to
-            )
+            line = _error_line(
+                type(exc).__name__, str(exc), where=message.channel_key, prefix=opts.command_prefix,
+                retryable=getattr(exc, "retryable", False),
+            )  # fmt: skip
+            await self._send(transport, message.channel_key, line, "error", message.reply_to)
             return
         ch.run_reply_to[run_id] = message.reply_to
         async with ch.changed:
@@ -241,7 +251,8 @@ class Bridge(AgentAccess):
     ) -> _Channel:
         restrict_tools(conv, opts.allowed_tools, default=self.agent.policy)
         ch = _Channel(key=key, transport=transport, options=opts, conversation=conv)
-        ch.subscription = conv.events(profile=opts.events)
+        # "auto" and "answers" follow the chat profile and leave out what they hide.
+        ch.subscription = conv.events(profile="debug" if opts.events == "debug" else "chat")
         ch.task = asyncio.create_task(self._render(ch), name=f"agentik-render:{key}")
         self._channels[key] = ch
         if self._reaper is None and self.idle_seconds > 0:
@@ -486,7 +497,8 @@ class Bridge(AgentAccess):
                     old.pending.clear()
                     old.changed.notify_all()
                 await self._close_channel(old)
-            self._open(key, transport, opts, conv)
+            new = self._open(key, transport, opts, conv)
+            new.direct = old.direct if old is not None else False
         await say(
             "started a new conversation"
             + (f" (the previous one is kept as {old.conversation.id})" if old else "")
@@ -516,7 +528,11 @@ class Bridge(AgentAccess):
         try:
             event = await ch.conversation.compact_now()
         except AgentikError as exc:
-            await say(f"could not compact: {exc}")
+            line = _error_line(
+                type(exc).__name__, str(exc), where=key, prefix=opts.command_prefix,
+                retryable=getattr(exc, "retryable", False),
+            )  # fmt: skip
+            await say(f"could not compact: {line.removeprefix('error: ')}")
             return
         if event is None:
             await say("nothing to compact yet: the conversation is short")
@@ -618,6 +634,7 @@ class _Renderer:
         self.bridge = bridge
         self.ch = ch
         self.debug = ch.options.events == "debug"
+        self.events = ch.options.events
         self.buffer = ""
         self.lines_sent = 0
         self.had_text = False
@@ -626,6 +643,17 @@ class _Renderer:
         #: Streamed answer (deltas) on an outbox transport: its row and text.
         self.stream_id: int | None = None
         self.stream_text: list[str] = []
+
+    @property
+    def tool_lines(self) -> bool:
+        """Whether tool calls get a line: not in a shared channel with ``answers``.
+
+        ``auto`` decides per channel when the line is due: a direct
+        conversation or a thread gets them, a shared channel does not.
+        """
+        if self.events == "auto":
+            return self.ch.direct or self.ch.transport.in_thread(self.ch.key)
+        return self.events != "answers"
 
     @property
     def caps(self) -> ChannelCaps:
@@ -720,9 +748,10 @@ class _Renderer:
         elif e.kind == "reasoning_delta":
             await self._out(f"(thinking) {e.text}", "notice", run)
         elif e.kind == "tool_call_started":
-            args = _short_args(e.arguments)
-            await self._out(f"⚙ {e.name}({args})", "notice", run)
-        elif e.kind == "tool_call_ended" and (e.is_error or self.debug):
+            if self.tool_lines:
+                args = _short_args(e.arguments)
+                await self._out(f"⚙ {e.name}({args})", "notice", run)
+        elif e.kind == "tool_call_ended" and (e.is_error or self.debug) and self.tool_lines:
             result = e.result.replace("\n", " ")[:160]
             verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"
             await self._out(f"⚙ {e.name} {verb}: {result}", "notice", run)
@@ -737,7 +766,7 @@ class _Renderer:
             )
         elif e.kind == "error":
             await self._flush(run)
-            await self._out(f"error: {e.message}", "error", run)
+            await self._out(self._error(e), "error", run)
         elif e.kind == "interrupted":
             await self._flush(run)
             why = "time budget used up" if e.reason == "time_budget" else "interrupted"
@@ -763,6 +792,16 @@ class _Renderer:
                     "notice",
                     run,
                 )
+
+    def _error(self, e: Error) -> str:
+        if e.error_type == "aborted":
+            # A plugin's words (an ``after_response`` hook's Abort), shown as
+            # they are, like a refused prompt; one line.
+            return " ".join(e.message.split())[:300]
+        return _error_line(
+            e.error_type, e.message, where=self.ch.key, prefix=self.ch.options.command_prefix,
+            retryable=e.retryable, run_id=e.run_id,
+        )  # fmt: skip
 
     async def _flush(self, run: str | None) -> None:
         text, self.buffer = self.buffer, ""
@@ -801,6 +840,63 @@ def _rows(
     ]  # fmt: skip
 
 
+def _resolved(transport: Transport, options: ChannelOptions | None) -> ChannelOptions:
+    """``options`` (or the defaults) with what they leave unset taken from ``transport``."""
+    opts = options or ChannelOptions(command_prefix=transport.default_command_prefix)
+    if opts.max_answer_lines is None:
+        opts = dataclasses.replace(opts, max_answer_lines=transport.default_max_answer_lines)
+    return opts
+
+
+#: What a channel is told of a failure, by error type (the details go to the log).
+_PUBLIC_ERRORS: dict[str, str] = {
+    "LLMConnectionError": "the model is unavailable right now",
+    "LLMTimeout": "the model did not answer in time",
+    "ContextTooLong": (
+        "this conversation no longer fits the model's context; try {p}compact or {p}new"
+    ),
+    "LLMResponseError": "the model's answer could not be used",
+    "LLMError": "the model failed",
+    "StoreError": "the conversation could not be saved",
+    "MigrationError": "the conversation could not be saved",
+    "ClosedError": "the bot is shutting down",
+    "internal": "internal error",
+}
+
+
+def _error_line(
+    error_type: str,
+    detail: str,
+    *,
+    where: str,
+    prefix: str = "!",
+    retryable: bool = False,
+    run_id: str | None = None,
+) -> str:
+    """The one short line a channel gets for a failure; logs ``detail`` with its reference.
+
+    The line never carries the failure's own text (an endpoint's URL, a
+    backend's message, a path): it says what kind of thing failed and gives
+    a reference, which the ERROR log line with the full ``detail`` repeats,
+    so an operator can find it.
+    """
+    ref = secrets.token_hex(3)
+    log.error(
+        "error ref %s in %s%s: %s: %s",
+        ref,
+        where,
+        f" (run {run_id})" if run_id else "",
+        error_type or "error",
+        detail,
+    )
+    if error_type == "LLMStatusError":
+        # 429 and 5xx: try again later; other statuses: the request was refused.
+        what = "the model is " + ("unavailable right now" if retryable else "refusing the request")
+    else:
+        what = _PUBLIC_ERRORS.get(error_type, "something went wrong").format(p=prefix)
+    return f"error: {what} (ref {ref})"
+
+
 def _author_id(transport: Transport, message: IncomingMessage) -> str | None:
     """The speaker's identity qualified by transport instance: ``libera:alice``.
 
@@ -831,7 +927,8 @@ def options_from(section: object, transport: Transport) -> ChannelOptions:
 
     The section's bridge keys are :class:`ChannelOptions`'s own fields (see
     :class:`agentik.bot.config.TransportSection`); a key it lacks keeps its
-    default, and an unset ``command_prefix`` is the transport's default.
+    default, and an unset ``command_prefix`` or ``max_answer_lines`` is the
+    transport's default.
     """
     values = {
         name: getattr(section, name)
@@ -840,4 +937,4 @@ def options_from(section: object, transport: Transport) -> ChannelOptions:
     }
     if values.get("command_prefix") is None:
         values["command_prefix"] = transport.default_command_prefix
-    return ChannelOptions(**values)
+    return _resolved(transport, ChannelOptions(**values))

@@ -25,9 +25,14 @@ class ChannelOptions:
 
     command_prefix: str = "!"
     answer: Literal["addressed", "all", "direct"] = "addressed"
-    events: Literal["chat", "debug"] = "chat"
-    #: Lines of an answer sent before the rest waits for ``more`` (0: no cap).
-    max_answer_lines: Annotated[int, Field(ge=0)] = 0
+    #: What of a turn reaches the channel: ``answers`` (the answer, errors,
+    #: interruptions), ``chat`` (also one line per tool call), ``debug``
+    #: (everything); ``auto``: ``answers`` in shared channels, ``chat`` in
+    #: direct conversations and threads.
+    events: Literal["auto", "answers", "chat", "debug"] = "auto"
+    #: Lines of an answer sent before the rest waits for ``more`` (0: no cap;
+    #: ``None``: the transport's ``default_max_answer_lines``, 4 on IRC).
+    max_answer_lines: Annotated[int, Field(ge=0)] | None = None
     allowed_tools: tuple[str, ...] | None = None
     #: Longest accepted message, in characters.
     max_input_chars: int = 32_000

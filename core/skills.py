@@ -20,6 +20,7 @@ small ``key: value`` subset of YAML (quotes optional); ``name`` and
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from .errors import ConfigError
 from .tools.base import ToolContext, ToolResult
 
 __all__ = ["Skill", "SkillSet", "load_skills", "parse_front_matter"]
+
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 #: Largest file ``skill_load`` returns (characters).
@@ -156,11 +159,14 @@ class _SkillLoad:
         }
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | str:
+        # Errors name what the model asked for, never a path on this machine.
         name = str(arguments.get("name") or "")
         skill = self.skills.skills.get(name)
         if skill is None:
             known = ", ".join(sorted(self.skills.skills))
-            return ToolResult(text=f"error: no skill {name!r} (skills: {known})", is_error=True)
+            return ToolResult(
+                text=f"error: no such skill: {_shown(name)} (skills: {known})", is_error=True
+            )
         file = arguments.get("file")
         if not file:
             others = sorted(
@@ -172,10 +178,29 @@ class _SkillLoad:
             return skill.body + extra
         if skill.path.name != "SKILL.md":
             return ToolResult(text="error: this skill has no folder of files", is_error=True)
-        target = (skill.folder / str(file)).resolve()
-        if not target.is_relative_to(skill.folder.resolve()) or not target.is_file():
-            return ToolResult(text=f"error: no file {file!r} in skill {name!r}", is_error=True)
-        text = await asyncio.to_thread(target.read_text, encoding="utf-8", errors="replace")
+        missing = ToolResult(
+            text=f"error: no file {_shown(str(file))} in skill {name!r}", is_error=True
+        )
+        try:
+            # An impossible name (NUL byte, too long, a symlink loop) is no file either.
+            target = (skill.folder / str(file)).resolve()
+            if not target.is_relative_to(skill.folder.resolve()) or not target.is_file():
+                return missing
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.info("skill_load %s %r: %s", name, str(file)[:200], exc)
+            return missing
+        try:
+            text = await asyncio.to_thread(target.read_text, encoding="utf-8", errors="replace")
+        except OSError as exc:
+            log.warning("skill_load %s: cannot read %s: %s", name, target, exc)
+            return ToolResult(
+                text=f"error: cannot read {_shown(str(file))} of skill {name!r}", is_error=True
+            )
         if len(text) > MAX_SKILL_CHARS:
             text = text[:MAX_SKILL_CHARS] + f"\n[… cut: {len(text)} characters in all]"
         return text
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` quoted for an error message, cut to ``limit`` characters."""
+    return repr(text if len(text) <= limit else text[: limit - 1] + "…")

@@ -18,12 +18,13 @@ import contextlib
 import dataclasses
 import json
 import logging
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import ContextTooLong, LLMError, StoreError
+from .errors import ContextTooLong, LLMError, StoreError, ToolError
 from .events import (
     Error,
     Interrupted,
@@ -57,6 +58,10 @@ if TYPE_CHECKING:
 __all__ = ["TurnRunner"]
 
 log = logging.getLogger(__name__)
+
+#: Longest error result of a tool that reaches the model (characters): a tool's
+#: own error text (an MCP server's message) stays as written, up to this.
+MAX_TOOL_ERROR_CHARS = 2_000
 
 
 class TurnAborted(Exception):
@@ -615,9 +620,23 @@ class TurnRunner:
             )
         except asyncio.CancelledError:
             raise
+        except ToolError as exc:
+            # Raised on purpose: its message is the tool's word to the model.
+            log.info("tool %s failed: %s", call.name, exc)
+            return ToolResult(text=f"error: {exc}", is_error=True)
         except Exception as exc:
-            log.info("tool %s failed: %r", call.name, exc)
-            return ToolResult(text=f"error: {type(exc).__name__}: {exc}", is_error=True)
+            # Anything else is a bug or an accident inside the tool: its text
+            # (paths, library internals) is not for the model nor the channel.
+            ref = secrets.token_hex(3)
+            log.error(
+                "tool %s failed (ref %s) in conversation %s run %s",
+                call.name, ref, self.conv.id, self.run_id, exc_info=exc,
+            )  # fmt: skip
+            return ToolResult(
+                text=f"error: tool {call.name} failed (internal error, ref {ref})",
+                data={"exception": type(exc).__name__, "ref": ref},
+                is_error=True,
+            )
         if isinstance(raw, ToolResult):
             return raw
         if isinstance(raw, str):
@@ -631,6 +650,8 @@ class TurnRunner:
             self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)
         text = result.text
         cap = self.policy.max_tool_result_chars
+        if result.is_error:
+            cap = min(cap, MAX_TOOL_ERROR_CHARS)
         if len(text) > cap:
             text = text[:cap] + f"\n[… result cut: too long ({len(result.text)} characters)]"
         self.state.open_calls.pop(call.id, None)

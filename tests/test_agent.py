@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from agentik.core import Agent, ClosedError, NotFound, SQLiteStore, TurnPolicy, tool
+from agentik.core import Agent, ClosedError, NotFound, SQLiteStore, ToolError, TurnPolicy, tool
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from helpers import collect_turn
 
@@ -172,19 +172,26 @@ async def test_tool_calls_run_concurrently_and_results_reach_the_model(agent, sc
     ]
 
 
-async def test_tool_errors_go_back_to_the_model(agent, scripted):
+async def test_tool_errors_go_back_to_the_model(agent, scripted, caplog):
     @tool
     async def broken() -> str:
         """Always fails."""
-        raise RuntimeError("disk on fire")
+        raise RuntimeError("disk on fire at /srv/agentik/data")
+
+    @tool
+    async def picky() -> str:
+        """Refuses on purpose."""
+        raise ToolError("the city is not known; give a country too")
 
     agent.add_tool(broken)
+    agent.add_tool(picky)
     scripted.enqueue(
         Reply(
             tool_calls=[
                 call("broken", id="c1"),
                 call("missing_tool", id="c2"),
                 call("broken", "{not json", id="c3"),
+                call("picky", id="c4"),
             ]
         ),
         "sorry",
@@ -193,7 +200,18 @@ async def test_tool_errors_go_back_to_the_model(agent, scripted):
     await conv.send("go")
     await conv.wait_idle()
     results = {m.tool_call_id: m for m in scripted.requests[1].messages if m.role == "tool"}
-    assert "RuntimeError: disk on fire" in results["c1"].content and results["c1"].is_error
+    # An accident inside a tool reaches the model as a short generic line with a
+    # reference; its text (a path here) and the traceback are in the log only.
+    broken_result = results["c1"].content
+    assert results["c1"].is_error
+    assert broken_result.startswith("error: tool broken failed (internal error, ref ")
+    assert "/srv" not in broken_result and "RuntimeError" not in broken_result
+    ref = broken_result.rsplit("ref ", 1)[1].rstrip(")")
+    logged = [r for r in caplog.records if f"ref {ref}" in r.getMessage()]
+    assert logged and logged[0].levelname == "ERROR" and logged[0].exc_info is not None
+    assert "disk on fire at /srv/agentik/data" in caplog.text
+    # A ToolError is the tool's own word to the model, kept as written.
+    assert results["c4"].content == "error: the city is not known; give a country too"
     assert "unknown tool 'missing_tool'" in results["c2"].content
     assert "not valid JSON" in results["c3"].content
     assert (await conv.messages())[-1].content == "sorry"

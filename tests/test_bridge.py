@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 
 import pytest
 
 from agentik.bot.bridge import Bridge, ChannelOptions
-from agentik.core import Agent, SQLiteStore, tool
+from agentik.core import Agent, OpenAIBackend, SQLiteStore, tool
+from agentik.core.errors import ContextTooLong
+from agentik.core.testing import openai_server as fake
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.base import ChannelCaps
 from agentik.transports.testing import MemoryTransport
@@ -350,3 +354,330 @@ async def test_command_replies_are_split_to_a_small_channel(rig):
     listed = " ".join(replies)
     for command in ("!new", "!stop", "!more", "!status", "!help"):
         assert command in listed
+
+
+# -- manners in shared channels ----------------------------------------------------------------
+def sent_to(t, key, kind):
+    return [m.text for m in t.sent if m.channel_key == key and m.kind == kind]
+
+
+def with_lookup(agent):
+    @tool(parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+    async def lookup(q: str) -> str:
+        """Look something up."""
+        return f"found {q}"
+
+    agent.add_tool(lookup)
+
+
+def script_lookup(model):
+    model.enqueue(Reply(tool_calls=[call("lookup", {"q": "cats"})]), "Cats are great.")
+
+
+async def test_a_shared_channel_sees_answers_only_by_default_a_direct_one_tool_lines(rig):
+    model, agent, bridge, make = rig
+    with_lookup(agent)
+    t = await make(answer="all")  # events left at its default, "auto"
+    script_lookup(model)
+    await t.inject("cats?", channel_key="mem0:#room", author="alice", addressed=True)
+    await bridge.flush("mem0:#room")
+    assert sent_to(t, "mem0:#room", "answer") == ["Cats are great."]
+    assert sent_to(t, "mem0:#room", "notice") == []  # the tool ran, unannounced
+    assert model.requests[-1].messages[-1].content == "found cats"
+    script_lookup(model)
+    await t.inject("cats?", channel_key="mem0:alice", author="alice", direct=True)
+    await bridge.flush("mem0:alice")
+    assert sent_to(t, "mem0:alice", "notice") == ['⚙ lookup(q="cats")']
+    assert sent_to(t, "mem0:alice", "answer") == ["Cats are great."]
+
+
+@pytest.mark.parametrize(
+    ("events", "shared", "direct"),
+    [
+        ("chat", ['⚙ lookup(q="cats")'], ['⚙ lookup(q="cats")']),
+        ("answers", [], []),
+        ("debug", ['⚙ lookup(q="cats")', "⚙ lookup →"], ['⚙ lookup(q="cats")', "⚙ lookup →"]),
+    ],
+)
+async def test_an_explicit_events_profile_applies_to_every_channel(rig, events, shared, direct):
+    model, agent, bridge, make = rig
+    with_lookup(agent)
+    t = await make(answer="all", events=events)
+    for key, is_direct, expected in (("mem0:#room", False, shared), ("mem0:bob", True, direct)):
+        script_lookup(model)
+        await t.inject("cats?", channel_key=key, author="bob", direct=is_direct)
+        await bridge.flush(key)
+        tool_lines = [n for n in sent_to(t, key, "notice") if n.startswith("⚙")]
+        assert [n[: len(e)] for n, e in zip(tool_lines, expected, strict=False)] == expected
+        assert len(tool_lines) == len(expected)
+        assert sent_to(t, key, "answer") == ["Cats are great."]
+
+
+class ThreadedTransport(MemoryTransport):
+    """Keys ``thr:<channel>:<thread>`` are threads, as Slack's are."""
+
+    def in_thread(self, channel_key: str) -> bool:
+        return channel_key.count(":") >= 2
+
+
+async def test_a_thread_gets_tool_lines_with_auto_its_channel_does_not(rig):
+    model, agent, bridge, make = rig
+    with_lookup(agent)
+    t = ThreadedTransport(name="thr")
+    bridge.attach(t, ChannelOptions(command_prefix="!", answer="all"))
+    await t.start(bridge)
+    for key in ("thr:#room:1700.1", "thr:#room"):
+        script_lookup(model)
+        await t.inject("cats?", channel_key=key, author="alice", addressed=True)
+        await bridge.flush(key)
+    assert sent_to(t, "thr:#room:1700.1", "notice") == ['⚙ lookup(q="cats")']
+    assert sent_to(t, "thr:#room", "notice") == []
+    assert sent_to(t, "thr:#room", "answer") == ["Cats are great."]
+
+
+async def test_a_failing_tool_shows_no_internals_where_tool_lines_show(rig):
+    model, agent, bridge, make = rig
+
+    @tool
+    async def backup() -> str:
+        """Back up."""
+        raise OSError(2, "No such file or directory", "/srv/agentik/backups/2026")
+
+    agent.add_tool(backup)
+    t = await make(answer="all")
+    for key, direct in (("mem0:alice", True), ("mem0:#ops", False)):
+        model.enqueue(Reply(tool_calls=[call("backup")]), "The backup failed.")
+        await t.inject("back up", channel_key=key, author="alice", direct=direct)
+        await bridge.flush(key)
+    (failed,) = [n for n in sent_to(t, "mem0:alice", "notice") if "failed" in n]
+    assert failed.startswith("⚙ backup failed: error: tool backup failed (internal error, ref ")
+    assert "/srv" not in failed and "Errno" not in failed
+    assert sent_to(t, "mem0:#ops", "notice") == []  # shared: no tool lines at all
+    assert sent_to(t, "mem0:#ops", "answer") == ["The backup failed."]
+
+
+class IRCLike(MemoryTransport):
+    """A line-streaming transport with IRC's default cap (the class attribute IRC sets)."""
+
+    default_max_answer_lines = 4
+
+
+async def test_the_transport_default_caps_long_answers_and_more_shows_the_rest(rig):
+    model, agent, bridge, make = rig
+    t = IRCLike(name="irclike", caps=ChannelCaps(streaming="lines", max_bytes=400))
+    bridge.attach(t, ChannelOptions(command_prefix="!", answer="all"))  # cap left unset
+    await t.start(bridge)
+    assert bridge.options_for(t).max_answer_lines == 4
+    model.enqueue(Reply(text="\n".join(f"line {i}" for i in range(10))))
+    await t.inject("count to ten", channel_key="irclike:#room", author="alice")
+    await bridge.flush("irclike:#room")
+    assert answers(t) == [f"line {i}" for i in range(4)]
+    assert t.texts("notice") == ["… 6 more lines: !more"]
+    await t.inject("!more", channel_key="irclike:#room", author="bob")
+    assert answers(t)[4:] == [f"line {i}" for i in range(4, 8)]
+    assert t.texts("command") == ["… 2 more lines: !more"]
+    await t.inject("!more", channel_key="irclike:#room", author="bob")
+    assert answers(t)[8:] == ["line 8", "line 9"]
+    # 0 stays available: no cap.
+    uncapped = IRCLike(name="uncapped", caps=ChannelCaps(streaming="lines"))
+    bridge.attach(uncapped, ChannelOptions(answer="all", max_answer_lines=0))
+    await uncapped.start(bridge)
+    model.enqueue(Reply(text="\n".join(f"line {i}" for i in range(10))))
+    await uncapped.inject("count", channel_key="uncapped:#room", author="alice")
+    await bridge.flush("uncapped:#room")
+    assert answers(uncapped) == [f"line {i}" for i in range(10)]
+    assert uncapped.texts("notice") == []
+
+
+def test_max_answer_lines_defaults_to_four_on_irc_and_zero_elsewhere():
+    from agentik.bot.bridge import options_from
+    from agentik.bot.config import parse_config
+    from agentik.transports.irc.transport import IRCTransport
+
+    config = parse_config(
+        {
+            "transports": {
+                "libera": {"type": "irc", "host": "127.0.0.1"},
+                "quiet": {"type": "irc", "host": "127.0.0.1", "max_answer_lines": 0},
+                "long": {"type": "irc", "host": "127.0.0.1", "max_answer_lines": 12},
+                "mem": {"type": "memory"},
+            }
+        },
+        env={},
+    )
+    sections = config.transports
+    assert sections["libera"].max_answer_lines is None  # unset in the file
+    caps = {
+        name: options_from(
+            sections[name], IRCTransport(name=name, settings=sections[name].settings)
+        )
+        for name in ("libera", "quiet", "long")
+    }
+    caps["mem"] = options_from(sections["mem"], MemoryTransport(name="mem"))
+    assert {name: o.max_answer_lines for name, o in caps.items()} == {
+        "libera": 4,
+        "quiet": 0,
+        "long": 12,
+        "mem": 0,
+    }
+    assert {o.events for o in caps.values()} == {"auto"}
+
+
+ERROR_LINE = re.compile(r"^error: (?P<what>[^()]+) \(ref (?P<ref>[0-9a-f]{6})\)$")
+
+
+async def test_model_failures_are_one_short_line_and_the_log_has_the_details(
+    db_path, caplog, openai_server
+):
+    caplog.set_level(logging.WARNING)
+    llm = OpenAIBackend(
+        model="fake-model", base_url=openai_server.base_url, api_key="sk-test-secret",
+        max_retries=0, timeout=60,
+    )  # fmt: skip
+    leaky = "upstream http://10.0.0.7:8000/v1 failed reading /opt/models/big.gguf"
+    openai_server.enqueue(
+        fake.Reply.error(500, leaky),
+        fake.Reply.error(401, f"Incorrect API key provided; see {openai_server.base_url}/keys"),
+        fake.Reply.error(500, leaky),
+    )
+    async with Agent(llm=llm, store=SQLiteStore(db_path)) as agent:
+        bridge = Bridge(agent)
+        t = MemoryTransport(name="net")
+        bridge.attach(t, ChannelOptions(answer="all"))
+        await t.start(bridge)
+        asked = [
+            ("net:#room", False),  # HTTP 500 with a URL and a path in its message
+            ("net:#room", False),  # HTTP 401
+            ("net:alice", True),  # a direct conversation gets the same short line
+        ]
+        for key, direct in asked:
+            await t.inject("hello?", channel_key=key, author="alice", direct=direct)
+            await bridge.flush(key)
+        await openai_server.close()  # connection refused from now on
+        await t.inject("still there?", channel_key="net:#room", author="alice")
+        await bridge.flush("net:#room")
+        await bridge.aclose()
+    lines = t.texts("error")
+    assert [ERROR_LINE.match(line)["what"] for line in lines] == [
+        "the model is unavailable right now",
+        "the model is refusing the request",
+        "the model is unavailable right now",
+        "the model is unavailable right now",
+    ]
+    host = openai_server.base_url.split("//")[1].split("/")[0]
+    for line in lines:
+        for leak in ("http", "10.0.0.7", "/opt", "500", "401", host, "API key", "sk-test"):
+            assert leak not in line, line
+    # Each line's reference finds the ERROR log line with the whole story.
+    details = []
+    for line in lines:
+        ref = ERROR_LINE.match(line)["ref"]
+        (record,) = [r for r in caplog.records if f"error ref {ref} " in r.getMessage()]
+        assert record.levelname == "ERROR"
+        details.append(record.getMessage())
+    assert "HTTP 500" in details[0] and leaky in details[0] and "net:#room" in details[0]
+    assert "HTTP 401" in details[1] and "Incorrect API key" in details[1]
+    assert "net:alice" in details[2]
+    assert (
+        "LLMConnectionError" in details[3]
+        and f"could not reach the model at http://{host}" in (details[3])
+    )
+    assert "sk-test-secret" not in caplog.text
+
+
+async def test_a_model_that_does_not_answer_in_time_is_one_short_line(
+    db_path, caplog, openai_server
+):
+    caplog.set_level(logging.ERROR)
+    # The read timeout of the client; the reply is held until the test releases it.
+    llm = OpenAIBackend(
+        model="fake-model", base_url=openai_server.base_url, api_key="x", max_retries=0,
+        timeout=1.0,
+    )  # fmt: skip
+    held = fake.Reply.text("too late", hold_after=0)
+    openai_server.enqueue(held)
+    try:
+        async with Agent(llm=llm, store=SQLiteStore(db_path)) as agent:
+            bridge = Bridge(agent)
+            t = MemoryTransport(name="net")
+            bridge.attach(t, ChannelOptions(answer="all"))
+            await t.start(bridge)
+            await t.inject("hello?", channel_key="net:#room", author="alice")
+            await bridge.flush("net:#room")
+            await bridge.aclose()
+    finally:
+        held.release()
+    (line,) = t.texts("error")
+    match = ERROR_LINE.match(line)
+    assert match["what"] == "the model did not answer in time"
+    (record,) = [r for r in caplog.records if f"error ref {match['ref']} " in r.getMessage()]
+    assert f"LLMTimeout: the model at {openai_server.base_url} timed out" in record.getMessage()
+
+
+async def test_a_conversation_too_long_for_the_model_says_what_to_do(rig):
+    model, agent, bridge, make = rig
+    t = await make(answer="all")
+    refusal = ContextTooLong("prompt of 9000 tokens exceeds n_ctx 8192 (/models/big.gguf)")
+    # Refused, the context shrunk, refused again: the turn ends with the error.
+    model.enqueue(Reply(fail_after=0, error=refusal), Reply(fail_after=0, error=refusal))
+    await t.inject("hello", channel_key="mem0:#room", author="alice")
+    await bridge.flush("mem0:#room")
+    (line,) = t.texts("error")
+    assert ERROR_LINE.match(line)["what"] == (
+        "this conversation no longer fits the model's context; try !compact or !new"
+    )
+
+
+async def test_slack_threads_get_tool_lines_a_whole_channel_does_not(tmp_path):
+    # The real Slack transport against the local fake: by default every
+    # conversation in a channel is a thread under the mention (tool lines
+    # welcome); with conversation_per = "channel" answers go to the channel itself.
+    from agentik.transports.slack.transport import SlackTransport
+
+    from fakeslack import FakeSlack
+
+    def tool_lines(slack, channel):
+        return [
+            p
+            for p in slack.calls_to("chat.postMessage")
+            if p.get("channel") == channel and "⚙" in (p.get("text") or "")
+        ]
+
+    model = ScriptedModel()
+    store = SQLiteStore(str(tmp_path / "s.db"))
+    async with FakeSlack() as slack, Agent(llm=model, store=store) as agent:
+        with_lookup(agent)
+        slack.add_user("U1", "alice")
+        bridge = Bridge(agent)
+        base = {
+            "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
+            "streaming": "edit", "edit_interval": 0.05,
+        }  # fmt: skip
+        mentions = {}
+        for name, channel, per in (("threads", "C1", "thread"), ("whole", "C9", "channel")):
+            transport = SlackTransport(
+                name=name,
+                settings={**base, "state_file": str(tmp_path / f"{name}.sqlite3"),
+                          "conversation_per": per},
+            )  # fmt: skip
+            bridge.attach(transport, ChannelOptions(command_prefix="!"))
+            await transport.start(bridge)
+            try:
+                script_lookup(model)
+                event = mentions[channel] = slack.app_mention_event(
+                    channel, f"<@{slack.bot_user_id}> cats?"
+                )
+                await slack.push_event(event)
+                await slack.wait_for_call(
+                    "chat.update",
+                    lambda p, c=channel: (
+                        p.get("channel") == c and "Cats are great." in (p.get("text") or "")
+                    ),
+                )
+            finally:
+                await transport.aclose()
+        await bridge.aclose()
+        (notice,) = tool_lines(slack, "C1")
+        assert notice["text"] == '_⚙ lookup(q="cats")_'
+        assert notice["thread_ts"] == mentions["C1"]["ts"]  # in the thread under the mention
+        assert tool_lines(slack, "C9") == []

@@ -14,7 +14,7 @@ from agentik.bot.app import Bot
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.bot.config import parse_config
 from agentik.core import Agent, SQLiteStore, hookspecs, tool
-from agentik.core.errors import PromptRefused
+from agentik.core.errors import PromptRefused, ToolError
 from agentik.core.hooks import Abort, Block, Hooks, Refuse, Retry, UseBackend
 from agentik.core.hookspecs import hookimpl
 from agentik.core.plugins import load_plugins
@@ -246,14 +246,14 @@ async def test_on_tool_error_retries_until_success():
         """Fails once."""
         calls.append(1)
         if len(calls) < 2:
-            raise RuntimeError("temporary")
+            raise ToolError("temporary")
         return "worked"
 
     retrier = Retrier()
     model = ScriptedModel([Reply(tool_calls=[call("flaky")]), "ok"])
     _, log, _ = await run([retrier], "go", model=model, tools=(flaky,))
     assert len(calls) == 2
-    assert retrier.attempts == [("flaky", "error: RuntimeError: temporary", 1)]
+    assert retrier.attempts == [("flaky", "error: temporary", 1)]
     assert [m.content for m in log if m.kind == "tool_result"] == ["worked"]
 
 
@@ -267,7 +267,7 @@ async def test_on_tool_error_retries_are_bounded_and_giving_up_keeps_the_error(
     async def broken() -> str:
         """Always fails."""
         calls.append(1)
-        raise RuntimeError("down")
+        raise ToolError("down")
 
     from agentik.core.tools.base import TurnPolicy
 
@@ -277,7 +277,7 @@ async def test_on_tool_error_retries_are_bounded_and_giving_up_keeps_the_error(
     )
     assert len(calls) == expected_calls
     (result,) = [m for m in log if m.kind == "tool_result"]
-    assert result.is_error and result.content == "error: RuntimeError: down"
+    assert result.is_error and result.content == "error: down"
 
 
 # -- sessions and transports -------------------------------------------------------------------

@@ -130,6 +130,33 @@ async def test_commands_more_stop_new(miniircd, tmp_path):
         await alice.close()
 
 
+async def test_a_long_answer_stops_after_four_lines_by_default_and_more_shows_the_rest(
+    miniircd, tmp_path
+):
+    # No max_answer_lines anywhere: IRC's default cap (4) applies.
+    async with irc_bot(miniircd.port, tmp_path, channels=["#cap"]) as (bot, model, agent):
+        await joined(bot, "#cap")
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        await alice.join("#cap")
+        model.enqueue(Reply(text="\n".join(f"line {i}" for i in range(10))))
+        alice.privmsg("#cap", "agentik: count to ten")
+        first = await alice.collect(from_bot, 4)
+        assert [m.text for m in first] == [f"line {i}" for i in range(4)]
+        hint = await alice.wait_for(lambda m: m.command == "NOTICE" and "more" in m.text)
+        assert list(hint.params) == ["#cap", "… 6 more lines: !more"]
+        # The hint comes after the lines it follows: these are all the channel got.
+        assert len([m for m in alice.received if from_bot(m)]) == 4
+        alice.privmsg("#cap", "!more")
+        rest = await alice.collect(from_bot, 5)
+        assert [m.text for m in rest] == [
+            *(f"line {i}" for i in range(4, 8)),
+            "… 2 more lines: !more",
+        ]
+        alice.privmsg("#cap", "!more")
+        assert [m.text for m in await alice.collect(from_bot, 2)] == ["line 8", "line 9"]
+        await alice.close()
+
+
 LONG_ANSWER = (
     "# Report\n\n"
     + "\n\n".join(
@@ -153,7 +180,13 @@ def _words(text: str) -> list[str]:
 
 async def test_a_long_answer_arrives_as_correctly_split_lines(irc_server, tmp_path):
     assert len(LONG_ANSWER) > 3000
-    async with irc_bot(irc_server.port, tmp_path, channels=["#long"]) as (bot, model, agent):
+    # The whole answer at once: max_answer_lines = 0 turns IRC's default cap (4) off.
+    uncapped = ChannelOptions(command_prefix="!", max_answer_lines=0)
+    async with irc_bot(irc_server.port, tmp_path, channels=["#long"], options=uncapped) as (
+        bot,
+        model,
+        agent,
+    ):
         await joined(bot, "#long")
         alice = await IRCTestClient.connect(irc_server.port, "alice")
         await alice.join("#long")
@@ -624,6 +657,7 @@ async def test_server_password_nickserv_and_flood_control_keep_every_line_in_ord
         async with irc_bot(
             server.port, tmp_path, password="server-pass", nickserv_password="ns-pass",
             flood_burst=2, flood_rate=50.0,
+            options=ChannelOptions(command_prefix="!", max_answer_lines=0),  # all 12 rows
         ) as (bot, model, agent):  # fmt: skip
             await asyncio.wait_for(bot.registered.wait(), 60)
             lines = server.received

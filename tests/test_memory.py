@@ -3,6 +3,7 @@ store and find notes; scopes keep channels and users apart; restarts keep it all
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -338,3 +339,41 @@ async def test_memory_survives_a_restart_of_the_agent(tmp_path):
         await conv.send("when do we deploy?", author="bob", author_id="net:bob")
         await conv.wait_idle()
     assert "deploys happen on Tuesday" in tool_results(model2, 0 + 1)[0]
+
+
+async def test_bad_tool_arguments_get_a_plain_sentence_not_an_exception(rig):
+    # Issue 17 item 7: a huge id reached SQLite and the model read
+    # "OverflowError: Python int too large to convert to SQLite INTEGER".
+    model, agent, bridge, t = rig
+    model.enqueue(Reply(tool_calls=[call("memory_save", {"text": "the build is green"})]), "ok")
+    await say(bridge, t, "net:#a", "alice", "remember the build")
+    huge = 10**30
+    note_id = "error: note id must be the number of a note, like 12"
+    list_limit = "error: limit must be a whole number between 1 and 100"
+    search_limit = "error: limit must be a whole number between 1 and 50"
+    line = "#1 [channel:net:#a] the build is green"
+    asked = [
+        (call("memory_read", {"id": huge}), note_id),
+        (call("memory_delete", {"id": huge}), note_id),
+        (call("memory_save", {"id": huge, "text": "x"}), note_id),
+        (call("memory_read", {"id": "one"}), note_id),
+        (call("memory_read", {"id": True}), note_id),
+        (call("memory_read", {}), "error: note id is missing"),
+        (call("memory_list", {"limit": huge}), list_limit),
+        (call("memory_list", {"limit": 0}), list_limit),
+        (call("memory_list", {"limit": 2.5}), list_limit),
+        (call("memory_search", {"query": "build", "limit": 1e300}), search_limit),
+        (call("memory_search", {"query": "build", "limit": float("inf")}), search_limit),
+        (call("memory_search", {"query": "build", "limit": "many"}), search_limit),
+        # Numbers written as text or as whole floats are still numbers.
+        (call("memory_read", {"id": "1"}), "#1 [channel:net:#a] (version 1)\nthe build is green"),
+        (call("memory_list", {"limit": 5.0}), line),
+        (call("memory_search", {"query": "build", "limit": "3"}), line),
+    ]  # fmt: skip
+    calls = [dataclasses.replace(c, id=f"c{i}") for i, (c, _) in enumerate(asked)]
+    model.enqueue(Reply(tool_calls=calls), "sorry")
+    await say(bridge, t, "net:#a", "alice", "try odd arguments")
+    got = {m.tool_call_id: m.content for m in model.requests[-1].messages if m.role == "tool"}
+    assert [got[c.id] for c in calls] == [want for _, want in asked]
+    assert t.texts("answer")[-1] == "sorry"
+    assert [n.text for n in await agent.memory.list()] == ["the build is green"]  # nothing lost

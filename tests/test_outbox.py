@@ -212,6 +212,8 @@ nick = "agentbot"
 channels = ["#t"]
 flood_burst = {burst}
 flood_rate = {rate}
+# the whole 12-line answer goes out (IRC's default cap is 4 lines)
+max_answer_lines = 0
 """
     )
     return config

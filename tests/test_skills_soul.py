@@ -186,3 +186,49 @@ def test_soul_file_errors(tmp_path):
     (tmp_path / "big.md").write_text("x" * 300_000)
     with pytest.raises(ConfigError, match="larger than"):
         AgentBuilder().soul(file=tmp_path / "big.md")
+
+
+async def test_skill_load_errors_name_what_was_asked_never_a_server_path(agent, scripted, tmp_path):
+    # Issue 17 item 7: a symlink loop or a too-long name made skill_load's
+    # exception (with the skills folder's absolute path) the model's tool result.
+    root = tmp_path / "skills"
+    write_skills(root)
+    folder = root / "release-notes"
+    (folder / "loop-a").symlink_to("loop-b")
+    (folder / "loop-b").symlink_to("loop-a")
+    (folder / "sub").mkdir()
+    for t in load_skills(root).tools():
+        agent.add_tool(t)
+    asked = [
+        {"name": "release-notes", "file": "../../../../etc/passwd"},
+        {"name": "release-notes", "file": "/etc/passwd"},
+        {"name": "release-notes", "file": "loop-a"},
+        {"name": "release-notes", "file": "x" * 5000},
+        {"name": "release-notes", "file": "nul\x00byte"},
+        {"name": "release-notes", "file": "sub"},
+        {"name": "../release-notes"},
+        {"name": "haiku", "file": "template.md"},
+    ]
+    scripted.enqueue(
+        Reply(tool_calls=[call("skill_load", args, id=f"c{i}") for i, args in enumerate(asked)]),
+        "done",
+    )
+    conv = await agent.create_conversation()
+    await conv.send("load things")
+    await conv.wait_idle()
+    by_id = {m.tool_call_id: m for m in scripted.requests[1].messages if m.role == "tool"}
+    results = [by_id[f"c{i}"] for i in range(len(asked))]  # the calls ran concurrently
+    for result in results:
+        assert result.is_error, result.content
+        assert str(tmp_path) not in result.content and str(root.resolve()) not in result.content
+        for leak in ("Errno", "Symlink loop", "embedded null", "Traceback", "internal error"):
+            assert leak not in result.content, result.content
+        assert len(result.content) < 200
+    texts = [r.content for r in results]
+    assert texts[0] == "error: no file '../../../../etc/passwd' in skill 'release-notes'"
+    assert texts[2] == "error: no file 'loop-a' in skill 'release-notes'"
+    assert texts[3].startswith("error: no file 'xxxx") and texts[3].endswith(
+        "…' in skill 'release-notes'"
+    )
+    assert texts[6] == "error: no such skill: '../release-notes' (skills: haiku, release-notes)"
+    assert texts[7] == "error: this skill has no folder of files"

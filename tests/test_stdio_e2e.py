@@ -130,9 +130,18 @@ async def test_unreachable_model_gives_an_error_line_and_keeps_running(tmp_path)
     assert code == 0, err
     lines = out.splitlines()
     assert len(lines) == 2
-    assert all(
-        line.startswith("error: could not reach the model at http://127.0.0.1:9") for line in lines
-    )
+    # One short line each, without the endpoint; the details are in the log
+    # (stderr) under the line's reference.
+    refs = []
+    for line in lines:
+        assert line.startswith("error: the model is unavailable right now (ref "), line
+        assert "127.0.0.1" not in line and "http" not in line
+        refs.append(line.rsplit("ref ", 1)[1].rstrip(")"))
+    assert refs[0] != refs[1]
+    for ref in refs:
+        logged = [entry for entry in err.splitlines() if f"error ref {ref} " in entry]
+        assert len(logged) == 1 and " ERROR " in logged[0]
+        assert "could not reach the model at http://127.0.0.1:9" in logged[0]
     assert "Traceback" not in err
 
 

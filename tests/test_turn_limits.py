@@ -18,10 +18,20 @@ from agentik.bot.app import load_registry
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.bot.builder import AgentBuilder
 from agentik.bot.config import parse_config
-from agentik.core import Agent, ConfigError, OpenAIBackend, SQLiteStore, TurnPolicy, tool
+from agentik.core import (
+    Agent,
+    ConfigError,
+    OpenAIBackend,
+    SQLiteStore,
+    ToolError,
+    TurnPolicy,
+    tool,
+)
 from agentik.core.testing import openai_server as fake
 from agentik.core.testing.openai_server import FakeOpenAIServer
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.core.tools.base import ToolResult
+from agentik.core.turn import MAX_TOOL_ERROR_CHARS
 from agentik.transports.testing import MemoryTransport
 from helpers import collect_turn
 
@@ -188,6 +198,45 @@ async def test_a_huge_tool_result_is_whole_in_the_audit_log_and_cut_for_the_mode
     assert wm[2].role == "tool" and wm[2].content == sent
     logged = next(m for m in rows if m.kind == "tool_result")
     assert logged.content == big
+
+
+async def test_a_tools_own_error_text_reaches_the_model_as_written_but_capped(
+    openai_agent, openai_server
+):
+    # A tool's (an MCP server's) own error message is its word to the model:
+    # passed on as written, but a runaway one is cut much shorter than a result.
+    long_error = "the server says: " + "no such row; " * 1000
+
+    @tool
+    async def rows() -> ToolResult:
+        """Rows."""
+        return ToolResult(text=long_error, is_error=True)
+
+    @tool
+    async def query() -> str:
+        """Query."""
+        raise ToolError("table 'users' has no column 'emial'")
+
+    openai_agent.add_tool(rows)
+    openai_agent.add_tool(query)
+    openai_server.enqueue(
+        fake.Reply.tool_calls([("r1", "rows", "{}"), ("q1", "query", "{}")]),
+        fake.Reply.text("Sorry."),
+    )
+    conv = await openai_agent.create_conversation()
+    events = await turn(conv, "look it up")
+    assert events[-1].text == "Sorry."
+    sent = {
+        m["tool_call_id"]: m["content"]
+        for m in openai_server.requests[1]["messages"]
+        if m["role"] == "tool"
+    }
+    assert sent["q1"] == "error: table 'users' has no column 'emial'"
+    assert sent["r1"].startswith(long_error[:MAX_TOOL_ERROR_CHARS])
+    assert sent["r1"].endswith(f"[… result cut: too long ({len(long_error)} characters)]")
+    assert len(sent["r1"]) < MAX_TOOL_ERROR_CHARS + 100 < len(long_error)
+    logged = {m.tool_call_id: m.content for m in await conv.messages() if m.kind == "tool_result"}
+    assert logged["r1"] == long_error  # the audit log keeps it whole
 
 
 # -- an answer that never ends -------------------------------------------------------------------

@@ -197,6 +197,11 @@ class Transport(abc.ABC):
     type: ClassVar[str] = ""
     #: Command prefix when the configuration sets none.
     default_command_prefix: ClassVar[str] = "!"
+    #: ``max_answer_lines`` when the configuration sets none: lines of one
+    #: answer before the rest waits for ``more`` (0: no cap).  A protocol
+    #: whose long answers flood a shared channel line by line (IRC) sets a
+    #: small number.
+    default_max_answer_lines: ClassVar[int] = 0
     caps: ChannelCaps = ChannelCaps()
     #: A pydantic model of the transport's own keys; when set, ``__init__``
     #: validates ``settings`` into :attr:`options` (errors name the key).
@@ -243,6 +248,15 @@ class Transport(abc.ABC):
         whose keys are built otherwise overrides it.
         """
         return channel_key.startswith(f"{self.type}:{self.name}:")
+
+    def in_thread(self, channel_key: str) -> bool:
+        """Whether ``channel_key`` names a thread rather than a whole channel.
+
+        A thread is a side conversation under one message (a Slack thread):
+        the bridge shows tool lines there as in a direct conversation when
+        ``events = "auto"``.  The default: this transport has no threads.
+        """
+        return False
 
     def delivered(
         self,

@@ -305,6 +305,38 @@ class NoMemory(MemoryBackend):
 
 
 # -- the model-facing tools -------------------------------------------------------------
+#: Largest note id (SQLite's INTEGER).
+_MAX_ID = 2**63 - 1
+
+
+def _whole(value: Any, what: str, low: int, high: int, *, default: int | None = None) -> int:
+    """``value`` as a whole number in ``low..high``, or a :class:`NoteError` saying so.
+
+    The model's arguments are checked here, so a bad one (``1e400``, ``"ten"``,
+    a number past what the store can hold) gets a plain sentence back rather
+    than an exception's text.  ``5.0`` and ``"5"`` are 5; ``None`` is
+    ``default`` (or missing).
+    """
+    if value is None and default is not None:
+        return default
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and 0 < len(value.strip()) <= 20:
+        digits = value.strip()
+        if digits.lstrip("+-").isdigit():
+            number = int(digits)
+    if value is None:
+        raise NoteError(f"{what} is missing")
+    if number is None or not low <= number <= high:
+        if what == "note id":
+            raise NoteError("note id must be the number of a note, like 12")
+        raise NoteError(f"{what} must be a whole number between {low} and {high}")
+    return number
+
+
 def _line(note: Note, width: int = 160) -> str:
     text = " ".join(note.text.split())
     if len(text) > width:
@@ -324,10 +356,7 @@ class _MemoryTool:
         return f"<{self.name} tool of {type(self.memory).__name__}>"
 
     async def _visible(self, note_id: Any, context: ToolContext) -> Note:
-        try:
-            nid = int(note_id)
-        except (TypeError, ValueError):
-            raise NoteError(f"note id must be a number, got {note_id!r}") from None
+        nid = _whole(note_id, "note id", 1, _MAX_ID)
         note = await self.memory.get(nid)
         if note is None or note.scope not in visible_scopes(context):
             # Notes of other channels are not even admitted to exist.
@@ -391,7 +420,7 @@ class _Save(_MemoryTool):
                 raise NoteError("global notes are not allowed here; use 'channel' or 'user'")
             scope = "global"
         else:
-            raise NoteError(f"scope must be channel, user or global, not {which!r}")
+            raise NoteError(f"scope must be channel, user or global, not {str(which)[:40]!r}")
         note = await self.memory.save(scope, text, author=author)
         return ToolResult(text=f"saved note #{note.id} ({which})", data=note.to_dict())
 
@@ -438,7 +467,7 @@ class _List(_MemoryTool):
             if not context.author_id:
                 return NO_IDENTITY
             scopes = [user_scope(context.author_id)]
-        limit = max(1, min(int(arguments.get("limit") or 30), 100))
+        limit = _whole(arguments.get("limit"), "limit", 1, 100, default=30)
         notes = await self.memory.list(scopes, limit=limit) if scopes else []
         if not notes:
             return "no notes"
@@ -464,7 +493,7 @@ class _Search(_MemoryTool):
         query = str(arguments.get("query") or "").strip()
         if not query:
             raise NoteError("query is empty")
-        limit = max(1, min(int(arguments.get("limit") or 10), 50))
+        limit = _whole(arguments.get("limit"), "limit", 1, 50, default=10)
         notes = await self.memory.search(query, visible_scopes(context), limit=limit)
         if not notes:
             return f"nothing found for {query!r}"

@@ -14,8 +14,10 @@ classes.  :class:`FunctionTool` wraps an async function::
 
 A tool returns text (``str``) or a :class:`ToolResult` (text plus optional
 structured ``data``, or ``is_error``).  Raising
-:class:`~agentik.core.errors.ToolError` (or any exception) reports an error to
-the model; the turn goes on.
+:class:`~agentik.core.errors.ToolError` reports an error to the model with
+its message; any other exception reports ``tool <name> failed (internal
+error, ref <ref>)`` and logs the traceback under that reference, so paths and
+library internals never reach the model.  Either way the turn goes on.
 """
 
 from __future__ import annotations

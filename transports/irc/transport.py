@@ -173,6 +173,8 @@ class IRCTransport(Transport):
 
     type = "irc"
     default_command_prefix = "!"
+    # Long answers flood a channel line by line: cap them, the rest via !more.
+    default_max_answer_lines = 4
     settings_model = IRCSettings
     outbox = True
 

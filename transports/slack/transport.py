@@ -506,6 +506,10 @@ class SlackTransport(Transport):
     def owns(self, channel_key: str) -> bool:
         return bool(self.team_id) and channel_key.startswith(f"slack:{self.team_id}:")
 
+    def in_thread(self, channel_key: str) -> bool:
+        # slack:<team>:<channel>:<thread_ts> (see _key)
+        return self.owns(channel_key) and channel_key.count(":") >= 3
+
     async def send(self, message: OutgoingMessage) -> None:
         where = message.reply_to or {}
         parts = message.channel_key.split(":")
