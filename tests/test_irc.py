@@ -141,7 +141,8 @@ async def test_a_long_answer_stops_after_four_lines_by_default_and_more_shows_th
         model.enqueue(Reply(text="\n".join(f"line {i}" for i in range(10))))
         alice.privmsg("#cap", "agentik: count to ten")
         first = await alice.collect(from_bot, 4)
-        assert [m.text for m in first] == [f"line {i}" for i in range(4)]
+        # The first line names the asker (address_asker), the rest do not.
+        assert [m.text for m in first] == ["alice: line 0"] + [f"line {i}" for i in range(1, 4)]
         hint = await alice.wait_for(lambda m: m.command == "NOTICE" and "more" in m.text)
         assert list(hint.params) == ["#cap", "… 6 more lines: !more"]
         # The hint comes after the lines it follows: these are all the channel got.
