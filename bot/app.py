@@ -72,7 +72,11 @@ class Bot:
         self.registry = registry or load_registry(config)
         self.agent: Agent = AgentBuilder.from_config(config, self.registry).build()
         self.bridge = Bridge(
-            self.agent, resume=config.agent.resume, resume_max_age=config.agent.resume_max_age
+            self.agent,
+            resume=config.agent.resume,
+            resume_max_age=config.agent.resume_max_age,
+            channel_settings=config.channels,
+            settings_role=config.agent.settings_role,
         )
         self.transports: dict[str, Transport] = dict(transports or {})
         sections = {n: s for n, s in config.transports.items() if s.enabled}

@@ -32,14 +32,14 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from agentik.core import Agent, Conversation
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
-from agentik.core.events import Error, Event
+from agentik.core.events import PROFILES, Error, Event
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.settings import setting_fields
@@ -56,6 +56,21 @@ from agentik.transports.base import (
 from agentik.transports.text import split_lines, split_text
 
 from .channel import ChannelOptions
+from .chansettings import (
+    SETTING_KEYS,
+    ChannelSettings,
+    ChannelSettingsBook,
+    Effective,
+    RoleFor,
+    SettingError,
+    allowed_tool_names,
+    default_role_for,
+    describe,
+    parse_setting,
+    persona_block,
+    role_at_least,
+    split_args,
+)
 from .config import AgentSection
 from .outbox import Outbox
 
@@ -73,6 +88,9 @@ COMMANDS: dict[str, str] = {
     "status": "show the model, the conversation and whether a turn is running",
     "compact": "summarise the older part of this conversation now, to free context",
     "help": "list these commands",
+    # Per-channel settings (issue 19).
+    "set": "change a setting of this channel (admins): set <key> <value>; set alone lists the keys",
+    "unset": "return a setting of this channel to its configured value (admins): unset <key>",
 }
 
 
@@ -94,6 +112,8 @@ class _Channel:
     pending: set[str] = field(default_factory=set)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     last_used: float = field(default_factory=time.monotonic)
+    #: The conversation's tool list was narrowed by a ``tools`` setting.
+    narrowed: bool = False
 
     def idle(self, now: float, after: float) -> bool:
         return not self.pending and not self.conversation.busy and now - self.last_used >= after
@@ -120,6 +140,9 @@ class Bridge(AgentAccess):
         idle_seconds: float = 900.0,
         resume: ResumeMode = _AGENT.resume,
         resume_max_age: float = _AGENT.resume_max_age,
+        channel_settings: Mapping[str, ChannelSettings] | None = None,
+        settings_role: str = _AGENT.settings_role,
+        role_for: RoleFor | None = None,
     ) -> None:
         self.agent = agent
         self.idle_seconds = idle_seconds
@@ -136,6 +159,13 @@ class Bridge(AgentAccess):
         self.released_channels = 0
         #: Outgoing pieces and their delivery state, persisted (see :meth:`redeliver`).
         self.outbox = Outbox(agent.store)
+        #: Per-channel settings: ``[channels."<pattern>"]`` and ``!set`` (see
+        #: :mod:`agentik.bot.chansettings`).
+        self.settings = ChannelSettingsBook(agent.store, channel_settings)
+        #: The role ``!set``/``!unset`` need.
+        self.settings_role = settings_role
+        #: The speaker's role in a channel; the access policy's ``role_for`` at wiring.
+        self.role_for: RoleFor = role_for or default_role_for
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options.
@@ -159,10 +189,10 @@ class Bridge(AgentAccess):
     # -- incoming -------------------------------------------------------------
     async def handle(self, message: IncomingMessage, transport: Transport) -> None:
         """Decide, run a command, or send the message to the channel's conversation."""
-        opts = self.options_for(transport)
         text = message.text.strip()
         if not text:
             return
+        opts = (await self.effective(message.channel_key, transport)).options
         command = self._parse_command(text, opts)
         if command is not None:
             # Unknown "commands" in a shared channel are just chatter: ignore.
@@ -232,27 +262,59 @@ class Bridge(AgentAccess):
         return opts.answer == "all" or message.addressed
 
     # -- channels --------------------------------------------------------------------
+    async def effective(self, channel_key: str, transport: Transport) -> Effective:
+        """The settings in force in a channel: the transport's options overlaid
+        with ``[channels."<pattern>"]`` tables and the channel's ``!set`` values."""
+        return await self.settings.effective(channel_key, self.options_for(transport))
+
     async def _channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
+        eff = await self.effective(key, transport)
         ch = self._channels.get(key)
         if ch is not None and ch.conversation.state.value == "open":
             ch.last_used = time.monotonic()
+            self._apply(ch, eff)
             return ch
         lock = self._lock(key)
         async with lock:
             ch = self._channels.get(key)
             if ch is not None and ch.conversation.state.value == "open":
                 ch.last_used = time.monotonic()
+                self._apply(ch, eff)
                 return ch
             conv = await self.agent.conversation_for_channel(key)
-            return self._open(key, transport, opts, conv)
+            ch = self._open(key, transport, eff.options, conv)
+            self._apply(ch, eff)
+            return ch
+
+    def _apply(self, ch: _Channel, eff: Effective) -> None:
+        """Put a channel's settings in force for its next turn: options, persona, tools."""
+        ch.options = eff.options
+        conv = ch.conversation
+        conv.system_addition = persona_block(ch.key, eff.persona) if eff.persona else None
+        if eff.tools is None and not ch.narrowed:
+            return  # the transport's bound, set when the channel opened
+        outer = self.options_for(ch.transport).allowed_tools
+        if outer is None:
+            outer = self.agent.policy.allowed_tools
+        if eff.tools is None:
+            allowed = outer
+        else:
+            # Exact names: a tool must match the transport's bound and the channel's list.
+            allowed = allowed_tool_names((t.name for t in self.agent.tools), outer, eff.tools)
+        # TurnPolicy is a pydantic dataclass, which mypy does not see as a dataclass.
+        conv.policy = dataclasses.replace(  # type: ignore[type-var]
+            conv.policy or self.agent.policy, allowed_tools=allowed
+        )
+        ch.narrowed = eff.tools is not None
 
     def _open(
         self, key: str, transport: Transport, opts: ChannelOptions, conv: Conversation
     ) -> _Channel:
         restrict_tools(conv, opts.allowed_tools, default=self.agent.policy)
         ch = _Channel(key=key, transport=transport, options=opts, conversation=conv)
-        # "auto" and "answers" follow the chat profile and leave out what they hide.
-        ch.subscription = conv.events(profile="debug" if opts.events == "debug" else "chat")
+        # Everything is followed: a channel's ``events`` setting may change while it
+        # is open; the renderer leaves out what the chat profile would not carry.
+        ch.subscription = conv.events(profile="debug")
         ch.task = asyncio.create_task(self._render(ch), name=f"agentik-render:{key}")
         self._channels[key] = ch
         if self._reaper is None and self.idle_seconds > 0:
@@ -468,6 +530,9 @@ class Bridge(AgentAccess):
             "more": lambda: self._cmd_more(key, transport, say, p),
             "status": lambda: self._cmd_status(key, transport, opts, say),
             "compact": lambda: self._cmd_compact(key, transport, opts, say),
+            # Per-channel settings (issue 19).
+            "set": lambda: self._cmd_set(message, transport, say, p),
+            "unset": lambda: self._cmd_unset(message, transport, say, p),
         }
         handler = handlers.get(name)
         if handler is None:
@@ -497,7 +562,9 @@ class Bridge(AgentAccess):
                     old.pending.clear()
                     old.changed.notify_all()
                 await self._close_channel(old)
-            new = self._open(key, transport, opts, conv)
+            eff = await self.effective(key, transport)
+            new = self._open(key, transport, eff.options, conv)
+            self._apply(new, eff)
             new.direct = old.direct if old is not None else False
         await say(
             "started a new conversation"
@@ -558,8 +625,102 @@ class Bridge(AgentAccess):
             state += f", {conv.queued} queued"
         await say(
             f"model {self.agent.llm.model or self.agent.llm.name} · conversation {conv.id} "
-            f"({count} messages) · {state}"
+            f"({count} messages) · {state}\n" + describe(await self.effective(key, transport))
         )
+
+    # -- per-channel settings (issue 19) -------------------------------------------------
+    async def _settings_actor(
+        self, message: IncomingMessage, transport: Transport, say: Callable[[str], Awaitable[None]]
+    ) -> str | None:
+        """The qualified id of a speaker allowed to change settings here, else ``None`` (told)."""
+        actor = _author_id(transport, message)
+        if actor is None:
+            await say(
+                f"only a verified {self.settings_role} may change this channel's settings "
+                "(your identity is not verified here)"
+            )
+            return None
+        role = self.role_for(transport.name, message, message.channel_key)
+        if not role_at_least(role, self.settings_role):
+            await say(
+                f"changing this channel's settings needs the {self.settings_role} role "
+                f"(you are {role})"
+            )
+            return None
+        return actor
+
+    async def _cmd_set(
+        self,
+        message: IncomingMessage,
+        transport: Transport,
+        say: Callable[[str], Awaitable[None]],
+        prefix: str,
+    ) -> None:
+        key = message.channel_key
+        rest = message.text.strip()[len(prefix) :].split(maxsplit=1)
+        args = rest[1] if len(rest) > 1 else ""
+        try:
+            words = split_args(args)
+        except SettingError as exc:
+            await say(f"{prefix}set: {exc}")
+            return
+        if not words:
+            await say(
+                f"usage: {prefix}set <key> <value>; keys: "
+                + "; ".join(f"{k}: {d}" for k, d in SETTING_KEYS.items())
+            )
+            return
+        actor = await self._settings_actor(message, transport, say)
+        if actor is None:
+            return
+        name = words[0].lower()
+        try:
+            value = parse_setting(name, words[1:])
+        except SettingError as exc:
+            await say(f"{prefix}set {exc}")
+            return
+        await self.settings.set(key, name, value, actor=actor)
+        log.info("channel %s: %s set %s", key, actor, name)
+        eff = await self.effective(key, transport)
+        ch = self._channels.get(key)
+        if ch is not None:
+            self._apply(ch, eff)
+        await say(f"{name} is now {_shown(eff, name)} in this channel")
+
+    async def _cmd_unset(
+        self,
+        message: IncomingMessage,
+        transport: Transport,
+        say: Callable[[str], Awaitable[None]],
+        prefix: str,
+    ) -> None:
+        key = message.channel_key
+        try:
+            words = split_args(message.text.strip()[len(prefix) :].split(maxsplit=1)[1])
+        except IndexError:
+            words = []
+        except SettingError as exc:
+            await say(f"{prefix}unset: {exc}")
+            return
+        if len(words) != 1 or words[0].lower() not in SETTING_KEYS:
+            got = f"unknown setting {words[0]!r}; " if words else ""
+            await say(f"{prefix}unset: {got}usage: {prefix}unset <key>; keys: "
+                      + ", ".join(SETTING_KEYS))  # fmt: skip
+            return
+        name = words[0].lower()
+        actor = await self._settings_actor(message, transport, say)
+        if actor is None:
+            return
+        if name not in await self.settings.chat(key):
+            await say(f"{name} is not set in chat here; nothing to unset")
+            return
+        await self.settings.set(key, name, None, actor=actor)
+        log.info("channel %s: %s unset %s", key, actor, name)
+        eff = await self.effective(key, transport)
+        ch = self._channels.get(key)
+        if ch is not None:
+            self._apply(ch, eff)
+        await say(f"{name} is now {_shown(eff, name)} ({eff.sources.get(name, 'default')})")
 
     # -- rendering -----------------------------------------------------------------------
     async def _send(
@@ -620,6 +781,9 @@ class Bridge(AgentAccess):
                     ch.changed.notify_all()
 
 
+#: Event kinds a channel not set to ``events = "debug"`` is rendered from.
+_CHAT_KINDS = PROFILES["chat"]
+
 #: Turns that ended early get a short notice after what was said.
 _STOP_NOTICES = {
     "length": "(answer cut: too long)",
@@ -633,8 +797,6 @@ class _Renderer:
     def __init__(self, bridge: Bridge, ch: _Channel) -> None:
         self.bridge = bridge
         self.ch = ch
-        self.debug = ch.options.events == "debug"
-        self.events = ch.options.events
         self.buffer = ""
         self.lines_sent = 0
         self.had_text = False
@@ -643,6 +805,15 @@ class _Renderer:
         #: Streamed answer (deltas) on an outbox transport: its row and text.
         self.stream_id: int | None = None
         self.stream_text: list[str] = []
+
+    @property
+    def events(self) -> str:
+        """The channel's ``events`` setting now (it may change while the channel is open)."""
+        return self.ch.options.events
+
+    @property
+    def debug(self) -> bool:
+        return self.ch.options.events == "debug"
 
     @property
     def tool_lines(self) -> bool:
@@ -718,6 +889,8 @@ class _Renderer:
                 await self._line(line, run_id)
 
     async def on_event(self, e: Event) -> None:
+        if not self.debug and e.kind not in _CHAT_KINDS:
+            return  # what the chat profile does not carry
         mode = self.caps.streaming
         run = e.run_id
         if e.kind == "turn_started":
@@ -895,6 +1068,20 @@ def _error_line(
     else:
         what = _PUBLIC_ERRORS.get(error_type, "something went wrong").format(p=prefix)
     return f"error: {what} (ref {ref})"
+
+
+def _shown(eff: Effective, key: str) -> str:
+    """A setting's value in a reply: persona text quoted, lists space-separated."""
+    value = eff.value(key)
+    if key == "persona":
+        if not value:
+            return "none"
+        return json.dumps(value if len(value) <= 200 else value[:199] + "…", ensure_ascii=False)
+    if isinstance(value, tuple):
+        return " ".join(value) if value else "none (no tools)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
 
 
 def _author_id(transport: Transport, message: IncomingMessage) -> str | None:

@@ -47,11 +47,13 @@ from agentik.core.tools.base import TurnPolicy
 from agentik.core.tools.mcp import MCPServerConfig
 
 from .channel import ChannelOptions
+from .chansettings import ChannelSettings
 
 __all__ = [
     "ENV_OVERRIDES",
     "LITERT_ENV",
     "AgentSection",
+    "ChannelSettings",
     "CompactionSection",
     "Config",
     "LLMSection",
@@ -93,6 +95,9 @@ class AgentSection(AgentSettings):
     resume: ResumeMode = "answer"
     #: Seconds after which a pending message only gets the notice (0: no limit).
     resume_max_age: float = Field(3600.0, ge=0)
+    #: The role a speaker needs to change a channel's settings in chat
+    #: (``!set``/``!unset``): ``owner``, ``admin``, ``user`` or a named role.
+    settings_role: str = "admin"
 
 
 #: The core's settings classes are the configuration's sections (one declaration each).
@@ -328,6 +333,8 @@ class Config(_Section):
     memory: MemorySettings = Field(default_factory=MemorySettings)
     compaction: CompactionPolicy = Field(default_factory=CompactionPolicy)
     transports: dict[str, TransportSection] = Field(default_factory=dict)
+    #: Per-channel settings by channel-key pattern (``[channels."irc:libera:#ops"]``).
+    channels: dict[str, ChannelSettings] = Field(default_factory=dict)
     mcp: MCPSection = Field(default_factory=MCPSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)

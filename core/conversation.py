@@ -119,6 +119,9 @@ class Conversation:
         self.channel_key = channel_key
         #: Per-conversation override of the agent's :class:`TurnPolicy`.
         self.policy: TurnPolicy | None = None
+        #: Text added after the agent's system prompt in this conversation's
+        #: requests (a channel's persona, set by the bridge); read at each request.
+        self.system_addition: str | None = None
         self.state = ConversationState.OPEN
         self._store = store
         self._queue: deque[_Pending | _Job] = deque()

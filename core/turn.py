@@ -453,10 +453,15 @@ class TurnRunner:
         if self.failed_writes:
             raise self.failed_writes[0]
 
+    def _system(self) -> str | None:
+        """The agent's system prompt, then the conversation's addition (if any)."""
+        base, extra = self.services.system_prompt, self.conv.system_addition
+        return "\n\n".join(p for p in (base, extra) if p) or None
+
     def _request(self, offered: list[ToolSpec]) -> LLMRequest:
         return LLMRequest(
             messages=self.memory.messages,
-            system=self.services.system_prompt,
+            system=self._system(),
             tools=offered,
             tool_choice="auto" if offered else "none",
             conversation_id=self.parts.id,

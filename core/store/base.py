@@ -30,7 +30,16 @@ from typing import Any, Literal
 
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 
-__all__ = ["ConversationRecord", "MemoryEntry", "OutboxEntry", "OutboxState", "Store", "TurnEnd"]
+__all__ = [
+    "ChannelSetting",
+    "ChannelSettingChange",
+    "ConversationRecord",
+    "MemoryEntry",
+    "OutboxEntry",
+    "OutboxState",
+    "Store",
+    "TurnEnd",
+]
 
 #: Delivery state of an outbox row: written, handed to the peer, confirmed by it.
 OutboxState = Literal["queued", "sent", "confirmed"]
@@ -113,6 +122,30 @@ def link_stored(cm: ChatMessage, stored: Sequence[Message]) -> ChatMessage:
 def outbox_advance(old: str, new: str) -> bool:
     """Delivery states only move forward (queued → sent → confirmed)."""
     return _RANK[new] > _RANK[old]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChannelSetting:
+    """One per-channel setting set in chat: its value is JSON text."""
+
+    channel_key: str
+    key: str
+    value: str
+    set_by: str
+    set_at: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChannelSettingChange:
+    """One audited change of a channel setting (``None``: unset before/after)."""
+
+    id: int
+    channel_key: str
+    key: str
+    old_value: str | None
+    new_value: str | None
+    actor: str
+    at: float
 
 
 class Store(abc.ABC):
@@ -263,3 +296,25 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def outbox_prune(self, before: float) -> int:
         """Delete outbox rows created before ``before`` (a Unix time); how many."""
+
+    # -- per-channel settings (issue 19, channel settings) ------------------------------
+    @abc.abstractmethod
+    async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:
+        """The settings set in chat for ``channel_key``, by key."""
+
+    @abc.abstractmethod
+    async def set_channel_setting(
+        self, channel_key: str, key: str, value: str | None, *, actor: str, at: float
+    ) -> str | None:
+        """Set (``value``: JSON text) or unset (``None``) one setting; returns the old value.
+
+        The change and its audit row (:class:`ChannelSettingChange`) are
+        written in one transaction; unsetting what is not set changes nothing
+        and records nothing.
+        """
+
+    @abc.abstractmethod
+    async def channel_setting_changes(
+        self, channel_key: str | None = None, *, limit: int = 100
+    ) -> list[ChannelSettingChange]:
+        """The last ``limit`` audited changes (of ``channel_key``, or all), oldest first."""

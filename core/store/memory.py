@@ -15,6 +15,8 @@ from typing import Any
 from ..errors import StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from .base import (
+    ChannelSetting,
+    ChannelSettingChange,
     ConversationRecord,
     MemoryEntry,
     OutboxEntry,
@@ -40,6 +42,8 @@ class MemoryStore(Store):
         self._ids = itertools.count(1)
         self._outbox: dict[tuple[str, str, int], OutboxEntry] = {}
         self._outbox_ids = itertools.count(1)
+        self._chan_settings: dict[tuple[str, str], ChannelSetting] = {}
+        self._chan_changes: list[ChannelSettingChange] = []
 
     def _require(self, conversation_id: str) -> None:
         if conversation_id not in self._conversations:
@@ -215,3 +219,37 @@ class MemoryStore(Store):
         for k in old:
             del self._outbox[k]
         return len(old)
+
+    # -- per-channel settings (issue 19, channel settings) ------------------------------
+    async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:
+        return sorted(
+            (s for (ck, _), s in self._chan_settings.items() if ck == channel_key),
+            key=lambda s: s.key,
+        )
+
+    async def set_channel_setting(
+        self, channel_key: str, key: str, value: str | None, *, actor: str, at: float
+    ) -> str | None:
+        found = self._chan_settings.get((channel_key, key))
+        old = None if found is None else found.value
+        if value is None and old is None:
+            return None
+        if value is None:
+            del self._chan_settings[(channel_key, key)]
+        else:
+            self._chan_settings[(channel_key, key)] = ChannelSetting(
+                channel_key=channel_key, key=key, value=value, set_by=actor, set_at=at
+            )
+        self._chan_changes.append(
+            ChannelSettingChange(
+                id=len(self._chan_changes) + 1, channel_key=channel_key, key=key,
+                old_value=old, new_value=value, actor=actor, at=at,
+            )
+        )  # fmt: skip
+        return old
+
+    async def channel_setting_changes(
+        self, channel_key: str | None = None, *, limit: int = 100
+    ) -> list[ChannelSettingChange]:
+        rows = [c for c in self._chan_changes if channel_key in (None, c.channel_key)]
+        return rows[-limit:] if limit > 0 else []

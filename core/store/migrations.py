@@ -192,6 +192,38 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX outbox_open ON outbox (state, id) WHERE state != 'confirmed';
         """,
     ),
+    # 5 (access), 6 (approvals) and 7 (budgets) are written on other branches of issue 19.
+    Migration(
+        8,
+        "channel_settings",
+        """
+        -- Per-channel settings set in chat (agentik.bot's bridge: !set/!unset):
+        -- one row per channel key and setting key; the value is JSON.
+        CREATE TABLE channel_setting (
+            channel_key TEXT NOT NULL,
+            key         TEXT NOT NULL,
+            value       TEXT NOT NULL,
+            set_by      TEXT NOT NULL,
+            set_at      REAL NOT NULL,
+            PRIMARY KEY (channel_key, key)
+        );
+        -- Who changed what, when: append-only (a NULL value is an unset).
+        CREATE TABLE channel_setting_audit (
+            id          INTEGER PRIMARY KEY,
+            channel_key TEXT NOT NULL,
+            key         TEXT NOT NULL,
+            old_value   TEXT,
+            new_value   TEXT,
+            actor       TEXT NOT NULL,
+            at          REAL NOT NULL
+        );
+        CREATE INDEX channel_setting_audit_by_channel ON channel_setting_audit (channel_key, id);
+        CREATE TRIGGER channel_setting_audit_no_update BEFORE UPDATE ON channel_setting_audit
+        BEGIN
+            SELECT RAISE(ABORT, 'channel_setting_audit is append-only');
+        END;
+        """,
+    ),
 )
 
 

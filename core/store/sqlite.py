@@ -33,6 +33,8 @@ from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, settings_dataclass
 from .base import (
+    ChannelSetting,
+    ChannelSettingChange,
     ConversationRecord,
     MemoryEntry,
     OutboxEntry,
@@ -692,3 +694,65 @@ class SQLiteStore(Store):
             return conn.execute("DELETE FROM outbox WHERE created_at < ?", (before,)).rowcount
 
         return await self._write(fn)
+
+    # -- per-channel settings (issue 19, channel settings) ------------------------------
+    async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:
+        rows = await self._read(
+            "SELECT channel_key, key, value, set_by, set_at FROM channel_setting"
+            " WHERE channel_key = ? ORDER BY key",
+            (channel_key,),
+        )
+        return [
+            ChannelSetting(channel_key=r[0], key=r[1], value=r[2], set_by=r[3], set_at=r[4])
+            for r in rows
+        ]
+
+    async def set_channel_setting(
+        self, channel_key: str, key: str, value: str | None, *, actor: str, at: float
+    ) -> str | None:
+        def fn(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(
+                "SELECT value FROM channel_setting WHERE channel_key = ? AND key = ?",
+                (channel_key, key),
+            ).fetchone()
+            old = None if row is None else str(row[0])
+            if value is None and old is None:
+                return None
+            if value is None:
+                conn.execute(
+                    "DELETE FROM channel_setting WHERE channel_key = ? AND key = ?",
+                    (channel_key, key),
+                )
+            else:
+                conn.execute(
+                    "INSERT INTO channel_setting (channel_key, key, value, set_by, set_at)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (channel_key, key) DO UPDATE SET"
+                    " value = excluded.value, set_by = excluded.set_by, set_at = excluded.set_at",
+                    (channel_key, key, value, actor, at),
+                )
+            conn.execute(
+                "INSERT INTO channel_setting_audit (channel_key, key, old_value, new_value,"
+                " actor, at) VALUES (?, ?, ?, ?, ?, ?)",
+                (channel_key, key, old, value, actor, at),
+            )
+            return old
+
+        result: str | None = await self._write(fn)
+        return result
+
+    async def channel_setting_changes(
+        self, channel_key: str | None = None, *, limit: int = 100
+    ) -> list[ChannelSettingChange]:
+        where, params = ("WHERE channel_key = ?", (channel_key,)) if channel_key else ("", ())
+        rows = await self._read(
+            "SELECT id, channel_key, key, old_value, new_value, actor, at"
+            f" FROM channel_setting_audit {where} ORDER BY id DESC LIMIT ?",
+            (*params, limit),
+        )
+        return [
+            ChannelSettingChange(
+                id=r[0], channel_key=r[1], key=r[2], old_value=r[3], new_value=r[4],
+                actor=r[5], at=r[6],
+            )
+            for r in reversed(rows)
+        ]  # fmt: skip

@@ -1,0 +1,358 @@
+"""Per-channel settings: from ``[channels."<pattern>"]`` in the configuration
+and from ``!set`` in the channel itself.
+
+A channel's effective behaviour is its transport's options
+(:class:`~agentik.bot.channel.ChannelOptions`, from ``[transports.<name>]``)
+overlaid with the settings of every ``[channels."<pattern>"]`` table whose
+pattern matches the channel key (the broadest first, so the most specific
+pattern wins key by key), overlaid with what the channel's admins set in chat
+(``!set``, persisted in the store and audited).  The keys:
+
+``persona``
+    text added to the system prompt in this channel, clearly delimited;
+``answer``, ``max_answer_lines``, ``ambient``, ``ambient_lines``, ``events``
+    the bridge keys of the same names, for this channel only;
+``tools``
+    glob patterns of the tools the model is offered here, within the
+    transport's ``allowed_tools`` (the outer bound: a channel can narrow it,
+    never widen it).
+
+Who may set them is a role (``[agent] settings_role``, default ``admin``)
+compared with the speaker's role from a ``role_for`` callable: by default
+everyone is ``user``; the access part of the bot supplies the real one (see
+:data:`RoleFor`).  A speaker the transport could not verify may never set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field
+
+from agentik.core.settings import settings_dataclass
+from agentik.core.store.base import ChannelSetting, Store
+from agentik.transports.base import IncomingMessage
+
+from .channel import ChannelOptions
+
+__all__ = [
+    "BUILTIN_ROLES",
+    "SETTING_KEYS",
+    "ChannelSettings",
+    "ChannelSettingsBook",
+    "Effective",
+    "RoleFor",
+    "SettingError",
+    "default_role_for",
+    "parse_setting",
+    "pattern_specificity",
+    "persona_block",
+    "role_at_least",
+]
+
+#: ``role_for(transport_name, message, channel_key) -> role``: the speaker's role
+#: in that channel.  The default, :func:`default_role_for`, says ``user`` for
+#: everyone; the access policy (``AccessPolicy.role_for``) is wired in its place.
+RoleFor = Callable[[str, IncomingMessage, str], str]
+
+#: Built-in roles, lowest first.  A named role ranks as ``user``.
+BUILTIN_ROLES: tuple[str, ...] = ("ignored", "user", "admin", "owner")
+_RANK = {name: i for i, name in enumerate(BUILTIN_ROLES)}
+
+
+def default_role_for(transport_name: str, message: IncomingMessage, channel_key: str) -> str:
+    """Everyone is ``user`` (until an access policy is wired in)."""
+    return "user"
+
+
+def role_at_least(role: str, needed: str) -> bool:
+    """Whether ``role`` satisfies ``needed``: ``owner > admin > user > ignored``.
+
+    A named role ranks as ``user``; a named role as ``needed`` is satisfied by
+    itself, or by ``admin`` and ``owner``.
+    """
+    have = _RANK.get(role, _RANK["user"])
+    if needed in _RANK:
+        return have >= _RANK[needed]
+    return role == needed or have >= _RANK["admin"]
+
+
+Answer = Literal["addressed", "all", "direct"]
+Events = Literal["auto", "answers", "chat", "debug"]
+
+#: Longest persona accepted (characters).
+MAX_PERSONA_CHARS = 2000
+#: Most tool patterns one channel may list.
+MAX_TOOL_PATTERNS = 50
+
+
+@settings_dataclass
+class ChannelSettings:
+    """``[channels."<pattern>"]``: settings of the channels whose key matches ``<pattern>``.
+
+    ``<pattern>`` is a channel key (``irc:libera:#ops``, ``slack:T1:C123``)
+    where ``*`` matches any run of characters and ``?`` one.  Every key is
+    optional: one left out keeps what a broader pattern, the transport
+    (``[transports.<name>]``) or the default says.
+    """
+
+    #: Text added to the system prompt in these channels.
+    persona: Annotated[str, Field(min_length=1, max_length=MAX_PERSONA_CHARS)] | None = None
+    answer: Answer | None = None
+    max_answer_lines: Annotated[int, Field(ge=0)] | None = None
+    ambient: bool | None = None
+    ambient_lines: Annotated[int, Field(ge=1)] | None = None
+    events: Events | None = None
+    #: Glob patterns of the tools offered here, within the transport's ``allowed_tools``.
+    tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
+
+
+#: The keys ``!set`` knows, and what each takes (the help and error texts).
+SETTING_KEYS: dict[str, str] = {
+    "persona": f'text added to the system prompt here (quote it: "..."; at most '
+    f"{MAX_PERSONA_CHARS} characters)",
+    "answer": "one of " + ", ".join(get_args(Answer)),
+    "max_answer_lines": "a whole number >= 0 (0: no cap)",
+    "ambient": "on or off",
+    "ambient_lines": "a whole number >= 1",
+    "events": "one of " + ", ".join(get_args(Events)),
+    "tools": "glob patterns of tool names (fs__read_* web__*), within the transport's "
+    "allowed_tools; none: no tools",
+}
+
+#: Keys that overlay :class:`ChannelOptions` fields of the same name.
+_OPTION_KEYS = ("answer", "max_answer_lines", "ambient", "ambient_lines", "events")
+
+
+class SettingError(ValueError):
+    """A ``!set``/``!unset`` the bot cannot take; the message says why, naming the key."""
+
+
+def _whole(key: str, text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}") from None
+    if value < low:
+        raise SettingError(f"{key}: {value} is not {SETTING_KEYS[key]}")
+    return value
+
+
+_TRUE = {"on", "true", "yes", "1"}
+_FALSE = {"off", "false", "no", "0"}
+
+
+def parse_setting(key: str, words: list[str]) -> Any:
+    """The value ``!set <key> <words…>`` means (JSON-able), or :class:`SettingError`."""
+    if key not in SETTING_KEYS:
+        raise SettingError(f"unknown setting {key!r}; settings: {', '.join(SETTING_KEYS)}")
+    if not words:
+        raise SettingError(f"{key}: give a value: {SETTING_KEYS[key]}")
+    if key == "persona":
+        text = " ".join(words).strip()
+        if not text:
+            raise SettingError(f"persona: give a value: {SETTING_KEYS[key]}")
+        if len(text) > MAX_PERSONA_CHARS:
+            raise SettingError(
+                f"persona: {len(text)} characters is too long (at most {MAX_PERSONA_CHARS})"
+            )
+        return text
+    if key == "tools":
+        patterns = [p for w in words for p in w.split(",") if p]
+        if patterns == ["none"]:
+            return []
+        if len(patterns) > MAX_TOOL_PATTERNS:
+            raise SettingError(f"tools: at most {MAX_TOOL_PATTERNS} patterns")
+        if not patterns:
+            raise SettingError(f"tools: give a value: {SETTING_KEYS[key]}")
+        return patterns
+    if len(words) > 1:
+        raise SettingError(f"{key}: one value expected ({SETTING_KEYS[key]}), got {len(words)}")
+    text = words[0]
+    if key in ("answer", "events"):
+        allowed = get_args(Answer if key == "answer" else Events)
+        if text.lower() not in allowed:
+            raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
+        return text.lower()
+    if key == "ambient":
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise SettingError(f"ambient: {text!r} is not {SETTING_KEYS[key]}")
+    return _whole(key, text, 0 if key == "max_answer_lines" else 1)
+
+
+def split_args(text: str) -> list[str]:
+    """Words of a command's arguments, by shell-like rules (quotes group words)."""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise SettingError(f"cannot read the value: {str(exc).lower()}") from None
+
+
+def pattern_specificity(pattern: str) -> int:
+    """How specific a channel pattern is: its characters other than ``*`` and ``?``;
+    a pattern without wildcards beats every pattern with one."""
+    literal = sum(1 for c in pattern if c not in "*?")
+    return literal + (1_000_000 if not any(c in pattern for c in "*?[") else 0)
+
+
+def persona_block(channel_key: str, persona: str) -> str:
+    """The channel's persona as it is added to the system prompt: clearly delimited."""
+    return (
+        f"--- Channel instructions for {channel_key} (set by the channel's admins; "
+        "they add to the instructions above) ---\n"
+        f"{persona}\n"
+        "--- End of channel instructions ---"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Effective:
+    """A channel's settings in force: the bridge options, persona and tool patterns,
+    and where each key's value comes from (``chat (…)``, ``config [channels."…"]``,
+    ``transport``, ``default``)."""
+
+    channel_key: str
+    options: ChannelOptions
+    persona: str | None = None
+    tools: tuple[str, ...] | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def value(self, key: str) -> Any:
+        if key == "persona":
+            return self.persona
+        if key == "tools":
+            return self.tools
+        return getattr(self.options, key)
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple | list):
+        return " ".join(value) if value else "none (no tools)"
+    if isinstance(value, str) and len(value) > 60:
+        return json.dumps(value[:59] + "…", ensure_ascii=False)
+    if isinstance(value, str) and " " in value:
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def describe(eff: Effective) -> str:
+    """One line: every key's value and where it comes from."""
+    parts = []
+    for k in SETTING_KEYS:
+        shown = _show(eff.value(k))
+        if k == "tools" and eff.tools is None:
+            shown = "all the transport allows"
+        parts.append(f"{k} {shown} [{eff.sources.get(k, 'default')}]")
+    return f"settings of {eff.channel_key}: " + " · ".join(parts)
+
+
+class ChannelSettingsBook:
+    """The per-channel settings of one bot: config patterns, plus chat settings
+    read from the store once per channel and kept up to date by :meth:`set`."""
+
+    def __init__(self, store: Store, patterns: Mapping[str, ChannelSettings] | None = None) -> None:
+        self.store = store
+        # Broadest first; on a tie the later table wins (it comes later here).
+        items = list((patterns or {}).items())
+        order = sorted(range(len(items)), key=lambda i: (pattern_specificity(items[i][0]), i))
+        self.patterns: list[tuple[str, ChannelSettings]] = [items[i] for i in order]
+        self._chat: dict[str, dict[str, ChannelSetting]] = {}
+
+    def matching(self, channel_key: str) -> list[tuple[str, ChannelSettings]]:
+        """The config tables that apply to ``channel_key``, broadest first."""
+        return [(p, s) for p, s in self.patterns if fnmatchcase(channel_key, p)]
+
+    async def chat(self, channel_key: str) -> dict[str, ChannelSetting]:
+        """The settings set in chat for ``channel_key`` (cached after the first read)."""
+        found = self._chat.get(channel_key)
+        if found is None:
+            rows = await self.store.channel_settings(channel_key)
+            found = self._chat[channel_key] = {r.key: r for r in rows if r.key in SETTING_KEYS}
+        return found
+
+    async def set(self, channel_key: str, key: str, value: Any, *, actor: str) -> None:
+        """Persist (and audit) ``key = value`` for the channel; ``None`` unsets."""
+        now = time.time()
+        text = None if value is None else json.dumps(value, ensure_ascii=False)
+        await self.store.set_channel_setting(channel_key, key, text, actor=actor, at=now)
+        chat = await self.chat(channel_key)
+        if text is None:
+            chat.pop(key, None)
+        else:
+            chat[key] = ChannelSetting(
+                channel_key=channel_key, key=key, value=text, set_by=actor, set_at=now
+            )
+
+    async def effective(self, channel_key: str, base: ChannelOptions) -> Effective:
+        """``base`` (the transport's options) overlaid with config patterns and chat settings."""
+        values: dict[str, Any] = {}
+        sources = {k: "transport" for k in _OPTION_KEYS}
+        for pattern, table in self.matching(channel_key):
+            for key in SETTING_KEYS:
+                v = getattr(table, key)
+                if v is not None:
+                    values[key] = v
+                    sources[key] = f'config [channels."{pattern}"]'
+        for key, row in (await self.chat(channel_key)).items():
+            try:
+                values[key] = _checked(key, json.loads(row.value))
+            except (ValueError, SettingError):
+                continue  # a row this version cannot read: ignored, not fatal
+            when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(row.set_at))
+            sources[key] = f"chat, {row.set_by}, {when}"
+        options = dataclasses.replace(base, **{k: values[k] for k in _OPTION_KEYS if k in values})
+        tools = values.get("tools")
+        return Effective(
+            channel_key=channel_key,
+            options=options,
+            persona=values.get("persona"),
+            tools=None if tools is None else tuple(tools),
+            sources=sources,
+        )
+
+
+def _checked(key: str, value: Any) -> Any:
+    """A stored value, validated as ``!set`` would have."""
+    if key == "tools":
+        if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+            raise SettingError(key)
+        return parse_setting(key, value) if value else []
+    if isinstance(value, bool):
+        return parse_setting(key, ["on" if value else "off"])
+    if key == "persona":
+        if not isinstance(value, str):
+            raise SettingError(key)
+        return parse_setting(key, [value])
+    return parse_setting(key, [str(value)])
+
+
+def allowed_tool_names(
+    tools: Iterable[str], outer: tuple[str, ...] | None, channel: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The names among ``tools`` that both glob lists allow (``outer`` ``None``: all),
+    each escaped so it matches only itself as a pattern."""
+    return tuple(
+        _escape(name)
+        for name in tools
+        if (outer is None or any(fnmatchcase(name, p) for p in outer))
+        and any(fnmatchcase(name, p) for p in channel)
+    )
+
+
+def _escape(name: str) -> str:
+    """``name`` as a glob pattern matching only itself."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
