@@ -658,9 +658,12 @@ class Bridge(AgentAccess):
     ) -> None:
         key = message.channel_key
         rest = message.text.strip()[len(prefix) :].split(maxsplit=1)
-        args = rest[1] if len(rest) > 1 else ""
+        args = (rest[1] if len(rest) > 1 else "").split(maxsplit=1)
         try:
-            words = split_args(args)
+            if len(args) == 2 and args[0].lower() == "persona" and args[1][0] not in "\"'":
+                words = [args[0], args[1]]  # an unquoted persona: the rest of the line
+            else:
+                words = split_args(" ".join(args))
         except SettingError as exc:
             await say(f"{prefix}set: {exc}")
             return

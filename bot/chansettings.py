@@ -105,10 +105,15 @@ class ChannelSettings:
 
     #: Text added to the system prompt in these channels.
     persona: Annotated[str, Field(min_length=1, max_length=MAX_PERSONA_CHARS)] | None = None
+    #: Which lines the bot answers: ``addressed``, ``all``, or only ``direct`` messages.
     answer: Answer | None = None
+    #: Lines of one answer before the rest waits for ``more`` (0: no cap).
     max_answer_lines: Annotated[int, Field(ge=0)] | None = None
+    #: Record what others say (without answering) as context.
     ambient: bool | None = None
+    #: How many such lines at most reach the model with the next turn.
     ambient_lines: Annotated[int, Field(ge=1)] | None = None
+    #: What of a turn the channel sees: ``auto``, ``answers``, ``chat``, ``debug``.
     events: Events | None = None
     #: Glob patterns of the tools offered here, within the transport's ``allowed_tools``.
     tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None

@@ -115,7 +115,11 @@ def test_example_config_picks_up_the_openai_variables():
 
 
 # ``[table]``, ``[[array.of.tables]]``, and such headers commented out (``# [[mcp.servers]]``).
-_HEADER = re.compile(r"^(?:# ?)?\[\[?([A-Za-z0-9_.\-]+)\]\]?\s*(#.*)?$")
+# A table header; a part of its name may be quoted ([channels."irc:libera:#ops"]).
+_HEADER = re.compile(
+    r'^(?:# ?)?\[\[?((?:[A-Za-z0-9_\-]+|"[^".]*")(?:\.(?:[A-Za-z0-9_\-]+|"[^".]*"))*)\]\]?'
+    r"\s*(#.*)?$"
+)
 _LIVE_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=")
 _COMMENTED_KEY = re.compile(r"^# ?([A-Za-z_][A-Za-z0-9_]*) = \S")
 
@@ -139,7 +143,7 @@ def _scan_example() -> tuple[list[str], dict[str, int], list[_Key]]:
     table = ""
     for i, line in enumerate(lines):
         if m := _HEADER.match(line.strip()):
-            table = m.group(1)
+            table = m.group(1).replace('"', "")
             tables[table] = i
         elif m := _LIVE_KEY.match(line):
             keys.append(_Key(table, m.group(1), i, commented=False))
