@@ -69,6 +69,7 @@ from .chansettings import (
     parse_setting,
     persona_block,
     role_at_least,
+    settings_scope,
     split_args,
 )
 from .config import AgentSection
@@ -265,7 +266,8 @@ class Bridge(AgentAccess):
     async def effective(self, channel_key: str, transport: Transport) -> Effective:
         """The settings in force in a channel: the transport's options overlaid
         with ``[channels."<pattern>"]`` tables and the channel's ``!set`` values."""
-        return await self.settings.effective(channel_key, self.options_for(transport))
+        scope = settings_scope(transport, channel_key)
+        return await self.settings.effective(scope, self.options_for(transport))
 
     async def _channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
         eff = await self.effective(key, transport)
@@ -680,9 +682,9 @@ class Bridge(AgentAccess):
         try:
             value = parse_setting(name, words[1:])
         except SettingError as exc:
-            await say(f"{prefix}set {exc}")
+            await say(f"{prefix}set{' ' if name in SETTING_KEYS else ': '}{exc}")
             return
-        await self.settings.set(key, name, value, actor=actor)
+        await self.settings.set(settings_scope(transport, key), name, value, actor=actor)
         log.info("channel %s: %s set %s", key, actor, name)
         eff = await self.effective(key, transport)
         ch = self._channels.get(key)
@@ -714,10 +716,11 @@ class Bridge(AgentAccess):
         actor = await self._settings_actor(message, transport, say)
         if actor is None:
             return
-        if name not in await self.settings.chat(key):
+        scope = settings_scope(transport, key)
+        if name not in await self.settings.chat(scope):
             await say(f"{name} is not set in chat here; nothing to unset")
             return
-        await self.settings.set(key, name, None, actor=actor)
+        await self.settings.set(scope, name, None, actor=actor)
         log.info("channel %s: %s unset %s", key, actor, name)
         eff = await self.effective(key, transport)
         ch = self._channels.get(key)

@@ -38,7 +38,7 @@ from pydantic import Field
 
 from agentik.core.settings import settings_dataclass
 from agentik.core.store.base import ChannelSetting, Store
-from agentik.transports.base import IncomingMessage
+from agentik.transports.base import IncomingMessage, Transport
 
 from .channel import ChannelOptions
 
@@ -55,6 +55,7 @@ __all__ = [
     "pattern_specificity",
     "persona_block",
     "role_at_least",
+    "settings_scope",
 ]
 
 #: ``role_for(transport_name, message, channel_key) -> role``: the speaker's role
@@ -208,6 +209,14 @@ def pattern_specificity(pattern: str) -> int:
     a pattern without wildcards beats every pattern with one."""
     literal = sum(1 for c in pattern if c not in "*?")
     return literal + (1_000_000 if not any(c in pattern for c in "*?[") else 0)
+
+
+def settings_scope(transport: Transport, channel_key: str) -> str:
+    """The key a channel's settings are kept under: a thread
+    (``slack:<team>:<channel>:<thread_ts>``) takes its channel's settings."""
+    if transport.in_thread(channel_key):
+        return channel_key.rsplit(":", 1)[0]
+    return channel_key
 
 
 def persona_block(channel_key: str, persona: str) -> str:
