@@ -470,7 +470,7 @@ async def test_the_most_specific_pattern_wins_key_by_key():
 def test_parse_setting_and_roles():
     assert parse_setting("tools", ["fs__read_*,web__*", "x"]) == ["fs__read_*", "web__*", "x"]
     assert parse_setting("ambient", ["ON"]) is True
-    with pytest.raises(SettingError, match="persona: .* too long"):
+    with pytest.raises(SettingError, match=r"persona: .* too long"):
         parse_setting("persona", ["x" * 2001])
     assert role_at_least("owner", "admin") and role_at_least("admin", "admin")
     assert not role_at_least("user", "admin") and not role_at_least("ignored", "user")
