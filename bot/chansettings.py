@@ -90,6 +90,8 @@ Events = Literal["auto", "answers", "chat", "debug"]
 
 #: Longest persona accepted (characters).
 MAX_PERSONA_CHARS = 2000
+#: Channels whose chat settings are kept in memory (least recently used dropped first).
+CACHED_CHANNELS = 10_000
 #: Most tool patterns one channel may list.
 MAX_TOOL_PATTERNS = 50
 
@@ -291,11 +293,15 @@ class ChannelSettingsBook:
         return [(p, s) for p, s in self.patterns if fnmatchcase(channel_key, p)]
 
     async def chat(self, channel_key: str) -> dict[str, ChannelSetting]:
-        """The settings set in chat for ``channel_key`` (cached after the first read)."""
-        found = self._chat.get(channel_key)
+        """The settings set in chat for ``channel_key`` (cached after the first read;
+        the cache keeps the :data:`CACHED_CHANNELS` most recently used channels)."""
+        found = self._chat.pop(channel_key, None)
         if found is None:
             rows = await self.store.channel_settings(channel_key)
-            found = self._chat[channel_key] = {r.key: r for r in rows if r.key in SETTING_KEYS}
+            found = {r.key: r for r in rows if r.key in SETTING_KEYS}
+            while len(self._chat) >= CACHED_CHANNELS:
+                del self._chat[next(iter(self._chat))]
+        self._chat[channel_key] = found  # now the most recently used
         return found
 
     async def set(self, channel_key: str, key: str, value: Any, *, actor: str) -> None:

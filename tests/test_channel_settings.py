@@ -478,3 +478,39 @@ def test_parse_setting_and_roles():
     assert not role_at_least("releasers", "admin") and role_at_least("releasers", "user")
     assert role_at_least("releasers", "releasers") and role_at_least("admin", "releasers")
     assert not role_at_least("user", "releasers")
+
+
+async def test_a_config_file_wires_channel_tables_and_settings_role_into_the_bot(tmp_path):
+    """``agentik run``'s path: [channels."…"] and [agent] settings_role from the TOML file."""
+    from agentik.bot.app import Bot
+    from agentik.bot.config import load_config
+    from agentik.transports.testing import MemoryTransport
+
+    path = tmp_path / "bot.toml"
+    path.write_text(
+        f"""
+[agent]
+settings_role = "user"
+[llm]
+backend = "scripted"
+[storage]
+path = "{tmp_path / "bot.db"}"
+[channels."memory:#o*"]
+answer = "all"
+[channels."memory:#ops"]
+persona = "You are the release bot"
+"""
+    )
+    t = MemoryTransport(name="memory")
+    async with Bot(load_config(path, env={}), transports={"memory": t}) as bot:
+        model = bot.agent.llm
+        await t.inject("not addressed", channel_key="memory:#ops")
+        await t.wait_for(lambda m: m.text == "echo: not addressed")
+        assert "You are the release bot" in (model.requests[-1].system or "")  # type: ignore[attr-defined]
+        # settings_role = "user": a verified user may set.
+        await t.inject("!set answer addressed", channel_key="memory:#ops")
+        await t.wait_for(lambda m: m.text == "answer is now addressed in this channel")
+        await t.inject("quiet now", channel_key="memory:#ops")
+        await t.inject("hello", channel_key="memory:#ops", addressed=True)
+        await t.wait_for(lambda m: m.text == "echo: hello")
+        assert "echo: quiet now" not in t.texts()
