@@ -514,3 +514,44 @@ persona = "You are the release bot"
         await t.inject("hello", channel_key="memory:#ops", addressed=True)
         await t.wait_for(lambda m: m.text == "echo: hello")
         assert "echo: quiet now" not in t.texts()
+
+
+async def test_events_and_ambient_change_on_an_open_channel(tmp_path):
+    """A channel already open (its renderer running) follows a changed ``events``
+    and ``ambient`` from its next turn: reasoning and tool lines appear with
+    ``debug``; lines said while ``ambient`` is on reach the model."""
+    from agentik.core import tool
+    from agentik.core.testing.scripted import Reply as ScriptedReply
+    from agentik.core.testing.scripted import ScriptedModel, call
+    from agentik.transports.testing import MemoryTransport
+
+    @tool
+    async def clock() -> str:
+        """The time."""
+        return "noon"
+
+    model = ScriptedModel()
+    async with Agent(llm=model, store=SQLiteStore(str(tmp_path / "b.db")), tools=[clock]) as agent:
+        bridge = Bridge(agent, role_for=lambda *_: "admin")
+        t = MemoryTransport(name="mem")
+        bridge.attach(t, ChannelOptions(command_prefix="!"))
+        await t.start(bridge)
+        try:
+            key = "mem:#room"
+            model.enqueue(ScriptedReply(reasoning="hmm", tool_calls=[call("clock")]), "Noon.")
+            await t.inject("time?", channel_key=key, addressed=True)
+            await bridge.flush(key)
+            assert t.texts("notice") == []  # a shared channel: answers only
+            await t.inject("!set events debug", channel_key=key)
+            await t.inject("!set ambient on", channel_key=key)
+            await t.inject("the build is red", channel_key=key, author="bob")
+            model.enqueue(ScriptedReply(reasoning="again", tool_calls=[call("clock")]), "Noon.")
+            await t.inject("time now?", channel_key=key, addressed=True)
+            await bridge.flush(key)
+            notices = t.texts("notice")
+            assert "(thinking) again" in notices and any(n.startswith("⚙ clock") for n in notices)
+            users = [m.content for m in model.requests[-2].messages if m.role == "user"]
+            assert "the build is red" in " ".join(users)
+        finally:
+            await t.aclose()
+            await bridge.aclose()
