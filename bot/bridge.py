@@ -31,6 +31,7 @@ import json
 import logging
 import secrets
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -113,8 +114,6 @@ class _Channel:
     pending: set[str] = field(default_factory=set)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     last_used: float = field(default_factory=time.monotonic)
-    #: The conversation's tool list was narrowed by a ``tools`` setting.
-    narrowed: bool = False
 
     def idle(self, now: float, after: float) -> bool:
         return not self.pending and not self.conversation.busy and now - self.last_used >= after
@@ -167,6 +166,9 @@ class Bridge(AgentAccess):
         self.settings_role = settings_role
         #: The speaker's role in a channel; the access policy's ``role_for`` at wiring.
         self.role_for: RoleFor = role_for or default_role_for
+        # Conversations whose tools a channel's ``tools`` setting narrowed (a
+        # conversation object can outlive its channel's renderer).
+        self._narrowed: weakref.WeakSet[Conversation] = weakref.WeakSet()
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options.
@@ -293,7 +295,7 @@ class Bridge(AgentAccess):
         ch.options = eff.options
         conv = ch.conversation
         conv.system_addition = persona_block(ch.key, eff.persona) if eff.persona else None
-        if eff.tools is None and not ch.narrowed:
+        if eff.tools is None and conv not in self._narrowed:
             return  # the transport's bound, set when the channel opened
         outer = self.options_for(ch.transport).allowed_tools
         if outer is None:
@@ -307,7 +309,10 @@ class Bridge(AgentAccess):
         conv.policy = dataclasses.replace(  # type: ignore[type-var]
             conv.policy or self.agent.policy, allowed_tools=allowed
         )
-        ch.narrowed = eff.tools is not None
+        if eff.tools is None:
+            self._narrowed.discard(conv)
+        else:
+            self._narrowed.add(conv)
 
     def _open(
         self, key: str, transport: Transport, opts: ChannelOptions, conv: Conversation
