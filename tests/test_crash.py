@@ -64,7 +64,8 @@ async def test_sigkill_mid_turn_loses_no_committed_message(openai_server, db_pat
 
     con = sqlite3.connect(db_path)
     assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    assert con.execute("SELECT MAX(number) FROM schema_migrations").fetchone() == (len(MIGRATIONS),)
+    latest = max(m.number for m in MIGRATIONS)  # numbers may have gaps until issue 19 merges
+    assert con.execute("SELECT MAX(number) FROM schema_migrations").fetchone() == (latest,)
     stored = dict(con.execute("SELECT run_id, content FROM message WHERE kind = 'user'").fetchall())
     con.close()
     for i, run_id in sent:
