@@ -446,16 +446,22 @@ async def test_without_http_in_local_channels_the_local_user_cannot_create(db_pa
 @pytest.mark.parametrize(
     ("settings", "says"),
     [
-        ({"allowed_hosts": ["https://bot.example"]}, "allowed_hosts"),
-        ({"allowed_hosts": ["bot.example/x"]}, "allowed_hosts"),
-        ({"allowed_origins": ["bot.example"]}, "allowed_origins"),
-        ({"allowed_origins": ["https://bot.example/chat"]}, "allowed_origins"),
-        ({"allowed_origins": ["*"]}, "allowed_origins"),
-        ({"local_channels": [""]}, "local_channels"),
-        ({"local_channels": ["*", "irc:"]}, "local_channels"),
+        ({"allowed_hosts": ["https://bot.example"]}, "allowed_hosts: Value error, 'https://"),
+        (
+            {"allowed_hosts": ["bot.example/x"]},
+            "allowed_hosts: Value error, 'bot.example/x' is not",
+        ),
+        (
+            {"allowed_origins": ["bot.example"]},
+            "allowed_origins: Value error, 'bot.example' is not",
+        ),
+        ({"allowed_origins": ["https://bot.example/chat"]}, "allowed_origins: Value error"),
+        ({"allowed_origins": ["*"]}, "allowed_origins: Value error, '*' is not an origin"),
+        ({"local_channels": [""]}, "local_channels: Value error, an empty prefix"),
+        ({"local_channels": ["*", "irc:"]}, 'local_channels: Value error, "*"'),
     ],
 )
-def test_allow_list_mistakes_name_the_key(settings, says):
+def test_allow_list_mistakes_name_the_key_and_say_why(settings, says):
     with pytest.raises(ConfigError) as info:
         HttpTransport(name="web", settings=settings, environ={})
     assert f"transports.web.{says}" in str(info.value)
