@@ -65,8 +65,8 @@ def parse_authority(value: str) -> tuple[str, int | None] | None:
     digits = rest[1:]
     if not rest.startswith(":") or not (digits.isascii() and digits.isdigit()) or len(digits) > 5:
         return None
-    port = int(digits)
-    return (host, port) if port <= 65535 else None
+    number = int(digits)
+    return (host, number) if number <= 65535 else None
 
 
 def parse_origin(value: str) -> tuple[str, str, int] | None:
