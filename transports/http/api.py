@@ -105,14 +105,14 @@ class NewMessageBody(_Body):
     content: str = Field(min_length=1, pattern=r"\S")
     #: The speaker's name the model sees: a display label, not an identity
     #: (the message's ``author_id`` is always the token's).
-    author: str | None = Field(None, min_length=1, max_length=AUTHOR_CHARS)
+    author: str | None = None
 
     @field_validator("author")
     @classmethod
     def _one_line(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        if not _AUTHOR.fullmatch(v):
+        if len(v) > AUTHOR_CHARS or not _AUTHOR.fullmatch(v):
             raise ValueError(
                 f"must be one line of at most {AUTHOR_CHARS} visible characters"
                 " (no line breaks or control characters)"
