@@ -417,6 +417,8 @@ class Bridge(AgentAccess):
             await self._close_channel(ch)
         self._channels.clear()
         await self.outbox.drain()
+        if self.budgets is not None:
+            await self.budgets.aclose()
 
     # -- delivery after a restart ---------------------------------------------------------
     async def redeliver(self) -> int:

@@ -37,6 +37,7 @@ refused (the model gets an error result saying so and can still answer).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -165,8 +166,15 @@ class Refusal:
     limit: int
     #: When the window ends (Unix time).
     resets_at: float
-    #: The line to show, or ``None`` when this window's notice was already given.
-    notice: str | None
+    #: What is used up, one line.
+    text: str
+    #: The first refusal of this counter in this window (chat shows only that one).
+    first: bool
+
+    @property
+    def notice(self) -> str | None:
+        """The line to show in a chat, or ``None`` when this window's notice was given."""
+        return self.text if self.first else None
 
 
 def window(kind: UsageKind, now: float) -> int:
@@ -213,7 +221,8 @@ class Budgets:
         self._runs: dict[str, Subject] = {}
         self._chars: dict[str, int] = {}
         self._sending: dict[str, asyncio.Lock] = {}
-        self._pruned = 0
+        self._pruned = 0.0
+        self._watcher: asyncio.Task[None] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -260,8 +269,8 @@ class Budgets:
         text += f"; resets at {_hhmm(resets)} UTC"
         first = mark not in self._noticed
         self._noticed.add(mark)
-        return Refusal(scope=scope, kind=kind, limit=limit, resets_at=resets,
-                       notice=text if first else None)  # fmt: skip
+        return Refusal(scope=scope, kind=kind, limit=limit, resets_at=resets, text=text,
+                       first=first)  # fmt: skip
 
     async def admit(self, subject: Subject) -> Refusal | None:
         """Whether a message may start a turn; counts it if so.
@@ -397,6 +406,37 @@ class Budgets:
                     )
             await self.record(subject, "tool_calls", 1, now=now)
         return None
+
+    # -- turns not rendered by the bridge (the HTTP API) ---------------------------------
+    def watch(self, agent: Any) -> None:
+        """Count the tokens of bound runs from ``agent``'s events (once; idempotent).
+
+        For turns whose end no renderer reports (the HTTP API's); a run is
+        counted once whichever reports its end first.
+        """
+        if self._watcher is not None and not self._watcher.done():
+            return
+        sub = agent.events(kinds=["turn_ended"], max_pending=100_000)
+        self._watcher = asyncio.create_task(self._watch(sub), name="agentik-budgets")
+
+    async def _watch(self, sub: Any) -> None:
+        try:
+            async for event in sub:
+                if event.kind == "turn_ended" and event.run_id in self._runs:
+                    try:
+                        await self.turn_ended(event.run_id, event.usage, event.text)
+                    except Exception:
+                        log.exception("could not count the tokens of run %s", event.run_id)
+        finally:
+            await sub.aclose()
+
+    async def aclose(self) -> None:
+        """Stop watching events."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
 
     @property
     def hook(self) -> object:

@@ -281,3 +281,96 @@ async def test_memory_store_counts_like_sqlite():
     assert got == {("identity", "x:a", "tokens"): 12, ("channel", "c", "messages"): 1}
     assert await store.budget_prune({"messages": 120}) == 1
     assert await store.budget_rows(0) == [("identity", "x:a", "tokens", 0, 12)]
+
+
+def test_agentik_access_budgets_shows_limits_and_todays_usage(tmp_path):
+    import subprocess
+    import time
+
+    from agentik.core.budgets import Subject
+    from helpers import AGENTIK
+
+    conf = tmp_path / "bot.toml"
+    conf.write_text(
+        '[storage]\npath = "bot.db"\n'
+        "[budgets.user]\nmessages_per_minute = 6\ntokens_per_day = 200000\n"
+        "[budgets.channel]\ntool_calls_per_day = 50\n",
+        encoding="utf-8",
+    )
+
+    async def use() -> None:
+        async with SQLiteStore(str(tmp_path / "bot.db")) as store:
+            from agentik.bot.config import load_config
+
+            budgets = Budgets(load_config(conf).budgets, store)
+            alice = Subject(transport="libera", channel="irc:libera:#ops", identity="libera:alice")
+            await budgets.record(alice, "tokens", 1234)
+            await budgets.record(alice, "tool_calls", 2)
+            # Yesterday's usage is not today's.
+            await budgets.record(alice, "tokens", 99, now=time.time() - DAY)
+
+    asyncio.run(use())
+    run = subprocess.run([AGENTIK, "access", "budgets", "-c", str(conf)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "  user: 6 messages/minute, 200,000 tokens/day, unlimited tool calls/day" in lines
+    assert "  admin: unlimited" in lines and "  unverified: as their role" in lines
+    assert "  channel: unlimited messages/minute, unlimited tokens/day, 50 tool calls/day" in lines
+    assert "  identity   libera:alice: 1,234 tokens, 2 tool calls" in lines
+    assert "  channel    irc:libera:#ops: 1,234 tokens, 2 tool calls" in lines
+    bad = subprocess.run([AGENTIK, "access", "budgets", "--day", "yesterday", "-c", str(conf)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "agentik: --day: not a date (YYYY-MM-DD): 'yesterday'"
+    )
+
+
+async def test_http_api_answers_429_when_the_budget_is_used_up(tmp_path):
+    import httpx
+
+    from agentik.transports.http.transport import HttpTransport
+
+    settings = BudgetSettings(user=BudgetLimits(tokens_per_day=20))
+    clock = Clock()
+    model = ScriptedModel()
+    store = SQLiteStore(str(tmp_path / "http.db"))
+    agent = Agent(llm=model, store=store)
+    await agent.start()
+    budgets = Budgets(settings, store, clock=clock)
+    bridge = Bridge(agent, budgets=budgets)
+    transport = HttpTransport(name="web", settings={"port": 0}, environ={})
+    bridge.attach(transport)
+    await transport.start(bridge)
+    try:
+        base = f"{transport.url}{transport.options.prefix}"
+        async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+            conv = (await c.post("/conversations", json={})).json()
+            path = f"/conversations/{conv['id']}/messages"
+            model.enqueue(Reply(text="an answer", usage=Usage(total_tokens=25)))
+            r = await c.post(path, json={"content": "hello"})
+            assert r.status_code == 202, r.text
+            await (await agent.get_conversation(conv["id"])).wait_idle()
+            # The turn's tokens are counted from the agent's events: wait for them.
+            async with asyncio.timeout(60):
+                while not any(k == "tokens" for _, _, k, _, _ in await store.budget_rows(0)):
+                    await asyncio.sleep(0.01)
+            r = await c.post(path, json={"content": "more"})
+            assert r.status_code == 429
+            error = r.json()["error"]
+            assert error["code"] == "budget_exceeded"
+            assert error["message"].endswith(
+                ": daily token budget used up (20); resets at 00:00 UTC"
+            )
+            assert int(r.headers["retry-after"]) == 10 * 3600 + 30
+            # Every refused request says so (an API client has no chat scroll-back).
+            assert (await c.post(path, json={"content": "again"})).status_code == 429
+            assert len(model.requests) == 1
+            texts = [m["content"] for m in (await c.get(path)).json()["items"]]
+            assert texts == ["hello", "an answer"]  # nothing stored for the refused ones
+            clock.now += DAY
+            assert (await c.post(path, json={"content": "tomorrow"})).status_code == 202
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
