@@ -477,7 +477,13 @@ async def _access_budgets(args: argparse.Namespace, config: Config) -> int:
     tables = [("owner", b.owner), ("admin", b.admin), ("user", b.user)]
     tables += [(f"role {name}", lim) for name, lim in sorted(b.roles.items())]
     tables += [("channel", b.channel)]
-    unverified = limits(b.unverified) if b.unverified is not None else "as their role"
+    u = b.unverified
+    unverified = ", ".join(
+        f"{what} as their role" if n is None else f"{n:,} {what}" if n else f"unlimited {what}"
+        for n, what in ((u.messages_per_minute, "messages/minute"),
+                        (u.tokens_per_day, "tokens/day"),
+                        (u.tool_calls_per_day, "tool calls/day"))
+    )  # fmt: skip
     for name, lim in tables:
         print(f"  {name}: {limits(lim)}")
     print(f"  unverified: {unverified}")

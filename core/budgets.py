@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from .hookspecs import hookimpl
 from .hooks import Block
+from .hookspecs import hookimpl
 from .settings import settings_dataclass
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ __all__ = [
     "Budgets",
     "Refusal",
     "Subject",
+    "UnverifiedLimits",
     "UsageKind",
     "UsageScope",
 ]
@@ -71,10 +72,12 @@ log = logging.getLogger(__name__)
 UsageKind = Literal["messages", "tokens", "tool_calls"]
 UsageScope = Literal["identity", "unverified", "channel"]
 KINDS: tuple[UsageKind, ...] = ("messages", "tokens", "tool_calls")
+#: What stops a turn before it starts (used-up tool calls only refuse each call).
+_TURN_KINDS: tuple[UsageKind, ...] = ("messages", "tokens")
 
 _MINUTE = 60
 _DAY = 86_400
-#: Counter rows older than this are pruned (daily ones are kept a while for ``agentik access budgets``).
+#: Daily counters older than this are pruned (kept a while for ``agentik access budgets``).
 _KEEP_DAYS = 35
 
 
@@ -101,6 +104,37 @@ _UNLIMITED = BudgetLimits()
 
 
 @settings_dataclass
+class UnverifiedLimits:
+    """``[budgets.unverified]``: limits of a transport's unverified speakers together;
+    a key left unset takes the speaker's role's limit (``0``: unlimited)."""
+
+    #: Messages per fixed UTC minute, all unverified speakers of a transport together.
+    messages_per_minute: int | None = Field(None, ge=0)
+    #: Model tokens per UTC day, all unverified speakers of a transport together.
+    tokens_per_day: int | None = Field(None, ge=0)
+    #: Tool calls per UTC day, all unverified speakers of a transport together.
+    tool_calls_per_day: int | None = Field(None, ge=0)
+
+    def over(self, role: BudgetLimits) -> BudgetLimits:
+        """These limits, with the unset ones taken from ``role``'s."""
+        return BudgetLimits(
+            messages_per_minute=_given(self.messages_per_minute, role.messages_per_minute),
+            tokens_per_day=_given(self.tokens_per_day, role.tokens_per_day),
+            tool_calls_per_day=_given(self.tool_calls_per_day, role.tool_calls_per_day),
+        )
+
+    @property
+    def given(self) -> bool:
+        return any(
+            v for v in (self.messages_per_minute, self.tokens_per_day, self.tool_calls_per_day)
+        )
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+@settings_dataclass
 class BudgetSettings:
     """``[budgets]``: limits per role, per channel and for unverified speakers."""
 
@@ -114,8 +148,8 @@ class BudgetSettings:
     roles: dict[str, BudgetLimits] = field(default_factory=dict)
     #: All speakers of one channel together.
     channel: BudgetLimits = field(default_factory=BudgetLimits)
-    #: All unverified speakers of one transport instance together (unset: their role's limits).
-    unverified: BudgetLimits | None = None
+    #: All unverified speakers of one transport instance together (unset keys: their role's).
+    unverified: UnverifiedLimits = field(default_factory=UnverifiedLimits)
 
     def for_role(self, role: str) -> BudgetLimits:
         if role == "owner":
@@ -127,9 +161,7 @@ class BudgetSettings:
     @property
     def enabled(self) -> bool:
         tables = [self.user, self.admin, self.owner, self.channel, *self.roles.values()]
-        if self.unverified is not None:
-            tables.append(self.unverified)
-        return any(t != _UNLIMITED for t in tables)
+        return self.unverified.given or any(t != _UNLIMITED for t in tables)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,20 +264,22 @@ class Budgets:
     def limits(self, subject: Subject) -> list[tuple[UsageScope, str, BudgetLimits]]:
         """The counters ``subject`` is checked against, with their limits."""
         channel: tuple[UsageScope, str, BudgetLimits] = (
-            "channel", subject.channel, self.settings.channel
+            "channel",
+            subject.channel,
+            self.settings.channel,
         )
         if not subject.speaker:
             return [channel]
         scope, key = subject.person
         person = self.settings.for_role(subject.role)
-        if scope == "unverified" and self.settings.unverified is not None:
-            person = self.settings.unverified
+        if scope == "unverified":
+            person = self.settings.unverified.over(person)
         return [(scope, key, person), channel]
 
     async def used(self, subject: Subject) -> dict[tuple[UsageScope, UsageKind], int]:
         """This window's usage of the speaker's and the channel's counters."""
         now = self.clock()
-        windows = {k: window(k, now) for k in KINDS}
+        windows: dict[str, int] = {k: window(k, now) for k in KINDS}
         keys = [(scope, key) for scope, key, _ in self.limits(subject)]
         rows = await self.store.budget_usage(keys, windows)
         out: dict[tuple[UsageScope, UsageKind], int] = {}
@@ -285,10 +319,10 @@ class Budgets:
             now = self.clock()
             used = await self.used(subject)
             for scope, key, limits in self.limits(subject):
-                for kind in ("messages", "tokens"):
-                    limit = limits.limit(kind)  # type: ignore[arg-type]
-                    if limit and used[(scope, kind)] >= limit:  # type: ignore[index]
-                        return self._notice(subject, scope, key, kind, limit, now)  # type: ignore[arg-type]
+                for kind in _TURN_KINDS:
+                    limit = limits.limit(kind)
+                    if limit and used[(scope, kind)] >= limit:
+                        return self._notice(subject, scope, key, kind, limit, now)
             await self.record(subject, "messages", 1, now=now)
         return None
 

@@ -12,9 +12,11 @@ import asyncio
 import sqlite3
 from contextlib import asynccontextmanager
 
+from test_irc import FAST, joined
+
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
-from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings
+from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings, UnverifiedLimits
 from agentik.core.llm.openai_backend import OpenAIBackend
 from agentik.core.messages import Usage
 from agentik.core.store.memory import MemoryStore
@@ -27,7 +29,6 @@ from agentik.transports.slack.transport import SlackTransport
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient
-from test_irc import FAST, joined
 
 pytest_plugins = ["ircservers"]
 
@@ -78,7 +79,7 @@ def bot_texts(slack: FakeSlack, channel: str) -> list[str]:
 async def bot_said(slack: FakeSlack, channel: str, count: int) -> list[str]:
     """Wait until the bot has posted ``count`` messages in ``channel``; all of them."""
     async with asyncio.timeout(60):
-        while len(texts := bot_texts(slack, channel)) < count:
+        while len(texts := bot_texts(slack, channel)) < count:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
     return texts
 
@@ -86,7 +87,7 @@ async def bot_said(slack: FakeSlack, channel: str, count: int) -> list[str]:
 async def bot_posted(slack: FakeSlack, channel: str, needle: str) -> str:
     """Wait until the bot has posted a message in ``channel`` containing ``needle``; it."""
     async with asyncio.timeout(60):
-        while not (found := [t for t in bot_texts(slack, channel) if needle in t]):
+        while not (found := [t for t in bot_texts(slack, channel) if needle in t]):  # noqa: ASYNC110
             await asyncio.sleep(0.01)
     return found[-1]
 
@@ -207,7 +208,9 @@ async def test_tool_calls_past_the_daily_limit_are_refused_per_role(tmp_path):
 
 
 async def test_unverified_irc_speakers_share_a_per_minute_bucket(miniircd, tmp_path):
-    settings = BudgetSettings(unverified=BudgetLimits(messages_per_minute=2))
+    # A role limit the unverified bucket overrides, and one it takes as it is.
+    settings = BudgetSettings(user=BudgetLimits(messages_per_minute=9, tool_calls_per_day=4),
+                              unverified=UnverifiedLimits(messages_per_minute=2))  # fmt: skip
     clock = Clock()
     model = ScriptedModel()
     agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "irc.db")))
@@ -247,6 +250,7 @@ async def test_unverified_irc_speakers_share_a_per_minute_bucket(miniircd, tmp_p
         report = await alice.wait_for(from_bot)
         assert report.text.startswith("bob (unverified, shared on testnet): ")
         assert "0 of 2 messages this minute left" in report.text
+        assert "4 of 4 tool calls today left" in report.text
         assert "this channel: " in report.text
         assert len(model.requests) == 2
         # The next minute the bucket is open again.
@@ -315,7 +319,9 @@ def test_agentik_access_budgets_shows_limits_and_todays_usage(tmp_path):
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert "  user: 6 messages/minute, 200,000 tokens/day, unlimited tool calls/day" in lines
-    assert "  admin: unlimited" in lines and "  unverified: as their role" in lines
+    assert "  admin: unlimited" in lines
+    assert "  unverified: messages/minute as their role, tokens/day as their role, tool calls/day"\
+        " as their role" in lines
     assert "  channel: unlimited messages/minute, unlimited tokens/day, 50 tool calls/day" in lines
     assert "  identity   libera:alice: 1,234 tokens, 2 tool calls" in lines
     assert "  channel    irc:libera:#ops: 1,234 tokens, 2 tool calls" in lines
@@ -353,7 +359,7 @@ async def test_http_api_answers_429_when_the_budget_is_used_up(tmp_path):
             await (await agent.get_conversation(conv["id"])).wait_idle()
             # The turn's tokens are counted from the agent's events: wait for them.
             async with asyncio.timeout(60):
-                while not any(k == "tokens" for _, _, k, _, _ in await store.budget_rows(0)):
+                while not any(k == "tokens" for _, _, k, _, _ in await store.budget_rows(0)):  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
             r = await c.post(path, json={"content": "more"})
             assert r.status_code == 429

@@ -30,7 +30,6 @@ import contextlib
 import json
 import logging
 import re
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -379,7 +378,9 @@ class Api:
         # as coming from this API, not from that channel.
         channel = conv.channel_key if ours else f"http:{self.ctx.instance}:{principal.name}"
         author = body.author or principal.name
-        subject = await self._admit(principal, channel, author, body.content)
+        subject = await self._admit(
+            principal, channel or f"conversation:{conv.id}", author, body.content
+        )
         try:
             async with contextlib.AsyncExitStack() as stack:
                 budgets = self.ctx.budgets
@@ -424,8 +425,10 @@ class Api:
                 direct=True, addressed=True,
             )  # fmt: skip
             role = self.ctx.role_for(instance, message, channel)
-        subject = Subject(transport=instance, channel=channel,
-                          identity=f"{instance}:{principal.name}", role=role, name=author)  # fmt: skip
+        identity = f"{instance}:{principal.name}"
+        subject = Subject(
+            transport=instance, channel=channel, identity=identity, role=role, name=author
+        )
         refused = await budgets.admit(subject)
         if refused is not None:
             wait = max(1, int(refused.resets_at - budgets.clock() + 0.999))
