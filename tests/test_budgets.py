@@ -320,8 +320,10 @@ def test_agentik_access_budgets_shows_limits_and_todays_usage(tmp_path):
     lines = run.stdout.splitlines()
     assert "  user: 6 messages/minute, 200,000 tokens/day, unlimited tool calls/day" in lines
     assert "  admin: unlimited" in lines
-    assert "  unverified: messages/minute as their role, tokens/day as their role, tool calls/day"\
+    assert (
+        "  unverified: messages/minute as their role, tokens/day as their role, tool calls/day"
         " as their role" in lines
+    )
     assert "  channel: unlimited messages/minute, unlimited tokens/day, 50 tool calls/day" in lines
     assert "  identity   libera:alice: 1,234 tokens, 2 tool calls" in lines
     assert "  channel    irc:libera:#ops: 1,234 tokens, 2 tool calls" in lines
