@@ -117,7 +117,8 @@ class UnverifiedLimits:
 
     def over(self, role: BudgetLimits) -> BudgetLimits:
         """These limits, with the unset ones taken from ``role``'s."""
-        return BudgetLimits(
+        # (A pydantic dataclass: mypy does not see its fields as arguments.)
+        return BudgetLimits(  # type: ignore[call-arg]
             messages_per_minute=_given(self.messages_per_minute, role.messages_per_minute),
             tokens_per_day=_given(self.tokens_per_day, role.tokens_per_day),
             tool_calls_per_day=_given(self.tool_calls_per_day, role.tool_calls_per_day),
