@@ -619,11 +619,13 @@ class Bridge(AgentAccess):
             return
         await say(await self.budgets.report(self._subject(message, transport)))
 
-    async def _budget_turn_ended(self, event: TurnEnded) -> None:
-        """Count the tokens of a finished turn for whoever started it."""
+    async def _budget_turn_ended(self, event: TurnEnded, channel_key: str) -> None:
+        """Count the tokens of a finished turn for whoever started it (else the channel)."""
         if self.budgets is not None and event.run_id:
             try:
-                await self.budgets.turn_ended(event.run_id, event.usage, event.text)
+                await self.budgets.turn_ended(
+                    event.run_id, event.usage, event.text, channel=channel_key
+                )
             except Exception:
                 log.exception("could not count the tokens of run %s", event.run_id)
 
@@ -680,7 +682,7 @@ class Bridge(AgentAccess):
             except Exception:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
             if event.kind == "turn_ended":
-                await self._budget_turn_ended(event)
+                await self._budget_turn_ended(event, ch.key)
                 ch.run_reply_to.pop(event.run_id or "", None)
                 async with ch.changed:
                     ch.pending.discard(event.run_id or "")

@@ -303,6 +303,9 @@ class Budgets:
             text = f"{subject.name or subject.identity}: {what}"
         text += f"; resets at {_hhmm(resets)} UTC"
         first = mark not in self._noticed
+        if first and len(self._noticed) >= 10_000:
+            # Forget the notices of windows that have ended.
+            self._noticed = {m for m in self._noticed if m[3] >= window(m[2], now)}  # type: ignore[arg-type]
         self._noticed.add(mark)
         return Refusal(scope=scope, kind=kind, limit=limit, resets_at=resets, text=text,
                        first=first)  # fmt: skip
@@ -391,17 +394,22 @@ class Budgets:
             del self._runs[old]
             self._chars.pop(old, None)
 
-    async def turn_ended(self, run_id: str, usage: Usage, text: str = "") -> int:
+    async def turn_ended(
+        self, run_id: str, usage: Usage, text: str = "", *, channel: str | None = None
+    ) -> int:
         """Count the tokens of run ``run_id`` (then forget the run); how many were counted.
 
         The backend's reported usage (prompt + completion tokens over every
         model request of the turn); when it reported none, ``ceil(characters
-        / 4)`` of the message and the answer.
+        / 4)`` of the message and the answer.  A run nobody bound (a message
+        resumed after a restart) counts for ``channel`` only, if given.
         """
         subject = self._runs.pop(run_id, None)
         chars = self._chars.pop(run_id, 0)
         if subject is None:
-            return 0
+            if channel is None or not self.enabled:
+                return 0
+            subject = Subject(transport="", channel=channel, speaker=False)
         tokens = usage.total_tokens or (usage.prompt_tokens + usage.completion_tokens)
         if not tokens:
             tokens = -(-(chars + len(text)) // 4)

@@ -382,3 +382,27 @@ async def test_http_api_answers_429_when_the_budget_is_used_up(tmp_path):
         await transport.aclose()
         await bridge.aclose()
         await agent.aclose()
+
+
+async def test_the_bot_takes_budgets_from_its_configuration(tmp_path, openai_server):
+    from agentik.bot.app import Bot
+    from agentik.bot.config import parse_config
+
+    base = {
+        "llm": {
+            "backend": "openai",
+            "base_url": openai_server.base_url,
+            "api_key": "sk-x",
+            "model": "fake-model",
+        },
+        "storage": {"path": str(tmp_path / "bot.db")},
+    }
+    bot = Bot(parse_config({**base, "budgets": {"channel": {"tokens_per_day": 5}}}))
+    budgets = bot.bridge.budgets
+    assert budgets is not None and budgets.store is bot.agent.store
+    assert budgets.settings.channel.tokens_per_day == 5
+    await bot.aclose()
+    # Without [budgets] nothing is limited and nothing is counted.
+    bot = Bot(parse_config(base))
+    assert bot.bridge.budgets is None
+    await bot.aclose()
