@@ -12,8 +12,6 @@ import asyncio
 import sqlite3
 from contextlib import asynccontextmanager
 
-from test_irc import FAST, joined
-
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
 from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings, UnverifiedLimits
@@ -35,6 +33,17 @@ pytest_plugins = ["ircservers"]
 #: 2026-12-01 13:59:30 UTC: half a minute before a minute (and 10 h before a day) ends.
 T0 = 1_796_133_570.0
 DAY = 86_400.0
+
+
+FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
+        "flood_rate": 200.0}  # fmt: skip
+
+
+async def joined(transport: IRCTransport, channel: str) -> None:
+    async with asyncio.timeout(60):
+        while channel not in transport.joined:
+            await transport._queue_changed.wait()
+            await asyncio.sleep(0)
 
 
 class Clock:
