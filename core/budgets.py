@@ -48,6 +48,7 @@ from pydantic import Field
 
 from .hooks import Block
 from .hookspecs import hookimpl
+from .keyedlocks import KeyedLocks
 from .settings import settings_dataclass
 
 if TYPE_CHECKING:
@@ -249,11 +250,12 @@ class Budgets:
         self.clock = clock
         #: Notices given, by (scope, subject, kind, window): one per window.
         self._noticed: set[tuple[str, str, str, int]] = set()
-        self._lock = asyncio.Lock()
+        #: Check-then-count is atomic per channel (two channels never wait for each other).
+        self._locks = KeyedLocks()
         #: Who each run is counted for (set by whoever sent its message).
         self._runs: dict[str, Subject] = {}
         self._chars: dict[str, int] = {}
-        self._sending: dict[str, asyncio.Lock] = {}
+        self._sending = KeyedLocks()
         self._pruned = 0.0
         self._watcher: asyncio.Task[None] | None = None
 
@@ -277,9 +279,11 @@ class Budgets:
             person = self.settings.unverified.over(person)
         return [(scope, key, person), channel]
 
-    async def used(self, subject: Subject) -> dict[tuple[UsageScope, UsageKind], int]:
+    async def used(
+        self, subject: Subject, *, now: float | None = None
+    ) -> dict[tuple[UsageScope, UsageKind], int]:
         """This window's usage of the speaker's and the channel's counters."""
-        now = self.clock()
+        now = self.clock() if now is None else now
         windows: dict[str, int] = {k: window(k, now) for k in KINDS}
         keys = [(scope, key) for scope, key, _ in self.limits(subject)]
         rows = await self.store.budget_usage(keys, windows)
@@ -319,9 +323,9 @@ class Budgets:
         """
         if not self.enabled:
             return None
-        async with self._lock:
+        async with self._locks(subject.channel):
             now = self.clock()
-            used = await self.used(subject)
+            used = await self.used(subject, now=now)
             for scope, key, limits in self.limits(subject):
                 for kind in _TURN_KINDS:
                     limit = limits.limit(kind)
@@ -379,10 +383,7 @@ class Budgets:
     def sending(self, conversation_id: str) -> asyncio.Lock:
         """Hold while sending a message and :meth:`bind`-ing its run, so a tool call
         of that run (checked by :meth:`hook`) waits to know who it is counted for."""
-        lock = self._sending.get(conversation_id)
-        if lock is None:
-            lock = self._sending[conversation_id] = asyncio.Lock()
-        return lock
+        return self._sending(conversation_id)
 
     def bind(self, run_id: str, subject: Subject, *, chars: int = 0) -> None:
         """Count run ``run_id`` (its tokens and tool calls) for ``subject``;
@@ -419,8 +420,8 @@ class Budgets:
     async def subject_of(self, conversation: Conversation, run_id: str) -> Subject | None:
         subject = self._runs.get(run_id)
         if subject is None:
-            lock = self._sending.get(conversation.id)
-            if lock is not None and lock.locked():
+            lock = self._sending(conversation.id)
+            if lock.locked():
                 async with lock:
                     pass
                 subject = self._runs.get(run_id)
@@ -435,9 +436,9 @@ class Budgets:
             # Not sent through the bridge (resumed after a restart): the channel pays.
             key = conversation.channel_key or f"conversation:{conversation.id}"
             subject = Subject(transport="", channel=key, speaker=False)
-        async with self._lock:
+        async with self._locks(subject.channel):
             now = self.clock()
-            used = await self.used(subject)
+            used = await self.used(subject, now=now)
             for scope, _key, limits in self.limits(subject):
                 limit = limits.tool_calls_per_day
                 if limit and used[(scope, "tool_calls")] >= limit:
