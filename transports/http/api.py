@@ -21,6 +21,7 @@ code                        status  when
 ``unsupported_media_type``  415     a body that is not ``Content-Type: application/json``
 ``invalid_body``            422     not JSON, nested too deep, not an object, or a field is wrong
 ``invalid_parameter``       422     a query parameter or header is wrong
+``budget_exceeded``         429     the token's or the conversation's budget is used up
 ``unavailable``             503     the agent is shutting down
 ``internal_error``          500     a bug: logged with its traceback
 ==========================  ======  ===============================================
@@ -28,6 +29,7 @@ code                        status  when
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -46,9 +48,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from agentik.core import Agent, Conversation
+from agentik.core.budgets import Budgets, Subject
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
 from agentik.core.events import PROFILES, EventBase
-from agentik.transports.base import restrict_tools
+from agentik.transports.base import IncomingMessage, restrict_tools
 
 from .auth import LOCAL, Principal, TokenTable, local_principal
 from .guard import Guard, GuardMiddleware
@@ -144,6 +147,10 @@ class ApiContext:
     streams: set[EventStream] = field(default_factory=set)
     #: Set while shutting down: new event streams are refused.
     closing: bool = False
+    #: Usage limits (the bridge's), checked before a posted message starts a turn.
+    budgets: Budgets | None = None
+    #: ``role_for(transport_name, message, channel_key)``: the speaker's role, for budgets.
+    role_for: Callable[[str, IncomingMessage, str], str] | None = None
 
 
 #: Longest title taken from a conversation's first message.
@@ -460,13 +467,22 @@ class Api:
         # as coming from this API, not from that channel.
         channel = conv.channel_key if ours else f"http:{self.ctx.instance}:{principal.name}"
         author = body.author or principal.name
+        subject = await self._admit(
+            principal, channel or f"conversation:{conv.id}", author, body.content
+        )
         try:
-            run_id = await conv.send(
-                body.content,
-                author=author,
-                author_id=f"{self.ctx.instance}:{principal.name}",
-                channel=channel,
-            )
+            async with contextlib.AsyncExitStack() as stack:
+                budgets = self.ctx.budgets
+                if subject is not None and budgets is not None:
+                    await stack.enter_async_context(budgets.sending(conv.id))
+                run_id = await conv.send(
+                    body.content,
+                    author=author,
+                    author_id=f"{self.ctx.instance}:{principal.name}",
+                    channel=channel,
+                )
+                if subject is not None and budgets is not None:
+                    budgets.bind(run_id, subject, chars=len(body.content))
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
         if ours and not conv.title:
@@ -482,6 +498,31 @@ class Api:
             },
             status_code=202,
         )
+
+    async def _admit(
+        self, principal: Principal, channel: str, author: str, text: str
+    ) -> Subject | None:
+        """Check the budgets before a turn (429 when used up); who the turn counts for."""
+        budgets = self.ctx.budgets
+        if budgets is None or not budgets.enabled:
+            return None
+        instance = self.ctx.instance
+        role = "user"
+        if self.ctx.role_for is not None:
+            message = IncomingMessage(
+                channel_key=channel, author_id=principal.name, author_name=author, text=text,
+                direct=True, addressed=True,
+            )  # fmt: skip
+            role = self.ctx.role_for(instance, message, channel)
+        identity = f"{instance}:{principal.name}"
+        subject = Subject(
+            transport=instance, channel=channel, identity=identity, role=role, name=author
+        )
+        refused = await budgets.admit(subject)
+        if refused is not None:
+            wait = max(1, int(refused.resets_at - budgets.clock() + 0.999))
+            raise ApiError(429, "budget_exceeded", refused.text, headers={"Retry-After": str(wait)})
+        return subject
 
     async def list_messages(self, request: Request) -> Response:
         principal = self.principal(request)

@@ -40,6 +40,7 @@ ERROR_CODES = (
     "invalid_body",
     "invalid_parameter",
     "prompt_refused",
+    "budget_exceeded",
     "unavailable",
     "internal_error",
 )
@@ -431,6 +432,10 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                     "422": _error(
                         "the body is not of the documented shape (invalid_body), or a"
                         " plugin refused the message (prompt_refused: nothing was stored)"
+                    ),
+                    "429": _error(
+                        "the token's or the conversation's budget is used up (budget_exceeded:"
+                        " nothing was stored; Retry-After says when it resets)"
                     ),
                 },
                 requestBody=_body("NewMessage", required=True),
