@@ -37,10 +37,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from agentik.core import Agent, Conversation
+from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
-from agentik.core.events import PROFILES, Error, Event
+from agentik.core.events import PROFILES, Error, Event, TurnEnded
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.settings import setting_fields
@@ -76,7 +77,10 @@ from .chansettings import (
 from .config import AgentSection
 from .outbox import Outbox
 
-__all__ = ["COMMANDS", "Bridge", "ChannelOptions"]
+__all__ = ["COMMANDS", "Bridge", "ChannelOptions", "RoleFor", "default_role_for"]
+
+# RoleFor and default_role_for (everyone is a ``user``; the coordinator wires
+# ``AccessPolicy.role_for`` in its place) are declared once, in .chansettings.
 
 #: The ``[agent]`` defaults (resume mode and age), declared once in the configuration.
 _AGENT = AgentSection()
@@ -89,6 +93,7 @@ COMMANDS: dict[str, str] = {
     "more": "show the next part of a long answer",
     "status": "show the model, the conversation and whether a turn is running",
     "compact": "summarise the older part of this conversation now, to free context",
+    "budget": "show what is left of your and this channel's budgets",
     "help": "list these commands",
     # Per-channel settings (issue 19).
     "set": "change a setting of this channel (admins): set <key> <value>; set alone lists the keys",
@@ -140,11 +145,19 @@ class Bridge(AgentAccess):
         idle_seconds: float = 900.0,
         resume: ResumeMode = _AGENT.resume,
         resume_max_age: float = _AGENT.resume_max_age,
+        budgets: Budgets | None = None,
         channel_settings: Mapping[str, ChannelSettings] | None = None,
         settings_role: str = _AGENT.settings_role,
         role_for: RoleFor | None = None,
     ) -> None:
         self.agent = agent
+        #: Usage limits per speaker and channel (``None``: unlimited).
+        self.budgets = budgets
+        #: The speaker's role in a channel (for budgets and ``!set``); the access
+        #: policy's ``role_for`` at wiring.
+        self.role_for: RoleFor = role_for or default_role_for
+        if budgets is not None and agent.hooks.pm is not None:
+            agent.hooks.pm.register(budgets.hook, name=f"agentik-budgets-{id(budgets):x}")
         self.idle_seconds = idle_seconds
         #: What :meth:`resume_pending` does with a message a crash left unanswered.
         self.resume = resume
@@ -164,8 +177,6 @@ class Bridge(AgentAccess):
         self.settings = ChannelSettingsBook(agent.store, channel_settings)
         #: The role ``!set``/``!unset`` need.
         self.settings_role = settings_role
-        #: The speaker's role in a channel; the access policy's ``role_for`` at wiring.
-        self.role_for: RoleFor = role_for or default_role_for
         # Conversations whose tools a channel's ``tools`` setting narrowed (a
         # conversation object can outlive its channel's renderer).
         self._narrowed: weakref.WeakSet[Conversation] = weakref.WeakSet()
@@ -223,16 +234,33 @@ class Bridge(AgentAccess):
                 message.reply_to,
             )
             return
+        subject = None
+        if self.budgets is not None and self.budgets.enabled:
+            subject = self._subject(message, transport)
+            refused = await self.budgets.admit(subject)
+            if refused is not None:
+                # One notice per window; later messages get nothing, and no model call.
+                if refused.notice:
+                    await self._send(transport, message.channel_key, refused.notice, "notice",
+                                     message.reply_to)  # fmt: skip
+                return
         ch = await self._channel(message.channel_key, transport, opts)
         ch.reply_to = message.reply_to
         ch.direct = message.direct
         ch.more.clear()
         try:
-            run_id = await ch.conversation.send(
-                text,
-                author=message.author_name or message.author_id,
-                author_id=_author_id(transport, message),
-            )
+            async with contextlib.AsyncExitStack() as stack:
+                if subject is not None:
+                    assert self.budgets is not None
+                    await stack.enter_async_context(self.budgets.sending(ch.conversation.id))
+                run_id = await ch.conversation.send(
+                    text,
+                    author=message.author_name or message.author_id,
+                    author_id=_author_id(transport, message),
+                )
+                if subject is not None:
+                    assert self.budgets is not None
+                    self.budgets.bind(run_id, subject, chars=len(text))
         except PromptRefused as exc:
             # A plugin's words, shown as they are.
             await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
@@ -449,6 +477,8 @@ class Bridge(AgentAccess):
             await self._close_channel(ch)
         self._channels.clear()
         await self.outbox.drain()
+        if self.budgets is not None:
+            await self.budgets.aclose()
 
     # -- delivery after a restart ---------------------------------------------------------
     async def redeliver(self) -> int:
@@ -537,6 +567,7 @@ class Bridge(AgentAccess):
             "more": lambda: self._cmd_more(key, transport, say, p),
             "status": lambda: self._cmd_status(key, transport, opts, say),
             "compact": lambda: self._cmd_compact(key, transport, opts, say),
+            "budget": lambda: self._cmd_budget(message, transport, say),
             # Per-channel settings (issue 19).
             "set": lambda: self._cmd_set(message, transport, say, p),
             "unset": lambda: self._cmd_unset(message, transport, say, p),
@@ -634,6 +665,34 @@ class Bridge(AgentAccess):
             f"model {self.agent.llm.model or self.agent.llm.name} · conversation {conv.id} "
             f"({count} messages) · {state}\n" + describe(await self.effective(key, transport))
         )
+
+    # -- budgets (issue 19) ----------------------------------------------------------------
+    def _subject(self, message: IncomingMessage, transport: Transport) -> Subject:
+        """Who ``message`` is counted for: its speaker (by role) and its channel."""
+        key = message.channel_key
+        return Subject(
+            transport=transport.name, channel=key, identity=_author_id(transport, message),
+            role=self.role_for(transport.name, message, key),
+            name=message.author_name or message.author_id,
+        )  # fmt: skip
+
+    async def _cmd_budget(
+        self, message: IncomingMessage, transport: Transport, say: Callable[[str], Awaitable[None]]
+    ) -> None:
+        if self.budgets is None or not self.budgets.enabled:
+            await say("no budgets are set: usage is unlimited")
+            return
+        await say(await self.budgets.report(self._subject(message, transport)))
+
+    async def _budget_turn_ended(self, event: TurnEnded, channel_key: str) -> None:
+        """Count the tokens of a finished turn for whoever started it (else the channel)."""
+        if self.budgets is not None and event.run_id:
+            try:
+                await self.budgets.turn_ended(
+                    event.run_id, event.usage, event.text, channel=channel_key
+                )
+            except Exception:
+                log.exception("could not count the tokens of run %s", event.run_id)
 
     # -- per-channel settings (issue 19) -------------------------------------------------
     async def _settings_actor(
@@ -786,6 +845,7 @@ class Bridge(AgentAccess):
             except Exception:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
             if event.kind == "turn_ended":
+                await self._budget_turn_ended(event, ch.key)
                 ch.run_reply_to.pop(event.run_id or "", None)
                 async with ch.changed:
                     ch.pending.discard(event.run_id or "")
