@@ -10,6 +10,7 @@ import signal
 from typing import Any
 
 from agentik.core import Agent, AgentikError, ConfigError
+from agentik.core.access import AccessPolicy
 from agentik.core.plugins import Registry, load_plugins
 from agentik.core.settings import is_file_path, setting_fields
 from agentik.transports.base import Transport, TransportFailed
@@ -72,8 +73,9 @@ class Bot:
         self.registry = registry or load_registry(config)
         self.agent: Agent = AgentBuilder.from_config(config, self.registry).build()
         self.bridge = Bridge(
-            self.agent, resume=config.agent.resume, resume_max_age=config.agent.resume_max_age
-        )
+            self.agent, resume=config.agent.resume, resume_max_age=config.agent.resume_max_age,
+            access=access_policy(config),
+        )  # fmt: skip
         self.transports: dict[str, Transport] = dict(transports or {})
         sections = {n: s for n, s in config.transports.items() if s.enabled}
         for name, section in sections.items():
@@ -89,6 +91,8 @@ class Bot:
     async def __aenter__(self) -> Bot:
         await self.agent.start()
         try:
+            # Roles given in chat by earlier runs apply from the first message.
+            await self.bridge.access.load(self.agent.store)
             for transport in self.transports.values():
                 await transport.start(self.bridge)
                 self._started.append(transport)
@@ -173,3 +177,11 @@ class Bot:
         self._started.clear()
         await self.bridge.aclose()
         await self.agent.aclose()
+
+
+def access_policy(config: Config) -> AccessPolicy:
+    """The ``[access]`` policy of ``config``, for its transport instances."""
+    from agentik.transports.irc.wire import casefold
+
+    types = {name: section.type for name, section in config.transports.items()}
+    return AccessPolicy(config.access, types, irc_casefold=casefold)

@@ -36,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.agent import AgentSettings
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
@@ -51,6 +52,7 @@ from .channel import ChannelOptions
 __all__ = [
     "ENV_OVERRIDES",
     "LITERT_ENV",
+    "AccessSection",
     "AgentSection",
     "CompactionSection",
     "Config",
@@ -96,6 +98,7 @@ class AgentSection(AgentSettings):
 
 
 #: The core's settings classes are the configuration's sections (one declaration each).
+AccessSection = AccessSettings
 MemorySection = MemorySettings
 CompactionSection = CompactionPolicy
 ToolsSection = TurnPolicy
@@ -331,6 +334,7 @@ class Config(_Section):
     mcp: MCPSection = Field(default_factory=MCPSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    access: AccessSettings = Field(default_factory=AccessSettings)
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 
@@ -474,6 +478,11 @@ def parse_config(
     except ValidationError as exc:
         errors += exc.errors()
     if not errors:
+        try:
+            # Identity patterns name transport instances: checked against this file's.
+            AccessPolicy(config.access, {n: t.type for n, t in config.transports.items()})
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
         return config
     order = list(Config.model_fields)
 

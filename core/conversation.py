@@ -69,6 +69,8 @@ class _Pending:
     in_memory: bool = False
     #: A turn resumed after a restart, for a message committed before it.
     resumed: bool = False
+    #: Which tools this turn may offer, within the policy (``None``: all it allows).
+    allow_tool: Callable[[str], bool] | None = None
 
 
 @dataclass(slots=True)
@@ -185,6 +187,7 @@ class Conversation:
         author: str | None = None,
         author_id: str | None = None,
         channel: str | None = None,
+        allow_tool: Callable[[str], bool] | None = None,
     ) -> str:
         """Record ``content`` as a user message and queue a turn; return its run id.
 
@@ -193,6 +196,8 @@ class Conversation:
         ``author`` is the speaker's display name, ``author_id`` their identity
         qualified by transport (``libera:alice``; it selects their long-term
         memory scope); ``channel`` defaults to the conversation's channel key.
+        ``allow_tool`` narrows the tools this turn offers the model, within the
+        conversation's policy (the speaker's rights: :mod:`agentik.core.access`).
         """
         self._check_open()
         if not isinstance(content, str):
@@ -232,7 +237,7 @@ class Conversation:
         if idle:
             memory.extend([*notes, ChatMessage(role="user", content=content, author=author)])
             committed.add_done_callback(memory.invalidate_on_failure)
-        self._enqueue(_Pending(run_id, content, author, committed, idle))
+        self._enqueue(_Pending(run_id, content, author, committed, idle, allow_tool=allow_tool))
         await asyncio.shield(committed)
         self.updated_at = now
         return run_id
@@ -416,6 +421,7 @@ class Conversation:
                     tools=self._services.tools,
                     in_memory=pending.in_memory,
                     resumed=pending.resumed,
+                    allow_tool=pending.allow_tool,
                 )
                 self._runner = runner
                 self._current = asyncio.create_task(

@@ -15,6 +15,8 @@ from typing import Any
 from ..errors import StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from .base import (
+    AccessChange,
+    AccessGrant,
     ConversationRecord,
     MemoryEntry,
     OutboxEntry,
@@ -40,6 +42,8 @@ class MemoryStore(Store):
         self._ids = itertools.count(1)
         self._outbox: dict[tuple[str, str, int], OutboxEntry] = {}
         self._outbox_ids = itertools.count(1)
+        self._grants: dict[str, AccessGrant] = {}
+        self._access_audit: list[AccessChange] = []
 
     def _require(self, conversation_id: str) -> None:
         if conversation_id not in self._conversations:
@@ -215,3 +219,26 @@ class MemoryStore(Store):
         for k in old:
             del self._outbox[k]
         return len(old)
+
+    # -- access: roles granted in chat (issue 19, access) ---------------------------------
+    async def access_grants(self) -> list[AccessGrant]:
+        return [self._grants[k] for k in sorted(self._grants)]
+
+    async def access_set(
+        self, identity: str, role: str | None, *, by: str, channel: str | None = None
+    ) -> None:
+        now = time.time()
+        old = self._grants.get(identity)
+        if role is None:
+            self._grants.pop(identity, None)
+        else:
+            self._grants[identity] = AccessGrant(
+                identity=identity, role=role, granted_by=by, granted_at=now
+            )
+        self._access_audit.append(
+            AccessChange(id=len(self._access_audit) + 1, at=now, actor=by, identity=identity,
+                         old_role=old.role if old else None, new_role=role, channel=channel)
+        )  # fmt: skip
+
+    async def access_audit(self, *, limit: int = 100) -> list[AccessChange]:
+        return list(reversed(self._access_audit[-limit:])) if limit > 0 else []

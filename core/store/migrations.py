@@ -192,6 +192,30 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX outbox_open ON outbox (state, id) WHERE state != 'confirmed';
         """,
     ),
+    Migration(
+        5,
+        "access_grants",
+        """
+        -- Roles given in chat (!role, !ignore), one per identity key.
+        CREATE TABLE access_grant (
+            identity    TEXT PRIMARY KEY,
+            role        TEXT NOT NULL,
+            granted_by  TEXT NOT NULL,
+            granted_at  REAL NOT NULL
+        );
+        -- Every change of a grant: who, whose, from what to what, when, where.
+        CREATE TABLE access_audit (
+            id          INTEGER PRIMARY KEY,
+            at          REAL NOT NULL,
+            actor       TEXT NOT NULL,
+            identity    TEXT NOT NULL,
+            old_role    TEXT,
+            new_role    TEXT,
+            channel     TEXT
+        );
+        CREATE INDEX access_audit_by_identity ON access_audit (identity, id);
+        """,
+    ),
 )
 
 
