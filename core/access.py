@@ -36,8 +36,9 @@ Glob lists may exclude with a leading ``-`` (``["*", "-shell__*"]``).
 Without a deciding rule: the bot answers, every tool the transport's
 ``allowed_tools`` lets through is offered, and every command may run except
 ``stop-others`` (stopping an answer someone else asked for), which needs a
-role ranking as ``admin``.  ``!role``, ``!ignore``, ``!unignore`` and
-``!roles`` always need a role ranking as ``admin``.
+role ranking as ``admin`` — or a rule naming it (a glob never gives it).
+``!role``, ``!ignore``, ``!unignore`` and ``!roles`` always need a role
+ranking as ``admin``.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 from fnmatch import translate
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from .errors import ConfigError
 from .settings import settings_dataclass
@@ -121,7 +122,7 @@ class AccessRule:
     #: Tool-name globs the model is offered (``-`` excludes): ``["fs__read_*"]``.
     tools: tuple[str, ...] | None = None
     #: Commands (without prefix) they may run, globs (``-`` excludes);
-    #: ``stop-others`` is ``!stop`` of an answer someone else asked for.
+    #: ``stop-others`` (``!stop`` of an answer someone else asked for) only when named.
     commands: tuple[str, ...] | None = None
     #: Whether the bot answers them at all (commands aside).
     answer: bool | None = None
@@ -142,24 +143,24 @@ class AccessSettings:
     #: Rules, ``[[access.rules]]``, read in order.
     rules: list[AccessRule] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _check(self) -> AccessSettings:
+    def check(self) -> None:
+        """Raise :class:`ConfigError` naming the key of a bad role name or rule."""
         for name in self.roles:
             if name in BUILTIN_ROLES or not _NAME.match(name):
-                raise ValueError(
-                    f"roles.{name}: a role name is a word (letters, digits, - and _)"
+                raise ConfigError(
+                    f"access.roles.{name}: a role name is a word (letters, digits, - and _)"
                     " other than owner, admin, user and ignored"
                 )
         known = {*BUILTIN_ROLES, *self.roles, "*"}
         for i, rule in enumerate(self.rules):
             for role in rule.roles:
                 if role not in known:
-                    raise ValueError(f"rules[{i}].roles: unknown role {role!r}")
+                    raise ConfigError(f"access.rules[{i}].roles: unknown role {role!r}")
                 if role == "ignored":
-                    raise ValueError(
-                        f"rules[{i}].roles: ignored speakers get nothing; no rule applies to them"
+                    raise ConfigError(
+                        f"access.rules[{i}].roles: ignored speakers get nothing;"
+                        " no rule applies to them"
                     )
-        return self
 
 
 # -- identities ------------------------------------------------------------------------
@@ -391,6 +392,9 @@ class Decision:
         if name in MANAGE_COMMANDS:
             return self.admin
         if self.commands is not None:
+            if name == STOP_OTHERS:
+                # Never by a glob: a rule names it to give it.
+                return STOP_OTHERS in self.commands.patterns and self.commands(name)
             return self.commands(name)
         return name != STOP_OTHERS or self.admin
 
@@ -455,6 +459,7 @@ class AccessPolicy:
         #: Transport instance → type (``{"libera": "irc"}``).
         self.transports = dict(transports or {})
         s = self.settings
+        s.check()
         self._ranks = {**_RANK, **{n: _RANK[r.rank] for n, r in s.roles.items()}}
         # Config patterns: owners first, then admins, named roles in order, ignored last.
         entries: list[tuple[str, int, str, str]] = []
@@ -666,6 +671,21 @@ class AccessPolicy:
             return g.role if g is not None else "user"
         return self.role_of(Identity(instance, key, key))
 
+    def identity_from_key(self, key: str) -> Identity:
+        """The :class:`Identity` an identity key names (``libera:account:alice``,
+        ``libera:mask:nick!user@host`` for a hostmask only); ``ValueError``."""
+        try:
+            p = parse_pattern(key, self.transports, where="identity")
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("identity: ")) from None
+        if p.kind == "any" or (p.kind == "id" and _GLOB.search(key.partition(":")[2])):
+            raise ValueError(f"{key!r} is a pattern; name one identity")
+        if p.kind == "mask":
+            if _GLOB.search(p.value):
+                raise ValueError(f"{key!r} is a pattern; name one nick!user@host")
+            return Identity(p.instance, None, p.value.partition("!")[0], self._fold(p.value, None))
+        return Identity(p.instance, self._fold_key(p.value), key)
+
     # -- grants ----------------------------------------------------------------------------------
     async def load(self, store: Store) -> int:
         """Load the grants stored in ``store`` (and keep it for :meth:`grant`); how many."""
@@ -696,6 +716,10 @@ class AccessPolicy:
                 identity=identity, role=role, granted_by=by, granted_at=time.time()
             )
         return old.role if old is not None else None
+
+    def forget_store(self) -> None:
+        """Drop the store :meth:`load` kept (now closed): :meth:`grant` changes memory only."""
+        self._store = None
 
     async def audit(self, limit: int = 100) -> list[AccessChange]:
         """The latest role changes, newest first."""
