@@ -301,6 +301,19 @@ class _Table:
         self.globs: list[tuple[re.Pattern[str], int, str]] = []
         self.masks: dict[str, list[tuple[re.Pattern[str], int, str]]] = {}
         self.any: dict[str, tuple[int, str]] = {}
+        #: All globs (and all masks per instance) in one regex: most speakers match none.
+        self._any_glob: re.Pattern[str] | None = None
+        self._any_mask: dict[str, re.Pattern[str]] = {}
+
+    def seal(self) -> _Table:
+        """Build the combined regexes once every pattern is added."""
+        if self.globs:
+            self._any_glob = re.compile("|".join(f"(?:{rx.pattern})" for rx, _, _ in self.globs))
+        for instance, masks in self.masks.items():
+            self._any_mask[instance] = re.compile(
+                "|".join(f"(?:{rx.pattern})" for rx, _, _ in masks)
+            )
+        return self
 
     def add(self, p: _Pattern, prio: int, role: str, fold: Any) -> None:
         if p.kind == "any":
@@ -330,14 +343,16 @@ class _Table:
         if who.id is not None:
             take(self.exact.get(who.id))
             take(self.any.get(who.transport))
-            for rx, prio, role in self.globs:
-                if rx.fullmatch(who.id):
-                    take((prio, role))
+            if self._any_glob is not None and self._any_glob.fullmatch(who.id):
+                for rx, prio, role in self.globs:
+                    if rx.fullmatch(who.id):
+                        take((prio, role))
             slack = who.id.split(":")
             if len(slack) == 3:  # a Slack pattern for any team
                 take(self.exact.get(f"{slack[0]}:*:{slack[2]}"))
-        if who.hostmask is not None:
-            for rx, prio, role in self.masks.get(who.transport, ()):
+        combined = self._any_mask.get(who.transport)
+        if who.hostmask is not None and combined is not None and combined.fullmatch(who.hostmask):
+            for rx, prio, role in self.masks[who.transport]:
                 if rx.fullmatch(who.hostmask):
                     take((prio, role))
         return best
@@ -477,6 +492,14 @@ class AccessPolicy:
             for text, prio, role, where in entries
         ]
         self._rules = [_compile_rule(r) for r in s.rules]
+        # An index: the rules naming a channel exactly, by channel; the rest (globs) in order.
+        self._by_channel: dict[str, list[int]] = {}
+        self._glob_rules: list[int] = []
+        for i, rule in enumerate(self._rules):
+            for channel in rule.channels_exact:
+                self._by_channel.setdefault(channel, []).append(i)
+            if rule.channels_glob is not None:
+                self._glob_rules.append(i)
         #: Grants made in chat: identity key → role.
         self.grants: dict[str, AccessGrant] = {}
         self._tables: dict[tuple[str, str | None], _Table] = {}
@@ -547,7 +570,7 @@ class AccessPolicy:
                     table.add(p, prio, role, lambda v: self._fold(v, cm))
                 else:
                     table.add(p, prio, role, lambda v: v)
-            self._tables[(instance, cm)] = table
+            self._tables[(instance, cm)] = table.seal()
         return table
 
     # -- rules --------------------------------------------------------------------------------
@@ -569,7 +592,10 @@ class AccessPolicy:
         commands: GlobList | None = None
         tools_set = commands_set = False
         if role != "ignored":
-            for rule in self._rules:
+            exact = self._by_channel.get(channel_key, ())
+            order = sorted({*exact, *self._glob_rules}) if exact else self._glob_rules
+            for i in order:
+                rule = self._rules[i]
                 if not rule.applies(channel_key, role):
                     continue
                 if answer is None and rule.answer is not None:
