@@ -365,13 +365,37 @@ class Bridge(AgentAccess):
                     and now - m.created_at > (self.resume_max_age)
                 ):
                     mode = "note"
-                queued += conv.resume([m], mode=mode)
+                queued += conv.resume([m], mode=mode, allow_tool=self._resumed_tools(key, m))
                 counts[mode] += 1
             if queued:
                 async with ch.changed:
                     ch.pending.update(queued)
             log.info("resumed %d unanswered message(s) in %s", len(messages), key)
         return counts
+
+    def _resumed_tools(self, key: str, m: Message) -> Callable[[str], bool] | None:
+        """The tools a resumed turn may offer: its asker's, by the identity stored with it.
+
+        Only the verified identity survives in the audit log: an unverified
+        asker's turn gets what a ``user`` gets (hostmask roles are not known now).
+        """
+        author = (m.data or {}).get("author_id")
+        role = "user"
+        if isinstance(author, str) and ":" in author:
+            instance, _, aid = author.partition(":")
+            kind = self.access.transports.get(instance)
+            meta: dict[str, object] = {}
+            if kind == "irc":
+                meta = {"account": aid}
+            elif kind == "slack":
+                meta = {"team": key.split(":")[1] if key.count(":") >= 2 else None}
+            asked = IncomingMessage(channel_key=key, text="", author_id=aid, author_name=aid,
+                                    meta=meta)  # fmt: skip
+            role = self.access.role_for(instance, asked, key)
+        decision = self.access.decide(role, key)
+        if not decision.answer:
+            return _no_tools
+        return decision.tools
 
     async def interrupt(self, channel_key: str) -> bool:
         """Interrupt the turn running in ``channel_key``; ``False`` if none."""
@@ -1065,6 +1089,10 @@ def _author_id(transport: Transport, message: IncomingMessage) -> str | None:
     if not message.verified or not message.author_id:
         return None
     return f"{transport.name}:{message.author_id}"
+
+
+def _no_tools(name: str) -> bool:
+    return False
 
 
 def _speaker(transport: Transport, message: IncomingMessage) -> str:

@@ -249,6 +249,7 @@ class Conversation:
         *,
         mode: ResumeMode = "answer",
         outcome: str | None = None,
+        allow_tool: Callable[[str], bool] | None = None,
     ) -> list[str]:
         """Take up committed user messages whose turn a crash or shutdown cut off.
 
@@ -263,6 +264,7 @@ class Conversation:
         end is recorded, so no message is taken up twice, and this process
         never takes the same run id up twice (a second call is a no-op).
         Returns the run ids whose events (a turn or a notice) will follow.
+        ``allow_tool`` narrows the tools of the resumed turns, as in :meth:`send`.
         """
         self._check_open()
         if mode not in RESUME_MODES:
@@ -277,7 +279,8 @@ class Conversation:
             if mode == "answer":
                 done = asyncio.get_running_loop().create_future()
                 done.set_result([m])
-                self._enqueue(_Pending(m.run_id, m.content, m.author, done, resumed=True))
+                self._enqueue(_Pending(m.run_id, m.content, m.author, done, resumed=True,
+                                       allow_tool=allow_tool))  # fmt: skip
                 queued.append(m.run_id)
             elif mode == "note":
                 self._enqueue(

@@ -524,3 +524,51 @@ commands = ["*", "-new"]
     assert "role: ignored" in capsys.readouterr().out
     assert main(["access", "check", "-c", str(cfg), "libera:account:*"]) == 2
     assert "a pattern" in capsys.readouterr().err
+
+
+# -- after a crash ---------------------------------------------------------------------------------
+async def test_a_turn_resumed_after_a_restart_keeps_its_askers_tool_limits(tmp_path):
+    from agentik.core.testing.scripted import Reply
+    from agentik.transports.testing.fake import FakeTransport
+
+    db = str(tmp_path / "resume.db")
+    settings = AccessSettings(admins=("chat:boss",), rules=[AccessRule(roles=("user",),
+                                                                       tools=("read_*",))])  # fmt: skip
+    # Two people ask; the bot stops mid-answer (held), leaving both unanswered.
+    held = [Reply(text="never finished", hold_after=1) for _ in range(2)]
+    agent = await Agent(llm=ScriptedModel(held), store=SQLiteStore(db),
+                        tools=[read_notes, deploy]).start()  # fmt: skip
+    bridge = Bridge(agent, access=AccessPolicy(settings, {"chat": "fake"}))
+    fake = FakeTransport(name="chat")
+    bridge.attach(fake)
+    await fake.start(bridge)
+    await fake.say("agentik: deploy ops", channel="ops", user="pat")
+    await fake.say("agentik: deploy dev", channel="dev", user="boss")
+    async with asyncio.timeout(60):
+        for r in held:
+            await r.held.wait()
+    assert sorted(offered(agent.llm, 0) + offered(agent.llm, 1)) == [
+        "deploy", "read_notes", "read_notes"]  # fmt: skip
+    await bridge.aclose()
+    await agent.aclose()
+    # The restart answers both, each with the tools its asker may use.
+    model = ScriptedModel()
+    agent = await Agent(llm=model, store=SQLiteStore(db), tools=[read_notes, deploy]).start()
+    bridge = Bridge(agent, access=AccessPolicy(settings, {"chat": "fake"}))
+    fake = FakeTransport(name="chat")
+    bridge.attach(fake)
+    await fake.start(bridge)
+    try:
+        assert (await bridge.resume_pending())["answer"] == 2
+        async with asyncio.timeout(60):
+            await bridge.flush(fake.key(channel="ops"))
+            await bridge.flush(fake.key(channel="dev"))
+        by_channel = {r.messages[-1].content: offered(model, i)
+                      for i, r in enumerate(model.requests)}  # fmt: skip
+        assert len(model.requests) == 2
+        # pat is a user: the reading tool only; boss is an admin: every tool.
+        assert by_channel == {"deploy ops": ["read_notes"], "deploy dev": ["deploy", "read_notes"]}
+        assert fake.received(channel="ops") == ["echo: deploy ops"]
+    finally:
+        await bridge.aclose()
+        await agent.aclose()
