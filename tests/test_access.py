@@ -532,8 +532,8 @@ async def test_a_turn_resumed_after_a_restart_keeps_its_askers_tool_limits(tmp_p
     from agentik.transports.testing.fake import FakeTransport
 
     db = str(tmp_path / "resume.db")
-    settings = AccessSettings(admins=("chat:boss",), rules=[AccessRule(roles=("user",),
-                                                                       tools=("read_*",))])  # fmt: skip
+    user_rule = AccessRule(roles=("user",), tools=("read_*",))
+    settings = AccessSettings(admins=("chat:boss",), rules=[user_rule])
     # Two people ask; the bot stops mid-answer (held), leaving both unanswered.
     held = [Reply(text="never finished", hold_after=1) for _ in range(2)]
     agent = await Agent(llm=ScriptedModel(held), store=SQLiteStore(db),
