@@ -510,9 +510,9 @@ class Bridge(AgentAccess):
             await self._send(transport, key, text, "command", reply_to)
 
         if name in COMMANDS and not decision.may_command(name):
-            who = "admins" if name in _MANAGE else f"{decision.role}s"
-            await say(f"{p}{name} is not for {who} here" if name not in _MANAGE
-                      else f"{p}{name} is for admins")  # fmt: skip
+            # The role commands are for admins everywhere; the others follow the rules.
+            await say(f"{p}{name} is for admins" if name in _MANAGE
+                      else f"{p}{name} is not for {decision.role}s here")  # fmt: skip
             return
         args = message.text.strip()[len(p) :].split()[1:]
 

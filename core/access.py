@@ -347,9 +347,6 @@ class _Table:
                 for rx, prio, role in self.globs:
                     if rx.fullmatch(who.id):
                         take((prio, role))
-            slack = who.id.split(":")
-            if len(slack) == 3:  # a Slack pattern for any team
-                take(self.exact.get(f"{slack[0]}:*:{slack[2]}"))
         combined = self._any_mask.get(who.transport)
         if who.hostmask is not None and combined is not None and combined.fullmatch(who.hostmask):
             for rx, prio, role in self.masks[who.transport]:
