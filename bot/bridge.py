@@ -588,7 +588,8 @@ class Bridge(AgentAccess):
             return f"unknown role {role!r} (roles: {', '.join(access.roles)})"
         if ":mask:" in target and role not in (None, "ignored", "user"):
             return "a hostmask can only be ignored; roles go to accounts"
-        actor = _speaker(transport, message)
+        # The actor as an identity key, like the one changed (libera:account:alice).
+        actor = access.identity(transport.name, message).id or _speaker(transport, message)
         old = await access.grant(target, role, by=actor, channel=message.channel_key)
         now = access.role_of_key(target)
         was = old or current

@@ -265,9 +265,9 @@ async def test_roles_given_in_chat_apply_at_once_persist_across_a_restart_and_ar
             "SELECT actor, identity, old_role, new_role, channel FROM access_audit ORDER BY id"
         ).fetchall()
     assert audit == [
-        ("testnet:alice", "testnet:account:bob", None, "deployer", "irc:testnet:#team"),
-        ("testnet:alice", "testnet:account:carol", None, "ignored", "irc:testnet:#team"),
-        ("testnet:alice", "testnet:account:carol", "ignored", None, "irc:testnet:#team"),
+        ("testnet:account:alice", "testnet:account:bob", None, "deployer", "irc:testnet:#team"),
+        ("testnet:account:alice", "testnet:account:carol", None, "ignored", "irc:testnet:#team"),
+        ("testnet:account:alice", "testnet:account:carol", "ignored", None, "irc:testnet:#team"),
     ]
 
 
@@ -572,3 +572,37 @@ async def test_a_turn_resumed_after_a_restart_keeps_its_askers_tool_limits(tmp_p
     finally:
         await bridge.aclose()
         await agent.aclose()
+
+
+async def test_the_bot_loads_roles_given_in_chat_at_start(tmp_path):
+    """``Bot`` builds the policy from ``[access]`` and loads the stored grants before
+    the first message; a role given in chat is written to the same database."""
+    from agentik.bot.app import Bot
+    from agentik.transports.testing.fake import FakeTransport
+
+    db = str(tmp_path / "bot.db")
+    async with SQLiteStore(db) as store:
+        await store.access_set("term:user:pat", "ignored", by="term:user:boss")
+    config = parse_config({
+        "llm": {"backend": "scripted"}, "storage": {"path": db},
+        "memory": {"backend": "none"}, "compaction": {"enabled": False},
+        "transports": {"term": {"type": "stdio"}},
+        "access": {"admins": ["term:user:boss"]},
+    }, env={})  # fmt: skip
+    fake = FakeTransport(name="term")
+    async with Bot(config, transports={"term": fake}) as bot:
+        await fake.say("agentik: hello from pat", channel="c", user="pat")
+        await fake.say("agentik: hello from sam", channel="c", user="sam")
+        await bot.bridge.flush(fake.key(channel="c"))
+        assert [r.messages[-1].content for r in bot.agent.llm.requests] == ["hello from sam"]
+        await fake.say("!unignore pat", channel="c", user="boss")
+        await fake.say("!role sam admin", channel="c", user="sam")
+        await fake.say("agentik: hello again", channel="c", user="pat")
+        await bot.bridge.flush(fake.key(channel="c"))
+        assert fake.received(channel="c")[1:3] == ["term:user:pat: ignored → user",
+                                                  "!role is for admins"]  # fmt: skip
+        assert bot.agent.llm.requests[-1].messages[-1].content == "hello again"
+    async with SQLiteStore(db) as store:
+        assert await store.access_grants() == []
+        assert [(c.actor, c.new_role) for c in await store.access_audit()] == [
+            ("term:user:boss", None), ("term:user:boss", "ignored")]  # fmt: skip
