@@ -281,6 +281,7 @@ def _check(config: Config) -> int:
         out.append(f"transport {name}: {section.type}{state}")
     if not config.transports:
         out.append("transports: none configured (agentik chat adds a terminal)")
+    out.append(_access_summary(config))
     print("\n".join(out))
     asyncio.run(_aclose(backend))
     return 0
@@ -315,6 +316,19 @@ async def _access_policy(config: Config, *, need_db: bool) -> Any:
     elif need_db:
         raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
     return policy
+
+
+def _access_summary(config: Config) -> str:
+    """One line of ``agentik check`` on ``[access]``."""
+    a = config.access
+    if not (a.owners or a.admins or a.ignored or a.roles or a.rules):
+        return "access: no [access] rules: everyone is a user (agentik access roles)"
+    counts = [
+        f"{len(a.owners)} owner pattern(s)", f"{len(a.admins)} admin pattern(s)",
+        f"{len(a.ignored)} ignored pattern(s)", f"{len(a.roles)} named role(s)",
+        f"{len(a.rules)} rule(s)",
+    ]  # fmt: skip
+    return "access: " + ", ".join(counts) + " (agentik access roles)"
 
 
 def _has_database(config: Config) -> bool:

@@ -524,6 +524,11 @@ commands = ["*", "-new"]
     assert "role: ignored" in capsys.readouterr().out
     assert main(["access", "check", "-c", str(cfg), "libera:account:*"]) == 2
     assert "a pattern" in capsys.readouterr().err
+    assert main(["check", "-c", str(cfg)]) == 0
+    assert (
+        "access: 1 owner pattern(s), 0 admin pattern(s), 1 ignored pattern(s), 1 named role(s),"
+        " 1 rule(s)" in capsys.readouterr().out
+    )
 
 
 # -- after a crash ---------------------------------------------------------------------------------
