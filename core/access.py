@@ -43,6 +43,7 @@ ranking as ``admin``.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections import OrderedDict
@@ -71,6 +72,8 @@ __all__ = [
     "RoleSettings",
     "SpeakerMessage",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The built-in roles, highest first.
 BUILTIN_ROLES: tuple[str, ...] = ("owner", "admin", "user", "ignored")
@@ -534,7 +537,8 @@ class AccessPolicy:
             return "owner"
         grant = self._granted(who)
         if grant is not None:
-            return grant
+            # A named role the configuration dropped since: a user.
+            return grant if grant in self._ranks else "user"
         return hit[1] if hit is not None else "user"
 
     def _granted(self, who: Identity) -> str | None:
@@ -714,6 +718,14 @@ class AccessPolicy:
         """Load the grants stored in ``store`` (and keep it for :meth:`grant`); how many."""
         self._store = store
         self.grants = {g.identity: g for g in await store.access_grants()}
+        for g in self.grants.values():
+            if g.role not in self.roles:
+                log.warning(
+                    "access: %s was given the role %r in chat, which the configuration no"
+                    " longer defines; treated as a user (agentik access roles)",
+                    g.identity,
+                    g.role,
+                )
         return len(self.grants)
 
     async def grant(

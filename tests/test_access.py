@@ -611,3 +611,19 @@ async def test_the_bot_loads_roles_given_in_chat_at_start(tmp_path):
         assert await store.access_grants() == []
         assert [(c.actor, c.new_role) for c in await store.access_audit()] == [
             ("term:user:boss", None), ("term:user:boss", "ignored")]  # fmt: skip
+
+
+async def test_a_role_given_in_chat_that_the_configuration_dropped_counts_as_user(tmp_path, caplog):
+    db = str(tmp_path / "dropped.db")
+    async with SQLiteStore(db) as store:
+        await store.access_set("chat:user:pat", "deployer", by="chat:user:boss")
+        p = AccessPolicy(AccessSettings(rules=[AccessRule(roles=("user",), tools=("read_*",))]),
+                         {"chat": "stdio"})  # fmt: skip
+        with caplog.at_level("WARNING", logger="agentik.core.access"):
+            await p.load(store)
+    assert "which the configuration no longer defines" in caplog.text
+    from agentik.transports.base import IncomingMessage
+
+    pat = IncomingMessage(channel_key="stdio:chat", text="", author_id="pat", author_name="pat")
+    decision = p.check("chat", pat, "stdio:chat")
+    assert decision.role == "user" and not decision.may_use_tool("deploy")
