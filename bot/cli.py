@@ -20,6 +20,7 @@
     agentik access roles           roles: the configuration's and those given in chat
     agentik access audit           who changed which role, when (newest first)
     agentik access check ID        an identity's role and what it may do (--channel KEY)
+    agentik access budgets         the configured budgets and a day's usage (--day)
     agentik --version
 
 ``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
@@ -70,6 +71,7 @@ COMMANDS = (
     "access roles",
     "access audit",
     "access check",
+    "access budgets",
 )
 
 
@@ -142,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     mcp = sub.add_parser("mcp", help="MCP servers")
     msub = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
-    acc = sub.add_parser("access", help="who may do what: roles, grants, audit")
+    acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets")
     asub = acc.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, (helptext, arguments, _) in ACCESS_ACTIONS.items():
         arguments(with_config(asub.add_parser(name, help=helptext)))
@@ -391,14 +393,6 @@ def _chat_commands() -> tuple[str, ...]:
     return tuple(CHAT)
 
 
-#: ``agentik access <action>``: help, its arguments, what it runs.
-ACCESS_ACTIONS: dict[str, tuple[str, Any, Any]] = {
-    "roles": ("roles from the configuration and given in chat", _no_arguments, _access_roles),
-    "audit": ("who changed which role, when", _audit_arguments, _access_audit),
-    "check": ("an identity's role and what it may do", _check_arguments, _access_check),
-}
-
-
 async def _aclose(obj: Any) -> None:
     await obj.aclose()
 
@@ -557,6 +551,73 @@ async def _memory(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def _budgets_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--day", help="a UTC day, YYYY-MM-DD (default: today)")
+
+
+async def _access_budgets_in_database(args: argparse.Namespace, config: Config) -> int:
+    if not _has_database(config):
+        raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
+    return await _access_budgets(args, config)
+
+
+async def _access_budgets(args: argparse.Namespace, config: Config) -> int:
+    import calendar
+
+    from agentik.core.budgets import KINDS, BudgetLimits, window
+
+    b = config.budgets
+    if args.day:
+        try:
+            day = calendar.timegm(time.strptime(args.day, "%Y-%m-%d"))
+        except ValueError:
+            raise ConfigError(f"--day: not a date (YYYY-MM-DD): {args.day!r}") from None
+    else:
+        day = window("tokens", time.time())
+
+    def limits(lim: BudgetLimits) -> str:
+        if lim == BudgetLimits():
+            return "unlimited"
+        return ", ".join(
+            f"{n:,} {what}" if n else f"unlimited {what}"
+            for n, what in ((lim.messages_per_minute, "messages/minute"),
+                            (lim.tokens_per_day, "tokens/day"),
+                            (lim.tool_calls_per_day, "tool calls/day"))
+        )  # fmt: skip
+
+    print("budgets ([budgets]; windows are UTC minutes and UTC days):")
+    tables = [("owner", b.owner), ("admin", b.admin), ("user", b.user)]
+    tables += [(f"role {name}", lim) for name, lim in sorted(b.roles.items())]
+    tables += [("channel", b.channel)]
+    u = b.unverified
+    unverified = ", ".join(
+        f"{what} as their role" if n is None else f"{n:,} {what}" if n else f"unlimited {what}"
+        for n, what in ((u.messages_per_minute, "messages/minute"),
+                        (u.tokens_per_day, "tokens/day"),
+                        (u.tool_calls_per_day, "tool calls/day"))
+    )  # fmt: skip
+    for name, lim in tables:
+        print(f"  {name}: {limits(lim)}")
+    print(f"  unverified: {unverified}")
+    async with SQLiteStore(config.database) as store:
+        rows = await store.budget_rows(day)
+    usage: dict[tuple[str, str], dict[str, int]] = {}
+    for scope, subject, kind, start, amount in rows:
+        # Message counters are per minute (kept an hour): not a day's usage.
+        if kind != "messages" and start == day:
+            usage.setdefault((scope, subject), dict.fromkeys(KINDS, 0))[kind] += amount
+    when = time.strftime("%Y-%m-%d", time.gmtime(day))
+    if not usage:
+        print(f"usage on {when} (UTC): none")
+        return 0
+    print(f"usage on {when} (UTC):")
+    for (scope, subject), used in sorted(usage.items()):
+        print(
+            f"  {scope:<10} {subject}: {used['tokens']:,} tokens, {used['tool_calls']:,} tool calls"
+        )
+    return 0
+
+
 def _note_line(n: Any) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(n.updated_at))
     text = " ".join(n.text.split())
@@ -579,6 +640,19 @@ def _render_message(m: Any, *, markdown: bool) -> str:
         return f"**{who}**: {body}\n"
     when = time.strftime("%H:%M:%S", time.localtime(m.created_at))
     return f"[{when}] {who}: {body}"
+
+
+#: ``agentik access <action>``: help, its arguments, what it runs.
+ACCESS_ACTIONS: dict[str, tuple[str, Any, Any]] = {
+    "roles": ("roles from the configuration and given in chat", _no_arguments, _access_roles),
+    "audit": ("who changed which role, when", _audit_arguments, _access_audit),
+    "check": ("an identity's role and what it may do", _check_arguments, _access_check),
+    "budgets": (
+        "the configured budgets and a day's usage",
+        _budgets_arguments,
+        _access_budgets_in_database,
+    ),
+}
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ EXPECTED_TABLES = {
     "message",
     "working_memory",
     "schema_migrations",
+    "budget_usage",
 }
 
 
@@ -31,7 +32,11 @@ def tables(path):
 
 def test_migrations_are_numbered_consecutively_and_named():
     numbers = [m.number for m in MIGRATIONS]
-    assert numbers == list(range(1, len(MIGRATIONS) + 1))
+    assert numbers == sorted(set(numbers))
+    # Issue 19's parts take fixed numbers on separate branches (5 access, 6
+    # approvals, 7 budgets, 8 channel settings): until all are merged, only
+    # those may be missing.
+    assert set(range(1, LATEST + 1)) - set(numbers) <= {5, 6, 8}
     assert all(m.name and m.name.isidentifier() for m in MIGRATIONS)
 
 
@@ -47,7 +52,7 @@ async def test_blank_database_gets_the_latest_schema(tmp_path):
     con.close()
 
 
-@pytest.mark.parametrize("start", range(0, LATEST + 1))
+@pytest.mark.parametrize("start", sorted({0, *(m.number for m in MIGRATIONS)}))
 async def test_upgrade_from_every_earlier_version(tmp_path, start):
     path = str(tmp_path / f"v{start}.db")
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:

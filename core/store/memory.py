@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import StoreError
@@ -42,6 +42,7 @@ class MemoryStore(Store):
         self._ids = itertools.count(1)
         self._outbox: dict[tuple[str, str, int], OutboxEntry] = {}
         self._outbox_ids = itertools.count(1)
+        self._budget: dict[tuple[str, str, str, int], int] = {}
         self._grants: dict[str, AccessGrant] = {}
         self._access_audit: list[AccessChange] = []
 
@@ -219,6 +220,36 @@ class MemoryStore(Store):
         for k in old:
             del self._outbox[k]
         return len(old)
+
+    # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
+    async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
+        counters = self._budget
+        for scope, subject, kind, window, amount in rows:
+            key = (scope, subject, kind, window)
+            counters[key] = counters.get(key, 0) + amount
+
+    async def budget_usage(
+        self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
+    ) -> dict[tuple[str, str, str], int]:
+        counters = self._budget
+        out: dict[tuple[str, str, str], int] = {}
+        for scope, subject in keys:
+            for kind, window in windows.items():
+                amount = counters.get((scope, subject, kind, window))
+                if amount is not None:
+                    out[(scope, subject, kind)] = amount
+        return out
+
+    async def budget_prune(self, before: Mapping[str, int]) -> int:
+        counters = self._budget
+        old = [k for k in counters if k[2] in before and k[3] < before[k[2]]]
+        for k in old:
+            del counters[k]
+        return len(old)
+
+    async def budget_rows(self, since: int) -> list[tuple[str, str, str, int, int]]:
+        counters = self._budget
+        return sorted((*k, v) for k, v in counters.items() if k[3] >= since)
 
     # -- access: roles granted in chat (issue 19, access) ---------------------------------
     async def access_grants(self) -> list[AccessGrant]:
