@@ -627,3 +627,25 @@ async def test_a_role_given_in_chat_that_the_configuration_dropped_counts_as_use
     pat = IncomingMessage(channel_key="stdio:chat", text="", author_id="pat", author_name="pat")
     decision = p.check("chat", pat, "stdio:chat")
     assert decision.role == "user" and not decision.may_use_tool("deploy")
+
+
+async def test_budgets_count_by_the_role_the_access_policy_gives(tmp_path):
+    """With ``[access]`` and ``[budgets]`` together an admin has the admin limits
+    (unlimited here) and a user the user limits: the bridge asks the policy."""
+    from agentik.bot.app import Bot
+    from agentik.transports.testing.fake import FakeTransport
+
+    config = parse_config({
+        "llm": {"backend": "scripted"}, "storage": {"path": str(tmp_path / "b.db")},
+        "memory": {"backend": "none"}, "compaction": {"enabled": False},
+        "transports": {"term": {"type": "stdio"}},
+        "access": {"admins": ["term:user:boss"]},
+        "budgets": {"user": {"messages_per_minute": 1}},
+    }, env={})  # fmt: skip
+    fake = FakeTransport(name="term")
+    async with Bot(config, transports={"term": fake}) as bot:
+        for who in ("boss", "boss", "pat", "pat"):
+            await fake.say(f"agentik: from {who}", channel=who, user=who)
+            await bot.bridge.flush(fake.key(channel=who))
+        asked = [r.messages[-1].content for r in bot.agent.llm.requests]
+        assert asked == ["from boss", "from boss", "from pat"]
