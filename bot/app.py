@@ -10,6 +10,7 @@ import signal
 from typing import Any
 
 from agentik.core import Agent, AgentikError, ConfigError
+from agentik.core.access import AccessPolicy
 from agentik.core.budgets import Budgets
 from agentik.core.plugins import Registry, load_plugins
 from agentik.core.settings import is_file_path, setting_fields
@@ -77,6 +78,7 @@ class Bot:
             self.agent,
             resume=config.agent.resume,
             resume_max_age=config.agent.resume_max_age,
+            access=access_policy(config),
             budgets=Budgets(budgets, self.agent.store) if budgets.enabled else None,
             channel_settings=config.channels,
             settings_role=config.agent.settings_role,
@@ -96,6 +98,8 @@ class Bot:
     async def __aenter__(self) -> Bot:
         await self.agent.start()
         try:
+            # Roles given in chat by earlier runs apply from the first message.
+            await self.bridge.access.load(self.agent.store)
             for transport in self.transports.values():
                 await transport.start(self.bridge)
                 self._started.append(transport)
@@ -180,3 +184,11 @@ class Bot:
         self._started.clear()
         await self.bridge.aclose()
         await self.agent.aclose()
+
+
+def access_policy(config: Config) -> AccessPolicy:
+    """The ``[access]`` policy of ``config``, for its transport instances."""
+    from agentik.transports.irc.wire import casefold
+
+    types = {name: section.type for name, section in config.transports.items()}
+    return AccessPolicy(config.access, types, irc_casefold=casefold)

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from agentik.core import Agent, Conversation
+from agentik.core.access import AccessPolicy, Decision
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
@@ -82,6 +83,9 @@ __all__ = ["COMMANDS", "Bridge", "ChannelOptions", "RoleFor", "default_role_for"
 # RoleFor and default_role_for (everyone is a ``user``; the coordinator wires
 # ``AccessPolicy.role_for`` in its place) are declared once, in .chansettings.
 
+#: Commands that change or list roles (for admins).
+_MANAGE = frozenset({"role", "ignore", "unignore", "roles"})
+
 #: The ``[agent]`` defaults (resume mode and age), declared once in the configuration.
 _AGENT = AgentSection()
 
@@ -98,6 +102,10 @@ COMMANDS: dict[str, str] = {
     # Per-channel settings (issue 19).
     "set": "change a setting of this channel (admins): set <key> <value>; set alone lists the keys",
     "unset": "return a setting of this channel to its configured value (admins): unset <key>",
+    "role": "show someone's role, or give one: role <who> [<role>] (admins)",
+    "ignore": "make the bot ignore someone: ignore <who> (admins)",
+    "unignore": "stop ignoring someone: unignore <who> (admins)",
+    "roles": "list the roles given in chat (admins)",
 }
 
 
@@ -114,6 +122,8 @@ class _Channel:
     #: The ``reply_to`` of the message each pending run answers (a transport may
     #: address the asker); runs without one use :attr:`reply_to`.
     run_reply_to: dict[str, object] = field(default_factory=dict)
+    #: Who asked for each pending run (a speaker key), for ``!stop`` of another's answer.
+    run_asker: dict[str, str] = field(default_factory=dict)
     #: The channel is a direct conversation (its last message was direct).
     direct: bool = False
     pending: set[str] = field(default_factory=set)
@@ -145,17 +155,19 @@ class Bridge(AgentAccess):
         idle_seconds: float = 900.0,
         resume: ResumeMode = _AGENT.resume,
         resume_max_age: float = _AGENT.resume_max_age,
+        access: AccessPolicy | None = None,
         budgets: Budgets | None = None,
         channel_settings: Mapping[str, ChannelSettings] | None = None,
         settings_role: str = _AGENT.settings_role,
         role_for: RoleFor | None = None,
     ) -> None:
         self.agent = agent
+        #: Who may do what (``[access]``); empty: everyone is a ``user``, defaults apply.
+        self.access = access or AccessPolicy()
         #: Usage limits per speaker and channel (``None``: unlimited).
         self.budgets = budgets
-        #: The speaker's role in a channel (for budgets and ``!set``); the access
-        #: policy's ``role_for`` at wiring.
-        self.role_for: RoleFor = role_for or default_role_for
+        #: The speaker's role (for budgets and ``!set``): the access policy's by default.
+        self.role_for: RoleFor = role_for or self.access.role_for
         if budgets is not None and agent.hooks.pm is not None:
             agent.hooks.pm.register(budgets.hook, name=f"agentik-budgets-{id(budgets):x}")
         self.idle_seconds = idle_seconds
@@ -189,6 +201,7 @@ class Bridge(AgentAccess):
         """
         self._transports[transport.name] = transport
         self._options[transport.name] = _resolved(transport, options)
+        self.access.transports.setdefault(transport.name, transport.type)
         if transport.outbox:
             transport.on_delivery = self.outbox.mark
 
@@ -206,14 +219,18 @@ class Bridge(AgentAccess):
         text = message.text.strip()
         if not text:
             return
+        decision = self.access.check(transport.name, message, message.channel_key)
+        if decision.role == "ignored":
+            return  # no answer, no command, not even recorded
+        self.access.seen(transport.name, message)
         opts = (await self.effective(message.channel_key, transport)).options
         command = self._parse_command(text, opts)
         if command is not None:
             # Unknown "commands" in a shared channel are just chatter: ignore.
             if command in COMMANDS or message.direct or message.addressed:
-                await self._command(command, message, transport, opts)
+                await self._command(command, message, transport, opts, decision)
             return
-        if not self._should_answer(message, opts):
+        if not decision.answer or not self._should_answer(message, opts):
             if opts.ambient and not message.direct:
                 # Not for us, but the model should know what was said here.
                 ch = await self._channel(message.channel_key, transport, opts)
@@ -257,6 +274,7 @@ class Bridge(AgentAccess):
                     text,
                     author=message.author_name or message.author_id,
                     author_id=_author_id(transport, message),
+                    allow_tool=decision.tools,
                 )
                 if subject is not None:
                     assert self.budgets is not None
@@ -273,6 +291,7 @@ class Bridge(AgentAccess):
             await self._send(transport, message.channel_key, line, "error", message.reply_to)
             return
         ch.run_reply_to[run_id] = message.reply_to
+        ch.run_asker[run_id] = _speaker(transport, message)
         async with ch.changed:
             ch.pending.add(run_id)
 
@@ -442,13 +461,37 @@ class Bridge(AgentAccess):
                     and now - m.created_at > (self.resume_max_age)
                 ):
                     mode = "note"
-                queued += conv.resume([m], mode=mode)
+                queued += conv.resume([m], mode=mode, allow_tool=self._resumed_tools(key, m))
                 counts[mode] += 1
             if queued:
                 async with ch.changed:
                     ch.pending.update(queued)
             log.info("resumed %d unanswered message(s) in %s", len(messages), key)
         return counts
+
+    def _resumed_tools(self, key: str, m: Message) -> Callable[[str], bool] | None:
+        """The tools a resumed turn may offer: its asker's, by the identity stored with it.
+
+        Only the verified identity survives in the audit log: an unverified
+        asker's turn gets what a ``user`` gets (hostmask roles are not known now).
+        """
+        author = (m.data or {}).get("author_id")
+        role = "user"
+        if isinstance(author, str) and ":" in author:
+            instance, _, aid = author.partition(":")
+            kind = self.access.transports.get(instance)
+            meta: dict[str, object] = {}
+            if kind == "irc":
+                meta = {"account": aid}
+            elif kind == "slack":
+                meta = {"team": key.split(":")[1] if key.count(":") >= 2 else None}
+            asked = IncomingMessage(channel_key=key, text="", author_id=aid, author_name=aid,
+                                    meta=meta)  # fmt: skip
+            role = self.access.role_for(instance, asked, key)
+        decision = self.access.decide(role, key)
+        if not decision.answer:
+            return _no_tools
+        return decision.tools
 
     async def interrupt(self, channel_key: str) -> bool:
         """Interrupt the turn running in ``channel_key``; ``False`` if none."""
@@ -551,18 +594,31 @@ class Bridge(AgentAccess):
 
     # -- commands ----------------------------------------------------------------------
     async def _command(
-        self, name: str, message: IncomingMessage, transport: Transport, opts: ChannelOptions
+        self,
+        name: str,
+        message: IncomingMessage,
+        transport: Transport,
+        opts: ChannelOptions,
+        decision: Decision | None = None,
     ) -> None:
         key, reply_to, p = message.channel_key, message.reply_to, opts.command_prefix
+        decision = decision or self.access.check(transport.name, message, key)
 
         async def say(text: str) -> None:
             await self._send(transport, key, text, "command", reply_to)
+
+        if name in COMMANDS and not decision.may_command(name):
+            # The role commands are for admins everywhere; the others follow the rules.
+            await say(f"{p}{name} is for admins" if name in _MANAGE
+                      else f"{p}{name} is not for {decision.role}s here")  # fmt: skip
+            return
+        args = message.text.strip()[len(p) :].split()[1:]
 
         handlers: dict[str, Callable[[], Awaitable[None]]] = {
             "help": lambda: say(
                 "commands: " + "; ".join(f"{p}{n} — {d}" for n, d in COMMANDS.items())
             ),
-            "stop": lambda: self._cmd_stop(key, say),
+            "stop": lambda: self._cmd_stop_checked(key, message, transport, decision, say),
             "new": lambda: self._cmd_new(key, transport, opts, say),
             "more": lambda: self._cmd_more(key, transport, say, p),
             "status": lambda: self._cmd_status(key, transport, opts, say),
@@ -571,12 +627,138 @@ class Bridge(AgentAccess):
             # Per-channel settings (issue 19).
             "set": lambda: self._cmd_set(message, transport, say, p),
             "unset": lambda: self._cmd_unset(message, transport, say, p),
+            "role": lambda: self._cmd_role(args, message, transport, decision, say, p),
+            "ignore": lambda: self._cmd_ignore(args, message, transport, decision, say, p),
+            "unignore": lambda: self._cmd_unignore(args, message, transport, decision, say, p),
+            "roles": lambda: self._cmd_roles(say),
         }
         handler = handlers.get(name)
         if handler is None:
             await say(f"unknown command {p}{name}; try {p}help")
             return
         await handler()
+
+    # -- access commands (issue 19: roles given in chat) ---------------------------------
+    async def _cmd_stop_checked(
+        self,
+        key: str,
+        message: IncomingMessage,
+        transport: Transport,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+    ) -> None:
+        """``!stop``; an answer someone else asked for needs ``stop-others``."""
+        ch = self._channels.get(key)
+        running = ch.conversation.running_run_id if ch is not None else None
+        asker = ch.run_asker.get(running) if ch is not None and running else None
+        if (
+            asker is not None
+            and asker != _speaker(transport, message)
+            and not decision.may_command("stop-others")
+        ):
+            await say("only the asker (or an admin) may stop this answer")
+            return
+        await self._cmd_stop(key, say)
+
+    def _target(
+        self, args: list[str], message: IncomingMessage, transport: Transport
+    ) -> tuple[str, str]:
+        """The identity key a command's first argument names and its role; ValueError."""
+        if not args:
+            raise ValueError("name someone")
+        target = self.access.resolve(args[0], transport.name, message.meta)
+        return target, self.access.role_of_key(target)
+
+    async def _change_role(
+        self,
+        target: str,
+        current: str,
+        role: str | None,
+        message: IncomingMessage,
+        transport: Transport,
+        decision: Decision,
+    ) -> str:
+        """Check and apply a change; the line to say."""
+        access = self.access
+        if current == "owner":
+            return f"{target} is an owner (owners are set in the configuration)"
+        if access.at_least(current, "admin") and decision.role != "owner":
+            return f"{target} is {current}: only an owner changes that"
+        if role == "owner":
+            return "owners are set in the configuration only"
+        if role is not None and role not in access.roles:
+            return f"unknown role {role!r} (roles: {', '.join(access.roles)})"
+        if ":mask:" in target and role not in (None, "ignored", "user"):
+            return "a hostmask can only be ignored; roles go to accounts"
+        # The actor as an identity key, like the one changed (libera:account:alice).
+        actor = access.identity(transport.name, message).id or _speaker(transport, message)
+        old = await access.grant(target, role, by=actor, channel=message.channel_key)
+        now = access.role_of_key(target)
+        was = old or current
+        return f"{target}: {was} → {now}"
+
+    async def _cmd_role(
+        self,
+        args: list[str],
+        message: IncomingMessage,
+        transport: Transport,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+        p: str,
+    ) -> None:
+        try:
+            target, current = self._target(args, message, transport)
+        except ValueError as exc:
+            await say(f"{exc}; usage: {p}role <who> [<role>]")
+            return
+        if len(args) < 2:
+            await say(f"{target} is {current}")
+            return
+        await say(await self._change_role(target, current, args[1], message, transport, decision))
+
+    async def _cmd_ignore(
+        self,
+        args: list[str],
+        message: IncomingMessage,
+        transport: Transport,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+        p: str,
+    ) -> None:
+        try:
+            target, current = self._target(args, message, transport)
+        except ValueError as exc:
+            await say(f"{exc}; usage: {p}ignore <who>")
+            return
+        await say(await self._change_role(target, current, "ignored", message, transport,
+                                          decision))  # fmt: skip
+
+    async def _cmd_unignore(
+        self,
+        args: list[str],
+        message: IncomingMessage,
+        transport: Transport,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+        p: str,
+    ) -> None:
+        try:
+            target, current = self._target(args, message, transport)
+        except ValueError as exc:
+            await say(f"{exc}; usage: {p}unignore <who>")
+            return
+        grant = self.access.grants.get(target)
+        if grant is None or grant.role != "ignored":
+            note = " (by the configuration: change it there)" if current == "ignored" else ""
+            await say(f"{target} is not ignored in chat{note}")
+            return
+        await say(await self._change_role(target, current, None, message, transport, decision))
+
+    async def _cmd_roles(self, say: Callable[[str], Awaitable[None]]) -> None:
+        grants = sorted(self.access.grants.values(), key=lambda g: g.identity)
+        configured = len(self.access.config_roles())
+        given = ", ".join(f"{g.identity} {g.role}" for g in grants) or "none"
+        await say(f"roles given in chat: {given}; {configured} set in the configuration")
 
     async def _cmd_stop(self, key: str, say: Callable[[str], Awaitable[None]]) -> None:
         if not await self.interrupt(key):
@@ -847,6 +1029,7 @@ class Bridge(AgentAccess):
             if event.kind == "turn_ended":
                 await self._budget_turn_ended(event, ch.key)
                 ch.run_reply_to.pop(event.run_id or "", None)
+                ch.run_asker.pop(event.run_id or "", None)
                 async with ch.changed:
                     ch.pending.discard(event.run_id or "")
                     ch.changed.notify_all()
@@ -1164,6 +1347,20 @@ def _author_id(transport: Transport, message: IncomingMessage) -> str | None:
     if not message.verified or not message.author_id:
         return None
     return f"{transport.name}:{message.author_id}"
+
+
+def _no_tools(name: str) -> bool:
+    return False
+
+
+def _speaker(transport: Transport, message: IncomingMessage) -> str:
+    """Who spoke, as a key: the qualified identity, or for an unverified speaker
+    ``<instance>:~<hostmask or name>`` (never equal to a verified one)."""
+    found = _author_id(transport, message)
+    if found is not None:
+        return found
+    shown = (message.meta or {}).get("hostmask") or message.author_name or message.author_id
+    return f"{transport.name}:~{shown}"
 
 
 def _short_args(arguments: str, limit: int = 80) -> str:

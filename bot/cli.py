@@ -17,6 +17,9 @@
     agentik memory add SCOPE TEXT  write a note (scope: global, channel:KEY, user:ID)
     agentik memory search WORDS    full-text search
     agentik plugins                list loaded plugins and what they registered
+    agentik access roles           roles: the configuration's and those given in chat
+    agentik access audit           who changed which role, when (newest first)
+    agentik access check ID        an identity's role and what it may do (--channel KEY)
     agentik access budgets         the configured budgets and a day's usage (--day)
     agentik --version
 
@@ -65,6 +68,9 @@ COMMANDS = (
     "memory search",
     "plugins",
     "mcp list",
+    "access roles",
+    "access audit",
+    "access check",
     "access budgets",
 )
 
@@ -138,11 +144,10 @@ def _parser() -> argparse.ArgumentParser:
     mcp = sub.add_parser("mcp", help="MCP servers")
     msub = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
-    # -- access (issue 19) --
-    access = sub.add_parser("access", help="who may do what: budgets")
-    asub = access.add_subparsers(dest="action", metavar="ACTION", required=True)
-    abud = with_config(asub.add_parser("budgets", help="the configured budgets and a day's usage"))
-    abud.add_argument("--day", help="a UTC day, YYYY-MM-DD (default: today)")
+    acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets")
+    asub = acc.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, (helptext, arguments, _) in ACCESS_ACTIONS.items():
+        arguments(with_config(asub.add_parser(name, help=helptext)))
     return p
 
 
@@ -186,9 +191,7 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
     if args.command == "mcp":
         return asyncio.run(_mcp_list(config))
     if args.command == "access":
-        if not os.path.exists(config.database):
-            raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
-        return asyncio.run(_access(args, config))
+        return asyncio.run(ACCESS_ACTIONS[args.action][2](args, config))
     if args.command == "memory":
         if config.memory.backend == "sqlite" and not os.path.exists(config.database):
             raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
@@ -280,9 +283,114 @@ def _check(config: Config) -> int:
         out.append(f"transport {name}: {section.type}{state}")
     if not config.transports:
         out.append("transports: none configured (agentik chat adds a terminal)")
+    out.append(_access_summary(config))
     print("\n".join(out))
     asyncio.run(_aclose(backend))
     return 0
+
+
+# -- agentik access ----------------------------------------------------------------------------
+# Each action: (help, add its arguments, run it).  Add a line to extend the group.
+
+
+def _no_arguments(sp: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _audit_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--limit", type=int, default=50, help="how many changes (default 50)")
+
+
+def _check_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("identity", help="an identity: libera:account:alice, slack:T1:U2, ...")
+    sp.add_argument("--channel", default="", help="a channel key (rules depend on it)")
+
+
+async def _access_policy(config: Config, *, need_db: bool) -> Any:
+    """The configuration's access policy, with the grants of its database (if there is one)."""
+    from .app import access_policy
+
+    policy = access_policy(config)
+    if _has_database(config):
+        async with SQLiteStore(config.database) as store:
+            await policy.load(store)
+        policy.forget_store()
+    elif need_db:
+        raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
+    return policy
+
+
+def _access_summary(config: Config) -> str:
+    """One line of ``agentik check`` on ``[access]``."""
+    a = config.access
+    if not (a.owners or a.admins or a.ignored or a.roles or a.rules):
+        return "access: no [access] rules: everyone is a user (agentik access roles)"
+    counts = [
+        f"{len(a.owners)} owner pattern(s)", f"{len(a.admins)} admin pattern(s)",
+        f"{len(a.ignored)} ignored pattern(s)", f"{len(a.roles)} named role(s)",
+        f"{len(a.rules)} rule(s)",
+    ]  # fmt: skip
+    return "access: " + ", ".join(counts) + " (agentik access roles)"
+
+
+def _has_database(config: Config) -> bool:
+    return config.database != ":memory:" and os.path.exists(config.database)
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+async def _access_roles(args: argparse.Namespace, config: Config) -> int:
+    policy = await _access_policy(config, need_db=False)
+    out = [f"{role:<10} {pattern}  (configuration)" for pattern, role in policy.config_roles()]
+    for g in sorted(policy.grants.values(), key=lambda g: g.identity):
+        out.append(f"{g.role:<10} {g.identity}  (given by {g.granted_by}, {_when(g.granted_at)})")
+    for name, role in policy.settings.roles.items():
+        out.append(f"role {name}: ranks as {role.rank}")
+    print("\n".join(out) if out else "no roles configured or given: everyone is a user")
+    return 0
+
+
+async def _access_audit(args: argparse.Namespace, config: Config) -> int:
+    if not _has_database(config):
+        raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
+    async with SQLiteStore(config.database) as store:
+        changes = await store.access_audit(limit=args.limit)
+    for c in changes:
+        where = f" in {c.channel}" if c.channel else ""
+        print(f"{_when(c.at)}  {c.actor}: {c.identity} {c.old_role or '-'} → "
+              f"{c.new_role or '-'}{where}")  # fmt: skip
+    if not changes:
+        print("no role changes recorded")
+    return 0
+
+
+async def _access_check(args: argparse.Namespace, config: Config) -> int:
+    policy = await _access_policy(config, need_db=False)
+    try:
+        who = policy.identity_from_key(args.identity)
+    except ValueError as exc:
+        raise ConfigError(f"identity: {exc}") from None
+    role = policy.role_of(who)
+    d = policy.decide(role, args.channel)
+    section = config.transports.get(who.transport)
+    bound = getattr(section, "allowed_tools", None) if section is not None else None
+    outer = config.tools.allowed if bound is None else list(bound)
+    commands = [n for n in (*_chat_commands(), "stop-others") if d.may_command(n)]
+    print(f"identity: {args.identity} ({'verified' if who.verified else 'hostmask only'})")
+    print(f"role: {role}" + (f" in {args.channel}" if args.channel else ""))
+    print(f"answered: {'yes' if d.answer else 'no'}")
+    mine = "all" if d.tools is None else ", ".join(d.tools.patterns) or "none"
+    print(f"tools: {mine}" + (f" (within the transport's {', '.join(outer)})" if outer else ""))
+    print(f"commands: {', '.join(commands) or 'none'}")
+    return 0
+
+
+def _chat_commands() -> tuple[str, ...]:
+    from .bridge import COMMANDS as CHAT
+
+    return tuple(CHAT)
 
 
 async def _aclose(obj: Any) -> None:
@@ -443,10 +551,14 @@ async def _memory(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-async def _access(args: argparse.Namespace, config: Config) -> int:
-    if args.action == "budgets":
-        return await _access_budgets(args, config)
-    raise ConfigError(f"unknown access action {args.action!r}")  # pragma: no cover
+def _budgets_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--day", help="a UTC day, YYYY-MM-DD (default: today)")
+
+
+async def _access_budgets_in_database(args: argparse.Namespace, config: Config) -> int:
+    if not _has_database(config):
+        raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
+    return await _access_budgets(args, config)
 
 
 async def _access_budgets(args: argparse.Namespace, config: Config) -> int:
@@ -528,6 +640,19 @@ def _render_message(m: Any, *, markdown: bool) -> str:
         return f"**{who}**: {body}\n"
     when = time.strftime("%H:%M:%S", time.localtime(m.created_at))
     return f"[{when}] {who}: {body}"
+
+
+#: ``agentik access <action>``: help, its arguments, what it runs.
+ACCESS_ACTIONS: dict[str, tuple[str, Any, Any]] = {
+    "roles": ("roles from the configuration and given in chat", _no_arguments, _access_roles),
+    "audit": ("who changed which role, when", _audit_arguments, _access_audit),
+    "check": ("an identity's role and what it may do", _check_arguments, _access_check),
+    "budgets": (
+        "the configured budgets and a day's usage",
+        _budgets_arguments,
+        _access_budgets_in_database,
+    ),
+}
 
 
 if __name__ == "__main__":

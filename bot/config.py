@@ -36,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.agent import AgentSettings
 from agentik.core.budgets import BudgetSettings
 from agentik.core.compaction import CompactionPolicy
@@ -53,6 +54,7 @@ from .chansettings import ChannelSettings
 __all__ = [
     "ENV_OVERRIDES",
     "LITERT_ENV",
+    "AccessSection",
     "AgentSection",
     "ChannelSettings",
     "CompactionSection",
@@ -102,6 +104,7 @@ class AgentSection(AgentSettings):
 
 
 #: The core's settings classes are the configuration's sections (one declaration each).
+AccessSection = AccessSettings
 MemorySection = MemorySettings
 CompactionSection = CompactionPolicy
 ToolsSection = TurnPolicy
@@ -341,6 +344,7 @@ class Config(_Section):
     logging: LoggingSection = Field(default_factory=LoggingSection)
     #: Usage limits per role, channel and unverified speakers (issue 19).
     budgets: BudgetSettings = Field(default_factory=BudgetSettings)
+    access: AccessSettings = Field(default_factory=AccessSettings)
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 
@@ -484,6 +488,11 @@ def parse_config(
     except ValidationError as exc:
         errors += exc.errors()
     if not errors:
+        try:
+            # Identity patterns name transport instances: checked against this file's.
+            AccessPolicy(config.access, {n: t.type for n, t in config.transports.items()})
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
         return config
     order = list(Config.model_fields)
 

@@ -69,6 +69,8 @@ class _Pending:
     in_memory: bool = False
     #: A turn resumed after a restart, for a message committed before it.
     resumed: bool = False
+    #: Which tools this turn may offer, within the policy (``None``: all it allows).
+    allow_tool: Callable[[str], bool] | None = None
 
 
 @dataclass(slots=True)
@@ -188,6 +190,7 @@ class Conversation:
         author: str | None = None,
         author_id: str | None = None,
         channel: str | None = None,
+        allow_tool: Callable[[str], bool] | None = None,
     ) -> str:
         """Record ``content`` as a user message and queue a turn; return its run id.
 
@@ -196,6 +199,8 @@ class Conversation:
         ``author`` is the speaker's display name, ``author_id`` their identity
         qualified by transport (``libera:alice``; it selects their long-term
         memory scope); ``channel`` defaults to the conversation's channel key.
+        ``allow_tool`` narrows the tools this turn offers the model, within the
+        conversation's policy (the speaker's rights: :mod:`agentik.core.access`).
         """
         self._check_open()
         if not isinstance(content, str):
@@ -235,7 +240,7 @@ class Conversation:
         if idle:
             memory.extend([*notes, ChatMessage(role="user", content=content, author=author)])
             committed.add_done_callback(memory.invalidate_on_failure)
-        self._enqueue(_Pending(run_id, content, author, committed, idle))
+        self._enqueue(_Pending(run_id, content, author, committed, idle, allow_tool=allow_tool))
         await asyncio.shield(committed)
         self.updated_at = now
         return run_id
@@ -247,6 +252,7 @@ class Conversation:
         *,
         mode: ResumeMode = "answer",
         outcome: str | None = None,
+        allow_tool: Callable[[str], bool] | None = None,
     ) -> list[str]:
         """Take up committed user messages whose turn a crash or shutdown cut off.
 
@@ -261,6 +267,7 @@ class Conversation:
         end is recorded, so no message is taken up twice, and this process
         never takes the same run id up twice (a second call is a no-op).
         Returns the run ids whose events (a turn or a notice) will follow.
+        ``allow_tool`` narrows the tools of the resumed turns, as in :meth:`send`.
         """
         self._check_open()
         if mode not in RESUME_MODES:
@@ -275,7 +282,8 @@ class Conversation:
             if mode == "answer":
                 done = asyncio.get_running_loop().create_future()
                 done.set_result([m])
-                self._enqueue(_Pending(m.run_id, m.content, m.author, done, resumed=True))
+                self._enqueue(_Pending(m.run_id, m.content, m.author, done, resumed=True,
+                                       allow_tool=allow_tool))  # fmt: skip
                 queued.append(m.run_id)
             elif mode == "note":
                 self._enqueue(
@@ -419,6 +427,7 @@ class Conversation:
                     tools=self._services.tools,
                     in_memory=pending.in_memory,
                     resumed=pending.resumed,
+                    allow_tool=pending.allow_tool,
                 )
                 self._runner = runner
                 self._current = asyncio.create_task(

@@ -20,7 +20,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +94,7 @@ class TurnRunner:
         tools: Sequence[Tool],
         in_memory: bool = False,
         resumed: bool = False,
+        allow_tool: Callable[[str], bool] | None = None,
     ) -> None:
         self.parts = parts
         #: The conversation (what hooks and tools are told about).
@@ -104,7 +105,10 @@ class TurnRunner:
         self.run_id = run_id
         self.message = message
         self.policy = policy
-        self.tools = {t.name: t for t in policy.visible(tools)}
+        # The speaker's rights narrow the policy: a tool they may not use is not offered.
+        self.tools = {
+            t.name: t for t in policy.visible(tools) if allow_tool is None or allow_tool(t.name)
+        }
         self.state = _State(tools_exhausted=policy.max_tool_calls <= 0)
         self.interrupt_requested = False
         #: True when ``send`` already put the user message in working memory.

@@ -31,6 +31,8 @@ from typing import Any, Literal
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 
 __all__ = [
+    "AccessChange",
+    "AccessGrant",
     "ChannelSetting",
     "ChannelSettingChange",
     "ConversationRecord",
@@ -44,6 +46,29 @@ __all__ = [
 #: Delivery state of an outbox row: written, handed to the peer, confirmed by it.
 OutboxState = Literal["queued", "sent", "confirmed"]
 _RANK = {"queued": 0, "sent": 1, "confirmed": 2}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AccessGrant:
+    """A role given in chat (``!role``, ``!ignore``) to one identity key."""
+
+    identity: str
+    role: str
+    granted_by: str
+    granted_at: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AccessChange:
+    """One row of the access audit: who changed whose role, when, where."""
+
+    id: int
+    at: float
+    actor: str
+    identity: str
+    old_role: str | None
+    new_role: str | None
+    channel: str | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -325,6 +350,21 @@ class Store(abc.ABC):
         ``(scope, subject, kind, window, amount)``, by scope, subject, kind, window."""
         raise NotImplementedError(f"{type(self).__name__} keeps no budget counters")
 
+    # -- access: roles granted in chat (issue 19, access) ---------------------------------
+    @abc.abstractmethod
+    async def access_grants(self) -> list[AccessGrant]:
+        """Every role granted in chat, by identity key."""
+
+    @abc.abstractmethod
+    async def access_set(
+        self, identity: str, role: str | None, *, by: str, channel: str | None = None
+    ) -> None:
+        """Give ``identity`` ``role`` (``None``: remove its grant) and audit the change
+        (``by``: who, ``channel``: where), in one transaction."""
+
+    @abc.abstractmethod
+    async def access_audit(self, *, limit: int = 100) -> list[AccessChange]:
+        """The latest role changes, newest first."""
     # -- per-channel settings (issue 19, channel settings) ------------------------------
     @abc.abstractmethod
     async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:

@@ -15,6 +15,8 @@ from typing import Any
 from ..errors import StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from .base import (
+    AccessChange,
+    AccessGrant,
     ChannelSetting,
     ChannelSettingChange,
     ConversationRecord,
@@ -43,6 +45,8 @@ class MemoryStore(Store):
         self._outbox: dict[tuple[str, str, int], OutboxEntry] = {}
         self._outbox_ids = itertools.count(1)
         self._budget: dict[tuple[str, str, str, int], int] = {}
+        self._grants: dict[str, AccessGrant] = {}
+        self._access_audit: list[AccessChange] = []
         self._chan_settings: dict[tuple[str, str], ChannelSetting] = {}
         self._chan_changes: list[ChannelSettingChange] = []
 
@@ -251,6 +255,28 @@ class MemoryStore(Store):
         counters = self._budget
         return sorted((*k, v) for k, v in counters.items() if k[3] >= since)
 
+    # -- access: roles granted in chat (issue 19, access) ---------------------------------
+    async def access_grants(self) -> list[AccessGrant]:
+        return [self._grants[k] for k in sorted(self._grants)]
+
+    async def access_set(
+        self, identity: str, role: str | None, *, by: str, channel: str | None = None
+    ) -> None:
+        now = time.time()
+        old = self._grants.get(identity)
+        if role is None:
+            self._grants.pop(identity, None)
+        else:
+            self._grants[identity] = AccessGrant(
+                identity=identity, role=role, granted_by=by, granted_at=now
+            )
+        self._access_audit.append(
+            AccessChange(id=len(self._access_audit) + 1, at=now, actor=by, identity=identity,
+                         old_role=old.role if old else None, new_role=role, channel=channel)
+        )  # fmt: skip
+
+    async def access_audit(self, *, limit: int = 100) -> list[AccessChange]:
+        return list(reversed(self._access_audit[-limit:])) if limit > 0 else []
     # -- per-channel settings (issue 19, channel settings) ------------------------------
     async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:
         return sorted(

@@ -192,7 +192,31 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX outbox_open ON outbox (state, id) WHERE state != 'confirmed';
         """,
     ),
-    # 5 (access) and 6 (approvals) belong to other parts of issue 19.
+    Migration(
+        5,
+        "access_grants",
+        """
+        -- Roles given in chat (!role, !ignore), one per identity key.
+        CREATE TABLE access_grant (
+            identity    TEXT PRIMARY KEY,
+            role        TEXT NOT NULL,
+            granted_by  TEXT NOT NULL,
+            granted_at  REAL NOT NULL
+        );
+        -- Every change of a grant: who, whose, from what to what, when, where.
+        CREATE TABLE access_audit (
+            id          INTEGER PRIMARY KEY,
+            at          REAL NOT NULL,
+            actor       TEXT NOT NULL,
+            identity    TEXT NOT NULL,
+            old_role    TEXT,
+            new_role    TEXT,
+            channel     TEXT
+        );
+        CREATE INDEX access_audit_by_identity ON access_audit (identity, id);
+        """,
+    ),
+    # 6 (approvals) belongs to another part of issue 19.
     Migration(
         7,
         "budget_usage",

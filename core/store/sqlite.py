@@ -33,6 +33,8 @@ from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, settings_dataclass
 from .base import (
+    AccessChange,
+    AccessGrant,
     ChannelSetting,
     ChannelSettingChange,
     ConversationRecord,
@@ -745,6 +747,53 @@ class SQLiteStore(Store):
         )
         return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]
 
+    # -- access: roles granted in chat (issue 19, access) ---------------------------------
+    async def access_grants(self) -> list[AccessGrant]:
+        rows = await self._read(
+            "SELECT identity, role, granted_by, granted_at FROM access_grant ORDER BY identity"
+        )
+        return [
+            AccessGrant(identity=r[0], role=r[1], granted_by=r[2], granted_at=r[3]) for r in rows
+        ]
+
+    async def access_set(
+        self, identity: str, role: str | None, *, by: str, channel: str | None = None
+    ) -> None:
+        now = time.time()
+
+        def fn(conn: sqlite3.Connection) -> None:
+            found = conn.execute(
+                "SELECT role FROM access_grant WHERE identity = ?", (identity,)
+            ).fetchone()
+            old = found[0] if found else None
+            if role is None:
+                conn.execute("DELETE FROM access_grant WHERE identity = ?", (identity,))
+            else:
+                conn.execute(
+                    "INSERT INTO access_grant (identity, role, granted_by, granted_at)"
+                    " VALUES (?, ?, ?, ?) ON CONFLICT (identity) DO UPDATE SET"
+                    " role = excluded.role, granted_by = excluded.granted_by,"
+                    " granted_at = excluded.granted_at",
+                    (identity, role, by, now),
+                )
+            conn.execute(
+                "INSERT INTO access_audit (at, actor, identity, old_role, new_role, channel)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (now, by, identity, old, role, channel),
+            )
+
+        await self._write(fn)
+
+    async def access_audit(self, *, limit: int = 100) -> list[AccessChange]:
+        rows = await self._read(
+            "SELECT id, at, actor, identity, old_role, new_role, channel FROM access_audit"
+            " ORDER BY id DESC LIMIT ?",
+            (limit,),
+        )
+        return [
+            AccessChange(id=r[0], at=r[1], actor=r[2], identity=r[3], old_role=r[4],
+                         new_role=r[5], channel=r[6])
+            for r in rows
     # -- per-channel settings (issue 19, channel settings) ------------------------------
     async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:
         rows = await self._read(

@@ -48,6 +48,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from agentik.core import Agent, Conversation
+from agentik.core.access import AccessPolicy
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
 from agentik.core.events import PROFILES, EventBase
@@ -142,6 +143,8 @@ class ApiContext:
     instance: str
     #: The instance's ``allowed_tools`` (bridge key), applied to its own conversations.
     allowed_tools: tuple[str, ...] | None = None
+    #: Who may do what (the bridge's ``[access]`` policy); ``None``: no rules.
+    access: AccessPolicy | None = None
     page: str | None = None
     cache: FrameCache = field(default_factory=FrameCache)
     streams: set[EventStream] = field(default_factory=set)
@@ -467,6 +470,17 @@ class Api:
         # as coming from this API, not from that channel.
         channel = conv.channel_key if ours else f"http:{self.ctx.instance}:{principal.name}"
         author = body.author or principal.name
+        allow_tool = None
+        if self.ctx.access is not None:
+            # The token's name is the verified identity (http:token:<name> patterns).
+            asked = IncomingMessage(
+                channel_key=conv.channel_key or channel or "", text=body.content,
+                author_id=principal.name, author_name=author, direct=True, addressed=True,
+            )  # fmt: skip
+            decision = self.ctx.access.check(self.ctx.instance, asked, asked.channel_key)
+            if not decision.answer:
+                raise ApiError(403, "forbidden", "this token may not ask the bot here")
+            allow_tool = decision.tools
         subject = await self._admit(
             principal, channel or f"conversation:{conv.id}", author, body.content
         )
@@ -480,6 +494,7 @@ class Api:
                     author=author,
                     author_id=f"{self.ctx.instance}:{principal.name}",
                     channel=channel,
+                    allow_tool=allow_tool,
                 )
                 if subject is not None and budgets is not None:
                     budgets.bind(run_id, subject, chars=len(body.content))

@@ -427,6 +427,10 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                 "Send a message: stored, and its turn queued (answers arrive as events)",
                 {
                     "202": _json("MessageAccepted", "stored; the turn runs after those queued"),
+                    "403": _error(
+                        "the [access] rules do not let this token ask the bot here"
+                        " (forbidden: nothing was stored)"
+                    ),
                     **not_found,
                     **with_body,
                     "422": _error(

@@ -40,6 +40,7 @@ from typing import Any
 import uvicorn
 
 from agentik.core import Agent
+from agentik.core.access import AccessPolicy
 from agentik.core.errors import ConfigError
 from agentik.transports.base import (
     AgentAccess,
@@ -136,6 +137,7 @@ class HttpTransport(Transport):
             tokens=self.tokens,
             instance=self.name,
             allowed_tools=allowed,
+            access=_access_policy(access),
             page=_web_page(o.prefix) if o.web_ui else None,
             # Budgets and roles, when the sink (the bot's bridge) has them.
             budgets=getattr(access, "budgets", None),
@@ -250,3 +252,9 @@ class HttpTransport(Transport):
     async def send(self, message: OutgoingMessage) -> None:
         """API clients read events, not bridge messages: nothing is sent this way."""
         log.debug("transport %s: ignoring %s for %s", self.name, message.kind, message.channel_key)
+
+
+def _access_policy(sink: object) -> AccessPolicy | None:
+    """The sink's ``[access]`` policy (the bot's bridge has one), if any."""
+    found = getattr(sink, "access", None)
+    return found if isinstance(found, AccessPolicy) else None

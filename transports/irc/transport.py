@@ -863,7 +863,9 @@ class IRCTransport(Transport):
         message = IncomingMessage(
             channel_key=key, text=text, author_id=author_id, author_name=sender,
             direct=direct, addressed=addressed, reply_to=reply_to, verified=verified,
-            meta={"network": self.network, "account": account},
+            meta={"network": self.network, "account": account,
+                  "hostmask": f"{sender}!{user or ''}@{host or ''}",
+                  "casemapping": self.isupport.get("CASEMAPPING")},
         )  # fmt: skip
         assert self._sink is not None
         self.spawn(self._sink.handle(message, self))
