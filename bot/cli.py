@@ -378,6 +378,11 @@ async def _access_check(args: argparse.Namespace, config: Config) -> int:
     bound = getattr(section, "allowed_tools", None) if section is not None else None
     outer = config.tools.allowed if bound is None else list(bound)
     commands = [n for n in (*_chat_commands(), "stop-others") if d.may_command(n)]
+    from .chansettings import role_at_least
+
+    if not (who.verified and role_at_least(role, config.agent.settings_role)):
+        # !set and !unset also need [agent] settings_role (and a verified identity).
+        commands = [n for n in commands if n not in ("set", "unset")]
     print(f"identity: {args.identity} ({'verified' if who.verified else 'hostmask only'})")
     print(f"role: {role}" + (f" in {args.channel}" if args.channel else ""))
     print(f"answered: {'yes' if d.answer else 'no'}")

@@ -365,6 +365,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def access_audit(self, *, limit: int = 100) -> list[AccessChange]:
         """The latest role changes, newest first."""
+
     # -- per-channel settings (issue 19, channel settings) ------------------------------
     @abc.abstractmethod
     async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:

@@ -277,6 +277,7 @@ class MemoryStore(Store):
 
     async def access_audit(self, *, limit: int = 100) -> list[AccessChange]:
         return list(reversed(self._access_audit[-limit:])) if limit > 0 else []
+
     # -- per-channel settings (issue 19, channel settings) ------------------------------
     async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:
         return sorted(

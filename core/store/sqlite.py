@@ -794,6 +794,8 @@ class SQLiteStore(Store):
             AccessChange(id=r[0], at=r[1], actor=r[2], identity=r[3], old_role=r[4],
                          new_role=r[5], channel=r[6])
             for r in rows
+        ]  # fmt: skip
+
     # -- per-channel settings (issue 19, channel settings) ------------------------------
     async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:
         rows = await self._read(
