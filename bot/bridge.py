@@ -34,17 +34,20 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from agentik.core import Agent, Conversation
 from agentik.core.conversation import ResumeMode
+from agentik.core.approvals import ApprovalError
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
-from agentik.core.events import Error, Event
+from agentik.core.events import ApprovalRequested, ApprovalResolved, Error, Event
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.settings import setting_fields
 from agentik.core.store.base import OutboxEntry
 from agentik.transports.base import (
+    Action,
     AgentAccess,
     ChannelCaps,
     IncomingMessage,
@@ -73,7 +76,21 @@ COMMANDS: dict[str, str] = {
     "status": "show the model, the conversation and whether a turn is running",
     "compact": "summarise the older part of this conversation now, to free context",
     "help": "list these commands",
+    # -- approvals (issue 19) --
+    "approve": "approve a tool call waiting for approval: approve ID [reason]",
+    "deny": "refuse a tool call waiting for approval: deny ID [reason]",
+    "approvals": "list the tool calls waiting for approval here",
 }
+
+#: Who may do what, as a role: ``role_for(transport name, message, channel key)``.
+#: The default gives everyone ``user``; the bot wires the access policy's
+#: ``AccessPolicy.role_for`` here (one place: :class:`Bridge`'s ``role_for``).
+RoleFor = Callable[[str, IncomingMessage, str], str]
+
+
+def everyone_user(transport: str, message: IncomingMessage, channel_key: str) -> str:
+    """The default :data:`RoleFor`: every speaker is a ``user``."""
+    return "user"
 
 
 @dataclass(eq=False)
@@ -120,8 +137,11 @@ class Bridge(AgentAccess):
         idle_seconds: float = 900.0,
         resume: ResumeMode = _AGENT.resume,
         resume_max_age: float = _AGENT.resume_max_age,
+        role_for: RoleFor | None = None,
     ) -> None:
         self.agent = agent
+        #: The role of a speaker in a channel (approvals check it); see :data:`RoleFor`.
+        self.role_for: RoleFor = role_for or everyone_user
         self.idle_seconds = idle_seconds
         #: What :meth:`resume_pending` does with a message a crash left unanswered.
         self.resume = resume
@@ -468,6 +488,9 @@ class Bridge(AgentAccess):
             "more": lambda: self._cmd_more(key, transport, say, p),
             "status": lambda: self._cmd_status(key, transport, opts, say),
             "compact": lambda: self._cmd_compact(key, transport, opts, say),
+            "approve": lambda: self._cmd_decide("approve", message, transport, opts, say),
+            "deny": lambda: self._cmd_decide("deny", message, transport, opts, say),
+            "approvals": lambda: self._cmd_approvals(key, opts, say),
         }
         handler = handlers.get(name)
         if handler is None:
@@ -561,6 +584,51 @@ class Bridge(AgentAccess):
             f"({count} messages) · {state}"
         )
 
+    # -- approvals (issue 19) ------------------------------------------------------------
+    async def _cmd_decide(
+        self,
+        decision: Literal["approve", "deny"],
+        message: IncomingMessage,
+        transport: Transport,
+        opts: ChannelOptions,
+        say: Callable[[str], Awaitable[None]],
+    ) -> None:
+        key, p = message.channel_key, opts.command_prefix
+        words = message.text.strip()[len(p) :].split(maxsplit=2)
+        if len(words) < 2:
+            await say(f"which one? {p}{decision} ID [reason] (see {p}approvals)")
+            return
+        approvals = self.agent.approvals
+        try:
+            found = await approvals.find(words[1], scope=key)
+            await approvals.decide(
+                found,
+                decision,
+                approver=message.author_name or message.author_id,
+                approver_id=_author_id(transport, message),
+                role=self.role_for(transport.name, message, key),
+                reason=words[2] if len(words) > 2 else None,
+            )
+        except ApprovalError as exc:
+            await say(str(exc))
+        # Done: the approval_resolved event says so in the channel.
+
+    async def _cmd_approvals(
+        self, key: str, opts: ChannelOptions, say: Callable[[str], Awaitable[None]]
+    ) -> None:
+        pending = await self.agent.approvals.pending(key)
+        if not pending:
+            await say("no tool call is waiting for approval here")
+            return
+        now = time.time()
+        items = [
+            f"{a.id}: {a.tool}({_short_args(a.arguments, 60)}) asked by {a.asker or 'someone'},"
+            f" {a.approvers}s decide, expires in {_wait(a.expires_at - now)}"
+            for a in pending
+        ]
+        p = opts.command_prefix
+        await say(f"waiting for approval ({p}approve ID / {p}deny ID): " + "; ".join(items))
+
     # -- rendering -----------------------------------------------------------------------
     async def _send(
         self,
@@ -573,6 +641,9 @@ class Bridge(AgentAccess):
         *,
         piece: int | None = None,
         outbox_id: int | None = None,
+        actions: tuple[Action, ...] = (),
+        tag: str | None = None,
+        updates: str | None = None,
     ) -> int:
         """Send ``text``; returns how many pieces it took.
 
@@ -593,12 +664,14 @@ class Bridge(AgentAccess):
             except Exception:
                 # Still send it: only a restart's redelivery depends on the row.
                 log.exception("could not persist an outgoing piece for %s", key)
-        for text_piece, oid in zip(pieces, ids, strict=True):
+        last = len(pieces) - 1
+        for i, (text_piece, oid) in enumerate(zip(pieces, ids, strict=True)):
+            extra = {"actions": actions, "tag": tag, "updates": updates} if i == last else {}
             try:
                 await transport.send(
                     OutgoingMessage(
                         channel_key=key, text=text_piece, kind=kind, run_id=run_id,
-                        reply_to=reply_to, outbox_id=oid,
+                        reply_to=reply_to, outbox_id=oid, **extra,
                     )
                 )  # fmt: skip
             except Exception:
@@ -663,6 +736,43 @@ class _Renderer:
     def _reply_to(self, run_id: str | None) -> object:
         """Where the answer of ``run_id`` goes: the reply data of the message it answers."""
         return self.ch.run_reply_to.get(run_id or "", self.ch.reply_to)
+
+    async def _approval(self, e: ApprovalRequested | ApprovalResolved) -> None:
+        """An approval asked for (with buttons where the transport has them) or decided
+        (the asking message is updated where the transport can edit)."""
+        p = self.ch.options.command_prefix
+        tag = f"approval:{e.conversation_id}:{e.approval_id}"
+        if e.kind == "approval_requested":
+            who = e.asker or "someone"
+            again = "(asked again after a restart) " if e.resumed else ""
+            text = (
+                f"{again}approval {e.approval_id}: {who} asked me to run "
+                f"{e.name}({_short_args(e.arguments, 160)}). "
+                f"{_article(e.approvers)} may answer {p}approve {e.approval_id} [reason]"
+                f" or {p}deny {e.approval_id} [reason] (expires in"
+                f" {_wait(e.expires_at - time.time())})"
+            )
+            actions = (
+                Action(label="Approve", command=f"{p}approve {e.approval_id}", style="primary"),
+                Action(label="Deny", command=f"{p}deny {e.approval_id}", style="danger"),
+            )
+            self.piece += await self.bridge._send(
+                self.ch.transport, self.ch.key, text, "command", self._reply_to(e.run_id),
+                e.run_id, piece=self.piece, actions=actions, tag=tag,
+            )  # fmt: skip
+            return
+        what = {
+            "approved": f"approved by {e.approver or 'someone'}",
+            "denied": f"denied by {e.approver or 'someone'}",
+            "expired": "expired",
+            "cancelled": "cancelled",
+        }[e.decision]
+        reason = f": {e.reason}" if e.reason else ""
+        text = f"approval {e.approval_id} ({e.name}): {what}{reason}"
+        self.piece += await self.bridge._send(
+            self.ch.transport, self.ch.key, text, "command", self._reply_to(e.run_id),
+            e.run_id, piece=self.piece, updates=tag,
+        )  # fmt: skip
 
     async def _out(self, text: str, kind: OutgoingKind, run_id: str | None) -> None:
         reply_to = self._reply_to(run_id)
@@ -745,6 +855,9 @@ class _Renderer:
                     await self._lines(line, run)
             else:
                 self.buffer += text
+        elif e.kind in ("approval_requested", "approval_resolved"):
+            await self._flush(run)
+            await self._approval(e)
         elif e.kind == "reasoning_delta":
             await self._out(f"(thinking) {e.text}", "notice", run)
         elif e.kind == "tool_call_started":
@@ -906,6 +1019,21 @@ def _author_id(transport: Transport, message: IncomingMessage) -> str | None:
     if not message.verified or not message.author_id:
         return None
     return f"{transport.name}:{message.author_id}"
+
+
+def _wait(seconds: float) -> str:
+    """``10 min``, ``45 s``: how long until something expires."""
+    seconds = max(0.0, seconds)
+    if seconds >= 90:
+        return f"{round(seconds / 60)} min"
+    return f"{round(seconds)} s"
+
+
+def _article(role: str) -> str:
+    """``an admin``, ``a user``, ``a deployer`` — who may decide, in a sentence."""
+    if role == "user":
+        return "anyone here"
+    return f"{'an' if role[:1].lower() in 'aeiou' else 'a'} {role}"
 
 
 def _short_args(arguments: str, limit: int = 80) -> str:

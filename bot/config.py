@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from agentik.core.agent import AgentSettings
+from agentik.core.approvals import ApprovalRule
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
@@ -52,6 +53,7 @@ __all__ = [
     "ENV_OVERRIDES",
     "LITERT_ENV",
     "AgentSection",
+    "ApprovalRule",
     "CompactionSection",
     "Config",
     "LLMSection",
@@ -329,6 +331,8 @@ class Config(_Section):
     compaction: CompactionPolicy = Field(default_factory=CompactionPolicy)
     transports: dict[str, TransportSection] = Field(default_factory=dict)
     mcp: MCPSection = Field(default_factory=MCPSection)
+    #: ``[[approvals]]``: tool calls that wait for a person's approval (first match wins).
+    approvals: list[ApprovalRule] = Field(default_factory=list)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     #: The file this came from (not a key).

@@ -515,8 +515,14 @@ class Approvals:
         if a.state != "pending":
             who = f" by {a.approver}" if a.approver else ""
             raise ApprovalError("not_pending", f"approval {a.id} is already {a.decision}{who}")
-        if a.serial not in self._waiting and a.expires_at <= time.time():
-            raise ApprovalError("not_pending", f"approval {a.id} has expired")
+        if a.serial not in self._waiting:
+            if a.expires_at <= time.time():
+                raise ApprovalError("not_pending", f"approval {a.id} has expired")
+            raise ApprovalError(
+                "not_pending",
+                f"approval {a.id} is not waiting now (the bot restarted); it is asked"
+                " again when the resumed turn calls the tool again",
+            )
         if approver_id is None:
             raise ApprovalError(
                 "unverified",
@@ -541,10 +547,7 @@ class Approvals:
             raise ApprovalError(
                 "not_pending", f"approval {a.id} is already {done.decision}"
             )
-        if a.serial not in self._waiting:
-            # No turn waits for it here (a restart cut it off): it is recorded;
-            # the resumed turn takes it up if it asks again.
-            log.info("approval %s decided with no turn waiting", a.id)
+        log.info("approval %s (%s) %s by %s", a.id, a.tool, done.decision, approver_id)
         return done
 
     # -- after a restart -------------------------------------------------------------------------

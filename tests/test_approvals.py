@@ -1,0 +1,250 @@
+"""Approvals in chat: a tool call waits for a person's yes or no (issue 19).
+
+Through real transports: IRC (a real server, ``!approve``/``!deny``), Slack
+(the real slack-bolt stack against the fake Slack, a Block Kit button), the
+HTTP API (uvicorn, real requests); a restart on the same SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from contextlib import asynccontextmanager
+
+from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.core import Agent, SQLiteStore
+from agentik.core.approvals import ApprovalRule, at_least, mask_arguments
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.core.tools.base import tool
+from agentik.transports.irc.transport import IRCTransport
+
+from ircservers import IRCTestClient
+
+pytest_plugins = ["ircservers"]
+
+FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
+        "flood_rate": 200.0}  # fmt: skip
+
+
+def writer_tool(calls: list[dict]):
+    @tool(
+        name="fs__write_file",
+        description="Write a file",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+        },
+    )
+    async def write(path: str, content: str = "", api_key: str = "") -> str:
+        calls.append({"path": path, "content": content})
+        return f"wrote {len(content)} characters to {path}"
+
+    return write
+
+
+def tool_results(model: ScriptedModel) -> list[str]:
+    """What the model was told of each tool call (the last request's tool messages)."""
+    return [m.content for m in model.requests[-1].messages if m.role == "tool"]
+
+
+async def next_event(sub, kind: str, wait: float = 60.0):
+    async with asyncio.timeout(wait):
+        async for event in sub:
+            if event.kind == kind:
+                return event
+    raise AssertionError(f"the stream ended before {kind}")
+
+
+@asynccontextmanager
+async def irc_bot(port, tmp_path, rules, *, role_for=None, identity="hostmask", db=None):
+    model = ScriptedModel()
+    calls: list[dict] = []
+    agent = Agent(
+        llm=model,
+        store=SQLiteStore(str(db or tmp_path / "approvals.db")),
+        tools=[writer_tool(calls)],
+        approvals=rules,
+    )
+    await agent.start()
+    bridge = Bridge(agent, role_for=role_for)
+    transport = IRCTransport(
+        name="testnet",
+        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", "channels": ["#ops"],
+                  "unverified_identity": identity, **FAST},
+    )  # fmt: skip
+    bridge.attach(transport, ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        async with asyncio.timeout(60):
+            while "#ops" not in transport.joined:
+                await transport._queue_changed.wait()
+                await asyncio.sleep(0)
+        yield model, agent, calls
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+def from_bot(line) -> bool:
+    return line.command in ("PRIVMSG", "NOTICE") and (line.nick or "").lower() == "agentik"
+
+
+async def people(port: int, *nicks: str) -> list[IRCTestClient]:
+    clients = [await IRCTestClient.connect(port, nick) for nick in nicks]
+    for c in clients:
+        await c.join("#ops")
+    return clients
+
+
+async def ask_for_a_write(model: ScriptedModel, alice: IRCTestClient, **args) -> str:
+    """alice asks; the model calls the tool; returns the approval id the channel was shown."""
+    model.enqueue(
+        Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi", **args})]),
+        "all done",
+    )
+    alice.privmsg("#ops", "agentik: update the motd")
+    asked = await alice.wait_for(lambda m: from_bot(m) and "asked me to run" in m.text)
+    return asked.text.split("approval ", 1)[1].split(":", 1)[0]
+
+
+async def test_irc_round_trip_by_approve(miniircd, tmp_path):
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with irc_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
+        alice, bob = await people(miniircd.port, "alice", "bob")
+        model.enqueue(
+            Reply(tool_calls=[call("fs__write_file",
+                                   {"path": "/srv/motd", "content": "hi", "api_key": "sk-abcdefghijklmnop"})]),
+            "all done",
+        )  # fmt: skip
+        alice.privmsg("#ops", "agentik: update the motd")
+        asked = await bob.wait_for(lambda m: from_bot(m) and "asked me to run" in m.text)
+        # Who asked, the tool, its arguments (the secret masked), how to answer.
+        assert "alice asked me to run fs__write_file(" in asked.text
+        assert 'path="/srv/motd"' in asked.text and 'api_key="***"' in asked.text
+        assert "sk-abcdef" not in asked.text
+        approval_id = asked.text.split("approval ", 1)[1].split(":", 1)[0]
+        assert len(approval_id) == 3 and int(approval_id, 16) >= 0
+        assert f"!approve {approval_id}" in asked.text and f"!deny {approval_id}" in asked.text
+        assert calls == []  # nothing runs before the decision
+        bob.privmsg("#ops", "!approvals")
+        listed = await bob.wait_for(lambda m: from_bot(m) and "waiting for approval" in m.text)
+        assert f"{approval_id}: fs__write_file(" in listed.text
+        bob.privmsg("#ops", f"!approve {approval_id} looks fine")
+        done = await alice.wait_for(lambda m: from_bot(m) and "approved by" in m.text)
+        assert done.text.endswith(f"approval {approval_id} (fs__write_file): approved by bob: looks fine")
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == [{"path": "/srv/motd", "content": "hi"}]
+        assert tool_results(model) == ["wrote 2 characters to /srv/motd"]
+        # The record: masked arguments, who asked, who decided.
+        with sqlite3.connect(tmp_path / "approvals.db") as con:
+            row = con.execute(
+                "SELECT tool, arguments, asker_id, state, decision, approver_id, reason FROM approval"
+            ).fetchone()
+        assert row[0] == "fs__write_file" and "sk-abcdef" not in row[1] and "***" in row[1]
+        assert row[2].startswith("testnet:alice!") and row[3:5] == ("resolved", "approved")
+        assert row[5].startswith("testnet:bob!") and row[6] == "looks fine"
+        for c in (alice, bob):
+            await c.close()
+
+
+async def test_irc_denial_reaches_the_model_and_self_approval_is_refused(miniircd, tmp_path):
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with irc_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
+        alice, bob = await people(miniircd.port, "alice", "bob")
+        approval_id = await ask_for_a_write(model, alice)
+        # The asker may not approve their own call (self_approve is off by default).
+        alice.privmsg("#ops", f"!approve {approval_id}")
+        refused = await alice.wait_for(lambda m: from_bot(m) and "someone else" in m.text)
+        assert f"approval {approval_id}: you asked for this call" in refused.text
+        bob.privmsg("#ops", f"!deny {approval_id} not on a Friday")
+        await alice.wait_for(lambda m: from_bot(m) and "denied by bob: not on a Friday" in m.text)
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == []
+        assert tool_results(model) == [
+            "error: not run: the call was denied by bob: not on a Friday"
+        ]
+        # A decision taken stays taken.
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        late = await bob.wait_for(lambda m: from_bot(m) and "already" in m.text)
+        assert "denied" in late.text
+        for c in (alice, bob):
+            await c.close()
+
+
+async def test_irc_unverified_nick_cannot_approve_and_the_request_expires(miniircd, tmp_path):
+    # No services accounts and no hostmask opt-in: every nick is unverified.
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user", timeout=3)]
+    async with irc_bot(miniircd.port, tmp_path, rules, identity="none") as (model, agent, calls):
+        alice, bob = await people(miniircd.port, "alice", "bob")
+        conv = await agent.conversation_for_channel("irc:testnet:#ops")
+        sub = conv.events()
+        approval_id = await ask_for_a_write(model, alice)
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        refused = await bob.wait_for(lambda m: from_bot(m) and "verified" in m.text)
+        assert "only a verified identity may decide" in refused.text
+        resolved = await next_event(sub, "approval_resolved")
+        assert (resolved.approval_id, resolved.decision) == (approval_id, "expired")
+        await alice.wait_for(lambda m: from_bot(m) and f"approval {approval_id}" in m.text
+                             and "expired" in m.text)  # fmt: skip
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == []
+        assert tool_results(model) == ["error: not run: no one approved the call within 3 s"]
+        await sub.aclose()
+        for c in (alice, bob):
+            await c.close()
+
+
+async def test_stop_during_a_pending_approval_cancels_it(miniircd, tmp_path):
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with irc_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
+        (alice,) = await people(miniircd.port, "alice")
+        approval_id = await ask_for_a_write(model, alice)
+        alice.privmsg("#ops", "!stop")
+        await alice.wait_for(lambda m: from_bot(m) and f"approval {approval_id}" in m.text
+                             and "cancelled" in m.text)  # fmt: skip
+        await alice.wait_for(lambda m: from_bot(m) and "(interrupted)" in m.text)
+        assert calls == []
+        assert await agent.approvals.pending("irc:testnet:#ops") == []
+        alice.privmsg("#ops", f"!approve {approval_id}")
+        late = await alice.wait_for(lambda m: from_bot(m) and "already cancelled" in m.text)
+        assert approval_id in late.text
+        await alice.close()
+
+
+async def test_admin_rule_with_an_injected_role_function(miniircd, tmp_path):
+    def role_for(transport: str, message, channel_key: str) -> str:
+        return "admin" if message.author_name == "carol" else "user"
+
+    rules = [ApprovalRule(tools=("fs__*",), approvers="admin")]
+    async with irc_bot(miniircd.port, tmp_path, rules, role_for=role_for) as (model, agent, calls):
+        alice, bob, carol = await people(miniircd.port, "alice", "bob", "carol")
+        approval_id = await ask_for_a_write(model, alice)
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        refused = await bob.wait_for(lambda m: from_bot(m) and "only admins" in m.text)
+        assert "you are user" in refused.text
+        carol.privmsg("#ops", f"!approve {approval_id}")
+        await alice.wait_for(lambda m: from_bot(m) and "approved by carol" in m.text)
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == [{"path": "/srv/motd", "content": "hi"}]
+        for c in (alice, bob, carol):
+            await c.close()
+
+
+def test_roles_compare_by_rank_and_named_roles_need_their_name_or_admin():
+    assert at_least("owner", "admin") and at_least("admin", "admin")
+    assert not at_least("user", "admin") and not at_least("ignored", "user")
+    assert at_least("deployers", "user") and not at_least("deployers", "admin")
+    assert at_least("deployers", "deployers") and at_least("admin", "deployers")
+    assert not at_least("user", "deployers")
+
+
+def test_arguments_are_masked_and_cut():
+    shown = mask_arguments(json.dumps({
+        "url": "https://x", "password": "hunter2", "headers": {"Authorization": "Bearer abcdefghijkl"},
+        "note": "key sk-ABCDEFGHIJKLMNOPQRST inside", "body": "x" * 1000,
+    }))  # fmt: skip
+    assert "hunter2" not in shown and "abcdefghijkl" not in shown and "sk-ABCD" not in shown
+    assert '"password": "***"' in shown and "https://x" in shown
+    assert len(shown) <= 400
