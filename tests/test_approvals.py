@@ -248,3 +248,128 @@ def test_arguments_are_masked_and_cut():
     assert "hunter2" not in shown and "abcdefghijkl" not in shown and "sk-ABCD" not in shown
     assert '"password": "***"' in shown and "https://x" in shown
     assert len(shown) <= 400
+
+
+# -- Slack: Block Kit buttons -------------------------------------------------------------
+
+
+@asynccontextmanager
+async def slack_bot(slack, tmp_path, rules, **settings):
+    from agentik.transports.slack.transport import SlackTransport
+
+    model = ScriptedModel()
+    calls: list[dict] = []
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")),
+                  tools=[writer_tool(calls)], approvals=rules)  # fmt: skip
+    await agent.start()
+    bridge = Bridge(agent)
+    base = {
+        "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
+        "state_file": str(tmp_path / "seen.sqlite3"), "streaming": "edit",
+        "edit_interval": 0.05,
+    }  # fmt: skip
+    transport = SlackTransport(name="slack", settings={**base, **settings})
+    bridge.attach(transport, ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        yield transport, model, agent, bridge, calls
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+def asking_message(slack, channel: str) -> tuple[str, dict]:
+    return next(
+        (ts, m) for (ch, ts), m in sorted(slack.messages.items())
+        if ch == channel and m.get("user") == slack.bot_user_id and "asked me to run" in m["text"]
+    )  # fmt: skip
+
+
+async def test_slack_round_trip_by_a_button_in_socket_mode(tmp_path):
+    from fakeslack import FakeSlack
+
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.add_user("U2", "bob")
+        async with slack_bot(slack, tmp_path, rules) as (bot, model, agent, bridge, calls):
+            model.enqueue(
+                Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+                "all done",
+            )
+            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> update the motd")
+            await slack.push_event(mention)
+            posted = await slack.wait_for_call(
+                "chat.postMessage", lambda p: "asked me to run" in (p.get("text") or "")
+            )
+            assert posted["thread_ts"] == mention["ts"]  # in the asker's thread
+            ts, msg = asking_message(slack, "C1")
+            buttons = [e for b in msg["blocks"] if b["type"] == "actions" for e in b["elements"]]
+            assert [(b["text"]["text"], b.get("style")) for b in buttons] == [
+                ("Approve", "primary"), ("Deny", "danger"),
+            ]  # fmt: skip
+            # alice asked: her own button press is refused (self_approve is off).
+            own = slack.block_actions_payload("C1", ts, buttons[0]["action_id"], user="U1")
+            await slack.wait_for_ack(await slack.push_interactive(own))
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: "someone else must approve" in (p.get("text") or "")
+            )
+            assert calls == []
+            payload = slack.block_actions_payload("C1", ts, buttons[0]["action_id"], user="U2")
+            envelope = await slack.push_interactive(payload)
+            await slack.wait_for_ack(envelope)
+            # The asking message is updated to say who decided; its buttons are gone.
+            update = await slack.wait_for_call("chat.update", lambda p: p.get("ts") == ts)
+            assert "approved by bob" in update["text"]
+            assert all(b["type"] != "actions" for b in slack.messages[("C1", ts)]["blocks"])
+            await bridge.flush(f"slack:T1:C1:{mention['ts']}")
+            assert calls == [{"path": "/srv/motd", "content": "hi"}]
+            row = (await agent.approvals.recent(limit=1))[0]
+            assert (row.decision, row.approver_id) == ("approved", "slack:U2")
+
+
+async def test_slack_deny_button_over_http_mode(tmp_path):
+    import aiohttp
+    from urllib.parse import urlencode
+
+    from fakeslack import FakeSlack
+
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.add_user("U2", "bob")
+        async with slack_bot(
+            slack, tmp_path, rules, mode="http", signing_secret=slack.signing_secret, http_port=0
+        ) as (bot, model, agent, bridge, calls):
+            url = f"http://127.0.0.1:{bot.http_port}/slack/events"
+            model.enqueue(
+                Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+                "all done",
+            )
+            event = slack.message_event("D1", "update the motd", channel_type="im")
+            body = json.dumps(slack.event_callback(event)).encode()
+            async with aiohttp.ClientSession() as http:
+                headers = {**slack.sign(body), "Content-Type": "application/json"}
+                async with http.post(url, data=body, headers=headers) as resp:
+                    assert resp.status == 200
+                await slack.wait_for_call(
+                    "chat.postMessage", lambda p: "asked me to run" in (p.get("text") or "")
+                )
+                ts, msg = asking_message(slack, "D1")
+                deny = next(e for b in msg["blocks"] if b["type"] == "actions"
+                            for e in b["elements"] if e["text"]["text"] == "Deny")  # fmt: skip
+                payload = slack.block_actions_payload("D1", ts, deny["action_id"], user="U2")
+                form = urlencode({"payload": json.dumps(payload)}).encode()
+                bad = {**slack.sign(form), "X-Slack-Signature": "v0=" + "0" * 64,
+                       "Content-Type": "application/x-www-form-urlencoded"}  # fmt: skip
+                async with http.post(url, data=form, headers=bad) as resp:
+                    assert resp.status == 401  # an unsigned press is refused
+                signed = {**slack.sign(form), "Content-Type": "application/x-www-form-urlencoded"}
+                async with http.post(url, data=form, headers=signed) as resp:
+                    assert resp.status == 200
+            update = await slack.wait_for_call("chat.update", lambda p: p.get("ts") == ts)
+            assert "denied by bob" in update["text"]
+            await bridge.flush("slack:T1:D1")
+            assert calls == []
+            assert tool_results(model) == ["error: not run: the call was denied by bob"]
