@@ -472,7 +472,9 @@ class Approvals:
         return done
 
     # -- deciding -----------------------------------------------------------------------------
-    async def pending(self, scope: str | None = None, *, conversation_id: str | None = None) -> list[Approval]:
+    async def pending(
+        self, scope: str | None = None, *, conversation_id: str | None = None
+    ) -> list[Approval]:
         """Pending approvals (of a channel ``scope`` or a conversation), oldest first.
 
         Ones past their expiry that no turn waits for are left out.
@@ -544,9 +546,7 @@ class Approvals:
         if done.decision != ("approved" if decision == "approve" else "denied") or (
             done.approver_id != approver_id
         ):
-            raise ApprovalError(
-                "not_pending", f"approval {a.id} is already {done.decision}"
-            )
+            raise ApprovalError("not_pending", f"approval {a.id} is already {done.decision}")
         log.info("approval %s (%s) %s by %s", a.id, a.tool, done.decision, approver_id)
         return done
 
@@ -556,9 +556,7 @@ class Approvals:
         rows = await self._store().approvals(state="pending")
         return [a for a in rows if a.serial not in self._waiting]
 
-    async def expire(
-        self, parts: ConversationParts | None, a: Approval, reason: str
-    ) -> Approval:
+    async def expire(self, parts: ConversationParts | None, a: Approval, reason: str) -> Approval:
         """Expire a pending approval no turn waits for; ``approval_resolved`` when ``parts``."""
         done = await self._settle(a, "expired", None, None, reason)
         if parts is not None and done.decision == "expired":

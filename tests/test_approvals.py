@@ -133,7 +133,9 @@ async def test_irc_round_trip_by_approve(miniircd, tmp_path):
         assert f"{approval_id}: fs__write_file(" in listed.text
         bob.privmsg("#ops", f"!approve {approval_id} looks fine")
         done = await alice.wait_for(lambda m: from_bot(m) and "approved by" in m.text)
-        assert done.text.endswith(f"approval {approval_id} (fs__write_file): approved by bob: looks fine")
+        assert done.text.endswith(
+            f"approval {approval_id} (fs__write_file): approved by bob: looks fine"
+        )
         await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
         assert calls == [{"path": "/srv/motd", "content": "hi"}]
         assert tool_results(model) == ["wrote 2 characters to /srv/motd"]
@@ -373,3 +375,61 @@ async def test_slack_deny_button_over_http_mode(tmp_path):
             await bridge.flush("slack:T1:D1")
             assert calls == []
             assert tool_results(model) == ["error: not run: the call was denied by bob"]
+
+
+# -- HTTP API ----------------------------------------------------------------------------------
+
+
+async def test_http_list_and_decide_with_events_on_the_stream(tmp_path):
+    from httpserver import TOKENS, running_server, sse
+
+    settings = {"tokens": [{"name": "admin", "env": "ADMIN_TOKEN"},
+                           {"name": "alice", "env": "ALICE_TOKEN",
+                            "channels": ["http:web:alice:"]}]}  # fmt: skip
+    calls: list[dict] = []
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with running_server(
+        str(tmp_path / "http.db"), settings=settings, environ=TOKENS,
+        tools=[writer_tool(calls)], approvals=rules,
+    ) as server:  # fmt: skip
+        server.model.enqueue(
+            Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+            "all done",
+        )
+        async with server.client(TOKENS["ALICE_TOKEN"]) as alice, server.client(
+            TOKENS["ADMIN_TOKEN"]
+        ) as admin:
+            conv = (await alice.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice, base + "/events", params={"profile": "chat"}) as events:
+                r = await alice.post(base + "/messages", json={"content": "update the motd"})
+                assert r.status_code == 202
+                asked = (await events.until("approval_requested"))[-1].data
+                assert asked["name"] == "fs__write_file" and asked["asker"] == "alice"
+                assert asked["asker_id"] == "web:alice"
+                pending = (await alice.get(base + "/approvals")).json()["items"]
+                assert [(a["id"], a["state"]) for a in pending] == [(asked["approval_id"], "pending")]
+                url = f"{base}/approvals/{asked['approval_id']}"
+                # The asker may not approve their own call; an unknown id is 404.
+                own = await alice.post(url, json={"decision": "approve"})
+                assert own.status_code == 403 and own.json()["error"]["code"] == "forbidden"
+                missing = await admin.post(f"{base}/approvals/zzz", json={"decision": "deny"})
+                assert missing.status_code == 404
+                assert missing.json()["error"]["code"] == "approval_not_found"
+                bad = await admin.post(url, json={"decision": "maybe"})
+                assert bad.status_code == 422
+                ok = await admin.post(url, json={"decision": "approve", "reason": "go"})
+                assert ok.status_code == 200, ok.text
+                assert (ok.json()["decision"], ok.json()["approver_id"]) == ("approved", "web:admin")
+                resolved = (await events.until("approval_resolved"))[-1].data
+                assert (resolved["decision"], resolved["approver"], resolved["reason"]) == (
+                    "approved", "admin", "go",
+                )  # fmt: skip
+                await events.until("turn_ended")
+            again = await admin.post(url, json={"decision": "deny"})
+            assert again.status_code == 409
+            assert again.json()["error"]["code"] == "approval_not_pending"
+            assert (await alice.get(base + "/approvals")).json()["items"] == []
+            every = (await alice.get(base + "/approvals", params={"state": "all"})).json()
+            assert [a["decision"] for a in every["items"]] == ["approved"]
+        assert calls == [{"path": "/srv/motd", "content": "hi"}]

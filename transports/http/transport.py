@@ -136,6 +136,8 @@ class HttpTransport(Transport):
             tokens=self.tokens,
             instance=self.name,
             allowed_tools=allowed,
+            # The bridge's role_for (approvals): the one place roles come from.
+            role_for=getattr(sink, "role_for", None),
             page=_web_page(o.prefix) if o.web_ui else None,
         )
         sock = self._bind()
