@@ -463,7 +463,7 @@ class Api:
     async def list_approvals(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        state = request.query_params.get("state") or "pending"
+        state = request.query_params.get("state", "pending")
         if state not in ("pending", "all"):
             raise ApiError(422, "invalid_parameter", "state must be pending or all")
         approvals = self.agent.approvals
