@@ -331,6 +331,7 @@ class Bridge(AgentAccess):
         is recorded as superseded.  Returns how many messages went each way.
         """
         counts = {"answer": 0, "note": 0, "drop": 0, "superseded": 0, "left": 0}
+        answered: set[str] = set()
         pending = await self.agent.pending_turns()
         by_conv: dict[str, list[Message]] = {}
         for m in pending:
@@ -365,13 +366,45 @@ class Bridge(AgentAccess):
                     and now - m.created_at > (self.resume_max_age)
                 ):
                     mode = "note"
-                queued += conv.resume([m], mode=mode)
+                got = conv.resume([m], mode=mode)
+                queued += got
+                if mode == "answer":
+                    answered.update(got)
                 counts[mode] += 1
             if queued:
                 async with ch.changed:
                     ch.pending.update(queued)
             log.info("resumed %d unanswered message(s) in %s", len(messages), key)
+        counts["approvals_expired"] = await self._expire_left_approvals(answered)
         return counts
+
+    async def _expire_left_approvals(self, answered: set[str]) -> int:
+        """Approvals a restart left pending (issue 19): those of a turn being resumed wait
+        for it (it takes one over when it calls the same tool again, or it expires when
+        the turn ends); the others expire now, with a notice in their channel."""
+        approvals = self.agent.approvals
+        try:
+            left = await approvals.leftovers()
+        except NotImplementedError:
+            return 0
+        expired = 0
+        for a in left:
+            if a.run_id in answered:
+                continue
+            key = a.channel_key or ""
+            transport = next((t for t in self._transports.values() if key and t.owns(key)), None)
+            try:
+                conv = await self.agent.get_conversation(a.conversation_id)
+                if transport is not None and conv.channel_key == key:
+                    # Open the channel first, so its renderer shows the notice.
+                    await self._channel(key, transport, self.options_for(transport))
+                await approvals.expire(
+                    conv.parts, a, "the bot restarted and that turn was not taken up again"
+                )
+                expired += 1
+            except Exception:
+                log.exception("could not expire approval %s", a.id)
+        return expired
 
     async def interrupt(self, channel_key: str) -> bool:
         """Interrupt the turn running in ``channel_key``; ``False`` if none."""

@@ -56,6 +56,9 @@ async def next_event(sub, kind: str, wait: float = 60.0):
     raise AssertionError(f"the stream ended before {kind}")
 
 
+_BRIDGES: dict[Agent, Bridge] = {}
+
+
 @asynccontextmanager
 async def irc_bot(port, tmp_path, rules, *, role_for=None, identity="hostmask", db=None):
     model = ScriptedModel()
@@ -68,6 +71,7 @@ async def irc_bot(port, tmp_path, rules, *, role_for=None, identity="hostmask", 
     )
     await agent.start()
     bridge = Bridge(agent, role_for=role_for)
+    _BRIDGES[agent] = bridge
     transport = IRCTransport(
         name="testnet",
         settings={"host": "127.0.0.1", "port": port, "nick": "agentik", "channels": ["#ops"],
@@ -85,6 +89,7 @@ async def irc_bot(port, tmp_path, rules, *, role_for=None, identity="hostmask", 
         await transport.aclose()
         await bridge.aclose()
         await agent.aclose()
+        _BRIDGES.pop(agent, None)
 
 
 def from_bot(line) -> bool:
@@ -433,3 +438,68 @@ async def test_http_list_and_decide_with_events_on_the_stream(tmp_path):
             every = (await alice.get(base + "/approvals", params={"state": "all"})).json()
             assert [a["decision"] for a in every["items"]] == ["approved"]
         assert calls == [{"path": "/srv/motd", "content": "hi"}]
+
+
+# -- across a restart --------------------------------------------------------------------------
+
+
+async def test_a_pending_approval_survives_a_restart_and_is_offered_again(miniircd, tmp_path):
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    db = tmp_path / "restart.db"
+    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+        alice, bob = await people(miniircd.port, "alice", "bob")
+        approval_id = await ask_for_a_write(model, alice)
+        [before] = await agent.approvals.pending("irc:testnet:#ops")
+    # The bot stopped mid-wait: the approval is still pending, the turn unanswered.
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT id, state FROM approval").fetchall() == [(approval_id, "pending")]
+    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+        # The resumed turn asks the model again, which calls the same tool again.
+        model.enqueue(
+            Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+            "all done",
+        )
+        bridge_counts = await _resume(agent)
+        assert bridge_counts["answer"] == 1 and bridge_counts["approvals_expired"] == 0
+        again = await bob.wait_for(lambda m: from_bot(m) and "asked again after a restart" in m.text)
+        assert f"approval {approval_id}: alice asked me to run fs__write_file(" in again.text
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        await alice.wait_for(lambda m: from_bot(m) and "approved by bob" in m.text)
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == [{"path": "/srv/motd", "content": "hi"}]
+        [after] = await agent.approvals.recent(limit=5)
+        assert (after.serial, after.expires_at) == (before.serial, before.expires_at)
+        assert after.decision == "approved"
+    for c in (alice, bob):
+        await c.close()
+
+
+async def test_a_pending_approval_whose_turn_is_not_resumed_expires_with_a_notice(
+    miniircd, tmp_path
+):
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    db = tmp_path / "restart.db"
+    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+        (alice,) = await people(miniircd.port, "alice")
+        approval_id = await ask_for_a_write(model, alice)
+    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+        counts = await _resume(agent, resume="note")
+        assert counts["note"] == 1 and counts["approvals_expired"] == 1
+        notice = await alice.wait_for(lambda m: from_bot(m) and f"approval {approval_id}" in m.text
+                                      and "expired" in m.text)  # fmt: skip
+        assert "restarted" in notice.text
+        await alice.wait_for(lambda m: from_bot(m) and "please ask again" in m.text)
+        assert calls == [] and model.requests == []
+        assert await agent.approvals.leftovers() == []
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT state, decision FROM approval").fetchall() == [
+            ("resolved", "expired")
+        ]
+    await alice.close()
+
+
+async def _resume(agent: Agent, *, resume: str = "answer") -> dict[str, int]:
+    """The bot's start-up step after its transports are up: take up what the restart left."""
+    bridge = _BRIDGES[agent]
+    bridge.resume = resume
+    return await bridge.resume_pending()
