@@ -17,6 +17,7 @@
     agentik memory add SCOPE TEXT  write a note (scope: global, channel:KEY, user:ID)
     agentik memory search WORDS    full-text search
     agentik plugins                list loaded plugins and what they registered
+    agentik access approvals       tool calls waiting for approval, and recent decisions
     agentik --version
 
 ``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
@@ -64,6 +65,7 @@ COMMANDS = (
     "memory search",
     "plugins",
     "mcp list",
+    "access approvals",
 )
 
 
@@ -136,6 +138,14 @@ def _parser() -> argparse.ArgumentParser:
     mcp = sub.add_parser("mcp", help="MCP servers")
     msub = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
+    # -- access (issue 19): the access helper adds roles/grants/budgets here --
+    access = sub.add_parser("access", help="who may do what: approvals")
+    asub = access.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ap = with_config(
+        asub.add_parser("approvals", help="tool calls waiting for approval, and recent decisions")
+    )
+    ap.add_argument("--pending", action="store_true", help="only those still waiting")
+    ap.add_argument("--limit", type=int, default=20, help="recent decisions shown (default 20)")
     return p
 
 
@@ -178,6 +188,10 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         return _plugins(config)
     if args.command == "mcp":
         return asyncio.run(_mcp_list(config))
+    if args.command == "access":
+        if config.database != ":memory:" and not os.path.exists(config.database):
+            raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
+        return asyncio.run(_access_approvals(args, config))
     if args.command == "memory":
         if config.memory.backend == "sqlite" and not os.path.exists(config.database):
             raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
@@ -430,6 +444,35 @@ async def _memory(args: argparse.Namespace, config: Config) -> int:
         if store is not None:
             await store.aclose()
     return 0
+
+
+async def _access_approvals(args: argparse.Namespace, config: Config) -> int:
+    """``agentik access approvals``: the pending approvals, then the latest decisions."""
+    async with SQLiteStore(config.database) as store:
+        pending = await store.approvals(state="pending")
+        decided = [] if args.pending else await store.approvals(
+            state="resolved", limit=max(0, args.limit), newest_first=True
+        )
+    now = time.time()
+    print(f"waiting for approval: {len(pending) or 'none'}")
+    for a in pending:
+        left = a.expires_at - now
+        due = f"expires in {left / 60:.0f} min" if left > 0 else "expired (not yet recorded)"
+        print(f"  {_approval_line(a)}  {due}")
+    if not args.pending:
+        print(f"recent decisions: {len(decided) or 'none'}")
+        for a in decided:
+            by = f" by {a.approver_id or a.approver}" if (a.approver_id or a.approver) else ""
+            why = f": {a.reason}" if a.reason else ""
+            print(f"  {_approval_line(a)}  {a.decision}{by}{why}")
+    return 0
+
+
+def _approval_line(a: Any) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(a.created_at))
+    args = a.arguments if len(a.arguments) <= 80 else a.arguments[:79] + "…"
+    where = a.channel_key or a.conversation_id
+    return f"{a.id:<4} {when}  {where}  {a.tool}({args})  asked by {a.asker_id or a.asker or '-'}"
 
 
 def _note_line(n: Any) -> str:

@@ -503,3 +503,46 @@ async def _resume(agent: Agent, *, resume: str = "answer") -> dict[str, int]:
     bridge = _BRIDGES[agent]
     bridge.resume = resume
     return await bridge.resume_pending()
+
+
+# -- the CLI -------------------------------------------------------------------------------------
+
+
+async def test_cli_lists_pending_approvals_and_recent_decisions(tmp_path):
+    import subprocess
+    import time
+
+    from agentik.core.approvals import Approval
+    from agentik.core.store.base import ConversationRecord
+    from helpers import AGENTIK
+
+    db = tmp_path / "cli.db"
+    async with SQLiteStore(str(db)) as store:
+        await store.create_conversation(ConversationRecord(id="c1", created_at=1, updated_at=1))
+        now = time.time()
+        base = dict(scope="irc:net:#ops", conversation_id="c1", channel_key="irc:net:#ops",
+                    run_id="run_1", tool="fs__write_file", arguments='{"path": "/a"}',
+                    asker_id="net:alice", approvers="admin", created_at=now,
+                    expires_at=now + 600)  # fmt: skip
+        await store.approval_add(Approval(id="3f2", call_id="c-1", **base))
+        done = await store.approval_add(Approval(id="a07", call_id="c-2", **base))
+        await store.approval_resolve(done, "denied", "bob", "net:bob", "not today", now)
+        assert await store.approval_add(Approval(id="3f2", call_id="c-3", **base)) is None
+    config = tmp_path / "agentik.toml"
+    config.write_text(f'[storage]\npath = "{db}"\n')
+    out = subprocess.run(
+        [AGENTIK, "access", "approvals", "-c", str(config)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "waiting for approval: 1"
+    assert lines[1].lstrip().startswith("3f2 ") and "fs__write_file" in lines[1]
+    assert "asked by net:alice" in lines[1] and "expires in 10 min" in lines[1]
+    assert lines[2] == "recent decisions: 1"
+    assert lines[3].rstrip().endswith("denied by net:bob: not today")
+    only = subprocess.run(
+        [AGENTIK, "access", "approvals", "--pending", "-c", str(config)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "recent decisions" not in only.stdout and "3f2" in only.stdout
