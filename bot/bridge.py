@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agentik.core import Agent, Conversation
-from agentik.core.conversation import ResumeMode
 from agentik.core.approvals import ApprovalError
+from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
 from agentik.core.events import ApprovalRequested, ApprovalResolved, Error, Event
@@ -699,12 +699,13 @@ class Bridge(AgentAccess):
                 log.exception("could not persist an outgoing piece for %s", key)
         last = len(pieces) - 1
         for i, (text_piece, oid) in enumerate(zip(pieces, ids, strict=True)):
-            extra = {"actions": actions, "tag": tag, "updates": updates} if i == last else {}
+            final = i == last  # buttons and tags go with the last piece
             try:
                 await transport.send(
                     OutgoingMessage(
                         channel_key=key, text=text_piece, kind=kind, run_id=run_id,
-                        reply_to=reply_to, outbox_id=oid, **extra,
+                        reply_to=reply_to, outbox_id=oid, actions=actions if final else (),
+                        tag=tag if final else None, updates=updates if final else None,
                     )
                 )  # fmt: skip
             except Exception:

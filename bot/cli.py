@@ -450,8 +450,12 @@ async def _access_approvals(args: argparse.Namespace, config: Config) -> int:
     """``agentik access approvals``: the pending approvals, then the latest decisions."""
     async with SQLiteStore(config.database) as store:
         pending = await store.approvals(state="pending")
-        decided = [] if args.pending else await store.approvals(
-            state="resolved", limit=max(0, args.limit), newest_first=True
+        decided = (
+            []
+            if args.pending
+            else await store.approvals(
+                state="resolved", limit=max(0, args.limit), newest_first=True
+            )
         )
     now = time.time()
     print(f"waiting for approval: {len(pending) or 'none'}")

@@ -631,7 +631,10 @@ class TurnRunner:
         if rule is None or rule.approve == "never":
             return None
         if self.conv.temp:
-            return "error: not run: this tool needs approval, which a temporary conversation cannot ask for"
+            return (
+                "error: not run: this tool needs approval,"
+                " which a temporary conversation cannot ask for"
+            )
         data = self.message.data if isinstance(self.message.data, dict) else {}
         return await approvals.gate(
             self.parts,

@@ -119,8 +119,8 @@ async def test_irc_round_trip_by_approve(miniircd, tmp_path):
     async with irc_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
         alice, bob = await people(miniircd.port, "alice", "bob")
         model.enqueue(
-            Reply(tool_calls=[call("fs__write_file",
-                                   {"path": "/srv/motd", "content": "hi", "api_key": "sk-abcdefghijklmnop"})]),
+            Reply(tool_calls=[call("fs__write_file", {
+                "path": "/srv/motd", "content": "hi", "api_key": "sk-abcdefghijklmnop"})]),
             "all done",
         )  # fmt: skip
         alice.privmsg("#ops", "agentik: update the motd")
@@ -147,7 +147,8 @@ async def test_irc_round_trip_by_approve(miniircd, tmp_path):
         # The record: masked arguments, who asked, who decided.
         with sqlite3.connect(tmp_path / "approvals.db") as con:
             row = con.execute(
-                "SELECT tool, arguments, asker_id, state, decision, approver_id, reason FROM approval"
+                "SELECT tool, arguments, asker_id, state, decision, approver_id, reason"
+                " FROM approval"
             ).fetchone()
         assert row[0] == "fs__write_file" and "sk-abcdef" not in row[1] and "***" in row[1]
         assert row[2].startswith("testnet:alice!") and row[3:5] == ("resolved", "approved")
@@ -249,7 +250,8 @@ def test_roles_compare_by_rank_and_named_roles_need_their_name_or_admin():
 
 def test_arguments_are_masked_and_cut():
     shown = mask_arguments(json.dumps({
-        "url": "https://x", "password": "hunter2", "headers": {"Authorization": "Bearer abcdefghijkl"},
+        "url": "https://x", "password": "hunter2",
+        "headers": {"Authorization": "Bearer abcdefghijkl"},
         "note": "key sk-ABCDEFGHIJKLMNOPQRST inside", "body": "x" * 1000,
     }))  # fmt: skip
     assert "hunter2" not in shown and "abcdefghijkl" not in shown and "sk-ABCD" not in shown
@@ -337,8 +339,9 @@ async def test_slack_round_trip_by_a_button_in_socket_mode(tmp_path):
 
 
 async def test_slack_deny_button_over_http_mode(tmp_path):
-    import aiohttp
     from urllib.parse import urlencode
+
+    import aiohttp
 
     from fakeslack import FakeSlack
 
@@ -401,9 +404,10 @@ async def test_http_list_and_decide_with_events_on_the_stream(tmp_path):
             Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
             "all done",
         )
-        async with server.client(TOKENS["ALICE_TOKEN"]) as alice, server.client(
-            TOKENS["ADMIN_TOKEN"]
-        ) as admin:
+        async with (
+            server.client(TOKENS["ALICE_TOKEN"]) as alice,
+            server.client(TOKENS["ADMIN_TOKEN"]) as admin,
+        ):
             conv = (await alice.post("/conversations", json={})).json()
             base = f"/conversations/{conv['id']}"
             async with sse(alice, base + "/events", params={"profile": "chat"}) as events:
@@ -413,7 +417,9 @@ async def test_http_list_and_decide_with_events_on_the_stream(tmp_path):
                 assert asked["name"] == "fs__write_file" and asked["asker"] == "alice"
                 assert asked["asker_id"] == "web:alice"
                 pending = (await alice.get(base + "/approvals")).json()["items"]
-                assert [(a["id"], a["state"]) for a in pending] == [(asked["approval_id"], "pending")]
+                assert [(a["id"], a["state"]) for a in pending] == [
+                    (asked["approval_id"], "pending")
+                ]
                 url = f"{base}/approvals/{asked['approval_id']}"
                 # The asker may not approve their own call; an unknown id is 404.
                 own = await alice.post(url, json={"decision": "approve"})
@@ -425,7 +431,10 @@ async def test_http_list_and_decide_with_events_on_the_stream(tmp_path):
                 assert bad.status_code == 422
                 ok = await admin.post(url, json={"decision": "approve", "reason": "go"})
                 assert ok.status_code == 200, ok.text
-                assert (ok.json()["decision"], ok.json()["approver_id"]) == ("approved", "web:admin")
+                assert (ok.json()["decision"], ok.json()["approver_id"]) == (
+                    "approved",
+                    "web:admin",
+                )
                 resolved = (await events.until("approval_resolved"))[-1].data
                 assert (resolved["decision"], resolved["approver"], resolved["reason"]) == (
                     "approved", "admin", "go",
@@ -452,7 +461,9 @@ async def test_a_pending_approval_survives_a_restart_and_is_offered_again(miniir
         [before] = await agent.approvals.pending("irc:testnet:#ops")
     # The bot stopped mid-wait: the approval is still pending, the turn unanswered.
     with sqlite3.connect(db) as con:
-        assert con.execute("SELECT id, state FROM approval").fetchall() == [(approval_id, "pending")]
+        assert con.execute("SELECT id, state FROM approval").fetchall() == [
+            (approval_id, "pending")
+        ]
     async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
         # The resumed turn asks the model again, which calls the same tool again.
         model.enqueue(
@@ -461,7 +472,9 @@ async def test_a_pending_approval_survives_a_restart_and_is_offered_again(miniir
         )
         bridge_counts = await _resume(agent)
         assert bridge_counts["answer"] == 1 and bridge_counts["approvals_expired"] == 0
-        again = await bob.wait_for(lambda m: from_bot(m) and "asked again after a restart" in m.text)
+        again = await bob.wait_for(
+            lambda m: from_bot(m) and "asked again after a restart" in m.text
+        )
         assert f"approval {approval_id}: alice asked me to run fs__write_file(" in again.text
         bob.privmsg("#ops", f"!approve {approval_id}")
         await alice.wait_for(lambda m: from_bot(m) and "approved by bob" in m.text)
@@ -508,26 +521,13 @@ async def _resume(agent: Agent, *, resume: str = "answer") -> dict[str, int]:
 # -- the CLI -------------------------------------------------------------------------------------
 
 
-async def test_cli_lists_pending_approvals_and_recent_decisions(tmp_path):
+def test_cli_lists_pending_approvals_and_recent_decisions(tmp_path):
     import subprocess
-    import time
 
-    from agentik.core.approvals import Approval
-    from agentik.core.store.base import ConversationRecord
     from helpers import AGENTIK
 
     db = tmp_path / "cli.db"
-    async with SQLiteStore(str(db)) as store:
-        await store.create_conversation(ConversationRecord(id="c1", created_at=1, updated_at=1))
-        now = time.time()
-        base = dict(scope="irc:net:#ops", conversation_id="c1", channel_key="irc:net:#ops",
-                    run_id="run_1", tool="fs__write_file", arguments='{"path": "/a"}',
-                    asker_id="net:alice", approvers="admin", created_at=now,
-                    expires_at=now + 600)  # fmt: skip
-        await store.approval_add(Approval(id="3f2", call_id="c-1", **base))
-        done = await store.approval_add(Approval(id="a07", call_id="c-2", **base))
-        await store.approval_resolve(done, "denied", "bob", "net:bob", "not today", now)
-        assert await store.approval_add(Approval(id="3f2", call_id="c-3", **base)) is None
+    asyncio.run(_two_approvals(db))
     config = tmp_path / "agentik.toml"
     config.write_text(f'[storage]\npath = "{db}"\n')
     out = subprocess.run(
@@ -546,3 +546,24 @@ async def test_cli_lists_pending_approvals_and_recent_decisions(tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert "recent decisions" not in only.stdout and "3f2" in only.stdout
+
+
+async def _two_approvals(db) -> None:
+    """One approval pending and one denied, written through the store."""
+    import time
+
+    from agentik.core.approvals import Approval
+    from agentik.core.store.base import ConversationRecord
+
+    async with SQLiteStore(str(db)) as store:
+        await store.create_conversation(ConversationRecord(id="c1", created_at=1, updated_at=1))
+        now = time.time()
+        base = dict(scope="irc:net:#ops", conversation_id="c1", channel_key="irc:net:#ops",
+                    run_id="run_1", tool="fs__write_file", arguments='{"path": "/a"}',
+                    asker_id="net:alice", approvers="admin", created_at=now,
+                    expires_at=now + 600)  # fmt: skip
+        await store.approval_add(Approval(id="3f2", call_id="c-1", **base))
+        done = await store.approval_add(Approval(id="a07", call_id="c-2", **base))
+        await store.approval_resolve(done, "denied", "bob", "net:bob", "not today", now)
+        # A short id is unique among the pending ones of its channel.
+        assert await store.approval_add(Approval(id="3f2", call_id="c-3", **base)) is None

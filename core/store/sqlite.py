@@ -749,7 +749,8 @@ class SQLiteStore(Store):
         def fn(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 "UPDATE approval SET state = 'resolved', decision = ?, approver = ?,"
-                " approver_id = ?, reason = ?, resolved_at = ? WHERE serial = ? AND state = 'pending'",
+                " approver_id = ?, reason = ?, resolved_at = ?"
+                " WHERE serial = ? AND state = 'pending'",
                 (decision, approver, approver_id, reason, at, serial),
             )
             return cur.rowcount > 0
