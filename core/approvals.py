@@ -269,6 +269,8 @@ class Approvals:
         self._waiting: dict[int, asyncio.Future[Approval]] = {}
         # (conversation, tool) pairs approved once: "first-use" rules skip them.
         self._used: set[tuple[str, str]] = set()
+        # Approvals made before this (a restart) may be taken over by a resumed turn.
+        self._born = time.time()
 
     @property
     def enabled(self) -> bool:
@@ -413,6 +415,7 @@ class Approvals:
         for old in await store.approvals(conversation_id=parts.id, state="pending"):
             if (
                 old.run_id == run_id
+                and old.created_at < self._born
                 and old.digest == digest
                 and old.serial not in self._waiting
                 and old.expires_at > time.time()

@@ -567,3 +567,64 @@ async def _two_approvals(db) -> None:
         await store.approval_resolve(done, "denied", "bob", "net:bob", "not today", now)
         # A short id is unique among the pending ones of its channel.
         assert await store.approval_add(Approval(id="3f2", call_id="c-3", **base)) is None
+
+
+# -- the rules in the turn engine -----------------------------------------------------------------
+
+
+async def test_first_use_asks_once_per_conversation_and_waiting_does_not_use_the_time_budget(
+    tmp_path,
+):
+    from agentik.core import TurnPolicy
+
+    model = ScriptedModel()
+    calls: list[dict] = []
+    rules = [
+        ApprovalRule(tools=("fs__write_file",), approve="never"),
+        ApprovalRule(tools=("fs__*",), approve="first-use", approvers="user"),
+    ]
+    agent = Agent(
+        llm=model, store=SQLiteStore(str(tmp_path / "rules.db")), tools=[writer_tool(calls)],
+        approvals=rules, policy=TurnPolicy(time_budget=0.5),
+    )  # fmt: skip
+    # "never" is an exception to the broader rule below it.
+    assert agent.approvals.rule_for("fs__write_file", "x").approve == "never"
+    agent.approvals.rules = rules[1:]
+    async with agent:
+        conv = await agent.conversation_for_channel("fake:chat:#c")
+        sub = conv.events()
+        write = {"path": "/a", "content": "x"}
+        model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), "one")
+        await conv.send("first", author="alice", author_id="chat:alice")
+        asked = await next_event(sub, "approval_requested")
+        # A person takes longer than the turn's whole time budget: the wait does not count.
+        await asyncio.sleep(1.0)
+        [pending] = await agent.approvals.pending("fake:chat:#c")
+        await agent.approvals.decide(
+            pending, "approve", approver="bob", approver_id="chat:bob", role="user"
+        )
+        ended = await next_event(sub, "turn_ended")
+        assert (ended.stop_reason, ended.text) == ("stop", "one")
+        assert asked.approval_id == pending.id and len(calls) == 1
+        # The same tool again in this conversation: no second request.
+        model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), "two")
+        await conv.send("second", author="alice", author_id="chat:alice")
+        kinds = [e.kind async for e in _until_turn_end(sub)]
+        assert "approval_requested" not in kinds and len(calls) == 2
+        # A new conversation for the channel (!new) asks again.
+        fresh = await agent.new_conversation_for_channel("fake:chat:#c")
+        sub2 = fresh.events()
+        model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), "three")
+        await fresh.send("third", author="alice", author_id="chat:alice")
+        await next_event(sub2, "approval_requested")
+        await fresh.interrupt()
+        await sub.aclose()
+        await sub2.aclose()
+
+
+async def _until_turn_end(sub):
+    async with asyncio.timeout(60):
+        async for event in sub:
+            yield event
+            if event.kind == "turn_ended":
+                return
