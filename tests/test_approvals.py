@@ -12,6 +12,8 @@ import json
 import sqlite3
 from contextlib import asynccontextmanager
 
+import pytest
+
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
 from agentik.core.approvals import ApprovalRule, at_least, mask_arguments
@@ -628,3 +630,65 @@ async def _until_turn_end(sub):
             yield event
             if event.kind == "turn_ended":
                 return
+
+
+# -- the store contract (every engine) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["sqlite-file", "memory"])
+async def test_store_keeps_approvals_unique_among_pending_and_decided_once(engine, tmp_path):
+    import time
+
+    from agentik.core import MemoryStore
+    from agentik.core.approvals import Approval
+    from agentik.core.store.base import ConversationRecord
+
+    store = SQLiteStore(str(tmp_path / "s.db")) if engine == "sqlite-file" else MemoryStore()
+    async with store:
+        await store.create_conversation(ConversationRecord(id="c1", created_at=1, updated_at=1))
+        now = time.time()
+        base = dict(scope="k", conversation_id="c1", run_id="r", tool="t", approvers="user",
+                    created_at=now, expires_at=now + 60)  # fmt: skip
+        first = await store.approval_add(Approval(id="abc", call_id="1", **base))
+        assert first is not None
+        assert await store.approval_add(Approval(id="abc", call_id="2", **base)) is None
+        other_scope = await store.approval_add(
+            Approval(id="abc", call_id="3", **{**base, "scope": "elsewhere"})
+        )
+        assert other_scope is not None
+        assert await store.approval_resolve(first, "approved", "bob", "n:bob", None, now)
+        # Decided once: a second decision does not overwrite the first.
+        assert not await store.approval_resolve(first, "denied", "eve", "n:eve", None, now)
+        assert (await store.approval_get(first)).approver == "bob"
+        # Decided, its id is free again in its scope.
+        again = await store.approval_add(Approval(id="abc", call_id="4", **base))
+        assert again is not None
+        await store.approval_rebind(again, "5")
+        assert (await store.approval_get(again)).call_id == "5"
+        assert [a.serial for a in await store.approvals(scope="k", state="pending")] == [again]
+        assert [a.serial for a in await store.approvals(short_id="abc", newest_first=True)] == [
+            again, other_scope, first,
+        ]  # fmt: skip
+        assert await store.approval_used("c1", "t") and not await store.approval_used("c1", "u")
+        # Deleting the conversation deletes its approvals.
+        await store.delete_conversation("c1")
+        assert await store.approvals() == []
+
+
+async def test_config_rules_reach_the_agent():
+    from agentik.bot.builder import AgentBuilder
+    from agentik.bot.config import parse_config
+    from agentik.core.plugins import load_plugins
+
+    config = parse_config({
+        "storage": {"path": ":memory:"}, "memory": {"backend": "none"},
+        "llm": {"backend": "scripted"},
+        "approvals": [{"tools": ["git__push"], "approvers": "admin", "timeout": 30},
+                      {"tools": ["fs__*"], "approve": "first-use", "self_approve": True}],
+    })  # fmt: skip
+    registry = load_plugins(env={"AGENTIK_PLUGINS": ""}, entry_points=False)
+    agent = AgentBuilder.from_config(config, registry).build()
+    rule = agent.approvals.rule_for("git__push", "irc:n:#c")
+    assert (rule.approvers, rule.timeout, rule.self_approve) == ("admin", 30.0, False)
+    assert agent.approvals.rule_for("fs__read", None).approve == "first-use"
+    assert agent.approvals.rule_for("web__get", None) is None
