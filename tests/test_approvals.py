@@ -692,3 +692,63 @@ async def test_config_rules_reach_the_agent():
     assert (rule.approvers, rule.timeout, rule.self_approve) == ("admin", 30.0, False)
     assert agent.approvals.rule_for("fs__read", None).approve == "first-use"
     assert agent.approvals.rule_for("web__get", None) is None
+
+
+# -- the web page ------------------------------------------------------------------------------------
+
+
+async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
+    import os
+    import re
+    from pathlib import Path
+
+    from playwright.async_api import async_playwright, expect
+
+    from httpserver import TOKENS, running_server
+    from test_http_browser import CHROMIUM, FLAGS
+
+    if not Path(CHROMIUM).exists():
+        message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    expect.set_options(timeout=60_000)
+    calls: list[dict] = []
+    # One person at the page: they approve their own calls.
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user", self_approve=True)]
+    settings = {"tokens": [{"name": "ada", "env": "ADMIN_TOKEN"}]}
+    async with running_server(
+        str(tmp_path / "web.db"), settings=settings, environ=TOKENS,
+        tools=[writer_tool(calls)], approvals=rules,
+    ) as server, async_playwright() as p:  # fmt: skip
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        try:
+            page = await browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(server.url + "/")
+            await page.fill("#token", TOKENS["ADMIN_TOKEN"])
+            await page.click("#save-token")
+            await page.click("#new")
+            await expect(page.locator("#status")).to_have_text("live")
+            write = {"path": "/srv/<b>motd</b>", "content": "hi"}
+            for answer in ("first done", "second done"):
+                server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
+            await page.fill("#input", "update the motd")
+            await page.press("#input", "Enter")
+            box = page.locator(".approval").last
+            await expect(box).to_contain_text("ada asked to run fs__write_file(")
+            await expect(box).to_contain_text("<b>motd</b>")  # shown as text, never as HTML
+            await box.get_by_role("button", name="Approve").click()
+            await expect(box).to_have_text(re.compile(r"approved by ada$"))
+            await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
+            assert calls == [{"path": "/srv/<b>motd</b>", "content": "hi"}]
+            await page.fill("#input", "again")
+            await page.press("#input", "Enter")
+            box = page.locator(".approval").last
+            await box.get_by_role("button", name="Deny").click()
+            await expect(box).to_have_text(re.compile(r"denied by ada$"))
+            await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
+            assert len(calls) == 1 and not errors, errors
+        finally:
+            await browser.close()
