@@ -694,7 +694,7 @@ async def test_config_rules_reach_the_agent():
     assert agent.approvals.rule_for("web__get", None) is None
 
 
-# -- the web page ------------------------------------------------------------------------------------
+# -- the web page ------------------------------------------------------------------------------
 
 
 async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
@@ -703,9 +703,9 @@ async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
     from pathlib import Path
 
     from playwright.async_api import async_playwright, expect
+    from test_http_browser import CHROMIUM, FLAGS
 
     from httpserver import TOKENS, running_server
-    from test_http_browser import CHROMIUM, FLAGS
 
     if not Path(CHROMIUM).exists():
         message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
