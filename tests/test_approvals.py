@@ -700,14 +700,13 @@ async def test_config_rules_reach_the_agent():
 async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
     import os
     import re
-    from pathlib import Path
 
     from playwright.async_api import async_playwright, expect
-    from test_http_browser import CHROMIUM, FLAGS
+    from test_http_browser import CHROMIUM, FLAGS, HAVE_CHROMIUM
 
     from httpserver import TOKENS, running_server
 
-    if not Path(CHROMIUM).exists():
+    if not HAVE_CHROMIUM:
         message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
