@@ -10,6 +10,7 @@ import signal
 from typing import Any
 
 from agentik.core import Agent, AgentikError, ConfigError
+from agentik.core.budgets import Budgets
 from agentik.core.plugins import Registry, load_plugins
 from agentik.core.settings import is_file_path, setting_fields
 from agentik.transports.base import Transport, TransportFailed
@@ -71,9 +72,11 @@ class Bot:
         self.config = config
         self.registry = registry or load_registry(config)
         self.agent: Agent = AgentBuilder.from_config(config, self.registry).build()
+        budgets = config.budgets
         self.bridge = Bridge(
-            self.agent, resume=config.agent.resume, resume_max_age=config.agent.resume_max_age
-        )
+            self.agent, resume=config.agent.resume, resume_max_age=config.agent.resume_max_age,
+            budgets=Budgets(budgets, self.agent.store) if budgets.enabled else None,
+        )  # fmt: skip
         self.transports: dict[str, Transport] = dict(transports or {})
         sections = {n: s for n, s in config.transports.items() if s.enabled}
         for name, section in sections.items():

@@ -38,10 +38,11 @@ from typing import Literal
 
 from agentik.core import Agent, Conversation
 from agentik.core.approvals import ApprovalError
+from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
-from agentik.core.events import ApprovalRequested, ApprovalResolved, Error, Event
+from agentik.core.events import ApprovalRequested, ApprovalResolved, Error, Event, TurnEnded
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.settings import setting_fields
@@ -62,7 +63,17 @@ from .channel import ChannelOptions
 from .config import AgentSection
 from .outbox import Outbox
 
-__all__ = ["COMMANDS", "Bridge", "ChannelOptions"]
+__all__ = ["COMMANDS", "Bridge", "ChannelOptions", "RoleFor", "default_role_for"]
+
+#: ``role_for(transport_name, message, channel_key)``: the speaker's role
+#: (``owner`` > ``admin`` > ``user`` > ``ignored``, or a named role).
+RoleFor = Callable[[str, IncomingMessage, str], str]
+
+
+def default_role_for(transport_name: str, message: IncomingMessage, channel_key: str) -> str:
+    """Everyone is a ``user`` (the coordinator wires ``AccessPolicy.role_for`` in its place)."""
+    return "user"
+
 
 #: The ``[agent]`` defaults (resume mode and age), declared once in the configuration.
 _AGENT = AgentSection()
@@ -75,22 +86,13 @@ COMMANDS: dict[str, str] = {
     "more": "show the next part of a long answer",
     "status": "show the model, the conversation and whether a turn is running",
     "compact": "summarise the older part of this conversation now, to free context",
+    "budget": "show what is left of your and this channel's budgets",
     "help": "list these commands",
     # -- approvals (issue 19) --
     "approve": "approve a tool call waiting for approval: approve ID [reason]",
     "deny": "refuse a tool call waiting for approval: deny ID [reason]",
     "approvals": "list the tool calls waiting for approval here",
 }
-
-#: Who may do what, as a role: ``role_for(transport name, message, channel key)``.
-#: The default gives everyone ``user``; the bot wires the access policy's
-#: ``AccessPolicy.role_for`` here (one place: :class:`Bridge`'s ``role_for``).
-RoleFor = Callable[[str, IncomingMessage, str], str]
-
-
-def everyone_user(transport: str, message: IncomingMessage, channel_key: str) -> str:
-    """The default :data:`RoleFor`: every speaker is a ``user``."""
-    return "user"
 
 
 @dataclass(eq=False)
@@ -137,11 +139,16 @@ class Bridge(AgentAccess):
         idle_seconds: float = 900.0,
         resume: ResumeMode = _AGENT.resume,
         resume_max_age: float = _AGENT.resume_max_age,
+        budgets: Budgets | None = None,
         role_for: RoleFor | None = None,
     ) -> None:
         self.agent = agent
-        #: The role of a speaker in a channel (approvals check it); see :data:`RoleFor`.
-        self.role_for: RoleFor = role_for or everyone_user
+        #: Usage limits per speaker and channel (``None``: unlimited).
+        self.budgets = budgets
+        #: The speaker's role (budgets, approvals); the default: everyone is ``user``.
+        self.role_for: RoleFor = role_for or default_role_for
+        if budgets is not None and agent.hooks.pm is not None:
+            agent.hooks.pm.register(budgets.hook, name=f"agentik-budgets-{id(budgets):x}")
         self.idle_seconds = idle_seconds
         #: What :meth:`resume_pending` does with a message a crash left unanswered.
         self.resume = resume
@@ -210,16 +217,33 @@ class Bridge(AgentAccess):
                 message.reply_to,
             )
             return
+        subject = None
+        if self.budgets is not None and self.budgets.enabled:
+            subject = self._subject(message, transport)
+            refused = await self.budgets.admit(subject)
+            if refused is not None:
+                # One notice per window; later messages get nothing, and no model call.
+                if refused.notice:
+                    await self._send(transport, message.channel_key, refused.notice, "notice",
+                                     message.reply_to)  # fmt: skip
+                return
         ch = await self._channel(message.channel_key, transport, opts)
         ch.reply_to = message.reply_to
         ch.direct = message.direct
         ch.more.clear()
         try:
-            run_id = await ch.conversation.send(
-                text,
-                author=message.author_name or message.author_id,
-                author_id=_author_id(transport, message),
-            )
+            async with contextlib.AsyncExitStack() as stack:
+                if subject is not None:
+                    assert self.budgets is not None
+                    await stack.enter_async_context(self.budgets.sending(ch.conversation.id))
+                run_id = await ch.conversation.send(
+                    text,
+                    author=message.author_name or message.author_id,
+                    author_id=_author_id(transport, message),
+                )
+                if subject is not None:
+                    assert self.budgets is not None
+                    self.budgets.bind(run_id, subject, chars=len(text))
         except PromptRefused as exc:
             # A plugin's words, shown as they are.
             await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
@@ -433,6 +457,8 @@ class Bridge(AgentAccess):
             await self._close_channel(ch)
         self._channels.clear()
         await self.outbox.drain()
+        if self.budgets is not None:
+            await self.budgets.aclose()
 
     # -- delivery after a restart ---------------------------------------------------------
     async def redeliver(self) -> int:
@@ -521,6 +547,7 @@ class Bridge(AgentAccess):
             "more": lambda: self._cmd_more(key, transport, say, p),
             "status": lambda: self._cmd_status(key, transport, opts, say),
             "compact": lambda: self._cmd_compact(key, transport, opts, say),
+            "budget": lambda: self._cmd_budget(message, transport, say),
             "approve": lambda: self._cmd_decide("approve", message, transport, opts, say),
             "deny": lambda: self._cmd_decide("deny", message, transport, opts, say),
             "approvals": lambda: self._cmd_approvals(key, opts, say),
@@ -616,6 +643,34 @@ class Bridge(AgentAccess):
             f"model {self.agent.llm.model or self.agent.llm.name} · conversation {conv.id} "
             f"({count} messages) · {state}"
         )
+
+    # -- budgets (issue 19) ----------------------------------------------------------------
+    def _subject(self, message: IncomingMessage, transport: Transport) -> Subject:
+        """Who ``message`` is counted for: its speaker (by role) and its channel."""
+        key = message.channel_key
+        return Subject(
+            transport=transport.name, channel=key, identity=_author_id(transport, message),
+            role=self.role_for(transport.name, message, key),
+            name=message.author_name or message.author_id,
+        )  # fmt: skip
+
+    async def _cmd_budget(
+        self, message: IncomingMessage, transport: Transport, say: Callable[[str], Awaitable[None]]
+    ) -> None:
+        if self.budgets is None or not self.budgets.enabled:
+            await say("no budgets are set: usage is unlimited")
+            return
+        await say(await self.budgets.report(self._subject(message, transport)))
+
+    async def _budget_turn_ended(self, event: TurnEnded, channel_key: str) -> None:
+        """Count the tokens of a finished turn for whoever started it (else the channel)."""
+        if self.budgets is not None and event.run_id:
+            try:
+                await self.budgets.turn_ended(
+                    event.run_id, event.usage, event.text, channel=channel_key
+                )
+            except Exception:
+                log.exception("could not count the tokens of run %s", event.run_id)
 
     # -- approvals (issue 19) ------------------------------------------------------------
     async def _cmd_decide(
@@ -721,6 +776,7 @@ class Bridge(AgentAccess):
             except Exception:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
             if event.kind == "turn_ended":
+                await self._budget_turn_ended(event, ch.key)
                 ch.run_reply_to.pop(event.run_id or "", None)
                 async with ch.changed:
                     ch.pending.discard(event.run_id or "")

@@ -17,6 +17,7 @@
     agentik memory add SCOPE TEXT  write a note (scope: global, channel:KEY, user:ID)
     agentik memory search WORDS    full-text search
     agentik plugins                list loaded plugins and what they registered
+    agentik access budgets         the configured budgets and a day's usage (--day)
     agentik access approvals       tool calls waiting for approval, and recent decisions
     agentik --version
 
@@ -65,6 +66,7 @@ COMMANDS = (
     "memory search",
     "plugins",
     "mcp list",
+    "access budgets",
     "access approvals",
 )
 
@@ -138,9 +140,11 @@ def _parser() -> argparse.ArgumentParser:
     mcp = sub.add_parser("mcp", help="MCP servers")
     msub = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
-    # -- access (issue 19): the access helper adds roles/grants/budgets here --
-    access = sub.add_parser("access", help="who may do what: approvals")
+    # -- access (issue 19) --
+    access = sub.add_parser("access", help="who may do what: budgets, approvals")
     asub = access.add_subparsers(dest="action", metavar="ACTION", required=True)
+    abud = with_config(asub.add_parser("budgets", help="the configured budgets and a day's usage"))
+    abud.add_argument("--day", help="a UTC day, YYYY-MM-DD (default: today)")
     ap = with_config(
         asub.add_parser("approvals", help="tool calls waiting for approval, and recent decisions")
     )
@@ -189,9 +193,9 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
     if args.command == "mcp":
         return asyncio.run(_mcp_list(config))
     if args.command == "access":
-        if config.database != ":memory:" and not os.path.exists(config.database):
+        if not os.path.exists(config.database):
             raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
-        return asyncio.run(_access_approvals(args, config))
+        return asyncio.run(_access(args, config))
     if args.command == "memory":
         if config.memory.backend == "sqlite" and not os.path.exists(config.database):
             raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
@@ -443,6 +447,71 @@ async def _memory(args: argparse.Namespace, config: Config) -> int:
         await memory.aclose()
         if store is not None:
             await store.aclose()
+    return 0
+
+
+async def _access(args: argparse.Namespace, config: Config) -> int:
+    if args.action == "budgets":
+        return await _access_budgets(args, config)
+    if args.action == "approvals":
+        return await _access_approvals(args, config)
+    raise ConfigError(f"unknown access action {args.action!r}")  # pragma: no cover
+
+
+async def _access_budgets(args: argparse.Namespace, config: Config) -> int:
+    import calendar
+
+    from agentik.core.budgets import KINDS, BudgetLimits, window
+
+    b = config.budgets
+    if args.day:
+        try:
+            day = calendar.timegm(time.strptime(args.day, "%Y-%m-%d"))
+        except ValueError:
+            raise ConfigError(f"--day: not a date (YYYY-MM-DD): {args.day!r}") from None
+    else:
+        day = window("tokens", time.time())
+
+    def limits(lim: BudgetLimits) -> str:
+        if lim == BudgetLimits():
+            return "unlimited"
+        return ", ".join(
+            f"{n:,} {what}" if n else f"unlimited {what}"
+            for n, what in ((lim.messages_per_minute, "messages/minute"),
+                            (lim.tokens_per_day, "tokens/day"),
+                            (lim.tool_calls_per_day, "tool calls/day"))
+        )  # fmt: skip
+
+    print("budgets ([budgets]; windows are UTC minutes and UTC days):")
+    tables = [("owner", b.owner), ("admin", b.admin), ("user", b.user)]
+    tables += [(f"role {name}", lim) for name, lim in sorted(b.roles.items())]
+    tables += [("channel", b.channel)]
+    u = b.unverified
+    unverified = ", ".join(
+        f"{what} as their role" if n is None else f"{n:,} {what}" if n else f"unlimited {what}"
+        for n, what in ((u.messages_per_minute, "messages/minute"),
+                        (u.tokens_per_day, "tokens/day"),
+                        (u.tool_calls_per_day, "tool calls/day"))
+    )  # fmt: skip
+    for name, lim in tables:
+        print(f"  {name}: {limits(lim)}")
+    print(f"  unverified: {unverified}")
+    async with SQLiteStore(config.database) as store:
+        rows = await store.budget_rows(day)
+    usage: dict[tuple[str, str], dict[str, int]] = {}
+    for scope, subject, kind, start, amount in rows:
+        # Message counters are per minute (kept an hour): not a day's usage.
+        if kind != "messages" and start == day:
+            usage.setdefault((scope, subject), dict.fromkeys(KINDS, 0))[kind] += amount
+    when = time.strftime("%Y-%m-%d", time.gmtime(day))
+    if not usage:
+        print(f"usage on {when} (UTC): none")
+        return 0
+    print(f"usage on {when} (UTC):")
+    for (scope, subject), used in sorted(usage.items()):
+        print(
+            f"  {scope:<10} {subject}: {used['tokens']:,} tokens, {used['tool_calls']:,} tool calls"
+        )
     return 0
 
 

@@ -38,6 +38,7 @@ from pydantic import (
 
 from agentik.core.agent import AgentSettings
 from agentik.core.approvals import ApprovalRule
+from agentik.core.budgets import BudgetSettings
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
@@ -335,6 +336,8 @@ class Config(_Section):
     approvals: list[ApprovalRule] = Field(default_factory=list)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    #: Usage limits per role, channel and unverified speakers (issue 19).
+    budgets: BudgetSettings = Field(default_factory=BudgetSettings)
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 

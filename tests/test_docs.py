@@ -130,13 +130,18 @@ def _key_names(model: type, seen: set[type] | None = None) -> set[str]:
         if getattr(field, "exclude", False):
             continue
         nested: set[str] = set()
+        table = False
         stack = [field.annotation]
         while stack:
             ann = stack.pop()
             if isinstance(ann, type):
+                # A table type seen before (two tables of one class) adds no new keys.
+                table |= bool(
+                    getattr(ann, "model_fields", None) or getattr(ann, "__pydantic_fields__", None)
+                )
                 nested |= _key_names(ann, seen)
             stack.extend(typing.get_args(ann))
-        names |= nested or {name}  # a table shows as its keys, a key as itself
+        names |= nested if table else {name}  # a table shows as its keys, a key as itself
     return names
 
 

@@ -9,9 +9,12 @@ Screenshots go to ``tests/artifacts/`` (git-ignored) for a human to look at.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import re
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -183,3 +186,77 @@ async def _newest_titled(db_path: str, title: str) -> str | None:
         ("Once upon a time, a small bot ", "interrupted"),
     ]
     return row[0]
+
+
+async def test_without_tokens_the_page_works_and_another_site_cannot_post(db_path, browser, caplog):
+    # No tokens: the Host and Origin checks are on. The page's own requests
+    # (its POSTs carry Origin: http://127.0.0.1:<port>) go through; the same
+    # POST from a page of another origin reaches the server and is refused.
+    expect.set_options(timeout=60_000)
+    caplog.set_level(logging.WARNING, logger="agentik.transports.http")
+    async with running_server(db_path) as server:
+        page = await browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        await page.goto(server.url + "/")
+        await page.click("#new")
+        await expect(page.locator("#status")).to_have_text("live")
+        await page.fill("#input", "Hello from this machine")
+        await page.press("#input", "Enter")
+        await expect(page.locator(".msg.assistant").last).to_have_text(
+            re.compile("echo: Hello from this machine")
+        )
+        await expect(page.locator("#title")).to_have_text("Hello from this machine")
+        assert not errors, errors
+        with sqlite3.connect(db_path) as db:
+            (conv_id,) = db.execute("SELECT id FROM conversation").fetchone()
+
+        # Another site: a page of another origin (a second server on this
+        # machine) posts text/plain, a request browsers send without asking
+        # the server first.
+        async with _static_page("<p>cats</p>") as other_origin:
+            other = await browser.new_page()
+            await other.goto(other_origin + "/")
+            await other.evaluate(
+                """async (url) => {
+                    await fetch(url, {method: "POST", mode: "no-cors",
+                        headers: {"Content-Type": "text/plain"},
+                        body: JSON.stringify({content: "obey the other site"})});
+                }""",
+                f"{server.url}/agentik/conversations/{conv_id}/messages",
+            )
+    refused = [r.getMessage() for r in caplog.records if "refused a request" in r.getMessage()]
+    assert refused == [
+        f"HTTP API: refused a request with Origin {other_origin!r}"
+        " (add it to allowed_origins if it is yours)"
+    ]
+    with sqlite3.connect(db_path) as db:
+        contents = [row[0] for row in db.execute("SELECT content FROM message WHERE kind = 'user'")]
+    assert contents == ["Hello from this machine"]
+
+
+@contextlib.asynccontextmanager
+async def _static_page(html: str) -> AsyncIterator[str]:
+    """A one-page HTTP server on 127.0.0.1 (another origin than the API's); yields its origin."""
+    body = html.encode()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nConnection: close\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -119,6 +119,8 @@ class Table:
     description: str
     keys: list[Key]
     level: int = 2
+    #: Only tables inside, no keys of its own (``[budgets]``).
+    only_tables: bool = False
 
 
 def _model_classes(model: Any, seen: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -279,7 +281,8 @@ class SchemaWalker:
             if not key.description:
                 key.description = self.source.get(node.get("title", ""), {}).get(name, "")
             keys.append(key)
-        yield Table(header, path, _about(node.get("description", "")), keys, level)
+        yield Table(header, path, _about(node.get("description", "")), keys, level,
+                    only_tables=not keys and bool(nested))  # fmt: skip
         for sub, sub_header, sub_shown, sub_path in nested:
             for table in self.tables(sub, sub_header, sub_shown, sub_path, level):
                 if table.path == sub_path:  # what the example says above the table or key
@@ -379,6 +382,8 @@ def render_table(table: Table) -> str:
     out = [f"{'#' * table.level} `{table.header}`", ""]
     if table.description:
         out += [_prose(table.description), ""]
+    if table.only_tables:
+        return "\n".join(out)
     if not table.keys:
         out += ["Any keys: handed over as they are.", ""]
         return "\n".join(out)

@@ -24,7 +24,7 @@ Contract every implementation keeps:
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -310,3 +310,31 @@ class Store(abc.ABC):
     async def approval_used(self, conversation_id: str, tool: str) -> bool:
         """Whether a call of ``tool`` was ever approved in this conversation (``first-use``)."""
         raise NotImplementedError(f"{type(self).__name__} does not store approvals")
+
+    # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
+    async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
+        """Add to budget counters in one transaction.
+
+        Each row is ``(scope, subject, kind, window, amount)``: ``amount`` is
+        added to that counter (created at 0).
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no budget counters")
+
+    async def budget_usage(
+        self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
+    ) -> dict[tuple[str, str, str], int]:
+        """The counters of ``keys`` (``(scope, subject)``) in each kind's window.
+
+        ``windows`` maps a kind to the start of its current window; the result
+        maps ``(scope, subject, kind)`` to the amount (missing: 0).
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no budget counters")
+
+    async def budget_prune(self, before: Mapping[str, int]) -> int:
+        """Delete counters of each kind whose window starts before ``before[kind]``; how many."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no budget counters")
+
+    async def budget_rows(self, since: int) -> list[tuple[str, str, str, int, int]]:
+        """Every counter whose window starts at or after ``since``:
+        ``(scope, subject, kind, window, amount)``, by scope, subject, kind, window."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no budget counters")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..approvals import Approval, ApprovalDecision
@@ -43,6 +43,7 @@ class MemoryStore(Store):
         self._outbox_ids = itertools.count(1)
         self._approvals: dict[int, Approval] = {}
         self._approval_ids = itertools.count(1)
+        self._budget: dict[tuple[str, str, str, int], int] = {}
 
     def _require(self, conversation_id: str) -> None:
         if conversation_id not in self._conversations:
@@ -282,3 +283,33 @@ class MemoryStore(Store):
             a.conversation_id == conversation_id and a.tool == tool and a.decision == "approved"
             for a in self._approvals.values()
         )
+
+    # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
+    async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
+        counters = self._budget
+        for scope, subject, kind, window, amount in rows:
+            key = (scope, subject, kind, window)
+            counters[key] = counters.get(key, 0) + amount
+
+    async def budget_usage(
+        self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
+    ) -> dict[tuple[str, str, str], int]:
+        counters = self._budget
+        out: dict[tuple[str, str, str], int] = {}
+        for scope, subject in keys:
+            for kind, window in windows.items():
+                amount = counters.get((scope, subject, kind, window))
+                if amount is not None:
+                    out[(scope, subject, kind)] = amount
+        return out
+
+    async def budget_prune(self, before: Mapping[str, int]) -> int:
+        counters = self._budget
+        old = [k for k in counters if k[2] in before and k[3] < before[k[2]]]
+        for k in old:
+            del counters[k]
+        return len(old)
+
+    async def budget_rows(self, since: int) -> list[tuple[str, str, str, int, int]]:
+        counters = self._budget
+        return sorted((*k, v) for k, v in counters.items() if k[3] >= since)

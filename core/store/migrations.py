@@ -232,6 +232,29 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX approval_by_state ON approval (state, serial);
         """,
     ),
+    # 5 (access) and 8 (channel settings) belong to other parts of issue 19.
+    Migration(
+        7,
+        "budget_usage",
+        """
+        -- Budget counters (agentik.core.budgets): how much a speaker
+        -- (scope 'identity': a qualified id; 'unverified': a transport
+        -- instance's unverified speakers together) or a channel (scope
+        -- 'channel': its key) used of one kind ('messages', 'tokens',
+        -- 'tool_calls') in one fixed UTC window (its start, Unix seconds: a
+        -- minute for messages, a day for the others).  The check before a
+        -- turn is a primary-key look-up per counter.
+        CREATE TABLE budget_usage (
+            scope    TEXT NOT NULL CHECK (scope IN ('identity', 'unverified', 'channel')),
+            subject  TEXT NOT NULL,
+            kind     TEXT NOT NULL CHECK (kind IN ('messages', 'tokens', 'tool_calls')),
+            period   INTEGER NOT NULL,
+            amount   INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (scope, subject, kind, period)
+        ) WITHOUT ROWID;
+        CREATE INDEX budget_usage_by_period ON budget_usage (period);
+        """,
+    ),
 )
 
 

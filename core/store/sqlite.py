@@ -23,7 +23,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -802,3 +802,53 @@ class SQLiteStore(Store):
             (conversation_id, tool),
         )
         return bool(rows)
+
+    # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
+    async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO budget_usage (scope, subject, kind, period, amount)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, subject, kind, period)"
+                " DO UPDATE SET amount = amount + excluded.amount",
+                list(rows),
+            )
+
+        await self._write(fn)
+
+    async def budget_usage(
+        self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
+    ) -> dict[tuple[str, str, str], int]:
+        out: dict[tuple[str, str, str], int] = {}
+        if not keys or not windows:
+            return out
+        # One primary-key look-up per (counter, kind): a handful of rows.
+        pairs = " OR ".join("(kind = ? AND period = ?)" for _ in windows)
+        wparams = [v for kind, start in windows.items() for v in (kind, start)]
+        for scope, subject in dict.fromkeys(keys):
+            rows = await self._read(
+                "SELECT kind, amount FROM budget_usage WHERE scope = ? AND subject = ?"
+                f" AND ({pairs})",
+                (scope, subject, *wparams),
+            )
+            for kind, amount in rows:
+                out[(scope, subject, kind)] = int(amount)
+        return out
+
+    async def budget_prune(self, before: Mapping[str, int]) -> int:
+        def fn(conn: sqlite3.Connection) -> int:
+            n = 0
+            for kind, start in before.items():
+                n += conn.execute(
+                    "DELETE FROM budget_usage WHERE period < ? AND kind = ?", (start, kind)
+                ).rowcount
+            return n
+
+        return int(await self._write(fn))
+
+    async def budget_rows(self, since: int) -> list[tuple[str, str, str, int, int]]:
+        rows = await self._read(
+            "SELECT scope, subject, kind, period, amount FROM budget_usage WHERE period >= ?"
+            " ORDER BY scope, subject, kind, period",
+            (since,),
+        )
+        return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]

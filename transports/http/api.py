@@ -9,6 +9,8 @@ code                        status  when
 ==========================  ======  ===============================================
 ``unauthorized``            401     no token, or not a configured one
 ``forbidden``               403     the token may not create conversations here
+``host_not_allowed``        403     a ``Host`` the server does not answer to (:mod:`.guard`)
+``origin_not_allowed``      403     a web page of another origin (:mod:`.guard`)
 ``not_found``               404     no such path
 ``conversation_not_found``  404     unknown id, or one the token may not see
 ``method_not_allowed``      405     e.g. ``PUT`` on a conversation
@@ -19,8 +21,10 @@ code                        status  when
 ``approval_not_pending``    409     the approval was already decided, expired, or no turn waits
 ``forbidden``               403     (approvals) the token's role may not decide, or it asked
 ``body_too_large``          413     body over ``max_body_bytes``
-``invalid_body``            422     not JSON, not an object, or a field is wrong
+``unsupported_media_type``  415     a body that is not ``Content-Type: application/json``
+``invalid_body``            422     not JSON, nested too deep, not an object, or a field is wrong
 ``invalid_parameter``       422     a query parameter or header is wrong
+``budget_exceeded``         429     the token's or the conversation's budget is used up
 ``unavailable``             503     the agent is shutting down
 ``internal_error``          500     a bug: logged with its traceback
 ==========================  ======  ===============================================
@@ -28,6 +32,7 @@ code                        status  when
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -36,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -47,12 +52,14 @@ from starlette.routing import Route
 
 from agentik.core import Agent, Conversation
 from agentik.core.approvals import ApprovalError
+from agentik.core.budgets import Budgets, Subject
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
 from agentik.core.events import PROFILES, EventBase
 from agentik.transports.base import IncomingMessage, restrict_tools
 
-from .auth import Principal, TokenTable
-from .openapi import openapi_document
+from .auth import LOCAL, Principal, TokenTable, local_principal
+from .guard import Guard, GuardMiddleware
+from .openapi import AUTHOR_CHARS, AUTHOR_PATTERN, openapi_document
 from .settings import HttpSettings
 from .sse import EventStream, FrameCache
 
@@ -98,9 +105,26 @@ class RenameBody(_Body):
     title: str = Field(max_length=200)
 
 
+_AUTHOR = re.compile(AUTHOR_PATTERN)
+
+
 class NewMessageBody(_Body):
     content: str = Field(min_length=1, pattern=r"\S")
-    author: str | None = Field(None, min_length=1, max_length=100)
+    #: The speaker's name the model sees: a display label, not an identity
+    #: (the message's ``author_id`` is always the token's).
+    author: str | None = None
+
+    @field_validator("author")
+    @classmethod
+    def _one_line(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if len(v) > AUTHOR_CHARS or not _AUTHOR.fullmatch(v):
+            raise ValueError(
+                f"must be one line of at most {AUTHOR_CHARS} visible characters"
+                " (no line breaks or control characters)"
+            )
+        return v
 
 
 class InterruptBody(_Body):
@@ -132,13 +156,46 @@ class ApiContext:
     streams: set[EventStream] = field(default_factory=set)
     #: Set while shutting down: new event streams are refused.
     closing: bool = False
-    #: The role of a caller (approvals): ``role_for(instance, message, channel key)``,
-    #: taken from the bridge (``None``: everyone is ``user``).
+    #: Usage limits (the bridge's), checked before a posted message starts a turn.
+    budgets: Budgets | None = None
+    #: ``role_for(transport_name, message, channel_key)``: the speaker's role, for
+    #: budgets and approvals, taken from the bridge (``None``: everyone is ``user``).
     role_for: Callable[[str, IncomingMessage, str], str] | None = None
 
 
 #: Longest title taken from a conversation's first message.
 TITLE_CHARS = 60
+#: Deepest nesting of arrays and objects a request body may have.
+MAX_JSON_DEPTH = 32
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests arrays/objects more than ``limit`` levels (no recursion)."""
+    if not isinstance(value, (dict, list)):
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _json_media_type(value: str) -> bool:
+    """``application/json``, with parameters allowed (a charset must be UTF-8)."""
+    mime, _, params = value.partition(";")
+    if mime.strip().lower() != "application/json":
+        return False
+    for param in params.split(";"):
+        name, _, arg = param.partition("=")
+        if name.strip().lower() == "charset" and arg.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            return False
+    return True
 
 
 def _title_from(content: str) -> str:
@@ -185,10 +242,15 @@ class Api:
         self.ctx = ctx
         self.agent = ctx.agent
         self.prefix = ctx.settings.prefix
+        #: The no-token caller, limited to ``local_channels``.
+        self.local = local_principal(ctx.settings)
+        self.browser_guard = Guard.from_settings(ctx.settings, tokens=ctx.tokens.enabled)
 
     # -- helpers -------------------------------------------------------------------------
     def principal(self, request: Request) -> Principal:
         found = self.ctx.tokens.lookup(request.headers.get("authorization"))
+        if found is LOCAL:
+            return self.local
         if found is None:
             raise ApiError(
                 401,
@@ -220,6 +282,17 @@ class Api:
         too_large = ApiError(
             413, "body_too_large", f"the request body is larger than {limit} bytes"
         )
+        # JSON only: a form or text/plain body is what another site's page can
+        # send without asking (no CORS preflight), so it is never taken.
+        media_type = request.headers.get("content-type")
+        not_json = ApiError(
+            415,
+            "unsupported_media_type",
+            "send the body as JSON, with Content-Type: application/json"
+            + (f" (not {media_type[:100]!r})" if media_type else ""),
+        )
+        if media_type is not None and not _json_media_type(media_type):
+            raise not_json
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
             raise too_large
@@ -232,10 +305,20 @@ class Api:
             if required:
                 raise ApiError(422, "invalid_body", "a JSON object is required")
             return model()
+        if media_type is None:
+            raise not_json
+        too_deep = ApiError(
+            422, "invalid_body", f"the body nests arrays or objects over {MAX_JSON_DEPTH} levels"
+        )
         try:
             parsed = json.loads(data)
+        except RecursionError:
+            # Nesting deeper than the parser's own stack: deeper than ours too.
+            raise too_deep from None
         except ValueError as exc:
             raise ApiError(422, "invalid_body", f"the body is not valid JSON: {exc}") from None
+        if _deeper_than(parsed, MAX_JSON_DEPTH):
+            raise too_deep
         if not isinstance(parsed, dict):
             raise ApiError(422, "invalid_body", "the body must be a JSON object")
         try:
@@ -243,7 +326,12 @@ class Api:
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "body"
-            what = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+            if err["type"] == "extra_forbidden":
+                what = "unknown field"
+            elif err["type"] == "value_error":
+                what = str(err["ctx"]["error"])
+            else:
+                what = err["msg"]
             raise ApiError(422, "invalid_body", f"{where}: {what}") from None
 
     def _after(self, request: Request) -> int | None:
@@ -292,7 +380,13 @@ class Api:
         )
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi_document(self.prefix, auth=self.ctx.tokens.enabled))
+        return JSONResponse(
+            openapi_document(
+                self.prefix,
+                auth=self.ctx.tokens.enabled,
+                guarded=self.browser_guard.check_host or self.browser_guard.check_origin,
+            )
+        )
 
     async def page(self, request: Request) -> Response:
         assert self.ctx.page is not None
@@ -383,13 +477,22 @@ class Api:
         # as coming from this API, not from that channel.
         channel = conv.channel_key if ours else f"http:{self.ctx.instance}:{principal.name}"
         author = body.author or principal.name
+        subject = await self._admit(
+            principal, channel or f"conversation:{conv.id}", author, body.content
+        )
         try:
-            run_id = await conv.send(
-                body.content,
-                author=author,
-                author_id=f"{self.ctx.instance}:{principal.name}",
-                channel=channel,
-            )
+            async with contextlib.AsyncExitStack() as stack:
+                budgets = self.ctx.budgets
+                if subject is not None and budgets is not None:
+                    await stack.enter_async_context(budgets.sending(conv.id))
+                run_id = await conv.send(
+                    body.content,
+                    author=author,
+                    author_id=f"{self.ctx.instance}:{principal.name}",
+                    channel=channel,
+                )
+                if subject is not None and budgets is not None:
+                    budgets.bind(run_id, subject, chars=len(body.content))
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
         if ours and not conv.title:
@@ -405,6 +508,31 @@ class Api:
             },
             status_code=202,
         )
+
+    async def _admit(
+        self, principal: Principal, channel: str, author: str, text: str
+    ) -> Subject | None:
+        """Check the budgets before a turn (429 when used up); who the turn counts for."""
+        budgets = self.ctx.budgets
+        if budgets is None or not budgets.enabled:
+            return None
+        instance = self.ctx.instance
+        role = "user"
+        if self.ctx.role_for is not None:
+            message = IncomingMessage(
+                channel_key=channel, author_id=principal.name, author_name=author, text=text,
+                direct=True, addressed=True,
+            )  # fmt: skip
+            role = self.ctx.role_for(instance, message, channel)
+        identity = f"{instance}:{principal.name}"
+        subject = Subject(
+            transport=instance, channel=channel, identity=identity, role=role, name=author
+        )
+        refused = await budgets.admit(subject)
+        if refused is not None:
+            wait = max(1, int(refused.resets_at - budgets.clock() + 0.999))
+            raise ApiError(429, "budget_exceeded", refused.text, headers={"Retry-After": str(wait)})
+        return subject
 
     async def list_messages(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -612,7 +740,8 @@ def build_app(ctx: ApiContext) -> Starlette:
         )
         for path, handlers in paths
     ]
-    middleware = []
+    # Host and Origin first, before CORS answers a preflight or any route runs.
+    middleware = [Middleware(GuardMiddleware, guard=api.browser_guard)]
     if ctx.settings.cors_origins:
         middleware.append(
             Middleware(

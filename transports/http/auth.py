@@ -3,22 +3,28 @@
 A request carries ``Authorization: Bearer <token>``.  The token is compared
 in constant time with every configured one; the match gives a
 :class:`Principal`: a name and, optionally, the channel-key prefixes of the
-conversations it may use.  Without configured tokens every request is the
-``local`` principal with no limits (and the server only listens on
-loopback).
+conversations it may use (a token without ``channels`` may use every
+conversation: an admin token; each is noted in the log at start-up).
+Without configured tokens every request is the ``local`` principal (and the
+server only listens on loopback): it sees the conversations under the
+``local_channels`` prefixes, by default the HTTP ones only
+(:func:`local_principal`).
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agentik.core.errors import ConfigError
 
-from .settings import TokenSettings
+from .settings import HttpSettings, TokenSettings
 
-__all__ = ["LOCAL", "Principal", "TokenTable", "load_tokens"]
+__all__ = ["LOCAL", "Principal", "TokenTable", "load_tokens", "local_principal"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +45,15 @@ class Principal:
         return channel_key is not None and channel_key.startswith(self.prefixes)
 
 
-#: The caller when no tokens are configured.
+#: The caller when no tokens are configured, as :meth:`TokenTable.lookup` answers;
+#: what it may see comes from the settings (:func:`local_principal`).
 LOCAL = Principal("local")
+
+
+def local_principal(settings: HttpSettings) -> Principal:
+    """The no-token caller with the ``local_channels`` of ``settings`` (``["*"]``: everything)."""
+    channels = settings.local_channels
+    return Principal(LOCAL.name, None if channels == ["*"] else tuple(channels))
 
 
 class TokenTable:
@@ -107,6 +120,13 @@ def load_tokens(
                 " (use at least 16 characters, e.g. from `openssl rand -hex 32`)"
             )
         prefixes = tuple(token.channels) if token.channels is not None else None
+        if prefixes is None:
+            log.info(
+                "%s: token %r has no channels: it sees and may use every conversation,"
+                " other transports' (IRC, Slack) too",
+                key,
+                token.name,
+            )
         entries.append((value.encode("utf-8"), Principal(token.name, prefixes)))
     values = [v for v, _ in entries]
     if len(set(values)) != len(values):

@@ -9,12 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ERROR_CODES", "openapi_document"]
+__all__ = ["AUTHOR_CHARS", "AUTHOR_PATTERN", "ERROR_CODES", "openapi_document"]
+
+#: Longest ``author`` a client may give.
+AUTHOR_CHARS = 64
+#: What an ``author`` may contain: no control characters (line breaks, escapes,
+#: C1 controls), no invisible format characters (zero-width, bidi overrides),
+#: no line/paragraph separators; at least one visible character.  The same
+#: regular expression in the document (ECMA-262) and in the server (Python).
+_BAD = (
+    "\\x00-\\x1f\\x7f-\\x9f\\u00ad\\u061c\\u180e\\u200b-\\u200f"
+    "\\u2028-\\u202e\\u2060-\\u206f\\ufeff\\ufff9-\\ufffb"
+)
+AUTHOR_PATTERN = f"^[^{_BAD}]*[^\\s{_BAD}][^{_BAD}]*$"
 
 #: Every ``error.code`` the API answers with.
 ERROR_CODES = (
     "unauthorized",
     "forbidden",
+    "host_not_allowed",
+    "origin_not_allowed",
     "not_found",
     "conversation_not_found",
     "method_not_allowed",
@@ -24,9 +38,11 @@ ERROR_CODES = (
     "approval_not_found",
     "approval_not_pending",
     "body_too_large",
+    "unsupported_media_type",
     "invalid_body",
     "invalid_parameter",
     "prompt_refused",
+    "budget_exceeded",
     "unavailable",
     "internal_error",
 )
@@ -114,8 +130,10 @@ _SCHEMAS: dict[str, Any] = {
             "author": {
                 "type": ["string", "null"],
                 "minLength": 1,
-                "maxLength": 100,
-                "description": "the speaker's name for the model (default: the token's name)",
+                "maxLength": AUTHOR_CHARS,
+                "pattern": AUTHOR_PATTERN,
+                "description": "the speaker's name for the model (default: the token's name):"
+                " one line, no control characters; a label, not an identity",
             },
         },
     },
@@ -327,8 +345,15 @@ def _sse(description: str) -> dict[str, Any]:
     }
 
 
-def openapi_document(prefix: str, *, auth: bool) -> dict[str, Any]:
-    """The document for an API under ``prefix``; ``auth``: tokens are required."""
+_GUARD_403 = (
+    "a Host this server does not answer to (host_not_allowed), or a web page of"
+    " another origin (origin_not_allowed)"
+)
+
+
+def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[str, Any]:
+    """The document for an API under ``prefix``; ``auth``: tokens are required;
+    ``guarded``: requests are refused for their Host or Origin (403)."""
     p = prefix
     conv = p + "/conversations/{conversation_id}"
     unauthorized = {"401": _error("no valid bearer token")} if auth else {}
@@ -336,19 +361,27 @@ def openapi_document(prefix: str, *, auth: bool) -> dict[str, Any]:
         **unauthorized,
         "503": _error("the agent is shutting down"),
     }
+    refused = {"403": _error(_GUARD_403)} if guarded else {}
     with_body = {
         "413": _error("the body is larger than the server's max_body_bytes"),
+        "415": _error("a body that is not Content-Type: application/json"),
         "422": _error("the body is not a JSON object of the documented shape"),
     }
     not_found = {"404": _error("no such conversation, or one this token may not see")}
     security: list[dict[str, list[str]]] = [{"bearer": []}] if auth else []
 
     def op(op_id: str, summary: str, responses: dict[str, Any], **more: Any) -> dict[str, Any]:
+        merged = {**responses, **common}
+        if refused:
+            own = responses.get("403")
+            merged["403"] = (
+                _error(f"{own['description']}; or {_GUARD_403}") if own else refused["403"]
+            )
         return {
             "operationId": op_id,
             "summary": summary,
             "security": security,
-            "responses": {**responses, **common},
+            "responses": merged,
             **more,
         }
 
@@ -373,7 +406,8 @@ def openapi_document(prefix: str, *, auth: bool) -> dict[str, Any]:
                     "200": {
                         "description": "OpenAPI 3.1",
                         "content": {"application/json": {"schema": {"type": "object"}}},
-                    }
+                    },
+                    **refused,
                 },
             }
         },
@@ -401,7 +435,7 @@ def openapi_document(prefix: str, *, auth: bool) -> dict[str, Any]:
                             )
                         },
                     },
-                    "403": _error("this token may not create conversations"),
+                    "403": _error("this caller may not create conversations"),
                     **with_body,
                 },
                 requestBody=_body("NewConversation", required=False),
@@ -458,6 +492,10 @@ def openapi_document(prefix: str, *, auth: bool) -> dict[str, Any]:
                     "422": _error(
                         "the body is not of the documented shape (invalid_body), or a"
                         " plugin refused the message (prompt_refused: nothing was stored)"
+                    ),
+                    "429": _error(
+                        "the token's or the conversation's budget is used up (budget_exceeded:"
+                        " nothing was stored; Retry-After says when it resets)"
                     ),
                 },
                 requestBody=_body("NewMessage", required=True),

@@ -27,7 +27,7 @@ class TokenSettings(BaseModel):
     #: File that holds the token (first line), relative to the working directory.
     file: str | None = None
     #: Channel-key prefixes of the conversations this token may see and use
-    #: (unset: every conversation, IRC and Slack ones included).
+    #: (unset: every conversation, IRC and Slack ones included: an admin token).
     channels: list[str] | None = None
 
     @model_validator(mode="after")
@@ -58,8 +58,24 @@ class HttpSettings(BaseModel):
     subscriber_queue: int = Field(1024, ge=1)
     #: Serve the web chat page at ``/``.
     web_ui: bool = True
-    #: Browser origins allowed to call the API from another site (CORS).
+    #: Browser origins allowed to call the API from another site (CORS).  Each
+    #: one is also an allowed origin (see ``allowed_origins``), except ``"*"``.
     cors_origins: list[str] = Field(default_factory=list)
+    #: ``Host`` values answered besides loopback ones (``127.0.0.1``, ``localhost``,
+    #: ``[::1]``): names of a reverse proxy in front, ``name`` (any port) or
+    #: ``name:port``; ``"*"``: any.  Checked without tokens always, with tokens
+    #: when set.  Guards against DNS rebinding.
+    allowed_hosts: list[str] = Field(default_factory=list)
+    #: Browser origins (``scheme://host[:port]``) allowed besides the server's own
+    #: (a page served from the ``Host`` the request names, or a loopback origin
+    #: on this port).  A request with any other ``Origin`` header is refused (403):
+    #: without tokens always, with tokens when set.  Guards against cross-site requests.
+    allowed_origins: list[str] = Field(default_factory=list)
+    #: Without tokens: channel-key prefixes of the conversations the local user
+    #: sees and uses.  The default shows HTTP conversations only; add ``"irc:"``,
+    #: ``"slack:"`` (or write ``["*"]``: every conversation) to expose other
+    #: transports' conversations to anything that reaches the API.
+    local_channels: list[str] = Field(default_factory=lambda: ["http:"])
 
     # -- connection limits (transports/http/server.py) --------------------------------------
     #: Seconds a connection gets to send a complete request head, from when it opens
@@ -82,6 +98,41 @@ class HttpSettings(BaseModel):
         v = v.rstrip("/")
         if v and not re.fullmatch(r"(/[A-Za-z0-9._~-]+)+", v):
             raise ValueError("prefix must look like /name or /name/more (letters, digits, ._~-)")
+        return v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        from .guard import parse_authority
+
+        for entry in v:
+            if entry != "*" and parse_authority(entry) is None:
+                raise ValueError(
+                    f"{entry!r} is not a host name: write name, name:port, an IP address"
+                    ' or [IPv6] (or "*" for any)'
+                )
+        return v
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        from .guard import parse_origin
+
+        for entry in v:
+            if parse_origin(entry) is None:
+                raise ValueError(
+                    f"{entry!r} is not an origin: write scheme://host or scheme://host:port"
+                    " (http or https, no path)"
+                )
+        return v
+
+    @field_validator("local_channels")
+    @classmethod
+    def _local(cls, v: list[str]) -> list[str]:
+        if "*" in v and len(v) > 1:
+            raise ValueError('"*" (every conversation) stands alone')
+        if any(not p for p in v):
+            raise ValueError('an empty prefix would match every conversation: write ["*"]')
         return v
 
     @field_validator("tokens")

@@ -136,10 +136,14 @@ class HttpTransport(Transport):
             tokens=self.tokens,
             instance=self.name,
             allowed_tools=allowed,
-            # The bridge's role_for (approvals): the one place roles come from.
-            role_for=getattr(sink, "role_for", None),
             page=_web_page(o.prefix) if o.web_ui else None,
+            # Budgets and roles, when the sink (the bot's bridge) has them.
+            budgets=getattr(access, "budgets", None),
+            role_for=getattr(access, "role_for", None),
         )
+        if self._ctx.budgets is not None and self._ctx.budgets.enabled:
+            # Turns of this API have no renderer: their tokens are counted from events.
+            self._ctx.budgets.watch(agent)
         sock = self._bind()
         try:
             await self._serve(build_app(self._ctx), sock)

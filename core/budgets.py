@@ -1,0 +1,502 @@
+"""Budgets: how much each speaker and each channel may use.
+
+Three limits, each set per role (``[budgets.user]``, ``[budgets.admin]``,
+``[budgets.owner]``, named roles under ``[budgets.roles.<name>]``), for all
+of a channel together (``[budgets.channel]``) and for a transport's
+unverified speakers together (``[budgets.unverified]``):
+
+* ``messages_per_minute`` — messages sent to the model, per fixed UTC minute;
+* ``tokens_per_day`` — tokens the model used (prompt + completion, as the
+  backend reports them; ``ceil(characters / 4)`` of the message and the
+  answer when it reports none), per UTC day;
+* ``tool_calls_per_day`` — tool calls run, per UTC day.
+
+``0`` (the default) is unlimited, so a configuration without ``[budgets]``
+changes nothing.  A role without its own table (and ``ignored``, and named
+roles without one) takes the ``user`` limits, except ``admin`` and
+``owner``, which are unlimited unless configured.
+
+Who is counted: a verified speaker by their qualified identity
+(``libera:alice``); a speaker the transport could not verify, all together
+under their transport instance's *unverified* bucket (a nick can change; a
+bucket cannot be escaped that way), limited by ``[budgets.unverified]`` or,
+without that table, by their role's limits; and every message, token and
+tool call also counts for the channel.
+
+The counters live in the store (``budget_usage``, migration 7): one row per
+(scope, subject, kind, window), so the check before a turn is two indexed
+look-ups and survives restarts.  Windows are fixed UTC minutes and UTC days
+(``00:00 UTC`` resets the daily limits).
+
+:class:`Budgets` is transport-neutral; the bot's bridge calls
+:meth:`Budgets.admit` before a turn, records tokens when the turn ends, and
+registers :meth:`Budgets.hook` so a tool call past the daily limit is
+refused (the model gets an error result saying so and can still answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from .hooks import Block
+from .hookspecs import hookimpl
+from .keyedlocks import KeyedLocks
+from .settings import settings_dataclass
+
+if TYPE_CHECKING:
+    from .conversation import Conversation
+    from .messages import ToolCall, Usage
+    from .store.base import Store
+
+__all__ = [
+    "KINDS",
+    "BudgetLimits",
+    "BudgetSettings",
+    "Budgets",
+    "Refusal",
+    "Subject",
+    "UnverifiedLimits",
+    "UsageKind",
+    "UsageScope",
+]
+
+log = logging.getLogger(__name__)
+
+UsageKind = Literal["messages", "tokens", "tool_calls"]
+UsageScope = Literal["identity", "unverified", "channel"]
+KINDS: tuple[UsageKind, ...] = ("messages", "tokens", "tool_calls")
+#: What stops a turn before it starts (used-up tool calls only refuse each call).
+_TURN_KINDS: tuple[UsageKind, ...] = ("messages", "tokens")
+
+_MINUTE = 60
+_DAY = 86_400
+#: Daily counters older than this are pruned (kept a while for ``agentik access budgets``).
+_KEEP_DAYS = 35
+
+
+@settings_dataclass
+class BudgetLimits:
+    """One set of limits (``0``: unlimited)."""
+
+    #: Messages sent to the model per fixed UTC minute.
+    messages_per_minute: int = Field(0, ge=0)
+    #: Model tokens (prompt + completion) per UTC day.
+    tokens_per_day: int = Field(0, ge=0)
+    #: Tool calls per UTC day.
+    tool_calls_per_day: int = Field(0, ge=0)
+
+    def limit(self, kind: UsageKind) -> int:
+        if kind == "messages":
+            return self.messages_per_minute
+        if kind == "tokens":
+            return self.tokens_per_day
+        return self.tool_calls_per_day
+
+
+_UNLIMITED = BudgetLimits()
+
+
+@settings_dataclass
+class UnverifiedLimits:
+    """``[budgets.unverified]``: limits of a transport's unverified speakers together;
+    a key left unset takes the speaker's role's limit (``0``: unlimited)."""
+
+    #: Messages per fixed UTC minute, all unverified speakers of a transport together.
+    messages_per_minute: int | None = Field(None, ge=0)
+    #: Model tokens per UTC day, all unverified speakers of a transport together.
+    tokens_per_day: int | None = Field(None, ge=0)
+    #: Tool calls per UTC day, all unverified speakers of a transport together.
+    tool_calls_per_day: int | None = Field(None, ge=0)
+
+    def over(self, role: BudgetLimits) -> BudgetLimits:
+        """These limits, with the unset ones taken from ``role``'s."""
+        # (A pydantic dataclass: mypy does not see its fields as arguments.)
+        return BudgetLimits(  # type: ignore[call-arg]
+            messages_per_minute=_given(self.messages_per_minute, role.messages_per_minute),
+            tokens_per_day=_given(self.tokens_per_day, role.tokens_per_day),
+            tool_calls_per_day=_given(self.tool_calls_per_day, role.tool_calls_per_day),
+        )
+
+    @property
+    def given(self) -> bool:
+        return any(
+            v for v in (self.messages_per_minute, self.tokens_per_day, self.tool_calls_per_day)
+        )
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+@settings_dataclass
+class BudgetSettings:
+    """``[budgets]``: limits per role, per channel and for unverified speakers."""
+
+    #: Every speaker with the ``user`` role (the default role), and roles without their own table.
+    user: BudgetLimits = field(default_factory=BudgetLimits)
+    #: Speakers with the ``admin`` role (unlimited unless set).
+    admin: BudgetLimits = field(default_factory=BudgetLimits)
+    #: Speakers with the ``owner`` role (unlimited unless set).
+    owner: BudgetLimits = field(default_factory=BudgetLimits)
+    #: Named roles: ``[budgets.roles.<name>]``.
+    roles: dict[str, BudgetLimits] = field(default_factory=dict)
+    #: All speakers of one channel together.
+    channel: BudgetLimits = field(default_factory=BudgetLimits)
+    #: All unverified speakers of one transport instance together (unset keys: their role's).
+    unverified: UnverifiedLimits = field(default_factory=UnverifiedLimits)
+
+    def for_role(self, role: str) -> BudgetLimits:
+        if role == "owner":
+            return self.owner
+        if role == "admin":
+            return self.admin
+        return self.roles.get(role, self.user)
+
+    @property
+    def enabled(self) -> bool:
+        tables = [self.user, self.admin, self.owner, self.channel, *self.roles.values()]
+        return self.unverified.given or any(t != _UNLIMITED for t in tables)
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """Who a turn is counted for: the speaker (or the unverified bucket) and the channel."""
+
+    #: The transport instance (``libera``).
+    transport: str
+    #: The channel key.
+    channel: str
+    #: The verified qualified identity (``libera:alice``); ``None``: unverified.
+    identity: str | None = None
+    #: The speaker's role (``user`` unless an access policy says otherwise).
+    role: str = "user"
+    #: The speaker's display name (for notices).
+    name: str = ""
+    #: ``False``: only the channel is counted (a run nobody is known to have started).
+    speaker: bool = True
+
+    @property
+    def person(self) -> tuple[UsageScope, str]:
+        """The speaker's counter: their identity, or their transport's unverified bucket."""
+        if self.identity is not None:
+            return "identity", self.identity
+        return "unverified", self.transport
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A limit that is used up."""
+
+    scope: UsageScope
+    kind: UsageKind
+    limit: int
+    #: When the window ends (Unix time).
+    resets_at: float
+    #: What is used up, one line.
+    text: str
+    #: The first refusal of this counter in this window (chat shows only that one).
+    first: bool
+
+    @property
+    def notice(self) -> str | None:
+        """The line to show in a chat, or ``None`` when this window's notice was given."""
+        return self.text if self.first else None
+
+
+def window(kind: UsageKind, now: float) -> int:
+    """The start (Unix seconds) of the fixed UTC window ``now`` falls in for ``kind``."""
+    size = _MINUTE if kind == "messages" else _DAY
+    return int(now // size) * size
+
+
+def _window_end(kind: UsageKind, now: float) -> float:
+    return window(kind, now) + (_MINUTE if kind == "messages" else _DAY)
+
+
+def _hhmm(t: float) -> str:
+    return time.strftime("%H:%M", time.gmtime(t))
+
+
+_WHAT = {
+    "messages": "message budget used up ({n} a minute)",
+    "tokens": "daily token budget used up ({n})",
+    "tool_calls": "daily tool call budget used up ({n})",
+}
+
+
+class Budgets:
+    """Counts usage in ``store`` and checks it against ``settings``.
+
+    ``clock`` gives the time (Unix seconds; tests pass one they control).
+    """
+
+    def __init__(
+        self,
+        settings: BudgetSettings,
+        store: Store,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        #: Notices given, by (scope, subject, kind, window): one per window.
+        self._noticed: set[tuple[str, str, str, int]] = set()
+        #: Check-then-count is atomic per channel (two channels never wait for each other).
+        self._locks = KeyedLocks()
+        #: Who each run is counted for (set by whoever sent its message).
+        self._runs: dict[str, Subject] = {}
+        self._chars: dict[str, int] = {}
+        self._sending = KeyedLocks()
+        self._pruned = 0.0
+        self._watcher: asyncio.Task[None] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.enabled
+
+    # -- limits ------------------------------------------------------------------------
+    def limits(self, subject: Subject) -> list[tuple[UsageScope, str, BudgetLimits]]:
+        """The counters ``subject`` is checked against, with their limits."""
+        channel: tuple[UsageScope, str, BudgetLimits] = (
+            "channel",
+            subject.channel,
+            self.settings.channel,
+        )
+        if not subject.speaker:
+            return [channel]
+        scope, key = subject.person
+        person = self.settings.for_role(subject.role)
+        if scope == "unverified":
+            person = self.settings.unverified.over(person)
+        return [(scope, key, person), channel]
+
+    async def used(
+        self, subject: Subject, *, now: float | None = None
+    ) -> dict[tuple[UsageScope, UsageKind], int]:
+        """This window's usage of the speaker's and the channel's counters."""
+        now = self.clock() if now is None else now
+        windows: dict[str, int] = {k: window(k, now) for k in KINDS}
+        keys = [(scope, key) for scope, key, _ in self.limits(subject)]
+        rows = await self.store.budget_usage(keys, windows)
+        out: dict[tuple[UsageScope, UsageKind], int] = {}
+        for scope, _key, _lim in self.limits(subject):
+            for kind in KINDS:
+                out[(scope, kind)] = rows.get((scope, _key, kind), 0)
+        return out
+
+    def _notice(self, subject: Subject, scope: UsageScope, key: str, kind: UsageKind,
+                limit: int, now: float) -> Refusal:  # fmt: skip
+        resets = _window_end(kind, now)
+        mark = (scope, key, kind, window(kind, now))
+        what = _WHAT[kind].format(n=f"{limit:,}")
+        if scope == "channel":
+            text = f"this channel's {what}"
+        elif scope == "unverified":
+            who = subject.name or "unverified speakers"
+            text = f"{who}: {what} for unverified speakers on {subject.transport}"
+        else:
+            text = f"{subject.name or subject.identity}: {what}"
+        text += f"; resets at {_hhmm(resets)} UTC"
+        first = mark not in self._noticed
+        if first and len(self._noticed) >= 10_000:
+            # Forget the notices of windows that have ended.
+            self._noticed = {m for m in self._noticed if m[3] >= window(m[2], now)}  # type: ignore[arg-type]
+        self._noticed.add(mark)
+        return Refusal(scope=scope, kind=kind, limit=limit, resets_at=resets, text=text,
+                       first=first)  # fmt: skip
+
+    async def admit(self, subject: Subject) -> Refusal | None:
+        """Whether a message may start a turn; counts it if so.
+
+        Refused when the speaker's or the channel's messages of this minute
+        or tokens of this day are used up.  (Used-up tool calls do not stop
+        a turn: each call is refused, and the model can still answer.)
+        """
+        if not self.enabled:
+            return None
+        async with self._locks(subject.channel):
+            now = self.clock()
+            used = await self.used(subject, now=now)
+            for scope, key, limits in self.limits(subject):
+                for kind in _TURN_KINDS:
+                    limit = limits.limit(kind)
+                    if limit and used[(scope, kind)] >= limit:
+                        return self._notice(subject, scope, key, kind, limit, now)
+            await self.record(subject, "messages", 1, now=now)
+        return None
+
+    async def record(
+        self, subject: Subject, kind: UsageKind, amount: int, *, now: float | None = None
+    ) -> None:
+        """Add ``amount`` of ``kind`` to the speaker's and the channel's counters."""
+        if amount <= 0 or not self.enabled:
+            return
+        now = self.clock() if now is None else now
+        at = window(kind, now)
+        rows = [(scope, key, kind, at, amount) for scope, key, _ in self.limits(subject)]
+        await self.store.budget_add(rows)
+        if now - self._pruned >= 3600:
+            self._pruned = now
+            try:
+                await self.store.budget_prune(
+                    {"messages": window("messages", now - 3600),
+                     "tokens": window("tokens", now - _KEEP_DAYS * _DAY),
+                     "tool_calls": window("tool_calls", now - _KEEP_DAYS * _DAY)}
+                )  # fmt: skip
+            except Exception:
+                log.exception("could not prune old budget counters")
+
+    async def report(self, subject: Subject) -> str:
+        """What is left for the speaker and the channel, one line (``!budget``)."""
+        used = await self.used(subject)
+        parts = []
+        for scope, _key, limits in self.limits(subject):
+            if scope == "channel":
+                who = "this channel"
+            elif scope == "unverified":
+                who = f"{subject.name or 'you'} (unverified, shared on {subject.transport})"
+            else:
+                who = subject.name or subject.identity or "you"
+            items = []
+            for kind, label in (("tokens", "tokens today"), ("tool_calls", "tool calls today"),
+                                ("messages", "messages this minute")):  # fmt: skip
+                limit = limits.limit(kind)  # type: ignore[arg-type]
+                n = used[(scope, kind)]  # type: ignore[index]
+                if limit:
+                    items.append(f"{max(0, limit - n):,} of {limit:,} {label} left")
+                else:
+                    items.append(f"{n:,} {label} (no limit)")
+            parts.append(f"{who}: " + ", ".join(items))
+        now = self.clock()
+        return "; ".join(parts) + f" (days reset at 00:00 UTC, now {_hhmm(now)} UTC)"
+
+    # -- runs and tool calls ------------------------------------------------------------
+    def sending(self, conversation_id: str) -> asyncio.Lock:
+        """Hold while sending a message and :meth:`bind`-ing its run, so a tool call
+        of that run (checked by :meth:`hook`) waits to know who it is counted for."""
+        return self._sending(conversation_id)
+
+    def bind(self, run_id: str, subject: Subject, *, chars: int = 0) -> None:
+        """Count run ``run_id`` (its tokens and tool calls) for ``subject``;
+        ``chars``: the message's length, for the estimate when the model reports no usage."""
+        self._runs[run_id] = subject
+        self._chars[run_id] = chars
+        while len(self._runs) > 10_000:
+            old = next(iter(self._runs))
+            del self._runs[old]
+            self._chars.pop(old, None)
+
+    async def turn_ended(
+        self, run_id: str, usage: Usage, text: str = "", *, channel: str | None = None
+    ) -> int:
+        """Count the tokens of run ``run_id`` (then forget the run); how many were counted.
+
+        The backend's reported usage (prompt + completion tokens over every
+        model request of the turn); when it reported none, ``ceil(characters
+        / 4)`` of the message and the answer.  A run nobody bound (a message
+        resumed after a restart) counts for ``channel`` only, if given.
+        """
+        subject = self._runs.pop(run_id, None)
+        chars = self._chars.pop(run_id, 0)
+        if subject is None:
+            if channel is None or not self.enabled:
+                return 0
+            subject = Subject(transport="", channel=channel, speaker=False)
+        tokens = usage.total_tokens or (usage.prompt_tokens + usage.completion_tokens)
+        if not tokens:
+            tokens = -(-(chars + len(text)) // 4)
+        await self.record(subject, "tokens", tokens)
+        return tokens
+
+    async def subject_of(self, conversation: Conversation, run_id: str) -> Subject | None:
+        subject = self._runs.get(run_id)
+        if subject is None:
+            lock = self._sending(conversation.id)
+            if lock.locked():
+                async with lock:
+                    pass
+                subject = self._runs.get(run_id)
+        return subject
+
+    async def tool_call(self, conversation: Conversation, run_id: str, name: str) -> str | None:
+        """Count one tool call of ``run_id``; the refusal reason when over the daily limit."""
+        if not self.enabled:
+            return None
+        subject = await self.subject_of(conversation, run_id)
+        if subject is None:
+            # Not sent through the bridge (resumed after a restart): the channel pays.
+            key = conversation.channel_key or f"conversation:{conversation.id}"
+            subject = Subject(transport="", channel=key, speaker=False)
+        async with self._locks(subject.channel):
+            now = self.clock()
+            used = await self.used(subject, now=now)
+            for scope, _key, limits in self.limits(subject):
+                limit = limits.tool_calls_per_day
+                if limit and used[(scope, "tool_calls")] >= limit:
+                    who = {"channel": "this channel's", "unverified": "the unverified speakers'"}
+                    whose = who.get(scope, "your")
+                    return (
+                        f"{whose} daily tool call budget is used up ({limit:,}); it resets at "
+                        f"00:00 UTC. Answer without tools ({name} was not run)."
+                    )
+            await self.record(subject, "tool_calls", 1, now=now)
+        return None
+
+    # -- turns not rendered by the bridge (the HTTP API) ---------------------------------
+    def watch(self, agent: Any) -> None:
+        """Count the tokens of bound runs from ``agent``'s events (once; idempotent).
+
+        For turns whose end no renderer reports (the HTTP API's); a run is
+        counted once whichever reports its end first.
+        """
+        if self._watcher is not None and not self._watcher.done():
+            return
+        sub = agent.events(kinds=["turn_ended"], max_pending=100_000)
+        self._watcher = asyncio.create_task(self._watch(sub), name="agentik-budgets")
+
+    async def _watch(self, sub: Any) -> None:
+        try:
+            async for event in sub:
+                if event.kind == "turn_ended" and event.run_id in self._runs:
+                    try:
+                        await self.turn_ended(event.run_id, event.usage, event.text)
+                    except Exception:
+                        log.exception("could not count the tokens of run %s", event.run_id)
+        finally:
+            await sub.aclose()
+
+    async def aclose(self) -> None:
+        """Stop watching events."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+
+    @property
+    def hook(self) -> object:
+        """A plugin object whose ``before_tool_call`` applies the tool call budgets."""
+        return _ToolCallHook(self)
+
+
+class _ToolCallHook:
+    """The ``before_tool_call`` hook of :class:`Budgets` (register once per agent)."""
+
+    def __init__(self, budgets: Budgets) -> None:
+        self.budgets = budgets
+
+    @hookimpl(tryfirst=True)
+    async def before_tool_call(
+        self, conversation: Conversation, run_id: str, call: ToolCall
+    ) -> Any:
+        reason = await self.budgets.tool_call(conversation, run_id, call.name)
+        return Block(reason) if reason else None

@@ -1,0 +1,417 @@
+"""Budgets (issue 19): per speaker and per channel limits, through real transports.
+
+Slack (the real slack-bolt stack against the fake Slack) gives verified
+speakers; IRC (a real server, no services) gives unverified ones.  The clock
+the budgets read is a variable the tests move: no test waits for a minute or
+a day to pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from contextlib import asynccontextmanager
+
+from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.core import Agent, SQLiteStore
+from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings, UnverifiedLimits
+from agentik.core.llm.openai_backend import OpenAIBackend
+from agentik.core.messages import Usage
+from agentik.core.store.memory import MemoryStore
+from agentik.core.testing.openai_server import FakeOpenAIServer
+from agentik.core.testing.openai_server import Reply as ServerReply
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.core.tools.base import tool
+from agentik.transports.irc.transport import IRCTransport
+from agentik.transports.slack.transport import SlackTransport
+
+from fakeslack import FakeSlack
+from ircservers import IRCTestClient
+
+pytest_plugins = ["ircservers"]
+
+#: 2026-12-01 13:59:30 UTC: half a minute before a minute (and 10 h before a day) ends.
+T0 = 1_796_133_570.0
+DAY = 86_400.0
+
+
+FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
+        "flood_rate": 200.0}  # fmt: skip
+
+
+async def joined(transport: IRCTransport, channel: str) -> None:
+    async with asyncio.timeout(60):
+        while channel not in transport.joined:
+            await transport._queue_changed.wait()
+            await asyncio.sleep(0)
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@asynccontextmanager
+async def slack_bot(slack, tmp_path, llm, settings, clock, *, role_for=None, tools=()):
+    store = SQLiteStore(str(tmp_path / "budgets.db"))
+    agent = Agent(llm=llm, store=store, tools=tools)
+    await agent.start()
+    budgets = Budgets(settings, store, clock=clock)
+    extra = {"role_for": role_for} if role_for else {}
+    bridge = Bridge(agent, budgets=budgets, **extra)
+    base = {
+        "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
+        "state_file": str(tmp_path / "seen.sqlite3"), "edit_interval": 0.05,
+    }  # fmt: skip
+    transport = SlackTransport(name="slack", settings=base)
+    bridge.attach(transport, ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        yield bridge
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+def bot_texts(slack: FakeSlack, channel: str) -> list[str]:
+    return [
+        m["text"]
+        for (ch, _), m in sorted(slack.messages.items(), key=lambda kv: kv[0][1])
+        if ch == channel and m.get("user") == slack.bot_user_id
+    ]
+
+
+async def bot_said(slack: FakeSlack, channel: str, count: int) -> list[str]:
+    """Wait until the bot has posted ``count`` messages in ``channel``; all of them."""
+    async with asyncio.timeout(60):
+        while len(texts := bot_texts(slack, channel)) < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    return texts
+
+
+async def bot_posted(slack: FakeSlack, channel: str, needle: str) -> str:
+    """Wait until the bot has posted a message in ``channel`` containing ``needle``; it."""
+    async with asyncio.timeout(60):
+        while not (found := [t for t in bot_texts(slack, channel) if needle in t]):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    return found[-1]
+
+
+def openai_llm(server: FakeOpenAIServer) -> OpenAIBackend:
+    return OpenAIBackend(model="fake-model", base_url=server.base_url, api_key="sk-test",
+                         max_retries=0, timeout=60)  # fmt: skip
+
+
+async def test_token_budget_used_up_gives_one_notice_no_model_call_and_resets_next_day(tmp_path):
+    settings = BudgetSettings(user=BudgetLimits(tokens_per_day=100))
+    clock = Clock()
+    async with FakeSlack() as slack, FakeOpenAIServer(model="fake-model") as server:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, openai_llm(server), settings, clock) as bridge:
+            # The model reports 80 + 40 tokens: the first answer uses up the day.
+            server.enqueue(ServerReply.text("first answer", usage=(80, 40)))
+            await slack.push_event(slack.message_event("D1", "hello", channel_type="im"))
+            await bot_said(slack, "D1", 1)
+            await bridge.flush("slack:T1:D1")
+            assert len(server.requests) == 1
+            await slack.push_event(slack.message_event("D1", "more please", channel_type="im"))
+            texts = await bot_said(slack, "D1", 2)
+            # A notice: italics in Slack.
+            assert texts[1] == "_alice: daily token budget used up (100); resets at 00:00 UTC_"
+            # Once per window: the next message gets no second notice, and no model call.
+            await slack.push_event(slack.message_event("D1", "and again", channel_type="im"))
+            await slack.push_event(slack.message_event("D1", "!budget", channel_type="im"))
+            texts = await bot_said(slack, "D1", 3)
+            assert texts[2].startswith("alice: 0 of 100 tokens today left")
+            assert "this channel: 120 tokens today (no limit)" in texts[2]
+            assert len(server.requests) == 1
+            # The next UTC day the budget is back.
+            clock.now += DAY
+            await slack.push_event(slack.message_event("D1", "a new day", channel_type="im"))
+            # (The fake model's echo names the speaker.)
+            assert await bot_posted(slack, "D1", "a new day") == "echo: alice: a new day"
+            assert len(server.requests) == 2
+
+
+async def test_budgets_hold_across_a_restart_on_the_same_database(tmp_path):
+    settings = BudgetSettings(channel=BudgetLimits(tokens_per_day=10))
+    clock = Clock()
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        model = ScriptedModel()
+        model.enqueue(Reply(text="a long answer", usage=Usage(total_tokens=25)))
+        async with slack_bot(slack, tmp_path, model, settings, clock) as bridge:
+            await slack.push_event(slack.message_event("D1", "hello", channel_type="im"))
+            await bot_said(slack, "D1", 1)
+            await bridge.flush("slack:T1:D1")
+        # A new process: new agent, bridge and budgets on the same file.
+        model = ScriptedModel()
+        async with slack_bot(slack, tmp_path, model, settings, clock):
+            await slack.push_event(slack.message_event("D1", "still there?", channel_type="im"))
+            texts = await bot_said(slack, "D1", 2)
+            assert texts[1] == (
+                "_this channel's daily token budget used up (10); resets at 00:00 UTC_"
+            )
+            assert model.requests == []
+    with sqlite3.connect(tmp_path / "budgets.db") as db:
+        rows = db.execute("SELECT scope, kind, amount FROM budget_usage ORDER BY 1, 2").fetchall()
+    assert ("channel", "tokens", 25) in rows and ("channel", "messages", 1) in rows
+
+
+async def test_tool_calls_past_the_daily_limit_are_refused_per_role(tmp_path):
+    ran: list[str] = []
+
+    @tool(description="look something up", parameters={"type": "object", "properties": {}})
+    async def lookup() -> str:
+        ran.append("lookup")
+        return "found it"
+
+    settings = BudgetSettings(user=BudgetLimits(tool_calls_per_day=1))
+    roles = {"U1": "user", "U2": "admin"}
+
+    def role_for(transport_name, message, channel_key):
+        assert transport_name == "slack"
+        return roles[message.author_id]
+
+    clock = Clock()
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.add_user("U2", "bob")
+        model = ScriptedModel()
+        async with slack_bot(slack, tmp_path, model, settings, clock, role_for=role_for,
+                             tools=[lookup]) as bridge:  # fmt: skip
+            # alice (user): two calls in one turn; the second is past her daily limit.
+            model.enqueue(
+                Reply(tool_calls=[call("lookup", id="c1")]),
+                Reply(tool_calls=[call("lookup", id="c2")]),
+                Reply(text="done without more tools"),
+            )
+            await slack.push_event(slack.message_event("D1", "look twice", channel_type="im"))
+            await bot_said(slack, "D1", 1)
+            await bridge.flush("slack:T1:D1")
+            assert ran == ["lookup"]
+            tool_results = [m for m in model.requests[-1].messages if m.role == "tool"]
+            assert tool_results[0].content == "found it"
+            assert tool_results[1].is_error
+            assert "daily tool call budget is used up (1)" in tool_results[1].content
+            assert "lookup was not run" in tool_results[1].content
+            # bob (admin, no limit set) may call tools in another conversation.
+            model.enqueue(
+                Reply(tool_calls=[call("lookup", id="c3")]),
+                Reply(tool_calls=[call("lookup", id="c4")]),
+                Reply(text="bob's answer"),
+            )
+            await slack.push_event(slack.message_event("D2", "look", user="U2",
+                                                       channel_type="im"))  # fmt: skip
+            await bot_said(slack, "D2", 1)
+            await bridge.flush("slack:T1:D2")
+            assert ran == ["lookup"] * 3
+            # alice's !budget says so.
+            await slack.push_event(slack.message_event("D1", "!budget", channel_type="im"))
+            report = await bot_posted(slack, "D1", "tool calls today")
+            assert report.startswith("alice: ") and "0 of 1 tool calls today left" in report
+
+
+async def test_unverified_irc_speakers_share_a_per_minute_bucket(miniircd, tmp_path):
+    # A role limit the unverified bucket overrides, and one it takes as it is.
+    settings = BudgetSettings(user=BudgetLimits(messages_per_minute=9, tool_calls_per_day=4),
+                              unverified=UnverifiedLimits(messages_per_minute=2))  # fmt: skip
+    clock = Clock()
+    model = ScriptedModel()
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "irc.db")))
+    await agent.start()
+    bridge = Bridge(agent, budgets=Budgets(settings, agent.store, clock=clock))
+    transport = IRCTransport(
+        name="testnet",
+        settings={"host": "127.0.0.1", "port": miniircd.port, "nick": "agentik", "channels": ["#b"],
+                  **FAST},
+    )  # fmt: skip
+    bridge.attach(transport, ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        await joined(transport, "#b")
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        bob = await IRCTestClient.connect(miniircd.port, "bob")
+        await alice.join("#b")
+        await bob.join("#b")
+
+        def from_bot(m):
+            return m.command in ("PRIVMSG", "NOTICE") and (m.nick or "").lower() == "agentik"
+
+        alice.privmsg("#b", "agentik: one")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: echo: one")
+        bob.privmsg("#b", "agentik: two")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "bob: echo: two")
+        # A third message in the same minute, by either nick, is over the shared bucket.
+        alice.privmsg("#b", "agentik: three")
+        notice = await alice.wait_for(from_bot)
+        assert notice.text == (
+            "alice: message budget used up (2 a minute) for unverified speakers on testnet;"
+            " resets at 14:00 UTC"
+        )
+        # bob changing nothing but his nick does not escape it; no second notice either.
+        bob.privmsg("#b", "agentik: four")
+        bob.privmsg("#b", "!budget")
+        report = await alice.wait_for(from_bot)
+        assert report.text.startswith("bob (unverified, shared on testnet): ")
+        assert "0 of 2 messages this minute left" in report.text
+        assert "4 of 4 tool calls today left" in report.text
+        assert "this channel: " in report.text
+        assert len(model.requests) == 2
+        # The next minute the bucket is open again.
+        clock.now += 30
+        alice.privmsg("#b", "agentik: five")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: echo: five")
+        assert len(model.requests) == 3
+        await alice.close()
+        await bob.close()
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+async def test_no_budgets_means_unlimited_and_budget_says_so(tmp_path):
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        model = ScriptedModel()
+        async with slack_bot(slack, tmp_path, model, BudgetSettings(), Clock()):
+            await slack.push_event(slack.message_event("D1", "!budget", channel_type="im"))
+            assert (await bot_said(slack, "D1", 1)) == ["no budgets are set: usage is unlimited"]
+
+
+async def test_memory_store_counts_like_sqlite():
+    store = MemoryStore()
+    rows = [("identity", "x:a", "tokens", 0, 5), ("identity", "x:a", "tokens", 0, 7),
+            ("channel", "c", "messages", 60, 1)]  # fmt: skip
+    await store.budget_add(rows)
+    got = await store.budget_usage([("identity", "x:a"), ("channel", "c")],
+                                   {"tokens": 0, "messages": 60})  # fmt: skip
+    assert got == {("identity", "x:a", "tokens"): 12, ("channel", "c", "messages"): 1}
+    assert await store.budget_prune({"messages": 120}) == 1
+    assert await store.budget_rows(0) == [("identity", "x:a", "tokens", 0, 12)]
+
+
+def test_agentik_access_budgets_shows_limits_and_todays_usage(tmp_path):
+    import subprocess
+    import time
+
+    from agentik.core.budgets import Subject
+    from helpers import AGENTIK
+
+    conf = tmp_path / "bot.toml"
+    conf.write_text(
+        '[storage]\npath = "bot.db"\n'
+        "[budgets.user]\nmessages_per_minute = 6\ntokens_per_day = 200000\n"
+        "[budgets.channel]\ntool_calls_per_day = 50\n",
+        encoding="utf-8",
+    )
+
+    async def use() -> None:
+        async with SQLiteStore(str(tmp_path / "bot.db")) as store:
+            from agentik.bot.config import load_config
+
+            budgets = Budgets(load_config(conf).budgets, store)
+            alice = Subject(transport="libera", channel="irc:libera:#ops", identity="libera:alice")
+            await budgets.record(alice, "tokens", 1234)
+            await budgets.record(alice, "tool_calls", 2)
+            # Yesterday's usage is not today's.
+            await budgets.record(alice, "tokens", 99, now=time.time() - DAY)
+
+    asyncio.run(use())
+    run = subprocess.run([AGENTIK, "access", "budgets", "-c", str(conf)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "  user: 6 messages/minute, 200,000 tokens/day, unlimited tool calls/day" in lines
+    assert "  admin: unlimited" in lines
+    assert (
+        "  unverified: messages/minute as their role, tokens/day as their role, tool calls/day"
+        " as their role" in lines
+    )
+    assert "  channel: unlimited messages/minute, unlimited tokens/day, 50 tool calls/day" in lines
+    assert "  identity   libera:alice: 1,234 tokens, 2 tool calls" in lines
+    assert "  channel    irc:libera:#ops: 1,234 tokens, 2 tool calls" in lines
+    bad = subprocess.run([AGENTIK, "access", "budgets", "--day", "yesterday", "-c", str(conf)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "agentik: --day: not a date (YYYY-MM-DD): 'yesterday'"
+    )
+
+
+async def test_http_api_answers_429_when_the_budget_is_used_up(tmp_path):
+    import httpx
+
+    from agentik.transports.http.transport import HttpTransport
+
+    settings = BudgetSettings(user=BudgetLimits(tokens_per_day=20))
+    clock = Clock()
+    model = ScriptedModel()
+    store = SQLiteStore(str(tmp_path / "http.db"))
+    agent = Agent(llm=model, store=store)
+    await agent.start()
+    budgets = Budgets(settings, store, clock=clock)
+    bridge = Bridge(agent, budgets=budgets)
+    transport = HttpTransport(name="web", settings={"port": 0}, environ={})
+    bridge.attach(transport)
+    await transport.start(bridge)
+    try:
+        base = f"{transport.url}{transport.options.prefix}"
+        async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+            conv = (await c.post("/conversations", json={})).json()
+            path = f"/conversations/{conv['id']}/messages"
+            model.enqueue(Reply(text="an answer", usage=Usage(total_tokens=25)))
+            r = await c.post(path, json={"content": "hello"})
+            assert r.status_code == 202, r.text
+            await (await agent.get_conversation(conv["id"])).wait_idle()
+            # The turn's tokens are counted from the agent's events: wait for them.
+            async with asyncio.timeout(60):
+                while not any(k == "tokens" for _, _, k, _, _ in await store.budget_rows(0)):  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            r = await c.post(path, json={"content": "more"})
+            assert r.status_code == 429
+            error = r.json()["error"]
+            assert error["code"] == "budget_exceeded"
+            assert error["message"].endswith(
+                ": daily token budget used up (20); resets at 00:00 UTC"
+            )
+            assert int(r.headers["retry-after"]) == 10 * 3600 + 30
+            # Every refused request says so (an API client has no chat scroll-back).
+            assert (await c.post(path, json={"content": "again"})).status_code == 429
+            assert len(model.requests) == 1
+            texts = [m["content"] for m in (await c.get(path)).json()["items"]]
+            assert texts == ["hello", "an answer"]  # nothing stored for the refused ones
+            clock.now += DAY
+            assert (await c.post(path, json={"content": "tomorrow"})).status_code == 202
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+async def test_the_bot_takes_budgets_from_its_configuration(tmp_path, openai_server):
+    from agentik.bot.app import Bot
+    from agentik.bot.config import parse_config
+
+    base = {
+        "llm": {
+            "backend": "openai",
+            "base_url": openai_server.base_url,
+            "api_key": "sk-x",
+            "model": "fake-model",
+        },
+        "storage": {"path": str(tmp_path / "bot.db")},
+    }
+    bot = Bot(parse_config({**base, "budgets": {"channel": {"tokens_per_day": 5}}}))
+    budgets = bot.bridge.budgets
+    assert budgets is not None and budgets.store is bot.agent.store
+    assert budgets.settings.channel.tokens_per_day == 5
+    await bot.aclose()
+    # Without [budgets] nothing is limited and nothing is counted.
+    bot = Bot(parse_config(base))
+    assert bot.bridge.budgets is None
+    await bot.aclose()
