@@ -751,3 +751,117 @@ async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
             assert len(calls) == 1 and not errors, errors
         finally:
             await browser.close()
+
+
+# -- kill -9 while an approval waits ---------------------------------------------------------------
+
+CHILD = """
+import asyncio, json, sys
+from agentik.bot.app import Bot
+from agentik.bot.config import parse_config
+from agentik.core.tools.base import tool
+from agentik.transports.base import ChannelCaps
+from agentik.transports.testing.fake import FakeTransport
+
+class PrintingFake(FakeTransport):
+    async def send(self, message):
+        await super().send(message)
+        print("POST", json.dumps([message.kind, message.text]), flush=True)
+
+@tool(name="fs__write_file", description="Write a file",
+      parameters={"type": "object", "properties": {"path": {"type": "string"}}})
+async def write(path: str) -> str:
+    print("WROTE", path, flush=True)
+    return f"wrote {path}"
+
+async def main(db, base_url, phase):
+    config = parse_config({
+        "llm": {"backend": "openai", "base_url": base_url, "model": "fake-model",
+                "api_key": "sk-test", "max_retries": 0},
+        "storage": {"path": db}, "memory": {"backend": "none"},
+        "compaction": {"enabled": False},
+        "approvals": [{"tools": ["fs__*"], "approvers": "user"}],
+    })
+    fake = PrintingFake(name="chat", caps=ChannelCaps(streaming="message"))
+    bot = Bot(config, transports={"chat": fake})
+    bot.agent.add_tool(write)
+    async with bot:
+        if phase == "first":
+            await fake.say("agentik: write the motd", channel="ops", user="alice")
+            await asyncio.Event().wait()  # until killed
+        # Start-up resumed the turn; it asks again: bob approves what is asked.
+        async for e in bot.agent.events(after=0, kinds=["approval_requested"]):
+            await fake.say(f"!approve {e.approval_id}", channel="ops", user="bob")
+            break
+        await bot.bridge.flush(fake.key(channel="ops"))
+        print("END", flush=True)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+"""
+
+
+async def test_kill_9_while_an_approval_waits_then_it_is_asked_again_and_runs_once(
+    openai_server, tmp_path
+):
+    import signal
+    import sys
+
+    from agentik.core.testing.openai_server import Reply as HttpReply
+
+    def model(body: dict) -> HttpReply:
+        # Done once the write went through; asked again after a call was cut off.
+        last = body["messages"][-1]
+        if last["role"] == "tool" and str(last.get("content", "")).startswith("wrote"):
+            return HttpReply.text("all done")
+        return HttpReply.tool_calls([("call_1", "fs__write_file", '{"path": "/srv/motd"}')])
+
+    openai_server.default = model
+    db = str(tmp_path / "kill.db")
+
+    async def child(phase: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CHILD, db, openai_server.base_url, phase,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+
+    proc = await child("first")
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                line = (await proc.stdout.readline()).decode()
+                assert line, "the child exited early"
+                if line.startswith("POST") and "asked me to run" in line:
+                    asked = json.loads(line[5:])[1]
+                    break
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    approval_id = asked.split("approval ", 1)[1].split(":", 1)[0]
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT id, state FROM approval").fetchall() == [
+            (approval_id, "pending")
+        ]
+
+    proc = await child("second")
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(100):
+            while line := (await proc.stdout.readline()).decode():
+                lines.append(line.strip())
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+            print("CHILD SAID", lines)
+    posts = [json.loads(x[5:])[1] for x in lines if x.startswith("POST")]
+    assert any(
+        p.startswith(f"(asked again after a restart) approval {approval_id}:") for p in posts
+    )
+    assert any(f"approval {approval_id} (fs__write_file): approved by bob" in p for p in posts)
+    assert "all done" in posts[-1]
+    assert [x for x in lines if x.startswith("WROTE")] == ["WROTE /srv/motd"]  # once
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT id, decision, approver_id FROM approval").fetchall() == [
+            (approval_id, "approved", "chat:bob")
+        ]
