@@ -259,12 +259,22 @@ def _minutes(seconds: float) -> str:
 class Approvals:
     """The approval rules of an agent and its pending approvals (see the module docstring).
 
-    ``rules`` are tried in order.  One per agent (:attr:`Agent.approvals`).
+    ``rules`` are tried in order; ``at_least`` compares roles (default:
+    :func:`at_least`).  One per agent (:attr:`Agent.approvals`).
     """
 
-    def __init__(self, rules: Iterable[ApprovalRule] = (), *, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        rules: Iterable[ApprovalRule] = (),
+        *,
+        store: Store | None = None,
+        at_least: Callable[[str, str], bool] = at_least,
+    ) -> None:
         self.rules: list[ApprovalRule] = list(rules)
         self.store: Store | None = store
+        #: How roles compare (``at_least(role, needed)``); the bot may set the access
+        #: policy's own comparison here (``AccessPolicy.at_least``).
+        self.at_least = at_least
         # serial -> the future a waiting turn awaits.
         self._waiting: dict[int, asyncio.Future[Approval]] = {}
         # (conversation, tool) pairs approved once: "first-use" rules skip them.
@@ -534,7 +544,7 @@ class Approvals:
                 f"approval {a.id}: only a verified identity may decide"
                 " (log in to your network's services)",
             )
-        if not at_least(role, a.approvers):
+        if not self.at_least(role, a.approvers):
             raise ApprovalError(
                 "forbidden", f"approval {a.id}: only {a.approvers}s may decide (you are {role})"
             )
