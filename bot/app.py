@@ -83,6 +83,8 @@ class Bot:
             channel_settings=config.channels,
             settings_role=config.agent.settings_role,
         )
+        # One comparison of roles everywhere: approvals' approvers use the policy's.
+        self.agent.approvals.at_least = self.bridge.access.at_least
         self.transports: dict[str, Transport] = dict(transports or {})
         sections = {n: s for n, s in config.transports.items() if s.enabled}
         for name, section in sections.items():

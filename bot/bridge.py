@@ -35,19 +35,29 @@ import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from agentik.core import Agent, Conversation
 from agentik.core.access import AccessPolicy, Decision
+from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
-from agentik.core.events import PROFILES, Error, Event, TurnEnded
+from agentik.core.events import (
+    PROFILES,
+    ApprovalRequested,
+    ApprovalResolved,
+    Error,
+    Event,
+    TurnEnded,
+)
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.settings import setting_fields
 from agentik.core.store.base import OutboxEntry
 from agentik.transports.base import (
+    Action,
     AgentAccess,
     ChannelCaps,
     IncomingMessage,
@@ -71,7 +81,6 @@ from .chansettings import (
     describe,
     parse_setting,
     persona_block,
-    role_at_least,
     settings_scope,
     split_args,
 )
@@ -106,6 +115,10 @@ COMMANDS: dict[str, str] = {
     "ignore": "make the bot ignore someone: ignore <who> (admins)",
     "unignore": "stop ignoring someone: unignore <who> (admins)",
     "roles": "list the roles given in chat (admins)",
+    # -- approvals (issue 19) --
+    "approve": "approve a tool call waiting for approval: approve ID [reason]",
+    "deny": "refuse a tool call waiting for approval: deny ID [reason]",
+    "approvals": "list the tool calls waiting for approval here",
 }
 
 
@@ -427,6 +440,7 @@ class Bridge(AgentAccess):
         is recorded as superseded.  Returns how many messages went each way.
         """
         counts = {"answer": 0, "note": 0, "drop": 0, "superseded": 0, "left": 0}
+        answered: set[str] = set()
         pending = await self.agent.pending_turns()
         by_conv: dict[str, list[Message]] = {}
         for m in pending:
@@ -461,12 +475,16 @@ class Bridge(AgentAccess):
                     and now - m.created_at > (self.resume_max_age)
                 ):
                     mode = "note"
-                queued += conv.resume([m], mode=mode, allow_tool=self._resumed_tools(key, m))
+                got = conv.resume([m], mode=mode, allow_tool=self._resumed_tools(key, m))
+                queued += got
+                if mode == "answer":
+                    answered.update(got)
                 counts[mode] += 1
             if queued:
                 async with ch.changed:
                     ch.pending.update(queued)
             log.info("resumed %d unanswered message(s) in %s", len(messages), key)
+        counts["approvals_expired"] = await self._expire_left_approvals(answered)
         return counts
 
     def _resumed_tools(self, key: str, m: Message) -> Callable[[str], bool] | None:
@@ -492,6 +510,34 @@ class Bridge(AgentAccess):
         if not decision.answer:
             return _no_tools
         return decision.tools
+
+    async def _expire_left_approvals(self, answered: set[str]) -> int:
+        """Approvals a restart left pending (issue 19): those of a turn being resumed wait
+        for it (it takes one over when it calls the same tool again, or it expires when
+        the turn ends); the others expire now, with a notice in their channel."""
+        approvals = self.agent.approvals
+        try:
+            left = await approvals.leftovers()
+        except NotImplementedError:
+            return 0
+        expired = 0
+        for a in left:
+            if a.run_id in answered:
+                continue
+            key = a.channel_key or ""
+            transport = next((t for t in self._transports.values() if key and t.owns(key)), None)
+            try:
+                conv = await self.agent.get_conversation(a.conversation_id)
+                if transport is not None and conv.channel_key == key:
+                    # Open the channel first, so its renderer shows the notice.
+                    await self._channel(key, transport, self.options_for(transport))
+                await approvals.expire(
+                    conv.parts, a, "the bot restarted and that turn was not taken up again"
+                )
+                expired += 1
+            except Exception:
+                log.exception("could not expire approval %s", a.id)
+        return expired
 
     async def interrupt(self, channel_key: str) -> bool:
         """Interrupt the turn running in ``channel_key``; ``False`` if none."""
@@ -631,6 +677,9 @@ class Bridge(AgentAccess):
             "ignore": lambda: self._cmd_ignore(args, message, transport, decision, say, p),
             "unignore": lambda: self._cmd_unignore(args, message, transport, decision, say, p),
             "roles": lambda: self._cmd_roles(say),
+            "approve": lambda: self._cmd_decide("approve", message, transport, opts, say),
+            "deny": lambda: self._cmd_decide("deny", message, transport, opts, say),
+            "approvals": lambda: self._cmd_approvals(key, opts, say),
         }
         handler = handlers.get(name)
         if handler is None:
@@ -889,7 +938,7 @@ class Bridge(AgentAccess):
             )
             return None
         role = self.role_for(transport.name, message, message.channel_key)
-        if not role_at_least(role, self.settings_role):
+        if not self.access.at_least(role, self.settings_role):
             await say(
                 f"changing this channel's settings needs the {self.settings_role} role "
                 f"(you are {role})"
@@ -974,6 +1023,51 @@ class Bridge(AgentAccess):
             self._apply(ch, eff)
         await say(f"{name} is now {_shown(eff, name)} ({eff.sources.get(name, 'default')})")
 
+    # -- approvals (issue 19) ------------------------------------------------------------
+    async def _cmd_decide(
+        self,
+        decision: Literal["approve", "deny"],
+        message: IncomingMessage,
+        transport: Transport,
+        opts: ChannelOptions,
+        say: Callable[[str], Awaitable[None]],
+    ) -> None:
+        key, p = message.channel_key, opts.command_prefix
+        words = message.text.strip()[len(p) :].split(maxsplit=2)
+        if len(words) < 2:
+            await say(f"which one? {p}{decision} ID [reason] (see {p}approvals)")
+            return
+        approvals = self.agent.approvals
+        try:
+            found = await approvals.find(words[1], scope=key)
+            await approvals.decide(
+                found,
+                decision,
+                approver=message.author_name or message.author_id,
+                approver_id=_author_id(transport, message),
+                role=self.role_for(transport.name, message, key),
+                reason=words[2] if len(words) > 2 else None,
+            )
+        except ApprovalError as exc:
+            await say(str(exc))
+        # Done: the approval_resolved event says so in the channel.
+
+    async def _cmd_approvals(
+        self, key: str, opts: ChannelOptions, say: Callable[[str], Awaitable[None]]
+    ) -> None:
+        pending = await self.agent.approvals.pending(key)
+        if not pending:
+            await say("no tool call is waiting for approval here")
+            return
+        now = time.time()
+        items = [
+            f"{a.id}: {a.tool}({_short_args(a.arguments, 60)}) asked by {a.asker or 'someone'},"
+            f" {a.approvers}s decide, expires in {_wait(a.expires_at - now)}"
+            for a in pending
+        ]
+        p = opts.command_prefix
+        await say(f"waiting for approval ({p}approve ID / {p}deny ID): " + "; ".join(items))
+
     # -- rendering -----------------------------------------------------------------------
     async def _send(
         self,
@@ -986,6 +1080,9 @@ class Bridge(AgentAccess):
         *,
         piece: int | None = None,
         outbox_id: int | None = None,
+        actions: tuple[Action, ...] = (),
+        tag: str | None = None,
+        updates: str | None = None,
     ) -> int:
         """Send ``text``; returns how many pieces it took.
 
@@ -1006,12 +1103,15 @@ class Bridge(AgentAccess):
             except Exception:
                 # Still send it: only a restart's redelivery depends on the row.
                 log.exception("could not persist an outgoing piece for %s", key)
-        for text_piece, oid in zip(pieces, ids, strict=True):
+        last = len(pieces) - 1
+        for i, (text_piece, oid) in enumerate(zip(pieces, ids, strict=True)):
+            final = i == last  # buttons and tags go with the last piece
             try:
                 await transport.send(
                     OutgoingMessage(
                         channel_key=key, text=text_piece, kind=kind, run_id=run_id,
-                        reply_to=reply_to, outbox_id=oid,
+                        reply_to=reply_to, outbox_id=oid, actions=actions if final else (),
+                        tag=tag if final else None, updates=updates if final else None,
                     )
                 )  # fmt: skip
             except Exception:
@@ -1088,6 +1188,43 @@ class _Renderer:
     def _reply_to(self, run_id: str | None) -> object:
         """Where the answer of ``run_id`` goes: the reply data of the message it answers."""
         return self.ch.run_reply_to.get(run_id or "", self.ch.reply_to)
+
+    async def _approval(self, e: ApprovalRequested | ApprovalResolved) -> None:
+        """An approval asked for (with buttons where the transport has them) or decided
+        (the asking message is updated where the transport can edit)."""
+        p = self.ch.options.command_prefix
+        tag = f"approval:{e.conversation_id}:{e.approval_id}"
+        if e.kind == "approval_requested":
+            who = e.asker or "someone"
+            again = "(asked again after a restart) " if e.resumed else ""
+            text = (
+                f"{again}approval {e.approval_id}: {who} asked me to run "
+                f"{e.name}({_short_args(e.arguments, 160)}). "
+                f"{_article(e.approvers)} may answer {p}approve {e.approval_id} [reason]"
+                f" or {p}deny {e.approval_id} [reason] (expires in"
+                f" {_wait(e.expires_at - time.time())})"
+            )
+            actions = (
+                Action(label="Approve", command=f"{p}approve {e.approval_id}", style="primary"),
+                Action(label="Deny", command=f"{p}deny {e.approval_id}", style="danger"),
+            )
+            self.piece += await self.bridge._send(
+                self.ch.transport, self.ch.key, text, "command", self._reply_to(e.run_id),
+                e.run_id, piece=self.piece, actions=actions, tag=tag,
+            )  # fmt: skip
+            return
+        what = {
+            "approved": f"approved by {e.approver or 'someone'}",
+            "denied": f"denied by {e.approver or 'someone'}",
+            "expired": "expired",
+            "cancelled": "cancelled",
+        }[e.decision]
+        reason = f": {e.reason}" if e.reason else ""
+        text = f"approval {e.approval_id} ({e.name}): {what}{reason}"
+        self.piece += await self.bridge._send(
+            self.ch.transport, self.ch.key, text, "command", self._reply_to(e.run_id),
+            e.run_id, piece=self.piece, updates=tag,
+        )  # fmt: skip
 
     async def _out(self, text: str, kind: OutgoingKind, run_id: str | None) -> None:
         reply_to = self._reply_to(run_id)
@@ -1172,6 +1309,9 @@ class _Renderer:
                     await self._lines(line, run)
             else:
                 self.buffer += text
+        elif e.kind in ("approval_requested", "approval_resolved"):
+            await self._flush(run)
+            await self._approval(e)
         elif e.kind == "reasoning_delta":
             await self._out(f"(thinking) {e.text}", "notice", run)
         elif e.kind == "tool_call_started":
@@ -1361,6 +1501,21 @@ def _speaker(transport: Transport, message: IncomingMessage) -> str:
         return found
     shown = (message.meta or {}).get("hostmask") or message.author_name or message.author_id
     return f"{transport.name}:~{shown}"
+
+
+def _wait(seconds: float) -> str:
+    """``10 min``, ``45 s``: how long until something expires."""
+    seconds = max(0.0, seconds)
+    if seconds >= 90:
+        return f"{round(seconds / 60)} min"
+    return f"{round(seconds)} s"
+
+
+def _article(role: str) -> str:
+    """``an admin``, ``a user``, ``a deployer`` — who may decide, in a sentence."""
+    if role == "user":
+        return "anyone here"
+    return f"{'an' if role[:1].lower() in 'aeiou' else 'a'} {role}"
 
 
 def _short_args(arguments: str, limit: int = 80) -> str:

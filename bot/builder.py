@@ -27,6 +27,7 @@ from typing import Any, Protocol, Self
 
 from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolicy
 from agentik.core.agent import AgentSettings
+from agentik.core.approvals import ApprovalRule
 from agentik.core.background import MemoryWorker
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
@@ -108,6 +109,7 @@ class AgentBuilder:
         self._background: list[Callable[[Agent], Awaitable[None]]] = []
         self._policy = TurnPolicy()
         self._event_buffer = AgentSettings().event_buffer
+        self._approvals: list[ApprovalRule] = []
 
     def llm(self, backend: LLMBackend) -> Self:
         self._llm = backend
@@ -176,6 +178,11 @@ class AgentBuilder:
         self._policy = policy
         return self
 
+    def approvals(self, *rules: ApprovalRule) -> Self:
+        """Tool calls that wait for a person's approval (rules tried in order)."""
+        self._approvals.extend(rules)
+        return self
+
     def event_buffer(self, size: int) -> Self:
         self._event_buffer = size
         return self
@@ -223,6 +230,7 @@ class AgentBuilder:
             compaction=self._compaction,
             hooks=self._hooks,
             on_start=on_start,
+            approvals=self._approvals,
         )
 
     @classmethod
@@ -265,6 +273,7 @@ class AgentBuilder:
             b.toolset(toolset)
         b.policy(config.tools)
         b.event_buffer(config.agent.event_buffer)
+        b.approvals(*config.approvals)
         return b
 
 

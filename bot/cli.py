@@ -21,6 +21,7 @@
     agentik access audit           who changed which role, when (newest first)
     agentik access check ID        an identity's role and what it may do (--channel KEY)
     agentik access budgets         the configured budgets and a day's usage (--day)
+    agentik access approvals       tool calls waiting for approval, and recent decisions
     agentik --version
 
 ``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
@@ -72,6 +73,7 @@ COMMANDS = (
     "access audit",
     "access check",
     "access budgets",
+    "access approvals",
 )
 
 
@@ -144,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     mcp = sub.add_parser("mcp", help="MCP servers")
     msub = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
-    acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets")
+    acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets, approvals")
     asub = acc.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, (helptext, arguments, _) in ACCESS_ACTIONS.items():
         arguments(with_config(asub.add_parser(name, help=helptext)))
@@ -378,9 +380,7 @@ async def _access_check(args: argparse.Namespace, config: Config) -> int:
     bound = getattr(section, "allowed_tools", None) if section is not None else None
     outer = config.tools.allowed if bound is None else list(bound)
     commands = [n for n in (*_chat_commands(), "stop-others") if d.may_command(n)]
-    from .chansettings import role_at_least
-
-    if not (who.verified and role_at_least(role, config.agent.settings_role)):
+    if not (who.verified and policy.at_least(role, config.agent.settings_role)):
         # !set and !unset also need [agent] settings_role (and a verified identity).
         commands = [n for n in commands if n not in ("set", "unset")]
     print(f"identity: {args.identity} ({'verified' if who.verified else 'hostmask only'})")
@@ -566,6 +566,11 @@ async def _access_budgets_in_database(args: argparse.Namespace, config: Config) 
     return await _access_budgets(args, config)
 
 
+def _approvals_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--pending", action="store_true", help="only those still waiting")
+    sp.add_argument("--limit", type=int, default=20, help="recent decisions shown (default 20)")
+
+
 async def _access_budgets(args: argparse.Namespace, config: Config) -> int:
     import calendar
 
@@ -623,6 +628,39 @@ async def _access_budgets(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+async def _access_approvals(args: argparse.Namespace, config: Config) -> int:
+    """``agentik access approvals``: the pending approvals, then the latest decisions."""
+    async with SQLiteStore(config.database) as store:
+        pending = await store.approvals(state="pending")
+        decided = (
+            []
+            if args.pending
+            else await store.approvals(
+                state="resolved", limit=max(0, args.limit), newest_first=True
+            )
+        )
+    now = time.time()
+    print(f"waiting for approval: {len(pending) or 'none'}")
+    for a in pending:
+        left = a.expires_at - now
+        due = f"expires in {left / 60:.0f} min" if left > 0 else "expired (not yet recorded)"
+        print(f"  {_approval_line(a)}  {due}")
+    if not args.pending:
+        print(f"recent decisions: {len(decided) or 'none'}")
+        for a in decided:
+            by = f" by {a.approver_id or a.approver}" if (a.approver_id or a.approver) else ""
+            why = f": {a.reason}" if a.reason else ""
+            print(f"  {_approval_line(a)}  {a.decision}{by}{why}")
+    return 0
+
+
+def _approval_line(a: Any) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(a.created_at))
+    args = a.arguments if len(a.arguments) <= 80 else a.arguments[:79] + "…"
+    where = a.channel_key or a.conversation_id
+    return f"{a.id:<4} {when}  {where}  {a.tool}({args})  asked by {a.asker_id or a.asker or '-'}"
+
+
 def _note_line(n: Any) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(n.updated_at))
     text = " ".join(n.text.split())
@@ -656,6 +694,11 @@ ACCESS_ACTIONS: dict[str, tuple[str, Any, Any]] = {
         "the configured budgets and a day's usage",
         _budgets_arguments,
         _access_budgets_in_database,
+    ),
+    "approvals": (
+        "tool calls waiting for approval, and recent decisions",
+        _approvals_arguments,
+        _access_approvals,
     ),
 }
 

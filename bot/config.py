@@ -38,6 +38,7 @@ from pydantic import (
 
 from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.agent import AgentSettings
+from agentik.core.approvals import ApprovalRule
 from agentik.core.budgets import BudgetSettings
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
@@ -56,6 +57,7 @@ __all__ = [
     "LITERT_ENV",
     "AccessSection",
     "AgentSection",
+    "ApprovalRule",
     "ChannelSettings",
     "CompactionSection",
     "Config",
@@ -340,6 +342,8 @@ class Config(_Section):
     #: Per-channel settings by channel-key pattern (``[channels."irc:libera:#ops"]``).
     channels: dict[str, ChannelSettings] = Field(default_factory=dict)
     mcp: MCPSection = Field(default_factory=MCPSection)
+    #: ``[[approvals]]``: tool calls that wait for a person's approval (first match wins).
+    approvals: list[ApprovalRule] = Field(default_factory=list)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     #: Usage limits per role, channel and unverified speakers (issue 19).

@@ -513,8 +513,17 @@ class AccessPolicy:
         return self._ranks.get(role, _RANK["user"])
 
     def at_least(self, role: str, needed: str) -> bool:
-        """Whether ``role`` ranks as high as ``needed`` (named roles by their ``rank``)."""
-        return self.rank(role) >= self.rank(needed)
+        """Whether ``role`` satisfies ``needed``.
+
+        A built-in ``needed`` (``owner`` > ``admin`` > ``user`` > ``ignored``) is
+        satisfied by any role ranking as high (named roles by their ``rank``).
+        A named ``needed`` (``approvers = "deployer"``) is satisfied by that role
+        itself, or by ``admin`` and ``owner``: never by another role that merely
+        shares its rank.
+        """
+        if needed in BUILTIN_ROLES:
+            return self.rank(role) >= self.rank(needed)
+        return role == needed or self.rank(role) >= self.rank("admin")
 
     @property
     def roles(self) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
+from .approvals import ApprovalRule, Approvals
 from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation
 from .errors import ConfigError, NotFound
@@ -68,7 +69,10 @@ class Agent:
     plugins whose interception hooks run (a pluggy ``PluginManager``, a
     :class:`~agentik.core.hooks.Hooks`, or a list of plugin objects);
     ``on_start`` coroutine functions awaited (in order) by :meth:`start`
-    once the store and memory are open — a failure stops start-up.
+    once the store and memory are open — a failure stops start-up;
+    ``approvals`` the rules of tool calls that wait for a person's approval
+    (:class:`~agentik.core.approvals.ApprovalRule` values or an
+    :class:`~agentik.core.approvals.Approvals`).
 
     Use as an async context manager, or call :meth:`start` and
     :meth:`aclose`.  What the agent hands its conversations (event numbering
@@ -93,6 +97,7 @@ class Agent:
         compaction: CompactionPolicy | None = None,
         hooks: Any = None,
         on_start: Iterable[Callable[[Agent], Awaitable[None]]] = (),
+        approvals: Approvals | Iterable[ApprovalRule] | None = None,
     ) -> None:
         self.llm = llm
         self.store: Store = store if store is not None else SQLiteStore(":memory:")
@@ -103,6 +108,12 @@ class Agent:
         self.memory: MemoryBackend = memory if memory is not None else NoMemory()
         self.hooks = Hooks.of(hooks)
         self.compactor = Compactor(self, compaction)
+        #: Which tool calls wait for a person's approval, and the pending ones
+        #: (:mod:`agentik.core.approvals`).
+        self.approvals = (
+            approvals if isinstance(approvals, Approvals) else Approvals(approvals or ())
+        )
+        self.approvals.store = self.store
         #: Most events kept in all conversations' replay buffers together; the
         #: least recently active conversations lose theirs first.
         self.event_budget = event_budget

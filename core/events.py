@@ -36,6 +36,8 @@ from .messages import Usage
 __all__ = [
     "EVENT_TYPES",
     "PROFILES",
+    "ApprovalRequested",
+    "ApprovalResolved",
     "ChildRunLinked",
     "Compacted",
     "ConversationEnded",
@@ -230,6 +232,45 @@ class ConversationEnded(EventBase):
     channel_key: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ApprovalRequested(EventBase):
+    """The turn waits for a person to approve the tool call ``call_id`` (``name``).
+
+    ``approval_id`` is the short id people answer with (``!approve 3f2``);
+    ``arguments`` are shown masked and cut; ``asker`` asked for the turn;
+    ``approvers`` is the role that may decide; the request expires at
+    ``expires_at`` (``timeout`` seconds after it was made).  ``resumed``: the
+    same request again, after a restart.
+    """
+
+    kind: Literal["approval_requested"] = field(default="approval_requested", init=False)
+    approval_id: str
+    call_id: str
+    name: str
+    arguments: str = "{}"
+    asker: str | None = None
+    asker_id: str | None = None
+    approvers: str = "admin"
+    expires_at: float = 0.0
+    timeout: float = 0.0
+    resumed: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ApprovalResolved(EventBase):
+    """An approval ended: ``decision`` is ``approved``, ``denied``, ``expired`` or
+    ``cancelled`` (the turn was stopped); ``approver`` decided, giving ``reason``."""
+
+    kind: Literal["approval_resolved"] = field(default="approval_resolved", init=False)
+    approval_id: str
+    call_id: str
+    name: str
+    decision: Literal["approved", "denied", "expired", "cancelled"]
+    approver: str | None = None
+    approver_id: str | None = None
+    reason: str = ""
+
+
 #: Every event, as one union discriminated by ``kind``: a type checker narrows
 #: ``event: Event`` to one class on ``if event.kind == "text_delta": ...``.
 Event = (
@@ -247,6 +288,8 @@ Event = (
     | EventsLost
     | Compacted
     | ConversationEnded
+    | ApprovalRequested
+    | ApprovalResolved
 )
 
 #: The event classes of :data:`Event`, in order.
@@ -275,8 +318,15 @@ _LIFECYCLE = frozenset(
 #: Named subscriber profiles: the kinds each one receives.
 PROFILES: dict[str, frozenset[str]] = {
     "debug": frozenset(_BY_KIND),
-    "chat": _LIFECYCLE | {"text_delta", "tool_call_started", "tool_call_ended"},
-    "metrics": _LIFECYCLE | {"tool_call_ended", "child_run_linked"},
+    "chat": _LIFECYCLE
+    | {
+        "text_delta",
+        "tool_call_started",
+        "tool_call_ended",
+        "approval_requested",
+        "approval_resolved",
+    },
+    "metrics": _LIFECYCLE | {"tool_call_ended", "child_run_linked", "approval_resolved"},
 }
 
 

@@ -41,6 +41,7 @@ from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
     from .agent import Agent
+    from .approvals import Approvals
     from .compaction import Compactor
     from .conversation import Conversation
     from .hooks import Hooks
@@ -108,6 +109,11 @@ class AgentServices:
     @property
     def compactor(self) -> Compactor:
         return self.agent.compactor
+
+    @property
+    def approvals(self) -> Approvals:
+        """Which tool calls wait for a person's approval (and the pending ones)."""
+        return self.agent.approvals
 
     @property
     def event_buffer(self) -> int:

@@ -117,6 +117,10 @@ class TurnRunner:
         self.resumed = resumed
         self._writes: set[asyncio.Future[Any]] = set()
         self.failed_writes: list[BaseException] = []
+        #: The turn's time budget (its deadline is paused while approvals wait).
+        self._budget: asyncio.Timeout | None = None
+        self._waiting_approvals = 0
+        self._budget_left: float | None = None
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: type[Event], **fields: Any) -> None:
@@ -182,7 +186,8 @@ class TurnRunner:
                         ),
                     ]
                 )
-            async with asyncio.timeout(self.policy.time_budget):
+            async with asyncio.timeout(self.policy.time_budget) as budget:
+                self._budget = budget
                 await self._steps()
         except TimeoutError:
             await self._keep_partial("interrupted", "time budget exceeded", ended="time_budget")
@@ -230,7 +235,32 @@ class TurnRunner:
             self._emit(
                 Error, message=f"internal error: {type(exc).__name__}", error_type="internal"
             )
+        await self._approvals_done()
         self._end(started)
+
+    async def _approvals_done(self) -> None:
+        """The turn ended: approvals a restart left for it that it did not ask again expire."""
+        try:
+            await self.services.approvals.run_ended(self.parts, self.run_id)
+        except Exception:
+            log.exception("run %s: could not expire its leftover approvals", self.run_id)
+
+    def _pause_budget(self, paused: bool) -> None:
+        """Stop the turn's time budget while a person is asked (approvals), resume after."""
+        budget = self._budget
+        if budget is None:
+            return
+        loop = asyncio.get_running_loop()
+        if paused:
+            self._waiting_approvals += 1
+            if self._waiting_approvals == 1:
+                when = budget.when()
+                self._budget_left = None if when is None else max(0.0, when - loop.time())
+                budget.reschedule(None)
+        else:
+            self._waiting_approvals -= 1
+            if self._waiting_approvals == 0 and self._budget_left is not None:
+                budget.reschedule(loop.time() + self._budget_left)
 
     async def _prepare_resume(self) -> None:
         """Make the committed state of a cut-off turn a valid context to re-run from.
@@ -579,10 +609,13 @@ class TurnRunner:
     async def _run_tool(self, call: ToolCall) -> None:
         hooks, conv, run_id = self.services.hooks, self.conv, self.run_id
         call, block = await hooks.before_tool_call(conv, run_id, call)
+        refused = None if block is not None else await self._approval(call)
         self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)
         t0 = time.monotonic()
         if block is not None:
             result = ToolResult(text=f"blocked: {block.reason}", is_error=True)
+        elif refused is not None:
+            result = ToolResult(text=refused, is_error=True)
         else:
             result = await self._invoke(call)
             attempt = 1
@@ -596,6 +629,31 @@ class TurnRunner:
                 result = await self._invoke(call)
             result = await hooks.after_tool_call(conv, run_id, call, result)
         await self._finish_tool(call, result, time.monotonic() - t0)
+
+    async def _approval(self, call: ToolCall) -> str | None:
+        """Wait for a person's approval when a rule asks for it; ``None``: go ahead,
+        else the error text the model gets instead of a result."""
+        approvals = self.services.approvals
+        if not approvals.rules or call.name not in self.tools:
+            return None
+        rule = approvals.rule_for(call.name, self.conv.channel_key)
+        if rule is None or rule.approve == "never":
+            return None
+        if self.conv.temp:
+            return (
+                "error: not run: this tool needs approval,"
+                " which a temporary conversation cannot ask for"
+            )
+        data = self.message.data if isinstance(self.message.data, dict) else {}
+        return await approvals.gate(
+            self.parts,
+            self.run_id,
+            call,
+            asker=self.message.author,
+            asker_id=data.get("author_id"),
+            interrupted=lambda: self.interrupt_requested,
+            paused=self._pause_budget,
+        )
 
     async def _invoke(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)

@@ -332,6 +332,69 @@ class FakeSlack:
             "event_context": "4-" + uuid.uuid4().hex,
         }
 
+    def block_actions_payload(
+        self, channel: str, ts: str, action_id: str, *, user: str = "U1"
+    ) -> dict[str, Any]:
+        """The ``block_actions`` interactive payload Slack sends when ``user`` presses the
+        button ``action_id`` of the bot's message ``(channel, ts)`` (as stored: its blocks,
+        thread). Raises ``KeyError`` when the message has no such button."""
+        msg = self.messages[(channel, ts)]
+        block, element = next(
+            (b, e)
+            for b in msg.get("blocks") or []
+            if b.get("type") == "actions"
+            for e in b.get("elements") or []
+            if e.get("action_id") == action_id
+        )
+        action_ts = f"{time.time():.6f}"
+        info = self.users.get(user) or {"name": user}
+        container: dict[str, Any] = {
+            "type": "message", "message_ts": ts, "channel_id": channel, "is_ephemeral": False,
+        }  # fmt: skip
+        if msg.get("thread_ts"):
+            container["thread_ts"] = msg["thread_ts"]
+        action = {
+            "action_id": action_id,
+            "block_id": block.get("block_id") or uuid.uuid4().hex[:5],
+            "text": {**element.get("text", {}), "emoji": True},
+            "value": element.get("value"),
+            "type": "button",
+            "action_ts": action_ts,
+        }
+        if element.get("style"):
+            action["style"] = element["style"]
+        return {
+            "type": "block_actions",
+            "user": {"id": user, "username": info["name"], "name": info["name"],
+                     "team_id": self.team_id},
+            "api_app_id": self.app_id,
+            "token": "verification-token",
+            "container": container,
+            "trigger_id": f"{int(time.time())}.{uuid.uuid4().int % 10**12}.{uuid.uuid4().hex}",
+            "team": {"id": self.team_id, "domain": self.team_domain},
+            "enterprise": None,
+            "is_enterprise_install": False,
+            "channel": {"id": channel, "name": self.channels.get(channel, {}).get("name", channel)},
+            "message": dict(msg),
+            "state": {"values": {}},
+            "response_url": f"https://hooks.slack.com/actions/{self.team_id}/1/{uuid.uuid4().hex}",
+            "actions": [action],
+        }  # fmt: skip
+
+    async def push_interactive(self, payload: dict[str, Any]) -> str:
+        """Send an interactive ``payload`` (a ``block_actions``) in Socket Mode's
+        ``interactive`` envelope on the newest connection; returns the envelope id."""
+        envelope_id = str(uuid.uuid4())
+        await self._send(
+            {
+                "envelope_id": envelope_id,
+                "payload": payload,
+                "type": "interactive",
+                "accepts_response_payload": False,
+            }
+        )
+        return envelope_id
+
     # ----------------------------------------------------------------- waiting
 
     def _notify(self) -> None:

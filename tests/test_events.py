@@ -51,6 +51,29 @@ SAMPLES = [
         fallback=True,
     ),
     ev.ConversationEnded(**ENVELOPE, reason="reset", channel_key="irc:net:#c"),
+    ev.ApprovalRequested(
+        **ENVELOPE,
+        approval_id="3f2",
+        call_id="call_1",
+        name="fs__write_file",
+        arguments='{"path": "/a", "token": "***"}',
+        asker="alice",
+        asker_id="irc:alice",
+        approvers="admin",
+        expires_at=1700000600.25,
+        timeout=600.0,
+        resumed=True,
+    ),
+    ev.ApprovalResolved(
+        **ENVELOPE,
+        approval_id="3f2",
+        call_id="call_1",
+        name="fs__write_file",
+        decision="denied",
+        approver="bob",
+        approver_id="irc:bob",
+        reason="not today",
+    ),
 ]
 
 

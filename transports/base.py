@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from agentik.core import Agent, Conversation, TurnPolicy
 
 __all__ = [
+    "Action",
     "AgentAccess",
     "ChannelCaps",
     "DeliveryCallback",
@@ -101,6 +102,21 @@ OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Action:
+    """A button offered with an outgoing message (Slack Block Kit buttons).
+
+    Pressing it is the same as the presser sending ``command`` in that place
+    (``!approve 3f2``): the transport hands it to the bridge as their
+    message.  A transport without buttons ignores actions; the message text
+    always says how to answer without them.
+    """
+
+    label: str
+    command: str
+    style: Literal["primary", "danger"] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class OutgoingMessage:
     """Something the bridge asks a transport to send.
 
@@ -123,6 +139,14 @@ class OutgoingMessage:
     #: Redelivery after a restart: the protocol id (Slack ``ts``) of the
     #: message this answer already started; update it instead of posting anew.
     replaces: str | None = None
+    #: Buttons offered with this message (see :class:`Action`).
+    actions: tuple[Action, ...] = ()
+    #: A name for this message (``approval:<conversation>:<id>``), so a later
+    #: message can update it.
+    tag: str | None = None
+    #: The ``tag`` of an earlier message this one replaces where the transport
+    #: can edit (its buttons go); elsewhere it is posted as a new message.
+    updates: str | None = None
 
 
 #: Reports delivery progress of an outbox row: ``(id, state, awaits_confirm, ref)``.

@@ -26,9 +26,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
+
+if TYPE_CHECKING:
+    from ..approvals import Approval, ApprovalDecision
 
 __all__ = [
     "AccessChange",
@@ -321,6 +324,50 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def outbox_prune(self, before: float) -> int:
         """Delete outbox rows created before ``before`` (a Unix time); how many."""
+
+    # -- approvals (issue 19, migration 6) -----------------------------------------------------
+    # Not abstract, so a store without them still works where no rule asks for approval.
+    async def approval_add(self, approval: Approval) -> int | None:
+        """Store a new pending approval; its serial, or ``None`` when its short id is
+        already taken by a pending approval of the same scope (pick another)."""
+        raise NotImplementedError(f"{type(self).__name__} does not store approvals")
+
+    async def approval_resolve(
+        self,
+        serial: int,
+        decision: ApprovalDecision,
+        approver: str | None,
+        approver_id: str | None,
+        reason: str | None,
+        at: float,
+    ) -> bool:
+        """Record how a pending approval ended; ``False`` if it was not pending any more."""
+        raise NotImplementedError(f"{type(self).__name__} does not store approvals")
+
+    async def approval_rebind(self, serial: int, call_id: str) -> None:
+        """A resumed turn's new call (``call_id``) takes over a pending approval."""
+        raise NotImplementedError(f"{type(self).__name__} does not store approvals")
+
+    async def approval_get(self, serial: int) -> Approval | None:
+        """One approval by its serial."""
+        raise NotImplementedError(f"{type(self).__name__} does not store approvals")
+
+    async def approvals(
+        self,
+        *,
+        conversation_id: str | None = None,
+        scope: str | None = None,
+        state: str | None = None,
+        short_id: str | None = None,
+        limit: int = 1000,
+        newest_first: bool = False,
+    ) -> list[Approval]:
+        """Approvals matching every filter given, oldest first (or newest first)."""
+        raise NotImplementedError(f"{type(self).__name__} does not store approvals")
+
+    async def approval_used(self, conversation_id: str, tool: str) -> bool:
+        """Whether a call of ``tool`` was ever approved in this conversation (``first-use``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not store approvals")
 
     # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:

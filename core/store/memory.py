@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..approvals import Approval, ApprovalDecision
 from ..errors import StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from .base import (
@@ -44,6 +45,8 @@ class MemoryStore(Store):
         self._ids = itertools.count(1)
         self._outbox: dict[tuple[str, str, int], OutboxEntry] = {}
         self._outbox_ids = itertools.count(1)
+        self._approvals: dict[int, Approval] = {}
+        self._approval_ids = itertools.count(1)
         self._budget: dict[tuple[str, str, str, int], int] = {}
         self._grants: dict[str, AccessGrant] = {}
         self._access_audit: list[AccessChange] = []
@@ -224,6 +227,70 @@ class MemoryStore(Store):
         for k in old:
             del self._outbox[k]
         return len(old)
+
+    # -- approvals (issue 19, migration 6) -----------------------------------------------------
+    async def approval_add(self, approval: Approval) -> int | None:
+        self._require(approval.conversation_id)
+        for a in self._approvals.values():
+            if a.state == "pending" and a.scope == approval.scope and a.id == approval.id:
+                return None
+        serial = next(self._approval_ids)
+        self._approvals[serial] = dataclasses.replace(approval, serial=serial)
+        return serial
+
+    async def approval_resolve(
+        self,
+        serial: int,
+        decision: ApprovalDecision,
+        approver: str | None,
+        approver_id: str | None,
+        reason: str | None,
+        at: float,
+    ) -> bool:
+        a = self._approvals.get(serial)
+        if a is None or a.state != "pending":
+            return False
+        self._approvals[serial] = dataclasses.replace(
+            a, state="resolved", decision=decision, approver=approver,
+            approver_id=approver_id, reason=reason, resolved_at=at,
+        )  # fmt: skip
+        return True
+
+    async def approval_rebind(self, serial: int, call_id: str) -> None:
+        a = self._approvals.get(serial)
+        if a is not None:
+            self._approvals[serial] = dataclasses.replace(a, call_id=call_id)
+
+    async def approval_get(self, serial: int) -> Approval | None:
+        a = self._approvals.get(serial)
+        return a if a is not None and a.conversation_id in self._conversations else None
+
+    async def approvals(
+        self,
+        *,
+        conversation_id: str | None = None,
+        scope: str | None = None,
+        state: str | None = None,
+        short_id: str | None = None,
+        limit: int = 1000,
+        newest_first: bool = False,
+    ) -> list[Approval]:
+        rows = [
+            a
+            for _, a in sorted(self._approvals.items(), reverse=newest_first)
+            if a.conversation_id in self._conversations
+            and (conversation_id is None or a.conversation_id == conversation_id)
+            and (scope is None or a.scope == scope)
+            and (state is None or a.state == state)
+            and (short_id is None or a.id == short_id)
+        ]
+        return rows[:limit]
+
+    async def approval_used(self, conversation_id: str, tool: str) -> bool:
+        return any(
+            a.conversation_id == conversation_id and a.tool == tool and a.decision == "approved"
+            for a in self._approvals.values()
+        )
 
     # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:

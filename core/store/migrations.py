@@ -216,7 +216,46 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX access_audit_by_identity ON access_audit (identity, id);
         """,
     ),
-    # 6 (approvals) belongs to another part of issue 19.
+    Migration(
+        6,
+        "approvals",
+        """
+        -- Tool calls waiting for a person's approval (agentik.core.approvals),
+        -- and how each ended.  ``id`` is the short id people type: unique among
+        -- the pending approvals of one scope (a channel key, or the conversation
+        -- id).  ``arguments`` are stored masked and cut; ``digest`` hashes the
+        -- raw ones, to recognise the same call when a resumed turn asks again.
+        CREATE TABLE approval (
+            serial          INTEGER PRIMARY KEY,
+            id              TEXT NOT NULL,
+            scope           TEXT NOT NULL,
+            conversation_id TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            channel_key     TEXT,
+            run_id          TEXT NOT NULL,
+            call_id         TEXT NOT NULL,
+            tool            TEXT NOT NULL,
+            arguments       TEXT NOT NULL DEFAULT '{}',
+            digest          TEXT NOT NULL DEFAULT '',
+            asker           TEXT,
+            asker_id        TEXT,
+            approvers       TEXT NOT NULL,
+            self_approve    INTEGER NOT NULL DEFAULT 0,
+            created_at      REAL NOT NULL,
+            expires_at      REAL NOT NULL,
+            state           TEXT NOT NULL DEFAULT 'pending'
+                            CHECK (state IN ('pending', 'resolved')),
+            decision        TEXT
+                            CHECK (decision IN ('approved', 'denied', 'expired', 'cancelled')),
+            approver        TEXT,
+            approver_id     TEXT,
+            reason          TEXT,
+            resolved_at     REAL
+        );
+        CREATE UNIQUE INDEX approval_pending_id ON approval (scope, id) WHERE state = 'pending';
+        CREATE INDEX approval_by_conversation ON approval (conversation_id, serial);
+        CREATE INDEX approval_by_state ON approval (state, serial);
+        """,
+    ),
     Migration(
         7,
         "budget_usage",

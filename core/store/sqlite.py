@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import aiosqlite
 
+from ..approvals import Approval, ApprovalDecision
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, settings_dataclass
@@ -96,6 +97,23 @@ _OUTBOX_MARK = (
     " THEN ?1 ELSE state END,"
     " awaits_confirm = COALESCE(?2, awaits_confirm), ref = COALESCE(?3, ref) WHERE id = ?4"
 )
+_APPROVAL_COLUMNS = (
+    "serial, id, scope, conversation_id, channel_key, run_id, call_id, tool, arguments, digest,"
+    " asker, asker_id, approvers, self_approve, created_at, expires_at, state, decision,"
+    " approver, approver_id, reason, resolved_at"
+)
+
+
+def _row_to_approval(r: Sequence[Any]) -> Approval:
+    return Approval(
+        serial=r[0], id=r[1], scope=r[2], conversation_id=r[3], channel_key=r[4], run_id=r[5],
+        call_id=r[6], tool=r[7], arguments=r[8], digest=r[9], asker=r[10], asker_id=r[11],
+        approvers=r[12], self_approve=bool(r[13]), created_at=r[14], expires_at=r[15],
+        state=r[16], decision=r[17], approver=r[18], approver_id=r[19], reason=r[20],
+        resolved_at=r[21],
+    )  # fmt: skip
+
+
 _TOUCH = "UPDATE conversation SET updated_at = MAX(updated_at, ?) WHERE id = ?"
 
 
@@ -696,6 +714,98 @@ class SQLiteStore(Store):
             return conn.execute("DELETE FROM outbox WHERE created_at < ?", (before,)).rowcount
 
         return await self._write(fn)
+
+    # -- approvals (issue 19, migration 6) -----------------------------------------------------
+    async def approval_add(self, approval: Approval) -> int | None:
+        a = approval
+        row = (
+            a.id, a.scope, a.conversation_id, a.channel_key, a.run_id, a.call_id, a.tool,
+            a.arguments, a.digest, a.asker, a.asker_id, a.approvers, int(a.self_approve),
+            a.created_at, a.expires_at,
+        )  # fmt: skip
+
+        def fn(conn: sqlite3.Connection) -> int | None:
+            try:
+                cur = conn.execute(
+                    "INSERT INTO approval (id, scope, conversation_id, channel_key, run_id,"
+                    " call_id, tool, arguments, digest, asker, asker_id, approvers, self_approve,"
+                    " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+            except sqlite3.IntegrityError as exc:
+                if "approval" in str(exc) and "UNIQUE" in str(exc).upper():
+                    return None  # the short id is taken in this scope
+                raise
+            return cur.lastrowid
+
+        result: int | None = await self._write(fn)
+        return result
+
+    async def approval_resolve(
+        self,
+        serial: int,
+        decision: ApprovalDecision,
+        approver: str | None,
+        approver_id: str | None,
+        reason: str | None,
+        at: float,
+    ) -> bool:
+        def fn(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE approval SET state = 'resolved', decision = ?, approver = ?,"
+                " approver_id = ?, reason = ?, resolved_at = ?"
+                " WHERE serial = ? AND state = 'pending'",
+                (decision, approver, approver_id, reason, at, serial),
+            )
+            return cur.rowcount > 0
+
+        return bool(await self._write(fn))
+
+    async def approval_rebind(self, serial: int, call_id: str) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE approval SET call_id = ? WHERE serial = ?", (call_id, serial))
+
+        await self._write(fn)
+
+    async def approval_get(self, serial: int) -> Approval | None:
+        rows = await self._read(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approval WHERE serial = ?", (serial,)
+        )
+        return _row_to_approval(rows[0]) if rows else None
+
+    async def approvals(
+        self,
+        *,
+        conversation_id: str | None = None,
+        scope: str | None = None,
+        state: str | None = None,
+        short_id: str | None = None,
+        limit: int = 1000,
+        newest_first: bool = False,
+    ) -> list[Approval]:
+        where, params = [], []
+        for column, value in (
+            ("conversation_id", conversation_id), ("scope", scope), ("state", state),
+            ("id", short_id),
+        ):  # fmt: skip
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        cond = f" WHERE {' AND '.join(where)}" if where else ""
+        order = "DESC" if newest_first else "ASC"
+        rows = await self._read(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approval{cond} ORDER BY serial {order} LIMIT ?",
+            (*params, limit),
+        )
+        return [_row_to_approval(r) for r in rows]
+
+    async def approval_used(self, conversation_id: str, tool: str) -> bool:
+        rows = await self._read(
+            "SELECT 1 FROM approval WHERE conversation_id = ? AND tool = ?"
+            " AND decision = 'approved' LIMIT 1",
+            (conversation_id, tool),
+        )
+        return bool(rows)
 
     # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:

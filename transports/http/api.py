@@ -17,6 +17,9 @@ code                        status  when
 ``no_turn_running``         409     interrupt with no turn running
 ``turn_already_interrupted`` 409    interrupt of a turn already being stopped
 ``run_not_running``         409     interrupt naming a run that is not the running one
+``approval_not_found``      404     no such approval in this conversation
+``approval_not_pending``    409     the approval was already decided, expired, or no turn waits
+``forbidden``               403     (approvals) the token's role may not decide, or it asked
 ``body_too_large``          413     body over ``max_body_bytes``
 ``unsupported_media_type``  415     a body that is not ``Content-Type: application/json``
 ``invalid_body``            422     not JSON, nested too deep, not an object, or a field is wrong
@@ -36,7 +39,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.applications import Starlette
@@ -49,6 +52,7 @@ from starlette.routing import Route
 
 from agentik.core import Agent, Conversation
 from agentik.core.access import AccessPolicy
+from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
 from agentik.core.events import PROFILES, EventBase
@@ -128,6 +132,11 @@ class InterruptBody(_Body):
     run_id: str | None = None
 
 
+class DecisionBody(_Body):
+    decision: Literal["approve", "deny"]
+    reason: str | None = Field(None, max_length=300)
+
+
 # -- the application -----------------------------------------------------------------
 
 
@@ -152,7 +161,8 @@ class ApiContext:
     closing: bool = False
     #: Usage limits (the bridge's), checked before a posted message starts a turn.
     budgets: Budgets | None = None
-    #: ``role_for(transport_name, message, channel_key)``: the speaker's role, for budgets.
+    #: ``role_for(transport_name, message, channel_key)``: the speaker's role, for
+    #: budgets and approvals, taken from the bridge (``None``: everyone is ``user``).
     role_for: Callable[[str, IncomingMessage, str], str] | None = None
 
 
@@ -592,6 +602,51 @@ class Api:
         accept = None if principal.prefixes is None else self._visible_to(principal)
         return self._stream(sub, global_ids=True, accept=accept)
 
+    # -- approvals (issue 19) ------------------------------------------------------------
+    async def list_approvals(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        state = request.query_params.get("state", "pending")
+        if state not in ("pending", "all"):
+            raise ApiError(422, "invalid_parameter", "state must be pending or all")
+        approvals = self.agent.approvals
+        if state == "pending":
+            rows = await approvals.pending(conversation_id=conv.id)
+        else:
+            rows = list(await self.agent.store.approvals(conversation_id=conv.id, limit=200))
+        return JSONResponse({"items": [a.to_dict() for a in rows]})
+
+    async def decide_approval(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, DecisionBody, required=True)
+        approval_id = request.path_params["approval_id"]
+        approvals = self.agent.approvals
+        # The caller, as a chat message would present them: a token is a verified identity.
+        who = IncomingMessage(
+            channel_key=conv.channel_key or "", text="", author_id=principal.name,
+            author_name=principal.name,
+        )  # fmt: skip
+        role_for = self.ctx.role_for
+        role = role_for(self.ctx.instance, who, conv.channel_key or "") if role_for else "user"
+        try:
+            found = await approvals.find(approval_id, conversation_id=conv.id)
+            done = await approvals.decide(
+                found,
+                body.decision,
+                approver=principal.name,
+                approver_id=f"{self.ctx.instance}:{principal.name}",
+                role=role,
+                reason=body.reason,
+            )
+        except ApprovalError as exc:
+            status, code = {
+                "not_found": (404, "approval_not_found"),
+                "not_pending": (409, "approval_not_pending"),
+            }.get(exc.code, (403, "forbidden"))
+            raise ApiError(status, code, str(exc)) from None
+        return JSONResponse(done.to_dict())
+
     def guard(self, handler: Handler) -> Handler:
         """Turn our errors (and a client gone mid-body) into JSON responses."""
 
@@ -685,6 +740,8 @@ def build_app(ctx: ApiContext) -> Starlette:
         ),
         (conv + "/messages", {"GET": api.list_messages, "POST": api.post_message}),
         (conv + "/interrupt", {"POST": api.interrupt}),
+        (conv + "/approvals", {"GET": api.list_approvals}),
+        (conv + "/approvals/{approval_id}", {"POST": api.decide_approval}),
         (conv + "/events", {"GET": api.conversation_events}),
         (p + "/events", {"GET": api.all_events}),
     ]

@@ -35,6 +35,8 @@ ERROR_CODES = (
     "no_turn_running",
     "turn_already_interrupted",
     "run_not_running",
+    "approval_not_found",
+    "approval_not_pending",
     "body_too_large",
     "unsupported_media_type",
     "invalid_body",
@@ -205,13 +207,70 @@ _SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "Approval": {
+        "type": "object",
+        "description": "A tool call waiting for a person's approval, or how it ended.",
+        "required": [
+            "id",
+            "conversation_id",
+            "run_id",
+            "call_id",
+            "tool",
+            "arguments",
+            "approvers",
+            "created_at",
+            "expires_at",
+            "state",
+            "decision",
+        ],
+        "properties": {
+            "id": {"type": "string", "description": "the short id people answer with"},
+            "conversation_id": {"type": "string"},
+            "channel_key": _NULLABLE_STR,
+            "run_id": {"type": "string"},
+            "call_id": {"type": "string"},
+            "tool": {"type": "string"},
+            "arguments": {"type": "string", "description": "JSON, secrets masked, cut"},
+            "asker": _NULLABLE_STR,
+            "asker_id": _NULLABLE_STR,
+            "approvers": {"type": "string", "description": "the role that may decide"},
+            "created_at": {"type": "number"},
+            "expires_at": {"type": "number"},
+            "state": {"type": "string", "enum": ["pending", "resolved"]},
+            "decision": {
+                "type": ["string", "null"],
+                "enum": ["approved", "denied", "expired", "cancelled", None],
+            },
+            "approver": _NULLABLE_STR,
+            "approver_id": _NULLABLE_STR,
+            "reason": _NULLABLE_STR,
+            "resolved_at": {"type": ["number", "null"]},
+        },
+    },
+    "ApprovalList": {
+        "type": "object",
+        "required": ["items"],
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": "#/components/schemas/Approval"}}
+        },
+    },
+    "Decision": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["decision"],
+        "properties": {
+            "decision": {"type": "string", "enum": ["approve", "deny"]},
+            "reason": {"type": ["string", "null"], "maxLength": 300},
+        },
+    },
     "Event": {
         "type": "object",
         "description": (
             "One agent event (the data of an SSE message). Kinds: turn_started, "
             "reasoning_started, reasoning_delta, response_started, text_delta, "
             "tool_call_started, tool_call_ended, child_run_linked, turn_ended, "
-            "interrupted, error, events_lost."
+            "interrupted, error, events_lost, compacted, conversation_ended, "
+            "approval_requested, approval_resolved."
         ),
         "required": ["kind", "conversation_id", "seq", "stream_seq", "ts"],
         "properties": {
@@ -372,6 +431,7 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                                 "listMessages",
                                 "interrupt",
                                 "conversationEvents",
+                                "listApprovals",
                             )
                         },
                     },
@@ -492,6 +552,52 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                 requestBody=_body("Interrupt", required=False),
             ),
         },
+        conv + "/approvals": {
+            "parameters": [_CONV_ID],
+            "get": op(
+                "listApprovals",
+                "Tool calls of this conversation waiting for approval (state=all: recent ones too)",
+                {
+                    "200": _json("ApprovalList", "the approvals, oldest first"),
+                    **not_found,
+                    "422": _error("a bad query parameter"),
+                },
+                parameters=[
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "schema": {
+                            "type": "string",
+                            "enum": ["pending", "all"],
+                            "default": "pending",
+                        },
+                    }
+                ],
+            ),
+        },
+        conv + "/approvals/{approval_id}": {
+            "parameters": [
+                _CONV_ID,
+                {
+                    "name": "approval_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string"},
+                },
+            ],
+            "post": op(
+                "decideApproval",
+                "Approve or deny a tool call waiting for approval",
+                {
+                    "200": _json("Approval", "decided; the turn goes on"),
+                    "403": _error("this token's role may not decide, or it asked for the call"),
+                    "404": _error("no such conversation or approval"),
+                    "409": _error("already decided, expired, or no turn waits for it"),
+                    **with_body,
+                },
+                requestBody=_body("Decision", required=True),
+            ),
+        },
         conv + "/events": {
             "parameters": [_CONV_ID],
             "get": op(
@@ -524,7 +630,8 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
             "version": "1",
             "description": (
                 "Conversations with an agentik agent: create them, send messages, "
-                "follow the answers as Server-Sent Events, interrupt a turn."
+                "follow the answers as Server-Sent Events, interrupt a turn, "
+                "approve or deny tool calls that wait for approval."
             ),
         },
         "paths": paths,

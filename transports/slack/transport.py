@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 _MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
 #: Message subtypes that are a person's message (answered like plain ones).
 _ANSWERED_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
+#: Our buttons' ``action_id``s (``agentik_action_0`` …): see :meth:`SlackTransport._on_action`.
+_ACTION_ID = re.compile(r"^agentik_action_[0-9]+$")
 
 
 class _Seen:
@@ -214,6 +216,8 @@ class SlackTransport(Transport):
         self._bot_messages: OrderedDict[str, str] = OrderedDict()  # ts -> channel key
         self._native_ok: bool | None = None if o.streaming == "auto" else o.streaming == "native"
         self._incoming: asyncio.Queue[_Incoming] = asyncio.Queue()
+        #: Messages posted with a ``tag`` (approval requests): tag -> (channel, ts).
+        self._tagged: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -257,6 +261,7 @@ class SlackTransport(Transport):
         self.app.event("app_mention")(self._on_event)
         self.app.event("message")(self._on_event)
         self.app.event("reaction_added")(self._on_reaction)
+        self.app.action(_ACTION_ID)(self._on_action)
         self.spawn(self._deliver(), name=f"agentik-slack:{self.name}")
         if o.mode == "socket":
             from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
@@ -406,6 +411,39 @@ class SlackTransport(Transport):
             _Incoming(keys, key, text.strip(), user, channel, thread_ts, ts, is_dm, title)
         )
 
+    async def _on_action(self, ack: Any, body: dict[str, Any]) -> None:
+        """A button of ours was pressed (a ``block_actions`` payload, Socket Mode or HTTP).
+
+        Pressing it is the presser sending the button's command (``!approve
+        3f2``) where the message is: it goes to the bridge as their message,
+        checked like typed text (their identity is the verified Slack user id).
+        """
+        await ack()
+        user = (body.get("user") or {}).get("id")
+        actions = body.get("actions") or []
+        container = body.get("container") or {}
+        message = body.get("message") or {}
+        channel = (body.get("channel") or {}).get("id") or container.get("channel_id")
+        if not actions or not isinstance(user, str) or not user or not isinstance(channel, str):
+            return
+        if user == self.bot_user_id:
+            return
+        command = actions[0].get("value")
+        if not isinstance(command, str) or not command.strip() or len(command) > 500:
+            return
+        ts = message.get("ts") or container.get("message_ts") or ""
+        thread_ts = message.get("thread_ts") or container.get("thread_ts")
+        action_ts = actions[0].get("action_ts") or ""
+        keys = (f"action:{channel}:{ts}:{user}:{action_ts}",)
+        if self._seen.check_and_add(*keys):
+            return
+        is_dm = channel.startswith("D")
+        key = self._bot_messages.get(ts) or self._key(channel, thread_ts)
+        self._incoming.put_nowait(
+            _Incoming(keys, key, clean(command).strip(), user, channel, thread_ts, action_ts,
+                      is_dm)
+        )  # fmt: skip
+
     async def _on_thread_started(
         self, body: dict[str, Any], event: dict[str, Any], say: Any, set_suggested_prompts: Any
     ) -> None:
@@ -542,10 +580,36 @@ class SlackTransport(Transport):
             text = escape(message.text)
         if message.kind == "notice":
             text = f"_{text}_"
+        section = {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+        earlier = self._tagged.get(message.updates) if message.updates else None
+        if earlier is not None:
+            # The message that asked (its buttons) now says how it ended.
+            await self.client.chat_update(
+                channel=earlier[0], ts=earlier[1], text=text, blocks=[section]
+            )
+            self.delivered(message.outbox_id, "confirmed", ref=earlier[1])
+            return
+        blocks = None
+        if message.actions:
+            buttons = [
+                {
+                    "type": "button",
+                    "action_id": f"agentik_action_{i}",
+                    "text": {"type": "plain_text", "text": a.label[:75]},
+                    "value": a.command,
+                    **({"style": a.style} if a.style else {}),
+                }
+                for i, a in enumerate(message.actions[:5])
+            ]
+            blocks = [section, {"type": "actions", "elements": buttons}]
         response = await self.client.chat_postMessage(
-            channel=channel, thread_ts=thread_ts, text=text
+            channel=channel, thread_ts=thread_ts, text=text, blocks=blocks
         )
         self._remember(response.get("ts"), message.channel_key)
+        if message.tag and response.get("ts"):
+            self._tagged[message.tag] = (channel, response["ts"])
+            while len(self._tagged) > 5000:
+                self._tagged.popitem(last=False)
         self.delivered(message.outbox_id, "confirmed", ref=response.get("ts"))
 
     async def _redeliver(

@@ -1,0 +1,867 @@
+"""Approvals in chat: a tool call waits for a person's yes or no (issue 19).
+
+Through real transports: IRC (a real server, ``!approve``/``!deny``), Slack
+(the real slack-bolt stack against the fake Slack, a Block Kit button), the
+HTTP API (uvicorn, real requests); a restart on the same SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from contextlib import asynccontextmanager
+
+import pytest
+
+from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.core import Agent, SQLiteStore
+from agentik.core.approvals import ApprovalRule, at_least, mask_arguments
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.core.tools.base import tool
+from agentik.transports.irc.transport import IRCTransport
+
+from ircservers import IRCTestClient
+
+pytest_plugins = ["ircservers"]
+
+FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
+        "flood_rate": 200.0}  # fmt: skip
+
+
+def writer_tool(calls: list[dict]):
+    @tool(
+        name="fs__write_file",
+        description="Write a file",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+        },
+    )
+    async def write(path: str, content: str = "", api_key: str = "") -> str:
+        calls.append({"path": path, "content": content})
+        return f"wrote {len(content)} characters to {path}"
+
+    return write
+
+
+def tool_results(model: ScriptedModel) -> list[str]:
+    """What the model was told of each tool call (the last request's tool messages)."""
+    return [m.content for m in model.requests[-1].messages if m.role == "tool"]
+
+
+async def next_event(sub, kind: str, wait: float = 60.0):
+    async with asyncio.timeout(wait):
+        async for event in sub:
+            if event.kind == kind:
+                return event
+    raise AssertionError(f"the stream ended before {kind}")
+
+
+_BRIDGES: dict[Agent, Bridge] = {}
+
+
+@asynccontextmanager
+async def irc_bot(port, tmp_path, rules, *, role_for=None, identity="hostmask", db=None):
+    model = ScriptedModel()
+    calls: list[dict] = []
+    agent = Agent(
+        llm=model,
+        store=SQLiteStore(str(db or tmp_path / "approvals.db")),
+        tools=[writer_tool(calls)],
+        approvals=rules,
+    )
+    await agent.start()
+    bridge = Bridge(agent, role_for=role_for)
+    _BRIDGES[agent] = bridge
+    transport = IRCTransport(
+        name="testnet",
+        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", "channels": ["#ops"],
+                  "unverified_identity": identity, **FAST},
+    )  # fmt: skip
+    bridge.attach(transport, ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        async with asyncio.timeout(60):
+            while "#ops" not in transport.joined:
+                await transport._queue_changed.wait()
+                await asyncio.sleep(0)
+        yield model, agent, calls
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+        _BRIDGES.pop(agent, None)
+
+
+def from_bot(line) -> bool:
+    return line.command in ("PRIVMSG", "NOTICE") and (line.nick or "").lower() == "agentik"
+
+
+async def people(port: int, *nicks: str) -> list[IRCTestClient]:
+    clients = [await IRCTestClient.connect(port, nick) for nick in nicks]
+    for c in clients:
+        await c.join("#ops")
+    return clients
+
+
+async def ask_for_a_write(model: ScriptedModel, alice: IRCTestClient, **args) -> str:
+    """alice asks; the model calls the tool; returns the approval id the channel was shown."""
+    model.enqueue(
+        Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi", **args})]),
+        "all done",
+    )
+    alice.privmsg("#ops", "agentik: update the motd")
+    asked = await alice.wait_for(lambda m: from_bot(m) and "asked me to run" in m.text)
+    return asked.text.split("approval ", 1)[1].split(":", 1)[0]
+
+
+async def test_irc_round_trip_by_approve(miniircd, tmp_path):
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with irc_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
+        alice, bob = await people(miniircd.port, "alice", "bob")
+        model.enqueue(
+            Reply(tool_calls=[call("fs__write_file", {
+                "path": "/srv/motd", "content": "hi", "api_key": "sk-abcdefghijklmnop"})]),
+            "all done",
+        )  # fmt: skip
+        alice.privmsg("#ops", "agentik: update the motd")
+        asked = await bob.wait_for(lambda m: from_bot(m) and "asked me to run" in m.text)
+        # Who asked, the tool, its arguments (the secret masked), how to answer.
+        assert "alice asked me to run fs__write_file(" in asked.text
+        assert 'path="/srv/motd"' in asked.text and 'api_key="***"' in asked.text
+        assert "sk-abcdef" not in asked.text
+        approval_id = asked.text.split("approval ", 1)[1].split(":", 1)[0]
+        assert len(approval_id) == 3 and int(approval_id, 16) >= 0
+        assert f"!approve {approval_id}" in asked.text and f"!deny {approval_id}" in asked.text
+        assert calls == []  # nothing runs before the decision
+        bob.privmsg("#ops", "!approvals")
+        listed = await bob.wait_for(lambda m: from_bot(m) and "waiting for approval" in m.text)
+        assert f"{approval_id}: fs__write_file(" in listed.text
+        bob.privmsg("#ops", f"!approve {approval_id} looks fine")
+        done = await alice.wait_for(lambda m: from_bot(m) and "approved by" in m.text)
+        assert done.text.endswith(
+            f"approval {approval_id} (fs__write_file): approved by bob: looks fine"
+        )
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == [{"path": "/srv/motd", "content": "hi"}]
+        assert tool_results(model) == ["wrote 2 characters to /srv/motd"]
+        # The record: masked arguments, who asked, who decided.
+        with sqlite3.connect(tmp_path / "approvals.db") as con:
+            row = con.execute(
+                "SELECT tool, arguments, asker_id, state, decision, approver_id, reason"
+                " FROM approval"
+            ).fetchone()
+        assert row[0] == "fs__write_file" and "sk-abcdef" not in row[1] and "***" in row[1]
+        assert row[2].startswith("testnet:alice!") and row[3:5] == ("resolved", "approved")
+        assert row[5].startswith("testnet:bob!") and row[6] == "looks fine"
+        for c in (alice, bob):
+            await c.close()
+
+
+async def test_irc_denial_reaches_the_model_and_self_approval_is_refused(miniircd, tmp_path):
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with irc_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
+        alice, bob = await people(miniircd.port, "alice", "bob")
+        approval_id = await ask_for_a_write(model, alice)
+        # The asker may not approve their own call (self_approve is off by default).
+        alice.privmsg("#ops", f"!approve {approval_id}")
+        refused = await alice.wait_for(lambda m: from_bot(m) and "someone else" in m.text)
+        assert f"approval {approval_id}: you asked for this call" in refused.text
+        bob.privmsg("#ops", f"!deny {approval_id} not on a Friday")
+        await alice.wait_for(lambda m: from_bot(m) and "denied by bob: not on a Friday" in m.text)
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == []
+        assert tool_results(model) == [
+            "error: not run: the call was denied by bob: not on a Friday"
+        ]
+        # A decision taken stays taken.
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        late = await bob.wait_for(lambda m: from_bot(m) and "already" in m.text)
+        assert "denied" in late.text
+        for c in (alice, bob):
+            await c.close()
+
+
+async def test_irc_unverified_nick_cannot_approve_and_the_request_expires(miniircd, tmp_path):
+    # No services accounts and no hostmask opt-in: every nick is unverified.
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user", timeout=3)]
+    async with irc_bot(miniircd.port, tmp_path, rules, identity="none") as (model, agent, calls):
+        alice, bob = await people(miniircd.port, "alice", "bob")
+        conv = await agent.conversation_for_channel("irc:testnet:#ops")
+        sub = conv.events()
+        approval_id = await ask_for_a_write(model, alice)
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        refused = await bob.wait_for(lambda m: from_bot(m) and "verified" in m.text)
+        assert "only a verified identity may decide" in refused.text
+        resolved = await next_event(sub, "approval_resolved")
+        assert (resolved.approval_id, resolved.decision) == (approval_id, "expired")
+        await alice.wait_for(lambda m: from_bot(m) and f"approval {approval_id}" in m.text
+                             and "expired" in m.text)  # fmt: skip
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == []
+        assert tool_results(model) == ["error: not run: no one approved the call within 3 s"]
+        await sub.aclose()
+        for c in (alice, bob):
+            await c.close()
+
+
+async def test_stop_during_a_pending_approval_cancels_it(miniircd, tmp_path):
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with irc_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
+        (alice,) = await people(miniircd.port, "alice")
+        approval_id = await ask_for_a_write(model, alice)
+        alice.privmsg("#ops", "!stop")
+        await alice.wait_for(lambda m: from_bot(m) and f"approval {approval_id}" in m.text
+                             and "cancelled" in m.text)  # fmt: skip
+        await alice.wait_for(lambda m: from_bot(m) and "(interrupted)" in m.text)
+        assert calls == []
+        assert await agent.approvals.pending("irc:testnet:#ops") == []
+        alice.privmsg("#ops", f"!approve {approval_id}")
+        late = await alice.wait_for(lambda m: from_bot(m) and "already cancelled" in m.text)
+        assert approval_id in late.text
+        await alice.close()
+
+
+async def test_admin_rule_with_an_injected_role_function(miniircd, tmp_path):
+    def role_for(transport: str, message, channel_key: str) -> str:
+        return "admin" if message.author_name == "carol" else "user"
+
+    rules = [ApprovalRule(tools=("fs__*",), approvers="admin")]
+    async with irc_bot(miniircd.port, tmp_path, rules, role_for=role_for) as (model, agent, calls):
+        alice, bob, carol = await people(miniircd.port, "alice", "bob", "carol")
+        approval_id = await ask_for_a_write(model, alice)
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        refused = await bob.wait_for(lambda m: from_bot(m) and "only admins" in m.text)
+        assert "you are user" in refused.text
+        carol.privmsg("#ops", f"!approve {approval_id}")
+        await alice.wait_for(lambda m: from_bot(m) and "approved by carol" in m.text)
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == [{"path": "/srv/motd", "content": "hi"}]
+        for c in (alice, bob, carol):
+            await c.close()
+
+
+def test_roles_compare_by_rank_and_named_roles_need_their_name_or_admin():
+    assert at_least("owner", "admin") and at_least("admin", "admin")
+    assert not at_least("user", "admin") and not at_least("ignored", "user")
+    assert at_least("deployers", "user") and not at_least("deployers", "admin")
+    assert at_least("deployers", "deployers") and at_least("admin", "deployers")
+    assert not at_least("user", "deployers")
+
+
+def test_arguments_are_masked_and_cut():
+    shown = mask_arguments(json.dumps({
+        "url": "https://x", "password": "hunter2",
+        "headers": {"Authorization": "Bearer abcdefghijkl"},
+        "note": "key sk-ABCDEFGHIJKLMNOPQRST inside", "body": "x" * 1000,
+    }))  # fmt: skip
+    assert "hunter2" not in shown and "abcdefghijkl" not in shown and "sk-ABCD" not in shown
+    assert '"password": "***"' in shown and "https://x" in shown
+    assert len(shown) <= 400
+
+
+# -- Slack: Block Kit buttons -------------------------------------------------------------
+
+
+@asynccontextmanager
+async def slack_bot(slack, tmp_path, rules, **settings):
+    from agentik.transports.slack.transport import SlackTransport
+
+    model = ScriptedModel()
+    calls: list[dict] = []
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")),
+                  tools=[writer_tool(calls)], approvals=rules)  # fmt: skip
+    await agent.start()
+    bridge = Bridge(agent)
+    base = {
+        "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
+        "state_file": str(tmp_path / "seen.sqlite3"), "streaming": "edit",
+        "edit_interval": 0.05,
+    }  # fmt: skip
+    transport = SlackTransport(name="slack", settings={**base, **settings})
+    bridge.attach(transport, ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        yield transport, model, agent, bridge, calls
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+def asking_message(slack, channel: str) -> tuple[str, dict]:
+    return next(
+        (ts, m) for (ch, ts), m in sorted(slack.messages.items())
+        if ch == channel and m.get("user") == slack.bot_user_id and "asked me to run" in m["text"]
+    )  # fmt: skip
+
+
+async def test_slack_round_trip_by_a_button_in_socket_mode(tmp_path):
+    from fakeslack import FakeSlack
+
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.add_user("U2", "bob")
+        async with slack_bot(slack, tmp_path, rules) as (bot, model, agent, bridge, calls):
+            model.enqueue(
+                Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+                "all done",
+            )
+            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> update the motd")
+            await slack.push_event(mention)
+            posted = await slack.wait_for_call(
+                "chat.postMessage", lambda p: "asked me to run" in (p.get("text") or "")
+            )
+            assert posted["thread_ts"] == mention["ts"]  # in the asker's thread
+            ts, msg = asking_message(slack, "C1")
+            buttons = [e for b in msg["blocks"] if b["type"] == "actions" for e in b["elements"]]
+            assert [(b["text"]["text"], b.get("style")) for b in buttons] == [
+                ("Approve", "primary"), ("Deny", "danger"),
+            ]  # fmt: skip
+            # alice asked: her own button press is refused (self_approve is off).
+            own = slack.block_actions_payload("C1", ts, buttons[0]["action_id"], user="U1")
+            await slack.wait_for_ack(await slack.push_interactive(own))
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: "someone else must approve" in (p.get("text") or "")
+            )
+            assert calls == []
+            payload = slack.block_actions_payload("C1", ts, buttons[0]["action_id"], user="U2")
+            envelope = await slack.push_interactive(payload)
+            await slack.wait_for_ack(envelope)
+            # The asking message is updated to say who decided; its buttons are gone.
+            update = await slack.wait_for_call("chat.update", lambda p: p.get("ts") == ts)
+            assert "approved by bob" in update["text"]
+            assert all(b["type"] != "actions" for b in slack.messages[("C1", ts)]["blocks"])
+            await bridge.flush(f"slack:T1:C1:{mention['ts']}")
+            assert calls == [{"path": "/srv/motd", "content": "hi"}]
+            row = (await agent.approvals.recent(limit=1))[0]
+            assert (row.decision, row.approver_id) == ("approved", "slack:U2")
+
+
+async def test_slack_deny_button_over_http_mode(tmp_path):
+    from urllib.parse import urlencode
+
+    import aiohttp
+
+    from fakeslack import FakeSlack
+
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.add_user("U2", "bob")
+        async with slack_bot(
+            slack, tmp_path, rules, mode="http", signing_secret=slack.signing_secret, http_port=0
+        ) as (bot, model, agent, bridge, calls):
+            url = f"http://127.0.0.1:{bot.http_port}/slack/events"
+            model.enqueue(
+                Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+                "all done",
+            )
+            event = slack.message_event("D1", "update the motd", channel_type="im")
+            body = json.dumps(slack.event_callback(event)).encode()
+            async with aiohttp.ClientSession() as http:
+                headers = {**slack.sign(body), "Content-Type": "application/json"}
+                async with http.post(url, data=body, headers=headers) as resp:
+                    assert resp.status == 200
+                await slack.wait_for_call(
+                    "chat.postMessage", lambda p: "asked me to run" in (p.get("text") or "")
+                )
+                ts, msg = asking_message(slack, "D1")
+                deny = next(e for b in msg["blocks"] if b["type"] == "actions"
+                            for e in b["elements"] if e["text"]["text"] == "Deny")  # fmt: skip
+                payload = slack.block_actions_payload("D1", ts, deny["action_id"], user="U2")
+                form = urlencode({"payload": json.dumps(payload)}).encode()
+                bad = {**slack.sign(form), "X-Slack-Signature": "v0=" + "0" * 64,
+                       "Content-Type": "application/x-www-form-urlencoded"}  # fmt: skip
+                async with http.post(url, data=form, headers=bad) as resp:
+                    assert resp.status == 401  # an unsigned press is refused
+                signed = {**slack.sign(form), "Content-Type": "application/x-www-form-urlencoded"}
+                async with http.post(url, data=form, headers=signed) as resp:
+                    assert resp.status == 200
+            update = await slack.wait_for_call("chat.update", lambda p: p.get("ts") == ts)
+            assert "denied by bob" in update["text"]
+            await bridge.flush("slack:T1:D1")
+            assert calls == []
+            assert tool_results(model) == ["error: not run: the call was denied by bob"]
+
+
+# -- HTTP API ----------------------------------------------------------------------------------
+
+
+async def test_http_list_and_decide_with_events_on_the_stream(tmp_path):
+    from httpserver import TOKENS, running_server, sse
+
+    settings = {"tokens": [{"name": "admin", "env": "ADMIN_TOKEN"},
+                           {"name": "alice", "env": "ALICE_TOKEN",
+                            "channels": ["http:web:alice:"]}]}  # fmt: skip
+    calls: list[dict] = []
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    async with running_server(
+        str(tmp_path / "http.db"), settings=settings, environ=TOKENS,
+        tools=[writer_tool(calls)], approvals=rules,
+    ) as server:  # fmt: skip
+        server.model.enqueue(
+            Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+            "all done",
+        )
+        async with (
+            server.client(TOKENS["ALICE_TOKEN"]) as alice,
+            server.client(TOKENS["ADMIN_TOKEN"]) as admin,
+        ):
+            conv = (await alice.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice, base + "/events", params={"profile": "chat"}) as events:
+                r = await alice.post(base + "/messages", json={"content": "update the motd"})
+                assert r.status_code == 202
+                asked = (await events.until("approval_requested"))[-1].data
+                assert asked["name"] == "fs__write_file" and asked["asker"] == "alice"
+                assert asked["asker_id"] == "web:alice"
+                pending = (await alice.get(base + "/approvals")).json()["items"]
+                assert [(a["id"], a["state"]) for a in pending] == [
+                    (asked["approval_id"], "pending")
+                ]
+                url = f"{base}/approvals/{asked['approval_id']}"
+                # The asker may not approve their own call; an unknown id is 404.
+                own = await alice.post(url, json={"decision": "approve"})
+                assert own.status_code == 403 and own.json()["error"]["code"] == "forbidden"
+                missing = await admin.post(f"{base}/approvals/zzz", json={"decision": "deny"})
+                assert missing.status_code == 404
+                assert missing.json()["error"]["code"] == "approval_not_found"
+                bad = await admin.post(url, json={"decision": "maybe"})
+                assert bad.status_code == 422
+                ok = await admin.post(url, json={"decision": "approve", "reason": "go"})
+                assert ok.status_code == 200, ok.text
+                assert (ok.json()["decision"], ok.json()["approver_id"]) == (
+                    "approved",
+                    "web:admin",
+                )
+                resolved = (await events.until("approval_resolved"))[-1].data
+                assert (resolved["decision"], resolved["approver"], resolved["reason"]) == (
+                    "approved", "admin", "go",
+                )  # fmt: skip
+                await events.until("turn_ended")
+            again = await admin.post(url, json={"decision": "deny"})
+            assert again.status_code == 409
+            assert again.json()["error"]["code"] == "approval_not_pending"
+            assert (await alice.get(base + "/approvals")).json()["items"] == []
+            every = (await alice.get(base + "/approvals", params={"state": "all"})).json()
+            assert [a["decision"] for a in every["items"]] == ["approved"]
+        assert calls == [{"path": "/srv/motd", "content": "hi"}]
+
+
+# -- across a restart --------------------------------------------------------------------------
+
+
+async def test_a_pending_approval_survives_a_restart_and_is_offered_again(miniircd, tmp_path):
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    db = tmp_path / "restart.db"
+    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+        alice, bob = await people(miniircd.port, "alice", "bob")
+        approval_id = await ask_for_a_write(model, alice)
+        [before] = await agent.approvals.pending("irc:testnet:#ops")
+    # The bot stopped mid-wait: the approval is still pending, the turn unanswered.
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT id, state FROM approval").fetchall() == [
+            (approval_id, "pending")
+        ]
+    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+        # The resumed turn asks the model again, which calls the same tool again.
+        model.enqueue(
+            Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+            "all done",
+        )
+        bridge_counts = await _resume(agent)
+        assert bridge_counts["answer"] == 1 and bridge_counts["approvals_expired"] == 0
+        again = await bob.wait_for(
+            lambda m: from_bot(m) and "asked again after a restart" in m.text
+        )
+        assert f"approval {approval_id}: alice asked me to run fs__write_file(" in again.text
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        await alice.wait_for(lambda m: from_bot(m) and "approved by bob" in m.text)
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == [{"path": "/srv/motd", "content": "hi"}]
+        [after] = await agent.approvals.recent(limit=5)
+        assert (after.serial, after.expires_at) == (before.serial, before.expires_at)
+        assert after.decision == "approved"
+    for c in (alice, bob):
+        await c.close()
+
+
+async def test_a_pending_approval_whose_turn_is_not_resumed_expires_with_a_notice(
+    miniircd, tmp_path
+):
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    db = tmp_path / "restart.db"
+    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+        (alice,) = await people(miniircd.port, "alice")
+        approval_id = await ask_for_a_write(model, alice)
+    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+        counts = await _resume(agent, resume="note")
+        assert counts["note"] == 1 and counts["approvals_expired"] == 1
+        notice = await alice.wait_for(lambda m: from_bot(m) and f"approval {approval_id}" in m.text
+                                      and "expired" in m.text)  # fmt: skip
+        assert "restarted" in notice.text
+        await alice.wait_for(lambda m: from_bot(m) and "please ask again" in m.text)
+        assert calls == [] and model.requests == []
+        assert await agent.approvals.leftovers() == []
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT state, decision FROM approval").fetchall() == [
+            ("resolved", "expired")
+        ]
+    await alice.close()
+
+
+async def _resume(agent: Agent, *, resume: str = "answer") -> dict[str, int]:
+    """The bot's start-up step after its transports are up: take up what the restart left."""
+    bridge = _BRIDGES[agent]
+    bridge.resume = resume
+    return await bridge.resume_pending()
+
+
+# -- the CLI -------------------------------------------------------------------------------------
+
+
+def test_cli_lists_pending_approvals_and_recent_decisions(tmp_path):
+    import subprocess
+
+    from helpers import AGENTIK
+
+    db = tmp_path / "cli.db"
+    asyncio.run(_two_approvals(db))
+    config = tmp_path / "agentik.toml"
+    config.write_text(f'[storage]\npath = "{db}"\n')
+    out = subprocess.run(
+        [AGENTIK, "access", "approvals", "-c", str(config)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "waiting for approval: 1"
+    assert lines[1].lstrip().startswith("3f2 ") and "fs__write_file" in lines[1]
+    assert "asked by net:alice" in lines[1] and "expires in 10 min" in lines[1]
+    assert lines[2] == "recent decisions: 1"
+    assert lines[3].rstrip().endswith("denied by net:bob: not today")
+    only = subprocess.run(
+        [AGENTIK, "access", "approvals", "--pending", "-c", str(config)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "recent decisions" not in only.stdout and "3f2" in only.stdout
+
+
+async def _two_approvals(db) -> None:
+    """One approval pending and one denied, written through the store."""
+    import time
+
+    from agentik.core.approvals import Approval
+    from agentik.core.store.base import ConversationRecord
+
+    async with SQLiteStore(str(db)) as store:
+        await store.create_conversation(ConversationRecord(id="c1", created_at=1, updated_at=1))
+        now = time.time()
+        base = dict(scope="irc:net:#ops", conversation_id="c1", channel_key="irc:net:#ops",
+                    run_id="run_1", tool="fs__write_file", arguments='{"path": "/a"}',
+                    asker_id="net:alice", approvers="admin", created_at=now,
+                    expires_at=now + 600)  # fmt: skip
+        await store.approval_add(Approval(id="3f2", call_id="c-1", **base))
+        done = await store.approval_add(Approval(id="a07", call_id="c-2", **base))
+        await store.approval_resolve(done, "denied", "bob", "net:bob", "not today", now)
+        # A short id is unique among the pending ones of its channel.
+        assert await store.approval_add(Approval(id="3f2", call_id="c-3", **base)) is None
+
+
+# -- the rules in the turn engine -----------------------------------------------------------------
+
+
+async def test_first_use_asks_once_per_conversation_and_waiting_does_not_use_the_time_budget(
+    tmp_path,
+):
+    from agentik.core import TurnPolicy
+
+    model = ScriptedModel()
+    calls: list[dict] = []
+    rules = [
+        ApprovalRule(tools=("fs__write_file",), approve="never"),
+        ApprovalRule(tools=("fs__*",), approve="first-use", approvers="user"),
+    ]
+    agent = Agent(
+        llm=model, store=SQLiteStore(str(tmp_path / "rules.db")), tools=[writer_tool(calls)],
+        approvals=rules, policy=TurnPolicy(time_budget=0.5),
+    )  # fmt: skip
+    # "never" is an exception to the broader rule below it.
+    assert agent.approvals.rule_for("fs__write_file", "x").approve == "never"
+    agent.approvals.rules = rules[1:]
+    async with agent:
+        conv = await agent.conversation_for_channel("fake:chat:#c")
+        sub = conv.events()
+        write = {"path": "/a", "content": "x"}
+        model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), "one")
+        await conv.send("first", author="alice", author_id="chat:alice")
+        asked = await next_event(sub, "approval_requested")
+        # A person takes longer than the turn's whole time budget: the wait does not count.
+        await asyncio.sleep(1.0)
+        [pending] = await agent.approvals.pending("fake:chat:#c")
+        await agent.approvals.decide(
+            pending, "approve", approver="bob", approver_id="chat:bob", role="user"
+        )
+        ended = await next_event(sub, "turn_ended")
+        assert (ended.stop_reason, ended.text) == ("stop", "one")
+        assert asked.approval_id == pending.id and len(calls) == 1
+        # The same tool again in this conversation: no second request.
+        model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), "two")
+        await conv.send("second", author="alice", author_id="chat:alice")
+        kinds = [e.kind async for e in _until_turn_end(sub)]
+        assert "approval_requested" not in kinds and len(calls) == 2
+        # A new conversation for the channel (!new) asks again.
+        fresh = await agent.new_conversation_for_channel("fake:chat:#c")
+        sub2 = fresh.events()
+        model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), "three")
+        await fresh.send("third", author="alice", author_id="chat:alice")
+        await next_event(sub2, "approval_requested")
+        await fresh.interrupt()
+        await sub.aclose()
+        await sub2.aclose()
+
+
+async def _until_turn_end(sub):
+    async with asyncio.timeout(60):
+        async for event in sub:
+            yield event
+            if event.kind == "turn_ended":
+                return
+
+
+# -- the store contract (every engine) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["sqlite-file", "memory"])
+async def test_store_keeps_approvals_unique_among_pending_and_decided_once(engine, tmp_path):
+    import time
+
+    from agentik.core import MemoryStore
+    from agentik.core.approvals import Approval
+    from agentik.core.store.base import ConversationRecord
+
+    store = SQLiteStore(str(tmp_path / "s.db")) if engine == "sqlite-file" else MemoryStore()
+    async with store:
+        await store.create_conversation(ConversationRecord(id="c1", created_at=1, updated_at=1))
+        now = time.time()
+        base = dict(scope="k", conversation_id="c1", run_id="r", tool="t", approvers="user",
+                    created_at=now, expires_at=now + 60)  # fmt: skip
+        first = await store.approval_add(Approval(id="abc", call_id="1", **base))
+        assert first is not None
+        assert await store.approval_add(Approval(id="abc", call_id="2", **base)) is None
+        other_scope = await store.approval_add(
+            Approval(id="abc", call_id="3", **{**base, "scope": "elsewhere"})
+        )
+        assert other_scope is not None
+        assert await store.approval_resolve(first, "approved", "bob", "n:bob", None, now)
+        # Decided once: a second decision does not overwrite the first.
+        assert not await store.approval_resolve(first, "denied", "eve", "n:eve", None, now)
+        assert (await store.approval_get(first)).approver == "bob"
+        # Decided, its id is free again in its scope.
+        again = await store.approval_add(Approval(id="abc", call_id="4", **base))
+        assert again is not None
+        await store.approval_rebind(again, "5")
+        assert (await store.approval_get(again)).call_id == "5"
+        assert [a.serial for a in await store.approvals(scope="k", state="pending")] == [again]
+        assert [a.serial for a in await store.approvals(short_id="abc", newest_first=True)] == [
+            again, other_scope, first,
+        ]  # fmt: skip
+        assert await store.approval_used("c1", "t") and not await store.approval_used("c1", "u")
+        # Deleting the conversation deletes its approvals.
+        await store.delete_conversation("c1")
+        assert await store.approvals() == []
+
+
+async def test_config_rules_reach_the_agent():
+    from agentik.bot.builder import AgentBuilder
+    from agentik.bot.config import parse_config
+    from agentik.core.plugins import load_plugins
+
+    config = parse_config({
+        "storage": {"path": ":memory:"}, "memory": {"backend": "none"},
+        "llm": {"backend": "scripted"},
+        "approvals": [{"tools": ["git__push"], "approvers": "admin", "timeout": 30},
+                      {"tools": ["fs__*"], "approve": "first-use", "self_approve": True}],
+    })  # fmt: skip
+    registry = load_plugins(env={"AGENTIK_PLUGINS": ""}, entry_points=False)
+    agent = AgentBuilder.from_config(config, registry).build()
+    rule = agent.approvals.rule_for("git__push", "irc:n:#c")
+    assert (rule.approvers, rule.timeout, rule.self_approve) == ("admin", 30.0, False)
+    assert agent.approvals.rule_for("fs__read", None).approve == "first-use"
+    assert agent.approvals.rule_for("web__get", None) is None
+
+
+# -- the web page ------------------------------------------------------------------------------
+
+
+async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
+    import os
+    import re
+
+    from playwright.async_api import async_playwright, expect
+    from test_http_browser import CHROMIUM, FLAGS, HAVE_CHROMIUM
+
+    from httpserver import TOKENS, running_server
+
+    if not HAVE_CHROMIUM:
+        message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    expect.set_options(timeout=60_000)
+    calls: list[dict] = []
+    # One person at the page: they approve their own calls.
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user", self_approve=True)]
+    settings = {"tokens": [{"name": "ada", "env": "ADMIN_TOKEN"}]}
+    async with running_server(
+        str(tmp_path / "web.db"), settings=settings, environ=TOKENS,
+        tools=[writer_tool(calls)], approvals=rules,
+    ) as server, async_playwright() as p:  # fmt: skip
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        try:
+            page = await browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(server.url + "/")
+            await page.fill("#token", TOKENS["ADMIN_TOKEN"])
+            await page.click("#save-token")
+            await page.click("#new")
+            await expect(page.locator("#status")).to_have_text("live")
+            write = {"path": "/srv/<b>motd</b>", "content": "hi"}
+            for answer in ("first done", "second done"):
+                server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
+            await page.fill("#input", "update the motd")
+            await page.press("#input", "Enter")
+            box = page.locator(".approval").last
+            await expect(box).to_contain_text("ada asked to run fs__write_file(")
+            await expect(box).to_contain_text("<b>motd</b>")  # shown as text, never as HTML
+            await box.get_by_role("button", name="Approve").click()
+            await expect(box).to_have_text(re.compile(r"approved by ada$"))
+            await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
+            assert calls == [{"path": "/srv/<b>motd</b>", "content": "hi"}]
+            await page.fill("#input", "again")
+            await page.press("#input", "Enter")
+            box = page.locator(".approval").last
+            await box.get_by_role("button", name="Deny").click()
+            await expect(box).to_have_text(re.compile(r"denied by ada$"))
+            await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
+            assert len(calls) == 1 and not errors, errors
+        finally:
+            await browser.close()
+
+
+# -- kill -9 while an approval waits ---------------------------------------------------------------
+
+CHILD = """
+import asyncio, json, sys
+from agentik.bot.app import Bot
+from agentik.bot.config import parse_config
+from agentik.core.tools.base import tool
+from agentik.transports.base import ChannelCaps
+from agentik.transports.testing.fake import FakeTransport
+
+class PrintingFake(FakeTransport):
+    async def send(self, message):
+        await super().send(message)
+        print("POST", json.dumps([message.kind, message.text]), flush=True)
+
+@tool(name="fs__write_file", description="Write a file",
+      parameters={"type": "object", "properties": {"path": {"type": "string"}}})
+async def write(path: str) -> str:
+    print("WROTE", path, flush=True)
+    return f"wrote {path}"
+
+async def main(db, base_url, phase):
+    config = parse_config({
+        "llm": {"backend": "openai", "base_url": base_url, "model": "fake-model",
+                "api_key": "sk-test", "max_retries": 0},
+        "storage": {"path": db}, "memory": {"backend": "none"},
+        "compaction": {"enabled": False},
+        "approvals": [{"tools": ["fs__*"], "approvers": "user"}],
+    })
+    fake = PrintingFake(name="chat", caps=ChannelCaps(streaming="message"))
+    bot = Bot(config, transports={"chat": fake})
+    bot.agent.add_tool(write)
+    async with bot:
+        if phase == "first":
+            await fake.say("agentik: write the motd", channel="ops", user="alice")
+            await asyncio.Event().wait()  # until killed
+        # Start-up resumed the turn; it asks again: bob approves what is asked.
+        async for e in bot.agent.events(after=0, kinds=["approval_requested"]):
+            await fake.say(f"!approve {e.approval_id}", channel="ops", user="bob")
+            break
+        await bot.bridge.flush(fake.key(channel="ops"))
+        print("END", flush=True)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+"""
+
+
+async def test_kill_9_while_an_approval_waits_then_it_is_asked_again_and_runs_once(
+    openai_server, tmp_path
+):
+    import signal
+    import sys
+
+    from agentik.core.testing.openai_server import Reply as HttpReply
+
+    def model(body: dict) -> HttpReply:
+        # Done once the write went through; asked again after a call was cut off.
+        last = body["messages"][-1]
+        if last["role"] == "tool" and str(last.get("content", "")).startswith("wrote"):
+            return HttpReply.text("all done")
+        return HttpReply.tool_calls([("call_1", "fs__write_file", '{"path": "/srv/motd"}')])
+
+    openai_server.default = model
+    db = str(tmp_path / "kill.db")
+
+    async def child(phase: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CHILD, db, openai_server.base_url, phase,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+
+    proc = await child("first")
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                line = (await proc.stdout.readline()).decode()
+                assert line, "the child exited early"
+                if line.startswith("POST") and "asked me to run" in line:
+                    asked = json.loads(line[5:])[1]
+                    break
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    approval_id = asked.split("approval ", 1)[1].split(":", 1)[0]
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT id, state FROM approval").fetchall() == [
+            (approval_id, "pending")
+        ]
+
+    proc = await child("second")
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(100):
+            while line := (await proc.stdout.readline()).decode():
+                lines.append(line.strip())
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+            print("CHILD SAID", lines)
+    posts = [json.loads(x[5:])[1] for x in lines if x.startswith("POST")]
+    assert any(
+        p.startswith(f"(asked again after a restart) approval {approval_id}:") for p in posts
+    )
+    assert any(f"approval {approval_id} (fs__write_file): approved by bob" in p for p in posts)
+    assert "all done" in posts[-1]
+    assert [x for x in lines if x.startswith("WROTE")] == ["WROTE /srv/motd"]  # once
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT id, decision, approver_id FROM approval").fetchall() == [
+            (approval_id, "approved", "chat:bob")
+        ]
