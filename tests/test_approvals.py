@@ -265,7 +265,7 @@ def test_arguments_are_masked_and_cut():
 
 
 @asynccontextmanager
-async def slack_bot(slack, tmp_path, rules, **settings):
+async def slack_bot(slack, tmp_path, rules, *, access=None, **settings):
     from agentik.transports.slack.transport import SlackTransport
 
     model = ScriptedModel()
@@ -273,7 +273,11 @@ async def slack_bot(slack, tmp_path, rules, **settings):
     agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")),
                   tools=[writer_tool(calls)], approvals=rules)  # fmt: skip
     await agent.start()
-    bridge = Bridge(agent)
+    bridge = Bridge(agent, access=access)
+    if access is not None:
+        # As the bot wires it (bot/app.py): approvers compare by the access policy.
+        await access.load(agent.store)
+        agent.approvals.at_least = access.at_least
     base = {
         "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
         "state_file": str(tmp_path / "seen.sqlite3"), "streaming": "edit",
@@ -338,6 +342,59 @@ async def test_slack_round_trip_by_a_button_in_socket_mode(tmp_path):
             assert calls == [{"path": "/srv/motd", "content": "hi"}]
             row = (await agent.approvals.recent(limit=1))[0]
             assert (row.decision, row.approver_id) == ("approved", "slack:U2")
+
+
+async def test_slack_admin_rule_decided_by_the_access_policy(tmp_path):
+    # approvers = "admin" with a real [access] policy: a user's button press is
+    # refused, the configured admin's goes through.
+    from agentik.core.access import AccessPolicy, AccessSettings
+
+    from fakeslack import FakeSlack
+
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="admin")]
+    access = AccessPolicy(AccessSettings(admins=("slack:T1:U3",)), {"slack": "slack"})
+    async with FakeSlack() as slack:
+        for uid, name in (("U1", "alice"), ("U2", "bob"), ("U3", "carol")):
+            slack.add_user(uid, name)
+        async with slack_bot(slack, tmp_path, rules, access=access) as (
+            bot, model, agent, bridge, calls,
+        ):  # fmt: skip
+            model.enqueue(
+                Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+                "all done",
+            )
+            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> update the motd")
+            await slack.push_event(mention)
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: "asked me to run" in (p.get("text") or "")
+            )
+            ts, msg = asking_message(slack, "C1")
+            approve = next(
+                e["action_id"] for b in msg["blocks"] if b["type"] == "actions"
+                for e in b["elements"] if e["text"]["text"] == "Approve"
+            )  # fmt: skip
+            # bob is a user: refused, nothing runs.
+            await slack.wait_for_ack(
+                await slack.push_interactive(
+                    slack.block_actions_payload("C1", ts, approve, user="U2")
+                )
+            )
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: "only admins may decide" in (p.get("text") or "")
+            )
+            assert calls == []
+            # carol is an admin by the policy: approved, the tool runs.
+            await slack.wait_for_ack(
+                await slack.push_interactive(
+                    slack.block_actions_payload("C1", ts, approve, user="U3")
+                )
+            )
+            update = await slack.wait_for_call("chat.update", lambda p: p.get("ts") == ts)
+            assert "approved by carol" in update["text"]
+            await bridge.flush(f"slack:T1:C1:{mention['ts']}")
+            assert calls == [{"path": "/srv/motd", "content": "hi"}]
+            row = (await agent.approvals.recent(limit=1))[0]
+            assert (row.decision, row.approver_id) == ("approved", "slack:U3")
 
 
 async def test_slack_deny_button_over_http_mode(tmp_path):
