@@ -144,6 +144,10 @@ chromium:
 # @modelcontextprotocol/server-everything (stdio and streamable HTTP) for the MCP
 # tests, installed with npm into $(NPM_TOOLS) when node is present; otherwise a
 # note, and those tests skip (CI=true: they fail, and so does this target).
+# npm runs inside $(NPM_TOOLS) (its own package.json) rather than with --prefix:
+# --prefix also moves npm's global config (<prefix>/etc/npmrc), losing the
+# machine's settings there, e.g. the cafile of a TLS-intercepting proxy.
+# `timeout` bounds a stuck install; CI=true still fails on it.
 mcp-servers:
 	@set -e; \
 	stamp=$(NPM_TOOLS)/.server-everything-$(MCP_EVERYTHING_VERSION); \
@@ -154,8 +158,11 @@ mcp-servers:
 	  exit 0; \
 	fi; \
 	echo "installing @modelcontextprotocol/server-everything@$(MCP_EVERYTHING_VERSION) into $(NPM_TOOLS)"; \
-	if ! npm install --prefix $(NPM_TOOLS) --no-audit --no-fund --save-exact --loglevel=error \
-	     @modelcontextprotocol/server-everything@$(MCP_EVERYTHING_VERSION) >/dev/null; then \
+	mkdir -p $(NPM_TOOLS); \
+	[ -f $(NPM_TOOLS)/package.json ] || echo '{"private": true}' > $(NPM_TOOLS)/package.json; \
+	if ! (cd $(NPM_TOOLS) && timeout 900 npm install --no-audit --no-fund --save-exact \
+	     --loglevel=error --fetch-retries=2 --fetch-timeout=60000 \
+	     @modelcontextprotocol/server-everything@$(MCP_EVERYTHING_VERSION) >/dev/null); then \
 	  echo "note: installing server-everything failed; its MCP tests will skip (CI=true: fail)"; \
 	  [ "$${CI:-}" != true ] || exit 1; \
 	  exit 0; \
