@@ -715,7 +715,10 @@ class Bridge(AgentAccess):
         """The identity key a command's first argument names and its role; ValueError."""
         if not args:
             raise ValueError("name someone")
-        target = self.access.resolve(args[0], transport.name, message.meta)
+        target = self.access.resolve(
+            args[0], transport.name, message.meta,
+            lambda name: transport.account_of(message.channel_key, name),
+        )  # fmt: skip
         return target, self.access.role_of_key(target)
 
     async def _change_role(

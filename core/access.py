@@ -642,11 +642,18 @@ class AccessPolicy:
         if len(self._seen) > 10_000:
             self._seen.popitem(last=False)
 
-    def resolve(self, word: str, transport_name: str, meta: Mapping[str, Any] | None = None) -> str:
+    def resolve(
+        self,
+        word: str,
+        transport_name: str,
+        meta: Mapping[str, Any] | None = None,
+        account_of: Callable[[str], str | None] | None = None,
+    ) -> str:
         """The identity key a chat argument names; raises ``ValueError`` with a reason.
 
-        IRC: ``account:<name>``, ``mask:<nick!user@host>``, or a nick whose
-        account the bot saw on its last message.  Slack: ``<@U123>`` or
+        IRC: ``account:<name>``, ``mask:<nick!user@host>``, or a nick: the
+        account ``account_of(nick)`` knows (the transport's tracking of users
+        sharing a channel), else the account the bot saw on its last message.  Slack: ``<@U123>`` or
         ``U123`` (the asker's team).  HTTP: ``token:<name>``; stdio:
         ``<name>``.  Anywhere: a full pattern naming a configured instance.
         """
@@ -672,6 +679,9 @@ class AccessPolicy:
                 except ConfigError as exc:
                     raise ValueError(str(exc).removeprefix("argument: ")) from None
                 return f"{transport_name}:mask:{self._fold(p.value, cm)}"
+            known = account_of(word) if account_of is not None else None
+            if known:
+                return f"{transport_name}:account:{self._fold(known, cm)}"
             found = self._seen.get((transport_name, self._fold(word, cm)))
             if found is None:
                 raise ValueError(

@@ -282,6 +282,16 @@ class Transport(abc.ABC):
         """
         return False
 
+    def account_of(self, channel_key: str, name: str) -> str | None:
+        """The verified account of the user called ``name`` here, when the protocol knows it.
+
+        For chat commands naming someone by display name (``!role bob admin``):
+        IRC answers from the services accounts it tracks for users sharing a
+        channel with the bot.  ``channel_key`` is where the command was
+        given.  The default: nothing known.
+        """
+        return None
+
     def delivered(
         self,
         outbox_id: int | None,

@@ -95,7 +95,11 @@ WANTED_CAPS = (
     "draft/multiline",
     "multi-prefix",
     "cap-notify",
+    "extended-join",
+    "account-notify",
 )
+#: The WHOX token of our ``WHO #chan %tcna,<token>`` queries (up to 3 digits).
+_WHOX_TOKEN = "616"
 #: OpenSSL's reasons for a handshake that got something other than TLS back.
 _PLAINTEXT_REASONS = frozenset(
     {"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
@@ -230,6 +234,14 @@ class IRCTransport(Transport):
         self._batch_ids: dict[str, list[int]] = {}
         #: Lines written and not echoed yet (echo-message): ``(target, text, outbox ids)``.
         self._unechoed: deque[tuple[str, str, tuple[int, ...]]] = deque(maxlen=2000)
+        #: Our own services account (900 RPL_LOGGEDIN), None when not logged in.
+        self.account: str | None = None
+        #: Who shares each channel with us: casefolded channel → casefolded nicks.
+        self._members: dict[str, set[str]] = {}
+        #: Casefolded nick → casefolded services account (None: known to be logged
+        #: out) of users sharing a channel with us, from extended-join,
+        #: account-notify and WHOX; absent: not known.
+        self._accounts: dict[str, str | None] = {}
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -348,6 +360,8 @@ class IRCTransport(Transport):
         self._lost.clear()
         self.registered.clear()
         self.joined.clear()
+        self._forget_members()
+        self.account = None
         self.caps_enabled.clear()
         self._caps_offered.clear()
         self._sasl_state = None
@@ -452,6 +466,7 @@ class IRCTransport(Transport):
             self._sasl_timer = None
         self.registered.clear()
         self.joined.clear()
+        self._forget_members()
         self._unechoed.clear()  # never confirmed: a restart sends them again
         if self._ping_timer is not None:
             self._ping_timer.cancel()
@@ -526,8 +541,12 @@ class IRCTransport(Transport):
         elif cmd == "AUTHENTICATE":
             self._on_authenticate(line)
         elif cmd == "900":
-            account = p[2] if len(p) > 3 else "?"
-            log.info("irc %s: logged in as %s (SASL)", self.name, account)
+            account = p[2] if len(p) > 3 else None
+            self.account = self._valid_account(account)
+            log.info("irc %s: logged in as %s (SASL)", self.name, account or "?")
+        elif cmd == "901":
+            self.account = None
+            log.info("irc %s: logged out of the services account", self.name)
         elif cmd == "903":
             self._sasl_state = "done"
             self._sasl_waiting = False
@@ -561,6 +580,13 @@ class IRCTransport(Transport):
             self._on_part(line)
         elif cmd in ("QUIT", "NICK"):
             self._on_nick_change(line)
+            self._track_nick(line)
+        elif cmd == "ACCOUNT":
+            self._on_account(line)
+        elif cmd == "353":
+            self._on_names(line)
+        elif cmd == "354":
+            self._on_whox(line)
         elif cmd in ("PRIVMSG", "NOTICE"):
             self._on_message(line)
         elif cmd == "ERROR":
@@ -753,20 +779,133 @@ class IRCTransport(Transport):
 
     def _on_join(self, line: Line) -> None:
         nick, user, host = line.hostmask
-        if not self._is_me(nick) or not line.params:
+        if not nick or not line.params:
+            return
+        chan = self._fold(line.params[0])
+        if not self._is_me(nick):
+            members = self._members.get(chan)
+            if members is None:
+                return  # not a channel of ours
+            who = self._fold(nick)
+            members.add(who)
+            if "extended-join" in self.caps_enabled and len(line.params) >= 2:
+                # extended-join: JOIN #chan <account> :<realname>, "*" = not logged in.
+                self._accounts[who] = self._valid_account(line.params[1])
             return
         if user and host:
             self.user, self.host = user, host
-        self.joined.add(self._fold(line.params[0]))
+        self.joined.add(chan)
+        self._members[chan] = set()
         log.info("irc %s: joined %s", self.name, line.params[0])
+        if "WHOX" in self.isupport:
+            # Who is already there, with their accounts (354 replies).
+            self._enqueue(line.params[0], format_line("WHO", line.params[0],
+                                                      f"%tcna,{_WHOX_TOKEN}"))  # fmt: skip
         self._queue_changed.set()
 
     def _on_part(self, line: Line) -> None:
         if not line.params:
             return
-        kicked = line.command == "KICK" and len(line.params) > 1 and self._is_me(line.params[1])
-        if kicked or (line.command == "PART" and self._is_me(line.nick)):
-            self.joined.discard(self._fold(line.params[0]))
+        chan = self._fold(line.params[0])
+        gone = line.params[1] if line.command == "KICK" else line.nick
+        if len(line.params) < (2 if line.command == "KICK" else 1) or not gone:
+            return
+        if self._is_me(gone):
+            self.joined.discard(chan)
+            for who in self._members.pop(chan, set()):
+                self._forget_if_gone(who)
+            return
+        members = self._members.get(chan)
+        if members is not None:
+            members.discard(self._fold(gone))
+            self._forget_if_gone(self._fold(gone))
+
+    # -- who is logged in as whom (extended-join, account-notify, WHOX) ----------------------------
+    def _forget_members(self) -> None:
+        self._members.clear()
+        self._accounts.clear()
+
+    def _shares_channel(self, who: str) -> bool:
+        """Whether the casefolded nick ``who`` is in a channel with us."""
+        return any(who in members for members in self._members.values())
+
+    def _forget_if_gone(self, who: str) -> None:
+        if not self._shares_channel(who):
+            self._accounts.pop(who, None)
+
+    def _track_nick(self, line: Line) -> None:
+        """QUIT: forget the user; NICK: their channels and account follow them."""
+        if not line.nick:
+            return
+        old = self._fold(line.nick)
+        if line.command == "QUIT":
+            for members in self._members.values():
+                members.discard(old)
+            self._accounts.pop(old, None)
+            return
+        if not line.params or self._is_me(line.params[0]):
+            return
+        new = self._fold(line.params[0])
+        if new == old:
+            return
+        for members in self._members.values():
+            if old in members:
+                members.discard(old)
+                members.add(new)
+        self._accounts.pop(new, None)  # whatever we knew of a former holder of the nick
+        if old in self._accounts:
+            self._accounts[new] = self._accounts.pop(old)
+
+    def _on_account(self, line: Line) -> None:
+        """account-notify: ``:nick!u@h ACCOUNT <account>`` (``*``: logged out)."""
+        if not line.nick or not line.params or "account-notify" not in self.caps_enabled:
+            return
+        who = self._fold(line.nick)
+        if self._shares_channel(who):
+            self._accounts[who] = self._valid_account(line.params[0])
+
+    def _on_names(self, line: Line) -> None:
+        """353 RPL_NAMREPLY: ``<me> <type> <#chan> :[prefixes]nick ...``."""
+        if len(line.params) < 4:
+            return
+        members = self._members.get(self._fold(line.params[2]))
+        if members is None:
+            return
+        prefix = self.isupport.get("PREFIX", "(ov)@+")
+        symbols = prefix.partition(")")[2] or "@+"
+        for item in line.params[-1].split():
+            nick = item.lstrip(symbols).partition("!")[0]
+            if nick and not self._is_me(nick):
+                members.add(self._fold(nick))
+
+    def _on_whox(self, line: Line) -> None:
+        """354 (our ``WHO #chan %tcna,<token>``): ``<me> <token> <#chan> <nick> <account>``."""
+        p = line.params
+        if len(p) < 5 or p[1] != _WHOX_TOKEN:
+            return
+        members = self._members.get(self._fold(p[2]))
+        if members is None or self._is_me(p[3]):
+            return
+        who = self._fold(p[3])
+        members.add(who)
+        self._accounts[who] = None if p[4] == "0" else self._valid_account(p[4])
+
+    def _tracked_account(self, nick: str) -> str | None:
+        """``nick``'s account as tracked, when we share a channel and see logouts."""
+        if "account-notify" not in self.caps_enabled:
+            return None  # without it a logout would go unnoticed
+        who = self._fold(nick)
+        if not self._shares_channel(who):
+            return None
+        return self._accounts.get(who)
+
+    def account_of(self, channel_key: str, name: str) -> str | None:
+        """The services account of the nick ``name`` on this network, when tracked."""
+        if not self.owns(channel_key) or not name or not valid_target(
+            name, chantypes=self._chantypes
+        ):
+            return None
+        return self._tracked_account(name)
 
     def _on_nick_change(self, line: Line) -> None:
         old = line.nick or ""
@@ -796,11 +935,14 @@ class IRCTransport(Transport):
         """The sender's services account from the IRCv3 ``account`` tag, casefolded."""
         if "account-tag" not in self.caps_enabled:
             return None  # only a server that negotiated account-tag vouches for the tag
-        account = line.tags.get("account")
+        return self._valid_account(line.tags.get("account"))
+
+    def _valid_account(self, account: str | None) -> str | None:
+        """A services account as the server sent it, casefolded; None for none or ``*``."""
         if not account or account == "*" or len(account) > 200:
             return None
         if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in account):
-            log.debug("irc %s: ignored a malformed account tag %r", self.name, account[:50])
+            log.debug("irc %s: ignored a malformed account name %r", self.name, account[:50])
             return None
         return self._fold(account)
 
@@ -841,6 +983,14 @@ class IRCTransport(Transport):
         if not self._allow(sender):
             return
         account = self._account(line)
+        via = "tag" if account is not None else None
+        if "account-tag" in self.caps_enabled:
+            # The tag is on every message of a logged-in user: no tag, no account.
+            if self._shares_channel(self._fold(sender)):
+                self._accounts[self._fold(sender)] = account
+        else:
+            account = self._tracked_account(sender)
+            via = "tracked" if account is not None else None
         _, user, host = line.hostmask
         if account is not None:
             author_id, verified = account, True
@@ -863,7 +1013,7 @@ class IRCTransport(Transport):
         message = IncomingMessage(
             channel_key=key, text=text, author_id=author_id, author_name=sender,
             direct=direct, addressed=addressed, reply_to=reply_to, verified=verified,
-            meta={"network": self.network, "account": account,
+            meta={"network": self.network, "account": account, "account_via": via,
                   "hostmask": f"{sender}!{user or ''}@{host or ''}",
                   "casemapping": self.isupport.get("CASEMAPPING")},
         )  # fmt: skip
