@@ -806,10 +806,13 @@ class IRCTransport(Transport):
     def _on_part(self, line: Line) -> None:
         if not line.params:
             return
-        chan = self._fold(line.params[0])
-        gone = line.params[1] if line.command == "KICK" else line.nick
-        if len(line.params) < (2 if line.command == "KICK" else 1) or not gone:
+        if line.command == "KICK":
+            gone = line.params[1] if len(line.params) > 1 else None
+        else:
+            gone = line.nick
+        if not gone:
             return
+        chan = self._fold(line.params[0])
         if self._is_me(gone):
             self.joined.discard(chan)
             for who in self._members.pop(chan, set()):
@@ -901,8 +904,10 @@ class IRCTransport(Transport):
 
     def account_of(self, channel_key: str, name: str) -> str | None:
         """The services account of the nick ``name`` on this network, when tracked."""
-        if not self.owns(channel_key) or not name or not valid_target(
-            name, chantypes=self._chantypes
+        if (
+            not self.owns(channel_key)
+            or not name
+            or not valid_target(name, chantypes=self._chantypes)
         ):
             return None
         return self._tracked_account(name)
