@@ -21,7 +21,10 @@ decides how a serious bot behaves on a real network is here:
   write back to; CTCP VERSION and PING answered by NOTICE, ACTION taken as
   text; a per-user incoming rate limit answered once with a notice;
 * identity: the IRCv3 ``account`` tag (``account-tag``) is a verified
-  identity; a nick without one is not (``unverified_identity``); nicks,
+  identity; without account-tag, the account tracked for users sharing a
+  channel (``extended-join``, ``account-notify``, WHOX on join; only with
+  account-notify, which reports logouts) is one too; a nick without either
+  is not (``unverified_identity``); nicks,
   channels and accounts are compared casefolded per ISUPPORT ``CASEMAPPING``;
 * output: control characters other than formatting codes (``\x01``: CTCP)
   never leave from message text; in channels each answer starts with the
