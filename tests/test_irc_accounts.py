@@ -241,3 +241,34 @@ async def test_role_by_nick_uses_the_tracked_account_of_someone_who_never_spoke(
             await transport.aclose()
             await bridge.aclose()
             await agent.aclose()
+
+
+async def test_an_account_learnt_by_whox_is_forgotten_when_its_user_leaves_and_comes_back():
+    # No extended-join: a JOIN says nothing of the account, so what was known
+    # before the user left (they may have logged out meanwhile) must not return.
+    sink = Recorder()
+    base = registration_handler("account-notify message-tags", isupport=f"{ISUPPORT} WHOX")
+
+    async def handler(client: Any, line: str) -> None:
+        await base(client, line)
+        if line.startswith("WHO #team "):
+            token = line.rpartition(",")[2]
+            client.send(f":{client.server.name} 354 {client.nick} {token} #team carol carol")
+            client.reply("315", "#team", "End of WHO list.")
+
+    async with ScriptedIRCServer(handler) as server:
+        bot = await start_bot(server.port, sink)
+        try:
+            await server.wait_for_line(lambda ln: ln.startswith("WHO #team "))
+            client = server.clients[0]
+            msg = await say(client, sink, ":carol!c@h PRIVMSG #team :agentik: hi")
+            assert (msg.verified, msg.author_id) == (True, "carol")
+            assert bot.account_of("irc:testnet:#team", "Carol") == "carol"
+            client.send(":carol!c@h PART #team")
+            client.send(":carol!c@h JOIN #team")
+            msg = await say(client, sink, ":carol!c@h PRIVMSG #team :agentik: back")
+            assert (msg.verified, msg.author_id) == (False, "carol")
+            assert bot.account_of("irc:testnet:#team", "carol") is None
+            assert bot.account_of("slack:T1:C1", "carol") is None  # another transport's key
+        finally:
+            await bot.aclose()

@@ -866,6 +866,10 @@ class IRCTransport(Transport):
         """account-notify: ``:nick!u@h ACCOUNT <account>`` (``*``: logged out)."""
         if not line.nick or not line.params or "account-notify" not in self.caps_enabled:
             return
+        if self._is_me(line.nick):
+            self.account = self._valid_account(line.params[0])
+            log.info("irc %s: services account now %s", self.name, self.account or "none")
+            return
         who = self._fold(line.nick)
         if self._shares_channel(who):
             self._accounts[who] = self._valid_account(line.params[0])
