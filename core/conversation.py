@@ -124,6 +124,9 @@ class Conversation:
         #: Text added after the agent's system prompt in this conversation's
         #: requests (a channel's persona, set by the bridge); read at each request.
         self.system_addition: str | None = None
+        #: The model profile (``[llm.profiles.<name>]``) this conversation's turns
+        #: use; ``None``: the agent's main backend.  Read at each request.
+        self.llm_profile: str | None = None
         self.state = ConversationState.OPEN
         self._store = store
         self._queue: deque[_Pending | _Job] = deque()
