@@ -17,10 +17,13 @@ from agentik.bot.app import Bot
 from agentik.bot.builder import resolve_profiles
 from agentik.bot.chansettings import SettingError, parse_setting
 from agentik.bot.config import load_config, parse_config
-from agentik.core import Agent, OpenAIBackend
+from agentik.core import Agent, OpenAIBackend, SQLiteStore
+from agentik.core.compaction import CompactionPolicy, estimate_tokens
 from agentik.core.errors import ConfigError
 from agentik.core.plugins import load_plugins
 from agentik.core.testing.openai_server import FakeOpenAIServer
+from agentik.core.testing.scripted import ScriptedModel
+from helpers import collect_turn
 
 from ircservers import IRCTestClient
 
@@ -249,12 +252,6 @@ async def test_a_profiles_own_window_fits_the_context_of_its_conversations(tmp_p
     """The main model's window is large; a profile's is small: a conversation on the
     profile is trimmed to the profile's window (no request refused), while one on
     the main backend keeps its whole history."""
-    from agentik.core import SQLiteStore
-    from agentik.core.compaction import CompactionPolicy, estimate_tokens
-    from agentik.core.testing.scripted import ScriptedModel
-
-    from helpers import collect_turn
-
     main, small = ScriptedModel(context_window=100_000), ScriptedModel(context_window=200)
     policy = CompactionPolicy(enabled=False)
     store = SQLiteStore(str(tmp_path / "fit.db"))
@@ -270,9 +267,7 @@ async def test_a_profiles_own_window_fits_the_context_of_its_conversations(tmp_p
                 assert events[-1].kind == "turn_ended" and events[-1].stop_reason == "stop"
     assert len(small.requests) == 6 and len(main.requests) == 6
     assert not small.refused
-    assert all(
-        estimate_tokens(r.messages, r.system, r.tools) <= 200 for r in small.requests
-    )
+    assert all(estimate_tokens(r.messages, r.system, r.tools) <= 200 for r in small.requests)
     assert "dropped to fit" in str(small.requests[-1].messages[0].content)
     # The main backend's conversation was never cut: all six messages are in its last request.
     assert len([m for m in main.requests[-1].messages if m.role == "user"]) == 6
