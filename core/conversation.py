@@ -155,7 +155,7 @@ class Conversation:
 
     @property
     def capabilities(self) -> Capabilities:
-        llm = self.agent.llm
+        llm = self.agent.llm_for(self.llm_profile)  # the model this conversation's turns use
         return Capabilities(
             image_in=bool(llm.supports_image_in),
             image_out=bool(llm.supports_image_out),

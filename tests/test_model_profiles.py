@@ -271,3 +271,29 @@ async def test_a_profiles_own_window_fits_the_context_of_its_conversations(tmp_p
     assert "dropped to fit" in str(small.requests[-1].messages[0].content)
     # The main backend's conversation was never cut: all six messages are in its last request.
     assert len([m for m in main.requests[-1].messages if m.role == "user"]) == 6
+
+
+def test_agentik_check_lists_the_profiles_and_fails_on_a_bad_one(tmp_path, capsys):
+    from agentik.bot.cli import main as cli
+
+    path = tmp_path / "bot.toml"
+    base = f"""
+[llm]
+backend = "openai"
+base_url = "http://127.0.0.1:9/v1"
+api_key = "sk-secret-main"
+model = "main-model"
+[llm.profiles.cheap]
+model = "cheap-model"
+[storage]
+path = "{tmp_path / "bot.db"}"
+"""
+    path.write_text(base, encoding="utf-8")
+    assert cli(["check", "-c", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "llm.profiles.cheap: openai, model 'cheap-model' at http://127.0.0.1:9/v1" in out
+    assert "sk-secret-main" not in out
+    path.write_text(base + '[channels."irc:*"]\nmodel = "fast"\n', encoding="utf-8")
+    assert cli(["check", "-c", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert "channels.\"irc:*\".model: no profile 'fast'; profiles: default, cheap" in err
