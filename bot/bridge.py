@@ -199,7 +199,9 @@ class Bridge(AgentAccess):
         self.outbox = Outbox(agent.store)
         #: Per-channel settings: ``[channels."<pattern>"]`` and ``!set`` (see
         #: :mod:`agentik.bot.chansettings`).
-        self.settings = ChannelSettingsBook(agent.store, channel_settings)
+        self.settings = ChannelSettingsBook(
+            agent.store, channel_settings, profiles=getattr(agent, "profiles", {})
+        )
         #: The role ``!set``/``!unset`` need.
         self.settings_role = settings_role
         # Conversations whose tools a channel's ``tools`` setting narrowed (a
@@ -355,6 +357,7 @@ class Bridge(AgentAccess):
         ch.options = eff.options
         conv = ch.conversation
         conv.system_addition = persona_block(ch.key, eff.persona) if eff.persona else None
+        conv.llm_profile = eff.model
         if eff.tools is None and conv not in self._narrowed:
             return  # the transport's bound, set when the channel opened
         outer = self.options_for(ch.transport).allowed_tools
@@ -895,8 +898,10 @@ class Bridge(AgentAccess):
         state = "answering" if conv.running_run_id else "idle"
         if conv.queued:
             state += f", {conv.queued} queued"
+        llm = self.agent.llm_for(conv.llm_profile)
+        profile = f" (profile {conv.llm_profile})" if conv.llm_profile else ""
         await say(
-            f"model {self.agent.llm.model or self.agent.llm.name} · conversation {conv.id} "
+            f"model {llm.model or llm.name}{profile} · conversation {conv.id} "
             f"({count} messages) · {state}\n" + describe(await self.effective(key, transport))
         )
 
@@ -978,7 +983,7 @@ class Bridge(AgentAccess):
             return
         name = words[0].lower()
         try:
-            value = parse_setting(name, words[1:])
+            value = parse_setting(name, words[1:], profiles=self.settings.profiles)
         except SettingError as exc:
             await say(f"{prefix}set{' ' if name in SETTING_KEYS else ': '}{exc}")
             return

@@ -96,6 +96,7 @@ class AgentBuilder:
 
     def __init__(self) -> None:
         self._llm: LLMBackend | None = None
+        self._profiles: dict[str, LLMBackend] = {}
         self._store: Store | None = None
         self._memory: MemoryBackend | None = None
         self._system_prompt: str | None = None
@@ -113,6 +114,11 @@ class AgentBuilder:
 
     def llm(self, backend: LLMBackend) -> Self:
         self._llm = backend
+        return self
+
+    def profiles(self, backends: Mapping[str, LLMBackend]) -> Self:
+        """Named model profiles: backends a conversation can use instead of :meth:`llm`."""
+        self._profiles = dict(backends)
         return self
 
     def storage(self, store: Store) -> Self:
@@ -231,6 +237,7 @@ class AgentBuilder:
             hooks=self._hooks,
             on_start=on_start,
             approvals=self._approvals,
+            profiles=self._profiles,
         )
 
     @classmethod
@@ -238,6 +245,7 @@ class AgentBuilder:
         """A builder wired from a configuration and the loaded plugins."""
         b = cls()
         b.llm(resolve_backend(config, registry))
+        b.profiles(resolve_profiles(config, registry))
         store = SQLiteStore(config.database, synchronous=config.storage.synchronous)
         b.storage(store)
         b.hooks(registry.pm)
@@ -275,6 +283,28 @@ class AgentBuilder:
         b.event_buffer(config.agent.event_buffer)
         b.approvals(*config.approvals)
         return b
+
+
+def resolve_profiles(
+    config: Config, registry: Registry, env: Mapping[str, str] | None = None
+) -> dict[str, LLMBackend]:
+    """The backends of the model profiles (``[llm.profiles.<name>]``), by name.
+
+    Each is built exactly like ``[llm]`` (:func:`resolve_backend`); an error
+    names the profile's key (``llm.profiles.<name>.<key>``).
+    """
+    out: dict[str, LLMBackend] = {}
+    for name, section in config.llm.profiles.items():
+        try:
+            out[name] = resolve_backend(config.model_copy(update={"llm": section}), registry, env)
+        except ConfigError as exc:
+            text = str(exc)
+            for old in (f"{config.source}: llm.", "llm."):
+                if text.startswith(old):
+                    text = text.replace(old, f"{config.source}: llm.profiles.{name}.", 1)
+                    break
+            raise ConfigError(text) from None
+    return out
 
 
 def mcp_toolset(config: Config) -> Any:

@@ -15,7 +15,10 @@ pattern wins key by key), overlaid with what the channel's admins set in chat
 ``tools``
     glob patterns of the tools the model is offered here, within the
     transport's ``allowed_tools`` (the outer bound: a channel can narrow it,
-    never widen it).
+    never widen it);
+``model``
+    the model profile (``[llm.profiles.<name>]``) this channel's turns use;
+    ``default`` is ``[llm]`` itself.
 
 Who may set them is a role (``[agent] settings_role``, default ``admin``)
 compared with the speaker's role from a ``role_for`` callable: by default
@@ -120,6 +123,8 @@ class ChannelSettings:
     events: Events | None = None
     #: Glob patterns of the tools offered here, within the transport's ``allowed_tools``.
     tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
+    #: The model profile (``[llm.profiles.<name>]``) used here; ``default``: ``[llm]``.
+    model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
 
 
 #: The keys ``!set`` knows, and what each takes (the help and error texts).
@@ -133,6 +138,7 @@ SETTING_KEYS: dict[str, str] = {
     "events": "one of " + ", ".join(get_args(Events)),
     "tools": "glob patterns of tool names (fs__read_* web__*), within the transport's "
     "allowed_tools; none: no tools",
+    "model": "a model profile of [llm.profiles], or default ([llm])",
 }
 
 #: Keys that overlay :class:`ChannelOptions` fields of the same name.
@@ -157,8 +163,12 @@ _TRUE = {"on", "true", "yes", "1"}
 _FALSE = {"off", "false", "no", "0"}
 
 
-def parse_setting(key: str, words: list[str]) -> Any:
-    """The value ``!set <key> <words…>`` means (JSON-able), or :class:`SettingError`."""
+def parse_setting(key: str, words: list[str], *, profiles: Iterable[str] | None = None) -> Any:
+    """The value ``!set <key> <words…>`` means (JSON-able), or :class:`SettingError`.
+
+    ``profiles``: the configured model profile names ``model`` may take
+    (besides ``default``); ``None`` does not check the name.
+    """
     if key not in SETTING_KEYS:
         raise SettingError(f"unknown setting {key!r}; settings: {', '.join(SETTING_KEYS)}")
     if not words:
@@ -184,6 +194,13 @@ def parse_setting(key: str, words: list[str]) -> Any:
     if len(words) > 1:
         raise SettingError(f"{key}: one value expected ({SETTING_KEYS[key]}), got {len(words)}")
     text = words[0]
+    if key == "model":
+        if text.lower() == "default":
+            return "default"
+        if profiles is not None and text not in profiles:
+            known = ", ".join(["default", *sorted(profiles)])
+            raise SettingError(f"model: no profile {text!r}; profiles: {known}")
+        return text
     if key in ("answer", "events"):
         allowed = get_args(Answer if key == "answer" else Events)
         if text.lower() not in allowed:
@@ -241,11 +258,15 @@ class Effective:
     options: ChannelOptions
     persona: str | None = None
     tools: tuple[str, ...] | None = None
+    #: The model profile in force; ``None``: ``[llm]`` (``default``).
+    model: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
     def value(self, key: str) -> Any:
         if key == "persona":
             return self.persona
+        if key == "model":
+            return self.model or "default"
         if key == "tools":
             return self.tools
         return getattr(self.options, key)
@@ -280,8 +301,16 @@ class ChannelSettingsBook:
     """The per-channel settings of one bot: config patterns, plus chat settings
     read from the store once per channel and kept up to date by :meth:`set`."""
 
-    def __init__(self, store: Store, patterns: Mapping[str, ChannelSettings] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        patterns: Mapping[str, ChannelSettings] | None = None,
+        *,
+        profiles: Iterable[str] = (),
+    ) -> None:
         self.store = store
+        #: The configured model profile names (``[llm.profiles.<name>]``).
+        self.profiles: tuple[str, ...] = tuple(profiles)
         # Broadest first; on a tie the later table wins (it comes later here).
         items = list((patterns or {}).items())
         order = sorted(range(len(items)), key=lambda i: (pattern_specificity(items[i][0]), i))
@@ -329,14 +358,16 @@ class ChannelSettingsBook:
                     sources[key] = f'config [channels."{pattern}"]'
         for key, row in (await self.chat(channel_key)).items():
             try:
-                values[key] = _checked(key, json.loads(row.value))
+                values[key] = _checked(key, json.loads(row.value), self.profiles)
             except (ValueError, SettingError):
                 continue  # a row this version cannot read: ignored, not fatal
             when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(row.set_at))
             sources[key] = f"chat, {row.set_by}, {when}"
         options = dataclasses.replace(base, **{k: values[k] for k in _OPTION_KEYS if k in values})
         tools = values.get("tools")
+        model = values.get("model")
         return Effective(
+            model=None if model in (None, "default") else model,
             channel_key=channel_key,
             options=options,
             persona=values.get("persona"),
@@ -345,8 +376,13 @@ class ChannelSettingsBook:
         )
 
 
-def _checked(key: str, value: Any) -> Any:
-    """A stored value, validated as ``!set`` would have."""
+def _checked(key: str, value: Any, profiles: Iterable[str] = ()) -> Any:
+    """A stored value, validated as ``!set`` would have (a ``model`` whose profile
+    is no longer configured is not read: the channel falls back)."""
+    if key == "model":
+        if not isinstance(value, str):
+            raise SettingError(key)
+        return parse_setting(key, [value], profiles=profiles)
     if key == "tools":
         if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
             raise SettingError(key)

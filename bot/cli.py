@@ -231,6 +231,7 @@ def _check(config: Config) -> int:
         backend_settings,
         ignored_settings,
         resolve_backend,
+        resolve_profiles,
     )
 
     registry = load_registry(config)
@@ -273,6 +274,13 @@ def _check(config: Config) -> int:
     if isinstance(backend, NoModelBackend):
         why = backend.reason or "no model configured"
         out.append(f"  note: {why}; until then the bot answers with setup instructions")
+    profiles = resolve_profiles(config, registry)
+    for name, profile in profiles.items():
+        where = getattr(profile, "base_url", None)
+        out.append(
+            f"llm.profiles.{name}: {profile.name}, model {getattr(profile, 'model', None) or '-'!r}"
+            + (f" at {where}" if where else "")
+        )
     out.append(f"storage: {config.database} (synchronous={config.storage.synchronous})")
     t = config.tools
     out.append(
@@ -287,6 +295,8 @@ def _check(config: Config) -> int:
         out.append("transports: none configured (agentik chat adds a terminal)")
     out.append(_access_summary(config))
     print("\n".join(out))
+    for extra in profiles.values():
+        asyncio.run(_aclose(extra))
     asyncio.run(_aclose(backend))
     return 0
 

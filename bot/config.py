@@ -134,13 +134,17 @@ class LLMSection(_Section):
     backend: str = "auto"
     #: Deprecated: keys here are read as if written directly in ``[llm]``.
     options: dict[str, Any] = Field(default_factory=dict)
+    #: Named model profiles: ``[llm.profiles.<name>]``, each a table like ``[llm]``
+    #: (its own ``backend``, ``model``, ``base_url``, ``api_key`` …), validated the
+    #: same way; a channel uses one with ``model = "<name>"`` (``!set model <name>``).
+    profiles: dict[str, SerializeAsAny[LLMSection]] = Field(default_factory=dict)
 
     def given(self) -> dict[str, Any]:
         """The backend keys the file sets (``options`` merged in), validated where known."""
         out = {
             name: getattr(self, name)
             for name in self.model_fields_set
-            if name not in ("backend", "options")
+            if name not in ("backend", "options", "profiles")
         }
         out.update(self.model_extra or {})
         return out
@@ -229,6 +233,58 @@ def _llm_errors(exc: ValidationError, table: Mapping[str, Any]) -> list[Any]:
 
 def _default_llm() -> LLMSection:
     return llm_section({}, env={})
+
+
+#: A profile's name: what ``!set model <name>`` takes.
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+#: Profile names with a meaning of their own.
+RESERVED_PROFILES = ("default",)
+
+
+def _llm_with_profiles(
+    table: Mapping[str, Any], env: Mapping[str, str], errors: list[Any]
+) -> LLMSection:
+    """``[llm]`` and its ``[llm.profiles.<name>]`` tables, each validated against the
+    backends' settings models; problems go to ``errors``, located in the file."""
+    table = dict(table)
+    raw_profiles = table.pop("profiles", {})
+    profiles: dict[str, LLMSection] = {}
+    if not isinstance(raw_profiles, dict):
+        errors.append(_error(("llm", "profiles"), "expected a table of named profiles"))
+        raw_profiles = {}
+    for name, sub in raw_profiles.items():
+        where = ("llm", "profiles", name)
+        if not PROFILE_NAME.fullmatch(name) or name in RESERVED_PROFILES:
+            errors.append(_error(where, "not a usable profile name (letters, digits, _ . -;"
+                                 " not 'default')"))  # fmt: skip
+            continue
+        if not isinstance(sub, dict):
+            errors.append(_error(where, "expected a table like [llm]"))
+            continue
+        if "profiles" in sub:
+            errors.append(_error((*where, "profiles"), "a profile cannot have profiles"))
+            continue
+        if "backend" not in sub:
+            # No backend of its own: [llm] with some keys changed (its keys are
+            # inherited, the profile's win).  With one, the table stands alone (an
+            # api_key is never sent to an endpoint it was not written for).
+            sub = {**table, **sub}
+        try:
+            profiles[name] = llm_section(sub, env=env)
+        except ValidationError as exc:
+            errors += [{**e, "loc": ("llm", "profiles", name, *e["loc"][1:])}
+                       for e in _llm_errors(exc, sub)]  # fmt: skip
+    try:
+        main = llm_section(table, env=env)
+    except ValidationError as exc:
+        errors += _llm_errors(exc, table)
+        main = _default_llm()
+    return main.model_copy(update={"profiles": profiles}) if profiles else main
+
+
+def _error(loc: tuple[Any, ...], msg: str) -> dict[str, Any]:
+    """A problem in the shape of a pydantic error (``msg`` shown as is)."""
+    return {"type": "value_error", "loc": loc, "msg": msg, "input": None, "ctx": {"error": msg}}
 
 
 @settings_dataclass
@@ -481,17 +537,20 @@ def parse_config(
     errors: list[Any] = []
     table = raw.get("llm", {})
     if isinstance(table, dict):
-        # [llm] is validated against the backends' own settings models.
-        try:
-            raw["llm"] = llm_section(table, env=env)
-        except ValidationError as exc:
-            errors += _llm_errors(exc, table)
-            raw["llm"] = _default_llm()
+        # [llm] (and each profile) is validated against the backends' own settings models.
+        raw["llm"] = _llm_with_profiles(table, env, errors)
     try:
         config = Config.model_validate({**raw, "source": source})
     except ValidationError as exc:
         errors += exc.errors()
     if not errors:
+        known = ("default", *config.llm.profiles)
+        for pattern, chan in config.channels.items():
+            if chan.model is not None and chan.model not in known:
+                raise ConfigError(
+                    f'{source}: channels."{pattern}".model: no profile {chan.model!r}; '
+                    f"profiles: {', '.join(known)} (define [llm.profiles.{chan.model}])"
+                )
         try:
             # Identity patterns name transport instances: checked against this file's.
             AccessPolicy(config.access, {n: t.type for n, t in config.transports.items()})

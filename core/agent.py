@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import Field
@@ -98,8 +98,12 @@ class Agent:
         hooks: Any = None,
         on_start: Iterable[Callable[[Agent], Awaitable[None]]] = (),
         approvals: Approvals | Iterable[ApprovalRule] | None = None,
+        profiles: Mapping[str, LLMBackend] | None = None,
     ) -> None:
         self.llm = llm
+        #: Named model profiles (``[llm.profiles.<name>]``): more backends a
+        #: conversation can use instead of :attr:`llm` (see :meth:`llm_for`).
+        self.profiles: dict[str, LLMBackend] = dict(profiles or {})
         self.store: Store = store if store is not None else SQLiteStore(":memory:")
         self.system_prompt = system_prompt
         self.policy = policy or TurnPolicy()
@@ -132,6 +136,13 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<Agent {self.state.value} llm={self.llm!r}>"
+
+    def llm_for(self, profile: str | None) -> LLMBackend:
+        """The backend of model profile ``profile``; :attr:`llm` for ``None``,
+        ``"default"`` or a name no profile has."""
+        if profile is None:
+            return self.llm
+        return self.profiles.get(profile, self.llm)
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> Agent:
@@ -186,6 +197,9 @@ class Agent:
         self.services.close()
         with contextlib.suppress(Exception):
             await self.llm.aclose()
+        for backend in self.profiles.values():
+            with contextlib.suppress(Exception):
+                await backend.aclose()
         with contextlib.suppress(Exception):
             await self.memory.aclose()
         for toolset in self.toolsets:

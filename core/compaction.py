@@ -203,7 +203,11 @@ class Compactor:
     @property
     def budget(self) -> int:
         """Tokens compaction keeps a request under (its ``trigger`` share starts it)."""
-        return int(self.policy.context_tokens or self.window or DEFAULT_CONTEXT_TOKENS)
+        return self.budget_for(None)
+
+    def budget_for(self, llm: LLMBackend | None) -> int:
+        """:attr:`budget` for backend ``llm`` (``None``: the agent's)."""
+        return int(self.policy.context_tokens or self.window_of(llm) or DEFAULT_CONTEXT_TOKENS)
 
     @property
     def window(self) -> int | None:
@@ -211,13 +215,19 @@ class Compactor:
         (prompt tokens it takes with room for the answer kept) — or ``None``
         when the backend does not know it (a remote endpoint: its refusal
         is handled by :meth:`after_refusal`)."""
-        known = self.agent.llm.context_window
+        return self.window_of(None)
+
+    def window_of(self, llm: LLMBackend | None) -> int | None:
+        """:attr:`window` of backend ``llm`` (``None``: the agent's; a conversation's
+        model profile brings its own)."""
+        known = (llm or self.agent.llm).context_window
         return int(known) if known else None
 
-    async def count(self, request: LLMRequest) -> int:
-        """The request's size in tokens: the backend's tokenizer, else the estimate."""
+    async def count(self, request: LLMRequest, llm: LLMBackend | None = None) -> int:
+        """The request's size in tokens: the tokenizer of ``llm`` (default: the
+        agent's backend), else the estimate."""
         try:
-            counted = await self.agent.llm.count_tokens(request)
+            counted = await (llm or self.agent.llm).count_tokens(request)
         except Exception as exc:
             log.debug("count_tokens failed (%s); estimating", exc)
         else:
@@ -232,6 +242,7 @@ class Compactor:
         *,
         run_id: str | None = None,
         settle: Callable[[], Awaitable[None]] | None = None,
+        llm: LLMBackend | None = None,
     ) -> bool:
         """Make ``request`` fit; ``True`` if the working memory changed (build it again).
 
@@ -242,10 +253,12 @@ class Compactor:
         :class:`~agentik.core.errors.ContextTooLong` when even the latest
         turn alone does not fit.  ``settle`` is awaited before the working
         memory is rewritten: it waits for the caller's pending writes.
+        ``llm`` is the backend the request goes to (default: the agent's): its
+        window and tokenizer are used (the summary is still the agent's model's).
         """
-        tokens = await self.count(request)
-        window = self.window
-        compact = self.policy.enabled and tokens > self.budget * self.policy.trigger
+        tokens = await self.count(request, llm)
+        window = self.window_of(llm)
+        compact = self.policy.enabled and tokens > self.budget_for(llm) * self.policy.trigger
         if not compact and (window is None or tokens <= window):
             return False
         if settle is not None:
@@ -258,9 +271,11 @@ class Compactor:
             if event is not None:
                 changed = True
                 request = dataclasses.replace(request, messages=parts.memory.messages)
-                tokens = await self.count(request)
+                tokens = await self.count(request, llm)
         if window is not None and tokens > window:
-            await self.trim(parts, request, window, run_id=run_id, reason="window", tokens=tokens)
+            await self.trim(
+                parts, request, window, run_id=run_id, reason="window", tokens=tokens, llm=llm
+            )
             changed = True
         return changed
 
@@ -272,6 +287,7 @@ class Compactor:
         *,
         run_id: str | None = None,
         settle: Callable[[], Awaitable[None]] | None = None,
+        llm: LLMBackend | None = None,
     ) -> None:
         """The model refused ``request`` as too large: shrink the context for one retry.
 
@@ -282,10 +298,11 @@ class Compactor:
         """
         if settle is not None:
             await settle()
-        tokens = await self.count(request)
+        tokens = await self.count(request, llm)
         target = tokens // 2
-        if self.window is not None:
-            target = min(target, self.window)
+        window = self.window_of(llm)
+        if window is not None:
+            target = min(target, window)
         log.info(
             "conversation %s: the model refused %d tokens as too large (%s); shrinking to %d",
             parts.id,
@@ -299,11 +316,13 @@ class Compactor:
             )
             if event is not None:
                 request = dataclasses.replace(request, messages=parts.memory.messages)
-                tokens = await self.count(request)
+                tokens = await self.count(request, llm)
                 if tokens <= target:
                     return
         try:
-            await self.trim(parts, request, target, run_id=run_id, reason="refused", tokens=tokens)
+            await self.trim(
+                parts, request, target, run_id=run_id, reason="refused", tokens=tokens, llm=llm
+            )
         except ContextTooLong:
             raise error from None
 
@@ -316,6 +335,7 @@ class Compactor:
         run_id: str | None = None,
         reason: str = "window",
         tokens: int | None = None,
+        llm: LLMBackend | None = None,
     ) -> Compacted:
         """Drop the oldest whole turns until ``request`` fits in ``limit`` tokens.
 
@@ -330,7 +350,7 @@ class Compactor:
         entries = await parts.memory.entries()
         messages = [e.message for e in entries]
         if tokens is None:
-            tokens = await self.count(dataclasses.replace(request, messages=tuple(messages)))
+            tokens = await self.count(dataclasses.replace(request, messages=tuple(messages)), llm)
         # A cut may fall before any user message (never between a tool call
         # and its result); the latest user message always stays.
         starts = [i for i, m in enumerate(messages) if m.role == "user"]
@@ -343,13 +363,13 @@ class Compactor:
         lo, hi, best, best_tokens = 0, len(cuts) - 1, None, 0
         while lo <= hi:  # the earliest cut that fits: each later one is shorter
             mid = (lo + hi) // 2
-            size = await self.count(candidate(cuts[mid]))
+            size = await self.count(candidate(cuts[mid]), llm)
             if size <= limit:
                 best, best_tokens, hi = cuts[mid], size, mid - 1
             else:
                 lo = mid + 1
         if best is None:
-            latest = await self.count(candidate(starts[-1])) if starts else tokens
+            latest = await self.count(candidate(starts[-1]), llm) if starts else tokens
             raise ContextTooLong(
                 f"the latest message is too long for the model's context: it needs about"
                 f" {latest} tokens with the system prompt, and {limit} fit; send a shorter"

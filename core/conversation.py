@@ -124,6 +124,9 @@ class Conversation:
         #: Text added after the agent's system prompt in this conversation's
         #: requests (a channel's persona, set by the bridge); read at each request.
         self.system_addition: str | None = None
+        #: The model profile (``[llm.profiles.<name>]``) this conversation's turns
+        #: use; ``None``: the agent's main backend.  Read at each request.
+        self.llm_profile: str | None = None
         self.state = ConversationState.OPEN
         self._store = store
         self._queue: deque[_Pending | _Job] = deque()
@@ -152,7 +155,7 @@ class Conversation:
 
     @property
     def capabilities(self) -> Capabilities:
-        llm = self.agent.llm
+        llm = self.agent.llm_for(self.llm_profile)  # the model this conversation's turns use
         return Capabilities(
             image_in=bool(llm.supports_image_in),
             image_out=bool(llm.supports_image_out),

@@ -90,6 +90,10 @@ class AgentServices:
     def llm(self) -> LLMBackend:
         return self.agent.llm
 
+    def llm_for(self, conv: Conversation) -> LLMBackend:
+        """The backend ``conv``'s turns use: its model profile's, else :attr:`llm`."""
+        return self.agent.llm_for(conv.llm_profile)
+
     @property
     def system_prompt(self) -> str | None:
         return self.agent.system_prompt

@@ -359,7 +359,7 @@ class TurnRunner:
             no_tools = self.state.tools_exhausted
             offered = (
                 []
-                if no_tools or not services.llm.supports_tools
+                if no_tools or not services.llm_for(self.conv).supports_tools
                 else [spec_of(t) for t in self.tools.values()]
             )
             request, backend = await self._fitted_request(offered)
@@ -372,7 +372,12 @@ class TurnRunner:
                 if self.state.partial:
                     raise
                 await services.compactor.after_refusal(
-                    self.parts, request, exc, run_id=self.run_id, settle=self._settled
+                    self.parts,
+                    request,
+                    exc,
+                    run_id=self.run_id,
+                    settle=self._settled,
+                    llm=services.llm_for(self.conv),
                 )
                 request, backend = await self._fitted_request(offered)
                 text, calls, finish = await self._stream(request, backend, hold=hold)
@@ -417,14 +422,15 @@ class TurnRunner:
     async def _fitted_request(self, offered: list[ToolSpec]) -> tuple[LLMRequest, LLMBackend]:
         """The next request, its context made to fit the model, after the request hooks."""
         services = self.services
+        # The conversation's model profile (read per request: a channel's
+        # ``!set model`` applies from its next step); its window fits the context.
+        llm = services.llm_for(self.conv)
         request = self._request(offered)
         if await services.compactor.before_request(
-            self.parts, request, run_id=self.run_id, settle=self._settled
+            self.parts, request, run_id=self.run_id, settle=self._settled, llm=llm
         ):
             request = self._request(offered)
-        return await services.hooks.before_llm_request(
-            self.conv, request, services.llm, self.run_id
-        )
+        return await services.hooks.before_llm_request(self.conv, request, llm, self.run_id)
 
     # -- size limits: the audit log keeps everything, the working memory is cut ----
     def _answer_for_memory(self, text: str) -> str:

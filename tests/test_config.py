@@ -184,6 +184,14 @@ def _model_keys(model: type, prefix: str = "") -> set[str]:
     return paths
 
 
+def _profile_as_llm(path: str) -> str:
+    """A ``[llm.profiles.<name>]`` key as the ``[llm]`` key it is (a profile takes
+    ``[llm]``'s keys); the table itself as ``llm.profiles``."""
+    if re.fullmatch(r"llm\.profiles\.[^.]+", path):
+        return "llm.profiles"
+    return re.sub(r"^llm\.profiles\.[^.]+\.", "llm.", path)
+
+
 def _matches(pattern: str, path: str) -> bool:
     regex = r"\.".join("[^.]+" if part == "*" else re.escape(part) for part in pattern.split("."))
     return re.fullmatch(regex, path) is not None
@@ -207,7 +215,7 @@ def test_example_config_mentions_every_key():
     """
     data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
     _, tables, keys = _scan_example()
-    present = {k.path for k in keys} | set(tables)
+    present = {k.path for k in keys} | {_profile_as_llm(t) for t in tables}
 
     expected = _model_keys(Config)
     transport_tables = {name: t["type"] for name, t in data.get("transports", {}).items()}
@@ -225,10 +233,10 @@ def test_example_config_mentions_every_key():
         )
 
     for key in keys:
-        assert any(_matches(pattern, key.path) for pattern in expected), (
+        assert any(_matches(pattern, _profile_as_llm(key.path)) for pattern in expected), (
             f"config.example.toml line {key.lineno + 1}: {key.path} is not a configuration key"
         )
-    for table in tables:
+    for table in map(_profile_as_llm, tables):
         depth = table.count(".") + 1
         prefixes = {".".join(p.split(".")[:depth]) for p in expected}
         assert any(_matches(prefix, table) for prefix in prefixes), (
@@ -571,8 +579,9 @@ def test_config_sections_are_the_core_settings_classes():
     assert fields["memory"].annotation is MemorySettings
     assert issubclass(fields["agent"].annotation, AgentSettings)
     assert issubclass(MemorySettings, BackgroundPolicy)
-    # [llm] declares only the choice; every other key is a backend's own.
-    assert set(LLMSection.model_fields) == {"backend", "options"}
+    # [llm] declares only the choice (and its named profiles); every other key is a
+    # backend's own.
+    assert set(LLMSection.model_fields) == {"backend", "options", "profiles"}
     config = parse_config(
         {"tools": {"allowed": ["a_*"]}, "compaction": {"keep_turns": 2}, "memory": {"timeout": 9}},
         env={},

@@ -248,13 +248,22 @@ class SchemaWalker:
         return ", ".join(parts)
 
     def tables(
-        self, node: dict[str, Any], header: str, shown: str, path: str, level: int = 2
+        self,
+        node: dict[str, Any],
+        header: str,
+        shown: str,
+        path: str,
+        level: int = 2,
+        within: frozenset[str] = frozenset(),
     ) -> Iterator[Table]:
         """``node`` (an object schema) as a table, followed by the tables nested in it.
 
         ``shown`` is the table's dotted name as written in the file (``transports.<name>``),
-        ``path`` where the example's comments on its keys are filed.
+        ``path`` where the example's comments on its keys are filed.  A table of the
+        same schema as one it is nested in (``[llm.profiles.<name>]`` in ``[llm]``)
+        is a key, not walked again.
         """
+        within = within | {node.get("title", "")}
         keys: list[Key] = []
         nested: list[tuple[dict[str, Any], str, str, str]] = []
         required = set(node.get("required", ()))
@@ -274,7 +283,7 @@ class SchemaWalker:
                     continue
                 if alts[0].get("type") == "object" and isinstance(extra, dict):
                     sub = self.table_of(extra)
-                    if sub is not None:
+                    if sub is not None and sub.get("title", "") not in within:
                         nested.append((sub, f"[{child}.<name>]", f"{child}.<name>", child_path))
                         continue
             key = self.key(name, prop, path, required)
@@ -284,7 +293,7 @@ class SchemaWalker:
         yield Table(header, path, _about(node.get("description", "")), keys, level,
                     only_tables=not keys and bool(nested))  # fmt: skip
         for sub, sub_header, sub_shown, sub_path in nested:
-            for table in self.tables(sub, sub_header, sub_shown, sub_path, level):
+            for table in self.tables(sub, sub_header, sub_shown, sub_path, level, within):
                 if table.path == sub_path:  # what the example says above the table or key
                     parent, _, name = sub_path.rpartition(".")
                     table.description = table.description or self.comment(parent, name)
