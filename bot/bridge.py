@@ -33,9 +33,9 @@ import secrets
 import time
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from agentik.core import Agent, Conversation
 from agentik.core.access import AccessPolicy, Decision
@@ -191,6 +191,8 @@ class Bridge(AgentAccess):
         self._options: dict[str, ChannelOptions] = {}
         self._transports: dict[str, Transport] = {}
         self._channels: dict[str, _Channel] = {}
+        #: Per channel key: the lock its arriving messages take in turn, and its users.
+        self._arrivals: dict[str, list[Any]] = {}
         self._lock = KeyedLocks()
         self._reaper: asyncio.Task[None] | None = None
         #: How many idle channels have been released so far.
@@ -230,21 +232,39 @@ class Bridge(AgentAccess):
 
     # -- incoming -------------------------------------------------------------
     async def handle(self, message: IncomingMessage, transport: Transport) -> None:
-        """Decide, run a command, or send the message to the channel's conversation."""
+        """Decide, run a command, or send the message to the channel's conversation.
+
+        A transport may hand over each message as its own task (IRC does); the
+        messages of one channel are still taken in the order they arrived: each
+        waits for the one before it to be queued (or its command started) before
+        anything of its own that awaits (settings and budgets read the store).
+        """
         text = message.text.strip()
         if not text:
             return
+        async with self._arrival(message.channel_key):
+            command = await self._take(message, transport, text)
+        if command is not None:
+            # Outside the channel's turn: a long command (!compact) does not hold up
+            # the messages after it, and those are queued behind it in order anyway.
+            await command()
+
+    async def _take(
+        self, message: IncomingMessage, transport: Transport, text: str
+    ) -> Callable[[], Awaitable[None]] | None:
+        """Queue ``message`` in its conversation, or return the command it starts."""
         decision = self.access.check(transport.name, message, message.channel_key)
         if decision.role == "ignored":
-            return  # no answer, no command, not even recorded
+            return None  # no answer, no command, not even recorded
         self.access.seen(transport.name, message)
         opts = (await self.effective(message.channel_key, transport)).options
         command = self._parse_command(text, opts)
         if command is not None:
             # Unknown "commands" in a shared channel are just chatter: ignore.
             if command in COMMANDS or message.direct or message.addressed:
-                await self._command(command, message, transport, opts, decision)
-            return
+                name = command
+                return lambda: self._command(name, message, transport, opts, decision)
+            return None
         if not decision.answer or not self._should_answer(message, opts):
             if opts.ambient and not message.direct:
                 # Not for us, but the model should know what was said here.
@@ -255,7 +275,7 @@ class Bridge(AgentAccess):
                     author_id=_author_id(transport, message),
                     keep=opts.ambient_lines,
                 )
-            return
+            return None
         if len(text) > opts.max_input_chars:
             await self._send(
                 transport,
@@ -265,7 +285,7 @@ class Bridge(AgentAccess):
                 "error",
                 message.reply_to,
             )
-            return
+            return None
         subject = None
         if self.budgets is not None and self.budgets.enabled:
             subject = self._subject(message, transport)
@@ -275,7 +295,7 @@ class Bridge(AgentAccess):
                 if refused.notice:
                     await self._send(transport, message.channel_key, refused.notice, "notice",
                                      message.reply_to)  # fmt: skip
-                return
+                return None
         ch = await self._channel(message.channel_key, transport, opts)
         ch.reply_to = message.reply_to
         ch.direct = message.direct
@@ -297,18 +317,35 @@ class Bridge(AgentAccess):
         except PromptRefused as exc:
             # A plugin's words, shown as they are.
             await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
-            return
+            return None
         except AgentikError as exc:
             line = _error_line(
                 type(exc).__name__, str(exc), where=message.channel_key, prefix=opts.command_prefix,
                 retryable=getattr(exc, "retryable", False),
             )  # fmt: skip
             await self._send(transport, message.channel_key, line, "error", message.reply_to)
-            return
+            return None
         ch.run_reply_to[run_id] = message.reply_to
         ch.run_asker[run_id] = _speaker(transport, message)
         async with ch.changed:
             ch.pending.add(run_id)
+        return None
+
+    @contextlib.asynccontextmanager
+    async def _arrival(self, key: str) -> AsyncIterator[None]:
+        """One channel's arrivals, one at a time, first come first served (asyncio
+        locks wake their waiters in order); the entry goes when nobody uses it."""
+        entry = self._arrivals.get(key)
+        if entry is None:
+            entry = self._arrivals[key] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0 and self._arrivals.get(key) is entry:
+                del self._arrivals[key]
 
     @staticmethod
     def _parse_command(text: str, opts: ChannelOptions) -> str | None:

@@ -217,6 +217,23 @@ async def test_messages_during_a_turn_are_answered_in_order(rig):
     assert answers(t) == ["first", "echo: two", "echo: three"]
 
 
+async def test_messages_handed_over_as_tasks_keep_their_order(rig):
+    # IRC hands each message to the bridge as a task of its own; reading the
+    # channel's settings (and budgets) from SQLite must not let a later message
+    # overtake an earlier one, even while a turn runs.
+    model, agent, bridge, make = rig
+    t = await make()
+    gate = asyncio.Event()
+    model.enqueue(Reply(text="first", gate=gate))
+    words = [f"message {i}" for i in range(12)]
+    tasks = [asyncio.create_task(t.inject(w, channel_key="mem:#order", direct=True)) for w in words]
+    await asyncio.gather(*tasks)
+    gate.set()
+    await bridge.flush("mem:#order")
+    assert [r.messages[-1].content for r in model.requests] == words
+    assert answers(t) == ["first", *(f"echo: {w}" for w in words[1:])]
+
+
 def test_split_text_respects_limits_and_characters():
     text = "€" * 50 + " tail"
     pieces = split_lines(text, max_bytes=10)
