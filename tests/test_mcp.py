@@ -710,3 +710,82 @@ async def test_server_everything_http_restarted_while_idle_next_call_works():
             assert status(toolset, "ev")["state"] == "connected"
         finally:
             await toolset.aclose()
+
+
+# -- finding the program ---------------------------------------------------------------------
+
+
+def test_command_resolves_from_the_bots_own_venv_when_path_lacks_it(tmp_path):
+    """A unit starts agentik by its full path, without an activated venv: a bare
+    ``mcp-server-time`` still runs, found next to agentik's own interpreter."""
+    venv_bin = os.path.dirname(sys.executable)
+    if not os.path.exists(os.path.join(venv_bin, "mcp-server-time")):
+        pytest.fail(f"mcp-server-time is not installed in {venv_bin} (the dev extra has it)")
+    config = tmp_path / "bot.toml"
+    config.write_text(
+        """
+[storage]
+path = ":memory:"
+[[mcp.servers]]
+name = "time"
+command = "mcp-server-time"
+"""
+    )
+    path = os.pathsep.join(d for d in ("/usr/local/bin", "/usr/bin", "/bin") if d != venv_bin)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
+    env.pop("VIRTUAL_ENV", None)
+    env["PATH"] = path
+    assert shutil.which("mcp-server-time", path=path) is None  # not reachable through PATH
+    result = subprocess.run(
+        [os.path.join(venv_bin, "agentik"), "mcp", "list", "-c", str(config)],
+        capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "time: connected" in result.stdout
+    assert "  time__get_current_time" in result.stdout
+
+
+async def test_command_not_found_names_the_server_and_the_places_looked(caplog):
+    cfg = MCPServerConfig(
+        name="nowhere", command="agentik-no-such-mcp-server", env={"PATH": "/opt/none:/usr/bin"}
+    )
+    toolset = MCPToolset([cfg, stdio()])
+    with caplog.at_level(logging.ERROR, logger="agentik.core.tools.mcp"):
+        await toolset.start()
+    try:
+        st = status(toolset, "nowhere")
+        assert st["state"] == "failed"
+        venv_bin = os.path.dirname(sys.executable)
+        assert st["error"] == (
+            "command 'agentik-no-such-mcp-server' not found in the bot's own environment"
+            f" ({', '.join(_own_dirs())}) or on PATH (/opt/none, /usr/bin)"
+        )
+        assert venv_bin in st["error"]
+        logged = [r.getMessage() for r in caplog.records if "nowhere" in r.getMessage()]
+        assert logged == [f"MCP server 'nowhere' failed to start: {st['error']}"]
+        # The other server is unaffected.
+        assert status(toolset, "calc")["state"] == "connected"
+    finally:
+        await toolset.aclose()
+
+
+def _own_dirs() -> list[str]:
+    import sysconfig
+
+    out = [os.path.dirname(sys.executable)]
+    scripts = sysconfig.get_path("scripts")
+    if scripts not in out:
+        out.append(scripts)
+    return out
+
+
+async def test_a_command_with_a_slash_is_taken_as_given(tmp_path):
+    """A path is never looked up elsewhere, even when a program of that name exists in the venv."""
+    cfg = MCPServerConfig(name="rel", command=str(tmp_path / "mcp-server-time"))
+    toolset = MCPToolset([cfg])
+    await toolset.start()
+    try:
+        st = status(toolset, "rel")
+        assert st["state"] == "failed" and str(tmp_path) in st["error"]
+    finally:
+        await toolset.aclose()

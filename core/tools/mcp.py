@@ -34,8 +34,11 @@ import binascii
 import contextlib
 import json
 import logging
+import os
 import re
+import shutil
 import sys
+import sysconfig
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -53,7 +56,7 @@ from ..errors import ToolError
 from ..settings import SETTINGS, BlankSecret, PathSetting
 from .base import Tool, ToolContext, ToolResult
 
-__all__ = ["MCPServerConfig", "MCPTool", "MCPToolset"]
+__all__ = ["CommandNotFound", "MCPServerConfig", "MCPTool", "MCPToolset", "resolve_command"]
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,48 @@ class MCPServerConfig:
         if any(fnmatchcase(tool_name, p) for p in self.deny):
             return False
         return self.allow is None or any(fnmatchcase(tool_name, p) for p in self.allow)
+
+
+# -- finding a stdio server's program ------------------------------------------------------
+class CommandNotFound(Exception):
+    """A stdio server's ``command`` is neither in the bot's own environment nor on PATH."""
+
+
+def _own_bin_dirs() -> list[str]:
+    """The bot's own ``bin/`` folders: the interpreter's (a venv's ``bin``, not
+    resolved through its symlink) and the install scheme's scripts folder."""
+    dirs: list[str] = []
+    for d in (os.path.dirname(sys.executable), sysconfig.get_path("scripts")):
+        if d and d not in dirs:
+            dirs.append(d)
+    return dirs
+
+
+def resolve_command(cfg: MCPServerConfig) -> str:
+    """The program a stdio server runs: ``command`` as given when it names a path
+    (has a slash); otherwise the first match in the bot's own ``bin/`` (its venv,
+    so console scripts installed next to agentik work without an activated venv),
+    then ``PATH`` (the server's ``env`` PATH if it sets one).
+
+    Raises :class:`CommandNotFound` naming every place looked in.
+    """
+    command = cfg.command
+    assert command is not None, "resolve_command is for stdio servers"
+    if os.sep in command or (os.altsep and os.altsep in command):
+        return command
+    own = _own_bin_dirs()
+    path = (cfg.env or {}).get("PATH", os.environ.get("PATH", os.defpath))
+    places = own + [d for d in path.split(os.pathsep) if d and d not in own]
+    found = shutil.which(command, path=os.pathsep.join(places))
+    if found is not None:
+        return found
+    # The server's name comes with it wherever it is shown ("MCP server 'x' failed to
+    # start: ..."); PATH's folders are listed one by one.
+    searched = [d for d in path.split(os.pathsep) if d]
+    raise CommandNotFound(
+        f"command {command!r} not found in the bot's own environment ({', '.join(own)})"
+        f" or on PATH ({', '.join(searched) or 'empty'})"
+    )
 
 
 # -- the stdio process id ------------------------------------------------------------
@@ -412,6 +457,8 @@ class _Server:
     def _describe(self, exc: BaseException) -> str:
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
+        if isinstance(exc, CommandNotFound):
+            return self._scrub(str(exc))
         msg = getattr(exc, "message", None) or str(exc)
         return self._scrub(f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__)
 
@@ -624,7 +671,7 @@ class _Server:
                 if sink is not None:
                     sink.clear()
                 params = StdioServerParameters(
-                    command=cfg.command, args=list(cfg.args), env=cfg.env, cwd=cfg.cwd
+                    command=resolve_command(cfg), args=list(cfg.args), env=cfg.env, cwd=cfg.cwd
                 )
                 read, write = await stack.enter_async_context(
                     stdio_client(params, errlog=_errlog())
