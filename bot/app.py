@@ -86,16 +86,24 @@ class Bot:
         # One comparison of roles everywhere: approvals' approvers use the policy's.
         self.agent.approvals.at_least = self.bridge.access.at_least
         self.transports: dict[str, Transport] = dict(transports or {})
+        #: Transport types this bot runs (``agentik chat``: only the terminal); None: all.
+        self.only = only
+        #: The ``[transports.<name>]`` section of each transport made from the
+        #: configuration (a reload compares them with the new file's).
+        self.sections: dict[str, TransportSection] = {}
         sections = {n: s for n, s in config.transports.items() if s.enabled}
         for name, section in sections.items():
             if only is not None and section.type not in only:
                 continue
             if name not in self.transports:
                 self.transports[name] = make_transport(self.registry, name, section, config.source)
+                self.sections[name] = section
         for name, transport in self.transports.items():
             found = sections.get(name)
             self.bridge.attach(transport, options_from(found, transport) if found else None)
         self._started: list[Transport] = []
+        # Set when the set of transports changed (a reload): serve() follows.
+        self._transports_changed = asyncio.Event()
 
     async def __aenter__(self) -> Bot:
         await self.agent.start()
@@ -103,9 +111,7 @@ class Bot:
             # Roles given in chat by earlier runs apply from the first message.
             await self.bridge.access.load(self.agent.store)
             for transport in self.transports.values():
-                await transport.start(self.bridge)
-                self._started.append(transport)
-                await self.agent.hooks.call("transport_start", transport=transport)
+                await self.start_transport(transport)
             # What a killed process left in the outbox goes out first, once;
             # then messages a crash left unanswered get their turns (these run
             # in the background, rendered after the redelivered pieces).
@@ -119,8 +125,70 @@ class Bot:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def start_transport(self, transport: Transport, options: Any = None) -> None:
+        """Start ``transport`` (attached to the bridge first when ``options`` are given)."""
+        if options is not None:
+            self.bridge.attach(transport, options)
+        await transport.start(self.bridge)
+        self._started.append(transport)
+        await self.agent.hooks.call("transport_start", transport=transport)
+
+    async def stop_transport(self, transport: Transport) -> None:
+        """Disconnect ``transport`` cleanly (an IRC QUIT, ...)."""
+        try:
+            await transport.aclose()
+        except Exception:
+            log.exception("closing transport %s failed", transport.name)
+        if transport in self._started:
+            self._started.remove(transport)
+        await self.agent.hooks.call("transport_stop", transport=transport)
+
+    async def reload(self, config: Config) -> str:
+        """Put ``config`` in force without a restart (see :mod:`agentik.bot.reload`).
+
+        Raises :class:`~agentik.core.ConfigError` (naming the key), and changes
+        nothing, when ``config`` cannot be used.  Returns the summary line.
+        """
+        from .reload import prepare
+
+        plan = await prepare(self, config)
+        summary = await plan.apply(self)
+        self._transports_changed.set()
+        return summary
+
+    async def reload_file(self) -> bool:
+        """Read the configuration file again and :meth:`reload` it (SIGHUP).
+
+        A file that cannot be read or used is refused with the error logged; the
+        running configuration stays.  Returns whether the new one is in force.
+        """
+        from .config import load_config
+
+        source = self.config.source
+        if source == "<string>":
+            log.warning("reload: the configuration did not come from a file; nothing to reload")
+            return False
+        log.info("reloading the configuration from %s", source)
+        try:
+            new = await asyncio.to_thread(load_config, source)
+            summary = await self.reload(new)
+        except ConfigError as exc:
+            log.error("reload refused, the running configuration is kept: %s", exc)
+            return False
+        except Exception as exc:
+            log.error(
+                "reload failed, the running configuration is kept: %s",
+                str(exc) or type(exc).__name__,
+                exc_info=exc,
+            )
+            return False
+        log.info("%s", summary)
+        return True
+
     async def serve(self) -> None:
         """Run until every transport finishes, or SIGTERM/SIGINT (when unhandled).
+
+        SIGHUP reloads the configuration file (:meth:`reload_file`).
 
         A transport that fails for good (its ``serve()`` raises) is logged at
         ERROR while the others keep running; once every transport has finished,
@@ -137,39 +205,73 @@ class Bot:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, stop.set)
                 installed.append(sig)
-        waiters: dict[asyncio.Future[Any], str] = {
-            asyncio.ensure_future(t.serve()): n for n, t in self.transports.items()
-        }
+        hup = asyncio.Event()
+        if hasattr(signal, "SIGHUP"):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signal.SIGHUP, hup.set)
+                installed.append(signal.SIGHUP)
+        waiters: dict[asyncio.Future[Any], Transport] = {}
+        pending: set[asyncio.Future[Any]] = set()
+        retired: list[asyncio.Future[Any]] = []
+
+        def follow() -> None:
+            """One waiter per running transport (a reload adds and removes some)."""
+            running = list(self.transports.values())
+            for waiter, transport in list(waiters.items()):
+                if not any(t is transport for t in running):
+                    del waiters[waiter]
+                    pending.discard(waiter)
+                    waiter.cancel()
+                    retired.append(waiter)
+            for transport in running:
+                if not any(t is transport for t in waiters.values()):
+                    waiter = asyncio.ensure_future(transport.serve())
+                    waiters[waiter] = transport
+                    pending.add(waiter)
+
+        follow()
         stopper = asyncio.ensure_future(stop.wait())
-        pending: set[asyncio.Future[Any]] = set(waiters)
+        reloader = asyncio.ensure_future(hup.wait())
+        changed = asyncio.ensure_future(self._transports_changed.wait())
         failures: list[str] = []
         try:
             while pending:
                 done, _ = await asyncio.wait(
-                    {*pending, stopper}, return_when=asyncio.FIRST_COMPLETED
+                    {*pending, stopper, reloader, changed}, return_when=asyncio.FIRST_COMPLETED
                 )
                 if stopper in done:
                     return
+                if reloader in done:
+                    hup.clear()
+                    reloader = asyncio.ensure_future(hup.wait())
+                    await self.reload_file()
+                if self._transports_changed.is_set():
+                    self._transports_changed.clear()
+                    changed.cancel()
+                    changed = asyncio.ensure_future(self._transports_changed.wait())
+                    follow()
                 for waiter in done:
+                    if waiter not in pending:
+                        continue
                     pending.discard(waiter)
                     exc = None if waiter.cancelled() else waiter.exception()
                     if exc is None:
                         continue
                     failures.append(str(exc) or type(exc).__name__)
                     log.error(
-                        "transport %s failed: %s%s", waiters[waiter], failures[-1],
+                        "transport %s failed: %s%s", waiters[waiter].name, failures[-1],
                         f" ({len(pending)} other transport(s) keep running)" if pending else "",
                         exc_info=None if isinstance(exc, AgentikError) else exc,
                     )  # fmt: skip
         finally:
             for signum in installed:
                 loop.remove_signal_handler(signum)
-            stopper.cancel()
-            for w in waiters:
+            for w in (stopper, reloader, changed, *waiters, *retired):
                 w.cancel()
-            await asyncio.gather(stopper, *waiters, return_exceptions=True)
+            await asyncio.gather(stopper, reloader, changed, *waiters, *retired,
+                                 return_exceptions=True)  # fmt: skip
         if failures:
-            if len(self.transports) == 1:
+            if len(failures) == 1 and len(self.transports) == 1:
                 raise TransportFailed(failures[0])
             raise TransportFailed(
                 f"every transport has stopped, {len(failures)} on an error: " + "; ".join(failures)

@@ -222,6 +222,37 @@ class Bridge(AgentAccess):
         if transport.outbox:
             transport.on_delivery = self.outbox.mark
 
+    async def detach(self, name: str) -> None:
+        """Transport instance ``name`` is gone (a configuration reload removed it):
+        its open channels are released."""
+        self._transports.pop(name, None)
+        self._options.pop(name, None)
+        for key, ch in list(self._channels.items()):
+            if ch.transport.name != name:
+                continue
+            async with self._lock(key):
+                if self._channels.get(key) is ch:
+                    del self._channels[key]
+                    await self._close_channel(ch)
+
+    def rebind(self, name: str, transport: Transport) -> None:
+        """Instance ``name`` was restarted as ``transport`` (new settings): its open
+        channels, and the answers they are rendering, carry on through it."""
+        for ch in self._channels.values():
+            if ch.transport.name == name:
+                ch.transport = transport
+
+    def policy_changed(self) -> None:
+        """The agent's tool policy changed: open channels take it for their next turn
+        (each channel's own ``tools`` setting is applied again on its next message)."""
+        for ch in self._channels.values():
+            conv = ch.conversation
+            conv.policy = None
+            self._narrowed.discard(conv)
+            restrict_tools(
+                conv, self.options_for(ch.transport).allowed_tools, default=self.agent.policy
+            )
+
     def options_for(self, transport: Transport) -> ChannelOptions:
         """The options a transport instance was attached with (defaults if none)."""
         return self._options.get(transport.name) or _resolved(transport, None)

@@ -49,6 +49,7 @@ __all__ = [
     "backend_choice",
     "backend_settings",
     "ignored_settings",
+    "mcp_servers",
     "mcp_toolset",
     "resolve_backend",
 ]
@@ -193,6 +194,24 @@ class AgentBuilder:
         self._event_buffer = size
         return self
 
+    def _composer(self) -> Callable[[str | None], str | None]:
+        """Joins the system prompt, a soul and the skills list into the agent's prompt."""
+        skills_prompt = self._skills.prompt() if self._skills is not None else None
+        base = self._system_prompt
+
+        def compose(soul: str | None) -> str | None:
+            return "\n\n".join(p for p in (base, soul, skills_prompt) if p) or None
+
+        return compose
+
+    async def prompt(self) -> str | None:
+        """The system prompt :meth:`build` gives an agent, a soul URL fetched now
+        (a configuration reload puts it in force on a running agent)."""
+        compose = self._composer()
+        if self._soul_url is not None:
+            return compose(await fetch_soul(self._soul_url))
+        return compose(self._soul)
+
     def build(self) -> Agent:
         """The agent (not started: use it as an async context manager)."""
         missing = [
@@ -207,11 +226,8 @@ class AgentBuilder:
         if missing:
             raise ConfigError(f"AgentBuilder: missing required part(s): {', '.join(missing)}")
         assert self._llm is not None and self._store is not None
-        skills_prompt = self._skills.prompt() if self._skills is not None else None
-        base, url = self._system_prompt, self._soul_url
-
-        def compose(soul: str | None) -> str | None:
-            return "\n\n".join(p for p in (base, soul, skills_prompt) if p) or None
+        url = self._soul_url
+        compose = self._composer()
 
         on_start: list[Callable[[Agent], Awaitable[None]]] = []
         if url is not None:
@@ -240,6 +256,22 @@ class AgentBuilder:
             profiles=self._profiles,
         )
 
+    def persona(self, config: Config) -> Self:
+        """The system prompt, soul and skills of ``[agent]``."""
+        self.system_prompt(config.agent.system_prompt)
+        soul = config.agent.soul
+        if soul:
+            if is_url(soul):
+                self.soul(url=soul)
+            else:
+                self.soul(file=config.resolve_path(soul))
+        if config.agent.skills:
+            try:
+                self.skills(config.resolve_path(config.agent.skills))
+            except ConfigError as exc:
+                raise ConfigError(f"{config.source}: agent.skills: {exc}") from None
+        return self
+
     @classmethod
     def from_config(cls, config: Config, registry: Registry) -> AgentBuilder:
         """A builder wired from a configuration and the loaded plugins."""
@@ -263,18 +295,7 @@ class AgentBuilder:
         if not isinstance(memory, NoMemory) and (mem.mining or mem.reflection):
             b.background(MemoryWorker(mem))
         b.compaction(config.compaction)
-        b.system_prompt(config.agent.system_prompt)
-        soul = config.agent.soul
-        if soul:
-            if is_url(soul):
-                b.soul(url=soul)
-            else:
-                b.soul(file=config.resolve_path(soul))
-        if config.agent.skills:
-            try:
-                b.skills(config.resolve_path(config.agent.skills))
-            except ConfigError as exc:
-                raise ConfigError(f"{config.source}: agent.skills: {exc}") from None
+        b.persona(config)
         b.tools(*registry.tools)
         toolset = mcp_toolset(config)
         if toolset is not None:
@@ -313,9 +334,14 @@ def mcp_toolset(config: Config) -> Any:
         return None
     from agentik.core.tools.mcp import MCPToolset
 
+    return MCPToolset(mcp_servers(config))
+
+
+def mcp_servers(config: Config) -> list[Any]:
+    """The ``[[mcp.servers]]`` of ``config`` as the toolset runs them."""
     # The servers are validated already: cwd is relative to the file, and a server
     # without its own startup takes [mcp] startup.
-    servers = [
+    return [
         dataclasses.replace(
             s,
             cwd=config.resolve_path(s.cwd) if s.cwd else None,
@@ -323,7 +349,6 @@ def mcp_toolset(config: Config) -> Any:
         )
         for s in config.mcp.servers
     ]
-    return MCPToolset(servers)
 
 
 def backend_choice(config: Config, env: Mapping[str, str] | None = None) -> str:

@@ -311,11 +311,17 @@ class ChannelSettingsBook:
         self.store = store
         #: The configured model profile names (``[llm.profiles.<name>]``).
         self.profiles: tuple[str, ...] = tuple(profiles)
+        self.patterns: list[tuple[str, ChannelSettings]] = []
+        self.configure(patterns)
+        self._chat: dict[str, dict[str, ChannelSetting]] = {}
+
+    def configure(self, patterns: Mapping[str, ChannelSettings] | None) -> None:
+        """Use these ``[channels."<pattern>"]`` tables (from the next message on;
+        settings made in chat are kept)."""
         # Broadest first; on a tie the later table wins (it comes later here).
         items = list((patterns or {}).items())
         order = sorted(range(len(items)), key=lambda i: (pattern_specificity(items[i][0]), i))
-        self.patterns: list[tuple[str, ChannelSettings]] = [items[i] for i in order]
-        self._chat: dict[str, dict[str, ChannelSetting]] = {}
+        self.patterns = [items[i] for i in order]
 
     def matching(self, channel_key: str) -> list[tuple[str, ChannelSettings]]:
         """The config tables that apply to ``channel_key``, broadest first."""

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-__all__ = ["RedactingFormatter", "setup_logging"]
+__all__ = ["RedactingFormatter", "add_secrets", "setup_logging"]
 
 
 class RedactingFormatter(logging.Formatter):
@@ -63,3 +63,12 @@ def setup_logging(level: str = "warning", fmt: str = "text", secrets: Iterable[s
     # Chatty client libraries stay at WARNING unless we are debugging.
     for noisy in ("httpx", "httpcore", "openai", "aiosqlite", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+
+
+def add_secrets(secrets: Iterable[str]) -> None:
+    """Redact ``secrets`` too (a reloaded configuration may bring new ones)."""
+    for handler in logging.getLogger().handlers:
+        formatter = handler.formatter
+        if getattr(handler, "_agentik", False) and isinstance(formatter, RedactingFormatter):
+            known = {*formatter.secrets, *(s for s in secrets if s and len(s) >= 4)}
+            formatter.secrets = sorted(known, key=len, reverse=True)

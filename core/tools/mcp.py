@@ -954,6 +954,42 @@ class MCPToolset:
         )
         return self.tools()
 
+    async def reconfigure(
+        self, servers: Sequence[MCPServerConfig]
+    ) -> tuple[list[str], list[str], list[str]]:
+        """Serve ``servers`` from now on: a server whose configuration is unchanged
+        keeps its session; removed ones end, changed ones are restarted, new ones
+        start (eager ones are waited for, like :meth:`start`).  Returns the names
+        added, removed and restarted."""
+        names = [s.name for s in servers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate MCP server names: {', '.join(dupes)}")
+        old = {s.cfg.name: s for s in self._servers}
+        kept: list[_Server] = []
+        fresh: list[_Server] = []
+        added: list[str] = []
+        restarted: list[str] = []
+        for cfg in servers:
+            server = old.pop(cfg.name, None)
+            if server is not None and server.cfg == cfg:
+                kept.append(server)
+                continue
+            (added if server is None else restarted).append(cfg.name)
+            new = _Server(cfg)
+            kept.append(new)
+            fresh.append(new)
+        ending = [*old.values(), *(s for s in self._servers if s.cfg.name in restarted)]
+        # Tools of removed servers are gone from the next turn on.
+        self._servers = kept
+        await asyncio.gather(*(s.close() for s in ending))
+        if not self._closed:
+            eager = [s for s in fresh if s.cfg.startup != "lazy"]
+            for s in eager:
+                s.launch()
+            await asyncio.gather(*(s.wait_settled() for s in eager))
+        return added, sorted(old), restarted
+
     async def aclose(self) -> None:
         """End every session; every stdio server process ends."""
         self._closed = True
