@@ -36,7 +36,9 @@ def from_bot(line) -> bool:
     return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
 
 
-def config_text(tmp_path: Path, openai_url: str, irc_port: int, *, prompt: str, extra: str = "") -> str:
+def config_text(
+    tmp_path: Path, openai_url: str, irc_port: int, *, prompt: str, extra: str = ""
+) -> str:
     return f"""
 [agent]
 system_prompt = "{prompt}"
@@ -143,9 +145,7 @@ args = ["{MCP_SERVER}"]
         async with httpx.AsyncClient(base_url=url) as web:
             refused = await web.get("/conversations")
             assert refused.status_code == 401
-            listed = await web.get(
-                "/conversations", headers={"Authorization": f"Bearer {TOKEN}"}
-            )
+            listed = await web.get("/conversations", headers={"Authorization": f"Bearer {TOKEN}"})
             assert listed.status_code == 200
 
         second = await ask("two")
@@ -155,7 +155,7 @@ args = ["{MCP_SERVER}"]
 
         # A bad configuration is refused, the error names the key, the old one stays.
         good = config.read_text()
-        config.write_text(good.replace('[agent]\n', '[agent]\nresume = "sometimes"\n', 1))
+        config.write_text(good.replace("[agent]\n", '[agent]\nresume = "sometimes"\n', 1))
         proc.send_signal(signal.SIGHUP)
         await wait_until(lambda: logged("reload refused"), "the refusal", stderr)
         refusal = logged("reload refused")[0]
@@ -164,9 +164,7 @@ args = ["{MCP_SERVER}"]
         assert "You are prompt two." in system_text(third)
         assert "calc__add" in {t["function"]["name"] for t in third["tools"]}
         async with httpx.AsyncClient(base_url=url) as web:
-            listed = await web.get(
-                "/conversations", headers={"Authorization": f"Bearer {TOKEN}"}
-            )
+            listed = await web.get("/conversations", headers={"Authorization": f"Bearer {TOKEN}"})
             assert listed.status_code == 200
 
         # The IRC server saw one session of the bot all along: no connection ended or
@@ -188,3 +186,120 @@ args = ["{MCP_SERVER}"]
             await proc.wait()
         drain.cancel()
         await alice.close()
+
+
+# -- in process: what a reload changes, and what it leaves alone -------------------------------
+
+
+def bot_config(path: Path, *, servers: list[dict], **more) -> object:
+    data = {
+        "llm": {"backend": "scripted"},
+        "storage": {"path": str(path.with_name("bot.db"))},
+        "memory": {"backend": "none"},
+        "compaction": {"enabled": False},
+        "transports": {"mem": {"type": "memory", "answer": "all"}},
+        "mcp": {"servers": servers},
+        **more,
+    }
+    return parse_config(data, source=str(path), env={})
+
+
+def calc(name: str, **more) -> dict:
+    return {"name": name, "command": sys.executable, "args": [MCP_SERVER], "timeout": 30, **more}
+
+
+def gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
+
+
+async def test_reload_starts_stops_and_restarts_only_the_mcp_servers_that_changed(tmp_path):
+    path = tmp_path / "bot.toml"
+    first = bot_config(path, servers=[calc("keep"), calc("change"), calc("drop")])
+    async with Bot(first) as bot:  # type: ignore[arg-type]
+        toolset = next(t for t in bot.agent.toolsets if isinstance(t, MCPToolset))
+        before = {s["name"]: s for s in toolset.status()}
+        assert all(s["state"] == "connected" for s in before.values()), before
+        mem = bot.transports["mem"]
+
+        summary = await bot.reload(bot_config(path, servers=[
+            calc("keep"), calc("change", deny=["secret_*"]), calc("fresh"),
+        ]))  # fmt: skip
+        assert "MCP servers added: fresh" in summary
+        assert "MCP servers removed: drop" in summary
+        assert "MCP servers restarted: change" in summary
+        assert "keep" not in summary and "transports" not in summary
+        after = {s["name"]: s for s in toolset.status()}
+        assert set(after) == {"keep", "change", "fresh"}
+        assert after["keep"]["pid"] == before["keep"]["pid"]  # the same session
+        assert after["change"]["state"] == "connected"
+        assert after["change"]["pid"] != before["change"]["pid"]
+        assert gone(before["change"]["pid"]) and gone(before["drop"]["pid"])
+        assert "change__secret_tool" not in after["change"]["tools"]
+        assert bot.transports["mem"] is mem  # untouched
+
+        # The next turn is offered the new set of tools.
+        await mem.inject("which tools?", author="alice")
+        await mem.wait_for(lambda m: m.kind == "answer")
+        offered = {t.name for t in bot.agent.llm.requests[-1].tools}
+        assert {"keep__add", "change__add", "fresh__add"} <= offered
+        assert not any(n.startswith("drop__") for n in offered)
+
+
+async def test_a_bad_reload_changes_nothing_and_names_the_key(tmp_path):
+    path = tmp_path / "bot.toml"
+    first = bot_config(path, servers=[calc("keep")], agent={"system_prompt": "Old prompt."})
+    async with Bot(first) as bot:  # type: ignore[arg-type]
+        mem = bot.transports["mem"]
+        toolset = next(t for t in bot.agent.toolsets if isinstance(t, MCPToolset))
+        pid = toolset.status()[0]["pid"]
+        bad = bot_config(
+            path, servers=[calc("other")], agent={"system_prompt": "New prompt."},
+            transports={"mem": {"type": "memory", "answer": "all"},
+                        "web": {"type": "http", "port": "not-a-port"}},
+        )  # fmt: skip
+        try:
+            await bot.reload(bad)  # type: ignore[arg-type]
+        except ConfigError as exc:
+            assert "transports.web.port" in str(exc) and str(path) in str(exc)
+        else:
+            raise AssertionError("a bad configuration was accepted")
+        assert bot.config is first
+        assert bot.agent.system_prompt == "Old prompt."
+        assert [s["name"] for s in toolset.status()] == ["keep"]
+        assert toolset.status()[0]["pid"] == pid
+        assert set(bot.transports) == {"mem"} and bot.transports["mem"] is mem
+        await mem.inject("still there?", author="alice")
+        await mem.wait_for(lambda m: m.kind == "answer")
+        assert bot.agent.llm.requests[-1].system.startswith("Old prompt.")
+
+
+async def test_reload_applies_access_rules_tool_policy_and_bridge_options_in_place(tmp_path):
+    path = tmp_path / "bot.toml"
+    async with Bot(bot_config(path, servers=[calc("calc")])) as bot:  # type: ignore[arg-type]
+        mem = bot.transports["mem"]
+        await mem.inject("first", author="alice")
+        await mem.wait_for(lambda m: m.kind == "answer")
+        assert "calc__add" in {t.name for t in bot.agent.llm.requests[-1].tools}
+
+        summary = await bot.reload(bot_config(
+            path, servers=[calc("calc")],
+            tools={"allowed_tools": ["calc__echo"]},
+            access={"ignored": ["mem:mallory"]},
+            transports={"mem": {"type": "memory", "answer": "addressed"}},
+        ))  # fmt: skip
+        assert "transports with new options: mem" in summary
+        assert "tool policy" in summary and "access rules" in summary
+        assert bot.transports["mem"] is mem  # only the bridge's keys changed
+        # The open channel's next turn has the new tool policy.
+        await mem.inject("agentik: second", author="alice", addressed=True)
+        await mem.wait_for(lambda m: m.kind == "answer", count=2)
+        offered = {t.name for t in bot.agent.llm.requests[-1].tools}
+        assert offered == {"calc__echo"}
+        asked = len(bot.agent.llm.requests)
+        # Not addressed: no answer any more; an ignored speaker gets none either.
+        await mem.inject("third, unaddressed", author="alice")
+        await mem.inject("agentik: let me in", author="mallory", addressed=True)
+        await mem.inject("agentik: fourth", author="alice", addressed=True)
+        await mem.wait_for(lambda m: m.kind == "answer", count=3)
+        assert len(bot.agent.llm.requests) == asked + 1
+        assert bot.agent.llm.requests[-1].messages[-1].content.endswith("fourth")
