@@ -21,7 +21,7 @@ import httpx
 from agentik.bot.app import Bot
 from agentik.bot.config import parse_config
 from agentik.core import ConfigError
-from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
+from agentik.core.tools.mcp import MCPToolset
 from helpers import AGENTIK
 
 from ircservers import IRCTestClient, free_port
