@@ -111,6 +111,7 @@ def test_strict_build_fails_on_a_broken_anchor(tmp_path):
     shutil.copytree(DOCS, copy / "docs")
     for name in ("mkdocs.yml", "config.example.toml", "slack-app-manifest.yaml"):
         shutil.copy(ROOT / name, copy / name)
+    shutil.copytree(ROOT / "contrib", copy / "contrib")  # docs/deployment.md shows the unit
     index = copy / "docs" / "index.md"
     index.write_text(index.read_text() + "\n[gone](operations.md#no-such-section)\n")
     result = _mkdocs(copy, tmp_path / "site")
