@@ -171,6 +171,12 @@ class Bot:
         log.info("reloading the configuration from %s", source)
         try:
             new = await asyncio.to_thread(load_config, source)
+            if self.only is not None and not any(
+                s.enabled and s.type in self.only for s in new.transports.values()
+            ):
+                # `agentik chat` added its terminal to a file without one: keep it.
+                added = {n: s for n, s in self.sections.items() if n not in new.transports}
+                new = new.model_copy(update={"transports": {**new.transports, **added}})
             summary = await self.reload(new)
         except ConfigError as exc:
             log.error("reload refused, the running configuration is kept: %s", exc)

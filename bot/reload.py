@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentik.core import AgentikError, ConfigError
 from agentik.core.budgets import Budgets
+from agentik.core.settings import setting_fields
 from agentik.transports.base import Transport
 
 from .builder import AgentBuilder, mcp_servers
@@ -46,6 +47,10 @@ log = logging.getLogger("agentik.bot.app")
 
 #: Sections a running bot cannot change: a reload names them in a warning.
 RESTART_SECTIONS = ("storage", "memory", "llm", "plugins", "compaction", "logging")
+#: ``[agent]`` keys a reload puts in force (a change of any other one needs a restart).
+RELOADED_AGENT_KEYS = frozenset(
+    {"system_prompt", "soul", "skills", "resume", "resume_max_age", "settings_role"}
+)
 
 
 @dataclass
@@ -180,9 +185,9 @@ class Plan:
             add_secrets(new.secrets())
         if self.restart:
             log.warning(
-                "reload: %s changed; restart the bot for %s",
-                ", ".join(f"[{s}]" for s in self.restart),
-                "it" if len(self.restart) == 1 else "them",
+                "reload: %s changed but take%s effect only after a restart",
+                ", ".join(s if "." in s else f"[{s}]" for s in self.restart),
+                "s" if len(self.restart) == 1 else "",
             )
         summary = "; ".join(parts) if parts else "nothing changed"
         return f"configuration reloaded from {new.source}: {summary}"
@@ -242,6 +247,9 @@ async def prepare(bot: Bot, new: Config) -> Plan:
                 plan.changed.append(label)
         if new.access != old.access or set(new.transports) != set(old.transports):
             plan.access = access_policy(new)
+            # Instances given in code (not in the file) keep their type.
+            for name, kind in bot.bridge.access.transports.items():
+                plan.access.transports.setdefault(name, kind)
             await plan.access.load(bot.agent.store)
             if new.access != old.access:
                 plan.changed.append("access rules")
@@ -257,8 +265,11 @@ async def prepare(bot: Bot, new: Config) -> Plan:
         if dupes:
             raise ConfigError(f"{new.source}: mcp.servers: duplicate names: {', '.join(dupes)}")
         plan.restart = [s for s in RESTART_SECTIONS if getattr(new, s) != getattr(old, s)]
-        if new.agent.event_buffer != old.agent.event_buffer:
-            plan.restart.append("agent.event_buffer")
+        plan.restart += [
+            f"agent.{k}"
+            for k in setting_fields(type(new.agent))
+            if k not in RELOADED_AGENT_KEYS and getattr(new.agent, k) != getattr(old.agent, k)
+        ]
     except ConfigError:
         raise
     except (AgentikError, ValueError, OSError) as exc:

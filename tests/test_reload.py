@@ -8,6 +8,7 @@ is ``tests/mcp_server.py`` over stdio.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import signal
@@ -303,3 +304,33 @@ async def test_reload_applies_access_rules_tool_policy_and_bridge_options_in_pla
         await mem.wait_for(lambda m: m.kind == "answer", count=3)
         assert len(bot.agent.llm.requests) == asked + 1
         assert bot.agent.llm.requests[-1].messages[-1].content.endswith("fourth")
+
+
+async def test_a_transport_whose_settings_changed_is_restarted_and_a_removed_one_stopped(
+    tmp_path, caplog
+):
+    path = tmp_path / "bot.toml"
+    transports = {"mem": {"type": "memory", "answer": "all"},
+                  "old": {"type": "memory", "answer": "all"}}  # fmt: skip
+    async with Bot(bot_config(path, servers=[], transports=transports)) as bot:  # type: ignore[arg-type]
+        mem, old = bot.transports["mem"], bot.transports["old"]
+        await mem.inject("before", author="alice")
+        await mem.wait_for(lambda m: m.kind == "answer")
+        with caplog.at_level(logging.WARNING, logger="agentik.bot.app"):
+            summary = await bot.reload(bot_config(
+                path, servers=[], transports={"mem": {"type": "memory", "answer": "all",
+                                                      "flavour": "new"}},
+                llm={"backend": "scripted", "model": "other"},
+            ))  # fmt: skip
+        assert "transports removed: old" in summary and "transports restarted: mem" in summary
+        assert set(bot.transports) == {"mem"}
+        fresh = bot.transports["mem"]
+        assert fresh is not mem and fresh.settings == {"flavour": "new"}
+        assert "old" not in bot.bridge._transports and old not in bot._started
+        # The open channel carries on through the new instance.
+        await fresh.inject("after", author="alice")
+        await fresh.wait_for(lambda m: m.kind == "answer")
+        assert not [m for m in mem.sent if "after" in m.text]
+        # [llm] is not changed in place: the warning says a restart is needed.
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warned == ["reload: [llm] changed but takes effect only after a restart"]
