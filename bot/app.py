@@ -104,8 +104,17 @@ class Bot:
         self._started: list[Transport] = []
         # Set when the set of transports changed (a reload): serve() follows.
         self._transports_changed = asyncio.Event()
+        # Set by SIGHUP: serve() reloads the configuration file.
+        self._hup = asyncio.Event()
+        self._hup_installed = False
 
     async def __aenter__(self) -> Bot:
+        # SIGHUP from now on asks for a reload (carried out by serve()): one sent
+        # while the transports connect is not the default "terminate".
+        if hasattr(signal, "SIGHUP"):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._hup.set)
+                self._hup_installed = True
         await self.agent.start()
         try:
             # Roles given in chat by earlier runs apply from the first message.
@@ -211,11 +220,7 @@ class Bot:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, stop.set)
                 installed.append(sig)
-        hup = asyncio.Event()
-        if hasattr(signal, "SIGHUP"):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signal.SIGHUP, hup.set)
-                installed.append(signal.SIGHUP)
+        hup = self._hup
         waiters: dict[asyncio.Future[Any], Transport] = {}
         pending: set[asyncio.Future[Any]] = set()
         retired: list[asyncio.Future[Any]] = []
@@ -285,6 +290,10 @@ class Bot:
 
     async def aclose(self) -> None:
         """Stop transports, renderers and the agent; nothing is left running."""
+        if self._hup_installed:
+            self._hup_installed = False
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         for transport in reversed(self._started):
             try:
                 await transport.aclose()
