@@ -199,6 +199,7 @@ class Metrics:
         self._counted = asyncio.Event()
         #: Names of the agent's tools (refreshed when an unknown name shows up).
         self._tools: set[str] = set()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         if agent is not None:
             r.register(_AgentState(agent))
 
@@ -236,15 +237,23 @@ class Metrics:
         finally:
             await sub.aclose()
 
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, cached: ``labels()`` costs more than the count."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def event(self, e: Any) -> None:
         """Count one agent event."""
         kind = e.kind
         if kind == "tool_call_ended":
             tool = self._tool_label(e.name)
-            self.tool_calls.labels(tool=tool, outcome="error" if e.is_error else "ok").inc()
-            self.tool_seconds.labels(tool=tool).observe(e.duration)
+            self._child(self.tool_calls, tool, "error" if e.is_error else "ok").inc()
+            self._child(self.tool_seconds, tool).observe(e.duration)
         elif kind == "turn_ended":
-            self.turns.labels(stop_reason=e.stop_reason).inc()
+            self._child(self.turns, e.stop_reason).inc()
             self.turn_seconds.observe(e.duration)
         elif kind == "approval_requested":
             if not e.resumed:
@@ -278,25 +287,24 @@ class Metrics:
     def model_request(self, stats: RequestStats) -> None:
         """Count one model request (an ``Agent.request_observers`` entry)."""
         backend, model = stats.backend, stats.model
-        self.requests.labels(backend=backend, model=model, outcome=stats.outcome).inc()
-        self.request_seconds.labels(backend=backend, model=model).observe(stats.duration)
+        child = self._child
+        child(self.requests, backend, model, stats.outcome).inc()
+        child(self.request_seconds, backend, model).observe(stats.duration)
         if stats.first_token is not None:
-            self.first_token.labels(backend=backend, model=model).observe(stats.first_token)
+            child(self.first_token, backend, model).observe(stats.first_token)
         u = stats.usage
         if u.prompt_tokens:
-            self.tokens.labels(backend=backend, model=model, type="prompt").inc(u.prompt_tokens)
+            child(self.tokens, backend, model, "prompt").inc(u.prompt_tokens)
         if u.completion_tokens:
-            self.tokens.labels(backend=backend, model=model, type="completion").inc(
-                u.completion_tokens
-            )
+            child(self.tokens, backend, model, "completion").inc(u.completion_tokens)
 
     def message_in(self, transport: str) -> None:
         """An incoming message reached the bot through ``transport`` (its instance name)."""
-        self.received.labels(transport=transport).inc()
+        self._child(self.received, transport).inc()
 
     def message_out(self, transport: str, kind: str, n: int = 1) -> None:
         """``n`` messages of ``kind`` were sent through ``transport``."""
-        self.sent.labels(transport=transport, kind=kind).inc(n)
+        self._child(self.sent, transport, kind).inc(n)
 
     def budget_refused(self, scope: str, kind: str) -> None:
         """A usage budget refused a message or a tool call (``Budgets.on_refusal``)."""
