@@ -200,7 +200,7 @@ def test_transport_states_reconnects_and_budget_refusals_are_exposed():
     assert value(other, "agentik_transport_reconnects_total", transport="libera") == 0
 
 
-async def test_budget_refusals_and_approvals_are_counted(tmp_path):
+async def test_budget_refusals_and_messages_in_are_counted(tmp_path):
     config = parse_config({
         "llm": {"backend": "scripted"}, "storage": {"path": str(tmp_path / "b.db")},
         "memory": {"backend": "none"}, "compaction": {"enabled": False},
@@ -216,6 +216,51 @@ async def test_budget_refusals_and_approvals_are_counted(tmp_path):
         s = parse(bot.metrics.render()[0].decode())
     assert value(s, "agentik_budget_refusals_total", scope="channel", kind="messages") == 2
     assert value(s, "agentik_messages_received_total", transport="term") == 3
+
+
+async def test_approvals_requested_and_resolved_are_counted(tmp_path):
+    from agentik.core.testing.scripted import Reply as ScriptedReply
+    from agentik.core.testing.scripted import call
+    from agentik.core.tools.base import tool
+
+    @tool(
+        name="fs__write_file",
+        description="Write a file",
+        parameters={"type": "object", "properties": {"path": {"type": "string"}}},
+    )
+    async def write(path: str) -> str:
+        return f"wrote {path}"  # pragma: no cover - denied  # fmt: skip
+
+    config = parse_config({
+        "llm": {"backend": "scripted"}, "storage": {"path": str(tmp_path / "a.db")},
+        "memory": {"backend": "none"}, "compaction": {"enabled": False},
+        "transports": {"term": {"type": "stdio"}},
+        "approvals": [{"tools": ["fs__*"], "approvers": "user"}],
+    }, env={})  # fmt: skip
+    chat = FakeTransport(name="term")
+    bot = Bot(config, transports={"term": chat})
+    bot.agent.add_tool(write)
+    bot.agent.llm.enqueue(ScriptedReply(tool_calls=[call("fs__write_file", {"path": "/motd"})]))
+    bot.agent.llm.enqueue("not written, then")
+    async with bot:
+        asked = bot.agent.events(kinds=["approval_requested"])
+        await chat.say("write the motd", user="alice")
+        async with asyncio.timeout(60):
+            request = await anext(aiter(asked))
+        await asked.aclose()
+        await chat.say(f"!deny {request.approval_id}", user="alice")
+        await bot.bridge.flush(chat.key(user="alice"))
+        registry = bot.metrics.registry
+        async with asyncio.timeout(60):
+            await bot.metrics.wait_until(
+                lambda: (
+                    registry.get_sample_value("agentik_turns_total", {"stop_reason": "stop"}) == 1
+                )
+            )
+        s = parse(bot.metrics.render()[0].decode())
+    assert value(s, "agentik_approvals_requested_total", tool="fs__write_file") == 1
+    assert value(s, "agentik_approvals_resolved_total", decision="denied") == 1
+    assert value(s, "agentik_tool_calls_total", tool="fs__write_file", outcome="error") == 1
 
 
 def test_json_log_fields_and_text_lines():
