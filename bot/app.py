@@ -19,6 +19,8 @@ from agentik.transports.base import Transport, TransportFailed
 from .bridge import Bridge, options_from
 from .builder import AgentBuilder
 from .config import Config, TransportSection
+from .logs import log_event
+from .metrics import Metrics
 
 __all__ = ["Bot", "load_registry"]
 
@@ -85,6 +87,11 @@ class Bot:
         )
         # One comparison of roles everywhere: approvals' approvers use the policy's.
         self.agent.approvals.at_least = self.bridge.access.at_least
+        #: Prometheus metrics (``GET /metrics`` on the HTTP transport; ``metrics.render()``).
+        self.metrics = Metrics(self.agent)
+        self.bridge.metrics = self.metrics
+        if self.bridge.budgets is not None:
+            self.bridge.budgets.on_refusal = self.metrics.budget_refused
         self.transports: dict[str, Transport] = dict(transports or {})
         #: Transport types this bot runs (``agentik chat``: only the terminal); None: all.
         self.only = only
@@ -117,6 +124,8 @@ class Bot:
                 self._hup_installed = True
         await self.agent.start()
         try:
+            self.metrics.start()
+            self._log_model()
             # Roles given in chat by earlier runs apply from the first message.
             await self.bridge.access.load(self.agent.store)
             for transport in self.transports.values():
@@ -302,7 +311,43 @@ class Bot:
             await self.agent.hooks.call("transport_stop", transport=transport)
         self._started.clear()
         await self.bridge.aclose()
+        await self.metrics.aclose()
         await self.agent.aclose()
+
+    def _log_model(self) -> None:
+        """One start-up line per model: backend, model and endpoint (never a secret)."""
+        models = {"": self.agent.llm, **self.agent.profiles}
+        for profile, llm in models.items():
+            url = _public_url(getattr(llm, "base_url", None))
+            log_event(
+                log, logging.INFO, "startup", "model%s: %s %s%s",
+                f" profile {profile}" if profile else "", llm.name or type(llm).__name__,
+                llm.model or "(default model)", f" at {url}" if url else "",
+                backend=llm.name or type(llm).__name__, model=llm.model or None, url=url,
+                profile=profile or None,
+            )  # fmt: skip
+        tools = self.agent.tools
+        log_event(
+            log, logging.INFO, "startup", "%d tools: %s", len(tools),
+            ", ".join(sorted(t.name for t in tools)) or "none", tools=len(tools),
+        )  # fmt: skip
+
+
+def _public_url(url: object) -> str | None:
+    """``url`` without user info, query or fragment (where credentials hide)."""
+    if not isinstance(url, str) or not url:
+        return None
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = host + (f":{parts.port}" if parts.port else "")
+    except ValueError:
+        return None
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def access_policy(config: Config) -> AccessPolicy:

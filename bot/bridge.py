@@ -35,7 +35,7 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentik.core import Agent, Conversation
 from agentik.core.access import AccessPolicy, Decision
@@ -85,7 +85,11 @@ from .chansettings import (
     split_args,
 )
 from .config import AgentSection
+from .logs import log_event
 from .outbox import Outbox
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 __all__ = ["COMMANDS", "Bridge", "ChannelOptions", "RoleFor", "default_role_for"]
 
@@ -209,6 +213,8 @@ class Bridge(AgentAccess):
         # Conversations whose tools a channel's ``tools`` setting narrowed (a
         # conversation object can outlive its channel's renderer).
         self._narrowed: weakref.WeakSet[Conversation] = weakref.WeakSet()
+        #: Where messages in and out are counted (the bot's :class:`~agentik.bot.metrics.Metrics`).
+        self.metrics: Metrics | None = None
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options.
@@ -270,6 +276,8 @@ class Bridge(AgentAccess):
         waits for the one before it to be queued (or its command started) before
         anything of its own that awaits (settings and budgets read the store).
         """
+        if self.metrics is not None:
+            self.metrics.message_in(transport.name)
         text = message.text.strip()
         if not text:
             return
@@ -1192,6 +1200,9 @@ class Bridge(AgentAccess):
                 )  # fmt: skip
             except Exception:
                 log.exception("transport %s could not send to %s", transport.name, key)
+            else:
+                if self.metrics is not None:
+                    self.metrics.message_out(transport.name, kind)
         return len(pieces)
 
     async def _render(self, ch: _Channel) -> None:
@@ -1203,6 +1214,7 @@ class Bridge(AgentAccess):
             except Exception:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
             if event.kind == "turn_ended":
+                _log_answer(ch, event)
                 await self._budget_turn_ended(event, ch.key)
                 ch.run_reply_to.pop(event.run_id or "", None)
                 ch.run_asker.pop(event.run_id or "", None)
@@ -1461,6 +1473,31 @@ class _Renderer:
                 text = "\n".join(lines[:cap])
         for piece in split_text(text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars):
             await self._out(piece, "answer", run)
+
+
+def _log_answer(ch: _Channel, e: TurnEnded) -> None:
+    """One INFO line per answered message, with fields; the answer's text at DEBUG only."""
+    u = e.usage
+    fields = {
+        "transport": ch.transport.name,
+        "channel": ch.key,
+        "conversation_id": e.conversation_id,
+        "run_id": e.run_id,
+        "duration": round(e.duration, 3),
+        "tokens": u.total_tokens or u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "tool_calls": e.tool_calls,
+        "stop_reason": e.stop_reason,
+    }
+    log_event(
+        log, logging.INFO, "answer", "answered in %s (conversation %s, run %s): %s, %.2f s, "
+        "%d tokens, %d tool calls", ch.key, e.conversation_id, e.run_id, e.stop_reason,
+        e.duration, fields["tokens"], e.tool_calls, **fields,
+    )  # fmt: skip
+    if log.isEnabledFor(logging.DEBUG):
+        log_event(log, logging.DEBUG, "answer_text", "answer of run %s: %s", e.run_id, e.text,
+                  **fields)  # fmt: skip
 
 
 def _rows(

@@ -4,6 +4,12 @@
 root logger: ``text`` lines (``time level logger: message``) or ``json``
 objects, one per line.  Every configured secret value is replaced by
 ``***`` in the final output, whatever logger produced it.
+
+**Fields.**  A log call's ``extra=`` values (``transport``, ``channel``,
+``conversation_id``, ``run_id``, ``event``, ``duration``, ``tokens``, …) are
+keys of the JSON object besides ``ts``, ``level``, ``logger`` and ``msg``;
+:func:`log_event` is the short way to write such a line.  Text lines show
+the message only.
 """
 
 from __future__ import annotations
@@ -13,8 +19,45 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["RedactingFormatter", "add_secrets", "setup_logging"]
+__all__ = ["RedactingFormatter", "add_secrets", "log_event", "setup_logging"]
+
+#: Attributes every LogRecord has: anything else came from ``extra=``.
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+#: Keys of the JSON object that fields may not replace.
+_RESERVED = frozenset({"ts", "level", "logger", "msg"})
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def log_event(
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    level: int,
+    event: str,
+    msg: str,
+    *args: object,
+    **fields: Any,
+) -> None:
+    """Log ``msg % args`` with ``event`` and ``fields`` as structured fields.
+
+    ``log_event(log, logging.INFO, "answer", "answered in %s", key, run_id=r)``:
+    JSON logs get ``"event": "answer", "run_id": r`` as keys.
+    """
+    if logger.isEnabledFor(level):
+        logger.log(level, msg, *args, extra={"event": event, **fields})
 
 
 class RedactingFormatter(logging.Formatter):
@@ -33,15 +76,16 @@ class RedactingFormatter(logging.Formatter):
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         ts += f".{int(record.msecs):03d}Z"
         if self.fmt == "json":
-            line = json.dumps(
-                {
-                    "ts": ts,
-                    "level": record.levelname.lower(),
-                    "logger": record.name,
-                    "msg": message,
-                },
-                ensure_ascii=False,
-            )
+            obj: dict[str, Any] = {
+                "ts": ts,
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "msg": message,
+            }
+            for key, value in record.__dict__.items():
+                if key not in _STANDARD and key not in _RESERVED and not key.startswith("_"):
+                    obj[key] = _jsonable(value)
+            line = json.dumps(obj, ensure_ascii=False)
         else:
             line = f"{ts} {record.levelname:<7} {record.name}: {message}"
         for secret in self.secrets:

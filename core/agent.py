@@ -23,6 +23,7 @@ from .keyedlocks import KeyedLocks
 from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
 from .messages import Message
+from .observe import RequestStats
 from .services import AgentServices, AgentState, kinds_of
 from .settings import settings_dataclass
 from .store.base import ConversationRecord, Store
@@ -121,6 +122,9 @@ class Agent:
         #: Most events kept in all conversations' replay buffers together; the
         #: least recently active conversations lose theirs first.
         self.event_budget = event_budget
+        #: Called once per model request with its :class:`~agentik.core.observe.RequestStats`
+        #: (backend, model, latency, time to first token, tokens): metrics hang here.
+        self.request_observers: list[Callable[[RequestStats], None]] = []
         self._tools: dict[str, Tool] = {}
         for t in (*tools, *self.memory.tools()):
             self.add_tool(t)

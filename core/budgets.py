@@ -258,6 +258,8 @@ class Budgets:
         self._sending = KeyedLocks()
         self._pruned = 0.0
         self._watcher: asyncio.Task[None] | None = None
+        #: Called with ``(scope, kind)`` on every refusal (metrics count them).
+        self.on_refusal: Callable[[str, str], None] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -330,6 +332,8 @@ class Budgets:
                 for kind in _TURN_KINDS:
                     limit = limits.limit(kind)
                     if limit and used[(scope, kind)] >= limit:
+                        if self.on_refusal is not None:
+                            self.on_refusal(scope, kind)
                         return self._notice(subject, scope, key, kind, limit, now)
             await self.record(subject, "messages", 1, now=now)
         return None
@@ -442,6 +446,8 @@ class Budgets:
             for scope, _key, limits in self.limits(subject):
                 limit = limits.tool_calls_per_day
                 if limit and used[(scope, "tool_calls")] >= limit:
+                    if self.on_refusal is not None:
+                        self.on_refusal(scope, "tool_calls")
                     who = {"channel": "this channel's", "unverified": "the unverified speakers'"}
                     whose = who.get(scope, "your")
                     return (

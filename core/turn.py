@@ -22,7 +22,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ContextTooLong, LLMError, StoreError, ToolError
 from .events import (
@@ -49,6 +49,7 @@ from .llm.base import (
     UsageItem,
 )
 from .messages import ChatMessage, Message, MessageKind, MessageStatus, NewMessage, ToolCall, Usage
+from .observe import RequestStats
 from .tools.base import Tool, ToolContext, ToolResult, TurnPolicy, spec_of
 
 if TYPE_CHECKING:
@@ -121,6 +122,8 @@ class TurnRunner:
         self._budget: asyncio.Timeout | None = None
         self._waiting_approvals = 0
         self._budget_left: float | None = None
+        #: When the current model request's first item came (request observers).
+        self._first_item: float | None = None
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: type[Event], **fields: Any) -> None:
@@ -525,6 +528,47 @@ class TurnRunner:
     async def _stream(
         self, request: LLMRequest, backend: LLMBackend, *, hold: bool = False
     ) -> tuple[str, list[ToolCall], str | None]:
+        """:meth:`_stream_response`, timed for the agent's request observers (if any)."""
+        observers = self.services.agent.request_observers
+        if not observers:
+            return await self._stream_response(request, backend, hold=hold)
+        before = self.state.usage
+        self._first_item = None
+        started = time.monotonic()
+        outcome: Literal["ok", "error", "cancelled"] = "error"
+        try:
+            result = await self._stream_response(request, backend, hold=hold)
+            outcome = "ok"
+            return result
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            end = time.monotonic()
+            first = self._first_item
+            stats = RequestStats(
+                backend=backend.name or type(backend).__name__,
+                model=request.model or backend.model or "",
+                duration=end - started,
+                first_token=None if first is None else first - started,
+                usage=Usage(
+                    prompt_tokens=self.state.usage.prompt_tokens - before.prompt_tokens,
+                    completion_tokens=self.state.usage.completion_tokens - before.completion_tokens,
+                    total_tokens=self.state.usage.total_tokens - before.total_tokens,
+                ),
+                outcome=outcome,
+                conversation_id=self.parts.id,
+                run_id=self.run_id,
+            )
+            for observe in observers:
+                try:
+                    observe(stats)
+                except Exception:
+                    log.exception("a request observer failed")
+
+    async def _stream_response(
+        self, request: LLMRequest, backend: LLMBackend, *, hold: bool = False
+    ) -> tuple[str, list[ToolCall], str | None]:
         """Stream one response; with ``hold`` the text is not emitted (hooks see it first).
 
         Past ``max_answer_chars`` the stream is closed (the backend stops the
@@ -540,6 +584,8 @@ class TurnRunner:
         gen = backend.stream(request)
         async with contextlib.aclosing(gen):  # type: ignore[type-var]
             async for item in gen:
+                if self._first_item is None and not isinstance(item, (UsageItem, FinishItem)):
+                    self._first_item = time.monotonic()
                 if isinstance(item, TextChunk):
                     partial.append(item.text)
                     piece = item.text

@@ -727,9 +727,15 @@ class _Server:
                 # Said at the level the loss was: whoever saw that sees this.
                 level, self._trouble_level = self._trouble_level, logging.WARNING
                 self._trouble = self._said_unavailable = False
-                log.log(level, "mcp %s: back, %d tools", cfg.name, len(self.tools))
+                log.log(
+                    level, "mcp %s: back, %d tools", cfg.name, len(self.tools),
+                    extra={"event": "mcp_restored", "server": cfg.name, "tools": len(self.tools)},
+                )  # fmt: skip
             else:
-                log.info("mcp %s: %d tools", cfg.name, len(self.tools))
+                log.info(
+                    "mcp %s: %d tools", cfg.name, len(self.tools),
+                    extra={"event": "mcp_ready", "server": cfg.name, "tools": len(self.tools)},
+                )  # fmt: skip
             while not (self._closing.is_set() or self._lost):
                 await self._wake.wait()
                 self._wake.clear()

@@ -33,13 +33,14 @@ code                        status  when
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.applications import Starlette
@@ -164,6 +165,18 @@ class ApiContext:
     #: ``role_for(transport_name, message, channel_key)``: the speaker's role, for
     #: budgets and approvals, taken from the bridge (``None``: everyone is ``user``).
     role_for: Callable[[str, IncomingMessage, str], str] | None = None
+    #: The bot's metrics (``render() -> (body, content_type)``), served at ``/metrics``.
+    metrics: MetricsSource | None = None
+    #: The bearer token ``/metrics`` requires (``metrics_token_env``); ``None``: the API's.
+    metrics_token: bytes | None = None
+
+
+class MetricsSource(Protocol):
+    """What ``/metrics`` serves and where posted messages are counted."""
+
+    def render(self) -> tuple[bytes, str]: ...
+
+    def message_in(self, transport: str) -> None: ...
 
 
 #: Longest title taken from a conversation's first message.
@@ -382,6 +395,28 @@ class Api:
             {"status": "ok" if running else "unavailable"}, status_code=200 if running else 503
         )
 
+    async def metrics(self, request: Request) -> Response:
+        """The Prometheus exposition: ``metrics_token`` if set, else an API token, else open."""
+        source = self.ctx.metrics
+        assert source is not None
+        required = self.ctx.metrics_token
+        header = request.headers.get("authorization") or ""
+        if required is not None:
+            scheme, _, value = header.strip().partition(" ")
+            presented = value.strip().encode("utf-8", "surrogateescape")
+            ok = scheme.lower() == "bearer" and hmac.compare_digest(required, presented)
+        else:
+            ok = self.ctx.tokens.lookup(header or None) is not None
+        if not ok:
+            raise ApiError(
+                401,
+                "unauthorized",
+                "a valid bearer token is required (Authorization: Bearer <token>)",
+                headers={"WWW-Authenticate": 'Bearer realm="agentik-metrics"'},
+            )
+        body, content_type = source.render()
+        return Response(body, headers={"Content-Type": content_type})
+
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(
             openapi_document(
@@ -491,6 +526,8 @@ class Api:
             if not decision.answer:
                 raise ApiError(403, "forbidden", "this token may not ask the bot here")
             allow_tool = decision.tools
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.message_in(self.ctx.instance)
         subject = await self._admit(
             principal, channel or f"conversation:{conv.id}", author, body.content
         )
@@ -747,6 +784,8 @@ def build_app(ctx: ApiContext) -> Starlette:
     ]
     if ctx.page is not None:
         paths.append(("/", {"GET": api.page}))
+    if ctx.metrics is not None:
+        paths.append(("/metrics", {"GET": api.metrics}))
     routes = [
         Route(
             path,

@@ -76,6 +76,12 @@ class HttpSettings(BaseModel):
     #: ``"slack:"`` (or write ``["*"]``: every conversation) to expose other
     #: transports' conversations to anything that reaches the API.
     local_channels: list[str] = Field(default_factory=lambda: ["http:"])
+    #: Serve the bot's Prometheus metrics at ``GET /metrics`` (outside ``prefix``).
+    metrics: bool = True
+    #: Environment variable holding the bearer token a scraper must present at
+    #: ``/metrics`` (at least 16 characters).  Unset: any API token (none
+    #: configured: no token, and the server only listens on loopback).
+    metrics_token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
     # -- connection limits (transports/http/server.py) --------------------------------------
     #: Seconds a connection gets to send a complete request head, from when it opens

@@ -50,7 +50,7 @@ from agentik.transports.base import (
     Transport,
 )
 
-from .api import ApiContext, build_app
+from .api import ApiContext, MetricsSource, build_app
 from .auth import TokenTable, load_tokens
 from .server import ApiServer, GuardedHttpProtocol, Limits
 from .settings import HttpSettings
@@ -92,6 +92,7 @@ class HttpTransport(Transport):
         settings: dict[str, Any] | None = None,
         agent: Agent | None = None,
         environ: Mapping[str, str] | None = None,
+        metrics: MetricsSource | None = None,
     ) -> None:
         super().__init__(name=name, settings=settings)
         env = os.environ if environ is None else environ
@@ -105,6 +106,9 @@ class HttpTransport(Transport):
                 raise ConfigError(f"AGENTIK_PORT: not a port number: {raw!r} ({where}.port)")
             self.port = int(raw)
         self.tokens: TokenTable = load_tokens(self.options.tokens, where=where, environ=env)
+        #: What ``/metrics`` serves; set here or taken from the sink (the bot's bridge).
+        self.metrics = metrics
+        self.metrics_token = _metrics_token(self.options.metrics_token_env, where, env)
         self.host = self.options.host
         #: Without tokens a non-loopback address would expose an open API.
         self.loopback_only = not self.tokens.enabled and not _is_loopback(self.host)
@@ -142,6 +146,8 @@ class HttpTransport(Transport):
             # Budgets and roles, when the sink (the bot's bridge) has them.
             budgets=getattr(access, "budgets", None),
             role_for=getattr(access, "role_for", None),
+            metrics=(self.metrics or getattr(access, "metrics", None)) if o.metrics else None,
+            metrics_token=self.metrics_token,
         )
         if self._ctx.budgets is not None and self._ctx.budgets.enabled:
             # Turns of this API have no renderer: their tokens are counted from events.
@@ -156,7 +162,15 @@ class HttpTransport(Transport):
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{port}"
         page = f" (web page {self.url}/)" if o.web_ui else ""
-        log.info("transport %s: HTTP API on %s%s%s", self.name, self.url, o.prefix or "/", page)
+        scrape = f", metrics at {self.url}/metrics" if self._ctx.metrics is not None else ""
+        log.info(
+            "transport %s: HTTP API on %s%s%s%s", self.name, self.url, o.prefix or "/", page,
+            scrape, extra={
+                "event": "startup", "transport": self.name, "url": self.url + (o.prefix or "/"),
+                "web_page": f"{self.url}/" if o.web_ui else None, "tokens": len(self.tokens),
+                "metrics": f"{self.url}/metrics" if self._ctx.metrics is not None else None,
+            },
+        )  # fmt: skip
         if not self.tokens.enabled:
             note = (
                 f" (host {o.host!r} was replaced: an API without tokens only listens on loopback)"
@@ -252,6 +266,23 @@ class HttpTransport(Transport):
     async def send(self, message: OutgoingMessage) -> None:
         """API clients read events, not bridge messages: nothing is sent this way."""
         log.debug("transport %s: ignoring %s for %s", self.name, message.kind, message.channel_key)
+
+
+def _metrics_token(env_name: str | None, where: str, env: Mapping[str, str]) -> bytes | None:
+    """The value of ``metrics_token_env``; errors name the key (never the value)."""
+    if env_name is None:
+        return None
+    value = env.get(env_name, "").strip()
+    if not value:
+        raise ConfigError(
+            f"{where}.metrics_token_env: environment variable {env_name} is not set or empty"
+        )
+    if len(value) < 16:
+        raise ConfigError(
+            f"{where}.metrics_token_env: the token in {env_name} is too short (use at least"
+            " 16 characters, e.g. from `openssl rand -hex 32`)"
+        )
+    return value.encode("utf-8")
 
 
 def _access_policy(sink: object) -> AccessPolicy | None:

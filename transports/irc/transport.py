@@ -258,6 +258,13 @@ class IRCTransport(Transport):
             )
         irc3, connection, bot_cls = _irc3()
         o = self.options
+        channels = [entry.partition(" ")[0] for entry in o.channels]  # never a channel key
+        log.info(
+            "irc %s: server %s (%s), nick %s, channels %s", self.name, self._where,
+            "TLS" if o.tls else "plain text", o.nick, ", ".join(channels) or "none",
+            extra={"event": "startup", "transport": self.name, "host": o.host,
+                   "port": o.effective_port, "tls": o.tls, "nick": o.nick, "channels": channels},
+        )  # fmt: skip
         self._bot = bot_cls(
             nick=o.nick, username=o.username, realname=o.realname, host=o.host,
             port=o.effective_port, ssl=o.tls, asynchronous=False,
@@ -318,6 +325,12 @@ class IRCTransport(Transport):
     def _where(self) -> str:
         return f"{self.options.host}:{self.options.effective_port}"
 
+    def _fields(self, event: str, **more: Any) -> dict[str, Any]:
+        """Structured log fields (``extra=``) of a connection line."""
+        o = self.options
+        return {"event": event, "transport": self.name, "host": o.host,
+                "port": o.effective_port, "tls": o.tls, **more}  # fmt: skip
+
     async def _run(self) -> None:
         """Connect, and reconnect with backoff, until closed or failed."""
         o = self.options
@@ -328,7 +341,10 @@ class IRCTransport(Transport):
                 self._fail(str(exc))
                 break
             except _CannotConnect as exc:
-                log.warning("irc %s: cannot connect to %s: %s", self.name, self._where, exc)
+                log.warning(
+                    "irc %s: cannot connect to %s: %s", self.name, self._where, exc,
+                    extra=self._fields("connection_failed", reason=str(exc)),
+                )  # fmt: skip
                 if self._down_since is None:
                     self._down_since = time.monotonic()
             else:
@@ -460,7 +476,10 @@ class IRCTransport(Transport):
         # Shutting down, or giving up (already logged at ERROR): nothing to warn about.
         level = logging.DEBUG if self._closing or self.failed else logging.WARNING
         why = self._hangup_reason or (_describe(exc) if exc else "closed")
-        log.log(level, "irc %s: connection to %s lost (%s)", self.name, self._where, why)
+        log.log(
+            level, "irc %s: connection to %s lost (%s)", self.name, self._where, why,
+            extra=self._fields("connection_lost", reason=why),
+        )  # fmt: skip
         if not self._closing and self._down_since is None:
             self._down_since = time.monotonic()
         self._sasl_waiting = False
@@ -747,13 +766,18 @@ class IRCTransport(Transport):
         network = self.isupport.get("NETWORK") or self.server_name or self._where
         if self._down_since is not None:
             # Restored: logged at the level the loss was.
+            down = time.monotonic() - self._down_since
             log.warning(
                 "irc %s: registered as %s on %s: connection restored after %.0f s",
-                self.name, self.nick, network, time.monotonic() - self._down_since,
+                self.name, self.nick, network, down,
+                extra=self._fields("connection_restored", network=network, down_for=round(down, 1)),
             )  # fmt: skip
             self._down_since = None
         else:
-            log.info("irc %s: registered as %s on %s", self.name, self.nick, network)
+            log.info(
+                "irc %s: registered as %s on %s", self.name, self.nick, network,
+                extra=self._fields("connected", network=network, nick=self.nick),
+            )  # fmt: skip
         bot_mode = self.isupport.get("BOT")
         if bot_mode:
             self._write(format_line("MODE", self.nick, f"+{bot_mode}"))
@@ -799,7 +823,10 @@ class IRCTransport(Transport):
             self.user, self.host = user, host
         self.joined.add(chan)
         self._members[chan] = set()
-        log.info("irc %s: joined %s", self.name, line.params[0])
+        log.info(
+            "irc %s: joined %s", self.name, line.params[0],
+            extra=self._fields("joined", channel=line.params[0]),
+        )  # fmt: skip
         if "WHOX" in self.isupport:
             # Who is already there, with their accounts (354 replies).
             self._enqueue(line.params[0], format_line("WHO", line.params[0],

@@ -274,12 +274,18 @@ class SlackTransport(Transport):
             socket.message_listeners.append(self._on_socket_message)
             socket.on_close_listeners.append(self._on_socket_close)
             await self._handler.connect_async()
-            log.info("slack %s: connected to %s, Socket Mode", self.name, self.where)
+            log.info(
+                "slack %s: connected to %s, Socket Mode", self.name, self.where,
+                extra={"event": "startup", "transport": self.name, "url": self.where,
+                       "mode": "socket"},
+            )  # fmt: skip
         else:
             await self._serve_http()
             log.info(
                 "slack %s: connected to %s, HTTP mode: Events API at http://%s:%s%s",
                 self.name, self.where, o.http_host, self.http_port, o.http_path,
+                extra={"event": "startup", "transport": self.name, "url": self.where,
+                       "mode": "http", "listen": f"{o.http_host}:{self.http_port}{o.http_path}"},
             )  # fmt: skip
 
     def state_path(self, sink: Any) -> str:
@@ -302,13 +308,17 @@ class SlackTransport(Transport):
         if message.get("type") == "hello":
             self._connections += 1
             if self._connections > 1:
-                log.info("slack %s: Socket Mode reconnected to %s", self.name, self.where)
+                log.info(
+                    "slack %s: Socket Mode reconnected to %s", self.name, self.where,
+                    extra={"event": "connection_restored", "transport": self.name},
+                )  # fmt: skip
 
     async def _on_socket_close(self, message: Any) -> None:
         if self._handler is not None and not self._handler.client.closed:
             log.info(
                 "slack %s: Socket Mode connection lost (close code %s); reconnecting",
                 self.name, getattr(message, "data", None),
+                extra={"event": "connection_lost", "transport": self.name},
             )  # fmt: skip
 
     async def _serve_http(self) -> None:
