@@ -184,6 +184,8 @@ class IRCTransport(Transport):
     default_max_answer_lines = 4
     settings_model = IRCSettings
     outbox = True
+    # connecting / registered / lost, reported as they happen.
+    reports_health = True
 
     options: IRCSettings
 
@@ -329,6 +331,7 @@ class IRCTransport(Transport):
                 break
             except _CannotConnect as exc:
                 log.warning("irc %s: cannot connect to %s: %s", self.name, self._where, exc)
+                self.set_health("reconnecting", f"cannot connect to {self._where}: {exc}")
                 if self._down_since is None:
                     self._down_since = time.monotonic()
             else:
@@ -352,6 +355,9 @@ class IRCTransport(Transport):
         log.info(
             "irc %s: connecting to %s (%s)", self.name, self._where, "TLS" if ctx else "plain text"
         )
+        if self.health.state in ("starting", "connected"):
+            self.set_health(self.health.state if self.health.state == "starting" else
+                            "reconnecting", f"connecting to {self._where}")  # fmt: skip
         transport, protocol = await self._open(ctx)
         tls = transport.get_extra_info("ssl_object")
         log.info(
@@ -463,6 +469,8 @@ class IRCTransport(Transport):
         log.log(level, "irc %s: connection to %s lost (%s)", self.name, self._where, why)
         if not self._closing and self._down_since is None:
             self._down_since = time.monotonic()
+        if not self._closing and not self.failed:
+            self.set_health("reconnecting", f"connection to {self._where} lost ({why})")
         self._sasl_waiting = False
         if self._sasl_timer is not None:
             self._sasl_timer.cancel()
@@ -487,6 +495,7 @@ class IRCTransport(Transport):
     def _fail(self, why: str) -> None:
         log.error("irc %s: %s", self.name, why)
         self.failed = why
+        self.set_health("failed", why)
         self._lost.set()
         if self._protocol is not None:
             with contextlib.suppress(Exception):
@@ -745,6 +754,7 @@ class IRCTransport(Transport):
             return
         self.registered.set()
         network = self.isupport.get("NETWORK") or self.server_name or self._where
+        self.set_health("connected", None)
         if self._down_since is not None:
             # Restored: logged at the level the loss was.
             log.warning(
