@@ -259,6 +259,7 @@ class HealthServer:
         sock.setblocking(False)
         config = uvicorn.Config(
             self._app,
+            interface="asgi3",
             loop="none",
             lifespan="off",
             http=GuardedHttpProtocol,
