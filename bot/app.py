@@ -199,7 +199,9 @@ class Bot:
             self.health.add_provider(self._mcp_health)
             self._watchers.append(
                 asyncio.create_task(
-                    watch_model(self.agent, self.health, self.config.llm.backend),
+                    watch_model(
+                        self.agent, self.health, getattr(self.agent.llm, "name", "") or "llm"
+                    ),
                     name="agentik-health:model",
                 )
             )

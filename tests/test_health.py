@@ -493,3 +493,49 @@ def test_sd_notify_sends_one_datagram_and_is_quiet_without_systemd(tmp_path):
         assert sock.recv(100) == b"STATUS=hello"
     assert not sd_notify("READY=1", {})
     assert not sd_notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "missing.sock")})
+
+
+# -- MCP servers and the model -------------------------------------------------------------------
+
+
+async def test_mcp_servers_and_the_model_report_their_state(openai_server, tmp_path):
+    import sys
+
+    from agentik.core.testing.openai_server import Reply
+
+    server = Path(__file__).with_name("mcp_server.py")
+    config = make_config(
+        tmp_path,
+        openai_server,
+        f"""
+[[mcp.servers]]
+name = "good"
+command = "{sys.executable}"
+args = ["{server}"]
+[[mcp.servers]]
+name = "broken"
+command = "/nonexistent/agentik-mcp-server"
+[transports.web]
+type = "http"
+port = 0
+""",
+    )
+    async with Bot(config) as bot:
+        components = bot.status()["components"]
+        assert components["mcp:good"]["state"] == "connected"
+        broken = components["mcp:broken"]
+        assert broken["state"] == "failed" and "agentik-mcp-server" in broken["reason"]
+        # MCP servers do not decide readiness; they show as degraded.
+        assert bot.status()["ready"] is True and "mcp:broken" in bot.status()["degraded"]
+
+        conv = await bot.agent.create_conversation(title="t")
+        openai_server.enqueue(Reply.error(400, "the model refused this request"))
+        await conv.send("hello")
+        await until_state(bot.health, "model:openai", "degraded")
+        model = bot.health.get("model:openai")
+        assert model is not None and "the model refused this request" in (model.reason or "")
+
+        await conv.send("again")  # the fake echoes: the next request works
+        await until_state(bot.health, "model:openai", "connected")
+        status = bot.status()
+        assert status["components"]["model:openai"]["reason"] is None

@@ -210,6 +210,8 @@ class IRCTransport(Transport):
         self._closing = False
         self._connected_at = 0.0
         self._attempt = 0
+        #: The connection and send loops (``serve`` raises what breaks one of them).
+        self._main: list[asyncio.Future[Any]] = []
         self._lost = asyncio.Event()
         self._queue: deque[_Out] = deque()
         self._queue_changed = asyncio.Event()
@@ -268,8 +270,10 @@ class IRCTransport(Transport):
         self._bot.owner = self
         self._connection_cls = connection
         self._bot.attach_events(irc3.event(r"^(?P<raw>.*)$", self._on_line))
-        self.spawn(self._run(), name=f"agentik-irc:{self.name}")
-        self.spawn(self._send_loop(), name=f"agentik-irc-send:{self.name}")
+        self._main = [
+            self.spawn(self._run(), name=f"agentik-irc:{self.name}"),
+            self.spawn(self._send_loop(), name=f"agentik-irc-send:{self.name}"),
+        ]
 
     async def aclose(self) -> None:
         if self._closing:
@@ -292,7 +296,17 @@ class IRCTransport(Transport):
         self.closed.set()
 
     async def serve(self) -> None:
-        """Until closed; raises :class:`TransportFailed` when the network failed for good."""
+        """Until closed; raises :class:`TransportFailed` when the network failed for good,
+        and what broke the connection or send loop if one of them crashed (the bot
+        restarts the transport then)."""
+        closed = asyncio.ensure_future(self.closed.wait())
+        try:
+            await asyncio.wait({closed, *self._main}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        for task in self._main:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
         await self.closed.wait()
         if self.failed is not None:
             raise TransportFailed(f"irc {self.name}: {self.failed}")
