@@ -7,11 +7,15 @@ import contextlib
 import logging
 import os
 import signal
+import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from agentik.core import Agent, AgentikError, ConfigError
 from agentik.core.access import AccessPolicy
 from agentik.core.budgets import Budgets
+from agentik.core.health import Health, status_of, watch_model, without_reasons
 from agentik.core.plugins import Registry, load_plugins
 from agentik.core.settings import is_file_path, setting_fields
 from agentik.transports.base import Transport, TransportFailed
@@ -19,6 +23,7 @@ from agentik.transports.base import Transport, TransportFailed
 from .bridge import Bridge, options_from
 from .builder import AgentBuilder
 from .config import Config, TransportSection
+from .health import HealthServer, load_token, sd_notify
 from .logs import log_event
 from .metrics import Metrics
 
@@ -92,6 +97,9 @@ class Bot:
         self.bridge.metrics = self.metrics
         if self.bridge.budgets is not None:
             self.bridge.budgets.on_refusal = self.metrics.budget_refused
+        #: States of transports, MCP servers and the model (``/health``, ``/ready``).
+        self.health = self.agent.health
+        self.health.grace = config.health.ready_grace
         self.transports: dict[str, Transport] = dict(transports or {})
         #: Transport types this bot runs (``agentik chat``: only the terminal); None: all.
         self.only = only
@@ -105,15 +113,106 @@ class Bot:
             if name not in self.transports:
                 self.transports[name] = make_transport(self.registry, name, section, config.source)
                 self.sections[name] = section
-        for name, transport in self.transports.items():
-            found = sections.get(name)
-            self.bridge.attach(transport, options_from(found, transport) if found else None)
+        for transport in self.transports.values():
+            self._attach(transport)
         self._started: list[Transport] = []
+        # The instance each supervisor task serves (a reload or a restart replaces it).
+        self._serving: dict[str, Transport] = {}
         # Set when the set of transports changed (a reload): serve() follows.
         self._transports_changed = asyncio.Event()
         # Set by SIGHUP: serve() reloads the configuration file.
         self._hup = asyncio.Event()
         self._hup_installed = False
+        self.listener: HealthServer | None = None
+        self._watchers: list[asyncio.Task[None]] = []
+        self._notified_ready = False
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def _attach(self, transport: Transport, options: Any = None) -> None:
+        """Attach ``transport`` to the bridge and follow its health."""
+        if options is None:
+            found = self.sections.get(transport.name)
+            options = options_from(found, transport) if found else None
+        self.bridge.attach(transport, options)
+        transport.on_health = self._on_transport_health
+        self.health.report(
+            f"transport:{transport.name}", transport.health.state, transport.health.reason,
+            type=transport.type,
+        )  # fmt: skip
+        self.metrics.transport_state(transport.name, transport.health.state)
+
+    def _on_transport_health(self, transport: Transport, health: Health) -> None:
+        if self.transports.get(transport.name) is transport:
+            self.health.report(f"transport:{transport.name}", health.state, health.reason)
+            self.metrics.transport_state(transport.name, health.state)
+
+    def _on_health_change(self, component: str, health: Health) -> None:
+        """sd_notify: ``READY=1`` the first time every transport is ready; ``STATUS=`` always."""
+        if not component.startswith("transport:"):
+            return
+        states = ", ".join(
+            f"{name} {h.state}" + (f" ({h.reason})" if h.reason and h.state != "connected" else "")
+            for name, h in sorted(self.health.transports().items())
+        )
+        message = f"STATUS={states}"
+        if not self._notified_ready and self.health.ready():
+            self._notified_ready = True
+            message = "READY=1\n" + message
+        sd_notify(message)
+
+    async def _start_listener(self) -> None:
+        settings = self.config.health
+        if not settings.listen:
+            return
+        listen = settings.listen
+        if listen.startswith("unix:"):
+            listen = "unix:" + self.config.resolve_path(listen[5:])
+        token = load_token(settings, resolve=self.config.resolve_path)
+        self.listener = HealthServer(
+            listen, health=self.health_response, ready=self.ready_response,
+            status=self.status_response, token=token,
+        )  # fmt: skip
+        self.listener.route("/metrics", self.metrics_response)
+        await self.listener.start()
+
+    # -- the listener's answers (also used by tests and plugins) ----------------------------
+    def status(self) -> dict[str, Any]:
+        """What ``/status`` answers: version, uptime, components, busy conversations."""
+        return status_of(self.agent, self.health)
+
+    async def health_response(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        running = self.agent.state.value == "running"
+        body = {"status": "ok" if running else "unavailable", **self._detail(request)}
+        return JSONResponse(body, status_code=200 if running else 503)
+
+    async def ready_response(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        detail = self._detail(request)
+        ready = detail["ready"] and self.agent.state.value == "running"
+        body = {"status": "ready" if ready else "not ready", **detail, "ready": ready}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    def _detail(self, request: Any) -> dict[str, Any]:
+        """Components' states; reasons only for an authorized caller (or with no token)."""
+        detail = self.health.detail()
+        listener = self.listener
+        if listener is not None and not listener.authorized(request.headers.get("authorization")):
+            return without_reasons(detail)
+        return detail
+
+    async def status_response(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(self.status())
+
+    async def metrics_response(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        body, content_type = self.metrics.render()
+        return Response(body, media_type=content_type)
 
     async def __aenter__(self) -> Bot:
         # SIGHUP from now on asks for a reload (carried out by serve()): one sent
@@ -126,6 +225,17 @@ class Bot:
         try:
             self.metrics.start()
             self._log_model()
+            self._unsubscribe = self.health.subscribe(self._on_health_change)
+            self.health.add_provider(self._mcp_health)
+            self._watchers.append(
+                asyncio.create_task(
+                    watch_model(
+                        self.agent, self.health, getattr(self.agent.llm, "name", "") or "llm"
+                    ),
+                    name="agentik-health:model",
+                )
+            )
+            await self._start_listener()
             # Roles given in chat by earlier runs apply from the first message.
             await self.bridge.access.load(self.agent.store)
             for transport in self.transports.values():
@@ -146,9 +256,11 @@ class Bot:
     async def start_transport(self, transport: Transport, options: Any = None) -> None:
         """Start ``transport`` (attached to the bridge first when ``options`` are given)."""
         if options is not None:
-            self.bridge.attach(transport, options)
+            self._attach(transport, options)
         await transport.start(self.bridge)
         self._started.append(transport)
+        if not transport.reports_health and transport.health.state == "starting":
+            transport.set_health("connected")
         await self.agent.hooks.call("transport_start", transport=transport)
 
     async def stop_transport(self, transport: Transport) -> None:
@@ -160,6 +272,111 @@ class Bot:
         if transport in self._started:
             self._started.remove(transport)
         await self.agent.hooks.call("transport_stop", transport=transport)
+
+    def _fresh(self, name: str, old: Transport) -> Transport:
+        """A new instance of transport ``name`` (a restart after a failure)."""
+        section = self.sections.get(name)
+        if section is not None:
+            return make_transport(self.registry, name, section, self.config.source)
+        return type(old)(name=name, settings=old.settings)  # type: ignore[call-arg]
+
+    def _mcp_health(self) -> list[tuple[str, Health]]:
+        """MCP servers' states, read from their toolsets when asked."""
+        states = {"connected": "connected", "restarting": "reconnecting", "failed": "failed"}
+        out: list[tuple[str, Health]] = []
+        for toolset in self.agent.toolsets:
+            status = getattr(toolset, "status", None)
+            if not callable(status) or not hasattr(toolset, "refresh"):
+                continue
+            for server in status():
+                state = states.get(server.get("state"), "starting")
+                reason = server.get("error") if state != "connected" else None
+                if server.get("state") == "lazy":
+                    reason = "lazy: starts when a tool is first used"
+                out.append((
+                    f"mcp:{server['name']}",
+                    Health(state, reason, since=server.get("since") or self.health.started),  # type: ignore[arg-type]
+                ))  # fmt: skip
+        return out
+
+    async def _supervise(self, name: str) -> None:
+        """Serve transport ``name``; restart it with backoff when its task fails.
+
+        A :class:`TransportFailed` (a refused login, a configuration the server
+        rejects) is permanent: no restart.  Any other exception is retried after
+        ``backoff_initial`` seconds, doubling up to ``backoff_max``; the
+        ``max_restarts + 1``-th failure within ``window`` seconds marks it
+        ``failed`` for good.  Either way the other transports keep running.
+        A reload that removes or replaces the instance ends this task quietly
+        (``serve()`` starts one for the new instance).
+        """
+        policy = self.config.supervision
+        failures: deque[float] = deque()
+        restarting = False
+        while True:
+            transport = self.transports[name]
+            self._serving[name] = transport
+            try:
+                if restarting:
+                    await self.start_transport(transport)
+                await transport.serve()
+                if self.transports.get(name) is not transport:
+                    return  # a reload stopped it
+                if transport.health.state != "failed":
+                    return  # finished on its own (a terminal at end of input)
+                raise TransportFailed(transport.health.reason or "failed")
+            except asyncio.CancelledError:
+                raise
+            except (TransportFailed, ConfigError) as exc:
+                if self.transports.get(name) is not transport:
+                    return
+                transport.set_health("failed", str(exc) or "failed")
+                if not isinstance(exc, TransportFailed):
+                    raise TransportFailed(f"transport {name}: {exc}") from None
+                raise
+            except Exception as exc:
+                if self.transports.get(name) is not transport:
+                    return
+                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                log.error("transport %s failed: %s", name, why, exc_info=exc)
+            now = time.monotonic()
+            failures.append(now)
+            while failures and now - failures[0] > policy.window:
+                failures.popleft()
+            if len(failures) > policy.max_restarts:
+                reason = (
+                    f"gave up after {len(failures)} failures in {policy.window:g} s: {why}"
+                    if policy.max_restarts
+                    else why
+                )
+                transport.set_health("failed", reason)
+                await self._stop(transport)
+                raise TransportFailed(f"transport {name}: {reason}")
+            delay = policy.backoff(len(failures))
+            transport.set_health("reconnecting", f"restarting in {delay:g} s after: {why}")
+            log.warning(
+                "transport %s: restarting in %g s (failure %d of at most %d in %g s)",
+                name, delay, len(failures), policy.max_restarts + 1, policy.window,
+            )  # fmt: skip
+            await self._stop(transport)
+            await asyncio.sleep(delay)
+            if self.transports.get(name) is not transport:
+                return  # a reload replaced or removed it meanwhile
+            try:
+                fresh = self._fresh(name, transport)
+            except Exception as exc:
+                reason = f"cannot be restarted: {exc}"
+                transport.set_health("failed", reason)
+                raise TransportFailed(f"transport {name}: {reason}") from None
+            fresh.set_health("reconnecting", f"restarting after: {why}")
+            self.transports[name] = fresh
+            self._attach(fresh)
+            self.bridge.rebind(name, fresh)
+            restarting = True
+
+    async def _stop(self, transport: Transport) -> None:
+        if transport in self._started:
+            await self.stop_transport(transport)
 
     async def reload(self, config: Config) -> str:
         """Put ``config`` in force without a restart (see :mod:`agentik.bot.reload`).
@@ -230,23 +447,28 @@ class Bot:
                 loop.add_signal_handler(sig, stop.set)
                 installed.append(sig)
         hup = self._hup
-        waiters: dict[asyncio.Future[Any], Transport] = {}
+        waiters: dict[asyncio.Future[Any], str] = {}
         pending: set[asyncio.Future[Any]] = set()
         retired: list[asyncio.Future[Any]] = []
 
         def follow() -> None:
-            """One waiter per running transport (a reload adds and removes some)."""
-            running = list(self.transports.values())
-            for waiter, transport in list(waiters.items()):
-                if not any(t is transport for t in running):
+            """One supervisor per running transport (a reload adds, removes and
+            replaces some; a supervisor's own restarts keep their task)."""
+            for waiter, name in list(waiters.items()):
+                if waiter.done():
+                    continue
+                current = self.transports.get(name)
+                if current is None or current is not self._serving.get(name):
                     del waiters[waiter]
                     pending.discard(waiter)
                     waiter.cancel()
                     retired.append(waiter)
-            for transport in running:
-                if not any(t is transport for t in waiters.values()):
-                    waiter = asyncio.ensure_future(transport.serve())
-                    waiters[waiter] = transport
+            live = {n for w, n in waiters.items() if not w.done()}
+            for name, transport in self.transports.items():
+                if name not in live:
+                    self._serving[name] = transport
+                    waiter = asyncio.ensure_future(self._supervise(name))
+                    waiters[waiter] = name
                     pending.add(waiter)
 
         follow()
@@ -279,7 +501,7 @@ class Bot:
                         continue
                     failures.append(str(exc) or type(exc).__name__)
                     log.error(
-                        "transport %s failed: %s%s", waiters[waiter].name, failures[-1],
+                        "transport %s failed: %s%s", waiters[waiter], failures[-1],
                         f" ({len(pending)} other transport(s) keep running)" if pending else "",
                         exc_info=None if isinstance(exc, AgentikError) else exc,
                     )  # fmt: skip
@@ -299,6 +521,7 @@ class Bot:
 
     async def aclose(self) -> None:
         """Stop transports, renderers and the agent; nothing is left running."""
+        sd_notify("STOPPING=1")
         if self._hup_installed:
             self._hup_installed = False
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -310,9 +533,19 @@ class Bot:
                 log.exception("closing transport %s failed", transport.name)
             await self.agent.hooks.call("transport_stop", transport=transport)
         self._started.clear()
+        if self.listener is not None:
+            await self.listener.aclose()
+            self.listener = None
         await self.bridge.aclose()
         await self.metrics.aclose()
         await self.agent.aclose()
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        self._watchers.clear()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
 
     def _log_model(self) -> None:
         """One start-up line per model: backend, model and endpoint (never a secret)."""

@@ -17,6 +17,7 @@
     agentik memory add SCOPE TEXT  write a note (scope: global, channel:KEY, user:ID)
     agentik memory search WORDS    full-text search
     agentik plugins                list loaded plugins and what they registered
+    agentik status [--url URL]     ask a running bot: transports, conversations, uptime
     agentik access roles           roles: the configuration's and those given in chat
     agentik access audit           who changed which role, when (newest first)
     agentik access check ID        an identity's role and what it may do (--channel KEY)
@@ -68,6 +69,7 @@ COMMANDS = (
     "memory add",
     "memory search",
     "plugins",
+    "status",
     "mcp list",
     "access roles",
     "access audit",
@@ -143,6 +145,20 @@ def _parser() -> argparse.ArgumentParser:
         help="configuration file, for [plugins] load (default: $AGENTIK_CONFIG, else"
         " config.toml if present, else none)",
     )
+    st = sub.add_parser("status", help="ask a running bot how it is (health listener or HTTP API)")
+    st.add_argument(
+        "-c",
+        "--config",
+        default=None,
+        help="configuration file: where the bot's health listener or HTTP API is"
+        " (default: $AGENTIK_CONFIG or config.toml)",
+    )
+    st.add_argument(
+        "--url",
+        help="ask here instead: http://HOST:PORT (health listener), http://HOST:PORT/agentik"
+        " (HTTP API) or unix:/path/to/health.sock",
+    )
+    st.add_argument("--json", action="store_true", help="print the answer as JSON")
     mcp = sub.add_parser("mcp", help="MCP servers")
     msub = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
@@ -165,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             args.config = os.environ.get("AGENTIK_CONFIG") or (
                 "config.toml" if os.path.exists("config.toml") else None
             )
+        if args.command == "status" and args.config is None and args.url is None:
+            args.config = os.environ.get("AGENTIK_CONFIG", "config.toml")
         config = load_config(args.config) if args.config is not None else Config()
         level = args.log_level or (
             "debug" if args.verbose >= 2 else "info" if args.verbose == 1 else config.logging.level
@@ -192,6 +210,8 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         return _plugins(config)
     if args.command == "mcp":
         return asyncio.run(_mcp_list(config))
+    if args.command == "status":
+        return _status(args, config)
     if args.command == "access":
         return asyncio.run(ACCESS_ACTIONS[args.action][2](args, config))
     if args.command == "memory":
@@ -299,6 +319,126 @@ def _check(config: Config) -> int:
         asyncio.run(_aclose(extra))
     asyncio.run(_aclose(backend))
     return 0
+
+
+# -- agentik status ----------------------------------------------------------------------------
+
+
+def _status_target(args: argparse.Namespace, config: Config) -> tuple[str, str | None]:
+    """The ``/status`` URL to ask (``unix:PATH`` for a socket) and the token to send."""
+    from .health import load_token
+
+    token = os.environ.get("AGENTIK_TOKEN") or None
+    if args.url:
+        url = args.url.rstrip("/")
+        return (url if url.startswith("unix:") else url + "/status"), token
+    health = config.health
+    if health.listen:
+        listen = health.listen
+        if token is None:
+            token = load_token(health, resolve=config.resolve_path)
+        if listen.startswith("unix:"):
+            return "unix:" + config.resolve_path(listen[5:]), token
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]")
+        if host in ("0.0.0.0", ""):
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}/status", token
+    for section in config.transports.values():
+        if section.type == "http" and section.enabled:
+            host = str(section.settings.get("host", "127.0.0.1"))
+            if host in ("0.0.0.0", ""):
+                host = "127.0.0.1"
+            elif host == "::":
+                host = "::1"
+            port = os.environ.get("AGENTIK_PORT") or section.settings.get("port", 8080)
+            prefix = section.settings.get("prefix", "/agentik")
+            shown = f"[{host}]" if ":" in host else host
+            return f"http://{shown}:{port}{prefix}/status", token
+    raise ConfigError(
+        f"{config.source}: health.listen: not set, and no http transport is enabled:"
+        " nothing to ask (set [health] listen, or use --url)"
+    )
+
+
+def _status(args: argparse.Namespace, config: Config) -> int:
+    import httpx
+
+    url, token = _status_target(args, config)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    where = url
+    try:
+        if url.startswith("unix:"):
+            path = url[5:]
+            transport = httpx.HTTPTransport(uds=path)
+            with httpx.Client(transport=transport, timeout=30) as client:
+                response = client.get("http://agentik/status", headers=headers)
+        else:
+            with httpx.Client(timeout=30) as client:
+                response = client.get(url, headers=headers)
+    except httpx.HTTPError as exc:
+        raise AgentikError(
+            f"nothing answers at {where}: {exc or type(exc).__name__}"
+            " (is the bot running, with [health] listen or the http transport?)"
+        ) from None
+    if response.status_code == 401:
+        raise AgentikError(
+            f"{where}: a token is needed (set AGENTIK_TOKEN, or [health] token_env/token_file)"
+        )
+    if response.status_code != 200:
+        raise AgentikError(f"{where}: HTTP {response.status_code}: {response.text[:200]}")
+    try:
+        data = response.json()
+    except ValueError:
+        raise AgentikError(f"{where}: not an agentik status answer") from None
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(_status_text(data))
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
+    shown = [f"{n}{unit}" for n, unit in parts if n]
+    return " ".join(shown[:2]) or "0s"
+
+
+def _status_text(data: dict[str, Any]) -> str:
+    ready = "ready" if data.get("ready") else "NOT READY"
+    lines = [f"agentik {data.get('version', '?')}: {ready}, up {_duration(data.get('uptime', 0))}"]
+    now = time.time()
+    components = data.get("components") or {}
+    for kind, title in (("transport", "transports"), ("mcp", "MCP servers"), ("model", "model")):
+        found = {k: v for k, v in components.items() if k.startswith(kind + ":")}
+        if not found:
+            continue
+        lines.append(f"{title}:")
+        width = max(len(k.partition(":")[2]) for k in found)
+        for key, entry in sorted(found.items()):
+            name = key.partition(":")[2]
+            since = _duration(now - float(entry.get("since") or now))
+            kind_of = f"{entry['type']:<6} " if entry.get("type") else ""
+            line = f"  {name:<{width}}  {kind_of}{entry.get('state', '?'):<12}  for {since}"
+            if entry.get("reason"):
+                line += f"  ({entry['reason']})"
+            lines.append(line)
+    conv = data.get("conversations") or {}
+    lines.append(
+        f"conversations: {conv.get('busy', 0)} busy, {conv.get('queued', 0)} queued messages"
+    )
+    for c in conv.get("active") or []:
+        where = c.get("channel_key") or "-"
+        state = "busy" if c.get("busy") else "idle"
+        lines.append(f"  {c.get('id')}  {where}  {state}, {c.get('queued', 0)} queued")
+    return "\n".join(lines)
 
 
 # -- agentik access ----------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from agentik.core.tools.mcp import MCPServerConfig
 
 from .channel import ChannelOptions
 from .chansettings import ChannelSettings
+from .health import HealthSettings, SupervisionSettings
 
 __all__ = [
     "ENV_OVERRIDES",
@@ -405,6 +406,10 @@ class Config(_Section):
     #: Usage limits per role, channel and unverified speakers (issue 19).
     budgets: BudgetSettings = Field(default_factory=BudgetSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
+    #: Health listener and readiness (issue 21).
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    #: Restarting transports whose task failed (issue 21).
+    supervision: SupervisionSettings = Field(default_factory=SupervisionSettings)
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 

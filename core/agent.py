@@ -18,6 +18,7 @@ from .conversation import Conversation
 from .errors import ConfigError, NotFound
 from .eventbus import Subscription
 from .events import ConversationEnded
+from .health import HealthRegistry
 from .hooks import Hooks
 from .keyedlocks import KeyedLocks
 from .llm.base import LLMBackend
@@ -137,6 +138,8 @@ class Agent:
         self.services = AgentServices(self)
         # One lock per channel key, kept only while in use.
         self._channel_lock = KeyedLocks()
+        #: States of transports, MCP servers and the model (:mod:`agentik.core.health`).
+        self.health = HealthRegistry()
 
     def __repr__(self) -> str:
         return f"<Agent {self.state.value} llm={self.llm!r}>"

@@ -67,7 +67,12 @@ def rows(db_path: str, sql: str, *args) -> list[tuple]:
 
 async def test_health_page_and_openapi_need_no_token(secured):
     async with httpx.AsyncClient(base_url=secured.url) as c:
-        assert (await c.get("/health")).json() == {"status": "ok"}
+        health = (await c.get("/health")).json()
+        assert (health["status"], health["ready"]) == ("ok", True)
+        ready = await c.get("/ready")
+        assert ready.status_code == 200 and ready.json()["status"] == "ready"
+        # The status names conversations: it needs a token.
+        assert (await c.get("/agentik/status")).status_code == 401
         page = await c.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "/agentik" in page.text

@@ -78,8 +78,8 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     assert result.returncode == 0, output
     assert "Failures:" not in output and "Errors:" not in output, output
     # It really exercised the API: every operation but the two streams (the two
-    # approvals operations included).
-    assert "Tested: 11" in output
+    # approvals operations, /ready and /status included).
+    assert "Tested: 13" in output
 
 
 def test_the_document_lists_every_route(api):
@@ -93,6 +93,8 @@ def test_the_document_lists_every_route(api):
     }
     assert ops == {
         ("GET", "/health"),
+        ("GET", "/ready"),
+        ("GET", "/agentik/status"),
         ("GET", "/agentik/openapi.json"),
         ("POST", "/agentik/conversations"),
         ("GET", "/agentik/conversations"),

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from agentik.core.errors import AgentikError, ConfigError
+from agentik.core.health import Health, HealthState
 
 if TYPE_CHECKING:
     from agentik.core import Agent, Conversation, TurnPolicy
@@ -37,6 +38,8 @@ __all__ = [
     "AgentAccess",
     "ChannelCaps",
     "DeliveryCallback",
+    "Health",
+    "HealthState",
     "IncomingMessage",
     "MessageSink",
     "OutgoingKind",
@@ -237,6 +240,13 @@ class Transport(abc.ABC):
     outbox: ClassVar[bool] = False
     #: Set by the bridge: where :meth:`delivered` reports.
     on_delivery: DeliveryCallback | None = None
+    #: The transport reports its own connection state with :meth:`set_health`
+    #: (an IRC or Slack connection that can be lost).  When false the bot
+    #: reports ``connected`` once :meth:`start` returned (a listening socket,
+    #: a terminal) and ``failed`` when :meth:`serve` raised.
+    reports_health: ClassVar[bool] = False
+    #: Set by the bot: called with ``(transport, health)`` on every change.
+    on_health: Callable[[Transport, Health], None] | None = None
 
     def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
         self.name = name
@@ -244,10 +254,27 @@ class Transport(abc.ABC):
         #: Set once the transport has shut down.
         self.closed = asyncio.Event()
         self._tasks: set[asyncio.Future[Any]] = set()
+        #: The connection state (see :mod:`agentik.core.health`); ``starting`` until reported.
+        self.health = Health("starting")
         if self.settings_model is not None:
             self.options = parse_settings(
                 self.settings_model, self.settings, where=f"transports.{name}"
             )
+
+    def set_health(self, state: HealthState, reason: str | None = None) -> None:
+        """Report the connection state: ``starting``, ``connected``, ``degraded``,
+        ``reconnecting`` or ``failed``, with a short reason (no secrets).
+
+        ``since`` moves only when the state changes.  Cheap and synchronous.
+        """
+        old = self.health
+        if old.state == state and old.reason == reason:
+            return
+        self.health = (
+            Health(state, reason) if old.state != state else Health(state, reason, since=old.since)
+        )
+        if self.on_health is not None:
+            self.on_health(self, self.health)
 
     def spawn(self, coro: Any, *, name: str | None = None) -> asyncio.Future[Any]:
         """Run ``coro`` as a task the transport keeps until it ends or :meth:`cancel_tasks`."""

@@ -413,7 +413,10 @@ class MCPTool:
 class _Server:
     def __init__(self, cfg: MCPServerConfig) -> None:
         self.cfg = cfg
-        self.state: str = "lazy" if cfg.startup == "lazy" else "starting"
+        self._state = ""
+        #: When ``state`` last changed (``time.time()``), for health reports.
+        self.state_since = time.time()
+        self.state = "lazy" if cfg.startup == "lazy" else "starting"
         self.error: str | None = None
         self.pid: int | None = None
         self.session: Any = None
@@ -444,6 +447,17 @@ class _Server:
         self._noise_at: float | None = None  # last non-JSON stdout warning
         self._noise_skipped = 0
 
+    @property
+    def state(self) -> str:
+        """lazy, starting, connected, restarting, failed or closed."""
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        if value != self._state:
+            self._state = value
+            self.state_since = time.time()
+
     # -- helpers ------------------------------------------------------------------
     def _scrub(self, text: str) -> str:
         secrets = [self.cfg.token or ""]
@@ -466,6 +480,7 @@ class _Server:
         out: dict[str, Any] = {
             "name": self.cfg.name,
             "state": self.state,
+            "since": self.state_since,
             "error": self.error,
             "tools": sorted(self.tools),
         }

@@ -57,6 +57,7 @@ from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
 from agentik.core.events import PROFILES, EventBase
+from agentik.core.health import status_of, without_reasons
 from agentik.transports.base import IncomingMessage, restrict_tools
 
 from .auth import LOCAL, Principal, TokenTable, local_principal
@@ -390,10 +391,32 @@ class Api:
 
     # -- routes ---------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
+        """Liveness: ``status`` ok while the agent runs, with the components' states."""
         running = self.agent.state.value == "running" and not self.ctx.closing
-        return JSONResponse(
-            {"status": "ok" if running else "unavailable"}, status_code=200 if running else 503
-        )
+        body = {"status": "ok" if running else "unavailable", **self._health_detail(request)}
+        return JSONResponse(body, status_code=200 if running else 503)
+
+    def _health_detail(self, request: Request) -> dict[str, Any]:
+        """Components' states; their reasons only for a caller with a valid token."""
+        detail = self.agent.health.detail()
+        if (
+            self.ctx.tokens.enabled
+            and self.ctx.tokens.lookup(request.headers.get("authorization")) is None
+        ):
+            return without_reasons(detail)
+        return detail
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness: 200 when every transport is connected (see agentik.core.health)."""
+        detail = self._health_detail(request)
+        ready = detail["ready"] and self.agent.state.value == "running" and not self.ctx.closing
+        body = {"status": "ready" if ready else "not ready", **detail, "ready": ready}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def status(self, request: Request) -> Response:
+        """What ``agentik status`` shows; busy conversations the caller may see."""
+        principal = self.principal(request)
+        return JSONResponse(status_of(self.agent, self.agent.health, principal.allows))
 
     async def metrics(self, request: Request) -> Response:
         """The Prometheus exposition: ``metrics_token`` if set, else an API token, else open."""
@@ -762,6 +785,8 @@ def build_app(ctx: ApiContext) -> Starlette:
     conv = p + "/conversations/{conversation_id}"
     paths: list[tuple[str, dict[str, Handler]]] = [
         ("/health", {"GET": api.health}),
+        ("/ready", {"GET": api.ready}),
+        (p + "/status", {"GET": api.status}),
         (p + "/openapi.json", {"GET": api.openapi}),
         (
             p + "/conversations",

@@ -15,7 +15,7 @@ a web page the local user opens from driving it is this module:
   method (event streams and reads included).
 
 With tokens, a browser cannot send the token on another site's behalf, so
-both checks only run when their allow-list is set.  ``/health`` is never
+both checks only run when their allow-list is set.  ``/health`` and ``/ready`` are never
 checked (it says nothing, and load balancers probe it under any name).
 Refusals are 403 JSON errors: ``host_not_allowed``, ``origin_not_allowed``.
 """
@@ -174,7 +174,7 @@ class GuardMiddleware:
         self._logged: set[tuple[str, str]] = set()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
+        if scope["type"] == "http" and scope["path"] not in ("/health", "/ready"):
             refusal = self._refusal(scope)
             if refusal is not None:
                 await _send_error(send, 403, *refusal)

@@ -67,7 +67,59 @@ _SCHEMAS: dict[str, Any] = {
     "Health": {
         "type": "object",
         "required": ["status"],
-        "properties": {"status": {"type": "string", "enum": ["ok", "unavailable"]}},
+        "properties": {
+            "status": {"type": "string", "enum": ["ok", "unavailable"]},
+            "ready": {"type": "boolean"},
+            "degraded": {"type": "array", "items": {"type": "string"}},
+            "components": {"$ref": "#/components/schemas/Components"},
+        },
+    },
+    "Ready": {
+        "type": "object",
+        "required": ["status", "ready", "components"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ready", "not ready"]},
+            "ready": {"type": "boolean"},
+            "degraded": {"type": "array", "items": {"type": "string"}},
+            "components": {"$ref": "#/components/schemas/Components"},
+        },
+    },
+    "Components": {
+        "type": "object",
+        "description": "transport:<name>, mcp:<server>, model:<backend>: each one's state",
+        "additionalProperties": {
+            "type": "object",
+            "required": ["state", "since"],
+            "properties": {
+                "state": {
+                    "type": "string",
+                    "enum": ["starting", "connected", "degraded", "reconnecting", "failed"],
+                },
+                "reason": {"type": ["string", "null"]},
+                "since": {"type": "number"},
+                "ready": {"type": "boolean"},
+            },
+        },
+    },
+    "Status": {
+        "type": "object",
+        "required": ["version", "uptime", "ready", "components", "conversations"],
+        "properties": {
+            "version": {"type": "string"},
+            "started": {"type": "number"},
+            "uptime": {"type": "number"},
+            "ready": {"type": "boolean"},
+            "degraded": {"type": "array", "items": {"type": "string"}},
+            "components": {"$ref": "#/components/schemas/Components"},
+            "conversations": {
+                "type": "object",
+                "properties": {
+                    "busy": {"type": "integer"},
+                    "queued": {"type": "integer"},
+                    "active": {"type": "array", "items": {"type": "object"}},
+                },
+            },
+        },
     },
     "Conversation": {
         "type": "object",
@@ -396,6 +448,24 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                     "503": _json("Health", "the agent is shutting down"),
                 },
             }
+        },
+        "/ready": {
+            "get": {
+                "operationId": "ready",
+                "summary": "Readiness: 200 when every transport is connected, else 503",
+                "security": [],
+                "responses": {
+                    "200": _json("Ready", "ready"),
+                    "503": _json("Ready", "a transport is not connected, or shutting down"),
+                },
+            }
+        },
+        p + "/status": {
+            "get": op(
+                "status",
+                "Version, uptime, components and busy conversations (agentik status)",
+                {"200": _json("Status", "the bot's status")},
+            )
         },
         p + "/openapi.json": {
             "get": {

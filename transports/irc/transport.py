@@ -184,6 +184,8 @@ class IRCTransport(Transport):
     default_max_answer_lines = 4
     settings_model = IRCSettings
     outbox = True
+    # connecting / registered / lost, reported as they happen.
+    reports_health = True
 
     options: IRCSettings
 
@@ -208,6 +210,8 @@ class IRCTransport(Transport):
         self._closing = False
         self._connected_at = 0.0
         self._attempt = 0
+        #: The connection and send loops (``serve`` raises what breaks one of them).
+        self._main: list[asyncio.Future[Any]] = []
         self._lost = asyncio.Event()
         self._queue: deque[_Out] = deque()
         self._queue_changed = asyncio.Event()
@@ -273,8 +277,10 @@ class IRCTransport(Transport):
         self._bot.owner = self
         self._connection_cls = connection
         self._bot.attach_events(irc3.event(r"^(?P<raw>.*)$", self._on_line))
-        self.spawn(self._run(), name=f"agentik-irc:{self.name}")
-        self.spawn(self._send_loop(), name=f"agentik-irc-send:{self.name}")
+        self._main = [
+            self.spawn(self._run(), name=f"agentik-irc:{self.name}"),
+            self.spawn(self._send_loop(), name=f"agentik-irc-send:{self.name}"),
+        ]
 
     async def aclose(self) -> None:
         if self._closing:
@@ -297,7 +303,17 @@ class IRCTransport(Transport):
         self.closed.set()
 
     async def serve(self) -> None:
-        """Until closed; raises :class:`TransportFailed` when the network failed for good."""
+        """Until closed; raises :class:`TransportFailed` when the network failed for good,
+        and what broke the connection or send loop if one of them crashed (the bot
+        restarts the transport then)."""
+        closed = asyncio.ensure_future(self.closed.wait())
+        try:
+            await asyncio.wait({closed, *self._main}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        for task in self._main:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
         await self.closed.wait()
         if self.failed is not None:
             raise TransportFailed(f"irc {self.name}: {self.failed}")
@@ -345,6 +361,7 @@ class IRCTransport(Transport):
                     "irc %s: cannot connect to %s: %s", self.name, self._where, exc,
                     extra=self._fields("connection_failed", reason=str(exc)),
                 )  # fmt: skip
+                self.set_health("reconnecting", f"cannot connect to {self._where}: {exc}")
                 if self._down_since is None:
                     self._down_since = time.monotonic()
             else:
@@ -368,6 +385,9 @@ class IRCTransport(Transport):
         log.info(
             "irc %s: connecting to %s (%s)", self.name, self._where, "TLS" if ctx else "plain text"
         )
+        if self.health.state in ("starting", "connected"):
+            self.set_health(self.health.state if self.health.state == "starting" else
+                            "reconnecting", f"connecting to {self._where}")  # fmt: skip
         transport, protocol = await self._open(ctx)
         tls = transport.get_extra_info("ssl_object")
         log.info(
@@ -482,6 +502,8 @@ class IRCTransport(Transport):
         )  # fmt: skip
         if not self._closing and self._down_since is None:
             self._down_since = time.monotonic()
+        if not self._closing and not self.failed:
+            self.set_health("reconnecting", f"connection to {self._where} lost ({why})")
         self._sasl_waiting = False
         if self._sasl_timer is not None:
             self._sasl_timer.cancel()
@@ -506,6 +528,7 @@ class IRCTransport(Transport):
     def _fail(self, why: str) -> None:
         log.error("irc %s: %s", self.name, why)
         self.failed = why
+        self.set_health("failed", why)
         self._lost.set()
         if self._protocol is not None:
             with contextlib.suppress(Exception):
@@ -764,6 +787,7 @@ class IRCTransport(Transport):
             return
         self.registered.set()
         network = self.isupport.get("NETWORK") or self.server_name or self._where
+        self.set_health("connected", None)
         if self._down_since is not None:
             # Restored: logged at the level the loss was.
             down = time.monotonic() - self._down_since

@@ -187,6 +187,8 @@ class SlackTransport(Transport):
     default_command_prefix = "!"
     settings_model = SlackSettings
     outbox = True
+    # Socket Mode connected / lost, reported as they happen.
+    reports_health = True
 
     options: SlackSettings
 
@@ -274,6 +276,7 @@ class SlackTransport(Transport):
             socket.message_listeners.append(self._on_socket_message)
             socket.on_close_listeners.append(self._on_socket_close)
             await self._handler.connect_async()
+            self.set_health("connected", None)
             log.info(
                 "slack %s: connected to %s, Socket Mode", self.name, self.where,
                 extra={"event": "startup", "transport": self.name, "url": self.where,
@@ -281,6 +284,7 @@ class SlackTransport(Transport):
             )  # fmt: skip
         else:
             await self._serve_http()
+            self.set_health("connected", None)
             log.info(
                 "slack %s: connected to %s, HTTP mode: Events API at http://%s:%s%s",
                 self.name, self.where, o.http_host, self.http_port, o.http_path,
@@ -307,6 +311,7 @@ class SlackTransport(Transport):
         # before listeners see it; the next hello shows the new connection.)
         if message.get("type") == "hello":
             self._connections += 1
+            self.set_health("connected", None)
             if self._connections > 1:
                 log.info(
                     "slack %s: Socket Mode reconnected to %s", self.name, self.where,
@@ -315,6 +320,8 @@ class SlackTransport(Transport):
 
     async def _on_socket_close(self, message: Any) -> None:
         if self._handler is not None and not self._handler.client.closed:
+            code = getattr(message, "data", None)
+            self.set_health("reconnecting", f"Socket Mode connection lost (close code {code})")
             log.info(
                 "slack %s: Socket Mode connection lost (close code %s); reconnecting",
                 self.name, getattr(message, "data", None),

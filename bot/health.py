@@ -1,0 +1,328 @@
+"""Running as a service: the health listener, supervision settings, sd_notify.
+
+* :class:`HealthSettings` (``[health]``) and :class:`HealthServer`: an optional
+  listener on its own TCP port or unix socket serving ``/health`` (liveness),
+  ``/ready`` (readiness, 503 when not ready) and ``/status`` (what ``agentik
+  status`` prints), for bots without the HTTP transport or for probes that
+  should not reach the API.  Its routes are a table (:meth:`HealthServer.route`)
+  so more can be added (``/metrics``).  It is served by the HTTP transport's
+  hardened server (:mod:`agentik.transports.http.server`: head deadline, head
+  limits, connection cap, quiet accept backoff).
+* :class:`SupervisionSettings` (``[supervision]``): how the bot restarts a
+  transport whose task failed (see :meth:`agentik.bot.app.Bot.serve`).
+* :func:`sd_notify`: systemd's readiness protocol, one datagram on
+  ``$NOTIFY_SOCKET`` (``READY=1``, ``STATUS=…``, ``STOPPING=1``); no dependency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import socket
+import stat
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentik.core.errors import ConfigError
+from agentik.core.settings import Blank
+
+__all__ = [
+    "HealthServer",
+    "HealthSettings",
+    "SupervisionSettings",
+    "parse_listen",
+    "sd_notify",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seconds in-flight requests get when the listener closes.
+_GRACE = 2
+
+
+class HealthSettings(BaseModel):
+    """``[health]``: the health listener and readiness."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Serve ``/health``, ``/ready`` and ``/status`` here: ``"127.0.0.1:9090"``,
+    #: ``"[::1]:9090"`` or ``"unix:/run/agentik/health.sock"`` (a path relative to
+    #: the configuration file's folder).  Unset: no listener (the HTTP transport,
+    #: when enabled, serves ``/health``, ``/ready`` and ``/status`` itself).
+    listen: Blank = None
+    #: The environment variable holding a token the listener asks for
+    #: (``Authorization: Bearer <token>``) on every route but ``/health`` and ``/ready``.
+    token_env: Blank = None
+    #: A file holding that token instead (relative to the configuration file).
+    token_file: Blank = None
+    #: Seconds a transport may be starting or reconnecting and still count as
+    #: ready (0: ``/ready`` answers 503 as soon as a connection is lost).
+    ready_grace: float = Field(0.0, ge=0)
+
+    @field_validator("listen")
+    @classmethod
+    def _valid_listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_listen(value)
+        return value
+
+
+class SupervisionSettings(BaseModel):
+    """``[supervision]``: restarting a transport whose task failed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Restarts allowed within ``window`` seconds; one more failure marks the
+    #: transport ``failed`` (the others keep running).  0: never restart.
+    max_restarts: int = Field(5, ge=0)
+    #: Seconds over which failures are counted.
+    window: float = Field(300.0, gt=0)
+    #: Seconds before the first restart; doubled after each failure ...
+    backoff_initial: float = Field(1.0, gt=0)
+    #: ... up to this.
+    backoff_max: float = Field(60.0, gt=0)
+
+    def backoff(self, failures: int) -> float:
+        """The pause before restart number ``failures`` (1-based)."""
+        return float(min(self.backoff_max, self.backoff_initial * 2 ** max(0, failures - 1)))
+
+
+def parse_listen(value: str) -> tuple[str, str | int]:
+    """``("unix", path)`` or ``(host, port)`` from a ``listen`` value; ConfigError if neither."""
+    if value.startswith("unix:"):
+        path = value[5:]
+        if not path:
+            raise ValueError('a unix socket needs a path: "unix:/run/agentik/health.sock"')
+        return "unix", path
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f'expected "host:port" or "unix:/path/to/socket", got {value!r}')
+    return host, int(port)
+
+
+def sd_notify(message: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Send ``message`` (``READY=1``, ``STATUS=…``) to systemd's ``$NOTIFY_SOCKET``.
+
+    Returns whether it was sent; no socket set is not an error (not under systemd).
+    """
+    env = os.environ if environ is None else environ
+    path = env.get("NOTIFY_SOCKET")
+    if not path:
+        return False
+    address = "\0" + path[1:] if path.startswith("@") else path
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode("utf-8", "replace"))
+    except OSError as exc:
+        log.debug("sd_notify to %s failed: %s", path, exc)
+        return False
+    return True
+
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+class HealthServer:
+    """The health listener (see the module docstring).
+
+    ``routes`` maps a path to ``(handler, public)``: a Starlette request handler
+    returning a response; ``public`` routes need no token.  Add routes with
+    :meth:`route` (before or after :meth:`start`).
+    """
+
+    def __init__(
+        self,
+        listen: str,
+        *,
+        health: Handler,
+        ready: Handler,
+        status: Handler,
+        token: str | None = None,
+        name: str = "health",
+    ) -> None:
+        self.listen = listen
+        self.name = name
+        self._token = token.encode() if token else None
+        self.routes: dict[str, tuple[Handler, bool]] = {}
+        self.route("/health", health, public=True)
+        self.route("/ready", ready, public=True)
+        self.route("/status", status)
+        #: ``http://host:port`` or ``unix:/path`` once listening.
+        self.address: str | None = None
+        self._unix_path: str | None = None
+        self._server: Any = None
+        self._serving: asyncio.Task[Any] | None = None
+
+    def route(self, path: str, handler: Handler, *, public: bool = False) -> None:
+        """Serve ``GET path`` with ``handler``; without ``public`` the token is needed."""
+        self.routes[path] = (handler, public)
+
+    # -- serving -------------------------------------------------------------------------
+    async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse
+
+        if scope["type"] != "http":
+            return
+        request = Request(scope, receive)
+        found = self.routes.get(scope["path"])
+        if found is None:
+            response: Any = JSONResponse(
+                {"error": {"code": "not_found", "message": "no such path"}}, status_code=404
+            )
+        elif request.method not in ("GET", "HEAD"):
+            response = JSONResponse(
+                {"error": {"code": "method_not_allowed", "message": "only GET"}},
+                status_code=405,
+                headers={"Allow": "GET, HEAD"},
+            )
+        elif not found[1] and not self.authorized(request.headers.get("authorization")):
+            response = JSONResponse(
+                {"error": {"code": "unauthorized", "message": "a valid bearer token is required"}},
+                status_code=401,
+                headers={"WWW-Authenticate": 'Bearer realm="agentik"'},
+            )
+        else:
+            try:
+                response = await found[0](request)
+            except Exception:
+                log.exception("health listener: %s failed", scope["path"])
+                response = JSONResponse(
+                    {"error": {"code": "internal_error", "message": "see the bot's log"}},
+                    status_code=500,
+                )
+        await response(scope, receive, send)
+
+    def authorized(self, header: str | None) -> bool:
+        if self._token is None:
+            return True
+        scheme, _, value = (header or "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            value.strip().encode(), self._token
+        )
+
+    def _bind(self) -> socket.socket:
+        try:
+            host, port = parse_listen(self.listen)
+        except ValueError as exc:
+            raise ConfigError(f"health.listen: {exc}") from None
+        try:
+            if host == "unix":
+                path = str(port)
+                with contextlib.suppress(FileNotFoundError):
+                    if stat.S_ISSOCK(os.stat(path).st_mode):
+                        os.unlink(path)  # left by a killed process
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.bind(path)
+                    os.chmod(path, 0o660)
+                    sock.listen(64)
+                except BaseException:
+                    sock.close()
+                    raise
+                self._unix_path = path
+                self.address = f"unix:{path}"
+                return sock
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            family, _, _, _, address = infos[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(address)
+                sock.listen(64)
+            except BaseException:
+                sock.close()
+                raise
+        except OSError as exc:
+            raise ConfigError(
+                f"health.listen: cannot listen on {self.listen}: {exc.strerror or exc}"
+            ) from None
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        self.address = f"http://{shown}:{bound_port}"
+        return sock
+
+    async def start(self) -> None:
+        """Listen; a ConfigError names ``health.listen`` when the address cannot be used."""
+        import uvicorn
+
+        from agentik.transports.http.server import ApiServer, GuardedHttpProtocol, Limits
+
+        sock = self._bind()
+        sock.setblocking(False)
+        config = uvicorn.Config(
+            self._app,
+            interface="asgi3",
+            loop="none",
+            lifespan="off",
+            http=GuardedHttpProtocol,
+            ws="none",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_graceful_shutdown=_GRACE,
+            timeout_keep_alive=5,
+        )
+        # Probes and `agentik status`: few connections, small heads.
+        limits = Limits(header_timeout=10.0, max_header_bytes=8192, max_headers=50,
+                        max_connections=32)  # fmt: skip
+        server = ApiServer(config, limits, name=self.name)
+        self._server = server
+        self._serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+        ready = asyncio.ensure_future(server.ready.wait())
+        try:
+            await asyncio.wait({ready, self._serving}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if not server.ready.is_set():
+            exc = self._serving.exception() if self._serving.done() else None
+            sock.close()
+            raise ConfigError(f"health.listen: the listener did not start: {exc}")
+        log.info("health listener on %s", self.address)
+
+    async def aclose(self) -> None:
+        server, serving = self._server, self._serving
+        self._server = self._serving = None
+        if server is not None and serving is not None and not serving.done():
+            server.should_exit = True
+            try:
+                await asyncio.wait_for(asyncio.shield(serving), _GRACE + 2)
+            except (TimeoutError, Exception):
+                serving.cancel()
+                with contextlib.suppress(BaseException):
+                    await serving
+        if self._unix_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._unix_path)
+            self._unix_path = None
+
+
+def load_token(settings: HealthSettings, *, resolve: Callable[[str], str],
+               environ: Mapping[str, str] | None = None) -> str | None:  # fmt: skip
+    """The listener's token from ``token_env`` or ``token_file`` (errors name the key)."""
+    env = os.environ if environ is None else environ
+    if settings.token_env:
+        value = env.get(settings.token_env, "").strip()
+        if not value:
+            raise ConfigError(
+                f"health.token_env: the environment variable {settings.token_env} is not set"
+            )
+        return value
+    if settings.token_file:
+        path = resolve(settings.token_file)
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = f.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"health.token_file: cannot read {path}: {exc.strerror}") from None
+        if not value:
+            raise ConfigError(f"health.token_file: {path} is empty")
+        return value
+    return None
