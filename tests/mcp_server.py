@@ -63,6 +63,13 @@ async def slow(seconds: float, started: str = "") -> str:
     return f"slept {seconds}"
 
 
+@server.tool(description=doc("Report progress a few times (notifications/progress), then answer."))
+async def build(steps: int, ctx: Context) -> str:
+    for i in range(1, steps + 1):
+        await ctx.report_progress(i, steps, f"step {i} of {steps}")
+    return f"built in {steps} steps"
+
+
 @server.tool(description=doc("Kill the server process during the call."))
 def crash() -> str:
     os._exit(1)
