@@ -356,7 +356,7 @@ async def test_irc_todo_says_one_line_per_change(miniircd, tmp_path):
 async def test_mcp_progress_from_the_in_suite_server_is_shown_in_irc(miniircd, tmp_path):
     for interval, expected in ((0.0, 3), (3600.0, 1)):
         toolset = MCPToolset(
-            [MCPServerConfig(name="srv", command=sys.executable, args=(MCP_SERVER,))]
+            [MCPServerConfig(name="srv", command=sys.executable, args=(MCP_SERVER, "--progress"))]
         )
         options = ChannelOptions(command_prefix="!", events="chat", progress_interval=interval)
         async with irc_bot(
