@@ -369,11 +369,13 @@ class Conversation:
             raise
         emit(TextDelta, m.run_id, text=text)
         await self._services.approvals.run_ended(self.parts, m.run_id or "")
+        await self._services.questions.run_ended(self.parts, m.run_id or "")
         emit(TurnEnded, m.run_id, stop_reason="stop", text=text)
 
     async def _resume_drop(self, m: Message, outcome: str) -> None:
         await self._store.append(self.id, ended=TurnEnd(m.run_id or "", outcome))
         await self._services.approvals.run_ended(self.parts, m.run_id or "")
+        await self._services.questions.run_ended(self.parts, m.run_id or "")
         log.info("conversation %s: unanswered message %d %s", self.id, m.id, outcome)
 
     async def note(

@@ -195,8 +195,6 @@ class Questions:
         fut: asyncio.Future[Question] = loop.create_future()
         entry = PendingQuestion(q, parts, fut)
         self._waiting.setdefault(parts.id, []).append(entry)
-        if q.state == "resolved":  # answered while no turn waited (after a restart)
-            fut.set_result(q)
         parts.events.emit(
             QuestionAsked,
             run_id,
