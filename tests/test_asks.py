@@ -449,3 +449,56 @@ async def test_the_web_page_shows_the_question_with_choices_and_the_checklist(tm
             assert not errors, errors
         finally:
             await browser.close()
+
+
+async def test_mcp_progress_on_slack_is_one_line_edited_in_place(tmp_path):
+    from agentik.transports.slack.transport import SlackTransport
+
+    from fakeslack import FakeSlack
+
+    toolset = MCPToolset(
+        [MCPServerConfig(name="srv", command=sys.executable, args=(MCP_SERVER, "--progress"))]
+    )
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        model = ScriptedModel()
+        agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")), toolsets=[toolset])
+        await agent.start()
+        bridge = Bridge(agent)
+        transport = SlackTransport(
+            name="slack",
+            settings={
+                "bot_token": slack.bot_token, "app_token": slack.app_token,
+                "api_url": slack.api_url, "state_file": str(tmp_path / "seen.sqlite3"),
+                "streaming": "edit", "edit_interval": 0.05,
+            },
+        )  # fmt: skip
+        bridge.attach(transport, ChannelOptions(command_prefix="!", progress_interval=0))
+        await transport.start(bridge)
+        try:
+            model.enqueue(Reply(tool_calls=[call("srv__build", {"steps": 3})]), "built")
+            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> build", user="U1")
+            await slack.push_event(mention)
+            done = await slack.wait_for_call(
+                "chat.update", lambda p: "srv__build: done" in (p.get("text") or "")
+            )
+            await bridge.flush(f"slack:T1:C1:{mention['ts']}")
+            posted = [
+                p
+                for p in slack.calls_to("chat.postMessage")
+                if "srv__build:" in (p.get("text") or "")
+            ]
+            # One line, posted at the first report and edited after.
+            assert [p["text"] for p in posted] == ["⚙ srv__build: 33% step 1 of 3"]
+            edits = [
+                p["text"]
+                for p in slack.calls_to("chat.update")
+                if p.get("ts") == done["ts"] and "srv__build" in (p.get("text") or "")
+            ]
+            assert edits[:2] == ["⚙ srv__build: 67% step 2 of 3", "⚙ srv__build: 100% step 3 of 3"]
+            assert edits[-1].startswith("⚙ srv__build: done (")
+            assert tool_results(model) == ["built in 3 steps"]
+        finally:
+            await transport.aclose()
+            await bridge.aclose()
+            await agent.aclose()
