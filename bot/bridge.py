@@ -347,9 +347,14 @@ class Bridge(AgentAccess):
         if ch is None or not self.agent.questions.waiting(ch.conversation.id):
             return False
         author = message.author_name or message.author_id
-        answered = await ch.conversation.answer(
-            text, author=author, author_id=_author_id(transport, message)
-        )
+        try:
+            answered = await ch.conversation.answer(
+                text, author=author, author_id=_author_id(transport, message)
+            )
+        except PromptRefused as exc:
+            # A plugin's words, shown as they are; the question still waits.
+            await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
+            return True
         if answered is None:
             return False
         ch.last_used = time.monotonic()

@@ -199,13 +199,20 @@ class Conversation:
         """Answer the oldest waiting question ``author`` may answer with ``content``.
 
         ``None``: no question waits for this author (``content`` is an ordinary
-        message).  :meth:`send` does this first, so a message to a conversation
+        message).  The ``before_prompt`` hooks see the answer first; a refusal
+        raises :class:`~agentik.core.errors.PromptRefused` (the question still
+        waits).  :meth:`send` does this first, so a message to a conversation
         whose turn asked a question answers it instead of queueing a turn.
         """
         self._check_open()
-        return await self._services.questions.answer(
-            self.id, content, author=author, author_id=author_id
-        )
+        questions = self._services.questions
+        if questions.answerable(self.id, author, author_id) is None:
+            return None
+        # An answer is a prompt too: plugins' before_prompt hooks see (and may refuse) it.
+        outcome = await self._services.hooks.before_prompt(self, content, author, author_id)
+        if isinstance(outcome, Refuse):
+            raise PromptRefused(outcome.message)
+        return await questions.answer(self.id, outcome, author=author, author_id=author_id)
 
     def _check_open(self) -> None:
         if self.state is ConversationState.CLOSED:

@@ -14,6 +14,8 @@ import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore, TurnPolicy
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
@@ -391,7 +393,6 @@ async def test_mcp_progress_from_the_in_suite_server_is_shown_in_irc(miniircd, t
 async def test_the_web_page_shows_the_question_with_choices_and_the_checklist(tmp_path):
     import os
 
-    import pytest
     from playwright.async_api import async_playwright, expect
     from test_http_browser import CHROMIUM, FLAGS, HAVE_CHROMIUM
 
@@ -502,3 +503,40 @@ async def test_mcp_progress_on_slack_is_one_line_edited_in_place(tmp_path):
             await transport.aclose()
             await bridge.aclose()
             await agent.aclose()
+
+
+# -- the store contract (every engine) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["sqlite-file", "memory"])
+async def test_store_settles_a_question_once_and_deleting_the_conversation_removes_it(
+    engine, tmp_path
+):
+    import time
+
+    from agentik.core import MemoryStore
+    from agentik.core.questions import Question
+
+    store = SQLiteStore(str(tmp_path / "q.db")) if engine == "sqlite-file" else MemoryStore()
+    agent = Agent(llm=ScriptedModel(), store=store)
+    async with agent:
+        conv = await agent.create_conversation()
+        now = time.time()
+        q = Question(conversation_id=conv.id, run_id="r1", call_id="c1", asker_target="alice",
+                     text="which region?", choices=("eu", "us"), created_at=now,
+                     deadline=now + 60)  # fmt: skip
+        qid = await store.question_add(q)
+        await store.question_rebind(qid, "c2")
+        [pending] = await store.questions(conversation_id=conv.id, state="pending")
+        assert (pending.id, pending.call_id, pending.choices) == (qid, "c2", ("eu", "us"))
+        assert await store.question_settle(qid, "answered", "eu", "alice", now + 1)
+        # A second outcome (a late timeout) does not overwrite the first.
+        assert not await store.question_settle(qid, "expired", None, None, now + 2)
+        got = await store.question_get(qid)
+        assert got is not None
+        assert (got.state, got.outcome, got.answer, got.answered_by) == (
+            "resolved", "answered", "eu", "alice",
+        )  # fmt: skip
+        assert await store.questions(state="pending") == []
+        await agent.delete_conversation(conv.id)
+        assert await store.questions() == [] and await store.question_get(qid) is None
