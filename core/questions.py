@@ -15,9 +15,10 @@ becomes the tool result and ``question_answered`` goes out.  Nobody answers
 within the timeout: the tool result says so.
 
 This is the same "waiting for a person" machinery as approvals
-(:mod:`agentik.core.approvals`): a persisted pending row, a future the turn
-awaits (shielded), the turn's paused budget, ``!stop`` cancelling, a
-shutdown leaving it pending.  After a restart the turn is resumed from its
+(:mod:`agentik.core.approvals`): a persisted pending row, then
+:func:`~agentik.core.waiting.wait_for_person` (shared by both): a future
+the turn awaits (shielded), the turn's paused budget, ``!stop`` cancelling,
+a shutdown leaving it pending.  After a restart the turn is resumed from its
 last committed step; the model calls ``ask_user`` again with the same
 question, and that call takes over the pending question (same id, same
 deadline) — the channel is asked again and the answer completes the resumed
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .errors import ToolError
 from .events import QuestionAnswered, QuestionAsked, TodoUpdated
 from .tools.base import ToolContext, ToolResult
+from .waiting import wait_for_person
 
 if TYPE_CHECKING:
     from .services import ConversationParts
@@ -209,25 +211,22 @@ class Questions:
             resumed=resumed,
         )
         log.info("conversation %s: question %d asked (run %s)", parts.id, q.id, run_id)
-        if paused is not None:
-            paused(True)
+
+        async def cancelled() -> None:
+            self._emit_answered(parts, run_id, await self._settle(q, "cancelled", None, None))
+
         try:
-            try:
-                async with asyncio.timeout_at(loop.time() + max(0.0, q.deadline - time.time())):
-                    done = await asyncio.shield(fut)
-            except TimeoutError:
-                done = await self._settle(q, "expired", None, None)
-        except asyncio.CancelledError:
-            if interrupted():
-                with contextlib.suppress(Exception):
-                    done = await asyncio.shield(self._settle(q, "cancelled", None, None))
-                    self._emit_answered(parts, run_id, done)
-            self._drop(entry)
-            raise
+            # A shutdown (cancelled, not interrupted): it stays pending for the next start.
+            done = await wait_for_person(
+                fut,
+                q.deadline,
+                expire=lambda: self._settle(q, "expired", None, None),
+                cancel=cancelled,
+                interrupted=interrupted,
+                paused=paused,
+            )
         finally:
-            if paused is not None:
-                paused(False)
-        self._drop(entry)
+            self._drop(entry)
         self._emit_answered(parts, run_id, done)
         return done
 
