@@ -540,3 +540,38 @@ async def test_store_settles_a_question_once_and_deleting_the_conversation_remov
         assert await store.questions(state="pending") == []
         await agent.delete_conversation(conv.id)
         assert await store.questions() == [] and await store.question_get(qid) is None
+
+
+async def test_an_answer_goes_through_before_prompt_hooks_and_a_refused_one_leaves_it_waiting(
+    tmp_path,
+):
+    from agentik.core.errors import PromptRefused
+    from agentik.core.hooks import Refuse
+    from agentik.core.hookspecs import hookimpl
+
+    class Gate:
+        @hookimpl
+        def before_prompt(self, conversation, text):
+            if "password" in text:
+                return Refuse("I do not handle passwords here.")
+            return text.replace("EU", "eu")
+
+    model = ScriptedModel()
+    agent = Agent(
+        llm=model, store=SQLiteStore(str(tmp_path / "t.db")), policy=ASKING, hooks=[Gate()]
+    )
+    async with agent:
+        conv = await agent.conversation_for_channel("fake:chat:#c")
+        sub = conv.events()
+        model.enqueue(Reply(tool_calls=[call("ask_user", REGION)]), "ok")
+        await conv.send("go", author="alice")
+        await next_event(sub, "question_asked")
+        with pytest.raises(PromptRefused, match="passwords"):
+            await conv.send("the password is x", author="alice")
+        assert conv.awaiting_human  # still waiting
+        await conv.send("EU", author="alice")
+        answered = await next_event(sub, "question_answered")
+        assert answered.answer == "eu"  # as the hook left it
+        await next_event(sub, "turn_ended")
+        assert tool_results(model) == ["alice answered: eu"]
+        await sub.aclose()
