@@ -266,13 +266,13 @@ class Questions:
         store = self._store()
         digest = _digest(text, to, choices)
         busy = {e.question.id for e in self._waiting.get(parts.id, ())}
-        for old in await store.questions(conversation_id=parts.id):
+        for old in await store.questions(conversation_id=parts.id, state="pending"):
             if (
                 old.run_id == run_id
                 and old.created_at < self._born
                 and old.digest == digest
                 and old.id not in busy
-                and (old.state == "pending" and old.deadline > time.time())
+                and old.deadline > time.time()
             ):
                 await store.question_rebind(old.id, call_id)
                 return replace(old, call_id=call_id), True
