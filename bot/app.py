@@ -278,7 +278,7 @@ class Bot:
         section = self.sections.get(name)
         if section is not None:
             return make_transport(self.registry, name, section, self.config.source)
-        return type(old)(name=name, settings=old.settings)  # type: ignore[call-arg]
+        return type(old)(name=name, settings=old.settings)
 
     def _mcp_health(self) -> list[tuple[str, Health]]:
         """MCP servers' states, read from their toolsets when asked."""

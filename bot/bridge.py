@@ -50,6 +50,11 @@ from agentik.core.events import (
     ApprovalResolved,
     Error,
     Event,
+    QuestionAnswered,
+    QuestionAsked,
+    TodoUpdated,
+    ToolCallEnded,
+    ToolProgress,
     TurnEnded,
 )
 from agentik.core.keyedlocks import KeyedLocks
@@ -304,6 +309,8 @@ class Bridge(AgentAccess):
                 name = command
                 return lambda: self._command(name, message, transport, opts, decision)
             return None
+        if decision.answer and await self._answers_question(message, transport, text):
+            return None  # the answer to the turn's question (ask_user), not a new turn
         if not decision.answer or not self._should_answer(message, opts):
             if opts.ambient and not message.direct:
                 # Not for us, but the model should know what was said here.
@@ -369,6 +376,28 @@ class Bridge(AgentAccess):
         async with ch.changed:
             ch.pending.add(run_id)
         return None
+
+    async def _answers_question(
+        self, message: IncomingMessage, transport: Transport, text: str
+    ) -> bool:
+        """Whether ``message`` answered a question the channel's turn waits for
+        (``ask_user``): then it is the answer, addressed to the bot or not."""
+        ch = self._channels.get(message.channel_key)
+        if ch is None or not self.agent.questions.waiting(ch.conversation.id):
+            return False
+        author = message.author_name or message.author_id
+        try:
+            answered = await ch.conversation.answer(
+                text, author=author, author_id=_author_id(transport, message)
+            )
+        except PromptRefused as exc:
+            # A plugin's words, shown as they are; the question still waits.
+            await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
+            return True
+        if answered is None:
+            return False
+        ch.last_used = time.monotonic()
+        return True
 
     @contextlib.asynccontextmanager
     async def _arrival(self, key: str) -> AsyncIterator[None]:
@@ -1247,6 +1276,12 @@ class _Renderer:
         #: Streamed answer (deltas) on an outbox transport: its row and text.
         self.stream_id: int | None = None
         self.stream_text: list[str] = []
+        #: Questions shown (``ask_user``): id -> the text, to edit in the answer.
+        self.questions: dict[int, str] = {}
+        #: The tag of the checklist message posted (``todo``) on an editing transport.
+        self.todo_tag: str | None = None
+        #: Tool calls that showed progress: call id -> when (monotonic) last shown.
+        self.progress: dict[str, float] = {}
 
     @property
     def events(self) -> str:
@@ -1313,6 +1348,104 @@ class _Renderer:
             self.ch.transport, self.ch.key, text, "command", self._reply_to(e.run_id),
             e.run_id, piece=self.piece, updates=tag,
         )  # fmt: skip
+
+    async def _tagged(
+        self, text: str, run_id: str | None, *, tag: str | None = None, updates: str | None = None
+    ) -> None:
+        """A short message of the run that may later be edited (``tag``) or edits one
+        (``updates``); never more than one piece."""
+        caps = self.caps
+        text = _fit(text, caps.max_bytes, caps.max_chars)
+        self.piece += await self.bridge._send(
+            self.ch.transport, self.ch.key, text, "command", self._reply_to(run_id), run_id,
+            piece=self.piece, tag=tag, updates=updates,
+        )  # fmt: skip
+
+    async def _question(self, e: QuestionAsked | QuestionAnswered) -> None:
+        """The model's question (``ask_user``), and how it ended."""
+        tag = f"question:{e.conversation_id}:{e.question_id}"
+        if e.kind == "question_asked":
+            again = "(asked again after a restart) " if e.resumed else ""
+            who = f"@{e.to}: " if e.to else ""
+            choices = f" ({' / '.join(e.choices)})" if e.choices else ""
+            self.questions[e.question_id] = f"{who}{e.question}{choices}"
+            await self._tagged(f"{again}{who}{e.question}{choices}", e.run_id, tag=tag)
+            return
+        asked = self.questions.pop(e.question_id, "")
+        if e.outcome == "answered":
+            if self.caps.can_edit and asked:
+                # The question now shows its answer (nothing new to say on IRC:
+                # the answer is in the channel, the bot's reply follows).
+                by = e.answered_by or "someone"
+                await self._tagged(f"{asked} — {by}: {e.answer}", e.run_id, updates=tag)
+            return
+        what = "nobody answered in time" if e.outcome == "expired" else "question cancelled"
+        text = f"{asked} — ({what})" if asked else f"({what})"
+        await self._tagged(text, e.run_id, updates=tag if self.caps.can_edit else None)
+
+    async def _todo(self, e: TodoUpdated) -> None:
+        """The model's checklist: posted once and edited where the transport can
+        edit, else one short line per update that changed an item's status."""
+        items = e.items
+        done = sum(1 for it in items if it.get("status") == "done")
+        head = f"todo {done}/{len(items)}"
+        if self.caps.can_edit:
+            lines = [f"{_TODO_MARK.get(it.get('status', ''), '○')} {it.get('text', '')}"
+                     for it in items]  # fmt: skip
+            text = "\n".join([head, *lines])
+            tag = f"todo:{e.conversation_id}:{e.run_id}"
+            if self.todo_tag == tag:
+                await self.bridge._send(
+                    self.ch.transport, self.ch.key, text, "command", self._reply_to(e.run_id),
+                    e.run_id, updates=tag,
+                )  # fmt: skip
+            else:
+                self.todo_tag = tag
+                self.piece += await self.bridge._send(
+                    self.ch.transport, self.ch.key, text, "command", self._reply_to(e.run_id),
+                    e.run_id, piece=self.piece, tag=tag,
+                )  # fmt: skip
+            return
+        if not e.changed:
+            return  # nothing changed state: nothing to say
+        changed = "; ".join(
+            f"{_TODO_MARK.get(items[i].get('status', ''), '○')} {items[i].get('text', '')}"
+            for i in e.changed
+            if i < len(items)
+        )
+        await self._tagged(f"{head}: {changed}", e.run_id)
+
+    async def _progress(self, e: ToolProgress) -> None:
+        """A running tool call's progress: one updating line where the transport can
+        edit, else a line at most every ``progress_interval`` seconds."""
+        now = time.monotonic()
+        last = self.progress.get(e.call_id)
+        if last is not None and now - last < self.ch.options.progress_interval:
+            return
+        self.progress[e.call_id] = now
+        text = f"⚙ {e.name}: {_progress_text(e.progress, e.total, e.message)}"
+        tag = f"progress:{e.conversation_id}:{e.call_id}"
+        if last is not None and self.caps.can_edit:
+            await self.bridge._send(
+                self.ch.transport, self.ch.key, text, "command", self._reply_to(e.run_id),
+                e.run_id, updates=tag,
+            )  # fmt: skip
+            return
+        await self._tagged(text, e.run_id, tag=tag)
+
+    async def _progress_done(self, e: ToolCallEnded) -> None:
+        """A call that showed progress ended: its line says so where it can be edited."""
+        self.progress.pop(e.call_id, None)
+        if self.caps.can_edit:
+            verb = "failed" if e.is_error else "done"
+            await self.bridge._send(
+                self.ch.transport, self.ch.key, f"⚙ {e.name}: {verb} ({e.duration:.1f}s)",
+                "command", self._reply_to(e.run_id), e.run_id,
+                updates=f"progress:{e.conversation_id}:{e.call_id}",
+            )  # fmt: skip
+        elif e.is_error and self.tool_lines:
+            result = e.result.replace("\n", " ")[:160]
+            await self._out(f"⚙ {e.name} failed: {result}", "notice", e.run_id)
 
     async def _out(self, text: str, kind: OutgoingKind, run_id: str | None) -> None:
         reply_to = self._reply_to(run_id)
@@ -1400,13 +1533,30 @@ class _Renderer:
         elif e.kind in ("approval_requested", "approval_resolved"):
             await self._flush(run)
             await self._approval(e)
+        elif e.kind in ("question_asked", "question_answered"):
+            await self._flush(run)
+            await self._question(e)
+        elif e.kind == "todo_updated":
+            await self._flush(run)
+            await self._todo(e)
+        elif e.kind == "tool_progress":
+            if self.tool_lines:
+                await self._progress(e)
         elif e.kind == "reasoning_delta":
             await self._out(f"(thinking) {e.text}", "notice", run)
         elif e.kind == "tool_call_started":
-            if self.tool_lines:
+            # ask_user and todo show themselves (the question, the checklist).
+            if self.tool_lines and (self.debug or e.name not in _SELF_SHOWN):
                 args = _short_args(e.arguments)
                 await self._out(f"⚙ {e.name}({args})", "notice", run)
-        elif e.kind == "tool_call_ended" and (e.is_error or self.debug) and self.tool_lines:
+        elif e.kind == "tool_call_ended" and e.call_id in self.progress:
+            await self._progress_done(e)
+        elif (
+            e.kind == "tool_call_ended"
+            and (e.is_error or self.debug)
+            and self.tool_lines
+            and (self.debug or e.name not in _SELF_SHOWN)
+        ):
             result = e.result.replace("\n", " ")[:160]
             verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"
             await self._out(f"⚙ {e.name} {verb}: {result}", "notice", run)
@@ -1498,6 +1648,32 @@ def _log_answer(ch: _Channel, e: TurnEnded) -> None:
     if log.isEnabledFor(logging.DEBUG):
         log_event(log, logging.DEBUG, "answer_text", "answer of run %s: %s", e.run_id, e.text,
                   **fields)  # fmt: skip
+
+
+#: Builtin tools whose events show them in the channel: no tool-call line.
+_SELF_SHOWN = frozenset({"ask_user", "todo"})
+
+#: How a checklist item shows its status.
+_TODO_MARK = {"done": "✓", "in_progress": "▸", "pending": "○"}
+
+
+def _progress_text(progress: float, total: float | None, message: str | None) -> str:
+    if total:
+        how = f"{progress / total:.0%}" if total > 0 else f"{progress:g}"
+    else:
+        how = f"{progress:g}"
+    return f"{how} {message}".strip() if message else how
+
+
+def _fit(text: str, max_bytes: int | None, max_chars: int | None) -> str:
+    """``text`` on one line, cut to fit one message of the channel."""
+    text = " ".join(text.split())
+    if max_chars is not None and len(text) > max_chars:
+        text = text[: max_chars - 1] + "…"
+    if max_bytes is not None and len(text.encode()) > max_bytes:
+        raw = text.encode()[: max_bytes - 3]
+        text = raw.decode("utf-8", "ignore") + "…"
+    return text
 
 
 def _rows(

@@ -40,3 +40,7 @@ class ChannelOptions:
     ambient: bool = False
     #: How many such lines at most reach the model with the next turn.
     ambient_lines: Annotated[int, Field(ge=1)] = 50
+    #: Seconds between two progress messages of one running tool call (MCP
+    #: progress): a new line, or an edit of its line where the transport can
+    #: edit; the first is shown at once (0: every progress report).
+    progress_interval: Annotated[float, Field(ge=0)] = 10.0

@@ -25,6 +25,7 @@ from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
 from .messages import Message
 from .observe import RequestStats
+from .questions import Questions, builtin_tools
 from .services import AgentServices, AgentState, kinds_of
 from .settings import settings_dataclass
 from .store.base import ConversationRecord, Store
@@ -120,6 +121,8 @@ class Agent:
             approvals if isinstance(approvals, Approvals) else Approvals(approvals or ())
         )
         self.approvals.store = self.store
+        #: The questions turns wait for (``ask_user``; :mod:`agentik.core.questions`).
+        self.questions = Questions(store=self.store)
         #: Most events kept in all conversations' replay buffers together; the
         #: least recently active conversations lose theirs first.
         self.event_budget = event_budget
@@ -127,7 +130,7 @@ class Agent:
         #: (backend, model, latency, time to first token, tokens): metrics hang here.
         self.request_observers: list[Callable[[RequestStats], None]] = []
         self._tools: dict[str, Tool] = {}
-        for t in (*tools, *self.memory.tools()):
+        for t in (*tools, *self.memory.tools(), *builtin_tools(self.policy)):
             self.add_tool(t)
         self.toolsets = list(toolsets)
         self._background_fns = list(background)

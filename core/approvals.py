@@ -13,7 +13,8 @@ When the model calls such a tool, the turn pauses before running it
 persisted (:class:`Approval`: a short id unique among the channel's pending
 ones, the tool, its arguments masked and cut, who asked, when it expires),
 an ``approval_requested`` event goes out, and the turn waits — its time
-budget paused — for :meth:`Approvals.decide` or the timeout.  Then
+budget paused — for :meth:`Approvals.decide` or the timeout (the wait is
+:func:`~agentik.core.waiting.wait_for_person`, shared with ``ask_user``).  Then
 ``approval_resolved`` goes out (``approved``, ``denied``, ``expired`` or
 ``cancelled``) and the call runs, or the model gets a result saying why not
 (``the call was denied by alice: not today``).  ``!stop`` during the wait
@@ -35,7 +36,6 @@ calling again, expire with a notice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -52,6 +52,7 @@ from pydantic import Field
 from .errors import AgentikError
 from .events import ApprovalRequested, ApprovalResolved
 from .settings import settings_dataclass
+from .waiting import wait_for_person
 
 if TYPE_CHECKING:
     from .messages import ToolCall
@@ -352,32 +353,25 @@ class Approvals:
             "conversation %s: approval %s requested for %s (run %s)",
             cid, approval.id, call.name, run_id,
         )  # fmt: skip
-        if paused is not None:
-            paused(True)
+
+        async def cancelled() -> None:
+            gone = await self._settle(approval, "cancelled", None, None, "the turn was stopped")
+            self._emit_resolved(parts, run_id, gone)
+
         try:
-            try:
-                async with asyncio.timeout_at(
-                    loop.time() + max(0.0, approval.expires_at - time.time())
-                ):
-                    done = await asyncio.shield(fut)
-            except TimeoutError:
-                done = await self._settle(
+            # A shutdown (cancelled, not interrupted): it stays pending for the next start.
+            done = await wait_for_person(
+                fut,
+                approval.expires_at,
+                expire=lambda: self._settle(
                     approval, "expired", None, None, "no one answered in time"
-                )
-        except asyncio.CancelledError:
-            if interrupted():
-                with contextlib.suppress(Exception):
-                    done = await asyncio.shield(
-                        self._settle(approval, "cancelled", None, None, "the turn was stopped")
-                    )
-                    self._emit_resolved(parts, run_id, done)
-            # A shutdown: it stays pending for the next start.
-            self._waiting.pop(approval.serial, None)
-            raise
+                ),
+                cancel=cancelled,
+                interrupted=interrupted,
+                paused=paused,
+            )
         finally:
-            if paused is not None:
-                paused(False)
-        self._waiting.pop(approval.serial, None)
+            self._waiting.pop(approval.serial, None)
         self._emit_resolved(parts, run_id, done)
         if done.decision == "approved":
             self._used.add((cid, call.name))

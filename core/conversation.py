@@ -39,6 +39,7 @@ from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
     from .agent import Agent
+    from .questions import Question
 
 __all__ = ["RESUME_MODES", "Capabilities", "Conversation", "ConversationState", "ResumeMode"]
 
@@ -180,6 +181,39 @@ class Conversation:
         """Whether the running turn has already been asked to stop."""
         return self._runner is not None and self._runner.interrupt_requested
 
+    @property
+    def awaiting_human(self) -> bool:
+        """Whether the running turn waits for a person: a question (``ask_user``)
+        or an approval (the ``awaiting_human`` state)."""
+        return self._services.questions.waiting(self.id) or (
+            self._runner is not None and self._runner.waiting_for_human()
+        )
+
+    def pending_questions(self) -> list[Question]:
+        """The questions (``ask_user``) this conversation's turn waits for, oldest first."""
+        return self._services.questions.pending(self.id)
+
+    async def answer(
+        self, content: str, *, author: str | None = None, author_id: str | None = None
+    ) -> Question | None:
+        """Answer the oldest waiting question ``author`` may answer with ``content``.
+
+        ``None``: no question waits for this author (``content`` is an ordinary
+        message).  The ``before_prompt`` hooks see the answer first; a refusal
+        raises :class:`~agentik.core.errors.PromptRefused` (the question still
+        waits).  :meth:`send` does this first, so a message to a conversation
+        whose turn asked a question answers it instead of queueing a turn.
+        """
+        self._check_open()
+        questions = self._services.questions
+        if questions.answerable(self.id, author, author_id) is None:
+            return None
+        # An answer is a prompt too: plugins' before_prompt hooks see (and may refuse) it.
+        outcome = await self._services.hooks.before_prompt(self, content, author, author_id)
+        if isinstance(outcome, Refuse):
+            raise PromptRefused(outcome.message)
+        return await questions.answer(self.id, outcome, author=author, author_id=author_id)
+
     def _check_open(self) -> None:
         if self.state is ConversationState.CLOSED:
             raise ClosedError(f"conversation {self.id} is closed")
@@ -204,10 +238,19 @@ class Conversation:
         memory scope); ``channel`` defaults to the conversation's channel key.
         ``allow_tool`` narrows the tools this turn offers the model, within the
         conversation's policy (the speaker's rights: :mod:`agentik.core.access`).
+
+        When the running turn waits for an answer (``ask_user``) that this
+        author may give, ``content`` answers it instead (see :meth:`answer`) and
+        the waiting turn's run id is returned.
         """
         self._check_open()
         if not isinstance(content, str):
             raise TypeError("content must be a str")
+        if self._services.questions.waiting(self.id):
+            # The turn asked (ask_user): the asked person's message is the answer.
+            answered = await self.answer(content, author=author, author_id=author_id)
+            if answered is not None:
+                return answered.run_id
         outcome = await self._services.hooks.before_prompt(self, content, author, author_id)
         if isinstance(outcome, Refuse):
             raise PromptRefused(outcome.message)
@@ -333,11 +376,13 @@ class Conversation:
             raise
         emit(TextDelta, m.run_id, text=text)
         await self._services.approvals.run_ended(self.parts, m.run_id or "")
+        await self._services.questions.run_ended(self.parts, m.run_id or "")
         emit(TurnEnded, m.run_id, stop_reason="stop", text=text)
 
     async def _resume_drop(self, m: Message, outcome: str) -> None:
         await self._store.append(self.id, ended=TurnEnd(m.run_id or "", outcome))
         await self._services.approvals.run_ended(self.parts, m.run_id or "")
+        await self._services.questions.run_ended(self.parts, m.run_id or "")
         log.info("conversation %s: unanswered message %d %s", self.id, m.id, outcome)
 
     async def note(

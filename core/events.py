@@ -46,12 +46,16 @@ __all__ = [
     "EventBase",
     "EventsLost",
     "Interrupted",
+    "QuestionAnswered",
+    "QuestionAsked",
     "ReasoningDelta",
     "ReasoningStarted",
     "ResponseStarted",
     "TextDelta",
+    "TodoUpdated",
     "ToolCallEnded",
     "ToolCallStarted",
+    "ToolProgress",
     "TurnEnded",
     "TurnStarted",
     "event_from_dict",
@@ -271,6 +275,76 @@ class ApprovalResolved(EventBase):
     reason: str = ""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QuestionAsked(EventBase):
+    """The model asked the channel a question (the builtin ``ask_user`` tool,
+    call ``call_id``); the turn waits for the answer.
+
+    ``question_id`` is its id (``question`` table, migration 10); ``to`` the
+    person asked (``None``: anyone may answer), ``choices`` the answers
+    offered (may be empty), ``answer_from`` who may answer (``asked`` or
+    ``anyone``); it expires at ``expires_at`` (``timeout`` seconds after it
+    was asked).  ``resumed``: the same question again, after a restart.
+    """
+
+    kind: Literal["question_asked"] = field(default="question_asked", init=False)
+    question_id: int
+    call_id: str
+    question: str
+    to: str | None = None
+    choices: tuple[str, ...] = ()
+    answer_from: str = "asked"
+    expires_at: float = 0.0
+    timeout: float = 0.0
+    resumed: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QuestionAnswered(EventBase):
+    """A question ended: ``outcome`` is ``answered`` (by ``answered_by``, with
+    ``answer``), ``expired`` (nobody answered in time) or ``cancelled`` (the
+    turn was stopped)."""
+
+    kind: Literal["question_answered"] = field(default="question_answered", init=False)
+    question_id: int
+    call_id: str
+    outcome: Literal["answered", "expired", "cancelled"]
+    answer: str = ""
+    answered_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TodoUpdated(EventBase):
+    """The model replaced its checklist (the builtin ``todo`` tool, call ``call_id``).
+
+    ``items``: ``{"text": ..., "status": "pending" | "in_progress" | "done"}``
+    in order; ``changed``: the items (by index) that are new or whose status
+    changed since the previous list of this conversation.
+    """
+
+    kind: Literal["todo_updated"] = field(default="todo_updated", init=False)
+    call_id: str
+    items: tuple[dict[str, str], ...] = ()
+    changed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolProgress(EventBase):
+    """A running tool call reported progress (MCP ``notifications/progress``).
+
+    ``progress`` so far, of ``total`` when known, with the server's
+    ``message``; ``elapsed``: seconds since the call started.
+    """
+
+    kind: Literal["tool_progress"] = field(default="tool_progress", init=False)
+    call_id: str
+    name: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+    elapsed: float = 0.0
+
+
 #: Every event, as one union discriminated by ``kind``: a type checker narrows
 #: ``event: Event`` to one class on ``if event.kind == "text_delta": ...``.
 Event = (
@@ -290,6 +364,10 @@ Event = (
     | ConversationEnded
     | ApprovalRequested
     | ApprovalResolved
+    | QuestionAsked
+    | QuestionAnswered
+    | TodoUpdated
+    | ToolProgress
 )
 
 #: The event classes of :data:`Event`, in order.
@@ -325,6 +403,10 @@ PROFILES: dict[str, frozenset[str]] = {
         "tool_call_ended",
         "approval_requested",
         "approval_resolved",
+        "question_asked",
+        "question_answered",
+        "todo_updated",
+        "tool_progress",
     },
     "metrics": _LIFECYCLE | {"tool_call_ended", "child_run_linked", "approval_resolved"},
 }
@@ -350,6 +432,10 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     kwargs = {k: v for k, v in d.items() if k in names}
     if "usage" in kwargs and isinstance(kwargs["usage"], dict):
         kwargs["usage"] = Usage.from_dict(kwargs["usage"])
+    for key in ("choices", "items", "changed"):
+        # JSON has no tuples: these fields come back as lists.
+        if isinstance(kwargs.get(key), list):
+            kwargs[key] = tuple(kwargs[key])
     return cls(**kwargs)
 
 

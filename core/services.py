@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from .conversation import Conversation
     from .hooks import Hooks
     from .llm.base import LLMBackend
+    from .questions import Questions
     from .tools.base import Tool, TurnPolicy
 
 __all__ = ["AgentServices", "AgentState", "ConversationEvents", "ConversationParts", "kinds_of"]
@@ -118,6 +119,11 @@ class AgentServices:
     def approvals(self) -> Approvals:
         """Which tool calls wait for a person's approval (and the pending ones)."""
         return self.agent.approvals
+
+    @property
+    def questions(self) -> Questions:
+        """The questions turns wait for (``ask_user``)."""
+        return self.agent.questions
 
     @property
     def event_buffer(self) -> int:

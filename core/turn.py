@@ -34,6 +34,7 @@ from .events import (
     TextDelta,
     ToolCallEnded,
     ToolCallStarted,
+    ToolProgress,
     TurnEnded,
     TurnStarted,
 )
@@ -108,7 +109,11 @@ class TurnRunner:
         self.policy = policy
         # The speaker's rights narrow the policy: a tool they may not use is not offered.
         self.tools = {
-            t.name: t for t in policy.visible(tools) if allow_tool is None or allow_tool(t.name)
+            t.name: t
+            for t in policy.visible(tools)
+            if (allow_tool is None or allow_tool(t.name))
+            # A tool that waits for a person (ask_user) is not offered where nobody can answer.
+            and not (parts.conversation.temp and getattr(t, "waits_for_human", False))
         }
         self.state = _State(tools_exhausted=policy.max_tool_calls <= 0)
         self.interrupt_requested = False
@@ -242,11 +247,21 @@ class TurnRunner:
         self._end(started)
 
     async def _approvals_done(self) -> None:
-        """The turn ended: approvals a restart left for it that it did not ask again expire."""
+        """The turn ended: approvals and questions a restart left for it that it did
+        not ask again expire."""
         try:
             await self.services.approvals.run_ended(self.parts, self.run_id)
         except Exception:
             log.exception("run %s: could not expire its leftover approvals", self.run_id)
+        try:
+            await self.services.questions.run_ended(self.parts, self.run_id)
+        except Exception:
+            log.exception("run %s: could not expire its leftover questions", self.run_id)
+
+    def waiting_for_human(self) -> bool:
+        """Whether this turn waits for a person now (an approval or a question):
+        the ``awaiting_human`` state."""
+        return self._waiting_approvals > 0
 
     def _pause_budget(self, paused: bool) -> None:
         """Stop the turn's time budget while a person is asked (approvals), resume after."""
@@ -721,6 +736,18 @@ class TurnRunner:
         if not isinstance(args, dict):
             return ToolResult(text="error: arguments must be a JSON object", is_error=True)
         data = self.message.data if isinstance(self.message.data, dict) else {}
+        human = getattr(tool, "waits_for_human", False)
+        t0 = time.monotonic()
+
+        def emit(cls: type[Event], **fields: Any) -> None:
+            self._emit(cls, **fields)
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            self._emit(
+                ToolProgress, call_id=call.id, name=call.name, progress=done, total=total,
+                message=message, elapsed=time.monotonic() - t0,
+            )  # fmt: skip
+
         context = ToolContext(
             conversation_id=self.parts.id,
             run_id=self.run_id,
@@ -729,9 +756,13 @@ class TurnRunner:
             channel=self.conv.channel_key,
             author_id=data.get("author_id"),
             speakers=await self.conv.speakers(),
+            human=None if self.conv.temp else _Human(self, call.id),
+            emit=emit,
+            progress=progress,
         )
         try:
-            async with asyncio.timeout(self.policy.tool_timeout):
+            # A person's answer has its own deadline: the tool timeout is for machines.
+            async with asyncio.timeout(None if human else self.policy.tool_timeout):
                 raw = await tool.call(args, context)
         except TimeoutError:
             return ToolResult(
@@ -805,3 +836,29 @@ class TurnRunner:
             duration=duration,
         )
         await write
+
+
+class _Human:
+    """What ``ask_user`` gets in its :class:`ToolContext`: ask this turn's conversation."""
+
+    __slots__ = ("call_id", "turn")
+
+    def __init__(self, turn: TurnRunner, call_id: str) -> None:
+        self.turn = turn
+        self.call_id = call_id
+
+    async def ask(
+        self,
+        text: str,
+        *,
+        to: str | None,
+        choices: tuple[str, ...],
+        answer_from: Any,
+        wait: float,
+    ) -> Any:
+        turn = self.turn
+        return await turn.services.questions.ask(
+            turn.parts, turn.run_id, self.call_id, text, to=to, choices=choices,
+            answer_from=answer_from, wait=wait,
+            interrupted=lambda: turn.interrupt_requested, paused=turn._pause_budget,
+        )  # fmt: skip

@@ -3,7 +3,8 @@
 Run as ``python tests/mcp_server.py --transport stdio`` or
 ``python tests/mcp_server.py --transport http --port N`` (streamable HTTP on
 127.0.0.1, endpoint ``/mcp``).  ``--banner N`` first prints N lines that are not
-JSON-RPC on stdout, as some servers do.
+JSON-RPC on stdout, as some servers do; ``--progress`` adds the ``build`` tool,
+which reports progress (``notifications/progress``) before it answers.
 """
 
 from __future__ import annotations
@@ -130,6 +131,17 @@ async def add_tool(name: str, ctx: Context) -> str:
     return f"added {name}"
 
 
+async def build(steps: int, ctx: Context) -> str:
+    """Report progress ``steps`` times (``notifications/progress``), then answer."""
+    for i in range(1, steps + 1):
+        await ctx.report_progress(i, steps, f"step {i} of {steps}")
+    return f"built in {steps} steps"
+
+
+if "--progress" in sys.argv:  # only then: other tests count this server's tools
+    server.tool(description=doc("Report progress a few times, then answer."))(build)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
@@ -138,6 +150,7 @@ def main() -> None:
         "--banner", type=int, default=0, help="print this many non-JSON lines on stdout first"
     )
     parser.add_argument("--long-docs", action="store_true", help="realistic description lengths")
+    parser.add_argument("--progress", action="store_true", help="offer the `build` tool")
     args = parser.parse_args()
     for i in range(args.banner):  # as servers that greet on stdout do
         print(f"agentik-test server starting ({i + 1}/{args.banner})", flush=True)

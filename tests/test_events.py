@@ -74,6 +74,41 @@ SAMPLES = [
         approver_id="irc:bob",
         reason="not today",
     ),
+    ev.QuestionAsked(
+        **ENVELOPE,
+        question_id=4,
+        call_id="call_2",
+        question="which region?",
+        to="alice",
+        choices=("eu", "us"),
+        answer_from="anyone",
+        expires_at=1700000300.25,
+        timeout=300.0,
+        resumed=True,
+    ),
+    ev.QuestionAnswered(
+        **ENVELOPE,
+        question_id=4,
+        call_id="call_2",
+        outcome="answered",
+        answer="eu",
+        answered_by="alice",
+    ),
+    ev.TodoUpdated(
+        **ENVELOPE,
+        call_id="call_3",
+        items=({"text": "read the logs", "status": "done"}, {"text": "fix", "status": "pending"}),
+        changed=(0,),
+    ),
+    ev.ToolProgress(
+        **ENVELOPE,
+        call_id="call_4",
+        name="srv__build",
+        progress=2.0,
+        total=5.0,
+        message="compiling",
+        elapsed=1.5,
+    ),
 ]
 
 

@@ -32,6 +32,7 @@ from ..messages import ChatMessage, Message, MessageKind, NewMessage
 
 if TYPE_CHECKING:
     from ..approvals import Approval, ApprovalDecision
+    from ..questions import Question, QuestionOutcome
 
 __all__ = [
     "AccessChange",
@@ -368,6 +369,37 @@ class Store(abc.ABC):
     async def approval_used(self, conversation_id: str, tool: str) -> bool:
         """Whether a call of ``tool`` was ever approved in this conversation (``first-use``)."""
         raise NotImplementedError(f"{type(self).__name__} does not store approvals")
+
+    # -- questions (issue 20: ask_user, migration 10) -----------------------------------------
+    # Not abstract, so a store without them still works where ask_user is not offered.
+    async def question_add(self, question: Question) -> int:
+        """Store a new pending question; its id."""
+        raise NotImplementedError(f"{type(self).__name__} does not store questions")
+
+    async def question_settle(
+        self,
+        question_id: int,
+        outcome: QuestionOutcome,
+        answer: str | None,
+        answered_by: str | None,
+        at: float,
+    ) -> bool:
+        """Record how a pending question ended; ``False`` if it was not pending any more."""
+        raise NotImplementedError(f"{type(self).__name__} does not store questions")
+
+    async def question_rebind(self, question_id: int, call_id: str) -> None:
+        """A resumed turn's new call (``call_id``) takes over a pending question."""
+        raise NotImplementedError(f"{type(self).__name__} does not store questions")
+
+    async def question_get(self, question_id: int) -> Question | None:
+        """One question by its id."""
+        raise NotImplementedError(f"{type(self).__name__} does not store questions")
+
+    async def questions(
+        self, *, conversation_id: str | None = None, state: str | None = None
+    ) -> list[Question]:
+        """Questions matching every filter given, oldest first."""
+        raise NotImplementedError(f"{type(self).__name__} does not store questions")
 
     # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:

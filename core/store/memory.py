@@ -15,6 +15,7 @@ from typing import Any
 from ..approvals import Approval, ApprovalDecision
 from ..errors import StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
+from ..questions import Question, QuestionOutcome
 from .base import (
     AccessChange,
     AccessGrant,
@@ -47,6 +48,8 @@ class MemoryStore(Store):
         self._outbox_ids = itertools.count(1)
         self._approvals: dict[int, Approval] = {}
         self._approval_ids = itertools.count(1)
+        self._questions: dict[int, Question] = {}
+        self._question_ids = itertools.count(1)
         self._budget: dict[tuple[str, str, str, int], int] = {}
         self._grants: dict[str, AccessGrant] = {}
         self._access_audit: list[AccessChange] = []
@@ -291,6 +294,50 @@ class MemoryStore(Store):
             a.conversation_id == conversation_id and a.tool == tool and a.decision == "approved"
             for a in self._approvals.values()
         )
+
+    # -- questions (issue 20: ask_user, migration 10) -----------------------------------------
+    async def question_add(self, question: Question) -> int:
+        self._require(question.conversation_id)
+        qid = next(self._question_ids)
+        self._questions[qid] = dataclasses.replace(question, id=qid)
+        return qid
+
+    async def question_settle(
+        self,
+        question_id: int,
+        outcome: QuestionOutcome,
+        answer: str | None,
+        answered_by: str | None,
+        at: float,
+    ) -> bool:
+        q = self._questions.get(question_id)
+        if q is None or q.state != "pending":
+            return False
+        self._questions[question_id] = dataclasses.replace(
+            q, state="resolved", outcome=outcome, answer=answer, answered_by=answered_by,
+            answered_at=at,
+        )  # fmt: skip
+        return True
+
+    async def question_rebind(self, question_id: int, call_id: str) -> None:
+        q = self._questions.get(question_id)
+        if q is not None:
+            self._questions[question_id] = dataclasses.replace(q, call_id=call_id)
+
+    async def question_get(self, question_id: int) -> Question | None:
+        q = self._questions.get(question_id)
+        return q if q is not None and q.conversation_id in self._conversations else None
+
+    async def questions(
+        self, *, conversation_id: str | None = None, state: str | None = None
+    ) -> list[Question]:
+        return [
+            q
+            for _, q in sorted(self._questions.items())
+            if q.conversation_id in self._conversations
+            and (conversation_id is None or q.conversation_id == conversation_id)
+            and (state is None or q.state == state)
+        ]
 
     # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:

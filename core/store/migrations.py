@@ -309,6 +309,43 @@ MIGRATIONS: tuple[Migration, ...] = (
         END;
         """,
     ),
+    # Placeholder on this branch only: wt-agents (issue 20) owns migration 9; the
+    # coordinator keeps theirs and drops this one when merging.
+    Migration(9, "reserved_agents", "SELECT 1;"),
+    Migration(
+        10,
+        "questions",
+        """
+        -- Questions the model asked the channel (agentik.core.questions:
+        -- the builtin ask_user tool), pending until answered, expired or
+        -- cancelled.  ``asker_target`` is the person asked (NULL: anyone);
+        -- ``digest`` hashes the question, to recognise it when a resumed
+        -- turn asks again after a restart.
+        CREATE TABLE question (
+            id              INTEGER PRIMARY KEY,
+            conversation_id TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            channel_key     TEXT,
+            run_id          TEXT NOT NULL,
+            call_id         TEXT NOT NULL,
+            asker_target    TEXT,
+            answer_from     TEXT NOT NULL DEFAULT 'asked'
+                            CHECK (answer_from IN ('asked', 'anyone')),
+            text            TEXT NOT NULL,
+            choices         TEXT NOT NULL DEFAULT '[]',
+            digest          TEXT NOT NULL DEFAULT '',
+            created_at      REAL NOT NULL,
+            deadline        REAL NOT NULL,
+            state           TEXT NOT NULL DEFAULT 'pending'
+                            CHECK (state IN ('pending', 'resolved')),
+            outcome         TEXT CHECK (outcome IN ('answered', 'expired', 'cancelled')),
+            answer          TEXT,
+            answered_by     TEXT,
+            answered_at     REAL
+        );
+        CREATE INDEX question_by_conversation ON question (conversation_id, id);
+        CREATE INDEX question_pending ON question (state, id) WHERE state = 'pending';
+        """,
+    ),
 )
 
 

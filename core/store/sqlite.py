@@ -32,6 +32,7 @@ import aiosqlite
 from ..approvals import Approval, ApprovalDecision
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
+from ..questions import Question, QuestionOutcome
 from ..settings import defaults, settings_dataclass
 from .base import (
     AccessChange,
@@ -111,6 +112,21 @@ def _row_to_approval(r: Sequence[Any]) -> Approval:
         approvers=r[12], self_approve=bool(r[13]), created_at=r[14], expires_at=r[15],
         state=r[16], decision=r[17], approver=r[18], approver_id=r[19], reason=r[20],
         resolved_at=r[21],
+    )  # fmt: skip
+
+
+_QUESTION_COLUMNS = (
+    "id, conversation_id, channel_key, run_id, call_id, asker_target, answer_from, text,"
+    " choices, digest, created_at, deadline, state, outcome, answer, answered_by, answered_at"
+)
+
+
+def _row_to_question(r: Sequence[Any]) -> Question:
+    return Question(
+        id=r[0], conversation_id=r[1], channel_key=r[2], run_id=r[3], call_id=r[4],
+        asker_target=r[5], answer_from=r[6], text=r[7], choices=tuple(json.loads(r[8])),
+        digest=r[9], created_at=r[10], deadline=r[11], state=r[12], outcome=r[13],
+        answer=r[14], answered_by=r[15], answered_at=r[16],
     )  # fmt: skip
 
 
@@ -806,6 +822,71 @@ class SQLiteStore(Store):
             (conversation_id, tool),
         )
         return bool(rows)
+
+    # -- questions (issue 20: ask_user, migration 10) -----------------------------------------
+    async def question_add(self, question: Question) -> int:
+        q = question
+        row = (
+            q.conversation_id, q.channel_key, q.run_id, q.call_id, q.asker_target, q.answer_from,
+            q.text, json.dumps(list(q.choices), ensure_ascii=False), q.digest, q.created_at,
+            q.deadline,
+        )  # fmt: skip
+
+        def fn(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "INSERT INTO question (conversation_id, channel_key, run_id, call_id,"
+                " asker_target, answer_from, text, choices, digest, created_at, deadline)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+            return int(cur.lastrowid or 0)
+
+        result: int = await self._write(fn)
+        return result
+
+    async def question_settle(
+        self,
+        question_id: int,
+        outcome: QuestionOutcome,
+        answer: str | None,
+        answered_by: str | None,
+        at: float,
+    ) -> bool:
+        def fn(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE question SET state = 'resolved', outcome = ?, answer = ?,"
+                " answered_by = ?, answered_at = ? WHERE id = ? AND state = 'pending'",
+                (outcome, answer, answered_by, at, question_id),
+            )
+            return cur.rowcount > 0
+
+        return bool(await self._write(fn))
+
+    async def question_rebind(self, question_id: int, call_id: str) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE question SET call_id = ? WHERE id = ?", (call_id, question_id))
+
+        await self._write(fn)
+
+    async def question_get(self, question_id: int) -> Question | None:
+        rows = await self._read(
+            f"SELECT {_QUESTION_COLUMNS} FROM question WHERE id = ?", (question_id,)
+        )
+        return _row_to_question(rows[0]) if rows else None
+
+    async def questions(
+        self, *, conversation_id: str | None = None, state: str | None = None
+    ) -> list[Question]:
+        where, params = [], []
+        for column, value in (("conversation_id", conversation_id), ("state", state)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        cond = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = await self._read(
+            f"SELECT {_QUESTION_COLUMNS} FROM question{cond} ORDER BY id", tuple(params)
+        )
+        return [_row_to_question(r) for r in rows]
 
     # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:

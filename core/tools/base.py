@@ -26,7 +26,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import Field
 
@@ -67,6 +67,14 @@ class ToolContext:
     #: Everyone who spoke recently in this conversation (``author_id`` values),
     #: the current speaker included.
     speakers: tuple[str, ...] = ()
+    #: Ask the people in the conversation and wait (``ask_user``); ``None`` where
+    #: nobody can answer (a temporary conversation, library use without a turn).
+    human: Any = None
+    #: Emit an event of this turn: ``emit(EventClass, **fields)`` (builtin tools).
+    emit: Callable[..., None] | None = None
+    #: Report progress of this call: ``await progress(progress, total, message)``
+    #: becomes a ``tool_progress`` event (MCP ``notifications/progress``).
+    progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
 
 
 @runtime_checkable
@@ -159,6 +167,15 @@ class TurnPolicy:
     characters; past it the stream is stopped and the turn ends with
     ``stop_reason = "length"``.
 
+    Builtin tools (issue 20): ``ask_user`` offers the model the ``ask_user``
+    tool (ask the people in the conversation and wait for the answer; never
+    offered in a temporary conversation); ``ask_user_timeout``: seconds to
+    wait when the model gives no timeout (and ``ask_user_max_timeout`` caps
+    the model's); ``answer_from``: who answers a question, ``asked`` (the
+    person asked; without ``to``, the person whose message started the turn)
+    or ``anyone`` in the conversation.  ``todo`` offers the ``todo`` tool
+    (a checklist shown in the channel).
+
     This class is also the ``[tools]`` section of the configuration file
     (where ``allowed_tools`` is written ``allowed``).
     """
@@ -171,6 +188,11 @@ class TurnPolicy:
     max_tool_argument_chars: int = Field(64_000, ge=1)
     max_tool_result_chars: int = Field(64_000, ge=1)
     max_answer_chars: int = Field(100_000, ge=1)
+    ask_user: bool = False
+    ask_user_timeout: float = Field(300.0, gt=0)
+    ask_user_max_timeout: float = Field(3600.0, gt=0)
+    answer_from: Literal["asked", "anyone"] = "asked"
+    todo: bool = False
     _cache: dict[str, bool] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property

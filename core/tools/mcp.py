@@ -40,7 +40,7 @@ import shutil
 import sys
 import sysconfig
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from fnmatch import fnmatchcase
 from typing import Annotated, Any, Literal
@@ -406,7 +406,8 @@ class MCPTool:
         return f"MCPTool({self.name!r})"
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        return await self.server.call(self.remote_name, arguments)
+        # The server's ``notifications/progress`` for this call become ``tool_progress`` events.
+        return await self.server.call(self.remote_name, arguments, progress=context.progress)
 
 
 # -- one server ------------------------------------------------------------------------
@@ -883,20 +884,24 @@ class _Server:
                 while not settled():
                     await self._tick.wait()
 
-    async def call(self, tool_name: str, arguments: dict[str, Any]) -> ToolResult:
+    async def call(
+        self, tool_name: str, arguments: dict[str, Any], *, progress: Progress | None = None
+    ) -> ToolResult:
         try:
-            return await self._call_once(tool_name, arguments)
+            return await self._call_once(tool_name, arguments, progress)
         except _SessionGone:
             # The server forgot our session (it restarted): the request was
             # refused, not run, so it goes once more over a new session.
             try:
-                return await self._call_once(tool_name, arguments)
+                return await self._call_once(tool_name, arguments, progress)
             except _SessionGone:
                 raise ToolError(
                     f"MCP server {self.cfg.name!r} refused our new session too; retrying"
                 ) from None
 
-    async def _call_once(self, tool_name: str, arguments: dict[str, Any]) -> ToolResult:
+    async def _call_once(
+        self, tool_name: str, arguments: dict[str, Any], progress: Progress | None = None
+    ) -> ToolResult:
         from mcp.shared.exceptions import MCPError
 
         name, timeout = self.cfg.name, self.cfg.timeout
@@ -904,7 +909,12 @@ class _Server:
         generation, down = self._generation, self._down
         try:
             async with asyncio.timeout(timeout + 1.0):
-                result = await session.call_tool(tool_name, arguments, read_timeout_seconds=timeout)
+                result = await session.call_tool(
+                    tool_name,
+                    arguments,
+                    read_timeout_seconds=timeout,
+                    progress_callback=_progress_callback(progress),
+                )
         except TimeoutError:
             raise ToolError(f"MCP server {name!r} did not answer within {timeout:g}s") from None
         except MCPError as exc:
@@ -937,6 +947,24 @@ class _Server:
                     await down.wait()
             return self._unavailable()
         return ToolError(f"MCP server {self.cfg.name!r} stopped: {why}; restarting")
+
+
+#: ``await progress(progress, total, message)``: a call's progress (``ToolContext.progress``).
+Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+def _progress_callback(progress: Progress | None) -> Any:
+    """The SDK's ``progress_callback`` for one call: a faulty report is logged, never fatal."""
+    if progress is None:
+        return None
+
+    async def report(done: float, total: float | None, message: str | None) -> None:
+        try:
+            await progress(float(done), None if total is None else float(total), message)
+        except Exception:
+            log.exception("could not report the progress of an MCP tool call")
+
+    return report
 
 
 class _SessionGone(Exception):

@@ -322,7 +322,8 @@ _SCHEMAS: dict[str, Any] = {
             "reasoning_started, reasoning_delta, response_started, text_delta, "
             "tool_call_started, tool_call_ended, child_run_linked, turn_ended, "
             "interrupted, error, events_lost, compacted, conversation_ended, "
-            "approval_requested, approval_resolved."
+            "approval_requested, approval_resolved, question_asked, question_answered, "
+            "todo_updated, tool_progress."
         ),
         "required": ["kind", "conversation_id", "seq", "stream_seq", "ts"],
         "properties": {

@@ -1,0 +1,540 @@
+"""The bot asks: a question to the channel that the turn waits for (``ask_user``),
+and the model's visible checklist (``todo``).
+
+**ask_user.**  The model calls the builtin ``ask_user`` tool (``question``,
+optional ``to``: a person as the channel shows them, optional ``choices``,
+optional ``timeout`` in seconds).  The turn pauses (its time budget stops, as
+for an approval), the question is stored (``question`` table, migration 10)
+and a ``question_asked`` event goes out, which the bridge renders as
+``@alice: which region? (eu / us)``.  The next message in that
+conversation from the person asked answers it (with ``answer_from =
+"anyone"``: from anyone; a question without ``to`` is for the person whose
+message started the turn): the bridge or the HTTP API hands that message to
+:meth:`Questions.answer` instead of starting a turn with it, the answer
+becomes the tool result and ``question_answered`` goes out.  Nobody answers
+within the timeout: the tool result says so.
+
+This is the same "waiting for a person" machinery as approvals
+(:mod:`agentik.core.approvals`): a persisted pending row, then
+:func:`~agentik.core.waiting.wait_for_person` (shared by both): a future
+the turn awaits (shielded), the turn's paused budget, ``!stop`` cancelling,
+a shutdown leaving it pending.  After a restart the turn is resumed from its
+last committed step; the model calls ``ask_user`` again with the same
+question, and that call takes over the pending question (same id, same
+deadline) — the channel is asked again and the answer completes the resumed
+turn.  Pending questions the resumed turn did not ask again expire when it
+ends (:meth:`Questions.run_ended`).
+
+**todo.**  The builtin ``todo`` tool replaces the conversation's checklist
+(items with a status ``pending``, ``in_progress`` or ``done``) and emits
+``todo_updated`` with what changed; the bridge shows the list once and edits
+it where the transport can edit, and says one short line per change
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import ToolError
+from .events import QuestionAnswered, QuestionAsked, TodoUpdated
+from .tools.base import ToolContext, ToolResult
+from .waiting import wait_for_person
+
+if TYPE_CHECKING:
+    from .services import ConversationParts
+    from .store.base import Store
+    from .tools.base import Tool, TurnPolicy
+
+__all__ = [
+    "AskUserTool",
+    "PendingQuestion",
+    "Question",
+    "QuestionOutcome",
+    "Questions",
+    "TodoTool",
+    "builtin_tools",
+    "may_answer",
+]
+
+log = logging.getLogger(__name__)
+
+QuestionOutcome = Literal["answered", "expired", "cancelled"]
+AnswerFrom = Literal["asked", "anyone"]
+
+#: Longest question and answer kept (characters); more choices are cut.
+MAX_QUESTION_CHARS = 1_000
+MAX_ANSWER_CHARS = 4_000
+MAX_CHOICES = 10
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Question:
+    """A question to the channel, as stored (``question`` table, migration 10)."""
+
+    id: int = 0
+    conversation_id: str
+    channel_key: str | None = None
+    run_id: str
+    call_id: str
+    #: Who is asked (a name as the channel shows it); ``None``: anyone.
+    asker_target: str | None = None
+    #: Who may answer: ``asked`` (only ``asker_target``) or ``anyone``.
+    answer_from: AnswerFrom = "asked"
+    text: str
+    choices: tuple[str, ...] = ()
+    #: A digest of the question (to recognise it when a resumed turn asks again).
+    digest: str = ""
+    created_at: float = 0.0
+    deadline: float = 0.0
+    state: Literal["pending", "resolved"] = "pending"
+    outcome: QuestionOutcome | None = None
+    answer: str | None = None
+    answered_by: str | None = None
+    answered_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "conversation_id": self.conversation_id,
+            "channel_key": self.channel_key,
+            "run_id": self.run_id,
+            "call_id": self.call_id,
+            "to": self.asker_target,
+            "answer_from": self.answer_from,
+            "question": self.text,
+            "choices": list(self.choices),
+            "created_at": self.created_at,
+            "deadline": self.deadline,
+            "state": self.state,
+            "outcome": self.outcome,
+            "answer": self.answer,
+            "answered_by": self.answered_by,
+            "answered_at": self.answered_at,
+        }
+
+
+def _norm(name: str | None) -> str:
+    return (name or "").strip().lstrip("@").casefold()
+
+
+def may_answer(q: Question, author: str | None, author_id: str | None) -> bool:
+    """Whether a message from ``author`` (the name the channel shows; ``author_id``
+    the qualified identity) answers ``q``."""
+    if q.answer_from == "anyone" or not q.asker_target:
+        return True
+    target = _norm(q.asker_target)
+    if target and target == _norm(author):
+        return True
+    if author_id:
+        # ``libera:alice!~a@host`` or ``slack:U1``: the nick or user id part.
+        rest = author_id.split(":", 1)[-1]
+        return target in (_norm(rest), _norm(rest.split("!", 1)[0]))
+    return False
+
+
+def _digest(text: str, to: str | None, choices: tuple[str, ...]) -> str:
+    canonical = json.dumps([text, _norm(to), list(choices)])
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(slots=True)
+class PendingQuestion:
+    """A question a turn of this process waits for."""
+
+    question: Question
+    parts: ConversationParts
+    future: asyncio.Future[Question]
+
+
+class Questions:
+    """The questions the agent's turns wait for (one per agent: :attr:`Agent.questions`)."""
+
+    def __init__(self, *, store: Store | None = None) -> None:
+        self.store: Store | None = store
+        # conversation id -> the questions its turn waits for, oldest first.
+        self._waiting: dict[str, list[PendingQuestion]] = {}
+        # Questions made before this (a restart) may be taken over by a resumed turn.
+        self._born = time.time()
+
+    def _store(self) -> Store:
+        assert self.store is not None, "Questions.store is set by the agent"
+        return self.store
+
+    # -- asked by the tool, in the turn --------------------------------------------------------
+    async def ask(
+        self,
+        parts: ConversationParts,
+        run_id: str,
+        call_id: str,
+        text: str,
+        *,
+        to: str | None,
+        choices: tuple[str, ...],
+        answer_from: AnswerFrom,
+        wait: float,
+        interrupted: Callable[[], bool],
+        paused: Callable[[bool], None] | None = None,
+    ) -> Question:
+        """Ask and wait; the question as it ended (``outcome`` says how).
+
+        ``interrupted()`` tells a ``!stop`` (the question is cancelled) from a
+        shutdown (it stays pending); ``paused(True/False)`` brackets the wait.
+        """
+        q, resumed = await self._open(
+            parts, run_id, call_id, text, to=to, choices=choices,
+            answer_from=answer_from, wait=wait,
+        )  # fmt: skip
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Question] = loop.create_future()
+        entry = PendingQuestion(q, parts, fut)
+        self._waiting.setdefault(parts.id, []).append(entry)
+        parts.events.emit(
+            QuestionAsked,
+            run_id,
+            question_id=q.id,
+            call_id=call_id,
+            question=q.text,
+            to=q.asker_target,
+            choices=q.choices,
+            answer_from=q.answer_from,
+            expires_at=q.deadline,
+            timeout=round(max(0.0, q.deadline - q.created_at), 3),
+            resumed=resumed,
+        )
+        log.info("conversation %s: question %d asked (run %s)", parts.id, q.id, run_id)
+
+        async def cancelled() -> None:
+            self._emit_answered(parts, run_id, await self._settle(q, "cancelled", None, None))
+
+        try:
+            # A shutdown (cancelled, not interrupted): it stays pending for the next start.
+            done = await wait_for_person(
+                fut,
+                q.deadline,
+                expire=lambda: self._settle(q, "expired", None, None),
+                cancel=cancelled,
+                interrupted=interrupted,
+                paused=paused,
+            )
+        finally:
+            self._drop(entry)
+        self._emit_answered(parts, run_id, done)
+        return done
+
+    def _drop(self, entry: PendingQuestion) -> None:
+        waiting = self._waiting.get(entry.parts.id)
+        if waiting is None:
+            return
+        with contextlib.suppress(ValueError):
+            waiting.remove(entry)
+        if not waiting:
+            del self._waiting[entry.parts.id]
+
+    def _emit_answered(self, parts: ConversationParts, run_id: str | None, q: Question) -> None:
+        parts.events.emit(
+            QuestionAnswered,
+            run_id,
+            question_id=q.id,
+            call_id=q.call_id,
+            outcome=q.outcome or "expired",
+            answer=q.answer or "",
+            answered_by=q.answered_by,
+        )
+
+    async def _open(
+        self,
+        parts: ConversationParts,
+        run_id: str,
+        call_id: str,
+        text: str,
+        *,
+        to: str | None,
+        choices: tuple[str, ...],
+        answer_from: AnswerFrom,
+        wait: float,
+    ) -> tuple[Question, bool]:
+        """A question left pending by a restart for the same run (taken over), or a new one."""
+        store = self._store()
+        digest = _digest(text, to, choices)
+        busy = {e.question.id for e in self._waiting.get(parts.id, ())}
+        for old in await store.questions(conversation_id=parts.id, state="pending"):
+            if (
+                old.run_id == run_id
+                and old.created_at < self._born
+                and old.digest == digest
+                and old.id not in busy
+                and old.deadline > time.time()
+            ):
+                await store.question_rebind(old.id, call_id)
+                return replace(old, call_id=call_id), True
+        now = time.time()
+        q = Question(
+            conversation_id=parts.id,
+            channel_key=parts.channel_key,
+            run_id=run_id,
+            call_id=call_id,
+            asker_target=to,
+            answer_from=answer_from,
+            text=text,
+            choices=choices,
+            digest=digest,
+            created_at=now,
+            deadline=now + wait,
+        )
+        return replace(q, id=await store.question_add(q)), False
+
+    async def _settle(
+        self,
+        q: Question,
+        outcome: QuestionOutcome,
+        answer: str | None,
+        answered_by: str | None,
+    ) -> Question:
+        """Record how it ended unless it ended already; the stored outcome."""
+        store = self._store()
+        now = time.time()
+        if await store.question_settle(q.id, outcome, answer, answered_by, now):
+            done = replace(
+                q, state="resolved", outcome=outcome, answer=answer,
+                answered_by=answered_by, answered_at=now,
+            )  # fmt: skip
+        else:
+            found = await store.question_get(q.id)
+            done = found if found is not None else q
+        for entry in self._waiting.get(q.conversation_id, ()):
+            if entry.question.id == q.id and not entry.future.done():
+                entry.future.set_result(done)
+        return done
+
+    # -- answering -------------------------------------------------------------------------------
+    def pending(self, conversation_id: str) -> list[Question]:
+        """The questions a turn of this conversation waits for now, oldest first."""
+        return [e.question for e in self._waiting.get(conversation_id, ())]
+
+    def waiting(self, conversation_id: str) -> bool:
+        """Whether a turn of this conversation waits for an answer (``awaiting_human``)."""
+        return bool(self._waiting.get(conversation_id))
+
+    def answerable(
+        self, conversation_id: str, author: str | None, author_id: str | None
+    ) -> Question | None:
+        """The oldest waiting question this author's message answers, if any."""
+        for e in self._waiting.get(conversation_id, ()):
+            if not e.future.done() and may_answer(e.question, author, author_id):
+                return e.question
+        return None
+
+    async def answer(
+        self,
+        conversation_id: str,
+        text: str,
+        *,
+        author: str | None,
+        author_id: str | None,
+    ) -> Question | None:
+        """Answer the oldest waiting question ``author`` may answer with ``text``.
+
+        ``None``: no such question (the message is an ordinary one).
+        """
+        q = self.answerable(conversation_id, author, author_id)
+        if q is None:
+            return None
+        done = await self._settle(q, "answered", text.strip()[:MAX_ANSWER_CHARS], author)
+        log.info("question %d answered by %s", q.id, author_id or author)
+        return done
+
+    # -- after a restart ---------------------------------------------------------------------------
+    async def run_ended(self, parts: ConversationParts, run_id: str) -> None:
+        """A turn ended: questions it left pending (it did not ask again) expire."""
+        if self.store is None:
+            return
+        try:
+            rows = await self._store().questions(conversation_id=parts.id, state="pending")
+        except NotImplementedError:
+            return
+        busy = {e.question.id for e in self._waiting.get(parts.id, ())}
+        for q in rows:
+            if q.run_id == run_id and q.id not in busy:
+                done = await self._settle(q, "expired", None, None)
+                if done.outcome == "expired":
+                    self._emit_answered(parts, run_id, done)
+
+
+# -- the builtin tools --------------------------------------------------------------------------
+
+
+class AskUserTool:
+    """``ask_user``: ask the people in the channel and wait for the answer.
+
+    Offered only in conversations a person can answer (not in temporary
+    ones).  ``timeout``: the default wait (seconds) when the model gives
+    none; ``max_timeout`` caps the model's; ``answer_from``: ``asked``
+    (only the person asked answers) or ``anyone``.
+    """
+
+    name = "ask_user"
+    description = (
+        "Ask the people in this conversation a question and wait for the answer. Use it"
+        " when you need a decision or a fact only they have. Optional: `to` (the name of"
+        " the person to ask, as shown in the conversation), `choices` (answers to offer),"
+        " `timeout` (seconds to wait). The result is the answer, or says nobody answered."
+    )
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "question": {"type": "string", "description": "The question, one or two lines."},
+            "to": {"type": "string", "description": "Who to ask (a name in the conversation)."},
+            "choices": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Answers to offer (optional).",
+            },
+            "timeout": {"type": "number", "description": "Seconds to wait (optional)."},
+        },
+        "required": ["question"],
+    }
+    #: Waits for a person: the turn's tool timeout does not apply (the deadline does).
+    waits_for_human = True
+
+    def __init__(
+        self,
+        *,
+        timeout: float = 300.0,
+        max_timeout: float = 3600.0,
+        answer_from: AnswerFrom = "asked",
+    ) -> None:
+        self.timeout = timeout
+        self.max_timeout = max(max_timeout, timeout)
+        self.answer_from: AnswerFrom = answer_from
+
+    def __repr__(self) -> str:
+        return "AskUserTool()"
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        text = arguments.get("question")
+        if not isinstance(text, str) or not text.strip():
+            raise ToolError("`question` must be a non-empty string")
+        text = " ".join(text.split())[:MAX_QUESTION_CHARS]
+        to = arguments.get("to")
+        if to is not None and not isinstance(to, str):
+            raise ToolError("`to` must be a name (a string)")
+        to = to.strip().lstrip("@") or None if to else None
+        raw_choices = arguments.get("choices") or []
+        if not isinstance(raw_choices, list) or not all(isinstance(c, str) for c in raw_choices):
+            raise ToolError("`choices` must be a list of strings")
+        choices = tuple(" ".join(c.split())[:100] for c in raw_choices if c.strip())[:MAX_CHOICES]
+        timeout = arguments.get("timeout", self.timeout)
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+            raise ToolError("`timeout` must be a positive number of seconds")
+        timeout = min(float(timeout), self.max_timeout)
+        human = context.human
+        if human is None:
+            raise ToolError("nobody can be asked here (no channel to ask in)")
+        if to is None and self.answer_from == "asked":
+            to = context.author  # the person whose message started the turn
+        q = await human.ask(
+            text, to=to, choices=choices, answer_from=self.answer_from, wait=timeout
+        )
+        if q.outcome == "answered":
+            by = q.answered_by or "someone"
+            return ToolResult(
+                text=f"{by} answered: {q.answer}",
+                data={"question_id": q.id, "answer": q.answer, "answered_by": q.answered_by},
+            )
+        if q.outcome == "cancelled":
+            return ToolResult(text="nobody answered: the turn was stopped", is_error=True)
+        return ToolResult(
+            text=f"nobody answered within {timeout:g} seconds",
+            data={"question_id": q.id, "answer": None},
+            is_error=True,
+        )
+
+
+_STATUSES = ("pending", "in_progress", "done")
+
+
+class TodoTool:
+    """``todo``: the model's visible checklist; each call replaces the whole list."""
+
+    name = "todo"
+    description = (
+        "Keep a short checklist of the steps of a longer task, visible to the people in the"
+        " conversation. Each call replaces the whole list: send every item with its status"
+        " (pending, in_progress or done). Update it when an item starts or is done."
+    )
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "text": {"type": "string"},
+                        "status": {"type": "string", "enum": list(_STATUSES)},
+                    },
+                    "required": ["text", "status"],
+                },
+            }
+        },
+        "required": ["items"],
+    }
+    MAX_ITEMS = 30
+
+    def __init__(self) -> None:
+        # conversation id -> its current list (the last call's).
+        self.lists: dict[str, tuple[dict[str, str], ...]] = {}
+
+    def __repr__(self) -> str:
+        return "TodoTool()"
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        raw = arguments.get("items")
+        if not isinstance(raw, list):
+            raise ToolError("`items` must be a list of {text, status} objects")
+        if len(raw) > self.MAX_ITEMS:
+            raise ToolError(f"at most {self.MAX_ITEMS} items")
+        items: list[dict[str, str]] = []
+        for i, item in enumerate(raw):
+            if not isinstance(item, dict) or not isinstance(item.get("text"), str):
+                raise ToolError(f"item {i + 1}: needs `text` (a string) and `status`")
+            status = item.get("status", "pending")
+            if status not in _STATUSES:
+                raise ToolError(f"item {i + 1}: `status` must be one of {', '.join(_STATUSES)}")
+            text = " ".join(item["text"].split())[:200]
+            if not text:
+                raise ToolError(f"item {i + 1}: `text` is empty")
+            items.append({"text": text, "status": status})
+        before = {it["text"]: it["status"] for it in self.lists.get(context.conversation_id, ())}
+        changed = tuple(i for i, it in enumerate(items) if before.get(it["text"]) != it["status"])
+        new = tuple(items)
+        self.lists[context.conversation_id] = new
+        if context.emit is not None:
+            context.emit(TodoUpdated, call_id=context.call_id, items=new, changed=changed)
+        done = sum(1 for it in items if it["status"] == "done")
+        return ToolResult(text=f"checklist updated ({done}/{len(items)} done)")
+
+
+def builtin_tools(policy: TurnPolicy) -> list[Tool]:
+    """The builtin tools ``[tools]`` switches on (``ask_user``, ``todo``)."""
+    tools: list[Tool] = []
+    if policy.ask_user:
+        tools.append(
+            AskUserTool(
+                timeout=policy.ask_user_timeout,
+                max_timeout=policy.ask_user_max_timeout,
+                answer_from=policy.answer_from,
+            )
+        )
+    if policy.todo:
+        tools.append(TodoTool())
+    return tools
