@@ -22,6 +22,10 @@
     agentik access check ID        an identity's role and what it may do (--channel KEY)
     agentik access budgets         the configured budgets and a day's usage (--day)
     agentik access approvals       tool calls waiting for approval, and recent decisions
+    agentik db backup [PATH]       a consistent copy of the database (safe while the bot runs)
+    agentik db check               integrity, foreign keys, schema version (exit 1 on problems)
+    agentik db vacuum              rebuild the file to reclaim free space
+    agentik db migrate [--dry-run] apply (or list) pending schema migrations
     agentik --version
 
 ``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
@@ -74,6 +78,10 @@ COMMANDS = (
     "access check",
     "access budgets",
     "access approvals",
+    "db backup",
+    "db check",
+    "db vacuum",
+    "db migrate",
 )
 
 
@@ -101,7 +109,18 @@ def _parser() -> argparse.ArgumentParser:
 
     with_config(sub.add_parser("run", help="start every configured transport"))
     with_config(sub.add_parser("chat", help="chat in this terminal"))
-    with_config(sub.add_parser("check", help="validate the configuration"))
+    chk = with_config(sub.add_parser("check", help="validate the configuration"))
+    chk.add_argument(
+        "--probe",
+        action="store_true",
+        help="also try each component: model endpoint, MCP servers, IRC hosts, Slack tokens",
+    )
+    chk.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds each probe may take (default 10)",
+    )
     conv = sub.add_parser("conversations", help="list, show, export or delete conversations")
     csub = conv.add_subparsers(dest="action", metavar="ACTION", required=True)
     lst = with_config(csub.add_parser("list", help="list conversations, most recent first"))
@@ -146,6 +165,14 @@ def _parser() -> argparse.ArgumentParser:
     mcp = sub.add_parser("mcp", help="MCP servers")
     msub = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
+    db = sub.add_parser("db", help="back up, check, vacuum or migrate the database")
+    dsub = db.add_subparsers(dest="action", metavar="ACTION", required=True)
+    with_config(dsub.add_parser("backup", help="a consistent copy (safe while the bot runs)")
+                ).add_argument("path", nargs="?", help="where (default <db>.backup-<time>.db)")
+    with_config(dsub.add_parser("check", help="integrity, foreign keys, schema version"))
+    with_config(dsub.add_parser("vacuum", help="rebuild the file to reclaim free space"))
+    dm = with_config(dsub.add_parser("migrate", help="apply pending schema migrations"))
+    dm.add_argument("--dry-run", action="store_true", help="list them; change nothing")
     acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets, approvals")
     asub = acc.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, (helptext, arguments, _) in ACCESS_ACTIONS.items():
@@ -192,6 +219,8 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         return _plugins(config)
     if args.command == "mcp":
         return asyncio.run(_mcp_list(config))
+    if args.command == "db":
+        return _db(args, config)
     if args.command == "access":
         return asyncio.run(ACCESS_ACTIONS[args.action][2](args, config))
     if args.command == "memory":
@@ -298,6 +327,67 @@ def _check(config: Config) -> int:
     for extra in profiles.values():
         asyncio.run(_aclose(extra))
     asyncio.run(_aclose(backend))
+    return 0
+
+
+# -- agentik db -------------------------------------------------------------------------------
+
+
+def _db(args: argparse.Namespace, config: Config) -> int:
+    from agentik.core.store import care
+    from agentik.core.store.migrations import MIGRATIONS
+
+    path = config.database
+    if path == ":memory:":
+        raise ConfigError(f"{config.source}: storage.path: is :memory:, there is no file")
+    if not os.path.exists(path):
+        raise ConfigError(f"{config.source}: storage.path: no database at {path}")
+    if args.action == "backup":
+        target = care.backup_database(path, args.path)
+        print(f"backed up {path} to {target} ({os.path.getsize(target):,} bytes)")
+        return 0
+    if args.action == "check":
+        report = care.check_database(path)
+        print(f"database: {path}")
+        print(f"schema version: {report.version} (this agentik knows {report.latest})")
+        for note in report.notes:
+            print(f"note: {note}")
+        for problem in report.problems:
+            print(f"problem: {problem}")
+        if report.problems:
+            n = len(report.problems)
+            print(f"agentik: {path}: {n} problem{'s' if n > 1 else ''} found"
+                  " (restore a backup: agentik db backup, docs/operations.md)", file=sys.stderr)  # fmt: skip
+            return 1
+        print("ok: integrity check and foreign key check passed")
+        return 0
+    if args.action == "vacuum":
+        before, after = care.vacuum_database(path)
+        print(f"vacuumed {path}: {before:,} -> {after:,} bytes")
+        return 0
+    current, pending = care.pending_migrations(path)
+    latest = max((m.number for m in MIGRATIONS), default=0)
+    if current > latest:
+        raise AgentikError(
+            f"{path}: schema version {current} is newer than this agentik knows ({latest})"
+        )
+    if not pending:
+        print(f"{path}: schema version {current}: up to date, nothing to migrate")
+        return 0
+    verb = "would apply" if args.dry_run else "applying"
+    print(f"{path}: schema version {current}; {verb} {len(pending)} migration(s):")
+    for m in pending:
+        print(f"  {m.number:>3} {m.name}")
+    if args.dry_run:
+        print("dry run: nothing was changed")
+        return 0
+
+    async def migrate() -> None:
+        async with SQLiteStore(path, synchronous=config.storage.synchronous):
+            pass
+
+    asyncio.run(migrate())
+    print(f"{path}: now at schema version {care.read_schema_version(path)}")
     return 0
 
 
