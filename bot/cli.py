@@ -48,7 +48,7 @@ from typing import Any
 from agentik.core import AgentikError, ConfigError, SQLiteStore
 from agentik.core.errors import NotFound
 
-from .config import Config, load_config, reveal
+from .config import Config, MissingVar, load_config
 from .logs import setup_logging
 
 __all__ = ["COMMANDS", "main"]
@@ -83,6 +83,19 @@ COMMANDS = (
     "db vacuum",
     "db migrate",
 )
+
+
+#: The sections each command reads.  A ``${VAR}`` that is not set in another
+#: section (a Slack token for ``conversations list``) reads as empty instead
+#: of stopping the command; ``check`` lists every missing one; ``run``, ``chat``,
+#: ``plugins`` and ``mcp`` need them all (None).
+_NEEDS: dict[str, frozenset[str] | None] = {
+    "conversations": frozenset({"storage", "logging"}),
+    "memory": frozenset({"storage", "memory", "logging"}),
+    "db": frozenset({"storage", "logging"}),
+    "access": frozenset(Config.model_fields) - {"transports", "llm", "mcp", "plugins"},
+    "check": frozenset(),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -192,11 +205,15 @@ def main(argv: list[str] | None = None) -> int:
             args.config = os.environ.get("AGENTIK_CONFIG") or (
                 "config.toml" if os.path.exists("config.toml") else None
             )
-        config = load_config(args.config) if args.config is not None else Config()
+        missing: list[MissingVar] = []
+        needs = _NEEDS.get(args.command)
+        config = _load(args.config, needs, missing)
         level = args.log_level or (
             "debug" if args.verbose >= 2 else "info" if args.verbose == 1 else config.logging.level
         )
         setup_logging(level, config.logging.format, config.secrets())
+        if args.command == "check":
+            return _check(config, missing, probe=args.probe, timeout=args.timeout)
         return _dispatch(args, config)
     except ConfigError as exc:
         print(f"agentik: {exc}", file=sys.stderr)
@@ -208,13 +225,24 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _load(path: str | None, needs: frozenset[str] | None, missing: list[MissingVar]) -> Config:
+    if path is None:
+        return Config()
+    try:
+        return load_config(path, needs=needs, missing=missing)
+    except ConfigError:
+        if not missing:
+            raise
+        # An unset variable read as empty made another key invalid: the
+        # variable is the problem to name.
+        return load_config(path)
+
+
 def _dispatch(args: argparse.Namespace, config: Config) -> int:
     if args.command == "run":
         return asyncio.run(_run(config, only=None))
     if args.command == "chat":
         return asyncio.run(_run(config, only=["stdio"]))
-    if args.command == "check":
-        return _check(config)
     if args.command == "plugins":
         return _plugins(config)
     if args.command == "mcp":
@@ -248,86 +276,10 @@ async def _run(config: Config, *, only: list[str] | None) -> int:
     return 0
 
 
-def _check(config: Config) -> int:
-    from pydantic import SecretStr
+def _check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: float) -> int:
+    from .check import check
 
-    from agentik.core.settings import setting_fields
-
-    from .app import load_registry, make_transport
-    from .builder import (
-        NoModelBackend,
-        backend_choice,
-        backend_settings,
-        ignored_settings,
-        resolve_backend,
-        resolve_profiles,
-    )
-
-    registry = load_registry(config)
-    backend = resolve_backend(config, registry)
-    llm = config.llm
-    chosen = "none" if isinstance(backend, NoModelBackend) else backend_choice(config)
-    out = [
-        f"configuration: {config.source} is valid",
-        f"agent: {config.agent.name}",
-        f"llm: backend {chosen!r} (configured {llm.backend!r}),"
-        f" model {getattr(backend, 'model', None) or '-'!r}",
-    ]
-    settings = None if chosen == "none" else backend_settings(config, registry, chosen)
-    if settings is not None:  # the backend's own keys, as it validated them
-        shown = ", ".join(
-            f"{key}={'**********' if isinstance(value, SecretStr) else value!r}"
-            for key, value in ((k, getattr(settings, k)) for k in setting_fields(type(settings)))
-            if value is not None and value != {}
-        )
-        out.append(f"llm.{chosen} settings: {shown}")
-        ignored = ignored_settings(config, registry, chosen)
-        if ignored:
-            out.append(f"llm: ignored (not keys of {chosen!r}): {', '.join(ignored)}")
-    model_path = getattr(backend, "model_path", None)
-    if model_path:  # a local model file
-        out.append(f"llm.model_path: {model_path}")
-        local = [
-            f"{key}: {getattr(backend, key)}"
-            for key in ("n_ctx", "n_threads", "tool_choice")
-            if getattr(backend, key, None) is not None
-        ]
-        if local:
-            out.append("llm." + ", ".join(local))
-    # Keys of the chosen backend's settings: [llm] is validated by its model.
-    base_url = getattr(llm, "base_url", None)
-    if base_url:
-        out.append(f"llm.base_url: {base_url}")
-    api_key = getattr(llm, "api_key", None)
-    out.append(f"llm.api_key: {'**********' if reveal(api_key) else '(not set)'}")
-    if isinstance(backend, NoModelBackend):
-        why = backend.reason or "no model configured"
-        out.append(f"  note: {why}; until then the bot answers with setup instructions")
-    profiles = resolve_profiles(config, registry)
-    for name, profile in profiles.items():
-        where = getattr(profile, "base_url", None)
-        out.append(
-            f"llm.profiles.{name}: {profile.name}, model {getattr(profile, 'model', None) or '-'!r}"
-            + (f" at {where}" if where else "")
-        )
-    out.append(f"storage: {config.database} (synchronous={config.storage.synchronous})")
-    t = config.tools
-    out.append(
-        f"tools: at most {t.max_tool_calls} calls and {t.time_budget:g}s per turn;"
-        f" allowed {', '.join(t.allowed) if t.allowed is not None else 'all'}"
-    )
-    for name, section in config.transports.items():
-        make_transport(registry, name, section, config.source)
-        state = "" if section.enabled else " (disabled)"
-        out.append(f"transport {name}: {section.type}{state}")
-    if not config.transports:
-        out.append("transports: none configured (agentik chat adds a terminal)")
-    out.append(_access_summary(config))
-    print("\n".join(out))
-    for extra in profiles.values():
-        asyncio.run(_aclose(extra))
-    asyncio.run(_aclose(backend))
-    return 0
+    return check(config, missing, probe=probe, timeout=timeout)
 
 
 # -- agentik db -------------------------------------------------------------------------------
