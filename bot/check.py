@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import socket
@@ -54,7 +55,7 @@ class Probe:
 def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: float) -> int:
     """Print the setup (and probe it); the exit status."""
     from .app import load_registry, make_transport
-    from .builder import NoModelBackend, resolve_backend, resolve_profiles
+    from .builder import resolve_backend, resolve_profiles
 
     registry = load_registry(config)
     backend = resolve_backend(config, registry)
@@ -63,6 +64,7 @@ def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: fl
         name: make_transport(registry, name, section, config.source)
         for name, section in config.transports.items()
     }
+    closed = False
     try:
         state = f"is valid{', but some environment variables are not set' if missing else ''}"
         out = [f"configuration: {config.source} {state}"]
@@ -84,7 +86,17 @@ def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: fl
             return 2
         if not probe:
             return 0
-        results = asyncio.run(_probe_all(config, backend, profiles, transports, timeout))
+        closed = True  # the probes use the model clients: closed in their event loop
+
+        async def probe_and_close() -> list[Probe]:
+            try:
+                return await _probe_all(config, backend, profiles, transports, timeout)
+            finally:
+                for obj in (*profiles.values(), backend):
+                    with contextlib.suppress(Exception):
+                        await obj.aclose()
+
+        results = asyncio.run(probe_and_close())
         for r in results:
             print(r.line(), flush=True)
         failed = [r for r in results if not r.ok]
@@ -99,10 +111,9 @@ def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: fl
             return 1
         return 0
     finally:
-        for extra in profiles.values():
-            asyncio.run(_aclose(extra))
-        asyncio.run(_aclose(backend))
-        _ = NoModelBackend  # imported with the builder
+        if not closed:
+            for obj in (*profiles.values(), backend):
+                asyncio.run(_aclose(obj))
 
 
 async def _aclose(obj: Any) -> None:
@@ -249,7 +260,12 @@ def _transport_lines(
                 secrets.append(f"token {getattr(token, 'name', i)}")
         if secrets:
             out.append("  secrets: " + ", ".join(secrets))
-        bridge = sorted(k for k in section.model_fields_set if k not in ("type", "enabled"))
+        # The bridge's keys only (declared fields): the transport's own keys,
+        # secrets among them, are in model_extra and shown above.
+        declared = type(section).model_fields
+        bridge = sorted(
+            k for k in section.model_fields_set if k in declared and k not in ("type", "enabled")
+        )
         if bridge:
             shown_bridge = ", ".join(f"{k}={getattr(section, k)!r}" for k in bridge)
             out.append(f"  channel options: {shown_bridge}")
@@ -422,8 +438,6 @@ async def _probe_model(component: str, backend: Any, timeout: float) -> Probe:
 
 
 async def _probe_mcp(config: Config, timeout: float) -> list[Probe]:
-    from agentik.core.tools.mcp import MCPToolset
-
     from .builder import mcp_toolset
 
     results: dict[str, Probe] = {}
@@ -437,13 +451,20 @@ async def _probe_mcp(config: Config, timeout: float) -> list[Probe]:
             )  # fmt: skip
         else:
             runnable.append(s.name)
-    toolset = mcp_toolset(config)
-    if runnable and isinstance(toolset, MCPToolset):
-        keep = [srv for srv in toolset._servers if srv.cfg.name in runnable]
-        toolset._servers = keep
+    if runnable:
+        # Every server started now (lazy ones too), as `agentik run` would.
+        servers = [
+            dataclasses.replace(s, startup="eager")
+            for s in config.mcp.servers
+            if s.name in runnable
+        ]
+        only = config.model_copy(
+            update={"mcp": config.mcp.model_copy(update={"servers": servers, "startup": "eager"})}
+        )
+        toolset = mcp_toolset(only)
         try:
             try:
-                await asyncio.wait_for(toolset.refresh(), timeout)
+                await asyncio.wait_for(toolset.start(), timeout)
             except TimeoutError:
                 pass
             for st in toolset.status():
@@ -488,7 +509,8 @@ async def _probe_irc(component: str, options: Any, timeout: float) -> Probe:
     except ssl.SSLError as exc:
         return Probe(component, False, f"connect to {what}: TLS handshake failed ({exc})")
     except OSError as exc:
-        return Probe(component, False, f"connect to {what}: {exc.strerror or exc}")
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        return Probe(component, False, f"connect to {what}: {why}")
     writer.close()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(writer.wait_closed(), timeout)
