@@ -3,8 +3,8 @@
 The setup shows what will run: the model backend and endpoint, storage,
 memory, each transport's host, port, TLS and channels, MCP servers, access
 rules, approvals, budgets and channel settings.  Secrets are never shown:
-a secret key reads ``set`` or ``missing`` (naming the ``${VAR}`` that is not
-set).
+a secret key reads ``set`` or ``missing``.  A ``${VAR}`` that is not set is
+one error line naming every such variable and its key (exit status 2).
 
 ``--probe`` tries each part for real, each with a time limit: the model
 endpoint answers ``GET /models`` and knows the model (a local model: the
@@ -57,6 +57,16 @@ def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: fl
     from .app import load_registry, make_transport
     from .builder import resolve_backend, resolve_profiles
 
+    if missing:
+        # As for `agentik run`: one line naming every unset variable and its key.
+        unset = ", ".join(f"{v.name} ({v.key})" for v in missing)
+        first = missing[0]
+        print(
+            f"agentik: {config.source}: {first.key}: environment variable {first.name} is not"
+            f" set; every unset one: {unset} (write ${{VAR:-default}} to make one optional)",
+            file=sys.stderr,
+        )
+        return 2
     registry = load_registry(config)
     backend = resolve_backend(config, registry)
     profiles = resolve_profiles(config, registry)
@@ -66,24 +76,13 @@ def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: fl
     }
     closed = False
     try:
-        state = f"is valid{', but some environment variables are not set' if missing else ''}"
-        out = [f"configuration: {config.source} {state}"]
+        out = [f"configuration: {config.source} is valid"]
         out += _model_lines(config, registry, backend, profiles)
         out += _storage_lines(config)
-        out += _transport_lines(config, transports, missing)
-        out += _mcp_lines(config, missing)
+        out += _transport_lines(config, transports)
+        out += _mcp_lines(config)
         out += _policy_lines(config)
-        for var in missing:
-            out.append(f"environment: {var.name} is not set (used by {var.key})")
         print("\n".join(out), flush=True)
-        if missing:
-            names = ", ".join(sorted({v.name for v in missing}))
-            print(
-                f"agentik: {config.source}: environment variable(s) not set: {names}"
-                " (agentik run would refuse to start)",
-                file=sys.stderr,
-            )
-            return 2
         if not probe:
             return 0
         closed = True  # the probes use the model clients: closed in their event loop
@@ -123,7 +122,9 @@ async def _aclose(obj: Any) -> None:
 # -- the setup ---------------------------------------------------------------------------------
 
 
-def _model_lines(config: Config, registry: Any, backend: Any, profiles: dict[str, Any]) -> list[str]:
+def _model_lines(
+    config: Config, registry: Any, backend: Any, profiles: dict[str, Any]
+) -> list[str]:
     from .builder import (
         NoModelBackend,
         backend_choice,
@@ -205,19 +206,12 @@ def _is_secret(annotation: Any) -> bool:
     return "SecretStr" in str(annotation)
 
 
-def _secret_state(value: Any, key: str, missing: list[MissingVar]) -> str | None:
-    """``set``, ``missing (${VAR} is not set)`` or None (not configured)."""
-    for var in missing:
-        if var.key == key:
-            return f"missing (${{{var.name}}} is not set)"
-    if reveal(value):
-        return "set"
-    return None
+def _secret_state(value: Any) -> str:
+    """``set`` or ``missing`` (never the value)."""
+    return "set" if reveal(value) else "missing"
 
 
-def _transport_lines(
-    config: Config, transports: dict[str, Any], missing: list[MissingVar]
-) -> list[str]:
+def _transport_lines(config: Config, transports: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for name, section in config.transports.items():
         state = "" if section.enabled else " (disabled)"
@@ -243,9 +237,7 @@ def _transport_lines(
         secrets = []
         for key, field in fields.items():
             if _is_secret(field.annotation):
-                shown = _secret_state(getattr(options, key), f"transports.{name}.{key}", missing)
-                if shown is not None:
-                    secrets.append(f"{key} {shown}")
+                secrets.append(f"{key} {_secret_state(getattr(options, key))}")
         for i, token in enumerate(getattr(options, "tokens", None) or ()):
             env = getattr(token, "env", None)
             if env:
@@ -286,9 +278,9 @@ def resolve_command(command: str, env: dict[str, str] | None = None) -> str | No
     return shutil.which(command, path=path)
 
 
-def _mcp_lines(config: Config, missing: list[MissingVar]) -> list[str]:
+def _mcp_lines(config: Config) -> list[str]:
     out = []
-    for i, s in enumerate(config.mcp.servers):
+    for s in config.mcp.servers:
         startup = s.startup or config.mcp.startup
         if s.command is not None:
             found = resolve_command(s.command, s.env)
@@ -299,10 +291,8 @@ def _mcp_lines(config: Config, missing: list[MissingVar]) -> list[str]:
         keys = [*(s.env or {}), *(s.headers or {})]
         if keys:
             line += "; env/headers: " + ", ".join(sorted(keys))
-        if s.bearer_token is not None or any(v.key.startswith(f"mcp.servers[{i}]") for v in missing):
-            line += "; bearer token " + (
-                _secret_state(s.bearer_token, f"mcp.servers[{i}].bearer_token", missing) or "-"
-            )
+        if s.url is not None:
+            line += f"; bearer token {_secret_state(s.bearer_token)}"
         out.append(line)
     return out
 
@@ -314,7 +304,7 @@ def _policy_lines(config: Config) -> list[str]:
     if config.approvals:
         out.append(f"approvals: {len(config.approvals)} rule(s) (first match wins)")
         for rule in config.approvals:
-            where = f" in {', '.join(rule.channels)}" if getattr(rule, "channels", None) else ""
+            where = f" in {', '.join(rule.channels)}" if rule.channels else ""
             out.append(
                 f"  {', '.join(rule.tools)}: {rule.approve}, by {rule.approvers}"
                 f", {rule.timeout:g}s{where}"
@@ -359,25 +349,25 @@ async def _probe_all(
     backend: Any,
     profiles: dict[str, Any],
     transports: dict[str, Any],
-    timeout: float,
+    seconds: float,
 ) -> list[Probe]:
     jobs: list[tuple[str, Callable[[], Awaitable[Probe | list[Probe]]]]] = []
-    jobs.append(("model", lambda: _probe_model("model", backend, timeout)))
+    jobs.append(("model", lambda: _probe_model("model", backend, seconds)))
     for name, profile in profiles.items():
         jobs.append((f"model profile {name}", _bind(_probe_model, f"model profile {name}",
-                                                    profile, timeout)))  # fmt: skip
+                                                    profile, seconds)))  # fmt: skip
     if config.mcp.servers:
-        jobs.append(("mcp", lambda: _probe_mcp(config, timeout)))
+        jobs.append(("mcp", lambda: _probe_mcp(config, seconds)))
     for name, section in config.transports.items():
         if not section.enabled:
             continue
         t = transports[name]
         if section.type == "irc":
-            jobs.append((f"irc {name}", _bind(_probe_irc, f"irc {name}", t.options, timeout)))
+            jobs.append((f"irc {name}", _bind(_probe_irc, f"irc {name}", t.options, seconds)))
         elif section.type == "slack":
             jobs.append((f"slack {name}", _bind(_probe_slack, f"slack {name}", t.options,
-                                                timeout)))  # fmt: skip
-    results = await asyncio.gather(*(_guarded(c, job, timeout) for c, job in jobs))
+                                                seconds)))  # fmt: skip
+    results = await asyncio.gather(*(_guarded(c, job, seconds) for c, job in jobs))
     flat: list[Probe] = []
     for r in results:
         flat.extend(r if isinstance(r, list) else [r])
@@ -389,19 +379,19 @@ def _bind(fn: Callable[..., Awaitable[Any]], *args: Any) -> Callable[[], Awaitab
 
 
 async def _guarded(
-    component: str, job: Callable[[], Awaitable[Probe | list[Probe]]], timeout: float
+    component: str, job: Callable[[], Awaitable[Probe | list[Probe]]], seconds: float
 ) -> Probe | list[Probe]:
     """A probe that hangs or raises still gives a named failure."""
     try:
         # The probes bound their own steps; this only guards against a hang.
-        return await asyncio.wait_for(job(), timeout * 3 + 5)
+        return await asyncio.wait_for(job(), seconds * 3 + 5)
     except TimeoutError:
-        return Probe(component, False, f"no answer within {timeout * 3 + 5:g}s")
+        return Probe(component, False, f"no answer within {seconds * 3 + 5:g}s")
     except Exception as exc:  # a probe's own bug must not hide the others' results
         return Probe(component, False, f"{type(exc).__name__}: {exc}")
 
 
-async def _probe_model(component: str, backend: Any, timeout: float) -> Probe:
+async def _probe_model(component: str, backend: Any, seconds: float) -> Probe:
     from .builder import NoModelBackend
 
     if isinstance(backend, NoModelBackend):
@@ -409,10 +399,7 @@ async def _probe_model(component: str, backend: Any, timeout: float) -> Probe:
     model_path = getattr(backend, "model_path", None)
     client = getattr(backend, "_client", None)
     if client is None and model_path is not None:
-        if os.path.isfile(model_path):
-            size = os.path.getsize(model_path)
-            return Probe(component, True, f"model file {model_path} ({size:,} bytes)")
-        return Probe(component, False, f"model file {model_path}: not found")
+        return _model_file(component, model_path)
     if client is None:
         return Probe(component, True, f"{type(backend).__name__}: nothing to reach")
     import openai
@@ -420,24 +407,35 @@ async def _probe_model(component: str, backend: Any, timeout: float) -> Probe:
     where = getattr(backend, "base_url", None) or str(client.base_url)
     model = getattr(backend, "model", None)
     try:
-        listing = await client.with_options(max_retries=0, timeout=timeout).models.list()
+        listing = await client.with_options(max_retries=0, timeout=seconds).models.list()
         ids = [m.id async for m in listing]
     except openai.APIConnectionError as exc:
         cause = exc.__cause__ or exc
         return Probe(component, False, f"GET {where}/models: endpoint unreachable ({cause})")
     except openai.AuthenticationError as exc:
-        return Probe(component, False, f"GET {where}/models: the API key was refused ({exc.status_code})")
+        return Probe(
+            component, False, f"GET {where}/models: the API key was refused ({exc.status_code})"
+        )
     except openai.APIStatusError as exc:
         return Probe(
             component, False, f"GET {where}/models: HTTP {exc.status_code}: cannot list models"
         )
     if model not in ids:
         served = ", ".join(ids[:10]) + (" …" if len(ids) > 10 else "") or "none"
-        return Probe(component, False, f"model {model!r} is not known to {where} (it serves: {served})")
+        return Probe(
+            component, False, f"model {model!r} is not known to {where} (it serves: {served})"
+        )
     return Probe(component, True, f"{where} serves model {model!r}")
 
 
-async def _probe_mcp(config: Config, timeout: float) -> list[Probe]:
+def _model_file(component: str, model_path: str) -> Probe:
+    if os.path.isfile(model_path):
+        size = os.path.getsize(model_path)
+        return Probe(component, True, f"model file {model_path} ({size:,} bytes)")
+    return Probe(component, False, f"model file {model_path}: not found")
+
+
+async def _probe_mcp(config: Config, seconds: float) -> list[Probe]:
     from .builder import mcp_toolset
 
     results: dict[str, Probe] = {}
@@ -464,7 +462,7 @@ async def _probe_mcp(config: Config, timeout: float) -> list[Probe]:
         toolset = mcp_toolset(only)
         try:
             try:
-                await asyncio.wait_for(toolset.start(), timeout)
+                await asyncio.wait_for(toolset.start(), seconds)
             except TimeoutError:
                 pass
             for st in toolset.status():
@@ -473,7 +471,7 @@ async def _probe_mcp(config: Config, timeout: float) -> list[Probe]:
                     n = len(st.get("tools") or ())
                     results[name] = Probe(f"mcp {name}", True, f"started, {n} tool(s)")
                 else:
-                    why = st.get("error") or f"still {state} after {timeout:g}s"
+                    why = st.get("error") or f"still {state} after {seconds:g}s"
                     results[name] = Probe(f"mcp {name}", False, f"server did not start: {why}")
         finally:
             with contextlib.suppress(Exception):
@@ -481,16 +479,14 @@ async def _probe_mcp(config: Config, timeout: float) -> list[Probe]:
     return [results[s.name] for s in config.mcp.servers if s.name in results]
 
 
-async def _probe_irc(component: str, options: Any, timeout: float) -> Probe:
+async def _probe_irc(component: str, options: Any, seconds: float) -> Probe:
     host = options.host
     port = options.effective_port if hasattr(options, "effective_port") else options.port
     tls = bool(options.tls)
     what = f"{host}:{port}{' with TLS' if tls else ''}"
     loop = asyncio.get_running_loop()
     try:
-        await asyncio.wait_for(
-            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout
-        )
+        await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), seconds)
     except (OSError, TimeoutError) as exc:
         return Probe(component, False, f"host {host!r} does not resolve ({exc or 'timed out'})")
     context: ssl.SSLContext | None = None
@@ -502,10 +498,10 @@ async def _probe_irc(component: str, options: Any, timeout: float) -> Probe:
     try:
         _, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=context, server_hostname=host if tls else None),
-            timeout,
+            seconds,
         )
     except TimeoutError:
-        return Probe(component, False, f"connect to {what}: no answer within {timeout:g}s")
+        return Probe(component, False, f"connect to {what}: no answer within {seconds:g}s")
     except ssl.SSLError as exc:
         return Probe(component, False, f"connect to {what}: TLS handshake failed ({exc})")
     except OSError as exc:
@@ -513,29 +509,37 @@ async def _probe_irc(component: str, options: Any, timeout: float) -> Probe:
         return Probe(component, False, f"connect to {what}: {why}")
     writer.close()
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(writer.wait_closed(), timeout)
+        await asyncio.wait_for(writer.wait_closed(), seconds)
     return Probe(component, True, f"{what} accepts connections (not registered)")
 
 
-async def _probe_slack(component: str, options: Any, timeout: float) -> Probe:
+async def _probe_slack(component: str, options: Any, seconds: float) -> Probe:
     from slack_sdk.errors import SlackApiError
     from slack_sdk.web.async_client import AsyncWebClient
 
     token = reveal(options.bot_token)
     if not token:
         return Probe(component, False, "bot_token is not set")
-    kwargs: dict[str, Any] = {"token": token, "timeout": int(max(1, timeout))}
+    kwargs: dict[str, Any] = {"token": token, "timeout": int(max(1, seconds))}
     if options.api_url:
-        kwargs["base_url"] = options.api_url if options.api_url.endswith("/") else options.api_url + "/"
+        kwargs["base_url"] = (
+            options.api_url if options.api_url.endswith("/") else options.api_url + "/"
+        )
     client = AsyncWebClient(**kwargs)
     where = kwargs.get("base_url", client.base_url)
     try:
         auth = await client.auth_test()
     except SlackApiError as exc:
         error = exc.response.get("error") if exc.response is not None else None
-        return Probe(component, False, f"auth.test at {where} refused the bot_token: {error or exc}")
+        return Probe(
+            component, False, f"auth.test at {where} refused the bot_token: {error or exc}"
+        )
     except Exception as exc:  # connection problems come as aiohttp/OS errors
-        return Probe(component, False, f"auth.test at {where}: cannot reach Slack ({type(exc).__name__}: {exc})")
+        return Probe(
+            component,
+            False,
+            f"auth.test at {where}: cannot reach Slack ({type(exc).__name__}: {exc})",
+        )
     finally:
         session = getattr(client, "session", None)
         if session is not None:

@@ -180,8 +180,9 @@ def _parser() -> argparse.ArgumentParser:
     with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
     db = sub.add_parser("db", help="back up, check, vacuum or migrate the database")
     dsub = db.add_subparsers(dest="action", metavar="ACTION", required=True)
-    with_config(dsub.add_parser("backup", help="a consistent copy (safe while the bot runs)")
-                ).add_argument("path", nargs="?", help="where (default <db>.backup-<time>.db)")
+    with_config(
+        dsub.add_parser("backup", help="a consistent copy (safe while the bot runs)")
+    ).add_argument("path", nargs="?", help="where (default <db>.backup-<time>.db)")
     with_config(dsub.add_parser("check", help="integrity, foreign keys, schema version"))
     with_config(dsub.add_parser("vacuum", help="rebuild the file to reclaim free space"))
     dm = with_config(dsub.add_parser("migrate", help="apply pending schema migrations"))
@@ -308,8 +309,11 @@ def _db(args: argparse.Namespace, config: Config) -> int:
             print(f"problem: {problem}")
         if report.problems:
             n = len(report.problems)
-            print(f"agentik: {path}: {n} problem{'s' if n > 1 else ''} found"
-                  " (restore a backup: agentik db backup, docs/operations.md)", file=sys.stderr)  # fmt: skip
+            print(
+                f"agentik: {path}: {n} problem{'s' if n > 1 else ''} found"
+                " (restore a backup; docs/operations.md)",
+                file=sys.stderr,
+            )
             return 1
         print("ok: integrity check and foreign key check passed")
         return 0

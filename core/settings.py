@@ -223,7 +223,9 @@ def validate_settings(cls: type[_T], data: Mapping[str, Any], *, where: str) -> 
         secret = field is not None and "Secret" in str(field.annotation)
         key = f"{where}.{loc}" if loc else where
         known = known_keys(cls, err["loc"][:-1])
-        raise ConfigError(f"{key}: {describe_error(err, show_input=not secret, known=known)}") from None
+        raise ConfigError(
+            f"{key}: {describe_error(err, show_input=not secret, known=known)}"
+        ) from None
 
 
 def defaults(cls: type[_T]) -> _T:

@@ -14,8 +14,6 @@ import subprocess
 import threading
 from pathlib import Path
 
-import pytest
-
 from agentik.core import SQLiteStore
 from agentik.core.store.migrations import MIGRATIONS, apply_migrations, schema_version
 from helpers import AGENTIK

@@ -344,7 +344,9 @@ def parse_settings(model: Any, settings: dict[str, Any], *, where: str) -> Any:
         if err["type"] == "extra_forbidden":
             from agentik.core.settings import did_you_mean, known_keys
 
-            what = "unknown key" + did_you_mean(str(err["loc"][-1]), known_keys(model, err["loc"][:-1]))
+            what = "unknown key" + did_you_mean(
+                str(err["loc"][-1]), known_keys(model, err["loc"][:-1])
+            )
         else:
             what = err["msg"]
         if err["type"] not in ("extra_forbidden", "missing") and isinstance(
