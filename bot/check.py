@@ -301,6 +301,21 @@ def _policy_lines(config: Config) -> list[str]:
     from .cli import _access_summary
 
     out = [_access_summary(config)]
+    a = config.access
+    for label, patterns in (("owners", a.owners), ("admins", a.admins), ("ignored", a.ignored)):
+        if patterns:
+            out.append(f"  {label}: {', '.join(patterns)}")
+    for name, role in a.roles.items():
+        out.append(f"  role {name}: ranks as {role.rank}")
+    for rule in a.rules:
+        said = [f"channels {', '.join(rule.channels)}", f"roles {', '.join(rule.roles)}"]
+        if rule.tools is not None:
+            said.append(f"tools {', '.join(rule.tools) or '(none)'}")
+        if rule.commands is not None:
+            said.append(f"commands {', '.join(rule.commands) or '(none)'}")
+        if rule.answer is not None:
+            said.append(f"answer {'yes' if rule.answer else 'no'}")
+        out.append("  rule: " + "; ".join(said))
     if config.approvals:
         out.append(f"approvals: {len(config.approvals)} rule(s) (first match wins)")
         for rule in config.approvals:

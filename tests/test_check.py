@@ -95,6 +95,13 @@ approve = "first-use"
 [budgets.user]
 tokens_per_day = 50000
 
+[access]
+admins = ["libera:account:alice"]
+
+[[access.rules]]
+channels = ["irc:libera:#dev"]
+tools = []
+
 [channels."irc:libera:#ops"]
 answer = "direct"
 """
@@ -132,6 +139,8 @@ def test_check_shows_the_resolved_setup_and_never_a_secret(tmp_path):
     assert "memory: backend 'sqlite'" in out
     assert "approvals: 1 rule(s)" in out and "test__*: first-use, by admin" in out
     assert "budgets: limits for user" in out
+    assert "  admins: libera:account:alice" in out
+    assert "  rule: channels irc:libera:#dev; roles *; tools (none)" in out
     assert "\"irc:libera:#ops\": answer='direct'" in out
     for secret in (IRC_SECRET, "xoxb-secret-value", "xapp-test", "sk-local"):
         assert secret not in out + result.stderr
