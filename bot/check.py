@@ -307,14 +307,14 @@ def _policy_lines(config: Config) -> list[str]:
             out.append(f"  {label}: {', '.join(patterns)}")
     for name, role in a.roles.items():
         out.append(f"  role {name}: ranks as {role.rank}")
-    for rule in a.rules:
-        said = [f"channels {', '.join(rule.channels)}", f"roles {', '.join(rule.roles)}"]
-        if rule.tools is not None:
-            said.append(f"tools {', '.join(rule.tools) or '(none)'}")
-        if rule.commands is not None:
-            said.append(f"commands {', '.join(rule.commands) or '(none)'}")
-        if rule.answer is not None:
-            said.append(f"answer {'yes' if rule.answer else 'no'}")
+    for access_rule in a.rules:
+        said = [f"channels {', '.join(access_rule.channels)}", f"roles {', '.join(access_rule.roles)}"]
+        if access_rule.tools is not None:
+            said.append(f"tools {', '.join(access_rule.tools) or '(none)'}")
+        if access_rule.commands is not None:
+            said.append(f"commands {', '.join(access_rule.commands) or '(none)'}")
+        if access_rule.answer is not None:
+            said.append(f"answer {'yes' if access_rule.answer else 'no'}")
         out.append("  rule: " + "; ".join(said))
     if config.approvals:
         out.append(f"approvals: {len(config.approvals)} rule(s) (first match wins)")
