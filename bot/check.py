@@ -308,7 +308,10 @@ def _policy_lines(config: Config) -> list[str]:
     for name, role in a.roles.items():
         out.append(f"  role {name}: ranks as {role.rank}")
     for access_rule in a.rules:
-        said = [f"channels {', '.join(access_rule.channels)}", f"roles {', '.join(access_rule.roles)}"]
+        said = [
+            f"channels {', '.join(access_rule.channels)}",
+            f"roles {', '.join(access_rule.roles)}",
+        ]
         if access_rule.tools is not None:
             said.append(f"tools {', '.join(access_rule.tools) or '(none)'}")
         if access_rule.commands is not None:
