@@ -23,6 +23,10 @@
     agentik access check ID        an identity's role and what it may do (--channel KEY)
     agentik access budgets         the configured budgets and a day's usage (--day)
     agentik access approvals       tool calls waiting for approval, and recent decisions
+    agentik db backup [PATH]       a consistent copy of the database (safe while the bot runs)
+    agentik db check               integrity, foreign keys, schema version (exit 1 on problems)
+    agentik db vacuum              rebuild the file to reclaim free space
+    agentik db migrate [--dry-run] apply (or list) pending schema migrations
     agentik --version
 
 ``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
@@ -45,7 +49,7 @@ from typing import Any
 from agentik.core import AgentikError, ConfigError, SQLiteStore
 from agentik.core.errors import NotFound
 
-from .config import Config, load_config, reveal
+from .config import Config, MissingVar, load_config
 from .logs import setup_logging
 
 __all__ = ["COMMANDS", "main"]
@@ -76,7 +80,26 @@ COMMANDS = (
     "access check",
     "access budgets",
     "access approvals",
+    "db backup",
+    "db check",
+    "db vacuum",
+    "db migrate",
 )
+
+
+#: The sections each command reads.  A ``${VAR}`` that is not set in another
+#: section (a Slack token for ``conversations list``) reads as empty instead
+#: of stopping the command; ``check`` lists every missing one; ``run``, ``chat``,
+#: ``plugins`` and ``mcp`` need them all (None).
+_NEEDS: dict[str, frozenset[str] | None] = {
+    "conversations": frozenset({"storage", "logging"}),
+    "memory": frozenset({"storage", "memory", "logging"}),
+    "db": frozenset({"storage", "logging"}),
+    "access": frozenset(Config.model_fields) - {"transports", "llm", "mcp", "plugins"},
+    "check": frozenset(),
+    # A running bot is asked where it listens; its secrets are not needed.
+    "status": frozenset({"health", "logging"}),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -103,7 +126,18 @@ def _parser() -> argparse.ArgumentParser:
 
     with_config(sub.add_parser("run", help="start every configured transport"))
     with_config(sub.add_parser("chat", help="chat in this terminal"))
-    with_config(sub.add_parser("check", help="validate the configuration"))
+    chk = with_config(sub.add_parser("check", help="validate the configuration"))
+    chk.add_argument(
+        "--probe",
+        action="store_true",
+        help="also try each component: model endpoint, MCP servers, IRC hosts, Slack tokens",
+    )
+    chk.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds each probe may take (default 10)",
+    )
     conv = sub.add_parser("conversations", help="list, show, export or delete conversations")
     csub = conv.add_subparsers(dest="action", metavar="ACTION", required=True)
     lst = with_config(csub.add_parser("list", help="list conversations, most recent first"))
@@ -162,6 +196,15 @@ def _parser() -> argparse.ArgumentParser:
     mcp = sub.add_parser("mcp", help="MCP servers")
     msub = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
+    db = sub.add_parser("db", help="back up, check, vacuum or migrate the database")
+    dsub = db.add_subparsers(dest="action", metavar="ACTION", required=True)
+    with_config(
+        dsub.add_parser("backup", help="a consistent copy (safe while the bot runs)")
+    ).add_argument("path", nargs="?", help="where (default <db>.backup-<time>.db)")
+    with_config(dsub.add_parser("check", help="integrity, foreign keys, schema version"))
+    with_config(dsub.add_parser("vacuum", help="rebuild the file to reclaim free space"))
+    dm = with_config(dsub.add_parser("migrate", help="apply pending schema migrations"))
+    dm.add_argument("--dry-run", action="store_true", help="list them; change nothing")
     acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets, approvals")
     asub = acc.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, (helptext, arguments, _) in ACCESS_ACTIONS.items():
@@ -183,11 +226,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.command == "status" and args.config is None and args.url is None:
             args.config = os.environ.get("AGENTIK_CONFIG", "config.toml")
-        config = load_config(args.config) if args.config is not None else Config()
+        missing: list[MissingVar] = []
+        needs = _NEEDS.get(args.command)
+        config = _load(args.config, needs, missing)
         level = args.log_level or (
             "debug" if args.verbose >= 2 else "info" if args.verbose == 1 else config.logging.level
         )
         setup_logging(level, config.logging.format, config.secrets())
+        if args.command == "check":
+            return _check(config, missing, probe=args.probe, timeout=args.timeout)
         return _dispatch(args, config)
     except ConfigError as exc:
         print(f"agentik: {exc}", file=sys.stderr)
@@ -199,19 +246,32 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _load(path: str | None, needs: frozenset[str] | None, missing: list[MissingVar]) -> Config:
+    if path is None:
+        return Config()
+    try:
+        return load_config(path, needs=needs, missing=missing)
+    except ConfigError:
+        if not missing:
+            raise
+        # An unset variable read as empty made another key invalid: the
+        # variable is the problem to name.
+        return load_config(path)
+
+
 def _dispatch(args: argparse.Namespace, config: Config) -> int:
     if args.command == "run":
         return asyncio.run(_run(config, only=None))
     if args.command == "chat":
         return asyncio.run(_run(config, only=["stdio"]))
-    if args.command == "check":
-        return _check(config)
     if args.command == "plugins":
         return _plugins(config)
     if args.command == "mcp":
         return asyncio.run(_mcp_list(config))
     if args.command == "status":
         return _status(args, config)
+    if args.command == "db":
+        return _db(args, config)
     if args.command == "access":
         return asyncio.run(ACCESS_ACTIONS[args.action][2](args, config))
     if args.command == "memory":
@@ -239,85 +299,73 @@ async def _run(config: Config, *, only: list[str] | None) -> int:
     return 0
 
 
-def _check(config: Config) -> int:
-    from pydantic import SecretStr
+def _check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: float) -> int:
+    from .check import check
 
-    from agentik.core.settings import setting_fields
+    return check(config, missing, probe=probe, timeout=timeout)
 
-    from .app import load_registry, make_transport
-    from .builder import (
-        NoModelBackend,
-        backend_choice,
-        backend_settings,
-        ignored_settings,
-        resolve_backend,
-        resolve_profiles,
-    )
 
-    registry = load_registry(config)
-    backend = resolve_backend(config, registry)
-    llm = config.llm
-    chosen = "none" if isinstance(backend, NoModelBackend) else backend_choice(config)
-    out = [
-        f"configuration: {config.source} is valid",
-        f"agent: {config.agent.name}",
-        f"llm: backend {chosen!r} (configured {llm.backend!r}),"
-        f" model {getattr(backend, 'model', None) or '-'!r}",
-    ]
-    settings = None if chosen == "none" else backend_settings(config, registry, chosen)
-    if settings is not None:  # the backend's own keys, as it validated them
-        shown = ", ".join(
-            f"{key}={'**********' if isinstance(value, SecretStr) else value!r}"
-            for key, value in ((k, getattr(settings, k)) for k in setting_fields(type(settings)))
-            if value is not None and value != {}
+# -- agentik db -------------------------------------------------------------------------------
+
+
+def _db(args: argparse.Namespace, config: Config) -> int:
+    from agentik.core.store import care
+    from agentik.core.store.migrations import MIGRATIONS
+
+    path = config.database
+    if path == ":memory:":
+        raise ConfigError(f"{config.source}: storage.path: is :memory:, there is no file")
+    if not os.path.exists(path):
+        raise ConfigError(f"{config.source}: storage.path: no database at {path}")
+    if args.action == "backup":
+        target = care.backup_database(path, args.path)
+        print(f"backed up {path} to {target} ({os.path.getsize(target):,} bytes)")
+        return 0
+    if args.action == "check":
+        report = care.check_database(path)
+        print(f"database: {path}")
+        print(f"schema version: {report.version} (this agentik knows {report.latest})")
+        for note in report.notes:
+            print(f"note: {note}")
+        for problem in report.problems:
+            print(f"problem: {problem}")
+        if report.problems:
+            n = len(report.problems)
+            print(
+                f"agentik: {path}: {n} problem{'s' if n > 1 else ''} found"
+                " (restore a backup; docs/operations.md)",
+                file=sys.stderr,
+            )
+            return 1
+        print("ok: integrity check and foreign key check passed")
+        return 0
+    if args.action == "vacuum":
+        before, after = care.vacuum_database(path)
+        print(f"vacuumed {path}: {before:,} -> {after:,} bytes")
+        return 0
+    current, pending = care.pending_migrations(path)
+    latest = max((m.number for m in MIGRATIONS), default=0)
+    if current > latest:
+        raise AgentikError(
+            f"{path}: schema version {current} is newer than this agentik knows ({latest})"
         )
-        out.append(f"llm.{chosen} settings: {shown}")
-        ignored = ignored_settings(config, registry, chosen)
-        if ignored:
-            out.append(f"llm: ignored (not keys of {chosen!r}): {', '.join(ignored)}")
-    model_path = getattr(backend, "model_path", None)
-    if model_path:  # a local model file
-        out.append(f"llm.model_path: {model_path}")
-        local = [
-            f"{key}: {getattr(backend, key)}"
-            for key in ("n_ctx", "n_threads", "tool_choice")
-            if getattr(backend, key, None) is not None
-        ]
-        if local:
-            out.append("llm." + ", ".join(local))
-    # Keys of the chosen backend's settings: [llm] is validated by its model.
-    base_url = getattr(llm, "base_url", None)
-    if base_url:
-        out.append(f"llm.base_url: {base_url}")
-    api_key = getattr(llm, "api_key", None)
-    out.append(f"llm.api_key: {'**********' if reveal(api_key) else '(not set)'}")
-    if isinstance(backend, NoModelBackend):
-        why = backend.reason or "no model configured"
-        out.append(f"  note: {why}; until then the bot answers with setup instructions")
-    profiles = resolve_profiles(config, registry)
-    for name, profile in profiles.items():
-        where = getattr(profile, "base_url", None)
-        out.append(
-            f"llm.profiles.{name}: {profile.name}, model {getattr(profile, 'model', None) or '-'!r}"
-            + (f" at {where}" if where else "")
-        )
-    out.append(f"storage: {config.database} (synchronous={config.storage.synchronous})")
-    t = config.tools
-    out.append(
-        f"tools: at most {t.max_tool_calls} calls and {t.time_budget:g}s per turn;"
-        f" allowed {', '.join(t.allowed) if t.allowed is not None else 'all'}"
-    )
-    for name, section in config.transports.items():
-        make_transport(registry, name, section, config.source)
-        state = "" if section.enabled else " (disabled)"
-        out.append(f"transport {name}: {section.type}{state}")
-    if not config.transports:
-        out.append("transports: none configured (agentik chat adds a terminal)")
-    out.append(_access_summary(config))
-    print("\n".join(out))
-    for extra in profiles.values():
-        asyncio.run(_aclose(extra))
-    asyncio.run(_aclose(backend))
+    if not pending:
+        print(f"{path}: schema version {current}: up to date, nothing to migrate")
+        return 0
+    verb = "would apply" if args.dry_run else "applying"
+    print(f"{path}: schema version {current}; {verb} {len(pending)} migration(s):")
+    for m in pending:
+        print(f"  {m.number:>3} {m.name}")
+    if args.dry_run:
+        print("dry run: nothing was changed")
+        return 0
+
+    async def migrate() -> None:
+        async with SQLiteStore(path, synchronous=config.storage.synchronous):
+            pass
+
+    asyncio.run(migrate())
+    print(f"{path}: now at schema version {care.read_schema_version(path)}")
     return 0
 
 

@@ -21,7 +21,7 @@ import functools
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,7 +44,13 @@ from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
 from agentik.core.memory import MemorySettings
-from agentik.core.settings import Blank, describe_error, setting_fields, settings_dataclass
+from agentik.core.settings import (
+    Blank,
+    describe_error,
+    known_keys,
+    setting_fields,
+    settings_dataclass,
+)
 from agentik.core.store.sqlite import SQLiteSettings
 from agentik.core.tools.base import TurnPolicy
 from agentik.core.tools.mcp import MCPServerConfig
@@ -67,6 +73,7 @@ __all__ = [
     "MCPSection",
     "MCPServerSection",
     "MemorySection",
+    "MissingVar",
     "PluginsSection",
     "StorageSection",
     "ToolsSection",
@@ -481,7 +488,22 @@ ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _interpolate(value: Any, env: Mapping[str, str], path: str, source: str) -> Any:
+@dataclasses.dataclass(frozen=True, slots=True)
+class MissingVar:
+    """A ``${VAR}`` that was not set, where it is used (``transports.slack.bot_token``)."""
+
+    name: str
+    key: str
+
+
+def _interpolate(
+    value: Any,
+    env: Mapping[str, str],
+    path: str,
+    source: str,
+    needs: Collection[str] | None = None,
+    missing: list[MissingVar] | None = None,
+) -> Any:
     if isinstance(value, str):
 
         def sub(m: re.Match[str]) -> str:
@@ -492,6 +514,12 @@ def _interpolate(value: Any, env: Mapping[str, str], path: str, source: str) -> 
                 return env[name]
             if default is not None:
                 return default
+            section = re.split(r"[.\[]", path, maxsplit=1)[0]
+            if needs is not None and section not in needs:
+                # A section this command does not use: its unset variable reads as empty.
+                if missing is not None:
+                    missing.append(MissingVar(name, path))
+                return ""
             raise ConfigError(
                 f"{source}: {path}: environment variable {name} is not set"
                 f" (write ${{{name}:-default}} to make it optional)"
@@ -500,10 +528,14 @@ def _interpolate(value: Any, env: Mapping[str, str], path: str, source: str) -> 
         return _VAR.sub(sub, value)
     if isinstance(value, dict):
         return {
-            k: _interpolate(v, env, f"{path}.{k}" if path else k, source) for k, v in value.items()
+            k: _interpolate(v, env, f"{path}.{k}" if path else k, source, needs, missing)
+            for k, v in value.items()
         }
     if isinstance(value, list):
-        return [_interpolate(v, env, f"{path}[{i}]", source) for i, v in enumerate(value)]
+        return [
+            _interpolate(v, env, f"{path}[{i}]", source, needs, missing)
+            for i, v in enumerate(value)
+        ]
     return value
 
 
@@ -527,11 +559,22 @@ def _echo_safe(loc: tuple[Any, ...], data: Mapping[str, Any]) -> bool:
 
 
 def parse_config(
-    data: Mapping[str, Any], *, source: str = "<string>", env: Mapping[str, str] | None = None
+    data: Mapping[str, Any],
+    *,
+    source: str = "<string>",
+    env: Mapping[str, str] | None = None,
+    needs: Collection[str] | None = None,
+    missing: list[MissingVar] | None = None,
 ) -> Config:
-    """Validate already-parsed TOML data (interpolation and overrides applied here)."""
+    """Validate already-parsed TOML data (interpolation and overrides applied here).
+
+    ``needs``: the top-level sections the caller uses (``None``: all).  A
+    ``${VAR}`` that is not set is an error inside them; elsewhere it reads as
+    an empty string and is appended to ``missing`` (so ``agentik
+    conversations list`` runs without a Slack token in the environment).
+    """
     env = os.environ if env is None else env
-    raw = _interpolate(dict(data), env, "", source)
+    raw = _interpolate(dict(data), env, "", source, needs, missing)
     if "source" in raw:  # a field of Config, but not a key: never silently ignore it
         raise ConfigError(f"{source}: source: unknown key")
     for var, (section, key) in ENV_OVERRIDES.items():
@@ -571,14 +614,42 @@ def parse_config(
     errors.sort(key=section_of)
     first = errors[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    first_desc = describe_error(first, show_input=_echo_safe(tuple(first["loc"]), data))
+    first_desc = describe_error(
+        first, show_input=_echo_safe(tuple(first["loc"]), data), known=_known_at(first["loc"])
+    )
     more = len(errors) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     raise ConfigError(f"{source}: {where}: {first_desc}{tail}") from None
 
 
-def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:
-    """Read, interpolate, override and validate the TOML file at ``path``."""
+def _known_at(loc: Sequence[Any]) -> list[str]:
+    """The keys valid where an error's key is (for "did you mean")."""
+    loc = tuple(loc)[:-1]
+    if loc[:1] == ("llm",):
+        # [llm] and its profiles take every backend's keys.
+        inner = loc[3:] if loc[1:2] == ("profiles",) else loc[1:]
+        if inner:
+            return []
+        keys = set(LLMSection.model_fields)
+        for model in builtin_llm_settings().values():
+            keys.update(setting_fields(model))
+        return sorted(keys)
+    if loc[:1] == ("transports",) and len(loc) == 2:
+        return [*_bridge_keys(), "type", "enabled"]
+    return known_keys(Config, loc)
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    needs: Collection[str] | None = None,
+    missing: list[MissingVar] | None = None,
+) -> Config:
+    """Read, interpolate, override and validate the TOML file at ``path``.
+
+    ``needs`` and ``missing``: as for :func:`parse_config`.
+    """
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -590,4 +661,4 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-    return parse_config(data, source=str(p), env=env)
+    return parse_config(data, source=str(p), env=env, needs=needs, missing=missing)

@@ -47,6 +47,7 @@ from .base import (
     TurnEnd,
     link_stored,
 )
+from .care import backup_before_migrating
 from .migrations import apply_migrations
 
 __all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous"]
@@ -362,6 +363,9 @@ class SQLiteStore(Store):
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+            if not self._memory:
+                # An existing database about to change schema is copied first.
+                backup_before_migrating(conn, self.path)
             apply_migrations(conn)
         except BaseException:
             conn.close()
