@@ -309,6 +309,34 @@ MIGRATIONS: tuple[Migration, ...] = (
         END;
         """,
     ),
+    Migration(
+        9,
+        "run_tree",
+        """
+        -- Run trees (agentik.core.agents): a child run (an agent called as a
+        -- tool) runs in a conversation of its own, linked to the parent run,
+        -- the parent conversation and the parent's tool call.  A top-level
+        -- run gets a row once it starts a child.  usage: JSON token counts
+        -- (the run's, its children's included); ended/stop_reason are set
+        -- when it ends.  A child refused at the depth limit has no conversation.
+        CREATE TABLE run (
+            run_id                  TEXT PRIMARY KEY,
+            conversation_id         TEXT REFERENCES conversation (id) ON DELETE CASCADE,
+            parent_run_id           TEXT,
+            parent_conversation_id  TEXT REFERENCES conversation (id) ON DELETE CASCADE,
+            parent_call_id          TEXT,
+            agent                   TEXT,
+            depth                   INTEGER NOT NULL DEFAULT 0,
+            started                 REAL NOT NULL,
+            ended                   REAL,
+            stop_reason             TEXT,
+            usage                   TEXT
+        );
+        CREATE INDEX run_by_conversation ON run (conversation_id);
+        CREATE INDEX run_by_parent_conversation ON run (parent_conversation_id);
+        CREATE INDEX run_by_parent ON run (parent_run_id);
+        """,
+    ),
 )
 
 

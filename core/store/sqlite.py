@@ -42,6 +42,7 @@ from .base import (
     MemoryEntry,
     OutboxEntry,
     OutboxState,
+    RunRecord,
     Store,
     TurnEnd,
     link_stored,
@@ -592,6 +593,9 @@ class SQLiteStore(Store):
             " WHERE m.kind = 'user' AND m.run_id IS NOT NULL AND NOT EXISTS ("
             "  SELECT 1 FROM turn_end t"
             "  WHERE t.conversation_id = m.conversation_id AND t.run_id = m.run_id)"
+            # A child run is not taken up again: its parent's turn is.
+            " AND NOT EXISTS (SELECT 1 FROM run r"
+            "  WHERE r.run_id = m.run_id AND r.parent_run_id IS NOT NULL)"
             " ORDER BY m.id LIMIT ?",
             (limit,),
         )
@@ -856,6 +860,65 @@ class SQLiteStore(Store):
             (since,),
         )
         return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]
+
+    # -- run trees (issue 20; migration 9) -------------------------------------------------
+    async def run_add(self, run: RunRecord) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR IGNORE INTO run (run_id, conversation_id, parent_run_id,"
+                " parent_conversation_id, parent_call_id, agent, depth, started, ended,"
+                " stop_reason, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run.run_id,
+                    run.conversation_id,
+                    run.parent_run_id,
+                    run.parent_conversation_id,
+                    run.parent_call_id,
+                    run.agent,
+                    run.depth,
+                    run.started,
+                    run.ended,
+                    run.stop_reason,
+                    None if run.usage is None else json.dumps(run.usage),
+                ),
+            )
+
+        await self._write(fn)
+
+    async def run_end(
+        self, run_id: str, *, ended: float, stop_reason: str, usage: Mapping[str, int]
+    ) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE run SET ended = ?, stop_reason = ?, usage = ? WHERE run_id = ?",
+                (ended, stop_reason, json.dumps(dict(usage)), run_id),
+            )
+
+        await self._write(fn)
+
+    async def runs(self, conversation_id: str) -> list[RunRecord]:
+        rows = await self._read(
+            "SELECT run_id, conversation_id, parent_run_id, parent_conversation_id,"
+            " parent_call_id, agent, depth, started, ended, stop_reason, usage FROM run"
+            " WHERE conversation_id = ? OR parent_conversation_id = ? ORDER BY started, run_id",
+            (conversation_id, conversation_id),
+        )
+        return [
+            RunRecord(
+                run_id=r[0],
+                conversation_id=r[1],
+                parent_run_id=r[2],
+                parent_conversation_id=r[3],
+                parent_call_id=r[4],
+                agent=r[5],
+                depth=int(r[6]),
+                started=float(r[7]),
+                ended=r[8],
+                stop_reason=r[9],
+                usage=None if r[10] is None else json.loads(r[10]),
+            )
+            for r in rows
+        ]
 
     # -- access: roles granted in chat (issue 19, access) ---------------------------------
     async def access_grants(self) -> list[AccessGrant]:
