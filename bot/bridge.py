@@ -1167,6 +1167,11 @@ class Bridge(AgentAccess):
         renderer = _Renderer(self, ch)
         assert ch.subscription is not None
         async for event in ch.subscription:
+            if event.parent_run_id is not None:
+                # A child run's event (an agent called as a tool), relayed into
+                # this conversation's stream: its answer reaches the channel
+                # through the parent's; its tokens are counted in the parent's usage.
+                continue
             try:
                 await renderer.on_event(event)
             except Exception:
@@ -1187,6 +1192,7 @@ _CHAT_KINDS = PROFILES["chat"]
 _STOP_NOTICES = {
     "length": "(answer cut: too long)",
     "tool_limit": "(stopped: tool call limit)",
+    "token_budget": "(stopped: token budget used up)",
 }
 
 

@@ -41,7 +41,7 @@ import time
 from importlib.metadata import version
 from typing import Any
 
-from agentik.core import AgentikError, ConfigError, SQLiteStore
+from agentik.core import AgentikError, ConfigError, SQLiteStore, Store
 from agentik.core.errors import NotFound
 
 from .config import Config, load_config, reveal
@@ -513,7 +513,7 @@ def _tokens(usage: dict[str, int] | None) -> str:
     return f" · {total} tokens"
 
 
-async def _run_tree(store: SQLiteStore, conversation_id: str, messages: list[Any]) -> list[str]:
+async def _run_tree(store: Store, conversation_id: str, messages: list[Any]) -> list[str]:
     """The run tree of a conversation: its runs, their tool calls and, under each
     agent call, the child run it started (recursively), with stop reasons and usage."""
     runs = await store.runs(conversation_id)
@@ -561,10 +561,10 @@ async def _run_tree(store: SQLiteStore, conversation_id: str, messages: list[Any
             parent = by_run.get(r.parent_run_id)
             up = f" (child of {r.parent_run_id} in {r.parent_conversation_id})"
             lines.append(head(r) + ("" if parent else up))
-        kids = {k: v for k, v in children.items() if k is not None}
-        kids = {
+        kids: dict[str | None, list[Any]] = {
             call: [c for c in started if c.parent_run_id == r.run_id]
-            for call, started in kids.items()
+            for call, started in children.items()
+            if call is not None
         }
         await calls(r.run_id, messages, kids, "  ")
     return lines

@@ -263,7 +263,12 @@ class Agent:
             for used in spec.uses:
                 if used not in known:
                     raise ConfigError(f"agents.{name}.uses: no agent {used!r}{_known(known)}")
-            soul = read_soul(spec.soul) if spec.soul else None
+            try:
+                soul = read_soul(spec.soul) if spec.soul else None
+            except ConfigError as exc:
+                raise ConfigError(
+                    str(exc).replace("agent.soul", f"agents.{name}.soul", 1)
+                ) from None
             prompt = "\n\n".join(p for p in (spec.system_prompt, soul) if p)
             self.agent_prompts[name] = prompt or None
             self.add_tool(AgentTool(self, name, spec))
