@@ -17,9 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from agentik.bot.app import load_registry
+from agentik.bot.builder import AgentBuilder
+from agentik.bot.config import load_config
 from agentik.core import Agent, SQLiteStore, tool
 from agentik.core.agents import AgentSpec, RunPolicy
 from agentik.core.errors import ConfigError, LLMConnectionError
+from agentik.core.hookspecs import hookimpl
 from agentik.core.messages import Usage
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from helpers import AGENTIK
@@ -471,3 +475,97 @@ async def test_an_unknown_agent_in_uses_is_a_clear_error(tmp_path):
         make_agent(tmp_path, uses=("nobody",))
     with pytest.raises(ConfigError, match=r"agents.a.uses: no agent 'b'"):
         make_agent(tmp_path, agents={"a": AgentSpec(uses=("b",))}, uses=())
+
+
+CONFIG = """
+[llm]
+backend = "scripted"
+[llm.profiles.small]
+backend = "scripted"
+model = "small"
+
+[agent]
+uses = ["researcher", "summariser"]
+
+[agents.researcher]
+description = "Finds facts."
+soul = "researcher.md"
+model = "small"
+tools = ["look*", "memory_*"]
+memory = "none"
+
+[runs]
+max_depth = 3
+tree_token_budget = 5000
+"""
+
+
+class SummariserPlugin:
+    """A plugin registering an agent through the ``register_agents`` hook."""
+
+    @hookimpl
+    def register_agents(self, register):
+        register("summariser", AgentSpec(description="Summarises.", model="small"))
+
+
+async def test_agents_from_the_configuration_file_and_a_plugin_are_tools_of_the_main_agent(
+    tmp_path,
+):
+    (tmp_path / "researcher.md").write_text("You dig up facts.", encoding="utf-8")
+    path = tmp_path / "bot.toml"
+    path.write_text(
+        CONFIG + f'[storage]\npath = "{tmp_path / "bot.db"}"\n[memory]\nbackend = "sqlite"\n',
+        encoding="utf-8",
+    )
+    config = load_config(path)
+    assert config.agents["researcher"].tools == ("look*", "memory_*")
+    assert config.agent.uses == ("researcher", "summariser")
+    assert config.runs.tree_token_budget == 5000
+    registry = load_registry(config, extra=(SummariserPlugin(),))
+    registry.tools.append(lookup)
+    agent = AgentBuilder.from_config(config, registry).build()
+    main, small = agent.llm, agent.profiles["small"]
+    assert isinstance(main, ScriptedModel) and isinstance(small, ScriptedModel)
+    main.enqueue(
+        Reply(
+            tool_calls=[
+                call("agent__researcher", {"task": "facts?"}),
+                call("agent__summariser", {"task": "sum up"}),
+            ]
+        ),
+        "done",
+    )
+    async with agent:
+        conv = await agent.conversation_for_channel("stdio:test")
+        sub = conv.events()
+        run_id = await conv.send("go", author="alice")
+        await tree_events(sub, run_id)
+
+    names = sorted(t.name for t in main.requests[0].tools)
+    assert "agent__researcher" in names and "agent__summariser" in names
+    researcher = next(r for r in small.requests if r.messages[-1].content == "facts?")
+    assert researcher.system == "You dig up facts."
+    # memory = "none": the memory tools are not offered, though the allow-list matches them.
+    assert [t.name for t in researcher.tools] == ["lookup"]
+    assert any(n.startswith("memory_") for n in names)
+    summariser = next(r for r in small.requests if r.messages[-1].content == "sum up")
+    assert summariser.tools == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('[agent]\nuses = ["ghost"]\n', r"agent\.uses: no agent 'ghost' \(agents: none defined\)"),
+        ('[agents.a]\nmodel = "big"\n', r"agents\.a\.model: no profile 'big'"),
+        ('[agents.a]\ntools = "x"\n', r"agents\.a\.tools"),
+        ('[agents.a]\nuses = ["b"]\n', r"agents\.a\.uses: no agent 'b'"),
+        ("[runs]\nmax_depth = -1\n", r"runs\.max_depth"),
+        ('[agents.a]\nsoul = "missing.md"\n', r"agents\.a\.soul: cannot read"),
+    ],
+)
+def test_bad_agent_configuration_is_a_clear_error_naming_the_key(tmp_path, extra, message):
+    path = tmp_path / "bot.toml"
+    path.write_text('[llm]\nbackend = "scripted"\n' + extra, encoding="utf-8")
+    with pytest.raises(ConfigError, match=message):
+        config = load_config(path)
+        AgentBuilder.from_config(config, load_registry(config)).build()
