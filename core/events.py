@@ -335,7 +335,6 @@ _LIFECYCLE = frozenset(
     {
         "turn_started",
         "turn_ended",
-        "run_stream_end",
         "interrupted",
         "error",
         "events_lost",
@@ -355,7 +354,8 @@ PROFILES: dict[str, frozenset[str]] = {
         "approval_requested",
         "approval_resolved",
     },
-    "metrics": _LIFECYCLE | {"tool_call_ended", "child_run_linked", "approval_resolved"},
+    "metrics": _LIFECYCLE
+    | {"tool_call_ended", "child_run_linked", "run_stream_end", "approval_resolved"},
 }
 
 
