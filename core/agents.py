@@ -105,9 +105,13 @@ class RunPolicy:
     "token_budget"``.
     """
 
+    #: How deep agent calls may nest: a turn is depth 0, an agent it calls depth 1.
     max_depth: int = Field(2, ge=0, le=16)
+    #: Child runs one run may have going at once; more wait for a free slot.
     max_concurrent_children: int = Field(4, ge=1)
+    #: Tokens (prompt + completion) one turn may use, its child runs included (0: no limit).
     token_budget: int = Field(0, ge=0)
+    #: Tokens all runs of one tree may use together (0: no limit).
     tree_token_budget: int = Field(0, ge=0)
 
 
@@ -132,17 +136,30 @@ class AgentSpec:
     budget still applies).  ``max_concurrent_children``: unset, the ``[runs]`` value.
     """
 
+    #: What the calling model reads about this agent (its tool's description).
     description: str = ""
+    #: Its system prompt (unset: the bot's [agent] system_prompt).
     system_prompt: Blank = None
+    #: A file (relative to the configuration file) appended to its system prompt.
     soul: PathSetting = None
+    #: A model profile ([llm.profiles.<name>]); unset: the caller's model.
     model: Blank = None
+    #: Names or glob patterns of the tools it may use (MCP tools are <server>__<tool>).
     tools: tuple[str, ...] = ()
+    #: "caller": its memory tools act for the speaker and channel that asked;
+    #: "none": it gets no memory tools.
     memory: Literal["caller", "none"] = "caller"
+    #: Agents it may call itself (within [runs] max_depth).
     uses: tuple[str, ...] = ()
+    #: JSON-Schema of its tool's arguments (unset: {"task": string}).
     input_schema: dict[str, Any] | None = None
+    #: Tool calls one of its runs may make (unset: the caller's).
     max_tool_calls: int | None = Field(None, ge=0)
+    #: Seconds one of its runs may take (unset: the caller's; never past the caller's deadline).
     time_budget: float | None = Field(None, gt=0)
+    #: Tokens one of its runs may use (0: no limit of its own; [runs] still applies).
     token_budget: int = Field(0, ge=0)
+    #: Its child runs that may run at once (unset: [runs] max_concurrent_children).
     max_concurrent_children: int | None = Field(None, ge=1)
 
     @property
