@@ -287,19 +287,17 @@ class Agent:
         conv = self.services.find(conversation_id)
         return self._temp_store if conv is not None and conv.temp else self.store
 
-    async def store_run_started(self, node: RunNode) -> None:
-        """Record a child run (and its top-level parent, the first time)."""
-        parent = node.parent
-        store = self._run_store(node.conversation_id)
-        if parent is not None and not parent.stored:
-            await store.run_add(self._run_record(parent))
-            parent.stored = True
-        await store.run_add(self._run_record(node))
+    def run_started(self, node: RunNode) -> None:
+        """A child run started: it and its parent are recorded in the run tree when
+        they end (one write each; a child's conversation says whose child it is)."""
         node.stored = True
+        if node.parent is not None:
+            node.parent.stored = True
 
     async def store_run_ended(self, node: RunNode, stop_reason: str) -> None:
-        await self._run_store(node.conversation_id).run_end(
-            node.run_id, ended=time.time(), stop_reason=stop_reason, usage=node.usage.to_dict()
+        """Record a run of a run tree, ended (``stop_reason``)."""
+        await self._run_store(node.conversation_id).run_add(
+            self._run_record(node, stop_reason=stop_reason)
         )
 
     async def store_run_refused(
@@ -311,12 +309,12 @@ class Agent:
         refused = RunNode(
             new_run_id(), "", agent=agent, parent=parent, depth=parent.depth + 1, call_id=call_id
         )
-        await self.store_run_started(refused)
-        await self._run_store(parent.conversation_id).run_end(
-            refused.run_id, ended=time.time(), stop_reason=stop_reason, usage={}
+        self.run_started(refused)
+        await self._run_store(parent.conversation_id).run_add(
+            self._run_record(refused, stop_reason=stop_reason)
         )
 
-    def _run_record(self, node: RunNode) -> RunRecord:
+    def _run_record(self, node: RunNode, *, stop_reason: str) -> RunRecord:
         parent = node.parent
         return RunRecord(
             run_id=node.run_id,
@@ -326,7 +324,10 @@ class Agent:
             parent_call_id=node.call_id,
             agent=node.agent,
             depth=node.depth,
-            started=time.time(),
+            started=node.started,
+            ended=time.time(),
+            stop_reason=stop_reason,
+            usage=node.usage.to_dict(),
         )
 
     # -- conversations ---------------------------------------------------------------

@@ -45,6 +45,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -199,8 +200,10 @@ class RunNode:
     deadline: float | None = None
     #: Set when the run's ``turn_ended`` is emitted.
     ended: asyncio.Future[TurnEnded] | None = None
-    #: Whether a row for it is in the store's ``run`` table.
+    #: Part of a run tree with children: recorded in the store's ``run`` table when it ends.
     stored: bool = False
+    #: When it started (``time.time()``).
+    started: float = field(default_factory=time.time)
     _slots: asyncio.Semaphore | None = None
 
     @property
@@ -376,7 +379,7 @@ class AgentTool:
         agent.runs.add(node)
         parent.children.append(node)
         try:
-            await agent.store_run_started(node)
+            agent.run_started(node)
             parent_conv.parts.events.emit(
                 ChildRunLinked,
                 parent.run_id,

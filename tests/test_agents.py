@@ -89,7 +89,7 @@ async def wait_for(condition, what: str) -> None:
     """Wait (bounded) until ``condition()`` holds: the state the test needs."""
 
     async def poll() -> None:
-        while not condition():
+        while not condition():  # noqa: ASYNC110 - no event for "a child waits for a slot"
             await asyncio.sleep(0.005)
 
     try:
@@ -150,11 +150,7 @@ async def test_the_parents_subscriber_sees_the_event_tree_in_order(tmp_path):
     def who(e) -> str:
         return "parent" if e.run_id == run_id else "child" if e.run_id == child_run else "?"
 
-    shape = [
-        (who(e), e.kind)
-        for e in events
-        if e.kind not in ("response_started", "text_delta")
-    ]
+    shape = [(who(e), e.kind) for e in events if e.kind not in ("response_started", "text_delta")]
     assert shape == [
         ("parent", "turn_started"),
         ("parent", "tool_call_started"),
@@ -178,9 +174,7 @@ async def test_the_parents_subscriber_sees_the_event_tree_in_order(tmp_path):
     # The agent-wide stream carries each child event once, as the child conversation's.
     child_events = [e for e in seen_by_agent if e.run_id == child_run]
     assert {e.conversation_id for e in child_events} == {linked.child_conversation_id}
-    assert [e.kind for e in child_events] == [
-        e.kind for e in events if e.run_id == child_run
-    ]
+    assert [e.kind for e in child_events] == [e.kind for e in events if e.run_id == child_run]
 
 
 # -- budgets, depth, concurrency -------------------------------------------------------------

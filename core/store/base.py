@@ -115,10 +115,10 @@ class RunRecord:
     A child run has a ``parent_run_id``, the ``parent_call_id`` of the tool
     call that started it and the ``agent`` it ran; its ``conversation_id``
     is its own (child) conversation.  A top-level run is recorded once it
-    starts a child (``agent`` ``None``: the main agent).  ``stop_reason`` and
-    ``usage`` (the run's tokens, its children's included) are set when it
-    ends; a child refused at the depth limit has no conversation and
-    ``stop_reason = "depth_limit"``.
+    starts a child (``agent`` ``None``: the main agent).  A run is recorded
+    when it ends, with its ``stop_reason`` and ``usage`` (the run's tokens,
+    its children's included); a child refused at the depth limit has no
+    conversation and ``stop_reason = "depth_limit"``.
     """
 
     run_id: str
@@ -427,13 +427,7 @@ class Store(abc.ABC):
     # -- run trees (issue 20, agents as tools; migration 9) ---------------------------------
     @abc.abstractmethod
     async def run_add(self, run: RunRecord) -> None:
-        """Record a run of a run tree (a second record of the same run id is ignored)."""
-
-    @abc.abstractmethod
-    async def run_end(
-        self, run_id: str, *, ended: float, stop_reason: str, usage: Mapping[str, int]
-    ) -> None:
-        """Record how a run ended."""
+        """Record a run of a run tree (as it ended; a record of the same run id is replaced)."""
 
     @abc.abstractmethod
     async def runs(self, conversation_id: str) -> list[RunRecord]:

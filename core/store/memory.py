@@ -158,7 +158,7 @@ class MemoryStore(Store):
             and m.run_id
             and m.run_id not in self._ended[cid]
             # A child run is not taken up again: its parent's turn is.
-            and not (m.run_id in self._runs and self._runs[m.run_id].parent_run_id)
+            and not self._conversations[cid].meta.get("parent_run_id")
         ]
         return sorted(rows, key=lambda m: m.id)[:limit]
 
@@ -333,16 +333,7 @@ class MemoryStore(Store):
 
     # -- run trees (issue 20; migration 9) -------------------------------------------------
     async def run_add(self, run: RunRecord) -> None:
-        self._runs.setdefault(run.run_id, run)
-
-    async def run_end(
-        self, run_id: str, *, ended: float, stop_reason: str, usage: Mapping[str, int]
-    ) -> None:
-        run = self._runs.get(run_id)
-        if run is not None:
-            self._runs[run_id] = dataclasses.replace(
-                run, ended=ended, stop_reason=stop_reason, usage=dict(usage)
-            )
+        self._runs[run.run_id] = run
 
     async def runs(self, conversation_id: str) -> list[RunRecord]:
         found = [

@@ -315,10 +315,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         """
         -- Run trees (agentik.core.agents): a child run (an agent called as a
         -- tool) runs in a conversation of its own, linked to the parent run,
-        -- the parent conversation and the parent's tool call.  A top-level
-        -- run gets a row once it starts a child.  usage: JSON token counts
-        -- (the run's, its children's included); ended/stop_reason are set
-        -- when it ends.  A child refused at the depth limit has no conversation.
+        -- the parent conversation and the parent's tool call; a top-level run
+        -- that started children has a row too.  A run is written when it ends
+        -- (stop_reason; usage: JSON token counts, its children's included).  A
+        -- child refused at the depth limit has no conversation.
         CREATE TABLE run (
             run_id                  TEXT PRIMARY KEY,
             conversation_id         TEXT REFERENCES conversation (id) ON DELETE CASCADE,

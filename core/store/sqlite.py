@@ -593,9 +593,9 @@ class SQLiteStore(Store):
             " WHERE m.kind = 'user' AND m.run_id IS NOT NULL AND NOT EXISTS ("
             "  SELECT 1 FROM turn_end t"
             "  WHERE t.conversation_id = m.conversation_id AND t.run_id = m.run_id)"
-            # A child run is not taken up again: its parent's turn is.
-            " AND NOT EXISTS (SELECT 1 FROM run r"
-            "  WHERE r.run_id = m.run_id AND r.parent_run_id IS NOT NULL)"
+            # A child run's conversation is not taken up again: its parent's turn is.
+            " AND NOT EXISTS (SELECT 1 FROM conversation c WHERE c.id = m.conversation_id"
+            "  AND json_extract(c.meta, '$.parent_run_id') IS NOT NULL)"
             " ORDER BY m.id LIMIT ?",
             (limit,),
         )
@@ -865,7 +865,7 @@ class SQLiteStore(Store):
     async def run_add(self, run: RunRecord) -> None:
         def fn(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT OR IGNORE INTO run (run_id, conversation_id, parent_run_id,"
+                "INSERT OR REPLACE INTO run (run_id, conversation_id, parent_run_id,"
                 " parent_conversation_id, parent_call_id, agent, depth, started, ended,"
                 " stop_reason, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -881,17 +881,6 @@ class SQLiteStore(Store):
                     run.stop_reason,
                     None if run.usage is None else json.dumps(run.usage),
                 ),
-            )
-
-        await self._write(fn)
-
-    async def run_end(
-        self, run_id: str, *, ended: float, stop_reason: str, usage: Mapping[str, int]
-    ) -> None:
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "UPDATE run SET ended = ?, stop_reason = ?, usage = ? WHERE run_id = ?",
-                (ended, stop_reason, json.dumps(dict(usage)), run_id),
             )
 
         await self._write(fn)
