@@ -18,14 +18,17 @@ from pathlib import Path
 import pytest
 
 from agentik.bot.app import load_registry
+from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.bot.builder import AgentBuilder
 from agentik.bot.config import load_config
 from agentik.core import Agent, SQLiteStore, tool
 from agentik.core.agents import AgentSpec, RunPolicy
+from agentik.core.approvals import ApprovalRule
 from agentik.core.errors import ConfigError, LLMConnectionError
 from agentik.core.hookspecs import hookimpl
 from agentik.core.messages import Usage
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.transports.testing import MemoryTransport
 from helpers import AGENTIK
 
 WAIT = 60.0  # only guards against a hang
@@ -563,3 +566,53 @@ def test_bad_agent_configuration_is_a_clear_error_naming_the_key(tmp_path, extra
     with pytest.raises(ConfigError, match=message):
         config = load_config(path)
         AgentBuilder.from_config(config, load_registry(config)).build()
+
+
+# -- in a channel -------------------------------------------------------------------------------
+
+
+async def test_in_a_channel_the_child_asks_for_approval_there_and_only_the_answer_is_posted(
+    tmp_path,
+):
+    main, child = ScriptedModel(), ScriptedModel()
+    agent = Agent(
+        llm=main,
+        profiles={"child": child},
+        store=SQLiteStore(str(tmp_path / "agents.db")),
+        tools=[lookup],
+        agents={"researcher": RESEARCHER},
+        uses=("researcher",),
+        approvals=[ApprovalRule(tools=("lookup",), approvers="user", self_approve=True)],
+    )
+    main.enqueue(
+        Reply(tool_calls=[call("agent__researcher", {"task": "what is foo?"})]),
+        "The researcher says foo means 42.",
+    )
+    child.enqueue(
+        Reply(text="Let me look.", tool_calls=[call("lookup", {"q": "foo"})]), "foo means 42"
+    )
+    await agent.start()
+    bridge = Bridge(agent)
+    t = MemoryTransport(name="mem")
+    bridge.attach(t, ChannelOptions(command_prefix="!"))
+    await t.start(bridge)
+    try:
+        asked = agent.events(kinds=["approval_requested"])
+        await t.inject("research foo", channel_key="mem:alice", author="alice", direct=True)
+        request = await asyncio.wait_for(anext(asked), WAIT)
+        assert request.name == "lookup" and request.parent_run_id is not None
+        await t.inject(f"!approve {request.approval_id}", channel_key="mem:alice",
+                       author="alice", direct=True)  # fmt: skip
+        await asyncio.wait_for(bridge.flush("mem:alice"), WAIT)
+        await asyncio.wait_for(
+            agent.services.find(request.conversation_id).wait_idle(), WAIT
+        )  # the child is done
+        await asyncio.wait_for(bridge.flush("mem:alice"), WAIT)
+    finally:
+        await bridge.aclose()
+        await agent.aclose()
+    # The channel saw the approval request (with its id) and the parent's answer only.
+    assert any(request.approval_id in text for text in t.texts())
+    assert t.texts("answer") == ["The researcher says foo means 42."]
+    assert not any("Let me look." in text or text == "foo means 42" for text in t.texts())
+    assert tool_messages(child.requests[1])[0].content == "foo means 42"
