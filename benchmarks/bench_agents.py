@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentik.core import Agent, SQLiteStore, tool
+from agentik.core import Agent, Conversation, SQLiteStore, tool
 from agentik.core.agents import AgentSpec
 from agentik.core.llm.base import LLMRequest
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
@@ -68,21 +68,23 @@ async def turns(tool_name: str, n: int, rounds: int, folder: Path) -> list[float
     )
     per_turn: list[float] = []
     async with agent:
-        conv = await agent.create_conversation(title="bench")
-        sub = conv.events(kinds=["run_stream_end"])
+        # One conversation per turn of a round, so no context grows long (each
+        # gets one turn per round): the figure is a turn's cost, not history's.
+        convs = [await agent.create_conversation(title=f"bench {i}") for i in range(n)]
+        sub = agent.events(kinds=["run_stream_end"])
 
-        async def one() -> None:
+        async def one(conv: Conversation) -> None:
             run_id = await conv.send("go")
             async for e in sub:
                 if e.run_id == run_id:
                     return
 
-        for _ in range(5):  # warm up: imports, caches, the first writes
-            await one()
+        for conv in convs[:5]:  # warm up: imports, caches, the first writes
+            await one(conv)
         for _ in range(rounds):
             c0 = time.process_time()
-            for _ in range(n):
-                await one()
+            for conv in convs:
+                await one(conv)
             per_turn.append((time.process_time() - c0) / n)
         await sub.aclose()
     return per_turn

@@ -297,7 +297,7 @@ class Agent:
     async def store_run_ended(self, node: RunNode, stop_reason: str) -> None:
         """Record a run of a run tree, ended (``stop_reason``)."""
         await self._run_store(node.conversation_id).run_add(
-            self._run_record(node, stop_reason=stop_reason)
+            self.run_record(node, stop_reason=stop_reason)
         )
 
     async def store_run_refused(
@@ -311,10 +311,11 @@ class Agent:
         )
         self.run_started(refused)
         await self._run_store(parent.conversation_id).run_add(
-            self._run_record(refused, stop_reason=stop_reason)
+            self.run_record(refused, stop_reason=stop_reason)
         )
 
-    def _run_record(self, node: RunNode, *, stop_reason: str) -> RunRecord:
+    def run_record(self, node: RunNode, *, stop_reason: str) -> RunRecord:
+        """``node``'s row of the run tree, as it ended."""
         parent = node.parent
         return RunRecord(
             run_id=node.run_id,

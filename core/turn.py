@@ -144,6 +144,8 @@ class TurnRunner:
         self._budget: asyncio.Timeout | None = None
         self._waiting_approvals = 0
         self._budget_left: float | None = None
+        #: Its row of the run tree went in with the turn's end.
+        self._run_written = False
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: type[Event], **fields: Any) -> None:
@@ -163,7 +165,12 @@ class TurnRunner:
         and the turn does not end before every write it started has settled.
         ``ended`` records the turn's end (its outcome) in the same transaction.
         """
-        fut = self.memory.append(log=log, memory=memory, run_id=self.run_id, ended=ended)
+        run = None
+        if ended is not None and self.node.stored:
+            # A run of a run tree: its row goes in with its end, one transaction.
+            run = self.services.agent.run_record(self.node, stop_reason=ended)
+            self._run_written = True
+        fut = self.memory.append(log=log, memory=memory, run_id=self.run_id, ended=ended, run=run)
         self._writes.add(fut)
         fut.add_done_callback(self._write_done)
         return fut
@@ -267,7 +274,7 @@ class TurnRunner:
     async def _run_stored(self) -> None:
         """Record the end of a run that is part of a stored run tree."""
         node = self.node
-        if node.stored:
+        if node.stored and not self._run_written:
             try:
                 await self.services.agent.store_run_ended(node, self.state.stop_reason)
             except Exception:

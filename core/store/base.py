@@ -106,6 +106,9 @@ class TurnEnd:
 
     run_id: str
     outcome: str
+    #: The run's row of its run tree, written in the same transaction (a run that
+    #: started child runs, or a child run: :mod:`agentik.core.agents`).
+    run: RunRecord | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

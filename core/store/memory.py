@@ -141,6 +141,8 @@ class MemoryStore(Store):
             entries.append(MemoryEntry(pos=(entries[-1].pos + 1) if entries else 1, message=cm))
         if ended is not None:
             self._ended[conversation_id].setdefault(ended.run_id, ended.outcome)
+            if ended.run is not None:
+                self._runs[ended.run.run_id] = ended.run
         if updated_at is not None:
             rec = self._conversations[conversation_id]
             if updated_at > rec.updated_at:

@@ -80,6 +80,29 @@ _INSERT_TURN_END = (
     "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
     " VALUES (?, ?, ?, ?)"
 )
+_INSERT_RUN = (
+    "INSERT OR REPLACE INTO run (run_id, conversation_id, parent_run_id,"
+    " parent_conversation_id, parent_call_id, agent, depth, started, ended,"
+    " stop_reason, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _run_row(run: RunRecord) -> tuple[Any, ...]:
+    return (
+        run.run_id,
+        run.conversation_id,
+        run.parent_run_id,
+        run.parent_conversation_id,
+        run.parent_call_id,
+        run.agent,
+        run.depth,
+        run.started,
+        run.ended,
+        run.stop_reason,
+        None if run.usage is None else json.dumps(run.usage),
+    )
+
+
 _OUTBOX_COLUMNS = (
     "id, channel_key, run_id, piece, transport, kind, text, reply_to, complete, state,"
     " awaits_confirm, ref, created_at"
@@ -174,6 +197,7 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
     memory_rows: list[tuple[Any, ...]] = []
     touches: list[tuple[float, str]] = []
     ends: list[tuple[Any, ...]] = []
+    runs: list[tuple[Any, ...]] = []
     results: list[list[Message]] = []
     now = time.time()
     for a in appends:
@@ -197,6 +221,8 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
             touches.append((a.updated_at, a.conversation_id))
         if a.ended is not None:
             ends.append((a.conversation_id, a.ended.run_id, a.ended.outcome, now))
+            if a.ended.run is not None:
+                runs.append(_run_row(a.ended.run))
         results.append(stored)
     if message_rows:
         conn.executemany(_INSERT_MESSAGE, message_rows)
@@ -206,6 +232,8 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
         conn.executemany(_TOUCH, touches)
     if ends:
         conn.executemany(_INSERT_TURN_END, ends)
+    if runs:
+        conn.executemany(_INSERT_RUN, runs)
     return results
 
 
@@ -864,24 +892,7 @@ class SQLiteStore(Store):
     # -- run trees (issue 20; migration 9) -------------------------------------------------
     async def run_add(self, run: RunRecord) -> None:
         def fn(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT OR REPLACE INTO run (run_id, conversation_id, parent_run_id,"
-                " parent_conversation_id, parent_call_id, agent, depth, started, ended,"
-                " stop_reason, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run.run_id,
-                    run.conversation_id,
-                    run.parent_run_id,
-                    run.parent_conversation_id,
-                    run.parent_call_id,
-                    run.agent,
-                    run.depth,
-                    run.started,
-                    run.ended,
-                    run.stop_reason,
-                    None if run.usage is None else json.dumps(run.usage),
-                ),
-            )
+            conn.execute(_INSERT_RUN, _run_row(run))
 
         await self._write(fn)
 
