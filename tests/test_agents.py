@@ -616,3 +616,20 @@ async def test_in_a_channel_the_child_asks_for_approval_there_and_only_the_answe
     assert t.texts("answer") == ["The researcher says foo means 42."]
     assert not any("Let me look." in text or text == "foo means 42" for text in t.texts())
     assert tool_messages(child.requests[1])[0].content == "foo means 42"
+
+
+async def test_a_child_that_runs_out_of_its_time_budget_gives_the_parent_an_error(tmp_path):
+    spec = AgentSpec(model="child", time_budget=0.2)  # its model never answers
+    agent, main, child = make_agent(tmp_path, agents={"researcher": spec})
+    main.enqueue(Reply(tool_calls=[call("agent__researcher", {"task": "wait"})]), "gave up")
+    child.enqueue(Reply(text="never", gate=asyncio.Event()))
+    async with agent:
+        conv = await agent.conversation_for_channel("stdio:test")
+        sub = conv.events()
+        run_id = await conv.send("go")
+        events = await tree_events(sub, run_id)
+
+    ends = {e.run_id == run_id: e.stop_reason for e in events if e.kind == "turn_ended"}
+    assert ends == {False: "time_budget", True: "stop"}
+    (result,) = tool_messages(main.requests[1])
+    assert result.is_error and result.content == "error: agent researcher ran out of time"
