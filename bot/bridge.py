@@ -1238,6 +1238,11 @@ class Bridge(AgentAccess):
         renderer = _Renderer(self, ch)
         assert ch.subscription is not None
         async for event in ch.subscription:
+            if event.parent_run_id is not None and event.kind not in _CHILD_KINDS:
+                # A child run's event (an agent called as a tool), relayed into
+                # this conversation's stream: its answer reaches the channel
+                # through the parent's; its tokens are counted in the parent's usage.
+                continue
             try:
                 await renderer.on_event(event)
             except Exception:
@@ -1252,6 +1257,9 @@ class Bridge(AgentAccess):
                     ch.changed.notify_all()
 
 
+#: A child run's events the channel sees: its tool calls that wait for a person.
+_CHILD_KINDS = frozenset({"approval_requested", "approval_resolved"})
+
 #: Event kinds a channel not set to ``events = "debug"`` is rendered from.
 _CHAT_KINDS = PROFILES["chat"]
 
@@ -1259,6 +1267,7 @@ _CHAT_KINDS = PROFILES["chat"]
 _STOP_NOTICES = {
     "length": "(answer cut: too long)",
     "tool_limit": "(stopped: tool call limit)",
+    "token_budget": "(stopped: token budget used up)",
 }
 
 

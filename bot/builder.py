@@ -27,9 +27,11 @@ from typing import Any, Protocol, Self
 
 from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolicy
 from agentik.core.agent import AgentSettings
+from agentik.core.agents import AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
 from agentik.core.background import MemoryWorker
 from agentik.core.compaction import CompactionPolicy
+from agentik.core.errors import PluginError
 from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
 from agentik.core.memory import MemoryBackend, NoMemory
 from agentik.core.memory.markdown import MarkdownMemory
@@ -112,6 +114,9 @@ class AgentBuilder:
         self._policy = TurnPolicy()
         self._event_buffer = AgentSettings().event_buffer
         self._approvals: list[ApprovalRule] = []
+        self._agents: dict[str, AgentSpec] = {}
+        self._uses: tuple[str, ...] = ()
+        self._runs = RunPolicy()
 
     def llm(self, backend: LLMBackend) -> Self:
         self._llm = backend
@@ -190,6 +195,18 @@ class AgentBuilder:
         self._approvals.extend(rules)
         return self
 
+    def agents(self, agents: Mapping[str, AgentSpec], *, uses: tuple[str, ...] = ()) -> Self:
+        """Named agents (called as tools ``agent__<name>``); ``uses``: the ones the
+        main agent may call."""
+        self._agents = dict(agents)
+        self._uses = tuple(uses)
+        return self
+
+    def runs(self, policy: RunPolicy) -> Self:
+        """Limits of run trees (depth, concurrent child runs, token budgets)."""
+        self._runs = policy
+        return self
+
     def event_buffer(self, size: int) -> Self:
         self._event_buffer = size
         return self
@@ -254,6 +271,9 @@ class AgentBuilder:
             on_start=on_start,
             approvals=self._approvals,
             profiles=self._profiles,
+            agents=self._agents,
+            uses=self._uses,
+            run_policy=self._runs,
         )
 
     def persona(self, config: Config) -> Self:
@@ -303,6 +323,27 @@ class AgentBuilder:
         b.policy(config.tools)
         b.event_buffer(config.agent.event_buffer)
         b.approvals(*config.approvals)
+        agents: dict[str, AgentSpec] = {}
+        for name, spec in registry.agents.items():
+            if not isinstance(spec, AgentSpec):
+                raise PluginError(f"agent {name!r}: a plugin registered a {type(spec).__name__},"
+                                  " not an AgentSpec")  # fmt: skip
+            agents[name] = spec
+        for name, spec in config.agents.items():  # the file's win over a plugin's
+            if spec.soul:
+                spec = dataclasses.replace(spec, soul=config.resolve_path(spec.soul))  # type: ignore[type-var]
+            agents[name] = spec
+        for where, uses in [("agent.uses", config.agent.uses)] + [
+            (f"agents.{n}.uses", s.uses) for n, s in agents.items()
+        ]:
+            for used in uses:
+                if used not in agents:
+                    known = ", ".join(agents) or "none defined"
+                    raise ConfigError(
+                        f"{config.source}: {where}: no agent {used!r} (agents: {known})"
+                    )
+        b.agents(agents, uses=config.agent.uses)
+        b.runs(config.runs)
         return b
 
 

@@ -46,7 +46,7 @@ import time
 from importlib.metadata import version
 from typing import Any
 
-from agentik.core import AgentikError, ConfigError, SQLiteStore
+from agentik.core import AgentikError, ConfigError, SQLiteStore, Store
 from agentik.core.errors import NotFound
 
 from .config import Config, MissingVar, load_config
@@ -646,7 +646,10 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
             for r in records:
                 n = await store.count_messages(r.id)
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.updated_at))
-                print(f"{r.id}  {when}  {n:>6} msgs  {r.title}")
+                # A child run's conversation (an agent called as a tool) is marked.
+                parent = r.meta.get("parent_conversation_id")
+                mark = f"  ↳ child of {parent} ({r.meta.get('agent')})" if parent else ""
+                print(f"{r.id}  {when}  {n:>6} msgs  {r.title}{mark}")
             return 0
         record = await store.get_conversation(args.id)
         if record is None:
@@ -681,7 +684,78 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
             print(f"# {record.title or record.id}\n")
         for m in messages:
             print(_render_message(m, markdown=markdown))
+        if not markdown:
+            tree = await _run_tree(store, args.id, messages)
+            if tree:
+                print("run tree:")
+                print("\n".join(tree))
         return 0
+
+
+def _tokens(usage: dict[str, int] | None) -> str:
+    if not usage:
+        return ""
+    total = usage.get("total_tokens") or usage.get("prompt_tokens", 0) + usage.get(
+        "completion_tokens", 0
+    )
+    return f" · {total} tokens"
+
+
+async def _run_tree(store: Store, conversation_id: str, messages: list[Any]) -> list[str]:
+    """The run tree of a conversation: its runs, their tool calls and, under each
+    agent call, the child run it started (recursively), with stop reasons and usage."""
+    runs = await store.runs(conversation_id)
+    if not runs:
+        return []
+    lines: list[str] = []
+    children: dict[str | None, list[Any]] = {}
+    for r in runs:
+        children.setdefault(r.parent_call_id if r.parent_run_id else None, []).append(r)
+
+    def head(r: Any) -> str:
+        who = r.agent or "main"
+        return f"{r.run_id} {who}: {r.stop_reason or 'running'}{_tokens(r.usage)}"
+
+    async def calls(run_id: str, msgs: list[Any], kids: dict[str | None, list[Any]],
+                    indent: str) -> None:  # fmt: skip
+        for m in msgs:
+            if m.kind != "tool_call" or m.run_id != run_id:
+                continue
+            started = kids.get(m.tool_call_id, [])
+            if not started:
+                lines.append(f"{indent}· {m.tool_name} [{m.tool_call_id}]")
+            for child in started:
+                where = f" · conversation {child.conversation_id}" if child.conversation_id else ""
+                lines.append(f"{indent}└ {m.tool_name} [{m.tool_call_id}] → {head(child)}{where}")
+                if child.conversation_id:
+                    await subtree(child, indent + "    ")
+
+    async def subtree(run: Any, indent: str) -> None:
+        sub = await store.runs(run.conversation_id)
+        kids: dict[str | None, list[Any]] = {}
+        for r in sub:
+            if r.parent_run_id == run.run_id:
+                kids.setdefault(r.parent_call_id, []).append(r)
+        msgs = await store.messages(run.conversation_id, kinds=["tool_call"], limit=10_000)
+        await calls(run.run_id, msgs, kids, indent)
+
+    by_run = {r.run_id: r for r in runs}
+    for r in runs:
+        if r.conversation_id != conversation_id:
+            continue
+        if r.parent_run_id is None:
+            lines.append(f"{r.run_id} (main): {r.stop_reason or 'running'}{_tokens(r.usage)}")
+        else:
+            parent = by_run.get(r.parent_run_id)
+            up = f" (child of {r.parent_run_id} in {r.parent_conversation_id})"
+            lines.append(head(r) + ("" if parent else up))
+        kids: dict[str | None, list[Any]] = {
+            call: [c for c in started if c.parent_run_id == r.run_id]
+            for call, started in children.items()
+            if call is not None
+        }
+        await calls(r.run_id, messages, kids, "  ")
+    return lines
 
 
 async def _memory(args: argparse.Namespace, config: Config) -> int:

@@ -38,6 +38,7 @@ from pydantic import (
 
 from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.agent import AgentSettings
+from agentik.core.agents import AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
 from agentik.core.budgets import BudgetSettings
 from agentik.core.compaction import CompactionPolicy
@@ -64,6 +65,7 @@ __all__ = [
     "LITERT_ENV",
     "AccessSection",
     "AgentSection",
+    "AgentSpec",
     "ApprovalRule",
     "ChannelSettings",
     "CompactionSection",
@@ -410,6 +412,11 @@ class Config(_Section):
     approvals: list[ApprovalRule] = Field(default_factory=list)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    #: Named agents, called as tools (``[agents.<name>]``; ``[agent] uses`` lists
+    #: the ones the main agent may call).
+    agents: dict[str, AgentSpec] = Field(default_factory=dict)
+    #: Limits of run trees: depth, concurrent child runs, token budgets.
+    runs: RunPolicy = Field(default_factory=RunPolicy)
     #: Usage limits per role, channel and unverified speakers (issue 19).
     budgets: BudgetSettings = Field(default_factory=BudgetSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
@@ -593,6 +600,12 @@ def parse_config(
         errors += exc.errors()
     if not errors:
         known = ("default", *config.llm.profiles)
+        for name, spec in config.agents.items():
+            if spec.model is not None and spec.model not in known:
+                raise ConfigError(
+                    f"{source}: agents.{name}.model: no profile {spec.model!r}; "
+                    f"profiles: {', '.join(known)} (define [llm.profiles.{spec.model}])"
+                )
         for pattern, chan in config.channels.items():
             if chan.model is not None and chan.model not in known:
                 raise ConfigError(

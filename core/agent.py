@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
+from .agents import AGENT_NAME, AgentSpec, AgentTool, RunNode, RunPolicy, Runs
 from .approvals import ApprovalRule, Approvals
 from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation
@@ -28,7 +29,8 @@ from .observe import RequestStats
 from .questions import Questions, builtin_tools
 from .services import AgentServices, AgentState, kinds_of
 from .settings import settings_dataclass
-from .store.base import ConversationRecord, Store
+from .soul import read_soul
+from .store.base import ConversationRecord, RunRecord, Store
 from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
 from .tools.base import Tool, TurnPolicy
@@ -43,10 +45,12 @@ class AgentSettings:
     """The agent's own settings (the core part of the ``[agent]`` section).
 
     ``event_buffer``: how many recent events each conversation keeps for
-    reconnecting subscribers.
+    reconnecting subscribers.  ``uses``: the named agents (``[agents.<name>]``)
+    the main agent may call, each as the tool ``agent__<name>``.
     """
 
     event_buffer: int = Field(1024, ge=16)
+    uses: tuple[str, ...] = ()
 
 
 _DEFAULTS = AgentSettings()
@@ -102,6 +106,9 @@ class Agent:
         on_start: Iterable[Callable[[Agent], Awaitable[None]]] = (),
         approvals: Approvals | Iterable[ApprovalRule] | None = None,
         profiles: Mapping[str, LLMBackend] | None = None,
+        agents: Mapping[str, AgentSpec] | None = None,
+        uses: Iterable[str] = (),
+        run_policy: RunPolicy | None = None,
     ) -> None:
         self.llm = llm
         #: Named model profiles (``[llm.profiles.<name>]``): more backends a
@@ -132,6 +139,18 @@ class Agent:
         self._tools: dict[str, Tool] = {}
         for t in (*tools, *self.memory.tools(), *builtin_tools(self.policy)):
             self.add_tool(t)
+        #: Named agents (``[agents.<name>]``), each offered as the tool ``agent__<name>``
+        #: to the agents that use it (:mod:`agentik.core.agents`).
+        self.agents: dict[str, AgentSpec] = dict(agents or {})
+        #: The agents the main agent may call.
+        self.uses: tuple[str, ...] = tuple(uses)
+        #: Limits of run trees (depth, concurrent children, token budgets).
+        self.run_policy = run_policy or RunPolicy()
+        #: The runs going on now, as a tree (:class:`~agentik.core.agents.Runs`).
+        self.runs = Runs(self)
+        #: Each named agent's system prompt (its ``system_prompt`` and ``soul``).
+        self.agent_prompts: dict[str, str | None] = {}
+        self._add_agents()
         self.toolsets = list(toolsets)
         self._background_fns = list(background)
         self._on_start = list(on_start)
@@ -243,11 +262,84 @@ class Agent:
                     tools.append(t)
         return tools
 
+    def _add_agents(self) -> None:
+        known = self.agents
+        for name, spec in known.items():
+            if not AGENT_NAME.fullmatch(name):
+                raise ConfigError(
+                    f"agents.{name}: not a usable agent name (a letter, then letters,"
+                    " digits, _ or -; at most 48)"
+                )
+            for used in spec.uses:
+                if used not in known:
+                    raise ConfigError(f"agents.{name}.uses: no agent {used!r}{_known(known)}")
+            try:
+                soul = read_soul(spec.soul) if spec.soul else None
+            except ConfigError as exc:
+                raise ConfigError(
+                    str(exc).replace("agent.soul", f"agents.{name}.soul", 1)
+                ) from None
+            prompt = "\n\n".join(p for p in (spec.system_prompt, soul) if p)
+            self.agent_prompts[name] = prompt or None
+            self.add_tool(AgentTool(self, name, spec))
+        for used in self.uses:
+            if used not in known:
+                raise ConfigError(f"agent.uses: no agent {used!r}{_known(known)}")
+
     def add_tool(self, tool: Tool) -> None:
         """Offer ``tool`` to the model; names must be unique."""
         if tool.name in self._tools:
             raise ConfigError(f"two tools are named {tool.name!r}")
         self._tools[tool.name] = tool
+
+    # -- the run tree (agentik.core.agents) ---------------------------------------------
+    def _run_store(self, conversation_id: str) -> Store:
+        conv = self.services.find(conversation_id)
+        return self._temp_store if conv is not None and conv.temp else self.store
+
+    def run_started(self, node: RunNode) -> None:
+        """A child run started: it and its parent are recorded in the run tree when
+        they end (one write each; a child's conversation says whose child it is)."""
+        node.stored = True
+        if node.parent is not None:
+            node.parent.stored = True
+
+    async def store_run_ended(self, node: RunNode, stop_reason: str) -> None:
+        """Record a run of a run tree, ended (``stop_reason``)."""
+        await self._run_store(node.conversation_id).run_add(
+            self.run_record(node, stop_reason=stop_reason)
+        )
+
+    async def store_run_refused(
+        self, parent: RunNode, agent: str, call_id: str | None, stop_reason: str
+    ) -> None:
+        """Record a child run that was not started (``stop_reason`` says why)."""
+        from .conversation import new_run_id
+
+        refused = RunNode(
+            new_run_id(), "", agent=agent, parent=parent, depth=parent.depth + 1, call_id=call_id
+        )
+        self.run_started(refused)
+        await self._run_store(parent.conversation_id).run_add(
+            self.run_record(refused, stop_reason=stop_reason)
+        )
+
+    def run_record(self, node: RunNode, *, stop_reason: str) -> RunRecord:
+        """``node``'s row of the run tree, as it ended."""
+        parent = node.parent
+        return RunRecord(
+            run_id=node.run_id,
+            conversation_id=node.conversation_id or None,
+            parent_run_id=parent.run_id if parent else None,
+            parent_conversation_id=parent.conversation_id if parent else None,
+            parent_call_id=node.call_id,
+            agent=node.agent,
+            depth=node.depth,
+            started=node.started,
+            ended=time.time(),
+            stop_reason=stop_reason,
+            usage=node.usage.to_dict(),
+        )
 
     # -- conversations ---------------------------------------------------------------
     def _wrap(
@@ -425,3 +517,7 @@ class Agent:
         return self.services.subscribe(
             after=after, kinds=kinds_of(profile, kinds), max_pending=max_pending
         )
+
+
+def _known(agents: Mapping[str, AgentSpec]) -> str:
+    return f" (agents: {', '.join(agents)})" if agents else " (no [agents.<name>] is defined)"

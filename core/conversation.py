@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ClosedError, PromptRefused
 from .eventbus import Subscription
-from .events import Compacted, TextDelta, TurnEnded, TurnStarted
+from .events import Compacted, RunStreamEnd, TextDelta, TurnEnded, TurnStarted
 from .hooks import Refuse
 from .messages import ChatMessage, Message, MessageKind, NewMessage
 from .services import AgentServices, ConversationEvents, ConversationParts, kinds_of
@@ -41,7 +41,14 @@ if TYPE_CHECKING:
     from .agent import Agent
     from .questions import Question
 
-__all__ = ["RESUME_MODES", "Capabilities", "Conversation", "ConversationState", "ResumeMode"]
+__all__ = [
+    "RESUME_MODES",
+    "Capabilities",
+    "Conversation",
+    "ConversationState",
+    "ResumeMode",
+    "new_run_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +99,8 @@ RESUME_MODES: tuple[str, ...] = ("answer", "note", "drop")
 MAX_SPEAKERS = 32
 
 
-def _new_run_id() -> str:
+def new_run_id() -> str:
+    """A fresh run id (``run_`` and 20 hex digits)."""
     return f"run_{uuid.uuid4().hex[:20]}"
 
 
@@ -128,6 +136,9 @@ class Conversation:
         #: The model profile (``[llm.profiles.<name>]``) this conversation's turns
         #: use; ``None``: the agent's main backend.  Read at each request.
         self.llm_profile: str | None = None
+        #: Replaces the agent's system prompt in this conversation's requests (a
+        #: named agent's own prompt, for a child run); ``None``: the agent's.
+        self.system_prompt: str | None = None
         self.state = ConversationState.OPEN
         self._store = store
         self._queue: deque[_Pending | _Job] = deque()
@@ -228,6 +239,7 @@ class Conversation:
         author_id: str | None = None,
         channel: str | None = None,
         allow_tool: Callable[[str], bool] | None = None,
+        run_id: str | None = None,
     ) -> str:
         """Record ``content`` as a user message and queue a turn; return its run id.
 
@@ -242,6 +254,7 @@ class Conversation:
         When the running turn waits for an answer (``ask_user``) that this
         author may give, ``content`` answers it instead (see :meth:`answer`) and
         the waiting turn's run id is returned.
+        ``run_id``: the turn's run id, when the caller picked it (a child run's).
         """
         self._check_open()
         if not isinstance(content, str):
@@ -255,7 +268,7 @@ class Conversation:
         if isinstance(outcome, Refuse):
             raise PromptRefused(outcome.message)
         content = outcome
-        run_id = _new_run_id()
+        run_id = run_id or new_run_id()
         now = time.time()
         entry = NewMessage(
             kind="user",
@@ -373,11 +386,13 @@ class Conversation:
             )
         except Exception:
             emit(TurnEnded, m.run_id, stop_reason="error")
+            emit(RunStreamEnd, m.run_id)
             raise
         emit(TextDelta, m.run_id, text=text)
         await self._services.approvals.run_ended(self.parts, m.run_id or "")
         await self._services.questions.run_ended(self.parts, m.run_id or "")
         emit(TurnEnded, m.run_id, stop_reason="stop", text=text)
+        emit(RunStreamEnd, m.run_id)
 
     async def _resume_drop(self, m: Message, outcome: str) -> None:
         await self._store.append(self.id, ended=TurnEnd(m.run_id or "", outcome))
@@ -552,6 +567,13 @@ class Conversation:
         await self._idle.wait()
 
     # -- events ---------------------------------------------------------------
+    def link(self, *, parent_run_id: str, relay_to: ConversationEvents) -> None:
+        """Make this a child run's conversation: its events name ``parent_run_id``
+        as their parent and are relayed into ``relay_to`` (the parent's stream)."""
+        events = self._event_stream()
+        events.parent_run_id = parent_run_id
+        events.relay_to = relay_to
+
     def _event_stream(self) -> ConversationEvents:
         if self._events is None:
             # It holds this conversation: while subscribed to, it stays in memory.

@@ -51,6 +51,7 @@ __all__ = [
     "ReasoningDelta",
     "ReasoningStarted",
     "ResponseStarted",
+    "RunStreamEnd",
     "TextDelta",
     "TodoUpdated",
     "ToolCallEnded",
@@ -68,9 +69,20 @@ __all__ = [
 #: the turn's ``max_answer_chars`` (``length``), was interrupted, ran out of
 #: its time budget, failed, a plugin aborted it (``aborted``, from the
 #: ``after_response`` hook), or the model kept calling tools after the turn's
-#: tool calls were used up (``tool_limit``).
+#: tool calls were used up (``tool_limit``), a token budget of the run or of its
+#: run tree was used up (``token_budget``), or a child run was refused because
+#: the run tree is as deep as allowed (``depth_limit``, recorded for the refused
+#: child in the run tree).
 StopReason = Literal[
-    "stop", "length", "interrupted", "time_budget", "error", "aborted", "tool_limit"
+    "stop",
+    "length",
+    "interrupted",
+    "time_budget",
+    "error",
+    "aborted",
+    "tool_limit",
+    "token_budget",
+    "depth_limit",
 ]
 
 
@@ -150,11 +162,26 @@ class ToolCallEnded(EventBase):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ChildRunLinked(EventBase):
-    """A child run (sub-agent) was started for the tool call ``call_id``."""
+    """A child run (sub-agent) was started for the tool call ``call_id``.
+
+    Emitted by the parent run (``run_id``) in the parent's conversation;
+    ``agent`` is the called agent's name and ``child_conversation_id`` the
+    conversation the child runs in (its events are also relayed into the
+    parent's stream, carrying ``run_id = child_run_id``).
+    """
 
     kind: Literal["child_run_linked"] = field(default="child_run_linked", init=False)
     child_run_id: str
     call_id: str | None = None
+    agent: str | None = None
+    child_conversation_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunStreamEnd(EventBase):
+    """No more events will appear for the run ``run_id`` (after its ``turn_ended``)."""
+
+    kind: Literal["run_stream_end"] = field(default="run_stream_end", init=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -356,6 +383,7 @@ Event = (
     | ToolCallStarted
     | ToolCallEnded
     | ChildRunLinked
+    | RunStreamEnd
     | TurnEnded
     | Interrupted
     | Error
@@ -408,7 +436,8 @@ PROFILES: dict[str, frozenset[str]] = {
         "todo_updated",
         "tool_progress",
     },
-    "metrics": _LIFECYCLE | {"tool_call_ended", "child_run_linked", "approval_resolved"},
+    "metrics": _LIFECYCLE
+    | {"tool_call_ended", "child_run_linked", "run_stream_end", "approval_resolved"},
 }
 
 

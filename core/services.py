@@ -25,6 +25,7 @@ handed in (as in pydantic-ai's run graph):
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import time
@@ -235,7 +236,15 @@ class ConversationEvents:
     ``closed``: the conversation is closing; subscribers end at once.
     """
 
-    __slots__ = ("_bus", "_services", "conversation_id", "owner", "seq")
+    __slots__ = (
+        "_bus",
+        "_services",
+        "conversation_id",
+        "owner",
+        "parent_run_id",
+        "relay_to",
+        "seq",
+    )
 
     def __init__(
         self,
@@ -250,6 +259,11 @@ class ConversationEvents:
         self._services = services
         #: The number of the last event emitted.
         self.seq = 0
+        #: A child run's conversation: the run its events name as their parent,
+        #: and the parent conversation's stream they are relayed into
+        #: (:mod:`agentik.core.agents`).
+        self.parent_run_id: str | None = None
+        self.relay_to: ConversationEvents | None = None
         self._bus = EventBus(key=lambda e: e.seq, lost=self._lost, buffer=services.event_buffer)
         if closed:
             self._bus.close()
@@ -264,9 +278,15 @@ class ConversationEvents:
         )
 
     def emit(self, cls: type[E], run_id: str | None, **fields: Any) -> E:
-        """Create an event of type ``cls`` for turn ``run_id`` and publish it."""
+        """Create an event of type ``cls`` for turn ``run_id`` and publish it.
+
+        In a child run's conversation the event carries the parent run's id
+        and is relayed into the parent conversation's stream too.
+        """
         services = self._services
         self.seq += 1
+        if "parent_run_id" not in fields:
+            fields["parent_run_id"] = self.parent_run_id
         event = cls(
             conversation_id=self.conversation_id,
             run_id=run_id,
@@ -280,7 +300,21 @@ class ConversationEvents:
         bus.publish(event)
         services.account(self.conversation_id, bus.buffer, len(bus.buffer) - before)
         services.publish(event)
+        if self.relay_to is not None:
+            self.relay_to.relay(event)
         return event
+
+    def relay(self, event: Event) -> None:
+        """Put a descendant run's ``event`` in this stream (renumbered as this
+        conversation's; not on the agent-wide stream, which has it already)."""
+        self.seq += 1
+        copy = dataclasses.replace(event, conversation_id=self.conversation_id, seq=self.seq)
+        bus = self._bus
+        before = len(bus.buffer)
+        bus.publish(copy)
+        self._services.account(self.conversation_id, bus.buffer, len(bus.buffer) - before)
+        if self.relay_to is not None:
+            self.relay_to.relay(event)
 
     def subscribe(
         self,

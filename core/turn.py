@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .agents import AGENT_TOOL_PREFIX
 from .errors import ContextTooLong, LLMError, StoreError, ToolError
 from .events import (
     Error,
@@ -31,6 +32,7 @@ from .events import (
     ReasoningDelta,
     ReasoningStarted,
     ResponseStarted,
+    RunStreamEnd,
     TextDelta,
     ToolCallEnded,
     ToolCallStarted,
@@ -54,7 +56,7 @@ from .observe import RequestStats
 from .tools.base import Tool, ToolContext, ToolResult, TurnPolicy, spec_of
 
 if TYPE_CHECKING:
-    from .events import Event
+    from .events import Event, StopReason
     from .services import ConversationParts
 
 __all__ = ["TurnRunner"]
@@ -107,14 +109,33 @@ class TurnRunner:
         self.run_id = run_id
         self.message = message
         self.policy = policy
-        # The speaker's rights narrow the policy: a tool they may not use is not offered.
+        #: This run in the agent's run tree (limits inherited from its parent run).
+        self.node = node = self.services.agent.runs.enter(run_id, parts.id)
+        node.allow_tool = allow_tool
+        if node.parent is None:
+            data = message.data if isinstance(message.data, dict) else {}
+            node.author, node.author_id = message.author, data.get("author_id")
+            node.channel = self.conv.channel_key
+        uses = self.services.agent.runs.uses(node) if self.services.agent.agents else ()
+        # The speaker's rights narrow the policy: a tool they may not use is not
+        # offered, nor an agent this run's agent does not use.
         self.tools = {
             t.name: t
             for t in policy.visible(tools)
             if (allow_tool is None or allow_tool(t.name))
             # A tool that waits for a person (ask_user) is not offered where nobody can answer.
             and not (parts.conversation.temp and getattr(t, "waits_for_human", False))
+            and (
+                not t.name.startswith(AGENT_TOOL_PREFIX) or t.name[len(AGENT_TOOL_PREFIX) :] in uses
+            )
         }
+        #: Tools not offered to the model (agents, at the run tree's depth limit):
+        #: a call still reaches them, and they refuse it.
+        self.hidden: frozenset[str] = (
+            frozenset(n for n in self.tools if n.startswith(AGENT_TOOL_PREFIX))
+            if uses and self.services.agent.runs.at_depth_limit(node)
+            else frozenset()
+        )
         self.state = _State(tools_exhausted=policy.max_tool_calls <= 0)
         self.interrupt_requested = False
         #: True when ``send`` already put the user message in working memory.
@@ -129,6 +150,8 @@ class TurnRunner:
         self._budget_left: float | None = None
         #: When the current model request's first item came (request observers).
         self._first_item: float | None = None
+        #: Its row of the run tree went in with the turn's end.
+        self._run_written = False
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: type[Event], **fields: Any) -> None:
@@ -148,7 +171,12 @@ class TurnRunner:
         and the turn does not end before every write it started has settled.
         ``ended`` records the turn's end (its outcome) in the same transaction.
         """
-        fut = self.memory.append(log=log, memory=memory, run_id=self.run_id, ended=ended)
+        run = None
+        if ended is not None and self.node.stored:
+            # A run of a run tree: its row goes in with its end, one transaction.
+            run = self.services.agent.run_record(self.node, stop_reason=ended)
+            self._run_written = True
+        fut = self.memory.append(log=log, memory=memory, run_id=self.run_id, ended=ended, run=run)
         self._writes.add(fut)
         fut.add_done_callback(self._write_done)
         return fut
@@ -196,6 +224,7 @@ class TurnRunner:
                 )
             async with asyncio.timeout(self.policy.time_budget) as budget:
                 self._budget = budget
+                self.node.deadline = budget.when()
                 await self._steps()
         except TimeoutError:
             await self._keep_partial("interrupted", "time budget exceeded", ended="time_budget")
@@ -216,6 +245,7 @@ class TurnRunner:
             )
             self.state.stop_reason = "interrupted"
             if not self.interrupt_requested:
+                await asyncio.shield(self._run_stored())
                 self._end(started)
                 raise
             task = asyncio.current_task()
@@ -244,7 +274,17 @@ class TurnRunner:
                 Error, message=f"internal error: {type(exc).__name__}", error_type="internal"
             )
         await self._approvals_done()
+        await self._run_stored()  # before the end is announced: readers find it
         self._end(started)
+
+    async def _run_stored(self) -> None:
+        """Record the end of a run that is part of a stored run tree."""
+        node = self.node
+        if node.stored and not self._run_written:
+            try:
+                await self.services.agent.store_run_ended(node, self.state.stop_reason)
+            except Exception:
+                log.exception("run %s: could not record its end in the run tree", self.run_id)
 
     async def _approvals_done(self) -> None:
         """The turn ended: approvals and questions a restart left for it that it did
@@ -317,14 +357,22 @@ class TurnRunner:
         log.info("conversation %s: resuming run %s after a restart", self.parts.id, self.run_id)
 
     def _end(self, started: float) -> None:
-        self._emit(
+        node = self.node
+        ended = self.events.emit(
             TurnEnded,
+            self.run_id,
             stop_reason=self.state.stop_reason,
-            usage=self.state.usage,
+            # The run's own model usage and its child runs'.
+            usage=node.usage,
             text=self.state.final_text,
             tool_calls=self.state.tool_calls,
             duration=time.monotonic() - started,
         )
+        if node.ended is not None and not node.ended.done():
+            node.ended.set_result(ended)
+        self._emit(RunStreamEnd)
+        if node.parent is None:
+            self.services.agent.runs.leave(self.run_id)
 
     async def _keep_partial(
         self, status: MessageStatus, why: str, *, ended: str | None = None
@@ -374,11 +422,16 @@ class TurnRunner:
     async def _steps(self) -> None:
         services = self.services
         while True:
+            if self.node.over_budget():
+                # Used up (this run's or an ancestor's budget, perhaps by a child
+                # run): no further model request.
+                await self._end_early("", [], "token_budget")
+                return
             no_tools = self.state.tools_exhausted
             offered = (
                 []
                 if no_tools or not services.llm_for(self.conv).supports_tools
-                else [spec_of(t) for t in self.tools.values()]
+                else [spec_of(t) for t in self.tools.values() if t.name not in self.hidden]
             )
             request, backend = await self._fitted_request(offered)
             hold = services.hooks.implemented("after_response")
@@ -404,7 +457,10 @@ class TurnRunner:
             if calls and no_tools:
                 # Asked for an answer without tools, the model called tools
                 # again: end here rather than loop until the time budget.
-                await self._end_at_tool_limit(text, calls)
+                await self._end_early(text, calls, "tool_limit")
+                return
+            if calls and self.node.over_budget():
+                await self._end_early(text, calls, "token_budget")
                 return
             if not calls:
                 self.state.partial.clear()
@@ -469,11 +525,16 @@ class TurnRunner:
         marker = {"_cut": f"arguments too large ({len(call.arguments)} characters); not run"}
         return dataclasses.replace(call, arguments=json.dumps(marker))
 
-    async def _end_at_tool_limit(self, text: str, calls: list[ToolCall]) -> None:
-        """End the turn (``tool_limit``): the calls are logged, refused and not run."""
+    def _limit_text(self, reason: str) -> str:
+        if reason == "tool_limit":
+            return f"the tool call limit ({self.policy.max_tool_calls} per turn) was reached"
+        return "the token budget was used up"
+
+    async def _end_early(self, text: str, calls: list[ToolCall], reason: StopReason) -> None:
+        """End the turn at a limit (``reason``): the calls are logged, refused and not run."""
         self.state.partial.clear()
-        cap = self.policy.max_tool_calls
-        refusal = f"error: not run: the tool call limit ({cap} per turn) was reached"
+        why = self._limit_text(reason)
+        refusal = f"error: not run: {why}"
         rows = [self._new("assistant", content=text)] if text else []
         for c in calls:
             rows.append(
@@ -490,20 +551,16 @@ class TurnRunner:
             )
         # The working memory gets no dangling calls: just the answer so far, or
         # a note that the turn stopped, so the next turn starts from a valid context.
-        note = f"(stopped: the tool call limit of {cap} per turn was reached)"
+        note = f"(stopped: {why})"
         self.state.final_text = text[: self.policy.max_answer_chars]
         await self._append(
             log=rows,
             memory=[ChatMessage(role="assistant", content=self._answer_for_memory(text) or note)],
-            ended="tool_limit",
+            ended=reason,
         )
         await self._settled()
-        log.info(
-            "conversation %s run %s: the model called tools past the limit; turn ended",
-            self.conv.id,
-            self.run_id,
-        )
-        self.state.stop_reason = "tool_limit"
+        log.info("conversation %s run %s: %s; turn ended", self.conv.id, self.run_id, why)
+        self.state.stop_reason = reason
 
     async def _settled(self) -> None:
         """Wait until every write of this turn is committed (compaction reads the store)."""
@@ -513,7 +570,8 @@ class TurnRunner:
 
     def _system(self) -> str | None:
         """The agent's system prompt, then the conversation's addition (if any)."""
-        base, extra = self.services.system_prompt, self.conv.system_addition
+        base = self.conv.system_prompt or self.services.system_prompt
+        extra = self.conv.system_addition
         return "\n\n".join(p for p in (base, extra) if p) or None
 
     def _request(self, offered: list[ToolSpec]) -> LLMRequest:
@@ -629,6 +687,7 @@ class TurnRunner:
                     calls.append(item.call)
                 elif isinstance(item, UsageItem):
                     self.state.usage = self.state.usage + item.usage
+                    self.node.add_usage(item.usage)
                 elif isinstance(item, FinishItem):
                     finish = item.reason
         return "".join(partial), calls, finish

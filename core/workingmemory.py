@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from .messages import ChatMessage, Message, NewMessage
-from .store.base import MemoryEntry, Store, TurnEnd
+from .store.base import MemoryEntry, RunRecord, Store, TurnEnd
 
 __all__ = ["Queued", "WorkingMemory"]
 
@@ -132,12 +132,14 @@ class WorkingMemory:
         memory: Sequence[ChatMessage] = (),
         run_id: str = "",
         ended: str | None = None,
+        run: RunRecord | None = None,
     ) -> asyncio.Future[list[Message]]:
         """Write to both logs in one transaction; the cache is extended at once.
 
         The write runs in its own task (it lands even if the caller is
         cancelled while waiting); ``ended`` records the end of turn
-        ``run_id`` (its outcome) in the same transaction.
+        ``run_id`` (its outcome) in the same transaction, with ``run``, its
+        row of a run tree.
         """
         self.extend(memory)
         return asyncio.ensure_future(
@@ -146,7 +148,7 @@ class WorkingMemory:
                 log=log,
                 memory=memory,
                 updated_at=time.time(),
-                ended=TurnEnd(run_id, ended) if ended else None,
+                ended=TurnEnd(run_id, ended, run) if ended else None,
             )
         )
 

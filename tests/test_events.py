@@ -29,7 +29,14 @@ SAMPLES = [
     ev.ToolCallEnded(
         **ENVELOPE, call_id="call_1", name="add", result="2", is_error=True, duration=0.5
     ),
-    ev.ChildRunLinked(**ENVELOPE, child_run_id="run_2", call_id="call_1"),
+    ev.ChildRunLinked(
+        **ENVELOPE,
+        child_run_id="run_2",
+        call_id="call_1",
+        agent="researcher",
+        child_conversation_id="c2",
+    ),
+    ev.RunStreamEnd(**ENVELOPE),
     ev.TurnEnded(
         **ENVELOPE,
         stop_reason="length",

@@ -542,7 +542,8 @@ async def test_a_client_that_stops_reading_is_cut_off_and_never_slows_the_agent(
     # About 2.4 MB of events per turn: more than the kernel's socket buffers
     # and uvicorn's hold for a client that reads nothing.
     big, chunks, turns = "x" * 4000, 300, 4
-    per_turn = chunks + 3  # turn_started, response_started, the deltas, turn_ended
+    # turn_started, response_started, the deltas, turn_ended, run_stream_end
+    per_turn = chunks + 4
     async with running_server(db_path, settings={"subscriber_queue": 64}) as server:
         # Answers this big are cut by default (max_answer_chars): allow them here.
         server.agent.policy = TurnPolicy(max_answer_chars=len(big) * chunks)
@@ -556,8 +557,8 @@ async def test_a_client_that_stops_reading_is_cut_off_and_never_slows_the_agent(
                 async with sse(c, path + "/events") as fast:
                     for i in range(turns):
                         await c.post(path + "/messages", json={"content": f"turn {i}"})
-                        done = await fast.until("turn_ended", timeout=60)
-                        assert len(done) == per_turn and done[-1].data["text"] == big * chunks
+                        done = await fast.until("run_stream_end", timeout=60)
+                        assert len(done) == per_turn and done[-2].data["text"] == big * chunks
                 # Every turn ended while the stalled client read nothing.  Now it
                 # reads: what was already on its way, then the notice, then the end.
                 got = await SSEReader(slow).rest(timeout=60)
