@@ -1020,7 +1020,12 @@ class Bridge(AgentAccess):
             return
         name = words[0].lower()
         try:
-            value = parse_setting(name, words[1:], profiles=self.settings.profiles)
+            value = parse_setting(
+                name,
+                words[1:],
+                profiles=self.settings.profiles,
+                stream_profiles=self.agent.stream_profiles,
+            )
         except SettingError as exc:
             await say(f"{prefix}set{' ' if name in SETTING_KEYS else ': '}{exc}")
             return

@@ -38,6 +38,9 @@ from agentik.core.plugins import Registry
 from agentik.core.settings import is_file_path, plain_values, setting_fields, validate_settings
 from agentik.core.skills import SkillSet, load_skills
 from agentik.core.soul import fetch_soul, is_url, read_soul
+from agentik.core.streamprofiles import StreamProfile
+from agentik.core.streamprofiles import resolve_profiles as resolve_stream_profiles
+from agentik.core.tools.passthrough import PassthroughSpec, PassthroughToolset
 
 from .config import LITERT_ENV, Config, auto_backend, reveal
 
@@ -111,6 +114,8 @@ class AgentBuilder:
         self._policy = TurnPolicy()
         self._event_buffer = AgentSettings().event_buffer
         self._approvals: list[ApprovalRule] = []
+        self._stream_profiles: dict[str, StreamProfile] = {}
+        self._passthrough: list[PassthroughSpec] = []
 
     def llm(self, backend: LLMBackend) -> Self:
         self._llm = backend
@@ -119,6 +124,16 @@ class AgentBuilder:
     def profiles(self, backends: Mapping[str, LLMBackend]) -> Self:
         """Named model profiles: backends a conversation can use instead of :meth:`llm`."""
         self._profiles = dict(backends)
+        return self
+
+    def stream_profiles(self, profiles: Mapping[str, StreamProfile]) -> Self:
+        """Event stream profiles subscribers may name, beside the built-in ones."""
+        self._stream_profiles = dict(profiles)
+        return self
+
+    def passthrough(self, *specs: PassthroughSpec) -> Self:
+        """Tools that call another tool (of this agent) directly, with fixed arguments."""
+        self._passthrough.extend(specs)
         return self
 
     def storage(self, store: Store) -> Self:
@@ -223,12 +238,17 @@ class AgentBuilder:
         tools = list(self._tools)
         if self._skills is not None:
             tools += self._skills.tools()
+        toolsets: list[Any] = list(self._toolsets)
+        if self._passthrough:
+            assert self._memory is not None
+            sources = [*tools, *self._memory.tools(), *toolsets]
+            toolsets.append(PassthroughToolset(self._passthrough, sources))
         return Agent(
             llm=self._llm,
             store=self._store,
             memory=self._memory,
             tools=tools,
-            toolsets=self._toolsets,
+            toolsets=toolsets,
             system_prompt=compose(self._soul),
             policy=self._policy,
             event_buffer=self._event_buffer,
@@ -238,6 +258,7 @@ class AgentBuilder:
             on_start=on_start,
             approvals=self._approvals,
             profiles=self._profiles,
+            stream_profiles=self._stream_profiles,
         )
 
     @classmethod
@@ -282,6 +303,8 @@ class AgentBuilder:
         b.policy(config.tools)
         b.event_buffer(config.agent.event_buffer)
         b.approvals(*config.approvals)
+        b.stream_profiles(resolve_stream_profiles(config.profiles))
+        b.passthrough(*config.passthrough)
         return b
 
 

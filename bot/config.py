@@ -46,8 +46,10 @@ from agentik.core.errors import ConfigError
 from agentik.core.memory import MemorySettings
 from agentik.core.settings import Blank, describe_error, setting_fields, settings_dataclass
 from agentik.core.store.sqlite import SQLiteSettings
+from agentik.core.streamprofiles import StreamProfileSettings, resolve_profiles
 from agentik.core.tools.base import TurnPolicy
 from agentik.core.tools.mcp import MCPServerConfig
+from agentik.core.tools.passthrough import PassthroughSpec
 
 from .channel import ChannelOptions
 from .chansettings import ChannelSettings
@@ -405,6 +407,11 @@ class Config(_Section):
     #: Usage limits per role, channel and unverified speakers (issue 19).
     budgets: BudgetSettings = Field(default_factory=BudgetSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
+    #: Event stream profiles of your own (``[profiles.<name>]``), beside the built-in
+    #: ``chat``, ``debug`` and ``metrics``.
+    profiles: dict[str, StreamProfileSettings] = Field(default_factory=dict)
+    #: ``[[passthrough]]``: tools that call another tool directly, with fixed arguments.
+    passthrough: list[PassthroughSpec] = Field(default_factory=list)
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 
@@ -551,6 +558,27 @@ def parse_config(
                     f'{source}: channels."{pattern}".model: no profile {chan.model!r}; '
                     f"profiles: {', '.join(known)} (define [llm.profiles.{chan.model}])"
                 )
+        try:
+            resolve_profiles(config.profiles)
+            names = [p.name for p in config.passthrough]
+            for i, name in enumerate(names):
+                if name in names[:i]:
+                    raise ConfigError(f"passthrough[{i}].name: two passthrough tools are named {name!r}")
+            for pattern, chan in config.channels.items():
+                if chan.profile is not None and chan.profile not in resolve_profiles(config.profiles):
+                    raise ConfigError(
+                        f'channels."{pattern}".profile: no profile {chan.profile!r}'
+                        f" (profiles: {', '.join(resolve_profiles(config.profiles))})"
+                    )
+            for tname, tsec in config.transports.items():
+                tprofile = getattr(tsec, "profile", None)
+                if tprofile is not None and tprofile not in resolve_profiles(config.profiles):
+                    raise ConfigError(
+                        f"transports.{tname}.profile: no profile {tprofile!r}"
+                        f" (profiles: {', '.join(resolve_profiles(config.profiles))})"
+                    )
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
         try:
             # Identity patterns name transport instances: checked against this file's.
             AccessPolicy(config.access, {n: t.type for n, t in config.transports.items()})

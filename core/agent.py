@@ -23,7 +23,8 @@ from .keyedlocks import KeyedLocks
 from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
 from .messages import Message
-from .services import AgentServices, AgentState, kinds_of
+from .services import AgentServices, AgentState, profile_of
+from .streamprofiles import BUILTIN_PROFILES, StreamProfile
 from .settings import settings_dataclass
 from .store.base import ConversationRecord, Store
 from .store.memory import MemoryStore
@@ -99,8 +100,15 @@ class Agent:
         on_start: Iterable[Callable[[Agent], Awaitable[None]]] = (),
         approvals: Approvals | Iterable[ApprovalRule] | None = None,
         profiles: Mapping[str, LLMBackend] | None = None,
+        stream_profiles: Mapping[str, StreamProfile] | None = None,
     ) -> None:
         self.llm = llm
+        #: Event stream profiles subscribers may name (``chat``, ``debug``,
+        #: ``metrics`` and ``[profiles.<name>]``; see :mod:`agentik.core.streamprofiles`).
+        self.stream_profiles: dict[str, StreamProfile] = {
+            **BUILTIN_PROFILES,
+            **(stream_profiles or {}),
+        }
         #: Named model profiles (``[llm.profiles.<name>]``): more backends a
         #: conversation can use instead of :attr:`llm` (see :meth:`llm_for`).
         self.profiles: dict[str, LLMBackend] = dict(profiles or {})
@@ -404,7 +412,7 @@ class Agent:
         self,
         *,
         after: int | None = None,
-        profile: str = "debug",
+        profile: str | StreamProfile = "debug",
         kinds: Iterable[str] | None = None,
         max_pending: int | None = None,
     ) -> Subscription:
@@ -413,5 +421,7 @@ class Agent:
         ``after`` is a ``stream_seq``; otherwise as :meth:`Conversation.events`.
         """
         return self.services.subscribe(
-            after=after, kinds=kinds_of(profile, kinds), max_pending=max_pending
+            after=after,
+            profile=profile_of(self.stream_profiles, profile, kinds),
+            max_pending=max_pending,
         )

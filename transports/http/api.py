@@ -350,10 +350,15 @@ class Api:
         return int(raw)
 
     def _profile(self, request: Request) -> str:
+        """The stream profile named by ``?profile=`` (default ``debug``): a built-in
+        or a ``[profiles.<name>]`` of the configuration."""
         profile = request.query_params.get("profile") or "debug"
-        if profile not in PROFILES:
+        known = getattr(self.agent, "stream_profiles", PROFILES)
+        if profile not in known:
             raise ApiError(
-                422, "invalid_parameter", f"profile must be one of {', '.join(sorted(PROFILES))}"
+                422,
+                "invalid_parameter",
+                f"profile must be one of {', '.join(sorted(known))} (no profile {profile[:64]!r})",
             )
         return profile
 
