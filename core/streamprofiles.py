@@ -143,7 +143,7 @@ BUILTIN_PROFILES: dict[str, StreamProfile] = {
 }
 
 
-ProfileName = Annotated[str, Field(pattern=PROFILE_NAME.pattern)]
+ProfileName = Annotated[str, Field(pattern=f"^{PROFILE_NAME.pattern}$")]
 
 
 @settings_dataclass

@@ -39,7 +39,7 @@ from .base import Tool, ToolContext, ToolResult
 
 __all__ = ["PassthroughSpec", "PassthroughTool", "PassthroughToolset"]
 
-_TOOL_NAME = r"[A-Za-z0-9_-]{1,64}"
+_TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
 @settings_dataclass
@@ -114,6 +114,16 @@ class PassthroughTool:
             )
         merged = {**self.spec.defaults, **arguments, **self.spec.arguments}
         schema = target.parameters or {"type": "object"}
+        props = schema.get("properties")
+        if isinstance(props, dict) and schema.get("additionalProperties") in (None, False):
+            # Servers often ignore what they do not know; a caller's typo should not
+            # silently change nothing.
+            unknown = sorted(k for k in merged if k not in props)
+            if unknown:
+                known = ", ".join(sorted(k for k in props if k not in self.spec.arguments))
+                raise ToolError(
+                    f"{self.name}: unknown argument {unknown[0][:64]!r} (arguments: {known or 'none'})"
+                )
         try:
             cls = jsonschema.validators.validator_for(schema)
             cls.check_schema(schema)

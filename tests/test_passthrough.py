@@ -1,0 +1,160 @@
+"""Passthrough tools (``[[passthrough]]``): a tool that calls an MCP tool of the in-suite
+MCP server (tests/mcp_server.py, a real stdio subprocess) directly, with fixed
+arguments and the caller's validated against the target's JSON Schema."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentik.bot.builder import AgentBuilder, mcp_toolset
+from agentik.bot.config import parse_config
+from agentik.core import SQLiteStore
+from agentik.core.errors import ConfigError
+from agentik.core.events import ToolCallEnded
+from agentik.core.memory import NoMemory
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
+
+SERVER = str(Path(__file__).with_name("mcp_server.py"))
+
+CONFIG = {
+    "mcp": {"servers": [{"name": "calc", "command": sys.executable, "args": [SERVER], "timeout": 20}]},
+    "passthrough": [
+        {
+            "name": "add_ten",
+            "tool": "calc__add",
+            "description": "Add ten to a number",
+            "arguments": {"b": 10},
+        },
+        {"name": "nap", "tool": "calc__slow", "defaults": {"seconds": 0}},
+        {"name": "ghost", "tool": "calc__no_such_tool"},
+    ],
+}
+
+
+async def run_turn(tmp_path, *calls) -> tuple[ScriptedModel, list[ToolCallEnded]]:
+    config = parse_config(CONFIG)
+    model = ScriptedModel()
+    builder = (
+        AgentBuilder()
+        .llm(model)
+        .storage(SQLiteStore(str(tmp_path / "agent.db")))
+        .memory(NoMemory())
+        .toolset(mcp_toolset(config))
+        .passthrough(*config.passthrough)
+    )
+    model.enqueue(Reply(tool_calls=list(calls)))
+    model.enqueue(Reply(text="done"))
+    async with builder.build() as agent:
+        conv = await agent.create_conversation()
+        events = conv.events(kinds=["tool_call_ended", "turn_ended"])
+        await conv.send("go")
+        ended: list[ToolCallEnded] = []
+        async for e in events:
+            if e.kind == "turn_ended":
+                break
+            ended.append(e)
+        await events.aclose()
+    return model, ended
+
+
+async def test_a_passthrough_tool_is_offered_and_reaches_the_mcp_server(tmp_path):
+    model, ended = await run_turn(tmp_path, call("add_ten", {"a": 5}, id="k1"))
+    offered = {t.name: t for t in model.requests[0].tools}
+    # Offered with the target's schema minus the fixed argument; a tool whose
+    # target does not exist is not offered.
+    assert offered["add_ten"].description == "Add ten to a number"
+    assert set(offered["add_ten"].parameters["properties"]) == {"a"}
+    assert offered["add_ten"].parameters["required"] == ["a"]
+    assert "ghost" not in offered
+    # A defaulted argument becomes optional.
+    assert "required" not in offered["nap"].parameters or "seconds" not in offered["nap"].parameters[
+        "required"
+    ]
+    # The MCP server did the sum: 5 + the fixed 10.
+    assert [(e.name, e.result, e.is_error) for e in ended] == [("add_ten", "15", False)]
+    # One model request for the call, one for the answer: the passthrough itself asks no model.
+    assert len(model.requests) == 2
+    tool_msg = next(m for m in model.requests[1].messages if m.role == "tool")
+    assert tool_msg.content == "15"
+
+
+async def test_defaults_apply_and_the_caller_may_override_them(tmp_path):
+    started = tmp_path / "started"
+    _, ended = await run_turn(
+        tmp_path,
+        call("nap", {"started": str(started)}, id="k1"),
+        call("nap", {"seconds": 0.01}, id="k2"),
+    )
+    assert {e.call_id: e.result for e in ended} == {"k1": "slept 0.0", "k2": "slept 0.01"}
+    assert started.read_text() == "started"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"seconds": "long", "started": "FILE"}, "nap: argument 'seconds': 'long' is not of type"),
+        ({"started": 5, "seconds": 0}, "nap: argument 'started': 5 is not of type 'string'"),
+        ({"started": "FILE", "oops": 1}, "nap: unknown argument 'oops' (arguments: seconds, started)"),
+    ],
+)
+async def test_a_bad_argument_is_a_clear_tool_error_and_the_target_is_not_called(
+    tmp_path, arguments, message
+):
+    started = tmp_path / "started"
+    arguments = {k: str(started) if v == "FILE" else v for k, v in arguments.items()}
+    _, ended = await run_turn(tmp_path, call("nap", arguments, id="k1"))
+    [e] = ended
+    assert e.is_error and message in e.result, e.result
+    assert not started.exists()  # the MCP tool never ran
+
+
+async def test_fixed_arguments_cannot_be_changed_and_required_ones_are_named(tmp_path):
+    _, ended = await run_turn(
+        tmp_path,
+        call("add_ten", {"a": 1, "b": 3}, id="k1"),
+        call("add_ten", {}, id="k2"),
+        call("add_ten", {"a": 1, "b": 10}, id="k3"),
+    )
+    by_id = {e.call_id: e for e in ended}
+    assert by_id["k1"].is_error and "argument 'b' is fixed by the configuration" in by_id["k1"].result
+    assert by_id["k2"].is_error
+    assert "add_ten: arguments: 'a' is a required property" in by_id["k2"].result
+    # Giving the fixed value itself is not an error.
+    assert (by_id["k3"].result, by_id["k3"].is_error) == ("11", False)
+
+
+def test_bad_passthrough_declarations_name_the_key():
+    with pytest.raises(ConfigError, match=r"passthrough\.0\.tool"):
+        parse_config({"passthrough": [{"name": "x"}]})
+    with pytest.raises(ConfigError, match=r"passthrough\.0\.name"):
+        parse_config({"passthrough": [{"name": "bad name!", "tool": "t"}]})
+    with pytest.raises(ConfigError, match=r"passthrough\.0\.argumentz"):
+        parse_config({"passthrough": [{"name": "x", "tool": "t", "argumentz": {}}]})
+    with pytest.raises(ConfigError, match=r"passthrough\[1\]\.name: two passthrough tools"):
+        parse_config({"passthrough": [{"name": "x", "tool": "t"}, {"name": "x", "tool": "u"}]})
+
+
+def test_a_fixed_argument_that_does_not_fit_the_schema_is_reported_without_its_value():
+    from agentik.core.tools.base import FunctionTool
+    from agentik.core.errors import ToolError
+    from agentik.core.tools.passthrough import PassthroughSpec, PassthroughToolset
+
+    async def target(token: str) -> str:
+        return token
+
+    t = FunctionTool(
+        target,
+        name="t",
+        parameters={"type": "object", "properties": {"token": {"type": "string"}}},
+    )
+    spec = PassthroughSpec(name="p", tool="t", arguments={"token": 123456789})
+    [p] = PassthroughToolset([spec], [t]).tools()
+    with pytest.raises(ToolError) as info:
+        p.prepare({})  # type: ignore[attr-defined]
+    assert "configured argument 'token'" in str(info.value)
+    assert "123456789" not in str(info.value)
+    assert json.dumps(p.parameters) == json.dumps({"type": "object", "properties": {}})
