@@ -45,9 +45,9 @@ from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.eventbus import Subscription
 from agentik.core.events import (
-    PROFILES,
     ApprovalRequested,
     ApprovalResolved,
+    ChildRunLinked,
     Error,
     Event,
     TurnEnded,
@@ -56,6 +56,7 @@ from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.settings import setting_fields
 from agentik.core.store.base import OutboxEntry
+from agentik.core.streamprofiles import BUILTIN_PROFILES, StreamProfile
 from agentik.transports.base import (
     Action,
     AgentAccess,
@@ -1176,7 +1177,9 @@ class Bridge(AgentAccess):
                 await renderer.on_event(event)
             except Exception:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
-            if event.kind == "turn_ended":
+            if event.kind == "turn_ended" and event.parent_run_id is None:
+                # A child run's usage is its parent's business (the parent's turn
+                # ends later and is what the channel's budget counts).
                 await self._budget_turn_ended(event, ch.key)
                 ch.run_reply_to.pop(event.run_id or "", None)
                 ch.run_asker.pop(event.run_id or "", None)
@@ -1185,8 +1188,23 @@ class Bridge(AgentAccess):
                     ch.changed.notify_all()
 
 
-#: Event kinds a channel not set to ``events = "debug"`` is rendered from.
-_CHAT_KINDS = PROFILES["chat"]
+#: Tools that run a sub-agent (``agent__<name>``): their call shows as the child
+#: run's one line (``→ researcher: …``), not as a tool line.
+AGENT_TOOL_PREFIX = "agent__"
+
+#: Longest task text shown on a child run's line.
+_CHILD_TASK_CHARS = 100
+
+
+@dataclass(slots=True)
+class _ChildRun:
+    """A child run seen in a channel: who, how deep, the root (channel) run, its text."""
+
+    agent: str
+    depth: int
+    root: str | None
+    buffer: str = ""
+
 
 #: Turns that ended early get a short notice after what was said.
 _STOP_NOTICES = {
@@ -1209,6 +1227,21 @@ class _Renderer:
         #: Streamed answer (deltas) on an outbox transport: its row and text.
         self.stream_id: int | None = None
         self.stream_text: list[str] = []
+        #: Arguments of this turn's tool calls, by call id (a child run's task).
+        self.call_args: dict[str, tuple[str, str]] = {}
+        #: Child runs seen, by run id.
+        self.children: dict[str, _ChildRun] = {}
+
+    @property
+    def profile(self) -> StreamProfile:
+        """The stream profile the channel is rendered from: its ``profile`` setting,
+        else ``debug`` when ``events`` is ``debug``, else ``chat``."""
+        named = self.ch.options.profile
+        if named is not None:
+            found = self.bridge.agent.stream_profiles.get(named)
+            if found is not None:
+                return found
+        return BUILTIN_PROFILES["debug" if self.ch.options.events == "debug" else "chat"]
 
     @property
     def events(self) -> str:
@@ -1217,7 +1250,13 @@ class _Renderer:
 
     @property
     def debug(self) -> bool:
-        return self.ch.options.events == "debug"
+        return self.ch.options.events == "debug" or self.ch.options.profile == "debug"
+
+    @property
+    def child_lines(self) -> bool:
+        """Whether a child run gets its one line: unless the channel asked for
+        ``answers`` only (``auto`` shows it, even in a shared channel)."""
+        return self.events != "answers"
 
     @property
     def tool_lines(self) -> bool:
@@ -1329,14 +1368,93 @@ class _Renderer:
             if line:
                 await self._line(line, run_id)
 
-    async def on_event(self, e: Event) -> None:
-        if not self.debug and e.kind not in _CHAT_KINDS:
-            return  # what the chat profile does not carry
+    def _task_line(self, link: ChildRunLinked) -> str:
+        """``→ researcher: looking up the release notes…`` (the task, one line, trimmed)."""
+        name, arguments = self.call_args.get(link.call_id or "", ("", "{}"))
+        agent = link.agent or name.removeprefix(AGENT_TOOL_PREFIX) or "sub-agent"
+        task = _task_text(arguments)
+        if len(task) > _CHILD_TASK_CHARS:
+            task = task[: _CHILD_TASK_CHARS - 1].rstrip()
+        return f"→ {agent}: {task}…" if task else f"→ {agent}…"
+
+    def _link(self, e: ChildRunLinked) -> _ChildRun:
+        parent = self.children.get(e.run_id or "")
+        name, _ = self.call_args.get(e.call_id or "", ("", "{}"))
+        child = _ChildRun(
+            agent=e.agent or name.removeprefix(AGENT_TOOL_PREFIX) or "sub-agent",
+            depth=parent.depth + 1 if parent else 1,
+            root=parent.root if parent else e.run_id,
+        )
+        self.children[e.child_run_id] = child
+        return child
+
+    async def _child_event(self, e: Event) -> None:
+        """An event of a child run, shown nested (only profiles with ``child_runs``
+        bring them): prefixed lines, never part of the channel's answer."""
+        child = self.children.get(e.run_id or "")
+        if child is None:  # its link was not seen (joined late): one level down
+            child = self.children[e.run_id or ""] = _ChildRun(
+                agent="sub-agent", depth=1, root=e.parent_run_id
+            )
+        prefix = "  " * (child.depth - 1) + f"↳ {child.agent}: "
+        root = child.root
+
+        async def say(text: str) -> None:
+            for line in split_lines(
+                prefix + text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars
+            ):
+                if line:
+                    await self._out(line, "notice", root)
+
+        if e.kind == "text_delta":
+            child.buffer += e.text
+            while "\n" in child.buffer:
+                line, child.buffer = child.buffer.split("\n", 1)
+                if line.strip():
+                    await say(line)
+        elif e.kind == "tool_call_started":
+            self.call_args[e.call_id] = (e.name, e.arguments)
+            if not e.name.startswith(AGENT_TOOL_PREFIX):
+                await say(f"⚙ {e.name}({_short_args(e.arguments)})")
+        elif e.kind == "tool_call_ended":
+            result = e.result.replace("\n", " ")[:160]
+            verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"
+            await say(f"⚙ {e.name} {verb}: {result}")
+        elif e.kind == "child_run_linked":
+            self._link(e)
+            await say(self._task_line(e))
+        elif e.kind == "reasoning_delta":
+            await say(f"(thinking) {e.text}")
+        elif e.kind == "error":
+            await say(" ".join(e.message.split())[:300])
+        elif e.kind in ("turn_ended", "interrupted", "run_stream_end"):
+            rest, child.buffer = child.buffer, ""
+            if rest.strip():
+                await say(rest)
+            if e.kind == "turn_ended":
+                u = e.usage
+                await say(
+                    f"done: {e.stop_reason}, {u.prompt_tokens}+{u.completion_tokens} tokens,"
+                    f" {e.tool_calls} tool calls"
+                )
+            elif e.kind == "interrupted":
+                await say("(interrupted)")
+
+    async def on_event(self, event: Event) -> None:
+        admitted = self.profile.admit(event)
+        if admitted is None:
+            return  # what the channel's profile does not carry
+        e = admitted
+        if e.parent_run_id is not None:
+            # A child run's events never touch the channel's answer.
+            await self._child_event(e)
+            return
         mode = self.caps.streaming
         run = e.run_id
         if e.kind == "turn_started":
             self.buffer, self.lines_sent, self.had_text = "", 0, False
             self.piece, self.stream_id, self.stream_text = 0, None, []
+            self.call_args, self.children = {}, {}
         elif e.kind == "response_started":
             # A new model step: keep its text apart from the previous step's.
             if self.had_text:
@@ -1365,9 +1483,16 @@ class _Renderer:
         elif e.kind == "reasoning_delta":
             await self._out(f"(thinking) {e.text}", "notice", run)
         elif e.kind == "tool_call_started":
-            if self.tool_lines:
+            self.call_args[e.call_id] = (e.name, e.arguments)
+            if self.tool_lines and not e.name.startswith(AGENT_TOOL_PREFIX):
                 args = _short_args(e.arguments)
                 await self._out(f"⚙ {e.name}({args})", "notice", run)
+        elif e.kind == "child_run_linked":
+            self._link(e)
+            if self.child_lines:
+                # Whatever the answer streamed so far stays above the line.
+                await self._flush(run)
+                await self._out(self._task_line(e), "notice", run)
         elif e.kind == "tool_call_ended" and (e.is_error or self.debug) and self.tool_lines:
             result = e.result.replace("\n", " ")[:160]
             verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"
@@ -1566,6 +1691,21 @@ def _article(role: str) -> str:
     if role == "user":
         return "anyone here"
     return f"{'an' if role[:1].lower() in 'aeiou' else 'a'} {role}"
+
+
+def _task_text(arguments: str) -> str:
+    """A child run's task from its tool call's arguments (``task``, else the first
+    text argument), on one line."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return ""
+    if not isinstance(args, dict):
+        return ""
+    task = args.get("task")
+    if not isinstance(task, str):
+        task = next((v for v in args.values() if isinstance(v, str)), "")
+    return " ".join(task.split())
 
 
 def _short_args(arguments: str, limit: int = 80) -> str:

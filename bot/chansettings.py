@@ -40,8 +40,8 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field
 
 from agentik.core.settings import settings_dataclass
-from agentik.core.streamprofiles import PROFILE_NAME
 from agentik.core.store.base import ChannelSetting, Store
+from agentik.core.streamprofiles import PROFILE_NAME
 from agentik.transports.base import IncomingMessage, Transport
 
 from .channel import ChannelOptions

@@ -563,9 +563,13 @@ def parse_config(
             names = [p.name for p in config.passthrough]
             for i, name in enumerate(names):
                 if name in names[:i]:
-                    raise ConfigError(f"passthrough[{i}].name: two passthrough tools are named {name!r}")
+                    raise ConfigError(
+                        f"passthrough[{i}].name: two passthrough tools are named {name!r}"
+                    )
             for pattern, chan in config.channels.items():
-                if chan.profile is not None and chan.profile not in resolve_profiles(config.profiles):
+                if chan.profile is not None and chan.profile not in resolve_profiles(
+                    config.profiles
+                ):
                     raise ConfigError(
                         f'channels."{pattern}".profile: no profile {chan.profile!r}'
                         f" (profiles: {', '.join(resolve_profiles(config.profiles))})"

@@ -24,11 +24,11 @@ from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
 from .messages import Message
 from .services import AgentServices, AgentState, profile_of
-from .streamprofiles import BUILTIN_PROFILES, StreamProfile
 from .settings import settings_dataclass
 from .store.base import ConversationRecord, Store
 from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
+from .streamprofiles import BUILTIN_PROFILES, StreamProfile
 from .tools.base import Tool, TurnPolicy
 
 __all__ = ["Agent", "AgentSettings", "AgentState"]

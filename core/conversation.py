@@ -32,8 +32,8 @@ from .events import Compacted, TextDelta, TurnEnded, TurnStarted
 from .hooks import Refuse
 from .messages import ChatMessage, Message, MessageKind, NewMessage
 from .services import AgentServices, ConversationEvents, ConversationParts, profile_of
-from .streamprofiles import StreamProfile
 from .store.base import ConversationRecord, Store, TurnEnd
+from .streamprofiles import StreamProfile
 from .tools.base import TurnPolicy
 from .turn import TurnRunner
 from .workingmemory import WorkingMemory
@@ -535,8 +535,9 @@ class Conversation:
         of the agent (``chat``, ``debug``, ``metrics`` or a ``[profiles.<name>]``;
         :mod:`~agentik.core.streamprofiles`) or is a
         :class:`~agentik.core.streamprofiles.StreamProfile`; an unknown name
-        raises ``UnknownProfileError`` (a ``ValueError``); ``kinds`` overrides it.  ``max_pending`` bounds how far
-        this subscriber may fall behind before it is told and cut off.
+        raises ``UnknownProfileError`` (a ``ValueError``); ``kinds`` overrides
+        it.  ``max_pending`` bounds how far this subscriber may fall behind
+        before it is told and cut off.
         """
         return self._event_stream().subscribe(
             after=after,

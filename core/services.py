@@ -49,8 +49,14 @@ if TYPE_CHECKING:
     from .llm.base import LLMBackend
     from .tools.base import Tool, TurnPolicy
 
-__all__ = ["AgentServices", "AgentState", "ConversationEvents", "ConversationParts", "kinds_of",
-           "profile_of"]
+__all__ = [
+    "AgentServices",
+    "AgentState",
+    "ConversationEvents",
+    "ConversationParts",
+    "kinds_of",
+    "profile_of",
+]
 
 E = TypeVar("E", bound=Event)
 

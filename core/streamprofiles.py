@@ -28,7 +28,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 from pydantic import Field
 
@@ -62,7 +62,7 @@ def known_kinds() -> frozenset[str]:
     """Every event kind there is (``kind`` of each class of :data:`~.events.Event`)."""
     from .events import EVENT_TYPES
 
-    return frozenset(cls.__dataclass_fields__["kind"].default for cls in EVENT_TYPES)
+    return frozenset(cast(str, cls.__dataclass_fields__["kind"].default) for cls in EVENT_TYPES)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,12 +87,13 @@ class StreamProfile:
 
     def admit(self, event: Event) -> Event | None:
         """``event`` as this profile's subscriber sees it, or ``None`` if it does not."""
-        if self.kinds is not None and event.kind not in self.kinds:
+        kind: str = event.kind
+        if self.kinds is not None and kind not in self.kinds:
             return None
         if not self.child_runs and event.parent_run_id is not None:
             return None
         if not self.usage:
-            if event.kind == "usage":
+            if kind == "usage":
                 return None
             if event.kind == "turn_ended":
                 return dataclasses.replace(event, usage=Usage())
@@ -188,7 +189,9 @@ def resolve_profiles(
     out: dict[str, StreamProfile] = dict(BUILTIN_PROFILES)
     for name in declared:
         if name in BUILTIN_PROFILES:
-            raise ConfigError(f"{where}.{name}: {name!r} is a built-in profile; choose another name")
+            raise ConfigError(
+                f"{where}.{name}: {name!r} is a built-in profile; choose another name"
+            )
         if not PROFILE_NAME.fullmatch(name):
             raise ConfigError(
                 f"{where}.{name}: not a usable profile name (a letter, then letters, digits, _ . -)"

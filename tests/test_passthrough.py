@@ -21,7 +21,9 @@ from agentik.core.testing.scripted import Reply, ScriptedModel, call
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 
 CONFIG = {
-    "mcp": {"servers": [{"name": "calc", "command": sys.executable, "args": [SERVER], "timeout": 20}]},
+    "mcp": {
+        "servers": [{"name": "calc", "command": sys.executable, "args": [SERVER], "timeout": 20}]
+    },
     "passthrough": [
         {
             "name": "add_ten",
@@ -71,9 +73,10 @@ async def test_a_passthrough_tool_is_offered_and_reaches_the_mcp_server(tmp_path
     assert offered["add_ten"].parameters["required"] == ["a"]
     assert "ghost" not in offered
     # A defaulted argument becomes optional.
-    assert "required" not in offered["nap"].parameters or "seconds" not in offered["nap"].parameters[
-        "required"
-    ]
+    assert (
+        "required" not in offered["nap"].parameters
+        or "seconds" not in offered["nap"].parameters["required"]
+    )
     # The MCP server did the sum: 5 + the fixed 10.
     assert [(e.name, e.result, e.is_error) for e in ended] == [("add_ten", "15", False)]
     # One model request for the call, one for the answer: the passthrough itself asks no model.
@@ -98,7 +101,10 @@ async def test_defaults_apply_and_the_caller_may_override_them(tmp_path):
     [
         ({"seconds": "long", "started": "FILE"}, "nap: argument 'seconds': 'long' is not of type"),
         ({"started": 5, "seconds": 0}, "nap: argument 'started': 5 is not of type 'string'"),
-        ({"started": "FILE", "oops": 1}, "nap: unknown argument 'oops' (arguments: seconds, started)"),
+        (
+            {"started": "FILE", "oops": 1},
+            "nap: unknown argument 'oops' (arguments: seconds, started)",
+        ),
     ],
 )
 async def test_a_bad_argument_is_a_clear_tool_error_and_the_target_is_not_called(
@@ -120,7 +126,9 @@ async def test_fixed_arguments_cannot_be_changed_and_required_ones_are_named(tmp
         call("add_ten", {"a": 1, "b": 10}, id="k3"),
     )
     by_id = {e.call_id: e for e in ended}
-    assert by_id["k1"].is_error and "argument 'b' is fixed by the configuration" in by_id["k1"].result
+    assert (
+        by_id["k1"].is_error and "argument 'b' is fixed by the configuration" in by_id["k1"].result
+    )
     assert by_id["k2"].is_error
     assert "add_ten: arguments: 'a' is a required property" in by_id["k2"].result
     # Giving the fixed value itself is not an error.
@@ -139,8 +147,8 @@ def test_bad_passthrough_declarations_name_the_key():
 
 
 def test_a_fixed_argument_that_does_not_fit_the_schema_is_reported_without_its_value():
-    from agentik.core.tools.base import FunctionTool
     from agentik.core.errors import ToolError
+    from agentik.core.tools.base import FunctionTool
     from agentik.core.tools.passthrough import PassthroughSpec, PassthroughToolset
 
     async def target(token: str) -> str:

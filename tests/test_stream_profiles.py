@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from childruns import CHILD_ANSWER, CHILD_TEXT, child_agent_tool
 
 from agentik.bot.config import parse_config
 from agentik.core import Agent, SQLiteStore
@@ -21,7 +22,6 @@ from agentik.core.streamprofiles import (
 )
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 
-from childruns import CHILD_ANSWER, CHILD_TEXT, child_agent_tool
 from httpserver import SSEMessage, SSEReader, running_server, sse
 
 PROFILES_TOML = {
@@ -55,7 +55,10 @@ def delegating_turn(model: ScriptedModel) -> None:
         Reply(reasoning="I should ask", tool_calls=[call("agent__researcher", {"task": "notes"})])
     )
     model.enqueue(
-        Reply(text="The researcher says: " + CHILD_ANSWER, usage=Usage(prompt_tokens=9, total_tokens=9))
+        Reply(
+            text="The researcher says: " + CHILD_ANSWER,
+            usage=Usage(prompt_tokens=9, total_tokens=9),
+        )
     )
 
 

@@ -29,8 +29,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any
 
-import jsonschema
-from jsonschema.exceptions import best_match
+import jsonschema  # type: ignore[import-untyped]
+from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
 from pydantic import Field
 
 from ..errors import ToolError
@@ -58,7 +58,9 @@ class PassthroughSpec:
     defaults: dict[str, Any] = Field(default_factory=dict)
 
 
-def _exported_schema(target: dict[str, Any], fixed: Iterable[str], defaults: Iterable[str]) -> dict[str, Any]:
+def _exported_schema(
+    target: dict[str, Any], fixed: Iterable[str], defaults: Iterable[str]
+) -> dict[str, Any]:
     """The target's schema without the fixed arguments (and with defaulted ones optional)."""
     schema = copy.deepcopy(target) if target else {"type": "object", "properties": {}}
     fixed, defaults = set(fixed), set(defaults)
@@ -76,14 +78,17 @@ def _exported_schema(target: dict[str, Any], fixed: Iterable[str], defaults: Ite
 
 
 def _where(path: Sequence[Any]) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p))
-                   for i, p in enumerate(path))
+    return "".join(
+        f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path)
+    )
 
 
 class PassthroughTool:
     """The tool a :class:`PassthroughSpec` exports (see the module docstring)."""
 
-    def __init__(self, spec: PassthroughSpec, target: Tool, find: Callable[[str], Tool | None]) -> None:
+    def __init__(
+        self, spec: PassthroughSpec, target: Tool, find: Callable[[str], Tool | None]
+    ) -> None:
         self.spec = spec
         self.name = spec.name
         self._find = find
@@ -106,8 +111,11 @@ class PassthroughTool:
             raise ToolError(f"{self.name}: its tool {self.spec.tool} is not available now")
         if not isinstance(arguments, dict):
             raise ToolError(f"{self.name}: arguments must be an object")
-        clash = sorted(k for k in arguments if k in self.spec.arguments
-                       and arguments[k] != self.spec.arguments[k])
+        clash = sorted(
+            k
+            for k in arguments
+            if k in self.spec.arguments and arguments[k] != self.spec.arguments[k]
+        )
         if clash:
             raise ToolError(
                 f"{self.name}: argument {clash[0]!r} is fixed by the configuration; leave it out"
@@ -122,14 +130,17 @@ class PassthroughTool:
             if unknown:
                 known = ", ".join(sorted(k for k in props if k not in self.spec.arguments))
                 raise ToolError(
-                    f"{self.name}: unknown argument {unknown[0][:64]!r} (arguments: {known or 'none'})"
+                    f"{self.name}: unknown argument {unknown[0][:64]!r}"
+                    f" (arguments: {known or 'none'})"
                 )
         try:
             cls = jsonschema.validators.validator_for(schema)
             cls.check_schema(schema)
             validator = cls(schema)
         except jsonschema.SchemaError:
-            raise ToolError(f"{self.name}: the tool {self.spec.tool} has an unusable schema") from None
+            raise ToolError(
+                f"{self.name}: the tool {self.spec.tool} has an unusable schema"
+            ) from None
         error = best_match(validator.iter_errors(merged))
         if error is not None:
             path = list(error.absolute_path)
@@ -170,9 +181,9 @@ class PassthroughToolset:
             if _is_toolset(source):
                 for t in source.tools():
                     if t.name == name:
-                        return t  # type: ignore[no-any-return]
+                        return t
             elif getattr(source, "name", None) == name:
-                return source  # type: ignore[no-any-return]
+                return source
         return None
 
     def tools(self) -> list[Tool]:
