@@ -31,6 +31,7 @@ import json
 import logging
 import secrets
 import time
+import uuid
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -42,7 +43,7 @@ from agentik.core.access import AccessPolicy, Decision
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
-from agentik.core.errors import AgentikError, PromptRefused
+from agentik.core.errors import AgentikError, PromptRefused, ToolError
 from agentik.core.eventbus import Subscription
 from agentik.core.events import (
     ApprovalRequested,
@@ -53,10 +54,12 @@ from agentik.core.events import (
     TurnEnded,
 )
 from agentik.core.keyedlocks import KeyedLocks
-from agentik.core.messages import Message
+from agentik.core.messages import Message, ToolCall
 from agentik.core.settings import setting_fields
 from agentik.core.store.base import OutboxEntry
 from agentik.core.streamprofiles import BUILTIN_PROFILES, StreamProfile
+from agentik.core.tools.base import ToolContext
+from agentik.core.tools.passthrough import PassthroughTool
 from agentik.transports.base import (
     Action,
     AgentAccess,
@@ -109,6 +112,8 @@ COMMANDS: dict[str, str] = {
     "compact": "summarise the older part of this conversation now, to free context",
     "budget": "show what is left of your and this channel's budgets",
     "help": "list these commands",
+    "tool": "run a passthrough tool directly, no model: tool <name> [key=value …]; tool alone "
+    "lists them",
     # Per-channel settings (issue 19).
     "set": "change a setting of this channel (admins): set <key> <value>; set alone lists the keys",
     "unset": "return a setting of this channel to its configured value (admins): unset <key>",
@@ -721,6 +726,7 @@ class Bridge(AgentAccess):
             "approve": lambda: self._cmd_decide("approve", message, transport, opts, say),
             "deny": lambda: self._cmd_decide("deny", message, transport, opts, say),
             "approvals": lambda: self._cmd_approvals(key, opts, say),
+            "tool": lambda: self._cmd_tool(message, transport, opts, decision, say, p),
         }
         handler = handlers.get(name)
         if handler is None:
@@ -942,6 +948,92 @@ class Bridge(AgentAccess):
             f"model {llm.model or llm.name}{profile} · conversation {conv.id} "
             f"({count} messages) · {state}\n" + describe(await self.effective(key, transport))
         )
+
+    # -- passthrough tools (issue 20) -------------------------------------------------------
+    async def _cmd_tool(
+        self,
+        message: IncomingMessage,
+        transport: Transport,
+        opts: ChannelOptions,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+        p: str,
+    ) -> None:
+        """``!tool [<name> [key=value …]]``: run a passthrough tool at once, no model.
+
+        Only passthrough tools (``[[passthrough]]``) run this way, and only where
+        the model could call them: the channel's tools and the speaker's rights
+        allow both the tool and its target, no approval rule covers either, and
+        no plugin's ``before_tool_call`` blocks it.  The result is said in the
+        channel; it is not part of the conversation.
+        """
+        key = message.channel_key
+        ch = await self._channel(key, transport, opts)
+        conv = ch.conversation
+        policy = conv.policy or self.agent.policy
+
+        def usable(t: PassthroughTool) -> bool:
+            return all(policy.allows(n) and decision.may_use_tool(n) for n in (t.name, t.spec.tool))
+
+        tools = {
+            t.name: t for t in self.agent.tools if isinstance(t, PassthroughTool) and usable(t)
+        }
+        try:
+            words = split_args(message.text.strip()[len(p) :])[1:]
+        except SettingError as exc:
+            await say(f"{p}tool: {exc}")
+            return
+        if not words:
+            listed = "; ".join(f"{n} — {t.description}" if t.description else n
+                               for n, t in sorted(tools.items()))  # fmt: skip
+            await say(f"tools: {listed}" if listed else "no passthrough tools here")
+            return
+        name, rest = words[0], words[1:]
+        tool = tools.get(name)
+        if tool is None:
+            await say(f"no passthrough tool {name[:64]!r} here; {p}tool lists them")
+            return
+        try:
+            arguments = _tool_arguments(rest)
+        except ValueError as exc:
+            await say(f"{p}tool {name}: {exc}")
+            return
+        for n in (tool.name, tool.spec.tool):
+            if self.agent.approvals.rule_for(n, key) is not None:
+                await say(f"{name} needs a person's approval: ask me for it in a message instead")
+                return
+        call = ToolCall(id=f"cmd_{uuid.uuid4().hex[:12]}", name=name,
+                        arguments=json.dumps(arguments, ensure_ascii=False))  # fmt: skip
+        call, block = await self.agent.hooks.before_tool_call(conv, call.id, call)
+        if block is not None:
+            await say(f"{name}: blocked: {block.reason}")
+            return
+        try:
+            arguments = json.loads(call.arguments)
+        except ValueError:
+            await say(f"{name}: a plugin gave arguments that are not JSON")
+            return
+        context = ToolContext(
+            conversation_id=conv.id, run_id=call.id, call_id=call.id,
+            author=message.author_name, channel=key, author_id=_author_id(transport, message),
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(policy.tool_timeout):
+                result = await tool.call(arguments, context)
+        except ToolError as exc:
+            await say(f"⚙ {name} failed: {exc}")
+            return
+        except TimeoutError:
+            await say(f"⚙ {name} failed: no result within {policy.tool_timeout:g}s")
+            return
+        except Exception:
+            ref = uuid.uuid4().hex[:8]
+            log.exception("!tool %s failed (ref %s)", name, ref)
+            await say(f"⚙ {name} failed (internal error, ref {ref})")
+            return
+        text = result if isinstance(result, str) else result.text
+        failed = not isinstance(result, str) and result.is_error
+        await say(f"⚙ {name} failed: {text}" if failed else text or "(no result)")
 
     # -- budgets (issue 19) ----------------------------------------------------------------
     def _subject(self, message: IncomingMessage, transport: Transport) -> Subject:
@@ -1691,6 +1783,29 @@ def _article(role: str) -> str:
     if role == "user":
         return "anyone here"
     return f"{'an' if role[:1].lower() in 'aeiou' else 'a'} {role}"
+
+
+def _tool_arguments(words: list[str]) -> dict[str, Any]:
+    """``!tool`` arguments: one JSON object, or ``key=value`` words (a value that
+    reads as JSON — a number, true, a list — is that; anything else is text)."""
+    if len(words) == 1 and words[0].lstrip().startswith("{"):
+        try:
+            value = json.loads(words[0])
+        except ValueError:
+            raise ValueError("the arguments are not a JSON object") from None
+        if not isinstance(value, dict):
+            raise ValueError("the arguments are not a JSON object")
+        return value
+    out: dict[str, Any] = {}
+    for word in words:
+        k, eq, v = word.partition("=")
+        if not eq or not k:
+            raise ValueError(f"write key=value, not {word[:40]!r}")
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v
+    return out
 
 
 def _task_text(arguments: str) -> str:

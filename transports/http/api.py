@@ -393,6 +393,11 @@ class Api:
                 self.prefix,
                 auth=self.ctx.tokens.enabled,
                 guarded=self.browser_guard.check_host or self.browser_guard.check_origin,
+                profiles={
+                    name: getattr(sp, "description", "")
+                    for name, sp in getattr(self.agent, "stream_profiles", {}).items()
+                    if name not in PROFILES
+                },
             )
         )
 
