@@ -978,8 +978,13 @@ class Bridge(AgentAccess):
         tools = {
             t.name: t for t in self.agent.tools if isinstance(t, PassthroughTool) and usable(t)
         }
+        raw = message.text.strip()[len(p) :]
+        head = raw.split(None, 2)
         try:
-            words = split_args(message.text.strip()[len(p) :])[1:]
+            if len(head) == 3 and head[2].startswith("{"):
+                words = [head[1], head[2]]  # a JSON object, quotes and all
+            else:
+                words = split_args(raw)[1:]
         except SettingError as exc:
             await say(f"{p}tool: {exc}")
             return

@@ -78,9 +78,7 @@ async def delegated_turn(port: int, model: ScriptedModel) -> list[str]:
         await alice.close()
 
 
-async def test_a_child_run_is_one_line_and_its_text_never_reaches_the_channel(
-    irc_server, tmp_path
-):
+async def test_a_child_run_is_one_line_and_its_text_never_reaches_the_channel(irc_server, tmp_path):
     async with irc_bot(irc_server.port, tmp_path, ChannelOptions(command_prefix="!")) as model:
         lines = await delegated_turn(irc_server.port, model)
     child_lines = [t for t in lines if t.startswith("→ researcher:")]

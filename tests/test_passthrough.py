@@ -18,6 +18,8 @@ from agentik.core.events import ToolCallEnded
 from agentik.core.memory import NoMemory
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 
+pytest_plugins = ["ircservers"]
+
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 
 CONFIG = {
@@ -166,3 +168,95 @@ def test_a_fixed_argument_that_does_not_fit_the_schema_is_reported_without_its_v
     assert "configured argument 'token'" in str(info.value)
     assert "123456789" not in str(info.value)
     assert json.dumps(p.parameters) == json.dumps({"type": "object", "properties": {}})
+
+
+# -- !tool in a channel, over a real IRC server -------------------------------------------
+
+
+async def test_people_run_passthrough_tools_with_the_tool_command(miniircd, tmp_path):
+    import asyncio
+
+    from agentik.bot.bridge import Bridge, ChannelOptions
+    from agentik.core import Agent, tool
+    from agentik.core.approvals import ApprovalRule
+    from agentik.core.tools.passthrough import PassthroughSpec, PassthroughToolset
+    from agentik.transports.irc.transport import IRCTransport
+
+    from ircservers import IRCTestClient
+
+    @tool(
+        parameters={
+            "type": "object",
+            "properties": {"tz": {"type": "string"}, "n": {"type": "integer"}},
+            "required": ["tz"],
+        }
+    )
+    async def clock(tz: str, n: int = 1) -> str:
+        return f"{n} o'clock in {tz}"
+
+    @tool
+    async def vault() -> str:
+        return "the vault is open"
+
+    specs = [
+        PassthroughSpec(
+            name="utc_now", tool="clock", description="UTC time", arguments={"tz": "UTC"}
+        ),
+        PassthroughSpec(name="risky", tool="clock", defaults={"tz": "X"}),
+        PassthroughSpec(name="peek", tool="vault"),  # its target is not allowed here
+    ]
+    model = ScriptedModel()
+    agent = Agent(
+        llm=model,
+        store=SQLiteStore(str(tmp_path / "t.db")),
+        tools=[clock, vault],
+        toolsets=[PassthroughToolset(specs, [clock, vault])],
+        approvals=[ApprovalRule(tools=("risky",))],
+    )
+    await agent.start()
+    bridge = Bridge(agent)
+    transport = IRCTransport(
+        name="testnet",
+        settings={"host": "127.0.0.1", "port": miniircd.port, "nick": "agentik", "tls": False,
+                  "channels": ["#t"], "flood_burst": 50, "flood_rate": 500.0},
+    )  # fmt: skip
+    options = ChannelOptions(
+        command_prefix="!", allowed_tools=("utc_now", "clock", "risky", "peek")
+    )
+    bridge.attach(transport, options)
+    await transport.start(bridge)
+    alice = None
+    try:
+        async with asyncio.timeout(60):
+            while "#t" not in transport.joined:
+                await transport._queue_changed.wait()
+                await asyncio.sleep(0)
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        await alice.join("#t")
+
+        async def ask(text: str) -> str:
+            alice.privmsg("#t", text)
+            line = await alice.wait_for(
+                lambda m: m.command in ("PRIVMSG", "NOTICE") and (m.nick or "") == "agentik"
+            )
+            return line.text
+
+        listed = await ask("!tool")
+        assert "utc_now — UTC time" in listed and "risky" in listed and "peek" not in listed
+        assert await ask("!tool utc_now") == "1 o'clock in UTC"
+        assert await ask("!tool utc_now n=3") == "3 o'clock in UTC"
+        assert await ask('!tool utc_now {"n": 4}') == "4 o'clock in UTC"
+        assert "argument 'tz' is fixed by the configuration" in await ask("!tool utc_now tz=CET")
+        assert "argument 'n': 'many' is not of type 'integer'" in await ask("!tool utc_now n=many")
+        assert "write key=value" in await ask("!tool utc_now 3")
+        assert "needs a person's approval" in await ask("!tool risky")
+        assert "no passthrough tool 'peek' here" in await ask("!tool peek")
+        assert "no passthrough tool 'vault' here" in await ask("!tool vault")
+        # No model was asked for any of it.
+        assert model.requests == []
+    finally:
+        if alice is not None:
+            await alice.close()
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()

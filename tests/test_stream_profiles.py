@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from childruns import CHILD_ANSWER, CHILD_TEXT, child_agent_tool
 
 from agentik.bot.config import parse_config
 from agentik.core import Agent, SQLiteStore
@@ -22,6 +21,7 @@ from agentik.core.streamprofiles import (
 )
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 
+from childruns import CHILD_ANSWER, CHILD_TEXT, child_agent_tool
 from httpserver import SSEMessage, SSEReader, running_server, sse
 
 PROFILES_TOML = {
@@ -127,6 +127,14 @@ async def test_an_unknown_profile_is_refused_naming_it(db_path):
                 error = r.json()["error"]
                 assert error["code"] == "invalid_parameter"
                 assert "'loud'" in error["message"] and "quiet" in error["message"]
+            # The OpenAPI document lists the declared profiles with the built-in ones.
+            doc = (await c.get("/openapi.json")).json()
+            [param] = [
+                q
+                for q in doc["paths"]["/agentik/events"]["get"]["parameters"]
+                if q["name"] == "profile"
+            ]
+            assert param["schema"]["enum"] == sorted(["chat", "debug", "metrics", *PROFILES_TOML])
             # A declared one is accepted on the agent-wide stream too.
             async with sse(c, "/events", params={"profile": "quiet"}) as quiet:
                 await c.post(f"/conversations/{conv['id']}/messages", json={"content": "hi"})
