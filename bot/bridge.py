@@ -1538,7 +1538,12 @@ class _Renderer:
                 await say("(interrupted)")
 
     async def on_event(self, event: Event) -> None:
-        admitted = self.profile.admit(event)
+        if event.kind == "response_started" and event.parent_run_id is None:
+            # Not shown, but it separates the answer's steps (text before a tool
+            # call, text after it), whatever the profile carries.
+            admitted: Event | None = event
+        else:
+            admitted = self.profile.admit(event)
         if admitted is None:
             return  # what the channel's profile does not carry
         e = admitted

@@ -130,3 +130,57 @@ async def test_a_channel_profile_without_child_runs_or_tools(miniircd, tmp_path)
         lines = await delegated_turn(miniircd.port, model)
     assert not [t for t in lines if "researcher" in t or "⚙" in t or CHILD_TEXT[:12] in t]
     assert any(FINAL in t for t in lines)
+
+
+async def test_on_slack_a_child_run_is_one_message_in_the_thread(tmp_path):
+    from agentik.transports.slack.transport import SlackTransport
+
+    from fakeslack import FakeSlack
+
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        model = ScriptedModel()
+        agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")))
+        agent.add_tool(child_agent_tool(agent))
+        await agent.start()
+        bridge = Bridge(agent)
+        transport = SlackTransport(
+            name="slack",
+            settings={
+                "bot_token": slack.bot_token, "app_token": slack.app_token,
+                "api_url": slack.api_url, "state_file": str(tmp_path / "seen.sqlite3"),
+                "edit_interval": 0.05,
+            },
+        )  # fmt: skip
+        bridge.attach(transport, ChannelOptions(command_prefix="!"))
+        await transport.start(bridge)
+        try:
+            model.enqueue(
+                Reply(
+                    text="Let me ask.",
+                    tool_calls=[call("agent__researcher", {"task": TASK}, id="k1")],
+                )
+            )
+            model.enqueue(Reply(text=FINAL))
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> when did 2.0 ship?")
+            await slack.push_event(event)
+            key = f"slack:T1:C1:{event['ts']}"
+            await slack.wait_for_call("chat.stopStream")
+            await bridge.flush(key)
+            mine = [
+                m
+                for (ch, _), m in sorted(slack.messages.items(), key=lambda kv: kv[0][1])
+                if ch == "C1" and m.get("user") == slack.bot_user_id
+            ]
+        finally:
+            await transport.aclose()
+            await bridge.aclose()
+            await agent.aclose()
+    texts = [m["text"] for m in mine]
+    child_lines = [t.strip("_") for t in texts if "researcher" in t]  # a notice: in italics
+    assert len(child_lines) == 1 and child_lines[0].startswith("→ researcher: look up"), texts
+    assert not [t for t in texts if CHILD_TEXT[:12] in t or "second line" in t]
+    # The answer: what the parent said before and after delegating, as two lines.
+    assert f"Let me ask.\n{FINAL}" in texts
+    # Everything went to the question's thread.
+    assert {m.get("thread_ts") for m in mine} == {event["ts"]}
