@@ -175,6 +175,7 @@ bench: $(DEV)
 	$(PY) benchmarks/bench_litert.py
 	$(PY) benchmarks/bench_http.py
 	$(PY) benchmarks/bench_access.py
+	$(PY) benchmarks/bench_profiles.py
 
 # The local model through an agentik turn vs llama-cpp-python driven directly.
 bench-local: $(DEV) $(LOCAL)

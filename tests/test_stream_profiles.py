@@ -213,3 +213,50 @@ def test_extends_inherits_and_overrides():
     assert got["a"].kinds == metrics.kinds and got["a"].usage is False
     assert got["b"].usage is False and got["b"].child_runs is metrics.child_runs
     assert got["b"].kinds == (metrics.kinds | {"text_delta"}) - {"error"}
+
+
+async def test_set_profile_changes_an_open_channel(db_path):
+    """``!set profile <name>`` picks a declared profile for the channel from its next
+    turn (here: debug without tool events); an unknown name is refused naming the known."""
+    from agentik.bot.bridge import Bridge, ChannelOptions
+    from agentik.core import tool
+    from agentik.transports.testing import MemoryTransport
+
+    @tool
+    async def clock() -> str:
+        """The time."""
+        return "noon"
+
+    profiles = resolve_profiles(
+        {"notools": StreamProfileSettings(extends="debug", exclude=["tool_call_started"])}
+    )
+    model = ScriptedModel()
+    store = SQLiteStore(db_path)
+    async with Agent(llm=model, store=store, tools=[clock], stream_profiles=profiles) as agent:
+        bridge = Bridge(agent, role_for=lambda *_: "admin")
+        t = MemoryTransport(name="mem")
+        bridge.attach(t, ChannelOptions(command_prefix="!", events="debug"))
+        await t.start(bridge)
+        try:
+            key = "mem:#room"
+            model.enqueue(Reply(tool_calls=[call("clock")]), "Noon.")
+            await t.inject("time?", channel_key=key, addressed=True)
+            await bridge.flush(key)
+            assert any(n.startswith("⚙ clock(") for n in t.texts("notice"))
+            await t.inject("!set profile loud", channel_key=key)
+            assert "profile: no profile 'loud'; profiles: debug, chat, metrics, notools" in (
+                t.texts("command")[-1]
+            )
+            await t.inject("!set profile notools", channel_key=key)
+            before = len(t.texts("notice"))
+            model.enqueue(Reply(tool_calls=[call("clock")]), "Noon again.")
+            await t.inject("time now?", channel_key=key, addressed=True)
+            await bridge.flush(key)
+            later = t.texts("notice")[before:]
+            # The call's start is gone; the rest of debug (its end, the turn's line) stays.
+            assert not any(n.startswith("⚙ clock(") for n in later)
+            assert any(n.startswith("⚙ clock →") for n in later)
+            assert "Noon again." in t.texts("answer")
+        finally:
+            await t.aclose()
+            await bridge.aclose()
