@@ -244,8 +244,9 @@ async def test_set_profile_changes_an_open_channel(db_path):
             await bridge.flush(key)
             assert any(n.startswith("⚙ clock(") for n in t.texts("notice"))
             await t.inject("!set profile loud", channel_key=key)
-            assert "profile: no profile 'loud'; profiles: debug, chat, metrics, notools" in (
-                t.texts("command")[-1]
+            assert (
+                "profile: no profile 'loud'; profiles: debug, chat, metrics, notools"
+                in (t.texts("command")[-1])
             )
             await t.inject("!set profile notools", channel_key=key)
             before = len(t.texts("notice"))
