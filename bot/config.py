@@ -21,6 +21,7 @@ import functools
 import os
 import re
 import tomllib
+from fnmatch import fnmatchcase
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -566,6 +567,7 @@ def parse_config(
                     raise ConfigError(
                         f"passthrough[{i}].name: two passthrough tools are named {name!r}"
                     )
+            _check_passthrough_approvals(config)
             for pattern, chan in config.channels.items():
                 if chan.profile is not None and chan.profile not in resolve_profiles(
                     config.profiles
@@ -602,6 +604,28 @@ def parse_config(
     more = len(errors) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     raise ConfigError(f"{source}: {where}: {first_desc}{tail}") from None
+
+
+def _first_rule(rules: list[ApprovalRule], tool: str) -> ApprovalRule | None:
+    """The first approval rule naming ``tool`` (any channel)."""
+    return next((r for r in rules if any(fnmatchcase(tool, p) for p in r.tools)), None)
+
+
+def _check_passthrough_approvals(config: Config) -> None:
+    """A passthrough must not be a way around an approval its target needs: when the
+    first ``[[approvals]]`` rule naming the target asks for approval, one must name
+    the passthrough too."""
+    for i, spec in enumerate(config.passthrough):
+        target = _first_rule(config.approvals, spec.tool)
+        if target is None or target.approve == "never":
+            continue
+        own = _first_rule(config.approvals, spec.name)
+        if own is None or own.approve == "never":
+            raise ConfigError(
+                f"passthrough[{i}].tool: {spec.tool} needs approval ([[approvals]] tools ="
+                f" {list(target.tools)}), so {spec.name!r} must too: add it to an"
+                f" [[approvals]] rule"
+            )
 
 
 def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:

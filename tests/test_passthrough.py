@@ -260,3 +260,16 @@ async def test_people_run_passthrough_tools_with_the_tool_command(miniircd, tmp_
         await transport.aclose()
         await bridge.aclose()
         await agent.aclose()
+
+
+def test_a_passthrough_cannot_bypass_an_approval_its_target_needs():
+    base = {"passthrough": [{"name": "push_main", "tool": "git__push"}]}
+    with pytest.raises(ConfigError, match=r"passthrough\[0\]\.tool: git__push needs approval"):
+        parse_config({**base, "approvals": [{"tools": ["git__*"]}]})
+    # Named by a rule of its own (or the same one): accepted.
+    parse_config({**base, "approvals": [{"tools": ["git__*", "push_main"]}]})
+    parse_config({**base, "approvals": [{"tools": ["push_*"]}, {"tools": ["git__*"]}]})
+    # An exception for the target: nothing to bypass.
+    parse_config(
+        {**base, "approvals": [{"tools": ["git__push"], "approve": "never"}, {"tools": ["*"]}]}
+    )
