@@ -21,8 +21,8 @@ import functools
 import os
 import re
 import tomllib
-from fnmatch import fnmatchcase
 from collections.abc import Mapping
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
