@@ -560,28 +560,26 @@ def parse_config(
                     f"profiles: {', '.join(known)} (define [llm.profiles.{chan.model}])"
                 )
         try:
-            resolve_profiles(config.profiles)
+            known_profiles = resolve_profiles(config.profiles)
+            listed = ", ".join(known_profiles)
             names = [p.name for p in config.passthrough]
             for i, name in enumerate(names):
                 if name in names[:i]:
                     raise ConfigError(
-                        f"passthrough[{i}].name: two passthrough tools are named {name!r}"
+                        f"passthrough.{i}.name: two passthrough tools are named {name!r}"
                     )
             _check_passthrough_approvals(config)
             for pattern, chan in config.channels.items():
-                if chan.profile is not None and chan.profile not in resolve_profiles(
-                    config.profiles
-                ):
+                if chan.profile is not None and chan.profile not in known_profiles:
                     raise ConfigError(
                         f'channels."{pattern}".profile: no profile {chan.profile!r}'
-                        f" (profiles: {', '.join(resolve_profiles(config.profiles))})"
+                        f" (profiles: {listed})"
                     )
             for tname, tsec in config.transports.items():
                 tprofile = getattr(tsec, "profile", None)
-                if tprofile is not None and tprofile not in resolve_profiles(config.profiles):
+                if tprofile is not None and tprofile not in known_profiles:
                     raise ConfigError(
-                        f"transports.{tname}.profile: no profile {tprofile!r}"
-                        f" (profiles: {', '.join(resolve_profiles(config.profiles))})"
+                        f"transports.{tname}.profile: no profile {tprofile!r} (profiles: {listed})"
                     )
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
@@ -622,7 +620,7 @@ def _check_passthrough_approvals(config: Config) -> None:
         own = _first_rule(config.approvals, spec.name)
         if own is None or own.approve == "never":
             raise ConfigError(
-                f"passthrough[{i}].tool: {spec.tool} needs approval ([[approvals]] tools ="
+                f"passthrough.{i}.tool: {spec.tool} needs approval ([[approvals]] tools ="
                 f" {list(target.tools)}), so {spec.name!r} must too: add it to an"
                 f" [[approvals]] rule"
             )
