@@ -177,6 +177,7 @@ bench: $(DEV)
 	$(PY) benchmarks/bench_access.py
 	$(PY) benchmarks/bench_metrics.py
 	$(PY) benchmarks/bench_agents.py
+	$(PY) benchmarks/bench_profiles.py
 
 # The local model through an agentik turn vs llama-cpp-python driven directly.
 bench-local: $(DEV) $(LOCAL)

@@ -40,6 +40,9 @@ from agentik.core.plugins import Registry
 from agentik.core.settings import is_file_path, plain_values, setting_fields, validate_settings
 from agentik.core.skills import SkillSet, load_skills
 from agentik.core.soul import fetch_soul, is_url, read_soul
+from agentik.core.streamprofiles import StreamProfile
+from agentik.core.streamprofiles import resolve_profiles as resolve_stream_profiles
+from agentik.core.tools.passthrough import PassthroughSpec, PassthroughToolset
 
 from .config import LITERT_ENV, Config, auto_backend, reveal
 
@@ -117,6 +120,8 @@ class AgentBuilder:
         self._agents: dict[str, AgentSpec] = {}
         self._uses: tuple[str, ...] = ()
         self._runs = RunPolicy()
+        self._stream_profiles: dict[str, StreamProfile] = {}
+        self._passthrough: list[PassthroughSpec] = []
 
     def llm(self, backend: LLMBackend) -> Self:
         self._llm = backend
@@ -125,6 +130,16 @@ class AgentBuilder:
     def profiles(self, backends: Mapping[str, LLMBackend]) -> Self:
         """Named model profiles: backends a conversation can use instead of :meth:`llm`."""
         self._profiles = dict(backends)
+        return self
+
+    def stream_profiles(self, profiles: Mapping[str, StreamProfile]) -> Self:
+        """Event stream profiles subscribers may name, beside the built-in ones."""
+        self._stream_profiles = dict(profiles)
+        return self
+
+    def passthrough(self, *specs: PassthroughSpec) -> Self:
+        """Tools that call another tool (of this agent) directly, with fixed arguments."""
+        self._passthrough.extend(specs)
         return self
 
     def storage(self, store: Store) -> Self:
@@ -256,12 +271,17 @@ class AgentBuilder:
         tools = list(self._tools)
         if self._skills is not None:
             tools += self._skills.tools()
+        toolsets: list[Any] = list(self._toolsets)
+        if self._passthrough:
+            assert self._memory is not None
+            sources = [*tools, *self._memory.tools(), *toolsets]
+            toolsets.append(PassthroughToolset(self._passthrough, sources))
         return Agent(
             llm=self._llm,
             store=self._store,
             memory=self._memory,
             tools=tools,
-            toolsets=self._toolsets,
+            toolsets=toolsets,
             system_prompt=compose(self._soul),
             policy=self._policy,
             event_buffer=self._event_buffer,
@@ -274,6 +294,7 @@ class AgentBuilder:
             agents=self._agents,
             uses=self._uses,
             run_policy=self._runs,
+            stream_profiles=self._stream_profiles,
         )
 
     def persona(self, config: Config) -> Self:
@@ -344,6 +365,8 @@ class AgentBuilder:
                     )
         b.agents(agents, uses=config.agent.uses)
         b.runs(config.runs)
+        b.stream_profiles(resolve_stream_profiles(config.profiles))
+        b.passthrough(*config.passthrough)
         return b
 
 

@@ -10,7 +10,7 @@ pattern wins key by key), overlaid with what the channel's admins set in chat
 
 ``persona``
     text added to the system prompt in this channel, clearly delimited;
-``answer``, ``max_answer_lines``, ``ambient``, ``ambient_lines``, ``events``
+``answer``, ``max_answer_lines``, ``ambient``, ``ambient_lines``, ``events``, ``profile``
     the bridge keys of the same names, for this channel only;
 ``tools``
     glob patterns of the tools the model is offered here, within the
@@ -41,6 +41,7 @@ from pydantic import Field
 
 from agentik.core.settings import settings_dataclass
 from agentik.core.store.base import ChannelSetting, Store
+from agentik.core.streamprofiles import PROFILE_NAME
 from agentik.transports.base import IncomingMessage, Transport
 
 from .channel import ChannelOptions
@@ -125,6 +126,9 @@ class ChannelSettings:
     tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
     #: The model profile (``[llm.profiles.<name>]``) used here; ``default``: ``[llm]``.
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    #: The event stream profile the channel is rendered from (``chat``, ``debug``,
+    #: ``metrics`` or a ``[profiles.<name>]``).
+    profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
 
 
 #: The keys ``!set`` knows, and what each takes (the help and error texts).
@@ -139,10 +143,11 @@ SETTING_KEYS: dict[str, str] = {
     "tools": "glob patterns of tool names (fs__read_* web__*), within the transport's "
     "allowed_tools; none: no tools",
     "model": "a model profile of [llm.profiles], or default ([llm])",
+    "profile": "an event stream profile: chat, debug, metrics or one of [profiles]",
 }
 
 #: Keys that overlay :class:`ChannelOptions` fields of the same name.
-_OPTION_KEYS = ("answer", "max_answer_lines", "ambient", "ambient_lines", "events")
+_OPTION_KEYS = ("answer", "max_answer_lines", "ambient", "ambient_lines", "events", "profile")
 
 
 class SettingError(ValueError):
@@ -163,11 +168,18 @@ _TRUE = {"on", "true", "yes", "1"}
 _FALSE = {"off", "false", "no", "0"}
 
 
-def parse_setting(key: str, words: list[str], *, profiles: Iterable[str] | None = None) -> Any:
+def parse_setting(
+    key: str,
+    words: list[str],
+    *,
+    profiles: Iterable[str] | None = None,
+    stream_profiles: Iterable[str] | None = None,
+) -> Any:
     """The value ``!set <key> <words…>`` means (JSON-able), or :class:`SettingError`.
 
     ``profiles``: the configured model profile names ``model`` may take
-    (besides ``default``); ``None`` does not check the name.
+    (besides ``default``); ``stream_profiles``: the event stream profile names
+    ``profile`` may take; ``None`` does not check the name.
     """
     if key not in SETTING_KEYS:
         raise SettingError(f"unknown setting {key!r}; settings: {', '.join(SETTING_KEYS)}")
@@ -200,6 +212,13 @@ def parse_setting(key: str, words: list[str], *, profiles: Iterable[str] | None 
         if profiles is not None and text not in profiles:
             known = ", ".join(["default", *sorted(profiles)])
             raise SettingError(f"model: no profile {text!r}; profiles: {known}")
+        return text
+    if key == "profile":
+        if not PROFILE_NAME.fullmatch(text):
+            raise SettingError(f"profile: {text!r} is not {SETTING_KEYS[key]}")
+        if stream_profiles is not None and text not in stream_profiles:
+            known = ", ".join(stream_profiles)
+            raise SettingError(f"profile: no profile {text!r}; profiles: {known}")
         return text
     if key in ("answer", "events"):
         allowed = get_args(Answer if key == "answer" else Events)

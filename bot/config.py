@@ -22,6 +22,7 @@ import os
 import re
 import tomllib
 from collections.abc import Collection, Mapping, Sequence
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -53,8 +54,10 @@ from agentik.core.settings import (
     settings_dataclass,
 )
 from agentik.core.store.sqlite import SQLiteSettings
+from agentik.core.streamprofiles import StreamProfileSettings, resolve_profiles
 from agentik.core.tools.base import TurnPolicy
 from agentik.core.tools.mcp import MCPServerConfig
+from agentik.core.tools.passthrough import PassthroughSpec
 
 from .channel import ChannelOptions
 from .chansettings import ChannelSettings
@@ -424,6 +427,11 @@ class Config(_Section):
     health: HealthSettings = Field(default_factory=HealthSettings)
     #: Restarting transports whose task failed (issue 21).
     supervision: SupervisionSettings = Field(default_factory=SupervisionSettings)
+    #: Event stream profiles of your own (``[profiles.<name>]``), beside the built-in
+    #: ``chat``, ``debug`` and ``metrics``.
+    profiles: dict[str, StreamProfileSettings] = Field(default_factory=dict)
+    #: ``[[passthrough]]``: tools that call another tool directly, with fixed arguments.
+    passthrough: list[PassthroughSpec] = Field(default_factory=list)
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 
@@ -613,6 +621,30 @@ def parse_config(
                     f"profiles: {', '.join(known)} (define [llm.profiles.{chan.model}])"
                 )
         try:
+            known_profiles = resolve_profiles(config.profiles)
+            listed = ", ".join(known_profiles)
+            names = [p.name for p in config.passthrough]
+            for i, name in enumerate(names):
+                if name in names[:i]:
+                    raise ConfigError(
+                        f"passthrough.{i}.name: two passthrough tools are named {name!r}"
+                    )
+            _check_passthrough_approvals(config)
+            for pattern, chan in config.channels.items():
+                if chan.profile is not None and chan.profile not in known_profiles:
+                    raise ConfigError(
+                        f'channels."{pattern}".profile: no profile {chan.profile!r}'
+                        f" (profiles: {listed})"
+                    )
+            for tname, tsec in config.transports.items():
+                tprofile = getattr(tsec, "profile", None)
+                if tprofile is not None and tprofile not in known_profiles:
+                    raise ConfigError(
+                        f"transports.{tname}.profile: no profile {tprofile!r} (profiles: {listed})"
+                    )
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        try:
             # Identity patterns name transport instances: checked against this file's.
             AccessPolicy(config.access, {n: t.type for n, t in config.transports.items()})
         except ConfigError as exc:
@@ -633,6 +665,28 @@ def parse_config(
     more = len(errors) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     raise ConfigError(f"{source}: {where}: {first_desc}{tail}") from None
+
+
+def _first_rule(rules: list[ApprovalRule], tool: str) -> ApprovalRule | None:
+    """The first approval rule naming ``tool`` (any channel)."""
+    return next((r for r in rules if any(fnmatchcase(tool, p) for p in r.tools)), None)
+
+
+def _check_passthrough_approvals(config: Config) -> None:
+    """A passthrough must not be a way around an approval its target needs: when the
+    first ``[[approvals]]`` rule naming the target asks for approval, one must name
+    the passthrough too."""
+    for i, spec in enumerate(config.passthrough):
+        target = _first_rule(config.approvals, spec.tool)
+        if target is None or target.approve == "never":
+            continue
+        own = _first_rule(config.approvals, spec.name)
+        if own is None or own.approve == "never":
+            raise ConfigError(
+                f"passthrough.{i}.tool: {spec.tool} needs approval ([[approvals]] tools ="
+                f" {list(target.tools)}), so {spec.name!r} must too: add it to an"
+                f" [[approvals]] rule"
+            )
 
 
 def _known_at(loc: Sequence[Any]) -> list[str]:

@@ -27,12 +27,13 @@ from .memory import MemoryBackend, NoMemory
 from .messages import Message
 from .observe import RequestStats
 from .questions import Questions, builtin_tools
-from .services import AgentServices, AgentState, kinds_of
+from .services import AgentServices, AgentState, profile_of
 from .settings import settings_dataclass
 from .soul import read_soul
 from .store.base import ConversationRecord, RunRecord, Store
 from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
+from .streamprofiles import BUILTIN_PROFILES, StreamProfile
 from .tools.base import Tool, TurnPolicy
 
 __all__ = ["Agent", "AgentSettings", "AgentState"]
@@ -109,8 +110,15 @@ class Agent:
         agents: Mapping[str, AgentSpec] | None = None,
         uses: Iterable[str] = (),
         run_policy: RunPolicy | None = None,
+        stream_profiles: Mapping[str, StreamProfile] | None = None,
     ) -> None:
         self.llm = llm
+        #: Event stream profiles subscribers may name (``chat``, ``debug``,
+        #: ``metrics`` and ``[profiles.<name>]``; see :mod:`agentik.core.streamprofiles`).
+        self.stream_profiles: dict[str, StreamProfile] = {
+            **BUILTIN_PROFILES,
+            **(stream_profiles or {}),
+        }
         #: Named model profiles (``[llm.profiles.<name>]``): more backends a
         #: conversation can use instead of :attr:`llm` (see :meth:`llm_for`).
         self.profiles: dict[str, LLMBackend] = dict(profiles or {})
@@ -506,7 +514,7 @@ class Agent:
         self,
         *,
         after: int | None = None,
-        profile: str = "debug",
+        profile: str | StreamProfile = "debug",
         kinds: Iterable[str] | None = None,
         max_pending: int | None = None,
     ) -> Subscription:
@@ -515,7 +523,9 @@ class Agent:
         ``after`` is a ``stream_seq``; otherwise as :meth:`Conversation.events`.
         """
         return self.services.subscribe(
-            after=after, kinds=kinds_of(profile, kinds), max_pending=max_pending
+            after=after,
+            profile=profile_of(self.stream_profiles, profile, kinds),
+            max_pending=max_pending,
         )
 
 

@@ -31,8 +31,9 @@ from .eventbus import Subscription
 from .events import Compacted, RunStreamEnd, TextDelta, TurnEnded, TurnStarted
 from .hooks import Refuse
 from .messages import ChatMessage, Message, MessageKind, NewMessage
-from .services import AgentServices, ConversationEvents, ConversationParts, kinds_of
+from .services import AgentServices, ConversationEvents, ConversationParts, profile_of
 from .store.base import ConversationRecord, Store, TurnEnd
+from .streamprofiles import StreamProfile
 from .tools.base import TurnPolicy
 from .turn import TurnRunner
 from .workingmemory import WorkingMemory
@@ -589,7 +590,7 @@ class Conversation:
         self,
         *,
         after: int | None = None,
-        profile: str = "debug",
+        profile: str | StreamProfile = "debug",
         kinds: Iterable[str] | None = None,
         max_pending: int | None = None,
     ) -> Subscription:
@@ -597,13 +598,18 @@ class Conversation:
 
         With ``after=seq`` a reconnecting subscriber first receives the
         buffered events it missed, or an ``events_lost`` notice if the buffer
-        no longer reaches back that far.  ``profile`` picks a kind set from
-        :data:`~agentik.core.events.PROFILES` (``chat``, ``debug``,
-        ``metrics``); ``kinds`` overrides it.  ``max_pending`` bounds how far
-        this subscriber may fall behind before it is told and cut off.
+        no longer reaches back that far.  ``profile`` names a stream profile
+        of the agent (``chat``, ``debug``, ``metrics`` or a ``[profiles.<name>]``;
+        :mod:`~agentik.core.streamprofiles`) or is a
+        :class:`~agentik.core.streamprofiles.StreamProfile`; an unknown name
+        raises ``UnknownProfileError`` (a ``ValueError``); ``kinds`` overrides
+        it.  ``max_pending`` bounds how far this subscriber may fall behind
+        before it is told and cut off.
         """
         return self._event_stream().subscribe(
-            after=after, kinds=kinds_of(profile, kinds), max_pending=max_pending
+            after=after,
+            profile=profile_of(self.agent.stream_profiles, profile, kinds),
+            max_pending=max_pending,
         )
 
     # -- history and working memory ------------------------------------------------

@@ -19,9 +19,9 @@ same envelope:
 ``event_to_dict``/``event_from_dict`` (and the JSON twins) round-trip every
 event losslessly, so the same shapes go to transports, the HTTP API and logs.
 
-Subscribers choose a *profile* — a set of kinds — with :data:`PROFILES`:
-``chat`` (text and short tool notices), ``debug`` (everything) and
-``metrics`` (usage and lifecycle).
+Subscribers choose a *profile* (:mod:`agentik.core.streamprofiles`):
+``chat`` (text and short tool notices), ``debug`` (everything),
+``metrics`` (usage and lifecycle) or one declared in the configuration.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from .messages import Usage
+from .streamprofiles import BUILTIN_PROFILES
 
 __all__ = [
     "EVENT_TYPES",
@@ -409,35 +410,12 @@ def _kind_of(cls: type[EventBase]) -> str:
 
 _BY_KIND: dict[str, type[Event]] = {_kind_of(cls): cls for cls in EVENT_TYPES}
 
-_LIFECYCLE = frozenset(
-    {
-        "turn_started",
-        "turn_ended",
-        "interrupted",
-        "error",
-        "events_lost",
-        "compacted",
-        "conversation_ended",
-    }
-)
-
-#: Named subscriber profiles: the kinds each one receives.
+#: The built-in profiles' kinds, by name (``debug``: every kind).  Profiles as
+#: values — child runs and usage included or not, custom ones from the
+#: configuration — are :class:`~agentik.core.streamprofiles.StreamProfile`.
 PROFILES: dict[str, frozenset[str]] = {
-    "debug": frozenset(_BY_KIND),
-    "chat": _LIFECYCLE
-    | {
-        "text_delta",
-        "tool_call_started",
-        "tool_call_ended",
-        "approval_requested",
-        "approval_resolved",
-        "question_asked",
-        "question_answered",
-        "todo_updated",
-        "tool_progress",
-    },
-    "metrics": _LIFECYCLE
-    | {"tool_call_ended", "child_run_linked", "run_stream_end", "approval_resolved"},
+    name: frozenset(_BY_KIND) if p.kinds is None else p.kinds
+    for name, p in BUILTIN_PROFILES.items()
 }
 
 

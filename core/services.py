@@ -31,13 +31,14 @@ import itertools
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ClosedError
 from .eventbus import EventBus, Subscription
-from .events import PROFILES, Event, EventBase, EventsLost
+from .events import Event, EventBase, EventsLost
+from .streamprofiles import BUILTIN_PROFILES, StreamProfile, lookup
 from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
@@ -50,7 +51,14 @@ if TYPE_CHECKING:
     from .questions import Questions
     from .tools.base import Tool, TurnPolicy
 
-__all__ = ["AgentServices", "AgentState", "ConversationEvents", "ConversationParts", "kinds_of"]
+__all__ = [
+    "AgentServices",
+    "AgentState",
+    "ConversationEvents",
+    "ConversationParts",
+    "kinds_of",
+    "profile_of",
+]
 
 E = TypeVar("E", bound=Event)
 
@@ -210,11 +218,11 @@ class AgentServices:
         self,
         *,
         after: int | None,
-        kinds: frozenset[str] | None,
+        profile: StreamProfile | None,
         max_pending: int | None,
     ) -> Subscription:
         """A subscription to the agent-wide stream (``after`` is a ``stream_seq``)."""
-        return self._bus.subscribe(after=after, kinds=kinds, max_pending=max_pending)
+        return self._bus.subscribe(after=after, profile=profile, max_pending=max_pending)
 
     def close(self) -> None:
         """End the agent-wide stream (its subscribers' iterations end)."""
@@ -320,11 +328,11 @@ class ConversationEvents:
         self,
         *,
         after: int | None,
-        kinds: frozenset[str] | None,
+        profile: StreamProfile | None,
         max_pending: int | None,
     ) -> Subscription:
         """A subscription to this conversation's events (``after`` is a ``seq``)."""
-        return self._bus.subscribe(after=after, kinds=kinds, max_pending=max_pending)
+        return self._bus.subscribe(after=after, profile=profile, max_pending=max_pending)
 
     def close(self) -> None:
         """End the stream: subscribers' iterations end, later ones end at once."""
@@ -353,10 +361,20 @@ class ConversationParts:
         return self.conversation.channel_key
 
 
-def kinds_of(profile: str, kinds: Iterable[str] | None) -> frozenset[str] | None:
-    """The event kinds a subscriber with ``profile`` (or explicit ``kinds``) gets."""
+def profile_of(
+    profiles: Mapping[str, StreamProfile],
+    profile: str | StreamProfile,
+    kinds: Iterable[str] | None,
+) -> StreamProfile:
+    """The profile a subscriber asked for: explicit ``kinds`` win, else ``profile``
+    (a name among ``profiles`` or a :class:`StreamProfile`); an unknown name raises
+    :class:`~agentik.core.streamprofiles.UnknownProfileError` (a ``ValueError``)."""
     if kinds is not None:
-        return frozenset(kinds)
-    if profile not in PROFILES:
-        raise ValueError(f"unknown event profile {profile!r} (known: {', '.join(PROFILES)})")
-    return None if profile == "debug" else PROFILES[profile]
+        return StreamProfile(name="kinds", kinds=frozenset(kinds))
+    return lookup(profiles, profile)
+
+
+def kinds_of(profile: str, kinds: Iterable[str] | None) -> frozenset[str] | None:
+    """The event kinds a subscriber with built-in ``profile`` (or explicit ``kinds``)
+    gets; ``None``: all (kept for callers of the fixed profiles)."""
+    return profile_of(BUILTIN_PROFILES, profile, kinds).kinds

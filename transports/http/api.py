@@ -364,10 +364,15 @@ class Api:
         return int(raw)
 
     def _profile(self, request: Request) -> str:
+        """The stream profile named by ``?profile=`` (default ``debug``): a built-in
+        or a ``[profiles.<name>]`` of the configuration."""
         profile = request.query_params.get("profile") or "debug"
-        if profile not in PROFILES:
+        known = getattr(self.agent, "stream_profiles", PROFILES)
+        if profile not in known:
             raise ApiError(
-                422, "invalid_parameter", f"profile must be one of {', '.join(sorted(PROFILES))}"
+                422,
+                "invalid_parameter",
+                f"profile must be one of {', '.join(sorted(known))} (no profile {profile[:64]!r})",
             )
         return profile
 
@@ -446,6 +451,11 @@ class Api:
                 self.prefix,
                 auth=self.ctx.tokens.enabled,
                 guarded=self.browser_guard.check_host or self.browser_guard.check_origin,
+                profiles={
+                    name: getattr(sp, "description", "")
+                    for name, sp in getattr(self.agent, "stream_profiles", {}).items()
+                    if name not in PROFILES
+                },
             )
         )
 

@@ -7,6 +7,7 @@ is checked against real responses).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["AUTHOR_CHARS", "AUTHOR_PATTERN", "ERROR_CODES", "openapi_document"]
@@ -371,9 +372,27 @@ _CONV_ID = {
 _PROFILE = {
     "name": "profile",
     "in": "query",
-    "description": "chat: text and tool notices; debug: everything; metrics: usage and lifecycle",
+    "description": "the stream profile: chat (text and tool notices, child runs as one event), "
+    "debug (everything), metrics (usage and lifecycle) or one the configuration declares "
+    "([profiles.<name>]); an unknown one is 422",
     "schema": {"type": "string", "enum": ["chat", "debug", "metrics"], "default": "debug"},
 }
+
+
+def _profile_param(profiles: Mapping[str, str] | None) -> dict[str, Any]:
+    """The ``profile`` parameter, listing the built-in and configured profiles."""
+    if not profiles:
+        return _PROFILE
+    names = sorted({"chat", "debug", "metrics", *profiles})
+    described = "; ".join(f"{n}: {d}" for n, d in sorted(profiles.items()) if d)
+    return {
+        **_PROFILE,
+        "description": str(_PROFILE["description"])
+        + (f". Declared: {described}" if described else ""),
+        "schema": {"type": "string", "enum": names, "default": "debug"},
+    }
+
+
 _LAST_EVENT_ID = {
     "name": "Last-Event-ID",
     "in": "header",
@@ -406,10 +425,18 @@ _GUARD_403 = (
 )
 
 
-def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[str, Any]:
+def openapi_document(
+    prefix: str,
+    *,
+    auth: bool,
+    guarded: bool = False,
+    profiles: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The document for an API under ``prefix``; ``auth``: tokens are required;
-    ``guarded``: requests are refused for their Host or Origin (403)."""
+    ``guarded``: requests are refused for their Host or Origin (403); ``profiles``:
+    the configured stream profiles (name: description) besides the built-in ones."""
     p = prefix
+    profile = _profile_param(profiles)
     conv = p + "/conversations/{conversation_id}"
     unauthorized = {"401": _error("no valid bearer token")} if auth else {}
     common = {
@@ -681,7 +708,7 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                     **not_found,
                     "422": _error("a bad profile, after or Last-Event-ID"),
                 },
-                parameters=[_PROFILE, _AFTER_EVENT, _LAST_EVENT_ID],
+                parameters=[profile, _AFTER_EVENT, _LAST_EVENT_ID],
             ),
         },
         p + "/events": {
@@ -692,7 +719,7 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                     "200": _sse("an endless event stream with heartbeat comments"),
                     "422": _error("a bad profile, after or Last-Event-ID"),
                 },
-                parameters=[_PROFILE, _AFTER_EVENT, _LAST_EVENT_ID],
+                parameters=[profile, _AFTER_EVENT, _LAST_EVENT_ID],
             ),
         },
     }
