@@ -40,3 +40,9 @@ class ChannelOptions:
     ambient: bool = False
     #: How many such lines at most reach the model with the next turn.
     ambient_lines: Annotated[int, Field(ge=1)] = 50
+    #: A message that arrives while the bot answers: ``queue`` (its own turn
+    #: next), ``steer`` (it joins the running turn at its next model request,
+    #: so the answer takes it into account), ``interrupt`` (the running answer
+    #: stops, the new message gets a turn); ``auto``: ``steer`` in direct
+    #: conversations and threads, ``queue`` in shared channels.
+    busy: Literal["auto", "queue", "steer", "interrupt"] = "auto"

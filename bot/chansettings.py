@@ -18,7 +18,11 @@ pattern wins key by key), overlaid with what the channel's admins set in chat
     never widen it);
 ``model``
     the model profile (``[llm.profiles.<name>]``) this channel's turns use;
-    ``default`` is ``[llm]`` itself.
+    ``default`` is ``[llm]`` itself;
+``busy``
+    what a message that arrives while the bot answers does: ``queue``,
+    ``steer`` or ``interrupt`` (``auto``: ``steer`` in direct conversations
+    and threads, ``queue`` in shared channels).
 
 Who may set them is a role (``[agent] settings_role``, default ``admin``)
 compared with the speaker's role from a ``role_for`` callable: by default
@@ -90,6 +94,7 @@ def role_at_least(role: str, needed: str) -> bool:
 
 Answer = Literal["addressed", "all", "direct"]
 Events = Literal["auto", "answers", "chat", "debug"]
+Busy = Literal["auto", "queue", "steer", "interrupt"]
 
 #: Longest persona accepted (characters).
 MAX_PERSONA_CHARS = 2000
@@ -125,6 +130,9 @@ class ChannelSettings:
     tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
     #: The model profile (``[llm.profiles.<name>]``) used here; ``default``: ``[llm]``.
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    #: A message sent while the bot answers: ``queue``, ``steer``, ``interrupt``
+    #: (``auto``: ``steer`` in direct conversations and threads, ``queue`` elsewhere).
+    busy: Busy | None = None
 
 
 #: The keys ``!set`` knows, and what each takes (the help and error texts).
@@ -139,10 +147,12 @@ SETTING_KEYS: dict[str, str] = {
     "tools": "glob patterns of tool names (fs__read_* web__*), within the transport's "
     "allowed_tools; none: no tools",
     "model": "a model profile of [llm.profiles], or default ([llm])",
+    "busy": "one of " + ", ".join(get_args(Busy)) + " (what a message sent while the bot "
+    "answers does)",
 }
 
 #: Keys that overlay :class:`ChannelOptions` fields of the same name.
-_OPTION_KEYS = ("answer", "max_answer_lines", "ambient", "ambient_lines", "events")
+_OPTION_KEYS = ("answer", "max_answer_lines", "ambient", "ambient_lines", "events", "busy")
 
 
 class SettingError(ValueError):
@@ -201,8 +211,8 @@ def parse_setting(key: str, words: list[str], *, profiles: Iterable[str] | None 
             known = ", ".join(["default", *sorted(profiles)])
             raise SettingError(f"model: no profile {text!r}; profiles: {known}")
         return text
-    if key in ("answer", "events"):
-        allowed = get_args(Answer if key == "answer" else Events)
+    if key in ("answer", "events", "busy"):
+        allowed = get_args({"answer": Answer, "events": Events, "busy": Busy}[key])
         if text.lower() not in allowed:
             raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
         return text.lower()

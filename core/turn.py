@@ -20,7 +20,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,9 @@ from .events import (
     Interrupted,
     ReasoningDelta,
     ReasoningStarted,
+    RequestUsage,
     ResponseStarted,
+    StatusState,
     TextDelta,
     ToolCallEnded,
     ToolCallStarted,
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
     from .events import Event
     from .services import ConversationParts
 
-__all__ = ["TurnRunner"]
+__all__ = ["Steered", "TurnRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,17 @@ class _State:
     stop_reason: str = "stop"
 
 
+@dataclass(slots=True)
+class Steered:
+    """A message sent into a running turn (``busy = "steer"``): already on its way
+    to the audit log (``committed``); it joins the working memory at the turn's
+    next model request."""
+
+    content: str
+    author: str | None
+    committed: asyncio.Future[list[Message]]
+
+
 class TurnRunner:
     """Runs one turn of a conversation (its ``parts``) for the user message ``message``."""
 
@@ -95,6 +108,7 @@ class TurnRunner:
         in_memory: bool = False,
         resumed: bool = False,
         allow_tool: Callable[[str], bool] | None = None,
+        on_status: Callable[[TurnRunner], None] | None = None,
     ) -> None:
         self.parts = parts
         #: The conversation (what hooks and tools are told about).
@@ -121,10 +135,84 @@ class TurnRunner:
         self._budget: asyncio.Timeout | None = None
         self._waiting_approvals = 0
         self._budget_left: float | None = None
+        #: The tool rights this turn was started with (a steering message must match).
+        self.allow_tool = allow_tool
+        #: What the turn does now (see :data:`~agentik.core.events.StatusState`).
+        self.phase: StatusState = "running"
+        #: Names of the tool calls of the batch running now.
+        self.running_tools: list[str] = []
+        #: The turn has ended (its last status is about to be reported).
+        self.finished = False
+        #: Model requests made so far.
+        self.requests = 0
+        self._on_status = on_status
+        #: Whether a steering message would still reach a model request of this
+        #: turn: open until the first request, and again while a tool batch runs
+        #: (a request always follows one).
+        self.steer_open = True
+        self._steered: list[Steered] = []
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: type[Event], **fields: Any) -> None:
         self.events.emit(cls, self.run_id, **fields)
+
+    # -- status and steering -------------------------------------------------------
+    @property
+    def status_state(self) -> StatusState:
+        """The turn's state: ``awaiting_human`` while a person is asked, else its phase."""
+        return "awaiting_human" if self._waiting_approvals > 0 else self.phase
+
+    def _set_phase(self, phase: StatusState) -> None:
+        self.phase = phase
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_status is not None:
+            self._on_status(self)
+
+    @contextlib.contextmanager
+    def waiting_for_human(self) -> Iterator[None]:
+        """While inside, the turn waits for a person (state ``awaiting_human``) and
+        its time budget is paused.  Nested and concurrent uses count."""
+        self._pause_budget(True)
+        try:
+            yield
+        finally:
+            self._pause_budget(False)
+
+    def steer(self, item: Steered) -> bool:
+        """Take ``item`` into this turn at its next model request; ``False``: too late
+        (no request is sure to follow), the caller queues it as a turn instead."""
+        if not self.steer_open or self.interrupt_requested or self.finished:
+            return False
+        self._steered.append(item)
+        return True
+
+    def take_steered(self) -> list[Steered]:
+        """The steering messages this turn did not reach (it ended before its next
+        request: interrupted, failed); none are left here afterwards."""
+        left, self._steered = self._steered, []
+        return left
+
+    async def _take_in_steered(self) -> None:
+        """The boundary: messages sent into the turn join the working memory, in order."""
+        self.steer_open = False
+        while self._steered:
+            item = self._steered[0]
+            try:
+                rows = await asyncio.shield(item.committed)
+            except Exception:
+                self._steered.pop(0)  # not recorded: its sender got the error
+                continue
+            self._steered.pop(0)
+            self._append(
+                memory=[
+                    ChatMessage(
+                        role="user", content=item.content, author=item.author,
+                        message_id=rows[0].id,
+                    )
+                ]
+            )  # fmt: skip
 
     def _append(
         self,
@@ -169,6 +257,7 @@ class TurnRunner:
         started = time.monotonic()
         m = self.message
         self._emit(TurnStarted, message_id=m.id, author=m.author)
+        self._changed()
         try:
             if self.resumed:
                 await self._prepare_resume()
@@ -247,20 +336,19 @@ class TurnRunner:
 
     def _pause_budget(self, paused: bool) -> None:
         """Stop the turn's time budget while a person is asked (approvals), resume after."""
+        self._waiting_approvals += 1 if paused else -1
+        self._changed()  # awaiting_human while anyone waits
         budget = self._budget
         if budget is None:
             return
         loop = asyncio.get_running_loop()
         if paused:
-            self._waiting_approvals += 1
             if self._waiting_approvals == 1:
                 when = budget.when()
                 self._budget_left = None if when is None else max(0.0, when - loop.time())
                 budget.reschedule(None)
-        else:
-            self._waiting_approvals -= 1
-            if self._waiting_approvals == 0 and self._budget_left is not None:
-                budget.reschedule(loop.time() + self._budget_left)
+        elif self._waiting_approvals == 0 and self._budget_left is not None:
+            budget.reschedule(loop.time() + self._budget_left)
 
     async def _prepare_resume(self) -> None:
         """Make the committed state of a cut-off turn a valid context to re-run from.
@@ -299,6 +387,10 @@ class TurnRunner:
         log.info("conversation %s: resuming run %s after a restart", self.parts.id, self.run_id)
 
     def _end(self, started: float) -> None:
+        self.steer_open = False
+        self.finished = True
+        self.running_tools = []
+        self._changed()
         self._emit(
             TurnEnded,
             stop_reason=self.state.stop_reason,
@@ -356,6 +448,7 @@ class TurnRunner:
     async def _steps(self) -> None:
         services = self.services
         while True:
+            await self._take_in_steered()
             no_tools = self.state.tools_exhausted
             offered = (
                 []
@@ -537,6 +630,9 @@ class TurnRunner:
         reasoning = response = False
         cap = self.policy.max_answer_chars
         size = 0
+        used = Usage()
+        self.requests += 1
+        self._set_phase("streaming")
         gen = backend.stream(request)
         async with contextlib.aclosing(gen):  # type: ignore[type-var]
             async for item in gen:
@@ -558,6 +654,7 @@ class TurnRunner:
                             self.run_id,
                             cap,
                         )
+                        self._emit_usage(used, backend)
                         return "".join(partial), [], "length"
                 elif isinstance(item, ReasoningChunk):
                     if not reasoning:
@@ -567,10 +664,22 @@ class TurnRunner:
                 elif isinstance(item, ToolCallItem):
                     calls.append(item.call)
                 elif isinstance(item, UsageItem):
+                    used = used + item.usage
                     self.state.usage = self.state.usage + item.usage
                 elif isinstance(item, FinishItem):
                     finish = item.reason
+        self._emit_usage(used, backend)
         return "".join(partial), calls, finish
+
+    def _emit_usage(self, used: Usage, backend: LLMBackend) -> None:
+        """The ``usage`` event of one finished model request."""
+        self._emit(
+            RequestUsage,
+            usage=used,
+            model=getattr(backend, "model", "") or "",
+            backend=getattr(backend, "name", "") or type(backend).__name__,
+            request=self.requests,
+        )
 
     # -- tools --------------------------------------------------------------------
     async def _run_tools(self, calls: list[ToolCall]) -> None:
@@ -587,6 +696,10 @@ class TurnRunner:
             # The cap is used up: the model is asked for a final answer without
             # tools next (and a tool call then ends the turn).
             self.state.tools_exhausted = True
+        # A model request follows every tool batch: messages sent now steer it.
+        self.steer_open = True
+        self.running_tools = [c.name for c in calls]
+        self._set_phase("executing_tools")
         async with asyncio.TaskGroup() as tg:
             for c in runnable:
                 tg.create_task(self._run_tool(c))
@@ -728,6 +841,8 @@ class TurnRunner:
         if len(text) > cap:
             text = text[:cap] + f"\n[… result cut: too long ({len(result.text)} characters)]"
         self.state.open_calls.pop(call.id, None)
+        with contextlib.suppress(ValueError):
+            self.running_tools.remove(call.name)
         write = self._append(
             log=[
                 self._new(

@@ -74,6 +74,17 @@ SAMPLES = [
         approver_id="irc:bob",
         reason="not today",
     ),
+    ev.StatusChanged(
+        **ENVELOPE, state="executing_tools", previous="streaming", tools=("add", "web__get"),
+        queued=2,
+    ),  # fmt: skip
+    ev.RequestUsage(
+        **ENVELOPE,
+        usage=Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7),
+        model="fake-model",
+        backend="openai",
+        request=2,
+    ),
 ]
 
 
