@@ -293,7 +293,7 @@ class StatusChanged(EventBase):
     """
 
     kind: Literal["status_changed"] = field(default="status_changed", init=False)
-    state: StatusState
+    state: StatusState = "idle"
     previous: StatusState = "idle"
     tools: tuple[str, ...] = ()
     queued: int = 0

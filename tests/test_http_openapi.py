@@ -78,8 +78,8 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     assert result.returncode == 0, output
     assert "Failures:" not in output and "Errors:" not in output, output
     # It really exercised the API: every operation but the two streams (the two
-    # approvals operations included).
-    assert "Tested: 11" in output
+    # approvals operations and the status included).
+    assert "Tested: 12" in output
 
 
 def test_the_document_lists_every_route(api):
@@ -102,6 +102,7 @@ def test_the_document_lists_every_route(api):
         ("POST", "/agentik/conversations/{conversation_id}/messages"),
         ("GET", "/agentik/conversations/{conversation_id}/messages"),
         ("POST", "/agentik/conversations/{conversation_id}/interrupt"),
+        ("GET", "/agentik/conversations/{conversation_id}/status"),
         ("GET", "/agentik/conversations/{conversation_id}/approvals"),
         ("POST", "/agentik/conversations/{conversation_id}/approvals/{approval_id}"),
         ("GET", "/agentik/conversations/{conversation_id}/events"),
