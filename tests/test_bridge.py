@@ -186,7 +186,7 @@ async def test_tool_calls_show_one_notice_each_and_errors_a_short_line(rig):
     agent.add_tool(lookup)
     model.enqueue(Reply(tool_calls=[call("lookup", {"q": "cats"})]), "Cats are great.")
     model.enqueue(Reply(text="half", fail_after=1))
-    t = await make()
+    t = await make(busy="queue")  # "again" waits for its own turn (DMs steer by default)
     await t.inject("cats?", channel_key="mem:#x", direct=True)
     await t.inject("again", channel_key="mem:#x", direct=True)
     await bridge.flush("mem:#x")
@@ -206,7 +206,7 @@ async def test_huge_input_is_refused_with_a_message(rig):
 
 async def test_messages_during_a_turn_are_answered_in_order(rig):
     model, agent, bridge, make = rig
-    t = await make()
+    t = await make(busy="queue")  # each its own turn (DMs steer by default)
     gate = asyncio.Event()
     model.enqueue(Reply(text="first", gate=gate))
     await t.inject("one", channel_key="mem:#x", direct=True)
@@ -222,7 +222,7 @@ async def test_messages_handed_over_as_tasks_keep_their_order(rig):
     # channel's settings (and budgets) from SQLite must not let a later message
     # overtake an earlier one, even while a turn runs.
     model, agent, bridge, make = rig
-    t = await make()
+    t = await make(busy="queue")  # each its own turn (DMs steer by default)
     gate = asyncio.Event()
     model.enqueue(Reply(text="first", gate=gate))
     words = [f"message {i}" for i in range(12)]
