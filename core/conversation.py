@@ -266,7 +266,7 @@ class Conversation:
         length and the running turn's usage so far."""
         runner = self._runner
         if runner is None or self._state == "idle":
-            return ConversationStatus(self.id, "idle", queued=len(self._queue))
+            return ConversationStatus(self.id, "idle", queued=self.queued)
         return ConversationStatus(
             self.id,
             self._state,
