@@ -146,10 +146,10 @@ class TurnRunner:
         #: Model requests made so far.
         self.requests = 0
         self._on_status = on_status
-        #: Whether a steering message would still reach a model request of this
-        #: turn: open until the first request, and again while a tool batch runs
-        #: (a request always follows one).
-        self.steer_open = True
+        #: Whether a steering message would reach a model request of this turn:
+        #: open while a tool batch runs (a request always follows one).  Not
+        #: before the first request: messages sent in a burst each get a turn.
+        self.steer_open = False
         self._steered: list[Steered] = []
 
     # -- helpers -------------------------------------------------------------

@@ -206,7 +206,7 @@ async def test_huge_input_is_refused_with_a_message(rig):
 
 async def test_messages_during_a_turn_are_answered_in_order(rig):
     model, agent, bridge, make = rig
-    t = await make(busy="queue")  # each its own turn (DMs steer by default)
+    t = await make()
     gate = asyncio.Event()
     model.enqueue(Reply(text="first", gate=gate))
     await t.inject("one", channel_key="mem:#x", direct=True)
@@ -222,7 +222,7 @@ async def test_messages_handed_over_as_tasks_keep_their_order(rig):
     # channel's settings (and budgets) from SQLite must not let a later message
     # overtake an earlier one, even while a turn runs.
     model, agent, bridge, make = rig
-    t = await make(busy="queue")  # each its own turn (DMs steer by default)
+    t = await make()
     gate = asyncio.Event()
     model.enqueue(Reply(text="first", gate=gate))
     words = [f"message {i}" for i in range(12)]
