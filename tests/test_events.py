@@ -75,9 +75,12 @@ SAMPLES = [
         reason="not today",
     ),
     ev.StatusChanged(
-        **ENVELOPE, state="executing_tools", previous="streaming", tools=("add", "web__get"),
+        **ENVELOPE,
+        state="executing_tools",
+        previous="streaming",
+        tools=("add", "web__get"),
         queued=2,
-    ),  # fmt: skip
+    ),
     ev.RequestUsage(
         **ENVELOPE,
         usage=Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7),

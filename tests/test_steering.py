@@ -18,8 +18,8 @@ from agentik.core.events import StatusChanged, event_from_json, event_to_json
 from agentik.core.testing.openai_server import FakeOpenAIServer, Reply
 from agentik.core.tools.base import FunctionTool
 from agentik.transports.irc.transport import IRCTransport
-
 from helpers import collect_turn
+
 from httpserver import running_server, sse
 from ircservers import IRCTestClient
 
@@ -362,10 +362,12 @@ async def test_irc_direct_message_steers_and_status_says_what_runs(
         assert "model requests" in status.text and "11+2 tokens" in status.text
         # A DM defaults to busy = steer: the correction joins the running turn.
         alice.privmsg("agentik", "actually, look up Y")
+        # A channel's messages are taken in order: once !status answers, the
+        # correction before it was taken.
+        alice.privmsg("agentik", "!status")
+        await alice.wait_for(_from_bot("alice", "executing tools (slow)"))
         conv = await agent.conversation_for_channel("irc:testnet:alice!*@*")
-        async with asyncio.timeout(WAIT):
-            while len(await conv.messages()) < 3:
-                await asyncio.sleep(0.01)
+        assert [m.kind for m in await conv.messages()] == ["user", "tool_call", "user"]
         slow.release.set()
         await alice.wait_for(_from_bot("alice", "Y found"))
         assert len(openai_server.requests) == 2
@@ -391,10 +393,8 @@ async def test_irc_channel_queues_by_default_and_interrupts_when_set(
         bob.privmsg("#ops", "agentik: look up X")
         await slow.wait_started()
         bob.privmsg("#ops", "agentik: then Z")
-        conv = await agent.conversation_for_channel("irc:testnet:#ops")
-        async with asyncio.timeout(WAIT):
-            while conv.queued < 1:
-                await asyncio.sleep(0.01)
+        bob.privmsg("#ops", "!status")
+        await bob.wait_for(_from_bot("#ops", "executing tools (slow)", "1 queued"))
         slow.release.set()
         await bob.wait_for(_from_bot("#ops", "X found"))
         await bob.wait_for(_from_bot("#ops", "echo:", "then Z"))
