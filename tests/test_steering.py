@@ -296,6 +296,37 @@ async def test_awaiting_human_while_a_tool_waits_for_a_person(openai_server, db_
     ]  # fmt: skip
 
 
+async def test_awaiting_human_while_an_approval_is_pending(openai_server, db_path):
+    from agentik.core.approvals import ApprovalRule
+
+    slow = SlowTool()
+    rules = [ApprovalRule(tools=("slow",), approve="always", approvers="user")]
+    async with Agent(
+        llm=_llm(openai_server), store=SQLiteStore(db_path), tools=[slow.tool()], approvals=rules
+    ) as agent:
+        conv = await agent.conversation_for_channel("fake:chat:#c")
+        sub = conv.events(kinds={"status_changed", "approval_requested", "turn_ended"})
+        _slow_then_answer(openai_server)
+        await conv.send("go", author="alice", author_id="chat:alice")
+        async with asyncio.timeout(WAIT):
+            async for e in sub:
+                if e.kind == "approval_requested":
+                    break
+        status = conv.status()
+        assert (status.state, status.tools) == ("awaiting_human", ("slow",))
+        [pending] = await agent.approvals.pending("fake:chat:#c")
+        await agent.approvals.decide(
+            pending, "approve", approver="bob", approver_id="chat:bob", role="user"
+        )
+        await slow.wait_started()
+        assert conv.status().state == "executing_tools"
+        slow.release.set()
+        events = await collect_turn(sub, wait=WAIT)
+    assert [e.state for e in events if e.kind == "status_changed"] == [
+        "awaiting_human", "executing_tools", "streaming", "idle",
+    ]  # fmt: skip
+
+
 # -- the setting ----------------------------------------------------------------------------
 
 
