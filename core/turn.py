@@ -363,6 +363,7 @@ class TurnRunner:
         memory, m = self.memory, self.message
         memory.invalidate()
         await memory.load(exclude_run=self.run_id)
+        await self._resume_steered()
         cache = memory.messages
         at = next((i for i, cm in enumerate(cache) if cm.message_id == m.id), None)
         covered = any(cm.role == "system" and (cm.message_id or 0) >= m.id for cm in cache)
@@ -385,6 +386,23 @@ class TurnRunner:
                 ]
             )
         log.info("conversation %s: resuming run %s after a restart", self.parts.id, self.run_id)
+
+    async def _resume_steered(self) -> None:
+        """Messages sent into this run before the cut-off that never reached the
+        working memory join it at the resumed turn's first request."""
+        cache = self.memory.messages
+        known = {cm.message_id for cm in cache}
+        covered = max((cm.message_id or 0 for cm in cache if cm.role == "system"), default=0)
+        rows = await self.memory.store.messages(
+            self.parts.id, after=max(self.message.id, covered), kinds=["user"], limit=1000
+        )
+        loop = asyncio.get_running_loop()
+        for r in rows:
+            steered = isinstance(r.data, dict) and r.data.get("steered")
+            if r.run_id == self.run_id and steered and r.id not in known:
+                done: asyncio.Future[list[Message]] = loop.create_future()
+                done.set_result([r])
+                self._steered.append(Steered(r.content, r.author, done))
 
     def _end(self, started: float) -> None:
         self.steer_open = False

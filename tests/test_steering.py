@@ -252,6 +252,35 @@ async def test_a_correction_the_turn_never_reached_becomes_the_next_turn(rig, op
     assert memory == ["look up X", "also Y"]
 
 
+async def test_a_correction_a_shutdown_cut_off_reaches_the_resumed_turn(openai_server, db_path):
+    slow = SlowTool()
+    async with Agent(
+        llm=_llm(openai_server), store=SQLiteStore(db_path), tools=[slow.tool()]
+    ) as agent:
+        conv = await agent.conversation_for_channel("stdio:steer")
+        _slow_then_answer(openai_server)
+        run_id = await conv.send("look up X", author_id="t:alice")
+        await slow.wait_started()
+        assert await conv.steer("actually Y", author_id="t:alice") == run_id
+    # The shutdown cut the turn off during its tool call, before the correction
+    # reached the working memory.  After a restart the resumed turn takes it.
+    # (The fake model still holds the second reply of the cut-off turn: "done".)
+    async with Agent(llm=_llm(openai_server), store=SQLiteStore(db_path), tools=[]) as agent:
+        pending = await agent.pending_turns()
+        assert [(m.content, m.run_id) for m in pending] == [
+            ("look up X", run_id), ("actually Y", run_id),
+        ]  # fmt: skip
+        conv = await agent.conversation_for_channel("stdio:steer")
+        ended = conv.events(kinds={"turn_ended"})
+        assert conv.resume(pending) == [run_id]
+        end = await asyncio.wait_for(anext(ended), WAIT)
+        assert (end.run_id, end.text) == (run_id, "done")
+        body = openai_server.requests[-1]
+        assert _roles(body) == ["user", "assistant", "tool", "user"]
+        assert _users(body)[-1].endswith("actually Y")
+        assert await agent.pending_turns() == []
+
+
 async def test_someone_else_with_other_tool_rights_is_queued_not_steered(rig, openai_server):
     agent, slow = rig
     conv = await agent.create_conversation()
