@@ -357,12 +357,17 @@ class Bridge(AgentAccess):
                 if subject is not None:
                     assert self.budgets is not None
                     await stack.enter_async_context(self.budgets.sending(ch.conversation.id))
-                run_id = await ch.conversation.send(
+                sent = await ch.conversation.submit(
                     text,
                     author=message.author_name or message.author_id,
                     author_id=_author_id(transport, message),
                     allow_tool=decision.tools,
+                    busy=_busy_mode(opts, message, transport),
                 )
+                run_id = sent.run_id
+                if sent.steered:
+                    # Joined the running turn: its answer, asker and budget stay.
+                    return None
                 if subject is not None:
                     assert self.budgets is not None
                     self.budgets.bind(run_id, subject, chars=len(text))
@@ -1007,9 +1012,9 @@ class Bridge(AgentAccess):
         ch = await self._channel(key, transport, opts)
         conv = ch.conversation
         count = await conv.count_messages()
-        state = "answering" if conv.running_run_id else "idle"
-        if conv.queued:
-            state += f", {conv.queued} queued"
+        # idle | running | streaming | executing tools (names) | awaiting human, the
+        # run, its requests and tokens so far, the queue.
+        state = conv.status().line()
         llm = self.agent.llm_for(conv.llm_profile)
         profile = f" (profile {conv.llm_profile})" if conv.llm_profile else ""
         await say(
@@ -2120,3 +2125,14 @@ def options_from(section: object, transport: Transport) -> ChannelOptions:
     if values.get("command_prefix") is None:
         values["command_prefix"] = transport.default_command_prefix
     return _resolved(transport, ChannelOptions(**values))
+
+
+def _busy_mode(
+    opts: ChannelOptions, message: IncomingMessage, transport: Transport
+) -> Literal["queue", "steer", "interrupt"]:
+    """The channel's ``busy`` setting; ``auto``: ``steer`` in direct conversations and
+    threads (one person, or a few, on one topic), ``queue`` in shared channels."""
+    if opts.busy != "auto":
+        return opts.busy
+    direct = message.direct or transport.in_thread(message.channel_key)
+    return "steer" if direct else "queue"

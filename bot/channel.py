@@ -48,3 +48,9 @@ class ChannelOptions:
     #: progress): a new line, or an edit of its line where the transport can
     #: edit; the first is shown at once (0: every progress report).
     progress_interval: Annotated[float, Field(ge=0)] = 10.0
+    #: A message that arrives while the bot answers: ``queue`` (its own turn
+    #: next), ``steer`` (it joins the running turn at its next model request,
+    #: so the answer takes it into account), ``interrupt`` (the running answer
+    #: stops, the new message gets a turn); ``auto``: ``steer`` in direct
+    #: conversations and threads, ``queue`` in shared channels.
+    busy: Literal["auto", "queue", "steer", "interrupt"] = "auto"

@@ -18,7 +18,11 @@ pattern wins key by key), overlaid with what the channel's admins set in chat
     never widen it);
 ``model``
     the model profile (``[llm.profiles.<name>]``) this channel's turns use;
-    ``default`` is ``[llm]`` itself.
+    ``default`` is ``[llm]`` itself;
+``busy``
+    what a message that arrives while the bot answers does: ``queue``,
+    ``steer`` or ``interrupt`` (``auto``: ``steer`` in direct conversations
+    and threads, ``queue`` in shared channels).
 
 Who may set them is a role (``[agent] settings_role``, default ``admin``)
 compared with the speaker's role from a ``role_for`` callable: by default
@@ -91,6 +95,7 @@ def role_at_least(role: str, needed: str) -> bool:
 
 Answer = Literal["addressed", "all", "direct"]
 Events = Literal["auto", "answers", "chat", "debug"]
+Busy = Literal["auto", "queue", "steer", "interrupt"]
 
 #: Longest persona accepted (characters).
 MAX_PERSONA_CHARS = 2000
@@ -129,6 +134,9 @@ class ChannelSettings:
     #: The event stream profile the channel is rendered from (``chat``, ``debug``,
     #: ``metrics`` or a ``[profiles.<name>]``).
     profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    #: A message sent while the bot answers: ``queue``, ``steer``, ``interrupt``
+    #: (``auto``: ``steer`` in direct conversations and threads, ``queue`` elsewhere).
+    busy: Busy | None = None
 
 
 #: The keys ``!set`` knows, and what each takes (the help and error texts).
@@ -144,10 +152,20 @@ SETTING_KEYS: dict[str, str] = {
     "allowed_tools; none: no tools",
     "model": "a model profile of [llm.profiles], or default ([llm])",
     "profile": "an event stream profile: chat, debug, metrics or one of [profiles]",
+    "busy": "one of " + ", ".join(get_args(Busy)) + " (what a message sent while the bot "
+    "answers does)",
 }
 
 #: Keys that overlay :class:`ChannelOptions` fields of the same name.
-_OPTION_KEYS = ("answer", "max_answer_lines", "ambient", "ambient_lines", "events", "profile")
+_OPTION_KEYS = (
+    "answer",
+    "max_answer_lines",
+    "ambient",
+    "ambient_lines",
+    "events",
+    "profile",
+    "busy",
+)
 
 
 class SettingError(ValueError):
@@ -220,8 +238,8 @@ def parse_setting(
             known = ", ".join(stream_profiles)
             raise SettingError(f"profile: no profile {text!r}; profiles: {known}")
         return text
-    if key in ("answer", "events"):
-        allowed = get_args(Answer if key == "answer" else Events)
+    if key in ("answer", "events", "busy"):
+        allowed = get_args({"answer": Answer, "events": Events, "busy": Busy}[key])
         if text.lower() not in allowed:
             raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
         return text.lower()

@@ -21,7 +21,9 @@ event losslessly, so the same shapes go to transports, the HTTP API and logs.
 
 Subscribers choose a *profile* (:mod:`agentik.core.streamprofiles`):
 ``chat`` (text and short tool notices), ``debug`` (everything),
-``metrics`` (usage and lifecycle) or one declared in the configuration.
+``metrics`` (usage and lifecycle: per-request ``usage`` and
+``status_changed`` are in ``metrics`` and ``debug``, not in ``chat``) or
+one declared in the configuration.
 """
 
 from __future__ import annotations
@@ -51,8 +53,11 @@ __all__ = [
     "QuestionAsked",
     "ReasoningDelta",
     "ReasoningStarted",
+    "RequestUsage",
     "ResponseStarted",
     "RunStreamEnd",
+    "StatusChanged",
+    "StatusState",
     "TextDelta",
     "TodoUpdated",
     "ToolCallEnded",
@@ -373,6 +378,45 @@ class ToolProgress(EventBase):
     elapsed: float = 0.0
 
 
+#: What a conversation is doing (:meth:`Conversation.status`): no turn
+#: (``idle``), a turn between steps (``running``), a model request streaming
+#: (``streaming``), tool calls running (``executing_tools``), or waiting for a
+#: person (an approval: ``awaiting_human``).
+StatusState = Literal["idle", "running", "streaming", "executing_tools", "awaiting_human"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StatusChanged(EventBase):
+    """The conversation's state changed from ``previous`` to ``state``.
+
+    ``tools`` names the tool calls running (in ``executing_tools`` and
+    ``awaiting_human``); ``queued`` counts the turns waiting behind this one.
+    The last ``idle`` of a turn comes just before its ``turn_ended`` (when no
+    other turn is queued).
+    """
+
+    kind: Literal["status_changed"] = field(default="status_changed", init=False)
+    state: StatusState = "idle"
+    previous: StatusState = "idle"
+    tools: tuple[str, ...] = ()
+    queued: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RequestUsage(EventBase):
+    """The tokens of one model request of the run (``turn_ended`` has the total).
+
+    ``model`` and ``backend`` name what answered it; ``request`` counts the
+    run's requests from 1.  The usage is zero when the backend reported none.
+    """
+
+    kind: Literal["usage"] = field(default="usage", init=False)
+    usage: Usage = dataclasses.field(default_factory=Usage)
+    model: str = ""
+    backend: str = ""
+    request: int = 1
+
+
 #: Every event, as one union discriminated by ``kind``: a type checker narrows
 #: ``event: Event`` to one class on ``if event.kind == "text_delta": ...``.
 Event = (
@@ -397,6 +441,8 @@ Event = (
     | QuestionAnswered
     | TodoUpdated
     | ToolProgress
+    | StatusChanged
+    | RequestUsage
 )
 
 #: The event classes of :data:`Event`, in order.
@@ -424,6 +470,8 @@ def event_to_dict(event: EventBase) -> dict[str, Any]:
     d = {f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name != "kind"}
     if isinstance(d.get("usage"), Usage):
         d["usage"] = d["usage"].to_dict()
+    if isinstance(d.get("tools"), tuple):
+        d["tools"] = list(d["tools"])
     d["kind"] = event.kind
     return d
 
@@ -439,7 +487,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     kwargs = {k: v for k, v in d.items() if k in names}
     if "usage" in kwargs and isinstance(kwargs["usage"], dict):
         kwargs["usage"] = Usage.from_dict(kwargs["usage"])
-    for key in ("choices", "items", "changed"):
+    for key in ("choices", "items", "changed", "tools"):
         # JSON has no tuples: these fields come back as lists.
         if isinstance(kwargs.get(key), list):
             kwargs[key] = tuple(kwargs[key])

@@ -142,7 +142,8 @@ BUILTIN_PROFILES: dict[str, StreamProfile] = {
     ),
     "metrics": StreamProfile(
         name="metrics",
-        kinds=_LIFECYCLE | {"tool_call_ended", "child_run_linked", "approval_resolved", "usage"},
+        kinds=_LIFECYCLE
+        | {"tool_call_ended", "child_run_linked", "approval_resolved", "usage", "status_changed"},
         description="usage and lifecycle, child runs included",
     ),
 }

@@ -20,7 +20,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,8 +31,10 @@ from .events import (
     Interrupted,
     ReasoningDelta,
     ReasoningStarted,
+    RequestUsage,
     ResponseStarted,
     RunStreamEnd,
+    StatusState,
     TextDelta,
     ToolCallEnded,
     ToolCallStarted,
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
     from .events import Event, StopReason
     from .services import ConversationParts
 
-__all__ = ["TurnRunner"]
+__all__ = ["Steered", "TurnRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,17 @@ class _State:
     stop_reason: str = "stop"
 
 
+@dataclass(slots=True)
+class Steered:
+    """A message sent into a running turn (``busy = "steer"``): already on its way
+    to the audit log (``committed``); it joins the working memory at the turn's
+    next model request."""
+
+    content: str
+    author: str | None
+    committed: asyncio.Future[list[Message]]
+
+
 class TurnRunner:
     """Runs one turn of a conversation (its ``parts``) for the user message ``message``."""
 
@@ -99,6 +112,7 @@ class TurnRunner:
         in_memory: bool = False,
         resumed: bool = False,
         allow_tool: Callable[[str], bool] | None = None,
+        on_status: Callable[[TurnRunner], None] | None = None,
     ) -> None:
         self.parts = parts
         #: The conversation (what hooks and tools are told about).
@@ -152,10 +166,84 @@ class TurnRunner:
         self._first_item: float | None = None
         #: Its row of the run tree went in with the turn's end.
         self._run_written = False
+        #: The tool rights this turn was started with (a steering message must match).
+        self.allow_tool = allow_tool
+        #: What the turn does now (see :data:`~agentik.core.events.StatusState`).
+        self.phase: StatusState = "running"
+        #: Names of the tool calls of the batch running now.
+        self.running_tools: list[str] = []
+        #: The turn has ended (its last status is about to be reported).
+        self.finished = False
+        #: Model requests made so far.
+        self.requests = 0
+        self._on_status = on_status
+        #: Whether a steering message would reach a model request of this turn:
+        #: open while a tool batch runs (a request always follows one).  Not
+        #: before the first request: messages sent in a burst each get a turn.
+        self.steer_open = False
+        self._steered: list[Steered] = []
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: type[Event], **fields: Any) -> None:
         self.events.emit(cls, self.run_id, **fields)
+
+    # -- status and steering -------------------------------------------------------
+    @property
+    def status_state(self) -> StatusState:
+        """The turn's state: ``awaiting_human`` while a person is asked, else its phase."""
+        return "awaiting_human" if self._waiting_approvals > 0 else self.phase
+
+    def _set_phase(self, phase: StatusState) -> None:
+        self.phase = phase
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_status is not None:
+            self._on_status(self)
+
+    @contextlib.contextmanager
+    def waiting_for_human(self) -> Iterator[None]:
+        """While inside, the turn waits for a person (state ``awaiting_human``) and
+        its time budget is paused.  Nested and concurrent uses count."""
+        self._pause_budget(True)
+        try:
+            yield
+        finally:
+            self._pause_budget(False)
+
+    def steer(self, item: Steered) -> bool:
+        """Take ``item`` into this turn at its next model request; ``False``: too late
+        (no request is sure to follow), the caller queues it as a turn instead."""
+        if not self.steer_open or self.interrupt_requested or self.finished:
+            return False
+        self._steered.append(item)
+        return True
+
+    def take_steered(self) -> list[Steered]:
+        """The steering messages this turn did not reach (it ended before its next
+        request: interrupted, failed); none are left here afterwards."""
+        left, self._steered = self._steered, []
+        return left
+
+    async def _take_in_steered(self) -> None:
+        """The boundary: messages sent into the turn join the working memory, in order."""
+        self.steer_open = False
+        while self._steered:
+            item = self._steered[0]
+            try:
+                rows = await asyncio.shield(item.committed)
+            except Exception:
+                self._steered.pop(0)  # not recorded: its sender got the error
+                continue
+            self._steered.pop(0)
+            self._append(
+                memory=[
+                    ChatMessage(
+                        role="user", content=item.content, author=item.author,
+                        message_id=rows[0].id,
+                    )
+                ]
+            )  # fmt: skip
 
     def _append(
         self,
@@ -205,6 +293,7 @@ class TurnRunner:
         started = time.monotonic()
         m = self.message
         self._emit(TurnStarted, message_id=m.id, author=m.author)
+        self._changed()
         try:
             if self.resumed:
                 await self._prepare_resume()
@@ -298,27 +387,26 @@ class TurnRunner:
         except Exception:
             log.exception("run %s: could not expire its leftover questions", self.run_id)
 
-    def waiting_for_human(self) -> bool:
+    def is_awaiting_human(self) -> bool:
         """Whether this turn waits for a person now (an approval or a question):
         the ``awaiting_human`` state."""
         return self._waiting_approvals > 0
 
     def _pause_budget(self, paused: bool) -> None:
         """Stop the turn's time budget while a person is asked (approvals), resume after."""
+        self._waiting_approvals += 1 if paused else -1
+        self._changed()  # awaiting_human while anyone waits
         budget = self._budget
         if budget is None:
             return
         loop = asyncio.get_running_loop()
         if paused:
-            self._waiting_approvals += 1
             if self._waiting_approvals == 1:
                 when = budget.when()
                 self._budget_left = None if when is None else max(0.0, when - loop.time())
                 budget.reschedule(None)
-        else:
-            self._waiting_approvals -= 1
-            if self._waiting_approvals == 0 and self._budget_left is not None:
-                budget.reschedule(loop.time() + self._budget_left)
+        elif self._waiting_approvals == 0 and self._budget_left is not None:
+            budget.reschedule(loop.time() + self._budget_left)
 
     async def _prepare_resume(self) -> None:
         """Make the committed state of a cut-off turn a valid context to re-run from.
@@ -333,6 +421,7 @@ class TurnRunner:
         memory, m = self.memory, self.message
         memory.invalidate()
         await memory.load(exclude_run=self.run_id)
+        await self._resume_steered()
         cache = memory.messages
         at = next((i for i, cm in enumerate(cache) if cm.message_id == m.id), None)
         covered = any(cm.role == "system" and (cm.message_id or 0) >= m.id for cm in cache)
@@ -356,7 +445,28 @@ class TurnRunner:
             )
         log.info("conversation %s: resuming run %s after a restart", self.parts.id, self.run_id)
 
+    async def _resume_steered(self) -> None:
+        """Messages sent into this run before the cut-off that never reached the
+        working memory join it at the resumed turn's first request."""
+        cache = self.memory.messages
+        known = {cm.message_id for cm in cache}
+        covered = max((cm.message_id or 0 for cm in cache if cm.role == "system"), default=0)
+        rows = await self.memory.store.messages(
+            self.parts.id, after=max(self.message.id, covered), kinds=["user"], limit=1000
+        )
+        loop = asyncio.get_running_loop()
+        for r in rows:
+            steered = isinstance(r.data, dict) and r.data.get("steered")
+            if r.run_id == self.run_id and steered and r.id not in known:
+                done: asyncio.Future[list[Message]] = loop.create_future()
+                done.set_result([r])
+                self._steered.append(Steered(r.content, r.author, done))
+
     def _end(self, started: float) -> None:
+        self.steer_open = False
+        self.finished = True
+        self.running_tools = []
+        self._changed()
         node = self.node
         ended = self.events.emit(
             TurnEnded,
@@ -427,6 +537,7 @@ class TurnRunner:
                 # run): no further model request.
                 await self._end_early("", [], "token_budget")
                 return
+            await self._take_in_steered()
             no_tools = self.state.tools_exhausted
             offered = (
                 []
@@ -654,6 +765,9 @@ class TurnRunner:
         reasoning = response = False
         cap = self.policy.max_answer_chars
         size = 0
+        used = Usage()
+        self.requests += 1
+        self._set_phase("streaming")
         gen = backend.stream(request)
         async with contextlib.aclosing(gen):  # type: ignore[type-var]
             async for item in gen:
@@ -677,6 +791,7 @@ class TurnRunner:
                             self.run_id,
                             cap,
                         )
+                        self._emit_usage(used, backend)
                         return "".join(partial), [], "length"
                 elif isinstance(item, ReasoningChunk):
                     if not reasoning:
@@ -686,11 +801,23 @@ class TurnRunner:
                 elif isinstance(item, ToolCallItem):
                     calls.append(item.call)
                 elif isinstance(item, UsageItem):
+                    used = used + item.usage
                     self.state.usage = self.state.usage + item.usage
                     self.node.add_usage(item.usage)
                 elif isinstance(item, FinishItem):
                     finish = item.reason
+        self._emit_usage(used, backend)
         return "".join(partial), calls, finish
+
+    def _emit_usage(self, used: Usage, backend: LLMBackend) -> None:
+        """The ``usage`` event of one finished model request."""
+        self._emit(
+            RequestUsage,
+            usage=used,
+            model=getattr(backend, "model", "") or "",
+            backend=getattr(backend, "name", "") or type(backend).__name__,
+            request=self.requests,
+        )
 
     # -- tools --------------------------------------------------------------------
     async def _run_tools(self, calls: list[ToolCall]) -> None:
@@ -707,6 +834,10 @@ class TurnRunner:
             # The cap is used up: the model is asked for a final answer without
             # tools next (and a tool call then ends the turn).
             self.state.tools_exhausted = True
+        # A model request follows every tool batch: messages sent now steer it.
+        self.steer_open = True
+        self.running_tools = [c.name for c in calls]
+        self._set_phase("executing_tools")
         async with asyncio.TaskGroup() as tg:
             for c in runnable:
                 tg.create_task(self._run_tool(c))
@@ -864,6 +995,8 @@ class TurnRunner:
         if len(text) > cap:
             text = text[:cap] + f"\n[… result cut: too long ({len(result.text)} characters)]"
         self.state.open_calls.pop(call.id, None)
+        with contextlib.suppress(ValueError):
+            self.running_tools.remove(call.name)
         write = self._append(
             log=[
                 self._new(

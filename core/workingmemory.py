@@ -40,6 +40,10 @@ class Queued(Protocol):
     @property
     def run_id(self) -> str | None: ...
 
+    @property
+    def message_run_id(self) -> str | None:
+        """The run the message's audit-log row names, when not ``run_id``."""
+
 
 class WorkingMemory:
     """The working memory of conversation ``conversation_id`` in ``store``.
@@ -105,6 +109,7 @@ class WorkingMemory:
         cache = [e.message for e in await store.load_memory(cid)]
         last = max((m.message_id or 0 for m in cache), default=0)
         pending = {q.run_id for q in self._queue if q.run_id is not None} | {exclude_run}
+        pending |= {q.message_run_id for q in self._queue if q.message_run_id is not None}
         orphans = [
             m
             for m in await store.messages(cid, after=last, kinds=["user"], limit=1000)

@@ -116,6 +116,20 @@ SAMPLES = [
         message="compiling",
         elapsed=1.5,
     ),
+    ev.StatusChanged(
+        **ENVELOPE,
+        state="executing_tools",
+        previous="streaming",
+        tools=("add", "web__get"),
+        queued=2,
+    ),
+    ev.RequestUsage(
+        **ENVELOPE,
+        usage=Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7),
+        model="fake-model",
+        backend="openai",
+        request=2,
+    ),
 ]
 
 

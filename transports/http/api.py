@@ -129,6 +129,9 @@ class NewMessageBody(_Body):
             )
         return v
 
+    #: When a turn is running: ``queue``, ``steer`` into it, or ``interrupt`` it.
+    busy: Literal["queue", "steer", "interrupt"] = "queue"
+
 
 class InterruptBody(_Body):
     run_id: str | None = None
@@ -569,14 +572,16 @@ class Api:
                 budgets = self.ctx.budgets
                 if subject is not None and budgets is not None:
                     await stack.enter_async_context(budgets.sending(conv.id))
-                run_id = await conv.send(
+                sent = await conv.submit(
                     body.content,
                     author=author,
                     author_id=f"{self.ctx.instance}:{principal.name}",
                     channel=channel,
                     allow_tool=allow_tool,
+                    busy=body.busy,
                 )
-                if subject is not None and budgets is not None:
+                run_id = sent.run_id
+                if subject is not None and budgets is not None and not sent.steered:
                     budgets.bind(run_id, subject, chars=len(body.content))
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
@@ -590,6 +595,7 @@ class Api:
                 "run_id": run_id,
                 "queued": conv.queued,
                 "title": conv.title,
+                "steered": sent.steered,
             },
             status_code=202,
         )
@@ -637,6 +643,11 @@ class Api:
                 "prev_before": rows[0].id if full and after is None else None,
             }
         )
+
+    async def conversation_status(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        return JSONResponse(conv.status().to_dict())
 
     async def interrupt(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -811,6 +822,7 @@ def build_app(ctx: ApiContext) -> Starlette:
             },
         ),
         (conv + "/messages", {"GET": api.list_messages, "POST": api.post_message}),
+        (conv + "/status", {"GET": api.conversation_status}),
         (conv + "/interrupt", {"POST": api.interrupt}),
         (conv + "/approvals", {"GET": api.list_approvals}),
         (conv + "/approvals/{approval_id}", {"POST": api.decide_approval}),

@@ -188,6 +188,14 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "the speaker's name for the model (default: the token's name):"
                 " one line, no control characters; a label, not an identity",
             },
+            "busy": {
+                "type": "string",
+                "enum": ["queue", "steer", "interrupt"],
+                "default": "queue",
+                "description": "when a turn is running: queue a turn (queue), join the running"
+                " turn at its next model request (steer; queued when it cannot take it), or"
+                " stop it and start a new turn (interrupt)",
+            },
         },
     },
     "MessageAccepted": {
@@ -206,6 +214,38 @@ _SCHEMAS: dict[str, Any] = {
                 "minimum": 0,
                 "description": "turns waiting behind the running one",
             },
+            "steered": {
+                "type": "boolean",
+                "description": "the message joined the running turn (run_id is that turn's)",
+            },
+        },
+    },
+    "ConversationStatus": {
+        "type": "object",
+        "required": ["conversation_id", "state", "run_id", "tools", "queued", "usage"],
+        "properties": {
+            "conversation_id": {"type": "string"},
+            "state": {
+                "type": "string",
+                "enum": ["idle", "running", "streaming", "executing_tools", "awaiting_human"],
+            },
+            "run_id": {**_NULLABLE_STR, "description": "the running turn"},
+            "tools": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "the tool calls running now",
+            },
+            "queued": {"type": "integer", "minimum": 0},
+            "usage": {
+                "type": "object",
+                "description": "tokens of the running turn so far",
+                "properties": {
+                    "prompt_tokens": {"type": "integer"},
+                    "completion_tokens": {"type": "integer"},
+                    "total_tokens": {"type": "integer"},
+                },
+            },
+            "requests": {"type": "integer", "minimum": 0, "description": "model requests so far"},
         },
     },
     "Interrupt": {
@@ -324,7 +364,7 @@ _SCHEMAS: dict[str, Any] = {
             "tool_call_started, tool_call_ended, child_run_linked, turn_ended, "
             "run_stream_end, interrupted, error, events_lost, compacted, "
             "conversation_ended, approval_requested, approval_resolved, question_asked, "
-            "question_answered, todo_updated, tool_progress. A child "
+            "question_answered, todo_updated, tool_progress, status_changed, usage. A child "
             "run's events (an agent called as a tool) carry its run_id and "
             "parent_run_id and are relayed into the caller's conversation stream."
         ),
@@ -636,6 +676,14 @@ def openapi_document(
                         },
                     }
                 ],
+            ),
+        },
+        conv + "/status": {
+            "parameters": [_CONV_ID],
+            "get": op(
+                "getStatus",
+                "What the conversation does now: its state, running turn, tools, queue, usage",
+                {"200": _json("ConversationStatus", "the status"), **not_found},
             ),
         },
         conv + "/interrupt": {
