@@ -125,6 +125,8 @@ class ChannelSettings:
     tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
     #: The model profile (``[llm.profiles.<name>]``) used here; ``default``: ``[llm]``.
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    #: Tell the channel when reflection or mining saved notes from it (``[memory] announce``).
+    announce: bool | None = None
 
 
 #: The keys ``!set`` knows, and what each takes (the help and error texts).
@@ -139,6 +141,7 @@ SETTING_KEYS: dict[str, str] = {
     "tools": "glob patterns of tool names (fs__read_* web__*), within the transport's "
     "allowed_tools; none: no tools",
     "model": "a model profile of [llm.profiles], or default ([llm])",
+    "announce": "on or off (say when notes were saved from this channel)",
 }
 
 #: Keys that overlay :class:`ChannelOptions` fields of the same name.
@@ -206,12 +209,12 @@ def parse_setting(key: str, words: list[str], *, profiles: Iterable[str] | None 
         if text.lower() not in allowed:
             raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
         return text.lower()
-    if key == "ambient":
+    if key in ("ambient", "announce"):
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE:
             return False
-        raise SettingError(f"ambient: {text!r} is not {SETTING_KEYS[key]}")
+        raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
     return _whole(key, text, 0 if key == "max_answer_lines" else 1)
 
 
@@ -260,6 +263,8 @@ class Effective:
     tools: tuple[str, ...] | None = None
     #: The model profile in force; ``None``: ``[llm]`` (``default``).
     model: str | None = None
+    #: ``announce`` set for the channel; ``None``: ``[memory] announce`` decides.
+    announce: bool | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
     def value(self, key: str) -> Any:
@@ -269,6 +274,8 @@ class Effective:
             return self.model or "default"
         if key == "tools":
             return self.tools
+        if key == "announce":
+            return self.announce
         return getattr(self.options, key)
 
 
@@ -293,6 +300,8 @@ def describe(eff: Effective) -> str:
         shown = _show(eff.value(k))
         if k == "tools" and eff.tools is None:
             shown = "all the transport allows"
+        if k == "announce" and eff.announce is None:
+            shown = "as [memory] announce"
         parts.append(f"{k} {shown} [{eff.sources.get(k, 'default')}]")
     return f"settings of {eff.channel_key}: " + " · ".join(parts)
 
@@ -378,6 +387,7 @@ class ChannelSettingsBook:
             options=options,
             persona=values.get("persona"),
             tools=None if tools is None else tuple(tools),
+            announce=values.get("announce"),
             sources=sources,
         )
 

@@ -41,11 +41,13 @@ __all__ = [
     "ChildRunLinked",
     "Compacted",
     "ConversationEnded",
+    "ConversationStarted",
     "Error",
     "Event",
     "EventBase",
     "EventsLost",
     "Interrupted",
+    "MemoryNoted",
     "QuestionAnswered",
     "QuestionAsked",
     "ReasoningDelta",
@@ -225,14 +227,41 @@ class Compacted(EventBase):
     summary: str = ""
     reason: str = "budget"
     fallback: bool = False
+    #: User messages among the ``messages`` summarised (mining's ``mine_min_turns``).
+    user_turns: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ConversationEnded(EventBase):
-    """The conversation ended: ``reset`` (its channel moved on to a new one, ``!new``)."""
+    """The conversation ended, for ``reason``: ``reset`` (its channel moved on to a
+    new one, ``!new``), ``deleted`` (emitted before its rows go), ``idle`` (no turn
+    for ``[memory] reflect_after_idle``; a later message goes on in the same
+    conversation) or ``shutdown`` (the bot stopped with turns not yet reflected on).
+    ``channel_key`` is the channel it was bound to, if any."""
 
     kind: Literal["conversation_ended"] = field(default="conversation_ended", init=False)
     reason: str = "reset"
+    channel_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConversationStarted(EventBase):
+    """A conversation was created; ``channel_key`` is the channel it is bound to, if any."""
+
+    kind: Literal["conversation_started"] = field(default="conversation_started", init=False)
+    channel_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryNoted(EventBase):
+    """Background memory work saved ``count`` notes (``note_ids``) from this
+    conversation: ``source`` is ``reflection`` or ``mining``.  A channel with
+    ``announce`` on is told ("noted 3 facts — !memory to review")."""
+
+    kind: Literal["memory_noted"] = field(default="memory_noted", init=False)
+    count: int = 0
+    note_ids: tuple[int, ...] = ()
+    source: str = "reflection"
     channel_key: str | None = None
 
 
@@ -362,6 +391,8 @@ Event = (
     | EventsLost
     | Compacted
     | ConversationEnded
+    | ConversationStarted
+    | MemoryNoted
     | ApprovalRequested
     | ApprovalResolved
     | QuestionAsked
@@ -390,6 +421,7 @@ _LIFECYCLE = frozenset(
         "events_lost",
         "compacted",
         "conversation_ended",
+        "conversation_started",
     }
 )
 
@@ -432,7 +464,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     kwargs = {k: v for k, v in d.items() if k in names}
     if "usage" in kwargs and isinstance(kwargs["usage"], dict):
         kwargs["usage"] = Usage.from_dict(kwargs["usage"])
-    for key in ("choices", "items", "changed"):
+    for key in ("choices", "items", "changed", "note_ids"):
         # JSON has no tuples: these fields come back as lists.
         if isinstance(kwargs.get(key), list):
             kwargs[key] = tuple(kwargs[key])
