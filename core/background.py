@@ -175,13 +175,15 @@ class MemoryWorker:
         await agent.end_conversation(conv, "idle")
 
     async def shutdown(self, agent: Any) -> None:
-        """Reflect on the conversations with turns since their last reflection,
-        within ``reflect_on_shutdown`` seconds (what is left then is not waited for)."""
+        """Reflect on the conversations with turns since their last reflection
+        (``conversation_ended`` reason ``shutdown``) and finish the reflections
+        already pending, within ``reflect_on_shutdown`` seconds: what is left
+        then is cancelled, its span left for the next time."""
         for task in self._idle.values():
             task.cancel()
         self._idle.clear()
         budget = self.policy.reflect_on_shutdown
-        if budget <= 0 or not self._active:
+        if budget <= 0:
             return
         jobs: list[asyncio.Task[Any]] = []
         try:
@@ -198,13 +200,14 @@ class MemoryWorker:
                         ConversationEnded, None, reason="shutdown", channel_key=conv.channel_key
                     )
                     jobs.append(asyncio.create_task(self._run_reflection(agent, ending)))
-                await asyncio.gather(*jobs)
+                self._active.clear()
+                await asyncio.gather(*jobs, *self._jobs)
         except TimeoutError:
-            log.warning("shutdown: reflection did not finish within %.0fs; skipped", budget)
+            log.warning("shutdown: reflection did not finish within %.0fs; left for later", budget)
         finally:
-            for job in jobs:
+            for job in [*jobs, *self._jobs]:
                 job.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
+            await asyncio.gather(*jobs, *self._jobs, return_exceptions=True)
 
     async def _ended(self, agent: Any, conv: Any, reason: str, channel_key: str | None) -> None:
         """A conversation ended: read what to reflect on now, reflect in the background."""
