@@ -70,7 +70,7 @@ def ended(reason: str) -> Callable[[object], bool]:
 async def until(predicate: Callable[[], bool]) -> None:
     """Wait (at most 60 s) for a condition nothing signals (the bridge's released count)."""
     async with asyncio.timeout(60):
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110 - the bridge signals no release
             await asyncio.sleep(0.01)
 
 
@@ -298,7 +298,9 @@ async def test_announce_line_in_an_irc_channel_once(miniircd, tmp_path):
         assert line.text == "noted 1 reflection — !memory to review"
         # !memory shows it; by then the announcement has had every chance to repeat.
         alice.privmsg("#tea", "!memory")
-        listed = await alice.wait_for(lambda m: m.nick == "agentik" and "Alice drinks tea" in m.text)
+        listed = await alice.wait_for(
+            lambda m: m.nick == "agentik" and "Alice drinks tea" in m.text
+        )
         assert listed.text.startswith("#") and "[here]" in listed.text
         await alice.sync()
         assert [m.text for m in alice.received if m.nick == "agentik" and "noted" in m.text] == [
@@ -363,7 +365,9 @@ async def test_memory_lists_and_forget_deletes_with_a_role_check(chatroom):
         return commands()[-1]
 
     assert await forget("bob", elsewhere.id) == f"no memory note {elsewhere.id} here"
-    assert await forget("bob", glob.id) == f"note {glob.id} is a global note: only admins may forget it"
+    assert await forget("bob", glob.id) == (
+        f"note {glob.id} is a global note: only admins may forget it"
+    )
     assert await forget("bob", carols.id) == (
         f"note {carols.id} is someone else's note: only admins may forget it"
     )

@@ -321,7 +321,8 @@ _SCHEMAS: dict[str, Any] = {
             "One agent event (the data of an SSE message). Kinds: turn_started, "
             "reasoning_started, reasoning_delta, response_started, text_delta, "
             "tool_call_started, tool_call_ended, child_run_linked, turn_ended, "
-            "interrupted, error, events_lost, compacted, conversation_ended, "
+            "interrupted, error, events_lost, compacted, conversation_started, "
+            "conversation_ended, memory_noted, "
             "approval_requested, approval_resolved, question_asked, question_answered, "
             "todo_updated, tool_progress."
         ),
