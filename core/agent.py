@@ -326,7 +326,7 @@ class Agent:
         store = self._temp_store if temp else self.store
         await store.create_conversation(record, channel_key=channel_key)
         conv = self._wrap(record, temp=temp, channel_key=channel_key, new=True)
-        conv.parts.events.emit(ConversationStarted, None, channel_key=channel_key)
+        conv.parts.events.emit_agent_wide(ConversationStarted, channel_key=channel_key)
         await self.services.session_start(conv)
         return conv
 
@@ -443,7 +443,7 @@ class Agent:
         )
         await self.store.create_conversation(record, channel_key=channel_key)
         conv = self._wrap(record, temp=False, channel_key=channel_key, new=True)
-        conv.parts.events.emit(ConversationStarted, None, channel_key=channel_key)
+        conv.parts.events.emit_agent_wide(ConversationStarted, channel_key=channel_key)
         await self.services.session_start(conv)
         return conv
 

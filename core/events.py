@@ -246,7 +246,10 @@ class ConversationEnded(EventBase):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ConversationStarted(EventBase):
-    """A conversation was created; ``channel_key`` is the channel it is bound to, if any."""
+    """A conversation was created; ``channel_key`` is the channel it is bound to, if any.
+
+    Published on the agent's stream only (``seq`` 0): a conversation's own
+    stream starts with its first turn."""
 
     kind: Literal["conversation_started"] = field(default="conversation_started", init=False)
     channel_key: str | None = None
