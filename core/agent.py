@@ -187,6 +187,9 @@ class Agent:
             for i, fn in enumerate(self._background_fns):
                 task = asyncio.create_task(self._run_background(fn), name=f"agentik-background:{i}")
                 self._background.append(task)
+            # Let each background coroutine reach its first wait: what it sets up
+            # before (the memory worker's end listeners) is in place on return.
+            await asyncio.sleep(0)
         return self
 
     async def _run_background(self, fn: Callable[[Agent], Awaitable[None]]) -> None:

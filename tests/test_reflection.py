@@ -384,3 +384,42 @@ async def test_memory_lists_and_forget_deletes_with_a_role_check(chatroom):
     assert (await mem.get(elsewhere.id)) is not None
     await fake.say("!memory", user="bob", channel="ops")
     assert commands()[-1] == "no memory notes here"
+
+
+async def test_cli_rm_reflect_reflects_before_deleting(openai_server, tmp_path):
+    from agentik.core import Agent, SQLiteStore
+    from agentik.core.testing.scripted import ScriptedModel
+
+    db = tmp_path / "cli.db"
+    async with Agent(llm=ScriptedModel(), store=SQLiteStore(str(db))) as agent:
+        conv = await agent.conversation_for_channel("irc:net:#cli")
+        await conv.send("the build server is called hopper", author="alice")
+        await conv.wait_idle()
+        conv_id = conv.id
+    config = tmp_path / "bot.toml"
+    config.write_text(
+        f'[llm]\nbase_url = "{openai_server.base_url}"\nmodel = "fake-model"\n'
+        f'[storage]\npath = "{db}"\n[memory]\nreflection_debounce = 0\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
+    proc = await asyncio.create_subprocess_exec(
+        AGENTIK, "conversations", "rm", conv_id, "--reflect", "-c", str(config), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().strip() == f"deleted {conv_id}"
+    con = sqlite3.connect(db)
+    try:
+        (left,) = con.execute(
+            "SELECT count(*) FROM conversation WHERE id = ?", (conv_id,)
+        ).fetchone()
+        notes = con.execute(
+            "SELECT scope, text FROM memory_note WHERE author = 'agentik:reflection'"
+        ).fetchall()
+    finally:
+        con.close()
+    assert left == 0
+    # The fake model echoes the transcript it was given: read before the rows went.
+    ((scope, text),) = notes
+    assert scope == "channel:irc:net:#cli" and "the build server is called hopper" in text
