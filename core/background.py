@@ -214,6 +214,7 @@ class MemoryWorker:
         old = self._idle.pop(conv.id, None)
         if old is not None and old is not asyncio.current_task():
             old.cancel()
+        self._active.discard(conv.id)  # a shutdown reflects on it only after new turns
         ending = await self._capture(agent, conv, reason, channel_key)
         if ending is None:
             ending = _Ending(conv.id, channel_key, reason, [], 0)
@@ -412,12 +413,18 @@ class MemoryWorker:
         return written
 
     async def _mark(self, agent: Any, ending: _Ending) -> None:
-        """Keep ``reflected_through`` in the conversation's metadata (gone if deleted)."""
-        record = await agent.store.get_conversation(ending.conversation_id)
+        """Keep ``reflected_through`` in the conversation's metadata; once it is
+        there (or the conversation is gone) the in-memory claim is dropped."""
+        cid = ending.conversation_id
+        record = await agent.store.get_conversation(cid)
         if record is None:
-            return
-        if int(record.meta.get(REFLECTED) or 0) >= ending.through:
-            return
-        await agent.store.update_conversation(
-            ending.conversation_id, meta={**record.meta, REFLECTED: ending.through}
-        )
+            try:
+                await agent.get_conversation(cid)
+            except NotFound:
+                self._unclaim(ending)  # deleted: nothing left to reflect on twice
+            return  # a temporary conversation: the claim is its only record
+        if int(record.meta.get(REFLECTED) or 0) < ending.through:
+            await agent.store.update_conversation(
+                cid, meta={**record.meta, REFLECTED: ending.through}
+            )
+        self._unclaim(ending)

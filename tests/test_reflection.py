@@ -125,9 +125,18 @@ async def test_idle_reflects_once_per_span_with_events_in_order(db_path):
         await asyncio.wait_for(worker.wait_for("reflection", 3), 60)
         assert worker.done[-1][2] == 0
         assert len(brain.requests("reflection")) == 2
-        # The new conversation started, bound to the channel.
+        # The new conversation started, bound to the channel; the old one ended.
         await rec.wait(lambda e: e.kind == "conversation_started", 2)
-        assert rec.events[-1].kind in ("conversation_started", "conversation_ended")
+        assert [k for k in rec.kinds() if k.startswith("conversation")] == [
+            "conversation_started",
+            "conversation_ended:idle",
+            "conversation_ended:idle",
+            "conversation_started",
+            "conversation_ended:reset",
+        ]
+        new = await agent.conversation_for_channel("net:#a")
+        assert new.id != conv.id and rec.events[-2].conversation_id == new.id
+        assert rec.events[-1].conversation_id == conv.id
     finally:
         await rec.aclose()
         await t.aclose()
