@@ -51,6 +51,7 @@ from agentik.core.events import (
     ChildRunLinked,
     Error,
     Event,
+    MemoryNoted,
     QuestionAnswered,
     QuestionAsked,
     TodoUpdated,
@@ -59,6 +60,7 @@ from agentik.core.events import (
     TurnEnded,
 )
 from agentik.core.keyedlocks import KeyedLocks
+from agentik.core.memory import channel_scope, user_scope
 from agentik.core.messages import Message, ToolCall
 from agentik.core.settings import setting_fields
 from agentik.core.store.base import OutboxEntry
@@ -134,6 +136,9 @@ COMMANDS: dict[str, str] = {
     "approve": "approve a tool call waiting for approval: approve ID [reason]",
     "deny": "refuse a tool call waiting for approval: deny ID [reason]",
     "approvals": "list the tool calls waiting for approval here",
+    # -- memory (issue 22) --
+    "memory": "list the memory notes visible here, most recent first (with their ids)",
+    "forget": "delete memory note N: forget N (global and others' notes: admins)",
 }
 
 
@@ -188,8 +193,13 @@ class Bridge(AgentAccess):
         channel_settings: Mapping[str, ChannelSettings] | None = None,
         settings_role: str = _AGENT.settings_role,
         role_for: RoleFor | None = None,
+        announce: bool = False,
     ) -> None:
         self.agent = agent
+        #: Tell channels when background memory work saved notes from them
+        #: (``[memory] announce``; a channel's ``announce`` setting overrides it).
+        self.announce = announce
+        self._announcer: asyncio.Task[None] | None = None
         #: Who may do what (``[access]``); empty: everyone is a ``user``, defaults apply.
         self.access = access or AccessPolicy()
         #: Usage limits per speaker and channel (``None``: unlimited).
@@ -505,6 +515,8 @@ class Bridge(AgentAccess):
         self._channels[key] = ch
         if self._reaper is None and self.idle_seconds > 0:
             self._reaper = asyncio.create_task(self._reap(), name="agentik-bridge-reaper")
+        if self._announcer is None:
+            self._announcer = asyncio.create_task(self._announce(), name="agentik-announcer")
         return ch
 
     @property
@@ -542,6 +554,122 @@ class Bridge(AgentAccess):
             ch.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ch.task
+
+    # -- memory notes (issue 22) -------------------------------------------------------
+    async def _announce(self) -> None:
+        """Tell each channel, once per job, that reflection or mining saved notes
+        from it (when its ``announce`` is on); runs while the bridge does."""
+        kinds = {"memory_noted"}
+        async with contextlib.aclosing(self.agent.events(kinds=kinds)) as events:
+            async for e in events:
+                if not isinstance(e, MemoryNoted) or not e.channel_key or not e.count:
+                    continue
+                try:
+                    await self._announce_one(e, e.channel_key)
+                except Exception:
+                    log.exception("announcing saved notes in %s failed", e.channel_key)
+
+    async def _announce_one(self, e: MemoryNoted, key: str) -> None:
+        transport = next((t for t in self._transports.values() if t.owns(key)), None)
+        if transport is None:
+            return
+        eff = await self.effective(key, transport)
+        if not (self.announce if eff.announce is None else eff.announce):
+            return
+        what = "fact" if e.source == "mining" else "reflection"
+        noun = what if e.count == 1 else f"{what}s"
+        p = eff.options.command_prefix
+        await self._send(
+            transport, key, f"noted {e.count} {noun} — {p}memory to review", "notice", None
+        )
+
+    async def _visible_scopes(
+        self, message: IncomingMessage, transport: Transport
+    ) -> tuple[list[str], str | None]:
+        """The memory scopes a channel sees (global, the channel, its recent
+        verified speakers and the asker), and the asker's own user scope."""
+        key = message.channel_key
+        scopes = ["global", channel_scope(key)]
+        mine = _author_id(transport, message)
+        own = user_scope(mine) if mine else None
+        speakers: list[str] = []
+        conv_id = await self.agent.store.get_binding(key)
+        if conv_id is not None:
+            with contextlib.suppress(AgentikError):
+                speakers = list(await (await self.agent.get_conversation(conv_id)).speakers())
+        for who in (mine, *speakers):
+            if who and user_scope(who) not in scopes:
+                scopes.append(user_scope(who))
+        return scopes, own
+
+    async def _cmd_memory(
+        self,
+        message: IncomingMessage,
+        transport: Transport,
+        opts: ChannelOptions,
+        say: Callable[[str], Awaitable[None]],
+    ) -> None:
+        """``!memory``: the notes visible here, most recent first, paged with ``more``."""
+        key = message.channel_key
+        scopes, own = await self._visible_scopes(message, transport)
+        notes = await self.agent.memory.list(scopes, limit=200)
+        if not notes:
+            await say("no memory notes here")
+            return
+
+        def label(scope: str) -> str:
+            if scope == "global":
+                return "global"
+            if scope == own:
+                return "you"
+            return "here" if scope.startswith("channel:") else scope.split(":", 1)[1]
+
+        lines = []
+        for n in notes:
+            text = " ".join(n.text.split())
+            text = text if len(text) <= 100 else text[:99] + "…"
+            lines.append(f"#{n.id} [{label(n.scope)}] {text}")
+        ch = await self._channel(key, transport, opts)
+        cap = ch.options.max_answer_lines or len(lines)
+        await say(f"{len(notes)} memory notes here (newest first; {opts.command_prefix}forget N "
+                  "deletes one):")  # fmt: skip
+        for line in lines[:cap]:
+            await say(line)
+        ch.more.clear()
+        ch.more.extend(lines[cap:])
+        if ch.more:
+            await say(f"… {len(ch.more)} more lines: {opts.command_prefix}more")
+
+    async def _cmd_forget(
+        self,
+        args: list[str],
+        message: IncomingMessage,
+        transport: Transport,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+        p: str,
+    ) -> None:
+        """``!forget N``: delete note N if it is visible here; a global note or
+        another person's needs an admin (the deletion is a new, audited version)."""
+        if len(args) != 1 or not args[0].lstrip("#").isdigit():
+            await say(f"usage: {p}forget N (the note's id, from {p}memory)")
+            return
+        note_id = int(args[0].lstrip("#"))
+        scopes, own = await self._visible_scopes(message, transport)
+        note = await self.agent.memory.get(note_id)
+        if note is None or note.scope not in scopes:
+            await say(f"no memory note {note_id} here")
+            return
+        if not note.scope.startswith("channel:") and note.scope != own:
+            if not self.access.at_least(decision.role, "admin"):
+                whose = "a global note" if note.scope == "global" else "someone else's note"
+                await say(f"note {note_id} is {whose}: only admins may forget it")
+                return
+        actor = self.access.identity(transport.name, message).id or _speaker(transport, message)
+        if await self.agent.memory.delete(note_id, author=actor):
+            await say(f"forgot note {note_id}")
+        else:
+            await say(f"no memory note {note_id} here")
 
     # -- after a restart ---------------------------------------------------------------
     async def resume_pending(self) -> dict[str, int]:
@@ -677,6 +805,11 @@ class Bridge(AgentAccess):
 
     async def aclose(self) -> None:
         """Stop every renderer (the agent is closed separately)."""
+        if self._announcer is not None:
+            self._announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._announcer
+            self._announcer = None
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -800,6 +933,8 @@ class Bridge(AgentAccess):
             "deny": lambda: self._cmd_decide("deny", message, transport, opts, say),
             "approvals": lambda: self._cmd_approvals(key, opts, say),
             "tool": lambda: self._cmd_tool(message, transport, opts, decision, say, p),
+            "memory": lambda: self._cmd_memory(message, transport, opts, say),
+            "forget": lambda: self._cmd_forget(args, message, transport, decision, say, p),
         }
         handler = handlers.get(name)
         if handler is None:

@@ -137,6 +137,8 @@ class ChannelSettings:
     #: A message sent while the bot answers: ``queue``, ``steer``, ``interrupt``
     #: (``auto``: ``steer`` in direct conversations and threads, ``queue`` elsewhere).
     busy: Busy | None = None
+    #: Tell the channel when reflection or mining saved notes from it (``[memory] announce``).
+    announce: bool | None = None
 
 
 #: The keys ``!set`` knows, and what each takes (the help and error texts).
@@ -154,6 +156,7 @@ SETTING_KEYS: dict[str, str] = {
     "profile": "an event stream profile: chat, debug, metrics or one of [profiles]",
     "busy": "one of " + ", ".join(get_args(Busy)) + " (what a message sent while the bot "
     "answers does)",
+    "announce": "on or off (say when notes were saved from this channel)",
 }
 
 #: Keys that overlay :class:`ChannelOptions` fields of the same name.
@@ -243,12 +246,12 @@ def parse_setting(
         if text.lower() not in allowed:
             raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
         return text.lower()
-    if key == "ambient":
+    if key in ("ambient", "announce"):
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE:
             return False
-        raise SettingError(f"ambient: {text!r} is not {SETTING_KEYS[key]}")
+        raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
     return _whole(key, text, 0 if key == "max_answer_lines" else 1)
 
 
@@ -297,6 +300,8 @@ class Effective:
     tools: tuple[str, ...] | None = None
     #: The model profile in force; ``None``: ``[llm]`` (``default``).
     model: str | None = None
+    #: ``announce`` set for the channel; ``None``: ``[memory] announce`` decides.
+    announce: bool | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
     def value(self, key: str) -> Any:
@@ -306,6 +311,8 @@ class Effective:
             return self.model or "default"
         if key == "tools":
             return self.tools
+        if key == "announce":
+            return self.announce
         return getattr(self.options, key)
 
 
@@ -330,6 +337,8 @@ def describe(eff: Effective) -> str:
         shown = _show(eff.value(k))
         if k == "tools" and eff.tools is None:
             shown = "all the transport allows"
+        if k == "announce" and eff.announce is None:
+            shown = "as [memory] announce"
         parts.append(f"{k} {shown} [{eff.sources.get(k, 'default')}]")
     return f"settings of {eff.channel_key}: " + " · ".join(parts)
 
@@ -415,6 +424,7 @@ class ChannelSettingsBook:
             options=options,
             persona=values.get("persona"),
             tools=None if tools is None else tuple(tools),
+            announce=values.get("announce"),
             sources=sources,
         )
 

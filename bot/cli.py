@@ -8,7 +8,8 @@
     agentik conversations list     list stored conversations (-c FILE for the database)
     agentik conversations show ID  print a conversation's history
     agentik conversations export ID --format json|markdown
-    agentik conversations rm ID    delete a conversation and all its rows
+    agentik conversations rm ID    delete a conversation and all its rows (--reflect:
+                                   reflect on it first, with the configured model)
     agentik memory list            list long-term memory notes (--scope, --deleted)
     agentik memory show ID         print a note
     agentik memory history ID      every version of a note
@@ -147,7 +148,13 @@ def _parser() -> argparse.ArgumentParser:
     exp = with_config(csub.add_parser("export", help="export a conversation"))
     exp.add_argument("id")
     exp.add_argument("--format", choices=["json", "markdown"], default="json")
-    with_config(csub.add_parser("rm", help="delete a conversation")).add_argument("id")
+    rm = with_config(csub.add_parser("rm", help="delete a conversation"))
+    rm.add_argument("id")
+    rm.add_argument(
+        "--reflect",
+        action="store_true",
+        help="first reflect on it with the configured model ([memory] reflection)",
+    )
     mem = sub.add_parser("memory", help="inspect and edit long-term memory")
     memsub = mem.add_subparsers(dest="action", metavar="ACTION", required=True)
     ml = with_config(memsub.add_parser("list", help="list notes, most recently changed first"))
@@ -639,7 +646,26 @@ def _plugins(config: Config) -> int:
     return 0
 
 
+async def _rm_reflecting(args: argparse.Namespace, config: Config) -> int:
+    """``conversations rm --reflect``: delete through the agent, so the memory
+    worker reflects on the conversation (within ``[memory] reflect_on_shutdown``)."""
+    from .app import load_registry
+    from .builder import AgentBuilder
+
+    agent = AgentBuilder.from_config(config, load_registry(config)).build()
+    await agent.start()
+    try:
+        await agent.delete_conversation(args.id)
+        await agent.wind_down()
+    finally:
+        await agent.aclose()
+    print(f"deleted {args.id}")
+    return 0
+
+
 async def _conversations(args: argparse.Namespace, config: Config) -> int:
+    if args.action == "rm" and args.reflect:
+        return await _rm_reflecting(args, config)
     async with SQLiteStore(config.database) as store:
         if args.action == "list":
             records = await store.list_conversations(limit=args.limit, offset=args.offset)

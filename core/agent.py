@@ -18,7 +18,7 @@ from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation
 from .errors import ConfigError, NotFound
 from .eventbus import Subscription
-from .events import ConversationEnded
+from .events import ConversationEnded, ConversationStarted
 from .health import HealthRegistry
 from .hooks import Hooks
 from .keyedlocks import KeyedLocks
@@ -170,6 +170,12 @@ class Agent:
         self._channel_lock = KeyedLocks()
         #: States of transports, MCP servers and the model (:mod:`agentik.core.health`).
         self.health = HealthRegistry()
+        #: Awaited by :meth:`end_conversation` (``(conversation, reason, channel_key)``),
+        #: before a deleted conversation's rows go: the memory worker reads what
+        #: it will reflect on here.
+        self.end_listeners: list[Callable[[Conversation, str, str | None], Awaitable[None]]] = []
+        #: Awaited by :meth:`wind_down` (a bot's orderly shutdown), before anything closes.
+        self.closing_listeners: list[Callable[[], Awaitable[None]]] = []
 
     def __repr__(self) -> str:
         return f"<Agent {self.state.value} llm={self.llm!r}>"
@@ -208,6 +214,9 @@ class Agent:
             for i, fn in enumerate(self._background_fns):
                 task = asyncio.create_task(self._run_background(fn), name=f"agentik-background:{i}")
                 self._background.append(task)
+            # Let each background coroutine reach its first wait: what it sets up
+            # before (the memory worker's end listeners) is in place on return.
+            await asyncio.sleep(0)
         return self
 
     async def _run_background(self, fn: Callable[[Agent], Awaitable[None]]) -> None:
@@ -247,6 +256,31 @@ class Agent:
                     log.exception("closing toolset %r failed", toolset)
         await self.store.aclose()
         self.state = AgentState.CLOSED
+
+    async def wind_down(self) -> None:
+        """An orderly shutdown's first step: run the :attr:`closing_listeners`
+        (the memory worker reflects on conversations with turns not yet
+        reflected on, within its time budget).  :meth:`aclose` follows."""
+        if self.state is not AgentState.RUNNING:
+            return
+        for listener in list(self.closing_listeners):
+            try:
+                await listener()
+            except Exception:
+                log.exception("closing listener %r failed", listener)
+
+    async def end_conversation(
+        self, conv: Conversation, reason: str, *, channel_key: str | None = None
+    ) -> None:
+        """Publish that ``conv`` ended (``reset``, ``deleted``, ``idle``,
+        ``shutdown``) and await the :attr:`end_listeners` (failures are logged)."""
+        key = channel_key or getattr(conv, "channel_key", None)
+        conv.parts.events.emit(ConversationEnded, None, reason=reason, channel_key=key)
+        for listener in list(self.end_listeners):
+            try:
+                await listener(conv, reason, key)
+            except Exception:
+                log.exception("conversation end listener %r failed", listener)
 
     async def __aenter__(self) -> Agent:
         return await self.start()
@@ -395,6 +429,7 @@ class Agent:
         store = self._temp_store if temp else self.store
         await store.create_conversation(record, channel_key=channel_key)
         conv = self._wrap(record, temp=temp, channel_key=channel_key, new=True)
+        conv.parts.events.emit_agent_wide(ConversationStarted, channel_key=channel_key)
         await self.services.session_start(conv)
         return conv
 
@@ -415,6 +450,13 @@ class Agent:
     async def delete_conversation(self, conversation_id: str) -> None:
         """Delete a conversation and everything stored about it."""
         self._check_running()
+        try:
+            ending = await self.get_conversation(conversation_id)
+        except NotFound:
+            ending = None
+        if ending is not None:
+            # Before the rows go: the listeners read what they need (reflection).
+            await self.end_conversation(ending, "deleted")
         conv = self.services.find(conversation_id)
         if conv is not None:
             await self.services.session_end(conv, "deleted")
@@ -489,9 +531,7 @@ class Agent:
             except NotFound:
                 pass
             else:
-                old.parts.events.emit(
-                    ConversationEnded, None, reason="reset", channel_key=channel_key
-                )
+                await self.end_conversation(old, "reset", channel_key=channel_key)
                 await self.services.session_end(old, "reset")
         return conv
 
@@ -506,6 +546,7 @@ class Agent:
         )
         await self.store.create_conversation(record, channel_key=channel_key)
         conv = self._wrap(record, temp=False, channel_key=channel_key, new=True)
+        conv.parts.events.emit_agent_wide(ConversationStarted, channel_key=channel_key)
         await self.services.session_start(conv)
         return conv
 

@@ -44,11 +44,13 @@ __all__ = [
     "ChildRunLinked",
     "Compacted",
     "ConversationEnded",
+    "ConversationStarted",
     "Error",
     "Event",
     "EventBase",
     "EventsLost",
     "Interrupted",
+    "MemoryNoted",
     "QuestionAnswered",
     "QuestionAsked",
     "ReasoningDelta",
@@ -258,14 +260,44 @@ class Compacted(EventBase):
     summary: str = ""
     reason: str = "budget"
     fallback: bool = False
+    #: User messages among the ``messages`` summarised (mining's ``mine_min_turns``).
+    user_turns: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ConversationEnded(EventBase):
-    """The conversation ended: ``reset`` (its channel moved on to a new one, ``!new``)."""
+    """The conversation ended, for ``reason``: ``reset`` (its channel moved on to a
+    new one, ``!new``), ``deleted`` (emitted before its rows go), ``idle`` (no turn
+    for ``[memory] reflect_after_idle``; a later message goes on in the same
+    conversation) or ``shutdown`` (the bot stopped with turns not yet reflected on).
+    ``channel_key`` is the channel it was bound to, if any."""
 
     kind: Literal["conversation_ended"] = field(default="conversation_ended", init=False)
     reason: str = "reset"
+    channel_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConversationStarted(EventBase):
+    """A conversation was created; ``channel_key`` is the channel it is bound to, if any.
+
+    Published on the agent's stream only (``seq`` 0): a conversation's own
+    stream starts with its first turn."""
+
+    kind: Literal["conversation_started"] = field(default="conversation_started", init=False)
+    channel_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryNoted(EventBase):
+    """Background memory work saved ``count`` notes (``note_ids``) from this
+    conversation: ``source`` is ``reflection`` or ``mining``.  A channel with
+    ``announce`` on is told ("noted 3 facts — !memory to review")."""
+
+    kind: Literal["memory_noted"] = field(default="memory_noted", init=False)
+    count: int = 0
+    note_ids: tuple[int, ...] = ()
+    source: str = "reflection"
     channel_key: str | None = None
 
 
@@ -435,6 +467,8 @@ Event = (
     | EventsLost
     | Compacted
     | ConversationEnded
+    | ConversationStarted
+    | MemoryNoted
     | ApprovalRequested
     | ApprovalResolved
     | QuestionAsked
@@ -487,7 +521,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     kwargs = {k: v for k, v in d.items() if k in names}
     if "usage" in kwargs and isinstance(kwargs["usage"], dict):
         kwargs["usage"] = Usage.from_dict(kwargs["usage"])
-    for key in ("choices", "items", "changed", "tools"):
+    for key in ("choices", "items", "changed", "tools", "note_ids"):
         # JSON has no tuples: these fields come back as lists.
         if isinstance(kwargs.get(key), list):
             kwargs[key] = tuple(kwargs[key])

@@ -324,6 +324,22 @@ class ConversationEvents:
         if self.relay_to is not None:
             self.relay_to.relay(event)
 
+    def emit_agent_wide(self, cls: type[E], **fields: Any) -> E:
+        """Publish an event about this conversation on the agent's stream only
+        (``seq`` 0: it is not part of the conversation's own stream and replay
+        buffer, which start with its first turn)."""
+        services = self._services
+        event = cls(
+            conversation_id=self.conversation_id,
+            run_id=None,
+            seq=0,
+            stream_seq=services.next_stream_seq(),
+            ts=time.time(),
+            **fields,
+        )
+        services.publish(event)
+        return event
+
     def subscribe(
         self,
         *,

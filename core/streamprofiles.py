@@ -114,6 +114,7 @@ _LIFECYCLE = frozenset(
         "events_lost",
         "compacted",
         "conversation_ended",
+        "conversation_started",
         "run_stream_end",
     }
 )

@@ -517,9 +517,9 @@ commands = ["*", "-new"]
     assert "role: user in irc:libera:#team" in out
     assert "tools: read_*" in out
     assert (
-        "commands: stop, more, status, compact, budget, help, tool, approve, deny, approvals\n"
-        in out
-    )
+        "commands: stop, more, status, compact, budget, help, tool, approve, deny, approvals, "
+        "memory, forget\n"
+    ) in out
     assert main(["access", "check", "-c", str(cfg), "libera:account:Bob"]) == 0
     out = capsys.readouterr().out
     assert "role: admin" in out and "stop-others" in out and "role, ignore" in out

@@ -58,6 +58,8 @@ SAMPLES = [
         fallback=True,
     ),
     ev.ConversationEnded(**ENVELOPE, reason="reset", channel_key="irc:net:#c"),
+    ev.ConversationStarted(**ENVELOPE, channel_key="irc:net:#c"),
+    ev.MemoryNoted(**ENVELOPE, count=2, note_ids=(4, 5), source="mining", channel_key="irc:net:#c"),
     ev.ApprovalRequested(
         **ENVELOPE,
         approval_id="3f2",

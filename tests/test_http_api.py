@@ -516,7 +516,11 @@ async def test_deleting_a_conversation_ends_its_streams(server):
         conv = await create(c)
         async with sse(c, f"/conversations/{conv['id']}/events") as events:
             assert (await c.delete(f"/conversations/{conv['id']}")).status_code == 204
-            assert await events.rest() == []
+            # The stream's last word is the end, with its reason (issue 22), then it ends.
+            rest = await events.rest()
+            assert [(m.data["kind"], m.data["reason"]) for m in rest] == [
+                ("conversation_ended", "deleted")
+            ]
 
 
 async def test_a_burst_larger_than_the_queue_tells_the_client_and_ends_the_stream(db_path):
