@@ -30,6 +30,7 @@ from .errors import ClosedError, PromptRefused
 from .eventbus import Subscription
 from .events import Compacted, TextDelta, TurnEnded, TurnStarted
 from .hooks import Refuse
+from .memory import RecallPolicy
 from .messages import ChatMessage, Message, MessageKind, NewMessage
 from .services import AgentServices, ConversationEvents, ConversationParts, kinds_of
 from .store.base import ConversationRecord, Store, TurnEnd
@@ -128,6 +129,9 @@ class Conversation:
         #: The model profile (``[llm.profiles.<name>]``) this conversation's turns
         #: use; ``None``: the agent's main backend.  Read at each request.
         self.llm_profile: str | None = None
+        #: Automatic recall here (set by the bridge from the channel's settings);
+        #: ``None``: the memory backend's ``recall_policy``.  Read at each turn.
+        self.recall: RecallPolicy | None = None
         self.state = ConversationState.OPEN
         self._store = store
         self._queue: deque[_Pending | _Job] = deque()

@@ -49,8 +49,10 @@ from .llm.base import (
     ToolSpec,
     UsageItem,
 )
+from .memory import scopes_for
 from .messages import ChatMessage, Message, MessageKind, MessageStatus, NewMessage, ToolCall, Usage
 from .observe import RequestStats
+from .recall import recall_for, with_recall
 from .tools.base import Tool, ToolContext, ToolResult, TurnPolicy, spec_of
 
 if TYPE_CHECKING:
@@ -129,6 +131,8 @@ class TurnRunner:
         self._budget_left: float | None = None
         #: When the current model request's first item came (request observers).
         self._first_item: float | None = None
+        #: The automatic-recall block of this turn (:mod:`agentik.core.recall`).
+        self._recalled: str | None = None
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: type[Event], **fields: Any) -> None:
@@ -373,6 +377,7 @@ class TurnRunner:
 
     async def _steps(self) -> None:
         services = self.services
+        await self._recall()
         while True:
             no_tools = self.state.tools_exhausted
             offered = (
@@ -516,9 +521,24 @@ class TurnRunner:
         base, extra = self.services.system_prompt, self.conv.system_addition
         return "\n\n".join(p for p in (base, extra) if p) or None
 
+    async def _recall(self) -> None:
+        """Automatic recall for this turn's message (once, before the first request)."""
+        memory = self.services.agent.memory
+        policy = self.conv.recall or memory.recall_policy
+        if not policy.enabled:
+            return
+        data = self.message.data if isinstance(self.message.data, dict) else {}
+        scopes = scopes_for(
+            channel=self.conv.channel_key,
+            conversation_id=self.parts.id,
+            author_id=data.get("author_id"),
+            speakers=await self.conv.speakers(),
+        )
+        self._recalled = await recall_for(memory, policy, self.message.content, scopes)
+
     def _request(self, offered: list[ToolSpec]) -> LLMRequest:
         return LLMRequest(
-            messages=self.memory.messages,
+            messages=with_recall(self.memory.messages, self._recalled),
             system=self._system(),
             tools=offered,
             tool_choice="auto" if offered else "none",

@@ -36,7 +36,14 @@ import numpy as np
 
 from ..errors import AgentikError
 
-__all__ = ["BuiltinEmbedder", "EmbeddingError", "Embedder", "OpenAIEmbedder", "normalize"]
+__all__ = [
+    "BuiltinEmbedder",
+    "EmbeddingError",
+    "Embedder",
+    "OpenAIEmbedder",
+    "embedder_for",
+    "normalize",
+]
 
 #: The built-in model's configuration name inside the wordllama package.
 BUILTIN_CONFIG = "l2_supercat"
@@ -206,3 +213,21 @@ class OpenAIEmbedder(Embedder):
             )
         self.dim = int(arr.shape[1])
         return arr
+
+
+def embedder_for(settings: Any) -> Embedder | None:
+    """The embedder ``[memory]`` (a :class:`~agentik.core.memory.MemorySettings`) asks
+    for, or ``None`` (``embeddings = "none"``).  Nothing is loaded or called yet."""
+    kind = settings.embeddings
+    if kind == "none":
+        return None
+    if kind == "builtin":
+        return BuiltinEmbedder(settings.embedding_dim)
+    if not settings.embedding_model:
+        raise EmbeddingError('[memory] embeddings = "openai" needs embedding_model')
+    key = settings.embedding_api_key
+    return OpenAIEmbedder(
+        settings.embedding_model,
+        base_url=settings.embedding_base_url or os.environ.get("OPENAI_BASE_URL") or None,
+        api_key=key.get_secret_value() if key is not None else None,
+    )

@@ -44,7 +44,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..store.sqlite import SQLiteStore
-from . import MemoryBackend, Note, NoteError, NoteVersion, valid_scope
+from . import MemoryBackend, Note, NoteError, NoteVersion, RecallPolicy, valid_scope
 from .embeddings import Embedder, EmbeddingError
 from .vectors import VectorIndex
 
@@ -147,6 +147,8 @@ class SQLiteMemory(MemoryBackend):
     only, as before).  ``search``: what ``memory_search`` and :meth:`search`
     use: ``hybrid`` (FTS5 and vectors fused), ``fts`` or ``vector``; without
     an embedder, or while the stored vectors are of another model, it is FTS.
+    ``recall``: automatic recall where a conversation does not say (off by
+    default; the configuration's ``[memory] recall`` turns it on).
     """
 
     name = "sqlite"
@@ -158,10 +160,13 @@ class SQLiteMemory(MemoryBackend):
         allow_global_writes: bool = True,
         embedder: Embedder | None = None,
         search: SearchMode = "hybrid",
+        recall: RecallPolicy | None = None,
     ) -> None:
         super().__init__(allow_global_writes=allow_global_writes)
         self.store = store
         self.embedder = embedder
+        if recall is not None:
+            self.recall_policy = recall
         self.search_mode: SearchMode = search
         self._index: VectorIndex | None = None
         self._seq = 0
