@@ -18,7 +18,10 @@ pattern wins key by key), overlaid with what the channel's admins set in chat
     never widen it);
 ``model``
     the model profile (``[llm.profiles.<name>]``) this channel's turns use;
-    ``default`` is ``[llm]`` itself.
+    ``default`` is ``[llm]`` itself;
+``recall``, ``recall_k``, ``recall_min_score``, ``recall_tokens``
+    automatic recall of memory notes here (see :mod:`agentik.core.recall`);
+    unset keys keep ``[memory]``'s.
 
 Who may set them is a role (``[agent] settings_role``, default ``admin``)
 compared with the speaker's role from a ``role_for`` callable: by default
@@ -39,6 +42,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field
 
+from agentik.core.memory import RecallPolicy
 from agentik.core.settings import settings_dataclass
 from agentik.core.store.base import ChannelSetting, Store
 from agentik.transports.base import IncomingMessage, Transport
@@ -50,6 +54,7 @@ __all__ = [
     "SETTING_KEYS",
     "ChannelSettings",
     "ChannelSettingsBook",
+    "RECALL_KEYS",
     "Effective",
     "RoleFor",
     "SettingError",
@@ -57,6 +62,7 @@ __all__ = [
     "parse_setting",
     "pattern_specificity",
     "persona_block",
+    "recall_override",
     "role_at_least",
     "settings_scope",
 ]
@@ -125,6 +131,14 @@ class ChannelSettings:
     tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
     #: The model profile (``[llm.profiles.<name>]``) used here; ``default``: ``[llm]``.
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    #: Automatic recall of relevant memory notes before each turn (``[memory] recall``).
+    recall: bool | None = None
+    #: At most this many recalled notes per turn (``[memory] recall_k``).
+    recall_k: Annotated[int, Field(ge=1, le=20)] | None = None
+    #: Least similarity (cosine) of a recalled note (``[memory] recall_min_score``).
+    recall_min_score: Annotated[float, Field(ge=-1.0, le=1.0)] | None = None
+    #: About this many tokens of recalled notes at most (``[memory] recall_tokens``).
+    recall_tokens: Annotated[int, Field(ge=50, le=8000)] | None = None
 
 
 #: The keys ``!set`` knows, and what each takes (the help and error texts).
@@ -139,7 +153,15 @@ SETTING_KEYS: dict[str, str] = {
     "tools": "glob patterns of tool names (fs__read_* web__*), within the transport's "
     "allowed_tools; none: no tools",
     "model": "a model profile of [llm.profiles], or default ([llm])",
+    "recall": "on or off",
+    "recall_k": "a whole number from 1 to 20",
+    "recall_min_score": "a number from -1 to 1",
+    "recall_tokens": "a whole number from 50 to 8000",
 }
+
+#: The automatic-recall keys (overlaying ``[memory]``'s of the same names).
+RECALL_KEYS = ("recall", "recall_k", "recall_min_score", "recall_tokens")
+_BOUNDS = {"recall_k": (1, 20), "recall_tokens": (50, 8000)}
 
 #: Keys that overlay :class:`ChannelOptions` fields of the same name.
 _OPTION_KEYS = ("answer", "max_answer_lines", "ambient", "ambient_lines", "events")
@@ -206,12 +228,26 @@ def parse_setting(key: str, words: list[str], *, profiles: Iterable[str] | None 
         if text.lower() not in allowed:
             raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
         return text.lower()
-    if key == "ambient":
+    if key in ("ambient", "recall"):
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE:
             return False
-        raise SettingError(f"ambient: {text!r} is not {SETTING_KEYS[key]}")
+        raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
+    if key == "recall_min_score":
+        try:
+            score = float(text)
+        except ValueError:
+            raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}") from None
+        if not -1.0 <= score <= 1.0:
+            raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
+        return score
+    if key in _BOUNDS:
+        low, high = _BOUNDS[key]
+        value = _whole(key, text, low)
+        if value > high:
+            raise SettingError(f"{key}: {value} is not {SETTING_KEYS[key]}")
+        return value
     return _whole(key, text, 0 if key == "max_answer_lines" else 1)
 
 
@@ -238,6 +274,20 @@ def settings_scope(transport: Transport, channel_key: str) -> str:
     return channel_key
 
 
+def recall_override(base: RecallPolicy, keys: Mapping[str, Any]) -> RecallPolicy | None:
+    """``base`` (``[memory]``'s recall) with a channel's recall ``keys`` over it;
+    ``None`` when the channel sets none (the conversation follows ``base``)."""
+    if not keys:
+        return None
+    return dataclasses.replace(
+        base,
+        enabled=keys.get("recall", base.enabled),
+        k=keys.get("recall_k", base.k),
+        min_score=keys.get("recall_min_score", base.min_score),
+        tokens=keys.get("recall_tokens", base.tokens),
+    )
+
+
 def persona_block(channel_key: str, persona: str) -> str:
     """The channel's persona as it is added to the system prompt: clearly delimited."""
     return (
@@ -261,8 +311,12 @@ class Effective:
     #: The model profile in force; ``None``: ``[llm]`` (``default``).
     model: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    #: The automatic-recall keys set for this channel (the rest: ``[memory]``'s).
+    recall: dict[str, Any] = field(default_factory=dict)
 
     def value(self, key: str) -> Any:
+        if key in RECALL_KEYS:
+            return self.recall.get(key, "as [memory]")
         if key == "persona":
             return self.persona
         if key == "model":
@@ -379,6 +433,7 @@ class ChannelSettingsBook:
             persona=values.get("persona"),
             tools=None if tools is None else tuple(tools),
             sources=sources,
+            recall={k: values[k] for k in RECALL_KEYS if k in values},
         )
 
 
