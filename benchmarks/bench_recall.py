@@ -77,9 +77,7 @@ async def quality(tmp: str, embedder: BuiltinEmbedder, k: int = 5) -> tuple[list
             gain >= 0.25,
             section="1",
         ),
-        Row(
-            f"vector-only recall@{k}", f"{mean['vector']:.3f}", "-", None, "-", None, section="1"
-        ),
+        Row(f"vector-only recall@{k}", f"{mean['vector']:.3f}", "-", None, "-", None, section="1"),
     ]
     return rows, gain
 
@@ -106,7 +104,10 @@ def bulk(path: str, n: int, embedder: BuiltinEmbedder, seed: int = 7) -> float:
         )
         conn.executemany(
             "INSERT INTO memory_vector (note_id, model, dim, vector) VALUES (?, ?, ?, ?)",
-            [(i, embedder.model, embedder.dim, _blob(v)) for (i, _, _), v in zip(notes, vectors)],
+            [
+                (i, embedder.model, embedder.dim, _blob(v))
+                for (i, _, _), v in zip(notes, vectors, strict=True)
+            ],
         )
     conn.close()
     return rate

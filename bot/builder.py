@@ -32,8 +32,8 @@ from agentik.core.background import MemoryWorker
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
 from agentik.core.memory import MemoryBackend, NoMemory
-from agentik.core.memory.markdown import MarkdownMemory
 from agentik.core.memory.embeddings import EmbeddingError, embedder_for
+from agentik.core.memory.markdown import MarkdownMemory
 from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.plugins import Registry
 from agentik.core.settings import is_file_path, plain_values, setting_fields, validate_settings

@@ -51,10 +51,10 @@ from .channel import ChannelOptions
 
 __all__ = [
     "BUILTIN_ROLES",
+    "RECALL_KEYS",
     "SETTING_KEYS",
     "ChannelSettings",
     "ChannelSettingsBook",
-    "RECALL_KEYS",
     "Effective",
     "RoleFor",
     "SettingError",

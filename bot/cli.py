@@ -678,7 +678,9 @@ async def _memory(args: argparse.Namespace, config: Config) -> int:
                     f"{config.source}: memory.backend: reembed needs the sqlite backend"
                 )
             if memory.embedder is None:
-                raise ConfigError(f'{config.source}: memory.embeddings: is "none": nothing to embed')
+                raise ConfigError(
+                    f'{config.source}: memory.embeddings: is "none": nothing to embed'
+                )
             from agentik.core.memory.embeddings import EmbeddingError
 
             try:

@@ -38,8 +38,8 @@ from ..errors import AgentikError
 
 __all__ = [
     "BuiltinEmbedder",
-    "EmbeddingError",
     "Embedder",
+    "EmbeddingError",
     "OpenAIEmbedder",
     "embedder_for",
     "normalize",

@@ -48,7 +48,7 @@ from . import MemoryBackend, Note, NoteError, NoteVersion, RecallPolicy, valid_s
 from .embeddings import Embedder, EmbeddingError
 from .vectors import VectorIndex
 
-__all__ = ["SearchMode", "SQLiteMemory", "fts_query", "rrf"]
+__all__ = ["SQLiteMemory", "SearchMode", "fts_query", "rrf"]
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,8 @@ class SQLiteMemory(MemoryBackend):
             conn.execute("DELETE FROM memory_vector WHERE note_id = ?", (nid,))
             return
         conn.execute(
-            "INSERT OR REPLACE INTO memory_vector (note_id, model, dim, vector) VALUES (?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO memory_vector (note_id, model, dim, vector)"
+            " VALUES (?, ?, ?, ?)",
             (nid, self.embedder.model, int(vector.shape[0]), _blob(vector)),
         )
 

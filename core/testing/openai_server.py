@@ -32,10 +32,10 @@ its base URL on one line and serving until SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
 import re
 import signal
