@@ -7,7 +7,10 @@
    file.  Goal: hybrid >= FTS + 0.25 (absolute).
 2. Latency: hybrid ``SQLiteMemory.search`` over 100,000 notes spread over 51
    scopes (a search sees three), median ms; the FTS-only search on the same
-   database is the baseline.  Goal: p50 <= 20 ms.
+   database is the baseline.  Goal: p50 <= 20 ms on bench_memory's 50-word
+   vocabulary (every word is in a fifth of the notes: the full-text half's worst
+   case, which dominates); the same with a 20,000-word Zipf vocabulary (closer to
+   real text) is informational.
 3. Embedding throughput of the builtin model (notes/s), single batch of
    100,000 short notes (informational).
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import sqlite3
@@ -82,15 +86,25 @@ async def quality(tmp: str, embedder: BuiltinEmbedder, k: int = 5) -> tuple[list
     return rows, gain
 
 
-def bulk(path: str, n: int, embedder: BuiltinEmbedder, seed: int = 7) -> float:
+def words_of(vocab: str, rng: random.Random, n: int) -> str:
+    """``n`` words: from the 50 of :data:`WORDS` (as bench_memory: each word is in
+    about a fifth of the notes, the full-text worst case), or ``zipf``: from 20,000
+    words with Zipf frequencies, as text has."""
+    if vocab == "zipf":
+        return " ".join(f"w{i}" for i in rng.choices(ZIPF_RANGE, cum_weights=ZIPF_CUM, k=n))
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+ZIPF_RANGE = range(20_000)
+ZIPF_CUM = list(itertools.accumulate(1.0 / (i + 1) for i in ZIPF_RANGE))
+
+
+def bulk(path: str, n: int, embedder: BuiltinEmbedder, vocab: str, seed: int = 7) -> float:
     """``n`` notes with their vectors written straight into the file; returns the
     embedding throughput (notes/s)."""
     rng = random.Random(seed)
     scopes = ["global", *(f"channel:irc:net:#c{i}" for i in range(50))]
-    notes = [
-        (i + 1, rng.choice(scopes), " ".join(rng.choice(WORDS) for _ in range(12)))
-        for i in range(n)
-    ]
+    notes = [(i + 1, rng.choice(scopes), words_of(vocab, rng, 12)) for i in range(n)]
     embedder.load()
     started = time.perf_counter()
     vectors = embedder.embed_sync([t for _, _, t in notes])
@@ -113,19 +127,21 @@ def bulk(path: str, n: int, embedder: BuiltinEmbedder, seed: int = 7) -> float:
     return rate
 
 
-async def latency(tmp: str, n: int, repeats: int, embedder: BuiltinEmbedder) -> list[Row]:
-    path = f"{tmp}/big.db"
+async def latency(
+    tmp: str, n: int, repeats: int, embedder: BuiltinEmbedder, vocab: str
+) -> list[Row]:
+    path = f"{tmp}/big-{vocab}.db"
     store = SQLiteStore(path)
     await store.start()
     await store.aclose()
-    rate = bulk(path, n, embedder)
+    rate = bulk(path, n, embedder, vocab)
     store = SQLiteStore(path)
     await store.start()
     memory = SQLiteMemory(store, embedder=embedder)
     await memory.start()
     scopes = ["global", "channel:irc:net:#c3", "channel:irc:net:#c7"]
     rng = random.Random(3)
-    queries = [" ".join(rng.choice(WORDS) for _ in range(5)) for _ in range(repeats)]
+    queries = [words_of(vocab, rng, 5) for _ in range(repeats)]
     await memory.search("warm up the index", scopes)  # loads the vectors once
     times: dict[str, list[float]] = {"hybrid": [], "fts": []}
     for q in queries:
@@ -135,17 +151,26 @@ async def latency(tmp: str, n: int, repeats: int, embedder: BuiltinEmbedder) -> 
             times[mode].append(time.perf_counter() - started)
     await store.aclose()
     p50 = {m: statistics.median(v) for m, v in times.items()}
-    say(f"== hybrid search over {n:,} notes: p50 {ms(p50['hybrid'])} (fts {ms(p50['fts'])})")
-    return [
+    label = "50 words" if vocab == "words" else "zipf 20k words"
+    say(
+        f"== hybrid search over {n:,} notes ({label}): p50 {ms(p50['hybrid'])}"
+        f" (fts {ms(p50['fts'])})"
+    )
+    rows = [
         Row(
-            f"hybrid search p50, {n:,} notes",
+            f"hybrid search p50, {n:,} notes ({label})",
             ms(p50["hybrid"]),
             f"fts {ms(p50['fts'])}",
             p50["hybrid"] / p50["fts"],
-            "<= 20 ms",
-            p50["hybrid"] <= 0.020,
+            "<= 20 ms" if vocab == "words" else "info",
+            p50["hybrid"] <= 0.020 if vocab == "words" else None,
             section="2",
         ),
+    ]
+    if vocab != "words":
+        return rows
+    return [
+        *rows,
         Row(
             f"embedding throughput ({embedder.model})",
             per_s(rate, "notes/s"),
@@ -171,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> list[Row]:
         with tempfile.TemporaryDirectory() as tmp:
             rows, _ = await quality(tmp, embedder)
-            rows += await latency(tmp, n, repeats, embedder)
+            rows += await latency(tmp, n, repeats, embedder, "words")
+            rows += await latency(tmp, n, repeats, embedder, "zipf")
             return rows
 
-    rows = asyncio.run(run())
+    rows = sorted(asyncio.run(run()), key=lambda r: r.section)
     return finish(rows, strict=args.strict, sections=True, started=started)
 
 

@@ -17,12 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, OpenAIBackend, SQLiteStore
 from agentik.core.memory import Note, RecallPolicy, visible_scopes
-from agentik.core.memory.embeddings import BuiltinEmbedder, OpenAIEmbedder
+from agentik.core.memory.embeddings import BuiltinEmbedder, OpenAIEmbedder, normalize
 from agentik.core.memory.sqlite import SQLiteMemory
+from agentik.core.memory.vectors import VectorIndex
 from agentik.core.recall import BLOCK_END, BLOCK_START, recall_block
 from agentik.core.testing.openai_server import FakeOpenAIServer
 from agentik.core.tools.base import ToolContext
@@ -366,3 +369,40 @@ async def test_a_model_mismatch_falls_back_to_fts_until_reembedded(tmp_path, cap
         assert (await memory.recall(QUESTION, ["global"], k=3, min_score=0.0))[0][0].text == TOKYO
     finally:
         await store.aclose()
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["put", "remove"]),
+            st.integers(1, 30),
+            st.sampled_from(["global", A, B]),
+            st.integers(0, 2**31 - 1),
+        ),
+        max_size=80,
+    ),
+    scopes=st.sets(st.sampled_from(["global", A, B]), min_size=1),
+    limit=st.integers(1, 12),
+)
+def test_the_vector_index_returns_exactly_the_top_cosines_in_scope(ops, scopes, limit):
+    """After any puts (new, replaced, moved scope) and removals, a search returns
+    what brute force over the live notes of those scopes returns."""
+    index, live = VectorIndex(8), {}
+    for op, nid, scope, seed in ops:
+        if op == "put":
+            vec = normalize(np.random.default_rng(seed).standard_normal(8))[0]
+            index.put(nid, scope, vec)
+            live[nid] = (scope, vec)
+        else:
+            index.remove(nid)
+            live.pop(nid, None)
+    query = normalize(np.arange(1, 9, dtype=np.float32))[0]
+    got = index.search(query, sorted(scopes), limit)
+    want = sorted(
+        ((nid, float(vec @ query)) for nid, (scope, vec) in live.items() if scope in scopes),
+        key=lambda x: -x[1],
+    )[:limit]
+    assert [round(s, 5) for _, s in got] == [round(s, 5) for _, s in want]
+    assert {nid for nid, _ in got} <= {nid for nid, (sc, _) in live.items() if sc in scopes}
+    assert len(index) == len(live)

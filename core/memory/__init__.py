@@ -550,8 +550,9 @@ class _List(_MemoryTool):
 class _Search(_MemoryTool):
     name = "memory_search"
     description = (
-        "Search long-term memory for notes matching words (full-text, best match first). "
-        "Use it before answering questions about people, past decisions or preferences."
+        "Search long-term memory for notes about something (by meaning and by words, best "
+        "match first). Use it before answering questions about people, past decisions or "
+        "preferences."
     )
     parameters = {
         "type": "object",

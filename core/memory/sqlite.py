@@ -256,19 +256,23 @@ class SQLiteMemory(MemoryBackend):
         if not self._checked:
             await self.check_vectors()
         async with self._sync_lock:
+            # By seq alone (the primary key: a range read); the model is checked
+            # here (in SQL it leads the planner to scan the model index).
             rows = await self.store.run_read(
-                "SELECT v.seq, v.note_id, n.scope, v.dim, v.vector FROM memory_vector v"
-                " JOIN memory_note n ON n.id = v.note_id"
-                " WHERE v.seq > ? AND v.model = ? ORDER BY v.seq",
-                (self._seq, self.embedder.model),
+                "SELECT v.seq, v.note_id, n.scope, v.model, v.dim, v.vector FROM memory_vector v"
+                " JOIN memory_note n ON n.id = v.note_id WHERE v.seq > ? ORDER BY v.seq",
+                (self._seq,),
             )
-            for seq, nid, scope, dim, blob in rows:
+            model = self.embedder.model
+            for seq, nid, scope, row_model, dim, blob in rows:
+                self._seq = max(self._seq, int(seq))
+                if row_model != model:
+                    continue
                 if self._index is None:
                     self._index = VectorIndex(int(dim))
                 vec = _unblob(blob, self._index.dim)
                 if vec is not None:
                     self._index.put(int(nid), scope, vec)
-                self._seq = max(self._seq, int(seq))
             return self._index
 
     def _after_write(self, nid: int, scope: str, vector: np.ndarray | None) -> None:
@@ -524,8 +528,8 @@ class SQLiteMemory(MemoryBackend):
         if mode == "vector":
             ranked = vec
         else:
-            fts = await self._fts(content_words(query), scopes, pool)
-            ranked = rrf([n.id for n, _ in fts], [nid for nid, _ in vec])
+            fts_ids = await self._fts_ids(content_words(query), scopes, pool)
+            ranked = rrf(fts_ids, [nid for nid, _ in vec])
         return await self._notes(ranked, scopes, limit)
 
     async def _query_vector(self, query: str) -> np.ndarray | None:
@@ -549,8 +553,8 @@ class SQLiteMemory(MemoryBackend):
         if index is None:
             return []
         vec = index.search(qvec, scopes, CANDIDATES)
-        fts = await self._fts(content_words(query), scopes, CANDIDATES)
-        fused = rrf([n.id for n, _ in fts], [nid for nid, _ in vec])
+        fts_ids = await self._fts_ids(content_words(query), scopes, CANDIDATES)
+        fused = rrf(fts_ids, [nid for nid, _ in vec])
         cosines = dict(vec)
         keep: list[tuple[int, float]] = []
         for nid, _ in fused:
@@ -588,6 +592,19 @@ class SQLiteMemory(MemoryBackend):
                 if nid in found and len(out) < limit:
                     out.append((found[nid], score))
         return out
+
+    async def _fts_ids(self, query: str, scopes: Sequence[str] | None, limit: int) -> list[int]:
+        """The full-text ranking's note ids, from the index alone (the scopes are
+        in the FTS query; deleted notes, still indexed, are dropped by :meth:`_notes`)."""
+        match = fts_query(query, scopes)
+        if match is None:
+            return []
+        rows = await self.store.run_read(
+            "SELECT rowid FROM memory_fts WHERE memory_fts MATCH ?"
+            " ORDER BY bm25(memory_fts, 1.0, 0.0) LIMIT ?",
+            (match, limit),
+        )
+        return [int(r[0]) for r in rows]
 
     async def _fts(
         self, query: str, scopes: Sequence[str] | None, limit: int

@@ -17,105 +17,115 @@ import numpy as np
 __all__ = ["VectorIndex"]
 
 
+class _Block:
+    """The vectors of one scope: rows ``0..n-1`` of a growing matrix."""
+
+    __slots__ = ("ids", "n", "row", "vectors")
+
+    def __init__(self, dim: int) -> None:
+        self.vectors = np.zeros((0, dim), dtype=np.float32)
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.n = 0
+        self.row: dict[int, int] = {}
+
+    def put(self, note_id: int, vector: np.ndarray) -> None:
+        row = self.row.get(note_id)
+        if row is None:
+            if self.n == self.vectors.shape[0]:
+                new = max(64, self.n * 2)
+                vectors = np.zeros((new, self.vectors.shape[1]), dtype=np.float32)
+                vectors[: self.n] = self.vectors[: self.n]
+                ids = np.zeros(new, dtype=np.int64)
+                ids[: self.n] = self.ids[: self.n]
+                self.vectors, self.ids = vectors, ids
+            row = self.n
+            self.n += 1
+            self.row[note_id] = row
+            self.ids[row] = note_id
+        self.vectors[row] = vector
+
+    def remove(self, note_id: int) -> None:
+        row = self.row.pop(note_id)
+        last = self.n - 1
+        if row != last:
+            moved = int(self.ids[last])
+            self.vectors[row] = self.vectors[last]
+            self.ids[row] = moved
+            self.row[moved] = row
+        self.n = last
+
+
 class VectorIndex:
-    """Unit vectors of ``dim`` dimensions keyed by note id, each in a scope."""
+    """Unit vectors of ``dim`` dimensions keyed by note id, each in a scope.
+
+    Each scope's vectors are one contiguous matrix, so a search costs what the
+    visible scopes hold, however many notes other channels have.
+    """
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
-        self._vectors = np.zeros((0, dim), dtype=np.float32)
-        self._ids = np.zeros(0, dtype=np.int64)
-        self._scopes = np.zeros(0, dtype=np.int32)
-        self._n = 0
-        self._row: dict[int, int] = {}
-        self._scope_code: dict[str, int] = {}
+        self._blocks: dict[str, _Block] = {}
+        self._scope_of: dict[int, str] = {}
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._scope_of)
 
     def __contains__(self, note_id: object) -> bool:
-        return note_id in self._row
-
-    def _code(self, scope: str) -> int:
-        code = self._scope_code.get(scope)
-        if code is None:
-            code = self._scope_code[scope] = len(self._scope_code)
-        return code
-
-    def _grow(self, need: int) -> None:
-        cap = self._vectors.shape[0]
-        if need <= cap:
-            return
-        new = max(need, cap * 2, 64)
-        vectors = np.zeros((new, self.dim), dtype=np.float32)
-        vectors[: self._n] = self._vectors[: self._n]
-        ids = np.zeros(new, dtype=np.int64)
-        ids[: self._n] = self._ids[: self._n]
-        scopes = np.full(new, -1, dtype=np.int32)
-        scopes[: self._n] = self._scopes[: self._n]
-        self._vectors, self._ids, self._scopes = vectors, ids, scopes
+        return note_id in self._scope_of
 
     def put(self, note_id: int, scope: str, vector: np.ndarray) -> None:
-        """Add or replace ``note_id``'s vector."""
-        row = self._row.get(note_id)
-        if row is None:
-            self._grow(self._n + 1)
-            row = self._n
-            self._n += 1
-            self._row[note_id] = row
-            self._ids[row] = note_id
-        self._vectors[row] = vector
-        self._scopes[row] = self._code(scope)
+        """Add or replace ``note_id``'s vector (moving it if its scope changed)."""
+        old = self._scope_of.get(note_id)
+        if old is not None and old != scope:
+            self.remove(note_id)
+        block = self._blocks.get(scope)
+        if block is None:
+            block = self._blocks[scope] = _Block(self.dim)
+        block.put(note_id, vector)
+        self._scope_of[note_id] = scope
 
     def put_many(self, ids: Sequence[int], scopes: Sequence[str], vectors: np.ndarray) -> None:
         for nid, scope, vec in zip(ids, scopes, vectors, strict=True):
             self.put(int(nid), scope, vec)
 
     def remove(self, note_id: int) -> None:
-        """Forget ``note_id`` (nothing if absent): the last row moves into its place."""
-        row = self._row.pop(note_id, None)
-        if row is None:
-            return
-        last = self._n - 1
-        if row != last:
-            moved = int(self._ids[last])
-            self._vectors[row] = self._vectors[last]
-            self._ids[row] = moved
-            self._scopes[row] = self._scopes[last]
-            self._row[moved] = row
-        self._scopes[last] = -1
-        self._n = last
+        """Forget ``note_id`` (nothing if absent)."""
+        scope = self._scope_of.pop(note_id, None)
+        if scope is not None:
+            self._blocks[scope].remove(note_id)
 
     def vector(self, note_id: int) -> np.ndarray | None:
-        row = self._row.get(note_id)
-        return None if row is None else self._vectors[row]
+        scope = self._scope_of.get(note_id)
+        if scope is None:
+            return None
+        block = self._blocks[scope]
+        return block.vectors[block.row[note_id]]
 
     def search(
         self, query: np.ndarray, scopes: Sequence[str] | None, limit: int
     ) -> list[tuple[int, float]]:
         """The ``limit`` notes most similar to ``query`` (a unit vector), in
         ``scopes`` (all when ``None``): ``(note id, cosine)``, best first."""
-        n = self._n
-        if n == 0 or limit <= 0:
+        if limit <= 0:
             return []
-        vectors = self._vectors[:n]
-        if scopes is None:
-            rows = None
-            scores = vectors @ query
-        else:
-            codes = [self._scope_code[s] for s in scopes if s in self._scope_code]
-            if not codes:
-                return []
-            mask = np.isin(self._scopes[:n], np.asarray(codes, dtype=np.int32))
-            rows = np.flatnonzero(mask)
-            if rows.size == 0:
-                return []
-            if rows.size == n:
-                rows = None
-                scores = vectors @ query
+        names = self._blocks if scopes is None else dict.fromkeys(scopes)
+        found_ids: list[np.ndarray] = []
+        found_scores: list[np.ndarray] = []
+        for name in names:
+            block = self._blocks.get(name)
+            if block is None or block.n == 0:
+                continue
+            scores = block.vectors[: block.n] @ query
+            if scores.shape[0] > limit:
+                top = np.argpartition(-scores, limit - 1)[:limit]
+                found_ids.append(block.ids[top])
+                found_scores.append(scores[top])
             else:
-                scores = vectors[rows] @ query
-        k = min(limit, scores.shape[0])
-        top = np.argpartition(-scores, k - 1)[:k] if k < scores.shape[0] else np.arange(k)
-        top = top[np.argsort(-scores[top], kind="stable")]
-        picked = top if rows is None else rows[top]
-        return [(int(self._ids[r]), float(s)) for r, s in zip(picked, scores[top], strict=True)]
+                found_ids.append(block.ids[: block.n])
+                found_scores.append(scores)
+        if not found_ids:
+            return []
+        ids = np.concatenate(found_ids)
+        scores = np.concatenate(found_scores)
+        order = np.argsort(-scores, kind="stable")[:limit]
+        return [(int(ids[i]), float(scores[i])) for i in order]
