@@ -593,7 +593,9 @@ class SQLiteMemory(MemoryBackend):
                     out.append((found[nid], score))
         return out
 
-    async def _fts_ids(self, query: str, scopes: Sequence[str] | None, limit: int) -> builtins.list[int]:
+    async def _fts_ids(
+        self, query: str, scopes: Sequence[str] | None, limit: int
+    ) -> builtins.list[int]:
         """The full-text ranking's note ids, from the index alone (the scopes are
         in the FTS query; deleted notes, still indexed, are dropped by :meth:`_notes`)."""
         match = fts_query(query, scopes)
