@@ -48,6 +48,8 @@ __all__ = [
 #: The built-in model's configuration name inside the wordllama package.
 BUILTIN_CONFIG = "l2_supercat"
 BUILTIN_DIMS = (64, 128, 256)
+#: Longest single text the builtin model embeds on the event loop (characters).
+INLINE_CHARS = 2_000
 
 
 class EmbeddingError(AgentikError):
@@ -146,6 +148,9 @@ class BuiltinEmbedder(Embedder):
         return normalize(wl.embed(list(texts), norm=False))
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if self._wl is not None and len(texts) == 1 and len(texts[0]) <= INLINE_CHARS:
+            # One short text (a query, a note) takes microseconds: a thread hop costs more.
+            return self.embed_sync(texts)
         return await asyncio.to_thread(self.embed_sync, texts)
 
 
