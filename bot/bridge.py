@@ -92,6 +92,7 @@ from .chansettings import (
     describe,
     parse_setting,
     persona_block,
+    recall_override,
     settings_scope,
     split_args,
 )
@@ -484,6 +485,7 @@ class Bridge(AgentAccess):
         conv = ch.conversation
         conv.system_addition = persona_block(ch.key, eff.persona) if eff.persona else None
         conv.llm_profile = eff.model
+        conv.recall = recall_override(self.agent.memory.recall_policy, eff.recall)
         if eff.tools is None and conv not in self._narrowed:
             return  # the transport's bound, set when the channel opened
         outer = self.options_for(ch.transport).allowed_tools

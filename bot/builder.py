@@ -34,6 +34,7 @@ from agentik.core.compaction import CompactionPolicy
 from agentik.core.errors import PluginError
 from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
 from agentik.core.memory import MemoryBackend, NoMemory
+from agentik.core.memory.embeddings import EmbeddingError, embedder_for
 from agentik.core.memory.markdown import MarkdownMemory
 from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.plugins import Registry
@@ -325,7 +326,17 @@ class AgentBuilder:
         mem = config.memory
         memory: MemoryBackend
         if mem.backend == "sqlite":
-            memory = SQLiteMemory(store, allow_global_writes=mem.allow_global_writes)
+            try:
+                embedder = embedder_for(mem)
+            except EmbeddingError as exc:
+                raise ConfigError(f"{config.source}: memory: {exc}") from None
+            memory = SQLiteMemory(
+                store,
+                allow_global_writes=mem.allow_global_writes,
+                embedder=embedder,
+                search=mem.search,
+                recall=mem.recall_policy(),
+            )
         elif mem.backend == "markdown":
             memory = MarkdownMemory(
                 config.resolve_path(mem.path), allow_global_writes=mem.allow_global_writes

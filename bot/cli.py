@@ -174,10 +174,20 @@ def _parser() -> argparse.ArgumentParser:
     madd = with_config(memsub.add_parser("add", help="write a note"))
     madd.add_argument("scope", help="global, channel:<channel key> or user:<transport>:<id>")
     madd.add_argument("text")
-    ms = with_config(memsub.add_parser("search", help="full-text search"))
+    ms = with_config(
+        memsub.add_parser("search", help="search notes ([memory] search: hybrid, fts or vector)")
+    )
     ms.add_argument("query", nargs="+")
     ms.add_argument("--scope", action="append", help="only this scope (repeatable)")
     ms.add_argument("--limit", type=int, default=20)
+    mreb = with_config(
+        memsub.add_parser(
+            "reembed",
+            help="embed the notes whose vector is missing or from another model"
+            " (after changing [memory] embeddings)",
+        )
+    )
+    mreb.add_argument("--all", action="store_true", help="embed every note again")
     plugins = sub.add_parser("plugins", help="list plugins and what they registered")
     plugins.add_argument(
         "-c",
@@ -795,16 +805,39 @@ async def _memory(args: argparse.Namespace, config: Config) -> int:
     store: SQLiteStore | None = None
     memory: Any
     if backend == "sqlite":
+        from agentik.core.memory.embeddings import EmbeddingError, embedder_for
+
+        try:
+            embedder = embedder_for(config.memory)
+        except EmbeddingError as exc:
+            raise ConfigError(f"{config.source}: memory: {exc}") from None
         store = SQLiteStore(config.database)
         await store.start()
-        memory = SQLiteMemory(store)
+        memory = SQLiteMemory(store, embedder=embedder, search=config.memory.search)
     else:
         memory = MarkdownMemory(config.resolve_path(config.memory.path))
     try:
         await memory.start()
         who = f"cli:{os.environ.get('USER') or 'admin'}"
         a = args.action
-        if a == "list":
+        if a == "reembed":
+            if not isinstance(memory, SQLiteMemory):
+                raise ConfigError(
+                    f"{config.source}: memory.backend: reembed needs the sqlite backend"
+                )
+            if memory.embedder is None:
+                raise ConfigError(
+                    f'{config.source}: memory.embeddings: is "none": nothing to embed'
+                )
+            from agentik.core.memory.embeddings import EmbeddingError
+
+            try:
+                done = await memory.reembed(everything=args.all)
+            except EmbeddingError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            print(f"embedded {done} notes with {memory.embedder.model}")
+        elif a == "list":
             notes = await memory.list(args.scope, limit=args.limit, include_deleted=args.deleted)
             for n in notes:
                 print(_note_line(n))
