@@ -8,6 +8,7 @@
     agentik conversations list     list stored conversations (-c FILE for the database)
     agentik conversations show ID  print a conversation's history
     agentik conversations export ID --format json|markdown
+    agentik conversations import FILE [--new-ids|--keep-ids] [--bind CHANNEL]
     agentik conversations rm ID    delete a conversation and all its rows
     agentik memory list            list long-term memory notes (--scope, --deleted)
     agentik memory show ID         print a note
@@ -37,6 +38,7 @@ import asyncio
 import json
 import logging
 import os
+import sqlite3
 import sys
 import time
 from importlib.metadata import version
@@ -60,7 +62,9 @@ COMMANDS = (
     "conversations list",
     "conversations show",
     "conversations export",
+    "conversations import",
     "conversations rm",
+    "db prune",
     "memory list",
     "memory show",
     "memory history",
@@ -114,6 +118,26 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("id")
     exp.add_argument("--format", choices=["json", "markdown"], default="json")
     with_config(csub.add_parser("rm", help="delete a conversation")).add_argument("id")
+    imp = with_config(
+        csub.add_parser("import", help="restore a conversation from an export (JSON snapshot)")
+    )
+    imp.add_argument("file", help="the snapshot (agentik conversations export ID), - for stdin")
+    ids = imp.add_mutually_exclusive_group()
+    ids.add_argument(
+        "--new-ids", action="store_true", help="import under a fresh conversation id"
+    )
+    ids.add_argument(
+        "--keep-ids", action="store_true", help="keep the snapshot's conversation id (the default)"
+    )
+    imp.add_argument("--bind", metavar="CHANNEL", help="bind this channel key to it")
+    db = sub.add_parser("db", help="database maintenance")
+    dsub = db.add_subparsers(dest="action", metavar="ACTION", required=True)
+    prune = with_config(
+        dsub.add_parser("prune", help="apply the [retention] rules now (audit-log retention)")
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="list what would go, per conversation; change nothing"
+    )
     mem = sub.add_parser("memory", help="inspect and edit long-term memory")
     memsub = mem.add_subparsers(dest="action", metavar="ACTION", required=True)
     ml = with_config(memsub.add_parser("list", help="list notes, most recently changed first"))
@@ -218,8 +242,12 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         if config.memory.backend == "sqlite" and not os.path.exists(config.database):
             raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
         return asyncio.run(_memory(args, config))
+    if args.command == "conversations" and args.action == "import":
+        return asyncio.run(_import(args, config))
     if config.database != ":memory:" and not os.path.exists(config.database):
         raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
+    if args.command == "db":
+        return asyncio.run(_db_prune(args, config))
     return asyncio.run(_conversations(args, config))
 
 
@@ -616,16 +644,10 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
             messages.extend(page)
             after = page[-1].id
         if args.action == "export" and args.format == "json":
-            doc = {
-                "conversation": {
-                    "id": record.id,
-                    "title": record.title,
-                    "created_at": record.created_at,
-                    "updated_at": record.updated_at,
-                    "meta": record.meta,
-                },
-                "messages": [m.to_dict() for m in messages],
-            }
+            from agentik.core.lifecycle import export_conversation
+
+            # The versioned snapshot that ``conversations import`` restores.
+            doc = await export_conversation(store, args.id)
             print(json.dumps(doc, ensure_ascii=False, indent=2))
             return 0
         markdown = args.action == "export"
@@ -634,6 +656,82 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
         for m in messages:
             print(_render_message(m, markdown=markdown))
         return 0
+
+
+async def _import(args: argparse.Namespace, config: Config) -> int:
+    from agentik.core.lifecycle import SnapshotError, import_conversation
+
+    where = "standard input" if args.file == "-" else args.file
+    try:
+        if args.file == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.file, encoding="utf-8") as f:
+                text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {where}: {exc}") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not JSON: {exc}") from exc
+    async with SQLiteStore(config.database) as store:
+        try:
+            result = await import_conversation(store, doc, new_ids=args.new_ids, bind=args.bind)
+        except SnapshotError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+    print(f"imported {result.conversation_id} ({result.messages} messages)")
+    for key in result.bound:
+        print(f"bound {key}")
+    for key in result.skipped_bindings:
+        print(f"not bound {key}: that channel is bound to another conversation here")
+    return 0
+
+
+async def _db_prune(args: argparse.Namespace, config: Config) -> int:
+    from agentik.core.lifecycle import apply_retention, plan_retention
+
+    rules = config.retention.rules
+    if not rules:
+        print("no [retention] rules: nothing to prune")
+        return 0
+    if args.dry_run:
+        # A read-only connection: the database file is not written at all.
+        uri = "file:" + os.path.abspath(config.database) + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+
+            async def read(sql: str, params: Any = ()) -> list[Any]:
+                return conn.execute(sql, tuple(params)).fetchall()
+
+            items = await plan_retention(read, rules)
+        finally:
+            conn.close()
+    else:
+        llm = None
+        if any(r.action == "summarise" for r in rules):
+            from .app import load_registry
+            from .builder import resolve_backend
+
+            llm = resolve_backend(config, load_registry(config))
+        async with SQLiteStore(config.database, synchronous=config.storage.synchronous) as store:
+            items = await apply_retention(store, config.retention, llm=llm)
+    total = 0
+    for item in items:
+        total += item.messages
+        verb = "would " + item.action if args.dry_run else item.action
+        if item.error:
+            verb = f"left as it was ({item.error}); wanted to {item.action}"
+        keys = ", ".join(item.channel_keys) or "-"
+        print(
+            f"{item.conversation_id}  {keys}  {verb} {item.messages} messages"
+            f" (older than {item.keep_days:g} days, rule {item.pattern!r})"
+        )
+    errors = sum(1 for i in items if i.error)
+    print(
+        f"{'would prune' if args.dry_run else 'pruned'} {total - sum(i.messages for i in items if i.error)}"
+        f" messages in {len(items) - errors} conversations"
+    )
+    return 1 if errors else 0
 
 
 async def _memory(args: argparse.Namespace, config: Config) -> int:

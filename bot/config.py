@@ -43,6 +43,7 @@ from agentik.core.budgets import BudgetSettings
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
+from agentik.core.lifecycle import RetentionSettings
 from agentik.core.memory import MemorySettings
 from agentik.core.settings import Blank, describe_error, setting_fields, settings_dataclass
 from agentik.core.store.sqlite import SQLiteSettings
@@ -410,6 +411,8 @@ class Config(_Section):
     health: HealthSettings = Field(default_factory=HealthSettings)
     #: Restarting transports whose task failed (issue 21).
     supervision: SupervisionSettings = Field(default_factory=SupervisionSettings)
+    #: Audit-log retention by channel pattern (issue 22).
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 

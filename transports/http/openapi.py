@@ -38,6 +38,8 @@ ERROR_CODES = (
     "approval_not_found",
     "approval_not_pending",
     "body_too_large",
+    "conversation_exists",
+    "invalid_snapshot",
     "unsupported_media_type",
     "invalid_body",
     "invalid_parameter",
@@ -315,6 +317,64 @@ _SCHEMAS: dict[str, Any] = {
             "reason": {"type": ["string", "null"], "maxLength": 300},
         },
     },
+    "Snapshot": {
+        "type": "object",
+        "description": "A conversation snapshot (agentik conversations export; docs/lifecycle.md)",
+        "required": ["format", "version", "conversation", "messages", "working_memory"],
+        "properties": {
+            "format": {"const": "agentik.conversation"},
+            "version": {"const": 1},
+            "conversation": {
+                "type": "object",
+                "required": ["id", "title", "created_at", "updated_at", "meta"],
+                "properties": {
+                    "id": {"type": "string", "minLength": 1, "maxLength": 200},
+                    "title": {"type": "string"},
+                    "created_at": {"type": "number"},
+                    "updated_at": {"type": "number"},
+                    "meta": {"type": "object"},
+                },
+            },
+            "messages": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "kind", "content", "created_at"],
+                    "properties": {
+                        "id": {"type": "integer", "minimum": 1},
+                        "kind": {
+                            "type": "string",
+                            "enum": ["user", "assistant", "tool_call", "tool_result"],
+                        },
+                        "content": {"type": "string"},
+                        "created_at": {"type": "number"},
+                    },
+                },
+            },
+            "working_memory": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["pos", "message"],
+                    "properties": {
+                        "pos": {"type": "integer"},
+                        "message": {
+                            "type": "object",
+                            "required": ["role"],
+                            "properties": {
+                                "role": {
+                                    "type": "string",
+                                    "enum": ["system", "user", "assistant", "tool"],
+                                },
+                                "content": {"type": "string"},
+                                "message_id": {"type": ["integer", "null"]},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
     "Event": {
         "type": "object",
         "description": (
@@ -530,6 +590,37 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                         "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
                     },
                 ],
+            ),
+        },
+        p + "/conversations/import": {
+            "post": op(
+                "importConversation",
+                "Restore a conversation from a snapshot, bound to this token's channels",
+                {
+                    "201": _json("Conversation", "imported"),
+                    "403": _error("this caller may not create conversations"),
+                    "409": _error("ids=keep and the database has that conversation id"),
+                    "413": _error("the body is larger than the server's max_import_bytes"),
+                    "415": with_body["415"],
+                    "422": _error("not a valid snapshot (the message names the field)"),
+                },
+                parameters=[
+                    {
+                        "name": "ids",
+                        "in": "query",
+                        "description": "new: a fresh conversation id; keep: the snapshot's",
+                        "schema": {"type": "string", "enum": ["new", "keep"], "default": "new"},
+                    }
+                ],
+                requestBody=_body("Snapshot", required=True),
+            )
+        },
+        conv + "/export": {
+            "parameters": [_CONV_ID],
+            "get": op(
+                "exportConversation",
+                "A versioned, self-contained snapshot of the conversation",
+                {"200": _json("Snapshot", "the snapshot"), **not_found},
             ),
         },
         conv: {
