@@ -29,8 +29,8 @@ from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolic
 from agentik.core.agent import AgentSettings
 from agentik.core.approvals import ApprovalRule
 from agentik.core.background import MemoryWorker
-from agentik.core.lifecycle import RetentionWorker
 from agentik.core.compaction import CompactionPolicy
+from agentik.core.lifecycle import RetentionWorker
 from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
 from agentik.core.memory import MemoryBackend, NoMemory
 from agentik.core.memory.markdown import MarkdownMemory

@@ -42,6 +42,7 @@ import sqlite3
 import sys
 import time
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 from agentik.core import AgentikError, ConfigError, SQLiteStore
@@ -123,9 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("file", help="the snapshot (agentik conversations export ID), - for stdin")
     ids = imp.add_mutually_exclusive_group()
-    ids.add_argument(
-        "--new-ids", action="store_true", help="import under a fresh conversation id"
-    )
+    ids.add_argument("--new-ids", action="store_true", help="import under a fresh conversation id")
     ids.add_argument(
         "--keep-ids", action="store_true", help="keep the snapshot's conversation id (the default)"
     )
@@ -136,7 +135,9 @@ def _parser() -> argparse.ArgumentParser:
         dsub.add_parser("prune", help="apply the [retention] rules now (audit-log retention)")
     )
     prune.add_argument(
-        "--dry-run", action="store_true", help="list what would go, per conversation; change nothing"
+        "--dry-run",
+        action="store_true",
+        help="list what would go, per conversation; change nothing",
     )
     mem = sub.add_parser("memory", help="inspect and edit long-term memory")
     memsub = mem.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -247,7 +248,7 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
     if config.database != ":memory:" and not os.path.exists(config.database):
         raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
     if args.command == "db":
-        return asyncio.run(_db_prune(args, config))
+        return asyncio.run(_db_prune(args, config, os.path.abspath(config.database)))
     return asyncio.run(_conversations(args, config))
 
 
@@ -666,8 +667,7 @@ async def _import(args: argparse.Namespace, config: Config) -> int:
         if args.file == "-":
             text = sys.stdin.read()
         else:
-            with open(args.file, encoding="utf-8") as f:
-                text = f.read()
+            text = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {where}: {exc}") from exc
     try:
@@ -687,7 +687,7 @@ async def _import(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-async def _db_prune(args: argparse.Namespace, config: Config) -> int:
+async def _db_prune(args: argparse.Namespace, config: Config, path: str) -> int:
     from agentik.core.lifecycle import apply_retention, plan_retention
 
     rules = config.retention.rules
@@ -696,7 +696,7 @@ async def _db_prune(args: argparse.Namespace, config: Config) -> int:
         return 0
     if args.dry_run:
         # A read-only connection: the database file is not written at all.
-        uri = "file:" + os.path.abspath(config.database) + "?mode=ro"
+        uri = "file:" + path + "?mode=ro"
         conn = sqlite3.connect(uri, uri=True)
         try:
 
@@ -727,10 +727,9 @@ async def _db_prune(args: argparse.Namespace, config: Config) -> int:
             f" (older than {item.keep_days:g} days, rule {item.pattern!r})"
         )
     errors = sum(1 for i in items if i.error)
-    print(
-        f"{'would prune' if args.dry_run else 'pruned'} {total - sum(i.messages for i in items if i.error)}"
-        f" messages in {len(items) - errors} conversations"
-    )
+    pruned = total - sum(i.messages for i in items if i.error)
+    verb = "would prune" if args.dry_run else "pruned"
+    print(f"{verb} {pruned} messages in {len(items) - errors} conversations")
     return 1 if errors else 0
 
 

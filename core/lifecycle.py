@@ -252,9 +252,7 @@ def _transcript(rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _prune(
-    conn: sqlite3.Connection, cid: str, upto: int, summary: str | None, count: int
-) -> None:
+def _prune(conn: sqlite3.Connection, cid: str, upto: int, summary: str | None, count: int) -> None:
     """In the writer thread, one transaction: delete audit rows ``<= upto`` (with
     ``secure_delete``), put the summary (or nothing) in their place, and replace
     the working memory that covered them."""
@@ -455,7 +453,7 @@ async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any
     record = await store.get_conversation(conversation_id)
     if record is None:
         return None
-    messages = []
+    messages: list[dict[str, Any]] = []
     after = 0
     while True:
         page = await store.messages(conversation_id, after=after, limit=1000)
@@ -544,7 +542,8 @@ def validate_snapshot(doc: Any) -> dict[str, Any]:
     version = doc.get("version")
     if version != SNAPSHOT_VERSION or isinstance(version, bool):
         raise SnapshotError(
-            f"version: unsupported snapshot version {version!r} (this agentik reads {SNAPSHOT_VERSION})"
+            f"version: unsupported snapshot version {version!r}"
+            f" (this agentik reads {SNAPSHOT_VERSION})"
         )
     num = (int, float)
     conv = _need(doc, "conversation", "snapshot", dict)
@@ -673,7 +672,10 @@ def _import(
     conn.executemany(
         "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
         " VALUES (?, ?, ?, ?)",
-        [(cid, t["run_id"], t["outcome"], t.get("created_at") or now) for t in doc.get("turn_ends") or []],
+        [
+            (cid, t["run_id"], t["outcome"], t.get("created_at") or now)
+            for t in doc.get("turn_ends") or []
+        ],
     )
     for table, key, skip in (
         ("approval", "approvals", {"serial"}),
@@ -685,7 +687,9 @@ def _import(
             continue
         cols = {r[1] for r in conn.execute(f"PRAGMA table_info({table})").fetchall()}
         if not cols:
-            log.warning("import: this database has no %s table; %d rows left out", table, len(rows_in))
+            log.warning(
+                "import: this database has no %s table; %d rows left out", table, len(rows_in)
+            )
             continue
         for i, r in enumerate(rows_in):
             use = [c for c in r if c in cols and c not in skip]
@@ -731,7 +735,9 @@ async def import_conversation(
         raise SnapshotError("bind: empty channel key")
     now = time.time()
     try:
-        result: ImportResult = await store.run_write(lambda conn: _import(conn, doc, cid, bind, now))
+        result: ImportResult = await store.run_write(
+            lambda conn: _import(conn, doc, cid, bind, now)
+        )
     except SnapshotError:
         raise
     except Exception as exc:

@@ -4,6 +4,7 @@ request carries the whole history), over the CLI and over real HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
@@ -28,6 +29,7 @@ from agentik.core.lifecycle import (
 from agentik.core.messages import ChatMessage, NewMessage
 from agentik.core.store.base import ConversationRecord, TurnEnd
 from agentik.core.testing.openai_server import Reply
+
 from httpserver import TOKENS, running_server
 
 DAY = 86400.0
@@ -38,21 +40,25 @@ async def seed(store: SQLiteStore, cid: str, channel: str, turns: list[tuple[flo
     """A conversation bound to ``channel`` whose turns were written ``age`` days ago."""
     await store.create_conversation(
         ConversationRecord(
-            id=cid, title=cid, created_at=NOW - 100 * DAY, updated_at=NOW,
+            id=cid,
+            title=cid,
+            created_at=NOW - 100 * DAY,
+            updated_at=NOW,
             meta={"channel_key": channel},
         ),
         channel_key=channel,
-    )  # fmt: skip
+    )
     for i, (age, question, answer) in enumerate(turns):
         at = NOW - age * DAY
         run = f"{cid}-run{i}"
         await store.append(
             cid,
             log=[
-                NewMessage(kind="user", content=question, author="alice", run_id=run,
-                           created_at=at),
+                NewMessage(
+                    kind="user", content=question, author="alice", run_id=run, created_at=at
+                ),
                 NewMessage(kind="assistant", content=answer, run_id=run, created_at=at + 1),
-            ],  # fmt: skip
+            ],
             memory=[
                 ChatMessage(role="user", content=question, author="alice", message_id=-1),
                 ChatMessage(role="assistant", content=answer, message_id=-2),
@@ -92,7 +98,7 @@ async def test_retention_deletes_old_messages_of_matching_channels_only(tmp_path
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
-    assert b"ZEBRA" not in Path(db).read_bytes()
+    assert b"ZEBRA" not in await asyncio.to_thread(Path(db).read_bytes)
 
 
 async def test_retention_keeps_a_turn_whole_and_an_unanswered_turn(tmp_path):
@@ -103,17 +109,33 @@ async def test_retention_keeps_a_turn_whole_and_an_unanswered_turn(tmp_path):
             "c",
             log=[
                 NewMessage(kind="user", content="q2", run_id="r2", created_at=NOW - 80 * DAY),
-                NewMessage(kind="tool_call", content="", tool_name="t", tool_call_id="x",
-                           run_id="r2", created_at=NOW - 80 * DAY),
-                NewMessage(kind="tool_result", content="r", tool_name="t", tool_call_id="x",
-                           run_id="r2", created_at=NOW - 1 * DAY),
-            ],  # fmt: skip
+                NewMessage(
+                    kind="tool_call",
+                    content="",
+                    tool_name="t",
+                    tool_call_id="x",
+                    run_id="r2",
+                    created_at=NOW - 80 * DAY,
+                ),
+                NewMessage(
+                    kind="tool_result",
+                    content="r",
+                    tool_name="t",
+                    tool_call_id="x",
+                    run_id="r2",
+                    created_at=NOW - 1 * DAY,
+                ),
+            ],
             ended=TurnEnd(run_id="r2", outcome="stop"),
         )
         await store.append(
-            "c", log=[NewMessage(kind="user", content="q3 unanswered", run_id="r3",
-                                 created_at=NOW - 70 * DAY)]
-        )  # fmt: skip
+            "c",
+            log=[
+                NewMessage(
+                    kind="user", content="q3 unanswered", run_id="r3", created_at=NOW - 70 * DAY
+                )
+            ],
+        )
         settings = RetentionSettings(rules=[RetentionRule(channels=["*"], keep_days=30)])
         await apply_retention(store, settings)
         # q1/a1 go; the q2 turn is not split; the turn still waiting stays.
@@ -122,9 +144,10 @@ async def test_retention_keeps_a_turn_whole_and_an_unanswered_turn(tmp_path):
 
 async def test_summarise_leaves_a_summary_that_the_next_request_carries(openai_server, db_path):
     worker = RetentionWorker(
-        RetentionSettings(rules=[RetentionRule(channels=["irc:net:*"], keep_days=7,
-                                               action="summarise")])
-    )  # fmt: skip
+        RetentionSettings(
+            rules=[RetentionRule(channels=["irc:net:*"], keep_days=7, action="summarise")]
+        )
+    )
     llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url, api_key="sk-x")
     async with Agent(llm=llm, store=SQLiteStore(db_path), background=[worker]) as agent:
         await worker.wait_runs(1)  # the start-up run: nothing yet
@@ -149,17 +172,23 @@ async def test_summarise_leaves_a_summary_that_the_next_request_carries(openai_s
 
 
 async def seed_existing(store: SQLiteStore, cid: str) -> None:
-    for age, q, a in ((60, "ancient question", "ancient answer"), (1, "recent question",
-                                                                    "recent answer")):  # fmt: skip
+    for age, q, a in (
+        (60, "ancient question", "ancient answer"),
+        (1, "recent question", "recent answer"),
+    ):
         run = f"seed-{age}"
         await store.append(
             cid,
-            log=[NewMessage(kind="user", content=q, author="alice", run_id=run,
-                            created_at=NOW - age * DAY),
-                 NewMessage(kind="assistant", content=a, run_id=run,
-                            created_at=NOW - age * DAY + 1)],  # fmt: skip
-            memory=[ChatMessage(role="user", content=q, author="alice", message_id=-1),
-                    ChatMessage(role="assistant", content=a, message_id=-2)],  # fmt: skip
+            log=[
+                NewMessage(
+                    kind="user", content=q, author="alice", run_id=run, created_at=NOW - age * DAY
+                ),
+                NewMessage(kind="assistant", content=a, run_id=run, created_at=NOW - age * DAY + 1),
+            ],
+            memory=[
+                ChatMessage(role="user", content=q, author="alice", message_id=-1),
+                ChatMessage(role="assistant", content=a, message_id=-2),
+            ],
             ended=TurnEnd(run_id=run, outcome="stop"),
         )
 
@@ -242,20 +271,30 @@ async def test_export_import_resume_the_next_request_carries_the_history(
         assert conv.id == new_id
         await chat(agent, conv, openai_server, "third point")
     text = request_text(openai_server.requests[seen])
-    for piece in ("first point", "answer to first point", "second point",
-                  "answer to second point", "third point"):  # fmt: skip
+    for piece in (
+        "first point",
+        "answer to first point",
+        "second point",
+        "answer to second point",
+        "third point",
+    ):
         assert piece in text
     assert text.index("first point") < text.index("second point") < text.index("third point")
 
 
 async def test_http_export_import_round_trip(tmp_path):
-    async with running_server(
-        str(tmp_path / "a.db"), settings={"tokens": [{"name": "admin", "env": "ADMIN_TOKEN"}]},
-        environ=TOKENS,
-    ) as a, running_server(
-        str(tmp_path / "b.db"), settings={"tokens": [{"name": "admin", "env": "ADMIN_TOKEN"}]},
-        environ=TOKENS,
-    ) as b:  # fmt: skip
+    async with (
+        running_server(
+            str(tmp_path / "a.db"),
+            settings={"tokens": [{"name": "admin", "env": "ADMIN_TOKEN"}]},
+            environ=TOKENS,
+        ) as a,
+        running_server(
+            str(tmp_path / "b.db"),
+            settings={"tokens": [{"name": "admin", "env": "ADMIN_TOKEN"}]},
+            environ=TOKENS,
+        ) as b,
+    ):
         a.model.enqueue("the answer is 42")
         async with a.client(TOKENS["ADMIN_TOKEN"]) as c:
             conv = (await c.post("/conversations", json={"title": "t"})).json()
@@ -273,8 +312,11 @@ async def test_http_export_import_round_trip(tmp_path):
             bad = {**snapshot, "version": 7}
             r = await c.post("/conversations/import", json=bad)
             assert r.status_code == 422 and "version" in r.json()["error"]["message"]
-            r = await c.post("/conversations/import", content=b"x=1",
-                             headers={"content-type": "application/x-www-form-urlencoded"})  # fmt: skip
+            r = await c.post(
+                "/conversations/import",
+                content=b"x=1",
+                headers={"content-type": "application/x-www-form-urlencoded"},
+            )
             assert r.status_code == 415
             b.model.enqueue("still 42")
             r = await c.post(f"/conversations/{conv['id']}/messages", json={"content": "again?"})
@@ -282,8 +324,11 @@ async def test_http_export_import_round_trip(tmp_path):
             await (await b.agent.get_conversation(conv["id"])).wait_idle()
             r = await c.get(f"/conversations/{conv['id']}/messages")
             assert [m["content"] for m in r.json()["items"]] == [
-                "what is it?", "the answer is 42", "again?", "still 42"
-            ]  # fmt: skip
+                "what is it?",
+                "the answer is 42",
+                "again?",
+                "still 42",
+            ]
         request = b.model.requests[-1]
         said = [m.content for m in request.messages]
         assert "what is it?" in said and "the answer is 42" in said and "again?" in said
@@ -293,11 +338,17 @@ def good_snapshot() -> dict:
     return {
         "format": "agentik.conversation",
         "version": 1,
-        "conversation": {"id": "c1", "title": "", "created_at": 1.0, "updated_at": 1.0,
-                         "meta": {}},  # fmt: skip
+        "conversation": {
+            "id": "c1",
+            "title": "",
+            "created_at": 1.0,
+            "updated_at": 1.0,
+            "meta": {},
+        },
         "messages": [{"id": 1, "kind": "user", "content": "hi", "created_at": 1.0}],
-        "working_memory": [{"pos": 1, "message": {"role": "user", "content": "hi",
-                                                  "message_id": 1}}],  # fmt: skip
+        "working_memory": [
+            {"pos": 1, "message": {"role": "user", "content": "hi", "message_id": 1}}
+        ],
     }
 
 
@@ -309,8 +360,10 @@ def good_snapshot() -> dict:
         (lambda d: d.pop("messages"), "snapshot.messages"),
         (lambda d: d["messages"][0].update(kind="shout"), "messages[0].kind"),
         (lambda d: d["messages"][0].update(created_at="yesterday"), "messages[0].created_at"),
-        (lambda d: d["working_memory"][0]["message"].update(role="god"),
-         "working_memory[0].message.role"),  # fmt: skip
+        (
+            lambda d: d["working_memory"][0]["message"].update(role="god"),
+            "working_memory[0].message.role",
+        ),
         (lambda d: d["conversation"].pop("id"), "conversation.id"),
     ],
 )
@@ -340,4 +393,3 @@ async def test_cli_import_of_a_bad_file_changes_nothing(tmp_path):
         mid = doc["messages"][0]["id"]
         assert doc["working_memory"][0]["message"]["message_id"] == mid
         assert doc["bindings"][0]["channel_key"] == "stdio:x"
-

@@ -20,9 +20,9 @@ code                        status  when
 ``approval_not_found``      404     no such approval in this conversation
 ``approval_not_pending``    409     the approval was already decided, expired, or no turn waits
 ``forbidden``               403     (approvals) the token's role may not decide, or it asked
-``body_too_large``          413     body over ``max_body_bytes`` (``max_import_bytes`` for an import)
+``body_too_large``          413     body over ``max_body_bytes`` (imports: ``max_import_bytes``)
 ``conversation_exists``     409     an import under an id the database already has
-``invalid_snapshot``        422     an import that is not a valid snapshot (the message names the field)
+``invalid_snapshot``        422     an import that is not a valid snapshot (names the field)
 ``unsupported_media_type``  415     a body that is not ``Content-Type: application/json``
 ``invalid_body``            422     not JSON, nested too deep, not an object, or a field is wrong
 ``invalid_parameter``       422     a query parameter or header is wrong
