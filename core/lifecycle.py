@@ -532,6 +532,50 @@ def _names(types: Any) -> str:
     return " or ".join(names.get(t, t.__name__) for t in _tuple(types))
 
 
+#: Integers a snapshot may hold (SQLite's 64-bit range, with room to renumber).
+MAX_INT = 2**62
+
+
+def _int(d: dict[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
+    value = d.get(key)
+    if isinstance(value, float) and value.is_integer():
+        d[key] = value = int(value)  # JSON has one number type: 3.0 is the integer 3
+    value = _need(d, key, where, int, optional=optional)
+    if value is not None and not -MAX_INT <= value <= MAX_INT:
+        raise SnapshotError(f"{where}.{key}: out of range")
+    return value
+
+
+def _unicode(value: Any) -> Any:
+    """``value`` with lone surrogates (from ``\\ud800`` escapes) replaced by U+FFFD:
+    they are not text, and SQLite stores only valid UTF-8."""
+    if isinstance(value, str):
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, list):
+        return [_unicode(v) for v in value]
+    if isinstance(value, dict):
+        return {_unicode(k): _unicode(v) for k, v in value.items()}
+    return value
+
+
+def _chat_message(body: dict[str, Any], where: str) -> None:
+    role = _need(body, "role", where, str)
+    if role not in ("system", "user", "assistant", "tool"):
+        raise SnapshotError(f"{where}.role: unknown role {role!r}")
+    _need(body, "content", where, str, optional=True)
+    for key in ("author", "tool_call_id", "name"):
+        _need(body, key, where, str, optional=True)
+    _need(body, "is_error", where, bool, optional=True)
+    _int(body, "message_id", where, optional=True)
+    for i, call in enumerate(_need(body, "tool_calls", where, list, optional=True) or []):
+        cw = f"{where}.tool_calls[{i}]"
+        if not isinstance(call, dict):
+            raise SnapshotError(f"{cw}: expected an object")
+        _need(call, "id", cw, str)
+        _need(call, "name", cw, str)
+        _need(call, "arguments", cw, str, optional=True)
+
+
 def validate_snapshot(doc: Any) -> dict[str, Any]:
     """Check a snapshot's shape; raises :class:`SnapshotError` naming the bad field."""
     if not isinstance(doc, dict):
@@ -558,7 +602,8 @@ def validate_snapshot(doc: Any) -> dict[str, Any]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise SnapshotError(f"{where}: expected an object")
-        _need(m, "id", where, int)
+        if _int(m, "id", where) < 1:
+            raise SnapshotError(f"{where}.id: must be at least 1")
         kind = _need(m, "kind", where, str)
         if kind not in _KINDS:
             raise SnapshotError(f"{where}.kind: must be one of {', '.join(_KINDS)}, not {kind!r}")
@@ -573,32 +618,30 @@ def validate_snapshot(doc: Any) -> dict[str, Any]:
         where = f"working_memory[{i}]"
         if not isinstance(e, dict):
             raise SnapshotError(f"{where}: expected an object")
-        _need(e, "pos", where, int)
-        body = _need(e, "message", where, dict)
-        role = _need(body, "role", f"{where}.message", str)
-        if role not in ("system", "user", "assistant", "tool"):
-            raise SnapshotError(f"{where}.message.role: unknown role {role!r}")
-        try:
-            ChatMessage.from_dict(body)
-        except Exception as exc:
-            raise SnapshotError(f"{where}.message: {exc}") from exc
-        _need(body, "message_id", f"{where}.message", int, optional=True)
-    for i, b in enumerate(doc.get("bindings") or []):
-        if not isinstance(b, dict):
-            raise SnapshotError(f"bindings[{i}]: expected an object")
-        _need(b, "channel_key", f"bindings[{i}]", str)
-    for i, t in enumerate(doc.get("turn_ends") or []):
-        if not isinstance(t, dict):
-            raise SnapshotError(f"turn_ends[{i}]: expected an object")
-        _need(t, "run_id", f"turn_ends[{i}]", str)
-        _need(t, "outcome", f"turn_ends[{i}]", str)
+        _int(e, "pos", where)
+        _chat_message(_need(e, "message", where, dict), f"{where}.message")
     for key in ("bindings", "turn_ends", "approvals", "questions", "runs"):
         if key in doc and not isinstance(doc[key], list):
             raise SnapshotError(f"{key}: expected array, got {type(doc[key]).__name__}")
-    for key in ("approvals", "questions", "runs"):
         for i, r in enumerate(doc.get(key) or []):
             if not isinstance(r, dict):
                 raise SnapshotError(f"{key}[{i}]: expected an object")
+    for i, b in enumerate(doc.get("bindings") or []):
+        key = _need(b, "channel_key", f"bindings[{i}]", str)
+        if not key:
+            raise SnapshotError(f"bindings[{i}].channel_key: empty")
+    for i, t in enumerate(doc.get("turn_ends") or []):
+        _need(t, "run_id", f"turn_ends[{i}]", str)
+        _need(t, "outcome", f"turn_ends[{i}]", str)
+        _need(t, "created_at", f"turn_ends[{i}]", num, optional=True)
+    try:
+        json.dumps(doc, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        cleaned = _unicode(doc)
+        doc.clear()
+        doc.update(cleaned)
+    except ValueError as exc:  # NaN or infinity (not JSON)
+        raise SnapshotError(f"snapshot: {exc}") from None
     return doc
 
 
@@ -661,9 +704,12 @@ def _import(
 
     # Positions are renumbered 1..n in their order.
     for pos, e in enumerate(sorted(doc["working_memory"], key=lambda e: e["pos"]), 1):
-        cm = ChatMessage.from_dict(e["message"])
-        mid = relink(cm.message_id)
-        cm = ChatMessage.from_dict({**e["message"], "message_id": mid})
+        body = {k: v for k, v in e["message"].items() if v is not None}
+        body["tool_calls"] = [
+            {k: v for k, v in c.items() if v is not None} for c in body.get("tool_calls", [])
+        ]
+        mid = relink(body.get("message_id"))
+        cm = ChatMessage.from_dict({**body, "message_id": mid})
         conn.execute(
             "INSERT INTO working_memory (conversation_id, pos, message_id, body)"
             " VALUES (?, ?, ?, ?)",
@@ -699,7 +745,7 @@ def _import(
                     f"INSERT INTO {table} ({', '.join(use)}) VALUES ({', '.join('?' * len(use))})",
                     values,
                 )
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OverflowError, TypeError, ValueError) as exc:
                 raise SnapshotError(f"{key}[{i}]: cannot be restored: {exc}") from exc
     result = ImportResult(conversation_id=cid, messages=len(rows))
     wanted = [bind] if bind is not None else [b["channel_key"] for b in doc.get("bindings") or []]

@@ -393,3 +393,15 @@ async def test_cli_import_of_a_bad_file_changes_nothing(tmp_path):
         mid = doc["messages"][0]["id"]
         assert doc["working_memory"][0]["message"]["message_id"] == mid
         assert doc["bindings"][0]["channel_key"] == "stdio:x"
+
+
+def test_integral_numbers_and_lone_surrogates_are_normalised_not_refused():
+    doc = good_snapshot()
+    doc["messages"][0]["id"] = 1.0
+    doc["messages"][0]["content"] = "half a pair: \ud800"
+    validate_snapshot(doc)
+    assert doc["messages"][0]["id"] == 1 and isinstance(doc["messages"][0]["id"], int)
+    assert doc["messages"][0]["content"] == "half a pair: \ufffd"
+    doc["messages"][0]["id"] = 1.5
+    with pytest.raises(SnapshotError, match=r"^messages\[0\]\.id: expected integer"):
+        validate_snapshot(doc)
