@@ -405,3 +405,51 @@ def test_integral_numbers_and_lone_surrogates_are_normalised_not_refused():
     doc["messages"][0]["id"] = 1.5
     with pytest.raises(SnapshotError, match=r"^messages\[0\]\.id: expected integer"):
         validate_snapshot(doc)
+
+
+async def test_a_bot_built_from_the_config_prunes_at_start_up(tmp_path):
+    from agentik.bot.builder import AgentBuilder
+    from agentik.bot.config import load_config
+    from agentik.core.plugins import load_plugins
+
+    async with SQLiteStore(str(tmp_path / "bot.db")) as store:
+        await seed(store, "c", "irc:net:#a", [(90, "stale", "stale answer"), (1, "q", "a")])
+    conf = tmp_path / "bot.toml"
+    conf.write_text('[llm]\nbackend = "scripted"\n' + RETENTION_TOML)
+    agent = AgentBuilder.from_config(load_config(conf), load_plugins()).build()
+    workers = [w for w in agent._background_fns if isinstance(w, RetentionWorker)]
+    assert len(workers) == 1
+    async with agent:
+        await workers[0].wait_runs(1)
+        assert [(i.conversation_id, i.messages, i.done) for i in workers[0].runs[0]] == [
+            ("c", 2, True)
+        ]
+        assert contents(await agent.store.messages("c")) == ["q", "a"]
+    # No rules: no worker at all.
+    conf.write_text('[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n')
+    agent = AgentBuilder.from_config(load_config(conf), load_plugins()).build()
+    assert not [w for w in agent._background_fns if isinstance(w, RetentionWorker)]
+
+
+async def test_the_job_runs_again_after_every_turns_finished_turns(db_path):
+    from agentik.core.testing.scripted import ScriptedModel
+
+    worker = RetentionWorker(
+        RetentionSettings(rules=[RetentionRule(channels=["*"], keep_days=7)], every_turns=2)
+    )
+    model = ScriptedModel()
+    async with Agent(llm=model, store=SQLiteStore(db_path), background=[worker]) as agent:
+        await worker.wait_runs(1)
+        conv = await agent.conversation_for_channel("stdio:a")
+        await seed_existing(agent.store, conv.id)
+        model.enqueue("one")
+        await conv.send("first")
+        await conv.wait_idle()
+        assert len(worker.runs) == 1  # one turn: not yet
+        assert "ancient question" in contents(await agent.store.messages(conv.id))
+        model.enqueue("two")
+        await conv.send("second")
+        await worker.wait_runs(2)
+        await conv.wait_idle()
+        assert "ancient question" not in contents(await agent.store.messages(conv.id))
+        assert [m.content for m in await conv.working_memory()][-2:] == ["second", "two"]
