@@ -688,7 +688,13 @@ async def _import(args: argparse.Namespace, config: Config) -> int:
 
 
 async def _db_prune(args: argparse.Namespace, config: Config, path: str) -> int:
-    from agentik.core.lifecycle import apply_retention, plan_retention
+    from agentik.core.lifecycle import (
+        apply_retention,
+        count_old_notes,
+        note_scopes,
+        plan_retention,
+        purge_old_notes,
+    )
 
     rules = config.retention.rules
     if not rules:
@@ -704,6 +710,7 @@ async def _db_prune(args: argparse.Namespace, config: Config, path: str) -> int:
                 return conn.execute(sql, tuple(params)).fetchall()
 
             items = await plan_retention(read, rules)
+            notes = await count_old_notes(read, await note_scopes(read, rules))
         finally:
             conn.close()
     else:
@@ -713,8 +720,25 @@ async def _db_prune(args: argparse.Namespace, config: Config, path: str) -> int:
             from .builder import resolve_backend
 
             llm = resolve_backend(config, load_registry(config))
-        async with SQLiteStore(config.database, synchronous=config.storage.synchronous) as store:
+        store = SQLiteStore(config.database, synchronous=config.storage.synchronous)
+        async with store:
             items = await apply_retention(store, config.retention, llm=llm)
+            notes = {}
+            scopes = await note_scopes(store.run_read, rules)
+            if scopes and config.memory.backend != "none":
+                from agentik.core.memory.markdown import MarkdownMemory
+                from agentik.core.memory.sqlite import SQLiteMemory
+
+                memory: Any = (
+                    SQLiteMemory(store)
+                    if config.memory.backend == "sqlite"
+                    else MarkdownMemory(config.resolve_path(config.memory.path))
+                )
+                await memory.start()
+                try:
+                    notes = await purge_old_notes(memory, scopes)
+                finally:
+                    await memory.aclose()
     total = 0
     for item in items:
         total += item.messages
@@ -726,6 +750,8 @@ async def _db_prune(args: argparse.Namespace, config: Config, path: str) -> int:
             f"{item.conversation_id}  {keys}  {verb} {item.messages} messages"
             f" (older than {item.keep_days:g} days, rule {item.pattern!r})"
         )
+    for scope, n in notes.items():
+        print(f"{scope}  {'would purge' if args.dry_run else 'purged'} {n} memory notes")
     errors = sum(1 for i in items if i.error)
     pruned = total - sum(i.messages for i in items if i.error)
     verb = "would prune" if args.dry_run else "pruned"

@@ -96,12 +96,16 @@ class RetentionRule:
     one with the most specific matching pattern applies (as for
     ``[channels."<pattern>"]``).  ``keep_days``: age after which messages go.
     ``action``: ``delete`` them, or ``summarise`` them into one summary
-    message first.
+    message first.  ``notes``: also purge the channel's memory notes that
+    old (user and global notes are never touched).
     """
 
     channels: list[str] = Field(min_length=1)
     keep_days: float = Field(gt=0)
     action: Literal["delete", "summarise"] = "delete"
+    #: Also remove, for good, the long-term memory notes of these channels
+    #: (scope ``channel:<key>``) not changed for ``keep_days``.  Off: notes stay.
+    notes: bool = False
 
 
 @settings_dataclass
@@ -233,6 +237,69 @@ async def _cut(read: Read, cid: str, cutoff: float, action: str) -> tuple[int, i
     if k == 0:
         return 0, 0
     return int(rows[k - 1][0]), k
+
+
+async def channel_keys(read: Read) -> list[str]:
+    """Every channel key a conversation is or was bound to."""
+    keys = {k for (k,) in await read("SELECT DISTINCT channel_key FROM channel_binding", ())}
+    for (meta,) in await read("SELECT meta FROM conversation", ()):
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            mk = json.loads(meta).get("channel_key")
+            if isinstance(mk, str):
+                keys.add(mk)
+    return sorted(keys)
+
+
+async def note_scopes(
+    read: Read, rules: Sequence[RetentionRule], *, now: float | None = None
+) -> dict[str, float]:
+    """The ``channel:<key>`` memory scopes whose rule has ``notes`` on, and the cut-off
+    time (notes changed before it go)."""
+    now = time.time() if now is None else now
+    out: dict[str, float] = {}
+    if not any(r.notes for r in rules):
+        return out
+    for key in await channel_keys(read):
+        found = rule_for(rules, [key])
+        if found is not None and found[0].notes:
+            out[f"channel:{key}"] = now - found[0].keep_days * DAY
+    return out
+
+
+async def count_old_notes(read: Read, scopes: Mapping[str, float]) -> dict[str, int]:
+    """How many notes of each scope are older than its cut-off (SQLite memory only:
+    ``{}`` when the database has no notes table)."""
+    if not scopes or not await _table_exists(read, "memory_note"):
+        return {}
+    out = {}
+    for scope, cutoff in scopes.items():
+        (n,) = (await read(
+            "SELECT COUNT(*) FROM memory_note WHERE scope = ? AND updated_at < ?", (scope, cutoff)
+        ))[0]  # fmt: skip
+        if n:
+            out[scope] = int(n)
+    return out
+
+
+async def purge_old_notes(memory: Any, scopes: Mapping[str, float]) -> dict[str, int]:
+    """Purge (for good) the notes of each scope changed before its cut-off, through the
+    memory backend (so its indexes follow); how many per scope."""
+    out: dict[str, int] = {}
+    for scope, cutoff in scopes.items():
+        old: list[int] = []
+        offset = 0
+        while True:
+            page = await memory.list([scope], limit=500, offset=offset, include_deleted=True)
+            old += [n.id for n in page if n.updated_at < cutoff]
+            if len(page) < 500:
+                break
+            offset += len(page)
+        for note_id in old:
+            await memory.purge(note_id)
+        if old:
+            out[scope] = len(old)
+            log.info("retention: purged %d memory notes of %s", len(old), scope)
+    return out
 
 
 # -- applying -------------------------------------------------------------------------------
@@ -369,6 +436,8 @@ class RetentionWorker:
         self.settings = settings
         #: Every run's items, for status and tests.
         self.runs: list[list[PruneItem]] = []
+        #: Memory notes purged by each run that had ``notes`` rules: count per scope.
+        self.notes: list[dict[str, int]] = []
         self.changed = asyncio.Condition()
         self._kick = asyncio.Event()
 
@@ -418,6 +487,9 @@ class RetentionWorker:
             items = await apply_retention(
                 agent.store, self.settings, llm=agent.llm, exclusive=exclusive
             )
+            scopes = await note_scopes(agent.store.run_read, self.settings.rules)
+            if scopes:
+                self.notes.append(await purge_old_notes(agent.memory, scopes))
         except asyncio.CancelledError:
             raise
         except Exception:

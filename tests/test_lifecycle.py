@@ -453,3 +453,60 @@ async def test_the_job_runs_again_after_every_turns_finished_turns(db_path):
         await conv.wait_idle()
         assert "ancient question" not in contents(await agent.store.messages(conv.id))
         assert [m.content for m in await conv.working_memory()][-2:] == ["second", "two"]
+
+
+NOTES_TOML = """
+[storage]
+path = "bot.db"
+
+[[retention.rules]]
+channels = ["irc:*"]
+keep_days = 30
+notes = true
+
+[[retention.rules]]
+channels = ["slack:*"]
+keep_days = 30
+"""
+
+
+async def test_notes_go_only_where_a_rule_says_so(tmp_path):
+    from agentik.core.memory.sqlite import SQLiteMemory
+
+    db = tmp_path / "bot.db"
+    async with SQLiteStore(str(db)) as store:
+        await seed(store, "irc", "irc:net:#a", [(1, "q", "a")])
+        await seed(store, "slack", "slack:T:C", [(1, "q", "a")])
+        memory = SQLiteMemory(store)
+        await memory.start()
+        for scope in ("channel:irc:net:#a", "channel:slack:T:C", "global"):
+            await memory.save(scope, f"old fact of {scope}")
+        await memory.save("channel:irc:net:#a", "fresh fact")
+        # Age the first three notes by 60 days.
+        await store.run_write(
+            lambda c: c.execute(
+                "UPDATE memory_note SET updated_at = updated_at - ? WHERE text LIKE 'old fact%'",
+                (60 * DAY,),
+            )
+        )
+        await memory.aclose()
+    config = write_config(tmp_path, NOTES_TOML)
+    before = db.read_bytes()
+    dry = agentik("db", "prune", "--dry-run", "-c", config, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "channel:irc:net:#a  would purge 1 memory notes" in dry.stdout
+    assert "channel:slack" not in dry.stdout
+    assert db.read_bytes() == before
+    done = agentik("db", "prune", "-c", config, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "channel:irc:net:#a  purged 1 memory notes" in done.stdout
+    async with SQLiteStore(str(db)) as store:
+        memory = SQLiteMemory(store)
+        await memory.start()
+        left = sorted(n.text for n in await memory.list(include_deleted=True))
+        await memory.aclose()
+    assert left == [
+        "fresh fact",
+        "old fact of channel:slack:T:C",
+        "old fact of global",
+    ]
