@@ -795,6 +795,7 @@ def _import(
             for t in doc.get("turn_ends") or []
         ],
     )
+    skipped_runs = 0
     for table, key, skip in (
         ("approval", "approvals", {"serial"}),
         ("question", "questions", {"id"}),
@@ -810,6 +811,24 @@ def _import(
             )
             continue
         for i, r in enumerate(rows_in):
+            r = dict(r)
+            if table == "run":
+                # The run table is global: a run already here (the same snapshot
+                # imported again with new ids) keeps its row; a parent conversation
+                # this database does not have is left out of the link.
+                if conn.execute(
+                    "SELECT 1 FROM run WHERE run_id = ?", (r.get("run_id"),)
+                ).fetchone():
+                    skipped_runs += 1
+                    continue
+                parent = r.get("parent_conversation_id")
+                if (
+                    parent is not None
+                    and not conn.execute(
+                        "SELECT 1 FROM conversation WHERE id = ?", (parent,)
+                    ).fetchone()
+                ):
+                    r["parent_conversation_id"] = None
             use = [c for c in r if c in cols and c not in skip]
             values = [cid if c == "conversation_id" else r[c] for c in use]
             try:
@@ -819,6 +838,8 @@ def _import(
                 )
             except (sqlite3.Error, OverflowError, TypeError, ValueError) as exc:
                 raise SnapshotError(f"{key}[{i}]: cannot be restored: {exc}") from exc
+    if skipped_runs:
+        log.warning("import: %d runs already in this database kept their rows", skipped_runs)
     result = ImportResult(conversation_id=cid, messages=len(rows))
     wanted = [bind] if bind is not None else [b["channel_key"] for b in doc.get("bindings") or []]
     for key in wanted:

@@ -510,3 +510,27 @@ async def test_notes_go_only_where_a_rule_says_so(tmp_path):
         "old fact of channel:slack:T:C",
         "old fact of global",
     ]
+
+
+async def test_the_run_tree_travels_and_a_second_import_keeps_it_whole(tmp_path):
+    async with SQLiteStore(str(tmp_path / "a.db")) as store:
+        await seed(store, "parent", "stdio:p", [(1, "delegate", "done")])
+        await seed(store, "child", "stdio:c", [(1, "task", "result")])
+        await store.run_write(
+            lambda c: c.execute(
+                "INSERT INTO run (run_id, conversation_id, parent_run_id,"
+                " parent_conversation_id, agent, depth, started) VALUES"
+                " ('child-run', 'child', 'parent-run0', 'parent', 'helper', 1, 1.0)"
+            )
+        )
+        snapshot = await export_conversation(store, "child")
+    assert snapshot is not None
+    assert [r["run_id"] for r in snapshot["runs"]] == ["child-run"]
+    async with SQLiteStore(str(tmp_path / "b.db")) as store:
+        await import_conversation(store, snapshot)  # the parent is not in this database
+        again = await import_conversation(store, snapshot, new_ids=True)
+        rows = await store.run_read(
+            "SELECT run_id, conversation_id, parent_conversation_id, agent FROM run", ()
+        )
+        assert rows == [("child-run", "child", None, "helper")]
+        assert contents(await store.messages(again.conversation_id)) == ["task", "result"]
