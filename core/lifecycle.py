@@ -537,23 +537,6 @@ async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any
         {"pos": e.pos, "message": e.message.to_dict()}
         for e in await store.load_memory(conversation_id)
     ]
-    read = store.run_read
-    bindings = [
-        {"channel_key": k, "created_at": t}
-        for k, t in await read(
-            "SELECT channel_key, created_at FROM channel_binding WHERE conversation_id = ?"
-            " ORDER BY channel_key",
-            (conversation_id,),
-        )
-    ]
-    turn_ends = [
-        {"run_id": r, "outcome": o, "created_at": t}
-        for r, o, t in await read(
-            "SELECT run_id, outcome, created_at FROM turn_end WHERE conversation_id = ?"
-            " ORDER BY created_at, run_id",
-            (conversation_id,),
-        )
-    ]
     doc: dict[str, Any] = {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
@@ -567,9 +550,28 @@ async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any
         },
         "messages": messages,
         "working_memory": memory,
-        "bindings": bindings,
-        "turn_ends": turn_ends,
+        "bindings": [],
+        "turn_ends": [],
     }
+    read = getattr(store, "run_read", None)
+    if read is None:  # an in-memory store (a temp conversation): no more to add
+        return doc
+    doc["bindings"] = [
+        {"channel_key": k, "created_at": t}
+        for k, t in await read(
+            "SELECT channel_key, created_at FROM channel_binding WHERE conversation_id = ?"
+            " ORDER BY channel_key",
+            (conversation_id,),
+        )
+    ]
+    doc["turn_ends"] = [
+        {"run_id": r, "outcome": o, "created_at": t}
+        for r, o, t in await read(
+            "SELECT run_id, outcome, created_at FROM turn_end WHERE conversation_id = ?"
+            " ORDER BY created_at, run_id",
+            (conversation_id,),
+        )
+    ]
     for table, key in (("approval", "approvals"), ("question", "questions"), ("run", "runs")):
         if await _table_exists(read, table):
             doc[key] = await _rows_as_dicts(store, table, conversation_id)

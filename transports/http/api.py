@@ -543,7 +543,9 @@ class Api:
     async def export_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        doc = await export_conversation(self.agent.store, conv.id)
+        # A temp conversation lives in the agent's in-memory store.
+        store = self.agent._temp_store if conv.temp else self.agent.store
+        doc = await export_conversation(store, conv.id)
         if doc is None:
             raise ApiError(404, "conversation_not_found", f"no conversation {conv.id!r}")
         return JSONResponse(
