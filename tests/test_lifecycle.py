@@ -534,3 +534,23 @@ async def test_the_run_tree_travels_and_a_second_import_keeps_it_whole(tmp_path)
         )
         assert rows == [("child-run", "child", None, "helper")]
         assert contents(await store.messages(again.conversation_id)) == ["task", "result"]
+
+
+async def test_http_export_of_a_temp_conversation(tmp_path):
+    settings = {"tokens": [{"name": "admin", "env": "ADMIN_TOKEN"}]}
+    async with running_server(str(tmp_path / "a.db"), settings=settings, environ=TOKENS) as a:
+        a.model.enqueue("kept in memory only")
+        async with a.client(TOKENS["ADMIN_TOKEN"]) as c:
+            conv = (await c.post("/conversations", json={"temp": True})).json()
+            await c.post(f"/conversations/{conv['id']}/messages", json={"content": "hello"})
+            await (await a.agent.get_conversation(conv["id"])).wait_idle()
+            r = await c.get(f"/conversations/{conv['id']}/export")
+            assert r.status_code == 200, r.text
+            snapshot = validate_snapshot(r.json())
+            assert contents_of(snapshot) == ["hello", "kept in memory only"]
+            r = await c.get("/conversations/nope/export")
+            assert r.status_code == 404
+
+
+def contents_of(snapshot: dict) -> list[str]:
+    return [m["content"] for m in snapshot["messages"]]
