@@ -32,6 +32,7 @@ from agentik.core.approvals import ApprovalRule
 from agentik.core.background import MemoryWorker
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.errors import PluginError
+from agentik.core.lifecycle import RetentionWorker
 from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
 from agentik.core.memory import MemoryBackend, NoMemory
 from agentik.core.memory.embeddings import EmbeddingError, embedder_for
@@ -346,6 +347,8 @@ class AgentBuilder:
         b.memory(memory)
         if not isinstance(memory, NoMemory) and (mem.mining or mem.reflection):
             b.background(MemoryWorker(mem))
+        if config.retention.rules:
+            b.background(RetentionWorker(config.retention))
         b.compaction(config.compaction)
         b.persona(config)
         b.tools(*registry.tools)

@@ -45,6 +45,7 @@ from agentik.core.budgets import BudgetSettings
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
+from agentik.core.lifecycle import RetentionSettings
 from agentik.core.memory import MemorySettings
 from agentik.core.settings import (
     Blank,
@@ -432,6 +433,8 @@ class Config(_Section):
     profiles: dict[str, StreamProfileSettings] = Field(default_factory=dict)
     #: ``[[passthrough]]``: tools that call another tool directly, with fixed arguments.
     passthrough: list[PassthroughSpec] = Field(default_factory=list)
+    #: Audit-log retention by channel pattern (issue 22).
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 
