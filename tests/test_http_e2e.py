@@ -78,10 +78,15 @@ tokens = [{{ name = "e2e", env = "E2E_TOKEN" }}]
             answer = await asyncio.wait_for(proc.stdout.readline(), 30)
             assert answer.decode().strip() == "echo: tess: hello from the terminal"
 
-            # A client still following events when the bot stops: its stream ends.
+            # A client still following events when the bot stops: it learns the
+            # conversation ended with the shutdown (after which reflection may
+            # report what it noted), then its stream ends.
             async with sse(c, path + "/events") as events:
                 proc.send_signal(signal.SIGTERM)
-                assert await events.rest(timeout=30) == []
+                rest = await events.rest(timeout=30)
+            assert [m.data["kind"] for m in rest][:1] == ["conversation_ended"]
+            assert rest[0].data["reason"] == "shutdown"
+            assert {m.data["kind"] for m in rest[1:]} <= {"memory_noted"}
         await asyncio.wait_for(proc.wait(), 30)
         await drain
         assert proc.returncode == 0, "".join(stderr)

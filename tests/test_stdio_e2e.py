@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from agentik.core.background import MINING_PROMPT, REFLECTION_PROMPT
 from agentik.core.testing.openai_server import Reply
 from helpers import AGENTIK
 
@@ -21,6 +22,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     }
     env.update(extra)
     return env
+
+
+def turn_requests(server) -> list[dict]:
+    """The model requests of chat turns: without background memory work (the
+    reflection a conversation gets when ``agentik chat`` ends, mining)."""
+    background = (REFLECTION_PROMPT, MINING_PROMPT.split("{", 1)[0])
+    return [
+        r
+        for r in server.requests
+        if not any(
+            m.get("role") == "system" and str(m.get("content", "")).startswith(background)
+            for m in r["messages"][:1]
+        )
+    ]
 
 
 def write_config(tmp_path, base_url: str | None, **llm: str) -> str:
@@ -60,7 +75,7 @@ async def test_answers_arrive_and_the_conversation_persists(openai_server, tmp_p
     code, out, err = await chat(config, b"and again\n")
     assert code == 0, err
     assert out.splitlines() == ["echo: tester: and again"]
-    history = openai_server.requests[-1]["messages"]
+    history = turn_requests(openai_server)[-1]["messages"]
     assert [m["content"] for m in history] == [
         "You are a helpful assistant in a chat. Answer briefly and plainly.",
         "tester: hello",
@@ -74,7 +89,7 @@ async def test_answers_arrive_and_the_conversation_persists(openai_server, tmp_p
     assert code == 0, err
     assert out.splitlines()[0].startswith("started a new conversation")
     assert out.splitlines()[-1] == "echo: tester: fresh start"
-    fresh = [m["content"] for m in openai_server.requests[-1]["messages"]]
+    fresh = [m["content"] for m in turn_requests(openai_server)[-1]["messages"]]
     assert fresh[1:] == ["tester: fresh start"]
 
 
@@ -104,7 +119,7 @@ async def test_sigint_interrupts_a_slow_answer_and_the_bot_stays_usable(openai_s
     partial = "\n".join(lines[:-1])
     assert ("slow " * 100).startswith(partial) and len(partial) < len("slow " * 100)
     assert "(interrupted)" in err.decode()
-    assert len(openai_server.requests) == 2
+    assert len(turn_requests(openai_server)) == 2
 
 
 async def test_a_piped_line_before_new_is_answered_before_the_reset(openai_server, tmp_path):
@@ -115,13 +130,15 @@ async def test_a_piped_line_before_new_is_answered_before_the_reset(openai_serve
     lines = out.splitlines()
     assert lines[0] == "echo: tester: hello"
     assert lines[1].startswith("started a new conversation (the previous one is kept as ")
-    assert len(lines) == 2 and len(openai_server.requests) == 1
+    assert len(lines) == 2 and len(turn_requests(openai_server)) == 1
     # The answered conversation is the old one; the next line starts afresh.
     code, out, err = await chat(config, b"/status\nagain\n")
     assert code == 0, err
     assert "(0 messages)" in out.splitlines()[0]
     assert out.splitlines()[-1] == "echo: tester: again"
-    assert [m["content"] for m in openai_server.requests[-1]["messages"][1:]] == ["tester: again"]
+    assert [m["content"] for m in turn_requests(openai_server)[-1]["messages"][1:]] == [
+        "tester: again"
+    ]
 
 
 async def test_unreachable_model_gives_an_error_line_and_keeps_running(tmp_path):
@@ -152,7 +169,7 @@ async def test_a_one_megabyte_line_is_refused_not_a_crash(openai_server, tmp_pat
     lines = out.splitlines()
     assert lines[0] == ("error: input line too long (1000001 bytes; the limit is 65536): ignored")
     assert lines[1] == "echo: tester: hello after"
-    assert len(openai_server.requests) == 1
+    assert len(turn_requests(openai_server)) == 1
 
 
 async def test_invalid_utf8_is_replaced_not_fatal(openai_server, tmp_path):
@@ -188,4 +205,4 @@ async def test_commands_work_in_the_terminal(openai_server, tmp_path, command):
     code, out, err = await chat(config, command.encode() + b"\n")
     assert code == 0, err
     assert ("/new" in out) if command == "/help" else ("model fake-model" in out)
-    assert openai_server.requests == []
+    assert turn_requests(openai_server) == []

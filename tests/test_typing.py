@@ -23,7 +23,8 @@ from agentik.core.llm.base import FinishItem, LLMRequest, StreamItem, TextChunk
 
 def _required(cls: type[ev.EventBase]) -> dict[str, object]:
     values = {"text": "t", "call_id": "1", "name": "n", "child_run_id": "r2", "message": "m",
-              "approval_id": "3f2", "decision": "approved"}  # fmt: skip
+              "approval_id": "3f2", "decision": "approved", "question_id": 1,
+              "question": "q?", "outcome": "answered", "progress": 0.5}  # fmt: skip
     return {
         f.name: values[f.name]
         for f in dataclasses.fields(cls)
