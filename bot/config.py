@@ -44,6 +44,7 @@ from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
 from agentik.core.memory import MemorySettings
+from agentik.core.redaction import RedactionSettings
 from agentik.core.settings import Blank, describe_error, setting_fields, settings_dataclass
 from agentik.core.store.sqlite import SQLiteSettings
 from agentik.core.tools.base import TurnPolicy
@@ -410,6 +411,8 @@ class Config(_Section):
     health: HealthSettings = Field(default_factory=HealthSettings)
     #: Restarting transports whose task failed (issue 21).
     supervision: SupervisionSettings = Field(default_factory=SupervisionSettings)
+    #: Scrubbing secrets before they are stored (issue 22).
+    redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 

@@ -195,7 +195,8 @@ class MemoryWorker:
             if norm in known:
                 continue
             known.add(norm)
-            await agent.memory.save(scope, fact, author="agentik:mining")
+            note = await agent.memory.save(scope, fact, author="agentik:mining")
+            await _record_source(agent, note.id, event.conversation_id)
             written += 1
         return written
 
@@ -212,9 +213,24 @@ class MemoryWorker:
             return 0
         scope = await self._scope(agent, event.conversation_id, event.channel_key)
         day = time.strftime("%Y-%m-%d", time.gmtime(event.ts or time.time()))
-        await agent.memory.save(
+        note = await agent.memory.save(
             scope,
             f"Reflection ({day}, conversation {conv.id}): {answer}",
             author="agentik:reflection",
         )
+        await _record_source(agent, note.id, event.conversation_id)
         return 1
+
+
+async def _record_source(agent: Any, note_id: int, conversation_id: str) -> None:
+    """Record the note's provenance (the conversation's audit log so far), so
+    redacting a message it may have been derived from deletes it.
+
+    Coarse on purpose: a summary or reflection may draw on any earlier
+    message, so the span is the whole log up to now.
+    """
+    if getattr(agent.memory, "name", "") != "sqlite":
+        return  # provenance lives beside the notes, in the store's database
+    span = await agent.store.message_span(conversation_id)
+    if span is not None:
+        await agent.store.note_source_add(note_id, conversation_id, *span)

@@ -132,7 +132,9 @@ class Conversation:
         self._store = store
         self._queue: deque[_Pending | _Job] = deque()
         # The memory sees the turn queue (whose messages are not orphans).
-        self._memory = WorkingMemory(store, record.id, queue=self._queue, fresh=fresh)
+        self._memory = WorkingMemory(
+            store, record.id, queue=self._queue, fresh=fresh, scrub=self._scrub
+        )
         self._events: ConversationEvents | None = None  # created on first use
         self._worker: asyncio.Task[None] | None = None
         self._runner: TurnRunner | None = None
@@ -254,7 +256,7 @@ class Conversation:
         outcome = await self._services.hooks.before_prompt(self, content, author, author_id)
         if isinstance(outcome, Refuse):
             raise PromptRefused(outcome.message)
-        content = outcome
+        content = self._scrub("user", outcome)
         run_id = _new_run_id()
         now = time.time()
         entry = NewMessage(
@@ -402,6 +404,7 @@ class Conversation:
         """
         self._check_open()
         now = time.time()
+        content = self._scrub("user", content)
         rows = await self._store.append(
             self.id,
             log=[
@@ -421,6 +424,17 @@ class Conversation:
             keep=keep,
         )
         self._add_speaker(author_id)
+
+    def _scrub(self, kind: str, text: str) -> str:
+        """``text`` as the ``before_store`` hooks leave it."""
+        return self._services.hooks.before_store(kind, text, self.id)
+
+    def redacted(
+        self, message_id: int, content: str, kind: str, call_id: str | None, old: str
+    ) -> None:
+        """The store redacted audit row ``message_id`` (see :meth:`Agent.redact
+        <agentik.core.agent.Agent.redact>`): the cached context gets the tombstone."""
+        self._memory.redact(message_id, content, kind, call_id, old)
 
     # -- speakers -------------------------------------------------------------
     def _add_speaker(self, author_id: str | None) -> None:

@@ -20,12 +20,14 @@ through these methods:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from .messages import ChatMessage, Message, NewMessage
+from .redaction import tombstoned
 from .store.base import MemoryEntry, Store, TurnEnd
 
 __all__ = ["Queued", "WorkingMemory"]
@@ -47,10 +49,11 @@ class WorkingMemory:
     ``queue`` is the conversation's turn queue, read (never changed) by
     :meth:`load`: the user messages of queued turns are not orphans.
     ``fresh`` marks a conversation just created, whose memory is known to be
-    empty.
+    empty.  ``scrub(kind, text)`` rewrites every text before it is written
+    (the ``before_store`` hook).
     """
 
-    __slots__ = ("_cache", "_notes", "_queue", "conversation_id", "store")
+    __slots__ = ("_cache", "_notes", "_queue", "conversation_id", "scrub", "store")
 
     def __init__(
         self,
@@ -59,8 +62,10 @@ class WorkingMemory:
         *,
         queue: Iterable[Queued] = (),
         fresh: bool = False,
+        scrub: Callable[[str, str], str] | None = None,
     ) -> None:
         self.store = store
+        self.scrub = scrub
         self.conversation_id = conversation_id
         self._queue = queue
         self._cache: list[ChatMessage] | None = [] if fresh else None
@@ -137,8 +142,11 @@ class WorkingMemory:
 
         The write runs in its own task (it lands even if the caller is
         cancelled while waiting); ``ended`` records the end of turn
-        ``run_id`` (its outcome) in the same transaction.
+        ``run_id`` (its outcome) in the same transaction.  Texts go through
+        :attr:`scrub` first (the cache gets the scrubbed ones too).
         """
+        if self.scrub is not None:
+            log, memory = self._scrubbed(log, memory)
         self.extend(memory)
         return asyncio.ensure_future(
             self.store.append(
@@ -149,6 +157,51 @@ class WorkingMemory:
                 ended=TurnEnd(run_id, ended) if ended else None,
             )
         )
+
+    def _scrubbed(
+        self, log: Sequence[NewMessage], memory: Sequence[ChatMessage]
+    ) -> tuple[list[NewMessage], list[ChatMessage]]:
+        scrub = self.scrub
+        assert scrub is not None
+        rows = [
+            dataclasses.replace(
+                m,
+                content=scrub(m.kind, m.content),
+                arguments=scrub("tool_call", m.arguments) if m.arguments else m.arguments,
+            )
+            for m in log
+        ]
+        kinds = {"user": "user", "assistant": "assistant", "tool": "tool_result"}
+        entries = [
+            dataclasses.replace(
+                cm,
+                content=scrub(kinds.get(cm.role, cm.role), cm.content),
+                tool_calls=tuple(
+                    dataclasses.replace(c, arguments=scrub("tool_call", c.arguments))
+                    for c in cm.tool_calls
+                ),
+            )
+            for cm in memory
+        ]
+        return rows, entries
+
+    # -- redaction -----------------------------------------------------------------------
+    def redact(
+        self, message_id: int, content: str, kind: str, call_id: str | None, old: str
+    ) -> None:
+        """Put a redaction's tombstone (``content``) into the cache and the waiting notes
+        (the store already has it): ``old`` is the redacted row's text."""
+
+        def fix(cm: ChatMessage) -> ChatMessage:
+            # Entries added by a turn may not know their audit row's id yet.
+            linked = cm.message_id == message_id or (
+                cm.message_id is None and cm.role == kind and cm.content == old
+            )
+            return tombstoned(cm, content, kind, call_id, linked=linked)
+
+        if self._cache is not None:
+            self._cache[:] = [fix(cm) for cm in self._cache]
+        self._notes[:] = [fix(cm) for cm in self._notes]
 
     # -- compaction ----------------------------------------------------------------------
     async def entries(self) -> list[MemoryEntry]:

@@ -83,6 +83,7 @@ class SQLiteMemory(MemoryBackend):
         self, scope: str, text: str, *, author: str | None = None, note_id: int | None = None
     ) -> Note:
         valid_scope(scope)
+        text = self.scrub(text)
         now = time.time()
 
         def fn(conn: sqlite3.Connection) -> Note:

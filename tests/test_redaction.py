@@ -1,0 +1,234 @@
+"""Redaction: a message's text is replaced by a tombstone everywhere it was stored
+(audit log, working memory, derived notes, the database file itself), the act is
+audited, and the ``before_store`` hook scrubs secrets before anything is written."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.core import Agent, OpenAIBackend, SQLiteStore
+from agentik.core.background import MemoryWorker
+from agentik.core.errors import NotFound
+from agentik.core.hookspecs import hookimpl
+from agentik.core.memory import BackgroundPolicy
+from agentik.core.memory.sqlite import SQLiteMemory
+from agentik.core.redaction import PatternScrubber, RedactionError, RedactionSettings
+from agentik.core.testing.openai_server import FakeOpenAIServer, Reply
+from agentik.transports.testing import MemoryTransport
+
+SECRET = "zq7-unique-hunter2-passphrase-X91"
+
+
+def texts_of(body: dict) -> list[str]:
+    out = []
+    for m in body["messages"]:
+        c = m.get("content")
+        if isinstance(c, list):
+            c = " ".join(p.get("text", "") for p in c)
+        out.append(c or "")
+    return out
+
+
+def raw_db_bytes(path: str) -> bytes:
+    data = b""
+    for p in (path, path + "-wal", path + "-journal"):
+        if os.path.exists(p):
+            with open(p, "rb") as f:
+                data += f.read()
+    return data
+
+
+class Rig:
+    def __init__(self, server: FakeOpenAIServer, db_path: str, plugins=(), reflect=False):
+        self.server = server
+        self.db_path = db_path
+        llm = OpenAIBackend(
+            model="fake-model", base_url=server.base_url, api_key="sk-test", max_retries=2,
+            timeout=60,
+        )  # fmt: skip
+        self.store = SQLiteStore(db_path)
+        self.worker = MemoryWorker(BackgroundPolicy(mining=False, reflection_debounce=0))
+        self.agent = Agent(
+            llm=llm,
+            store=self.store,
+            memory=SQLiteMemory(self.store),
+            background=[self.worker] if reflect else (),
+            hooks=list(plugins),
+        )
+        self.bridge = Bridge(self.agent)
+        self.t = MemoryTransport(name="net")
+
+    async def __aenter__(self) -> Rig:
+        await self.agent.start()
+        self.bridge.attach(self.t, ChannelOptions(command_prefix="!", answer="all"))
+        await self.t.start(self.bridge)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.bridge.aclose()
+        await self.agent.aclose()
+
+    async def say(self, text: str, author: str = "alice", channel: str = "net:#a") -> None:
+        await self.t.inject(text, channel_key=channel, author=author)
+        await self.bridge.flush(channel)
+
+
+@pytest.fixture
+async def server():
+    async with FakeOpenAIServer(model="fake-model") as s:
+        s.default = lambda body: Reply.text("noted")
+        yield s
+
+
+async def test_redaction_removes_the_text_everywhere(server, db_path):
+    async with Rig(server, db_path, reflect=True) as rig:
+        await rig.say(f"my password is {SECRET}, keep it safe")
+        conv = await rig.agent.conversation_for_channel("net:#a")
+        [msg] = [m for m in await conv.messages() if SECRET in m.content]
+        # The reflection on this conversation quotes the secret: a derived note.
+        server.enqueue(Reply.text(f"Alice shared her password {SECRET}."))
+        await rig.say("!new")
+        await asyncio.wait_for(rig.worker.wait_for("reflection"), 60)
+        [note] = await rig.agent.memory.list(["channel:net:#a"])
+        assert SECRET in note.text
+        await rig.agent.memory.save(note.scope, note.text + " (edited)", note_id=note.id)
+        assert [n.id for n in await rig.agent.memory.search(SECRET)] == [note.id]
+
+        done = await rig.agent.redact(conv.id, msg.id, by="admin:carol", reason="leaked password")
+        assert done.notes_removed == 1
+
+        # The audit log keeps a tombstone: who, when, why; the text is gone.
+        [row] = [m for m in await conv.messages() if m.id == msg.id]
+        assert SECRET not in row.content
+        assert row.content.startswith("[message redacted by admin:carol at ")
+        assert "leaked password" in row.content
+        # The audit row.
+        [audit] = await rig.store.redactions(conv.id)
+        assert (audit.message_id, audit.by, audit.reason, audit.notes_removed) == (
+            msg.id, "admin:carol", "leaked password", 1,
+        )  # fmt: skip
+        # Derived notes: gone with every version, and from the FTS index.
+        assert await rig.agent.memory.get(note.id, include_deleted=True) is None
+        assert await rig.agent.memory.search(SECRET) == []
+        assert await rig.agent.memory.search("password Alice") == []
+        # Working memory: the stored context carries the tombstone.
+        wm = await conv.working_memory()
+        assert not any(SECRET in m.content for m in wm)
+        assert any(m.content == row.content for m in wm)
+        # Redacting twice is a clear error; unknown messages are NotFound.
+        with pytest.raises(RedactionError, match="already redacted"):
+            await rig.agent.redact(conv.id, msg.id, by="admin:carol")
+        with pytest.raises(NotFound):
+            await rig.agent.redact(conv.id, 999_999, by="admin:carol")
+    # The database file (and its WAL) hold no trace of the text.
+    data = raw_db_bytes(db_path)
+    assert SECRET.encode() not in data
+    assert b"hunter2" not in data
+
+
+async def test_the_next_request_carries_the_tombstone_not_the_text(server, db_path):
+    async with Rig(server, db_path) as rig:
+        await rig.say(f"the token is {SECRET}")
+        conv = await rig.agent.conversation_for_channel("net:#a")
+        [msg] = [m for m in await conv.messages() if SECRET in m.content]
+        assert any(SECRET in t for t in texts_of(server.requests[-1]))
+        await rig.agent.redact(conv.id, msg.id, by="alice", reason="oops")
+        # Checked before the process closes: the raw file is clean at once.
+        assert SECRET.encode() not in raw_db_bytes(db_path)
+        await rig.say("what did I just say?")
+        sent = texts_of(server.requests[-1])
+        assert not any(SECRET in t for t in sent)
+        assert any("[message redacted by alice at " in t and "oops" in t for t in sent)
+
+
+async def test_the_append_only_trigger_allows_only_a_redaction(server, db_path):
+    import sqlite3
+
+    async with Rig(server, db_path) as rig:
+        await rig.say("hello there")
+    conn = sqlite3.connect(db_path)
+    try:
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            conn.execute("UPDATE message SET content = 'changed' WHERE id = 1")
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            conn.execute("UPDATE message SET content = 'x', author = 'mallory', redacted = 1")
+        conn.execute("UPDATE message SET content = '[gone]', redacted = 1 WHERE id = 1")
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            conn.execute("UPDATE message SET content = 'back', redacted = 0 WHERE id = 1")
+    finally:
+        conn.close()
+
+
+async def test_the_scrubber_replaces_a_pasted_key_before_the_db_and_the_model(server, db_path):
+    key = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4"
+    scrubber = PatternScrubber(RedactionSettings(scrub=True))
+    async with Rig(server, db_path, plugins=[scrubber]) as rig:
+        await rig.say(f"use this key: {key} please")
+        conv = await rig.agent.conversation_for_channel("net:#a")
+        stored = [m.content for m in await conv.messages()]
+        assert "use this key: [redacted:openai-key] please" in stored
+        sent = texts_of(server.requests[-1])
+        assert any("[redacted:openai-key]" in t for t in sent)
+        assert not any(key in t for t in sent)
+        note = await rig.agent.memory.save("global", f"the key is {key}")
+        assert note.text == "the key is [redacted:openai-key]"
+    assert key.encode() not in raw_db_bytes(db_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("xoxb-1234567890-abcdefghijkl", "slack-token"),
+        ("ghp_" + "a" * 36, "github-token"),
+        ("AKIAIOSFODNN7EXAMPLE", "aws-key"),
+        ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "jwt"),
+        ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "private-key"),
+    ],
+)
+def test_the_builtin_patterns(text, kind):
+    scrubber = PatternScrubber()
+    assert scrubber.scrub(f"see {text} here") == f"see [redacted:{kind}] here"
+    assert scrubber.scrub("nothing secret: sk-short, ghp_x") == "nothing secret: sk-short, ghp_x"
+
+
+def test_user_patterns_and_bad_patterns():
+    from pydantic import ValidationError
+
+    s = RedactionSettings.__pydantic_validator__.validate_python(
+        {"scrub": True, "patterns": [{"kind": "ticket", "pattern": r"TCK-\d{6}"}]}
+    )
+    assert PatternScrubber(s).scrub("see TCK-123456") == "see [redacted:ticket]"
+    with pytest.raises(ValidationError, match="regular expression"):
+        RedactionSettings.__pydantic_validator__.validate_python(
+            {"patterns": [{"kind": "x", "pattern": "(unclosed"}]}
+        )
+
+
+class Shouty:
+    """A third-party plugin: scrubs the word 'classified' from everything stored."""
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    @hookimpl
+    def before_store(self, kind, text):
+        self.kinds.append(kind)
+        return text.replace("classified", "[scrubbed]")
+
+
+async def test_a_plugin_before_store_hook_scrubs_every_write(server, db_path):
+    plugin = Shouty()
+    server.default = lambda body: Reply.text("the classified answer")
+    async with Rig(server, db_path, plugins=[plugin]) as rig:
+        await rig.say("a classified question")
+        conv = await rig.agent.conversation_for_channel("net:#a")
+        stored = [m.content for m in await conv.messages()]
+        assert stored == ["a [scrubbed] question", "the [scrubbed] answer"]
+        assert {"user", "assistant"} <= set(plugin.kinds)
+        note = await rig.agent.memory.save("global", "classified note")
+        assert note.text == "[scrubbed] note"
+    assert b"classified" not in raw_db_bytes(db_path)
