@@ -9,6 +9,7 @@
     agentik conversations show ID  print a conversation's history
     agentik conversations export ID --format json|markdown
     agentik conversations rm ID    delete a conversation and all its rows
+    agentik conversations redact ID MSG [--reason R]  replace a message by a tombstone
     agentik memory list            list long-term memory notes (--scope, --deleted)
     agentik memory show ID         print a note
     agentik memory history ID      every version of a note
@@ -61,6 +62,7 @@ COMMANDS = (
     "conversations show",
     "conversations export",
     "conversations rm",
+    "conversations redact",
     "memory list",
     "memory show",
     "memory history",
@@ -114,6 +116,13 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("id")
     exp.add_argument("--format", choices=["json", "markdown"], default="json")
     with_config(csub.add_parser("rm", help="delete a conversation")).add_argument("id")
+    red = with_config(
+        csub.add_parser("redact", help="replace a message's text by a tombstone, everywhere")
+    )
+    red.add_argument("id")
+    red.add_argument("message", type=int, help="the message id (see conversations show)")
+    red.add_argument("--reason", default="", help="why (kept in the tombstone and the audit)")
+    red.add_argument("--by", default=None, help="who redacts (default: cli:$USER)")
     mem = sub.add_parser("memory", help="inspect and edit long-term memory")
     memsub = mem.add_subparsers(dest="action", metavar="ACTION", required=True)
     ml = with_config(memsub.add_parser("list", help="list notes, most recently changed first"))
@@ -607,6 +616,8 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
             await store.delete_conversation(args.id)
             print(f"deleted {args.id}")
             return 0
+        if args.action == "redact":
+            return await _redact(store, args)
         messages = []
         after = 0
         while True:
@@ -634,6 +645,24 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
         for m in messages:
             print(_render_message(m, markdown=markdown))
         return 0
+
+
+async def _redact(store: SQLiteStore, args: argparse.Namespace) -> int:
+    """``conversations redact``: on the database (a running bot's cached context of
+    that conversation is not reached: redact through the bot while it runs)."""
+    from agentik.core.redaction import tombstone
+
+    by = args.by or f"cli:{os.environ.get('USER') or 'operator'}"
+    at = time.time()
+    done = await store.redact_message(
+        args.id, args.message, content=tombstone(by, at, args.reason), by=by,
+        reason=args.reason, at=at,
+    )  # fmt: skip
+    if done is None:
+        raise NotFound(f"conversation {args.id!r} has no message {args.message}")
+    extra = f"; {done.notes_removed} derived memory note(s) removed" if done.notes_removed else ""
+    print(f"redacted message {done.message_id} of {done.conversation_id}{extra}")
+    return 0
 
 
 async def _memory(args: argparse.Namespace, config: Config) -> int:

@@ -357,6 +357,8 @@ class Agent:
         conv = self.services.find(conversation_id)
         if conv is not None:
             conv.redacted(message_id, content, row.kind, row.tool_call_id, row.content)
+            if conv.title and conv.title in row.content:
+                conv.title = "(redacted)"
         log.info(
             "conversation %s: message %d redacted by %s (%d derived note(s) removed)",
             conversation_id,

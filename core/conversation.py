@@ -633,6 +633,7 @@ class Conversation:
     # -- metadata and lifecycle ----------------------------------------------------
     async def rename(self, title: str) -> None:
         self._check_open()
+        title = self._scrub("title", title)
         await self._store.update_conversation(self.id, title=title)
         self.title = title
 

@@ -47,8 +47,9 @@ __all__ = [
 BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     (
         "private-key",
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----"
-        r"|-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*",
+        # A whole PEM block; an unterminated one to the end of the text.
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"
+        r"(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|[\s\S]*)",
     ),
     ("openai-key", r"\bsk-(?:proj-|ant-|live-|test-)?[A-Za-z0-9_\-]{20,}"),
     ("slack-token", r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"),

@@ -185,7 +185,10 @@ async def test_the_scrubber_replaces_a_pasted_key_before_the_db_and_the_model(se
         ("xoxb-1234567890-abcdefghijkl", "slack-token"),
         ("ghp_" + "a" * 36, "github-token"),
         ("AKIAIOSFODNN7EXAMPLE", "aws-key"),
-        ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "jwt"),
+        (
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+            "jwt",
+        ),
         ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "private-key"),
     ],
 )
@@ -232,3 +235,190 @@ async def test_a_plugin_before_store_hook_scrubs_every_write(server, db_path):
         note = await rig.agent.memory.save("global", "classified note")
         assert note.text == "[scrubbed] note"
     assert b"classified" not in raw_db_bytes(db_path)
+
+
+# -- !redact in chat (Slack: the real slack-bolt stack against the fake Slack API) ----------
+async def test_chat_redact_by_the_author_or_an_admin_only(tmp_path):
+    from agentik.core.access import AccessPolicy, AccessSettings
+    from agentik.core.testing.scripted import ScriptedModel
+    from agentik.transports.slack.transport import SlackTransport
+
+    from fakeslack import FakeSlack
+
+    async with FakeSlack() as slack:
+        for uid, name in (("U1", "alice"), ("U2", "bob"), ("U3", "carol")):
+            slack.add_user(uid, name)
+        access = AccessPolicy(AccessSettings(admins=("slack:T1:U1",)), {"slack": "slack"})
+        model = ScriptedModel(default=lambda request: "ok")
+        db = str(tmp_path / "s.db")
+        agent = Agent(llm=model, store=SQLiteStore(db))
+        await agent.start()
+        await access.load(agent.store)
+        bridge = Bridge(agent, access=access)
+        transport = SlackTransport(name="slack", settings={
+            "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
+            "state_file": str(tmp_path / "seen.sqlite3"), "streaming": "edit",
+        })  # fmt: skip
+        bridge.attach(transport, ChannelOptions(command_prefix="!"))
+        await transport.start(bridge)
+        posted = lambda text: slack.wait_for_call(  # noqa: E731
+            "chat.postMessage", lambda p: p.get("text") == text
+        )
+        try:
+            top = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> hello", user="U2")
+            await slack.push_event(top)
+            key = f"slack:T1:C1:{top['ts']}"
+            thread = {"thread_ts": top["ts"]}
+            await slack.push_event(
+                slack.message_event("C1", f"my token is {SECRET}", user="U2", **thread)
+            )
+            async with asyncio.timeout(60):
+                while len(model.requests) < 2:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            await bridge.flush(key)
+            conv_id = await agent.store.get_binding(key)
+            [leak] = [m for m in await agent.store.messages(conv_id) if SECRET in m.content]
+            # Carol is neither the author nor an admin: refused, nothing changes.
+            await slack.push_event(
+                slack.message_event("C1", f"!redact {leak.id}", user="U3", **thread)
+            )
+            await posted(f"only its author or an admin may redact message #{leak.id}")
+            # Carol has no message here: "last" finds nothing of hers.
+            await slack.push_event(slack.message_event("C1", "!redact", user="U3", **thread))
+            await posted("no message of yours to redact here")
+            assert any(SECRET in m.content for m in await agent.store.messages(conv_id))
+            # The listing shows numbers, never the text.
+            await slack.push_event(slack.message_event("C1", "!redact list", user="U2", **thread))
+            listing = await slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith("recent messages:")
+            )
+            assert f"#{leak.id} bob" in listing["text"] and SECRET not in listing["text"]
+            # Bob, the author, redacts his own last message.
+            await slack.push_event(
+                slack.message_event("C1", "!redact last pasted by mistake", user="U2", **thread)
+            )
+            await posted(f"message #{leak.id} redacted")
+            [row] = [m for m in await agent.store.messages(conv_id) if m.id == leak.id]
+            assert SECRET not in row.content and "pasted by mistake" in row.content
+            assert "slack:U2" in row.content
+            # The admin may redact anyone's message (bob's greeting).
+            [hello] = [m for m in await agent.store.messages(conv_id) if "hello" in m.content]
+            await slack.push_event(
+                slack.message_event("C1", f"!redact {hello.id}", user="U1", **thread)
+            )
+            await posted(f"message #{hello.id} redacted")
+            audit = await agent.store.redactions(conv_id)
+            assert [(a.message_id, a.by) for a in audit] == [
+                (leak.id, "slack:U2"),
+                (hello.id, "slack:U1"),
+            ]
+        finally:
+            await transport.aclose()
+            await bridge.aclose()
+            await agent.aclose()
+        assert SECRET.encode() not in raw_db_bytes(db)
+
+
+# -- HTTP and CLI --------------------------------------------------------------------------
+async def test_http_redact_route(tmp_path, monkeypatch):
+    import httpx
+
+    from agentik.core.access import AccessPolicy, AccessSettings
+    from agentik.core.testing.scripted import ScriptedModel
+    from agentik.transports.http.transport import HttpTransport
+
+    monkeypatch.setenv("BOB_TOKEN", "b" * 32)
+    monkeypatch.setenv("EVE_TOKEN", "e" * 32)
+    monkeypatch.setenv("ADMIN_TOKEN", "a" * 32)
+    access = AccessPolicy(AccessSettings(admins=("web:token:admin",)), {"web": "http"})
+    db = str(tmp_path / "h.db")
+    agent = Agent(llm=ScriptedModel(default=lambda request: "ok"), store=SQLiteStore(db))
+    await agent.start()
+    bridge = Bridge(agent, access=access)
+    transport = HttpTransport(name="web", settings={"port": 0, "tokens": [
+        {"name": "bob", "env": "BOB_TOKEN"}, {"name": "eve", "env": "EVE_TOKEN"},
+        {"name": "admin", "env": "ADMIN_TOKEN"},
+    ]})  # fmt: skip
+    bridge.attach(transport)
+    await transport.start(bridge)
+    auth = {n: {"Authorization": f"Bearer {n[0] * 32}"} for n in ("bob", "eve", "admin")}
+    try:
+        async with httpx.AsyncClient(base_url=transport.url + "/agentik", timeout=60) as http:
+            r = await http.post("/conversations", headers=auth["bob"], json={})
+            cid = r.json()["id"]
+            r = await http.post(f"/conversations/{cid}/messages", headers=auth["bob"],
+                                json={"content": f"key {SECRET}"})  # fmt: skip
+            assert r.status_code == 202, r.text
+            conv = await agent.get_conversation(cid)
+            await conv.wait_idle()
+            [leak] = [m for m in await conv.messages() if SECRET in m.content]
+            url = f"/conversations/{cid}/messages/{leak.id}/redact"
+            r = await http.post(url, headers=auth["eve"], json={"reason": "x"})
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+            r = await http.post(url, headers=auth["bob"], json={"reason": "my mistake"})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert (body["message_id"], body["by"], body["reason"]) == (
+                leak.id, "web:bob", "my mistake",
+            )  # fmt: skip
+            r = await http.post(url, headers=auth["admin"], json={})
+            assert r.status_code == 409 and r.json()["error"]["code"] == "already_redacted"
+            r = await http.post(
+                f"/conversations/{cid}/messages/999999/redact", headers=auth["admin"]
+            )
+            assert r.status_code == 404
+            # The admin may redact the bot's answer.
+            [answer] = [m for m in await conv.messages() if m.kind == "assistant"]
+            r = await http.post(
+                f"/conversations/{cid}/messages/{answer.id}/redact", headers=auth["admin"]
+            )
+            assert r.status_code == 200, r.text
+            r = await http.get(f"/conversations/{cid}/messages", headers=auth["bob"])
+            assert SECRET not in r.text
+            spec = (await http.get("/openapi.json", headers=auth["bob"])).json()
+            assert "post" in spec["paths"]["/agentik/conversations/{conversation_id}"
+                                            "/messages/{message_id}/redact"]  # fmt: skip
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+    assert SECRET.encode() not in raw_db_bytes(db)
+
+
+async def _one_secret_conversation(db: str) -> tuple[str, int]:
+    from agentik.core.testing.scripted import ScriptedModel
+
+    async with Agent(llm=ScriptedModel(default=lambda request: "ok"), store=SQLiteStore(db)) as agent:
+        conv = await agent.create_conversation()
+        await conv.send(f"psst {SECRET}", author="alice")
+        await conv.wait_idle()
+        [leak] = [m for m in await conv.messages() if SECRET in m.content]
+        return conv.id, leak.id
+
+
+def test_cli_redact(tmp_path):
+    import subprocess
+
+    from helpers import AGENTIK
+
+    db = str(tmp_path / "bot.db")
+    cid, mid = asyncio.run(_one_secret_conversation(db))
+    config = tmp_path / "bot.toml"
+    config.write_text(f'[storage]\npath = "{db}"\n', encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([AGENTIK, "conversations", *args, "-c", str(config)], env=env,
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+
+    r = run("redact", cid, str(mid), "--reason", "leaked", "--by", "ops")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"redacted message {mid} of {cid}"
+    shown = run("show", cid).stdout
+    assert SECRET not in shown and "[message redacted by ops at " in shown and "leaked" in shown
+    again = run("redact", cid, str(mid))
+    assert again.returncode != 0 and "already redacted" in again.stderr
+    assert "Traceback" not in again.stderr
+    missing = run("redact", cid, "999999")
+    assert missing.returncode != 0 and "no message 999999" in missing.stderr
+    assert SECRET.encode() not in raw_db_bytes(db)

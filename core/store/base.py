@@ -432,7 +432,7 @@ class Store(abc.ABC):
         """The audited redactions (of ``conversation_id``, or all), oldest first."""
         raise NotImplementedError(f"{type(self).__name__} cannot redact messages")
 
-    async def note_source_add(
+    async def note_source_add(  # noqa: B027 - optional: provenance is best effort
         self, note_id: int, conversation_id: str, first_message_id: int, last_message_id: int
     ) -> None:
         """Record that memory note ``note_id`` was derived from that span of the

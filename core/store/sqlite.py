@@ -952,6 +952,13 @@ class SQLiteStore(Store):
                 # FTS5 keeps deleted terms in its older segments until they
                 # are merged: rewrite the index so the words are gone.
                 conn.execute("INSERT INTO memory_fts (memory_fts) VALUES ('optimize')")
+            # A title taken from the message (the HTTP API names a conversation
+            # after its first message) goes too.
+            conn.execute(
+                "UPDATE conversation SET title = '(redacted)' WHERE id = ? AND title != ''"
+                " AND instr(?, title) > 0",
+                (conversation_id, old_text),
+            )
             cur = conn.execute(
                 "INSERT INTO redaction (conversation_id, message_id, redacted_by, at, reason,"
                 " notes_removed) VALUES (?, ?, ?, ?, ?, ?)",
@@ -1023,7 +1030,7 @@ class SQLiteStore(Store):
                 at=r[4],
                 reason=r[5],
                 notes_removed=r[6],
-            )  # fmt: skip
+            )
             for r in rows
         ]
 

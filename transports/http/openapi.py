@@ -306,6 +306,24 @@ _SCHEMAS: dict[str, Any] = {
             "items": {"type": "array", "items": {"$ref": "#/components/schemas/Approval"}}
         },
     },
+    "RedactRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"reason": {"type": "string", "maxLength": 300}},
+    },
+    "Redaction": {
+        "type": "object",
+        "required": ["conversation_id", "message_id", "by", "at", "reason", "notes_removed"],
+        "properties": {
+            "id": {"type": "integer"},
+            "conversation_id": {"type": "string"},
+            "message_id": {"type": "integer"},
+            "by": {"type": "string"},
+            "at": {"type": "number"},
+            "reason": {"type": "string"},
+            "notes_removed": {"type": "integer"},
+        },
+    },
     "Decision": {
         "type": "object",
         "additionalProperties": False,
@@ -667,6 +685,29 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                     **with_body,
                 },
                 requestBody=_body("Decision", required=True),
+            ),
+        },
+        conv + "/messages/{message_id}/redact": {
+            "parameters": [
+                _CONV_ID,
+                {
+                    "name": "message_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer"},
+                },
+            ],
+            "post": op(
+                "redactMessage",
+                "Replace a message's content with a tombstone everywhere it is stored",
+                {
+                    "200": _json("Redaction", "redacted; the audit row"),
+                    "403": _error("only the message's author or an admin may redact it"),
+                    "404": _error("no such conversation or message"),
+                    "409": _error("the message is already redacted"),
+                    **with_body,
+                },
+                requestBody=_body("RedactRequest", required=False),
             ),
         },
         conv + "/events": {
