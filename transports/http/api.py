@@ -20,6 +20,9 @@ code                        status  when
 ``approval_not_found``      404     no such approval in this conversation
 ``approval_not_pending``    409     the approval was already decided, expired, or no turn waits
 ``forbidden``               403     (approvals) the token's role may not decide, or it asked
+``message_not_found``       404     (redact) no such message in this conversation
+``already_redacted``        409     (redact) the message is already redacted
+``forbidden``               403     (redact) neither the message's author nor an admin
 ``body_too_large``          413     body over ``max_body_bytes``
 ``unsupported_media_type``  415     a body that is not ``Content-Type: application/json``
 ``invalid_body``            422     not JSON, nested too deep, not an object, or a field is wrong
@@ -721,6 +724,8 @@ class Api:
             message_id = int(request.path_params["message_id"])
         except ValueError:
             raise ApiError(422, "invalid_parameter", "message_id must be an integer") from None
+        if not 1 <= message_id < 2**63:
+            raise ApiError(404, "message_not_found", f"no message {message_id} here")
         rows = await self.agent.store.messages(conv.id, after=message_id - 1, limit=1)
         if not rows or rows[0].id != message_id:
             raise ApiError(404, "message_not_found", f"no message {message_id} here")

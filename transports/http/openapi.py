@@ -37,6 +37,8 @@ ERROR_CODES = (
     "run_not_running",
     "approval_not_found",
     "approval_not_pending",
+    "message_not_found",
+    "already_redacted",
     "body_too_large",
     "unsupported_media_type",
     "invalid_body",
@@ -694,7 +696,7 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                     "name": "message_id",
                     "in": "path",
                     "required": True,
-                    "schema": {"type": "integer"},
+                    "schema": {"type": "integer", "minimum": 1},
                 },
             ],
             "post": op(
