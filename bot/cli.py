@@ -45,6 +45,7 @@ from typing import Any
 
 from agentik.core import AgentikError, ConfigError, SQLiteStore
 from agentik.core.errors import NotFound
+from agentik.core.store.base import Store
 
 from .config import Config, load_config, reveal
 from .logs import setup_logging
@@ -647,7 +648,7 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
         return 0
 
 
-async def _redact(store: SQLiteStore, args: argparse.Namespace) -> int:
+async def _redact(store: Store, args: argparse.Namespace) -> int:
     """``conversations redact``: on the database (a running bot's cached context of
     that conversation is not reached: redact through the bot while it runs)."""
     from agentik.core.redaction import tombstone

@@ -145,7 +145,8 @@ class PatternScrubber:
     """The built-in ``before_store`` plugin: replaces secrets by ``[redacted:<kind>]``."""
 
     def __init__(self, settings: RedactionSettings | None = None) -> None:
-        settings = settings or RedactionSettings(scrub=True)
+        # Built, it scrubs: ``settings.scrub`` only decides whether the bot builds one.
+        settings = settings or RedactionSettings()
         pairs: list[tuple[str, str]] = list(BUILTIN_PATTERNS) if settings.builtin_patterns else []
         pairs += [(p.kind, p.pattern) for p in settings.patterns]
         self.patterns = [(kind, re.compile(rx)) for kind, rx in pairs]

@@ -23,6 +23,11 @@ from agentik.transports.testing import MemoryTransport
 SECRET = "zq7-unique-hunter2-passphrase-X91"
 
 
+def ok(request) -> str:
+    """A model that never repeats what it was told."""
+    return "ok"
+
+
 def texts_of(body: dict) -> list[str]:
     out = []
     for m in body["messages"]:
@@ -249,7 +254,7 @@ async def test_chat_redact_by_the_author_or_an_admin_only(tmp_path):
         for uid, name in (("U1", "alice"), ("U2", "bob"), ("U3", "carol")):
             slack.add_user(uid, name)
         access = AccessPolicy(AccessSettings(admins=("slack:T1:U1",)), {"slack": "slack"})
-        model = ScriptedModel(default=lambda request: "ok")
+        model = ScriptedModel(default=ok)
         db = str(tmp_path / "s.db")
         agent = Agent(llm=model, store=SQLiteStore(db))
         await agent.start()
@@ -332,7 +337,7 @@ async def test_http_redact_route(tmp_path, monkeypatch):
     monkeypatch.setenv("ADMIN_TOKEN", "a" * 32)
     access = AccessPolicy(AccessSettings(admins=("web:token:admin",)), {"web": "http"})
     db = str(tmp_path / "h.db")
-    agent = Agent(llm=ScriptedModel(default=lambda request: "ok"), store=SQLiteStore(db))
+    agent = Agent(llm=ScriptedModel(default=ok), store=SQLiteStore(db))
     await agent.start()
     bridge = Bridge(agent, access=access)
     transport = HttpTransport(name="web", settings={"port": 0, "tokens": [
@@ -388,7 +393,7 @@ async def test_http_redact_route(tmp_path, monkeypatch):
 async def _one_secret_conversation(db: str) -> tuple[str, int]:
     from agentik.core.testing.scripted import ScriptedModel
 
-    async with Agent(llm=ScriptedModel(default=lambda request: "ok"), store=SQLiteStore(db)) as agent:
+    async with Agent(llm=ScriptedModel(default=ok), store=SQLiteStore(db)) as agent:
         conv = await agent.create_conversation()
         await conv.send(f"psst {SECRET}", author="alice")
         await conv.wait_idle()
@@ -408,8 +413,10 @@ def test_cli_redact(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([AGENTIK, "conversations", *args, "-c", str(config)], env=env,
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+        return subprocess.run(
+            [AGENTIK, "conversations", *args, "-c", str(config)],
+            env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        )  # fmt: skip
 
     r = run("redact", cid, str(mid), "--reason", "leaked", "--by", "ops")
     assert r.returncode == 0, r.stderr

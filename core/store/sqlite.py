@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import aiosqlite
 
@@ -979,7 +979,7 @@ class SQLiteStore(Store):
             if isinstance(done, RedactionError | StoreError):
                 raise done
             raise StoreError(f"redaction failed: {done}") from done
-        return done  # type: ignore[no-any-return]
+        return cast("Redaction | None", done)
 
     def _redact_securely(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Runs in the writer thread, between batches: ``fn`` in its own
