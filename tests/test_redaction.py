@@ -47,8 +47,16 @@ def raw_db_bytes(path: str) -> bytes:
     return data
 
 
+class OutboxTransport(MemoryTransport):
+    """Persists its outgoing pieces in the bridge's outbox, as IRC and Slack do."""
+
+    outbox = True
+
+
 class Rig:
-    def __init__(self, server: FakeOpenAIServer, db_path: str, plugins=(), reflect=False):
+    def __init__(
+        self, server: FakeOpenAIServer, db_path: str, plugins=(), reflect=False, outbox=False
+    ):
         self.server = server
         self.db_path = db_path
         llm = OpenAIBackend(
@@ -65,7 +73,7 @@ class Rig:
             hooks=list(plugins),
         )
         self.bridge = Bridge(self.agent)
-        self.t = MemoryTransport(name="net")
+        self.t = (OutboxTransport if outbox else MemoryTransport)(name="net")
 
     async def __aenter__(self) -> Rig:
         await self.agent.start()
@@ -148,6 +156,22 @@ async def test_the_next_request_carries_the_tombstone_not_the_text(server, db_pa
         sent = texts_of(server.requests[-1])
         assert not any(SECRET in t for t in sent)
         assert any("[message redacted by alice at " in t and "oops" in t for t in sent)
+
+
+async def test_redacting_an_answer_that_repeated_the_secret(server, db_path):
+    server.default = lambda body: Reply.text(f"Got it: {SECRET}")
+    async with Rig(server, db_path, outbox=True) as rig:
+        await rig.say(f"remember {SECRET}")
+        assert rig.t.texts("answer")[-1] == f"Got it: {SECRET}"
+        conv = await rig.agent.conversation_for_channel("net:#a")
+        leaks = [m for m in await conv.messages() if SECRET in m.content]
+        assert [m.kind for m in leaks] == ["user", "assistant"]
+        for m in leaks:
+            await rig.agent.redact(conv.id, m.id, by="admin:carol")
+        # Gone from the audit log, the working memory and the channel outbox.
+        assert SECRET.encode() not in raw_db_bytes(db_path)
+        await rig.say("and now?")
+        assert not any(SECRET in t for t in texts_of(server.requests[-1]))
 
 
 async def test_the_append_only_trigger_allows_only_a_redaction(server, db_path):

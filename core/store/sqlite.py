@@ -952,6 +952,16 @@ class SQLiteStore(Store):
                 # FTS5 keeps deleted terms in its older segments until they
                 # are merged: rewrite the index so the words are gone.
                 conn.execute("INSERT INTO memory_fts (memory_fts) VALUES ('optimize')")
+            if kind == "assistant":
+                # The answer's pieces waiting for (or done with) delivery to
+                # the channel (agentik.bot's outbox) hold its text too.
+                run = conn.execute("SELECT run_id FROM message WHERE id = ?", (message_id,))
+                run_id = run.fetchone()[0]
+                if run_id is not None:
+                    conn.execute(
+                        "UPDATE outbox SET text = ? WHERE run_id = ? AND text != ''",
+                        (content, run_id),
+                    )
             # A title taken from the message (the HTTP API names a conversation
             # after its first message) goes too.
             conn.execute(
