@@ -234,6 +234,11 @@ def test_user_patterns_and_bad_patterns():
         {"scrub": True, "patterns": [{"kind": "ticket", "pattern": r"TCK-\d{6}"}]}
     )
     assert PatternScrubber(s).scrub("see TCK-123456") == "see [redacted:ticket]"
+    only = RedactionSettings.__pydantic_validator__.validate_python(
+        {"builtin_patterns": False, "patterns": [{"kind": "ticket", "pattern": r"TCK-\d{6}"}]}
+    )
+    key = "sk-" + "a" * 30
+    assert PatternScrubber(only).scrub(f"{key} TCK-123456") == f"{key} [redacted:ticket]"
     with pytest.raises(ValidationError, match="regular expression"):
         RedactionSettings.__pydantic_validator__.validate_python(
             {"patterns": [{"kind": "x", "pattern": "(unclosed"}]}
@@ -453,3 +458,44 @@ def test_cli_redact(tmp_path):
     missing = run("redact", cid, "999999")
     assert missing.returncode != 0 and "no message 999999" in missing.stderr
     assert SECRET.encode() not in raw_db_bytes(db)
+
+
+# -- configuration: [redaction] ---------------------------------------------------------------
+async def test_scrub_from_the_configuration(server, tmp_path):
+    from agentik.bot.app import load_registry
+    from agentik.bot.builder import AgentBuilder
+    from agentik.bot.config import parse_config
+
+    key = "sk-" + "Zx9" * 10
+    db = str(tmp_path / "c.db")
+    config = parse_config(
+        {
+            "llm": {"base_url": server.base_url, "model": "fake-model", "timeout": 60},
+            "storage": {"path": db},
+            "redaction": {
+                "scrub": True,
+                "patterns": [{"kind": "ticket", "pattern": "TCK-[0-9]{6}"}],
+            },
+        },
+        env={"OPENAI_API_KEY": "sk-test"},
+    )
+    agent = AgentBuilder.from_config(config, load_registry(config)).build()
+    async with agent:
+        conv = await agent.create_conversation()
+        await conv.send(f"key {key} for TCK-123456", author="alice")
+        await conv.wait_idle()
+        first = (await conv.messages())[0]
+        assert first.content == "key [redacted:openai-key] for [redacted:ticket]"
+        assert not any(key in t or "TCK-123456" in t for t in texts_of(server.requests[-1]))
+    assert key.encode() not in raw_db_bytes(db) and b"TCK-123456" not in raw_db_bytes(db)
+    # Off by default.
+    plain = parse_config({}, env={})
+    assert plain.redaction.scrub is False
+
+
+def test_a_bad_pattern_is_a_configuration_error_naming_the_key():
+    from agentik.bot.config import parse_config
+    from agentik.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"redaction\.patterns\.0\.pattern"):
+        parse_config({"redaction": {"patterns": [{"kind": "x", "pattern": "(oops"}]}}, env={})
