@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import functools
 import logging
@@ -435,6 +436,16 @@ class Conversation:
         """The store redacted audit row ``message_id`` (see :meth:`Agent.redact
         <agentik.core.agent.Agent.redact>`): the cached context gets the tombstone."""
         self._memory.redact(message_id, content, kind, call_id, old)
+        # A queued turn's message, not in working memory yet: its turn adds it.
+        for item in self._queue:
+            if not isinstance(item, _Pending):
+                continue
+            if item.committed.done() and not item.committed.cancelled():
+                if item.committed.exception() is None:
+                    rows = item.committed.result()
+                    for i, row in enumerate(rows):
+                        if row.id == message_id:
+                            rows[i] = dataclasses.replace(row, content=content)
 
     # -- speakers -------------------------------------------------------------
     def _add_speaker(self, author_id: str | None) -> None:

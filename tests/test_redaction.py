@@ -174,6 +174,26 @@ async def test_redacting_an_answer_that_repeated_the_secret(server, db_path):
         assert not any(SECRET in t for t in texts_of(server.requests[-1]))
 
 
+async def test_a_queued_message_redacted_before_its_turn_never_reaches_the_model(server, db_path):
+    held = Reply.text("first answer", chunks=2, hold_after=1)
+    server.enqueue(held)
+    async with Rig(server, db_path) as rig:
+        conv = await rig.agent.conversation_for_channel("net:#q")
+        await conv.send("first", author="alice")
+        await held.wait_held()  # the first turn is mid-answer
+        await conv.send(f"second {SECRET}", author="alice")  # queued behind it
+        [queued] = [m for m in await conv.messages() if SECRET in m.content]
+        await rig.agent.redact(conv.id, queued.id, by="alice")
+        held.release()
+        async with asyncio.timeout(60):
+            await server.wait_requests(2)
+            await conv.wait_idle()
+        sent = texts_of(server.requests[1])
+        assert not any(SECRET in t for t in sent)
+        assert any("[message redacted by alice at " in t for t in sent)
+    assert SECRET.encode() not in raw_db_bytes(db_path)
+
+
 async def test_the_append_only_trigger_allows_only_a_redaction(server, db_path):
     import sqlite3
 
