@@ -35,6 +35,10 @@ __all__ = ["Queued", "WorkingMemory"]
 log = logging.getLogger(__name__)
 
 
+#: The ``before_store`` kind of a working-memory entry's role.
+_KINDS = {"user": "user", "assistant": "assistant", "tool": "tool_result"}
+
+
 class Queued(Protocol):
     """An item of a conversation's turn queue: ``run_id`` is the turn whose
     user message it answers (``None``: other work)."""
@@ -160,30 +164,30 @@ class WorkingMemory:
 
     def _scrubbed(
         self, log: Sequence[NewMessage], memory: Sequence[ChatMessage]
-    ) -> tuple[list[NewMessage], list[ChatMessage]]:
+    ) -> tuple[Sequence[NewMessage], Sequence[ChatMessage]]:
+        """``log`` and ``memory`` with their texts scrubbed (the same objects when
+        nothing changed: no copies on the hot path when no plugin scrubs)."""
         scrub = self.scrub
         assert scrub is not None
-        rows = [
-            dataclasses.replace(
-                m,
-                content=scrub(m.kind, m.content),
-                arguments=scrub("tool_call", m.arguments) if m.arguments else m.arguments,
-            )
-            for m in log
-        ]
-        kinds = {"user": "user", "assistant": "assistant", "tool": "tool_result"}
-        entries = [
-            dataclasses.replace(
-                cm,
-                content=scrub(kinds.get(cm.role, cm.role), cm.content),
-                tool_calls=tuple(
-                    dataclasses.replace(c, arguments=scrub("tool_call", c.arguments))
-                    for c in cm.tool_calls
-                ),
-            )
-            for cm in memory
-        ]
-        return rows, entries
+        rows: list[NewMessage] | None = None
+        for i, m in enumerate(log):
+            content = scrub(m.kind, m.content)
+            arguments = scrub("tool_call", m.arguments) if m.arguments else m.arguments
+            if content != m.content or arguments != m.arguments:
+                rows = rows or list(log)
+                rows[i] = dataclasses.replace(m, content=content, arguments=arguments)
+        entries: list[ChatMessage] | None = None
+        for i, cm in enumerate(memory):
+            content = scrub(_KINDS.get(cm.role, cm.role), cm.content)
+            calls = tuple(
+                dataclasses.replace(c, arguments=a) if (a := scrub("tool_call", c.arguments))
+                != c.arguments else c
+                for c in cm.tool_calls
+            )  # fmt: skip
+            if content != cm.content or calls != cm.tool_calls:
+                entries = entries or list(memory)
+                entries[i] = dataclasses.replace(cm, content=content, tool_calls=calls)
+        return (log if rows is None else rows), (memory if entries is None else entries)
 
     # -- redaction -----------------------------------------------------------------------
     def redact(
