@@ -176,6 +176,8 @@ bench: $(DEV)
 	$(PY) benchmarks/bench_http.py
 	$(PY) benchmarks/bench_access.py
 	$(PY) benchmarks/bench_metrics.py
+	$(PY) benchmarks/bench_agents.py
+	$(PY) benchmarks/bench_profiles.py
 
 # The local model through an agentik turn vs llama-cpp-python driven directly.
 bench-local: $(DEV) $(LOCAL)

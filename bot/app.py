@@ -89,6 +89,7 @@ class Bot:
             budgets=Budgets(budgets, self.agent.store) if budgets.enabled else None,
             channel_settings=config.channels,
             settings_role=config.agent.settings_role,
+            announce=config.memory.announce,
         )
         # One comparison of roles everywhere: approvals' approvers use the policy's.
         self.agent.approvals.at_least = self.bridge.access.at_least
@@ -522,6 +523,9 @@ class Bot:
     async def aclose(self) -> None:
         """Stop transports, renderers and the agent; nothing is left running."""
         sd_notify("STOPPING=1")
+        # Reflect on what has not been yet (bounded by [memory] reflect_on_shutdown),
+        # while the transports can still announce it.
+        await self.agent.wind_down()
         if self._hup_installed:
             self._hup_installed = False
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):

@@ -31,6 +31,7 @@ import json
 import logging
 import secrets
 import time
+import uuid
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -42,14 +43,15 @@ from agentik.core.access import AccessPolicy, Decision
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
-from agentik.core.errors import AgentikError, NotFound, PromptRefused
+from agentik.core.errors import AgentikError, NotFound, PromptRefused, ToolError
 from agentik.core.eventbus import Subscription
 from agentik.core.events import (
-    PROFILES,
     ApprovalRequested,
     ApprovalResolved,
+    ChildRunLinked,
     Error,
     Event,
+    MemoryNoted,
     QuestionAnswered,
     QuestionAsked,
     TodoUpdated,
@@ -58,10 +60,14 @@ from agentik.core.events import (
     TurnEnded,
 )
 from agentik.core.keyedlocks import KeyedLocks
-from agentik.core.messages import Message
+from agentik.core.memory import channel_scope, user_scope
+from agentik.core.messages import Message, ToolCall
 from agentik.core.redaction import RedactionError
 from agentik.core.settings import setting_fields
 from agentik.core.store.base import OutboxEntry
+from agentik.core.streamprofiles import BUILTIN_PROFILES, StreamProfile
+from agentik.core.tools.base import ToolContext
+from agentik.core.tools.passthrough import PassthroughTool
 from agentik.transports.base import (
     Action,
     AgentAccess,
@@ -118,6 +124,8 @@ COMMANDS: dict[str, str] = {
     "compact": "summarise the older part of this conversation now, to free context",
     "budget": "show what is left of your and this channel's budgets",
     "help": "list these commands",
+    "tool": "run a passthrough tool directly, no model: tool <name> [key=value …]; tool alone "
+    "lists them",
     # Per-channel settings (issue 19).
     "set": "change a setting of this channel (admins): set <key> <value>; set alone lists the keys",
     "unset": "return a setting of this channel to its configured value (admins): unset <key>",
@@ -129,6 +137,9 @@ COMMANDS: dict[str, str] = {
     "approve": "approve a tool call waiting for approval: approve ID [reason]",
     "deny": "refuse a tool call waiting for approval: deny ID [reason]",
     "approvals": "list the tool calls waiting for approval here",
+    # -- memory (issue 22) --
+    "memory": "list the memory notes visible here, most recent first (with their ids)",
+    "forget": "delete memory note N: forget N (global and others' notes: admins)",
     # -- redaction (issue 22) --
     "redact": (
         "remove a message's text from the bot's records: redact [last] (your last message),"
@@ -188,8 +199,13 @@ class Bridge(AgentAccess):
         channel_settings: Mapping[str, ChannelSettings] | None = None,
         settings_role: str = _AGENT.settings_role,
         role_for: RoleFor | None = None,
+        announce: bool = False,
     ) -> None:
         self.agent = agent
+        #: Tell channels when background memory work saved notes from them
+        #: (``[memory] announce``; a channel's ``announce`` setting overrides it).
+        self.announce = announce
+        self._announcer: asyncio.Task[None] | None = None
         #: Who may do what (``[access]``); empty: everyone is a ``user``, defaults apply.
         self.access = access or AccessPolicy()
         #: Usage limits per speaker and channel (``None``: unlimited).
@@ -357,12 +373,17 @@ class Bridge(AgentAccess):
                 if subject is not None:
                     assert self.budgets is not None
                     await stack.enter_async_context(self.budgets.sending(ch.conversation.id))
-                run_id = await ch.conversation.send(
+                sent = await ch.conversation.submit(
                     text,
                     author=message.author_name or message.author_id,
                     author_id=_author_id(transport, message),
                     allow_tool=decision.tools,
+                    busy=_busy_mode(opts, message, transport),
                 )
+                run_id = sent.run_id
+                if sent.steered:
+                    # Joined the running turn: its answer, asker and budget stay.
+                    return None
                 if subject is not None:
                     assert self.budgets is not None
                     self.budgets.bind(run_id, subject, chars=len(text))
@@ -500,6 +521,8 @@ class Bridge(AgentAccess):
         self._channels[key] = ch
         if self._reaper is None and self.idle_seconds > 0:
             self._reaper = asyncio.create_task(self._reap(), name="agentik-bridge-reaper")
+        if self._announcer is None:
+            self._announcer = asyncio.create_task(self._announce(), name="agentik-announcer")
         return ch
 
     @property
@@ -537,6 +560,122 @@ class Bridge(AgentAccess):
             ch.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ch.task
+
+    # -- memory notes (issue 22) -------------------------------------------------------
+    async def _announce(self) -> None:
+        """Tell each channel, once per job, that reflection or mining saved notes
+        from it (when its ``announce`` is on); runs while the bridge does."""
+        kinds = {"memory_noted"}
+        async with contextlib.aclosing(self.agent.events(kinds=kinds)) as events:
+            async for e in events:
+                if not isinstance(e, MemoryNoted) or not e.channel_key or not e.count:
+                    continue
+                try:
+                    await self._announce_one(e, e.channel_key)
+                except Exception:
+                    log.exception("announcing saved notes in %s failed", e.channel_key)
+
+    async def _announce_one(self, e: MemoryNoted, key: str) -> None:
+        transport = next((t for t in self._transports.values() if t.owns(key)), None)
+        if transport is None:
+            return
+        eff = await self.effective(key, transport)
+        if not (self.announce if eff.announce is None else eff.announce):
+            return
+        what = "fact" if e.source == "mining" else "reflection"
+        noun = what if e.count == 1 else f"{what}s"
+        p = eff.options.command_prefix
+        await self._send(
+            transport, key, f"noted {e.count} {noun} — {p}memory to review", "notice", None
+        )
+
+    async def _visible_scopes(
+        self, message: IncomingMessage, transport: Transport
+    ) -> tuple[list[str], str | None]:
+        """The memory scopes a channel sees (global, the channel, its recent
+        verified speakers and the asker), and the asker's own user scope."""
+        key = message.channel_key
+        scopes = ["global", channel_scope(key)]
+        mine = _author_id(transport, message)
+        own = user_scope(mine) if mine else None
+        speakers: list[str] = []
+        conv_id = await self.agent.store.get_binding(key)
+        if conv_id is not None:
+            with contextlib.suppress(AgentikError):
+                speakers = list(await (await self.agent.get_conversation(conv_id)).speakers())
+        for who in (mine, *speakers):
+            if who and user_scope(who) not in scopes:
+                scopes.append(user_scope(who))
+        return scopes, own
+
+    async def _cmd_memory(
+        self,
+        message: IncomingMessage,
+        transport: Transport,
+        opts: ChannelOptions,
+        say: Callable[[str], Awaitable[None]],
+    ) -> None:
+        """``!memory``: the notes visible here, most recent first, paged with ``more``."""
+        key = message.channel_key
+        scopes, own = await self._visible_scopes(message, transport)
+        notes = await self.agent.memory.list(scopes, limit=200)
+        if not notes:
+            await say("no memory notes here")
+            return
+
+        def label(scope: str) -> str:
+            if scope == "global":
+                return "global"
+            if scope == own:
+                return "you"
+            return "here" if scope.startswith("channel:") else scope.split(":", 1)[1]
+
+        lines = []
+        for n in notes:
+            text = " ".join(n.text.split())
+            text = text if len(text) <= 100 else text[:99] + "…"
+            lines.append(f"#{n.id} [{label(n.scope)}] {text}")
+        ch = await self._channel(key, transport, opts)
+        cap = ch.options.max_answer_lines or len(lines)
+        await say(f"{len(notes)} memory notes here (newest first; {opts.command_prefix}forget N "
+                  "deletes one):")  # fmt: skip
+        for line in lines[:cap]:
+            await say(line)
+        ch.more.clear()
+        ch.more.extend(lines[cap:])
+        if ch.more:
+            await say(f"… {len(ch.more)} more lines: {opts.command_prefix}more")
+
+    async def _cmd_forget(
+        self,
+        args: list[str],
+        message: IncomingMessage,
+        transport: Transport,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+        p: str,
+    ) -> None:
+        """``!forget N``: delete note N if it is visible here; a global note or
+        another person's needs an admin (the deletion is a new, audited version)."""
+        if len(args) != 1 or not args[0].lstrip("#").isdigit():
+            await say(f"usage: {p}forget N (the note's id, from {p}memory)")
+            return
+        note_id = int(args[0].lstrip("#"))
+        scopes, own = await self._visible_scopes(message, transport)
+        note = await self.agent.memory.get(note_id)
+        if note is None or note.scope not in scopes:
+            await say(f"no memory note {note_id} here")
+            return
+        if not note.scope.startswith("channel:") and note.scope != own:
+            if not self.access.at_least(decision.role, "admin"):
+                whose = "a global note" if note.scope == "global" else "someone else's note"
+                await say(f"note {note_id} is {whose}: only admins may forget it")
+                return
+        actor = self.access.identity(transport.name, message).id or _speaker(transport, message)
+        if await self.agent.memory.delete(note_id, author=actor):
+            await say(f"forgot note {note_id}")
+        else:
+            await say(f"no memory note {note_id} here")
 
     # -- after a restart ---------------------------------------------------------------
     async def resume_pending(self) -> dict[str, int]:
@@ -672,6 +811,11 @@ class Bridge(AgentAccess):
 
     async def aclose(self) -> None:
         """Stop every renderer (the agent is closed separately)."""
+        if self._announcer is not None:
+            self._announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._announcer
+            self._announcer = None
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -794,6 +938,9 @@ class Bridge(AgentAccess):
             "approve": lambda: self._cmd_decide("approve", message, transport, opts, say),
             "deny": lambda: self._cmd_decide("deny", message, transport, opts, say),
             "approvals": lambda: self._cmd_approvals(key, opts, say),
+            "tool": lambda: self._cmd_tool(message, transport, opts, decision, say, p),
+            "memory": lambda: self._cmd_memory(message, transport, opts, say),
+            "forget": lambda: self._cmd_forget(args, message, transport, decision, say, p),
             "redact": lambda: self._cmd_redact(args, message, transport, decision, say, p),
         }
         handler = handlers.get(name)
@@ -1080,15 +1227,106 @@ class Bridge(AgentAccess):
         ch = await self._channel(key, transport, opts)
         conv = ch.conversation
         count = await conv.count_messages()
-        state = "answering" if conv.running_run_id else "idle"
-        if conv.queued:
-            state += f", {conv.queued} queued"
+        # idle | running | streaming | executing tools (names) | awaiting human, the
+        # run, its requests and tokens so far, the queue.
+        state = conv.status().line()
         llm = self.agent.llm_for(conv.llm_profile)
         profile = f" (profile {conv.llm_profile})" if conv.llm_profile else ""
         await say(
             f"model {llm.model or llm.name}{profile} · conversation {conv.id} "
             f"({count} messages) · {state}\n" + describe(await self.effective(key, transport))
         )
+
+    # -- passthrough tools (issue 20) -------------------------------------------------------
+    async def _cmd_tool(
+        self,
+        message: IncomingMessage,
+        transport: Transport,
+        opts: ChannelOptions,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+        p: str,
+    ) -> None:
+        """``!tool [<name> [key=value …]]``: run a passthrough tool at once, no model.
+
+        Only passthrough tools (``[[passthrough]]``) run this way, and only where
+        the model could call them: the channel's tools and the speaker's rights
+        allow both the tool and its target, no approval rule covers either, and
+        no plugin's ``before_tool_call`` blocks it.  The result is said in the
+        channel; it is not part of the conversation.
+        """
+        key = message.channel_key
+        ch = await self._channel(key, transport, opts)
+        conv = ch.conversation
+        policy = conv.policy or self.agent.policy
+
+        def usable(t: PassthroughTool) -> bool:
+            return all(policy.allows(n) and decision.may_use_tool(n) for n in (t.name, t.spec.tool))
+
+        tools = {
+            t.name: t for t in self.agent.tools if isinstance(t, PassthroughTool) and usable(t)
+        }
+        raw = message.text.strip()[len(p) :]
+        head = raw.split(None, 2)
+        try:
+            if len(head) == 3 and head[2].startswith("{"):
+                words = [head[1], head[2]]  # a JSON object, quotes and all
+            else:
+                words = split_args(raw)[1:]
+        except SettingError as exc:
+            await say(f"{p}tool: {exc}")
+            return
+        if not words:
+            listed = "; ".join(f"{n} — {t.description}" if t.description else n
+                               for n, t in sorted(tools.items()))  # fmt: skip
+            await say(f"tools: {listed}" if listed else "no passthrough tools here")
+            return
+        name, rest = words[0], words[1:]
+        tool = tools.get(name)
+        if tool is None:
+            await say(f"no passthrough tool {name[:64]!r} here; {p}tool lists them")
+            return
+        try:
+            arguments = _tool_arguments(rest)
+        except ValueError as exc:
+            await say(f"{p}tool {name}: {exc}")
+            return
+        for n in (tool.name, tool.spec.tool):
+            if self.agent.approvals.rule_for(n, key) is not None:
+                await say(f"{name} needs a person's approval: ask me for it in a message instead")
+                return
+        call = ToolCall(id=f"cmd_{uuid.uuid4().hex[:12]}", name=name,
+                        arguments=json.dumps(arguments, ensure_ascii=False))  # fmt: skip
+        call, block = await self.agent.hooks.before_tool_call(conv, call.id, call)
+        if block is not None:
+            await say(f"{name}: blocked: {block.reason}")
+            return
+        try:
+            arguments = json.loads(call.arguments)
+        except ValueError:
+            await say(f"{name}: a plugin gave arguments that are not JSON")
+            return
+        context = ToolContext(
+            conversation_id=conv.id, run_id=call.id, call_id=call.id,
+            author=message.author_name, channel=key, author_id=_author_id(transport, message),
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(policy.tool_timeout):
+                result = await tool.call(arguments, context)
+        except ToolError as exc:
+            await say(f"⚙ {name} failed: {exc}")
+            return
+        except TimeoutError:
+            await say(f"⚙ {name} failed: no result within {policy.tool_timeout:g}s")
+            return
+        except Exception:
+            ref = uuid.uuid4().hex[:8]
+            log.exception("!tool %s failed (ref %s)", name, ref)
+            await say(f"⚙ {name} failed (internal error, ref {ref})")
+            return
+        text = result if isinstance(result, str) else result.text
+        failed = not isinstance(result, str) and result.is_error
+        await say(f"⚙ {name} failed: {text}" if failed else text or "(no result)")
 
     # -- budgets (issue 19) ----------------------------------------------------------------
     def _subject(self, message: IncomingMessage, transport: Transport) -> Subject:
@@ -1168,7 +1406,12 @@ class Bridge(AgentAccess):
             return
         name = words[0].lower()
         try:
-            value = parse_setting(name, words[1:], profiles=self.settings.profiles)
+            value = parse_setting(
+                name,
+                words[1:],
+                profiles=self.settings.profiles,
+                stream_profiles=self.agent.stream_profiles,
+            )
         except SettingError as exc:
             await say(f"{prefix}set{' ' if name in SETTING_KEYS else ': '}{exc}")
             return
@@ -1322,7 +1565,9 @@ class Bridge(AgentAccess):
                 await renderer.on_event(event)
             except Exception:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
-            if event.kind == "turn_ended":
+            if event.kind == "turn_ended" and event.parent_run_id is None:
+                # A child run's usage is its parent's business (the parent's turn
+                # ends later and is what the channel's budget counts).
                 _log_answer(ch, event)
                 await self._budget_turn_ended(event, ch.key)
                 ch.run_reply_to.pop(event.run_id or "", None)
@@ -1332,13 +1577,33 @@ class Bridge(AgentAccess):
                     ch.changed.notify_all()
 
 
-#: Event kinds a channel not set to ``events = "debug"`` is rendered from.
-_CHAT_KINDS = PROFILES["chat"]
+#: A child run's events the channel shows as its own, whatever the profile:
+#: its tool calls that wait for a person (they are answered here).
+_CHILD_KINDS = frozenset({"approval_requested", "approval_resolved"})
+
+#: Tools that run a sub-agent (``agent__<name>``): their call shows as the child
+#: run's one line (``→ researcher: …``), not as a tool line.
+AGENT_TOOL_PREFIX = "agent__"
+
+#: Longest task text shown on a child run's line.
+_CHILD_TASK_CHARS = 100
+
+
+@dataclass(slots=True)
+class _ChildRun:
+    """A child run seen in a channel: who, how deep, the root (channel) run, its text."""
+
+    agent: str
+    depth: int
+    root: str | None
+    buffer: str = ""
+
 
 #: Turns that ended early get a short notice after what was said.
 _STOP_NOTICES = {
     "length": "(answer cut: too long)",
     "tool_limit": "(stopped: tool call limit)",
+    "token_budget": "(stopped: token budget used up)",
 }
 
 
@@ -1362,6 +1627,21 @@ class _Renderer:
         self.todo_tag: str | None = None
         #: Tool calls that showed progress: call id -> when (monotonic) last shown.
         self.progress: dict[str, float] = {}
+        #: Arguments of this turn's tool calls, by call id (a child run's task).
+        self.call_args: dict[str, tuple[str, str]] = {}
+        #: Child runs seen, by run id.
+        self.children: dict[str, _ChildRun] = {}
+
+    @property
+    def profile(self) -> StreamProfile:
+        """The stream profile the channel is rendered from: its ``profile`` setting,
+        else ``debug`` when ``events`` is ``debug``, else ``chat``."""
+        named = self.ch.options.profile
+        if named is not None:
+            found = self.bridge.agent.stream_profiles.get(named)
+            if found is not None:
+                return found
+        return BUILTIN_PROFILES["debug" if self.ch.options.events == "debug" else "chat"]
 
     @property
     def events(self) -> str:
@@ -1370,7 +1650,13 @@ class _Renderer:
 
     @property
     def debug(self) -> bool:
-        return self.ch.options.events == "debug"
+        return self.ch.options.events == "debug" or self.ch.options.profile == "debug"
+
+    @property
+    def child_lines(self) -> bool:
+        """Whether a child run gets its one line: unless the channel asked for
+        ``answers`` only (``auto`` shows it, even in a shared channel)."""
+        return self.events != "answers"
 
     @property
     def tool_lines(self) -> bool:
@@ -1580,14 +1866,101 @@ class _Renderer:
             if line:
                 await self._line(line, run_id)
 
-    async def on_event(self, e: Event) -> None:
-        if not self.debug and e.kind not in _CHAT_KINDS:
-            return  # what the chat profile does not carry
+    def _task_line(self, link: ChildRunLinked) -> str:
+        """``→ researcher: looking up the release notes…`` (the task, one line, trimmed)."""
+        name, arguments = self.call_args.get(link.call_id or "", ("", "{}"))
+        agent = link.agent or name.removeprefix(AGENT_TOOL_PREFIX) or "sub-agent"
+        task = _task_text(arguments)
+        if len(task) > _CHILD_TASK_CHARS:
+            task = task[: _CHILD_TASK_CHARS - 1].rstrip()
+        return f"→ {agent}: {task}…" if task else f"→ {agent}…"
+
+    def _link(self, e: ChildRunLinked) -> _ChildRun:
+        parent = self.children.get(e.run_id or "")
+        name, _ = self.call_args.get(e.call_id or "", ("", "{}"))
+        child = _ChildRun(
+            agent=e.agent or name.removeprefix(AGENT_TOOL_PREFIX) or "sub-agent",
+            depth=parent.depth + 1 if parent else 1,
+            root=parent.root if parent else e.run_id,
+        )
+        self.children[e.child_run_id] = child
+        return child
+
+    async def _child_event(self, e: Event) -> None:
+        """An event of a child run, shown nested (only profiles with ``child_runs``
+        bring them): prefixed lines, never part of the channel's answer."""
+        child = self.children.get(e.run_id or "")
+        if child is None:  # its link was not seen (joined late): one level down
+            child = self.children[e.run_id or ""] = _ChildRun(
+                agent="sub-agent", depth=1, root=e.parent_run_id
+            )
+        prefix = "  " * (child.depth - 1) + f"↳ {child.agent}: "
+        root = child.root
+
+        async def say(text: str) -> None:
+            for line in split_lines(
+                prefix + text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars
+            ):
+                if line:
+                    await self._out(line, "notice", root)
+
+        if e.kind == "text_delta":
+            child.buffer += e.text
+            while "\n" in child.buffer:
+                line, child.buffer = child.buffer.split("\n", 1)
+                if line.strip():
+                    await say(line)
+        elif e.kind == "tool_call_started":
+            self.call_args[e.call_id] = (e.name, e.arguments)
+            if not e.name.startswith(AGENT_TOOL_PREFIX):
+                await say(f"⚙ {e.name}({_short_args(e.arguments)})")
+        elif e.kind == "tool_call_ended":
+            result = e.result.replace("\n", " ")[:160]
+            verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"
+            await say(f"⚙ {e.name} {verb}: {result}")
+        elif e.kind == "child_run_linked":
+            self._link(e)
+            await say(self._task_line(e))
+        elif e.kind == "reasoning_delta":
+            await say(f"(thinking) {e.text}")
+        elif e.kind == "error":
+            await say(" ".join(e.message.split())[:300])
+        elif e.kind in ("turn_ended", "interrupted", "run_stream_end"):
+            rest, child.buffer = child.buffer, ""
+            if rest.strip():
+                await say(rest)
+            if e.kind == "turn_ended":
+                u = e.usage
+                await say(
+                    f"done: {e.stop_reason}, {u.prompt_tokens}+{u.completion_tokens} tokens,"
+                    f" {e.tool_calls} tool calls"
+                )
+            elif e.kind == "interrupted":
+                await say("(interrupted)")
+
+    async def on_event(self, event: Event) -> None:
+        if event.kind == "response_started" and event.parent_run_id is None:
+            # Not shown, but it separates the answer's steps (text before a tool
+            # call, text after it), whatever the profile carries.
+            admitted: Event | None = event
+        elif event.parent_run_id is not None and event.kind in _CHILD_KINDS:
+            # A child's tool call waiting for a person is asked (and answered) here.
+            admitted = event
+        else:
+            admitted = self.profile.admit(event)
+        if admitted is None:
+            return  # what the channel's profile does not carry
+        e = admitted
+        if e.parent_run_id is not None and e.kind not in _CHILD_KINDS:
+            # A child run's events never touch the channel's answer.
+            await self._child_event(e)
+            return
         mode = self.caps.streaming
         run = e.run_id
         if e.kind == "turn_started":
             self.buffer, self.lines_sent, self.had_text = "", 0, False
             self.piece, self.stream_id, self.stream_text = 0, None, []
+            self.call_args, self.children = {}, {}
         elif e.kind == "response_started":
             # A new model step: keep its text apart from the previous step's.
             if self.had_text:
@@ -1625,10 +1998,22 @@ class _Renderer:
         elif e.kind == "reasoning_delta":
             await self._out(f"(thinking) {e.text}", "notice", run)
         elif e.kind == "tool_call_started":
-            # ask_user and todo show themselves (the question, the checklist).
-            if self.tool_lines and (self.debug or e.name not in _SELF_SHOWN):
+            self.call_args[e.call_id] = (e.name, e.arguments)
+            # ask_user and todo show themselves (the question, the checklist);
+            # an agent's call shows as its child run's line.
+            if (
+                self.tool_lines
+                and not e.name.startswith(AGENT_TOOL_PREFIX)
+                and (self.debug or e.name not in _SELF_SHOWN)
+            ):
                 args = _short_args(e.arguments)
                 await self._out(f"⚙ {e.name}({args})", "notice", run)
+        elif e.kind == "child_run_linked":
+            self._link(e)
+            if self.child_lines:
+                # Whatever the answer streamed so far stays above the line.
+                await self._flush(run)
+                await self._out(self._task_line(e), "notice", run)
         elif e.kind == "tool_call_ended" and e.call_id in self.progress:
             await self._progress_done(e)
         elif (
@@ -1904,6 +2289,44 @@ def _article(role: str) -> str:
     return f"{'an' if role[:1].lower() in 'aeiou' else 'a'} {role}"
 
 
+def _tool_arguments(words: list[str]) -> dict[str, Any]:
+    """``!tool`` arguments: one JSON object, or ``key=value`` words (a value that
+    reads as JSON — a number, true, a list — is that; anything else is text)."""
+    if len(words) == 1 and words[0].lstrip().startswith("{"):
+        try:
+            value = json.loads(words[0])
+        except ValueError:
+            raise ValueError("the arguments are not a JSON object") from None
+        if not isinstance(value, dict):
+            raise ValueError("the arguments are not a JSON object")
+        return value
+    out: dict[str, Any] = {}
+    for word in words:
+        k, eq, v = word.partition("=")
+        if not eq or not k:
+            raise ValueError(f"write key=value, not {word[:40]!r}")
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def _task_text(arguments: str) -> str:
+    """A child run's task from its tool call's arguments (``task``, else the first
+    text argument), on one line."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return ""
+    if not isinstance(args, dict):
+        return ""
+    task = args.get("task")
+    if not isinstance(task, str):
+        task = next((v for v in args.values() if isinstance(v, str)), "")
+    return " ".join(task.split())
+
+
 def _short_args(arguments: str, limit: int = 80) -> str:
     try:
         parsed = json.loads(arguments or "{}")
@@ -1934,3 +2357,14 @@ def options_from(section: object, transport: Transport) -> ChannelOptions:
     if values.get("command_prefix") is None:
         values["command_prefix"] = transport.default_command_prefix
     return _resolved(transport, ChannelOptions(**values))
+
+
+def _busy_mode(
+    opts: ChannelOptions, message: IncomingMessage, transport: Transport
+) -> Literal["queue", "steer", "interrupt"]:
+    """The channel's ``busy`` setting; ``auto``: ``steer`` in direct conversations and
+    threads (one person, or a few, on one topic), ``queue`` in shared channels."""
+    if opts.busy != "auto":
+        return opts.busy
+    direct = message.direct or transport.in_thread(message.channel_key)
+    return "steer" if direct else "queue"

@@ -27,9 +27,11 @@ from typing import Any, Protocol, Self
 
 from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolicy
 from agentik.core.agent import AgentSettings
+from agentik.core.agents import AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
 from agentik.core.background import MemoryWorker
 from agentik.core.compaction import CompactionPolicy
+from agentik.core.errors import PluginError
 from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
 from agentik.core.memory import MemoryBackend, NoMemory
 from agentik.core.memory.markdown import MarkdownMemory
@@ -39,6 +41,9 @@ from agentik.core.redaction import scrubber_plugin
 from agentik.core.settings import is_file_path, plain_values, setting_fields, validate_settings
 from agentik.core.skills import SkillSet, load_skills
 from agentik.core.soul import fetch_soul, is_url, read_soul
+from agentik.core.streamprofiles import StreamProfile
+from agentik.core.streamprofiles import resolve_profiles as resolve_stream_profiles
+from agentik.core.tools.passthrough import PassthroughSpec, PassthroughToolset
 
 from .config import LITERT_ENV, Config, auto_backend, reveal
 
@@ -113,6 +118,11 @@ class AgentBuilder:
         self._policy = TurnPolicy()
         self._event_buffer = AgentSettings().event_buffer
         self._approvals: list[ApprovalRule] = []
+        self._agents: dict[str, AgentSpec] = {}
+        self._uses: tuple[str, ...] = ()
+        self._runs = RunPolicy()
+        self._stream_profiles: dict[str, StreamProfile] = {}
+        self._passthrough: list[PassthroughSpec] = []
 
     def llm(self, backend: LLMBackend) -> Self:
         self._llm = backend
@@ -121,6 +131,16 @@ class AgentBuilder:
     def profiles(self, backends: Mapping[str, LLMBackend]) -> Self:
         """Named model profiles: backends a conversation can use instead of :meth:`llm`."""
         self._profiles = dict(backends)
+        return self
+
+    def stream_profiles(self, profiles: Mapping[str, StreamProfile]) -> Self:
+        """Event stream profiles subscribers may name, beside the built-in ones."""
+        self._stream_profiles = dict(profiles)
+        return self
+
+    def passthrough(self, *specs: PassthroughSpec) -> Self:
+        """Tools that call another tool (of this agent) directly, with fixed arguments."""
+        self._passthrough.extend(specs)
         return self
 
     def storage(self, store: Store) -> Self:
@@ -191,6 +211,18 @@ class AgentBuilder:
         self._approvals.extend(rules)
         return self
 
+    def agents(self, agents: Mapping[str, AgentSpec], *, uses: tuple[str, ...] = ()) -> Self:
+        """Named agents (called as tools ``agent__<name>``); ``uses``: the ones the
+        main agent may call."""
+        self._agents = dict(agents)
+        self._uses = tuple(uses)
+        return self
+
+    def runs(self, policy: RunPolicy) -> Self:
+        """Limits of run trees (depth, concurrent child runs, token budgets)."""
+        self._runs = policy
+        return self
+
     def event_buffer(self, size: int) -> Self:
         self._event_buffer = size
         return self
@@ -240,12 +272,17 @@ class AgentBuilder:
         tools = list(self._tools)
         if self._skills is not None:
             tools += self._skills.tools()
+        toolsets: list[Any] = list(self._toolsets)
+        if self._passthrough:
+            assert self._memory is not None
+            sources = [*tools, *self._memory.tools(), *toolsets]
+            toolsets.append(PassthroughToolset(self._passthrough, sources))
         return Agent(
             llm=self._llm,
             store=self._store,
             memory=self._memory,
             tools=tools,
-            toolsets=self._toolsets,
+            toolsets=toolsets,
             system_prompt=compose(self._soul),
             policy=self._policy,
             event_buffer=self._event_buffer,
@@ -255,6 +292,10 @@ class AgentBuilder:
             on_start=on_start,
             approvals=self._approvals,
             profiles=self._profiles,
+            agents=self._agents,
+            uses=self._uses,
+            run_policy=self._runs,
+            stream_profiles=self._stream_profiles,
         )
 
     def persona(self, config: Config) -> Self:
@@ -307,6 +348,29 @@ class AgentBuilder:
         b.policy(config.tools)
         b.event_buffer(config.agent.event_buffer)
         b.approvals(*config.approvals)
+        agents: dict[str, AgentSpec] = {}
+        for name, spec in registry.agents.items():
+            if not isinstance(spec, AgentSpec):
+                raise PluginError(f"agent {name!r}: a plugin registered a {type(spec).__name__},"
+                                  " not an AgentSpec")  # fmt: skip
+            agents[name] = spec
+        for name, spec in config.agents.items():  # the file's win over a plugin's
+            if spec.soul:
+                spec = dataclasses.replace(spec, soul=config.resolve_path(spec.soul))  # type: ignore[type-var]
+            agents[name] = spec
+        for where, uses in [("agent.uses", config.agent.uses)] + [
+            (f"agents.{n}.uses", s.uses) for n, s in agents.items()
+        ]:
+            for used in uses:
+                if used not in agents:
+                    known = ", ".join(agents) or "none defined"
+                    raise ConfigError(
+                        f"{config.source}: {where}: no agent {used!r} (agents: {known})"
+                    )
+        b.agents(agents, uses=config.agent.uses)
+        b.runs(config.runs)
+        b.stream_profiles(resolve_stream_profiles(config.profiles))
+        b.passthrough(*config.passthrough)
         return b
 
 

@@ -30,6 +30,10 @@ class ChannelOptions:
     #: (everything); ``auto``: ``answers`` in shared channels, ``chat`` in
     #: direct conversations and threads.
     events: Literal["auto", "answers", "chat", "debug"] = "auto"
+    #: The event stream profile the channel is rendered from (``chat``, ``debug``,
+    #: ``metrics`` or a ``[profiles.<name>]``); unset: ``debug`` when ``events`` is
+    #: ``debug``, else ``chat``.  Events the profile leaves out never reach the channel.
+    profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     #: Lines of an answer sent before the rest waits for ``more`` (0: no cap;
     #: ``None``: the transport's ``default_max_answer_lines``, 4 on IRC).
     max_answer_lines: Annotated[int, Field(ge=0)] | None = None
@@ -44,3 +48,9 @@ class ChannelOptions:
     #: progress): a new line, or an edit of its line where the transport can
     #: edit; the first is shown at once (0: every progress report).
     progress_interval: Annotated[float, Field(ge=0)] = 10.0
+    #: A message that arrives while the bot answers: ``queue`` (its own turn
+    #: next), ``steer`` (it joins the running turn at its next model request,
+    #: so the answer takes it into account), ``interrupt`` (the running answer
+    #: stops, the new message gets a turn); ``auto``: ``steer`` in direct
+    #: conversations and threads, ``queue`` in shared channels.
+    busy: Literal["auto", "queue", "steer", "interrupt"] = "auto"

@@ -10,7 +10,7 @@ pattern wins key by key), overlaid with what the channel's admins set in chat
 
 ``persona``
     text added to the system prompt in this channel, clearly delimited;
-``answer``, ``max_answer_lines``, ``ambient``, ``ambient_lines``, ``events``
+``answer``, ``max_answer_lines``, ``ambient``, ``ambient_lines``, ``events``, ``profile``
     the bridge keys of the same names, for this channel only;
 ``tools``
     glob patterns of the tools the model is offered here, within the
@@ -18,7 +18,11 @@ pattern wins key by key), overlaid with what the channel's admins set in chat
     never widen it);
 ``model``
     the model profile (``[llm.profiles.<name>]``) this channel's turns use;
-    ``default`` is ``[llm]`` itself.
+    ``default`` is ``[llm]`` itself;
+``busy``
+    what a message that arrives while the bot answers does: ``queue``,
+    ``steer`` or ``interrupt`` (``auto``: ``steer`` in direct conversations
+    and threads, ``queue`` in shared channels).
 
 Who may set them is a role (``[agent] settings_role``, default ``admin``)
 compared with the speaker's role from a ``role_for`` callable: by default
@@ -41,6 +45,7 @@ from pydantic import Field
 
 from agentik.core.settings import settings_dataclass
 from agentik.core.store.base import ChannelSetting, Store
+from agentik.core.streamprofiles import PROFILE_NAME
 from agentik.transports.base import IncomingMessage, Transport
 
 from .channel import ChannelOptions
@@ -90,6 +95,7 @@ def role_at_least(role: str, needed: str) -> bool:
 
 Answer = Literal["addressed", "all", "direct"]
 Events = Literal["auto", "answers", "chat", "debug"]
+Busy = Literal["auto", "queue", "steer", "interrupt"]
 
 #: Longest persona accepted (characters).
 MAX_PERSONA_CHARS = 2000
@@ -125,6 +131,14 @@ class ChannelSettings:
     tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
     #: The model profile (``[llm.profiles.<name>]``) used here; ``default``: ``[llm]``.
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    #: The event stream profile the channel is rendered from (``chat``, ``debug``,
+    #: ``metrics`` or a ``[profiles.<name>]``).
+    profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    #: A message sent while the bot answers: ``queue``, ``steer``, ``interrupt``
+    #: (``auto``: ``steer`` in direct conversations and threads, ``queue`` elsewhere).
+    busy: Busy | None = None
+    #: Tell the channel when reflection or mining saved notes from it (``[memory] announce``).
+    announce: bool | None = None
 
 
 #: The keys ``!set`` knows, and what each takes (the help and error texts).
@@ -139,10 +153,22 @@ SETTING_KEYS: dict[str, str] = {
     "tools": "glob patterns of tool names (fs__read_* web__*), within the transport's "
     "allowed_tools; none: no tools",
     "model": "a model profile of [llm.profiles], or default ([llm])",
+    "profile": "an event stream profile: chat, debug, metrics or one of [profiles]",
+    "busy": "one of " + ", ".join(get_args(Busy)) + " (what a message sent while the bot "
+    "answers does)",
+    "announce": "on or off (say when notes were saved from this channel)",
 }
 
 #: Keys that overlay :class:`ChannelOptions` fields of the same name.
-_OPTION_KEYS = ("answer", "max_answer_lines", "ambient", "ambient_lines", "events")
+_OPTION_KEYS = (
+    "answer",
+    "max_answer_lines",
+    "ambient",
+    "ambient_lines",
+    "events",
+    "profile",
+    "busy",
+)
 
 
 class SettingError(ValueError):
@@ -163,11 +189,18 @@ _TRUE = {"on", "true", "yes", "1"}
 _FALSE = {"off", "false", "no", "0"}
 
 
-def parse_setting(key: str, words: list[str], *, profiles: Iterable[str] | None = None) -> Any:
+def parse_setting(
+    key: str,
+    words: list[str],
+    *,
+    profiles: Iterable[str] | None = None,
+    stream_profiles: Iterable[str] | None = None,
+) -> Any:
     """The value ``!set <key> <words…>`` means (JSON-able), or :class:`SettingError`.
 
     ``profiles``: the configured model profile names ``model`` may take
-    (besides ``default``); ``None`` does not check the name.
+    (besides ``default``); ``stream_profiles``: the event stream profile names
+    ``profile`` may take; ``None`` does not check the name.
     """
     if key not in SETTING_KEYS:
         raise SettingError(f"unknown setting {key!r}; settings: {', '.join(SETTING_KEYS)}")
@@ -201,17 +234,24 @@ def parse_setting(key: str, words: list[str], *, profiles: Iterable[str] | None 
             known = ", ".join(["default", *sorted(profiles)])
             raise SettingError(f"model: no profile {text!r}; profiles: {known}")
         return text
-    if key in ("answer", "events"):
-        allowed = get_args(Answer if key == "answer" else Events)
+    if key == "profile":
+        if not PROFILE_NAME.fullmatch(text):
+            raise SettingError(f"profile: {text!r} is not {SETTING_KEYS[key]}")
+        if stream_profiles is not None and text not in stream_profiles:
+            known = ", ".join(stream_profiles)
+            raise SettingError(f"profile: no profile {text!r}; profiles: {known}")
+        return text
+    if key in ("answer", "events", "busy"):
+        allowed = get_args({"answer": Answer, "events": Events, "busy": Busy}[key])
         if text.lower() not in allowed:
             raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
         return text.lower()
-    if key == "ambient":
+    if key in ("ambient", "announce"):
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE:
             return False
-        raise SettingError(f"ambient: {text!r} is not {SETTING_KEYS[key]}")
+        raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
     return _whole(key, text, 0 if key == "max_answer_lines" else 1)
 
 
@@ -260,6 +300,8 @@ class Effective:
     tools: tuple[str, ...] | None = None
     #: The model profile in force; ``None``: ``[llm]`` (``default``).
     model: str | None = None
+    #: ``announce`` set for the channel; ``None``: ``[memory] announce`` decides.
+    announce: bool | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
     def value(self, key: str) -> Any:
@@ -269,6 +311,8 @@ class Effective:
             return self.model or "default"
         if key == "tools":
             return self.tools
+        if key == "announce":
+            return self.announce
         return getattr(self.options, key)
 
 
@@ -293,6 +337,8 @@ def describe(eff: Effective) -> str:
         shown = _show(eff.value(k))
         if k == "tools" and eff.tools is None:
             shown = "all the transport allows"
+        if k == "announce" and eff.announce is None:
+            shown = "as [memory] announce"
         parts.append(f"{k} {shown} [{eff.sources.get(k, 'default')}]")
     return f"settings of {eff.channel_key}: " + " · ".join(parts)
 
@@ -378,6 +424,7 @@ class ChannelSettingsBook:
             options=options,
             persona=values.get("persona"),
             tools=None if tools is None else tuple(tools),
+            announce=values.get("announce"),
             sources=sources,
         )
 

@@ -8,7 +8,8 @@
     agentik conversations list     list stored conversations (-c FILE for the database)
     agentik conversations show ID  print a conversation's history
     agentik conversations export ID --format json|markdown
-    agentik conversations rm ID    delete a conversation and all its rows
+    agentik conversations rm ID    delete a conversation and all its rows (--reflect:
+                                   reflect on it first, with the configured model)
     agentik conversations redact ID MSG [--reason R]  replace a message by a tombstone
     agentik memory list            list long-term memory notes (--scope, --deleted)
     agentik memory show ID         print a note
@@ -24,6 +25,10 @@
     agentik access check ID        an identity's role and what it may do (--channel KEY)
     agentik access budgets         the configured budgets and a day's usage (--day)
     agentik access approvals       tool calls waiting for approval, and recent decisions
+    agentik db backup [PATH]       a consistent copy of the database (safe while the bot runs)
+    agentik db check               integrity, foreign keys, schema version (exit 1 on problems)
+    agentik db vacuum              rebuild the file to reclaim free space
+    agentik db migrate [--dry-run] apply (or list) pending schema migrations
     agentik --version
 
 ``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
@@ -43,11 +48,10 @@ import time
 from importlib.metadata import version
 from typing import Any
 
-from agentik.core import AgentikError, ConfigError, SQLiteStore
+from agentik.core import AgentikError, ConfigError, SQLiteStore, Store
 from agentik.core.errors import NotFound
-from agentik.core.store.base import Store
 
-from .config import Config, load_config, reveal
+from .config import Config, MissingVar, load_config
 from .logs import setup_logging
 
 __all__ = ["COMMANDS", "main"]
@@ -79,7 +83,26 @@ COMMANDS = (
     "access check",
     "access budgets",
     "access approvals",
+    "db backup",
+    "db check",
+    "db vacuum",
+    "db migrate",
 )
+
+
+#: The sections each command reads.  A ``${VAR}`` that is not set in another
+#: section (a Slack token for ``conversations list``) reads as empty instead
+#: of stopping the command; ``check`` lists every missing one; ``run``, ``chat``,
+#: ``plugins`` and ``mcp`` need them all (None).
+_NEEDS: dict[str, frozenset[str] | None] = {
+    "conversations": frozenset({"storage", "logging"}),
+    "memory": frozenset({"storage", "memory", "logging"}),
+    "db": frozenset({"storage", "logging"}),
+    "access": frozenset(Config.model_fields) - {"transports", "llm", "mcp", "plugins"},
+    "check": frozenset(),
+    # A running bot is asked where it listens; its secrets are not needed.
+    "status": frozenset({"health", "logging"}),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -106,7 +129,18 @@ def _parser() -> argparse.ArgumentParser:
 
     with_config(sub.add_parser("run", help="start every configured transport"))
     with_config(sub.add_parser("chat", help="chat in this terminal"))
-    with_config(sub.add_parser("check", help="validate the configuration"))
+    chk = with_config(sub.add_parser("check", help="validate the configuration"))
+    chk.add_argument(
+        "--probe",
+        action="store_true",
+        help="also try each component: model endpoint, MCP servers, IRC hosts, Slack tokens",
+    )
+    chk.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds each probe may take (default 10)",
+    )
     conv = sub.add_parser("conversations", help="list, show, export or delete conversations")
     csub = conv.add_subparsers(dest="action", metavar="ACTION", required=True)
     lst = with_config(csub.add_parser("list", help="list conversations, most recent first"))
@@ -116,7 +150,13 @@ def _parser() -> argparse.ArgumentParser:
     exp = with_config(csub.add_parser("export", help="export a conversation"))
     exp.add_argument("id")
     exp.add_argument("--format", choices=["json", "markdown"], default="json")
-    with_config(csub.add_parser("rm", help="delete a conversation")).add_argument("id")
+    rm = with_config(csub.add_parser("rm", help="delete a conversation"))
+    rm.add_argument("id")
+    rm.add_argument(
+        "--reflect",
+        action="store_true",
+        help="first reflect on it with the configured model ([memory] reflection)",
+    )
     red = with_config(
         csub.add_parser("redact", help="replace a message's text by a tombstone, everywhere")
     )
@@ -172,6 +212,15 @@ def _parser() -> argparse.ArgumentParser:
     mcp = sub.add_parser("mcp", help="MCP servers")
     msub = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     with_config(msub.add_parser("list", help="connect to each MCP server; show status and tools"))
+    db = sub.add_parser("db", help="back up, check, vacuum or migrate the database")
+    dsub = db.add_subparsers(dest="action", metavar="ACTION", required=True)
+    with_config(
+        dsub.add_parser("backup", help="a consistent copy (safe while the bot runs)")
+    ).add_argument("path", nargs="?", help="where (default <db>.backup-<time>.db)")
+    with_config(dsub.add_parser("check", help="integrity, foreign keys, schema version"))
+    with_config(dsub.add_parser("vacuum", help="rebuild the file to reclaim free space"))
+    dm = with_config(dsub.add_parser("migrate", help="apply pending schema migrations"))
+    dm.add_argument("--dry-run", action="store_true", help="list them; change nothing")
     acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets, approvals")
     asub = acc.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, (helptext, arguments, _) in ACCESS_ACTIONS.items():
@@ -193,11 +242,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.command == "status" and args.config is None and args.url is None:
             args.config = os.environ.get("AGENTIK_CONFIG", "config.toml")
-        config = load_config(args.config) if args.config is not None else Config()
+        missing: list[MissingVar] = []
+        needs = _NEEDS.get(args.command)
+        config = _load(args.config, needs, missing)
         level = args.log_level or (
             "debug" if args.verbose >= 2 else "info" if args.verbose == 1 else config.logging.level
         )
         setup_logging(level, config.logging.format, config.secrets())
+        if args.command == "check":
+            return _check(config, missing, probe=args.probe, timeout=args.timeout)
         return _dispatch(args, config)
     except ConfigError as exc:
         print(f"agentik: {exc}", file=sys.stderr)
@@ -209,19 +262,32 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _load(path: str | None, needs: frozenset[str] | None, missing: list[MissingVar]) -> Config:
+    if path is None:
+        return Config()
+    try:
+        return load_config(path, needs=needs, missing=missing)
+    except ConfigError:
+        if not missing:
+            raise
+        # An unset variable read as empty made another key invalid: the
+        # variable is the problem to name.
+        return load_config(path)
+
+
 def _dispatch(args: argparse.Namespace, config: Config) -> int:
     if args.command == "run":
         return asyncio.run(_run(config, only=None))
     if args.command == "chat":
         return asyncio.run(_run(config, only=["stdio"]))
-    if args.command == "check":
-        return _check(config)
     if args.command == "plugins":
         return _plugins(config)
     if args.command == "mcp":
         return asyncio.run(_mcp_list(config))
     if args.command == "status":
         return _status(args, config)
+    if args.command == "db":
+        return _db(args, config)
     if args.command == "access":
         return asyncio.run(ACCESS_ACTIONS[args.action][2](args, config))
     if args.command == "memory":
@@ -249,85 +315,73 @@ async def _run(config: Config, *, only: list[str] | None) -> int:
     return 0
 
 
-def _check(config: Config) -> int:
-    from pydantic import SecretStr
+def _check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: float) -> int:
+    from .check import check
 
-    from agentik.core.settings import setting_fields
+    return check(config, missing, probe=probe, timeout=timeout)
 
-    from .app import load_registry, make_transport
-    from .builder import (
-        NoModelBackend,
-        backend_choice,
-        backend_settings,
-        ignored_settings,
-        resolve_backend,
-        resolve_profiles,
-    )
 
-    registry = load_registry(config)
-    backend = resolve_backend(config, registry)
-    llm = config.llm
-    chosen = "none" if isinstance(backend, NoModelBackend) else backend_choice(config)
-    out = [
-        f"configuration: {config.source} is valid",
-        f"agent: {config.agent.name}",
-        f"llm: backend {chosen!r} (configured {llm.backend!r}),"
-        f" model {getattr(backend, 'model', None) or '-'!r}",
-    ]
-    settings = None if chosen == "none" else backend_settings(config, registry, chosen)
-    if settings is not None:  # the backend's own keys, as it validated them
-        shown = ", ".join(
-            f"{key}={'**********' if isinstance(value, SecretStr) else value!r}"
-            for key, value in ((k, getattr(settings, k)) for k in setting_fields(type(settings)))
-            if value is not None and value != {}
+# -- agentik db -------------------------------------------------------------------------------
+
+
+def _db(args: argparse.Namespace, config: Config) -> int:
+    from agentik.core.store import care
+    from agentik.core.store.migrations import MIGRATIONS
+
+    path = config.database
+    if path == ":memory:":
+        raise ConfigError(f"{config.source}: storage.path: is :memory:, there is no file")
+    if not os.path.exists(path):
+        raise ConfigError(f"{config.source}: storage.path: no database at {path}")
+    if args.action == "backup":
+        target = care.backup_database(path, args.path)
+        print(f"backed up {path} to {target} ({os.path.getsize(target):,} bytes)")
+        return 0
+    if args.action == "check":
+        report = care.check_database(path)
+        print(f"database: {path}")
+        print(f"schema version: {report.version} (this agentik knows {report.latest})")
+        for note in report.notes:
+            print(f"note: {note}")
+        for problem in report.problems:
+            print(f"problem: {problem}")
+        if report.problems:
+            n = len(report.problems)
+            print(
+                f"agentik: {path}: {n} problem{'s' if n > 1 else ''} found"
+                " (restore a backup; docs/operations.md)",
+                file=sys.stderr,
+            )
+            return 1
+        print("ok: integrity check and foreign key check passed")
+        return 0
+    if args.action == "vacuum":
+        before, after = care.vacuum_database(path)
+        print(f"vacuumed {path}: {before:,} -> {after:,} bytes")
+        return 0
+    current, pending = care.pending_migrations(path)
+    latest = max((m.number for m in MIGRATIONS), default=0)
+    if current > latest:
+        raise AgentikError(
+            f"{path}: schema version {current} is newer than this agentik knows ({latest})"
         )
-        out.append(f"llm.{chosen} settings: {shown}")
-        ignored = ignored_settings(config, registry, chosen)
-        if ignored:
-            out.append(f"llm: ignored (not keys of {chosen!r}): {', '.join(ignored)}")
-    model_path = getattr(backend, "model_path", None)
-    if model_path:  # a local model file
-        out.append(f"llm.model_path: {model_path}")
-        local = [
-            f"{key}: {getattr(backend, key)}"
-            for key in ("n_ctx", "n_threads", "tool_choice")
-            if getattr(backend, key, None) is not None
-        ]
-        if local:
-            out.append("llm." + ", ".join(local))
-    # Keys of the chosen backend's settings: [llm] is validated by its model.
-    base_url = getattr(llm, "base_url", None)
-    if base_url:
-        out.append(f"llm.base_url: {base_url}")
-    api_key = getattr(llm, "api_key", None)
-    out.append(f"llm.api_key: {'**********' if reveal(api_key) else '(not set)'}")
-    if isinstance(backend, NoModelBackend):
-        why = backend.reason or "no model configured"
-        out.append(f"  note: {why}; until then the bot answers with setup instructions")
-    profiles = resolve_profiles(config, registry)
-    for name, profile in profiles.items():
-        where = getattr(profile, "base_url", None)
-        out.append(
-            f"llm.profiles.{name}: {profile.name}, model {getattr(profile, 'model', None) or '-'!r}"
-            + (f" at {where}" if where else "")
-        )
-    out.append(f"storage: {config.database} (synchronous={config.storage.synchronous})")
-    t = config.tools
-    out.append(
-        f"tools: at most {t.max_tool_calls} calls and {t.time_budget:g}s per turn;"
-        f" allowed {', '.join(t.allowed) if t.allowed is not None else 'all'}"
-    )
-    for name, section in config.transports.items():
-        make_transport(registry, name, section, config.source)
-        state = "" if section.enabled else " (disabled)"
-        out.append(f"transport {name}: {section.type}{state}")
-    if not config.transports:
-        out.append("transports: none configured (agentik chat adds a terminal)")
-    out.append(_access_summary(config))
-    print("\n".join(out))
-    for extra in profiles.values():
-        asyncio.run(_aclose(extra))
-    asyncio.run(_aclose(backend))
+    if not pending:
+        print(f"{path}: schema version {current}: up to date, nothing to migrate")
+        return 0
+    verb = "would apply" if args.dry_run else "applying"
+    print(f"{path}: schema version {current}; {verb} {len(pending)} migration(s):")
+    for m in pending:
+        print(f"  {m.number:>3} {m.name}")
+    if args.dry_run:
+        print("dry run: nothing was changed")
+        return 0
+
+    async def migrate() -> None:
+        async with SQLiteStore(path, synchronous=config.storage.synchronous):
+            pass
+
+    asyncio.run(migrate())
+    print(f"{path}: now at schema version {care.read_schema_version(path)}")
     return 0
 
 
@@ -601,14 +655,36 @@ def _plugins(config: Config) -> int:
     return 0
 
 
+async def _rm_reflecting(args: argparse.Namespace, config: Config) -> int:
+    """``conversations rm --reflect``: delete through the agent, so the memory
+    worker reflects on the conversation (within ``[memory] reflect_on_shutdown``)."""
+    from .app import load_registry
+    from .builder import AgentBuilder
+
+    agent = AgentBuilder.from_config(config, load_registry(config)).build()
+    await agent.start()
+    try:
+        await agent.delete_conversation(args.id)
+        await agent.wind_down()
+    finally:
+        await agent.aclose()
+    print(f"deleted {args.id}")
+    return 0
+
+
 async def _conversations(args: argparse.Namespace, config: Config) -> int:
+    if args.action == "rm" and args.reflect:
+        return await _rm_reflecting(args, config)
     async with SQLiteStore(config.database) as store:
         if args.action == "list":
             records = await store.list_conversations(limit=args.limit, offset=args.offset)
             for r in records:
                 n = await store.count_messages(r.id)
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.updated_at))
-                print(f"{r.id}  {when}  {n:>6} msgs  {r.title}")
+                # A child run's conversation (an agent called as a tool) is marked.
+                parent = r.meta.get("parent_conversation_id")
+                mark = f"  ↳ child of {parent} ({r.meta.get('agent')})" if parent else ""
+                print(f"{r.id}  {when}  {n:>6} msgs  {r.title}{mark}")
             return 0
         record = await store.get_conversation(args.id)
         if record is None:
@@ -645,6 +721,11 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
             print(f"# {record.title or record.id}\n")
         for m in messages:
             print(_render_message(m, markdown=markdown))
+        if not markdown:
+            tree = await _run_tree(store, args.id, messages)
+            if tree:
+                print("run tree:")
+                print("\n".join(tree))
         return 0
 
 
@@ -664,6 +745,72 @@ async def _redact(store: Store, args: argparse.Namespace) -> int:
     extra = f"; {done.notes_removed} derived memory note(s) removed" if done.notes_removed else ""
     print(f"redacted message {done.message_id} of {done.conversation_id}{extra}")
     return 0
+
+
+def _tokens(usage: dict[str, int] | None) -> str:
+    if not usage:
+        return ""
+    total = usage.get("total_tokens") or usage.get("prompt_tokens", 0) + usage.get(
+        "completion_tokens", 0
+    )
+    return f" · {total} tokens"
+
+
+async def _run_tree(store: Store, conversation_id: str, messages: list[Any]) -> list[str]:
+    """The run tree of a conversation: its runs, their tool calls and, under each
+    agent call, the child run it started (recursively), with stop reasons and usage."""
+    runs = await store.runs(conversation_id)
+    if not runs:
+        return []
+    lines: list[str] = []
+    children: dict[str | None, list[Any]] = {}
+    for r in runs:
+        children.setdefault(r.parent_call_id if r.parent_run_id else None, []).append(r)
+
+    def head(r: Any) -> str:
+        who = r.agent or "main"
+        return f"{r.run_id} {who}: {r.stop_reason or 'running'}{_tokens(r.usage)}"
+
+    async def calls(run_id: str, msgs: list[Any], kids: dict[str | None, list[Any]],
+                    indent: str) -> None:  # fmt: skip
+        for m in msgs:
+            if m.kind != "tool_call" or m.run_id != run_id:
+                continue
+            started = kids.get(m.tool_call_id, [])
+            if not started:
+                lines.append(f"{indent}· {m.tool_name} [{m.tool_call_id}]")
+            for child in started:
+                where = f" · conversation {child.conversation_id}" if child.conversation_id else ""
+                lines.append(f"{indent}└ {m.tool_name} [{m.tool_call_id}] → {head(child)}{where}")
+                if child.conversation_id:
+                    await subtree(child, indent + "    ")
+
+    async def subtree(run: Any, indent: str) -> None:
+        sub = await store.runs(run.conversation_id)
+        kids: dict[str | None, list[Any]] = {}
+        for r in sub:
+            if r.parent_run_id == run.run_id:
+                kids.setdefault(r.parent_call_id, []).append(r)
+        msgs = await store.messages(run.conversation_id, kinds=["tool_call"], limit=10_000)
+        await calls(run.run_id, msgs, kids, indent)
+
+    by_run = {r.run_id: r for r in runs}
+    for r in runs:
+        if r.conversation_id != conversation_id:
+            continue
+        if r.parent_run_id is None:
+            lines.append(f"{r.run_id} (main): {r.stop_reason or 'running'}{_tokens(r.usage)}")
+        else:
+            parent = by_run.get(r.parent_run_id)
+            up = f" (child of {r.parent_run_id} in {r.parent_conversation_id})"
+            lines.append(head(r) + ("" if parent else up))
+        kids: dict[str | None, list[Any]] = {
+            call: [c for c in started if c.parent_run_id == r.run_id]
+            for call, started in children.items()
+            if call is not None
+        }
+        await calls(r.run_id, messages, kids, "  ")
+    return lines
 
 
 async def _memory(args: argparse.Namespace, config: Config) -> int:

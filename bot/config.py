@@ -21,7 +21,8 @@ import functools
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,6 +39,7 @@ from pydantic import (
 
 from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.agent import AgentSettings
+from agentik.core.agents import AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
 from agentik.core.budgets import BudgetSettings
 from agentik.core.compaction import CompactionPolicy
@@ -45,10 +47,18 @@ from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
 from agentik.core.memory import MemorySettings
 from agentik.core.redaction import RedactionSettings
-from agentik.core.settings import Blank, describe_error, setting_fields, settings_dataclass
+from agentik.core.settings import (
+    Blank,
+    describe_error,
+    known_keys,
+    setting_fields,
+    settings_dataclass,
+)
 from agentik.core.store.sqlite import SQLiteSettings
+from agentik.core.streamprofiles import StreamProfileSettings, resolve_profiles
 from agentik.core.tools.base import TurnPolicy
 from agentik.core.tools.mcp import MCPServerConfig
+from agentik.core.tools.passthrough import PassthroughSpec
 
 from .channel import ChannelOptions
 from .chansettings import ChannelSettings
@@ -59,6 +69,7 @@ __all__ = [
     "LITERT_ENV",
     "AccessSection",
     "AgentSection",
+    "AgentSpec",
     "ApprovalRule",
     "ChannelSettings",
     "CompactionSection",
@@ -68,6 +79,7 @@ __all__ = [
     "MCPSection",
     "MCPServerSection",
     "MemorySection",
+    "MissingVar",
     "PluginsSection",
     "StorageSection",
     "ToolsSection",
@@ -404,6 +416,11 @@ class Config(_Section):
     approvals: list[ApprovalRule] = Field(default_factory=list)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    #: Named agents, called as tools (``[agents.<name>]``; ``[agent] uses`` lists
+    #: the ones the main agent may call).
+    agents: dict[str, AgentSpec] = Field(default_factory=dict)
+    #: Limits of run trees: depth, concurrent child runs, token budgets.
+    runs: RunPolicy = Field(default_factory=RunPolicy)
     #: Usage limits per role, channel and unverified speakers (issue 19).
     budgets: BudgetSettings = Field(default_factory=BudgetSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
@@ -411,6 +428,11 @@ class Config(_Section):
     health: HealthSettings = Field(default_factory=HealthSettings)
     #: Restarting transports whose task failed (issue 21).
     supervision: SupervisionSettings = Field(default_factory=SupervisionSettings)
+    #: Event stream profiles of your own (``[profiles.<name>]``), beside the built-in
+    #: ``chat``, ``debug`` and ``metrics``.
+    profiles: dict[str, StreamProfileSettings] = Field(default_factory=dict)
+    #: ``[[passthrough]]``: tools that call another tool directly, with fixed arguments.
+    passthrough: list[PassthroughSpec] = Field(default_factory=list)
     #: Scrubbing secrets before they are stored (issue 22).
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     #: The file this came from (not a key).
@@ -484,7 +506,22 @@ ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _interpolate(value: Any, env: Mapping[str, str], path: str, source: str) -> Any:
+@dataclasses.dataclass(frozen=True, slots=True)
+class MissingVar:
+    """A ``${VAR}`` that was not set, where it is used (``transports.slack.bot_token``)."""
+
+    name: str
+    key: str
+
+
+def _interpolate(
+    value: Any,
+    env: Mapping[str, str],
+    path: str,
+    source: str,
+    needs: Collection[str] | None = None,
+    missing: list[MissingVar] | None = None,
+) -> Any:
     if isinstance(value, str):
 
         def sub(m: re.Match[str]) -> str:
@@ -495,6 +532,12 @@ def _interpolate(value: Any, env: Mapping[str, str], path: str, source: str) -> 
                 return env[name]
             if default is not None:
                 return default
+            section = re.split(r"[.\[]", path, maxsplit=1)[0]
+            if needs is not None and section not in needs:
+                # A section this command does not use: its unset variable reads as empty.
+                if missing is not None:
+                    missing.append(MissingVar(name, path))
+                return ""
             raise ConfigError(
                 f"{source}: {path}: environment variable {name} is not set"
                 f" (write ${{{name}:-default}} to make it optional)"
@@ -503,10 +546,14 @@ def _interpolate(value: Any, env: Mapping[str, str], path: str, source: str) -> 
         return _VAR.sub(sub, value)
     if isinstance(value, dict):
         return {
-            k: _interpolate(v, env, f"{path}.{k}" if path else k, source) for k, v in value.items()
+            k: _interpolate(v, env, f"{path}.{k}" if path else k, source, needs, missing)
+            for k, v in value.items()
         }
     if isinstance(value, list):
-        return [_interpolate(v, env, f"{path}[{i}]", source) for i, v in enumerate(value)]
+        return [
+            _interpolate(v, env, f"{path}[{i}]", source, needs, missing)
+            for i, v in enumerate(value)
+        ]
     return value
 
 
@@ -530,11 +577,22 @@ def _echo_safe(loc: tuple[Any, ...], data: Mapping[str, Any]) -> bool:
 
 
 def parse_config(
-    data: Mapping[str, Any], *, source: str = "<string>", env: Mapping[str, str] | None = None
+    data: Mapping[str, Any],
+    *,
+    source: str = "<string>",
+    env: Mapping[str, str] | None = None,
+    needs: Collection[str] | None = None,
+    missing: list[MissingVar] | None = None,
 ) -> Config:
-    """Validate already-parsed TOML data (interpolation and overrides applied here)."""
+    """Validate already-parsed TOML data (interpolation and overrides applied here).
+
+    ``needs``: the top-level sections the caller uses (``None``: all).  A
+    ``${VAR}`` that is not set is an error inside them; elsewhere it reads as
+    an empty string and is appended to ``missing`` (so ``agentik
+    conversations list`` runs without a Slack token in the environment).
+    """
     env = os.environ if env is None else env
-    raw = _interpolate(dict(data), env, "", source)
+    raw = _interpolate(dict(data), env, "", source, needs, missing)
     if "source" in raw:  # a field of Config, but not a key: never silently ignore it
         raise ConfigError(f"{source}: source: unknown key")
     for var, (section, key) in ENV_OVERRIDES.items():
@@ -553,12 +611,42 @@ def parse_config(
         errors += exc.errors()
     if not errors:
         known = ("default", *config.llm.profiles)
+        for name, spec in config.agents.items():
+            if spec.model is not None and spec.model not in known:
+                raise ConfigError(
+                    f"{source}: agents.{name}.model: no profile {spec.model!r}; "
+                    f"profiles: {', '.join(known)} (define [llm.profiles.{spec.model}])"
+                )
         for pattern, chan in config.channels.items():
             if chan.model is not None and chan.model not in known:
                 raise ConfigError(
                     f'{source}: channels."{pattern}".model: no profile {chan.model!r}; '
                     f"profiles: {', '.join(known)} (define [llm.profiles.{chan.model}])"
                 )
+        try:
+            known_profiles = resolve_profiles(config.profiles)
+            listed = ", ".join(known_profiles)
+            names = [p.name for p in config.passthrough]
+            for i, name in enumerate(names):
+                if name in names[:i]:
+                    raise ConfigError(
+                        f"passthrough.{i}.name: two passthrough tools are named {name!r}"
+                    )
+            _check_passthrough_approvals(config)
+            for pattern, chan in config.channels.items():
+                if chan.profile is not None and chan.profile not in known_profiles:
+                    raise ConfigError(
+                        f'channels."{pattern}".profile: no profile {chan.profile!r}'
+                        f" (profiles: {listed})"
+                    )
+            for tname, tsec in config.transports.items():
+                tprofile = getattr(tsec, "profile", None)
+                if tprofile is not None and tprofile not in known_profiles:
+                    raise ConfigError(
+                        f"transports.{tname}.profile: no profile {tprofile!r} (profiles: {listed})"
+                    )
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
         try:
             # Identity patterns name transport instances: checked against this file's.
             AccessPolicy(config.access, {n: t.type for n, t in config.transports.items()})
@@ -574,14 +662,64 @@ def parse_config(
     errors.sort(key=section_of)
     first = errors[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    first_desc = describe_error(first, show_input=_echo_safe(tuple(first["loc"]), data))
+    first_desc = describe_error(
+        first, show_input=_echo_safe(tuple(first["loc"]), data), known=_known_at(first["loc"])
+    )
     more = len(errors) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     raise ConfigError(f"{source}: {where}: {first_desc}{tail}") from None
 
 
-def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:
-    """Read, interpolate, override and validate the TOML file at ``path``."""
+def _first_rule(rules: list[ApprovalRule], tool: str) -> ApprovalRule | None:
+    """The first approval rule naming ``tool`` (any channel)."""
+    return next((r for r in rules if any(fnmatchcase(tool, p) for p in r.tools)), None)
+
+
+def _check_passthrough_approvals(config: Config) -> None:
+    """A passthrough must not be a way around an approval its target needs: when the
+    first ``[[approvals]]`` rule naming the target asks for approval, one must name
+    the passthrough too."""
+    for i, spec in enumerate(config.passthrough):
+        target = _first_rule(config.approvals, spec.tool)
+        if target is None or target.approve == "never":
+            continue
+        own = _first_rule(config.approvals, spec.name)
+        if own is None or own.approve == "never":
+            raise ConfigError(
+                f"passthrough.{i}.tool: {spec.tool} needs approval ([[approvals]] tools ="
+                f" {list(target.tools)}), so {spec.name!r} must too: add it to an"
+                f" [[approvals]] rule"
+            )
+
+
+def _known_at(loc: Sequence[Any]) -> list[str]:
+    """The keys valid where an error's key is (for "did you mean")."""
+    loc = tuple(loc)[:-1]
+    if loc[:1] == ("llm",):
+        # [llm] and its profiles take every backend's keys.
+        inner = loc[3:] if loc[1:2] == ("profiles",) else loc[1:]
+        if inner:
+            return []
+        keys = set(LLMSection.model_fields)
+        for model in builtin_llm_settings().values():
+            keys.update(setting_fields(model))
+        return sorted(keys)
+    if loc[:1] == ("transports",) and len(loc) == 2:
+        return [*_bridge_keys(), "type", "enabled"]
+    return known_keys(Config, loc)
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    needs: Collection[str] | None = None,
+    missing: list[MissingVar] | None = None,
+) -> Config:
+    """Read, interpolate, override and validate the TOML file at ``path``.
+
+    ``needs`` and ``missing``: as for :func:`parse_config`.
+    """
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -593,4 +731,4 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-    return parse_config(data, source=str(p), env=env)
+    return parse_config(data, source=str(p), env=env, needs=needs, missing=missing)

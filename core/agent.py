@@ -12,12 +12,13 @@ from typing import Any
 
 from pydantic import Field
 
+from .agents import AGENT_NAME, AgentSpec, AgentTool, RunNode, RunPolicy, Runs
 from .approvals import ApprovalRule, Approvals
 from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation
 from .errors import ConfigError, NotFound
 from .eventbus import Subscription
-from .events import ConversationEnded
+from .events import ConversationEnded, ConversationStarted
 from .health import HealthRegistry
 from .hooks import Hooks
 from .keyedlocks import KeyedLocks
@@ -27,11 +28,13 @@ from .messages import Message
 from .observe import RequestStats
 from .questions import Questions, builtin_tools
 from .redaction import Redaction, RedactionError, tombstone
-from .services import AgentServices, AgentState, kinds_of
+from .services import AgentServices, AgentState, profile_of
 from .settings import settings_dataclass
-from .store.base import ConversationRecord, Store
+from .soul import read_soul
+from .store.base import ConversationRecord, RunRecord, Store
 from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
+from .streamprofiles import BUILTIN_PROFILES, StreamProfile
 from .tools.base import Tool, TurnPolicy
 
 __all__ = ["Agent", "AgentSettings", "AgentState"]
@@ -44,10 +47,12 @@ class AgentSettings:
     """The agent's own settings (the core part of the ``[agent]`` section).
 
     ``event_buffer``: how many recent events each conversation keeps for
-    reconnecting subscribers.
+    reconnecting subscribers.  ``uses``: the named agents (``[agents.<name>]``)
+    the main agent may call, each as the tool ``agent__<name>``.
     """
 
     event_buffer: int = Field(1024, ge=16)
+    uses: tuple[str, ...] = ()
 
 
 _DEFAULTS = AgentSettings()
@@ -103,8 +108,18 @@ class Agent:
         on_start: Iterable[Callable[[Agent], Awaitable[None]]] = (),
         approvals: Approvals | Iterable[ApprovalRule] | None = None,
         profiles: Mapping[str, LLMBackend] | None = None,
+        agents: Mapping[str, AgentSpec] | None = None,
+        uses: Iterable[str] = (),
+        run_policy: RunPolicy | None = None,
+        stream_profiles: Mapping[str, StreamProfile] | None = None,
     ) -> None:
         self.llm = llm
+        #: Event stream profiles subscribers may name (``chat``, ``debug``,
+        #: ``metrics`` and ``[profiles.<name>]``; see :mod:`agentik.core.streamprofiles`).
+        self.stream_profiles: dict[str, StreamProfile] = {
+            **BUILTIN_PROFILES,
+            **(stream_profiles or {}),
+        }
         #: Named model profiles (``[llm.profiles.<name>]``): more backends a
         #: conversation can use instead of :attr:`llm` (see :meth:`llm_for`).
         self.profiles: dict[str, LLMBackend] = dict(profiles or {})
@@ -134,6 +149,18 @@ class Agent:
         self._tools: dict[str, Tool] = {}
         for t in (*tools, *self.memory.tools(), *builtin_tools(self.policy)):
             self.add_tool(t)
+        #: Named agents (``[agents.<name>]``), each offered as the tool ``agent__<name>``
+        #: to the agents that use it (:mod:`agentik.core.agents`).
+        self.agents: dict[str, AgentSpec] = dict(agents or {})
+        #: The agents the main agent may call.
+        self.uses: tuple[str, ...] = tuple(uses)
+        #: Limits of run trees (depth, concurrent children, token budgets).
+        self.run_policy = run_policy or RunPolicy()
+        #: The runs going on now, as a tree (:class:`~agentik.core.agents.Runs`).
+        self.runs = Runs(self)
+        #: Each named agent's system prompt (its ``system_prompt`` and ``soul``).
+        self.agent_prompts: dict[str, str | None] = {}
+        self._add_agents()
         self.toolsets = list(toolsets)
         self._background_fns = list(background)
         self._on_start = list(on_start)
@@ -145,6 +172,12 @@ class Agent:
         self._channel_lock = KeyedLocks()
         #: States of transports, MCP servers and the model (:mod:`agentik.core.health`).
         self.health = HealthRegistry()
+        #: Awaited by :meth:`end_conversation` (``(conversation, reason, channel_key)``),
+        #: before a deleted conversation's rows go: the memory worker reads what
+        #: it will reflect on here.
+        self.end_listeners: list[Callable[[Conversation, str, str | None], Awaitable[None]]] = []
+        #: Awaited by :meth:`wind_down` (a bot's orderly shutdown), before anything closes.
+        self.closing_listeners: list[Callable[[], Awaitable[None]]] = []
 
     def __repr__(self) -> str:
         return f"<Agent {self.state.value} llm={self.llm!r}>"
@@ -183,6 +216,9 @@ class Agent:
             for i, fn in enumerate(self._background_fns):
                 task = asyncio.create_task(self._run_background(fn), name=f"agentik-background:{i}")
                 self._background.append(task)
+            # Let each background coroutine reach its first wait: what it sets up
+            # before (the memory worker's end listeners) is in place on return.
+            await asyncio.sleep(0)
         return self
 
     async def _run_background(self, fn: Callable[[Agent], Awaitable[None]]) -> None:
@@ -223,6 +259,31 @@ class Agent:
         await self.store.aclose()
         self.state = AgentState.CLOSED
 
+    async def wind_down(self) -> None:
+        """An orderly shutdown's first step: run the :attr:`closing_listeners`
+        (the memory worker reflects on conversations with turns not yet
+        reflected on, within its time budget).  :meth:`aclose` follows."""
+        if self.state is not AgentState.RUNNING:
+            return
+        for listener in list(self.closing_listeners):
+            try:
+                await listener()
+            except Exception:
+                log.exception("closing listener %r failed", listener)
+
+    async def end_conversation(
+        self, conv: Conversation, reason: str, *, channel_key: str | None = None
+    ) -> None:
+        """Publish that ``conv`` ended (``reset``, ``deleted``, ``idle``,
+        ``shutdown``) and await the :attr:`end_listeners` (failures are logged)."""
+        key = channel_key or getattr(conv, "channel_key", None)
+        conv.parts.events.emit(ConversationEnded, None, reason=reason, channel_key=key)
+        for listener in list(self.end_listeners):
+            try:
+                await listener(conv, reason, key)
+            except Exception:
+                log.exception("conversation end listener %r failed", listener)
+
     async def __aenter__(self) -> Agent:
         return await self.start()
 
@@ -245,11 +306,84 @@ class Agent:
                     tools.append(t)
         return tools
 
+    def _add_agents(self) -> None:
+        known = self.agents
+        for name, spec in known.items():
+            if not AGENT_NAME.fullmatch(name):
+                raise ConfigError(
+                    f"agents.{name}: not a usable agent name (a letter, then letters,"
+                    " digits, _ or -; at most 48)"
+                )
+            for used in spec.uses:
+                if used not in known:
+                    raise ConfigError(f"agents.{name}.uses: no agent {used!r}{_known(known)}")
+            try:
+                soul = read_soul(spec.soul) if spec.soul else None
+            except ConfigError as exc:
+                raise ConfigError(
+                    str(exc).replace("agent.soul", f"agents.{name}.soul", 1)
+                ) from None
+            prompt = "\n\n".join(p for p in (spec.system_prompt, soul) if p)
+            self.agent_prompts[name] = prompt or None
+            self.add_tool(AgentTool(self, name, spec))
+        for used in self.uses:
+            if used not in known:
+                raise ConfigError(f"agent.uses: no agent {used!r}{_known(known)}")
+
     def add_tool(self, tool: Tool) -> None:
         """Offer ``tool`` to the model; names must be unique."""
         if tool.name in self._tools:
             raise ConfigError(f"two tools are named {tool.name!r}")
         self._tools[tool.name] = tool
+
+    # -- the run tree (agentik.core.agents) ---------------------------------------------
+    def _run_store(self, conversation_id: str) -> Store:
+        conv = self.services.find(conversation_id)
+        return self._temp_store if conv is not None and conv.temp else self.store
+
+    def run_started(self, node: RunNode) -> None:
+        """A child run started: it and its parent are recorded in the run tree when
+        they end (one write each; a child's conversation says whose child it is)."""
+        node.stored = True
+        if node.parent is not None:
+            node.parent.stored = True
+
+    async def store_run_ended(self, node: RunNode, stop_reason: str) -> None:
+        """Record a run of a run tree, ended (``stop_reason``)."""
+        await self._run_store(node.conversation_id).run_add(
+            self.run_record(node, stop_reason=stop_reason)
+        )
+
+    async def store_run_refused(
+        self, parent: RunNode, agent: str, call_id: str | None, stop_reason: str
+    ) -> None:
+        """Record a child run that was not started (``stop_reason`` says why)."""
+        from .conversation import new_run_id
+
+        refused = RunNode(
+            new_run_id(), "", agent=agent, parent=parent, depth=parent.depth + 1, call_id=call_id
+        )
+        self.run_started(refused)
+        await self._run_store(parent.conversation_id).run_add(
+            self.run_record(refused, stop_reason=stop_reason)
+        )
+
+    def run_record(self, node: RunNode, *, stop_reason: str) -> RunRecord:
+        """``node``'s row of the run tree, as it ended."""
+        parent = node.parent
+        return RunRecord(
+            run_id=node.run_id,
+            conversation_id=node.conversation_id or None,
+            parent_run_id=parent.run_id if parent else None,
+            parent_conversation_id=parent.conversation_id if parent else None,
+            parent_call_id=node.call_id,
+            agent=node.agent,
+            depth=node.depth,
+            started=node.started,
+            ended=time.time(),
+            stop_reason=stop_reason,
+            usage=node.usage.to_dict(),
+        )
 
     # -- conversations ---------------------------------------------------------------
     def _wrap(
@@ -297,6 +431,7 @@ class Agent:
         store = self._temp_store if temp else self.store
         await store.create_conversation(record, channel_key=channel_key)
         conv = self._wrap(record, temp=temp, channel_key=channel_key, new=True)
+        conv.parts.events.emit_agent_wide(ConversationStarted, channel_key=channel_key)
         await self.services.session_start(conv)
         return conv
 
@@ -317,6 +452,13 @@ class Agent:
     async def delete_conversation(self, conversation_id: str) -> None:
         """Delete a conversation and everything stored about it."""
         self._check_running()
+        try:
+            ending = await self.get_conversation(conversation_id)
+        except NotFound:
+            ending = None
+        if ending is not None:
+            # Before the rows go: the listeners read what they need (reflection).
+            await self.end_conversation(ending, "deleted")
         conv = self.services.find(conversation_id)
         if conv is not None:
             await self.services.session_end(conv, "deleted")
@@ -437,9 +579,7 @@ class Agent:
             except NotFound:
                 pass
             else:
-                old.parts.events.emit(
-                    ConversationEnded, None, reason="reset", channel_key=channel_key
-                )
+                await self.end_conversation(old, "reset", channel_key=channel_key)
                 await self.services.session_end(old, "reset")
         return conv
 
@@ -454,6 +594,7 @@ class Agent:
         )
         await self.store.create_conversation(record, channel_key=channel_key)
         conv = self._wrap(record, temp=False, channel_key=channel_key, new=True)
+        conv.parts.events.emit_agent_wide(ConversationStarted, channel_key=channel_key)
         await self.services.session_start(conv)
         return conv
 
@@ -462,7 +603,7 @@ class Agent:
         self,
         *,
         after: int | None = None,
-        profile: str = "debug",
+        profile: str | StreamProfile = "debug",
         kinds: Iterable[str] | None = None,
         max_pending: int | None = None,
     ) -> Subscription:
@@ -471,5 +612,11 @@ class Agent:
         ``after`` is a ``stream_seq``; otherwise as :meth:`Conversation.events`.
         """
         return self.services.subscribe(
-            after=after, kinds=kinds_of(profile, kinds), max_pending=max_pending
+            after=after,
+            profile=profile_of(self.stream_profiles, profile, kinds),
+            max_pending=max_pending,
         )
+
+
+def _known(agents: Mapping[str, AgentSpec]) -> str:
+    return f" (agents: {', '.join(agents)})" if agents else " (no [agents.<name>] is defined)"

@@ -4,15 +4,22 @@
 
 * ``compacted`` → **mining**: the model extracts durable facts from the
   new summary; each new fact becomes a note in the channel's memory scope;
-* ``conversation_ended`` (a channel's ``!new``) → **reflection**: the model
-  writes a short reflection on the finished conversation into the channel's
-  memory.
+* a conversation ending (:meth:`Agent.end_conversation
+  <agentik.core.Agent.end_conversation>`: a channel's ``!new``, a deletion, no
+  turn for ``reflect_after_idle`` seconds, the bot's shutdown) →
+  **reflection**: the model writes a short reflection on the part of the
+  conversation not reflected on yet into the channel's memory.
 
-Each trigger has a (trailing) debounce per conversation: events arriving
-within ``debounce`` seconds of each other cause one job, for the latest
-event.  Jobs run as their own tasks, never inside a turn; a failing job is
-logged and forgotten.  Notes written here have author ``agentik:mining`` or
-``agentik:reflection``.
+What a reflection covers is read when the conversation ends (a deleted
+conversation's rows are still there), and the highest audit-log id it covers
+is kept in the conversation's metadata (``reflected_through``): the same span
+is never reflected on twice.  Mining has a (trailing) debounce per
+conversation: compactions arriving within ``mining_debounce`` seconds of each
+other cause one job, for the latest; a span with fewer than
+``mine_min_turns`` user messages is not mined.  Jobs run as their own tasks,
+never inside a turn; a failing job is logged and forgotten.  Notes written
+here have author ``agentik:mining`` or ``agentik:reflection``; each job that
+saved notes publishes a ``memory_noted`` event.
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ from typing import Any
 
 from .compaction import SUMMARY_PREFIX, _transcript, ask
 from .errors import NotFound
-from .events import Compacted, ConversationEnded, EventBase
+from .events import Compacted, ConversationEnded, EventBase, MemoryNoted
 from .memory import BackgroundPolicy, NoMemory, channel_scope
+from .messages import ChatMessage
 
 __all__ = ["MINING_PROMPT", "REFLECTION_PROMPT", "BackgroundPolicy", "MemoryWorker"]
 
@@ -49,6 +57,30 @@ REFLECTION_PROMPT = (
 )
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.*\S)\s*$")
 
+#: The conversation metadata key of the highest audit-log id reflected on.
+REFLECTED = "reflected_through"
+
+
+class _Ending:
+    """What a reflection covers, read when its conversation ended."""
+
+    __slots__ = ("channel_key", "conversation_id", "messages", "reason", "through", "ts")
+
+    def __init__(
+        self,
+        conversation_id: str,
+        channel_key: str | None,
+        reason: str,
+        messages: list[ChatMessage],
+        through: int,
+    ) -> None:
+        self.conversation_id = conversation_id
+        self.channel_key = channel_key
+        self.reason = reason
+        self.messages = messages
+        self.through = through
+        self.ts = time.time()
+
 
 class MemoryWorker:
     """An agent ``background`` coroutine: ``AgentBuilder().background(MemoryWorker())``."""
@@ -67,6 +99,12 @@ class MemoryWorker:
         #: Jobs of one kind run one at a time: mining reads the notes it has
         #: not to repeat, then writes; two at once would both miss the other's.
         self._serial: dict[str, asyncio.Lock] = {}
+        #: Per conversation: the highest audit-log id a reflection has taken
+        #: (persisted as ``reflected_through`` once it is written).
+        self._claimed: dict[str, int] = {}
+        #: Conversations with a turn since this worker started (shutdown reflects on them).
+        self._active: set[str] = set()
+        self._idle: dict[str, asyncio.Task[None]] = {}
         #: Finished jobs, for status and tests: ``(kind, conversation_id, notes written)``.
         self.done: list[tuple[str, str, int]] = []
         self.changed = asyncio.Condition()
@@ -76,27 +114,147 @@ class MemoryWorker:
         if self.policy.mining:
             kinds.add("compacted")
         if self.policy.reflection:
-            kinds.add("conversation_ended")
+            kinds |= {"turn_started", "turn_ended"}
         return kinds
 
     async def __call__(self, agent: Any) -> None:
         kinds = self._kinds()
         if not kinds or isinstance(agent.memory, NoMemory):
             return
+
+        async def ended(conv: Any, reason: str, channel_key: str | None) -> None:
+            await self._ended(agent, conv, reason, channel_key)
+
+        async def closing() -> None:
+            await self.shutdown(agent)
+
+        if self.policy.reflection:
+            agent.end_listeners.append(ended)
+            agent.closing_listeners.append(closing)
         try:
             async with contextlib.aclosing(agent.events(kinds=kinds)) as events:
                 async for event in events:
-                    self._schedule(agent, event)
+                    if event.kind in ("turn_started", "turn_ended"):
+                        self._activity(agent, event)
+                    else:
+                        self._schedule(agent, event)
         finally:
-            for task in [*self._timers.values(), *self._jobs]:
+            with contextlib.suppress(ValueError):
+                agent.end_listeners.remove(ended)
+            with contextlib.suppress(ValueError):
+                agent.closing_listeners.remove(closing)
+            tasks = [*self._timers.values(), *self._jobs, *self._idle.values()]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._timers.values(), *self._jobs, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
+    # -- reflection triggers ----------------------------------------------------------
+    def _activity(self, agent: Any, event: EventBase) -> None:
+        """A turn started (no idle timer while it runs) or ended (the timer restarts)."""
+        cid = event.conversation_id
+        self._active.add(cid)
+        old = self._idle.pop(cid, None)
+        if old is not None:
+            old.cancel()
+        after = self.policy.reflect_after_idle
+        if event.kind == "turn_ended" and after > 0:
+            self._idle[cid] = asyncio.create_task(
+                self._idle_timer(agent, cid, after), name="agentik-reflect-idle"
+            )
+
+    async def _idle_timer(self, agent: Any, conversation_id: str, after: float) -> None:
+        await self._sleep(after)
+        if self._idle.get(conversation_id) is asyncio.current_task():
+            del self._idle[conversation_id]
+        try:
+            conv = await agent.get_conversation(conversation_id)
+        except Exception:  # deleted meanwhile, or the agent is closing
+            return
+        if conv.busy:
+            return  # a turn is running: its end starts the timer again
+        await agent.end_conversation(conv, "idle")
+
+    async def shutdown(self, agent: Any) -> None:
+        """Reflect on the conversations with turns since their last reflection
+        (``conversation_ended`` reason ``shutdown``) and finish the reflections
+        already pending, within ``reflect_on_shutdown`` seconds: what is left
+        then is cancelled, its span left for the next time."""
+        for task in self._idle.values():
+            task.cancel()
+        self._idle.clear()
+        budget = self.policy.reflect_on_shutdown
+        if budget <= 0:
+            return
+        jobs: list[asyncio.Task[Any]] = []
+        try:
+            async with asyncio.timeout(budget):
+                for cid in sorted(self._active):
+                    try:
+                        conv = await agent.get_conversation(cid)
+                    except Exception:
+                        continue
+                    ending = await self._capture(agent, conv, "shutdown", conv.channel_key)
+                    if ending is None:
+                        continue
+                    conv.parts.events.emit(
+                        ConversationEnded, None, reason="shutdown", channel_key=conv.channel_key
+                    )
+                    jobs.append(asyncio.create_task(self._run_reflection(agent, ending)))
+                self._active.clear()
+                await asyncio.gather(*jobs, *self._jobs)
+        except TimeoutError:
+            log.warning("shutdown: reflection did not finish within %.0fs; left for later", budget)
+        finally:
+            for job in [*jobs, *self._jobs]:
+                job.cancel()
+            await asyncio.gather(*jobs, *self._jobs, return_exceptions=True)
+
+    async def _ended(self, agent: Any, conv: Any, reason: str, channel_key: str | None) -> None:
+        """A conversation ended: read what to reflect on now, reflect in the background."""
+        old = self._idle.pop(conv.id, None)
+        if old is not None and old is not asyncio.current_task():
+            old.cancel()
+        self._active.discard(conv.id)  # a shutdown reflects on it only after new turns
+        ending = await self._capture(agent, conv, reason, channel_key)
+        if ending is None:
+            ending = _Ending(conv.id, channel_key, reason, [], 0)
+        job = asyncio.create_task(self._later_reflection(agent, ending), name="agentik-reflection")
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+
+    async def _capture(
+        self, agent: Any, conv: Any, reason: str, channel_key: str | None
+    ) -> _Ending | None:
+        """The part of ``conv`` not reflected on yet, claimed; ``None`` if nothing happened."""
+        done = self._claimed.get(conv.id)
+        if done is None:
+            stored = await agent.store.get_conversation(conv.id)
+            done = int((stored.meta if stored is not None else {}).get(REFLECTED) or 0)
+        # Answers carry no audit id of their own: they belong with the message
+        # before them (a user message, or a summary: the highest id it covers).
+        span: list[ChatMessage] = []
+        current = through = 0
+        for m in await conv.working_memory():
+            current = m.message_id or current
+            if current > done:
+                span.append(m)
+                through = max(through, current)
+        if not any(m.role == "assistant" for m in span):
+            return None  # nothing happened worth reflecting on
+        self._claimed[conv.id] = through
+        return _Ending(conv.id, channel_key, reason, span, through)
+
+    async def _later_reflection(self, agent: Any, ending: _Ending) -> None:
+        await self._sleep(self.policy.reflection_debounce)
+        await self._run_reflection(agent, ending)
+
+    async def _run_reflection(self, agent: Any, ending: _Ending) -> None:
+        await self._run(agent, "reflection", ending.conversation_id, ending)
+
+    # -- mining ---------------------------------------------------------------------
     def _schedule(self, agent: Any, event: EventBase) -> None:
         if isinstance(event, Compacted) and not event.fallback:
             kind, delay = "mining", self.policy.mining_debounce
-        elif isinstance(event, ConversationEnded):
-            kind, delay = "reflection", self.policy.reflection_debounce
         else:
             return
         key = (kind, event.conversation_id)
@@ -106,35 +264,43 @@ class MemoryWorker:
         task = asyncio.create_task(self._later(agent, kind, event, delay), name=f"agentik-{kind}")
         self._timers[key] = task
 
-    async def _later(self, agent: Any, kind: str, event: EventBase, delay: float) -> None:
+    async def _later(self, agent: Any, kind: str, event: Compacted, delay: float) -> None:
         key = (kind, event.conversation_id)
         try:
             await self._sleep(delay)
         finally:
             if self._timers.get(key) is asyncio.current_task():
                 del self._timers[key]
-        job = asyncio.create_task(self._run(agent, kind, event), name=f"agentik-{kind}-job")
+        job = asyncio.create_task(
+            self._run(agent, kind, event.conversation_id, event), name=f"agentik-{kind}-job"
+        )
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
 
-    async def _run(self, agent: Any, kind: str, event: EventBase) -> None:
+    async def _run(
+        self, agent: Any, kind: str, conversation_id: str, work: Compacted | _Ending
+    ) -> None:
         started = time.monotonic()
         written = 0
         lock = self._serial.setdefault(kind, asyncio.Lock())
         try:
             async with lock, asyncio.timeout(self.policy.timeout):
                 started = time.monotonic()
-                if isinstance(event, Compacted):
-                    written = await self._mine(agent, event)
-                elif isinstance(event, ConversationEnded):
-                    written = await self._reflect(agent, event)
+                if isinstance(work, Compacted):
+                    written = await self._mine(agent, work)
+                else:
+                    written = await self._reflect(agent, work)
         except asyncio.CancelledError:
+            if isinstance(work, _Ending):
+                self._unclaim(work)
             raise
         except Exception as exc:
+            if isinstance(work, _Ending):
+                self._unclaim(work)
             log.warning(
                 "background %s for conversation %s failed: %s: %s",
                 kind,
-                event.conversation_id,
+                conversation_id,
                 type(exc).__name__,
                 exc,
             )
@@ -143,12 +309,12 @@ class MemoryWorker:
             log.info(
                 "background %s for conversation %s: %d note(s) in %.2fs",
                 kind,
-                event.conversation_id,
+                conversation_id,
                 written,
                 time.monotonic() - started,
             )
         async with self.changed:
-            self.done.append((kind, event.conversation_id, written))
+            self.done.append((kind, conversation_id, written))
             self.changed.notify_all()
 
     async def wait_for(self, kind: str, count: int = 1) -> None:
@@ -172,9 +338,33 @@ class MemoryWorker:
             return None
         return text
 
+    def _unclaim(self, ending: _Ending) -> None:
+        """A reflection that did not happen: its span may be taken again."""
+        if self._claimed.get(ending.conversation_id) == ending.through:
+            del self._claimed[ending.conversation_id]
+
+    async def _announce(
+        self, agent: Any, conversation_id: str, source: str, ids: list[int], key: str | None
+    ) -> None:
+        """Publish ``memory_noted`` on the conversation (if it still exists)."""
+        if not ids:
+            return
+        try:
+            conv = await agent.get_conversation(conversation_id)
+        except Exception:
+            return
+        conv.parts.events.emit(
+            MemoryNoted,
+            None,
+            count=len(ids),
+            note_ids=tuple(ids),
+            source=source,
+            channel_key=key or conv.channel_key,
+        )
+
     async def _mine(self, agent: Any, event: Compacted) -> int:
         summary = event.summary.removeprefix(SUMMARY_PREFIX).strip()
-        if not summary:
+        if not summary or event.user_turns < self.policy.mine_min_turns:
             return 0
         answer = await self._ask(
             agent,
@@ -189,7 +379,7 @@ class MemoryWorker:
         known = {
             " ".join(n.text.lower().split()) for n in await agent.memory.list([scope], limit=500)
         }
-        written = 0
+        ids: list[int] = []
         for fact in facts[: self.policy.max_facts]:
             norm = " ".join(fact.lower().split())
             if norm in known:
@@ -197,29 +387,49 @@ class MemoryWorker:
             known.add(norm)
             note = await agent.memory.save(scope, fact, author="agentik:mining")
             await _record_source(agent, note.id, event.conversation_id)
-            written += 1
+            ids.append(note.id)
+        await self._announce(agent, event.conversation_id, "mining", ids, None)
+        return len(ids)
+
+    async def _reflect(self, agent: Any, ending: _Ending) -> int:
+        if not ending.messages:
+            return 0
+        answer = await self._ask(
+            agent, REFLECTION_PROMPT, _transcript(ending.messages), max_tokens=300
+        )
+        written = 0
+        if answer is not None:
+            scope = await self._scope(agent, ending.conversation_id, ending.channel_key)
+            day = time.strftime("%Y-%m-%d", time.gmtime(ending.ts))
+            note = await agent.memory.save(
+                scope,
+                f"Reflection ({day}, conversation {ending.conversation_id}): {answer}",
+                author="agentik:reflection",
+            )
+            written = 1
+            await _record_source(agent, note.id, ending.conversation_id)
+            await self._announce(
+                agent, ending.conversation_id, "reflection", [note.id], ending.channel_key
+            )
+        await self._mark(agent, ending)
         return written
 
-    async def _reflect(self, agent: Any, event: ConversationEnded) -> int:
-        try:
-            conv = await agent.get_conversation(event.conversation_id)
-        except NotFound:
-            return 0
-        messages = await conv.working_memory()
-        if not any(m.role == "assistant" for m in messages):
-            return 0  # nothing happened worth reflecting on
-        answer = await self._ask(agent, REFLECTION_PROMPT, _transcript(messages), max_tokens=300)
-        if answer is None:
-            return 0
-        scope = await self._scope(agent, event.conversation_id, event.channel_key)
-        day = time.strftime("%Y-%m-%d", time.gmtime(event.ts or time.time()))
-        note = await agent.memory.save(
-            scope,
-            f"Reflection ({day}, conversation {conv.id}): {answer}",
-            author="agentik:reflection",
-        )
-        await _record_source(agent, note.id, event.conversation_id)
-        return 1
+    async def _mark(self, agent: Any, ending: _Ending) -> None:
+        """Keep ``reflected_through`` in the conversation's metadata; once it is
+        there (or the conversation is gone) the in-memory claim is dropped."""
+        cid = ending.conversation_id
+        record = await agent.store.get_conversation(cid)
+        if record is None:
+            try:
+                await agent.get_conversation(cid)
+            except NotFound:
+                self._unclaim(ending)  # deleted: nothing left to reflect on twice
+            return  # a temporary conversation: the claim is its only record
+        if int(record.meta.get(REFLECTED) or 0) < ending.through:
+            await agent.store.update_conversation(
+                cid, meta={**record.meta, REFLECTED: ending.through}
+            )
+        self._unclaim(ending)
 
 
 async def _record_source(agent: Any, note_id: int, conversation_id: str) -> None:

@@ -485,6 +485,10 @@ class Compactor:
             summary=text,
             reason=reason,
             fallback=fallback,
+            user_turns=sum(
+                m.role == "user" and not str(m.content or "").startswith(SUMMARY_PREFIX)
+                for m in old
+            ),
         )
 
     async def _summarise(

@@ -23,26 +23,46 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ClosedError, PromptRefused
 from .eventbus import Subscription
-from .events import Compacted, TextDelta, TurnEnded, TurnStarted
+from .events import (
+    Compacted,
+    RunStreamEnd,
+    StatusChanged,
+    StatusState,
+    TextDelta,
+    TurnEnded,
+    TurnStarted,
+)
 from .hooks import Refuse
-from .messages import ChatMessage, Message, MessageKind, NewMessage
-from .services import AgentServices, ConversationEvents, ConversationParts, kinds_of
+from .messages import ChatMessage, Message, MessageKind, NewMessage, Usage
+from .services import AgentServices, ConversationEvents, ConversationParts, profile_of
 from .store.base import ConversationRecord, Store, TurnEnd
+from .streamprofiles import StreamProfile
 from .tools.base import TurnPolicy
-from .turn import TurnRunner
+from .turn import Steered, TurnRunner
 from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
     from .agent import Agent
     from .questions import Question
 
-__all__ = ["RESUME_MODES", "Capabilities", "Conversation", "ConversationState", "ResumeMode"]
+__all__ = [
+    "BUSY_MODES",
+    "RESUME_MODES",
+    "BusyMode",
+    "Capabilities",
+    "Conversation",
+    "ConversationState",
+    "ConversationStatus",
+    "ResumeMode",
+    "Sent",
+    "new_run_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +82,69 @@ class Capabilities:
     image_out: bool = False
 
 
+#: What a message that arrives while a turn runs does (:meth:`Conversation.submit`):
+#: ``queue`` waits for its own turn, ``steer`` joins the running turn at its next
+#: model request (else it queues), ``interrupt`` stops the running turn and gets a
+#: new one.
+BusyMode = Literal["queue", "steer", "interrupt"]
+BUSY_MODES: tuple[str, ...] = ("queue", "steer", "interrupt")
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What :meth:`Conversation.submit` did with a message: the run that answers it,
+    whether it joined the running turn (``steered``), whether it stopped one."""
+
+    run_id: str
+    steered: bool = False
+    interrupted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationStatus:
+    """What a conversation is doing now (:meth:`Conversation.status`)."""
+
+    conversation_id: str
+    state: StatusState
+    #: The running turn (``None`` when idle).
+    run_id: str | None = None
+    #: The tool calls running (by name).
+    tools: tuple[str, ...] = ()
+    #: Turns waiting behind the running one.
+    queued: int = 0
+    #: Tokens the running turn used so far (every model request of it).
+    usage: Usage = field(default_factory=Usage)
+    #: Model requests the running turn made so far.
+    requests: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "conversation_id": self.conversation_id,
+            "state": self.state,
+            "run_id": self.run_id,
+            "tools": list(self.tools),
+            "queued": self.queued,
+            "usage": self.usage.to_dict(),
+            "requests": self.requests,
+        }
+
+    def line(self) -> str:
+        """One line for a chat channel."""
+        state = self.state.replace("_", " ")
+        if self.tools:
+            state += f" ({', '.join(self.tools)})"
+        parts = [state]
+        if self.run_id:
+            u = self.usage
+            parts.append(
+                f"run {self.run_id}, {self.requests} model requests, "
+                f"{u.prompt_tokens}+{u.completion_tokens} tokens"
+            )
+        if self.queued:
+            parts.append(f"{self.queued} queued")
+        return " · ".join(parts)
+
+
 @dataclass(slots=True)
 class _Pending:
     run_id: str
@@ -73,6 +156,10 @@ class _Pending:
     resumed: bool = False
     #: Which tools this turn may offer, within the policy (``None``: all it allows).
     allow_tool: Callable[[str], bool] | None = None
+    #: The run the message's audit-log row is linked to, when not ``run_id``: a
+    #: steering message the turn it was sent into did not reach (so it is not
+    #: taken for a message a crash left out).
+    message_run_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -83,6 +170,7 @@ class _Job:
     done: asyncio.Future[Any]
     #: A job answers no user message itself.
     run_id: None = None
+    message_run_id: None = None
 
 
 #: What to do with a message a crash left unanswered (see :meth:`Conversation.resume`).
@@ -93,7 +181,8 @@ RESUME_MODES: tuple[str, ...] = ("answer", "note", "drop")
 MAX_SPEAKERS = 32
 
 
-def _new_run_id() -> str:
+def new_run_id() -> str:
+    """A fresh run id (``run_`` and 20 hex digits)."""
     return f"run_{uuid.uuid4().hex[:20]}"
 
 
@@ -129,6 +218,9 @@ class Conversation:
         #: The model profile (``[llm.profiles.<name>]``) this conversation's turns
         #: use; ``None``: the agent's main backend.  Read at each request.
         self.llm_profile: str | None = None
+        #: Replaces the agent's system prompt in this conversation's requests (a
+        #: named agent's own prompt, for a child run); ``None``: the agent's.
+        self.system_prompt: str | None = None
         self.state = ConversationState.OPEN
         self._store = store
         self._queue: deque[_Pending | _Job] = deque()
@@ -147,6 +239,8 @@ class Conversation:
         self._resumed: set[str] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        #: The last state reported by a ``status_changed`` event.
+        self._state: StatusState = "idle"
 
     def __repr__(self) -> str:
         return f"<Conversation {self.id} {self.title!r}{' temp' if self.temp else ''}>"
@@ -189,7 +283,7 @@ class Conversation:
         """Whether the running turn waits for a person: a question (``ask_user``)
         or an approval (the ``awaiting_human`` state)."""
         return self._services.questions.waiting(self.id) or (
-            self._runner is not None and self._runner.waiting_for_human()
+            self._runner is not None and self._runner.is_awaiting_human()
         )
 
     def pending_questions(self) -> list[Question]:
@@ -217,6 +311,51 @@ class Conversation:
             raise PromptRefused(outcome.message)
         return await questions.answer(self.id, outcome, author=author, author_id=author_id)
 
+    # -- status ---------------------------------------------------------------------
+    def status(self) -> ConversationStatus:
+        """What this conversation is doing now: its state, running turn, tools, queue
+        length and the running turn's usage so far."""
+        runner = self._runner
+        if runner is None or self._state == "idle":
+            return ConversationStatus(self.id, "idle", queued=self.queued)
+        return ConversationStatus(
+            self.id,
+            self._state,
+            run_id=runner.run_id,
+            tools=tuple(runner.running_tools),
+            queued=self.queued,
+            usage=runner.state.usage,
+            requests=runner.requests,
+        )
+
+    def _report(self, runner: TurnRunner) -> None:
+        """A turn changed what it does: publish ``status_changed`` if the state moved."""
+        if runner.finished:
+            if self.queued:
+                return  # the next turn says ``running``
+            state: StatusState = "idle"
+        else:
+            state = runner.status_state
+        if state == self._state:
+            return
+        previous, self._state = self._state, state
+        self._event_stream().emit(
+            StatusChanged, runner.run_id, state=state, previous=previous,
+            tools=tuple(runner.running_tools), queued=self.queued,
+        )  # fmt: skip
+
+    @contextlib.contextmanager
+    def waiting_for_human(self) -> Iterator[None]:
+        """Mark the running turn as waiting for a person while inside (state
+        ``awaiting_human``; its time budget is paused).  Tools that ask someone
+        (an approval, a question) wrap the wait in it; no-op when no turn runs."""
+        runner = self._runner
+        if runner is None:
+            yield
+            return
+        with runner.waiting_for_human():
+            yield
+
     def _check_open(self) -> None:
         if self.state is ConversationState.CLOSED:
             raise ClosedError(f"conversation {self.id} is closed")
@@ -231,6 +370,8 @@ class Conversation:
         author_id: str | None = None,
         channel: str | None = None,
         allow_tool: Callable[[str], bool] | None = None,
+        run_id: str | None = None,
+        busy: BusyMode = "queue",
     ) -> str:
         """Record ``content`` as a user message and queue a turn; return its run id.
 
@@ -245,20 +386,138 @@ class Conversation:
         When the running turn waits for an answer (``ask_user``) that this
         author may give, ``content`` answers it instead (see :meth:`answer`) and
         the waiting turn's run id is returned.
+        ``run_id``: the turn's run id, when the caller picked it (a child run's).
+        ``busy`` says what happens when a turn is running (see :meth:`submit`;
+        a steered message returns the running turn's run id).
         """
+        sent = await self.submit(
+            content, author=author, author_id=author_id, channel=channel,
+            allow_tool=allow_tool, busy=busy, run_id=run_id,
+        )  # fmt: skip
+        return sent.run_id
+
+    async def steer(
+        self,
+        content: str,
+        *,
+        author: str | None = None,
+        author_id: str | None = None,
+        channel: str | None = None,
+        allow_tool: Callable[[str], bool] | None = None,
+    ) -> str | None:
+        """Send ``content`` into the running turn; its run id, or ``None`` (nothing
+        recorded) when no turn can take it (see :meth:`submit`, ``busy="steer"``)."""
+        sent = await self._submit(
+            content, author=author, author_id=author_id, channel=channel,
+            allow_tool=allow_tool, busy="steer", fallback=False,
+        )  # fmt: skip
+        return sent.run_id if sent is not None else None
+
+    async def submit(
+        self,
+        content: str,
+        *,
+        author: str | None = None,
+        author_id: str | None = None,
+        channel: str | None = None,
+        allow_tool: Callable[[str], bool] | None = None,
+        busy: BusyMode = "queue",
+        run_id: str | None = None,
+    ) -> Sent:
+        """Like :meth:`send`, saying what became of the message (:class:`Sent`).
+
+        ``busy`` applies when a turn is running: ``queue`` (the default) queues
+        a turn; ``steer`` records the message at once, linked to the running
+        run, and adds it to the working memory before that turn's next model
+        request (after the tool calls running now) — when the turn can no
+        longer make one (it is streaming what may be its final answer, others
+        are queued behind it, or the speaker's tool rights differ from the
+        turn's asker's), the message is queued as its own turn instead, and
+        one the turn did not reach (it was stopped or failed first) becomes
+        the next turn; ``interrupt`` queues the turn and stops the running one
+        (its partial answer kept, marked interrupted).
+        """
+        sent = await self._submit(
+            content, author=author, author_id=author_id, channel=channel,
+            allow_tool=allow_tool, busy=busy, fallback=True, run_id=run_id,
+        )  # fmt: skip
+        assert sent is not None
+        return sent
+
+    def _steerable(self, author_id: str | None, allow_tool: Callable[[str], bool] | None) -> bool:
+        runner = self._runner
+        if runner is None or not runner.steer_open or self.queued:
+            return False
+        data = runner.message.data if isinstance(runner.message.data, dict) else {}
+        # Tools run with the turn's asker's rights: another speaker steers only
+        # when nobody's tools are narrowed.
+        same = author_id is not None and data.get("author_id") == author_id
+        return same or (allow_tool is None and runner.allow_tool is None)
+
+    async def _submit(
+        self,
+        content: str,
+        *,
+        author: str | None,
+        author_id: str | None,
+        channel: str | None,
+        allow_tool: Callable[[str], bool] | None,
+        busy: BusyMode,
+        fallback: bool,
+        run_id: str | None = None,
+    ) -> Sent | None:
         self._check_open()
         if not isinstance(content, str):
             raise TypeError("content must be a str")
+        if busy not in BUSY_MODES:
+            raise ValueError(f"unknown busy mode {busy!r} (known: {', '.join(BUSY_MODES)})")
         if self._services.questions.waiting(self.id):
             # The turn asked (ask_user): the asked person's message is the answer.
             answered = await self.answer(content, author=author, author_id=author_id)
             if answered is not None:
-                return answered.run_id
+                return Sent(answered.run_id)
         outcome = await self._services.hooks.before_prompt(self, content, author, author_id)
         if isinstance(outcome, Refuse):
             raise PromptRefused(outcome.message)
         content = self._scrub("user", outcome)
-        run_id = _new_run_id()
+        runner = self._runner
+        if busy == "steer" and runner is not None and self._steerable(author_id, allow_tool):
+            now = time.time()
+            data: dict[str, Any] = {"steered": True}
+            if author_id:
+                data["author_id"] = author_id
+            entry = NewMessage(
+                kind="user", content=content, author=author,
+                channel=channel or self.channel_key, run_id=runner.run_id, data=data,
+                created_at=now,
+            )  # fmt: skip
+            self._add_speaker(author_id)
+            committed = asyncio.ensure_future(
+                self._store.append(self.id, log=[entry], updated_at=now)
+            )
+            taken = runner.steer(Steered(content, author, committed))
+            assert taken  # checked just above, with no await in between
+            await asyncio.shield(committed)
+            self.updated_at = now
+            return Sent(runner.run_id, steered=True)
+        if not fallback:
+            return None
+        run_id = await self._queue_message(content, author, author_id, channel, allow_tool, run_id)
+        stopped = False
+        if busy == "interrupt" and runner is not None and self._runner is runner:
+            stopped = await self.interrupt()
+        return Sent(run_id, interrupted=stopped)
+
+    async def _queue_message(
+        self,
+        content: str,
+        author: str | None,
+        author_id: str | None,
+        channel: str | None,
+        allow_tool: Callable[[str], bool] | None,
+        run_id: str | None = None,
+    ) -> str:
+        run_id = run_id or new_run_id()
         now = time.time()
         entry = NewMessage(
             kind="user",
@@ -376,11 +635,13 @@ class Conversation:
             )
         except Exception:
             emit(TurnEnded, m.run_id, stop_reason="error")
+            emit(RunStreamEnd, m.run_id)
             raise
         emit(TextDelta, m.run_id, text=text)
         await self._services.approvals.run_ended(self.parts, m.run_id or "")
         await self._services.questions.run_ended(self.parts, m.run_id or "")
         emit(TurnEnded, m.run_id, stop_reason="stop", text=text)
+        emit(RunStreamEnd, m.run_id)
 
     async def _resume_drop(self, m: Message, outcome: str) -> None:
         await self._store.append(self.id, ended=TurnEnd(m.run_id or "", outcome))
@@ -503,6 +764,7 @@ class Conversation:
                     in_memory=pending.in_memory,
                     resumed=pending.resumed,
                     allow_tool=pending.allow_tool,
+                    on_status=self._report,
                 )
                 self._runner = runner
                 self._current = asyncio.create_task(
@@ -513,7 +775,17 @@ class Conversation:
                 finally:
                     self._queue.popleft()
                     self._runner = self._current = None
+                    # Steering messages the turn ended before reaching: the next turns.
+                    for item in reversed(runner.take_steered()):
+                        self._queue.appendleft(
+                            _Pending(
+                                new_run_id(), item.content, item.author, item.committed,
+                                allow_tool=pending.allow_tool, message_run_id=runner.run_id,
+                            )
+                        )  # fmt: skip
         finally:
+            if self._state != "idle" and not self._queue:
+                self._state = "idle"  # the turn never reported its end (cancelled early)
             self._worker = None
             self._services.mark_idle(self)
             if not self._queue:
@@ -577,6 +849,13 @@ class Conversation:
         await self._idle.wait()
 
     # -- events ---------------------------------------------------------------
+    def link(self, *, parent_run_id: str, relay_to: ConversationEvents) -> None:
+        """Make this a child run's conversation: its events name ``parent_run_id``
+        as their parent and are relayed into ``relay_to`` (the parent's stream)."""
+        events = self._event_stream()
+        events.parent_run_id = parent_run_id
+        events.relay_to = relay_to
+
     def _event_stream(self) -> ConversationEvents:
         if self._events is None:
             # It holds this conversation: while subscribed to, it stays in memory.
@@ -592,7 +871,7 @@ class Conversation:
         self,
         *,
         after: int | None = None,
-        profile: str = "debug",
+        profile: str | StreamProfile = "debug",
         kinds: Iterable[str] | None = None,
         max_pending: int | None = None,
     ) -> Subscription:
@@ -600,13 +879,18 @@ class Conversation:
 
         With ``after=seq`` a reconnecting subscriber first receives the
         buffered events it missed, or an ``events_lost`` notice if the buffer
-        no longer reaches back that far.  ``profile`` picks a kind set from
-        :data:`~agentik.core.events.PROFILES` (``chat``, ``debug``,
-        ``metrics``); ``kinds`` overrides it.  ``max_pending`` bounds how far
-        this subscriber may fall behind before it is told and cut off.
+        no longer reaches back that far.  ``profile`` names a stream profile
+        of the agent (``chat``, ``debug``, ``metrics`` or a ``[profiles.<name>]``;
+        :mod:`~agentik.core.streamprofiles`) or is a
+        :class:`~agentik.core.streamprofiles.StreamProfile`; an unknown name
+        raises ``UnknownProfileError`` (a ``ValueError``); ``kinds`` overrides
+        it.  ``max_pending`` bounds how far this subscriber may fall behind
+        before it is told and cut off.
         """
         return self._event_stream().subscribe(
-            after=after, kinds=kinds_of(profile, kinds), max_pending=max_pending
+            after=after,
+            profile=profile_of(self.agent.stream_profiles, profile, kinds),
+            max_pending=max_pending,
         )
 
     # -- history and working memory ------------------------------------------------

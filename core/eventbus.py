@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 
 from .events import Event, EventsLost
+from .streamprofiles import StreamProfile
 
 __all__ = ["EventBus", "Subscription"]
 
@@ -25,16 +26,17 @@ class Subscription(AsyncIterator[Event]):
     ``EventsLost`` event when the subscriber fell too far behind.
     """
 
-    __slots__ = ("_bus", "_closed", "_kinds", "_last_key", "_max_pending", "_pending", "_wakeup")
+    __slots__ = ("_bus", "_closed", "_last_key", "_max_pending", "_pending", "_profile", "_wakeup")
 
     def __init__(
         self,
         bus: EventBus,
-        kinds: frozenset[str] | None,
+        profile: StreamProfile | None,
         max_pending: int,
     ) -> None:
         self._bus = bus
-        self._kinds = kinds
+        # None: every event as it is (the debug profile needs no filter).
+        self._profile = None if profile is None or profile.passes_everything else profile
         self._max_pending = max_pending
         self._pending: deque[Event] = deque()
         self._wakeup = asyncio.Event()
@@ -44,8 +46,11 @@ class Subscription(AsyncIterator[Event]):
     def _push(self, event: Event) -> None:
         if self._closed:
             return
-        if self._kinds is not None and event.kind not in self._kinds:
-            return
+        if self._profile is not None:
+            admitted = self._profile.admit(event)
+            if admitted is None:
+                return
+            event = admitted
         if len(self._pending) >= self._max_pending:
             # Too slow: drop the backlog, say so, and end this subscription.
             self._pending.clear()
@@ -132,8 +137,12 @@ class EventBus:
         after: int | None = None,
         kinds: Iterable[str] | None = None,
         max_pending: int | None = None,
+        profile: StreamProfile | None = None,
     ) -> Subscription:
         """Subscribe to live events; with ``after``, first replay what was missed.
+
+        ``profile`` filters (and may trim) what this subscriber gets;
+        ``kinds`` is a profile of just those kinds.
 
         If the buffer no longer holds every event after ``after`` (or ``after``
         is ahead of this process's sequence, e.g. from before a restart), the
@@ -142,7 +151,9 @@ class EventBus:
         (default: the bus's); past it the subscriber is told and cut off.
         """
         limit = self._max_pending if max_pending is None else max(1, max_pending)
-        sub = Subscription(self, frozenset(kinds) if kinds is not None else None, limit)
+        if kinds is not None:
+            profile = StreamProfile(name="kinds", kinds=frozenset(kinds))
+        sub = Subscription(self, profile, limit)
         sub._last_key = after if after is not None else self.last_key
         if after is not None:
             # The first event still buffered (one past the last if none is).

@@ -19,9 +19,11 @@ same envelope:
 ``event_to_dict``/``event_from_dict`` (and the JSON twins) round-trip every
 event losslessly, so the same shapes go to transports, the HTTP API and logs.
 
-Subscribers choose a *profile* — a set of kinds — with :data:`PROFILES`:
-``chat`` (text and short tool notices), ``debug`` (everything) and
-``metrics`` (usage and lifecycle).
+Subscribers choose a *profile* (:mod:`agentik.core.streamprofiles`):
+``chat`` (text and short tool notices), ``debug`` (everything),
+``metrics`` (usage and lifecycle: per-request ``usage`` and
+``status_changed`` are in ``metrics`` and ``debug``, not in ``chat``) or
+one declared in the configuration.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from .messages import Usage
+from .streamprofiles import BUILTIN_PROFILES
 
 __all__ = [
     "EVENT_TYPES",
@@ -41,16 +44,22 @@ __all__ = [
     "ChildRunLinked",
     "Compacted",
     "ConversationEnded",
+    "ConversationStarted",
     "Error",
     "Event",
     "EventBase",
     "EventsLost",
     "Interrupted",
+    "MemoryNoted",
     "QuestionAnswered",
     "QuestionAsked",
     "ReasoningDelta",
     "ReasoningStarted",
+    "RequestUsage",
     "ResponseStarted",
+    "RunStreamEnd",
+    "StatusChanged",
+    "StatusState",
     "TextDelta",
     "TodoUpdated",
     "ToolCallEnded",
@@ -68,9 +77,20 @@ __all__ = [
 #: the turn's ``max_answer_chars`` (``length``), was interrupted, ran out of
 #: its time budget, failed, a plugin aborted it (``aborted``, from the
 #: ``after_response`` hook), or the model kept calling tools after the turn's
-#: tool calls were used up (``tool_limit``).
+#: tool calls were used up (``tool_limit``), a token budget of the run or of its
+#: run tree was used up (``token_budget``), or a child run was refused because
+#: the run tree is as deep as allowed (``depth_limit``, recorded for the refused
+#: child in the run tree).
 StopReason = Literal[
-    "stop", "length", "interrupted", "time_budget", "error", "aborted", "tool_limit"
+    "stop",
+    "length",
+    "interrupted",
+    "time_budget",
+    "error",
+    "aborted",
+    "tool_limit",
+    "token_budget",
+    "depth_limit",
 ]
 
 
@@ -150,11 +170,26 @@ class ToolCallEnded(EventBase):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ChildRunLinked(EventBase):
-    """A child run (sub-agent) was started for the tool call ``call_id``."""
+    """A child run (sub-agent) was started for the tool call ``call_id``.
+
+    Emitted by the parent run (``run_id``) in the parent's conversation;
+    ``agent`` is the called agent's name and ``child_conversation_id`` the
+    conversation the child runs in (its events are also relayed into the
+    parent's stream, carrying ``run_id = child_run_id``).
+    """
 
     kind: Literal["child_run_linked"] = field(default="child_run_linked", init=False)
     child_run_id: str
     call_id: str | None = None
+    agent: str | None = None
+    child_conversation_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunStreamEnd(EventBase):
+    """No more events will appear for the run ``run_id`` (after its ``turn_ended``)."""
+
+    kind: Literal["run_stream_end"] = field(default="run_stream_end", init=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -225,14 +260,44 @@ class Compacted(EventBase):
     summary: str = ""
     reason: str = "budget"
     fallback: bool = False
+    #: User messages among the ``messages`` summarised (mining's ``mine_min_turns``).
+    user_turns: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ConversationEnded(EventBase):
-    """The conversation ended: ``reset`` (its channel moved on to a new one, ``!new``)."""
+    """The conversation ended, for ``reason``: ``reset`` (its channel moved on to a
+    new one, ``!new``), ``deleted`` (emitted before its rows go), ``idle`` (no turn
+    for ``[memory] reflect_after_idle``; a later message goes on in the same
+    conversation) or ``shutdown`` (the bot stopped with turns not yet reflected on).
+    ``channel_key`` is the channel it was bound to, if any."""
 
     kind: Literal["conversation_ended"] = field(default="conversation_ended", init=False)
     reason: str = "reset"
+    channel_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConversationStarted(EventBase):
+    """A conversation was created; ``channel_key`` is the channel it is bound to, if any.
+
+    Published on the agent's stream only (``seq`` 0): a conversation's own
+    stream starts with its first turn."""
+
+    kind: Literal["conversation_started"] = field(default="conversation_started", init=False)
+    channel_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryNoted(EventBase):
+    """Background memory work saved ``count`` notes (``note_ids``) from this
+    conversation: ``source`` is ``reflection`` or ``mining``.  A channel with
+    ``announce`` on is told ("noted 3 facts — !memory to review")."""
+
+    kind: Literal["memory_noted"] = field(default="memory_noted", init=False)
+    count: int = 0
+    note_ids: tuple[int, ...] = ()
+    source: str = "reflection"
     channel_key: str | None = None
 
 
@@ -345,6 +410,45 @@ class ToolProgress(EventBase):
     elapsed: float = 0.0
 
 
+#: What a conversation is doing (:meth:`Conversation.status`): no turn
+#: (``idle``), a turn between steps (``running``), a model request streaming
+#: (``streaming``), tool calls running (``executing_tools``), or waiting for a
+#: person (an approval: ``awaiting_human``).
+StatusState = Literal["idle", "running", "streaming", "executing_tools", "awaiting_human"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StatusChanged(EventBase):
+    """The conversation's state changed from ``previous`` to ``state``.
+
+    ``tools`` names the tool calls running (in ``executing_tools`` and
+    ``awaiting_human``); ``queued`` counts the turns waiting behind this one.
+    The last ``idle`` of a turn comes just before its ``turn_ended`` (when no
+    other turn is queued).
+    """
+
+    kind: Literal["status_changed"] = field(default="status_changed", init=False)
+    state: StatusState = "idle"
+    previous: StatusState = "idle"
+    tools: tuple[str, ...] = ()
+    queued: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RequestUsage(EventBase):
+    """The tokens of one model request of the run (``turn_ended`` has the total).
+
+    ``model`` and ``backend`` name what answered it; ``request`` counts the
+    run's requests from 1.  The usage is zero when the backend reported none.
+    """
+
+    kind: Literal["usage"] = field(default="usage", init=False)
+    usage: Usage = dataclasses.field(default_factory=Usage)
+    model: str = ""
+    backend: str = ""
+    request: int = 1
+
+
 #: Every event, as one union discriminated by ``kind``: a type checker narrows
 #: ``event: Event`` to one class on ``if event.kind == "text_delta": ...``.
 Event = (
@@ -356,18 +460,23 @@ Event = (
     | ToolCallStarted
     | ToolCallEnded
     | ChildRunLinked
+    | RunStreamEnd
     | TurnEnded
     | Interrupted
     | Error
     | EventsLost
     | Compacted
     | ConversationEnded
+    | ConversationStarted
+    | MemoryNoted
     | ApprovalRequested
     | ApprovalResolved
     | QuestionAsked
     | QuestionAnswered
     | TodoUpdated
     | ToolProgress
+    | StatusChanged
+    | RequestUsage
 )
 
 #: The event classes of :data:`Event`, in order.
@@ -381,34 +490,12 @@ def _kind_of(cls: type[EventBase]) -> str:
 
 _BY_KIND: dict[str, type[Event]] = {_kind_of(cls): cls for cls in EVENT_TYPES}
 
-_LIFECYCLE = frozenset(
-    {
-        "turn_started",
-        "turn_ended",
-        "interrupted",
-        "error",
-        "events_lost",
-        "compacted",
-        "conversation_ended",
-    }
-)
-
-#: Named subscriber profiles: the kinds each one receives.
+#: The built-in profiles' kinds, by name (``debug``: every kind).  Profiles as
+#: values — child runs and usage included or not, custom ones from the
+#: configuration — are :class:`~agentik.core.streamprofiles.StreamProfile`.
 PROFILES: dict[str, frozenset[str]] = {
-    "debug": frozenset(_BY_KIND),
-    "chat": _LIFECYCLE
-    | {
-        "text_delta",
-        "tool_call_started",
-        "tool_call_ended",
-        "approval_requested",
-        "approval_resolved",
-        "question_asked",
-        "question_answered",
-        "todo_updated",
-        "tool_progress",
-    },
-    "metrics": _LIFECYCLE | {"tool_call_ended", "child_run_linked", "approval_resolved"},
+    name: frozenset(_BY_KIND) if p.kinds is None else p.kinds
+    for name, p in BUILTIN_PROFILES.items()
 }
 
 
@@ -417,6 +504,8 @@ def event_to_dict(event: EventBase) -> dict[str, Any]:
     d = {f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name != "kind"}
     if isinstance(d.get("usage"), Usage):
         d["usage"] = d["usage"].to_dict()
+    if isinstance(d.get("tools"), tuple):
+        d["tools"] = list(d["tools"])
     d["kind"] = event.kind
     return d
 
@@ -432,7 +521,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     kwargs = {k: v for k, v in d.items() if k in names}
     if "usage" in kwargs and isinstance(kwargs["usage"], dict):
         kwargs["usage"] = Usage.from_dict(kwargs["usage"])
-    for key in ("choices", "items", "changed"):
+    for key in ("choices", "items", "changed", "tools", "note_ids"):
         # JSON has no tuples: these fields come back as lists.
         if isinstance(kwargs.get(key), list):
             kwargs[key] = tuple(kwargs[key])

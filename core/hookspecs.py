@@ -92,6 +92,19 @@ def register_tools(register: Callable[[Tool], None]) -> None:
 
 
 @hookspec
+def register_agents(register: Callable[[str, Any], None]) -> None:
+    """Register named agents that other agents can call as tools.
+
+    Called once when a registry is built.  Call ``register(name, spec)`` with
+    an :class:`~agentik.core.agents.AgentSpec` for each agent: it becomes
+    the tool ``agent__<name>`` of every agent that lists ``name`` in its
+    ``uses`` (``[agent] uses``, ``[agents.<other>] uses``), running as a
+    child run.  A ``[agents.<name>]`` table of the configuration with the
+    same name replaces the plugin's agent.  The return value is ignored.
+    """
+
+
+@hookspec
 def register_transports(register: Callable[[str, Callable[..., Any]], None]) -> None:
     """Register chat transports (IRC, Slack, terminal, HTTP, ...).
 

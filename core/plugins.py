@@ -65,6 +65,8 @@ class Registry:
     llm_backends: dict[str, Callable[..., Any]] = field(default_factory=dict)
     transports: dict[str, Callable[..., Any]] = field(default_factory=dict)
     tools: list[Any] = field(default_factory=list)
+    #: Named agents (:class:`~agentik.core.agents.AgentSpec`) by name.
+    agents: dict[str, Any] = field(default_factory=dict)
     _owners: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def create_backend(self, name: str, **settings: Any) -> Any:
@@ -112,6 +114,7 @@ class Registry:
             ("register_llm_backends", lambda p: registrar("LLM backend", self.llm_backends, p)),
             ("register_transports", lambda p: registrar("transport", self.transports, p)),
             ("register_tools", register_tool),
+            ("register_agents", lambda p: registrar("agent", self.agents, p)),
         ]
         for hook_name, make in hooks:
             caller = getattr(self.pm.hook, hook_name)

@@ -25,18 +25,20 @@ handed in (as in pydantic-ai's run graph):
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ClosedError
 from .eventbus import EventBus, Subscription
-from .events import PROFILES, Event, EventBase, EventsLost
+from .events import Event, EventBase, EventsLost
+from .streamprofiles import BUILTIN_PROFILES, StreamProfile, lookup
 from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
@@ -49,7 +51,14 @@ if TYPE_CHECKING:
     from .questions import Questions
     from .tools.base import Tool, TurnPolicy
 
-__all__ = ["AgentServices", "AgentState", "ConversationEvents", "ConversationParts", "kinds_of"]
+__all__ = [
+    "AgentServices",
+    "AgentState",
+    "ConversationEvents",
+    "ConversationParts",
+    "kinds_of",
+    "profile_of",
+]
 
 E = TypeVar("E", bound=Event)
 
@@ -209,11 +218,11 @@ class AgentServices:
         self,
         *,
         after: int | None,
-        kinds: frozenset[str] | None,
+        profile: StreamProfile | None,
         max_pending: int | None,
     ) -> Subscription:
         """A subscription to the agent-wide stream (``after`` is a ``stream_seq``)."""
-        return self._bus.subscribe(after=after, kinds=kinds, max_pending=max_pending)
+        return self._bus.subscribe(after=after, profile=profile, max_pending=max_pending)
 
     def close(self) -> None:
         """End the agent-wide stream (its subscribers' iterations end)."""
@@ -235,7 +244,15 @@ class ConversationEvents:
     ``closed``: the conversation is closing; subscribers end at once.
     """
 
-    __slots__ = ("_bus", "_services", "conversation_id", "owner", "seq")
+    __slots__ = (
+        "_bus",
+        "_services",
+        "conversation_id",
+        "owner",
+        "parent_run_id",
+        "relay_to",
+        "seq",
+    )
 
     def __init__(
         self,
@@ -250,6 +267,11 @@ class ConversationEvents:
         self._services = services
         #: The number of the last event emitted.
         self.seq = 0
+        #: A child run's conversation: the run its events name as their parent,
+        #: and the parent conversation's stream they are relayed into
+        #: (:mod:`agentik.core.agents`).
+        self.parent_run_id: str | None = None
+        self.relay_to: ConversationEvents | None = None
         self._bus = EventBus(key=lambda e: e.seq, lost=self._lost, buffer=services.event_buffer)
         if closed:
             self._bus.close()
@@ -264,9 +286,15 @@ class ConversationEvents:
         )
 
     def emit(self, cls: type[E], run_id: str | None, **fields: Any) -> E:
-        """Create an event of type ``cls`` for turn ``run_id`` and publish it."""
+        """Create an event of type ``cls`` for turn ``run_id`` and publish it.
+
+        In a child run's conversation the event carries the parent run's id
+        and is relayed into the parent conversation's stream too.
+        """
         services = self._services
         self.seq += 1
+        if "parent_run_id" not in fields:
+            fields["parent_run_id"] = self.parent_run_id
         event = cls(
             conversation_id=self.conversation_id,
             run_id=run_id,
@@ -280,17 +308,47 @@ class ConversationEvents:
         bus.publish(event)
         services.account(self.conversation_id, bus.buffer, len(bus.buffer) - before)
         services.publish(event)
+        if self.relay_to is not None:
+            self.relay_to.relay(event)
+        return event
+
+    def relay(self, event: Event) -> None:
+        """Put a descendant run's ``event`` in this stream (renumbered as this
+        conversation's; not on the agent-wide stream, which has it already)."""
+        self.seq += 1
+        copy = dataclasses.replace(event, conversation_id=self.conversation_id, seq=self.seq)
+        bus = self._bus
+        before = len(bus.buffer)
+        bus.publish(copy)
+        self._services.account(self.conversation_id, bus.buffer, len(bus.buffer) - before)
+        if self.relay_to is not None:
+            self.relay_to.relay(event)
+
+    def emit_agent_wide(self, cls: type[E], **fields: Any) -> E:
+        """Publish an event about this conversation on the agent's stream only
+        (``seq`` 0: it is not part of the conversation's own stream and replay
+        buffer, which start with its first turn)."""
+        services = self._services
+        event = cls(
+            conversation_id=self.conversation_id,
+            run_id=None,
+            seq=0,
+            stream_seq=services.next_stream_seq(),
+            ts=time.time(),
+            **fields,
+        )
+        services.publish(event)
         return event
 
     def subscribe(
         self,
         *,
         after: int | None,
-        kinds: frozenset[str] | None,
+        profile: StreamProfile | None,
         max_pending: int | None,
     ) -> Subscription:
         """A subscription to this conversation's events (``after`` is a ``seq``)."""
-        return self._bus.subscribe(after=after, kinds=kinds, max_pending=max_pending)
+        return self._bus.subscribe(after=after, profile=profile, max_pending=max_pending)
 
     def close(self) -> None:
         """End the stream: subscribers' iterations end, later ones end at once."""
@@ -319,10 +377,20 @@ class ConversationParts:
         return self.conversation.channel_key
 
 
-def kinds_of(profile: str, kinds: Iterable[str] | None) -> frozenset[str] | None:
-    """The event kinds a subscriber with ``profile`` (or explicit ``kinds``) gets."""
+def profile_of(
+    profiles: Mapping[str, StreamProfile],
+    profile: str | StreamProfile,
+    kinds: Iterable[str] | None,
+) -> StreamProfile:
+    """The profile a subscriber asked for: explicit ``kinds`` win, else ``profile``
+    (a name among ``profiles`` or a :class:`StreamProfile`); an unknown name raises
+    :class:`~agentik.core.streamprofiles.UnknownProfileError` (a ``ValueError``)."""
     if kinds is not None:
-        return frozenset(kinds)
-    if profile not in PROFILES:
-        raise ValueError(f"unknown event profile {profile!r} (known: {', '.join(PROFILES)})")
-    return None if profile == "debug" else PROFILES[profile]
+        return StreamProfile(name="kinds", kinds=frozenset(kinds))
+    return lookup(profiles, profile)
+
+
+def kinds_of(profile: str, kinds: Iterable[str] | None) -> frozenset[str] | None:
+    """The event kinds a subscriber with built-in ``profile`` (or explicit ``kinds``)
+    gets; ``None``: all (kept for callers of the fixed profiles)."""
+    return profile_of(BUILTIN_PROFILES, profile, kinds).kinds

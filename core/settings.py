@@ -22,9 +22,11 @@ Helpers for such classes:
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Callable, Mapping
-from typing import Annotated, Any, TypeVar, cast
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Annotated, Any, TypeVar, Union, cast, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
@@ -41,7 +43,9 @@ __all__ = [
     "config_key",
     "defaults",
     "describe_error",
+    "did_you_mean",
     "is_file_path",
+    "known_keys",
     "plain_values",
     "setting_fields",
     "settings_dataclass",
@@ -126,11 +130,70 @@ def plain_values(settings: Any) -> dict[str, Any]:
     return out
 
 
-def describe_error(error: Mapping[str, Any], *, show_input: bool = True) -> str:
-    """One pydantic error as a short phrase (``unknown key``, the message, the value)."""
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'channels'?)`` when a candidate is close to ``word``, else ``""``."""
+    close = difflib.get_close_matches(str(word), sorted(set(candidates)), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unwrap(annotation: Any, step: Any) -> Any:
+    """The type one ``loc`` step into ``annotation`` leads to (None: unknown)."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            # Optional[X] and the like: the first member that has keys to offer.
+            members = [a for a in get_args(annotation) if a is not type(None)]
+            for member in members:
+                found = _unwrap(member, step)
+                if found is not None:
+                    return found
+            return None
+        else:
+            break
+    if isinstance(annotation, type) and setting_fields(annotation):
+        field = setting_fields(annotation).get(str(step))
+        return field.annotation if field is not None else None
+    origin = get_origin(annotation)
+    if origin in (dict, Mapping):
+        return get_args(annotation)[1] if len(get_args(annotation)) == 2 else None
+    if origin in (list, tuple, Sequence):
+        return get_args(annotation)[0] if get_args(annotation) else None
+    return None
+
+
+def known_keys(cls: Any, loc: Sequence[Any] = ()) -> list[str]:
+    """The keys a settings class accepts at ``loc`` (a pydantic error's path, minus the key).
+
+    ``known_keys(Config, ("transports", "libera"))`` walks through fields,
+    dict values, list items and ``X | None``; an empty list when the path leads
+    nowhere known.
+    """
+    annotation: Any = cls
+    for step in loc:
+        annotation = _unwrap(annotation, step)
+        if annotation is None:
+            return []
+    while get_origin(annotation) is Annotated or get_origin(annotation) in (Union, types.UnionType):
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        annotation = members[0] if members else None
+    if isinstance(annotation, type):
+        return [config_key(name, f) for name, f in setting_fields(annotation).items()]
+    return []
+
+
+def describe_error(
+    error: Mapping[str, Any], *, show_input: bool = True, known: Iterable[str] = ()
+) -> str:
+    """One pydantic error as a short phrase (``unknown key``, the message, the value).
+
+    ``known``: the keys valid where an unknown key was found, for a "did you mean".
+    """
     kind = error["type"]
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        return "unknown key"
+        loc = error.get("loc") or ()
+        return "unknown key" + (did_you_mean(str(loc[-1]), known) if loc else "")
     if kind == "missing":
         return "required key is missing"
     msg = str(error["msg"])
@@ -159,7 +222,10 @@ def validate_settings(cls: type[_T], data: Mapping[str, Any], *, where: str) -> 
         field = setting_fields(cls).get(str(err["loc"][0])) if err["loc"] else None
         secret = field is not None and "Secret" in str(field.annotation)
         key = f"{where}.{loc}" if loc else where
-        raise ConfigError(f"{key}: {describe_error(err, show_input=not secret)}") from None
+        known = known_keys(cls, err["loc"][:-1])
+        raise ConfigError(
+            f"{key}: {describe_error(err, show_input=not secret, known=known)}"
+        ) from None
 
 
 def defaults(cls: type[_T]) -> _T:

@@ -20,17 +20,21 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .agents import AGENT_TOOL_PREFIX
 from .errors import ContextTooLong, LLMError, StoreError, ToolError
 from .events import (
     Error,
     Interrupted,
     ReasoningDelta,
     ReasoningStarted,
+    RequestUsage,
     ResponseStarted,
+    RunStreamEnd,
+    StatusState,
     TextDelta,
     ToolCallEnded,
     ToolCallStarted,
@@ -54,10 +58,10 @@ from .observe import RequestStats
 from .tools.base import Tool, ToolContext, ToolResult, TurnPolicy, spec_of
 
 if TYPE_CHECKING:
-    from .events import Event
+    from .events import Event, StopReason
     from .services import ConversationParts
 
-__all__ = ["TurnRunner"]
+__all__ = ["Steered", "TurnRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,17 @@ class _State:
     stop_reason: str = "stop"
 
 
+@dataclass(slots=True)
+class Steered:
+    """A message sent into a running turn (``busy = "steer"``): already on its way
+    to the audit log (``committed``); it joins the working memory at the turn's
+    next model request."""
+
+    content: str
+    author: str | None
+    committed: asyncio.Future[list[Message]]
+
+
 class TurnRunner:
     """Runs one turn of a conversation (its ``parts``) for the user message ``message``."""
 
@@ -97,6 +112,7 @@ class TurnRunner:
         in_memory: bool = False,
         resumed: bool = False,
         allow_tool: Callable[[str], bool] | None = None,
+        on_status: Callable[[TurnRunner], None] | None = None,
     ) -> None:
         self.parts = parts
         #: The conversation (what hooks and tools are told about).
@@ -107,14 +123,33 @@ class TurnRunner:
         self.run_id = run_id
         self.message = message
         self.policy = policy
-        # The speaker's rights narrow the policy: a tool they may not use is not offered.
+        #: This run in the agent's run tree (limits inherited from its parent run).
+        self.node = node = self.services.agent.runs.enter(run_id, parts.id)
+        node.allow_tool = allow_tool
+        if node.parent is None:
+            data = message.data if isinstance(message.data, dict) else {}
+            node.author, node.author_id = message.author, data.get("author_id")
+            node.channel = self.conv.channel_key
+        uses = self.services.agent.runs.uses(node) if self.services.agent.agents else ()
+        # The speaker's rights narrow the policy: a tool they may not use is not
+        # offered, nor an agent this run's agent does not use.
         self.tools = {
             t.name: t
             for t in policy.visible(tools)
             if (allow_tool is None or allow_tool(t.name))
             # A tool that waits for a person (ask_user) is not offered where nobody can answer.
             and not (parts.conversation.temp and getattr(t, "waits_for_human", False))
+            and (
+                not t.name.startswith(AGENT_TOOL_PREFIX) or t.name[len(AGENT_TOOL_PREFIX) :] in uses
+            )
         }
+        #: Tools not offered to the model (agents, at the run tree's depth limit):
+        #: a call still reaches them, and they refuse it.
+        self.hidden: frozenset[str] = (
+            frozenset(n for n in self.tools if n.startswith(AGENT_TOOL_PREFIX))
+            if uses and self.services.agent.runs.at_depth_limit(node)
+            else frozenset()
+        )
         self.state = _State(tools_exhausted=policy.max_tool_calls <= 0)
         self.interrupt_requested = False
         #: True when ``send`` already put the user message in working memory.
@@ -129,10 +164,86 @@ class TurnRunner:
         self._budget_left: float | None = None
         #: When the current model request's first item came (request observers).
         self._first_item: float | None = None
+        #: Its row of the run tree went in with the turn's end.
+        self._run_written = False
+        #: The tool rights this turn was started with (a steering message must match).
+        self.allow_tool = allow_tool
+        #: What the turn does now (see :data:`~agentik.core.events.StatusState`).
+        self.phase: StatusState = "running"
+        #: Names of the tool calls of the batch running now.
+        self.running_tools: list[str] = []
+        #: The turn has ended (its last status is about to be reported).
+        self.finished = False
+        #: Model requests made so far.
+        self.requests = 0
+        self._on_status = on_status
+        #: Whether a steering message would reach a model request of this turn:
+        #: open while a tool batch runs (a request always follows one).  Not
+        #: before the first request: messages sent in a burst each get a turn.
+        self.steer_open = False
+        self._steered: list[Steered] = []
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: type[Event], **fields: Any) -> None:
         self.events.emit(cls, self.run_id, **fields)
+
+    # -- status and steering -------------------------------------------------------
+    @property
+    def status_state(self) -> StatusState:
+        """The turn's state: ``awaiting_human`` while a person is asked, else its phase."""
+        return "awaiting_human" if self._waiting_approvals > 0 else self.phase
+
+    def _set_phase(self, phase: StatusState) -> None:
+        self.phase = phase
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_status is not None:
+            self._on_status(self)
+
+    @contextlib.contextmanager
+    def waiting_for_human(self) -> Iterator[None]:
+        """While inside, the turn waits for a person (state ``awaiting_human``) and
+        its time budget is paused.  Nested and concurrent uses count."""
+        self._pause_budget(True)
+        try:
+            yield
+        finally:
+            self._pause_budget(False)
+
+    def steer(self, item: Steered) -> bool:
+        """Take ``item`` into this turn at its next model request; ``False``: too late
+        (no request is sure to follow), the caller queues it as a turn instead."""
+        if not self.steer_open or self.interrupt_requested or self.finished:
+            return False
+        self._steered.append(item)
+        return True
+
+    def take_steered(self) -> list[Steered]:
+        """The steering messages this turn did not reach (it ended before its next
+        request: interrupted, failed); none are left here afterwards."""
+        left, self._steered = self._steered, []
+        return left
+
+    async def _take_in_steered(self) -> None:
+        """The boundary: messages sent into the turn join the working memory, in order."""
+        self.steer_open = False
+        while self._steered:
+            item = self._steered[0]
+            try:
+                rows = await asyncio.shield(item.committed)
+            except Exception:
+                self._steered.pop(0)  # not recorded: its sender got the error
+                continue
+            self._steered.pop(0)
+            self._append(
+                memory=[
+                    ChatMessage(
+                        role="user", content=item.content, author=item.author,
+                        message_id=rows[0].id,
+                    )
+                ]
+            )  # fmt: skip
 
     def _append(
         self,
@@ -148,7 +259,12 @@ class TurnRunner:
         and the turn does not end before every write it started has settled.
         ``ended`` records the turn's end (its outcome) in the same transaction.
         """
-        fut = self.memory.append(log=log, memory=memory, run_id=self.run_id, ended=ended)
+        run = None
+        if ended is not None and self.node.stored:
+            # A run of a run tree: its row goes in with its end, one transaction.
+            run = self.services.agent.run_record(self.node, stop_reason=ended)
+            self._run_written = True
+        fut = self.memory.append(log=log, memory=memory, run_id=self.run_id, ended=ended, run=run)
         self._writes.add(fut)
         fut.add_done_callback(self._write_done)
         return fut
@@ -177,6 +293,7 @@ class TurnRunner:
         started = time.monotonic()
         m = self.message
         self._emit(TurnStarted, message_id=m.id, author=m.author)
+        self._changed()
         try:
             if self.resumed:
                 await self._prepare_resume()
@@ -196,6 +313,7 @@ class TurnRunner:
                 )
             async with asyncio.timeout(self.policy.time_budget) as budget:
                 self._budget = budget
+                self.node.deadline = budget.when()
                 await self._steps()
         except TimeoutError:
             await self._keep_partial("interrupted", "time budget exceeded", ended="time_budget")
@@ -216,6 +334,7 @@ class TurnRunner:
             )
             self.state.stop_reason = "interrupted"
             if not self.interrupt_requested:
+                await asyncio.shield(self._run_stored())
                 self._end(started)
                 raise
             task = asyncio.current_task()
@@ -244,7 +363,17 @@ class TurnRunner:
                 Error, message=f"internal error: {type(exc).__name__}", error_type="internal"
             )
         await self._approvals_done()
+        await self._run_stored()  # before the end is announced: readers find it
         self._end(started)
+
+    async def _run_stored(self) -> None:
+        """Record the end of a run that is part of a stored run tree."""
+        node = self.node
+        if node.stored and not self._run_written:
+            try:
+                await self.services.agent.store_run_ended(node, self.state.stop_reason)
+            except Exception:
+                log.exception("run %s: could not record its end in the run tree", self.run_id)
 
     async def _approvals_done(self) -> None:
         """The turn ended: approvals and questions a restart left for it that it did
@@ -258,27 +387,26 @@ class TurnRunner:
         except Exception:
             log.exception("run %s: could not expire its leftover questions", self.run_id)
 
-    def waiting_for_human(self) -> bool:
+    def is_awaiting_human(self) -> bool:
         """Whether this turn waits for a person now (an approval or a question):
         the ``awaiting_human`` state."""
         return self._waiting_approvals > 0
 
     def _pause_budget(self, paused: bool) -> None:
         """Stop the turn's time budget while a person is asked (approvals), resume after."""
+        self._waiting_approvals += 1 if paused else -1
+        self._changed()  # awaiting_human while anyone waits
         budget = self._budget
         if budget is None:
             return
         loop = asyncio.get_running_loop()
         if paused:
-            self._waiting_approvals += 1
             if self._waiting_approvals == 1:
                 when = budget.when()
                 self._budget_left = None if when is None else max(0.0, when - loop.time())
                 budget.reschedule(None)
-        else:
-            self._waiting_approvals -= 1
-            if self._waiting_approvals == 0 and self._budget_left is not None:
-                budget.reschedule(loop.time() + self._budget_left)
+        elif self._waiting_approvals == 0 and self._budget_left is not None:
+            budget.reschedule(loop.time() + self._budget_left)
 
     async def _prepare_resume(self) -> None:
         """Make the committed state of a cut-off turn a valid context to re-run from.
@@ -293,6 +421,7 @@ class TurnRunner:
         memory, m = self.memory, self.message
         memory.invalidate()
         await memory.load(exclude_run=self.run_id)
+        await self._resume_steered()
         cache = memory.messages
         at = next((i for i, cm in enumerate(cache) if cm.message_id == m.id), None)
         covered = any(cm.role == "system" and (cm.message_id or 0) >= m.id for cm in cache)
@@ -316,15 +445,44 @@ class TurnRunner:
             )
         log.info("conversation %s: resuming run %s after a restart", self.parts.id, self.run_id)
 
+    async def _resume_steered(self) -> None:
+        """Messages sent into this run before the cut-off that never reached the
+        working memory join it at the resumed turn's first request."""
+        cache = self.memory.messages
+        known = {cm.message_id for cm in cache}
+        covered = max((cm.message_id or 0 for cm in cache if cm.role == "system"), default=0)
+        rows = await self.memory.store.messages(
+            self.parts.id, after=max(self.message.id, covered), kinds=["user"], limit=1000
+        )
+        loop = asyncio.get_running_loop()
+        for r in rows:
+            steered = isinstance(r.data, dict) and r.data.get("steered")
+            if r.run_id == self.run_id and steered and r.id not in known:
+                done: asyncio.Future[list[Message]] = loop.create_future()
+                done.set_result([r])
+                self._steered.append(Steered(r.content, r.author, done))
+
     def _end(self, started: float) -> None:
-        self._emit(
+        self.steer_open = False
+        self.finished = True
+        self.running_tools = []
+        self._changed()
+        node = self.node
+        ended = self.events.emit(
             TurnEnded,
+            self.run_id,
             stop_reason=self.state.stop_reason,
-            usage=self.state.usage,
+            # The run's own model usage and its child runs'.
+            usage=node.usage,
             text=self.state.final_text,
             tool_calls=self.state.tool_calls,
             duration=time.monotonic() - started,
         )
+        if node.ended is not None and not node.ended.done():
+            node.ended.set_result(ended)
+        self._emit(RunStreamEnd)
+        if node.parent is None:
+            self.services.agent.runs.leave(self.run_id)
 
     async def _keep_partial(
         self, status: MessageStatus, why: str, *, ended: str | None = None
@@ -374,11 +532,17 @@ class TurnRunner:
     async def _steps(self) -> None:
         services = self.services
         while True:
+            if self.node.over_budget():
+                # Used up (this run's or an ancestor's budget, perhaps by a child
+                # run): no further model request.
+                await self._end_early("", [], "token_budget")
+                return
+            await self._take_in_steered()
             no_tools = self.state.tools_exhausted
             offered = (
                 []
                 if no_tools or not services.llm_for(self.conv).supports_tools
-                else [spec_of(t) for t in self.tools.values()]
+                else [spec_of(t) for t in self.tools.values() if t.name not in self.hidden]
             )
             request, backend = await self._fitted_request(offered)
             hold = services.hooks.implemented("after_response")
@@ -404,7 +568,10 @@ class TurnRunner:
             if calls and no_tools:
                 # Asked for an answer without tools, the model called tools
                 # again: end here rather than loop until the time budget.
-                await self._end_at_tool_limit(text, calls)
+                await self._end_early(text, calls, "tool_limit")
+                return
+            if calls and self.node.over_budget():
+                await self._end_early(text, calls, "token_budget")
                 return
             if not calls:
                 self.state.partial.clear()
@@ -469,11 +636,16 @@ class TurnRunner:
         marker = {"_cut": f"arguments too large ({len(call.arguments)} characters); not run"}
         return dataclasses.replace(call, arguments=json.dumps(marker))
 
-    async def _end_at_tool_limit(self, text: str, calls: list[ToolCall]) -> None:
-        """End the turn (``tool_limit``): the calls are logged, refused and not run."""
+    def _limit_text(self, reason: str) -> str:
+        if reason == "tool_limit":
+            return f"the tool call limit ({self.policy.max_tool_calls} per turn) was reached"
+        return "the token budget was used up"
+
+    async def _end_early(self, text: str, calls: list[ToolCall], reason: StopReason) -> None:
+        """End the turn at a limit (``reason``): the calls are logged, refused and not run."""
         self.state.partial.clear()
-        cap = self.policy.max_tool_calls
-        refusal = f"error: not run: the tool call limit ({cap} per turn) was reached"
+        why = self._limit_text(reason)
+        refusal = f"error: not run: {why}"
         rows = [self._new("assistant", content=text)] if text else []
         for c in calls:
             rows.append(
@@ -490,20 +662,16 @@ class TurnRunner:
             )
         # The working memory gets no dangling calls: just the answer so far, or
         # a note that the turn stopped, so the next turn starts from a valid context.
-        note = f"(stopped: the tool call limit of {cap} per turn was reached)"
+        note = f"(stopped: {why})"
         self.state.final_text = text[: self.policy.max_answer_chars]
         await self._append(
             log=rows,
             memory=[ChatMessage(role="assistant", content=self._answer_for_memory(text) or note)],
-            ended="tool_limit",
+            ended=reason,
         )
         await self._settled()
-        log.info(
-            "conversation %s run %s: the model called tools past the limit; turn ended",
-            self.conv.id,
-            self.run_id,
-        )
-        self.state.stop_reason = "tool_limit"
+        log.info("conversation %s run %s: %s; turn ended", self.conv.id, self.run_id, why)
+        self.state.stop_reason = reason
 
     async def _settled(self) -> None:
         """Wait until every write of this turn is committed (compaction reads the store)."""
@@ -513,7 +681,8 @@ class TurnRunner:
 
     def _system(self) -> str | None:
         """The agent's system prompt, then the conversation's addition (if any)."""
-        base, extra = self.services.system_prompt, self.conv.system_addition
+        base = self.conv.system_prompt or self.services.system_prompt
+        extra = self.conv.system_addition
         return "\n\n".join(p for p in (base, extra) if p) or None
 
     def _request(self, offered: list[ToolSpec]) -> LLMRequest:
@@ -596,6 +765,9 @@ class TurnRunner:
         reasoning = response = False
         cap = self.policy.max_answer_chars
         size = 0
+        used = Usage()
+        self.requests += 1
+        self._set_phase("streaming")
         gen = backend.stream(request)
         async with contextlib.aclosing(gen):  # type: ignore[type-var]
             async for item in gen:
@@ -619,6 +791,7 @@ class TurnRunner:
                             self.run_id,
                             cap,
                         )
+                        self._emit_usage(used, backend)
                         return "".join(partial), [], "length"
                 elif isinstance(item, ReasoningChunk):
                     if not reasoning:
@@ -628,10 +801,23 @@ class TurnRunner:
                 elif isinstance(item, ToolCallItem):
                     calls.append(item.call)
                 elif isinstance(item, UsageItem):
+                    used = used + item.usage
                     self.state.usage = self.state.usage + item.usage
+                    self.node.add_usage(item.usage)
                 elif isinstance(item, FinishItem):
                     finish = item.reason
+        self._emit_usage(used, backend)
         return "".join(partial), calls, finish
+
+    def _emit_usage(self, used: Usage, backend: LLMBackend) -> None:
+        """The ``usage`` event of one finished model request."""
+        self._emit(
+            RequestUsage,
+            usage=used,
+            model=getattr(backend, "model", "") or "",
+            backend=getattr(backend, "name", "") or type(backend).__name__,
+            request=self.requests,
+        )
 
     # -- tools --------------------------------------------------------------------
     async def _run_tools(self, calls: list[ToolCall]) -> None:
@@ -648,6 +834,10 @@ class TurnRunner:
             # The cap is used up: the model is asked for a final answer without
             # tools next (and a tool call then ends the turn).
             self.state.tools_exhausted = True
+        # A model request follows every tool batch: messages sent now steer it.
+        self.steer_open = True
+        self.running_tools = [c.name for c in calls]
+        self._set_phase("executing_tools")
         async with asyncio.TaskGroup() as tg:
             for c in runnable:
                 tg.create_task(self._run_tool(c))
@@ -805,6 +995,8 @@ class TurnRunner:
         if len(text) > cap:
             text = text[:cap] + f"\n[… result cut: too long ({len(result.text)} characters)]"
         self.state.open_calls.pop(call.id, None)
+        with contextlib.suppress(ValueError):
+            self.running_tools.remove(call.name)
         write = self._append(
             log=[
                 self._new(

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from .messages import ChatMessage, Message, NewMessage
 from .redaction import tombstoned
-from .store.base import MemoryEntry, Store, TurnEnd
+from .store.base import MemoryEntry, RunRecord, Store, TurnEnd
 
 __all__ = ["Queued", "WorkingMemory"]
 
@@ -45,6 +45,10 @@ class Queued(Protocol):
 
     @property
     def run_id(self) -> str | None: ...
+
+    @property
+    def message_run_id(self) -> str | None:
+        """The run the message's audit-log row names, when not ``run_id``."""
 
 
 class WorkingMemory:
@@ -114,6 +118,7 @@ class WorkingMemory:
         cache = [e.message for e in await store.load_memory(cid)]
         last = max((m.message_id or 0 for m in cache), default=0)
         pending = {q.run_id for q in self._queue if q.run_id is not None} | {exclude_run}
+        pending |= {q.message_run_id for q in self._queue if q.message_run_id is not None}
         orphans = [
             m
             for m in await store.messages(cid, after=last, kinds=["user"], limit=1000)
@@ -141,13 +146,15 @@ class WorkingMemory:
         memory: Sequence[ChatMessage] = (),
         run_id: str = "",
         ended: str | None = None,
+        run: RunRecord | None = None,
     ) -> asyncio.Future[list[Message]]:
         """Write to both logs in one transaction; the cache is extended at once.
 
         The write runs in its own task (it lands even if the caller is
         cancelled while waiting); ``ended`` records the end of turn
-        ``run_id`` (its outcome) in the same transaction.  Texts go through
-        :attr:`scrub` first (the cache gets the scrubbed ones too).
+        ``run_id`` (its outcome) in the same transaction, with ``run``, its
+        row of a run tree.  Texts go through :attr:`scrub` first (the cache
+        gets the scrubbed ones too).
         """
         if self.scrub is not None:
             log, memory = self._scrubbed(log, memory)
@@ -158,7 +165,7 @@ class WorkingMemory:
                 log=log,
                 memory=memory,
                 updated_at=time.time(),
-                ended=TurnEnd(run_id, ended) if ended else None,
+                ended=TurnEnd(run_id, ended, run) if ended else None,
             )
         )
 

@@ -516,7 +516,10 @@ commands = ["*", "-new"]
     out = capsys.readouterr().out
     assert "role: user in irc:libera:#team" in out
     assert "tools: read_*" in out
-    assert "commands: stop, more, status, compact, budget, help, approve, deny, approvals\n" in out
+    assert (
+        "commands: stop, more, status, compact, budget, help, tool, approve, deny, approvals, "
+        "memory, forget\n"
+    ) in out
     assert main(["access", "check", "-c", str(cfg), "libera:account:Bob"]) == 0
     out = capsys.readouterr().out
     assert "role: admin" in out and "stop-others" in out and "role, ignore" in out

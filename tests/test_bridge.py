@@ -186,7 +186,7 @@ async def test_tool_calls_show_one_notice_each_and_errors_a_short_line(rig):
     agent.add_tool(lookup)
     model.enqueue(Reply(tool_calls=[call("lookup", {"q": "cats"})]), "Cats are great.")
     model.enqueue(Reply(text="half", fail_after=1))
-    t = await make()
+    t = await make(busy="queue")  # "again" waits for its own turn (DMs steer by default)
     await t.inject("cats?", channel_key="mem:#x", direct=True)
     await t.inject("again", channel_key="mem:#x", direct=True)
     await bridge.flush("mem:#x")

@@ -29,7 +29,14 @@ SAMPLES = [
     ev.ToolCallEnded(
         **ENVELOPE, call_id="call_1", name="add", result="2", is_error=True, duration=0.5
     ),
-    ev.ChildRunLinked(**ENVELOPE, child_run_id="run_2", call_id="call_1"),
+    ev.ChildRunLinked(
+        **ENVELOPE,
+        child_run_id="run_2",
+        call_id="call_1",
+        agent="researcher",
+        child_conversation_id="c2",
+    ),
+    ev.RunStreamEnd(**ENVELOPE),
     ev.TurnEnded(
         **ENVELOPE,
         stop_reason="length",
@@ -51,6 +58,8 @@ SAMPLES = [
         fallback=True,
     ),
     ev.ConversationEnded(**ENVELOPE, reason="reset", channel_key="irc:net:#c"),
+    ev.ConversationStarted(**ENVELOPE, channel_key="irc:net:#c"),
+    ev.MemoryNoted(**ENVELOPE, count=2, note_ids=(4, 5), source="mining", channel_key="irc:net:#c"),
     ev.ApprovalRequested(
         **ENVELOPE,
         approval_id="3f2",
@@ -108,6 +117,20 @@ SAMPLES = [
         total=5.0,
         message="compiling",
         elapsed=1.5,
+    ),
+    ev.StatusChanged(
+        **ENVELOPE,
+        state="executing_tools",
+        previous="streaming",
+        tools=("add", "web__get"),
+        queued=2,
+    ),
+    ev.RequestUsage(
+        **ENVELOPE,
+        usage=Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7),
+        model="fake-model",
+        backend="openai",
+        request=2,
     ),
 ]
 

@@ -417,15 +417,19 @@ async def test_answer_deltas_arrive_while_the_turn_is_still_running(server):
         assert events.retry == 2000
         assert [m.kind for m in seen] == [
             "turn_started",
+            "status_changed",
+            "status_changed",
             "response_started",
             "text_delta",
             "text_delta",
             "text_delta",
+            "usage",
+            "status_changed",
             "turn_ended",
         ]
         assert seen[-1].data["text"] == "Hello world" and seen[-1].data["run_id"] == run_id
         # Each SSE id is the event's sequence number, in order from 1.
-        assert [m.id for m in seen] == [m.data["seq"] for m in seen] == list(range(1, 7))
+        assert [m.id for m in seen] == [m.data["seq"] for m in seen] == list(range(1, 11))
         assert all(m.data["conversation_id"] == conv["id"] for m in seen)
 
 
@@ -480,7 +484,7 @@ async def test_profiles_pick_the_event_kinds(server):
             debug_kinds = {m.kind for m in await debug.until("turn_ended")}
         assert "reasoning_delta" in debug_kinds and "reasoning_delta" not in chat_kinds
         assert "text_delta" in chat_kinds and "text_delta" not in metric_kinds
-        assert metric_kinds == {"turn_started", "turn_ended"}
+        assert metric_kinds == {"turn_started", "status_changed", "usage", "turn_ended"}
 
 
 async def test_the_all_conversations_stream_uses_stream_seq_ids(server):
@@ -512,7 +516,11 @@ async def test_deleting_a_conversation_ends_its_streams(server):
         conv = await create(c)
         async with sse(c, f"/conversations/{conv['id']}/events") as events:
             assert (await c.delete(f"/conversations/{conv['id']}")).status_code == 204
-            assert await events.rest() == []
+            # The stream's last word is the end, with its reason (issue 22), then it ends.
+            rest = await events.rest()
+            assert [(m.data["kind"], m.data["reason"]) for m in rest] == [
+                ("conversation_ended", "deleted")
+            ]
 
 
 async def test_a_burst_larger_than_the_queue_tells_the_client_and_ends_the_stream(db_path):
@@ -542,7 +550,9 @@ async def test_a_client_that_stops_reading_is_cut_off_and_never_slows_the_agent(
     # About 2.4 MB of events per turn: more than the kernel's socket buffers
     # and uvicorn's hold for a client that reads nothing.
     big, chunks, turns = "x" * 4000, 300, 4
-    per_turn = chunks + 3  # turn_started, response_started, the deltas, turn_ended
+    # turn_started, response_started, the deltas, turn_ended, run_stream_end;
+    # status_changed to running, streaming and idle; the request's usage.
+    per_turn = chunks + 8
     async with running_server(db_path, settings={"subscriber_queue": 64}) as server:
         # Answers this big are cut by default (max_answer_chars): allow them here.
         server.agent.policy = TurnPolicy(max_answer_chars=len(big) * chunks)
@@ -556,8 +566,8 @@ async def test_a_client_that_stops_reading_is_cut_off_and_never_slows_the_agent(
                 async with sse(c, path + "/events") as fast:
                     for i in range(turns):
                         await c.post(path + "/messages", json={"content": f"turn {i}"})
-                        done = await fast.until("turn_ended", timeout=60)
-                        assert len(done) == per_turn and done[-1].data["text"] == big * chunks
+                        done = await fast.until("run_stream_end", timeout=60)
+                        assert len(done) == per_turn and done[-2].data["text"] == big * chunks
                 # Every turn ended while the stalled client read nothing.  Now it
                 # reads: what was already on its way, then the notice, then the end.
                 got = await SSEReader(slow).rest(timeout=60)

@@ -78,7 +78,7 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     assert result.returncode == 0, output
     assert "Failures:" not in output and "Errors:" not in output, output
     # It really exercised the API: every operation but the two streams (the two
-    # approvals operations, redact, /ready and /status included).
+    # approvals operations, redact, /ready, /status and the conversation status included).
     assert "Tested: 14" in output
 
 
@@ -104,6 +104,7 @@ def test_the_document_lists_every_route(api):
         ("POST", "/agentik/conversations/{conversation_id}/messages"),
         ("GET", "/agentik/conversations/{conversation_id}/messages"),
         ("POST", "/agentik/conversations/{conversation_id}/interrupt"),
+        ("GET", "/agentik/conversations/{conversation_id}/status"),
         ("GET", "/agentik/conversations/{conversation_id}/approvals"),
         ("POST", "/agentik/conversations/{conversation_id}/approvals/{approval_id}"),
         ("POST", "/agentik/conversations/{conversation_id}/messages/{message_id}/redact"),

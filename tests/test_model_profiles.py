@@ -201,7 +201,7 @@ def test_profile_config_errors_name_the_key(tmp_path):
         return str(info.value)
 
     assert error({"llm": {"profiles": {"fast": {"tempreature": 1}}}}) == (
-        "<string>: llm.profiles.fast.tempreature: unknown key"
+        "<string>: llm.profiles.fast.tempreature: unknown key (did you mean 'temperature'?)"
     )
     assert error({"llm": {"profiles": {"fast": {"backend": "openai", "max_tokens": "lots"}}}}
                  ).startswith("<string>: llm.profiles.fast.max_tokens: ")  # fmt: skip

@@ -368,7 +368,14 @@ def parse_settings(model: Any, settings: dict[str, Any], *, where: str) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
-        what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        if err["type"] == "extra_forbidden":
+            from agentik.core.settings import did_you_mean, known_keys
+
+            what = "unknown key" + did_you_mean(
+                str(err["loc"][-1]), known_keys(model, err["loc"][:-1])
+            )
+        else:
+            what = err["msg"]
         if err["type"] not in ("extra_forbidden", "missing") and isinstance(
             err.get("input"), str | int | float | bool
         ):

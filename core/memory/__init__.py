@@ -38,9 +38,9 @@ import abc
 import builtins
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from ..errors import AgentikError
 from ..settings import settings_dataclass
@@ -68,14 +68,33 @@ VersionOp = Literal["save", "edit", "delete", "restore"]
 MAX_NOTE_CHARS = 8_000
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def seconds(value: Any) -> Any:
+    """A duration: a number of seconds or text like ``"90s"``, ``"30m"``, ``"2h"``, ``"1d"``."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        unit = _UNITS.get(text[-1:]) if text else None
+        try:
+            return float(text[:-1]) * unit if unit else float(text)
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not a duration (seconds, or a number with s, m, h or d)"
+            ) from None
+    return value
+
+
 @settings_dataclass
 class BackgroundPolicy:
     """Switches and debounce times (seconds) of the background memory work.
 
     :class:`~agentik.core.background.MemoryWorker` follows it: ``mining``
     extracts at most ``max_facts`` facts from each compaction summary,
-    ``reflection`` writes a note when a conversation ends; each waits for its
-    ``*_debounce`` seconds of quiet; ``timeout`` bounds one job's model call.
+    ``reflection`` writes a note when a conversation ends (``!new``, deleted,
+    idle for ``reflect_after_idle`` seconds, the bot's shutdown); mining waits
+    for ``mining_debounce`` seconds of quiet and skips spans with fewer than
+    ``mine_min_turns`` user messages; ``timeout`` bounds one job's model call.
     """
 
     mining: bool = True
@@ -84,6 +103,17 @@ class BackgroundPolicy:
     reflection: bool = True
     reflection_debounce: float = Field(5.0, ge=0)
     timeout: float = Field(120.0, gt=0)
+    #: A compacted span with fewer user messages than this is not mined.
+    mine_min_turns: int = Field(1, ge=0)
+    #: Seconds without a turn after which a conversation is reflected on
+    #: (``conversation_ended`` reason ``idle``); 0: never for idleness.
+    reflect_after_idle: Annotated[float, BeforeValidator(seconds)] = Field(7200.0, ge=0)
+    #: Seconds a bot's shutdown may spend reflecting on conversations with
+    #: turns not yet reflected on (reason ``shutdown``); 0: none at shutdown.
+    reflect_on_shutdown: Annotated[float, BeforeValidator(seconds)] = Field(30.0, ge=0)
+    #: Tell the channel when background work saved notes ("noted 3 facts —
+    #: !memory to review"); a channel's ``announce`` setting overrides it.
+    announce: bool = False
 
 
 @settings_dataclass

@@ -44,6 +44,7 @@ __all__ = [
     "MemoryEntry",
     "OutboxEntry",
     "OutboxState",
+    "RunRecord",
     "Store",
     "TurnEnd",
 ]
@@ -107,6 +108,35 @@ class TurnEnd:
 
     run_id: str
     outcome: str
+    #: The run's row of its run tree, written in the same transaction (a run that
+    #: started child runs, or a child run: :mod:`agentik.core.agents`).
+    run: RunRecord | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunRecord:
+    """One run of a run tree (:mod:`agentik.core.agents`; migration 9).
+
+    A child run has a ``parent_run_id``, the ``parent_call_id`` of the tool
+    call that started it and the ``agent`` it ran; its ``conversation_id``
+    is its own (child) conversation.  A top-level run is recorded once it
+    starts a child (``agent`` ``None``: the main agent).  A run is recorded
+    when it ends, with its ``stop_reason`` and ``usage`` (the run's tokens,
+    its children's included); a child refused at the depth limit has no
+    conversation and ``stop_reason = "depth_limit"``.
+    """
+
+    run_id: str
+    conversation_id: str | None
+    parent_run_id: str | None = None
+    parent_conversation_id: str | None = None
+    parent_call_id: str | None = None
+    agent: str | None = None
+    depth: int = 0
+    started: float = 0.0
+    ended: float | None = None
+    stop_reason: str | None = None
+    usage: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -470,6 +500,15 @@ class Store(abc.ABC):
         """Every counter whose window starts at or after ``since``:
         ``(scope, subject, kind, window, amount)``, by scope, subject, kind, window."""
         raise NotImplementedError(f"{type(self).__name__} keeps no budget counters")
+
+    # -- run trees (issue 20, agents as tools; migration 9) ---------------------------------
+    @abc.abstractmethod
+    async def run_add(self, run: RunRecord) -> None:
+        """Record a run of a run tree (as it ended; a record of the same run id is replaced)."""
+
+    @abc.abstractmethod
+    async def runs(self, conversation_id: str) -> list[RunRecord]:
+        """The runs of ``conversation_id`` and the child runs it started, oldest first."""
 
     # -- access: roles granted in chat (issue 19, access) ---------------------------------
     @abc.abstractmethod

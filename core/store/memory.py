@@ -25,6 +25,7 @@ from .base import (
     MemoryEntry,
     OutboxEntry,
     OutboxState,
+    RunRecord,
     Store,
     TurnEnd,
     link_stored,
@@ -55,6 +56,7 @@ class MemoryStore(Store):
         self._access_audit: list[AccessChange] = []
         self._chan_settings: dict[tuple[str, str], ChannelSetting] = {}
         self._chan_changes: list[ChannelSettingChange] = []
+        self._runs: dict[str, RunRecord] = {}
 
     def _require(self, conversation_id: str) -> None:
         if conversation_id not in self._conversations:
@@ -107,6 +109,9 @@ class MemoryStore(Store):
         self._log.pop(conversation_id, None)
         self._memory.pop(conversation_id, None)
         self._ended.pop(conversation_id, None)
+        for run_id, r in list(self._runs.items()):
+            if conversation_id in (r.conversation_id, r.parent_conversation_id):
+                del self._runs[run_id]
         for key in [k for k, v in self._bindings.items() if v == conversation_id]:
             del self._bindings[key]
         return True
@@ -139,6 +144,8 @@ class MemoryStore(Store):
             entries.append(MemoryEntry(pos=(entries[-1].pos + 1) if entries else 1, message=cm))
         if ended is not None:
             self._ended[conversation_id].setdefault(ended.run_id, ended.outcome)
+            if ended.run is not None:
+                self._runs[ended.run.run_id] = ended.run
         if updated_at is not None:
             rec = self._conversations[conversation_id]
             if updated_at > rec.updated_at:
@@ -152,7 +159,11 @@ class MemoryStore(Store):
             m
             for cid, log in self._log.items()
             for m in log
-            if m.kind == "user" and m.run_id and m.run_id not in self._ended[cid]
+            if m.kind == "user"
+            and m.run_id
+            and m.run_id not in self._ended[cid]
+            # A child run is not taken up again: its parent's turn is.
+            and not self._conversations[cid].meta.get("parent_run_id")
         ]
         return sorted(rows, key=lambda m: m.id)[:limit]
 
@@ -368,6 +379,18 @@ class MemoryStore(Store):
     async def budget_rows(self, since: int) -> list[tuple[str, str, str, int, int]]:
         counters = self._budget
         return sorted((*k, v) for k, v in counters.items() if k[3] >= since)
+
+    # -- run trees (issue 20; migration 9) -------------------------------------------------
+    async def run_add(self, run: RunRecord) -> None:
+        self._runs[run.run_id] = run
+
+    async def runs(self, conversation_id: str) -> list[RunRecord]:
+        found = [
+            r
+            for r in self._runs.values()
+            if conversation_id in (r.conversation_id, r.parent_conversation_id)
+        ]
+        return sorted(found, key=lambda r: r.started)
 
     # -- access: roles granted in chat (issue 19, access) ---------------------------------
     async def access_grants(self) -> list[AccessGrant]:

@@ -309,9 +309,34 @@ MIGRATIONS: tuple[Migration, ...] = (
         END;
         """,
     ),
-    # Placeholder on this branch only: wt-agents (issue 20) owns migration 9; the
-    # coordinator keeps theirs and drops this one when merging.
-    Migration(9, "reserved_agents", "SELECT 1;"),
+    Migration(
+        9,
+        "run_tree",
+        """
+        -- Run trees (agentik.core.agents): a child run (an agent called as a
+        -- tool) runs in a conversation of its own, linked to the parent run,
+        -- the parent conversation and the parent's tool call; a top-level run
+        -- that started children has a row too.  A run is written when it ends
+        -- (stop_reason; usage: JSON token counts, its children's included).  A
+        -- child refused at the depth limit has no conversation.
+        CREATE TABLE run (
+            run_id                  TEXT PRIMARY KEY,
+            conversation_id         TEXT REFERENCES conversation (id) ON DELETE CASCADE,
+            parent_run_id           TEXT,
+            parent_conversation_id  TEXT REFERENCES conversation (id) ON DELETE CASCADE,
+            parent_call_id          TEXT,
+            agent                   TEXT,
+            depth                   INTEGER NOT NULL DEFAULT 0,
+            started                 REAL NOT NULL,
+            ended                   REAL,
+            stop_reason             TEXT,
+            usage                   TEXT
+        );
+        CREATE INDEX run_by_conversation ON run (conversation_id);
+        CREATE INDEX run_by_parent_conversation ON run (parent_conversation_id);
+        CREATE INDEX run_by_parent ON run (parent_run_id);
+        """,
+    ),
     Migration(
         10,
         "questions",

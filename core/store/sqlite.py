@@ -44,10 +44,12 @@ from .base import (
     MemoryEntry,
     OutboxEntry,
     OutboxState,
+    RunRecord,
     Store,
     TurnEnd,
     link_stored,
 )
+from .care import backup_before_migrating
 from .migrations import apply_migrations
 
 __all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous"]
@@ -81,6 +83,29 @@ _INSERT_TURN_END = (
     "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
     " VALUES (?, ?, ?, ?)"
 )
+_INSERT_RUN = (
+    "INSERT OR REPLACE INTO run (run_id, conversation_id, parent_run_id,"
+    " parent_conversation_id, parent_call_id, agent, depth, started, ended,"
+    " stop_reason, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _run_row(run: RunRecord) -> tuple[Any, ...]:
+    return (
+        run.run_id,
+        run.conversation_id,
+        run.parent_run_id,
+        run.parent_conversation_id,
+        run.parent_call_id,
+        run.agent,
+        run.depth,
+        run.started,
+        run.ended,
+        run.stop_reason,
+        None if run.usage is None else json.dumps(run.usage),
+    )
+
+
 _OUTBOX_COLUMNS = (
     "id, channel_key, run_id, piece, transport, kind, text, reply_to, complete, state,"
     " awaits_confirm, ref, created_at"
@@ -190,6 +215,7 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
     memory_rows: list[tuple[Any, ...]] = []
     touches: list[tuple[float, str]] = []
     ends: list[tuple[Any, ...]] = []
+    runs: list[tuple[Any, ...]] = []
     results: list[list[Message]] = []
     now = time.time()
     for a in appends:
@@ -213,6 +239,8 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
             touches.append((a.updated_at, a.conversation_id))
         if a.ended is not None:
             ends.append((a.conversation_id, a.ended.run_id, a.ended.outcome, now))
+            if a.ended.run is not None:
+                runs.append(_run_row(a.ended.run))
         results.append(stored)
     if message_rows:
         conn.executemany(_INSERT_MESSAGE, message_rows)
@@ -222,6 +250,8 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
         conn.executemany(_TOUCH, touches)
     if ends:
         conn.executemany(_INSERT_TURN_END, ends)
+    if runs:
+        conn.executemany(_INSERT_RUN, runs)
     return results
 
 
@@ -363,6 +393,9 @@ class SQLiteStore(Store):
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+            if not self._memory:
+                # An existing database about to change schema is copied first.
+                backup_before_migrating(conn, self.path)
             apply_migrations(conn)
         except BaseException:
             conn.close()
@@ -609,6 +642,9 @@ class SQLiteStore(Store):
             " WHERE m.kind = 'user' AND m.run_id IS NOT NULL AND NOT EXISTS ("
             "  SELECT 1 FROM turn_end t"
             "  WHERE t.conversation_id = m.conversation_id AND t.run_id = m.run_id)"
+            # A child run's conversation is not taken up again: its parent's turn is.
+            " AND NOT EXISTS (SELECT 1 FROM conversation c WHERE c.id = m.conversation_id"
+            "  AND json_extract(c.meta, '$.parent_run_id') IS NOT NULL)"
             " ORDER BY m.id LIMIT ?",
             (limit,),
         )
@@ -1113,6 +1149,37 @@ class SQLiteStore(Store):
             (since,),
         )
         return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]
+
+    # -- run trees (issue 20; migration 9) -------------------------------------------------
+    async def run_add(self, run: RunRecord) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute(_INSERT_RUN, _run_row(run))
+
+        await self._write(fn)
+
+    async def runs(self, conversation_id: str) -> list[RunRecord]:
+        rows = await self._read(
+            "SELECT run_id, conversation_id, parent_run_id, parent_conversation_id,"
+            " parent_call_id, agent, depth, started, ended, stop_reason, usage FROM run"
+            " WHERE conversation_id = ? OR parent_conversation_id = ? ORDER BY started, run_id",
+            (conversation_id, conversation_id),
+        )
+        return [
+            RunRecord(
+                run_id=r[0],
+                conversation_id=r[1],
+                parent_run_id=r[2],
+                parent_conversation_id=r[3],
+                parent_call_id=r[4],
+                agent=r[5],
+                depth=int(r[6]),
+                started=float(r[7]),
+                ended=r[8],
+                stop_reason=r[9],
+                usage=None if r[10] is None else json.loads(r[10]),
+            )
+            for r in rows
+        ]
 
     # -- access: roles granted in chat (issue 19, access) ---------------------------------
     async def access_grants(self) -> list[AccessGrant]:

@@ -134,6 +134,9 @@ class NewMessageBody(_Body):
             )
         return v
 
+    #: When a turn is running: ``queue``, ``steer`` into it, or ``interrupt`` it.
+    busy: Literal["queue", "steer", "interrupt"] = "queue"
+
 
 class InterruptBody(_Body):
     run_id: str | None = None
@@ -373,10 +376,15 @@ class Api:
         return int(raw)
 
     def _profile(self, request: Request) -> str:
+        """The stream profile named by ``?profile=`` (default ``debug``): a built-in
+        or a ``[profiles.<name>]`` of the configuration."""
         profile = request.query_params.get("profile") or "debug"
-        if profile not in PROFILES:
+        known = getattr(self.agent, "stream_profiles", PROFILES)
+        if profile not in known:
             raise ApiError(
-                422, "invalid_parameter", f"profile must be one of {', '.join(sorted(PROFILES))}"
+                422,
+                "invalid_parameter",
+                f"profile must be one of {', '.join(sorted(known))} (no profile {profile[:64]!r})",
             )
         return profile
 
@@ -455,6 +463,11 @@ class Api:
                 self.prefix,
                 auth=self.ctx.tokens.enabled,
                 guarded=self.browser_guard.check_host or self.browser_guard.check_origin,
+                profiles={
+                    name: getattr(sp, "description", "")
+                    for name, sp in getattr(self.agent, "stream_profiles", {}).items()
+                    if name not in PROFILES
+                },
             )
         )
 
@@ -568,14 +581,16 @@ class Api:
                 budgets = self.ctx.budgets
                 if subject is not None and budgets is not None:
                     await stack.enter_async_context(budgets.sending(conv.id))
-                run_id = await conv.send(
+                sent = await conv.submit(
                     body.content,
                     author=author,
                     author_id=f"{self.ctx.instance}:{principal.name}",
                     channel=channel,
                     allow_tool=allow_tool,
+                    busy=body.busy,
                 )
-                if subject is not None and budgets is not None:
+                run_id = sent.run_id
+                if subject is not None and budgets is not None and not sent.steered:
                     budgets.bind(run_id, subject, chars=len(body.content))
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
@@ -589,6 +604,7 @@ class Api:
                 "run_id": run_id,
                 "queued": conv.queued,
                 "title": conv.title,
+                "steered": sent.steered,
             },
             status_code=202,
         )
@@ -636,6 +652,11 @@ class Api:
                 "prev_before": rows[0].id if full and after is None else None,
             }
         )
+
+    async def conversation_status(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        return JSONResponse(conv.status().to_dict())
 
     async def interrupt(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -843,6 +864,7 @@ def build_app(ctx: ApiContext) -> Starlette:
             },
         ),
         (conv + "/messages", {"GET": api.list_messages, "POST": api.post_message}),
+        (conv + "/status", {"GET": api.conversation_status}),
         (conv + "/interrupt", {"POST": api.interrupt}),
         (conv + "/messages/{message_id}/redact", {"POST": api.redact_message}),
         (conv + "/approvals", {"GET": api.list_approvals}),

@@ -7,6 +7,7 @@ is checked against real responses).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["AUTHOR_CHARS", "AUTHOR_PATTERN", "ERROR_CODES", "openapi_document"]
@@ -189,6 +190,14 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "the speaker's name for the model (default: the token's name):"
                 " one line, no control characters; a label, not an identity",
             },
+            "busy": {
+                "type": "string",
+                "enum": ["queue", "steer", "interrupt"],
+                "default": "queue",
+                "description": "when a turn is running: queue a turn (queue), join the running"
+                " turn at its next model request (steer; queued when it cannot take it), or"
+                " stop it and start a new turn (interrupt)",
+            },
         },
     },
     "MessageAccepted": {
@@ -207,6 +216,38 @@ _SCHEMAS: dict[str, Any] = {
                 "minimum": 0,
                 "description": "turns waiting behind the running one",
             },
+            "steered": {
+                "type": "boolean",
+                "description": "the message joined the running turn (run_id is that turn's)",
+            },
+        },
+    },
+    "ConversationStatus": {
+        "type": "object",
+        "required": ["conversation_id", "state", "run_id", "tools", "queued", "usage"],
+        "properties": {
+            "conversation_id": {"type": "string"},
+            "state": {
+                "type": "string",
+                "enum": ["idle", "running", "streaming", "executing_tools", "awaiting_human"],
+            },
+            "run_id": {**_NULLABLE_STR, "description": "the running turn"},
+            "tools": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "the tool calls running now",
+            },
+            "queued": {"type": "integer", "minimum": 0},
+            "usage": {
+                "type": "object",
+                "description": "tokens of the running turn so far",
+                "properties": {
+                    "prompt_tokens": {"type": "integer"},
+                    "completion_tokens": {"type": "integer"},
+                    "total_tokens": {"type": "integer"},
+                },
+            },
+            "requests": {"type": "integer", "minimum": 0, "description": "model requests so far"},
         },
     },
     "Interrupt": {
@@ -341,9 +382,11 @@ _SCHEMAS: dict[str, Any] = {
             "One agent event (the data of an SSE message). Kinds: turn_started, "
             "reasoning_started, reasoning_delta, response_started, text_delta, "
             "tool_call_started, tool_call_ended, child_run_linked, turn_ended, "
-            "interrupted, error, events_lost, compacted, conversation_ended, "
-            "approval_requested, approval_resolved, question_asked, question_answered, "
-            "todo_updated, tool_progress."
+            "run_stream_end, interrupted, error, events_lost, compacted, conversation_started, "
+            "conversation_ended, memory_noted, approval_requested, approval_resolved, "
+            "question_asked, question_answered, todo_updated, tool_progress, status_changed, "
+            "usage. A child run's events (an agent called as a tool) carry its run_id and "
+            "parent_run_id and are relayed into the caller's conversation stream."
         ),
         "required": ["kind", "conversation_id", "seq", "stream_seq", "ts"],
         "properties": {
@@ -389,9 +432,27 @@ _CONV_ID = {
 _PROFILE = {
     "name": "profile",
     "in": "query",
-    "description": "chat: text and tool notices; debug: everything; metrics: usage and lifecycle",
+    "description": "the stream profile: chat (text and tool notices, child runs as one event), "
+    "debug (everything), metrics (usage and lifecycle) or one the configuration declares "
+    "([profiles.<name>]); an unknown one is 422",
     "schema": {"type": "string", "enum": ["chat", "debug", "metrics"], "default": "debug"},
 }
+
+
+def _profile_param(profiles: Mapping[str, str] | None) -> dict[str, Any]:
+    """The ``profile`` parameter, listing the built-in and configured profiles."""
+    if not profiles:
+        return _PROFILE
+    names = sorted({"chat", "debug", "metrics", *profiles})
+    described = "; ".join(f"{n}: {d}" for n, d in sorted(profiles.items()) if d)
+    return {
+        **_PROFILE,
+        "description": str(_PROFILE["description"])
+        + (f". Declared: {described}" if described else ""),
+        "schema": {"type": "string", "enum": names, "default": "debug"},
+    }
+
+
 _LAST_EVENT_ID = {
     "name": "Last-Event-ID",
     "in": "header",
@@ -424,10 +485,18 @@ _GUARD_403 = (
 )
 
 
-def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[str, Any]:
+def openapi_document(
+    prefix: str,
+    *,
+    auth: bool,
+    guarded: bool = False,
+    profiles: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The document for an API under ``prefix``; ``auth``: tokens are required;
-    ``guarded``: requests are refused for their Host or Origin (403)."""
+    ``guarded``: requests are refused for their Host or Origin (403); ``profiles``:
+    the configured stream profiles (name: description) besides the built-in ones."""
     p = prefix
+    profile = _profile_param(profiles)
     conv = p + "/conversations/{conversation_id}"
     unauthorized = {"401": _error("no valid bearer token")} if auth else {}
     common = {
@@ -629,6 +698,14 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                 ],
             ),
         },
+        conv + "/status": {
+            "parameters": [_CONV_ID],
+            "get": op(
+                "getStatus",
+                "What the conversation does now: its state, running turn, tools, queue, usage",
+                {"200": _json("ConversationStatus", "the status"), **not_found},
+            ),
+        },
         conv + "/interrupt": {
             "parameters": [_CONV_ID],
             "post": op(
@@ -722,7 +799,7 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                     **not_found,
                     "422": _error("a bad profile, after or Last-Event-ID"),
                 },
-                parameters=[_PROFILE, _AFTER_EVENT, _LAST_EVENT_ID],
+                parameters=[profile, _AFTER_EVENT, _LAST_EVENT_ID],
             ),
         },
         p + "/events": {
@@ -733,7 +810,7 @@ def openapi_document(prefix: str, *, auth: bool, guarded: bool = False) -> dict[
                     "200": _sse("an endless event stream with heartbeat comments"),
                     "422": _error("a bad profile, after or Last-Event-ID"),
                 },
-                parameters=[_PROFILE, _AFTER_EVENT, _LAST_EVENT_ID],
+                parameters=[profile, _AFTER_EVENT, _LAST_EVENT_ID],
             ),
         },
     }

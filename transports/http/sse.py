@@ -51,23 +51,30 @@ class FrameCache:
     """Encoded SSE frames of recent events, shared by every stream.
 
     Keyed by the event's agent-wide ``stream_seq`` and which id the stream
-    uses; ``events_lost`` notices are per subscriber and never cached.
+    uses; ``events_lost`` notices are per subscriber and never cached.  A
+    frame is reused only for the very event object it was made from: a
+    profile may hand its subscribers a trimmed copy (no usage numbers) under
+    the same ``stream_seq``.
     """
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._frames: dict[tuple[int, bool], bytes] = {}
+        self._frames: dict[tuple[int, bool], tuple[EventBase, bytes]] = {}
 
     def frame(self, event: EventBase, *, global_ids: bool) -> bytes:
         event_id = event.stream_seq if global_ids else event.seq
         if event.kind == "events_lost" or not event.stream_seq:
             return _encode(event, event_id)
         key = (event.stream_seq, global_ids)
-        frame = self._frames.get(key)
-        if frame is None:
-            frame = self._frames[key] = _encode(event, event_id)
-            if len(self._frames) > self.size:
-                del self._frames[next(iter(self._frames))]
+        cached = self._frames.get(key)
+        if cached is not None:
+            if cached[0] is event:
+                return cached[1]
+            return _encode(event, event_id)
+        frame = _encode(event, event_id)
+        self._frames[key] = (event, frame)
+        if len(self._frames) > self.size:
+            del self._frames[next(iter(self._frames))]
         return frame
 
 

@@ -1,0 +1,561 @@
+"""``agentik check``: the whole resolved setup, and with ``--probe`` a try of each part.
+
+The setup shows what will run: the model backend and endpoint, storage,
+memory, each transport's host, port, TLS and channels, MCP servers, access
+rules, approvals, budgets and channel settings.  Secrets are never shown:
+a secret key reads ``set`` or ``missing``.  A ``${VAR}`` that is not set is
+one error line naming every such variable and its key (exit status 2).
+
+``--probe`` tries each part for real, each with a time limit: the model
+endpoint answers ``GET /models`` and knows the model (a local model: the
+file is there), each MCP server's command resolves and the server starts and
+lists its tools, each IRC host resolves and accepts a TCP (TLS) connection
+(closed at once: no registration), each Slack bot token passes
+``auth.test``.  A failure names the component, what was tried and why it
+failed; the exit status is 1 when any probe fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import socket
+import ssl
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, SecretStr
+
+from agentik.core.settings import setting_fields
+
+from .config import Config, MissingVar, reveal
+
+__all__ = ["Probe", "check"]
+
+MASK = "**********"
+
+
+@dataclass
+class Probe:
+    """One probe's outcome: ``component`` (``model``, ``mcp git``, ``irc libera`` …)."""
+
+    component: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"probe {self.component}: {'ok' if self.ok else 'FAILED'}: {self.detail}"
+
+
+def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: float) -> int:
+    """Print the setup (and probe it); the exit status."""
+    from .app import load_registry, make_transport
+    from .builder import resolve_backend, resolve_profiles
+
+    if missing:
+        # As for `agentik run`: one line naming every unset variable and its key.
+        unset = ", ".join(f"{v.name} ({v.key})" for v in missing)
+        first = missing[0]
+        print(
+            f"agentik: {config.source}: {first.key}: environment variable {first.name} is not"
+            f" set; every unset one: {unset} (write ${{VAR:-default}} to make one optional)",
+            file=sys.stderr,
+        )
+        return 2
+    registry = load_registry(config)
+    backend = resolve_backend(config, registry)
+    profiles = resolve_profiles(config, registry)
+    transports = {
+        name: make_transport(registry, name, section, config.source)
+        for name, section in config.transports.items()
+    }
+    closed = False
+    try:
+        out = [f"configuration: {config.source} is valid"]
+        out += _model_lines(config, registry, backend, profiles)
+        out += _storage_lines(config)
+        out += _transport_lines(config, transports)
+        out += _mcp_lines(config)
+        out += _policy_lines(config)
+        print("\n".join(out), flush=True)
+        if not probe:
+            return 0
+        closed = True  # the probes use the model clients: closed in their event loop
+
+        async def probe_and_close() -> list[Probe]:
+            try:
+                return await _probe_all(config, backend, profiles, transports, timeout)
+            finally:
+                for obj in (*profiles.values(), backend):
+                    with contextlib.suppress(Exception):
+                        await obj.aclose()
+
+        results = asyncio.run(probe_and_close())
+        for r in results:
+            print(r.line(), flush=True)
+        failed = [r for r in results if not r.ok]
+        if not results:
+            print("probe: nothing to probe")
+        if failed:
+            print(
+                f"agentik: {len(failed)} of {len(results)} probe(s) failed: "
+                + ", ".join(r.component for r in failed),
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    finally:
+        if not closed:
+            for obj in (*profiles.values(), backend):
+                asyncio.run(_aclose(obj))
+
+
+async def _aclose(obj: Any) -> None:
+    await obj.aclose()
+
+
+# -- the setup ---------------------------------------------------------------------------------
+
+
+def _model_lines(
+    config: Config, registry: Any, backend: Any, profiles: dict[str, Any]
+) -> list[str]:
+    from .builder import (
+        NoModelBackend,
+        backend_choice,
+        backend_settings,
+        ignored_settings,
+    )
+
+    llm = config.llm
+    chosen = "none" if isinstance(backend, NoModelBackend) else backend_choice(config)
+    out = [
+        f"agent: {config.agent.name}",
+        f"llm: backend {chosen!r} (configured {llm.backend!r}),"
+        f" model {getattr(backend, 'model', None) or '-'!r}",
+    ]
+    settings = None if chosen == "none" else backend_settings(config, registry, chosen)
+    if settings is not None:  # the backend's own keys, as it validated them
+        shown = ", ".join(
+            f"{key}={MASK if isinstance(value, SecretStr) else value!r}"
+            for key, value in ((k, getattr(settings, k)) for k in setting_fields(type(settings)))
+            if value is not None and value != {}
+        )
+        out.append(f"llm.{chosen} settings: {shown}")
+        ignored = ignored_settings(config, registry, chosen)
+        if ignored:
+            out.append(f"llm: ignored (not keys of {chosen!r}): {', '.join(ignored)}")
+    model_path = getattr(backend, "model_path", None)
+    if model_path:  # a local model file
+        out.append(f"llm.model_path: {model_path}")
+        local = [
+            f"{key}: {getattr(backend, key)}"
+            for key in ("n_ctx", "n_threads", "tool_choice")
+            if getattr(backend, key, None) is not None
+        ]
+        if local:
+            out.append("llm." + ", ".join(local))
+    base_url = getattr(llm, "base_url", None)
+    if base_url:
+        out.append(f"llm.base_url: {base_url}")
+    api_key = getattr(llm, "api_key", None)
+    out.append(f"llm.api_key: {MASK if reveal(api_key) else '(not set)'}")
+    if isinstance(backend, NoModelBackend):
+        why = backend.reason or "no model configured"
+        out.append(f"  note: {why}; until then the bot answers with setup instructions")
+    for name, profile in profiles.items():
+        where = getattr(profile, "base_url", None)
+        out.append(
+            f"llm.profiles.{name}: {profile.name}, model {getattr(profile, 'model', None) or '-'!r}"
+            + (f" at {where}" if where else "")
+        )
+    return out
+
+
+def _storage_lines(config: Config) -> list[str]:
+    out = [f"storage: {config.database} (synchronous={config.storage.synchronous})"]
+    m = config.memory
+    if m.backend == "sqlite":
+        out.append("memory: backend 'sqlite' (notes in the database)")
+    elif m.backend == "markdown":
+        out.append(f"memory: backend 'markdown', folder {config.resolve_path(m.path)}")
+    else:
+        out.append("memory: none")
+    t = config.tools
+    out.append(
+        f"tools: at most {t.max_tool_calls} calls and {t.time_budget:g}s per turn;"
+        f" allowed {', '.join(t.allowed) if t.allowed is not None else 'all'}"
+    )
+    return out
+
+
+#: Transport keys shown by ``check`` when the transport's settings have them.
+_SHOWN = (
+    "network", "host", "port", "tls", "ssl_verify", "nick", "sasl_mechanism", "channels",
+    "mode", "api_url", "http_host", "http_port", "http_path", "conversation_per", "prefix",
+    "web_ui",
+)  # fmt: skip
+
+
+def _is_secret(annotation: Any) -> bool:
+    return "SecretStr" in str(annotation)
+
+
+def _secret_state(value: Any) -> str:
+    """``set`` or ``missing`` (never the value)."""
+    return "set" if reveal(value) else "missing"
+
+
+def _transport_lines(config: Config, transports: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for name, section in config.transports.items():
+        state = "" if section.enabled else " (disabled)"
+        out.append(f"transport {name}: {section.type}{state}")
+        options = getattr(transports[name], "options", None)
+        if not isinstance(options, BaseModel):
+            continue
+        fields = setting_fields(type(options))
+        parts = []
+        for key in _SHOWN:
+            if key not in fields:
+                continue
+            value = getattr(options, key)
+            if key == "port" and hasattr(options, "effective_port"):
+                value = options.effective_port
+            if key == "channels" and isinstance(value, list):
+                value = ", ".join(value) or "(none)"
+            if value is None:
+                continue
+            parts.append(f"{key} {value}")
+        if parts:
+            out.append("  " + ", ".join(parts))
+        secrets = []
+        for key, field in fields.items():
+            if _is_secret(field.annotation):
+                secrets.append(f"{key} {_secret_state(getattr(options, key))}")
+        for i, token in enumerate(getattr(options, "tokens", None) or ()):
+            env = getattr(token, "env", None)
+            if env:
+                secrets.append(
+                    f"token {token.name} (${env}) {'set' if os.environ.get(env) else 'missing'}"
+                )
+            elif getattr(token, "file", None):
+                path = config.resolve_path(token.file)
+                there = "present" if os.path.exists(path) else "missing"
+                secrets.append(f"token {token.name} (file {path}) {there}")
+            else:
+                secrets.append(f"token {getattr(token, 'name', i)}")
+        if secrets:
+            out.append("  secrets: " + ", ".join(secrets))
+        # The bridge's keys only (declared fields): the transport's own keys,
+        # secrets among them, are in model_extra and shown above.
+        declared = type(section).model_fields
+        bridge = sorted(
+            k for k in section.model_fields_set if k in declared and k not in ("type", "enabled")
+        )
+        if bridge:
+            shown_bridge = ", ".join(f"{k}={getattr(section, k)!r}" for k in bridge)
+            out.append(f"  channel options: {shown_bridge}")
+    if not config.transports:
+        out.append("transports: none configured (agentik chat adds a terminal)")
+    return out
+
+
+def _where(server: Any) -> tuple[str | None, str]:
+    """Where an MCP server's command is (the bot's venv ``bin/``, then ``PATH``:
+    :func:`agentik.core.tools.mcp.resolve_command`), or why it was not found."""
+    from agentik.core.tools.mcp import CommandNotFound, resolve_command
+
+    try:
+        return resolve_command(server), ""
+    except CommandNotFound as exc:
+        return None, str(exc)
+
+
+def _mcp_lines(config: Config) -> list[str]:
+    out = []
+    for s in config.mcp.servers:
+        startup = s.startup or config.mcp.startup
+        if s.command is not None:
+            found, why = _where(s)
+            where = found or why
+            line = f"mcp {s.name}: command {' '.join([s.command, *s.args])} ({where}), {startup}"
+        else:
+            line = f"mcp {s.name}: url {s.url}, {startup}"
+        keys = [*(s.env or {}), *(s.headers or {})]
+        if keys:
+            line += "; env/headers: " + ", ".join(sorted(keys))
+        if s.url is not None:
+            line += f"; bearer token {_secret_state(s.bearer_token)}"
+        out.append(line)
+    return out
+
+
+def _policy_lines(config: Config) -> list[str]:
+    from .cli import _access_summary
+
+    out = [_access_summary(config)]
+    a = config.access
+    for label, patterns in (("owners", a.owners), ("admins", a.admins), ("ignored", a.ignored)):
+        if patterns:
+            out.append(f"  {label}: {', '.join(patterns)}")
+    for name, role in a.roles.items():
+        out.append(f"  role {name}: ranks as {role.rank}")
+    for access_rule in a.rules:
+        said = [
+            f"channels {', '.join(access_rule.channels)}",
+            f"roles {', '.join(access_rule.roles)}",
+        ]
+        if access_rule.tools is not None:
+            said.append(f"tools {', '.join(access_rule.tools) or '(none)'}")
+        if access_rule.commands is not None:
+            said.append(f"commands {', '.join(access_rule.commands) or '(none)'}")
+        if access_rule.answer is not None:
+            said.append(f"answer {'yes' if access_rule.answer else 'no'}")
+        out.append("  rule: " + "; ".join(said))
+    if config.approvals:
+        out.append(f"approvals: {len(config.approvals)} rule(s) (first match wins)")
+        for rule in config.approvals:
+            where = f" in {', '.join(rule.channels)}" if rule.channels else ""
+            out.append(
+                f"  {', '.join(rule.tools)}: {rule.approve}, by {rule.approvers}"
+                f", {rule.timeout:g}s{where}"
+            )
+    else:
+        out.append("approvals: none (no tool call waits for a person)")
+    out.append(_budget_line(config))
+    if config.channels:
+        out.append(f"channels: {len(config.channels)} pattern(s)")
+        for pattern, chan in config.channels.items():
+            keys = {
+                k: getattr(chan, k)
+                for k in setting_fields(type(chan))
+                if getattr(chan, k) is not None
+            }
+            shown = ", ".join(
+                f"{k}={'(text)' if k == 'persona' else repr(v)}" for k, v in keys.items()
+            )
+            out.append(f'  "{pattern}": {shown or "(nothing set)"}')
+    else:
+        out.append("channels: no per-channel settings")
+    return out
+
+
+def _budget_line(config: Config) -> str:
+    from agentik.core.budgets import BudgetLimits
+
+    b = config.budgets
+    tables = [("owner", b.owner), ("admin", b.admin), ("user", b.user), ("channel", b.channel)]
+    tables += [(f"role {n}", lim) for n, lim in sorted(b.roles.items())]
+    limited = [name for name, lim in tables if lim != BudgetLimits()]
+    if not limited:
+        return "budgets: none (unlimited)"
+    return f"budgets: limits for {', '.join(limited)} (agentik access budgets)"
+
+
+# -- probes ------------------------------------------------------------------------------------
+
+
+async def _probe_all(
+    config: Config,
+    backend: Any,
+    profiles: dict[str, Any],
+    transports: dict[str, Any],
+    seconds: float,
+) -> list[Probe]:
+    jobs: list[tuple[str, Callable[[], Awaitable[Probe | list[Probe]]]]] = []
+    jobs.append(("model", lambda: _probe_model("model", backend, seconds)))
+    for name, profile in profiles.items():
+        jobs.append((f"model profile {name}", _bind(_probe_model, f"model profile {name}",
+                                                    profile, seconds)))  # fmt: skip
+    if config.mcp.servers:
+        jobs.append(("mcp", lambda: _probe_mcp(config, seconds)))
+    for name, section in config.transports.items():
+        if not section.enabled:
+            continue
+        t = transports[name]
+        if section.type == "irc":
+            jobs.append((f"irc {name}", _bind(_probe_irc, f"irc {name}", t.options, seconds)))
+        elif section.type == "slack":
+            jobs.append((f"slack {name}", _bind(_probe_slack, f"slack {name}", t.options,
+                                                seconds)))  # fmt: skip
+    results = await asyncio.gather(*(_guarded(c, job, seconds) for c, job in jobs))
+    flat: list[Probe] = []
+    for r in results:
+        flat.extend(r if isinstance(r, list) else [r])
+    return flat
+
+
+def _bind(fn: Callable[..., Awaitable[Any]], *args: Any) -> Callable[[], Awaitable[Any]]:
+    return lambda: fn(*args)
+
+
+async def _guarded(
+    component: str, job: Callable[[], Awaitable[Probe | list[Probe]]], seconds: float
+) -> Probe | list[Probe]:
+    """A probe that hangs or raises still gives a named failure."""
+    try:
+        # The probes bound their own steps; this only guards against a hang.
+        return await asyncio.wait_for(job(), seconds * 3 + 5)
+    except TimeoutError:
+        return Probe(component, False, f"no answer within {seconds * 3 + 5:g}s")
+    except Exception as exc:  # a probe's own bug must not hide the others' results
+        return Probe(component, False, f"{type(exc).__name__}: {exc}")
+
+
+async def _probe_model(component: str, backend: Any, seconds: float) -> Probe:
+    from .builder import NoModelBackend
+
+    if isinstance(backend, NoModelBackend):
+        return Probe(component, False, backend.reason or "no model configured")
+    model_path = getattr(backend, "model_path", None)
+    client = getattr(backend, "_client", None)
+    if client is None and model_path is not None:
+        return _model_file(component, model_path)
+    if client is None:
+        return Probe(component, True, f"{type(backend).__name__}: nothing to reach")
+    import openai
+
+    where = getattr(backend, "base_url", None) or str(client.base_url)
+    model = getattr(backend, "model", None)
+    try:
+        listing = await client.with_options(max_retries=0, timeout=seconds).models.list()
+        ids = [m.id async for m in listing]
+    except openai.APIConnectionError as exc:
+        cause = exc.__cause__ or exc
+        return Probe(component, False, f"GET {where}/models: endpoint unreachable ({cause})")
+    except openai.AuthenticationError as exc:
+        return Probe(
+            component, False, f"GET {where}/models: the API key was refused ({exc.status_code})"
+        )
+    except openai.APIStatusError as exc:
+        return Probe(
+            component, False, f"GET {where}/models: HTTP {exc.status_code}: cannot list models"
+        )
+    if model not in ids:
+        served = ", ".join(ids[:10]) + (" …" if len(ids) > 10 else "") or "none"
+        return Probe(
+            component, False, f"model {model!r} is not known to {where} (it serves: {served})"
+        )
+    return Probe(component, True, f"{where} serves model {model!r}")
+
+
+def _model_file(component: str, model_path: str) -> Probe:
+    if os.path.isfile(model_path):
+        size = os.path.getsize(model_path)
+        return Probe(component, True, f"model file {model_path} ({size:,} bytes)")
+    return Probe(component, False, f"model file {model_path}: not found")
+
+
+async def _probe_mcp(config: Config, seconds: float) -> list[Probe]:
+    from .builder import mcp_toolset
+
+    results: dict[str, Probe] = {}
+    runnable = []
+    for s in config.mcp.servers:
+        if s.command is not None and _where(s)[0] is None:
+            results[s.name] = Probe(f"mcp {s.name}", False, _where(s)[1])
+        else:
+            runnable.append(s.name)
+    if runnable:
+        # Every server started now (lazy ones too), as `agentik run` would.
+        servers = [
+            dataclasses.replace(s, startup="eager")
+            for s in config.mcp.servers
+            if s.name in runnable
+        ]
+        only = config.model_copy(
+            update={"mcp": config.mcp.model_copy(update={"servers": servers, "startup": "eager"})}
+        )
+        toolset = mcp_toolset(only)
+        try:
+            try:
+                await asyncio.wait_for(toolset.start(), seconds)
+            except TimeoutError:
+                pass
+            for st in toolset.status():
+                name, state = st["name"], st.get("state")
+                if state == "connected":
+                    n = len(st.get("tools") or ())
+                    results[name] = Probe(f"mcp {name}", True, f"started, {n} tool(s)")
+                else:
+                    why = st.get("error") or f"still {state} after {seconds:g}s"
+                    results[name] = Probe(f"mcp {name}", False, f"server did not start: {why}")
+        finally:
+            with contextlib.suppress(Exception):
+                await toolset.aclose()
+    return [results[s.name] for s in config.mcp.servers if s.name in results]
+
+
+async def _probe_irc(component: str, options: Any, seconds: float) -> Probe:
+    host = options.host
+    port = options.effective_port if hasattr(options, "effective_port") else options.port
+    tls = bool(options.tls)
+    what = f"{host}:{port}{' with TLS' if tls else ''}"
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), seconds)
+    except (OSError, TimeoutError) as exc:
+        return Probe(component, False, f"host {host!r} does not resolve ({exc or 'timed out'})")
+    context: ssl.SSLContext | None = None
+    if tls:
+        context = ssl.create_default_context(cafile=getattr(options, "ssl_ca_file", None))
+        if not getattr(options, "ssl_verify", True):
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=context, server_hostname=host if tls else None),
+            seconds,
+        )
+    except TimeoutError:
+        return Probe(component, False, f"connect to {what}: no answer within {seconds:g}s")
+    except ssl.SSLError as exc:
+        return Probe(component, False, f"connect to {what}: TLS handshake failed ({exc})")
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        return Probe(component, False, f"connect to {what}: {why}")
+    writer.close()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(writer.wait_closed(), seconds)
+    return Probe(component, True, f"{what} accepts connections (not registered)")
+
+
+async def _probe_slack(component: str, options: Any, seconds: float) -> Probe:
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    token = reveal(options.bot_token)
+    if not token:
+        return Probe(component, False, "bot_token is not set")
+    kwargs: dict[str, Any] = {"token": token, "timeout": int(max(1, seconds))}
+    if options.api_url:
+        kwargs["base_url"] = (
+            options.api_url if options.api_url.endswith("/") else options.api_url + "/"
+        )
+    client = AsyncWebClient(**kwargs)
+    where = kwargs.get("base_url", client.base_url)
+    try:
+        auth = await client.auth_test()
+    except SlackApiError as exc:
+        error = exc.response.get("error") if exc.response is not None else None
+        return Probe(
+            component, False, f"auth.test at {where} refused the bot_token: {error or exc}"
+        )
+    except Exception as exc:  # connection problems come as aiohttp/OS errors
+        return Probe(
+            component,
+            False,
+            f"auth.test at {where}: cannot reach Slack ({type(exc).__name__}: {exc})",
+        )
+    finally:
+        session = getattr(client, "session", None)
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await session.close()
+    team = auth.get("team") or auth.get("team_id")
+    return Probe(component, True, f"bot_token valid: team {team!r}, bot user {auth.get('user_id')}")
