@@ -145,6 +145,20 @@ class ConversationStatus:
         return " · ".join(parts)
 
 
+def _scrubber(services: Any, conversation_id: str) -> Callable[[str, str], str]:
+    """The ``before_store`` hooks for one conversation's writes.
+
+    A closure over the services, not a bound method: the working memory
+    must not hold its conversation (the agent's registry of open
+    conversations is weak, and a cycle would keep a dropped one alive).
+    """
+
+    def scrub(kind: str, text: str) -> str:
+        return services.hooks.before_store(kind, text, conversation_id)
+
+    return scrub
+
+
 @dataclass(slots=True)
 class _Pending:
     run_id: str
@@ -226,7 +240,7 @@ class Conversation:
         self._queue: deque[_Pending | _Job] = deque()
         # The memory sees the turn queue (whose messages are not orphans).
         self._memory = WorkingMemory(
-            store, record.id, queue=self._queue, fresh=fresh, scrub=self._scrub
+            store, record.id, queue=self._queue, fresh=fresh, scrub=_scrubber(services, record.id)
         )
         self._events: ConversationEvents | None = None  # created on first use
         self._worker: asyncio.Task[None] | None = None
