@@ -172,6 +172,7 @@ mcp-servers:
 bench: $(DEV)
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_memory.py
+	$(PY) benchmarks/bench_recall.py
 	$(PY) benchmarks/bench_litert.py
 	$(PY) benchmarks/bench_http.py
 	$(PY) benchmarks/bench_access.py

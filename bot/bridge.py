@@ -93,6 +93,7 @@ from .chansettings import (
     describe,
     parse_setting,
     persona_block,
+    recall_override,
     settings_scope,
     split_args,
 )
@@ -490,6 +491,7 @@ class Bridge(AgentAccess):
         conv = ch.conversation
         conv.system_addition = persona_block(ch.key, eff.persona) if eff.persona else None
         conv.llm_profile = eff.model
+        conv.recall = recall_override(self.agent.memory.recall_policy, eff.recall)
         if eff.tools is None and conv not in self._narrowed:
             return  # the transport's bound, set when the channel opened
         outer = self.options_for(ch.transport).allowed_tools
@@ -1910,7 +1912,13 @@ class _Renderer:
                 line, child.buffer = child.buffer.split("\n", 1)
                 if line.strip():
                     await say(line)
-        elif e.kind == "tool_call_started":
+            return
+        # Anything else ends the child's partial line first: a step's text shows
+        # before the tool call that follows it, and never runs into the next step's.
+        rest, child.buffer = child.buffer, ""
+        if rest.strip():
+            await say(rest)
+        if e.kind == "tool_call_started":
             self.call_args[e.call_id] = (e.name, e.arguments)
             if not e.name.startswith(AGENT_TOOL_PREFIX):
                 await say(f"⚙ {e.name}({_short_args(e.arguments)})")
@@ -1925,23 +1933,22 @@ class _Renderer:
             await say(f"(thinking) {e.text}")
         elif e.kind == "error":
             await say(" ".join(e.message.split())[:300])
-        elif e.kind in ("turn_ended", "interrupted", "run_stream_end"):
-            rest, child.buffer = child.buffer, ""
-            if rest.strip():
-                await say(rest)
-            if e.kind == "turn_ended":
-                u = e.usage
-                await say(
-                    f"done: {e.stop_reason}, {u.prompt_tokens}+{u.completion_tokens} tokens,"
-                    f" {e.tool_calls} tool calls"
-                )
-            elif e.kind == "interrupted":
-                await say("(interrupted)")
+        elif e.kind == "turn_ended":
+            u = e.usage
+            await say(
+                f"done: {e.stop_reason}, {u.prompt_tokens}+{u.completion_tokens} tokens,"
+                f" {e.tool_calls} tool calls"
+            )
+        elif e.kind == "interrupted":
+            await say("(interrupted)")
 
     async def on_event(self, event: Event) -> None:
-        if event.kind == "response_started" and event.parent_run_id is None:
+        if event.kind == "response_started" and (
+            event.parent_run_id is None or self.profile.child_runs
+        ):
             # Not shown, but it separates the answer's steps (text before a tool
-            # call, text after it), whatever the profile carries.
+            # call, text after it), whatever the profile carries — a child run's
+            # too, when the profile brings child runs.
             admitted: Event | None = event
         elif event.parent_run_id is not None and event.kind in _CHILD_KINDS:
             # A child's tool call waiting for a person is asked (and answered) here.

@@ -32,8 +32,10 @@ from agentik.core.approvals import ApprovalRule
 from agentik.core.background import MemoryWorker
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.errors import PluginError
+from agentik.core.lifecycle import RetentionWorker
 from agentik.core.llm.base import FinishItem, LLMBackend, LLMRequest, StreamItem, TextChunk
 from agentik.core.memory import MemoryBackend, NoMemory
+from agentik.core.memory.embeddings import EmbeddingError, embedder_for
 from agentik.core.memory.markdown import MarkdownMemory
 from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.plugins import Registry
@@ -329,7 +331,17 @@ class AgentBuilder:
         mem = config.memory
         memory: MemoryBackend
         if mem.backend == "sqlite":
-            memory = SQLiteMemory(store, allow_global_writes=mem.allow_global_writes)
+            try:
+                embedder = embedder_for(mem)
+            except EmbeddingError as exc:
+                raise ConfigError(f"{config.source}: memory: {exc}") from None
+            memory = SQLiteMemory(
+                store,
+                allow_global_writes=mem.allow_global_writes,
+                embedder=embedder,
+                search=mem.search,
+                recall=mem.recall_policy(),
+            )
         elif mem.backend == "markdown":
             memory = MarkdownMemory(
                 config.resolve_path(mem.path), allow_global_writes=mem.allow_global_writes
@@ -339,6 +351,8 @@ class AgentBuilder:
         b.memory(memory)
         if not isinstance(memory, NoMemory) and (mem.mining or mem.reflection):
             b.background(MemoryWorker(mem))
+        if config.retention.rules:
+            b.background(RetentionWorker(config.retention))
         b.compaction(config.compaction)
         b.persona(config)
         b.tools(*registry.tools)

@@ -23,6 +23,9 @@ pattern wins key by key), overlaid with what the channel's admins set in chat
     what a message that arrives while the bot answers does: ``queue``,
     ``steer`` or ``interrupt`` (``auto``: ``steer`` in direct conversations
     and threads, ``queue`` in shared channels).
+``recall``, ``recall_k``, ``recall_min_score``, ``recall_tokens``
+    automatic recall of memory notes here (see :mod:`agentik.core.recall`);
+    unset keys keep ``[memory]``'s.
 
 Who may set them is a role (``[agent] settings_role``, default ``admin``)
 compared with the speaker's role from a ``role_for`` callable: by default
@@ -43,6 +46,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field
 
+from agentik.core.memory import RecallPolicy
 from agentik.core.settings import settings_dataclass
 from agentik.core.store.base import ChannelSetting, Store
 from agentik.core.streamprofiles import PROFILE_NAME
@@ -52,6 +56,7 @@ from .channel import ChannelOptions
 
 __all__ = [
     "BUILTIN_ROLES",
+    "RECALL_KEYS",
     "SETTING_KEYS",
     "ChannelSettings",
     "ChannelSettingsBook",
@@ -62,6 +67,7 @@ __all__ = [
     "parse_setting",
     "pattern_specificity",
     "persona_block",
+    "recall_override",
     "role_at_least",
     "settings_scope",
 ]
@@ -139,6 +145,14 @@ class ChannelSettings:
     busy: Busy | None = None
     #: Tell the channel when reflection or mining saved notes from it (``[memory] announce``).
     announce: bool | None = None
+    #: Automatic recall of relevant memory notes before each turn (``[memory] recall``).
+    recall: bool | None = None
+    #: At most this many recalled notes per turn (``[memory] recall_k``).
+    recall_k: Annotated[int, Field(ge=1, le=20)] | None = None
+    #: Least similarity (cosine) of a recalled note (``[memory] recall_min_score``).
+    recall_min_score: Annotated[float, Field(ge=-1.0, le=1.0)] | None = None
+    #: About this many tokens of recalled notes at most (``[memory] recall_tokens``).
+    recall_tokens: Annotated[int, Field(ge=50, le=8000)] | None = None
 
 
 #: The keys ``!set`` knows, and what each takes (the help and error texts).
@@ -157,7 +171,15 @@ SETTING_KEYS: dict[str, str] = {
     "busy": "one of " + ", ".join(get_args(Busy)) + " (what a message sent while the bot "
     "answers does)",
     "announce": "on or off (say when notes were saved from this channel)",
+    "recall": "on or off",
+    "recall_k": "a whole number from 1 to 20",
+    "recall_min_score": "a number from -1 to 1",
+    "recall_tokens": "a whole number from 50 to 8000",
 }
+
+#: The automatic-recall keys (overlaying ``[memory]``'s of the same names).
+RECALL_KEYS = ("recall", "recall_k", "recall_min_score", "recall_tokens")
+_BOUNDS = {"recall_k": (1, 20), "recall_tokens": (50, 8000)}
 
 #: Keys that overlay :class:`ChannelOptions` fields of the same name.
 _OPTION_KEYS = (
@@ -246,12 +268,26 @@ def parse_setting(
         if text.lower() not in allowed:
             raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
         return text.lower()
-    if key in ("ambient", "announce"):
+    if key in ("ambient", "announce", "recall"):
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE:
             return False
         raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
+    if key == "recall_min_score":
+        try:
+            score = float(text)
+        except ValueError:
+            raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}") from None
+        if not -1.0 <= score <= 1.0:
+            raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
+        return score
+    if key in _BOUNDS:
+        low, high = _BOUNDS[key]
+        value = _whole(key, text, low)
+        if value > high:
+            raise SettingError(f"{key}: {value} is not {SETTING_KEYS[key]}")
+        return value
     return _whole(key, text, 0 if key == "max_answer_lines" else 1)
 
 
@@ -276,6 +312,20 @@ def settings_scope(transport: Transport, channel_key: str) -> str:
     if transport.in_thread(channel_key):
         return channel_key.rsplit(":", 1)[0]
     return channel_key
+
+
+def recall_override(base: RecallPolicy, keys: Mapping[str, Any]) -> RecallPolicy | None:
+    """``base`` (``[memory]``'s recall) with a channel's recall ``keys`` over it;
+    ``None`` when the channel sets none (the conversation follows ``base``)."""
+    if not keys:
+        return None
+    return dataclasses.replace(
+        base,
+        enabled=keys.get("recall", base.enabled),
+        k=keys.get("recall_k", base.k),
+        min_score=keys.get("recall_min_score", base.min_score),
+        tokens=keys.get("recall_tokens", base.tokens),
+    )
 
 
 def persona_block(channel_key: str, persona: str) -> str:
@@ -303,8 +353,12 @@ class Effective:
     #: ``announce`` set for the channel; ``None``: ``[memory] announce`` decides.
     announce: bool | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    #: The automatic-recall keys set for this channel (the rest: ``[memory]``'s).
+    recall: dict[str, Any] = field(default_factory=dict)
 
     def value(self, key: str) -> Any:
+        if key in RECALL_KEYS:
+            return self.recall.get(key, "as [memory]")
         if key == "persona":
             return self.persona
         if key == "model":
@@ -426,6 +480,7 @@ class ChannelSettingsBook:
             tools=None if tools is None else tuple(tools),
             announce=values.get("announce"),
             sources=sources,
+            recall={k: values[k] for k in RECALL_KEYS if k in values},
         )
 
 

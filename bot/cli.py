@@ -8,6 +8,7 @@
     agentik conversations list     list stored conversations (-c FILE for the database)
     agentik conversations show ID  print a conversation's history
     agentik conversations export ID --format json|markdown
+    agentik conversations import FILE [--new-ids|--keep-ids] [--bind CHANNEL]
     agentik conversations rm ID    delete a conversation and all its rows (--reflect:
                                    reflect on it first, with the configured model)
     agentik conversations redact ID MSG [--reason R]  replace a message by a tombstone
@@ -43,9 +44,11 @@ import asyncio
 import json
 import logging
 import os
+import sqlite3
 import sys
 import time
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 from agentik.core import AgentikError, ConfigError, SQLiteStore, Store
@@ -66,6 +69,7 @@ COMMANDS = (
     "conversations list",
     "conversations show",
     "conversations export",
+    "conversations import",
     "conversations rm",
     "conversations redact",
     "memory list",
@@ -87,6 +91,7 @@ COMMANDS = (
     "db check",
     "db vacuum",
     "db migrate",
+    "db prune",
 )
 
 
@@ -97,7 +102,7 @@ COMMANDS = (
 _NEEDS: dict[str, frozenset[str] | None] = {
     "conversations": frozenset({"storage", "logging"}),
     "memory": frozenset({"storage", "memory", "logging"}),
-    "db": frozenset({"storage", "logging"}),
+    "db": frozenset({"storage", "logging", "retention", "memory"}),
     "access": frozenset(Config.model_fields) - {"transports", "llm", "mcp", "plugins"},
     "check": frozenset(),
     # A running bot is asked where it listens; its secrets are not needed.
@@ -164,6 +169,16 @@ def _parser() -> argparse.ArgumentParser:
     red.add_argument("message", type=int, help="the message id (see conversations show)")
     red.add_argument("--reason", default="", help="why (kept in the tombstone and the audit)")
     red.add_argument("--by", default=None, help="who redacts (default: cli:$USER)")
+    imp = with_config(
+        csub.add_parser("import", help="restore a conversation from an export (JSON snapshot)")
+    )
+    imp.add_argument("file", help="the snapshot (agentik conversations export ID), - for stdin")
+    ids = imp.add_mutually_exclusive_group()
+    ids.add_argument("--new-ids", action="store_true", help="import under a fresh conversation id")
+    ids.add_argument(
+        "--keep-ids", action="store_true", help="keep the snapshot's conversation id (the default)"
+    )
+    imp.add_argument("--bind", metavar="CHANNEL", help="bind this channel key to it")
     mem = sub.add_parser("memory", help="inspect and edit long-term memory")
     memsub = mem.add_subparsers(dest="action", metavar="ACTION", required=True)
     ml = with_config(memsub.add_parser("list", help="list notes, most recently changed first"))
@@ -183,10 +198,20 @@ def _parser() -> argparse.ArgumentParser:
     madd = with_config(memsub.add_parser("add", help="write a note"))
     madd.add_argument("scope", help="global, channel:<channel key> or user:<transport>:<id>")
     madd.add_argument("text")
-    ms = with_config(memsub.add_parser("search", help="full-text search"))
+    ms = with_config(
+        memsub.add_parser("search", help="search notes ([memory] search: hybrid, fts or vector)")
+    )
     ms.add_argument("query", nargs="+")
     ms.add_argument("--scope", action="append", help="only this scope (repeatable)")
     ms.add_argument("--limit", type=int, default=20)
+    mreb = with_config(
+        memsub.add_parser(
+            "reembed",
+            help="embed the notes whose vector is missing or from another model"
+            " (after changing [memory] embeddings)",
+        )
+    )
+    mreb.add_argument("--all", action="store_true", help="embed every note again")
     plugins = sub.add_parser("plugins", help="list plugins and what they registered")
     plugins.add_argument(
         "-c",
@@ -221,6 +246,14 @@ def _parser() -> argparse.ArgumentParser:
     with_config(dsub.add_parser("vacuum", help="rebuild the file to reclaim free space"))
     dm = with_config(dsub.add_parser("migrate", help="apply pending schema migrations"))
     dm.add_argument("--dry-run", action="store_true", help="list them; change nothing")
+    prune = with_config(
+        dsub.add_parser("prune", help="apply the [retention] rules now (audit-log retention)")
+    )
+    prune.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list what would go, per conversation; change nothing",
+    )
     acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets, approvals")
     asub = acc.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, (helptext, arguments, _) in ACCESS_ACTIONS.items():
@@ -290,6 +323,8 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         return _db(args, config)
     if args.command == "access":
         return asyncio.run(ACCESS_ACTIONS[args.action][2](args, config))
+    if args.command == "conversations" and args.action == "import":
+        return asyncio.run(_import(args, config))
     if args.command == "memory":
         if config.memory.backend == "sqlite" and not os.path.exists(config.database):
             raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
@@ -333,6 +368,8 @@ def _db(args: argparse.Namespace, config: Config) -> int:
         raise ConfigError(f"{config.source}: storage.path: is :memory:, there is no file")
     if not os.path.exists(path):
         raise ConfigError(f"{config.source}: storage.path: no database at {path}")
+    if args.action == "prune":
+        return asyncio.run(_db_prune(args, config, os.path.abspath(path)))
     if args.action == "backup":
         target = care.backup_database(path, args.path)
         print(f"backed up {path} to {target} ({os.path.getsize(target):,} bytes)")
@@ -704,16 +741,10 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
             messages.extend(page)
             after = page[-1].id
         if args.action == "export" and args.format == "json":
-            doc = {
-                "conversation": {
-                    "id": record.id,
-                    "title": record.title,
-                    "created_at": record.created_at,
-                    "updated_at": record.updated_at,
-                    "meta": record.meta,
-                },
-                "messages": [m.to_dict() for m in messages],
-            }
+            from agentik.core.lifecycle import export_conversation
+
+            # The versioned snapshot that ``conversations import`` restores.
+            doc = await export_conversation(store, args.id)
             print(json.dumps(doc, ensure_ascii=False, indent=2))
             return 0
         markdown = args.action == "export"
@@ -813,6 +844,106 @@ async def _run_tree(store: Store, conversation_id: str, messages: list[Any]) -> 
     return lines
 
 
+async def _import(args: argparse.Namespace, config: Config) -> int:
+    from agentik.core.lifecycle import SnapshotError, import_conversation
+
+    where = "standard input" if args.file == "-" else args.file
+    try:
+        if args.file == "-":
+            text = sys.stdin.read()
+        else:
+            text = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {where}: {exc}") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not JSON: {exc}") from exc
+    async with SQLiteStore(config.database) as store:
+        try:
+            result = await import_conversation(store, doc, new_ids=args.new_ids, bind=args.bind)
+        except SnapshotError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+    print(f"imported {result.conversation_id} ({result.messages} messages)")
+    for key in result.bound:
+        print(f"bound {key}")
+    for key in result.skipped_bindings:
+        print(f"not bound {key}: that channel is bound to another conversation here")
+    return 0
+
+
+async def _db_prune(args: argparse.Namespace, config: Config, path: str) -> int:
+    from agentik.core.lifecycle import (
+        apply_retention,
+        count_old_notes,
+        note_scopes,
+        plan_retention,
+        purge_old_notes,
+    )
+
+    rules = config.retention.rules
+    if not rules:
+        print("no [retention] rules: nothing to prune")
+        return 0
+    if args.dry_run:
+        # A read-only connection: the database file is not written at all.
+        uri = "file:" + path + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+
+            async def read(sql: str, params: Any = ()) -> list[Any]:
+                return conn.execute(sql, tuple(params)).fetchall()
+
+            items = await plan_retention(read, rules)
+            notes = await count_old_notes(read, await note_scopes(read, rules))
+        finally:
+            conn.close()
+    else:
+        llm = None
+        if any(r.action == "summarise" for r in rules):
+            from .app import load_registry
+            from .builder import resolve_backend
+
+            llm = resolve_backend(config, load_registry(config))
+        store = SQLiteStore(config.database, synchronous=config.storage.synchronous)
+        async with store:
+            items = await apply_retention(store, config.retention, llm=llm)
+            notes = {}
+            scopes = await note_scopes(store.run_read, rules)
+            if scopes and config.memory.backend != "none":
+                from agentik.core.memory.markdown import MarkdownMemory
+                from agentik.core.memory.sqlite import SQLiteMemory
+
+                memory: Any = (
+                    SQLiteMemory(store)
+                    if config.memory.backend == "sqlite"
+                    else MarkdownMemory(config.resolve_path(config.memory.path))
+                )
+                await memory.start()
+                try:
+                    notes = await purge_old_notes(memory, scopes)
+                finally:
+                    await memory.aclose()
+    total = 0
+    for item in items:
+        total += item.messages
+        verb = "would " + item.action if args.dry_run else item.action
+        if item.error:
+            verb = f"left as it was ({item.error}); wanted to {item.action}"
+        keys = ", ".join(item.channel_keys) or "-"
+        print(
+            f"{item.conversation_id}  {keys}  {verb} {item.messages} messages"
+            f" (older than {item.keep_days:g} days, rule {item.pattern!r})"
+        )
+    for scope, n in notes.items():
+        print(f"{scope}  {'would purge' if args.dry_run else 'purged'} {n} memory notes")
+    errors = sum(1 for i in items if i.error)
+    pruned = total - sum(i.messages for i in items if i.error)
+    verb = "would prune" if args.dry_run else "pruned"
+    print(f"{verb} {pruned} messages in {len(items) - errors} conversations")
+    return 1 if errors else 0
+
+
 async def _memory(args: argparse.Namespace, config: Config) -> int:
     from agentik.core.memory import NoteError, valid_scope
     from agentik.core.memory.markdown import MarkdownMemory
@@ -824,16 +955,39 @@ async def _memory(args: argparse.Namespace, config: Config) -> int:
     store: SQLiteStore | None = None
     memory: Any
     if backend == "sqlite":
+        from agentik.core.memory.embeddings import EmbeddingError, embedder_for
+
+        try:
+            embedder = embedder_for(config.memory)
+        except EmbeddingError as exc:
+            raise ConfigError(f"{config.source}: memory: {exc}") from None
         store = SQLiteStore(config.database)
         await store.start()
-        memory = SQLiteMemory(store)
+        memory = SQLiteMemory(store, embedder=embedder, search=config.memory.search)
     else:
         memory = MarkdownMemory(config.resolve_path(config.memory.path))
     try:
         await memory.start()
         who = f"cli:{os.environ.get('USER') or 'admin'}"
         a = args.action
-        if a == "list":
+        if a == "reembed":
+            if not isinstance(memory, SQLiteMemory):
+                raise ConfigError(
+                    f"{config.source}: memory.backend: reembed needs the sqlite backend"
+                )
+            if memory.embedder is None:
+                raise ConfigError(
+                    f'{config.source}: memory.embeddings: is "none": nothing to embed'
+                )
+            from agentik.core.memory.embeddings import EmbeddingError
+
+            try:
+                done = await memory.reembed(everything=args.all)
+            except EmbeddingError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            print(f"embedded {done} notes with {memory.embedder.model}")
+        elif a == "list":
             notes = await memory.list(args.scope, limit=args.limit, include_deleted=args.deleted)
             for n in notes:
                 print(_note_line(n))

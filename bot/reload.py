@@ -17,7 +17,7 @@ changes the running bot:
 * MCP servers added, removed or changed are started, stopped or restarted;
   unchanged ones keep their session.
 
-What needs a restart (``[storage]``, ``[memory]``, ``[llm]``, ``[plugins]``,
+What needs a restart (``[storage]``, ``[memory]``, ``[llm]``, ``[plugins]``, ``[retention]``,
 ``[compaction]``, ``[logging]``, the event buffer) is named in a warning.
 """
 
@@ -46,7 +46,7 @@ __all__ = ["Plan", "prepare"]
 log = logging.getLogger("agentik.bot.app")
 
 #: Sections a running bot cannot change: a reload names them in a warning.
-RESTART_SECTIONS = ("storage", "memory", "llm", "plugins", "compaction", "logging")
+RESTART_SECTIONS = ("storage", "memory", "llm", "plugins", "compaction", "logging", "retention")
 #: ``[agent]`` keys a reload puts in force (a change of any other one needs a restart).
 RELOADED_AGENT_KEYS = frozenset(
     {"system_prompt", "soul", "skills", "resume", "resume_max_age", "settings_role"}

@@ -39,6 +39,7 @@ from .events import (
     TurnStarted,
 )
 from .hooks import Refuse
+from .memory import RecallPolicy
 from .messages import ChatMessage, Message, MessageKind, NewMessage, Usage
 from .services import AgentServices, ConversationEvents, ConversationParts, profile_of
 from .store.base import ConversationRecord, Store, TurnEnd
@@ -235,6 +236,9 @@ class Conversation:
         #: Replaces the agent's system prompt in this conversation's requests (a
         #: named agent's own prompt, for a child run); ``None``: the agent's.
         self.system_prompt: str | None = None
+        #: Automatic recall here (set by the bridge from the channel's settings);
+        #: ``None``: the memory backend's ``recall_policy``.  Read at each turn.
+        self.recall: RecallPolicy | None = None
         self.state = ConversationState.OPEN
         self._store = store
         self._queue: deque[_Pending | _Job] = deque()

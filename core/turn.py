@@ -53,8 +53,10 @@ from .llm.base import (
     ToolSpec,
     UsageItem,
 )
+from .memory import scopes_for
 from .messages import ChatMessage, Message, MessageKind, MessageStatus, NewMessage, ToolCall, Usage
 from .observe import RequestStats
+from .recall import recall_for, with_recall
 from .tools.base import Tool, ToolContext, ToolResult, TurnPolicy, spec_of
 
 if TYPE_CHECKING:
@@ -182,6 +184,8 @@ class TurnRunner:
         #: before the first request: messages sent in a burst each get a turn.
         self.steer_open = False
         self._steered: list[Steered] = []
+        #: The automatic-recall block of this turn (:mod:`agentik.core.recall`).
+        self._recalled: str | None = None
 
     # -- helpers -------------------------------------------------------------
     def _emit(self, cls: type[Event], **fields: Any) -> None:
@@ -531,6 +535,7 @@ class TurnRunner:
 
     async def _steps(self) -> None:
         services = self.services
+        await self._recall()
         while True:
             if self.node.over_budget():
                 # Used up (this run's or an ancestor's budget, perhaps by a child
@@ -685,9 +690,24 @@ class TurnRunner:
         extra = self.conv.system_addition
         return "\n\n".join(p for p in (base, extra) if p) or None
 
+    async def _recall(self) -> None:
+        """Automatic recall for this turn's message (once, before the first request)."""
+        memory = self.services.agent.memory
+        policy = self.conv.recall or memory.recall_policy
+        if not policy.enabled:
+            return
+        data = self.message.data if isinstance(self.message.data, dict) else {}
+        scopes = scopes_for(
+            channel=self.conv.channel_key,
+            conversation_id=self.parts.id,
+            author_id=data.get("author_id"),
+            speakers=await self.conv.speakers(),
+        )
+        self._recalled = await recall_for(memory, policy, self.message.content, scopes)
+
     def _request(self, offered: list[ToolSpec]) -> LLMRequest:
         return LLMRequest(
-            messages=self.memory.messages,
+            messages=with_recall(self.memory.messages, self._recalled),
             system=self._system(),
             tools=offered,
             tool_choice="auto" if offered else "none",

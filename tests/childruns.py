@@ -1,56 +1,62 @@
-"""A stand-in sub-agent for tests of rendering and profiles: a tool named like an
-agent tool (``agent__<name>``) that, when the model calls it, emits what a child
-run emits into the parent conversation's stream — ``child_run_linked`` on the
-parent run, then the child's own events with ``parent_run_id`` set — using only
-the event classes, and returns the child's answer as the tool result."""
+"""A real sub-agent for tests of rendering and profiles: ``[agents.researcher]``,
+used by the main agent (so its model is offered ``agent__researcher``), running
+on a scripted model of its own (the model profile ``researcher``).
+
+When the parent calls it, the child run fetches a page with its ``fetch`` tool,
+streams a draft (:data:`CHILD_TEXT`, two lines) while it fetches one more page,
+then answers :data:`CHILD_ANSWER` — which becomes the parent's tool result.
+Its events reach the parent conversation's subscribers with ``parent_run_id``
+set, after the parent's ``child_run_linked``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentik.core import Agent, tool
-from agentik.core.events import (
-    ChildRunLinked,
-    ResponseStarted,
-    TextDelta,
-    ToolCallEnded,
-    ToolCallStarted,
-    TurnEnded,
-    TurnStarted,
-)
-from agentik.core.tools.base import ToolContext
+from agentik.core import tool
+from agentik.core.agents import AgentSpec
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
 
-#: What the child "says": it must never reach a channel in the chat profile.
+#: What the child "says" while it works: it must never reach a channel in the chat profile.
 CHILD_TEXT = "CHILD-ONLY draft: release 2.0 shipped on Monday"
+CHILD_SECOND_LINE = "second line of the child"
+#: The child's final answer: the parent's tool result.
 CHILD_ANSWER = "release 2.0 shipped on Monday"
 
+RESEARCHER = AgentSpec(
+    description="Looks things up.",
+    system_prompt="You are the researcher. Use fetch.",
+    model="researcher",
+    tools=("fetch",),
+)
 
-def child_agent_tool(agent: Agent, name: str = "researcher") -> Any:
-    """The ``agent__<name>`` tool; takes ``{"task": str}``."""
 
-    async def run_child(task: str, context: ToolContext) -> str:
-        conv = await agent.get_conversation(context.conversation_id)
-        emit = conv.parts.events.emit
-        child, parent = f"{context.run_id}-child", context.run_id
-        emit(ChildRunLinked, parent, child_run_id=child, call_id=context.call_id, agent=name)
-        emit(TurnStarted, child, parent_run_id=parent, author=name)
-        emit(ToolCallStarted, child, parent_run_id=parent, call_id="c1", name="fetch",
-             arguments='{"url": "https://example.org/notes"}')  # fmt: skip
-        emit(ToolCallEnded, child, parent_run_id=parent, call_id="c1", name="fetch",
-             result="notes…", duration=0.01)  # fmt: skip
-        emit(ResponseStarted, child, parent_run_id=parent)
-        for piece in (CHILD_TEXT[:20], CHILD_TEXT[20:], "\nsecond line of the child"):
-            emit(TextDelta, child, parent_run_id=parent, text=piece)
-        emit(TurnEnded, child, parent_run_id=parent, text=CHILD_TEXT)
-        return CHILD_ANSWER
+@tool(
+    description="Fetch a web page",
+    parameters={"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]},
+)
+async def fetch(url: str) -> str:
+    return f"notes of {url}: 2.0 shipped on Monday"
 
-    return tool(
-        run_child,
-        name=f"agent__{name}",
-        description=f"Ask the {name} agent",
-        parameters={
-            "type": "object",
-            "properties": {"task": {"type": "string"}},
-            "required": ["task"],
-        },
+
+def script_researcher(child: ScriptedModel) -> None:
+    """Queue one child run on ``child``: fetch, a streamed two-line draft, the answer."""
+    child.enqueue(
+        Reply(tool_calls=[call("fetch", {"url": "https://example.org/notes"}, id="c1")]),
+        Reply(
+            chunks=[CHILD_TEXT[:20], CHILD_TEXT[20:], f"\n{CHILD_SECOND_LINE}"],
+            tool_calls=[call("fetch", {"url": "https://example.org/notes/2.0"}, id="c2")],
+        ),
+        Reply(text=CHILD_ANSWER),
     )
+
+
+def with_researcher(child: ScriptedModel, **agent_kwargs: Any) -> dict[str, Any]:
+    """``Agent`` keyword arguments adding the researcher (scripted for one run on ``child``)."""
+    script_researcher(child)
+    return {
+        **agent_kwargs,
+        "agents": {"researcher": RESEARCHER},
+        "uses": ("researcher",),
+        "profiles": {"researcher": child},
+        "tools": [fetch, *agent_kwargs.get("tools", ())],
+    }

@@ -1,8 +1,8 @@
 """How a child run (sub-agent) shows in a channel, over a real IRC server: one line
 with the task in the chat profile (its text never reaches the channel: its answer
 feeds the parent), nested lines in the debug profile.  The parent is the scripted
-model calling ``agent__researcher``, a stand-in that emits a child run's events
-(tests/childruns.py)."""
+model calling ``agent__researcher``, a real child agent on a scripted model of its
+own (tests/childruns.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from agentik.core.streamprofiles import StreamProfileSettings, resolve_profiles
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.irc.transport import IRCTransport
 
-from childruns import CHILD_ANSWER, CHILD_TEXT, child_agent_tool
+from childruns import CHILD_ANSWER, CHILD_SECOND_LINE, CHILD_TEXT, with_researcher
 from ircservers import IRCTestClient
 
 pytest_plugins = ["ircservers"]
@@ -30,8 +30,11 @@ FINAL = "Release 2.0 shipped on Monday."
 @asynccontextmanager
 async def irc_bot(port: int, tmp_path, options: ChannelOptions, **agent_kwargs):
     model = ScriptedModel()
-    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "irc.db")), **agent_kwargs)
-    agent.add_tool(child_agent_tool(agent))
+    agent = Agent(
+        llm=model,
+        store=SQLiteStore(str(tmp_path / "irc.db")),
+        **with_researcher(ScriptedModel(), **agent_kwargs),
+    )
     await agent.start()
     bridge = Bridge(agent)
     transport = IRCTransport(
@@ -88,7 +91,7 @@ async def test_a_child_run_is_one_line_and_its_text_never_reaches_the_channel(ir
     assert line.startswith("→ researcher: look up the release notes of version 2.0")
     assert line.endswith("…") and len(line) < len(TASK)
     # The child's own text, tool calls and answer never show; no tool line for the agent call.
-    assert not [t for t in lines if CHILD_TEXT[:12] in t or "second line" in t or "fetch" in t]
+    assert not [t for t in lines if CHILD_TEXT[:12] in t or CHILD_SECOND_LINE in t or "fetch" in t]
     assert not [t for t in lines if "agent__researcher" in t]
     # What the parent said before delegating comes first, then the line, then the answer.
     said = [i for i, t in enumerate(lines) if "Let me ask." in t]
@@ -106,8 +109,18 @@ async def test_the_debug_profile_shows_the_child_run_nested(miniircd, tmp_path):
     nested = [t for t in lines if t.startswith("↳ researcher: ")]
     assert nested[0].startswith("↳ researcher: ⚙ fetch(")
     assert any(t == f"↳ researcher: {CHILD_TEXT}" for t in nested), nested
-    assert "↳ researcher: second line of the child" in nested
+    assert f"↳ researcher: {CHILD_SECOND_LINE}" in nested
     assert nested[-1].startswith("↳ researcher: done: stop")
+    # Its steps in order, each on lines of its own: the draft shows before the tool call
+    # that follows it, and the answer (its last step) never runs into the draft.
+    steps = [t.removeprefix("↳ researcher: ") for t in nested]
+    assert len(steps) == 8, nested
+    assert steps[0] == '⚙ fetch(url="https://example.org/notes")'
+    assert steps[1].startswith("⚙ fetch → ")
+    assert steps[2:4] == [CHILD_TEXT, CHILD_SECOND_LINE]
+    assert steps[4] == '⚙ fetch(url="https://example.org/notes/2.0")'
+    assert steps[5].startswith("⚙ fetch → ")
+    assert steps[6] == CHILD_ANSWER
     # Still one line for the child run itself, and the answer is the parent's alone.
     assert len([t for t in lines if t.startswith("→ researcher:")]) == 1
     answers = [t for t in lines if FINAL in t]
@@ -140,8 +153,11 @@ async def test_on_slack_a_child_run_is_one_message_in_the_thread(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
         model = ScriptedModel()
-        agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")))
-        agent.add_tool(child_agent_tool(agent))
+        agent = Agent(
+            llm=model,
+            store=SQLiteStore(str(tmp_path / "slack.db")),
+            **with_researcher(ScriptedModel()),
+        )
         await agent.start()
         bridge = Bridge(agent)
         transport = SlackTransport(
@@ -179,7 +195,7 @@ async def test_on_slack_a_child_run_is_one_message_in_the_thread(tmp_path):
     texts = [m["text"] for m in mine]
     child_lines = [t.strip("_") for t in texts if "researcher" in t]  # a notice: in italics
     assert len(child_lines) == 1 and child_lines[0].startswith("→ researcher: look up"), texts
-    assert not [t for t in texts if CHILD_TEXT[:12] in t or "second line" in t]
+    assert not [t for t in texts if CHILD_TEXT[:12] in t or CHILD_SECOND_LINE in t]
     # The answer: what the parent said before and after delegating, as two lines.
     assert f"Let me ask.\n{FINAL}" in texts
     # Everything went to the question's thread.

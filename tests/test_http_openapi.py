@@ -79,7 +79,7 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     assert "Failures:" not in output and "Errors:" not in output, output
     # It really exercised the API: every operation but the two streams (the two
     # approvals operations, redact, /ready, /status and the conversation status included).
-    assert "Tested: 15" in output
+    assert "Tested: 17" in output
 
 
 def test_the_document_lists_every_route(api):
@@ -98,6 +98,8 @@ def test_the_document_lists_every_route(api):
         ("GET", "/agentik/openapi.json"),
         ("POST", "/agentik/conversations"),
         ("GET", "/agentik/conversations"),
+        ("POST", "/agentik/conversations/import"),
+        ("GET", "/agentik/conversations/{conversation_id}/export"),
         ("GET", "/agentik/conversations/{conversation_id}"),
         ("PATCH", "/agentik/conversations/{conversation_id}"),
         ("DELETE", "/agentik/conversations/{conversation_id}"),

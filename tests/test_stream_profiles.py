@@ -21,7 +21,7 @@ from agentik.core.streamprofiles import (
 )
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 
-from childruns import CHILD_ANSWER, CHILD_TEXT, child_agent_tool
+from childruns import CHILD_ANSWER, CHILD_TEXT, with_researcher
 from httpserver import SSEMessage, SSEReader, running_server, sse
 
 PROFILES_TOML = {
@@ -63,8 +63,8 @@ def delegating_turn(model: ScriptedModel) -> None:
 
 
 async def test_custom_profiles_filter_the_sse_stream(db_path):
-    async with running_server(db_path, stream_profiles=declared()) as server:
-        server.agent.add_tool(child_agent_tool(server.agent))
+    kwargs = with_researcher(ScriptedModel(), stream_profiles=declared())
+    async with running_server(db_path, **kwargs) as server:
         delegating_turn(server.model)
         async with server.client() as c:
             conv = (await c.post("/conversations", json={})).json()
@@ -143,8 +143,8 @@ async def test_an_unknown_profile_is_refused_naming_it(db_path):
 
 async def test_library_subscribers_name_profiles(db_path):
     model = ScriptedModel()
-    async with Agent(llm=model, store=SQLiteStore(db_path), stream_profiles=declared()) as agent:
-        agent.add_tool(child_agent_tool(agent))
+    kwargs = with_researcher(ScriptedModel(), stream_profiles=declared())
+    async with Agent(llm=model, store=SQLiteStore(db_path), **kwargs) as agent:
         conv = await agent.create_conversation()
         with pytest.raises(UnknownProfileError, match="'loud'"):
             conv.events(profile="loud")

@@ -43,7 +43,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field
 
 from ..errors import AgentikError
-from ..settings import settings_dataclass
+from ..settings import Blank, BlankSecret, settings_dataclass
 from ..tools.base import Tool, ToolContext, ToolResult
 
 __all__ = [
@@ -55,7 +55,9 @@ __all__ = [
     "Note",
     "NoteError",
     "NoteVersion",
+    "RecallPolicy",
     "channel_scope",
+    "scopes_for",
     "user_scope",
     "valid_scope",
     "visible_scopes",
@@ -130,6 +132,47 @@ class MemorySettings(BackgroundPolicy):
     #: The folder of the markdown backend (relative to the configuration file).
     path: str = "memory"
     allow_global_writes: bool = True
+    #: What ``memory_search`` uses (sqlite backend): ``hybrid`` (full-text and
+    #: embeddings fused), ``fts`` (words only) or ``vector`` (embeddings only).
+    search: Literal["hybrid", "fts", "vector"] = "hybrid"
+    #: The embedding model: ``builtin`` (shipped, offline), ``openai`` (an
+    #: OpenAI-compatible ``/v1/embeddings`` endpoint) or ``none`` (FTS only).
+    embeddings: Literal["builtin", "openai", "none"] = "builtin"
+    #: Dimensions of the builtin model's vectors: 64, 128 or 256.
+    embedding_dim: Literal[64, 128, 256] = 256
+    #: ``openai`` embeddings: the model name (e.g. ``text-embedding-3-small``).
+    embedding_model: Blank = None
+    #: ``openai`` embeddings: the endpoint; unset: ``$OPENAI_BASE_URL``, else the SDK's default.
+    embedding_base_url: Blank = None
+    #: ``openai`` embeddings: the key; unset: ``$OPENAI_API_KEY``.
+    embedding_api_key: BlankSecret = None
+    #: Automatic recall: put the notes most relevant to each message in the
+    #: model's context for that turn (needs embeddings).
+    recall: bool = True
+    #: At most this many notes per turn.
+    recall_k: int = Field(3, ge=1, le=20)
+    #: Only notes at least this similar (cosine, -1..1) to the message.
+    recall_min_score: float = Field(0.3, ge=-1.0, le=1.0)
+    #: At most about this many tokens of notes per turn.
+    recall_tokens: int = Field(400, ge=50, le=8000)
+
+    def recall_policy(self) -> RecallPolicy:
+        return RecallPolicy(
+            enabled=self.recall,
+            k=self.recall_k,
+            min_score=self.recall_min_score,
+            tokens=self.recall_tokens,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecallPolicy:
+    """Automatic recall for a conversation (see :mod:`agentik.core.recall`)."""
+
+    enabled: bool = False
+    k: int = 3
+    min_score: float = 0.3
+    tokens: int = 400
 
 
 _DEFAULTS = MemorySettings()
@@ -212,8 +255,24 @@ def visible_scopes(context: ToolContext) -> list[str]:
     Speakers are verified identities only: the bridge passes no ``author_id``
     for an unverified speaker, so they add no scope.
     """
-    scopes = ["global", context_channel(context)]
-    for who in (context.author_id, *context.speakers):
+    return scopes_for(
+        channel=context.channel,
+        conversation_id=context.conversation_id,
+        author_id=context.author_id,
+        speakers=context.speakers,
+    )
+
+
+def scopes_for(
+    *,
+    channel: str | None,
+    conversation_id: str,
+    author_id: str | None,
+    speakers: Sequence[str] = (),
+) -> list[str]:
+    """What :func:`visible_scopes` says, from the parts of a tool context."""
+    scopes = ["global", channel_scope(channel or f"conversation:{conversation_id}")]
+    for who in (author_id, *speakers):
         if who and user_scope(who) not in scopes:
             scopes.append(user_scope(who))
     return scopes
@@ -229,6 +288,9 @@ class MemoryBackend(abc.ABC):
 
     #: Registry / configuration name.
     name: str = ""
+    #: Automatic recall where a conversation does not say (``Conversation.recall``);
+    #: off unless the backend can rank by meaning (:meth:`recall`).
+    recall_policy: RecallPolicy = RecallPolicy()
 
     def __init__(self, *, allow_global_writes: bool = _DEFAULTS.allow_global_writes) -> None:
         self.allow_global_writes = allow_global_writes
@@ -275,6 +337,17 @@ class MemoryBackend(abc.ABC):
         self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
     ) -> builtins.list[Note]:
         """Notes in ``scopes`` matching ``query``'s words, best match first."""
+
+    async def recall(
+        self, query: str, scopes: Sequence[str], *, k: int = 3, min_score: float = 0.0
+    ) -> builtins.list[tuple[Note, float]]:
+        """Notes relevant to ``query`` for automatic recall, each with its
+        similarity (at least ``min_score``), best first, at most ``k``.
+
+        The default recalls nothing: a backend without embeddings has no
+        similarity to hold a threshold against.
+        """
+        return []
 
     @abc.abstractmethod
     async def delete(self, note_id: int, *, author: str | None = None) -> bool:
@@ -515,8 +588,9 @@ class _List(_MemoryTool):
 class _Search(_MemoryTool):
     name = "memory_search"
     description = (
-        "Search long-term memory for notes matching words (full-text, best match first). "
-        "Use it before answering questions about people, past decisions or preferences."
+        "Search long-term memory for notes about something (by meaning and by words, best "
+        "match first). Use it before answering questions about people, past decisions or "
+        "preferences."
     )
     parameters = {
         "type": "object",

@@ -13,22 +13,52 @@ loose query such as "what colour does alice like" still finds
 FTS query (each scope is one token in an indexed ``scope_key`` column), so
 the index intersects words and scopes: searching one channel's notes costs
 about the same however many notes other channels hold.
+
+Semantic search (with an :class:`~.embeddings.Embedder`): every saved,
+edited or restored note is embedded and its vector written in the same
+transaction (``memory_vector``); a deleted note's vector is removed.  The
+process searches a copy of the vectors in memory (:class:`~.vectors.VectorIndex`,
+exact cosine by numpy), catching up with vectors other processes wrote
+(their ``seq``) before each search.  ``search="hybrid"`` (the default with an
+embedder) fuses the FTS5 ranking and the vector ranking by reciprocal-rank
+fusion, so a paraphrase that shares no word with the note ("where do we
+deploy?" → "production runs on the Hetzner box") is found, and an exact word
+(a name, an error code) still counts.  Vectors from another model than the
+configured one (a changed ``[memory] embeddings``) are detected at start:
+the search falls back to FTS and the log says to run ``agentik memory
+reembed``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import hashlib
+import logging
 import re
 import sqlite3
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
+
+import numpy as np
 
 from ..store.sqlite import SQLiteStore
-from . import MemoryBackend, Note, NoteError, NoteVersion, valid_scope
+from . import MemoryBackend, Note, NoteError, NoteVersion, RecallPolicy, valid_scope
+from .embeddings import Embedder, EmbeddingError
+from .vectors import VectorIndex
 
-__all__ = ["SQLiteMemory", "fts_query"]
+__all__ = ["SQLiteMemory", "SearchMode", "fts_query", "rrf"]
+
+log = logging.getLogger(__name__)
+
+SearchMode = Literal["hybrid", "fts", "vector"]
+
+#: The ``k`` of reciprocal-rank fusion: a document's fused score is the sum of
+#: ``1 / (RRF_K + rank)`` over the rankings it appears in (rank from 1).
+RRF_K = 60
+#: How many candidates each ranking contributes to the fusion (at least).
+CANDIDATES = 50
 
 _COLUMNS = "id, scope, text, author, version, deleted, created_at, updated_at"
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -69,14 +99,237 @@ def fts_query(query: str, scopes: Sequence[str] | None = None) -> str | None:
     return f"({match}) AND ({keys})"
 
 
+#: Common English function words, left out of the full-text half of a hybrid
+#: search: matched as FTS terms ("where", "do", "we") they rank notes that
+#: share only them with the question above the vector ranking's good matches.
+#: (``search = "fts"`` keeps every word, as before.)
+STOPWORDS = frozenset(
+    """a an the and or but if of at by for with about against between into through
+    during before after above below to from up down in out on off over under again
+    further then once here there when where why how all any both each few more most
+    other some such no nor not only own same so than too very can will just should
+    now is are was were be been being have has had having do does did doing i me my
+    we our us you your he him his she her it its they them their what which who whom
+    this that these those am would could let s t don""".split()
+)
+
+
+def content_words(query: str) -> str:
+    """``query`` without :data:`STOPWORDS` (the words joined by spaces)."""
+    return " ".join(w for w in _WORD.findall(query) if w.lower() not in STOPWORDS)
+
+
+def rrf(*rankings: Sequence[int], k: int = RRF_K) -> list[tuple[int, float]]:
+    """Reciprocal-rank fusion of ``rankings`` (ids, best first): ``(id, score)``, best first.
+
+    Ties keep the order of first appearance (the first ranking's first).
+    """
+    scores: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, nid in enumerate(ranking, start=1):
+            scores[nid] = scores.get(nid, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda item: -item[1])
+
+
+def _blob(vector: np.ndarray) -> bytes:
+    return np.asarray(vector, dtype="<f4").tobytes()
+
+
+def _unblob(blob: bytes, dim: int) -> np.ndarray | None:
+    arr = np.frombuffer(blob, dtype="<f4")
+    return arr.astype(np.float32) if arr.shape[0] == dim else None
+
+
 class SQLiteMemory(MemoryBackend):
-    """Notes in ``store``'s database (the agent's :class:`SQLiteStore`)."""
+    """Notes in ``store``'s database (the agent's :class:`SQLiteStore`).
+
+    ``embedder``: embeds notes for semantic search and recall (``None``: FTS5
+    only, as before).  ``search``: what ``memory_search`` and :meth:`search`
+    use: ``hybrid`` (FTS5 and vectors fused), ``fts`` or ``vector``; without
+    an embedder, or while the stored vectors are of another model, it is FTS.
+    ``recall``: automatic recall where a conversation does not say (off by
+    default; the configuration's ``[memory] recall`` turns it on).
+    """
 
     name = "sqlite"
 
-    def __init__(self, store: SQLiteStore, *, allow_global_writes: bool = True) -> None:
+    def __init__(
+        self,
+        store: SQLiteStore,
+        *,
+        allow_global_writes: bool = True,
+        embedder: Embedder | None = None,
+        search: SearchMode = "hybrid",
+        recall: RecallPolicy | None = None,
+    ) -> None:
         super().__init__(allow_global_writes=allow_global_writes)
         self.store = store
+        self.embedder = embedder
+        if recall is not None:
+            self.recall_policy = recall
+        self.search_mode: SearchMode = search
+        self._index: VectorIndex | None = None
+        self._seq = 0
+        self._sync_lock = asyncio.Lock()
+        #: Why vectors are not used now (``None``: they are, or there is no embedder).
+        self.vectors_unusable: str | None = None
+        self._checked = False
+
+    # -- vectors ---------------------------------------------------------------------
+    @property
+    def vectors_ready(self) -> bool:
+        """Whether searches use vectors (an embedder, and no model mismatch)."""
+        return self.embedder is not None and self.vectors_unusable is None
+
+    async def start(self) -> None:
+        await self.check_vectors()
+
+    async def check_vectors(self) -> dict[str, Any]:
+        """Compare the stored vectors with the embedder's model; log a mismatch.
+
+        Returns the counts: ``{"notes", "current", "other_models", "missing"}``.
+        With vectors of another model, searches fall back to FTS until
+        ``agentik memory reembed`` (:meth:`reembed`) rebuilds them.
+        """
+        self._checked = True
+        if self.embedder is None:
+            return {}
+        model = self.embedder.model
+        rows = await self.store.run_read(
+            "SELECT v.model, v.dim, COUNT(*) FROM memory_vector v"
+            " JOIN memory_note n ON n.id = v.note_id WHERE n.deleted = 0 GROUP BY v.model, v.dim"
+        )
+        counted = await self.store.run_read("SELECT COUNT(*) FROM memory_note WHERE deleted = 0")
+        notes = int(counted[0][0])
+        want = self.embedder.dim
+
+        def same(m: str, d: int) -> bool:
+            return m == model and (not want or d == want)
+
+        current = sum(c for m, d, c in rows if same(m, d))
+        other = {f"{m} ({d} dimensions)": c for m, d, c in rows if not same(m, d)}
+        missing = notes - current - sum(other.values())
+        self.vectors_unusable = None
+        if other:
+            names = ", ".join(f"{k}: {v} notes" for k, v in other.items())
+            self.vectors_unusable = (
+                f"the memory's vectors were made by another embedding model ({names}); "
+                f"configured: {model}"
+            )
+            log.warning(
+                "%s; memory search uses full-text only until you run `agentik memory reembed`",
+                self.vectors_unusable,
+            )
+        elif missing > 0:
+            log.warning(
+                "%d memory notes have no vector yet (semantic search and recall skip them); "
+                "run `agentik memory reembed` to embed them",
+                missing,
+            )
+        return {"notes": notes, "current": current, "other_models": other, "missing": missing}
+
+    async def _embed(self, text: str) -> np.ndarray | None:
+        """``text``'s vector, or ``None`` (logged) when the embedder fails: the
+        note is saved anyway, and ``reembed`` adds its vector later."""
+        if self.embedder is None:
+            return None
+        try:
+            return (await self.embedder.embed([text]))[0]
+        except EmbeddingError as exc:
+            log.warning("note saved without a vector (%s); `agentik memory reembed` adds it", exc)
+            return None
+
+    def _write_vector(self, conn: sqlite3.Connection, nid: int, vector: np.ndarray | None) -> None:
+        if vector is None or self.embedder is None:
+            conn.execute("DELETE FROM memory_vector WHERE note_id = ?", (nid,))
+            return
+        conn.execute(
+            "INSERT OR REPLACE INTO memory_vector (note_id, model, dim, vector)"
+            " VALUES (?, ?, ?, ?)",
+            (nid, self.embedder.model, int(vector.shape[0]), _blob(vector)),
+        )
+
+    async def _sync(self) -> VectorIndex | None:
+        """The in-memory vectors, caught up with the database."""
+        if self.embedder is None:
+            return None
+        if not self._checked:
+            await self.check_vectors()
+        async with self._sync_lock:
+            # By seq alone (the primary key: a range read); the model is checked
+            # here (in SQL it leads the planner to scan the model index).
+            rows = await self.store.run_read(
+                "SELECT v.seq, v.note_id, n.scope, v.model, v.dim, v.vector FROM memory_vector v"
+                " JOIN memory_note n ON n.id = v.note_id WHERE v.seq > ? ORDER BY v.seq",
+                (self._seq,),
+            )
+            model = self.embedder.model
+            for seq, nid, scope, row_model, dim, blob in rows:
+                self._seq = max(self._seq, int(seq))
+                if row_model != model:
+                    continue
+                if self._index is None:
+                    self._index = VectorIndex(int(dim))
+                vec = _unblob(blob, self._index.dim)
+                if vec is not None:
+                    self._index.put(int(nid), scope, vec)
+            return self._index
+
+    def _after_write(self, nid: int, scope: str, vector: np.ndarray | None) -> None:
+        """Keep the in-memory copy in step with a write of this process."""
+        if self._index is None:
+            if vector is None:
+                return
+            self._index = VectorIndex(int(vector.shape[0]))
+        if vector is None or vector.shape[0] != self._index.dim:
+            self._index.remove(nid)
+        else:
+            self._index.put(nid, scope, vector)
+
+    async def reembed(self, *, everything: bool = False, batch: int = 256) -> int:
+        """Embed the notes whose vector is missing or of another model (all with
+        ``everything``) with the configured embedder; returns how many.
+
+        Deleted notes lose their vectors.  Afterwards searches use vectors again.
+        """
+        if self.embedder is None:
+            raise NoteError("no embedding model is configured ([memory] embeddings)")
+        model = self.embedder.model
+        cond = "" if everything else " AND (v.note_id IS NULL OR v.model != ? OR v.dim != ?)"
+        params: tuple[Any, ...] = () if everything else (model, self.embedder.dim or -1)
+        rows = await self.store.run_read(
+            "SELECT n.id, n.text FROM memory_note n LEFT JOIN memory_vector v ON v.note_id = n.id"
+            f" WHERE n.deleted = 0{cond} ORDER BY n.id",
+            params,
+        )
+        done = 0
+        for start in range(0, len(rows), batch):
+            chunk = rows[start : start + batch]
+            vectors = await self.embedder.embed([r[1] for r in chunk])
+
+            def fn(conn: sqlite3.Connection, chunk: Any = chunk, vectors: Any = vectors) -> None:
+                for (nid, text), vec in zip(chunk, vectors, strict=True):
+                    # Only if the text did not change meanwhile (an edit embeds itself).
+                    row = conn.execute(
+                        "SELECT text FROM memory_note WHERE id = ? AND deleted = 0", (nid,)
+                    ).fetchone()
+                    if row is not None and row[0] == text:
+                        self._write_vector(conn, nid, vec)
+
+            await self._write(fn)
+            done += len(chunk)
+
+        def clean(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "DELETE FROM memory_vector WHERE model != ?"
+                " OR note_id IN (SELECT id FROM memory_note WHERE deleted = 1)",
+                (model,),
+            )
+
+        await self._write(clean)
+        self._index, self._seq = None, 0
+        await self.check_vectors()
+        return done
 
     # -- writes (run in the store's writer thread) ---------------------------------------
     async def save(
@@ -85,6 +338,7 @@ class SQLiteMemory(MemoryBackend):
         valid_scope(scope)
         text = self.scrub(text)
         now = time.time()
+        vector = await self._embed(text)
 
         def fn(conn: sqlite3.Connection) -> Note:
             if note_id is None:
@@ -111,11 +365,14 @@ class SQLiteMemory(MemoryBackend):
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 (nid, version, text, op, author, now),
             )
+            self._write_vector(conn, nid, vector)
             return _note(
                 conn.execute(f"SELECT {_COLUMNS} FROM memory_note WHERE id = ?", (nid,)).fetchone()
             )
 
-        return await self._write(fn)
+        note: Note = await self._write(fn)
+        self._after_write(note.id, note.scope, vector)
+        return note
 
     async def delete(self, note_id: int, *, author: str | None = None) -> bool:
         now = time.time()
@@ -136,12 +393,24 @@ class SQLiteMemory(MemoryBackend):
                 " VALUES (?, ?, ?, 'delete', ?, ?)",
                 (note_id, version, row[1], author, now),
             )
+            conn.execute("DELETE FROM memory_vector WHERE note_id = ?", (note_id,))
             return True
 
-        return bool(await self._write(fn))
+        deleted = bool(await self._write(fn))
+        if deleted and self._index is not None:
+            self._index.remove(note_id)
+        return deleted
 
     async def restore(self, note_id: int, version: int, *, author: str | None = None) -> Note:
         now = time.time()
+        vector: np.ndarray | None = None
+        if self.embedder is not None:
+            old_rows = await self.store.run_read(
+                "SELECT text FROM memory_version WHERE note_id = ? AND version = ?",
+                (note_id, version),
+            )
+            if old_rows:
+                vector = await self._embed(old_rows[0][0])
 
         def fn(conn: sqlite3.Connection) -> Note:
             old = conn.execute(
@@ -163,19 +432,25 @@ class SQLiteMemory(MemoryBackend):
                 " VALUES (?, ?, ?, 'restore', ?, ?)",
                 (note_id, new, old[0], author, now),
             )
+            self._write_vector(conn, note_id, vector)
             return _note(
                 conn.execute(
                     f"SELECT {_COLUMNS} FROM memory_note WHERE id = ?", (note_id,)
                 ).fetchone()
             )
 
-        return await self._write(fn)
+        note: Note = await self._write(fn)
+        self._after_write(note.id, note.scope, vector)
+        return note
 
     async def purge(self, note_id: int) -> bool:
         def fn(conn: sqlite3.Connection) -> bool:
             return conn.execute("DELETE FROM memory_note WHERE id = ?", (note_id,)).rowcount > 0
 
-        return bool(await self._write(fn))
+        purged = bool(await self._write(fn))
+        if self._index is not None:
+            self._index.remove(note_id)
+        return purged
 
     async def _write(self, fn: Any) -> Any:
         try:
@@ -226,6 +501,117 @@ class SQLiteMemory(MemoryBackend):
     async def search(
         self, query: str, scopes: Sequence[str] | None = None, *, limit: int = 10
     ) -> builtins.list[Note]:
+        return [n for n, _ in await self.search_scored(query, scopes, limit=limit)]
+
+    async def search_scored(
+        self,
+        query: str,
+        scopes: Sequence[str] | None = None,
+        *,
+        limit: int = 10,
+        mode: SearchMode | None = None,
+    ) -> builtins.list[tuple[Note, float]]:
+        """Like :meth:`search`, with each note's score: the fused RRF score
+        (``hybrid``), the cosine similarity (``vector``) or ``-bm25`` (``fts``)."""
+        if scopes is not None and not scopes:
+            return []
+        mode = mode or self.search_mode
+        if mode != "fts" and not self.vectors_ready:
+            mode = "fts"
+        if mode == "fts":
+            return await self._fts(query, scopes, limit)
+        qvec = await self._query_vector(query)
+        if qvec is None:
+            return await self._fts(query, scopes, limit)
+        pool = max(limit, CANDIDATES)
+        index = await self._sync()
+        vec = index.search(qvec, scopes, pool + 8) if index is not None else []
+        if mode == "vector":
+            ranked = vec
+        else:
+            fts_ids = await self._fts_ids(content_words(query), scopes, pool)
+            ranked = rrf(fts_ids, [nid for nid, _ in vec])
+        return await self._notes(ranked, scopes, limit)
+
+    async def _query_vector(self, query: str) -> np.ndarray | None:
+        if not query.strip():
+            return None
+        return await self._embed(query)
+
+    async def recall(
+        self, query: str, scopes: Sequence[str], *, k: int = 3, min_score: float = 0.0
+    ) -> builtins.list[tuple[Note, float]]:
+        """The notes most relevant to ``query`` in ``scopes`` for automatic
+        recall: hybrid-ranked, each with its cosine similarity to ``query``,
+        only those at or above ``min_score``; at most ``k``.  Empty without
+        usable vectors (a similarity threshold needs them)."""
+        if not scopes or k <= 0 or not self.vectors_ready:
+            return []
+        qvec = await self._query_vector(query)
+        if qvec is None:
+            return []
+        index = await self._sync()
+        if index is None:
+            return []
+        vec = index.search(qvec, scopes, CANDIDATES)
+        fts_ids = await self._fts_ids(content_words(query), scopes, CANDIDATES)
+        fused = rrf(fts_ids, [nid for nid, _ in vec])
+        cosines = dict(vec)
+        keep: list[tuple[int, float]] = []
+        for nid, _ in fused:
+            cos = cosines.get(nid)
+            if cos is None:
+                v = index.vector(nid)
+                if v is None:
+                    continue
+                cos = float(v @ qvec)
+            if cos >= min_score:
+                keep.append((nid, cos))
+        return await self._notes(keep, scopes, k)
+
+    async def _notes(
+        self, ranked: Sequence[tuple[int, float]], scopes: Sequence[str] | None, limit: int
+    ) -> builtins.list[tuple[Note, float]]:
+        """The live notes of ``ranked`` (checked against the table: deleted or
+        out-of-scope ones are dropped), in order, at most ``limit``."""
+        out: list[tuple[Note, float]] = []
+        pos = 0
+        while len(out) < limit and pos < len(ranked):
+            chunk = ranked[pos : pos + max(limit * 2, 16)]
+            pos += len(chunk)
+            ids = [nid for nid, _ in chunk]
+            where = [f"id IN ({', '.join('?' * len(ids))})", "deleted = 0"]
+            params: list[Any] = list(ids)
+            if scopes is not None:
+                where.append(f"scope IN ({', '.join('?' * len(scopes))})")
+                params.extend(scopes)
+            rows = await self.store.run_read(
+                f"SELECT {_COLUMNS} FROM memory_note WHERE {' AND '.join(where)}", params
+            )
+            found = {r[0]: _note(r) for r in rows}
+            for nid, score in chunk:
+                if nid in found and len(out) < limit:
+                    out.append((found[nid], score))
+        return out
+
+    async def _fts_ids(
+        self, query: str, scopes: Sequence[str] | None, limit: int
+    ) -> builtins.list[int]:
+        """The full-text ranking's note ids, from the index alone (the scopes are
+        in the FTS query; deleted notes, still indexed, are dropped by :meth:`_notes`)."""
+        match = fts_query(query, scopes)
+        if match is None:
+            return []
+        rows = await self.store.run_read(
+            "SELECT rowid FROM memory_fts WHERE memory_fts MATCH ?"
+            " ORDER BY bm25(memory_fts, 1.0, 0.0) LIMIT ?",
+            (match, limit),
+        )
+        return [int(r[0]) for r in rows]
+
+    async def _fts(
+        self, query: str, scopes: Sequence[str] | None, limit: int
+    ) -> builtins.list[tuple[Note, float]]:
         if scopes is not None and not scopes:
             return []
         match = fts_query(query, scopes)
@@ -238,11 +624,12 @@ class SQLiteMemory(MemoryBackend):
             params.extend(scopes)
         cols = ", ".join(f"n.{c.strip()}" for c in _COLUMNS.split(","))
         rows = await self.store.run_read(
-            f"SELECT {cols} FROM memory_fts JOIN memory_note n ON n.id = memory_fts.rowid"
-            f" WHERE {' AND '.join(where)} ORDER BY bm25(memory_fts, 1.0, 0.0), n.id DESC LIMIT ?",
+            f"SELECT {cols}, bm25(memory_fts, 1.0, 0.0) AS rank FROM memory_fts"
+            " JOIN memory_note n ON n.id = memory_fts.rowid"
+            f" WHERE {' AND '.join(where)} ORDER BY rank, n.id DESC LIMIT ?",
             (*params, limit),
         )
-        return [_note(r) for r in rows]
+        return [(_note(r[:8]), -float(r[8])) for r in rows]
 
     async def history(self, note_id: int) -> builtins.list[NoteVersion]:
         rows = await self.store.run_read(

@@ -371,8 +371,26 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX question_pending ON question (state, id) WHERE state = 'pending';
         """,
     ),
-    # Placeholder on this branch only: wt-recall (issue 22) owns migration 11.
-    Migration(11, "reserved", "SELECT 1;"),
+    Migration(
+        11,
+        "memory_vectors",
+        """
+        -- Semantic memory (agentik.core.memory.sqlite): one embedding per
+        -- note, from the model named in ``model`` (``wordllama:l2_supercat:256``,
+        -- ``openai:<name>``) with ``dim`` dimensions, as little-endian float32
+        -- in ``vector``.  ``seq`` grows with every (re)write, so a process
+        -- catches up with vectors written by another one.  A deleted note's
+        -- row is removed; a purged note's goes with it (cascade).
+        CREATE TABLE memory_vector (
+            seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+            note_id     INTEGER NOT NULL UNIQUE REFERENCES memory_note (id) ON DELETE CASCADE,
+            model       TEXT NOT NULL,
+            dim         INTEGER NOT NULL,
+            vector      BLOB NOT NULL
+        );
+        CREATE INDEX memory_vector_by_model ON memory_vector (model, dim);
+        """,
+    ),
     Migration(
         12,
         "redaction",

@@ -12,7 +12,11 @@ tool-call deltas, usage chunks, SDK retries, dropped connections and cancellatio
 
 Replies are consumed in FIFO order, one per ``POST /v1/chat/completions``; when the
 queue is empty ``server.default(body)`` is called (it echoes the last user message).
-``GET /v1/models`` lists the one model. The server only ever binds 127.0.0.1.
+``GET /v1/models`` lists the one model. ``POST /v1/embeddings`` answers with
+deterministic vectors (``server.embed(text)``; by default :func:`hash_embedding`,
+a bag of hashed words, so texts sharing words are similar), as floats or as
+base64 (``encoding_format``, the SDK's default), and records each request body in
+``server.embedding_requests``. The server only ever binds 127.0.0.1.
 Like real endpoints it refuses a request body larger than ``max_body_bytes`` with
 HTTP 413 (counted in ``server.too_large``). Replies can reproduce quirks real
 servers have: a tool-call ``name`` repeated in every delta (``repeat_name``), a
@@ -29,9 +33,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
+import re
 import signal
+import struct
 import sys
 import threading
 import time
@@ -50,6 +58,15 @@ _ERROR_TYPES = {
     404: ("invalid_request_error", "model_not_found"),
     429: ("requests", "rate_limit_exceeded"),
 }
+
+
+def hash_embedding(text: str, dim: int = 64) -> list[float]:
+    """A deterministic vector for ``text``: each word adds ±1 at a hashed position."""
+    vec = [0.0] * dim
+    for word in re.findall(r"\w+", text.lower()):
+        h = hashlib.sha256(word.encode("utf-8")).digest()
+        vec[int.from_bytes(h[:4], "little") % dim] += 1.0 if h[4] & 1 else -1.0
+    return vec
 
 
 def _split(text: str, n: int) -> list[str]:
@@ -323,6 +340,9 @@ class FakeOpenAIServer:
         self.request_headers: list[dict[str, str]] = []
         self.disconnects = 0
         self.default: Callable[[dict[str, Any]], Reply] = echo_reply
+        #: The vector ``/v1/embeddings`` gives a text.
+        self.embed: Callable[[str], list[float]] = hash_embedding
+        self.embedding_requests: list[dict[str, Any]] = []
         self._queue: deque[Reply] = deque()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -353,6 +373,7 @@ class FakeOpenAIServer:
         app = web.Application(client_max_size=1 << 40)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         # handler_cancellation: aiohttp cancels a handler whose client went away.
         self._runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0
@@ -482,6 +503,37 @@ class FakeOpenAIServer:
     async def _models(self, request: web.Request) -> web.Response:
         model = {"id": self.model, "object": "model", "created": 0, "owned_by": "agentik"}
         return web.json_response({"object": "list", "data": [model]})
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return web.json_response(Reply.error(400, "Invalid JSON body").error_body, status=400)
+        self.embedding_requests.append(body)
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts) or not texts:
+            error = Reply.error(400, "input must be a string or a non-empty list of strings")
+            return web.json_response(error.error_body, status=400)
+        data = []
+        for i, text in enumerate(texts):
+            vec = [float(x) for x in self.embed(text)]
+            if body.get("encoding_format") == "base64":
+                raw = struct.pack(f"<{len(vec)}f", *vec)
+                emb: Any = base64.b64encode(raw).decode("ascii")
+            else:
+                emb = vec
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        tokens = sum(_guess_tokens(t) for t in texts)
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model") or self.model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()  # all of it, then judge (as real servers answer)

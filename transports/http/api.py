@@ -20,10 +20,12 @@ code                        status  when
 ``approval_not_found``      404     no such approval in this conversation
 ``approval_not_pending``    409     the approval was already decided, expired, or no turn waits
 ``forbidden``               403     (approvals) the token's role may not decide, or it asked
+``body_too_large``          413     body over ``max_body_bytes`` (imports: ``max_import_bytes``)
+``conversation_exists``     409     an import under an id the database already has
+``invalid_snapshot``        422     an import that is not a valid snapshot (names the field)
 ``message_not_found``       404     (redact) no such message in this conversation
 ``already_redacted``        409     (redact) the message is already redacted
 ``forbidden``               403     (redact) neither the message's author nor an admin
-``body_too_large``          413     body over ``max_body_bytes``
 ``unsupported_media_type``  415     a body that is not ``Content-Type: application/json``
 ``invalid_body``            422     not JSON, nested too deep, not an object, or a field is wrong
 ``invalid_parameter``       422     a query parameter or header is wrong
@@ -62,6 +64,12 @@ from agentik.core.budgets import Budgets, Subject
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
 from agentik.core.events import PROFILES, EventBase
 from agentik.core.health import status_of, without_reasons
+from agentik.core.lifecycle import (
+    SnapshotError,
+    export_conversation,
+    import_conversation,
+    validate_snapshot,
+)
 from agentik.core.redaction import RedactionError
 from agentik.transports.base import IncomingMessage, restrict_tools
 
@@ -102,6 +110,12 @@ def error_response(
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class SnapshotBody(_Body):
+    """``POST …/conversations/import``: a snapshot (checked by agentik.core.lifecycle)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class NewConversationBody(_Body):
@@ -306,8 +320,10 @@ class Api:
             raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}")
         return conv
 
-    async def body(self, request: Request, model: type[_Body], *, required: bool) -> Any:
-        limit = self.ctx.settings.max_body_bytes
+    async def body(
+        self, request: Request, model: type[_Body], *, required: bool, limit: int | None = None
+    ) -> Any:
+        limit = limit or self.ctx.settings.max_body_bytes
         too_large = ApiError(
             413, "body_too_large", f"the request body is larger than {limit} bytes"
         )
@@ -532,6 +548,55 @@ class Api:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
         return JSONResponse(_conversation_json(conv))
+
+    async def export_conversation(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        # A temp conversation lives in the agent's in-memory store.
+        store = self.agent._temp_store if conv.temp else self.agent.store
+        doc = await export_conversation(store, conv.id)
+        if doc is None:
+            raise ApiError(404, "conversation_not_found", f"no conversation {conv.id!r}")
+        return JSONResponse(
+            doc,
+            headers={"content-disposition": f'attachment; filename="conversation-{conv.id}.json"'},
+        )
+
+    async def import_conversation(self, request: Request) -> Response:
+        self._refuse_when_closing()
+        principal = self.principal(request)
+        prefix = self._own_prefix(principal)
+        if not principal.allows(prefix):
+            raise ApiError(
+                403,
+                "forbidden",
+                f"this token may not create conversations (they would be bound to {prefix}…)",
+            )
+        raw = request.query_params.get("ids", "new")
+        if raw not in ("new", "keep"):
+            raise ApiError(422, "invalid_parameter", "ids: must be new or keep")
+        body = await self.body(
+            request, SnapshotBody, required=True, limit=self.ctx.settings.max_import_bytes
+        )
+        doc = body.model_dump()
+        try:
+            validate_snapshot(doc)
+        except SnapshotError as exc:
+            raise ApiError(422, "invalid_snapshot", str(exc)) from None
+        cid = uuid.uuid4().hex if raw == "new" else doc["conversation"]["id"]
+        # The conversation joins this token's channels, like one it created.
+        doc["conversation"] = {**doc["conversation"], "id": cid}
+        try:
+            await import_conversation(self.agent.store, doc, bind=prefix + cid)
+        except SnapshotError as exc:
+            code = "conversation_exists" if "already exists" in str(exc) else "invalid_snapshot"
+            raise ApiError(409 if code == "conversation_exists" else 422, code, str(exc)) from None
+        conv = await self.agent.get_conversation(cid)
+        return JSONResponse(
+            _conversation_json(conv),
+            status_code=201,
+            headers={"location": f"{self.prefix}/conversations/{cid}"},
+        )
 
     async def rename_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -855,6 +920,8 @@ def build_app(ctx: ApiContext) -> Starlette:
             p + "/conversations",
             {"GET": api.list_conversations, "POST": api.create_conversation},
         ),
+        (p + "/conversations/import", {"POST": api.import_conversation}),
+        (conv + "/export", {"GET": api.export_conversation}),
         (
             conv,
             {

@@ -41,6 +41,8 @@ ERROR_CODES = (
     "message_not_found",
     "already_redacted",
     "body_too_large",
+    "conversation_exists",
+    "invalid_snapshot",
     "unsupported_media_type",
     "invalid_body",
     "invalid_parameter",
@@ -51,6 +53,8 @@ ERROR_CODES = (
 )
 
 _NULLABLE_STR = {"type": ["string", "null"]}
+#: Largest integer a snapshot may hold (agentik.core.lifecycle.MAX_INT).
+_MAX_INT = 2**62
 
 _SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -376,6 +380,110 @@ _SCHEMAS: dict[str, Any] = {
             "reason": {"type": ["string", "null"], "maxLength": 300},
         },
     },
+    "Snapshot": {
+        "type": "object",
+        "description": (
+            "A conversation snapshot (agentik conversations export; docs/lifecycle.md). "
+            "An export also carries approvals, questions and runs (arrays of rows)."
+        ),
+        "required": ["format", "version", "conversation", "messages", "working_memory"],
+        "properties": {
+            "format": {"const": "agentik.conversation"},
+            "version": {"const": 1},
+            "conversation": {"$ref": "#/components/schemas/SnapshotConversation"},
+            "messages": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/SnapshotMessage"},
+            },
+            "working_memory": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/SnapshotEntry"},
+            },
+            "bindings": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["channel_key"],
+                    "properties": {"channel_key": {"type": "string", "minLength": 1}},
+                },
+            },
+            "turn_ends": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["run_id", "outcome"],
+                    "properties": {
+                        "run_id": {"type": "string"},
+                        "outcome": {"type": "string"},
+                        "created_at": {"type": ["number", "null"]},
+                    },
+                },
+            },
+        },
+    },
+    "SnapshotConversation": {
+        "type": "object",
+        "required": ["id", "title", "created_at", "updated_at", "meta"],
+        "properties": {
+            "id": {"type": "string", "minLength": 1, "maxLength": 200},
+            "title": {"type": "string"},
+            "created_at": {"type": "number"},
+            "updated_at": {"type": "number"},
+            "meta": {"type": "object"},
+        },
+    },
+    "SnapshotMessage": {
+        "type": "object",
+        "required": ["id", "kind", "content", "created_at"],
+        "properties": {
+            "id": {"type": "integer", "minimum": 1, "maximum": _MAX_INT},
+            "kind": {"type": "string", "enum": ["user", "assistant", "tool_call", "tool_result"]},
+            "content": {"type": "string"},
+            "created_at": {"type": "number"},
+            "author": _NULLABLE_STR,
+            "channel": _NULLABLE_STR,
+            "run_id": _NULLABLE_STR,
+            "tool_call_id": _NULLABLE_STR,
+            "tool_name": _NULLABLE_STR,
+            "arguments": _NULLABLE_STR,
+            "is_error": {"type": ["boolean", "null"]},
+            "status": _NULLABLE_STR,
+            "duration": {"type": ["number", "null"]},
+        },
+    },
+    "SnapshotEntry": {
+        "type": "object",
+        "required": ["pos", "message"],
+        "properties": {
+            "pos": {"type": "integer", "minimum": -_MAX_INT, "maximum": _MAX_INT},
+            "message": {"$ref": "#/components/schemas/ChatMessage"},
+        },
+    },
+    "ChatMessage": {
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]},
+            "content": _NULLABLE_STR,
+            "author": _NULLABLE_STR,
+            "tool_call_id": _NULLABLE_STR,
+            "name": _NULLABLE_STR,
+            "is_error": {"type": ["boolean", "null"]},
+            "message_id": {"type": ["integer", "null"], "minimum": -_MAX_INT, "maximum": _MAX_INT},
+            "tool_calls": {
+                "type": ["array", "null"],
+                "items": {
+                    "type": "object",
+                    "required": ["id", "name"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "name": {"type": "string"},
+                        "arguments": _NULLABLE_STR,
+                    },
+                },
+            },
+        },
+    },
     "Event": {
         "type": "object",
         "description": (
@@ -619,6 +727,37 @@ def openapi_document(
                         "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
                     },
                 ],
+            ),
+        },
+        p + "/conversations/import": {
+            "post": op(
+                "importConversation",
+                "Restore a conversation from a snapshot, bound to this token's channels",
+                {
+                    "201": _json("Conversation", "imported"),
+                    "403": _error("this caller may not create conversations"),
+                    "409": _error("ids=keep and the database has that conversation id"),
+                    "413": _error("the body is larger than the server's max_import_bytes"),
+                    "415": with_body["415"],
+                    "422": _error("not a valid snapshot (the message names the field)"),
+                },
+                parameters=[
+                    {
+                        "name": "ids",
+                        "in": "query",
+                        "description": "new: a fresh conversation id; keep: the snapshot's",
+                        "schema": {"type": "string", "enum": ["new", "keep"], "default": "new"},
+                    }
+                ],
+                requestBody=_body("Snapshot", required=True),
+            )
+        },
+        conv + "/export": {
+            "parameters": [_CONV_ID],
+            "get": op(
+                "exportConversation",
+                "A versioned, self-contained snapshot of the conversation",
+                {"200": _json("Snapshot", "the snapshot"), **not_found},
             ),
         },
         conv: {

@@ -52,6 +52,8 @@ class HttpSettings(BaseModel):
     tokens: list[TokenSettings] = Field(default_factory=list)
     #: Largest request body accepted, in bytes (larger: 413).
     max_body_bytes: int = Field(1_048_576, ge=1024)
+    #: Largest conversation snapshot ``POST …/conversations/import`` takes, in bytes.
+    max_import_bytes: int = Field(16_777_216, ge=1024)
     #: Seconds of silence on an event stream before a heartbeat comment is sent.
     heartbeat: float = Field(15.0, gt=0)
     #: Events one stream client may fall behind before it is told and disconnected.

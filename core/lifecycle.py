@@ -1,0 +1,889 @@
+"""The data lifecycle of conversations: retention, and checkpoint/resume snapshots.
+
+**Retention** (:class:`RetentionSettings`, ``[retention]`` in the configuration):
+rules by channel-key pattern keep a conversation's audit-log messages
+``keep_days`` days, then ``delete`` them or ``summarise`` them (the model
+summarises the old span; one summary message replaces it in the audit log
+and in working memory).  A cut falls only where a turn starts (a user
+message), so a tool call is never separated from its result, and a turn
+still waiting for its answer is never pruned.  This is the one path that
+deletes audit-log rows of a living conversation; it runs with SQLite's
+``secure_delete`` so the pruned text is overwritten in the file.  Working
+memory entries covering the pruned rows are replaced by one ``system`` entry
+(the summary, or a notice in ``delete`` mode) that keeps the highest pruned
+id, exactly like a compaction summary, so resume and compaction keep working.
+Long-term memory notes are not touched.
+
+:func:`plan_retention` lists what would go (``agentik db prune --dry-run``);
+:func:`apply_retention` does it.  :class:`RetentionWorker` runs it in a bot:
+at start-up, then after every ``every_turns`` finished turns (driven by the
+agent's ``turn_ended`` events), and at the latest ``interval_hours`` after
+the last run, so a quiet bot still prunes.
+
+**Snapshots**: :func:`export_conversation` produces a versioned,
+self-contained JSON document (``format: "agentik.conversation"``,
+``version: 1``): the conversation record, the audit log, working memory,
+channel bindings, turn ends, approvals, questions and (when the store has a
+``run`` table) the run tree.  :func:`import_conversation` validates one
+(errors name the field) and restores it into a store, under the same id or
+a new one; audit-log ids are renumbered on the way in (they are global to a
+database) and working memory is relinked to the new ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import sqlite3
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .compaction import SUMMARY_PREFIX, ask
+from .messages import ChatMessage
+from .settings import settings_dataclass
+
+__all__ = [
+    "SNAPSHOT_FORMAT",
+    "SNAPSHOT_VERSION",
+    "PruneItem",
+    "RetentionRule",
+    "RetentionSettings",
+    "RetentionWorker",
+    "SnapshotError",
+    "apply_retention",
+    "export_conversation",
+    "import_conversation",
+    "plan_retention",
+    "validate_snapshot",
+]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FORMAT = "agentik.conversation"
+SNAPSHOT_VERSION = 1
+DAY = 86400.0
+
+RETENTION_PROMPT = (
+    "You keep the long-term record of a chat channel. The transcript you are given is "
+    "about to be deleted under the channel's retention policy. Summarise it so the "
+    "assistant can continue without it: people and what they wanted, decisions and why, "
+    "facts, numbers and identifiers that may matter later, open questions. At most "
+    "{words} words."
+)
+#: What replaces pruned messages in working memory in ``delete`` mode.
+DELETED_NOTICE = "[{n} earlier messages were deleted by the retention policy.]"
+RETENTION_AUTHOR = "agentik:retention"
+
+Read = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
+
+
+# -- settings -------------------------------------------------------------------------------
+@settings_dataclass
+class RetentionRule:
+    """``[[retention.rules]]``: how long the audit log of matching channels is kept.
+
+    ``channels``: channel-key glob patterns (``irc:libera:*``, ``slack:T1:C123``;
+    ``*`` also matches conversations bound to no channel).  Of every rule, the
+    one with the most specific matching pattern applies (as for
+    ``[channels."<pattern>"]``).  ``keep_days``: age after which messages go.
+    ``action``: ``delete`` them, or ``summarise`` them into one summary
+    message first.  ``notes``: also purge the channel's memory notes that
+    old (user and global notes are never touched).
+    """
+
+    channels: list[str] = Field(min_length=1)
+    keep_days: float = Field(gt=0)
+    action: Literal["delete", "summarise"] = "delete"
+    #: Also remove, for good, the long-term memory notes of these channels
+    #: (scope ``channel:<key>``) not changed for ``keep_days``.  Off: notes stay.
+    notes: bool = False
+
+
+@settings_dataclass
+class RetentionSettings:
+    """``[retention]``: the retention job (see :mod:`agentik.core.lifecycle`).
+
+    ``rules``: the :class:`RetentionRule` list (none: nothing is ever pruned).
+    ``every_turns``: run after this many finished turns.  ``interval_hours``:
+    and at the latest this long after the last run.  ``summary_tokens``: the
+    length limit of a ``summarise`` summary.
+    """
+
+    rules: list[RetentionRule] = Field(default_factory=list)
+    every_turns: int = Field(200, ge=1)
+    interval_hours: float = Field(24.0, gt=0)
+    summary_tokens: int = Field(512, ge=32)
+
+
+def _specificity(pattern: str) -> int:
+    literal = sum(1 for c in pattern if c not in "*?")
+    return literal + (1_000_000 if not any(c in pattern for c in "*?[") else 0)
+
+
+def rule_for(
+    rules: Sequence[RetentionRule], keys: Sequence[str]
+) -> tuple[RetentionRule, str] | None:
+    """The rule whose most specific pattern matches one of ``keys``, and that pattern."""
+    best: tuple[int, int, RetentionRule, str] | None = None
+    for i, rule in enumerate(rules):
+        for pattern in rule.channels:
+            if any(fnmatchcase(k, pattern) for k in keys):
+                score = (_specificity(pattern), -i)
+                if best is None or score > best[:2]:
+                    best = (score[0], score[1], rule, pattern)
+    return None if best is None else (best[2], best[3])
+
+
+# -- planning -------------------------------------------------------------------------------
+@dataclass(slots=True)
+class PruneItem:
+    """What retention does (or would do) to one conversation."""
+
+    conversation_id: str
+    channel_keys: list[str]
+    pattern: str
+    action: str
+    keep_days: float
+    #: Audit-log rows that go (ids ``<= upto``).
+    messages: int
+    upto: int
+    done: bool = False
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "conversation_id": self.conversation_id,
+            "channel_keys": self.channel_keys,
+            "pattern": self.pattern,
+            "action": self.action,
+            "keep_days": self.keep_days,
+            "messages": self.messages,
+            "done": self.done,
+            "error": self.error,
+        }
+
+
+async def plan_retention(
+    read: Read, rules: Sequence[RetentionRule], *, now: float | None = None
+) -> list[PruneItem]:
+    """Per conversation with something to prune: how many audit rows go.
+
+    ``read(sql, params)`` runs a read-only query (``SQLiteStore.run_read``, or
+    a read-only connection for a dry run).  Nothing is written.
+    """
+    if not rules:
+        return []
+    now = time.time() if now is None else now
+    keys: dict[str, list[str]] = {}
+    for cid, key in await read("SELECT conversation_id, channel_key FROM channel_binding", ()):
+        keys.setdefault(cid, []).append(key)
+    items: list[PruneItem] = []
+    for cid, meta in await read("SELECT id, meta FROM conversation ORDER BY created_at, id", ()):
+        ck = list(keys.get(cid, []))
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            mk = json.loads(meta).get("channel_key")
+            if isinstance(mk, str) and mk not in ck:
+                ck.append(mk)
+        found = rule_for(rules, ck or [""])
+        if found is None:
+            continue
+        rule, pattern = found
+        upto, count = await _cut(read, cid, now - rule.keep_days * DAY, rule.action)
+        if count:
+            items.append(
+                PruneItem(
+                    conversation_id=cid, channel_keys=ck, pattern=pattern, action=rule.action,
+                    keep_days=rule.keep_days, messages=count, upto=upto,
+                )
+            )  # fmt: skip
+    return items
+
+
+async def _cut(read: Read, cid: str, cutoff: float, action: str) -> tuple[int, int]:
+    """``(upto, count)``: the old prefix of the audit log that may go, ending where a
+    turn starts (the next row is a user message) or at the end of the log."""
+    rows = await read(
+        "SELECT id, kind, created_at, author, run_id FROM message WHERE conversation_id = ?"
+        " ORDER BY id",
+        (cid,),
+    )
+    old = 0
+    while old < len(rows) and rows[old][2] < cutoff:
+        old += 1
+    k = old
+    while k > 0 and k < len(rows) and rows[k][1] != "user":
+        k -= 1
+    if k == len(rows) and k > 0:
+        # The whole log is old: keep a last turn still waiting for its answer.
+        last_user = max((i for i, r in enumerate(rows) if r[1] == "user"), default=None)
+        if last_user is not None and rows[last_user][4] is not None:
+            ended = await read(
+                "SELECT 1 FROM turn_end WHERE conversation_id = ? AND run_id = ?",
+                (cid, rows[last_user][4]),
+            )
+            if not ended:
+                k = last_user
+    if action == "summarise" and k == 1 and rows[0][3] == RETENTION_AUTHOR:
+        return 0, 0  # only an earlier summary is old: nothing new to summarise
+    if k == 0:
+        return 0, 0
+    return int(rows[k - 1][0]), k
+
+
+async def channel_keys(read: Read) -> list[str]:
+    """Every channel key a conversation is or was bound to."""
+    keys = {k for (k,) in await read("SELECT DISTINCT channel_key FROM channel_binding", ())}
+    for (meta,) in await read("SELECT meta FROM conversation", ()):
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            mk = json.loads(meta).get("channel_key")
+            if isinstance(mk, str):
+                keys.add(mk)
+    return sorted(keys)
+
+
+async def note_scopes(
+    read: Read, rules: Sequence[RetentionRule], *, now: float | None = None
+) -> dict[str, float]:
+    """The ``channel:<key>`` memory scopes whose rule has ``notes`` on, and the cut-off
+    time (notes changed before it go)."""
+    now = time.time() if now is None else now
+    out: dict[str, float] = {}
+    if not any(r.notes for r in rules):
+        return out
+    for key in await channel_keys(read):
+        found = rule_for(rules, [key])
+        if found is not None and found[0].notes:
+            out[f"channel:{key}"] = now - found[0].keep_days * DAY
+    return out
+
+
+async def count_old_notes(read: Read, scopes: Mapping[str, float]) -> dict[str, int]:
+    """How many notes of each scope are older than its cut-off (SQLite memory only:
+    ``{}`` when the database has no notes table)."""
+    if not scopes or not await _table_exists(read, "memory_note"):
+        return {}
+    out = {}
+    for scope, cutoff in scopes.items():
+        (n,) = (await read(
+            "SELECT COUNT(*) FROM memory_note WHERE scope = ? AND updated_at < ?", (scope, cutoff)
+        ))[0]  # fmt: skip
+        if n:
+            out[scope] = int(n)
+    return out
+
+
+async def purge_old_notes(memory: Any, scopes: Mapping[str, float]) -> dict[str, int]:
+    """Purge (for good) the notes of each scope changed before its cut-off, through the
+    memory backend (so its indexes follow); how many per scope."""
+    out: dict[str, int] = {}
+    for scope, cutoff in scopes.items():
+        old: list[int] = []
+        offset = 0
+        while True:
+            page = await memory.list([scope], limit=500, offset=offset, include_deleted=True)
+            old += [n.id for n in page if n.updated_at < cutoff]
+            if len(page) < 500:
+                break
+            offset += len(page)
+        for note_id in old:
+            await memory.purge(note_id)
+        if old:
+            out[scope] = len(old)
+            log.info("retention: purged %d memory notes of %s", len(old), scope)
+    return out
+
+
+# -- applying -------------------------------------------------------------------------------
+def _transcript(rows: Sequence[Sequence[Any]]) -> str:
+    lines = []
+    for kind, content, author, tool_name in rows:
+        if author == RETENTION_AUTHOR:
+            lines.append(f"[earlier summary]\n{str(content).removeprefix(SUMMARY_PREFIX)}")
+        elif kind == "user":
+            lines.append(f"{author or 'user'}: {content}")
+        elif kind == "assistant":
+            lines.append(f"assistant: {content}")
+        elif kind == "tool_call":
+            lines.append(f"[tool call {tool_name}]")
+        else:
+            lines.append(f"[tool result {tool_name}]: {str(content)[:600]}")
+    return "\n".join(lines)
+
+
+def _prune(conn: sqlite3.Connection, cid: str, upto: int, summary: str | None, count: int) -> None:
+    """In the writer thread, one transaction: delete audit rows ``<= upto`` (with
+    ``secure_delete``), put the summary (or nothing) in their place, and replace
+    the working memory that covered them."""
+    (secure,) = conn.execute("PRAGMA secure_delete").fetchone()
+    conn.execute("PRAGMA secure_delete = ON")
+    try:
+        last = conn.execute(
+            "SELECT created_at FROM message WHERE id = ? AND conversation_id = ?", (upto, cid)
+        ).fetchone()
+        conn.execute("DELETE FROM message WHERE conversation_id = ? AND id <= ?", (cid, upto))
+        if summary is not None:
+            # The summary takes the last pruned id: it sorts where the span was.
+            conn.execute(
+                "INSERT INTO message (id, conversation_id, kind, content, author, data,"
+                " created_at) VALUES (?, ?, 'assistant', ?, ?, ?, ?)",
+                (
+                    upto, cid, summary, RETENTION_AUTHOR,
+                    json.dumps({"retention": {"summarised": count}}),
+                    last[0] if last else time.time(),
+                ),
+            )  # fmt: skip
+        entries = conn.execute(
+            "SELECT pos, message_id FROM working_memory WHERE conversation_id = ? ORDER BY pos",
+            (cid,),
+        ).fetchall()
+        first_kept = next((p for p, mid in entries if mid is not None and mid > upto), None)
+        covered = [p for p, _ in entries if first_kept is None or p < first_kept]
+        if covered:
+            cut = max(covered)
+            conn.execute(
+                "DELETE FROM working_memory WHERE conversation_id = ? AND pos <= ?", (cid, cut)
+            )
+            text = summary if summary is not None else DELETED_NOTICE.format(n=count)
+            entry = ChatMessage(role="system", content=text, message_id=upto)
+            conn.execute(
+                "INSERT INTO working_memory (conversation_id, pos, message_id, body)"
+                " VALUES (?, ?, ?, ?)",
+                (cid, cut, upto, entry.to_json()),
+            )
+    finally:
+        conn.execute(f"PRAGMA secure_delete = {int(secure)}")
+
+
+async def apply_retention(
+    store: Any,
+    settings: RetentionSettings,
+    *,
+    llm: Any = None,
+    now: float | None = None,
+    exclusive: Callable[[str, Callable[[], Awaitable[None]]], Awaitable[None]] | None = None,
+) -> list[PruneItem]:
+    """Prune what :func:`plan_retention` finds in ``store`` (a ``SQLiteStore``).
+
+    ``summarise`` rules need ``llm``; if the summary fails, that
+    conversation is left as it is (nothing is lost) and the item carries the
+    error.  ``exclusive(conversation_id, job)`` runs ``job`` when the
+    conversation is not in a turn (the agent passes one that also drops the
+    conversation's cached working memory).
+    """
+    items = await plan_retention(store.run_read, settings.rules, now=now)
+    for item in items:
+
+        async def job(item: PruneItem = item) -> None:
+            summary: str | None = None
+            if item.action == "summarise":
+                if llm is None:
+                    raise RuntimeError("summarise needs a model")
+                rows = await store.run_read(
+                    "SELECT kind, content, author, tool_name FROM message"
+                    " WHERE conversation_id = ? AND id <= ? ORDER BY id",
+                    (item.conversation_id, item.upto),
+                )
+                words = max(50, int(settings.summary_tokens * 0.7))
+                text = await ask(
+                    llm, RETENTION_PROMPT.format(words=words), _transcript(rows),
+                    settings.summary_tokens,
+                )  # fmt: skip
+                if not text:
+                    raise RuntimeError("the summary came back empty")
+                summary = SUMMARY_PREFIX + text
+            await store.run_write(
+                lambda conn: _prune(conn, item.conversation_id, item.upto, summary, item.messages)
+            )
+            item.done = True
+
+        try:
+            if exclusive is not None:
+                await exclusive(item.conversation_id, job)
+            else:
+                await job()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            item.error = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "retention: conversation %s left as it was: %s", item.conversation_id, item.error
+            )
+        else:
+            log.info(
+                "retention: conversation %s: %s %d messages older than %g days",
+                item.conversation_id,
+                "summarised" if item.action == "summarise" else "deleted",
+                item.messages,
+                item.keep_days,
+            )
+    return items
+
+
+class RetentionWorker:
+    """An agent ``background`` coroutine running retention at start-up, after every
+    ``every_turns`` ``turn_ended`` events, and ``interval_hours`` after the last run."""
+
+    def __init__(self, settings: RetentionSettings) -> None:
+        self.settings = settings
+        #: Every run's items, for status and tests.
+        self.runs: list[list[PruneItem]] = []
+        #: Memory notes purged by each run that had ``notes`` rules: count per scope.
+        self.notes: list[dict[str, int]] = []
+        self.changed = asyncio.Condition()
+        self._kick = asyncio.Event()
+
+    def trigger(self) -> None:
+        """Run again now (tests, an operator command)."""
+        self._kick.set()
+
+    async def wait_runs(self, count: int) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: len(self.runs) >= count)
+
+    async def __call__(self, agent: Any) -> None:
+        if not self.settings.rules or not hasattr(agent.store, "run_write"):
+            return
+        counter = asyncio.create_task(self._count_turns(agent), name="agentik-retention-turns")
+        try:
+            while True:
+                await self._run(agent)
+                self._kick.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.settings.interval_hours * 3600):
+                        await self._kick.wait()
+        finally:
+            counter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await counter
+
+    async def _count_turns(self, agent: Any) -> None:
+        n = 0
+        async with contextlib.aclosing(agent.events(kinds={"turn_ended"})) as events:
+            async for _ in events:
+                n += 1
+                if n >= self.settings.every_turns:
+                    n = 0
+                    self._kick.set()
+
+    async def _run(self, agent: Any) -> None:
+        async def exclusive(cid: str, job: Callable[[], Awaitable[None]]) -> None:
+            conv = agent.services.find(cid)
+            if conv is None:
+                await job()
+                return
+            await conv.run_exclusive(job)
+            conv.parts.memory.invalidate()
+
+        try:
+            items = await apply_retention(
+                agent.store, self.settings, llm=agent.llm, exclusive=exclusive
+            )
+            scopes = await note_scopes(agent.store.run_read, self.settings.rules)
+            if scopes:
+                self.notes.append(await purge_old_notes(agent.memory, scopes))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("retention run failed")
+            items = []
+        async with self.changed:
+            self.runs.append(items)
+            self.changed.notify_all()
+
+
+# -- snapshots --------------------------------------------------------------------------------
+class SnapshotError(ValueError):
+    """A snapshot that cannot be imported; the message names the field."""
+
+
+async def _table_exists(read: Read, name: str) -> bool:
+    rows = await read("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return bool(rows)
+
+
+async def _rows_as_dicts(store: Any, table: str, cid: str) -> list[dict[str, Any]]:
+    cols = [r[1] for r in await store.run_read(f"PRAGMA table_info({table})", ())]
+    if "conversation_id" not in cols:
+        return []
+    rows = await store.run_read(
+        f"SELECT {', '.join(cols)} FROM {table} WHERE conversation_id = ? ORDER BY rowid", (cid,)
+    )
+    return [dict(zip(cols, r, strict=True)) for r in rows]
+
+
+async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any] | None:
+    """The snapshot of one conversation (``None``: there is no such conversation)."""
+    record = await store.get_conversation(conversation_id)
+    if record is None:
+        return None
+    messages: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = await store.messages(conversation_id, after=after, limit=1000)
+        if not page:
+            break
+        messages.extend(m.to_dict() for m in page)
+        after = page[-1].id
+    memory = [
+        {"pos": e.pos, "message": e.message.to_dict()}
+        for e in await store.load_memory(conversation_id)
+    ]
+    doc: dict[str, Any] = {
+        "format": SNAPSHOT_FORMAT,
+        "version": SNAPSHOT_VERSION,
+        "exported_at": time.time(),
+        "conversation": {
+            "id": record.id,
+            "title": record.title,
+            "created_at": record.created_at,
+            "updated_at": record.updated_at,
+            "meta": record.meta,
+        },
+        "messages": messages,
+        "working_memory": memory,
+        "bindings": [],
+        "turn_ends": [],
+    }
+    read = getattr(store, "run_read", None)
+    if read is None:  # an in-memory store (a temp conversation): no more to add
+        return doc
+    doc["bindings"] = [
+        {"channel_key": k, "created_at": t}
+        for k, t in await read(
+            "SELECT channel_key, created_at FROM channel_binding WHERE conversation_id = ?"
+            " ORDER BY channel_key",
+            (conversation_id,),
+        )
+    ]
+    doc["turn_ends"] = [
+        {"run_id": r, "outcome": o, "created_at": t}
+        for r, o, t in await read(
+            "SELECT run_id, outcome, created_at FROM turn_end WHERE conversation_id = ?"
+            " ORDER BY created_at, run_id",
+            (conversation_id,),
+        )
+    ]
+    for table, key in (("approval", "approvals"), ("question", "questions"), ("run", "runs")):
+        if await _table_exists(read, table):
+            doc[key] = await _rows_as_dicts(store, table, conversation_id)
+    return doc
+
+
+_KINDS = ("user", "assistant", "tool_call", "tool_result")
+
+
+def _need(d: Mapping[str, Any], key: str, where: str, types: Any, *, optional: bool = False) -> Any:
+    if key not in d:
+        if optional:
+            return None
+        raise SnapshotError(f"{where}.{key}: missing")
+    value = d[key]
+    if optional and value is None:
+        return None
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
+        raise SnapshotError(f"{where}.{key}: expected {_names(types)}, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SnapshotError(f"{where}.{key}: not a finite number")
+    return value
+
+
+def _tuple(types: Any) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _names(types: Any) -> str:
+    names = {str: "string", int: "integer", float: "number", dict: "object", list: "array",
+             bool: "boolean"}  # fmt: skip
+    return " or ".join(names.get(t, t.__name__) for t in _tuple(types))
+
+
+#: Integers a snapshot may hold (SQLite's 64-bit range, with room to renumber).
+MAX_INT = 2**62
+
+
+def _int(d: dict[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
+    value = d.get(key)
+    if isinstance(value, float) and value.is_integer():
+        d[key] = value = int(value)  # JSON has one number type: 3.0 is the integer 3
+    value = _need(d, key, where, int, optional=optional)
+    if value is not None and not -MAX_INT <= value <= MAX_INT:
+        raise SnapshotError(f"{where}.{key}: out of range")
+    return value
+
+
+def _unicode(value: Any) -> Any:
+    """``value`` with lone surrogates (from ``\\ud800`` escapes) replaced by U+FFFD:
+    they are not text, and SQLite stores only valid UTF-8."""
+    if isinstance(value, str):
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, list):
+        return [_unicode(v) for v in value]
+    if isinstance(value, dict):
+        return {_unicode(k): _unicode(v) for k, v in value.items()}
+    return value
+
+
+def _chat_message(body: dict[str, Any], where: str) -> None:
+    role = _need(body, "role", where, str)
+    if role not in ("system", "user", "assistant", "tool"):
+        raise SnapshotError(f"{where}.role: unknown role {role!r}")
+    _need(body, "content", where, str, optional=True)
+    for key in ("author", "tool_call_id", "name"):
+        _need(body, key, where, str, optional=True)
+    _need(body, "is_error", where, bool, optional=True)
+    _int(body, "message_id", where, optional=True)
+    for i, call in enumerate(_need(body, "tool_calls", where, list, optional=True) or []):
+        cw = f"{where}.tool_calls[{i}]"
+        if not isinstance(call, dict):
+            raise SnapshotError(f"{cw}: expected an object")
+        _need(call, "id", cw, str)
+        _need(call, "name", cw, str)
+        _need(call, "arguments", cw, str, optional=True)
+
+
+def validate_snapshot(doc: Any) -> dict[str, Any]:
+    """Check a snapshot's shape; raises :class:`SnapshotError` naming the bad field."""
+    if not isinstance(doc, dict):
+        raise SnapshotError(f"snapshot: expected a JSON object, got {type(doc).__name__}")
+    fmt = doc.get("format")
+    if fmt != SNAPSHOT_FORMAT:
+        raise SnapshotError(f"format: expected {SNAPSHOT_FORMAT!r}, got {fmt!r}")
+    version = doc.get("version")
+    if version != SNAPSHOT_VERSION or isinstance(version, bool):
+        raise SnapshotError(
+            f"version: unsupported snapshot version {version!r}"
+            f" (this agentik reads {SNAPSHOT_VERSION})"
+        )
+    num = (int, float)
+    conv = _need(doc, "conversation", "snapshot", dict)
+    cid = _need(conv, "id", "conversation", str)
+    if not cid or len(cid) > 200:
+        raise SnapshotError("conversation.id: must be 1 to 200 characters")
+    _need(conv, "title", "conversation", str)
+    _need(conv, "created_at", "conversation", num)
+    _need(conv, "updated_at", "conversation", num)
+    _need(conv, "meta", "conversation", dict)
+    for i, m in enumerate(_need(doc, "messages", "snapshot", list)):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise SnapshotError(f"{where}: expected an object")
+        if _int(m, "id", where) < 1:
+            raise SnapshotError(f"{where}.id: must be at least 1")
+        kind = _need(m, "kind", where, str)
+        if kind not in _KINDS:
+            raise SnapshotError(f"{where}.kind: must be one of {', '.join(_KINDS)}, not {kind!r}")
+        _need(m, "content", where, str)
+        _need(m, "created_at", where, num)
+        for key in ("author", "channel", "run_id", "tool_call_id", "tool_name", "arguments"):
+            _need(m, key, where, str, optional=True)
+        _need(m, "is_error", where, bool, optional=True)
+        _need(m, "status", where, str, optional=True)
+        _need(m, "duration", where, num, optional=True)
+    for i, e in enumerate(_need(doc, "working_memory", "snapshot", list)):
+        where = f"working_memory[{i}]"
+        if not isinstance(e, dict):
+            raise SnapshotError(f"{where}: expected an object")
+        _int(e, "pos", where)
+        _chat_message(_need(e, "message", where, dict), f"{where}.message")
+    for key in ("bindings", "turn_ends", "approvals", "questions", "runs"):
+        if key in doc and not isinstance(doc[key], list):
+            raise SnapshotError(f"{key}: expected array, got {type(doc[key]).__name__}")
+        for i, r in enumerate(doc.get(key) or []):
+            if not isinstance(r, dict):
+                raise SnapshotError(f"{key}[{i}]: expected an object")
+    for i, b in enumerate(doc.get("bindings") or []):
+        key = _need(b, "channel_key", f"bindings[{i}]", str)
+        if not key:
+            raise SnapshotError(f"bindings[{i}].channel_key: empty")
+    for i, t in enumerate(doc.get("turn_ends") or []):
+        _need(t, "run_id", f"turn_ends[{i}]", str)
+        _need(t, "outcome", f"turn_ends[{i}]", str)
+        _need(t, "created_at", f"turn_ends[{i}]", num, optional=True)
+    try:
+        json.dumps(doc, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        cleaned = _unicode(doc)
+        doc.clear()
+        doc.update(cleaned)
+    except ValueError as exc:  # NaN or infinity (not JSON)
+        raise SnapshotError(f"snapshot: {exc}") from None
+    return doc
+
+
+@dataclass(slots=True)
+class ImportResult:
+    conversation_id: str
+    messages: int
+    bound: list[str] = field(default_factory=list)
+    skipped_bindings: list[str] = field(default_factory=list)
+
+
+def _import(
+    conn: sqlite3.Connection, doc: dict[str, Any], cid: str, bind: str | None, now: float
+) -> ImportResult:
+    conv = doc["conversation"]
+    if conn.execute("SELECT 1 FROM conversation WHERE id = ?", (cid,)).fetchone():
+        raise SnapshotError(
+            f"conversation.id: {cid!r} already exists in this database (import with --new-ids)"
+        )
+    meta = dict(conv["meta"])
+    if bind is not None:
+        meta["channel_key"] = bind  # the conversation now lives in that channel
+    conn.execute(
+        "INSERT INTO conversation (id, title, created_at, updated_at, meta) VALUES (?, ?, ?, ?, ?)",
+        (cid, conv["title"], conv["created_at"], conv["updated_at"], json.dumps(meta)),
+    )
+    (next_id,) = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM message").fetchone()
+    mapping: dict[int, int] = {}
+    rows = []
+    for m in sorted(doc["messages"], key=lambda m: m["id"]):
+        mapping.setdefault(m["id"], next_id)
+        data = m.get("data")
+        rows.append(
+            (
+                next_id, cid, m["kind"], m["content"], m.get("author"), m.get("channel"),
+                m.get("run_id"), m.get("tool_call_id"), m.get("tool_name"), m.get("arguments"),
+                int(bool(m.get("is_error"))), m.get("status") or "complete",
+                json.dumps(data, ensure_ascii=False) if data is not None else None,
+                m.get("duration"), m["created_at"],
+            )
+        )  # fmt: skip
+        next_id += 1
+    conn.executemany(
+        "INSERT INTO message (id, conversation_id, kind, content, author, channel, run_id,"
+        " tool_call_id, tool_name, arguments, is_error, status, data, duration, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    old_ids = sorted(mapping)
+
+    def relink(mid: int | None) -> int | None:
+        if mid is None:
+            return None
+        if mid in mapping:
+            return mapping[mid]
+        # An id the snapshot no longer has (pruned, summarised): the newest
+        # row before it, so "covers up to" stays true.
+        below = [o for o in old_ids if o < mid]
+        return mapping[below[-1]] if below else None
+
+    # Positions are renumbered 1..n in their order.
+    for pos, e in enumerate(sorted(doc["working_memory"], key=lambda e: e["pos"]), 1):
+        body = {k: v for k, v in e["message"].items() if v is not None}
+        body["tool_calls"] = [
+            {k: v for k, v in c.items() if v is not None} for c in body.get("tool_calls", [])
+        ]
+        mid = relink(body.get("message_id"))
+        cm = ChatMessage.from_dict({**body, "message_id": mid})
+        conn.execute(
+            "INSERT INTO working_memory (conversation_id, pos, message_id, body)"
+            " VALUES (?, ?, ?, ?)",
+            (cid, pos, mid, cm.to_json()),
+        )
+    conn.executemany(
+        "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
+        " VALUES (?, ?, ?, ?)",
+        [
+            (cid, t["run_id"], t["outcome"], t.get("created_at") or now)
+            for t in doc.get("turn_ends") or []
+        ],
+    )
+    skipped_runs = 0
+    for table, key, skip in (
+        ("approval", "approvals", {"serial"}),
+        ("question", "questions", {"id"}),
+        ("run", "runs", set()),
+    ):
+        rows_in = doc.get(key) or []
+        if not rows_in:
+            continue
+        cols = {r[1] for r in conn.execute(f"PRAGMA table_info({table})").fetchall()}
+        if not cols:
+            log.warning(
+                "import: this database has no %s table; %d rows left out", table, len(rows_in)
+            )
+            continue
+        for i, r in enumerate(rows_in):
+            r = dict(r)
+            if table == "run":
+                # The run table is global: a run already here (the same snapshot
+                # imported again with new ids) keeps its row; a parent conversation
+                # this database does not have is left out of the link.
+                if conn.execute(
+                    "SELECT 1 FROM run WHERE run_id = ?", (r.get("run_id"),)
+                ).fetchone():
+                    skipped_runs += 1
+                    continue
+                parent = r.get("parent_conversation_id")
+                if (
+                    parent is not None
+                    and not conn.execute(
+                        "SELECT 1 FROM conversation WHERE id = ?", (parent,)
+                    ).fetchone()
+                ):
+                    r["parent_conversation_id"] = None
+            use = [c for c in r if c in cols and c not in skip]
+            values = [cid if c == "conversation_id" else r[c] for c in use]
+            try:
+                conn.execute(
+                    f"INSERT INTO {table} ({', '.join(use)}) VALUES ({', '.join('?' * len(use))})",
+                    values,
+                )
+            except (sqlite3.Error, OverflowError, TypeError, ValueError) as exc:
+                raise SnapshotError(f"{key}[{i}]: cannot be restored: {exc}") from exc
+    if skipped_runs:
+        log.warning("import: %d runs already in this database kept their rows", skipped_runs)
+    result = ImportResult(conversation_id=cid, messages=len(rows))
+    wanted = [bind] if bind is not None else [b["channel_key"] for b in doc.get("bindings") or []]
+    for key in wanted:
+        taken = conn.execute(
+            "SELECT 1 FROM channel_binding WHERE channel_key = ?", (key,)
+        ).fetchone()
+        if taken and bind is None:
+            result.skipped_bindings.append(key)  # never take a channel from another conversation
+            continue
+        conn.execute(
+            "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id, created_at)"
+            " VALUES (?, ?, ?)",
+            (key, cid, now),
+        )
+        result.bound.append(key)
+    return result
+
+
+async def import_conversation(
+    store: Any, doc: Any, *, new_ids: bool = False, bind: str | None = None
+) -> ImportResult:
+    """Restore a snapshot into ``store`` (a ``SQLiteStore``), in one transaction.
+
+    ``new_ids``: under a fresh conversation id (otherwise the snapshot's; an
+    id already present is refused).  ``bind``: bind this channel key to it
+    (taking it over); without it, the snapshot's bindings are restored where
+    the channel is not bound to another conversation here.
+    """
+    doc = validate_snapshot(doc)
+    cid = uuid.uuid4().hex if new_ids else doc["conversation"]["id"]
+    if bind is not None and not bind.strip():
+        raise SnapshotError("bind: empty channel key")
+    now = time.time()
+    try:
+        result: ImportResult = await store.run_write(
+            lambda conn: _import(conn, doc, cid, bind, now)
+        )
+    except SnapshotError:
+        raise
+    except Exception as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, SnapshotError) else None
+        if cause is not None:
+            raise cause from None
+        raise
+    return result
