@@ -43,7 +43,7 @@ from agentik.core.access import AccessPolicy, Decision
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
-from agentik.core.errors import AgentikError, PromptRefused, ToolError
+from agentik.core.errors import AgentikError, NotFound, PromptRefused, ToolError
 from agentik.core.eventbus import Subscription
 from agentik.core.events import (
     ApprovalRequested,
@@ -62,6 +62,7 @@ from agentik.core.events import (
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.memory import channel_scope, user_scope
 from agentik.core.messages import Message, ToolCall
+from agentik.core.redaction import RedactionError
 from agentik.core.settings import setting_fields
 from agentik.core.store.base import OutboxEntry
 from agentik.core.streamprofiles import BUILTIN_PROFILES, StreamProfile
@@ -140,6 +141,11 @@ COMMANDS: dict[str, str] = {
     # -- memory (issue 22) --
     "memory": "list the memory notes visible here, most recent first (with their ids)",
     "forget": "delete memory note N: forget N (global and others' notes: admins)",
+    # -- redaction (issue 22) --
+    "redact": (
+        "remove a message's text from the bot's records: redact [last] (your last message),"
+        " redact list, redact N [reason] (yours, or any as admin)"
+    ),
 }
 
 
@@ -937,6 +943,7 @@ class Bridge(AgentAccess):
             "tool": lambda: self._cmd_tool(message, transport, opts, decision, say, p),
             "memory": lambda: self._cmd_memory(message, transport, opts, say),
             "forget": lambda: self._cmd_forget(args, message, transport, decision, say, p),
+            "redact": lambda: self._cmd_redact(args, message, transport, decision, say, p),
         }
         handler = handlers.get(name)
         if handler is None:
@@ -1099,6 +1106,79 @@ class Bridge(AgentAccess):
             "started a new conversation"
             + (f" (the previous one is kept as {old.conversation.id})" if old else "")
         )
+
+    async def _cmd_redact(
+        self,
+        args: list[str],
+        message: IncomingMessage,
+        transport: Transport,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+        p: str,
+    ) -> None:
+        """``!redact`` / ``!redact last``: the speaker's own last message here;
+        ``!redact list``: the recent messages' numbers (never their text);
+        ``!redact N [reason]``: message N of this channel's conversation —
+        the author's own (verified identity) or, for admins, anyone's."""
+        key = message.channel_key
+        conv_id = await self.agent.store.get_binding(key)
+        if conv_id is None:
+            await say("nothing to redact here")
+            return
+        me = _author_id(transport, message)
+        recent = [
+            m
+            for m in await self.agent.store.messages(conv_id, limit=50, kinds=["user", "assistant"])
+            if not _is_redacted(m)
+        ]
+        what = args[0].lower() if args else "last"
+        reason = " ".join(args[1:])
+        if what == "list":
+            if not recent:
+                await say("no messages to redact here")
+                return
+            shown = [
+                f"#{m.id} {m.author or ('bot' if m.kind == 'assistant' else '?')}"
+                f" ({len(m.content)} chars, {_ago(m.created_at)})"
+                for m in recent[-8:]
+            ]
+            await say(f"recent messages: {'; '.join(shown)} — {p}redact N [reason]")
+            return
+        if what == "last":
+            mine = [m for m in recent if me is not None and _data(m).get("author_id") == me]
+            if not mine:
+                await say(
+                    "no message of yours to redact here"
+                    + ("" if me else " (your identity is not verified: ask an admin)")
+                )
+                return
+            target = mine[-1]
+        else:
+            try:
+                number = int(what.lstrip("#"))
+            except ValueError:
+                await say(f"usage: {p}redact [last] | {p}redact list | {p}redact N [reason]")
+                return
+            rows = await self.agent.store.messages(conv_id, after=number - 1, limit=1)
+            if not rows or rows[0].id != number:
+                await say(f"no message #{number} in this channel's conversation")
+                return
+            target = rows[0]
+            if not decision.admin and (me is None or _data(target).get("author_id") != me):
+                await say(f"only its author or an admin may redact message #{number}")
+                return
+        by = me or f"{transport.name}:{message.author_id}"
+        try:
+            done = await self.agent.redact(conv_id, target.id, by=by, reason=reason)
+        except (NotFound, RedactionError) as exc:
+            await say(f"cannot redact message #{target.id}: {exc}")
+            return
+        notes = (
+            f"; {done.notes_removed} memory note(s) derived from it deleted"
+            if done.notes_removed
+            else ""
+        )
+        await say(f"message #{target.id} redacted{notes}")
 
     async def _cmd_more(
         self, key: str, transport: Transport, say: Callable[[str], Awaitable[None]], prefix: str
@@ -2157,6 +2237,23 @@ def _shown(eff: Effective, key: str) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return "none" if value is None else str(value)
+
+
+def _data(m: Message) -> dict[str, Any]:
+    return m.data if isinstance(m.data, dict) else {}
+
+
+def _is_redacted(m: Message) -> bool:
+    return "redacted" in _data(m)
+
+
+def _ago(t: float) -> str:
+    minutes = max(0, int((time.time() - t) // 60))
+    if minutes < 60:
+        return f"{minutes}m ago"
+    if minutes < 48 * 60:
+        return f"{minutes // 60}h ago"
+    return f"{minutes // (24 * 60)}d ago"
 
 
 def _author_id(transport: Transport, message: IncomingMessage) -> str | None:

@@ -39,6 +39,7 @@ from agentik.core.memory.embeddings import EmbeddingError, embedder_for
 from agentik.core.memory.markdown import MarkdownMemory
 from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.plugins import Registry
+from agentik.core.redaction import scrubber_plugin
 from agentik.core.settings import is_file_path, plain_values, setting_fields, validate_settings
 from agentik.core.skills import SkillSet, load_skills
 from agentik.core.soul import fetch_soul, is_url, read_soul
@@ -323,6 +324,9 @@ class AgentBuilder:
         b.profiles(resolve_profiles(config, registry))
         store = SQLiteStore(config.database, synchronous=config.storage.synchronous)
         b.storage(store)
+        scrubber = scrubber_plugin(config.redaction)
+        if scrubber is not None and registry.pm.get_plugin("agentik-scrubber") is None:
+            registry.pm.register(scrubber, name="agentik-scrubber")
         b.hooks(registry.pm)
         mem = config.memory
         memory: MemoryBackend

@@ -11,6 +11,7 @@
     agentik conversations import FILE [--new-ids|--keep-ids] [--bind CHANNEL]
     agentik conversations rm ID    delete a conversation and all its rows (--reflect:
                                    reflect on it first, with the configured model)
+    agentik conversations redact ID MSG [--reason R]  replace a message by a tombstone
     agentik memory list            list long-term memory notes (--scope, --deleted)
     agentik memory show ID         print a note
     agentik memory history ID      every version of a note
@@ -70,6 +71,7 @@ COMMANDS = (
     "conversations export",
     "conversations import",
     "conversations rm",
+    "conversations redact",
     "memory list",
     "memory show",
     "memory history",
@@ -160,6 +162,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="first reflect on it with the configured model ([memory] reflection)",
     )
+    red = with_config(
+        csub.add_parser("redact", help="replace a message's text by a tombstone, everywhere")
+    )
+    red.add_argument("id")
+    red.add_argument("message", type=int, help="the message id (see conversations show)")
+    red.add_argument("--reason", default="", help="why (kept in the tombstone and the audit)")
+    red.add_argument("--by", default=None, help="who redacts (default: cli:$USER)")
     imp = with_config(
         csub.add_parser("import", help="restore a conversation from an export (JSON snapshot)")
     )
@@ -721,6 +730,8 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
             await store.delete_conversation(args.id)
             print(f"deleted {args.id}")
             return 0
+        if args.action == "redact":
+            return await _redact(store, args)
         messages = []
         after = 0
         while True:
@@ -747,6 +758,24 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
                 print("run tree:")
                 print("\n".join(tree))
         return 0
+
+
+async def _redact(store: Store, args: argparse.Namespace) -> int:
+    """``conversations redact``: on the database (a running bot's cached context of
+    that conversation is not reached: redact through the bot while it runs)."""
+    from agentik.core.redaction import tombstone
+
+    by = args.by or f"cli:{os.environ.get('USER') or 'operator'}"
+    at = time.time()
+    done = await store.redact_message(
+        args.id, args.message, content=tombstone(by, at, args.reason), by=by,
+        reason=args.reason, at=at,
+    )  # fmt: skip
+    if done is None:
+        raise NotFound(f"conversation {args.id!r} has no message {args.message}")
+    extra = f"; {done.notes_removed} derived memory note(s) removed" if done.notes_removed else ""
+    print(f"redacted message {done.message_id} of {done.conversation_id}{extra}")
+    return 0
 
 
 def _tokens(usage: dict[str, int] | None) -> str:

@@ -47,6 +47,7 @@ from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
 from agentik.core.lifecycle import RetentionSettings
 from agentik.core.memory import MemorySettings
+from agentik.core.redaction import RedactionSettings
 from agentik.core.settings import (
     Blank,
     describe_error,
@@ -435,6 +436,8 @@ class Config(_Section):
     passthrough: list[PassthroughSpec] = Field(default_factory=list)
     #: Audit-log retention by channel pattern (issue 22).
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    #: Scrubbing secrets before they are stored (issue 22).
+    redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     #: The file this came from (not a key).
     source: str = Field("<string>", exclude=True)
 

@@ -27,6 +27,7 @@ from .memory import MemoryBackend, NoMemory
 from .messages import Message
 from .observe import RequestStats
 from .questions import Questions, builtin_tools
+from .redaction import Redaction, RedactionError, tombstone
 from .services import AgentServices, AgentState, profile_of
 from .settings import settings_dataclass
 from .soul import read_soul
@@ -128,6 +129,7 @@ class Agent:
         self.event_buffer = event_buffer
         self.state = AgentState.NEW
         self.memory: MemoryBackend = memory if memory is not None else NoMemory()
+        self.memory.before_store = self._scrub_note
         self.hooks = Hooks.of(hooks)
         self.compactor = Compactor(self, compaction)
         #: Which tool calls wait for a person's approval, and the pending ones
@@ -464,6 +466,52 @@ class Agent:
         if not await self._temp_store.delete_conversation(conversation_id):
             if not await self.store.delete_conversation(conversation_id):
                 raise NotFound(f"no conversation {conversation_id!r}")
+
+    async def redact(
+        self, conversation_id: str, message_id: int, *, by: str, reason: str = ""
+    ) -> Redaction:
+        """Replace a stored message's content with a tombstone (who, when, why).
+
+        The audit-log row and its working-memory entries get the tombstone
+        (the next request carries it, not the text), memory notes derived
+        from a span that covers the message are deleted with their versions,
+        and the redaction is audited (:meth:`Store.redactions
+        <agentik.core.store.base.Store.redactions>`).  Raises
+        :class:`NotFound` (no such conversation or message) or
+        :class:`~agentik.core.redaction.RedactionError` (already redacted).
+        """
+        self._check_running()
+        if await self.store.get_conversation(conversation_id) is None:
+            if await self._temp_store.get_conversation(conversation_id) is not None:
+                raise RedactionError("temporary conversations are never stored: nothing to redact")
+            raise NotFound(f"no conversation {conversation_id!r}")
+        rows = await self.store.messages(conversation_id, after=message_id - 1, limit=1)
+        if not rows or rows[0].id != message_id:
+            raise NotFound(f"conversation {conversation_id!r} has no message {message_id}")
+        row = rows[0]
+        at = time.time()
+        content = tombstone(by, at, reason)
+        done = await self.store.redact_message(
+            conversation_id, message_id, content=content, by=by, reason=reason, at=at
+        )
+        if done is None:
+            raise NotFound(f"conversation {conversation_id!r} has no message {message_id}")
+        conv = self.services.find(conversation_id)
+        if conv is not None:
+            conv.redacted(message_id, content, row.kind, row.tool_call_id, row.content)
+            if conv.title and conv.title in row.content:
+                conv.title = "(redacted)"
+        log.info(
+            "conversation %s: message %d redacted by %s (%d derived note(s) removed)",
+            conversation_id,
+            message_id,
+            by,
+            done.notes_removed,
+        )
+        return done
+
+    def _scrub_note(self, text: str) -> str:
+        return self.hooks.before_store("note", text, None)
 
     async def list_conversations(
         self,

@@ -386,6 +386,7 @@ class MemoryWorker:
                 continue
             known.add(norm)
             note = await agent.memory.save(scope, fact, author="agentik:mining")
+            await _record_source(agent, note.id, event.conversation_id)
             ids.append(note.id)
         await self._announce(agent, event.conversation_id, "mining", ids, None)
         return len(ids)
@@ -406,6 +407,7 @@ class MemoryWorker:
                 author="agentik:reflection",
             )
             written = 1
+            await _record_source(agent, note.id, ending.conversation_id)
             await self._announce(
                 agent, ending.conversation_id, "reflection", [note.id], ending.channel_key
             )
@@ -428,3 +430,17 @@ class MemoryWorker:
                 cid, meta={**record.meta, REFLECTED: ending.through}
             )
         self._unclaim(ending)
+
+
+async def _record_source(agent: Any, note_id: int, conversation_id: str) -> None:
+    """Record the note's provenance (the conversation's audit log so far), so
+    redacting a message it may have been derived from deletes it.
+
+    Coarse on purpose: a summary or reflection may draw on any earlier
+    message, so the span is the whole log up to now.
+    """
+    if getattr(agent.memory, "name", "") != "sqlite":
+        return  # provenance lives beside the notes, in the store's database
+    span = await agent.store.message_span(conversation_id)
+    if span is not None:
+        await agent.store.note_source_add(note_id, conversation_id, *span)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import functools
 import logging
@@ -145,6 +146,20 @@ class ConversationStatus:
         return " · ".join(parts)
 
 
+def _scrubber(services: Any, conversation_id: str) -> Callable[[str, str], str]:
+    """The ``before_store`` hooks for one conversation's writes.
+
+    A closure over the services, not a bound method: the working memory
+    must not hold its conversation (the agent's registry of open
+    conversations is weak, and a cycle would keep a dropped one alive).
+    """
+
+    def scrub(kind: str, text: str) -> str:
+        return services.hooks.before_store(kind, text, conversation_id)
+
+    return scrub
+
+
 @dataclass(slots=True)
 class _Pending:
     run_id: str
@@ -228,7 +243,9 @@ class Conversation:
         self._store = store
         self._queue: deque[_Pending | _Job] = deque()
         # The memory sees the turn queue (whose messages are not orphans).
-        self._memory = WorkingMemory(store, record.id, queue=self._queue, fresh=fresh)
+        self._memory = WorkingMemory(
+            store, record.id, queue=self._queue, fresh=fresh, scrub=_scrubber(services, record.id)
+        )
         self._events: ConversationEvents | None = None  # created on first use
         self._worker: asyncio.Task[None] | None = None
         self._runner: TurnRunner | None = None
@@ -480,7 +497,7 @@ class Conversation:
         outcome = await self._services.hooks.before_prompt(self, content, author, author_id)
         if isinstance(outcome, Refuse):
             raise PromptRefused(outcome.message)
-        content = outcome
+        content = self._scrub("user", outcome)
         runner = self._runner
         if busy == "steer" and runner is not None and self._steerable(author_id, allow_tool):
             now = time.time()
@@ -667,6 +684,7 @@ class Conversation:
         """
         self._check_open()
         now = time.time()
+        content = self._scrub("user", content)
         rows = await self._store.append(
             self.id,
             log=[
@@ -686,6 +704,27 @@ class Conversation:
             keep=keep,
         )
         self._add_speaker(author_id)
+
+    def _scrub(self, kind: str, text: str) -> str:
+        """``text`` as the ``before_store`` hooks leave it."""
+        return self._services.hooks.before_store(kind, text, self.id)
+
+    def redacted(
+        self, message_id: int, content: str, kind: str, call_id: str | None, old: str
+    ) -> None:
+        """The store redacted audit row ``message_id`` (see :meth:`Agent.redact
+        <agentik.core.agent.Agent.redact>`): the cached context gets the tombstone."""
+        self._memory.redact(message_id, content, kind, call_id, old)
+        # A queued turn's message, not in working memory yet: its turn adds it.
+        for item in self._queue:
+            if not isinstance(item, _Pending):
+                continue
+            if item.committed.done() and not item.committed.cancelled():
+                if item.committed.exception() is None:
+                    rows = item.committed.result()
+                    for i, row in enumerate(rows):
+                        if row.id == message_id:
+                            rows[i] = dataclasses.replace(row, content=content)
 
     # -- speakers -------------------------------------------------------------
     def _add_speaker(self, author_id: str | None) -> None:
@@ -907,6 +946,7 @@ class Conversation:
     # -- metadata and lifecycle ----------------------------------------------------
     async def rename(self, title: str) -> None:
         self._check_open()
+        title = self._scrub("title", title)
         await self._store.update_conversation(self.id, title=title)
         self.title = title
 

@@ -183,6 +183,36 @@ class Hooks:
                 args.update(changes)
         return None
 
+    def before_store(self, kind: str, text: str, conversation_id: str | None = None) -> str:
+        """``text`` as the ``before_store`` implementations rewrote it (synchronous).
+
+        Each implementation sees the previous one's text; one that raises, or
+        returns an awaitable or a non-string, is logged and skipped.
+        """
+        if not text or not self.implemented("before_store"):
+            return text
+        assert self.pm is not None
+        args: dict[str, Any] = {"kind": kind, "text": text, "conversation_id": conversation_id}
+        for impl in reversed(self.pm.hook.before_store.get_hookimpls()):
+            try:
+                result = impl.function(**{k: args[k] for k in impl.argnames if k in args})
+            except Exception:
+                log.exception("plugin %r failed in hook before_store", impl.plugin_name)
+                continue
+            if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):
+                    result.close()
+                log.warning(
+                    "plugin %r: before_store must be synchronous; ignored", impl.plugin_name
+                )
+            elif isinstance(result, str):
+                args["text"] = result
+            elif result is not None:
+                log.warning(
+                    "plugin %r: before_store returned %r; ignored", impl.plugin_name, result
+                )
+        return str(args["text"])
+
     # -- the interception hooks, typed (see agentik.core.hookspecs for each contract) --------
     async def before_prompt(
         self, conversation: Conversation, text: str, author: str | None, author_id: str | None

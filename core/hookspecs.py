@@ -239,3 +239,22 @@ def transport_stop(transport: Any) -> MaybeAwaitable[None]:
     Called after its ``aclose()``, before the agent closes.  The return value
     is ignored.
     """
+
+
+@hookspec
+def before_store(kind: str, text: str, conversation_id: str | None) -> str | None:
+    """Text is about to be written to the database: return a ``str`` to replace it.
+
+    Called for every user message (``kind`` ``user``, after ``before_prompt``),
+    assistant answer (``assistant``), tool call arguments (``tool_call``),
+    tool result (``tool_result``), conversation title (``title``) and
+    long-term memory note (``note``; ``conversation_id`` is ``None``).
+    What the hook returns is what is stored *and* what the model sees from
+    then on, so scrubbing a pasted API
+    key here keeps it out of the database and out of the next request.
+    Return ``None`` to leave the text.  Implementations chain (each sees the
+    previous one's text).  This hook must be **synchronous** (it runs on
+    every write); an ``async def`` implementation is logged and ignored.  The
+    built-in :class:`~agentik.core.redaction.PatternScrubber` implements it
+    when ``[redaction] scrub = true``.
+    """

@@ -20,17 +20,23 @@ through these methods:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from .messages import ChatMessage, Message, NewMessage
+from .redaction import tombstoned
 from .store.base import MemoryEntry, RunRecord, Store, TurnEnd
 
 __all__ = ["Queued", "WorkingMemory"]
 
 log = logging.getLogger(__name__)
+
+
+#: The ``before_store`` kind of a working-memory entry's role.
+_KINDS = {"user": "user", "assistant": "assistant", "tool": "tool_result"}
 
 
 class Queued(Protocol):
@@ -51,10 +57,11 @@ class WorkingMemory:
     ``queue`` is the conversation's turn queue, read (never changed) by
     :meth:`load`: the user messages of queued turns are not orphans.
     ``fresh`` marks a conversation just created, whose memory is known to be
-    empty.
+    empty.  ``scrub(kind, text)`` rewrites every text before it is written
+    (the ``before_store`` hook).
     """
 
-    __slots__ = ("_cache", "_notes", "_queue", "conversation_id", "store")
+    __slots__ = ("_cache", "_notes", "_queue", "conversation_id", "scrub", "store")
 
     def __init__(
         self,
@@ -63,8 +70,10 @@ class WorkingMemory:
         *,
         queue: Iterable[Queued] = (),
         fresh: bool = False,
+        scrub: Callable[[str, str], str] | None = None,
     ) -> None:
         self.store = store
+        self.scrub = scrub
         self.conversation_id = conversation_id
         self._queue = queue
         self._cache: list[ChatMessage] | None = [] if fresh else None
@@ -144,8 +153,11 @@ class WorkingMemory:
         The write runs in its own task (it lands even if the caller is
         cancelled while waiting); ``ended`` records the end of turn
         ``run_id`` (its outcome) in the same transaction, with ``run``, its
-        row of a run tree.
+        row of a run tree.  Texts go through :attr:`scrub` first (the cache
+        gets the scrubbed ones too).
         """
+        if self.scrub is not None:
+            log, memory = self._scrubbed(log, memory)
         self.extend(memory)
         return asyncio.ensure_future(
             self.store.append(
@@ -156,6 +168,51 @@ class WorkingMemory:
                 ended=TurnEnd(run_id, ended, run) if ended else None,
             )
         )
+
+    def _scrubbed(
+        self, log: Sequence[NewMessage], memory: Sequence[ChatMessage]
+    ) -> tuple[Sequence[NewMessage], Sequence[ChatMessage]]:
+        """``log`` and ``memory`` with their texts scrubbed (the same objects when
+        nothing changed: no copies on the hot path when no plugin scrubs)."""
+        scrub = self.scrub
+        assert scrub is not None
+        rows: list[NewMessage] | None = None
+        for i, m in enumerate(log):
+            content = scrub(m.kind, m.content)
+            arguments = scrub("tool_call", m.arguments) if m.arguments else m.arguments
+            if content != m.content or arguments != m.arguments:
+                rows = rows or list(log)
+                rows[i] = dataclasses.replace(m, content=content, arguments=arguments)
+        entries: list[ChatMessage] | None = None
+        for i, cm in enumerate(memory):
+            content = scrub(_KINDS.get(cm.role, cm.role), cm.content)
+            calls = tuple(
+                dataclasses.replace(c, arguments=a) if (a := scrub("tool_call", c.arguments))
+                != c.arguments else c
+                for c in cm.tool_calls
+            )  # fmt: skip
+            if content != cm.content or calls != cm.tool_calls:
+                entries = entries or list(memory)
+                entries[i] = dataclasses.replace(cm, content=content, tool_calls=calls)
+        return (log if rows is None else rows), (memory if entries is None else entries)
+
+    # -- redaction -----------------------------------------------------------------------
+    def redact(
+        self, message_id: int, content: str, kind: str, call_id: str | None, old: str
+    ) -> None:
+        """Put a redaction's tombstone (``content``) into the cache and the waiting notes
+        (the store already has it): ``old`` is the redacted row's text."""
+
+        def fix(cm: ChatMessage) -> ChatMessage:
+            # Entries added by a turn may not know their audit row's id yet.
+            linked = cm.message_id == message_id or (
+                cm.message_id is None and cm.role == kind and cm.content == old
+            )
+            return tombstoned(cm, content, kind, call_id, linked=linked)
+
+        if self._cache is not None:
+            self._cache[:] = [fix(cm) for cm in self._cache]
+        self._notes[:] = [fix(cm) for cm in self._notes]
 
     # -- compaction ----------------------------------------------------------------------
     async def entries(self) -> list[MemoryEntry]:

@@ -78,8 +78,8 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     assert result.returncode == 0, output
     assert "Failures:" not in output and "Errors:" not in output, output
     # It really exercised the API: every operation but the two streams (the two
-    # approvals operations, /ready, /status and the conversation status included).
-    assert "Tested: 16" in output
+    # approvals operations, redact, /ready, /status and the conversation status included).
+    assert "Tested: 17" in output
 
 
 def test_the_document_lists_every_route(api):
@@ -109,6 +109,7 @@ def test_the_document_lists_every_route(api):
         ("GET", "/agentik/conversations/{conversation_id}/status"),
         ("GET", "/agentik/conversations/{conversation_id}/approvals"),
         ("POST", "/agentik/conversations/{conversation_id}/approvals/{approval_id}"),
+        ("POST", "/agentik/conversations/{conversation_id}/messages/{message_id}/redact"),
         ("GET", "/agentik/conversations/{conversation_id}/events"),
         ("GET", "/agentik/events"),
     }

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import abc
 import builtins
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -294,6 +294,14 @@ class MemoryBackend(abc.ABC):
 
     def __init__(self, *, allow_global_writes: bool = _DEFAULTS.allow_global_writes) -> None:
         self.allow_global_writes = allow_global_writes
+        #: Rewrites a note's text before it is stored (the agent sets it to
+        #: the ``before_store`` hooks, kind ``note``); backends call :meth:`scrub`.
+        self.before_store: Callable[[str], str] | None = None
+
+    def scrub(self, text: str) -> str:
+        """``text`` as :attr:`before_store` leaves it (unchanged when unset)."""
+        hook = getattr(self, "before_store", None)
+        return hook(text) if hook is not None else text
 
     # -- lifecycle ----------------------------------------------------------------
     async def start(self) -> None:  # noqa: B027 - optional hook

@@ -193,7 +193,7 @@ class MarkdownMemory(MemoryBackend):
         self, scope: str, text: str, *, author: str | None = None, note_id: int | None = None
     ) -> Note:
         valid_scope(scope)
-        text = text.strip()
+        text = self.scrub(text).strip()
         if "\n## Note " in f"\n{text}":
             # Would split the note when the file is read back.
             text = text.replace("## Note ", "\\## Note ")

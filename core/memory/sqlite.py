@@ -336,6 +336,7 @@ class SQLiteMemory(MemoryBackend):
         self, scope: str, text: str, *, author: str | None = None, note_id: int | None = None
     ) -> Note:
         valid_scope(scope)
+        text = self.scrub(text)
         now = time.time()
         vector = await self._embed(text)
 

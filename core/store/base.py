@@ -33,6 +33,7 @@ from ..messages import ChatMessage, Message, MessageKind, NewMessage
 if TYPE_CHECKING:
     from ..approvals import Approval, ApprovalDecision
     from ..questions import Question, QuestionOutcome
+    from ..redaction import Redaction
 
 __all__ = [
     "AccessChange",
@@ -430,6 +431,47 @@ class Store(abc.ABC):
     ) -> list[Question]:
         """Questions matching every filter given, oldest first."""
         raise NotImplementedError(f"{type(self).__name__} does not store questions")
+
+    # -- redaction (issue 22, migration 12) --------------------------------------------------
+    # Not abstract: a store without them refuses redaction with a clear error.
+    async def redact_message(
+        self,
+        conversation_id: str,
+        message_id: int,
+        *,
+        content: str,
+        by: str,
+        reason: str,
+        at: float,
+    ) -> Redaction | None:
+        """Replace audit-log row ``message_id`` of the conversation, and the
+        working-memory entries linked to it, with ``content`` (a tombstone);
+        delete the memory notes whose recorded source span covers it (every
+        version); record the redaction; all in one transaction.
+
+        Returns the audit row written, or ``None`` if the conversation has no
+        such message.  A message already redacted raises ``ValueError``.  The
+        old text must not survive in the storage (SQLite: ``secure_delete``
+        and a WAL checkpoint).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot redact messages")
+
+    async def redactions(
+        self, conversation_id: str | None = None, *, limit: int = 100
+    ) -> list[Redaction]:
+        """The audited redactions (of ``conversation_id``, or all), oldest first."""
+        raise NotImplementedError(f"{type(self).__name__} cannot redact messages")
+
+    async def note_source_add(  # noqa: B027 - optional: provenance is best effort
+        self, note_id: int, conversation_id: str, first_message_id: int, last_message_id: int
+    ) -> None:
+        """Record that memory note ``note_id`` was derived from that span of the
+        conversation's audit log (mining, reflection): redacting a message in
+        the span deletes the note.  A store without provenance ignores it."""
+
+    async def message_span(self, conversation_id: str) -> tuple[int, int] | None:
+        """The lowest and highest audit-log id of the conversation (``None``: empty)."""
+        return None
 
     # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:

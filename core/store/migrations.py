@@ -391,6 +391,68 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX memory_vector_by_model ON memory_vector (model, dim);
         """,
     ),
+    Migration(
+        12,
+        "redaction",
+        """
+        -- Redaction (agentik.core.redaction): a message's content may be
+        -- replaced, once, by a tombstone.  The audit log stays append-only
+        -- otherwise: the trigger lets through exactly an UPDATE that sets
+        -- ``redacted`` from 0 to 1 and changes nothing but the content, the
+        -- arguments and the data.
+        ALTER TABLE message ADD COLUMN redacted INTEGER NOT NULL DEFAULT 0;
+        DROP TRIGGER message_append_only;
+        CREATE TRIGGER message_append_only BEFORE UPDATE ON message
+        WHEN NOT (
+            old.redacted = 0 AND new.redacted = 1
+            AND new.id = old.id
+            AND new.conversation_id IS old.conversation_id
+            AND new.kind IS old.kind
+            AND new.author IS old.author
+            AND new.channel IS old.channel
+            AND new.run_id IS old.run_id
+            AND new.tool_call_id IS old.tool_call_id
+            AND new.tool_name IS old.tool_name
+            AND new.is_error IS old.is_error
+            AND new.status IS old.status
+            AND new.duration IS old.duration
+            AND new.created_at IS old.created_at
+        )
+        BEGIN
+            SELECT RAISE(ABORT, 'the message audit log is append-only');
+        END;
+
+        -- Every redaction: which message, by whom, when, why.  Append-only.
+        CREATE TABLE redaction (
+            id              INTEGER PRIMARY KEY,
+            conversation_id TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            message_id      INTEGER NOT NULL,
+            redacted_by     TEXT NOT NULL,
+            at              REAL NOT NULL,
+            reason          TEXT NOT NULL DEFAULT '',
+            notes_removed   INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE INDEX redaction_by_conversation ON redaction (conversation_id, id);
+        CREATE TRIGGER redaction_append_only BEFORE UPDATE ON redaction
+        BEGIN
+            SELECT RAISE(ABORT, 'redaction is append-only');
+        END;
+
+        -- Provenance of memory notes written by mining and reflection: the
+        -- span of the conversation's audit log they were derived from.  A
+        -- redaction of a message inside a span deletes the note (and its
+        -- versions).
+        CREATE TABLE memory_source (
+            note_id          INTEGER PRIMARY KEY REFERENCES memory_note (id) ON DELETE CASCADE,
+            conversation_id  TEXT NOT NULL,
+            first_message_id INTEGER NOT NULL,
+            last_message_id  INTEGER NOT NULL,
+            created_at       REAL NOT NULL
+        );
+        CREATE INDEX memory_source_by_conversation
+            ON memory_source (conversation_id, first_message_id);
+        """,
+    ),
 )
 
 

@@ -23,6 +23,9 @@ code                        status  when
 ``body_too_large``          413     body over ``max_body_bytes`` (imports: ``max_import_bytes``)
 ``conversation_exists``     409     an import under an id the database already has
 ``invalid_snapshot``        422     an import that is not a valid snapshot (names the field)
+``message_not_found``       404     (redact) no such message in this conversation
+``already_redacted``        409     (redact) the message is already redacted
+``forbidden``               403     (redact) neither the message's author nor an admin
 ``unsupported_media_type``  415     a body that is not ``Content-Type: application/json``
 ``invalid_body``            422     not JSON, nested too deep, not an object, or a field is wrong
 ``invalid_parameter``       422     a query parameter or header is wrong
@@ -35,6 +38,7 @@ code                        status  when
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -66,6 +70,7 @@ from agentik.core.lifecycle import (
     import_conversation,
     validate_snapshot,
 )
+from agentik.core.redaction import RedactionError
 from agentik.transports.base import IncomingMessage, restrict_tools
 
 from .auth import LOCAL, Principal, TokenTable, local_principal
@@ -149,6 +154,10 @@ class NewMessageBody(_Body):
 
 class InterruptBody(_Body):
     run_id: str | None = None
+
+
+class RedactBody(_Body):
+    reason: str = Field("", max_length=300)
 
 
 class DecisionBody(_Body):
@@ -793,6 +802,39 @@ class Api:
             raise ApiError(status, code, str(exc)) from None
         return JSONResponse(done.to_dict())
 
+    async def redact_message(self, request: Request) -> Response:
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, RedactBody, required=False) or RedactBody()
+        try:
+            message_id = int(request.path_params["message_id"])
+        except ValueError:
+            raise ApiError(422, "invalid_parameter", "message_id must be an integer") from None
+        if not 1 <= message_id < 2**63:
+            raise ApiError(404, "message_not_found", f"no message {message_id} here")
+        rows = await self.agent.store.messages(conv.id, after=message_id - 1, limit=1)
+        if not rows or rows[0].id != message_id:
+            raise ApiError(404, "message_not_found", f"no message {message_id} here")
+        identity = f"{self.ctx.instance}:{principal.name}"
+        if self.ctx.access is not None:
+            # The author (the token that sent it) or an admin.
+            data = rows[0].data if isinstance(rows[0].data, dict) else {}
+            who = IncomingMessage(
+                channel_key=conv.channel_key or "", text="", author_id=principal.name,
+                author_name=principal.name,
+            )  # fmt: skip
+            role_for = self.ctx.role_for
+            role = role_for(self.ctx.instance, who, conv.channel_key or "") if role_for else "user"
+            if role != "admin" and data.get("author_id") not in (principal.name, identity):
+                raise ApiError(403, "forbidden", "only the author or an admin may redact it")
+        try:
+            done = await self.agent.redact(conv.id, message_id, by=identity, reason=body.reason)
+        except NotFound as exc:
+            raise ApiError(404, "message_not_found", str(exc)) from None
+        except RedactionError as exc:
+            raise ApiError(409, "already_redacted", str(exc)) from None
+        return JSONResponse(dataclasses.asdict(done))
+
     def guard(self, handler: Handler) -> Handler:
         """Turn our errors (and a client gone mid-body) into JSON responses."""
 
@@ -891,6 +933,7 @@ def build_app(ctx: ApiContext) -> Starlette:
         (conv + "/messages", {"GET": api.list_messages, "POST": api.post_message}),
         (conv + "/status", {"GET": api.conversation_status}),
         (conv + "/interrupt", {"POST": api.interrupt}),
+        (conv + "/messages/{message_id}/redact", {"POST": api.redact_message}),
         (conv + "/approvals", {"GET": api.list_approvals}),
         (conv + "/approvals/{approval_id}", {"POST": api.decide_approval}),
         (conv + "/events", {"GET": api.conversation_events}),

@@ -38,6 +38,8 @@ ERROR_CODES = (
     "run_not_running",
     "approval_not_found",
     "approval_not_pending",
+    "message_not_found",
+    "already_redacted",
     "body_too_large",
     "conversation_exists",
     "invalid_snapshot",
@@ -349,6 +351,24 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["items"],
         "properties": {
             "items": {"type": "array", "items": {"$ref": "#/components/schemas/Approval"}}
+        },
+    },
+    "RedactRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"reason": {"type": "string", "maxLength": 300}},
+    },
+    "Redaction": {
+        "type": "object",
+        "required": ["conversation_id", "message_id", "by", "at", "reason", "notes_removed"],
+        "properties": {
+            "id": {"type": "integer"},
+            "conversation_id": {"type": "string"},
+            "message_id": {"type": "integer"},
+            "by": {"type": "string"},
+            "at": {"type": "number"},
+            "reason": {"type": "string"},
+            "notes_removed": {"type": "integer"},
         },
     },
     "Decision": {
@@ -883,6 +903,29 @@ def openapi_document(
                     **with_body,
                 },
                 requestBody=_body("Decision", required=True),
+            ),
+        },
+        conv + "/messages/{message_id}/redact": {
+            "parameters": [
+                _CONV_ID,
+                {
+                    "name": "message_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1},
+                },
+            ],
+            "post": op(
+                "redactMessage",
+                "Replace a message's content with a tombstone everywhere it is stored",
+                {
+                    "200": _json("Redaction", "redacted; the audit row"),
+                    "403": _error("only the message's author or an admin may redact it"),
+                    "404": _error("no such conversation or message"),
+                    "409": _error("the message is already redacted"),
+                    **with_body,
+                },
+                requestBody=_body("RedactRequest", required=False),
             ),
         },
         conv + "/events": {

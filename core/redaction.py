@@ -1,0 +1,170 @@
+"""Redaction: tombstones for messages that must go, and scrubbing before anything is stored.
+
+Two tools, both about text that must not stay in the database:
+
+* **Redacting** a stored message (:meth:`agentik.core.agent.Agent.redact`,
+  ``!redact``, ``agentik conversations redact``, the HTTP API) replaces its
+  content in the audit log *and* in working memory with a tombstone that
+  says who removed it, when and why (:func:`tombstone`); the memory notes
+  mined or reflected from a span of the conversation that covers it are
+  deleted with every version; the redaction itself is audited
+  (:class:`Redaction`).  The SQLite store does it with ``secure_delete`` on
+  and checkpoints the WAL afterwards, so the old text is gone from the
+  database *file*, not only hidden.
+* **Scrubbing** (the ``before_store`` hook): plugins may rewrite any text
+  before it is written — user messages, assistant answers, tool calls and
+  results, memory notes.  :class:`PatternScrubber` is the built-in one
+  (``[redaction] scrub = true``): it replaces common API keys and tokens,
+  and the configured ``[[redaction.patterns]]``, with ``[redacted:<kind>]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from .errors import AgentikError
+from .hookspecs import hookimpl
+from .messages import ChatMessage
+from .settings import settings_dataclass
+
+__all__ = [
+    "BUILTIN_PATTERNS",
+    "PatternScrubber",
+    "Redaction",
+    "RedactionError",
+    "RedactionPattern",
+    "RedactionSettings",
+    "tombstone",
+]
+
+#: The built-in patterns: ``(kind, regular expression)``.
+BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
+    (
+        "private-key",
+        # A whole PEM block; an unterminated one to the end of the text.
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"
+        r"(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|[\s\S]*)",
+    ),
+    ("openai-key", r"\bsk-(?:proj-|ant-|live-|test-)?[A-Za-z0-9_\-]{20,}"),
+    ("slack-token", r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"),
+    ("github-token", r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}|\bgithub_pat_[A-Za-z0-9_]{40,}"),
+    ("aws-key", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    ("jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
+)
+
+
+@settings_dataclass
+class RedactionPattern:
+    """``[[redaction.patterns]]``: one more pattern the scrubber replaces."""
+
+    #: Shown in the replacement: ``[redacted:<kind>]`` (letters, digits, ``-``, ``_``).
+    kind: str = Field(pattern=r"^[A-Za-z0-9_\-]{1,40}$")
+    #: A Python regular expression; every match is replaced.
+    pattern: str = Field(min_length=1)
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return value
+
+
+@settings_dataclass
+class RedactionSettings:
+    """``[redaction]``: scrubbing secrets before they are stored."""
+
+    #: Replace API keys and tokens (``sk-…``, ``xox[bpa]-…``, ``ghp_…``,
+    #: ``AKIA…``, JWTs, PEM private keys) and the ``patterns`` below with
+    #: ``[redacted:<kind>]`` before anything is written or sent to the model.
+    scrub: bool = False
+    #: More patterns for the scrubber (``kind`` and ``pattern``).
+    patterns: list[RedactionPattern] = Field(default_factory=list)
+    #: Leave out the built-in patterns (only ``patterns`` apply).
+    builtin_patterns: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Redaction:
+    """One audited redaction: which message, by whom, when, why, and what else went."""
+
+    id: int = 0
+    conversation_id: str
+    message_id: int
+    by: str
+    at: float
+    reason: str = ""
+    #: Memory notes derived from the message that were deleted with it.
+    notes_removed: int = 0
+
+
+class RedactionError(AgentikError, ValueError):
+    """A redaction that cannot be done (the message is already redacted)."""
+
+
+def tombstoned(
+    entry: ChatMessage, content: str, kind: str, call_id: str | None, *, linked: bool
+) -> ChatMessage:
+    """A working-memory entry with a redacted audit row's text replaced by ``content``.
+
+    ``kind``/``call_id`` are the redacted row's; ``linked``: the entry stands
+    for that row.  A redacted tool call keeps its place (the results that
+    answer it need it) with empty arguments; a tool result keeps its call id.
+    """
+    if kind == "tool_call":
+        calls = tuple(
+            dataclasses.replace(c, arguments="{}") if c.id == call_id else c
+            for c in entry.tool_calls
+        )
+        return dataclasses.replace(entry, tool_calls=calls)
+    if kind == "tool_result":
+        if entry.role == "tool" and (linked or entry.tool_call_id == call_id):
+            return dataclasses.replace(entry, content=content)
+        return entry
+    if linked:
+        return dataclasses.replace(entry, content=content)
+    return entry
+
+
+def tombstone(by: str, at: float, reason: str = "") -> str:
+    """The text that replaces a redacted message."""
+    when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
+    why = f": {reason}" if reason else ""
+    return f"[message redacted by {by} at {when}{why}]"
+
+
+class PatternScrubber:
+    """The built-in ``before_store`` plugin: replaces secrets by ``[redacted:<kind>]``."""
+
+    def __init__(self, settings: RedactionSettings | None = None) -> None:
+        # Built, it scrubs: ``settings.scrub`` only decides whether the bot builds one.
+        settings = settings or RedactionSettings()
+        pairs: list[tuple[str, str]] = list(BUILTIN_PATTERNS) if settings.builtin_patterns else []
+        pairs += [(p.kind, p.pattern) for p in settings.patterns]
+        self.patterns = [(kind, re.compile(rx)) for kind, rx in pairs]
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every match replaced."""
+        for kind, rx in self.patterns:
+            text = rx.sub(f"[redacted:{kind}]", text)
+        return text
+
+    @hookimpl(trylast=True)
+    def before_store(self, text: str) -> str | None:
+        out = self.scrub(text)
+        return out if out != text else None
+
+
+def scrubber_plugin(settings: Any) -> PatternScrubber | None:
+    """The scrubber for ``[redaction]`` settings, or ``None`` when ``scrub`` is off."""
+    if settings is None or not settings.scrub:
+        return None
+    return PatternScrubber(settings)
