@@ -76,7 +76,7 @@ def test_the_unit_runs_reloads_restarts_and_is_hardened():
     k = keys(UNIT.read_text(encoding="utf-8"))
     assert k["ExecStart"] == [f"{SHIPPED_EXEC} run -c /etc/agentik/config.toml"]
     assert k["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
-    assert k["Type"] == ["exec"]
+    assert k["Type"] == ["notify"] and k["NotifyAccess"] == ["main"]
     assert k["EnvironmentFile"] == ["-/etc/agentik/agentik.env"]
     assert k["Restart"] == ["on-failure"] and "RestartSec" in k
     assert k["RestartPreventExitStatus"] == ["2"]  # agentik's exit status for a config error
