@@ -755,13 +755,15 @@ def _import(
                 int(bool(m.get("is_error"))), m.get("status") or "complete",
                 json.dumps(data, ensure_ascii=False) if data is not None else None,
                 m.get("duration"), m["created_at"],
+                # A redacted message (its tombstone's record in data) stays redacted.
+                int(isinstance(data, dict) and isinstance(data.get("redacted"), dict)),
             )
         )  # fmt: skip
         next_id += 1
     conn.executemany(
         "INSERT INTO message (id, conversation_id, kind, content, author, channel, run_id,"
-        " tool_call_id, tool_name, arguments, is_error, status, data, duration, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " tool_call_id, tool_name, arguments, is_error, status, data, duration, created_at,"
+        " redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
     old_ids = sorted(mapping)

@@ -554,3 +554,27 @@ async def test_http_export_of_a_temp_conversation(tmp_path):
 
 def contents_of(snapshot: dict) -> list[str]:
     return [m["content"] for m in snapshot["messages"]]
+
+
+async def test_a_redacted_message_stays_redacted_through_export_and_import(tmp_path):
+    from agentik.core.redaction import RedactionError
+    from agentik.core.testing.scripted import ScriptedModel
+
+    secret = "hunter2-7f3c9e"
+    model = ScriptedModel()
+    model.enqueue("noted")
+    async with Agent(llm=model, store=SQLiteStore(str(tmp_path / "a.db"))) as agent:
+        conv = await agent.create_conversation()
+        await conv.send(f"my password is {secret}")
+        await conv.wait_idle()
+        first = (await agent.store.messages(conv.id))[0]
+        await agent.redact(conv.id, first.id, by="admin", reason="a password")
+        doc = await export_conversation(agent.store, conv.id)
+    assert doc is not None and secret not in json.dumps(doc)
+    async with Agent(llm=ScriptedModel(), store=SQLiteStore(str(tmp_path / "b.db"))) as other:
+        result = await import_conversation(other.store, doc, new_ids=True)
+        imported = (await other.store.messages(result.conversation_id))[0]
+        assert secret not in imported.content and "redacted" in imported.content
+        # It is a redacted message there too: not an ordinary row that reads like one.
+        with pytest.raises(RedactionError):
+            await other.redact(result.conversation_id, imported.id, by="admin")
