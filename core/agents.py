@@ -28,6 +28,17 @@ inherited and bounded down the tree (:class:`RunPolicy`):
   model request);
 * the time budget: a child's deadline is never later than its parent's.
 
+Durability: a child conversation is internal (nobody types into it) and
+its run is part of its parent's turn: a crash mid-child loses nothing a user
+sent, because the parent's turn (whose user message is committed) is taken
+up again, never the child's.  So a child conversation need not be committed
+before its first message: its row and its task message are written in one
+transaction (:meth:`Store.create_conversation_with`; one commit, not two,
+with the same ``synchronous`` guarantee as every other commit), unless a
+plugin implements ``session_start`` or ``before_prompt`` (they may write to
+it first: then it is created at once).  Until that commit a reader of the
+store does not see the child conversation; the live object is found by id.
+
 Events: a child conversation's events carry the child's ``run_id`` and its
 ``parent_run_id``.  They are emitted in the child conversation's own stream
 and *relayed* into the parent conversation's stream (renumbered with the
@@ -362,7 +373,7 @@ class AgentTool:
             channel=parent.channel,
         )
         node.ended = asyncio.get_running_loop().create_future()
-        child = await agent.create_conversation(
+        child = await agent.create_child_conversation(
             title=f"{self.agent_name}: {task[:60]}",
             temp=parent_conv.temp,
             meta={

@@ -207,6 +207,21 @@ def _row_to_conversation(row: tuple[Any, ...]) -> ConversationRecord:
     )
 
 
+def _insert_conversation(
+    conn: sqlite3.Connection, record: ConversationRecord, channel_key: str | None
+) -> None:
+    conn.execute(
+        "INSERT INTO conversation (id, title, created_at, updated_at, meta) VALUES (?, ?, ?, ?, ?)",
+        (record.id, record.title, record.created_at, record.updated_at, json.dumps(record.meta)),
+    )
+    if channel_key is not None:
+        conn.execute(
+            "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id,"
+            " created_at) VALUES (?, ?, ?)",
+            (channel_key, record.id, record.created_at),
+        )
+
+
 def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[list[Message]]:
     """Write consecutive appends with one statement per table."""
     row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM message").fetchone()
@@ -530,26 +545,30 @@ class SQLiteStore(Store):
     async def create_conversation(
         self, record: ConversationRecord, *, channel_key: str | None = None
     ) -> None:
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO conversation (id, title, created_at, updated_at, meta)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (
-                    record.id,
-                    record.title,
-                    record.created_at,
-                    record.updated_at,
-                    json.dumps(record.meta),
-                ),
-            )
-            if channel_key is not None:
-                conn.execute(
-                    "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id,"
-                    " created_at) VALUES (?, ?, ?)",
-                    (channel_key, record.id, record.created_at),
-                )
+        await self._write(lambda conn: _insert_conversation(conn, record, channel_key))
 
-        await self._write(fn)
+    async def create_conversation_with(
+        self,
+        record: ConversationRecord,
+        *,
+        log: Sequence[NewMessage] = (),
+        memory: Sequence[ChatMessage] = (),
+        updated_at: float | None = None,
+    ) -> list[Message]:
+        # One job: the record and the first rows commit in one transaction.
+        first = _Append(
+            record.id,
+            tuple(log),
+            tuple(memory),
+            updated_at,
+            asyncio.get_running_loop().create_future(),
+        )
+
+        def fn(conn: sqlite3.Connection) -> list[Message]:
+            _insert_conversation(conn, record, None)
+            return _apply_appends(conn, [first])[0]
+
+        return await self._write(fn)
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         rows = await self._read(
