@@ -248,6 +248,17 @@ class Store(abc.ABC):
         await self.create_conversation(record)
         return await self.append(record.id, log=log, memory=memory, updated_at=updated_at)
 
+    def set_internal(self, conversation_id: str, internal: bool) -> None:
+        """Mark a conversation internal (a child run's) or not any more.
+
+        An internal conversation's writes need not be durable at their own
+        commit: they become durable with the next durable commit of this store
+        (for :class:`SQLiteStore` with ``synchronous = "full"``: they commit
+        without an fsync of their own).  A crash before that may lose them.
+        The default ignores it (every write is as durable as any other).
+        """
+        return None
+
     @abc.abstractmethod
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         """Return the record, or ``None`` if there is no such conversation."""
