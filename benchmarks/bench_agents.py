@@ -13,8 +13,8 @@ model (no network, no sleeping) and a real SQLite store:
 CPU is the whole process's (``time.process_time``: the event loop and the store's writer
 thread), with the store's default ``synchronous = "full"`` (an fsync per commit) and
 with ``"normal"`` (a child conversation's own commits skip the fsync either way: see
-``agentik.core.agents``, "Durability").  Goal: a child run adds at most 1 ms of CPU to a turn.  The ratio
-printed is agentik / baseline per turn.
+``agentik.core.agents``, "Durability").  Goal: a child run adds at most 1 ms of CPU
+to a turn.  The ratio printed is agentik / baseline per turn.
 """
 
 from __future__ import annotations
