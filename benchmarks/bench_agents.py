@@ -12,8 +12,9 @@ model (no network, no sleeping) and a real SQLite store:
 
 CPU is the whole process's (``time.process_time``: the event loop and the store's writer
 thread), with the store's default ``synchronous = "full"`` (an fsync per commit) and
-with ``"normal"``.  Goal: a child run adds at most 1 ms of CPU to a turn.  The ratio
-printed is agentik / baseline per turn.
+with ``"normal"`` (a child conversation's own commits skip the fsync either way: see
+``agentik.core.agents``, "Durability").  Goal: a child run adds at most 1 ms of CPU
+to a turn.  The ratio printed is agentik / baseline per turn.
 """
 
 from __future__ import annotations

@@ -430,10 +430,46 @@ class Agent:
         )
         store = self._temp_store if temp else self.store
         await store.create_conversation(record, channel_key=channel_key)
+        return await self._started(record, temp=temp, channel_key=channel_key)
+
+    async def _started(
+        self, record: ConversationRecord, *, temp: bool, channel_key: str | None = None
+    ) -> Conversation:
         conv = self._wrap(record, temp=temp, channel_key=channel_key, new=True)
         conv.parts.events.emit_agent_wide(ConversationStarted, channel_key=channel_key)
         await self.services.session_start(conv)
         return conv
+
+    async def create_child_conversation(
+        self, *, title: str, temp: bool, meta: dict[str, Any]
+    ) -> Conversation:
+        """Create a child run's conversation (agentik.core.agents).
+
+        It is marked internal in the store (:meth:`Store.set_internal`) until
+        :meth:`child_run_done`.  Its row is written with its first message, in one transaction (see
+        :meth:`Store.create_conversation_with`), when no plugin could write to
+        it before that message (no ``session_start`` or ``before_prompt``
+        hook); otherwise at once, as :meth:`create_conversation` does.
+        """
+        self._check_running()
+        now = time.time()
+        record = ConversationRecord(
+            id=uuid.uuid4().hex, title=title, created_at=now, updated_at=now, meta=meta
+        )
+        store = self._temp_store if temp else self.store
+        # Until its run ends, its writes need no fsync of their own (see agents).
+        store.set_internal(record.id, True)
+        hooks = self.services.hooks
+        if hooks.implemented("session_start") or hooks.implemented("before_prompt"):
+            await store.create_conversation(record)
+            return await self._started(record, temp=temp)
+        conv = await self._started(record, temp=temp)
+        conv.store_with_first_message(record)
+        return conv
+
+    def child_run_done(self, child: Conversation) -> None:
+        """A child run ended: its conversation's writes are ordinary ones again."""
+        (self._temp_store if child.temp else self.store).set_internal(child.id, False)
 
     async def get_conversation(self, conversation_id: str) -> Conversation:
         """The conversation with this id; raises :class:`NotFound`."""

@@ -28,6 +28,26 @@ inherited and bounded down the tree (:class:`RunPolicy`):
   model request);
 * the time budget: a child's deadline is never later than its parent's.
 
+Durability: a child conversation is internal (nobody types into it) and
+its run is part of its parent's turn: a crash mid-child loses nothing a user
+sent, because the parent's turn (whose user message is committed) is taken
+up again, never the child's (it runs the child again).  So:
+
+* a child conversation is not committed before its first message: its row
+  and its task message are written in one transaction
+  (:meth:`Store.create_conversation_with`), unless a plugin implements
+  ``session_start`` or ``before_prompt`` (they may write to it first: then
+  it is created at once).  Until that commit a reader of the store does not
+  see the child conversation; the live object is found by id;
+* while its run runs, the child conversation is *internal* in the store
+  (:meth:`Store.set_internal`): with SQLite's ``synchronous = "full"`` its
+  commits skip their own fsync.  They are committed (a killed process loses
+  nothing) and become power-loss durable with the next full commit — at the
+  latest the parent's tool result, which follows the child's end.  A power
+  loss before that loses the child's rows along with the parent's pending
+  tool result, and the resumed parent turn runs the child again.  A batch
+  that holds any other write commits in full, as before.
+
 Events: a child conversation's events carry the child's ``run_id`` and its
 ``parent_run_id``.  They are emitted in the child conversation's own stream
 and *relayed* into the parent conversation's stream (renumbered with the
@@ -362,7 +382,7 @@ class AgentTool:
             channel=parent.channel,
         )
         node.ended = asyncio.get_running_loop().create_future()
-        child = await agent.create_conversation(
+        child = await agent.create_child_conversation(
             title=f"{self.agent_name}: {task[:60]}",
             temp=parent_conv.temp,
             meta={
@@ -404,6 +424,7 @@ class AgentTool:
                 raise
         finally:
             agent.runs.leave(run_id)
+            agent.child_run_done(child)
         return self._result(ended)
 
     @staticmethod

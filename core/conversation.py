@@ -259,6 +259,8 @@ class Conversation:
         self._idle.set()
         #: The last state reported by a ``status_changed`` event.
         self._state: StatusState = "idle"
+        #: Not stored yet: the first message's write creates it (a child run's).
+        self._unstored: ConversationRecord | None = None
 
     def __repr__(self) -> str:
         return f"<Conversation {self.id} {self.title!r}{' temp' if self.temp else ''}>"
@@ -560,8 +562,13 @@ class Conversation:
         )
         # The write runs in its own task, queued now, so the order of the audit
         # log matches the order of the turn queue even under concurrent sends.
+        unstored, self._unstored = self._unstored, None
         committed = asyncio.ensure_future(
             self._store.append(self.id, log=[entry], memory=stored, updated_at=now)
+            if unstored is None
+            else self._store.create_conversation_with(
+                unstored, log=[entry], memory=stored, updated_at=now
+            )
         )
         if idle:
             memory.extend([*notes, ChatMessage(role="user", content=content, author=author)])
@@ -570,6 +577,12 @@ class Conversation:
         await asyncio.shield(committed)
         self.updated_at = now
         return run_id
+
+    def store_with_first_message(self, record: ConversationRecord) -> None:
+        """This new conversation's ``record`` is not stored yet: the first
+        message sent writes it, in the same transaction (a child run's
+        conversation, whose first act is that message)."""
+        self._unstored = record
 
     # -- resuming after a restart -------------------------------------------------
     def resume(

@@ -164,6 +164,8 @@ class Questions:
         self._waiting: dict[str, list[PendingQuestion]] = {}
         # Questions made before this (a restart) may be taken over by a resumed turn.
         self._born = time.time()
+        # Runs that asked (or took over) a question in this process, until they end.
+        self._asked_runs: set[str] = set()
 
     def _store(self) -> Store:
         assert self.store is not None, "Questions.store is set by the agent"
@@ -264,6 +266,7 @@ class Questions:
     ) -> tuple[Question, bool]:
         """A question left pending by a restart for the same run (taken over), or a new one."""
         store = self._store()
+        self._asked_runs.add(run_id)
         digest = _digest(text, to, choices)
         busy = {e.question.id for e in self._waiting.get(parts.id, ())}
         for old in await store.questions(conversation_id=parts.id, state="pending"):
@@ -353,9 +356,18 @@ class Questions:
         return done
 
     # -- after a restart ---------------------------------------------------------------------------
-    async def run_ended(self, parts: ConversationParts, run_id: str) -> None:
-        """A turn ended: questions it left pending (it did not ask again) expire."""
-        if self.store is None:
+    async def run_ended(
+        self, parts: ConversationParts, run_id: str, *, fresh: bool = False
+    ) -> None:
+        """A turn ended: questions it left pending (it did not ask again) expire.
+
+        ``fresh``: the run was started by this process and never resumed (a
+        child run), so only questions it asked here can be pending: when it
+        asked none, the store is not read.
+        """
+        asked = run_id in self._asked_runs
+        self._asked_runs.discard(run_id)
+        if self.store is None or (fresh and not asked):
             return
         try:
             rows = await self._store().questions(conversation_id=parts.id, state="pending")

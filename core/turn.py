@@ -387,7 +387,9 @@ class TurnRunner:
         except Exception:
             log.exception("run %s: could not expire its leftover approvals", self.run_id)
         try:
-            await self.services.questions.run_ended(self.parts, self.run_id)
+            # A child run is never resumed: only questions it asked can be left.
+            fresh = self.node.parent is not None and not self.resumed
+            await self.services.questions.run_ended(self.parts, self.run_id, fresh=fresh)
         except Exception:
             log.exception("run %s: could not expire its leftover questions", self.run_id)
 

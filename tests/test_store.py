@@ -129,6 +129,43 @@ async def test_append_to_missing_conversation_fails_cleanly(store):
         await store.append("nope", log=[user("x")])
 
 
+async def test_create_conversation_with_its_first_rows(store):
+    stored = await store.create_conversation_with(
+        rec("k", 5.0, "child"),
+        log=[user("task", author="bob", run_id="run_1")],
+        memory=[ChatMessage(role="user", content="task", message_id=-1)],
+        updated_at=6.0,
+    )
+    assert [(m.content, m.conversation_id) for m in stored] == [("task", "k")]
+    got = await store.get_conversation("k")
+    assert (got.title, got.updated_at) == ("child", 6.0)
+    assert [m.id for m in await store.messages("k")] == [stored[0].id]
+    [entry] = await store.load_memory("k")
+    assert entry.message.message_id == stored[0].id
+    # A second conversation with that id fails and writes none of its rows.
+    with pytest.raises(StoreError):
+        await store.create_conversation_with(rec("k"), log=[user("again")])
+    assert [m.content for m in await store.messages("k")] == ["task"]
+
+
+async def test_internal_conversation_writes_commit_and_leave_full_sync(tmp_path):
+    """A child run's conversation (internal) commits without its own fsync; its
+    rows are committed all the same, and other writes keep ``synchronous = full``."""
+    path = str(tmp_path / "s.db")
+    async with SQLiteStore(path) as s:
+        s.set_internal("k", True)
+        await s.create_conversation_with(rec("k"), log=[user("task", run_id="run_1")])
+        await asyncio.gather(s.append("k", log=[user("more")]), s.append("k", log=[user("end")]))
+        s.set_internal("k", False)
+        mode = await s.run_write(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
+        assert mode == 2  # FULL
+        await s.create_conversation(rec("top"))
+        await s.append("top", log=[user("hello")])
+    async with SQLiteStore(path) as s:
+        assert [m.content for m in await s.messages("k")] == ["task", "more", "end"]
+        assert [m.content for m in await s.messages("top")] == ["hello"]
+
+
 async def test_sqlite_file_layout_and_append_only(tmp_path):
     path = str(tmp_path / "a.db")
     async with SQLiteStore(path) as s:

@@ -231,6 +231,34 @@ class Store(abc.ABC):
     ) -> None:
         """Create a conversation, bound to ``channel_key`` when given (atomically)."""
 
+    async def create_conversation_with(
+        self,
+        record: ConversationRecord,
+        *,
+        log: Sequence[NewMessage] = (),
+        memory: Sequence[ChatMessage] = (),
+        updated_at: float | None = None,
+    ) -> list[Message]:
+        """Create a conversation (unbound) and :meth:`append` its first rows, in one
+        transaction: a crash leaves both or neither.  Returns the stored rows.
+
+        The default makes two writes (a store that cannot do better stays
+        correct: the conversation alone, without its first rows, is valid).
+        """
+        await self.create_conversation(record)
+        return await self.append(record.id, log=log, memory=memory, updated_at=updated_at)
+
+    def set_internal(self, conversation_id: str, internal: bool) -> None:
+        """Mark a conversation internal (a child run's) or not any more.
+
+        An internal conversation's writes need not be durable at their own
+        commit: they become durable with the next durable commit of this store
+        (for :class:`SQLiteStore` with ``synchronous = "full"``: they commit
+        without an fsync of their own).  A crash before that may lose them.
+        The default ignores it (every write is as durable as any other).
+        """
+        return None
+
     @abc.abstractmethod
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         """Return the record, or ``None`` if there is no such conversation."""

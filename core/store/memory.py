@@ -74,6 +74,18 @@ class MemoryStore(Store):
         if channel_key is not None:
             self._bindings[channel_key] = record.id
 
+    async def create_conversation_with(
+        self,
+        record: ConversationRecord,
+        *,
+        log: Sequence[NewMessage] = (),
+        memory: Sequence[ChatMessage] = (),
+        updated_at: float | None = None,
+    ) -> list[Message]:
+        # No await in between: nobody sees the conversation without its first rows.
+        await self.create_conversation(record)
+        return await self.append(record.id, log=log, memory=memory, updated_at=updated_at)
+
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         return self._conversations.get(conversation_id)
 

@@ -173,6 +173,7 @@ class _Append:
 class _Job:
     fn: Callable[[sqlite3.Connection], Any]
     future: asyncio.Future[Any]
+    conversation_id: str | None = None  # the conversation it writes to, if one
 
 
 @dataclass(slots=True)
@@ -205,6 +206,21 @@ def _row_to_conversation(row: tuple[Any, ...]) -> ConversationRecord:
     return ConversationRecord(
         id=row[0], title=row[1], created_at=row[2], updated_at=row[3], meta=json.loads(row[4])
     )
+
+
+def _insert_conversation(
+    conn: sqlite3.Connection, record: ConversationRecord, channel_key: str | None
+) -> None:
+    conn.execute(
+        "INSERT INTO conversation (id, title, created_at, updated_at, meta) VALUES (?, ?, ?, ?, ?)",
+        (record.id, record.title, record.created_at, record.updated_at, json.dumps(record.meta)),
+    )
+    if channel_key is not None:
+        conn.execute(
+            "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id,"
+            " created_at) VALUES (?, ?, ?)",
+            (channel_key, record.id, record.created_at),
+        )
 
 
 def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[list[Message]]:
@@ -283,8 +299,24 @@ def _transaction(conn: sqlite3.Connection, batch: Sequence[_Append | _Job]) -> l
     return results
 
 
-def _commit_batch(conn: sqlite3.Connection, batch: list[_Append | _Job]) -> list[Any]:
-    """Runs in the writer thread: the batch as one transaction, or job by job."""
+def _commit_batch(
+    conn: sqlite3.Connection, batch: list[_Append | _Job], restore: str | None = None
+) -> list[Any]:
+    """Runs in the writer thread: the batch as one transaction, or job by job.
+
+    ``restore``: the batch commits with ``synchronous = NORMAL`` (no fsync of
+    its own), then the connection's mode (``restore``) is set back.
+    """
+    if restore is None:
+        return _commit(conn, batch)
+    conn.execute("PRAGMA synchronous = NORMAL")
+    try:
+        return _commit(conn, batch)
+    finally:
+        conn.execute(f"PRAGMA synchronous = {restore}")
+
+
+def _commit(conn: sqlite3.Connection, batch: list[_Append | _Job]) -> list[Any]:
     try:
         return _transaction(conn, batch)
     except Exception as exc:
@@ -381,6 +413,8 @@ class SQLiteStore(Store):
         self._reader: aiosqlite.Connection | None = None
         self._pending: list[_Append | _Job] = []
         self._busy = False  # a batch is in the writer thread
+        # Conversations whose writes need no fsync of their own (see set_internal).
+        self._internal: set[str] = set()
         self._idle: asyncio.Event | None = None
         self._started = False
         self._closed = False
@@ -473,8 +507,17 @@ class SQLiteStore(Store):
         self._busy = True
         assert self._writer is not None and self._idle is not None
         self._idle.clear()
+        restore = None
+        if (
+            self._internal
+            and self.synchronous in ("full", "extra")
+            and all(item.conversation_id in self._internal for item in batch)
+        ):
+            restore = self.synchronous.upper()
         self._writer.submit(
-            _commit_batch, (self._conn, batch), lambda results, exc: self._done(batch, results, exc)
+            _commit_batch,
+            (self._conn, batch, restore),
+            lambda results, exc: self._done(batch, results, exc),
         )
 
     def _done(
@@ -530,26 +573,40 @@ class SQLiteStore(Store):
     async def create_conversation(
         self, record: ConversationRecord, *, channel_key: str | None = None
     ) -> None:
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO conversation (id, title, created_at, updated_at, meta)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (
-                    record.id,
-                    record.title,
-                    record.created_at,
-                    record.updated_at,
-                    json.dumps(record.meta),
-                ),
-            )
-            if channel_key is not None:
-                conn.execute(
-                    "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id,"
-                    " created_at) VALUES (?, ?, ?)",
-                    (channel_key, record.id, record.created_at),
-                )
+        await self._write(lambda conn: _insert_conversation(conn, record, channel_key))
 
-        await self._write(fn)
+    async def create_conversation_with(
+        self,
+        record: ConversationRecord,
+        *,
+        log: Sequence[NewMessage] = (),
+        memory: Sequence[ChatMessage] = (),
+        updated_at: float | None = None,
+    ) -> list[Message]:
+        # One job: the record and the first rows commit in one transaction.
+        first = _Append(
+            record.id,
+            tuple(log),
+            tuple(memory),
+            updated_at,
+            asyncio.get_running_loop().create_future(),
+        )
+
+        def fn(conn: sqlite3.Connection) -> list[Message]:
+            _insert_conversation(conn, record, None)
+            return _apply_appends(conn, [first])[0]
+
+        job = _Job(fn, asyncio.get_running_loop().create_future(), record.id)
+        return await self._submit(job)
+
+    def set_internal(self, conversation_id: str, internal: bool) -> None:
+        # A batch of only such writes commits with synchronous = NORMAL: its WAL
+        # frames are fsynced by the next full commit (the WAL is one file,
+        # appended in order), or by a checkpoint, whichever comes first.
+        if internal:
+            self._internal.add(conversation_id)
+        else:
+            self._internal.discard(conversation_id)
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         rows = await self._read(
