@@ -75,7 +75,7 @@ from pydantic import Field
 from .events import ChildRunLinked, TurnEnded
 from .messages import Usage
 from .settings import Blank, PathSetting, settings_dataclass
-from .tools.base import ToolContext, ToolResult
+from .tools.base import ToolContext, ToolResult, TurnPolicy
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -319,6 +319,10 @@ class AgentTool:
         self.name = agent_tool_name(name)
         self.description = spec.description or f"Ask the {name} agent to do a task."
         self.parameters = spec.schema
+        # The last child policy made, by the policy and time budget it came from:
+        # child runs of one parent policy share it (and its warm ``allows`` cache)
+        # instead of validating a new one each run.
+        self._policy: tuple[TurnPolicy, float, TurnPolicy] | None = None
 
     def __repr__(self) -> str:
         return f"AgentTool({self.agent_name!r})"
@@ -441,15 +445,20 @@ class AgentTool:
         if node.parent is not None and node.parent.deadline is not None:
             left = node.parent.deadline - asyncio.get_running_loop().time()
             time_budget = max(0.001, min(time_budget, left))
-        allowed = [*spec.tools, *(agent_tool_name(u) for u in spec.uses)]
-        child.policy = dataclasses.replace(  # type: ignore[type-var]
-            base,
-            max_tool_calls=base.max_tool_calls
-            if spec.max_tool_calls is None
-            else spec.max_tool_calls,
-            time_budget=time_budget,
-            allowed_tools=tuple(allowed),
-        )
+        cached = self._policy
+        if cached is not None and cached[0] is base and cached[1] == time_budget:
+            child.policy = cached[2]
+        else:
+            allowed = [*spec.tools, *(agent_tool_name(u) for u in spec.uses)]
+            child.policy = dataclasses.replace(  # type: ignore[type-var]
+                base,
+                max_tool_calls=base.max_tool_calls
+                if spec.max_tool_calls is None
+                else spec.max_tool_calls,
+                time_budget=time_budget,
+                allowed_tools=tuple(allowed),
+            )
+            self._policy = (base, time_budget, child.policy)
         child.llm_profile = spec.model if spec.model is not None else parent.llm_profile
         # Unset: the main agent's system prompt (read at each request).
         child.system_prompt = agent.agent_prompts.get(self.agent_name)

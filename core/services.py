@@ -229,6 +229,33 @@ class AgentServices:
         self._bus.close()
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _renumbered(event: Event, conversation_id: str, seq: int) -> Event:
+    """A copy of ``event`` with another ``conversation_id`` and ``seq``.
+
+    Events are frozen slotted dataclasses of plain values: the copy shares
+    them, and skips ``dataclasses.replace``'s per-call field walk and
+    ``__init__`` (a child run relays about ten events).
+    """
+    cls = type(event)
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in ("conversation_id", "seq")
+        )
+    copy = object.__new__(cls)
+    setattr_ = object.__setattr__
+    for name in names:
+        setattr_(copy, name, getattr(event, name))
+    setattr_(copy, "conversation_id", conversation_id)
+    setattr_(copy, "seq", seq)
+    return copy
+
+
 class ConversationEvents:
     """The event stream of one conversation.
 
@@ -316,7 +343,7 @@ class ConversationEvents:
         """Put a descendant run's ``event`` in this stream (renumbered as this
         conversation's; not on the agent-wide stream, which has it already)."""
         self.seq += 1
-        copy = dataclasses.replace(event, conversation_id=self.conversation_id, seq=self.seq)
+        copy = _renumbered(event, self.conversation_id, self.seq)
         bus = self._bus
         before = len(bus.buffer)
         bus.publish(copy)
