@@ -128,8 +128,9 @@ class EventBus:
         """Record ``event`` in the replay buffer and hand it to every subscriber."""
         self.buffer.append(event)
         self.last_key = self._key(event)
-        for sub in list(self._subscribers):
-            sub._push(event)
+        if self._subscribers:  # most streams (a child run's) have none: no copy
+            for sub in list(self._subscribers):
+                sub._push(event)
 
     def subscribe(
         self,
