@@ -243,9 +243,7 @@ def _renumbered(event: Event, conversation_id: str, seq: int) -> Event:
     names = _FIELDS.get(cls)
     if names is None:
         names = _FIELDS[cls] = tuple(
-            f.name
-            for f in dataclasses.fields(cls)
-            if f.name not in ("conversation_id", "seq")
+            f.name for f in dataclasses.fields(cls) if f.name not in ("conversation_id", "seq")
         )
     copy = object.__new__(cls)
     setattr_ = object.__setattr__
