@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import queue
@@ -584,11 +585,14 @@ class SQLiteStore(Store):
         updated_at: float | None = None,
     ) -> list[Message]:
         # One job: the record and the first rows commit in one transaction.
+        # The new row carries the first rows' ``updated_at`` (no UPDATE after it).
+        if updated_at is not None and updated_at > record.updated_at:
+            record = dataclasses.replace(record, updated_at=updated_at)
         first = _Append(
             record.id,
             tuple(log),
             tuple(memory),
-            updated_at,
+            None,
             asyncio.get_running_loop().create_future(),
         )
 
