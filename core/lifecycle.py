@@ -579,6 +579,7 @@ async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any
 
 
 _KINDS = ("user", "assistant", "tool_call", "tool_result")
+_STATUSES = ("complete", "interrupted", "error")
 
 
 def _need(d: Mapping[str, Any], key: str, where: str, types: Any, *, optional: bool = False) -> Any:
@@ -686,7 +687,11 @@ def validate_snapshot(doc: Any) -> dict[str, Any]:
         for key in ("author", "channel", "run_id", "tool_call_id", "tool_name", "arguments"):
             _need(m, key, where, str, optional=True)
         _need(m, "is_error", where, bool, optional=True)
-        _need(m, "status", where, str, optional=True)
+        status = _need(m, "status", where, str, optional=True)
+        if status is not None and status not in _STATUSES:
+            raise SnapshotError(
+                f"{where}.status: must be one of {', '.join(_STATUSES)}, not {status!r}"
+            )
         _need(m, "duration", where, num, optional=True)
     for i, e in enumerate(_need(doc, "working_memory", "snapshot", list)):
         where = f"working_memory[{i}]"

@@ -360,6 +360,8 @@ def good_snapshot() -> dict:
         (lambda d: d.pop("messages"), "snapshot.messages"),
         (lambda d: d["messages"][0].update(kind="shout"), "messages[0].kind"),
         (lambda d: d["messages"][0].update(created_at="yesterday"), "messages[0].created_at"),
+        # What the history API may answer: the status is one of the message statuses.
+        (lambda d: d["messages"][0].update(status="\u00da,"), "messages[0].status"),
         (
             lambda d: d["working_memory"][0]["message"].update(role="god"),
             "working_memory[0].message.role",
