@@ -10,6 +10,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from test_cli import agentik, write_config
@@ -580,3 +581,20 @@ async def test_a_redacted_message_stays_redacted_through_export_and_import(tmp_p
         # It is a redacted message there too: not an ordinary row that reads like one.
         with pytest.raises(RedactionError):
             await other.redact(result.conversation_id, imported.id, by="admin")
+
+
+async def test_http_import_keeping_a_non_ascii_id_answers_with_an_ascii_location(tmp_path):
+    doc = good_snapshot()
+    doc["conversation"]["id"] = "käse-\U000a667e"
+    async with running_server(
+        str(tmp_path / "b.db"),
+        settings={"tokens": [{"name": "admin", "env": "ADMIN_TOKEN"}]},
+        environ=TOKENS,
+    ) as b:
+        async with b.client(TOKENS["ADMIN_TOKEN"]) as c:
+            r = await c.post("/conversations/import", params={"ids": "keep"}, json=doc)
+    assert r.status_code == 201, r.text
+    assert r.json()["id"] == "käse-\U000a667e"
+    location = r.headers["location"]
+    assert location.isascii()
+    assert location.endswith("/conversations/" + quote("käse-\U000a667e", safe=""))

@@ -47,6 +47,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.applications import Starlette
@@ -595,7 +596,8 @@ class Api:
         return JSONResponse(
             _conversation_json(conv),
             status_code=201,
-            headers={"location": f"{self.prefix}/conversations/{cid}"},
+            # A kept id may be any text: the header is ASCII (percent-encoded).
+            headers={"location": f"{self.prefix}/conversations/{quote(cid, safe='')}"},
         )
 
     async def rename_conversation(self, request: Request) -> Response:

@@ -447,7 +447,7 @@ _SCHEMAS: dict[str, Any] = {
             "tool_name": _NULLABLE_STR,
             "arguments": _NULLABLE_STR,
             "is_error": {"type": ["boolean", "null"]},
-            "status": _NULLABLE_STR,
+            "status": {"enum": ["complete", "interrupted", "error", None]},
             "duration": {"type": ["number", "null"]},
         },
     },
