@@ -46,14 +46,22 @@ up again, never the child's (it runs the child again).  So:
   latest the parent's tool result, which follows the child's end.  A power
   loss before that loses the child's rows along with the parent's pending
   tool result, and the resumed parent turn runs the child again.  A batch
-  that holds any other write commits in full, as before.
+  that holds any other write commits in full, as before;
+* a child's last write (its answer, its turn's end and its run row) is
+  handed to the parent (:attr:`RunNode.final_write`): it is queued deferred
+  (``Store.append(defer=True)``) and commits in the transaction of the
+  parent's tool result that follows it.  So ``turn_ended`` of a child is
+  emitted before its answer is committed (a reader may not find the answer
+  for those few milliseconds); a crash in between loses both, as above.
 
 Events: a child conversation's events carry the child's ``run_id`` and its
 ``parent_run_id``.  They are emitted in the child conversation's own stream
 and *relayed* into the parent conversation's stream (renumbered with the
 parent's ``conversation_id`` and ``seq``, so the parent's subscribers — SSE,
-the bridge — see the whole tree in order); the agent-wide stream carries
-each event once (the child's own).  The parent emits ``child_run_linked``
+the bridge — see the whole tree in order), except ``status_changed`` (a
+child conversation's state is its own; meanwhile the parent's status is
+``executing_tools`` with the agent tool running); the agent-wide stream
+carries each event once (the child's own).  The parent emits ``child_run_linked``
 (``call_id``, ``child_run_id``, ``agent``, ``child_conversation_id``) when a
 child starts, and every run ends its stream with ``run_stream_end``.
 """
@@ -220,6 +228,9 @@ class RunNode:
     deadline: float | None = None
     #: Set when the run's ``turn_ended`` is emitted.
     ended: asyncio.Future[TurnEnded] | None = None
+    #: A child run's last write (its answer and end), handed to its parent to
+    #: commit with the parent's tool result (set by the turn runner).
+    final_write: asyncio.Future[Any] | None = None
     #: Part of a run tree with children: recorded in the store's ``run`` table when it ends.
     stored: bool = False
     #: When it started (``time.time()``).
@@ -429,7 +440,14 @@ class AgentTool:
         finally:
             agent.runs.leave(run_id)
             agent.child_run_done(child)
+        if node.final_write is not None:
+            node.final_write.add_done_callback(self._final_written)
         return self._result(ended)
+
+    def _final_written(self, fut: asyncio.Future[Any]) -> None:
+        error = None if fut.cancelled() else fut.exception()
+        if error is not None:
+            log.error("agent %s: could not record the end of its run: %s", self.agent_name, error)
 
     @staticmethod
     async def _stop(child: Conversation) -> None:

@@ -361,9 +361,9 @@ class Questions:
     ) -> None:
         """A turn ended: questions it left pending (it did not ask again) expire.
 
-        ``fresh``: the run was started by this process and never resumed (a
-        child run), so only questions it asked here can be pending: when it
-        asked none, the store is not read.
+        ``fresh``: the run was started by this process and never resumed
+        (its run id is new), so only questions it asked here can be pending:
+        when it asked none, the store is not read.
         """
         asked = run_id in self._asked_runs
         self._asked_runs.discard(run_id)

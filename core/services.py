@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ClosedError
 from .eventbus import EventBus, Subscription
-from .events import Event, EventBase, EventsLost
+from .events import Event, EventBase, EventsLost, StatusChanged
 from .streamprofiles import BUILTIN_PROFILES, StreamProfile, lookup
 from .workingmemory import WorkingMemory
 
@@ -333,7 +333,9 @@ class ConversationEvents:
         bus.publish(event)
         services.account(self.conversation_id, bus.buffer, len(bus.buffer) - before)
         services.publish(event)
-        if self.relay_to is not None:
+        # A child conversation's state is its own: the parent's stream says
+        # ``executing_tools`` (the agent tool) while the child runs.
+        if self.relay_to is not None and cls is not StatusChanged:
             self.relay_to.relay(event)
         return event
 

@@ -255,6 +255,7 @@ class TurnRunner:
         log: Sequence[NewMessage] = (),
         memory: Sequence[ChatMessage] = (),
         ended: str | None = None,
+        defer: bool = False,
     ) -> asyncio.Future[list[Message]]:
         """Queue a write to both logs; the WM cache is updated at once.
 
@@ -268,7 +269,9 @@ class TurnRunner:
             # A run of a run tree: its row goes in with its end, one transaction.
             run = self.services.agent.run_record(self.node, stop_reason=ended)
             self._run_written = True
-        fut = self.memory.append(log=log, memory=memory, run_id=self.run_id, ended=ended, run=run)
+        fut = self.memory.append(
+            log=log, memory=memory, run_id=self.run_id, ended=ended, run=run, defer=defer
+        )
         self._writes.add(fut)
         fut.add_done_callback(self._write_done)
         return fut
@@ -387,8 +390,9 @@ class TurnRunner:
         except Exception:
             log.exception("run %s: could not expire its leftover approvals", self.run_id)
         try:
-            # A child run is never resumed: only questions it asked can be left.
-            fresh = self.node.parent is not None and not self.resumed
+            # A run this process started (not resumed after a restart) can only
+            # have left questions it asked here.
+            fresh = not self.resumed
             await self.services.questions.run_ended(self.parts, self.run_id, fresh=fresh)
         except Exception:
             log.exception("run %s: could not expire its leftover questions", self.run_id)
@@ -584,11 +588,22 @@ class TurnRunner:
                 self.state.partial.clear()
                 self.state.final_text = text[: self.policy.max_answer_chars]
                 reason = "length" if finish == "length" else "stop"
-                await self._append(
+                node = self.node
+                # A child run's answer is its parent's tool result, written next:
+                # its last write is handed over and commits with it (one
+                # transaction; see agentik.core.agents, "Durability").
+                handover = node.parent is not None and node.ended is not None
+                final = self._append(
                     log=[self._new("assistant", content=text)],
                     memory=[ChatMessage(role="assistant", content=self._answer_for_memory(text))],
                     ended=reason,
+                    defer=handover,
                 )
+                if handover:
+                    self._writes.discard(final)
+                    node.final_write = final
+                else:
+                    await final
                 await self._settled()
                 self.state.stop_reason = reason
                 return

@@ -147,6 +147,7 @@ class WorkingMemory:
         run_id: str = "",
         ended: str | None = None,
         run: RunRecord | None = None,
+        defer: bool = False,
     ) -> asyncio.Future[list[Message]]:
         """Write to both logs in one transaction; the cache is extended at once.
 
@@ -154,7 +155,7 @@ class WorkingMemory:
         cancelled while waiting); ``ended`` records the end of turn
         ``run_id`` (its outcome) in the same transaction, with ``run``, its
         row of a run tree.  Texts go through :attr:`scrub` first (the cache
-        gets the scrubbed ones too).
+        gets the scrubbed ones too).  ``defer``: see :meth:`Store.append`.
         """
         if self.scrub is not None:
             log, memory = self._scrubbed(log, memory)
@@ -166,6 +167,7 @@ class WorkingMemory:
                 memory=memory,
                 updated_at=time.time(),
                 ended=TurnEnd(run_id, ended, run) if ended else None,
+                defer=defer,
             )
         )
 

@@ -181,7 +181,16 @@ async def test_the_parents_subscriber_sees_the_event_tree_in_order(tmp_path):
     # The agent-wide stream carries each child event once, as the child conversation's.
     child_events = [e for e in seen_by_agent if e.run_id == child_run]
     assert {e.conversation_id for e in child_events} == {linked.child_conversation_id}
-    assert [e.kind for e in child_events] == [e.kind for e in events if e.run_id == child_run]
+    # …and every one of them is relayed into the parent's stream, except the
+    # child conversation's own status changes: there the parent is executing
+    # its agent tool until the child's answer is back.
+    relayed = [e.kind for e in events if e.run_id == child_run]
+    assert [k for k in (e.kind for e in child_events) if k != "status_changed"] == relayed
+    assert "status_changed" in {e.kind for e in child_events}
+    assert "status_changed" not in relayed
+    states = [(who(e), e.state) for e in events if e.kind == "status_changed"]
+    assert ("parent", "executing_tools") in states
+    assert all(w == "parent" for w, _ in states)
 
 
 # -- budgets, depth, concurrency -------------------------------------------------------------
@@ -384,8 +393,14 @@ async def test_child_runs_are_stored_and_are_not_resumed_after_a_crash(tmp_path)
         runs = await agent.store.runs(conv.id)
         pending = await agent.pending_turns()
         child_record = await agent.store.get_conversation(runs[1].conversation_id)
+        child_log = await agent.store.messages(runs[1].conversation_id)
 
     root, kid = runs
+    # The child's answer and end were committed with the parent's tool result.
+    assert [(m.kind, m.content) for m in child_log] == [
+        ("user", "foo?"),
+        ("assistant", "foo is 42"),
+    ]
     assert (root.run_id, root.agent, root.parent_run_id) == (run_id, None, None)
     assert (root.stop_reason, root.usage["total_tokens"]) == ("stop", 7 + 2 + 4)
     assert kid.parent_run_id == run_id and kid.parent_call_id == "c_parent"

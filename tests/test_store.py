@@ -166,6 +166,52 @@ async def test_internal_conversation_writes_commit_and_leave_full_sync(tmp_path)
         assert [m.content for m in await s.messages("top")] == ["hello"]
 
 
+async def test_every_engine_takes_a_deferred_write(store):
+    await store.create_conversation(rec("c"))
+    first = asyncio.ensure_future(store.append("c", log=[user("held")], defer=True))
+    await asyncio.sleep(0)  # submitted first
+    await store.append("c", log=[user("next")])
+    assert [m.content for m in await first] == ["held"]
+    assert [m.content for m in await store.messages("c")] == ["held", "next"]
+
+
+async def test_a_deferred_write_commits_with_the_write_that_follows(tmp_path):
+    """``defer``: a child run's last write waits for its parent's tool result and
+    both go in one transaction (one COMMIT; one fsync for the two)."""
+    path = str(tmp_path / "d.db")
+    async with SQLiteStore(path) as s:
+        await s.create_conversation(rec("child"))
+        await s.create_conversation(rec("parent"))
+        statements: list[str] = []
+        await s.run_write(lambda conn: conn.set_trace_callback(statements.append))
+        statements.clear()
+        end = asyncio.ensure_future(s.append("child", log=[user("answer")], defer=True))
+        await asyncio.sleep(0)  # submitted: held, not written
+        assert not end.done() and statements == []
+        result = await s.append("parent", log=[user("tool result")])
+        assert end.done() and [m.content for m in end.result()] == ["answer"]
+        assert statements.count("COMMIT") == 1, statements
+        assert result[0].id == end.result()[0].id + 1  # in submission order
+        await s.run_write(lambda conn: conn.set_trace_callback(None))
+    async with SQLiteStore(path) as s:
+        assert [m.content for m in await s.messages("child")] == ["answer"]
+
+
+async def test_a_deferred_write_with_nothing_after_it_commits_anyway(tmp_path):
+    """Nothing follows (the parent was stopped): it commits on its own, and a
+    store closed at once still writes it."""
+    path = str(tmp_path / "e.db")
+    async with SQLiteStore(path) as s:
+        await s.create_conversation(rec("c"))
+        rows = await asyncio.wait_for(s.append("c", log=[user("alone")], defer=True), 60)
+        assert [m.content for m in rows] == ["alone"]
+        last = asyncio.ensure_future(s.append("c", log=[user("at close")], defer=True))
+        await asyncio.sleep(0)
+    assert [m.content for m in last.result()] == ["at close"]
+    async with SQLiteStore(path) as s:
+        assert [m.content for m in await s.messages("c")] == ["alone", "at close"]
+
+
 async def test_sqlite_file_layout_and_append_only(tmp_path):
     path = str(tmp_path / "a.db")
     async with SQLiteStore(path) as s:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..redaction import Redaction
 
 __all__ = [
+    "DEFER_MAX",
     "AccessChange",
     "AccessGrant",
     "ChannelSetting",
@@ -48,6 +49,10 @@ __all__ = [
     "Store",
     "TurnEnd",
 ]
+
+#: Seconds a deferred write (``Store.append(defer=True)``) waits at most for the
+#: write that was to follow it before it commits on its own.
+DEFER_MAX = 0.2
 
 #: Delivery state of an outbox row: written, handed to the peer, confirmed by it.
 OutboxState = Literal["queued", "sent", "confirmed"]
@@ -306,6 +311,7 @@ class Store(abc.ABC):
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
         ended: TurnEnd | None = None,
+        defer: bool = False,
     ) -> list[Message]:
         """Append audit-log rows and working-memory entries in one transaction.
 
@@ -314,6 +320,12 @@ class Store(abc.ABC):
         ``ended`` records a turn's end in the same transaction (ignored if
         that run already has one).
         Returns the audit-log rows as stored (with their ids), after commit.
+
+        ``defer`` is a hint: another write follows at once (a child run's last
+        write, then its parent's tool result), and this one may wait for it to
+        commit in the same transaction.  It still commits in order with every
+        other write, and on its own after :data:`DEFER_MAX` seconds if nothing
+        follows (or when the store closes).  A store may ignore it.
         """
 
     @abc.abstractmethod

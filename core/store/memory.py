@@ -143,6 +143,7 @@ class MemoryStore(Store):
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
         ended: TurnEnd | None = None,
+        defer: bool = False,  # every write here is immediate
     ) -> list[Message]:
         self._require(conversation_id)
         out = [

@@ -37,6 +37,7 @@ from ..questions import Question, QuestionOutcome
 from ..redaction import Redaction, RedactionError, tombstoned
 from ..settings import defaults, settings_dataclass
 from .base import (
+    DEFER_MAX,
     AccessChange,
     AccessGrant,
     ChannelSetting,
@@ -414,6 +415,8 @@ class SQLiteStore(Store):
         self._reader: aiosqlite.Connection | None = None
         self._pending: list[_Append | _Job] = []
         self._busy = False  # a batch is in the writer thread
+        # Commits held writes (``append(defer=True)``) if no write follows them.
+        self._flush_timer: asyncio.TimerHandle | None = None
         # Conversations whose writes need no fsync of their own (see set_internal).
         self._internal: set[str] = set()
         self._idle: asyncio.Event | None = None
@@ -465,6 +468,7 @@ class SQLiteStore(Store):
         if self._closed:
             return
         self._closed = True
+        self._flush()  # a held write commits now
         if self._idle is not None:
             await self._idle.wait()  # every write submitted before is committed
         await self._shutdown()
@@ -483,13 +487,28 @@ class SQLiteStore(Store):
             self._writer = None
 
     # -- the single writer ---------------------------------------------------
-    def _submit(self, item: _Append | _Job) -> asyncio.Future[Any]:
+    def _submit(self, item: _Append | _Job, *, defer: bool = False) -> asyncio.Future[Any]:
         if self._closed or not self._started:
             raise ClosedError("the store is closed" if self._closed else "the store is not started")
         self._pending.append(item)
-        if not self._busy:
-            self._pump()
+        if self._busy:
+            return item.future  # goes with the next batch
+        if defer:
+            # Held for the write that follows (see Store.append): both commit in
+            # one transaction.  The timer commits it alone if none comes.
+            assert self._idle is not None
+            self._idle.clear()
+            if self._flush_timer is None:
+                self._flush_timer = asyncio.get_running_loop().call_later(DEFER_MAX, self._flush)
+            return item.future
+        self._pump()
         return item.future
+
+    def _flush(self) -> None:
+        """Commit held writes now (the deferral timer, or closing)."""
+        self._flush_timer = None
+        if not self._busy and self._pending:
+            self._pump()
 
     def _pump(self) -> None:
         """Hand everything pending to the writer thread as one batch.
@@ -498,6 +517,9 @@ class SQLiteStore(Store):
         finishes: writes that queued meanwhile go together (group commit).
         No task sits in between, so a write costs one thread round trip.
         """
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         batch = self._pending[: self.max_batch]
         del self._pending[: self.max_batch]
         if not batch:
@@ -690,12 +712,13 @@ class SQLiteStore(Store):
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
         ended: TurnEnd | None = None,
+        defer: bool = False,
     ) -> list[Message]:
         loop = asyncio.get_running_loop()
         item = _Append(
             conversation_id, tuple(log), tuple(memory), updated_at, loop.create_future(), ended
         )
-        return await self._submit(item)
+        return await self._submit(item, defer=defer)
 
     async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
         rows = await self._read(
