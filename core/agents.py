@@ -37,8 +37,13 @@ up again, never the child's (it runs the child again).  So:
   and its task message are written in one transaction
   (:meth:`Store.create_conversation_with`), unless a plugin implements
   ``session_start`` or ``before_prompt`` (they may write to it first: then
-  it is created at once).  Until that commit a reader of the store does not
-  see the child conversation; the live object is found by id;
+  it is created at once).  That write is deferred: the child's turn starts
+  without waiting for it, and it commits with the child's next write (its
+  first tool call) or — a child that answers at once — with the child's end
+  and the parent's tool result, all in one transaction (at the latest after
+  ``DEFER_MAX``).  Until that commit a reader of the store does not see the
+  child conversation (the live object is found by id), and the child's
+  ``turn_started`` has no ``message_id``;
 * while its run runs, the child conversation is *internal* in the store
   (:meth:`Store.set_internal`): with SQLite's ``synchronous = "full"`` its
   commits skip their own fsync.  They are committed (a killed process loses

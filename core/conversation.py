@@ -563,25 +563,43 @@ class Conversation:
         # The write runs in its own task, queued now, so the order of the audit
         # log matches the order of the turn queue even under concurrent sends.
         unstored, self._unstored = self._unstored, None
-        committed = asyncio.ensure_future(
-            self._store.append(self.id, log=[entry], memory=stored, updated_at=now)
-            if unstored is None
-            else self._store.create_conversation_with(
-                unstored, log=[entry], memory=stored, updated_at=now
+        if unstored is None:
+            committed = asyncio.ensure_future(
+                self._store.append(self.id, log=[entry], memory=stored, updated_at=now)
             )
-        )
+            write = committed
+        else:
+            # A child run's conversation and task: written deferred (they commit
+            # with the child's next write, or its parent's tool result; see
+            # agentik.core.agents, "Durability"), so the turn starts at once
+            # from the row as it will be stored (its id is not known yet: 0).
+            write = asyncio.ensure_future(
+                self._store.create_conversation_with(
+                    unstored, log=[entry], memory=stored, updated_at=now, defer=True
+                )
+            )
+            write.add_done_callback(self._first_write_done)
+            committed = asyncio.get_running_loop().create_future()
+            committed.set_result([entry.stored(id=0, conversation_id=self.id, now=now)])
         if idle:
             memory.extend([*notes, ChatMessage(role="user", content=content, author=author)])
-            committed.add_done_callback(memory.invalidate_on_failure)
+            write.add_done_callback(memory.invalidate_on_failure)
         self._enqueue(_Pending(run_id, content, author, committed, idle, allow_tool=allow_tool))
         await asyncio.shield(committed)
         self.updated_at = now
         return run_id
 
+    def _first_write_done(self, write: asyncio.Future[Any]) -> None:
+        error = None if write.cancelled() else write.exception()
+        if error is not None:
+            log.error("conversation %s: could not store it and its first message: %s",
+                      self.id, error)  # fmt: skip
+
     def store_with_first_message(self, record: ConversationRecord) -> None:
         """This new conversation's ``record`` is not stored yet: the first
         message sent writes it, in the same transaction (a child run's
-        conversation, whose first act is that message)."""
+        conversation, whose first act is that message).  That write is
+        deferred (``Store.append(defer=True)``): the turn does not wait for it."""
         self._unstored = record
 
     # -- resuming after a restart -------------------------------------------------

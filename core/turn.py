@@ -299,7 +299,8 @@ class TurnRunner:
     async def run(self) -> None:
         started = time.monotonic()
         m = self.message
-        self._emit(TurnStarted, message_id=m.id, author=m.author)
+        # A child run's task has id 0 until its deferred write commits: no id yet.
+        self._emit(TurnStarted, message_id=m.id or None, author=m.author)
         self._changed()
         try:
             if self.resumed:

@@ -243,9 +243,11 @@ class Store(abc.ABC):
         log: Sequence[NewMessage] = (),
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
+        defer: bool = False,
     ) -> list[Message]:
         """Create a conversation (unbound) and :meth:`append` its first rows, in one
         transaction: a crash leaves both or neither.  Returns the stored rows.
+        ``defer``: as in :meth:`append`.
 
         The default makes two writes (a store that cannot do better stays
         correct: the conversation alone, without its first rows, is valid).

@@ -81,6 +81,7 @@ class MemoryStore(Store):
         log: Sequence[NewMessage] = (),
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
+        defer: bool = False,
     ) -> list[Message]:
         # No await in between: nobody sees the conversation without its first rows.
         await self.create_conversation(record)

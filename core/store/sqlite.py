@@ -605,6 +605,7 @@ class SQLiteStore(Store):
         log: Sequence[NewMessage] = (),
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
+        defer: bool = False,
     ) -> list[Message]:
         # One job: the record and the first rows commit in one transaction.
         # The new row carries the first rows' ``updated_at`` (no UPDATE after it).
@@ -623,7 +624,7 @@ class SQLiteStore(Store):
             return _apply_appends(conn, [first])[0]
 
         job = _Job(fn, asyncio.get_running_loop().create_future(), record.id)
-        return await self._submit(job)
+        return await self._submit(job, defer=defer)
 
     def set_internal(self, conversation_id: str, internal: bool) -> None:
         # A batch of only such writes commits with synchronous = NORMAL: its WAL
