@@ -563,6 +563,7 @@ class Conversation:
         # The write runs in its own task, queued now, so the order of the audit
         # log matches the order of the turn queue even under concurrent sends.
         unstored, self._unstored = self._unstored, None
+        committed: asyncio.Future[list[Message]]
         if unstored is None:
             committed = asyncio.ensure_future(
                 self._store.append(self.id, log=[entry], memory=stored, updated_at=now)
