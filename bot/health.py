@@ -236,16 +236,9 @@ class HealthServer:
                 self._unix_path = path
                 self.address = f"unix:{path}"
                 return sock
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-            family, _, _, _, address = infos[0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(address)
-                sock.listen(_LIMITS["backlog"])
-            except BaseException:
-                sock.close()
-                raise
+            from agentik.transports.http.server import listen_tcp
+
+            sock = listen_tcp(host, int(port), _LIMITS["backlog"])
         except OSError as exc:
             raise ConfigError(
                 f"health.listen: cannot listen on {self.listen}: {exc.strerror or exc}"

@@ -64,7 +64,14 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-__all__ = ["ApiServer", "GuardedHttpProtocol", "Limits", "Listener", "ThrottledWarning"]
+__all__ = [
+    "ApiServer",
+    "GuardedHttpProtocol",
+    "Limits",
+    "Listener",
+    "ThrottledWarning",
+    "listen_tcp",
+]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +133,23 @@ class Limits:
     def of(cls, settings: Any) -> Limits:
         """The limits ``settings`` sets under the same names (``HttpSettings``)."""
         return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+
+
+def listen_tcp(host: str, port: int, backlog: int) -> socket.socket:
+    """A non-blocking socket listening on ``host:port`` (the first address ``host``
+    resolves to; ``SO_REUSEADDR``); OSError when that cannot be done."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class ThrottledWarning:

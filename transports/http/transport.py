@@ -50,7 +50,7 @@ from agentik.transports.base import (
 
 from .api import ApiContext, MetricsSource, build_app
 from .auth import TokenTable, load_tokens
-from .server import ApiServer, Limits
+from .server import ApiServer, Limits, listen_tcp
 from .settings import HttpSettings
 
 __all__ = ["HttpTransport"]
@@ -186,23 +186,12 @@ class HttpTransport(Transport):
     def _bind(self) -> socket.socket:
         host, port = self.host, self.port
         try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-            family, _, _, _, address = infos[0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(address)
-                sock.listen(self.options.backlog)
-                sock.setblocking(False)
-            except BaseException:
-                sock.close()
-                raise
+            return listen_tcp(host, port, self.options.backlog)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             raise ConfigError(
                 f"transports.{self.name}.port: cannot listen on {host}:{port}: {reason}"
             ) from None
-        return sock
 
     async def _serve(self, app: Any, sock: socket.socket) -> None:
         server = ApiServer.create(app, Limits.of(self.options), name=self.name, grace=_GRACE)
