@@ -673,8 +673,7 @@ class Bridge(AgentAccess):
                 whose = "a global note" if note.scope == "global" else "someone else's note"
                 await say(f"note {note_id} is {whose}: only admins may forget it")
                 return
-        actor = self.access.identity(transport.name, message).id or _speaker(transport, message)
-        if await self.agent.memory.delete(note_id, author=actor):
+        if await self.agent.memory.delete(note_id, author=self._actor(transport, message)):
             await say(f"forgot note {note_id}")
         else:
             await say(f"no memory note {note_id} here")
@@ -933,9 +932,9 @@ class Bridge(AgentAccess):
             # Per-channel settings (issue 19).
             "set": lambda: self._cmd_set(message, transport, say, p),
             "unset": lambda: self._cmd_unset(message, transport, say, p),
-            "role": lambda: self._cmd_role(args, message, transport, decision, say, p),
-            "ignore": lambda: self._cmd_ignore(args, message, transport, decision, say, p),
-            "unignore": lambda: self._cmd_unignore(args, message, transport, decision, say, p),
+            "role": lambda: self._cmd_grant(name, args, message, transport, decision, say, p),
+            "ignore": lambda: self._cmd_grant(name, args, message, transport, decision, say, p),
+            "unignore": lambda: self._cmd_grant(name, args, message, transport, decision, say, p),
             "roles": lambda: self._cmd_roles(say),
             "approve": lambda: self._cmd_decide("approve", message, transport, opts, say),
             "deny": lambda: self._cmd_decide("deny", message, transport, opts, say),
@@ -973,6 +972,11 @@ class Bridge(AgentAccess):
             return
         await self._cmd_stop(key, say)
 
+    def _actor(self, transport: Transport, message: IncomingMessage) -> str:
+        """Who gives a command, as an identity key (``libera:account:alice``), else
+        as :func:`_speaker` (an unverified speaker); recorded with what it changes."""
+        return self.access.identity(transport.name, message).id or _speaker(transport, message)
+
     def _target(
         self, args: list[str], message: IncomingMessage, transport: Transport
     ) -> tuple[str, str]:
@@ -1006,15 +1010,15 @@ class Bridge(AgentAccess):
             return f"unknown role {role!r} (roles: {', '.join(access.roles)})"
         if ":mask:" in target and role not in (None, "ignored", "user"):
             return "a hostmask can only be ignored; roles go to accounts"
-        # The actor as an identity key, like the one changed (libera:account:alice).
-        actor = access.identity(transport.name, message).id or _speaker(transport, message)
+        actor = self._actor(transport, message)
         old = await access.grant(target, role, by=actor, channel=message.channel_key)
         now = access.role_of_key(target)
         was = old or current
         return f"{target}: {was} → {now}"
 
-    async def _cmd_role(
+    async def _cmd_grant(
         self,
+        name: str,
         args: list[str],
         message: IncomingMessage,
         transport: Transport,
@@ -1022,53 +1026,27 @@ class Bridge(AgentAccess):
         say: Callable[[str], Awaitable[None]],
         p: str,
     ) -> None:
+        """``!role <who> [<role>]`` (shows or sets a role), ``!ignore <who>``,
+        ``!unignore <who>`` (only a chat grant of ``ignored`` is undone)."""
         try:
             target, current = self._target(args, message, transport)
         except ValueError as exc:
-            await say(f"{exc}; usage: {p}role <who> [<role>]")
+            await say(f"{exc}; usage: {p}{name} <who>{' [<role>]' if name == 'role' else ''}")
             return
-        if len(args) < 2:
-            await say(f"{target} is {current}")
-            return
-        await say(await self._change_role(target, current, args[1], message, transport, decision))
-
-    async def _cmd_ignore(
-        self,
-        args: list[str],
-        message: IncomingMessage,
-        transport: Transport,
-        decision: Decision,
-        say: Callable[[str], Awaitable[None]],
-        p: str,
-    ) -> None:
-        try:
-            target, current = self._target(args, message, transport)
-        except ValueError as exc:
-            await say(f"{exc}; usage: {p}ignore <who>")
-            return
-        await say(await self._change_role(target, current, "ignored", message, transport,
-                                          decision))  # fmt: skip
-
-    async def _cmd_unignore(
-        self,
-        args: list[str],
-        message: IncomingMessage,
-        transport: Transport,
-        decision: Decision,
-        say: Callable[[str], Awaitable[None]],
-        p: str,
-    ) -> None:
-        try:
-            target, current = self._target(args, message, transport)
-        except ValueError as exc:
-            await say(f"{exc}; usage: {p}unignore <who>")
-            return
-        grant = self.access.grants.get(target)
-        if grant is None or grant.role != "ignored":
-            note = " (by the configuration: change it there)" if current == "ignored" else ""
-            await say(f"{target} is not ignored in chat{note}")
-            return
-        await say(await self._change_role(target, current, None, message, transport, decision))
+        role: str | None = "ignored"
+        if name == "role":
+            if len(args) < 2:
+                await say(f"{target} is {current}")
+                return
+            role = args[1]
+        elif name == "unignore":
+            grant = self.access.grants.get(target)
+            if grant is None or grant.role != "ignored":
+                note = " (by the configuration: change it there)" if current == "ignored" else ""
+                await say(f"{target} is not ignored in chat{note}")
+                return
+            role = None
+        await say(await self._change_role(target, current, role, message, transport, decision))
 
     async def _cmd_roles(self, say: Callable[[str], Awaitable[None]]) -> None:
         grants = sorted(self.access.grants.values(), key=lambda g: g.identity)

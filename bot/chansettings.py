@@ -46,6 +46,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field
 
+from agentik.core import access
 from agentik.core.memory import RecallPolicy
 from agentik.core.settings import settings_dataclass
 from agentik.core.store.base import ChannelSetting, Store
@@ -78,25 +79,15 @@ __all__ = [
 RoleFor = Callable[[str, IncomingMessage, str], str]
 
 #: Built-in roles, lowest first.  A named role ranks as ``user``.
-BUILTIN_ROLES: tuple[str, ...] = ("ignored", "user", "admin", "owner")
-_RANK = {name: i for i, name in enumerate(BUILTIN_ROLES)}
+BUILTIN_ROLES: tuple[str, ...] = tuple(reversed(access.BUILTIN_ROLES))
+#: ``role_at_least(role, needed)``: whether ``role`` satisfies ``needed``
+#: (``owner > admin > user > ignored``; see :func:`agentik.core.access.at_least`).
+role_at_least = access.at_least
 
 
 def default_role_for(transport_name: str, message: IncomingMessage, channel_key: str) -> str:
     """Everyone is ``user`` (until an access policy is wired in)."""
     return "user"
-
-
-def role_at_least(role: str, needed: str) -> bool:
-    """Whether ``role`` satisfies ``needed``: ``owner > admin > user > ignored``.
-
-    A named role ranks as ``user``; a named role as ``needed`` is satisfied by
-    itself, or by ``admin`` and ``owner``.
-    """
-    have = _RANK.get(role, _RANK["user"])
-    if needed in _RANK:
-        return have >= _RANK[needed]
-    return role == needed or have >= _RANK["admin"]
 
 
 Answer = Literal["addressed", "all", "direct"]

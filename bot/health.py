@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds in-flight requests get when the listener closes.
 _GRACE = 2
+#: The listener's connection limits (:class:`agentik.transports.http.server.Limits`,
+#: made when it starts): probes and ``agentik status`` need few connections, small heads.
+_LIMITS: dict[str, Any] = {
+    "header_timeout": 10.0, "max_header_bytes": 8192, "max_headers": 50,
+    "max_connections": 32, "keepalive_timeout": 5, "backlog": 64,
+}  # fmt: skip
 
 
 class HealthSettings(BaseModel):
@@ -223,23 +229,16 @@ class HealthServer:
                 try:
                     sock.bind(path)
                     os.chmod(path, 0o660)
-                    sock.listen(64)
+                    sock.listen(_LIMITS["backlog"])
                 except BaseException:
                     sock.close()
                     raise
                 self._unix_path = path
                 self.address = f"unix:{path}"
                 return sock
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-            family, _, _, _, address = infos[0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(address)
-                sock.listen(64)
-            except BaseException:
-                sock.close()
-                raise
+            from agentik.transports.http.server import listen_tcp
+
+            sock = listen_tcp(host, int(port), _LIMITS["backlog"])
         except OSError as exc:
             raise ConfigError(
                 f"health.listen: cannot listen on {self.listen}: {exc.strerror or exc}"
@@ -251,53 +250,27 @@ class HealthServer:
 
     async def start(self) -> None:
         """Listen; a ConfigError names ``health.listen`` when the address cannot be used."""
-        import uvicorn
-
-        from agentik.transports.http.server import ApiServer, GuardedHttpProtocol, Limits
+        from agentik.transports.http.server import ApiServer, Limits
 
         sock = self._bind()
         sock.setblocking(False)
-        config = uvicorn.Config(
-            self._app,
-            interface="asgi3",
-            loop="none",
-            lifespan="off",
-            http=GuardedHttpProtocol,
-            ws="none",
-            log_config=None,
-            access_log=False,
-            server_header=False,
-            timeout_graceful_shutdown=_GRACE,
-            timeout_keep_alive=5,
-        )
-        # Probes and `agentik status`: few connections, small heads.
-        limits = Limits(header_timeout=10.0, max_header_bytes=8192, max_headers=50,
-                        max_connections=32)  # fmt: skip
-        server = ApiServer(config, limits, name=self.name)
+        server = ApiServer.create(self._app, Limits(**_LIMITS), name=self.name, grace=_GRACE)
         self._server = server
         self._serving = asyncio.ensure_future(server.serve(sockets=[sock]))
-        ready = asyncio.ensure_future(server.ready.wait())
         try:
-            await asyncio.wait({ready, self._serving}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-        if not server.ready.is_set():
-            exc = self._serving.exception() if self._serving.done() else None
+            await server.wait_started(self._serving)
+        except RuntimeError as exc:
             sock.close()
-            raise ConfigError(f"health.listen: the listener did not start: {exc}")
+            raise ConfigError(f"health.listen: the listener did not start: {exc}") from None
         log.info("health listener on %s", self.address)
 
     async def aclose(self) -> None:
         server, serving = self._server, self._serving
         self._server = self._serving = None
-        if server is not None and serving is not None and not serving.done():
-            server.should_exit = True
-            try:
-                await asyncio.wait_for(asyncio.shield(serving), _GRACE + 2)
-            except (TimeoutError, Exception):
-                serving.cancel()
-                with contextlib.suppress(BaseException):
-                    await serving
+        if server is not None and serving is not None and not await server.stop(serving):
+            serving.cancel()
+            with contextlib.suppress(BaseException):
+                await serving
         if self._unix_path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self._unix_path)

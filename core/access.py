@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILTIN_ROLES",
     "MANAGE_COMMANDS",
+    "ROLE_RANK",
     "AccessPolicy",
     "AccessRule",
     "AccessSettings",
@@ -71,19 +72,42 @@ __all__ = [
     "Identity",
     "RoleSettings",
     "SpeakerMessage",
+    "at_least",
 ]
 
 log = logging.getLogger(__name__)
 
 #: The built-in roles, highest first.
 BUILTIN_ROLES: tuple[str, ...] = ("owner", "admin", "user", "ignored")
-_RANK = {"ignored": 0, "user": 1, "admin": 2, "owner": 3}
+#: Their ranks (``ignored`` 0 … ``owner`` 3): the one rank table (the approvals and the
+#: channel settings compare roles with :func:`at_least` too).
+ROLE_RANK: Mapping[str, int] = {name: i for i, name in enumerate(reversed(BUILTIN_ROLES))}
 #: Chat commands that change or list roles: always for roles ranking as ``admin``.
 MANAGE_COMMANDS = frozenset({"role", "ignore", "unignore", "roles"})
 #: The pseudo-command of ``!stop`` for an answer someone else asked for.
 STOP_OTHERS = "stop-others"
 _GLOB = re.compile(r"[*?\[]")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def at_least(role: str, needed: str, rank: Callable[[str], int] | None = None) -> bool:
+    """Whether ``role`` satisfies ``needed``.
+
+    A built-in ``needed`` (``owner`` > ``admin`` > ``user`` > ``ignored``) is
+    satisfied by any role ranking as high.  A named ``needed`` (``approvers =
+    "deployer"``) is satisfied by that role itself, or by ``admin`` and ``owner``:
+    never by another role that merely shares its rank.  ``rank`` gives a role's
+    rank (default: a named role ranks as ``user``; :class:`AccessPolicy` passes its
+    own, where named roles rank as configured).
+    """
+    have = (rank or _default_rank)(role)
+    if needed in ROLE_RANK:
+        return have >= ROLE_RANK[needed]
+    return role == needed or have >= ROLE_RANK["admin"]
+
+
+def _default_rank(role: str) -> int:
+    return ROLE_RANK.get(role, ROLE_RANK["user"])
 
 
 class SpeakerMessage(Protocol):
@@ -475,7 +499,7 @@ class AccessPolicy:
         self.transports = dict(transports or {})
         s = self.settings
         s.check()
-        self._ranks = {**_RANK, **{n: _RANK[r.rank] for n, r in s.roles.items()}}
+        self._ranks = {**ROLE_RANK, **{n: ROLE_RANK[r.rank] for n, r in s.roles.items()}}
         # Config patterns: owners first, then admins, named roles in order, ignored last.
         entries: list[tuple[str, int, str, str]] = []
         for i, text in enumerate(s.owners):
@@ -510,20 +534,11 @@ class AccessPolicy:
 
     # -- roles ---------------------------------------------------------------------------
     def rank(self, role: str) -> int:
-        return self._ranks.get(role, _RANK["user"])
+        return self._ranks.get(role, ROLE_RANK["user"])
 
     def at_least(self, role: str, needed: str) -> bool:
-        """Whether ``role`` satisfies ``needed``.
-
-        A built-in ``needed`` (``owner`` > ``admin`` > ``user`` > ``ignored``) is
-        satisfied by any role ranking as high (named roles by their ``rank``).
-        A named ``needed`` (``approvers = "deployer"``) is satisfied by that role
-        itself, or by ``admin`` and ``owner``: never by another role that merely
-        shares its rank.
-        """
-        if needed in BUILTIN_ROLES:
-            return self.rank(role) >= self.rank(needed)
-        return role == needed or self.rank(role) >= self.rank("admin")
+        """Whether ``role`` satisfies ``needed``: :func:`at_least`, named roles by their rank."""
+        return at_least(role, needed, self.rank)
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -621,7 +636,7 @@ class AccessPolicy:
             answer=role != "ignored" and (answer is None or answer),
             tools=tools,
             commands=commands,
-            admin=self.rank(role) >= _RANK["admin"],
+            admin=self.rank(role) >= ROLE_RANK["admin"],
         )
 
     def check(self, transport_name: str, message: SpeakerMessage, channel_key: str) -> Decision:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
+from .access import BUILTIN_ROLES, at_least
 from .errors import AgentikError
 from .events import ApprovalRequested, ApprovalResolved
 from .settings import settings_dataclass
@@ -76,24 +77,7 @@ log = logging.getLogger(__name__)
 ApprovalDecision = Literal["approved", "denied", "expired", "cancelled"]
 
 #: Built-in roles, highest first.  A named role ranks as ``user``.
-ROLE_ORDER: tuple[str, ...] = ("owner", "admin", "user", "ignored")
-_RANK = {"owner": 3, "admin": 2, "user": 1, "ignored": 0}
-
-
-def at_least(role: str, needed: str) -> bool:
-    """Whether ``role`` satisfies a rule asking for ``needed``.
-
-    Built-in roles compare by ``owner > admin > user > ignored``; a named
-    role ranks as ``user``.  A rule naming a named role (``deployers``) is
-    satisfied by that role and by ``admin`` or ``owner``.  (The access
-    policy's own comparison replaces this one when it is wired in.)
-    """
-    if role == needed:
-        return True
-    have = _RANK.get(role, 1)
-    if needed in _RANK:
-        return have >= _RANK[needed]
-    return have >= _RANK["admin"]
+ROLE_ORDER: tuple[str, ...] = BUILTIN_ROLES
 
 
 @settings_dataclass

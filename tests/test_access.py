@@ -616,6 +616,38 @@ async def test_the_bot_loads_roles_given_in_chat_at_start(tmp_path):
             ("term:user:boss", None), ("term:user:boss", "ignored")]  # fmt: skip
 
 
+async def test_the_role_commands_say_their_usage_show_roles_and_undo_only_chat_ignores(tmp_path):
+    """``!role``, ``!ignore`` and ``!unignore`` naming nobody answer with their own
+    usage; ``!role <who>`` shows the role; ``!ignore`` then ``!unignore`` round-trips;
+    ``!unignore`` of someone not ignored in chat (or ignored by the configuration) says so."""
+    from agentik.bot.app import Bot
+    from agentik.transports.testing.fake import FakeTransport
+
+    config = parse_config({
+        "llm": {"backend": "scripted"}, "storage": {"path": str(tmp_path / "roles.db")},
+        "memory": {"backend": "none"}, "compaction": {"enabled": False},
+        "transports": {"term": {"type": "stdio"}},
+        "access": {"admins": ["term:user:boss"], "ignored": ["term:user:spam"]},
+    }, env={})  # fmt: skip
+    fake = FakeTransport(name="term")
+    async with Bot(config, transports={"term": fake}) as bot:
+        for line in ("!role", "!ignore", "!unignore", "!role pat", "!ignore pat",
+                     "!role pat", "!unignore pat", "!unignore pat", "!unignore spam"):  # fmt: skip
+            await fake.say(line, channel="c", user="boss")
+        await bot.bridge.flush(fake.key(channel="c"))
+        assert fake.received(channel="c") == [
+            "name someone; usage: !role <who> [<role>]",
+            "name someone; usage: !ignore <who>",
+            "name someone; usage: !unignore <who>",
+            "term:user:pat is user",
+            "term:user:pat: user → ignored",
+            "term:user:pat is ignored",
+            "term:user:pat: ignored → user",
+            "term:user:pat is not ignored in chat",
+            "term:user:spam is not ignored in chat (by the configuration: change it there)",
+        ]
+
+
 async def test_a_role_given_in_chat_that_the_configuration_dropped_counts_as_user(tmp_path, caplog):
     db = str(tmp_path / "dropped.db")
     async with SQLiteStore(db) as store:

@@ -287,6 +287,34 @@ async def test_health_listener_on_tcp_serves_an_added_route(tmp_path):
         await listener.aclose()
 
 
+async def test_a_health_address_in_use_is_a_config_error_naming_the_key():
+    """Another socket listens on the TCP address: starting says ``health.listen``, the
+    address and why; nothing is left listening, and the address works once it is free."""
+    from starlette.responses import PlainTextResponse
+
+    from agentik.core import ConfigError
+
+    async def answer(request: Any) -> Any:
+        return PlainTextResponse("ok")
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        listener = HealthServer(f"127.0.0.1:{port}", health=answer, ready=answer, status=answer)
+        with pytest.raises(ConfigError) as info:
+            await listener.start()
+    said = str(info.value)
+    assert said.startswith(f"health.listen: cannot listen on 127.0.0.1:{port}: ")
+    assert "in use" in said
+    await listener.start()
+    try:
+        async with httpx.AsyncClient(base_url=listener.address or "") as c:
+            assert (await c.get("/health")).text == "ok"
+    finally:
+        await listener.aclose()
+
+
 def test_a_bad_listen_address_is_a_config_error_naming_the_key(tmp_path):
     from agentik.core import ConfigError
 

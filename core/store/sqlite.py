@@ -158,6 +158,14 @@ def _row_to_question(r: Sequence[Any]) -> Question:
     )  # fmt: skip
 
 
+def _equal(**columns: Any) -> tuple[str, tuple[Any, ...]]:
+    """`` WHERE a = ? AND b = ?`` (or nothing) and its parameters: the columns given
+    a value other than ``None`` (the approvals' and questions' filters)."""
+    given = {column: value for column, value in columns.items() if value is not None}
+    cond = " AND ".join(f"{column} = ?" for column in given)
+    return (f" WHERE {cond}" if cond else ""), tuple(given.values())
+
+
 _TOUCH = "UPDATE conversation SET updated_at = MAX(updated_at, ?) WHERE id = ?"
 
 
@@ -921,15 +929,9 @@ class SQLiteStore(Store):
         limit: int = 1000,
         newest_first: bool = False,
     ) -> list[Approval]:
-        where, params = [], []
-        for column, value in (
-            ("conversation_id", conversation_id), ("scope", scope), ("state", state),
-            ("id", short_id),
-        ):  # fmt: skip
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        cond = f" WHERE {' AND '.join(where)}" if where else ""
+        cond, params = _equal(
+            conversation_id=conversation_id, scope=scope, state=state, id=short_id
+        )
         order = "DESC" if newest_first else "ASC"
         rows = await self._read(
             f"SELECT {_APPROVAL_COLUMNS} FROM approval{cond} ORDER BY serial {order} LIMIT ?",
@@ -999,14 +1001,9 @@ class SQLiteStore(Store):
     async def questions(
         self, *, conversation_id: str | None = None, state: str | None = None
     ) -> list[Question]:
-        where, params = [], []
-        for column, value in (("conversation_id", conversation_id), ("state", state)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        cond = f" WHERE {' AND '.join(where)}" if where else ""
+        cond, params = _equal(conversation_id=conversation_id, state=state)
         rows = await self._read(
-            f"SELECT {_QUESTION_COLUMNS} FROM question{cond} ORDER BY id", tuple(params)
+            f"SELECT {_QUESTION_COLUMNS} FROM question{cond} ORDER BY id", params
         )
         return [_row_to_question(r) for r in rows]
 

@@ -56,7 +56,7 @@ import errno
 import logging
 import socket
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import httptools
@@ -64,7 +64,14 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-__all__ = ["ApiServer", "GuardedHttpProtocol", "Limits", "Listener", "ThrottledWarning"]
+__all__ = [
+    "ApiServer",
+    "GuardedHttpProtocol",
+    "Limits",
+    "Listener",
+    "ThrottledWarning",
+    "listen_tcp",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +123,33 @@ class Limits:
     max_headers: int = 100
     #: Connections open at once, event streams included.
     max_connections: int = 256
+    #: Seconds an idle kept-alive connection stays open after a response.
+    keepalive_timeout: float = 30.0
+    #: Connections the kernel queues until the server accepts them (the listening
+    #: socket's backlog: whoever binds it passes this to ``listen``).
+    backlog: int = 128
+
+    @classmethod
+    def of(cls, settings: Any) -> Limits:
+        """The limits ``settings`` sets under the same names (``HttpSettings``)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+
+
+def listen_tcp(host: str, port: int, backlog: int) -> socket.socket:
+    """A non-blocking socket listening on ``host:port`` (the first address ``host``
+    resolves to; ``SO_REUSEADDR``); OSError when that cannot be done."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class ThrottledWarning:
@@ -458,6 +492,54 @@ class ApiServer(uvicorn.Server):
         self.name = name
         self.ready = asyncio.Event()
         self.servers: list[Any] = []
+
+    @classmethod
+    def create(cls, app: Any, limits: Limits, *, name: str, grace: int) -> ApiServer:
+        """The hardened server of ASGI ``app``: ``limits``, and ``grace`` seconds for
+        in-flight requests when it stops; no lifespan, access log or server header."""
+        config = uvicorn.Config(
+            app,
+            interface="asgi3",
+            loop="none",
+            lifespan="off",
+            # httptools (a dependency; GuardedHttpProtocol builds on its protocol): its
+            # chunk writing costs a third less CPU per SSE event than h11's
+            # (benchmarks/bench_http.py).
+            http=GuardedHttpProtocol,
+            ws="none",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_graceful_shutdown=grace,
+            timeout_keep_alive=limits.keepalive_timeout,  # type: ignore[arg-type]
+            backlog=limits.backlog,
+        )
+        return cls(config, limits, name=name)
+
+    async def wait_started(self, serving: asyncio.Future[Any]) -> None:
+        """Wait until it listens; ``serving`` is the task of :meth:`serve`.  When that
+        ends first, a RuntimeError says why (the task's exception)."""
+        ready = asyncio.ensure_future(self.ready.wait())
+        try:
+            await asyncio.wait({ready, serving}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if not self.ready.is_set():
+            raise RuntimeError(str(serving.exception() if serving.done() else None))
+
+    async def stop(self, serving: asyncio.Future[Any] | None) -> bool:
+        """Ask the server to exit and wait for ``serving`` (its :meth:`serve` task) to end:
+        the grace period plus 2 s.  ``False`` when it did not end cleanly in that time."""
+        if serving is None or serving.done():
+            return True
+        self.should_exit = True
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(serving), (self.config.timeout_graceful_shutdown or 0) + 2
+            )
+        except (TimeoutError, Exception):
+            return False
+        return True
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

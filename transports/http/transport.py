@@ -37,8 +37,6 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-import uvicorn
-
 from agentik.core import Agent
 from agentik.core.access import AccessPolicy
 from agentik.core.errors import ConfigError
@@ -52,7 +50,7 @@ from agentik.transports.base import (
 
 from .api import ApiContext, MetricsSource, build_app
 from .auth import TokenTable, load_tokens
-from .server import ApiServer, GuardedHttpProtocol, Limits
+from .server import ApiServer, Limits, listen_tcp
 from .settings import HttpSettings
 
 __all__ = ["HttpTransport"]
@@ -188,59 +186,23 @@ class HttpTransport(Transport):
     def _bind(self) -> socket.socket:
         host, port = self.host, self.port
         try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-            family, _, _, _, address = infos[0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(address)
-                sock.listen(self.options.backlog)
-                sock.setblocking(False)
-            except BaseException:
-                sock.close()
-                raise
+            return listen_tcp(host, port, self.options.backlog)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             raise ConfigError(
                 f"transports.{self.name}.port: cannot listen on {host}:{port}: {reason}"
             ) from None
-        return sock
 
     async def _serve(self, app: Any, sock: socket.socket) -> None:
-        o = self.options
-        config = uvicorn.Config(
-            app,
-            loop="none",
-            lifespan="off",
-            # httptools (a dependency; GuardedHttpProtocol builds on its protocol): its
-            # chunk writing costs a third less CPU per SSE event than h11's
-            # (benchmarks/bench_http.py).
-            http=GuardedHttpProtocol,
-            ws="none",
-            log_config=None,
-            access_log=False,
-            server_header=False,
-            timeout_graceful_shutdown=_GRACE,
-            timeout_keep_alive=o.keepalive_timeout,  # type: ignore[arg-type]
-            backlog=o.backlog,
-        )
-        limits = Limits(
-            header_timeout=o.header_timeout,
-            max_header_bytes=o.max_header_bytes,
-            max_headers=o.max_headers,
-            max_connections=o.max_connections,
-        )
-        server = ApiServer(config, limits, name=self.name)
+        server = ApiServer.create(app, Limits.of(self.options), name=self.name, grace=_GRACE)
         self._server = server
         self._serving = self.spawn(server.serve(sockets=[sock]), name=f"agentik-http:{self.name}")
-        ready = asyncio.ensure_future(server.ready.wait())
         try:
-            await asyncio.wait({ready, self._serving}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-        if not server.ready.is_set():
-            exc = self._serving.exception() if self._serving.done() else None
-            raise ConfigError(f"transports.{self.name}: the HTTP server did not start: {exc}")
+            await server.wait_started(self._serving)
+        except RuntimeError as exc:
+            raise ConfigError(
+                f"transports.{self.name}: the HTTP server did not start: {exc}"
+            ) from None
 
     async def serve(self) -> None:
         await self.closed.wait()
@@ -252,12 +214,8 @@ class HttpTransport(Transport):
             # End every event stream: their responses finish cleanly.
             for stream in list(ctx.streams):
                 await stream.subscription.aclose()
-        if server is not None and serving is not None and not serving.done():
-            server.should_exit = True
-            try:
-                await asyncio.wait_for(asyncio.shield(serving), _GRACE + 2)
-            except (TimeoutError, Exception):
-                log.warning("transport %s: the HTTP server did not stop cleanly", self.name)
+        if server is not None and not await server.stop(serving):
+            log.warning("transport %s: the HTTP server did not stop cleanly", self.name)
         await self.cancel_tasks()
         self._server = self._serving = None
         self.closed.set()
