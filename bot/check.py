@@ -312,7 +312,11 @@ def _known_tools(config: Config, registry: Any, agents: Mapping[str, Any]) -> li
         names += [cls.name for cls in MEMORY_TOOLS]
     names += [t.name for t in builtin_tools(config.tools)]
     if config.agent.skills:
-        names.append("skill_load")
+        from agentik.core.errors import ConfigError
+        from agentik.core.skills import load_skills
+
+        with contextlib.suppress(ConfigError):  # `agentik run` names a bad folder
+            names += [t.name for t in load_skills(config.resolve_path(config.agent.skills)).tools()]
     names += [p.name for p in config.passthrough]
     # The agents' tools (agent__<name>) are governed by `uses`, not by `tools`.
     agent_tools = {agent_tool_name(n) for n in agents}
