@@ -59,6 +59,7 @@ __all__ = [
     "ignored_settings",
     "mcp_servers",
     "mcp_toolset",
+    "resolve_agents",
     "resolve_backend",
 ]
 
@@ -362,30 +363,35 @@ class AgentBuilder:
         b.policy(config.tools)
         b.event_buffer(config.agent.event_buffer)
         b.approvals(*config.approvals)
-        agents: dict[str, AgentSpec] = {}
-        for name, spec in registry.agents.items():
-            if not isinstance(spec, AgentSpec):
-                raise PluginError(f"agent {name!r}: a plugin registered a {type(spec).__name__},"
-                                  " not an AgentSpec")  # fmt: skip
-            agents[name] = spec
-        for name, spec in config.agents.items():  # the file's win over a plugin's
-            if spec.soul:
-                spec = dataclasses.replace(spec, soul=config.resolve_path(spec.soul))  # type: ignore[type-var]
-            agents[name] = spec
-        for where, uses in [("agent.uses", config.agent.uses)] + [
-            (f"agents.{n}.uses", s.uses) for n, s in agents.items()
-        ]:
-            for used in uses:
-                if used not in agents:
-                    known = ", ".join(agents) or "none defined"
-                    raise ConfigError(
-                        f"{config.source}: {where}: no agent {used!r} (agents: {known})"
-                    )
-        b.agents(agents, uses=config.agent.uses)
+        b.agents(resolve_agents(config, registry), uses=config.agent.uses)
         b.runs(config.runs)
         b.stream_profiles(resolve_stream_profiles(config.profiles))
         b.passthrough(*config.passthrough)
         return b
+
+
+def resolve_agents(config: Config, registry: Registry) -> dict[str, AgentSpec]:
+    """The named agents: the plugins', then the file's ``[agents.<name>]`` (which win),
+    each ``soul`` resolved against the configuration file.  A ``uses`` (``[agent]``'s
+    or an agent's) that names no agent is refused (used by ``agentik check`` too)."""
+    agents: dict[str, AgentSpec] = {}
+    for name, spec in registry.agents.items():
+        if not isinstance(spec, AgentSpec):
+            raise PluginError(f"agent {name!r}: a plugin registered a {type(spec).__name__},"
+                              " not an AgentSpec")  # fmt: skip
+        agents[name] = spec
+    for name, spec in config.agents.items():  # the file's win over a plugin's
+        if spec.soul:
+            spec = dataclasses.replace(spec, soul=config.resolve_path(spec.soul))  # type: ignore[type-var]
+        agents[name] = spec
+    for where, uses in [("agent.uses", config.agent.uses)] + [
+        (f"agents.{n}.uses", s.uses) for n, s in agents.items()
+    ]:
+        for used in uses:
+            if used not in agents:
+                known = ", ".join(agents) or "none defined"
+                raise ConfigError(f"{config.source}: {where}: no agent {used!r} (agents: {known})")
+    return agents
 
 
 def resolve_profiles(

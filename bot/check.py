@@ -1,7 +1,8 @@
 """``agentik check``: the whole resolved setup, and with ``--probe`` a try of each part.
 
 The setup shows what will run: the model backend and endpoint, storage,
-memory, each transport's host, port, TLS and channels, MCP servers, access
+memory, each transport's host, port, TLS and channels, MCP servers, the
+named agents (``[agents.<name>]``: what each may use and its limits), access
 rules, approvals, budgets and channel settings.  Secrets are never shown:
 a secret key reads ``set`` or ``missing``.  A ``${VAR}`` that is not set is
 one error line naming every such variable and its key (exit status 2).
@@ -21,11 +22,13 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import re
 import socket
 import ssl
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 from pydantic import BaseModel, SecretStr
@@ -80,6 +83,7 @@ def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: fl
         out += _storage_lines(config)
         out += _transport_lines(config, transports)
         out += _mcp_lines(config)
+        out += _agent_lines(config, registry)
         out += _policy_lines(config)
         print("\n".join(out), flush=True)
         if not probe:
@@ -292,6 +296,154 @@ def _mcp_lines(config: Config) -> list[str]:
         if s.url is not None:
             line += f"; bearer token {_secret_state(s.bearer_token)}"
         out.append(line)
+    return out
+
+
+def _known_tools(config: Config, registry: Any, agents: Mapping[str, Any]) -> list[str]:
+    """The names of the tools the bot will have, as far as known without starting
+    anything: plugins', memory's, the builtin ones ``[tools]`` switches on, skills
+    and passthrough tools.  MCP servers' tools are not among them."""
+    from agentik.core.agents import agent_tool_name
+    from agentik.core.memory import _TOOLS as MEMORY_TOOLS
+    from agentik.core.questions import builtin_tools
+
+    names = [t.name for t in registry.tools]
+    if config.memory.backend != "none":
+        names += [cls.name for cls in MEMORY_TOOLS]
+    names += [t.name for t in builtin_tools(config.tools)]
+    if config.agent.skills:
+        from agentik.core.errors import ConfigError
+        from agentik.core.skills import load_skills
+
+        with contextlib.suppress(ConfigError):  # `agentik run` names a bad folder
+            names += [t.name for t in load_skills(config.resolve_path(config.agent.skills)).tools()]
+    names += [p.name for p in config.passthrough]
+    # The agents' tools (agent__<name>) are governed by `uses`, not by `tools`.
+    agent_tools = {agent_tool_name(n) for n in agents}
+    return [n for n in dict.fromkeys(names) if n not in agent_tools]
+
+
+def _mcp_servers_matching(pattern: str, servers: Sequence[str]) -> list[str]:
+    """The MCP servers whose tools (``<server>__<tool>``) ``pattern`` may match."""
+    tail = pattern.rsplit("__", 1)[-1] if "__" in pattern else ""
+    tail = re.sub(r"\[[^]]*\]", "x", tail).replace("*", "").replace("?", "x")
+    return [
+        s
+        for s in servers
+        if any(fnmatchcase(f"{s}__{t}", pattern) for t in {tail, "x", tail + "x"})
+    ]
+
+
+def _cycles(agents: Mapping[str, Any]) -> list[list[str]]:
+    """Each cycle of ``uses`` among the agents, once (from its first agent in order)."""
+    order = list(agents)
+    found: list[list[str]] = []
+    seen: set[tuple[str, ...]] = set()
+
+    def walk(path: list[str]) -> None:
+        for used in agents[path[-1]].uses:
+            if used not in agents:
+                continue
+            if used in path:
+                cycle = path[path.index(used) :]
+                first = min(cycle, key=order.index)
+                i = cycle.index(first)
+                key = tuple(cycle[i:] + cycle[:i])
+                if key not in seen:
+                    seen.add(key)
+                    found.append([*key, first])
+            elif len(path) < len(agents):
+                walk([*path, used])
+
+    for name in order:
+        walk([name])
+    return found
+
+
+def _agent_lines(config: Config, registry: Any) -> list[str]:
+    """``[agent] uses`` and each named agent: description, model profile, tools (their
+    globs resolved), ``uses`` and limits; warnings for a tools glob that matches no
+    tool, a cycle of ``uses``, an agent the depth limit never lets run."""
+    from .builder import resolve_agents
+
+    agents = resolve_agents(config, registry)  # refuses a `uses` naming no agent
+    runs = config.runs
+    main_uses = ", ".join(config.agent.uses) or "(none)"
+    if not agents:
+        return ["agents: none ([agents.<name>] declares one)"]
+    out = [
+        f"agents: {len(agents)}; the main agent uses {main_uses}",
+        f"  runs: max_depth {runs.max_depth}, max_concurrent_children"
+        f" {runs.max_concurrent_children}, token_budget {runs.token_budget or 'none'},"
+        f" tree_token_budget {runs.tree_token_budget or 'none'}",
+    ]
+    known = _known_tools(config, registry, agents)
+    from agentik.core.memory import _TOOLS as MEMORY_TOOLS
+
+    memory_tools = {cls.name for cls in MEMORY_TOOLS}
+    servers = [s.name for s in config.mcp.servers]
+    # The depth at which each agent can first run (the main agent's turn is depth 0).
+    depth: dict[str, int] = {}
+    frontier, level = list(config.agent.uses), 1
+    while frontier:
+        nxt: list[str] = []
+        for name in frontier:
+            if name not in depth:
+                depth[name] = level
+                nxt += agents[name].uses
+        frontier, level = nxt, level + 1
+    for name, spec in agents.items():
+        source = "" if name in config.agents else " (from a plugin)"
+        description = spec.description or "(no description)"
+        out.append(f"agent {name}{source}: {description}")
+        model = spec.model or "the caller's"
+        schema = "custom" if spec.input_schema is not None else '{"task": string}'
+        out.append(
+            f"  model {model}, memory {spec.memory}, uses {', '.join(spec.uses) or '(none)'},"
+            f" input {schema}"
+        )
+        resolved, warnings = [], []
+        # memory = "none": its run gets no memory tools, whatever `tools` says.
+        offered = [t for t in known if spec.memory != "none" or t not in memory_tools]
+        for pattern in spec.tools:
+            hits = [t for t in offered if fnmatchcase(t, pattern)]
+            mcp = _mcp_servers_matching(pattern, servers)
+            said = ", ".join(hits)
+            if mcp:
+                said += ("; " if said else "") + "tools of MCP server " + ", ".join(mcp)
+            if not said:
+                said = "nothing"
+                warnings.append(
+                    f"  warning: agents.{name}.tools: {pattern!r} matches no tool"
+                    f" (tools: {', '.join(offered) or 'none'}"
+                    + (f"; MCP servers: {', '.join(servers)}" if servers else "")
+                    + ")"
+                )
+            resolved.append(f"{pattern} → {said}")
+        out.append("  tools: " + ("; ".join(resolved) if resolved else "(none)"))
+        limits = [
+            "max_tool_calls "
+            + (str(spec.max_tool_calls) if spec.max_tool_calls is not None else "the caller's"),
+            "time_budget "
+            + (f"{spec.time_budget:g}s" if spec.time_budget is not None else "the caller's"),
+            f"token_budget {spec.token_budget or 'none of its own'}",
+            "max_concurrent_children "
+            + str(spec.max_concurrent_children or runs.max_concurrent_children),
+        ]
+        out.append("  limits: " + ", ".join(limits))
+        out += warnings
+        if name not in depth:
+            out.append(f"  note: not reachable from [agent] uses: {name} never runs")
+        elif depth[name] > runs.max_depth:
+            out.append(
+                f"  warning: {name} runs at depth {depth[name]} at the earliest, past"
+                f" [runs] max_depth {runs.max_depth}: it never runs"
+            )
+    for cycle in _cycles(agents):
+        out.append(
+            f"warning: agents call each other in a cycle: {' → '.join(cycle)}"
+            f" (bounded by [runs] max_depth {runs.max_depth})"
+        )
     return out
 
 

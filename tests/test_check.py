@@ -349,3 +349,142 @@ def test_a_variable_the_command_uses_is_still_required(tmp_path):
     assert result.returncode == 2
     assert "storage.path: environment variable AGENTIK_TEST_DB is not set" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bot.toml"]
+
+
+# -- named agents ------------------------------------------------------------------------------
+
+AGENTS = f"""
+[llm]
+backend = "openai"
+base_url = "http://127.0.0.1:9/v1"
+model = "m"
+
+[llm.profiles.cheap]
+backend = "openai"
+base_url = "http://127.0.0.1:9/v1"
+model = "small"
+
+[agent]
+uses = ["researcher"]
+
+[tools]
+ask_user = true
+
+[[mcp.servers]]
+name = "web"
+command = "{sys.executable}"
+args = ["{MCP_SERVER}", "--transport", "stdio"]
+
+[runs]
+max_depth = 2
+max_concurrent_children = 3
+
+[agents.researcher]
+description = "Looks things up."
+model = "cheap"
+tools = ["web__*", "memory_*", "ask_user"]
+uses = ["critic"]
+max_tool_calls = 5
+time_budget = 60
+
+[agents.critic]
+description = "Finds holes."
+memory = "none"
+token_budget = 2000
+max_concurrent_children = 1
+input_schema = {{ type = "object", properties = {{ draft = {{ type = "string" }} }} }}
+"""
+
+MEMORY_TOOLS = "memory_save, memory_read, memory_list, memory_search, memory_delete"
+
+
+def test_check_lists_the_agents_what_each_may_use_and_its_limits(tmp_path):
+    result = run("check", "-c", write(tmp_path, AGENTS), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index("agents: 2; the main agent uses researcher")
+    assert lines[start + 1 : start + 10] == [
+        "  runs: max_depth 2, max_concurrent_children 3, token_budget none, tree_token_budget none",
+        "agent researcher: Looks things up.",
+        '  model cheap, memory caller, uses critic, input {"task": string}',
+        # Globs resolved over the tools the bot has; an MCP server's are known once it runs.
+        f"  tools: web__* → tools of MCP server web; memory_* → {MEMORY_TOOLS};"
+        " ask_user → ask_user",
+        "  limits: max_tool_calls 5, time_budget 60s, token_budget none of its own,"
+        " max_concurrent_children 3",
+        "agent critic: Finds holes.",
+        "  model the caller's, memory none, uses (none), input custom",
+        "  tools: (none)",
+        "  limits: max_tool_calls the caller's, time_budget the caller's, token_budget 2000,"
+        " max_concurrent_children 1",
+    ]
+    assert not [ln for ln in lines if "warning:" in ln or "note:" in ln]
+    assert result.stderr == ""
+
+
+WARNED = """
+[agent]
+uses = ["researcher"]
+
+[tools]
+ask_user = true
+
+[[mcp.servers]]
+name = "web"
+command = "true"
+
+[agents.researcher]
+tools = ["web__*", "websearch", "ask_*"]
+uses = ["critic"]
+
+[agents.critic]
+memory = "none"
+tools = ["memory_read"]
+uses = ["researcher", "deep"]
+
+[agents.deep]
+
+[agents.lonely]
+"""
+
+
+def test_check_warns_of_a_glob_matching_nothing_a_cycle_and_an_agent_that_never_runs(tmp_path):
+    result = run("check", "-c", write(tmp_path, WARNED), cwd=tmp_path)
+    # Warnings, not errors: the bot runs as configured.
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "  tools: web__* → tools of MCP server web; websearch → nothing; ask_* → ask_user" in out
+    [warned] = [ln for ln in out.splitlines() if "'websearch'" in ln]
+    assert warned.startswith("  warning: agents.researcher.tools: 'websearch' matches no tool")
+    # It names the tools there are (installed plugins' first) and the MCP servers.
+    assert warned.endswith(f"{MEMORY_TOOLS}, ask_user; MCP servers: web)")
+    # An agent with memory = "none" gets no memory tools, whatever its globs say.
+    assert "  tools: memory_read → nothing" in out
+    assert "  warning: agents.critic.tools: 'memory_read' matches no tool" in out
+    assert (
+        "\nwarning: agents call each other in a cycle: researcher → critic → researcher"
+        " (bounded by [runs] max_depth 2)\n"
+    ) in out
+    assert out.count("cycle") == 1
+    # main → researcher (depth 1) → critic (2) → deep (3): past the default max_depth.
+    assert (
+        "  warning: deep runs at depth 3 at the earliest, past [runs] max_depth 2: it never runs"
+    ) in out
+    assert "  note: not reachable from [agent] uses: lonely never runs" in out
+    assert "agent lonely: (no description)" in out
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (('uses = ["researcher"]', 'uses = ["researcher", "writer"]'),
+         "agent.uses: no agent 'writer' (agents: researcher, critic)"),
+        (('uses = ["critic"]', 'uses = ["critic", "ghost"]'),
+         "agents.researcher.uses: no agent 'ghost' (agents: researcher, critic)"),
+    ],
+)  # fmt: skip
+def test_check_refuses_a_uses_that_names_no_agent_as_run_does(tmp_path, change, error):
+    cfg = write(tmp_path, AGENTS.replace(*change))
+    result = run("check", "-c", cfg, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"agentik: {cfg}: {error}\n"

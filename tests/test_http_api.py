@@ -21,6 +21,7 @@ from agentik.transports.base import AgentAccess
 from agentik.transports.http.openapi import ERROR_CODES
 from agentik.transports.http.transport import HttpTransport
 
+from childruns import CHILD_ANSWER, with_researcher
 from httpserver import TOKENS, SSEReader, running_server, sse
 
 SECURED = {
@@ -168,6 +169,77 @@ async def test_list_pages_newest_first(server):
         assert [x["title"] for x in page2["items"]] == ["c3", "c2"]
         page3 = (await c.get("/conversations", params={"limit": 2, "offset": 4})).json()
         assert [x["title"] for x in page3["items"]] == ["c0"] and page3["next_offset"] is None
+
+
+async def test_the_list_marks_child_run_conversations_and_filters_them(db_path):
+    """alice's turn calls the ``researcher`` agent (a child run in a conversation of its
+    own): the list shows that conversation with its parent link — the fields of the
+    parent's ``child_run_linked`` event — and ``children=`` leaves it out or lists it alone."""
+    kwargs = with_researcher(ScriptedModel())
+    async with running_server(db_path, settings=SECURED, environ=TOKENS, **kwargs) as server:
+        server.model.enqueue(
+            Reply(tool_calls=[call("agent__researcher", {"task": "notes"}, id="c_parent")]),
+            "The researcher says: " + CHILD_ANSWER,
+        )
+        async with (
+            server.client(TOKENS["ADMIN_TOKEN"]) as c,
+            server.client(TOKENS["ALICE_TOKEN"]) as alice,
+        ):
+            other = await create(c, title="other")
+            conv = await create(alice, title="asks")
+            path = f"/conversations/{conv['id']}"
+            async with sse(alice, path + "/events") as events:
+                sent = (await alice.post(path + "/messages", json={"content": "notes?"})).json()
+                seen = await events.until("child_run_linked")
+            [linked] = [m.data for m in seen if m.kind == "child_run_linked"]
+            await (await server.agent.get_conversation(conv["id"])).wait_idle()
+
+            everything = (await c.get("/conversations")).json()["items"]
+            by_id = {x["id"]: x for x in everything}
+            assert set(by_id) == {other["id"], conv["id"], linked["child_conversation_id"]}
+            child = by_id[linked["child_conversation_id"]]
+            expected = {
+                "conversation_id": conv["id"], "run_id": sent["run_id"], "call_id": "c_parent",
+                "child_run_id": linked["child_run_id"], "agent": "researcher",
+            }  # fmt: skip
+            assert child["parent"] == expected and linked["run_id"] == sent["run_id"]
+            assert child["title"] == "researcher: notes" and child["busy"] is False
+            assert by_id[conv["id"]]["parent"] is None and by_id[other["id"]]["parent"] is None
+            # One conversation shows it too; a top-level one has none.
+            assert (await c.get(f"/conversations/{child['id']}")).json()["parent"] == expected
+            assert (await c.get(path)).json()["parent"] is None
+            assert conv["parent"] is None  # as created
+
+            def ids(page: dict) -> list[str]:
+                return [x["id"] for x in page["items"]]
+
+            # The default is include: the same as saying so (and as the CLI lists them).
+            same = (await c.get("/conversations", params={"children": "include"})).json()
+            assert ids(same) == [x["id"] for x in everything]
+            top = (await c.get("/conversations", params={"children": "exclude"})).json()
+            assert ids(top) == [x["id"] for x in everything if x["parent"] is None]
+            assert len(ids(top)) == 2 and top["next_offset"] is None
+            only = (await c.get("/conversations", params={"children": "only"})).json()
+            assert ids(only) == [child["id"]] and only["items"][0]["parent"] == expected
+            # Filtered, then paged.
+            first = await c.get("/conversations", params={"children": "exclude", "limit": 1})
+            second = await c.get(
+                "/conversations", params={"children": "exclude", "limit": 1, "offset": 1}
+            )
+            assert first.json()["next_offset"] == 1 and second.json()["next_offset"] is None
+            assert ids(first.json()) + ids(second.json()) == ids(top)
+            for bad in ("all", "", "INCLUDE"):
+                r = await c.get("/conversations", params={"children": bad})
+                assert r.status_code == 422 and error_code(r) == "invalid_parameter", bad
+                assert "children must be include, exclude or only" in r.text
+            # A child conversation has no channel of its own: a token limited to
+            # channels does not see it (its events reach the parent's stream).
+            assert ids((await alice.get("/conversations")).json()) == [conv["id"]]
+            assert (
+                ids((await alice.get("/conversations", params={"children": "only"})).json()) == []
+            )
+            r = await alice.get(f"/conversations/{child['id']}")
+            assert r.status_code == 404
 
 
 async def test_bad_query_parameters_are_422(server):

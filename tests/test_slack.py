@@ -19,9 +19,11 @@ from fakeslack import FakeSlack
 
 
 @asynccontextmanager
-async def slack_bot(slack: FakeSlack, tmp_path, *, model=None, store=None, **settings):
+async def slack_bot(slack: FakeSlack, tmp_path, *, model=None, store=None, tools=(), **settings):
     model = model or ScriptedModel()
-    agent = Agent(llm=model, store=store or SQLiteStore(str(tmp_path / "slack.db")))
+    agent = Agent(
+        llm=model, store=store or SQLiteStore(str(tmp_path / "slack.db")), tools=list(tools)
+    )
     await agent.start()
     bridge = Bridge(agent)
     base = {

@@ -1,7 +1,7 @@
 """Steering a running turn, ``busy`` modes, conversation status and per-request usage
 (issue 20): the real openai client against the fake OpenAI-compatible server (so the
-request body the model receives is checked), a real SQLite file, a real IRC server and
-the real HTTP stack."""
+request body the model receives is checked), a real SQLite file, a real IRC server,
+the real slack-bolt/slack-sdk stack against the fake Slack, and the real HTTP stack."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 from contextlib import asynccontextmanager
 
 import pytest
+from test_slack import answered, slack_bot
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.bot.chansettings import ChannelSettings, SettingError, parse_setting
@@ -20,6 +21,7 @@ from agentik.core.tools.base import FunctionTool
 from agentik.transports.irc.transport import IRCTransport
 from helpers import collect_turn
 
+from fakeslack import FakeSlack
 from httpserver import running_server, sse
 from ircservers import IRCTestClient
 
@@ -522,3 +524,83 @@ async def test_http_steer_and_the_status_route(openai_server, db_path):
         assert (await c.get(path + "/status")).json()["state"] == "idle"
         missing = await c.get("/conversations/nope/status")
         assert missing.status_code == 404
+
+
+# -- Slack ----------------------------------------------------------------------------------
+
+
+def _thread_texts(slack, channel: str, thread_ts: str) -> list[str]:
+    """The bot's messages in one thread, oldest first."""
+    return [
+        m["text"]
+        for (ch, _), m in sorted(slack.messages.items(), key=lambda kv: kv[0][1])
+        if ch == channel and m.get("user") == slack.bot_user_id and m.get("thread_ts") == thread_ts
+    ]
+
+
+async def test_slack_thread_reply_steers_the_running_turn_the_channel_top_level_does_not(
+    openai_server, tmp_path
+):
+    slow = SlowTool()
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.add_user("U2", "bob")
+        async with slack_bot(slack, tmp_path, model=_llm(openai_server), tools=[slow.tool()]) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            # Only the tool call is queued: the model answers each request in order,
+            # so the top-level question below gets the reply queued for it.
+            openai_server.enqueue(
+                Reply.tool_calls([("call_1", "slow", '{"query": "X"}')], usage=(11, 2))
+            )
+            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> look up X", user="U1")
+            await slack.push_event(mention)
+            thread = f"slack:T1:C1:{mention['ts']}"
+            await slow.wait_started()
+            # A reply in the thread (busy = auto: a thread steers) while the tool runs ...
+            await slack.push_event(
+                slack.message_event("C1", "actually, look up Y", user="U1", thread_ts=mention["ts"])
+            )
+            # ... and a question at the channel's top level: a thread of its own.
+            openai_server.enqueue(Reply.text("it is noon"))
+            top = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> what time is it?",
+                                          user="U2")  # fmt: skip
+            await slack.push_event(top)
+            await answered(slack, bridge, f"slack:T1:C1:{top['ts']}")
+            assert _thread_texts(slack, "C1", top["ts"]) == ["it is noon"]
+            asked = openai_server.requests[1]
+            assert _users(asked)[-1].endswith("what time is it?")
+            assert "look up" not in json.dumps(asked)
+            # Messages reach the bridge in arrival order: the thread's reply was taken
+            # first, into the running turn (recorded with its run, before the result).
+            conv = await agent.conversation_for_channel(thread)
+            rows = await conv.messages()
+            assert [m.kind for m in rows] == ["user", "tool_call", "user"]
+            assert rows[-1].data["steered"] is True and len({m.run_id for m in rows}) == 1
+            assert conv.status().state == "executing_tools"
+
+            openai_server.enqueue(Reply.text("Y found"))
+            slow.release.set()
+            await answered(slack, bridge, thread)
+            # The turn's next request carries the correction, after the tool result,
+            # and nothing of the other thread.
+            assert len(openai_server.requests) == 3
+            second = openai_server.requests[2]
+            assert _roles(second) == ["user", "assistant", "tool", "user"]
+            assert _users(second)[-1].endswith("actually, look up Y")
+            assert "what time" not in json.dumps(second)
+            # One answer, in the thread (after the tool's line); the top-level
+            # question got its own, in its own thread.
+            assert _thread_texts(slack, "C1", mention["ts"]) == ['_⚙ slow(query="X")_', "Y found"]
+            # The "thinking" status the correction set again is cleared by the answer.
+            status = [c["status"] for c in slack.calls_to("assistant.threads.setStatus")
+                      if c["thread_ts"] == mention["ts"]]  # fmt: skip
+            assert status[-1] == "" and status.count("is thinking…") == 2
+            rows = await conv.messages()
+            assert [m.kind for m in rows] == ["user", "tool_call", "user", "tool_result",
+                                              "assistant"]  # fmt: skip
+            assert len({m.run_id for m in rows}) == 1
+            assert slow.calls == 1

@@ -58,7 +58,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from agentik.core import Agent, Conversation
+from agentik.core import Agent, Conversation, ConversationRecord
 from agentik.core.access import AccessPolicy
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
@@ -76,7 +76,7 @@ from agentik.transports.base import IncomingMessage, restrict_tools
 
 from .auth import LOCAL, Principal, TokenTable, local_principal
 from .guard import Guard, GuardMiddleware
-from .openapi import AUTHOR_CHARS, AUTHOR_PATTERN, openapi_document
+from .openapi import AUTHOR_CHARS, AUTHOR_PATTERN, CHILDREN, openapi_document
 from .settings import HttpSettings
 from .sse import EventStream, FrameCache
 
@@ -248,7 +248,8 @@ def _title_from(content: str) -> str:
     return line[:TITLE_CHARS]
 
 
-def _conversation_json(conv: Conversation) -> dict[str, Any]:
+def _conversation_json(conv: Conversation, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A conversation as the API shows it; ``meta``: its stored record's (for ``parent``)."""
     return {
         "id": conv.id,
         "title": conv.title,
@@ -259,6 +260,29 @@ def _conversation_json(conv: Conversation) -> dict[str, Any]:
         "busy": conv.busy,
         "running_run_id": conv.running_run_id,
         "queued": conv.queued,
+        "parent": _parent_json(meta or {}),
+    }
+
+
+def _parent_json(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """Where a child run's conversation (an ``[agents.*]`` agent called as a tool)
+    comes from — the fields of the parent's ``child_run_linked`` event: the parent's
+    conversation and run, its tool call, the child's run and agent.  ``None``: a
+    top-level conversation."""
+    parent = meta.get("parent_conversation_id")
+    if not isinstance(parent, str) or not parent:
+        return None
+
+    def text(key: str) -> str | None:
+        value = meta.get(key)
+        return value if isinstance(value, str) else None
+
+    return {
+        "conversation_id": parent,
+        "run_id": text("parent_run_id"),
+        "call_id": text("parent_call_id"),
+        "child_run_id": text("run_id"),
+        "agent": text("agent"),
     }
 
 
@@ -517,14 +541,25 @@ class Api:
         offset = _int_param(request, "offset", 0, 0, 1_000_000)
         limit = _int_param(request, "limit", 50, 1, 200)
         assert offset is not None and limit is not None
-        if principal.prefixes is None:
+        children = request.query_params.get("children", "include")
+        if children not in CHILDREN:
+            raise ApiError(422, "invalid_parameter", "children must be include, exclude or only")
+        if principal.prefixes is None and children == "include":
             records = await self.agent.list_conversations(limit=limit + 1, offset=offset)
         else:
+
+            def listed(r: ConversationRecord) -> bool:
+                if not principal.allows(r.meta.get("channel_key")):
+                    return False
+                return children == "include" or (
+                    (_parent_json(r.meta) is not None) == (children == "only")
+                )
+
             # Filter, then page: scan the newest first until the page is full.
             records, scanned, batch = [], 0, 200
             while len(records) <= offset + limit:
                 chunk = await self.agent.list_conversations(limit=batch, offset=scanned)
-                records += [r for r in chunk if principal.allows(r.meta.get("channel_key"))]
+                records += [r for r in chunk if listed(r)]
                 scanned += len(chunk)
                 if len(chunk) < batch:
                     break
@@ -532,9 +567,10 @@ class Api:
         items = []
         for record in records[:limit]:
             try:
-                items.append(_conversation_json(await self.agent.get_conversation(record.id)))
+                conv = await self.agent.get_conversation(record.id)
             except NotFound:
                 continue  # deleted meanwhile
+            items.append(_conversation_json(conv, record.meta))
         more = len(records) > limit
         return JSONResponse(
             {
@@ -548,7 +584,14 @@ class Api:
     async def get_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        return JSONResponse(_conversation_json(conv))
+        return JSONResponse(_conversation_json(conv, await self._meta(conv)))
+
+    async def _meta(self, conv: Conversation) -> dict[str, Any]:
+        """The conversation's stored metadata (a child run's parent link); ``{}``
+        while a new one is not stored yet."""
+        store = self.agent._temp_store if conv.temp else self.agent.store
+        record = await store.get_conversation(conv.id)
+        return record.meta if record is not None else {}
 
     async def export_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -594,7 +637,7 @@ class Api:
             raise ApiError(409 if code == "conversation_exists" else 422, code, str(exc)) from None
         conv = await self.agent.get_conversation(cid)
         return JSONResponse(
-            _conversation_json(conv),
+            _conversation_json(conv, await self._meta(conv)),
             status_code=201,
             # A kept id may be any text: the header is ASCII (percent-encoded).
             headers={"location": f"{self.prefix}/conversations/{quote(cid, safe='')}"},
@@ -605,7 +648,7 @@ class Api:
         conv = await self.conversation(request, principal)
         body = await self.body(request, RenameBody, required=True)
         await conv.rename(body.title)
-        return JSONResponse(_conversation_json(conv))
+        return JSONResponse(_conversation_json(conv, await self._meta(conv)))
 
     async def delete_conversation(self, request: Request) -> Response:
         principal = self.principal(request)

@@ -53,6 +53,9 @@ ERROR_CODES = (
 )
 
 _NULLABLE_STR = {"type": ["string", "null"]}
+#: ``GET /conversations?children=``: child-run conversations listed with the others
+#: (the default, as ``agentik conversations list`` does), left out, or listed alone.
+CHILDREN = ("include", "exclude", "only")
 #: Largest integer a snapshot may hold (agentik.core.lifecycle.MAX_INT).
 _MAX_INT = 2**62
 
@@ -140,6 +143,7 @@ _SCHEMAS: dict[str, Any] = {
             "busy",
             "running_run_id",
             "queued",
+            "parent",
         ],
         "properties": {
             "id": {"type": "string"},
@@ -154,6 +158,23 @@ _SCHEMAS: dict[str, Any] = {
             "busy": {"type": "boolean", "description": "a turn is running or queued"},
             "running_run_id": _NULLABLE_STR,
             "queued": {"type": "integer", "minimum": 0},
+            "parent": {
+                "oneOf": [{"$ref": "#/components/schemas/ParentLink"}, {"type": "null"}],
+                "description": "a child run's conversation (an [agents.*] agent called as a"
+                " tool): where it comes from; null for a top-level conversation",
+            },
+        },
+    },
+    "ParentLink": {
+        "type": "object",
+        "description": "the fields of the parent's child_run_linked event",
+        "required": ["conversation_id", "run_id", "call_id", "child_run_id", "agent"],
+        "properties": {
+            "conversation_id": {"type": "string", "description": "the parent conversation"},
+            "run_id": {**_NULLABLE_STR, "description": "the parent run that called the agent"},
+            "call_id": {**_NULLABLE_STR, "description": "the parent's tool call"},
+            "child_run_id": {**_NULLABLE_STR, "description": "this conversation's run"},
+            "agent": {**_NULLABLE_STR, "description": "the agent called"},
         },
     },
     "ConversationPage": {
@@ -725,6 +746,17 @@ def openapi_document(
                         "name": "limit",
                         "in": "query",
                         "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
+                    },
+                    {
+                        "name": "children",
+                        "in": "query",
+                        "description": "child-run conversations (parent set): listed with the"
+                        " others, left out, or listed alone",
+                        "schema": {
+                            "type": "string",
+                            "enum": list(CHILDREN),
+                            "default": CHILDREN[0],
+                        },
                     },
                 ],
             ),
