@@ -23,8 +23,9 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ClosedError, PromptRefused
@@ -223,6 +224,9 @@ class Conversation:
         self.title = record.title
         self.created_at = record.created_at
         self.updated_at = record.updated_at
+        #: The stored record's metadata (read-only; a child run's conversation
+        #: names its parent: ``parent_conversation_id``, ``parent_run_id``, …).
+        self.meta: Mapping[str, Any] = MappingProxyType(dict(record.meta))
         self.temp = temp
         self.channel_key = channel_key
         #: Per-conversation override of the agent's :class:`TurnPolicy`.

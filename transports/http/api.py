@@ -44,7 +44,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 from urllib.parse import quote
@@ -248,8 +248,8 @@ def _title_from(content: str) -> str:
     return line[:TITLE_CHARS]
 
 
-def _conversation_json(conv: Conversation, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A conversation as the API shows it; ``meta``: its stored record's (for ``parent``)."""
+def _conversation_json(conv: Conversation) -> dict[str, Any]:
+    """A conversation as the API shows it."""
     return {
         "id": conv.id,
         "title": conv.title,
@@ -260,11 +260,11 @@ def _conversation_json(conv: Conversation, meta: dict[str, Any] | None = None) -
         "busy": conv.busy,
         "running_run_id": conv.running_run_id,
         "queued": conv.queued,
-        "parent": _parent_json(meta or {}),
+        "parent": _parent_json(conv.meta),
     }
 
 
-def _parent_json(meta: dict[str, Any]) -> dict[str, Any] | None:
+def _parent_json(meta: Mapping[str, Any]) -> dict[str, Any] | None:
     """Where a child run's conversation (an ``[agents.*]`` agent called as a tool)
     comes from — the fields of the parent's ``child_run_linked`` event: the parent's
     conversation and run, its tool call, the child's run and agent.  ``None``: a
@@ -570,7 +570,7 @@ class Api:
                 conv = await self.agent.get_conversation(record.id)
             except NotFound:
                 continue  # deleted meanwhile
-            items.append(_conversation_json(conv, record.meta))
+            items.append(_conversation_json(conv))
         more = len(records) > limit
         return JSONResponse(
             {
@@ -584,14 +584,7 @@ class Api:
     async def get_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        return JSONResponse(_conversation_json(conv, await self._meta(conv)))
-
-    async def _meta(self, conv: Conversation) -> dict[str, Any]:
-        """The conversation's stored metadata (a child run's parent link); ``{}``
-        while a new one is not stored yet."""
-        store = self.agent._temp_store if conv.temp else self.agent.store
-        record = await store.get_conversation(conv.id)
-        return record.meta if record is not None else {}
+        return JSONResponse(_conversation_json(conv))
 
     async def export_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -637,7 +630,7 @@ class Api:
             raise ApiError(409 if code == "conversation_exists" else 422, code, str(exc)) from None
         conv = await self.agent.get_conversation(cid)
         return JSONResponse(
-            _conversation_json(conv, await self._meta(conv)),
+            _conversation_json(conv),
             status_code=201,
             # A kept id may be any text: the header is ASCII (percent-encoded).
             headers={"location": f"{self.prefix}/conversations/{quote(cid, safe='')}"},
@@ -648,7 +641,7 @@ class Api:
         conv = await self.conversation(request, principal)
         body = await self.body(request, RenameBody, required=True)
         await conv.rename(body.title)
-        return JSONResponse(_conversation_json(conv, await self._meta(conv)))
+        return JSONResponse(_conversation_json(conv))
 
     async def delete_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
