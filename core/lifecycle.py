@@ -758,9 +758,13 @@ def _checklist(doc: dict[str, Any]) -> None:
     _need(todo, "run_id", "todo", str, optional=True)
     _need(todo, "updated_at", "todo", (int, float), optional=True)
     for key in ("done", "total"):  # derived from the items: checked, not restored
-        count = _int(todo, key, "todo", optional=True)
-        if count is not None and count < 0:
-            raise SnapshotError(f"todo.{key}: must be at least 0")
+        if key not in todo:
+            continue
+        count = todo[key]
+        if isinstance(count, float) and count.is_integer():
+            count = int(count)  # JSON has one number type: 3.0 is the integer 3
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise SnapshotError(f"todo.{key}: expected an integer of at least 0")
 
 
 @dataclass(slots=True)
