@@ -767,6 +767,14 @@ def _checklist(doc: dict[str, Any]) -> None:
             raise SnapshotError(f"todo.{key}: expected an integer of at least 0")
 
 
+def _timestamp(value: Any, default: float) -> float:
+    """``value`` as a REAL SQLite takes; ``default`` for none (or a number too large)."""
+    try:
+        return float(value) if value else default
+    except OverflowError:
+        return default
+
+
 @dataclass(slots=True)
 class ImportResult:
     conversation_id: str
@@ -906,7 +914,7 @@ def _import(
                         ensure_ascii=False,
                     ),
                     todo.get("run_id"),
-                    todo.get("updated_at") or now,
+                    _timestamp(todo.get("updated_at"), now),
                 ),
             )
         else:

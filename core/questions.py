@@ -585,8 +585,13 @@ class Checklists:
         its items changed since the stored one (new, or another status)."""
         if self.scrub is not None:
             scrub = self.scrub
+            # A hook may lengthen or empty the text: it stays 1 to MAX_TODO_TEXT characters.
             items = tuple(
-                {"text": scrub(it["text"], conversation_id), "status": it["status"]} for it in items
+                {
+                    "text": scrub(it["text"], conversation_id)[:MAX_TODO_TEXT] or "…",
+                    "status": it["status"],
+                }
+                for it in items
             )
         before = await self.get(conversation_id)
         changed = changed_items(before.items if before else (), items)

@@ -10,6 +10,7 @@ scripted model.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 
 from test_asks import from_bot, irc_bot, people, tool_results
@@ -293,3 +294,35 @@ async def test_library_export_import_round_trip_and_a_bad_checklist_is_refused(t
         assert len(await target.list_conversations()) == 1
     finally:
         await target.aclose()
+
+
+async def test_a_secret_in_an_item_is_scrubbed_before_the_database(tmp_path):
+    from agentik.core.redaction import PatternScrubber, RedactionSettings
+
+    key = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4"
+    db = tmp_path / "scrub.db"
+    model = ScriptedModel()
+    scrubber = PatternScrubber(RedactionSettings(scrub=True))
+    agent = Agent(llm=model, store=SQLiteStore(str(db)), policy=TODO, hooks=[scrubber])
+    await agent.start()
+    try:
+        conv = await agent.create_conversation()
+        sub = conv.events()
+        item = {"text": f"rotate {key} today", "status": "pending"}
+        model.enqueue(Reply(tool_calls=[call("todo", {"items": [item]})]), "ok")
+        await conv.send("plan it")
+        await conv.wait_idle()
+        async with asyncio.timeout(60):
+            async for event in sub:
+                if event.kind == "todo_updated":
+                    break
+        # What is stored is what is shown.
+        assert event.items == ({"text": "rotate [redacted:openai-key] today", "status": "pending"},)
+        checklist = await conv.todo()
+        assert checklist is not None and checklist.items == event.items
+        await sub.aclose()
+    finally:
+        await agent.aclose()
+    with sqlite3.connect(db) as con:
+        [(items,)] = con.execute("SELECT items FROM todo").fetchall()
+    assert key not in items
