@@ -357,10 +357,7 @@ class Conversation:
 
     async def todo(self) -> Checklist | None:
         """The conversation's checklist (the ``todo`` tool's last list), as stored."""
-        try:
-            return await self._store.todo_get(self.id)
-        except NotImplementedError:
-            return None
+        return await self._services.agent.todos.get(self.id)
 
     def _report(self, runner: TurnRunner) -> None:
         """A turn changed what it does: publish ``status_changed`` if the state moved."""

@@ -552,9 +552,9 @@ class Checklists:
     ``store_for(conversation_id)`` names the store (the agent's, or its
     in-memory one for a temporary conversation); ``scrub(text,
     conversation_id)`` is what the ``before_store`` hooks make of an item's
-    text.  Without a ``store_for`` (a :class:`TodoTool` used on its own) the
-    lists are kept in this process only, the :data:`MAX_UNSTORED` most
-    recently written ones.
+    text.  Without a ``store_for`` (a :class:`TodoTool` used on its own), or
+    with a store that keeps no checklists, the lists are kept in this process
+    only, the :attr:`MAX_UNSTORED` most recently written ones.
     """
 
     MAX_UNSTORED = 256
@@ -576,7 +576,7 @@ class Checklists:
         try:
             return await self.store_for(conversation_id).todo_get(conversation_id)
         except NotImplementedError:
-            return None
+            return self._unstored.get(conversation_id)
 
     async def replace(
         self, conversation_id: str, items: tuple[dict[str, str], ...], run_id: str | None
@@ -607,8 +607,11 @@ class Checklists:
 
     async def _put(self, conversation_id: str, checklist: Checklist | None) -> None:
         if self.store_for is not None:
-            await self.store_for(conversation_id).todo_set(conversation_id, checklist)
-            return
+            try:
+                await self.store_for(conversation_id).todo_set(conversation_id, checklist)
+                return
+            except NotImplementedError:
+                pass  # a store without checklists: kept in this process
         self._unstored.pop(conversation_id, None)
         if checklist is not None:
             self._unstored[conversation_id] = checklist
