@@ -1208,8 +1208,8 @@ class Bridge(AgentAccess):
         conv = ch.conversation
         count = await conv.count_messages()
         # idle | running | streaming | executing tools (names) | awaiting human, the
-        # run, its requests and tokens so far, the queue.
-        state = conv.status().line()
+        # run, its requests and tokens so far, the queue, the checklist (todo 2/5).
+        state = conv.status(todo=await conv.todo()).line()
         llm = self.agent.llm_for(conv.llm_profile)
         profile = f" (profile {conv.llm_profile})" if conv.llm_profile else ""
         await say(

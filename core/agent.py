@@ -26,7 +26,7 @@ from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
 from .messages import Message
 from .observe import RequestStats
-from .questions import Questions, builtin_tools
+from .questions import Checklists, Questions, builtin_tools
 from .redaction import Redaction, RedactionError, tombstone
 from .services import AgentServices, AgentState, profile_of
 from .settings import settings_dataclass
@@ -140,6 +140,11 @@ class Agent:
         self.approvals.store = self.store
         #: The questions turns wait for (``ask_user``; :mod:`agentik.core.questions`).
         self.questions = Questions(store=self.store)
+        #: Each conversation's checklist (the ``todo`` tool), kept in its store;
+        #: item texts pass the ``before_store`` hooks as tool-call text.
+        self.todos = Checklists(
+            self._run_store, scrub=lambda text, cid: self.hooks.before_store("tool_call", text, cid)
+        )
         #: Most events kept in all conversations' replay buffers together; the
         #: least recently active conversations lose theirs first.
         self.event_budget = event_budget
@@ -147,7 +152,7 @@ class Agent:
         #: (backend, model, latency, time to first token, tokens): metrics hang here.
         self.request_observers: list[Callable[[RequestStats], None]] = []
         self._tools: dict[str, Tool] = {}
-        for t in (*tools, *self.memory.tools(), *builtin_tools(self.policy)):
+        for t in (*tools, *self.memory.tools(), *builtin_tools(self.policy, checklists=self.todos)):
             self.add_tool(t)
         #: Named agents (``[agents.<name>]``), each offered as the tool ``agent__<name>``
         #: to the agents that use it (:mod:`agentik.core.agents`).
@@ -532,6 +537,9 @@ class Agent:
         )
         if done is None:
             raise NotFound(f"conversation {conversation_id!r} has no message {message_id}")
+        if row.kind == "tool_call" and row.tool_name == "todo":
+            # The checklist's text came from such a call: it goes with it.
+            await self.todos.clear(conversation_id)
         conv = self.services.find(conversation_id)
         if conv is not None:
             conv.redacted(message_id, content, row.kind, row.tool_call_id, row.content)

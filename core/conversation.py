@@ -51,7 +51,7 @@ from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
     from .agent import Agent
-    from .questions import Question
+    from .questions import Checklist, Question
 
 __all__ = [
     "BUSY_MODES",
@@ -118,6 +118,8 @@ class ConversationStatus:
     usage: Usage = field(default_factory=Usage)
     #: Model requests the running turn made so far.
     requests: int = 0
+    #: The conversation's checklist (the ``todo`` tool), when asked for and it has one.
+    todo: Checklist | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,6 +130,7 @@ class ConversationStatus:
             "queued": self.queued,
             "usage": self.usage.to_dict(),
             "requests": self.requests,
+            "todo": self.todo.to_dict() if self.todo is not None else None,
         }
 
     def line(self) -> str:
@@ -144,6 +147,8 @@ class ConversationStatus:
             )
         if self.queued:
             parts.append(f"{self.queued} queued")
+        if self.todo is not None and self.todo.items:
+            parts.append(self.todo.line())
         return " · ".join(parts)
 
 
@@ -336,12 +341,13 @@ class Conversation:
         return await questions.answer(self.id, outcome, author=author, author_id=author_id)
 
     # -- status ---------------------------------------------------------------------
-    def status(self) -> ConversationStatus:
+    def status(self, *, todo: Checklist | None = None) -> ConversationStatus:
         """What this conversation is doing now: its state, running turn, tools, queue
-        length and the running turn's usage so far."""
+        length and the running turn's usage so far; with ``todo`` (its checklist,
+        from :meth:`todo`) in it."""
         runner = self._runner
         if runner is None or self._state == "idle":
-            return ConversationStatus(self.id, "idle", queued=self.queued)
+            return ConversationStatus(self.id, "idle", queued=self.queued, todo=todo)
         return ConversationStatus(
             self.id,
             self._state,
@@ -350,7 +356,12 @@ class Conversation:
             queued=self.queued,
             usage=runner.state.usage,
             requests=runner.requests,
+            todo=todo,
         )
+
+    async def todo(self) -> Checklist | None:
+        """The conversation's checklist (the ``todo`` tool's last list), as stored."""
+        return await self._services.agent.todos.get(self.id)
 
     def _report(self, runner: TurnRunner) -> None:
         """A turn changed what it does: publish ``status_changed`` if the state moved."""

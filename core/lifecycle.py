@@ -23,11 +23,13 @@ the last run, so a quiet bot still prunes.
 **Snapshots**: :func:`export_conversation` produces a versioned,
 self-contained JSON document (``format: "agentik.conversation"``,
 ``version: 1``): the conversation record, the audit log, working memory,
-channel bindings, turn ends, approvals, questions and (when the store has a
-``run`` table) the run tree.  :func:`import_conversation` validates one
-(errors name the field) and restores it into a store, under the same id or
-a new one; audit-log ids are renumbered on the way in (they are global to a
-database) and working memory is relinked to the new ids.
+channel bindings, turn ends, approvals, questions, (when the store has a
+``run`` table) the run tree and the checklist (``todo``: the ``todo`` tool's
+last list, or ``null``; optional, so a snapshot without it still imports).
+:func:`import_conversation` validates one (errors name the field) and
+restores it into a store, under the same id or a new one; audit-log ids
+are renumbered on the way in (they are global to a database) and working
+memory is relinked to the new ids.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from pydantic import Field
 
 from .compaction import SUMMARY_PREFIX, ask
 from .messages import ChatMessage
+from .questions import MAX_TODO_ITEMS, MAX_TODO_TEXT, TODO_STATUSES
 from .settings import settings_dataclass
 
 __all__ = [
@@ -552,7 +555,12 @@ async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any
         "working_memory": memory,
         "bindings": [],
         "turn_ends": [],
+        "todo": None,
     }
+    with contextlib.suppress(NotImplementedError):
+        checklist = await store.todo_get(conversation_id)
+        if checklist is not None:
+            doc["todo"] = checklist.to_dict()
     read = getattr(store, "run_read", None)
     if read is None:  # an in-memory store (a temp conversation): no more to add
         return doc
@@ -713,6 +721,7 @@ def validate_snapshot(doc: Any) -> dict[str, Any]:
         _need(t, "run_id", f"turn_ends[{i}]", str)
         _need(t, "outcome", f"turn_ends[{i}]", str)
         _need(t, "created_at", f"turn_ends[{i}]", num, optional=True)
+    _checklist(doc)
     try:
         json.dumps(doc, ensure_ascii=False, allow_nan=False).encode("utf-8")
     except UnicodeEncodeError:
@@ -722,6 +731,48 @@ def validate_snapshot(doc: Any) -> dict[str, Any]:
     except ValueError as exc:  # NaN or infinity (not JSON)
         raise SnapshotError(f"snapshot: {exc}") from None
     return doc
+
+
+def _checklist(doc: dict[str, Any]) -> None:
+    """Check the optional ``todo`` (the conversation's checklist): ``null`` or
+    ``{items: [{text, status}], run_id?, updated_at?}``; the items are
+    restored as written."""
+    todo = _need(doc, "todo", "snapshot", dict, optional=True)
+    if todo is None:
+        return
+    items = _need(todo, "items", "todo", list)
+    if len(items) > MAX_TODO_ITEMS:
+        raise SnapshotError(f"todo.items: at most {MAX_TODO_ITEMS} items")
+    for i, item in enumerate(items):
+        where = f"todo.items[{i}]"
+        if not isinstance(item, dict):
+            raise SnapshotError(f"{where}: expected an object")
+        text = _need(item, "text", where, str)
+        if not 1 <= len(text) <= MAX_TODO_TEXT:
+            raise SnapshotError(f"{where}.text: must be 1 to {MAX_TODO_TEXT} characters")
+        status = _need(item, "status", where, str)
+        if status not in TODO_STATUSES:
+            raise SnapshotError(
+                f"{where}.status: must be one of {', '.join(TODO_STATUSES)}, not {status!r}"
+            )
+    _need(todo, "run_id", "todo", str, optional=True)
+    _need(todo, "updated_at", "todo", (int, float), optional=True)
+    for key in ("done", "total"):  # derived from the items: checked, not restored
+        if key not in todo:
+            continue
+        count = todo[key]
+        if isinstance(count, float) and count.is_integer():
+            count = int(count)  # JSON has one number type: 3.0 is the integer 3
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise SnapshotError(f"todo.{key}: expected an integer of at least 0")
+
+
+def _timestamp(value: Any, default: float) -> float:
+    """``value`` as a REAL SQLite takes; ``default`` for none (or a number too large)."""
+    try:
+        return float(value) if value else default
+    except OverflowError:
+        return default
 
 
 @dataclass(slots=True)
@@ -849,6 +900,25 @@ def _import(
                 raise SnapshotError(f"{key}[{i}]: cannot be restored: {exc}") from exc
     if skipped_runs:
         log.warning("import: %d runs already in this database kept their rows", skipped_runs)
+    todo = doc.get("todo")
+    if todo and todo["items"]:
+        if conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'todo'"
+        ).fetchone():
+            conn.execute(
+                "INSERT INTO todo (conversation_id, items, run_id, updated_at) VALUES (?, ?, ?, ?)",
+                (
+                    cid,
+                    json.dumps(
+                        [{"text": it["text"], "status": it["status"]} for it in todo["items"]],
+                        ensure_ascii=False,
+                    ),
+                    todo.get("run_id"),
+                    _timestamp(todo.get("updated_at"), now),
+                ),
+            )
+        else:
+            log.warning("import: this database has no todo table; the checklist is left out")
     result = ImportResult(conversation_id=cid, messages=len(rows))
     wanted = [bind] if bind is not None else [b["channel_key"] for b in doc.get("bindings") or []]
     for key in wanted:

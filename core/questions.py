@@ -29,7 +29,11 @@ ends (:meth:`Questions.run_ended`).
 (items with a status ``pending``, ``in_progress`` or ``done``) and emits
 ``todo_updated`` with what changed; the bridge shows the list once and edits
 it where the transport can edit, and says one short line per change
-elsewhere.
+elsewhere.  The checklist is stored per conversation (``todo`` table,
+migration 13; :class:`Checklists`), so it survives a restart: the next call
+edits the stored list and "changed" is measured against it.  It is part of
+the conversation's status (``todo 2/5``) and of its export snapshot, and
+goes with the conversation when that is deleted.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -56,6 +61,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AskUserTool",
+    "Checklist",
+    "Checklists",
     "PendingQuestion",
     "Question",
     "QuestionOutcome",
@@ -471,11 +478,153 @@ class AskUserTool:
         )
 
 
-_STATUSES = ("pending", "in_progress", "done")
+TODO_STATUSES = ("pending", "in_progress", "done")
+#: Most items in a checklist; longest item text (characters).
+MAX_TODO_ITEMS = 30
+MAX_TODO_TEXT = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Checklist:
+    """A conversation's checklist (the ``todo`` tool's last list), as stored
+    (``todo`` table, migration 13)."""
+
+    #: ``{"text": ..., "status": "pending" | "in_progress" | "done"}``, in order.
+    items: tuple[dict[str, str], ...] = ()
+    #: The run whose call wrote it.
+    run_id: str | None = None
+    updated_at: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return sum(1 for it in self.items if it.get("status") == "done")
+
+    def line(self) -> str:
+        """``todo 2/5`` (items done of all)."""
+        return f"todo {self.done}/{len(self.items)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "items": [dict(it) for it in self.items],
+            "done": self.done,
+            "total": len(self.items),
+            "run_id": self.run_id,
+            "updated_at": self.updated_at,
+        }
+
+
+def checklist_items(raw: Any, *, where: str = "items") -> tuple[dict[str, str], ...]:
+    """Checked checklist items from ``raw`` (a list of ``{text, status}``), as
+    stored: statuses from :data:`TODO_STATUSES`, whitespace collapsed, text cut
+    to :data:`MAX_TODO_TEXT` characters.  Raises :class:`ValueError` naming
+    the bad item."""
+    if not isinstance(raw, list):
+        raise ValueError(f"`{where}` must be a list of {{text, status}} objects")
+    if len(raw) > MAX_TODO_ITEMS:
+        raise ValueError(f"at most {MAX_TODO_ITEMS} items")
+    items: list[dict[str, str]] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or not isinstance(item.get("text"), str):
+            raise ValueError(f"item {i + 1}: needs `text` (a string) and `status`")
+        status = item.get("status", "pending")
+        if status not in TODO_STATUSES:
+            raise ValueError(f"item {i + 1}: `status` must be one of {', '.join(TODO_STATUSES)}")
+        text = " ".join(item["text"].split())[:MAX_TODO_TEXT]
+        if not text:
+            raise ValueError(f"item {i + 1}: `text` is empty")
+        items.append({"text": text, "status": status})
+    return tuple(items)
+
+
+def changed_items(
+    before: Sequence[dict[str, str]], after: Sequence[dict[str, str]]
+) -> tuple[int, ...]:
+    """The items of ``after`` (by index) that are new or changed status since ``before``."""
+    old = {it["text"]: it["status"] for it in before}
+    return tuple(i for i, it in enumerate(after) if old.get(it["text"]) != it["status"])
+
+
+class Checklists:
+    """Every conversation's checklist, in the store of the conversation
+    (:meth:`Store.todo_get`/:meth:`Store.todo_set`); one per agent
+    (:attr:`Agent.todos <agentik.core.agent.Agent.todos>`).
+
+    ``store_for(conversation_id)`` names the store (the agent's, or its
+    in-memory one for a temporary conversation); ``scrub(text,
+    conversation_id)`` is what the ``before_store`` hooks make of an item's
+    text.  Without a ``store_for`` (a :class:`TodoTool` used on its own), or
+    with a store that keeps no checklists, the lists are kept in this process
+    only, the :attr:`MAX_UNSTORED` most recently written ones.
+    """
+
+    MAX_UNSTORED = 256
+
+    def __init__(
+        self,
+        store_for: Callable[[str], Store] | None = None,
+        *,
+        scrub: Callable[[str, str], str] | None = None,
+    ) -> None:
+        self.store_for = store_for
+        self.scrub = scrub
+        self._unstored: OrderedDict[str, Checklist] = OrderedDict()
+
+    async def get(self, conversation_id: str) -> Checklist | None:
+        """The conversation's checklist (``None``: it has none)."""
+        if self.store_for is None:
+            return self._unstored.get(conversation_id)
+        try:
+            return await self.store_for(conversation_id).todo_get(conversation_id)
+        except NotImplementedError:
+            return self._unstored.get(conversation_id)
+
+    async def replace(
+        self, conversation_id: str, items: tuple[dict[str, str], ...], run_id: str | None
+    ) -> tuple[Checklist, tuple[int, ...]]:
+        """Make ``items`` the conversation's checklist; it as stored, and which of
+        its items changed since the stored one (new, or another status)."""
+        if self.scrub is not None:
+            scrub = self.scrub
+            # A hook may lengthen or empty the text: it stays 1 to MAX_TODO_TEXT characters.
+            items = tuple(
+                {
+                    "text": scrub(it["text"], conversation_id)[:MAX_TODO_TEXT] or "…",
+                    "status": it["status"],
+                }
+                for it in items
+            )
+        before = await self.get(conversation_id)
+        changed = changed_items(before.items if before else (), items)
+        if before is not None and before.items == items:
+            return before, changed  # the same list: nothing to write
+        new = Checklist(items=items, run_id=run_id, updated_at=time.time())
+        await self._put(conversation_id, new if items else None)
+        return new, changed
+
+    async def clear(self, conversation_id: str) -> None:
+        """The conversation has no checklist any more."""
+        await self._put(conversation_id, None)
+
+    async def _put(self, conversation_id: str, checklist: Checklist | None) -> None:
+        if self.store_for is not None:
+            try:
+                await self.store_for(conversation_id).todo_set(conversation_id, checklist)
+                return
+            except NotImplementedError:
+                pass  # a store without checklists: kept in this process
+        self._unstored.pop(conversation_id, None)
+        if checklist is not None:
+            self._unstored[conversation_id] = checklist
+            while len(self._unstored) > self.MAX_UNSTORED:
+                self._unstored.popitem(last=False)
 
 
 class TodoTool:
-    """``todo``: the model's visible checklist; each call replaces the whole list."""
+    """``todo``: the model's visible checklist; each call replaces the whole list.
+
+    The list is kept per conversation by ``checklists`` (the agent's
+    :class:`Checklists`, in its store).
+    """
 
     name = "todo"
     description = (
@@ -492,7 +641,7 @@ class TodoTool:
                     "type": "object",
                     "properties": {
                         "text": {"type": "string"},
-                        "status": {"type": "string", "enum": list(_STATUSES)},
+                        "status": {"type": "string", "enum": list(TODO_STATUSES)},
                     },
                     "required": ["text", "status"],
                 },
@@ -500,44 +649,32 @@ class TodoTool:
         },
         "required": ["items"],
     }
-    MAX_ITEMS = 30
+    MAX_ITEMS = MAX_TODO_ITEMS
 
-    def __init__(self) -> None:
-        # conversation id -> its current list (the last call's).
-        self.lists: dict[str, tuple[dict[str, str], ...]] = {}
+    def __init__(self, checklists: Checklists | None = None) -> None:
+        self.checklists = checklists if checklists is not None else Checklists()
 
     def __repr__(self) -> str:
         return "TodoTool()"
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        raw = arguments.get("items")
-        if not isinstance(raw, list):
-            raise ToolError("`items` must be a list of {text, status} objects")
-        if len(raw) > self.MAX_ITEMS:
-            raise ToolError(f"at most {self.MAX_ITEMS} items")
-        items: list[dict[str, str]] = []
-        for i, item in enumerate(raw):
-            if not isinstance(item, dict) or not isinstance(item.get("text"), str):
-                raise ToolError(f"item {i + 1}: needs `text` (a string) and `status`")
-            status = item.get("status", "pending")
-            if status not in _STATUSES:
-                raise ToolError(f"item {i + 1}: `status` must be one of {', '.join(_STATUSES)}")
-            text = " ".join(item["text"].split())[:200]
-            if not text:
-                raise ToolError(f"item {i + 1}: `text` is empty")
-            items.append({"text": text, "status": status})
-        before = {it["text"]: it["status"] for it in self.lists.get(context.conversation_id, ())}
-        changed = tuple(i for i, it in enumerate(items) if before.get(it["text"]) != it["status"])
-        new = tuple(items)
-        self.lists[context.conversation_id] = new
+        try:
+            items = checklist_items(arguments.get("items"))
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
+        checklist, changed = await self.checklists.replace(
+            context.conversation_id, items, context.run_id
+        )
         if context.emit is not None:
-            context.emit(TodoUpdated, call_id=context.call_id, items=new, changed=changed)
-        done = sum(1 for it in items if it["status"] == "done")
-        return ToolResult(text=f"checklist updated ({done}/{len(items)} done)")
+            context.emit(
+                TodoUpdated, call_id=context.call_id, items=checklist.items, changed=changed
+            )
+        return ToolResult(text=f"checklist updated ({checklist.done}/{len(items)} done)")
 
 
-def builtin_tools(policy: TurnPolicy) -> list[Tool]:
-    """The builtin tools ``[tools]`` switches on (``ask_user``, ``todo``)."""
+def builtin_tools(policy: TurnPolicy, *, checklists: Checklists | None = None) -> list[Tool]:
+    """The builtin tools ``[tools]`` switches on (``ask_user``, ``todo``; its lists
+    kept by ``checklists``)."""
     tools: list[Tool] = []
     if policy.ask_user:
         tools.append(
@@ -548,5 +685,5 @@ def builtin_tools(policy: TurnPolicy) -> list[Tool]:
             )
         )
     if policy.todo:
-        tools.append(TodoTool())
+        tools.append(TodoTool(checklists))
     return tools

@@ -499,6 +499,7 @@ async def test_http_steer_and_the_status_route(openai_server, db_path):
             "conversation_id": conv["id"], "state": "idle", "run_id": None, "tools": [],
             "queued": 0, "requests": 0,
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            "todo": None,  # no checklist (the todo tool): docs/asking.md
         }  # fmt: skip
         _slow_then_answer(openai_server, "Y found")
         async with sse(c, path + "/events", params={"profile": "metrics"}) as events:

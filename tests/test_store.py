@@ -124,6 +124,36 @@ async def test_bindings(store):
     assert await store.get_binding("stdio:local") == "b"
 
 
+async def test_todo_checklist_is_replaced_cleared_and_goes_with_its_conversation(store):
+    from agentik.core.questions import Checklist
+
+    await store.create_conversation(rec("a"))
+    await store.create_conversation(rec("b"))
+    assert await store.todo_get("a") is None
+    first = Checklist(
+        items=({"text": "plan", "status": "in_progress"},), run_id="r1", updated_at=1.0
+    )
+    await store.todo_set("a", first)
+    await store.todo_set("b", first)
+    assert await store.todo_get("a") == first
+    later = Checklist(
+        items=({"text": "plan", "status": "done"}, {"text": "ship ✓", "status": "pending"}),
+        run_id="r2",
+        updated_at=2.0,
+    )
+    await store.todo_set("a", later)  # replaces the whole list
+    assert await store.todo_get("a") == later
+    await store.todo_set("a", Checklist(items=(), run_id="r3", updated_at=3.0))  # emptied: gone
+    assert await store.todo_get("a") is None
+    await store.todo_set("a", later)
+    await store.todo_set("a", None)
+    assert await store.todo_get("a") is None
+    with pytest.raises(StoreError):
+        await store.todo_set("nope", first)
+    assert await store.delete_conversation("b") is True
+    assert await store.todo_get("b") is None
+
+
 async def test_append_to_missing_conversation_fails_cleanly(store):
     with pytest.raises(StoreError):
         await store.append("nope", log=[user("x")])

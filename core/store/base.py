@@ -32,7 +32,7 @@ from ..messages import ChatMessage, Message, MessageKind, NewMessage
 
 if TYPE_CHECKING:
     from ..approvals import Approval, ApprovalDecision
-    from ..questions import Question, QuestionOutcome
+    from ..questions import Checklist, Question, QuestionOutcome
     from ..redaction import Redaction
 
 __all__ = [
@@ -473,6 +473,16 @@ class Store(abc.ABC):
     ) -> list[Question]:
         """Questions matching every filter given, oldest first."""
         raise NotImplementedError(f"{type(self).__name__} does not store questions")
+
+    # -- the todo checklist (issue 20, migration 13) --------------------------------------------
+    # Not abstract: without them the todo tool keeps nothing across a restart.
+    async def todo_get(self, conversation_id: str) -> Checklist | None:
+        """The conversation's checklist (the ``todo`` tool's last list); ``None``: none."""
+        raise NotImplementedError(f"{type(self).__name__} does not store checklists")
+
+    async def todo_set(self, conversation_id: str, checklist: Checklist | None) -> None:
+        """Replace the conversation's checklist (``None`` or no items: remove it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not store checklists")
 
     # -- redaction (issue 22, migration 12) --------------------------------------------------
     # Not abstract: a store without them refuses redaction with a clear error.

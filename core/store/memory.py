@@ -15,7 +15,7 @@ from typing import Any
 from ..approvals import Approval, ApprovalDecision
 from ..errors import StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from ..questions import Question, QuestionOutcome
+from ..questions import Checklist, Question, QuestionOutcome
 from .base import (
     AccessChange,
     AccessGrant,
@@ -51,6 +51,7 @@ class MemoryStore(Store):
         self._approval_ids = itertools.count(1)
         self._questions: dict[int, Question] = {}
         self._question_ids = itertools.count(1)
+        self._todos: dict[str, Checklist] = {}
         self._budget: dict[tuple[str, str, str, int], int] = {}
         self._grants: dict[str, AccessGrant] = {}
         self._access_audit: list[AccessChange] = []
@@ -122,6 +123,7 @@ class MemoryStore(Store):
         self._log.pop(conversation_id, None)
         self._memory.pop(conversation_id, None)
         self._ended.pop(conversation_id, None)
+        self._todos.pop(conversation_id, None)
         for run_id, r in list(self._runs.items()):
             if conversation_id in (r.conversation_id, r.parent_conversation_id):
                 del self._runs[run_id]
@@ -363,6 +365,17 @@ class MemoryStore(Store):
             and (conversation_id is None or q.conversation_id == conversation_id)
             and (state is None or q.state == state)
         ]
+
+    # -- the todo checklist (issue 20, migration 13) --------------------------------------------
+    async def todo_get(self, conversation_id: str) -> Checklist | None:
+        return self._todos.get(conversation_id)
+
+    async def todo_set(self, conversation_id: str, checklist: Checklist | None) -> None:
+        self._require(conversation_id)
+        if checklist is None or not checklist.items:
+            self._todos.pop(conversation_id, None)
+        else:
+            self._todos[conversation_id] = checklist
 
     # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:

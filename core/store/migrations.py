@@ -453,6 +453,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             ON memory_source (conversation_id, first_message_id);
         """,
     ),
+    Migration(
+        13,
+        "todo",
+        """
+        -- Each conversation's checklist (agentik.core.questions: the builtin
+        -- todo tool's last list), so it survives a restart: ``items`` is a
+        -- JSON array of {text, status}; ``run_id`` the run that wrote it.
+        -- It goes with its conversation (cascade).
+        CREATE TABLE todo (
+            conversation_id TEXT PRIMARY KEY REFERENCES conversation (id) ON DELETE CASCADE,
+            items           TEXT NOT NULL DEFAULT '[]',
+            run_id          TEXT,
+            updated_at      REAL NOT NULL
+        );
+        """,
+    ),
 )
 
 

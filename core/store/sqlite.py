@@ -33,7 +33,7 @@ import aiosqlite
 from ..approvals import Approval, ApprovalDecision
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from ..questions import Question, QuestionOutcome
+from ..questions import Checklist, Question, QuestionOutcome
 from ..redaction import Redaction, RedactionError, tombstoned
 from ..settings import defaults, settings_dataclass
 from .base import (
@@ -1006,6 +1006,38 @@ class SQLiteStore(Store):
             f"SELECT {_QUESTION_COLUMNS} FROM question{cond} ORDER BY id", params
         )
         return [_row_to_question(r) for r in rows]
+
+    # -- the todo checklist (issue 20, migration 13) --------------------------------------------
+    async def todo_get(self, conversation_id: str) -> Checklist | None:
+        rows = await self._read(
+            "SELECT items, run_id, updated_at FROM todo WHERE conversation_id = ?",
+            (conversation_id,),
+        )
+        if not rows:
+            return None
+        items, run_id, updated_at = rows[0]
+        return Checklist(
+            items=tuple(dict(it) for it in json.loads(items)), run_id=run_id, updated_at=updated_at
+        )
+
+    async def todo_set(self, conversation_id: str, checklist: Checklist | None) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            if checklist is None or not checklist.items:
+                conn.execute("DELETE FROM todo WHERE conversation_id = ?", (conversation_id,))
+                return
+            conn.execute(
+                "INSERT INTO todo (conversation_id, items, run_id, updated_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (conversation_id) DO UPDATE SET items = excluded.items,"
+                " run_id = excluded.run_id, updated_at = excluded.updated_at",
+                (
+                    conversation_id,
+                    json.dumps(list(checklist.items), ensure_ascii=False),
+                    checklist.run_id,
+                    checklist.updated_at,
+                ),
+            )
+
+        await self._write(fn)
 
     # -- redaction (migration 12) ------------------------------------------------------
     async def redact_message(

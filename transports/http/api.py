@@ -759,7 +759,7 @@ class Api:
     async def conversation_status(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        return JSONResponse(conv.status().to_dict())
+        return JSONResponse(conv.status(todo=await conv.todo()).to_dict())
 
     async def interrupt(self, request: Request) -> Response:
         principal = self.principal(request)

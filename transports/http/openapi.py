@@ -273,6 +273,33 @@ _SCHEMAS: dict[str, Any] = {
                 },
             },
             "requests": {"type": "integer", "minimum": 0, "description": "model requests so far"},
+            "todo": {
+                "anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/Checklist"}],
+                "description": "the conversation's checklist (the todo tool), null if none",
+            },
+        },
+    },
+    "Checklist": {
+        "type": "object",
+        "description": "A conversation's checklist: the todo tool's last list (docs/asking.md)",
+        "required": ["items"],
+        "properties": {
+            "items": {
+                "type": "array",
+                "maxItems": 30,
+                "items": {
+                    "type": "object",
+                    "required": ["text", "status"],
+                    "properties": {
+                        "text": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "status": {"type": "string", "enum": ["pending", "in_progress", "done"]},
+                    },
+                },
+            },
+            "done": {"type": "integer", "minimum": 0, "description": "items done"},
+            "total": {"type": "integer", "minimum": 0, "description": "items in all"},
+            "run_id": {**_NULLABLE_STR, "description": "the run that wrote it"},
+            "updated_at": {"type": ["number", "null"]},
         },
     },
     "Interrupt": {
@@ -405,7 +432,8 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "description": (
             "A conversation snapshot (agentik conversations export; docs/lifecycle.md). "
-            "An export also carries approvals, questions and runs (arrays of rows)."
+            "An export also carries approvals, questions and runs (arrays of rows)"
+            " and the checklist (todo, optional)."
         ),
         "required": ["format", "version", "conversation", "messages", "working_memory"],
         "properties": {
@@ -440,6 +468,7 @@ _SCHEMAS: dict[str, Any] = {
                     },
                 },
             },
+            "todo": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/Checklist"}]},
         },
     },
     "SnapshotConversation": {
