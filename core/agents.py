@@ -411,6 +411,10 @@ class AgentTool:
                 "parent_run_id": parent.run_id,
                 "parent_conversation_id": parent.conversation_id,
                 "parent_call_id": context.call_id,
+                # Where the tree started (a child has no channel of its own):
+                # who may see the parent may see the child.
+                "parent_channel_key": parent_conv.channel_key
+                or parent_conv.meta.get("parent_channel_key"),
             },
         )
         node.conversation_id = child.id

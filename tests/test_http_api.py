@@ -232,14 +232,20 @@ async def test_the_list_marks_child_run_conversations_and_filters_them(db_path):
                 r = await c.get("/conversations", params={"children": bad})
                 assert r.status_code == 422 and error_code(r) == "invalid_parameter", bad
                 assert "children must be include, exclude or only" in r.text
-            # A child conversation has no channel of its own: a token limited to
-            # channels does not see it (its events reach the parent's stream).
-            assert ids((await alice.get("/conversations")).json()) == [conv["id"]]
-            assert (
-                ids((await alice.get("/conversations", params={"children": "only"})).json()) == []
-            )
+            # A child conversation has no channel of its own: who may see its
+            # parent may see it (alice's token is limited to her channels).
+            assert set(ids((await alice.get("/conversations")).json())) == {child["id"], conv["id"]}
+            assert ids((await alice.get("/conversations", params={"children": "only"})).json()) == [
+                child["id"]
+            ]
             r = await alice.get(f"/conversations/{child['id']}")
-            assert r.status_code == 404
+            assert r.status_code == 200 and r.json()["parent"] == expected
+            history = await alice.get(f"/conversations/{child['id']}/messages")
+            assert [m["content"] for m in history.json()["items"]][-1] == CHILD_ANSWER
+            # …and a token limited to other channels does not.
+            async with server.client(TOKENS["CAROL_TOKEN"]) as carol:
+                assert (await carol.get(f"/conversations/{child['id']}")).status_code == 404
+                assert ids((await carol.get("/conversations")).json()) == []
 
 
 async def test_bad_query_parameters_are_422(server):

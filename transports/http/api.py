@@ -264,6 +264,15 @@ def _conversation_json(conv: Conversation) -> dict[str, Any]:
     }
 
 
+def _channel_of(channel_key: Any, meta: Mapping[str, Any]) -> str | None:
+    """The channel that decides who sees a conversation: its own, or — a child run's
+    conversation, which has none — the channel its run tree started in."""
+    if isinstance(channel_key, str):
+        return channel_key
+    inherited = meta.get("parent_channel_key")
+    return inherited if isinstance(inherited, str) else None
+
+
 def _parent_json(meta: Mapping[str, Any]) -> dict[str, Any] | None:
     """Where a child run's conversation (an ``[agents.*]`` agent called as a tool)
     comes from — the fields of the parent's ``child_run_linked`` event: the parent's
@@ -340,7 +349,7 @@ class Api:
             conv = await self.agent.get_conversation(cid)
         except NotFound:
             conv = None
-        if conv is None or not principal.allows(conv.channel_key):
+        if conv is None or not principal.allows(_channel_of(conv.channel_key, conv.meta)):
             # Conversations a token may not see look exactly like unknown ones.
             raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}")
         return conv
@@ -549,7 +558,7 @@ class Api:
         else:
 
             def listed(r: ConversationRecord) -> bool:
-                if not principal.allows(r.meta.get("channel_key")):
+                if not principal.allows(_channel_of(r.meta.get("channel_key"), r.meta)):
                     return False
                 return children == "include" or (
                     (_parent_json(r.meta) is not None) == (children == "only")
@@ -907,7 +916,7 @@ class Api:
             if allowed is None:
                 try:
                     conv = await self.agent.get_conversation(cid)
-                    allowed = principal.allows(conv.channel_key)
+                    allowed = principal.allows(_channel_of(conv.channel_key, conv.meta))
                 except (NotFound, ClosedError):
                     allowed = False
                 if len(seen) > 10_000:
