@@ -497,7 +497,7 @@ _SCHEMAS: dict[str, Any] = {
             "tool_name": _NULLABLE_STR,
             "arguments": _NULLABLE_STR,
             "is_error": {"type": ["boolean", "null"]},
-            "status": {"enum": ["complete", "interrupted", "error", None]},
+            "status": {"type": "string", "enum": ["complete", "interrupted", "error"]},
             "duration": {"type": ["number", "null"]},
         },
     },
