@@ -497,7 +497,12 @@ _SCHEMAS: dict[str, Any] = {
             "tool_name": _NULLABLE_STR,
             "arguments": _NULLABLE_STR,
             "is_error": {"type": ["boolean", "null"]},
-            "status": {"type": "string", "enum": ["complete", "interrupted", "error"]},
+            "status": {
+                "anyOf": [
+                    {"type": "null"},
+                    {"type": "string", "enum": ["complete", "interrupted", "error"]},
+                ]
+            },
             "duration": {"type": ["number", "null"]},
         },
     },
