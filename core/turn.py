@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .agents import AGENT_TOOL_PREFIX
-from .errors import ContextTooLong, LLMError, StoreError, ToolError
+from .errors import ClosedError, ContextTooLong, LLMError, StoreError, ToolError
 from .events import (
     Error,
     Interrupted,
@@ -548,7 +548,10 @@ class TurnRunner:
     ) -> None:
         delay = END_RETRY_FIRST
         while True:
-            fut = self._append(log=log_rows, memory=memory, ended=ended)
+            try:
+                fut = self._append(log=log_rows, memory=memory, ended=ended)
+            except ClosedError:  # stopped meanwhile: resumed at the next start
+                return
             await asyncio.wait([fut])
             error = None if fut.cancelled() else fut.exception()
             if error is None:
