@@ -68,6 +68,23 @@ class RedactingFormatter(logging.Formatter):
         self.fmt = fmt
         # Longest first, so a secret containing another is fully hidden.
         self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+        self._forms: tuple[list[str], list[str]] = ([], [])
+
+    def _secret_forms(self) -> list[str]:
+        """Every way a secret may appear in a line, longest first.
+
+        Besides the value itself: escaped by JSON (a quote, a backslash, a
+        control character) or by ``%r`` of a string (``repr``), or both.
+        """
+        if self._forms[0] is not self.secrets:  # add_secrets() replaced the list
+            forms = set()
+            for secret in self.secrets:
+                for form in (secret, repr(secret)[1:-1]):
+                    forms.add(form)
+                    forms.add(json.dumps(form, ensure_ascii=False)[1:-1])
+                    forms.add(json.dumps(form)[1:-1])
+            self._forms = (self.secrets, sorted(forms, key=len, reverse=True))
+        return self._forms[1]
 
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
@@ -86,11 +103,17 @@ class RedactingFormatter(logging.Formatter):
                 if key not in _STANDARD and key not in _RESERVED and not key.startswith("_"):
                     obj[key] = _jsonable(value)
             line = json.dumps(obj, ensure_ascii=False)
+            # Valid JSON as they are, but line breaks to many line readers.
+            for char in "\x85\u2028\u2029":
+                line = line.replace(char, f"\\u{ord(char):04x}")
         else:
             line = f"{ts} {record.levelname:<7} {record.name}: {message}"
-        for secret in self.secrets:
-            line = line.replace(secret, "***")
-        return line
+        for form in self._secret_forms():
+            line = line.replace(form, "***")
+        # A lone surrogate (from ``surrogateescape`` or a JSON ``\\udcxx`` escape
+        # in a request) cannot be written as UTF-8: the record would be lost.
+        # As ``\\udcxx`` it is a JSON escape and a readable text.
+        return line.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def setup_logging(level: str = "warning", fmt: str = "text", secrets: Iterable[str] = ()) -> None:

@@ -67,7 +67,13 @@ class ClosedError(AgentikError):
 
 
 class StoreError(AgentikError):
-    """The persistence layer failed."""
+    """The persistence layer failed.
+
+    ``retryable``: the database was busy (locked by another process), full,
+    read-only or failing I/O — the same write may succeed once that clears.
+    """
+
+    retryable: bool = False
 
 
 class MigrationError(StoreError):

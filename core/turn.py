@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .agents import AGENT_TOOL_PREFIX
-from .errors import ContextTooLong, LLMError, StoreError, ToolError
+from .errors import ClosedError, ContextTooLong, LLMError, StoreError, ToolError
 from .events import (
     Error,
     Interrupted,
@@ -70,6 +70,10 @@ log = logging.getLogger(__name__)
 #: Longest error result of a tool that reaches the model (characters): a tool's
 #: own error text (an MCP server's message) stays as written, up to this.
 MAX_TOOL_ERROR_CHARS = 2_000
+#: The end of a turn that the database refused for a while (locked, full,
+#: read-only) is written again after this many seconds, doubling up to ``END_RETRY_MAX``.
+END_RETRY_FIRST = 0.5
+END_RETRY_MAX = 30.0
 
 
 class TurnAborted(Exception):
@@ -527,12 +531,40 @@ class TurnRunner:
                 )
             )
         self.state.open_calls.clear()
-        if log_rows or memory or ended:
-            fut = self._append(log=log_rows, memory=memory, ended=ended)
+        if ended is not None:
+            # The turn's end must be recorded, or the next start answers its
+            # message again: kept and written again while the database is
+            # only locked, full or read-only (the conversation waits meanwhile).
+            await asyncio.shield(self._record_end(log_rows, memory, ended))
+        elif log_rows or memory:
+            fut = self._append(log=log_rows, memory=memory)
             fut.add_done_callback(self._log_failed_partial)
         # Everything this turn wrote must be committed before the next turn
         # reloads the working memory.
         await asyncio.shield(self._settle_writes())
+
+    async def _record_end(
+        self, log_rows: list[NewMessage], memory: list[ChatMessage], ended: str
+    ) -> None:
+        delay = END_RETRY_FIRST
+        while True:
+            try:
+                fut = self._append(log=log_rows, memory=memory, ended=ended)
+            except ClosedError:  # stopped meanwhile: resumed at the next start
+                return
+            await asyncio.wait([fut])
+            error = None if fut.cancelled() else fut.exception()
+            if error is None:
+                return
+            if not (isinstance(error, StoreError) and error.retryable):
+                self._log_failed_partial(fut)
+                return
+            log.error(
+                "could not record the end of run %s (%s): trying again in %.1f s",
+                self.run_id, error, delay,
+            )  # fmt: skip
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, END_RETRY_MAX)
 
     def _log_failed_partial(self, fut: asyncio.Future[Any]) -> None:
         if not fut.cancelled() and fut.exception() is not None:
@@ -604,7 +636,12 @@ class TurnRunner:
                     self._writes.discard(final)
                     node.final_write = final
                 else:
-                    await final
+                    try:
+                        await final
+                    except StoreError:
+                        # Sent, not recorded: recorded with the turn's end (as an error).
+                        self.state.partial.append(text)
+                        raise
                 await self._settled()
                 self.state.stop_reason = reason
                 return

@@ -334,3 +334,78 @@ async def test_a_transport_whose_settings_changed_is_restarted_and_a_removed_one
         # [llm] is not changed in place: the warning says a restart is needed.
         warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert warned == ["reload: [llm] changed but takes effect only after a restart"]
+
+
+async def test_repeated_sighup_during_a_held_answer_changes_mcp_servers_and_answers_once(
+    miniircd, openai_server, tmp_path
+):
+    """An operator reloads again and again while an answer streams: MCP servers
+    come and go, one file is broken.  The answer arrives once, whole; the
+    next question sees the last good configuration."""
+    from agentik.core.testing.openai_server import Reply as OpenAIReply
+
+    config = tmp_path / "bot.toml"
+    base = config_text(tmp_path, openai_server.base_url, miniircd.port, prompt="P.")
+    mcp = f'[[mcp.servers]]\nname = "NAME"\ncommand = "{sys.executable}"\nargs = ["{MCP_SERVER}"]\n'
+    config.write_text(base)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
+    alice = await IRCTestClient.connect(miniircd.port, "alice")
+    await alice.join("#reload")
+    proc = await asyncio.create_subprocess_exec(
+        AGENTIK, "run", "-c", str(config), env=env, stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    stderr: list[str] = []
+    drain = asyncio.ensure_future(_collect(proc.stderr, stderr))
+
+    def logged(pattern: str) -> int:
+        return sum(1 for line in stderr if re.search(pattern, line))
+
+    try:
+        await alice.wait_for(lambda m: m.command == "JOIN" and m.nick == "agentik", timeout=60)
+        held = OpenAIReply.text("a long answer\nin two lines", chunks=4, hold_after=1)
+        openai_server.enqueue(held)
+        mark = alice.mark()
+        alice.privmsg("#reload", "agentik: tell me")
+        await held.wait_held()
+        steps = [
+            base + mcp.replace("NAME", "one"),
+            base + mcp.replace("NAME", "two"),
+            base.replace("[agent]\n", '[agent]\nresume = "sometimes"\n', 1),  # refused
+            base + mcp.replace("NAME", "two") + mcp.replace("NAME", "three"),
+            base + mcp.replace("NAME", "three"),
+        ]
+        for i, text in enumerate(steps):
+            done = logged("configuration reloaded|reload refused")
+            config.write_text(text)
+            proc.send_signal(signal.SIGHUP)
+            await wait_until(
+                lambda done=done: logged("configuration reloaded|reload refused") > done,
+                f"reload {i}", stderr,
+            )  # fmt: skip
+        assert logged("reload refused") == 1
+        held.release()
+        first = await alice.wait_for(from_bot, since=mark, timeout=60)
+        assert first.text == "alice: a long answer"
+        mark2 = alice.mark()
+        alice.privmsg("#reload", "agentik: and now?")
+        answer = await alice.wait_for(
+            lambda m: from_bot(m) and "and now" in m.text, since=mark2, timeout=60
+        )
+        assert answer.text == "alice: echo: alice: and now?"
+        said = [m.text for m in alice.received if from_bot(m)]
+        assert said == ["alice: a long answer", "in two lines", answer.text]
+        tools = {t["function"]["name"] for t in openai_server.requests[-1].get("tools", [])}
+        assert "three__add" in tools and not {"one__add", "two__add"} & tools
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 60)
+        await drain
+        assert proc.returncode == 0, "".join(stderr)
+        assert "Traceback" not in "".join(stderr)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        drain.cancel()
+        await alice.close()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import StoreError
-from .migrations import MIGRATIONS, Migration, schema_version
+from .migrations import MIGRATIONS, Migration, missing_migrations, schema_version
 
 __all__ = [
     "CheckReport",
@@ -87,7 +87,7 @@ def backup_before_migrating(
         return None
     current = schema_version(conn)
     latest = max((m.number for m in migrations), default=0)
-    if current == 0 or current >= latest:
+    if current == 0 or not missing_migrations(conn, migrations):
         return None
     target = pre_migration_backup_path(path, latest)
     try:
@@ -159,8 +159,11 @@ def pending_migrations(
 
     Reads only (a read-only connection): the file is not changed.
     """
-    current = read_schema_version(path)
-    return current, sorted((m for m in migrations if m.number > current), key=lambda m: m.number)
+    with _open(path, read_only=True) as conn:
+        try:
+            return schema_version(conn), missing_migrations(conn, migrations)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{path}: cannot read the schema version: {exc}") from exc
 
 
 @dataclass

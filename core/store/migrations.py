@@ -483,13 +483,32 @@ def schema_version(conn: sqlite3.Connection) -> int:
     return int(row[0]) if row else 0
 
 
+def missing_migrations(
+    conn: sqlite3.Connection, migrations: tuple[Migration, ...] = MIGRATIONS
+) -> list[Migration]:
+    """The known migrations this database has not applied, in order.
+
+    Not only those newer than its version: a database made by a build whose
+    migrations were merged out of order (say 1-4 and 8) lacks 5-7 too.
+    """
+    row = conn.execute(
+        "SELECT name FROM sqlite_master WHERE type='table' AND name='schema_migrations'"
+    ).fetchone()
+    done = (
+        {int(r[0]) for r in conn.execute("SELECT number FROM schema_migrations")}
+        if row is not None
+        else set()
+    )
+    return sorted((m for m in migrations if m.number not in done), key=lambda m: m.number)
+
+
 def apply_migrations(
     conn: sqlite3.Connection,
     migrations: tuple[Migration, ...] = MIGRATIONS,
     *,
     target: int | None = None,
 ) -> list[int]:
-    """Apply every migration newer than the database, up to ``target``.
+    """Apply every migration the database lacks, up to ``target``.
 
     ``conn`` must be in autocommit mode (``isolation_level=None``).  Returns
     the numbers applied.  Refuses a database whose schema is newer than this
@@ -506,8 +525,8 @@ def apply_migrations(
             f"database schema version {current} is newer than this agentik knows ({known})"
         )
     applied: list[int] = []
-    for m in sorted(migrations, key=lambda m: m.number):
-        if m.number <= current or (target is not None and m.number > target):
+    for m in missing_migrations(conn, migrations):
+        if target is not None and m.number > target:
             continue
         script = (
             "BEGIN IMMEDIATE;\n"

@@ -387,6 +387,20 @@ class _WriterThread:
         self._thread.join()
 
 
+#: SQLite result codes of a write that may succeed later: busy/locked (another
+#: process holds the lock past ``busy_timeout``), read-only, I/O error, disk full.
+_TRANSIENT_CODES = frozenset({5, 6, 8, 10, 13})
+
+
+def _transient(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (
+        isinstance(exc, sqlite3.OperationalError)
+        and code is not None
+        and (code & 0xFF in _TRANSIENT_CODES)
+    )
+
+
 def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
     if fut.cancelled():
         return
@@ -564,6 +578,7 @@ class SQLiteStore(Store):
                 if not isinstance(err, StoreError):
                     wrapped = StoreError(f"database write failed: {err}")
                     wrapped.__cause__ = err
+                    wrapped.retryable = _transient(err)
                     err = wrapped
                 item.future.set_exception(err)
             else:

@@ -1,0 +1,53 @@
+"""The bot's log output (``agentik.bot.logs``): no secret in any form, valid JSON lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from agentik.bot.logs import add_secrets, setup_logging
+
+# Passwords may hold any character: JSON escapes a quote and a backslash, and
+# ``%r`` (a dict of headers, an exception's repr) doubles the backslash.
+SECRETS = ['pa"ss\\word-1', "tab\there-2", "plain-secret-3"]
+
+
+@pytest.fixture
+def restore_logging():
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def log_secrets(log: logging.Logger, secret: str) -> None:
+    log.debug("connecting with %s", secret)
+    log.debug("request options: %r", {"headers": {"Authorization": f"Bearer {secret}"}})
+    log.warning("failed: %r", ValueError(f"bad key {secret}"))
+    log.info("field", extra={"token": secret, "nested": {"k": [secret]}})
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_no_secret_in_any_escaped_form_and_json_lines_parse(fmt, capsys, restore_logging):
+    setup_logging("debug", fmt, SECRETS[:2])
+    add_secrets(SECRETS[2:])  # as a reloaded configuration does
+    log = logging.getLogger("agentik.test.logs")
+    for secret in SECRETS:
+        log_secrets(log, secret)
+    log.warning("odd input: %s", "line\nbreak \x00 \udcff \u2028 end")
+    err = capsys.readouterr().err
+    lines = err.splitlines() if fmt == "json" else [err]  # (splitlines: at U+2028 too)
+    for secret in SECRETS:
+        for form in {secret, repr(secret)[1:-1], json.dumps(secret)[1:-1],
+                     json.dumps(repr(secret)[1:-1])[1:-1]}:  # fmt: skip
+            assert form not in err, (form, err)
+    assert err.count("***") >= 3 * len(SECRETS)
+    if fmt == "json":
+        records = [json.loads(line) for line in lines]
+        assert len(records) == 4 * len(SECRETS) + 1
+        assert records[-1]["msg"].startswith("odd input: line\nbreak")
