@@ -622,10 +622,10 @@ async def test_in_a_channel_the_child_asks_for_approval_there_and_only_the_answe
         assert request.name == "lookup" and request.parent_run_id is not None
         await t.inject(f"!approve {request.approval_id}", channel_key="mem:alice",
                        author="alice", direct=True)  # fmt: skip
-        await asyncio.wait_for(bridge.flush("mem:alice"), WAIT)
-        await asyncio.wait_for(
-            agent.services.find(request.conversation_id).wait_idle(), WAIT
-        )  # the child is done
+        # The caller's turn ends after its child's (a finished child conversation
+        # may already have left memory: look at the caller, not the child).
+        caller = await agent.conversation_for_channel("mem:alice")
+        await asyncio.wait_for(caller.wait_idle(), WAIT)
         await asyncio.wait_for(bridge.flush("mem:alice"), WAIT)
     finally:
         await bridge.aclose()
