@@ -703,3 +703,53 @@ async def _fuzz_once(lines: list[bytes], model_text: str, casemapping: str) -> N
 )
 def test_fuzzed_lines_never_crash_and_never_make_unsafe_output(lines, model_text, casemapping):
     asyncio.run(_fuzz_once(lines, model_text, casemapping))
+
+
+# -- review (rv-chat): CTCP floods ----------------------------------------------------------------
+
+
+async def test_a_ctcp_flood_from_one_nick_gets_no_more_replies_than_its_rate_limit(
+    miniircd, tmp_path
+):
+    """A CTCP request is a message like any other: the per-user rate limit applies.
+
+    Before, CTCP was answered before the rate limit was checked: each
+    ``\\x01VERSION\\x01`` cost the bot one NOTICE, without end.
+    """
+    async with irc_bot(miniircd.port, tmp_path, user_rate_limit=5) as (bot, *_):
+        await asyncio.wait_for(bot.registered.wait(), 60)
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        for _ in range(30):
+            alice.privmsg("agentik", "\x01VERSION\x01")
+        await alice.wait_for(lambda m: from_bot(m) and "too fast" in m.text)
+        bob = await IRCTestClient.connect(miniircd.port, "bob")
+        bob.privmsg("agentik", "\x01PING end\x01")
+        await bob.wait_for(lambda m: from_bot(m) and m.text == "\x01PING end\x01")
+        await alice.sync()  # every reply written before bob's has reached alice
+        versions = [m for m in alice.received if from_bot(m) and "VERSION" in m.text]
+        assert len(versions) == 5
+        await alice.close()
+        await bob.close()
+
+
+async def test_ctcp_from_many_nicks_is_answered_at_most_ten_times_a_minute():
+    """Many nicks (a botnet, a channel-wide CTCP) never make the bot flood: the
+    replies have a budget of their own, and later lines are not held up."""
+    async with ScriptedIRCServer(ACCOUNTS) as server:
+        sink = RecordingSink()
+        t = IRCTransport(name="s", settings={"port": server.port, "nick": "agentik", **FAST})
+        await t.start(sink)
+        try:
+            await asyncio.wait_for(t.registered.wait(), 60)
+            client = server.clients[0]
+            for i in range(40):
+                client.send(f":n{i}!u@h{i} PRIVMSG agentik :\x01VERSION\x01")
+            await sentinel(server, sink, "all sent")  # the 40 were handled before it
+            await t.send(OutgoingMessage(channel_key="irc:s:carol", text="marker", kind="notice"))
+            await server.wait_for_line(
+                lambda line: line.startswith("NOTICE carol") and "marker" in line
+            )
+            replies = [line for line in server.received if "VERSION agentik" in line]
+            assert len(replies) == 10, replies
+        finally:
+            await t.aclose()

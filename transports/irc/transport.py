@@ -19,7 +19,8 @@ decides how a serious bot behaves on a real network is here:
   ``nick!user@host``), a server or host mask (``$*``), a STATUSMSG target
   (``@#chan``: meant for the channel's operators only) or a nick we could not
   write back to; CTCP VERSION and PING answered by NOTICE, ACTION taken as
-  text; a per-user incoming rate limit answered once with a notice;
+  text (CTCP replies within the sender's rate limit and 10 a minute in all);
+  a per-user incoming rate limit answered once with a notice;
 * identity: the IRCv3 ``account`` tag (``account-tag``) is a verified
   identity; without account-tag, the account tracked for users sharing a
   channel (``extended-join``, ``account-notify``, WHOX on join; only with
@@ -115,6 +116,8 @@ _PLAINTEXT_HINT = (
 #: Longest line we accept from a server before dropping it (tags + 512).
 MAX_INCOMING = 8191 + 512
 _SASL_CHUNK = 400
+#: CTCP replies (VERSION, PING, TIME) sent per minute at most, all senders together.
+_CTCP_PER_MINUTE = 10
 
 
 class _CannotConnect(Exception):
@@ -233,6 +236,8 @@ class IRCTransport(Transport):
         self._nick_candidates: list[str] = []
         self._user_hits: dict[str, deque[float]] = {}
         self._user_warned: dict[str, float] = {}
+        #: When the CTCP replies of the last minute were queued.
+        self._ctcp_replies: deque[float] = deque()
         self._in_code: dict[str, bool] = {}
         #: Answers (``target\0run id``) whose first line already named the asker.
         self._addressed_runs: dict[str, None] = {}
@@ -1036,15 +1041,17 @@ class IRCTransport(Transport):
             log.debug("irc %s: ignored a message from %s to %r", self.name, sender, target)
             return
         special = ctcp_parse(text)
-        if special is not None:
-            command, arg = special
-            if command == "ACTION":
-                text = f"* {sender} {arg}"
-            else:
-                self._on_ctcp(sender, command, arg)
-                return
+        if special is not None and special[0] != "ACTION":
+            # A CTCP request counts against its sender's rate like any message,
+            # and all CTCP replies together have a budget of their own: a flood
+            # of them (one nick or many) never fills the queue ahead of answers.
+            if self._allow(sender) and self._allow_ctcp():
+                self._on_ctcp(sender, *special)
+            return
         if not self._allow(sender):
             return
+        if special is not None:
+            text = f"* {sender} {special[1]}"
         account = self._account(line)
         via = "tag" if account is not None else None
         if "account-tag" in self.caps_enabled:
@@ -1126,6 +1133,17 @@ class IRCTransport(Transport):
         else:
             return
         self._enqueue(sender, format_line("NOTICE", sender, reply))
+
+    def _allow_ctcp(self) -> bool:
+        """Whether another CTCP reply may go out (at most ``_CTCP_PER_MINUTE`` a minute)."""
+        now = time.monotonic()
+        while self._ctcp_replies and now - self._ctcp_replies[0] > 60:
+            self._ctcp_replies.popleft()
+        if len(self._ctcp_replies) >= _CTCP_PER_MINUTE:
+            log.debug("irc %s: CTCP flood: request left unanswered", self.name)
+            return False
+        self._ctcp_replies.append(now)
+        return True
 
     def _allow(self, sender: str) -> bool:
         """The per-user incoming rate limit (a sliding minute)."""
