@@ -199,6 +199,16 @@ class FakeSlack:
         digest = hmac.new(self.signing_secret.encode(), base, hashlib.sha256).hexdigest()
         return {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": f"v0={digest}"}
 
+    @staticmethod
+    def typed(text: str) -> str:
+        """``text`` as a person typed it, in the form Slack sends it in ``text``.
+
+        Slack encodes the three characters it uses for markup as entities:
+        ``&`` → ``&amp;``, ``<`` → ``&lt;``, ``>`` → ``&gt;`` ("Escaping text"
+        in Slack's formatting docs); pass ``<@U1>``-style markup around it as is.
+        """
+        return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
     def message_event(
         self,
         channel: str,

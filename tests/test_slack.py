@@ -549,3 +549,26 @@ async def test_http_mode_logs_where_it_listens(tmp_path, caplog):
             assert line.endswith(
                 f"HTTP mode: Events API at http://127.0.0.1:{bot.http_port}/slack/events"
             )
+
+
+async def test_the_model_reads_what_was_typed_not_slacks_entities_and_link_markup(tmp_path):
+    """Slack sends ``a < b && c`` as ``a &lt; b &amp;&amp; c`` and links, channels and
+    broadcasts as ``<…>`` markup.  Before, the model got the entities: it read
+    garbled code, and what it quoted back was escaped again, so people saw ``&lt;``."""
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            code = "if (a < b && c > d) { x = &y; }"
+            text = (
+                slack.typed(code) + " see <https://example.com/guide|the guide>,"
+                " <http://x.org|x.org>, <#C9|general> and <!here>"
+            )
+            await slack.push_event(slack.message_event("D1", text, channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D1")
+            seen = "if (a < b && c > d) { x = &y; } see [the guide](https://example.com/guide),"
+            seen += " x.org, #general and @here"
+            assert [m.content for m in model.requests[0].messages] == [seen]
+            # The echo shows what was typed: each character escaped exactly once.
+            assert bot_texts(slack, "D1")[0].startswith(
+                "echo: if (a &lt; b &amp;&amp; c &gt; d) { x = &amp;y; }"
+            )

@@ -16,7 +16,9 @@
   ``Retry-After`` by slack-sdk's retry handler.
 * ``!stop`` (any command prefix, handled by the bridge) and a
   ``:octagonal_sign:`` reaction on the bot's message stop the answer.
-* Display names, not ids, reach the model (``users.info``, cached).
+* Display names, not ids, reach the model (``users.info``, cached), and
+  message text as its author typed it (Slack's ``&lt;`` entities and link
+  markup decoded, :func:`.mrkdwn.incoming`).
 * Model text is escaped for Slack (:mod:`.mrkdwn`): no ``<!channel>``,
   ``<@U…>`` or fake link label the model writes ever goes out.
 * Assistant threads (Slack's AI app view): a greeting and suggested prompts
@@ -51,7 +53,7 @@ from agentik.transports.base import (
     Transport,
 )
 
-from .mrkdwn import clean, escape, markdown_safe, markdown_to_mrkdwn, stream_cut
+from .mrkdwn import clean, escape, incoming, markdown_safe, markdown_to_mrkdwn, stream_cut
 from .settings import SlackSettings
 
 __all__ = ["SlackTransport", "markdown_to_mrkdwn"]
@@ -420,6 +422,7 @@ class SlackTransport(Transport):
             return
         self._threads.add(key)
         text = _MENTION.sub(lambda m: "" if m.group(1) == self.bot_user_id else m.group(0), text)
+        text = incoming(text)  # what the person typed: no &lt; entities, no link markup
         title = False
         if thread_ts and (channel, thread_ts) in self._untitled:
             self._untitled.discard((channel, thread_ts))
