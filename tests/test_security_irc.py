@@ -753,3 +753,46 @@ async def test_ctcp_from_many_nicks_is_answered_at_most_ten_times_a_minute():
             assert len(replies) == 10, replies
         finally:
             await t.aclose()
+
+
+# -- review (rv-chat): our displayed host changes after we joined ----------------------------------
+
+CLOAK = "agentik/bot/" + "c" * 51  # 63 bytes, as long as HOSTLEN allows
+
+
+async def test_lines_are_cut_to_the_new_prefix_when_the_server_cloaks_our_host():
+    """A network cloaks the bot after it logs in (396, or CHGHOST with the chghost cap).
+
+    The budget of each line comes from our ``nick!user@host`` as the server
+    relays it; before, only the JOIN echo taught the host, so after a cloak
+    longer than the real host the server cut the end off every full line.
+    """
+    handler = registration_handler(caps_offered="chghost", isupport="NETWORK=Test")
+    async with ScriptedIRCServer(handler) as server:
+        sink = RecordingSink()
+        t = IRCTransport(
+            name="s", settings={"port": server.port, "nick": "agentik", "channels": ["#c"], **FAST}
+        )
+        await t.start(sink)
+        try:
+            await joined(t, "#c")
+            assert "chghost" in t.caps_enabled
+            client = server.clients[0]
+            words = " ".join(f"word{i}" for i in range(400))
+            for change, user in (
+                (f":irc.scripted.test 396 agentik {CLOAK} :is now your displayed host", "~agentik"),
+                (f":agentik!~agentik@{CLOAK} CHGHOST agentikbot {CLOAK}", "agentikbot"),
+            ):
+                client.send(change)
+                await sentinel(server, sink, f"after {user}")  # the change was handled
+                since = server.mark()
+                await t.send(OutgoingMessage(channel_key="irc:s:#c", text=words, kind="notice"))
+                await t.send(OutgoingMessage(channel_key="irc:s:#c", text="end", kind="notice"))
+                await server.wait_for_line(lambda line: line == "NOTICE #c end", since=since)
+                lines = [line for line in server.received[since:] if line.startswith("NOTICE #c")]
+                relayed = [f":agentik!{user}@{CLOAK} {line}\r\n".encode() for line in lines]
+                assert max(len(line) for line in relayed) <= 512
+                sent = " ".join(line.partition(" :")[2] for line in lines[:-1])
+                assert sent == words  # nothing cut off
+        finally:
+            await t.aclose()

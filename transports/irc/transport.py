@@ -31,7 +31,8 @@ decides how a serious bot behaves on a real network is here:
   never leave from message text; in channels each answer starts with the
   asker's nick (``address_asker``); Markdown turned into IRC formatting,
   lines split on UTF-8 and word boundaries to fit 512 bytes once the server
-  adds our ``:nick!user@host`` prefix (learnt from our JOIN echo; ISUPPORT
+  adds our ``:nick!user@host`` prefix (learnt from our JOIN echo, followed
+  through a cloak's 396 and ``CHGHOST``; ISUPPORT
   ``LINELEN`` honoured), a token bucket per connection (longer lines cost
   more), nothing dropped silently;
 * reconnect with exponential backoff and jitter after a ping timeout or a
@@ -101,6 +102,7 @@ WANTED_CAPS = (
     "cap-notify",
     "extended-join",
     "account-notify",
+    "chghost",
 )
 #: The WHOX token of our ``WHO #chan %tcna,<token>`` queries (up to 3 digits).
 _WHOX_TOKEN = "616"
@@ -624,6 +626,11 @@ class IRCTransport(Transport):
             self._on_registered()
         elif cmd in ("433", "432", "437") and not self.registered.is_set():
             self._next_nick()
+        elif cmd == "396" and len(p) >= 3:
+            # RPL_HOSTHIDDEN/RPL_VISIBLEHOST: a cloak (after a login, MODE +x).
+            self._own_host(p[1])
+        elif cmd == "CHGHOST" and len(p) >= 2 and self._is_me(line.nick):
+            self._own_host(f"{p[0]}@{p[1]}")
         elif cmd == "JOIN":
             self._on_join(line)
         elif cmd in ("PART", "KICK"):
@@ -821,6 +828,15 @@ class IRCTransport(Transport):
             chan, _, key = entry.partition(" ")
             self._write(format_line("JOIN", chan, key) if key else format_line("JOIN", chan))
         self._queue_changed.set()
+
+    def _own_host(self, value: str) -> None:
+        """Our displayed ``[user@]host`` changed: later lines are cut to the new prefix."""
+        user, at, host = value.rpartition("@")
+        if host and " " not in value:
+            self.host = host
+            if at and user:
+                self.user = user
+            log.info("irc %s: our displayed host is now %s", self.name, host)
 
     def _fold(self, name: str) -> str:
         """``name`` casefolded as the server compares names (ISUPPORT ``CASEMAPPING``)."""
