@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from contextlib import asynccontextmanager
 
 from hypothesis import HealthCheck, example, given, settings
@@ -796,3 +797,30 @@ async def test_lines_are_cut_to_the_new_prefix_when_the_server_cloaks_our_host()
                 assert sent == words  # nothing cut off
         finally:
             await t.aclose()
+
+
+# -- review (rv-chat): mass highlight ---------------------------------------------------------
+
+
+async def test_an_answer_naming_the_whole_channel_highlights_only_five_of_them(miniircd, tmp_path):
+    """Anyone can paste the nick list and ask the bot to repeat it: a mass highlight,
+    which gets a bot kicked or banned.  Past five members an answer names, the
+    others' nicks carry a zero-width space: they read the same, notify nobody."""
+    async with irc_bot(miniircd.port, tmp_path, channels=["#c"]) as (bot, model, *_):
+        await joined(bot, "#c")
+        nicks = [f"m{i}" for i in range(1, 9)]
+        people = [await IRCTestClient.connect(miniircd.port, n) for n in nicks]
+        for person in people:
+            await person.join("#c")
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        await alice.join("#c")
+        roll = "Roll call: " + ", ".join(nicks) + " and alice. Then again: m8!"
+        model.enqueue(roll)
+        alice.privmsg("#c", "agentik: repeat the nick list")
+        line = await alice.wait_for(lambda m: from_bot(m) and "Roll call" in m.text)
+        assert line.text.replace("\u200b", "") == f"alice: {roll}"
+        named = [n for n in nicks if re.search(rf"(?<![\w\u200b]){n}(?![\w\u200b])", line.text)]
+        assert named == nicks[:5]
+        for person in people:
+            await person.close()
+        await alice.close()

@@ -118,6 +118,10 @@ _PLAINTEXT_HINT = (
 #: Longest line we accept from a server before dropping it (tags + 512).
 MAX_INCOMING = 8191 + 512
 _SASL_CHUNK = 400
+#: Channel members one answer may name (highlight); later ones are defused.
+_HIGHLIGHT_LIMIT = 5
+#: A word that could be a nick (RFC 2812 letters, digits and specials).
+_NICK_WORD_RE = re.compile(r"(?<![\w\[\]\\`^{}|-])[A-Za-z\[\]\\`_^{|}][\w\[\]\\`^{|}-]*")
 #: CTCP replies (VERSION, PING, TIME) sent per minute at most, all senders together.
 _CTCP_PER_MINUTE = 10
 
@@ -243,6 +247,8 @@ class IRCTransport(Transport):
         self._in_code: dict[str, bool] = {}
         #: Answers (``target\0run id``) whose first line already named the asker.
         self._addressed_runs: dict[str, None] = {}
+        #: Channel members each answer (``target\0run id``) has named (highlighted).
+        self._highlighted: dict[str, set[str]] = {}
         self._batches: dict[str, tuple[str, list[str]]] = {}
         self._batch_seq = 0
         self._batch_ids: dict[str, list[int]] = {}
@@ -1242,6 +1248,7 @@ class IRCTransport(Transport):
         if message.kind == "end":
             self._in_code.pop(state_key, None)
             self._addressed_runs.pop(state_key, None)
+            self._highlighted.pop(state_key, None)
             self._flush_batch(state_key)
             return
         oid = message.outbox_id
@@ -1258,6 +1265,7 @@ class IRCTransport(Transport):
         if text is None:
             self.delivered(oid, "confirmed")  # a code fence: nothing to send
             return
+        text = self._defuse_highlights(state_key, target, asker, text)
         command = "NOTICE" if message.kind == "notice" else "PRIVMSG"
         pieces = split_message(text, self._budget(target, command))
         if not pieces:
@@ -1281,6 +1289,35 @@ class IRCTransport(Transport):
                 target, format_line(command, target, piece),
                 outbox_ids=(oid,) if last and oid is not None else (), echo=(target, piece),
             )  # fmt: skip
+
+    def _defuse_highlights(self, state_key: str, target: str, asker: str | None, text: str) -> str:
+        """``text`` with the nicks of channel members past the first few defused.
+
+        One answer (or message) may name ``_HIGHLIGHT_LIMIT`` members of the
+        channel; every other member's nick gets a zero-width space after its
+        first character, so it reads the same but notifies nobody (a mass
+        highlight, asked for by anyone who pastes the nick list, gets a bot
+        kicked).  The asker is never counted.
+        """
+        members = self._members.get(self._fold(target))
+        if not members:
+            return text
+        skip = {self._fold(self.nick)} | ({self._fold(asker)} if asker else set())
+        named = self._highlighted.setdefault(state_key, set())
+        while len(self._highlighted) > 1000:
+            del self._highlighted[next(iter(self._highlighted))]
+
+        def nick(m: re.Match[str]) -> str:
+            word = m.group(0)
+            who = self._fold(word)
+            if who not in members or who in skip or who in named:
+                return word
+            if len(named) < _HIGHLIGHT_LIMIT:
+                named.add(who)
+                return word
+            return word[0] + "\u200b" + word[1:]
+
+        return _NICK_WORD_RE.sub(nick, text)
 
     def _multiline_limits(self) -> tuple[int, int] | None:
         """``(max-bytes, max-lines)`` when draft/multiline is enabled, else None."""
