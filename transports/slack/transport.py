@@ -600,12 +600,12 @@ class SlackTransport(Transport):
             text = escape(message.text)
         if message.kind == "notice":
             text = f"_{text}_"
-        section = {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+        sections = _sections(text)
         earlier = self._tagged.get(message.updates) if message.updates else None
         if earlier is not None:
             # The message that asked (its buttons) now says how it ended.
             await self.client.chat_update(
-                channel=earlier[0], ts=earlier[1], text=text, blocks=[section]
+                channel=earlier[0], ts=earlier[1], text=text, blocks=sections
             )
             self.delivered(message.outbox_id, "confirmed", ref=earlier[1])
             return
@@ -621,7 +621,7 @@ class SlackTransport(Transport):
                 }
                 for i, a in enumerate(message.actions[:5])
             ]
-            blocks = [section, {"type": "actions", "elements": buttons}]
+            blocks = [*sections, {"type": "actions", "elements": buttons}]
         response = await self.client.chat_postMessage(
             channel=channel, thread_ts=thread_ts, text=text, blocks=blocks
         )
@@ -779,6 +779,33 @@ class SlackTransport(Transport):
             except Exception as exc:
                 self._native_failed(answer, exc)
         await self._edit(key, answer, final=True)
+
+
+#: Longest text of a section block (Slack refuses more with ``invalid_blocks``).
+_SECTION_MAX = 3000
+
+
+def _sections(text: str) -> list[dict[str, Any]]:
+    """``text`` (mrkdwn) as section blocks of at most 3000 characters each.
+
+    Cut at a line break, else a space, never inside an ``&lt;``-style entity
+    or a ``<…>`` link sequence; a message takes up to 50 blocks, far more
+    than ``max_message_chars`` can fill.
+    """
+    pieces: list[str] = []
+    while len(text) > _SECTION_MAX:
+        cut = text.rfind("\n", 0, _SECTION_MAX + 1)
+        if cut <= 0:
+            cut = text.rfind(" ", 0, _SECTION_MAX + 1)
+        if cut <= 0:
+            cut = _entity_safe(text, _SECTION_MAX)
+        opened = text.rfind("<", 0, cut)
+        if opened > 0 and text.rfind(">", 0, cut) < opened:
+            cut = opened  # a link sequence stays whole
+        pieces.append(text[:cut])
+        text = text[cut:].lstrip("\n ") if text[cut : cut + 1] in ("\n", " ") else text[cut:]
+    pieces.append(text)
+    return [{"type": "section", "text": {"type": "mrkdwn", "text": p}} for p in pieces if p]
 
 
 def _entity_safe(text: str, cut: int) -> int:
