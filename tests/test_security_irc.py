@@ -24,7 +24,7 @@ from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.base import IncomingMessage, OutgoingMessage
 from agentik.transports.irc.transport import IRCTransport
-from agentik.transports.irc.wire import casefold, parse_line
+from agentik.transports.irc.wire import casefold, parse_line, strip_formatting
 
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
 
@@ -824,3 +824,49 @@ async def test_an_answer_naming_the_whole_channel_highlights_only_five_of_them(m
         for person in people:
             await person.close()
         await alice.close()
+
+
+# -- review (rv-chat): echo-message from a channel that strips formatting ----------------------
+
+
+async def test_an_echo_with_formatting_stripped_still_confirms_the_line():
+    """Channels with mode +c (Solanum, Libera) or +S (InspIRCd) strip formatting codes
+    from what they relay, the sender's echo-message included.  The echo was
+    compared with the line as written, never matched, and every answer with
+    bold or code stayed unconfirmed in the outbox: a restart sent it again."""
+    base = registration_handler(caps_offered="echo-message", isupport="NETWORK=Test")
+
+    async def handler(client, line: str) -> None:
+        if line.startswith("PRIVMSG #c :"):
+            stripped = strip_formatting(line.partition(" :")[2])
+            client.send(f":{client.prefix} PRIVMSG #c :{stripped}")
+            return
+        await base(client, line)
+
+    async with ScriptedIRCServer(handler) as server:
+        t = IRCTransport(
+            name="s", settings={"port": server.port, "nick": "agentik", "channels": ["#c"], **FAST}
+        )
+        marks: list[tuple[int, str]] = []
+        confirmed = asyncio.Event()
+
+        def on_delivery(oid, state, awaits, ref):
+            marks.append((oid, state))
+            if state == "confirmed" and oid == 2:
+                confirmed.set()
+
+        t.on_delivery = on_delivery
+        await t.start(RecordingSink())
+        try:
+            await joined(t, "#c")
+            assert "echo-message" in t.caps_enabled
+            for oid, text in ((1, "**bold** and `code`"), (2, "plain words")):
+                message = OutgoingMessage(
+                    channel_key="irc:s:#c", text=text, run_id="r1", outbox_id=oid,
+                    reply_to={"target": "#c", "asker": "alice"},
+                )  # fmt: skip
+                await t.send(message)
+            await asyncio.wait_for(confirmed.wait(), 60)  # echoes come back in order
+            assert (1, "confirmed") in marks
+        finally:
+            await t.aclose()

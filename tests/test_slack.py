@@ -572,4 +572,3 @@ async def test_the_model_reads_what_was_typed_not_slacks_entities_and_link_marku
             assert bot_texts(slack, "D1")[0].startswith(
                 "echo: if (a &lt; b &amp;&amp; c &gt; d) { x = &amp;y; }"
             )
-

@@ -1116,10 +1116,11 @@ class IRCTransport(Transport):
         """echo-message: the server relayed a line we wrote; its outbox rows are confirmed."""
         if "batch" in line.tags or len(line.params) < 2:
             return
-        # Servers may drop trailing blanks from what they relay.
-        want = (self._fold(line.params[0]), line.params[-1].rstrip())
+        # Servers may drop trailing blanks from what they relay, and a channel
+        # with +c (Solanum) or +S (InspIRCd) strips the formatting codes.
+        want = (self._fold(line.params[0]), strip_formatting(line.params[-1]).rstrip())
         for i, (target, text, ids) in enumerate(self._unechoed):
-            if (target, text.rstrip()) == want:
+            if (target, strip_formatting(text).rstrip()) == want:
                 del self._unechoed[i]
                 for oid in ids:
                     self.delivered(oid, "confirmed")
