@@ -572,3 +572,41 @@ async def test_the_model_reads_what_was_typed_not_slacks_entities_and_link_marku
             assert bot_texts(slack, "D1")[0].startswith(
                 "echo: if (a &lt; b &amp;&amp; c &gt; d) { x = &amp;y; }"
             )
+
+
+async def test_the_stop_reaction_has_the_rights_of_stop_not_more(tmp_path):
+    """``!stop`` on someone else's answer needs the ``stop-others`` right; the stop
+    reaction interrupted any answer for anyone in the channel (ignored users too)."""
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.add_user("U2", "bob")
+        async with slack_bot(slack, tmp_path, streaming="edit") as (bot, model, agent, bridge):
+            slow = Reply(text="word " * 200, hold_after=5)
+            model.enqueue(slow)
+            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> talk", user="U1")
+            await slack.push_event(mention)
+            await slow.held.wait()
+            posted = await slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith("word")
+            )
+            answer_ts = next(
+                ts for (ch, ts), m in slack.messages.items()
+                if ch == "C1" and m.get("user") == slack.bot_user_id and m["text"] == posted["text"]
+            )  # fmt: skip
+
+            def reaction(user: str) -> dict:
+                return {
+                    "type": "reaction_added", "user": user, "reaction": "octagonal_sign",
+                    "item": {"type": "message", "channel": "C1", "ts": answer_ts},
+                    "item_user": slack.bot_user_id, "event_ts": slack.new_ts(),
+                }  # fmt: skip
+
+            await slack.push_event(reaction("U2"))  # bob did not ask
+            refused = await slack.wait_for_call(
+                "chat.postMessage", lambda p: "only the asker" in (p.get("text") or "")
+            )
+            assert refused["thread_ts"] == mention["ts"]
+            assert bridge.busy(f"slack:T1:C1:{mention['ts']}")  # still answering
+            await slack.push_event(reaction("U1"))  # alice did
+            await bridge.flush(f"slack:T1:C1:{mention['ts']}")
+            assert "_(interrupted)_" in bot_texts(slack, "C1")

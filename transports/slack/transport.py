@@ -15,7 +15,8 @@
   Long answers continue in a new message.  429s are retried after
   ``Retry-After`` by slack-sdk's retry handler.
 * ``!stop`` (any command prefix, handled by the bridge) and a
-  ``:octagonal_sign:`` reaction on the bot's message stop the answer.
+  ``:octagonal_sign:`` reaction on the bot's message stop the answer (the
+  reaction is its reactor's ``!stop``, with the same rights).
 * Display names, not ids, reach the model (``users.info``, cached), and
   message text as its author typed it (Slack's ``&lt;`` entities and link
   markup decoded, :func:`.mrkdwn.incoming`).
@@ -535,14 +536,38 @@ class SlackTransport(Transport):
         except Exception as exc:
             log.info("slack %s: setTitle: %s", self.name, exc)
 
-    async def _on_reaction(self, event: dict[str, Any]) -> None:
+    async def _on_reaction(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        """The stop reaction on one of our messages: its reactor sending ``!stop``.
+
+        Like a button press, it goes to the bridge as the reactor's message, so
+        the rules of ``!stop`` apply (someone else's answer needs the
+        ``stop-others`` right; an ignored user is ignored).
+        """
         if event.get("reaction") != self.options.stop_reaction:
             return
         item = event.get("item") or {}
         key = self._bot_messages.get(item.get("ts", ""))
-        interrupt = getattr(self._sink, "interrupt", None)
-        if key is not None and interrupt is not None:
-            await interrupt(key)
+        user, channel = event.get("user"), item.get("channel")
+        if key is None or not isinstance(user, str) or not user or user == self.bot_user_id:
+            return
+        if not isinstance(channel, str) or not channel:
+            return
+        ts = event.get("event_ts") or item.get("ts") or ""
+        keys = (f"event:{body.get('event_id') or f'{channel}:{ts}:reaction:{user}'}",)
+        if self._seen.check_and_add(*keys):
+            return
+        prefix = self.default_command_prefix
+        effective = getattr(self._sink, "effective", None)
+        if effective is not None:
+            prefix = (await effective(key, self)).options.command_prefix
+        if not prefix:
+            return  # commands are off here: so is stopping by reaction
+        parts = key.split(":")  # slack:<team>:<channel>[:<thread_ts>]
+        thread_ts = parts[3] if len(parts) > 3 else None
+        self._incoming.put_nowait(
+            _Incoming(keys, key, f"{prefix}stop", user, channel, thread_ts, ts,
+                      channel.startswith("D"))
+        )  # fmt: skip
 
     async def _status(self, channel: str, thread_ts: str | None, status: str) -> None:
         if not thread_ts or not self.options.status_text:
