@@ -870,3 +870,30 @@ async def test_an_echo_with_formatting_stripped_still_confirms_the_line():
             assert (1, "confirmed") in marks
         finally:
             await t.aclose()
+
+
+# -- review (rv-chat): kicked from a channel ---------------------------------------------------
+
+
+async def test_lines_for_a_channel_we_were_kicked_from_do_not_hold_up_the_others(ngircd, tmp_path):
+    """Lines for a configured channel wait until the bot is (re)joined.  They waited
+    at the head of the one queue: once an operator kicked the bot while a line
+    for the channel was queued, nothing else was ever sent (private answers
+    included) until the bot reconnected."""
+    alice = await IRCTestClient.connect(ngircd.port, "alice")
+    await alice.join("#ops")  # first in: alice is the channel operator
+    async with irc_bot(ngircd.port, tmp_path, channels=["#ops"]) as (bot, model, *_):
+        await joined(bot, "#ops")
+        alice.send_raw("KICK #ops agentik :not here")
+        async with asyncio.timeout(60):
+            while "#ops" in bot.joined:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        await bot.send(
+            OutgoingMessage(channel_key="irc:testnet:#ops", text="for #ops", kind="notice")
+        )
+        assert bot.queued == 1  # held until the bot is back in #ops
+        model.enqueue("a private answer")
+        alice.privmsg("agentik", "are you there?")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "a private answer")
+        assert bot.queued == 1
+    await alice.close()

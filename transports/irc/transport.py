@@ -1403,7 +1403,7 @@ class IRCTransport(Transport):
         """Drain the queue in order, under the token bucket, when connected."""
         o = self.options
         while True:
-            while not self._queue or not self._ready_for(self._queue[0].target):
+            while (index := self._next_ready()) is None:
                 self._queue_changed.clear()
                 await self._queue_changed.wait()
             now = time.monotonic()
@@ -1411,15 +1411,36 @@ class IRCTransport(Transport):
                 float(o.flood_burst), self._tokens + (now - self._refilled) * o.flood_rate
             )
             self._refilled = now
-            head = self._queue[0]
+            head = self._queue[index]
             need = min(head.cost, float(o.flood_burst))
             if self._tokens < need:
                 await asyncio.sleep((need - self._tokens) / o.flood_rate)
                 continue
             self._tokens -= need
-            self._queue.popleft()
+            del self._queue[index]
             self._write(head.line)
             self._written(head)
+
+    def _next_ready(self) -> int | None:
+        """Index of the first queued line that may go now, or None.
+
+        Lines go in order for each target; a target that is not ready (a
+        configured channel we were kicked from, or cannot join) holds back its
+        own lines only, never the private answers and other channels behind it.
+        """
+        if self._protocol is None or getattr(self._protocol, "closed", True):
+            return None
+        if not self.registered.is_set():
+            return None
+        waiting: set[str] = set()
+        for index, out in enumerate(self._queue):
+            target = self._fold(out.target)
+            if target in waiting:
+                continue
+            if self._ready_for(out.target):
+                return index
+            waiting.add(target)
+        return None
 
     def _written(self, out: _Out) -> None:
         """Report a written line: sent, and awaiting its echo where the server echoes."""
