@@ -821,6 +821,12 @@ async def test_an_answer_naming_the_whole_channel_highlights_only_five_of_them(m
         assert line.text.replace("\u200b", "") == f"alice: {roll}"
         named = [n for n in nicks if re.search(rf"(?<![\w\u200b]){n}(?![\w\u200b])", line.text)]
         assert named == nicks[:5]
+        # Messages outside an answer (notices, command replies) count one by one.
+        for group in (nicks[:4], nicks[4:]):
+            text = "seen: " + " ".join(group)
+            await bot.send(OutgoingMessage(channel_key="irc:testnet:#c", text=text, kind="notice"))
+            notice = await alice.wait_for(lambda m, t=text: from_bot(m) and m.text == t)
+            assert "\u200b" not in notice.text
         for person in people:
             await person.close()
         await alice.close()

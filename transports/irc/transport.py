@@ -1266,7 +1266,8 @@ class IRCTransport(Transport):
         if text is None:
             self.delivered(oid, "confirmed")  # a code fence: nothing to send
             return
-        text = self._defuse_highlights(state_key, target, asker, text)
+        run_key = state_key if message.run_id is not None else None
+        text = self._defuse_highlights(run_key, target, asker, text)
         command = "NOTICE" if message.kind == "notice" else "PRIVMSG"
         pieces = split_message(text, self._budget(target, command))
         if not pieces:
@@ -1291,7 +1292,9 @@ class IRCTransport(Transport):
                 outbox_ids=(oid,) if last and oid is not None else (), echo=(target, piece),
             )  # fmt: skip
 
-    def _defuse_highlights(self, state_key: str, target: str, asker: str | None, text: str) -> str:
+    def _defuse_highlights(
+        self, state_key: str | None, target: str, asker: str | None, text: str
+    ) -> str:
         """``text`` with the nicks of channel members past the first few defused.
 
         One answer (or message) may name ``_HIGHLIGHT_LIMIT`` members of the
@@ -1304,9 +1307,12 @@ class IRCTransport(Transport):
         if not members:
             return text
         skip = {self._fold(self.nick)} | ({self._fold(asker)} if asker else set())
-        named = self._highlighted.setdefault(state_key, set())
-        while len(self._highlighted) > 1000:
-            del self._highlighted[next(iter(self._highlighted))]
+        if state_key is None:
+            named: set[str] = set()  # not part of an answer: this message alone
+        else:
+            named = self._highlighted.setdefault(state_key, set())
+            while len(self._highlighted) > 1000:
+                del self._highlighted[next(iter(self._highlighted))]
 
         def nick(m: re.Match[str]) -> str:
             word = m.group(0)
