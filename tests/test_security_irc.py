@@ -903,3 +903,60 @@ async def test_lines_for_a_channel_we_were_kicked_from_do_not_hold_up_the_others
         await alice.wait_for(lambda m: from_bot(m) and m.text == "a private answer")
         assert bot.queued == 1
     await alice.close()
+
+
+# -- review (rv-chat): the asker's nick changes hands before the private answer --------------
+
+
+async def test_a_private_answer_follows_the_asker_not_the_nick(ngircd, tmp_path):
+    """A private answer went to the nick that asked, whoever held it by then: alice
+    asks, changes nick or quits while the model works, mallory takes her nick and
+    reads alice's answer.  Now it follows alice's renames and is not sent to a
+    nick whose holder left (as far as the bot sees them: in a shared channel)."""
+    async with irc_bot(ngircd.port, tmp_path, channels=["#c"]) as (bot, model, _, bridge):
+        await joined(bot, "#c")
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        mallory = await IRCTestClient.connect(ngircd.port, "mallory")
+        for person in (alice, mallory):
+            await person.join("#c")
+        pings = 0
+
+        async def seen_by_bot(person) -> None:
+            """A CTCP PING answered: the bot has read everything sent before it."""
+            nonlocal pings
+            pings += 1
+            person.privmsg("agentik", f"\x01PING {pings}\x01")
+            await person.wait_for(lambda m: from_bot(m) and m.text == f"\x01PING {pings}\x01")
+
+        async def rename(person, nick: str) -> None:
+            person.send_raw(f"NICK {nick}")
+            await person.wait_for(lambda m: m.command == "NICK" and m.text == nick)
+            person.nick = nick
+
+        # 1. alice -> alice2, then mallory takes "alice": the answer follows alice.
+        held = Reply(text="the first secret", gate=asyncio.Event())
+        model.enqueue(held)
+        alice.privmsg("agentik", "tell me my secret")
+        await held.started.wait()
+        await rename(alice, "alice2")
+        await rename(mallory, "alice")
+        await seen_by_bot(mallory)
+        held.gate.set()
+        got = await alice.wait_for(lambda m: from_bot(m) and "first secret" in m.text)
+        assert got.target == "alice2"
+
+        # 2. alice (alice2) asks and quits, mallory takes "alice2": nobody gets it.
+        held = Reply(text="the second secret", gate=asyncio.Event())
+        model.enqueue(held)
+        alice.privmsg("agentik", "and the other one?")
+        await held.started.wait()
+        alice.send_raw("QUIT :bye")
+        await mallory.wait_for(lambda m: m.command == "QUIT" and m.nick == "alice2")
+        await alice.close()
+        await rename(mallory, "alice2")
+        await seen_by_bot(mallory)
+        held.gate.set()
+        await bridge.flush("irc:testnet:alice2!*@*")
+        await seen_by_bot(mallory)  # a line for mallory queued before would be here first
+        assert not [m for m in mallory.received if from_bot(m) and "secret" in m.text]
+        await mallory.close()

@@ -254,6 +254,13 @@ class IRCTransport(Transport):
         self._batch_ids: dict[str, list[int]] = {}
         #: Lines written and not echoed yet (echo-message): ``(target, text, outbox ids)``.
         self._unechoed: deque[tuple[str, str, tuple[int, ...]]] = deque(maxlen=2000)
+        #: Casefolded nick → how often its holder changed as we saw it (QUIT, NICK):
+        #: a private answer goes to the person who asked, not to a later holder.
+        self._nick_epoch: dict[str, int] = {}
+        #: ``(casefolded nick, epoch)`` → ``(nick, epoch)`` its holder renamed to.
+        self._renamed: dict[tuple[str, int], tuple[str, int]] = {}
+        #: Tells this process's epochs from those in outbox rows of an earlier one.
+        self._epoch_session = f"{random.getrandbits(48):012x}"
         #: Our own services account (900 RPL_LOGGEDIN), None when not logged in.
         self.account: str | None = None
         #: Who shares each channel with us: casefolded channel → casefolded nicks.
@@ -922,6 +929,7 @@ class IRCTransport(Transport):
         if not line.nick:
             return
         old = self._fold(line.nick)
+        self._follow_holder(line)
         if line.command == "QUIT":
             for members in self._members.values():
                 members.discard(old)
@@ -939,6 +947,51 @@ class IRCTransport(Transport):
         self._accounts.pop(new, None)  # whatever we knew of a former holder of the nick
         if old in self._accounts:
             self._accounts[new] = self._accounts.pop(old)
+
+    def _follow_holder(self, line: Line) -> None:
+        """Count the changes of a nick's holder (QUIT, NICK away from it or onto it)."""
+        old = self._fold(line.nick or "")
+        if self._is_me(line.nick):
+            return
+        if line.command == "QUIT":
+            self._nick_epoch[old] = self._nick_epoch.get(old, 0) + 1
+        elif line.params and not self._is_me(line.params[0]):
+            new = self._fold(line.params[0])
+            if new == old:
+                return  # a change of case: the same nick
+            before = (old, self._nick_epoch.get(old, 0))
+            self._nick_epoch[old] = before[1] + 1
+            self._nick_epoch[new] = self._nick_epoch.get(new, 0) + 1
+            self._renamed[before] = (line.params[0], self._nick_epoch[new])
+        while len(self._renamed) > 20_000:
+            del self._renamed[next(iter(self._renamed))]
+        while len(self._nick_epoch) > 20_000:
+            del self._nick_epoch[next(iter(self._nick_epoch))]
+
+    def _holder(self, reply: Any, target: str) -> str | None:
+        """The nick the person who asked privately has now; None when they left.
+
+        ``reply`` is the ``reply_to`` of a private message (see
+        :meth:`_on_message`): the nick and its epoch then.  Followed through
+        the renames we saw; a QUIT (or a rename we did not see the end of)
+        means they are gone, and whoever holds the nick now is someone else.
+        Without an epoch of this process (older rows, a restart) ``target``.
+        """
+        if not isinstance(reply, dict) or not isinstance(reply.get("epoch"), str):
+            return target
+        session, _, number = reply["epoch"].partition(":")
+        if session != self._epoch_session or not number.isdigit():
+            return target
+        nick, epoch = target, int(number)
+        for _ in range(100):
+            folded = self._fold(nick)
+            if self._nick_epoch.get(folded, 0) == epoch:
+                return nick
+            moved = self._renamed.get((folded, epoch))
+            if moved is None:
+                return None
+            nick, epoch = moved
+        return None
 
     def _on_account(self, line: Line) -> None:
         """account-notify: ``:nick!u@h ACCOUNT <account>`` (``*``: logged out)."""
@@ -1096,7 +1149,8 @@ class IRCTransport(Transport):
             # An unverified nick never shares a conversation with the account of that name.
             who = author_id if verified else f"{author_id}!*@*"
             key = f"irc:{self.network}:{who}"
-            reply_to = sender
+            epoch = self._nick_epoch.get(self._fold(sender), 0)
+            reply_to = {"target": sender, "epoch": f"{self._epoch_session}:{epoch}"}
             addressed = True
         else:
             key = f"irc:{self.network}:{self._fold(target)}"
@@ -1253,6 +1307,15 @@ class IRCTransport(Transport):
             self._flush_batch(state_key)
             return
         oid = message.outbox_id
+        holder = self._holder(message.reply_to, target)
+        if holder is None:
+            log.info(
+                "irc %s: %s left before the answer to them was sent: not sending it to"
+                " whoever has the nick now", self.name, target,
+            )  # fmt: skip
+            self.delivered(oid, "confirmed")  # nobody to send it to
+            return
+        target = holder
         if not valid_target(target, chantypes=self._chantypes):
             log.debug("irc %s: not sending to the unusable target %r", self.name, target)
             self.delivered(oid, "confirmed")  # nothing to retry: it can never be sent
