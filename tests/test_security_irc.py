@@ -960,3 +960,24 @@ async def test_a_private_answer_follows_the_asker_not_the_nick(ngircd, tmp_path)
         await seen_by_bot(mallory)  # a line for mallory queued before would be here first
         assert not [m for m in mallory.received if from_bot(m) and "secret" in m.text]
         await mallory.close()
+
+
+async def test_a_channel_answer_names_the_asker_under_their_new_nick(ngircd, tmp_path):
+    """The first line of a channel answer names the asker: after a rename while the
+    model worked, under the new nick (not the old one, which someone else may take)."""
+    async with irc_bot(ngircd.port, tmp_path, channels=["#c"]) as (bot, model, *_):
+        await joined(bot, "#c")
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        await alice.join("#c")
+        held = Reply(text="here you go", gate=asyncio.Event())
+        model.enqueue(held)
+        alice.privmsg("#c", "agentik: help me")
+        await held.started.wait()
+        alice.send_raw("NICK alice_away")
+        await alice.wait_for(lambda m: m.command == "NICK" and m.text == "alice_away")
+        alice.privmsg("agentik", "\x01PING 1\x01")  # answered: the bot has seen the rename
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "\x01PING 1\x01")
+        held.gate.set()
+        line = await alice.wait_for(lambda m: from_bot(m) and "here you go" in m.text)
+        assert line.text == "alice_away: here you go"
+        await alice.close()

@@ -969,10 +969,10 @@ class IRCTransport(Transport):
             del self._nick_epoch[next(iter(self._nick_epoch))]
 
     def _holder(self, reply: Any, target: str) -> str | None:
-        """The nick the person who asked privately has now; None when they left.
+        """The nick the person who asked has now; None when they left.
 
-        ``reply`` is the ``reply_to`` of a private message (see
-        :meth:`_on_message`): the nick and its epoch then.  Followed through
+        ``reply`` is the ``reply_to`` of their message (see :meth:`_on_message`):
+        it holds the epoch of their nick (``target``) then.  Followed through
         the renames we saw; a QUIT (or a rename we did not see the end of)
         means they are gone, and whoever holds the nick now is someone else.
         Without an epoch of this process (older rows, a restart) ``target``.
@@ -1154,7 +1154,9 @@ class IRCTransport(Transport):
             addressed = True
         else:
             key = f"irc:{self.network}:{self._fold(target)}"
-            reply_to = {"target": target, "asker": sender}
+            epoch = self._nick_epoch.get(self._fold(sender), 0)
+            reply_to = {"target": target, "asker": sender,
+                        "epoch": f"{self._epoch_session}:{epoch}"}  # fmt: skip
             text, addressed = self._addressed(text)
         message = IncomingMessage(
             channel_key=key, text=text, author_id=author_id, author_name=sender,
@@ -1307,7 +1309,13 @@ class IRCTransport(Transport):
             self._flush_batch(state_key)
             return
         oid = message.outbox_id
-        holder = self._holder(message.reply_to, target)
+        if target[:1] in self._chantypes:
+            # The asker is named under the nick they have now; not at all if they left.
+            if asker is not None:
+                asker = self._holder(message.reply_to, asker)
+            holder: str | None = target
+        else:
+            holder = self._holder(message.reply_to, target)
         if holder is None:
             log.info(
                 "irc %s: %s left before the answer to them was sent: not sending it to"
