@@ -23,6 +23,10 @@ Socket Mode: ``apps.connections.open`` (app token only) hands out a one-time
 ``ws://127.0.0.1:PORT/socket?ticket=...`` URL; on connect the server sends ``hello``;
 ``push_event`` sends an ``events_api`` envelope on the newest connection and the client's
 ``{"envelope_id": ...}`` acks are recorded in ``acks``.
+
+Limits as Slack documents them: ``chat.postMessage``/``chat.update`` refuse a
+``text`` over 40,000 characters (``msg_too_long``), more than 50 blocks or a
+section block whose text is over 3,000 characters (``invalid_blocks``).
 """
 
 from __future__ import annotations
@@ -198,6 +202,16 @@ class FakeSlack:
         base = b"v0:" + ts.encode() + b":" + raw
         digest = hmac.new(self.signing_secret.encode(), base, hashlib.sha256).hexdigest()
         return {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": f"v0={digest}"}
+
+    @staticmethod
+    def typed(text: str) -> str:
+        """``text`` as a person typed it, in the form Slack sends it in ``text``.
+
+        Slack encodes the three characters it uses for markup as entities:
+        ``&`` → ``&amp;``, ``<`` → ``&lt;``, ``>`` → ``&gt;`` ("Escaping text"
+        in Slack's formatting docs); pass ``<@U1>``-style markup around it as is.
+        """
+        return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
     def message_event(
         self,
@@ -667,6 +681,8 @@ class FakeSlack:
             return "channel_not_found"
         text = params.get("text") or params.get("markdown_text") or ""
         blocks = _maybe_json(params.get("blocks"))
+        if (error := _check_limits(text, blocks)) is not None:
+            return error
         if not text and not blocks and not params.get("attachments"):
             return "no_text"
         ts = self.new_ts()
@@ -683,6 +699,9 @@ class FakeSlack:
             return "message_not_found"
         if msg.get("user") != self.bot_user_id:
             return "cant_update_message"
+        error = _check_limits(params.get("text") or "", _maybe_json(params.get("blocks")))
+        if error is not None:
+            return error
         if "text" in params or "markdown_text" in params:
             msg["text"] = params.get("text") or params.get("markdown_text") or ""
         if params.get("blocks") is not None:
@@ -863,6 +882,30 @@ class FakeSlack:
                     msg["reactions"].remove(reaction)
                 return {}
         return "no_reaction"
+
+
+#: Slack's documented limits: ``text`` of chat.postMessage/chat.update (longer is
+#: refused with ``msg_too_long``), a message's blocks, a section block's text.
+MAX_TEXT = 40_000
+MAX_BLOCKS = 50
+MAX_SECTION_TEXT = 3000
+
+
+def _check_limits(text: str, blocks: Any) -> str | None:
+    """The error Slack answers a message over its limits with, else ``None``."""
+    if len(text) > MAX_TEXT:
+        return "msg_too_long"
+    if isinstance(blocks, list):
+        if len(blocks) > MAX_BLOCKS:
+            return "invalid_blocks"
+        for block in blocks:
+            if not isinstance(block, dict):
+                return "invalid_blocks"
+            if block.get("type") == "section":
+                inner = block.get("text") or {}
+                if len(inner.get("text") or "") > MAX_SECTION_TEXT:
+                    return "invalid_blocks"
+    return None
 
 
 def _rich_text(text: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from contextlib import asynccontextmanager
 
 from hypothesis import HealthCheck, example, given, settings
@@ -23,7 +24,7 @@ from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.base import IncomingMessage, OutgoingMessage
 from agentik.transports.irc.transport import IRCTransport
-from agentik.transports.irc.wire import casefold, parse_line
+from agentik.transports.irc.wire import casefold, parse_line, strip_formatting
 
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
 
@@ -703,3 +704,280 @@ async def _fuzz_once(lines: list[bytes], model_text: str, casemapping: str) -> N
 )
 def test_fuzzed_lines_never_crash_and_never_make_unsafe_output(lines, model_text, casemapping):
     asyncio.run(_fuzz_once(lines, model_text, casemapping))
+
+
+# -- review (rv-chat): CTCP floods ----------------------------------------------------------------
+
+
+async def test_a_ctcp_flood_from_one_nick_gets_no_more_replies_than_its_rate_limit(
+    miniircd, tmp_path
+):
+    """A CTCP request is a message like any other: the per-user rate limit applies.
+
+    Before, CTCP was answered before the rate limit was checked: each
+    ``\\x01VERSION\\x01`` cost the bot one NOTICE, without end.
+    """
+    async with irc_bot(miniircd.port, tmp_path, user_rate_limit=5) as (bot, *_):
+        await asyncio.wait_for(bot.registered.wait(), 60)
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        for _ in range(30):
+            alice.privmsg("agentik", "\x01VERSION\x01")
+        await alice.wait_for(lambda m: from_bot(m) and "too fast" in m.text)
+        bob = await IRCTestClient.connect(miniircd.port, "bob")
+        bob.privmsg("agentik", "\x01PING end\x01")
+        await bob.wait_for(lambda m: from_bot(m) and m.text == "\x01PING end\x01")
+        await alice.sync()  # every reply written before bob's has reached alice
+        versions = [m for m in alice.received if from_bot(m) and "VERSION" in m.text]
+        assert len(versions) == 5
+        await alice.close()
+        await bob.close()
+
+
+async def test_ctcp_from_many_nicks_is_answered_at_most_ten_times_a_minute():
+    """Many nicks (a botnet, a channel-wide CTCP) never make the bot flood: the
+    replies have a budget of their own, and later lines are not held up."""
+    async with ScriptedIRCServer(ACCOUNTS) as server:
+        sink = RecordingSink()
+        t = IRCTransport(name="s", settings={"port": server.port, "nick": "agentik", **FAST})
+        await t.start(sink)
+        try:
+            await asyncio.wait_for(t.registered.wait(), 60)
+            client = server.clients[0]
+            for i in range(40):
+                client.send(f":n{i}!u@h{i} PRIVMSG agentik :\x01VERSION\x01")
+            await sentinel(server, sink, "all sent")  # the 40 were handled before it
+            await t.send(OutgoingMessage(channel_key="irc:s:carol", text="marker", kind="notice"))
+            await server.wait_for_line(
+                lambda line: line.startswith("NOTICE carol") and "marker" in line
+            )
+            replies = [line for line in server.received if "VERSION agentik" in line]
+            assert len(replies) == 10, replies
+        finally:
+            await t.aclose()
+
+
+# -- review (rv-chat): our displayed host changes after we joined ----------------------------------
+
+CLOAK = "agentik/bot/" + "c" * 51  # 63 bytes, as long as HOSTLEN allows
+
+
+async def test_lines_are_cut_to_the_new_prefix_when_the_server_cloaks_our_host():
+    """A network cloaks the bot after it logs in (396, or CHGHOST with the chghost cap).
+
+    The budget of each line comes from our ``nick!user@host`` as the server
+    relays it; before, only the JOIN echo taught the host, so after a cloak
+    longer than the real host the server cut the end off every full line.
+    """
+    handler = registration_handler(caps_offered="chghost", isupport="NETWORK=Test")
+    async with ScriptedIRCServer(handler) as server:
+        sink = RecordingSink()
+        t = IRCTransport(
+            name="s", settings={"port": server.port, "nick": "agentik", "channels": ["#c"], **FAST}
+        )
+        await t.start(sink)
+        try:
+            await joined(t, "#c")
+            assert "chghost" in t.caps_enabled
+            client = server.clients[0]
+            words = " ".join(f"word{i}" for i in range(400))
+            for change, user in (
+                (f":irc.scripted.test 396 agentik {CLOAK} :is now your displayed host", "~agentik"),
+                (f":agentik!~agentik@{CLOAK} CHGHOST agentikbot {CLOAK}", "agentikbot"),
+            ):
+                client.send(change)
+                await sentinel(server, sink, f"after {user}")  # the change was handled
+                since = server.mark()
+                await t.send(OutgoingMessage(channel_key="irc:s:#c", text=words, kind="notice"))
+                await t.send(OutgoingMessage(channel_key="irc:s:#c", text="end", kind="notice"))
+                await server.wait_for_line(lambda line: line == "NOTICE #c end", since=since)
+                lines = [line for line in server.received[since:] if line.startswith("NOTICE #c")]
+                relayed = [f":agentik!{user}@{CLOAK} {line}\r\n".encode() for line in lines]
+                assert max(len(line) for line in relayed) <= 512
+                sent = " ".join(line.partition(" :")[2] for line in lines[:-1])
+                assert sent == words  # nothing cut off
+        finally:
+            await t.aclose()
+
+
+# -- review (rv-chat): mass highlight ---------------------------------------------------------
+
+
+async def test_an_answer_naming_the_whole_channel_highlights_only_five_of_them(miniircd, tmp_path):
+    """Anyone can paste the nick list and ask the bot to repeat it: a mass highlight,
+    which gets a bot kicked or banned.  Past five members an answer names, the
+    others' nicks carry a zero-width space: they read the same, notify nobody."""
+    async with irc_bot(miniircd.port, tmp_path, channels=["#c"]) as (bot, model, *_):
+        await joined(bot, "#c")
+        nicks = [f"m{i}" for i in range(1, 9)]
+        people = [await IRCTestClient.connect(miniircd.port, n) for n in nicks]
+        for person in people:
+            await person.join("#c")
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        await alice.join("#c")
+        roll = "Roll call: " + ", ".join(nicks) + " and alice. Then again: m8!"
+        model.enqueue(roll)
+        alice.privmsg("#c", "agentik: repeat the nick list")
+        line = await alice.wait_for(lambda m: from_bot(m) and "Roll call" in m.text)
+        assert line.text.replace("\u200b", "") == f"alice: {roll}"
+        named = [n for n in nicks if re.search(rf"(?<![\w\u200b]){n}(?![\w\u200b])", line.text)]
+        assert named == nicks[:5]
+        # Messages outside an answer (notices, command replies) count one by one.
+        for group in (nicks[:4], nicks[4:]):
+            text = "seen: " + " ".join(group)
+            await bot.send(OutgoingMessage(channel_key="irc:testnet:#c", text=text, kind="notice"))
+            notice = await alice.wait_for(lambda m, t=text: from_bot(m) and m.text == t)
+            assert "\u200b" not in notice.text
+        for person in people:
+            await person.close()
+        await alice.close()
+
+
+# -- review (rv-chat): echo-message from a channel that strips formatting ----------------------
+
+
+async def test_an_echo_with_formatting_stripped_still_confirms_the_line():
+    """Channels with mode +c (Solanum, Libera) or +S (InspIRCd) strip formatting codes
+    from what they relay, the sender's echo-message included.  The echo was
+    compared with the line as written, never matched, and every answer with
+    bold or code stayed unconfirmed in the outbox: a restart sent it again."""
+    base = registration_handler(caps_offered="echo-message", isupport="NETWORK=Test")
+
+    async def handler(client, line: str) -> None:
+        if line.startswith("PRIVMSG #c :"):
+            stripped = strip_formatting(line.partition(" :")[2])
+            client.send(f":{client.prefix} PRIVMSG #c :{stripped}")
+            return
+        await base(client, line)
+
+    async with ScriptedIRCServer(handler) as server:
+        t = IRCTransport(
+            name="s", settings={"port": server.port, "nick": "agentik", "channels": ["#c"], **FAST}
+        )
+        marks: list[tuple[int, str]] = []
+        confirmed = asyncio.Event()
+
+        def on_delivery(oid, state, awaits, ref):
+            marks.append((oid, state))
+            if state == "confirmed" and oid == 2:
+                confirmed.set()
+
+        t.on_delivery = on_delivery
+        await t.start(RecordingSink())
+        try:
+            await joined(t, "#c")
+            assert "echo-message" in t.caps_enabled
+            for oid, text in ((1, "**bold** and `code`"), (2, "plain words")):
+                message = OutgoingMessage(
+                    channel_key="irc:s:#c", text=text, run_id="r1", outbox_id=oid,
+                    reply_to={"target": "#c", "asker": "alice"},
+                )  # fmt: skip
+                await t.send(message)
+            await asyncio.wait_for(confirmed.wait(), 60)  # echoes come back in order
+            assert (1, "confirmed") in marks
+        finally:
+            await t.aclose()
+
+
+# -- review (rv-chat): kicked from a channel ---------------------------------------------------
+
+
+async def test_lines_for_a_channel_we_were_kicked_from_do_not_hold_up_the_others(ngircd, tmp_path):
+    """Lines for a configured channel wait until the bot is (re)joined.  They waited
+    at the head of the one queue: once an operator kicked the bot while a line
+    for the channel was queued, nothing else was ever sent (private answers
+    included) until the bot reconnected."""
+    alice = await IRCTestClient.connect(ngircd.port, "alice")
+    await alice.join("#ops")  # first in: alice is the channel operator
+    async with irc_bot(ngircd.port, tmp_path, channels=["#ops"]) as (bot, model, *_):
+        await joined(bot, "#ops")
+        alice.send_raw("KICK #ops agentik :not here")
+        async with asyncio.timeout(60):
+            while "#ops" in bot.joined:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        await bot.send(
+            OutgoingMessage(channel_key="irc:testnet:#ops", text="for #ops", kind="notice")
+        )
+        assert bot.queued == 1  # held until the bot is back in #ops
+        model.enqueue("a private answer")
+        alice.privmsg("agentik", "are you there?")
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "a private answer")
+        assert bot.queued == 1
+    await alice.close()
+
+
+# -- review (rv-chat): the asker's nick changes hands before the private answer --------------
+
+
+async def test_a_private_answer_follows_the_asker_not_the_nick(ngircd, tmp_path):
+    """A private answer went to the nick that asked, whoever held it by then: alice
+    asks, changes nick or quits while the model works, mallory takes her nick and
+    reads alice's answer.  Now it follows alice's renames and is not sent to a
+    nick whose holder left (as far as the bot sees them: in a shared channel)."""
+    async with irc_bot(ngircd.port, tmp_path, channels=["#c"]) as (bot, model, _, bridge):
+        await joined(bot, "#c")
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        mallory = await IRCTestClient.connect(ngircd.port, "mallory")
+        for person in (alice, mallory):
+            await person.join("#c")
+        pings = 0
+
+        async def seen_by_bot(person) -> None:
+            """A CTCP PING answered: the bot has read everything sent before it."""
+            nonlocal pings
+            pings += 1
+            person.privmsg("agentik", f"\x01PING {pings}\x01")
+            await person.wait_for(lambda m: from_bot(m) and m.text == f"\x01PING {pings}\x01")
+
+        async def rename(person, nick: str) -> None:
+            person.send_raw(f"NICK {nick}")
+            await person.wait_for(lambda m: m.command == "NICK" and m.text == nick)
+            person.nick = nick
+
+        # 1. alice -> alice2, then mallory takes "alice": the answer follows alice.
+        held = Reply(text="the first secret", gate=asyncio.Event())
+        model.enqueue(held)
+        alice.privmsg("agentik", "tell me my secret")
+        await held.started.wait()
+        await rename(alice, "alice2")
+        await rename(mallory, "alice")
+        await seen_by_bot(mallory)
+        held.gate.set()
+        got = await alice.wait_for(lambda m: from_bot(m) and "first secret" in m.text)
+        assert got.target == "alice2"
+
+        # 2. alice (alice2) asks and quits, mallory takes "alice2": nobody gets it.
+        held = Reply(text="the second secret", gate=asyncio.Event())
+        model.enqueue(held)
+        alice.privmsg("agentik", "and the other one?")
+        await held.started.wait()
+        alice.send_raw("QUIT :bye")
+        await mallory.wait_for(lambda m: m.command == "QUIT" and m.nick == "alice2")
+        await alice.close()
+        await rename(mallory, "alice2")
+        await seen_by_bot(mallory)
+        held.gate.set()
+        await bridge.flush("irc:testnet:alice2!*@*")
+        await seen_by_bot(mallory)  # a line for mallory queued before would be here first
+        assert not [m for m in mallory.received if from_bot(m) and "secret" in m.text]
+        await mallory.close()
+
+
+async def test_a_channel_answer_names_the_asker_under_their_new_nick(ngircd, tmp_path):
+    """The first line of a channel answer names the asker: after a rename while the
+    model worked, under the new nick (not the old one, which someone else may take)."""
+    async with irc_bot(ngircd.port, tmp_path, channels=["#c"]) as (bot, model, *_):
+        await joined(bot, "#c")
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        await alice.join("#c")
+        held = Reply(text="here you go", gate=asyncio.Event())
+        model.enqueue(held)
+        alice.privmsg("#c", "agentik: help me")
+        await held.started.wait()
+        alice.send_raw("NICK alice_away")
+        await alice.wait_for(lambda m: m.command == "NICK" and m.text == "alice_away")
+        alice.privmsg("agentik", "\x01PING 1\x01")  # answered: the bot has seen the rename
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "\x01PING 1\x01")
+        held.gate.set()
+        line = await alice.wait_for(lambda m: from_bot(m) and "here you go" in m.text)
+        assert line.text == "alice_away: here you go"
+        await alice.close()

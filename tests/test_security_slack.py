@@ -123,7 +123,9 @@ async def test_command_replies_echoing_user_text_are_escaped(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
         async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
-            await slack.push_event(slack.message_event("D1", "!<!channel>", channel_type="im"))
+            # Typed literally (Slack sends it as entities; a real @channel is <!channel>).
+            typed = slack.typed("!<!channel>")
+            await slack.push_event(slack.message_event("D1", typed, channel_type="im"))
             reply = await slack.wait_for_call("chat.postMessage")
             assert "unknown command" in reply["text"]
             assert "<!channel>" not in reply["text"] and "&lt;!channel&gt;" in reply["text"]

@@ -549,3 +549,64 @@ async def test_http_mode_logs_where_it_listens(tmp_path, caplog):
             assert line.endswith(
                 f"HTTP mode: Events API at http://127.0.0.1:{bot.http_port}/slack/events"
             )
+
+
+async def test_the_model_reads_what_was_typed_not_slacks_entities_and_link_markup(tmp_path):
+    """Slack sends ``a < b && c`` as ``a &lt; b &amp;&amp; c`` and links, channels and
+    broadcasts as ``<…>`` markup.  Before, the model got the entities: it read
+    garbled code, and what it quoted back was escaped again, so people saw ``&lt;``."""
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            code = "if (a < b && c > d) { x = &y; }"
+            text = (
+                slack.typed(code) + " see <https://example.com/guide|the guide>,"
+                " <http://x.org|x.org>, <#C9|general> and <!here>"
+            )
+            await slack.push_event(slack.message_event("D1", text, channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D1")
+            seen = "if (a < b && c > d) { x = &y; } see [the guide](https://example.com/guide),"
+            seen += " x.org, #general and @here"
+            assert [m.content for m in model.requests[0].messages] == [seen]
+            # The echo shows what was typed: each character escaped exactly once.
+            assert bot_texts(slack, "D1")[0].startswith(
+                "echo: if (a &lt; b &amp;&amp; c &gt; d) { x = &amp;y; }"
+            )
+
+
+async def test_the_stop_reaction_has_the_rights_of_stop_not_more(tmp_path):
+    """``!stop`` on someone else's answer needs the ``stop-others`` right; the stop
+    reaction interrupted any answer for anyone in the channel (ignored users too)."""
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.add_user("U2", "bob")
+        async with slack_bot(slack, tmp_path, streaming="edit") as (bot, model, agent, bridge):
+            slow = Reply(text="word " * 200, hold_after=5)
+            model.enqueue(slow)
+            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> talk", user="U1")
+            await slack.push_event(mention)
+            await slow.held.wait()
+            posted = await slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith("word")
+            )
+            answer_ts = next(
+                ts for (ch, ts), m in slack.messages.items()
+                if ch == "C1" and m.get("user") == slack.bot_user_id and m["text"] == posted["text"]
+            )  # fmt: skip
+
+            def reaction(user: str) -> dict:
+                return {
+                    "type": "reaction_added", "user": user, "reaction": "octagonal_sign",
+                    "item": {"type": "message", "channel": "C1", "ts": answer_ts},
+                    "item_user": slack.bot_user_id, "event_ts": slack.new_ts(),
+                }  # fmt: skip
+
+            await slack.push_event(reaction("U2"))  # bob did not ask
+            refused = await slack.wait_for_call(
+                "chat.postMessage", lambda p: "only the asker" in (p.get("text") or "")
+            )
+            assert refused["thread_ts"] == mention["ts"]
+            assert bridge.busy(f"slack:T1:C1:{mention['ts']}")  # still answering
+            await slack.push_event(reaction("U1"))  # alice did
+            await bridge.flush(f"slack:T1:C1:{mention['ts']}")
+            assert "_(interrupted)_" in bot_texts(slack, "C1")

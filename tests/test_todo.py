@@ -326,3 +326,56 @@ async def test_a_secret_in_an_item_is_scrubbed_before_the_database(tmp_path):
     with sqlite3.connect(db) as con:
         [(items,)] = con.execute("SELECT items FROM todo").fetchall()
     assert key not in items
+
+
+async def test_slack_a_long_checklist_is_still_edited(tmp_path):
+    """A section block holds 3000 characters at most (Slack answers ``invalid_blocks``).
+
+    The checklist is edited with its text in one section: a list of 30 items
+    of up to 200 characters passed that, every edit was refused, and the list
+    on screen stopped changing.
+    """
+    from agentik.transports.slack.transport import SlackTransport
+
+    from fakeslack import FakeSlack
+
+    items = [{"text": f"step {i}: " + "check the logs & the <config> " * 5, "status": "pending"}
+             for i in range(20)]  # fmt: skip
+    done = [{**items[0], "status": "done"}, *items[1:]]
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        model = ScriptedModel()
+        model.enqueue(
+            Reply(tool_calls=[call("todo", {"items": items})]),
+            Reply(tool_calls=[call("todo", {"items": done})]),
+            "all done",
+        )
+        agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")), policy=TODO)
+        await agent.start()
+        bridge = Bridge(agent)
+        transport = SlackTransport(
+            name="slack",
+            settings={
+                "bot_token": slack.bot_token, "app_token": slack.app_token,
+                "api_url": slack.api_url, "state_file": str(tmp_path / "seen.sqlite3"),
+                "streaming": "edit", "edit_interval": 0.05,
+            },
+        )  # fmt: skip
+        bridge.attach(transport, ChannelOptions(command_prefix="!"))
+        await transport.start(bridge)
+        try:
+            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> look", user="U1")
+            await slack.push_event(mention)
+            await slack.wait_for_call("chat.update", lambda p: "todo 1/20" in (p.get("text") or ""))
+            await bridge.flush(f"slack:T1:C1:{mention['ts']}")
+            [checklist] = [
+                m for m in slack.messages.values() if (m.get("text") or "").startswith("todo")
+            ]
+            assert checklist["text"].startswith("todo 1/20\n✓ step 0: check the logs &amp; the")
+            sections = [b["text"]["text"] for b in checklist["blocks"]]
+            assert len(sections) > 1 and all(len(s) <= 3000 for s in sections)
+            assert "\n".join(sections) == checklist["text"]  # cut at line breaks, nothing lost
+        finally:
+            await transport.aclose()
+            await bridge.aclose()
+            await agent.aclose()

@@ -19,7 +19,8 @@ decides how a serious bot behaves on a real network is here:
   ``nick!user@host``), a server or host mask (``$*``), a STATUSMSG target
   (``@#chan``: meant for the channel's operators only) or a nick we could not
   write back to; CTCP VERSION and PING answered by NOTICE, ACTION taken as
-  text; a per-user incoming rate limit answered once with a notice;
+  text (CTCP replies within the sender's rate limit and 10 a minute in all);
+  a per-user incoming rate limit answered once with a notice;
 * identity: the IRCv3 ``account`` tag (``account-tag``) is a verified
   identity; without account-tag, the account tracked for users sharing a
   channel (``extended-join``, ``account-notify``, WHOX on join; only with
@@ -30,7 +31,8 @@ decides how a serious bot behaves on a real network is here:
   never leave from message text; in channels each answer starts with the
   asker's nick (``address_asker``); Markdown turned into IRC formatting,
   lines split on UTF-8 and word boundaries to fit 512 bytes once the server
-  adds our ``:nick!user@host`` prefix (learnt from our JOIN echo; ISUPPORT
+  adds our ``:nick!user@host`` prefix (learnt from our JOIN echo, followed
+  through a cloak's 396 and ``CHGHOST``; ISUPPORT
   ``LINELEN`` honoured), a token bucket per connection (longer lines cost
   more), nothing dropped silently;
 * reconnect with exponential backoff and jitter after a ping timeout or a
@@ -100,6 +102,7 @@ WANTED_CAPS = (
     "cap-notify",
     "extended-join",
     "account-notify",
+    "chghost",
 )
 #: The WHOX token of our ``WHO #chan %tcna,<token>`` queries (up to 3 digits).
 _WHOX_TOKEN = "616"
@@ -115,6 +118,12 @@ _PLAINTEXT_HINT = (
 #: Longest line we accept from a server before dropping it (tags + 512).
 MAX_INCOMING = 8191 + 512
 _SASL_CHUNK = 400
+#: Channel members one answer may name (highlight); later ones are defused.
+_HIGHLIGHT_LIMIT = 5
+#: A word that could be a nick (RFC 2812 letters, digits and specials).
+_NICK_WORD_RE = re.compile(r"(?<![\w\[\]\\`^{}|-])[A-Za-z\[\]\\`_^{|}][\w\[\]\\`^{|}-]*")
+#: CTCP replies (VERSION, PING, TIME) sent per minute at most, all senders together.
+_CTCP_PER_MINUTE = 10
 
 
 class _CannotConnect(Exception):
@@ -233,14 +242,25 @@ class IRCTransport(Transport):
         self._nick_candidates: list[str] = []
         self._user_hits: dict[str, deque[float]] = {}
         self._user_warned: dict[str, float] = {}
+        #: When the CTCP replies of the last minute were queued.
+        self._ctcp_replies: deque[float] = deque()
         self._in_code: dict[str, bool] = {}
         #: Answers (``target\0run id``) whose first line already named the asker.
         self._addressed_runs: dict[str, None] = {}
+        #: Channel members each answer (``target\0run id``) has named (highlighted).
+        self._highlighted: dict[str, set[str]] = {}
         self._batches: dict[str, tuple[str, list[str]]] = {}
         self._batch_seq = 0
         self._batch_ids: dict[str, list[int]] = {}
         #: Lines written and not echoed yet (echo-message): ``(target, text, outbox ids)``.
         self._unechoed: deque[tuple[str, str, tuple[int, ...]]] = deque(maxlen=2000)
+        #: Casefolded nick → how often its holder changed as we saw it (QUIT, NICK):
+        #: a private answer goes to the person who asked, not to a later holder.
+        self._nick_epoch: dict[str, int] = {}
+        #: ``(casefolded nick, epoch)`` → ``(nick, epoch)`` its holder renamed to.
+        self._renamed: dict[tuple[str, int], tuple[str, int]] = {}
+        #: Tells this process's epochs from those in outbox rows of an earlier one.
+        self._epoch_session = f"{random.getrandbits(48):012x}"
         #: Our own services account (900 RPL_LOGGEDIN), None when not logged in.
         self.account: str | None = None
         #: Who shares each channel with us: casefolded channel → casefolded nicks.
@@ -619,6 +639,11 @@ class IRCTransport(Transport):
             self._on_registered()
         elif cmd in ("433", "432", "437") and not self.registered.is_set():
             self._next_nick()
+        elif cmd == "396" and len(p) >= 3:
+            # RPL_HOSTHIDDEN/RPL_VISIBLEHOST: a cloak (after a login, MODE +x).
+            self._own_host(p[1])
+        elif cmd == "CHGHOST" and len(p) >= 2 and self._is_me(line.nick):
+            self._own_host(f"{p[0]}@{p[1]}")
         elif cmd == "JOIN":
             self._on_join(line)
         elif cmd in ("PART", "KICK"):
@@ -817,6 +842,15 @@ class IRCTransport(Transport):
             self._write(format_line("JOIN", chan, key) if key else format_line("JOIN", chan))
         self._queue_changed.set()
 
+    def _own_host(self, value: str) -> None:
+        """Our displayed ``[user@]host`` changed: later lines are cut to the new prefix."""
+        user, at, host = value.rpartition("@")
+        if host and " " not in value:
+            self.host = host
+            if at and user:
+                self.user = user
+            log.info("irc %s: our displayed host is now %s", self.name, host)
+
     def _fold(self, name: str) -> str:
         """``name`` casefolded as the server compares names (ISUPPORT ``CASEMAPPING``)."""
         return casefold(name, self.isupport.get("CASEMAPPING"))
@@ -895,6 +929,7 @@ class IRCTransport(Transport):
         if not line.nick:
             return
         old = self._fold(line.nick)
+        self._follow_holder(line)
         if line.command == "QUIT":
             for members in self._members.values():
                 members.discard(old)
@@ -912,6 +947,51 @@ class IRCTransport(Transport):
         self._accounts.pop(new, None)  # whatever we knew of a former holder of the nick
         if old in self._accounts:
             self._accounts[new] = self._accounts.pop(old)
+
+    def _follow_holder(self, line: Line) -> None:
+        """Count the changes of a nick's holder (QUIT, NICK away from it or onto it)."""
+        old = self._fold(line.nick or "")
+        if self._is_me(line.nick):
+            return
+        if line.command == "QUIT":
+            self._nick_epoch[old] = self._nick_epoch.get(old, 0) + 1
+        elif line.params and not self._is_me(line.params[0]):
+            new = self._fold(line.params[0])
+            if new == old:
+                return  # a change of case: the same nick
+            before = (old, self._nick_epoch.get(old, 0))
+            self._nick_epoch[old] = before[1] + 1
+            self._nick_epoch[new] = self._nick_epoch.get(new, 0) + 1
+            self._renamed[before] = (line.params[0], self._nick_epoch[new])
+        while len(self._renamed) > 20_000:
+            del self._renamed[next(iter(self._renamed))]
+        while len(self._nick_epoch) > 20_000:
+            del self._nick_epoch[next(iter(self._nick_epoch))]
+
+    def _holder(self, reply: Any, target: str) -> str | None:
+        """The nick the person who asked has now; None when they left.
+
+        ``reply`` is the ``reply_to`` of their message (see :meth:`_on_message`):
+        it holds the epoch of their nick (``target``) then.  Followed through
+        the renames we saw; a QUIT (or a rename we did not see the end of)
+        means they are gone, and whoever holds the nick now is someone else.
+        Without an epoch of this process (older rows, a restart) ``target``.
+        """
+        if not isinstance(reply, dict) or not isinstance(reply.get("epoch"), str):
+            return target
+        session, _, number = reply["epoch"].partition(":")
+        if session != self._epoch_session or not number.isdigit():
+            return target
+        nick, epoch = target, int(number)
+        for _ in range(100):
+            folded = self._fold(nick)
+            if self._nick_epoch.get(folded, 0) == epoch:
+                return nick
+            moved = self._renamed.get((folded, epoch))
+            if moved is None:
+                return None
+            nick, epoch = moved
+        return None
 
     def _on_account(self, line: Line) -> None:
         """account-notify: ``:nick!u@h ACCOUNT <account>`` (``*``: logged out)."""
@@ -1036,15 +1116,17 @@ class IRCTransport(Transport):
             log.debug("irc %s: ignored a message from %s to %r", self.name, sender, target)
             return
         special = ctcp_parse(text)
-        if special is not None:
-            command, arg = special
-            if command == "ACTION":
-                text = f"* {sender} {arg}"
-            else:
-                self._on_ctcp(sender, command, arg)
-                return
+        if special is not None and special[0] != "ACTION":
+            # A CTCP request counts against its sender's rate like any message,
+            # and all CTCP replies together have a budget of their own: a flood
+            # of them (one nick or many) never fills the queue ahead of answers.
+            if self._allow(sender) and self._allow_ctcp():
+                self._on_ctcp(sender, *special)
+            return
         if not self._allow(sender):
             return
+        if special is not None:
+            text = f"* {sender} {special[1]}"
         account = self._account(line)
         via = "tag" if account is not None else None
         if "account-tag" in self.caps_enabled:
@@ -1067,11 +1149,14 @@ class IRCTransport(Transport):
             # An unverified nick never shares a conversation with the account of that name.
             who = author_id if verified else f"{author_id}!*@*"
             key = f"irc:{self.network}:{who}"
-            reply_to = sender
+            epoch = self._nick_epoch.get(self._fold(sender), 0)
+            reply_to = {"target": sender, "epoch": f"{self._epoch_session}:{epoch}"}
             addressed = True
         else:
             key = f"irc:{self.network}:{self._fold(target)}"
-            reply_to = {"target": target, "asker": sender}
+            epoch = self._nick_epoch.get(self._fold(sender), 0)
+            reply_to = {"target": target, "asker": sender,
+                        "epoch": f"{self._epoch_session}:{epoch}"}  # fmt: skip
             text, addressed = self._addressed(text)
         message = IncomingMessage(
             channel_key=key, text=text, author_id=author_id, author_name=sender,
@@ -1087,10 +1172,11 @@ class IRCTransport(Transport):
         """echo-message: the server relayed a line we wrote; its outbox rows are confirmed."""
         if "batch" in line.tags or len(line.params) < 2:
             return
-        # Servers may drop trailing blanks from what they relay.
-        want = (self._fold(line.params[0]), line.params[-1].rstrip())
+        # Servers may drop trailing blanks from what they relay, and a channel
+        # with +c (Solanum) or +S (InspIRCd) strips the formatting codes.
+        want = (self._fold(line.params[0]), strip_formatting(line.params[-1]).rstrip())
         for i, (target, text, ids) in enumerate(self._unechoed):
-            if (target, text.rstrip()) == want:
+            if (target, strip_formatting(text).rstrip()) == want:
                 del self._unechoed[i]
                 for oid in ids:
                     self.delivered(oid, "confirmed")
@@ -1126,6 +1212,17 @@ class IRCTransport(Transport):
         else:
             return
         self._enqueue(sender, format_line("NOTICE", sender, reply))
+
+    def _allow_ctcp(self) -> bool:
+        """Whether another CTCP reply may go out (at most ``_CTCP_PER_MINUTE`` a minute)."""
+        now = time.monotonic()
+        while self._ctcp_replies and now - self._ctcp_replies[0] > 60:
+            self._ctcp_replies.popleft()
+        if len(self._ctcp_replies) >= _CTCP_PER_MINUTE:
+            log.debug("irc %s: CTCP flood: request left unanswered", self.name)
+            return False
+        self._ctcp_replies.append(now)
+        return True
 
     def _allow(self, sender: str) -> bool:
         """The per-user incoming rate limit (a sliding minute)."""
@@ -1208,9 +1305,25 @@ class IRCTransport(Transport):
         if message.kind == "end":
             self._in_code.pop(state_key, None)
             self._addressed_runs.pop(state_key, None)
+            self._highlighted.pop(state_key, None)
             self._flush_batch(state_key)
             return
         oid = message.outbox_id
+        if target[:1] in self._chantypes:
+            # The asker is named under the nick they have now; not at all if they left.
+            if asker is not None:
+                asker = self._holder(message.reply_to, asker)
+            holder: str | None = target
+        else:
+            holder = self._holder(message.reply_to, target)
+        if holder is None:
+            log.info(
+                "irc %s: %s left before the answer to them was sent: not sending it to"
+                " whoever has the nick now", self.name, target,
+            )  # fmt: skip
+            self.delivered(oid, "confirmed")  # nobody to send it to
+            return
+        target = holder
         if not valid_target(target, chantypes=self._chantypes):
             log.debug("irc %s: not sending to the unusable target %r", self.name, target)
             self.delivered(oid, "confirmed")  # nothing to retry: it can never be sent
@@ -1224,6 +1337,8 @@ class IRCTransport(Transport):
         if text is None:
             self.delivered(oid, "confirmed")  # a code fence: nothing to send
             return
+        run_key = state_key if message.run_id is not None else None
+        text = self._defuse_highlights(run_key, target, asker, text)
         command = "NOTICE" if message.kind == "notice" else "PRIVMSG"
         pieces = split_message(text, self._budget(target, command))
         if not pieces:
@@ -1247,6 +1362,40 @@ class IRCTransport(Transport):
                 target, format_line(command, target, piece),
                 outbox_ids=(oid,) if last and oid is not None else (), echo=(target, piece),
             )  # fmt: skip
+
+    def _defuse_highlights(
+        self, state_key: str | None, target: str, asker: str | None, text: str
+    ) -> str:
+        """``text`` with the nicks of channel members past the first few defused.
+
+        One answer (or message) may name ``_HIGHLIGHT_LIMIT`` members of the
+        channel; every other member's nick gets a zero-width space after its
+        first character, so it reads the same but notifies nobody (a mass
+        highlight, asked for by anyone who pastes the nick list, gets a bot
+        kicked).  The asker is never counted.
+        """
+        members = self._members.get(self._fold(target))
+        if not members:
+            return text
+        skip = {self._fold(self.nick)} | ({self._fold(asker)} if asker else set())
+        if state_key is None:
+            named: set[str] = set()  # not part of an answer: this message alone
+        else:
+            named = self._highlighted.setdefault(state_key, set())
+            while len(self._highlighted) > 1000:
+                del self._highlighted[next(iter(self._highlighted))]
+
+        def nick(m: re.Match[str]) -> str:
+            word = m.group(0)
+            who = self._fold(word)
+            if who not in members or who in skip or who in named:
+                return word
+            if len(named) < _HIGHLIGHT_LIMIT:
+                named.add(who)
+                return word
+            return word[0] + "\u200b" + word[1:]
+
+        return _NICK_WORD_RE.sub(nick, text)
 
     def _multiline_limits(self) -> tuple[int, int] | None:
         """``(max-bytes, max-lines)`` when draft/multiline is enabled, else None."""
@@ -1331,7 +1480,7 @@ class IRCTransport(Transport):
         """Drain the queue in order, under the token bucket, when connected."""
         o = self.options
         while True:
-            while not self._queue or not self._ready_for(self._queue[0].target):
+            while (index := self._next_ready()) is None:
                 self._queue_changed.clear()
                 await self._queue_changed.wait()
             now = time.monotonic()
@@ -1339,15 +1488,36 @@ class IRCTransport(Transport):
                 float(o.flood_burst), self._tokens + (now - self._refilled) * o.flood_rate
             )
             self._refilled = now
-            head = self._queue[0]
+            head = self._queue[index]
             need = min(head.cost, float(o.flood_burst))
             if self._tokens < need:
                 await asyncio.sleep((need - self._tokens) / o.flood_rate)
                 continue
             self._tokens -= need
-            self._queue.popleft()
+            del self._queue[index]
             self._write(head.line)
             self._written(head)
+
+    def _next_ready(self) -> int | None:
+        """Index of the first queued line that may go now, or None.
+
+        Lines go in order for each target; a target that is not ready (a
+        configured channel we were kicked from, or cannot join) holds back its
+        own lines only, never the private answers and other channels behind it.
+        """
+        if self._protocol is None or getattr(self._protocol, "closed", True):
+            return None
+        if not self.registered.is_set():
+            return None
+        waiting: set[str] = set()
+        for index, out in enumerate(self._queue):
+            target = self._fold(out.target)
+            if target in waiting:
+                continue
+            if self._ready_for(out.target):
+                return index
+            waiting.add(target)
+        return None
 
     def _written(self, out: _Out) -> None:
         """Report a written line: sent, and awaiting its echo where the server echoes."""

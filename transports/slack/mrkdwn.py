@@ -24,7 +24,15 @@ from __future__ import annotations
 import re
 from urllib.parse import quote, urlsplit
 
-__all__ = ["clean", "escape", "markdown_safe", "markdown_to_mrkdwn", "safe_url", "stream_cut"]
+__all__ = [
+    "clean",
+    "escape",
+    "incoming",
+    "markdown_safe",
+    "markdown_to_mrkdwn",
+    "safe_url",
+    "stream_cut",
+]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CODE = re.compile(r"(```.*?```|`[^`\n]*`)", re.S)
@@ -41,6 +49,45 @@ _CODE_OPENER = re.compile(r"<(?=[!@#]|[A-Za-z][A-Za-z0-9+.-]*:)")
 def clean(text: str) -> str:
     """``text`` without NULs, and with lone surrogates (not UTF-8) as U+FFFD."""
     return _SURROGATE.sub("\ufffd", text.replace("\x00", ""))
+
+
+#: A control sequence in message text as Slack sends it: ``<target>`` or ``<target|label>``.
+_SEQUENCE = re.compile(r"<([^<>|]*)(?:\|([^<>]*))?>")
+_SPECIAL = {"here", "channel", "everyone"}
+
+
+def _sequence_text(m: re.Match[str]) -> str:
+    target, label = m.group(1), m.group(2)
+    if target.startswith("@"):
+        return m.group(0)  # a user mention: the model may address people by it
+    if target.startswith("#"):
+        return f"#{label}" if label else m.group(0)
+    if target.startswith("!"):
+        name = target[1:]
+        if name in _SPECIAL:
+            return f"@{name}"
+        if label:  # <!subteam^S1|@team>, <!date^…|fallback>
+            return label
+        return m.group(0)
+    if label is None or label == target:
+        return target
+    if target.endswith(("/" + label, ":" + label)):
+        return label  # a link Slack made from a typed URL or address: what was typed
+    return f"[{label}]({target})"
+
+
+def incoming(text: str) -> str:
+    """A message's ``text`` as Slack sends it, back to what its author typed.
+
+    Slack sends ``&``, ``<`` and ``>`` a person typed as ``&amp;``, ``&lt;``
+    and ``&gt;``, and formats links, channels and broadcasts as ``<…>``
+    sequences.  Links become their URL (``[label](url)`` when the label is
+    not the URL itself), ``<#C1|general>`` ``#general``, ``<!here>``
+    ``@here``; user mentions ``<@U1>`` stay as they are.  The entities are
+    decoded last, so a ``<`` someone typed never starts a sequence.
+    """
+    text = _SEQUENCE.sub(_sequence_text, clean(text))
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
 def _entities(text: str) -> str:

@@ -15,8 +15,11 @@
   Long answers continue in a new message.  429s are retried after
   ``Retry-After`` by slack-sdk's retry handler.
 * ``!stop`` (any command prefix, handled by the bridge) and a
-  ``:octagonal_sign:`` reaction on the bot's message stop the answer.
-* Display names, not ids, reach the model (``users.info``, cached).
+  ``:octagonal_sign:`` reaction on the bot's message stop the answer (the
+  reaction is its reactor's ``!stop``, with the same rights).
+* Display names, not ids, reach the model (``users.info``, cached), and
+  message text as its author typed it (Slack's ``&lt;`` entities and link
+  markup decoded, :func:`.mrkdwn.incoming`).
 * Model text is escaped for Slack (:mod:`.mrkdwn`): no ``<!channel>``,
   ``<@U…>`` or fake link label the model writes ever goes out.
 * Assistant threads (Slack's AI app view): a greeting and suggested prompts
@@ -51,7 +54,7 @@ from agentik.transports.base import (
     Transport,
 )
 
-from .mrkdwn import clean, escape, markdown_safe, markdown_to_mrkdwn, stream_cut
+from .mrkdwn import clean, escape, incoming, markdown_safe, markdown_to_mrkdwn, stream_cut
 from .settings import SlackSettings
 
 __all__ = ["SlackTransport", "markdown_to_mrkdwn"]
@@ -420,6 +423,7 @@ class SlackTransport(Transport):
             return
         self._threads.add(key)
         text = _MENTION.sub(lambda m: "" if m.group(1) == self.bot_user_id else m.group(0), text)
+        text = incoming(text)  # what the person typed: no &lt; entities, no link markup
         title = False
         if thread_ts and (channel, thread_ts) in self._untitled:
             self._untitled.discard((channel, thread_ts))
@@ -532,14 +536,38 @@ class SlackTransport(Transport):
         except Exception as exc:
             log.info("slack %s: setTitle: %s", self.name, exc)
 
-    async def _on_reaction(self, event: dict[str, Any]) -> None:
+    async def _on_reaction(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        """The stop reaction on one of our messages: its reactor sending ``!stop``.
+
+        Like a button press, it goes to the bridge as the reactor's message, so
+        the rules of ``!stop`` apply (someone else's answer needs the
+        ``stop-others`` right; an ignored user is ignored).
+        """
         if event.get("reaction") != self.options.stop_reaction:
             return
         item = event.get("item") or {}
         key = self._bot_messages.get(item.get("ts", ""))
-        interrupt = getattr(self._sink, "interrupt", None)
-        if key is not None and interrupt is not None:
-            await interrupt(key)
+        user, channel = event.get("user"), item.get("channel")
+        if key is None or not isinstance(user, str) or not user or user == self.bot_user_id:
+            return
+        if not isinstance(channel, str) or not channel:
+            return
+        ts = event.get("event_ts") or item.get("ts") or ""
+        keys = (f"event:{body.get('event_id') or f'{channel}:{ts}:reaction:{user}'}",)
+        if self._seen.check_and_add(*keys):
+            return
+        prefix = self.default_command_prefix
+        effective = getattr(self._sink, "effective", None)
+        if effective is not None:
+            prefix = (await effective(key, self)).options.command_prefix
+        if not prefix:
+            return  # commands are off here: so is stopping by reaction
+        parts = key.split(":")  # slack:<team>:<channel>[:<thread_ts>]
+        thread_ts = parts[3] if len(parts) > 3 else None
+        self._incoming.put_nowait(
+            _Incoming(keys, key, f"{prefix}stop", user, channel, thread_ts, ts,
+                      channel.startswith("D"))
+        )  # fmt: skip
 
     async def _status(self, channel: str, thread_ts: str | None, status: str) -> None:
         if not thread_ts or not self.options.status_text:
@@ -597,12 +625,12 @@ class SlackTransport(Transport):
             text = escape(message.text)
         if message.kind == "notice":
             text = f"_{text}_"
-        section = {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+        sections = _sections(text)
         earlier = self._tagged.get(message.updates) if message.updates else None
         if earlier is not None:
             # The message that asked (its buttons) now says how it ended.
             await self.client.chat_update(
-                channel=earlier[0], ts=earlier[1], text=text, blocks=[section]
+                channel=earlier[0], ts=earlier[1], text=text, blocks=sections
             )
             self.delivered(message.outbox_id, "confirmed", ref=earlier[1])
             return
@@ -618,7 +646,7 @@ class SlackTransport(Transport):
                 }
                 for i, a in enumerate(message.actions[:5])
             ]
-            blocks = [section, {"type": "actions", "elements": buttons}]
+            blocks = [*sections, {"type": "actions", "elements": buttons}]
         response = await self.client.chat_postMessage(
             channel=channel, thread_ts=thread_ts, text=text, blocks=blocks
         )
@@ -776,6 +804,33 @@ class SlackTransport(Transport):
             except Exception as exc:
                 self._native_failed(answer, exc)
         await self._edit(key, answer, final=True)
+
+
+#: Longest text of a section block (Slack refuses more with ``invalid_blocks``).
+_SECTION_MAX = 3000
+
+
+def _sections(text: str) -> list[dict[str, Any]]:
+    """``text`` (mrkdwn) as section blocks of at most 3000 characters each.
+
+    Cut at a line break, else a space, never inside an ``&lt;``-style entity
+    or a ``<…>`` link sequence; a message takes up to 50 blocks, far more
+    than ``max_message_chars`` can fill.
+    """
+    pieces: list[str] = []
+    while len(text) > _SECTION_MAX:
+        cut = text.rfind("\n", 0, _SECTION_MAX + 1)
+        if cut <= 0:
+            cut = text.rfind(" ", 0, _SECTION_MAX + 1)
+        if cut <= 0:
+            cut = _entity_safe(text, _SECTION_MAX)
+        opened = text.rfind("<", 0, cut)
+        if opened > 0 and text.rfind(">", 0, cut) < opened:
+            cut = opened  # a link sequence stays whole
+        pieces.append(text[:cut])
+        text = text[cut:].lstrip("\n ") if text[cut : cut + 1] in ("\n", " ") else text[cut:]
+    pieces.append(text)
+    return [{"type": "section", "text": {"type": "mrkdwn", "text": p}} for p in pieces if p]
 
 
 def _entity_safe(text: str, cut: int) -> int:
