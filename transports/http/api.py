@@ -43,6 +43,7 @@ import hmac
 import json
 import logging
 import re
+import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -284,6 +285,30 @@ def _parent_json(meta: Mapping[str, Any]) -> dict[str, Any] | None:
         "child_run_id": text("run_id"),
         "agent": text("agent"),
     }
+
+
+def _unaddressable(cid: str) -> str | None:
+    """Why ``cid`` cannot be kept as a conversation's id of this API, or ``None``.
+
+    A path segment never holds ``/`` (not even as ``%2F``: it is decoded before
+    routing), and browsers and proxies resolve ``.`` and ``..`` away: such a
+    conversation could never be read, answered or deleted.  Control characters
+    (line breaks, NUL) would reach logs and headers as they are."""
+    if "/" in cid:
+        return "it holds a /, which no URL path segment can carry"
+    if cid in (".", ".."):
+        return f"{cid!r} is a path segment browsers and proxies resolve away"
+    if any(unicodedata.category(ch) == "Cc" for ch in cid):
+        return "it holds a control character"
+    return None
+
+
+def _attachment(cid: str) -> str:
+    """``Content-Disposition`` of an export: a header carries Latin-1 only (and no
+    quote or line break), so a plain ASCII name plus the exact one in RFC 5987 form."""
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", cid)
+    exact = quote(f"conversation-{cid}.json", safe="")
+    return f"attachment; filename=\"conversation-{plain}.json\"; filename*=UTF-8''{exact}"
 
 
 def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
@@ -594,10 +619,7 @@ class Api:
         doc = await export_conversation(store, conv.id)
         if doc is None:
             raise ApiError(404, "conversation_not_found", f"no conversation {conv.id!r}")
-        return JSONResponse(
-            doc,
-            headers={"content-disposition": f'attachment; filename="conversation-{conv.id}.json"'},
-        )
+        return JSONResponse(doc, headers={"content-disposition": _attachment(conv.id)})
 
     async def import_conversation(self, request: Request) -> Response:
         self._refuse_when_closing()
@@ -621,6 +643,12 @@ class Api:
         except SnapshotError as exc:
             raise ApiError(422, "invalid_snapshot", str(exc)) from None
         cid = uuid.uuid4().hex if raw == "new" else doc["conversation"]["id"]
+        if raw == "keep" and (why := _unaddressable(cid)) is not None:
+            raise ApiError(
+                422,
+                "invalid_snapshot",
+                f"conversation.id: cannot be kept: {why} (import with ids=new)",
+            )
         # The conversation joins this token's channels, like one it created.
         doc["conversation"] = {**doc["conversation"], "id": cid}
         try:

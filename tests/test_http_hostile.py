@@ -1,0 +1,109 @@
+"""A careless client or an attacker against the HTTP API and its web page (review round).
+
+Everything runs against the real server (uvicorn on a real 127.0.0.1 socket, a
+real agent with a SQLite file, the scripted model), driven by httpx, raw
+sockets, or headless Chromium.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from urllib.parse import quote, unquote
+
+import pytest
+
+from httpserver import TOKENS, running_server
+
+ADMIN_AND_ALICE = {
+    "tokens": [
+        {"name": "admin", "env": "ADMIN_TOKEN"},
+        {"name": "alice", "env": "ALICE_TOKEN", "channels": ["http:web:alice:"]},
+    ]
+}
+
+
+def snapshot(cid: str) -> dict:
+    return {
+        "format": "agentik.conversation",
+        "version": 1,
+        "conversation": {"id": cid, "title": "", "created_at": 1.0, "updated_at": 1.0, "meta": {}},
+        "messages": [{"id": 1, "kind": "user", "content": "hi", "created_at": 1.0}],
+        "working_memory": [
+            {"pos": 1, "message": {"role": "user", "content": "hi", "message_id": 1}}
+        ],
+    }
+
+
+def filename_of(disposition: str) -> str:
+    """The file name a browser takes from ``Content-Disposition`` (RFC 6266: the
+    RFC 5987 ``filename*`` wins over ``filename``, which must be a quoted ASCII name)."""
+    kind, *params = [p.strip() for p in disposition.split(";")]
+    assert kind == "attachment", disposition
+    found = dict(p.split("=", 1) for p in params)
+    plain = found["filename"]
+    assert plain.isascii() and plain[0] == plain[-1] == '"' and '"' not in plain[1:-1], plain
+    charset, _, encoded = found["filename*"].partition("''")
+    assert charset == "UTF-8", disposition
+    return unquote(encoded, errors="strict")
+
+
+# -- conversation ids from snapshots ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cid",
+    ["naïve-☃", "line\u2028sep", 'say "cheese"', "semi;colon", "x?y#z", "%41", "a b"],
+)
+async def test_a_kept_id_of_any_text_exports_under_its_own_name(db_path, cid, caplog):
+    # An id kept from a snapshot is any text: the export's Content-Disposition
+    # header (Latin-1 only, quotes delimit the name) was built from it as is, so
+    # a non-Latin-1 id was a 500 with a traceback and a quote broke the header.
+    caplog.set_level(logging.ERROR)
+    async with running_server(db_path, settings=ADMIN_AND_ALICE, environ=TOKENS) as server:
+        async with server.client(TOKENS["ALICE_TOKEN"]) as c:
+            r = await c.post("/conversations/import", params={"ids": "keep"}, json=snapshot(cid))
+            assert r.status_code == 201, r.text
+            r = await c.get(f"/conversations/{quote(cid, safe='')}/export")
+    assert r.status_code == 200, r.text
+    assert r.json()["conversation"]["id"] == cid
+    assert filename_of(r.headers["content-disposition"]) == f"conversation-{cid}.json"
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+
+
+async def test_an_existing_id_with_a_line_break_exports_with_a_valid_header(db_path, caplog):
+    # Ids made by the library (or imported before the API checked them) may hold
+    # anything; the export of one with CR LF dropped the connection without an answer.
+    caplog.set_level(logging.ERROR)
+    async with running_server(db_path, settings=ADMIN_AND_ALICE, environ=TOKENS) as server:
+        cid = "two\r\nlines"
+        await server.agent.create_conversation(conversation_id=cid, channel_key="http:web:alice:x")
+        async with server.client(TOKENS["ALICE_TOKEN"]) as c:
+            r = await c.get(f"/conversations/{quote(cid, safe='')}/export")
+    assert r.status_code == 200, r.text
+    assert filename_of(r.headers["content-disposition"]) == f"conversation-{cid}.json"
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize(
+    ("cid", "says"),
+    [("a/b", "holds a /"), ("..", "resolve away"), (".", "resolve away"), ("x\r\ny", "control")],
+)
+async def test_an_id_the_api_could_not_address_is_not_kept(db_path, cid, says):
+    # "a/b" was imported (201), then every request for it was 404 (the path
+    # segment cannot hold a /): a conversation nobody could read or delete.
+    async with running_server(db_path, settings=ADMIN_AND_ALICE, environ=TOKENS) as server:
+        async with server.client(TOKENS["ALICE_TOKEN"]) as c:
+            r = await c.post("/conversations/import", params={"ids": "keep"}, json=snapshot(cid))
+            assert r.status_code == 422, r.text
+            error = r.json()["error"]
+            assert error["code"] == "invalid_snapshot"
+            assert error["message"].startswith("conversation.id: cannot be kept")
+            assert says in error["message"] and "ids=new" in error["message"]
+            # Nothing was stored; under a fresh id the same snapshot is taken.
+            assert (await c.get("/conversations")).json()["items"] == []
+            r = await c.post("/conversations/import", json=copy.deepcopy(snapshot(cid)))
+            assert r.status_code == 201, r.text
+            fresh = r.json()["id"]
+            r = await c.get(f"/conversations/{fresh}/messages")
+            assert [m["content"] for m in r.json()["items"]] == ["hi"]
