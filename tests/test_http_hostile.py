@@ -12,8 +12,10 @@ import logging
 from urllib.parse import quote, unquote
 
 import pytest
+from playwright.async_api import expect
 
 from httpserver import TOKENS, running_server
+from test_http_browser import browser  # noqa: F401  (a fixture: headless Chromium)
 
 ADMIN_AND_ALICE = {
     "tokens": [
@@ -107,3 +109,43 @@ async def test_an_id_the_api_could_not_address_is_not_kept(db_path, cid, says):
             fresh = r.json()["id"]
             r = await c.get(f"/conversations/{fresh}/messages")
             assert [m["content"] for m in r.json()["items"]] == ["hi"]
+
+
+# -- the web page ---------------------------------------------------------------------------
+
+
+async def test_the_page_deletes_the_conversation_it_shows_whatever_its_id(db_path, browser):
+    # The page put conversation ids into URLs as they are. A token that may only
+    # import into its own channels kept the id "<someone else's id>?": an admin
+    # who opened it in the page saw the other conversation, and Delete sent
+    # DELETE /conversations/<someone else's id>? — deleting that one instead.
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path, settings=ADMIN_AND_ALICE, environ=TOKENS) as server:
+        async with server.client(TOKENS["ADMIN_TOKEN"]) as admin:
+            victim = (await admin.post("/conversations", json={"title": "Payroll"})).json()["id"]
+        async with server.client(TOKENS["ALICE_TOKEN"]) as alice:
+            doc = snapshot(victim + "?")
+            doc["conversation"]["title"] = "Harmless"
+            r = await alice.post("/conversations/import", params={"ids": "keep"}, json=doc)
+            assert r.status_code == 201, r.text
+
+        page = await browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("dialog", lambda dialog: dialog.accept())
+        await page.goto(server.url + "/")
+        await page.fill("#token", TOKENS["ADMIN_TOKEN"])
+        await page.click("#save-token")
+        await page.locator("#conversations li", has_text="Harmless").click()
+        await expect(page.locator("#title")).to_have_text("Harmless")
+        await expect(page.locator("#status")).to_have_text("live")
+        await expect(page.locator(".msg.user .text")).to_have_text(["hi"])
+        await page.click("#delete")
+        await expect(page.locator("#conversations li")).to_have_count(1)
+        await expect(page.locator("#conversations li")).to_contain_text("Payroll")
+        assert not errors, errors
+
+        async with server.client(TOKENS["ADMIN_TOKEN"]) as admin:
+            assert (await admin.get(f"/conversations/{victim}")).status_code == 200
+            r = await admin.get(f"/conversations/{quote(victim + '?', safe='')}")
+            assert r.status_code == 404
