@@ -15,7 +15,7 @@ import pytest
 from playwright.async_api import expect
 
 from httpserver import TOKENS, running_server
-from test_http_browser import browser  # noqa: F401  (a fixture: headless Chromium)
+from test_http_browser import _static_page, browser  # noqa: F401  (browser: a fixture)
 
 ADMIN_AND_ALICE = {
     "tokens": [
@@ -149,3 +149,44 @@ async def test_the_page_deletes_the_conversation_it_shows_whatever_its_id(db_pat
             assert (await admin.get(f"/conversations/{victim}")).status_code == 200
             r = await admin.get(f"/conversations/{quote(victim + '?', safe='')}")
             assert r.status_code == 404
+
+
+async def test_another_site_cannot_frame_the_page_and_the_page_runs_only_its_own_code(
+    db_path, browser
+):
+    # The page had no Content-Security-Policy and could be framed: a page of
+    # another site could show it in an invisible frame over its own buttons and
+    # have the local user click Approve (a tool call) or Delete for it.
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path) as server:
+        async with server.client() as c:
+            r = await c.get(server.url + "/")
+        policy = r.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy and "script-src 'sha256-" in policy
+        assert "'unsafe-inline'" not in policy
+        assert r.headers["x-frame-options"] == "DENY"
+
+        # The page itself works under its policy (chats, streams: fetch to its own origin).
+        page = await browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        await page.goto(server.url + "/")
+        await page.click("#new")
+        await expect(page.locator("#status")).to_have_text("live")
+        await page.fill("#input", "hello")
+        await page.press("#input", "Enter")
+        await expect(page.locator(".msg.assistant .text")).to_have_text(["echo: hello"])
+        assert not errors, errors
+
+        # Another site frames it: the browser shows nothing of it.
+        html = f'<iframe id="chat" src="{server.url}/"></iframe>'
+        async with _static_page(html) as other_origin:
+            other = await browser.new_page()
+            refused: list[str] = []
+            other.on("console", lambda m: refused.append(m.text))
+            async with other.expect_event("console", lambda m: "frame" in m.text, timeout=60_000):
+                await other.goto(other_origin + "/")
+            assert any("frame-ancestors" in text for text in refused), refused
+            framed = other.frame_locator("#chat")
+            assert await framed.locator("#new").count() == 0

@@ -37,8 +37,10 @@ code                        status  when
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import hashlib
 import hmac
 import json
 import logging
@@ -311,6 +313,41 @@ def _attachment(cid: str) -> str:
     return f"attachment; filename=\"conversation-{plain}.json\"; filename*=UTF-8''{exact}"
 
 
+def _inline_hashes(page: str, tag: str) -> list[str]:
+    """CSP source expressions (``'sha256-…'``) of the page's inline ``<tag>`` elements."""
+    found = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.DOTALL)
+    return [
+        "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+        for text in found
+    ]
+
+
+def page_headers(page: str) -> dict[str, str]:
+    """The web page's response headers: no caching, and a Content-Security-Policy
+    that runs only the page's own inline script and style, lets it talk only to
+    its own origin, and forbids framing it (another site's page could otherwise
+    show it in an invisible frame and have the user click Approve or Delete)."""
+    policy = "; ".join(
+        [
+            "default-src 'none'",
+            "script-src " + " ".join(_inline_hashes(page, "script")),
+            "style-src " + " ".join(_inline_hashes(page, "style")),
+            "connect-src 'self'",
+            "img-src data:",
+            "base-uri 'none'",
+            "form-action 'none'",
+            "frame-ancestors 'none'",
+        ]
+    )
+    return {
+        "cache-control": "no-cache",
+        "content-security-policy": policy,
+        "x-frame-options": "DENY",
+        "x-content-type-options": "nosniff",
+        "referrer-policy": "no-referrer",
+    }
+
+
 def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
@@ -338,6 +375,7 @@ class Api:
         #: The no-token caller, limited to ``local_channels``.
         self.local = local_principal(ctx.settings)
         self.browser_guard = Guard.from_settings(ctx.settings, tokens=ctx.tokens.enabled)
+        self.page_headers = page_headers(ctx.page) if ctx.page is not None else {}
 
     # -- helpers -------------------------------------------------------------------------
     def principal(self, request: Request) -> Principal:
@@ -539,7 +577,7 @@ class Api:
 
     async def page(self, request: Request) -> Response:
         assert self.ctx.page is not None
-        return HTMLResponse(self.ctx.page, headers={"cache-control": "no-cache"})
+        return HTMLResponse(self.ctx.page, headers=self.page_headers)
 
     async def create_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
