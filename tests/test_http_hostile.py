@@ -11,6 +11,7 @@ import copy
 import logging
 from urllib.parse import quote, unquote
 
+import httpx
 import pytest
 from playwright.async_api import expect
 
@@ -190,3 +191,56 @@ async def test_another_site_cannot_frame_the_page_and_the_page_runs_only_its_own
             assert any("frame-ancestors" in text for text in refused), refused
             framed = other.frame_locator("#chat")
             assert await framed.locator("#new").count() == 0
+
+
+# -- the health listener --------------------------------------------------------------------
+
+
+async def test_without_a_token_the_health_listener_tells_a_rebound_page_nothing():
+    # The listener without a token served /status (channel keys of busy
+    # conversations, components' failure reasons) and /metrics to any Host: a
+    # web page the operator opens could rebind its own name to 127.0.0.1:<port>
+    # and read them. Requests by IP address or localhost (probes, scrapers,
+    # `agentik status`) are answered as before.
+    from starlette.responses import JSONResponse
+
+    from agentik.bot.health import HealthServer
+
+    async def answer(request):
+        return JSONResponse({"active": ["irc:libera:#secret-ops"]})
+
+    listener = HealthServer("127.0.0.1:0", health=answer, ready=answer, status=answer)
+    listener.route("/metrics", answer)
+    await listener.start()
+    try:
+        assert listener.address is not None
+        port = listener.address.rsplit(":", 1)[1]
+        async with httpx.AsyncClient(base_url=listener.address, timeout=60) as c:
+            for path in ("/status", "/metrics"):
+                rebound = await c.get(path, headers={"Host": f"evil.example:{port}"})
+                assert rebound.status_code == 403, rebound.text
+                assert rebound.json()["error"]["code"] == "host_not_allowed"
+                assert "secret-ops" not in rebound.text
+                for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"10.1.2.3:{port}"):
+                    direct = await c.get(path, headers={"Host": host})
+                    assert direct.status_code == 200 and "secret-ops" in direct.text
+            # Probes are answered under any name.
+            probe = await c.get("/health", headers={"Host": "agentik.svc.cluster.local"})
+            assert probe.status_code == 200
+    finally:
+        await listener.aclose()
+
+    # With a token, the token is what counts, whatever the name.
+    listener = HealthServer(
+        "127.0.0.1:0", health=answer, ready=answer, status=answer, token="t0ken-t0ken-t0ken"
+    )
+    await listener.start()
+    try:
+        assert listener.address is not None
+        async with httpx.AsyncClient(base_url=listener.address, timeout=60) as c:
+            named = {"Host": "agentik.svc.cluster.local"}
+            assert (await c.get("/status", headers=named)).status_code == 401
+            auth = {**named, "Authorization": "Bearer t0ken-t0ken-t0ken"}
+            assert (await c.get("/status", headers=auth)).status_code == 200
+    finally:
+        await listener.aclose()
