@@ -7,6 +7,7 @@ sockets, or headless Chromium.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from urllib.parse import quote, unquote
@@ -244,3 +245,53 @@ async def test_without_a_token_the_health_listener_tells_a_rebound_page_nothing(
             assert (await c.get("/status", headers=auth)).status_code == 200
     finally:
         await listener.aclose()
+
+
+async def test_after_a_restart_the_page_shows_what_was_said_while_it_reconnected(
+    tmp_path, browser
+):
+    # Event numbers start again in a new process. The page reconnected with the
+    # Last-Event-ID of the old one, was told events_lost (its id was ahead of
+    # the new sequence), and carried on without reading the history again: an
+    # answer given while it was away never appeared.
+    expect.set_options(timeout=60_000)
+    db = str(tmp_path / "agentik.db")
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    released = asyncio.Event()
+
+    async def hold(route):
+        await released.wait()
+        await route.continue_()
+
+    async with running_server(db) as first:
+        port = int(first.url.rsplit(":", 1)[1])
+        await page.goto(first.url + "/")
+        await page.click("#new")
+        await expect(page.locator("#status")).to_have_text("live")
+        for n in ("one", "two", "three"):
+            await page.fill("#input", n)
+            await page.press("#input", "Enter")
+            await expect(page.locator(".msg.assistant .text").last).to_have_text(f"echo: {n}")
+        (cid,) = await page.evaluate("() => [state.current]")
+        # From now on the page's reconnection waits until the test lets it through.
+        await page.route(lambda url: "/events" in url, hold)
+    await expect(page.locator("#status")).to_have_text("reconnecting…")
+
+    async with running_server(db, settings={"port": port}) as second:
+        async with second.client() as c:
+            r = await c.post(f"/conversations/{cid}/messages", json={"content": "while away"})
+            assert r.status_code == 202, r.text
+            await (await second.agent.get_conversation(cid)).wait_idle()
+        released.set()
+        await expect(page.locator("#status")).to_have_text("live")
+        await expect(page.locator(".msg.assistant .text")).to_have_text(
+            ["echo: one", "echo: two", "echo: three", "echo: while away"]
+        )
+        # And it follows the new process's events from there on.
+        await page.unroute(lambda url: "/events" in url)
+        await page.fill("#input", "back")
+        await page.press("#input", "Enter")
+        await expect(page.locator(".msg.assistant .text").last).to_have_text("echo: back")
+    assert not errors, errors
