@@ -295,3 +295,34 @@ async def test_after_a_restart_the_page_shows_what_was_said_while_it_reconnected
         await page.press("#input", "Enter")
         await expect(page.locator(".msg.assistant .text").last).to_have_text("echo: back")
     assert not errors, errors
+
+
+# -- bodies -----------------------------------------------------------------------------------
+
+
+async def test_a_number_with_thousands_of_digits_is_a_plain_422(db_path):
+    # Python refuses to parse integers over 4300 digits; its message ("use
+    # sys.set_int_max_str_digits() to increase the limit") went to the client as is.
+    async with running_server(db_path) as server:
+        async with server.client() as c:
+            conv = (await c.post("/conversations", json={})).json()["id"]
+            body = b'{"content": "hi", "busy": ' + b"7" * 5000 + b"}"
+            r = await c.post(
+                f"/conversations/{conv}/messages",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 422
+            error = r.json()["error"]
+            assert error == {
+                "code": "invalid_body",
+                "message": "the body is not valid JSON: a number has too many digits",
+            }
+            # Not UTF-8 is still said as such.
+            r = await c.post(
+                f"/conversations/{conv}/messages",
+                content=b'{"content": "\xff"}',
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 422 and "utf-8" in r.json()["error"]["message"]
+            assert (await c.get(f"/conversations/{conv}/messages")).json()["items"] == []

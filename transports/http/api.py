@@ -448,8 +448,13 @@ class Api:
         except RecursionError:
             # Nesting deeper than the parser's own stack: deeper than ours too.
             raise too_deep from None
-        except ValueError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(422, "invalid_body", f"the body is not valid JSON: {exc}") from None
+        except ValueError:
+            # Python's guard against huge integers (its message names interpreter settings).
+            raise ApiError(
+                422, "invalid_body", "the body is not valid JSON: a number has too many digits"
+            ) from None
         if _deeper_than(parsed, MAX_JSON_DEPTH):
             raise too_deep
         if not isinstance(parsed, dict):
