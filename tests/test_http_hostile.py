@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import subprocess
+import sys
 from urllib.parse import quote, unquote
 
 import httpx
@@ -328,3 +330,54 @@ async def test_a_number_with_thousands_of_digits_is_a_plain_422(db_path):
             )
             assert r.status_code == 422 and "utf-8" in r.json()["error"]["message"]
             assert (await c.get(f"/conversations/{conv}/messages")).json()["items"] == []
+
+
+# -- titles ----------------------------------------------------------------------------------
+
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J"
+
+
+async def test_a_title_cannot_carry_terminal_escapes_to_the_operator(db_path, tmp_path):
+    # Titles set through the API (or taken from a first message) kept ESC
+    # sequences, and `agentik conversations list` printed them to the operator's
+    # terminal as they were: a token holder could retitle the window, clear the
+    # screen or hide lines there.
+    async with running_server(db_path, settings=ADMIN_AND_ALICE, environ=TOKENS) as server:
+        async with server.client(TOKENS["ALICE_TOKEN"]) as c:
+            r = await c.post("/conversations", json={"title": "plans" + ESCAPES})
+            assert r.status_code == 422
+            assert r.json()["error"] == {
+                "code": "invalid_body",
+                "message": "title: must be one line without control or invisible characters",
+            }
+            conv = (await c.post("/conversations", json={"title": "plans"})).json()["id"]
+            for title in ("two\nlines", "bidi\u202eevil", "bell\x07"):
+                r = await c.patch(f"/conversations/{conv}", json={"title": title})
+                assert r.status_code == 422, title
+            assert (await c.get(f"/conversations/{conv}")).json()["title"] == "plans"
+            r = await c.patch(f"/conversations/{conv}", json={"title": "Plans for Q3 ☃"})
+            assert r.status_code == 200 and r.json()["title"] == "Plans for Q3 ☃"
+
+            # An untitled one is named by its first message, without the escapes;
+            # the message itself is kept as sent.
+            fresh = (await c.post("/conversations", json={})).json()["id"]
+            content = f"\n{ESCAPES}hello\tthere{ESCAPES}\nsecond line"
+            r = await c.post(f"/conversations/{fresh}/messages", json={"content": content})
+            assert r.status_code == 202 and r.json()["title"] == "]0;pwned[2Jhello there]0;pwned[2J"
+            await (await server.agent.get_conversation(fresh)).wait_idle()
+            r = await c.get(f"/conversations/{fresh}/messages")
+            assert r.json()["items"][0]["content"] == content
+
+    # What the operator's terminal gets.
+    config = tmp_path / "bot.toml"
+    config.write_text(f'[llm]\nbackend = "scripted"\n[storage]\npath = "{db_path}"\n')
+    listed = subprocess.run(
+        [sys.executable, "-c", "import sys; from agentik.bot.cli import main; sys.exit(main())"]
+        + ["conversations", "list", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "Plans for Q3 ☃" in listed and "hello there" in listed
+    assert "\x1b" not in listed and "\x07" not in listed

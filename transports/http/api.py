@@ -79,7 +79,14 @@ from agentik.transports.base import IncomingMessage, restrict_tools
 
 from .auth import LOCAL, Principal, TokenTable, local_principal
 from .guard import Guard, GuardMiddleware
-from .openapi import AUTHOR_CHARS, AUTHOR_PATTERN, CHILDREN, openapi_document
+from .openapi import (
+    AUTHOR_CHARS,
+    AUTHOR_PATTERN,
+    CHILDREN,
+    TITLE_PATTERN,
+    UNPRINTABLE,
+    openapi_document,
+)
 from .settings import HttpSettings
 from .sse import EventStream, FrameCache
 
@@ -122,13 +129,32 @@ class SnapshotBody(_Body):
     model_config = ConfigDict(extra="allow")
 
 
+_TITLE = re.compile(TITLE_PATTERN)
+
+
+def _printable_title(v: str) -> str:
+    if not _TITLE.fullmatch(v):
+        raise ValueError("must be one line without control or invisible characters")
+    return v
+
+
 class NewConversationBody(_Body):
     temp: bool = False
     title: str = Field("", max_length=200)
 
+    @field_validator("title")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        return _printable_title(v)
+
 
 class RenameBody(_Body):
     title: str = Field(max_length=200)
+
+    @field_validator("title")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        return _printable_title(v)
 
 
 _AUTHOR = re.compile(AUTHOR_PATTERN)
@@ -245,9 +271,13 @@ def _json_media_type(value: str) -> bool:
     return True
 
 
+_UNPRINTABLE = re.compile(UNPRINTABLE)
+
+
 def _title_from(content: str) -> str:
     """A conversation's title from its first message: its first non-empty line, cut."""
-    line = next((ln.strip() for ln in content.splitlines() if ln.strip()), "")
+    visible = (_UNPRINTABLE.sub("", ln.replace("\t", " ")).strip() for ln in content.splitlines())
+    line = next((ln for ln in visible if ln), "")
     return line[:TITLE_CHARS]
 
 
