@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import subprocess
 import sys
 from urllib.parse import quote, unquote
 
@@ -371,13 +370,13 @@ async def test_a_title_cannot_carry_terminal_escapes_to_the_operator(db_path, tm
     # What the operator's terminal gets.
     config = tmp_path / "bot.toml"
     config.write_text(f'[llm]\nbackend = "scripted"\n[storage]\npath = "{db_path}"\n')
-    listed = subprocess.run(
-        [sys.executable, "-c", "import sys; from agentik.bot.cli import main; sys.exit(main())"]
-        + ["conversations", "list", "-c", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    cli = "import sys; from agentik.bot.cli import main; sys.exit(main())"
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-c", cli, "conversations", "list", "-c", str(config)],
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0
+    listed = out.decode()
     assert "Plans for Q3 ☃" in listed and "hello there" in listed
     assert "\x1b" not in listed and "\x07" not in listed
