@@ -320,7 +320,7 @@ def _parent_json(meta: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _unaddressable(cid: str) -> str | None:
-    """Why ``cid`` cannot be kept as a conversation's id of this API, or ``None``.
+    """Why ``cid`` cannot be a conversation's id in this API, or ``None``.
 
     A path segment never holds ``/`` (not even as ``%2F``: it is decoded before
     routing), and browsers and proxies resolve ``.`` and ``..`` away: such a
@@ -715,13 +715,10 @@ class Api:
             validate_snapshot(doc)
         except SnapshotError as exc:
             raise ApiError(422, "invalid_snapshot", str(exc)) from None
+        if (why := _unaddressable(doc["conversation"]["id"])) is not None:
+            # Checked whether kept or not: the document (SNAPSHOT_ID_PATTERN) says so.
+            raise ApiError(422, "invalid_snapshot", f"conversation.id: {why}")
         cid = uuid.uuid4().hex if raw == "new" else doc["conversation"]["id"]
-        if raw == "keep" and (why := _unaddressable(cid)) is not None:
-            raise ApiError(
-                422,
-                "invalid_snapshot",
-                f"conversation.id: cannot be kept: {why} (import with ids=new)",
-            )
         # The conversation joins this token's channels, like one it created.
         doc["conversation"] = {**doc["conversation"], "id": cid}
         try:

@@ -14,6 +14,7 @@ __all__ = [
     "AUTHOR_CHARS",
     "AUTHOR_PATTERN",
     "ERROR_CODES",
+    "SNAPSHOT_ID_PATTERN",
     "TITLE_PATTERN",
     "UNPRINTABLE",
     "openapi_document",
@@ -34,6 +35,9 @@ AUTHOR_PATTERN = f"^[^{_BAD}]*[^\\s{_BAD}][^{_BAD}]*$"
 #: (Titles are printed by ``agentik conversations list``: an escape sequence in
 #: one would drive the operator's terminal.)
 TITLE_PATTERN = f"^[^{_BAD}]*$"
+#: A conversation id a snapshot may bring: one the API's paths can address (no
+#: ``/``, not ``.`` or ``..``) and without control characters.
+SNAPSHOT_ID_PATTERN = "^(?!\\.\\.?$)[^/\\x00-\\x1f\\x7f-\\x9f]+$"
 #: The characters neither may contain, as a regular-expression class.
 UNPRINTABLE = f"[{_BAD}]"
 
@@ -501,7 +505,13 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["id", "title", "created_at", "updated_at", "meta"],
         "properties": {
-            "id": {"type": "string", "minLength": 1, "maxLength": 200},
+            "id": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 200,
+                "pattern": SNAPSHOT_ID_PATTERN,
+                "description": "no /, not . or .., no control characters",
+            },
             "title": {"type": "string"},
             "created_at": {"type": "number"},
             "updated_at": {"type": "number"},
