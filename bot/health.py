@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import logging
 import os
 import socket
@@ -189,6 +190,18 @@ class HealthServer:
                 status_code=405,
                 headers={"Allow": "GET, HEAD"},
             )
+        elif not found[1] and self._token is None and self._rebound(scope):
+            response = JSONResponse(
+                {
+                    "error": {
+                        "code": "host_not_allowed",
+                        "message": "without a token this listener answers only requests"
+                        " addressed to an IP address or localhost (set [health] token_env"
+                        " to reach it by name)",
+                    }
+                },
+                status_code=403,
+            )
         elif not found[1] and not self.authorized(request.headers.get("authorization")):
             response = JSONResponse(
                 {"error": {"code": "unauthorized", "message": "a valid bearer token is required"}},
@@ -205,6 +218,32 @@ class HealthServer:
                     status_code=500,
                 )
         await response(scope, receive, send)
+
+    def _rebound(self, scope: dict[str, Any]) -> bool:
+        """Whether a request may come from a web page through DNS rebinding: on TCP,
+        a ``Host`` that is a name other than ``localhost``.  A page on ``evil.example``
+        can point its name at this listener, and its requests still say
+        ``Host: evil.example``; it cannot make a browser send an IP address there."""
+        if self._unix_path is not None:
+            return False  # no browser reaches a unix socket
+        from agentik.transports.http.guard import is_loopback, parse_authority
+
+        hosts = [v.decode("latin-1") for k, v in scope.get("headers") or [] if k == b"host"]
+        if not hosts:
+            return False  # HTTP/1.0 without Host: never a browser
+        if len(hosts) > 1:
+            return True
+        parsed = parse_authority(hosts[0])
+        if parsed is None:
+            return True
+        host = parsed[0]
+        if is_loopback(host) or host.startswith("["):
+            return False
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return True
+        return False
 
     def authorized(self, header: str | None) -> bool:
         if self._token is None:

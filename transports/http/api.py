@@ -37,12 +37,15 @@ code                        status  when
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import hashlib
 import hmac
 import json
 import logging
 import re
+import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -76,7 +79,14 @@ from agentik.transports.base import IncomingMessage, restrict_tools
 
 from .auth import LOCAL, Principal, TokenTable, local_principal
 from .guard import Guard, GuardMiddleware
-from .openapi import AUTHOR_CHARS, AUTHOR_PATTERN, CHILDREN, openapi_document
+from .openapi import (
+    AUTHOR_CHARS,
+    AUTHOR_PATTERN,
+    CHILDREN,
+    TITLE_PATTERN,
+    UNPRINTABLE,
+    openapi_document,
+)
 from .settings import HttpSettings
 from .sse import EventStream, FrameCache
 
@@ -119,13 +129,32 @@ class SnapshotBody(_Body):
     model_config = ConfigDict(extra="allow")
 
 
+_TITLE = re.compile(TITLE_PATTERN)
+
+
+def _printable_title(v: str) -> str:
+    if not _TITLE.fullmatch(v):
+        raise ValueError("must be one line without control or invisible characters")
+    return v
+
+
 class NewConversationBody(_Body):
     temp: bool = False
     title: str = Field("", max_length=200)
 
+    @field_validator("title")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        return _printable_title(v)
+
 
 class RenameBody(_Body):
     title: str = Field(max_length=200)
+
+    @field_validator("title")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        return _printable_title(v)
 
 
 _AUTHOR = re.compile(AUTHOR_PATTERN)
@@ -242,9 +271,13 @@ def _json_media_type(value: str) -> bool:
     return True
 
 
+_UNPRINTABLE = re.compile(UNPRINTABLE)
+
+
 def _title_from(content: str) -> str:
     """A conversation's title from its first message: its first non-empty line, cut."""
-    line = next((ln.strip() for ln in content.splitlines() if ln.strip()), "")
+    visible = (_UNPRINTABLE.sub("", ln.replace("\t", " ")).strip() for ln in content.splitlines())
+    line = next((ln for ln in visible if ln), "")
     return line[:TITLE_CHARS]
 
 
@@ -295,6 +328,65 @@ def _parent_json(meta: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _unaddressable(cid: str) -> str | None:
+    """Why ``cid`` cannot be a conversation's id in this API, or ``None``.
+
+    A path segment never holds ``/`` (not even as ``%2F``: it is decoded before
+    routing), and browsers and proxies resolve ``.`` and ``..`` away: such a
+    conversation could never be read, answered or deleted.  Control characters
+    (line breaks, NUL) would reach logs and headers as they are."""
+    if "/" in cid:
+        return "it holds a /, which no URL path segment can carry"
+    if cid in (".", ".."):
+        return f"{cid!r} is a path segment browsers and proxies resolve away"
+    if any(unicodedata.category(ch) == "Cc" for ch in cid):
+        return "it holds a control character"
+    return None
+
+
+def _attachment(cid: str) -> str:
+    """``Content-Disposition`` of an export: a header carries Latin-1 only (and no
+    quote or line break), so a plain ASCII name plus the exact one in RFC 5987 form."""
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", cid)
+    exact = quote(f"conversation-{cid}.json", safe="")
+    return f"attachment; filename=\"conversation-{plain}.json\"; filename*=UTF-8''{exact}"
+
+
+def _inline_hashes(page: str, tag: str) -> list[str]:
+    """CSP source expressions (``'sha256-…'``) of the page's inline ``<tag>`` elements."""
+    found = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.DOTALL)
+    return [
+        "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+        for text in found
+    ]
+
+
+def page_headers(page: str) -> dict[str, str]:
+    """The web page's response headers: no caching, and a Content-Security-Policy
+    that runs only the page's own inline script and style, lets it talk only to
+    its own origin, and forbids framing it (another site's page could otherwise
+    show it in an invisible frame and have the user click Approve or Delete)."""
+    policy = "; ".join(
+        [
+            "default-src 'none'",
+            "script-src " + " ".join(_inline_hashes(page, "script")),
+            "style-src " + " ".join(_inline_hashes(page, "style")),
+            "connect-src 'self'",
+            "img-src data:",
+            "base-uri 'none'",
+            "form-action 'none'",
+            "frame-ancestors 'none'",
+        ]
+    )
+    return {
+        "cache-control": "no-cache",
+        "content-security-policy": policy,
+        "x-frame-options": "DENY",
+        "x-content-type-options": "nosniff",
+        "referrer-policy": "no-referrer",
+    }
+
+
 def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
@@ -322,6 +414,7 @@ class Api:
         #: The no-token caller, limited to ``local_channels``.
         self.local = local_principal(ctx.settings)
         self.browser_guard = Guard.from_settings(ctx.settings, tokens=ctx.tokens.enabled)
+        self.page_headers = page_headers(ctx.page) if ctx.page is not None else {}
 
     # -- helpers -------------------------------------------------------------------------
     def principal(self, request: Request) -> Principal:
@@ -394,8 +487,13 @@ class Api:
         except RecursionError:
             # Nesting deeper than the parser's own stack: deeper than ours too.
             raise too_deep from None
-        except ValueError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(422, "invalid_body", f"the body is not valid JSON: {exc}") from None
+        except ValueError:
+            # Python's guard against huge integers (its message names interpreter settings).
+            raise ApiError(
+                422, "invalid_body", "the body is not valid JSON: a number has too many digits"
+            ) from None
         if _deeper_than(parsed, MAX_JSON_DEPTH):
             raise too_deep
         if not isinstance(parsed, dict):
@@ -523,7 +621,7 @@ class Api:
 
     async def page(self, request: Request) -> Response:
         assert self.ctx.page is not None
-        return HTMLResponse(self.ctx.page, headers={"cache-control": "no-cache"})
+        return HTMLResponse(self.ctx.page, headers=self.page_headers)
 
     async def create_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -603,10 +701,7 @@ class Api:
         doc = await export_conversation(store, conv.id)
         if doc is None:
             raise ApiError(404, "conversation_not_found", f"no conversation {conv.id!r}")
-        return JSONResponse(
-            doc,
-            headers={"content-disposition": f'attachment; filename="conversation-{conv.id}.json"'},
-        )
+        return JSONResponse(doc, headers={"content-disposition": _attachment(conv.id)})
 
     async def import_conversation(self, request: Request) -> Response:
         self._refuse_when_closing()
@@ -629,6 +724,9 @@ class Api:
             validate_snapshot(doc)
         except SnapshotError as exc:
             raise ApiError(422, "invalid_snapshot", str(exc)) from None
+        if (why := _unaddressable(doc["conversation"]["id"])) is not None:
+            # Checked whether kept or not: the document (SNAPSHOT_ID_PATTERN) says so.
+            raise ApiError(422, "invalid_snapshot", f"conversation.id: {why}")
         cid = uuid.uuid4().hex if raw == "new" else doc["conversation"]["id"]
         # The conversation joins this token's channels, like one it created.
         doc["conversation"] = {**doc["conversation"], "id": cid}

@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["AUTHOR_CHARS", "AUTHOR_PATTERN", "ERROR_CODES", "openapi_document"]
+__all__ = [
+    "AUTHOR_CHARS",
+    "AUTHOR_PATTERN",
+    "ERROR_CODES",
+    "SNAPSHOT_ID_PATTERN",
+    "TITLE_PATTERN",
+    "UNPRINTABLE",
+    "openapi_document",
+]
 
 #: Longest ``author`` a client may give.
 AUTHOR_CHARS = 64
@@ -23,6 +31,15 @@ _BAD = (
     "\\u2028-\\u202e\\u2060-\\u206f\\ufeff\\ufff9-\\ufffb"
 )
 AUTHOR_PATTERN = f"^[^{_BAD}]*[^\\s{_BAD}][^{_BAD}]*$"
+#: What a conversation's ``title`` may contain: the same characters, or none.
+#: (Titles are printed by ``agentik conversations list``: an escape sequence in
+#: one would drive the operator's terminal.)
+TITLE_PATTERN = f"^[^{_BAD}]*$"
+#: A conversation id a snapshot may bring: one the API's paths can address (no
+#: ``/``, not ``.`` or ``..``) and without control characters.
+SNAPSHOT_ID_PATTERN = "^(?!\\.\\.?$)[^/\\x00-\\x1f\\x7f-\\x9f]+$"
+#: The characters neither may contain, as a regular-expression class.
+UNPRINTABLE = f"[{_BAD}]"
 
 #: Every ``error.code`` the API answers with.
 ERROR_CODES = (
@@ -192,14 +209,27 @@ _SCHEMAS: dict[str, Any] = {
         "additionalProperties": False,
         "properties": {
             "temp": {"type": "boolean", "default": False},
-            "title": {"type": "string", "maxLength": 200, "default": ""},
+            "title": {
+                "type": "string",
+                "maxLength": 200,
+                "pattern": TITLE_PATTERN,
+                "default": "",
+                "description": "one line, no control characters",
+            },
         },
     },
     "Rename": {
         "type": "object",
         "additionalProperties": False,
         "required": ["title"],
-        "properties": {"title": {"type": "string", "maxLength": 200}},
+        "properties": {
+            "title": {
+                "type": "string",
+                "maxLength": 200,
+                "pattern": TITLE_PATTERN,
+                "description": "one line, no control characters",
+            }
+        },
     },
     "NewMessage": {
         "type": "object",
@@ -475,7 +505,13 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["id", "title", "created_at", "updated_at", "meta"],
         "properties": {
-            "id": {"type": "string", "minLength": 1, "maxLength": 200},
+            "id": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 200,
+                "pattern": SNAPSHOT_ID_PATTERN,
+                "description": "no /, not . or .., no control characters",
+            },
             "title": {"type": "string"},
             "created_at": {"type": "number"},
             "updated_at": {"type": "number"},
