@@ -9,13 +9,16 @@ objects, one per line.  Every configured secret value is replaced by
 ``conversation_id``, ``run_id``, ``event``, ``duration``, ``tokens``, …) are
 keys of the JSON object besides ``ts``, ``level``, ``logger`` and ``msg``;
 :func:`log_event` is the short way to write such a line.  Text lines show
-the message only.
+the message only, with its control characters escaped (``\\n``, ``\\x1b``):
+text from a chat or a model cannot forge a log line or drive the terminal
+that shows the log.  A traceback follows on its own lines.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -29,6 +32,18 @@ _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) 
     "asctime",
     "taskName",
 }
+#: In a text line's message: what would end the line or reach the terminal as a
+#: command (C0 but tab, DEL, C1, the Unicode line and paragraph separators).
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029]")
+
+
+def _escaped(text: str) -> str:
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 #: Keys of the JSON object that fields may not replace.
 _RESERVED = frozenset({"ts", "level", "logger", "msg"})
 
@@ -79,7 +94,7 @@ class RedactingFormatter(logging.Formatter):
         if self._forms[0] is not self.secrets:  # add_secrets() replaced the list
             forms = set()
             for secret in self.secrets:
-                for form in (secret, repr(secret)[1:-1]):
+                for form in (secret, repr(secret)[1:-1], _escaped(secret)):
                     forms.add(form)
                     forms.add(json.dumps(form, ensure_ascii=False)[1:-1])
                     forms.add(json.dumps(form)[1:-1])
@@ -88,8 +103,7 @@ class RedactingFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
-        if record.exc_info:
-            message += "\n" + self.formatException(record.exc_info)
+        trace = "\n" + self.formatException(record.exc_info) if record.exc_info else ""
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         ts += f".{int(record.msecs):03d}Z"
         if self.fmt == "json":
@@ -97,17 +111,18 @@ class RedactingFormatter(logging.Formatter):
                 "ts": ts,
                 "level": record.levelname.lower(),
                 "logger": record.name,
-                "msg": message,
+                "msg": message + trace,
             }
             for key, value in record.__dict__.items():
                 if key not in _STANDARD and key not in _RESERVED and not key.startswith("_"):
                     obj[key] = _jsonable(value)
-            line = json.dumps(obj, ensure_ascii=False)
-            # Valid JSON as they are, but line breaks to many line readers.
-            for char in "\x85\u2028\u2029":
-                line = line.replace(char, f"\\u{ord(char):04x}")
+            # JSON escapes C0 itself; DEL, C1 and the separators are valid as
+            # they are, but line breaks or commands to many readers and terminals.
+            line = _JSON_UNSAFE.sub(
+                lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False)
+            )
         else:
-            line = f"{ts} {record.levelname:<7} {record.name}: {message}"
+            line = f"{ts} {record.levelname:<7} {record.name}: {_escaped(message)}{trace}"
         for form in self._secret_forms():
             line = line.replace(form, "***")
         # A lone surrogate (from ``surrogateescape`` or a JSON ``\\udcxx`` escape

@@ -51,3 +51,36 @@ def test_no_secret_in_any_escaped_form_and_json_lines_parse(fmt, capsys, restore
         records = [json.loads(line) for line in lines]
         assert len(records) == 4 * len(SECRETS) + 1
         assert records[-1]["msg"].startswith("odd input: line\nbreak")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_chat_text_cannot_forge_a_log_line_or_reach_the_terminal(fmt, capsys, restore_logging):
+    """A nick or a message (IRC, Slack, a model) logged as is: one line per record,
+    no raw line break, escape sequence or C1 control; a traceback keeps its lines."""
+    setup_logging("info", fmt, ["s3cret\nline"])
+    log = logging.getLogger("agentik.test.logs")
+    hostile = "hi\r\n2026-12-01T00:00:00.000Z INFO    agentik: forged \x1b]0;owned\x07\x9b2J\u2028x"
+    log.info("message from %s", hostile)
+    log.info("key s3cret\nline here")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("failed on %s", "a\nb")
+    lines = capsys.readouterr().err.splitlines()
+    assert not any(c in line for line in lines for c in "\x1b\x07\x9b\u2028\r")
+    assert "s3cret" not in "\n".join(lines)
+    if fmt == "json":
+        records = [json.loads(line) for line in lines]
+        assert [r["msg"].startswith(("message", "key", "failed")) for r in records] == [True] * 3
+        assert records[0]["msg"] == "message from " + hostile  # the text itself, intact
+    else:
+        assert lines[0].endswith(
+            "message from hi\\r\\n2026-12-01T00:00:00.000Z INFO    agentik: forged"
+            " \\x1b]0;owned\\x07\\x9b2J\\u2028x"
+        )
+        assert lines[1].endswith("key *** here")
+        assert (
+            lines[2].endswith("failed on a\\nb")
+            and lines[3] == "Traceback (most recent call last):"
+        )
+        assert lines[-1] == "ValueError: boom"
