@@ -4,7 +4,8 @@ Run as ``python tests/mcp_server.py --transport stdio`` or
 ``python tests/mcp_server.py --transport http --port N`` (streamable HTTP on
 127.0.0.1, endpoint ``/mcp``).  ``--banner N`` first prints N lines that are not
 JSON-RPC on stdout, as some servers do; ``--progress`` adds the ``build`` tool,
-which reports progress (``notifications/progress``) before it answers.
+which reports progress (``notifications/progress``) before it answers;
+``--big`` adds ``big``, which answers with a text of the size asked for.
 """
 
 from __future__ import annotations
@@ -138,8 +139,15 @@ async def build(steps: int, ctx: Context) -> str:
     return f"built in {steps} steps"
 
 
+def big(size: int) -> str:
+    """A text of ``size`` characters (one JSON-RPC line of about that many bytes)."""
+    return "x" * size
+
+
 if "--progress" in sys.argv:  # only then: other tests count this server's tools
     server.tool(description=doc("Report progress a few times, then answer."))(build)
+if "--big" in sys.argv:
+    server.tool(description=doc("Answer with a text of `size` characters."))(big)
 
 
 def main() -> None:
@@ -151,6 +159,7 @@ def main() -> None:
     )
     parser.add_argument("--long-docs", action="store_true", help="realistic description lengths")
     parser.add_argument("--progress", action="store_true", help="offer the `build` tool")
+    parser.add_argument("--big", action="store_true", help="offer the `big` tool")
     args = parser.parse_args()
     for i in range(args.banner):  # as servers that greet on stdout do
         print(f"agentik-test server starting ({i + 1}/{args.banner})", flush=True)

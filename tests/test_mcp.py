@@ -789,3 +789,29 @@ async def test_a_command_with_a_slash_is_taken_as_given(tmp_path):
         assert st["state"] == "failed" and str(tmp_path) in st["error"]
     finally:
         await toolset.aclose()
+
+
+async def test_a_message_over_the_limit_stops_the_server_and_the_next_call_works(monkeypatch):
+    """A stdio server's answer is one JSON-RPC line: a long one arrives whole (read
+    in linear time), one over ``MAX_STDIO_MESSAGE`` stops that server — the call
+    fails with a clear error, the server is started again and the next call works."""
+    from agentik.core.tools import mcp as mcp_module
+
+    # The text goes twice in the line (content, and structured content).
+    monkeypatch.setattr(mcp_module, "MAX_STDIO_MESSAGE", 8 * 1024 * 1024)
+    toolset = MCPToolset([stdio(args=(SERVER, "--big"), timeout=60.0)])
+    await toolset.start()
+    try:
+        tools = by_name(toolset)
+        # 3 MiB: many pipe reads, one line, under the limit: all of it.
+        result = await tools["calc__big"].call({"size": 3 * 1024 * 1024}, CTX)
+        assert result.text == "x" * (3 * 1024 * 1024)
+        old = status(toolset, "calc")["pid"]
+        with pytest.raises(ToolError, match=r"MCP server 'calc' stopped: .*restarting"):
+            await tools["calc__big"].call({"size": 6 * 1024 * 1024}, CTX)
+        result = await tools["calc__add"].call({"a": 2, "b": 3}, CTX)
+        assert result.data == {"result": 5}
+        assert status(toolset, "calc")["pid"] != old
+        await until(lambda: gone(old), "the stopped server to be reaped")
+    finally:
+        await toolset.aclose()

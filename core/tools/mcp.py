@@ -178,6 +178,65 @@ def resolve_command(cfg: MCPServerConfig) -> str:
 # the helper, pids are simply not reported.
 _spawned: ContextVar[list[Any] | None] = ContextVar("agentik_mcp_spawned", default=None)
 
+#: The longest message (one JSON-RPC line) a stdio MCP server may send, in bytes.
+#: A server that sends a longer one is stopped (and started again, as after a crash).
+MAX_STDIO_MESSAGE = 16 * 1024 * 1024
+
+
+class _Lines:
+    """A stdio server's stdout, handed to the SDK a whole line (or several) at a time.
+
+    The SDK's reader joins each chunk to what it holds of an unfinished line,
+    which is quadratic on one long line: a 50 MB answer kept the event loop
+    busy for minutes (every channel stalled).  Here the parts of a line are
+    collected in a list and joined once; a line over ``limit`` bytes stops the
+    server (its stdout then ends, the session with it) instead.
+    """
+
+    def __init__(self, inner: Any, limit: int, process: Any) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._process = process
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._raw = False  # after an overflow: the SDK drains what is left
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._raw:
+            return bytes(await self._inner.receive(max_bytes))
+        while True:
+            try:
+                data = bytes(await self._inner.receive(1 << 20))
+            except anyio.EndOfStream:
+                if not self._parts:
+                    raise
+                rest, self._parts, self._size = b"".join(self._parts), [], 0
+                return rest
+            cut = data.rfind(b"\n") + 1
+            if not cut:
+                self._parts.append(data)
+                self._size += len(data)
+                if self._size > self._limit:
+                    self._overflow()
+                continue
+            head = b"".join([*self._parts, data[:cut]]) if self._parts else data[:cut]
+            self._parts = [data[cut:]] if cut < len(data) else []
+            self._size = len(data) - cut
+            return head
+
+    def _overflow(self) -> None:
+        self._raw, self._parts, self._size = True, [], 0
+        log.warning(
+            "MCP server (pid %s) sent a message over %d bytes: stopping it",
+            getattr(self._process, "pid", "?"), self._limit,
+        )  # fmt: skip
+        with contextlib.suppress(ProcessLookupError, OSError):
+            self._process.kill()
+        raise ConnectionError(f"the MCP server sent a message over {self._limit} bytes")
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
 
 def _install_spawn_hook() -> None:
     from mcp.client import stdio as mcp_stdio
@@ -188,6 +247,11 @@ def _install_spawn_hook() -> None:
 
     async def spawn(*args: Any, **kwargs: Any) -> Any:
         process = await orig(*args, **kwargs)
+        # anyio's asyncio Process keeps its stdout here; elsewhere the SDK's own
+        # reader stays (no line limit).
+        stdout = getattr(process, "_stdout", None)
+        if stdout is not None and hasattr(stdout, "receive"):
+            process._stdout = _Lines(stdout, MAX_STDIO_MESSAGE, process)
         sink = _spawned.get()
         if sink is not None:
             sink.append(process)
