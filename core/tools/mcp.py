@@ -226,13 +226,16 @@ class _Lines:
 
     def _overflow(self) -> None:
         self._raw, self._parts, self._size = True, [], 0
+        why = f"it sent a message over {self._limit} bytes"
+        with contextlib.suppress(AttributeError):
+            self._process._agentik_stopped = why
         log.warning(
             "MCP server (pid %s) sent a message over %d bytes: stopping it",
             getattr(self._process, "pid", "?"), self._limit,
         )  # fmt: skip
         with contextlib.suppress(ProcessLookupError, OSError):
             self._process.kill()
-        raise ConnectionError(f"the MCP server sent a message over {self._limit} bytes")
+        raise ConnectionError(f"the MCP server: {why}")
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -989,7 +992,9 @@ class _Server:
             if self._lost or exc.code == mt.CONNECTION_CLOSED or "terminated" in exc.message:
                 if session is self.session:
                     self._mark_lost()
-                raise await self._stopped(generation, down, self._scrub(exc.message)) from None
+                # Stopped by us (a message over the limit): say why.
+                why = getattr(self._process, "_agentik_stopped", None) or exc.message
+                raise await self._stopped(generation, down, self._scrub(why)) from None
             raise ToolError(f"MCP server {name!r}: {self._scrub(exc.message)}") from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
             if self._gone_generation == generation:
