@@ -161,3 +161,54 @@ def test_config_reference_lists_every_key():
     assert len(names) > 100
     missing = sorted(n for n in names if f"| `{n}` |" not in reference)
     assert not missing, f"keys missing from docs/reference/config.md: {missing}"
+
+
+def _without_table(text: str, header: str) -> str:
+    """``text`` (a TOML file) without the table ``header`` and its keys."""
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("["):
+            skipping = line.strip() == header
+        if not skipping:
+            out.append(line)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("transport", ["irc", "slack"])
+def test_readme_recipes_work_on_a_copy_of_the_example_as_the_readme_says(tmp_path, transport):
+    """A stranger copies config.example.toml and does what the README says with each
+    recipe's table: the file loads, and the transport is on.  (The README said "add a
+    table", and the example already has one of that name: TOML refuses the file.)"""
+    from helpers import AGENTIK
+
+    readme = README.read_text(encoding="utf-8")
+    recipe = next(
+        (m for m in re.finditer(r"```toml\n(.*?)```", readme, re.S)
+         if f'type = "{transport}"' in m.group(1)),
+        None,
+    )  # fmt: skip
+    assert recipe is not None
+    header = recipe.group(1).splitlines()[0].strip()
+    assert re.fullmatch(r"\[transports\.[\w-]+\]", header), header
+    example = (ROOT / "config.example.toml").read_text(encoding="utf-8")
+    said = readme[: recipe.start()].rsplit("```", 1)[-1]
+    if f"\n{header}\n" in example:
+        # The recipe's table is in the example: the README must say to replace it.
+        assert "replace" in said and f"`{header}`" in said.replace("\n", " "), said
+        example = _without_table(example, header)
+    config = tmp_path / "bot.toml"
+    config.write_text(example + "\n" + recipe.group(1), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
+    env.update(IRC_SASL_PASSWORD="pw", SLACK_BOT_TOKEN="xoxb-1", SLACK_APP_TOKEN="xapp-1")
+    result = subprocess.run(
+        [AGENTIK, "check", "-c", str(config)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,  # only guards against a hang
+    )
+    assert result.returncode == 0, result.stderr
+    name = header[len("[transports.") : -1]
+    assert f"transport {name}: {transport}\n" in result.stdout  # enabled: no "(disabled)"
