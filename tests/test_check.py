@@ -488,3 +488,43 @@ def test_check_refuses_a_uses_that_names_no_agent_as_run_does(tmp_path, change, 
     result = run("check", "-c", cfg, cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"agentik: {cfg}: {error}\n"
+
+
+# -- files the bot reads at start-up ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("toml", "error"),
+    [
+        ('[agent]\nsoul = "SOUL.md"\n', "agent.soul: cannot read '{dir}/SOUL.md': No such file"),
+        ('[agent]\nskills = "skills"\n',
+         "agent.skills: skills folder '{dir}/skills' does not exist"),
+        ('[health]\nlisten = "127.0.0.1:0"\ntoken_file = "token.txt"\n',
+         "health.token_file: cannot read {dir}/token.txt: No such file"),
+        ('[health]\nlisten = "127.0.0.1:0"\ntoken_env = "AGENTIK_NO_SUCH_TOKEN"\n',
+         "health.token_env: the environment variable AGENTIK_NO_SUCH_TOKEN is not set"),
+        ('[transports.libera]\ntype = "irc"\nhost = "127.0.0.1"\nssl_ca_file = "{dir}/ca.pem"\n',
+         "transports.libera.ssl_ca_file: "),
+        ('[transports.libera]\ntype = "irc"\nhost = "127.0.0.1"\nsasl_mechanism = "external"\n'
+         'client_cert = "{dir}/bot.pem"\n', "transports.libera.client_cert: "),
+    ],
+)  # fmt: skip
+def test_check_refuses_a_file_the_bot_could_not_read_at_start_up(tmp_path, toml, error):
+    """`check` said "valid" and exited 0 while `run` then stopped on the missing soul,
+    skills folder or token (status 2) or its IRC network failed on a TLS file."""
+    body = '[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n' + toml
+    cfg = write(tmp_path, body.format(dir=tmp_path))
+    result = run("check", "-c", cfg, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"agentik: {cfg}: {error.format(dir=tmp_path)}")
+    # The same file with what it names in place is valid.
+    for name in ("SOUL.md", "token.txt"):
+        (tmp_path / name).write_text("a persona, or a token of 16+ characters\n")
+    (tmp_path / "skills").mkdir()
+    if "ssl_ca_file" in toml or "client_cert" in toml:
+        return  # a CA or a client certificate needs a real PEM: not made here
+    env = {"AGENTIK_NO_SUCH_TOKEN": "a-token-of-16-characters"}
+    fixed = run("check", "-c", cfg, cwd=tmp_path, env=env)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "is valid" in fixed.stdout
