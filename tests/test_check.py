@@ -528,3 +528,20 @@ def test_check_refuses_a_file_the_bot_could_not_read_at_start_up(tmp_path, toml,
     fixed = run("check", "-c", cfg, cwd=tmp_path, env=env)
     assert fixed.returncode == 0, fixed.stderr
     assert "is valid" in fixed.stdout
+
+
+@pytest.mark.parametrize(
+    ("toml", "names"),
+    [
+        ('type = "irc"\nhost = "h"\nsasl_mechanism = "plain"\nsasl_username = "bot"\n',
+         "sasl_password"),
+        ('type = "slack"\nbot_token = "xoxb-1"\nmode = "socket"\n', "app_token"),
+    ],
+)  # fmt: skip
+def test_a_check_of_a_whole_transport_table_names_the_table(tmp_path, toml, names):
+    """A rule over several keys of a transport read "transports.libera.: …" (an empty key)."""
+    cfg = write(tmp_path, '[llm]\nbackend = "scripted"\n[transports.libera]\n' + toml)
+    result = run("check", "-c", cfg, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"agentik: {cfg}: transports.libera: "), result.stderr
+    assert names in result.stderr and "libera.:" not in result.stderr
