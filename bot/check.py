@@ -279,6 +279,10 @@ def _transport_lines(config: Config, transports: dict[str, Any]) -> list[str]:
             value = getattr(options, key)
             if key == "port" and hasattr(options, "effective_port"):
                 value = options.effective_port
+            elif key == "port" and isinstance(getattr(transports[name], "port", None), int):
+                value = transports[name].port  # the http transport's, after AGENTIK_PORT
+            if key == "host" and getattr(transports[name], "loopback_only", False):
+                value = f"127.0.0.1 (not {value}: without tokens the API is loopback only)"
             if key == "channels" and isinstance(value, list):
                 value = ", ".join(value) or "(none)"
             if value is None:

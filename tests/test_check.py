@@ -545,3 +545,19 @@ def test_a_check_of_a_whole_transport_table_names_the_table(tmp_path, toml, name
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"agentik: {cfg}: transports.libera: "), result.stderr
     assert names in result.stderr and "libera.:" not in result.stderr
+
+
+def test_check_shows_the_http_address_the_bot_will_really_listen_on(tmp_path):
+    """check showed the file's port under AGENTIK_PORT (which overrides it) and
+    0.0.0.0 for an API without tokens (which listens on 127.0.0.1 only)."""
+    cfg = write(
+        tmp_path,
+        '[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n'
+        '[transports.web]\ntype = "http"\nhost = "0.0.0.0"\nport = 8080\n',
+    )
+    result = run("check", "-c", cfg, cwd=tmp_path, env={"AGENTIK_PORT": "9123"})
+    assert result.returncode == 0, result.stderr
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("  host "))
+    assert line.startswith(
+        "  host 127.0.0.1 (not 0.0.0.0: without tokens the API is loopback only), port 9123,"
+    )
