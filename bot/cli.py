@@ -298,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
 def _load(path: str | None, needs: frozenset[str] | None, missing: list[MissingVar]) -> Config:
     if path is None:
         return Config()
+    if not os.path.exists(path):
+        # A first `agentik conversations list` after `make run` (which used
+        # config.example.toml) lands here: say how to name the file.
+        raise ConfigError(
+            f"{path}: no such configuration file (name one with -c FILE or $AGENTIK_CONFIG;"
+            " config.example.toml is a complete example to copy)"
+        )
     try:
         return load_config(path, needs=needs, missing=missing)
     except ConfigError:

@@ -125,6 +125,14 @@ def test_missing_config_file_exits_2(tmp_path, command):
     assert missing in line and "no such configuration file" in line
 
 
+def test_a_missing_default_config_file_says_how_to_name_one(tmp_path):
+    """After `make run` (config.example.toml) a plain `agentik conversations list`
+    looks for config.toml: the error says how to point it at a file."""
+    line = assert_one_line_error(agentik("conversations", "list", cwd=tmp_path), 2)
+    assert "config.toml: no such configuration file" in line
+    assert "-c FILE" in line and "AGENTIK_CONFIG" in line
+
+
 def test_openai_backend_without_a_model_exits_2(tmp_path):
     config = write_config(tmp_path, "")
     result = agentik("check", "-c", config, cwd=tmp_path, env={"OPENAI_API_KEY": SECRET})
