@@ -212,3 +212,19 @@ def test_readme_recipes_work_on_a_copy_of_the_example_as_the_readme_says(tmp_pat
     assert result.returncode == 0, result.stderr
     name = header[len("[transports.") : -1]
     assert f"transport {name}: {transport}\n" in result.stdout  # enabled: no "(disabled)"
+
+
+def test_development_page_names_every_benchmark_and_what_make_bench_runs():
+    """docs/development.md listed five of the nine benchmarks `make bench` runs, and
+    bench_irc.py (run by nothing) nowhere."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    page = (DOCS / "development.md").read_text(encoding="utf-8")
+    bench = re.search(r"^bench:.*?\n((?:\t.*\n)+)", makefile, re.M)
+    assert bench is not None
+    in_make = re.findall(r"benchmarks/bench_(\w+)\.py", bench.group(1))
+    line = re.search(r"make bench +# benchmarks/bench_\{([\w,]+)\}\.py", page)
+    assert line is not None, "docs/development.md: no `make bench` line"
+    assert sorted(line.group(1).split(",")) == sorted(in_make)
+    for path in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        name = path.stem.removeprefix("bench_")
+        assert name in in_make or f"benchmarks/{path.name}" in page, path.name
