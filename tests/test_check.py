@@ -561,3 +561,30 @@ def test_check_shows_the_http_address_the_bot_will_really_listen_on(tmp_path):
     assert line.startswith(
         "  host 127.0.0.1 (not 0.0.0.0: without tokens the API is loopback only), port 9123,"
     )
+
+
+def test_irc_tls_files_are_relative_to_the_configuration_file(tmp_path):
+    """ssl_ca_file, client_cert and client_key were opened relative to the working
+    directory (/var/lib/agentik under the systemd unit), unlike every other path in
+    the file; a bot started elsewhere than the config's folder could not find them."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "bot.key",
+         "-out", "bot.pem", "-days", "2", "-subj", "/CN=agentik test"],
+        check=True, capture_output=True, cwd=etc, timeout=120,
+    )  # fmt: skip
+    cfg = etc / "bot.toml"
+    cfg.write_text(
+        '[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n'
+        '[transports.libera]\ntype = "irc"\nhost = "127.0.0.1"\nssl_ca_file = "bot.pem"\n'
+        'sasl_mechanism = "external"\nclient_cert = "bot.pem"\nclient_key = "bot.key"\n'
+    )
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    result = run("check", "-c", str(cfg), cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    (etc / "bot.key").unlink()
+    result = run("check", "-c", str(cfg), cwd=elsewhere)
+    assert result.returncode == 2
+    assert f"transports.libera.client_cert: {etc / 'bot.pem'}, {etc / 'bot.key'}: " in result.stderr
