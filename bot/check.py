@@ -318,7 +318,14 @@ def _transport_lines(config: Config, transports: dict[str, Any]) -> list[str]:
             shown_bridge = ", ".join(f"{k}={getattr(section, k)!r}" for k in bridge)
             out.append(f"  channel options: {shown_bridge}")
     if not config.transports:
-        out.append("transports: none configured (agentik chat adds a terminal)")
+        out.append(
+            "transports: none configured: agentik run refuses to start (agentik chat adds"
+            " a terminal)"
+        )
+    elif not any(s.enabled for s in config.transports.values()):
+        out.append(
+            "transports: none enabled: agentik run refuses to start (agentik chat adds a terminal)"
+        )
     return out
 
 

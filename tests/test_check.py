@@ -588,3 +588,20 @@ def test_irc_tls_files_are_relative_to_the_configuration_file(tmp_path):
     result = run("check", "-c", str(cfg), cwd=elsewhere)
     assert result.returncode == 2
     assert f"transports.libera.client_cert: {etc / 'bot.pem'}, {etc / 'bot.key'}: " in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("transports", "said"),
+    [("", "transports: none configured: agentik run refuses to start"),
+     ('[transports.t]\ntype = "stdio"\nenabled = false\n',
+      "transports: none enabled: agentik run refuses to start")],
+)  # fmt: skip
+def test_check_says_when_run_would_refuse_for_want_of_a_transport(tmp_path, transports, said):
+    """check passed such a file with no word of it; run then exited 2 ("no transport is
+    enabled"). The file is still valid (agentik chat adds a terminal): a line says so."""
+    cfg = write(tmp_path, '[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n' + transports)
+    result = run("check", "-c", cfg, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert said in result.stdout
+    refused = run("run", "-c", cfg, cwd=tmp_path)
+    assert refused.returncode == 2 and "no transport is enabled" in refused.stderr
