@@ -135,10 +135,10 @@ async def _aclose(obj: Any) -> None:
 
 
 def _file_problems(config: Config, transports: dict[str, Any]) -> list[str]:
-    """The files the bot reads when it starts, read now the same way: the soul, the
-    skills folder, the health listener's token, each enabled transport's TLS files.
-    Each problem names its key (``agent.soul: cannot read …``); a soul URL is only
-    fetched by ``--probe``'s model probes, never here."""
+    """The files the bot reads when it starts, read now the same way: the database's
+    folder, the soul, the skills folder, the health listener's token, each enabled
+    transport's TLS files.  Each problem names its key (``agent.soul: cannot read …``);
+    a soul URL is not fetched here."""
     from agentik.core.errors import ConfigError
     from agentik.core.skills import load_skills
     from agentik.core.soul import is_url, read_soul
@@ -146,6 +146,10 @@ def _file_problems(config: Config, transports: dict[str, Any]) -> list[str]:
     from .health import load_token
 
     problems: list[str] = []
+    folder = os.path.dirname(os.path.abspath(config.database))
+    if config.database != ":memory:" and not os.path.isdir(folder):
+        # SQLite creates the file, not its folder: run stops with "cannot open database".
+        problems.append(f"storage.path: the folder {folder} does not exist")
     soul = config.agent.soul
     if soul and not is_url(soul):
         try:

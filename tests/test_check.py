@@ -496,6 +496,7 @@ def test_check_refuses_a_uses_that_names_no_agent_as_run_does(tmp_path, change, 
 @pytest.mark.parametrize(
     ("toml", "error"),
     [
+        ('[storage]\npath = "data/bot.db"\n', "storage.path: the folder {dir}/data does not exist"),
         ('[agent]\nsoul = "SOUL.md"\n', "agent.soul: cannot read '{dir}/SOUL.md': No such file"),
         ('[agent]\nskills = "skills"\n',
          "agent.skills: skills folder '{dir}/skills' does not exist"),
@@ -512,7 +513,8 @@ def test_check_refuses_a_uses_that_names_no_agent_as_run_does(tmp_path, change, 
 def test_check_refuses_a_file_the_bot_could_not_read_at_start_up(tmp_path, toml, error):
     """`check` said "valid" and exited 0 while `run` then stopped on the missing soul,
     skills folder or token (status 2) or its IRC network failed on a TLS file."""
-    body = '[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n' + toml
+    storage = "" if toml.startswith("[storage]") else '[storage]\npath = "bot.db"\n'
+    body = '[llm]\nbackend = "scripted"\n' + storage + toml
     cfg = write(tmp_path, body.format(dir=tmp_path))
     result = run("check", "-c", cfg, cwd=tmp_path)
     assert result.returncode == 2
@@ -522,6 +524,7 @@ def test_check_refuses_a_file_the_bot_could_not_read_at_start_up(tmp_path, toml,
     for name in ("SOUL.md", "token.txt"):
         (tmp_path / name).write_text("a persona, or a token of 16+ characters\n")
     (tmp_path / "skills").mkdir()
+    (tmp_path / "data").mkdir()
     if "ssl_ca_file" in toml or "client_cert" in toml:
         return  # a CA or a client certificate needs a real PEM: not made here
     env = {"AGENTIK_NO_SUCH_TOKEN": "a-token-of-16-characters"}
