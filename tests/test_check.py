@@ -608,3 +608,25 @@ def test_check_says_when_run_would_refuse_for_want_of_a_transport(tmp_path, tran
     assert said in result.stdout
     refused = run("run", "-c", cfg, cwd=tmp_path)
     assert refused.returncode == 2 and "no transport is enabled" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "error"),
+    [
+        ('[llm]\nbackend = "olama"\n', {},
+         "llm.backend: unknown LLM backend 'olama' (did you mean 'llamacpp'?) (registered: "),
+        ('[llm]\nbackend = "scripted"\n[llm.profiles.fast]\nbackend = "opnai"\n', {},
+         "llm.profiles.fast.backend: unknown LLM backend 'opnai' (did you mean 'openai'?)"),
+        ("", {"AGENTIK_LLM_BACKEND": "opnai"},
+         "llm.backend: unknown LLM backend 'opnai' (set by AGENTIK_LLM_BACKEND, which"
+         " overrides the file)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_llm_backend_names_the_file_and_key(tmp_path, toml, env, error):
+    """A typo'd backend read only "agentik: unknown LLM backend 'olama' (registered: …)":
+    no file, no key, nothing about the environment variable that set it."""
+    cfg = write(tmp_path, toml)
+    for command in ("check", "run"):
+        result = run(command, "-c", cfg, cwd=tmp_path, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"agentik: {cfg}: {error}"), result.stderr
