@@ -630,3 +630,23 @@ def test_an_unknown_llm_backend_names_the_file_and_key(tmp_path, toml, env, erro
         result = run(command, "-c", cfg, cwd=tmp_path, env=env)
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith(f"agentik: {cfg}: {error}"), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "error"),
+    [
+        ('[plugins]\nload = ["no-such-plugin"]\n', {},
+         "{cfg}: plugins.load: no installed plugin is named 'no-such-plugin' (installed plugins:"),
+        ("", {"AGENTIK_PLUGINS": "no-such-plugin"},
+         "AGENTIK_PLUGINS: no installed plugin is named 'no-such-plugin' (installed plugins:"),
+    ],
+)  # fmt: skip
+def test_a_plugin_to_load_that_is_not_installed_is_an_error(tmp_path, toml, env, error):
+    """[plugins] load named a plugin that is not installed (config.example.toml's own
+    example, "agentik-webhook", is the distribution, not the plugin's name), and the bot
+    started without it, silently: its hooks (a moderation plugin, say) did not run."""
+    cfg = write(tmp_path, '[llm]\nbackend = "scripted"\n[transports.t]\ntype = "stdio"\n' + toml)
+    for command in ("check", "run"):
+        result = run(command, "-c", cfg, cwd=tmp_path, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("agentik: " + error.format(cfg=cfg)), result.stderr
