@@ -293,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `agentik conversations list | head`: the reader has gone; no traceback, and
+        # nothing more to write (stdout goes to /dev/null so the exit flush is quiet).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 def _load(path: str | None, needs: frozenset[str] | None, missing: list[MissingVar]) -> Config:

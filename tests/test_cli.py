@@ -452,3 +452,25 @@ def test_memory_with_backend_none_exits_2(tmp_path):
     result = agentik("memory", "list", "-c", conf, cwd=tmp_path)
     assert_one_line_error(result, 2)
     assert "memory.backend" in result.stderr
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
+    """`agentik check | head -1` printed a BrokenPipeError traceback once head left."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        result = subprocess.run(
+            [*AGENTIK, "check", "-c", str(Path(__file__).parent.parent / "config.example.toml")],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "BrokenPipeError" not in result.stderr
+    assert result.returncode == 1
