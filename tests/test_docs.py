@@ -228,3 +228,21 @@ def test_development_page_names_every_benchmark_and_what_make_bench_runs():
     for path in sorted((ROOT / "benchmarks").glob("bench_*.py")):
         name = path.stem.removeprefix("bench_")
         assert name in in_make or f"benchmarks/{path.name}" in page, path.name
+
+
+def test_configuration_page_names_every_section_and_channel_key():
+    """docs/configuration.md's table of sections left out twelve of them ([mcp],
+    [access], [health], ...) and five of the [channels."<pattern>"] keys."""
+    from agentik.bot.chansettings import ChannelSettings
+    from agentik.bot.config import Config
+    from agentik.core.settings import setting_fields
+
+    page = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    rows = [ln for ln in page.splitlines() if ln.startswith("| `[")]
+    heads = " ".join(ln.split(" | ")[0] for ln in rows)
+    missing = [s for s in Config.model_fields if s != "source" and f"`[{s}" not in heads
+               and f"`[[{s}" not in heads]  # fmt: skip
+    assert not missing, f"sections missing from the table: {missing}"
+    channels = next(ln for ln in rows if ln.startswith('| `[channels."<pattern>"]`'))
+    keys = [k for k in setting_fields(ChannelSettings) if f"`{k}`" not in channels]
+    assert not keys, f"[channels] keys missing from the table: {keys}"
