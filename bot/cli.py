@@ -19,7 +19,9 @@
     agentik memory restore ID VER  make an old version current again
     agentik memory add SCOPE TEXT  write a note (scope: global, channel:KEY, user:ID)
     agentik memory search WORDS    full-text search
+    agentik memory reembed [--all] embed notes lacking a vector of the configured model
     agentik plugins                list loaded plugins and what they registered
+    agentik mcp list               connect to each MCP server; show status and tools
     agentik status [--url URL]     ask a running bot: transports, conversations, uptime
     agentik access roles           roles: the configuration's and those given in chat
     agentik access audit           who changed which role, when (newest first)
@@ -30,6 +32,7 @@
     agentik db check               integrity, foreign keys, schema version (exit 1 on problems)
     agentik db vacuum              rebuild the file to reclaim free space
     agentik db migrate [--dry-run] apply (or list) pending schema migrations
+    agentik db prune [--dry-run]   apply the [retention] rules now
     agentik --version
 
 ``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
@@ -79,6 +82,7 @@ COMMANDS = (
     "memory restore",
     "memory add",
     "memory search",
+    "memory reembed",
     "plugins",
     "status",
     "mcp list",

@@ -246,3 +246,14 @@ def test_configuration_page_names_every_section_and_channel_key():
     channels = next(ln for ln in rows if ln.startswith('| `[channels."<pattern>"]`'))
     keys = [k for k in setting_fields(ChannelSettings) if f"`{k}`" not in channels]
     assert not keys, f"[channels] keys missing from the table: {keys}"
+
+
+def test_operations_page_lists_every_chat_command():
+    """The "Chat commands" table ("every transport has them") showed 11 of the 20."""
+    from agentik.bot.bridge import COMMANDS
+
+    page = (DOCS / "operations.md").read_text(encoding="utf-8")
+    table = page.split("## Chat commands", 1)[1].split("\n## ", 1)[0]
+    rows = " ".join(ln.split(" | ")[0] for ln in table.splitlines() if ln.startswith("| `"))
+    missing = [c for c in COMMANDS if f"`{c}`" not in rows]
+    assert not missing, f"chat commands missing from docs/operations.md: {missing}"
