@@ -136,9 +136,9 @@ async def _aclose(obj: Any) -> None:
 
 def _file_problems(config: Config, transports: dict[str, Any]) -> list[str]:
     """The files the bot reads when it starts, read now the same way: the database's
-    folder, the soul, the skills folder, the health listener's token, each enabled
-    transport's TLS files.  Each problem names its key (``agent.soul: cannot read …``);
-    a soul URL is not fetched here."""
+    folder, the markdown memory folder, the soul, the skills folder, the health
+    listener's token, each enabled transport's TLS files.  Each problem names its key
+    (``agent.soul: cannot read …``); a soul URL is not fetched here."""
     from agentik.core.errors import ConfigError
     from agentik.core.skills import load_skills
     from agentik.core.soul import is_url, read_soul
@@ -150,6 +150,16 @@ def _file_problems(config: Config, transports: dict[str, Any]) -> list[str]:
     if config.database != ":memory:" and not os.path.isdir(folder):
         # SQLite creates the file, not its folder: run stops with "cannot open database".
         problems.append(f"storage.path: the folder {folder} does not exist")
+    if config.memory.backend == "markdown":
+        # The bot creates the notes folder (and its parents) at start-up.
+        notes = config.resolve_path(config.memory.path)
+        there = notes
+        while not os.path.exists(there) and os.path.dirname(there) != there:
+            there = os.path.dirname(there)
+        if not os.path.isdir(there):
+            problems.append(f"memory.path: cannot make the folder {notes}: {there} is not a folder")
+        elif not os.access(there, os.W_OK) and there != notes:
+            problems.append(f"memory.path: cannot make the folder {notes}: {there} is not writable")
     soul = config.agent.soul
     if soul and not is_url(soul):
         try:

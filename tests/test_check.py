@@ -497,6 +497,9 @@ def test_check_refuses_a_uses_that_names_no_agent_as_run_does(tmp_path, change, 
     ("toml", "error"),
     [
         ('[storage]\npath = "data/bot.db"\n', "storage.path: the folder {dir}/data does not exist"),
+        ('[memory]\nbackend = "markdown"\npath = "notes.txt/notes"\n',
+         "memory.path: cannot make the folder {dir}/notes.txt/notes: {dir}/notes.txt is not a"
+         " folder"),
         ('[agent]\nsoul = "SOUL.md"\n', "agent.soul: cannot read '{dir}/SOUL.md': No such file"),
         ('[agent]\nskills = "skills"\n',
          "agent.skills: skills folder '{dir}/skills' does not exist"),
@@ -516,11 +519,13 @@ def test_check_refuses_a_file_the_bot_could_not_read_at_start_up(tmp_path, toml,
     storage = "" if toml.startswith("[storage]") else '[storage]\npath = "bot.db"\n'
     body = '[llm]\nbackend = "scripted"\n' + storage + toml
     cfg = write(tmp_path, body.format(dir=tmp_path))
+    (tmp_path / "notes.txt").write_text("a file where a folder should be\n")
     result = run("check", "-c", cfg, cwd=tmp_path)
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.startswith(f"agentik: {cfg}: {error.format(dir=tmp_path)}")
     # The same file with what it names in place is valid.
+    (tmp_path / "notes.txt").unlink()
     for name in ("SOUL.md", "token.txt"):
         (tmp_path / name).write_text("a persona, or a token of 16+ characters\n")
     (tmp_path / "skills").mkdir()
