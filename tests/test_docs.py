@@ -257,3 +257,20 @@ def test_operations_page_lists_every_chat_command():
     rows = " ".join(ln.split(" | ")[0] for ln in table.splitlines() if ln.startswith("| `"))
     missing = [c for c in COMMANDS if f"`{c}`" not in rows]
     assert not missing, f"chat commands missing from docs/operations.md: {missing}"
+
+
+def test_no_page_installs_agentik_by_name_from_the_package_index():
+    """docs/deployment.md said `sudo pipx install --global agentik`: the `agentik` on PyPI
+    is an unrelated project, so that installed someone else's code as root. agentik is
+    installed from a checkout (a path), never by name."""
+    by_name = re.compile(
+        r"(?:pipx|pip|uv tool) install (?:--?[\w-]+ )*"
+        r"['\"]?agentik(?:\[[\w,]+\])?['\"]?(?=[\s`)]|$)"
+    )
+    pages = [README, ROOT / "contrib" / "agentik.service", *sorted(DOCS.rglob("*.md"))]
+    found = [
+        f"{page.relative_to(ROOT)}: {m.group(0)}"
+        for page in pages
+        for m in by_name.finditer(page.read_text(encoding="utf-8"))
+    ]
+    assert not found, found
