@@ -33,11 +33,50 @@ log = logging.getLogger(__name__)
 
 
 def load_registry(config: Config, extra: tuple[object, ...] = ()) -> Registry:
-    """Load plugins, honouring ``[plugins] load`` unless ``AGENTIK_PLUGINS`` is set."""
+    """Load plugins, honouring ``[plugins] load`` unless ``AGENTIK_PLUGINS`` is set.
+
+    A name there that no installed plugin has is an error naming the key (or the
+    variable): a plugin left out by a typo must not go unnoticed.
+    """
     env = dict(os.environ)
-    if config.plugins.load is not None and "AGENTIK_PLUGINS" not in env:
-        env["AGENTIK_PLUGINS"] = ",".join(config.plugins.load)
+    if "AGENTIK_PLUGINS" in env:
+        where = "AGENTIK_PLUGINS"
+        wanted = [p.strip() for p in env["AGENTIK_PLUGINS"].split(",") if p.strip()]
+    else:
+        where = f"{config.source}: plugins.load"
+        wanted = list(config.plugins.load or ())
+        if config.plugins.load is not None:
+            env["AGENTIK_PLUGINS"] = ",".join(config.plugins.load)
+    if wanted:
+        _check_plugin_names(wanted, where)
     return load_plugins(extra, env=env)
+
+
+def _check_plugin_names(wanted: list[str], where: str) -> None:
+    """Each of ``wanted`` is the name of an installed plugin (its entry point's)."""
+    from importlib.metadata import entry_points
+
+    from agentik.core.plugins import BUILTIN_DISTRIBUTION, ENTRY_POINT_GROUP
+    from agentik.core.settings import did_you_mean
+
+    points = list(entry_points(group=ENTRY_POINT_GROUP))
+    names = {ep.name for ep in points}
+    for name in wanted:
+        if name in names:
+            continue
+        by_dist = [ep.name for ep in points if ep.dist is not None and ep.dist.name == name]
+        hint = (
+            f" ({name!r} is the distribution; its plugin is named {by_dist[0]!r})"
+            if by_dist
+            else did_you_mean(name, names)
+        )
+        third = sorted(
+            ep.name for ep in points if ep.dist is None or ep.dist.name != BUILTIN_DISTRIBUTION
+        )
+        raise ConfigError(
+            f"{where}: no installed plugin is named {name!r}{hint}"
+            f" (installed plugins: {', '.join(third) or 'none'})"
+        )
 
 
 def make_transport(

@@ -40,7 +40,13 @@ from agentik.core.memory.markdown import MarkdownMemory
 from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.plugins import Registry
 from agentik.core.redaction import scrubber_plugin
-from agentik.core.settings import is_file_path, plain_values, setting_fields, validate_settings
+from agentik.core.settings import (
+    did_you_mean,
+    is_file_path,
+    plain_values,
+    setting_fields,
+    validate_settings,
+)
 from agentik.core.skills import SkillSet, load_skills
 from agentik.core.soul import fetch_soul, is_url, read_soul
 from agentik.core.streamprofiles import StreamProfile
@@ -522,8 +528,18 @@ def resolve_backend(
             f" install the LiteRT-LM plugin, unset {LITERT_ENV}, or set llm.backend"
         )
     factory = registry.llm_backends.get(name)
-    if factory is None:  # let the registry name what is installed
-        registry.create_backend(name)
+    if factory is None:  # a typo ("olama") or a plugin that is not installed
+        names = sorted(registry.llm_backends)
+        environ = os.environ if env is None else env
+        via = (
+            " (set by AGENTIK_LLM_BACKEND, which overrides the file)"
+            if environ.get("AGENTIK_LLM_BACKEND", "").strip() == name
+            else ""
+        )
+        raise ConfigError(
+            f"{config.source}: llm.backend: unknown LLM backend {name!r}{via}"
+            f"{did_you_mean(name, names)} (registered: {', '.join(names) or 'none'})"
+        )
     settings = backend_settings(config, registry, name)
     kwargs: dict[str, Any]
     if settings is None:

@@ -3,7 +3,9 @@
 The setup shows what will run: the model backend and endpoint, storage,
 memory, each transport's host, port, TLS and channels, MCP servers, the
 named agents (``[agents.<name>]``: what each may use and its limits), access
-rules, approvals, budgets and channel settings.  Secrets are never shown:
+rules, approvals, budgets and channel settings.  The files the bot reads at
+start-up (soul, skills, the health token, TLS files) are read as ``run`` reads
+them; one that cannot be read is an error naming its key.  Secrets are never shown:
 a secret key reads ``set`` or ``missing``.  A ``${VAR}`` that is not set is
 one error line naming every such variable and its key (exit status 2).
 
@@ -78,6 +80,13 @@ def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: fl
     }
     closed = False
     try:
+        problems = _file_problems(config, transports)
+        if problems:
+            # What `agentik run` would stop on at start-up: a configuration error.
+            more = len(problems) - 1
+            tail = f" (and {more} more: {'; '.join(problems[1:])})" if more else ""
+            print(f"agentik: {config.source}: {problems[0]}{tail}", file=sys.stderr)
+            return 2
         out = [f"configuration: {config.source} is valid"]
         out += _model_lines(config, registry, backend, profiles)
         out += _storage_lines(config)
@@ -123,6 +132,60 @@ async def _aclose(obj: Any) -> None:
 
 
 # -- the setup ---------------------------------------------------------------------------------
+
+
+def _file_problems(config: Config, transports: dict[str, Any]) -> list[str]:
+    """The files the bot reads when it starts, read now the same way: the database's
+    folder, the markdown memory folder, the soul, the skills folder, the health
+    listener's token, each enabled transport's TLS files.  Each problem names its key
+    (``agent.soul: cannot read …``); a soul URL is not fetched here."""
+    from agentik.core.errors import ConfigError
+    from agentik.core.skills import load_skills
+    from agentik.core.soul import is_url, read_soul
+
+    from .health import load_token
+
+    problems: list[str] = []
+    folder = os.path.dirname(os.path.abspath(config.database))
+    if config.database != ":memory:" and not os.path.isdir(folder):
+        # SQLite creates the file, not its folder: run stops with "cannot open database".
+        problems.append(f"storage.path: the folder {folder} does not exist")
+    if config.memory.backend == "markdown":
+        # The bot creates the notes folder (and its parents) at start-up.
+        notes = config.resolve_path(config.memory.path)
+        there = notes
+        while not os.path.exists(there) and os.path.dirname(there) != there:
+            there = os.path.dirname(there)
+        if not os.path.isdir(there):
+            problems.append(f"memory.path: cannot make the folder {notes}: {there} is not a folder")
+        elif not os.access(there, os.W_OK) and there != notes:
+            problems.append(f"memory.path: cannot make the folder {notes}: {there} is not writable")
+    soul = config.agent.soul
+    if soul and not is_url(soul):
+        try:
+            read_soul(config.resolve_path(soul))
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if config.agent.skills:
+        try:
+            load_skills(config.resolve_path(config.agent.skills))
+        except ConfigError as exc:
+            problems.append(f"agent.skills: {exc}")
+    if config.health.listen:
+        try:
+            load_token(config.health, resolve=config.resolve_path)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    for name, section in config.transports.items():
+        # The TLS context a transport builds when it connects (CA file, client
+        # certificate and key): its errors name the key.
+        make_tls = getattr(transports[name], "_ssl_context", None)
+        if section.enabled and callable(make_tls):
+            try:
+                make_tls()
+            except ConfigError as exc:
+                problems.append(str(exc))
+    return problems
 
 
 def _model_lines(
@@ -230,6 +293,10 @@ def _transport_lines(config: Config, transports: dict[str, Any]) -> list[str]:
             value = getattr(options, key)
             if key == "port" and hasattr(options, "effective_port"):
                 value = options.effective_port
+            elif key == "port" and isinstance(getattr(transports[name], "port", None), int):
+                value = transports[name].port  # the http transport's, after AGENTIK_PORT
+            if key == "host" and getattr(transports[name], "loopback_only", False):
+                value = f"127.0.0.1 (not {value}: without tokens the API is loopback only)"
             if key == "channels" and isinstance(value, list):
                 value = ", ".join(value) or "(none)"
             if value is None:
@@ -265,7 +332,14 @@ def _transport_lines(config: Config, transports: dict[str, Any]) -> list[str]:
             shown_bridge = ", ".join(f"{k}={getattr(section, k)!r}" for k in bridge)
             out.append(f"  channel options: {shown_bridge}")
     if not config.transports:
-        out.append("transports: none configured (agentik chat adds a terminal)")
+        out.append(
+            "transports: none configured: agentik run refuses to start (agentik chat adds"
+            " a terminal)"
+        )
+    elif not any(s.enabled for s in config.transports.values()):
+        out.append(
+            "transports: none enabled: agentik run refuses to start (agentik chat adds a terminal)"
+        )
     return out
 
 

@@ -19,7 +19,9 @@
     agentik memory restore ID VER  make an old version current again
     agentik memory add SCOPE TEXT  write a note (scope: global, channel:KEY, user:ID)
     agentik memory search WORDS    full-text search
+    agentik memory reembed [--all] embed notes lacking a vector of the configured model
     agentik plugins                list loaded plugins and what they registered
+    agentik mcp list               connect to each MCP server; show status and tools
     agentik status [--url URL]     ask a running bot: transports, conversations, uptime
     agentik access roles           roles: the configuration's and those given in chat
     agentik access audit           who changed which role, when (newest first)
@@ -30,6 +32,7 @@
     agentik db check               integrity, foreign keys, schema version (exit 1 on problems)
     agentik db vacuum              rebuild the file to reclaim free space
     agentik db migrate [--dry-run] apply (or list) pending schema migrations
+    agentik db prune [--dry-run]   apply the [retention] rules now
     agentik --version
 
 ``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
@@ -79,6 +82,7 @@ COMMANDS = (
     "memory restore",
     "memory add",
     "memory search",
+    "memory reembed",
     "plugins",
     "status",
     "mcp list",
@@ -293,11 +297,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `agentik conversations list | head`: the reader has gone; no traceback, and
+        # nothing more to write (stdout goes to /dev/null so the exit flush is quiet).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 def _load(path: str | None, needs: frozenset[str] | None, missing: list[MissingVar]) -> Config:
     if path is None:
         return Config()
+    if not os.path.exists(path):
+        # A first `agentik conversations list` after `make run` (which used
+        # config.example.toml) lands here: say how to name the file.
+        raise ConfigError(
+            f"{path}: no such configuration file (name one with -c FILE or $AGENTIK_CONFIG;"
+            " config.example.toml is a complete example to copy)"
+        )
     try:
         return load_config(path, needs=needs, missing=missing)
     except ConfigError:

@@ -488,3 +488,170 @@ def test_check_refuses_a_uses_that_names_no_agent_as_run_does(tmp_path, change, 
     result = run("check", "-c", cfg, cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"agentik: {cfg}: {error}\n"
+
+
+# -- files the bot reads at start-up ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("toml", "error"),
+    [
+        ('[storage]\npath = "data/bot.db"\n', "storage.path: the folder {dir}/data does not exist"),
+        ('[memory]\nbackend = "markdown"\npath = "notes.txt/notes"\n',
+         "memory.path: cannot make the folder {dir}/notes.txt/notes: {dir}/notes.txt is not a"
+         " folder"),
+        ('[agent]\nsoul = "SOUL.md"\n', "agent.soul: cannot read '{dir}/SOUL.md': No such file"),
+        ('[agent]\nskills = "skills"\n',
+         "agent.skills: skills folder '{dir}/skills' does not exist"),
+        ('[health]\nlisten = "127.0.0.1:0"\ntoken_file = "token.txt"\n',
+         "health.token_file: cannot read {dir}/token.txt: No such file"),
+        ('[health]\nlisten = "127.0.0.1:0"\ntoken_env = "AGENTIK_NO_SUCH_TOKEN"\n',
+         "health.token_env: the environment variable AGENTIK_NO_SUCH_TOKEN is not set"),
+        ('[transports.libera]\ntype = "irc"\nhost = "127.0.0.1"\nssl_ca_file = "{dir}/ca.pem"\n',
+         "transports.libera.ssl_ca_file: "),
+        ('[transports.libera]\ntype = "irc"\nhost = "127.0.0.1"\nsasl_mechanism = "external"\n'
+         'client_cert = "{dir}/bot.pem"\n', "transports.libera.client_cert: "),
+    ],
+)  # fmt: skip
+def test_check_refuses_a_file_the_bot_could_not_read_at_start_up(tmp_path, toml, error):
+    """`check` said "valid" and exited 0 while `run` then stopped on the missing soul,
+    skills folder or token (status 2) or its IRC network failed on a TLS file."""
+    storage = "" if toml.startswith("[storage]") else '[storage]\npath = "bot.db"\n'
+    body = '[llm]\nbackend = "scripted"\n' + storage + toml
+    cfg = write(tmp_path, body.format(dir=tmp_path))
+    (tmp_path / "notes.txt").write_text("a file where a folder should be\n")
+    result = run("check", "-c", cfg, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"agentik: {cfg}: {error.format(dir=tmp_path)}")
+    # The same file with what it names in place is valid.
+    (tmp_path / "notes.txt").unlink()
+    for name in ("SOUL.md", "token.txt"):
+        (tmp_path / name).write_text("a persona, or a token of 16+ characters\n")
+    (tmp_path / "skills").mkdir()
+    (tmp_path / "data").mkdir()
+    if "ssl_ca_file" in toml or "client_cert" in toml:
+        return  # a CA or a client certificate needs a real PEM: not made here
+    env = {"AGENTIK_NO_SUCH_TOKEN": "a-token-of-16-characters"}
+    fixed = run("check", "-c", cfg, cwd=tmp_path, env=env)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "is valid" in fixed.stdout
+
+
+@pytest.mark.parametrize(
+    ("toml", "names"),
+    [
+        ('type = "irc"\nhost = "h"\nsasl_mechanism = "plain"\nsasl_username = "bot"\n',
+         "sasl_password"),
+        ('type = "slack"\nbot_token = "xoxb-1"\nmode = "socket"\n', "app_token"),
+    ],
+)  # fmt: skip
+def test_a_check_of_a_whole_transport_table_names_the_table(tmp_path, toml, names):
+    """A rule over several keys of a transport read "transports.libera.: …" (an empty key)."""
+    cfg = write(tmp_path, '[llm]\nbackend = "scripted"\n[transports.libera]\n' + toml)
+    result = run("check", "-c", cfg, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"agentik: {cfg}: transports.libera: "), result.stderr
+    assert names in result.stderr and "libera.:" not in result.stderr
+
+
+def test_check_shows_the_http_address_the_bot_will_really_listen_on(tmp_path):
+    """check showed the file's port under AGENTIK_PORT (which overrides it) and
+    0.0.0.0 for an API without tokens (which listens on 127.0.0.1 only)."""
+    cfg = write(
+        tmp_path,
+        '[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n'
+        '[transports.web]\ntype = "http"\nhost = "0.0.0.0"\nport = 8080\n',
+    )
+    result = run("check", "-c", cfg, cwd=tmp_path, env={"AGENTIK_PORT": "9123"})
+    assert result.returncode == 0, result.stderr
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("  host "))
+    assert line.startswith(
+        "  host 127.0.0.1 (not 0.0.0.0: without tokens the API is loopback only), port 9123,"
+    )
+
+
+def test_irc_tls_files_are_relative_to_the_configuration_file(tmp_path):
+    """ssl_ca_file, client_cert and client_key were opened relative to the working
+    directory (/var/lib/agentik under the systemd unit), unlike every other path in
+    the file; a bot started elsewhere than the config's folder could not find them."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "bot.key",
+         "-out", "bot.pem", "-days", "2", "-subj", "/CN=agentik test"],
+        check=True, capture_output=True, cwd=etc, timeout=120,
+    )  # fmt: skip
+    cfg = etc / "bot.toml"
+    cfg.write_text(
+        '[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n'
+        '[transports.libera]\ntype = "irc"\nhost = "127.0.0.1"\nssl_ca_file = "bot.pem"\n'
+        'sasl_mechanism = "external"\nclient_cert = "bot.pem"\nclient_key = "bot.key"\n'
+    )
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    result = run("check", "-c", str(cfg), cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    (etc / "bot.key").unlink()
+    result = run("check", "-c", str(cfg), cwd=elsewhere)
+    assert result.returncode == 2
+    assert f"transports.libera.client_cert: {etc / 'bot.pem'}, {etc / 'bot.key'}: " in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("transports", "said"),
+    [("", "transports: none configured: agentik run refuses to start"),
+     ('[transports.t]\ntype = "stdio"\nenabled = false\n',
+      "transports: none enabled: agentik run refuses to start")],
+)  # fmt: skip
+def test_check_says_when_run_would_refuse_for_want_of_a_transport(tmp_path, transports, said):
+    """check passed such a file with no word of it; run then exited 2 ("no transport is
+    enabled"). The file is still valid (agentik chat adds a terminal): a line says so."""
+    cfg = write(tmp_path, '[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n' + transports)
+    result = run("check", "-c", cfg, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert said in result.stdout
+    refused = run("run", "-c", cfg, cwd=tmp_path)
+    assert refused.returncode == 2 and "no transport is enabled" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "error"),
+    [
+        ('[llm]\nbackend = "olama"\n', {},
+         "llm.backend: unknown LLM backend 'olama' (did you mean 'llamacpp'?) (registered: "),
+        ('[llm]\nbackend = "scripted"\n[llm.profiles.fast]\nbackend = "opnai"\n', {},
+         "llm.profiles.fast.backend: unknown LLM backend 'opnai' (did you mean 'openai'?)"),
+        ("", {"AGENTIK_LLM_BACKEND": "opnai"},
+         "llm.backend: unknown LLM backend 'opnai' (set by AGENTIK_LLM_BACKEND, which"
+         " overrides the file)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_llm_backend_names_the_file_and_key(tmp_path, toml, env, error):
+    """A typo'd backend read only "agentik: unknown LLM backend 'olama' (registered: …)":
+    no file, no key, nothing about the environment variable that set it."""
+    cfg = write(tmp_path, toml)
+    for command in ("check", "run"):
+        result = run(command, "-c", cfg, cwd=tmp_path, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"agentik: {cfg}: {error}"), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "error"),
+    [
+        ('[plugins]\nload = ["no-such-plugin"]\n', {},
+         "{cfg}: plugins.load: no installed plugin is named 'no-such-plugin' (installed plugins:"),
+        ("", {"AGENTIK_PLUGINS": "no-such-plugin"},
+         "AGENTIK_PLUGINS: no installed plugin is named 'no-such-plugin' (installed plugins:"),
+    ],
+)  # fmt: skip
+def test_a_plugin_to_load_that_is_not_installed_is_an_error(tmp_path, toml, env, error):
+    """[plugins] load named a plugin that is not installed (config.example.toml's own
+    example, "agentik-webhook", is the distribution, not the plugin's name), and the bot
+    started without it, silently: its hooks (a moderation plugin, say) did not run."""
+    cfg = write(tmp_path, '[llm]\nbackend = "scripted"\n[transports.t]\ntype = "stdio"\n' + toml)
+    for command in ("check", "run"):
+        result = run(command, "-c", cfg, cwd=tmp_path, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("agentik: " + error.format(cfg=cfg)), result.stderr

@@ -125,6 +125,14 @@ def test_missing_config_file_exits_2(tmp_path, command):
     assert missing in line and "no such configuration file" in line
 
 
+def test_a_missing_default_config_file_says_how_to_name_one(tmp_path):
+    """After `make run` (config.example.toml) a plain `agentik conversations list`
+    looks for config.toml: the error says how to point it at a file."""
+    line = assert_one_line_error(agentik("conversations", "list", cwd=tmp_path), 2)
+    assert "config.toml: no such configuration file" in line
+    assert "-c FILE" in line and "AGENTIK_CONFIG" in line
+
+
 def test_openai_backend_without_a_model_exits_2(tmp_path):
     config = write_config(tmp_path, "")
     result = agentik("check", "-c", config, cwd=tmp_path, env={"OPENAI_API_KEY": SECRET})
@@ -444,3 +452,25 @@ def test_memory_with_backend_none_exits_2(tmp_path):
     result = agentik("memory", "list", "-c", conf, cwd=tmp_path)
     assert_one_line_error(result, 2)
     assert "memory.backend" in result.stderr
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
+    """`agentik check | head -1` printed a BrokenPipeError traceback once head left."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        result = subprocess.run(
+            [*AGENTIK, "check", "-c", str(Path(__file__).parent.parent / "config.example.toml")],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "BrokenPipeError" not in result.stderr
+    assert result.returncode == 1

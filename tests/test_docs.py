@@ -161,3 +161,116 @@ def test_config_reference_lists_every_key():
     assert len(names) > 100
     missing = sorted(n for n in names if f"| `{n}` |" not in reference)
     assert not missing, f"keys missing from docs/reference/config.md: {missing}"
+
+
+def _without_table(text: str, header: str) -> str:
+    """``text`` (a TOML file) without the table ``header`` and its keys."""
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("["):
+            skipping = line.strip() == header
+        if not skipping:
+            out.append(line)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("transport", ["irc", "slack"])
+def test_readme_recipes_work_on_a_copy_of_the_example_as_the_readme_says(tmp_path, transport):
+    """A stranger copies config.example.toml and does what the README says with each
+    recipe's table: the file loads, and the transport is on.  (The README said "add a
+    table", and the example already has one of that name: TOML refuses the file.)"""
+    from helpers import AGENTIK
+
+    readme = README.read_text(encoding="utf-8")
+    recipe = next(
+        (m for m in re.finditer(r"```toml\n(.*?)```", readme, re.S)
+         if f'type = "{transport}"' in m.group(1)),
+        None,
+    )  # fmt: skip
+    assert recipe is not None
+    header = recipe.group(1).splitlines()[0].strip()
+    assert re.fullmatch(r"\[transports\.[\w-]+\]", header), header
+    example = (ROOT / "config.example.toml").read_text(encoding="utf-8")
+    said = readme[: recipe.start()].rsplit("```", 1)[-1]
+    if f"\n{header}\n" in example:
+        # The recipe's table is in the example: the README must say to replace it.
+        assert "replace" in said and f"`{header}`" in said.replace("\n", " "), said
+        example = _without_table(example, header)
+    config = tmp_path / "bot.toml"
+    config.write_text(example + "\n" + recipe.group(1), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
+    env.update(IRC_SASL_PASSWORD="pw", SLACK_BOT_TOKEN="xoxb-1", SLACK_APP_TOKEN="xapp-1")
+    result = subprocess.run(
+        [AGENTIK, "check", "-c", str(config)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,  # only guards against a hang
+    )
+    assert result.returncode == 0, result.stderr
+    name = header[len("[transports.") : -1]
+    assert f"transport {name}: {transport}\n" in result.stdout  # enabled: no "(disabled)"
+
+
+def test_development_page_names_every_benchmark_and_what_make_bench_runs():
+    """docs/development.md listed five of the nine benchmarks `make bench` runs, and
+    bench_irc.py (run by nothing) nowhere."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    page = (DOCS / "development.md").read_text(encoding="utf-8")
+    bench = re.search(r"^bench:.*?\n((?:\t.*\n)+)", makefile, re.M)
+    assert bench is not None
+    in_make = re.findall(r"benchmarks/bench_(\w+)\.py", bench.group(1))
+    line = re.search(r"make bench +# benchmarks/bench_\{([\w,]+)\}\.py", page)
+    assert line is not None, "docs/development.md: no `make bench` line"
+    assert sorted(line.group(1).split(",")) == sorted(in_make)
+    for path in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        name = path.stem.removeprefix("bench_")
+        assert name in in_make or f"benchmarks/{path.name}" in page, path.name
+
+
+def test_configuration_page_names_every_section_and_channel_key():
+    """docs/configuration.md's table of sections left out twelve of them ([mcp],
+    [access], [health], ...) and five of the [channels."<pattern>"] keys."""
+    from agentik.bot.chansettings import ChannelSettings
+    from agentik.bot.config import Config
+    from agentik.core.settings import setting_fields
+
+    page = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    rows = [ln for ln in page.splitlines() if ln.startswith("| `[")]
+    heads = " ".join(ln.split(" | ")[0] for ln in rows)
+    missing = [s for s in Config.model_fields if s != "source" and f"`[{s}" not in heads
+               and f"`[[{s}" not in heads]  # fmt: skip
+    assert not missing, f"sections missing from the table: {missing}"
+    channels = next(ln for ln in rows if ln.startswith('| `[channels."<pattern>"]`'))
+    keys = [k for k in setting_fields(ChannelSettings) if f"`{k}`" not in channels]
+    assert not keys, f"[channels] keys missing from the table: {keys}"
+
+
+def test_operations_page_lists_every_chat_command():
+    """The "Chat commands" table ("every transport has them") showed 11 of the 20."""
+    from agentik.bot.bridge import COMMANDS
+
+    page = (DOCS / "operations.md").read_text(encoding="utf-8")
+    table = page.split("## Chat commands", 1)[1].split("\n## ", 1)[0]
+    rows = " ".join(ln.split(" | ")[0] for ln in table.splitlines() if ln.startswith("| `"))
+    missing = [c for c in COMMANDS if f"`{c}`" not in rows]
+    assert not missing, f"chat commands missing from docs/operations.md: {missing}"
+
+
+def test_no_page_installs_agentik_by_name_from_the_package_index():
+    """docs/deployment.md said `sudo pipx install --global agentik`: the `agentik` on PyPI
+    is an unrelated project, so that installed someone else's code as root. agentik is
+    installed from a checkout (a path), never by name."""
+    by_name = re.compile(
+        r"(?:pipx|pip|uv tool) install (?:--?[\w-]+ )*"
+        r"['\"]?agentik(?:\[[\w,]+\])?['\"]?(?=[\s`)]|$)"
+    )
+    pages = [README, ROOT / "contrib" / "agentik.service", *sorted(DOCS.rglob("*.md"))]
+    found = [
+        f"{page.relative_to(ROOT)}: {m.group(0)}"
+        for page in pages
+        for m in by_name.finditer(page.read_text(encoding="utf-8"))
+    ]
+    assert not found, found

@@ -505,6 +505,20 @@ def test_a_file_that_is_not_a_model_names_the_key(tmp_path):
         AgentBuilder.from_config(config, load_registry(config))
 
 
+async def test_a_chat_template_that_is_not_jinja_is_a_config_error_naming_the_key(model, tmp_path):
+    """A broken llm.chat_template gave a jinja2 traceback from check and run."""
+    config = tmp_path / "bot.toml"
+    config.write_text(
+        '[llm]\nbackend = "llamacpp"\nn_threads = 1\nchat_template = "{% if %}"\n'
+        '[storage]\npath = "bot.db"\n[transports.terminal]\ntype = "stdio"\n'
+    )
+    for command in ("check", "run"):
+        code, out, err = await _run(command, "-c", str(config), stdin=b"hi\n")
+        assert code == 2, (command, err)
+        assert "Traceback" not in err
+        assert err.startswith(f"agentik: {config}: llm.chat_template: not a valid Jinja template:")
+
+
 def _clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
     env.update(extra)

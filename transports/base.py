@@ -380,4 +380,5 @@ def parse_settings(model: Any, settings: dict[str, Any], *, where: str) -> Any:
             err.get("input"), str | int | float | bool
         ):
             what += f", got {err['input']!r}"
-        raise ConfigError(f"{where}.{key}: {what}") from None
+        # A check of the whole table (a model validator) has no key of its own.
+        raise ConfigError(f"{where}.{key}: {what}" if key else f"{where}: {what}") from None

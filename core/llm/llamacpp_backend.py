@@ -336,13 +336,21 @@ class LlamaCppBackend(LLMBackend):
                 return ""
             return llama.detokenize([token], special=True).decode("utf-8", "replace")
 
-        self._bos = special(llama.token_bos())
-        self._formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=special(llama.token_eos()),
-            bos_token=self._bos,
-            add_generation_prompt=True,
+        # A template that does not compile or render is a configuration error
+        # naming the key (or the model file, when it is the file's own template).
+        where = (
+            "llm.chat_template" if chat_template else f"llm: the chat template of {self.model_path}"
         )
+        self._bos = special(llama.token_bos())
+        try:
+            self._formatter = Jinja2ChatFormatter(
+                template=template,
+                eos_token=special(llama.token_eos()),
+                bos_token=self._bos,
+                add_generation_prompt=True,
+            )
+        except Exception as exc:  # jinja2.TemplateError; jinja2 is llama-cpp-python's
+            raise ConfigError(f"{where}: not a valid Jinja template: {exc}") from None
         self._vocab = self._llama_cpp.llama_model_get_vocab(llama.model)
         # Does the template show tool definitions to the model?
         probe = [{"role": "system", "content": "S."}, {"role": "user", "content": "hi"}]
@@ -351,7 +359,7 @@ class LlamaCppBackend(LLMBackend):
             plain = self._render(probe, None)
             with_tools = self._render(probe, [_tool_param(spec)])
         except LLMError as exc:
-            raise ConfigError(f"llm: the chat template of {self.model_path} fails: {exc}") from None
+            raise ConfigError(f"{where} fails: {exc}") from None
         self.template_tools = "probe_tool" in with_tools and with_tools != plain
 
     @property

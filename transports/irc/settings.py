@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from agentik.core.settings import PathSetting
+
 __all__ = ["IRCSettings"]
 
 
@@ -24,7 +26,8 @@ class IRCSettings(BaseModel):
     #: Verify the server's certificate (and host name).  Only turn off for testing.
     ssl_verify: bool = True
     #: Trust this CA file (PEM) instead of the system's, e.g. a private network's CA.
-    ssl_ca_file: str | None = None
+    #: Relative to the configuration file, as every path in it.
+    ssl_ca_file: PathSetting = None
     #: Seconds to open the connection, and again for the TLS handshake, before giving up.
     connect_timeout: float = Field(30.0, gt=0)
     #: Server password (PASS).
@@ -45,8 +48,8 @@ class IRCSettings(BaseModel):
     sasl_required: bool = True
     sasl_wait: float = Field(20.0, gt=0)
     #: PEM files for a TLS client certificate (SASL EXTERNAL / CertFP).
-    client_cert: str | None = None
-    client_key: str | None = None
+    client_cert: PathSetting = None
+    client_key: PathSetting = None
     #: Sent to NickServ (IDENTIFY) after connecting when SASL is not used.
     nickserv_password: SecretStr | None = None
     #: Channels to join; ``"#chan key"`` for a keyed channel.

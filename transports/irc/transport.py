@@ -346,7 +346,9 @@ class IRCTransport(Transport):
         try:
             ctx = ssl.create_default_context(cafile=o.ssl_ca_file)
         except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"transports.{self.name}.ssl_ca_file: {exc}") from None
+            raise ConfigError(
+                f"transports.{self.name}.ssl_ca_file: {o.ssl_ca_file}: {exc.strerror or exc}"
+            ) from None
         if not o.ssl_verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
@@ -354,7 +356,10 @@ class IRCTransport(Transport):
             try:
                 ctx.load_cert_chain(o.client_cert, o.client_key)
             except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(f"transports.{self.name}.client_cert: {exc}") from None
+                files = ", ".join(f for f in (o.client_cert, o.client_key) if f)
+                raise ConfigError(
+                    f"transports.{self.name}.client_cert: {files}: {exc.strerror or exc}"
+                ) from None
         return ctx
 
     @property
