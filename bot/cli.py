@@ -47,6 +47,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sqlite3
 import sys
 import time
@@ -629,8 +630,8 @@ async def _access_audit(args: argparse.Namespace, config: Config) -> int:
         changes = await store.access_audit(limit=args.limit)
     for c in changes:
         where = f" in {c.channel}" if c.channel else ""
-        print(f"{_when(c.at)}  {c.actor}: {c.identity} {c.old_role or '-'} → "
-              f"{c.new_role or '-'}{where}")  # fmt: skip
+        print(_printable(f"{_when(c.at)}  {c.actor}: {c.identity} {c.old_role or '-'} → "
+                         f"{c.new_role or '-'}{where}"))  # fmt: skip
     if not changes:
         print("no role changes recorded")
     return 0
@@ -738,7 +739,7 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
                 # A child run's conversation (an agent called as a tool) is marked.
                 parent = r.meta.get("parent_conversation_id")
                 mark = f"  ↳ child of {parent} ({r.meta.get('agent')})" if parent else ""
-                print(f"{r.id}  {when}  {n:>6} msgs  {r.title}{mark}")
+                print(_printable(f"{r.id}  {when}  {n:>6} msgs  {r.title}{mark}"))
             return 0
         record = await store.get_conversation(args.id)
         if record is None:
@@ -766,7 +767,7 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
             return 0
         markdown = args.action == "export"
         if markdown:
-            print(f"# {record.title or record.id}\n")
+            print(f"# {_printable(record.title or record.id)}\n")
         for m in messages:
             print(_render_message(m, markdown=markdown))
         if not markdown:
@@ -1026,16 +1027,20 @@ async def _memory(args: argparse.Namespace, config: Config) -> int:
                 raise NotFound(f"no note #{args.id}")
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(n.updated_at))
             state = " (deleted)" if n.deleted else ""
-            print(f"#{n.id} {n.scope} version {n.version}{state} · {when} · {n.author or '-'}")
-            print(n.text)
+            print(
+                _printable(
+                    f"#{n.id} {n.scope} version {n.version}{state} · {when} · {n.author or '-'}"
+                )
+            )
+            print(_printable(n.text))
         elif a == "history":
             versions = await memory.history(args.id)
             if not versions:
                 raise NotFound(f"no note #{args.id}")
             for v in versions:
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.created_at))
-                print(f"version {v.version} · {v.op} · {when} · {v.author or '-'}")
-                print("  " + v.text.replace("\n", "\n  "))
+                print(_printable(f"version {v.version} · {v.op} · {when} · {v.author or '-'}"))
+                print("  " + _printable(v.text).replace("\n", "\n  "))
         elif a == "rm":
             ok = await (memory.purge(args.id) if args.purge else memory.delete(args.id, author=who))
             if not ok:
@@ -1159,12 +1164,25 @@ def _approval_line(a: Any) -> str:
     return f"{a.id:<4} {when}  {where}  {a.tool}({args})  asked by {a.asker_id or a.asker or '-'}"
 
 
+#: What chat or model text must not bring to the operator's terminal: C0 controls
+#: but tab and line feed (ESC starts a command), DEL, C1, and the bidirectional
+#: overrides that make a line read otherwise than it is.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(text: str | None) -> str:
+    """``text`` (from a chat, a model, a snapshot) safe to print: its control
+    characters shown as escapes (``\\x1b``), never sent to the terminal."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                            else f"\\u{ord(m.group()):04x}", text or "")  # fmt: skip
+
+
 def _note_line(n: Any) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(n.updated_at))
     text = " ".join(n.text.split())
     text = text if len(text) <= 100 else text[:99] + "…"
     state = " [deleted]" if n.deleted else ""
-    return f"#{n.id:<5} {when}  {n.scope}  v{n.version}{state}  {text}"
+    return _printable(f"#{n.id:<5} {when}  {n.scope}  v{n.version}{state}  {text}")
 
 
 def _render_message(m: Any, *, markdown: bool) -> str:
@@ -1177,6 +1195,7 @@ def _render_message(m: Any, *, markdown: bool) -> str:
         body = m.content
     if m.status != "complete":
         body += f" [{m.status}]"
+    who, body = _printable(who), _printable(body)
     if markdown:
         return f"**{who}**: {body}\n"
     when = time.strftime("%H:%M:%S", time.localtime(m.created_at))

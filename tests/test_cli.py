@@ -303,6 +303,35 @@ def test_conversations_show_prints_messages_with_authors(tmp_path, stored):
     ]
 
 
+def test_chat_text_reaches_the_operators_terminal_as_text_not_commands(tmp_path):
+    """A title, a nick and a message from a chat (or a model) holding terminal
+    escapes and bidi overrides: ``list`` and ``show`` print them escaped."""
+    db = tmp_path / "hostile.db"
+    hostile = "look\x1b]0;pwned\x07 \x1b[2J\x9b31m \u202eevil\u202c"
+
+    async def make() -> str:
+        model = ScriptedModel(["ok " + hostile])
+        async with Agent(llm=model, store=SQLiteStore(str(db))) as agent:
+            conv = await agent.create_conversation(title="#chan" + hostile)
+            await conv.send("hi " + hostile, author="nick\x1b[31m")
+            await conv.wait_idle()
+            return conv.id
+
+    conv_id = asyncio.run(make())
+    config = write_config(tmp_path, f'[storage]\npath = "{db}"\n')
+    listed = agentik("conversations", "list", "-c", config, cwd=tmp_path)
+    shown = agentik("conversations", "show", conv_id, "-c", config, cwd=tmp_path)
+    for result in (listed, shown):
+        assert result.returncode == 0, result.stderr
+        assert not set(result.stdout) & set("\x1b\x07\x9b\u202e\u202c"), result.stdout
+    assert "#chanlook\\x1b]0;pwned\\x07 \\x1b[2J\\x9b31m \\u202eevil\\u202c" in listed.stdout
+    assert "nick\\x1b[31m: hi look\\x1b]0;pwned" in shown.stdout
+    assert "assistant: ok look\\x1b" in shown.stdout
+    # The JSON export keeps the text exactly (it is data, and it is imported back).
+    exported = agentik("conversations", "export", conv_id, "-c", config, cwd=tmp_path)
+    assert json.loads(exported.stdout)["conversation"]["title"] == "#chan" + hostile
+
+
 def test_conversations_export_json_has_the_messages_in_order(tmp_path, stored):
     config, _, conv_id, _ = stored
     result = agentik(
