@@ -447,6 +447,14 @@ async def test_the_web_page_shows_the_question_with_choices_and_the_checklist(tm
             await expect(todo).to_contain_text("todo 1/1")
             await expect(todo).to_contain_text("✓ pick a region")
             assert tool_results(server.model)[1] == "ada answered: eu"
+            # Opened afresh (a reload), the page shows the stored checklist.
+            await page.reload()
+            await page.locator("#conversations li").first.click()
+            await expect(page.locator("#status")).to_have_text("live")
+            await expect(page.locator(".msg.assistant").last).to_contain_text("deploying to eu")
+            await expect(todo).to_have_count(1)
+            await expect(todo).to_contain_text("todo 1/1")
+            await expect(todo).to_contain_text("✓ pick a region")
             assert not errors, errors
         finally:
             await browser.close()
