@@ -331,7 +331,7 @@ def test_settings_name_the_missing_token():
 
     from agentik.core import ConfigError
 
-    with pytest.raises(ConfigError, match=r"transports\.s\..*app_token"):
+    with pytest.raises(ConfigError, match=r"transports\.s\b.*app_token"):
         SlackTransport(name="s", settings={"bot_token": "xoxb-1"})
     with pytest.raises(ConfigError, match="signing_secret"):
         SlackTransport(name="s", settings={"bot_token": "xoxb-1", "mode": "http"})

@@ -69,12 +69,12 @@ async def test_answers_arrive_and_the_conversation_persists(openai_server, tmp_p
     config = write_config(tmp_path, openai_server.base_url)
     code, out, err = await chat(config, b"hello\nhow are you?\n")
     assert code == 0, err
-    assert out.splitlines() == ["echo: tester: hello", "echo: tester: how are you?"]
+    assert out.splitlines() == ["echo: tester: hello", "echo: tester: how are you?"], err
     assert "Traceback" not in err
     # A second run continues the same conversation, with its history.
     code, out, err = await chat(config, b"and again\n")
     assert code == 0, err
-    assert out.splitlines() == ["echo: tester: and again"]
+    assert out.splitlines() == ["echo: tester: and again"], (err, turn_requests(openai_server))
     history = turn_requests(openai_server)[-1]["messages"]
     assert [m["content"] for m in history] == [
         "You are a helpful assistant in a chat. Answer briefly and plainly.",
