@@ -146,8 +146,30 @@ async def test_http_status_shows_the_stored_checklist_and_export_import_keeps_it
 # -- Slack: the checklist message after a restart -------------------------------------------------
 
 
-async def test_slack_after_a_restart_the_checklist_is_posted_once_again_then_edited(tmp_path):
+async def slack_bot(slack, tmp_path, db: str, *replies):
+    """A bot on ``db`` answering ``replies``, on the real Slack stack against ``slack``
+    (answers edited in place); returns its agent, bridge and transport, started."""
     from agentik.transports.slack.transport import SlackTransport
+
+    model = ScriptedModel()
+    model.enqueue(*replies)
+    agent = Agent(llm=model, store=SQLiteStore(db), policy=TODO)
+    await agent.start()
+    bridge = Bridge(agent)
+    transport = SlackTransport(
+        name="slack",
+        settings={
+            "bot_token": slack.bot_token, "app_token": slack.app_token,
+            "api_url": slack.api_url, "state_file": str(tmp_path / "seen.sqlite3"),
+            "streaming": "edit", "edit_interval": 0.05,
+        },
+    )  # fmt: skip
+    bridge.attach(transport, ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    return agent, bridge, transport
+
+
+async def test_slack_after_a_restart_the_checklist_is_posted_once_again_then_edited(tmp_path):
 
     from fakeslack import FakeSlack
 
@@ -156,22 +178,7 @@ async def test_slack_after_a_restart_the_checklist_is_posted_once_again_then_edi
         slack.add_user("U1", "alice")
 
         async def bot(*replies):
-            model = ScriptedModel()
-            model.enqueue(*replies)
-            agent = Agent(llm=model, store=SQLiteStore(db), policy=TODO)
-            await agent.start()
-            bridge = Bridge(agent)
-            transport = SlackTransport(
-                name="slack",
-                settings={
-                    "bot_token": slack.bot_token, "app_token": slack.app_token,
-                    "api_url": slack.api_url, "state_file": str(tmp_path / "seen.sqlite3"),
-                    "streaming": "edit", "edit_interval": 0.05,
-                },
-            )  # fmt: skip
-            bridge.attach(transport, ChannelOptions(command_prefix="!"))
-            await transport.start(bridge)
-            return agent, bridge, transport
+            return await slack_bot(slack, tmp_path, db, *replies)
 
         async def stop(agent, bridge, transport):
             await transport.aclose()
@@ -335,7 +342,6 @@ async def test_slack_a_long_checklist_is_still_edited(tmp_path):
     of up to 200 characters passed that, every edit was refused, and the list
     on screen stopped changing.
     """
-    from agentik.transports.slack.transport import SlackTransport
 
     from fakeslack import FakeSlack
 
@@ -344,25 +350,14 @@ async def test_slack_a_long_checklist_is_still_edited(tmp_path):
     done = [{**items[0], "status": "done"}, *items[1:]]
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
-        model = ScriptedModel()
-        model.enqueue(
+        agent, bridge, transport = await slack_bot(
+            slack,
+            tmp_path,
+            str(tmp_path / "slack.db"),
             Reply(tool_calls=[call("todo", {"items": items})]),
             Reply(tool_calls=[call("todo", {"items": done})]),
             "all done",
         )
-        agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")), policy=TODO)
-        await agent.start()
-        bridge = Bridge(agent)
-        transport = SlackTransport(
-            name="slack",
-            settings={
-                "bot_token": slack.bot_token, "app_token": slack.app_token,
-                "api_url": slack.api_url, "state_file": str(tmp_path / "seen.sqlite3"),
-                "streaming": "edit", "edit_interval": 0.05,
-            },
-        )  # fmt: skip
-        bridge.attach(transport, ChannelOptions(command_prefix="!"))
-        await transport.start(bridge)
         try:
             mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> look", user="U1")
             await slack.push_event(mention)
