@@ -775,6 +775,54 @@ def _timestamp(value: Any, default: float) -> float:
         return default
 
 
+#: The outcome recorded for the turns a snapshot brought in still open.
+IMPORTED = "imported"
+#: The prefix of an imported approval's ``scope``: history that never counts as a
+#: use of a ``first-use`` rule (``approval_used`` skips it).
+IMPORTED_SCOPE = "imported:"
+#: Conversation metadata that links it to a run tree (and so to a parent's channel).
+_LINKS = ("parent_run_id", "parent_conversation_id", "parent_channel_key", "parent_call_id")
+
+
+def _untrusted_data(data: Any) -> Any:
+    """A message's ``data`` from a snapshot: the author's identity (``author_id``,
+    which makes a speaker, the asker of an approval, the owner of user-scoped
+    memory) is kept only as the label ``imported_author_id``."""
+    if not isinstance(data, dict) or "author_id" not in data:
+        return data
+    data = dict(data)
+    data["imported_author_id"] = data.pop("author_id")
+    return data
+
+
+def _untrusted_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A conversation's metadata from a snapshot: the links to a run tree (a child
+    run's conversation is seen through its parent's channel) are kept only as a label."""
+    out = dict(meta)
+    links = {k: out.pop(k) for k in _LINKS if k in out}
+    if links:
+        out["imported_links"] = links
+    return out
+
+
+def _untrusted_row(table: str, r: dict[str, Any], now: float) -> dict[str, Any]:
+    """An approval, question or run row from a snapshot, as history that grants nothing:
+    approvals move to their own scope (never a use of a ``first-use`` rule, never
+    pending), open questions are closed as expired, open runs as ended."""
+    if table == "approval":
+        scope = r.get("scope")
+        r["scope"] = IMPORTED_SCOPE + (scope if isinstance(scope, str) else "")
+        if r.get("state") != "resolved" or r.get("decision") is None:
+            r.update(state="resolved", decision="expired", resolved_at=now,
+                     reason="imported while pending")  # fmt: skip
+    elif table == "question":
+        if r.get("state") != "resolved" or r.get("outcome") is None:
+            r.update(state="resolved", outcome="expired", answered_at=None)
+    elif table == "run" and r.get("ended") is None:
+        r.update(ended=now, stop_reason=r.get("stop_reason") or IMPORTED)
+    return r
+
+
 @dataclass(slots=True)
 class ImportResult:
     conversation_id: str
@@ -791,7 +839,7 @@ def _import(
         raise SnapshotError(
             f"conversation.id: {cid!r} already exists in this database (import with --new-ids)"
         )
-    meta = dict(conv["meta"])
+    meta = _untrusted_meta(conv["meta"])
     if bind is not None:
         meta["channel_key"] = bind  # the conversation now lives in that channel
     conn.execute(
@@ -803,7 +851,7 @@ def _import(
     rows = []
     for m in sorted(doc["messages"], key=lambda m: m["id"]):
         mapping.setdefault(m["id"], next_id)
-        data = m.get("data")
+        data = _untrusted_data(m.get("data"))
         rows.append(
             (
                 next_id, cid, m["kind"], m["content"], m.get("author"), m.get("channel"),
@@ -851,9 +899,16 @@ def _import(
         "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
         " VALUES (?, ?, ?, ?)",
         [
-            (cid, t["run_id"], t["outcome"], t.get("created_at") or now)
+            (cid, t["run_id"], t["outcome"], _timestamp(t.get("created_at"), now))
             for t in doc.get("turn_ends") or []
         ],
+    )
+    # Never resumable: a turn the snapshot left open is closed here, so no restart
+    # runs it (as its forged author, outside any budget) or keeps it pending.
+    conn.executemany(
+        "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
+        " VALUES (?, ?, ?, ?)",
+        sorted({(cid, m["run_id"], IMPORTED, now) for m in doc["messages"] if m.get("run_id")}),
     )
     skipped_runs = 0
     for table, key, skip in (
@@ -871,7 +926,7 @@ def _import(
             )
             continue
         for i, r in enumerate(rows_in):
-            r = dict(r)
+            r = _untrusted_row(table, dict(r), now)
             if table == "run":
                 # The run table is global: a run already here (the same snapshot
                 # imported again with new ids) keeps its row; a parent conversation
@@ -934,6 +989,13 @@ def _import(
             (key, cid, now),
         )
         result.bound.append(key)
+    if bind is None:
+        # The channel it claims is its own only where its binding was restored.
+        if result.bound:
+            meta["channel_key"] = result.bound[0]
+        else:
+            meta.pop("channel_key", None)
+        conn.execute("UPDATE conversation SET meta = ? WHERE id = ?", (json.dumps(meta), cid))
     return result
 
 

@@ -170,12 +170,13 @@ class MemoryStore(Store):
                 )
         return out
 
-    async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
+    async def pending_turns(self, *, limit: int = 1000, after: int = 0) -> list[Message]:
         rows = [
             m
             for cid, log in self._log.items()
             for m in log
-            if m.kind == "user"
+            if m.id > after
+            and m.kind == "user"
             and m.run_id
             and m.run_id not in self._ended[cid]
             # A child run is not taken up again: its parent's turn is.
@@ -318,7 +319,10 @@ class MemoryStore(Store):
 
     async def approval_used(self, conversation_id: str, tool: str) -> bool:
         return any(
-            a.conversation_id == conversation_id and a.tool == tool and a.decision == "approved"
+            a.conversation_id == conversation_id
+            and a.tool == tool
+            and a.decision == "approved"
+            and not a.scope.startswith("imported:")  # history, never a use
             for a in self._approvals.values()
         )
 

@@ -744,17 +744,17 @@ class SQLiteStore(Store):
         )
         return await self._submit(item, defer=defer)
 
-    async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
+    async def pending_turns(self, *, limit: int = 1000, after: int = 0) -> list[Message]:
         rows = await self._read(
             f"SELECT {_MESSAGE_COLUMNS} FROM message m"
-            " WHERE m.kind = 'user' AND m.run_id IS NOT NULL AND NOT EXISTS ("
+            " WHERE m.id > ? AND m.kind = 'user' AND m.run_id IS NOT NULL AND NOT EXISTS ("
             "  SELECT 1 FROM turn_end t"
             "  WHERE t.conversation_id = m.conversation_id AND t.run_id = m.run_id)"
             # A child run's conversation is not taken up again: its parent's turn is.
             " AND NOT EXISTS (SELECT 1 FROM conversation c WHERE c.id = m.conversation_id"
             "  AND json_extract(c.meta, '$.parent_run_id') IS NOT NULL)"
             " ORDER BY m.id LIMIT ?",
-            (limit,),
+            (after, limit),
         )
         return [_row_to_message(r) for r in rows]
 
@@ -957,7 +957,8 @@ class SQLiteStore(Store):
     async def approval_used(self, conversation_id: str, tool: str) -> bool:
         rows = await self._read(
             "SELECT 1 FROM approval WHERE conversation_id = ? AND tool = ?"
-            " AND decision = 'approved' LIMIT 1",
+            # An imported approval is history, never a use (agentik.core.lifecycle).
+            " AND decision = 'approved' AND substr(scope, 1, 9) != 'imported:' LIMIT 1",
             (conversation_id, tool),
         )
         return bool(rows)
