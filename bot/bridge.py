@@ -689,81 +689,131 @@ class Bridge(AgentAccess):
         ``note`` posts a short notice instead, ``drop`` records it as dropped.
         A message older than :attr:`resume_max_age` only gets ``note`` (when
         the policy is ``answer``).  A conversation whose channel has no
-        attached transport stays pending (logged) for a later start; one
-        whose channel has since been bound to another conversation (``!new``)
-        is recorded as superseded.  Returns how many messages went each way.
+        attached transport stays pending (logged) for a later start, and the
+        search pages past it, so any number of such rows never hide a message
+        a transport can take; one whose channel has since been bound to
+        another conversation (``!new``) is recorded as superseded.  A turn taken
+        up passes the gate a new message passes (:meth:`_admit_resumed`: its
+        asker's role, then budgets).  Returns how many messages went each way.
         """
-        counts = {"answer": 0, "note": 0, "drop": 0, "superseded": 0, "left": 0}
+        counts = {"answer": 0, "note": 0, "drop": 0, "superseded": 0, "left": 0, "refused": 0}
         answered: set[str] = set()
-        pending = await self.agent.pending_turns()
-        by_conv: dict[str, list[Message]] = {}
-        for m in pending:
-            by_conv.setdefault(m.conversation_id, []).append(m)
+        after = 0
         now = time.time()
-        for cid, messages in by_conv.items():
-            key = messages[-1].channel or ""
-            transport = next((t for t in self._transports.values() if key and t.owns(key)), None)
-            if transport is None:
-                counts["left"] += len(messages)
-                log.warning(
-                    "conversation %s: %d unanswered message(s) for %s, which no attached "
-                    "transport serves; left for a later start",
-                    cid,
-                    len(messages),
-                    key or "no channel",
-                )
-                continue
-            ch = await self._channel(key, transport, self.options_for(transport))
-            conv = ch.conversation
-            if conv.id != cid:
-                old = await self.agent.get_conversation(cid)
-                old.resume(messages, mode="drop", outcome="superseded")
-                counts["superseded"] += len(messages)
-                continue
-            queued: list[str] = []
-            for m in messages:
-                mode: ResumeMode = self.resume
-                if (
-                    mode == "answer"
-                    and self.resume_max_age
-                    and now - m.created_at > (self.resume_max_age)
-                ):
-                    mode = "note"
-                got = conv.resume([m], mode=mode, allow_tool=self._resumed_tools(key, m))
-                queued += got
-                if mode == "answer":
-                    answered.update(got)
-                counts[mode] += 1
-            if queued:
-                async with ch.changed:
-                    ch.pending.update(queued)
-            log.info("resumed %d unanswered message(s) in %s", len(messages), key)
+        while pending := await self.agent.pending_turns(after=after):
+            after = pending[-1].id
+            by_conv: dict[str, list[Message]] = {}
+            for m in pending:
+                by_conv.setdefault(m.conversation_id, []).append(m)
+            for cid, messages in by_conv.items():
+                await self._resume_conversation(cid, messages, now, counts, answered)
         counts["approvals_expired"] = await self._expire_left_approvals(answered)
         return counts
 
-    def _resumed_tools(self, key: str, m: Message) -> Callable[[str], bool] | None:
-        """The tools a resumed turn may offer: its asker's, by the identity stored with it.
+    async def _resume_conversation(
+        self,
+        cid: str,
+        messages: list[Message],
+        now: float,
+        counts: dict[str, int],
+        answered: set[str],
+    ) -> None:
+        key = messages[-1].channel or ""
+        transport = next((t for t in self._transports.values() if key and t.owns(key)), None)
+        if transport is None:
+            counts["left"] += len(messages)
+            log.warning(
+                "conversation %s: %d unanswered message(s) for %s, which no attached "
+                "transport serves; left for a later start",
+                cid,
+                len(messages),
+                key or "no channel",
+            )
+            return
+        ch = await self._channel(key, transport, self.options_for(transport))
+        conv = ch.conversation
+        if conv.id != cid:
+            old = await self.agent.get_conversation(cid)
+            old.resume(messages, mode="drop", outcome="superseded")
+            counts["superseded"] += len(messages)
+            return
+        queued: list[str] = []
+        for m in messages:
+            mode: ResumeMode = self.resume
+            max_age = self.resume_max_age
+            if mode == "answer" and max_age and now - m.created_at > max_age:
+                mode = "note"
+            allow_tool: Callable[[str], bool] | None = None
+            subject: Subject | None = None
+            if mode == "answer":
+                admitted = await self._admit_resumed(key, transport, m)
+                if admitted is None:
+                    conv.resume([m], mode="drop", outcome="refused")
+                    counts["refused"] += 1
+                    continue
+                allow_tool, subject = admitted
+            got = conv.resume([m], mode=mode, allow_tool=allow_tool)
+            if subject is not None and got:
+                assert self.budgets is not None
+                self.budgets.bind(m.run_id or "", subject, chars=len(m.content))
+            queued += got
+            if mode == "answer":
+                answered.update(got)
+            counts[mode] += 1
+        if queued:
+            async with ch.changed:
+                ch.pending.update(queued)
+        log.info("resumed %d unanswered message(s) in %s", len(messages), key)
+
+    def _resumed_asker(self, key: str, transport: Transport, m: Message) -> IncomingMessage:
+        """The asker of a resumed turn, from the verified identity stored with it.
 
         Only the verified identity survives in the audit log: an unverified
-        asker's turn gets what a ``user`` gets (hostmask roles are not known now).
+        asker (hostmask roles are not known now), or an identity of another
+        transport instance than the channel's (no transport writes that; a row
+        not written by this bot), is taken as an unverified speaker.
         """
         author = (m.data or {}).get("author_id")
-        role = "user"
-        if isinstance(author, str) and ":" in author:
-            instance, _, aid = author.partition(":")
-            kind = self.access.transports.get(instance)
-            meta: dict[str, object] = {}
-            if kind == "irc":
-                meta = {"account": aid}
-            elif kind == "slack":
-                meta = {"team": key.split(":")[1] if key.count(":") >= 2 else None}
-            asked = IncomingMessage(channel_key=key, text="", author_id=aid, author_name=aid,
-                                    meta=meta)  # fmt: skip
-            role = self.access.role_for(instance, asked, key)
+        instance, _, aid = author.partition(":") if isinstance(author, str) else ("", "", "")
+        if instance != transport.name or not aid:
+            return IncomingMessage(channel_key=key, text=m.content, author_id=m.author or "",
+                                   author_name=m.author or "", verified=False)  # fmt: skip
+        kind = self.access.transports.get(instance)
+        meta: dict[str, object] = {}
+        if kind == "irc":
+            meta = {"account": aid}
+        elif kind == "slack":
+            meta = {"team": key.split(":")[1] if key.count(":") >= 2 else None}
+        return IncomingMessage(channel_key=key, text=m.content, author_id=aid,
+                               author_name=m.author or aid, meta=meta)  # fmt: skip
+
+    async def _admit_resumed(
+        self, key: str, transport: Transport, m: Message
+    ) -> tuple[Callable[[str], bool] | None, Subject | None] | None:
+        """The front door for a resumed turn, like :meth:`_take` for a new message:
+        the asker's role must still be answered here (``None``: refused, recorded
+        as such), and budgets must admit it (counted like a new message; over budget:
+        refused, with the budget's one notice).  Returns the tools the turn may offer
+        and the budget subject its run is counted for."""
+        asked = self._resumed_asker(key, transport, m)
+        role = self.access.role_for(transport.name, asked, key)
         decision = self.access.decide(role, key)
-        if not decision.answer:
-            return _no_tools
-        return decision.tools
+        if role == "ignored" or not decision.answer:
+            log.info("resumed message %d in %s: its asker (%s) is not answered there", m.id,
+                     key, role)  # fmt: skip
+            return None
+        subject: Subject | None = None
+        if self.budgets is not None and self.budgets.enabled:
+            subject = Subject(
+                transport=transport.name, channel=key,
+                identity=_author_id(transport, asked), role=role, name=m.author or "",
+            )  # fmt: skip
+            refused = await self.budgets.admit(subject)
+            if refused is not None:
+                if refused.notice:
+                    await self._send(transport, key, refused.notice, "notice", None)
+                return None
+        return decision.tools, subject
 
     async def _expire_left_approvals(self, answered: set[str]) -> int:
         """Approvals a restart left pending (issue 19): those of a turn being resumed wait

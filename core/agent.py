@@ -570,16 +570,17 @@ class Agent:
         merged = sorted([*stored, *temp], key=lambda r: (-r.updated_at, r.id))
         return merged[offset : offset + limit]
 
-    async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
+    async def pending_turns(self, *, limit: int = 1000, after: int = 0) -> list[Message]:
         """Committed user messages that were never answered, oldest first.
 
         A turn that a crash or a shutdown cut off has no recorded end (a
         ``!stop``, an error or a finished answer has one).  Hand each to its
         conversation's :meth:`Conversation.resume` (``agentik.bot`` does this
-        at start-up, by the ``resume`` setting).
+        at start-up, by the ``resume`` setting).  ``after``: the next page, past
+        the message id given (the bridge pages past rows no transport takes).
         """
         self._check_running()
-        return await self.store.pending_turns(limit=limit)
+        return await self.store.pending_turns(limit=limit, after=after)
 
     async def conversation_for_channel(
         self,

@@ -331,10 +331,12 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def pending_turns(self, *, limit: int = 1000) -> list[Message]:
+    async def pending_turns(self, *, limit: int = 1000, after: int = 0) -> list[Message]:
         """User messages whose turn has no :class:`TurnEnd`, oldest first.
 
         Across all conversations; ambient notes (no run id) are not turns.
+        ``after``: only messages with a higher id (the next page: a caller that
+        cannot take some rows pages past them instead of seeing them again).
         """
 
     @abc.abstractmethod
