@@ -15,6 +15,7 @@ import httpx
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
+from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.http.transport import HttpTransport
 
@@ -24,6 +25,13 @@ TOKENS = {
     "ALICE_TOKEN": "alice-0123456789abcdef",
     "CAROL_TOKEN": "carol-0123456789abcdef",
 }
+
+
+def admins(*tokens: str) -> AccessPolicy:
+    """An ``[access]`` policy where the ``web`` transport's ``tokens`` rank as admin."""
+    return AccessPolicy(
+        AccessSettings(admins=tuple(f"web:token:{t}" for t in tokens)), {"web": "http"}
+    )
 
 
 @dataclass
@@ -57,13 +65,16 @@ async def running_server(
     environ: dict[str, str] | None = None,
     model: ScriptedModel | None = None,
     options: ChannelOptions | None = None,
+    access: AccessPolicy | None = None,
     **agent_kwargs: Any,
 ) -> AsyncIterator[Server]:
-    """Start an agent and its HTTP transport on a free port; close both after."""
+    """Start an agent and its HTTP transport on a free port; close both after.
+
+    ``access``: the bridge's ``[access]`` policy (the transport is named ``web``)."""
     model = model or ScriptedModel()
     agent = Agent(llm=model, store=SQLiteStore(db_path), **agent_kwargs)
     await agent.start()
-    bridge = Bridge(agent)
+    bridge = Bridge(agent, access=access)
     transport = HttpTransport(
         name="web", settings={"port": 0, **(settings or {})}, environ=environ or {}
     )

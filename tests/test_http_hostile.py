@@ -18,7 +18,7 @@ import pytest
 from playwright.async_api import expect
 from test_http_browser import _static_page, browser  # noqa: F401  (browser: a fixture)
 
-from httpserver import TOKENS, running_server
+from httpserver import TOKENS, admins, running_server
 
 ADMIN_AND_ALICE = {
     "tokens": [
@@ -26,6 +26,9 @@ ADMIN_AND_ALICE = {
         {"name": "alice", "env": "ALICE_TOKEN", "channels": ["http:web:alice:"]},
     ]
 }
+#: Importing a snapshot is an admin-level right: alice, limited to her own channels,
+#: ranks as admin in these tests.
+ALICE_IMPORTS = admins("alice")
 
 
 def snapshot(cid: str) -> dict:
@@ -65,7 +68,9 @@ async def test_a_kept_id_of_any_text_exports_under_its_own_name(db_path, cid, ca
     # header (Latin-1 only, quotes delimit the name) was built from it as is, so
     # a non-Latin-1 id was a 500 with a traceback and a quote broke the header.
     caplog.set_level(logging.ERROR)
-    async with running_server(db_path, settings=ADMIN_AND_ALICE, environ=TOKENS) as server:
+    async with running_server(
+        db_path, settings=ADMIN_AND_ALICE, environ=TOKENS, access=ALICE_IMPORTS
+    ) as server:
         async with server.client(TOKENS["ALICE_TOKEN"]) as c:
             r = await c.post("/conversations/import", params={"ids": "keep"}, json=snapshot(cid))
             assert r.status_code == 201, r.text
@@ -97,7 +102,9 @@ async def test_an_existing_id_with_a_line_break_exports_with_a_valid_header(db_p
 async def test_an_id_the_api_could_not_address_is_not_kept(db_path, cid, says):
     # "a/b" was imported (201), then every request for it was 404 (the path
     # segment cannot hold a /): a conversation nobody could read or delete.
-    async with running_server(db_path, settings=ADMIN_AND_ALICE, environ=TOKENS) as server:
+    async with running_server(
+        db_path, settings=ADMIN_AND_ALICE, environ=TOKENS, access=ALICE_IMPORTS
+    ) as server:
         async with server.client(TOKENS["ALICE_TOKEN"]) as c:
             for ids in ("keep", "new"):
                 r = await c.post("/conversations/import", params={"ids": ids}, json=snapshot(cid))
@@ -122,7 +129,9 @@ async def test_the_page_deletes_the_conversation_it_shows_whatever_its_id(db_pat
     # who opened it in the page saw the other conversation, and Delete sent
     # DELETE /conversations/<someone else's id>? — deleting that one instead.
     expect.set_options(timeout=60_000)
-    async with running_server(db_path, settings=ADMIN_AND_ALICE, environ=TOKENS) as server:
+    async with running_server(
+        db_path, settings=ADMIN_AND_ALICE, environ=TOKENS, access=ALICE_IMPORTS
+    ) as server:
         async with server.client(TOKENS["ADMIN_TOKEN"]) as admin:
             victim = (await admin.post("/conversations", json={"title": "Payroll"})).json()["id"]
         async with server.client(TOKENS["ALICE_TOKEN"]) as alice:

@@ -713,6 +713,13 @@ class Api:
                 "forbidden",
                 f"this token may not create conversations (they would be bound to {prefix}…)",
             )
+        if not self._may_import(principal, prefix):
+            raise ApiError(
+                403,
+                "forbidden",
+                "importing a snapshot needs a role ranking as admin ([access] admins or owners)"
+                " or a token without a channels limit",
+            )
         raw = request.query_params.get("ids", "new")
         if raw not in ("new", "keep"):
             raise ApiError(422, "invalid_parameter", "ids: must be new or keep")
@@ -742,6 +749,20 @@ class Api:
             # A kept id may be any text: the header is ASCII (percent-encoded).
             headers={"location": f"{self.prefix}/conversations/{quote(cid, safe='')}"},
         )
+
+    def _may_import(self, principal: Principal, prefix: str) -> bool:
+        """Who may import a snapshot (an admin-level right, like redacting others'
+        messages): a token whose role ranks as ``admin`` or above, or a token without
+        a ``channels`` limit (it already reads and deletes every conversation).  What
+        a snapshot holds grants nothing either way (agentik.core.lifecycle)."""
+        if principal.prefixes is None:
+            return True
+        if self.ctx.access is None or self.ctx.role_for is None:
+            return False
+        who = IncomingMessage(channel_key=prefix, text="", author_id=principal.name,
+                              author_name=principal.name)  # fmt: skip
+        role = self.ctx.role_for(self.ctx.instance, who, prefix)
+        return self.ctx.access.at_least(role, "admin")
 
     async def rename_conversation(self, request: Request) -> Response:
         principal = self.principal(request)

@@ -834,10 +834,14 @@ def openapi_document(
         p + "/conversations/import": {
             "post": op(
                 "importConversation",
-                "Restore a conversation from a snapshot, bound to this token's channels",
+                "Restore a conversation from a snapshot, bound to this token's channels"
+                " (an admin-level right; what the snapshot holds grants nothing)",
                 {
                     "201": _json("Conversation", "imported"),
-                    "403": _error("this caller may not create conversations"),
+                    "403": _error(
+                        "this caller may not create conversations, or may not import: a role"
+                        " ranking as admin, or a token without a channels limit, may"
+                    ),
                     "409": _error("ids=keep and the database has that conversation id"),
                     "413": _error("the body is larger than the server's max_import_bytes"),
                     "415": with_body["415"],
