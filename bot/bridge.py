@@ -737,7 +737,6 @@ class Bridge(AgentAccess):
             old.resume(messages, mode="drop", outcome="superseded")
             counts["superseded"] += len(messages)
             return
-        queued: list[str] = []
         for m in messages:
             mode: ResumeMode = self.resume
             max_age = self.resume_max_age
@@ -753,16 +752,15 @@ class Bridge(AgentAccess):
                     continue
                 allow_tool, subject = admitted
             got = conv.resume([m], mode=mode, allow_tool=allow_tool)
+            # At once (no await in between): the admission of the next one awaits, and
+            # this turn may end meanwhile.
+            ch.pending.update(got)
             if subject is not None and got:
                 assert self.budgets is not None
                 self.budgets.bind(m.run_id or "", subject, chars=len(m.content))
-            queued += got
             if mode == "answer":
                 answered.update(got)
             counts[mode] += 1
-        if queued:
-            async with ch.changed:
-                ch.pending.update(queued)
         log.info("resumed %d unanswered message(s) in %s", len(messages), key)
 
     def _resumed_asker(self, key: str, transport: Transport, m: Message) -> IncomingMessage:

@@ -908,7 +908,13 @@ def _import(
     conn.executemany(
         "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
         " VALUES (?, ?, ?, ?)",
-        sorted({(cid, m["run_id"], IMPORTED, now) for m in doc["messages"] if m.get("run_id")}),
+        sorted(
+            {
+                (cid, m["run_id"], IMPORTED, now)
+                for m in doc["messages"]
+                if m.get("run_id") is not None
+            }
+        ),
     )
     skipped_runs = 0
     for table, key, skip in (

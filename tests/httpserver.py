@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ import httpx
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
 from agentik.core.access import AccessPolicy, AccessSettings
+from agentik.core.memory import MemoryBackend
 from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.http.transport import HttpTransport
 
@@ -66,13 +67,18 @@ async def running_server(
     model: ScriptedModel | None = None,
     options: ChannelOptions | None = None,
     access: AccessPolicy | None = None,
+    memory: Callable[[SQLiteStore], MemoryBackend] | None = None,
     **agent_kwargs: Any,
 ) -> AsyncIterator[Server]:
     """Start an agent and its HTTP transport on a free port; close both after.
 
-    ``access``: the bridge's ``[access]`` policy (the transport is named ``web``)."""
+    ``access``: the bridge's ``[access]`` policy (the transport is named ``web``);
+    ``memory``: makes the agent's memory backend from its store."""
     model = model or ScriptedModel()
-    agent = Agent(llm=model, store=SQLiteStore(db_path), **agent_kwargs)
+    store = SQLiteStore(db_path)
+    if memory is not None:
+        agent_kwargs["memory"] = memory(store)
+    agent = Agent(llm=model, store=store, **agent_kwargs)
     await agent.start()
     bridge = Bridge(agent, access=access)
     transport = HttpTransport(
