@@ -29,7 +29,13 @@ last list, or ``null``; optional, so a snapshot without it still imports).
 :func:`import_conversation` validates one (errors name the field) and
 restores it into a store, under the same id or a new one; audit-log ids
 are renumbered on the way in (they are global to a database) and working
-memory is relinked to the new ids.
+memory is relinked to the new ids.  A snapshot is untrusted input, whoever
+imports it: nothing in it grants anything (authors become the label
+``data.imported_author_id``, approvals history in the ``imported:`` scope that
+never counts as a use, every open turn is ended ``imported`` so no restart
+resumes it, pending questions expire, open runs end, run-tree links become the
+label ``meta.imported_links``, and ``meta.channel_key`` names only a restored
+binding).
 """
 
 from __future__ import annotations
@@ -810,8 +816,9 @@ def _untrusted_row(table: str, r: dict[str, Any], now: float) -> dict[str, Any]:
     approvals move to their own scope (never a use of a ``first-use`` rule, never
     pending), open questions are closed as expired, open runs as ended."""
     if table == "approval":
-        scope = r.get("scope")
-        r["scope"] = IMPORTED_SCOPE + (scope if isinstance(scope, str) else "")
+        scope = r.get("scope") if isinstance(r.get("scope"), str) else ""
+        # (A snapshot of an imported conversation keeps one prefix.)
+        r["scope"] = scope if scope.startswith(IMPORTED_SCOPE) else IMPORTED_SCOPE + scope
         if r.get("state") != "resolved" or r.get("decision") is None:
             r.update(state="resolved", decision="expired", resolved_at=now,
                      reason="imported while pending")  # fmt: skip
