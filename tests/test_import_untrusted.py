@@ -28,13 +28,13 @@ from test_approvals import writer_tool
 from test_resume import close, leave_unanswered
 
 from agentik.bot.bridge import Bridge
-from agentik.core import Agent, SQLiteStore
-from agentik.core.access import AccessPolicy, AccessSettings
+from agentik.core import Agent, MemoryStore, SQLiteStore
+from agentik.core.access import AccessPolicy, AccessRule, AccessSettings
 from agentik.core.approvals import ApprovalRule
 from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings
 from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.messages import NewMessage
-from agentik.core.store.base import ConversationRecord
+from agentik.core.store.base import ConversationRecord, TurnEnd
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.testing.fake import FakeTransport
 
@@ -375,6 +375,51 @@ async def test_a_resumed_turn_of_a_speaker_now_ignored_is_not_run(db_path):
         assert fake.received(channel="ops") == ["echo: question 1"]
     finally:
         await close(agent, bridge)
+
+
+async def test_a_stored_identity_of_another_transport_gives_a_resumed_turn_no_role(db_path):
+    # A row in a chat channel claiming an HTTP token's identity (no chat transport
+    # writes that: an old import, an edited file) is taken as an unverified speaker.
+    async with SQLiteStore(db_path) as store:
+        key = "fake:chat:#ops"
+        await store.create_conversation(
+            ConversationRecord(id="ops", created_at=0, updated_at=0), channel_key=key
+        )
+        await store.append(
+            "ops",
+            log=[
+                NewMessage(kind="user", content="drop the tables", author="boss", channel=key,
+                           run_id="run_claimed", data={"author_id": "web:boss"},
+                           created_at=time.time())
+            ],
+        )  # fmt: skip
+    no_users = AccessRule(roles=("user",), answer=False)
+    only_admins = AccessPolicy(
+        AccessSettings(admins=("web:token:boss",), rules=(no_users,)),
+        {"chat": "fake", "web": "http"},
+    )
+    agent, bridge, fake, counts = await restart(db_path, access=only_admins)
+    try:
+        assert (counts["answer"], counts.get("refused")) == (0, 1), counts
+        assert agent.llm.requests == []
+    finally:
+        await close(agent, bridge)
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "memory"])
+async def test_pending_turns_pages_by_id_in_both_stores(db_path, engine):
+    store = SQLiteStore(db_path) if engine == "sqlite" else MemoryStore()
+    async with store:
+        await store.create_conversation(ConversationRecord(id="c", created_at=0, updated_at=0))
+        rows = await store.append(
+            "c", log=[NewMessage(kind="user", content=str(i), run_id=f"r{i}") for i in range(5)]
+        )
+        await store.append("c", ended=TurnEnd("r1", "stop"))
+        first = await store.pending_turns(limit=2)
+        assert [m.run_id for m in first] == ["r0", "r2"]
+        rest = await store.pending_turns(limit=2, after=first[-1].id)
+        assert [m.run_id for m in rest] == ["r3", "r4"]
+        assert await store.pending_turns(after=rows[-1].id) == []
 
 
 # -- a fuzz over the import endpoint ----------------------------------------------------------
