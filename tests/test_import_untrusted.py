@@ -17,7 +17,9 @@ import asyncio
 import copy
 import json
 import logging
+import signal
 import sqlite3
+import sys
 import time
 
 import httpx
@@ -26,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_approvals import writer_tool
 from test_resume import close, leave_unanswered
+from test_resume_crash import CHILD
 
 from agentik.bot.bridge import Bridge
 from agentik.core import Agent, MemoryStore, SQLiteStore
@@ -35,6 +38,7 @@ from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings
 from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.messages import NewMessage
 from agentik.core.store.base import ConversationRecord, TurnEnd
+from agentik.core.testing.openai_server import Reply as OpenAIReply
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.testing.fake import FakeTransport
 
@@ -323,6 +327,47 @@ async def test_a_message_cut_off_is_answered_after_1000_rows_no_transport_takes(
         assert len(await agent.pending_turns(limit=5000)) == 1000
     finally:
         await close(agent, bridge)
+
+
+async def test_after_kill_9_the_cut_off_message_is_answered_past_1000_orphans(
+    openai_server, db_path
+):
+    # The same start-up path as `agentik run` (test_resume_crash's child), killed
+    # with SIGKILL while its one question waits for the model; 1,000 unanswered
+    # messages of a transport this bot no longer has were there first.
+    await orphans(db_path, 1000)
+    openai_server.default = lambda body: OpenAIReply.text("never sent", delay=3600)
+
+    async def child(phase: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CHILD, db_path, openai_server.base_url, phase, "1",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+
+    proc = await child("first")
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while (await proc.stdout.readline()).decode().split(" ")[0] != "SENT":
+                pass
+            await openai_server.wait_requests(1, timeout=TIMEOUT)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    openai_server.default = lambda body: OpenAIReply.text("answer 0", chunks=1)
+    proc = await child("second")
+    posts, pending = [], None
+    async with asyncio.timeout(120):
+        while line := (await proc.stdout.readline()).decode():
+            word, _, rest = line.strip().partition(" ")
+            if word == "POST":
+                posts.append(json.loads(rest)[:3])
+            elif word == "PENDING":
+                pending = int(rest)
+        assert await proc.wait() == 0
+    assert posts == [["fake:chat:#c0", "answer", "answer 0"]]
+    assert pending == 1000  # the orphans wait for a start that has their transport
 
 
 async def cut_off_many(db_path: str, speakers: list[str]) -> None:
