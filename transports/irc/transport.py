@@ -72,6 +72,7 @@ from agentik.transports.base import (
 
 from .settings import IRCSettings
 from .wire import (
+    KNOWN_MAPPINGS,
     Line,
     casefold,
     clean_outgoing,
@@ -636,6 +637,13 @@ class IRCTransport(Transport):
             for token in p[1:-1]:
                 key, _, value = token.partition("=")
                 self.isupport[key.upper()] = value
+                if key.upper() == "CASEMAPPING" and value.lower() not in KNOWN_MAPPINGS:
+                    log.warning(
+                        "irc %s: the server announces CASEMAPPING=%s, which agentik does not"
+                        " know: names are compared folding A-Z only (as 'ascii'), so two"
+                        " names the server treats as one may be told apart",
+                        self.name, value,
+                    )  # fmt: skip
             if self.isupport.get("LINELEN", "").isdigit():
                 self.linelen = max(512, int(self.isupport["LINELEN"]))
                 # Let the bridge's rough split use the room too (we re-split exactly).
