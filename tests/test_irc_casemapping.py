@@ -164,3 +164,6 @@ def test_irc_mask_brackets_are_literal():
     assert role("troll[x]!u@h") == "ignored"
     assert role("TROLL[X]!u@h") == "ignored"
     assert role("trollx!u@h") == "user"
+    # Named in chat as a full pattern: one identity (before: "a pattern"), folded as
+    # the network last announced.
+    assert p.resolve("testnet:account:Alice[m]", "testnet") == "testnet:account:alice[m]"
