@@ -22,7 +22,9 @@ from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold
 
-from ircservers import ScriptedIRCServer, registration_handler
+from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
+
+pytest_plugins = ["ircservers"]
 
 FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
         "flood_rate": 200.0}  # fmt: skip
@@ -50,28 +52,38 @@ def owner_policy() -> AccessPolicy:
 
 
 @asynccontextmanager
-async def bot_on(mapping: str, db: str):
+async def bot_on(
+    mapping: str, db: str, port: int | None = None, access: AccessPolicy | None = None
+):
+    if port is not None:  # a real server
+        async with _bot(port, db, access or owner_policy()) as (transport, model):
+            yield transport, model
+        return
     handler = registration_handler(
         caps_offered="account-tag message-tags",
         isupport=f"CASEMAPPING={mapping} CHANTYPES=#& NETWORK=Test",
     )
     async with ScriptedIRCServer(handler) as server:
-        model = ScriptedModel()
-        agent = Agent(llm=model, store=SQLiteStore(db), tools=[read_notes, deploy])
-        await agent.start()
-        bridge = Bridge(agent, access=owner_policy())
-        transport = IRCTransport(
-            name="testnet", settings={"port": server.port, "nick": "agentik", **FAST}
-        )
-        bridge.attach(transport, ChannelOptions(command_prefix="!"))
-        await transport.start(bridge)
-        try:
-            await asyncio.wait_for(transport.registered.wait(), 60)
+        async with _bot(server.port, db, owner_policy()) as (_, model):
             yield server, model
-        finally:
-            await transport.aclose()
-            await bridge.aclose()
-            await agent.aclose()
+
+
+@asynccontextmanager
+async def _bot(port: int, db: str, access: AccessPolicy):
+    model = ScriptedModel()
+    agent = Agent(llm=model, store=SQLiteStore(db), tools=[read_notes, deploy])
+    await agent.start()
+    bridge = Bridge(agent, access=access)
+    transport = IRCTransport(name="testnet", settings={"port": port, "nick": "agentik", **FAST})
+    bridge.attach(transport, ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        await asyncio.wait_for(transport.registered.wait(), 60)
+        yield transport, model
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
 
 
 async def offered_to(server: ScriptedIRCServer, model: ScriptedModel, account: str) -> list[str]:
@@ -167,3 +179,30 @@ def test_irc_mask_brackets_are_literal():
     # Named in chat as a full pattern: one identity (before: "a pattern"), folded as
     # the network last announced.
     assert p.resolve("testnet:account:Alice[m]", "testnet") == "testnet:account:alice[m]"
+
+
+async def test_a_mask_with_brackets_on_real_servers_ignores_whom_the_server_means(
+    irc_server, tmp_path
+):
+    """``mask:troll[x]!*@*`` on ngircd (``CASEMAPPING=ascii``) and miniircd (none
+    announced: ``rfc1459``).  Before: under ``ascii`` ``[x]`` was a character class,
+    so ``trollx`` was ignored and ``troll{x}`` too was compared wrongly."""
+    access = AccessPolicy(AccessSettings(ignored=("testnet:mask:troll[x]!*@*",)),
+                          {"testnet": "irc"}, irc_casefold=casefold)  # fmt: skip
+    ascii_server = irc_server.name == "ngircd"
+    async with bot_on("", str(tmp_path / "m.db"), irc_server.port, access) as (bot, model):
+        assert bot.isupport.get("CASEMAPPING") == ("ascii" if ascii_server else None)
+        for nick in ("troll[x]", "trollx", "TROLL{X}", "bob"):
+            client = await IRCTestClient.connect(irc_server.port, nick, user="u")
+            client.privmsg("agentik", f"hello from {nick}")
+            await client.sync()
+            await client.close()
+        # bob is answered; every line before his reached the bot first.
+        async with asyncio.timeout(60):
+            while not any("hello from bob" in str(r.messages[-1].content) for r in model.requests):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        answered = sorted(str(r.messages[-1].content) for r in model.requests)
+    expected = ["hello from bob", "hello from trollx"]
+    if ascii_server:
+        expected.insert(0, "hello from TROLL{X}")  # a different nick there
+    assert answered == sorted(expected)
