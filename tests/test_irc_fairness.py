@@ -199,3 +199,35 @@ async def test_changing_nick_does_not_reset_the_per_user_rate_limit(miniircd, tm
         ]
         await mallory.close()
         await bob.close()
+
+
+async def test_too_fast_notices_to_many_flooders_have_a_budget_of_their_own():
+    """Before: each of 15 flooding clients got its own notice: a flood from many
+    clients filled the output with notices. Now 10 a minute in all, as CTCP replies."""
+    received: list[IncomingMessage] = []
+
+    class Sink:
+        async def handle(self, message: IncomingMessage, transport: object) -> None:
+            received.append(message)
+
+    async with ScriptedIRCServer(registration_handler(caps_offered="")) as server:
+        t = IRCTransport(name="s", settings={"port": server.port, "user_rate_limit": 2, **FAST})
+        await t.start(Sink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 60)
+            client = server.clients[0]
+            for n in range(15):
+                for i in range(3):
+                    client.send(f":n{n}!u{n}@h{n} PRIVMSG agentik :message {i}")
+            client.send(":carol!c@h PRIVMSG agentik :all sent")
+            async with asyncio.timeout(60):
+                while not any(m.text == "all sent" for m in received):  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            assert len(received) == 15 * 2 + 1  # each flooder's first two
+            # Lines waiting for other targets are sent before a new target's first.
+            await t.send(line("carol", "marker"))
+            await server.wait_for_line(lambda ln: ln.startswith("NOTICE carol") and "marker" in ln)
+            notices = [ln for ln in server.received if "too fast" in ln]
+            assert len(notices) == 10, notices
+        finally:
+            await t.aclose()
