@@ -68,7 +68,8 @@ class IRCSettings(BaseModel):
     #: Flood control: lines sent back to back, then ``flood_rate`` lines per second.
     flood_burst: int = Field(4, ge=1)
     flood_rate: float = Field(1.0, gt=0)
-    #: Incoming rate limit: at most this many messages per user per minute.
+    #: Incoming rate limit: at most this many messages per user per minute (a user is
+    #: their services account, else their ``ident@host``: a new nick is no new user).
     user_rate_limit: int = Field(20, ge=1)
     #: Reconnect backoff: first delay, cap, and how long a connection must last to reset it.
     reconnect_min: float = Field(5.0, gt=0)
