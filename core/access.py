@@ -556,9 +556,11 @@ class AccessPolicy:
                 value = p.value if p.kind == "mask" else p.value.split(":", 2)[2]
                 if mapping_dependent(value):
                     log.warning(
-                        "%s: %r names different %s depending on the network's CASEMAPPING:"
-                        " under rfc1459 it is %r, under strict-rfc1459 %r, under ascii %r,"
-                        " under rfc8265 %r (compared as %s announces; see docs/security.md)",
+                        "%s: %r names different %s depending on the network's CASEMAPPING"
+                        " ([]\\~ equal {}|^ under rfc1459 and strict-rfc1459 only; letters"
+                        " outside ASCII match in any case under rfc8265 only): it is compared"
+                        " as %r under rfc1459, %r under strict-rfc1459, %r under ascii, %r"
+                        " under rfc8265, whichever %s announces (see docs/security.md)",
                         where, text, "accounts" if p.kind == "id" else "users",
                         *(self._fold(value, m) for m in _MAPPINGS), p.instance,
                     )  # fmt: skip
@@ -608,7 +610,12 @@ class AccessPolicy:
         return self.role_of(self.identity(transport_name, message), message.meta)
 
     def role_of(self, who: Identity, meta: Mapping[str, Any] | None = None) -> str:
-        cm = (meta or {}).get("casemapping") if self._is_irc(who.transport) else None
+        cm: str | None = None
+        if self._is_irc(who.transport):
+            if meta is not None and "casemapping" in meta:
+                cm = meta["casemapping"]
+            else:  # no message (a key named in chat): the mapping last announced
+                cm = self._casemapping.get(who.transport)
         hit = self._table(who.transport, cm).lookup(who)
         if hit is not None and hit[1] == "owner":
             return "owner"

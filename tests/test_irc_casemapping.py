@@ -154,7 +154,7 @@ def test_a_pattern_whose_meaning_depends_on_the_mapping_is_a_warning_at_start(ca
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 2, warned
     assert warned[0].startswith("access.owners[0]: 'testnet:account:alice[m]' names different")
-    assert "rfc1459 it is 'alice{m}'" in warned[0] and "ascii 'alice[m]'" in warned[0]
+    assert "as 'alice{m}' under rfc1459" in warned[0] and "'alice[m]' under ascii" in warned[0]
     assert warned[1].startswith("access.ignored[1]: 'testnet:mask:troll^!*@*'")
 
 
@@ -206,3 +206,18 @@ async def test_a_mask_with_brackets_on_real_servers_ignores_whom_the_server_mean
     if ascii_server:
         expected.insert(0, "hello from TROLL{X}")  # a different nick there
     assert answered == sorted(expected)
+
+
+def test_a_key_named_without_a_message_is_compared_under_the_networks_mapping():
+    """``!role``/``!ignore`` check the named key's configured role (an owner cannot
+    be changed): on an rfc8265 network ``alice{m}`` is not the owner ``alice[m]``."""
+    from agentik.transports.base import IncomingMessage
+
+    p = owner_policy()
+    hello = IncomingMessage(channel_key="irc:testnet:bob", text="", author_id="bob",
+                            author_name="bob", verified=True,
+                            meta={"account": "bob", "casemapping": "rfc8265"})  # fmt: skip
+    p.role_for("testnet", hello, "irc:testnet:bob")  # the network's mapping, seen
+    meta = {"casemapping": "rfc8265"}
+    assert p.role_of_key(p.resolve("account:alice{m}", "testnet", meta)) == "user"
+    assert p.role_of_key(p.resolve("account:ALICE[m]", "testnet", meta)) == "owner"
