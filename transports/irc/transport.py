@@ -20,7 +20,8 @@ decides how a serious bot behaves on a real network is here:
   (``@#chan``: meant for the channel's operators only) or a nick we could not
   write back to; CTCP VERSION and PING answered by NOTICE, ACTION taken as
   text (CTCP replies within the sender's rate limit and 10 a minute in all);
-  a per-user incoming rate limit answered once with a notice;
+  a per-user incoming rate limit (a user: their account, else ``ident@host``)
+  answered once with a notice (10 such notices a minute in all);
 * identity: the IRCv3 ``account`` tag (``account-tag``) is a verified
   identity; without account-tag, the account tracked for users sharing a
   channel (``extended-join``, ``account-notify``, WHOX on join; only with
@@ -34,7 +35,8 @@ decides how a serious bot behaves on a real network is here:
   adds our ``:nick!user@host`` prefix (learnt from our JOIN echo, followed
   through a cloak's 396 and ``CHGHOST``; ISUPPORT
   ``LINELEN`` honoured), a token bucket per connection (longer lines cost
-  more), nothing dropped silently;
+  more) shared round robin between targets (a queue per channel or nick,
+  capped), nothing dropped silently;
 * reconnect with exponential backoff and jitter after a ping timeout or a
   lost connection, rejoin, and deliver what was queued meanwhile in order;
 * connecting: each attempt, its outcome and the reason of a failure logged
