@@ -23,7 +23,12 @@ depends on the instance's transport type:
 * any other transport: ``<author id>``, exact;
 * ``*`` alone: every *verified* identity of that instance.
 
-The value may use ``*``, ``?`` and ``[...]`` globs.  Roles above ``user``
+The value may use ``*``, ``?`` and ``[...]`` globs; IRC values only ``*`` and
+``?``, as IRC masks do: their brackets are literal (``account:alice[m]`` is
+the account ``alice[m]``, never ``alicem``).  A pattern whose meaning depends
+on the network's ``CASEMAPPING`` (it holds ``[]\\~{}|^`` or non-ASCII letters:
+``alice[m]`` is also ``alice{m}`` under ``rfc1459`` only) is logged as a
+warning when the policy is built, at start.  Roles above ``user``
 only ever come from verified identities, or from IRC ``mask:`` patterns the
 operator wrote.  Roles granted in chat (``!role``, ``!ignore``) are stored
 by the bridge through :meth:`AccessPolicy.grant` and take effect at once;
@@ -88,6 +93,27 @@ MANAGE_COMMANDS = frozenset({"role", "ignore", "unignore", "roles"})
 STOP_OTHERS = "stop-others"
 _GLOB = re.compile(r"[*?\[]")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+#: IRC patterns (``account:``, ``mask:``) have the globs of IRC masks: ``*`` and ``?``
+#: only.  ``[`` and ``]`` are ordinary nick characters (``alice[m]``), never a class.
+_IRC_GLOB = re.compile(r"[*?]")
+#: Characters whose case the IRC mappings disagree on: ``[]\~`` and ``{}|^`` (one
+#: under ``rfc1459``, partly under ``strict-rfc1459``, two under ``ascii`` and
+#: ``rfc8265``), and anything outside ASCII (folded under ``rfc8265`` only).
+_MAPPING_DEPENDENT = frozenset("[]\\~{}|^")
+
+
+def irc_glob(pattern: str) -> str:
+    """A regex for an IRC glob: ``*`` any run, ``?`` one character, all else literal."""
+    return "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+
+
+#: The IRC mappings a start-up warning describes.
+_MAPPINGS = ("rfc1459", "strict-rfc1459", "ascii", "rfc8265")
+
+
+def mapping_dependent(value: str) -> bool:
+    """Whether an IRC name or mask names different people under different ``CASEMAPPING``s."""
+    return any(c in _MAPPING_DEPENDENT or not c.isascii() for c in value)
 
 
 def at_least(role: str, needed: str, rank: Callable[[str], int] | None = None) -> bool:
@@ -342,12 +368,22 @@ class _Table:
             )
         return self
 
-    def add(self, p: _Pattern, prio: int, role: str, fold: Any) -> None:
+    def add(self, p: _Pattern, prio: int, role: str, fold: Any, *, irc: bool = False) -> None:
         if p.kind == "any":
             self._keep(self.any, p.instance, prio, role)
         elif p.kind == "mask":
-            rx = re.compile(translate(fold(p.value)))
+            rx = re.compile(irc_glob(fold(p.value)))
             self.masks.setdefault(p.instance, []).append((rx, prio, role))
+        elif irc:
+            # ``<instance>:account:<name>``: the name folded as the server compares it.
+            instance, _, rest = p.value.partition(":")
+            what, _, name = rest.partition(":")
+            key = f"{instance}:{what}:{fold(name)}"
+            if _IRC_GLOB.search(name):
+                prefix = re.escape(f"{instance}:{what}:")
+                self.globs.append((re.compile(prefix + irc_glob(fold(name))), prio, role))
+            else:
+                self._keep(self.exact, key, prio, role)
         elif _GLOB.search(p.value.partition(":")[2]):
             self.globs.append((re.compile(translate(fold(p.value))), prio, role))
         else:
@@ -515,6 +551,19 @@ class AccessPolicy:
             (parse_pattern(text, self.transports, where=where), prio, role)
             for text, prio, role, where in entries
         ]
+        for (p, _, _), (text, _, _, where) in zip(self._config, entries, strict=True):
+            if self._is_irc(p.instance) and p.kind != "any":
+                value = p.value if p.kind == "mask" else p.value.split(":", 2)[2]
+                if mapping_dependent(value):
+                    log.warning(
+                        "%s: %r names different %s depending on the network's CASEMAPPING"
+                        " ([]\\~ equal {}|^ under rfc1459 and strict-rfc1459 only; letters"
+                        " outside ASCII match in any case under rfc8265 only): it is compared"
+                        " as %r under rfc1459, %r under strict-rfc1459, %r under ascii, %r"
+                        " under rfc8265, whichever %s announces (see docs/security.md)",
+                        where, text, "accounts" if p.kind == "id" else "users",
+                        *(self._fold(value, m) for m in _MAPPINGS), p.instance,
+                    )  # fmt: skip
         self._rules = [_compile_rule(r) for r in s.rules]
         # An index: the rules naming a channel exactly, by channel; the rest (globs) in order.
         self._by_channel: dict[str, list[int]] = {}
@@ -531,6 +580,9 @@ class AccessPolicy:
         self._store: Store | None = None
         #: IRC: (instance, casefolded nick) → account key, from the last message seen.
         self._seen: OrderedDict[tuple[str, str], str] = OrderedDict()
+        #: IRC instance → the ``CASEMAPPING`` its last message came with (for names
+        #: given without a message: :meth:`identity_from_key`, full patterns in chat).
+        self._casemapping: dict[str, str | None] = {}
 
     # -- roles ---------------------------------------------------------------------------
     def rank(self, role: str) -> int:
@@ -547,7 +599,10 @@ class AccessPolicy:
 
     def identity(self, transport_name: str, message: SpeakerMessage) -> Identity:
         """The speaker of ``message`` on transport instance ``transport_name``."""
-        make = _IDENTITIES.get(self.transports.get(transport_name, ""), _plain_identity)
+        kind = self.transports.get(transport_name, "")
+        if kind == "irc" and message.meta and "casemapping" in message.meta:
+            self._casemapping[transport_name] = message.meta["casemapping"]
+        make = _IDENTITIES.get(kind, _plain_identity)
         return make(transport_name, message, self._fold)
 
     def role_for(self, transport_name: str, message: SpeakerMessage, channel_key: str) -> str:
@@ -555,7 +610,12 @@ class AccessPolicy:
         return self.role_of(self.identity(transport_name, message), message.meta)
 
     def role_of(self, who: Identity, meta: Mapping[str, Any] | None = None) -> str:
-        cm = (meta or {}).get("casemapping") if self._is_irc(who.transport) else None
+        cm: str | None = None
+        if self._is_irc(who.transport):
+            if meta is not None and "casemapping" in meta:
+                cm = meta["casemapping"]
+            else:  # no message (a key named in chat): the mapping last announced
+                cm = self._casemapping.get(who.transport)
         hit = self._table(who.transport, cm).lookup(who)
         if hit is not None and hit[1] == "owner":
             return "owner"
@@ -575,7 +635,7 @@ class AccessPolicy:
         if who.hostmask is not None:
             prefix = f"{who.transport}:mask:"
             for key, g in self.grants.items():
-                if key.startswith(prefix) and re.fullmatch(translate(key[len(prefix):]),
+                if key.startswith(prefix) and re.fullmatch(irc_glob(key[len(prefix):]),
                                                            who.hostmask):  # fmt: skip
                     return g.role
         return None
@@ -592,7 +652,7 @@ class AccessPolicy:
                 if p.instance != instance:
                     continue
                 if irc:
-                    table.add(p, prio, role, lambda v: self._fold(v, cm))
+                    table.add(p, prio, role, lambda v: self._fold(v, cm), irc=True)
                 else:
                     table.add(p, prio, role, lambda v: v)
             self._tables[(instance, cm)] = table.seal()
@@ -681,7 +741,8 @@ class AccessPolicy:
                 p = parse_pattern(word, self.transports, where="argument")
             except ConfigError as exc:
                 raise ValueError(str(exc).removeprefix("argument: ")) from None
-            if p.kind == "any" or (_GLOB.search(word.partition(":")[2]) and p.kind != "mask"):
+            glob = _IRC_GLOB if self._is_irc(p.instance) else _GLOB
+            if p.kind == "any" or (glob.search(word.partition(":")[2]) and p.kind != "mask"):
                 raise ValueError("name one identity, not a pattern")
             value = p.value if p.kind == "id" else f"{p.instance}:mask:{p.value}"
             return self._fold_key(value)
@@ -721,7 +782,7 @@ class AccessPolicy:
         instance, _, rest = key.partition(":")
         if self._is_irc(instance):
             what, _, value = rest.partition(":")
-            return f"{instance}:{what}:{self._fold(value, None)}"
+            return f"{instance}:{what}:{self._fold(value, self._casemapping.get(instance))}"
         return key
 
     def role_of_key(self, key: str) -> str:
@@ -739,12 +800,15 @@ class AccessPolicy:
             p = parse_pattern(key, self.transports, where="identity")
         except ConfigError as exc:
             raise ValueError(str(exc).removeprefix("identity: ")) from None
-        if p.kind == "any" or (p.kind == "id" and _GLOB.search(key.partition(":")[2])):
+        irc = self._is_irc(p.instance)
+        glob = _IRC_GLOB if irc else _GLOB
+        if p.kind == "any" or (p.kind == "id" and glob.search(key.partition(":")[2])):
             raise ValueError(f"{key!r} is a pattern; name one identity")
         if p.kind == "mask":
-            if _GLOB.search(p.value):
+            if _IRC_GLOB.search(p.value):
                 raise ValueError(f"{key!r} is a pattern; name one nick!user@host")
-            return Identity(p.instance, None, p.value.partition("!")[0], self._fold(p.value, None))
+            cm = self._casemapping.get(p.instance)
+            return Identity(p.instance, None, p.value.partition("!")[0], self._fold(p.value, cm))
         return Identity(p.instance, self._fold_key(p.value), key)
 
     # -- grants ----------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ class IRCSettings(BaseModel):
     #: Flood control: lines sent back to back, then ``flood_rate`` lines per second.
     flood_burst: int = Field(4, ge=1)
     flood_rate: float = Field(1.0, gt=0)
-    #: Incoming rate limit: at most this many messages per user per minute.
+    #: Incoming rate limit: at most this many messages per user per minute (a user is
+    #: their services account, else their ``ident@host``: a new nick is no new user).
     user_rate_limit: int = Field(20, ge=1)
     #: Reconnect backoff: first delay, cap, and how long a connection must last to reset it.
     reconnect_min: float = Field(5.0, gt=0)
@@ -77,9 +78,14 @@ class IRCSettings(BaseModel):
     #: Seconds of silence before we PING the server, and before we give up on it.
     ping_interval: float = Field(120.0, gt=0)
     ping_timeout: float = Field(240.0, gt=0)
-    #: Lines kept while disconnected (delivered after reconnecting); past this the
-    #: oldest are dropped, with a warning in the log.
+    #: Lines kept waiting in all (flood control, or while disconnected: delivered
+    #: after reconnecting); past this the target with the most lines waiting loses
+    #: its oldest line, with a warning in the log; other targets lose nothing.
     queue_limit: int = Field(500, ge=1)
+    #: Lines kept waiting for one channel or nick; past this its oldest are dropped
+    #: (a warning in the log).  Targets take turns, one line each, so one flooded
+    #: channel never delays another's answers by more than its share.
+    target_queue_limit: int = Field(100, ge=1)
     #: Answer to CTCP VERSION.
     version: str = "agentik IRC bot"
 

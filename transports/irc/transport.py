@@ -20,7 +20,8 @@ decides how a serious bot behaves on a real network is here:
   (``@#chan``: meant for the channel's operators only) or a nick we could not
   write back to; CTCP VERSION and PING answered by NOTICE, ACTION taken as
   text (CTCP replies within the sender's rate limit and 10 a minute in all);
-  a per-user incoming rate limit answered once with a notice;
+  a per-user incoming rate limit (a user: their account, else ``ident@host``)
+  answered once with a notice (10 such notices a minute in all);
 * identity: the IRCv3 ``account`` tag (``account-tag``) is a verified
   identity; without account-tag, the account tracked for users sharing a
   channel (``extended-join``, ``account-notify``, WHOX on join; only with
@@ -34,7 +35,8 @@ decides how a serious bot behaves on a real network is here:
   adds our ``:nick!user@host`` prefix (learnt from our JOIN echo, followed
   through a cloak's 396 and ``CHGHOST``; ISUPPORT
   ``LINELEN`` honoured), a token bucket per connection (longer lines cost
-  more), nothing dropped silently;
+  more) shared round robin between targets (a queue per channel or nick,
+  capped), nothing dropped silently;
 * reconnect with exponential backoff and jitter after a ping timeout or a
   lost connection, rejoin, and deliver what was queued meanwhile in order;
 * connecting: each attempt, its outcome and the reason of a failure logged
@@ -72,6 +74,7 @@ from agentik.transports.base import (
 
 from .settings import IRCSettings
 from .wire import (
+    KNOWN_MAPPINGS,
     Line,
     casefold,
     clean_outgoing,
@@ -126,6 +129,17 @@ _NICK_WORD_RE = re.compile(r"(?<![\w\[\]\\`^{}|-])[A-Za-z\[\]\\`_^{|}][\w\[\]\\`
 _CTCP_PER_MINUTE = 10
 
 
+def _within(times: deque[float], per_minute: int) -> bool:
+    """Whether one more event fits ``per_minute`` (a sliding minute); if so, count it."""
+    now = time.monotonic()
+    while times and now - times[0] > 60:
+        times.popleft()
+    if len(times) >= per_minute:
+        return False
+    times.append(now)
+    return True
+
+
 class _CannotConnect(Exception):
     """A connection attempt failed; the message says why, for the log."""
 
@@ -145,6 +159,8 @@ class _Out:
     outbox_ids: tuple[int, ...] = ()
     #: ``(target, text)`` of a PRIVMSG/NOTICE the server echoes (echo-message).
     echo: tuple[str, str] | None = None
+    #: Order of queueing, over all targets.
+    seq: int = 0
 
 
 def _irc3() -> tuple[Any, type, type]:
@@ -222,7 +238,13 @@ class IRCTransport(Transport):
         #: The connection and send loops (``serve`` raises what breaks one of them).
         self._main: list[asyncio.Future[Any]] = []
         self._lost = asyncio.Event()
-        self._queue: deque[_Out] = deque()
+        #: Lines waiting, one FIFO per target (casefolded); the dict's order is the
+        #: round robin: a target that just sent goes to the back.
+        self._queues: dict[str, deque[_Out]] = {}
+        self._queued = 0
+        self._seq = 0
+        #: Per target: when a dropped line was last logged, and drops since then.
+        self._drop_log: dict[str, tuple[float, int]] = {}
         self._queue_changed = asyncio.Event()
         self._tokens = float(self.options.flood_burst)
         self._refilled = time.monotonic()
@@ -244,6 +266,8 @@ class IRCTransport(Transport):
         self._user_warned: dict[str, float] = {}
         #: When the CTCP replies of the last minute were queued.
         self._ctcp_replies: deque[float] = deque()
+        #: When the "too fast" notices of the last minute were queued.
+        self._rate_notices: deque[float] = deque()
         self._in_code: dict[str, bool] = {}
         #: Answers (``target\0run id``) whose first line already named the asker.
         self._addressed_runs: dict[str, None] = {}
@@ -636,6 +660,15 @@ class IRCTransport(Transport):
             for token in p[1:-1]:
                 key, _, value = token.partition("=")
                 self.isupport[key.upper()] = value
+                if key.upper() == "CASEMAPPING":
+                    self._rekey_queues()
+                if key.upper() == "CASEMAPPING" and value.lower() not in KNOWN_MAPPINGS:
+                    log.warning(
+                        "irc %s: the server announces CASEMAPPING=%s, which agentik does not"
+                        " know: names are compared folding A-Z only (as 'ascii'), so two"
+                        " names the server treats as one may be told apart",
+                        self.name, value,
+                    )  # fmt: skip
             if self.isupport.get("LINELEN", "").isdigit():
                 self.linelen = max(512, int(self.isupport["LINELEN"]))
                 # Let the bridge's rough split use the room too (we re-split exactly).
@@ -1125,10 +1158,10 @@ class IRCTransport(Transport):
             # A CTCP request counts against its sender's rate like any message,
             # and all CTCP replies together have a budget of their own: a flood
             # of them (one nick or many) never fills the queue ahead of answers.
-            if self._allow(sender) and self._allow_ctcp():
+            if self._allow(sender, line) and self._allow_ctcp():
                 self._on_ctcp(sender, *special)
             return
-        if not self._allow(sender):
+        if not self._allow(sender, line):
             return
         if special is not None:
             text = f"* {sender} {special[1]}"
@@ -1220,24 +1253,42 @@ class IRCTransport(Transport):
 
     def _allow_ctcp(self) -> bool:
         """Whether another CTCP reply may go out (at most ``_CTCP_PER_MINUTE`` a minute)."""
-        now = time.monotonic()
-        while self._ctcp_replies and now - self._ctcp_replies[0] > 60:
-            self._ctcp_replies.popleft()
-        if len(self._ctcp_replies) >= _CTCP_PER_MINUTE:
+        if not _within(self._ctcp_replies, _CTCP_PER_MINUTE):
             log.debug("irc %s: CTCP flood: request left unanswered", self.name)
             return False
-        self._ctcp_replies.append(now)
         return True
 
-    def _allow(self, sender: str) -> bool:
+    def _rate_key(self, sender: str, line: Line) -> str:
+        """Whom the per-user rate limit counts ``line`` against.
+
+        The services account when known; else ``ident@host``, so that changing
+        nick (or taking turns between nicks) does not reset the count and a
+        flood costs no more model requests than one user's limit; the nick
+        only when the server sent no ident and host.
+        """
+        account = self._account(line)
+        if account is None and "account-tag" not in self.caps_enabled:
+            account = self._tracked_account(sender)
+        if account is not None:
+            return f"account:{account}"
+        _, user, host = line.hostmask
+        if user and host:
+            return f"mask:{user.lower()}@{host.lower()}"
+        return f"nick:{self._fold(sender)}"
+
+    def _allow(self, sender: str, line: Line) -> bool:
         """The per-user incoming rate limit (a sliding minute)."""
         now = time.monotonic()
-        who = self._fold(sender)
+        who = self._rate_key(sender, line)
         hits = self._user_hits.setdefault(who, deque())
         while hits and now - hits[0] > 60:
             hits.popleft()
         if len(hits) >= self.options.user_rate_limit:
-            if now - self._user_warned.get(who, -1e9) > 60:
+            # Told once a minute; and all these notices together have a budget of
+            # their own, so many flooders never queue ahead of answers.
+            if now - self._user_warned.get(who, -1e9) > 60 and _within(
+                self._rate_notices, _CTCP_PER_MINUTE
+            ):
                 self._user_warned[who] = now
                 self._enqueue(
                     sender,
@@ -1249,9 +1300,10 @@ class IRCTransport(Transport):
                 )  # fmt: skip
             return False
         hits.append(now)
-        if len(self._user_hits) > 10_000:  # forget idle users
-            for nick in [n for n, h in self._user_hits.items() if not h][:5_000]:
-                del self._user_hits[nick]
+        if len(self._user_hits) > 10_000:  # forget users quiet for a minute
+            for key in [k for k, h in self._user_hits.items() if not h or now - h[-1] > 60]:
+                del self._user_hits[key]
+                self._user_warned.pop(key, None)
         return True
 
     # -- outgoing ------------------------------------------------------------------------------
@@ -1460,14 +1512,48 @@ class IRCTransport(Transport):
     ) -> None:
         if cost is None:
             cost = 1.0 + len(line.encode()) / 256
-        self._queue.append(_Out(target, line, cost, outbox_ids, echo))
-        if len(self._queue) > self.options.queue_limit:
-            dropped = self._queue.popleft()
-            log.warning(
-                "irc %s: outgoing queue full (%d lines): dropped the oldest line to %s",
-                self.name, self.options.queue_limit, dropped.target,
-            )  # fmt: skip
+        key = self._fold(target)
+        self._seq += 1
+        queue = self._queues.setdefault(key, deque())
+        queue.append(_Out(target, line, cost, outbox_ids, echo, self._seq))
+        self._queued += 1
+        o = self.options
+        if len(queue) > o.target_queue_limit:
+            self._drop(key, f"{o.target_queue_limit} lines wait for it")
+        elif self._queued > o.queue_limit:
+            # The target with the most lines waiting pays (this one on a tie), never the others.
+            longest = max(self._queues, key=lambda k: (len(self._queues[k]), k == key))
+            self._drop(longest, f"{o.queue_limit} lines wait in all, the most for it")
         self._queue_changed.set()
+
+    def _drop(self, key: str, why: str) -> None:
+        """Drop the oldest line waiting for ``key`` (logged, at most once a minute per target)."""
+        queue = self._queues[key]
+        dropped = queue.popleft()
+        self._queued -= 1
+        if not queue:
+            del self._queues[key]
+        now = time.monotonic()
+        last, count = self._drop_log.get(key, (-1e9, 0))
+        if now - last < 60:
+            self._drop_log[key] = (last, count + 1)
+            return
+        self._drop_log[key] = (now, 0)
+        log.warning(
+            "irc %s: outgoing queue full for %s (%s): dropped its oldest line%s",
+            self.name, dropped.target, why,
+            f" ({count} more since the last warning)" if count else "",
+        )  # fmt: skip
+        if len(self._drop_log) > 1000:
+            for k in [k for k, (t, _) in self._drop_log.items() if now - t >= 60]:
+                del self._drop_log[k]
+
+    def _rekey_queues(self) -> None:
+        """Re-file waiting lines under the names the server's CASEMAPPING gives them."""
+        lines = sorted((out for q in self._queues.values() for out in q), key=lambda o: o.seq)
+        self._queues = {}
+        for out in lines:
+            self._queues.setdefault(self._fold(out.target), deque()).append(out)
 
     def _ready_for(self, target: str) -> bool:
         if self._protocol is None or getattr(self._protocol, "closed", True):
@@ -1482,10 +1568,17 @@ class IRCTransport(Transport):
         return True
 
     async def _send_loop(self) -> None:
-        """Drain the queue in order, under the token bucket, when connected."""
+        """Send what waits, under the token bucket, when connected: round robin.
+
+        Each target (channel or nick) with lines waiting sends one line (or
+        one batch) in turn, so a flooded channel gets its share of the flood
+        budget and every other channel and private answer gets the same: an
+        answer waits for at most one line per other busy target, never for a
+        whole queue.
+        """
         o = self.options
         while True:
-            while (index := self._next_ready()) is None:
+            while (key := self._next_ready()) is None:
                 self._queue_changed.clear()
                 await self._queue_changed.wait()
             now = time.monotonic()
@@ -1493,35 +1586,35 @@ class IRCTransport(Transport):
                 float(o.flood_burst), self._tokens + (now - self._refilled) * o.flood_rate
             )
             self._refilled = now
-            head = self._queue[index]
+            queue = self._queues[key]
+            head = queue[0]
             need = min(head.cost, float(o.flood_burst))
             if self._tokens < need:
                 await asyncio.sleep((need - self._tokens) / o.flood_rate)
                 continue
             self._tokens -= need
-            del self._queue[index]
+            queue.popleft()
+            self._queued -= 1
+            del self._queues[key]  # to the back of the round
+            if queue:
+                self._queues[key] = queue
             self._write(head.line)
             self._written(head)
 
-    def _next_ready(self) -> int | None:
-        """Index of the first queued line that may go now, or None.
+    def _next_ready(self) -> str | None:
+        """The target whose turn it is (the first in the round that may send now), or None.
 
         Lines go in order for each target; a target that is not ready (a
         configured channel we were kicked from, or cannot join) holds back its
-        own lines only, never the private answers and other channels behind it.
+        own lines only, never the private answers and other channels.
         """
         if self._protocol is None or getattr(self._protocol, "closed", True):
             return None
         if not self.registered.is_set():
             return None
-        waiting: set[str] = set()
-        for index, out in enumerate(self._queue):
-            target = self._fold(out.target)
-            if target in waiting:
-                continue
-            if self._ready_for(out.target):
-                return index
-            waiting.add(target)
+        for key, queue in self._queues.items():
+            if self._ready_for(queue[0].target):
+                return key
         return None
 
     def _written(self, out: _Out) -> None:
@@ -1534,9 +1627,14 @@ class IRCTransport(Transport):
             self.delivered(oid, "sent", awaits_confirm=echoes)
 
     @property
+    def _queue(self) -> list[_Out]:
+        """Every line waiting, in the order queued (all targets together)."""
+        return sorted((out for q in self._queues.values() for out in q), key=lambda o: o.seq)
+
+    @property
     def queued(self) -> int:
         """Lines waiting to be sent."""
-        return len(self._queue)
+        return self._queued
 
 
 def sasl_chunks(payload: bytes) -> list[str]:

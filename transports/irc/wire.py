@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
+    "KNOWN_MAPPINGS",
     "MAX_LINE_BYTES",
     "MAX_TAGS_BYTES",
     "Line",
@@ -267,21 +268,62 @@ _FOLDS = {
 }
 
 
+#: Mappings of Unicode nicks and accounts (Ergo announces ``rfc8265``): the PRECIS
+#: ``UsernameCaseMapped`` profile.  ``rfc7613`` is the RFC 8265 replaced.
+PRECIS_MAPPINGS = frozenset({"rfc8265", "rfc7613", "precis"})
+#: Every mapping :func:`casefold` knows; any other folds as ``ascii`` (see there).
+KNOWN_MAPPINGS = frozenset({*_FOLDS, *PRECIS_MAPPINGS})
+
+
+def _precis_width(ch: str) -> str:
+    """RFC 8265 width mapping: a fullwidth or halfwidth character to its decomposition."""
+    d = unicodedata.decomposition(ch)
+    if d.startswith(("<wide>", "<narrow>")):
+        return "".join(chr(int(h, 16)) for h in d.split()[1:])
+    return ch
+
+
+def _precis_fold(name: str) -> str:
+    """The PRECIS ``UsernameCaseMapped`` comparison form (RFC 8265 section 3.3).
+
+    Width mapping, then the Unicode ``toLowerCase`` operation (``str.lower``:
+    not case *folding*, which would make ``straße`` equal ``strasse``, two
+    accounts to Ergo), then NFC; repeated until stable (at most four
+    rounds), as Ergo does.  ASCII letters are the only ASCII characters that
+    change: ``[`` and ``{`` stay distinct.
+    """
+    if name.isascii():
+        return name.translate(_FOLDS["ascii"])
+    for _ in range(4):
+        folded = unicodedata.normalize("NFC", "".join(map(_precis_width, name)).lower())
+        if folded == name:
+            break
+        name = folded
+    return name
+
+
 def casefold(name: str, casemapping: str | None = None) -> str:
     """``name`` in the one case the server compares names in (ISUPPORT ``CASEMAPPING``).
 
     ``ascii``: ``A-Z`` → ``a-z``; ``rfc1459`` (the default, also when the
     server announces none): ASCII and ``[]\\~`` → ``{}|^``; ``strict-rfc1459``:
-    ASCII and ``[]\\`` → ``{}|``.  Other mappings (``rfc8265``, ``rfc7613``,
-    ``precis``: Unicode nicks) fold ASCII as ``rfc1459`` and other letters
-    with Unicode lower-casing, NFC-normalised.  ``"ALICE[m]"`` and
-    ``"alice{m}"`` are one nick on an ``rfc1459`` server.
+    ASCII and ``[]\\`` → ``{}|``; ``rfc8265`` (also ``rfc7613``, ``precis``:
+    Unicode nicks, as on Ergo): the PRECIS ``UsernameCaseMapped`` profile —
+    fullwidth and halfwidth forms to their usual ones, Unicode lower case,
+    NFC — with ``[]\\~`` distinct from ``{}|^``.  ``"ALICE[m]"`` and
+    ``"alice{m}"`` are one nick on an ``rfc1459`` server and two anywhere else.
+
+    An unknown mapping folds as ``ascii``: only ``A-Z``, which every known
+    mapping folds too, so names are never merged that the server might keep
+    apart (the transport logs a warning when a server announces one).
     """
     mapping = (casemapping or "rfc1459").lower()
     table = _FOLDS.get(mapping)
     if table is not None:
         return name.translate(table)
-    return unicodedata.normalize("NFC", name.translate(_FOLDS["rfc1459"]).lower())
+    if mapping in PRECIS_MAPPINGS:
+        return _precis_fold(name)
+    return name.translate(_FOLDS["ascii"])
 
 
 #: Characters a channel name we write to may not contain: separators and controls.
