@@ -786,9 +786,10 @@ class Api:
         subject = await self._admit(
             principal, channel or f"conversation:{conv.id}", author, body.content
         )
+        bound = False
+        budgets = self.ctx.budgets
         try:
             async with contextlib.AsyncExitStack() as stack:
-                budgets = self.ctx.budgets
                 if subject is not None and budgets is not None:
                     await stack.enter_async_context(budgets.sending(conv.id))
                 sent = await conv.submit(
@@ -802,8 +803,13 @@ class Api:
                 run_id = sent.run_id
                 if subject is not None and budgets is not None and not sent.steered:
                     budgets.bind(run_id, subject, chars=len(body.content))
+                    bound = True
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
+        finally:
+            if subject is not None and budgets is not None and not bound:
+                # No turn of its own: its token reservation goes back.
+                budgets.release(subject)
         if ours and not conv.title:
             # An untitled conversation of this API is named by its first message,
             # here and not by a client, so no reader races a second request for it.
@@ -838,7 +844,7 @@ class Api:
         subject = Subject(
             transport=instance, channel=channel, identity=identity, role=role, name=author
         )
-        refused = await budgets.admit(subject)
+        refused = await budgets.admit(subject, chars=len(text))
         if refused is not None:
             wait = max(1, int(refused.resets_at - budgets.clock() + 0.999))
             raise ApiError(429, "budget_exceeded", refused.text, headers={"Retry-After": str(wait)})
