@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentik.core import Agent, Conversation
-from agentik.core.access import AccessPolicy, Decision
+from agentik.core.access import AccessPolicy, Decision, may_redact
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
@@ -1149,7 +1149,7 @@ class Bridge(AgentAccess):
                 await say(f"no message #{number} in this channel's conversation")
                 return
             target = rows[0]
-            if not decision.admin and (me is None or _data(target).get("author_id") != me):
+            if not may_redact(decision.admin, me, _data(target).get("author_id")):
                 await say(f"only its author or an admin may redact message #{number}")
                 return
         by = me or f"{transport.name}:{message.author_id}"

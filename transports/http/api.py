@@ -62,7 +62,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from agentik.core import Agent, Conversation, ConversationRecord
-from agentik.core.access import AccessPolicy
+from agentik.core.access import AccessPolicy, may_redact
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
@@ -967,16 +967,20 @@ class Api:
         if not rows or rows[0].id != message_id:
             raise ApiError(404, "message_not_found", f"no message {message_id} here")
         identity = f"{self.ctx.instance}:{principal.name}"
-        if self.ctx.access is not None:
-            # The author (the token that sent it) or an admin.
+        access = self.ctx.access
+        if access is not None and access.in_use:
+            # As in chat (one rule, may_redact): the author (the token that sent it) or
+            # a role ranking as admin or above (owners too).  Without [access] (nobody
+            # has a role) any caller reaching the conversation may, as documented.
             data = rows[0].data if isinstance(rows[0].data, dict) else {}
             who = IncomingMessage(
                 channel_key=conv.channel_key or "", text="", author_id=principal.name,
                 author_name=principal.name,
             )  # fmt: skip
-            role_for = self.ctx.role_for
-            role = role_for(self.ctx.instance, who, conv.channel_key or "") if role_for else "user"
-            if role != "admin" and data.get("author_id") not in (principal.name, identity):
+            role_for = self.ctx.role_for or access.role_for
+            role = role_for(self.ctx.instance, who, conv.channel_key or "")
+            admin = access.at_least(role, "admin")
+            if not may_redact(admin, identity, data.get("author_id")):
                 raise ApiError(403, "forbidden", "only the author or an admin may redact it")
         try:
             done = await self.agent.redact(conv.id, message_id, by=identity, reason=body.reason)
