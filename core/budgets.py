@@ -323,10 +323,13 @@ class Budgets:
         return out
 
     def _notice(self, subject: Subject, scope: UsageScope, key: str, kind: UsageKind,
-                limit: int, now: float) -> Refusal:  # fmt: skip
+                limit: int, now: float, reserved: int = 0) -> Refusal:  # fmt: skip
         resets = _window_end(kind, now)
         mark = (scope, key, kind, window(kind, now))
         what = _WHAT[kind].format(n=f"{limit:,}")
+        if reserved:
+            # Used up only with what running turns are expected to use: say so.
+            what = what[:-1] + f", counting {reserved:,} reserved by turns still running)"
         if scope == "channel":
             text = f"this channel's {what}"
         elif scope == "unverified":
@@ -363,12 +366,13 @@ class Budgets:
                 for kind in _TURN_KINDS:
                     limit = limits.limit(kind)
                     n = used[(scope, kind)]
-                    if kind == "tokens":
-                        n += self._reserved.get((scope, key), 0)
-                    if limit and n >= limit:
+                    reserved = 0
+                    if kind == "tokens" and n < limit:
+                        reserved = self._reserved.get((scope, key), 0)
+                    if limit and n + reserved >= limit:
                         if self.on_refusal is not None:
                             self.on_refusal(scope, kind)
-                        return self._notice(subject, scope, key, kind, limit, now)
+                        return self._notice(subject, scope, key, kind, limit, now, reserved)
             await self.record(subject, "messages", 1, now=now)
             self._reserve(subject, chars)
         return None

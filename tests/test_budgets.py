@@ -517,10 +517,20 @@ async def test_concurrent_slow_turns_reserve_tokens_and_settle_at_their_end(tmp_
         server.default = reply
         llm = openai_llm(server)
         async with http_bot(tmp_path, llm, settings, Clock()) as (agent, store, client):
-            ids, codes = await post_at_once(client, 30)
-            admitted = codes.count(202)
-            # The first turn's reservation covers the limit: the others wait for its end.
-            assert admitted == 1 and codes.count(429) == 29
+            ids = [(await client.post("/conversations", json={})).json()["id"] for _ in range(30)]
+            answers = await asyncio.gather(*(
+                client.post(f"/conversations/{cid}/messages", json={"content": "hi"})
+                for cid in ids
+            ))  # fmt: skip
+            codes = [r.status_code for r in answers]
+            # The first turn's reservation covers the limit: the others wait for its end,
+            # and are told why.
+            assert codes.count(202) == 1 and codes.count(429) == 29
+            refused = next(r for r in answers if r.status_code == 429).json()["error"]
+            assert refused["message"].endswith(
+                ": daily token budget used up (300, counting 1,000 reserved by turns still"
+                " running); resets at 00:00 UTC"
+            )
             for r in held:
                 r.release()
             await all_idle(agent, ids)
