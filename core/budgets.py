@@ -220,6 +220,9 @@ class Refusal:
     text: str
     #: The first refusal of this counter in this window (chat shows only that one).
     first: bool
+    #: Tokens reserved by running turns that made up the difference (0: used up for
+    #: good until ``resets_at``; otherwise it may pass once those turns end).
+    reserved: int = 0
 
     @property
     def notice(self) -> str | None:
@@ -344,7 +347,7 @@ class Budgets:
             self._noticed = {m for m in self._noticed if m[3] >= window(m[2], now)}  # type: ignore[arg-type]
         self._noticed.add(mark)
         return Refusal(scope=scope, kind=kind, limit=limit, resets_at=resets, text=text,
-                       first=first)  # fmt: skip
+                       first=first, reserved=reserved)  # fmt: skip
 
     async def admit(self, subject: Subject, *, chars: int = 0) -> Refusal | None:
         """Whether a message may start a turn; counts it if so.

@@ -526,7 +526,9 @@ async def test_concurrent_slow_turns_reserve_tokens_and_settle_at_their_end(tmp_
             # The first turn's reservation covers the limit: the others wait for its end,
             # and are told why.
             assert codes.count(202) == 1 and codes.count(429) == 29
-            refused = next(r for r in answers if r.status_code == 429).json()["error"]
+            refusal = next(r for r in answers if r.status_code == 429)
+            assert refusal.headers["retry-after"] == "5"  # not at 00:00 UTC: when turns end
+            refused = refusal.json()["error"]
             assert refused["message"].endswith(
                 ": daily token budget used up (300, counting 1,000 reserved by turns still"
                 " running); resets at 00:00 UTC"

@@ -95,6 +95,10 @@ __all__ = ["ApiContext", "ApiError", "build_app"]
 log = logging.getLogger(__name__)
 
 
+#: ``Retry-After`` (seconds) of a 429 caused by running turns' token reservations.
+RESERVED_RETRY_AFTER = 5
+
+
 class ApiError(Exception):
     """An error answered as ``{"error": {"code", "message"}}`` with ``status``."""
 
@@ -847,6 +851,9 @@ class Api:
         refused = await budgets.admit(subject, chars=len(text))
         if refused is not None:
             wait = max(1, int(refused.resets_at - budgets.clock() + 0.999))
+            if refused.reserved:
+                # Used up only with running turns' reservations: worth a retry soon.
+                wait = min(wait, RESERVED_RETRY_AFTER)
             raise ApiError(429, "budget_exceeded", refused.text, headers={"Retry-After": str(wait)})
         return subject
 
