@@ -542,6 +542,9 @@ async def test_a_full_server_keeps_a_reserved_slot_for_health_and_credentials(db
         "max_connections": 4,
         "max_connections_per_client": 0,
         "reserved_connections": 1,
+        # Generous for a loaded machine: a reserved request's head must arrive in it
+        # (the silent socket below waits this long for its 503).
+        "reserved_header_timeout": 10,
         "header_timeout": 3600,
         "keepalive_timeout": 3600,
     }

@@ -45,7 +45,7 @@ So :class:`ApiServer` serves through two pieces of our own:
     more, each for one ``/health`` or ``/ready`` check or one request carrying
     ``Authorization`` (without tokens: any one request), closed after its answer.  A
     reserved connection that sends anything else, or no complete head within
-    ``RESERVED_HEAD_TIMEOUT`` seconds (or ``header_timeout`` if shorter), gets the
+    ``reserved_header_timeout`` seconds (or ``header_timeout`` if shorter), gets the
     same 503 as a connection past the cap: so idle sockets cannot hold the reserve.
 
 Why our own accept loop rather than a logging filter on the ``asyncio`` logger: a filter
@@ -101,8 +101,6 @@ _SKIP = frozenset(
 _ACCEPT_BATCH = 64
 #: Descriptors max_connections should leave to the rest of the process.
 _FD_RESERVE = 64
-#: Seconds a reserved connection (past max_connections) gets to send its request head.
-RESERVED_HEAD_TIMEOUT = 2.0
 _BACKOFF_MIN = 0.05
 _BACKOFF_MAX = 1.0
 
@@ -138,6 +136,9 @@ class Limits:
     #: Connections past ``max_connections`` kept for health checks and requests with
     #: credentials (one request each; see :class:`Listener`).
     reserved_connections: int = 4
+    #: Seconds a reserved connection gets to send its request head (at most
+    #: ``header_timeout``).
+    reserved_header_timeout: float = 2.0
     #: Seconds an idle kept-alive connection stays open after a response.
     keepalive_timeout: float = 30.0
     #: Connections the kernel queues until the server accepts them (the listening
@@ -345,7 +346,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._cancel_head_deadline()
         timeout = self.limits.header_timeout
         if self.reserved:
-            timeout = min(timeout, RESERVED_HEAD_TIMEOUT)
+            timeout = min(timeout, self.limits.reserved_header_timeout)
         self._head_deadline = self.loop.call_later(timeout, self._head_deadline_passed)
 
     def _cancel_head_deadline(self) -> None:

@@ -100,6 +100,9 @@ class HttpSettings(BaseModel):
     #: Connections past max_connections kept for /health, /ready and requests with an
     #: Authorization header (one request each), when every open one is busy.
     reserved_connections: int = Field(4, ge=0)
+    #: Seconds a reserved connection gets to send its request head (at most
+    #: header_timeout); then it gets the 503, so idle sockets cannot hold the reserve.
+    reserved_header_timeout: float = Field(2.0, gt=0)
     #: Connections the kernel queues until the server accepts them (listen backlog).
     backlog: int = Field(128, ge=1)
     #: Largest request head (request line and headers) in bytes; larger: 431.
