@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentik.core import Agent, Conversation
-from agentik.core.access import AccessPolicy, Decision
+from agentik.core.access import AccessPolicy, Decision, may_redact
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
@@ -358,18 +358,19 @@ class Bridge(AgentAccess):
         subject = None
         if self.budgets is not None and self.budgets.enabled:
             subject = self._subject(message, transport)
-            refused = await self.budgets.admit(subject)
+            refused = await self.budgets.admit(subject, chars=len(text))
             if refused is not None:
                 # One notice per window; later messages get nothing, and no model call.
                 if refused.notice:
                     await self._send(transport, message.channel_key, refused.notice, "notice",
                                      message.reply_to)  # fmt: skip
                 return None
-        ch = await self._channel(message.channel_key, transport, opts)
-        ch.reply_to = message.reply_to
-        ch.direct = message.direct
-        ch.more.clear()
+        bound = False
         try:
+            ch = await self._channel(message.channel_key, transport, opts)
+            ch.reply_to = message.reply_to
+            ch.direct = message.direct
+            ch.more.clear()
             async with contextlib.AsyncExitStack() as stack:
                 if subject is not None:
                     assert self.budgets is not None
@@ -388,6 +389,7 @@ class Bridge(AgentAccess):
                 if subject is not None:
                     assert self.budgets is not None
                     self.budgets.bind(run_id, subject, chars=len(text))
+                    bound = True
         except PromptRefused as exc:
             # A plugin's words, shown as they are.
             await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
@@ -399,6 +401,11 @@ class Bridge(AgentAccess):
             )  # fmt: skip
             await self._send(transport, message.channel_key, line, "error", message.reply_to)
             return None
+        finally:
+            if subject is not None and not bound:
+                # No turn of its own: its token reservation goes back (issue 28).
+                assert self.budgets is not None
+                self.budgets.release(subject)
         ch.run_reply_to[run_id] = message.reply_to
         ch.run_asker[run_id] = _speaker(transport, message)
         async with ch.changed:
@@ -1190,7 +1197,7 @@ class Bridge(AgentAccess):
                 await say(f"no message #{number} in this channel's conversation")
                 return
             target = rows[0]
-            if not decision.admin and (me is None or _data(target).get("author_id") != me):
+            if not may_redact(decision.admin, me, _data(target).get("author_id")):
                 await say(f"only its author or an admin may redact message #{number}")
                 return
         by = me or f"{transport.name}:{message.author_id}"
@@ -1589,15 +1596,19 @@ class Bridge(AgentAccess):
         renderer = _Renderer(self, ch)
         assert ch.subscription is not None
         async for event in ch.subscription:
+            ended = event.kind == "turn_ended" and event.parent_run_id is None
+            if ended:
+                # Counted before the answer shows, so a message sent on seeing it
+                # is checked against the turn's tokens, not its reservation.
+                # (A child run's usage is its parent's business: the parent's turn
+                # ends later and is what the channel's budget counts.)
+                await self._budget_turn_ended(event, ch.key)
             try:
                 await renderer.on_event(event)
             except Exception:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
-            if event.kind == "turn_ended" and event.parent_run_id is None:
-                # A child run's usage is its parent's business (the parent's turn
-                # ends later and is what the channel's budget counts).
+            if ended:
                 _log_answer(ch, event)
-                await self._budget_turn_ended(event, ch.key)
                 ch.run_reply_to.pop(event.run_id or "", None)
                 ch.run_asker.pop(event.run_id or "", None)
                 async with ch.changed:

@@ -78,6 +78,7 @@ __all__ = [
     "RoleSettings",
     "SpeakerMessage",
     "at_least",
+    "may_redact",
 ]
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,14 @@ def at_least(role: str, needed: str, rank: Callable[[str], int] | None = None) -
     if needed in ROLE_RANK:
         return have >= ROLE_RANK[needed]
     return role == needed or have >= ROLE_RANK["admin"]
+
+
+def may_redact(admin: bool, me: str | None, author_id: object) -> bool:
+    """Who may redact a message, in chat (``!redact N``) and over HTTP alike: its
+    author (``me``, the caller's verified qualified identity, equal to the message's
+    ``author_id``) or anyone whose role ranks as ``admin`` or above (``admin``:
+    :attr:`Decision.admin`; owners rank above admins, so they may too)."""
+    return admin or (me is not None and author_id == me)
 
 
 def _default_rank(role: str) -> int:
@@ -587,6 +596,12 @@ class AccessPolicy:
     # -- roles ---------------------------------------------------------------------------
     def rank(self, role: str) -> int:
         return self._ranks.get(role, ROLE_RANK["user"])
+
+    @property
+    def in_use(self) -> bool:
+        """Whether anyone has a role other than ``user``: ``[access]`` is set, or
+        roles were given in chat (an empty policy is the defaults)."""
+        return self.settings != AccessSettings() or bool(self.grants)
 
     def at_least(self, role: str, needed: str) -> bool:
         """Whether ``role`` satisfies ``needed``: :func:`at_least`, named roles by their rank."""

@@ -16,6 +16,19 @@ changes nothing.  A role without its own table (and ``ignored``, and named
 roles without one) takes the ``user`` limits, except ``admin`` and
 ``owner``, which are unlimited unless configured.
 
+Concurrency: check-then-count is atomic per *counter* (the speaker's identity
+or unverified bucket, and the channel; locks taken in one order), so messages
+sent at once into many conversations cannot slip past the speaker's shared
+limit.  A turn admitted while others run *reserves* an estimate of its tokens
+(the larger of ``ceil(characters / 4)`` of its message and the mean tokens of
+the last turns this process counted; ``[budgets] turn_tokens_estimate``
+before any turn ended) and the check adds the reservations of turns still
+running to the counted tokens; the turn's end replaces its reservation with
+what it used.  A tool call holds one unit of the tool call budget from its
+check until it has run (then it is counted) or not (a denied or expired
+approval, a plugin's block: the hold is released when the turn ends), so the
+tool call budget counts the calls that ran.
+
 Who is counted: a verified speaker by their qualified identity
 (``libera:alice``); a speaker the transport could not verify, all together
 under their transport instance's *unverified* bucket (a nick can change; a
@@ -40,7 +53,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -152,6 +165,9 @@ class BudgetSettings:
     channel: BudgetLimits = field(default_factory=BudgetLimits)
     #: All unverified speakers of one transport instance together (unset keys: their role's).
     unverified: UnverifiedLimits = field(default_factory=UnverifiedLimits)
+    #: Tokens a running turn is assumed to use (its reservation against ``tokens_per_day``)
+    #: until turns have ended in this process; then the mean of the last ones is used.
+    turn_tokens_estimate: int = Field(1000, ge=0)
 
     def for_role(self, role: str) -> BudgetLimits:
         if role == "owner":
@@ -204,6 +220,9 @@ class Refusal:
     text: str
     #: The first refusal of this counter in this window (chat shows only that one).
     first: bool
+    #: Tokens reserved by running turns that made up the difference (0: used up for
+    #: good until ``resets_at``; otherwise it may pass once those turns end).
+    reserved: int = 0
 
     @property
     def notice(self) -> str | None:
@@ -250,11 +269,22 @@ class Budgets:
         self.clock = clock
         #: Notices given, by (scope, subject, kind, window): one per window.
         self._noticed: set[tuple[str, str, str, int]] = set()
-        #: Check-then-count is atomic per channel (two channels never wait for each other).
+        #: Check-then-count is atomic per counter (see :meth:`_counting`).
         self._locks = KeyedLocks()
         #: Who each run is counted for (set by whoever sent its message).
         self._runs: dict[str, Subject] = {}
         self._chars: dict[str, int] = {}
+        #: Tokens reserved by turns admitted and not ended, by counter.
+        self._reserved: dict[tuple[str, str], int] = {}
+        #: Reservations admitted but not yet bound to a run, by subject.
+        self._unbound: dict[Subject, list[int]] = {}
+        #: Each bound run's reservation.
+        self._run_reserved: dict[str, tuple[Subject, int]] = {}
+        #: Tool calls checked and not yet run, by counter; and each run's held calls.
+        self._held: dict[tuple[str, str], int] = {}
+        self._run_held: dict[str, dict[str, Subject]] = {}
+        #: Tokens of the last turns counted (the reservation estimate).
+        self._recent: list[int] = []
         self._sending = KeyedLocks()
         self._pruned = 0.0
         self._watcher: asyncio.Task[None] | None = None
@@ -296,10 +326,13 @@ class Budgets:
         return out
 
     def _notice(self, subject: Subject, scope: UsageScope, key: str, kind: UsageKind,
-                limit: int, now: float) -> Refusal:  # fmt: skip
+                limit: int, now: float, reserved: int = 0) -> Refusal:  # fmt: skip
         resets = _window_end(kind, now)
         mark = (scope, key, kind, window(kind, now))
         what = _WHAT[kind].format(n=f"{limit:,}")
+        if reserved:
+            # Used up only with what running turns are expected to use: say so.
+            what = what[:-1] + f", counting {reserved:,} reserved by turns still running)"
         if scope == "channel":
             text = f"this channel's {what}"
         elif scope == "unverified":
@@ -314,29 +347,83 @@ class Budgets:
             self._noticed = {m for m in self._noticed if m[3] >= window(m[2], now)}  # type: ignore[arg-type]
         self._noticed.add(mark)
         return Refusal(scope=scope, kind=kind, limit=limit, resets_at=resets, text=text,
-                       first=first)  # fmt: skip
+                       first=first, reserved=reserved)  # fmt: skip
 
-    async def admit(self, subject: Subject) -> Refusal | None:
+    async def admit(self, subject: Subject, *, chars: int = 0) -> Refusal | None:
         """Whether a message may start a turn; counts it if so.
 
         Refused when the speaker's or the channel's messages of this minute
-        or tokens of this day are used up.  (Used-up tool calls do not stop
-        a turn: each call is refused, and the model can still answer.)
+        or tokens of this day (with the reservations of turns still running)
+        are used up.  (Used-up tool calls do not stop a turn: each call is
+        refused, and the model can still answer.)  Admitted, the turn
+        reserves :meth:`estimate` tokens (``chars``: its message's length):
+        :meth:`bind` hands the reservation to its run, whose end settles it;
+        a message that starts no turn gives it back with :meth:`release`.
         """
         if not self.enabled:
             return None
-        async with self._locks(subject.channel):
+        async with self._counting(subject):
             now = self.clock()
             used = await self.used(subject, now=now)
             for scope, key, limits in self.limits(subject):
                 for kind in _TURN_KINDS:
                     limit = limits.limit(kind)
-                    if limit and used[(scope, kind)] >= limit:
+                    n = used[(scope, kind)]
+                    reserved = 0
+                    if kind == "tokens" and n < limit:
+                        reserved = self._reserved.get((scope, key), 0)
+                    if limit and n + reserved >= limit:
                         if self.on_refusal is not None:
                             self.on_refusal(scope, kind)
-                        return self._notice(subject, scope, key, kind, limit, now)
+                        return self._notice(subject, scope, key, kind, limit, now, reserved)
             await self.record(subject, "messages", 1, now=now)
+            self._reserve(subject, chars)
         return None
+
+    @contextlib.asynccontextmanager
+    async def _counting(self, subject: Subject) -> AsyncIterator[None]:
+        """Hold the locks of every counter of ``subject`` (in one order: no deadlock)."""
+        keys = sorted({f"{scope}\0{key}" for scope, key, _ in self.limits(subject)})
+        async with contextlib.AsyncExitStack() as stack:
+            for key in keys:
+                await stack.enter_async_context(self._locks(key))
+            yield
+
+    def estimate(self, chars: int = 0) -> int:
+        """The tokens a new turn reserves: the mean of the last turns counted (before
+        any, ``turn_tokens_estimate``), at least ``ceil(chars / 4)`` of its message."""
+        if self._recent:
+            mean = -(-sum(self._recent) // len(self._recent))
+        else:
+            mean = self.settings.turn_tokens_estimate
+        return max(mean, -(-chars // 4))
+
+    def _reserve(self, subject: Subject, chars: int) -> None:
+        amount = self.estimate(chars)
+        for scope, key, _ in self.limits(subject):
+            self._reserved[(scope, key)] = self._reserved.get((scope, key), 0) + amount
+        self._unbound.setdefault(subject, []).append(amount)
+
+    def _unreserve(self, subject: Subject, amount: int) -> None:
+        for scope, key, _ in self.limits(subject):
+            left = self._reserved.get((scope, key), 0) - amount
+            if left > 0:
+                self._reserved[(scope, key)] = left
+            else:
+                self._reserved.pop((scope, key), None)
+
+    def reserved(self, scope: UsageScope, key: str) -> int:
+        """Tokens reserved now by running turns of counter ``(scope, key)``."""
+        return self._reserved.get((scope, key), 0)
+
+    def release(self, subject: Subject) -> None:
+        """Give back the reservation of a message :meth:`admit` took that started no
+        turn of its own (it joined a running turn, or sending it failed)."""
+        amounts = self._unbound.get(subject)
+        if amounts:
+            self._unreserve(subject, amounts.pop())
+            if not amounts:
+                del self._unbound[subject]
 
     async def record(
         self, subject: Subject, kind: UsageKind, amount: int, *, now: float | None = None
@@ -394,10 +481,16 @@ class Budgets:
         ``chars``: the message's length, for the estimate when the model reports no usage."""
         self._runs[run_id] = subject
         self._chars[run_id] = chars
+        amounts = self._unbound.get(subject)
+        if amounts:
+            self._run_reserved[run_id] = (subject, amounts.pop())
+            if not amounts:
+                del self._unbound[subject]
         while len(self._runs) > 10_000:
             old = next(iter(self._runs))
             del self._runs[old]
             self._chars.pop(old, None)
+            self._settle(old)
 
     async def turn_ended(
         self, run_id: str, usage: Usage, text: str = "", *, channel: str | None = None
@@ -412,14 +505,29 @@ class Budgets:
         subject = self._runs.pop(run_id, None)
         chars = self._chars.pop(run_id, 0)
         if subject is None:
+            self._settle(run_id)
             if channel is None or not self.enabled:
                 return 0
             subject = Subject(transport="", channel=channel, speaker=False)
         tokens = usage.total_tokens or (usage.prompt_tokens + usage.completion_tokens)
         if not tokens:
             tokens = -(-(chars + len(text)) // 4)
-        await self.record(subject, "tokens", tokens)
+        self._recent = [*self._recent[-19:], tokens]
+        async with self._counting(subject):
+            try:
+                await self.record(subject, "tokens", tokens)
+            finally:
+                # Counted: the reservation (and calls held but never run) go.
+                self._settle(run_id)
         return tokens
+
+    def _settle(self, run_id: str) -> None:
+        """Forget run ``run_id``'s token reservation and its tool calls held and not run."""
+        reserved = self._run_reserved.pop(run_id, None)
+        if reserved is not None:
+            self._unreserve(*reserved)
+        for subject in self._run_held.pop(run_id, {}).values():
+            self._unhold(subject)
 
     async def subject_of(self, conversation: Conversation, run_id: str) -> Subject | None:
         subject = self._runs.get(run_id)
@@ -431,8 +539,15 @@ class Budgets:
                 subject = self._runs.get(run_id)
         return subject
 
-    async def tool_call(self, conversation: Conversation, run_id: str, name: str) -> str | None:
-        """Count one tool call of ``run_id``; the refusal reason when over the daily limit."""
+    async def tool_call(
+        self, conversation: Conversation, run_id: str, name: str, call_id: str | None = None
+    ) -> str | None:
+        """Check one tool call of ``run_id``; the refusal reason when over the daily limit.
+
+        Without ``call_id`` the call is counted now; with it, it is held (it
+        counts against the limit for other calls) until :meth:`tool_call_ran`
+        counts it, or the run's end releases it (the call never ran).
+        """
         if not self.enabled:
             return None
         subject = await self.subject_of(conversation, run_id)
@@ -440,12 +555,13 @@ class Budgets:
             # Not sent through the bridge (resumed after a restart): the channel pays.
             key = conversation.channel_key or f"conversation:{conversation.id}"
             subject = Subject(transport="", channel=key, speaker=False)
-        async with self._locks(subject.channel):
+        async with self._counting(subject):
             now = self.clock()
             used = await self.used(subject, now=now)
-            for scope, _key, limits in self.limits(subject):
+            for scope, key, limits in self.limits(subject):
                 limit = limits.tool_calls_per_day
-                if limit and used[(scope, "tool_calls")] >= limit:
+                held = self._held.get((scope, key), 0)
+                if limit and used[(scope, "tool_calls")] + held >= limit:
                     if self.on_refusal is not None:
                         self.on_refusal(scope, "tool_calls")
                     who = {"channel": "this channel's", "unverified": "the unverified speakers'"}
@@ -454,8 +570,38 @@ class Budgets:
                         f"{whose} daily tool call budget is used up ({limit:,}); it resets at "
                         f"00:00 UTC. Answer without tools ({name} was not run)."
                     )
-            await self.record(subject, "tool_calls", 1, now=now)
+            if call_id is None:
+                await self.record(subject, "tool_calls", 1, now=now)
+            else:
+                # Held until it has run (counted then) or the turn ends (never ran).
+                for scope, key, _ in self.limits(subject):
+                    self._held[(scope, key)] = self._held.get((scope, key), 0) + 1
+                self._run_held.setdefault(run_id, {})[call_id] = subject
         return None
+
+    def _unhold(self, subject: Subject) -> None:
+        for scope, key, _ in self.limits(subject):
+            left = self._held.get((scope, key), 0) - 1
+            if left > 0:
+                self._held[(scope, key)] = left
+            else:
+                self._held.pop((scope, key), None)
+
+    async def tool_call_ran(self, run_id: str, call_id: str) -> None:
+        """Tool call ``call_id`` of ``run_id``, held by :meth:`tool_call`, ran: count it."""
+        subject = self._run_held.get(run_id, {}).get(call_id)
+        if subject is None:
+            return
+        async with self._counting(subject):
+            held = self._run_held.get(run_id, {})
+            if held.pop(call_id, None) is None:
+                return
+            if not held:
+                self._run_held.pop(run_id, None)
+            try:
+                await self.record(subject, "tool_calls", 1)
+            finally:
+                self._unhold(subject)
 
     # -- turns not rendered by the bridge (the HTTP API) ---------------------------------
     def watch(self, agent: Any) -> None:
@@ -472,7 +618,10 @@ class Budgets:
     async def _watch(self, sub: Any) -> None:
         try:
             async for event in sub:
-                if event.kind == "turn_ended" and event.run_id in self._runs:
+                run_id = event.run_id
+                if event.kind == "turn_ended" and (
+                    run_id in self._runs or run_id in self._run_held
+                ):
                     try:
                         await self.turn_ended(event.run_id, event.usage, event.text)
                     except Exception:
@@ -504,5 +653,12 @@ class _ToolCallHook:
     async def before_tool_call(
         self, conversation: Conversation, run_id: str, call: ToolCall
     ) -> Any:
-        reason = await self.budgets.tool_call(conversation, run_id, call.name)
+        reason = await self.budgets.tool_call(conversation, run_id, call.name, call.id)
         return Block(reason) if reason else None
+
+    @hookimpl(trylast=True)
+    async def after_tool_call(
+        self, conversation: Conversation, run_id: str, call: ToolCall, result: Any
+    ) -> None:
+        # Only calls that ran get here (not denied or expired approvals, nor blocks).
+        await self.budgets.tool_call_ran(run_id, call.id)

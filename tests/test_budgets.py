@@ -415,3 +415,197 @@ async def test_the_bot_takes_budgets_from_its_configuration(tmp_path, openai_ser
     bot = Bot(parse_config(base))
     assert bot.bridge.budgets is None
     await bot.aclose()
+
+
+# -- budgets under concurrency (issue 28, item 3) ---------------------------------------
+@asynccontextmanager
+async def http_bot(tmp_path, llm, settings, clock, *, tools=(), http=None, environ=None,
+                   token=None, **agent_kwargs):  # fmt: skip
+    """A bot serving the HTTP API (no tokens: every request is the same speaker)."""
+    import httpx
+
+    from agentik.transports.http.transport import HttpTransport
+
+    store = SQLiteStore(str(tmp_path / "http.db"))
+    agent = Agent(llm=llm, store=store, tools=tools, **agent_kwargs)
+    await agent.start()
+    budgets = Budgets(settings, store, clock=clock)
+    bridge = Bridge(agent, budgets=budgets)
+    transport = HttpTransport(name="web", settings={"port": 0, **(http or {})},
+                              environ=environ or {})  # fmt: skip
+    bridge.attach(transport)
+    await transport.start(bridge)
+    try:
+        base = f"{transport.url}{transport.options.prefix}"
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        async with httpx.AsyncClient(base_url=base, timeout=120, headers=headers) as client:
+            yield agent, store, client
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+async def post_at_once(client, n: int) -> tuple[list[str], list[int]]:
+    """``n`` new conversations, then one message into each, all sent at once:
+    the conversations' ids and the answers' status codes."""
+    ids = [(await client.post("/conversations", json={})).json()["id"] for _ in range(n)]
+    answers = await asyncio.gather(
+        *(client.post(f"/conversations/{cid}/messages", json={"content": "hi"}) for cid in ids)
+    )
+    return ids, [r.status_code for r in answers]
+
+
+async def all_idle(agent: Agent, ids: list[str]) -> None:
+    for cid in ids:
+        await (await agent.get_conversation(cid)).wait_idle()
+
+
+async def test_messages_sent_at_once_into_new_conversations_hold_the_speakers_limit(tmp_path):
+    settings = BudgetSettings(user=BudgetLimits(messages_per_minute=5))
+    async with FakeOpenAIServer() as server:
+        llm = openai_llm(server)
+        async with http_bot(tmp_path, llm, settings, Clock()) as (agent, _store, client):
+            ids, codes = await post_at_once(client, 40)
+            assert sorted(codes) == [202] * 5 + [429] * 35
+            await all_idle(agent, ids)
+            assert len(server.requests) == 5
+
+
+async def test_tool_calls_of_concurrent_turns_hold_the_daily_limit(tmp_path):
+    ran: list[str] = []
+
+    @tool(description="look something up", parameters={"type": "object", "properties": {}})
+    async def lookup() -> str:
+        ran.append("lookup")
+        return "found it"
+
+    def reply(body):
+        if body["messages"][-1]["role"] == "user":
+            n = len(server.requests)
+            return ServerReply.tool_calls([(f"c{n}", "lookup", "{}")], usage=(5, 5))
+        return ServerReply.text("done", usage=(5, 5))
+
+    settings = BudgetSettings(user=BudgetLimits(tool_calls_per_day=5))
+    async with FakeOpenAIServer() as server:
+        server.default = reply
+        llm = openai_llm(server)
+        async with http_bot(tmp_path, llm, settings, Clock(), tools=[lookup]) as (
+            agent, store, client,
+        ):  # fmt: skip
+            ids, codes = await post_at_once(client, 10)
+            assert codes == [202] * 10
+            await all_idle(agent, ids)
+            assert ran == ["lookup"] * 5
+            counted = [n for scope, _, kind, _, n in await store.budget_rows(0)
+                       if kind == "tool_calls" and scope == "identity"]  # fmt: skip
+            assert counted == [5]
+
+
+async def test_concurrent_slow_turns_reserve_tokens_and_settle_at_their_end(tmp_path):
+    held: list[ServerReply] = []
+
+    def reply(body):
+        # Each turn uses 100 tokens and answers only when the test says so.
+        r = ServerReply.text("slow answer", chunks=2, usage=(60, 40))
+        r.hold_after = 1
+        held.append(r)
+        return r
+
+    settings = BudgetSettings(user=BudgetLimits(tokens_per_day=300))
+    async with FakeOpenAIServer() as server:
+        server.default = reply
+        llm = openai_llm(server)
+        async with http_bot(tmp_path, llm, settings, Clock()) as (agent, store, client):
+            ids = [(await client.post("/conversations", json={})).json()["id"] for _ in range(30)]
+            answers = await asyncio.gather(*(
+                client.post(f"/conversations/{cid}/messages", json={"content": "hi"})
+                for cid in ids
+            ))  # fmt: skip
+            codes = [r.status_code for r in answers]
+            # The first turn's reservation covers the limit: the others wait for its end,
+            # and are told why.
+            assert codes.count(202) == 1 and codes.count(429) == 29
+            refusal = next(r for r in answers if r.status_code == 429)
+            assert refusal.headers["retry-after"] == "5"  # not at 00:00 UTC: when turns end
+            refused = refusal.json()["error"]
+            assert refused["message"].endswith(
+                ": daily token budget used up (300, counting 1,000 reserved by turns still"
+                " running); resets at 00:00 UTC"
+            )
+            for r in held:
+                r.release()
+            await all_idle(agent, ids)
+
+            async def tokens() -> int:
+                rows = await store.budget_rows(0)
+                return sum(n for s, _, k, _, n in rows if k == "tokens" and s == "identity")
+
+            async with asyncio.timeout(60):
+                while await tokens() < 100:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            # Settled: what the turn used (100) counts, not its reservation; turns now
+            # reserve the mean a turn used, so of three more sent at once two fit.
+            more, codes = await post_at_once(client, 3)
+            assert sorted(codes) == [202, 202, 429]
+            for r in held:
+                r.release()
+            await all_idle(agent, more)
+            async with asyncio.timeout(60):
+                while await tokens() < 300:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            assert await tokens() == 300
+            assert len(server.requests) == 3
+
+
+async def test_the_tool_call_budget_counts_calls_that_ran_not_denied_approvals(tmp_path):
+    from agentik.core.approvals import ApprovalRule
+
+    from httpserver import TOKENS, sse
+
+    ran: list[str] = []
+
+    @tool(name="fs__write_file", description="Write a file",
+          parameters={"type": "object", "properties": {}})  # fmt: skip
+    async def write() -> str:
+        ran.append("write")
+        return "written"
+
+    http = {"tokens": [{"name": "admin", "env": "ADMIN_TOKEN"},
+                       {"name": "alice", "env": "ALICE_TOKEN"}]}  # fmt: skip
+    rules = [ApprovalRule(tools=("fs__*",), approvers="user")]
+    settings = BudgetSettings(user=BudgetLimits(tool_calls_per_day=1))
+    model = ScriptedModel()
+    async with http_bot(tmp_path, model, settings, Clock(), tools=[write], http=http,
+                        environ=TOKENS, token=TOKENS["ALICE_TOKEN"],
+                        approvals=rules) as (agent, store, alice):  # fmt: skip
+        admin_headers = {"authorization": f"Bearer {TOKENS['ADMIN_TOKEN']}"}
+        conv = (await alice.post("/conversations", json={})).json()
+        base = f"/conversations/{conv['id']}"
+        async with sse(alice, base + "/events", params={"profile": "chat"}) as events:
+
+            async def approval_or_end() -> str:
+                while True:
+                    msg = await events.next(timeout=60)
+                    if msg.kind == "approval_requested":
+                        assert msg.data is not None
+                        return msg.data["approval_id"]
+                    if msg.kind == "turn_ended":
+                        return ""
+
+            for decision in ("deny", "approve"):
+                model.enqueue(Reply(tool_calls=[call("fs__write_file", {})]), "ok")
+                r = await alice.post(base + "/messages", json={"content": "write it"})
+                assert r.status_code == 202, r.text
+                approval = await approval_or_end()
+                assert approval, f"no approval was asked before the {decision}"
+                url = f"{base}/approvals/{approval}"
+                r = await alice.post(url, json={"decision": decision}, headers=admin_headers)
+                assert r.status_code == 200, r.text
+                await events.until("turn_ended")
+        await (await agent.get_conversation(conv["id"])).wait_idle()
+        # The denied call never ran and is not counted: the approved one fit the limit.
+        assert ran == ["write"]
+        counted = [n for scope, key, kind, _, n in await store.budget_rows(0)
+                   if kind == "tool_calls" and scope == "identity"]  # fmt: skip
+        assert counted == [1]

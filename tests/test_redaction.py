@@ -519,3 +519,59 @@ def test_a_bad_pattern_is_a_configuration_error_naming_the_key():
 
     with pytest.raises(ConfigError, match=r"redaction\.patterns\.0\.pattern"):
         parse_config({"redaction": {"patterns": [{"kind": "x", "pattern": "(oops"}]}}, env={})
+
+
+async def _http_redactions(tmp_path, monkeypatch, access) -> list[int]:
+    """bob posts over HTTP; then the owner's, eve's and the admin's tokens each try to
+    redact one of bob's messages: their status codes."""
+    import httpx
+
+    from agentik.core.testing.scripted import ScriptedModel
+    from agentik.transports.http.transport import HttpTransport
+
+    names = ("bob", "eve", "olga", "admin")
+    for n in names:
+        monkeypatch.setenv(f"{n.upper()}_TOKEN", n[0] * 32)
+    agent = Agent(llm=ScriptedModel(default=ok), store=SQLiteStore(str(tmp_path / "o.db")))
+    await agent.start()
+    bridge = Bridge(agent, access=access)
+    transport = HttpTransport(name="web", settings={"port": 0, "tokens": [
+        {"name": n, "env": f"{n.upper()}_TOKEN"} for n in names]})  # fmt: skip
+    bridge.attach(transport)
+    await transport.start(bridge)
+    auth = {n: {"Authorization": f"Bearer {n[0] * 32}"} for n in names}
+    codes = []
+    try:
+        async with httpx.AsyncClient(base_url=transport.url + "/agentik", timeout=60) as http:
+            cid = (await http.post("/conversations", headers=auth["bob"], json={})).json()["id"]
+            for i in range(3):
+                r = await http.post(f"/conversations/{cid}/messages", headers=auth["bob"],
+                                    json={"content": f"message {i}"})  # fmt: skip
+                assert r.status_code == 202, r.text
+                await (await agent.get_conversation(cid)).wait_idle()
+            conv = await agent.get_conversation(cid)
+            mine = [m for m in await conv.messages() if m.kind == "user"]
+            for who, m in zip(("olga", "eve", "admin"), mine, strict=True):
+                url = f"/conversations/{cid}/messages/{m.id}/redact"
+                codes.append((await http.post(url, headers=auth[who], json={})).status_code)
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+    return codes
+
+
+async def test_http_redaction_rights_by_rank_owners_included(tmp_path, monkeypatch):
+    from agentik.core.access import AccessPolicy, AccessSettings
+
+    settings = AccessSettings(owners=("web:token:olga",), admins=("web:token:admin",))
+    access = AccessPolicy(settings, {"web": "http"})
+    # The owner ranks above admins: as in chat, they may redact another's message;
+    # eve (a user, not the author) may not; the admin may.
+    assert await _http_redactions(tmp_path, monkeypatch, access) == [200, 403, 200]
+
+
+async def test_http_redaction_without_access_is_not_restricted(tmp_path, monkeypatch):
+    # No [access]: nobody has a role, and the documented rule (author or admin,
+    # "with access rules configured") does not apply: any token reaching it may.
+    assert await _http_redactions(tmp_path, monkeypatch, None) == [200, 200, 200]

@@ -399,6 +399,8 @@ path = "{tmp_path / "bot.db"}"
 type = "http"
 port = 0
 header_timeout = 2.0
+# One attacker address must be able to reach the descriptor limit here.
+max_connections_per_client = 0
 tokens = [{{ name = "ops", env = "FD_TOKEN" }}]
 """
     )
@@ -482,3 +484,91 @@ tokens = [{{ name = "ops", env = "FD_TOKEN" }}]
     # What the attack cost in log: a few lines, not a traceback per failed accept.
     assert len(log) < 4096, log.decode(errors="replace")[-3000:]
     assert b"Traceback" not in log and b"out of system resource" not in log
+
+
+# -- one client cannot starve the others (issue 28, item 4) --------------------------------
+
+
+async def connect_from(server: Server, source: str):
+    """A connection from another loopback address (another client, to the server)."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port), local_addr=(source, 0))
+
+
+async def fresh_requests(server: Server, n: int) -> list[int]:
+    """``n`` rounds of /health and an authenticated API read, each on a new connection."""
+    codes = []
+    pool = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=server.url, timeout=GUARD, limits=pool) as c:
+        for _ in range(n):
+            codes.append((await c.get("/health")).status_code)
+            r = await c.get("/agentik/conversations", headers={"Authorization": f"Bearer {ADMIN}"})
+            codes.append(r.status_code)
+    return codes
+
+
+async def test_one_client_holding_idle_sockets_cannot_starve_the_others(db_path):
+    settings = {
+        **SECURED,
+        "max_connections": 16,
+        "max_connections_per_client": 4,
+        # The attacker's idle sockets stay for as long as the test runs.
+        "header_timeout": 3600,
+        "keepalive_timeout": 3600,
+    }
+    async with running_server(db_path, settings=settings, environ=TOKENS) as server:
+        state = server.transport._server.server_state
+        held = [await connect_from(server, "127.0.0.2") for _ in range(4)]
+        async with asyncio.timeout(GUARD):
+            while len(state.connections) < 4:  # noqa: ASYNC110 - no event for accepts
+                await asyncio.sleep(0.01)
+        # Past its cap, each new socket of that client is answered 503 and closed ...
+        for _ in range(12):
+            reader, writer = await connect_from(server, "127.0.0.2")
+            try:
+                answer = await read_to_eof(reader)
+            finally:
+                writer.close()
+            assert status(answer) == 503
+        # ... and every request of another client, /health included, is answered.
+        assert await fresh_requests(server, 10) == [200] * 20
+        for _, w in held:
+            w.close()
+
+
+async def test_a_full_server_keeps_a_reserved_slot_for_health_and_credentials(db_path):
+    settings = {
+        **SECURED,
+        "max_connections": 4,
+        "max_connections_per_client": 0,
+        "reserved_connections": 1,
+        # Generous for a loaded machine: a reserved request's head must arrive in it
+        # (the silent socket below waits this long for its 503).
+        "reserved_header_timeout": 10,
+        "header_timeout": 3600,
+        "keepalive_timeout": 3600,
+    }
+    async with running_server(db_path, settings=settings, environ=TOKENS) as server:
+        state = server.transport._server.server_state
+        # Idle sockets of one client fill the cap.
+        held = [await connect_from(server, "127.0.0.2") for _ in range(4)]
+        async with asyncio.timeout(GUARD):
+            while len(state.connections) < 4:  # noqa: ASYNC110 - no event for accepts
+                await asyncio.sleep(0.01)
+        # Health checks and requests with a token still get through, one per connection.
+        assert await fresh_requests(server, 5) == [200] * 10
+        # A request without credentials in the reserved slot is the cap's 503 ...
+        answer = await exchange(
+            server, b"GET /agentik/conversations HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        assert status(answer) == 503
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "unavailable"
+        # ... and so is a socket that sends nothing there: it cannot hold the reserve.
+        reader, writer = await connect(server)
+        try:
+            assert status(await read_to_eof(reader)) == 503
+        finally:
+            writer.close()
+        assert await fresh_requests(server, 1) == [200, 200]
+        for _, w in held:
+            w.close()

@@ -131,7 +131,10 @@ class MemorySettings(BackgroundPolicy):
     backend: Literal["sqlite", "markdown", "none"] = "sqlite"
     #: The folder of the markdown backend (relative to the configuration file).
     path: str = "memory"
-    allow_global_writes: bool = True
+    #: Whether the model may write ``global`` notes (recalled in every channel):
+    #: off by default, since anyone the bot answers could plant one (people still
+    #: can, with the CLI).
+    allow_global_writes: bool = False
     #: What ``memory_search`` uses (sqlite backend): ``hybrid`` (full-text and
     #: embeddings fused), ``fts`` (words only) or ``vector`` (embeddings only).
     search: Literal["hybrid", "fts", "vector"] = "hybrid"

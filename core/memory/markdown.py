@@ -55,7 +55,9 @@ class MarkdownMemory(MemoryBackend):
 
     name = "markdown"
 
-    def __init__(self, folder: str | os.PathLike[str], *, allow_global_writes: bool = True) -> None:
+    def __init__(
+        self, folder: str | os.PathLike[str], *, allow_global_writes: bool = False
+    ) -> None:
         super().__init__(allow_global_writes=allow_global_writes)
         self.folder = Path(folder)
         self._notes: dict[int, Note] = {}

@@ -157,7 +157,7 @@ class SQLiteMemory(MemoryBackend):
         self,
         store: SQLiteStore,
         *,
-        allow_global_writes: bool = True,
+        allow_global_writes: bool = False,
         embedder: Embedder | None = None,
         search: SearchMode = "hybrid",
         recall: RecallPolicy | None = None,

@@ -62,7 +62,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from agentik.core import Agent, Conversation, ConversationRecord
-from agentik.core.access import AccessPolicy
+from agentik.core.access import AccessPolicy, may_redact
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
@@ -93,6 +93,10 @@ from .sse import EventStream, FrameCache
 __all__ = ["ApiContext", "ApiError", "build_app"]
 
 log = logging.getLogger(__name__)
+
+
+#: ``Retry-After`` (seconds) of a 429 caused by running turns' token reservations.
+RESERVED_RETRY_AFTER = 5
 
 
 class ApiError(Exception):
@@ -807,9 +811,10 @@ class Api:
         subject = await self._admit(
             principal, channel or f"conversation:{conv.id}", author, body.content
         )
+        bound = False
+        budgets = self.ctx.budgets
         try:
             async with contextlib.AsyncExitStack() as stack:
-                budgets = self.ctx.budgets
                 if subject is not None and budgets is not None:
                     await stack.enter_async_context(budgets.sending(conv.id))
                 sent = await conv.submit(
@@ -823,8 +828,13 @@ class Api:
                 run_id = sent.run_id
                 if subject is not None and budgets is not None and not sent.steered:
                     budgets.bind(run_id, subject, chars=len(body.content))
+                    bound = True
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
+        finally:
+            if subject is not None and budgets is not None and not bound:
+                # No turn of its own: its token reservation goes back.
+                budgets.release(subject)
         if ours and not conv.title:
             # An untitled conversation of this API is named by its first message,
             # here and not by a client, so no reader races a second request for it.
@@ -859,9 +869,12 @@ class Api:
         subject = Subject(
             transport=instance, channel=channel, identity=identity, role=role, name=author
         )
-        refused = await budgets.admit(subject)
+        refused = await budgets.admit(subject, chars=len(text))
         if refused is not None:
             wait = max(1, int(refused.resets_at - budgets.clock() + 0.999))
+            if refused.reserved:
+                # Used up only with running turns' reservations: worth a retry soon.
+                wait = min(wait, RESERVED_RETRY_AFTER)
             raise ApiError(429, "budget_exceeded", refused.text, headers={"Retry-After": str(wait)})
         return subject
 
@@ -982,16 +995,20 @@ class Api:
         if not rows or rows[0].id != message_id:
             raise ApiError(404, "message_not_found", f"no message {message_id} here")
         identity = f"{self.ctx.instance}:{principal.name}"
-        if self.ctx.access is not None:
-            # The author (the token that sent it) or an admin.
+        access = self.ctx.access
+        if access is not None and access.in_use:
+            # As in chat (one rule, may_redact): the author (the token that sent it) or
+            # a role ranking as admin or above (owners too).  Without [access] (nobody
+            # has a role) any caller reaching the conversation may, as documented.
             data = rows[0].data if isinstance(rows[0].data, dict) else {}
             who = IncomingMessage(
                 channel_key=conv.channel_key or "", text="", author_id=principal.name,
                 author_name=principal.name,
             )  # fmt: skip
-            role_for = self.ctx.role_for
-            role = role_for(self.ctx.instance, who, conv.channel_key or "") if role_for else "user"
-            if role != "admin" and data.get("author_id") not in (principal.name, identity):
+            role_for = self.ctx.role_for or access.role_for
+            role = role_for(self.ctx.instance, who, conv.channel_key or "")
+            admin = access.at_least(role, "admin")
+            if not may_redact(admin, identity, data.get("author_id")):
                 raise ApiError(403, "forbidden", "only the author or an admin may redact it")
         try:
             done = await self.agent.redact(conv.id, message_id, by=identity, reason=body.reason)

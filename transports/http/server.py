@@ -38,7 +38,15 @@ So :class:`ApiServer` serves through two pieces of our own:
     for a moment (50 ms doubling to 1 s, and at once when one of its connections
     closes) while waiting connections stay in the kernel's backlog; the failure is
     logged as one warning, then at most one a minute with a count
-    (:class:`ThrottledWarning`).
+    (:class:`ThrottledWarning`).  So that one client cannot fill the cap with idle
+    sockets and make everyone else's requests (and ``/health``) fail, it also caps the
+    connections of one client address (``max_connections_per_client``: more get the
+    same 503); and at ``max_connections`` it still takes ``reserved_connections``
+    more, each for one ``/health`` or ``/ready`` check or one request carrying
+    ``Authorization`` (without tokens: any one request), closed after its answer.  A
+    reserved connection that sends anything else, or no complete head within
+    ``reserved_header_timeout`` seconds (or ``header_timeout`` if shorter), gets the
+    same 503 as a connection past the cap: so idle sockets cannot hold the reserve.
 
 Why our own accept loop rather than a logging filter on the ``asyncio`` logger: a filter
 would hide the records but not their cause (the retry loop and the growing pile of
@@ -123,6 +131,14 @@ class Limits:
     max_headers: int = 100
     #: Connections open at once, event streams included.
     max_connections: int = 256
+    #: Connections open at once from one client address (0: no per-client cap).
+    max_connections_per_client: int = 64
+    #: Connections past ``max_connections`` kept for health checks and requests with
+    #: credentials (one request each; see :class:`Listener`).
+    reserved_connections: int = 4
+    #: Seconds a reserved connection gets to send its request head (at most
+    #: ``header_timeout``).
+    reserved_header_timeout: float = 2.0
     #: Seconds an idle kept-alive connection stays open after a response.
     keepalive_timeout: float = 30.0
     #: Connections the kernel queues until the server accepts them (the listening
@@ -220,6 +236,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         self.limits = limits
         self._on_close = on_close
+        #: Taken past ``max_connections``: one health check or credentialed request.
+        self.reserved = False
+        #: Whether a reserved connection may serve requests without credentials (the
+        #: API has no tokens: nobody has any).
+        self.open_api = False
         self._in_head = True
         self._head_bytes = 0
         self._header_count = 0
@@ -297,7 +318,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_deadline()
+        if self.reserved and not self._reserved_may_serve():
+            self._refusal = (503, "")
+            raise ValueError("not for a reserved connection")  # stops the parser
         super().on_headers_complete()
+        if self.reserved and self.cycle is not None:
+            # One request: a reserved slot is not kept alive.
+            self.cycle.keep_alive = False
+
+    def _reserved_may_serve(self) -> bool:
+        try:
+            path = httptools.parse_url(self.url).path
+        except httptools.HttpParserInvalidURLError:
+            return False
+        if path in (b"/health", b"/ready"):
+            return True
+        return self.open_api or any(name == b"authorization" for name, _ in self.headers)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -308,9 +344,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- the head deadline --------------------------------------------------------------
     def _arm_head_deadline(self) -> None:
         self._cancel_head_deadline()
-        self._head_deadline = self.loop.call_later(
-            self.limits.header_timeout, self._head_deadline_passed
-        )
+        timeout = self.limits.header_timeout
+        if self.reserved:
+            timeout = min(timeout, self.limits.reserved_header_timeout)
+        self._head_deadline = self.loop.call_later(timeout, self._head_deadline_passed)
 
     def _cancel_head_deadline(self) -> None:
         if self._head_deadline is not None:
@@ -328,7 +365,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._head_bytes,
         )
         answering = self.cycle is not None and not self.cycle.response_complete
-        if self._head_bytes and not answering:
+        if self.reserved and not answering:
+            self._refuse(503, "")
+        elif self._head_bytes and not answering:
             self._refuse(408, "Request head not received in time.")
         else:
             self.transport.close()
@@ -337,6 +376,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         """Answer ``status`` with a one-line text body and close the connection."""
         self._cancel_head_deadline()
         if self.transport.is_closing():
+            return
+        if status == 503:
+            # Past the cap (a reserved connection not used as one): the Listener's answer.
+            self.transport.write(_BUSY)
+            self.transport.close()
             return
         body = message.encode("ascii")
         content = [STATUS_LINE[status]]
@@ -370,11 +414,18 @@ class Listener:
         count: Callable[[], int],
         max_connections: int,
         name: str,
+        max_per_client: int = 0,
+        reserved: int = 0,
     ) -> None:
         self.sock = sock
         self.factory = factory
         self.count = count
         self.max_connections = max_connections
+        self.max_per_client = max_per_client
+        self.reserved = reserved
+        #: Open connections by client address, and the protocols (oldest first).
+        self._per_client: dict[str, int] = {}
+        self._live: dict[asyncio.Protocol, str] = {}
         self.loop = asyncio.get_running_loop()
         self._pending: set[asyncio.Task[None]] = set()
         self._reading = False
@@ -391,6 +442,11 @@ class Listener:
             log,
             f"transport {name}: %d connections are open (max_connections): "
             "a new one was answered 503 and closed",
+        )
+        self.busy_client = ThrottledWarning(
+            log,
+            f"transport {name}: client %s has %d connections open "
+            "(max_connections_per_client): a new one was answered 503 and closed",
         )
 
     @property
@@ -424,7 +480,7 @@ class Listener:
     def _accept(self) -> None:
         for _ in range(_ACCEPT_BATCH):
             try:
-                conn, _addr = self.sock.accept()
+                conn, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -439,23 +495,68 @@ class Listener:
                 return
             self._backoff = _BACKOFF_MIN
             conn.setblocking(False)
-            if self.open_connections >= self.max_connections:
-                self._turn_away(conn)
+            client = str(addr[0]) if isinstance(addr, tuple) and addr else ""
+            held = self._per_client.get(client, 0)
+            if self.max_per_client and held >= self.max_per_client:
+                self.busy_client.note(client, held)
+                self._turn_away(conn, warn=False)
                 continue
-            task = self.loop.create_task(self._attach(conn))
+            reserved = False
+            if self.open_connections >= self.max_connections:
+                if self.open_connections >= self.max_connections + self.reserved:
+                    self._turn_away(conn)
+                    continue
+                reserved = True
+            self._per_client[client] = held + 1
+            task = self.loop.create_task(self._attach(conn, client, reserved))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
 
-    async def _attach(self, conn: socket.socket) -> None:
+    def _forget(self, proto: asyncio.Protocol) -> None:
+        client = self._live.pop(proto, None)
+        if client is not None:
+            self._uncount(client)
+
+    def _uncount(self, client: str) -> None:
+        left = self._per_client.get(client, 0) - 1
+        if left > 0:
+            self._per_client[client] = left
+        else:
+            self._per_client.pop(client, None)
+
+    async def _attach(self, conn: socket.socket, client: str, reserved: bool) -> None:
+        made: list[asyncio.Protocol] = []
+
+        def protocol() -> asyncio.Protocol:
+            proto = self.factory(self)
+            made.append(proto)
+            self._live[proto] = client
+            if isinstance(proto, GuardedHttpProtocol):
+                proto.reserved = reserved
+                closed = proto._on_close
+
+                def on_close() -> None:
+                    self._forget(proto)
+                    if closed is not None:
+                        closed()
+
+                proto._on_close = on_close
+            return proto
+
         try:
-            await self.loop.connect_accepted_socket(lambda: self.factory(self), sock=conn)
+            await self.loop.connect_accepted_socket(protocol, sock=conn)
         except Exception as exc:
             log.debug("could not set up an accepted connection: %s", exc)
             conn.close()
+            if made:
+                self._forget(made[0])
+            else:
+                self._uncount(client)  # counted at accept
 
-    def _turn_away(self, conn: socket.socket) -> None:
+    def _turn_away(self, conn: socket.socket, *, warn: bool = True) -> None:
         """At the cap: a 503 for the client, and its descriptor back at once."""
-        self.busy.note(self.open_connections)
+        if warn:
+            self.busy.note(self.open_connections)
         with contextlib.suppress(OSError):
             # Read what already arrived, so closing sends FIN (not RST) and the client
             # gets to read the answer.
@@ -474,6 +575,7 @@ class Listener:
             self._retry = None
         self.exhausted.close()
         self.busy.close()
+        self.busy_client.close()
 
     async def wait_closed(self) -> None:
         if self._pending:
@@ -492,6 +594,8 @@ class ApiServer(uvicorn.Server):
         self.name = name
         self.ready = asyncio.Event()
         self.servers: list[Any] = []
+        #: The API has no tokens: a reserved connection serves any one request.
+        self.open_api = False
 
     @classmethod
     def create(cls, app: Any, limits: Limits, *, name: str, grace: int) -> ApiServer:
@@ -564,6 +668,24 @@ class ApiServer(uvicorn.Server):
                 soft,
             )
 
+    def _protocol(
+        self,
+        config: uvicorn.Config,
+        state: ServerState,
+        loop: asyncio.AbstractEventLoop,
+        listener: Listener,
+    ) -> GuardedHttpProtocol:
+        proto = GuardedHttpProtocol(
+            config=config,
+            server_state=state,
+            app_state=self.lifespan.state,
+            _loop=loop,
+            limits=self.limits,
+            on_close=listener.connection_closed,
+        )
+        proto.open_api = self.open_api
+        return proto
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # Replaces uvicorn's startup, whose loop.create_server we do not want (see the
         # module docstring); the rest is what it does for sockets passed in.
@@ -577,17 +699,12 @@ class ApiServer(uvicorn.Server):
         for sock in sockets:
             listener = Listener(
                 sock,
-                lambda listener: GuardedHttpProtocol(
-                    config=config,
-                    server_state=state,
-                    app_state=self.lifespan.state,
-                    _loop=loop,
-                    limits=self.limits,
-                    on_close=listener.connection_closed,
-                ),
+                lambda listener: self._protocol(config, state, loop, listener),
                 count=lambda: len(state.connections),
                 max_connections=self.limits.max_connections,
                 name=self.name,
+                max_per_client=self.limits.max_connections_per_client,
+                reserved=self.limits.reserved_connections,
             )
             listener.start()
             self.servers.append(listener)

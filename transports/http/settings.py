@@ -91,8 +91,18 @@ class HttpSettings(BaseModel):
     header_timeout: float = Field(10.0, gt=0)
     #: Seconds an idle kept-alive connection stays open after a response.
     keepalive_timeout: float = Field(30.0, gt=0)
-    #: Connections open at once, event streams included; more get 503 and are closed.
+    #: Connections open at once, event streams included; more get 503 and are closed
+    #: (an idle one is closed first to take a new one: see docs/http-api.md).
     max_connections: int = Field(256, ge=1)
+    #: Connections open at once from one client address; more get 503 (0: no cap).
+    #: Behind a reverse proxy every client has the proxy's address: raise it or use 0.
+    max_connections_per_client: int = Field(64, ge=0)
+    #: Connections past max_connections kept for /health, /ready and requests with an
+    #: Authorization header (one request each), when every open one is busy.
+    reserved_connections: int = Field(4, ge=0)
+    #: Seconds a reserved connection gets to send its request head (at most
+    #: header_timeout); then it gets the 503, so idle sockets cannot hold the reserve.
+    reserved_header_timeout: float = Field(2.0, gt=0)
     #: Connections the kernel queues until the server accepts them (listen backlog).
     backlog: int = Field(128, ge=1)
     #: Largest request head (request line and headers) in bytes; larger: 431.

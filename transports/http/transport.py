@@ -195,6 +195,7 @@ class HttpTransport(Transport):
 
     async def _serve(self, app: Any, sock: socket.socket) -> None:
         server = ApiServer.create(app, Limits.of(self.options), name=self.name, grace=_GRACE)
+        server.open_api = not self.tokens.enabled
         self._server = server
         self._serving = self.spawn(server.serve(sockets=[sock]), name=f"agentik-http:{self.name}")
         try:
