@@ -1085,6 +1085,13 @@ class SQLiteStore(Store):
                 " THEN NULL ELSE '{}' END, data = ?, redacted = 1 WHERE id = ?",
                 (content, json.dumps(data, ensure_ascii=False), message_id),
             )
+            if kind == "tool_result" and call_id is not None:
+                # An ``ask_user`` answer is stored with its question too.
+                conn.execute(
+                    "UPDATE question SET answer = ? WHERE conversation_id = ? AND call_id = ?"
+                    " AND answer IS NOT NULL",
+                    (content, conversation_id, call_id),
+                )
             # User messages are linked to their audit row; answers and tool
             # results are recognised by their text and call id.
             for pos, body in conn.execute(
