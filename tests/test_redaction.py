@@ -618,3 +618,83 @@ async def test_sse_replay_and_export_after_redacting_an_answer_and_an_ask_user_a
         await bridge.aclose()
         await agent.aclose()
     assert SECRET.encode() not in raw_db_bytes(db)
+
+
+async def test_chat_the_person_who_answered_a_question_redacts_their_answer(tmp_path):
+    """Issue 28 item 5 in chat: an ``ask_user`` answer is listed by ``!redact
+    list`` as its answerer's and ``!redact last`` redacts it, with the stored
+    question's answer."""
+    from agentik.core import TurnPolicy
+    from agentik.core.access import AccessPolicy, AccessSettings
+    from agentik.core.testing.scripted import Reply, ScriptedModel, call
+    from agentik.transports.slack.transport import SlackTransport
+
+    from fakeslack import FakeSlack
+
+    def model(request) -> Reply:
+        last = request.messages[-1]
+        if last.role == "tool":
+            return Reply(text="thanks, noted")
+        return Reply(tool_calls=[call("ask_user", {"question": "which token?"})])
+
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob")
+        slack.add_user("U3", "carol")
+        access = AccessPolicy(AccessSettings(), {"slack": "slack"})
+        db = str(tmp_path / "s.db")
+        agent = Agent(
+            llm=ScriptedModel(default=model), store=SQLiteStore(db),
+            policy=TurnPolicy(ask_user=True),
+        )  # fmt: skip
+        await agent.start()
+        bridge = Bridge(agent, access=access)
+        transport = SlackTransport(name="slack", settings={
+            "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
+            "state_file": str(tmp_path / "seen.sqlite3"), "streaming": "edit",
+        })  # fmt: skip
+        bridge.attach(transport, ChannelOptions(command_prefix="!"))
+        await transport.start(bridge)
+
+        def posted(start: str):
+            return slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith(start)
+            )
+
+        try:
+            top = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> go", user="U2")
+            await slack.push_event(top)
+            thread = {"thread_ts": top["ts"]}
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: "which token?" in p.get("text", "")
+            )
+            await slack.push_event(slack.message_event("C1", SECRET, user="U2", **thread))
+            key = f"slack:T1:C1:{top['ts']}"
+            conv_id = await agent.store.get_binding(key)
+            assert conv_id is not None
+            async with asyncio.timeout(60):
+                while not any(  # noqa: ASYNC110
+                    m.kind == "assistant" for m in await agent.store.messages(conv_id)
+                ):
+                    await asyncio.sleep(0.02)
+            await (await agent.get_conversation(conv_id)).wait_idle()
+            await bridge.flush(key)
+            [answer] = [m for m in await agent.store.messages(conv_id) if SECRET in m.content]
+            assert answer.kind == "tool_result"
+            # Carol did not answer: not hers to redact.
+            await slack.push_event(
+                slack.message_event("C1", f"!redact {answer.id}", user="U3", **thread)
+            )
+            await posted(f"only its author or an admin may redact message #{answer.id}")
+            await slack.push_event(slack.message_event("C1", "!redact list", user="U2", **thread))
+            listing = await posted("recent messages:")
+            assert f"#{answer.id} answer of bob" in listing["text"]
+            assert SECRET not in listing["text"]
+            await slack.push_event(slack.message_event("C1", "!redact last", user="U2", **thread))
+            await posted(f"message #{answer.id} redacted")
+            (q,) = await agent.store.questions(conversation_id=conv_id)
+            assert q.answer is not None and SECRET not in q.answer and "slack:" in q.answer
+        finally:
+            await transport.aclose()
+            await bridge.aclose()
+            await agent.aclose()
+        assert SECRET.encode() not in raw_db_bytes(db)
