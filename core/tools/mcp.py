@@ -1198,7 +1198,8 @@ class MCPToolset:
             eager = [s for s in fresh if s.cfg.startup != "lazy"]
             for s in eager:
                 s.launch()
-            await self._wait_eager(eager)
+            # A reload waits for them (the transports are up already).
+            await asyncio.gather(*(s.wait_settled() for s in eager))
         return added, sorted(old), restarted
 
     async def aclose(self) -> None:
