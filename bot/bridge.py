@@ -1159,10 +1159,13 @@ class Bridge(AgentAccess):
             await say("nothing to redact here")
             return
         me = _author_id(transport, message)
+        # An ask_user answer (a tool result carrying its answerer's
+        # author_id) is its author's words too: listed and redactable by them.
+        kinds = ["user", "assistant", "tool_result"]
         recent = [
             m
-            for m in await self.agent.store.messages(conv_id, limit=50, kinds=["user", "assistant"])
-            if not _is_redacted(m)
+            for m in await self.agent.store.messages(conv_id, limit=50, kinds=kinds)
+            if not _is_redacted(m) and (m.kind != "tool_result" or _data(m).get("author_id"))
         ]
         what = args[0].lower() if args else "last"
         reason = " ".join(args[1:])
@@ -1171,7 +1174,7 @@ class Bridge(AgentAccess):
                 await say("no messages to redact here")
                 return
             shown = [
-                f"#{m.id} {m.author or ('bot' if m.kind == 'assistant' else '?')}"
+                f"#{m.id} {m.author or _redact_label(m)}"
                 f" ({len(m.content)} chars, {_ago(m.created_at)})"
                 for m in recent[-8:]
             ]
@@ -2278,6 +2281,12 @@ def _shown(eff: Effective, key: str) -> str:
 
 def _data(m: Message) -> dict[str, Any]:
     return m.data if isinstance(m.data, dict) else {}
+
+
+def _redact_label(m: Message) -> str:
+    if m.kind == "tool_result":
+        return f"answer of {_data(m).get('answered_by') or '?'}"
+    return "bot" if m.kind == "assistant" else "?"
 
 
 def _is_redacted(m: Message) -> bool:

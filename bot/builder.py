@@ -428,7 +428,7 @@ def mcp_toolset(config: Config) -> Any:
         return None
     from agentik.core.tools.mcp import MCPToolset
 
-    return MCPToolset(mcp_servers(config))
+    return MCPToolset(mcp_servers(config), start_wait=config.mcp.start_wait)
 
 
 def mcp_servers(config: Config) -> list[Any]:

@@ -36,6 +36,7 @@ everyone is ``user``; the access part of the bot supplies the real one (see
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shlex
 import time
@@ -320,12 +321,24 @@ def recall_override(base: RecallPolicy, keys: Mapping[str, Any]) -> RecallPolicy
 
 
 def persona_block(channel_key: str, persona: str) -> str:
-    """The channel's persona as it is added to the system prompt: clearly delimited."""
+    """The channel's persona as it is added to the system prompt: fenced so the
+    persona cannot close its own block.
+
+    A channel admin writes the persona; the block's end marker is what tells
+    the model that the operator speaks again.  So every line of the persona
+    is quoted (``| ``: a line break in it cannot start an unquoted line), and
+    the markers carry a tag made from a hash of the persona (a text cannot
+    contain a hash of itself), which the opening line names as the only end:
+    an "end of channel instructions" inside the persona stays inside.
+    """
+    tag = hashlib.sha256(persona.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    quoted = "\n".join(f"| {line}" for line in persona.splitlines() or [""])
     return (
-        f"--- Channel instructions for {channel_key} (set by the channel's admins; "
-        "they add to the instructions above) ---\n"
-        f"{persona}\n"
-        "--- End of channel instructions ---"
+        f"--- Channel instructions for {channel_key} [{tag}] (set by the channel's admins;"
+        " they add to the instructions above; every line of them starts with '| ' and"
+        f" they end only at the line '--- End of channel instructions [{tag}] ---') ---\n"
+        f"{quoted}\n"
+        f"--- End of channel instructions [{tag}] ---"
     )
 
 

@@ -375,6 +375,10 @@ class MCPSection(_Section):
 
     #: ``eager``: connect every server at start-up; ``lazy``: on first use.
     startup: Literal["eager", "lazy"] = "eager"
+    #: Seconds the bot waits at start-up for the eager servers before its
+    #: transports start; a slower server keeps connecting in the background
+    #: and its tools are offered once it is up.
+    start_wait: float = Field(10.0, ge=0, le=600)
     #: A server without its own ``startup`` takes this one.
     servers: list[MCPServerConfig] = Field(default_factory=list)
 

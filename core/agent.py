@@ -27,7 +27,7 @@ from .memory import MemoryBackend, NoMemory
 from .messages import Message
 from .observe import RequestStats
 from .questions import Checklists, Questions, builtin_tools
-from .redaction import Redaction, RedactionError, tombstone
+from .redaction import Redaction, RedactionError, replay_edit, tombstone
 from .services import AgentServices, AgentState, profile_of
 from .settings import settings_dataclass
 from .soul import read_soul
@@ -516,7 +516,10 @@ class Agent:
         The audit-log row and its working-memory entries get the tombstone
         (the next request carries it, not the text), memory notes derived
         from a span that covers the message are deleted with their versions,
-        and the redaction is audited (:meth:`Store.redactions
+        the events still held for replay (``events(after=…)``) are rewritten
+        (:func:`~agentik.core.redaction.replay_edit`), a redacted ``ask_user``
+        result takes the stored question's answer with it, and the redaction
+        is audited (:meth:`Store.redactions
         <agentik.core.store.base.Store.redactions>`).  Raises
         :class:`NotFound` (no such conversation or message) or
         :class:`~agentik.core.redaction.RedactionError` (already redacted).
@@ -540,6 +543,8 @@ class Agent:
         if row.kind == "tool_call" and row.tool_name == "todo":
             # The checklist's text came from such a call: it goes with it.
             await self.todos.clear(conversation_id)
+        # The replay buffers (``events?after=…``) hold copies of what it said.
+        self.services.scrub(replay_edit(row.kind, row.run_id, row.tool_call_id, content))
         conv = self.services.find(conversation_id)
         if conv is not None:
             conv.redacted(message_id, content, row.kind, row.tool_call_id, row.content)

@@ -25,12 +25,14 @@ least the rule's ``approvers`` (:func:`at_least`); the asker only when the
 rule says ``self_approve``.  The caller (the bridge, the HTTP API) finds the
 approver's role; this module only compares.
 
-After a restart (see :meth:`Approvals.recover`): a turn that was waiting is
-resumed from its last committed step, so the model usually calls the same
-tool with the same arguments again; that call takes over the pending
-approval (same id, same expiry) and the channel is asked again.  Pending
-approvals of turns that are not resumed, or whose resumed turn ends without
-calling again, expire with a notice.
+After a restart: a turn that was waiting is resumed from its last committed
+step, and the stored call that waited (:meth:`Approvals.awaiting`) is run
+again before the first model request — it takes over the pending approval
+(same id, same expiry) and the channel is asked again; approved, the tool
+runs and the model continues with its result.  (It used to depend on the
+model calling the same tool with the same arguments again, and the approval
+usually expired.)  Pending approvals of turns that are not resumed expire
+with a notice.
 """
 
 from __future__ import annotations
@@ -542,6 +544,25 @@ class Approvals:
         return done
 
     # -- after a restart -------------------------------------------------------------------------
+    async def awaiting(self, conversation_id: str, run_id: str) -> set[str]:
+        """The call ids of ``run_id`` whose approval a restart left pending (and
+        not expired): the resumed turn asks again from the stored call."""
+        if self.store is None or not self.rules:
+            return set()
+        try:
+            rows = await self._store().approvals(conversation_id=conversation_id, state="pending")
+        except NotImplementedError:
+            return set()
+        now = time.time()
+        return {
+            a.call_id
+            for a in rows
+            if a.run_id == run_id
+            and a.created_at < self._born
+            and a.serial not in self._waiting
+            and a.expires_at > now
+        }
+
     async def leftovers(self) -> list[Approval]:
         """Pending approvals no turn of this process waits for (a restart cut them off)."""
         rows = await self._store().approvals(state="pending")

@@ -11,7 +11,11 @@ conversation from the person asked answers it (with ``answer_from =
 "anyone"``: from anyone; a question without ``to`` is for the person whose
 message started the turn): the bridge or the HTTP API hands that message to
 :meth:`Questions.answer` instead of starting a turn with it, the answer
-becomes the tool result and ``question_answered`` goes out.  Nobody answers
+becomes the tool result and ``question_answered`` goes out.  The answer is
+the answerer's words: the tool result carries their verified identity as
+``author_id``, so they may redact it (``!redact N``, the HTTP redact route)
+as they may their own messages; redacting it tombstones the stored
+question's ``answer`` and the replayed ``question_answered`` too.  Nobody answers
 within the timeout: the tool result says so.
 
 This is the same "waiting for a person" machinery as approvals
@@ -107,6 +111,10 @@ class Question:
     answer: str | None = None
     answered_by: str | None = None
     answered_at: float | None = None
+    #: The answerer's verified identity, when it had one (not stored in the
+    #: ``question`` table: the tool result's ``author_id`` keeps it, so the
+    #: person who answered may redact their answer like their own message).
+    answered_by_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -308,6 +316,7 @@ class Questions:
         outcome: QuestionOutcome,
         answer: str | None,
         answered_by: str | None,
+        answered_by_id: str | None = None,
     ) -> Question:
         """Record how it ended unless it ended already; the stored outcome."""
         store = self._store()
@@ -315,7 +324,7 @@ class Questions:
         if await store.question_settle(q.id, outcome, answer, answered_by, now):
             done = replace(
                 q, state="resolved", outcome=outcome, answer=answer,
-                answered_by=answered_by, answered_at=now,
+                answered_by=answered_by, answered_at=now, answered_by_id=answered_by_id,
             )  # fmt: skip
         else:
             found = await store.question_get(q.id)
@@ -358,7 +367,7 @@ class Questions:
         q = self.answerable(conversation_id, author, author_id)
         if q is None:
             return None
-        done = await self._settle(q, "answered", text.strip()[:MAX_ANSWER_CHARS], author)
+        done = await self._settle(q, "answered", text.strip()[:MAX_ANSWER_CHARS], author, author_id)
         log.info("question %d answered by %s", q.id, author_id or author)
         return done
 
@@ -467,7 +476,14 @@ class AskUserTool:
             by = q.answered_by or "someone"
             return ToolResult(
                 text=f"{by} answered: {q.answer}",
-                data={"question_id": q.id, "answer": q.answer, "answered_by": q.answered_by},
+                data={
+                    "question_id": q.id,
+                    "answer": q.answer,
+                    "answered_by": q.answered_by,
+                    # The answer is the answerer's words: like a message's
+                    # author, they may redact it (``!redact``, the HTTP API).
+                    **({"author_id": q.answered_by_id} if q.answered_by_id else {}),
+                },
             )
         if q.outcome == "cancelled":
             return ToolResult(text="nobody answered: the turn was stopped", is_error=True)

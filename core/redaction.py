@@ -23,12 +23,25 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, field_validator
 
 from .errors import AgentikError
+from .events import (
+    ApprovalRequested,
+    Event,
+    Interrupted,
+    QuestionAnswered,
+    QuestionAsked,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEnded,
+    ToolCallStarted,
+    TurnEnded,
+)
 from .hookspecs import hookimpl
 from .messages import ChatMessage
 from .settings import settings_dataclass
@@ -40,6 +53,7 @@ __all__ = [
     "RedactionError",
     "RedactionPattern",
     "RedactionSettings",
+    "replay_edit",
     "tombstone",
 ]
 
@@ -132,6 +146,69 @@ def tombstoned(
     if linked:
         return dataclasses.replace(entry, content=content)
     return entry
+
+
+def replay_edit(
+    kind: str, run_id: str | None, call_id: str | None, content: str
+) -> Callable[[], Callable[[Event], Event | None]]:
+    """What a redaction does to the events still held in the replay buffers
+    (:meth:`agentik.core.services.AgentServices.scrub`).
+
+    ``kind``, ``run_id`` and ``call_id`` are the redacted audit row's;
+    ``content`` is its tombstone.  Events are rewritten in place (their
+    numbers kept), never dropped, so a replaying client sees the tombstone
+    where the text was:
+
+    * an **answer** (``assistant``): every ``text_delta`` and
+      ``reasoning_delta`` of its run — the first delta of each buffer
+      carries the tombstone, the rest are empty — and ``turn_ended.text`` /
+      ``interrupted.partial_text``.  Deltas do not say which of a run's
+      answers they belong to, so a run with several answers loses the
+      streamed text of all of them from the replay (the stored history,
+      ``…/messages``, still has the others);
+    * a **tool call**: the arguments of its ``tool_call_started`` and
+      ``approval_requested`` events, the text of its ``question_asked``;
+    * a **tool result**: the ``result`` of its ``tool_call_ended``, and the
+      ``answer`` of its ``question_answered`` (an ``ask_user`` answer);
+    * a **user message**: no event carries its text.
+
+    Returns a maker of the edit for one buffer (the tombstone goes to the
+    first delta of each buffer).
+    """
+
+    def editor() -> Callable[[Event], Event | None]:
+        first: set[str] = set()
+        return lambda event: _edit(event, first)
+
+    def _edit(event: Event, first: set[str]) -> Event | None:
+        if kind == "assistant" and run_id is not None and event.run_id == run_id:
+            if isinstance(event, (TextDelta, ReasoningDelta)):
+                if isinstance(event, ReasoningDelta) or event.conversation_id in first:
+                    text = ""
+                else:
+                    text = content
+                    first.add(event.conversation_id)
+                return dataclasses.replace(event, text=text) if event.text != text else event
+            if isinstance(event, TurnEnded) and event.text:
+                return dataclasses.replace(event, text=content)
+            if isinstance(event, Interrupted) and event.partial_text:
+                return dataclasses.replace(event, partial_text=content)
+            return None
+        if call_id is None or getattr(event, "call_id", None) != call_id:
+            return None
+        if kind == "tool_call":
+            if isinstance(event, (ToolCallStarted, ApprovalRequested)):
+                return dataclasses.replace(event, arguments="{}")
+            if isinstance(event, QuestionAsked):
+                return dataclasses.replace(event, question=content, choices=())
+        if kind == "tool_result":
+            if isinstance(event, ToolCallEnded):
+                return dataclasses.replace(event, result=content)
+            if isinstance(event, QuestionAnswered) and event.answer:
+                return dataclasses.replace(event, answer=content)
+        return None
+
+    return editor
 
 
 def tombstone(by: str, at: float, reason: str = "") -> str:

@@ -31,7 +31,7 @@ import itertools
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -213,6 +213,26 @@ class AgentServices:
             _, oldest = self._buffers.popitem(last=False)
             self.buffered -= len(oldest)
             oldest.clear()
+
+    def scrub(self, editor: Callable[[], Callable[[Event], Event | None]]) -> int:
+        """Rewrite buffered events in every replay buffer (each conversation's and
+        the agent-wide one): ``editor()`` makes the edit for one buffer (oldest
+        event first), which returns a replacement, or ``None`` to keep the event
+        as it is.  Numbers (``seq``, ``stream_seq``) never change, so
+        a reconnecting subscriber sees no gap.  Returns how many were replaced.
+
+        Redaction uses it (:meth:`agentik.core.agent.Agent.redact`): what a
+        redacted message said must not be replayed by ``events?after=0``.
+        """
+        changed = 0
+        for buffer in [*self._buffers.values(), self._bus.buffer]:
+            edit = editor()
+            for i, event in enumerate(buffer):
+                new = edit(event)
+                if new is not None and new is not event:
+                    buffer[i] = new
+                    changed += 1
+        return changed
 
     def subscribe(
         self,

@@ -188,6 +188,12 @@ class TurnRunner:
         #: before the first request: messages sent in a burst each get a turn.
         self.steer_open = False
         self._steered: list[Steered] = []
+        # Resumed after a restart: stored calls whose approval was pending,
+        # run (asked again) before the first model request.
+        self._reask: list[ToolCall] = []
+        # Calls waiting for a person's approval now: a shutdown leaves them
+        # open (no error result), so the next start asks again.
+        self._awaiting_approval: set[str] = set()
         #: The automatic-recall block of this turn (:mod:`agentik.core.recall`).
         self._recalled: str | None = None
 
@@ -334,6 +340,10 @@ class TurnRunner:
         except asyncio.CancelledError:
             # Asked to stop (``!stop``), the turn has ended; stopped by a
             # shutdown it has not: it is resumed at the next start.
+            if not self.interrupt_requested:
+                # Their approval stays pending: the resumed turn asks again.
+                for call_id in self._awaiting_approval:
+                    self.state.open_calls.pop(call_id, None)
             await self._keep_partial(
                 "interrupted",
                 "turn interrupted",
@@ -449,9 +459,17 @@ class TurnRunner:
             for call in cm.tool_calls or ():
                 if call.id not in answered:
                     self.state.open_calls[call.id] = call
+        # A call that waited for a person's approval is asked again from the
+        # stored call, not left to the model calling it again (it often did not).
+        waiting = await self.services.approvals.awaiting(self.parts.id, self.run_id)
+        self._reask = [c for c in self.state.open_calls.values() if c.id in waiting]
+        for c in self._reask:
+            del self.state.open_calls[c.id]
         if self.state.open_calls:
             await self._keep_partial("interrupted", "the process was restarted")
             await memory.load(exclude_run=self.run_id)
+        elif self._reask:
+            pass  # the calls run first; their results follow the stored call
         elif tail and tail[-1].role == "assistant":
             await self._append(
                 memory=[
@@ -575,6 +593,10 @@ class TurnRunner:
     async def _steps(self) -> None:
         services = self.services
         await self._recall()
+        if self._reask:
+            calls, self._reask = self._reask, []
+            self.state.open_calls.update((c.id, c) for c in calls)
+            await self._run_tools(calls)
         while True:
             if self.node.over_budget():
                 # Used up (this run's or an ancestor's budget, perhaps by a child
@@ -762,7 +784,7 @@ class TurnRunner:
 
     def _request(self, offered: list[ToolSpec]) -> LLMRequest:
         return LLMRequest(
-            messages=with_recall(self.memory.messages, self._recalled),
+            messages=with_recall(_close_dangling(self.memory.messages), self._recalled),
             system=self._system(),
             tools=offered,
             tool_choice="auto" if offered else "none",
@@ -977,7 +999,9 @@ class TurnRunner:
                 " which a temporary conversation cannot ask for"
             )
         data = self.message.data if isinstance(self.message.data, dict) else {}
-        return await approvals.gate(
+        # Kept when cancelled (a shutdown): the turn's end leaves the call open.
+        self._awaiting_approval.add(call.id)
+        refusal = await approvals.gate(
             self.parts,
             self.run_id,
             call,
@@ -986,6 +1010,8 @@ class TurnRunner:
             interrupted=lambda: self.interrupt_requested,
             paused=self._pause_budget,
         )
+        self._awaiting_approval.discard(call.id)
+        return refusal
 
     async def _invoke(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)
@@ -1129,3 +1155,45 @@ class _Human:
             answer_from=answer_from, wait=wait,
             interrupted=lambda: turn.interrupt_requested, paused=turn._pause_budget,
         )  # fmt: skip
+
+
+def _close_dangling(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """``messages`` with an error result after every tool call that has none.
+
+    A call can be left without a result in the stored context: a turn that
+    waited for an approval across a shutdown or kill -9 and was not resumed
+    (its approval expired).  Endpoints refuse a request with such a call
+    ("must be followed by tool messages"), so the request gets a result
+    saying the call never completed; the stored context is not changed.
+    """
+    out: list[ChatMessage] | None = None
+    i, n = 0, len(messages)
+    while i < n:
+        m = messages[i]
+        i += 1
+        if m.role != "assistant" or not m.tool_calls:
+            if out is not None:
+                out.append(m)
+            continue
+        j = i
+        while j < n and messages[j].role == "tool":
+            j += 1
+        answered = {r.tool_call_id for r in messages[i:j]}
+        missing = [c for c in m.tool_calls if c.id not in answered]
+        if missing and out is None:
+            out = list(messages[: i - 1])
+        if out is not None:
+            out.append(m)
+            out.extend(messages[i:j])
+            out.extend(
+                ChatMessage(
+                    role="tool",
+                    content="error: tool call not completed (the turn was cut off)",
+                    tool_call_id=c.id,
+                    name=c.name,
+                    is_error=True,
+                )
+                for c in missing
+            )
+        i = j
+    return messages if out is None else out

@@ -6,6 +6,9 @@ Run as ``python tests/mcp_server.py --transport stdio`` or
 JSON-RPC on stdout, as some servers do; ``--progress`` adds the ``build`` tool,
 which reports progress (``notifications/progress``) before it answers;
 ``--big`` adds ``big``, which answers with a text of the size asked for.
+Hostile servers: ``--many N`` adds N tools, ``--huge-description N`` one tool
+described in N characters, ``--long-names`` two tools named far over 64
+characters; ``--hang`` never answers anything (``initialize`` hangs).
 """
 
 from __future__ import annotations
@@ -150,6 +153,29 @@ if "--big" in sys.argv:
     server.tool(description=doc("Answer with a text of `size` characters."))(big)
 
 
+def _flag(name: str) -> int:
+    """The number after ``name`` on the command line (0 without it)."""
+    if name in sys.argv:
+        return int(sys.argv[sys.argv.index(name) + 1])
+    return 0
+
+
+# Hostile servers (issue 28): what one server must not do to every conversation.
+def _copy_of_pid(name: str, description: str) -> None:
+    # A copy of a registered tool: registering 10,000 anew takes seconds.
+    tools = server._tool_manager._tools
+    tools[name] = tools["pid"].model_copy(update={"name": name, "description": description})
+
+
+if _flag("--huge-description"):  # one tool described in N characters
+    _copy_of_pid("huge", "blah " * (_flag("--huge-description") // 5))
+if "--long-names" in sys.argv:  # two names far over 64 characters, sharing a prefix
+    for tail in ("one", "two"):
+        _copy_of_pid("a_very_long_tool_name_" + "x" * 60 + tail, "Long.")
+for i in range(_flag("--many")):  # ``--many N``: N more tools
+    _copy_of_pid(f"tool_{i:05d}", f"Tool number {i}: does nothing new.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
@@ -160,7 +186,17 @@ def main() -> None:
     parser.add_argument("--long-docs", action="store_true", help="realistic description lengths")
     parser.add_argument("--progress", action="store_true", help="offer the `build` tool")
     parser.add_argument("--big", action="store_true", help="offer the `big` tool")
+    parser.add_argument("--many", type=int, default=0, help="offer N more tools")
+    parser.add_argument(
+        "--huge-description", type=int, default=0, help="a tool described in N chars"
+    )
+    parser.add_argument("--long-names", action="store_true", help="tools named over 64 chars")
+    parser.add_argument("--hang", action="store_true", help="never answer (initialize hangs)")
     args = parser.parse_args()
+    if args.hang:  # reads its stdin (the initialize request), never answers
+        for _ in sys.stdin:
+            pass
+        return
     for i in range(args.banner):  # as servers that greet on stdout do
         print(f"agentik-test server starting ({i + 1}/{args.banner})", flush=True)
     if args.transport == "stdio":

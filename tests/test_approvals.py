@@ -524,11 +524,9 @@ async def test_a_pending_approval_survives_a_restart_and_is_offered_again(miniir
             (approval_id, "pending")
         ]
     async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
-        # The resumed turn asks the model again, which calls the same tool again.
-        model.enqueue(
-            Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
-            "all done",
-        )
+        # The resumed turn asks again from the stored call (no model request
+        # first); the model's next answer follows the tool's result.
+        model.enqueue("all done")
         bridge_counts = await _resume(agent)
         assert bridge_counts["answer"] == 1 and bridge_counts["approvals_expired"] == 0
         again = await bob.wait_for(
@@ -539,6 +537,8 @@ async def test_a_pending_approval_survives_a_restart_and_is_offered_again(miniir
         await alice.wait_for(lambda m: from_bot(m) and "approved by bob" in m.text)
         await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
         assert calls == [{"path": "/srv/motd", "content": "hi"}]
+        assert len(model.requests) == 1
+        assert model.requests[0].messages[-1].role == "tool"
         [after] = await agent.approvals.recent(limit=5)
         assert (after.serial, after.expires_at) == (before.serial, before.expires_at)
         assert after.decision == "approved"
@@ -922,3 +922,101 @@ async def test_kill_9_while_an_approval_waits_then_it_is_asked_again_and_runs_on
         assert con.execute("SELECT id, decision, approver_id FROM approval").fetchall() == [
             (approval_id, "approved", "chat:bob")
         ]
+
+
+async def test_kill_9_while_an_approval_waits_re_asks_the_stored_call_even_if_the_model_would_not(
+    openai_server, tmp_path
+):
+    """Issue 28 item 7: the re-ask after kill -9 no longer depends on the model
+    calling the tool again.  This model, told that its call was cut off, would
+    give up; the resumed turn instead asks again from the stored call, runs it
+    once approved, and the model's first request after the restart carries the
+    tool's result."""
+    import signal
+    import sys
+
+    from agentik.core.testing.openai_server import Reply as HttpReply
+
+    def model(body: dict) -> HttpReply:
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            content = str(last.get("content", ""))
+            return HttpReply.text("all done" if content.startswith("wrote") else "I give up")
+        return HttpReply.tool_calls([("call_1", "fs__write_file", '{"path": "/srv/motd"}')])
+
+    openai_server.default = model
+    db = str(tmp_path / "kill.db")
+
+    async def child(phase: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CHILD, db, openai_server.base_url, phase,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+
+    proc = await child("first")
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                line = (await proc.stdout.readline()).decode()
+                assert line, "the child exited early"
+                if line.startswith("POST") and "asked me to run" in line:
+                    asked = json.loads(line[5:])[1]
+                    break
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    approval_id = asked.split("approval ", 1)[1].split(":", 1)[0]
+    before = len(openai_server.requests)
+
+    proc = await child("second")
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(100):
+            while line := (await proc.stdout.readline()).decode():
+                lines.append(line.strip())
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+            print("CHILD SAID", lines)
+    posts = [json.loads(x[5:])[1] for x in lines if x.startswith("POST")]
+    assert any(
+        p.startswith(f"(asked again after a restart) approval {approval_id}:") for p in posts
+    ), posts
+    assert "all done" in posts[-1] and not any("I give up" in p for p in posts), posts
+    assert [x for x in lines if x.startswith("WROTE")] == ["WROTE /srv/motd"]  # once
+    # After the restart the model was asked once, with the result of the stored call.
+    after = openai_server.requests[before:]
+    assert len(after) == 1, after
+    last = after[0]["messages"][-1]
+    assert last["role"] == "tool" and last["content"].startswith("wrote /srv/motd")
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT id, decision, approver_id FROM approval").fetchall() == [
+            (approval_id, "approved", "chat:bob")
+        ]
+
+
+async def test_a_call_left_open_by_an_expired_approval_gets_a_result_in_the_next_request(
+    miniircd, tmp_path
+):
+    """A shutdown leaves a call that waits for approval open (so a resumed turn
+    can ask again); when its turn is not resumed, the next request still gives
+    that call a result — endpoints refuse a tool call without one."""
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    db = tmp_path / "restart.db"
+    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+        (alice,) = await people(miniircd.port, "alice")
+        await ask_for_a_write(model, alice)
+    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+        await _resume(agent, resume="note")
+        await alice.wait_for(lambda m: from_bot(m) and "please ask again" in m.text)
+        model.enqueue("fine")
+        alice.privmsg("#ops", "agentik: hello again")
+        await alice.wait_for(lambda m: from_bot(m) and "fine" in m.text)
+        sent = model.requests[-1].messages
+        [asked] = [i for i, m in enumerate(sent) if m.tool_calls]
+        assert sent[asked + 1].role == "tool" and sent[asked + 1].is_error
+        assert sent[asked + 1].tool_call_id == sent[asked].tool_calls[0].id
+        assert calls == []
+    await alice.close()

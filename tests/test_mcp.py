@@ -817,3 +817,96 @@ async def test_a_message_over_the_limit_stops_the_server_and_the_next_call_works
         await until(lambda: gone(old), "the stopped server to be reaped")
     finally:
         await toolset.aclose()
+
+
+# -- hostile servers (issue 28 item 6) ---------------------------------------------------------
+async def test_a_hostile_server_is_capped_and_a_conversation_that_never_uses_it_is_answered(
+    openai_server, db_path, caplog
+):
+    """One server offering 10,000 tools, a 10 MB description and names over 64
+    characters used to put all that into every model request (refused: too
+    large, bad names): now it is capped, with one warning naming the server."""
+    import re
+
+    from agentik.core.tools.mcp import tool_name
+
+    flood = stdio(
+        "flood",
+        args=(SERVER, "--many", "10000", "--huge-description", "10000000", "--long-names"),
+        timeout=60,
+    )
+    toolset = MCPToolset([stdio(deny=("secret_*",)), flood])
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url)
+    caplog.set_level(logging.WARNING, logger="agentik.core.tools.mcp")
+    try:
+        async with Agent(llm=llm, store=SQLiteStore(db_path), toolsets=[toolset]) as agent:
+            assert status(toolset, "flood")["state"] == "connected"
+            conv = await agent.create_conversation()
+            await conv.send("hello, what time is it?")
+            await conv.wait_idle()
+            [answer] = [m for m in await conv.messages() if m.kind == "assistant"]
+            assert answer.content and not answer.is_error
+            flood_tools = [t for t in toolset.tools() if t.name.startswith("flood__")]
+            # A refresh lists the same tools: no second warning.
+            await toolset.refresh()
+    finally:
+        await toolset.aclose()
+    assert openai_server.too_large == 0
+    sent = openai_server.requests[-1]["tools"]
+    names = [t["function"]["name"] for t in sent]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", n) for n in names), names
+    assert len(flood_tools) == 100 and len(names) == 100 + len(status_tools_of_calc())
+    assert len(json.dumps(sent)) < 200_000
+    [huge] = [t for t in flood_tools if t.remote_name == "huge"]
+    assert len(huge.description) == 2000 and huge.description.endswith("…")
+    long_ones = sorted(t.name for t in flood_tools if t.remote_name.startswith("a_very_long"))
+    assert len(long_ones) == 2 and len(set(long_ones)) == 2
+    assert all(len(n) == 64 for n in long_ones)
+    remote = "a_very_long_tool_name_" + "x" * 60 + "one"
+    assert tool_name("flood", remote) == tool_name("flood", remote) in long_ones  # stable
+    assert "calc__add" in names
+    warnings = [r.getMessage() for r in caplog.records if "flood" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "max_tools" in warnings[0] and "max_description" in warnings[0]
+    assert "shortened" in warnings[0]
+
+
+def status_tools_of_calc() -> list[str]:
+    """The tools of the plain test server without ``secret_*`` (what ``calc`` offers)."""
+    return [
+        "add", "echo", "fail", "slow", "crash", "image", "resource", "blob", "record",
+        "forget_sessions", "pid", "add_tool",
+    ]  # fmt: skip
+
+
+async def test_a_server_hanging_in_initialize_does_not_hold_up_the_bot(tmp_path):
+    """The transports start without waiting for a slow server; the tools of a
+    server that comes up later are offered from then on."""
+    from agentik.bot.app import Bot
+    from agentik.bot.config import parse_config
+
+    hang = {"name": "hang", "command": sys.executable, "args": [SERVER, "--hang"],
+            "timeout": 600}  # fmt: skip
+    calc = {"name": "calc", "command": sys.executable, "args": [SERVER], "timeout": 30}
+    config = parse_config({
+        "llm": {"backend": "scripted"},
+        "storage": {"path": str(tmp_path / "bot.db")},
+        "memory": {"backend": "none"},
+        "compaction": {"enabled": False},
+        "transports": {"mem": {"type": "memory", "answer": "all"}},
+        "mcp": {"servers": [hang, calc], "start_wait": 0},
+    }, source=str(tmp_path / "bot.toml"), env={})  # fmt: skip
+    # The hanging server's start-up timeout is 600 s: waiting for it would
+    # blow this deadline (a guard against hanging, not a timing check).
+    async with asyncio.timeout(120):
+        async with Bot(config) as bot:  # type: ignore[arg-type]
+            mem = bot.transports["mem"]
+            await mem.inject("first", author="alice")
+            await mem.wait_for(lambda m: m.kind == "answer")
+            await until(lambda: "calc__add" in {t.name for t in bot.agent.tools}, "calc's tools")
+            await mem.inject("second", author="alice")
+            await mem.wait_for(lambda m: m.kind == "answer", count=2)
+            offered = {t.name for t in bot.agent.llm.requests[-1].tools}
+            assert "calc__add" in offered
+            assert not any(n.startswith("hang__") for n in offered)
+            assert status(bot.agent.toolsets[0], "hang")["state"] == "starting"

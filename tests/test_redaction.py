@@ -5,6 +5,7 @@ audited, and the ``before_store`` hook scrubs secrets before anything is written
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import pytest
@@ -575,3 +576,181 @@ async def test_http_redaction_without_access_is_not_restricted(tmp_path, monkeyp
     # No [access]: nobody has a role, and the documented rule (author or admin,
     # "with access rules configured") does not apply: any token reaching it may.
     assert await _http_redactions(tmp_path, monkeypatch, None) == [200, 200, 200]
+
+
+async def test_sse_replay_and_export_after_redacting_an_answer_and_an_ask_user_answer(tmp_path):
+    """Issue 28 item 5: after a redaction, ``events?after=0`` (the conversation's
+    and the agent-wide stream) replays tombstones, not the text; the person who
+    answered an ``ask_user`` question may redact their answer, which takes the
+    stored ``question.answer`` and the export's copy with it."""
+    import httpx
+
+    from agentik.core import TurnPolicy
+    from agentik.core.access import AccessPolicy, AccessSettings
+    from agentik.core.testing.scripted import Reply, ScriptedModel, call
+    from agentik.transports.http.transport import HttpTransport
+
+    from httpserver import sse
+
+    def model(request) -> Reply:
+        last = request.messages[-1]
+        if last.role == "tool":  # repeats what it was told: the answer, in its reply
+            return Reply(text=f"noted, {last.content}", chunks=["noted, ", last.content])
+        return Reply(tool_calls=[call("ask_user", {"question": "which passphrase?"})])
+
+    env = {"BOB_TOKEN": "b" * 32, "EVE_TOKEN": "e" * 32, "ADMIN_TOKEN": "a" * 32}
+    access = AccessPolicy(AccessSettings(admins=("web:token:admin",)), {"web": "http"})
+    db = str(tmp_path / "h.db")
+    agent = Agent(
+        llm=ScriptedModel(default=model), store=SQLiteStore(db), policy=TurnPolicy(ask_user=True)
+    )
+    await agent.start()
+    bridge = Bridge(agent, access=access)
+    transport = HttpTransport(name="web", environ=env, settings={"port": 0, "tokens": [
+        {"name": "bob", "env": "BOB_TOKEN"}, {"name": "eve", "env": "EVE_TOKEN"},
+        {"name": "admin", "env": "ADMIN_TOKEN"},
+    ]})  # fmt: skip
+    bridge.attach(transport)
+    await transport.start(bridge)
+    auth = {n: {"Authorization": f"Bearer {n[0] * 32}"} for n in ("bob", "eve", "admin")}
+    try:
+        async with httpx.AsyncClient(base_url=transport.url + "/agentik", timeout=60) as http:
+            cid = (await http.post("/conversations", headers=auth["bob"], json={})).json()["id"]
+            base = f"/conversations/{cid}"
+            async with sse(http, base + "/events", headers=auth["bob"]) as live:
+                r = await http.post(base + "/messages", headers=auth["bob"], json={"content": "go"})
+                assert r.status_code == 202, r.text
+                await live.until("question_asked")
+                # Bob's message answers the question: his words, in the tool result.
+                r = await http.post(
+                    base + "/messages", headers=auth["bob"], json={"content": SECRET}
+                )
+                assert r.status_code == 202, r.text
+                await live.until("turn_ended")
+            conv = await agent.get_conversation(cid)
+            await conv.wait_idle()
+            rows = await conv.messages()
+            [answer] = [m for m in rows if m.kind == "tool_result"]
+            [reply] = [m for m in rows if m.kind == "assistant" and SECRET in m.content]
+            assert SECRET in answer.content
+            (q,) = await agent.store.questions(conversation_id=cid)
+            assert q.answer == SECRET
+            # Before: the replay has the text (what the fix must remove).
+            async with sse(http, base + "/events", headers=auth["bob"], params={"after": 0}) as ev:
+                before = await ev.until("turn_ended")
+            assert any(SECRET in json.dumps(m.data) for m in before)
+
+            url = base + "/messages/{}/redact"
+            r = await http.post(url.format(answer.id), headers=auth["eve"], json={})
+            assert r.status_code == 403, r.text
+            r = await http.post(url.format(answer.id), headers=auth["bob"], json={"reason": "mine"})
+            assert r.status_code == 200, r.text
+            r = await http.post(url.format(reply.id), headers=auth["admin"], json={})
+            assert r.status_code == 200, r.text
+
+            async with sse(http, base + "/events", headers=auth["bob"], params={"after": 0}) as ev:
+                replay = await ev.until("turn_ended")
+            async with sse(http, "/events", headers=auth["admin"], params={"after": 0}) as ev:
+                wide = await ev.until("turn_ended")
+            for stream in (replay, wide):
+                dumped = [json.dumps(m.data) for m in stream]
+                assert not [d for d in dumped if SECRET in d], dumped
+                kinds = {m.kind: m.data for m in stream}
+                assert "redacted by web:admin" in kinds["turn_ended"]["text"]
+                assert "redacted by web:bob" in kinds["question_answered"]["answer"]
+                assert "redacted by web:bob" in kinds["tool_call_ended"]["result"]
+                deltas = [m.data["text"] for m in stream if m.kind == "text_delta"]
+                assert "redacted by web:admin" in "".join(deltas)
+            # The sequence numbers are kept: no gap for a reconnecting client.
+            assert [m.id for m in replay] == [m.id for m in before]
+
+            r = await http.get(base + "/export", headers=auth["admin"])
+            assert r.status_code == 200, r.text
+            assert SECRET not in r.text
+            (q,) = await agent.store.questions(conversation_id=cid)
+            assert q.answer is not None and "redacted by web:bob" in q.answer
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+    assert SECRET.encode() not in raw_db_bytes(db)
+
+
+async def test_chat_the_person_who_answered_a_question_redacts_their_answer(tmp_path):
+    """Issue 28 item 5 in chat: an ``ask_user`` answer is listed by ``!redact
+    list`` as its answerer's and ``!redact last`` redacts it, with the stored
+    question's answer."""
+    from agentik.core import TurnPolicy
+    from agentik.core.access import AccessPolicy, AccessSettings
+    from agentik.core.testing.scripted import Reply, ScriptedModel, call
+    from agentik.transports.slack.transport import SlackTransport
+
+    from fakeslack import FakeSlack
+
+    def model(request) -> Reply:
+        last = request.messages[-1]
+        if last.role == "tool":
+            return Reply(text="thanks, noted")
+        return Reply(tool_calls=[call("ask_user", {"question": "which token?"})])
+
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob")
+        slack.add_user("U3", "carol")
+        access = AccessPolicy(AccessSettings(), {"slack": "slack"})
+        db = str(tmp_path / "s.db")
+        agent = Agent(
+            llm=ScriptedModel(default=model), store=SQLiteStore(db),
+            policy=TurnPolicy(ask_user=True),
+        )  # fmt: skip
+        await agent.start()
+        bridge = Bridge(agent, access=access)
+        transport = SlackTransport(name="slack", settings={
+            "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
+            "state_file": str(tmp_path / "seen.sqlite3"), "streaming": "edit",
+        })  # fmt: skip
+        bridge.attach(transport, ChannelOptions(command_prefix="!"))
+        await transport.start(bridge)
+
+        def posted(start: str):
+            return slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith(start)
+            )
+
+        try:
+            top = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> go", user="U2")
+            await slack.push_event(top)
+            thread = {"thread_ts": top["ts"]}
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: "which token?" in p.get("text", "")
+            )
+            await slack.push_event(slack.message_event("C1", SECRET, user="U2", **thread))
+            key = f"slack:T1:C1:{top['ts']}"
+            conv_id = await agent.store.get_binding(key)
+            assert conv_id is not None
+            async with asyncio.timeout(60):
+                while not any(  # noqa: ASYNC110
+                    m.kind == "assistant" for m in await agent.store.messages(conv_id)
+                ):
+                    await asyncio.sleep(0.02)
+            await (await agent.get_conversation(conv_id)).wait_idle()
+            await bridge.flush(key)
+            [answer] = [m for m in await agent.store.messages(conv_id) if SECRET in m.content]
+            assert answer.kind == "tool_result"
+            # Carol did not answer: not hers to redact.
+            await slack.push_event(
+                slack.message_event("C1", f"!redact {answer.id}", user="U3", **thread)
+            )
+            await posted(f"only its author or an admin may redact message #{answer.id}")
+            await slack.push_event(slack.message_event("C1", "!redact list", user="U2", **thread))
+            listing = await posted("recent messages:")
+            assert f"#{answer.id} answer of bob" in listing["text"]
+            assert SECRET not in listing["text"]
+            await slack.push_event(slack.message_event("C1", "!redact last", user="U2", **thread))
+            await posted(f"message #{answer.id} redacted")
+            (q,) = await agent.store.questions(conversation_id=conv_id)
+            assert q.answer is not None and SECRET not in q.answer and "slack:" in q.answer
+        finally:
+            await transport.aclose()
+            await bridge.aclose()
+            await agent.aclose()
+        assert SECRET.encode() not in raw_db_bytes(db)

@@ -1086,6 +1086,30 @@ class SQLiteStore(Store):
                 " THEN NULL ELSE '{}' END, data = ?, redacted = 1 WHERE id = ?",
                 (content, json.dumps(data, ensure_ascii=False), message_id),
             )
+            if kind == "tool_result" and call_id is not None:
+                # An ``ask_user`` answer is stored with its question too, and
+                # in the channel's copy of the question (Slack edits it to
+                # show the answer: agentik.bot's outbox), as written or
+                # escaped for Slack.
+                asked = conn.execute(
+                    "SELECT q.answer, m.run_id FROM question q JOIN message m ON m.id = ?"
+                    " WHERE q.conversation_id = ? AND q.call_id = ? AND q.answer IS NOT NULL",
+                    (message_id, conversation_id, call_id),
+                ).fetchall()
+                conn.execute(
+                    "UPDATE question SET answer = ? WHERE conversation_id = ? AND call_id = ?"
+                    " AND answer IS NOT NULL",
+                    (content, conversation_id, call_id),
+                )
+                for answer, run_id in asked:
+                    slack = answer.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+                    for said in {answer, slack}:
+                        if said and run_id is not None:
+                            conn.execute(
+                                "UPDATE outbox SET text = replace(text, ?, ?) WHERE run_id = ?"
+                                " AND instr(text, ?) > 0",
+                                (said, content, run_id, said),
+                            )
             # User messages are linked to their audit row; answers and tool
             # results are recognised by their text and call id.
             for pos, body in conn.execute(

@@ -60,6 +60,22 @@ _ERROR_TYPES = {
 }
 
 
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def _bad_tool_name(body: Any) -> str | None:
+    """OpenAI's error for the first tool whose function name breaks its pattern."""
+    tools = body.get("tools") if isinstance(body, dict) else None
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        name = (tool.get("function") or {}).get("name") if isinstance(tool, dict) else None
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            return (
+                f"Invalid 'tools[{i}].function.name': string does not match pattern."
+                " Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'."
+            )
+    return None
+
+
 def hash_embedding(text: str, dim: int = 64) -> list[float]:
     """A deterministic vector for ``text``: each word adds ±1 at a hashed position."""
     vec = [0.0] * dim
@@ -549,6 +565,9 @@ class FakeOpenAIServer:
             body = json.loads(raw)
         except ValueError:
             return web.json_response(Reply.error(400, "Invalid JSON body").error_body, status=400)
+        bad = _bad_tool_name(body)
+        if bad is not None:  # as OpenAI refuses it: ^[a-zA-Z0-9_-]{1,64}$
+            return web.json_response(Reply.error(400, bad).error_body, status=400)
         self.requests.append(body)
         self.request_headers.append({k.lower(): v for k, v in request.headers.items()})
         self._wake()

@@ -32,6 +32,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -72,6 +73,21 @@ NOISE_INTERVAL = 60.0
 NOISE_CHARS = 120
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")
+#: Longest tool name a model is offered: OpenAI documents ``^[a-zA-Z0-9_-]{1,64}$``.
+MAX_TOOL_NAME = 64
+
+
+def tool_name(server: str, remote: str) -> str:
+    """The name a server's tool is offered under: ``<server>__<tool>``, with
+    characters a model API refuses replaced by ``_``; a name over
+    :data:`MAX_TOOL_NAME` characters is cut and ends in ``_`` and 8 hex digits
+    of a hash of the tool's own name, so it is stable across restarts and two
+    long names that share a prefix stay apart."""
+    name = f"{server}__{_NAME_BAD.sub('_', remote)}"
+    if len(name) <= MAX_TOOL_NAME:
+        return name
+    digest = hashlib.sha256(remote.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{name[: MAX_TOOL_NAME - 9]}_{digest}"
 
 
 # settings_dataclass spelled out, so type checkers see the keyword constructor.
@@ -100,6 +116,13 @@ class MCPServerConfig:
     startup: Literal["eager", "lazy"] | None = None
     restart_min: Annotated[float, Field(gt=0)] = 0.5
     restart_max: Annotated[float, Field(gt=0)] = 30.0
+    #: Caps on what this server puts into every model request (docs/mcp.md):
+    #: at most this many of its tools are offered (the first ones it lists) ...
+    max_tools: Annotated[int, Field(ge=1, le=10_000)] = 100
+    #: ... a description longer than this many characters is cut ...
+    max_description: Annotated[int, Field(ge=64, le=1_000_000)] = 2_000
+    #: ... and a tool whose input schema is over this many bytes (as JSON) is left out.
+    max_schema: Annotated[int, Field(ge=256, le=10_000_000)] = 16_000
 
     def __post_init__(self) -> None:
         if "__" in self.name or _NAME_BAD.search(self.name):
@@ -400,6 +423,14 @@ class _WatchedHTTP(httpx2.AsyncBaseTransport):
 
 
 # -- results -------------------------------------------------------------------------
+def _schema_size(schema: Any) -> int:
+    """Bytes of ``schema`` as JSON (what it adds to each model request)."""
+    try:
+        return len(json.dumps(schema, ensure_ascii=False, separators=(",", ":")).encode())
+    except (TypeError, ValueError):
+        return 0
+
+
 def _byte_count(data: str) -> int:
     try:
         return len(base64.b64decode(data, validate=False))
@@ -458,11 +489,15 @@ class MCPTool:
     def __init__(self, server: _Server, remote: mt.Tool) -> None:
         self.server = server
         self.remote_name = remote.name
-        self.name = f"{server.cfg.name}__{_NAME_BAD.sub('_', remote.name)}"
+        self.name = tool_name(server.cfg.name, remote.name)
         self.update(remote)
 
     def update(self, remote: mt.Tool) -> None:
-        self.description = remote.description or remote.title or ""
+        description = remote.description or remote.title or ""
+        cap = self.server.cfg.max_description
+        #: Whether the description was cut to ``max_description``.
+        self.cut = len(description) > cap
+        self.description = description[: cap - 1] + "…" if self.cut else description
         schema = dict(remote.input_schema or {})
         schema.setdefault("type", "object")
         if schema.get("type") == "object":
@@ -514,6 +549,7 @@ class _Server:
         self._said_unavailable = False  # a failed restart was logged since then
         self._noise_at: float | None = None  # last non-JSON stdout warning
         self._noise_skipped = 0
+        self._cuts = ""  # what the caps left out at the last listing (warned once)
 
     @property
     def state(self) -> str:
@@ -879,20 +915,50 @@ class _Server:
             if not cursor or cursor in seen:
                 break
             seen.add(cursor)
+        cfg = self.cfg
         tools: dict[str, MCPTool] = {}
+        over = big = cut = renamed = 0
         for remote in listed:
-            if not self.cfg.offers(remote.name):
+            if not cfg.offers(remote.name):
                 continue
-            tool = self.tools.get(f"{self.cfg.name}__{_NAME_BAD.sub('_', remote.name)}")
+            if len(tools) >= cfg.max_tools:
+                over += 1
+                continue
+            if _schema_size(remote.input_schema) > cfg.max_schema:
+                big += 1
+                continue
+            tool = self.tools.get(tool_name(cfg.name, remote.name))
             if tool is not None and tool.remote_name == remote.name:
                 tool.update(remote)
             else:
                 tool = MCPTool(self, remote)
             if tool.name in tools:
-                log.warning("MCP server %r: duplicate tool name %r", self.cfg.name, tool.name)
+                log.warning("MCP server %r: duplicate tool name %r", cfg.name, tool.name)
                 continue
+            cut += tool.cut
+            renamed += tool.name != f"{cfg.name}__{_NAME_BAD.sub('_', remote.name)}"
             tools[tool.name] = tool
         self.tools = tools
+        cuts = []
+        if over:
+            cuts.append(f"{over} tool(s) past max_tools = {cfg.max_tools} left out")
+        if big:
+            cuts.append(f"{big} tool(s) with an input schema over max_schema = {cfg.max_schema}"
+                        " bytes left out")  # fmt: skip
+        if cut:
+            cuts.append(f"{cut} description(s) cut to max_description = {cfg.max_description}"
+                        " characters")  # fmt: skip
+        if renamed:
+            cuts.append(f"{renamed} name(s) over {MAX_TOOL_NAME} characters shortened")
+        said = "; ".join(cuts)
+        if said and said != self._cuts:
+            # One warning per server (again only when what is cut changes).
+            log.warning(
+                "MCP server %r offers more than a model request should carry: %s (%d tools kept)",
+                cfg.name, said, len(tools),
+                extra={"event": "mcp_capped", "server": cfg.name, "tools": len(tools)},
+            )  # fmt: skip
+        self._cuts = said
 
     # -- calls ----------------------------------------------------------------------------
     def _unavailable(self) -> ToolError:
@@ -1044,23 +1110,50 @@ class _SessionGone(Exception):
 class MCPToolset:
     """Tools from several MCP servers; each server is a long-lived ClientSession."""
 
-    def __init__(self, servers: Sequence[MCPServerConfig]) -> None:
+    def __init__(
+        self, servers: Sequence[MCPServerConfig], *, start_wait: float | None = None
+    ) -> None:
         names = [s.name for s in servers]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate MCP server names: {', '.join(dupes)}")
         self._servers = [_Server(cfg) for cfg in servers]
         self._closed = False
+        #: Seconds :meth:`start` waits for the eager servers (``None``: each
+        #: server's start-up timeout).  A server still starting then keeps
+        #: connecting in the background; its tools are offered once it is up
+        #: (:meth:`tools` is read for every turn).  The bot sets ``[mcp]
+        #: start_wait`` so that one slow server cannot hold up its transports.
+        self.start_wait = start_wait
+
+    async def _wait_eager(self, eager: list[_Server]) -> None:
+        waits = asyncio.gather(*(s.wait_settled() for s in eager))
+        if self.start_wait is None:
+            await waits
+            return
+        done, _ = await asyncio.wait([waits], timeout=self.start_wait)
+        if not done:
+            # The gather keeps running (each wait ends within its own timeout).
+            waits.add_done_callback(lambda f: f.cancelled() or f.exception())
+            for s in eager:
+                if not s._settled.is_set():
+                    log.warning(
+                        "MCP server %r is still starting after %gs: going on without it;"
+                        " its tools are offered once it is up",
+                        s.cfg.name,
+                        self.start_wait,
+                    )
 
     def __repr__(self) -> str:
         return f"MCPToolset({[s.cfg.name for s in self._servers]!r})"
 
     async def start(self) -> None:
-        """Connect the eager servers concurrently; a failing server is only marked failed."""
+        """Connect the eager servers concurrently (waiting at most :attr:`start_wait`);
+        a failing server is only marked failed."""
         eager = [s for s in self._servers if s.cfg.startup != "lazy"]
         for s in eager:
             s.launch()
-        await asyncio.gather(*(s.wait_settled() for s in eager))
+        await self._wait_eager(eager)
 
     async def refresh(self) -> list[Tool]:
         """Start lazy servers, wait for every starting server to settle, return tools()."""
@@ -1105,6 +1198,7 @@ class MCPToolset:
             eager = [s for s in fresh if s.cfg.startup != "lazy"]
             for s in eager:
                 s.launch()
+            # A reload waits for them (the transports are up already).
             await asyncio.gather(*(s.wait_settled() for s in eager))
         return added, sorted(old), restarted
 
