@@ -158,6 +158,8 @@ class _Channel:
     subscription: Subscription | None = None
     task: asyncio.Task[None] | None = None
     more: deque[str] = field(default_factory=deque)
+    #: The next line of :attr:`more` is inside a code block (a fence opened above it).
+    more_in_code: bool = False
     reply_to: object = None
     #: The ``reply_to`` of the message each pending run answers (a transport may
     #: address the asker); runs without one use :attr:`reply_to`.
@@ -369,6 +371,7 @@ class Bridge(AgentAccess):
         ch.reply_to = message.reply_to
         ch.direct = message.direct
         ch.more.clear()
+        ch.more_in_code = False
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if subject is not None:
@@ -644,6 +647,7 @@ class Bridge(AgentAccess):
         for line in lines[:cap]:
             await say(line)
         ch.more.clear()
+        ch.more_in_code = False
         ch.more.extend(lines[cap:])
         if ch.more:
             await say(f"… {len(ch.more)} more lines: {opts.command_prefix}more")
@@ -1166,8 +1170,21 @@ class Bridge(AgentAccess):
             await say("nothing more")
             return
         cap = ch.options.max_answer_lines or len(ch.more)
-        for _ in range(min(cap, len(ch.more))):
-            await self._send(transport, key, ch.more.popleft(), "answer", ch.reply_to)
+        page = [ch.more.popleft() for _ in range(min(cap, len(ch.more)))]
+        lines_transport = transport.caps.streaming == "lines"
+        if ch.more_in_code and lines_transport:
+            # The page continues a code block: a line transport formats line by
+            # line, so it is told (the fence line itself shows nothing).
+            page.insert(0, "```")
+        for line in page:
+            await self._send(transport, key, line, "answer", ch.reply_to)
+            if _is_fence(line):
+                ch.more_in_code = not ch.more_in_code
+        if lines_transport:
+            # Each page is an answer of its own: the transport's formatting state
+            # (an open code block) and a batch it collects (draft/multiline) end here.
+            ch.more_in_code = ch.more_in_code and bool(ch.more)
+            await self._send(transport, key, "", "end", ch.reply_to)
         if ch.more:
             await say(f"… {len(ch.more)} more lines: {prefix}more")
 
@@ -1596,6 +1613,8 @@ class _Renderer:
         self.buffer = ""
         self.lines_sent = 0
         self.had_text = False
+        #: This answer's lines so far leave a code block open (a fence line).
+        self.in_code = False
         #: Pieces of this run sent so far (the outbox key's last part).
         self.piece = 0
         #: Streamed answer (deltas) on an outbox transport: its row and text.
@@ -1835,11 +1854,16 @@ class _Renderer:
 
     async def _line(self, line: str, run_id: str | None) -> None:
         cap = self.ch.options.max_answer_lines
+        fence = _is_fence(line)
         if cap and self.lines_sent >= cap:
+            if not self.ch.more:
+                self.ch.more_in_code = self.in_code
             self.ch.more.append(line)
-            return
-        self.lines_sent += 1
-        await self._out(line, "answer", run_id)
+        else:
+            self.lines_sent += 1
+            await self._out(line, "answer", run_id)
+        if fence:
+            self.in_code = not self.in_code
 
     async def _lines(self, text: str, run_id: str | None) -> None:
         for line in split_lines(text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars):
@@ -1944,6 +1968,7 @@ class _Renderer:
         run = e.run_id
         if e.kind == "turn_started":
             self.buffer, self.lines_sent, self.had_text = "", 0, False
+            self.in_code = False
             self.piece, self.stream_id, self.stream_text = 0, None, []
             self.call_args, self.children = {}, {}
         elif e.kind == "response_started":
@@ -2073,6 +2098,11 @@ class _Renderer:
                 text = "\n".join(lines[:cap])
         for piece in split_text(text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars):
             await self._out(piece, "answer", run)
+
+
+def _is_fence(line: str) -> bool:
+    """A Markdown code fence line (```` ``` ```` or ```` ```python ````)."""
+    return line.strip().startswith("```")
 
 
 def _log_answer(ch: _Channel, e: TurnEnded) -> None:

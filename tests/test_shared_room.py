@@ -1,0 +1,165 @@
+"""Manners in a shared IRC room (issue 29): nothing dropped on ``!new``, rights on
+``!new``, approvals that tell the channel, short ``!help``/``!status``, ``!more``
+pages formatted on their own, multiline batches ended and confirmed, and turns
+that end without an answer saying so."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from contextlib import asynccontextmanager
+
+from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.core import Agent, SQLiteStore
+from agentik.core.testing.scripted import Reply, ScriptedModel
+from agentik.transports.irc.transport import IRCTransport
+
+from ircservers import IRCTestClient, ScriptedIRCServer, parse_line, registration_handler
+
+pytest_plugins = ["ircservers"]
+
+FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
+        "flood_rate": 200.0}  # fmt: skip
+WAIT = 60.0
+
+
+@asynccontextmanager
+async def irc_bot(port: int, tmp_path, *, options: ChannelOptions | None = None,
+                  bridge_kw=None, agent_kw=None, **settings):  # fmt: skip
+    model = ScriptedModel()
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "irc.db")), **(agent_kw or {}))
+    await agent.start()
+    bridge = Bridge(agent, **(bridge_kw or {}))
+    transport = IRCTransport(
+        name="testnet",
+        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", **FAST, **settings},
+    )
+    bridge.attach(transport, options or ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        yield transport, model, agent, bridge
+    finally:
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+async def joined(transport: IRCTransport, channel: str) -> None:
+    async with asyncio.timeout(WAIT):
+        while channel not in transport.joined:
+            await transport._queue_changed.wait()
+            await asyncio.sleep(0)
+
+
+def from_bot(line) -> bool:
+    return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
+
+
+def answer_line(line) -> bool:
+    """A line of an answer (not the ``… N more lines`` hint)."""
+    return from_bot(line) and "more lines: " not in line.text
+
+
+def said(line) -> bool:
+    """Anything the bot says (PRIVMSG or NOTICE)."""
+    return line.command in ("PRIVMSG", "NOTICE") and (line.nick or "").lower() == "agentik"
+
+
+async def room(port: int, channel: str, *nicks: str) -> list[IRCTestClient]:
+    clients = []
+    for nick in nicks:
+        c = await IRCTestClient.connect(port, nick)
+        await c.join(channel)
+        clients.append(c)
+    return clients
+
+
+# -- item 12: !more pages ------------------------------------------------------------------
+async def test_more_pages_do_not_inherit_code_formatting_from_an_earlier_answer(miniircd, tmp_path):
+    options = ChannelOptions(command_prefix="!", max_answer_lines=2)
+    async with irc_bot(miniircd.port, tmp_path, channels=["#code"], options=options) as (
+        bot, model, agent, bridge,
+    ):  # fmt: skip
+        await joined(bot, "#code")
+        [alice] = await room(miniircd.port, "#code", "alice")
+        # A code block cut by the cap: its first page opens the block, the second
+        # page continues it, and the block is never closed in what is shown.
+        model.enqueue(Reply(text="a0\na1\n```\nc1\nc2\nc3"))
+        alice.privmsg("#code", "agentik: some code")
+        await alice.collect(answer_line, 2, WAIT)
+        alice.privmsg("#code", "!more")
+        [page1] = await alice.collect(answer_line, 1, WAIT)
+        assert page1.text == "\x11c1\x11"
+        alice.privmsg("#code", "!more")
+        # The next page still reads as code: it continues the block.
+        assert [m.text for m in await alice.collect(answer_line, 2, WAIT)] == [
+            "\x11c2\x11",
+            "\x11c3\x11",
+        ]
+        # A new answer's pages are plain text, whatever the last page left open.
+        model.enqueue(Reply(text="b0\nb1\nplain words"))
+        alice.privmsg("#code", "agentik: some prose")
+        await alice.collect(answer_line, 2, WAIT)
+        alice.privmsg("#code", "!more")
+        [prose] = await alice.collect(answer_line, 1, WAIT)
+        assert prose.text == "plain words"
+        await alice.close()
+
+
+def multiline_echo_handler(echo: bool = True):
+    """A server offering draft/multiline (and echo-message): it relays the bot's
+    batches back to it as ergo does, and answers nothing else."""
+    caps = "batch message-tags draft/multiline=max-bytes=4096,max-lines=24"
+    base = registration_handler(caps_offered=caps + (" echo-message" if echo else ""))
+
+    async def handler(client, line: str) -> None:
+        msg = parse_line(line)
+        if echo and "echo-message" in client.caps and msg.command in ("BATCH", "PRIVMSG"):
+            tags = f"@batch={msg.tags['batch']} " if "batch" in msg.tags else ""
+            client.send(f"{tags}:{client.prefix} {line.split(' ', 1)[1] if tags else line}")
+            return
+        await base(client, line)
+
+    return handler
+
+
+async def test_multiline_more_page_is_sent_at_once_and_batches_are_echo_confirmed(tmp_path):
+    options = ChannelOptions(command_prefix="!", max_answer_lines=2)
+    async with ScriptedIRCServer(multiline_echo_handler()) as server:
+        async with irc_bot(server.port, tmp_path, options=options) as (bot, model, agent, _):
+            await asyncio.wait_for(bot.registered.wait(), WAIT)
+            assert {"draft/multiline", "echo-message"} <= bot.caps_enabled
+            model.enqueue(Reply(text="\n".join(f"line {i}" for i in range(6))))
+            server.clients[0].send(":alice!a@h PRIVMSG agentik :six lines please")
+            first = await server.wait_for_line(lambda line: line.startswith("BATCH +"))
+            await server.wait_for_line(f"BATCH -{first.split()[1][1:]}")
+            await server.wait_for_line("NOTICE alice :… 4 more lines: !more")
+            server.clients[0].send(":alice!a@h PRIVMSG agentik :!more")
+            page = await server.wait_for_line(lambda line: line.startswith("BATCH +"))
+            await server.wait_for_line(f"BATCH -{page.split()[1][1:]}")
+            server.clients[0].send(":alice!a@h PRIVMSG agentik :!more")
+            # The last page (no hint after it) goes out without anyone else's reply.
+            last = await server.wait_for_line(lambda line: line.startswith("BATCH +"))
+            ref = last.split()[1][1:]
+            await server.wait_for_line(f"BATCH -{ref}")
+            start = server.received.index(last)
+            assert server.received[start + 1 : start + 3] == [
+                f"@batch={ref} PRIVMSG alice :line 4",
+                f"@batch={ref} PRIVMSG alice :line 5",
+            ]
+            # The answer's batch, echoed back, is confirmed in the outbox.
+            db = str(tmp_path / "irc.db")
+
+            def states():
+                con = sqlite3.connect(db, timeout=30)
+                try:
+                    return con.execute(
+                        "SELECT state FROM outbox WHERE kind = 'answer' ORDER BY id"
+                    ).fetchall()
+                finally:
+                    con.close()
+
+            async with asyncio.timeout(WAIT):
+                # The outbox writes its marks off the rendering path: wait for them.
+                while await asyncio.to_thread(states) != [("confirmed",), ("confirmed",)]:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
