@@ -928,7 +928,7 @@ class Bridge(AgentAccess):
                 "commands: " + "; ".join(f"{p}{n} — {d}" for n, d in COMMANDS.items())
             ),
             "stop": lambda: self._cmd_stop_checked(key, message, transport, decision, say),
-            "new": lambda: self._cmd_new(key, transport, opts, say),
+            "new": lambda: self._cmd_new(key, message, transport, opts, decision, say),
             "more": lambda: self._cmd_more(key, transport, say, p),
             "status": lambda: self._cmd_status(key, transport, opts, say),
             "compact": lambda: self._cmd_compact(key, transport, opts, say),
@@ -1065,29 +1065,76 @@ class Bridge(AgentAccess):
     async def _cmd_new(
         self,
         key: str,
+        message: IncomingMessage,
         transport: Transport,
         opts: ChannelOptions,
+        decision: Decision,
         say: Callable[[str], Awaitable[None]],
     ) -> None:
+        """``!new``: start the channel over; nothing queued is lost.
+
+        The answer being written is stopped, with the same rights as ``!stop``:
+        when someone else asked for it (or it waits on an approval they asked
+        for), only a speaker with ``stop-others`` (admins) may start over — the
+        others are told to wait for it or ask its asker.  Messages queued
+        behind it (not started yet) move to the new conversation, in order,
+        with their authors, and are answered there to whoever asked.
+        """
         old = self._channels.get(key)
         if old is not None:
-            await old.conversation.interrupt()
-        lock = self._lock(key)
-        async with lock:
-            conv = await self.agent.new_conversation_for_channel(key)
-            if old is not None:
-                async with old.changed:
-                    old.pending.clear()
-                    old.changed.notify_all()
-                await self._close_channel(old)
-            eff = await self.effective(key, transport)
-            new = self._open(key, transport, eff.options, conv)
-            self._apply(new, eff)
-            new.direct = old.direct if old is not None else False
-        await say(
-            "started a new conversation"
-            + (f" (the previous one is kept as {old.conversation.id})" if old else "")
+            running = old.conversation.running_run_id
+            asker = old.run_asker.get(running) if running else None
+            if (
+                asker is not None
+                and asker != _speaker(transport, message)
+                and not decision.may_command("stop-others")
+            ):
+                await say(
+                    "someone else's answer is being written: only its asker (or an admin)"
+                    f" may start over now; try {opts.command_prefix}new when it is done"
+                )
+                return
+        moved: list[str] = []
+        # Arrivals wait meanwhile: a message is queued in the old conversation
+        # (and moved) or in the new one, never lost between the two.
+        async with self._arrival(key):
+            lock = self._lock(key)
+            async with lock:
+                conv = await self.agent.new_conversation_for_channel(key)
+                eff = await self.effective(key, transport)
+                # The new channel follows its conversation before anything is queued there.
+                new = self._open(key, transport, eff.options, conv)
+                self._apply(new, eff)
+                if old is not None:
+                    new.direct = old.direct
+                    new.reply_to = old.reply_to
+                    running = old.conversation.running_run_id
+                    waiting = [r for r in old.pending if r != running]
+                    # Who asked, and where the answer goes, before the moved turns run.
+                    for run_id in waiting:
+                        if run_id in old.run_reply_to:
+                            new.run_reply_to[run_id] = old.run_reply_to[run_id]
+                        if run_id in old.run_asker:
+                            new.run_asker[run_id] = old.run_asker[run_id]
+                    async with new.changed:
+                        new.pending.update(waiting)
+                    # First the queue (so the next turn does not start in the old
+                    # conversation when the running one stops), then the running turn.
+                    moved = await old.conversation.move_queued(conv)
+                    async with new.changed:
+                        new.pending.difference_update(set(waiting) - set(moved))
+                        new.changed.notify_all()
+                    await old.conversation.interrupt()
+                    async with old.changed:
+                        old.pending.clear()
+                        old.changed.notify_all()
+                    await self._close_channel(old)
+        kept = f" (the previous one is kept as {old.conversation.id})" if old else ""
+        count = len(moved)
+        carried = (
+            f"; {count} queued message{'s' if count != 1 else ''} moved to it" if count else ""
         )
+        await say(f"started a new conversation{kept}{carried}")
 
     async def _cmd_redact(
         self,

@@ -163,3 +163,60 @@ async def test_multiline_more_page_is_sent_at_once_and_batches_are_echo_confirme
                 # The outbox writes its marks off the rendering path: wait for them.
                 while await asyncio.to_thread(states) != [("confirmed",), ("confirmed",)]:  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
+
+
+# -- items 1 and 2: !new -----------------------------------------------------------------
+async def wait_until(predicate) -> None:
+    """Wait for a condition of the bot's state (no event to wait on from outside)."""
+    async with asyncio.timeout(WAIT):
+        while not predicate():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+
+
+async def test_new_moves_queued_messages_and_obeys_the_rights_of_stop(miniircd, tmp_path):
+    async with irc_bot(miniircd.port, tmp_path, channels=["#new"]) as (bot, model, agent, _):
+        await joined(bot, "#new")
+        alice, bob, carol = await room(miniircd.port, "#new", "alice", "bob", "carol")
+        slow = Reply(text="a long story " * 20, hold_after=2)
+        model.enqueue(slow)
+        alice.privmsg("#new", "agentik: tell me a long story")
+        await slow.held.wait()
+        old = await agent.conversation_for_channel("irc:testnet:#new")
+        bob.privmsg("#new", "agentik: first queued question")
+        await wait_until(lambda: old.queued == 1)
+        carol.privmsg("#new", "agentik: second queued question")
+        await wait_until(lambda: old.queued == 2)
+        # bob may not start over while alice's answer is being written (as !stop).
+        bob.privmsg("#new", "!new")
+        refusal = await bob.wait_for(lambda m: from_bot(m) and "!new" in m.text, WAIT)
+        assert "only its asker (or an admin)" in refusal.text
+        assert (await agent.conversation_for_channel("irc:testnet:#new")).id == old.id
+        # alice may: her answer stops, the queued messages move to the new conversation.
+        alice.privmsg("#new", "!new")
+        started = await alice.wait_for(lambda m: from_bot(m) and "new conversation" in m.text)
+        assert started.text == (
+            f"started a new conversation (the previous one is kept as {old.id});"
+            " 2 queued messages moved to it"
+        )
+        first = await bob.wait_for(lambda m: from_bot(m) and "first queued" in m.text, WAIT)
+        assert first.text == "bob: echo: first queued question"
+        second = await carol.wait_for(lambda m: from_bot(m) and "second queued" in m.text, WAIT)
+        assert second.text == "carol: echo: second queued question"
+        # They were answered in the new conversation, which holds them alone.
+        new = await agent.conversation_for_channel("irc:testnet:#new")
+        assert new.id != old.id
+        await new.wait_idle()
+        assert [(m.author, m.content) for m in await new.messages()] == [
+            ("bob", "first queued question"),  # both were queued, in order
+            ("carol", "second queued question"),
+            (None, "echo: first queued question"),
+            (None, "echo: second queued question"),
+        ]
+        assert [m.content for m in model.requests[-1].messages if m.role == "user"] == [
+            "first queued question",
+            "second queued question",
+        ]
+        # Nothing is left for a restart to take up again.
+        assert await agent.pending_turns() == []
+        for c in (alice, bob, carol):
+            await c.close()
