@@ -924,13 +924,11 @@ class Bridge(AgentAccess):
         args = message.text.strip()[len(p) :].split()[1:]
 
         handlers: dict[str, Callable[[], Awaitable[None]]] = {
-            "help": lambda: say(
-                "commands: " + "; ".join(f"{p}{n} — {d}" for n, d in COMMANDS.items())
-            ),
+            "help": lambda: self._cmd_help(args, message, transport, decision, say, p),
             "stop": lambda: self._cmd_stop_checked(key, message, transport, decision, say),
             "new": lambda: self._cmd_new(key, message, transport, opts, decision, say),
             "more": lambda: self._cmd_more(key, transport, say, p),
-            "status": lambda: self._cmd_status(key, transport, opts, say),
+            "status": lambda: self._cmd_status(key, transport, opts, say, args, message),
             "compact": lambda: self._cmd_compact(key, transport, opts, say),
             "budget": lambda: self._cmd_budget(message, transport, say),
             # Per-channel settings (issue 19).
@@ -1261,13 +1259,53 @@ class Bridge(AgentAccess):
             f"{event.tokens_before} → {event.tokens_after} tokens"
         )
 
+    def _shared(self, message: IncomingMessage, transport: Transport) -> bool:
+        """A shared room (not a direct conversation, not a thread): commands answer short."""
+        return not message.direct and not transport.in_thread(message.channel_key)
+
+    async def _cmd_help(
+        self,
+        args: list[str],
+        message: IncomingMessage,
+        transport: Transport,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+        p: str,
+    ) -> None:
+        """``!help``: in a shared room one short line (the commands this speaker may
+        use); ``!help <command>`` says what one does; in private, every command
+        with what it does."""
+        if args:
+            name = args[0].removeprefix(p).lower()
+            what = COMMANDS.get(name)
+            await say(f"{p}{name} — {what}" if what else f"no command {p}{name[:32]}; try {p}help")
+            return
+        if not self._shared(message, transport):
+            await say("commands: " + "; ".join(f"{p}{n} — {d}" for n, d in COMMANDS.items()))
+            return
+        admin_only = _MANAGE | {"set", "unset"}
+        names = [
+            f"{p}{n}"
+            for n in COMMANDS
+            if decision.may_command(n) and (n not in admin_only or decision.admin)
+        ]
+        await say(
+            f"commands: {' '.join(names)} — {p}help <command> says what one does;"
+            f" {p}help in a private message lists them all"
+        )
+
     async def _cmd_status(
         self,
         key: str,
         transport: Transport,
         opts: ChannelOptions,
         say: Callable[[str], Awaitable[None]],
+        args: list[str] | None = None,
+        message: IncomingMessage | None = None,
     ) -> None:
+        """``!status``: the model, the conversation and what it does now, then the
+        channel's settings; in a shared room the first line only (``!status
+        settings`` shows the settings)."""
         ch = await self._channel(key, transport, opts)
         conv = ch.conversation
         count = await conv.count_messages()
@@ -1276,10 +1314,15 @@ class Bridge(AgentAccess):
         state = conv.status(todo=await conv.todo()).line()
         llm = self.agent.llm_for(conv.llm_profile)
         profile = f" (profile {conv.llm_profile})" if conv.llm_profile else ""
-        await say(
-            f"model {llm.model or llm.name}{profile} · conversation {conv.id} "
-            f"({count} messages) · {state}\n" + describe(await self.effective(key, transport))
-        )
+        settings = describe(await self.effective(key, transport))
+        head = f"model {llm.model or llm.name}{profile} · conversation {conv.id} ({count} messages)"
+        wanted = [a.lower() for a in args or ()]
+        if wanted[:1] in (["settings"], ["all"]):
+            await say(settings)
+        elif message is not None and self._shared(message, transport):
+            await say(f"{head} · {state}")
+        else:
+            await say(f"{head} · {state}\n{settings}")
 
     # -- passthrough tools (issue 20) -------------------------------------------------------
     async def _cmd_tool(
@@ -1649,6 +1692,14 @@ _STOP_NOTICES = {
     "tool_limit": "(stopped: tool call limit)",
     "token_budget": "(stopped: token budget used up)",
 }
+
+
+#: Ends already shown in the channel (an error line, ``(interrupted)``, a plugin's words).
+_SHOWN_ENDS = frozenset({"error", "interrupted", "time_budget", "aborted"})
+
+#: What a channel is told of a turn that ended without a visible answer.
+_SILENT_END = "(no answer: the model ended its turn without writing one)"
+_SILENT_ENDS = {"content_filter": "(no answer: the model's provider filtered it)"}
 
 
 class _Renderer:
@@ -2107,6 +2158,10 @@ class _Renderer:
             stopped = _STOP_NOTICES.get(e.stop_reason)
             if stopped:
                 await self._out(stopped, "notice", run)
+            elif not self.had_text and e.stop_reason not in _SHOWN_ENDS:
+                # Nothing visible came of it (no text after its tool calls, or a
+                # hook or the provider filtered it): the asker is told, not left waiting.
+                await self._out(_SILENT_ENDS.get(e.stop_reason, _SILENT_END), "notice", run)
             if self.ch.more:
                 p = self.ch.options.command_prefix
                 await self._out(f"… {len(self.ch.more)} more lines: {p}more", "notice", run)

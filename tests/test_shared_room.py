@@ -11,7 +11,8 @@ from contextlib import asynccontextmanager
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
-from agentik.core.testing.scripted import Reply, ScriptedModel
+from agentik.core.hookspecs import hookimpl
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.irc.transport import IRCTransport
 
 from ircservers import IRCTestClient, ScriptedIRCServer, parse_line, registration_handler
@@ -220,3 +221,85 @@ async def test_new_moves_queued_messages_and_obeys_the_rights_of_stop(miniircd, 
         assert await agent.pending_turns() == []
         for c in (alice, bob, carol):
             await c.close()
+
+
+# -- item 15: a turn that ends with nothing to show ------------------------------------------
+class FilterEverything:
+    """A plugin that filters every answer to nothing (as a moderation filter may)."""
+
+    @hookimpl
+    def after_response(self, text):
+        return "" if "secret" in text else None
+
+
+async def test_a_turn_without_a_visible_answer_says_so(miniircd, tmp_path):
+    agent_kw = {"hooks": [FilterEverything()]}
+    async with irc_bot(miniircd.port, tmp_path, channels=["#quiet"], agent_kw=agent_kw) as (
+        bot, model, agent, _,
+    ):  # fmt: skip
+        await joined(bot, "#quiet")
+        [alice] = await room(miniircd.port, "#quiet", "alice")
+        # Tool calls, then no text at all.
+        model.enqueue(Reply(tool_calls=[call("memory_list", {})]))
+        model.enqueue(Reply(text=""))
+        alice.privmsg("#quiet", "agentik: look at your notes")
+        told = await alice.wait_for(said, WAIT)
+        assert (told.command, told.text) == (
+            "NOTICE", "(no answer: the model ended its turn without writing one)",
+        )  # fmt: skip
+        # An answer a plugin filtered to nothing.
+        model.enqueue(Reply(text="the secret is 42"))
+        alice.privmsg("#quiet", "agentik: tell me the secret")
+        told = await alice.wait_for(said, WAIT)
+        assert told.text == "(no answer: the model ended its turn without writing one)"
+        # The provider's content filter.
+        model.enqueue(Reply(text="", finish_reason="content_filter"))
+        alice.privmsg("#quiet", "agentik: something filtered")
+        told = await alice.wait_for(said, WAIT)
+        assert told.text == "(no answer: the model's provider filtered it)"
+        # An ordinary answer gets no such line.
+        alice.privmsg("#quiet", "agentik: hello")
+        assert (await alice.wait_for(said, WAIT)).text == "alice: echo: hello"
+        await alice.close()
+
+
+# -- item 11: !help and !status in a shared channel -------------------------------------------
+async def test_help_and_status_are_short_in_a_shared_channel_and_full_in_private(
+    miniircd, tmp_path
+):
+    async with irc_bot(miniircd.port, tmp_path, channels=["#help"]) as (bot, model, agent, _):
+        await joined(bot, "#help")
+        alice, bob = await room(miniircd.port, "#help", "alice", "bob")
+        alice.privmsg("#help", "!help")
+        line = await bob.wait_for(said, WAIT)
+        assert line.text.startswith("commands: !new !stop !more !status")
+        assert line.text.endswith(
+            "— !help <command> says what one does; !help in a private message lists them all"
+        )
+        assert len(line.text) < 300
+        assert "!role" not in line.text and "!set" not in line.text  # admins' commands
+        alice.privmsg("#help", "!help new")
+        line = await bob.wait_for(said, WAIT)
+        assert line.text.startswith("!new — start a fresh conversation")
+        alice.privmsg("#help", "!status")
+        line = await bob.wait_for(said, WAIT)
+        assert line.text.startswith("model scripted · conversation ")
+        assert line.text.endswith(" · idle")
+        alice.privmsg("#help", "!status settings")
+        line = await bob.wait_for(said, WAIT)
+        assert line.text.startswith("settings of irc:testnet:#help: persona")
+        # (Each answer above came right after the one before: !help and !status
+        # were one line each in the channel.)
+        # In private: every command, with what it does; the status with the settings.
+        alice.privmsg("agentik", "!help")
+        text = ""
+        while "!redact — " not in text:  # the last command listed
+            text += (await alice.wait_for(lambda m: said(m) and m.params[0] == "alice")).text
+        packed = "".join(text.split())  # split lines lose the blanks at their ends
+        assert "!role—show" in packed and "!memory—list" in packed and "!approve—approve" in packed
+        alice.privmsg("agentik", "!status")
+        found = ""
+        while "settings of irc:testnet:alice" not in found:
+            found += (await alice.wait_for(lambda m: said(m) and m.params[0] == "alice")).text
+        await alice.close()
+        await bob.close()
