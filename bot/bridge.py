@@ -166,6 +166,8 @@ class _Channel:
     run_reply_to: dict[str, object] = field(default_factory=dict)
     #: Who asked for each pending run (a speaker key), for ``!stop`` of another's answer.
     run_asker: dict[str, str] = field(default_factory=dict)
+    #: Approvals the channel was told it waits on (once each, to queued askers).
+    approvals_told: set[str] = field(default_factory=set)
     #: The channel is a direct conversation (its last message was direct).
     direct: bool = False
     pending: set[str] = field(default_factory=set)
@@ -406,7 +408,40 @@ class Bridge(AgentAccess):
         ch.run_asker[run_id] = _speaker(transport, message)
         async with ch.changed:
             ch.pending.add(run_id)
+        await self._tell_approval_wait(ch, transport, message, opts)
         return None
+
+    async def _tell_approval_wait(
+        self, ch: _Channel, transport: Transport, message: IncomingMessage, opts: ChannelOptions
+    ) -> None:
+        """A message queued behind a turn that waits on an approval: the channel is
+        told once per approval what it waits for and where (``!approvals``).
+
+        Other askers' turns do not run meanwhile: a conversation's turns run one
+        at a time, in order (each sees the answers before it), so they wait
+        until the approval is decided, expires, or its turn is stopped.
+        """
+        conv = ch.conversation
+        if not conv.awaiting_human or self.agent.questions.waiting(conv.id):
+            return
+        waiting = [
+            a for a in await self.agent.approvals.pending(ch.key) if a.conversation_id == conv.id
+        ]
+        fresh = [a for a in waiting if str(a.id) not in ch.approvals_told]
+        if not fresh:
+            return
+        ch.approvals_told.update(str(a.id) for a in waiting)
+        while len(ch.approvals_told) > 100:
+            ch.approvals_told.pop()
+        a = fresh[0]
+        p = opts.command_prefix
+        await self._send(
+            transport, ch.key,
+            f"this channel waits on approval {a.id} ({a.tool}, asked by {a.asker or 'someone'};"
+            f" expires in {_wait(a.expires_at - time.time())}): new messages are queued and"
+            f" answered after it — {p}approvals shows it; {_article(a.approvers)} may decide",
+            "notice", message.reply_to,
+        )  # fmt: skip
 
     async def _answers_question(
         self, message: IncomingMessage, transport: Transport, text: str

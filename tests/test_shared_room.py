@@ -11,8 +11,10 @@ from contextlib import asynccontextmanager
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
+from agentik.core.approvals import ApprovalRule
 from agentik.core.hookspecs import hookimpl
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.core.tools.base import tool
 from agentik.transports.irc.transport import IRCTransport
 
 from ircservers import IRCTestClient, ScriptedIRCServer, parse_line, registration_handler
@@ -303,3 +305,52 @@ async def test_help_and_status_are_short_in_a_shared_channel_and_full_in_private
             found += (await alice.wait_for(lambda m: said(m) and m.params[0] == "alice")).text
         await alice.close()
         await bob.close()
+
+
+# -- item 6: a pending approval tells the channel ------------------------------------------
+@tool(
+    name="fs__write_file",
+    description="Write a file",
+    parameters={"type": "object", "properties": {"path": {"type": "string"}}},
+)
+async def write_file(path: str) -> str:
+    return f"wrote {path}"
+
+
+async def test_messages_queued_behind_an_approval_are_told_once_what_the_channel_waits_on(
+    miniircd, tmp_path
+):
+    agent_kw = {
+        "tools": [write_file],
+        "approvals": [ApprovalRule(tools=("fs__write_*",), approvers="user")],
+    }
+    async with irc_bot(
+        miniircd.port, tmp_path, channels=["#ops"], agent_kw=agent_kw,
+        unverified_identity="hostmask",
+    ) as (bot, model, agent, _):  # fmt: skip
+        await joined(bot, "#ops")
+        alice, bob, carol = await room(miniircd.port, "#ops", "alice", "bob", "carol")
+        model.enqueue(Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd"})]), "done")
+        alice.privmsg("#ops", "agentik: update the motd")
+        asked = await bob.wait_for(lambda m: said(m) and "asked me to run" in m.text, WAIT)
+        approval_id = asked.text.split("approval ", 1)[1].split(":", 1)[0]
+        bob.privmsg("#ops", "agentik: what time is it?")
+        told = await bob.wait_for(lambda m: said(m) and "waits on approval" in m.text, WAIT)
+        assert told.command == "NOTICE"
+        assert told.text.startswith(
+            f"this channel waits on approval {approval_id} (fs__write_file, asked by alice;"
+        )
+        assert "new messages are queued and answered after it — !approvals shows it" in told.text
+        # Once per approval: carol's message is queued without another notice.
+        carol.privmsg("#ops", "agentik: and the weather?")
+        conv = await agent.conversation_for_channel("irc:testnet:#ops")
+        await wait_until(lambda: conv.queued == 2)
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        await carol.wait_for(lambda m: said(m) and "echo: and the weather?" in m.text, WAIT)
+        notices = [m for m in carol.received if said(m) and "waits on approval" in m.text]
+        assert len(notices) == 1
+        # The queued questions were answered after the approved turn, in order.
+        answers = [m.text for m in carol.received if from_bot(m) and "echo:" in m.text]
+        assert answers == ["bob: echo: what time is it?", "carol: echo: and the weather?"]
+        for c in (alice, bob, carol):
+            await c.close()
