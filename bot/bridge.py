@@ -1153,7 +1153,8 @@ class Bridge(AgentAccess):
                         new.pending.update(waiting)
                     # First the queue (so the next turn does not start in the old
                     # conversation when the running one stops), then the running turn.
-                    moved = await old.conversation.move_queued(conv)
+                    if old.conversation.state.value == "open":  # not closed under it
+                        moved = await old.conversation.move_queued(conv)
                     async with new.changed:
                         new.pending.difference_update(set(waiting) - set(moved))
                         new.changed.notify_all()
@@ -2193,7 +2194,11 @@ class _Renderer:
             stopped = _STOP_NOTICES.get(e.stop_reason)
             if stopped:
                 await self._out(stopped, "notice", run)
-            elif not self.had_text and e.stop_reason not in _SHOWN_ENDS:
+            elif (
+                not self.had_text
+                and e.stop_reason not in _SHOWN_ENDS
+                and self.profile.carries("text_delta")  # else no answer ever shows here
+            ):
                 # Nothing visible came of it (no text after its tool calls, or a
                 # hook or the provider filtered it): the asker is told, not left waiting.
                 await self._out(_SILENT_ENDS.get(e.stop_reason, _SILENT_END), "notice", run)

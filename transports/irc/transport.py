@@ -540,6 +540,7 @@ class IRCTransport(Transport):
         self.joined.clear()
         self._forget_members()
         self._unechoed.clear()  # never confirmed: a restart sends them again
+        self._echo_batches.clear()
         if self._ping_timer is not None:
             self._ping_timer.cancel()
         self._lost.set()
@@ -1206,7 +1207,9 @@ class IRCTransport(Transport):
         the server relays our multiline answers as batches; one confirms the answer."""
         ref = line.params[0]
         if ref.startswith("+") and len(line.params) >= 3:
-            if line.params[1] == "draft/multiline" and self._is_me(line.nick):
+            # Any multiline batch: only our own echoed lines are collected in it
+            # (others' never reach _on_echo), whatever source the server gives it.
+            if line.params[1] == "draft/multiline":
                 if len(self._echo_batches) >= 100:  # never ended: forget the oldest
                     del self._echo_batches[next(iter(self._echo_batches))]
                 self._echo_batches[ref[1:]] = [line.params[2]]
