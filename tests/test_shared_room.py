@@ -13,6 +13,8 @@ from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
 from agentik.core.approvals import ApprovalRule
 from agentik.core.hookspecs import hookimpl
+from agentik.core.llm.openai_backend import OpenAIBackend
+from agentik.core.testing.openai_server import Reply as OpenAIReply
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
 from agentik.transports.irc.transport import IRCTransport
@@ -28,9 +30,10 @@ WAIT = 60.0
 
 @asynccontextmanager
 async def irc_bot(port: int, tmp_path, *, options: ChannelOptions | None = None,
-                  bridge_kw=None, agent_kw=None, **settings):  # fmt: skip
+                  bridge_kw=None, agent_kw=None, llm=None, **settings):  # fmt: skip
     model = ScriptedModel()
-    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "irc.db")), **(agent_kw or {}))
+    agent = Agent(llm=llm or model, store=SQLiteStore(str(tmp_path / "irc.db")),
+                  **(agent_kw or {}))  # fmt: skip
     await agent.start()
     bridge = Bridge(agent, **(bridge_kw or {}))
     transport = IRCTransport(
@@ -354,3 +357,20 @@ async def test_messages_queued_behind_an_approval_are_told_once_what_the_channel
         assert answers == ["bob: echo: what time is it?", "carol: echo: and the weather?"]
         for c in (alice, bob, carol):
             await c.close()
+
+
+async def test_a_content_filtered_answer_from_an_openai_endpoint_says_so(
+    miniircd, tmp_path, openai_server
+):
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url, api_key="sk-test",
+                        max_retries=0, timeout=60)  # fmt: skip
+    async with irc_bot(miniircd.port, tmp_path, channels=["#cf"], llm=llm) as (bot, *_):
+        await joined(bot, "#cf")
+        [alice] = await room(miniircd.port, "#cf", "alice")
+        openai_server.enqueue(OpenAIReply.text("", finish_reason="content_filter"))
+        alice.privmsg("#cf", "agentik: something the provider filters")
+        told = await alice.wait_for(said, WAIT)
+        assert (told.command, told.text) == (
+            "NOTICE", "(no answer: the model's provider filtered it)",
+        )  # fmt: skip
+        await alice.close()
