@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
+from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.approvals import ApprovalRule
 from agentik.core.hookspecs import hookimpl
 from agentik.core.llm.openai_backend import OpenAIBackend
@@ -18,6 +19,7 @@ from agentik.core.testing.openai_server import Reply as OpenAIReply
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
 from agentik.transports.irc.transport import IRCTransport
+from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient, ScriptedIRCServer, parse_line, registration_handler
 
@@ -35,7 +37,10 @@ async def irc_bot(port: int, tmp_path, *, options: ChannelOptions | None = None,
     agent = Agent(llm=llm or model, store=SQLiteStore(str(tmp_path / "irc.db")),
                   **(agent_kw or {}))  # fmt: skip
     await agent.start()
-    bridge = Bridge(agent, **(bridge_kw or {}))
+    bridge_kw = bridge_kw or {}
+    if "access" in bridge_kw:
+        await bridge_kw["access"].load(agent.store)  # as the bot does at start
+    bridge = Bridge(agent, **bridge_kw)
     transport = IRCTransport(
         name="testnet",
         settings={"host": "127.0.0.1", "port": port, "nick": "agentik", **FAST, **settings},
@@ -222,9 +227,38 @@ async def test_new_moves_queued_messages_and_obeys_the_rights_of_stop(miniircd, 
             "first queued question",
             "second queued question",
         ]
-        # Nothing is left for a restart to take up again.
+        # Nothing is left for a restart to take up again (once the old conversation
+        # has recorded the moved turns' end).
+        await old.wait_idle()
         assert await agent.pending_turns() == []
         for c in (alice, bob, carol):
+            await c.close()
+
+
+async def test_an_admin_may_start_over_during_someone_elses_answer(miniircd, tmp_path):
+    access = AccessPolicy(
+        AccessSettings(admins=("testnet:mask:dave!*@*",)), {"testnet": "irc"},
+        irc_casefold=casefold,
+    )  # fmt: skip
+    async with irc_bot(
+        miniircd.port, tmp_path, channels=["#adm"], bridge_kw={"access": access},
+        unverified_identity="hostmask",
+    ) as (bot, model, agent, _):  # fmt: skip
+        await joined(bot, "#adm")
+        alice, bob, dave = await room(miniircd.port, "#adm", "alice", "bob", "dave")
+        slow = Reply(text="a long story " * 20, hold_after=2)
+        model.enqueue(slow)
+        alice.privmsg("#adm", "agentik: tell me a long story")
+        await slow.held.wait()
+        old = await agent.conversation_for_channel("irc:testnet:#adm")
+        bob.privmsg("#adm", "agentik: a queued question")
+        await wait_until(lambda: old.queued == 1)
+        dave.privmsg("#adm", "!new")
+        started = await dave.wait_for(lambda m: from_bot(m) and "new conversation" in m.text)
+        assert started.text.endswith("; 1 queued message moved to it")
+        answer = await bob.wait_for(lambda m: from_bot(m) and "queued question" in m.text, WAIT)
+        assert answer.text == "bob: echo: a queued question"
+        for c in (alice, bob, dave):
             await c.close()
 
 
