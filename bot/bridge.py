@@ -158,12 +158,16 @@ class _Channel:
     subscription: Subscription | None = None
     task: asyncio.Task[None] | None = None
     more: deque[str] = field(default_factory=deque)
+    #: The next line of :attr:`more` is inside a code block (a fence opened above it).
+    more_in_code: bool = False
     reply_to: object = None
     #: The ``reply_to`` of the message each pending run answers (a transport may
     #: address the asker); runs without one use :attr:`reply_to`.
     run_reply_to: dict[str, object] = field(default_factory=dict)
     #: Who asked for each pending run (a speaker key), for ``!stop`` of another's answer.
     run_asker: dict[str, str] = field(default_factory=dict)
+    #: Approvals the channel was told it waits on (once each, to queued askers).
+    approvals_told: set[str] = field(default_factory=set)
     #: The channel is a direct conversation (its last message was direct).
     direct: bool = False
     pending: set[str] = field(default_factory=set)
@@ -371,6 +375,7 @@ class Bridge(AgentAccess):
             ch.reply_to = message.reply_to
             ch.direct = message.direct
             ch.more.clear()
+            ch.more_in_code = False
             async with contextlib.AsyncExitStack() as stack:
                 if subject is not None:
                     assert self.budgets is not None
@@ -410,7 +415,40 @@ class Bridge(AgentAccess):
         ch.run_asker[run_id] = _speaker(transport, message)
         async with ch.changed:
             ch.pending.add(run_id)
+        await self._tell_approval_wait(ch, transport, message, opts)
         return None
+
+    async def _tell_approval_wait(
+        self, ch: _Channel, transport: Transport, message: IncomingMessage, opts: ChannelOptions
+    ) -> None:
+        """A message queued behind a turn that waits on an approval: the channel is
+        told once per approval what it waits for and where (``!approvals``).
+
+        Other askers' turns do not run meanwhile: a conversation's turns run one
+        at a time, in order (each sees the answers before it), so they wait
+        until the approval is decided, expires, or its turn is stopped.
+        """
+        conv = ch.conversation
+        if not conv.awaiting_human or self.agent.questions.waiting(conv.id):
+            return
+        waiting = [
+            a for a in await self.agent.approvals.pending(ch.key) if a.conversation_id == conv.id
+        ]
+        fresh = [a for a in waiting if str(a.id) not in ch.approvals_told]
+        if not fresh:
+            return
+        ch.approvals_told.update(str(a.id) for a in waiting)
+        while len(ch.approvals_told) > 100:
+            ch.approvals_told.pop()
+        a = fresh[0]
+        p = opts.command_prefix
+        await self._send(
+            transport, ch.key,
+            f"this channel waits on approval {a.id} ({a.tool}, asked by {a.asker or 'someone'};"
+            f" expires in {_wait(a.expires_at - time.time())}): new messages are queued and"
+            f" answered after it — {p}approvals shows it; {_article(a.approvers)} may decide",
+            "notice", message.reply_to,
+        )  # fmt: skip
 
     async def _answers_question(
         self, message: IncomingMessage, transport: Transport, text: str
@@ -651,6 +689,7 @@ class Bridge(AgentAccess):
         for line in lines[:cap]:
             await say(line)
         ch.more.clear()
+        ch.more_in_code = False
         ch.more.extend(lines[cap:])
         if ch.more:
             await say(f"… {len(ch.more)} more lines: {opts.command_prefix}more")
@@ -975,13 +1014,11 @@ class Bridge(AgentAccess):
         args = message.text.strip()[len(p) :].split()[1:]
 
         handlers: dict[str, Callable[[], Awaitable[None]]] = {
-            "help": lambda: say(
-                "commands: " + "; ".join(f"{p}{n} — {d}" for n, d in COMMANDS.items())
-            ),
+            "help": lambda: self._cmd_help(args, message, transport, decision, say, p),
             "stop": lambda: self._cmd_stop_checked(key, message, transport, decision, say),
-            "new": lambda: self._cmd_new(key, transport, opts, say),
+            "new": lambda: self._cmd_new(key, message, transport, opts, decision, say),
             "more": lambda: self._cmd_more(key, transport, say, p),
-            "status": lambda: self._cmd_status(key, transport, opts, say),
+            "status": lambda: self._cmd_status(key, transport, opts, say, args, message),
             "compact": lambda: self._cmd_compact(key, transport, opts, say),
             "budget": lambda: self._cmd_budget(message, transport, say),
             # Per-channel settings (issue 19).
@@ -1116,29 +1153,77 @@ class Bridge(AgentAccess):
     async def _cmd_new(
         self,
         key: str,
+        message: IncomingMessage,
         transport: Transport,
         opts: ChannelOptions,
+        decision: Decision,
         say: Callable[[str], Awaitable[None]],
     ) -> None:
+        """``!new``: start the channel over; nothing queued is lost.
+
+        The answer being written is stopped, with the same rights as ``!stop``:
+        when someone else asked for it (or it waits on an approval they asked
+        for), only a speaker with ``stop-others`` (admins) may start over — the
+        others are told to wait for it or ask its asker.  Messages queued
+        behind it (not started yet) move to the new conversation, in order,
+        with their authors, and are answered there to whoever asked.
+        """
         old = self._channels.get(key)
         if old is not None:
-            await old.conversation.interrupt()
-        lock = self._lock(key)
-        async with lock:
-            conv = await self.agent.new_conversation_for_channel(key)
-            if old is not None:
-                async with old.changed:
-                    old.pending.clear()
-                    old.changed.notify_all()
-                await self._close_channel(old)
-            eff = await self.effective(key, transport)
-            new = self._open(key, transport, eff.options, conv)
-            self._apply(new, eff)
-            new.direct = old.direct if old is not None else False
-        await say(
-            "started a new conversation"
-            + (f" (the previous one is kept as {old.conversation.id})" if old else "")
+            running = old.conversation.running_run_id
+            asker = old.run_asker.get(running) if running else None
+            if (
+                asker is not None
+                and asker != _speaker(transport, message)
+                and not decision.may_command("stop-others")
+            ):
+                await say(
+                    "someone else's answer is being written: only its asker (or an admin)"
+                    f" may start over now; try {opts.command_prefix}new when it is done"
+                )
+                return
+        moved: list[str] = []
+        # Arrivals wait meanwhile: a message is queued in the old conversation
+        # (and moved) or in the new one, never lost between the two.
+        async with self._arrival(key):
+            lock = self._lock(key)
+            async with lock:
+                conv = await self.agent.new_conversation_for_channel(key)
+                eff = await self.effective(key, transport)
+                # The new channel follows its conversation before anything is queued there.
+                new = self._open(key, transport, eff.options, conv)
+                self._apply(new, eff)
+                if old is not None:
+                    new.direct = old.direct
+                    new.reply_to = old.reply_to
+                    running = old.conversation.running_run_id
+                    waiting = [r for r in old.pending if r != running]
+                    # Who asked, and where the answer goes, before the moved turns run.
+                    for run_id in waiting:
+                        if run_id in old.run_reply_to:
+                            new.run_reply_to[run_id] = old.run_reply_to[run_id]
+                        if run_id in old.run_asker:
+                            new.run_asker[run_id] = old.run_asker[run_id]
+                    async with new.changed:
+                        new.pending.update(waiting)
+                    # First the queue (so the next turn does not start in the old
+                    # conversation when the running one stops), then the running turn.
+                    if old.conversation.state.value == "open":  # not closed under it
+                        moved = await old.conversation.move_queued(conv)
+                    async with new.changed:
+                        new.pending.difference_update(set(waiting) - set(moved))
+                        new.changed.notify_all()
+                    await old.conversation.interrupt()
+                    async with old.changed:
+                        old.pending.clear()
+                        old.changed.notify_all()
+                    await self._close_channel(old)
+        kept = f" (the previous one is kept as {old.conversation.id})" if old else ""
+        count = len(moved)
+        carried = (
+            f"; {count} queued message{'s' if count != 1 else ''} moved to it" if count else ""
         )
+        await say(f"started a new conversation{kept}{carried}")
 
     async def _cmd_redact(
         self,
@@ -1224,8 +1309,21 @@ class Bridge(AgentAccess):
             await say("nothing more")
             return
         cap = ch.options.max_answer_lines or len(ch.more)
-        for _ in range(min(cap, len(ch.more))):
-            await self._send(transport, key, ch.more.popleft(), "answer", ch.reply_to)
+        page = [ch.more.popleft() for _ in range(min(cap, len(ch.more)))]
+        lines_transport = transport.caps.streaming == "lines"
+        if ch.more_in_code and lines_transport:
+            # The page continues a code block: a line transport formats line by
+            # line, so it is told (the fence line itself shows nothing).
+            page.insert(0, "```")
+        for line in page:
+            await self._send(transport, key, line, "answer", ch.reply_to)
+            if _is_fence(line):
+                ch.more_in_code = not ch.more_in_code
+        if lines_transport:
+            # Each page is an answer of its own: the transport's formatting state
+            # (an open code block) and a batch it collects (draft/multiline) end here.
+            ch.more_in_code = ch.more_in_code and bool(ch.more)
+            await self._send(transport, key, "", "end", ch.reply_to)
         if ch.more:
             await say(f"… {len(ch.more)} more lines: {prefix}more")
 
@@ -1255,13 +1353,53 @@ class Bridge(AgentAccess):
             f"{event.tokens_before} → {event.tokens_after} tokens"
         )
 
+    def _shared(self, message: IncomingMessage, transport: Transport) -> bool:
+        """A shared room (not a direct conversation, not a thread): commands answer short."""
+        return not message.direct and not transport.in_thread(message.channel_key)
+
+    async def _cmd_help(
+        self,
+        args: list[str],
+        message: IncomingMessage,
+        transport: Transport,
+        decision: Decision,
+        say: Callable[[str], Awaitable[None]],
+        p: str,
+    ) -> None:
+        """``!help``: in a shared room one short line (the commands this speaker may
+        use); ``!help <command>`` says what one does; in private, every command
+        with what it does."""
+        if args:
+            name = args[0].removeprefix(p).lower()
+            what = COMMANDS.get(name)
+            await say(f"{p}{name} — {what}" if what else f"no command {p}{name[:32]}; try {p}help")
+            return
+        if not self._shared(message, transport):
+            await say("commands: " + "; ".join(f"{p}{n} — {d}" for n, d in COMMANDS.items()))
+            return
+        admin_only = _MANAGE | {"set", "unset"}
+        names = [
+            f"{p}{n}"
+            for n in COMMANDS
+            if decision.may_command(n) and (n not in admin_only or decision.admin)
+        ]
+        await say(
+            f"commands: {' '.join(names)} — {p}help <command> says what one does;"
+            f" {p}help in a private message lists them all"
+        )
+
     async def _cmd_status(
         self,
         key: str,
         transport: Transport,
         opts: ChannelOptions,
         say: Callable[[str], Awaitable[None]],
+        args: list[str] | None = None,
+        message: IncomingMessage | None = None,
     ) -> None:
+        """``!status``: the model, the conversation and what it does now, then the
+        channel's settings; in a shared room the first line only (``!status
+        settings`` shows the settings)."""
         ch = await self._channel(key, transport, opts)
         conv = ch.conversation
         count = await conv.count_messages()
@@ -1270,10 +1408,15 @@ class Bridge(AgentAccess):
         state = conv.status(todo=await conv.todo()).line()
         llm = self.agent.llm_for(conv.llm_profile)
         profile = f" (profile {conv.llm_profile})" if conv.llm_profile else ""
-        await say(
-            f"model {llm.model or llm.name}{profile} · conversation {conv.id} "
-            f"({count} messages) · {state}\n" + describe(await self.effective(key, transport))
-        )
+        settings = describe(await self.effective(key, transport))
+        head = f"model {llm.model or llm.name}{profile} · conversation {conv.id} ({count} messages)"
+        wanted = [a.lower() for a in args or ()]
+        if wanted[:1] in (["settings"], ["all"]):
+            await say(settings)
+        elif message is not None and self._shared(message, transport):
+            await say(f"{head} · {state}")
+        else:
+            await say(f"{head} · {state}\n{settings}")
 
     # -- passthrough tools (issue 20) -------------------------------------------------------
     async def _cmd_tool(
@@ -1649,6 +1792,14 @@ _STOP_NOTICES = {
 }
 
 
+#: Ends already shown in the channel (an error line, ``(interrupted)``, a plugin's words).
+_SHOWN_ENDS = frozenset({"error", "interrupted", "time_budget", "aborted"})
+
+#: What a channel is told of a turn that ended without a visible answer.
+_SILENT_END = "(no answer: the model ended its turn without writing one)"
+_SILENT_ENDS = {"content_filter": "(no answer: the model's provider filtered it)"}
+
+
 class _Renderer:
     """Turns one channel's events into outgoing messages."""
 
@@ -1658,6 +1809,8 @@ class _Renderer:
         self.buffer = ""
         self.lines_sent = 0
         self.had_text = False
+        #: This answer's lines so far leave a code block open (a fence line).
+        self.in_code = False
         #: Pieces of this run sent so far (the outbox key's last part).
         self.piece = 0
         #: Streamed answer (deltas) on an outbox transport: its row and text.
@@ -1897,11 +2050,16 @@ class _Renderer:
 
     async def _line(self, line: str, run_id: str | None) -> None:
         cap = self.ch.options.max_answer_lines
+        fence = _is_fence(line)
         if cap and self.lines_sent >= cap:
+            if not self.ch.more:
+                self.ch.more_in_code = self.in_code
             self.ch.more.append(line)
-            return
-        self.lines_sent += 1
-        await self._out(line, "answer", run_id)
+        else:
+            self.lines_sent += 1
+            await self._out(line, "answer", run_id)
+        if fence:
+            self.in_code = not self.in_code
 
     async def _lines(self, text: str, run_id: str | None) -> None:
         for line in split_lines(text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars):
@@ -2006,6 +2164,7 @@ class _Renderer:
         run = e.run_id
         if e.kind == "turn_started":
             self.buffer, self.lines_sent, self.had_text = "", 0, False
+            self.in_code = False
             self.piece, self.stream_id, self.stream_text = 0, None, []
             self.call_args, self.children = {}, {}
         elif e.kind == "response_started":
@@ -2097,6 +2256,14 @@ class _Renderer:
             stopped = _STOP_NOTICES.get(e.stop_reason)
             if stopped:
                 await self._out(stopped, "notice", run)
+            elif (
+                not self.had_text
+                and e.stop_reason not in _SHOWN_ENDS
+                and self.profile.carries("text_delta")  # else no answer ever shows here
+            ):
+                # Nothing visible came of it (no text after its tool calls, or a
+                # hook or the provider filtered it): the asker is told, not left waiting.
+                await self._out(_SILENT_ENDS.get(e.stop_reason, _SILENT_END), "notice", run)
             if self.ch.more:
                 p = self.ch.options.command_prefix
                 await self._out(f"… {len(self.ch.more)} more lines: {p}more", "notice", run)
@@ -2135,6 +2302,11 @@ class _Renderer:
                 text = "\n".join(lines[:cap])
         for piece in split_text(text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars):
             await self._out(piece, "answer", run)
+
+
+def _is_fence(line: str) -> bool:
+    """A Markdown code fence line (```` ``` ```` or ```` ```python ````)."""
+    return line.strip().startswith("```")
 
 
 def _log_answer(ch: _Channel, e: TurnEnded) -> None:

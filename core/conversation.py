@@ -714,6 +714,44 @@ class Conversation:
         await self._services.questions.run_ended(self.parts, m.run_id or "")
         log.info("conversation %s: unanswered message %d %s", self.id, m.id, outcome)
 
+    async def move_queued(self, other: Conversation) -> list[str]:
+        """Move the user messages queued here (not started yet) to ``other``, in order.
+
+        For a channel started over (``!new``): each queued message is recorded
+        in ``other`` with its author and run id and queued there (plugins'
+        ``before_prompt`` hooks are not run again: the text is as they left
+        it); here its turn is then recorded as ``moved``.  The running turn,
+        if any, stays.  A crash in between loses nothing: the copy in ``other``
+        is answered, the original is superseded by the channel's new binding.
+        Returns the moved run ids.
+        """
+        self._check_open()
+        other._check_open()
+        busy = self._worker is not None
+        taken = [
+            item
+            for i, item in enumerate(self._queue)
+            if isinstance(item, _Pending) and not (busy and i == 0)
+        ]
+        for item in taken:
+            self._queue.remove(item)
+        moved: list[Message] = []
+        for item in taken:
+            try:
+                [m] = await item.committed
+            except Exception:
+                continue  # never stored: its sender was told
+            data = m.data if isinstance(m.data, dict) else {}
+            who = data.get("author_id")
+            await other._queue_message(
+                m.content, m.author, who if isinstance(who, str) else None, None,
+                item.allow_tool, m.run_id,
+            )  # fmt: skip
+            moved.append(m)
+        if moved:
+            self.resume(moved, mode="drop", outcome="moved")
+        return [m.run_id or "" for m in moved]
+
     async def note(
         self,
         content: str,

@@ -642,7 +642,8 @@ class TurnRunner:
             if not calls:
                 self.state.partial.clear()
                 self.state.final_text = text[: self.policy.max_answer_chars]
-                reason = "length" if finish == "length" else "stop"
+                # A provider's content filter is kept: the channel says why nothing came.
+                reason = finish if finish in ("length", "content_filter") else "stop"
                 node = self.node
                 # A child run's answer is its parent's tool result, written next:
                 # its last write is handed over and commits with it (one

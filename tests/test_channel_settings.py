@@ -247,7 +247,7 @@ async def test_settings_survive_a_restart_and_status_says_where_each_comes_from(
         await alice.join("#ops")
         await ask(alice, "#ops", "still you?")
         assert "You're the release bot" in system_of(request_for(openai_server, "still you?"))
-        alice.privmsg("#ops", "!status")
+        alice.privmsg("#ops", "!status settings")  # a shared channel: settings on request
         status = await status_of(alice, "#ops", "tools all the transport allows [default]")
         assert _norm("settings of irc:testnet:#ops: persona") in status
         assert _norm('persona "You\'re the release bot" [chat, testnet:alice!') in status
@@ -391,7 +391,7 @@ async def test_slack_config_patterns_apply_and_chat_settings_override_them(opena
             await bot_said(slack, "C100", "echo:", "exact again")
             assert "exact persona" in system_of(request_for(openai_server, "exact again"))
             # !status shows each value's source.
-            await mention("C150", "!status")
+            await mention("C150", "!status settings")
             status = await bot_said(slack, "C150", "settings of slack:T1:C150")
             assert 'persona "chat persona" [chat, slack:U1,' in status
             assert 'answer all [config [channels."slack:*:C1*"]]' in status

@@ -152,6 +152,7 @@ async def test_set_model_sends_that_channels_turns_to_the_profile_and_survives_a
         alice.privmsg("#ops", "!status")
         status = await alice.wait_for(said("#ops", "conversation"))
         assert status.text.startswith("model fast-model (profile fast) ·")
+        alice.privmsg("#ops", "!status settings")  # a shared channel: settings on request
         settings = ""
         while "model fast [chat, testnet:alice!" not in settings:
             settings += (await alice.wait_for(said("#ops"))).text + " "

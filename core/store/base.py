@@ -105,7 +105,7 @@ class MemoryEntry:
 class TurnEnd:
     """The end of the turn that answers the user message with this ``run_id``.
 
-    ``outcome``: the turn's stop reason (``stop``, ``length``, ``error``,
+    ``outcome``: the turn's stop reason (``stop``, ``length``, ``content_filter``, ``error``,
     ``interrupted`` by a user, ``aborted``, ``time_budget``) or, for a turn
     resumed after a crash, ``noted`` / ``dropped`` / ``superseded``.  A turn
     cut short by a shutdown or a crash has no end: it is resumed.

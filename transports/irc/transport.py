@@ -157,7 +157,8 @@ class _Out:
     cost: float
     #: Outbox rows completed by writing this line (its last piece).
     outbox_ids: tuple[int, ...] = ()
-    #: ``(target, text)`` of a PRIVMSG/NOTICE the server echoes (echo-message).
+    #: ``(target, text)`` of a PRIVMSG/NOTICE the server echoes (echo-message); for
+    #: a draft/multiline batch, its lines joined by ``\n``.
     echo: tuple[str, str] | None = None
     #: Order of queueing, over all targets.
     seq: int = 0
@@ -276,6 +277,8 @@ class IRCTransport(Transport):
         self._batches: dict[str, tuple[str, list[str]]] = {}
         self._batch_seq = 0
         self._batch_ids: dict[str, list[int]] = {}
+        #: Our draft/multiline batches being echoed back: server ref -> the lines so far.
+        self._echo_batches: dict[str, list[str]] = {}
         #: Lines written and not echoed yet (echo-message): ``(target, text, outbox ids)``.
         self._unechoed: deque[tuple[str, str, tuple[int, ...]]] = deque(maxlen=2000)
         #: Casefolded nick → how often its holder changed as we saw it (QUIT, NICK):
@@ -561,6 +564,7 @@ class IRCTransport(Transport):
         self.joined.clear()
         self._forget_members()
         self._unechoed.clear()  # never confirmed: a restart sends them again
+        self._echo_batches.clear()
         if self._ping_timer is not None:
             self._ping_timer.cancel()
         self._lost.set()
@@ -697,6 +701,8 @@ class IRCTransport(Transport):
             self._on_whox(line)
         elif cmd in ("PRIVMSG", "NOTICE"):
             self._on_message(line)
+        elif cmd == "BATCH" and p:
+            self._on_batch(line)
         elif cmd == "ERROR":
             level = logging.DEBUG if self._closing else logging.WARNING
             log.log(level, "irc %s: server closes the link: %s", self.name, p[-1] if p else "")
@@ -1208,17 +1214,42 @@ class IRCTransport(Transport):
 
     def _on_echo(self, line: Line) -> None:
         """echo-message: the server relayed a line we wrote; its outbox rows are confirmed."""
-        if "batch" in line.tags or len(line.params) < 2:
+        if len(line.params) < 2:
             return
+        if "batch" in line.tags:
+            # A line of our draft/multiline batch: confirmed with the batch's end.
+            lines = self._echo_batches.get(line.tags["batch"])
+            if lines is not None and len(lines) < 1000:
+                lines.append(line.params[-1])
+            return
+        self._confirm_echo(line.params[0], line.params[-1])
+
+    def _confirm_echo(self, target: str, relayed: str) -> None:
         # Servers may drop trailing blanks from what they relay, and a channel
         # with +c (Solanum) or +S (InspIRCd) strips the formatting codes.
-        want = (self._fold(line.params[0]), strip_formatting(line.params[-1]).rstrip())
-        for i, (target, text, ids) in enumerate(self._unechoed):
-            if (target, strip_formatting(text).rstrip()) == want:
+        want = (self._fold(target), _plain(relayed))
+        for i, (t, text, ids) in enumerate(self._unechoed):
+            if (t, _plain(text)) == want:
                 del self._unechoed[i]
                 for oid in ids:
                     self.delivered(oid, "confirmed")
                 return
+
+    def _on_batch(self, line: Line) -> None:
+        """``BATCH +ref draft/multiline <target>`` ... ``BATCH -ref``: with echo-message,
+        the server relays our multiline answers as batches; one confirms the answer."""
+        ref = line.params[0]
+        if ref.startswith("+") and len(line.params) >= 3:
+            # Any multiline batch: only our own echoed lines are collected in it
+            # (others' never reach _on_echo), whatever source the server gives it.
+            if line.params[1] == "draft/multiline":
+                if len(self._echo_batches) >= 100:  # never ended: forget the oldest
+                    del self._echo_batches[next(iter(self._echo_batches))]
+                self._echo_batches[ref[1:]] = [line.params[2]]
+        elif ref.startswith("-"):
+            lines = self._echo_batches.pop(ref[1:], None)
+            if lines is not None and len(lines) > 1:
+                self._confirm_echo(lines[0], "\n".join(lines[1:]))
 
     def _nick_pattern(self) -> str:
         """A regex matching our nick in any case the server's CASEMAPPING equates."""
@@ -1488,7 +1519,10 @@ class IRCTransport(Transport):
         lines += [format_line("PRIVMSG", target, piece, tags={"batch": ref}) for piece in pieces]
         lines.append(format_line("BATCH", f"-{ref}"))
         # One queue item: a batch is never cut in half by flood control.
-        self._enqueue(target, "\r\n".join(lines), cost=1.0 + len(pieces) / 4, outbox_ids=ids)
+        self._enqueue(
+            target, "\r\n".join(lines), cost=1.0 + len(pieces) / 4, outbox_ids=ids,
+            echo=(target, "\n".join(pieces)),
+        )  # fmt: skip
 
     def _format_answer_line(self, state_key: str, line: str) -> str | None:
         """Markdown to IRC, one line at a time, keeping track of code fences."""
@@ -1635,6 +1669,11 @@ class IRCTransport(Transport):
     def queued(self) -> int:
         """Lines waiting to be sent."""
         return self._queued
+
+
+def _plain(text: str) -> str:
+    """What an echo is compared by: each line without formatting or trailing blanks."""
+    return "\n".join(strip_formatting(part).rstrip() for part in text.split("\n"))
 
 
 def sasl_chunks(payload: bytes) -> list[str]:
