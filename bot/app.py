@@ -167,6 +167,8 @@ class Bot:
         self._watchers: list[asyncio.Task[None]] = []
         self._notified_ready = False
         self._unsubscribe: Callable[[], None] | None = None
+        # Transports whose start failed when the bot started: their supervisor's first failure.
+        self._start_errors: dict[str, BaseException] = {}
 
     def _attach(self, transport: Transport, options: Any = None) -> None:
         """Attach ``transport`` to the bridge and follow its health."""
@@ -278,8 +280,9 @@ class Bot:
             await self._start_listener()
             # Roles given in chat by earlier runs apply from the first message.
             await self.bridge.access.load(self.agent.store)
-            for transport in self.transports.values():
-                await self.start_transport(transport)
+            # All at once: one that is slow to connect (or cannot) holds up no other;
+            # one that cannot start is retried by its supervisor (see _first_start).
+            await asyncio.gather(*(self._first_start(t) for t in list(self.transports.values())))
             # What a killed process left in the outbox goes out first, once;
             # then messages a crash left unanswered get their turns (these run
             # in the background, rendered after the redelivered pieces).
@@ -293,11 +296,40 @@ class Bot:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _first_start(self, transport: Transport) -> None:
+        """Start ``transport`` when the bot starts; a failure stops no other transport.
+
+        A :class:`~agentik.core.ConfigError` (an empty token, a port in use) is the
+        configuration's fault: the bot does not start (``agentik run`` exits 2).  A
+        :class:`TransportFailed` (a token the server rejects) marks the transport
+        ``failed`` with its one-line reason; anything else (the server unreachable)
+        marks it ``reconnecting`` and its supervisor retries with ``[supervision]``
+        backoff.  Either way the other transports start and run.
+        """
+        try:
+            await self.start_transport(transport)
+        except ConfigError:
+            raise
+        except TransportFailed as exc:
+            self._start_errors[transport.name] = exc
+            transport.set_health("failed", str(exc) or "failed")
+        except Exception as exc:
+            self._start_errors[transport.name] = exc
+            transport.set_health("reconnecting", f"could not start: {_why(exc)}")
+
     async def start_transport(self, transport: Transport, options: Any = None) -> None:
-        """Start ``transport`` (attached to the bridge first when ``options`` are given)."""
+        """Start ``transport`` (attached to the bridge first when ``options`` are given).
+
+        A transport whose start fails is closed again (no task of it is left behind).
+        """
         if options is not None:
             self._attach(transport, options)
-        await transport.start(self.bridge)
+        try:
+            await transport.start(self.bridge)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await transport.aclose()
+            raise
         self._started.append(transport)
         if not transport.reports_health and transport.health.state == "starting":
             transport.set_health("connected")
@@ -357,6 +389,9 @@ class Bot:
             transport = self.transports[name]
             self._serving[name] = transport
             try:
+                first = self._start_errors.pop(name, None)
+                if first is not None:
+                    raise first
                 if restarting:
                     await self.start_transport(transport)
                 await transport.serve()
@@ -377,8 +412,13 @@ class Bot:
             except Exception as exc:
                 if self.transports.get(name) is not transport:
                     return
-                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                log.error("transport %s failed: %s", name, why, exc_info=exc)
+                why = _why(exc)
+                # A connection that failed is one line; anything else is a bug worth a trace.
+                expected = isinstance(exc, OSError | TimeoutError)
+                log.log(
+                    logging.WARNING if expected else logging.ERROR,
+                    "transport %s failed: %s", name, why, exc_info=None if expected else exc,
+                )  # fmt: skip
             now = time.monotonic()
             failures.append(now)
             while failures and now - failures[0] > policy.window:
@@ -607,6 +647,14 @@ class Bot:
             log, logging.INFO, "startup", "%d tools: %s", len(tools),
             ", ".join(sorted(t.name for t in tools)) or "none", tools=len(tools),
         )  # fmt: skip
+
+
+def _why(exc: BaseException) -> str:
+    """One line saying what went wrong: the message (with the type when it is terse)."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, AgentikError | ConnectionError) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _public_url(url: object) -> str | None:

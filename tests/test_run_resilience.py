@@ -1,0 +1,315 @@
+"""A real ``agentik run`` when a transport fails, on SIGTERM and on SIGHUP (issue 29).
+
+The IRC server is a real miniircd, Slack is :mod:`fakeslack` (slack-bolt and
+slack-sdk run for real against it), the model is the fake OpenAI-compatible
+server.  Assertions are on outcomes and order, never on how long things took;
+every wait is on a condition with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from helpers import AGENTIK
+
+from fakeslack import FakeSlack
+from ircservers import IRCTestClient, free_port
+
+pytest_plugins = ["ircservers"]
+
+WAIT = 60.0
+
+
+def from_bot(line: Any) -> bool:
+    return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
+
+
+class Run:
+    """One ``agentik run -c FILE`` process with its stderr collected."""
+
+    def __init__(self, config: Path, health_port: int, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.health = f"http://127.0.0.1:{health_port}"
+        skip = ("OPENAI_", "AGENTIK_", "SLACK_")
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
+        self.env.update(env or {})
+        self.proc: asyncio.subprocess.Process | None = None
+        self.stderr: list[str] = []
+        self._drain: asyncio.Future[None] | None = None
+
+    async def __aenter__(self) -> Run:
+        self.proc = await asyncio.create_subprocess_exec(
+            AGENTIK, "run", "-c", str(self.config), env=self.env,
+            stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self._drain = asyncio.ensure_future(self._collect())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        if self._drain is not None:
+            self._drain.cancel()
+
+    async def _collect(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            self.stderr.append(line.decode())
+
+    @property
+    def log(self) -> str:
+        return "".join(self.stderr)
+
+    def logged(self, pattern: str) -> list[str]:
+        return [line for line in self.stderr if re.search(pattern, line)]
+
+    async def until(self, pred: Callable[[], Any], what: str) -> Any:
+        """Wait for ``pred()`` to be true (async predicates are awaited)."""
+        deadline = time.monotonic() + WAIT
+        while True:
+            value = pred()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            if self.proc is not None and self.proc.returncode is not None:
+                code = self.proc.returncode
+                raise AssertionError(f"the bot exited ({code}) before {what}:\n{self.log}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gave up waiting for {what}; stderr:\n{self.log}")
+            await asyncio.sleep(0.05)
+
+    async def ready(self) -> tuple[int, dict[str, Any]]:
+        try:
+            async with httpx.AsyncClient() as client:
+                r = await client.get(self.health + "/ready", timeout=WAIT)
+        except httpx.TransportError:
+            return 0, {}
+        return r.status_code, r.json()
+
+    async def component(self, name: str) -> dict[str, Any]:
+        _, body = await self.ready()
+        return (body.get("components") or {}).get(name) or {}
+
+    async def exit_code(self) -> int:
+        assert self.proc is not None
+        await asyncio.wait_for(self.proc.wait(), WAIT)
+        if self._drain is not None:
+            await self._drain
+        assert self.proc.returncode is not None
+        return self.proc.returncode
+
+
+def bot_toml(
+    tmp_path: Path, openai_url: str, health_port: int, *, tables: list[str], extra: str = ""
+) -> Path:
+    path = tmp_path / "bot.toml"
+    path.write_text(
+        f"""
+[llm]
+base_url = "{openai_url}"
+model = "fake-model"
+[storage]
+path = "{tmp_path / "bot.db"}"
+[health]
+listen = "127.0.0.1:{health_port}"
+[supervision]
+backoff_initial = 0.2
+backoff_max = 0.5
+{extra}
+"""
+        + "\n".join(tables)
+    )
+    return path
+
+
+def irc_table(port: int) -> str:
+    return f"""
+[transports.local]
+type = "irc"
+host = "127.0.0.1"
+port = {port}
+tls = false
+nick = "agentik"
+channels = ["#ops"]
+"""
+
+
+def slack_table(api_url: str, *, bot_token: str, app_token: str) -> str:
+    return f"""
+[transports.work]
+type = "slack"
+mode = "socket"
+bot_token = "{bot_token}"
+app_token = "{app_token}"
+api_url = "{api_url}"
+"""
+
+
+# -- item 3: one Slack failure never takes down the others ------------------------------------
+
+
+async def test_a_rejected_slack_token_fails_slack_alone_and_irc_runs_whatever_the_table_order(
+    miniircd, openai_server, tmp_path
+):
+    """Bot token refused (Slack table first), then app token refused (Slack table
+    first again): each time IRC joins and answers, Slack is ``failed`` with a one-line
+    reason naming the key, ``/ready`` says so, no traceback, and SIGTERM still says
+    goodbye on IRC and exits 0."""
+    alice = await IRCTestClient.connect(miniircd.port, "alice")
+    await alice.join("#ops")
+    try:
+        async with FakeSlack() as slack:
+            for key, bot_token, app_token in (
+                ("bot_token", "xoxb-wrong", slack.app_token),
+                ("app_token", slack.bot_token, "xapp-wrong"),
+            ):
+                health = free_port()
+                config = bot_toml(tmp_path, openai_server.base_url, health, tables=[
+                    slack_table(slack.api_url, bot_token=bot_token, app_token=app_token),
+                    irc_table(miniircd.port),
+                ])  # fmt: skip
+                mark = alice.mark()
+                async with Run(config, health) as run:
+                    await alice.wait_for(
+                        lambda m: m.command == "JOIN" and m.nick == "agentik", since=mark,
+                        timeout=WAIT,
+                    )  # fmt: skip
+                    slack_state = await run.until(
+                        lambda: _failed(run, "transport:work"), "Slack to be reported failed"
+                    )
+                    assert f"transports.work.{key}" in slack_state["reason"]
+                    assert "\n" not in slack_state["reason"]
+                    status, body = await run.ready()
+                    assert status == 503 and body["ready"] is False
+                    assert body["components"]["transport:local"]["state"] == "connected"
+
+                    asked = alice.mark()
+                    alice.privmsg("#ops", "agentik: still there?")
+                    answer = await alice.wait_for(from_bot, since=asked, timeout=WAIT)
+                    assert "still there?" in answer.text
+
+                    assert run.proc is not None
+                    run.proc.send_signal(signal.SIGTERM)
+                    await alice.wait_for(
+                        lambda m: m.command == "QUIT" and m.nick == "agentik", since=asked,
+                        timeout=WAIT,
+                    )  # fmt: skip
+                    assert await run.exit_code() == 0, run.log
+                    assert "Traceback" not in run.log
+                    assert bot_token not in run.log and app_token not in run.log
+                    assert len(run.logged(f"transports.work.{key}")) >= 1
+    finally:
+        await alice.close()
+
+
+async def _failed(run: Run, name: str) -> dict[str, Any] | None:
+    found = await run.component(name)
+    return found if found.get("state") == "failed" else None
+
+
+async def test_slack_unreachable_at_start_reconnects_with_backoff_then_serves(
+    miniircd, openai_server, tmp_path
+):
+    """Nothing listens where Slack should be: IRC starts anyway, Slack is
+    ``reconnecting`` with a reason; once Slack is up, it connects and ``/ready`` is 200."""
+    slack_port = free_port()
+    health = free_port()
+    api_url = f"http://127.0.0.1:{slack_port}/api/"
+    config = bot_toml(tmp_path, openai_server.base_url, health, tables=[
+        slack_table(api_url, bot_token="xoxb-test", app_token="xapp-test"),
+        irc_table(miniircd.port),
+    ])  # fmt: skip
+    alice = await IRCTestClient.connect(miniircd.port, "alice")
+    await alice.join("#ops")
+    try:
+        async with Run(config, health) as run:
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and m.nick == "agentik", timeout=WAIT
+            )
+
+            async def reconnecting() -> dict[str, Any] | None:
+                found = await run.component("transport:work")
+                return found if found.get("state") == "reconnecting" else None
+
+            state = await run.until(reconnecting, "Slack to be reported reconnecting")
+            assert "cannot reach" in state["reason"] or "could not start" in state["reason"]
+            assert (await run.ready())[0] == 503
+            # Retried more than once, and still the process runs.
+            await run.until(lambda: len(run.logged("transport work failed")) >= 2, "a retry")
+
+            async with FakeSlack(port=slack_port) as slack:
+                await slack.wait_for_socket(timeout=WAIT)
+                await run.until(lambda: _ready(run), "/ready to be 200")
+                status, body = await run.ready()
+                assert body["components"]["transport:work"]["state"] == "connected"
+                assert run.proc is not None
+                run.proc.send_signal(signal.SIGTERM)
+                assert await run.exit_code() == 0, run.log
+            assert "Traceback" not in run.log
+    finally:
+        await alice.close()
+
+
+async def _ready(run: Run) -> bool:
+    return (await run.ready())[0] == 200
+
+
+async def test_a_socket_mode_token_revoked_while_running_is_reported_failed(
+    miniircd, openai_server, tmp_path
+):
+    """Connected, then the app token is revoked and the socket drops: Slack turns
+    ``failed`` (not "connected" for ever, not retried for ever), IRC keeps answering."""
+    health = free_port()
+    alice = await IRCTestClient.connect(miniircd.port, "alice")
+    await alice.join("#ops")
+    try:
+        async with FakeSlack() as slack:
+            config = bot_toml(tmp_path, openai_server.base_url, health, tables=[
+                irc_table(miniircd.port),
+                slack_table(slack.api_url, bot_token=slack.bot_token, app_token=slack.app_token),
+            ])  # fmt: skip
+            async with Run(config, health) as run:
+                await run.until(lambda: _ready(run), "both transports to be up")
+                slack.app_token = "xapp-rotated"  # the bot's token is revoked
+                await slack.drop_socket(abort=False)
+                state = await run.until(
+                    lambda: _failed(run, "transport:work"), "Slack to be reported failed"
+                )
+                assert "transports.work.app_token" in state["reason"]
+                assert (await run.ready())[0] == 503
+                mark = alice.mark()
+                alice.privmsg("#ops", "agentik: and now?")
+                answer = await alice.wait_for(from_bot, since=mark, timeout=WAIT)
+                assert "and now?" in answer.text
+                assert run.proc is not None
+                run.proc.send_signal(signal.SIGTERM)
+                assert await run.exit_code() == 0, run.log
+                assert "Traceback" not in run.log
+    finally:
+        await alice.close()
+
+
+async def test_run_exits_non_zero_only_when_every_transport_failed(openai_server, tmp_path):
+    """A bot whose only transport's token is refused exits 1 with a one-line reason."""
+    async with FakeSlack() as slack:
+        health = free_port()
+        config = bot_toml(tmp_path, openai_server.base_url, health, tables=[
+            slack_table(slack.api_url, bot_token="xoxb-wrong", app_token=slack.app_token),
+        ])  # fmt: skip
+        async with Run(config, health) as run:
+            assert await run.exit_code() == 1, run.log
+        assert "transports.work.bot_token" in run.log
+        assert "Traceback" not in run.log
+        assert "xoxb-wrong" not in run.log
