@@ -24,12 +24,14 @@ from .bridge import Bridge, options_from
 from .builder import AgentBuilder
 from .config import Config, TransportSection
 from .health import HealthServer, load_token, sd_notify
-from .logs import log_event
+from .logs import STATUS_LOGGER, log_event
 from .metrics import Metrics
 
 __all__ = ["Bot", "load_registry"]
 
 log = logging.getLogger(__name__)
+#: Lines shown at the default log level (see :data:`agentik.bot.logs.STATUS_LOGGER`).
+status_log = logging.getLogger(STATUS_LOGGER)
 
 
 def load_registry(config: Config, extra: tuple[object, ...] = ()) -> Registry:
@@ -167,6 +169,8 @@ class Bot:
         self._watchers: list[asyncio.Task[None]] = []
         self._notified_ready = False
         self._unsubscribe: Callable[[], None] | None = None
+        # Transports that have been ready at least once (the ready line says "again" after).
+        self._ready_once: set[str] = set()
         # Transports whose start failed when the bot started: their supervisor's first failure.
         self._start_errors: dict[str, BaseException] = {}
 
@@ -183,10 +187,29 @@ class Bot:
         )  # fmt: skip
         self.metrics.transport_state(transport.name, transport.health.state)
 
+    def report_health(self, transport: Transport) -> None:
+        """Report ``transport``'s current state (one just put in :attr:`transports`)."""
+        self._on_transport_health(transport, transport.health)
+
     def _on_transport_health(self, transport: Transport, health: Health) -> None:
         if self.transports.get(transport.name) is transport:
+            before = self.health.components().get(f"transport:{transport.name}")
             self.health.report(f"transport:{transport.name}", health.state, health.reason)
             self.metrics.transport_state(transport.name, health.state)
+            if health.state == "connected" and (before is None or before.state != "connected"):
+                self._say_ready(transport)
+
+    def _say_ready(self, transport: Transport) -> None:
+        """One line at the default log level when a transport is up (again)."""
+        name = transport.name
+        again = name in self._ready_once
+        self._ready_once.add(name)
+        detail = _describe(transport)
+        log_event(
+            status_log, logging.INFO, "transport_ready", "%s %s %s%s",
+            transport.type, name, "connected again" if again else "ready",
+            f": {detail}" if detail else "", transport=name, type=transport.type,
+        )  # fmt: skip
 
     def _on_health_change(self, component: str, health: Health) -> None:
         """sd_notify: ``READY=1`` the first time every transport is ready; ``STATUS=`` always."""
@@ -503,7 +526,7 @@ class Bot:
                 exc_info=exc,
             )
             return False
-        log.info("%s", summary)
+        status_log.info("%s", summary)
         return True
 
     async def serve(self) -> None:
@@ -647,6 +670,23 @@ class Bot:
             log, logging.INFO, "startup", "%d tools: %s", len(tools),
             ", ".join(sorted(t.name for t in tools)) or "none", tools=len(tools),
         )  # fmt: skip
+
+
+def _describe(transport: Transport) -> str:
+    """Where ``transport`` is: its listening URL, its server, its channels (no secret)."""
+    url = getattr(transport, "url", None)
+    if isinstance(url, str) and url:
+        return f"listening on {url}"
+    where = getattr(transport, "where", None)  # Slack: team and bot user
+    if isinstance(where, str) and where:
+        return f"connected to {where}"
+    if transport.type == "irc":
+        nick = getattr(transport, "nick", None) or ""
+        server = getattr(transport, "_where", "")
+        options = getattr(transport, "options", None)
+        channels = [c.partition(" ")[0] for c in getattr(options, "channels", ())]
+        return f"{server} as {nick}, channels {', '.join(channels) or 'none'}"
+    return ""
 
 
 def _why(exc: BaseException) -> str:

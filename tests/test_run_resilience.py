@@ -313,3 +313,104 @@ async def test_run_exits_non_zero_only_when_every_transport_failed(openai_server
         assert "transports.work.bot_token" in run.log
         assert "Traceback" not in run.log
         assert "xoxb-wrong" not in run.log
+
+
+# -- item 5: a reload is applied in full, or says what needs a restart -------------------------
+
+MCP_SERVER = str(Path(__file__).with_name("mcp_server.py"))
+OPS, BOSS = "ops-token-0123456789abcdef", "boss-token-0123456789abcdef"
+
+
+def web_table(name: str, port: int) -> str:
+    return f"""
+[transports.{name}]
+type = "http"
+port = {port}
+tokens = [{{ name = "ops", env = "OPS_TOKEN" }}, {{ name = "boss", env = "BOSS_TOKEN" }}]
+"""
+
+
+async def test_sighup_starts_an_added_web_transport_and_an_added_admin_approves_over_http(
+    miniircd, openai_server, tmp_path
+):
+    import sys
+
+    from agentik.core.testing.openai_server import Reply as HttpReply
+
+    def model(body: dict) -> HttpReply:
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            return HttpReply.text(f"the sum is {last.get('content')}")
+        return HttpReply.tool_calls([("call_1", "calc__add", '{"a": 2, "b": 3}')])
+
+    openai_server.default = model
+    health, web_port, added_port = free_port(), free_port(), free_port()
+    common = f"""
+[[mcp.servers]]
+name = "calc"
+command = "{sys.executable}"
+args = ["{MCP_SERVER}"]
+[[approvals]]
+tools = ["calc__add"]
+approvers = "admin"
+"""
+    tables = [irc_table(miniircd.port), web_table("web", web_port)]
+    config = bot_toml(tmp_path, openai_server.base_url, health, tables=tables, extra=common)
+    env = {"OPS_TOKEN": OPS, "BOSS_TOKEN": BOSS}
+    base = f"http://127.0.0.1:{web_port}/agentik"
+    async with Run(config, health, env) as run, httpx.AsyncClient(base_url=base) as web:
+        await run.until(lambda: _ready(run), "the bot to be ready")
+        ops = {"Authorization": f"Bearer {OPS}"}
+        boss = {"Authorization": f"Bearer {BOSS}"}
+
+        async def pending_approval(conv: str) -> str:
+            r = await web.post(f"/conversations/{conv}/messages", headers=ops,
+                               json={"content": "add 2 and 3"})  # fmt: skip
+            assert r.status_code == 202, r.text
+
+            async def found() -> str | None:
+                got = await web.get(f"/conversations/{conv}/approvals", headers=ops)
+                items = got.json()["items"]
+                return items[0]["id"] if items else None
+
+            return await run.until(found, "the approval request")
+
+        conv = (await web.post("/conversations", headers=ops, json={})).json()["id"]
+        first = await pending_approval(conv)
+        refused = await web.post(f"/conversations/{conv}/approvals/{first}", headers=boss,
+                                 json={"decision": "approve"})  # fmt: skip
+        assert refused.status_code == 403  # boss is no admin yet
+
+        # SIGHUP: boss becomes an admin, a second web transport is added.
+        config.write_text(config.read_text() + '\n[access]\nadmins = ["web:token:boss"]\n'
+                          + web_table("added", added_port))  # fmt: skip
+        assert run.proc is not None
+        run.proc.send_signal(signal.SIGHUP)
+        await run.until(lambda: run.logged("configuration reloaded"), "the reload")
+        assert "transports added: added" in run.logged("configuration reloaded")[0]
+
+        # The added transport serves and is ready: /ready says so, and it answers.
+        async def added_connected() -> bool:
+            found = await run.component("transport:added")
+            return found.get("state") == "connected"
+
+        await run.until(added_connected, "the added web transport to be connected")
+        assert (await run.ready())[0] == 200
+        async with httpx.AsyncClient() as client:
+            r = await client.get(f"http://127.0.0.1:{added_port}/agentik/conversations",
+                                 headers=ops)  # fmt: skip
+            assert r.status_code == 200
+
+        # The admin added by the reload approves over the web transport that was running.
+        approved = await web.post(f"/conversations/{conv}/approvals/{first}", headers=boss,
+                                  json={"decision": "approve"})  # fmt: skip
+        assert approved.status_code == 200, approved.text
+
+        async def answered() -> bool:
+            got = await web.get(f"/conversations/{conv}/messages", headers=ops)
+            return any("the sum is 5" in str(m.get("content")) for m in got.json()["items"])
+
+        await run.until(answered, "the approved tool call's answer")
+        run.proc.send_signal(signal.SIGTERM)
+        assert await run.exit_code() == 0, run.log
+        assert "Traceback" not in run.log and OPS not in run.log and BOSS not in run.log
