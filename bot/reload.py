@@ -56,7 +56,9 @@ APPLIED_SECTIONS = frozenset(
     {"agent", "tools", "approvals", "budgets", "access", "channels", "mcp", "transports"}
 )
 #: Sections a running bot cannot change: a reload names them in a warning.
-RESTART_SECTIONS = tuple(n for n in Config.model_fields if n not in APPLIED_SECTIONS)
+RESTART_SECTIONS = tuple(
+    n for n, f in Config.model_fields.items() if not f.exclude and n not in APPLIED_SECTIONS
+)
 #: ``[agent]`` keys a reload puts in force (a change of any other one needs a restart).
 RELOADED_AGENT_KEYS = frozenset(
     {"system_prompt", "soul", "skills", "resume", "resume_max_age", "settings_role"}

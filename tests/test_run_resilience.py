@@ -12,6 +12,7 @@ import asyncio
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -414,3 +415,87 @@ approvers = "admin"
         run.proc.send_signal(signal.SIGTERM)
         assert await run.exit_code() == 0, run.log
         assert "Traceback" not in run.log and OPS not in run.log and BOSS not in run.log
+
+
+def _flipped(model: Any) -> dict[str, Any]:
+    """A change to one plain key of a settings model (a bool flipped, a number raised)."""
+    from pydantic import BaseModel
+
+    instance = model() if isinstance(model, type) else model
+    fields = type(instance).model_fields if isinstance(instance, BaseModel) else {}
+    if not fields:
+        fields = instance.__pydantic_fields__
+    for key in fields:
+        value = getattr(instance, key)
+        if isinstance(value, bool):
+            return {key: not value}
+    for key in fields:
+        value = getattr(instance, key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return {key: value + 1}
+    raise AssertionError(f"no plain key to change in {model}")
+
+
+async def test_a_reload_names_every_top_level_section_of_the_configuration_reference(tmp_path):
+    """Each top-level section of docs/reference/config.md, changed alone, is either
+    applied (the summary says what) or reported as needing a restart by name."""
+    from agentik.bot.app import Bot
+    from agentik.bot.config import Config, parse_config
+
+    reference = (Path(__file__).parents[1] / "docs/reference/config.md").read_text()
+    documented = {
+        re.split(r"[.\]]", m)[0] for m in re.findall(r"^## `\[\[?([a-z_.<>]+)", reference, re.M)
+    }
+    sections = {n for n, f in Config.model_fields.items() if not f.exclude}
+    assert documented == sections
+
+    path = tmp_path / "bot.toml"
+    base: dict[str, Any] = {
+        "llm": {"backend": "scripted"},
+        "storage": {"path": str(tmp_path / "bot.db")},
+        "memory": {"backend": "none"},
+        "compaction": {"enabled": False},
+        "transports": {"mem": {"type": "memory", "answer": "all"}},
+    }
+    changes: dict[str, tuple[Any, str]] = {
+        "agent": ({"system_prompt": "Another prompt."}, "system prompt"),
+        "llm": ({"backend": "scripted", "model": "other"}, "restart needed for [llm]"),
+        "storage": ({"path": str(tmp_path / "other.db")}, "restart needed for [storage]"),
+        "tools": ({"allowed_tools": ["nothing"]}, "tool policy"),
+        "memory": (None, "restart needed for [memory]"),
+        "compaction": ({"enabled": True}, "restart needed for [compaction]"),
+        "transports": ({"mem": {"type": "memory", "answer": "addressed"}},
+                       "transports with new options: mem"),
+        "channels": ({"memory:mem:*": {"answer": "all"}}, "channel settings"),
+        "mcp": ({"servers": [{"name": "calc", "command": sys.executable,
+                              "args": [MCP_SERVER]}]}, "MCP servers added: calc"),
+        "approvals": ([{"tools": ["x__*"], "approvers": "admin"}], "approvals"),
+        "plugins": ({"load": []}, "restart needed for [plugins]"),
+        "logging": ({"level": "info"}, "restart needed for [logging]"),
+        "agents": ({"helper": {"description": "Helps.", "system_prompt": "Help."}},
+                   "restart needed for [agents]"),
+        "budgets": ({"user": {"messages_per_minute": 5}}, "budgets"),
+        "access": ({"ignored": ["mem:mallory"]}, "access rules"),
+        "health": ({"ready_grace": 5}, "restart needed for [health]"),
+        "supervision": ({"max_restarts": 2}, "restart needed for [supervision]"),
+        "profiles": ({"mine": {"extends": "chat"}}, "restart needed for [profiles]"),
+        "passthrough": ([{"name": "p_echo", "tool": "calc__echo"}],
+                        "restart needed for [passthrough]"),
+        "runs": (None, "restart needed for [runs]"),
+        "retention": (None, "restart needed for [retention]"),
+        "redaction": (None, "restart needed for [redaction]"),
+    }  # fmt: skip
+    assert set(changes) == sections, "a new section needs a line here"
+    async with Bot(parse_config(base, source=str(path), env={})) as bot:
+        for section, (value, expected) in changes.items():
+            if value is None:
+                value = _flipped(type(getattr(bot.config, section)))
+            current = {**base, section: value} if section not in base else {
+                **base, section: {**base[section], **value} if isinstance(value, dict)
+                else value,
+            }  # fmt: skip
+            summary = await bot.reload(parse_config(current, source=str(path), env={}))
+            assert expected in summary, (section, summary)
+            assert "nothing changed" not in summary
+            # And back, so that each section is changed alone.
+            await bot.reload(parse_config(base, source=str(path), env={}))
