@@ -169,6 +169,7 @@ class Bot:
         self._watchers: list[asyncio.Task[None]] = []
         self._notified_ready = False
         self._unsubscribe: Callable[[], None] | None = None
+        self._stopping = False
         # Transports that have been ready at least once (the ready line says "again" after).
         self._ready_once: set[str] = set()
         # Transports whose start failed when the bot started: their supervisor's first failure.
@@ -256,8 +257,9 @@ class Bot:
         from starlette.responses import JSONResponse
 
         detail = self._detail(request)
-        ready = detail["ready"] and self.agent.state.value == "running"
-        body = {"status": "ready" if ready else "not ready", **detail, "ready": ready}
+        ready = detail["ready"] and self.agent.state.value == "running" and not self._stopping
+        status = "stopping" if self._stopping else "ready" if ready else "not ready"
+        body = {"status": status, **detail, "ready": ready}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     def _detail(self, request: Any) -> dict[str, Any]:
@@ -585,6 +587,7 @@ class Bot:
                     {*pending, stopper, reloader, changed}, return_when=asyncio.FIRST_COMPLETED
                 )
                 if stopper in done:
+                    await self.shutdown()
                     return
                 if reloader in done:
                     hup.clear()
@@ -622,12 +625,71 @@ class Bot:
                 f"every transport has stopped, {len(failures)} on an error: " + "; ".join(failures)
             )
 
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop has begun (``/ready`` answers 503 from then on)."""
+        return self._stopping
+
+    async def shutdown(self) -> None:
+        """The orderly stop of SIGTERM/SIGINT, within ``[supervision] stop_timeout``.
+
+        At once: ``/ready`` answers 503 and ``STOPPING=1`` goes to systemd.  Then
+        every transport says goodbye (an IRC QUIT, the Slack socket closed, the
+        HTTP API closed): no new message reaches the bot, so no new turn starts.
+        Running (and queued) turns get ``drain_timeout`` seconds to finish; what
+        still runs then is cut (interrupted: the partial answer is kept and, like
+        every answer written after the goodbye, delivered from the outbox on the
+        next start; a message whose turn never ran is resumed then).  Reflection
+        (``[memory] reflect_on_shutdown``) gets what is left of ``stop_timeout``
+        less a few seconds for closing the store; :meth:`aclose` follows.
+        """
+        if self._stopping:
+            return
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        policy = self.config.supervision
+        deadline = loop.time() + policy.stop_timeout
+        sd_notify("STOPPING=1")
+        status_log.info(
+            "stopping: goodbye on %d transport(s), turns get %g s, everything %g s",
+            len(self._started), min(policy.drain_timeout, policy.stop_timeout),
+            policy.stop_timeout,
+        )  # fmt: skip
+        # All at once: an IRC QUIT waiting for the server keeps no API open meanwhile.
+        await asyncio.gather(*(self.stop_transport(t) for t in list(reversed(self._started))))
+        drain_end = min(loop.time() + policy.drain_timeout, deadline)
+        busy = [c for c in self.agent.services.conversations() if c.busy]
+        if busy:
+            waiting = [asyncio.ensure_future(c.wait_idle()) for c in busy]
+            await asyncio.wait(waiting, timeout=max(0.0, drain_end - loop.time()))
+            for waiter in waiting:
+                waiter.cancel()
+            cut = [c for c in busy if c.busy]
+            if cut:
+                log.warning(
+                    "stopping: %d turn(s) still running after %g s are cut short",
+                    len(cut), policy.drain_timeout,
+                )  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.1, deadline - loop.time() - _CLOSING)):
+                        await asyncio.gather(*(c.interrupt() for c in cut), return_exceptions=True)
+        left = deadline - loop.time() - _CLOSING
+        if left <= 0:
+            log.warning("stopping: no time left to reflect on conversations")
+            return
+        try:
+            async with asyncio.timeout(left):
+                await self.agent.wind_down()
+        except TimeoutError:
+            log.warning("stopping: reflection cut short after %.0f s; left for later", left)
+
     async def aclose(self) -> None:
         """Stop transports, renderers and the agent; nothing is left running."""
-        sd_notify("STOPPING=1")
-        # Reflect on what has not been yet (bounded by [memory] reflect_on_shutdown),
-        # while the transports can still announce it.
-        await self.agent.wind_down()
+        if not self._stopping:
+            sd_notify("STOPPING=1")
+            # Reflect on what has not been yet (bounded by [memory] reflect_on_shutdown),
+            # while the transports can still announce it.
+            await self.agent.wind_down()
         if self._hup_installed:
             self._hup_installed = False
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -670,6 +732,10 @@ class Bot:
             log, logging.INFO, "startup", "%d tools: %s", len(tools),
             ", ".join(sorted(t.name for t in tools)) or "none", tools=len(tools),
         )  # fmt: skip
+
+
+#: Seconds of ``stop_timeout`` kept for closing the store and the rest after reflection.
+_CLOSING = 3.0
 
 
 def _describe(transport: Transport) -> str:

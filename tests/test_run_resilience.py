@@ -283,6 +283,12 @@ async def test_a_socket_mode_token_revoked_while_running_is_reported_failed(
             ])  # fmt: skip
             async with Run(config, health) as run:
                 await run.until(lambda: _ready(run), "both transports to be up")
+                # At the default log level, one line per transport says it is ready.
+                await run.until(lambda: run.logged(r"agentik\.status: irc local ready"), "IRC")
+                irc_line = run.logged(r"agentik\.status: irc local ready")
+                assert f"127.0.0.1:{miniircd.port} as agentik, channels #ops" in irc_line[0]
+                slack_line = run.logged(r"agentik\.status: slack work ready")
+                assert len(slack_line) == 1 and "connected to team" in slack_line[0]
                 slack.app_token = "xapp-rotated"  # the bot's token is revoked
                 await slack.drop_socket(abort=False)
                 state = await run.until(
@@ -499,3 +505,76 @@ async def test_a_reload_names_every_top_level_section_of_the_configuration_refer
             assert "nothing changed" not in summary
             # And back, so that each section is changed alone.
             await bot.reload(parse_config(base, source=str(path), env={}))
+
+
+# -- item 4: SIGTERM with a slow model ----------------------------------------------------------
+
+
+async def test_sigterm_with_a_slow_model_stops_taking_turns_says_goodbye_and_exits_in_time(
+    miniircd, openai_server, tmp_path
+):
+    """The model answers once, then never finishes (an answer, reflections): on
+    SIGTERM /ready turns 503, the web API takes no new message, IRC gets a QUIT, the
+    running turn is cut, and the process exits well before systemd's TimeoutStopSec."""
+    from agentik.core.testing.openai_server import Reply as HttpReply
+
+    openai_server.default = lambda body: HttpReply.endless("la ", delay=0.2)
+    health, web_port = free_port(), free_port()
+    config = bot_toml(
+        tmp_path, openai_server.base_url, health,
+        tables=[irc_table(miniircd.port), web_table("web", web_port)],
+        extra="stop_timeout = 8\ndrain_timeout = 2\n",
+    )  # fmt: skip
+    alice = await IRCTestClient.connect(miniircd.port, "alice")
+    await alice.join("#ops")
+    base = f"http://127.0.0.1:{web_port}/agentik"
+    ops = {"Authorization": f"Bearer {OPS}"}
+    try:
+        async with (
+            Run(config, health, {"OPS_TOKEN": OPS, "BOSS_TOKEN": BOSS}) as run,
+            httpx.AsyncClient(base_url=base, headers=ops) as web,
+        ):
+            await run.until(lambda: _ready(run), "the bot to be ready")
+            conv = (await web.post("/conversations", json={})).json()["id"]
+            # One finished turn (something to reflect on at the stop), then an endless one.
+            openai_server.enqueue(HttpReply.text("hello alice"))
+            first = alice.mark()
+            alice.privmsg("#ops", "agentik: hello")
+            await alice.wait_for(
+                lambda m: from_bot(m) and "hello alice" in m.text, since=first, timeout=WAIT
+            )
+            alice.privmsg("#ops", "agentik: tell me a long story")
+            await run.until(
+                lambda: any("long story" in str(r["messages"]) for r in openai_server.requests),
+                "the turn to reach the model",
+            )
+            mark = alice.mark()
+            assert run.proc is not None
+            sent = time.monotonic()
+            run.proc.send_signal(signal.SIGTERM)
+
+            async def not_ready() -> dict[str, Any] | None:
+                status, body = await run.ready()
+                return body if status == 503 else None
+
+            body = await run.until(not_ready, "/ready to answer 503")
+            assert body["status"] == "stopping"
+            try:
+                late = await web.post(f"/conversations/{conv}/messages",
+                                      json={"content": "one more thing"})  # fmt: skip
+            except httpx.TransportError:
+                pass  # the API is already closed: refused too
+            else:
+                assert late.status_code == 503, late.text
+            await alice.wait_for(
+                lambda m: m.command == "QUIT" and m.nick == "agentik", since=mark, timeout=WAIT
+            )
+            assert await run.exit_code() == 0, run.log
+            took = time.monotonic() - sent
+            # systemd's TimeoutStopSec in contrib/agentik.service is 30 s.
+            assert took < 30, f"took {took:.0f} s to stop:\n{run.log}"
+            assert not any("one more thing" in str(r["messages"]) for r in openai_server.requests)
+            assert len(run.logged("cut short")) >= 1
+            assert "Traceback" not in run.log
+    finally:
+        await alice.close()
