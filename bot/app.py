@@ -400,7 +400,10 @@ class Bot:
         """Serve transport ``name``; restart it with backoff when its task fails.
 
         A :class:`TransportFailed` (a refused login, a configuration the server
-        rejects) is permanent: no restart.  Any other exception is retried after
+        rejects) is permanent: no restart.  A start that fails for want of a
+        connection (an ``OSError``: the server unreachable) is retried for as
+        long as it takes, with the same backoff, like a lost connection.  Any
+        other exception is retried after
         ``backoff_initial`` seconds, doubling up to ``backoff_max``; the
         ``max_restarts + 1``-th failure within ``window`` seconds marks it
         ``failed`` for good.  Either way the other transports keep running.
@@ -410,15 +413,21 @@ class Bot:
         policy = self.config.supervision
         failures: deque[float] = deque()
         restarting = False
+        unreachable = 0  # failed starts in a row for want of a connection
         while True:
             transport = self.transports[name]
             self._serving[name] = transport
+            starting = False
             try:
                 first = self._start_errors.pop(name, None)
                 if first is not None:
+                    starting = True
                     raise first
                 if restarting:
+                    starting = True
                     await self.start_transport(transport)
+                    starting = False
+                    unreachable = 0
                 await transport.serve()
                 if self.transports.get(name) is not transport:
                     return  # a reload stopped it
@@ -444,6 +453,23 @@ class Bot:
                     logging.WARNING if expected else logging.ERROR,
                     "transport %s failed: %s", name, why, exc_info=None if expected else exc,
                 )  # fmt: skip
+            if expected and starting:
+                # It could not connect (the server unreachable): like a lost
+                # connection, retried for as long as it takes, with backoff.
+                unreachable += 1
+                delay = policy.backoff(unreachable)
+                transport.set_health("reconnecting", f"retrying in {delay:g} s after: {why}")
+                await self._stop(transport)
+                await asyncio.sleep(delay)
+                if self.transports.get(name) is not transport:
+                    return
+                fresh = self._fresh(name, transport)
+                fresh.set_health("reconnecting", f"retrying after: {why}")
+                self.transports[name] = fresh
+                self._attach(fresh)
+                self.bridge.rebind(name, fresh)
+                restarting = True
+                continue
             now = time.monotonic()
             failures.append(now)
             while failures and now - failures[0] > policy.window:
