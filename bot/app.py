@@ -307,7 +307,10 @@ class Bot:
             await self.bridge.access.load(self.agent.store)
             # All at once: one that is slow to connect (or cannot) holds up no other;
             # one that cannot start is retried by its supervisor (see _first_start).
-            await asyncio.gather(*(self._first_start(t) for t in list(self.transports.values())))
+            starts = [self._first_start(t) for t in list(self.transports.values())]
+            for outcome in await asyncio.gather(*starts, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome  # a configuration error, once every start has ended
             # What a killed process left in the outbox goes out first, once;
             # then messages a crash left unanswered get their turns (these run
             # in the background, rendered after the redelivered pieces).
