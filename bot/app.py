@@ -665,6 +665,8 @@ class Bot:
         At once: ``/ready`` answers 503 and ``STOPPING=1`` goes to systemd.  Then
         every transport says goodbye (an IRC QUIT, the Slack socket closed, the
         HTTP API closed): no new message reaches the bot, so no new turn starts.
+        (The HTTP API stays open to the followers of its event streams, refusing
+        new messages with 503, until :meth:`aclose`.)
         Running (and queued) turns get ``drain_timeout`` seconds to finish; what
         still runs then is cut (interrupted: the partial answer is kept and, like
         every answer written after the goodbye, delivered from the outbox on the
@@ -685,7 +687,17 @@ class Bot:
             policy.stop_timeout,
         )  # fmt: skip
         # All at once: an IRC QUIT waiting for the server keeps no API open meanwhile.
-        await asyncio.gather(*(self.stop_transport(t) for t in list(reversed(self._started))))
+        # A transport that can refuse new work while it stays open (the HTTP API:
+        # 503 to new messages and streams) does so, and closes in aclose(): clients
+        # following events see the conversations end with the shutdown.
+        goodbye: list[Transport] = []
+        for transport in list(reversed(self._started)):
+            refuse = getattr(transport, "stop_accepting", None)
+            if callable(refuse):
+                refuse()
+            else:
+                goodbye.append(transport)
+        await asyncio.gather(*(self.stop_transport(t) for t in goodbye))
         drain_end = min(loop.time() + policy.drain_timeout, deadline)
         busy = [c for c in self.agent.services.conversations() if c.busy]
         if busy:

@@ -208,6 +208,13 @@ class HttpTransport(Transport):
     async def serve(self) -> None:
         await self.closed.wait()
 
+    def stop_accepting(self) -> None:
+        """The bot is stopping: new messages and event streams get 503 (and
+        ``/ready`` too) at once; the streams open now go on until :meth:`aclose`,
+        so their followers see the conversations end with the shutdown."""
+        if self._ctx is not None:
+            self._ctx.closing = True
+
     async def aclose(self) -> None:
         ctx, server, serving = self._ctx, self._server, self._serving
         if ctx is not None:
