@@ -757,12 +757,13 @@ class Bot:
             self._unsubscribe = None
 
     def _log_model(self) -> None:
-        """One start-up line per model: backend, model and endpoint (never a secret)."""
+        """One start-up line per model: backend, model and endpoint (never a secret),
+        shown at the default log level (what the bot talks to is half of what it does)."""
         models = {"": self.agent.llm, **self.agent.profiles}
         for profile, llm in models.items():
             url = _public_url(getattr(llm, "base_url", None))
             log_event(
-                log, logging.INFO, "startup", "model%s: %s %s%s",
+                status_log, logging.INFO, "startup", "model%s: %s %s%s",
                 f" profile {profile}" if profile else "", llm.name or type(llm).__name__,
                 llm.model or "(default model)", f" at {url}" if url else "",
                 backend=llm.name or type(llm).__name__, model=llm.model or None, url=url,
