@@ -170,6 +170,10 @@ class Bot:
         self._notified_ready = False
         self._unsubscribe: Callable[[], None] | None = None
         self._stopping = False
+        #: Set to make :meth:`serve` stop (its SIGTERM handler does; ``agentik run``
+        #: installs one before the transports start, so a stop asked for while they
+        #: connect is carried out in order once they are, or cut short, as it must).
+        self.stop_requested = asyncio.Event()
         # Transports that have been ready at least once (the ready line says "again" after).
         self._ready_once: set[str] = set()
         # Transports whose start failed when the bot started: their supervisor's first failure.
@@ -307,8 +311,28 @@ class Bot:
             await self.bridge.access.load(self.agent.store)
             # All at once: one that is slow to connect (or cannot) holds up no other;
             # one that cannot start is retried by its supervisor (see _first_start).
-            starts = [self._first_start(t) for t in list(self.transports.values())]
-            for outcome in await asyncio.gather(*starts, return_exceptions=True):
+            starts = asyncio.ensure_future(
+                asyncio.gather(
+                    *(self._first_start(t) for t in list(self.transports.values())),
+                    return_exceptions=True,
+                )
+            )
+            # A stop asked for meanwhile (SIGTERM while a server takes its time to
+            # answer) cuts the starts short: serve() then stops at once, in order.
+            stopper = asyncio.ensure_future(self.stop_requested.wait())
+            try:
+                await asyncio.wait({starts, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopper.cancel()
+                if not starts.done():
+                    starts.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await starts
+            try:
+                outcomes = starts.result()
+            except asyncio.CancelledError:  # cut short by the stop above
+                outcomes = []
+            for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     raise outcome  # a configuration error, once every start has ended
             # What a killed process left in the outbox goes out first, once;
@@ -571,7 +595,7 @@ class Bot:
         """
         if not self.transports:
             raise ConfigError(f"{self.config.source}: transports: no transport is enabled")
-        stop = asyncio.Event()
+        stop = self.stop_requested
         loop = asyncio.get_running_loop()
         installed: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -580,3 +580,46 @@ async def test_sigterm_with_a_slow_model_stops_taking_turns_says_goodbye_and_exi
             assert "Traceback" not in run.log
     finally:
         await alice.close()
+
+
+async def test_sigterm_while_slack_takes_its_time_to_answer_still_says_goodbye_on_irc(
+    miniircd, openai_server, tmp_path
+):
+    """Slack accepts the connection and never answers (its start hangs): IRC, after
+    it in the file, starts anyway; SIGTERM then stops the bot in order (IRC QUIT,
+    exit 0) instead of killing it mid-start."""
+    hold = asyncio.Event()
+    accepted = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set()
+        await hold.wait()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    health = free_port()
+    config = bot_toml(tmp_path, openai_server.base_url, health, tables=[
+        slack_table(f"http://127.0.0.1:{port}/api/", bot_token="xoxb-test", app_token="xapp-x"),
+        irc_table(miniircd.port),
+    ])  # fmt: skip
+    alice = await IRCTestClient.connect(miniircd.port, "alice")
+    await alice.join("#ops")
+    try:
+        async with Run(config, health) as run:
+            mark = alice.mark()
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and m.nick == "agentik", since=mark, timeout=WAIT
+            )
+            await asyncio.wait_for(accepted.wait(), WAIT)
+            assert run.proc is not None
+            run.proc.send_signal(signal.SIGTERM)
+            await alice.wait_for(
+                lambda m: m.command == "QUIT" and m.nick == "agentik", since=mark, timeout=WAIT
+            )
+            assert await run.exit_code() == 0, run.log
+            assert "Traceback" not in run.log
+    finally:
+        hold.set()
+        server.close()
+        await alice.close()
