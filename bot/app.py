@@ -24,12 +24,14 @@ from .bridge import Bridge, options_from
 from .builder import AgentBuilder
 from .config import Config, TransportSection
 from .health import HealthServer, load_token, sd_notify
-from .logs import log_event
+from .logs import STATUS_LOGGER, log_event
 from .metrics import Metrics
 
 __all__ = ["Bot", "load_registry"]
 
 log = logging.getLogger(__name__)
+#: Lines shown at the default log level (see :data:`agentik.bot.logs.STATUS_LOGGER`).
+status_log = logging.getLogger(STATUS_LOGGER)
 
 
 def load_registry(config: Config, extra: tuple[object, ...] = ()) -> Registry:
@@ -167,6 +169,15 @@ class Bot:
         self._watchers: list[asyncio.Task[None]] = []
         self._notified_ready = False
         self._unsubscribe: Callable[[], None] | None = None
+        self._stopping = False
+        #: Set to make :meth:`serve` stop (its SIGTERM handler does; ``agentik run``
+        #: installs one before the transports start, so a stop asked for while they
+        #: connect is carried out in order once they are, or cut short, as it must).
+        self.stop_requested = asyncio.Event()
+        # Transports that have been ready at least once (the ready line says "again" after).
+        self._ready_once: set[str] = set()
+        # Transports whose start failed when the bot started: their supervisor's first failure.
+        self._start_errors: dict[str, BaseException] = {}
 
     def _attach(self, transport: Transport, options: Any = None) -> None:
         """Attach ``transport`` to the bridge and follow its health."""
@@ -181,10 +192,29 @@ class Bot:
         )  # fmt: skip
         self.metrics.transport_state(transport.name, transport.health.state)
 
+    def report_health(self, transport: Transport) -> None:
+        """Report ``transport``'s current state (one just put in :attr:`transports`)."""
+        self._on_transport_health(transport, transport.health)
+
     def _on_transport_health(self, transport: Transport, health: Health) -> None:
         if self.transports.get(transport.name) is transport:
+            before = self.health.components().get(f"transport:{transport.name}")
             self.health.report(f"transport:{transport.name}", health.state, health.reason)
             self.metrics.transport_state(transport.name, health.state)
+            if health.state == "connected" and (before is None or before.state != "connected"):
+                self._say_ready(transport)
+
+    def _say_ready(self, transport: Transport) -> None:
+        """One line at the default log level when a transport is up (again)."""
+        name = transport.name
+        again = name in self._ready_once
+        self._ready_once.add(name)
+        detail = _describe(transport)
+        log_event(
+            status_log, logging.INFO, "transport_ready", "%s %s %s%s",
+            transport.type, name, "connected again" if again else "ready",
+            f": {detail}" if detail else "", transport=name, type=transport.type,
+        )  # fmt: skip
 
     def _on_health_change(self, component: str, health: Health) -> None:
         """sd_notify: ``READY=1`` the first time every transport is ready; ``STATUS=`` always."""
@@ -231,8 +261,9 @@ class Bot:
         from starlette.responses import JSONResponse
 
         detail = self._detail(request)
-        ready = detail["ready"] and self.agent.state.value == "running"
-        body = {"status": "ready" if ready else "not ready", **detail, "ready": ready}
+        ready = detail["ready"] and self.agent.state.value == "running" and not self._stopping
+        status = "stopping" if self._stopping else "ready" if ready else "not ready"
+        body = {"status": status, **detail, "ready": ready}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     def _detail(self, request: Any) -> dict[str, Any]:
@@ -278,8 +309,32 @@ class Bot:
             await self._start_listener()
             # Roles given in chat by earlier runs apply from the first message.
             await self.bridge.access.load(self.agent.store)
-            for transport in self.transports.values():
-                await self.start_transport(transport)
+            # All at once: one that is slow to connect (or cannot) holds up no other;
+            # one that cannot start is retried by its supervisor (see _first_start).
+            starts = asyncio.ensure_future(
+                asyncio.gather(
+                    *(self._first_start(t) for t in list(self.transports.values())),
+                    return_exceptions=True,
+                )
+            )
+            # A stop asked for meanwhile (SIGTERM while a server takes its time to
+            # answer) cuts the starts short: serve() then stops at once, in order.
+            stopper = asyncio.ensure_future(self.stop_requested.wait())
+            try:
+                await asyncio.wait({starts, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopper.cancel()
+                if not starts.done():
+                    starts.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await starts
+            try:
+                outcomes = starts.result()
+            except asyncio.CancelledError:  # cut short by the stop above
+                outcomes = []
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome  # a configuration error, once every start has ended
             # What a killed process left in the outbox goes out first, once;
             # then messages a crash left unanswered get their turns (these run
             # in the background, rendered after the redelivered pieces).
@@ -293,11 +348,40 @@ class Bot:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _first_start(self, transport: Transport) -> None:
+        """Start ``transport`` when the bot starts; a failure stops no other transport.
+
+        A :class:`~agentik.core.ConfigError` (an empty token, a port in use) is the
+        configuration's fault: the bot does not start (``agentik run`` exits 2).  A
+        :class:`TransportFailed` (a token the server rejects) marks the transport
+        ``failed`` with its one-line reason; anything else (the server unreachable)
+        marks it ``reconnecting`` and its supervisor retries with ``[supervision]``
+        backoff.  Either way the other transports start and run.
+        """
+        try:
+            await self.start_transport(transport)
+        except ConfigError:
+            raise
+        except TransportFailed as exc:
+            self._start_errors[transport.name] = exc
+            transport.set_health("failed", str(exc) or "failed")
+        except Exception as exc:
+            self._start_errors[transport.name] = exc
+            transport.set_health("reconnecting", f"could not start: {_why(exc)}")
+
     async def start_transport(self, transport: Transport, options: Any = None) -> None:
-        """Start ``transport`` (attached to the bridge first when ``options`` are given)."""
+        """Start ``transport`` (attached to the bridge first when ``options`` are given).
+
+        A transport whose start fails is closed again (no task of it is left behind).
+        """
         if options is not None:
             self._attach(transport, options)
-        await transport.start(self.bridge)
+        try:
+            await transport.start(self.bridge)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await transport.aclose()
+            raise
         self._started.append(transport)
         if not transport.reports_health and transport.health.state == "starting":
             transport.set_health("connected")
@@ -343,7 +427,10 @@ class Bot:
         """Serve transport ``name``; restart it with backoff when its task fails.
 
         A :class:`TransportFailed` (a refused login, a configuration the server
-        rejects) is permanent: no restart.  Any other exception is retried after
+        rejects) is permanent: no restart.  A start that fails for want of a
+        connection (an ``OSError``: the server unreachable) is retried for as
+        long as it takes, with the same backoff, like a lost connection.  Any
+        other exception is retried after
         ``backoff_initial`` seconds, doubling up to ``backoff_max``; the
         ``max_restarts + 1``-th failure within ``window`` seconds marks it
         ``failed`` for good.  Either way the other transports keep running.
@@ -353,12 +440,21 @@ class Bot:
         policy = self.config.supervision
         failures: deque[float] = deque()
         restarting = False
+        unreachable = 0  # failed starts in a row for want of a connection
         while True:
             transport = self.transports[name]
             self._serving[name] = transport
+            starting = False
             try:
+                first = self._start_errors.pop(name, None)
+                if first is not None:
+                    starting = True
+                    raise first
                 if restarting:
+                    starting = True
                     await self.start_transport(transport)
+                    starting = False
+                    unreachable = 0
                 await transport.serve()
                 if self.transports.get(name) is not transport:
                     return  # a reload stopped it
@@ -377,8 +473,30 @@ class Bot:
             except Exception as exc:
                 if self.transports.get(name) is not transport:
                     return
-                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                log.error("transport %s failed: %s", name, why, exc_info=exc)
+                why = _why(exc)
+                # A connection that failed is one line; anything else is a bug worth a trace.
+                expected = isinstance(exc, OSError | TimeoutError)
+                log.log(
+                    logging.WARNING if expected else logging.ERROR,
+                    "transport %s failed: %s", name, why, exc_info=None if expected else exc,
+                )  # fmt: skip
+            if expected and starting:
+                # It could not connect (the server unreachable): like a lost
+                # connection, retried for as long as it takes, with backoff.
+                unreachable += 1
+                delay = policy.backoff(unreachable)
+                transport.set_health("reconnecting", f"retrying in {delay:g} s after: {why}")
+                await self._stop(transport)
+                await asyncio.sleep(delay)
+                if self.transports.get(name) is not transport:
+                    return
+                fresh = self._fresh(name, transport)
+                fresh.set_health("reconnecting", f"retrying after: {why}")
+                self.transports[name] = fresh
+                self._attach(fresh)
+                self.bridge.rebind(name, fresh)
+                restarting = True
+                continue
             now = time.monotonic()
             failures.append(now)
             while failures and now - failures[0] > policy.window:
@@ -463,7 +581,7 @@ class Bot:
                 exc_info=exc,
             )
             return False
-        log.info("%s", summary)
+        status_log.info("%s", summary)
         return True
 
     async def serve(self) -> None:
@@ -477,7 +595,7 @@ class Bot:
         """
         if not self.transports:
             raise ConfigError(f"{self.config.source}: transports: no transport is enabled")
-        stop = asyncio.Event()
+        stop = self.stop_requested
         loop = asyncio.get_running_loop()
         installed: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -522,6 +640,7 @@ class Bot:
                     {*pending, stopper, reloader, changed}, return_when=asyncio.FIRST_COMPLETED
                 )
                 if stopper in done:
+                    await self.shutdown()
                     return
                 if reloader in done:
                     hup.clear()
@@ -559,12 +678,83 @@ class Bot:
                 f"every transport has stopped, {len(failures)} on an error: " + "; ".join(failures)
             )
 
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop has begun (``/ready`` answers 503 from then on)."""
+        return self._stopping
+
+    async def shutdown(self) -> None:
+        """The orderly stop of SIGTERM/SIGINT, within ``[supervision] stop_timeout``.
+
+        At once: ``/ready`` answers 503 and ``STOPPING=1`` goes to systemd.  Then
+        every transport says goodbye (an IRC QUIT, the Slack socket closed, the
+        HTTP API closed): no new message reaches the bot, so no new turn starts.
+        (The HTTP API stays open to the followers of its event streams, refusing
+        new messages with 503, until :meth:`aclose`.)
+        Running (and queued) turns get ``drain_timeout`` seconds to finish; what
+        still runs then is cut (interrupted: the partial answer is kept and, like
+        every answer written after the goodbye, delivered from the outbox on the
+        next start; a message whose turn never ran is resumed then).  Reflection
+        (``[memory] reflect_on_shutdown``) gets what is left of ``stop_timeout``
+        less a few seconds for closing the store; :meth:`aclose` follows.
+        """
+        if self._stopping:
+            return
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        policy = self.config.supervision
+        deadline = loop.time() + policy.stop_timeout
+        sd_notify("STOPPING=1")
+        status_log.info(
+            "stopping: goodbye on %d transport(s), turns get %g s, everything %g s",
+            len(self._started), min(policy.drain_timeout, policy.stop_timeout),
+            policy.stop_timeout,
+        )  # fmt: skip
+        # All at once: an IRC QUIT waiting for the server keeps no API open meanwhile.
+        # A transport that can refuse new work while it stays open (the HTTP API:
+        # 503 to new messages and streams) does so, and closes in aclose(): clients
+        # following events see the conversations end with the shutdown.
+        goodbye: list[Transport] = []
+        for transport in list(reversed(self._started)):
+            refuse = getattr(transport, "stop_accepting", None)
+            if callable(refuse):
+                refuse()
+            else:
+                goodbye.append(transport)
+        await asyncio.gather(*(self.stop_transport(t) for t in goodbye))
+        drain_end = min(loop.time() + policy.drain_timeout, deadline)
+        busy = [c for c in self.agent.services.conversations() if c.busy]
+        if busy:
+            waiting = [asyncio.ensure_future(c.wait_idle()) for c in busy]
+            await asyncio.wait(waiting, timeout=max(0.0, drain_end - loop.time()))
+            for waiter in waiting:
+                waiter.cancel()
+            cut = [c for c in busy if c.busy]
+            if cut:
+                log.warning(
+                    "stopping: %d turn(s) still running after %g s are cut short",
+                    len(cut), policy.drain_timeout,
+                )  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.1, deadline - loop.time() - _CLOSING)):
+                        await asyncio.gather(*(c.interrupt() for c in cut), return_exceptions=True)
+        left = deadline - loop.time() - _CLOSING
+        if left <= 0:
+            log.warning("stopping: no time left to reflect on conversations")
+            return
+        try:
+            async with asyncio.timeout(left):
+                await self.agent.wind_down()
+        except TimeoutError:
+            log.warning("stopping: reflection cut short after %.0f s; left for later", left)
+
     async def aclose(self) -> None:
         """Stop transports, renderers and the agent; nothing is left running."""
-        sd_notify("STOPPING=1")
-        # Reflect on what has not been yet (bounded by [memory] reflect_on_shutdown),
-        # while the transports can still announce it.
-        await self.agent.wind_down()
+        if not self._stopping:
+            sd_notify("STOPPING=1")
+            # Reflect on what has not been yet (bounded by [memory] reflect_on_shutdown),
+            # while the transports can still announce it.
+            await self.agent.wind_down()
         if self._hup_installed:
             self._hup_installed = False
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -591,12 +781,13 @@ class Bot:
             self._unsubscribe = None
 
     def _log_model(self) -> None:
-        """One start-up line per model: backend, model and endpoint (never a secret)."""
+        """One start-up line per model: backend, model and endpoint (never a secret),
+        shown at the default log level (what the bot talks to is half of what it does)."""
         models = {"": self.agent.llm, **self.agent.profiles}
         for profile, llm in models.items():
             url = _public_url(getattr(llm, "base_url", None))
             log_event(
-                log, logging.INFO, "startup", "model%s: %s %s%s",
+                status_log, logging.INFO, "startup", "model%s: %s %s%s",
                 f" profile {profile}" if profile else "", llm.name or type(llm).__name__,
                 llm.model or "(default model)", f" at {url}" if url else "",
                 backend=llm.name or type(llm).__name__, model=llm.model or None, url=url,
@@ -607,6 +798,35 @@ class Bot:
             log, logging.INFO, "startup", "%d tools: %s", len(tools),
             ", ".join(sorted(t.name for t in tools)) or "none", tools=len(tools),
         )  # fmt: skip
+
+
+#: Seconds of ``stop_timeout`` kept for closing the store and the rest after reflection.
+_CLOSING = 3.0
+
+
+def _describe(transport: Transport) -> str:
+    """Where ``transport`` is: its listening URL, its server, its channels (no secret)."""
+    url = getattr(transport, "url", None)
+    if isinstance(url, str) and url:
+        return f"listening on {url}"
+    where = getattr(transport, "where", None)  # Slack: team and bot user
+    if isinstance(where, str) and where:
+        return f"connected to {where}"
+    if transport.type == "irc":
+        nick = getattr(transport, "nick", None) or ""
+        server = getattr(transport, "_where", "")
+        options = getattr(transport, "options", None)
+        channels = [c.partition(" ")[0] for c in getattr(options, "channels", ())]
+        return f"{server} as {nick}, channels {', '.join(channels) or 'none'}"
+    return ""
+
+
+def _why(exc: BaseException) -> str:
+    """One line saying what went wrong: the message (with the type when it is terse)."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, AgentikError | ConnectionError) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _public_url(url: object) -> str | None:

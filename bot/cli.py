@@ -353,6 +353,9 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
 
 
 async def _run(config: Config, *, only: list[str] | None) -> int:
+    import contextlib
+    import signal
+
     from .app import Bot
 
     if only is not None and not any(
@@ -363,7 +366,12 @@ async def _run(config: Config, *, only: list[str] | None) -> int:
         transports = dict(config.transports)
         transports["terminal"] = TransportSection(type="stdio")
         config = config.model_copy(update={"transports": transports})
-    async with Bot(config, only=only) as bot:
+    bot = Bot(config, only=only)
+    # SIGTERM while the transports connect is a stop in order (serve() installs its
+    # own handler for the same event), not the default "die at once, no IRC QUIT".
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, bot.stop_requested.set)
+    async with bot:
         await bot.serve()
     return 0
 

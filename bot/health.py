@@ -80,7 +80,7 @@ class HealthSettings(BaseModel):
 
 
 class SupervisionSettings(BaseModel):
-    """``[supervision]``: restarting a transport whose task failed."""
+    """``[supervision]``: restarting a transport whose task failed; stopping in time."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -93,6 +93,12 @@ class SupervisionSettings(BaseModel):
     backoff_initial: float = Field(1.0, gt=0)
     #: ... up to this.
     backoff_max: float = Field(60.0, gt=0)
+    #: Seconds a stop (SIGTERM) may take in all, reflection included: keep it below
+    #: systemd's ``TimeoutStopSec`` (30 in ``contrib/agentik.service``).
+    stop_timeout: float = Field(25.0, gt=0)
+    #: Of those, seconds running turns get to finish before they are cut (their
+    #: partial answers kept, delivered from the outbox after the next start).
+    drain_timeout: float = Field(10.0, ge=0)
 
     def backoff(self, failures: int) -> float:
         """The pause before restart number ``failures`` (1-based)."""

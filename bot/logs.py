@@ -131,6 +131,11 @@ class RedactingFormatter(logging.Formatter):
         return line.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+#: The logger of the lines shown at the default level (``warning``) although they
+#: are INFO: one ready line per transport, reload summaries, the stop.
+STATUS_LOGGER = "agentik.status"
+
+
 def setup_logging(level: str = "warning", fmt: str = "text", secrets: Iterable[str] = ()) -> None:
     """Route all logging to stderr at ``level``, redacting ``secrets``."""
     root = logging.getLogger()
@@ -142,6 +147,12 @@ def setup_logging(level: str = "warning", fmt: str = "text", secrets: Iterable[s
     handler._agentik = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # What the operator should see at the default level (a transport is ready, a
+    # reload was applied, the bot stops) is INFO on its own logger, shown unless
+    # the level asks for errors only.
+    chosen = logging.getLevelName(level.upper())
+    status_level = chosen if isinstance(chosen, int) and chosen > logging.WARNING else logging.INFO
+    logging.getLogger(STATUS_LOGGER).setLevel(status_level)
     # Chatty client libraries stay at WARNING unless we are debugging.
     for noisy in ("httpx", "httpcore", "openai", "aiosqlite", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)

@@ -17,8 +17,14 @@ changes the running bot:
 * MCP servers added, removed or changed are started, stopped or restarted;
   unchanged ones keep their session.
 
-What needs a restart (``[storage]``, ``[memory]``, ``[llm]``, ``[plugins]``, ``[retention]``,
-``[compaction]``, ``[logging]``, the event buffer) is named in a warning.
+Every other top-level section (``[storage]``, ``[memory]``, ``[llm]``,
+``[plugins]``, ``[retention]``, ``[compaction]``, ``[logging]``, ``[agents.*]``,
+``[runs]``, ``[profiles.*]``, ``[[passthrough]]``, ``[health]``,
+``[supervision]``, ``[redaction]``, and the ``[agent]`` keys not listed above)
+needs a restart: a change there is named, by section, in a warning and in the
+summary line ("restart needed for ..."), never silently ignored.  The list is
+computed from the settings model (:data:`APPLIED_SECTIONS` are the ones put in
+force), so a section added later is reported until a reload learns to apply it.
 """
 
 from __future__ import annotations
@@ -45,8 +51,14 @@ __all__ = ["Plan", "prepare"]
 
 log = logging.getLogger("agentik.bot.app")
 
+#: Top-level sections a reload puts in force (``agent``: only :data:`RELOADED_AGENT_KEYS`).
+APPLIED_SECTIONS = frozenset(
+    {"agent", "tools", "approvals", "budgets", "access", "channels", "mcp", "transports"}
+)
 #: Sections a running bot cannot change: a reload names them in a warning.
-RESTART_SECTIONS = ("storage", "memory", "llm", "plugins", "compaction", "logging", "retention")
+RESTART_SECTIONS = tuple(
+    n for n, f in Config.model_fields.items() if not f.exclude and n not in APPLIED_SECTIONS
+)
 #: ``[agent]`` keys a reload puts in force (a change of any other one needs a restart).
 RELOADED_AGENT_KEYS = frozenset(
     {"system_prompt", "soul", "skills", "resume", "resume_max_age", "settings_role"}
@@ -163,6 +175,8 @@ class Plan:
                 bridge.rebind(name, transport)
             bot.transports[name] = transport
             bot.sections[name] = section
+            # What it reported while starting (not yet the bot's then) is its state now.
+            bot.report_health(transport)
         for name, section in self.options.items():
             bridge.attach(bot.transports[name], _options(section, bot.transports[name]))
             bot.sections[name] = section
@@ -184,11 +198,12 @@ class Plan:
 
             add_secrets(new.secrets())
         if self.restart:
+            named = ", ".join(s if "." in s else f"[{s}]" for s in self.restart)
             log.warning(
                 "reload: %s changed but take%s effect only after a restart",
-                ", ".join(s if "." in s else f"[{s}]" for s in self.restart),
-                "s" if len(self.restart) == 1 else "",
-            )
+                named, "s" if len(self.restart) == 1 else "",
+            )  # fmt: skip
+            parts.append(f"restart needed for {named}")
         summary = "; ".join(parts) if parts else "nothing changed"
         return f"configuration reloaded from {new.source}: {summary}"
 

@@ -785,6 +785,7 @@ class Api:
         return Response(status_code=204)
 
     async def post_message(self, request: Request) -> Response:
+        self._refuse_when_closing()  # a stopping bot starts no new turn
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
         body = await self.body(request, NewMessageBody, required=True)

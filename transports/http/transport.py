@@ -33,9 +33,9 @@ import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from agentik.core import Agent
 from agentik.core.access import AccessPolicy
@@ -43,6 +43,7 @@ from agentik.core.errors import ConfigError
 from agentik.transports.base import (
     AgentAccess,
     ChannelCaps,
+    IncomingMessage,
     MessageSink,
     OutgoingMessage,
     Transport,
@@ -139,11 +140,11 @@ class HttpTransport(Transport):
             tokens=self.tokens,
             instance=self.name,
             allowed_tools=allowed,
-            access=_access_policy(access),
+            access=_live_policy(access),
             page=_web_page(o.prefix) if o.web_ui else None,
             # Budgets and roles, when the sink (the bot's bridge) has them.
             budgets=getattr(access, "budgets", None),
-            role_for=getattr(access, "role_for", None),
+            role_for=_live_role_for(access),
             metrics=(self.metrics or getattr(access, "metrics", None)) if o.metrics else None,
             metrics_token=self.metrics_token,
         )
@@ -208,6 +209,13 @@ class HttpTransport(Transport):
     async def serve(self) -> None:
         await self.closed.wait()
 
+    def stop_accepting(self) -> None:
+        """The bot is stopping: new messages and event streams get 503 (and
+        ``/ready`` too) at once; the streams open now go on until :meth:`aclose`,
+        so their followers see the conversations end with the shutdown."""
+        if self._ctx is not None:
+            self._ctx.closing = True
+
     async def aclose(self) -> None:
         ctx, server, serving = self._ctx, self._server, self._serving
         if ctx is not None:
@@ -242,6 +250,35 @@ def _metrics_token(env_name: str | None, where: str, env: Mapping[str, str]) -> 
             " 16 characters, e.g. from `openssl rand -hex 32`)"
         )
     return value.encode("utf-8")
+
+
+class _LivePolicy:
+    """The sink's ``[access]`` policy as it is now: a reload replaces the bridge's
+    policy (an admin added to the file approves over HTTP at once)."""
+
+    def __init__(self, sink: object) -> None:
+        self._sink = sink
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sink.access, name)  # type: ignore[attr-defined]
+
+
+def _live_policy(sink: object) -> AccessPolicy | None:
+    if _access_policy(sink) is None:
+        return None
+    return cast(AccessPolicy, _LivePolicy(sink))
+
+
+def _live_role_for(sink: object) -> Callable[[str, IncomingMessage, str], str] | None:
+    """The sink's ``role_for`` looked up on each call (a reload replaces it)."""
+    if getattr(sink, "role_for", None) is None:
+        return None
+
+    def role_for(instance: str, message: IncomingMessage, channel: str) -> str:
+        found: Callable[[str, IncomingMessage, str], str] = getattr(sink, "role_for")  # noqa: B009
+        return found(instance, message, channel)
+
+    return role_for
 
 
 def _access_policy(sink: object) -> AccessPolicy | None:

@@ -52,6 +52,7 @@ from agentik.transports.base import (
     MessageSink,
     OutgoingMessage,
     Transport,
+    TransportFailed,
 )
 
 from .mrkdwn import clean, escape, incoming, markdown_safe, markdown_to_mrkdwn, stream_cut
@@ -66,6 +67,26 @@ _MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
 _ANSWERED_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
 #: Our buttons' ``action_id``s (``agentik_action_0`` …): see :meth:`SlackTransport._on_action`.
 _ACTION_ID = re.compile(r"^agentik_action_[0-9]+$")
+#: Slack API errors that mean a token is refused: retrying will not help.
+_REJECTED = frozenset({
+    "invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
+    "not_allowed_token_type", "team_access_not_granted", "ekm_access_denied",
+    "org_login_required", "no_permission", "missing_scope",
+})  # fmt: skip
+
+
+class _OneLine(logging.Filter):
+    """slack-sdk's Socket Mode client logs every failed reconnect with a traceback
+    (every few seconds while Slack is unreachable): keep its one-line message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+_socket_log = logging.getLogger("agentik.transports.slack.socket_mode")
+_socket_log.addFilter(_OneLine())
 
 
 class _Seen:
@@ -253,7 +274,7 @@ class SlackTransport(Transport):
         self.client.retry_handlers.append(
             AsyncRateLimitErrorRetryHandler(max_retry_count=o.rate_limit_retries)
         )
-        auth = await self.client.auth_test()
+        auth = await self._call("bot_token", self.client.auth_test())
         self.bot_user_id = auth["user_id"]
         self.team_id = auth.get("team_id") or ""
         self.where = (
@@ -273,11 +294,16 @@ class SlackTransport(Transport):
 
             assert o.app_token is not None
             self._handler = AsyncSocketModeHandler(
-                self.app, o.app_token.get_secret_value(), web_client=self.client
-            )
+                self.app, o.app_token.get_secret_value(), web_client=self.client,
+                logger=_socket_log,
+            )  # fmt: skip
             socket = self._handler.client
             socket.message_listeners.append(self._on_socket_message)
             socket.on_close_listeners.append(self._on_socket_close)
+            # The app token is checked here, once: slack-sdk would retry a refused
+            # one for ever.  Its reconnections go through _socket_url too.
+            socket.wss_uri = await self._socket_url(starting=True)
+            socket.issue_new_wss_url = self._socket_url
             await self._handler.connect_async()
             self.set_health("connected", None)
             log.info(
@@ -294,6 +320,66 @@ class SlackTransport(Transport):
                 extra={"event": "startup", "transport": self.name, "url": self.where,
                        "mode": "http", "listen": f"{o.http_host}:{self.http_port}{o.http_path}"},
             )  # fmt: skip
+
+    async def _call(self, token: str, call: Any) -> Any:
+        """Await the Web API ``call``: a refused ``token`` is :class:`TransportFailed`
+        (one line naming the key), an unreachable Slack a :class:`ConnectionError`
+        (the bot retries with backoff)."""
+        import aiohttp
+        from slack_sdk.errors import SlackApiError
+
+        try:
+            return await call
+        except SlackApiError as exc:
+            error = str(exc.response.get("error") or "") if exc.response is not None else ""
+            if error in _REJECTED:
+                raise TransportFailed(
+                    f"Slack refused the {token.replace('_', ' ')} ({error}):"
+                    f" check transports.{self.name}.{token}"
+                ) from None
+            raise ConnectionError(f"Slack answered {error or 'an error'}") from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            url = getattr(self.client, "base_url", "") or "Slack"
+            why = " ".join(str(exc).split()) or type(exc).__name__
+            raise ConnectionError(f"cannot reach {url}: {why}") from None
+
+    async def _socket_url(self, *, starting: bool = False) -> str:
+        """A Socket Mode URL (``apps.connections.open`` with the app token).
+
+        A refused app token while running (revoked) marks the transport ``failed``
+        and stops it: Slack will not take it back, and a socket retried for ever
+        would look alive.  An unreachable Slack stays ``reconnecting`` (slack-sdk
+        retries).
+        """
+        app_token = self.options.app_token
+        assert app_token is not None
+        try:
+            opened = self.client.apps_connections_open(app_token=app_token.get_secret_value())
+            response = await self._call("app_token", opened)
+        except TransportFailed as exc:
+            if not starting:
+                self._give_up(str(exc))
+            raise
+        except ConnectionError as exc:
+            if not starting:
+                self.set_health("reconnecting", f"Socket Mode: {exc}")
+            raise
+        return str(response["url"])
+
+    def _give_up(self, reason: str) -> None:
+        """Stop for good: ``failed`` with ``reason``; :meth:`serve` returns (the bot
+        sees ``failed`` and does not restart it)."""
+        handler = self._handler
+        if handler is not None:
+            # slack-sdk's loops end when its client is closed; aclose() closes the rest.
+            handler.client.closed = True
+            handler.client.auto_reconnect_enabled = False
+        log.error(
+            "slack %s: %s; the transport has stopped", self.name, reason,
+            extra={"event": "transport_failed", "transport": self.name},
+        )  # fmt: skip
+        self.set_health("failed", reason)
+        self.closed.set()
 
     def state_path(self, sink: Any) -> str:
         """Where handled events are remembered: ``state_file``, else
