@@ -16,10 +16,12 @@ import pytest
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
+from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.approvals import ApprovalRule, at_least, mask_arguments
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
 from agentik.transports.irc.transport import IRCTransport
+from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient
 
@@ -62,7 +64,9 @@ _BRIDGES: dict[Agent, Bridge] = {}
 
 
 @asynccontextmanager
-async def irc_bot(port, tmp_path, rules, *, role_for=None, identity="hostmask", db=None):
+async def irc_bot(
+    port, tmp_path, rules, *, role_for=None, identity="hostmask", db=None, access=None
+):
     model = ScriptedModel()
     calls: list[dict] = []
     agent = Agent(
@@ -72,7 +76,7 @@ async def irc_bot(port, tmp_path, rules, *, role_for=None, identity="hostmask", 
         approvals=rules,
     )
     await agent.start()
-    bridge = Bridge(agent, role_for=role_for)
+    bridge = Bridge(agent, role_for=role_for, access=access)
     _BRIDGES[agent] = bridge
     transport = IRCTransport(
         name="testnet",
@@ -203,6 +207,37 @@ async def test_irc_unverified_nick_cannot_approve_and_the_request_expires(miniir
         assert tool_results(model) == ["error: not run: no one approved the call within 3 s"]
         await sub.aclose()
         for c in (alice, bob):
+            await c.close()
+
+
+async def test_an_admin_named_by_host_mask_approves_on_a_network_without_services(
+    miniircd, tmp_path
+):
+    """No services and no `unverified_identity = "hostmask"`: an admin the operator
+    named by `mask:` decides as configured; an unverified nick still may not."""
+    access = AccessPolicy(
+        AccessSettings(admins=("testnet:mask:carol!*@*",)), {"testnet": "irc"},
+        irc_casefold=casefold,
+    )  # fmt: skip
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="admin")]
+    async with irc_bot(miniircd.port, tmp_path, rules, identity="none", access=access) as (
+        model,
+        agent,
+        calls,
+    ):
+        alice, bob, carol = await people(miniircd.port, "alice", "bob", "carol")
+        approval_id = await ask_for_a_write(model, alice)
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        refused = await bob.wait_for(lambda m: from_bot(m) and "verified" in m.text)
+        assert "only a verified identity may decide" in refused.text
+        carol.privmsg("#ops", f"!approve {approval_id} ok")
+        await alice.wait_for(lambda m: from_bot(m) and "approved by carol: ok" in m.text)
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == [{"path": "/srv/motd", "content": "hi"}]
+        with sqlite3.connect(tmp_path / "approvals.db") as con:
+            (approver_id,) = con.execute("SELECT approver_id FROM approval").fetchone()
+        assert approver_id.startswith("testnet:mask:carol!")
+        for c in (alice, bob, carol):
             await c.close()
 
 
