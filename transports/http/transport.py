@@ -143,7 +143,9 @@ class HttpTransport(Transport):
             page=_web_page(o.prefix) if o.web_ui else None,
             # Budgets and roles, when the sink (the bot's bridge) has them.
             budgets=getattr(access, "budgets", None),
-            role_for=getattr(access, "role_for", None),
+            # Looked up at each call: a reload gives the bridge a new policy (an
+            # admin added by SIGHUP decides on the web page without a restart).
+            role_for=_late_role_for(access),
             metrics=(self.metrics or getattr(access, "metrics", None)) if o.metrics else None,
             metrics_token=self.metrics_token,
         )
@@ -247,3 +249,14 @@ def _access_policy(sink: object) -> AccessPolicy | None:
     """The sink's ``[access]`` policy (the bot's bridge has one), if any."""
     found = getattr(sink, "access", None)
     return found if isinstance(found, AccessPolicy) else None
+
+
+def _late_role_for(access: Any) -> Any:
+    """``access.role_for``, looked up when called (``None`` if it has none)."""
+    if getattr(access, "role_for", None) is None:
+        return None
+
+    def role_for(transport: str, message: Any, channel_key: str) -> str:
+        return str(access.role_for(transport, message, channel_key))
+
+    return role_for
