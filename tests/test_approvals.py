@@ -237,6 +237,19 @@ async def test_an_admin_named_by_host_mask_approves_on_a_network_without_service
         with sqlite3.connect(tmp_path / "approvals.db") as con:
             (approver_id,) = con.execute("SELECT approver_id FROM approval").fetchone()
         assert approver_id.startswith("testnet:mask:carol!")
+        # Her own call (an unverified asker has no id): someone else must approve it.
+        model.enqueue(
+            Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+            "not done",
+        )
+        carol.privmsg("#ops", "agentik: update the motd")
+        asked = await carol.wait_for(lambda m: from_bot(m) and "carol asked me to run" in m.text)
+        approval_id = asked.text.split("approval ", 1)[1].split(":", 1)[0]
+        carol.privmsg("#ops", f"!approve {approval_id}")
+        refused = await carol.wait_for(lambda m: from_bot(m) and "someone else" in m.text)
+        assert f"approval {approval_id}: you asked for this call" in refused.text
+        carol.privmsg("#ops", f"!deny {approval_id}")
+        await carol.wait_for(lambda m: from_bot(m) and "denied by carol" in m.text)
         for c in (alice, bob, carol):
             await c.close()
 
