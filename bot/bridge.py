@@ -1655,14 +1655,26 @@ class Bridge(AgentAccess):
             await say(f"which one? {p}{decision} ID [reason] (see {p}approvals)")
             return
         approvals = self.agent.approvals
+        role = self.role_for(transport.name, message, key)
         try:
             found = await approvals.find(words[1], scope=key)
+            approver_id = _author_id(transport, message)
+            if approver_id is None and (approver_id := _mask_id(transport, message, role)):
+                # An unverified asker has no id to compare: compare the speaker.
+                if (
+                    decision == "approve" and not found.asker_id and not found.self_approve
+                    and found.asker == message.author_name
+                ):  # fmt: skip
+                    raise ApprovalError(
+                        "self", f"approval {found.id}: you asked for this call; someone else"
+                        " must approve it",
+                    )  # fmt: skip
             await approvals.decide(
                 found,
                 decision,
                 approver=message.author_name or message.author_id,
-                approver_id=_author_id(transport, message),
-                role=self.role_for(transport.name, message, key),
+                approver_id=approver_id,
+                role=role,
                 reason=words[2] if len(words) > 2 else None,
             )
         except ApprovalError as exc:
@@ -2483,6 +2495,17 @@ def _author_id(transport: Transport, message: IncomingMessage) -> str | None:
     if not message.verified or not message.author_id:
         return None
     return f"{transport.name}:{message.author_id}"
+
+
+def _mask_id(transport: Transport, message: IncomingMessage, role: str) -> str | None:
+    """An unverified IRC speaker given a role by a configured ``mask:`` pattern (the
+    one way to name admins on a network without services) decides as
+    ``<instance>:mask:<nick!user@host>``: the operator vouched for that mask.  Any
+    other unverified speaker stays ``None`` (refused)."""
+    mask = (message.meta or {}).get("hostmask")
+    if not mask or role in ("user", "ignored"):
+        return None
+    return f"{transport.name}:mask:{mask}"
 
 
 def _no_tools(name: str) -> bool:

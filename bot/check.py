@@ -226,11 +226,15 @@ def _model_lines(
         ]
         if local:
             out.append("llm." + ", ".join(local))
+    # Only the chosen backend's keys: a local model has no endpoint nor API key, so
+    # "llm.api_key: (not set)" would send its operator after a key nothing uses.
+    own = setting_fields(type(settings)) if settings is not None else {}
     base_url = getattr(llm, "base_url", None)
-    if base_url:
+    if base_url and "base_url" in own:
         out.append(f"llm.base_url: {base_url}")
-    api_key = getattr(llm, "api_key", None)
-    out.append(f"llm.api_key: {MASK if reveal(api_key) else '(not set)'}")
+    if "api_key" in own:
+        api_key = getattr(llm, "api_key", None)
+        out.append(f"llm.api_key: {MASK if reveal(api_key) else '(not set)'}")
     if isinstance(backend, NoModelBackend):
         why = backend.reason or "no model configured"
         out.append(f"  note: {why}; until then the bot answers with setup instructions")
@@ -304,10 +308,15 @@ def _transport_lines(config: Config, transports: dict[str, Any]) -> list[str]:
             parts.append(f"{key} {value}")
         if parts:
             out.append("  " + ", ".join(parts))
+        # A secret is listed when it is set, required, or given (empty: `missing`);
+        # an optional one left out (Socket Mode's signing_secret, an IRC password
+        # the network does not need) is not "missing".
         secrets = []
         for key, field in fields.items():
             if _is_secret(field.annotation):
-                secrets.append(f"{key} {_secret_state(getattr(options, key))}")
+                value = getattr(options, key)
+                if reveal(value) or field.is_required() or key in options.model_fields_set:
+                    secrets.append(f"{key} {_secret_state(value)}")
         for i, token in enumerate(getattr(options, "tokens", None) or ()):
             env = getattr(token, "env", None)
             if env:
@@ -605,7 +614,7 @@ async def _probe_all(
             continue
         t = transports[name]
         if section.type == "irc":
-            jobs.append((f"irc {name}", _bind(_probe_irc, f"irc {name}", t.options, seconds)))
+            jobs.append((f"irc {name}", _bind(_probe_irc, f"irc {name}", t.options, seconds, t)))
         elif section.type == "slack":
             jobs.append((f"slack {name}", _bind(_probe_slack, f"slack {name}", t.options,
                                                 seconds)))  # fmt: skip
@@ -717,7 +726,23 @@ async def _probe_mcp(config: Config, seconds: float) -> list[Probe]:
     return [results[s.name] for s in config.mcp.servers if s.name in results]
 
 
-async def _probe_irc(component: str, options: Any, seconds: float) -> Probe:
+async def _plain_text_hint(transport: Any, exc: BaseException | None) -> str:
+    """The run-time hint for TLS to a plain-text port (``set tls = false``): from
+    OpenSSL's reason, else from the transport's own plain-text probe."""
+    from agentik.transports.irc import transport as irc
+
+    hint = str(getattr(irc, "_PLAINTEXT_HINT", ""))
+    if getattr(exc, "reason", None) in getattr(irc, "_PLAINTEXT_REASONS", ()):
+        return hint
+    answers = getattr(transport, "_answers_plain_irc", None)
+    if callable(answers):
+        with contextlib.suppress(Exception):
+            if await answers():
+                return hint
+    return ""
+
+
+async def _probe_irc(component: str, options: Any, seconds: float, transport: Any = None) -> Probe:
     host = options.host
     port = options.effective_port if hasattr(options, "effective_port") else options.port
     tls = bool(options.tls)
@@ -739,9 +764,11 @@ async def _probe_irc(component: str, options: Any, seconds: float) -> Probe:
             seconds,
         )
     except TimeoutError:
-        return Probe(component, False, f"connect to {what}: no answer within {seconds:g}s")
+        hint = await _plain_text_hint(transport, None) if tls else ""
+        return Probe(component, False, f"connect to {what}: no answer within {seconds:g}s{hint}")
     except ssl.SSLError as exc:
-        return Probe(component, False, f"connect to {what}: TLS handshake failed ({exc})")
+        hint = await _plain_text_hint(transport, exc)
+        return Probe(component, False, f"connect to {what}: TLS handshake failed ({exc}){hint}")
     except OSError as exc:
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         return Probe(component, False, f"connect to {what}: {why}")

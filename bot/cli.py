@@ -66,6 +66,8 @@ __all__ = ["COMMANDS", "main"]
 log = logging.getLogger("agentik.cli")
 
 #: Every command and subcommand, documented in the manual, docs/ (a test checks).
+CONVERSATION_REF = "a conversation id, a unique prefix of one, or a channel key (irc:libera:#ops)"
+
 COMMANDS = (
     "run",
     "chat",
@@ -156,9 +158,11 @@ def _parser() -> argparse.ArgumentParser:
     lst = with_config(csub.add_parser("list", help="list conversations, most recent first"))
     lst.add_argument("--limit", type=int, default=50)
     lst.add_argument("--offset", type=int, default=0)
-    with_config(csub.add_parser("show", help="print a conversation")).add_argument("id")
+    with_config(csub.add_parser("show", help="print a conversation")).add_argument(
+        "id", help=CONVERSATION_REF
+    )
     exp = with_config(csub.add_parser("export", help="export a conversation"))
-    exp.add_argument("id")
+    exp.add_argument("id", help=CONVERSATION_REF)
     exp.add_argument("--format", choices=["json", "markdown"], default="json")
     rm = with_config(csub.add_parser("rm", help="delete a conversation"))
     rm.add_argument("id")
@@ -170,7 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     red = with_config(
         csub.add_parser("redact", help="replace a message's text by a tombstone, everywhere")
     )
-    red.add_argument("id")
+    red.add_argument("id", help=CONVERSATION_REF)
     red.add_argument("message", type=int, help="the message id (see conversations show)")
     red.add_argument("--reason", default="", help="why (kept in the tombstone and the audit)")
     red.add_argument("--by", default=None, help="who redacts (default: cli:$USER)")
@@ -344,8 +348,18 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
     if args.command == "conversations" and args.action == "import":
         return asyncio.run(_import(args, config))
     if args.command == "memory":
-        if config.memory.backend == "sqlite" and not os.path.exists(config.database):
-            raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
+        # Seeding notes before the first start is allowed: `memory add` creates the
+        # database (migrated, as `agentik run` would) when it is not there yet; the
+        # other memory commands only read or change what exists.
+        if (
+            config.memory.backend == "sqlite"
+            and args.action != "add"
+            and not os.path.exists(config.database)
+        ):
+            raise ConfigError(
+                f"{config.source}: storage.path: no database at {config.database}"
+                " (nothing stored yet; `agentik memory add` or `agentik run` creates it)"
+            )
         return asyncio.run(_memory(args, config))
     if config.database != ":memory:" and not os.path.exists(config.database):
         raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
@@ -492,7 +506,9 @@ def _status_target(args: argparse.Namespace, config: Config) -> tuple[str, str |
 
 
 def _status(args: argparse.Namespace, config: Config) -> int:
-    import httpx
+    # httpx2 is a declared dependency (the openai SDK and mcp speak HTTP through it);
+    # httpx itself only comes with the dev extra, so a plain install has no httpx.
+    import httpx2 as httpx
 
     url, token = _status_target(args, config)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -741,14 +757,19 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
     async with SQLiteStore(config.database) as store:
         if args.action == "list":
             records = await store.list_conversations(limit=args.limit, offset=args.offset)
+            bound = _bindings(config.database, [r.id for r in records])
             for r in records:
                 n = await store.count_messages(r.id)
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.updated_at))
                 # A child run's conversation (an agent called as a tool) is marked.
                 parent = r.meta.get("parent_conversation_id")
                 mark = f"  ↳ child of {parent} ({r.meta.get('agent')})" if parent else ""
+                # The channel(s) whose messages go to this conversation now.
+                mark += "".join(f"  ← {key}" for key in bound.get(r.id, ()))
                 print(_printable(f"{r.id}  {when}  {n:>6} msgs  {r.title}{mark}"))
             return 0
+        if args.action in ("show", "export", "redact"):
+            args.id = _resolve_conversation(config.database, args.id)
         record = await store.get_conversation(args.id)
         if record is None:
             raise NotFound(f"no conversation {args.id!r}")
@@ -784,6 +805,65 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
                 print("run tree:")
                 print("\n".join(tree))
         return 0
+
+
+def _read_only(path: str) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{Path(path).absolute()}?mode=ro", uri=True, timeout=30)
+
+
+def _bindings(path: str, ids: list[str]) -> dict[str, list[str]]:
+    """The channel keys bound to each of ``ids`` (a channel is bound to one conversation)."""
+    if not ids or path == ":memory:":
+        return {}
+    found: dict[str, list[str]] = {}
+    conn = _read_only(path)
+    try:
+        marks = ",".join("?" * len(ids))
+        rows = conn.execute(
+            "SELECT conversation_id, channel_key FROM channel_binding"
+            f" WHERE conversation_id IN ({marks}) ORDER BY channel_key",
+            ids,
+        ).fetchall()
+    finally:
+        conn.close()
+    for conversation_id, key in rows:
+        found.setdefault(conversation_id, []).append(key)
+    return found
+
+
+def _resolve_conversation(path: str, ref: str) -> str:
+    """``ref`` as a conversation id: a whole id, a unique prefix of one (as git takes
+    short hashes), or a channel key (``irc:libera:#ops``: the conversation that channel
+    is bound to now).  An ambiguous prefix is an error listing the candidates; ``rm``
+    does not come through here: deleting takes a whole id."""
+    if path == ":memory:" or not ref:
+        return ref
+    conn = _read_only(path)
+    try:
+        if conn.execute("SELECT 1 FROM conversation WHERE id = ?", (ref,)).fetchone():
+            return ref
+        if ":" in ref:
+            row = conn.execute(
+                "SELECT conversation_id FROM channel_binding WHERE channel_key = ?", (ref,)
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no conversation is bound to channel {ref!r}")
+            return str(row[0])
+        escaped = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = conn.execute(
+            "SELECT id FROM conversation WHERE id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 6",
+            (escaped + "%",),
+        ).fetchall()
+    finally:
+        conn.close()
+    if not rows:
+        raise NotFound(f"no conversation {ref!r}")
+    if len(rows) > 1:
+        shown = ", ".join(r[0] for r in rows[:5]) + (", …" if len(rows) > 5 else "")
+        raise AgentikError(
+            f"conversation prefix {ref!r} is ambiguous: it matches {shown}; give more characters"
+        )
+    return str(rows[0][0])
 
 
 async def _redact(store: Store, args: argparse.Namespace) -> int:

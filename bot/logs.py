@@ -44,8 +44,10 @@ def _escaped(text: str) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
-#: Keys of the JSON object that fields may not replace.
-_RESERVED = frozenset({"ts", "level", "logger", "msg"})
+#: Keys of the JSON object that fields may not replace.  ``color_message`` is
+#: uvicorn's copy of ``msg`` with ANSI colour codes: noise (and escape sequences)
+#: in a JSON line, so it is dropped.
+_RESERVED = frozenset({"ts", "level", "logger", "msg", "color_message"})
 
 
 def _jsonable(value: Any) -> Any:

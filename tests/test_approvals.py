@@ -16,10 +16,12 @@ import pytest
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
+from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.approvals import ApprovalRule, at_least, mask_arguments
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
 from agentik.transports.irc.transport import IRCTransport
+from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient
 
@@ -62,7 +64,9 @@ _BRIDGES: dict[Agent, Bridge] = {}
 
 
 @asynccontextmanager
-async def irc_bot(port, tmp_path, rules, *, role_for=None, identity="hostmask", db=None):
+async def irc_bot(
+    port, tmp_path, rules, *, role_for=None, identity="hostmask", db=None, access=None
+):
     model = ScriptedModel()
     calls: list[dict] = []
     agent = Agent(
@@ -72,7 +76,7 @@ async def irc_bot(port, tmp_path, rules, *, role_for=None, identity="hostmask", 
         approvals=rules,
     )
     await agent.start()
-    bridge = Bridge(agent, role_for=role_for)
+    bridge = Bridge(agent, role_for=role_for, access=access)
     _BRIDGES[agent] = bridge
     transport = IRCTransport(
         name="testnet",
@@ -203,6 +207,50 @@ async def test_irc_unverified_nick_cannot_approve_and_the_request_expires(miniir
         assert tool_results(model) == ["error: not run: no one approved the call within 3 s"]
         await sub.aclose()
         for c in (alice, bob):
+            await c.close()
+
+
+async def test_an_admin_named_by_host_mask_approves_on_a_network_without_services(
+    miniircd, tmp_path
+):
+    """No services and no `unverified_identity = "hostmask"`: an admin the operator
+    named by `mask:` decides as configured; an unverified nick still may not."""
+    access = AccessPolicy(
+        AccessSettings(admins=("testnet:mask:carol!*@*",)), {"testnet": "irc"},
+        irc_casefold=casefold,
+    )  # fmt: skip
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="admin")]
+    async with irc_bot(miniircd.port, tmp_path, rules, identity="none", access=access) as (
+        model,
+        agent,
+        calls,
+    ):
+        alice, bob, carol = await people(miniircd.port, "alice", "bob", "carol")
+        approval_id = await ask_for_a_write(model, alice)
+        bob.privmsg("#ops", f"!approve {approval_id}")
+        refused = await bob.wait_for(lambda m: from_bot(m) and "verified" in m.text)
+        assert "only a verified identity may decide" in refused.text
+        carol.privmsg("#ops", f"!approve {approval_id} ok")
+        await alice.wait_for(lambda m: from_bot(m) and "approved by carol: ok" in m.text)
+        await alice.wait_for(lambda m: from_bot(m) and "all done" in m.text)
+        assert calls == [{"path": "/srv/motd", "content": "hi"}]
+        with sqlite3.connect(tmp_path / "approvals.db") as con:
+            (approver_id,) = con.execute("SELECT approver_id FROM approval").fetchone()
+        assert approver_id.startswith("testnet:mask:carol!")
+        # Her own call (an unverified asker has no id): someone else must approve it.
+        model.enqueue(
+            Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
+            "not done",
+        )
+        carol.privmsg("#ops", "agentik: update the motd")
+        asked = await carol.wait_for(lambda m: from_bot(m) and "carol asked me to run" in m.text)
+        approval_id = asked.text.split("approval ", 1)[1].split(":", 1)[0]
+        carol.privmsg("#ops", f"!approve {approval_id}")
+        refused = await carol.wait_for(lambda m: from_bot(m) and "someone else" in m.text)
+        assert f"approval {approval_id}: you asked for this call" in refused.text
+        carol.privmsg("#ops", f"!deny {approval_id}")
+        await carol.wait_for(lambda m: from_bot(m) and "denied by carol" in m.text)
+        for c in (alice, bob, carol):
             await c.close()
 
 
@@ -806,6 +854,69 @@ async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
             await expect(box).to_have_text(re.compile(r"denied by ada$"))
             await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
             assert len(calls) == 1 and not errors, errors
+        finally:
+            await browser.close()
+
+
+async def test_the_web_page_offers_approve_only_to_approvers_and_sees_a_new_admin_at_once(
+    tmp_path,
+):
+    """ada is a `user`: her page shows no Approve/Deny for an admin-only call, and
+    says so.  Made an admin by a configuration reload (the bridge's policy
+    replaced, as SIGHUP does), her page offers Approve for the next call, and it
+    works, without a restart of the HTTP transport."""
+    import os
+    import re
+
+    from playwright.async_api import async_playwright, expect
+    from test_http_browser import CHROMIUM, FLAGS, HAVE_CHROMIUM
+
+    from httpserver import TOKENS, running_server
+
+    if not HAVE_CHROMIUM:
+        message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    expect.set_options(timeout=60_000)
+    calls: list[dict] = []
+    # One person at the page: self_approve, so only her role decides.
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="admin", timeout=3, self_approve=True)]
+    settings = {"tokens": [{"name": "ada", "env": "ADMIN_TOKEN"}]}
+    async with running_server(
+        str(tmp_path / "web.db"), settings=settings, environ=TOKENS,
+        tools=[writer_tool(calls)], approvals=rules,
+    ) as server, async_playwright() as p:  # fmt: skip
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(server.url + "/")
+            await page.fill("#token", TOKENS["ADMIN_TOKEN"])
+            await page.click("#save-token")
+            await page.click("#new")
+            await expect(page.locator("#status")).to_have_text("live")
+            write = {"path": "/srv/motd", "content": "hi"}
+            for answer in ("first done", "second done"):
+                server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
+            await page.fill("#input", "update the motd")
+            await page.press("#input", "Enter")
+            box = page.locator(".approval").last
+            await expect(box).to_contain_text("you may not decide this one")
+            await expect(box.get_by_role("button", name="Approve")).to_be_hidden()
+            await expect(box.get_by_role("button", name="Deny")).to_be_hidden()
+            await expect(box).to_contain_text("expired: no one answered in time")
+            await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
+
+            access = AccessPolicy(AccessSettings(admins=("web:token:ada",)), {"web": "http"})
+            server.bridge.access = access  # what a reload does
+            server.bridge.role_for = access.role_for
+            await page.fill("#input", "again")
+            await page.press("#input", "Enter")
+            box = page.locator(".approval").last
+            await box.get_by_role("button", name="Approve").click()
+            await expect(box).to_have_text(re.compile(r"approved by ada$"))
+            await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
+            assert calls == [write]
         finally:
             await browser.close()
 

@@ -172,8 +172,46 @@ def test_check_says_which_secrets_are_missing(tmp_path):
     )
     result = run("check", "-c", cfg, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "secrets: bot_token set, app_token missing, signing_secret missing" in result.stdout
+    # HTTP mode has no use for an app token: it is not "missing".
+    assert "  secrets: bot_token set, signing_secret missing\n" in result.stdout
     assert "xoxb-1" not in result.stdout
+    socket_mode = write(
+        tmp_path, '[transports.work]\ntype = "slack"\nbot_token = "xoxb-1"\napp_token = "xapp-1"\n'
+    )
+    result = run("check", "-c", socket_mode, cwd=tmp_path)
+    assert "  secrets: bot_token set, app_token set\n" in result.stdout, result.stdout
+
+
+def test_check_lists_no_optional_irc_secret_nor_the_api_key_of_another_backend(tmp_path):
+    cfg = write(
+        tmp_path,
+        '[llm]\nbackend = "scripted"\n[transports.libera]\ntype = "irc"\nhost = "h"\n',
+    )
+    result = run("check", "-c", cfg, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "missing" not in result.stdout, result.stdout
+    assert "llm.api_key" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("tokens", "said"),
+    [
+        ('bot_token = "xapp-1-A0-secret"\napp_token = "xoxb-2-secret"',
+         "bot_token: holds an app-level token (xapp-…); the bot token starts with xoxb-"),
+        ('bot_token = "xoxb-2-secret"\napp_token = "xoxb-3-secret"',
+         "app_token: holds a bot or user token (xox…); the app-level token starts with xapp-"),
+        ('bot_token = "xoxp-4-secret"\napp_token = "xapp-1-A0-secret"',
+         "bot_token: holds a user token (xoxp-…)"),
+    ],
+)  # fmt: skip
+def test_check_refuses_slack_tokens_of_the_wrong_kind_naming_the_key(tmp_path, tokens, said):
+    cfg = write(tmp_path, f'[transports.work]\ntype = "slack"\n{tokens}\n')
+    result = run("check", "-c", cfg, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"agentik: {cfg}: transports.work.{said}"), result.stderr
+    if "xapp-…" in said or "xox…" in said:
+        assert result.stderr.rstrip().endswith("bot_token and app_token swapped?"), result.stderr
+    assert "secret" not in result.stderr
 
 
 # -- --probe -----------------------------------------------------------------------------------
@@ -251,6 +289,22 @@ args = ["-c", "import sys; sys.exit(3)"]
     assert "5 of 5 probe(s) failed" in result.stderr
     assert "xoxb-wrong-token" not in result.stdout + result.stderr
     assert IRC_SECRET not in result.stdout + result.stderr
+
+
+async def test_probe_of_tls_against_a_plain_text_port_says_set_tls_false(tmp_path, ngircd):
+    """ngircd waits for a line that the TLS ClientHello never ends: the handshake
+    hangs; the probe then gives the run-time hint instead of only "no answer"."""
+    cfg = write(
+        tmp_path,
+        '[llm]\nbackend = "scripted"\n[transports.libera]\ntype = "irc"\nhost = "127.0.0.1"\n'
+        f"port = {ngircd.port}\ntls = true\n",
+    )
+    result = await arun("check", "--probe", "--timeout", "5", "-c", cfg, cwd=tmp_path)
+    assert result.returncode == 1
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("probe irc libera")]
+    assert f"connect to 127.0.0.1:{ngircd.port} with TLS: no answer within 5s" in line
+    assert line.endswith("the server answers in plain text on this port: set tls = false"
+                         " (or use its TLS port, usually 6697)"), line  # fmt: skip
 
 
 async def test_probe_of_a_model_the_endpoint_does_not_know(tmp_path):

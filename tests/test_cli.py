@@ -186,7 +186,7 @@ def test_check_without_the_local_extra_says_backend_none_and_how_to_install_it(t
     assert "backend 'none' (configured 'auto')" in result.stdout
     assert "note: the local model needs llama-cpp-python" in result.stdout
     assert "agentik[local]" in result.stdout
-    assert "llm.api_key: (not set)" in result.stdout
+    assert "llm.api_key" not in result.stdout  # no key of a backend not in use
     assert "transports: none configured" in result.stdout
 
 
@@ -284,7 +284,7 @@ def test_conversations_list_shows_ids_titles_and_sizes(tmp_path, stored):
     result = agentik("conversations", "list", "-c", config, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     (line,) = [line for line in result.stdout.splitlines() if conv_id in line]
-    assert line.startswith(conv_id) and line.endswith(TITLE)
+    assert line.startswith(conv_id) and line.endswith(f"{TITLE}  ← stdio:local")
     assert "4 msgs" in line
     (other,) = [line for line in result.stdout.splitlines() if other_id in line]
     assert other.endswith("Another chat") and "2 msgs" in other
@@ -412,6 +412,59 @@ def test_unknown_conversation_exits_1_with_one_line(tmp_path, stored, action):
     line = assert_one_line_error(result, 1)
     assert "no-such-id" in line
     assert result.stdout == ""
+
+
+def test_conversations_take_a_unique_prefix_or_a_channel_key_and_list_marks_the_binding(
+    tmp_path, stored
+):
+    """As git takes short hashes: show, export and redact take a unique id prefix or
+    the channel key a conversation is bound to; an ambiguous prefix names the
+    candidates; ``list`` shows which channel is bound to which conversation."""
+    from agentik.core import ConversationRecord
+
+    config, db, conv_id, other_id = stored
+
+    async def twins() -> None:
+        async with SQLiteStore(str(db)) as store:
+            for suffix in ("1", "2"):
+                await store.create_conversation(ConversationRecord(id="abcd" + "0" * 27 + suffix))
+
+    asyncio.run(twins())
+    full = agentik("conversations", "show", conv_id, "-c", config, cwd=tmp_path).stdout
+    assert "alice: hi there" in full
+    for ref in (conv_id[:8], "stdio:local"):
+        shown = agentik("conversations", "show", ref, "-c", config, cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout == full
+        exported = agentik("conversations", "export", ref, "-c", config, cwd=tmp_path)
+        assert json.loads(exported.stdout)["conversation"]["id"] == conv_id
+    with sqlite3.connect(db) as conn:
+        (first,) = conn.execute(
+            "SELECT min(id) FROM message WHERE conversation_id = ?", (other_id,)
+        ).fetchone()
+    redacted = agentik(
+        "conversations", "redact", other_id[:10], str(first), "-c", config, cwd=tmp_path
+    )  # fmt: skip
+    assert redacted.returncode == 0, redacted.stderr
+    assert other_id in redacted.stdout
+
+    ambiguous = agentik("conversations", "show", "abcd", "-c", config, cwd=tmp_path)
+    line = assert_one_line_error(ambiguous, 1)
+    assert "'abcd' is ambiguous" in line and "abcd" + "0" * 27 + "1" in line
+    assert ambiguous.stdout == ""
+    unbound = agentik("conversations", "show", "irc:libera:#none", "-c", config, cwd=tmp_path)
+    assert "no conversation is bound to channel 'irc:libera:#none'" in assert_one_line_error(
+        unbound, 1
+    )
+    # Deleting is never by prefix.
+    kept = agentik("conversations", "rm", conv_id[:8], "-c", config, cwd=tmp_path)
+    assert_one_line_error(kept, 1)
+
+    listed = agentik("conversations", "list", "-c", config, cwd=tmp_path).stdout.splitlines()
+    (line,) = [row for row in listed if row.startswith(conv_id)]
+    assert line.endswith("← stdio:local")
+    (other,) = [row for row in listed if row.startswith(other_id)]
+    assert "←" not in other
 
 
 @pytest.mark.parametrize("action", [["list"], ["show", "x"], ["rm", "x"]])

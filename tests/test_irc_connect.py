@@ -155,6 +155,56 @@ async def test_sasl_required_false_registers_with_a_warning_and_logs_in_when_off
             await t.aclose()
 
 
+async def test_sasl_required_false_logs_in_after_services_return_without_cap_new(caplog):
+    """InspIRCd 3 after a services-only restart offers `sasl` again but sends no
+    `CAP NEW`: the bot asks again (CAP LS) every sasl_wait seconds and logs in."""
+    base = registration_handler(
+        caps_offered="sasl message-tags", sasl=sasl_plain("bot", "pw-secret")
+    )
+    caplog.set_level(logging.INFO, logger="agentik.transports.irc")
+    async with ScriptedIRCServer(_services_down(base)) as server:
+        t = _transport(server.port, channels=["#room"], sasl_required=False, sasl_wait=0.5, **SASL)
+        await t.start(_NullSink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 60)
+            await server.wait_for_line("JOIN #room")
+            client = server.clients[0]
+            assert "AUTHENTICATE PLAIN" not in client.received
+            client.state["caps_offered"] = ["message-tags", "server-time", "sasl"]  # no CAP NEW
+            await _logged(caplog, _saying("logged in as bot (SASL)"))
+            assert client.state["sasl_payloads"] == [b"bot\0bot\0pw-secret"]
+            assert t.account == "bot" and t.failed is None and len(server.clients) == 1
+        finally:
+            await t.aclose()
+
+
+@pytest.mark.parametrize("required", [False, True])
+async def test_hung_services_bound_the_sasl_login_with_our_own_timeout(caplog, required):
+    """The server offers SASL but its services never answer AUTHENTICATE: after
+    sasl_wait the bot says so and registers without the login (sasl_required =
+    false) or leaves to retry (true), instead of waiting silently."""
+
+    def silent(client, line):  # services that hang
+        return None
+
+    async with ScriptedIRCServer(registration_handler(sasl=silent)) as server:
+        t = _transport(server.port, channels=["#room"], sasl_required=required, sasl_wait=1, **SASL)
+        await t.start(_NullSink())
+        try:
+            said = await _logged(caplog, _saying("the SASL login got no answer within 1 s"))
+            assert said.levelno == logging.WARNING
+            if required:
+                assert "disconnecting, will retry" in said.getMessage()
+                await server.wait_for_line("QUIT reconnecting")
+            else:
+                assert "going on WITHOUT logging in" in said.getMessage()
+                await server.wait_for_line("AUTHENTICATE *")
+                await server.wait_for_line("JOIN #room")
+                assert t.failed is None
+        finally:
+            await t.aclose()
+
+
 async def test_a_refused_capability_request_still_logs_in_with_sasl_alone():
     base = registration_handler(
         caps_offered="sasl echo-message message-tags", sasl=sasl_plain("bot", "pw-secret")

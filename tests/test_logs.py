@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -84,3 +85,25 @@ def test_chat_text_cannot_forge_a_log_line_or_reach_the_terminal(fmt, capsys, re
             and lines[3] == "Traceback (most recent call last):"
         )
         assert lines[-1] == "ValueError: boom"
+
+
+async def test_json_lines_of_uvicorn_carry_no_ansi_color_copy(capsys, restore_logging):
+    """uvicorn logs its start-up with ``extra={"color_message": ...}`` (the message
+    again, with ANSI colour codes): a JSON line keeps ``msg`` and drops that copy."""
+    import uvicorn
+
+    async def app(scope, receive, send):  # pragma: no cover - never asked
+        raise AssertionError("no request is made")
+
+    setup_logging("info", "json")
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="off")
+    )
+    server.should_exit = True  # start (logging where it runs), then stop at once
+    async with asyncio.timeout(60):
+        await server.serve()
+    records = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    running = [r for r in records if r["logger"].startswith("uvicorn")]
+    assert any("Uvicorn running on" in r["msg"] for r in running), records
+    assert all("color_message" not in r for r in records), records
+    assert "\x1b" not in json.dumps(records)

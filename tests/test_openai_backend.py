@@ -264,3 +264,56 @@ async def test_extra_body_and_sampling_settings_reach_the_endpoint(openai_server
     body = openai_server.requests[-1]
     assert (body["temperature"], body["max_tokens"]) == (0.2, 64)
     assert (body["top_k"], body["repeat_penalty"]) == (5, 1.1)
+
+
+def _llama_cpp_like(refuse: str):
+    """A server refusing as llama.cpp's own server does: HTTP 500 for a streamed
+    request with tools (``refuse="stream"``), or for any request that names a
+    ``tool_choice`` (``refuse="tool_choice"``); otherwise a tool call, then an answer."""
+
+    def answer(body: dict) -> Reply:
+        if body.get("tools") and (
+            (refuse == "stream" and body.get("stream"))
+            or (refuse == "tool_choice" and "tool_choice" in body)
+        ):
+            return Reply.error(500, "Cannot use tools with stream" if refuse == "stream"
+                               else "Unsupported param: tool_choice")  # fmt: skip
+        if body["messages"][-1]["role"] == "tool":
+            return Reply.text("It is 12:00 in Paris.", chunks=2)
+        return Reply.tool_calls([("call_1", "clock", '{"tz": "Europe/Paris"}')])
+
+    return answer
+
+
+@pytest.mark.parametrize("refuse", ["tool_choice", "stream"])
+async def test_tool_calls_work_against_a_server_refusing_tool_choice_or_streamed_tools(
+    openai_server, db_path, caplog, refuse
+):
+    @tool(parameters={"type": "object", "properties": {"tz": {"type": "string"}}})
+    async def clock(tz: str) -> str:
+        """Current time in a time zone."""
+        return f"12:00 {tz}"
+
+    openai_server.default = _llama_cpp_like(refuse)
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url, max_retries=0)
+    async with Agent(llm=llm, store=SQLiteStore(db_path), tools=[clock]) as agent:
+        for question in ("time in Paris?", "and now?"):
+            conv = await agent.create_conversation()
+            sub = conv.events()
+            await conv.send(question)
+            events = await collect_turn(sub)
+            await sub.aclose()
+            assert [e.kind for e in events if e.kind == "error"] == []
+            assert [e.name for e in events if e.kind == "tool_call_started"] == ["clock"]
+            assert events[-1].text == "It is 12:00 in Paris."
+    bodies = openai_server.requests
+    # Refused once per step, then never again: the backend remembers.
+    refused = 1 if refuse == "tool_choice" else 2
+    assert len(bodies) == refused + 4
+    later = bodies[refused:]
+    assert all("tool_choice" not in b for b in later)
+    assert all(b["stream"] is (refuse == "tool_choice") for b in later)
+    warned = [
+        r.getMessage() for r in caplog.records if "refused the request's tool" in r.getMessage()
+    ]
+    assert len(warned) == refused

@@ -376,8 +376,13 @@ def parse_settings(model: Any, settings: dict[str, Any], *, where: str) -> Any:
             )
         else:
             what = err["msg"]
-        if err["type"] not in ("extra_forbidden", "missing") and isinstance(
-            err.get("input"), str | int | float | bool
+        # Never echo the value of a secret (a token of the wrong kind is still a token).
+        field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+        secret = field is not None and "Secret" in str(field.annotation)
+        if (
+            not secret
+            and err["type"] not in ("extra_forbidden", "missing")
+            and isinstance(err.get("input"), str | int | float | bool)
         ):
             what += f", got {err['input']!r}"
         # A check of the whole table (a model validator) has no key of its own.

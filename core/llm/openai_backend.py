@@ -13,6 +13,7 @@ the same hook a third-party backend uses.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
@@ -89,6 +90,13 @@ class OpenAISettings(BaseModel):
 _DEFAULTS = OpenAISettings()
 
 
+log = logging.getLogger(__name__)
+
+#: HTTP statuses a server refusing a request's shape answers with (llama.cpp's
+#: server says 500 for some invalid requests).
+_REFUSED = frozenset({400, 422, 500, 501})
+
+
 class _ChunkStream(openai.AsyncStream[ChatCompletionChunk]):
     """The SDK's chunk stream, noting whether the server ended it with ``[DONE]``.
 
@@ -163,6 +171,10 @@ class OpenAIBackend(LLMBackend):
         self.max_tokens = max_tokens
         self.author_mode: AuthorMode = author_mode
         self.extra_body = dict(extra_body or {})
+        #: What this endpoint refused once and is no longer sent (see :meth:`stream`):
+        #: ``tool_choice`` (``"auto"`` is every server's default anyway) and
+        #: ``stream`` together with tools (then tool requests are not streamed).
+        self.compat: set[Literal["no_tool_choice", "no_stream_with_tools"]] = set()
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url,
             api_key=self._api_key,
@@ -240,26 +252,76 @@ class OpenAIBackend(LLMBackend):
         # Backend-specific extras go into the body itself (it is sent as is).
         for key, value in self.extra_body.items():
             params.setdefault(key, value)
+        if params.get("tools"):
+            if "no_tool_choice" in self.compat and params.get("tool_choice") == "auto":
+                del params["tool_choice"]
+            if "no_stream_with_tools" in self.compat:
+                params["stream"] = False
+                params.pop("stream_options", None)
         return params
+
+    def _fall_back(self, exc: openai.APIStatusError, params: Mapping[str, Any]) -> bool:
+        """Whether a refusal is of the request's tool options, now left out (then retry).
+
+        llama.cpp's own server (and others like it) refuse a streamed request with
+        tools or with ``tool_choice``: first ``tool_choice: "auto"`` is dropped (it is
+        the default), then, if refused again, tool requests are sent without
+        streaming.  Each step is taken once per backend and logged once.
+        """
+        if exc.status_code not in _REFUSED or not params.get("tools"):
+            return False
+        said = f"{exc.message} {exc.body}".lower()
+        if "tool" not in said:
+            return False
+        where = self.base_url or "the OpenAI API"
+        if params.get("tool_choice") == "auto" and "no_tool_choice" not in self.compat:
+            self.compat.add("no_tool_choice")
+            step = "sending tools without tool_choice"
+        elif params.get("stream") and "no_stream_with_tools" not in self.compat:
+            self.compat.add("no_stream_with_tools")
+            step = "sending requests with tools without streaming"
+        else:
+            return False
+        log.warning(
+            "the model at %s refused the request's tool options (HTTP %s: %s): %s from now on",
+            where, exc.status_code, self._scrub(str(exc.message))[:200], step,
+        )  # fmt: skip
+        return True
 
     # -- streaming ----------------------------------------------------------------
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
-        params = self.build_params(request)
-        try:
-            # The request body is already plain JSON: post it through the SDK's
-            # client (same retries, timeouts, auth, SSE decoding and errors as
-            # ``chat.completions.create``) without its per-field request
-            # transformation, which costs ~0.3 ms of CPU per history message.
-            response = await self._client.post(
-                "/chat/completions",
-                body=params,
-                cast_to=ChatCompletion,
-                stream=True,
-                stream_cls=_ChunkStream,
-                options={"security": {"bearer_auth": True}},
-            )
-        except openai.APIError as exc:
-            raise self._translate(exc) from exc
+        while True:
+            params = self.build_params(request)
+            try:
+                if not params["stream"]:
+                    completion = await self._client.post(
+                        "/chat/completions",
+                        body=params,
+                        cast_to=ChatCompletion,
+                        options={"security": {"bearer_auth": True}},
+                    )
+                    for item in _completion_items(completion):
+                        yield item
+                    return
+                # The request body is already plain JSON: post it through the SDK's
+                # client (same retries, timeouts, auth, SSE decoding and errors as
+                # ``chat.completions.create``) without its per-field request
+                # transformation, which costs ~0.3 ms of CPU per history message.
+                response = await self._client.post(
+                    "/chat/completions",
+                    body=params,
+                    cast_to=ChatCompletion,
+                    stream=True,
+                    stream_cls=_ChunkStream,
+                    options={"security": {"bearer_auth": True}},
+                )
+            except openai.APIStatusError as exc:
+                if self._fall_back(exc, params):
+                    continue
+                raise self._translate(exc) from exc
+            except openai.APIError as exc:
+                raise self._translate(exc) from exc
+            break
         calls: dict[int, dict[str, str]] = {}
         finish: str | None = None
         try:
@@ -343,6 +405,47 @@ class OpenAIBackend(LLMBackend):
                 status_code=exc.status_code,
             )
         return LLMError(self._scrub(f"the model at {where} failed: {exc.message}"))
+
+
+def _completion_items(completion: ChatCompletion) -> list[StreamItem]:
+    """A non-streamed answer as the items a stream of it would have given."""
+    items: list[StreamItem] = []
+    u = completion.usage
+    if u is not None:
+        items.append(
+            UsageItem(
+                Usage(
+                    prompt_tokens=u.prompt_tokens or 0,
+                    completion_tokens=u.completion_tokens or 0,
+                    total_tokens=u.total_tokens or 0,
+                )
+            )
+        )
+    choice = next((c for c in completion.choices if c.index == 0), None)
+    if choice is None:
+        items.append(FinishItem("stop"))
+        return items
+    m = choice.message
+    reasoning = getattr(m, "reasoning_content", None) or getattr(m, "reasoning", None)
+    if isinstance(reasoning, str) and reasoning:
+        items.append(ReasoningChunk(reasoning))
+    if m.content:
+        items.append(TextChunk(m.content))
+    calls = [c for c in m.tool_calls or () if getattr(c, "function", None) is not None]
+    for c in calls:
+        fn = c.function  # type: ignore[union-attr]
+        items.append(
+            ToolCallItem(
+                ToolCall(
+                    id=c.id or f"call_{uuid.uuid4().hex[:24]}",
+                    name=fn.name,
+                    arguments=fn.arguments or "{}",
+                )
+            )
+        )
+    finish = choice.finish_reason or ("tool_calls" if calls else "stop")
+    items.append(FinishItem(finish))
+    return items
 
 
 def _too_long(exc: openai.APIStatusError) -> bool:

@@ -949,7 +949,30 @@ class Api:
             rows = await approvals.pending(conversation_id=conv.id)
         else:
             rows = list(await self.agent.store.approvals(conversation_id=conv.id, limit=200))
-        return JSONResponse({"items": [a.to_dict() for a in rows]})
+        # What the caller may do with each (the web page offers only those buttons):
+        # the same rules as deciding; a pending one only.
+        role = self._role_of(principal, conv.channel_key or "")
+        me = f"{self.ctx.instance}:{principal.name}"
+        items = []
+        for a in rows:
+            may = a.state == "pending" and approvals.at_least(role, a.approvers)
+            items.append(
+                {
+                    **a.to_dict(),
+                    "may_approve": may and (a.self_approve or a.asker_id != me),
+                    "may_deny": may,
+                }
+            )
+        return JSONResponse({"items": items})
+
+    def _role_of(self, principal: Principal, channel_key: str) -> str:
+        """The caller's role in a channel, as a chat message would present them."""
+        who = IncomingMessage(
+            channel_key=channel_key, text="", author_id=principal.name,
+            author_name=principal.name,
+        )  # fmt: skip
+        role_for = self.ctx.role_for
+        return role_for(self.ctx.instance, who, channel_key) if role_for else "user"
 
     async def decide_approval(self, request: Request) -> Response:
         principal = self.principal(request)

@@ -422,6 +422,14 @@ _SCHEMAS: dict[str, Any] = {
             "approver_id": _NULLABLE_STR,
             "reason": _NULLABLE_STR,
             "resolved_at": {"type": ["number", "null"]},
+            "may_approve": {
+                "type": "boolean",
+                "description": "(in lists) whether the caller may approve it now",
+            },
+            "may_deny": {
+                "type": "boolean",
+                "description": "(in lists) whether the caller may deny it now",
+            },
         },
     },
     "ApprovalList": {

@@ -144,6 +144,8 @@ class HttpTransport(Transport):
             page=_web_page(o.prefix) if o.web_ui else None,
             # Budgets and roles, when the sink (the bot's bridge) has them.
             budgets=getattr(access, "budgets", None),
+            # Looked up at each call: a reload gives the bridge a new policy (an
+            # admin added by SIGHUP decides on the web page without a restart).
             role_for=_live_role_for(access),
             metrics=(self.metrics or getattr(access, "metrics", None)) if o.metrics else None,
             metrics_token=self.metrics_token,
@@ -285,3 +287,5 @@ def _access_policy(sink: object) -> AccessPolicy | None:
     """The sink's ``[access]`` policy (the bot's bridge has one), if any."""
     found = getattr(sink, "access", None)
     return found if isinstance(found, AccessPolicy) else None
+
+

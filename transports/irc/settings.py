@@ -44,8 +44,11 @@ class IRCSettings(BaseModel):
     #: With SASL configured, never register unauthenticated: when the server does not
     #: offer SASL (services down), hold registration, wait ``sasl_wait`` seconds for it
     #: to be offered (``CAP NEW``), else disconnect and retry.  ``false``: register
-    #: without it (a warning) and log in when the server offers it later.
+    #: without it (a warning) and log in when the server offers it later (``CAP NEW``,
+    #: or our own ``CAP LS`` every ``sasl_wait`` seconds).
     sasl_required: bool = True
+    #: Seconds to wait for the server to offer SASL; also the bound of one SASL
+    #: exchange (hung services) and the interval of the re-asks above.
     sasl_wait: float = Field(20.0, gt=0)
     #: PEM files for a TLS client certificate (SASL EXTERNAL / CertFP).
     client_cert: PathSetting = None

@@ -257,6 +257,11 @@ class IRCTransport(Transport):
         #: Registration held open (no CAP END) until the server offers SASL.
         self._sasl_waiting = False
         self._sasl_timer: asyncio.TimerHandle | None = None
+        #: Bounds one SASL exchange (services that hang never answer 903/904).
+        self._sasl_exchange_timer: asyncio.TimerHandle | None = None
+        #: Registered without the login (sasl_required = false): ask again for SASL
+        #: every ``sasl_wait`` seconds (not every server sends CAP NEW when it returns).
+        self._sasl_retry_timer: asyncio.TimerHandle | None = None
         #: Why we hung up ourselves (for the "connection lost" line).
         self._hangup_reason: str | None = None
         #: When the last connection was lost or an attempt failed (None: all well).
@@ -346,6 +351,7 @@ class IRCTransport(Transport):
             self._ping_timer.cancel()
         if self._sasl_timer is not None:
             self._sasl_timer.cancel()
+        self._stop_sasl_timers()
         await self.cancel_tasks()
         self.closed.set()
 
@@ -560,6 +566,7 @@ class IRCTransport(Transport):
         if self._sasl_timer is not None:
             self._sasl_timer.cancel()
             self._sasl_timer = None
+        self._stop_sasl_timers()
         self.registered.clear()
         self.joined.clear()
         self._forget_members()
@@ -648,6 +655,7 @@ class IRCTransport(Transport):
         elif cmd == "903":
             self._sasl_state = "done"
             self._sasl_waiting = False
+            self._stop_sasl_timers()
             if self._sasl_timer is not None:
                 self._sasl_timer.cancel()
                 self._sasl_timer = None
@@ -660,6 +668,8 @@ class IRCTransport(Transport):
             self._cap_pending = False
             if self.options.sasl_mechanism != "none" and self._sasl_state != "done":
                 self._registered_without_sasl()
+                if not self.options.sasl_required:
+                    self._arm_sasl_retry()
         elif cmd == "005":
             for token in p[1:-1]:
                 key, _, value = token.partition("=")
@@ -720,7 +730,15 @@ class IRCTransport(Transport):
             for item in p[-1].split():
                 key, _, value = item.partition("=")
                 self._caps_offered[key] = value
-            if more or not self._cap_pending:
+            if more:
+                return
+            if not self._cap_pending:  # our own later CAP LS (see _sasl_retry)
+                if (
+                    mech != "none" and "sasl" in self._caps_offered
+                    and self._sasl_state is None and self.registered.is_set()
+                ):  # fmt: skip
+                    log.info("irc %s: the server offers SASL now: logging in", self.name)
+                    self._write(format_line("CAP", "REQ", "sasl"))
                 return
             want = [c for c in WANTED_CAPS if c in self._caps_offered]
             if "sasl" in want and mech == "none":
@@ -741,6 +759,7 @@ class IRCTransport(Transport):
             if "sasl" in acked and mech != "none" and self._sasl_state is None:
                 self._sasl_state = "started"
                 self._write(format_line("AUTHENTICATE", mech.upper()))
+                self._arm_sasl_exchange()
             else:
                 self._cap_end()
         elif sub == "NAK":
@@ -808,6 +827,63 @@ class IRCTransport(Transport):
             " disconnecting, will retry"
         )
 
+    def _stop_sasl_timers(self) -> None:
+        for name in ("_sasl_exchange_timer", "_sasl_retry_timer"):
+            timer = getattr(self, name)
+            if timer is not None:
+                timer.cancel()
+                setattr(self, name, None)
+
+    def _arm_sasl_exchange(self) -> None:
+        """Our own bound on a SASL exchange: services that hang would otherwise keep
+        registration waiting for the server's own timeout, silently."""
+        if self._sasl_exchange_timer is not None:
+            self._sasl_exchange_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._sasl_exchange_timer = loop.call_later(
+            self.options.sasl_wait, self._sasl_exchange_over
+        )
+
+    def _sasl_exchange_over(self) -> None:
+        self._sasl_exchange_timer = None
+        if self._sasl_state not in ("started", "sent"):
+            return
+        o = self.options
+        why = f"the SASL login got no answer within {o.sasl_wait:g} s (sasl_wait; services hung?)"
+        if o.sasl_required and not self.registered.is_set():
+            self._hang_up(f"{why}: disconnecting, will retry")
+            return
+        log.warning(
+            "irc %s: %s: going on WITHOUT logging in; will try again", self.name, why,
+            extra=self._fields("sasl_timeout"),
+        )  # fmt: skip
+        self._write(format_line("AUTHENTICATE", "*"))  # abort the exchange
+        self._sasl_state = None
+        if self.registered.is_set():
+            self._arm_sasl_retry()
+        else:
+            self._sasl_waiting = False
+            self._cap_end()
+
+    def _arm_sasl_retry(self) -> None:
+        if self._sasl_retry_timer is not None:
+            self._sasl_retry_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._sasl_retry_timer = loop.call_later(self.options.sasl_wait, self._sasl_retry)
+
+    def _sasl_retry(self) -> None:
+        """Registered without the login: ask the server again whether it offers SASL.
+
+        Servers with cap-notify announce returning services with ``CAP NEW sasl``;
+        InspIRCd 3 after a services-only restart does not, so every ``sasl_wait``
+        seconds a ``CAP LS 302`` asks (its answer logs in, see ``_on_cap``)."""
+        self._sasl_retry_timer = None
+        if self._sasl_state == "done" or not self.registered.is_set() or self._closing:
+            return
+        if self._sasl_state is None:
+            self._write("CAP LS 302")
+        self._arm_sasl_retry()
+
     def _registered_without_sasl(self) -> None:
         """The server registered us before we logged in (it has no CAP support)."""
         if self.options.sasl_required:
@@ -839,6 +915,9 @@ class IRCTransport(Transport):
         reason = line.params[-1] if line.params else ""
         if line.command == "907" and self._sasl_state == "done":
             return  # "already authenticated"
+        if line.command == "906" and self._sasl_exchange_timer is None:
+            return  # our own abort (AUTHENTICATE *) after the exchange timed out
+        self._stop_sasl_timers()
         self._fail(
             f"SASL {self.options.sasl_mechanism.upper()} login rejected ({line.command}): "
             f"{reason}; check sasl_username/sasl_password (not reconnecting)"

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from agentik.core.settings import PathSetting
 
@@ -86,6 +95,40 @@ class SlackSettings(BaseModel):
     assistant_prompts: Annotated[list[SuggestedPrompt], BeforeValidator(_prompts)] = Field(
         default_factory=list, max_length=4
     )
+
+    # Slack's token kinds by prefix: xoxb- bot, xapp- app-level, xoxp- user.  The two
+    # swapped (Socket Mode asks for both) fail at start-up with not_allowed_token_type;
+    # the error names the key that holds the wrong kind, never the value.
+    @field_validator("bot_token")
+    @classmethod
+    def _bot_token_kind(cls, value: SecretStr) -> SecretStr:
+        token = value.get_secret_value()
+        if token.startswith("xapp-"):
+            raise PydanticCustomError(
+                "slack_token_kind",
+                "holds an app-level token (xapp-…); the bot token starts with xoxb-"
+                " (OAuth & Permissions → Bot User OAuth Token): bot_token and app_token"
+                " swapped?",
+            )
+        if token.startswith("xoxp-"):
+            raise PydanticCustomError(
+                "slack_token_kind",
+                "holds a user token (xoxp-…); the bot token starts with xoxb-"
+                " (OAuth & Permissions → Bot User OAuth Token)",
+            )
+        return value
+
+    @field_validator("app_token")
+    @classmethod
+    def _app_token_kind(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and value.get_secret_value().startswith(("xoxb-", "xoxp-")):
+            raise PydanticCustomError(
+                "slack_token_kind",
+                "holds a bot or user token (xox…); the app-level token starts with xapp-"
+                " (Basic Information → App-Level Tokens, scope connections:write):"
+                " bot_token and app_token swapped?",
+            )
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> SlackSettings:
