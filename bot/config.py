@@ -66,6 +66,7 @@ from .chansettings import ChannelSettings
 from .health import HealthSettings, SupervisionSettings
 
 __all__ = [
+    "BACKEND_ALIASES",
     "ENV_OVERRIDES",
     "LITERT_ENV",
     "AccessSection",
@@ -173,6 +174,10 @@ class _OpenLLMSection(LLMSection):
 #: Setting this environment variable makes ``backend = "auto"`` pick LiteRT-LM.
 LITERT_ENV = "AGENTIK_GOOGLE_MODEL_PATH"
 
+#: Other names of built-in backends, read as the backend they name: ``google`` is
+#: what the standalone seed (and its ``AGENTIK_GOOGLE_*`` variables) calls LiteRT-LM.
+BACKEND_ALIASES: dict[str, str] = {"google": "litert"}
+
 
 def auto_backend(base_url: Any, api_key: Any, env: Mapping[str, str]) -> str:
     """What ``backend = "auto"`` picks: ``openai`` with an endpoint or key,
@@ -228,6 +233,8 @@ def llm_section(
     options = table.get("options", {})
     merged = {**options, **table} if isinstance(options, dict) else dict(table)
     chosen = merged.get("backend", "auto")
+    if isinstance(chosen, str) and chosen.strip() in BACKEND_ALIASES:
+        chosen = merged["backend"] = BACKEND_ALIASES[chosen.strip()]
     if chosen == "auto":
         chosen = auto_backend(merged.get("base_url"), merged.get("api_key"), env)
     cls = _llm_section_class(str(chosen), tuple(models.items()))
@@ -504,6 +511,7 @@ ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "AGENTIK_GOOGLE_MODEL_PATH": ("llm", "model_path"),
     "AGENTIK_GOOGLE_CACHE_DIR": ("llm", "cache_dir"),
     "AGENTIK_GOOGLE_THREADS": ("llm", "threads"),
+    "AGENTIK_GOOGLE_FOLD_SYSTEM_INTO_FIRST_USER": ("llm", "fold_system_prompt"),
 }
 
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
