@@ -611,6 +611,7 @@ def parse_config(
             table = raw.setdefault(section, {})
             if isinstance(table, dict):
                 table[key] = env[var]
+    _implied_http(raw, env)
     errors: list[Any] = []
     table = raw.get("llm", {})
     if isinstance(table, dict):
@@ -679,6 +680,30 @@ def parse_config(
     more = len(errors) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     raise ConfigError(f"{source}: {where}: {first_desc}{tail}") from None
+
+
+#: The name of the ``http`` transport ``AGENTIK_PORT`` opens when the file has none.
+IMPLIED_HTTP = "http"
+
+
+def _implied_http(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    """``AGENTIK_PORT`` set and no ``type = "http"`` table in the file: add
+    ``[transports.http]`` with its defaults (loopback only, no tokens), so the
+    standalone seed's ``AGENTIK_PORT=8080 agentik run`` opens the HTTP API as it
+    says.  A file with an ``http`` table (even a disabled one) is left as it is:
+    ``AGENTIK_PORT`` only sets that table's port."""
+    if not env.get("AGENTIK_PORT", "").strip():
+        return
+    transports = raw.get("transports", {})
+    if not isinstance(transports, dict):
+        return  # the validation error names it
+    if any(isinstance(t, dict) and t.get("type") == "http" for t in transports.values()):
+        return
+    name, n = IMPLIED_HTTP, 1
+    while name in transports:
+        n += 1
+        name = f"{IMPLIED_HTTP}{n}"
+    raw["transports"] = {**transports, name: {"type": "http"}}
 
 
 def _first_rule(rules: list[ApprovalRule], tool: str) -> ApprovalRule | None:
