@@ -991,11 +991,18 @@ class Conversation:
         await memory.compact(await memory.entries(), upto, summary)
 
     # -- metadata and lifecycle ----------------------------------------------------
-    async def rename(self, title: str) -> None:
+    async def rename(self, title: str | None) -> None:
+        """Set the title (``None`` or ``""``: clear it, the conversation is untitled).
+
+        A rename is a change of the conversation: ``updated_at`` moves to now,
+        so lists ordered by activity show it first.
+        """
         self._check_open()
-        title = self._scrub("title", title)
-        await self._store.update_conversation(self.id, title=title)
+        title = self._scrub("title", title or "")
+        now = time.time()
+        await self._store.update_conversation(self.id, title=title, updated_at=now)
         self.title = title
+        self.updated_at = now
 
     async def aclose(self, *, drain: bool = False) -> None:
         """Close: with ``drain``, let queued turns finish; else interrupt them.

@@ -149,12 +149,13 @@ class NewConversationBody(_Body):
 
 
 class RenameBody(_Body):
-    title: str = Field(max_length=200)
+    #: ``null`` clears the title (as ``""`` does), as the standalone seed's clients send.
+    title: str | None = Field(max_length=200)
 
     @field_validator("title")
     @classmethod
-    def _one_line(cls, v: str) -> str:
-        return _printable_title(v)
+    def _one_line(cls, v: str | None) -> str | None:
+        return None if v is None else _printable_title(v)
 
 
 _AUTHOR = re.compile(AUTHOR_PATTERN)
@@ -849,17 +850,20 @@ class Api:
         conv = await self.conversation(request, principal)
         after = _int_param(request, "after", None, 0, 2**62)
         before = _int_param(request, "before", None, 0, 2**62)
+        offset = _int_param(request, "offset", None, 0, 1_000_000)
         limit = _int_param(request, "limit", 100, 1, 1000)
         assert limit is not None
-        # With ``after``: the next page forward; without: the latest page
-        # (before ``before``), to scroll back from.
-        rows = await conv.messages(after=after, before=before, limit=limit)
+        # With ``after`` or ``offset`` (counted from the oldest): a page forward;
+        # without: the latest page (before ``before``), to scroll back from.
+        rows = await conv.messages(after=after, before=before, offset=offset, limit=limit)
         full = len(rows) == limit
+        forward = after is not None or offset is not None
         return JSONResponse(
             {
                 "items": [m.to_dict() for m in rows],
-                "next_after": rows[-1].id if full and after is not None else None,
-                "prev_before": rows[0].id if full and after is None else None,
+                "next_after": rows[-1].id if full and forward else None,
+                "prev_before": rows[0].id if full and not forward else None,
+                "next_offset": offset + limit if full and offset is not None else None,
             }
         )
 

@@ -224,10 +224,11 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["title"],
         "properties": {
             "title": {
-                "type": "string",
+                "type": ["string", "null"],
                 "maxLength": 200,
                 "pattern": TITLE_PATTERN,
-                "description": "one line, no control characters",
+                "description": "one line, no control characters; null or empty clears it."
+                " Renaming moves updated_at to now",
             }
         },
     },
@@ -376,7 +377,12 @@ _SCHEMAS: dict[str, Any] = {
             "items": {"type": "array", "items": {"$ref": "#/components/schemas/Message"}},
             "next_after": {
                 "type": ["integer", "null"],
-                "description": "paging forward (after= given): pass as after= (null: no more)",
+                "description": "paging forward (after= or offset= given): pass as after="
+                " (null: no more)",
+            },
+            "next_offset": {
+                "type": ["integer", "null"],
+                "description": "paging with offset=: pass as offset= (null: no more)",
             },
             "prev_before": {
                 "type": ["integer", "null"],
@@ -927,6 +933,13 @@ def openapi_document(
                 ]
                 + [
                     {
+                        "name": "offset",
+                        "in": "query",
+                        "description": "skip this many of the oldest messages and page forward"
+                        " (the standalone seed's paging; after= costs less on long histories)",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+                    },
+                    {
                         "name": "limit",
                         "in": "query",
                         "schema": {
@@ -935,7 +948,7 @@ def openapi_document(
                             "maximum": 1000,
                             "default": 100,
                         },
-                    }
+                    },
                 ],
             ),
         },
