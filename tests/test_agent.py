@@ -346,12 +346,14 @@ async def test_reasoning_events(agent, scripted):
     assert kinds.index("reasoning_delta") < kinds.index("response_started")
     chat = conv.events(after=0, profile="chat")
     await conv.aclose()
-    # chat leaves reasoning out; it keeps the lifecycle (run_stream_end included).
+    # chat leaves reasoning out; it keeps the lifecycle (run_stream_end included,
+    # and the conversation's end: closing it is one).
     assert {e.kind async for e in chat} == {
         "turn_started",
         "text_delta",
         "turn_ended",
         "run_stream_end",
+        "conversation_ended",
     }
 
 
