@@ -603,3 +603,12 @@ async def test_ambient_notes_reach_the_model_with_the_next_turn(agent, scripted)
         "meanwhile…",
         "second question",
     ]
+
+
+async def test_the_agent_has_an_id(scripted):
+    """The seed's ``agent.id``: given, or a fresh one per agent (it had none)."""
+    async with Agent(llm=scripted, id="support-bot") as named, Agent(llm=scripted) as a:
+        assert named.id == "support-bot"
+        b = Agent(llm=scripted)
+        assert isinstance(a.id, str) and len(a.id) == 32 and a.id != b.id
+        assert "support-bot" in repr(named)

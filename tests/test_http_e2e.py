@@ -129,6 +129,8 @@ async def test_agentik_port_alone_opens_the_http_api(tmp_path):
         async with httpx.AsyncClient(base_url=url + "/agentik") as c:
             health = await c.get(url + "/health")
             assert health.status_code == 200 and health.json()["status"] == "ok"
+            # The agent has an id (the seed's agent.id): the bot's [agent] name.
+            assert (await c.get("/status")).json()["agent_id"] == "agentik"
             conv = (await c.post("/conversations", json={"title": "seed"})).json()
             path = f"/conversations/{conv['id']}"
             async with sse(c, path + "/events", params={"profile": "chat"}) as events:

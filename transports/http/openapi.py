@@ -130,8 +130,12 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Status": {
         "type": "object",
-        "required": ["version", "uptime", "ready", "components", "conversations"],
+        "required": ["agent_id", "version", "uptime", "ready", "components", "conversations"],
         "properties": {
+            "agent_id": {
+                "type": "string",
+                "description": "the agent's id (the bot's [agent] name)",
+            },
             "version": {"type": "string"},
             "started": {"type": "number"},
             "uptime": {"type": "number"},
