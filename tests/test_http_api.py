@@ -83,6 +83,18 @@ async def test_health_page_and_openapi_need_no_token(secured):
         assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
 
 
+async def test_health_answers_a_bare_word_to_plain_text_probes(server):
+    """JSON is our documented /health; the standalone seed's probes ask for text and
+    compare a bare word: they get it, with the same status code.  Others keep JSON."""
+    async with httpx.AsyncClient(base_url=server.url) as c:
+        plain = await c.get("/health", headers={"Accept": "text/plain"})
+        assert plain.status_code == 200 and plain.text == "ok\n"
+        assert plain.headers["content-type"].startswith("text/plain")
+        for accept in ("*/*", "application/json", "application/json, text/plain"):
+            r = await c.get("/health", headers={"Accept": accept})
+            assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
 async def test_create_get_rename_delete(server, db_path):
     async with server.client() as c:
         r = await c.post("/conversations", json={"title": "Plans"})

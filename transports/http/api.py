@@ -58,7 +58,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from agentik.core import Agent, Conversation, ConversationRecord
@@ -400,6 +400,12 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
     return value
 
 
+def _wants_plain_text(request: Request) -> bool:
+    """``Accept`` names ``text/plain`` and not JSON: the caller wants a bare word."""
+    accept = request.headers.get("accept", "").lower()
+    return "text/plain" in accept and "json" not in accept
+
+
 Handler = Callable[[Request], Awaitable[Any]]
 
 _INTEGER = re.compile(r"-?[0-9]{1,20}")
@@ -559,7 +565,11 @@ class Api:
     async def health(self, request: Request) -> Response:
         """Liveness: ``status`` ok while the agent runs, with the components' states."""
         running = self.agent.state.value == "running" and not self.ctx.closing
-        body = {"status": "ok" if running else "unavailable", **self._health_detail(request)}
+        status = "ok" if running else "unavailable"
+        if _wants_plain_text(request):
+            # The standalone seed's probes read a bare word: same word, same code.
+            return PlainTextResponse(status + "\n", status_code=200 if running else 503)
+        body = {"status": status, **self._health_detail(request)}
         return JSONResponse(body, status_code=200 if running else 503)
 
     def _health_detail(self, request: Request) -> dict[str, Any]:

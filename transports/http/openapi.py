@@ -625,6 +625,12 @@ def _json(ref: str, description: str) -> dict[str, Any]:
     }
 
 
+def _with_plain(response: dict[str, Any], word: str) -> dict[str, Any]:
+    """``response`` also as ``text/plain``: ``word`` and a newline."""
+    plain = {"text/plain": {"schema": {"type": "string", "enum": [word + "\n"]}}}
+    return {**response, "content": {**response["content"], **plain}}
+
+
 def _body(ref: str, *, required: bool) -> dict[str, Any]:
     return {
         "required": required,
@@ -742,9 +748,13 @@ def openapi_document(
                 "operationId": "health",
                 "summary": "Liveness: 200 while the agent runs",
                 "security": [],
+                "description": "JSON; with Accept: text/plain (and not JSON) the bare"
+                " word ok or unavailable, for the standalone seed's probes",
                 "responses": {
-                    "200": _json("Health", "the agent is running"),
-                    "503": _json("Health", "the agent is shutting down"),
+                    "200": _with_plain(_json("Health", "the agent is running"), "ok"),
+                    "503": _with_plain(
+                        _json("Health", "the agent is shutting down"), "unavailable"
+                    ),
                 },
             }
         },
