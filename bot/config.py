@@ -679,7 +679,15 @@ def parse_config(
     )
     more = len(errors) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    raise ConfigError(f"{source}: {where}: {first_desc}{tail}") from None
+    via = next(
+        (
+            f" (set by {var}, which overrides the file)"
+            for var, path in ENV_OVERRIDES.items()
+            if env.get(var) and tuple(first["loc"]) == path
+        ),
+        "",
+    )
+    raise ConfigError(f"{source}: {where}: {first_desc}{via}{tail}") from None
 
 
 #: The name of the ``http`` transport ``AGENTIK_PORT`` opens when the file has none.

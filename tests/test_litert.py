@@ -672,6 +672,7 @@ async def test_the_seeds_backend_name_google_and_its_fold_variable(tmp_path):
     with pytest.raises(ConfigError) as err:
         parse_config({"llm": {"backend": "google"}}, source=source, env=env)
     assert "llm.fold_system_prompt" in str(err.value)
+    assert "AGENTIK_GOOGLE_FOLD_SYSTEM_INTO_FIRST_USER" in str(err.value)  # where to fix it
 
 
 # -- message translation --------------------------------------------------------------------------
