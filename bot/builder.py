@@ -132,6 +132,7 @@ class AgentBuilder:
         self._runs = RunPolicy()
         self._stream_profiles: dict[str, StreamProfile] = {}
         self._passthrough: list[PassthroughSpec] = []
+        self._agent_id: str | None = None
 
     def llm(self, backend: LLMBackend) -> Self:
         self._llm = backend
@@ -287,6 +288,7 @@ class AgentBuilder:
             sources = [*tools, *self._memory.tools(), *toolsets]
             toolsets.append(PassthroughToolset(self._passthrough, sources))
         return Agent(
+            id=self._agent_id,
             llm=self._llm,
             store=self._store,
             memory=self._memory,
@@ -308,7 +310,8 @@ class AgentBuilder:
         )
 
     def persona(self, config: Config) -> Self:
-        """The system prompt, soul and skills of ``[agent]``."""
+        """The system prompt, soul and skills of ``[agent]``; its ``name`` is the agent's id."""
+        self._agent_id = config.agent.name
         self.system_prompt(config.agent.system_prompt)
         soul = config.agent.soul
         if soul:

@@ -66,6 +66,7 @@ from .chansettings import ChannelSettings
 from .health import HealthSettings, SupervisionSettings
 
 __all__ = [
+    "BACKEND_ALIASES",
     "ENV_OVERRIDES",
     "LITERT_ENV",
     "AccessSection",
@@ -173,6 +174,10 @@ class _OpenLLMSection(LLMSection):
 #: Setting this environment variable makes ``backend = "auto"`` pick LiteRT-LM.
 LITERT_ENV = "AGENTIK_GOOGLE_MODEL_PATH"
 
+#: Other names of built-in backends, read as the backend they name: ``google`` is
+#: what the standalone seed (and its ``AGENTIK_GOOGLE_*`` variables) calls LiteRT-LM.
+BACKEND_ALIASES: dict[str, str] = {"google": "litert"}
+
 
 def auto_backend(base_url: Any, api_key: Any, env: Mapping[str, str]) -> str:
     """What ``backend = "auto"`` picks: ``openai`` with an endpoint or key,
@@ -228,6 +233,8 @@ def llm_section(
     options = table.get("options", {})
     merged = {**options, **table} if isinstance(options, dict) else dict(table)
     chosen = merged.get("backend", "auto")
+    if isinstance(chosen, str) and chosen.strip() in BACKEND_ALIASES:
+        chosen = merged["backend"] = BACKEND_ALIASES[chosen.strip()]
     if chosen == "auto":
         chosen = auto_backend(merged.get("base_url"), merged.get("api_key"), env)
     cls = _llm_section_class(str(chosen), tuple(models.items()))
@@ -508,6 +515,7 @@ ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "AGENTIK_GOOGLE_MODEL_PATH": ("llm", "model_path"),
     "AGENTIK_GOOGLE_CACHE_DIR": ("llm", "cache_dir"),
     "AGENTIK_GOOGLE_THREADS": ("llm", "threads"),
+    "AGENTIK_GOOGLE_FOLD_SYSTEM_INTO_FIRST_USER": ("llm", "fold_system_prompt"),
 }
 
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -607,6 +615,7 @@ def parse_config(
             table = raw.setdefault(section, {})
             if isinstance(table, dict):
                 table[key] = env[var]
+    _implied_http(raw, env)
     errors: list[Any] = []
     table = raw.get("llm", {})
     if isinstance(table, dict):
@@ -674,7 +683,39 @@ def parse_config(
     )
     more = len(errors) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    raise ConfigError(f"{source}: {where}: {first_desc}{tail}") from None
+    via = next(
+        (
+            f" (set by {var}, which overrides the file)"
+            for var, path in ENV_OVERRIDES.items()
+            if env.get(var) and tuple(first["loc"]) == path
+        ),
+        "",
+    )
+    raise ConfigError(f"{source}: {where}: {first_desc}{via}{tail}") from None
+
+
+#: The name of the ``http`` transport ``AGENTIK_PORT`` opens when the file has none.
+IMPLIED_HTTP = "http"
+
+
+def _implied_http(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    """``AGENTIK_PORT`` set and no ``type = "http"`` table in the file: add
+    ``[transports.http]`` with its defaults (loopback only, no tokens), so the
+    standalone seed's ``AGENTIK_PORT=8080 agentik run`` opens the HTTP API as it
+    says.  A file with an ``http`` table (even a disabled one) is left as it is:
+    ``AGENTIK_PORT`` only sets that table's port."""
+    if not env.get("AGENTIK_PORT", "").strip():
+        return
+    transports = raw.get("transports", {})
+    if not isinstance(transports, dict):
+        return  # the validation error names it
+    if any(isinstance(t, dict) and t.get("type") == "http" for t in transports.values()):
+        return
+    name, n = IMPLIED_HTTP, 1
+    while name in transports:
+        n += 1
+        name = f"{IMPLIED_HTTP}{n}"
+    raw["transports"] = {**transports, name: {"type": "http"}}
 
 
 def _first_rule(rules: list[ApprovalRule], tool: str) -> ApprovalRule | None:

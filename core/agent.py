@@ -94,6 +94,7 @@ class Agent:
         self,
         *,
         llm: LLMBackend,
+        id: str | None = None,
         store: Store | None = None,
         tools: Iterable[Tool] = (),
         system_prompt: str | None = None,
@@ -113,6 +114,10 @@ class Agent:
         run_policy: RunPolicy | None = None,
         stream_profiles: Mapping[str, StreamProfile] | None = None,
     ) -> None:
+        #: Names this agent (the standalone seed's ``agent.id``): ``id`` if given
+        #: (the bot gives ``[agent] name``), else a fresh random hex id.  Shown by
+        #: ``GET /agentik/status`` (``agent_id``).
+        self.id: str = id or uuid.uuid4().hex
         self.llm = llm
         #: Event stream profiles subscribers may name (``chat``, ``debug``,
         #: ``metrics`` and ``[profiles.<name>]``; see :mod:`agentik.core.streamprofiles`).
@@ -185,7 +190,7 @@ class Agent:
         self.closing_listeners: list[Callable[[], Awaitable[None]]] = []
 
     def __repr__(self) -> str:
-        return f"<Agent {self.state.value} llm={self.llm!r}>"
+        return f"<Agent {self.id} {self.state.value} llm={self.llm!r}>"
 
     def llm_for(self, profile: str | None) -> LLMBackend:
         """The backend of model profile ``profile``; :attr:`llm` for ``None``,

@@ -1029,22 +1029,35 @@ class Conversation:
         await memory.compact(await memory.entries(), upto, summary)
 
     # -- metadata and lifecycle ----------------------------------------------------
-    async def rename(self, title: str) -> None:
+    async def rename(self, title: str | None) -> None:
+        """Set the title (``None`` or ``""``: clear it, the conversation is untitled).
+
+        A rename is a change of the conversation: ``updated_at`` moves to now,
+        so lists ordered by activity show it first.
+        """
         self._check_open()
-        title = self._scrub("title", title)
-        await self._store.update_conversation(self.id, title=title)
+        title = self._scrub("title", title or "")
+        now = time.time()
+        await self._store.update_conversation(self.id, title=title, updated_at=now)
         self.title = title
+        self.updated_at = now
 
     async def aclose(self, *, drain: bool = False) -> None:
         """Close: with ``drain``, let queued turns finish; else interrupt them.
 
         Queued user messages stay in the audit log either way (and reach the
-        model as context next time).  Subscribers' streams end.
+        model as context next time).  A conversation closed while the agent
+        runs has ended: ``conversation_ended`` (reason ``closed``) is published
+        and the agent's end listeners run (the memory worker reflects on it),
+        as for a channel's ``!new`` — unless it already ended (reset, deleted).
+        Closing the agent closes its conversations as a shutdown instead.
+        Subscribers' streams end after that event.
         """
         if self.state is ConversationState.CLOSED:
             return
         if drain:
             await self.wait_idle()
+        announce = self._services.end_unannounced(self)
         self.state = ConversationState.CLOSED
         await self._services.session_end(self, "closed")
         worker = self._worker
@@ -1052,6 +1065,9 @@ class Conversation:
             worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
+        if announce:
+            # After the turn stopped: its partial answer is part of what ended.
+            await self.agent.end_conversation(self, "closed")
         for item in self._queue:
             if isinstance(item, _Job) and not item.done.done():
                 item.done.cancel()

@@ -269,7 +269,9 @@ class ConversationEnded(EventBase):
     """The conversation ended, for ``reason``: ``reset`` (its channel moved on to a
     new one, ``!new``), ``deleted`` (emitted before its rows go), ``idle`` (no turn
     for ``[memory] reflect_after_idle``; a later message goes on in the same
-    conversation) or ``shutdown`` (the bot stopped with turns not yet reflected on).
+    conversation), ``closed`` (a library user closed it, ``Conversation.aclose()``,
+    while the agent runs) or ``shutdown`` (the bot stopped with turns not yet
+    reflected on).
     ``channel_key`` is the channel it was bound to, if any."""
 
     kind: Literal["conversation_ended"] = field(default="conversation_ended", init=False)

@@ -191,6 +191,7 @@ def status_of(
             )
     now = time.time()
     out: dict[str, Any] = {
+        "agent_id": agent.id,
         "version": version("agentik"),
         "started": registry.started,
         "uptime": round(now - registry.started, 3),

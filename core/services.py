@@ -157,6 +157,13 @@ class AgentServices:
         self._ended.add(conv)
         await self.hooks.session_end(conv, reason)
 
+    def end_unannounced(self, conv: Conversation) -> bool:
+        """Whether closing ``conv`` is its end still to be published: the agent
+        runs (its own :meth:`~agentik.core.agent.Agent.aclose` is a shutdown,
+        reflected on by ``wind_down``) and ``conv`` did not end already
+        (``reset``, ``deleted``)."""
+        return self.agent.state is AgentState.RUNNING and conv not in self._ended
+
     # -- the registry of conversations ------------------------------------------------------
     def remember(self, conv: Conversation) -> None:
         """Keep ``conv`` findable while anyone holds it."""

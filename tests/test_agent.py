@@ -346,12 +346,14 @@ async def test_reasoning_events(agent, scripted):
     assert kinds.index("reasoning_delta") < kinds.index("response_started")
     chat = conv.events(after=0, profile="chat")
     await conv.aclose()
-    # chat leaves reasoning out; it keeps the lifecycle (run_stream_end included).
+    # chat leaves reasoning out; it keeps the lifecycle (run_stream_end included,
+    # and the conversation's end: closing it is one).
     assert {e.kind async for e in chat} == {
         "turn_started",
         "text_delta",
         "turn_ended",
         "run_stream_end",
+        "conversation_ended",
     }
 
 
@@ -601,3 +603,12 @@ async def test_ambient_notes_reach_the_model_with_the_next_turn(agent, scripted)
         "meanwhile…",
         "second question",
     ]
+
+
+async def test_the_agent_has_an_id(scripted):
+    """The seed's ``agent.id``: given, or a fresh one per agent (it had none)."""
+    async with Agent(llm=scripted, id="support-bot") as named, Agent(llm=scripted) as a:
+        assert named.id == "support-bot"
+        b = Agent(llm=scripted)
+        assert isinstance(a.id, str) and len(a.id) == 32 and a.id != b.id
+        assert "support-bot" in repr(named)

@@ -439,6 +439,11 @@ path = "file.db"
         ("AGENTIK_GOOGLE_MODEL_PATH", "/models/g.litertlm", lambda c: c.llm.model_path),
         ("AGENTIK_GOOGLE_CACHE_DIR", "/tmp/litert-cache", lambda c: c.llm.cache_dir),
         ("AGENTIK_GOOGLE_THREADS", "3", lambda c: str(c.llm.threads)),
+        (
+            "AGENTIK_GOOGLE_FOLD_SYSTEM_INTO_FIRST_USER",
+            "False",
+            lambda c: str(c.llm.fold_system_prompt),
+        ),
     ],
 )
 def test_environment_overrides_the_file(tmp_path, var, value, get):
@@ -465,6 +470,7 @@ def test_every_override_is_tested():
         "AGENTIK_GOOGLE_MODEL_PATH",
         "AGENTIK_GOOGLE_CACHE_DIR",
         "AGENTIK_GOOGLE_THREADS",
+        "AGENTIK_GOOGLE_FOLD_SYSTEM_INTO_FIRST_USER",
     }
 
 

@@ -83,6 +83,18 @@ async def test_health_page_and_openapi_need_no_token(secured):
         assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
 
 
+async def test_health_answers_a_bare_word_to_plain_text_probes(server):
+    """JSON is our documented /health; the standalone seed's probes ask for text and
+    compare a bare word: they get it, with the same status code.  Others keep JSON."""
+    async with httpx.AsyncClient(base_url=server.url) as c:
+        plain = await c.get("/health", headers={"Accept": "text/plain"})
+        assert plain.status_code == 200 and plain.text == "ok\n"
+        assert plain.headers["content-type"].startswith("text/plain")
+        for accept in ("*/*", "application/json", "application/json, text/plain"):
+            r = await c.get("/health", headers={"Accept": accept})
+            assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
 async def test_create_get_rename_delete(server, db_path):
     async with server.client() as c:
         r = await c.post("/conversations", json={"title": "Plans"})
@@ -408,6 +420,62 @@ async def test_history_pages_forward_with_after_and_back_with_before(server):
         assert latest["prev_before"] == everything[2]["id"]
         older = (await c.get(url, params={"limit": 4, "before": latest["prev_before"]})).json()
         assert older["items"] == everything[:2] and older["prev_before"] is None
+
+
+async def test_history_pages_with_offset_as_the_seed_does(server):
+    """The standalone seed's clients page history with ``?offset=`` (counted from the
+    oldest message); it was ignored: every page was the latest one."""
+    async with server.client() as c:
+        conv = await create(c)
+        for i in range(3):
+            await c.post(f"/conversations/{conv['id']}/messages", json={"content": f"m{i}"})
+        await (await server.agent.get_conversation(conv["id"])).wait_idle()
+        url = f"/conversations/{conv['id']}/messages"
+        everything = (await c.get(url)).json()["items"]
+        assert len(everything) == 6
+        first = (await c.get(url, params={"offset": 0, "limit": 4})).json()
+        assert first["items"] == everything[:4] and first["next_offset"] == 4
+        rest = (await c.get(url, params={"offset": first["next_offset"], "limit": 4})).json()
+        assert rest["items"] == everything[4:] and rest["next_offset"] is None
+        middle = (await c.get(url, params={"offset": 1, "limit": 2})).json()
+        assert middle["items"] == everything[1:3]
+        assert middle["next_after"] == everything[2]["id"] and middle["prev_before"] is None
+        past_the_end = (await c.get(url, params={"offset": 6})).json()
+        assert past_the_end["items"] == [] and past_the_end["next_offset"] is None
+        bad = await c.get(url, params={"offset": -1})
+        assert bad.status_code == 422 and error_code(bad) == "invalid_parameter"
+
+
+async def test_renaming_moves_updated_at_and_null_clears_the_title(server, db_path):
+    """The seed: a rename is a change (``updated_at`` moves, the conversation lists
+    first) and ``{"title": null}`` clears the title; the rename kept the old time
+    and refused null with 422."""
+    async with server.client() as c:
+        older = await create(c, title="older")
+        newer = await create(c, title="newer")
+        listed = (await c.get("/conversations")).json()["items"]
+        assert [x["id"] for x in listed[:2]] == [newer["id"], older["id"]]
+        r = await c.patch(f"/conversations/{older['id']}", json={"title": "renamed"})
+        assert r.status_code == 200
+        renamed = r.json()
+        assert renamed["title"] == "renamed" and renamed["updated_at"] > older["updated_at"]
+        assert renamed["updated_at"] >= newer["updated_at"]
+        listed = (await c.get("/conversations")).json()["items"]
+        assert [x["id"] for x in listed[:2]] == [older["id"], newer["id"]]
+        stored = rows(
+            db_path, "SELECT title, updated_at FROM conversation WHERE id = ?", older["id"]
+        )
+        assert stored == [("renamed", renamed["updated_at"])]
+
+        r = await c.patch(f"/conversations/{older['id']}", json={"title": None})
+        assert r.status_code == 200 and r.json()["title"] == ""
+        assert (await c.get(f"/conversations/{older['id']}")).json()["title"] == ""
+        # Cleared, an API conversation is named again by its next message.
+        r = await c.post(f"/conversations/{older['id']}/messages", json={"content": "new topic"})
+        assert r.json()["title"] == "new topic"
+        # The key is still required: an empty body is not a rename.
+        r = await c.patch(f"/conversations/{older['id']}", json={})
+        assert r.status_code == 422
 
 
 async def test_interrupt_keeps_the_partial_answer(server):

@@ -8,6 +8,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import tomllib
 from pathlib import Path
 
@@ -91,6 +92,55 @@ tokens = [{{ name = "e2e", env = "E2E_TOKEN" }}]
         await drain
         assert proc.returncode == 0, "".join(stderr)
         assert "Traceback" not in "".join(stderr)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_agentik_port_alone_opens_the_http_api(tmp_path):
+    """The standalone seed's runbook: ``AGENTIK_PORT=8080 agentik run`` with a file
+    that has no http table serves the API on that port (it opened nothing, and with
+    no other transport refused to start)."""
+    config = tmp_path / "bot.toml"
+    config.write_text(f'[llm]\nbackend = "scripted"\n[storage]\npath = "{tmp_path / "bot.db"}"\n')
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
+    env["AGENTIK_PORT"] = str(port)
+    proc = await asyncio.create_subprocess_exec(
+        AGENTIK, "-v", "run", "-c", str(config), env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout and proc.stderr
+    stderr: list[str] = []
+    try:
+        url = None
+        while url is None:
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            assert line, "agentik exited: " + "".join(stderr)
+            stderr.append(line)
+            if m := re.search(r"HTTP API on (http://127\.0\.0\.1:\d+)/agentik", line):
+                url = m.group(1)
+        drain = asyncio.ensure_future(_collect(proc.stderr, stderr))
+        assert url == f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=url + "/agentik") as c:
+            health = await c.get(url + "/health")
+            assert health.status_code == 200 and health.json()["status"] == "ok"
+            # The agent has an id (the seed's agent.id): the bot's [agent] name.
+            assert (await c.get("/status")).json()["agent_id"] == "agentik"
+            conv = (await c.post("/conversations", json={"title": "seed"})).json()
+            path = f"/conversations/{conv['id']}"
+            async with sse(c, path + "/events", params={"profile": "chat"}) as events:
+                await c.post(path + "/messages", json={"content": "hello"})
+                got = await events.until("turn_ended", timeout=30)
+            assert got[-1].data["text"].endswith("hello")
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+        await drain
+        assert proc.returncode == 0, "".join(stderr)
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -640,6 +640,41 @@ async def test_configured_from_toml_and_the_seeds_environment_names(tmp_path):
         await backend.aclose()
 
 
+async def test_the_seeds_backend_name_google_and_its_fold_variable(tmp_path):
+    """The standalone seed calls this backend ``google`` and turns folding off with
+    ``AGENTIK_GOOGLE_FOLD_SYSTEM_INTO_FIRST_USER``: both work as written there."""
+    source = str(tmp_path / "bot.toml")
+    env = {
+        "AGENTIK_GOOGLE_MODEL_PATH": str(FIXTURE),
+        "AGENTIK_GOOGLE_CACHE_DIR": str(tmp_path / "cache"),
+        "AGENTIK_GOOGLE_FOLD_SYSTEM_INTO_FIRST_USER": "false",
+    }
+    in_file = parse_config({"llm": {"backend": "google"}}, source=source, env=env)
+    from_env = parse_config({}, source=source, env={**env, "AGENTIK_LLM_BACKEND": "google"})
+    as_profile = parse_config(
+        {"llm": {"backend": "openai", "profiles": {"local": {"backend": "google"}}}},
+        source=source,
+        env=env,
+    )
+    assert in_file.llm.backend == from_env.llm.backend == "litert"
+    assert as_profile.llm.profiles["local"].backend == "litert"
+    for config in (in_file, from_env):
+        backend = resolve_backend(config, load_plugins(env={}))
+        try:
+            assert isinstance(backend, LiteRTBackend)
+            assert backend.fold_system_prompt is False
+        finally:
+            await backend.aclose()
+    env["AGENTIK_GOOGLE_FOLD_SYSTEM_INTO_FIRST_USER"] = "1"
+    config = parse_config({"llm": {"backend": "google", "fold_system_prompt": False}}, env=env)
+    assert config.llm.fold_system_prompt is True  # the variable wins, like the others
+    env["AGENTIK_GOOGLE_FOLD_SYSTEM_INTO_FIRST_USER"] = "sometimes"
+    with pytest.raises(ConfigError) as err:
+        parse_config({"llm": {"backend": "google"}}, source=source, env=env)
+    assert "llm.fold_system_prompt" in str(err.value)
+    assert "AGENTIK_GOOGLE_FOLD_SYSTEM_INTO_FIRST_USER" in str(err.value)  # where to fix it
+
+
 # -- message translation --------------------------------------------------------------------------
 
 

@@ -168,6 +168,44 @@ async def test_delete_reflects_on_what_the_conversation_said_before_it_goes(db_p
         await rec.aclose()
 
 
+async def test_a_library_user_closing_a_conversation_gets_its_end_and_a_reflection(db_path):
+    """The seed: ``Conversation.aclose()`` publishes ``conversation_ended``; it
+    published nothing, so a library user who closes conversations got no event and
+    no reflection.  Its own subscribers see the end before their stream stops, and
+    a conversation that already ended (deleted) is not ended twice."""
+    brain = Brain(reflection="Alice prefers tea.")
+    worker = MemoryWorker(BackgroundPolicy(mining=False, reflection_debounce=0))
+    async with make_agent(brain, db_path, worker=worker, budget=100_000) as agent:
+        rec = Recorder(agent)
+        conv = await agent.create_conversation(title="drinks")
+        await chat(conv, 2, size=0)
+        own = conv.events(after=0)
+        await conv.aclose()
+        await rec.wait(ended("closed"))
+        seen = [e async for e in own]
+        assert seen[-1].kind == "conversation_ended" and seen[-1].reason == "closed"
+        await asyncio.wait_for(worker.wait_for("reflection"), 60)
+        (request,) = brain.requests("reflection")
+        assert "question 0" in transcript(request) and "question 1" in transcript(request)
+        notes = await agent.memory.list([f"channel:conversation:{conv.id}"])
+        assert len(notes) == 1 and "Alice prefers tea." in notes[0].text
+        # Still there: closing is not deleting; it opens again and goes on.
+        again = await agent.get_conversation(conv.id)
+        assert again.title == "drinks"
+        await agent.delete_conversation(again.id)
+        await rec.wait(ended("deleted"))
+        await again.aclose()  # already ended: no second end
+        marker = await agent.create_conversation(title="after")
+        await rec.wait(
+            lambda e: e.kind == "conversation_started" and e.conversation_id == marker.id
+        )
+        assert [k for k in rec.kinds() if k.startswith("conversation_ended")] == [
+            "conversation_ended:closed",
+            "conversation_ended:deleted",
+        ]
+        await rec.aclose()
+
+
 async def test_shutdown_reflection_is_bounded_by_its_budget(db_path):
     brain = Brain()
     slow = Reply(text="never finished", hold_after=0)  # held until released: never

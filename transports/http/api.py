@@ -58,7 +58,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from agentik.core import Agent, Conversation, ConversationRecord
@@ -153,12 +153,13 @@ class NewConversationBody(_Body):
 
 
 class RenameBody(_Body):
-    title: str = Field(max_length=200)
+    #: ``null`` clears the title (as ``""`` does), as the standalone seed's clients send.
+    title: str | None = Field(max_length=200)
 
     @field_validator("title")
     @classmethod
-    def _one_line(cls, v: str) -> str:
-        return _printable_title(v)
+    def _one_line(cls, v: str | None) -> str | None:
+        return None if v is None else _printable_title(v)
 
 
 _AUTHOR = re.compile(AUTHOR_PATTERN)
@@ -403,6 +404,12 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
     return value
 
 
+def _wants_plain_text(request: Request) -> bool:
+    """``Accept`` names ``text/plain`` and not JSON: the caller wants a bare word."""
+    accept = request.headers.get("accept", "").lower()
+    return "text/plain" in accept and "json" not in accept
+
+
 Handler = Callable[[Request], Awaitable[Any]]
 
 _INTEGER = re.compile(r"-?[0-9]{1,20}")
@@ -562,7 +569,11 @@ class Api:
     async def health(self, request: Request) -> Response:
         """Liveness: ``status`` ok while the agent runs, with the components' states."""
         running = self.agent.state.value == "running" and not self.ctx.closing
-        body = {"status": "ok" if running else "unavailable", **self._health_detail(request)}
+        status = "ok" if running else "unavailable"
+        if _wants_plain_text(request):
+            # The standalone seed's probes read a bare word: same word, same code.
+            return PlainTextResponse(status + "\n", status_code=200 if running else 503)
+        body = {"status": status, **self._health_detail(request)}
         return JSONResponse(body, status_code=200 if running else 503)
 
     def _health_detail(self, request: Request) -> dict[str, Any]:
@@ -884,17 +895,20 @@ class Api:
         conv = await self.conversation(request, principal)
         after = _int_param(request, "after", None, 0, 2**62)
         before = _int_param(request, "before", None, 0, 2**62)
+        offset = _int_param(request, "offset", None, 0, 1_000_000)
         limit = _int_param(request, "limit", 100, 1, 1000)
         assert limit is not None
-        # With ``after``: the next page forward; without: the latest page
-        # (before ``before``), to scroll back from.
-        rows = await conv.messages(after=after, before=before, limit=limit)
+        # With ``after`` or ``offset`` (counted from the oldest): a page forward;
+        # without: the latest page (before ``before``), to scroll back from.
+        rows = await conv.messages(after=after, before=before, offset=offset, limit=limit)
         full = len(rows) == limit
+        forward = after is not None or offset is not None
         return JSONResponse(
             {
                 "items": [m.to_dict() for m in rows],
-                "next_after": rows[-1].id if full and after is not None else None,
-                "prev_before": rows[0].id if full and after is None else None,
+                "next_after": rows[-1].id if full and forward else None,
+                "prev_before": rows[0].id if full and not forward else None,
+                "next_offset": offset + limit if full and offset is not None else None,
             }
         )
 

@@ -130,8 +130,12 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Status": {
         "type": "object",
-        "required": ["version", "uptime", "ready", "components", "conversations"],
+        "required": ["agent_id", "version", "uptime", "ready", "components", "conversations"],
         "properties": {
+            "agent_id": {
+                "type": "string",
+                "description": "the agent's id (the bot's [agent] name)",
+            },
             "version": {"type": "string"},
             "started": {"type": "number"},
             "uptime": {"type": "number"},
@@ -224,10 +228,11 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["title"],
         "properties": {
             "title": {
-                "type": "string",
+                "type": ["string", "null"],
                 "maxLength": 200,
                 "pattern": TITLE_PATTERN,
-                "description": "one line, no control characters",
+                "description": "one line, no control characters; null or empty clears it."
+                " Renaming moves updated_at to now",
             }
         },
     },
@@ -376,7 +381,12 @@ _SCHEMAS: dict[str, Any] = {
             "items": {"type": "array", "items": {"$ref": "#/components/schemas/Message"}},
             "next_after": {
                 "type": ["integer", "null"],
-                "description": "paging forward (after= given): pass as after= (null: no more)",
+                "description": "paging forward (after= or offset= given): pass as after="
+                " (null: no more)",
+            },
+            "next_offset": {
+                "type": ["integer", "null"],
+                "description": "paging with offset=: pass as offset= (null: no more)",
             },
             "prev_before": {
                 "type": ["integer", "null"],
@@ -623,6 +633,12 @@ def _json(ref: str, description: str) -> dict[str, Any]:
     }
 
 
+def _with_plain(response: dict[str, Any], word: str) -> dict[str, Any]:
+    """``response`` also as ``text/plain``: ``word`` and a newline."""
+    plain = {"text/plain": {"schema": {"type": "string", "enum": [word + "\n"]}}}
+    return {**response, "content": {**response["content"], **plain}}
+
+
 def _body(ref: str, *, required: bool) -> dict[str, Any]:
     return {
         "required": required,
@@ -740,9 +756,13 @@ def openapi_document(
                 "operationId": "health",
                 "summary": "Liveness: 200 while the agent runs",
                 "security": [],
+                "description": "JSON; with Accept: text/plain (and not JSON) the bare"
+                " word ok or unavailable, for the standalone seed's probes",
                 "responses": {
-                    "200": _json("Health", "the agent is running"),
-                    "503": _json("Health", "the agent is shutting down"),
+                    "200": _with_plain(_json("Health", "the agent is running"), "ok"),
+                    "503": _with_plain(
+                        _json("Health", "the agent is shutting down"), "unavailable"
+                    ),
                 },
             }
         },
@@ -939,6 +959,13 @@ def openapi_document(
                 ]
                 + [
                     {
+                        "name": "offset",
+                        "in": "query",
+                        "description": "skip this many of the oldest messages and page forward"
+                        " (the standalone seed's paging; after= costs less on long histories)",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+                    },
+                    {
                         "name": "limit",
                         "in": "query",
                         "schema": {
@@ -947,7 +974,7 @@ def openapi_document(
                             "maximum": 1000,
                             "default": 100,
                         },
-                    }
+                    },
                 ],
             ),
         },
