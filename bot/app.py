@@ -321,7 +321,8 @@ class Bot:
             # answer) cuts the starts short: serve() then stops at once, in order.
             stopper = asyncio.ensure_future(self.stop_requested.wait())
             try:
-                await asyncio.wait({starts, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                waiting: set[asyncio.Future[Any]] = {starts, stopper}
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stopper.cancel()
                 if not starts.done():

@@ -61,7 +61,7 @@ from agentik.core.events import (
 )
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.memory import channel_scope, user_scope
-from agentik.core.messages import Message, ToolCall
+from agentik.core.messages import Message, MessageKind, ToolCall
 from agentik.core.redaction import RedactionError
 from agentik.core.settings import setting_fields
 from agentik.core.store.base import OutboxEntry
@@ -1246,7 +1246,7 @@ class Bridge(AgentAccess):
         me = _author_id(transport, message)
         # An ask_user answer (a tool result carrying its answerer's
         # author_id) is its author's words too: listed and redactable by them.
-        kinds = ["user", "assistant", "tool_result"]
+        kinds: list[MessageKind] = ["user", "assistant", "tool_result"]
         recent = [
             m
             for m in await self.agent.store.messages(conv_id, limit=50, kinds=kinds)
@@ -1754,8 +1754,8 @@ class Bridge(AgentAccess):
         renderer = _Renderer(self, ch)
         assert ch.subscription is not None
         async for event in ch.subscription:
-            ended = event.kind == "turn_ended" and event.parent_run_id is None
-            if ended:
+            ended = isinstance(event, TurnEnded) and event.parent_run_id is None
+            if isinstance(event, TurnEnded) and ended:
                 # Counted before the answer shows, so a message sent on seeing it
                 # is checked against the turn's tokens, not its reservation.
                 # (A child run's usage is its parent's business: the parent's turn
@@ -1765,7 +1765,7 @@ class Bridge(AgentAccess):
                 await renderer.on_event(event)
             except Exception:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
-            if ended:
+            if isinstance(event, TurnEnded) and ended:
                 _log_answer(ch, event)
                 ch.run_reply_to.pop(event.run_id or "", None)
                 ch.run_asker.pop(event.run_id or "", None)

@@ -816,7 +816,8 @@ def _untrusted_row(table: str, r: dict[str, Any], now: float) -> dict[str, Any]:
     approvals move to their own scope (never a use of a ``first-use`` rule, never
     pending), open questions are closed as expired, open runs as ended."""
     if table == "approval":
-        scope = r.get("scope") if isinstance(r.get("scope"), str) else ""
+        raw = r.get("scope")
+        scope = raw if isinstance(raw, str) else ""
         # (A snapshot of an imported conversation keeps one prefix.)
         r["scope"] = scope if scope.startswith(IMPORTED_SCOPE) else IMPORTED_SCOPE + scope
         if r.get("state") != "resolved" or r.get("decision") is None:

@@ -1158,7 +1158,7 @@ class _Human:
         )  # fmt: skip
 
 
-def _close_dangling(messages: list[ChatMessage]) -> list[ChatMessage]:
+def _close_dangling(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     """``messages`` with an error result after every tool call that has none.
 
     A call can be left without a result in the stored context: a turn that
@@ -1197,4 +1197,4 @@ def _close_dangling(messages: list[ChatMessage]) -> list[ChatMessage]:
                 for c in missing
             )
         i = j
-    return messages if out is None else out
+    return list(messages) if out is None else out

@@ -287,5 +287,3 @@ def _access_policy(sink: object) -> AccessPolicy | None:
     """The sink's ``[access]`` policy (the bot's bridge has one), if any."""
     found = getattr(sink, "access", None)
     return found if isinstance(found, AccessPolicy) else None
-
-
