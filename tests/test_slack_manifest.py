@@ -22,6 +22,9 @@ TRANSPORT = ROOT / "transports" / "slack" / "transport.py"
 #: Web API method (slack-sdk's name) -> the bot scope it needs ("" none).
 METHOD_SCOPES = {
     "auth_test": "",
+    # apps.connections.open takes the app-level token (xapp-, its own
+    # connections:write scope, given when the token is made), not a bot scope.
+    "apps_connections_open": "",
     "chat_postMessage": "chat:write",
     "chat_update": "chat:write",
     "chat_stream": "chat:write",  # chat.startStream / appendStream / stopStream
