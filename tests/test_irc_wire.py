@@ -31,8 +31,9 @@ def test_public_api_is_pinned():
 
     assert sorted(wire.__all__) == sorted(
         """
-        KNOWN_MAPPINGS MAX_LINE_BYTES MAX_TAGS_BYTES Line casefold clean_outgoing ctcp ctcp_parse format_line
-        markdown_to_irc parse_line payload_budget split_message strip_formatting valid_target
+        KNOWN_MAPPINGS MAX_LINE_BYTES MAX_TAGS_BYTES Line casefold clean_outgoing ctcp ctcp_parse
+        format_line markdown_to_irc parse_line payload_budget split_message strip_formatting
+        valid_target
         """.split()
     )
 
