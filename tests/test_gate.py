@@ -220,3 +220,7 @@ async def test_a_plain_sink_gets_a_basic_host_with_documented_defaults(tmp_path)
     assert transport.host.agent is agent
     assert transport.host.allowed_tools(transport) == ("clock",)
     assert transport.host.database == str(tmp_path / "b.db")
+    # A plain agent served without the bot: the minimal host of that agent.
+    plain = BasicHost(Sink(), agent=agent)
+    assert plain.agent is agent and plain.database == str(tmp_path / "b.db")
+    assert plain.allowed_tools(transport) is None

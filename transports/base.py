@@ -299,21 +299,23 @@ class BasicHost:
     """The :class:`AgentHost` of a sink that is not one: the minimal host.
 
     Its defaults: the agent and ``allowed_tools`` of an :class:`AgentAccess` sink
-    (else no agent, no restriction); a gate with no rules and no budgets
+    (else ``agent``, for a plain :class:`~agentik.core.Agent` served without the
+    bot, or none; no restriction); a gate with no rules and no budgets
     (everyone is a ``user``); the transport's ``default_command_prefix``
     everywhere; never busy; :meth:`flush` and :meth:`interrupt` do nothing; no
     metrics; the database of the agent's store when it is a file.
     """
 
-    def __init__(self, sink: MessageSink) -> None:
+    def __init__(self, sink: MessageSink, *, agent: Agent | None = None) -> None:
         self.sink = sink
         self._access = sink if isinstance(sink, AgentAccess) else None
+        self._agent = agent
         self.gate = Gate()
         self.metrics: HostMetrics | None = None
 
     @property
     def agent(self) -> Agent | None:
-        return self._access.agent if self._access is not None else None
+        return self._access.agent if self._access is not None else self._agent
 
     @property
     def database(self) -> str | None:
