@@ -18,6 +18,7 @@ import httpx
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
 from agentik.core.access import AccessPolicy, AccessRule, AccessSettings
+from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings, UnverifiedLimits
 from agentik.core.gate import Gate, Speaker
 from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.base import (
@@ -224,3 +225,73 @@ async def test_a_plain_sink_gets_a_basic_host_with_documented_defaults(tmp_path)
     plain = BasicHost(Sink(), agent=agent)
     assert plain.agent is agent and plain.database == str(tmp_path / "b.db")
     assert plain.allowed_tools(transport) is None
+
+
+class Clock:
+    """The budgets' clock, held still (2026-12-01 13:59:30 UTC): no window ends mid-test."""
+
+    def __init__(self, now: float = 1_796_133_570.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_one_budget_refuses_over_irc_and_http_alike(miniircd, tmp_path, monkeypatch):
+    """The gate's budget step, through both front doors: one message a minute each;
+    the second gets the chat's one notice on IRC and a 429 over HTTP, and neither
+    reaches the model or the log."""
+    monkeypatch.setenv("CI_TOKEN", "c" * 32)
+    settings = BudgetSettings(user=BudgetLimits(messages_per_minute=1),
+                              unverified=UnverifiedLimits(messages_per_minute=1))  # fmt: skip
+    model = ScriptedModel()
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "b.db")))
+    await agent.start()
+    bridge = Bridge(agent, budgets=Budgets(settings, agent.store, clock=Clock()))
+    irc_settings = {"host": "127.0.0.1", "port": miniircd.port, "nick": "agentik",
+                    "channels": ["#b"]}  # fmt: skip
+    irc = IRCTransport(name="testnet", settings={**irc_settings, **FAST})
+    web = HttpTransport(name="web", settings={"port": 0, "tokens": [
+        {"name": "ci", "env": "CI_TOKEN"}]})  # fmt: skip
+    bridge.attach(irc, ChannelOptions(command_prefix="!"))
+    bridge.attach(web)
+    await irc.start(bridge)
+    await web.start(bridge)
+    try:
+        await in_channel(irc, "#b")
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        try:
+            await alice.join("#b")
+
+            def from_bot(m) -> bool:
+                return m.command in ("PRIVMSG", "NOTICE") and (m.nick or "").lower() == "agentik"
+
+            alice.privmsg("#b", "agentik: one")
+            await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: echo: one")
+            alice.privmsg("#b", "agentik: two")
+            notice = await alice.wait_for(from_bot)
+            assert notice.text == (
+                "alice: message budget used up (1 a minute) for unverified speakers on testnet;"
+                " resets at 14:00 UTC"
+            )
+        finally:
+            await alice.close()
+        auth = {"Authorization": "Bearer " + "c" * 32}
+        api = f"{web.url}/agentik"
+        async with httpx.AsyncClient(base_url=api, timeout=60, headers=auth) as http:
+            cid = (await http.post("/conversations", json={})).json()["id"]
+            path = f"/conversations/{cid}/messages"
+            assert (await http.post(path, json={"content": "one"})).status_code == 202
+            await (await agent.get_conversation(cid)).wait_idle()
+            r = await http.post(path, json={"content": "two"})
+            assert r.status_code == 429, r.text
+            assert r.json()["error"]["code"] == "budget_exceeded"
+            assert "message budget used up (1 a minute)" in r.json()["error"]["message"]
+            texts = [m["content"] for m in (await http.get(path)).json()["items"]]
+            assert texts == ["one", "echo: one"]
+        assert len(model.requests) == 2
+    finally:
+        await web.aclose()
+        await irc.aclose()
+        await bridge.aclose()
+        await agent.aclose()
