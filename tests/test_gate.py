@@ -295,3 +295,33 @@ async def test_one_budget_refuses_over_irc_and_http_alike(miniircd, tmp_path, mo
         await irc.aclose()
         await bridge.aclose()
         await agent.aclose()
+
+
+def test_rights_read_the_same_rule_for_every_front_door():
+    """The rights over what exists already, one rule each (agentik.core.access), as the
+    gate applies them to a speaker: owners rank above admins everywhere."""
+    gate = Gate(AccessPolicy(
+        AccessSettings(owners=("web:token:olga",), admins=("web:token:adam",)), {"web": "http"},
+    ))  # fmt: skip
+    olga, adam, eve = (Speaker(transport="web", id=n, name=n) for n in ("olga", "adam", "eve"))
+    anon = Speaker(transport="web", id="eve", name="eve", verified=False)
+    key = "http:web:eve:1"
+    # Redact: the author, or admin and above.
+    assert gate.may_redact(eve, key, "web:eve") and not gate.may_redact(eve, key, "web:bob")
+    assert gate.may_redact(olga, key, "web:bob") and gate.may_redact(adam, key, "web:bob")
+    assert not gate.may_redact(anon, key, "web:eve")  # an unverified name owns nothing
+    # Stop: nobody known asked, the asker, or stop-others (admins by default).
+    assert gate.may_stop(eve, key, None) and gate.may_stop(eve, key, "web:eve")
+    assert not gate.may_stop(eve, key, "web:bob") and gate.may_stop(olga, key, "web:bob")
+    # Forget: a channel's note or one's own; a global or another's note needs admin.
+    assert gate.may_forget(eve, key, "channel:x", "user:web:eve")
+    assert gate.may_forget(eve, key, "user:web:eve", "user:web:eve")
+    assert not gate.may_forget(eve, key, "global", "user:web:eve")
+    assert gate.may_forget(adam, key, "global", "user:web:adam")
+    # Decide an approval asked of admins; approving one's own needs self_approve.
+    ask = {"approvers": "admin", "asker_id": "web:adam", "self_approve": False}
+    assert not gate.may_decide(eve, key, approve=False, **ask)
+    assert gate.may_decide(olga, key, approve=True, **ask)
+    assert gate.may_decide(adam, key, approve=False, **ask)
+    assert not gate.may_decide(adam, key, approve=True, **ask)
+    assert gate.may_decide(adam, key, approve=True, **{**ask, "self_approve": True})
