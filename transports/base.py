@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_chec
 from agentik.core.errors import AgentikError, ConfigError
 from agentik.core.gate import Gate
 from agentik.core.health import Health, HealthState
+from agentik.core.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
     from agentik.core import Agent, Conversation, TurnPolicy
@@ -354,8 +355,6 @@ def database_file(agent: Agent | None) -> str | None:
     """The file of ``agent``'s SQLite database (``None``: no agent, in memory, another engine)."""
     if agent is None:
         return None
-    from agentik.core.store.sqlite import SQLiteStore
-
     store = agent.store
     if not isinstance(store, SQLiteStore) or store.path in ("", ":memory:"):
         return None
