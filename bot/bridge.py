@@ -59,6 +59,7 @@ from agentik.core.events import (
     ToolProgress,
     TurnEnded,
 )
+from agentik.core.gate import Gate, Speaker
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.memory import channel_scope, user_scope
 from agentik.core.messages import Message, MessageKind, ToolCall
@@ -71,11 +72,13 @@ from agentik.core.tools.passthrough import PassthroughTool
 from agentik.transports.base import (
     Action,
     AgentAccess,
+    AgentHost,
     ChannelCaps,
     IncomingMessage,
     OutgoingKind,
     OutgoingMessage,
     Transport,
+    database_file,
     restrict_tools,
 )
 from agentik.transports.text import split_lines, split_text
@@ -299,6 +302,22 @@ class Bridge(AgentAccess):
         """The ``allowed_tools`` of the options ``transport`` was attached with."""
         return self.options_for(transport).allowed_tools
 
+    @property
+    def gate(self) -> Gate:
+        """The admission gate in force (:mod:`agentik.core.gate`): built from the access
+        policy, budgets and role function the bridge holds now (a reload replaces them)."""
+        return Gate(self.access, self.budgets, self.role_for)
+
+    @property
+    def database(self) -> str | None:
+        """The agent's database file (``None``: in memory, or not a file)."""
+        return database_file(self.agent)
+
+    def as_host(self) -> AgentHost:
+        """The bridge as its transports see it: an :class:`~agentik.transports.base.AgentHost`
+        (the type checker verifies it implements every member)."""
+        return self
+
     # -- incoming -------------------------------------------------------------
     async def handle(self, message: IncomingMessage, transport: Transport) -> None:
         """Decide, run a command, or send the message to the channel's conversation.
@@ -323,8 +342,13 @@ class Bridge(AgentAccess):
     async def _take(
         self, message: IncomingMessage, transport: Transport, text: str
     ) -> Callable[[], Awaitable[None]] | None:
-        """Queue ``message`` in its conversation, or return the command it starts."""
-        decision = self.access.check(transport.name, message, message.channel_key)
+        """Queue ``message`` in its conversation, or return the command it starts.
+
+        A message for the model passes the gate (:mod:`agentik.core.gate`): the
+        speaker's access decision, then budgets, then submit and bind."""
+        gate = self.gate
+        speaker = Speaker.of(transport.name, message)
+        decision = gate.decide(speaker, message.channel_key)
         if decision.role == "ignored":
             return None  # no answer, no command, not even recorded
         self.access.seen(transport.name, message)
@@ -359,28 +383,23 @@ class Bridge(AgentAccess):
                 message.reply_to,
             )
             return None
-        subject = None
-        if self.budgets is not None and self.budgets.enabled:
-            subject = self._subject(message, transport)
-            refused = await self.budgets.admit(subject, chars=len(text))
-            if refused is not None:
-                # One notice per window; later messages get nothing, and no model call.
-                if refused.notice:
-                    await self._send(transport, message.channel_key, refused.notice, "notice",
-                                     message.reply_to)  # fmt: skip
-                return None
-        bound = False
+        ticket = await gate.admit(speaker, message.channel_key, chars=len(text), decision=decision)
+        if ticket.refused is not None:
+            # One notice per window; later messages get nothing, and no model call.
+            if ticket.refused.notice:
+                await self._send(transport, message.channel_key, ticket.refused.notice, "notice",
+                                 message.reply_to)  # fmt: skip
+            return None
         try:
-            ch = await self._channel(message.channel_key, transport, opts)
-            ch.reply_to = message.reply_to
-            ch.direct = message.direct
-            ch.more.clear()
-            ch.more_in_code = False
-            async with contextlib.AsyncExitStack() as stack:
-                if subject is not None:
-                    assert self.budgets is not None
-                    await stack.enter_async_context(self.budgets.sending(ch.conversation.id))
-                sent = await ch.conversation.submit(
+            # Leaving the ticket gives back a reservation no turn of its own took.
+            async with ticket:
+                ch = await self._channel(message.channel_key, transport, opts)
+                ch.reply_to = message.reply_to
+                ch.direct = message.direct
+                ch.more.clear()
+                ch.more_in_code = False
+                sent = await ticket.submit(
+                    ch.conversation,
                     text,
                     author=message.author_name or message.author_id,
                     author_id=_author_id(transport, message),
@@ -391,10 +410,6 @@ class Bridge(AgentAccess):
                 if sent.steered:
                     # Joined the running turn: its answer, asker and budget stay.
                     return None
-                if subject is not None:
-                    assert self.budgets is not None
-                    self.budgets.bind(run_id, subject, chars=len(text))
-                    bound = True
         except PromptRefused as exc:
             # A plugin's words, shown as they are.
             await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
@@ -406,11 +421,6 @@ class Bridge(AgentAccess):
             )  # fmt: skip
             await self._send(transport, message.channel_key, line, "error", message.reply_to)
             return None
-        finally:
-            if subject is not None and not bound:
-                # No turn of its own: its token reservation goes back (issue 28).
-                assert self.budgets is not None
-                self.budgets.release(subject)
         ch.run_reply_to[run_id] = message.reply_to
         ch.run_asker[run_id] = _speaker(transport, message)
         async with ch.changed:
@@ -840,24 +850,23 @@ class Bridge(AgentAccess):
         refused, with the budget's one notice).  Returns the tools the turn may offer
         and the budget subject its run is counted for."""
         asked = self._resumed_asker(key, transport, m)
-        role = self.access.role_for(transport.name, asked, key)
-        decision = self.access.decide(role, key)
+        gate = self.gate
+        # The policy's own role (not a role function's): the asker is rebuilt from the log.
+        role = gate.access.role_for(transport.name, asked, key)
+        decision = gate.decide_role(role, key)
         if role == "ignored" or not decision.answer:
             log.info("resumed message %d in %s: its asker (%s) is not answered there", m.id,
                      key, role)  # fmt: skip
             return None
-        subject: Subject | None = None
-        if self.budgets is not None and self.budgets.enabled:
-            subject = Subject(
-                transport=transport.name, channel=key,
-                identity=_author_id(transport, asked), role=role, name=m.author or "",
-            )  # fmt: skip
-            refused = await self.budgets.admit(subject)
-            if refused is not None:
-                if refused.notice:
-                    await self._send(transport, key, refused.notice, "notice", None)
-                return None
-        return decision.tools, subject
+        ticket = await gate.admit(
+            Speaker.of(transport.name, asked), key, role=role, name=m.author or "",
+            decision=decision,
+        )  # fmt: skip
+        if ticket.refused is not None:
+            if ticket.refused.notice:
+                await self._send(transport, key, ticket.refused.notice, "notice", None)
+            return None
+        return decision.tools, ticket.subject
 
     async def _expire_left_approvals(self, answered: set[str]) -> int:
         """Approvals a restart left pending (issue 19): those of a turn being resumed wait

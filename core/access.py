@@ -78,7 +78,10 @@ __all__ = [
     "RoleSettings",
     "SpeakerMessage",
     "at_least",
+    "may_decide",
+    "may_forget",
     "may_redact",
+    "may_stop",
 ]
 
 log = logging.getLogger(__name__)
@@ -139,6 +142,32 @@ def may_redact(admin: bool, me: str | None, author_id: object) -> bool:
     ``author_id``) or anyone whose role ranks as ``admin`` or above (``admin``:
     :attr:`Decision.admin`; owners rank above admins, so they may too)."""
     return admin or (me is not None and author_id == me)
+
+
+def may_stop(decision: Decision, me: str, asker: str | None) -> bool:
+    """Who may stop a running answer (``!stop``): anyone when nobody is known to have
+    asked for it (``asker`` ``None``), its asker (``me``, the caller's speaker key, equal
+    to ``asker``), or a role the rules give ``stop-others`` (admins by default)."""
+    return asker is None or asker == me or decision.may_command(STOP_OTHERS)
+
+
+def may_forget(admin: bool, note_scope: str, own_scope: str | None) -> bool:
+    """Who may forget a memory note visible to them (``!forget N``): a channel's note,
+    or their own (``own_scope``: the caller's user scope), by anyone who sees it; a
+    global note or another person's only by a role ranking as ``admin`` or above."""
+    return note_scope.startswith("channel:") or note_scope == own_scope or admin
+
+
+def may_decide(
+    role_ok: bool, me: str | None, asker_id: str | None, *, self_approve: bool, approve: bool
+) -> bool:
+    """Who may decide an approval (in chat, on the web page, over HTTP alike): a
+    verified caller (``me``) whose role satisfies the rule's ``approvers``
+    (``role_ok``); approving one's own request only where the rule allows it
+    (``self_approve``).  :meth:`agentik.core.approvals.Approvals.decide` says why not."""
+    if me is None or not role_ok:
+        return False
+    return not approve or self_approve or asker_id != me
 
 
 def _default_rank(role: str) -> int:

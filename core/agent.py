@@ -346,6 +346,11 @@ class Agent:
             raise ConfigError(f"two tools are named {tool.name!r}")
         self._tools[tool.name] = tool
 
+    def store_for(self, conversation: Conversation) -> Store:
+        """The store that holds ``conversation``: the in-memory one of temp conversations
+        (never written to disk), else :attr:`store`."""
+        return self._temp_store if conversation.temp else self.store
+
     # -- the run tree (agentik.core.agents) ---------------------------------------------
     def _run_store(self, conversation_id: str) -> Store:
         conv = self.services.find(conversation_id)

@@ -16,6 +16,15 @@ A transport that serves the agent itself rather than through incoming
 messages (the HTTP API) gets it from a sink that is an :class:`AgentAccess`
 (the bot's bridge is one), and applies the channel's tool policy with
 :func:`restrict_tools`, the same code the bridge uses.
+
+**What a transport may use of its host.**  :class:`AgentHost` declares all of
+it: the agent, the admission :class:`~agentik.core.gate.Gate` (access,
+budgets, roles, rights), a channel's command prefix, whether a turn runs,
+waiting for answers, interrupting, metrics, the database's location.  The
+bot's bridge implements it (mypy checks); :func:`host_of` gives a transport
+its sink as an :class:`AgentHost`, wrapping any other sink in a
+:class:`BasicHost` with documented defaults.  A transport uses nothing else of
+its sink.
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from agentik.core.errors import AgentikError, ConfigError
+from agentik.core.gate import Gate
 from agentik.core.health import Health, HealthState
+from agentik.core.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
     from agentik.core import Agent, Conversation, TurnPolicy
@@ -36,16 +47,21 @@ if TYPE_CHECKING:
 __all__ = [
     "Action",
     "AgentAccess",
+    "AgentHost",
+    "BasicHost",
     "ChannelCaps",
     "DeliveryCallback",
     "Health",
     "HealthState",
+    "HostMetrics",
     "IncomingMessage",
     "MessageSink",
     "OutgoingKind",
     "OutgoingMessage",
     "Transport",
     "TransportFailed",
+    "database_file",
+    "host_of",
     "parse_settings",
     "restrict_tools",
 ]
@@ -184,6 +200,165 @@ class AgentAccess(Protocol):
         to a conversation with :func:`restrict_tools`.
         """
         ...
+
+
+class ChannelView(Protocol):
+    """What a transport reads of a channel's options (the bridge's ``ChannelOptions``)."""
+
+    @property
+    def command_prefix(self) -> str:
+        """The prefix of chat commands (``!``; empty: commands are off)."""
+        ...
+
+
+class EffectiveView(Protocol):
+    """What a transport reads of a channel's settings in force (the bridge's ``Effective``)."""
+
+    @property
+    def options(self) -> ChannelView: ...
+
+
+class HostMetrics(Protocol):
+    """The bot's metrics as a transport uses them (``/metrics``, messages counted)."""
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus exposition: ``(body, content type)``."""
+        ...
+
+    def message_in(self, transport: str) -> None:
+        """Count one message that came in on instance ``transport``."""
+        ...
+
+
+@runtime_checkable
+class AgentHost(MessageSink, Protocol):
+    """Everything a transport may use of its host (the bot's bridge), and nothing else.
+
+    A transport gets it with :func:`host_of` in :meth:`Transport.start`.  The
+    bridge implements every member; :class:`BasicHost` implements them with
+    defaults for any other sink (the conformance kit's recorder, a plugin's own).
+    """
+
+    @property
+    def agent(self) -> Agent | None:
+        """The agent the host's conversations belong to (``None``: a host without one,
+        e.g. a sink that only records messages)."""
+        ...
+
+    @property
+    def gate(self) -> Gate:
+        """The admission gate in force now: access decisions, budgets, roles and the
+        rights over messages, answers, notes and approvals (:mod:`agentik.core.gate`)."""
+        ...
+
+    @property
+    def metrics(self) -> HostMetrics | None:
+        """The bot's metrics, when it keeps them."""
+        ...
+
+    @property
+    def database(self) -> str | None:
+        """The agent's database file (``None``: in memory, or not a file): where a
+        transport keeps state of its own next to it."""
+        ...
+
+    def allowed_tools(self, transport: Transport) -> tuple[str, ...] | None:
+        """The ``allowed_tools`` of ``transport``'s instance (see :class:`AgentAccess`)."""
+        ...
+
+    def options_for(self, transport: Transport) -> ChannelView:
+        """The options ``transport``'s instance was attached with."""
+        ...
+
+    async def effective(self, channel_key: str, transport: Transport) -> EffectiveView:
+        """The settings in force in ``channel_key`` (``!set`` values included)."""
+        ...
+
+    def busy(self, channel_key: str) -> bool:
+        """Whether a turn runs in ``channel_key``."""
+        ...
+
+    async def flush(self, channel_key: str) -> None:
+        """Wait until every answer asked for in ``channel_key`` has been sent."""
+        ...
+
+    async def interrupt(self, channel_key: str) -> bool:
+        """Stop the turn running in ``channel_key``; ``False`` if none."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Defaults:
+    command_prefix: str
+
+    @property
+    def options(self) -> _Defaults:
+        return self
+
+
+class BasicHost:
+    """The :class:`AgentHost` of a sink that is not one: the minimal host.
+
+    Its defaults: the agent and ``allowed_tools`` of an :class:`AgentAccess` sink
+    (else ``agent``, for a plain :class:`~agentik.core.Agent` served without the
+    bot, or none; no restriction); a gate with no rules and no budgets
+    (everyone is a ``user``); the transport's ``default_command_prefix``
+    everywhere; never busy; :meth:`flush` and :meth:`interrupt` do nothing; no
+    metrics; the database of the agent's store when it is a file.
+    """
+
+    def __init__(self, sink: MessageSink, *, agent: Agent | None = None) -> None:
+        self.sink = sink
+        self._access = sink if isinstance(sink, AgentAccess) else None
+        self._agent = agent
+        self.gate = Gate()
+        self.metrics: HostMetrics | None = None
+
+    @property
+    def agent(self) -> Agent | None:
+        return self._access.agent if self._access is not None else self._agent
+
+    @property
+    def database(self) -> str | None:
+        return database_file(self.agent)
+
+    async def handle(self, message: IncomingMessage, transport: Transport) -> None:
+        await self.sink.handle(message, transport)
+
+    def allowed_tools(self, transport: Transport) -> tuple[str, ...] | None:
+        return self._access.allowed_tools(transport) if self._access is not None else None
+
+    def options_for(self, transport: Transport) -> ChannelView:
+        return _Defaults(transport.default_command_prefix)
+
+    async def effective(self, channel_key: str, transport: Transport) -> EffectiveView:
+        return _Defaults(transport.default_command_prefix)
+
+    def busy(self, channel_key: str) -> bool:
+        return False
+
+    async def flush(self, channel_key: str) -> None:
+        return None
+
+    async def interrupt(self, channel_key: str) -> bool:
+        return False
+
+
+def host_of(sink: MessageSink) -> AgentHost:
+    """``sink`` as an :class:`AgentHost`: itself (the bot's bridge), else a :class:`BasicHost`."""
+    if isinstance(sink, AgentHost):
+        return sink
+    return BasicHost(sink)
+
+
+def database_file(agent: Agent | None) -> str | None:
+    """The file of ``agent``'s SQLite database (``None``: no agent, in memory, another engine)."""
+    if agent is None:
+        return None
+    store = agent.store
+    if not isinstance(store, SQLiteStore) or store.path in ("", ":memory:"):
+        return None
+    return store.path
 
 
 def restrict_tools(

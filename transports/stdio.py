@@ -35,11 +35,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentik.core.hookspecs import hookimpl
 from agentik.transports.base import (
+    AgentHost,
     ChannelCaps,
     IncomingMessage,
     MessageSink,
     OutgoingMessage,
     Transport,
+    host_of,
 )
 
 __all__ = ["StdioSettings", "StdioTransport"]
@@ -137,14 +139,15 @@ class StdioTransport(Transport):
         self.caps = ChannelCaps(streaming="deltas" if self.interactive else "message")
         self.channel_key = f"stdio:{self.options.channel}"
         self.user = self.options.user or _login()
-        self._sink: MessageSink | None = None
+        #: The host (:class:`~agentik.transports.base.AgentHost`) given at :meth:`start`.
+        self._sink: AgentHost | None = None
         self._last_sigint = 0.0
         self._streaming = False
         self._sigint_installed = False
 
     # -- lifecycle ----------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
-        self._sink = sink
+        self._sink = host_of(sink)
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGINT, self._on_sigint)
@@ -208,15 +211,14 @@ class StdioTransport(Transport):
 
     async def _flush(self) -> None:
         """Wait until every answer asked for on this channel has been written."""
-        if self._sink is not None and hasattr(self._sink, "flush"):
+        if self._sink is not None:
             await self._sink.flush(self.channel_key)
 
     def _command(self, text: str) -> str | None:
         """The command word of ``text`` (``"new"`` for ``/new``), or ``None``."""
-        options_for = getattr(self._sink, "options_for", None)
         prefix = (
-            options_for(self).command_prefix
-            if options_for is not None
+            self._sink.options_for(self).command_prefix
+            if self._sink is not None
             else self.default_command_prefix
         )
         text = text.strip()
@@ -286,9 +288,8 @@ class StdioTransport(Transport):
         twice = now - self._last_sigint < 2.0
         self._last_sigint = now
         sink = self._sink
-        busy = bool(sink is not None and getattr(sink, "busy", lambda k: False)(self.channel_key))
-        if busy and not twice:
-            self.spawn(sink.interrupt(self.channel_key))  # type: ignore[union-attr]
+        if sink is not None and sink.busy(self.channel_key) and not twice:
+            self.spawn(sink.interrupt(self.channel_key))
             return
         # Idle, or pressed twice: leave.
         self.closed.set()

@@ -38,7 +38,6 @@ code                        status  when
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -49,7 +48,7 @@ import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -62,11 +61,11 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from agentik.core import Agent, Conversation, ConversationRecord
-from agentik.core.access import AccessPolicy, may_redact
 from agentik.core.approvals import ApprovalError
-from agentik.core.budgets import Budgets, Subject
+from agentik.core.budgets import Budgets
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
 from agentik.core.events import PROFILES, EventBase
+from agentik.core.gate import Gate, Speaker, Ticket
 from agentik.core.health import status_of, without_reasons
 from agentik.core.lifecycle import (
     SnapshotError,
@@ -75,7 +74,12 @@ from agentik.core.lifecycle import (
     validate_snapshot,
 )
 from agentik.core.redaction import RedactionError
-from agentik.transports.base import IncomingMessage, restrict_tools
+from agentik.transports.base import (
+    AgentHost,
+    HostMetrics,
+    IncomingMessage,
+    restrict_tools,
+)
 
 from .auth import LOCAL, Principal, TokenTable, local_principal
 from .guard import Guard, GuardMiddleware
@@ -215,30 +219,28 @@ class ApiContext:
     instance: str
     #: The instance's ``allowed_tools`` (bridge key), applied to its own conversations.
     allowed_tools: tuple[str, ...] | None = None
-    #: Who may do what (the bridge's ``[access]`` policy); ``None``: no rules.
-    access: AccessPolicy | None = None
+    #: The transport's host (the bot's bridge): its :attr:`~AgentHost.gate` admits
+    #: posted messages and decides rights, as it does for chat messages; read at each
+    #: request, so a reload's new ``[access]`` policy decides at once.  ``None``: a
+    #: host with no rules (everyone is a ``user``).
+    host: AgentHost | None = None
     page: str | None = None
     cache: FrameCache = field(default_factory=FrameCache)
     streams: set[EventStream] = field(default_factory=set)
     #: Set while shutting down: new event streams are refused.
     closing: bool = False
-    #: Usage limits (the bridge's), checked before a posted message starts a turn.
+    #: Usage limits (the host's when the API started), checked before a posted message
+    #: starts a turn; their tokens are counted from the agent's events.
     budgets: Budgets | None = None
-    #: ``role_for(transport_name, message, channel_key)``: the speaker's role, for
-    #: budgets and approvals, taken from the bridge (``None``: everyone is ``user``).
-    role_for: Callable[[str, IncomingMessage, str], str] | None = None
     #: The bot's metrics (``render() -> (body, content_type)``), served at ``/metrics``.
     metrics: MetricsSource | None = None
     #: The bearer token ``/metrics`` requires (``metrics_token_env``); ``None``: the API's.
     metrics_token: bytes | None = None
 
 
-class MetricsSource(Protocol):
-    """What ``/metrics`` serves and where posted messages are counted."""
-
-    def render(self) -> tuple[bytes, str]: ...
-
-    def message_in(self, transport: str) -> None: ...
+#: What ``/metrics`` serves and where posted messages are counted (declared with
+#: the host's members, :class:`~agentik.transports.base.HostMetrics`).
+MetricsSource = HostMetrics
 
 
 #: Longest title taken from a conversation's first message.
@@ -428,6 +430,25 @@ class Api:
         self.page_headers = page_headers(ctx.page) if ctx.page is not None else {}
 
     # -- helpers -------------------------------------------------------------------------
+    @property
+    def gate(self) -> Gate:
+        """The host's admission gate as it is now (a reload replaces its policy),
+        counting for the budgets this API started with."""
+        host = self.ctx.host
+        gate = host.gate if host is not None else Gate()
+        return gate.with_budgets(self.ctx.budgets)
+
+    def speaker(
+        self, principal: Principal, channel_key: str, *, author: str | None = None, text: str = ""
+    ) -> Speaker:
+        """The caller at the gate: a token is a verified identity (``http:token:<name>``
+        patterns), presented as a chat message would present them."""
+        message = IncomingMessage(
+            channel_key=channel_key, text=text, author_id=principal.name,
+            author_name=author or principal.name, direct=bool(text), addressed=bool(text),
+        )  # fmt: skip
+        return Speaker.of(self.ctx.instance, message)
+
     def principal(self, request: Request) -> Principal:
         found = self.ctx.tokens.lookup(request.headers.get("authorization"))
         if found is LOCAL:
@@ -538,7 +559,7 @@ class Api:
         """The stream profile named by ``?profile=`` (default ``debug``): a built-in
         or a ``[profiles.<name>]`` of the configuration."""
         profile = request.query_params.get("profile") or "debug"
-        known = getattr(self.agent, "stream_profiles", PROFILES)
+        known = self.agent.stream_profiles
         if profile not in known:
             raise ApiError(
                 422,
@@ -627,8 +648,8 @@ class Api:
                 auth=self.ctx.tokens.enabled,
                 guarded=self.browser_guard.check_host or self.browser_guard.check_origin,
                 profiles={
-                    name: getattr(sp, "description", "")
-                    for name, sp in getattr(self.agent, "stream_profiles", {}).items()
+                    name: sp.description
+                    for name, sp in self.agent.stream_profiles.items()
                     if name not in PROFILES
                 },
             )
@@ -712,7 +733,7 @@ class Api:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
         # A temp conversation lives in the agent's in-memory store.
-        store = self.agent._temp_store if conv.temp else self.agent.store
+        store = self.agent.store_for(conv)
         doc = await export_conversation(store, conv.id)
         if doc is None:
             raise ApiError(404, "conversation_not_found", f"no conversation {conv.id!r}")
@@ -772,12 +793,9 @@ class Api:
         a snapshot holds grants nothing either way (agentik.core.lifecycle)."""
         if principal.prefixes is None:
             return True
-        if self.ctx.access is None or self.ctx.role_for is None:
+        if self.ctx.host is None:
             return False
-        who = IncomingMessage(channel_key=prefix, text="", author_id=principal.name,
-                              author_name=principal.name)  # fmt: skip
-        role = self.ctx.role_for(self.ctx.instance, who, prefix)
-        return self.ctx.access.at_least(role, "admin")
+        return self.gate.admin(self.speaker(principal, prefix), prefix)
 
     async def rename_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -807,46 +825,33 @@ class Api:
         # as coming from this API, not from that channel.
         channel = conv.channel_key if ours else f"http:{self.ctx.instance}:{principal.name}"
         author = body.author or principal.name
-        allow_tool = None
-        if self.ctx.access is not None:
-            # The token's name is the verified identity (http:token:<name> patterns).
-            asked = IncomingMessage(
-                channel_key=conv.channel_key or channel or "", text=body.content,
-                author_id=principal.name, author_name=author, direct=True, addressed=True,
-            )  # fmt: skip
-            decision = self.ctx.access.check(self.ctx.instance, asked, asked.channel_key)
-            if not decision.answer:
-                raise ApiError(403, "forbidden", "this token may not ask the bot here")
-            allow_tool = decision.tools
+        # The gate, as for a chat message: access decision, budgets, submit and bind.
+        gate = self.gate
+        # The token's name is the verified identity (http:token:<name> patterns).
+        asked = conv.channel_key or channel or ""
+        decision = gate.decide(self.speaker(principal, asked, author=author, text=body.content),
+                               asked)  # fmt: skip
+        if not decision.answer:
+            raise ApiError(403, "forbidden", "this token may not ask the bot here")
         if self.ctx.metrics is not None:
             self.ctx.metrics.message_in(self.ctx.instance)
-        subject = await self._admit(
-            principal, channel or f"conversation:{conv.id}", author, body.content
+        ticket = await self._admit(
+            gate, principal, channel or f"conversation:{conv.id}", author, body.content
         )
-        bound = False
-        budgets = self.ctx.budgets
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                if subject is not None and budgets is not None:
-                    await stack.enter_async_context(budgets.sending(conv.id))
-                sent = await conv.submit(
+            async with ticket:
+                sent = await ticket.submit(
+                    conv,
                     body.content,
                     author=author,
                     author_id=f"{self.ctx.instance}:{principal.name}",
                     channel=channel,
-                    allow_tool=allow_tool,
+                    allow_tool=decision.tools,
                     busy=body.busy,
                 )
                 run_id = sent.run_id
-                if subject is not None and budgets is not None and not sent.steered:
-                    budgets.bind(run_id, subject, chars=len(body.content))
-                    bound = True
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
-        finally:
-            if subject is not None and budgets is not None and not bound:
-                # No turn of its own: its token reservation goes back.
-                budgets.release(subject)
         if ours and not conv.title:
             # An untitled conversation of this API is named by its first message,
             # here and not by a client, so no reader races a second request for it.
@@ -863,32 +868,22 @@ class Api:
         )
 
     async def _admit(
-        self, principal: Principal, channel: str, author: str, text: str
-    ) -> Subject | None:
-        """Check the budgets before a turn (429 when used up); who the turn counts for."""
-        budgets = self.ctx.budgets
-        if budgets is None or not budgets.enabled:
-            return None
-        instance = self.ctx.instance
-        role = "user"
-        if self.ctx.role_for is not None:
-            message = IncomingMessage(
-                channel_key=channel, author_id=principal.name, author_name=author, text=text,
-                direct=True, addressed=True,
-            )  # fmt: skip
-            role = self.ctx.role_for(instance, message, channel)
-        identity = f"{instance}:{principal.name}"
-        subject = Subject(
-            transport=instance, channel=channel, identity=identity, role=role, name=author
-        )
-        refused = await budgets.admit(subject, chars=len(text))
-        if refused is not None:
+        self, gate: Gate, principal: Principal, channel: str, author: str, text: str
+    ) -> Ticket:
+        """Check the budgets before a turn (429 when used up); the ticket that counts
+        the turn for the caller."""
+        ticket = await gate.admit(
+            self.speaker(principal, channel, author=author, text=text), channel,
+            chars=len(text), name=author,
+        )  # fmt: skip
+        refused, budgets = ticket.refused, gate.budgets
+        if refused is not None and budgets is not None:
             wait = max(1, int(refused.resets_at - budgets.clock() + 0.999))
             if refused.reserved:
                 # Used up only with running turns' reservations: worth a retry soon.
                 wait = min(wait, RESERVED_RETRY_AFTER)
             raise ApiError(429, "budget_exceeded", refused.text, headers={"Retry-After": str(wait)})
-        return subject
+        return ticket
 
     async def list_messages(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -964,29 +959,22 @@ class Api:
         else:
             rows = list(await self.agent.store.approvals(conversation_id=conv.id, limit=200))
         # What the caller may do with each (the web page offers only those buttons):
-        # the same rules as deciding; a pending one only.
-        role = self._role_of(principal, conv.channel_key or "")
-        me = f"{self.ctx.instance}:{principal.name}"
+        # the same rules as deciding (the gate's); a pending one only.
+        gate, key = self.gate, conv.channel_key or ""
+        who = self.speaker(principal, key)
         items = []
         for a in rows:
-            may = a.state == "pending" and approvals.at_least(role, a.approvers)
-            items.append(
-                {
-                    **a.to_dict(),
-                    "may_approve": may and (a.self_approve or a.asker_id != me),
-                    "may_deny": may,
-                }
-            )
-        return JSONResponse({"items": items})
+            pending = a.state == "pending"
 
-    def _role_of(self, principal: Principal, channel_key: str) -> str:
-        """The caller's role in a channel, as a chat message would present them."""
-        who = IncomingMessage(
-            channel_key=channel_key, text="", author_id=principal.name,
-            author_name=principal.name,
-        )  # fmt: skip
-        role_for = self.ctx.role_for
-        return role_for(self.ctx.instance, who, channel_key) if role_for else "user"
+            def may(approve: bool, a: Any = a) -> bool:
+                return gate.may_decide(
+                    who, key, approvers=a.approvers, asker_id=a.asker_id,
+                    self_approve=a.self_approve, approve=approve, at_least=approvals.at_least,
+                )  # fmt: skip
+
+            approve, deny = pending and may(True), pending and may(False)
+            items.append({**a.to_dict(), "may_approve": approve, "may_deny": deny})
+        return JSONResponse({"items": items})
 
     async def decide_approval(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -995,12 +983,8 @@ class Api:
         approval_id = request.path_params["approval_id"]
         approvals = self.agent.approvals
         # The caller, as a chat message would present them: a token is a verified identity.
-        who = IncomingMessage(
-            channel_key=conv.channel_key or "", text="", author_id=principal.name,
-            author_name=principal.name,
-        )  # fmt: skip
-        role_for = self.ctx.role_for
-        role = role_for(self.ctx.instance, who, conv.channel_key or "") if role_for else "user"
+        key = conv.channel_key or ""
+        role = self.gate.role(self.speaker(principal, key), key)
         try:
             found = await approvals.find(approval_id, conversation_id=conv.id)
             done = await approvals.decide(
@@ -1033,20 +1017,14 @@ class Api:
         if not rows or rows[0].id != message_id:
             raise ApiError(404, "message_not_found", f"no message {message_id} here")
         identity = f"{self.ctx.instance}:{principal.name}"
-        access = self.ctx.access
-        if access is not None and access.in_use:
-            # As in chat (one rule, may_redact): the author (the token that sent it) or
+        gate = self.gate
+        if gate.access.in_use:
+            # As in chat (the gate's one rule): the author (the token that sent it) or
             # a role ranking as admin or above (owners too).  Without [access] (nobody
             # has a role) any caller reaching the conversation may, as documented.
             data = rows[0].data if isinstance(rows[0].data, dict) else {}
-            who = IncomingMessage(
-                channel_key=conv.channel_key or "", text="", author_id=principal.name,
-                author_name=principal.name,
-            )  # fmt: skip
-            role_for = self.ctx.role_for or access.role_for
-            role = role_for(self.ctx.instance, who, conv.channel_key or "")
-            admin = access.at_least(role, "admin")
-            if not may_redact(admin, identity, data.get("author_id")):
+            key = conv.channel_key or ""
+            if not gate.may_redact(self.speaker(principal, key), key, data.get("author_id")):
                 raise ApiError(403, "forbidden", "only the author or an admin may redact it")
         try:
             done = await self.agent.redact(conv.id, message_id, by=identity, reason=body.reason)

@@ -5,13 +5,18 @@ incoming-message path: they create conversations, post messages, follow
 events and interrupt turns directly on the :class:`~agentik.core.Agent`.
 
 **How the transport gets the agent.**  ``HttpTransport(..., agent=agent)``
-when used as a library; otherwise :meth:`HttpTransport.start` takes it from a
-sink that is an :class:`~agentik.transports.base.AgentAccess` (the bot's
-:class:`~agentik.bot.bridge.Bridge` is one), which also says which tools the
-instance allows (``sink.allowed_tools(self)``, the bridge's ``allowed_tools``
+when used as a library; otherwise :meth:`HttpTransport.start` takes it from
+its sink's :class:`~agentik.transports.base.AgentHost`
+(:func:`~agentik.transports.base.host_of`: the bot's
+:class:`~agentik.bot.bridge.Bridge` is one, and an
+:class:`~agentik.transports.base.AgentAccess` sink gives its agent through a
+:class:`~agentik.transports.base.BasicHost`), which also says which tools the
+instance allows (``host.allowed_tools(self)``, the bridge's ``allowed_tools``
 key); they apply to the conversations it creates, through the bridge's own
 :func:`~agentik.transports.base.restrict_tools`.  Without an agent from
-either, starting is a configuration error.
+either, starting is a configuration error.  Posted messages pass the host's
+admission :attr:`~agentik.transports.base.AgentHost.gate`, as chat messages
+do.
 
 **Serving.**  Starlette routes (:mod:`.api`) served by uvicorn's ``Server``
 on a socket we bind ourselves, as a task of the running loop: no loop of its
@@ -33,20 +38,18 @@ import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from importlib import resources
-from typing import Any, cast
+from typing import Any
 
 from agentik.core import Agent
-from agentik.core.access import AccessPolicy
 from agentik.core.errors import ConfigError
 from agentik.transports.base import (
-    AgentAccess,
     ChannelCaps,
-    IncomingMessage,
     MessageSink,
     OutgoingMessage,
     Transport,
+    host_of,
 )
 
 from .api import ApiContext, MetricsSource, build_app
@@ -121,18 +124,18 @@ class HttpTransport(Transport):
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
-        # The bot's bridge is an AgentAccess; a bare sink only delivers messages.
-        access = sink if isinstance(sink, AgentAccess) else None
+        # The bot's bridge is an AgentHost; another sink gets the defaults of a BasicHost.
+        host = host_of(sink)
         agent = self.agent
-        if agent is None and access is not None:
-            agent = access.agent
+        if agent is None:
+            agent = host.agent
         if agent is None:
             raise ConfigError(
                 f"transports.{self.name}: the http transport needs the agent "
                 "(pass agent=..., or start it with an AgentAccess sink such as the bot's bridge)"
             )
         self.agent = agent
-        allowed = access.allowed_tools(self) if access is not None else None
+        allowed = host.allowed_tools(self)
         o = self.options
         self._ctx = ApiContext(
             agent=agent,
@@ -140,14 +143,14 @@ class HttpTransport(Transport):
             tokens=self.tokens,
             instance=self.name,
             allowed_tools=allowed,
-            access=_live_policy(access),
+            # Its gate is read at each call: a reload gives the bridge a new policy (an
+            # admin added by SIGHUP decides on the web page without a restart).  A sink
+            # that is no host has no rules.
+            host=host,
             page=_web_page(o.prefix) if o.web_ui else None,
-            # Budgets and roles, when the sink (the bot's bridge) has them.
-            budgets=getattr(access, "budgets", None),
-            # Looked up at each call: a reload gives the bridge a new policy (an
-            # admin added by SIGHUP decides on the web page without a restart).
-            role_for=_live_role_for(access),
-            metrics=(self.metrics or getattr(access, "metrics", None)) if o.metrics else None,
+            # The host's budgets, when it has them.
+            budgets=host.gate.budgets,
+            metrics=(self.metrics or host.metrics) if o.metrics else None,
             metrics_token=self.metrics_token,
         )
         if self._ctx.budgets is not None and self._ctx.budgets.enabled:
@@ -252,38 +255,3 @@ def _metrics_token(env_name: str | None, where: str, env: Mapping[str, str]) -> 
             " 16 characters, e.g. from `openssl rand -hex 32`)"
         )
     return value.encode("utf-8")
-
-
-class _LivePolicy:
-    """The sink's ``[access]`` policy as it is now: a reload replaces the bridge's
-    policy (an admin added to the file approves over HTTP at once)."""
-
-    def __init__(self, sink: object) -> None:
-        self._sink = sink
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sink.access, name)  # type: ignore[attr-defined]
-
-
-def _live_policy(sink: object) -> AccessPolicy | None:
-    if _access_policy(sink) is None:
-        return None
-    return cast(AccessPolicy, _LivePolicy(sink))
-
-
-def _live_role_for(sink: object) -> Callable[[str, IncomingMessage, str], str] | None:
-    """The sink's ``role_for`` looked up on each call (a reload replaces it)."""
-    if getattr(sink, "role_for", None) is None:
-        return None
-
-    def role_for(instance: str, message: IncomingMessage, channel: str) -> str:
-        found: Callable[[str, IncomingMessage, str], str] = getattr(sink, "role_for")  # noqa: B009
-        return found(instance, message, channel)
-
-    return role_for
-
-
-def _access_policy(sink: object) -> AccessPolicy | None:
-    """The sink's ``[access]`` policy (the bot's bridge has one), if any."""
-    found = getattr(sink, "access", None)
-    return found if isinstance(found, AccessPolicy) else None

@@ -47,12 +47,14 @@ from typing import Any
 
 from agentik.core.errors import ConfigError
 from agentik.transports.base import (
+    AgentHost,
     ChannelCaps,
     IncomingMessage,
     MessageSink,
     OutgoingMessage,
     Transport,
     TransportFailed,
+    host_of,
 )
 
 from .mrkdwn import clean, escape, incoming, markdown_safe, markdown_to_mrkdwn, stream_cut
@@ -229,7 +231,8 @@ class SlackTransport(Transport):
         self.app: Any = None
         self._handler: Any = None
         self._runner: Any = None
-        self._sink: MessageSink | None = None
+        #: The host (:class:`~agentik.transports.base.AgentHost`) given at :meth:`start`.
+        self._sink: AgentHost | None = None
         self._seen = _Seen(o.state_file or ":memory:", o.dedupe_keep)
         self._contexts = _ThreadContexts()
         self._untitled: set[tuple[str, str]] = set()  # assistant threads without a title yet
@@ -255,7 +258,7 @@ class SlackTransport(Transport):
             secret = getattr(o, key)
             if secret is None or not secret.get_secret_value():
                 raise ConfigError(f"transports.{self.name}.{key} is empty")
-        self._sink = sink
+        self._sink = host_of(sink)
         self._seen.path = self.state_path(sink)
         await asyncio.to_thread(self._seen.open)
         # Bolt is given the token itself, never a client next to it: given a
@@ -381,15 +384,15 @@ class SlackTransport(Transport):
         self.set_health("failed", reason)
         self.closed.set()
 
-    def state_path(self, sink: Any) -> str:
+    def state_path(self, sink: MessageSink) -> str:
         """Where handled events are remembered: ``state_file``, else
         ``slack-<name>-seen.sqlite3`` next to the agent's database (in memory
-        when the database is, or is not a file)."""
+        when the database is, or is not a file: the host's
+        :attr:`~agentik.transports.base.AgentHost.database`)."""
         if self.options.state_file:
             return self.options.state_file
-        store = getattr(getattr(sink, "agent", None), "store", None)
-        database = getattr(store, "path", None)
-        if not isinstance(database, str) or database in ("", ":memory:"):
+        database = host_of(sink).database
+        if database is None:
             return ":memory:"
         folder = os.path.dirname(os.path.abspath(database))
         return os.path.join(folder, f"slack-{self.name}-seen.sqlite3")
@@ -432,9 +435,10 @@ class SlackTransport(Transport):
         site = web.TCPSite(self._runner, self.options.http_host, self.options.http_port)
         await site.start()
         self.http_port = self.options.http_port
-        sockets = getattr(site._server, "sockets", None) or []
-        if sockets:
-            self.http_port = sockets[0].getsockname()[1]
+        # The address the site listens on (the real port when ``http_port = 0``).
+        addresses = self._runner.addresses
+        if addresses:
+            self.http_port = addresses[0][1]
 
     async def aclose(self) -> None:
         for answer in list(self._answers.values()):
@@ -643,9 +647,8 @@ class SlackTransport(Transport):
         if self._seen.check_and_add(*keys):
             return
         prefix = self.default_command_prefix
-        effective = getattr(self._sink, "effective", None)
-        if effective is not None:
-            prefix = (await effective(key, self)).options.command_prefix
+        if self._sink is not None:
+            prefix = (await self._sink.effective(key, self)).options.command_prefix
         if not prefix:
             return  # commands are off here: so is stopping by reaction
         parts = key.split(":")  # slack:<team>:<channel>[:<thread_ts>]
