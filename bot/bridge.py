@@ -29,22 +29,17 @@ import contextlib
 import dataclasses
 import json
 import logging
-import secrets
 import time
-import uuid
 import weakref
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentik.core import Agent, Conversation
-from agentik.core.access import AccessPolicy, Decision, may_redact
-from agentik.core.approvals import ApprovalError
+from agentik.core.access import AccessPolicy, Decision
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
-from agentik.core.errors import AgentikError, NotFound, PromptRefused, ToolError
-from agentik.core.eventbus import Subscription
+from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -60,14 +55,10 @@ from agentik.core.events import (
     TurnEnded,
 )
 from agentik.core.keyedlocks import KeyedLocks
-from agentik.core.memory import channel_scope, user_scope
-from agentik.core.messages import Message, MessageKind, ToolCall
-from agentik.core.redaction import RedactionError
+from agentik.core.messages import Message
 from agentik.core.settings import setting_fields
 from agentik.core.store.base import OutboxEntry
 from agentik.core.streamprofiles import BUILTIN_PROFILES, StreamProfile
-from agentik.core.tools.base import ToolContext
-from agentik.core.tools.passthrough import PassthroughTool
 from agentik.transports.base import (
     Action,
     AgentAccess,
@@ -80,23 +71,26 @@ from agentik.transports.base import (
 )
 from agentik.transports.text import split_lines, split_text
 
-from .channel import ChannelOptions
+from .channel import ChannelOptions, OpenChannel
 from .chansettings import (
-    SETTING_KEYS,
     ChannelSettings,
     ChannelSettingsBook,
     Effective,
     RoleFor,
-    SettingError,
     allowed_tool_names,
     default_role_for,
-    describe,
-    parse_setting,
     persona_block,
     recall_override,
     settings_scope,
-    split_args,
 )
+from .chat import article as _article
+from .chat import author_id as _author_id
+from .chat import error_line as _error_line
+from .chat import is_fence as _is_fence
+from .chat import short_args as _short_args
+from .chat import speaker_key as _speaker
+from .chat import wait_text as _wait
+from .commands import CommandContext, CommandRegistry, builtin_commands, load_commands
 from .config import AgentSection
 from .logs import log_event
 from .outbox import Outbox
@@ -109,73 +103,17 @@ __all__ = ["COMMANDS", "Bridge", "ChannelOptions", "RoleFor", "default_role_for"
 # RoleFor and default_role_for (everyone is a ``user``; the coordinator wires
 # ``AccessPolicy.role_for`` in its place) are declared once, in .chansettings.
 
-#: Commands that change or list roles (for admins).
-_MANAGE = frozenset({"role", "ignore", "unignore", "roles"})
-
 #: The ``[agent]`` defaults (resume mode and age), declared once in the configuration.
 _AGENT = AgentSection()
 
 log = logging.getLogger(__name__)
 
-COMMANDS: dict[str, str] = {
-    "new": "start a fresh conversation in this channel (the old one stays in history)",
-    "stop": "interrupt the answer being written",
-    "more": "show the next part of a long answer",
-    "status": "show the model, the conversation and whether a turn is running",
-    "compact": "summarise the older part of this conversation now, to free context",
-    "budget": "show what is left of your and this channel's budgets",
-    "help": "list these commands",
-    "tool": "run a passthrough tool directly, no model: tool <name> [key=value …]; tool alone "
-    "lists them",
-    # Per-channel settings (issue 19).
-    "set": "change a setting of this channel (admins): set <key> <value>; set alone lists the keys",
-    "unset": "return a setting of this channel to its configured value (admins): unset <key>",
-    "role": "show someone's role, or give one: role <who> [<role>] (admins)",
-    "ignore": "make the bot ignore someone: ignore <who> (admins)",
-    "unignore": "stop ignoring someone: unignore <who> (admins)",
-    "roles": "list the roles given in chat (admins)",
-    # -- approvals (issue 19) --
-    "approve": "approve a tool call waiting for approval: approve ID [reason]",
-    "deny": "refuse a tool call waiting for approval: deny ID [reason]",
-    "approvals": "list the tool calls waiting for approval here",
-    # -- memory (issue 22) --
-    "memory": "list the memory notes visible here, most recent first (with their ids)",
-    "forget": "delete memory note N: forget N (global and others' notes: admins)",
-    # -- redaction (issue 22) --
-    "redact": (
-        "remove a message's text from the bot's records: redact [last] (your last message),"
-        " redact list, redact N [reason] (yours, or any as admin)"
-    ),
-}
+#: The built-in chat commands and their help lines (``!help`` lists these and
+#: the plugins' commands: see :mod:`agentik.bot.commands`).
+COMMANDS: dict[str, str] = builtin_commands().help()
 
-
-@dataclass(eq=False)
-class _Channel:
-    key: str
-    transport: Transport
-    options: ChannelOptions
-    conversation: Conversation
-    subscription: Subscription | None = None
-    task: asyncio.Task[None] | None = None
-    more: deque[str] = field(default_factory=deque)
-    #: The next line of :attr:`more` is inside a code block (a fence opened above it).
-    more_in_code: bool = False
-    reply_to: object = None
-    #: The ``reply_to`` of the message each pending run answers (a transport may
-    #: address the asker); runs without one use :attr:`reply_to`.
-    run_reply_to: dict[str, object] = field(default_factory=dict)
-    #: Who asked for each pending run (a speaker key), for ``!stop`` of another's answer.
-    run_asker: dict[str, str] = field(default_factory=dict)
-    #: Approvals the channel was told it waits on (once each, to queued askers).
-    approvals_told: set[str] = field(default_factory=set)
-    #: The channel is a direct conversation (its last message was direct).
-    direct: bool = False
-    pending: set[str] = field(default_factory=set)
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-    last_used: float = field(default_factory=time.monotonic)
-
-    def idle(self, now: float, after: float) -> bool:
-        return not self.pending and not self.conversation.busy and now - self.last_used >= after
+#: An open channel (declared in :mod:`agentik.bot.channel`, where the commands read it).
+_Channel = OpenChannel
 
 
 class Bridge(AgentAccess):
@@ -247,6 +185,8 @@ class Bridge(AgentAccess):
         self._narrowed: weakref.WeakSet[Conversation] = weakref.WeakSet()
         #: Where messages in and out are counted (the bot's :class:`~agentik.bot.metrics.Metrics`).
         self.metrics: Metrics | None = None
+        #: The chat commands: the built-ins, then the plugins' (``register_commands``).
+        self.commands: CommandRegistry = load_commands(agent.hooks.pm)
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options.
@@ -332,7 +272,7 @@ class Bridge(AgentAccess):
         command = self._parse_command(text, opts)
         if command is not None:
             # Unknown "commands" in a shared channel are just chatter: ignore.
-            if command in COMMANDS or message.direct or message.addressed:
+            if command in self.commands or message.direct or message.addressed:
                 name = command
                 return lambda: self._command(name, message, transport, opts, decision)
             return None
@@ -636,94 +576,6 @@ class Bridge(AgentAccess):
             transport, key, f"noted {e.count} {noun} — {p}memory to review", "notice", None
         )
 
-    async def _visible_scopes(
-        self, message: IncomingMessage, transport: Transport
-    ) -> tuple[list[str], str | None]:
-        """The memory scopes a channel sees (global, the channel, its recent
-        verified speakers and the asker), and the asker's own user scope."""
-        key = message.channel_key
-        scopes = ["global", channel_scope(key)]
-        mine = _author_id(transport, message)
-        own = user_scope(mine) if mine else None
-        speakers: list[str] = []
-        conv_id = await self.agent.store.get_binding(key)
-        if conv_id is not None:
-            with contextlib.suppress(AgentikError):
-                speakers = list(await (await self.agent.get_conversation(conv_id)).speakers())
-        for who in (mine, *speakers):
-            if who and user_scope(who) not in scopes:
-                scopes.append(user_scope(who))
-        return scopes, own
-
-    async def _cmd_memory(
-        self,
-        message: IncomingMessage,
-        transport: Transport,
-        opts: ChannelOptions,
-        say: Callable[[str], Awaitable[None]],
-    ) -> None:
-        """``!memory``: the notes visible here, most recent first, paged with ``more``."""
-        key = message.channel_key
-        scopes, own = await self._visible_scopes(message, transport)
-        notes = await self.agent.memory.list(scopes, limit=200)
-        if not notes:
-            await say("no memory notes here")
-            return
-
-        def label(scope: str) -> str:
-            if scope == "global":
-                return "global"
-            if scope == own:
-                return "you"
-            return "here" if scope.startswith("channel:") else scope.split(":", 1)[1]
-
-        lines = []
-        for n in notes:
-            text = " ".join(n.text.split())
-            text = text if len(text) <= 100 else text[:99] + "…"
-            lines.append(f"#{n.id} [{label(n.scope)}] {text}")
-        ch = await self._channel(key, transport, opts)
-        cap = ch.options.max_answer_lines or len(lines)
-        await say(f"{len(notes)} memory notes here (newest first; {opts.command_prefix}forget N "
-                  "deletes one):")  # fmt: skip
-        for line in lines[:cap]:
-            await say(line)
-        ch.more.clear()
-        ch.more_in_code = False
-        ch.more.extend(lines[cap:])
-        if ch.more:
-            await say(f"… {len(ch.more)} more lines: {opts.command_prefix}more")
-
-    async def _cmd_forget(
-        self,
-        args: list[str],
-        message: IncomingMessage,
-        transport: Transport,
-        decision: Decision,
-        say: Callable[[str], Awaitable[None]],
-        p: str,
-    ) -> None:
-        """``!forget N``: delete note N if it is visible here; a global note or
-        another person's needs an admin (the deletion is a new, audited version)."""
-        if len(args) != 1 or not args[0].lstrip("#").isdigit():
-            await say(f"usage: {p}forget N (the note's id, from {p}memory)")
-            return
-        note_id = int(args[0].lstrip("#"))
-        scopes, own = await self._visible_scopes(message, transport)
-        note = await self.agent.memory.get(note_id)
-        if note is None or note.scope not in scopes:
-            await say(f"no memory note {note_id} here")
-            return
-        if not note.scope.startswith("channel:") and note.scope != own:
-            if not self.access.at_least(decision.role, "admin"):
-                whose = "a global note" if note.scope == "global" else "someone else's note"
-                await say(f"note {note_id} is {whose}: only admins may forget it")
-                return
-        if await self.agent.memory.delete(note_id, author=self._actor(transport, message)):
-            await say(f"forgot note {note_id}")
-        else:
-            await say(f"no memory note {note_id} here")
-
     # -- after a restart ---------------------------------------------------------------
     async def resume_pending(self) -> dict[str, int]:
         """Take up every message a crash left unanswered; call once transports are started.
@@ -1000,188 +852,44 @@ class Bridge(AgentAccess):
         opts: ChannelOptions,
         decision: Decision | None = None,
     ) -> None:
+        """Run chat command ``name`` (:mod:`agentik.bot.commands`), if the speaker may."""
         key, reply_to, p = message.channel_key, message.reply_to, opts.command_prefix
         decision = decision or self.access.check(transport.name, message, key)
-
-        async def say(text: str) -> None:
-            await self._send(transport, key, text, "command", reply_to)
-
-        if name in COMMANDS and not decision.may_command(name):
-            # The role commands are for admins everywhere; the others follow the rules.
-            await say(f"{p}{name} is for admins" if name in _MANAGE
-                      else f"{p}{name} is not for {decision.role}s here")  # fmt: skip
+        command = self.commands.get(name)
+        if command is None:
+            await self._send(transport, key, f"unknown command {p}{name}; try {p}help", "command",
+                             reply_to)  # fmt: skip
+            return
+        needs = command.needs_role
+        if not decision.may_command(name) or (
+            needs is not None and not self.access.at_least(decision.role, needs)
+        ):
+            # A command needing a role (the role commands: admins, everywhere) says
+            # so; the others follow the access rules.
+            refused = (
+                f"{p}{name} is for {needs}s"
+                if needs is not None and not self.access.at_least(decision.role, needs)
+                else f"{p}{name} is not for {decision.role}s here"
+            )
+            await self._send(transport, key, refused, "command", reply_to)
             return
         args = message.text.strip()[len(p) :].split()[1:]
-
-        handlers: dict[str, Callable[[], Awaitable[None]]] = {
-            "help": lambda: self._cmd_help(args, message, transport, decision, say, p),
-            "stop": lambda: self._cmd_stop_checked(key, message, transport, decision, say),
-            "new": lambda: self._cmd_new(key, message, transport, opts, decision, say),
-            "more": lambda: self._cmd_more(key, transport, say, p),
-            "status": lambda: self._cmd_status(key, transport, opts, say, args, message),
-            "compact": lambda: self._cmd_compact(key, transport, opts, say),
-            "budget": lambda: self._cmd_budget(message, transport, say),
-            # Per-channel settings (issue 19).
-            "set": lambda: self._cmd_set(message, transport, say, p),
-            "unset": lambda: self._cmd_unset(message, transport, say, p),
-            "role": lambda: self._cmd_grant(name, args, message, transport, decision, say, p),
-            "ignore": lambda: self._cmd_grant(name, args, message, transport, decision, say, p),
-            "unignore": lambda: self._cmd_grant(name, args, message, transport, decision, say, p),
-            "roles": lambda: self._cmd_roles(say),
-            "approve": lambda: self._cmd_decide("approve", message, transport, opts, say),
-            "deny": lambda: self._cmd_decide("deny", message, transport, opts, say),
-            "approvals": lambda: self._cmd_approvals(key, opts, say),
-            "tool": lambda: self._cmd_tool(message, transport, opts, decision, say, p),
-            "memory": lambda: self._cmd_memory(message, transport, opts, say),
-            "forget": lambda: self._cmd_forget(args, message, transport, decision, say, p),
-            "redact": lambda: self._cmd_redact(args, message, transport, decision, say, p),
-        }
-        handler = handlers.get(name)
-        if handler is None:
-            await say(f"unknown command {p}{name}; try {p}help")
-            return
-        await handler()
-
-    # -- access commands (issue 19: roles given in chat) ---------------------------------
-    async def _cmd_stop_checked(
-        self,
-        key: str,
-        message: IncomingMessage,
-        transport: Transport,
-        decision: Decision,
-        say: Callable[[str], Awaitable[None]],
-    ) -> None:
-        """``!stop``; an answer someone else asked for needs ``stop-others``."""
-        ch = self._channels.get(key)
-        running = ch.conversation.running_run_id if ch is not None else None
-        asker = ch.run_asker.get(running) if ch is not None and running else None
-        if (
-            asker is not None
-            and asker != _speaker(transport, message)
-            and not decision.may_command("stop-others")
-        ):
-            await say("only the asker (or an admin) may stop this answer")
-            return
-        await self._cmd_stop(key, say)
-
-    def _actor(self, transport: Transport, message: IncomingMessage) -> str:
-        """Who gives a command, as an identity key (``libera:account:alice``), else
-        as :func:`_speaker` (an unverified speaker); recorded with what it changes."""
-        return self.access.identity(transport.name, message).id or _speaker(transport, message)
-
-    def _target(
-        self, args: list[str], message: IncomingMessage, transport: Transport
-    ) -> tuple[str, str]:
-        """The identity key a command's first argument names and its role; ValueError."""
-        if not args:
-            raise ValueError("name someone")
-        target = self.access.resolve(
-            args[0], transport.name, message.meta,
-            lambda name: transport.account_of(message.channel_key, name),
+        await command.handler(
+            CommandContext(
+                name=name, args=args, message=message, transport=transport, options=opts,
+                decision=decision, host=self,
+            )
         )  # fmt: skip
-        return target, self.access.role_of_key(target)
 
-    async def _change_role(
-        self,
-        target: str,
-        current: str,
-        role: str | None,
-        message: IncomingMessage,
-        transport: Transport,
-        decision: Decision,
-    ) -> str:
-        """Check and apply a change; the line to say."""
-        access = self.access
-        if current == "owner":
-            return f"{target} is an owner (owners are set in the configuration)"
-        if access.at_least(current, "admin") and decision.role != "owner":
-            return f"{target} is {current}: only an owner changes that"
-        if role == "owner":
-            return "owners are set in the configuration only"
-        if role is not None and role not in access.roles:
-            return f"unknown role {role!r} (roles: {', '.join(access.roles)})"
-        if ":mask:" in target and role not in (None, "ignored", "user"):
-            return "a hostmask can only be ignored; roles go to accounts"
-        actor = self._actor(transport, message)
-        old = await access.grant(target, role, by=actor, channel=message.channel_key)
-        now = access.role_of_key(target)
-        was = old or current
-        return f"{target}: {was} → {now}"
+    async def start_over(self, key: str, transport: Transport) -> tuple[_Channel | None, int]:
+        """``!new``: a new conversation for channel ``key``; nothing queued is lost.
 
-    async def _cmd_grant(
-        self,
-        name: str,
-        args: list[str],
-        message: IncomingMessage,
-        transport: Transport,
-        decision: Decision,
-        say: Callable[[str], Awaitable[None]],
-        p: str,
-    ) -> None:
-        """``!role <who> [<role>]`` (shows or sets a role), ``!ignore <who>``,
-        ``!unignore <who>`` (only a chat grant of ``ignored`` is undone)."""
-        try:
-            target, current = self._target(args, message, transport)
-        except ValueError as exc:
-            await say(f"{exc}; usage: {p}{name} <who>{' [<role>]' if name == 'role' else ''}")
-            return
-        role: str | None = "ignored"
-        if name == "role":
-            if len(args) < 2:
-                await say(f"{target} is {current}")
-                return
-            role = args[1]
-        elif name == "unignore":
-            grant = self.access.grants.get(target)
-            if grant is None or grant.role != "ignored":
-                note = " (by the configuration: change it there)" if current == "ignored" else ""
-                await say(f"{target} is not ignored in chat{note}")
-                return
-            role = None
-        await say(await self._change_role(target, current, role, message, transport, decision))
-
-    async def _cmd_roles(self, say: Callable[[str], Awaitable[None]]) -> None:
-        grants = sorted(self.access.grants.values(), key=lambda g: g.identity)
-        configured = len(self.access.config_roles())
-        given = ", ".join(f"{g.identity} {g.role}" for g in grants) or "none"
-        await say(f"roles given in chat: {given}; {configured} set in the configuration")
-
-    async def _cmd_stop(self, key: str, say: Callable[[str], Awaitable[None]]) -> None:
-        if not await self.interrupt(key):
-            await say("nothing to stop")
-
-    async def _cmd_new(
-        self,
-        key: str,
-        message: IncomingMessage,
-        transport: Transport,
-        opts: ChannelOptions,
-        decision: Decision,
-        say: Callable[[str], Awaitable[None]],
-    ) -> None:
-        """``!new``: start the channel over; nothing queued is lost.
-
-        The answer being written is stopped, with the same rights as ``!stop``:
-        when someone else asked for it (or it waits on an approval they asked
-        for), only a speaker with ``stop-others`` (admins) may start over — the
-        others are told to wait for it or ask its asker.  Messages queued
-        behind it (not started yet) move to the new conversation, in order,
-        with their authors, and are answered there to whoever asked.
+        Messages queued behind the running answer (not started yet) move to the
+        new conversation, in order, with their authors, and are answered there
+        to whoever asked; the running answer is stopped.  Returns the channel
+        held before (``None`` if none was open) and how many messages moved.
         """
         old = self._channels.get(key)
-        if old is not None:
-            running = old.conversation.running_run_id
-            asker = old.run_asker.get(running) if running else None
-            if (
-                asker is not None
-                and asker != _speaker(transport, message)
-                and not decision.may_command("stop-others")
-            ):
-                await say(
-                    "someone else's answer is being written: only its asker (or an admin)"
-                    f" may start over now; try {opts.command_prefix}new when it is done"
-                )
-                return
         moved: list[str] = []
         # Arrivals wait meanwhile: a message is queued in the old conversation
         # (and moved) or in the new one, never lost between the two.
@@ -1218,296 +926,34 @@ class Bridge(AgentAccess):
                         old.pending.clear()
                         old.changed.notify_all()
                     await self._close_channel(old)
-        kept = f" (the previous one is kept as {old.conversation.id})" if old else ""
-        count = len(moved)
-        carried = (
-            f"; {count} queued message{'s' if count != 1 else ''} moved to it" if count else ""
-        )
-        await say(f"started a new conversation{kept}{carried}")
+        return old, len(moved)
 
-    async def _cmd_redact(
-        self,
-        args: list[str],
-        message: IncomingMessage,
-        transport: Transport,
-        decision: Decision,
-        say: Callable[[str], Awaitable[None]],
-        p: str,
-    ) -> None:
-        """``!redact`` / ``!redact last``: the speaker's own last message here;
-        ``!redact list``: the recent messages' numbers (never their text);
-        ``!redact N [reason]``: message N of this channel's conversation —
-        the author's own (verified identity) or, for admins, anyone's."""
-        key = message.channel_key
-        conv_id = await self.agent.store.get_binding(key)
-        if conv_id is None:
-            await say("nothing to redact here")
-            return
-        me = _author_id(transport, message)
-        # An ask_user answer (a tool result carrying its answerer's
-        # author_id) is its author's words too: listed and redactable by them.
-        kinds: list[MessageKind] = ["user", "assistant", "tool_result"]
-        recent = [
-            m
-            for m in await self.agent.store.messages(conv_id, limit=50, kinds=kinds)
-            if not _is_redacted(m) and (m.kind != "tool_result" or _data(m).get("author_id"))
-        ]
-        what = args[0].lower() if args else "last"
-        reason = " ".join(args[1:])
-        if what == "list":
-            if not recent:
-                await say("no messages to redact here")
-                return
-            shown = [
-                f"#{m.id} {m.author or _redact_label(m)}"
-                f" ({len(m.content)} chars, {_ago(m.created_at)})"
-                for m in recent[-8:]
-            ]
-            await say(f"recent messages: {'; '.join(shown)} — {p}redact N [reason]")
-            return
-        if what == "last":
-            mine = [m for m in recent if me is not None and _data(m).get("author_id") == me]
-            if not mine:
-                await say(
-                    "no message of yours to redact here"
-                    + ("" if me else " (your identity is not verified: ask an admin)")
-                )
-                return
-            target = mine[-1]
-        else:
-            try:
-                number = int(what.lstrip("#"))
-            except ValueError:
-                await say(f"usage: {p}redact [last] | {p}redact list | {p}redact N [reason]")
-                return
-            rows = await self.agent.store.messages(conv_id, after=number - 1, limit=1)
-            if not rows or rows[0].id != number:
-                await say(f"no message #{number} in this channel's conversation")
-                return
-            target = rows[0]
-            if not may_redact(decision.admin, me, _data(target).get("author_id")):
-                await say(f"only its author or an admin may redact message #{number}")
-                return
-        by = me or f"{transport.name}:{message.author_id}"
-        try:
-            done = await self.agent.redact(conv_id, target.id, by=by, reason=reason)
-        except (NotFound, RedactionError) as exc:
-            await say(f"cannot redact message #{target.id}: {exc}")
-            return
-        notes = (
-            f"; {done.notes_removed} memory note(s) derived from it deleted"
-            if done.notes_removed
-            else ""
-        )
-        await say(f"message #{target.id} redacted{notes}")
+    # What the commands use of the bridge (:class:`~agentik.bot.commands.CommandHost`).
+    async def channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
+        """The channel ``key``, opened (with its conversation) if it is not."""
+        return await self._channel(key, transport, opts)
 
-    async def _cmd_more(
-        self, key: str, transport: Transport, say: Callable[[str], Awaitable[None]], prefix: str
-    ) -> None:
-        ch = self._channels.get(key)
-        if ch is None or not ch.more:
-            await say("nothing more")
-            return
-        cap = ch.options.max_answer_lines or len(ch.more)
-        page = [ch.more.popleft() for _ in range(min(cap, len(ch.more)))]
-        lines_transport = transport.caps.streaming == "lines"
-        if ch.more_in_code and lines_transport:
-            # The page continues a code block: a line transport formats line by
-            # line, so it is told (the fence line itself shows nothing).
-            page.insert(0, "```")
-        for line in page:
-            await self._send(transport, key, line, "answer", ch.reply_to)
-            if _is_fence(line):
-                ch.more_in_code = not ch.more_in_code
-        if lines_transport:
-            # Each page is an answer of its own: the transport's formatting state
-            # (an open code block) and a batch it collects (draft/multiline) end here.
-            ch.more_in_code = ch.more_in_code and bool(ch.more)
-            await self._send(transport, key, "", "end", ch.reply_to)
-        if ch.more:
-            await say(f"… {len(ch.more)} more lines: {prefix}more")
+    def open_channel(self, key: str) -> _Channel | None:
+        """The channel ``key`` if it is open now, else ``None``."""
+        return self._channels.get(key)
 
-    async def _cmd_compact(
-        self,
-        key: str,
-        transport: Transport,
-        opts: ChannelOptions,
-        say: Callable[[str], Awaitable[None]],
-    ) -> None:
-        ch = await self._channel(key, transport, opts)
-        try:
-            event = await ch.conversation.compact_now()
-        except AgentikError as exc:
-            line = _error_line(
-                type(exc).__name__, str(exc), where=key, prefix=opts.command_prefix,
-                retryable=getattr(exc, "retryable", False),
-            )  # fmt: skip
-            await say(f"could not compact: {line.removeprefix('error: ')}")
-            return
-        if event is None:
-            await say("nothing to compact yet: the conversation is short")
-            return
-        how = "dropped (summarising failed)" if event.fallback else "summarised"
-        await say(
-            f"compacted: {event.messages} older messages {how}; context about "
-            f"{event.tokens_before} → {event.tokens_after} tokens"
-        )
+    async def settings_changed(self, channel_key: str, transport: Transport) -> Effective:
+        """A channel's settings changed (``!set``): in force from its next turn."""
+        eff = await self.effective(channel_key, transport)
+        ch = self._channels.get(channel_key)
+        if ch is not None:
+            self._apply(ch, eff)
+        return eff
 
-    def _shared(self, message: IncomingMessage, transport: Transport) -> bool:
-        """A shared room (not a direct conversation, not a thread): commands answer short."""
-        return not message.direct and not transport.in_thread(message.channel_key)
+    def subject(self, message: IncomingMessage, transport: Transport) -> Subject:
+        """Who ``message`` is counted for by the budgets (``!budget``)."""
+        return self._subject(message, transport)
 
-    async def _cmd_help(
-        self,
-        args: list[str],
-        message: IncomingMessage,
-        transport: Transport,
-        decision: Decision,
-        say: Callable[[str], Awaitable[None]],
-        p: str,
-    ) -> None:
-        """``!help``: in a shared room one short line (the commands this speaker may
-        use); ``!help <command>`` says what one does; in private, every command
-        with what it does."""
-        if args:
-            name = args[0].removeprefix(p).lower()
-            what = COMMANDS.get(name)
-            await say(f"{p}{name} — {what}" if what else f"no command {p}{name[:32]}; try {p}help")
-            return
-        if not self._shared(message, transport):
-            await say("commands: " + "; ".join(f"{p}{n} — {d}" for n, d in COMMANDS.items()))
-            return
-        admin_only = _MANAGE | {"set", "unset"}
-        names = [
-            f"{p}{n}"
-            for n in COMMANDS
-            if decision.may_command(n) and (n not in admin_only or decision.admin)
-        ]
-        await say(
-            f"commands: {' '.join(names)} — {p}help <command> says what one does;"
-            f" {p}help in a private message lists them all"
-        )
-
-    async def _cmd_status(
-        self,
-        key: str,
-        transport: Transport,
-        opts: ChannelOptions,
-        say: Callable[[str], Awaitable[None]],
-        args: list[str] | None = None,
-        message: IncomingMessage | None = None,
-    ) -> None:
-        """``!status``: the model, the conversation and what it does now, then the
-        channel's settings; in a shared room the first line only (``!status
-        settings`` shows the settings)."""
-        ch = await self._channel(key, transport, opts)
-        conv = ch.conversation
-        count = await conv.count_messages()
-        # idle | running | streaming | executing tools (names) | awaiting human, the
-        # run, its requests and tokens so far, the queue, the checklist (todo 2/5).
-        state = conv.status(todo=await conv.todo()).line()
-        llm = self.agent.llm_for(conv.llm_profile)
-        profile = f" (profile {conv.llm_profile})" if conv.llm_profile else ""
-        settings = describe(await self.effective(key, transport))
-        head = f"model {llm.model or llm.name}{profile} · conversation {conv.id} ({count} messages)"
-        wanted = [a.lower() for a in args or ()]
-        if wanted[:1] in (["settings"], ["all"]):
-            await say(settings)
-        elif message is not None and self._shared(message, transport):
-            await say(f"{head} · {state}")
-        else:
-            await say(f"{head} · {state}\n{settings}")
-
-    # -- passthrough tools (issue 20) -------------------------------------------------------
-    async def _cmd_tool(
-        self,
-        message: IncomingMessage,
-        transport: Transport,
-        opts: ChannelOptions,
-        decision: Decision,
-        say: Callable[[str], Awaitable[None]],
-        p: str,
-    ) -> None:
-        """``!tool [<name> [key=value …]]``: run a passthrough tool at once, no model.
-
-        Only passthrough tools (``[[passthrough]]``) run this way, and only where
-        the model could call them: the channel's tools and the speaker's rights
-        allow both the tool and its target, no approval rule covers either, and
-        no plugin's ``before_tool_call`` blocks it.  The result is said in the
-        channel; it is not part of the conversation.
-        """
-        key = message.channel_key
-        ch = await self._channel(key, transport, opts)
-        conv = ch.conversation
-        policy = conv.policy or self.agent.policy
-
-        def usable(t: PassthroughTool) -> bool:
-            return all(policy.allows(n) and decision.may_use_tool(n) for n in (t.name, t.spec.tool))
-
-        tools = {
-            t.name: t for t in self.agent.tools if isinstance(t, PassthroughTool) and usable(t)
-        }
-        raw = message.text.strip()[len(p) :]
-        head = raw.split(None, 2)
-        try:
-            if len(head) == 3 and head[2].startswith("{"):
-                words = [head[1], head[2]]  # a JSON object, quotes and all
-            else:
-                words = split_args(raw)[1:]
-        except SettingError as exc:
-            await say(f"{p}tool: {exc}")
-            return
-        if not words:
-            listed = "; ".join(f"{n} — {t.description}" if t.description else n
-                               for n, t in sorted(tools.items()))  # fmt: skip
-            await say(f"tools: {listed}" if listed else "no passthrough tools here")
-            return
-        name, rest = words[0], words[1:]
-        tool = tools.get(name)
-        if tool is None:
-            await say(f"no passthrough tool {name[:64]!r} here; {p}tool lists them")
-            return
-        try:
-            arguments = _tool_arguments(rest)
-        except ValueError as exc:
-            await say(f"{p}tool {name}: {exc}")
-            return
-        for n in (tool.name, tool.spec.tool):
-            if self.agent.approvals.rule_for(n, key) is not None:
-                await say(f"{name} needs a person's approval: ask me for it in a message instead")
-                return
-        call = ToolCall(id=f"cmd_{uuid.uuid4().hex[:12]}", name=name,
-                        arguments=json.dumps(arguments, ensure_ascii=False))  # fmt: skip
-        call, block = await self.agent.hooks.before_tool_call(conv, call.id, call)
-        if block is not None:
-            await say(f"{name}: blocked: {block.reason}")
-            return
-        try:
-            arguments = json.loads(call.arguments)
-        except ValueError:
-            await say(f"{name}: a plugin gave arguments that are not JSON")
-            return
-        context = ToolContext(
-            conversation_id=conv.id, run_id=call.id, call_id=call.id,
-            author=message.author_name, channel=key, author_id=_author_id(transport, message),
-        )  # fmt: skip
-        try:
-            async with asyncio.timeout(policy.tool_timeout):
-                result = await tool.call(arguments, context)
-        except ToolError as exc:
-            await say(f"⚙ {name} failed: {exc}")
-            return
-        except TimeoutError:
-            await say(f"⚙ {name} failed: no result within {policy.tool_timeout:g}s")
-            return
-        except Exception:
-            ref = uuid.uuid4().hex[:8]
-            log.exception("!tool %s failed (ref %s)", name, ref)
-            await say(f"⚙ {name} failed (internal error, ref {ref})")
-            return
-        text = result if isinstance(result, str) else result.text
-        failed = not isinstance(result, str) and result.is_error
-        await say(f"⚙ {name} failed: {text}" if failed else text or "(no result)")
+    async def send(
+        self, transport: Transport, key: str, text: str, kind: OutgoingKind, reply_to: object
+    ) -> int:
+        """Send a line (a command's answer, a page of ``!more``) to channel ``key``."""
+        return await self._send(transport, key, text, kind, reply_to)
 
     # -- budgets (issue 19) ----------------------------------------------------------------
     def _subject(self, message: IncomingMessage, transport: Transport) -> Subject:
@@ -1519,14 +965,6 @@ class Bridge(AgentAccess):
             name=message.author_name or message.author_id,
         )  # fmt: skip
 
-    async def _cmd_budget(
-        self, message: IncomingMessage, transport: Transport, say: Callable[[str], Awaitable[None]]
-    ) -> None:
-        if self.budgets is None or not self.budgets.enabled:
-            await say("no budgets are set: usage is unlimited")
-            return
-        await say(await self.budgets.report(self._subject(message, transport)))
-
     async def _budget_turn_ended(self, event: TurnEnded, channel_key: str) -> None:
         """Count the tokens of a finished turn for whoever started it (else the channel)."""
         if self.budgets is not None and event.run_id:
@@ -1536,166 +974,6 @@ class Bridge(AgentAccess):
                 )
             except Exception:
                 log.exception("could not count the tokens of run %s", event.run_id)
-
-    # -- per-channel settings (issue 19) -------------------------------------------------
-    async def _settings_actor(
-        self, message: IncomingMessage, transport: Transport, say: Callable[[str], Awaitable[None]]
-    ) -> str | None:
-        """The qualified id of a speaker allowed to change settings here, else ``None`` (told)."""
-        actor = _author_id(transport, message)
-        if actor is None:
-            await say(
-                f"only a verified {self.settings_role} may change this channel's settings "
-                "(your identity is not verified here)"
-            )
-            return None
-        role = self.role_for(transport.name, message, message.channel_key)
-        if not self.access.at_least(role, self.settings_role):
-            await say(
-                f"changing this channel's settings needs the {self.settings_role} role "
-                f"(you are {role})"
-            )
-            return None
-        return actor
-
-    async def _cmd_set(
-        self,
-        message: IncomingMessage,
-        transport: Transport,
-        say: Callable[[str], Awaitable[None]],
-        prefix: str,
-    ) -> None:
-        key = message.channel_key
-        rest = message.text.strip()[len(prefix) :].split(maxsplit=1)
-        args = (rest[1] if len(rest) > 1 else "").split(maxsplit=1)
-        try:
-            if len(args) == 2 and args[0].lower() == "persona" and args[1][0] not in "\"'":
-                words = [args[0], args[1]]  # an unquoted persona: the rest of the line
-            else:
-                words = split_args(" ".join(args))
-        except SettingError as exc:
-            await say(f"{prefix}set: {exc}")
-            return
-        if not words:
-            await say(
-                f"usage: {prefix}set <key> <value>; keys: "
-                + "; ".join(f"{k}: {d}" for k, d in SETTING_KEYS.items())
-            )
-            return
-        actor = await self._settings_actor(message, transport, say)
-        if actor is None:
-            return
-        name = words[0].lower()
-        try:
-            value = parse_setting(
-                name,
-                words[1:],
-                profiles=self.settings.profiles,
-                stream_profiles=self.agent.stream_profiles,
-            )
-        except SettingError as exc:
-            await say(f"{prefix}set{' ' if name in SETTING_KEYS else ': '}{exc}")
-            return
-        await self.settings.set(settings_scope(transport, key), name, value, actor=actor)
-        log.info("channel %s: %s set %s", key, actor, name)
-        eff = await self.effective(key, transport)
-        ch = self._channels.get(key)
-        if ch is not None:
-            self._apply(ch, eff)
-        await say(f"{name} is now {_shown(eff, name)} in this channel")
-
-    async def _cmd_unset(
-        self,
-        message: IncomingMessage,
-        transport: Transport,
-        say: Callable[[str], Awaitable[None]],
-        prefix: str,
-    ) -> None:
-        key = message.channel_key
-        try:
-            words = split_args(message.text.strip()[len(prefix) :].split(maxsplit=1)[1])
-        except IndexError:
-            words = []
-        except SettingError as exc:
-            await say(f"{prefix}unset: {exc}")
-            return
-        if len(words) != 1 or words[0].lower() not in SETTING_KEYS:
-            got = f"unknown setting {words[0]!r}; " if words else ""
-            await say(f"{prefix}unset: {got}usage: {prefix}unset <key>; keys: "
-                      + ", ".join(SETTING_KEYS))  # fmt: skip
-            return
-        name = words[0].lower()
-        actor = await self._settings_actor(message, transport, say)
-        if actor is None:
-            return
-        scope = settings_scope(transport, key)
-        if name not in await self.settings.chat(scope):
-            await say(f"{name} is not set in chat here; nothing to unset")
-            return
-        await self.settings.set(scope, name, None, actor=actor)
-        log.info("channel %s: %s unset %s", key, actor, name)
-        eff = await self.effective(key, transport)
-        ch = self._channels.get(key)
-        if ch is not None:
-            self._apply(ch, eff)
-        await say(f"{name} is now {_shown(eff, name)} ({eff.sources.get(name, 'default')})")
-
-    # -- approvals (issue 19) ------------------------------------------------------------
-    async def _cmd_decide(
-        self,
-        decision: Literal["approve", "deny"],
-        message: IncomingMessage,
-        transport: Transport,
-        opts: ChannelOptions,
-        say: Callable[[str], Awaitable[None]],
-    ) -> None:
-        key, p = message.channel_key, opts.command_prefix
-        words = message.text.strip()[len(p) :].split(maxsplit=2)
-        if len(words) < 2:
-            await say(f"which one? {p}{decision} ID [reason] (see {p}approvals)")
-            return
-        approvals = self.agent.approvals
-        role = self.role_for(transport.name, message, key)
-        try:
-            found = await approvals.find(words[1], scope=key)
-            approver_id = _author_id(transport, message)
-            if approver_id is None and (approver_id := _mask_id(transport, message, role)):
-                # An unverified asker has no id to compare: compare the speaker.
-                if (
-                    decision == "approve" and not found.asker_id and not found.self_approve
-                    and found.asker == message.author_name
-                ):  # fmt: skip
-                    raise ApprovalError(
-                        "self", f"approval {found.id}: you asked for this call; someone else"
-                        " must approve it",
-                    )  # fmt: skip
-            await approvals.decide(
-                found,
-                decision,
-                approver=message.author_name or message.author_id,
-                approver_id=approver_id,
-                role=role,
-                reason=words[2] if len(words) > 2 else None,
-            )
-        except ApprovalError as exc:
-            await say(str(exc))
-        # Done: the approval_resolved event says so in the channel.
-
-    async def _cmd_approvals(
-        self, key: str, opts: ChannelOptions, say: Callable[[str], Awaitable[None]]
-    ) -> None:
-        pending = await self.agent.approvals.pending(key)
-        if not pending:
-            await say("no tool call is waiting for approval here")
-            return
-        now = time.time()
-        items = [
-            f"{a.id}: {a.tool}({_short_args(a.arguments, 60)}) asked by {a.asker or 'someone'},"
-            f" {a.approvers}s decide, expires in {_wait(a.expires_at - now)}"
-            for a in pending
-        ]
-        p = opts.command_prefix
-        await say(f"waiting for approval ({p}approve ID / {p}deny ID): " + "; ".join(items))
 
     # -- rendering -----------------------------------------------------------------------
     async def _send(
@@ -2316,11 +1594,6 @@ class _Renderer:
             await self._out(piece, "answer", run)
 
 
-def _is_fence(line: str) -> bool:
-    """A Markdown code fence line (```` ``` ```` or ```` ```python ````)."""
-    return line.strip().startswith("```")
-
-
 def _log_answer(ch: _Channel, e: TurnEnded) -> None:
     """One INFO line per answered message, with fields; the answer's text at DEBUG only."""
     u = e.usage
@@ -2400,164 +1673,8 @@ def _resolved(transport: Transport, options: ChannelOptions | None) -> ChannelOp
     return opts
 
 
-#: What a channel is told of a failure, by error type (the details go to the log).
-_PUBLIC_ERRORS: dict[str, str] = {
-    "LLMConnectionError": "the model is unavailable right now",
-    "LLMTimeout": "the model did not answer in time",
-    "ContextTooLong": (
-        "this conversation no longer fits the model's context; try {p}compact or {p}new"
-    ),
-    "LLMResponseError": "the model's answer could not be used",
-    "LLMError": "the model failed",
-    "StoreError": "the conversation could not be saved",
-    "MigrationError": "the conversation could not be saved",
-    "ClosedError": "the bot is shutting down",
-    "internal": "internal error",
-}
-
-
-def _error_line(
-    error_type: str,
-    detail: str,
-    *,
-    where: str,
-    prefix: str = "!",
-    retryable: bool = False,
-    run_id: str | None = None,
-) -> str:
-    """The one short line a channel gets for a failure; logs ``detail`` with its reference.
-
-    The line never carries the failure's own text (an endpoint's URL, a
-    backend's message, a path): it says what kind of thing failed and gives
-    a reference, which the ERROR log line with the full ``detail`` repeats,
-    so an operator can find it.
-    """
-    ref = secrets.token_hex(3)
-    log.error(
-        "error ref %s in %s%s: %s: %s",
-        ref,
-        where,
-        f" (run {run_id})" if run_id else "",
-        error_type or "error",
-        detail,
-    )
-    if error_type == "LLMStatusError":
-        # 429 and 5xx: try again later; other statuses: the request was refused.
-        what = "the model is " + ("unavailable right now" if retryable else "refusing the request")
-    else:
-        what = _PUBLIC_ERRORS.get(error_type, "something went wrong").format(p=prefix)
-    return f"error: {what} (ref {ref})"
-
-
-def _shown(eff: Effective, key: str) -> str:
-    """A setting's value in a reply: persona text quoted, lists space-separated."""
-    value = eff.value(key)
-    if key == "persona":
-        if not value:
-            return "none"
-        return json.dumps(value if len(value) <= 200 else value[:199] + "…", ensure_ascii=False)
-    if isinstance(value, tuple):
-        return " ".join(value) if value else "none (no tools)"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return "none" if value is None else str(value)
-
-
-def _data(m: Message) -> dict[str, Any]:
-    return m.data if isinstance(m.data, dict) else {}
-
-
-def _redact_label(m: Message) -> str:
-    if m.kind == "tool_result":
-        return f"answer of {_data(m).get('answered_by') or '?'}"
-    return "bot" if m.kind == "assistant" else "?"
-
-
-def _is_redacted(m: Message) -> bool:
-    return "redacted" in _data(m)
-
-
-def _ago(t: float) -> str:
-    minutes = max(0, int((time.time() - t) // 60))
-    if minutes < 60:
-        return f"{minutes}m ago"
-    if minutes < 48 * 60:
-        return f"{minutes // 60}h ago"
-    return f"{minutes // (24 * 60)}d ago"
-
-
-def _author_id(transport: Transport, message: IncomingMessage) -> str | None:
-    """The speaker's identity qualified by transport instance: ``libera:alice``.
-
-    ``None`` for a speaker the transport could not verify: an unverified name
-    keys no user-scoped data (their memory tools say so).
-    """
-    if not message.verified or not message.author_id:
-        return None
-    return f"{transport.name}:{message.author_id}"
-
-
-def _mask_id(transport: Transport, message: IncomingMessage, role: str) -> str | None:
-    """An unverified IRC speaker given a role by a configured ``mask:`` pattern (the
-    one way to name admins on a network without services) decides as
-    ``<instance>:mask:<nick!user@host>``: the operator vouched for that mask.  Any
-    other unverified speaker stays ``None`` (refused)."""
-    mask = (message.meta or {}).get("hostmask")
-    if not mask or role in ("user", "ignored"):
-        return None
-    return f"{transport.name}:mask:{mask}"
-
-
 def _no_tools(name: str) -> bool:
     return False
-
-
-def _speaker(transport: Transport, message: IncomingMessage) -> str:
-    """Who spoke, as a key: the qualified identity, or for an unverified speaker
-    ``<instance>:~<hostmask or name>`` (never equal to a verified one)."""
-    found = _author_id(transport, message)
-    if found is not None:
-        return found
-    shown = (message.meta or {}).get("hostmask") or message.author_name or message.author_id
-    return f"{transport.name}:~{shown}"
-
-
-def _wait(seconds: float) -> str:
-    """``10 min``, ``45 s``: how long until something expires."""
-    seconds = max(0.0, seconds)
-    if seconds >= 90:
-        return f"{round(seconds / 60)} min"
-    return f"{round(seconds)} s"
-
-
-def _article(role: str) -> str:
-    """``an admin``, ``a user``, ``a deployer`` — who may decide, in a sentence."""
-    if role == "user":
-        return "anyone here"
-    return f"{'an' if role[:1].lower() in 'aeiou' else 'a'} {role}"
-
-
-def _tool_arguments(words: list[str]) -> dict[str, Any]:
-    """``!tool`` arguments: one JSON object, or ``key=value`` words (a value that
-    reads as JSON — a number, true, a list — is that; anything else is text)."""
-    if len(words) == 1 and words[0].lstrip().startswith("{"):
-        try:
-            value = json.loads(words[0])
-        except ValueError:
-            raise ValueError("the arguments are not a JSON object") from None
-        if not isinstance(value, dict):
-            raise ValueError("the arguments are not a JSON object")
-        return value
-    out: dict[str, Any] = {}
-    for word in words:
-        k, eq, v = word.partition("=")
-        if not eq or not k:
-            raise ValueError(f"write key=value, not {word[:40]!r}")
-        try:
-            out[k] = json.loads(v)
-        except ValueError:
-            out[k] = v
-    return out
 
 
 def _task_text(arguments: str) -> str:
@@ -2573,20 +1690,6 @@ def _task_text(arguments: str) -> str:
     if not isinstance(task, str):
         task = next((v for v in args.values() if isinstance(v, str)), "")
     return " ".join(task.split())
-
-
-def _short_args(arguments: str, limit: int = 80) -> str:
-    try:
-        parsed = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        text = arguments
-    else:
-        if isinstance(parsed, dict):
-            text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in parsed.items())
-        else:
-            text = json.dumps(parsed, ensure_ascii=False)
-    text = text.replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def options_from(section: object, transport: Transport) -> ChannelOptions:
