@@ -24,20 +24,29 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentik.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     ChildRunLinked,
+    Compacted,
     Error,
     Event,
+    Interrupted,
     QuestionAnswered,
     QuestionAsked,
+    ReasoningDelta,
+    ResponseStarted,
+    TextDelta,
     TodoUpdated,
     ToolCallEnded,
+    ToolCallStarted,
     ToolProgress,
+    TurnEnded,
+    TurnStarted,
 )
 from agentik.core.streamprofiles import BUILTIN_PROFILES, StreamProfile
 from agentik.transports.base import Action, ChannelCaps, OutgoingKind, Transport
@@ -460,6 +469,8 @@ class Renderer:
             await say("(interrupted)")
 
     async def on_event(self, event: Event) -> None:
+        """Show ``event`` in the channel, if its profile carries it: each kind of
+        event has its handler (:data:`_HANDLERS`, by type)."""
         if event.kind == "response_started" and (
             event.parent_run_id is None or self.profile.child_runs
         ):
@@ -479,122 +490,142 @@ class Renderer:
             # A child run's events never touch the channel's answer.
             await self._child_event(e)
             return
-        mode = self.caps.streaming
-        run = e.run_id
-        if e.kind == "turn_started":
-            self.buffer, self.lines_sent, self.had_text = "", 0, False
-            self.in_code = False
-            self.piece, self.stream_id, self.stream_text = 0, None, []
-            self.call_args, self.children = {}, {}
-        elif e.kind == "response_started":
-            # A new model step: keep its text apart from the previous step's.
-            if self.had_text:
-                if mode == "deltas":
-                    await self._out("\n", "delta", run)
-                elif mode == "lines":
-                    await self._lines(self.buffer, run)
-                    self.buffer = ""
-                else:
-                    self.buffer += "\n"
-        elif e.kind == "text_delta":
-            self.had_text = True
-            text = e.text
+        handler = _HANDLERS.get(type(e))
+        if handler is not None:
+            await handler(self, e)
+
+    async def _turn_started(self, e: TurnStarted) -> None:
+        self.buffer, self.lines_sent, self.had_text = "", 0, False
+        self.in_code = False
+        self.piece, self.stream_id, self.stream_text = 0, None, []
+        self.call_args, self.children = {}, {}
+
+    async def _response_started(self, e: ResponseStarted) -> None:
+        # A new model step: keep its text apart from the previous step's.
+        mode, run = self.caps.streaming, e.run_id
+        if self.had_text:
             if mode == "deltas":
-                await self._out(text, "delta", run)
+                await self._out("\n", "delta", run)
             elif mode == "lines":
-                self.buffer += text
-                while "\n" in self.buffer:
-                    line, self.buffer = self.buffer.split("\n", 1)
-                    await self._lines(line, run)
+                await self._lines(self.buffer, run)
+                self.buffer = ""
             else:
-                self.buffer += text
-        elif e.kind in ("approval_requested", "approval_resolved"):
-            await self._flush(run)
-            await self._approval(e)
-        elif e.kind in ("question_asked", "question_answered"):
-            await self._flush(run)
-            await self._question(e)
-        elif e.kind == "todo_updated":
-            await self._flush(run)
-            await self._todo(e)
-        elif e.kind == "tool_progress":
-            if self.tool_lines:
-                await self._progress(e)
-        elif e.kind == "reasoning_delta":
-            await self._out(f"(thinking) {e.text}", "notice", run)
-        elif e.kind == "tool_call_started":
-            self.call_args[e.call_id] = (e.name, e.arguments)
-            # ask_user and todo show themselves (the question, the checklist);
-            # an agent's call shows as its child run's line.
-            if (
-                self.tool_lines
-                and not e.name.startswith(AGENT_TOOL_PREFIX)
-                and (self.debug or e.name not in _SELF_SHOWN)
-            ):
-                args = short_args(e.arguments)
-                await self._out(f"⚙ {e.name}({args})", "notice", run)
-        elif e.kind == "child_run_linked":
-            self._link(e)
-            if self.child_lines:
-                # Whatever the answer streamed so far stays above the line.
-                await self._flush(run)
-                await self._out(self._task_line(e), "notice", run)
-        elif e.kind == "tool_call_ended" and e.call_id in self.progress:
+                self.buffer += "\n"
+
+    async def _text_delta(self, e: TextDelta) -> None:
+        mode, run = self.caps.streaming, e.run_id
+        self.had_text = True
+        text = e.text
+        if mode == "deltas":
+            await self._out(text, "delta", run)
+        elif mode == "lines":
+            self.buffer += text
+            while "\n" in self.buffer:
+                line, self.buffer = self.buffer.split("\n", 1)
+                await self._lines(line, run)
+        else:
+            self.buffer += text
+
+    async def _approval_event(self, e: ApprovalRequested | ApprovalResolved) -> None:
+        await self._flush(e.run_id)
+        await self._approval(e)
+
+    async def _question_event(self, e: QuestionAsked | QuestionAnswered) -> None:
+        await self._flush(e.run_id)
+        await self._question(e)
+
+    async def _todo_event(self, e: TodoUpdated) -> None:
+        await self._flush(e.run_id)
+        await self._todo(e)
+
+    async def _tool_progress(self, e: ToolProgress) -> None:
+        if self.tool_lines:
+            await self._progress(e)
+
+    async def _reasoning_delta(self, e: ReasoningDelta) -> None:
+        await self._out(f"(thinking) {e.text}", "notice", e.run_id)
+
+    async def _tool_call_started(self, e: ToolCallStarted) -> None:
+        self.call_args[e.call_id] = (e.name, e.arguments)
+        # ask_user and todo show themselves (the question, the checklist);
+        # an agent's call shows as its child run's line.
+        if (
+            self.tool_lines
+            and not e.name.startswith(AGENT_TOOL_PREFIX)
+            and (self.debug or e.name not in _SELF_SHOWN)
+        ):
+            args = short_args(e.arguments)
+            await self._out(f"⚙ {e.name}({args})", "notice", e.run_id)
+
+    async def _child_run_linked(self, e: ChildRunLinked) -> None:
+        self._link(e)
+        if self.child_lines:
+            # Whatever the answer streamed so far stays above the line.
+            await self._flush(e.run_id)
+            await self._out(self._task_line(e), "notice", e.run_id)
+
+    async def _tool_call_ended(self, e: ToolCallEnded) -> None:
+        if e.call_id in self.progress:
             await self._progress_done(e)
         elif (
-            e.kind == "tool_call_ended"
-            and (e.is_error or self.debug)
+            (e.is_error or self.debug)
             and self.tool_lines
             and (self.debug or e.name not in _SELF_SHOWN)
         ):
             result = e.result.replace("\n", " ")[:160]
             verb = "failed" if e.is_error else f"→ ({e.duration:.2f}s)"
-            await self._out(f"⚙ {e.name} {verb}: {result}", "notice", run)
-        elif e.kind == "compacted" and (self.debug or e.fallback):
+            await self._out(f"⚙ {e.name} {verb}: {result}", "notice", e.run_id)
+
+    async def _compacted(self, e: Compacted) -> None:
+        if self.debug or e.fallback:
             # Dropped messages are news to the people in the channel: the
             # model no longer sees them.  A summary only shows when debugging.
             how = "dropped" if e.fallback else "summarised"
             await self._out(
                 f"(context compacted: {e.messages} older messages {how})",
                 "notice",
+                e.run_id,
+            )
+
+    async def _error_event(self, e: Error) -> None:
+        await self._flush(e.run_id)
+        await self._out(self._error(e), "error", e.run_id)
+
+    async def _interrupted(self, e: Interrupted) -> None:
+        await self._flush(e.run_id)
+        why = "time budget used up" if e.reason == "time_budget" else "interrupted"
+        await self._out(f"({why})", "notice", e.run_id)
+
+    async def _turn_ended(self, e: TurnEnded) -> None:
+        mode, run = self.caps.streaming, e.run_id
+        await self._flush(run)
+        if mode in ("deltas", "lines") and self.had_text:
+            await self._stream_done(run)
+            await self._out("", "end", run)
+        self.stream_id, self.stream_text = None, []
+        stopped = _STOP_NOTICES.get(e.stop_reason)
+        if stopped:
+            await self._out(stopped, "notice", run)
+        elif (
+            not self.had_text
+            and e.stop_reason not in _SHOWN_ENDS
+            and self.profile.carries("text_delta")  # else no answer ever shows here
+        ):
+            # Nothing visible came of it (no text after its tool calls, or a
+            # hook or the provider filtered it): the asker is told, not left waiting.
+            await self._out(_SILENT_ENDS.get(e.stop_reason, _SILENT_END), "notice", run)
+        if self.ch.more:
+            p = self.ch.options.command_prefix
+            await self._out(f"… {len(self.ch.more)} more lines: {p}more", "notice", run)
+        if self.debug:
+            u = e.usage
+            await self._out(
+                f"turn {run}: {e.stop_reason}, {e.duration:.2f}s, "
+                f"{u.prompt_tokens}+{u.completion_tokens} tokens, "
+                f"{e.tool_calls} tool calls",
+                "notice",
                 run,
             )
-        elif e.kind == "error":
-            await self._flush(run)
-            await self._out(self._error(e), "error", run)
-        elif e.kind == "interrupted":
-            await self._flush(run)
-            why = "time budget used up" if e.reason == "time_budget" else "interrupted"
-            await self._out(f"({why})", "notice", run)
-        elif e.kind == "turn_ended":
-            await self._flush(run)
-            if mode in ("deltas", "lines") and self.had_text:
-                await self._stream_done(run)
-                await self._out("", "end", run)
-            self.stream_id, self.stream_text = None, []
-            stopped = _STOP_NOTICES.get(e.stop_reason)
-            if stopped:
-                await self._out(stopped, "notice", run)
-            elif (
-                not self.had_text
-                and e.stop_reason not in _SHOWN_ENDS
-                and self.profile.carries("text_delta")  # else no answer ever shows here
-            ):
-                # Nothing visible came of it (no text after its tool calls, or a
-                # hook or the provider filtered it): the asker is told, not left waiting.
-                await self._out(_SILENT_ENDS.get(e.stop_reason, _SILENT_END), "notice", run)
-            if self.ch.more:
-                p = self.ch.options.command_prefix
-                await self._out(f"… {len(self.ch.more)} more lines: {p}more", "notice", run)
-            if self.debug:
-                u = e.usage
-                await self._out(
-                    f"turn {run}: {e.stop_reason}, {e.duration:.2f}s, "
-                    f"{u.prompt_tokens}+{u.completion_tokens} tokens, "
-                    f"{e.tool_calls} tool calls",
-                    "notice",
-                    run,
-                )
 
     def _error(self, e: Error) -> str:
         if e.error_type == "aborted":
@@ -622,6 +653,27 @@ class Renderer:
         for piece in split_text(text, max_bytes=self.caps.max_bytes, max_chars=self.caps.max_chars):
             await self._out(piece, "answer", run)
 
+
+#: Each kind of event a channel shows, and its handler (the others show nothing).
+_HANDLERS: dict[type, Callable[[Renderer, Any], Awaitable[None]]] = {
+    TurnStarted: Renderer._turn_started,
+    ResponseStarted: Renderer._response_started,
+    TextDelta: Renderer._text_delta,
+    ApprovalRequested: Renderer._approval_event,
+    ApprovalResolved: Renderer._approval_event,
+    QuestionAsked: Renderer._question_event,
+    QuestionAnswered: Renderer._question_event,
+    TodoUpdated: Renderer._todo_event,
+    ToolProgress: Renderer._tool_progress,
+    ReasoningDelta: Renderer._reasoning_delta,
+    ToolCallStarted: Renderer._tool_call_started,
+    ChildRunLinked: Renderer._child_run_linked,
+    ToolCallEnded: Renderer._tool_call_ended,
+    Compacted: Renderer._compacted,
+    Error: Renderer._error_event,
+    Interrupted: Renderer._interrupted,
+    TurnEnded: Renderer._turn_ended,
+}
 
 #: Builtin tools whose events show them in the channel: no tool-call line.
 _SELF_SHOWN = frozenset({"ask_user", "todo"})
