@@ -36,17 +36,14 @@ from agentik.core.events import (
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.settings import setting_fields
-from agentik.core.store.base import OutboxEntry
 from agentik.transports.base import (
     Action,
     AgentAccess,
     IncomingMessage,
     OutgoingKind,
-    OutgoingMessage,
     Transport,
     restrict_tools,
 )
-from agentik.transports.text import split_text
 
 from .channel import ChannelOptions, OpenChannel
 from .chansettings import (
@@ -67,8 +64,9 @@ from .chat import speaker_key as _speaker
 from .chat import wait_text as _wait
 from .commands import CommandContext, CommandRegistry, builtin_commands, load_commands
 from .config import AgentSection
+from .delivery import Delivery
 from .logs import log_event
-from .outbox import Outbox, outbox_rows
+from .outbox import Outbox
 from .render import Renderer
 
 if TYPE_CHECKING:
@@ -159,10 +157,20 @@ class Bridge(AgentAccess):
         # Conversations whose tools a channel's ``tools`` setting narrowed (a
         # conversation object can outlive its channel's renderer).
         self._narrowed: weakref.WeakSet[Conversation] = weakref.WeakSet()
-        #: Where messages in and out are counted (the bot's :class:`~agentik.bot.metrics.Metrics`).
-        self.metrics: Metrics | None = None
+        #: Sends what goes out, persisting it first on an outbox transport.
+        self.delivery = Delivery(agent.store, self.outbox, self._transports)
         #: The chat commands: the built-ins, then the plugins' (``register_commands``).
         self.commands: CommandRegistry = load_commands(agent.hooks.pm)
+
+    @property
+    def metrics(self) -> Metrics | None:
+        """Where messages in and out are counted (the bot's :class:`~agentik.bot.metrics.Metrics`
+        ``message_in``/``message_out``)."""
+        return self.delivery.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: Metrics | None) -> None:
+        self.delivery.metrics = metrics
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options.
@@ -752,72 +760,10 @@ class Bridge(AgentAccess):
 
     # -- delivery after a restart ---------------------------------------------------------
     async def redeliver(self) -> int:
-        """Send what the outbox says a previous process left undelivered; how many pieces.
-
-        Called once the transports have started.  Pieces still ``queued``
-        (an IRC line waiting for flood control, a Slack answer not posted)
-        are sent; so are pieces ``sent`` but awaiting a confirmation that
-        never came (IRC with echo-message; a Slack answer whose final text was
-        not in its message yet: that message is updated, not posted again).
-        A streamed answer whose turn never reached the renderer's end is
-        completed from the audit log when the turn did finish there.  Rows
-        older than a week are pruned first.
-        """
-        store = self.agent.store
-        await self.outbox.prune()
-        rows = await store.outbox_undelivered()
-        sent = 0
-        ends: dict[tuple[str, str], OutboxEntry] = {}
-        for row in rows:
-            transport = self._transports.get(row.transport)
-            if transport is None or not transport.outbox:
-                continue  # that transport is not configured any more
-            text = row.text
-            if not row.complete:
-                found = await self._answer_from_log(row)
-                if found is None:
-                    continue  # the turn did not finish: resuming it is not ours
-                text = found
-                await self.outbox.add([dataclasses.replace(row, text=text, complete=True)])
-            kind: OutgoingKind = "answer" if row.kind == "stream" else row.kind  # type: ignore[assignment]
-            try:
-                await transport.send(
-                    OutgoingMessage(
-                        channel_key=row.channel_key, text=text, kind=kind, run_id=row.run_id,
-                        reply_to=row.reply_to, outbox_id=row.id, replaces=row.ref,
-                    )
-                )  # fmt: skip
-            except Exception:
-                log.exception("transport %s could not redeliver to %s", row.transport,
-                              row.channel_key)  # fmt: skip
-                continue
-            sent += 1
-            ends[(row.channel_key, row.run_id)] = row
-        for row in ends.values():
-            transport = self._transports[row.transport]
-            with contextlib.suppress(Exception):
-                await transport.send(
-                    OutgoingMessage(
-                        channel_key=row.channel_key, text="", kind="end", run_id=row.run_id,
-                        reply_to=row.reply_to,
-                    )
-                )  # fmt: skip
-        if sent:
-            log.info("redelivered %d outgoing pieces left undelivered by the last run", sent)
-        return sent
-
-    async def _answer_from_log(self, row: OutboxEntry) -> str | None:
-        """The answer text of ``row``'s run if its turn completed in the audit log."""
-        store = self.agent.store
-        conv_id = await store.get_binding(row.channel_key)
-        if conv_id is None:
-            return None
-        recent = await store.messages(conv_id, limit=200)
-        run = [m for m in recent if m.run_id == row.run_id]
-        if not run or run[-1].kind != "assistant" or run[-1].status != "complete":
-            return None
-        texts = [m.content for m in run if m.kind == "assistant" and m.content]
-        return "\n".join(texts) or None
+        """Send what the outbox says a previous process left undelivered; how many
+        pieces (:meth:`agentik.bot.delivery.Delivery.redeliver`).  Called once the
+        transports have started."""
+        return await self.delivery.redeliver()
 
     # -- commands ----------------------------------------------------------------------
     async def _command(
@@ -941,8 +887,8 @@ class Bridge(AgentAccess):
         updates: str | None = None,
     ) -> int:
         """Send ``text`` to channel ``key`` (a command's answer, a renderer's piece);
-        how many pieces it took (see :meth:`_send`)."""
-        return await self._send(
+        how many pieces it took (:meth:`agentik.bot.delivery.Delivery.send`)."""
+        return await self.delivery.send(
             transport, key, text, kind, reply_to, run_id, piece=piece, outbox_id=outbox_id,
             actions=actions, tag=tag, updates=updates,
         )  # fmt: skip
@@ -968,57 +914,8 @@ class Bridge(AgentAccess):
                 log.exception("could not count the tokens of run %s", event.run_id)
 
     # -- rendering -----------------------------------------------------------------------
-    async def _send(
-        self,
-        transport: Transport,
-        key: str,
-        text: str,
-        kind: OutgoingKind,
-        reply_to: object,
-        run_id: str | None = None,
-        *,
-        piece: int | None = None,
-        outbox_id: int | None = None,
-        actions: tuple[Action, ...] = (),
-        tag: str | None = None,
-        updates: str | None = None,
-    ) -> int:
-        """Send ``text``; returns how many pieces it took.
-
-        With ``piece`` (the renderer's count of this run's pieces so far) on a
-        transport with an outbox, each piece is persisted first.
-        """
-        pieces = [text]
-        if kind in ("notice", "error", "command"):
-            # Answers are split by the renderer; these short lines can still be
-            # too long for a small channel (a command list): fit them too.
-            caps = transport.caps
-            pieces = split_text(text, max_bytes=caps.max_bytes, max_chars=caps.max_chars) or [text]
-        ids: list[int | None] = [outbox_id] * len(pieces)
-        if piece is not None and run_id and transport.outbox and kind not in ("delta", "end"):
-            try:
-                ids = list(await self.outbox.add(outbox_rows(transport, key, run_id, piece, kind,
-                                                       pieces, reply_to)))  # fmt: skip
-            except Exception:
-                # Still send it: only a restart's redelivery depends on the row.
-                log.exception("could not persist an outgoing piece for %s", key)
-        last = len(pieces) - 1
-        for i, (text_piece, oid) in enumerate(zip(pieces, ids, strict=True)):
-            final = i == last  # buttons and tags go with the last piece
-            try:
-                await transport.send(
-                    OutgoingMessage(
-                        channel_key=key, text=text_piece, kind=kind, run_id=run_id,
-                        reply_to=reply_to, outbox_id=oid, actions=actions if final else (),
-                        tag=tag if final else None, updates=updates if final else None,
-                    )
-                )  # fmt: skip
-            except Exception:
-                log.exception("transport %s could not send to %s", transport.name, key)
-            else:
-                if self.metrics is not None:
-                    self.metrics.message_out(transport.name, kind)
-        return len(pieces)
+    # The bridge's own lines and the commands' go out as the renderer's do.
+    _send = send
 
     async def _render(self, ch: _Channel) -> None:
         renderer = Renderer(self, ch)
