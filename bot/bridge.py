@@ -67,6 +67,7 @@ from .config import AgentSection
 from .delivery import Delivery
 from .logs import log_event
 from .outbox import Outbox
+from .recovery import Recovery
 from .render import Renderer
 
 if TYPE_CHECKING:
@@ -159,6 +160,8 @@ class Bridge(AgentAccess):
         self._narrowed: weakref.WeakSet[Conversation] = weakref.WeakSet()
         #: Sends what goes out, persisting it first on an outbox transport.
         self.delivery = Delivery(agent.store, self.outbox, self._transports)
+        #: Takes up what a crash left unanswered (:meth:`resume_pending`).
+        self.recovery = Recovery(self)
         #: The chat commands: the built-ins, then the plugins' (``register_commands``).
         self.commands: CommandRegistry = load_commands(agent.hooks.pm)
 
@@ -562,88 +565,20 @@ class Bridge(AgentAccess):
 
     # -- after a restart ---------------------------------------------------------------
     async def resume_pending(self) -> dict[str, int]:
-        """Take up every message a crash left unanswered; call once transports are started.
+        """Take up every message a crash left unanswered; call once transports are
+        started (:meth:`agentik.bot.recovery.Recovery.resume_pending`).  Returns how
+        many messages went each way."""
+        return await self.recovery.resume_pending()
 
-        For each conversation with committed user messages that have no
-        finished turn, the channel is opened on the attached transport that
-        owns its key and the conversation resumes them by :attr:`resume`:
-        ``answer`` runs the turn (rendered to the channel as usual),
-        ``note`` posts a short notice instead, ``drop`` records it as dropped.
-        A message older than :attr:`resume_max_age` only gets ``note`` (when
-        the policy is ``answer``).  A conversation whose channel has no
-        attached transport stays pending (logged) for a later start, and the
-        search pages past it, so any number of such rows never hide a message
-        a transport can take; one whose channel has since been bound to
-        another conversation (``!new``) is recorded as superseded.  A turn taken
-        up passes the gate a new message passes (:meth:`_admit_resumed`: its
-        asker's role, then budgets).  Returns how many messages went each way.
-        """
-        counts = {"answer": 0, "note": 0, "drop": 0, "superseded": 0, "left": 0, "refused": 0}
-        answered: set[str] = set()
-        after = 0
-        now = time.time()
-        while pending := await self.agent.pending_turns(after=after):
-            after = pending[-1].id
-            by_conv: dict[str, list[Message]] = {}
-            for m in pending:
-                by_conv.setdefault(m.conversation_id, []).append(m)
-            for cid, messages in by_conv.items():
-                await self._resume_conversation(cid, messages, now, counts, answered)
-        counts["approvals_expired"] = await self._expire_left_approvals(answered)
-        return counts
+    def transport_for(self, key: str) -> Transport | None:
+        """The attached transport instance that owns channel ``key``, if any."""
+        return next((t for t in self._transports.values() if key and t.owns(key)), None)
 
-    async def _resume_conversation(
-        self,
-        cid: str,
-        messages: list[Message],
-        now: float,
-        counts: dict[str, int],
-        answered: set[str],
-    ) -> None:
-        key = messages[-1].channel or ""
-        transport = next((t for t in self._transports.values() if key and t.owns(key)), None)
-        if transport is None:
-            counts["left"] += len(messages)
-            log.warning(
-                "conversation %s: %d unanswered message(s) for %s, which no attached "
-                "transport serves; left for a later start",
-                cid,
-                len(messages),
-                key or "no channel",
-            )
-            return
-        ch = await self._channel(key, transport, self.options_for(transport))
-        conv = ch.conversation
-        if conv.id != cid:
-            old = await self.agent.get_conversation(cid)
-            old.resume(messages, mode="drop", outcome="superseded")
-            counts["superseded"] += len(messages)
-            return
-        for m in messages:
-            mode: ResumeMode = self.resume
-            max_age = self.resume_max_age
-            if mode == "answer" and max_age and now - m.created_at > max_age:
-                mode = "note"
-            allow_tool: Callable[[str], bool] | None = None
-            subject: Subject | None = None
-            if mode == "answer":
-                admitted = await self._admit_resumed(key, transport, m)
-                if admitted is None:
-                    conv.resume([m], mode="drop", outcome="refused")
-                    counts["refused"] += 1
-                    continue
-                allow_tool, subject = admitted
-            got = conv.resume([m], mode=mode, allow_tool=allow_tool)
-            # At once (no await in between): the admission of the next one awaits, and
-            # this turn may end meanwhile.
-            ch.pending.update(got)
-            if subject is not None and got:
-                assert self.budgets is not None
-                self.budgets.bind(m.run_id or "", subject, chars=len(m.content))
-            if mode == "answer":
-                answered.update(got)
-            counts[mode] += 1
-        log.info("resumed %d unanswered message(s) in %s", len(messages), key)
+    async def admit_resumed(
+        self, key: str, transport: Transport, m: Message
+    ) -> tuple[Callable[[str], bool] | None, Subject | None] | None:
+        """The front door for a resumed turn (see :meth:`_admit_resumed`)."""
+        return await self._admit_resumed(key, transport, m)
 
     def _resumed_asker(self, key: str, transport: Transport, m: Message) -> IncomingMessage:
         """The asker of a resumed turn, from the verified identity stored with it.
@@ -694,34 +629,6 @@ class Bridge(AgentAccess):
                     await self._send(transport, key, refused.notice, "notice", None)
                 return None
         return decision.tools, subject
-
-    async def _expire_left_approvals(self, answered: set[str]) -> int:
-        """Approvals a restart left pending (issue 19): those of a turn being resumed wait
-        for it (it takes one over when it calls the same tool again, or it expires when
-        the turn ends); the others expire now, with a notice in their channel."""
-        approvals = self.agent.approvals
-        try:
-            left = await approvals.leftovers()
-        except NotImplementedError:
-            return 0
-        expired = 0
-        for a in left:
-            if a.run_id in answered:
-                continue
-            key = a.channel_key or ""
-            transport = next((t for t in self._transports.values() if key and t.owns(key)), None)
-            try:
-                conv = await self.agent.get_conversation(a.conversation_id)
-                if transport is not None and conv.channel_key == key:
-                    # Open the channel first, so its renderer shows the notice.
-                    await self._channel(key, transport, self.options_for(transport))
-                await approvals.expire(
-                    conv.parts, a, "the bot restarted and that turn was not taken up again"
-                )
-                expired += 1
-            except Exception:
-                log.exception("could not expire approval %s", a.id)
-        return expired
 
     async def interrupt(self, channel_key: str) -> bool:
         """Interrupt the turn running in ``channel_key``; ``False`` if none."""
