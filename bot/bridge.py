@@ -20,12 +20,14 @@ import contextlib
 import dataclasses
 import logging
 import time
+import warnings
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentik.core import Agent, Conversation
 from agentik.core.access import AccessPolicy, Decision
+from agentik.core.agents import AGENT_TOOL_PREFIX as _AGENT_TOOL_PREFIX
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
@@ -871,6 +873,18 @@ def _log_answer(ch: _Channel, e: TurnEnded) -> None:
     if log.isEnabledFor(logging.DEBUG):
         log_event(log, logging.DEBUG, "answer_text", "answer of run %s: %s", e.run_id, e.text,
                   **fields)  # fmt: skip
+
+
+def __getattr__(name: str) -> object:
+    # Names that moved to the rooms the bridge was split into (issue 30).
+    if name == "AGENT_TOOL_PREFIX":
+        warnings.warn(
+            "agentik.bot.bridge.AGENT_TOOL_PREFIX moved: import it from agentik.core.agents",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _AGENT_TOOL_PREFIX
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _resolved(transport: Transport, options: ChannelOptions | None) -> ChannelOptions:

@@ -164,3 +164,12 @@ def test_the_builtin_commands_register_through_the_hook_in_help_order():
     assert [c.name for c in registry if c.needs_role == "admin"] == [
         "role", "ignore", "unignore", "roles",
     ]  # fmt: skip
+
+
+def test_names_moved_out_of_the_bridge_still_import_with_a_warning():
+    import agentik.bot.bridge as bridge
+
+    with pytest.warns(DeprecationWarning, match="import it from agentik.core.agents"):
+        assert bridge.AGENT_TOOL_PREFIX == "agent__"
+    # Still the bridge's own: the channel options and the built-in commands' help.
+    assert bridge.ChannelOptions is ChannelOptions and COMMANDS["new"].startswith("start a fresh")

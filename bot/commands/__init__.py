@@ -36,9 +36,9 @@ def load_commands(pm: pluggy.PluginManager | None) -> CommandRegistry:
     order the plugins were registered); a name taken twice is a PluginError."""
     registry = CommandRegistry()
     registry.collect([("agentik", builtin.register_commands)])
-    caller = getattr(pm.hook, "register_commands", None) if pm is not None else None
-    if caller is not None:
-        registry.collect((i.plugin_name, i.function) for i in caller.get_hookimpls())
+    if pm is not None:
+        impls = pm.hook.register_commands.get_hookimpls()
+        registry.collect((i.plugin_name, i.function) for i in impls)
     return registry
 
 
