@@ -1,21 +1,34 @@
-"""The bridge's per-transport settings, :class:`ChannelOptions`.
+"""The bridge's per-transport settings, :class:`ChannelOptions`, and the state
+of a channel it holds open, :class:`OpenChannel`.
 
 Declared here, apart from :mod:`agentik.bot.bridge` (which re-exports it), so
 that the configuration (:mod:`agentik.bot.config`, which the bridge imports)
 can derive the bridge keys of ``[transports.<name>]`` from it without an
-import cycle: each key, its type, default and limits are written once.
+import cycle: each key, its type, default and limits are written once.  The
+chat commands (:mod:`agentik.bot.commands`) and the renderer read an open
+channel from here without importing the bridge.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass as std_dataclass
+from dataclasses import field
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from agentik.core.settings import SETTINGS
 
-__all__ = ["ChannelOptions"]
+if TYPE_CHECKING:
+    from agentik.core import Conversation
+    from agentik.core.eventbus import Subscription
+    from agentik.transports.base import Transport
+
+__all__ = ["ChannelOptions", "OpenChannel"]
 
 
 # settings_dataclass spelled out, so type checkers see the keyword constructor.
@@ -54,3 +67,35 @@ class ChannelOptions:
     #: stops, the new message gets a turn); ``auto``: ``steer`` in direct
     #: conversations and threads, ``queue`` in shared channels.
     busy: Literal["auto", "queue", "steer", "interrupt"] = "auto"
+
+
+@std_dataclass(eq=False)
+class OpenChannel:
+    """A channel the bridge holds open: its conversation, renderer task and what
+    its answers and commands (``!more``, ``!stop``) need to know."""
+
+    key: str
+    transport: Transport
+    options: ChannelOptions
+    conversation: Conversation
+    subscription: Subscription | None = None
+    task: asyncio.Task[None] | None = None
+    more: deque[str] = field(default_factory=deque)
+    #: The next line of :attr:`more` is inside a code block (a fence opened above it).
+    more_in_code: bool = False
+    reply_to: object = None
+    #: The ``reply_to`` of the message each pending run answers (a transport may
+    #: address the asker); runs without one use :attr:`reply_to`.
+    run_reply_to: dict[str, object] = field(default_factory=dict)
+    #: Who asked for each pending run (a speaker key), for ``!stop`` of another's answer.
+    run_asker: dict[str, str] = field(default_factory=dict)
+    #: Approvals the channel was told it waits on (once each, to queued askers).
+    approvals_told: set[str] = field(default_factory=set)
+    #: The channel is a direct conversation (its last message was direct).
+    direct: bool = False
+    pending: set[str] = field(default_factory=set)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    last_used: float = field(default_factory=time.monotonic)
+
+    def idle(self, now: float, after: float) -> bool:
+        return not self.pending and not self.conversation.busy and now - self.last_used >= after

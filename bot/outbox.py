@@ -17,11 +17,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from agentik.core.store.base import OutboxEntry, Store
 
-__all__ = ["Outbox"]
+if TYPE_CHECKING:
+    from agentik.transports.base import Transport
+
+__all__ = ["Outbox", "outbox_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -94,3 +97,24 @@ class Outbox:
             assert task is not None
             with contextlib.suppress(Exception):
                 await asyncio.shield(task)
+
+
+def outbox_rows(
+    transport: Transport,
+    key: str,
+    run_id: str,
+    first: int,
+    kind: str,
+    texts: list[str],
+    reply_to: object,
+    *,
+    complete: bool = True,
+) -> list[OutboxEntry]:
+    """The outbox rows of ``texts``, pieces ``first``, ``first + 1``, … of run ``run_id``."""
+    return [
+        OutboxEntry(
+            channel_key=key, run_id=run_id, piece=first + i, transport=transport.name, kind=kind,
+            text=text, reply_to=reply_to, complete=complete,
+        )
+        for i, text in enumerate(texts)
+    ]  # fmt: skip

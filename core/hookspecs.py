@@ -116,6 +116,23 @@ def register_transports(register: Callable[[str, Callable[..., Any]], None]) -> 
 
 
 @hookspec
+def register_commands(register: Callable[[Any], None]) -> None:
+    """Register chat commands (``!deploy``), as the built-in ``!new`` and ``!help`` are.
+
+    Called once when the bot's bridge is built (after the built-in commands).
+    Call ``register(command)`` with an :class:`agentik.bot.commands.Command`
+    (name, help line, async handler, optionally ``needs_role``) for each
+    command.  The handler is awaited with an
+    :class:`agentik.bot.commands.CommandContext` (the message, the channel,
+    the speaker's access decision, ``say``, the agent).  ``!help`` lists the
+    command; the access rules (``[[access.rules]] commands``) and
+    ``needs_role`` decide who may run it.  A name already taken (a built-in's
+    or another plugin's) is a :class:`~agentik.core.errors.PluginError`.
+    The return value is ignored.
+    """
+
+
+@hookspec
 def before_prompt(
     conversation: Conversation, text: str, author: str | None, author_id: str | None
 ) -> MaybeAwaitable[str | Refuse | None]:

@@ -5,12 +5,21 @@
   are ``POST``\\ ed as JSON to ``callback_url``, both ways signed with HMAC-SHA256
   when a ``secret`` is set (:func:`~.signing.sign`, :func:`~.signing.verify`).
 * :data:`~.tools.webhook_time`: a tool the model can call.
+* :data:`~.commands.webhook_command`: a chat command, ``!webhook`` (admins).
 * :mod:`.plugin`: the hook implementations, advertised in the ``agentik``
   entry-point group of this distribution's ``pyproject.toml``.
 """
 
+from .commands import webhook_command
 from .signing import sign, verify
 from .tools import webhook_time
 from .transport import WebhookSettings, WebhookTransport
 
-__all__ = ["WebhookSettings", "WebhookTransport", "sign", "verify", "webhook_time"]
+__all__ = [
+    "WebhookSettings",
+    "WebhookTransport",
+    "sign",
+    "verify",
+    "webhook_command",
+    "webhook_time",
+]

@@ -16,6 +16,7 @@ from typing import Any
 
 from agentik.core.hookspecs import hookimpl
 
+from .commands import webhook_command
 from .tools import webhook_time
 from .transport import WebhookTransport
 
@@ -30,3 +31,9 @@ def register_transports(register: Any) -> None:
 def register_tools(register: Any) -> None:
     """Offered to the model in every conversation (a channel's ``allowed_tools`` may hide it)."""
     register(webhook_time)
+
+
+@hookimpl
+def register_commands(register: Any) -> None:
+    """``!webhook`` in every chat channel (admins): registered as the built-in commands are."""
+    register(webhook_command)

@@ -1,0 +1,178 @@
+"""Recovery: what a crash left unanswered, taken up after a restart.
+
+:meth:`Recovery.resume_pending` finds every committed message without a
+finished turn and, per the bridge's ``resume`` setting, answers it (through
+the same admission a new message passes), notes it, or drops it; approvals a
+restart left pending expire unless a resumed turn waits on them.  It works
+through a :class:`RecoveryHost` (the bridge), never importing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from agentik.core import Agent
+    from agentik.core.budgets import Budgets, Subject
+    from agentik.core.conversation import ResumeMode
+    from agentik.core.messages import Message
+    from agentik.transports.base import Transport
+
+    from .channel import ChannelOptions, OpenChannel
+
+__all__ = ["Recovery", "RecoveryHost"]
+
+# Resume lines keep the bridge's logger: operators' log filters name it.
+log = logging.getLogger("agentik.bot.bridge")
+
+
+class RecoveryHost(Protocol):
+    """What recovery uses of the bridge (the bridge implements it)."""
+
+    agent: Agent
+    budgets: Budgets | None
+    #: What is done with a message a crash left unanswered.
+    resume: ResumeMode
+    #: Older pending messages (seconds) only get a notice; 0: no limit.
+    resume_max_age: float
+
+    def transport_for(self, key: str) -> Transport | None:
+        """The attached transport instance that owns channel ``key``, if any."""
+        ...
+
+    def options_for(self, transport: Transport) -> ChannelOptions:
+        """The options a transport instance was attached with."""
+        ...
+
+    async def channel(self, key: str, transport: Transport, opts: ChannelOptions) -> OpenChannel:
+        """The channel ``key``, opened if it is not."""
+        ...
+
+    async def admit_resumed(
+        self, key: str, transport: Transport, m: Message
+    ) -> tuple[Callable[[str], bool] | None, Subject | None] | None:
+        """The front door for a resumed turn: the tools it may offer and its budget
+        subject, or ``None`` (refused)."""
+        ...
+
+
+class Recovery:
+    """Takes up a bridge's unanswered messages after a restart (see the module docstring)."""
+
+    def __init__(self, host: RecoveryHost) -> None:
+        self.host = host
+
+    async def resume_pending(self) -> dict[str, int]:
+        """Take up every message a crash left unanswered; call once transports are started.
+
+        For each conversation with committed user messages that have no
+        finished turn, the channel is opened on the attached transport that
+        owns its key and the conversation resumes them by the bridge's
+        ``resume``: ``answer`` runs the turn (rendered to the channel as usual),
+        ``note`` posts a short notice instead, ``drop`` records it as dropped.
+        A message older than ``resume_max_age`` only gets ``note`` (when the
+        policy is ``answer``).  A conversation whose channel has no attached
+        transport stays pending (logged) for a later start, and the search
+        pages past it, so any number of such rows never hide a message a
+        transport can take; one whose channel has since been bound to another
+        conversation (``!new``) is recorded as superseded.  A turn taken up
+        passes the gate a new message passes (``admit_resumed``: its asker's
+        role, then budgets).  Returns how many messages went each way.
+        """
+        counts = {"answer": 0, "note": 0, "drop": 0, "superseded": 0, "left": 0, "refused": 0}
+        answered: set[str] = set()
+        after = 0
+        now = time.time()
+        while pending := await self.host.agent.pending_turns(after=after):
+            after = pending[-1].id
+            by_conv: dict[str, list[Message]] = {}
+            for m in pending:
+                by_conv.setdefault(m.conversation_id, []).append(m)
+            for cid, messages in by_conv.items():
+                await self._resume_conversation(cid, messages, now, counts, answered)
+        counts["approvals_expired"] = await self._expire_left_approvals(answered)
+        return counts
+
+    async def _resume_conversation(
+        self,
+        cid: str,
+        messages: list[Message],
+        now: float,
+        counts: dict[str, int],
+        answered: set[str],
+    ) -> None:
+        key = messages[-1].channel or ""
+        transport = self.host.transport_for(key)
+        if transport is None:
+            counts["left"] += len(messages)
+            log.warning(
+                "conversation %s: %d unanswered message(s) for %s, which no attached "
+                "transport serves; left for a later start",
+                cid,
+                len(messages),
+                key or "no channel",
+            )
+            return
+        ch = await self.host.channel(key, transport, self.host.options_for(transport))
+        conv = ch.conversation
+        if conv.id != cid:
+            old = await self.host.agent.get_conversation(cid)
+            old.resume(messages, mode="drop", outcome="superseded")
+            counts["superseded"] += len(messages)
+            return
+        for m in messages:
+            mode: ResumeMode = self.host.resume
+            max_age = self.host.resume_max_age
+            if mode == "answer" and max_age and now - m.created_at > max_age:
+                mode = "note"
+            allow_tool: Callable[[str], bool] | None = None
+            subject: Subject | None = None
+            if mode == "answer":
+                admitted = await self.host.admit_resumed(key, transport, m)
+                if admitted is None:
+                    conv.resume([m], mode="drop", outcome="refused")
+                    counts["refused"] += 1
+                    continue
+                allow_tool, subject = admitted
+            got = conv.resume([m], mode=mode, allow_tool=allow_tool)
+            # At once (no await in between): the admission of the next one awaits, and
+            # this turn may end meanwhile.
+            ch.pending.update(got)
+            if subject is not None and got:
+                assert self.host.budgets is not None
+                self.host.budgets.bind(m.run_id or "", subject, chars=len(m.content))
+            if mode == "answer":
+                answered.update(got)
+            counts[mode] += 1
+        log.info("resumed %d unanswered message(s) in %s", len(messages), key)
+
+    async def _expire_left_approvals(self, answered: set[str]) -> int:
+        """Approvals a restart left pending (issue 19): those of a turn being resumed wait
+        for it (it takes one over when it calls the same tool again, or it expires when
+        the turn ends); the others expire now, with a notice in their channel."""
+        approvals = self.host.agent.approvals
+        try:
+            left = await approvals.leftovers()
+        except NotImplementedError:
+            return 0
+        expired = 0
+        for a in left:
+            if a.run_id in answered:
+                continue
+            key = a.channel_key or ""
+            transport = self.host.transport_for(key)
+            try:
+                conv = await self.host.agent.get_conversation(a.conversation_id)
+                if transport is not None and conv.channel_key == key:
+                    # Open the channel first, so its renderer shows the notice.
+                    await self.host.channel(key, transport, self.host.options_for(transport))
+                await approvals.expire(
+                    conv.parts, a, "the bot restarted and that turn was not taken up again"
+                )
+                expired += 1
+            except Exception:
+                log.exception("could not expire approval %s", a.id)
+        return expired
