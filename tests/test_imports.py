@@ -11,6 +11,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def _fresh(script: str) -> str:
     """What a fresh interpreter running ``script`` prints (it must succeed)."""
@@ -39,3 +41,15 @@ def test_building_the_openai_backend_imports_the_sdk_then():
         "print(before, 'openai' in sys.modules)\n"
     )
     assert _fresh(script) == "False True"
+
+
+def test_profiles_moved_to_streamprofiles_and_the_old_name_still_works():
+    """``PROFILES`` is derived from the stream profiles, which build on the events."""
+    import agentik.core
+    from agentik.core import events, streamprofiles
+
+    assert agentik.core.PROFILES is streamprofiles.PROFILES
+    with pytest.warns(DeprecationWarning, match="import PROFILES from agentik.core.streamprofiles"):
+        assert events.PROFILES is streamprofiles.PROFILES
+    with pytest.raises(AttributeError, match="nonesuch"):
+        _ = events.nonesuch

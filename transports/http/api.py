@@ -66,7 +66,7 @@ from agentik.core.access import AccessPolicy, may_redact
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
-from agentik.core.events import PROFILES, EventBase
+from agentik.core.events import EventBase
 from agentik.core.health import status_of, without_reasons
 from agentik.core.lifecycle import (
     SnapshotError,
@@ -75,6 +75,7 @@ from agentik.core.lifecycle import (
     validate_snapshot,
 )
 from agentik.core.redaction import RedactionError
+from agentik.core.streamprofiles import PROFILES
 from agentik.transports.base import IncomingMessage, restrict_tools
 
 from .auth import LOCAL, Principal, TokenTable, local_principal
