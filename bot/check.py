@@ -35,9 +35,11 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
+from agentik.core.memory import MEMORY_TOOLS
 from agentik.core.settings import setting_fields
 
 from .config import Config, MissingVar, reveal
+from .parts import load_registry, make_transport
 
 __all__ = ["Probe", "check"]
 
@@ -58,7 +60,6 @@ class Probe:
 
 def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: float) -> int:
     """Print the setup (and probe it); the exit status."""
-    from .app import load_registry, make_transport
     from .builder import resolve_backend, resolve_profiles
 
     if missing:
@@ -387,7 +388,6 @@ def _known_tools(config: Config, registry: Any, agents: Mapping[str, Any]) -> li
     anything: plugins', memory's, the builtin ones ``[tools]`` switches on, skills
     and passthrough tools.  MCP servers' tools are not among them."""
     from agentik.core.agents import agent_tool_name
-    from agentik.core.memory import _TOOLS as MEMORY_TOOLS
     from agentik.core.questions import builtin_tools
 
     names = [t.name for t in registry.tools]
@@ -461,8 +461,6 @@ def _agent_lines(config: Config, registry: Any) -> list[str]:
         f" tree_token_budget {runs.tree_token_budget or 'none'}",
     ]
     known = _known_tools(config, registry, agents)
-    from agentik.core.memory import _TOOLS as MEMORY_TOOLS
-
     memory_tools = {cls.name for cls in MEMORY_TOOLS}
     servers = [s.name for s in config.mcp.servers]
     # The depth at which each agent can first run (the main agent's turn is depth 0).
@@ -530,9 +528,20 @@ def _agent_lines(config: Config, registry: Any) -> list[str]:
     return out
 
 
-def _policy_lines(config: Config) -> list[str]:
-    from .cli import _access_summary
+def _access_summary(config: Config) -> str:
+    """One line of ``agentik check`` on ``[access]``."""
+    a = config.access
+    if not (a.owners or a.admins or a.ignored or a.roles or a.rules):
+        return "access: no [access] rules: everyone is a user (agentik access roles)"
+    counts = [
+        f"{len(a.owners)} owner pattern(s)", f"{len(a.admins)} admin pattern(s)",
+        f"{len(a.ignored)} ignored pattern(s)", f"{len(a.roles)} named role(s)",
+        f"{len(a.rules)} rule(s)",
+    ]  # fmt: skip
+    return "access: " + ", ".join(counts) + " (agentik access roles)"
 
+
+def _policy_lines(config: Config) -> list[str]:
     out = [_access_summary(config)]
     a = config.access
     for label, patterns in (("owners", a.owners), ("admins", a.admins), ("ignored", a.ignored)):

@@ -41,6 +41,7 @@ from agentik.transports.base import Transport
 
 from .builder import AgentBuilder, mcp_servers
 from .config import Config, TransportSection
+from .parts import access_policy, make_transport
 
 if TYPE_CHECKING:
     from agentik.core.access import AccessPolicy
@@ -88,8 +89,6 @@ class Plan:
 
     async def apply(self, bot: Bot) -> str:
         """Change the running ``bot``; returns the one-line summary that is logged."""
-        from .app import make_transport
-
         new, old = self.config, bot.config
         agent, bridge = bot.agent, bot.bridge
         parts: list[str] = []
@@ -217,8 +216,6 @@ def _options(section: TransportSection, transport: Transport) -> Any:
 async def prepare(bot: Bot, new: Config) -> Plan:
     """Check ``new`` and build its parts; raises :class:`ConfigError` (naming the
     key) and changes nothing when the configuration cannot be used."""
-    from .app import access_policy, make_transport
-
     old = bot.config
     plan = Plan(config=new)
     try:
