@@ -8,12 +8,14 @@ imports another just for these.  :mod:`.app` re-exports each name.
 from __future__ import annotations
 
 import os
+from importlib.metadata import entry_points
 
 from agentik.core import ConfigError
 from agentik.core.access import AccessPolicy
-from agentik.core.plugins import Registry, load_plugins
-from agentik.core.settings import is_file_path, setting_fields
+from agentik.core.plugins import BUILTIN_DISTRIBUTION, ENTRY_POINT_GROUP, Registry, load_plugins
+from agentik.core.settings import did_you_mean, is_file_path, setting_fields
 from agentik.transports.base import Transport
+from agentik.transports.irc.wire import casefold
 
 from .config import Config, TransportSection
 
@@ -42,11 +44,6 @@ def load_registry(config: Config, extra: tuple[object, ...] = ()) -> Registry:
 
 def _check_plugin_names(wanted: list[str], where: str) -> None:
     """Each of ``wanted`` is the name of an installed plugin (its entry point's)."""
-    from importlib.metadata import entry_points
-
-    from agentik.core.plugins import BUILTIN_DISTRIBUTION, ENTRY_POINT_GROUP
-    from agentik.core.settings import did_you_mean
-
     points = list(entry_points(group=ENTRY_POINT_GROUP))
     names = {ep.name for ep in points}
     for name in wanted:
@@ -95,7 +92,5 @@ def make_transport(
 
 def access_policy(config: Config) -> AccessPolicy:
     """The ``[access]`` policy of ``config``, for its transport instances."""
-    from agentik.transports.irc.wire import casefold
-
     types = {name: section.type for name, section in config.transports.items()}
     return AccessPolicy(config.access, types, irc_casefold=casefold)
