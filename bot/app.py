@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import time
 from collections import deque
@@ -13,98 +12,25 @@ from collections.abc import Callable
 from typing import Any
 
 from agentik.core import Agent, AgentikError, ConfigError
-from agentik.core.access import AccessPolicy
 from agentik.core.budgets import Budgets
 from agentik.core.health import Health, status_of, watch_model, without_reasons
-from agentik.core.plugins import Registry, load_plugins
-from agentik.core.settings import is_file_path, setting_fields
+from agentik.core.plugins import Registry
 from agentik.transports.base import Transport, TransportFailed
 
 from .bridge import Bridge, options_from
 from .builder import AgentBuilder
-from .config import Config, TransportSection
+from .config import Config, TransportSection, load_config
 from .health import HealthServer, load_token, sd_notify
 from .logs import STATUS_LOGGER, log_event
 from .metrics import Metrics
+from .parts import access_policy, load_registry, make_transport
+from .reload import prepare
 
 __all__ = ["Bot", "load_registry"]
 
 log = logging.getLogger(__name__)
 #: Lines shown at the default log level (see :data:`agentik.bot.logs.STATUS_LOGGER`).
 status_log = logging.getLogger(STATUS_LOGGER)
-
-
-def load_registry(config: Config, extra: tuple[object, ...] = ()) -> Registry:
-    """Load plugins, honouring ``[plugins] load`` unless ``AGENTIK_PLUGINS`` is set.
-
-    A name there that no installed plugin has is an error naming the key (or the
-    variable): a plugin left out by a typo must not go unnoticed.
-    """
-    env = dict(os.environ)
-    if "AGENTIK_PLUGINS" in env:
-        where = "AGENTIK_PLUGINS"
-        wanted = [p.strip() for p in env["AGENTIK_PLUGINS"].split(",") if p.strip()]
-    else:
-        where = f"{config.source}: plugins.load"
-        wanted = list(config.plugins.load or ())
-        if config.plugins.load is not None:
-            env["AGENTIK_PLUGINS"] = ",".join(config.plugins.load)
-    if wanted:
-        _check_plugin_names(wanted, where)
-    return load_plugins(extra, env=env)
-
-
-def _check_plugin_names(wanted: list[str], where: str) -> None:
-    """Each of ``wanted`` is the name of an installed plugin (its entry point's)."""
-    from importlib.metadata import entry_points
-
-    from agentik.core.plugins import BUILTIN_DISTRIBUTION, ENTRY_POINT_GROUP
-    from agentik.core.settings import did_you_mean
-
-    points = list(entry_points(group=ENTRY_POINT_GROUP))
-    names = {ep.name for ep in points}
-    for name in wanted:
-        if name in names:
-            continue
-        by_dist = [ep.name for ep in points if ep.dist is not None and ep.dist.name == name]
-        hint = (
-            f" ({name!r} is the distribution; its plugin is named {by_dist[0]!r})"
-            if by_dist
-            else did_you_mean(name, names)
-        )
-        third = sorted(
-            ep.name for ep in points if ep.dist is None or ep.dist.name != BUILTIN_DISTRIBUTION
-        )
-        raise ConfigError(
-            f"{where}: no installed plugin is named {name!r}{hint}"
-            f" (installed plugins: {', '.join(third) or 'none'})"
-        )
-
-
-def make_transport(
-    registry: Registry, name: str, section: TransportSection, source: str
-) -> Transport:
-    """Instantiate ``[transports.<name>]``; settings errors name the key."""
-    factory = registry.transports.get(section.type)
-    if factory is None:
-        known = ", ".join(sorted(registry.transports)) or "none"
-        raise ConfigError(
-            f"{source}: transports.{name}.type: unknown transport {section.type!r}"
-            f" (installed: {known})"
-        )
-    settings = dict(section.settings)
-    model = getattr(factory, "settings_model", None)
-    if model is not None and source != "<string>":
-        # Path keys are relative to the configuration file, as elsewhere.
-        base = os.path.dirname(os.path.abspath(source))
-        for key, field in setting_fields(model).items():
-            value = settings.get(key)
-            if isinstance(value, str) and value and is_file_path(field):
-                settings[key] = os.path.join(base, os.path.expanduser(value))
-    try:
-        return factory(name=name, settings=settings)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
 
 
 class Bot:
@@ -543,8 +469,6 @@ class Bot:
         Raises :class:`~agentik.core.ConfigError` (naming the key), and changes
         nothing, when ``config`` cannot be used.  Returns the summary line.
         """
-        from .reload import prepare
-
         plan = await prepare(self, config)
         summary = await plan.apply(self)
         self._transports_changed.set()
@@ -556,8 +480,6 @@ class Bot:
         A file that cannot be read or used is refused with the error logged; the
         running configuration stays.  Returns whether the new one is in force.
         """
-        from .config import load_config
-
         source = self.config.source
         if source == "<string>":
             log.warning("reload: the configuration did not come from a file; nothing to reload")
@@ -845,11 +767,3 @@ def _public_url(url: object) -> str | None:
     except ValueError:
         return None
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def access_policy(config: Config) -> AccessPolicy:
-    """The ``[access]`` policy of ``config``, for its transport instances."""
-    from agentik.transports.irc.wire import casefold
-
-    types = {name: section.type for name, section in config.transports.items()}
-    return AccessPolicy(config.access, types, irc_casefold=casefold)

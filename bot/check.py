@@ -35,9 +35,29 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
+from agentik.core.agents import agent_tool_name
+from agentik.core.budgets import BudgetLimits
+from agentik.core.errors import ConfigError
+from agentik.core.memory import MEMORY_TOOLS
+from agentik.core.questions import builtin_tools
 from agentik.core.settings import setting_fields
+from agentik.core.skills import load_skills
+from agentik.core.soul import is_url, read_soul
+from agentik.core.tools.mcp import CommandNotFound, resolve_command
 
+from .builder import (
+    NoModelBackend,
+    backend_choice,
+    backend_settings,
+    ignored_settings,
+    mcp_toolset,
+    resolve_agents,
+    resolve_backend,
+    resolve_profiles,
+)
 from .config import Config, MissingVar, reveal
+from .health import load_token
+from .parts import load_registry, make_transport
 
 __all__ = ["Probe", "check"]
 
@@ -58,9 +78,6 @@ class Probe:
 
 def check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: float) -> int:
     """Print the setup (and probe it); the exit status."""
-    from .app import load_registry, make_transport
-    from .builder import resolve_backend, resolve_profiles
-
     if missing:
         # As for `agentik run`: one line naming every unset variable and its key.
         unset = ", ".join(f"{v.name} ({v.key})" for v in missing)
@@ -139,12 +156,6 @@ def _file_problems(config: Config, transports: dict[str, Any]) -> list[str]:
     folder, the markdown memory folder, the soul, the skills folder, the health
     listener's token, each enabled transport's TLS files.  Each problem names its key
     (``agent.soul: cannot read …``); a soul URL is not fetched here."""
-    from agentik.core.errors import ConfigError
-    from agentik.core.skills import load_skills
-    from agentik.core.soul import is_url, read_soul
-
-    from .health import load_token
-
     problems: list[str] = []
     folder = os.path.dirname(os.path.abspath(config.database))
     if config.database != ":memory:" and not os.path.isdir(folder):
@@ -191,13 +202,6 @@ def _file_problems(config: Config, transports: dict[str, Any]) -> list[str]:
 def _model_lines(
     config: Config, registry: Any, backend: Any, profiles: dict[str, Any]
 ) -> list[str]:
-    from .builder import (
-        NoModelBackend,
-        backend_choice,
-        backend_settings,
-        ignored_settings,
-    )
-
     llm = config.llm
     chosen = "none" if isinstance(backend, NoModelBackend) else backend_choice(config)
     out = [
@@ -355,8 +359,6 @@ def _transport_lines(config: Config, transports: dict[str, Any]) -> list[str]:
 def _where(server: Any) -> tuple[str | None, str]:
     """Where an MCP server's command is (the bot's venv ``bin/``, then ``PATH``:
     :func:`agentik.core.tools.mcp.resolve_command`), or why it was not found."""
-    from agentik.core.tools.mcp import CommandNotFound, resolve_command
-
     try:
         return resolve_command(server), ""
     except CommandNotFound as exc:
@@ -386,18 +388,11 @@ def _known_tools(config: Config, registry: Any, agents: Mapping[str, Any]) -> li
     """The names of the tools the bot will have, as far as known without starting
     anything: plugins', memory's, the builtin ones ``[tools]`` switches on, skills
     and passthrough tools.  MCP servers' tools are not among them."""
-    from agentik.core.agents import agent_tool_name
-    from agentik.core.memory import _TOOLS as MEMORY_TOOLS
-    from agentik.core.questions import builtin_tools
-
     names = [t.name for t in registry.tools]
     if config.memory.backend != "none":
         names += [cls.name for cls in MEMORY_TOOLS]
     names += [t.name for t in builtin_tools(config.tools)]
     if config.agent.skills:
-        from agentik.core.errors import ConfigError
-        from agentik.core.skills import load_skills
-
         with contextlib.suppress(ConfigError):  # `agentik run` names a bad folder
             names += [t.name for t in load_skills(config.resolve_path(config.agent.skills)).tools()]
     names += [p.name for p in config.passthrough]
@@ -447,8 +442,6 @@ def _agent_lines(config: Config, registry: Any) -> list[str]:
     """``[agent] uses`` and each named agent: description, model profile, tools (their
     globs resolved), ``uses`` and limits; warnings for a tools glob that matches no
     tool, a cycle of ``uses``, an agent the depth limit never lets run."""
-    from .builder import resolve_agents
-
     agents = resolve_agents(config, registry)  # refuses a `uses` naming no agent
     runs = config.runs
     main_uses = ", ".join(config.agent.uses) or "(none)"
@@ -461,8 +454,6 @@ def _agent_lines(config: Config, registry: Any) -> list[str]:
         f" tree_token_budget {runs.tree_token_budget or 'none'}",
     ]
     known = _known_tools(config, registry, agents)
-    from agentik.core.memory import _TOOLS as MEMORY_TOOLS
-
     memory_tools = {cls.name for cls in MEMORY_TOOLS}
     servers = [s.name for s in config.mcp.servers]
     # The depth at which each agent can first run (the main agent's turn is depth 0).
@@ -530,9 +521,20 @@ def _agent_lines(config: Config, registry: Any) -> list[str]:
     return out
 
 
-def _policy_lines(config: Config) -> list[str]:
-    from .cli import _access_summary
+def _access_summary(config: Config) -> str:
+    """One line of ``agentik check`` on ``[access]``."""
+    a = config.access
+    if not (a.owners or a.admins or a.ignored or a.roles or a.rules):
+        return "access: no [access] rules: everyone is a user (agentik access roles)"
+    counts = [
+        f"{len(a.owners)} owner pattern(s)", f"{len(a.admins)} admin pattern(s)",
+        f"{len(a.ignored)} ignored pattern(s)", f"{len(a.roles)} named role(s)",
+        f"{len(a.rules)} rule(s)",
+    ]  # fmt: skip
+    return "access: " + ", ".join(counts) + " (agentik access roles)"
 
+
+def _policy_lines(config: Config) -> list[str]:
     out = [_access_summary(config)]
     a = config.access
     for label, patterns in (("owners", a.owners), ("admins", a.admins), ("ignored", a.ignored)):
@@ -581,8 +583,6 @@ def _policy_lines(config: Config) -> list[str]:
 
 
 def _budget_line(config: Config) -> str:
-    from agentik.core.budgets import BudgetLimits
-
     b = config.budgets
     tables = [("owner", b.owner), ("admin", b.admin), ("user", b.user), ("channel", b.channel)]
     tables += [(f"role {n}", lim) for n, lim in sorted(b.roles.items())]
@@ -643,8 +643,6 @@ async def _guarded(
 
 
 async def _probe_model(component: str, backend: Any, seconds: float) -> Probe:
-    from .builder import NoModelBackend
-
     if isinstance(backend, NoModelBackend):
         return Probe(component, False, backend.reason or "no model configured")
     model_path = getattr(backend, "model_path", None)
@@ -687,8 +685,6 @@ def _model_file(component: str, model_path: str) -> Probe:
 
 
 async def _probe_mcp(config: Config, seconds: float) -> list[Probe]:
-    from .builder import mcp_toolset
-
     results: dict[str, Probe] = {}
     runnable = []
     for s in config.mcp.servers:

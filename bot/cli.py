@@ -60,6 +60,7 @@ from agentik.core.errors import NotFound
 
 from .config import Config, MissingVar, load_config
 from .logs import setup_logging
+from .parts import access_policy, load_registry
 
 __all__ = ["COMMANDS", "main"]
 
@@ -603,8 +604,6 @@ def _check_arguments(sp: argparse.ArgumentParser) -> None:
 
 async def _access_policy(config: Config, *, need_db: bool) -> Any:
     """The configuration's access policy, with the grants of its database (if there is one)."""
-    from .app import access_policy
-
     policy = access_policy(config)
     if _has_database(config):
         async with SQLiteStore(config.database) as store:
@@ -613,19 +612,6 @@ async def _access_policy(config: Config, *, need_db: bool) -> Any:
     elif need_db:
         raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
     return policy
-
-
-def _access_summary(config: Config) -> str:
-    """One line of ``agentik check`` on ``[access]``."""
-    a = config.access
-    if not (a.owners or a.admins or a.ignored or a.roles or a.rules):
-        return "access: no [access] rules: everyone is a user (agentik access roles)"
-    counts = [
-        f"{len(a.owners)} owner pattern(s)", f"{len(a.admins)} admin pattern(s)",
-        f"{len(a.ignored)} ignored pattern(s)", f"{len(a.roles)} named role(s)",
-        f"{len(a.rules)} rule(s)",
-    ]  # fmt: skip
-    return "access: " + ", ".join(counts) + " (agentik access roles)"
 
 
 def _has_database(config: Config) -> bool:
@@ -721,8 +707,6 @@ async def _mcp_list(config: Config) -> int:
 
 
 def _plugins(config: Config) -> int:
-    from .app import load_registry
-
     registry = load_registry(config)
     for p in registry.plugins:
         where = f"{p.distribution} {p.version}" if p.distribution else "(not packaged)"
@@ -737,7 +721,6 @@ def _plugins(config: Config) -> int:
 async def _rm_reflecting(args: argparse.Namespace, config: Config) -> int:
     """``conversations rm --reflect``: delete through the agent, so the memory
     worker reflects on the conversation (within ``[memory] reflect_on_shutdown``)."""
-    from .app import load_registry
     from .builder import AgentBuilder
 
     agent = AgentBuilder.from_config(config, load_registry(config)).build()
@@ -1007,7 +990,6 @@ async def _db_prune(args: argparse.Namespace, config: Config, path: str) -> int:
     else:
         llm = None
         if any(r.action == "summarise" for r in rules):
-            from .app import load_registry
             from .builder import resolve_backend
 
             llm = resolve_backend(config, load_registry(config))

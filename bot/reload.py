@@ -37,10 +37,14 @@ from typing import TYPE_CHECKING, Any
 from agentik.core import AgentikError, ConfigError
 from agentik.core.budgets import Budgets
 from agentik.core.settings import setting_fields
+from agentik.core.tools.mcp import MCPToolset
 from agentik.transports.base import Transport
 
+from .bridge import options_from
 from .builder import AgentBuilder, mcp_servers
 from .config import Config, TransportSection
+from .logs import add_secrets
+from .parts import access_policy, make_transport
 
 if TYPE_CHECKING:
     from agentik.core.access import AccessPolicy
@@ -88,8 +92,6 @@ class Plan:
 
     async def apply(self, bot: Bot) -> str:
         """Change the running ``bot``; returns the one-line summary that is logged."""
-        from .app import make_transport
-
         new, old = self.config, bot.config
         agent, bridge = bot.agent, bot.bridge
         parts: list[str] = []
@@ -119,8 +121,6 @@ class Plan:
         bridge.resume_max_age = new.agent.resume_max_age
         bridge.settings_role = new.agent.settings_role
         # -- MCP servers -------------------------------------------------------------------
-        from agentik.core.tools.mcp import MCPToolset
-
         toolset = next((t for t in agent.toolsets if isinstance(t, MCPToolset)), None)
         if toolset is not None:
             added, removed, restarted = await toolset.reconfigure(self.mcp)
@@ -194,8 +194,6 @@ class Plan:
         parts.extend(self.changed)
         bot.config = new
         with contextlib.suppress(Exception):
-            from .logs import add_secrets
-
             add_secrets(new.secrets())
         if self.restart:
             named = ", ".join(s if "." in s else f"[{s}]" for s in self.restart)
@@ -209,16 +207,12 @@ class Plan:
 
 
 def _options(section: TransportSection, transport: Transport) -> Any:
-    from .bridge import options_from
-
     return options_from(section, transport)
 
 
 async def prepare(bot: Bot, new: Config) -> Plan:
     """Check ``new`` and build its parts; raises :class:`ConfigError` (naming the
     key) and changes nothing when the configuration cannot be used."""
-    from .app import access_policy, make_transport
-
     old = bot.config
     plan = Plan(config=new)
     try:

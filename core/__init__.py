@@ -33,7 +33,6 @@ from .errors import (
 )
 from .eventbus import Subscription
 from .events import (
-    PROFILES,
     ChildRunLinked,
     Error,
     Event,
@@ -60,6 +59,7 @@ from .plugins import Registry, load_plugins
 from .store.base import ConversationRecord, Store
 from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
+from .streamprofiles import PROFILES
 from .tools.base import FunctionTool, Tool, ToolContext, ToolResult, TurnPolicy, tool
 
 __all__ = [

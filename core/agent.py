@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
-from .agents import AGENT_NAME, AgentSpec, AgentTool, RunNode, RunPolicy, Runs
+from .agents import AGENT_NAME, AgentSpec, AgentTool, RunNode, RunPolicy, Runs, new_run_id
 from .approvals import ApprovalRule, Approvals
 from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation
@@ -373,8 +373,6 @@ class Agent:
         self, parent: RunNode, agent: str, call_id: str | None, stop_reason: str
     ) -> None:
         """Record a child run that was not started (``stop_reason`` says why)."""
-        from .conversation import new_run_id
-
         refused = RunNode(
             new_run_id(), "", agent=agent, parent=parent, depth=parent.depth + 1, call_id=call_id
         )

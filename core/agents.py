@@ -79,6 +79,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -103,6 +104,7 @@ __all__ = [
     "RunPolicy",
     "Runs",
     "agent_tool_name",
+    "new_run_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,11 @@ AGENT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,47}")
 
 def agent_tool_name(name: str) -> str:
     return f"{AGENT_TOOL_PREFIX}{name}"
+
+
+def new_run_id() -> str:
+    """A fresh run id (``run_`` and 20 hex digits)."""
+    return f"run_{uuid.uuid4().hex[:20]}"
 
 
 @settings_dataclass
@@ -384,8 +391,6 @@ class AgentTool:
     async def _run_child(self, parent: RunNode, task: str, context: ToolContext) -> ToolResult:
         agent, spec = self.agent, self.spec
         parent_conv = await agent.get_conversation(parent.conversation_id)
-        from .conversation import new_run_id
-
         run_id = new_run_id()
         policy = agent.run_policy
         node = RunNode(

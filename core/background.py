@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .compaction import SUMMARY_PREFIX, _transcript, ask
+from .compaction import SUMMARY_PREFIX, ask, transcript
 from .errors import NotFound
 from .events import Compacted, ConversationEnded, EventBase, MemoryNoted
 from .memory import BackgroundPolicy, NoMemory, channel_scope
@@ -395,7 +395,7 @@ class MemoryWorker:
         if not ending.messages:
             return 0
         answer = await self._ask(
-            agent, REFLECTION_PROMPT, _transcript(ending.messages), max_tokens=300
+            agent, REFLECTION_PROMPT, transcript(ending.messages), max_tokens=300
         )
         written = 0
         if answer is not None:

@@ -58,6 +58,7 @@ __all__ = [
     "CompactorHost",
     "ask",
     "estimate_tokens",
+    "transcript",
 ]
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,11 @@ def _schema_chars(parameters: Any) -> int:
     return n
 
 
-def _transcript(messages: Sequence[ChatMessage], *, tool_chars: int = 600) -> str:
+def transcript(messages: Sequence[ChatMessage], *, tool_chars: int = 600) -> str:
+    """``messages`` as the plain text a summariser model reads (compaction, reflection).
+
+    Tool-call arguments and tool results are cut to ``tool_chars`` characters.
+    """
     lines: list[str] = []
     for m in messages:
         if m.role == "system":
@@ -499,7 +504,7 @@ class Compactor:
         started = time.monotonic()
         try:
             async with asyncio.timeout(p.timeout):
-                text = await ask(self.agent.llm, system, _transcript(old), p.summary_tokens)
+                text = await ask(self.agent.llm, system, transcript(old), p.summary_tokens)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -21,13 +21,13 @@ import enum
 import functools
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+from .agents import new_run_id
 from .errors import ClosedError, PromptRefused
 from .eventbus import Subscription
 from .events import (
@@ -200,11 +200,6 @@ RESUME_MODES: tuple[str, ...] = ("answer", "note", "drop")
 
 #: How many recent speakers a conversation remembers (their memory is visible).
 MAX_SPEAKERS = 32
-
-
-def new_run_id() -> str:
-    """A fresh run id (``run_`` and 20 hex digits)."""
-    return f"run_{uuid.uuid4().hex[:20]}"
 
 
 class Conversation:

@@ -33,12 +33,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
+from .compat import moved_attribute
 from .messages import Usage
-from .streamprofiles import BUILTIN_PROFILES
 
 __all__ = [
     "EVENT_TYPES",
-    "PROFILES",
+    "PROFILES",  # noqa: F822 - moved to streamprofiles, resolved by __getattr__
     "ApprovalRequested",
     "ApprovalResolved",
     "ChildRunLinked",
@@ -492,13 +492,13 @@ def _kind_of(cls: type[EventBase]) -> str:
 
 _BY_KIND: dict[str, type[Event]] = {_kind_of(cls): cls for cls in EVENT_TYPES}
 
-#: The built-in profiles' kinds, by name (``debug``: every kind).  Profiles as
-#: values — child runs and usage included or not, custom ones from the
-#: configuration — are :class:`~agentik.core.streamprofiles.StreamProfile`.
-PROFILES: dict[str, frozenset[str]] = {
-    name: frozenset(_BY_KIND) if p.kinds is None else p.kinds
-    for name, p in BUILTIN_PROFILES.items()
-}
+
+def __getattr__(name: str) -> Any:
+    # ``PROFILES`` moved to streamprofiles, which builds on this module (a profile
+    # filters events): same object, with a DeprecationWarning.
+    if name == "PROFILES":
+        return moved_attribute(__name__, "agentik.core.streamprofiles", name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def event_to_dict(event: EventBase) -> dict[str, Any]:

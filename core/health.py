@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from .services import AgentState
+
 if TYPE_CHECKING:
     from .agent import Agent
 
@@ -211,8 +213,6 @@ async def watch_model(agent: Agent, registry: HealthRegistry, name: str = "model
     Runs until the agent's event stream ends (the agent closes).
     """
     component = f"model:{name}"
-    from .agent import AgentState
-
     while agent.state in (AgentState.NEW, AgentState.RUNNING):
         events = agent.events(kinds=("turn_ended", "error"), max_pending=10_000)
         try:

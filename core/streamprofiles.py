@@ -28,19 +28,18 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import Annotated, cast
 
 from pydantic import Field
 
 from .errors import ConfigError
+from .events import EVENT_TYPES, Event
 from .messages import Usage
 from .settings import settings_dataclass
 
-if TYPE_CHECKING:
-    from .events import Event
-
 __all__ = [
     "BUILTIN_PROFILES",
+    "PROFILES",
     "PROFILE_NAME",
     "StreamProfile",
     "StreamProfileSettings",
@@ -60,8 +59,6 @@ class UnknownProfileError(ValueError):
 
 def known_kinds() -> frozenset[str]:
     """Every event kind there is (``kind`` of each class of :data:`~.events.Event`)."""
-    from .events import EVENT_TYPES
-
     return frozenset(cast(str, cls.__dataclass_fields__["kind"].default) for cls in EVENT_TYPES)
 
 
@@ -147,6 +144,13 @@ BUILTIN_PROFILES: dict[str, StreamProfile] = {
         | {"tool_call_ended", "child_run_linked", "approval_resolved", "usage", "status_changed"},
         description="usage and lifecycle, child runs included",
     ),
+}
+
+#: The built-in profiles' kinds, by name (``debug``: every kind).  Profiles as
+#: values — child runs and usage included or not, custom ones from the
+#: configuration — are :class:`StreamProfile`.  (Was ``agentik.core.events.PROFILES``.)
+PROFILES: dict[str, frozenset[str]] = {
+    name: known_kinds() if p.kinds is None else p.kinds for name, p in BUILTIN_PROFILES.items()
 }
 
 

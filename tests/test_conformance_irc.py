@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest_asyncio
 
+from agentik.bot.bridge import Bridge
 from agentik.transports.base import Transport
 from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.testing import Place, TransportConformance, TransportHarness
@@ -30,7 +31,7 @@ class IRCHarness(TransportHarness):
     place_kinds = frozenset({"channel", "direct"})
 
     def __init__(self, server: IRCServerProcess) -> None:
-        super().__init__()
+        super().__init__(sink_factory=Bridge)
         self.server = server
         self.clients: dict[str, IRCTestClient] = {}
         self.transport: IRCTransport | None = None

@@ -20,6 +20,7 @@ import dataclasses
 
 import pytest_asyncio
 
+from agentik.bot.bridge import Bridge
 from agentik.transports.base import ChannelCaps
 from agentik.transports.testing import FakeHarness, FakeTransport, TransportConformance
 
@@ -94,7 +95,7 @@ def suite(harness_cls):
     class Suite(TransportConformance):
         @pytest_asyncio.fixture
         async def transport_harness(self):
-            return harness_cls()
+            return harness_cls(sink_factory=Bridge)
     return Suite
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest_asyncio
 
+from agentik.bot.bridge import Bridge
 from agentik.transports.base import Transport
 from agentik.transports.slack.transport import SlackTransport
 from agentik.transports.testing import Place, TransportConformance, TransportHarness
@@ -29,7 +30,7 @@ class SlackHarness(TransportHarness):
     place_kinds = frozenset({"channel", "direct", "thread"})
 
     def __init__(self, slack: FakeSlack, state_file: str, **settings: Any) -> None:
-        super().__init__()
+        super().__init__(sink_factory=Bridge)
         self.slack = slack
         self.state_file = state_file
         self.settings = settings

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest_asyncio
 
+from agentik.bot.bridge import Bridge
 from agentik.transports.base import Transport
 from agentik.transports.stdio import StdioTransport
 from agentik.transports.testing import Place, TransportConformance, TransportHarness
@@ -37,7 +38,7 @@ class StdioHarness(TransportHarness):
     users = ("alice",)
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(sink_factory=Bridge)
         read_fd, self.write_fd = os.pipe()
         self.stdin = os.fdopen(read_fd, "rb", buffering=0)
         self.screen = _Screen(self)

@@ -9,6 +9,7 @@ import pytest
 
 from agentik.core import events as ev
 from agentik.core.messages import ChatMessage, Message, ToolCall, Usage
+from agentik.core.streamprofiles import PROFILES
 
 ENVELOPE = dict(
     conversation_id="c1",
@@ -161,11 +162,11 @@ def test_unknown_kind_is_rejected():
 
 
 def test_profiles():
-    assert ev.PROFILES["debug"] == frozenset(ev._BY_KIND)
-    assert "text_delta" in ev.PROFILES["chat"] and "reasoning_delta" not in ev.PROFILES["chat"]
-    assert "text_delta" not in ev.PROFILES["metrics"]
-    assert "turn_ended" in ev.PROFILES["metrics"]
-    for profile in ev.PROFILES.values():
+    assert PROFILES["debug"] == frozenset(ev._BY_KIND)
+    assert "text_delta" in PROFILES["chat"] and "reasoning_delta" not in PROFILES["chat"]
+    assert "text_delta" not in PROFILES["metrics"]
+    assert "turn_ended" in PROFILES["metrics"]
+    for profile in PROFILES.values():
         assert "events_lost" in profile
 
 

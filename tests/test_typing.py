@@ -19,6 +19,7 @@ import pytest
 from agentik.core import Agent, LLMBackend, SQLiteStore
 from agentik.core import events as ev
 from agentik.core.llm.base import FinishItem, LLMRequest, StreamItem, TextChunk
+from agentik.core.streamprofiles import PROFILES
 
 
 def _required(cls: type[ev.EventBase]) -> dict[str, object]:
@@ -40,7 +41,7 @@ def test_each_event_class_has_its_own_fixed_kind():
     kinds = [ev.event_to_dict(e)["kind"] for e in events]
     assert kinds == [e.kind for e in events]
     assert len(set(kinds)) == len(kinds) == len(ev.EVENT_TYPES)
-    assert set(kinds) == ev.PROFILES["debug"]
+    assert set(kinds) == PROFILES["debug"]
     # The kind belongs to the class: it is not a constructor argument.
     with pytest.raises(TypeError):
         ev.TextDelta(conversation_id="c", text="x", kind="error")

@@ -1,7 +1,7 @@
 """The ``llamacpp`` backend: a GGUF model run in-process by ``llama-cpp-python``.
 
 No server, no network, no key: the model file is loaded into this process
-(once, shared by every conversation — see :mod:`._llama_worker`) and
+(once, shared by every conversation — see :mod:`.llama_worker`) and
 generation runs in one worker thread, so the event loop stays responsive.
 Turns of all conversations queue for the model, in order.
 
@@ -53,7 +53,7 @@ from ..errors import ConfigError, ContextTooLong, LLMError, LLMResponseError
 from ..hookspecs import hookimpl
 from ..messages import ChatMessage, ToolCall, Usage
 from ..settings import SETTINGS, Blank, PathSetting
-from . import _llama_worker as worker
+from . import llama_worker as worker
 from ._toolcalls import ToolCallScanner, forced_call_schema, parse_call
 from .base import (
     FinishItem,

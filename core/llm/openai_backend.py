@@ -18,10 +18,9 @@ import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Literal
+from functools import cache
+from typing import TYPE_CHECKING, Any, Literal
 
-import openai
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import (
@@ -45,6 +44,12 @@ from .base import (
     ToolCallItem,
     UsageItem,
 )
+
+if TYPE_CHECKING:
+    # The SDK takes about half a second to import: it is imported when an
+    # OpenAIBackend is built, not with ``agentik.core`` (see tests/test_imports.py).
+    import openai
+    from openai.types.chat import ChatCompletion
 
 __all__ = ["OpenAIBackend", "OpenAISettings"]
 
@@ -97,21 +102,28 @@ log = logging.getLogger(__name__)
 _REFUSED = frozenset({400, 422, 500, 501})
 
 
-class _ChunkStream(openai.AsyncStream[ChatCompletionChunk]):
-    """The SDK's chunk stream, noting whether the server ended it with ``[DONE]``.
+@cache
+def _chunk_stream() -> type[Any]:
+    """The SDK's chunk stream class, noting whether the server ended it with ``[DONE]``.
 
     Some servers end a stream with ``[DONE]`` but never send a
     ``finish_reason``: that is a normal end; a stream that stops with neither
-    was cut off.
+    was cut off.  Made on first use, so that importing this module does not
+    import the SDK.
     """
+    import openai
+    from openai.types.chat import ChatCompletionChunk
 
-    done = False
+    class _ChunkStream(openai.AsyncStream[ChatCompletionChunk]):
+        done = False
 
-    async def _iter_events(self) -> AsyncIterator[Any]:
-        async for sse in super()._iter_events():
-            if sse.data.startswith("[DONE]"):
-                self.done = True
-            yield sse
+        async def _iter_events(self) -> AsyncIterator[Any]:
+            async for sse in super()._iter_events():
+                if sse.data.startswith("[DONE]"):
+                    self.done = True
+                yield sse
+
+    return _ChunkStream
 
 
 def _merge_name(have: str, piece: str) -> str:
@@ -175,6 +187,8 @@ class OpenAIBackend(LLMBackend):
         #: ``tool_choice`` (``"auto"`` is every server's default anyway) and
         #: ``stream`` together with tools (then tool requests are not streamed).
         self.compat: set[Literal["no_tool_choice", "no_stream_with_tools"]] = set()
+        import openai  # here, not at the top: see TYPE_CHECKING above
+
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url,
             api_key=self._api_key,
@@ -290,6 +304,9 @@ class OpenAIBackend(LLMBackend):
 
     # -- streaming ----------------------------------------------------------------
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamItem]:
+        import openai  # already imported by __init__
+        from openai.types.chat import ChatCompletion
+
         while True:
             params = self.build_params(request)
             try:
@@ -312,7 +329,7 @@ class OpenAIBackend(LLMBackend):
                     body=params,
                     cast_to=ChatCompletion,
                     stream=True,
-                    stream_cls=_ChunkStream,
+                    stream_cls=_chunk_stream(),
                     options={"security": {"bearer_auth": True}},
                 )
             except openai.APIStatusError as exc:
@@ -386,6 +403,8 @@ class OpenAIBackend(LLMBackend):
         return text
 
     def _translate(self, exc: openai.APIError) -> LLMError:
+        import openai  # already imported by __init__
+
         where = self.base_url or "the OpenAI API"
         if isinstance(exc, openai.APITimeoutError):
             return LLMTimeout(f"the model at {where} timed out")

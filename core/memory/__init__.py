@@ -47,6 +47,7 @@ from ..settings import Blank, BlankSecret, settings_dataclass
 from ..tools.base import Tool, ToolContext, ToolResult
 
 __all__ = [
+    "MEMORY_TOOLS",
     "NO_IDENTITY",
     "BackgroundPolicy",
     "MemoryBackend",
@@ -371,7 +372,7 @@ class MemoryBackend(abc.ABC):
     # -- tools ----------------------------------------------------------------------
     def tools(self) -> builtins.list[Tool]:
         """The tools this backend offers the model."""
-        return [cls(self) for cls in _TOOLS]
+        return [cls(self) for cls in MEMORY_TOOLS]
 
 
 class NoMemory(MemoryBackend):
@@ -635,4 +636,5 @@ class _Delete(_MemoryTool):
         return f"deleted note #{note.id}"
 
 
-_TOOLS: tuple[type[_MemoryTool], ...] = (_Save, _Read, _List, _Search, _Delete)
+#: The tools every memory backend offers (``agentik check`` lists their names).
+MEMORY_TOOLS: tuple[type[_MemoryTool], ...] = (_Save, _Read, _List, _Search, _Delete)

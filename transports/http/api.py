@@ -64,7 +64,7 @@ from agentik.core import Agent, Conversation, ConversationRecord
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets
 from agentik.core.errors import ClosedError, NotFound, PromptRefused
-from agentik.core.events import PROFILES, EventBase
+from agentik.core.events import EventBase
 from agentik.core.gate import Gate, Speaker, Ticket
 from agentik.core.health import status_of, without_reasons
 from agentik.core.lifecycle import (
@@ -74,6 +74,7 @@ from agentik.core.lifecycle import (
     validate_snapshot,
 )
 from agentik.core.redaction import RedactionError
+from agentik.core.streamprofiles import PROFILES
 from agentik.transports.base import (
     AgentHost,
     HostMetrics,

@@ -6,6 +6,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .hosts import parse_authority, parse_origin
+
 __all__ = ["HttpSettings", "TokenSettings"]
 
 
@@ -121,8 +123,6 @@ class HttpSettings(BaseModel):
     @field_validator("allowed_hosts")
     @classmethod
     def _hosts(cls, v: list[str]) -> list[str]:
-        from .guard import parse_authority
-
         for entry in v:
             if entry != "*" and parse_authority(entry) is None:
                 raise ValueError(
@@ -134,8 +134,6 @@ class HttpSettings(BaseModel):
     @field_validator("allowed_origins")
     @classmethod
     def _origins(cls, v: list[str]) -> list[str]:
-        from .guard import parse_origin
-
         for entry in v:
             if parse_origin(entry) is None:
                 raise ValueError(

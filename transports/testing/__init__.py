@@ -12,7 +12,8 @@ the same way the built-in ones do::
   imported only when asked for, so the rest of this package does not.
 * :class:`TransportHarness`, :class:`Place` — what a harness implements: build
   the transport, let a person on the peer say something, read what the peer
-  received (see :mod:`.harness`).
+  received (see :mod:`.harness`); it is given the bot side the transport is
+  attached to as a :data:`SinkFactory` (the bot's ``Bridge``).
 * :class:`FakeTransport` — a chat network that lives in the test (channels,
   threads, private messages, addressing; it enforces its declared limits),
   and :class:`FakeHarness`, its harness and the smallest complete example.
@@ -25,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .fake import FakeHarness, FakePost, FakeTransport
-from .harness import Place, PlaceKind, TransportHarness
+from .harness import ConformanceSink, Place, PlaceKind, SinkFactory, TransportHarness
 from .memory import MemoryTransport
 
 if TYPE_CHECKING:
@@ -33,12 +34,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Conformance",
+    "ConformanceSink",
     "FakeHarness",
     "FakePost",
     "FakeTransport",
     "MemoryTransport",
     "Place",
     "PlaceKind",
+    "SinkFactory",
     "TransportConformance",
     "TransportHarness",
 ]

@@ -2,19 +2,22 @@
 
 Subclass it in a test module and provide one fixture, ``transport_harness``,
 yielding a :class:`~.harness.TransportHarness` for your transport and its
-peer (a real server, or a fake speaking the real wire format)::
+peer (a real server, or a fake speaking the real wire format), given the
+bot's bridge as its sink factory::
 
     import pytest_asyncio
+    from agentik.bot.bridge import Bridge
     from agentik.transports.testing import TransportConformance
 
     class TestPigeonConformance(TransportConformance):
         @pytest_asyncio.fixture
         async def transport_harness(self, tmp_path):
             async with PigeonLoft() as loft:          # your peer
-                yield PigeonHarness(loft)
+                yield PigeonHarness(loft, sink_factory=Bridge)
 
-Each test runs your transport through the real bot :class:`~agentik.bot.bridge.Bridge`
-and :class:`~agentik.core.Agent` (SQLite in ``tmp_path``) with a
+Each test runs your transport through the sink the factory builds (the real
+bot :class:`~agentik.bot.bridge.Bridge`) and a real :class:`~agentik.core.Agent`
+(SQLite in ``tmp_path``) with a
 :class:`~agentik.core.testing.scripted.ScriptedModel`, and checks what a
 person on the peer notices:
 
@@ -42,12 +45,18 @@ is skipped with the reason: declare the place kinds you have in
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
 extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
+
+A harness without a sink factory (written before the kit took one) still
+works: the suite then finds the bot's bridge by name and warns with a
+:class:`DeprecationWarning`.  The kit itself does not import the bot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import warnings
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -55,13 +64,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
 from agentik.core.errors import ConfigError
 from agentik.core.testing.scripted import Reply, ScriptedModel
 from agentik.transports.base import ChannelCaps, IncomingMessage, Transport
 
-from .harness import Place, TransportHarness
+from .harness import ConformanceSink, Place, SinkFactory, TransportHarness
 
 __all__ = ["Conformance", "TransportConformance"]
 
@@ -70,29 +78,58 @@ INSTANCE = "conformance"
 _STREAM_MODES = ("deltas", "lines", "message", "edit")
 
 
-class _RecordingBridge(Bridge):
-    """The real bridge, also keeping every incoming message it is handed."""
+class _Recording:
+    """The sink the transport is started with: the factory's, also keeping every
+    incoming message it is handed.  Everything else a transport uses of its host
+    (the agent, channel options, ``busy``, ``flush`` …) is the wrapped sink's."""
 
-    def __init__(self, agent: Agent) -> None:
-        super().__init__(agent)
+    def __init__(self, sink: ConformanceSink) -> None:
+        self.sink = sink
         self.incoming: list[IncomingMessage] = []
         self.arrived = asyncio.Event()
 
     async def handle(self, message: IncomingMessage, transport: Transport) -> None:
         self.incoming.append(message)
         self.arrived.set()
-        await super().handle(message, transport)
+        await self.sink.handle(message, transport)
+
+    def attach(self, transport: Transport) -> None:
+        self.sink.attach(transport)
+
+    async def aclose(self) -> None:
+        await self.sink.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sink, name)
+
+
+def _bot_bridge() -> SinkFactory:
+    """The bot's bridge, for a harness without a sink factory (deprecated).
+
+    Named as a string and resolved here, only on this deprecated path: the
+    transport layer does not import the bot.
+    """
+    warnings.warn(
+        "a TransportHarness without a sink factory is deprecated: pass"
+        " sink_factory=agentik.bot.bridge.Bridge to TransportHarness.__init__",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    factory: SinkFactory = importlib.import_module("agentik.bot.bridge").Bridge
+    return factory
 
 
 class Conformance:
-    """One test's rig: scripted model, agent, recording bridge, and the transport."""
+    """One test's rig: scripted model, agent, the bot side (recorded), and the transport."""
 
     def __init__(self, harness: TransportHarness, tmp_path: Path) -> None:
         self.harness = harness
+        self.sink_factory = harness.sink_factory or _bot_bridge()
         self.model = ScriptedModel()
         self.database = str(tmp_path / "conformance.db")
         self.agent = Agent(llm=self.model, store=SQLiteStore(self.database))
-        self.bridge = _RecordingBridge(self.agent)
+        #: The bot side the transport is started with (the factory's sink, recorded).
+        self.bridge = _Recording(self.sink_factory(self.agent))
         self.transport: Transport | None = None
         self.serving: asyncio.Future[None] | None = None
         self._baseline: set[asyncio.Task[Any]] = set()
@@ -107,9 +144,7 @@ class Conformance:
     async def start_transport(self) -> Transport:
         """Build a new transport instance, attach it, start it and wait until it is ready."""
         transport = self.harness.make_transport(name=INSTANCE)
-        self.bridge.attach(
-            transport, ChannelOptions(command_prefix=transport.default_command_prefix)
-        )
+        self.bridge.attach(transport)
         await transport.start(self.bridge)
         self.transport = transport
         self.serving = asyncio.ensure_future(transport.serve())
@@ -145,7 +180,7 @@ class Conformance:
         await self.agent.aclose()
         incoming = self.bridge.incoming
         self.agent = Agent(llm=self.model, store=SQLiteStore(self.database))
-        self.bridge = _RecordingBridge(self.agent)
+        self.bridge = _Recording(self.sink_factory(self.agent))
         self.bridge.incoming = incoming
         await self.agent.start()
         return await self.start_transport()

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..base import ChannelCaps, IncomingMessage, OutgoingMessage, Transport
 from ..text import fit_prefix
-from .harness import Place, TransportHarness
+from .harness import Place, SinkFactory, TransportHarness
 from .memory import MemoryTransport
 
 __all__ = ["FakeHarness", "FakePost", "FakeTransport"]
@@ -201,8 +201,10 @@ class FakeHarness(TransportHarness):
     transport_type = "fake"
     place_kinds = frozenset({"channel", "direct", "thread"})
 
-    def __init__(self, *, caps: ChannelCaps | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self, *, caps: ChannelCaps | None = None, sink_factory: SinkFactory | None = None
+    ) -> None:
+        super().__init__(sink_factory=sink_factory)
         self.caps = caps or ChannelCaps(max_chars=300, streaming="message")
         self.transports: list[FakeTransport] = []
 

@@ -4,7 +4,10 @@ A :class:`TransportHarness` knows three things about a transport that the
 suite cannot know: how to build it, how a person on the other side says
 something (an IRC client's PRIVMSG, a Slack event, a line on stdin, an HTTP
 POST), and what that person sees of the bot's answers.  Everything else —
-the agent, the scripted model, the bridge, the checks — is the suite's.
+the agent, the scripted model, the checks — is the suite's, except the bot
+side the transport is attached to: the harness is given its
+:data:`SinkFactory` (the bot's bridge: ``sink_factory=Bridge``), because the
+transport layer does not import the bot that runs on top of it.
 
 Places
     The suite talks about *places*: ``channel("a")`` and ``channel("b")``
@@ -25,13 +28,37 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from agentik.transports.base import Transport
+from agentik.transports.base import MessageSink, Transport
 
-__all__ = ["Place", "PlaceKind", "TransportHarness"]
+if TYPE_CHECKING:
+    from agentik.core import Agent
+
+__all__ = ["ConformanceSink", "Place", "PlaceKind", "SinkFactory", "TransportHarness"]
 
 PlaceKind = Literal["channel", "direct", "thread"]
+
+
+class ConformanceSink(MessageSink, Protocol):
+    """The bot side the suite runs a transport against: where its messages go.
+
+    The bot's :class:`~agentik.bot.bridge.Bridge` is one (its ``attach`` takes
+    optional channel options as well).  The transport is started with it, so
+    whatever else the transport uses of its host is this object's too.
+    """
+
+    def attach(self, transport: Transport) -> None:
+        """Register ``transport`` (started next), with its default options."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop: called after the transport is closed, before the agent."""
+        ...
+
+
+#: Builds the bot side for an agent; a new one after each simulated restart.
+SinkFactory = Callable[["Agent"], ConformanceSink]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +100,11 @@ class TransportHarness:
     #: Seconds any single wait of the suite may take before it fails.
     timeout: ClassVar[float] = 60.0
 
-    def __init__(self) -> None:
+    def __init__(self, *, sink_factory: SinkFactory | None = None) -> None:
+        #: Builds the bot side the transport is attached to (pass the bot's
+        #: ``Bridge``).  ``None`` is deprecated: the suite then imports the bot's
+        #: bridge itself, with a :class:`DeprecationWarning`.
+        self.sink_factory = sink_factory
         self._changed = asyncio.Event()
 
     # -- places -----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest_asyncio
 
+from agentik.bot.bridge import Bridge
 from agentik.transports.base import Transport
 from agentik.transports.testing import Place, TransportConformance, TransportHarness
 
@@ -27,7 +28,7 @@ class WebhookHarness(TransportHarness):
     place_kinds = frozenset({"channel", "direct", "thread"})
 
     def __init__(self, callback: CallbackServer) -> None:
-        super().__init__()
+        super().__init__(sink_factory=Bridge)
         self.callback = callback
         callback.on_receive = self.notify
         self.transport: WebhookTransport | None = None

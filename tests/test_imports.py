@@ -1,0 +1,147 @@
+"""How the package imports: what ``import agentik.core`` costs, and the layering.
+
+The OpenAI SDK takes about half a second to import (more than everything else
+``agentik.core`` needs together), so it is imported when an ``OpenAIBackend``
+is built, not with the package: a bot on a local model, ``agentik check`` or a
+library user who never builds one does not pay for it.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import agentik.core
+
+
+def _fresh(script: str) -> str:
+    """What a fresh interpreter running ``script`` prints (it must succeed)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip()
+
+
+def test_importing_core_does_not_import_the_openai_sdk():
+    script = (
+        "import sys, agentik.core\n"
+        "assert agentik.core.OpenAIBackend.name == 'openai'\n"
+        "print(sorted(m for m in sys.modules if m == 'openai' or m.startswith('openai.')))\n"
+    )
+    assert _fresh(script) == "[]"
+
+
+def test_building_the_openai_backend_imports_the_sdk_then():
+    script = (
+        "import sys\n"
+        "from agentik.core import OpenAIBackend\n"
+        "before = 'openai' in sys.modules\n"
+        "OpenAIBackend(model='m', base_url='http://127.0.0.1:9/v1')\n"
+        "print(before, 'openai' in sys.modules)\n"
+    )
+    assert _fresh(script) == "False True"
+
+
+def test_profiles_moved_to_streamprofiles_and_the_old_name_still_works():
+    """``PROFILES`` is derived from the stream profiles, which build on the events."""
+    import agentik.core
+    from agentik.core import events, streamprofiles
+
+    assert agentik.core.PROFILES is streamprofiles.PROFILES
+    with pytest.warns(DeprecationWarning, match="import PROFILES from agentik.core.streamprofiles"):
+        assert events.PROFILES is streamprofiles.PROFILES
+    with pytest.raises(AttributeError, match="nonesuch"):
+        _ = events.nonesuch
+
+
+# -- layering and cycles, read from the source ------------------------------------------------
+#
+# The packages are layered: core (the agent) <- transports (chat protocols) <- bot (the
+# program that wires them). A lower package never imports a higher one, not even inside
+# a function or under TYPE_CHECKING. And no two modules import each other, counting
+# imports inside functions: a function-local import that only dodges a cycle hides it.
+# (TYPE_CHECKING imports are left out of the cycle check: annotations may name a
+# higher module's types.) See docs/development.md, "Layering".
+
+_SRC = Path(agentik.core.__file__).parent.parent  # src/agentik (a namespace package)
+_LAYER = {"core": 0, "transports": 1, "bot": 2}
+
+
+def _modules() -> dict[str, ast.Module]:
+    found: dict[str, ast.Module] = {}
+    for package in _LAYER:
+        for path in sorted((_SRC / package).rglob("*.py")):
+            parts = ["agentik", *path.relative_to(_SRC).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = ast.parse(path.read_text(encoding="utf-8"))
+    return found
+
+
+def _imports(modules: dict[str, ast.Module]) -> list[tuple[str, str, bool]]:
+    """(importer, imported project module, under TYPE_CHECKING) for every import."""
+    edges: list[tuple[str, str, bool]] = []
+    for name, tree in modules.items():
+        typing_only: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                typing_only.update(id(sub) for sub in ast.walk(node))
+        is_package = (_SRC / Path(*name.split(".")[1:]) / "__init__.py").exists()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    here = name.split(".") if is_package else name.split(".")[:-1]
+                    here = here[: len(here) - node.level + 1]
+                    base = ".".join([*here, base] if base else here)
+                targets = [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in modules and target != name:
+                    edges.append((name, target, id(node) in typing_only))
+    return edges
+
+
+def test_no_package_imports_a_package_above_it():
+    modules = _modules()
+    breaches = [
+        f"{a} -> {b}"
+        for a, b, _ in _imports(modules)
+        if _LAYER[b.split(".")[1]] > _LAYER[a.split(".")[1]]
+    ]
+    assert not breaches, breaches
+
+
+def test_no_import_cycle_counting_function_local_imports():
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for a, b, typing_only in _imports(modules):
+        # A package's __init__ importing its own submodules is how packages are built.
+        if not typing_only and not b.startswith(a + "."):
+            graph[a].add(b)
+    cycles: list[list[str]] = []
+    done: set[str] = set()
+    for start in graph:
+        # Depth-first search for a path back to ``start`` through modules not yet finished.
+        stack: list[tuple[str, list[str]]] = [(start, [start])]
+        seen: set[str] = set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    cycles.append(path)
+                elif nxt not in seen and nxt not in done:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+        done.add(start)
+    assert not cycles, [" -> ".join([*c, c[0]]) for c in cycles]
