@@ -25,15 +25,28 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import replace
+from typing import Any
 
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-
-if TYPE_CHECKING:
-    from ..approvals import Approval, ApprovalDecision
-    from ..questions import Checklist, Question, QuestionOutcome
-    from ..redaction import Redaction
+from .records import (
+    AccessChange,
+    AccessGrant,
+    Approval,
+    ApprovalDecision,
+    ChannelSetting,
+    ChannelSettingChange,
+    Checklist,
+    ConversationRecord,
+    MemoryEntry,
+    OutboxEntry,
+    OutboxState,
+    Question,
+    QuestionOutcome,
+    Redaction,
+    RunRecord,
+    TurnEnd,
+)
 
 __all__ = [
     "DEFER_MAX",
@@ -54,126 +67,7 @@ __all__ = [
 #: write that was to follow it before it commits on its own.
 DEFER_MAX = 0.2
 
-#: Delivery state of an outbox row: written, handed to the peer, confirmed by it.
-OutboxState = Literal["queued", "sent", "confirmed"]
 _RANK = {"queued": 0, "sent": 1, "confirmed": 2}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AccessGrant:
-    """A role given in chat (``!role``, ``!ignore``) to one identity key."""
-
-    identity: str
-    role: str
-    granted_by: str
-    granted_at: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AccessChange:
-    """One row of the access audit: who changed whose role, when, where."""
-
-    id: int
-    at: float
-    actor: str
-    identity: str
-    old_role: str | None
-    new_role: str | None
-    channel: str | None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ConversationRecord:
-    """A stored conversation's metadata."""
-
-    id: str
-    title: str = ""
-    created_at: float = 0.0
-    updated_at: float = 0.0
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MemoryEntry:
-    """One working-memory entry and its position (ascending, gaps allowed)."""
-
-    pos: int
-    message: ChatMessage
-
-
-@dataclass(frozen=True, slots=True)
-class TurnEnd:
-    """The end of the turn that answers the user message with this ``run_id``.
-
-    ``outcome``: the turn's stop reason (``stop``, ``length``, ``content_filter``, ``error``,
-    ``interrupted`` by a user, ``aborted``, ``time_budget``) or, for a turn
-    resumed after a crash, ``noted`` / ``dropped`` / ``superseded``.  A turn
-    cut short by a shutdown or a crash has no end: it is resumed.
-    """
-
-    run_id: str
-    outcome: str
-    #: The run's row of its run tree, written in the same transaction (a run that
-    #: started child runs, or a child run: :mod:`agentik.core.agents`).
-    run: RunRecord | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunRecord:
-    """One run of a run tree (:mod:`agentik.core.agents`; migration 9).
-
-    A child run has a ``parent_run_id``, the ``parent_call_id`` of the tool
-    call that started it and the ``agent`` it ran; its ``conversation_id``
-    is its own (child) conversation.  A top-level run is recorded once it
-    starts a child (``agent`` ``None``: the main agent).  A run is recorded
-    when it ends, with its ``stop_reason`` and ``usage`` (the run's tokens,
-    its children's included); a child refused at the depth limit has no
-    conversation and ``stop_reason = "depth_limit"``.
-    """
-
-    run_id: str
-    conversation_id: str | None
-    parent_run_id: str | None = None
-    parent_conversation_id: str | None = None
-    parent_call_id: str | None = None
-    agent: str | None = None
-    depth: int = 0
-    started: float = 0.0
-    ended: float | None = None
-    stop_reason: str | None = None
-    usage: dict[str, int] | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class OutboxEntry:
-    """One outgoing piece (an IRC line, a Slack answer) and its delivery state.
-
-    ``(channel_key, run_id, piece)`` is unique: writing the same piece again
-    does not enqueue it twice.  ``complete`` is false while a streamed answer
-    is still being written (its ``text`` is filled in when it ends).
-    ``awaits_confirm``: the protocol will confirm it (IRC echo-message; a
-    Slack answer whose final text is not in its message yet).  ``ref`` is the
-    protocol's id of the delivered message (a Slack ``ts``).
-    """
-
-    id: int = 0
-    channel_key: str
-    run_id: str
-    piece: int
-    transport: str
-    kind: str
-    text: str
-    reply_to: Any = None
-    complete: bool = True
-    state: OutboxState = "queued"
-    awaits_confirm: bool = False
-    ref: str | None = None
-    created_at: float = 0.0
-
-    @property
-    def undelivered(self) -> bool:
-        """Not known to have reached the peer: send it (again) after a restart."""
-        return self.state == "queued" or (self.state == "sent" and self.awaits_confirm)
 
 
 def link_stored(cm: ChatMessage, stored: Sequence[Message]) -> ChatMessage:
@@ -187,30 +81,6 @@ def link_stored(cm: ChatMessage, stored: Sequence[Message]) -> ChatMessage:
 def outbox_advance(old: str, new: str) -> bool:
     """Delivery states only move forward (queued → sent → confirmed)."""
     return _RANK[new] > _RANK[old]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ChannelSetting:
-    """One per-channel setting set in chat: its value is JSON text."""
-
-    channel_key: str
-    key: str
-    value: str
-    set_by: str
-    set_at: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ChannelSettingChange:
-    """One audited change of a channel setting (``None``: unset before/after)."""
-
-    id: int
-    channel_key: str
-    key: str
-    old_value: str | None
-    new_value: str | None
-    actor: str
-    at: float
 
 
 class Store(abc.ABC):

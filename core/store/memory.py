@@ -12,10 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..approvals import Approval, ApprovalDecision
 from ..errors import StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from ..questions import Checklist, Question, QuestionOutcome
 from .base import (
     AccessChange,
     AccessGrant,
@@ -31,6 +29,7 @@ from .base import (
     link_stored,
     outbox_advance,
 )
+from .records import Approval, ApprovalDecision, Checklist, Question, QuestionOutcome
 
 __all__ = ["MemoryStore"]
 

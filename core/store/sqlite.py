@@ -30,11 +30,8 @@ from typing import Any, Literal, cast
 
 import aiosqlite
 
-from ..approvals import Approval, ApprovalDecision
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from ..questions import Checklist, Question, QuestionOutcome
-from ..redaction import Redaction, RedactionError, tombstoned
 from ..settings import defaults, settings_dataclass
 from .base import (
     DEFER_MAX,
@@ -53,6 +50,16 @@ from .base import (
 )
 from .care import backup_before_migrating
 from .migrations import apply_migrations
+from .records import (
+    Approval,
+    ApprovalDecision,
+    Checklist,
+    Question,
+    QuestionOutcome,
+    Redaction,
+    RedactionError,
+    tombstoned,
+)
 
 __all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous"]
 
