@@ -519,16 +519,6 @@ async def _table_exists(read: Read, name: str) -> bool:
     return bool(rows)
 
 
-async def _rows_as_dicts(store: Any, table: str, cid: str) -> list[dict[str, Any]]:
-    cols = [r[1] for r in await store.run_read(f"PRAGMA table_info({table})", ())]
-    if "conversation_id" not in cols:
-        return []
-    rows = await store.run_read(
-        f"SELECT {', '.join(cols)} FROM {table} WHERE conversation_id = ? ORDER BY rowid", (cid,)
-    )
-    return [dict(zip(cols, r, strict=True)) for r in rows]
-
-
 async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any] | None:
     """The snapshot of one conversation (``None``: there is no such conversation)."""
     record = await store.get_conversation(conversation_id)
@@ -567,28 +557,9 @@ async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any
         checklist = await store.todo_get(conversation_id)
         if checklist is not None:
             doc["todo"] = checklist.to_dict()
-    read = getattr(store, "run_read", None)
-    if read is None:  # an in-memory store (a temp conversation): no more to add
-        return doc
-    doc["bindings"] = [
-        {"channel_key": k, "created_at": t}
-        for k, t in await read(
-            "SELECT channel_key, created_at FROM channel_binding WHERE conversation_id = ?"
-            " ORDER BY channel_key",
-            (conversation_id,),
-        )
-    ]
-    doc["turn_ends"] = [
-        {"run_id": r, "outcome": o, "created_at": t}
-        for r, o, t in await read(
-            "SELECT run_id, outcome, created_at FROM turn_end WHERE conversation_id = ?"
-            " ORDER BY created_at, run_id",
-            (conversation_id,),
-        )
-    ]
-    for table, key in (("approval", "approvals"), ("question", "questions"), ("run", "runs")):
-        if await _table_exists(read, table):
-            doc[key] = await _rows_as_dicts(store, table, conversation_id)
+    # Bindings, turn ends, approvals, questions, runs: the engine's rows (Store.export_rows).
+    with contextlib.suppress(NotImplementedError):  # an engine without them: no more to add
+        doc.update(await store.export_rows(conversation_id))
     return doc
 
 

@@ -425,6 +425,23 @@ class Store(abc.ABC):
         ``(scope, subject, kind, window, amount)``, by scope, subject, kind, window."""
         raise NotImplementedError(f"{type(self).__name__} keeps no budget counters")
 
+    # -- lifecycle: the rows of a snapshot (agentik.core.lifecycle) ---------------------------
+    async def export_rows(self, conversation_id: str) -> dict[str, list[dict[str, Any]]]:
+        """What a snapshot holds of the conversation besides its record, audit log,
+        working memory and checklist, engine-neutral (plain JSON values):
+
+        * ``bindings``: ``{channel_key, created_at}``, by channel key;
+        * ``turn_ends``: ``{run_id, outcome, created_at}``, oldest first;
+        * ``approvals``, ``questions``, ``runs``: every stored field of the
+          conversation's rows (the run tree's rows whose ``conversation_id`` is
+          it), as the SQLite tables hold them: booleans as 0/1, ``choices`` and
+          ``usage`` as JSON text; in the order written.
+
+        The same conversation exports the same rows from every engine (the
+        store contract suite checks it).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot export snapshot rows")
+
     # -- run trees (issue 20, agents as tools; migration 9) ---------------------------------
     @abc.abstractmethod
     async def run_add(self, run: RunRecord) -> None:

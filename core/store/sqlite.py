@@ -1311,6 +1311,37 @@ class SQLiteStore(Store):
         )
         return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]
 
+    # -- lifecycle: the rows of a snapshot ----------------------------------------------------
+    async def export_rows(self, conversation_id: str) -> dict[str, list[dict[str, Any]]]:
+        read = self._read
+        out: dict[str, list[dict[str, Any]]] = {}
+        out["bindings"] = [
+            {"channel_key": k, "created_at": t}
+            for k, t in await read(
+                "SELECT channel_key, created_at FROM channel_binding WHERE conversation_id = ?"
+                " ORDER BY channel_key",
+                (conversation_id,),
+            )
+        ]
+        out["turn_ends"] = [
+            {"run_id": r, "outcome": o, "created_at": t}
+            for r, o, t in await read(
+                "SELECT run_id, outcome, created_at FROM turn_end WHERE conversation_id = ?"
+                " ORDER BY created_at, run_id",
+                (conversation_id,),
+            )
+        ]
+        for table, key in (("approval", "approvals"), ("question", "questions"), ("run", "runs")):
+            cols = [r[1] for r in await read(f"PRAGMA table_info({table})", ())]
+            if "conversation_id" not in cols:
+                continue  # (a database from before that table)
+            rows = await read(
+                f"SELECT {', '.join(cols)} FROM {table} WHERE conversation_id = ? ORDER BY rowid",
+                (conversation_id,),
+            )
+            out[key] = [dict(zip(cols, r, strict=True)) for r in rows]
+        return out
+
     # -- run trees (issue 20; migration 9) -------------------------------------------------
     async def run_add(self, run: RunRecord) -> None:
         def fn(conn: sqlite3.Connection) -> None:
