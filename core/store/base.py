@@ -47,6 +47,7 @@ from .records import (
     RunRecord,
     TurnEnd,
 )
+from .snapshot import ImportResult
 
 __all__ = [
     "DEFER_MAX",
@@ -441,6 +442,37 @@ class Store(abc.ABC):
         store contract suite checks it).
         """
         raise NotImplementedError(f"{type(self).__name__} cannot export snapshot rows")
+
+    async def import_rows(
+        self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
+    ) -> ImportResult:
+        """Restore a validated snapshot (:func:`agentik.core.lifecycle.validate_snapshot`)
+        as conversation ``conversation_id``, in one transaction; raises
+        :class:`~.snapshot.SnapshotError` (naming the field) if it cannot be, and
+        writes nothing then.
+
+        A snapshot is untrusted: apply :mod:`.snapshot`'s rules (authors become a
+        label, approvals move to the ``imported:`` scope, open turns end
+        ``imported``, pending questions expire, open runs end, run-tree links
+        become a label).  Audit-log ids are renumbered (working memory relinked to
+        the new ids; an id the snapshot no longer has links to the newest row
+        before it); working-memory positions become 1..n.  ``bind``: bind that
+        channel to it (taking it over); without it, the snapshot's bindings are
+        restored where the channel is free, and ``meta.channel_key`` names only a
+        restored binding.  An id already present raises ``SnapshotError``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot import snapshots")
+
+    async def prune_log(
+        self, conversation_id: str, upto: int, *, summary: str | None, count: int
+    ) -> None:
+        """Retention, one transaction: delete the audit rows ``<= upto`` (their text
+        must not survive in the storage), put ``summary`` (if any) in their place
+        as an ``assistant`` row by :data:`~.snapshot.RETENTION_AUTHOR` with the id
+        ``upto`` and the last pruned row's time, and replace the working-memory
+        entries that covered them with one ``system`` entry (the summary, or
+        :data:`~.snapshot.DELETED_NOTICE` for ``count`` rows) linked to ``upto``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot prune its log")
 
     # -- run trees (issue 20, agents as tools; migration 9) ---------------------------------
     @abc.abstractmethod

@@ -33,6 +33,7 @@ import aiosqlite
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, settings_dataclass
+from . import sqlite_lifecycle
 from .base import (
     DEFER_MAX,
     AccessChange,
@@ -60,6 +61,7 @@ from .records import (
     RedactionError,
     tombstoned,
 )
+from .snapshot import ImportResult
 
 __all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous"]
 
@@ -1341,6 +1343,21 @@ class SQLiteStore(Store):
             )
             out[key] = [dict(zip(cols, r, strict=True)) for r in rows]
         return out
+
+    async def import_rows(
+        self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
+    ) -> ImportResult:
+        result: ImportResult = await self.run_write(
+            lambda conn: sqlite_lifecycle.import_rows(conn, doc, conversation_id, bind, now)
+        )
+        return result
+
+    async def prune_log(
+        self, conversation_id: str, upto: int, *, summary: str | None, count: int
+    ) -> None:
+        await self.run_write(
+            lambda conn: sqlite_lifecycle.prune_log(conn, conversation_id, upto, summary, count)
+        )
 
     # -- run trees (issue 20; migration 9) -------------------------------------------------
     async def run_add(self, run: RunRecord) -> None:
