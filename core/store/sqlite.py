@@ -61,7 +61,7 @@ from .records import (
     RedactionError,
     tombstoned,
 )
-from .snapshot import ImportResult
+from .snapshot import ImportResult, SnapshotError
 
 __all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous"]
 
@@ -1347,9 +1347,19 @@ class SQLiteStore(Store):
     async def import_rows(
         self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
     ) -> ImportResult:
-        result: ImportResult = await self.run_write(
-            lambda conn: sqlite_lifecycle.import_rows(conn, doc, conversation_id, bind, now)
-        )
+        try:
+            result: ImportResult = await self.run_write(
+                lambda conn: sqlite_lifecycle.import_rows(conn, doc, conversation_id, bind, now)
+            )
+        except SnapshotError:
+            raise
+        except Exception as exc:
+            # The writer reports a failed job as a StoreError: the snapshot's own error
+            # (naming the field) is what the caller is told.
+            cause = exc.__cause__ if isinstance(exc.__cause__, SnapshotError) else None
+            if cause is not None:
+                raise cause from None
+            raise
         return result
 
     async def prune_log(
