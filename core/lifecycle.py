@@ -57,6 +57,7 @@ from pydantic import Field
 from .compaction import SUMMARY_PREFIX, ask
 from .questions import MAX_TODO_ITEMS, MAX_TODO_TEXT, TODO_STATUSES
 from .settings import settings_dataclass
+from .store.base import Store
 from .store.snapshot import (
     DELETED_NOTICE,
     IMPORTED,
@@ -65,6 +66,7 @@ from .store.snapshot import (
     ImportResult,
     SnapshotError,
 )
+from .store.sqlite_lifecycle import Reader
 
 __all__ = [
     "DELETED_NOTICE",
@@ -189,32 +191,36 @@ class PruneItem:
         }
 
 
+def _source(store: Any) -> Any:
+    """The store, or (``read(sql, params)``: a read-only SQLite connection for a dry
+    run) the SQLite engine's queries over it."""
+    return Reader(store) if callable(store) else store
+
+
 async def plan_retention(
-    read: Read, rules: Sequence[RetentionRule], *, now: float | None = None
+    store: Any, rules: Sequence[RetentionRule], *, now: float | None = None
 ) -> list[PruneItem]:
     """Per conversation with something to prune: how many audit rows go.
 
-    ``read(sql, params)`` runs a read-only query (``SQLiteStore.run_read``, or
-    a read-only connection for a dry run).  Nothing is written.
+    ``store``: a :class:`~agentik.core.store.base.Store` (its
+    ``retention_conversations``, ``log_outline`` and ``turn_ended``), or
+    ``read(sql, params)`` running a read-only query on a SQLite database (a
+    read-only connection for a dry run).  Nothing is written.
     """
     if not rules:
         return []
+    store = _source(store)
     now = time.time() if now is None else now
-    keys: dict[str, list[str]] = {}
-    for cid, key in await read("SELECT conversation_id, channel_key FROM channel_binding", ()):
-        keys.setdefault(cid, []).append(key)
     items: list[PruneItem] = []
-    for cid, meta in await read("SELECT id, meta FROM conversation ORDER BY created_at, id", ()):
-        ck = list(keys.get(cid, []))
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            mk = json.loads(meta).get("channel_key")
-            if isinstance(mk, str) and mk not in ck:
-                ck.append(mk)
+    for cid, bound, mk in await store.retention_conversations():
+        ck = list(bound)
+        if mk is not None and mk not in ck:
+            ck.append(mk)
         found = rule_for(rules, ck or [""])
         if found is None:
             continue
         rule, pattern = found
-        upto, count = await _cut(read, cid, now - rule.keep_days * DAY, rule.action)
+        upto, count = await _cut(store, cid, now - rule.keep_days * DAY, rule.action)
         if count:
             items.append(
                 PruneItem(
@@ -225,14 +231,10 @@ async def plan_retention(
     return items
 
 
-async def _cut(read: Read, cid: str, cutoff: float, action: str) -> tuple[int, int]:
+async def _cut(store: Any, cid: str, cutoff: float, action: str) -> tuple[int, int]:
     """``(upto, count)``: the old prefix of the audit log that may go, ending where a
     turn starts (the next row is a user message) or at the end of the log."""
-    rows = await read(
-        "SELECT id, kind, created_at, author, run_id FROM message WHERE conversation_id = ?"
-        " ORDER BY id",
-        (cid,),
-    )
+    rows = await store.log_outline(cid)
     old = 0
     while old < len(rows) and rows[old][2] < cutoff:
         old += 1
@@ -243,11 +245,7 @@ async def _cut(read: Read, cid: str, cutoff: float, action: str) -> tuple[int, i
         # The whole log is old: keep a last turn still waiting for its answer.
         last_user = max((i for i, r in enumerate(rows) if r[1] == "user"), default=None)
         if last_user is not None and rows[last_user][4] is not None:
-            ended = await read(
-                "SELECT 1 FROM turn_end WHERE conversation_id = ? AND run_id = ?",
-                (cid, rows[last_user][4]),
-            )
-            if not ended:
+            if not await store.turn_ended(cid, rows[last_user][4]):
                 k = last_user
     if action == "summarise" and k == 1 and rows[0][3] == RETENTION_AUTHOR:
         return 0, 0  # only an earlier summary is old: nothing new to summarise
@@ -256,19 +254,19 @@ async def _cut(read: Read, cid: str, cutoff: float, action: str) -> tuple[int, i
     return int(rows[k - 1][0]), k
 
 
-async def channel_keys(read: Read) -> list[str]:
-    """Every channel key a conversation is or was bound to."""
-    keys = {k for (k,) in await read("SELECT DISTINCT channel_key FROM channel_binding", ())}
-    for (meta,) in await read("SELECT meta FROM conversation", ()):
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            mk = json.loads(meta).get("channel_key")
-            if isinstance(mk, str):
-                keys.add(mk)
+async def channel_keys(store: Any) -> list[str]:
+    """Every channel key a conversation is or was bound to (``store``: as for
+    :func:`plan_retention`)."""
+    keys: set[str] = set()
+    for _, bound, mk in await _source(store).retention_conversations():
+        keys.update(bound)
+        if mk is not None:
+            keys.add(mk)
     return sorted(keys)
 
 
 async def note_scopes(
-    read: Read, rules: Sequence[RetentionRule], *, now: float | None = None
+    store: Any, rules: Sequence[RetentionRule], *, now: float | None = None
 ) -> dict[str, float]:
     """The ``channel:<key>`` memory scopes whose rule has ``notes`` on, and the cut-off
     time (notes changed before it go)."""
@@ -276,7 +274,7 @@ async def note_scopes(
     out: dict[str, float] = {}
     if not any(r.notes for r in rules):
         return out
-    for key in await channel_keys(read):
+    for key in await channel_keys(store):
         found = rule_for(rules, [key])
         if found is not None and found[0].notes:
             out[f"channel:{key}"] = now - found[0].keep_days * DAY
@@ -364,7 +362,7 @@ async def apply_retention(
     conversation is not in a turn (the agent passes one that also drops the
     conversation's cached working memory).
     """
-    items = await plan_retention(store.run_read, settings.rules, now=now)
+    items = await plan_retention(store, settings.rules, now=now)
     for item in items:
 
         async def job(item: PruneItem = item) -> None:
@@ -431,7 +429,7 @@ class RetentionWorker:
             await self.changed.wait_for(lambda: len(self.runs) >= count)
 
     async def __call__(self, agent: Any) -> None:
-        if not self.settings.rules or not hasattr(agent.store, "run_write"):
+        if not self.settings.rules or type(agent.store).prune_log is Store.prune_log:
             return
         counter = asyncio.create_task(self._count_turns(agent), name="agentik-retention-turns")
         try:
@@ -468,7 +466,7 @@ class RetentionWorker:
             items = await apply_retention(
                 agent.store, self.settings, llm=agent.llm, exclusive=exclusive
             )
-            scopes = await note_scopes(agent.store.run_read, self.settings.rules)
+            scopes = await note_scopes(agent.store, self.settings.rules)
             if scopes:
                 self.notes.append(await purge_old_notes(agent.memory, scopes))
         except asyncio.CancelledError:

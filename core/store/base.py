@@ -463,6 +463,23 @@ class Store(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot import snapshots")
 
+    async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
+        """Every conversation, oldest first (by creation time, then id): its id, the
+        channel keys bound to it, and the ``channel_key`` its metadata names (a
+        string, or ``None``) — what retention picks a rule by."""
+        raise NotImplementedError(f"{type(self).__name__} cannot plan retention")
+
+    async def log_outline(
+        self, conversation_id: str
+    ) -> list[tuple[int, str, float, str | None, str | None]]:
+        """``(id, kind, created_at, author, run_id)`` of every audit-log row of the
+        conversation, oldest first (retention finds its cut in it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot plan retention")
+
+    async def turn_ended(self, conversation_id: str, run_id: str) -> bool:
+        """Whether the turn ``run_id`` of the conversation has a :class:`TurnEnd`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot plan retention")
+
     async def prune_log(
         self, conversation_id: str, upto: int, *, summary: str | None, count: int
     ) -> None:

@@ -668,6 +668,27 @@ class MemoryStore(Store):
                 meta.pop("channel_key", None)
         return result
 
+    async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
+        keys: dict[str, list[str]] = {}
+        for key, cid in self._bindings.items():
+            keys.setdefault(cid, []).append(key)
+        out: list[tuple[str, list[str], str | None]] = []
+        for r in sorted(self._conversations.values(), key=lambda r: (r.created_at, r.id)):
+            mk = r.meta.get("channel_key") if isinstance(r.meta, dict) else None
+            out.append((r.id, keys.get(r.id, []), mk if isinstance(mk, str) else None))
+        return out
+
+    async def log_outline(
+        self, conversation_id: str
+    ) -> list[tuple[int, str, float, str | None, str | None]]:
+        return [
+            (m.id, m.kind, m.created_at, m.author, m.run_id)
+            for m in self._log.get(conversation_id, ())
+        ]
+
+    async def turn_ended(self, conversation_id: str, run_id: str) -> bool:
+        return run_id in self._ended.get(conversation_id, {})
+
     async def prune_log(
         self, conversation_id: str, upto: int, *, summary: str | None, count: int
     ) -> None:

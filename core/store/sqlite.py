@@ -1362,6 +1362,17 @@ class SQLiteStore(Store):
             raise
         return result
 
+    async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
+        return await sqlite_lifecycle.Reader(self._read).retention_conversations()
+
+    async def log_outline(
+        self, conversation_id: str
+    ) -> list[tuple[int, str, float, str | None, str | None]]:
+        return await sqlite_lifecycle.Reader(self._read).log_outline(conversation_id)
+
+    async def turn_ended(self, conversation_id: str, run_id: str) -> bool:
+        return await sqlite_lifecycle.Reader(self._read).turn_ended(conversation_id, run_id)
+
     async def prune_log(
         self, conversation_id: str, upto: int, *, summary: str | None, count: int
     ) -> None:

@@ -4,6 +4,7 @@ each one transaction in the writer thread (:meth:`SQLiteStore.import_rows`,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
@@ -24,11 +25,55 @@ from .snapshot import (
     untrusted_row,
 )
 
-__all__ = ["import_rows", "prune_log"]
+__all__ = ["Reader", "import_rows", "prune_log"]
 
 log = logging.getLogger(__name__)
 
 Read = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
+
+#: ``(id, kind, created_at, author, run_id)`` of an audit-log row.
+OutlineRow = tuple[int, str, float, str | None, str | None]
+
+
+class Reader:
+    """Retention's read-only queries (``Store.retention_conversations``, ``log_outline``,
+    ``turn_ended``) over ``read(sql, params)``: :meth:`SQLiteStore.run_read`, or a
+    read-only connection for a dry run (``agentik db prune --dry-run``)."""
+
+    def __init__(self, read: Read) -> None:
+        self.read = read
+
+    async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
+        keys: dict[str, list[str]] = {}
+        for cid, key in await self.read(
+            "SELECT conversation_id, channel_key FROM channel_binding", ()
+        ):
+            keys.setdefault(cid, []).append(key)
+        out: list[tuple[str, list[str], str | None]] = []
+        for cid, meta in await self.read(
+            "SELECT id, meta FROM conversation ORDER BY created_at, id", ()
+        ):
+            mk = None
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                found = json.loads(meta).get("channel_key")
+                mk = found if isinstance(found, str) else None
+            out.append((cid, keys.get(cid, []), mk))
+        return out
+
+    async def log_outline(self, conversation_id: str) -> list[OutlineRow]:
+        rows = await self.read(
+            "SELECT id, kind, created_at, author, run_id FROM message WHERE conversation_id = ?"
+            " ORDER BY id",
+            (conversation_id,),
+        )
+        return [(int(r[0]), r[1], float(r[2]), r[3], r[4]) for r in rows]
+
+    async def turn_ended(self, conversation_id: str, run_id: str) -> bool:
+        rows = await self.read(
+            "SELECT 1 FROM turn_end WHERE conversation_id = ? AND run_id = ?",
+            (conversation_id, run_id),
+        )
+        return bool(rows)
 
 
 def prune_log(

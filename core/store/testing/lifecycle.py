@@ -343,6 +343,43 @@ class PruneContract(ContractBase):
         assert [m.content for m in await store.messages("d")] == ["mine"]
         assert [e.message.content for e in await store.load_memory("d")] == ["mine"]
 
+    async def test_retention_sees_every_conversation_oldest_first(self, store: Any) -> None:
+        await store.create_conversation(rec("b", 2.0, meta={"channel_key": "irc:n:#old"}))
+        await store.create_conversation(rec("a", 2.0), channel_key="irc:n:#a")
+        await store.create_conversation(rec("z", 1.0, meta={"channel_key": 7}))
+        await store.set_binding("irc:n:#a2", "a")
+        got = await store.retention_conversations()
+        assert [(cid, sorted(keys), mk) for cid, keys, mk in got] == [
+            ("z", [], None),
+            ("a", ["irc:n:#a", "irc:n:#a2"], None),
+            ("b", [], "irc:n:#old"),
+        ]
+
+    async def test_the_log_outline(self, store: Any) -> None:
+        rows = await self._log(store)
+        outline = await store.log_outline("c")
+        assert outline == [(m.id, m.kind, m.created_at, m.author, m.run_id) for m in rows]
+        assert await store.log_outline("ghost") == []
+
+    async def test_whether_a_turn_ended(self, store: Any) -> None:
+        await self._log(store)
+        await store.append("c", log=[user("open", run_id="r9")])
+        assert await store.turn_ended("c", "r0")
+        assert not await store.turn_ended("c", "r9")
+        assert not await store.turn_ended("other", "r0")
+
+    async def test_retention_plans_and_prunes_through_the_contract(self, store: Any) -> None:
+        from ...lifecycle import RetentionRule, RetentionSettings, apply_retention, plan_retention
+
+        rows = await self._log(store)
+        await store.append("c", log=[user("new", run_id="r5", created_at=1e12)])
+        rules = [RetentionRule(channels=("*",), keep_days=1, action="delete")]
+        [item] = await plan_retention(store, rules)
+        assert (item.conversation_id, item.upto, item.messages) == ("c", rows[-1].id, 6)
+        [done] = await apply_retention(store, RetentionSettings(rules=rules))
+        assert done.done and done.error is None
+        assert [m.content for m in await store.messages("c")] == ["new"]
+
     async def test_pruning_everything_leaves_one_memory_entry(self, store: Any) -> None:
         rows = await self._log(store)
         await store.prune_log("c", rows[-1].id, summary=None, count=6)
