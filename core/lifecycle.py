@@ -283,17 +283,10 @@ async def note_scopes(
 
 async def count_old_notes(read: Read, scopes: Mapping[str, float]) -> dict[str, int]:
     """How many notes of each scope are older than its cut-off (SQLite memory only:
-    ``{}`` when the database has no notes table)."""
-    if not scopes or not await _table_exists(read, "memory_note"):
+    ``{}`` when the database has no notes table); ``read`` as for :func:`plan_retention`."""
+    if not scopes:
         return {}
-    out = {}
-    for scope, cutoff in scopes.items():
-        (n,) = (await read(
-            "SELECT COUNT(*) FROM memory_note WHERE scope = ? AND updated_at < ?", (scope, cutoff)
-        ))[0]  # fmt: skip
-        if n:
-            out[scope] = int(n)
-    return out
+    return await Reader(read).count_old_notes(scopes)
 
 
 async def purge_old_notes(memory: Any, scopes: Mapping[str, float]) -> dict[str, int]:
@@ -480,11 +473,6 @@ class RetentionWorker:
 
 
 # -- snapshots --------------------------------------------------------------------------------
-async def _table_exists(read: Read, name: str) -> bool:
-    rows = await read("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
-    return bool(rows)
-
-
 async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any] | None:
     """The snapshot of one conversation (``None``: there is no such conversation)."""
     record = await store.get_conversation(conversation_id)

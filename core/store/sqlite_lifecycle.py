@@ -9,7 +9,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ..messages import ChatMessage
@@ -67,6 +67,23 @@ class Reader:
             (conversation_id,),
         )
         return [(int(r[0]), r[1], float(r[2]), r[3], r[4]) for r in rows]
+
+    async def count_old_notes(self, scopes: Mapping[str, float]) -> dict[str, int]:
+        """Memory notes (the SQLite memory backend's ``memory_note``) of each scope
+        changed before its cut-off; ``{}`` when the database has no notes table."""
+        if not await self.read(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", ("memory_note",)
+        ):
+            return {}
+        out = {}
+        for scope, cutoff in scopes.items():
+            (n,) = (await self.read(
+                "SELECT COUNT(*) FROM memory_note WHERE scope = ? AND updated_at < ?",
+                (scope, cutoff),
+            ))[0]  # fmt: skip
+            if n:
+                out[scope] = int(n)
+        return out
 
     async def turn_ended(self, conversation_id: str, run_id: str) -> bool:
         rows = await self.read(

@@ -7,6 +7,14 @@ from typing import Any
 
 import pytest
 
+from ...lifecycle import (
+    RetentionRule,
+    RetentionSettings,
+    apply_retention,
+    export_conversation,
+    plan_retention,
+    validate_snapshot,
+)
 from ...messages import NewMessage
 from ..records import Checklist, RedactionError, RunRecord, TurnEnd
 from ..snapshot import DELETED_NOTICE, IMPORTED, IMPORTED_SCOPE, RETENTION_AUTHOR, SnapshotError
@@ -111,8 +119,6 @@ class ExportContract(ContractBase):
 
 
 async def _snapshot(store: Any, cid: str) -> dict[str, Any]:
-    from ...lifecycle import export_conversation, validate_snapshot
-
     doc = await export_conversation(store, cid)
     assert doc is not None
     return validate_snapshot(json.loads(json.dumps(doc)))
@@ -369,8 +375,6 @@ class PruneContract(ContractBase):
         assert not await store.turn_ended("other", "r0")
 
     async def test_retention_plans_and_prunes_through_the_contract(self, store: Any) -> None:
-        from ...lifecycle import RetentionRule, RetentionSettings, apply_retention, plan_retention
-
         rows = await self._log(store)
         await store.append("c", log=[user("new", run_id="r5", created_at=1e12)])
         rules = [RetentionRule(channels=("*",), keep_days=1, action="delete")]

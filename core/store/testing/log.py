@@ -4,6 +4,7 @@ turn ends and redaction."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from ...errors import StoreError
 from ...messages import ChatMessage, NewMessage, ToolCall
 from ..records import RedactionError, RunRecord, TurnEnd
-from .kit import ContractBase, chat, question, rec, user
+from .kit import ContractBase, chat, outbox, question, rec, user
 
 __all__ = ["LogContract"]
 
@@ -194,8 +195,6 @@ class LogContract(ContractBase):
         )
 
     async def test_a_row_without_a_time_gets_the_time_of_writing(self, store: Any) -> None:
-        import time
-
         await store.create_conversation(rec("c"))
         before = time.time()
         [row] = await store.append("c", log=[NewMessage(kind="user", content="x")])
@@ -525,8 +524,6 @@ class LogContract(ContractBase):
         assert (await store.question_get(qid)).answer == "[r]"
 
     async def test_redacting_an_answer_reaches_its_outbox_pieces(self, store: Any) -> None:
-        from .kit import outbox
-
         await store.create_conversation(rec("c"))
         [row] = await store.append(
             "c", log=[NewMessage(kind="assistant", content="the secret", run_id="r9")]
