@@ -57,7 +57,6 @@ from pydantic import Field
 from .compaction import SUMMARY_PREFIX, ask
 from .questions import MAX_TODO_ITEMS, MAX_TODO_TEXT, TODO_STATUSES
 from .settings import settings_dataclass
-from .store.base import Store
 from .store.snapshot import (
     DELETED_NOTICE,
     IMPORTED,
@@ -422,7 +421,7 @@ class RetentionWorker:
             await self.changed.wait_for(lambda: len(self.runs) >= count)
 
     async def __call__(self, agent: Any) -> None:
-        if not self.settings.rules or type(agent.store).prune_log is Store.prune_log:
+        if not self.settings.rules or "retention" not in agent.store.capabilities:
             return
         counter = asyncio.create_task(self._count_turns(agent), name="agentik-retention-turns")
         try:

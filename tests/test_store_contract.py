@@ -8,6 +8,7 @@ import pytest_asyncio
 from agentik.core import Agent, MemoryStore, SQLiteStore
 from agentik.core.lifecycle import export_conversation
 from agentik.core.messages import ChatMessage, NewMessage
+from agentik.core.store.base import CAPABILITIES
 from agentik.core.store.records import Checklist, ConversationRecord, RunRecord, TurnEnd
 from agentik.core.store.testing import StoreContract
 from agentik.core.store.testing.kit import approval, question
@@ -128,3 +129,8 @@ async def test_a_one_turn_conversation_exports_alike_from_sqlite_and_memory(tmp_
     assert [(m["kind"], m["content"]) for m in on_sqlite["messages"]] == [
         (m["kind"], m["content"]) for m in in_memory["messages"]
     ]
+
+
+async def test_the_built_in_engines_keep_every_optional_group(tmp_path):
+    for store in (SQLiteStore(str(tmp_path / "a.db")), MemoryStore()):
+        assert store.capabilities == set(CAPABILITIES)

@@ -50,6 +50,7 @@ from .records import (
 from .snapshot import ImportResult
 
 __all__ = [
+    "CAPABILITIES",
     "DEFER_MAX",
     "AccessChange",
     "AccessGrant",
@@ -84,8 +85,37 @@ def outbox_advance(old: str, new: str) -> bool:
     return _RANK[new] > _RANK[old]
 
 
+#: The optional groups of :class:`Store` methods, and the method whose override shows
+#: an engine keeps that group (:attr:`Store.capabilities`).
+CAPABILITIES: dict[str, str] = {
+    "approvals": "approval_add",
+    "questions": "question_add",
+    "checklist": "todo_get",
+    "redaction": "redact_message",
+    "budgets": "budget_add",
+    "export": "export_rows",
+    "import": "import_rows",
+    "retention": "prune_log",
+}
+
+
 class Store(abc.ABC):
-    """Persistence for conversations, channel bindings and the dual log."""
+    """Persistence for conversations, channel bindings and the dual log.
+
+    The facade of the per-aggregate repositories (:mod:`.repositories`); every
+    engine proves it keeps the contract with :mod:`agentik.core.store.testing`.
+    """
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """The optional groups this engine keeps (keys of :data:`CAPABILITIES`): the
+        others raise ``NotImplementedError``."""
+        cls = type(self)
+        return frozenset(
+            name
+            for name, method in CAPABILITIES.items()
+            if getattr(cls, method) is not getattr(Store, method)
+        )
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Open connections and apply migrations; called once before use."""

@@ -8,7 +8,9 @@ from typing import Any, ClassVar
 import pytest
 
 from ...messages import ChatMessage, NewMessage
+from ..base import CAPABILITIES
 from ..records import Approval, ConversationRecord, OutboxEntry, Question
+from ..repositories import REPOSITORIES
 
 __all__ = ["ContractBase", "approval", "chat", "outbox", "question", "rec", "user"]
 
@@ -23,6 +25,11 @@ class ContractBase:
     @pytest.fixture
     def store(self) -> Any:
         raise NotImplementedError("a store contract subclass must define a 'store' fixture")
+
+    async def test_the_engine_is_every_repository(self, store: Any) -> None:
+        missing = [p.__name__ for p in REPOSITORIES if not isinstance(store, p)]
+        assert missing == []
+        assert store.capabilities <= set(CAPABILITIES)
 
     @pytest.fixture(autouse=True)
     def _skip_unsupported(self, request: pytest.FixtureRequest) -> None:

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from ...lifecycle import (
-    RetentionRule,
     RetentionSettings,
     apply_retention,
     export_conversation,
@@ -16,6 +15,7 @@ from ...lifecycle import (
     validate_snapshot,
 )
 from ...messages import NewMessage
+from ...settings import validate_settings
 from ..records import Checklist, RedactionError, RunRecord, TurnEnd
 from ..snapshot import DELETED_NOTICE, IMPORTED, IMPORTED_SCOPE, RETENTION_AUTHOR, SnapshotError
 from .kit import ContractBase, approval, chat, question, rec, user
@@ -377,10 +377,15 @@ class PruneContract(ContractBase):
     async def test_retention_plans_and_prunes_through_the_contract(self, store: Any) -> None:
         rows = await self._log(store)
         await store.append("c", log=[user("new", run_id="r5", created_at=1e12)])
-        rules = [RetentionRule(channels=("*",), keep_days=1, action="delete")]
+        settings = validate_settings(
+            RetentionSettings,
+            {"rules": [{"channels": ["*"], "keep_days": 1, "action": "delete"}]},
+            where="retention",
+        )
+        rules = settings.rules
         [item] = await plan_retention(store, rules)
         assert (item.conversation_id, item.upto, item.messages) == ("c", rows[-1].id, 6)
-        [done] = await apply_retention(store, RetentionSettings(rules=rules))
+        [done] = await apply_retention(store, settings)
         assert done.done and done.error is None
         assert [m.content for m in await store.messages("c")] == ["new"]
 

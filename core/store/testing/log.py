@@ -345,7 +345,7 @@ class LogContract(ContractBase):
         await store.create_conversation(rec("c"))
         call = ToolCall(id="t1", name="add", arguments='{"a": 1}')
         entries = [
-            ChatMessage(role="assistant", content=None, tool_calls=(call,)),
+            ChatMessage(role="assistant", content="", tool_calls=(call,)),
             ChatMessage(role="tool", content="2", tool_call_id="t1", name="add", is_error=True),
             ChatMessage(role="user", content="hé", author="bob"),
         ]
@@ -493,7 +493,7 @@ class LogContract(ContractBase):
             "c",
             log=[NewMessage(kind="tool_call", tool_call_id="t1", tool_name="shell",
                             arguments=call.arguments)],
-            memory=[ChatMessage(role="assistant", content=None, tool_calls=(call,))],
+            memory=[ChatMessage(role="assistant", content="", tool_calls=(call,))],
         )  # fmt: skip
         await store.redact_message("c", row.id, content="[r]", by="a", reason="", at=1.0)
         [after] = await store.messages("c")
