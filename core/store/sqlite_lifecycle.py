@@ -24,8 +24,9 @@ from .snapshot import (
     untrusted_meta,
     untrusted_row,
 )
+from .sqlite_room import SQLiteRoom
 
-__all__ = ["Reader", "import_rows", "prune_log"]
+__all__ = ["Reader", "SQLiteLifecycle", "import_rows", "prune_log"]
 
 log = logging.getLogger(__name__)
 
@@ -311,3 +312,72 @@ def import_rows(
             meta.pop("channel_key", None)
         conn.execute("UPDATE conversation SET meta = ? WHERE id = ?", (json.dumps(meta), cid))
     return result
+
+
+class SQLiteLifecycle(SQLiteRoom):
+    """The lifecycle aggregate (:class:`~.repositories.LifecycleRepository`)."""
+
+    # -- lifecycle: the rows of a snapshot ----------------------------------------------------
+    async def export_rows(self, conversation_id: str) -> dict[str, list[dict[str, Any]]]:
+        read = self._read
+        out: dict[str, list[dict[str, Any]]] = {}
+        out["bindings"] = [
+            {"channel_key": k, "created_at": t}
+            for k, t in await read(
+                "SELECT channel_key, created_at FROM channel_binding WHERE conversation_id = ?"
+                " ORDER BY channel_key",
+                (conversation_id,),
+            )
+        ]
+        out["turn_ends"] = [
+            {"run_id": r, "outcome": o, "created_at": t}
+            for r, o, t in await read(
+                "SELECT run_id, outcome, created_at FROM turn_end WHERE conversation_id = ?"
+                " ORDER BY created_at, run_id",
+                (conversation_id,),
+            )
+        ]
+        for table, key in (("approval", "approvals"), ("question", "questions"), ("run", "runs")):
+            cols = [r[1] for r in await read(f"PRAGMA table_info({table})", ())]
+            if "conversation_id" not in cols:
+                continue  # (a database from before that table)
+            rows = await read(
+                f"SELECT {', '.join(cols)} FROM {table} WHERE conversation_id = ? ORDER BY rowid",
+                (conversation_id,),
+            )
+            out[key] = [dict(zip(cols, r, strict=True)) for r in rows]
+        return out
+
+    async def import_rows(
+        self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
+    ) -> ImportResult:
+        try:
+            result: ImportResult = await self.run_write(
+                lambda conn: import_rows(conn, doc, conversation_id, bind, now)
+            )
+        except SnapshotError:
+            raise
+        except Exception as exc:
+            # The writer reports a failed job as a StoreError: the snapshot's own error
+            # (naming the field) is what the caller is told.
+            cause = exc.__cause__ if isinstance(exc.__cause__, SnapshotError) else None
+            if cause is not None:
+                raise cause from None
+            raise
+        return result
+
+    async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
+        return await Reader(self._read).retention_conversations()
+
+    async def log_outline(
+        self, conversation_id: str
+    ) -> list[tuple[int, str, float, str | None, str | None]]:
+        return await Reader(self._read).log_outline(conversation_id)
+
+    async def turn_ended(self, conversation_id: str, run_id: str) -> bool:
+        return await Reader(self._read).turn_ended(conversation_id, run_id)
+
+    async def prune_log(
+        self, conversation_id: str, upto: int, *, summary: str | None, count: int
+    ) -> None:
+        await self.run_write(lambda conn: prune_log(conn, conversation_id, upto, summary, count))
