@@ -22,3 +22,9 @@ class SQLiteRoom:
 
     async def run_write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         raise NotImplementedError
+
+    async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
+        raise NotImplementedError
+
+    def _redact_securely(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        raise NotImplementedError
