@@ -45,7 +45,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -55,6 +55,7 @@ from .access import BUILTIN_ROLES, at_least
 from .errors import AgentikError
 from .events import ApprovalRequested, ApprovalResolved
 from .settings import settings_dataclass
+from .store.records import Approval, ApprovalDecision
 from .waiting import wait_for_person
 
 if TYPE_CHECKING:
@@ -74,9 +75,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: How a pending approval ended.
-ApprovalDecision = Literal["approved", "denied", "expired", "cancelled"]
 
 #: Built-in roles, highest first.  A named role ranks as ``user``.
 ROLE_ORDER: tuple[str, ...] = BUILTIN_ROLES
@@ -110,61 +108,6 @@ class ApprovalRule:
         if self.channels is None:
             return True
         return channel_key is not None and any(fnmatchcase(channel_key, p) for p in self.channels)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Approval:
-    """A request for approval, as stored (``approval`` table, migration 6)."""
-
-    #: Row number (unique for ever).
-    serial: int = 0
-    #: Short id people type (``3f2``): unique among the pending ones of its ``scope``.
-    id: str
-    #: The channel key, or the conversation id for a conversation without one.
-    scope: str
-    conversation_id: str
-    channel_key: str | None = None
-    run_id: str
-    call_id: str
-    tool: str
-    #: The arguments as shown: secrets masked, long values cut.
-    arguments: str = "{}"
-    #: A digest of the raw arguments (to recognise the same call after a restart).
-    digest: str = ""
-    asker: str | None = None
-    asker_id: str | None = None
-    approvers: str = "admin"
-    self_approve: bool = False
-    created_at: float = 0.0
-    expires_at: float = 0.0
-    state: Literal["pending", "resolved"] = "pending"
-    decision: ApprovalDecision | None = None
-    approver: str | None = None
-    approver_id: str | None = None
-    reason: str | None = None
-    resolved_at: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "conversation_id": self.conversation_id,
-            "channel_key": self.channel_key,
-            "run_id": self.run_id,
-            "call_id": self.call_id,
-            "tool": self.tool,
-            "arguments": self.arguments,
-            "asker": self.asker,
-            "asker_id": self.asker_id,
-            "approvers": self.approvers,
-            "created_at": self.created_at,
-            "expires_at": self.expires_at,
-            "state": self.state,
-            "decision": self.decision,
-            "approver": self.approver,
-            "approver_id": self.approver_id,
-            "reason": self.reason,
-            "resolved_at": self.resolved_at,
-        }
 
 
 class ApprovalError(AgentikError):

@@ -45,24 +45,36 @@ import contextlib
 import json
 import logging
 import math
-import sqlite3
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 from pydantic import Field
 
 from .compaction import SUMMARY_PREFIX, ask
-from .messages import ChatMessage
 from .questions import MAX_TODO_ITEMS, MAX_TODO_TEXT, TODO_STATUSES
 from .settings import settings_dataclass
+from .store.snapshot import (
+    DELETED_NOTICE,
+    IMPORTED,
+    IMPORTED_SCOPE,
+    RETENTION_AUTHOR,
+    ImportResult,
+    SnapshotError,
+)
+from .store.sqlite_lifecycle import Reader
 
 __all__ = [
+    "DELETED_NOTICE",
+    "IMPORTED",
+    "IMPORTED_SCOPE",
+    "RETENTION_AUTHOR",
     "SNAPSHOT_FORMAT",
     "SNAPSHOT_VERSION",
+    "ImportResult",
     "PruneItem",
     "RetentionRule",
     "RetentionSettings",
@@ -88,9 +100,6 @@ RETENTION_PROMPT = (
     "facts, numbers and identifiers that may matter later, open questions. At most "
     "{words} words."
 )
-#: What replaces pruned messages in working memory in ``delete`` mode.
-DELETED_NOTICE = "[{n} earlier messages were deleted by the retention policy.]"
-RETENTION_AUTHOR = "agentik:retention"
 
 Read = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
 
@@ -181,32 +190,36 @@ class PruneItem:
         }
 
 
+def _source(store: Any) -> Any:
+    """The store, or (``read(sql, params)``: a read-only SQLite connection for a dry
+    run) the SQLite engine's queries over it."""
+    return Reader(store) if callable(store) else store
+
+
 async def plan_retention(
-    read: Read, rules: Sequence[RetentionRule], *, now: float | None = None
+    store: Any, rules: Sequence[RetentionRule], *, now: float | None = None
 ) -> list[PruneItem]:
     """Per conversation with something to prune: how many audit rows go.
 
-    ``read(sql, params)`` runs a read-only query (``SQLiteStore.run_read``, or
-    a read-only connection for a dry run).  Nothing is written.
+    ``store``: a :class:`~agentik.core.store.base.Store` (its
+    ``retention_conversations``, ``log_outline`` and ``turn_ended``), or
+    ``read(sql, params)`` running a read-only query on a SQLite database (a
+    read-only connection for a dry run).  Nothing is written.
     """
     if not rules:
         return []
+    store = _source(store)
     now = time.time() if now is None else now
-    keys: dict[str, list[str]] = {}
-    for cid, key in await read("SELECT conversation_id, channel_key FROM channel_binding", ()):
-        keys.setdefault(cid, []).append(key)
     items: list[PruneItem] = []
-    for cid, meta in await read("SELECT id, meta FROM conversation ORDER BY created_at, id", ()):
-        ck = list(keys.get(cid, []))
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            mk = json.loads(meta).get("channel_key")
-            if isinstance(mk, str) and mk not in ck:
-                ck.append(mk)
+    for cid, bound, mk in await store.retention_conversations():
+        ck = list(bound)
+        if mk is not None and mk not in ck:
+            ck.append(mk)
         found = rule_for(rules, ck or [""])
         if found is None:
             continue
         rule, pattern = found
-        upto, count = await _cut(read, cid, now - rule.keep_days * DAY, rule.action)
+        upto, count = await _cut(store, cid, now - rule.keep_days * DAY, rule.action)
         if count:
             items.append(
                 PruneItem(
@@ -217,14 +230,10 @@ async def plan_retention(
     return items
 
 
-async def _cut(read: Read, cid: str, cutoff: float, action: str) -> tuple[int, int]:
+async def _cut(store: Any, cid: str, cutoff: float, action: str) -> tuple[int, int]:
     """``(upto, count)``: the old prefix of the audit log that may go, ending where a
     turn starts (the next row is a user message) or at the end of the log."""
-    rows = await read(
-        "SELECT id, kind, created_at, author, run_id FROM message WHERE conversation_id = ?"
-        " ORDER BY id",
-        (cid,),
-    )
+    rows = await store.log_outline(cid)
     old = 0
     while old < len(rows) and rows[old][2] < cutoff:
         old += 1
@@ -235,11 +244,7 @@ async def _cut(read: Read, cid: str, cutoff: float, action: str) -> tuple[int, i
         # The whole log is old: keep a last turn still waiting for its answer.
         last_user = max((i for i, r in enumerate(rows) if r[1] == "user"), default=None)
         if last_user is not None and rows[last_user][4] is not None:
-            ended = await read(
-                "SELECT 1 FROM turn_end WHERE conversation_id = ? AND run_id = ?",
-                (cid, rows[last_user][4]),
-            )
-            if not ended:
+            if not await store.turn_ended(cid, rows[last_user][4]):
                 k = last_user
     if action == "summarise" and k == 1 and rows[0][3] == RETENTION_AUTHOR:
         return 0, 0  # only an earlier summary is old: nothing new to summarise
@@ -248,19 +253,19 @@ async def _cut(read: Read, cid: str, cutoff: float, action: str) -> tuple[int, i
     return int(rows[k - 1][0]), k
 
 
-async def channel_keys(read: Read) -> list[str]:
-    """Every channel key a conversation is or was bound to."""
-    keys = {k for (k,) in await read("SELECT DISTINCT channel_key FROM channel_binding", ())}
-    for (meta,) in await read("SELECT meta FROM conversation", ()):
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            mk = json.loads(meta).get("channel_key")
-            if isinstance(mk, str):
-                keys.add(mk)
+async def channel_keys(store: Any) -> list[str]:
+    """Every channel key a conversation is or was bound to (``store``: as for
+    :func:`plan_retention`)."""
+    keys: set[str] = set()
+    for _, bound, mk in await _source(store).retention_conversations():
+        keys.update(bound)
+        if mk is not None:
+            keys.add(mk)
     return sorted(keys)
 
 
 async def note_scopes(
-    read: Read, rules: Sequence[RetentionRule], *, now: float | None = None
+    store: Any, rules: Sequence[RetentionRule], *, now: float | None = None
 ) -> dict[str, float]:
     """The ``channel:<key>`` memory scopes whose rule has ``notes`` on, and the cut-off
     time (notes changed before it go)."""
@@ -268,7 +273,7 @@ async def note_scopes(
     out: dict[str, float] = {}
     if not any(r.notes for r in rules):
         return out
-    for key in await channel_keys(read):
+    for key in await channel_keys(store):
         found = rule_for(rules, [key])
         if found is not None and found[0].notes:
             out[f"channel:{key}"] = now - found[0].keep_days * DAY
@@ -277,17 +282,10 @@ async def note_scopes(
 
 async def count_old_notes(read: Read, scopes: Mapping[str, float]) -> dict[str, int]:
     """How many notes of each scope are older than its cut-off (SQLite memory only:
-    ``{}`` when the database has no notes table)."""
-    if not scopes or not await _table_exists(read, "memory_note"):
+    ``{}`` when the database has no notes table); ``read`` as for :func:`plan_retention`."""
+    if not scopes:
         return {}
-    out = {}
-    for scope, cutoff in scopes.items():
-        (n,) = (await read(
-            "SELECT COUNT(*) FROM memory_note WHERE scope = ? AND updated_at < ?", (scope, cutoff)
-        ))[0]  # fmt: skip
-        if n:
-            out[scope] = int(n)
-    return out
+    return await Reader(read).count_old_notes(scopes)
 
 
 async def purge_old_notes(memory: Any, scopes: Mapping[str, float]) -> dict[str, int]:
@@ -328,48 +326,16 @@ def _transcript(rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _prune(conn: sqlite3.Connection, cid: str, upto: int, summary: str | None, count: int) -> None:
-    """In the writer thread, one transaction: delete audit rows ``<= upto`` (with
-    ``secure_delete``), put the summary (or nothing) in their place, and replace
-    the working memory that covered them."""
-    (secure,) = conn.execute("PRAGMA secure_delete").fetchone()
-    conn.execute("PRAGMA secure_delete = ON")
-    try:
-        last = conn.execute(
-            "SELECT created_at FROM message WHERE id = ? AND conversation_id = ?", (upto, cid)
-        ).fetchone()
-        conn.execute("DELETE FROM message WHERE conversation_id = ? AND id <= ?", (cid, upto))
-        if summary is not None:
-            # The summary takes the last pruned id: it sorts where the span was.
-            conn.execute(
-                "INSERT INTO message (id, conversation_id, kind, content, author, data,"
-                " created_at) VALUES (?, ?, 'assistant', ?, ?, ?, ?)",
-                (
-                    upto, cid, summary, RETENTION_AUTHOR,
-                    json.dumps({"retention": {"summarised": count}}),
-                    last[0] if last else time.time(),
-                ),
-            )  # fmt: skip
-        entries = conn.execute(
-            "SELECT pos, message_id FROM working_memory WHERE conversation_id = ? ORDER BY pos",
-            (cid,),
-        ).fetchall()
-        first_kept = next((p for p, mid in entries if mid is not None and mid > upto), None)
-        covered = [p for p, _ in entries if first_kept is None or p < first_kept]
-        if covered:
-            cut = max(covered)
-            conn.execute(
-                "DELETE FROM working_memory WHERE conversation_id = ? AND pos <= ?", (cid, cut)
-            )
-            text = summary if summary is not None else DELETED_NOTICE.format(n=count)
-            entry = ChatMessage(role="system", content=text, message_id=upto)
-            conn.execute(
-                "INSERT INTO working_memory (conversation_id, pos, message_id, body)"
-                " VALUES (?, ?, ?, ?)",
-                (cid, cut, upto, entry.to_json()),
-            )
-    finally:
-        conn.execute(f"PRAGMA secure_delete = {int(secure)}")
+async def _rows_upto(store: Any, cid: str, upto: int) -> list[tuple[Any, ...]]:
+    """``(kind, content, author, tool_name)`` of the audit rows with ids ``<= upto``."""
+    rows: list[tuple[Any, ...]] = []
+    after = 0
+    while True:
+        page = await store.messages(cid, after=after, limit=1000)
+        rows += [(m.kind, m.content, m.author, m.tool_name) for m in page if m.id <= upto]
+        if not page or page[-1].id >= upto:
+            return rows
+        after = page[-1].id
 
 
 async def apply_retention(
@@ -388,7 +354,7 @@ async def apply_retention(
     conversation is not in a turn (the agent passes one that also drops the
     conversation's cached working memory).
     """
-    items = await plan_retention(store.run_read, settings.rules, now=now)
+    items = await plan_retention(store, settings.rules, now=now)
     for item in items:
 
         async def job(item: PruneItem = item) -> None:
@@ -396,11 +362,7 @@ async def apply_retention(
             if item.action == "summarise":
                 if llm is None:
                     raise RuntimeError("summarise needs a model")
-                rows = await store.run_read(
-                    "SELECT kind, content, author, tool_name FROM message"
-                    " WHERE conversation_id = ? AND id <= ? ORDER BY id",
-                    (item.conversation_id, item.upto),
-                )
+                rows = await _rows_upto(store, item.conversation_id, item.upto)
                 words = max(50, int(settings.summary_tokens * 0.7))
                 text = await ask(
                     llm, RETENTION_PROMPT.format(words=words), _transcript(rows),
@@ -409,8 +371,8 @@ async def apply_retention(
                 if not text:
                     raise RuntimeError("the summary came back empty")
                 summary = SUMMARY_PREFIX + text
-            await store.run_write(
-                lambda conn: _prune(conn, item.conversation_id, item.upto, summary, item.messages)
+            await store.prune_log(
+                item.conversation_id, item.upto, summary=summary, count=item.messages
             )
             item.done = True
 
@@ -459,7 +421,7 @@ class RetentionWorker:
             await self.changed.wait_for(lambda: len(self.runs) >= count)
 
     async def __call__(self, agent: Any) -> None:
-        if not self.settings.rules or not hasattr(agent.store, "run_write"):
+        if not self.settings.rules or "retention" not in agent.store.capabilities:
             return
         counter = asyncio.create_task(self._count_turns(agent), name="agentik-retention-turns")
         try:
@@ -496,7 +458,7 @@ class RetentionWorker:
             items = await apply_retention(
                 agent.store, self.settings, llm=agent.llm, exclusive=exclusive
             )
-            scopes = await note_scopes(agent.store.run_read, self.settings.rules)
+            scopes = await note_scopes(agent.store, self.settings.rules)
             if scopes:
                 self.notes.append(await purge_old_notes(agent.memory, scopes))
         except asyncio.CancelledError:
@@ -510,25 +472,6 @@ class RetentionWorker:
 
 
 # -- snapshots --------------------------------------------------------------------------------
-class SnapshotError(ValueError):
-    """A snapshot that cannot be imported; the message names the field."""
-
-
-async def _table_exists(read: Read, name: str) -> bool:
-    rows = await read("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
-    return bool(rows)
-
-
-async def _rows_as_dicts(store: Any, table: str, cid: str) -> list[dict[str, Any]]:
-    cols = [r[1] for r in await store.run_read(f"PRAGMA table_info({table})", ())]
-    if "conversation_id" not in cols:
-        return []
-    rows = await store.run_read(
-        f"SELECT {', '.join(cols)} FROM {table} WHERE conversation_id = ? ORDER BY rowid", (cid,)
-    )
-    return [dict(zip(cols, r, strict=True)) for r in rows]
-
-
 async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any] | None:
     """The snapshot of one conversation (``None``: there is no such conversation)."""
     record = await store.get_conversation(conversation_id)
@@ -567,28 +510,9 @@ async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any
         checklist = await store.todo_get(conversation_id)
         if checklist is not None:
             doc["todo"] = checklist.to_dict()
-    read = getattr(store, "run_read", None)
-    if read is None:  # an in-memory store (a temp conversation): no more to add
-        return doc
-    doc["bindings"] = [
-        {"channel_key": k, "created_at": t}
-        for k, t in await read(
-            "SELECT channel_key, created_at FROM channel_binding WHERE conversation_id = ?"
-            " ORDER BY channel_key",
-            (conversation_id,),
-        )
-    ]
-    doc["turn_ends"] = [
-        {"run_id": r, "outcome": o, "created_at": t}
-        for r, o, t in await read(
-            "SELECT run_id, outcome, created_at FROM turn_end WHERE conversation_id = ?"
-            " ORDER BY created_at, run_id",
-            (conversation_id,),
-        )
-    ]
-    for table, key in (("approval", "approvals"), ("question", "questions"), ("run", "runs")):
-        if await _table_exists(read, table):
-            doc[key] = await _rows_as_dicts(store, table, conversation_id)
+    # Bindings, turn ends, approvals, questions, runs: the engine's rows (Store.export_rows).
+    with contextlib.suppress(NotImplementedError):  # an engine without them: no more to add
+        doc.update(await store.export_rows(conversation_id))
     return doc
 
 
@@ -773,246 +697,6 @@ def _checklist(doc: dict[str, Any]) -> None:
             raise SnapshotError(f"todo.{key}: expected an integer of at least 0")
 
 
-def _timestamp(value: Any, default: float) -> float:
-    """``value`` as a REAL SQLite takes; ``default`` for none (or a number too large)."""
-    try:
-        return float(value) if value else default
-    except OverflowError:
-        return default
-
-
-#: The outcome recorded for the turns a snapshot brought in still open.
-IMPORTED = "imported"
-#: The prefix of an imported approval's ``scope``: history that never counts as a
-#: use of a ``first-use`` rule (``approval_used`` skips it).
-IMPORTED_SCOPE = "imported:"
-#: Conversation metadata that links it to a run tree (and so to a parent's channel).
-_LINKS = ("parent_run_id", "parent_conversation_id", "parent_channel_key", "parent_call_id")
-
-
-def _untrusted_data(data: Any) -> Any:
-    """A message's ``data`` from a snapshot: the author's identity (``author_id``,
-    which makes a speaker, the asker of an approval, the owner of user-scoped
-    memory) is kept only as the label ``imported_author_id``."""
-    if not isinstance(data, dict) or "author_id" not in data:
-        return data
-    data = dict(data)
-    data["imported_author_id"] = data.pop("author_id")
-    return data
-
-
-def _untrusted_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """A conversation's metadata from a snapshot: the links to a run tree (a child
-    run's conversation is seen through its parent's channel) are kept only as a label."""
-    out = dict(meta)
-    links = {k: out.pop(k) for k in _LINKS if k in out}
-    if links:
-        out["imported_links"] = links
-    return out
-
-
-def _untrusted_row(table: str, r: dict[str, Any], now: float) -> dict[str, Any]:
-    """An approval, question or run row from a snapshot, as history that grants nothing:
-    approvals move to their own scope (never a use of a ``first-use`` rule, never
-    pending), open questions are closed as expired, open runs as ended."""
-    if table == "approval":
-        raw = r.get("scope")
-        scope = raw if isinstance(raw, str) else ""
-        # (A snapshot of an imported conversation keeps one prefix.)
-        r["scope"] = scope if scope.startswith(IMPORTED_SCOPE) else IMPORTED_SCOPE + scope
-        if r.get("state") != "resolved" or r.get("decision") is None:
-            r.update(state="resolved", decision="expired", resolved_at=now,
-                     reason="imported while pending")  # fmt: skip
-    elif table == "question":
-        if r.get("state") != "resolved" or r.get("outcome") is None:
-            r.update(state="resolved", outcome="expired", answered_at=None)
-    elif table == "run" and r.get("ended") is None:
-        r.update(ended=now, stop_reason=r.get("stop_reason") or IMPORTED)
-    return r
-
-
-@dataclass(slots=True)
-class ImportResult:
-    conversation_id: str
-    messages: int
-    bound: list[str] = field(default_factory=list)
-    skipped_bindings: list[str] = field(default_factory=list)
-
-
-def _import(
-    conn: sqlite3.Connection, doc: dict[str, Any], cid: str, bind: str | None, now: float
-) -> ImportResult:
-    conv = doc["conversation"]
-    if conn.execute("SELECT 1 FROM conversation WHERE id = ?", (cid,)).fetchone():
-        raise SnapshotError(
-            f"conversation.id: {cid!r} already exists in this database (import with --new-ids)"
-        )
-    meta = _untrusted_meta(conv["meta"])
-    if bind is not None:
-        meta["channel_key"] = bind  # the conversation now lives in that channel
-    conn.execute(
-        "INSERT INTO conversation (id, title, created_at, updated_at, meta) VALUES (?, ?, ?, ?, ?)",
-        (cid, conv["title"], conv["created_at"], conv["updated_at"], json.dumps(meta)),
-    )
-    (next_id,) = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM message").fetchone()
-    mapping: dict[int, int] = {}
-    rows = []
-    for m in sorted(doc["messages"], key=lambda m: m["id"]):
-        mapping.setdefault(m["id"], next_id)
-        data = _untrusted_data(m.get("data"))
-        rows.append(
-            (
-                next_id, cid, m["kind"], m["content"], m.get("author"), m.get("channel"),
-                m.get("run_id"), m.get("tool_call_id"), m.get("tool_name"), m.get("arguments"),
-                int(bool(m.get("is_error"))), m.get("status") or "complete",
-                json.dumps(data, ensure_ascii=False) if data is not None else None,
-                m.get("duration"), m["created_at"],
-                # A redacted message (its tombstone's record in data) stays redacted.
-                int(isinstance(data, dict) and isinstance(data.get("redacted"), dict)),
-            )
-        )  # fmt: skip
-        next_id += 1
-    conn.executemany(
-        "INSERT INTO message (id, conversation_id, kind, content, author, channel, run_id,"
-        " tool_call_id, tool_name, arguments, is_error, status, data, duration, created_at,"
-        " redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        rows,
-    )
-    old_ids = sorted(mapping)
-
-    def relink(mid: int | None) -> int | None:
-        if mid is None:
-            return None
-        if mid in mapping:
-            return mapping[mid]
-        # An id the snapshot no longer has (pruned, summarised): the newest
-        # row before it, so "covers up to" stays true.
-        below = [o for o in old_ids if o < mid]
-        return mapping[below[-1]] if below else None
-
-    # Positions are renumbered 1..n in their order.
-    for pos, e in enumerate(sorted(doc["working_memory"], key=lambda e: e["pos"]), 1):
-        body = {k: v for k, v in e["message"].items() if v is not None}
-        body["tool_calls"] = [
-            {k: v for k, v in c.items() if v is not None} for c in body.get("tool_calls", [])
-        ]
-        mid = relink(body.get("message_id"))
-        cm = ChatMessage.from_dict({**body, "message_id": mid})
-        conn.execute(
-            "INSERT INTO working_memory (conversation_id, pos, message_id, body)"
-            " VALUES (?, ?, ?, ?)",
-            (cid, pos, mid, cm.to_json()),
-        )
-    conn.executemany(
-        "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
-        " VALUES (?, ?, ?, ?)",
-        [
-            (cid, t["run_id"], t["outcome"], _timestamp(t.get("created_at"), now))
-            for t in doc.get("turn_ends") or []
-        ],
-    )
-    # Never resumable: a turn the snapshot left open is closed here, so no restart
-    # runs it (as its forged author, outside any budget) or keeps it pending.
-    conn.executemany(
-        "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
-        " VALUES (?, ?, ?, ?)",
-        sorted(
-            {
-                (cid, m["run_id"], IMPORTED, now)
-                for m in doc["messages"]
-                if m.get("run_id") is not None
-            }
-        ),
-    )
-    skipped_runs = 0
-    for table, key, skip in (
-        ("approval", "approvals", {"serial"}),
-        ("question", "questions", {"id"}),
-        ("run", "runs", set()),
-    ):
-        rows_in = doc.get(key) or []
-        if not rows_in:
-            continue
-        cols = {r[1] for r in conn.execute(f"PRAGMA table_info({table})").fetchall()}
-        if not cols:
-            log.warning(
-                "import: this database has no %s table; %d rows left out", table, len(rows_in)
-            )
-            continue
-        for i, r in enumerate(rows_in):
-            r = _untrusted_row(table, dict(r), now)
-            if table == "run":
-                # The run table is global: a run already here (the same snapshot
-                # imported again with new ids) keeps its row; a parent conversation
-                # this database does not have is left out of the link.
-                if conn.execute(
-                    "SELECT 1 FROM run WHERE run_id = ?", (r.get("run_id"),)
-                ).fetchone():
-                    skipped_runs += 1
-                    continue
-                parent = r.get("parent_conversation_id")
-                if (
-                    parent is not None
-                    and not conn.execute(
-                        "SELECT 1 FROM conversation WHERE id = ?", (parent,)
-                    ).fetchone()
-                ):
-                    r["parent_conversation_id"] = None
-            use = [c for c in r if c in cols and c not in skip]
-            values = [cid if c == "conversation_id" else r[c] for c in use]
-            try:
-                conn.execute(
-                    f"INSERT INTO {table} ({', '.join(use)}) VALUES ({', '.join('?' * len(use))})",
-                    values,
-                )
-            except (sqlite3.Error, OverflowError, TypeError, ValueError) as exc:
-                raise SnapshotError(f"{key}[{i}]: cannot be restored: {exc}") from exc
-    if skipped_runs:
-        log.warning("import: %d runs already in this database kept their rows", skipped_runs)
-    todo = doc.get("todo")
-    if todo and todo["items"]:
-        if conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'todo'"
-        ).fetchone():
-            conn.execute(
-                "INSERT INTO todo (conversation_id, items, run_id, updated_at) VALUES (?, ?, ?, ?)",
-                (
-                    cid,
-                    json.dumps(
-                        [{"text": it["text"], "status": it["status"]} for it in todo["items"]],
-                        ensure_ascii=False,
-                    ),
-                    todo.get("run_id"),
-                    _timestamp(todo.get("updated_at"), now),
-                ),
-            )
-        else:
-            log.warning("import: this database has no todo table; the checklist is left out")
-    result = ImportResult(conversation_id=cid, messages=len(rows))
-    wanted = [bind] if bind is not None else [b["channel_key"] for b in doc.get("bindings") or []]
-    for key in wanted:
-        taken = conn.execute(
-            "SELECT 1 FROM channel_binding WHERE channel_key = ?", (key,)
-        ).fetchone()
-        if taken and bind is None:
-            result.skipped_bindings.append(key)  # never take a channel from another conversation
-            continue
-        conn.execute(
-            "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id, created_at)"
-            " VALUES (?, ?, ?)",
-            (key, cid, now),
-        )
-        result.bound.append(key)
-    if bind is None:
-        # The channel it claims is its own only where its binding was restored.
-        if result.bound:
-            meta["channel_key"] = result.bound[0]
-        else:
-            meta.pop("channel_key", None)
-        conn.execute("UPDATE conversation SET meta = ? WHERE id = ?", (json.dumps(meta), cid))
-    return result
-
-
 async def import_conversation(
     store: Any, doc: Any, *, new_ids: bool = False, bind: str | None = None
 ) -> ImportResult:
@@ -1029,9 +713,7 @@ async def import_conversation(
         raise SnapshotError("bind: empty channel key")
     now = time.time()
     try:
-        result: ImportResult = await store.run_write(
-            lambda conn: _import(conn, doc, cid, bind, now)
-        )
+        result: ImportResult = await store.import_rows(doc, cid, bind=bind, now=now)
     except SnapshotError:
         raise
     except Exception as exc:

@@ -51,10 +51,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from .errors import ToolError
 from .events import QuestionAnswered, QuestionAsked, TodoUpdated
+from .store.records import AnswerFrom, Checklist, Question, QuestionOutcome
 from .tools.base import ToolContext, ToolResult
 from .waiting import wait_for_person
 
@@ -78,63 +79,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-QuestionOutcome = Literal["answered", "expired", "cancelled"]
-AnswerFrom = Literal["asked", "anyone"]
-
 #: Longest question and answer kept (characters); more choices are cut.
 MAX_QUESTION_CHARS = 1_000
 MAX_ANSWER_CHARS = 4_000
 MAX_CHOICES = 10
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Question:
-    """A question to the channel, as stored (``question`` table, migration 10)."""
-
-    id: int = 0
-    conversation_id: str
-    channel_key: str | None = None
-    run_id: str
-    call_id: str
-    #: Who is asked (a name as the channel shows it); ``None``: anyone.
-    asker_target: str | None = None
-    #: Who may answer: ``asked`` (only ``asker_target``) or ``anyone``.
-    answer_from: AnswerFrom = "asked"
-    text: str
-    choices: tuple[str, ...] = ()
-    #: A digest of the question (to recognise it when a resumed turn asks again).
-    digest: str = ""
-    created_at: float = 0.0
-    deadline: float = 0.0
-    state: Literal["pending", "resolved"] = "pending"
-    outcome: QuestionOutcome | None = None
-    answer: str | None = None
-    answered_by: str | None = None
-    answered_at: float | None = None
-    #: The answerer's verified identity, when it had one (not stored in the
-    #: ``question`` table: the tool result's ``author_id`` keeps it, so the
-    #: person who answered may redact their answer like their own message).
-    answered_by_id: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "conversation_id": self.conversation_id,
-            "channel_key": self.channel_key,
-            "run_id": self.run_id,
-            "call_id": self.call_id,
-            "to": self.asker_target,
-            "answer_from": self.answer_from,
-            "question": self.text,
-            "choices": list(self.choices),
-            "created_at": self.created_at,
-            "deadline": self.deadline,
-            "state": self.state,
-            "outcome": self.outcome,
-            "answer": self.answer,
-            "answered_by": self.answered_by,
-            "answered_at": self.answered_at,
-        }
 
 
 def _norm(name: str | None) -> str:
@@ -498,35 +446,6 @@ TODO_STATUSES = ("pending", "in_progress", "done")
 #: Most items in a checklist; longest item text (characters).
 MAX_TODO_ITEMS = 30
 MAX_TODO_TEXT = 200
-
-
-@dataclass(frozen=True, slots=True)
-class Checklist:
-    """A conversation's checklist (the ``todo`` tool's last list), as stored
-    (``todo`` table, migration 13)."""
-
-    #: ``{"text": ..., "status": "pending" | "in_progress" | "done"}``, in order.
-    items: tuple[dict[str, str], ...] = ()
-    #: The run whose call wrote it.
-    run_id: str | None = None
-    updated_at: float = 0.0
-
-    @property
-    def done(self) -> int:
-        return sum(1 for it in self.items if it.get("status") == "done")
-
-    def line(self) -> str:
-        """``todo 2/5`` (items done of all)."""
-        return f"todo {self.done}/{len(self.items)}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "items": [dict(it) for it in self.items],
-            "done": self.done,
-            "total": len(self.items),
-            "run_id": self.run_id,
-            "updated_at": self.updated_at,
-        }
 
 
 def checklist_items(raw: Any, *, where: str = "items") -> tuple[dict[str, str], ...]:

@@ -24,12 +24,10 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, field_validator
 
-from .errors import AgentikError
 from .events import (
     ApprovalRequested,
     Event,
@@ -43,8 +41,8 @@ from .events import (
     TurnEnded,
 )
 from .hookspecs import hookimpl
-from .messages import ChatMessage
 from .settings import settings_dataclass
+from .store.records import Redaction, RedactionError, tombstoned
 
 __all__ = [
     "BUILTIN_PATTERNS",
@@ -55,6 +53,7 @@ __all__ = [
     "RedactionSettings",
     "replay_edit",
     "tombstone",
+    "tombstoned",
 ]
 
 #: The built-in patterns: ``(kind, regular expression)``.
@@ -104,48 +103,6 @@ class RedactionSettings:
     patterns: list[RedactionPattern] = Field(default_factory=list)
     #: Leave out the built-in patterns (only ``patterns`` apply).
     builtin_patterns: bool = True
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Redaction:
-    """One audited redaction: which message, by whom, when, why, and what else went."""
-
-    id: int = 0
-    conversation_id: str
-    message_id: int
-    by: str
-    at: float
-    reason: str = ""
-    #: Memory notes derived from the message that were deleted with it.
-    notes_removed: int = 0
-
-
-class RedactionError(AgentikError, ValueError):
-    """A redaction that cannot be done (the message is already redacted)."""
-
-
-def tombstoned(
-    entry: ChatMessage, content: str, kind: str, call_id: str | None, *, linked: bool
-) -> ChatMessage:
-    """A working-memory entry with a redacted audit row's text replaced by ``content``.
-
-    ``kind``/``call_id`` are the redacted row's; ``linked``: the entry stands
-    for that row.  A redacted tool call keeps its place (the results that
-    answer it need it) with empty arguments; a tool result keeps its call id.
-    """
-    if kind == "tool_call":
-        calls = tuple(
-            dataclasses.replace(c, arguments="{}") if c.id == call_id else c
-            for c in entry.tool_calls
-        )
-        return dataclasses.replace(entry, tool_calls=calls)
-    if kind == "tool_result":
-        if entry.role == "tool" and (linked or entry.tool_call_id == call_id):
-            return dataclasses.replace(entry, content=content)
-        return entry
-    if linked:
-        return dataclasses.replace(entry, content=content)
-    return entry
 
 
 def replay_edit(

@@ -25,17 +25,32 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import replace
+from typing import Any
 
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-
-if TYPE_CHECKING:
-    from ..approvals import Approval, ApprovalDecision
-    from ..questions import Checklist, Question, QuestionOutcome
-    from ..redaction import Redaction
+from .records import (
+    AccessChange,
+    AccessGrant,
+    Approval,
+    ApprovalDecision,
+    ChannelSetting,
+    ChannelSettingChange,
+    Checklist,
+    ConversationRecord,
+    MemoryEntry,
+    OutboxEntry,
+    OutboxState,
+    Question,
+    QuestionOutcome,
+    Redaction,
+    RunRecord,
+    TurnEnd,
+)
+from .snapshot import ImportResult
 
 __all__ = [
+    "CAPABILITIES",
     "DEFER_MAX",
     "AccessChange",
     "AccessGrant",
@@ -54,126 +69,7 @@ __all__ = [
 #: write that was to follow it before it commits on its own.
 DEFER_MAX = 0.2
 
-#: Delivery state of an outbox row: written, handed to the peer, confirmed by it.
-OutboxState = Literal["queued", "sent", "confirmed"]
 _RANK = {"queued": 0, "sent": 1, "confirmed": 2}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AccessGrant:
-    """A role given in chat (``!role``, ``!ignore``) to one identity key."""
-
-    identity: str
-    role: str
-    granted_by: str
-    granted_at: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AccessChange:
-    """One row of the access audit: who changed whose role, when, where."""
-
-    id: int
-    at: float
-    actor: str
-    identity: str
-    old_role: str | None
-    new_role: str | None
-    channel: str | None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ConversationRecord:
-    """A stored conversation's metadata."""
-
-    id: str
-    title: str = ""
-    created_at: float = 0.0
-    updated_at: float = 0.0
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MemoryEntry:
-    """One working-memory entry and its position (ascending, gaps allowed)."""
-
-    pos: int
-    message: ChatMessage
-
-
-@dataclass(frozen=True, slots=True)
-class TurnEnd:
-    """The end of the turn that answers the user message with this ``run_id``.
-
-    ``outcome``: the turn's stop reason (``stop``, ``length``, ``content_filter``, ``error``,
-    ``interrupted`` by a user, ``aborted``, ``time_budget``) or, for a turn
-    resumed after a crash, ``noted`` / ``dropped`` / ``superseded``.  A turn
-    cut short by a shutdown or a crash has no end: it is resumed.
-    """
-
-    run_id: str
-    outcome: str
-    #: The run's row of its run tree, written in the same transaction (a run that
-    #: started child runs, or a child run: :mod:`agentik.core.agents`).
-    run: RunRecord | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunRecord:
-    """One run of a run tree (:mod:`agentik.core.agents`; migration 9).
-
-    A child run has a ``parent_run_id``, the ``parent_call_id`` of the tool
-    call that started it and the ``agent`` it ran; its ``conversation_id``
-    is its own (child) conversation.  A top-level run is recorded once it
-    starts a child (``agent`` ``None``: the main agent).  A run is recorded
-    when it ends, with its ``stop_reason`` and ``usage`` (the run's tokens,
-    its children's included); a child refused at the depth limit has no
-    conversation and ``stop_reason = "depth_limit"``.
-    """
-
-    run_id: str
-    conversation_id: str | None
-    parent_run_id: str | None = None
-    parent_conversation_id: str | None = None
-    parent_call_id: str | None = None
-    agent: str | None = None
-    depth: int = 0
-    started: float = 0.0
-    ended: float | None = None
-    stop_reason: str | None = None
-    usage: dict[str, int] | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class OutboxEntry:
-    """One outgoing piece (an IRC line, a Slack answer) and its delivery state.
-
-    ``(channel_key, run_id, piece)`` is unique: writing the same piece again
-    does not enqueue it twice.  ``complete`` is false while a streamed answer
-    is still being written (its ``text`` is filled in when it ends).
-    ``awaits_confirm``: the protocol will confirm it (IRC echo-message; a
-    Slack answer whose final text is not in its message yet).  ``ref`` is the
-    protocol's id of the delivered message (a Slack ``ts``).
-    """
-
-    id: int = 0
-    channel_key: str
-    run_id: str
-    piece: int
-    transport: str
-    kind: str
-    text: str
-    reply_to: Any = None
-    complete: bool = True
-    state: OutboxState = "queued"
-    awaits_confirm: bool = False
-    ref: str | None = None
-    created_at: float = 0.0
-
-    @property
-    def undelivered(self) -> bool:
-        """Not known to have reached the peer: send it (again) after a restart."""
-        return self.state == "queued" or (self.state == "sent" and self.awaits_confirm)
 
 
 def link_stored(cm: ChatMessage, stored: Sequence[Message]) -> ChatMessage:
@@ -189,32 +85,37 @@ def outbox_advance(old: str, new: str) -> bool:
     return _RANK[new] > _RANK[old]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ChannelSetting:
-    """One per-channel setting set in chat: its value is JSON text."""
-
-    channel_key: str
-    key: str
-    value: str
-    set_by: str
-    set_at: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ChannelSettingChange:
-    """One audited change of a channel setting (``None``: unset before/after)."""
-
-    id: int
-    channel_key: str
-    key: str
-    old_value: str | None
-    new_value: str | None
-    actor: str
-    at: float
+#: The optional groups of :class:`Store` methods, and the method whose override shows
+#: an engine keeps that group (:attr:`Store.capabilities`).
+CAPABILITIES: dict[str, str] = {
+    "approvals": "approval_add",
+    "questions": "question_add",
+    "checklist": "todo_get",
+    "redaction": "redact_message",
+    "budgets": "budget_add",
+    "export": "export_rows",
+    "import": "import_rows",
+    "retention": "prune_log",
+}
 
 
 class Store(abc.ABC):
-    """Persistence for conversations, channel bindings and the dual log."""
+    """Persistence for conversations, channel bindings and the dual log.
+
+    The facade of the per-aggregate repositories (:mod:`.repositories`); every
+    engine proves it keeps the contract with :mod:`agentik.core.store.testing`.
+    """
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """The optional groups this engine keeps (keys of :data:`CAPABILITIES`): the
+        others raise ``NotImplementedError``."""
+        cls = type(self)
+        return frozenset(
+            name
+            for name, method in CAPABILITIES.items()
+            if getattr(cls, method) is not getattr(Store, method)
+        )
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Open connections and apply migrations; called once before use."""
@@ -554,6 +455,71 @@ class Store(abc.ABC):
         """Every counter whose window starts at or after ``since``:
         ``(scope, subject, kind, window, amount)``, by scope, subject, kind, window."""
         raise NotImplementedError(f"{type(self).__name__} keeps no budget counters")
+
+    # -- lifecycle: the rows of a snapshot (agentik.core.lifecycle) ---------------------------
+    async def export_rows(self, conversation_id: str) -> dict[str, list[dict[str, Any]]]:
+        """What a snapshot holds of the conversation besides its record, audit log,
+        working memory and checklist, engine-neutral (plain JSON values):
+
+        * ``bindings``: ``{channel_key, created_at}``, by channel key;
+        * ``turn_ends``: ``{run_id, outcome, created_at}``, oldest first;
+        * ``approvals``, ``questions``, ``runs``: every stored field of the
+          conversation's rows (the run tree's rows whose ``conversation_id`` is
+          it), as the SQLite tables hold them: booleans as 0/1, ``choices`` and
+          ``usage`` as JSON text; in the order written.
+
+        The same conversation exports the same rows from every engine (the
+        store contract suite checks it).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot export snapshot rows")
+
+    async def import_rows(
+        self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
+    ) -> ImportResult:
+        """Restore a validated snapshot (:func:`agentik.core.lifecycle.validate_snapshot`)
+        as conversation ``conversation_id``, in one transaction; raises
+        :class:`~.snapshot.SnapshotError` (naming the field) if it cannot be, and
+        writes nothing then.
+
+        A snapshot is untrusted: apply :mod:`.snapshot`'s rules (authors become a
+        label, approvals move to the ``imported:`` scope, open turns end
+        ``imported``, pending questions expire, open runs end, run-tree links
+        become a label).  Audit-log ids are renumbered (working memory relinked to
+        the new ids; an id the snapshot no longer has links to the newest row
+        before it); working-memory positions become 1..n.  ``bind``: bind that
+        channel to it (taking it over); without it, the snapshot's bindings are
+        restored where the channel is free, and ``meta.channel_key`` names only a
+        restored binding.  An id already present raises ``SnapshotError``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot import snapshots")
+
+    async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
+        """Every conversation, oldest first (by creation time, then id): its id, the
+        channel keys bound to it, and the ``channel_key`` its metadata names (a
+        string, or ``None``) — what retention picks a rule by."""
+        raise NotImplementedError(f"{type(self).__name__} cannot plan retention")
+
+    async def log_outline(
+        self, conversation_id: str
+    ) -> list[tuple[int, str, float, str | None, str | None]]:
+        """``(id, kind, created_at, author, run_id)`` of every audit-log row of the
+        conversation, oldest first (retention finds its cut in it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot plan retention")
+
+    async def turn_ended(self, conversation_id: str, run_id: str) -> bool:
+        """Whether the turn ``run_id`` of the conversation has a :class:`TurnEnd`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot plan retention")
+
+    async def prune_log(
+        self, conversation_id: str, upto: int, *, summary: str | None, count: int
+    ) -> None:
+        """Retention, one transaction: delete the audit rows ``<= upto`` (their text
+        must not survive in the storage), put ``summary`` (if any) in their place
+        as an ``assistant`` row by :data:`~.snapshot.RETENTION_AUTHOR` with the id
+        ``upto`` and the last pruned row's time, and replace the working-memory
+        entries that covered them with one ``system`` entry (the summary, or
+        :data:`~.snapshot.DELETED_NOTICE` for ``count`` rows) linked to ``upto``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot prune its log")
 
     # -- run trees (issue 20, agents as tools; migration 9) ---------------------------------
     @abc.abstractmethod

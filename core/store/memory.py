@@ -12,10 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..approvals import Approval, ApprovalDecision
 from ..errors import StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from ..questions import Checklist, Question, QuestionOutcome
 from .base import (
     AccessChange,
     AccessGrant,
@@ -31,19 +29,32 @@ from .base import (
     link_stored,
     outbox_advance,
 )
+from .memory_lifecycle import MemoryLifecycle
+from .records import (
+    Approval,
+    ApprovalDecision,
+    Checklist,
+    Question,
+    QuestionOutcome,
+    Redaction,
+    RedactionError,
+    tombstoned,
+)
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(Store):
+class MemoryStore(MemoryLifecycle, Store):
     """In-memory :class:`Store`; nothing survives the process."""
 
     def __init__(self) -> None:
         self._conversations: dict[str, ConversationRecord] = {}
         self._bindings: dict[str, str] = {}
+        self._bound_at: dict[str, float] = {}
         self._log: dict[str, list[Message]] = {}
         self._memory: dict[str, list[MemoryEntry]] = {}
         self._ended: dict[str, dict[str, str]] = {}
+        self._ended_at: dict[str, dict[str, float]] = {}
         self._ids = itertools.count(1)
         self._outbox: dict[tuple[str, str, int], OutboxEntry] = {}
         self._outbox_ids = itertools.count(1)
@@ -58,6 +69,8 @@ class MemoryStore(Store):
         self._chan_settings: dict[tuple[str, str], ChannelSetting] = {}
         self._chan_changes: list[ChannelSettingChange] = []
         self._runs: dict[str, RunRecord] = {}
+        self._redacted: set[int] = set()
+        self._redactions: list[Redaction] = []
 
     def _require(self, conversation_id: str) -> None:
         if conversation_id not in self._conversations:
@@ -72,8 +85,10 @@ class MemoryStore(Store):
         self._log[record.id] = []
         self._memory[record.id] = []
         self._ended[record.id] = {}
+        self._ended_at[record.id] = {}
         if channel_key is not None:
             self._bindings[channel_key] = record.id
+            self._bound_at[channel_key] = record.created_at
 
     async def create_conversation_with(
         self,
@@ -123,7 +138,9 @@ class MemoryStore(Store):
         self._log.pop(conversation_id, None)
         self._memory.pop(conversation_id, None)
         self._ended.pop(conversation_id, None)
+        self._ended_at.pop(conversation_id, None)
         self._todos.pop(conversation_id, None)
+        self._redactions = [r for r in self._redactions if r.conversation_id != conversation_id]
         for run_id, r in list(self._runs.items()):
             if conversation_id in (r.conversation_id, r.parent_conversation_id):
                 del self._runs[run_id]
@@ -137,6 +154,7 @@ class MemoryStore(Store):
     async def set_binding(self, channel_key: str, conversation_id: str) -> None:
         self._require(conversation_id)
         self._bindings[channel_key] = conversation_id
+        self._bound_at[channel_key] = time.time()
 
     async def append(
         self,
@@ -149,18 +167,19 @@ class MemoryStore(Store):
         defer: bool = False,  # every write here is immediate
     ) -> list[Message]:
         self._require(conversation_id)
-        out = [
-            m.stored(id=next(self._ids), conversation_id=conversation_id, now=time.time())
-            for m in log
-        ]
+        now = time.time()
+        out = [m.stored(id=next(self._ids), conversation_id=conversation_id, now=now) for m in log]
         self._log[conversation_id].extend(out)
         entries = self._memory[conversation_id]
         for cm in memory:
             cm = link_stored(cm, out)
             entries.append(MemoryEntry(pos=(entries[-1].pos + 1) if entries else 1, message=cm))
         if ended is not None:
-            self._ended[conversation_id].setdefault(ended.run_id, ended.outcome)
+            if ended.run_id not in self._ended[conversation_id]:
+                self._ended[conversation_id][ended.run_id] = ended.outcome
+                self._ended_at[conversation_id][ended.run_id] = now
             if ended.run is not None:
+                self._runs.pop(ended.run.run_id, None)  # replaced: written last
                 self._runs[ended.run.run_id] = ended.run
         if updated_at is not None:
             rec = self._conversations[conversation_id]
@@ -224,8 +243,9 @@ class MemoryStore(Store):
             old = self._outbox.get(key)
             if old is None:
                 old = self._outbox[key] = dataclasses.replace(
-                    e, id=next(self._outbox_ids), state="queued", created_at=time.time()
-                )
+                    e, id=next(self._outbox_ids), state="queued", awaits_confirm=False,
+                    ref=None, created_at=time.time(),
+                )  # fmt: skip
             elif not old.complete:
                 old = self._outbox[key] = dataclasses.replace(old, text=e.text, complete=e.complete)
             ids.append(old.id)
@@ -381,6 +401,87 @@ class MemoryStore(Store):
         else:
             self._todos[conversation_id] = checklist
 
+    # -- redaction (issue 22) ------------------------------------------------------------
+    async def redact_message(
+        self,
+        conversation_id: str,
+        message_id: int,
+        *,
+        content: str,
+        by: str,
+        reason: str,
+        at: float,
+    ) -> Redaction | None:
+        # What SQLiteStore.redact_message does, on the same rows (no memory notes here).
+        log = self._log.get(conversation_id, [])
+        i = next((i for i, m in enumerate(log) if m.id == message_id), None)
+        if i is None:
+            return None
+        if message_id in self._redacted:
+            raise RedactionError(f"message {message_id} is already redacted")
+        row = log[i]
+        kind, call_id, old_text = row.kind, row.tool_call_id, row.content
+        data: dict[str, Any] = {"redacted": {"by": by, "at": at, "reason": reason}}
+        if isinstance(row.data, dict) and "author_id" in row.data:
+            data["author_id"] = row.data["author_id"]
+        log[i] = dataclasses.replace(
+            row,
+            content=content,
+            arguments=None if row.arguments is None else "{}",
+            data=data,
+        )
+        self._redacted.add(message_id)
+        if kind == "tool_result" and call_id is not None:
+            for qid, q in self._questions.items():
+                if q.conversation_id != conversation_id or q.call_id != call_id:
+                    continue
+                if q.answer is None:
+                    continue
+                answer = q.answer
+                self._questions[qid] = dataclasses.replace(q, answer=content)
+                slack = answer.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+                for said in {answer, slack}:
+                    if said and row.run_id is not None:
+                        for k, e in self._outbox.items():
+                            if e.run_id == row.run_id and said in e.text:
+                                self._outbox[k] = dataclasses.replace(
+                                    e, text=e.text.replace(said, content)
+                                )
+        entries = self._memory[conversation_id]
+        for j, entry in enumerate(entries):
+            cm = entry.message
+            linked = cm.message_id == message_id or (
+                cm.message_id is None and cm.role == kind and cm.content == old_text
+            )
+            new = tombstoned(cm, content, kind, call_id, linked=linked)
+            if new != cm:
+                entries[j] = MemoryEntry(pos=entry.pos, message=new)
+        if kind == "assistant" and row.run_id is not None:
+            for k, e in self._outbox.items():
+                if e.run_id == row.run_id and e.text != "":
+                    self._outbox[k] = dataclasses.replace(e, text=content)
+        rec = self._conversations[conversation_id]
+        if rec.title and rec.title in old_text:
+            self._conversations[conversation_id] = dataclasses.replace(rec, title="(redacted)")
+        done = Redaction(
+            id=len(self._redactions) + 1, conversation_id=conversation_id,
+            message_id=message_id, by=by, at=at, reason=reason, notes_removed=0,
+        )  # fmt: skip
+        self._redactions.append(done)
+        return done
+
+    async def redactions(
+        self, conversation_id: str | None = None, *, limit: int = 100
+    ) -> list[Redaction]:
+        rows = [r for r in self._redactions if conversation_id in (None, r.conversation_id)]
+        return rows[:limit]
+
+    async def message_span(self, conversation_id: str) -> tuple[int, int] | None:
+        log = self._log.get(conversation_id)
+        if not log:
+            return None
+        return log[0].id, log[-1].id
+
     # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
         counters = self._budget
@@ -413,6 +514,7 @@ class MemoryStore(Store):
 
     # -- run trees (issue 20; migration 9) -------------------------------------------------
     async def run_add(self, run: RunRecord) -> None:
+        self._runs.pop(run.run_id, None)  # replaced: written last
         self._runs[run.run_id] = run
 
     async def runs(self, conversation_id: str) -> list[RunRecord]:
@@ -421,7 +523,7 @@ class MemoryStore(Store):
             for r in self._runs.values()
             if conversation_id in (r.conversation_id, r.parent_conversation_id)
         ]
-        return sorted(found, key=lambda r: r.started)
+        return sorted(found, key=lambda r: (r.started, r.run_id))
 
     # -- access: roles granted in chat (issue 19, access) ---------------------------------
     async def access_grants(self) -> list[AccessGrant]:

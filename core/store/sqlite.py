@@ -24,35 +24,31 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import aiosqlite
 
-from ..approvals import Approval, ApprovalDecision
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from ..questions import Checklist, Question, QuestionOutcome
-from ..redaction import Redaction, RedactionError, tombstoned
 from ..settings import defaults, settings_dataclass
 from .base import (
     DEFER_MAX,
-    AccessChange,
-    AccessGrant,
-    ChannelSetting,
-    ChannelSettingChange,
     ConversationRecord,
     MemoryEntry,
-    OutboxEntry,
-    OutboxState,
-    RunRecord,
     Store,
     TurnEnd,
     link_stored,
 )
 from .care import backup_before_migrating
 from .migrations import apply_migrations
+from .sqlite_governance import SQLiteGovernance
+from .sqlite_lifecycle import SQLiteLifecycle
+from .sqlite_outbox import SQLiteOutbox
+from .sqlite_redaction import SQLiteRedaction
+from .sqlite_runs import INSERT_RUN, SQLiteRuns, run_row
+from .sqlite_waits import SQLiteWaits
 
 __all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous"]
 
@@ -85,87 +81,6 @@ _INSERT_TURN_END = (
     "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
     " VALUES (?, ?, ?, ?)"
 )
-_INSERT_RUN = (
-    "INSERT OR REPLACE INTO run (run_id, conversation_id, parent_run_id,"
-    " parent_conversation_id, parent_call_id, agent, depth, started, ended,"
-    " stop_reason, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
-
-def _run_row(run: RunRecord) -> tuple[Any, ...]:
-    return (
-        run.run_id,
-        run.conversation_id,
-        run.parent_run_id,
-        run.parent_conversation_id,
-        run.parent_call_id,
-        run.agent,
-        run.depth,
-        run.started,
-        run.ended,
-        run.stop_reason,
-        None if run.usage is None else json.dumps(run.usage),
-    )
-
-
-_OUTBOX_COLUMNS = (
-    "id, channel_key, run_id, piece, transport, kind, text, reply_to, complete, state,"
-    " awaits_confirm, ref, created_at"
-)
-_OUTBOX_UPSERT = (
-    "INSERT INTO outbox (channel_key, run_id, piece, transport, kind, text, reply_to, complete,"
-    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (channel_key, run_id, piece) DO UPDATE SET text = excluded.text,"
-    " complete = excluded.complete WHERE outbox.complete = 0"
-)
-#: States only move forward: queued (0) → sent (1) → confirmed (2).
-_OUTBOX_RANK = "(CASE {} WHEN 'queued' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END)"
-_OUTBOX_MARK = (
-    "UPDATE outbox SET"
-    f" state = CASE WHEN {_OUTBOX_RANK.format('?1')} > {_OUTBOX_RANK.format('state')}"
-    " THEN ?1 ELSE state END,"
-    " awaits_confirm = COALESCE(?2, awaits_confirm), ref = COALESCE(?3, ref) WHERE id = ?4"
-)
-_APPROVAL_COLUMNS = (
-    "serial, id, scope, conversation_id, channel_key, run_id, call_id, tool, arguments, digest,"
-    " asker, asker_id, approvers, self_approve, created_at, expires_at, state, decision,"
-    " approver, approver_id, reason, resolved_at"
-)
-
-
-def _row_to_approval(r: Sequence[Any]) -> Approval:
-    return Approval(
-        serial=r[0], id=r[1], scope=r[2], conversation_id=r[3], channel_key=r[4], run_id=r[5],
-        call_id=r[6], tool=r[7], arguments=r[8], digest=r[9], asker=r[10], asker_id=r[11],
-        approvers=r[12], self_approve=bool(r[13]), created_at=r[14], expires_at=r[15],
-        state=r[16], decision=r[17], approver=r[18], approver_id=r[19], reason=r[20],
-        resolved_at=r[21],
-    )  # fmt: skip
-
-
-_QUESTION_COLUMNS = (
-    "id, conversation_id, channel_key, run_id, call_id, asker_target, answer_from, text,"
-    " choices, digest, created_at, deadline, state, outcome, answer, answered_by, answered_at"
-)
-
-
-def _row_to_question(r: Sequence[Any]) -> Question:
-    return Question(
-        id=r[0], conversation_id=r[1], channel_key=r[2], run_id=r[3], call_id=r[4],
-        asker_target=r[5], answer_from=r[6], text=r[7], choices=tuple(json.loads(r[8])),
-        digest=r[9], created_at=r[10], deadline=r[11], state=r[12], outcome=r[13],
-        answer=r[14], answered_by=r[15], answered_at=r[16],
-    )  # fmt: skip
-
-
-def _equal(**columns: Any) -> tuple[str, tuple[Any, ...]]:
-    """`` WHERE a = ? AND b = ?`` (or nothing) and its parameters: the columns given
-    a value other than ``None`` (the approvals' and questions' filters)."""
-    given = {column: value for column, value in columns.items() if value is not None}
-    cond = " AND ".join(f"{column} = ?" for column in given)
-    return (f" WHERE {cond}" if cond else ""), tuple(given.values())
-
-
 _TOUCH = "UPDATE conversation SET updated_at = MAX(updated_at, ?) WHERE id = ?"
 
 
@@ -266,7 +181,7 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
         if a.ended is not None:
             ends.append((a.conversation_id, a.ended.run_id, a.ended.outcome, now))
             if a.ended.run is not None:
-                runs.append(_run_row(a.ended.run))
+                runs.append(run_row(a.ended.run))
         results.append(stored)
     if message_rows:
         conn.executemany(_INSERT_MESSAGE, message_rows)
@@ -277,7 +192,7 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
     if ends:
         conn.executemany(_INSERT_TURN_END, ends)
     if runs:
-        conn.executemany(_INSERT_RUN, runs)
+        conn.executemany(INSERT_RUN, runs)
     return results
 
 
@@ -410,7 +325,15 @@ def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) ->
         fut.set_result(result)
 
 
-class SQLiteStore(Store):
+class SQLiteStore(
+    SQLiteRedaction,
+    SQLiteOutbox,
+    SQLiteWaits,
+    SQLiteGovernance,
+    SQLiteRuns,
+    SQLiteLifecycle,
+    Store,
+):
     """SQLite implementation of :class:`~agentik.core.store.base.Store`.
 
     ``path`` is a file path or ``":memory:"``.  ``max_batch`` bounds how many
@@ -817,370 +740,6 @@ class SQLiteStore(Store):
 
         await self._write(fn)
 
-    # -- the outbox ---------------------------------------------------------------------
-    async def outbox_add(self, entries: Sequence[OutboxEntry]) -> list[int]:
-        rows = [
-            (
-                e.channel_key, e.run_id, e.piece, e.transport, e.kind, e.text,
-                json.dumps(e.reply_to) if e.reply_to is not None else None,
-                int(e.complete), time.time(),
-            )
-            for e in entries
-        ]  # fmt: skip
-
-        def fn(conn: sqlite3.Connection) -> list[int]:
-            ids = []
-            for row in rows:
-                conn.execute(_OUTBOX_UPSERT, row)
-                found = conn.execute(
-                    "SELECT id FROM outbox WHERE channel_key = ? AND run_id = ? AND piece = ?",
-                    row[:3],
-                ).fetchone()
-                ids.append(int(found[0]))
-            return ids
-
-        return await self._write(fn)
-
-    async def outbox_mark(
-        self, updates: Sequence[tuple[int, OutboxState, bool | None, str | None]]
-    ) -> None:
-        rows = [
-            (state, None if awaits is None else int(awaits), ref, id_)
-            for id_, state, awaits, ref in updates
-        ]
-
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.executemany(_OUTBOX_MARK, rows)
-
-        await self._write(fn)
-
-    async def outbox_undelivered(self, *, limit: int = 10_000) -> list[OutboxEntry]:
-        rows = await self._read(
-            f"SELECT {_OUTBOX_COLUMNS} FROM outbox WHERE state = 'queued' OR complete = 0"
-            " OR (state = 'sent' AND awaits_confirm = 1) ORDER BY id LIMIT ?",
-            (limit,),
-        )
-        return [
-            OutboxEntry(
-                id=r[0], channel_key=r[1], run_id=r[2], piece=r[3], transport=r[4], kind=r[5],
-                text=r[6], reply_to=json.loads(r[7]) if r[7] is not None else None,
-                complete=bool(r[8]), state=r[9], awaits_confirm=bool(r[10]), ref=r[11],
-                created_at=r[12],
-            )
-            for r in rows
-        ]  # fmt: skip
-
-    async def outbox_prune(self, before: float) -> int:
-        def fn(conn: sqlite3.Connection) -> int:
-            return conn.execute("DELETE FROM outbox WHERE created_at < ?", (before,)).rowcount
-
-        return await self._write(fn)
-
-    # -- approvals (issue 19, migration 6) -----------------------------------------------------
-    async def approval_add(self, approval: Approval) -> int | None:
-        a = approval
-        row = (
-            a.id, a.scope, a.conversation_id, a.channel_key, a.run_id, a.call_id, a.tool,
-            a.arguments, a.digest, a.asker, a.asker_id, a.approvers, int(a.self_approve),
-            a.created_at, a.expires_at,
-        )  # fmt: skip
-
-        def fn(conn: sqlite3.Connection) -> int | None:
-            try:
-                cur = conn.execute(
-                    "INSERT INTO approval (id, scope, conversation_id, channel_key, run_id,"
-                    " call_id, tool, arguments, digest, asker, asker_id, approvers, self_approve,"
-                    " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    row,
-                )
-            except sqlite3.IntegrityError as exc:
-                if "approval" in str(exc) and "UNIQUE" in str(exc).upper():
-                    return None  # the short id is taken in this scope
-                raise
-            return cur.lastrowid
-
-        result: int | None = await self._write(fn)
-        return result
-
-    async def approval_resolve(
-        self,
-        serial: int,
-        decision: ApprovalDecision,
-        approver: str | None,
-        approver_id: str | None,
-        reason: str | None,
-        at: float,
-    ) -> bool:
-        def fn(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "UPDATE approval SET state = 'resolved', decision = ?, approver = ?,"
-                " approver_id = ?, reason = ?, resolved_at = ?"
-                " WHERE serial = ? AND state = 'pending'",
-                (decision, approver, approver_id, reason, at, serial),
-            )
-            return cur.rowcount > 0
-
-        return bool(await self._write(fn))
-
-    async def approval_rebind(self, serial: int, call_id: str) -> None:
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.execute("UPDATE approval SET call_id = ? WHERE serial = ?", (call_id, serial))
-
-        await self._write(fn)
-
-    async def approval_get(self, serial: int) -> Approval | None:
-        rows = await self._read(
-            f"SELECT {_APPROVAL_COLUMNS} FROM approval WHERE serial = ?", (serial,)
-        )
-        return _row_to_approval(rows[0]) if rows else None
-
-    async def approvals(
-        self,
-        *,
-        conversation_id: str | None = None,
-        scope: str | None = None,
-        state: str | None = None,
-        short_id: str | None = None,
-        limit: int = 1000,
-        newest_first: bool = False,
-    ) -> list[Approval]:
-        cond, params = _equal(
-            conversation_id=conversation_id, scope=scope, state=state, id=short_id
-        )
-        order = "DESC" if newest_first else "ASC"
-        rows = await self._read(
-            f"SELECT {_APPROVAL_COLUMNS} FROM approval{cond} ORDER BY serial {order} LIMIT ?",
-            (*params, limit),
-        )
-        return [_row_to_approval(r) for r in rows]
-
-    async def approval_used(self, conversation_id: str, tool: str) -> bool:
-        rows = await self._read(
-            "SELECT 1 FROM approval WHERE conversation_id = ? AND tool = ?"
-            # An imported approval is history, never a use (agentik.core.lifecycle).
-            " AND decision = 'approved' AND substr(scope, 1, 9) != 'imported:' LIMIT 1",
-            (conversation_id, tool),
-        )
-        return bool(rows)
-
-    # -- questions (issue 20: ask_user, migration 10) -----------------------------------------
-    async def question_add(self, question: Question) -> int:
-        q = question
-        row = (
-            q.conversation_id, q.channel_key, q.run_id, q.call_id, q.asker_target, q.answer_from,
-            q.text, json.dumps(list(q.choices), ensure_ascii=False), q.digest, q.created_at,
-            q.deadline,
-        )  # fmt: skip
-
-        def fn(conn: sqlite3.Connection) -> int:
-            cur = conn.execute(
-                "INSERT INTO question (conversation_id, channel_key, run_id, call_id,"
-                " asker_target, answer_from, text, choices, digest, created_at, deadline)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                row,
-            )
-            return int(cur.lastrowid or 0)
-
-        result: int = await self._write(fn)
-        return result
-
-    async def question_settle(
-        self,
-        question_id: int,
-        outcome: QuestionOutcome,
-        answer: str | None,
-        answered_by: str | None,
-        at: float,
-    ) -> bool:
-        def fn(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "UPDATE question SET state = 'resolved', outcome = ?, answer = ?,"
-                " answered_by = ?, answered_at = ? WHERE id = ? AND state = 'pending'",
-                (outcome, answer, answered_by, at, question_id),
-            )
-            return cur.rowcount > 0
-
-        return bool(await self._write(fn))
-
-    async def question_rebind(self, question_id: int, call_id: str) -> None:
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.execute("UPDATE question SET call_id = ? WHERE id = ?", (call_id, question_id))
-
-        await self._write(fn)
-
-    async def question_get(self, question_id: int) -> Question | None:
-        rows = await self._read(
-            f"SELECT {_QUESTION_COLUMNS} FROM question WHERE id = ?", (question_id,)
-        )
-        return _row_to_question(rows[0]) if rows else None
-
-    async def questions(
-        self, *, conversation_id: str | None = None, state: str | None = None
-    ) -> list[Question]:
-        cond, params = _equal(conversation_id=conversation_id, state=state)
-        rows = await self._read(
-            f"SELECT {_QUESTION_COLUMNS} FROM question{cond} ORDER BY id", params
-        )
-        return [_row_to_question(r) for r in rows]
-
-    # -- the todo checklist (issue 20, migration 13) --------------------------------------------
-    async def todo_get(self, conversation_id: str) -> Checklist | None:
-        rows = await self._read(
-            "SELECT items, run_id, updated_at FROM todo WHERE conversation_id = ?",
-            (conversation_id,),
-        )
-        if not rows:
-            return None
-        items, run_id, updated_at = rows[0]
-        return Checklist(
-            items=tuple(dict(it) for it in json.loads(items)), run_id=run_id, updated_at=updated_at
-        )
-
-    async def todo_set(self, conversation_id: str, checklist: Checklist | None) -> None:
-        def fn(conn: sqlite3.Connection) -> None:
-            if checklist is None or not checklist.items:
-                conn.execute("DELETE FROM todo WHERE conversation_id = ?", (conversation_id,))
-                return
-            conn.execute(
-                "INSERT INTO todo (conversation_id, items, run_id, updated_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (conversation_id) DO UPDATE SET items = excluded.items,"
-                " run_id = excluded.run_id, updated_at = excluded.updated_at",
-                (
-                    conversation_id,
-                    json.dumps(list(checklist.items), ensure_ascii=False),
-                    checklist.run_id,
-                    checklist.updated_at,
-                ),
-            )
-
-        await self._write(fn)
-
-    # -- redaction (migration 12) ------------------------------------------------------
-    async def redact_message(
-        self,
-        conversation_id: str,
-        message_id: int,
-        *,
-        content: str,
-        by: str,
-        reason: str,
-        at: float,
-    ) -> Redaction | None:
-        def fn(conn: sqlite3.Connection) -> Redaction | None:
-            row = conn.execute(
-                "SELECT redacted, data, kind, tool_call_id, content FROM message"
-                " WHERE id = ? AND conversation_id = ?",
-                (message_id, conversation_id),
-            ).fetchone()
-            if row is None:
-                return None
-            if row[0]:
-                raise RedactionError(f"message {message_id} is already redacted")
-            old = json.loads(row[1]) if row[1] else None
-            kind, call_id, old_text = row[2], row[3], row[4]
-            data: dict[str, Any] = {"redacted": {"by": by, "at": at, "reason": reason}}
-            if isinstance(old, dict) and "author_id" in old:
-                data["author_id"] = old["author_id"]
-            conn.execute(
-                "UPDATE message SET content = ?, arguments = CASE WHEN arguments IS NULL"
-                " THEN NULL ELSE '{}' END, data = ?, redacted = 1 WHERE id = ?",
-                (content, json.dumps(data, ensure_ascii=False), message_id),
-            )
-            if kind == "tool_result" and call_id is not None:
-                # An ``ask_user`` answer is stored with its question too, and
-                # in the channel's copy of the question (Slack edits it to
-                # show the answer: agentik.bot's outbox), as written or
-                # escaped for Slack.
-                asked = conn.execute(
-                    "SELECT q.answer, m.run_id FROM question q JOIN message m ON m.id = ?"
-                    " WHERE q.conversation_id = ? AND q.call_id = ? AND q.answer IS NOT NULL",
-                    (message_id, conversation_id, call_id),
-                ).fetchall()
-                conn.execute(
-                    "UPDATE question SET answer = ? WHERE conversation_id = ? AND call_id = ?"
-                    " AND answer IS NOT NULL",
-                    (content, conversation_id, call_id),
-                )
-                for answer, run_id in asked:
-                    slack = answer.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-                    for said in {answer, slack}:
-                        if said and run_id is not None:
-                            conn.execute(
-                                "UPDATE outbox SET text = replace(text, ?, ?) WHERE run_id = ?"
-                                " AND instr(text, ?) > 0",
-                                (said, content, run_id, said),
-                            )
-            # User messages are linked to their audit row; answers and tool
-            # results are recognised by their text and call id.
-            for pos, body in conn.execute(
-                "SELECT pos, body FROM working_memory WHERE conversation_id = ?",
-                (conversation_id,),
-            ).fetchall():
-                entry = ChatMessage.from_json(body)
-                linked = entry.message_id == message_id or (
-                    entry.message_id is None and entry.role == kind and entry.content == old_text
-                )
-                new = tombstoned(entry, content, kind, call_id, linked=linked)
-                if new != entry:
-                    conn.execute(
-                        "UPDATE working_memory SET body = ? WHERE conversation_id = ? AND pos = ?",
-                        (new.to_json(), conversation_id, pos),
-                    )
-            notes = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT note_id FROM memory_source WHERE conversation_id = ?"
-                    " AND first_message_id <= ? AND last_message_id >= ?",
-                    (conversation_id, message_id, message_id),
-                )
-            ]
-            for note_id in notes:
-                # Cascades to memory_version, memory_source; the trigger
-                # removes it from memory_fts.
-                conn.execute("DELETE FROM memory_note WHERE id = ?", (note_id,))
-            if notes:
-                # FTS5 keeps deleted terms in its older segments until they
-                # are merged: rewrite the index so the words are gone.
-                conn.execute("INSERT INTO memory_fts (memory_fts) VALUES ('optimize')")
-            if kind == "assistant":
-                # The answer's pieces waiting for (or done with) delivery to
-                # the channel (agentik.bot's outbox) hold its text too.
-                run = conn.execute("SELECT run_id FROM message WHERE id = ?", (message_id,))
-                run_id = run.fetchone()[0]
-                if run_id is not None:
-                    conn.execute(
-                        "UPDATE outbox SET text = ? WHERE run_id = ? AND text != ''",
-                        (content, run_id),
-                    )
-            # A title taken from the message (the HTTP API names a conversation
-            # after its first message) goes too.
-            conn.execute(
-                "UPDATE conversation SET title = '(redacted)' WHERE id = ? AND title != ''"
-                " AND instr(?, title) > 0",
-                (conversation_id, old_text),
-            )
-            cur = conn.execute(
-                "INSERT INTO redaction (conversation_id, message_id, redacted_by, at, reason,"
-                " notes_removed) VALUES (?, ?, ?, ?, ?, ?)",
-                (conversation_id, message_id, by, at, reason, len(notes)),
-            )
-            return Redaction(
-                id=int(cur.lastrowid or 0),
-                conversation_id=conversation_id,
-                message_id=message_id,
-                by=by,
-                at=at,
-                reason=reason,
-                notes_removed=len(notes),
-            )
-
-        done = await self._in_writer(self._redact_securely, fn)
-        if isinstance(done, BaseException):
-            if isinstance(done, RedactionError | StoreError):
-                raise done
-            raise StoreError(f"redaction failed: {done}") from done
-        return cast("Redaction | None", done)
-
     def _redact_securely(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Runs in the writer thread, between batches: ``fn`` in its own
         transaction with ``secure_delete`` on (freed bytes are zeroed), then a
@@ -1204,244 +763,3 @@ class SQLiteStore(Store):
             else:
                 log.warning("redaction: the WAL could not be truncated (readers busy)")
         return result
-
-    async def redactions(
-        self, conversation_id: str | None = None, *, limit: int = 100
-    ) -> list[Redaction]:
-        where, params = (
-            ("WHERE conversation_id = ?", (conversation_id,))
-            if conversation_id
-            else (
-                "",
-                (),
-            )
-        )
-        rows = await self._read(
-            "SELECT id, conversation_id, message_id, redacted_by, at, reason, notes_removed"
-            f" FROM redaction {where} ORDER BY id LIMIT ?",
-            (*params, limit),
-        )
-        return [
-            Redaction(
-                id=r[0],
-                conversation_id=r[1],
-                message_id=r[2],
-                by=r[3],
-                at=r[4],
-                reason=r[5],
-                notes_removed=r[6],
-            )
-            for r in rows
-        ]
-
-    async def note_source_add(
-        self, note_id: int, conversation_id: str, first_message_id: int, last_message_id: int
-    ) -> None:
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT OR REPLACE INTO memory_source (note_id, conversation_id, first_message_id,"
-                " last_message_id, created_at) VALUES (?, ?, ?, ?, ?)",
-                (note_id, conversation_id, first_message_id, last_message_id, time.time()),
-            )
-
-        await self._write(fn)
-
-    async def message_span(self, conversation_id: str) -> tuple[int, int] | None:
-        rows = await self._read(
-            "SELECT MIN(id), MAX(id) FROM message WHERE conversation_id = ?", (conversation_id,)
-        )
-        if not rows or rows[0][0] is None:
-            return None
-        return int(rows[0][0]), int(rows[0][1])
-
-    # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
-    async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "INSERT INTO budget_usage (scope, subject, kind, period, amount)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, subject, kind, period)"
-                " DO UPDATE SET amount = amount + excluded.amount",
-                list(rows),
-            )
-
-        await self._write(fn)
-
-    async def budget_usage(
-        self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
-    ) -> dict[tuple[str, str, str], int]:
-        out: dict[tuple[str, str, str], int] = {}
-        if not keys or not windows:
-            return out
-        # One primary-key look-up per (counter, kind): a handful of rows.
-        pairs = " OR ".join("(kind = ? AND period = ?)" for _ in windows)
-        wparams = [v for kind, start in windows.items() for v in (kind, start)]
-        for scope, subject in dict.fromkeys(keys):
-            rows = await self._read(
-                "SELECT kind, amount FROM budget_usage WHERE scope = ? AND subject = ?"
-                f" AND ({pairs})",
-                (scope, subject, *wparams),
-            )
-            for kind, amount in rows:
-                out[(scope, subject, kind)] = int(amount)
-        return out
-
-    async def budget_prune(self, before: Mapping[str, int]) -> int:
-        def fn(conn: sqlite3.Connection) -> int:
-            n = 0
-            for kind, start in before.items():
-                n += conn.execute(
-                    "DELETE FROM budget_usage WHERE period < ? AND kind = ?", (start, kind)
-                ).rowcount
-            return n
-
-        return int(await self._write(fn))
-
-    async def budget_rows(self, since: int) -> list[tuple[str, str, str, int, int]]:
-        rows = await self._read(
-            "SELECT scope, subject, kind, period, amount FROM budget_usage WHERE period >= ?"
-            " ORDER BY scope, subject, kind, period",
-            (since,),
-        )
-        return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]
-
-    # -- run trees (issue 20; migration 9) -------------------------------------------------
-    async def run_add(self, run: RunRecord) -> None:
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.execute(_INSERT_RUN, _run_row(run))
-
-        await self._write(fn)
-
-    async def runs(self, conversation_id: str) -> list[RunRecord]:
-        rows = await self._read(
-            "SELECT run_id, conversation_id, parent_run_id, parent_conversation_id,"
-            " parent_call_id, agent, depth, started, ended, stop_reason, usage FROM run"
-            " WHERE conversation_id = ? OR parent_conversation_id = ? ORDER BY started, run_id",
-            (conversation_id, conversation_id),
-        )
-        return [
-            RunRecord(
-                run_id=r[0],
-                conversation_id=r[1],
-                parent_run_id=r[2],
-                parent_conversation_id=r[3],
-                parent_call_id=r[4],
-                agent=r[5],
-                depth=int(r[6]),
-                started=float(r[7]),
-                ended=r[8],
-                stop_reason=r[9],
-                usage=None if r[10] is None else json.loads(r[10]),
-            )
-            for r in rows
-        ]
-
-    # -- access: roles granted in chat (issue 19, access) ---------------------------------
-    async def access_grants(self) -> list[AccessGrant]:
-        rows = await self._read(
-            "SELECT identity, role, granted_by, granted_at FROM access_grant ORDER BY identity"
-        )
-        return [
-            AccessGrant(identity=r[0], role=r[1], granted_by=r[2], granted_at=r[3]) for r in rows
-        ]
-
-    async def access_set(
-        self, identity: str, role: str | None, *, by: str, channel: str | None = None
-    ) -> None:
-        now = time.time()
-
-        def fn(conn: sqlite3.Connection) -> None:
-            found = conn.execute(
-                "SELECT role FROM access_grant WHERE identity = ?", (identity,)
-            ).fetchone()
-            old = found[0] if found else None
-            if role is None:
-                conn.execute("DELETE FROM access_grant WHERE identity = ?", (identity,))
-            else:
-                conn.execute(
-                    "INSERT INTO access_grant (identity, role, granted_by, granted_at)"
-                    " VALUES (?, ?, ?, ?) ON CONFLICT (identity) DO UPDATE SET"
-                    " role = excluded.role, granted_by = excluded.granted_by,"
-                    " granted_at = excluded.granted_at",
-                    (identity, role, by, now),
-                )
-            conn.execute(
-                "INSERT INTO access_audit (at, actor, identity, old_role, new_role, channel)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (now, by, identity, old, role, channel),
-            )
-
-        await self._write(fn)
-
-    async def access_audit(self, *, limit: int = 100) -> list[AccessChange]:
-        rows = await self._read(
-            "SELECT id, at, actor, identity, old_role, new_role, channel FROM access_audit"
-            " ORDER BY id DESC LIMIT ?",
-            (limit,),
-        )
-        return [
-            AccessChange(id=r[0], at=r[1], actor=r[2], identity=r[3], old_role=r[4],
-                         new_role=r[5], channel=r[6])
-            for r in rows
-        ]  # fmt: skip
-
-    # -- per-channel settings (issue 19, channel settings) ------------------------------
-    async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:
-        rows = await self._read(
-            "SELECT channel_key, key, value, set_by, set_at FROM channel_setting"
-            " WHERE channel_key = ? ORDER BY key",
-            (channel_key,),
-        )
-        return [
-            ChannelSetting(channel_key=r[0], key=r[1], value=r[2], set_by=r[3], set_at=r[4])
-            for r in rows
-        ]
-
-    async def set_channel_setting(
-        self, channel_key: str, key: str, value: str | None, *, actor: str, at: float
-    ) -> str | None:
-        def fn(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute(
-                "SELECT value FROM channel_setting WHERE channel_key = ? AND key = ?",
-                (channel_key, key),
-            ).fetchone()
-            old = None if row is None else str(row[0])
-            if value is None and old is None:
-                return None
-            if value is None:
-                conn.execute(
-                    "DELETE FROM channel_setting WHERE channel_key = ? AND key = ?",
-                    (channel_key, key),
-                )
-            else:
-                conn.execute(
-                    "INSERT INTO channel_setting (channel_key, key, value, set_by, set_at)"
-                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (channel_key, key) DO UPDATE SET"
-                    " value = excluded.value, set_by = excluded.set_by, set_at = excluded.set_at",
-                    (channel_key, key, value, actor, at),
-                )
-            conn.execute(
-                "INSERT INTO channel_setting_audit (channel_key, key, old_value, new_value,"
-                " actor, at) VALUES (?, ?, ?, ?, ?, ?)",
-                (channel_key, key, old, value, actor, at),
-            )
-            return old
-
-        result: str | None = await self._write(fn)
-        return result
-
-    async def channel_setting_changes(
-        self, channel_key: str | None = None, *, limit: int = 100
-    ) -> list[ChannelSettingChange]:
-        where, params = ("WHERE channel_key = ?", (channel_key,)) if channel_key else ("", ())
-        rows = await self._read(
-            "SELECT id, channel_key, key, old_value, new_value, actor, at"
-            f" FROM channel_setting_audit {where} ORDER BY id DESC LIMIT ?",
-            (*params, limit),
-        )
-        return [
-            ChannelSettingChange(
-                id=r[0], channel_key=r[1], key=r[2], old_value=r[3], new_value=r[4],
-                actor=r[5], at=r[6],
-            )
-            for r in reversed(rows)
-        ]  # fmt: skip

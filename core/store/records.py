@@ -1,0 +1,370 @@
+"""The records the store keeps and returns: plain frozen dataclasses.
+
+They live here, below every feature, so that :mod:`agentik.core.store` imports
+no feature module (approvals, questions, redaction, access, ...): the features
+import their records from here (and re-export them under their old names).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..errors import AgentikError
+from ..messages import ChatMessage
+
+__all__ = [
+    "AccessChange",
+    "AccessGrant",
+    "AnswerFrom",
+    "Approval",
+    "ApprovalDecision",
+    "ChannelSetting",
+    "ChannelSettingChange",
+    "Checklist",
+    "ConversationRecord",
+    "MemoryEntry",
+    "OutboxEntry",
+    "OutboxState",
+    "Question",
+    "QuestionOutcome",
+    "Redaction",
+    "RedactionError",
+    "RunRecord",
+    "TurnEnd",
+    "tombstoned",
+]
+
+#: Delivery state of an outbox row: written, handed to the peer, confirmed by it.
+OutboxState = Literal["queued", "sent", "confirmed"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AccessGrant:
+    """A role given in chat (``!role``, ``!ignore``) to one identity key."""
+
+    identity: str
+    role: str
+    granted_by: str
+    granted_at: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AccessChange:
+    """One row of the access audit: who changed whose role, when, where."""
+
+    id: int
+    at: float
+    actor: str
+    identity: str
+    old_role: str | None
+    new_role: str | None
+    channel: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConversationRecord:
+    """A stored conversation's metadata."""
+
+    id: str
+    title: str = ""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryEntry:
+    """One working-memory entry and its position (ascending, gaps allowed)."""
+
+    pos: int
+    message: ChatMessage
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """The end of the turn that answers the user message with this ``run_id``.
+
+    ``outcome``: the turn's stop reason (``stop``, ``length``, ``content_filter``, ``error``,
+    ``interrupted`` by a user, ``aborted``, ``time_budget``) or, for a turn
+    resumed after a crash, ``noted`` / ``dropped`` / ``superseded``.  A turn
+    cut short by a shutdown or a crash has no end: it is resumed.
+    """
+
+    run_id: str
+    outcome: str
+    #: The run's row of its run tree, written in the same transaction (a run that
+    #: started child runs, or a child run: :mod:`agentik.core.agents`).
+    run: RunRecord | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunRecord:
+    """One run of a run tree (:mod:`agentik.core.agents`; migration 9).
+
+    A child run has a ``parent_run_id``, the ``parent_call_id`` of the tool
+    call that started it and the ``agent`` it ran; its ``conversation_id``
+    is its own (child) conversation.  A top-level run is recorded once it
+    starts a child (``agent`` ``None``: the main agent).  A run is recorded
+    when it ends, with its ``stop_reason`` and ``usage`` (the run's tokens,
+    its children's included); a child refused at the depth limit has no
+    conversation and ``stop_reason = "depth_limit"``.
+    """
+
+    run_id: str
+    conversation_id: str | None
+    parent_run_id: str | None = None
+    parent_conversation_id: str | None = None
+    parent_call_id: str | None = None
+    agent: str | None = None
+    depth: int = 0
+    started: float = 0.0
+    ended: float | None = None
+    stop_reason: str | None = None
+    usage: dict[str, int] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutboxEntry:
+    """One outgoing piece (an IRC line, a Slack answer) and its delivery state.
+
+    ``(channel_key, run_id, piece)`` is unique: writing the same piece again
+    does not enqueue it twice.  ``complete`` is false while a streamed answer
+    is still being written (its ``text`` is filled in when it ends).
+    ``awaits_confirm``: the protocol will confirm it (IRC echo-message; a
+    Slack answer whose final text is not in its message yet).  ``ref`` is the
+    protocol's id of the delivered message (a Slack ``ts``).
+    """
+
+    id: int = 0
+    channel_key: str
+    run_id: str
+    piece: int
+    transport: str
+    kind: str
+    text: str
+    reply_to: Any = None
+    complete: bool = True
+    state: OutboxState = "queued"
+    awaits_confirm: bool = False
+    ref: str | None = None
+    created_at: float = 0.0
+
+    @property
+    def undelivered(self) -> bool:
+        """Not known to have reached the peer: send it (again) after a restart."""
+        return self.state == "queued" or (self.state == "sent" and self.awaits_confirm)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChannelSetting:
+    """One per-channel setting set in chat: its value is JSON text."""
+
+    channel_key: str
+    key: str
+    value: str
+    set_by: str
+    set_at: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChannelSettingChange:
+    """One audited change of a channel setting (``None``: unset before/after)."""
+
+    id: int
+    channel_key: str
+    key: str
+    old_value: str | None
+    new_value: str | None
+    actor: str
+    at: float
+
+
+# -- waits: approvals (issue 19), questions and checklists (issue 20) -----------------
+
+#: How a pending approval ended.
+ApprovalDecision = Literal["approved", "denied", "expired", "cancelled"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Approval:
+    """A request for approval, as stored (``approval`` table, migration 6)."""
+
+    #: Row number (unique for ever).
+    serial: int = 0
+    #: Short id people type (``3f2``): unique among the pending ones of its ``scope``.
+    id: str
+    #: The channel key, or the conversation id for a conversation without one.
+    scope: str
+    conversation_id: str
+    channel_key: str | None = None
+    run_id: str
+    call_id: str
+    tool: str
+    #: The arguments as shown: secrets masked, long values cut.
+    arguments: str = "{}"
+    #: A digest of the raw arguments (to recognise the same call after a restart).
+    digest: str = ""
+    asker: str | None = None
+    asker_id: str | None = None
+    approvers: str = "admin"
+    self_approve: bool = False
+    created_at: float = 0.0
+    expires_at: float = 0.0
+    state: Literal["pending", "resolved"] = "pending"
+    decision: ApprovalDecision | None = None
+    approver: str | None = None
+    approver_id: str | None = None
+    reason: str | None = None
+    resolved_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "conversation_id": self.conversation_id,
+            "channel_key": self.channel_key,
+            "run_id": self.run_id,
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "asker": self.asker,
+            "asker_id": self.asker_id,
+            "approvers": self.approvers,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "state": self.state,
+            "decision": self.decision,
+            "approver": self.approver,
+            "approver_id": self.approver_id,
+            "reason": self.reason,
+            "resolved_at": self.resolved_at,
+        }
+
+
+QuestionOutcome = Literal["answered", "expired", "cancelled"]
+AnswerFrom = Literal["asked", "anyone"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Question:
+    """A question to the channel, as stored (``question`` table, migration 10)."""
+
+    id: int = 0
+    conversation_id: str
+    channel_key: str | None = None
+    run_id: str
+    call_id: str
+    #: Who is asked (a name as the channel shows it); ``None``: anyone.
+    asker_target: str | None = None
+    #: Who may answer: ``asked`` (only ``asker_target``) or ``anyone``.
+    answer_from: AnswerFrom = "asked"
+    text: str
+    choices: tuple[str, ...] = ()
+    #: A digest of the question (to recognise it when a resumed turn asks again).
+    digest: str = ""
+    created_at: float = 0.0
+    deadline: float = 0.0
+    state: Literal["pending", "resolved"] = "pending"
+    outcome: QuestionOutcome | None = None
+    answer: str | None = None
+    answered_by: str | None = None
+    answered_at: float | None = None
+    #: The answerer's verified identity, when it had one (not stored in the
+    #: ``question`` table: the tool result's ``author_id`` keeps it, so the
+    #: person who answered may redact their answer like their own message).
+    answered_by_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "conversation_id": self.conversation_id,
+            "channel_key": self.channel_key,
+            "run_id": self.run_id,
+            "call_id": self.call_id,
+            "to": self.asker_target,
+            "answer_from": self.answer_from,
+            "question": self.text,
+            "choices": list(self.choices),
+            "created_at": self.created_at,
+            "deadline": self.deadline,
+            "state": self.state,
+            "outcome": self.outcome,
+            "answer": self.answer,
+            "answered_by": self.answered_by,
+            "answered_at": self.answered_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Checklist:
+    """A conversation's checklist (the ``todo`` tool's last list), as stored
+    (``todo`` table, migration 13)."""
+
+    #: ``{"text": ..., "status": "pending" | "in_progress" | "done"}``, in order.
+    items: tuple[dict[str, str], ...] = ()
+    #: The run whose call wrote it.
+    run_id: str | None = None
+    updated_at: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return sum(1 for it in self.items if it.get("status") == "done")
+
+    def line(self) -> str:
+        """``todo 2/5`` (items done of all)."""
+        return f"todo {self.done}/{len(self.items)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "items": [dict(it) for it in self.items],
+            "done": self.done,
+            "total": len(self.items),
+            "run_id": self.run_id,
+            "updated_at": self.updated_at,
+        }
+
+
+# -- redaction (issue 22) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Redaction:
+    """One audited redaction: which message, by whom, when, why, and what else went."""
+
+    id: int = 0
+    conversation_id: str
+    message_id: int
+    by: str
+    at: float
+    reason: str = ""
+    #: Memory notes derived from the message that were deleted with it.
+    notes_removed: int = 0
+
+
+class RedactionError(AgentikError, ValueError):
+    """A redaction that cannot be done (the message is already redacted)."""
+
+
+def tombstoned(
+    entry: ChatMessage, content: str, kind: str, call_id: str | None, *, linked: bool
+) -> ChatMessage:
+    """A working-memory entry with a redacted audit row's text replaced by ``content``.
+
+    ``kind``/``call_id`` are the redacted row's; ``linked``: the entry stands
+    for that row.  A redacted tool call keeps its place (the results that
+    answer it need it) with empty arguments; a tool result keeps its call id.
+    """
+    if kind == "tool_call":
+        calls = tuple(
+            dataclasses.replace(c, arguments="{}") if c.id == call_id else c
+            for c in entry.tool_calls
+        )
+        return dataclasses.replace(entry, tool_calls=calls)
+    if kind == "tool_result":
+        if entry.role == "tool" and (linked or entry.tool_call_id == call_id):
+            return dataclasses.replace(entry, content=content)
+        return entry
+    if linked:
+        return dataclasses.replace(entry, content=content)
+    return entry

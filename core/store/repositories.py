@@ -1,0 +1,304 @@
+"""The store's repositories: one Protocol per aggregate, each the part of
+:class:`~.base.Store` a feature needs.
+
+:class:`~.base.Store` is their facade (every engine implements all of them);
+code that needs one aggregate may ask for it by its Protocol, and
+:data:`REPOSITORIES` lists them (the store contract suite checks an engine
+declares each one).  Which optional groups an engine actually keeps is
+:attr:`Store.capabilities <.base.Store.capabilities>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ..messages import ChatMessage, Message, MessageKind, NewMessage
+from .records import (
+    AccessChange,
+    AccessGrant,
+    Approval,
+    ApprovalDecision,
+    ChannelSetting,
+    ChannelSettingChange,
+    Checklist,
+    ConversationRecord,
+    MemoryEntry,
+    OutboxEntry,
+    OutboxState,
+    Question,
+    QuestionOutcome,
+    Redaction,
+    RunRecord,
+    TurnEnd,
+)
+from .snapshot import ImportResult
+
+if TYPE_CHECKING:
+    from .base import Store
+
+__all__ = [
+    "REPOSITORIES",
+    "GovernanceRepository",
+    "LifecycleRepository",
+    "LogRepository",
+    "OutboxRepository",
+    "RunsRepository",
+    "WaitsRepository",
+]
+
+
+@runtime_checkable
+class LogRepository(Protocol):
+    """The log: conversations, channel bindings, the audit log, working memory, turn
+    ends, redaction."""
+
+    async def create_conversation(
+        self, record: ConversationRecord, *, channel_key: str | None = None
+    ) -> None: ...
+
+    async def create_conversation_with(
+        self,
+        record: ConversationRecord,
+        *,
+        log: Sequence[NewMessage] = (),
+        memory: Sequence[ChatMessage] = (),
+        updated_at: float | None = None,
+        defer: bool = False,
+    ) -> list[Message]: ...
+
+    def set_internal(self, conversation_id: str, internal: bool) -> None: ...
+
+    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None: ...
+
+    async def list_conversations(
+        self, *, limit: int = 50, offset: int = 0
+    ) -> list[ConversationRecord]: ...
+
+    async def update_conversation(
+        self,
+        conversation_id: str,
+        *,
+        title: str | None = None,
+        updated_at: float | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None: ...
+
+    async def delete_conversation(self, conversation_id: str) -> bool: ...
+
+    async def get_binding(self, channel_key: str) -> str | None: ...
+
+    async def set_binding(self, channel_key: str, conversation_id: str) -> None: ...
+
+    async def append(
+        self,
+        conversation_id: str,
+        *,
+        log: Sequence[NewMessage] = (),
+        memory: Sequence[ChatMessage] = (),
+        updated_at: float | None = None,
+        ended: TurnEnd | None = None,
+        defer: bool = False,
+    ) -> list[Message]: ...
+
+    async def pending_turns(self, *, limit: int = 1000, after: int = 0) -> list[Message]: ...
+
+    async def messages(
+        self,
+        conversation_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        offset: int | None = None,
+        limit: int = 100,
+        kinds: Sequence[MessageKind] | None = None,
+    ) -> list[Message]: ...
+
+    async def count_messages(self, conversation_id: str) -> int: ...
+
+    async def load_memory(self, conversation_id: str) -> list[MemoryEntry]: ...
+
+    async def compact(self, conversation_id: str, upto: int, summary: ChatMessage) -> None: ...
+
+    async def redact_message(
+        self,
+        conversation_id: str,
+        message_id: int,
+        *,
+        content: str,
+        by: str,
+        reason: str,
+        at: float,
+    ) -> Redaction | None: ...
+
+    async def redactions(
+        self, conversation_id: str | None = None, *, limit: int = 100
+    ) -> list[Redaction]: ...
+
+    async def note_source_add(
+        self, note_id: int, conversation_id: str, first_message_id: int, last_message_id: int
+    ) -> None: ...
+
+    async def message_span(self, conversation_id: str) -> tuple[int, int] | None: ...
+
+
+@runtime_checkable
+class OutboxRepository(Protocol):
+    """The outbox: outgoing pieces and their delivery state."""
+
+    async def outbox_add(self, entries: Sequence[OutboxEntry]) -> list[int]: ...
+
+    async def outbox_mark(
+        self, updates: Sequence[tuple[int, OutboxState, bool | None, str | None]]
+    ) -> None: ...
+
+    async def outbox_undelivered(self, *, limit: int = 10_000) -> list[OutboxEntry]: ...
+
+    async def outbox_prune(self, before: float) -> int: ...
+
+
+@runtime_checkable
+class WaitsRepository(Protocol):
+    """What a turn waits on: approvals and questions; and its checklist."""
+
+    async def approval_add(self, approval: Approval) -> int | None: ...
+
+    async def approval_resolve(
+        self,
+        serial: int,
+        decision: ApprovalDecision,
+        approver: str | None,
+        approver_id: str | None,
+        reason: str | None,
+        at: float,
+    ) -> bool: ...
+
+    async def approval_rebind(self, serial: int, call_id: str) -> None: ...
+
+    async def approval_get(self, serial: int) -> Approval | None: ...
+
+    async def approvals(
+        self,
+        *,
+        conversation_id: str | None = None,
+        scope: str | None = None,
+        state: str | None = None,
+        short_id: str | None = None,
+        limit: int = 1000,
+        newest_first: bool = False,
+    ) -> list[Approval]: ...
+
+    async def approval_used(self, conversation_id: str, tool: str) -> bool: ...
+
+    async def question_add(self, question: Question) -> int: ...
+
+    async def question_settle(
+        self,
+        question_id: int,
+        outcome: QuestionOutcome,
+        answer: str | None,
+        answered_by: str | None,
+        at: float,
+    ) -> bool: ...
+
+    async def question_rebind(self, question_id: int, call_id: str) -> None: ...
+
+    async def question_get(self, question_id: int) -> Question | None: ...
+
+    async def questions(
+        self, *, conversation_id: str | None = None, state: str | None = None
+    ) -> list[Question]: ...
+
+    async def todo_get(self, conversation_id: str) -> Checklist | None: ...
+
+    async def todo_set(self, conversation_id: str, checklist: Checklist | None) -> None: ...
+
+
+@runtime_checkable
+class GovernanceRepository(Protocol):
+    """Roles granted in chat, channel settings, budget counters."""
+
+    async def access_grants(self) -> list[AccessGrant]: ...
+
+    async def access_set(
+        self, identity: str, role: str | None, *, by: str, channel: str | None = None
+    ) -> None: ...
+
+    async def access_audit(self, *, limit: int = 100) -> list[AccessChange]: ...
+
+    async def channel_settings(self, channel_key: str) -> list[ChannelSetting]: ...
+
+    async def set_channel_setting(
+        self, channel_key: str, key: str, value: str | None, *, actor: str, at: float
+    ) -> str | None: ...
+
+    async def channel_setting_changes(
+        self, channel_key: str | None = None, *, limit: int = 100
+    ) -> list[ChannelSettingChange]: ...
+
+    async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None: ...
+
+    async def budget_usage(
+        self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
+    ) -> dict[tuple[str, str, str], int]: ...
+
+    async def budget_prune(self, before: Mapping[str, int]) -> int: ...
+
+    async def budget_rows(self, since: int) -> list[tuple[str, str, str, int, int]]: ...
+
+
+@runtime_checkable
+class RunsRepository(Protocol):
+    """The run tree."""
+
+    async def run_add(self, run: RunRecord) -> None: ...
+
+    async def runs(self, conversation_id: str) -> list[RunRecord]: ...
+
+
+@runtime_checkable
+class LifecycleRepository(Protocol):
+    """Snapshots and retention: export rows, import rows, prune."""
+
+    async def export_rows(self, conversation_id: str) -> dict[str, list[dict[str, Any]]]: ...
+
+    async def import_rows(
+        self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
+    ) -> ImportResult: ...
+
+    async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]: ...
+
+    async def log_outline(
+        self, conversation_id: str
+    ) -> list[tuple[int, str, float, str | None, str | None]]: ...
+
+    async def turn_ended(self, conversation_id: str, run_id: str) -> bool: ...
+
+    async def prune_log(
+        self, conversation_id: str, upto: int, *, summary: str | None, count: int
+    ) -> None: ...
+
+
+#: Every repository, in the order of the contract suite's aggregates.
+REPOSITORIES: tuple[type, ...] = (
+    LogRepository,
+    OutboxRepository,
+    WaitsRepository,
+    GovernanceRepository,
+    RunsRepository,
+    LifecycleRepository,
+)
+
+
+def _facade(
+    store: Store,
+) -> tuple[
+    LogRepository,
+    OutboxRepository,
+    WaitsRepository,
+    GovernanceRepository,
+    RunsRepository,
+    LifecycleRepository,
+]:
+    """(For mypy: a :class:`Store` is every repository, signatures included.)"""
+    return (store, store, store, store, store, store)

@@ -1,0 +1,56 @@
+"""``StoreContract``: the contract every store engine proves about itself.
+
+Subclass it in a test module and provide one fixture, ``store``, yielding a
+started engine (fresh and empty for each test)::
+
+    import pytest_asyncio
+    from agentik.core.store.testing import StoreContract
+
+    class TestPostgresContract(StoreContract):
+        @pytest_asyncio.fixture
+        async def store(self, postgres_url):
+            async with PostgresStore(postgres_url) as s:   # your engine
+                yield s
+
+The cases are grouped by aggregate, one mixin each, so an engine may run a
+part of the contract while it grows (:class:`LogContract`,
+:class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
+:class:`RunsContract`, :class:`LifecycleContract`); :class:`StoreContract`
+is all of them.  A case the engine legitimately cannot pass is skipped with
+its reason: ``unsupported = {"test_name": "why"}``.
+
+The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
+extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
+"""
+
+from __future__ import annotations
+
+from .governance import GovernanceContract
+from .kit import ContractBase
+from .lifecycle import LifecycleContract
+from .log import LogContract
+from .outbox import OutboxContract
+from .runs import RunsContract
+from .waits import WaitsContract
+
+__all__ = [
+    "ContractBase",
+    "GovernanceContract",
+    "LifecycleContract",
+    "LogContract",
+    "OutboxContract",
+    "RunsContract",
+    "StoreContract",
+    "WaitsContract",
+]
+
+
+class StoreContract(
+    LogContract,
+    OutboxContract,
+    WaitsContract,
+    GovernanceContract,
+    RunsContract,
+    LifecycleContract,
+):
+    """The whole store contract; subclass it and provide a ``store`` fixture."""
