@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+from agentik.core.access import may_forget
 from agentik.core.errors import AgentikError
 from agentik.core.memory import channel_scope, user_scope
 
@@ -80,11 +81,10 @@ async def forget(ctx: CommandContext) -> None:
     if note is None or note.scope not in scopes:
         await say(f"no memory note {note_id} here")
         return
-    if not note.scope.startswith("channel:") and note.scope != own:
-        if not ctx.access.at_least(decision.role, "admin"):
-            whose = "a global note" if note.scope == "global" else "someone else's note"
-            await say(f"note {note_id} is {whose}: only admins may forget it")
-            return
+    if not may_forget(decision.admin, note.scope, own):
+        whose = "a global note" if note.scope == "global" else "someone else's note"
+        await say(f"note {note_id} is {whose}: only admins may forget it")
+        return
     if await ctx.agent.memory.delete(note_id, author=ctx.actor):
         await say(f"forgot note {note_id}")
     else:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from agentik.core.access import may_stop
 from agentik.core.errors import AgentikError
 
 from ..channel import OpenChannel
@@ -18,9 +19,7 @@ def _someone_elses(ctx: CommandContext, ch: OpenChannel | None) -> bool:
     speaker may not stop it (``stop-others``: admins, or a rule naming it)."""
     running = ch.conversation.running_run_id if ch is not None else None
     asker = ch.run_asker.get(running) if ch is not None and running else None
-    return (
-        asker is not None and asker != ctx.speaker and not ctx.decision.may_command("stop-others")
-    )
+    return not may_stop(ctx.decision, ctx.speaker, asker)
 
 
 async def stop(ctx: CommandContext) -> None:
