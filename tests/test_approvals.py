@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.bot.bridge import Bridge
 from agentik.core import Agent, SQLiteStore
 from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.approvals import ApprovalRule, at_least, mask_arguments
@@ -23,7 +23,7 @@ from agentik.core.tools.base import tool
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient
-from rigs import from_bot, irc_transport, serving
+from rigs import from_bot, irc_transport, serving, slack_transport
 
 pytest_plugins = ["ircservers"]
 
@@ -295,8 +295,6 @@ def test_arguments_are_masked_and_cut():
 
 @asynccontextmanager
 async def slack_bot(slack, tmp_path, rules, *, access=None, **settings):
-    from agentik.transports.slack.transport import SlackTransport
-
     model = ScriptedModel()
     calls: list[dict] = []
     agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")),
@@ -307,20 +305,9 @@ async def slack_bot(slack, tmp_path, rules, *, access=None, **settings):
         # As the bot wires it (bot/app.py): approvers compare by the access policy.
         await access.load(agent.store)
         agent.approvals.at_least = access.at_least
-    base = {
-        "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
-        "state_file": str(tmp_path / "seen.sqlite3"), "streaming": "edit",
-        "edit_interval": 0.05,
-    }  # fmt: skip
-    transport = SlackTransport(name="slack", settings={**base, **settings})
-    bridge.attach(transport, ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    try:
+    transport = slack_transport(slack, tmp_path, **{"streaming": "edit", **settings})
+    async with serving(agent, bridge, transport):
         yield transport, model, agent, bridge, calls
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
 
 
 def asking_message(slack, channel: str) -> tuple[str, dict]:

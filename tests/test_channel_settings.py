@@ -32,11 +32,10 @@ from agentik.transports.slack.transport import SlackTransport
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient
+from rigs import FAST
+from rigs import said_by_bot as from_bot
 
 pytest_plugins = ["ircservers"]
-
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
 
 
 async def _noop() -> str:
@@ -90,10 +89,6 @@ async def irc_rig(port, tmp_path, server, *, role_for=None, channel_settings=Non
         await transport.aclose()
         await bridge.aclose()
         await agent.aclose()
-
-
-def from_bot(line) -> bool:
-    return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
 
 
 def said(channel: str, *words: str):
