@@ -1,14 +1,64 @@
-"""Shared fixtures: real SQLite files, a real local OpenAI-compatible server."""
+"""Shared fixtures: real SQLite files, a real local OpenAI-compatible server.
+
+And how the suite spreads over parallel workers (``make test`` runs pytest-xdist with
+``--dist loadgroup``, see docs/development.md): each test goes to whichever worker is
+free, except the modules in :data:`XDIST_GROUPS`, whose tests all run on one worker,
+one after another.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import PurePosixPath
+from typing import Any
 
 import pytest
 
 from agentik.core import Agent, OpenAIBackend, SQLiteStore
 from agentik.core.testing.openai_server import FakeOpenAIServer
 from agentik.core.testing.scripted import ScriptedModel
+
+#: Test modules that must not be spread over workers, by group: every test of a group
+#: runs on the same worker, one at a time. A module is here when it builds something
+#: expensive once per module (a fixture of ``scope="module"``: spread over two workers it
+#: would be built twice), or when it writes into the checkout itself (pip builds the
+#: checkout in place: ``build/`` and ``*.egg-info``, so two builds at once would trample
+#: each other).
+XDIST_GROUPS: dict[str, str] = {
+    # pip builds of the checkout (in place), and the venv built once for the module (~95 s)
+    "test_plain_install": "checkout-build",
+    "test_package": "checkout-build",
+    # the local model, loaded once for the module
+    "test_llamacpp": "test_llamacpp",
+    # one server / fake Slack / embedder per module, shared by its tests
+    "test_http_openapi": "test_http_openapi",
+    "test_import_untrusted": "test_import_untrusted",
+    "test_recall": "test_recall",
+    "test_security_http": "test_security_http",
+    "test_security_slack": "test_security_slack",
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist it is never called
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadgroup``: every test is its own unit of work, except the modules of
+    :data:`XDIST_GROUPS`, whose tests form one unit per group (the largest units first).
+
+    xdist's own loadgroup reads ``@pytest.mark.xdist_group`` by renaming the test
+    (``item._nodeid``), which pytest 9 no longer has: the markers are silently ignored
+    (xdist 3.8). This scheduler groups by module name instead, on the controller.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = PurePosixPath(nodeid.split("::", 1)[0])
+            group = XDIST_GROUPS.get(path.stem) if path.parent.name == "tests" else None
+            return group or nodeid
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture
