@@ -61,6 +61,31 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return GroupScheduling(config, log)
 
 
+def _utf8(text: str) -> str:
+    """``text`` with lone surrogates written as ``\\udcff`` escapes (valid UTF-8)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """On an xdist worker, make the report sendable to the controller.
+
+    xdist sends each report as UTF-8; captured output holding a lone surrogate (a test
+    logging undecodable bytes, e.g. test_logs' escaped-secret cases) made the send fail,
+    which crashed the worker and ended the whole run. Escaping them changes no outcome.
+    """
+    report = yield
+    if hasattr(item.config, "workerinput"):
+        report.sections = [(title, _utf8(content)) for title, content in report.sections]
+        if isinstance(report.longrepr, str):
+            report.longrepr = _utf8(report.longrepr)
+        elif report.longrepr is not None:
+            text = str(report.longrepr)
+            if _utf8(text) != text:
+                report.longrepr = _utf8(text)
+    return report
+
+
 @pytest.fixture
 def db_path(tmp_path):
     return str(tmp_path / "agentik.db")
