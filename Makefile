@@ -62,7 +62,7 @@ run:
 	@if $(NO_REMOTE); then $(MAKE) -s --no-print-directory $(LOCAL); fi
 	$(VENV)/bin/agentik run -c $(CONFIG)
 
-# The suite on parallel workers (pytest-xdist; one per CPU by default, TEST_WORKERS=0
+# The suite on parallel workers (pytest-xdist; auto = two per CPU, tests/conftest.py; TEST_WORKERS=0
 # runs it in one process). Groups that must stay on one worker: tests/conftest.py.
 TEST_WORKERS ?= auto
 test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium mcp-servers

@@ -8,6 +8,7 @@ one after another.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import PurePosixPath
 from typing import Any
@@ -40,6 +41,14 @@ XDIST_GROUPS: dict[str, str] = {
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist it is never called
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers per CPU, at most 8. Most tests spend their time waiting
+    (on a turn, a server, a subprocess), so one worker per CPU leaves the CPUs idle: on
+    2 loaded cores, 4 workers ran the suite in 15 min where 2 were on course for 17.5."""
+    return max(1, min(2 * (os.cpu_count() or 1), 8))
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under ``--dist loadgroup``: every test is its own unit of work, except the modules of
     :data:`XDIST_GROUPS`, whose tests form one unit per group (the largest units first).
