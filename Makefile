@@ -62,8 +62,11 @@ run:
 	@if $(NO_REMOTE); then $(MAKE) -s --no-print-directory $(LOCAL); fi
 	$(VENV)/bin/agentik run -c $(CONFIG)
 
+# The suite on parallel workers (pytest-xdist; auto = two per CPU, tests/conftest.py; TEST_WORKERS=0
+# runs it in one process). Groups that must stay on one worker: tests/conftest.py.
+TEST_WORKERS ?= auto
 test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium mcp-servers
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The manual: docs/ built by mkdocs (Material theme) into site/, strictly (a warning,
 # e.g. a broken link or anchor, fails). The configuration reference is regenerated

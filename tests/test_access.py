@@ -24,17 +24,15 @@ from agentik.core.access import AccessPolicy, AccessRule, AccessSettings, RoleSe
 from agentik.core.errors import ConfigError
 from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.http.transport import HttpTransport
-from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold
 from agentik.transports.slack.transport import SlackTransport
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
+from rigs import from_bot, irc_transport, joined, serving
 
 pytest_plugins = ["ircservers"]
 
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
 ACCOUNTS = registration_handler(
     caps_offered="account-tag message-tags",
     isupport="CASEMAPPING=rfc1459 CHANTYPES=#& NETWORK=Test",
@@ -76,29 +74,11 @@ async def irc_bot(port: int, db: str, access: AccessPolicy, *, ambient: bool = F
     await agent.start()
     await access.load(store)  # as the bot does at start
     bridge = Bridge(agent, access=access)
-    transport = IRCTransport(
-        name="testnet",
-        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", **FAST, **settings},
-    )
-    bridge.attach(transport, ChannelOptions(command_prefix="!", ambient=ambient))
-    await transport.start(bridge)
-    try:
+    transport = irc_transport(port, **settings)
+    async with serving(
+        agent, bridge, transport, ChannelOptions(command_prefix="!", ambient=ambient)
+    ):
         yield transport, model, agent, bridge
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
-
-
-async def joined(transport: IRCTransport, channel: str) -> None:
-    async with asyncio.timeout(60):
-        while channel not in transport.joined:
-            await transport._queue_changed.wait()
-            await asyncio.sleep(0)
-
-
-def from_bot(line) -> bool:
-    return line.command in ("PRIVMSG", "NOTICE") and (line.nick or "").lower() == "agentik"
 
 
 # -- real IRC server: nobody has an account ----------------------------------------------------

@@ -14,21 +14,18 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.bot.bridge import Bridge
 from agentik.core import Agent, SQLiteStore
 from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.approvals import ApprovalRule, at_least, mask_arguments
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
-from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient
+from rigs import from_bot, irc_transport, serving, slack_transport
 
 pytest_plugins = ["ircservers"]
-
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
 
 
 def writer_tool(calls: list[dict]):
@@ -78,28 +75,12 @@ async def irc_bot(
     await agent.start()
     bridge = Bridge(agent, role_for=role_for, access=access)
     _BRIDGES[agent] = bridge
-    transport = IRCTransport(
-        name="testnet",
-        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", "channels": ["#ops"],
-                  "unverified_identity": identity, **FAST},
-    )  # fmt: skip
-    bridge.attach(transport, ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
+    transport = irc_transport(port, channels=["#ops"], unverified_identity=identity)
     try:
-        async with asyncio.timeout(60):
-            while "#ops" not in transport.joined:
-                await transport._queue_changed.wait()
-                await asyncio.sleep(0)
-        yield model, agent, calls
+        async with serving(agent, bridge, transport, joined_to=["#ops"]):
+            yield model, agent, calls
     finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
         _BRIDGES.pop(agent, None)
-
-
-def from_bot(line) -> bool:
-    return line.command in ("PRIVMSG", "NOTICE") and (line.nick or "").lower() == "agentik"
 
 
 async def people(port: int, *nicks: str) -> list[IRCTestClient]:
@@ -314,8 +295,6 @@ def test_arguments_are_masked_and_cut():
 
 @asynccontextmanager
 async def slack_bot(slack, tmp_path, rules, *, access=None, **settings):
-    from agentik.transports.slack.transport import SlackTransport
-
     model = ScriptedModel()
     calls: list[dict] = []
     agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")),
@@ -326,20 +305,9 @@ async def slack_bot(slack, tmp_path, rules, *, access=None, **settings):
         # As the bot wires it (bot/app.py): approvers compare by the access policy.
         await access.load(agent.store)
         agent.approvals.at_least = access.at_least
-    base = {
-        "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
-        "state_file": str(tmp_path / "seen.sqlite3"), "streaming": "edit",
-        "edit_interval": 0.05,
-    }  # fmt: skip
-    transport = SlackTransport(name="slack", settings={**base, **settings})
-    bridge.attach(transport, ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    try:
+    transport = slack_transport(slack, tmp_path, **{"streaming": "edit", **settings})
+    async with serving(agent, bridge, transport):
         yield transport, model, agent, bridge, calls
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
 
 
 def asking_message(slack, channel: str) -> tuple[str, dict]:

@@ -20,14 +20,12 @@ from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore, TurnPolicy
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
-from agentik.transports.irc.transport import IRCTransport
 
 from ircservers import IRCTestClient
+from rigs import from_bot, irc_transport, serving
 
 pytest_plugins = ["ircservers"]
 
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
 ASKING = TurnPolicy(ask_user=True, todo=True)
 MCP_SERVER = str(Path(__file__).with_name("mcp_server.py"))
 
@@ -45,10 +43,6 @@ async def next_event(sub, kind: str, wait: float = 60.0):
     raise AssertionError(f"the stream ended before {kind}")
 
 
-def from_bot(line) -> bool:
-    return line.command in ("PRIVMSG", "NOTICE") and (line.nick or "").lower() == "agentik"
-
-
 _BRIDGES: dict[Agent, Bridge] = {}
 
 
@@ -59,23 +53,11 @@ async def irc_bot(port, db, *, policy=ASKING, options=None, toolsets=()):
     await agent.start()
     bridge = Bridge(agent)
     _BRIDGES[agent] = bridge
-    transport = IRCTransport(
-        name="testnet",
-        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", "channels": ["#ops"],
-                  **FAST},
-    )  # fmt: skip
-    bridge.attach(transport, options or ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
+    transport = irc_transport(port, channels=["#ops"])
     try:
-        async with asyncio.timeout(60):
-            while "#ops" not in transport.joined:
-                await transport._queue_changed.wait()
-                await asyncio.sleep(0)
-        yield model, agent
+        async with serving(agent, bridge, transport, options, joined_to=["#ops"]):
+            yield model, agent
     finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
         _BRIDGES.pop(agent, None)
 
 

@@ -23,27 +23,16 @@ from agentik.core.testing.openai_server import Reply as ServerReply
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
 from agentik.transports.irc.transport import IRCTransport
-from agentik.transports.slack.transport import SlackTransport
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient
+from rigs import FAST, joined, serving, slack_transport
 
 pytest_plugins = ["ircservers"]
 
 #: 2026-12-01 13:59:30 UTC: half a minute before a minute (and 10 h before a day) ends.
 T0 = 1_796_133_570.0
 DAY = 86_400.0
-
-
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
-
-
-async def joined(transport: IRCTransport, channel: str) -> None:
-    async with asyncio.timeout(60):
-        while channel not in transport.joined:
-            await transport._queue_changed.wait()
-            await asyncio.sleep(0)
 
 
 class Clock:
@@ -62,19 +51,8 @@ async def slack_bot(slack, tmp_path, llm, settings, clock, *, role_for=None, too
     budgets = Budgets(settings, store, clock=clock)
     extra = {"role_for": role_for} if role_for else {}
     bridge = Bridge(agent, budgets=budgets, **extra)
-    base = {
-        "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
-        "state_file": str(tmp_path / "seen.sqlite3"), "edit_interval": 0.05,
-    }  # fmt: skip
-    transport = SlackTransport(name="slack", settings=base)
-    bridge.attach(transport, ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    try:
+    async with serving(agent, bridge, slack_transport(slack, tmp_path)):
         yield bridge
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
 
 
 def bot_texts(slack: FakeSlack, channel: str) -> list[str]:

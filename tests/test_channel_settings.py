@@ -5,7 +5,6 @@ model request itself is checked."""
 
 from __future__ import annotations
 
-import asyncio
 import html
 import sqlite3
 from contextlib import asynccontextmanager
@@ -32,11 +31,10 @@ from agentik.transports.slack.transport import SlackTransport
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient
+from rigs import FAST, joined
+from rigs import said_by_bot as from_bot
 
 pytest_plugins = ["ircservers"]
-
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
 
 
 async def _noop() -> str:
@@ -81,19 +79,13 @@ async def irc_rig(port, tmp_path, server, *, role_for=None, channel_settings=Non
     bridge.attach(transport, ChannelOptions(command_prefix="!", allowed_tools=("fs__*",)))
     await transport.start(bridge)
     try:
-        async with asyncio.timeout(60):
-            while not {"#ops", "#dev"} <= set(transport.joined):
-                await transport._queue_changed.wait()
-                await asyncio.sleep(0)
+        await joined(transport, "#ops")
+        await joined(transport, "#dev")
         yield bridge, agent
     finally:
         await transport.aclose()
         await bridge.aclose()
         await agent.aclose()
-
-
-def from_bot(line) -> bool:
-    return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
 
 
 def said(channel: str, *words: str):

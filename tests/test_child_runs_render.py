@@ -6,17 +6,16 @@ own (tests/childruns.py)."""
 
 from __future__ import annotations
 
-import asyncio
 from contextlib import asynccontextmanager
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
 from agentik.core.streamprofiles import StreamProfileSettings, resolve_profiles
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
-from agentik.transports.irc.transport import IRCTransport
 
 from childruns import CHILD_ANSWER, CHILD_SECOND_LINE, CHILD_TEXT, with_researcher
 from ircservers import IRCTestClient
+from rigs import from_bot, irc_transport, serving
 
 pytest_plugins = ["ircservers"]
 
@@ -37,27 +36,9 @@ async def irc_bot(port: int, tmp_path, options: ChannelOptions, **agent_kwargs):
     )
     await agent.start()
     bridge = Bridge(agent)
-    transport = IRCTransport(
-        name="testnet",
-        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", "channels": ["#room"],
-                  **FAST},
-    )  # fmt: skip
-    bridge.attach(transport, options)
-    await transport.start(bridge)
-    try:
-        async with asyncio.timeout(60):
-            while "#room" not in transport.joined:
-                await transport._queue_changed.wait()
-                await asyncio.sleep(0)
+    transport = irc_transport(port, channels=["#room"], **FAST)
+    async with serving(agent, bridge, transport, options, joined_to=["#room"]):
         yield model
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
-
-
-def from_bot(line) -> bool:
-    return line.command in ("PRIVMSG", "NOTICE") and (line.nick or "").lower() == "agentik"
 
 
 async def delegated_turn(port: int, model: ScriptedModel) -> list[str]:

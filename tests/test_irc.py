@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
-from contextlib import asynccontextmanager
 
-from agentik.bot.bridge import Bridge, ChannelOptions
-from agentik.core import Agent, SQLiteStore
-from agentik.core.testing.scripted import Reply, ScriptedModel
+from agentik.bot.bridge import ChannelOptions
+from agentik.core.testing.scripted import Reply
 from agentik.transports.irc.transport import IRCTransport, sasl_chunks
 from agentik.transports.irc.wire import strip_formatting
 from helpers import AGENTIK
@@ -20,46 +18,14 @@ from ircservers import (
     registration_handler,
     sasl_plain,
 )
+from rigs import irc_bot, joined
+from rigs import said_by_bot as from_bot
 
 pytest_plugins = ["ircservers"]
 
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
-
-
-@asynccontextmanager
-async def irc_bot(port: int, tmp_path, *, options: ChannelOptions | None = None, **settings):
-    model = ScriptedModel()
-    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "irc.db")))
-    await agent.start()
-    bridge = Bridge(agent)
-    transport = IRCTransport(
-        name="testnet",
-        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", **FAST, **settings},
-    )
-    bridge.attach(transport, options or ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    try:
-        yield transport, model, agent
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
-
-
-async def joined(transport: IRCTransport, channel: str) -> None:
-    async with asyncio.timeout(60):
-        while channel not in transport.joined:
-            await transport._queue_changed.wait()
-            await asyncio.sleep(0)
-
-
-def from_bot(line) -> bool:
-    return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
-
 
 async def test_addressing_private_messages_and_two_users(irc_server, tmp_path):
-    async with irc_bot(irc_server.port, tmp_path, channels=["#room"]) as (bot, model, agent):
+    async with irc_bot(irc_server.port, tmp_path, channels=["#room"]) as (bot, model, agent, _):
         await joined(bot, "#room")
         alice = await IRCTestClient.connect(irc_server.port, "alice")
         bob = await IRCTestClient.connect(irc_server.port, "bob")
@@ -100,6 +66,7 @@ async def test_commands_more_stop_new(miniircd, tmp_path):
         bot,
         model,
         agent,
+        _,
     ):
         await joined(bot, "#cmd")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
@@ -134,7 +101,7 @@ async def test_a_long_answer_stops_after_four_lines_by_default_and_more_shows_th
     miniircd, tmp_path
 ):
     # No max_answer_lines anywhere: IRC's default cap (4) applies.
-    async with irc_bot(miniircd.port, tmp_path, channels=["#cap"]) as (bot, model, agent):
+    async with irc_bot(miniircd.port, tmp_path, channels=["#cap"]) as (bot, model, agent, _):
         await joined(bot, "#cap")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         await alice.join("#cap")
@@ -187,6 +154,7 @@ async def test_a_long_answer_arrives_as_correctly_split_lines(irc_server, tmp_pa
         bot,
         model,
         agent,
+        _,
     ):
         await joined(bot, "#long")
         alice = await IRCTestClient.connect(irc_server.port, "alice")
@@ -212,7 +180,7 @@ async def test_a_long_answer_arrives_as_correctly_split_lines(irc_server, tmp_pa
 async def test_server_restart_mid_conversation_delivers_the_queued_answer_once(miniircd, tmp_path):
     async with irc_bot(
         miniircd.port, tmp_path, channels=["#ops"], reconnect_min=1.5, reconnect_max=2.0
-    ) as (bot, model, agent):
+    ) as (bot, model, agent, _):
         await joined(bot, "#ops")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         await alice.join("#ops")
@@ -635,7 +603,7 @@ async def test_multiline_batches_an_answer_when_the_server_offers_it(tmp_path):
         caps_offered="batch message-tags draft/multiline=max-bytes=4096,max-lines=24"
     )
     async with ScriptedIRCServer(handler) as server:
-        async with irc_bot(server.port, tmp_path) as (bot, model, agent):
+        async with irc_bot(server.port, tmp_path) as (bot, model, agent, _):
             await asyncio.wait_for(bot.registered.wait(), 60)
             assert "draft/multiline" in bot.caps_enabled
             model.enqueue(Reply(text="first line\nsecond line\nthird line"))
@@ -659,7 +627,7 @@ async def test_server_password_nickserv_and_flood_control_keep_every_line_in_ord
             server.port, tmp_path, password="server-pass", nickserv_password="ns-pass",
             flood_burst=2, flood_rate=50.0,
             options=ChannelOptions(command_prefix="!", max_answer_lines=0),  # all 12 rows
-        ) as (bot, model, agent):  # fmt: skip
+        ) as (bot, model, agent, _):  # fmt: skip
             await asyncio.wait_for(bot.registered.wait(), 60)
             lines = server.received
             assert lines.index("PASS server-pass") < lines.index("NICK agentik")
@@ -675,7 +643,7 @@ async def test_server_password_nickserv_and_flood_control_keep_every_line_in_ord
 async def test_isupport_linelen_allows_longer_lines(tmp_path):
     handler = registration_handler(caps_offered="", isupport="LINELEN=1024 NETWORK=Test")
     async with ScriptedIRCServer(handler) as server:
-        async with irc_bot(server.port, tmp_path) as (bot, model, agent):
+        async with irc_bot(server.port, tmp_path) as (bot, model, agent, _):
             await asyncio.wait_for(bot.registered.wait(), 60)
             assert bot.linelen == 1024
             long_line = " ".join(f"word{i}" for i in range(120))  # ~830 bytes

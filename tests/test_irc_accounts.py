@@ -21,9 +21,8 @@ from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold
 
 from ircservers import ScriptedIRCServer, registration_handler, sasl_plain
+from rigs import FAST, joined
 
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
 ISUPPORT = "CASEMAPPING=rfc1459 CHANTYPES=#& NETWORK=Test"
 TRACKING = "extended-join account-notify message-tags"
 
@@ -48,13 +47,6 @@ class Recorder:
                 await self._changed.wait()
         self._taken = taken + 1
         return self.messages[taken]
-
-
-async def joined(transport: IRCTransport, channel: str) -> None:
-    async with asyncio.timeout(60):
-        while channel not in transport.joined:
-            await transport._queue_changed.wait()
-            await asyncio.sleep(0)
 
 
 async def start_bot(port: int, sink: Any, **settings: Any) -> IRCTransport:

@@ -23,11 +23,10 @@ from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
+from rigs import FAST
 
 pytest_plugins = ["ircservers"]
 
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
 OWNERS = ("testnet:account:alice[m]", "testnet:account:jürgen")
 
 

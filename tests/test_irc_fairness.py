@@ -10,20 +10,14 @@ requests.  Orders and drops are asserted by counting lines, never by timing.
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
 
-from agentik.bot.bridge import Bridge, ChannelOptions
-from agentik.core import Agent, SQLiteStore
-from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.base import IncomingMessage, OutgoingMessage
 from agentik.transports.irc.transport import IRCTransport
 
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
+from rigs import FAST, from_bot, irc_bot, joined
 
 pytest_plugins = ["ircservers"]
-
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
 
 
 class _NullSink:
@@ -92,37 +86,6 @@ async def test_the_caps_on_waiting_lines_only_cost_the_target_with_the_most_wait
     assert len(warnings) == 2 and "for #flood" in warnings[0] and "for #busy" in warnings[1]
 
 
-@asynccontextmanager
-async def irc_bot(port: int, tmp_path, **settings):
-    model = ScriptedModel()
-    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "irc.db")))
-    await agent.start()
-    bridge = Bridge(agent)
-    transport = IRCTransport(
-        name="testnet",
-        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", **FAST, **settings},
-    )
-    bridge.attach(transport, ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    try:
-        yield transport, model, agent
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
-
-
-async def joined(transport: IRCTransport, channel: str) -> None:
-    async with asyncio.timeout(60):
-        while channel not in transport.joined:
-            await transport._queue_changed.wait()
-            await asyncio.sleep(0)
-
-
-def from_bot(m) -> bool:
-    return m.command in ("PRIVMSG", "NOTICE") and (m.nick or "").lower() == "agentik"
-
-
 async def test_a_flood_from_many_clients_never_drops_or_holds_up_another_channel_or_a_dm(
     miniircd, tmp_path
 ):
@@ -134,7 +97,7 @@ async def test_a_flood_from_many_clients_never_drops_or_holds_up_another_channel
     async with irc_bot(
         miniircd.port, tmp_path, channels=["#flood", "#quiet"], flood_burst=1, flood_rate=1.0,
         queue_limit=15, user_rate_limit=100,
-    ) as (bot, model, agent):  # fmt: skip
+    ) as (bot, model, agent, _):  # fmt: skip
         await joined(bot, "#flood")
         await joined(bot, "#quiet")
         quinn = await IRCTestClient.connect(miniircd.port, "quinn")
@@ -173,7 +136,7 @@ async def test_a_flood_from_many_clients_never_drops_or_holds_up_another_channel
 async def test_changing_nick_does_not_reset_the_per_user_rate_limit(miniircd, tmp_path):
     """Before: the limit counted nicks, so every NICK bought ``user_rate_limit`` more
     model requests; now it counts ``ident@host`` (the account where there is one)."""
-    async with irc_bot(miniircd.port, tmp_path, user_rate_limit=4) as (bot, model, agent):
+    async with irc_bot(miniircd.port, tmp_path, user_rate_limit=4) as (bot, model, agent, _):
         await asyncio.wait_for(bot.registered.wait(), 60)
         mallory = await IRCTestClient.connect(miniircd.port, "mallory", user="mal")
         for n in range(3):

@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import ToolContext
 from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
 from helpers import in_ci
+
+from rigs import free_port
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 CTX = ToolContext(conversation_id="c", run_id="r", call_id="k")
@@ -250,12 +251,6 @@ async def test_aclose_leaves_no_process_and_no_task(tmp_path):
 
 
 # -- streamable HTTP -------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class HTTPServer:

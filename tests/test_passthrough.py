@@ -18,6 +18,8 @@ from agentik.core.events import ToolCallEnded
 from agentik.core.memory import NoMemory
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 
+from rigs import joined
+
 pytest_plugins = ["ircservers"]
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
@@ -174,7 +176,6 @@ def test_a_fixed_argument_that_does_not_fit_the_schema_is_reported_without_its_v
 
 
 async def test_people_run_passthrough_tools_with_the_tool_command(miniircd, tmp_path):
-    import asyncio
 
     from agentik.bot.bridge import Bridge, ChannelOptions
     from agentik.core import Agent, tool
@@ -227,10 +228,7 @@ async def test_people_run_passthrough_tools_with_the_tool_command(miniircd, tmp_
     await transport.start(bridge)
     alice = None
     try:
-        async with asyncio.timeout(60):
-            while "#t" not in transport.joined:
-                await transport._queue_changed.wait()
-                await asyncio.sleep(0)
+        await joined(transport, "#t")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         await alice.join("#t")
 

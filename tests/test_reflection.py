@@ -25,6 +25,7 @@ from agentik.transports.testing.fake import FakeTransport
 from helpers import AGENTIK
 
 from ircservers import IRCTestClient
+from rigs import joined
 
 pytest_plugins = ["ircservers"]
 
@@ -331,10 +332,7 @@ async def test_announce_line_in_an_irc_channel_once(miniircd, tmp_path):
     await bot.start(bridge)
     alice = None
     try:
-        async with asyncio.timeout(60):
-            while "#tea" not in bot.joined:
-                await bot._queue_changed.wait()
-                await asyncio.sleep(0)
+        await joined(bot, "#tea")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         await alice.join("#tea")
         alice.privmsg("#tea", "agentik: I drink tea every morning")

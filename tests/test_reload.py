@@ -26,15 +26,12 @@ from agentik.core.tools.mcp import MCPToolset
 from helpers import AGENTIK
 
 from ircservers import IRCTestClient, free_port
+from rigs import said_by_bot as from_bot
 
 pytest_plugins = ["ircservers"]
 
 MCP_SERVER = str(Path(__file__).with_name("mcp_server.py"))
 TOKEN = "reload-test-token-5f2a"
-
-
-def from_bot(line) -> bool:
-    return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
 
 
 def config_text(

@@ -24,14 +24,11 @@ from helpers import AGENTIK
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient, free_port
+from rigs import said_by_bot as from_bot
 
 pytest_plugins = ["ircservers"]
 
 WAIT = 60.0
-
-
-def from_bot(line: Any) -> bool:
-    return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
 
 
 class Run:

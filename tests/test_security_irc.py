@@ -12,65 +12,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from contextlib import asynccontextmanager
+from functools import partial
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agentik.bot.bridge import Bridge, ChannelOptions
-from agentik.core import Agent, SQLiteStore
 from agentik.core.memory import NO_IDENTITY
-from agentik.core.memory.sqlite import SQLiteMemory
-from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.core.testing.scripted import Reply, call
 from agentik.transports.base import IncomingMessage, OutgoingMessage
 from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold, parse_line, strip_formatting
 
+import rigs
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
+from rigs import FAST, from_bot, joined
 
 pytest_plugins = ["ircservers"]
 
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
+#: A bot with SQLite memory on one IRC server (network ``testnet``).
+irc_bot = partial(rigs.irc_bot, memory=True)
+
 PIN = "alice's bank PIN is 4711"
 #: A server with accounts: the IRCv3 account tag, RFC 1459 casemapping, STATUSMSG.
 ACCOUNTS = registration_handler(
     caps_offered="account-tag message-tags",
     isupport="CASEMAPPING=rfc1459 CHANTYPES=#& STATUSMSG=@+ NETWORK=Test",
 )
-
-
-@asynccontextmanager
-async def irc_bot(port: int, tmp_path, *, options: ChannelOptions | None = None, **settings):
-    """A bot with SQLite memory on one IRC server (network ``testnet``)."""
-    model = ScriptedModel()
-    store = SQLiteStore(str(tmp_path / "irc.db"))
-    agent = Agent(llm=model, store=store, memory=SQLiteMemory(store))
-    await agent.start()
-    bridge = Bridge(agent)
-    transport = IRCTransport(
-        name="testnet",
-        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", **FAST, **settings},
-    )
-    bridge.attach(transport, options or ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    try:
-        yield transport, model, agent, bridge
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
-
-
-async def joined(transport: IRCTransport, channel: str) -> None:
-    async with asyncio.timeout(60):
-        while channel not in transport.joined:
-            await transport._queue_changed.wait()
-            await asyncio.sleep(0)
-
-
-def from_bot(line) -> bool:
-    return line.command in ("PRIVMSG", "NOTICE") and (line.nick or "").lower() == "agentik"
 
 
 def tool_results(model, index=-1) -> list[str]:

@@ -7,63 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from contextlib import asynccontextmanager
 
-from agentik.bot.bridge import Bridge, ChannelOptions
-from agentik.core import Agent, SQLiteStore
+from agentik.bot.bridge import ChannelOptions
 from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.approvals import ApprovalRule
 from agentik.core.hookspecs import hookimpl
 from agentik.core.llm.openai_backend import OpenAIBackend
 from agentik.core.testing.openai_server import Reply as OpenAIReply
-from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.core.testing.scripted import Reply, call
 from agentik.core.tools.base import tool
-from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient, ScriptedIRCServer, parse_line, registration_handler
+from rigs import WAIT, irc_bot, joined
+from rigs import said_by_bot as from_bot
 
 pytest_plugins = ["ircservers"]
-
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
-WAIT = 60.0
-
-
-@asynccontextmanager
-async def irc_bot(port: int, tmp_path, *, options: ChannelOptions | None = None,
-                  bridge_kw=None, agent_kw=None, llm=None, **settings):  # fmt: skip
-    model = ScriptedModel()
-    agent = Agent(llm=llm or model, store=SQLiteStore(str(tmp_path / "irc.db")),
-                  **(agent_kw or {}))  # fmt: skip
-    await agent.start()
-    bridge_kw = bridge_kw or {}
-    if "access" in bridge_kw:
-        await bridge_kw["access"].load(agent.store)  # as the bot does at start
-    bridge = Bridge(agent, **bridge_kw)
-    transport = IRCTransport(
-        name="testnet",
-        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", **FAST, **settings},
-    )
-    bridge.attach(transport, options or ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    try:
-        yield transport, model, agent, bridge
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
-
-
-async def joined(transport: IRCTransport, channel: str) -> None:
-    async with asyncio.timeout(WAIT):
-        while channel not in transport.joined:
-            await transport._queue_changed.wait()
-            await asyncio.sleep(0)
-
-
-def from_bot(line) -> bool:
-    return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
 
 
 def answer_line(line) -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from aiohttp import web
 
@@ -15,6 +13,8 @@ from agentik.core.plugins import load_plugins
 from agentik.core.skills import load_skills
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import ToolContext
+
+from rigs import free_port
 
 CTX = ToolContext(conversation_id="c", run_id="r", call_id="x")
 
@@ -152,12 +152,6 @@ async def test_soul_from_a_url_is_fetched_at_start(tmp_path, soul_server):
         await conv.wait_idle()
     assert hits == ["/soul.md"]
     assert model.requests[0].system == "Base.\n\nYou are Bo, cheerful."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("path", ["/missing.md", None])

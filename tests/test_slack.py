@@ -10,12 +10,13 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.bot.bridge import Bridge
 from agentik.core import Agent, SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel
 from agentik.transports.slack.transport import SlackTransport, markdown_to_mrkdwn
 
 from fakeslack import FakeSlack
+from rigs import serving, slack_transport
 
 
 @asynccontextmanager
@@ -26,19 +27,8 @@ async def slack_bot(slack: FakeSlack, tmp_path, *, model=None, store=None, tools
     )
     await agent.start()
     bridge = Bridge(agent)
-    base = {
-        "bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url,
-        "state_file": str(tmp_path / "seen.sqlite3"), "edit_interval": 0.05,
-    }  # fmt: skip
-    transport = SlackTransport(name="slack", settings={**base, **settings})
-    bridge.attach(transport, ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    try:
+    async with serving(agent, bridge, slack_transport(slack, tmp_path, **settings)) as transport:
         yield transport, model, agent, bridge
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
 
 
 def bot_texts(slack: FakeSlack, channel: str) -> list[str]:

@@ -12,18 +12,18 @@ from contextlib import asynccontextmanager
 import pytest
 from test_slack import answered, slack_bot
 
-from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.bot.bridge import Bridge
 from agentik.bot.chansettings import ChannelSettings, SettingError, parse_setting
 from agentik.core import Agent, OpenAIBackend, SQLiteStore
 from agentik.core.events import StatusChanged, event_from_json, event_to_json
 from agentik.core.testing.openai_server import FakeOpenAIServer, Reply
 from agentik.core.tools.base import FunctionTool
-from agentik.transports.irc.transport import IRCTransport
 from helpers import collect_turn
 
 from fakeslack import FakeSlack
 from httpserver import running_server, sse
 from ircservers import IRCTestClient
+from rigs import irc_transport, serving
 
 pytest_plugins = ["ircservers"]
 
@@ -373,32 +373,15 @@ def test_busy_setting_parses_and_rejects_with_the_key_named():
 
 # -- IRC ------------------------------------------------------------------------------------
 
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
-
 
 @asynccontextmanager
 async def irc_bot(port, db_path, server, tools, *, channel_settings=None):
     agent = Agent(llm=_llm(server), store=SQLiteStore(db_path), tools=tools)
     await agent.start()
     bridge = Bridge(agent, channel_settings=channel_settings)
-    transport = IRCTransport(
-        name="testnet",
-        settings={"host": "127.0.0.1", "port": port, "nick": "agentik", "channels": ["#ops"],
-                  **FAST},
-    )  # fmt: skip
-    bridge.attach(transport, ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    try:
-        async with asyncio.timeout(WAIT):
-            while "#ops" not in set(transport.joined):
-                await transport._queue_changed.wait()
-                await asyncio.sleep(0)
+    transport = irc_transport(port, channels=["#ops"])
+    async with serving(agent, bridge, transport, joined_to=["#ops"], wait=WAIT):
         yield bridge, agent
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
 
 
 def _from_bot(to: str, *words: str):
