@@ -76,6 +76,12 @@ def test_wheel_maps_the_three_folders(tmp_path):
         "agentik/bot/py.typed",
     ):
         assert module in names
+    # Every module of the three folders is in the wheel: a new subpackage missing
+    # from pyproject's list installs without it (and the bot fails on a plain install).
+    for folder in ("core", "transports", "bot"):
+        for path in (ROOT / folder).rglob("*.py"):
+            name = f"agentik/{folder}/{path.relative_to(ROOT / folder).as_posix()}"
+            assert name in names, f"{name} is not in the wheel: add its package to pyproject.toml"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[agentik]" in text and "openai = agentik.core.llm.openai_backend" in text

@@ -115,7 +115,9 @@ port = 0
                 assert "Traceback" not in status.stderr, status.stderr
                 if status.returncode == 0 and json.loads(status.stdout).get("ready"):
                     break
-                assert proc.returncode is None, "agentik run ended"
+                if proc.returncode is not None:  # ended: say why (its stderr)
+                    _, err = await proc.communicate()
+                    pytest.fail(f"agentik run ended ({proc.returncode}): {err.decode()[-4000:]}")
                 await asyncio.sleep(0.2)
         text = await run("status", "-c", str(config))
         assert text.returncode == 0, text.stderr
