@@ -21,22 +21,16 @@ import dataclasses
 import logging
 import time
 import warnings
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentik.core import Agent, Conversation
+from agentik.core import Agent
 from agentik.core.access import AccessPolicy, Decision
 from agentik.core.agents import AGENT_TOOL_PREFIX as _AGENT_TOOL_PREFIX
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
-from agentik.core.events import (
-    MemoryNoted,
-    TurnEnded,
-)
 from agentik.core.gate import Gate, Speaker
-from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.settings import setting_fields
 from agentik.transports.base import (
@@ -47,19 +41,16 @@ from agentik.transports.base import (
     OutgoingKind,
     Transport,
     database_file,
-    restrict_tools,
 )
 
 from .channel import ChannelOptions, OpenChannel
+from .channels import Channels
 from .chansettings import (
     ChannelSettings,
     ChannelSettingsBook,
     Effective,
     RoleFor,
-    allowed_tool_names,
     default_role_for,
-    persona_block,
-    recall_override,
     settings_scope,
 )
 from .chat import article as _article
@@ -70,10 +61,8 @@ from .chat import wait_text as _wait
 from .commands import CommandContext, CommandRegistry, builtin_commands, load_commands
 from .config import AgentSection
 from .delivery import Delivery
-from .logs import log_event
 from .outbox import Outbox
 from .recovery import Recovery
-from .render import Renderer
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -128,7 +117,6 @@ class Bridge(AgentAccess):
         #: Tell channels when background memory work saved notes from them
         #: (``[memory] announce``; a channel's ``announce`` setting overrides it).
         self.announce = announce
-        self._announcer: asyncio.Task[None] | None = None
         #: Who may do what (``[access]``); empty: everyone is a ``user``, defaults apply.
         self.access = access or AccessPolicy()
         #: Usage limits per speaker and channel (``None``: unlimited).
@@ -144,13 +132,11 @@ class Bridge(AgentAccess):
         self.resume_max_age = resume_max_age
         self._options: dict[str, ChannelOptions] = {}
         self._transports: dict[str, Transport] = {}
-        self._channels: dict[str, _Channel] = {}
+        #: The channels held open (:mod:`agentik.bot.channels`).
+        self.channels = Channels(self)
+        self._channels: dict[str, _Channel] = self.channels.open
         #: Per channel key: the lock its arriving messages take in turn, and its users.
         self._arrivals: dict[str, list[Any]] = {}
-        self._lock = KeyedLocks()
-        self._reaper: asyncio.Task[None] | None = None
-        #: How many idle channels have been released so far.
-        self.released_channels = 0
         #: Outgoing pieces and their delivery state, persisted (see :meth:`redeliver`).
         self.outbox = Outbox(agent.store)
         #: Per-channel settings: ``[channels."<pattern>"]`` and ``!set`` (see
@@ -160,9 +146,6 @@ class Bridge(AgentAccess):
         )
         #: The role ``!set``/``!unset`` need.
         self.settings_role = settings_role
-        # Conversations whose tools a channel's ``tools`` setting narrowed (a
-        # conversation object can outlive its channel's renderer).
-        self._narrowed: weakref.WeakSet[Conversation] = weakref.WeakSet()
         #: Sends what goes out, persisting it first on an outbox transport.
         self.delivery = Delivery(agent.store, self.outbox, self._transports)
         #: Takes up what a crash left unanswered (:meth:`resume_pending`).
@@ -179,6 +162,16 @@ class Bridge(AgentAccess):
     @metrics.setter
     def metrics(self, metrics: Metrics | None) -> None:
         self.delivery.metrics = metrics
+
+    @property
+    def released_channels(self) -> int:
+        """How many idle channels have been released so far."""
+        return self.channels.released
+
+    @property
+    def _reaper(self) -> asyncio.Task[None] | None:
+        # The task releasing idle channels (tests wait for it).
+        return self.channels.reaper
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options.
@@ -197,31 +190,17 @@ class Bridge(AgentAccess):
         its open channels are released."""
         self._transports.pop(name, None)
         self._options.pop(name, None)
-        for key, ch in list(self._channels.items()):
-            if ch.transport.name != name:
-                continue
-            async with self._lock(key):
-                if self._channels.get(key) is ch:
-                    del self._channels[key]
-                    await self._close_channel(ch)
+        await self.channels.detach(name)
 
     def rebind(self, name: str, transport: Transport) -> None:
         """Instance ``name`` was restarted as ``transport`` (new settings): its open
         channels, and the answers they are rendering, carry on through it."""
-        for ch in self._channels.values():
-            if ch.transport.name == name:
-                ch.transport = transport
+        self.channels.rebind(name, transport)
 
     def policy_changed(self) -> None:
         """The agent's tool policy changed: open channels take it for their next turn
         (each channel's own ``tools`` setting is applied again on its next message)."""
-        for ch in self._channels.values():
-            conv = ch.conversation
-            conv.policy = None
-            self._narrowed.discard(conv)
-            restrict_tools(
-                conv, self.options_for(ch.transport).allowed_tools, default=self.agent.policy
-            )
+        self.channels.policy_changed()
 
     def options_for(self, transport: Transport) -> ChannelOptions:
         """The options a transport instance was attached with (defaults if none)."""
@@ -294,7 +273,7 @@ class Bridge(AgentAccess):
         if not decision.answer or not self._should_answer(message, opts):
             if opts.ambient and not message.direct:
                 # Not for us, but the model should know what was said here.
-                ch = await self._channel(message.channel_key, transport, opts)
+                ch = await self.channels.channel(message.channel_key, transport, opts)
                 await ch.conversation.note(
                     text[: opts.max_input_chars],
                     author=message.author_name or message.author_id,
@@ -322,7 +301,7 @@ class Bridge(AgentAccess):
         try:
             # Leaving the ticket gives back a reservation no turn of its own took.
             async with ticket:
-                ch = await self._channel(message.channel_key, transport, opts)
+                ch = await self.channels.channel(message.channel_key, transport, opts)
                 ch.reply_to = message.reply_to
                 ch.direct = message.direct
                 ch.more.clear()
@@ -450,130 +429,10 @@ class Bridge(AgentAccess):
         scope = settings_scope(transport, channel_key)
         return await self.settings.effective(scope, self.options_for(transport))
 
-    async def _channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
-        eff = await self.effective(key, transport)
-        ch = self._channels.get(key)
-        if ch is not None and ch.conversation.state.value == "open":
-            ch.last_used = time.monotonic()
-            self._apply(ch, eff)
-            return ch
-        lock = self._lock(key)
-        async with lock:
-            ch = self._channels.get(key)
-            if ch is not None and ch.conversation.state.value == "open":
-                ch.last_used = time.monotonic()
-                self._apply(ch, eff)
-                return ch
-            conv = await self.agent.conversation_for_channel(key)
-            ch = self._open(key, transport, eff.options, conv)
-            self._apply(ch, eff)
-            return ch
-
-    def _apply(self, ch: _Channel, eff: Effective) -> None:
-        """Put a channel's settings in force for its next turn: options, persona, tools."""
-        ch.options = eff.options
-        conv = ch.conversation
-        conv.system_addition = persona_block(ch.key, eff.persona) if eff.persona else None
-        conv.llm_profile = eff.model
-        conv.recall = recall_override(self.agent.memory.recall_policy, eff.recall)
-        if eff.tools is None and conv not in self._narrowed:
-            return  # the transport's bound, set when the channel opened
-        outer = self.options_for(ch.transport).allowed_tools
-        if outer is None:
-            outer = self.agent.policy.allowed_tools
-        if eff.tools is None:
-            allowed = outer
-        else:
-            # Exact names: a tool must match the transport's bound and the channel's list.
-            allowed = allowed_tool_names((t.name for t in self.agent.tools), outer, eff.tools)
-        # TurnPolicy is a pydantic dataclass, which mypy does not see as a dataclass.
-        conv.policy = dataclasses.replace(  # type: ignore[type-var]
-            conv.policy or self.agent.policy, allowed_tools=allowed
-        )
-        if eff.tools is None:
-            self._narrowed.discard(conv)
-        else:
-            self._narrowed.add(conv)
-
-    def _open(
-        self, key: str, transport: Transport, opts: ChannelOptions, conv: Conversation
-    ) -> _Channel:
-        restrict_tools(conv, opts.allowed_tools, default=self.agent.policy)
-        ch = _Channel(key=key, transport=transport, options=opts, conversation=conv)
-        # Everything is followed: a channel's ``events`` setting may change while it
-        # is open; the renderer leaves out what the chat profile would not carry.
-        ch.subscription = conv.events(profile="debug")
-        ch.task = asyncio.create_task(self._render(ch), name=f"agentik-render:{key}")
-        self._channels[key] = ch
-        if self._reaper is None and self.idle_seconds > 0:
-            self._reaper = asyncio.create_task(self._reap(), name="agentik-bridge-reaper")
-        if self._announcer is None:
-            self._announcer = asyncio.create_task(self._announce(), name="agentik-announcer")
-        return ch
-
     @property
     def open_channels(self) -> int:
         """Channels holding a renderer now (idle ones are released)."""
         return len(self._channels)
-
-    async def _reap(self) -> None:
-        """Release channels idle for ``idle_seconds``; sleeps until the next may be."""
-        try:
-            while self._channels:
-                now = time.monotonic()
-                oldest = min(ch.last_used for ch in self._channels.values())
-                await asyncio.sleep(max(0.0, oldest + self.idle_seconds - now) + 0.01)
-                now = time.monotonic()
-                for key, ch in list(self._channels.items()):
-                    if now - ch.last_used < self.idle_seconds:
-                        continue
-                    if not ch.idle(now, self.idle_seconds):
-                        ch.last_used = now  # a long turn: look again later
-                        continue
-                    async with self._lock(key):
-                        if self._channels.get(key) is ch and ch.idle(now, self.idle_seconds):
-                            del self._channels[key]
-                            await self._close_channel(ch)
-                            self.released_channels += 1
-                            log.debug("released idle channel %s", key)
-        finally:
-            self._reaper = None
-
-    async def _close_channel(self, ch: _Channel) -> None:
-        if ch.subscription is not None:
-            await ch.subscription.aclose()
-        if ch.task is not None:
-            ch.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ch.task
-
-    # -- memory notes (issue 22) -------------------------------------------------------
-    async def _announce(self) -> None:
-        """Tell each channel, once per job, that reflection or mining saved notes
-        from it (when its ``announce`` is on); runs while the bridge does."""
-        kinds = {"memory_noted"}
-        async with contextlib.aclosing(self.agent.events(kinds=kinds)) as events:
-            async for e in events:
-                if not isinstance(e, MemoryNoted) or not e.channel_key or not e.count:
-                    continue
-                try:
-                    await self._announce_one(e, e.channel_key)
-                except Exception:
-                    log.exception("announcing saved notes in %s failed", e.channel_key)
-
-    async def _announce_one(self, e: MemoryNoted, key: str) -> None:
-        transport = next((t for t in self._transports.values() if t.owns(key)), None)
-        if transport is None:
-            return
-        eff = await self.effective(key, transport)
-        if not (self.announce if eff.announce is None else eff.announce):
-            return
-        what = "fact" if e.source == "mining" else "reflection"
-        noun = what if e.count == 1 else f"{what}s"
-        p = eff.options.command_prefix
-        await self._send(
-            transport, key, f"noted {e.count} {noun} — {p}memory to review", "notice", None
-        )
 
     # -- after a restart ---------------------------------------------------------------
     async def resume_pending(self) -> dict[str, int]:
@@ -660,18 +519,7 @@ class Bridge(AgentAccess):
 
     async def aclose(self) -> None:
         """Stop every renderer (the agent is closed separately)."""
-        if self._announcer is not None:
-            self._announcer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._announcer
-            self._announcer = None
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
-        for ch in list(self._channels.values()):
-            await self._close_channel(ch)
-        self._channels.clear()
+        await self.channels.aclose()
         await self.outbox.drain()
         if self.budgets is not None:
             await self.budgets.aclose()
@@ -729,49 +577,15 @@ class Bridge(AgentAccess):
         to whoever asked; the running answer is stopped.  Returns the channel
         held before (``None`` if none was open) and how many messages moved.
         """
-        old = self._channels.get(key)
-        moved: list[str] = []
         # Arrivals wait meanwhile: a message is queued in the old conversation
         # (and moved) or in the new one, never lost between the two.
         async with self._arrival(key):
-            lock = self._lock(key)
-            async with lock:
-                conv = await self.agent.new_conversation_for_channel(key)
-                eff = await self.effective(key, transport)
-                # The new channel follows its conversation before anything is queued there.
-                new = self._open(key, transport, eff.options, conv)
-                self._apply(new, eff)
-                if old is not None:
-                    new.direct = old.direct
-                    new.reply_to = old.reply_to
-                    running = old.conversation.running_run_id
-                    waiting = [r for r in old.pending if r != running]
-                    # Who asked, and where the answer goes, before the moved turns run.
-                    for run_id in waiting:
-                        if run_id in old.run_reply_to:
-                            new.run_reply_to[run_id] = old.run_reply_to[run_id]
-                        if run_id in old.run_asker:
-                            new.run_asker[run_id] = old.run_asker[run_id]
-                    async with new.changed:
-                        new.pending.update(waiting)
-                    # First the queue (so the next turn does not start in the old
-                    # conversation when the running one stops), then the running turn.
-                    if old.conversation.state.value == "open":  # not closed under it
-                        moved = await old.conversation.move_queued(conv)
-                    async with new.changed:
-                        new.pending.difference_update(set(waiting) - set(moved))
-                        new.changed.notify_all()
-                    await old.conversation.interrupt()
-                    async with old.changed:
-                        old.pending.clear()
-                        old.changed.notify_all()
-                    await self._close_channel(old)
-        return old, len(moved)
+            return await self.channels.start_over(key, transport)
 
     # What the commands use of the bridge (:class:`~agentik.bot.commands.CommandHost`).
     async def channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
         """The channel ``key``, opened (with its conversation) if it is not."""
-        return await self._channel(key, transport, opts)
+        return await self.channels.channel(key, transport, opts)
 
     def open_channel(self, key: str) -> _Channel | None:
         """The channel ``key`` if it is open now, else ``None``."""
@@ -779,11 +593,7 @@ class Bridge(AgentAccess):
 
     async def settings_changed(self, channel_key: str, transport: Transport) -> Effective:
         """A channel's settings changed (``!set``): in force from its next turn."""
-        eff = await self.effective(channel_key, transport)
-        ch = self._channels.get(channel_key)
-        if ch is not None:
-            self._apply(ch, eff)
-        return eff
+        return await self.channels.settings_changed(channel_key, transport)
 
     def subject(self, message: IncomingMessage, transport: Transport) -> Subject:
         """Who ``message`` is counted for by the budgets (``!budget``)."""
@@ -821,67 +631,9 @@ class Bridge(AgentAccess):
             name=message.author_name or message.author_id,
         )  # fmt: skip
 
-    async def _budget_turn_ended(self, event: TurnEnded, channel_key: str) -> None:
-        """Count the tokens of a finished turn for whoever started it (else the channel)."""
-        if self.budgets is not None and event.run_id:
-            try:
-                await self.budgets.turn_ended(
-                    event.run_id, event.usage, event.text, channel=channel_key
-                )
-            except Exception:
-                log.exception("could not count the tokens of run %s", event.run_id)
-
     # -- rendering -----------------------------------------------------------------------
     # The bridge's own lines and the commands' go out as the renderer's do.
     _send = send
-
-    async def _render(self, ch: _Channel) -> None:
-        renderer = Renderer(self, ch)
-        assert ch.subscription is not None
-        async for event in ch.subscription:
-            ended = isinstance(event, TurnEnded) and event.parent_run_id is None
-            if isinstance(event, TurnEnded) and ended:
-                # Counted before the answer shows, so a message sent on seeing it
-                # is checked against the turn's tokens, not its reservation.
-                # (A child run's usage is its parent's business: the parent's turn
-                # ends later and is what the channel's budget counts.)
-                await self._budget_turn_ended(event, ch.key)
-            try:
-                await renderer.on_event(event)
-            except Exception:
-                log.exception("rendering %s in %s failed", event.kind, ch.key)
-            if isinstance(event, TurnEnded) and ended:
-                _log_answer(ch, event)
-                ch.run_reply_to.pop(event.run_id or "", None)
-                ch.run_asker.pop(event.run_id or "", None)
-                async with ch.changed:
-                    ch.pending.discard(event.run_id or "")
-                    ch.changed.notify_all()
-
-
-def _log_answer(ch: _Channel, e: TurnEnded) -> None:
-    """One INFO line per answered message, with fields; the answer's text at DEBUG only."""
-    u = e.usage
-    fields = {
-        "transport": ch.transport.name,
-        "channel": ch.key,
-        "conversation_id": e.conversation_id,
-        "run_id": e.run_id,
-        "duration": round(e.duration, 3),
-        "tokens": u.total_tokens or u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "tool_calls": e.tool_calls,
-        "stop_reason": e.stop_reason,
-    }
-    log_event(
-        log, logging.INFO, "answer", "answered in %s (conversation %s, run %s): %s, %.2f s, "
-        "%d tokens, %d tool calls", ch.key, e.conversation_id, e.run_id, e.stop_reason,
-        e.duration, fields["tokens"], e.tool_calls, **fields,
-    )  # fmt: skip
-    if log.isEnabledFor(logging.DEBUG):
-        log_event(log, logging.DEBUG, "answer_text", "answer of run %s: %s", e.run_id, e.text,
-                  **fields)  # fmt: skip
 
 
 def __getattr__(name: str) -> object:

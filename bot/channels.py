@@ -1,0 +1,365 @@
+"""Open channels: the channels a bridge holds open, and their lifecycle.
+
+:class:`Channels` opens a channel (its conversation, and a renderer task
+following its events), puts the channel's settings in force for its next turn
+(options, persona, model profile, recall, tools), releases a channel left idle,
+starts a channel over (``!new``) and tells channels when background memory work
+saved notes from them.  It works through a :class:`ChannelsHost` (the bridge),
+never importing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import weakref
+from typing import TYPE_CHECKING, Protocol
+
+from agentik.core.events import MemoryNoted, TurnEnded
+from agentik.core.keyedlocks import KeyedLocks
+from agentik.transports.base import restrict_tools
+
+from .channel import OpenChannel
+from .chansettings import allowed_tool_names, persona_block, recall_override
+from .logs import log_event
+from .render import Renderer, RenderHost
+
+if TYPE_CHECKING:
+    from agentik.core import Conversation
+    from agentik.core.budgets import Budgets
+    from agentik.transports.base import Transport
+
+    from .channel import ChannelOptions
+    from .chansettings import Effective
+
+__all__ = ["Channels", "ChannelsHost"]
+
+# Channel lines keep the bridge's logger: operators' log filters name it.
+log = logging.getLogger("agentik.bot.bridge")
+
+_Channel = OpenChannel
+
+
+class ChannelsHost(RenderHost, Protocol):
+    """What the open channels use of the bridge (the bridge implements it)."""
+
+    #: Usage limits (``None``: unlimited); a finished turn's tokens are counted here.
+    budgets: Budgets | None
+    #: Tell channels when background memory work saved notes from them.
+    announce: bool
+    #: Seconds without a message or a running turn before a channel is released (0: never).
+    idle_seconds: float
+
+    def options_for(self, transport: Transport) -> ChannelOptions:
+        """The options a transport instance was attached with."""
+        ...
+
+    async def effective(self, channel_key: str, transport: Transport) -> Effective:
+        """The settings in force in a channel."""
+        ...
+
+    def transport_for(self, key: str) -> Transport | None:
+        """The attached transport instance that owns channel ``key``, if any."""
+        ...
+
+
+class Channels:
+    """The channels a bridge holds open (see the module docstring)."""
+
+    def __init__(self, host: ChannelsHost) -> None:
+        self.host = host
+        #: The open channels, by channel key.
+        self.open: dict[str, _Channel] = {}
+        #: Per channel key: held while a channel is opened, started over or released.
+        self.lock = KeyedLocks()
+        #: The task releasing idle channels (``None`` when no channel is open).
+        self.reaper: asyncio.Task[None] | None = None
+        self.announcer: asyncio.Task[None] | None = None
+        #: How many idle channels have been released so far.
+        self.released = 0
+        # Conversations whose tools a channel's ``tools`` setting narrowed (a
+        # conversation object can outlive its channel's renderer).
+        self._narrowed: weakref.WeakSet[Conversation] = weakref.WeakSet()
+
+    async def detach(self, name: str) -> None:
+        """Release the open channels of transport instance ``name``."""
+        for key, ch in list(self.open.items()):
+            if ch.transport.name != name:
+                continue
+            async with self.lock(key):
+                if self.open.get(key) is ch:
+                    del self.open[key]
+                    await self.close(ch)
+
+    def rebind(self, name: str, transport: Transport) -> None:
+        """Instance ``name`` was restarted as ``transport`` (new settings): its open
+        channels, and the answers they are rendering, carry on through it."""
+        for ch in self.open.values():
+            if ch.transport.name == name:
+                ch.transport = transport
+
+    def policy_changed(self) -> None:
+        """The agent's tool policy changed: open channels take it for their next turn
+        (each channel's own ``tools`` setting is applied again on its next message)."""
+        agent = self.host.agent
+        for ch in self.open.values():
+            conv = ch.conversation
+            conv.policy = None
+            self._narrowed.discard(conv)
+            restrict_tools(
+                conv, self.host.options_for(ch.transport).allowed_tools, default=agent.policy
+            )
+
+    async def channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
+        """The channel ``key``, opened (with its conversation) if it is not."""
+        eff = await self.host.effective(key, transport)
+        ch = self.open.get(key)
+        if ch is not None and ch.conversation.state.value == "open":
+            ch.last_used = time.monotonic()
+            self.apply(ch, eff)
+            return ch
+        lock = self.lock(key)
+        async with lock:
+            ch = self.open.get(key)
+            if ch is not None and ch.conversation.state.value == "open":
+                ch.last_used = time.monotonic()
+                self.apply(ch, eff)
+                return ch
+            conv = await self.host.agent.conversation_for_channel(key)
+            ch = self.open_new(key, transport, eff.options, conv)
+            self.apply(ch, eff)
+            return ch
+
+    async def settings_changed(self, channel_key: str, transport: Transport) -> Effective:
+        """A channel's settings changed (``!set``): in force from its next turn."""
+        eff = await self.host.effective(channel_key, transport)
+        ch = self.open.get(channel_key)
+        if ch is not None:
+            self.apply(ch, eff)
+        return eff
+
+    def apply(self, ch: _Channel, eff: Effective) -> None:
+        """Put a channel's settings in force for its next turn: options, persona, tools."""
+        agent = self.host.agent
+        ch.options = eff.options
+        conv = ch.conversation
+        conv.system_addition = persona_block(ch.key, eff.persona) if eff.persona else None
+        conv.llm_profile = eff.model
+        conv.recall = recall_override(agent.memory.recall_policy, eff.recall)
+        if eff.tools is None and conv not in self._narrowed:
+            return  # the transport's bound, set when the channel opened
+        outer = self.host.options_for(ch.transport).allowed_tools
+        if outer is None:
+            outer = agent.policy.allowed_tools
+        if eff.tools is None:
+            allowed = outer
+        else:
+            # Exact names: a tool must match the transport's bound and the channel's list.
+            allowed = allowed_tool_names((t.name for t in agent.tools), outer, eff.tools)
+        # TurnPolicy is a pydantic dataclass, which mypy does not see as a dataclass.
+        conv.policy = dataclasses.replace(  # type: ignore[type-var]
+            conv.policy or agent.policy, allowed_tools=allowed
+        )
+        if eff.tools is None:
+            self._narrowed.discard(conv)
+        else:
+            self._narrowed.add(conv)
+
+    def open_new(
+        self, key: str, transport: Transport, opts: ChannelOptions, conv: Conversation
+    ) -> _Channel:
+        """Open channel ``key`` on ``conv``: its renderer follows the conversation."""
+        restrict_tools(conv, opts.allowed_tools, default=self.host.agent.policy)
+        ch = _Channel(key=key, transport=transport, options=opts, conversation=conv)
+        # Everything is followed: a channel's ``events`` setting may change while it
+        # is open; the renderer leaves out what the chat profile would not carry.
+        ch.subscription = conv.events(profile="debug")
+        ch.task = asyncio.create_task(self._render(ch), name=f"agentik-render:{key}")
+        self.open[key] = ch
+        if self.reaper is None and self.host.idle_seconds > 0:
+            self.reaper = asyncio.create_task(self._reap(), name="agentik-bridge-reaper")
+        if self.announcer is None:
+            self.announcer = asyncio.create_task(self._announce(), name="agentik-announcer")
+        return ch
+
+    async def start_over(self, key: str, transport: Transport) -> tuple[_Channel | None, int]:
+        """``!new``: a new conversation for channel ``key``; nothing queued is lost.
+
+        Messages queued behind the running answer (not started yet) move to the
+        new conversation, in order, with their authors, and are answered there
+        to whoever asked; the running answer is stopped.  Returns the channel
+        held before (``None`` if none was open) and how many messages moved.
+        The caller holds the channel's arrivals meanwhile.
+        """
+        old = self.open.get(key)
+        moved: list[str] = []
+        lock = self.lock(key)
+        async with lock:
+            conv = await self.host.agent.new_conversation_for_channel(key)
+            eff = await self.host.effective(key, transport)
+            # The new channel follows its conversation before anything is queued there.
+            new = self.open_new(key, transport, eff.options, conv)
+            self.apply(new, eff)
+            if old is not None:
+                new.direct = old.direct
+                new.reply_to = old.reply_to
+                running = old.conversation.running_run_id
+                waiting = [r for r in old.pending if r != running]
+                # Who asked, and where the answer goes, before the moved turns run.
+                for run_id in waiting:
+                    if run_id in old.run_reply_to:
+                        new.run_reply_to[run_id] = old.run_reply_to[run_id]
+                    if run_id in old.run_asker:
+                        new.run_asker[run_id] = old.run_asker[run_id]
+                async with new.changed:
+                    new.pending.update(waiting)
+                # First the queue (so the next turn does not start in the old
+                # conversation when the running one stops), then the running turn.
+                if old.conversation.state.value == "open":  # not closed under it
+                    moved = await old.conversation.move_queued(conv)
+                async with new.changed:
+                    new.pending.difference_update(set(waiting) - set(moved))
+                    new.changed.notify_all()
+                await old.conversation.interrupt()
+                async with old.changed:
+                    old.pending.clear()
+                    old.changed.notify_all()
+                await self.close(old)
+        return old, len(moved)
+
+    async def _reap(self) -> None:
+        """Release channels idle for ``idle_seconds``; sleeps until the next may be."""
+        try:
+            while self.open:
+                idle_seconds = self.host.idle_seconds
+                now = time.monotonic()
+                oldest = min(ch.last_used for ch in self.open.values())
+                await asyncio.sleep(max(0.0, oldest + idle_seconds - now) + 0.01)
+                now = time.monotonic()
+                for key, ch in list(self.open.items()):
+                    if now - ch.last_used < idle_seconds:
+                        continue
+                    if not ch.idle(now, idle_seconds):
+                        ch.last_used = now  # a long turn: look again later
+                        continue
+                    async with self.lock(key):
+                        if self.open.get(key) is ch and ch.idle(now, idle_seconds):
+                            del self.open[key]
+                            await self.close(ch)
+                            self.released += 1
+                            log.debug("released idle channel %s", key)
+        finally:
+            self.reaper = None
+
+    async def close(self, ch: _Channel) -> None:
+        """Stop a channel's renderer (the channel is no longer in :attr:`open`)."""
+        if ch.subscription is not None:
+            await ch.subscription.aclose()
+        if ch.task is not None:
+            ch.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ch.task
+
+    async def aclose(self) -> None:
+        """Stop the announcer, the reaper and every renderer."""
+        if self.announcer is not None:
+            self.announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.announcer
+            self.announcer = None
+        if self.reaper is not None:
+            self.reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.reaper
+        for ch in list(self.open.values()):
+            await self.close(ch)
+        self.open.clear()
+
+    # -- memory notes (issue 22) -------------------------------------------------------
+    async def _announce(self) -> None:
+        """Tell each channel, once per job, that reflection or mining saved notes
+        from it (when its ``announce`` is on); runs while the bridge does."""
+        kinds = {"memory_noted"}
+        async with contextlib.aclosing(self.host.agent.events(kinds=kinds)) as events:
+            async for e in events:
+                if not isinstance(e, MemoryNoted) or not e.channel_key or not e.count:
+                    continue
+                try:
+                    await self._announce_one(e, e.channel_key)
+                except Exception:
+                    log.exception("announcing saved notes in %s failed", e.channel_key)
+
+    async def _announce_one(self, e: MemoryNoted, key: str) -> None:
+        transport = self.host.transport_for(key)
+        if transport is None:
+            return
+        eff = await self.host.effective(key, transport)
+        if not (self.host.announce if eff.announce is None else eff.announce):
+            return
+        what = "fact" if e.source == "mining" else "reflection"
+        noun = what if e.count == 1 else f"{what}s"
+        p = eff.options.command_prefix
+        await self.host.send(
+            transport, key, f"noted {e.count} {noun} — {p}memory to review", "notice", None
+        )
+
+    # -- rendering -----------------------------------------------------------------------
+    async def _budget_turn_ended(self, event: TurnEnded, channel_key: str) -> None:
+        """Count the tokens of a finished turn for whoever started it (else the channel)."""
+        budgets = self.host.budgets
+        if budgets is not None and event.run_id:
+            try:
+                await budgets.turn_ended(event.run_id, event.usage, event.text, channel=channel_key)
+            except Exception:
+                log.exception("could not count the tokens of run %s", event.run_id)
+
+    async def _render(self, ch: _Channel) -> None:
+        renderer = Renderer(self.host, ch)
+        assert ch.subscription is not None
+        async for event in ch.subscription:
+            ended = isinstance(event, TurnEnded) and event.parent_run_id is None
+            if isinstance(event, TurnEnded) and ended:
+                # Counted before the answer shows, so a message sent on seeing it
+                # is checked against the turn's tokens, not its reservation.
+                # (A child run's usage is its parent's business: the parent's turn
+                # ends later and is what the channel's budget counts.)
+                await self._budget_turn_ended(event, ch.key)
+            try:
+                await renderer.on_event(event)
+            except Exception:
+                log.exception("rendering %s in %s failed", event.kind, ch.key)
+            if isinstance(event, TurnEnded) and ended:
+                _log_answer(ch, event)
+                ch.run_reply_to.pop(event.run_id or "", None)
+                ch.run_asker.pop(event.run_id or "", None)
+                async with ch.changed:
+                    ch.pending.discard(event.run_id or "")
+                    ch.changed.notify_all()
+
+
+def _log_answer(ch: _Channel, e: TurnEnded) -> None:
+    """One INFO line per answered message, with fields; the answer's text at DEBUG only."""
+    u = e.usage
+    fields = {
+        "transport": ch.transport.name,
+        "channel": ch.key,
+        "conversation_id": e.conversation_id,
+        "run_id": e.run_id,
+        "duration": round(e.duration, 3),
+        "tokens": u.total_tokens or u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "tool_calls": e.tool_calls,
+        "stop_reason": e.stop_reason,
+    }
+    log_event(
+        log, logging.INFO, "answer", "answered in %s (conversation %s, run %s): %s, %.2f s, "
+        "%d tokens, %d tool calls", ch.key, e.conversation_id, e.run_id, e.stop_reason,
+        e.duration, fields["tokens"], e.tool_calls, **fields,
+    )  # fmt: skip
+    if log.isEnabledFor(logging.DEBUG):
+        log_event(log, logging.DEBUG, "answer_text", "answer of run %s: %s", e.run_id, e.text,
+                  **fields)  # fmt: skip
