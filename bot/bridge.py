@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,7 +30,6 @@ from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.gate import Gate, Speaker
 from agentik.core.messages import Message
-from agentik.core.settings import setting_fields
 from agentik.transports.base import (
     Action,
     AgentAccess,
@@ -43,7 +40,7 @@ from agentik.transports.base import (
     database_file,
 )
 
-from .channel import ChannelOptions, OpenChannel
+from .channel import ChannelOptions, OpenChannel, options_from, resolved_options
 from .channels import Channels
 from .chansettings import (
     ChannelSettings,
@@ -53,21 +50,26 @@ from .chansettings import (
     default_role_for,
     settings_scope,
 )
-from .chat import article as _article
 from .chat import author_id as _author_id
 from .chat import error_line as _error_line
 from .chat import speaker_key as _speaker
-from .chat import wait_text as _wait
 from .commands import CommandContext, CommandRegistry, builtin_commands, load_commands
 from .config import AgentSection
 from .delivery import Delivery
 from .outbox import Outbox
-from .recovery import Recovery
+from .recovery import Recovery, resumed_asker
 
 if TYPE_CHECKING:
     from .metrics import Metrics
 
-__all__ = ["COMMANDS", "Bridge", "ChannelOptions", "RoleFor", "default_role_for"]
+__all__ = [
+    "COMMANDS",
+    "Bridge",
+    "ChannelOptions",
+    "RoleFor",
+    "default_role_for",
+    "options_from",
+]
 
 # RoleFor and default_role_for (everyone is a ``user``; the coordinator wires
 # ``AccessPolicy.role_for`` in its place) are declared once, in .chansettings.
@@ -180,7 +182,7 @@ class Bridge(AgentAccess):
         :attr:`~agentik.transports.base.Transport.default_max_answer_lines`).
         """
         self._transports[transport.name] = transport
-        self._options[transport.name] = _resolved(transport, options)
+        self._options[transport.name] = resolved_options(transport, options)
         self.access.transports.setdefault(transport.name, transport.type)
         if transport.outbox:
             transport.on_delivery = self.outbox.mark
@@ -204,7 +206,7 @@ class Bridge(AgentAccess):
 
     def options_for(self, transport: Transport) -> ChannelOptions:
         """The options a transport instance was attached with (defaults if none)."""
-        return self._options.get(transport.name) or _resolved(transport, None)
+        return self._options.get(transport.name) or resolved_options(transport, None)
 
     def allowed_tools(self, transport: Transport) -> tuple[str, ...] | None:
         """The ``allowed_tools`` of the options ``transport`` was attached with."""
@@ -268,7 +270,7 @@ class Bridge(AgentAccess):
                 name = command
                 return lambda: self._command(name, message, transport, opts, decision)
             return None
-        if decision.answer and await self._answers_question(message, transport, text):
+        if decision.answer and await self.channels.answers_question(message, transport, text):
             return None  # the answer to the turn's question (ask_user), not a new turn
         if not decision.answer or not self._should_answer(message, opts):
             if opts.ambient and not message.direct:
@@ -333,62 +335,8 @@ class Bridge(AgentAccess):
         ch.run_asker[run_id] = _speaker(transport, message)
         async with ch.changed:
             ch.pending.add(run_id)
-        await self._tell_approval_wait(ch, transport, message, opts)
+        await self.channels.tell_approval_wait(ch, transport, message, opts)
         return None
-
-    async def _tell_approval_wait(
-        self, ch: _Channel, transport: Transport, message: IncomingMessage, opts: ChannelOptions
-    ) -> None:
-        """A message queued behind a turn that waits on an approval: the channel is
-        told once per approval what it waits for and where (``!approvals``).
-
-        Other askers' turns do not run meanwhile: a conversation's turns run one
-        at a time, in order (each sees the answers before it), so they wait
-        until the approval is decided, expires, or its turn is stopped.
-        """
-        conv = ch.conversation
-        if not conv.awaiting_human or self.agent.questions.waiting(conv.id):
-            return
-        waiting = [
-            a for a in await self.agent.approvals.pending(ch.key) if a.conversation_id == conv.id
-        ]
-        fresh = [a for a in waiting if str(a.id) not in ch.approvals_told]
-        if not fresh:
-            return
-        ch.approvals_told.update(str(a.id) for a in waiting)
-        while len(ch.approvals_told) > 100:
-            ch.approvals_told.pop()
-        a = fresh[0]
-        p = opts.command_prefix
-        await self._send(
-            transport, ch.key,
-            f"this channel waits on approval {a.id} ({a.tool}, asked by {a.asker or 'someone'};"
-            f" expires in {_wait(a.expires_at - time.time())}): new messages are queued and"
-            f" answered after it — {p}approvals shows it; {_article(a.approvers)} may decide",
-            "notice", message.reply_to,
-        )  # fmt: skip
-
-    async def _answers_question(
-        self, message: IncomingMessage, transport: Transport, text: str
-    ) -> bool:
-        """Whether ``message`` answered a question the channel's turn waits for
-        (``ask_user``): then it is the answer, addressed to the bot or not."""
-        ch = self._channels.get(message.channel_key)
-        if ch is None or not self.agent.questions.waiting(ch.conversation.id):
-            return False
-        author = message.author_name or message.author_id
-        try:
-            answered = await ch.conversation.answer(
-                text, author=author, author_id=_author_id(transport, message)
-            )
-        except PromptRefused as exc:
-            # A plugin's words, shown as they are; the question still waits.
-            await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
-            return True
-        if answered is None:
-            return False
-        ch.last_used = time.monotonic()
-        return True
 
     @contextlib.asynccontextmanager
     async def _arrival(self, key: str) -> AsyncIterator[None]:
@@ -451,28 +399,6 @@ class Bridge(AgentAccess):
         """The front door for a resumed turn (see :meth:`_admit_resumed`)."""
         return await self._admit_resumed(key, transport, m)
 
-    def _resumed_asker(self, key: str, transport: Transport, m: Message) -> IncomingMessage:
-        """The asker of a resumed turn, from the verified identity stored with it.
-
-        Only the verified identity survives in the audit log: an unverified
-        asker (hostmask roles are not known now), or an identity of another
-        transport instance than the channel's (no transport writes that; a row
-        not written by this bot), is taken as an unverified speaker.
-        """
-        author = (m.data or {}).get("author_id")
-        instance, _, aid = author.partition(":") if isinstance(author, str) else ("", "", "")
-        if instance != transport.name or not aid:
-            return IncomingMessage(channel_key=key, text=m.content, author_id=m.author or "",
-                                   author_name=m.author or "", verified=False)  # fmt: skip
-        kind = self.access.transports.get(instance)
-        meta: dict[str, object] = {}
-        if kind == "irc":
-            meta = {"account": aid}
-        elif kind == "slack":
-            meta = {"team": key.split(":")[1] if key.count(":") >= 2 else None}
-        return IncomingMessage(channel_key=key, text=m.content, author_id=aid,
-                               author_name=m.author or aid, meta=meta)  # fmt: skip
-
     async def _admit_resumed(
         self, key: str, transport: Transport, m: Message
     ) -> tuple[Callable[[str], bool] | None, Subject | None] | None:
@@ -481,7 +407,7 @@ class Bridge(AgentAccess):
         as such), and budgets must admit it (counted like a new message; over budget:
         refused, with the budget's one notice).  Returns the tools the turn may offer
         and the budget subject its run is counted for."""
-        asked = self._resumed_asker(key, transport, m)
+        asked = resumed_asker(key, transport, m, self.access.transports)
         gate = self.gate
         # The policy's own role (not a role function's): the asker is rebuilt from the log.
         role = gate.access.role_for(transport.name, asked, key)
@@ -646,36 +572,6 @@ def __getattr__(name: str) -> object:
         )
         return _AGENT_TOOL_PREFIX
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _resolved(transport: Transport, options: ChannelOptions | None) -> ChannelOptions:
-    """``options`` (or the defaults) with what they leave unset taken from ``transport``."""
-    opts = options or ChannelOptions(command_prefix=transport.default_command_prefix)
-    if opts.max_answer_lines is None:
-        opts = dataclasses.replace(opts, max_answer_lines=transport.default_max_answer_lines)
-    return opts
-
-
-def _no_tools(name: str) -> bool:
-    return False
-
-
-def options_from(section: object, transport: Transport) -> ChannelOptions:
-    """Build :class:`ChannelOptions` from a ``[transports.<name>]`` section.
-
-    The section's bridge keys are :class:`ChannelOptions`'s own fields (see
-    :class:`agentik.bot.config.TransportSection`); a key it lacks keeps its
-    default, and an unset ``command_prefix`` or ``max_answer_lines`` is the
-    transport's default.
-    """
-    values = {
-        name: getattr(section, name)
-        for name in setting_fields(ChannelOptions)
-        if hasattr(section, name)
-    }
-    if values.get("command_prefix") is None:
-        values["command_prefix"] = transport.default_command_prefix
-    return _resolved(transport, ChannelOptions(**values))
 
 
 def _busy_mode(

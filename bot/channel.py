@@ -12,6 +12,7 @@ channel from here without importing the bridge.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass as std_dataclass
@@ -21,14 +22,14 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from agentik.core.settings import SETTINGS
+from agentik.core.settings import SETTINGS, setting_fields
 
 if TYPE_CHECKING:
     from agentik.core import Conversation
     from agentik.core.eventbus import Subscription
     from agentik.transports.base import Transport
 
-__all__ = ["ChannelOptions", "OpenChannel"]
+__all__ = ["ChannelOptions", "OpenChannel", "options_from", "resolved_options"]
 
 
 # settings_dataclass spelled out, so type checkers see the keyword constructor.
@@ -99,3 +100,29 @@ class OpenChannel:
 
     def idle(self, now: float, after: float) -> bool:
         return not self.pending and not self.conversation.busy and now - self.last_used >= after
+
+
+def resolved_options(transport: Transport, options: ChannelOptions | None) -> ChannelOptions:
+    """``options`` (or the defaults) with what they leave unset taken from ``transport``."""
+    opts = options or ChannelOptions(command_prefix=transport.default_command_prefix)
+    if opts.max_answer_lines is None:
+        opts = dataclasses.replace(opts, max_answer_lines=transport.default_max_answer_lines)
+    return opts
+
+
+def options_from(section: object, transport: Transport) -> ChannelOptions:
+    """Build :class:`ChannelOptions` from a ``[transports.<name>]`` section.
+
+    The section's bridge keys are :class:`ChannelOptions`'s own fields (see
+    :class:`agentik.bot.config.TransportSection`); a key it lacks keeps its
+    default, and an unset ``command_prefix`` or ``max_answer_lines`` is the
+    transport's default.
+    """
+    values = {
+        name: getattr(section, name)
+        for name in setting_fields(ChannelOptions)
+        if hasattr(section, name)
+    }
+    if values.get("command_prefix") is None:
+        values["command_prefix"] = transport.default_command_prefix
+    return resolved_options(transport, ChannelOptions(**values))

@@ -18,22 +18,25 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Protocol
 
+from agentik.core.errors import PromptRefused
 from agentik.core.events import MemoryNoted, TurnEnded
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.transports.base import restrict_tools
 
 from .channel import OpenChannel
 from .chansettings import allowed_tool_names, persona_block, recall_override
+from .chat import article, author_id, wait_text
 from .logs import log_event
 from .render import Renderer, RenderHost
 
 if TYPE_CHECKING:
     from agentik.core import Conversation
     from agentik.core.budgets import Budgets
-    from agentik.transports.base import Transport
+    from agentik.transports.base import IncomingMessage, Transport
 
     from .channel import ChannelOptions
-    from .chansettings import Effective
+    from .chat import article, author_id, wait_text
+from .chansettings import Effective
 
 __all__ = ["Channels", "ChannelsHost"]
 
@@ -229,6 +232,64 @@ class Channels:
                     old.changed.notify_all()
                 await self.close(old)
         return old, len(moved)
+
+    async def tell_approval_wait(
+        self, ch: _Channel, transport: Transport, message: IncomingMessage, opts: ChannelOptions
+    ) -> None:
+        """A message queued behind a turn that waits on an approval: the channel is
+        told once per approval what it waits for and where (``!approvals``).
+
+        Other askers' turns do not run meanwhile: a conversation's turns run one
+        at a time, in order (each sees the answers before it), so they wait
+        until the approval is decided, expires, or its turn is stopped.
+        """
+        conv = ch.conversation
+        if not conv.awaiting_human or self.host.agent.questions.waiting(conv.id):
+            return
+        waiting = [
+            a
+            for a in await self.host.agent.approvals.pending(ch.key)
+            if a.conversation_id == conv.id
+        ]
+        fresh = [a for a in waiting if str(a.id) not in ch.approvals_told]
+        if not fresh:
+            return
+        ch.approvals_told.update(str(a.id) for a in waiting)
+        while len(ch.approvals_told) > 100:
+            ch.approvals_told.pop()
+        a = fresh[0]
+        p = opts.command_prefix
+        await self.host.send(
+            transport, ch.key,
+            f"this channel waits on approval {a.id} ({a.tool}, asked by {a.asker or 'someone'};"
+            f" expires in {wait_text(a.expires_at - time.time())}): new messages are queued and"
+            f" answered after it — {p}approvals shows it; {article(a.approvers)} may decide",
+            "notice", message.reply_to,
+        )  # fmt: skip
+
+    async def answers_question(
+        self, message: IncomingMessage, transport: Transport, text: str
+    ) -> bool:
+        """Whether ``message`` answered a question the channel's turn waits for
+        (``ask_user``): then it is the answer, addressed to the bot or not."""
+        ch = self.open.get(message.channel_key)
+        if ch is None or not self.host.agent.questions.waiting(ch.conversation.id):
+            return False
+        author = message.author_name or message.author_id
+        try:
+            answered = await ch.conversation.answer(
+                text, author=author, author_id=author_id(transport, message)
+            )
+        except PromptRefused as exc:
+            # A plugin's words, shown as they are; the question still waits.
+            await self.host.send(
+                transport, message.channel_key, str(exc), "error", message.reply_to
+            )
+            return True
+        if answered is None:
+            return False
+        ch.last_used = time.monotonic()
+        return True
 
     async def _reap(self) -> None:
         """Release channels idle for ``idle_seconds``; sleeps until the next may be."""

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
+
+from agentik.transports.base import IncomingMessage
 
 if TYPE_CHECKING:
     from agentik.core import Agent
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
     from .channel import ChannelOptions, OpenChannel
 
-__all__ = ["Recovery", "RecoveryHost"]
+__all__ = ["Recovery", "RecoveryHost", "resumed_asker"]
 
 # Resume lines keep the bridge's logger: operators' log filters name it.
 log = logging.getLogger("agentik.bot.bridge")
@@ -176,3 +178,28 @@ class Recovery:
             except Exception:
                 log.exception("could not expire approval %s", a.id)
         return expired
+
+
+def resumed_asker(
+    key: str, transport: Transport, m: Message, kinds: Mapping[str, str]
+) -> IncomingMessage:
+    """The asker of a resumed turn, from the verified identity stored with it.
+
+    Only the verified identity survives in the audit log: an unverified
+    asker (hostmask roles are not known now), or an identity of another
+    transport instance than the channel's (no transport writes that; a row
+    not written by this bot), is taken as an unverified speaker.
+    """
+    author = (m.data or {}).get("author_id")
+    instance, _, aid = author.partition(":") if isinstance(author, str) else ("", "", "")
+    if instance != transport.name or not aid:
+        return IncomingMessage(channel_key=key, text=m.content, author_id=m.author or "",
+                               author_name=m.author or "", verified=False)  # fmt: skip
+    kind = kinds.get(instance)
+    meta: dict[str, object] = {}
+    if kind == "irc":
+        meta = {"account": aid}
+    elif kind == "slack":
+        meta = {"team": key.split(":")[1] if key.count(":") >= 2 else None}
+    return IncomingMessage(channel_key=key, text=m.content, author_id=aid,
+                           author_name=m.author or aid, meta=meta)  # fmt: skip
