@@ -7,10 +7,11 @@ runs chat commands (:mod:`agentik.bot.commands`), and sends the text to the
 channel's conversation, with the author's name.  The conversation queues
 turns, so nothing is dropped while one runs.
 
-A renderer task per open channel (:mod:`agentik.bot.render`) follows the
-conversation's events and turns them into the channel's messages, which the
-bridge sends (:meth:`Bridge.send`), persisting each piece first on a
-transport with an outbox.
+The channels it holds open live in :mod:`agentik.bot.channels`: a renderer
+task per open channel (:mod:`agentik.bot.render`) follows the conversation's
+events and turns them into the channel's messages, which the bridge sends
+(:meth:`Bridge.send`), persisting each piece first on a transport with an
+outbox.
 """
 
 from __future__ import annotations
