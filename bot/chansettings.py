@@ -72,6 +72,7 @@ __all__ = [
     "persona_block",
     "recall_override",
     "role_at_least",
+    "setting_doc",
     "settings_scope",
 ]
 
@@ -281,6 +282,11 @@ _NUMBERS = {
 }
 
 
+def setting_doc(key: str) -> str:
+    """What ``key`` does in a channel, in plain text: its field's doc (``!set <key>``)."""
+    return _CHANNEL_DOCS[key].replace("`", "").rstrip(".")
+
+
 class SettingError(ValueError):
     """A ``!set``/``!unset`` the bot cannot take; the message says why, naming the key."""
 
@@ -316,7 +322,7 @@ def parse_setting(
     if key not in SETTING_KEYS:
         raise SettingError(f"unknown setting {key!r}; settings: {', '.join(SETTING_KEYS)}")
     if not words:
-        raise SettingError(f"{key}: give a value: {SETTING_KEYS[key]}")
+        raise SettingError(f"{key}: give a value: {SETTING_KEYS[key]} ({setting_doc(key)})")
     if key == "persona":
         text = " ".join(words).strip()
         if not text:

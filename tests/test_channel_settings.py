@@ -478,6 +478,15 @@ def test_channel_keys_take_type_limits_and_bounds_from_their_sources():
     ):
         parse_setting("recall_min_score", ["1.5"])
     assert parse_setting("recall_min_score", ["-1"]) == -1.0
+    # `!set <key>` without a value says what the key does: its field's doc.
+    doc = setting_fields(ChannelSettings)["recall_k"].description
+    assert doc and doc.startswith("At most this many recalled notes per turn")
+    with pytest.raises(SettingError) as given:
+        parse_setting("recall_k", [])
+    assert str(given.value) == (
+        f"recall_k: give a value: {bound} (At most this many recalled notes per turn"
+        " ([memory] recall_k))"
+    )
 
 
 async def test_the_most_specific_pattern_wins_key_by_key():
