@@ -40,6 +40,7 @@ import hashlib
 import json
 import shlex
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -613,6 +614,25 @@ def allowed_tool_names(
         if (outer is None or any(fnmatchcase(name, p) for p in outer))
         and any(fnmatchcase(name, p) for p in channel)
     )
+
+
+_OLD_ALIASES = {"Answer": "answer", "Events": "events", "Busy": "busy"}
+
+
+if not TYPE_CHECKING:  # mypy keeps checking names imported from here
+
+    def __getattr__(name: str) -> Any:
+        """``Answer``, ``Events``, ``Busy``: the ``Literal`` types of those keys, now
+        declared only by :class:`ChannelOptions` (deprecated here)."""
+        if name in _OLD_ALIASES:
+            warnings.warn(
+                f"agentik.bot.chansettings.{name} is deprecated: the type of ChannelOptions."
+                f"{_OLD_ALIASES[name]} (agentik.bot.channel)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return setting_fields(ChannelOptions)[_OLD_ALIASES[name]].annotation
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _escape(name: str) -> str:

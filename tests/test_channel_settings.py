@@ -489,6 +489,16 @@ def test_channel_keys_take_type_limits_and_bounds_from_their_sources():
     )
 
 
+def test_the_old_literal_aliases_still_import_with_a_warning():
+    import typing
+
+    from agentik.bot import chansettings
+
+    with pytest.warns(DeprecationWarning, match="ChannelOptions.busy"):
+        busy = chansettings.Busy
+    assert typing.get_args(busy) == ("auto", "queue", "steer", "interrupt")
+
+
 async def test_the_most_specific_pattern_wins_key_by_key():
     book = ChannelSettingsBook(
         MemoryStore(),
