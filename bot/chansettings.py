@@ -6,26 +6,11 @@ A channel's effective behaviour is its transport's options
 overlaid with the settings of every ``[channels."<pattern>"]`` table whose
 pattern matches the channel key (the broadest first, so the most specific
 pattern wins key by key), overlaid with what the channel's admins set in chat
-(``!set``, persisted in the store and audited).  The keys:
-
-``persona``
-    text added to the system prompt in this channel, clearly delimited;
-``answer``, ``max_answer_lines``, ``ambient``, ``ambient_lines``, ``events``, ``profile``
-    the bridge keys of the same names, for this channel only;
-``tools``
-    glob patterns of the tools the model is offered here, within the
-    transport's ``allowed_tools`` (the outer bound: a channel can narrow it,
-    never widen it);
-``model``
-    the model profile (``[llm.profiles.<name>]``) this channel's turns use;
-    ``default`` is ``[llm]`` itself;
-``busy``
-    what a message that arrives while the bot answers does: ``queue``,
-    ``steer`` or ``interrupt`` (``auto``: ``steer`` in direct conversations
-    and threads, ``queue`` in shared channels).
-``recall``, ``recall_k``, ``recall_min_score``, ``recall_tokens``
-    automatic recall of memory notes here (see :mod:`agentik.core.recall`);
-    unset keys keep ``[memory]``'s.
+(``!set``, persisted in the store and audited).  The keys, what each does
+and takes: :class:`ChannelSettings` (generated from where each is declared;
+``docs/reference/config.md`` lists them).  ``tools`` is within the transport's
+``allowed_tools`` (the outer bound: a channel can narrow it, never widen it);
+unset recall keys keep ``[memory]``'s.
 
 Who may set them is a role (``[agent] settings_role``, default ``admin``)
 compared with the speaker's role from a ``role_for`` callable: by default
@@ -129,23 +114,6 @@ class _ChannelOwnKeys:
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
 
 
-#: The order of the keys (``!set``'s list, ``!settings``, the docs).
-_KEY_ORDER = (
-    "persona",
-    "answer",
-    "max_answer_lines",
-    "ambient",
-    "ambient_lines",
-    "events",
-    "tools",
-    "model",
-    "profile",
-    "busy",
-    "announce",
-    *RECALL_KEYS,
-)
-
-
 def _source_field(key: str) -> FieldInfo:
     """The field ``key`` is declared by: ChannelOptions', MemorySettings' or our own."""
     source: type = ChannelOptions if key in _OPTION_KEYS else MemorySettings
@@ -185,6 +153,8 @@ _CHANNEL_DOCS = {
     " (`[memory] recall_min_score`).",
     "recall_tokens": "About this many tokens of recalled notes at most (`[memory] recall_tokens`).",
 }
+#: The order of the keys (``!set``'s list, ``!settings``, the docs).
+_KEY_ORDER = tuple(_CHANNEL_DOCS)
 
 
 def _channel_settings() -> type:
@@ -208,11 +178,8 @@ _CHANNEL_SETTINGS_DOC = """``[channels."<pattern>"]``: settings of the channels 
     ``<pattern>`` is a channel key (``irc:libera:#ops``, ``slack:T1:C123``)
     where ``*`` matches any run of characters and ``?`` one.  Every key is
     optional: one left out keeps what a broader pattern, the transport
-    (``[transports.<name>]``) or the default says.  The keys are generated from
-    where they are declared: :class:`ChannelOptions` (the bridge keys),
-    :class:`~agentik.core.memory.MemorySettings` (``announce`` and the recall
-    keys), and ``persona``, ``tools`` and ``model``; so each key's type, limits
-    and doc are written once.
+    (``[transports.<name>]``) or the default says.  A key's type and limits are
+    its source's: :class:`ChannelOptions` or ``[memory]`` (``MemorySettings``).
     """
 
 if TYPE_CHECKING:
@@ -251,10 +218,6 @@ def _number_help(key: str, kind: str, note: str = "") -> str:
     return f"{kind} from {low:g} to {high:g}{note}"
 
 
-def _adapter(key: str) -> TypeAdapter[Any]:
-    return TypeAdapter(_optional(_source_field(key)))
-
-
 #: The keys ``!set`` knows, and what each takes (the help and error texts).
 SETTING_KEYS: dict[str, str] = {
     "persona": f'text added to the system prompt here (quote it: "..."; at most '
@@ -278,7 +241,7 @@ SETTING_KEYS: dict[str, str] = {
 }
 #: Each numeric key's validator: the type and limits of its field.
 _NUMBERS = {
-    k: _adapter(k)
+    k: TypeAdapter(_optional(_source_field(k)))
     for k in ("max_answer_lines", "ambient_lines", "recall_k", "recall_min_score", "recall_tokens")
 }
 
@@ -625,13 +588,10 @@ if not TYPE_CHECKING:  # mypy keeps checking names imported from here
         """``Answer``, ``Events``, ``Busy``: the ``Literal`` types of those keys, now
         declared only by :class:`ChannelOptions` (deprecated here)."""
         if name in _OLD_ALIASES:
-            warnings.warn(
-                f"agentik.bot.chansettings.{name} is deprecated: the type of ChannelOptions."
-                f"{_OLD_ALIASES[name]} (agentik.bot.channel)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            return setting_fields(ChannelOptions)[_OLD_ALIASES[name]].annotation
+            key = _OLD_ALIASES[name]
+            message = f"chansettings.{name} is deprecated: the type of ChannelOptions.{key}"
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            return setting_fields(ChannelOptions)[key].annotation
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
