@@ -6,26 +6,11 @@ A channel's effective behaviour is its transport's options
 overlaid with the settings of every ``[channels."<pattern>"]`` table whose
 pattern matches the channel key (the broadest first, so the most specific
 pattern wins key by key), overlaid with what the channel's admins set in chat
-(``!set``, persisted in the store and audited).  The keys:
-
-``persona``
-    text added to the system prompt in this channel, clearly delimited;
-``answer``, ``max_answer_lines``, ``ambient``, ``ambient_lines``, ``events``, ``profile``
-    the bridge keys of the same names, for this channel only;
-``tools``
-    glob patterns of the tools the model is offered here, within the
-    transport's ``allowed_tools`` (the outer bound: a channel can narrow it,
-    never widen it);
-``model``
-    the model profile (``[llm.profiles.<name>]``) this channel's turns use;
-    ``default`` is ``[llm]`` itself;
-``busy``
-    what a message that arrives while the bot answers does: ``queue``,
-    ``steer`` or ``interrupt`` (``auto``: ``steer`` in direct conversations
-    and threads, ``queue`` in shared channels).
-``recall``, ``recall_k``, ``recall_min_score``, ``recall_tokens``
-    automatic recall of memory notes here (see :mod:`agentik.core.recall`);
-    unset keys keep ``[memory]``'s.
+(``!set``, persisted in the store and audited).  The keys, what each does
+and takes: :class:`ChannelSettings` (generated from where each is declared;
+``docs/reference/config.md`` lists them).  ``tools`` is within the transport's
+``allowed_tools`` (the outer bound: a channel can narrow it, never widen it);
+unset recall keys keep ``[memory]``'s.
 
 Who may set them is a role (``[agent] settings_role``, default ``admin``)
 compared with the speaker's role from a ``role_for`` callable: by default
@@ -40,16 +25,18 @@ import hashlib
 import json
 import shlex
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 from agentik.core import access
-from agentik.core.memory import RecallPolicy
-from agentik.core.settings import settings_dataclass
+from agentik.core.memory import MemorySettings, RecallPolicy
+from agentik.core.settings import setting_fields, settings_dataclass
 from agentik.core.store.base import ChannelSetting, Store
 from agentik.core.streamprofiles import PROFILE_NAME
 from agentik.transports.base import IncomingMessage, Transport
@@ -71,6 +58,7 @@ __all__ = [
     "persona_block",
     "recall_override",
     "role_at_least",
+    "setting_doc",
     "settings_scope",
 ]
 
@@ -91,10 +79,6 @@ def default_role_for(transport_name: str, message: IncomingMessage, channel_key:
     return "user"
 
 
-Answer = Literal["addressed", "all", "direct"]
-Events = Literal["auto", "answers", "chat", "debug"]
-Busy = Literal["auto", "queue", "steer", "interrupt"]
-
 #: Longest persona accepted (characters).
 MAX_PERSONA_CHARS = 2000
 #: Channels whose chat settings are kept in memory (least recently used dropped first).
@@ -103,77 +87,8 @@ CACHED_CHANNELS = 10_000
 MAX_TOOL_PATTERNS = 50
 
 
-@settings_dataclass
-class ChannelSettings:
-    """``[channels."<pattern>"]``: settings of the channels whose key matches ``<pattern>``.
-
-    ``<pattern>`` is a channel key (``irc:libera:#ops``, ``slack:T1:C123``)
-    where ``*`` matches any run of characters and ``?`` one.  Every key is
-    optional: one left out keeps what a broader pattern, the transport
-    (``[transports.<name>]``) or the default says.
-    """
-
-    #: Text added to the system prompt in these channels.
-    persona: Annotated[str, Field(min_length=1, max_length=MAX_PERSONA_CHARS)] | None = None
-    #: Which lines the bot answers: ``addressed``, ``all``, or only ``direct`` messages.
-    answer: Answer | None = None
-    #: Lines of one answer before the rest waits for ``more`` (0: no cap).
-    max_answer_lines: Annotated[int, Field(ge=0)] | None = None
-    #: Record what others say (without answering) as context.
-    ambient: bool | None = None
-    #: How many such lines at most reach the model with the next turn.
-    ambient_lines: Annotated[int, Field(ge=1)] | None = None
-    #: What of a turn the channel sees: ``auto``, ``answers``, ``chat``, ``debug``.
-    events: Events | None = None
-    #: Glob patterns of the tools offered here, within the transport's ``allowed_tools``.
-    tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
-    #: The model profile (``[llm.profiles.<name>]``) used here; ``default``: ``[llm]``.
-    model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    #: The event stream profile the channel is rendered from (``chat``, ``debug``,
-    #: ``metrics`` or a ``[profiles.<name>]``).
-    profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    #: A message sent while the bot answers: ``queue``, ``steer``, ``interrupt``
-    #: (``auto``: ``steer`` in direct conversations and threads, ``queue`` elsewhere).
-    busy: Busy | None = None
-    #: Tell the channel when reflection or mining saved notes from it (``[memory] announce``).
-    announce: bool | None = None
-    #: Automatic recall of relevant memory notes before each turn (``[memory] recall``).
-    recall: bool | None = None
-    #: At most this many recalled notes per turn (``[memory] recall_k``).
-    recall_k: Annotated[int, Field(ge=1, le=20)] | None = None
-    #: Least similarity (cosine) of a recalled note (``[memory] recall_min_score``).
-    recall_min_score: Annotated[float, Field(ge=-1.0, le=1.0)] | None = None
-    #: About this many tokens of recalled notes at most (``[memory] recall_tokens``).
-    recall_tokens: Annotated[int, Field(ge=50, le=8000)] | None = None
-
-
-#: The keys ``!set`` knows, and what each takes (the help and error texts).
-SETTING_KEYS: dict[str, str] = {
-    "persona": f'text added to the system prompt here (quote it: "..."; at most '
-    f"{MAX_PERSONA_CHARS} characters)",
-    "answer": "one of " + ", ".join(get_args(Answer)),
-    "max_answer_lines": "a whole number >= 0 (0: no cap)",
-    "ambient": "on or off",
-    "ambient_lines": "a whole number >= 1",
-    "events": "one of " + ", ".join(get_args(Events)),
-    "tools": "glob patterns of tool names (fs__read_* web__*), within the transport's "
-    "allowed_tools; none: no tools",
-    "model": "a model profile of [llm.profiles], or default ([llm])",
-    "profile": "an event stream profile: chat, debug, metrics or one of [profiles]",
-    "busy": "one of " + ", ".join(get_args(Busy)) + " (what a message sent while the bot "
-    "answers does)",
-    "announce": "on or off (say when notes were saved from this channel)",
-    "recall": "on or off",
-    "recall_k": "a whole number from 1 to 20",
-    "recall_min_score": "a number from -1 to 1",
-    "recall_tokens": "a whole number from 50 to 8000",
-}
-
-#: The automatic-recall keys (overlaying ``[memory]``'s of the same names).
-RECALL_KEYS = ("recall", "recall_k", "recall_min_score", "recall_tokens")
-_BOUNDS = {"recall_k": (1, 20), "recall_tokens": (50, 8000)}
-
-#: Keys that overlay :class:`ChannelOptions` fields of the same name.
+#: Keys that overlay :class:`ChannelOptions` fields of the same name
+#: (``[transports.<name>]``): their type and limits are ChannelOptions'.
 _OPTION_KEYS = (
     "answer",
     "max_answer_lines",
@@ -183,20 +98,172 @@ _OPTION_KEYS = (
     "profile",
     "busy",
 )
+#: The automatic-recall keys (overlaying ``[memory]``'s of the same names).
+RECALL_KEYS = ("recall", "recall_k", "recall_min_score", "recall_tokens")
+#: Keys that overlay :class:`~agentik.core.memory.MemorySettings` (``[memory]``) fields.
+_MEMORY_KEYS = ("announce", *RECALL_KEYS)
+
+
+@settings_dataclass
+class _ChannelOwnKeys:
+    """The keys of ``[channels."<pattern>"]`` that overlay no other table: the
+    rest are generated from their sources (see :class:`ChannelSettings`)."""
+
+    persona: Annotated[str, Field(min_length=1, max_length=MAX_PERSONA_CHARS)] | None = None
+    tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
+    model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+
+
+def _source_field(key: str) -> FieldInfo:
+    """The field ``key`` is declared by: ChannelOptions', MemorySettings' or our own."""
+    source: type = ChannelOptions if key in _OPTION_KEYS else MemorySettings
+    if key not in _OPTION_KEYS and key not in _MEMORY_KEYS:
+        source = _ChannelOwnKeys
+    return setting_fields(source)[key]
+
+
+def _optional(info: FieldInfo) -> Any:
+    """The type of ``info`` with its limits, ``None`` allowed (unset)."""
+    annotation: Any = info.annotation
+    if info.metadata:
+        annotation = Annotated[(annotation, *info.metadata)]
+    return annotation | None
+
+
+#: What each key does in a channel (its doc in the configuration reference, so
+#: Markdown); its type and limits are its source field's.
+_CHANNEL_DOCS = {
+    "persona": "Text added to the system prompt in these channels.",
+    "answer": "Which lines the bot answers: `addressed`, `all`, or only `direct` messages.",
+    "max_answer_lines": "Lines of one answer before the rest waits for `more` (0: no cap).",
+    "ambient": "Record what others say (without answering) as context.",
+    "ambient_lines": "How many such lines at most reach the model with the next turn.",
+    "events": "What of a turn the channel sees: `auto`, `answers`, `chat`, `debug`.",
+    "tools": "Glob patterns of the tools offered here, within the transport's `allowed_tools`.",
+    "model": "The model profile (`[llm.profiles.<name>]`) used here; `default`: `[llm]`.",
+    "profile": "The event stream profile the channel is rendered from (`chat`, `debug`,"
+    " `metrics` or a `[profiles.<name>]`).",
+    "busy": "A message sent while the bot answers: `queue`, `steer`, `interrupt`"
+    " (`auto`: `steer` in direct conversations and threads, `queue` elsewhere).",
+    "announce": "Tell the channel when reflection or mining saved notes from it"
+    " (`[memory] announce`).",
+    "recall": "Automatic recall of relevant memory notes before each turn (`[memory] recall`).",
+    "recall_k": "At most this many recalled notes per turn (`[memory] recall_k`).",
+    "recall_min_score": "Least similarity (cosine) of a recalled note"
+    " (`[memory] recall_min_score`).",
+    "recall_tokens": "About this many tokens of recalled notes at most (`[memory] recall_tokens`).",
+}
+#: The order of the keys (``!set``'s list, ``!settings``, the docs).
+_KEY_ORDER = tuple(_CHANNEL_DOCS)
+
+
+def _channel_settings() -> type:
+    """``ChannelSettings``: every key optional, with the type and limits of its source."""
+    namespace: dict[str, Any] = {
+        "__module__": __name__,
+        "__qualname__": "ChannelSettings",
+        "__doc__": _CHANNEL_SETTINGS_DOC,
+        "__annotations__": {
+            k: Annotated[_optional(_source_field(k)), Field(description=_CHANNEL_DOCS[k])]
+            for k in _KEY_ORDER
+        },
+    }
+    namespace.update(dict.fromkeys(_KEY_ORDER))
+    return settings_dataclass(type("ChannelSettings", (), namespace))
+
+
+_CHANNEL_SETTINGS_DOC = """``[channels."<pattern>"]``: settings of the channels whose key
+    matches ``<pattern>``.
+
+    ``<pattern>`` is a channel key (``irc:libera:#ops``, ``slack:T1:C123``)
+    where ``*`` matches any run of characters and ``?`` one.  Every key is
+    optional: one left out keeps what a broader pattern, the transport
+    (``[transports.<name>]``) or the default says.  A key's type and limits are
+    its source's: :class:`ChannelOptions` or ``[memory]`` (``MemorySettings``).
+    """
+
+if TYPE_CHECKING:
+
+    class ChannelSettings(_ChannelOwnKeys):
+        # The generated keys, for type checkers (each is its source's type or None).
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    ChannelSettings = _channel_settings()
+
+
+def _bounds(key: str) -> tuple[Any, Any]:
+    """The ``(ge, le)`` limits of a numeric key (``None``: no limit), from its field."""
+    info = _source_field(key)
+    metadata = list(info.metadata)
+    for member in get_args(info.annotation):  # ``Annotated[int, Field(ge=0)] | None``
+        metadata += getattr(member, "__metadata__", ())
+    low = high = None
+    for m in metadata:
+        for item in getattr(m, "metadata", [m]):  # a FieldInfo carries its limits
+            low = getattr(item, "ge", low)
+            high = getattr(item, "le", high)
+    return low, high
+
+
+def _choices(key: str) -> tuple[str, ...]:
+    """The values a ``Literal`` key takes, from its field."""
+    return get_args(_source_field(key).annotation)
+
+
+def _number_help(key: str, kind: str, note: str = "") -> str:
+    low, high = _bounds(key)
+    if high is None:
+        return f"{kind} >= {low:g}{note}"
+    return f"{kind} from {low:g} to {high:g}{note}"
+
+
+#: The keys ``!set`` knows, and what each takes (the help and error texts).
+SETTING_KEYS: dict[str, str] = {
+    "persona": f'text added to the system prompt here (quote it: "..."; at most '
+    f"{MAX_PERSONA_CHARS} characters)",
+    "answer": "one of " + ", ".join(_choices("answer")),
+    "max_answer_lines": _number_help("max_answer_lines", "a whole number", " (0: no cap)"),
+    "ambient": "on or off",
+    "ambient_lines": _number_help("ambient_lines", "a whole number"),
+    "events": "one of " + ", ".join(_choices("events")),
+    "tools": "glob patterns of tool names (fs__read_* web__*), within the transport's "
+    "allowed_tools; none: no tools",
+    "model": "a model profile of [llm.profiles], or default ([llm])",
+    "profile": "an event stream profile: chat, debug, metrics or one of [profiles]",
+    "busy": "one of " + ", ".join(_choices("busy")) + " (what a message sent while the bot "
+    "answers does)",
+    "announce": "on or off (say when notes were saved from this channel)",
+    "recall": "on or off",
+    "recall_k": _number_help("recall_k", "a whole number"),
+    "recall_min_score": _number_help("recall_min_score", "a number"),
+    "recall_tokens": _number_help("recall_tokens", "a whole number"),
+}
+#: Each numeric key's validator: the type and limits of its field.
+_NUMBERS = {
+    k: TypeAdapter(_optional(_source_field(k)))
+    for k in ("max_answer_lines", "ambient_lines", "recall_k", "recall_min_score", "recall_tokens")
+}
+
+
+def setting_doc(key: str) -> str:
+    """What ``key`` does in a channel, in plain text: its field's doc (``!set <key>``)."""
+    return _CHANNEL_DOCS[key].replace("`", "").rstrip(".")
 
 
 class SettingError(ValueError):
     """A ``!set``/``!unset`` the bot cannot take; the message says why, naming the key."""
 
 
-def _whole(key: str, text: str, low: int) -> int:
+def _whole(key: str, text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}") from None
-    if value < low:
-        raise SettingError(f"{key}: {value} is not {SETTING_KEYS[key]}")
-    return value
+    try:
+        return int(_NUMBERS[key].validate_python(value))
+    except ValidationError:
+        raise SettingError(f"{key}: {value} is not {SETTING_KEYS[key]}") from None
 
 
 _TRUE = {"on", "true", "yes", "1"}
@@ -219,7 +286,7 @@ def parse_setting(
     if key not in SETTING_KEYS:
         raise SettingError(f"unknown setting {key!r}; settings: {', '.join(SETTING_KEYS)}")
     if not words:
-        raise SettingError(f"{key}: give a value: {SETTING_KEYS[key]}")
+        raise SettingError(f"{key}: give a value: {SETTING_KEYS[key]} ({setting_doc(key)})")
     if key == "persona":
         text = " ".join(words).strip()
         if not text:
@@ -256,7 +323,7 @@ def parse_setting(
             raise SettingError(f"profile: no profile {text!r}; profiles: {known}")
         return text
     if key in ("answer", "events", "busy"):
-        allowed = get_args({"answer": Answer, "events": Events, "busy": Busy}[key])
+        allowed = _choices(key)
         if text.lower() not in allowed:
             raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
         return text.lower()
@@ -268,19 +335,10 @@ def parse_setting(
         raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
     if key == "recall_min_score":
         try:
-            score = float(text)
-        except ValueError:
+            return float(_NUMBERS[key].validate_python(float(text)))
+        except (ValueError, ValidationError):
             raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}") from None
-        if not -1.0 <= score <= 1.0:
-            raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
-        return score
-    if key in _BOUNDS:
-        low, high = _BOUNDS[key]
-        value = _whole(key, text, low)
-        if value > high:
-            raise SettingError(f"{key}: {value} is not {SETTING_KEYS[key]}")
-        return value
-    return _whole(key, text, 0 if key == "max_answer_lines" else 1)
+    return _whole(key, text)
 
 
 def split_args(text: str) -> list[str]:
@@ -519,6 +577,22 @@ def allowed_tool_names(
         if (outer is None or any(fnmatchcase(name, p) for p in outer))
         and any(fnmatchcase(name, p) for p in channel)
     )
+
+
+_OLD_ALIASES = {"Answer": "answer", "Events": "events", "Busy": "busy"}
+
+
+if not TYPE_CHECKING:  # mypy keeps checking names imported from here
+
+    def __getattr__(name: str) -> Any:
+        """``Answer``, ``Events``, ``Busy``: the ``Literal`` types of those keys, now
+        declared only by :class:`ChannelOptions` (deprecated here)."""
+        if name in _OLD_ALIASES:
+            key = _OLD_ALIASES[name]
+            message = f"chansettings.{name} is deprecated: the type of ChannelOptions.{key}"
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            return setting_fields(ChannelOptions)[key].annotation
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _escape(name: str) -> str:

@@ -10,9 +10,11 @@ import sqlite3
 from contextlib import asynccontextmanager
 
 import pytest
+from pydantic import ValidationError
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.bot.chansettings import (
+    SETTING_KEYS,
     ChannelSettings,
     ChannelSettingsBook,
     SettingError,
@@ -438,6 +440,63 @@ def test_config_channels_tables_validate_and_errors_name_the_key():
         parse_config({"channels": {"irc:x:#y": {"answer": "sometimes"}}}, env={})
     with pytest.raises(ConfigError, match=r"channels\.irc:x:#y\.colour"):
         parse_config({"channels": {"irc:x:#y": {"colour": "red"}}}, env={})
+
+
+def test_channel_keys_take_type_limits_and_bounds_from_their_sources():
+    """The keys that overlay ``[transports.<name>]`` and ``[memory]`` are generated
+    from those fields: same type and limits in the file, in ``!set`` and its help."""
+    from agentik.core.memory import MemorySettings
+    from agentik.core.settings import setting_fields
+
+    bad = {"answer": "sometimes", "max_answer_lines": -1, "ambient_lines": 0, "events": "x"}
+    bad |= {"busy": "x", "profile": "", "ambient": "maybe"}
+    bad_memory = {"recall_k": 21, "recall_min_score": 1.5, "recall_tokens": 49, "recall": "x"}
+    for source, values in ((ChannelOptions, bad), (MemorySettings, bad_memory)):
+        for key, value in values.items():
+            with pytest.raises(ValidationError):
+                source(**{key: value})
+            with pytest.raises(ValidationError):
+                ChannelSettings(**{key: value})
+            assert getattr(ChannelSettings(), key) is None  # unset by default
+    memory = setting_fields(MemorySettings)
+    # recall_k's bounds are [memory]'s, for the file and for !set (the error names both).
+    low, high = (
+        next(getattr(m, bound) for m in memory["recall_k"].metadata if hasattr(m, bound))
+        for bound in ("ge", "le")
+    )
+    with pytest.raises(ConfigError, match=r"channels\.irc:x:#y\.recall_k"):
+        parse_config({"channels": {"irc:x:#y": {"recall_k": high + 1}}}, env={})
+    with pytest.raises(ConfigError, match=r"channels\.irc:x:#y\.ambient_lines"):
+        parse_config({"channels": {"irc:x:#y": {"ambient_lines": 0}}}, env={})
+    bound = f"a whole number from {low} to {high}"
+    assert SETTING_KEYS["recall_k"] == bound
+    assert parse_setting("recall_k", [str(high)]) == high
+    with pytest.raises(SettingError, match=rf"^recall_k: {high + 1} is not {bound}$"):
+        parse_setting("recall_k", [str(high + 1)])
+    with pytest.raises(
+        SettingError, match=r"^recall_min_score: '1.5' is not a number from -1 to 1$"
+    ):
+        parse_setting("recall_min_score", ["1.5"])
+    assert parse_setting("recall_min_score", ["-1"]) == -1.0
+    # `!set <key>` without a value says what the key does: its field's doc.
+    doc = setting_fields(ChannelSettings)["recall_k"].description
+    assert doc and doc.startswith("At most this many recalled notes per turn")
+    with pytest.raises(SettingError) as given:
+        parse_setting("recall_k", [])
+    assert str(given.value) == (
+        f"recall_k: give a value: {bound} (At most this many recalled notes per turn"
+        " ([memory] recall_k))"
+    )
+
+
+def test_the_old_literal_aliases_still_import_with_a_warning():
+    import typing
+
+    from agentik.bot import chansettings
+
+    with pytest.warns(DeprecationWarning, match="ChannelOptions.busy"):
+        busy = chansettings.Busy
+    assert typing.get_args(busy) == ("auto", "queue", "steer", "interrupt")
 
 
 async def test_the_most_specific_pattern_wins_key_by_key():
