@@ -6,7 +6,6 @@ model request goes — and which model it names — is what is checked."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -78,10 +77,10 @@ model = "fast"
 async def running(path: Path):
     async with Bot(load_config(path, env={})) as bot:
         transport = bot.transports["testnet"]
-        async with asyncio.timeout(60):
-            while not set(CHANNELS) <= set(transport.joined):  # type: ignore[attr-defined]
-                await transport._queue_changed.wait()  # type: ignore[attr-defined]
-                await asyncio.sleep(0)
+        await transport.wait_until(  # type: ignore[attr-defined]
+            lambda: set(CHANNELS) <= set(transport.joined),  # type: ignore[attr-defined]
+            timeout=60,
+        )
         yield bot
 
 
