@@ -231,6 +231,12 @@ class Agent:
             await asyncio.sleep(0)
         return self
 
+    @property
+    def background(self) -> tuple[Callable[[Agent], Awaitable[None]], ...]:
+        """The background coroutine functions given at construction (the memory and
+        retention workers, plugins'), each run as a task while the agent is started."""
+        return tuple(self._background_fns)
+
     async def _run_background(self, fn: Callable[[Agent], Awaitable[None]]) -> None:
         try:
             await fn(self)
