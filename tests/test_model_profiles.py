@@ -243,9 +243,9 @@ async def test_the_agent_closes_its_profile_backends(openai_server, fast_server)
     async with Agent(llm=main, profiles={"fast": fast}) as agent:
         assert agent.llm_for("fast") is fast
         assert agent.llm_for(None) is main and agent.llm_for("gone") is main
-        assert not fast._client.is_closed()
+        assert not fast.closed
     # The openai clients (their HTTP connection pools) are closed with the agent.
-    assert main._client.is_closed() and fast._client.is_closed()
+    assert main.closed and fast.closed
 
 
 async def test_a_profiles_own_window_fits_the_context_of_its_conversations(tmp_path):
