@@ -363,7 +363,7 @@ async def test_a_long_conversation_drops_its_oldest_exchanges_to_fit_n_ctx(db_pa
             assert [m.status for m in rows] == ["complete"] * 12
             # The history no longer fits the context, yet every turn was answered.
             history = " ".join(m.content for m in rows).encode()
-            assert len(small._llama.tokenize(history, add_bos=False)) > 256
+            assert len(small.shared_model.llama.tokenize(history, add_bos=False)) > 256
             stats = small.last_generation
             assert stats.prompt_tokens + stats.completion_tokens <= 256
             # A single message larger than the whole context is a clear error.
