@@ -602,6 +602,12 @@ class Bot:
             )
 
     @property
+    def started(self) -> tuple[Transport, ...]:
+        """The transport instances started and not yet stopped, in start order (a reload
+        or a restart replaces an instance)."""
+        return tuple(self._started)
+
+    @property
     def stopping(self) -> bool:
         """Whether a stop has begun (``/ready`` answers 503 from then on)."""
         return self._stopping

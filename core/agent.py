@@ -231,6 +231,22 @@ class Agent:
             await asyncio.sleep(0)
         return self
 
+    @property
+    def background(self) -> tuple[Callable[[Agent], Awaitable[None]], ...]:
+        """The background coroutine functions given at construction (the memory and
+        retention workers, plugins'), each run as a task while the agent is started."""
+        return tuple(self._background_fns)
+
+    @property
+    def temp_store(self) -> MemoryStore:
+        """The in-memory store of temporary conversations (never written to disk)."""
+        return self._temp_store
+
+    @property
+    def channel_locks(self) -> int:
+        """Per-channel binding locks held now (each is kept only while in use)."""
+        return len(self._channel_lock)
+
     async def _run_background(self, fn: Callable[[Agent], Awaitable[None]]) -> None:
         try:
             await fn(self)

@@ -30,13 +30,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal, cast, get_args
 
 from .compat import moved_attribute
 from .messages import Usage
 
 __all__ = [
+    "EVENTS_BY_KIND",
     "EVENT_TYPES",
     "PROFILES",  # noqa: F822 - moved to streamprofiles, resolved by __getattr__
     "ApprovalRequested",
@@ -491,6 +494,8 @@ def _kind_of(cls: type[EventBase]) -> str:
 
 
 _BY_KIND: dict[str, type[Event]] = {_kind_of(cls): cls for cls in EVENT_TYPES}
+#: Each event class by its ``kind`` (read-only): what :func:`event_from_dict` rebuilds.
+EVENTS_BY_KIND: Mapping[str, type[Event]] = MappingProxyType(_BY_KIND)
 
 
 def __getattr__(name: str) -> Any:

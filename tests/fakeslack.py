@@ -415,7 +415,10 @@ class FakeSlack:
         for event in self._waiters:
             event.set()
 
-    async def _wait_until(self, check: Callable[[], Any], timeout: float, what: str) -> Any:  # noqa: ASYNC109
+    async def wait_until(self, check: Callable[[], Any], timeout: float, what: str) -> Any:  # noqa: ASYNC109
+        """Wait until ``check()`` returns something other than ``None`` or ``False``
+        (re-checked each time the fake's state changes) and return it; a
+        :class:`TimeoutError` naming ``what`` after ``timeout`` seconds."""
         event = asyncio.Event()
         self._waiters.add(event)
         try:
@@ -449,17 +452,17 @@ class FakeSlack:
                     return params
             return None
 
-        return await self._wait_until(check, timeout, f"a call to {method}")
+        return await self.wait_until(check, timeout, f"a call to {method}")
 
     async def wait_for_ack(self, envelope_id: str, timeout: float = 60.0) -> dict[str, Any]:  # noqa: ASYNC109
         """Wait for the client's ack of ``envelope_id``; returns the ack message."""
-        return await self._wait_until(
+        return await self.wait_until(
             lambda: self.acks.get(envelope_id), timeout, f"the ack of {envelope_id}"
         )
 
     async def wait_for_socket(self, count: int = 1, timeout: float = 60.0) -> None:  # noqa: ASYNC109
         """Wait until ``count`` websocket sessions have been opened and one is live."""
-        await self._wait_until(
+        await self.wait_until(
             lambda: self.socket_connections >= count and self._live_ws() is not None,
             timeout,
             f"{count} socket connection(s)",
@@ -472,7 +475,7 @@ class FakeSlack:
         return ws if ws is not None and not ws.closed else None
 
     async def _send(self, frame: dict[str, Any], timeout: float = 60.0) -> None:  # noqa: ASYNC109
-        ws = await self._wait_until(self._live_ws, timeout, "a live socket connection")
+        ws = await self.wait_until(self._live_ws, timeout, "a live socket connection")
         self.sent.append(frame)
         await ws.send_str(json.dumps(frame))
 

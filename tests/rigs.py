@@ -18,7 +18,6 @@ agentik is mocked.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -65,10 +64,7 @@ def said_by_bot(line) -> bool:
 
 async def joined(transport: IRCTransport, channel: str, wait: float = WAIT) -> None:
     """Wait until ``transport`` has joined ``channel``."""
-    async with asyncio.timeout(wait):
-        while channel not in transport.joined:
-            await transport._queue_changed.wait()
-            await asyncio.sleep(0)
+    await transport.wait_joined(channel, wait)
 
 
 def irc_transport(port: int, **settings: Any) -> IRCTransport:

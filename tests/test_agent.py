@@ -540,7 +540,7 @@ async def test_replay_buffers_share_a_budget(scripted, db_path):
         # Bindings leave no per-channel lock behind.
         for i in range(20):
             await a.conversation_for_channel(f"irc:net:#c{i}")
-        assert len(a._channel_lock) == 0
+        assert a.channel_locks == 0
 
 
 async def test_compaction_keeps_the_audit_log_and_invents_no_messages(db_path):

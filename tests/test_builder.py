@@ -239,7 +239,7 @@ async def test_from_config_picks_the_memory_backend(tmp_path, backend):
     expected = {"sqlite": SQLiteMemory, "markdown": MarkdownMemory, "none": NoMemory}[backend]
     assert type(agent.memory) is expected
     assert agent.compactor.budget == 2048 and agent.compactor.policy.keep_turns == 3
-    workers = [w for w in agent._background_fns if isinstance(w, MemoryWorker)]
+    workers = [w for w in agent.background if isinstance(w, MemoryWorker)]
     assert len(workers) == (0 if backend == "none" else 1)
     names = {t.name for t in agent.tools}
     assert ("memory_save" in names) == (backend != "none")
@@ -273,7 +273,7 @@ def test_from_config_hands_the_configured_settings_to_the_agent(tmp_path):
     assert not agent.policy.allows("y")
     assert agent.compactor.policy == config.compaction
     assert agent.compactor.policy.prompt == "Sum up: {words}"
-    (worker,) = [w for w in agent._background_fns if isinstance(w, MemoryWorker)]
+    (worker,) = [w for w in agent.background if isinstance(w, MemoryWorker)]
     assert worker.policy.mining_debounce == 1.5 and worker.policy.timeout == 7
     assert not worker.policy.reflection
 

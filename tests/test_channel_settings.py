@@ -341,7 +341,7 @@ async def bot_said(slack: FakeSlack, channel: str, *words: str) -> str:
                     return text
         return None
 
-    result: str = await slack._wait_until(check, 60, f"the bot to say {words} in {channel}")
+    result: str = await slack.wait_until(check, 60, f"the bot to say {words} in {channel}")
     return result
 
 

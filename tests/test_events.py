@@ -137,7 +137,7 @@ SAMPLES = [
 
 
 def test_every_kind_has_a_sample():
-    assert {type(e) for e in SAMPLES} == set(ev._BY_KIND.values())
+    assert {type(e) for e in SAMPLES} == set(ev.EVENTS_BY_KIND.values())
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.kind)
@@ -162,7 +162,7 @@ def test_unknown_kind_is_rejected():
 
 
 def test_profiles():
-    assert PROFILES["debug"] == frozenset(ev._BY_KIND)
+    assert PROFILES["debug"] == frozenset(ev.EVENTS_BY_KIND)
     assert "text_delta" in PROFILES["chat"] and "reasoning_delta" not in PROFILES["chat"]
     assert "text_delta" not in PROFILES["metrics"]
     assert "turn_ended" in PROFILES["metrics"]

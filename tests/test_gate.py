@@ -30,15 +30,13 @@ from agentik.transports.base import (
     host_of,
 )
 from agentik.transports.http.transport import HttpTransport
-from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient
+from rigs import from_bot, irc_transport, joined
 
 pytest_plugins = ["ircservers"]
 
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
 BOSS, PLEB = "b" * 32, "p" * 32
 
 
@@ -67,8 +65,7 @@ async def front_doors(port: int, db: str, monkeypatch):
     access = users_get_no_answer()
     await access.load(store)
     bridge = Bridge(agent, access=access)
-    settings = {"host": "127.0.0.1", "port": port, "nick": "agentik", "channels": ["#team"]}
-    irc = IRCTransport(name="testnet", settings={**settings, **FAST})
+    irc = irc_transport(port, channels=["#team"])
     web = HttpTransport(name="web", settings={"port": 0, "tokens": [
         {"name": "boss", "env": "BOSS_TOKEN"}, {"name": "pleb", "env": "PLEB_TOKEN"},
     ]})  # fmt: skip
@@ -85,12 +82,6 @@ async def front_doors(port: int, db: str, monkeypatch):
         await agent.aclose()
 
 
-async def in_channel(transport: IRCTransport, channel: str) -> None:
-    async with asyncio.timeout(60):
-        while channel not in transport.joined:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-
-
 async def turns(model: ScriptedModel, n: int) -> None:
     async with asyncio.timeout(60):
         while len(model.requests) < n:  # noqa: ASYNC110
@@ -102,7 +93,7 @@ async def test_one_rule_refuses_and_admits_over_irc_and_http_alike(miniircd, tmp
         model, agent, bridge, irc, web,
     ):  # fmt: skip
         # -- IRC: alice (a user) is refused, boss (an admin by hostmask) admitted ------
-        await in_channel(irc, "#team")
+        await joined(irc, "#team")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         boss = await IRCTestClient.connect(miniircd.port, "boss")
         try:
@@ -248,9 +239,7 @@ async def test_one_budget_refuses_over_irc_and_http_alike(miniircd, tmp_path, mo
     agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "b.db")))
     await agent.start()
     bridge = Bridge(agent, budgets=Budgets(settings, agent.store, clock=Clock()))
-    irc_settings = {"host": "127.0.0.1", "port": miniircd.port, "nick": "agentik",
-                    "channels": ["#b"]}  # fmt: skip
-    irc = IRCTransport(name="testnet", settings={**irc_settings, **FAST})
+    irc = irc_transport(miniircd.port, channels=["#b"])
     web = HttpTransport(name="web", settings={"port": 0, "tokens": [
         {"name": "ci", "env": "CI_TOKEN"}]})  # fmt: skip
     bridge.attach(irc, ChannelOptions(command_prefix="!"))
@@ -258,14 +247,10 @@ async def test_one_budget_refuses_over_irc_and_http_alike(miniircd, tmp_path, mo
     await irc.start(bridge)
     await web.start(bridge)
     try:
-        await in_channel(irc, "#b")
+        await joined(irc, "#b")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         try:
             await alice.join("#b")
-
-            def from_bot(m) -> bool:
-                return m.command in ("PRIVMSG", "NOTICE") and (m.nick or "").lower() == "agentik"
-
             alice.privmsg("#b", "agentik: one")
             await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: echo: one")
             alice.privmsg("#b", "agentik: two")

@@ -192,10 +192,7 @@ async def test_server_restart_mid_conversation_delivers_the_queued_answer_once(m
         await miniircd.kill()
         await alice.wait_closed()
         gate.set()  # the answer is produced while disconnected: it must wait in the queue
-        async with asyncio.timeout(60):
-            while bot.queued == 0:
-                await bot._queue_changed.wait()
-                await asyncio.sleep(0)
+        await bot.wait_until(lambda: bot.queued > 0, timeout=60)
         await miniircd.restart()
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         await alice.join("#ops")

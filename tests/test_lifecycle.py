@@ -420,7 +420,7 @@ async def test_a_bot_built_from_the_config_prunes_at_start_up(tmp_path):
     conf = tmp_path / "bot.toml"
     conf.write_text('[llm]\nbackend = "scripted"\n' + RETENTION_TOML)
     agent = AgentBuilder.from_config(load_config(conf), load_plugins()).build()
-    workers = [w for w in agent._background_fns if isinstance(w, RetentionWorker)]
+    workers = [w for w in agent.background if isinstance(w, RetentionWorker)]
     assert len(workers) == 1
     async with agent:
         await workers[0].wait_runs(1)
@@ -431,7 +431,7 @@ async def test_a_bot_built_from_the_config_prunes_at_start_up(tmp_path):
     # No rules: no worker at all.
     conf.write_text('[llm]\nbackend = "scripted"\n[storage]\npath = "bot.db"\n')
     agent = AgentBuilder.from_config(load_config(conf), load_plugins()).build()
-    assert not [w for w in agent._background_fns if isinstance(w, RetentionWorker)]
+    assert not [w for w in agent.background if isinstance(w, RetentionWorker)]
 
 
 async def test_the_job_runs_again_after_every_turns_finished_turns(db_path):

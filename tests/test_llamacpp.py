@@ -61,7 +61,7 @@ def model():
 def llm(model):
     """A backend of this test's own (an agent closes its backend), on the shared model."""
     backend = make_backend()
-    assert backend._shared is model._shared
+    assert backend.shared_model is model.shared_model
     return backend
 
 
@@ -140,7 +140,7 @@ async def test_a_multi_turn_conversation_sends_the_history(agent, llm):
 
 async def test_interrupt_stops_generation_and_the_next_turn_works(model, db_path):
     long = make_backend(max_tokens=100)
-    assert long._shared is model._shared  # same file and settings: one model in memory
+    assert long.shared_model is model.shared_model  # same file and settings: one model in memory
     try:
         async with Agent(llm=long, store=SQLiteStore(db_path), system_prompt=SYSTEM) as agent:
             conv = await agent.create_conversation()
@@ -363,7 +363,7 @@ async def test_a_long_conversation_drops_its_oldest_exchanges_to_fit_n_ctx(db_pa
             assert [m.status for m in rows] == ["complete"] * 12
             # The history no longer fits the context, yet every turn was answered.
             history = " ".join(m.content for m in rows).encode()
-            assert len(small._llama.tokenize(history, add_bos=False)) > 256
+            assert len(small.shared_model.llama.tokenize(history, add_bos=False)) > 256
             stats = small.last_generation
             assert stats.prompt_tokens + stats.completion_tokens <= 256
             # A single message larger than the whole context is a clear error.
@@ -380,7 +380,7 @@ async def test_a_long_conversation_drops_its_oldest_exchanges_to_fit_n_ctx(db_pa
 
 async def test_an_interrupted_long_answer_is_trimmed_away_and_the_next_turn_answers(model, db_path):
     long = make_backend(max_tokens=1000)  # n_ctx 1024: the module's model, shared
-    assert long._shared is model._shared
+    assert long.shared_model is model.shared_model
     try:
         async with Agent(llm=long, store=SQLiteStore(db_path), system_prompt=SYSTEM) as agent:
             conv = await agent.create_conversation()

@@ -6,7 +6,6 @@ model request goes — and which model it names — is what is checked."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -78,10 +77,10 @@ model = "fast"
 async def running(path: Path):
     async with Bot(load_config(path, env={})) as bot:
         transport = bot.transports["testnet"]
-        async with asyncio.timeout(60):
-            while not set(CHANNELS) <= set(transport.joined):  # type: ignore[attr-defined]
-                await transport._queue_changed.wait()  # type: ignore[attr-defined]
-                await asyncio.sleep(0)
+        await transport.wait_until(  # type: ignore[attr-defined]
+            lambda: set(CHANNELS) <= set(transport.joined),  # type: ignore[attr-defined]
+            timeout=60,
+        )
         yield bot
 
 
@@ -244,9 +243,9 @@ async def test_the_agent_closes_its_profile_backends(openai_server, fast_server)
     async with Agent(llm=main, profiles={"fast": fast}) as agent:
         assert agent.llm_for("fast") is fast
         assert agent.llm_for(None) is main and agent.llm_for("gone") is main
-        assert not fast._client.is_closed()
+        assert not fast.closed
     # The openai clients (their HTTP connection pools) are closed with the agent.
-    assert main._client.is_closed() and fast._client.is_closed()
+    assert main.closed and fast.closed
 
 
 async def test_a_profiles_own_window_fits_the_context_of_its_conversations(tmp_path):

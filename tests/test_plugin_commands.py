@@ -8,64 +8,22 @@ The plugin is the example distribution ``examples/agentik-webhook`` (its
 
 from __future__ import annotations
 
-import asyncio
-from contextlib import asynccontextmanager
-
 import pytest
 
-from agentik.bot.bridge import COMMANDS, Bridge, ChannelOptions
+from agentik.bot.bridge import COMMANDS, ChannelOptions
 from agentik.bot.commands import Command, CommandContext, builtin_commands, load_commands
-from agentik.core import Agent, SQLiteStore
 from agentik.core.access import AccessPolicy, AccessRule, AccessSettings
 from agentik.core.errors import PluginError
 from agentik.core.hooks import Hooks
 from agentik.core.hookspecs import hookimpl
-from agentik.core.testing.scripted import ScriptedModel
-from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient
+from rigs import irc_bot, joined, said_by_bot
 
 webhook_plugin = pytest.importorskip("agentik_webhook.plugin")
 
 pytest_plugins = ["ircservers"]
-
-FAST = {"tls": False, "reconnect_min": 0.2, "reconnect_max": 1.0, "flood_burst": 10,
-        "flood_rate": 200.0}  # fmt: skip
-WAIT = 60.0
-
-
-@asynccontextmanager
-async def irc_bot(port: int, tmp_path, access: AccessPolicy, *plugins: object, **settings):
-    agent = Agent(llm=ScriptedModel(), store=SQLiteStore(str(tmp_path / "irc.db")),
-                  hooks=list(plugins))  # fmt: skip
-    await agent.start()
-    await access.load(agent.store)  # as the bot does at start
-    bridge = Bridge(agent, access=access)
-    transport = IRCTransport(
-        name="testnet",
-        settings={"host": "127.0.0.1", "port": port, "nick": "agentik",
-                  "unverified_identity": "hostmask", **FAST, **settings},
-    )  # fmt: skip
-    bridge.attach(transport, ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    try:
-        yield transport, bridge
-    finally:
-        await transport.aclose()
-        await bridge.aclose()
-        await agent.aclose()
-
-
-async def joined(transport: IRCTransport, channel: str) -> None:
-    async with asyncio.timeout(WAIT):
-        while channel not in transport.joined:
-            await transport._queue_changed.wait()
-            await asyncio.sleep(0)
-
-
-def from_bot(line) -> bool:
-    return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
 
 
 def admins(*masks: str, rules: tuple[AccessRule, ...] = ()) -> AccessPolicy:
@@ -76,8 +34,9 @@ def admins(*masks: str, rules: tuple[AccessRule, ...] = ()) -> AccessPolicy:
 
 async def test_a_plugin_command_is_listed_and_needs_its_role(miniircd, tmp_path):
     access = admins("testnet:mask:dave!*@*")
-    async with irc_bot(miniircd.port, tmp_path, access, webhook_plugin,
-                       channels=["#ops"]) as (bot, bridge):  # fmt: skip
+    async with irc_bot(miniircd.port, tmp_path, bridge_kw={"access": access},
+                       agent_kw={"hooks": [webhook_plugin]}, unverified_identity="hostmask",
+                       channels=["#ops"]) as (bot, _, _, bridge):  # fmt: skip
         assert "webhook" in bridge.commands and "webhook" not in COMMANDS
         await joined(bot, "#ops")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
@@ -86,29 +45,31 @@ async def test_a_plugin_command_is_listed_and_needs_its_role(miniircd, tmp_path)
             await c.join("#ops")
         # The short help of a shared room: an admin's command is listed to admins only.
         alice.privmsg("#ops", "!help")
-        line = await alice.wait_for(lambda m: from_bot(m) and m.text.startswith("commands:"))
+        line = await alice.wait_for(lambda m: said_by_bot(m) and m.text.startswith("commands:"))
         assert "!new" in line.text and "!webhook" not in line.text
         dave.privmsg("#ops", "!help")
         # (dave saw alice's list first: his own is the one with the admins' commands.)
-        line = await dave.wait_for(lambda m: from_bot(m) and "!role " in m.text)
+        line = await dave.wait_for(lambda m: said_by_bot(m) and "!role " in m.text)
         assert line.text.startswith("commands: !new") and "!webhook" in line.text
         # !help <command> says what it does, as for a built-in.
         alice.privmsg("#ops", "!help webhook")
-        line = await alice.wait_for(lambda m: from_bot(m) and m.text.startswith("!webhook"))
+        line = await alice.wait_for(lambda m: said_by_bot(m) and m.text.startswith("!webhook"))
         assert line.text == f"!webhook — {webhook_plugin.webhook_command.help}"
         # A user is refused; an admin runs it.
         alice.privmsg("#ops", "!webhook")
-        refused = await alice.wait_for(lambda m: from_bot(m) and m.text.startswith("!webhook is"))
+        refused = await alice.wait_for(
+            lambda m: said_by_bot(m) and m.text.startswith("!webhook is")
+        )
         assert refused.text == "!webhook is for admins"
         dave.privmsg("#ops", "!webhook 120")
-        ran = await dave.wait_for(lambda m: from_bot(m) and m.text.startswith("agentik-webhook"))
+        ran = await dave.wait_for(lambda m: said_by_bot(m) and m.text.startswith("agentik-webhook"))
         assert "here through testnet (irc)" in ran.text and ran.text.endswith("+02:00")
         # In private, the full help lists every command with what it does, the plugin's too.
         alice.privmsg("agentik", "!help")
         # (Split to the line length: its pieces, up to the last command, the plugin's.)
         pieces = []
         while not pieces or "!webhook" not in pieces[-1]:
-            line = await alice.wait_for(lambda m: from_bot(m) and m.target == "alice")
+            line = await alice.wait_for(lambda m: said_by_bot(m) and m.target == "alice")
             pieces.append(line.text)
         full = " ".join(pieces)
         assert full.startswith("commands: !new — start a fresh conversation")
@@ -131,18 +92,19 @@ class Greeter:
 async def test_access_rules_apply_to_a_plugin_command(miniircd, tmp_path):
     rules = (AccessRule(channels=("irc:testnet:#quiet",), commands=("*", "-hello")),)
     access = admins(rules=rules)
-    async with irc_bot(miniircd.port, tmp_path, access, Greeter(),
-                       channels=["#open", "#quiet"]) as (bot, _):  # fmt: skip
+    async with irc_bot(miniircd.port, tmp_path, bridge_kw={"access": access},
+                       agent_kw={"hooks": [Greeter()]}, unverified_identity="hostmask",
+                       channels=["#open", "#quiet"]) as (bot, _, _, _):  # fmt: skip
         await joined(bot, "#open")
         await joined(bot, "#quiet")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         await alice.join("#open")
         await alice.join("#quiet")
         alice.privmsg("#open", "!hello")
-        line = await alice.wait_for(lambda m: from_bot(m) and m.target == "#open")
+        line = await alice.wait_for(lambda m: said_by_bot(m) and m.target == "#open")
         assert line.text == "hello alice (user)"
         alice.privmsg("#quiet", "!hello")
-        line = await alice.wait_for(lambda m: from_bot(m) and m.target == "#quiet")
+        line = await alice.wait_for(lambda m: said_by_bot(m) and m.target == "#quiet")
         assert line.text == "!hello is not for users here"
         await alice.close()
 

@@ -216,7 +216,6 @@ async def test_extra_connections_are_turned_away_while_established_clients_keep_
         "keepalive_timeout": 3600,
     }
     async with running_server(db_path, settings=settings, environ=TOKENS) as server:
-        state = server.transport._server.server_state
         pool = httpx.Limits(max_connections=1, keepalive_expiry=3600)
         async with server.client(ADMIN, limits=pool) as c:
             # An established, kept-alive client ...
@@ -224,7 +223,7 @@ async def test_extra_connections_are_turned_away_while_established_clients_keep_
             # ... and three idle sockets fill the cap.
             idle = [await connect(server) for _ in range(3)]
             async with asyncio.timeout(GUARD):
-                while len(state.connections) < 4:  # noqa: ASYNC110 - no event for accepts
+                while server.transport.open_connections < 4:  # noqa: ASYNC110 - no event for accepts
                     await asyncio.sleep(0.01)
 
             # The next connection is answered 503 at once and closed.
@@ -244,7 +243,7 @@ async def test_extra_connections_are_turned_away_while_established_clients_keep_
             # A freed slot takes a new client again.
             idle[0][1].close()
             async with asyncio.timeout(GUARD):
-                while len(state.connections) > 3:  # noqa: ASYNC110 - nor for closes
+                while server.transport.open_connections > 3:  # noqa: ASYNC110 - nor for closes
                     await asyncio.sleep(0.01)
             async with httpx.AsyncClient(base_url=server.url, timeout=GUARD) as fresh:
                 assert (await fresh.get("/health")).json()["status"] == "ok"
@@ -517,10 +516,9 @@ async def test_one_client_holding_idle_sockets_cannot_starve_the_others(db_path)
         "keepalive_timeout": 3600,
     }
     async with running_server(db_path, settings=settings, environ=TOKENS) as server:
-        state = server.transport._server.server_state
         held = [await connect_from(server, "127.0.0.2") for _ in range(4)]
         async with asyncio.timeout(GUARD):
-            while len(state.connections) < 4:  # noqa: ASYNC110 - no event for accepts
+            while server.transport.open_connections < 4:  # noqa: ASYNC110 - no event for accepts
                 await asyncio.sleep(0.01)
         # Past its cap, each new socket of that client is answered 503 and closed ...
         for _ in range(12):
@@ -549,11 +547,10 @@ async def test_a_full_server_keeps_a_reserved_slot_for_health_and_credentials(db
         "keepalive_timeout": 3600,
     }
     async with running_server(db_path, settings=settings, environ=TOKENS) as server:
-        state = server.transport._server.server_state
         # Idle sockets of one client fill the cap.
         held = [await connect_from(server, "127.0.0.2") for _ in range(4)]
         async with asyncio.timeout(GUARD):
-            while len(state.connections) < 4:  # noqa: ASYNC110 - no event for accepts
+            while server.transport.open_connections < 4:  # noqa: ASYNC110 - no event for accepts
                 await asyncio.sleep(0.01)
         # Health checks and requests with a token still get through, one per connection.
         assert await fresh_requests(server, 5) == [200] * 10

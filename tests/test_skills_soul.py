@@ -129,7 +129,7 @@ async def soul_server():
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    port = runner.addresses[0][1]  # the real port of port 0
     yield f"http://127.0.0.1:{port}", hits
     await runner.cleanup()
 

@@ -469,13 +469,13 @@ async def test_state_file_defaults_next_to_the_database(tmp_path, monkeypatch):
         slack.add_user("U1", "alice")
         store = SQLiteStore(str(data / "agentik.db"))
         async with slack_bot(slack, tmp_path, store=store, state_file=None) as (bot, *_):
-            assert bot._seen.path == str(data / "slack-slack-seen.sqlite3")
+            assert bot.seen_path == str(data / "slack-slack-seen.sqlite3")
         assert (data / "slack-slack-seen.sqlite3").exists()
         assert list(elsewhere.iterdir()) == []
         # With the database in memory, so are the handled events: no file anywhere.
         memory = SQLiteStore(":memory:")
         async with slack_bot(slack, tmp_path, store=memory, state_file=None) as (bot, *_):
-            assert bot._seen.path == ":memory:"
+            assert bot.seen_path == ":memory:"
         assert list(elsewhere.iterdir()) == []
 
 

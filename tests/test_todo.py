@@ -259,7 +259,7 @@ async def test_delete_and_redaction_leave_no_checklist_behind(tmp_path):
         assert checklist is not None and checklist.items == (FIX,)
         assert stored(db) == []
         await agent.delete_conversation(temp.id)
-        assert await agent._temp_store.todo_get(temp.id) is None
+        assert await agent.temp_store.todo_get(temp.id) is None
     finally:
         await agent.aclose()
 

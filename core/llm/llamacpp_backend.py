@@ -363,6 +363,12 @@ class LlamaCppBackend(LLMBackend):
         self.template_tools = "probe_tool" in with_tools and with_tools != plain
 
     @property
+    def shared_model(self) -> worker.SharedModel | None:
+        """The loaded model, one in memory for every backend on the same file and
+        context settings (``None`` once this backend is closed)."""
+        return self._shared
+
+    @property
     def _llama(self) -> Any:
         if self._shared is None:
             raise LLMError("the llamacpp backend is closed")

@@ -203,6 +203,11 @@ class OpenAIBackend(LLMBackend):
     async def aclose(self) -> None:
         await self._client.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` closed the client (its HTTP connection pool)."""
+        return self._client.is_closed()
+
     # -- request building -------------------------------------------------------
     def _wire_message(self, m: ChatMessage) -> dict[str, Any]:
         if m.role == "user":

@@ -221,6 +221,11 @@ class HttpTransport(Transport):
         if self._ctx is not None:
             self._ctx.closing = True
 
+    @property
+    def open_connections(self) -> int:
+        """HTTP connections open now (idle keep-alive ones included); 0 when not serving."""
+        return 0 if self._server is None else len(self._server.server_state.connections)
+
     async def aclose(self) -> None:
         ctx, server, serving = self._ctx, self._server, self._serving
         if ctx is not None:

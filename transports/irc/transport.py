@@ -59,6 +59,7 @@ import re
 import ssl
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,6 +230,7 @@ class IRCTransport(Transport):
         self.isupport: dict[str, str] = {}
         #: The server's name (the source of its 001): its PRIVMSGs are never answered.
         self.caps_enabled: set[str] = set()
+        #: The channels this transport is in, casefolded (see :meth:`wait_joined`).
         self.joined: set[str] = set()
         self._sink: MessageSink | None = None
         self._bot: Any = None
@@ -1748,6 +1750,27 @@ class IRCTransport(Transport):
     def queued(self) -> int:
         """Lines waiting to be sent."""
         return self._queued
+
+    # -- public waits (for tests, health checks and plugins) -----------------------
+    async def wait_until(
+        self,
+        condition: Callable[[], bool],
+        timeout: float | None = None,  # noqa: ASYNC109 (a wait's API, as the test servers')
+    ) -> None:
+        """Wait until ``condition()`` is true, checking it again each time this transport's
+        state changes (registered, a channel joined, a line queued, the connection lost).
+
+        Raises :class:`TimeoutError` after ``timeout`` seconds (``None``: no limit).
+        """
+        async with asyncio.timeout(timeout):
+            while not condition():
+                await self._queue_changed.wait()
+                await asyncio.sleep(0)
+
+    async def wait_joined(self, channel: str, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Wait until this transport is in ``channel`` (compared casefolded, as
+        :attr:`joined` holds it); :class:`TimeoutError` after ``timeout`` seconds."""
+        await self.wait_until(lambda: self._fold(channel) in self.joined, timeout)
 
 
 def _plain(text: str) -> str:

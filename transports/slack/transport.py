@@ -440,6 +440,12 @@ class SlackTransport(Transport):
         if addresses:
             self.http_port = addresses[0][1]
 
+    @property
+    def seen_path(self) -> str:
+        """Where the ids of handled events are kept: a SQLite file (by default next to the
+        database, see :meth:`state_path`) or ``:memory:``."""
+        return self._seen.path
+
     async def aclose(self) -> None:
         for answer in list(self._answers.values()):
             if answer.flush is not None:
