@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentik.core import AgentikError, ConfigError
 from agentik.core.budgets import Budgets
@@ -40,20 +40,21 @@ from agentik.core.settings import setting_fields
 from agentik.core.tools.mcp import MCPToolset
 from agentik.transports.base import Transport
 
-from .bridge import options_from
+from .bridge import Bridge, options_from
 from .builder import AgentBuilder, mcp_servers
 from .config import Config, TransportSection
 from .logs import add_secrets
 from .parts import access_policy, make_transport
 
 if TYPE_CHECKING:
+    from agentik.core import Agent
     from agentik.core.access import AccessPolicy
+    from agentik.core.plugins import Registry
 
-    from .app import Bot
-
-__all__ = ["Plan", "prepare"]
+__all__ = ["Plan", "Reloadable", "prepare"]
 
 log = logging.getLogger("agentik.bot.app")
+
 
 #: Top-level sections a reload puts in force (``agent``: only :data:`RELOADED_AGENT_KEYS`).
 APPLIED_SECTIONS = frozenset(
@@ -67,6 +68,25 @@ RESTART_SECTIONS = tuple(
 RELOADED_AGENT_KEYS = frozenset(
     {"system_prompt", "soul", "skills", "resume", "resume_max_age", "settings_role"}
 )
+
+
+class Reloadable(Protocol):
+    """What a reload reads and changes of the running bot
+    (:class:`~agentik.bot.app.Bot` implements it; this module does not import the bot)."""
+
+    config: Config
+    agent: Agent
+    bridge: Bridge
+    registry: Registry
+    only: list[str] | None
+    transports: dict[str, Transport]
+    sections: dict[str, TransportSection]
+
+    async def start_transport(self, transport: Transport, options: Any = None) -> None: ...
+
+    async def stop_transport(self, transport: Transport) -> None: ...
+
+    def report_health(self, transport: Transport) -> None: ...
 
 
 @dataclass
@@ -90,7 +110,7 @@ class Plan:
     #: Sections that changed but need a restart.
     restart: list[str] = field(default_factory=list)
 
-    async def apply(self, bot: Bot) -> str:
+    async def apply(self, bot: Reloadable) -> str:
         """Change the running ``bot``; returns the one-line summary that is logged."""
         new, old = self.config, bot.config
         agent, bridge = bot.agent, bot.bridge
@@ -210,7 +230,7 @@ def _options(section: TransportSection, transport: Transport) -> Any:
     return options_from(section, transport)
 
 
-async def prepare(bot: Bot, new: Config) -> Plan:
+async def prepare(bot: Reloadable, new: Config) -> Plan:
     """Check ``new`` and build its parts; raises :class:`ConfigError` (naming the
     key) and changes nothing when the configuration cannot be used."""
     old = bot.config
