@@ -60,7 +60,7 @@ from .waiting import wait_for_person
 
 if TYPE_CHECKING:
     from .messages import ToolCall
-    from .services import ConversationParts
+    from .protocols import PartsLike
     from .store.base import Store
 
 __all__ = [
@@ -230,7 +230,7 @@ class Approvals:
     # -- the gate, in the turn ------------------------------------------------------------------
     async def gate(
         self,
-        parts: ConversationParts,
+        parts: PartsLike,
         run_id: str,
         call: ToolCall,
         *,
@@ -318,7 +318,7 @@ class Approvals:
             return f"error: not run: no one approved the call within {wait}"
         return "error: not run: the approval was cancelled (the turn was stopped)"
 
-    def _emit_resolved(self, parts: ConversationParts, run_id: str | None, a: Approval) -> None:
+    def _emit_resolved(self, parts: PartsLike, run_id: str | None, a: Approval) -> None:
         parts.events.emit(
             ApprovalResolved,
             run_id,
@@ -333,7 +333,7 @@ class Approvals:
 
     async def _open(
         self,
-        parts: ConversationParts,
+        parts: PartsLike,
         run_id: str,
         call: ToolCall,
         rule: ApprovalRule,
@@ -511,14 +511,14 @@ class Approvals:
         rows = await self._store().approvals(state="pending")
         return [a for a in rows if a.serial not in self._waiting]
 
-    async def expire(self, parts: ConversationParts | None, a: Approval, reason: str) -> Approval:
+    async def expire(self, parts: PartsLike | None, a: Approval, reason: str) -> Approval:
         """Expire a pending approval no turn waits for; ``approval_resolved`` when ``parts``."""
         done = await self._settle(a, "expired", None, None, reason)
         if parts is not None and done.decision == "expired":
             self._emit_resolved(parts, a.run_id, done)
         return done
 
-    async def run_ended(self, parts: ConversationParts, run_id: str) -> None:
+    async def run_ended(self, parts: PartsLike, run_id: str) -> None:
         """A turn ended: approvals it left pending (it did not ask again) expire."""
         if self.store is None or not self.rules:
             return

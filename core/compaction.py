@@ -48,7 +48,7 @@ from .settings import settings_dataclass
 
 if TYPE_CHECKING:
     from .hooks import Hooks
-    from .services import ConversationParts
+    from .protocols import PartsLike
     from .store.base import MemoryEntry
 
 __all__ = [
@@ -242,7 +242,7 @@ class Compactor:
 
     async def before_request(
         self,
-        parts: ConversationParts,
+        parts: PartsLike,
         request: LLMRequest,
         *,
         run_id: str | None = None,
@@ -286,7 +286,7 @@ class Compactor:
 
     async def after_refusal(
         self,
-        parts: ConversationParts,
+        parts: PartsLike,
         request: LLMRequest,
         error: ContextTooLong,
         *,
@@ -333,7 +333,7 @@ class Compactor:
 
     async def trim(
         self,
-        parts: ConversationParts,
+        parts: PartsLike,
         request: LLMRequest,
         limit: int,
         *,
@@ -405,7 +405,7 @@ class Compactor:
 
     async def compact(
         self,
-        parts: ConversationParts,
+        parts: PartsLike,
         *,
         reason: str = "budget",
         run_id: str | None = None,
@@ -454,7 +454,7 @@ class Compactor:
 
     async def _replace(
         self,
-        parts: ConversationParts,
+        parts: PartsLike,
         entries: Sequence[MemoryEntry],
         cut: int,
         summary: str | Callable[[], Awaitable[tuple[str, bool]]],

@@ -30,58 +30,19 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import pluggy
 
 from . import hookspecs
+from .hooktypes import Abort, Block, ConversationLike, Refuse, Retry, UseBackend
 from .llm.base import LLMBackend, LLMRequest
 from .messages import ChatMessage, ToolCall
 from .tools.base import ToolResult
 
-if TYPE_CHECKING:
-    from .conversation import Conversation
-
 __all__ = ["Abort", "Block", "Hooks", "Refuse", "Retry", "UseBackend"]
 
 log = logging.getLogger("agentik.hooks")
-
-
-@dataclass(frozen=True, slots=True)
-class Refuse:
-    """``before_prompt``: refuse the message; ``message`` is shown in the channel."""
-
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    """``after_response``: end the turn without recording the response."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Block:
-    """``before_tool_call``: do not run the call; the model gets ``blocked: <reason>``."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """``on_tool_error``: run the failed call again after ``delay`` seconds."""
-
-    delay: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class UseBackend:
-    """``before_llm_request``: send this request to ``backend`` (optionally a new ``request``)."""
-
-    backend: Any
-    request: Any = None
 
 
 #: The results that end a chain of hook implementations (see ``_chain`` below).
@@ -215,7 +176,7 @@ class Hooks:
 
     # -- the interception hooks, typed (see agentik.core.hookspecs for each contract) --------
     async def before_prompt(
-        self, conversation: Conversation, text: str, author: str | None, author_id: str | None
+        self, conversation: ConversationLike, text: str, author: str | None, author_id: str | None
     ) -> str | Refuse:
         """The message text as the plugins rewrote it, or the first :class:`Refuse`."""
         if not self.implemented("before_prompt"):
@@ -234,7 +195,7 @@ class Hooks:
         return str(args["text"])
 
     async def before_llm_request(
-        self, conversation: Conversation, request: LLMRequest, backend: LLMBackend, run_id: str
+        self, conversation: ConversationLike, request: LLMRequest, backend: LLMBackend, run_id: str
     ) -> tuple[LLMRequest, LLMBackend]:
         """The request to send and the backend to send it to."""
         if not self.implemented("before_llm_request"):
@@ -245,7 +206,7 @@ class Hooks:
         return args["request"], args["backend"]
 
     async def after_response(
-        self, conversation: Conversation, run_id: str, text: str, tool_calls: Sequence[ToolCall]
+        self, conversation: ConversationLike, run_id: str, text: str, tool_calls: Sequence[ToolCall]
     ) -> str | Abort:
         """The response text as the plugins rewrote it, or the first :class:`Abort`."""
         if not self.implemented("after_response"):
@@ -264,7 +225,7 @@ class Hooks:
         return str(args["text"])
 
     async def before_tool_call(
-        self, conversation: Conversation, run_id: str, call: ToolCall
+        self, conversation: ConversationLike, run_id: str, call: ToolCall
     ) -> tuple[ToolCall, Block | None]:
         """The call to run (its arguments as plugins replaced them) and the first :class:`Block`."""
         if not self.implemented("before_tool_call"):
@@ -278,7 +239,7 @@ class Hooks:
         return args["call"], None
 
     async def after_tool_call(
-        self, conversation: Conversation, run_id: str, call: ToolCall, result: ToolResult
+        self, conversation: ConversationLike, run_id: str, call: ToolCall, result: ToolResult
     ) -> ToolResult:
         """The tool result as the plugins replaced it."""
         if not self.implemented("after_tool_call"):
@@ -295,7 +256,7 @@ class Hooks:
 
     async def on_tool_error(
         self,
-        conversation: Conversation,
+        conversation: ConversationLike,
         run_id: str,
         call: ToolCall,
         error: ToolResult,
@@ -320,7 +281,7 @@ class Hooks:
         return retry
 
     async def before_compact(
-        self, conversation: Conversation, messages: Sequence[ChatMessage], reason: str
+        self, conversation: ConversationLike, messages: Sequence[ChatMessage], reason: str
     ) -> None:
         """Show the plugins the working-memory ``messages`` about to be replaced."""
         if self.implemented("before_compact"):
@@ -328,12 +289,12 @@ class Hooks:
                 "before_compact", conversation=conversation, messages=list(messages), reason=reason
             )
 
-    async def session_start(self, conversation: Conversation) -> None:
+    async def session_start(self, conversation: ConversationLike) -> None:
         """Tell the plugins a conversation was created."""
         if self.implemented("session_start"):
             await self.call("session_start", conversation=conversation)
 
-    async def session_end(self, conversation: Conversation, reason: str) -> None:
+    async def session_end(self, conversation: ConversationLike, reason: str) -> None:
         """Tell the plugins a conversation ended (``reset``, ``deleted`` or ``closed``)."""
         if self.implemented("session_end"):
             await self.call("session_end", conversation=conversation, reason=reason)

@@ -35,7 +35,13 @@ return value does; ``None`` always means "no change").  Their rules:
 The result types (:class:`~agentik.core.hooks.Refuse`,
 :class:`~agentik.core.hooks.Abort`, :class:`~agentik.core.hooks.Block`,
 :class:`~agentik.core.hooks.Retry`, :class:`~agentik.core.hooks.UseBackend`)
-live in :mod:`agentik.core.hooks`.
+are imported from :mod:`agentik.core.hooks` (they are defined in
+:mod:`agentik.core.hooktypes`, below both modules).  The ``conversation``
+the interception hooks receive is the
+:class:`~agentik.core.conversation.Conversation` itself; the annotations
+name :class:`~agentik.core.hooktypes.ConversationLike` (what the hook
+machinery reads of it) so that this module does not import the
+conversation, which is built on the hooks.
 """
 
 from __future__ import annotations
@@ -46,8 +52,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import pluggy
 
 if TYPE_CHECKING:
-    from .conversation import Conversation
-    from .hooks import Abort, Block, Refuse, Retry, UseBackend
+    from .hooktypes import Abort, Block, ConversationLike, Refuse, Retry, UseBackend
     from .llm.base import LLMBackend, LLMRequest
     from .messages import ChatMessage, ToolCall
     from .tools.base import Tool, ToolResult
@@ -134,7 +139,7 @@ def register_commands(register: Callable[[Any], None]) -> None:
 
 @hookspec
 def before_prompt(
-    conversation: Conversation, text: str, author: str | None, author_id: str | None
+    conversation: ConversationLike, text: str, author: str | None, author_id: str | None
 ) -> MaybeAwaitable[str | Refuse | None]:
     """A person's message is about to enter the agent.
 
@@ -148,7 +153,7 @@ def before_prompt(
 
 @hookspec
 def before_llm_request(
-    conversation: Conversation, request: LLMRequest, run_id: str
+    conversation: ConversationLike, request: LLMRequest, run_id: str
 ) -> MaybeAwaitable[LLMRequest | UseBackend | None]:
     """A request to the model is about to be sent (once per model step of a turn).
 
@@ -162,7 +167,7 @@ def before_llm_request(
 
 @hookspec
 def after_response(
-    conversation: Conversation, run_id: str, text: str, tool_calls: list[ToolCall]
+    conversation: ConversationLike, run_id: str, text: str, tool_calls: list[ToolCall]
 ) -> MaybeAwaitable[str | Abort | None]:
     """The model finished one response (``text`` and the ``tool_calls`` it asked for).
 
@@ -176,7 +181,7 @@ def after_response(
 
 @hookspec
 def before_tool_call(
-    conversation: Conversation, run_id: str, call: ToolCall
+    conversation: ConversationLike, run_id: str, call: ToolCall
 ) -> MaybeAwaitable[Block | dict[str, Any] | None]:
     """The model asked for a tool call (:class:`~agentik.core.messages.ToolCall`).
 
@@ -188,7 +193,7 @@ def before_tool_call(
 
 @hookspec
 def after_tool_call(
-    conversation: Conversation, run_id: str, call: ToolCall, result: ToolResult
+    conversation: ConversationLike, run_id: str, call: ToolCall, result: ToolResult
 ) -> MaybeAwaitable[ToolResult | str | None]:
     """A tool call finished with ``result`` (:class:`~agentik.core.tools.base.ToolResult`).
 
@@ -199,7 +204,7 @@ def after_tool_call(
 
 @hookspec
 def on_tool_error(
-    conversation: Conversation, run_id: str, call: ToolCall, error: ToolResult, attempt: int
+    conversation: ConversationLike, run_id: str, call: ToolCall, error: ToolResult, attempt: int
 ) -> MaybeAwaitable[Retry | None]:
     """A tool call failed (``error`` is the error ``ToolResult``; ``attempt`` counts from 1).
 
@@ -211,7 +216,7 @@ def on_tool_error(
 
 @hookspec
 def before_compact(
-    conversation: Conversation, messages: list[ChatMessage], reason: str
+    conversation: ConversationLike, messages: list[ChatMessage], reason: str
 ) -> MaybeAwaitable[None]:
     """See the working-memory messages about to be summarised away.
 
@@ -226,7 +231,7 @@ def before_compact(
 
 
 @hookspec
-def session_start(conversation: Conversation) -> MaybeAwaitable[None]:
+def session_start(conversation: ConversationLike) -> MaybeAwaitable[None]:
     """A conversation was created (its ``channel_key`` is set when it belongs to a channel).
 
     The return value is ignored.
@@ -234,7 +239,7 @@ def session_start(conversation: Conversation) -> MaybeAwaitable[None]:
 
 
 @hookspec
-def session_end(conversation: Conversation, reason: str) -> MaybeAwaitable[None]:
+def session_end(conversation: ConversationLike, reason: str) -> MaybeAwaitable[None]:
     """A conversation ended: ``reason`` is ``reset`` (its channel started a new
     one, ``!new``), ``deleted`` or ``closed`` (the agent shut down or the
     conversation was closed).  The return value is ignored."""

@@ -60,7 +60,7 @@ from .tools.base import ToolContext, ToolResult
 from .waiting import wait_for_person
 
 if TYPE_CHECKING:
-    from .services import ConversationParts
+    from .protocols import PartsLike
     from .store.base import Store
     from .tools.base import Tool, TurnPolicy
 
@@ -114,7 +114,7 @@ class PendingQuestion:
     """A question a turn of this process waits for."""
 
     question: Question
-    parts: ConversationParts
+    parts: PartsLike
     future: asyncio.Future[Question]
 
 
@@ -137,7 +137,7 @@ class Questions:
     # -- asked by the tool, in the turn --------------------------------------------------------
     async def ask(
         self,
-        parts: ConversationParts,
+        parts: PartsLike,
         run_id: str,
         call_id: str,
         text: str,
@@ -204,7 +204,7 @@ class Questions:
         if not waiting:
             del self._waiting[entry.parts.id]
 
-    def _emit_answered(self, parts: ConversationParts, run_id: str | None, q: Question) -> None:
+    def _emit_answered(self, parts: PartsLike, run_id: str | None, q: Question) -> None:
         parts.events.emit(
             QuestionAnswered,
             run_id,
@@ -217,7 +217,7 @@ class Questions:
 
     async def _open(
         self,
-        parts: ConversationParts,
+        parts: PartsLike,
         run_id: str,
         call_id: str,
         text: str,
@@ -320,9 +320,7 @@ class Questions:
         return done
 
     # -- after a restart ---------------------------------------------------------------------------
-    async def run_ended(
-        self, parts: ConversationParts, run_id: str, *, fresh: bool = False
-    ) -> None:
+    async def run_ended(self, parts: PartsLike, run_id: str, *, fresh: bool = False) -> None:
         """A turn ended: questions it left pending (it did not ask again) expire.
 
         ``fresh``: the run was started by this process and never resumed
