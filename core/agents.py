@@ -92,8 +92,8 @@ from .settings import Blank, PathSetting, settings_dataclass
 from .tools.base import ToolContext, ToolResult, TurnPolicy
 
 if TYPE_CHECKING:
-    from .agent import Agent
     from .conversation import Conversation
+    from .services import AgentLike
 
 __all__ = [
     "AGENT_TOOL_PREFIX",
@@ -288,7 +288,7 @@ def _tokens(usage: Usage) -> int:
 class Runs:
     """The runs of one agent while they run, by run id."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: AgentLike) -> None:
         self.agent = agent
         self._nodes: dict[str, RunNode] = {}
 
@@ -335,7 +335,7 @@ class Runs:
 class AgentTool:
     """The tool ``agent__<name>``: calling it runs agent ``name`` as a child run."""
 
-    def __init__(self, agent: Agent, name: str, spec: AgentSpec) -> None:
+    def __init__(self, agent: AgentLike, name: str, spec: AgentSpec) -> None:
         self.agent = agent
         self.agent_name = name
         self.spec = spec

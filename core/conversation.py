@@ -50,8 +50,8 @@ from .turn import Steered, TurnRunner
 from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
-    from .agent import Agent
     from .questions import Checklist, Question
+    from .services import AgentLike
 
 __all__ = [
     "BUSY_MODES",
@@ -219,7 +219,7 @@ class Conversation:
         fresh: bool = False,
     ) -> None:
         self._services = services
-        self.agent: Agent = services.agent
+        self.agent: AgentLike = services.agent
         self.id = record.id
         self.title = record.title
         self.created_at = record.created_at

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .services import AgentState
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from .services import AgentLike
 
 __all__ = ["Health", "HealthRegistry", "HealthState", "status_of", "watch_model", "without_reasons"]
 
@@ -170,7 +170,7 @@ def without_reasons(detail: dict[str, Any]) -> dict[str, Any]:
 
 
 def status_of(
-    agent: Agent,
+    agent: AgentLike,
     registry: HealthRegistry,
     visible: Callable[[str | None], bool] | None = None,
 ) -> dict[str, Any]:
@@ -207,7 +207,7 @@ def status_of(
     return out
 
 
-async def watch_model(agent: Agent, registry: HealthRegistry, name: str = "model") -> None:
+async def watch_model(agent: AgentLike, registry: HealthRegistry, name: str = "model") -> None:
     """Follow the agent's turns: the model's last request worked, or failed and why.
 
     Runs until the agent's event stream ends (the agent closes).

@@ -33,7 +33,7 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .errors import ClosedError
 from .eventbus import EventBus, Subscription
@@ -42,16 +42,20 @@ from .streamprofiles import BUILTIN_PROFILES, StreamProfile, lookup
 from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from .agents import AgentSpec, RunNode, RunPolicy, Runs
     from .approvals import Approvals
     from .compaction import Compactor
     from .conversation import Conversation
     from .hooks import Hooks
     from .llm.base import LLMBackend
-    from .questions import Questions
+    from .memory import MemoryBackend
+    from .observe import RequestStats
+    from .questions import Checklists, Questions
+    from .store.base import RunRecord
     from .tools.base import Tool, TurnPolicy
 
 __all__ = [
+    "AgentLike",
     "AgentServices",
     "AgentState",
     "ConversationEvents",
@@ -72,10 +76,95 @@ class AgentState(enum.Enum):
     CLOSED = "closed"
 
 
+class AgentLike(Protocol):
+    """What the engine's parts use of their :class:`~agentik.core.agent.Agent`:
+    :class:`AgentServices`, the conversation and its turns, the run tree
+    (:mod:`agentik.core.agents`) and the health checks.  They name this
+    protocol, not the agent (which is built on them); mypy checks the agent
+    against it.  The agent's other members are for its callers."""
+
+    # -- who it is and how it runs
+    @property
+    def id(self) -> str: ...
+    @property
+    def state(self) -> AgentState: ...
+    @property
+    def services(self) -> AgentServices: ...
+
+    # -- what a turn is made of (read anew at each use)
+    @property
+    def llm(self) -> LLMBackend: ...
+    def llm_for(self, profile: str | None) -> LLMBackend: ...
+    @property
+    def system_prompt(self) -> str | None: ...
+    @property
+    def hooks(self) -> Hooks: ...
+    @property
+    def policy(self) -> TurnPolicy: ...
+    @property
+    def tools(self) -> list[Tool]: ...
+    @property
+    def memory(self) -> MemoryBackend: ...
+    @property
+    def compactor(self) -> Compactor: ...
+    @property
+    def approvals(self) -> Approvals: ...
+    @property
+    def questions(self) -> Questions: ...
+    @property
+    def todos(self) -> Checklists: ...
+    @property
+    def request_observers(self) -> list[Callable[[RequestStats], None]]: ...
+
+    # -- events
+    @property
+    def event_buffer(self) -> int: ...
+    @property
+    def event_budget(self) -> int: ...
+    @property
+    def stream_profiles(self) -> dict[str, StreamProfile]: ...
+    def events(
+        self,
+        *,
+        after: int | None = None,
+        profile: str | StreamProfile = "debug",
+        kinds: Iterable[str] | None = None,
+        max_pending: int | None = None,
+    ) -> Subscription: ...
+
+    # -- conversations
+    async def get_conversation(self, conversation_id: str) -> Conversation: ...
+    async def create_child_conversation(
+        self, *, title: str, temp: bool, meta: dict[str, Any]
+    ) -> Conversation: ...
+    def child_run_done(self, child: Conversation) -> None: ...
+    async def end_conversation(
+        self, conv: Conversation, reason: str, *, channel_key: str | None = None
+    ) -> None: ...
+
+    # -- the run tree (agents as tools)
+    @property
+    def agents(self) -> dict[str, AgentSpec]: ...
+    @property
+    def uses(self) -> tuple[str, ...]: ...
+    @property
+    def agent_prompts(self) -> dict[str, str | None]: ...
+    @property
+    def run_policy(self) -> RunPolicy: ...
+    @property
+    def runs(self) -> Runs: ...
+    def run_started(self, node: RunNode) -> None: ...
+    def run_record(self, node: RunNode, *, stop_reason: str) -> RunRecord: ...
+    async def store_run_ended(self, node: RunNode, stop_reason: str) -> None: ...
+    async def store_run_refused(
+        self, parent: RunNode, agent: str, call_id: str | None, stop_reason: str
+    ) -> None: ...
+
+
 class AgentServices:
     """What an :class:`~agentik.core.agent.Agent` provides to its conversations."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: AgentLike) -> None:
         #: The agent these services belong to (its public face).
         self.agent = agent
         self._stream_seq = itertools.count(1)
