@@ -39,7 +39,7 @@ from pydantic import (
 
 from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.agent import AgentSettings
-from agentik.core.agents import AgentSpec, RunPolicy
+from agentik.core.agents import AgentPrompt, AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
 from agentik.core.budgets import BudgetSettings
 from agentik.core.compaction import CompactionPolicy
@@ -101,11 +101,10 @@ class _Section(BaseModel):
 
 
 @settings_dataclass
-class AgentSection(AgentSettings):
+class AgentSection(AgentSettings, AgentPrompt):
     """``[agent]``: who the bot is (plus the core's :class:`AgentSettings`)."""
 
     name: str = "agentik"
-    system_prompt: str = "You are a helpful assistant in a chat. Answer briefly and plainly."
     #: A persona appended to the system prompt: a file path (relative to the
     #: configuration file) or an http(s) URL fetched at start-up.
     soul: Blank = None

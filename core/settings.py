@@ -58,6 +58,7 @@ __all__ = [
     "describe_error",
     "did_you_mean",
     "is_file_path",
+    "knobs_dataclass",
     "known_keys",
     "model_with_knobs",
     "overlay",
@@ -82,6 +83,20 @@ def settings_dataclass(cls: type[_T]) -> type[_T]:
     decorate = cast(
         "Callable[[type[_T]], type[_T]]",
         _pydantic_dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS),
+    )
+    return decorate(cls)
+
+
+def knobs_dataclass(cls: type[_T]) -> type[_T]:
+    """:func:`settings_dataclass` without slots: a knobs class (see the module's doc)
+    whose subclass is not a dataclass to type checkers either.
+
+    Spell the decorator out instead (``@dataclass(frozen=True, kw_only=True,
+    config=SETTINGS)``) where the classes using the knobs are spelled out too.
+    """
+    decorate = cast(
+        "Callable[[type[_T]], type[_T]]",
+        _pydantic_dataclass(frozen=True, kw_only=True, config=SETTINGS),
     )
     return decorate(cls)
 
