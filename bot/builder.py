@@ -391,7 +391,7 @@ def resolve_agents(config: Config, registry: Registry) -> dict[str, AgentSpec]:
         agents[name] = spec
     for name, spec in config.agents.items():  # the file's win over a plugin's
         if spec.soul:
-            spec = dataclasses.replace(spec, soul=config.resolve_path(spec.soul))  # type: ignore[type-var]
+            spec = dataclasses.replace(spec, soul=config.resolve_path(spec.soul))
         agents[name] = spec
     for where, uses in [("agent.uses", config.agent.uses)] + [
         (f"agents.{n}.uses", s.uses) for n, s in agents.items()

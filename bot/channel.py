@@ -29,15 +29,18 @@ if TYPE_CHECKING:
     from agentik.core.eventbus import Subscription
     from agentik.transports.base import Transport
 
-__all__ = ["ChannelOptions", "OpenChannel", "options_from", "resolved_options"]
+__all__ = ["ChannelKnobs", "ChannelOptions", "OpenChannel", "options_from", "resolved_options"]
 
 
-# settings_dataclass spelled out, so type checkers see the keyword constructor.
-@dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS)
-class ChannelOptions:
-    """Per-transport-instance behaviour of the bridge."""
+# settings_dataclass spelled out (without slots, so that an overlay can combine it
+# with other knobs), so type checkers see the keyword constructor.
+@dataclass(frozen=True, kw_only=True, config=SETTINGS)
+class ChannelKnobs:
+    """The bridge's behaviour in a channel: the keys of ``[transports.<name>]`` that
+    a channel may set for itself (``[channels."<pattern>"]``, ``!set``), declared
+    once here (:class:`ChannelOptions` and the overlay,
+    :class:`~agentik.bot.chansettings.ChannelSettings`, inherit them)."""
 
-    command_prefix: str = "!"
     answer: Literal["addressed", "all", "direct"] = "addressed"
     #: What of a turn reaches the channel: ``answers`` (the answer, errors,
     #: interruptions), ``chat`` (also one line per tool call), ``debug``
@@ -51,23 +54,32 @@ class ChannelOptions:
     #: Lines of an answer sent before the rest waits for ``more`` (0: no cap;
     #: ``None``: the transport's ``default_max_answer_lines``, 4 on IRC).
     max_answer_lines: Annotated[int, Field(ge=0)] | None = None
-    allowed_tools: tuple[str, ...] | None = None
-    #: Longest accepted message, in characters.
-    max_input_chars: int = 32_000
     #: Record what others say in shared channels (without answering) as context.
     ambient: bool = False
     #: How many such lines at most reach the model with the next turn.
     ambient_lines: Annotated[int, Field(ge=1)] = 50
-    #: Seconds between two progress messages of one running tool call (MCP
-    #: progress): a new line, or an edit of its line where the transport can
-    #: edit; the first is shown at once (0: every progress report).
-    progress_interval: Annotated[float, Field(ge=0)] = 10.0
     #: A message that arrives while the bot answers: ``queue`` (its own turn
     #: next), ``steer`` (it joins the running turn at its next model request,
     #: so the answer takes it into account), ``interrupt`` (the running answer
     #: stops, the new message gets a turn); ``auto``: ``steer`` in direct
     #: conversations and threads, ``queue`` in shared channels.
     busy: Literal["auto", "queue", "steer", "interrupt"] = "auto"
+
+
+# settings_dataclass spelled out, so type checkers see the keyword constructor.
+@dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS)
+class ChannelOptions(ChannelKnobs):
+    """Per-transport-instance behaviour of the bridge (its :class:`ChannelKnobs`,
+    which a channel may override, and these)."""
+
+    command_prefix: str = "!"
+    allowed_tools: tuple[str, ...] | None = None
+    #: Longest accepted message, in characters.
+    max_input_chars: int = 32_000
+    #: Seconds between two progress messages of one running tool call (MCP
+    #: progress): a new line, or an edit of its line where the transport can
+    #: edit; the first is shown at once (0: every progress report).
+    progress_interval: Annotated[float, Field(ge=0)] = 10.0
 
 
 @std_dataclass(eq=False)

@@ -7,8 +7,11 @@ overlaid with the settings of every ``[channels."<pattern>"]`` table whose
 pattern matches the channel key (the broadest first, so the most specific
 pattern wins key by key), overlaid with what the channel's admins set in chat
 (``!set``, persisted in the store and audited).  The keys, what each does
-and takes: :class:`ChannelSettings` (generated from where each is declared;
-``docs/reference/config.md`` lists them).  ``tools`` is within the transport's
+and takes: :class:`ChannelSettings`, which inherits each key from the knobs
+class that declares it for the table it overlays (:class:`ChannelKnobs`,
+:class:`~agentik.core.memory.AnnounceKnob`, :class:`~agentik.core.memory.RecallKnobs`)
+and makes it "unset unless given" (:func:`~agentik.core.settings.overlay`);
+``docs/reference/config.md`` lists them.  ``tools`` is within the transport's
 ``allowed_tools`` (the outer bound: a channel can narrow it, never widen it);
 unset recall keys keep ``[memory]``'s.
 
@@ -32,16 +35,17 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 from pydantic import Field, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic.fields import FieldInfo
 
 from agentik.core import access
-from agentik.core.memory import MemorySettings, RecallPolicy
-from agentik.core.settings import setting_fields, settings_dataclass
+from agentik.core.memory import AnnounceKnob, RecallKnobs, RecallPolicy
+from agentik.core.settings import SETTINGS, overlay, setting_fields
 from agentik.core.store.base import ChannelSetting, Store
 from agentik.core.streamprofiles import PROFILE_NAME
 from agentik.transports.base import IncomingMessage, Transport
 
-from .channel import ChannelOptions
+from .channel import ChannelKnobs, ChannelOptions
 
 __all__ = [
     "BUILTIN_ROLES",
@@ -88,38 +92,20 @@ MAX_TOOL_PATTERNS = 50
 
 
 #: Keys that overlay :class:`ChannelOptions` fields of the same name
-#: (``[transports.<name>]``): their type and limits are ChannelOptions'.
-_OPTION_KEYS = (
-    "answer",
-    "max_answer_lines",
-    "ambient",
-    "ambient_lines",
-    "events",
-    "profile",
-    "busy",
-)
+#: (``[transports.<name>]``): its :class:`ChannelKnobs`.
+_OPTION_KEYS = tuple(setting_fields(ChannelKnobs))
 #: The automatic-recall keys (overlaying ``[memory]``'s of the same names).
-RECALL_KEYS = ("recall", "recall_k", "recall_min_score", "recall_tokens")
+RECALL_KEYS = tuple(setting_fields(RecallKnobs))
 #: Keys that overlay :class:`~agentik.core.memory.MemorySettings` (``[memory]``) fields.
-_MEMORY_KEYS = ("announce", *RECALL_KEYS)
-
-
-@settings_dataclass
-class _ChannelOwnKeys:
-    """The keys of ``[channels."<pattern>"]`` that overlay no other table: the
-    rest are generated from their sources (see :class:`ChannelSettings`)."""
-
-    persona: Annotated[str, Field(min_length=1, max_length=MAX_PERSONA_CHARS)] | None = None
-    tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
-    model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+_MEMORY_KEYS = (*setting_fields(AnnounceKnob), *RECALL_KEYS)
 
 
 def _source_field(key: str) -> FieldInfo:
-    """The field ``key`` is declared by: ChannelOptions', MemorySettings' or our own."""
-    source: type = ChannelOptions if key in _OPTION_KEYS else MemorySettings
-    if key not in _OPTION_KEYS and key not in _MEMORY_KEYS:
-        source = _ChannelOwnKeys
-    return setting_fields(source)[key]
+    """The field ``key`` is declared by: ChannelKnobs', [memory]'s knobs' or our own."""
+    for source in (ChannelKnobs, AnnounceKnob, RecallKnobs, ChannelSettings):
+        if key in setting_fields(source):
+            return setting_fields(source)[key]
+    raise KeyError(key)
 
 
 def _optional(info: FieldInfo) -> Any:
@@ -153,26 +139,12 @@ _CHANNEL_DOCS = {
     " (`[memory] recall_min_score`).",
     "recall_tokens": "About this many tokens of recalled notes at most (`[memory] recall_tokens`).",
 }
-#: The order of the keys (``!set``'s list, ``!settings``, the docs).
-_KEY_ORDER = tuple(_CHANNEL_DOCS)
 
 
-def _channel_settings() -> type:
-    """``ChannelSettings``: every key optional, with the type and limits of its source."""
-    namespace: dict[str, Any] = {
-        "__module__": __name__,
-        "__qualname__": "ChannelSettings",
-        "__doc__": _CHANNEL_SETTINGS_DOC,
-        "__annotations__": {
-            k: Annotated[_optional(_source_field(k)), Field(description=_CHANNEL_DOCS[k])]
-            for k in _KEY_ORDER
-        },
-    }
-    namespace.update(dict.fromkeys(_KEY_ORDER))
-    return settings_dataclass(type("ChannelSettings", (), namespace))
-
-
-_CHANNEL_SETTINGS_DOC = """``[channels."<pattern>"]``: settings of the channels whose key
+# settings_dataclass spelled out, so type checkers see the keyword constructor.
+@pydantic_dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS)
+class ChannelSettings(RecallKnobs, AnnounceKnob, ChannelKnobs):
+    """``[channels."<pattern>"]``: settings of the channels whose key
     matches ``<pattern>``.
 
     ``<pattern>`` is a channel key (``irc:libera:#ops``, ``slack:T1:C123``)
@@ -182,14 +154,16 @@ _CHANNEL_SETTINGS_DOC = """``[channels."<pattern>"]``: settings of the channels 
     its source's: :class:`ChannelOptions` or ``[memory]`` (``MemorySettings``).
     """
 
-if TYPE_CHECKING:
+    # The keys that overlay no other table; the rest are inherited from the
+    # knobs they overlay (made "unset unless given" by ``overlay`` below).
+    persona: Annotated[str, Field(min_length=1, max_length=MAX_PERSONA_CHARS)] | None = None
+    tools: Annotated[tuple[str, ...], Field(max_length=MAX_TOOL_PATTERNS)] | None = None
+    model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
 
-    class ChannelSettings(_ChannelOwnKeys):
-        # The generated keys, for type checkers (each is its source's type or None).
-        def __getattr__(self, name: str) -> Any: ...
 
-else:
-    ChannelSettings = _channel_settings()
+# Reading a key the table leaves unset gives ``None`` (type checkers see the
+# source's type: the knobs declare it once).
+overlay(ChannelSettings, docs=_CHANNEL_DOCS)
 
 
 def _bounds(key: str) -> tuple[Any, Any]:

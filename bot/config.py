@@ -39,7 +39,7 @@ from pydantic import (
 
 from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.agent import AgentSettings
-from agentik.core.agents import AgentSpec, RunPolicy
+from agentik.core.agents import AgentPrompt, AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
 from agentik.core.budgets import BudgetSettings
 from agentik.core.compaction import CompactionPolicy
@@ -52,6 +52,7 @@ from agentik.core.settings import (
     Blank,
     describe_error,
     known_keys,
+    model_with_knobs,
     setting_fields,
     settings_dataclass,
 )
@@ -61,7 +62,7 @@ from agentik.core.tools.base import TurnPolicy
 from agentik.core.tools.mcp import MCPServerConfig
 from agentik.core.tools.passthrough import PassthroughSpec
 
-from .channel import ChannelOptions
+from .channel import ChannelKnobs, ChannelOptions
 from .chansettings import ChannelSettings
 from .health import HealthSettings, SupervisionSettings
 
@@ -100,11 +101,10 @@ class _Section(BaseModel):
 
 
 @settings_dataclass
-class AgentSection(AgentSettings):
+class AgentSection(AgentSettings, AgentPrompt):
     """``[agent]``: who the bot is (plus the core's :class:`AgentSettings`)."""
 
     name: str = "agentik"
-    system_prompt: str = "You are a helpful assistant in a chat. Answer briefly and plainly."
     #: A persona appended to the system prompt: a file path (relative to the
     #: configuration file) or an http(s) URL fetched at start-up.
     soul: Blank = None
@@ -344,14 +344,15 @@ BRIDGE_NOT_KEYS = frozenset({"max_input_chars"})
 
 
 def _bridge_keys() -> dict[str, Any]:
-    """The bridge keys of a transport table: :class:`ChannelOptions`'s own fields.
+    """The bridge keys of a transport table that are :class:`ChannelOptions`'s own
+    fields (its :class:`ChannelKnobs` are inherited: a base of the table).
 
     ``command_prefix`` may be left unset: the transport's default (``/`` in a
     terminal, ``!`` on chat networks) is used.
     """
     fields: dict[str, Any] = {}
     for name, info in setting_fields(ChannelOptions).items():
-        if name in BRIDGE_NOT_KEYS:
+        if name in BRIDGE_NOT_KEYS or name in setting_fields(ChannelKnobs):
             continue
         if name == "command_prefix":
             annotation: Any = info.annotation
@@ -364,12 +365,16 @@ def _bridge_keys() -> dict[str, Any]:
 if TYPE_CHECKING:
     TransportSection = _TransportBase
 else:
-    TransportSection = create_model(
-        "TransportSection",
-        __base__=_TransportBase,
-        __doc__=_TransportBase.__doc__,
-        __module__=__name__,
-        **_bridge_keys(),
+    TransportSection = model_with_knobs(
+        create_model(
+            "TransportSection",
+            __base__=(_TransportBase, ChannelKnobs),
+            __doc__=_TransportBase.__doc__,
+            __module__=__name__,
+            **_bridge_keys(),
+        ),
+        ChannelOptions,
+        order=["type", "enabled", *setting_fields(ChannelOptions)],
     )
 
 

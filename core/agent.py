@@ -12,7 +12,16 @@ from typing import Any
 
 from pydantic import Field
 
-from .agents import AGENT_NAME, AgentSpec, AgentTool, RunNode, RunPolicy, Runs, new_run_id
+from .agents import (
+    AGENT_NAME,
+    AgentSpec,
+    AgentTool,
+    AgentUses,
+    RunNode,
+    RunPolicy,
+    Runs,
+    new_run_id,
+)
 from .approvals import ApprovalRule, Approvals
 from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation
@@ -43,7 +52,7 @@ log = logging.getLogger(__name__)
 
 
 @settings_dataclass
-class AgentSettings:
+class AgentSettings(AgentUses):
     """The agent's own settings (the core part of the ``[agent]`` section).
 
     ``event_buffer``: how many recent events each conversation keeps for
@@ -52,7 +61,6 @@ class AgentSettings:
     """
 
     event_buffer: int = Field(1024, ge=16)
-    uses: tuple[str, ...] = ()
 
 
 _DEFAULTS = AgentSettings()

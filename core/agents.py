@@ -85,11 +85,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from .events import ChildRunLinked, TurnEnded
 from .messages import Usage
-from .settings import Blank, PathSetting, settings_dataclass
-from .tools.base import ToolContext, ToolResult, TurnPolicy
+from .settings import SETTINGS, Blank, PathSetting, overlay, settings_dataclass
+from .tools.base import ToolContext, ToolResult, TurnLimits, TurnPolicy
 
 if TYPE_CHECKING:
     from .conversation import Conversation
@@ -98,8 +99,11 @@ if TYPE_CHECKING:
 __all__ = [
     "AGENT_TOOL_PREFIX",
     "DEFAULT_INPUT_SCHEMA",
+    "AgentPrompt",
     "AgentSpec",
     "AgentTool",
+    "AgentUses",
+    "RunLimits",
     "RunNode",
     "RunPolicy",
     "Runs",
@@ -132,8 +136,37 @@ def new_run_id() -> str:
     return f"run_{uuid.uuid4().hex[:20]}"
 
 
+# Knobs (settings a named agent may set for its own runs; see agentik.core.settings):
+# pydantic dataclasses without slots, spelled out so type checkers see the constructor.
+@pydantic_dataclass(frozen=True, kw_only=True, config=SETTINGS)
+class RunLimits:
+    """The limits of a run that a named agent may set for its own runs
+    (``[agents.<name>]``; :class:`RunPolicy` explains them)."""
+
+    #: Child runs one run may have going at once; more wait for a free slot.
+    max_concurrent_children: int = Field(default=4, ge=1)
+    #: Tokens (prompt + completion) one turn may use, its child runs included (0: no limit).
+    token_budget: int = Field(default=0, ge=0)
+
+
+@pydantic_dataclass(frozen=True, kw_only=True, config=SETTINGS)
+class AgentUses:
+    """The named agents an agent may call, each as the tool ``agent__<name>``
+    (``[agent] uses`` for the main agent, ``[agents.<name>] uses``)."""
+
+    uses: tuple[str, ...] = ()
+
+
+@pydantic_dataclass(frozen=True, kw_only=True, config=SETTINGS)
+class AgentPrompt:
+    """An agent's system prompt (``[agent] system_prompt``; a named agent's
+    own, ``[agents.<name>] system_prompt``, replaces it for its runs)."""
+
+    system_prompt: str = "You are a helpful assistant in a chat. Answer briefly and plainly."
+
+
 @settings_dataclass
-class RunPolicy:
+class RunPolicy(RunLimits):
     """``[runs]``: limits of a run tree (a top-level turn and the child runs it starts).
 
     ``max_depth``: how deep child runs may nest (a turn is depth 0, the agent
@@ -148,16 +181,13 @@ class RunPolicy:
 
     #: How deep agent calls may nest: a turn is depth 0, an agent it calls depth 1.
     max_depth: int = Field(2, ge=0, le=16)
-    #: Child runs one run may have going at once; more wait for a free slot.
-    max_concurrent_children: int = Field(4, ge=1)
-    #: Tokens (prompt + completion) one turn may use, its child runs included (0: no limit).
-    token_budget: int = Field(0, ge=0)
     #: Tokens all runs of one tree may use together (0: no limit).
     tree_token_budget: int = Field(0, ge=0)
 
 
-@settings_dataclass
-class AgentSpec:
+# settings_dataclass spelled out, so type checkers see the keyword constructor.
+@pydantic_dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS)
+class AgentSpec(TurnLimits, RunLimits, AgentUses, AgentPrompt):
     """``[agents.<name>]``: a named agent that other agents call as the tool ``agent__<name>``.
 
     ``description`` is what the calling model reads about it.
@@ -179,8 +209,6 @@ class AgentSpec:
 
     #: What the calling model reads about this agent (its tool's description).
     description: str = ""
-    #: Its system prompt (unset: the bot's [agent] system_prompt).
-    system_prompt: Blank = None
     #: A file (relative to the configuration file) appended to its system prompt.
     soul: PathSetting = None
     #: A model profile ([llm.profiles.<name>]); unset: the caller's model.
@@ -190,22 +218,34 @@ class AgentSpec:
     #: "caller": its memory tools act for the speaker and channel that asked;
     #: "none": it gets no memory tools.
     memory: Literal["caller", "none"] = "caller"
-    #: Agents it may call itself (within [runs] max_depth).
-    uses: tuple[str, ...] = ()
     #: JSON-Schema of its tool's arguments (unset: {"task": string}).
     input_schema: dict[str, Any] | None = None
-    #: Tool calls one of its runs may make (unset: the caller's).
-    max_tool_calls: int | None = Field(None, ge=0)
-    #: Seconds one of its runs may take (unset: the caller's; never past the caller's deadline).
-    time_budget: float | None = Field(None, gt=0)
-    #: Tokens one of its runs may use (0: no limit of its own; [runs] still applies).
-    token_budget: int = Field(0, ge=0)
-    #: Its child runs that may run at once (unset: [runs] max_concurrent_children).
-    max_concurrent_children: int | None = Field(None, ge=1)
 
     @property
     def schema(self) -> dict[str, Any]:
         return self.input_schema if self.input_schema is not None else DEFAULT_INPUT_SCHEMA
+
+
+#: What the keys :class:`AgentSpec` inherits mean for a named agent (the
+#: configuration reference shows these); type and limits are their knobs'.
+_AGENT_DOCS = {
+    "system_prompt": "Its system prompt (unset: the bot's [agent] system_prompt).",
+    "uses": "Agents it may call itself (within [runs] max_depth).",
+    "max_tool_calls": "Tool calls one of its runs may make (unset: the caller's).",
+    "time_budget": "Seconds one of its runs may take (unset: the caller's; never past the"
+    " caller's deadline).",
+    "token_budget": "Tokens one of its runs may use (0: no limit of its own; [runs] still"
+    " applies).",
+    "max_concurrent_children": "Its child runs that may run at once (unset: [runs]"
+    " max_concurrent_children).",
+}
+# Unset (``None``): the caller's, or the bot's [agent] and [runs] values; ``uses``
+# and ``token_budget`` keep their knobs' defaults (none; 0, no limit of its own).
+overlay(
+    AgentSpec,
+    keys=("system_prompt", "max_tool_calls", "time_budget", "max_concurrent_children"),
+    docs=_AGENT_DOCS,
+)
 
 
 @dataclass(eq=False)

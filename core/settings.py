@@ -17,19 +17,32 @@ Helpers for such classes:
 * :class:`FilePath` — marks a field as a file or folder path, resolved
   against the configuration file's folder (``~`` expanded) by the builder;
 * :func:`setting_fields` — the fields of a settings class, by key;
-* :func:`validate_settings` — validate a mapping, errors naming the key.
+* :func:`validate_settings` — validate a mapping, errors naming the key;
+* :func:`overlay` — make a class that overlays others (every key optional,
+  ``None``: unset) from the fields it inherits, without declaring them again.
+
+A setting that a narrower scope may override (a channel over its transport,
+a named agent over the turn limits) is declared once, in a small "knobs"
+class: a pydantic dataclass without slots (so that several can be combined),
+spelled out like :class:`~agentik.bot.channel.ChannelKnobs` so that type
+checkers see its constructor.  The full settings class inherits it (the
+defaults apply), and so does the overlay, which :func:`overlay` turns into
+"unset unless given": same type and limits, default ``None``.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import difflib
 import os
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, TypeVar, Union, cast, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
+from pydantic.dataclasses import rebuild_dataclass
 from pydantic.fields import FieldInfo
 
 from .errors import ConfigError
@@ -45,7 +58,10 @@ __all__ = [
     "describe_error",
     "did_you_mean",
     "is_file_path",
+    "knobs_dataclass",
     "known_keys",
+    "model_with_knobs",
+    "overlay",
     "plain_values",
     "setting_fields",
     "settings_dataclass",
@@ -67,6 +83,20 @@ def settings_dataclass(cls: type[_T]) -> type[_T]:
     decorate = cast(
         "Callable[[type[_T]], type[_T]]",
         _pydantic_dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS),
+    )
+    return decorate(cls)
+
+
+def knobs_dataclass(cls: type[_T]) -> type[_T]:
+    """:func:`settings_dataclass` without slots: a knobs class (see the module's doc)
+    whose subclass is not a dataclass to type checkers either.
+
+    Spell the decorator out instead (``@dataclass(frozen=True, kw_only=True,
+    config=SETTINGS)``) where the classes using the knobs are spelled out too.
+    """
+    decorate = cast(
+        "Callable[[type[_T]], type[_T]]",
+        _pydantic_dataclass(frozen=True, kw_only=True, config=SETTINGS),
     )
     return decorate(cls)
 
@@ -106,6 +136,87 @@ def setting_fields(cls: Any) -> dict[str, FieldInfo]:
         return dict(cls.model_fields)
     fields: dict[str, FieldInfo] = getattr(cls, "__pydantic_fields__", {})
     return {name: f for name, f in fields.items() if f.init is not False}
+
+
+def overlay(
+    cls: type[_T],
+    *,
+    keys: Iterable[str] | None = None,
+    docs: Mapping[str, str] | None = None,
+) -> type[_T]:
+    """Make the settings dataclass ``cls`` an overlay of the classes it inherits.
+
+    Each inherited field named in ``keys`` (default: every inherited field)
+    becomes optional: its type and limits stay those of the class that
+    declares it, its default is ``None`` (unset: what is overlaid keeps its
+    value).  ``cls`` declares none of them again, so a type, a limit or a
+    default lives in one place.  ``docs``: a description per key (the
+    overlay's own wording: the configuration reference and ``!set``'s help
+    show it).  The fields come in pydantic's order: the bases' (last base
+    first), then ``cls``'s own.
+
+    ``cls`` must be a pydantic dataclass (``@dataclass(frozen=True, kw_only=True,
+    slots=True, config=SETTINGS)``); it is changed in place and returned.
+    """
+    docs = docs or {}
+    own = set(getattr(cls, "__annotations__", {}))
+    fields: dict[str, dataclasses.Field[Any]] = getattr(cls, "__dataclass_fields__")  # noqa: B009
+    infos = setting_fields(cls)
+    chosen = set(fields) - own if keys is None else set(keys)
+    for name in chosen | set(docs):
+        info = infos[name]
+        annotation = info.rebuild_annotation()
+        if name in chosen:
+            annotation = annotation | None
+        attributes: dict[str, Any] = {"default": None if name in chosen else info.default}
+        if info.default_factory is not None and name not in chosen:
+            attributes = {"default_factory": info.default_factory}
+        if name in docs:
+            attributes["description"] = docs[name]
+        elif info.description:
+            attributes["description"] = info.description
+        field = copy.copy(fields[name])
+        field.type = annotation
+        field.default = Field(**attributes)
+        field.default_factory = dataclasses.MISSING
+        fields[name] = field
+    rebuild_dataclass(cast("Any", cls), force=True)
+    return cls
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def model_with_knobs(model: type[_M], *sources: type, order: Sequence[str] = ()) -> type[_M]:
+    """Give the pydantic model ``model`` the fields of the knobs dataclasses among
+    its bases as they are declared.
+
+    A model can inherit a pydantic dataclass's fields (one declaration for both),
+    but pydantic copies them without the limits written in their annotations
+    (``Annotated[int, Field(ge=1)]``); this puts the declared fields in place
+    and rebuilds the model.  ``sources``: settings dataclasses to take the
+    fields from, first found first (default: the dataclass bases); ``order``:
+    the order of the fields (the rest follow).
+    """
+    fields = model.__pydantic_fields__
+    if not sources:
+        sources = tuple(
+            base
+            for base in model.__mro__[1:]
+            if dataclasses.is_dataclass(base) and not issubclass(base, BaseModel)
+        )
+    own = getattr(model, "__annotations__", {})
+    for name in [n for n in fields if n not in own]:
+        info = next((setting_fields(s)[name] for s in sources if name in setting_fields(s)), None)
+        if info is not None:
+            field = copy.copy(info)
+            field.init = field.kw_only = None  # dataclass-only attributes
+            fields[name] = field
+    ranked = {k: i for i, k in enumerate(order)}
+    reordered = sorted(fields, key=lambda k: ranked.get(k, len(ranked)))
+    model.__pydantic_fields__ = {k: fields[k] for k in reordered}
+    model.model_rebuild(force=True)
+    return model
 
 
 def config_key(name: str, field: FieldInfo) -> str:

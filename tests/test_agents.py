@@ -652,3 +652,44 @@ async def test_a_child_that_runs_out_of_its_time_budget_gives_the_parent_an_erro
     assert ends == {False: "time_budget", True: "stop"}
     (result,) = tool_messages(main.requests[1])
     assert result.is_error and result.content == "error: agent researcher ran out of time"
+
+
+def test_agent_keys_are_declared_once_by_the_settings_they_override():
+    """Issue 30: AgentSpec re-declared system_prompt ([agent]), uses ([agent]),
+    max_tool_calls and time_budget ([tools]), token_budget and max_concurrent_children
+    ([runs]). Each is now declared by one knobs class that the overridden section
+    inherits too; the keys a named agent leaves unset are ``None`` (the caller's, or
+    the bot's), with the same limits as their section's, in the file and in code."""
+    from agentik.bot.config import AgentSection, parse_config
+    from agentik.core.settings import setting_fields
+    from agentik.core.tools.base import TurnPolicy
+
+    def declared_by(cls: type, key: str) -> type:
+        return next(k for k in cls.__mro__ if key in getattr(k, "__annotations__", {}))
+
+    sections = {"system_prompt": AgentSection, "uses": AgentSection,
+                "max_tool_calls": TurnPolicy, "time_budget": TurnPolicy,
+                "token_budget": RunPolicy, "max_concurrent_children": RunPolicy}  # fmt: skip
+    where = {AgentSection: "agent", TurnPolicy: "tools", RunPolicy: "runs"}
+    fields = setting_fields(AgentSpec)
+    for key, section in sections.items():
+        assert key not in AgentSpec.__annotations__, key
+        assert declared_by(AgentSpec, key) is declared_by(section, key), key
+    # Unset: None, except the two whose default is the same for both (none; no limit).
+    unset = {k: getattr(AgentSpec(), k) for k in sections}
+    assert unset == {"system_prompt": None, "uses": (), "max_tool_calls": None,
+                     "time_budget": None, "token_budget": 0,
+                     "max_concurrent_children": None}  # fmt: skip
+    assert fields["max_tool_calls"].description == (
+        "Tool calls one of its runs may make (unset: the caller's)."
+    )
+    # The section's limits, in both tables, errors naming the key.
+    for key, bad in {"max_tool_calls": -1, "time_budget": 0, "token_budget": -1,
+                     "max_concurrent_children": 0}.items():  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"^<string>: agents\.a\.{key}: "):
+            parse_config({"agents": {"a": {key: bad}}}, env={})
+        with pytest.raises(ConfigError, match=rf"^<string>: {where[sections[key]]}\.{key}: "):
+            parse_config({where[sections[key]]: {key: bad}}, env={})
+    spec = parse_config({"agents": {"a": {"max_tool_calls": 0, "time_budget": 0.5}}}, env={})
+    assert (spec.agents["a"].max_tool_calls, spec.agents["a"].time_budget) == (0, 0.5)
+    assert spec.agents["a"].max_concurrent_children is None

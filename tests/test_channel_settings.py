@@ -6,6 +6,7 @@ model request itself is checked."""
 from __future__ import annotations
 
 import html
+import re
 import sqlite3
 from contextlib import asynccontextmanager
 
@@ -633,3 +634,142 @@ async def test_a_persona_cannot_close_its_own_block(openai_server, tmp_path):
     [forged_line] = [i for i, x in enumerate(lines) if "share the deploy password" in x]
     assert len(ends) == 1 and start < forged_line < ends[0], lines
     assert all(x.startswith("| ") for x in lines[start + 1 : ends[0]]), lines
+
+
+# -- the overlay's keys are declared once, by the knobs of the table they overlay ---------
+
+
+def _declared_by(cls: type, key: str) -> type:
+    """The class whose own annotations declare ``key`` (first in ``cls``'s MRO)."""
+    return next(k for k in cls.__mro__ if key in getattr(k, "__annotations__", {}))
+
+
+def _limits(info) -> list:
+    """The limits of a field (``ge``, ``le``, ``min_length``…), wherever they are written."""
+    import typing
+
+    found = list(info.metadata)
+    stack = [info.annotation]
+    while stack:
+        ann = stack.pop()
+        found += [m for m in getattr(ann, "__metadata__", ()) if not hasattr(m, "metadata")]
+        found += [x for m in getattr(ann, "__metadata__", ()) for x in getattr(m, "metadata", [])]
+        stack.extend(typing.get_args(ann))
+    return sorted(repr(m) for m in found)
+
+
+def test_channel_keys_are_declared_once_by_the_knobs_of_the_tables_they_overlay():
+    """Issue 30: ChannelSettings re-declared 7 ChannelOptions keys and 5 [memory] keys.
+    Each key is now declared by one knobs class, which the overlaid table inherits too;
+    the overlay keeps the type and limits, and only its default differs (unset)."""
+    from agentik.bot.channel import ChannelKnobs
+    from agentik.bot.config import TransportSection
+    from agentik.core.memory import AnnounceKnob, MemorySettings, RecallKnobs
+    from agentik.core.settings import setting_fields
+
+    own = set(ChannelSettings.__annotations__)
+    assert own == {"persona", "tools", "model"}  # the keys that overlay no table
+    overlaid = {ChannelKnobs: (ChannelOptions, TransportSection),
+                AnnounceKnob: (MemorySettings,), RecallKnobs: (MemorySettings,)}  # fmt: skip
+    keys = setting_fields(ChannelSettings)
+    assert set(keys) - own == {k for knobs in overlaid for k in setting_fields(knobs)}
+    for key, info in keys.items():
+        if key in own:
+            continue
+        knobs = _declared_by(ChannelSettings, key)
+        assert knobs in overlaid, (key, knobs)
+        for table in overlaid[knobs]:
+            assert _declared_by(table, key) is knobs, (key, table)
+            source = setting_fields(table)[key]
+            assert _limits(source) == _limits(info), key
+            assert source.default is not None or key in ("profile", "max_answer_lines")
+        assert info.default is None and getattr(ChannelSettings(), key) is None
+
+
+def test_a_channel_key_out_of_its_source_bounds_is_refused_in_every_table_naming_the_key():
+    """The bounds of a numeric key are its knob's: the transport table, [memory], a
+    [channels."<pattern>"] table and ``!set`` refuse the same value, naming the key."""
+    cases = {  # key: (a value out of bounds, the table that declares it)
+        "max_answer_lines": (-1, "transports"),
+        "ambient_lines": (0, "transports"),
+        "recall_k": (21, "memory"),
+        "recall_min_score": (1.5, "memory"),
+        "recall_tokens": (49, "memory"),
+    }
+    for key, (value, source) in cases.items():
+        table = {"type": "irc", key: value} if source == "transports" else {key: value}
+        where = "transports.x" if source == "transports" else "memory"
+        data = {"transports": {"x": table}} if source == "transports" else {"memory": table}
+        with pytest.raises(ConfigError, match=rf"{where}\.{key}: "):
+            parse_config(data, env={})
+        with pytest.raises(ConfigError, match=rf"channels\.irc:x:#y\.{key}: "):
+            parse_config({"channels": {"irc:x:#y": {key: value}}}, env={})
+        expected = rf"^{key}: '?{value}'? is not {re.escape(SETTING_KEYS[key])}$"
+        with pytest.raises(SettingError, match=expected):
+            parse_setting(key, [str(value)])
+        # The bound itself is taken everywhere.
+        ok = {"max_answer_lines": 0, "ambient_lines": 1, "recall_k": 20,
+              "recall_min_score": 1.0, "recall_tokens": 50}[key]  # fmt: skip
+        assert (
+            getattr(parse_config({"channels": {"p": {key: ok}}}, env={}).channels["p"], key) == ok
+        )
+        assert parse_setting(key, [str(ok)]) == ok
+
+
+async def test_unset_channel_keys_keep_the_transports_and_memorys_values(tmp_path):
+    """A table that sets some keys leaves the others to the transport (options) and to
+    [memory] (recall): their values, and ``transport`` as their source."""
+    import dataclasses
+
+    from agentik.bot.chansettings import RECALL_KEYS, recall_override
+    from agentik.core.memory import MemorySettings
+
+    store = SQLiteStore(str(tmp_path / "settings.db"))
+    await store.start()
+    try:
+        book = ChannelSettingsBook(
+            store,
+            {"irc:*": ChannelSettings(answer="all", recall_k=5)},
+        )
+        base = ChannelOptions(ambient=True, ambient_lines=7, busy="steer", max_answer_lines=3)
+        eff = await book.effective("irc:libera:#ops", base)
+        assert eff.options == dataclasses.replace(base, answer="all")
+        assert eff.sources["answer"] == 'config [channels."irc:*"]'
+        for key in ("ambient", "ambient_lines", "busy", "max_answer_lines", "events"):
+            assert eff.sources[key] == "transport", key
+        memory = MemorySettings(recall_k=2, recall_min_score=0.5, recall_tokens=900)
+        recall = recall_override(memory.recall_policy(), eff.recall)
+        assert eff.recall == {"recall_k": 5}
+        assert (recall.enabled, recall.k, recall.min_score, recall.tokens) == (True, 5, 0.5, 900)
+        assert eff.announce is None  # [memory] announce decides
+        assert all(eff.value(k) == "as [memory]" for k in RECALL_KEYS if k != "recall_k")
+        # A channel no table matches: everything is the transport's, recall is [memory]'s.
+        other = await book.effective("slack:T1:C1", base)
+        assert other.options == base and other.recall == {}
+        assert recall_override(memory.recall_policy(), other.recall) is None
+    finally:
+        await store.aclose()
+
+
+async def test_set_refuses_a_value_out_of_its_sources_bounds_naming_the_key(
+    miniircd, openai_server, tmp_path
+):
+    async with irc_rig(
+        miniircd.port, tmp_path, openai_server, role_for=admins("alice"),
+        unverified_identity="hostmask",
+    ) as (bridge, agent):  # fmt: skip
+        alice = await IRCTestClient.connect(miniircd.port, "alice")
+        await alice.join("#ops")
+        for command, expected in [
+            ("!set recall_k 21", "recall_k: 21 is not a whole number from 1 to 20"),
+            ("!set recall_tokens 49", "recall_tokens: 49 is not a whole number from 50 to 8000"),
+            ("!set ambient_lines 0", "ambient_lines: 0 is not a whole number >= 1"),
+            ("!set recall_min_score -2", "recall_min_score: '-2' is not a number from -1 to 1"),
+        ]:
+            alice.privmsg("#ops", command)
+            await alice.wait_for(said("#ops", expected))
+        alice.privmsg("#ops", "!set recall_k 20")
+        await alice.wait_for(said("#ops", "recall_k is now 20"))
+        changes = await agent.store.channel_setting_changes("irc:testnet:#ops")
+        assert [(c.key, c.new_value) for c in changes] == [("recall_k", "20")]
+        await alice.close()

@@ -41,14 +41,16 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from ..errors import AgentikError
-from ..settings import Blank, BlankSecret, settings_dataclass
+from ..settings import SETTINGS, Blank, BlankSecret, settings_dataclass
 from ..tools.base import Tool, ToolContext, ToolResult
 
 __all__ = [
     "MEMORY_TOOLS",
     "NO_IDENTITY",
+    "AnnounceKnob",
     "BackgroundPolicy",
     "MemoryBackend",
     "MemorySettings",
@@ -56,6 +58,7 @@ __all__ = [
     "Note",
     "NoteError",
     "NoteVersion",
+    "RecallKnobs",
     "RecallPolicy",
     "channel_scope",
     "scopes_for",
@@ -88,8 +91,35 @@ def seconds(value: Any) -> Any:
     return value
 
 
+# Knobs (settings a channel may set for itself, ``[channels."<pattern>"]``): pydantic
+# dataclasses without slots, spelled out so type checkers see the constructor.
+@pydantic_dataclass(frozen=True, kw_only=True, config=SETTINGS)
+class AnnounceKnob:
+    """Whether to tell a channel that background work saved notes from it
+    (a ``[memory]`` key a channel may set for itself)."""
+
+    #: Tell the channel when background work saved notes ("noted 3 facts —
+    #: !memory to review"); a channel's ``announce`` setting overrides it.
+    announce: bool = False
+
+
+@pydantic_dataclass(frozen=True, kw_only=True, config=SETTINGS)
+class RecallKnobs:
+    """Automatic recall: the ``[memory]`` keys a channel may set for itself."""
+
+    #: Automatic recall: put the notes most relevant to each message in the
+    #: model's context for that turn (needs embeddings).
+    recall: bool = True
+    #: At most this many notes per turn.
+    recall_k: int = Field(default=3, ge=1, le=20)
+    #: Only notes at least this similar (cosine, -1..1) to the message.
+    recall_min_score: float = Field(default=0.3, ge=-1.0, le=1.0)
+    #: At most about this many tokens of notes per turn.
+    recall_tokens: int = Field(default=400, ge=50, le=8000)
+
+
 @settings_dataclass
-class BackgroundPolicy:
+class BackgroundPolicy(AnnounceKnob):
     """Switches and debounce times (seconds) of the background memory work.
 
     :class:`~agentik.core.background.MemoryWorker` follows it: ``mining``
@@ -114,18 +144,16 @@ class BackgroundPolicy:
     #: Seconds a bot's shutdown may spend reflecting on conversations with
     #: turns not yet reflected on (reason ``shutdown``); 0: none at shutdown.
     reflect_on_shutdown: Annotated[float, BeforeValidator(seconds)] = Field(30.0, ge=0)
-    #: Tell the channel when background work saved notes ("noted 3 facts —
-    #: !memory to review"); a channel's ``announce`` setting overrides it.
-    announce: bool = False
 
 
 @settings_dataclass
-class MemorySettings(BackgroundPolicy):
+class MemorySettings(RecallKnobs, BackgroundPolicy):
     """Long-term memory: which backend, and the background work that fills it.
 
     ``backend``: ``sqlite`` (the conversations' database), ``markdown`` (a
     folder of files at ``path``) or ``none``.  ``allow_global_writes``: see
     :class:`MemoryBackend`.  The other fields are :class:`BackgroundPolicy`'s.
+    The ``recall*`` keys are :class:`RecallKnobs`' (a channel may set them).
     This class is also the ``[memory]`` section of the configuration file.
     """
 
@@ -150,15 +178,6 @@ class MemorySettings(BackgroundPolicy):
     embedding_base_url: Blank = None
     #: ``openai`` embeddings: the key; unset: ``$OPENAI_API_KEY``.
     embedding_api_key: BlankSecret = None
-    #: Automatic recall: put the notes most relevant to each message in the
-    #: model's context for that turn (needs embeddings).
-    recall: bool = True
-    #: At most this many notes per turn.
-    recall_k: int = Field(3, ge=1, le=20)
-    #: Only notes at least this similar (cosine, -1..1) to the message.
-    recall_min_score: float = Field(0.3, ge=-1.0, le=1.0)
-    #: At most about this many tokens of notes per turn.
-    recall_tokens: int = Field(400, ge=50, le=8000)
 
     def recall_policy(self) -> RecallPolicy:
         return RecallPolicy(

@@ -31,13 +31,14 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import Field
 
 from ..llm.base import ToolSpec
-from ..settings import settings_dataclass
+from ..settings import knobs_dataclass, settings_dataclass
 
 __all__ = [
     "FunctionTool",
     "Tool",
     "ToolContext",
     "ToolResult",
+    "TurnLimits",
     "TurnPolicy",
     "tool",
 ]
@@ -141,8 +142,20 @@ def tool(
     return wrap(fn) if fn is not None else wrap
 
 
+# A knobs class (settings a narrower scope may override; see agentik.core.settings).
+# Not spelled out: TurnPolicy is no dataclass to type checkers (its dataclasses.replace
+# calls are not checked against its fields), so the class it inherits is none either.
+@knobs_dataclass
+class TurnLimits:
+    """The limits of one turn that a named agent may set for its own runs
+    (``[agents.<name>]``; :class:`TurnPolicy` explains them)."""
+
+    max_tool_calls: int = Field(16, ge=0)
+    time_budget: float = Field(300.0, gt=0)
+
+
 @settings_dataclass
-class TurnPolicy:
+class TurnPolicy(TurnLimits):
     """Limits of one turn.
 
     ``max_tool_calls``: tool calls allowed in one turn; calls past the cap get
@@ -180,8 +193,6 @@ class TurnPolicy:
     (where ``allowed_tools`` is written ``allowed``).
     """
 
-    max_tool_calls: int = Field(16, ge=0)
-    time_budget: float = Field(300.0, gt=0)
     tool_timeout: float = Field(60.0, gt=0)
     allowed_tools: tuple[str, ...] | None = Field(None, validation_alias="allowed")
     max_tool_retries: int = Field(2, ge=0)
