@@ -20,10 +20,12 @@ from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.bot.chansettings import ChannelSettings
 from agentik.core import Agent, SQLiteStore, TurnOrigin, TurnPolicy, TurnSettings, tool
 from agentik.core.agents import AgentSpec
+from agentik.core.hookspecs import hookimpl
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.turnsettings import DEFAULT_SETTINGS
 from agentik.transports.base import restrict_tools
 from agentik.transports.http.transport import HttpTransport
+from agentik.transports.testing.fake import FakeTransport
 from helpers import collect_turn
 
 from ircservers import IRCTestClient
@@ -182,9 +184,22 @@ async def test_a_child_run_gets_its_specs_settings_and_the_parent_keeps_its_own(
     assert last_user(next_turn) == "and now?" and PIRATE not in (next_turn.system or "")
 
 
+class SeesOrigin:
+    """A plugin reading where the run it is asked about came from."""
+
+    def __init__(self) -> None:
+        self.seen: list[TurnOrigin | None] = []
+
+    @hookimpl
+    def before_llm_request(self, conversation, run_id):
+        node = conversation.agent.runs.get(run_id)
+        self.seen.append(node.origin if node is not None else None)
+
+
 async def test_the_origin_is_recorded_on_the_message_the_event_and_the_run(tmp_path):
-    model = ScriptedModel()
-    async with Agent(llm=model, store=SQLiteStore(str(tmp_path / "o.db"))) as agent:
+    model, plugin = ScriptedModel(), SeesOrigin()
+    store = SQLiteStore(str(tmp_path / "o.db"))
+    async with Agent(llm=model, store=store, hooks=[plugin]) as agent:
         conv = await agent.create_conversation()
         origin = TurnOrigin(
             transport="libera", channel_key="irc:libera:#x", speaker_id="alice",
@@ -197,6 +212,7 @@ async def test_the_origin_is_recorded_on_the_message_the_event_and_the_run(tmp_p
         assert started.kind == "turn_started" and started.origin == origin.to_dict()
         [message] = await conv.messages(kinds=["user"])
         assert TurnOrigin.of(message) == origin and message.run_id == run_id
+        assert plugin.seen == [origin]  # a hook sees it on the run
         # A library call without settings says nothing of its origin.
         run_id = await conv.send("again")
         await conv.wait_idle()
@@ -312,5 +328,45 @@ async def test_irc_and_http_turns_in_one_conversation_each_get_their_front_ends_
             await alice.close()
         await http.aclose()
         await irc.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+async def test_a_resumed_turn_gets_its_channels_settings_as_they_are_at_resume_time(tmp_path):
+    """A restart takes an unanswered message up with the settings its front end gives
+    now (the channel's persona was configured meanwhile); its origin stays recorded."""
+    db = str(tmp_path / "resume.db")
+    held = Reply(text="never finished here", hold_after=1)
+    agent = await Agent(llm=ScriptedModel([held]), store=SQLiteStore(db)).start()
+    bridge = Bridge(agent)
+    fake = FakeTransport(name="chat")
+    bridge.attach(fake)
+    await fake.start(bridge)
+    await fake.say("agentik: the question", channel="ops", user="carol")
+    await asyncio.wait_for(held.held.wait(), WAIT)
+    await bridge.aclose()
+    await agent.aclose()
+
+    key = fake.key(channel="ops")
+    model = ScriptedModel()
+    agent = await Agent(llm=model, store=SQLiteStore(db)).start()
+    bridge = Bridge(agent, channel_settings={key: ChannelSettings(persona=PIRATE)})
+    fake = FakeTransport(name="chat")
+    bridge.attach(fake)
+    await fake.start(bridge)
+    try:
+        conv = await agent.conversation_for_channel(key)
+        sub = conv.events(kinds={"turn_started"})
+        assert (await bridge.resume_pending())["answer"] == 1
+        started = await asyncio.wait_for(anext(sub), WAIT)
+        await sub.aclose()
+        await asyncio.wait_for(bridge.flush(key), WAIT)
+        [request] = model.requests
+        assert "Channel instructions for fake:chat:#ops" in (request.system or "")
+        assert PIRATE in (request.system or "")
+        recorded = TurnOrigin.of((await conv.messages(kinds=["user"]))[0])
+        assert recorded is not None and (recorded.transport, recorded.channel_key) == ("chat", key)
+        assert started.origin == recorded.to_dict()
+    finally:
         await bridge.aclose()
         await agent.aclose()
