@@ -21,7 +21,6 @@ import enum
 import functools
 import logging
 import time
-import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ from .store.base import ConversationRecord, Store, TurnEnd
 from .streamprofiles import StreamProfile
 from .tools.base import TurnPolicy
 from .turn import Steered, TurnRunner
-from .turnsettings import DEFAULT_SETTINGS, TurnSettings
+from .turnsettings import DEFAULT_SETTINGS, DeprecatedSetting, TurnSettings
 from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
@@ -212,6 +211,13 @@ class Conversation:
     ``fresh``: just created, so its working memory is known to be empty.
     """
 
+    # Deprecated views of the default :attr:`settings` (setting one warns and changes them).
+    policy: DeprecatedSetting[TurnPolicy | None] = DeprecatedSetting()
+    system_addition: DeprecatedSetting[str | None] = DeprecatedSetting()
+    llm_profile: DeprecatedSetting[str | None] = DeprecatedSetting()
+    system_prompt: DeprecatedSetting[str | None] = DeprecatedSetting()
+    recall: DeprecatedSetting[RecallPolicy | None] = DeprecatedSetting()
+
     def __init__(
         self,
         services: AgentServices,
@@ -278,61 +284,6 @@ class Conversation:
         if not isinstance(value, TurnSettings):
             raise TypeError("settings must be a TurnSettings")
         self._settings = value
-
-    def _set_default(self, name: str, value: Any) -> None:
-        warnings.warn(
-            f"Conversation.{name} is deprecated: pass settings=TurnSettings(...) to "
-            f"submit()/send(), or set Conversation.settings",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        self._settings = dataclasses.replace(self._settings, **{name: value})
-
-    # Deprecated per-conversation knobs: they read and change the default settings.
-    @property
-    def policy(self) -> TurnPolicy | None:
-        """Deprecated: ``settings.policy`` (setting it changes :attr:`settings`)."""
-        return self._settings.policy
-
-    @policy.setter
-    def policy(self, value: TurnPolicy | None) -> None:
-        self._set_default("policy", value)
-
-    @property
-    def system_addition(self) -> str | None:
-        """Deprecated: ``settings.system_addition``."""
-        return self._settings.system_addition
-
-    @system_addition.setter
-    def system_addition(self, value: str | None) -> None:
-        self._set_default("system_addition", value)
-
-    @property
-    def llm_profile(self) -> str | None:
-        """Deprecated: ``settings.llm_profile``."""
-        return self._settings.llm_profile
-
-    @llm_profile.setter
-    def llm_profile(self, value: str | None) -> None:
-        self._set_default("llm_profile", value)
-
-    @property
-    def system_prompt(self) -> str | None:
-        """Deprecated: ``settings.system_prompt``."""
-        return self._settings.system_prompt
-
-    @system_prompt.setter
-    def system_prompt(self, value: str | None) -> None:
-        self._set_default("system_prompt", value)
-
-    @property
-    def recall(self) -> RecallPolicy | None:
-        """Deprecated: ``settings.recall``."""
-        return self._settings.recall
-
-    @recall.setter
-    def recall(self, value: RecallPolicy | None) -> None:
-        self._set_default("recall", value)
 
     @property
     def capabilities(self) -> Capabilities:

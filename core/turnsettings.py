@@ -28,17 +28,30 @@ event, so linked channels and plugins can tell which front end a run served.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from .memory import RecallPolicy
 from .tools.base import TurnPolicy
 
-if TYPE_CHECKING:
-    from .gate import Speaker
+__all__ = ["DEFAULT_SETTINGS", "DeprecatedSetting", "TurnOrigin", "TurnSettings"]
 
-__all__ = ["DEFAULT_SETTINGS", "TurnOrigin", "TurnSettings"]
+T = TypeVar("T")
+
+
+class _Speaker(Protocol):
+    """What :meth:`TurnOrigin.of_speaker` reads of a :class:`~agentik.core.gate.Speaker`."""
+
+    @property
+    def transport(self) -> str: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def verified(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +70,7 @@ class TurnOrigin:
     verified: bool = False
 
     @classmethod
-    def of_speaker(cls, speaker: Speaker, channel_key: str | None) -> TurnOrigin:
+    def of_speaker(cls, speaker: _Speaker, channel_key: str | None) -> TurnOrigin:
         """The origin of a message from ``speaker`` (:class:`~agentik.core.gate.Speaker`)
         recorded under ``channel_key``."""
         return cls(
@@ -131,3 +144,39 @@ class TurnSettings:
 
 #: The settings of a turn nobody configured: everything the agent's.
 DEFAULT_SETTINGS = TurnSettings()
+
+
+class _HasSettings(Protocol):
+    settings: TurnSettings
+
+
+class DeprecatedSetting(Generic[T]):
+    """A deprecated attribute that is a view of one field of its owner's default
+    ``settings`` (``Conversation.policy`` …): reading it gives that field; setting
+    it warns (:class:`DeprecationWarning`) and replaces the owner's settings with
+    a copy changed in that field."""
+
+    name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.owner = owner.__name__
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> DeprecatedSetting[T]: ...
+    @overload
+    def __get__(self, obj: _HasSettings, objtype: type | None = None) -> T: ...
+    def __get__(self, obj: _HasSettings | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(obj.settings, self.name)
+
+    def __set__(self, obj: _HasSettings, value: T) -> None:
+        warnings.warn(
+            f"{self.owner}.{self.name} is deprecated: pass settings=TurnSettings(...) to "
+            f"submit()/send(), or set {self.owner}.settings",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        changes: dict[str, Any] = {self.name: value}
+        obj.settings = dataclasses.replace(obj.settings, **changes)
