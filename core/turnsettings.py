@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, overload
 
 from .memory import RecallPolicy
+from .messages import Message
 from .tools.base import TurnPolicy
 
 __all__ = ["DEFAULT_SETTINGS", "DeprecatedSetting", "TurnOrigin", "TurnSettings"]
@@ -92,10 +93,9 @@ class TurnOrigin:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     @classmethod
-    def of(cls, message: Any) -> TurnOrigin | None:
-        """The origin recorded on a user message (a stored
-        :class:`~agentik.core.messages.Message`), ``None`` when it has none."""
-        data = getattr(message, "data", None)
+    def of(cls, message: Message) -> TurnOrigin | None:
+        """The origin recorded on a stored user message, ``None`` when it has none."""
+        data = message.data
         found = data.get("origin") if isinstance(data, dict) else None
         return cls.from_dict(found) if isinstance(found, dict) else None
 
