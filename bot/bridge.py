@@ -31,6 +31,7 @@ from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.gate import Gate, Speaker
 from agentik.core.messages import Message
+from agentik.core.turnsettings import TurnOrigin
 from agentik.transports.base import (
     Action,
     AgentAccess,
@@ -316,6 +317,10 @@ class Bridge(AgentAccess):
                     author_id=_author_id(transport, message),
                     allow_tool=decision.tools,
                     busy=_busy_mode(opts, message, transport),
+                    # The channel's persona, tools and model, and who asked where.
+                    settings=ch.settings.with_origin(
+                        TurnOrigin.of_speaker(speaker, message.channel_key)
+                    ),
                 )
                 run_id = sent.run_id
                 if sent.steered:

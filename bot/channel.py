@@ -23,6 +23,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from agentik.core.settings import SETTINGS, setting_fields
+from agentik.core.turnsettings import DEFAULT_SETTINGS, TurnSettings
 
 if TYPE_CHECKING:
     from agentik.core import Conversation
@@ -91,6 +92,12 @@ class OpenChannel:
     transport: Transport
     options: ChannelOptions
     conversation: Conversation
+    #: What this channel's turns run with (persona, tools, model profile, recall),
+    #: computed from its settings in force (``Channels.apply``) and passed with
+    #: each message: never written into the shared conversation.
+    settings: TurnSettings = DEFAULT_SETTINGS
+    #: The channel's ``tools`` setting in force (``None``: the transport's bound).
+    tools: tuple[str, ...] | None = None
     subscription: Subscription | None = None
     task: asyncio.Task[None] | None = None
     more: deque[str] = field(default_factory=deque)

@@ -2,7 +2,8 @@
 
 :class:`Channels` opens a channel (its conversation, and a renderer task
 following its events), puts the channel's settings in force for its next turn
-(options, persona, model profile, recall, tools), releases a channel left idle,
+(options, and the :class:`~agentik.core.turnsettings.TurnSettings` its turns
+run with: persona, model profile, recall, tools), releases a channel left idle,
 starts a channel over (``!new``) and tells channels when background memory work
 saved notes from them.  It works through a :class:`ChannelsHost` (the bridge),
 never importing it.
@@ -15,13 +16,12 @@ import contextlib
 import dataclasses
 import logging
 import time
-import weakref
 from typing import TYPE_CHECKING, Protocol
 
 from agentik.core.errors import PromptRefused
 from agentik.core.events import MemoryNoted, TurnEnded
 from agentik.core.keyedlocks import KeyedLocks
-from agentik.transports.base import restrict_tools
+from agentik.core.turnsettings import TurnSettings
 
 from .channel import OpenChannel
 from .chansettings import allowed_tool_names, persona_block, recall_override
@@ -32,6 +32,7 @@ from .render import Renderer, RenderHost
 if TYPE_CHECKING:
     from agentik.core import Conversation
     from agentik.core.budgets import Budgets
+    from agentik.core.tools.base import TurnPolicy
     from agentik.transports.base import IncomingMessage, Transport
 
     from .channel import ChannelOptions
@@ -83,9 +84,6 @@ class Channels:
         self.announcer: asyncio.Task[None] | None = None
         #: How many idle channels have been released so far.
         self.released = 0
-        # Conversations whose tools a channel's ``tools`` setting narrowed (a
-        # conversation object can outlive its channel's renderer).
-        self._narrowed: weakref.WeakSet[Conversation] = weakref.WeakSet()
 
     async def detach(self, name: str) -> None:
         """Release the open channels of transport instance ``name``."""
@@ -107,14 +105,8 @@ class Channels:
     def policy_changed(self) -> None:
         """The agent's tool policy changed: open channels take it for their next turn
         (each channel's own ``tools`` setting is applied again on its next message)."""
-        agent = self.host.agent
         for ch in self.open.values():
-            conv = ch.conversation
-            conv.policy = None
-            self._narrowed.discard(conv)
-            restrict_tools(
-                conv, self.host.options_for(ch.transport).allowed_tools, default=agent.policy
-            )
+            ch.settings = dataclasses.replace(ch.settings, policy=self._bound(ch))
 
     async def channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
         """The channel ``key``, opened (with its conversation) if it is not."""
@@ -145,38 +137,44 @@ class Channels:
         return eff
 
     def apply(self, ch: _Channel, eff: Effective) -> None:
-        """Put a channel's settings in force for its next turn: options, persona, tools."""
+        """Put a channel's settings in force for its next turn: its options, and the
+        :class:`~agentik.core.turnsettings.TurnSettings` its messages are submitted
+        with (persona, model profile, recall, tools)."""
         agent = self.host.agent
         ch.options = eff.options
-        conv = ch.conversation
-        conv.system_addition = persona_block(ch.key, eff.persona) if eff.persona else None
-        conv.llm_profile = eff.model
-        conv.recall = recall_override(agent.memory.recall_policy, eff.recall)
-        if eff.tools is None and conv not in self._narrowed:
-            return  # the transport's bound, set when the channel opened
+        ch.tools = eff.tools
+        ch.settings = TurnSettings(
+            policy=self._bound(ch),
+            system_addition=persona_block(ch.key, eff.persona) if eff.persona else None,
+            llm_profile=eff.model,
+            recall=recall_override(agent.memory.recall_policy, eff.recall),
+        )
+
+    def _bound(self, ch: _Channel) -> TurnPolicy | None:
+        """The tool policy of a channel's turns: the agent's, bounded by the
+        transport's ``allowed_tools`` and narrowed by the channel's ``tools``
+        setting (``None``: the agent's as it is when the turn starts)."""
+        agent = self.host.agent
         outer = self.host.options_for(ch.transport).allowed_tools
-        if outer is None:
-            outer = agent.policy.allowed_tools
-        if eff.tools is None:
+        if ch.tools is None:
             allowed = outer
         else:
             # Exact names: a tool must match the transport's bound and the channel's list.
-            allowed = allowed_tool_names((t.name for t in agent.tools), outer, eff.tools)
+            bound = agent.policy.allowed_tools if outer is None else outer
+            allowed = allowed_tool_names((t.name for t in agent.tools), bound, ch.tools)
+        if allowed is None:
+            return None
         # TurnPolicy is a pydantic dataclass, which mypy does not see as a dataclass.
-        conv.policy = dataclasses.replace(  # type: ignore[type-var]
-            conv.policy or agent.policy, allowed_tools=allowed
+        return dataclasses.replace(  # type: ignore[type-var]
+            agent.policy, allowed_tools=tuple(allowed)
         )
-        if eff.tools is None:
-            self._narrowed.discard(conv)
-        else:
-            self._narrowed.add(conv)
 
     def open_new(
         self, key: str, transport: Transport, opts: ChannelOptions, conv: Conversation
     ) -> _Channel:
         """Open channel ``key`` on ``conv``: its renderer follows the conversation."""
-        restrict_tools(conv, opts.allowed_tools, default=self.host.agent.policy)
         ch = _Channel(key=key, transport=transport, options=opts, conversation=conv)
+        ch.settings = TurnSettings(policy=self._bound(ch))
         # Everything is followed: a channel's ``events`` setting may change while it
         # is open; the renderer leaves out what the chat profile would not carry.
         ch.subscription = conv.events(profile="debug")

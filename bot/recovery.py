@@ -139,7 +139,8 @@ class Recovery:
                     counts["refused"] += 1
                     continue
                 allow_tool, subject = admitted
-            got = conv.resume([m], mode=mode, allow_tool=allow_tool)
+            # The channel's settings as they are now (not stored with the turn).
+            got = conv.resume([m], mode=mode, allow_tool=allow_tool, settings=ch.settings)
             # At once (no await in between): the admission of the next one awaits, and
             # this turn may end meanwhile.
             ch.pending.update(got)

@@ -61,6 +61,7 @@ from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
 from .streamprofiles import PROFILES
 from .tools.base import FunctionTool, Tool, ToolContext, ToolResult, TurnPolicy, tool
+from .turnsettings import TurnOrigin, TurnSettings
 
 __all__ = [
     "PROFILES",
@@ -112,7 +113,9 @@ __all__ = [
     "ToolResult",
     "ToolSpec",
     "TurnEnded",
+    "TurnOrigin",
     "TurnPolicy",
+    "TurnSettings",
     "TurnStarted",
     "Usage",
     "event_from_dict",

@@ -91,6 +91,7 @@ from .events import ChildRunLinked, TurnEnded
 from .messages import Usage
 from .settings import SETTINGS, Blank, PathSetting, overlay, settings_dataclass
 from .tools.base import ToolContext, ToolResult, TurnLimits, TurnPolicy
+from .turnsettings import DEFAULT_SETTINGS, TurnOrigin, TurnSettings
 
 if TYPE_CHECKING:
     from .conversation import Conversation
@@ -276,6 +277,12 @@ class RunNode:
     author: str | None = None
     author_id: str | None = None
     channel: str | None = None
+    #: The settings the run's turn runs with (set by the turn runner; a child's
+    #: are built from its spec and these, never from a conversation's attributes).
+    settings: TurnSettings | None = None
+    #: Where the run came from (its settings' origin, else its message's; a child
+    #: run: its parent's).
+    origin: TurnOrigin | None = None
     #: Seconds on the loop clock when the run's time budget ends (``None``: unknown).
     deadline: float | None = None
     #: Set when the run's ``turn_ended`` is emitted.
@@ -463,7 +470,7 @@ class AgentTool:
             },
         )
         node.conversation_id = child.id
-        self._configure(child, parent_conv, node)
+        settings = self._configure(child, parent, node)
         child.link(parent_run_id=parent.run_id, relay_to=parent_conv.parts.events)
         agent.runs.add(node)
         parent.children.append(node)
@@ -484,6 +491,7 @@ class AgentTool:
                 author_id=node.author_id,
                 allow_tool=node.allow_tool or parent.allow_tool,
                 run_id=run_id,
+                settings=settings,
             )
             try:
                 ended = await asyncio.shield(node.ended)
@@ -508,9 +516,12 @@ class AgentTool:
         if not await child.interrupt():
             await child.aclose()  # not started yet: it never will
 
-    def _configure(self, child: Conversation, parent: Conversation, node: RunNode) -> None:
+    def _configure(self, child: Conversation, parent: RunNode, node: RunNode) -> TurnSettings:
+        """The child's turn settings, from its spec and the parent TURN's settings
+        (not its conversation's: another front end may use that meanwhile)."""
         spec, agent = self.spec, self.agent
-        base = parent.policy or agent.policy
+        given = parent.settings or DEFAULT_SETTINGS
+        base = given.policy or agent.policy
         # A child run is a tool call of its parent: the parent's tool timeout
         # and the parent's own deadline bound it too.
         time_budget = min(spec.time_budget or base.time_budget, base.tool_timeout)
@@ -518,11 +529,12 @@ class AgentTool:
             left = node.parent.deadline - asyncio.get_running_loop().time()
             time_budget = max(0.001, min(time_budget, left))
         cached = self._policy
+        policy: TurnPolicy
         if cached is not None and cached[0] is base and cached[1] == time_budget:
-            child.policy = cached[2]
+            policy = cached[2]
         else:
             allowed = [*spec.tools, *(agent_tool_name(u) for u in spec.uses)]
-            child.policy = dataclasses.replace(  # type: ignore[type-var]
+            policy = dataclasses.replace(  # type: ignore[type-var]
                 base,
                 max_tool_calls=base.max_tool_calls
                 if spec.max_tool_calls is None
@@ -530,10 +542,15 @@ class AgentTool:
                 time_budget=time_budget,
                 allowed_tools=tuple(allowed),
             )
-            self._policy = (base, time_budget, child.policy)
-        child.llm_profile = spec.model if spec.model is not None else parent.llm_profile
-        # Unset: the main agent's system prompt (read at each request).
-        child.system_prompt = agent.agent_prompts.get(self.agent_name)
+            self._policy = (base, time_budget, policy)
+        settings = TurnSettings(
+            policy=policy,
+            llm_profile=spec.model if spec.model is not None else given.llm_profile,
+            # Unset: the main agent's system prompt (read at each request).
+            system_prompt=agent.agent_prompts.get(self.agent_name),
+            # Who and where the tree started: the child acts for them.
+            origin=parent.origin,
+        )
         # The caller's channel (not bound): its tools act for the channel the tree started in.
         child.channel_key = node.channel if spec.memory == "caller" else None
         if spec.memory == "none":
@@ -544,6 +561,7 @@ class AgentTool:
                 return name not in names and (outer is None or outer(name))
 
             node.allow_tool = allow
+        return settings
 
     def _result(self, ended: TurnEnded) -> ToolResult:
         data = {

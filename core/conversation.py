@@ -47,6 +47,7 @@ from .store.base import ConversationRecord, Store, TurnEnd
 from .streamprofiles import StreamProfile
 from .tools.base import TurnPolicy
 from .turn import Steered, TurnRunner
+from .turnsettings import DEFAULT_SETTINGS, DeprecatedSetting, TurnSettings
 from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
@@ -177,6 +178,8 @@ class _Pending:
     resumed: bool = False
     #: Which tools this turn may offer, within the policy (``None``: all it allows).
     allow_tool: Callable[[str], bool] | None = None
+    #: What the turn runs with (its front end's, or the conversation's default).
+    settings: TurnSettings = DEFAULT_SETTINGS
     #: The run the message's audit-log row is linked to, when not ``run_id``: a
     #: steering message the turn it was sent into did not reach (so it is not
     #: taken for a message a crash left out).
@@ -208,6 +211,13 @@ class Conversation:
     ``fresh``: just created, so its working memory is known to be empty.
     """
 
+    # Deprecated views of the default :attr:`settings` (setting one warns and changes them).
+    policy: DeprecatedSetting[TurnPolicy | None] = DeprecatedSetting()
+    system_addition: DeprecatedSetting[str | None] = DeprecatedSetting()
+    llm_profile: DeprecatedSetting[str | None] = DeprecatedSetting()
+    system_prompt: DeprecatedSetting[str | None] = DeprecatedSetting()
+    recall: DeprecatedSetting[RecallPolicy | None] = DeprecatedSetting()
+
     def __init__(
         self,
         services: AgentServices,
@@ -229,20 +239,8 @@ class Conversation:
         self.meta: Mapping[str, Any] = MappingProxyType(dict(record.meta))
         self.temp = temp
         self.channel_key = channel_key
-        #: Per-conversation override of the agent's :class:`TurnPolicy`.
-        self.policy: TurnPolicy | None = None
-        #: Text added after the agent's system prompt in this conversation's
-        #: requests (a channel's persona, set by the bridge); read at each request.
-        self.system_addition: str | None = None
-        #: The model profile (``[llm.profiles.<name>]``) this conversation's turns
-        #: use; ``None``: the agent's main backend.  Read at each request.
-        self.llm_profile: str | None = None
-        #: Replaces the agent's system prompt in this conversation's requests (a
-        #: named agent's own prompt, for a child run); ``None``: the agent's.
-        self.system_prompt: str | None = None
-        #: Automatic recall here (set by the bridge from the channel's settings);
-        #: ``None``: the memory backend's ``recall_policy``.  Read at each turn.
-        self.recall: RecallPolicy | None = None
+        # The settings of a turn submitted without any (see :attr:`settings`).
+        self._settings: TurnSettings = DEFAULT_SETTINGS
         self.state = ConversationState.OPEN
         self._store = store
         self._queue: deque[_Pending | _Job] = deque()
@@ -276,8 +274,27 @@ class Conversation:
         return ConversationParts(self, self._memory, self._event_stream(), self._services)
 
     @property
+    def settings(self) -> TurnSettings:
+        """The settings of a turn submitted without any (``settings=None``): all the
+        agent's unless set here (front ends pass their own with each message)."""
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: TurnSettings) -> None:
+        if not isinstance(value, TurnSettings):
+            raise TypeError("settings must be a TurnSettings")
+        self._settings = value
+
+    @property
     def capabilities(self) -> Capabilities:
-        llm = self.agent.llm_for(self.llm_profile)  # the model this conversation's turns use
+        """What the model of a turn with the default :attr:`settings` takes and gives
+        (:meth:`capabilities_for` another turn's)."""
+        return self.capabilities_for(self._settings)
+
+    def capabilities_for(self, settings: TurnSettings | None) -> Capabilities:
+        """What the model of a turn with ``settings`` takes and gives."""
+        profile = (settings or self._settings).llm_profile
+        llm = self.agent.llm_for(profile)  # the model such a turn uses
         return Capabilities(
             image_in=bool(llm.supports_image_in),
             image_out=bool(llm.supports_image_out),
@@ -402,6 +419,7 @@ class Conversation:
         allow_tool: Callable[[str], bool] | None = None,
         run_id: str | None = None,
         busy: BusyMode = "queue",
+        settings: TurnSettings | None = None,
     ) -> str:
         """Record ``content`` as a user message and queue a turn; return its run id.
 
@@ -419,10 +437,13 @@ class Conversation:
         ``run_id``: the turn's run id, when the caller picked it (a child run's).
         ``busy`` says what happens when a turn is running (see :meth:`submit`;
         a steered message returns the running turn's run id).
+        ``settings``: what the turn runs with (persona, tools, model, recall,
+        its origin; :class:`~agentik.core.turnsettings.TurnSettings`); ``None``:
+        the conversation's default :attr:`settings`.
         """
         sent = await self.submit(
             content, author=author, author_id=author_id, channel=channel,
-            allow_tool=allow_tool, busy=busy, run_id=run_id,
+            allow_tool=allow_tool, busy=busy, run_id=run_id, settings=settings,
         )  # fmt: skip
         return sent.run_id
 
@@ -434,12 +455,13 @@ class Conversation:
         author_id: str | None = None,
         channel: str | None = None,
         allow_tool: Callable[[str], bool] | None = None,
+        settings: TurnSettings | None = None,
     ) -> str | None:
         """Send ``content`` into the running turn; its run id, or ``None`` (nothing
         recorded) when no turn can take it (see :meth:`submit`, ``busy="steer"``)."""
         sent = await self._submit(
             content, author=author, author_id=author_id, channel=channel,
-            allow_tool=allow_tool, busy="steer", fallback=False,
+            allow_tool=allow_tool, busy="steer", fallback=False, settings=settings,
         )  # fmt: skip
         return sent.run_id if sent is not None else None
 
@@ -453,6 +475,7 @@ class Conversation:
         allow_tool: Callable[[str], bool] | None = None,
         busy: BusyMode = "queue",
         run_id: str | None = None,
+        settings: TurnSettings | None = None,
     ) -> Sent:
         """Like :meth:`send`, saying what became of the message (:class:`Sent`).
 
@@ -461,23 +484,41 @@ class Conversation:
         run, and adds it to the working memory before that turn's next model
         request (after the tool calls running now) — when the turn can no
         longer make one (it is streaming what may be its final answer, others
-        are queued behind it, or the speaker's tool rights differ from the
-        turn's asker's), the message is queued as its own turn instead, and
+        are queued behind it, the speaker's tool rights differ from the
+        turn's asker's, or its ``settings`` differ from the running turn's —
+        another persona, tools, model, prompt or recall; the origin is not
+        compared), the message is queued as its own turn instead, and
         one the turn did not reach (it was stopped or failed first) becomes
-        the next turn; ``interrupt`` queues the turn and stops the running one
+        the next turn, with the settings of the turn it was sent into;
+        ``interrupt`` queues the turn and stops the running one
         (its partial answer kept, marked interrupted).
+
+        ``settings`` (:class:`~agentik.core.turnsettings.TurnSettings`) is what
+        the turn runs with, carried by the queued turn: the turn engine reads
+        nothing else, so two front ends sharing this conversation each get
+        their own persona, tools and model.  ``None``: the conversation's
+        default :attr:`settings`, as they are now.  The settings' ``origin``
+        is recorded in the message's ``data["origin"]``.
         """
         sent = await self._submit(
             content, author=author, author_id=author_id, channel=channel,
             allow_tool=allow_tool, busy=busy, fallback=True, run_id=run_id,
+            settings=settings,
         )  # fmt: skip
         assert sent is not None
         return sent
 
-    def _steerable(self, author_id: str | None, allow_tool: Callable[[str], bool] | None) -> bool:
+    def _steerable(
+        self,
+        author_id: str | None,
+        allow_tool: Callable[[str], bool] | None,
+        settings: TurnSettings,
+    ) -> bool:
         runner = self._runner
         if runner is None or not runner.steer_open or self.queued:
             return False
+        if settings != runner.settings:
+            return False  # another persona, tools or model: a turn of its own
         data = runner.message.data if isinstance(runner.message.data, dict) else {}
         # Tools run with the turn's asker's rights: another speaker steers only
         # when nobody's tools are narrowed.
@@ -495,8 +536,13 @@ class Conversation:
         busy: BusyMode,
         fallback: bool,
         run_id: str | None = None,
+        settings: TurnSettings | None = None,
     ) -> Sent | None:
         self._check_open()
+        if settings is None:
+            settings = self._settings
+        elif not isinstance(settings, TurnSettings):
+            raise TypeError("settings must be a TurnSettings")
         if not isinstance(content, str):
             raise TypeError("content must be a str")
         if busy not in BUSY_MODES:
@@ -511,11 +557,17 @@ class Conversation:
             raise PromptRefused(outcome.message)
         content = self._scrub("user", outcome)
         runner = self._runner
-        if busy == "steer" and runner is not None and self._steerable(author_id, allow_tool):
+        if (
+            busy == "steer"
+            and runner is not None
+            and self._steerable(author_id, allow_tool, settings)
+        ):
             now = time.time()
             data: dict[str, Any] = {"steered": True}
             if author_id:
                 data["author_id"] = author_id
+            if settings.origin is not None:
+                data["origin"] = settings.origin.to_dict()
             entry = NewMessage(
                 kind="user", content=content, author=author,
                 channel=channel or self.channel_key, run_id=runner.run_id, data=data,
@@ -532,7 +584,9 @@ class Conversation:
             return Sent(runner.run_id, steered=True)
         if not fallback:
             return None
-        run_id = await self._queue_message(content, author, author_id, channel, allow_tool, run_id)
+        run_id = await self._queue_message(
+            content, author, author_id, channel, allow_tool, run_id, settings
+        )
         stopped = False
         if busy == "interrupt" and runner is not None and self._runner is runner:
             stopped = await self.interrupt()
@@ -546,16 +600,21 @@ class Conversation:
         channel: str | None,
         allow_tool: Callable[[str], bool] | None,
         run_id: str | None = None,
+        settings: TurnSettings | None = None,
     ) -> str:
         run_id = run_id or new_run_id()
+        settings = self._settings if settings is None else settings
         now = time.time()
+        data: dict[str, Any] = {"author_id": author_id} if author_id else {}
+        if settings.origin is not None:
+            data["origin"] = settings.origin.to_dict()
         entry = NewMessage(
             kind="user",
             content=content,
             author=author,
             channel=channel or self.channel_key,
             run_id=run_id,
-            data={"author_id": author_id} if author_id else None,
+            data=data or None,
             created_at=now,
         )
         self._add_speaker(author_id)
@@ -595,7 +654,11 @@ class Conversation:
         if idle:
             memory.extend([*notes, ChatMessage(role="user", content=content, author=author)])
             write.add_done_callback(memory.invalidate_on_failure)
-        self._enqueue(_Pending(run_id, content, author, committed, idle, allow_tool=allow_tool))
+        self._enqueue(
+            _Pending(
+                run_id, content, author, committed, idle, allow_tool=allow_tool, settings=settings
+            )
+        )
         await asyncio.shield(committed)
         self.updated_at = now
         return run_id
@@ -621,6 +684,7 @@ class Conversation:
         mode: ResumeMode = "answer",
         outcome: str | None = None,
         allow_tool: Callable[[str], bool] | None = None,
+        settings: TurnSettings | None = None,
     ) -> list[str]:
         """Take up committed user messages whose turn a crash or shutdown cut off.
 
@@ -636,7 +700,12 @@ class Conversation:
         never takes the same run id up twice (a second call is a no-op).
         Returns the run ids whose events (a turn or a notice) will follow.
         ``allow_tool`` narrows the tools of the resumed turns, as in :meth:`send`.
+        ``settings``: what the resumed turns run with, as their front end gives
+        them now (the bridge recomputes the channel's; ``None``: the
+        conversation's default) — not what they had before the restart, which
+        is not stored; the message's recorded ``data["origin"]`` stays as it was.
         """
+        settings = self._settings if settings is None else settings
         self._check_open()
         if mode not in RESUME_MODES:
             raise ValueError(f"unknown resume mode {mode!r} (known: {', '.join(RESUME_MODES)})")
@@ -651,7 +720,7 @@ class Conversation:
                 done = asyncio.get_running_loop().create_future()
                 done.set_result([m])
                 self._enqueue(_Pending(m.run_id, m.content, m.author, done, resumed=True,
-                                       allow_tool=allow_tool))  # fmt: skip
+                                       allow_tool=allow_tool, settings=settings))  # fmt: skip
                 queued.append(m.run_id)
             elif mode == "note":
                 self._enqueue(
@@ -740,7 +809,7 @@ class Conversation:
             who = data.get("author_id")
             await other._queue_message(
                 m.content, m.author, who if isinstance(who, str) else None, None,
-                item.allow_tool, m.run_id,
+                item.allow_tool, m.run_id, item.settings,
             )  # fmt: skip
             moved.append(m)
         if moved:
@@ -857,7 +926,7 @@ class Conversation:
                     parts,
                     run_id=pending.run_id,
                     message=stored[0],
-                    policy=self.policy or self._services.policy,
+                    settings=pending.settings,
                     tools=self._services.tools,
                     in_memory=pending.in_memory,
                     resumed=pending.resumed,
@@ -878,7 +947,8 @@ class Conversation:
                         self._queue.appendleft(
                             _Pending(
                                 new_run_id(), item.content, item.author, item.committed,
-                                allow_tool=pending.allow_tool, message_run_id=runner.run_id,
+                                allow_tool=pending.allow_tool, settings=pending.settings,
+                                message_run_id=runner.run_id,
                             )
                         )  # fmt: skip
         finally:

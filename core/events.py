@@ -117,6 +117,10 @@ class TurnStarted(EventBase):
     kind: Literal["turn_started"] = field(default="turn_started", init=False)
     message_id: int | None = None
     author: str | None = None
+    #: Where the turn came from (:class:`~agentik.core.turnsettings.TurnOrigin` as a
+    #: dict: ``transport``, ``channel_key``, ``speaker_id``, ``display_name``,
+    #: ``verified``); ``None``: not said (a library call without settings).
+    origin: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

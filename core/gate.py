@@ -18,7 +18,10 @@ the same steps, in this order::
   message's share; a refusal says what is used up, and each front door shows
   it its own way (a chat notice, an HTTP 429);
 * :meth:`Ticket.submit` sends the text to the conversation under the budgets'
-  sending lock and binds the new run to the speaker, so its tokens and tool
+  sending lock — with the turn's :class:`~agentik.core.turnsettings.TurnSettings`
+  the front end chose (a channel's persona, tools and model, or the HTTP API's
+  tool bound, and a :class:`~agentik.core.turnsettings.TurnOrigin` naming the
+  speaker: ``TurnOrigin.of_speaker``) — and binds the new run to the speaker, so its tokens and tool
   calls are counted for them; a message that starts no turn of its own
   (steered into the running one, refused by a plugin, failed) gives its
   reservation back.
@@ -165,7 +168,8 @@ class Ticket:
     async def submit(self, conversation: Conversation, text: str, **kwargs: Any) -> Sent:
         """``conversation.submit(text, **kwargs)`` under the budgets' sending lock, and
         the new run bound to :attr:`subject` (a steered message starts no run: its
-        reservation goes back when the ticket is left)."""
+        reservation goes back when the ticket is left).  Pass the turn's
+        ``settings=`` (:class:`~agentik.core.turnsettings.TurnSettings`) here."""
         if self.subject is None or self._budgets is None:
             return await conversation.submit(text, **kwargs)
         async with self._budgets.sending(conversation.id):

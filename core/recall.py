@@ -21,9 +21,9 @@ a local model's prompt cache of everything before that message stays valid.
 Note text is escaped (``&``, ``<``, ``>`` as entities, newlines as spaces):
 a note cannot close the block early or start lines of its own.
 
-Per conversation: ``Conversation.recall`` (a :class:`~agentik.core.memory.RecallPolicy`,
-set by the bot from a channel's settings), else the backend's ``recall_policy``
-(from ``[memory]``).
+Per turn: the turn's settings' ``recall`` (a :class:`~agentik.core.memory.RecallPolicy`
+in :class:`~agentik.core.turnsettings.TurnSettings`, which the bot computes from a
+channel's settings), else the backend's ``recall_policy`` (from ``[memory]``).
 """
 
 from __future__ import annotations

@@ -189,9 +189,9 @@ class AgentServices:
     def llm(self) -> LLMBackend:
         return self.agent.llm
 
-    def llm_for(self, conv: Conversation) -> LLMBackend:
-        """The backend ``conv``'s turns use: its model profile's, else :attr:`llm`."""
-        return self.agent.llm_for(conv.llm_profile)
+    def llm_for(self, profile: str | None) -> LLMBackend:
+        """The backend of model profile ``profile`` (a turn's settings'), else :attr:`llm`."""
+        return self.agent.llm_for(profile)
 
     @property
     def system_prompt(self) -> str | None:

@@ -57,7 +57,8 @@ from .memory import scopes_for
 from .messages import ChatMessage, Message, MessageKind, MessageStatus, NewMessage, ToolCall, Usage
 from .observe import RequestStats
 from .recall import recall_for, with_recall
-from .tools.base import Tool, ToolContext, ToolResult, TurnPolicy, spec_of
+from .tools.base import Tool, ToolContext, ToolResult, spec_of
+from .turnsettings import DEFAULT_SETTINGS, TurnOrigin, TurnSettings
 
 if TYPE_CHECKING:
     from .events import Event, StopReason
@@ -113,7 +114,7 @@ class TurnRunner:
         *,
         run_id: str,
         message: Message,
-        policy: TurnPolicy,
+        settings: TurnSettings = DEFAULT_SETTINGS,
         tools: Sequence[Tool],
         in_memory: bool = False,
         resumed: bool = False,
@@ -128,10 +129,17 @@ class TurnRunner:
         self.services = parts.services
         self.run_id = run_id
         self.message = message
-        self.policy = policy
+        #: What this turn runs with: the only source of its persona, tools, model,
+        #: prompt and recall (``None`` fields: the agent's, as at the turn's start).
+        self.settings = settings
+        self.policy = policy = settings.policy or self.services.policy
         #: This run in the agent's run tree (limits inherited from its parent run).
         self.node = node = self.services.agent.runs.enter(run_id, parts.id)
         node.allow_tool = allow_tool
+        node.settings = settings
+        # The message's own record first (a resumed turn's settings carry none; a
+        # steering message left for a turn of its own has its own speaker).
+        node.origin = TurnOrigin.of(message) or settings.origin
         if node.parent is None:
             data = message.data if isinstance(message.data, dict) else {}
             node.author, node.author_id = message.author, data.get("author_id")
@@ -198,6 +206,12 @@ class TurnRunner:
         self._recalled: str | None = None
 
     # -- helpers -------------------------------------------------------------
+    @property
+    def llm(self) -> LLMBackend:
+        """The model this turn's requests go to: its settings' profile, else the
+        agent's main backend (read at each request: a reload is seen)."""
+        return self.services.llm_for(self.settings.llm_profile)
+
     def _emit(self, cls: type[Event], **fields: Any) -> None:
         self.events.emit(cls, self.run_id, **fields)
 
@@ -310,7 +324,9 @@ class TurnRunner:
         started = time.monotonic()
         m = self.message
         # A child run's task has id 0 until its deferred write commits: no id yet.
-        self._emit(TurnStarted, message_id=m.id or None, author=m.author)
+        origin = self.node.origin
+        self._emit(TurnStarted, message_id=m.id or None, author=m.author,
+                   origin=origin.to_dict() if origin is not None else None)  # fmt: skip
         self._changed()
         try:
             if self.resumed:
@@ -607,7 +623,7 @@ class TurnRunner:
             no_tools = self.state.tools_exhausted
             offered = (
                 []
-                if no_tools or not services.llm_for(self.conv).supports_tools
+                if no_tools or not self.llm.supports_tools
                 else [spec_of(t) for t in self.tools.values() if t.name not in self.hidden]
             )
             request, backend = await self._fitted_request(offered)
@@ -625,7 +641,7 @@ class TurnRunner:
                     exc,
                     run_id=self.run_id,
                     settle=self._settled,
-                    llm=services.llm_for(self.conv),
+                    llm=self.llm,
                 )
                 request, backend = await self._fitted_request(offered)
                 text, calls, finish = await self._stream(request, backend, hold=hold)
@@ -692,7 +708,7 @@ class TurnRunner:
         services = self.services
         # The conversation's model profile (read per request: a channel's
         # ``!set model`` applies from its next step); its window fits the context.
-        llm = services.llm_for(self.conv)
+        llm = self.llm
         request = self._request(offered)
         if await services.compactor.before_request(
             self.parts, request, run_id=self.run_id, settle=self._settled, llm=llm
@@ -764,14 +780,14 @@ class TurnRunner:
 
     def _system(self) -> str | None:
         """The agent's system prompt, then the conversation's addition (if any)."""
-        base = self.conv.system_prompt or self.services.system_prompt
-        extra = self.conv.system_addition
+        base = self.settings.system_prompt or self.services.system_prompt
+        extra = self.settings.system_addition
         return "\n\n".join(p for p in (base, extra) if p) or None
 
     async def _recall(self) -> None:
         """Automatic recall for this turn's message (once, before the first request)."""
         memory = self.services.agent.memory
-        policy = self.conv.recall or memory.recall_policy
+        policy = self.settings.recall or memory.recall_policy
         if not policy.enabled:
             return
         data = self.message.data if isinstance(self.message.data, dict) else {}

@@ -8,7 +8,16 @@ import sqlite3
 
 import pytest
 
-from agentik.core import Agent, ClosedError, NotFound, SQLiteStore, ToolError, TurnPolicy, tool
+from agentik.core import (
+    Agent,
+    ClosedError,
+    NotFound,
+    SQLiteStore,
+    ToolError,
+    TurnPolicy,
+    TurnSettings,
+    tool,
+)
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from helpers import collect_turn
 
@@ -327,9 +336,9 @@ async def test_tool_policy_hides_tools(agent, scripted):
     agent.add_tool(secret)
     agent.add_tool(public_info)
     conv = await agent.create_conversation()
-    conv.policy = TurnPolicy(allowed_tools=("public_*",))
+    settings = TurnSettings(policy=TurnPolicy(allowed_tools=("public_*",)))
     scripted.enqueue(Reply(tool_calls=[call("secret", id="x")]), "ok")
-    await conv.send("hi")
+    await conv.send("hi", settings=settings)
     await conv.wait_idle()
     assert [t.name for t in scripted.requests[0].tools] == ["public_info"]
     tool_msg = next(m for m in scripted.requests[1].messages if m.role == "tool")

@@ -16,7 +16,7 @@ from agentik.bot.app import Bot
 from agentik.bot.builder import resolve_profiles
 from agentik.bot.chansettings import SettingError, parse_setting
 from agentik.bot.config import load_config, parse_config
-from agentik.core import Agent, OpenAIBackend, SQLiteStore
+from agentik.core import Agent, OpenAIBackend, SQLiteStore, TurnSettings
 from agentik.core.compaction import CompactionPolicy, estimate_tokens
 from agentik.core.errors import ConfigError
 from agentik.core.plugins import load_plugins
@@ -257,11 +257,14 @@ async def test_a_profiles_own_window_fits_the_context_of_its_conversations(tmp_p
     store = SQLiteStore(str(tmp_path / "fit.db"))
     async with Agent(llm=main, store=store, compaction=policy, profiles={"small": small}) as agent:
         on_small, on_main = await agent.create_conversation(), await agent.create_conversation()
-        on_small.llm_profile = "small"
+        small_turns = TurnSettings(llm_profile="small")
         for i in range(6):
             for conv in (on_small, on_main):
                 sub = conv.events()
-                run_id = await conv.send(f"message {i} " + "words " * 25, author="alice")
+                settings = small_turns if conv is on_small else None
+                run_id = await conv.send(
+                    f"message {i} " + "words " * 25, author="alice", settings=settings
+                )
                 events = await collect_turn(sub, run_id=run_id, wait=60)
                 await sub.aclose()
                 assert events[-1].kind == "turn_ended" and events[-1].stop_reason == "stop"

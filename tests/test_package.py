@@ -24,7 +24,8 @@ def test_public_api_is_pinned():
         LLMResponseError LLMStatusError LLMTimeout MemoryStore Message MigrationError NotFound
         OpenAIBackend PluginError ReasoningDelta ReasoningStarted Registry ResponseStarted
         SQLiteStore Store StoreError Subscription TextDelta Tool ToolCall ToolCallEnded
-        ToolCallStarted ToolContext ToolError ToolResult ToolSpec TurnEnded TurnPolicy
+        ToolCallStarted ToolContext ToolError ToolResult ToolSpec TurnEnded TurnOrigin TurnPolicy
+        TurnSettings
         TurnStarted Usage event_from_dict event_from_json event_to_dict event_to_json hookimpl
         load_plugins tool
         """.split()

@@ -14,8 +14,11 @@ Transports are registered with the ``register_transports`` hook as
 
 A transport that serves the agent itself rather than through incoming
 messages (the HTTP API) gets it from a sink that is an :class:`AgentAccess`
-(the bot's bridge is one), and applies the channel's tool policy with
-:func:`restrict_tools`, the same code the bridge uses.
+(the bot's bridge is one), and passes its tool bound with each message as
+the turn's :class:`~agentik.core.turnsettings.TurnSettings`
+(``TurnSettings().allowing(bound, default=agent.policy)``), as the bridge
+does; :func:`restrict_tools` (which changed a shared conversation) is
+deprecated.
 
 **What a transport may use of its host.**  :class:`AgentHost` declares all of
 it: the agent, the admission :class:`~agentik.core.gate.Gate` (access,
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import dataclasses
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -196,8 +199,9 @@ class AgentAccess(Protocol):
     def allowed_tools(self, transport: Transport) -> tuple[str, ...] | None:
         """The tools the conversations of ``transport``'s channels may use.
 
-        ``None``: no restriction (the agent's own policy applies).  Apply it
-        to a conversation with :func:`restrict_tools`.
+        ``None``: no restriction (the agent's own policy applies).  Pass it with
+        each message as the turn's settings
+        (:meth:`TurnSettings.allowing <agentik.core.turnsettings.TurnSettings.allowing>`).
         """
         ...
 
@@ -364,19 +368,24 @@ def database_file(agent: Agent | None) -> str | None:
 def restrict_tools(
     conversation: Conversation, allowed_tools: Iterable[str] | None, *, default: TurnPolicy
 ) -> None:
-    """Let ``conversation``'s turns use only ``allowed_tools`` (a channel's tool policy).
+    """Deprecated: let ``conversation``'s turns submitted without settings use only
+    ``allowed_tools``.
 
-    Replaces ``allowed_tools`` in the conversation's policy, or in ``default``
-    (the agent's policy) when the conversation has none of its own; the other
-    limits are kept.  ``None`` leaves the conversation as it is.
+    It changes the conversation's default settings (:attr:`Conversation.settings
+    <agentik.core.conversation.Conversation.settings>`), which another front end
+    sharing the conversation would see too; pass the bound with each message
+    instead: ``settings=TurnSettings().allowing(allowed_tools, default=...)``.
+    Replaces ``allowed_tools`` in the default settings' policy, or in ``default``
+    (the agent's policy) when they have none; the other limits are kept.
+    ``None`` leaves the conversation as it is.
     """
-    if allowed_tools is None:
-        return
-    allowed = allowed_tools if isinstance(allowed_tools, tuple) else tuple(allowed_tools)
-    # TurnPolicy is a pydantic dataclass, which mypy does not see as a dataclass.
-    conversation.policy = dataclasses.replace(  # type: ignore[type-var]
-        conversation.policy or default, allowed_tools=allowed
+    warnings.warn(
+        "restrict_tools is deprecated: pass settings=TurnSettings().allowing(...) with "
+        "each message (agentik.core.turnsettings)",
+        DeprecationWarning,
+        stacklevel=2,
     )
+    conversation.settings = conversation.settings.allowing(allowed_tools, default=default)
 
 
 class TransportFailed(AgentikError):

@@ -112,8 +112,10 @@ async def status(ctx: CommandContext) -> None:
     # idle | running | streaming | executing tools (names) | awaiting human, the
     # run, its requests and tokens so far, the queue, the checklist (todo 2/5).
     state = conv.status(todo=await conv.todo()).line()
-    llm = ctx.agent.llm_for(conv.llm_profile)
-    profile = f" (profile {conv.llm_profile})" if conv.llm_profile else ""
+    # The model of this channel's turns (its settings'; another front end's may differ).
+    chosen = ch.settings.llm_profile
+    llm = ctx.agent.llm_for(chosen)
+    profile = f" (profile {chosen})" if chosen else ""
     settings = describe(await ctx.host.effective(ctx.key, ctx.transport))
     head = f"model {llm.model or llm.name}{profile} · conversation {conv.id} ({count} messages)"
     wanted = [a.lower() for a in ctx.args]

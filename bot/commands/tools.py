@@ -35,7 +35,7 @@ async def tool(ctx: CommandContext) -> None:
     key = message.channel_key
     ch = await ctx.host.channel(key, transport, opts)
     conv = ch.conversation
-    policy = conv.policy or ctx.agent.policy
+    policy = ch.settings.policy or ctx.agent.policy  # this channel's turns' tools
 
     def usable(t: PassthroughTool) -> bool:
         return all(policy.allows(n) and decision.may_use_tool(n) for n in (t.name, t.spec.tool))

@@ -311,7 +311,7 @@ class MemoryBackend(abc.ABC):
 
     #: Registry / configuration name.
     name: str = ""
-    #: Automatic recall where a conversation does not say (``Conversation.recall``);
+    #: Automatic recall where a turn's settings do not say (``TurnSettings.recall``);
     #: off unless the backend can rank by meaning (:meth:`recall`).
     recall_policy: RecallPolicy = RecallPolicy()
 

@@ -75,11 +75,11 @@ from agentik.core.lifecycle import (
 )
 from agentik.core.redaction import RedactionError
 from agentik.core.streamprofiles import PROFILES
+from agentik.core.turnsettings import DEFAULT_SETTINGS, TurnOrigin, TurnSettings
 from agentik.transports.base import (
     AgentHost,
     HostMetrics,
     IncomingMessage,
-    restrict_tools,
 )
 
 from .auth import LOCAL, Principal, TokenTable, local_principal
@@ -218,7 +218,8 @@ class ApiContext:
     #: The transport instance name: conversations it creates are bound to
     #: ``http:<instance>:<token name>:<id>``.
     instance: str
-    #: The instance's ``allowed_tools`` (bridge key), applied to its own conversations.
+    #: The instance's ``allowed_tools`` (bridge key): the tool bound of every turn
+    #: posted here (the turn's settings), in whichever conversation.
     allowed_tools: tuple[str, ...] | None = None
     #: The transport's host (the bot's bridge): its :attr:`~AgentHost.gate` admits
     #: posted messages and decides rights, as it does for chat messages; read at each
@@ -449,6 +450,14 @@ class Api:
             author_name=author or principal.name, direct=bool(text), addressed=bool(text),
         )  # fmt: skip
         return Speaker.of(self.ctx.instance, message)
+
+    def _settings(self, speaker: Speaker, channel: str | None) -> TurnSettings:
+        """What a turn posted here runs with: this API's own settings — the agent's,
+        within the transport's ``allowed_tools`` — in its own conversations and in
+        another transport's alike (a chat channel's persona, tools and model stay
+        that channel's turns'), and who posted it."""
+        bound = DEFAULT_SETTINGS.allowing(self.ctx.allowed_tools, default=self.agent.policy)
+        return bound.with_origin(TurnOrigin.of_speaker(speaker, channel))
 
     def principal(self, request: Request) -> Principal:
         found = self.ctx.tokens.lookup(request.headers.get("authorization"))
@@ -820,8 +829,6 @@ class Api:
         conv = await self.conversation(request, principal)
         body = await self.body(request, NewMessageBody, required=True)
         ours = self._ours(conv.channel_key)
-        if ours:
-            restrict_tools(conv, self.ctx.allowed_tools, default=self.agent.policy)
         # A message posted into another transport's conversation is recorded
         # as coming from this API, not from that channel.
         channel = conv.channel_key if ours else f"http:{self.ctx.instance}:{principal.name}"
@@ -830,8 +837,8 @@ class Api:
         gate = self.gate
         # The token's name is the verified identity (http:token:<name> patterns).
         asked = conv.channel_key or channel or ""
-        decision = gate.decide(self.speaker(principal, asked, author=author, text=body.content),
-                               asked)  # fmt: skip
+        speaker = self.speaker(principal, asked, author=author, text=body.content)
+        decision = gate.decide(speaker, asked)
         if not decision.answer:
             raise ApiError(403, "forbidden", "this token may not ask the bot here")
         if self.ctx.metrics is not None:
@@ -849,6 +856,7 @@ class Api:
                     channel=channel,
                     allow_tool=decision.tools,
                     busy=body.busy,
+                    settings=self._settings(speaker, channel),
                 )
                 run_id = sent.run_id
         except PromptRefused as exc:

@@ -12,8 +12,8 @@ its sink's :class:`~agentik.transports.base.AgentHost`
 :class:`~agentik.transports.base.AgentAccess` sink gives its agent through a
 :class:`~agentik.transports.base.BasicHost`), which also says which tools the
 instance allows (``host.allowed_tools(self)``, the bridge's ``allowed_tools``
-key); they apply to the conversations it creates, through the bridge's own
-:func:`~agentik.transports.base.restrict_tools`.  Without an agent from
+key); they bound every turn posted through it (the turn's
+:class:`~agentik.core.turnsettings.TurnSettings`).  Without an agent from
 either, starting is a configuration error.  Posted messages pass the host's
 admission :attr:`~agentik.transports.base.AgentHost.gate`, as chat messages
 do.

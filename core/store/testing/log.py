@@ -374,6 +374,22 @@ class LogContract(ContractBase):
         [row] = await store.append("c", log=[user("hi", run_id="r1")])
         assert await store.pending_turns() == [row]
 
+    async def test_a_turns_origin_reads_back_with_its_message_and_pending_turn(
+        self, store: Any
+    ) -> None:
+        # What agentik.core.turnsettings.TurnOrigin records in the user message's data.
+        origin = {
+            "transport": "libera", "channel_key": "irc:libera:#c", "speaker_id": "alice",
+            "display_name": "Alice ✓", "verified": True,
+        }  # fmt: skip
+        data = {"author_id": "libera:alice", "origin": origin}
+        await store.create_conversation(rec("c"))
+        [row] = await store.append("c", log=[user("hi", run_id="r1", data=data)])
+        assert row.data == data
+        assert [m.data for m in await store.messages("c", kinds=["user"])] == [data]
+        [pending] = await store.pending_turns()
+        assert pending.data == data and pending.data["origin"]["verified"] is True
+
     async def test_a_turn_end_closes_the_turn(self, store: Any) -> None:
         await store.create_conversation(rec("c"))
         await store.append("c", log=[user("hi", run_id="r1")])
