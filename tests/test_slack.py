@@ -6,51 +6,15 @@ import asyncio
 import json
 import logging
 import time
-from contextlib import asynccontextmanager
 
 import aiohttp
 
-from agentik.bot.bridge import Bridge
-from agentik.core import Agent, SQLiteStore
+from agentik.core import SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel
 from agentik.transports.slack.transport import SlackTransport, markdown_to_mrkdwn
 
 from fakeslack import FakeSlack
-from rigs import serving, slack_transport
-
-
-@asynccontextmanager
-async def slack_bot(slack: FakeSlack, tmp_path, *, model=None, store=None, tools=(), **settings):
-    model = model or ScriptedModel()
-    agent = Agent(
-        llm=model, store=store or SQLiteStore(str(tmp_path / "slack.db")), tools=list(tools)
-    )
-    await agent.start()
-    bridge = Bridge(agent)
-    async with serving(agent, bridge, slack_transport(slack, tmp_path, **settings)) as transport:
-        yield transport, model, agent, bridge
-
-
-def bot_texts(slack: FakeSlack, channel: str) -> list[str]:
-    return [
-        m["text"]
-        for (ch, _), m in sorted(slack.messages.items(), key=lambda kv: kv[0][1])
-        if ch == channel and m.get("user") == slack.bot_user_id
-    ]
-
-
-async def answered(slack: FakeSlack, bridge: Bridge, key: str) -> None:
-    """Wait until the bridge took the first message for ``key`` and every answer is sent
-    (for a place whose conversation has no answer yet)."""
-    async with asyncio.timeout(60):
-        while True:
-            ch = bridge._channels.get(key)
-            if ch is not None and (
-                ch.pending or await ch.conversation.messages(kinds=["assistant"], limit=1)
-            ):
-                break
-            await asyncio.sleep(0.01)
-    await bridge.flush(key)
+from rigs import answered, bot_texts, slack_bot
 
 
 async def test_a_mention_is_answered_in_its_thread_with_native_streaming(tmp_path):

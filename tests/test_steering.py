@@ -8,11 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
-from test_slack import answered, slack_bot
 
-from agentik.bot.bridge import Bridge
 from agentik.bot.chansettings import ChannelSettings, SettingError, parse_setting
 from agentik.core import Agent, OpenAIBackend, SQLiteStore
 from agentik.core.events import StatusChanged, event_from_json, event_to_json
@@ -23,7 +22,7 @@ from helpers import collect_turn
 from fakeslack import FakeSlack
 from httpserver import running_server, sse
 from ircservers import IRCTestClient
-from rigs import irc_transport, serving
+from rigs import answered, irc_bot, slack_bot
 
 pytest_plugins = ["ircservers"]
 
@@ -375,13 +374,15 @@ def test_busy_setting_parses_and_rejects_with_the_key_named():
 
 
 @asynccontextmanager
-async def irc_bot(port, db_path, server, tools, *, channel_settings=None):
-    agent = Agent(llm=_llm(server), store=SQLiteStore(db_path), tools=tools)
-    await agent.start()
-    bridge = Bridge(agent, channel_settings=channel_settings)
-    transport = irc_transport(port, channels=["#ops"])
-    async with serving(agent, bridge, transport, joined_to=["#ops"], wait=WAIT):
-        yield bridge, agent
+async def ops_bot(port, db_path, server, tools, *, channel_settings=None):
+    """The bot (:func:`rigs.irc_bot`) on the fake OpenAI server, in #ops; yields its
+    bridge and agent."""
+    async with irc_bot(
+        port, Path(db_path).parent, db=db_path, llm=_llm(server), agent_kw={"tools": tools},
+        bridge_kw={"channel_settings": channel_settings}, channels=["#ops"],
+        joined_to=["#ops"], wait=WAIT,
+    ) as bot:  # fmt: skip
+        yield bot.bridge, bot.agent
 
 
 def _from_bot(to: str, *words: str):
@@ -397,7 +398,7 @@ async def test_irc_direct_message_steers_and_status_says_what_runs(
     miniircd, openai_server, db_path
 ):
     slow = SlowTool()
-    async with irc_bot(miniircd.port, db_path, openai_server, [slow.tool()]) as (bridge, agent):
+    async with ops_bot(miniircd.port, db_path, openai_server, [slow.tool()]) as (bridge, agent):
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         _slow_then_answer(openai_server, "Y found")
         alice.privmsg("agentik", "look up X")
@@ -430,7 +431,7 @@ async def test_irc_channel_queues_by_default_and_interrupts_when_set(
 ):
     slow = SlowTool()
     patterns = {"irc:testnet:#ops": ChannelSettings(busy="interrupt")}
-    async with irc_bot(miniircd.port, db_path, openai_server, [slow.tool()]) as (bridge, agent):
+    async with ops_bot(miniircd.port, db_path, openai_server, [slow.tool()]) as (bridge, agent):
         bob = await IRCTestClient.connect(miniircd.port, "bob")
         await bob.join("#ops")
         # A shared channel defaults to busy = queue.
@@ -446,7 +447,7 @@ async def test_irc_channel_queues_by_default_and_interrupts_when_set(
         assert "then Z" not in json.dumps(openai_server.requests[1])
         await bob.close()
 
-    async with irc_bot(
+    async with ops_bot(
         miniircd.port, db_path, openai_server, [],
         channel_settings=patterns,
     ) as (bridge, agent):  # fmt: skip
