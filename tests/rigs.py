@@ -16,6 +16,7 @@ the pieces it needs and keeps only what is its own (its agent's tools, its yield
 - :func:`tool_results` / :func:`turn_tool_results`: what a scripted model was told of
   its tool calls.
 - :func:`answered` / :func:`bot_texts`: a Slack place answered; what the bot posted there.
+- :func:`people`: IRC clients joined to a channel.
 - :func:`joined`, :func:`from_bot`, :func:`said_by_bot`, :func:`free_port`.
 
 Everything here is real (real transports, real SQLite files, real servers); nothing of
@@ -38,7 +39,7 @@ from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.irc.transport import IRCTransport
 
-from ircservers import free_port
+from ircservers import IRCTestClient, free_port
 
 __all__ = [
     "FAST",
@@ -53,6 +54,7 @@ __all__ = [
     "irc_bot",
     "irc_transport",
     "joined",
+    "people",
     "said_by_bot",
     "serving",
     "slack_bot",
@@ -119,6 +121,14 @@ def said_by_bot(line) -> bool:
 async def joined(transport: IRCTransport, channel: str, wait: float = WAIT) -> None:
     """Wait until ``transport`` has joined ``channel``."""
     await transport.wait_joined(channel, wait)
+
+
+async def people(port: int, *nicks: str, channel: str = "#ops") -> list[IRCTestClient]:
+    """IRC clients for ``nicks`` on the server at ``port``, each joined to ``channel``."""
+    clients = [await IRCTestClient.connect(port, nick) for nick in nicks]
+    for c in clients:
+        await c.join(channel)
+    return clients
 
 
 def irc_transport(port: int, **settings: Any) -> IRCTransport:
@@ -238,18 +248,22 @@ async def slack_bot(
     (:mod:`fakeslack`).
 
     ``tools`` and ``agent_kw`` go to the :class:`Agent`, ``bridge_kw`` to the
-    :class:`Bridge`, ``settings`` to the Slack transport (see :func:`slack_transport`).
-    Yields ``(transport, model, agent, bridge)``.
+    :class:`Bridge` (an ``access`` policy in them is loaded first), ``settings`` to the
+    Slack transport (see :func:`slack_transport`). Yields ``(transport, model, agent,
+    bridge)``.
     """
-    model = model or ScriptedModel()
+    model = model if model is not None else ScriptedModel()
     agent = Agent(
         llm=model,
-        store=store or SQLiteStore(str(tmp_path / "slack.db")),
+        store=store if store is not None else SQLiteStore(str(tmp_path / "slack.db")),
         tools=list(tools),
         **(agent_kw or {}),
     )
     await agent.start()
-    bridge = Bridge(agent, **(bridge_kw or {}))
+    bridge_kw = bridge_kw or {}
+    if bridge_kw.get("access") is not None:
+        await bridge_kw["access"].load(agent.store)  # as the bot does at start
+    bridge = Bridge(agent, **bridge_kw)
     transport = slack_transport(slack, tmp_path, **settings)
     async with serving(agent, bridge, transport, options) as transport:
         yield SlackBot(transport, model, agent, bridge)

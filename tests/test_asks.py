@@ -21,18 +21,12 @@ from agentik.core import Agent, SQLiteStore, TurnPolicy
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
 
-from ircservers import IRCTestClient
-from rigs import from_bot, irc_transport, serving
+from rigs import from_bot, irc_bot, people, tool_results
 
 pytest_plugins = ["ircservers"]
 
 ASKING = TurnPolicy(ask_user=True, todo=True)
 MCP_SERVER = str(Path(__file__).with_name("mcp_server.py"))
-
-
-def tool_results(model: ScriptedModel) -> list[str]:
-    """What the model was told of each tool call (the last request's tool messages)."""
-    return [m.content for m in model.requests[-1].messages if m.role == "tool"]
 
 
 async def next_event(sub, kind: str, wait: float = 60.0):
@@ -47,25 +41,18 @@ _BRIDGES: dict[Agent, Bridge] = {}
 
 
 @asynccontextmanager
-async def irc_bot(port, db, *, policy=ASKING, options=None, toolsets=()):
-    model = ScriptedModel()
-    agent = Agent(llm=model, store=SQLiteStore(str(db)), policy=policy, toolsets=toolsets)
-    await agent.start()
-    bridge = Bridge(agent)
-    _BRIDGES[agent] = bridge
-    transport = irc_transport(port, channels=["#ops"])
-    try:
-        async with serving(agent, bridge, transport, options, joined_to=["#ops"]):
-            yield model, agent
-    finally:
-        _BRIDGES.pop(agent, None)
-
-
-async def people(port: int, *nicks: str) -> list[IRCTestClient]:
-    clients = [await IRCTestClient.connect(port, nick) for nick in nicks]
-    for c in clients:
-        await c.join("#ops")
-    return clients
+async def asking_bot(port, db, *, policy=ASKING, options=None, toolsets=()):
+    """:func:`rigs.irc_bot` on ``db`` in #ops, its turns under ``policy`` (``ask_user``
+    on); yields its model and agent."""
+    async with irc_bot(
+        port, Path(db).parent, db=db, options=options,
+        agent_kw={"policy": policy, "toolsets": toolsets}, channels=["#ops"], joined_to=["#ops"],
+    ) as bot:  # fmt: skip
+        _BRIDGES[bot.agent] = bot.bridge
+        try:
+            yield bot.model, bot.agent
+        finally:
+            _BRIDGES.pop(bot.agent, None)
 
 
 REGION = {"question": "which region?", "to": "alice", "choices": ["eu", "us"]}
@@ -76,7 +63,7 @@ REGION = {"question": "which region?", "to": "alice", "choices": ["eu", "us"]}
 
 async def test_irc_round_trip_only_the_asked_person_answers(miniircd, tmp_path):
     db = tmp_path / "asks.db"
-    async with irc_bot(miniircd.port, db) as (model, agent):
+    async with asking_bot(miniircd.port, db) as (model, agent):
         alice, bob = await people(miniircd.port, "alice", "bob")
         model.enqueue(Reply(tool_calls=[call("ask_user", REGION)]), "deploying to eu")
         alice.privmsg("#ops", "agentik: deploy the release")
@@ -179,7 +166,7 @@ async def test_a_pending_question_survives_a_restart_and_the_answer_finishes_the
     miniircd, tmp_path
 ):
     db = tmp_path / "restart.db"
-    async with irc_bot(miniircd.port, db) as (model, agent):
+    async with asking_bot(miniircd.port, db) as (model, agent):
         alice, bob = await people(miniircd.port, "alice", "bob")
         model.enqueue(Reply(tool_calls=[call("ask_user", REGION)]), "never said")
         alice.privmsg("#ops", "agentik: deploy the release")
@@ -188,7 +175,7 @@ async def test_a_pending_question_survives_a_restart_and_the_answer_finishes_the
     # The bot stopped while the question waited: it is still pending in the file.
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT state FROM question").fetchall() == [("pending",)]
-    async with irc_bot(miniircd.port, db) as (model, agent):
+    async with asking_bot(miniircd.port, db) as (model, agent):
         # The resumed turn asks the model again, which asks the same question again.
         model.enqueue(Reply(tool_calls=[call("ask_user", REGION)]), "deploying to eu")
         counts = await _BRIDGES[agent].resume_pending()
@@ -313,7 +300,7 @@ async def test_http_question_on_the_stream_and_a_posted_message_answers_it(tmp_p
 
 
 async def test_irc_todo_says_one_line_per_change(miniircd, tmp_path):
-    async with irc_bot(miniircd.port, tmp_path / "todo.db") as (model, agent):
+    async with asking_bot(miniircd.port, tmp_path / "todo.db") as (model, agent):
         (alice,) = await people(miniircd.port, "alice")
         a = {"text": "read the logs", "status": "in_progress"}
         b = {"text": "fix the bug", "status": "pending"}
@@ -343,7 +330,7 @@ async def test_mcp_progress_from_the_in_suite_server_is_shown_in_irc(miniircd, t
             [MCPServerConfig(name="srv", command=sys.executable, args=(MCP_SERVER, "--progress"))]
         )
         options = ChannelOptions(command_prefix="!", events="chat", progress_interval=interval)
-        async with irc_bot(
+        async with asking_bot(
             miniircd.port, tmp_path / f"p{expected}.db", options=options, toolsets=[toolset]
         ) as (model, agent):
             (alice,) = await people(miniircd.port, f"carol{expected}")
