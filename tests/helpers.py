@@ -45,6 +45,39 @@ def require_local_model() -> None:
     pytest.skip(problem)
 
 
+#: Debian's ``chromium`` for the web page tests (``make chromium``; with ``CI=true``
+#: a missing one fails them), and the flags that keep it off the network.
+CHROMIUM = Path(os.environ.get("AGENTIK_CHROMIUM", "/usr/bin/chromium"))
+HAVE_CHROMIUM = CHROMIUM.exists()
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+]
+
+
+async def chat_page(browser, url: str, token: str):
+    """A new page of the web chat at ``url``, signed in with ``token``, in a new
+    conversation whose stream is live. Returns the page and the list its JavaScript
+    errors are collected into."""
+    from playwright.async_api import expect
+
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    await page.goto(url + "/")
+    await page.fill("#token", token)
+    await page.click("#save-token")
+    await page.click("#new")
+    await expect(page.locator("#status")).to_have_text("live")
+    return page, errors
+
+
 #: The manual: every page under ``docs/`` (the README only points into it).
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -21,6 +21,7 @@ from agentik.core.approvals import ApprovalRule, at_least, mask_arguments
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
 from agentik.transports.irc.wire import casefold
+from helpers import chat_page
 
 from ircservers import IRCTestClient
 from rigs import from_bot, irc_bot, people, slack_bot, tool_results
@@ -767,20 +768,13 @@ async def test_config_rules_reach_the_agent():
 # -- the web page ------------------------------------------------------------------------------
 
 
-async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
-    import os
+async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path, browser):
     import re
 
-    from playwright.async_api import async_playwright, expect
-    from test_http_browser import CHROMIUM, FLAGS, HAVE_CHROMIUM
+    from playwright.async_api import expect
 
     from httpserver import TOKENS, running_server
 
-    if not HAVE_CHROMIUM:
-        message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
     expect.set_options(timeout=60_000)
     calls: list[dict] = []
     # One person at the page: they approve their own calls.
@@ -789,60 +783,42 @@ async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
     async with running_server(
         str(tmp_path / "web.db"), settings=settings, environ=TOKENS,
         tools=[writer_tool(calls)], approvals=rules,
-    ) as server, async_playwright() as p:  # fmt: skip
-        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        try:
-            page = await browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(server.url + "/")
-            await page.fill("#token", TOKENS["ADMIN_TOKEN"])
-            await page.click("#save-token")
-            await page.click("#new")
-            await expect(page.locator("#status")).to_have_text("live")
-            write = {"path": "/srv/<b>motd</b>", "content": "hi"}
-            for answer in ("first done", "second done"):
-                server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
-            await page.fill("#input", "update the motd")
-            await page.press("#input", "Enter")
-            box = page.locator(".approval").last
-            await expect(box).to_contain_text("ada asked to run fs__write_file(")
-            await expect(box).to_contain_text("<b>motd</b>")  # shown as text, never as HTML
-            await box.get_by_role("button", name="Approve").click()
-            await expect(box).to_have_text(re.compile(r"approved by ada$"))
-            await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
-            assert calls == [{"path": "/srv/<b>motd</b>", "content": "hi"}]
-            await page.fill("#input", "again")
-            await page.press("#input", "Enter")
-            box = page.locator(".approval").last
-            await box.get_by_role("button", name="Deny").click()
-            await expect(box).to_have_text(re.compile(r"denied by ada$"))
-            await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
-            assert len(calls) == 1 and not errors, errors
-        finally:
-            await browser.close()
+    ) as server:  # fmt: skip
+        page, errors = await chat_page(browser, server.url, TOKENS["ADMIN_TOKEN"])
+        write = {"path": "/srv/<b>motd</b>", "content": "hi"}
+        for answer in ("first done", "second done"):
+            server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
+        await page.fill("#input", "update the motd")
+        await page.press("#input", "Enter")
+        box = page.locator(".approval").last
+        await expect(box).to_contain_text("ada asked to run fs__write_file(")
+        await expect(box).to_contain_text("<b>motd</b>")  # shown as text, never as HTML
+        await box.get_by_role("button", name="Approve").click()
+        await expect(box).to_have_text(re.compile(r"approved by ada$"))
+        await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
+        assert calls == [{"path": "/srv/<b>motd</b>", "content": "hi"}]
+        await page.fill("#input", "again")
+        await page.press("#input", "Enter")
+        box = page.locator(".approval").last
+        await box.get_by_role("button", name="Deny").click()
+        await expect(box).to_have_text(re.compile(r"denied by ada$"))
+        await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
+        assert len(calls) == 1 and not errors, errors
 
 
 async def test_the_web_page_offers_approve_only_to_approvers_and_sees_a_new_admin_at_once(
-    tmp_path,
+    tmp_path, browser
 ):
     """ada is a `user`: her page shows no Approve/Deny for an admin-only call, and
     says so.  Made an admin by a configuration reload (the bridge's policy
     replaced, as SIGHUP does), her page offers Approve for the next call, and it
     works, without a restart of the HTTP transport."""
-    import os
     import re
 
-    from playwright.async_api import async_playwright, expect
-    from test_http_browser import CHROMIUM, FLAGS, HAVE_CHROMIUM
+    from playwright.async_api import expect
 
     from httpserver import TOKENS, running_server
 
-    if not HAVE_CHROMIUM:
-        message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
     expect.set_options(timeout=60_000)
     calls: list[dict] = []
     # One person at the page: self_approve, so only her role decides.
@@ -851,39 +827,30 @@ async def test_the_web_page_offers_approve_only_to_approvers_and_sees_a_new_admi
     async with running_server(
         str(tmp_path / "web.db"), settings=settings, environ=TOKENS,
         tools=[writer_tool(calls)], approvals=rules,
-    ) as server, async_playwright() as p:  # fmt: skip
-        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        try:
-            page = await browser.new_page()
-            await page.goto(server.url + "/")
-            await page.fill("#token", TOKENS["ADMIN_TOKEN"])
-            await page.click("#save-token")
-            await page.click("#new")
-            await expect(page.locator("#status")).to_have_text("live")
-            write = {"path": "/srv/motd", "content": "hi"}
-            for answer in ("first done", "second done"):
-                server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
-            await page.fill("#input", "update the motd")
-            await page.press("#input", "Enter")
-            box = page.locator(".approval").last
-            await expect(box).to_contain_text("you may not decide this one")
-            await expect(box.get_by_role("button", name="Approve")).to_be_hidden()
-            await expect(box.get_by_role("button", name="Deny")).to_be_hidden()
-            await expect(box).to_contain_text("expired: no one answered in time")
-            await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
+    ) as server:  # fmt: skip
+        page, _ = await chat_page(browser, server.url, TOKENS["ADMIN_TOKEN"])
+        write = {"path": "/srv/motd", "content": "hi"}
+        for answer in ("first done", "second done"):
+            server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
+        await page.fill("#input", "update the motd")
+        await page.press("#input", "Enter")
+        box = page.locator(".approval").last
+        await expect(box).to_contain_text("you may not decide this one")
+        await expect(box.get_by_role("button", name="Approve")).to_be_hidden()
+        await expect(box.get_by_role("button", name="Deny")).to_be_hidden()
+        await expect(box).to_contain_text("expired: no one answered in time")
+        await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
 
-            access = AccessPolicy(AccessSettings(admins=("web:token:ada",)), {"web": "http"})
-            server.bridge.access = access  # what a reload does
-            server.bridge.role_for = access.role_for
-            await page.fill("#input", "again")
-            await page.press("#input", "Enter")
-            box = page.locator(".approval").last
-            await box.get_by_role("button", name="Approve").click()
-            await expect(box).to_have_text(re.compile(r"approved by ada$"))
-            await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
-            assert calls == [write]
-        finally:
-            await browser.close()
+        access = AccessPolicy(AccessSettings(admins=("web:token:ada",)), {"web": "http"})
+        server.bridge.access = access  # what a reload does
+        server.bridge.role_for = access.role_for
+        await page.fill("#input", "again")
+        await page.press("#input", "Enter")
+        box = page.locator(".approval").last
+        await box.get_by_role("button", name="Approve").click()
+        await expect(box).to_have_text(re.compile(r"approved by ada$"))
+        await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
+        assert calls == [write]
 
 
 # -- kill -9 while an approval waits ---------------------------------------------------------------

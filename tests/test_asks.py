@@ -20,6 +20,7 @@ from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore, TurnPolicy
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
+from helpers import chat_page
 
 from rigs import from_bot, irc_bot, people, tool_results
 
@@ -359,74 +360,52 @@ async def test_mcp_progress_from_the_in_suite_server_is_shown_in_irc(miniircd, t
 # -- the web page ----------------------------------------------------------------------------------
 
 
-async def test_the_web_page_shows_the_question_with_choices_and_the_checklist(tmp_path):
-    import os
-
-    from playwright.async_api import async_playwright, expect
-    from test_http_browser import CHROMIUM, FLAGS, HAVE_CHROMIUM
+async def test_the_web_page_shows_the_question_with_choices_and_the_checklist(tmp_path, browser):
+    from playwright.async_api import expect
 
     from httpserver import TOKENS, running_server
 
-    if not HAVE_CHROMIUM:
-        message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
     expect.set_options(timeout=60_000)
     settings = {"tokens": [{"name": "ada", "env": "ADMIN_TOKEN"}]}
-    async with (
-        running_server(
-            str(tmp_path / "web.db"), settings=settings, environ=TOKENS, policy=ASKING
-        ) as server,
-        async_playwright() as p,
-    ):
-        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        try:
-            page = await browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(server.url + "/")
-            await page.fill("#token", TOKENS["ADMIN_TOKEN"])
-            await page.click("#save-token")
-            await page.click("#new")
-            await expect(page.locator("#status")).to_have_text("live")
-            first = [{"text": "pick a region", "status": "in_progress"}]
-            server.model.enqueue(
-                Reply(tool_calls=[call("todo", {"items": first})]),
-                Reply(
-                    tool_calls=[
-                        call(
-                            "ask_user",
-                            {"question": "<b>which</b> region?", "choices": ["eu", "us"]},
-                        )
-                    ]
-                ),
-                Reply(tool_calls=[call("todo", {"items": [{**first[0], "status": "done"}]})]),
-                "deploying to eu",
-            )
-            await page.fill("#input", "deploy")
-            await page.press("#input", "Enter")
-            question = page.locator(".question").last
-            await expect(question).to_contain_text("@ada: <b>which</b> region?")  # text, not HTML
-            await question.get_by_role("button", name="eu").click()
-            await expect(question).to_contain_text("ada answered: eu")
-            await expect(page.locator(".msg.assistant").last).to_contain_text("deploying to eu")
-            todo = page.locator(".todo")
-            await expect(todo).to_have_count(1)  # one checklist, updated in place
-            await expect(todo).to_contain_text("todo 1/1")
-            await expect(todo).to_contain_text("✓ pick a region")
-            assert tool_results(server.model)[1] == "ada answered: eu"
-            # Opened afresh (a reload), the page shows the stored checklist.
-            await page.reload()
-            await page.locator("#conversations li").first.click()
-            await expect(page.locator("#status")).to_have_text("live")
-            await expect(page.locator(".msg.assistant").last).to_contain_text("deploying to eu")
-            await expect(todo).to_have_count(1)
-            await expect(todo).to_contain_text("todo 1/1")
-            await expect(todo).to_contain_text("✓ pick a region")
-            assert not errors, errors
-        finally:
-            await browser.close()
+    async with running_server(
+        str(tmp_path / "web.db"), settings=settings, environ=TOKENS, policy=ASKING
+    ) as server:
+        page, errors = await chat_page(browser, server.url, TOKENS["ADMIN_TOKEN"])
+        first = [{"text": "pick a region", "status": "in_progress"}]
+        server.model.enqueue(
+            Reply(tool_calls=[call("todo", {"items": first})]),
+            Reply(
+                tool_calls=[
+                    call(
+                        "ask_user",
+                        {"question": "<b>which</b> region?", "choices": ["eu", "us"]},
+                    )
+                ]
+            ),
+            Reply(tool_calls=[call("todo", {"items": [{**first[0], "status": "done"}]})]),
+            "deploying to eu",
+        )
+        await page.fill("#input", "deploy")
+        await page.press("#input", "Enter")
+        question = page.locator(".question").last
+        await expect(question).to_contain_text("@ada: <b>which</b> region?")  # text, not HTML
+        await question.get_by_role("button", name="eu").click()
+        await expect(question).to_contain_text("ada answered: eu")
+        await expect(page.locator(".msg.assistant").last).to_contain_text("deploying to eu")
+        todo = page.locator(".todo")
+        await expect(todo).to_have_count(1)  # one checklist, updated in place
+        await expect(todo).to_contain_text("todo 1/1")
+        await expect(todo).to_contain_text("✓ pick a region")
+        assert tool_results(server.model)[1] == "ada answered: eu"
+        # Opened afresh (a reload), the page shows the stored checklist.
+        await page.reload()
+        await page.locator("#conversations li").first.click()
+        await expect(page.locator("#status")).to_have_text("live")
+        await expect(page.locator(".msg.assistant").last).to_contain_text("deploying to eu")
+        await expect(todo).to_have_count(1)
+        await expect(todo).to_contain_text("todo 1/1")
+        await expect(todo).to_contain_text("✓ pick a region")
+        assert not errors, errors
 
 
 async def test_mcp_progress_on_slack_is_one_line_edited_in_place(tmp_path):
