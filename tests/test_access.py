@@ -30,7 +30,7 @@ from agentik.transports.slack.transport import SlackTransport
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
-from rigs import from_bot, irc_bot, joined
+from rigs import eventually, from_bot, irc_bot, joined
 
 pytest_plugins = ["ircservers"]
 
@@ -58,9 +58,7 @@ def offered(model: ScriptedModel, index: int = -1) -> list[str]:
 
 async def turns(model: ScriptedModel, n: int) -> None:
     """Wait until the model has been asked ``n`` times."""
-    async with asyncio.timeout(60):
-        while len(model.requests) < n:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+    await eventually(lambda: len(model.requests) >= n, f"{n} model requests")
 
 
 def policy(settings: AccessSettings, **types: str) -> AccessPolicy:

@@ -40,6 +40,8 @@ from agentik.core.testing.scripted import Reply, ScriptedModel
 from agentik.core.tools.base import spec_of
 from helpers import collect_turn
 
+from rigs import eventually
+
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-random.litertlm"
 TOOLCALL_FIXTURE = Path(__file__).parent / "fixtures" / "tiny-toolcall.litertlm"
 SYSTEM = "You are a tiny test model."
@@ -373,9 +375,8 @@ async def test_idle_engine_conversations_are_released_then_rebuilt(tmp_path):
     async with Agent(llm=backend, store=SQLiteStore(":memory:"), system_prompt=SYSTEM) as a:
         conv = await a.create_conversation()
         ended(await turn(conv, "hi"))
-        async with asyncio.timeout(60):  # the idle timer fires in its own time
-            while backend.live_conversations:  # noqa: ASYNC110
-                await asyncio.sleep(0.025)
+        # The idle timer fires in its own time.
+        await eventually(lambda: not backend.live_conversations, "the idle release")
         assert backend.live_conversations == 0 and backend.stats.released_idle == 1
         end = ended(await turn(conv, "still there?"))
         assert end.stop_reason in ("stop", "length")
