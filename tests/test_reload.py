@@ -319,7 +319,9 @@ async def test_a_transport_whose_settings_changed_is_restarted_and_a_removed_one
         assert set(bot.transports) == {"mem"}
         fresh = bot.transports["mem"]
         assert fresh is not mem and fresh.settings == {"flavour": "new"}
-        assert "old" not in bot.bridge._transports and old not in bot.started
+        # Detached from the bridge: no channel of "old" has a transport any more.
+        assert old.owns("memory:old:#test") and bot.bridge.transport_for("memory:old:#test") is None
+        assert old not in bot.started
         # The open channel carries on through the new instance.
         await fresh.inject("after", author="alice")
         await fresh.wait_for(lambda m: m.kind == "answer")
