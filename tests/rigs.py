@@ -17,6 +17,7 @@ the pieces it needs and keeps only what is its own (its agent's tools, its yield
   its tool calls.
 - :func:`answered` / :func:`bot_texts`: a Slack place answered; what the bot posted there.
 - :func:`people`: IRC clients joined to a channel.
+- :func:`said_in` / :func:`ask`: the bot's lines in one channel; ask it and wait.
 - :func:`joined`, :func:`from_bot`, :func:`said_by_bot`, :func:`free_port`.
 
 Everything here is real (real transports, real SQLite files, real servers); nothing of
@@ -47,6 +48,7 @@ __all__ = [
     "IRCBot",
     "SlackBot",
     "answered",
+    "ask",
     "bot_texts",
     "eventually",
     "free_port",
@@ -56,6 +58,7 @@ __all__ = [
     "joined",
     "people",
     "said_by_bot",
+    "said_in",
     "serving",
     "slack_bot",
     "slack_transport",
@@ -116,6 +119,20 @@ def from_bot(line) -> bool:
 def said_by_bot(line) -> bool:
     """A PRIVMSG (not a NOTICE) sent by the bot (nick ``agentik``)."""
     return line.command == "PRIVMSG" and (line.nick or "").lower() == "agentik"
+
+
+def said_in(channel: str, *words: str, notices: bool = False) -> Callable[[Any], bool]:
+    """A line the bot sent to ``channel`` (a PRIVMSG; a NOTICE too when ``notices``)
+    holding every one of ``words``."""
+    said = from_bot if notices else said_by_bot
+    return lambda m: said(m) and m.params[0] == channel and all(w in m.text for w in words)
+
+
+async def ask(client: IRCTestClient, channel: str, text: str) -> None:
+    """Address the bot (``agentik: text``) in ``channel`` and wait for its answer (the
+    scripted model's ``echo: text``)."""
+    client.privmsg(channel, f"agentik: {text}")
+    await client.wait_for(said_in(channel, "echo:", text))
 
 
 async def joined(transport: IRCTransport, channel: str, wait: float = WAIT) -> None:

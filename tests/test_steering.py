@@ -22,7 +22,7 @@ from helpers import collect_turn
 from fakeslack import FakeSlack
 from httpserver import running_server, sse
 from ircservers import IRCTestClient
-from rigs import answered, irc_bot, slack_bot
+from rigs import answered, irc_bot, said_in, slack_bot
 
 pytest_plugins = ["ircservers"]
 
@@ -385,15 +385,6 @@ async def ops_bot(port, db_path, server, tools, *, channel_settings=None):
         yield bot.bridge, bot.agent
 
 
-def _from_bot(to: str, *words: str):
-    return lambda m: (
-        m.command in ("PRIVMSG", "NOTICE")
-        and (m.nick or "").lower() == "agentik"
-        and m.params[0] == to
-        and all(w in m.text for w in words)
-    )
-
-
 async def test_irc_direct_message_steers_and_status_says_what_runs(
     miniircd, openai_server, db_path
 ):
@@ -404,25 +395,25 @@ async def test_irc_direct_message_steers_and_status_says_what_runs(
         alice.privmsg("agentik", "look up X")
         await slow.wait_started()
         alice.privmsg("agentik", "!status")
-        status = await alice.wait_for(_from_bot("alice", "executing tools (slow)"))
+        status = await alice.wait_for(said_in("alice", "executing tools (slow)", notices=True))
         assert "model requests" in status.text and "11+2 tokens" in status.text
         # A DM defaults to busy = steer: the correction joins the running turn.
         alice.privmsg("agentik", "actually, look up Y")
         # A channel's messages are taken in order: once !status answers, the
         # correction before it was taken.
         alice.privmsg("agentik", "!status")
-        await alice.wait_for(_from_bot("alice", "executing tools (slow)"))
+        await alice.wait_for(said_in("alice", "executing tools (slow)", notices=True))
         conv = await agent.conversation_for_channel("irc:testnet:alice!*@*")
         assert [m.kind for m in await conv.messages()] == ["user", "tool_call", "user"]
         slow.release.set()
-        await alice.wait_for(_from_bot("alice", "Y found"))
+        await alice.wait_for(said_in("alice", "Y found", notices=True))
         assert len(openai_server.requests) == 2
         assert _users(openai_server.requests[1])[-1].endswith("actually, look up Y")
         rows = await conv.messages()
         assert [m.kind for m in rows] == ["user", "tool_call", "user", "tool_result", "assistant"]
         assert len({m.run_id for m in rows}) == 1
         alice.privmsg("agentik", "!status")
-        await alice.wait_for(_from_bot("alice", "· idle"))
+        await alice.wait_for(said_in("alice", "· idle", notices=True))
         await alice.close()
 
 
@@ -440,10 +431,10 @@ async def test_irc_channel_queues_by_default_and_interrupts_when_set(
         await slow.wait_started()
         bob.privmsg("#ops", "agentik: then Z")
         bob.privmsg("#ops", "!status")
-        await bob.wait_for(_from_bot("#ops", "executing tools (slow)", "1 queued"))
+        await bob.wait_for(said_in("#ops", "executing tools (slow)", "1 queued", notices=True))
         slow.release.set()
-        await bob.wait_for(_from_bot("#ops", "X found"))
-        await bob.wait_for(_from_bot("#ops", "echo:", "then Z"))
+        await bob.wait_for(said_in("#ops", "X found", notices=True))
+        await bob.wait_for(said_in("#ops", "echo:", "then Z", notices=True))
         assert "then Z" not in json.dumps(openai_server.requests[1])
         await bob.close()
 
@@ -458,8 +449,8 @@ async def test_irc_channel_queues_by_default_and_interrupts_when_set(
         bob.privmsg("#ops", "agentik: tell me everything")
         await held.wait_held()
         bob.privmsg("#ops", "agentik: no, the summary")
-        await bob.wait_for(_from_bot("#ops", "(interrupted)"))
-        await bob.wait_for(_from_bot("#ops", "echo:", "no, the summary"))
+        await bob.wait_for(said_in("#ops", "(interrupted)", notices=True))
+        await bob.wait_for(said_in("#ops", "echo:", "no, the summary", notices=True))
         held.release()
         conv = await agent.conversation_for_channel("irc:testnet:#ops")
         kept = [m for m in await conv.messages() if m.kind == "assistant"]
