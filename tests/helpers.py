@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +13,37 @@ import pytest
 #: The ``agentik`` console script of the venv running the tests, never
 #: whatever ``agentik`` comes first on ``PATH`` (another checkout, a global install).
 AGENTIK = str(Path(sys.executable).parent / "agentik")
+
+
+def clean_env(*, drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
+    """The environment for an ``agentik`` subprocess: this one's without the
+    ``OPENAI_*`` and ``AGENTIK_*`` settings (nor the names starting with one of
+    ``drop``), plus ``extra``."""
+    skip = ("OPENAI_", "AGENTIK_", *drop)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
+    env.update(extra)
+    return env
+
+
+def agentik(
+    *args: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    drop: tuple[str, ...] = (),
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``agentik`` command to completion in ``cwd`` with a :func:`clean_env`
+    (less ``drop``, plus ``env``), stdin closed, its output captured as text (the
+    timeout only guards against a hang)."""
+    return subprocess.run(
+        [AGENTIK, *args],
+        cwd=cwd,
+        env=clean_env(drop=drop, **(env or {})),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 async def collect_turn(sub, *, run_id: str | None = None, wait: float = 60.0) -> list:

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import functools
 import signal
 import sys
 
 import pytest
 
+import helpers
 from agentik.core.background import MINING_PROMPT, REFLECTION_PROMPT
 from agentik.core.testing.openai_server import Reply
 from helpers import AGENTIK
 
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OPENAI_", "AGENTIK_")) and k != "PYTHONASYNCIODEBUG"
-    }
-    env.update(extra)
-    return env
+#: ``agentik`` without asyncio's debug mode either (its slow-callback warnings would
+#: land in the output the tests read).
+clean_env = functools.partial(helpers.clean_env, drop=("PYTHONASYNCIODEBUG",))
 
 
 def turn_requests(server) -> list[dict]:
