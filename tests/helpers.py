@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,28 @@ async def collect_turn(sub, *, run_id: str | None = None, wait: float = 60.0) ->
 
     await asyncio.wait_for(consume(), wait)
     return events
+
+
+async def turn(conv, text: str, *, author: str | None = "alice", wait: float = 60.0) -> list:
+    """Send ``text`` to ``conv`` (from ``author``); the events of its turn, to its end."""
+    sub = conv.events()
+    run_id = await conv.send(text, author=author)
+    events = await collect_turn(sub, run_id=run_id, wait=wait)
+    await sub.aclose()
+    return events
+
+
+def ended(events):
+    """The ``turn_ended`` event that ends ``events`` (it must)."""
+    end = events[-1]
+    assert end.kind == "turn_ended", [e.kind for e in events]
+    return end
+
+
+def rows(db_path: str, sql: str, *args) -> list[tuple]:
+    """What ``sql`` gives on the SQLite file ``db_path``, read from outside the bot."""
+    with sqlite3.connect(db_path) as db:
+        return db.execute(sql, args).fetchall()
 
 
 def in_ci() -> bool:

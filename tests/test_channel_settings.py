@@ -48,7 +48,7 @@ TOOLS = [
 ]
 
 
-def admins(*nicks: str):
+def admin_roles(*nicks: str):
     """A role function: the verified speakers ``nick!…`` are admins, the rest users."""
 
     def role_for(transport: str, message: IncomingMessage, channel_key: str) -> str:
@@ -126,7 +126,7 @@ async def test_set_persona_and_tools_change_the_next_request_in_that_channel_onl
     irc_server, openai_server, tmp_path
 ):
     async with irc_rig(
-        irc_server.port, tmp_path, openai_server, role_for=admins("alice"),
+        irc_server.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask",
     ) as (bridge, agent):  # fmt: skip
         alice = await IRCTestClient.connect(irc_server.port, "alice")
@@ -170,7 +170,7 @@ async def test_answer_all_and_max_answer_lines_change_only_that_channel(
     miniircd, openai_server, tmp_path
 ):
     async with irc_rig(
-        miniircd.port, tmp_path, openai_server, role_for=admins("alice"),
+        miniircd.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask",
     ) as (bridge, agent):  # fmt: skip
         alice = await IRCTestClient.connect(miniircd.port, "alice")
@@ -211,7 +211,7 @@ async def test_settings_survive_a_restart_and_status_says_where_each_comes_from(
 ):
     patterns = {"irc:testnet:*": ChannelSettings(events="answers", max_answer_lines=7)}
     async with irc_rig(
-        miniircd.port, tmp_path, openai_server, role_for=admins("alice"),
+        miniircd.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask", channel_settings=patterns,
     ) as (bridge, agent):  # fmt: skip
         alice = await IRCTestClient.connect(miniircd.port, "alice")
@@ -223,7 +223,7 @@ async def test_settings_survive_a_restart_and_status_says_where_each_comes_from(
         await alice.close()
     # A new process on the same database.
     async with irc_rig(
-        miniircd.port, tmp_path, openai_server, role_for=admins("alice"),
+        miniircd.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask", channel_settings=patterns,
     ) as (bridge, agent):  # fmt: skip
         alice = await IRCTestClient.connect(miniircd.port, "alice")
@@ -271,7 +271,7 @@ async def test_users_and_unverified_speakers_cannot_set(miniircd, openai_server,
         assert await agent.store.channel_settings("irc:testnet:#ops") == []
 
     async with irc_rig(
-        miniircd.port, tmp_path, openai_server, role_for=admins("alice"),
+        miniircd.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask",
     ) as (bridge, agent):  # fmt: skip
         bob = await IRCTestClient.connect(miniircd.port, "bob")

@@ -38,7 +38,7 @@ from agentik.core.messages import ChatMessage, ToolCall
 from agentik.core.plugins import load_plugins
 from agentik.core.testing.scripted import Reply, ScriptedModel
 from agentik.core.tools.base import spec_of
-from helpers import collect_turn
+from helpers import collect_turn, ended, turn
 
 from rigs import eventually
 
@@ -77,22 +77,8 @@ async def agent(llm, db_path):
         yield a
 
 
-async def turn(conv, text: str, *, author: str | None = "alice") -> list:
-    sub = conv.events()
-    run_id = await conv.send(text, author=author)
-    events = await collect_turn(sub, run_id=run_id, wait=60)
-    await sub.aclose()
-    return events
-
-
 def deltas(events) -> list[str]:
     return [e.text for e in events if e.kind == "text_delta"]
-
-
-def ended(events):
-    end = events[-1]
-    assert end.kind == "turn_ended", [e.kind for e in events]
-    return end
 
 
 # -- streaming and reuse ----------------------------------------------------------------------
