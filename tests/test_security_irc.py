@@ -25,7 +25,7 @@ from agentik.transports.irc.wire import casefold, parse_line, strip_formatting
 
 import rigs
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
-from rigs import FAST, from_bot, joined, turn_tool_results
+from rigs import FAST, eventually, from_bot, joined, turn_tool_results
 
 pytest_plugins = ["ircservers"]
 
@@ -403,9 +403,7 @@ async def test_answers_in_channels_name_the_asker_once_and_private_ones_do_not(
         bob.privmsg("#manners", "agentik: and me?")
         await bob.sync()
         conv = await agent.conversation_for_channel("irc:testnet:#manners")
-        async with asyncio.timeout(60):
-            while not conv.queued:  # noqa: ASYNC110 - bob's question waits behind alice's
-                await asyncio.sleep(0.01)
+        await eventually(lambda: conv.queued, "bob's question to wait behind alice's")
         gate.set()
         await alice.wait_for(lambda m: from_bot(m) and m.text == "bob: echo: and me?")
         texts = [m.text for m in alice.received if from_bot(m)]
@@ -851,9 +849,7 @@ async def test_lines_for_a_channel_we_were_kicked_from_do_not_hold_up_the_others
     async with irc_bot(ngircd.port, tmp_path, channels=["#ops"]) as (bot, model, *_):
         await joined(bot, "#ops")
         alice.send_raw("KICK #ops agentik :not here")
-        async with asyncio.timeout(60):
-            while "#ops" in bot.joined:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+        await eventually(lambda: "#ops" not in bot.joined, "the kick from #ops")
         await bot.send(
             OutgoingMessage(channel_key="irc:testnet:#ops", text="for #ops", kind="notice")
         )

@@ -19,7 +19,7 @@ from agentik.core.tools.base import tool
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient, ScriptedIRCServer, parse_line, registration_handler
-from rigs import WAIT, from_bot, irc_bot, joined, said_by_bot
+from rigs import WAIT, eventually, from_bot, irc_bot, joined, said_by_bot
 
 pytest_plugins = ["ircservers"]
 
@@ -123,18 +123,17 @@ async def test_multiline_more_page_is_sent_at_once_and_batches_are_echo_confirme
                 finally:
                     con.close()
 
-            async with asyncio.timeout(WAIT):
-                # The outbox writes its marks off the rendering path: wait for them.
-                while await asyncio.to_thread(states) != [("confirmed",), ("confirmed",)]:  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)
+            async def confirmed() -> bool:
+                return await asyncio.to_thread(states) == [("confirmed",), ("confirmed",)]
+
+            # The outbox writes its marks off the rendering path: wait for them.
+            await eventually(confirmed, "both pieces confirmed", wait=WAIT, interval=0.05)
 
 
 # -- items 1 and 2: !new -----------------------------------------------------------------
 async def wait_until(predicate) -> None:
     """Wait for a condition of the bot's state (no event to wait on from outside)."""
-    async with asyncio.timeout(WAIT):
-        while not predicate():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
+    await eventually(predicate, "the bot's state", wait=WAIT, interval=0.02)
 
 
 async def test_new_moves_queued_messages_and_obeys_the_rights_of_stop(miniircd, tmp_path):
