@@ -128,3 +128,26 @@ async def openai_agent(openai_server, db_path) -> AsyncIterator[Agent]:
     )
     async with Agent(llm=llm, store=SQLiteStore(db_path)) as a:
         yield a
+
+
+@pytest.fixture
+async def browser():
+    """Headless Chromium (Debian's, driven by Playwright); skipped when it is missing,
+    failed under ``CI=true``."""
+    from playwright.async_api import async_playwright
+
+    from helpers import CHROMIUM, FLAGS, HAVE_CHROMIUM
+
+    if not HAVE_CHROMIUM:
+        message = (
+            f"{CHROMIUM} is missing: run `make chromium` (as root) to install Debian's chromium"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        try:
+            yield browser
+        finally:
+            await browser.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +14,37 @@ import pytest
 #: The ``agentik`` console script of the venv running the tests, never
 #: whatever ``agentik`` comes first on ``PATH`` (another checkout, a global install).
 AGENTIK = str(Path(sys.executable).parent / "agentik")
+
+
+def clean_env(*, drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
+    """The environment for an ``agentik`` subprocess: this one's without the
+    ``OPENAI_*`` and ``AGENTIK_*`` settings (nor the names starting with one of
+    ``drop``), plus ``extra``."""
+    skip = ("OPENAI_", "AGENTIK_", *drop)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
+    env.update(extra)
+    return env
+
+
+def agentik(
+    *args: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    drop: tuple[str, ...] = (),
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``agentik`` command to completion in ``cwd`` with a :func:`clean_env`
+    (less ``drop``, plus ``env``), stdin closed, its output captured as text (the
+    timeout only guards against a hang)."""
+    return subprocess.run(
+        [AGENTIK, *args],
+        cwd=cwd,
+        env=clean_env(drop=drop, **(env or {})),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 async def collect_turn(sub, *, run_id: str | None = None, wait: float = 60.0) -> list:
@@ -26,6 +59,28 @@ async def collect_turn(sub, *, run_id: str | None = None, wait: float = 60.0) ->
 
     await asyncio.wait_for(consume(), wait)
     return events
+
+
+async def turn(conv, text: str, *, author: str | None = "alice", wait: float = 60.0) -> list:
+    """Send ``text`` to ``conv`` (from ``author``); the events of its turn, to its end."""
+    sub = conv.events()
+    run_id = await conv.send(text, author=author)
+    events = await collect_turn(sub, run_id=run_id, wait=wait)
+    await sub.aclose()
+    return events
+
+
+def ended(events):
+    """The ``turn_ended`` event that ends ``events`` (it must)."""
+    end = events[-1]
+    assert end.kind == "turn_ended", [e.kind for e in events]
+    return end
+
+
+def rows(db_path: str, sql: str, *args) -> list[tuple]:
+    """What ``sql`` gives on the SQLite file ``db_path``, read from outside the bot."""
+    with sqlite3.connect(db_path) as db:
+        return db.execute(sql, args).fetchall()
 
 
 def in_ci() -> bool:
@@ -43,6 +98,39 @@ def require_local_model() -> None:
     if in_ci():
         pytest.fail(f"{problem} (CI=true: `make test` installs the local extra)", pytrace=False)
     pytest.skip(problem)
+
+
+#: Debian's ``chromium`` for the web page tests (``make chromium``; with ``CI=true``
+#: a missing one fails them), and the flags that keep it off the network.
+CHROMIUM = Path(os.environ.get("AGENTIK_CHROMIUM", "/usr/bin/chromium"))
+HAVE_CHROMIUM = CHROMIUM.exists()
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+]
+
+
+async def chat_page(browser, url: str, token: str):
+    """A new page of the web chat at ``url``, signed in with ``token``, in a new
+    conversation whose stream is live. Returns the page and the list its JavaScript
+    errors are collected into."""
+    from playwright.async_api import expect
+
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    await page.goto(url + "/")
+    await page.fill("#token", token)
+    await page.click("#save-token")
+    await page.click("#new")
+    await expect(page.locator("#status")).to_have_text("live")
+    return page, errors
 
 
 #: The manual: every page under ``docs/`` (the README only points into it).

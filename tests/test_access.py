@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,7 +30,7 @@ from agentik.transports.slack.transport import SlackTransport
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
-from rigs import from_bot, irc_transport, joined, serving
+from rigs import eventually, from_bot, irc_bot, joined
 
 pytest_plugins = ["ircservers"]
 
@@ -57,9 +58,7 @@ def offered(model: ScriptedModel, index: int = -1) -> list[str]:
 
 async def turns(model: ScriptedModel, n: int) -> None:
     """Wait until the model has been asked ``n`` times."""
-    async with asyncio.timeout(60):
-        while len(model.requests) < n:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+    await eventually(lambda: len(model.requests) >= n, f"{n} model requests")
 
 
 def policy(settings: AccessSettings, **types: str) -> AccessPolicy:
@@ -67,18 +66,14 @@ def policy(settings: AccessSettings, **types: str) -> AccessPolicy:
 
 
 @asynccontextmanager
-async def irc_bot(port: int, db: str, access: AccessPolicy, *, ambient: bool = False, **settings):
-    model = ScriptedModel()
-    store = SQLiteStore(db)
-    agent = Agent(llm=model, store=store, tools=[read_notes, deploy])
-    await agent.start()
-    await access.load(store)  # as the bot does at start
-    bridge = Bridge(agent, access=access)
-    transport = irc_transport(port, **settings)
-    async with serving(
-        agent, bridge, transport, ChannelOptions(command_prefix="!", ambient=ambient)
-    ):
-        yield transport, model, agent, bridge
+async def guarded_bot(port: int, db: str, access: AccessPolicy, *, ambient=False, **settings):
+    """:func:`rigs.irc_bot` on ``db`` with the ``read_notes``/``deploy`` tools, answering
+    under ``access``."""
+    async with irc_bot(
+        port, Path(db).parent, db=db, options=ChannelOptions(command_prefix="!", ambient=ambient),
+        agent_kw={"tools": [read_notes, deploy]}, bridge_kw={"access": access}, **settings,
+    ) as bot:  # fmt: skip
+        yield bot
 
 
 # -- real IRC server: nobody has an account ----------------------------------------------------
@@ -86,8 +81,8 @@ async def test_an_ignored_hostmask_gets_no_answer_no_command_and_is_not_recorded
     miniircd, tmp_path
 ):
     access = policy(AccessSettings(ignored=("testnet:mask:mallory!*@*",)))
-    async with irc_bot(miniircd.port, str(tmp_path / "a.db"), access, ambient=True,
-                       channels=["#team"]) as (bot, model, agent, _):  # fmt: skip
+    async with guarded_bot(miniircd.port, str(tmp_path / "a.db"), access, ambient=True,
+                           channels=["#team"]) as (bot, model, agent, _):  # fmt: skip
         await joined(bot, "#team")
         mallory = await IRCTestClient.connect(miniircd.port, "mallory")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
@@ -121,8 +116,8 @@ async def test_an_unverified_nick_matching_an_admins_account_gets_no_admin_right
             rules=[AccessRule(roles=("user",), tools=("read_*",))],
         )
     )
-    async with irc_bot(miniircd.port, str(tmp_path / "a.db"), access,
-                       channels=["#team"]) as (bot, model, agent, bridge):  # fmt: skip
+    async with guarded_bot(miniircd.port, str(tmp_path / "a.db"), access,
+                           channels=["#team"]) as (bot, model, agent, bridge):  # fmt: skip
         await joined(bot, "#team")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         await alice.join("#team")
@@ -145,8 +140,8 @@ async def test_a_tool_denied_to_users_is_never_offered_and_stop_of_anothers_answ
 ):
     access = policy(AccessSettings(rules=[AccessRule(channels=("irc:testnet:#team",),
                                                      tools=("*", "-deploy"))]))  # fmt: skip
-    async with irc_bot(miniircd.port, str(tmp_path / "a.db"), access,
-                       channels=["#team"]) as (bot, model, agent, bridge):  # fmt: skip
+    async with guarded_bot(miniircd.port, str(tmp_path / "a.db"), access,
+                           channels=["#team"]) as (bot, model, agent, bridge):  # fmt: skip
         await joined(bot, "#team")
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         bob = await IRCTestClient.connect(miniircd.port, "bob")
@@ -192,8 +187,8 @@ async def test_roles_given_in_chat_apply_at_once_persist_across_a_restart_and_ar
         ],
     )  # fmt: skip
     async with ScriptedIRCServer(ACCOUNTS) as server:
-        async with irc_bot(server.port, db, policy(settings),
-                           channels=["#team"]) as (bot, model, agent, bridge):  # fmt: skip
+        async with guarded_bot(server.port, db, policy(settings),
+                               channels=["#team"]) as (bot, model, agent, bridge):  # fmt: skip
             await joined(bot, "#team")
             client = server.clients[0]
             # bob speaks (with his account): a user, offered the reading tool only,
@@ -220,8 +215,8 @@ async def test_roles_given_in_chat_apply_at_once_persist_across_a_restart_and_ar
             client.send("@account=alice :alice!a@h PRIVMSG #team :!role bob owner")
             await server.wait_for_line(lambda ln: "owners are set in the configuration" in ln)
         # The same database, a new process: the roles are still there.
-        async with irc_bot(server.port, db, policy(settings),
-                           channels=["#team"]) as (bot, model, agent, bridge):  # fmt: skip
+        async with guarded_bot(server.port, db, policy(settings),
+                               channels=["#team"]) as (bot, model, agent, bridge):  # fmt: skip
             await joined(bot, "#team")
             client = server.clients[-1]
             client.send("@account=carol :carol!c@h PRIVMSG #team :agentik: hello?")
@@ -255,8 +250,8 @@ async def test_an_admin_cannot_change_another_admin_or_an_owner(tmp_path):
     settings = AccessSettings(owners=("testnet:account:alice",),
                               admins=("testnet:account:carol", "testnet:account:dan"))  # fmt: skip
     async with ScriptedIRCServer(ACCOUNTS) as server:
-        async with irc_bot(server.port, str(tmp_path / "a.db"), policy(settings),
-                           channels=["#team"]) as (bot, model, agent, bridge):  # fmt: skip
+        async with guarded_bot(server.port, str(tmp_path / "a.db"), policy(settings),
+                               channels=["#team"]) as (bot, model, agent, bridge):  # fmt: skip
             await joined(bot, "#team")
             client = server.clients[0]
             say = "@account=carol :carol!c@h PRIVMSG #team :"

@@ -31,6 +31,8 @@ from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.testing import MemoryTransport
 from helpers import AGENTIK
 
+from rigs import eventually
+
 WAIT = 60.0  # only guards against a hang
 
 RESEARCHER = AgentSpec(
@@ -86,19 +88,6 @@ async def tree_events(sub, run_id: str) -> list:
 
 def tool_messages(request) -> list:
     return [m for m in request.messages if m.role == "tool"]
-
-
-async def wait_for(condition, what: str) -> None:
-    """Wait (bounded) until ``condition()`` holds: the state the test needs."""
-
-    async def poll() -> None:
-        while not condition():  # noqa: ASYNC110 - no event for "a child waits for a slot"
-            await asyncio.sleep(0.005)
-
-    try:
-        await asyncio.wait_for(poll(), WAIT)
-    except TimeoutError:
-        raise AssertionError(f"never happened: {what}") from None
 
 
 # -- a parent calls a child agent that calls a tool ----------------------------------------
@@ -298,14 +287,15 @@ async def test_at_most_max_concurrent_children_run_at_once(tmp_path):
         run_id = await conv.send("three tasks")
         node = agent.runs.get(run_id)
         assert node is not None
-        await wait_for(
+        # No event for "a child waits for a slot": polled.
+        await eventually(
             lambda: len(child.requests) == 2 and node.waiting == 1, "two children, one waiting"
         )
         started = [next(m.content for m in r.messages if m.role == "user") for r in child.requests]
         first, _second = started
         (third,) = set(gates) - set(started)
         gates[first].set()
-        await wait_for(lambda: len(child.requests) == 3, "the third child starts")
+        await eventually(lambda: len(child.requests) == 3, "the third child starts")
         for g in gates.values():
             g.set()
         events = await tree_events(sub, run_id)

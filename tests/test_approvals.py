@@ -21,9 +21,10 @@ from agentik.core.approvals import ApprovalRule, at_least, mask_arguments
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
 from agentik.transports.irc.wire import casefold
+from helpers import chat_page
 
 from ircservers import IRCTestClient
-from rigs import from_bot, irc_transport, serving, slack_transport
+from rigs import from_bot, irc_bot, people, slack_bot, tool_results
 
 pytest_plugins = ["ircservers"]
 
@@ -44,11 +45,6 @@ def writer_tool(calls: list[dict]):
     return write
 
 
-def tool_results(model: ScriptedModel) -> list[str]:
-    """What the model was told of each tool call (the last request's tool messages)."""
-    return [m.content for m in model.requests[-1].messages if m.role == "tool"]
-
-
 async def next_event(sub, kind: str, wait: float = 60.0):
     async with asyncio.timeout(wait):
         async for event in sub:
@@ -61,33 +57,23 @@ _BRIDGES: dict[Agent, Bridge] = {}
 
 
 @asynccontextmanager
-async def irc_bot(
+async def approvals_bot(
     port, tmp_path, rules, *, role_for=None, identity="hostmask", db=None, access=None
 ):
-    model = ScriptedModel()
+    """:func:`rigs.irc_bot` in #ops whose write tool (recording its calls) is behind the
+    approval ``rules``; yields its model, agent and the calls the tool ran."""
     calls: list[dict] = []
-    agent = Agent(
-        llm=model,
-        store=SQLiteStore(str(db or tmp_path / "approvals.db")),
-        tools=[writer_tool(calls)],
-        approvals=rules,
-    )
-    await agent.start()
-    bridge = Bridge(agent, role_for=role_for, access=access)
-    _BRIDGES[agent] = bridge
-    transport = irc_transport(port, channels=["#ops"], unverified_identity=identity)
-    try:
-        async with serving(agent, bridge, transport, joined_to=["#ops"]):
-            yield model, agent, calls
-    finally:
-        _BRIDGES.pop(agent, None)
-
-
-async def people(port: int, *nicks: str) -> list[IRCTestClient]:
-    clients = [await IRCTestClient.connect(port, nick) for nick in nicks]
-    for c in clients:
-        await c.join("#ops")
-    return clients
+    async with irc_bot(
+        port, tmp_path, db=db or tmp_path / "approvals.db",
+        agent_kw={"tools": [writer_tool(calls)], "approvals": rules},
+        bridge_kw={"role_for": role_for, "access": access},
+        channels=["#ops"], unverified_identity=identity, joined_to=["#ops"],
+    ) as bot:  # fmt: skip
+        _BRIDGES[bot.agent] = bot.bridge
+        try:
+            yield bot.model, bot.agent, calls
+        finally:
+            _BRIDGES.pop(bot.agent, None)
 
 
 async def ask_for_a_write(model: ScriptedModel, alice: IRCTestClient, **args) -> str:
@@ -103,7 +89,7 @@ async def ask_for_a_write(model: ScriptedModel, alice: IRCTestClient, **args) ->
 
 async def test_irc_round_trip_by_approve(miniircd, tmp_path):
     rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
-    async with irc_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
         alice, bob = await people(miniircd.port, "alice", "bob")
         model.enqueue(
             Reply(tool_calls=[call("fs__write_file", {
@@ -146,7 +132,7 @@ async def test_irc_round_trip_by_approve(miniircd, tmp_path):
 
 async def test_irc_denial_reaches_the_model_and_self_approval_is_refused(miniircd, tmp_path):
     rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
-    async with irc_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
         alice, bob = await people(miniircd.port, "alice", "bob")
         approval_id = await ask_for_a_write(model, alice)
         # The asker may not approve their own call (self_approve is off by default).
@@ -171,7 +157,11 @@ async def test_irc_denial_reaches_the_model_and_self_approval_is_refused(miniirc
 async def test_irc_unverified_nick_cannot_approve_and_the_request_expires(miniircd, tmp_path):
     # No services accounts and no hostmask opt-in: every nick is unverified.
     rules = [ApprovalRule(tools=("fs__write_*",), approvers="user", timeout=3)]
-    async with irc_bot(miniircd.port, tmp_path, rules, identity="none") as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules, identity="none") as (
+        model,
+        agent,
+        calls,
+    ):
         alice, bob = await people(miniircd.port, "alice", "bob")
         conv = await agent.conversation_for_channel("irc:testnet:#ops")
         sub = conv.events()
@@ -201,7 +191,7 @@ async def test_an_admin_named_by_host_mask_approves_on_a_network_without_service
         irc_casefold=casefold,
     )  # fmt: skip
     rules = [ApprovalRule(tools=("fs__write_*",), approvers="admin")]
-    async with irc_bot(miniircd.port, tmp_path, rules, identity="none", access=access) as (
+    async with approvals_bot(miniircd.port, tmp_path, rules, identity="none", access=access) as (
         model,
         agent,
         calls,
@@ -237,7 +227,7 @@ async def test_an_admin_named_by_host_mask_approves_on_a_network_without_service
 
 async def test_stop_during_a_pending_approval_cancels_it(miniircd, tmp_path):
     rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
-    async with irc_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules) as (model, agent, calls):
         (alice,) = await people(miniircd.port, "alice")
         approval_id = await ask_for_a_write(model, alice)
         alice.privmsg("#ops", "!stop")
@@ -257,7 +247,11 @@ async def test_admin_rule_with_an_injected_role_function(miniircd, tmp_path):
         return "admin" if message.author_name == "carol" else "user"
 
     rules = [ApprovalRule(tools=("fs__*",), approvers="admin")]
-    async with irc_bot(miniircd.port, tmp_path, rules, role_for=role_for) as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules, role_for=role_for) as (
+        model,
+        agent,
+        calls,
+    ):
         alice, bob, carol = await people(miniircd.port, "alice", "bob", "carol")
         approval_id = await ask_for_a_write(model, alice)
         bob.privmsg("#ops", f"!approve {approval_id}")
@@ -294,20 +288,18 @@ def test_arguments_are_masked_and_cut():
 
 
 @asynccontextmanager
-async def slack_bot(slack, tmp_path, rules, *, access=None, **settings):
-    model = ScriptedModel()
+async def approvals_slack_bot(slack, tmp_path, rules, *, access=None, **settings):
+    """:func:`rigs.slack_bot` (answers edited in place) whose write tool is behind the
+    approval ``rules``; yields its transport, model, agent, bridge and the tool's calls."""
     calls: list[dict] = []
-    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")),
-                  tools=[writer_tool(calls)], approvals=rules)  # fmt: skip
-    await agent.start()
-    bridge = Bridge(agent, access=access)
-    if access is not None:
-        # As the bot wires it (bot/app.py): approvers compare by the access policy.
-        await access.load(agent.store)
-        agent.approvals.at_least = access.at_least
-    transport = slack_transport(slack, tmp_path, **{"streaming": "edit", **settings})
-    async with serving(agent, bridge, transport):
-        yield transport, model, agent, bridge, calls
+    async with slack_bot(
+        slack, tmp_path, tools=[writer_tool(calls)], agent_kw={"approvals": rules},
+        bridge_kw={"access": access}, **{"streaming": "edit", **settings},
+    ) as bot:  # fmt: skip
+        if access is not None:
+            # As the bot wires it (bot/app.py): approvers compare by the access policy.
+            bot.agent.approvals.at_least = access.at_least
+        yield (*bot, calls)
 
 
 def asking_message(slack, channel: str) -> tuple[str, dict]:
@@ -324,7 +316,13 @@ async def test_slack_round_trip_by_a_button_in_socket_mode(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
         slack.add_user("U2", "bob")
-        async with slack_bot(slack, tmp_path, rules) as (bot, model, agent, bridge, calls):
+        async with approvals_slack_bot(slack, tmp_path, rules) as (
+            bot,
+            model,
+            agent,
+            bridge,
+            calls,
+        ):
             model.enqueue(
                 Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd", "content": "hi"})]),
                 "all done",
@@ -372,7 +370,7 @@ async def test_slack_admin_rule_decided_by_the_access_policy(tmp_path):
     async with FakeSlack() as slack:
         for uid, name in (("U1", "alice"), ("U2", "bob"), ("U3", "carol")):
             slack.add_user(uid, name)
-        async with slack_bot(slack, tmp_path, rules, access=access) as (
+        async with approvals_slack_bot(slack, tmp_path, rules, access=access) as (
             bot, model, agent, bridge, calls,
         ):  # fmt: skip
             model.enqueue(
@@ -424,7 +422,7 @@ async def test_slack_deny_button_over_http_mode(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
         slack.add_user("U2", "bob")
-        async with slack_bot(
+        async with approvals_slack_bot(
             slack, tmp_path, rules, mode="http", signing_secret=slack.signing_secret, http_port=0
         ) as (bot, model, agent, bridge, calls):
             url = f"http://127.0.0.1:{bot.http_port}/slack/events"
@@ -530,7 +528,7 @@ async def test_http_list_and_decide_with_events_on_the_stream(tmp_path):
 async def test_a_pending_approval_survives_a_restart_and_is_offered_again(miniircd, tmp_path):
     rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
     db = tmp_path / "restart.db"
-    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
         alice, bob = await people(miniircd.port, "alice", "bob")
         approval_id = await ask_for_a_write(model, alice)
         [before] = await agent.approvals.pending("irc:testnet:#ops")
@@ -539,7 +537,7 @@ async def test_a_pending_approval_survives_a_restart_and_is_offered_again(miniir
         assert con.execute("SELECT id, state FROM approval").fetchall() == [
             (approval_id, "pending")
         ]
-    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
         # The resumed turn asks again from the stored call (no model request
         # first); the model's next answer follows the tool's result.
         model.enqueue("all done")
@@ -567,10 +565,10 @@ async def test_a_pending_approval_whose_turn_is_not_resumed_expires_with_a_notic
 ):
     rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
     db = tmp_path / "restart.db"
-    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
         (alice,) = await people(miniircd.port, "alice")
         approval_id = await ask_for_a_write(model, alice)
-    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
         counts = await _resume(agent, resume="note")
         assert counts["note"] == 1 and counts["approvals_expired"] == 1
         notice = await alice.wait_for(lambda m: from_bot(m) and f"approval {approval_id}" in m.text
@@ -770,20 +768,13 @@ async def test_config_rules_reach_the_agent():
 # -- the web page ------------------------------------------------------------------------------
 
 
-async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
-    import os
+async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path, browser):
     import re
 
-    from playwright.async_api import async_playwright, expect
-    from test_http_browser import CHROMIUM, FLAGS, HAVE_CHROMIUM
+    from playwright.async_api import expect
 
     from httpserver import TOKENS, running_server
 
-    if not HAVE_CHROMIUM:
-        message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
     expect.set_options(timeout=60_000)
     calls: list[dict] = []
     # One person at the page: they approve their own calls.
@@ -792,60 +783,42 @@ async def test_the_web_page_shows_approve_and_deny_buttons(tmp_path):
     async with running_server(
         str(tmp_path / "web.db"), settings=settings, environ=TOKENS,
         tools=[writer_tool(calls)], approvals=rules,
-    ) as server, async_playwright() as p:  # fmt: skip
-        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        try:
-            page = await browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(server.url + "/")
-            await page.fill("#token", TOKENS["ADMIN_TOKEN"])
-            await page.click("#save-token")
-            await page.click("#new")
-            await expect(page.locator("#status")).to_have_text("live")
-            write = {"path": "/srv/<b>motd</b>", "content": "hi"}
-            for answer in ("first done", "second done"):
-                server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
-            await page.fill("#input", "update the motd")
-            await page.press("#input", "Enter")
-            box = page.locator(".approval").last
-            await expect(box).to_contain_text("ada asked to run fs__write_file(")
-            await expect(box).to_contain_text("<b>motd</b>")  # shown as text, never as HTML
-            await box.get_by_role("button", name="Approve").click()
-            await expect(box).to_have_text(re.compile(r"approved by ada$"))
-            await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
-            assert calls == [{"path": "/srv/<b>motd</b>", "content": "hi"}]
-            await page.fill("#input", "again")
-            await page.press("#input", "Enter")
-            box = page.locator(".approval").last
-            await box.get_by_role("button", name="Deny").click()
-            await expect(box).to_have_text(re.compile(r"denied by ada$"))
-            await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
-            assert len(calls) == 1 and not errors, errors
-        finally:
-            await browser.close()
+    ) as server:  # fmt: skip
+        page, errors = await chat_page(browser, server.url, TOKENS["ADMIN_TOKEN"])
+        write = {"path": "/srv/<b>motd</b>", "content": "hi"}
+        for answer in ("first done", "second done"):
+            server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
+        await page.fill("#input", "update the motd")
+        await page.press("#input", "Enter")
+        box = page.locator(".approval").last
+        await expect(box).to_contain_text("ada asked to run fs__write_file(")
+        await expect(box).to_contain_text("<b>motd</b>")  # shown as text, never as HTML
+        await box.get_by_role("button", name="Approve").click()
+        await expect(box).to_have_text(re.compile(r"approved by ada$"))
+        await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
+        assert calls == [{"path": "/srv/<b>motd</b>", "content": "hi"}]
+        await page.fill("#input", "again")
+        await page.press("#input", "Enter")
+        box = page.locator(".approval").last
+        await box.get_by_role("button", name="Deny").click()
+        await expect(box).to_have_text(re.compile(r"denied by ada$"))
+        await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
+        assert len(calls) == 1 and not errors, errors
 
 
 async def test_the_web_page_offers_approve_only_to_approvers_and_sees_a_new_admin_at_once(
-    tmp_path,
+    tmp_path, browser
 ):
     """ada is a `user`: her page shows no Approve/Deny for an admin-only call, and
     says so.  Made an admin by a configuration reload (the bridge's policy
     replaced, as SIGHUP does), her page offers Approve for the next call, and it
     works, without a restart of the HTTP transport."""
-    import os
     import re
 
-    from playwright.async_api import async_playwright, expect
-    from test_http_browser import CHROMIUM, FLAGS, HAVE_CHROMIUM
+    from playwright.async_api import expect
 
     from httpserver import TOKENS, running_server
 
-    if not HAVE_CHROMIUM:
-        message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
     expect.set_options(timeout=60_000)
     calls: list[dict] = []
     # One person at the page: self_approve, so only her role decides.
@@ -854,39 +827,30 @@ async def test_the_web_page_offers_approve_only_to_approvers_and_sees_a_new_admi
     async with running_server(
         str(tmp_path / "web.db"), settings=settings, environ=TOKENS,
         tools=[writer_tool(calls)], approvals=rules,
-    ) as server, async_playwright() as p:  # fmt: skip
-        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        try:
-            page = await browser.new_page()
-            await page.goto(server.url + "/")
-            await page.fill("#token", TOKENS["ADMIN_TOKEN"])
-            await page.click("#save-token")
-            await page.click("#new")
-            await expect(page.locator("#status")).to_have_text("live")
-            write = {"path": "/srv/motd", "content": "hi"}
-            for answer in ("first done", "second done"):
-                server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
-            await page.fill("#input", "update the motd")
-            await page.press("#input", "Enter")
-            box = page.locator(".approval").last
-            await expect(box).to_contain_text("you may not decide this one")
-            await expect(box.get_by_role("button", name="Approve")).to_be_hidden()
-            await expect(box.get_by_role("button", name="Deny")).to_be_hidden()
-            await expect(box).to_contain_text("expired: no one answered in time")
-            await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
+    ) as server:  # fmt: skip
+        page, _ = await chat_page(browser, server.url, TOKENS["ADMIN_TOKEN"])
+        write = {"path": "/srv/motd", "content": "hi"}
+        for answer in ("first done", "second done"):
+            server.model.enqueue(Reply(tool_calls=[call("fs__write_file", write)]), answer)
+        await page.fill("#input", "update the motd")
+        await page.press("#input", "Enter")
+        box = page.locator(".approval").last
+        await expect(box).to_contain_text("you may not decide this one")
+        await expect(box.get_by_role("button", name="Approve")).to_be_hidden()
+        await expect(box.get_by_role("button", name="Deny")).to_be_hidden()
+        await expect(box).to_contain_text("expired: no one answered in time")
+        await expect(page.locator(".msg.assistant").last).to_contain_text("first done")
 
-            access = AccessPolicy(AccessSettings(admins=("web:token:ada",)), {"web": "http"})
-            server.bridge.access = access  # what a reload does
-            server.bridge.role_for = access.role_for
-            await page.fill("#input", "again")
-            await page.press("#input", "Enter")
-            box = page.locator(".approval").last
-            await box.get_by_role("button", name="Approve").click()
-            await expect(box).to_have_text(re.compile(r"approved by ada$"))
-            await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
-            assert calls == [write]
-        finally:
-            await browser.close()
+        access = AccessPolicy(AccessSettings(admins=("web:token:ada",)), {"web": "http"})
+        server.bridge.access = access  # what a reload does
+        server.bridge.role_for = access.role_for
+        await page.fill("#input", "again")
+        await page.press("#input", "Enter")
+        box = page.locator(".approval").last
+        await box.get_by_role("button", name="Approve").click()
+        await expect(box).to_have_text(re.compile(r"approved by ada$"))
+        await expect(page.locator(".msg.assistant").last).to_contain_text("second done")
+        assert calls == [write]
 
 
 # -- kill -9 while an approval waits ---------------------------------------------------------------
@@ -1084,10 +1048,10 @@ async def test_a_call_left_open_by_an_expired_approval_gets_a_result_in_the_next
     that call a result — endpoints refuse a tool call without one."""
     rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
     db = tmp_path / "restart.db"
-    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
         (alice,) = await people(miniircd.port, "alice")
         await ask_for_a_write(model, alice)
-    async with irc_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
+    async with approvals_bot(miniircd.port, tmp_path, rules, db=db) as (model, agent, calls):
         await _resume(agent, resume="note")
         await alice.wait_for(lambda m: from_bot(m) and "please ask again" in m.text)
         model.enqueue("fine")

@@ -20,19 +20,14 @@ from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore, TurnPolicy
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
+from helpers import chat_page
 
-from ircservers import IRCTestClient
-from rigs import from_bot, irc_transport, serving
+from rigs import from_bot, irc_bot, people, tool_results
 
 pytest_plugins = ["ircservers"]
 
 ASKING = TurnPolicy(ask_user=True, todo=True)
 MCP_SERVER = str(Path(__file__).with_name("mcp_server.py"))
-
-
-def tool_results(model: ScriptedModel) -> list[str]:
-    """What the model was told of each tool call (the last request's tool messages)."""
-    return [m.content for m in model.requests[-1].messages if m.role == "tool"]
 
 
 async def next_event(sub, kind: str, wait: float = 60.0):
@@ -47,25 +42,18 @@ _BRIDGES: dict[Agent, Bridge] = {}
 
 
 @asynccontextmanager
-async def irc_bot(port, db, *, policy=ASKING, options=None, toolsets=()):
-    model = ScriptedModel()
-    agent = Agent(llm=model, store=SQLiteStore(str(db)), policy=policy, toolsets=toolsets)
-    await agent.start()
-    bridge = Bridge(agent)
-    _BRIDGES[agent] = bridge
-    transport = irc_transport(port, channels=["#ops"])
-    try:
-        async with serving(agent, bridge, transport, options, joined_to=["#ops"]):
-            yield model, agent
-    finally:
-        _BRIDGES.pop(agent, None)
-
-
-async def people(port: int, *nicks: str) -> list[IRCTestClient]:
-    clients = [await IRCTestClient.connect(port, nick) for nick in nicks]
-    for c in clients:
-        await c.join("#ops")
-    return clients
+async def asking_bot(port, db, *, policy=ASKING, options=None, toolsets=()):
+    """:func:`rigs.irc_bot` on ``db`` in #ops, its turns under ``policy`` (``ask_user``
+    on); yields its model and agent."""
+    async with irc_bot(
+        port, Path(db).parent, db=db, options=options,
+        agent_kw={"policy": policy, "toolsets": toolsets}, channels=["#ops"], joined_to=["#ops"],
+    ) as bot:  # fmt: skip
+        _BRIDGES[bot.agent] = bot.bridge
+        try:
+            yield bot.model, bot.agent
+        finally:
+            _BRIDGES.pop(bot.agent, None)
 
 
 REGION = {"question": "which region?", "to": "alice", "choices": ["eu", "us"]}
@@ -76,7 +64,7 @@ REGION = {"question": "which region?", "to": "alice", "choices": ["eu", "us"]}
 
 async def test_irc_round_trip_only_the_asked_person_answers(miniircd, tmp_path):
     db = tmp_path / "asks.db"
-    async with irc_bot(miniircd.port, db) as (model, agent):
+    async with asking_bot(miniircd.port, db) as (model, agent):
         alice, bob = await people(miniircd.port, "alice", "bob")
         model.enqueue(Reply(tool_calls=[call("ask_user", REGION)]), "deploying to eu")
         alice.privmsg("#ops", "agentik: deploy the release")
@@ -179,7 +167,7 @@ async def test_a_pending_question_survives_a_restart_and_the_answer_finishes_the
     miniircd, tmp_path
 ):
     db = tmp_path / "restart.db"
-    async with irc_bot(miniircd.port, db) as (model, agent):
+    async with asking_bot(miniircd.port, db) as (model, agent):
         alice, bob = await people(miniircd.port, "alice", "bob")
         model.enqueue(Reply(tool_calls=[call("ask_user", REGION)]), "never said")
         alice.privmsg("#ops", "agentik: deploy the release")
@@ -188,7 +176,7 @@ async def test_a_pending_question_survives_a_restart_and_the_answer_finishes_the
     # The bot stopped while the question waited: it is still pending in the file.
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT state FROM question").fetchall() == [("pending",)]
-    async with irc_bot(miniircd.port, db) as (model, agent):
+    async with asking_bot(miniircd.port, db) as (model, agent):
         # The resumed turn asks the model again, which asks the same question again.
         model.enqueue(Reply(tool_calls=[call("ask_user", REGION)]), "deploying to eu")
         counts = await _BRIDGES[agent].resume_pending()
@@ -313,7 +301,7 @@ async def test_http_question_on_the_stream_and_a_posted_message_answers_it(tmp_p
 
 
 async def test_irc_todo_says_one_line_per_change(miniircd, tmp_path):
-    async with irc_bot(miniircd.port, tmp_path / "todo.db") as (model, agent):
+    async with asking_bot(miniircd.port, tmp_path / "todo.db") as (model, agent):
         (alice,) = await people(miniircd.port, "alice")
         a = {"text": "read the logs", "status": "in_progress"}
         b = {"text": "fix the bug", "status": "pending"}
@@ -343,7 +331,7 @@ async def test_mcp_progress_from_the_in_suite_server_is_shown_in_irc(miniircd, t
             [MCPServerConfig(name="srv", command=sys.executable, args=(MCP_SERVER, "--progress"))]
         )
         options = ChannelOptions(command_prefix="!", events="chat", progress_interval=interval)
-        async with irc_bot(
+        async with asking_bot(
             miniircd.port, tmp_path / f"p{expected}.db", options=options, toolsets=[toolset]
         ) as (model, agent):
             (alice,) = await people(miniircd.port, f"carol{expected}")
@@ -372,74 +360,52 @@ async def test_mcp_progress_from_the_in_suite_server_is_shown_in_irc(miniircd, t
 # -- the web page ----------------------------------------------------------------------------------
 
 
-async def test_the_web_page_shows_the_question_with_choices_and_the_checklist(tmp_path):
-    import os
-
-    from playwright.async_api import async_playwright, expect
-    from test_http_browser import CHROMIUM, FLAGS, HAVE_CHROMIUM
+async def test_the_web_page_shows_the_question_with_choices_and_the_checklist(tmp_path, browser):
+    from playwright.async_api import expect
 
     from httpserver import TOKENS, running_server
 
-    if not HAVE_CHROMIUM:
-        message = f"{CHROMIUM} is missing: run `make chromium` (as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
     expect.set_options(timeout=60_000)
     settings = {"tokens": [{"name": "ada", "env": "ADMIN_TOKEN"}]}
-    async with (
-        running_server(
-            str(tmp_path / "web.db"), settings=settings, environ=TOKENS, policy=ASKING
-        ) as server,
-        async_playwright() as p,
-    ):
-        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        try:
-            page = await browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(server.url + "/")
-            await page.fill("#token", TOKENS["ADMIN_TOKEN"])
-            await page.click("#save-token")
-            await page.click("#new")
-            await expect(page.locator("#status")).to_have_text("live")
-            first = [{"text": "pick a region", "status": "in_progress"}]
-            server.model.enqueue(
-                Reply(tool_calls=[call("todo", {"items": first})]),
-                Reply(
-                    tool_calls=[
-                        call(
-                            "ask_user",
-                            {"question": "<b>which</b> region?", "choices": ["eu", "us"]},
-                        )
-                    ]
-                ),
-                Reply(tool_calls=[call("todo", {"items": [{**first[0], "status": "done"}]})]),
-                "deploying to eu",
-            )
-            await page.fill("#input", "deploy")
-            await page.press("#input", "Enter")
-            question = page.locator(".question").last
-            await expect(question).to_contain_text("@ada: <b>which</b> region?")  # text, not HTML
-            await question.get_by_role("button", name="eu").click()
-            await expect(question).to_contain_text("ada answered: eu")
-            await expect(page.locator(".msg.assistant").last).to_contain_text("deploying to eu")
-            todo = page.locator(".todo")
-            await expect(todo).to_have_count(1)  # one checklist, updated in place
-            await expect(todo).to_contain_text("todo 1/1")
-            await expect(todo).to_contain_text("✓ pick a region")
-            assert tool_results(server.model)[1] == "ada answered: eu"
-            # Opened afresh (a reload), the page shows the stored checklist.
-            await page.reload()
-            await page.locator("#conversations li").first.click()
-            await expect(page.locator("#status")).to_have_text("live")
-            await expect(page.locator(".msg.assistant").last).to_contain_text("deploying to eu")
-            await expect(todo).to_have_count(1)
-            await expect(todo).to_contain_text("todo 1/1")
-            await expect(todo).to_contain_text("✓ pick a region")
-            assert not errors, errors
-        finally:
-            await browser.close()
+    async with running_server(
+        str(tmp_path / "web.db"), settings=settings, environ=TOKENS, policy=ASKING
+    ) as server:
+        page, errors = await chat_page(browser, server.url, TOKENS["ADMIN_TOKEN"])
+        first = [{"text": "pick a region", "status": "in_progress"}]
+        server.model.enqueue(
+            Reply(tool_calls=[call("todo", {"items": first})]),
+            Reply(
+                tool_calls=[
+                    call(
+                        "ask_user",
+                        {"question": "<b>which</b> region?", "choices": ["eu", "us"]},
+                    )
+                ]
+            ),
+            Reply(tool_calls=[call("todo", {"items": [{**first[0], "status": "done"}]})]),
+            "deploying to eu",
+        )
+        await page.fill("#input", "deploy")
+        await page.press("#input", "Enter")
+        question = page.locator(".question").last
+        await expect(question).to_contain_text("@ada: <b>which</b> region?")  # text, not HTML
+        await question.get_by_role("button", name="eu").click()
+        await expect(question).to_contain_text("ada answered: eu")
+        await expect(page.locator(".msg.assistant").last).to_contain_text("deploying to eu")
+        todo = page.locator(".todo")
+        await expect(todo).to_have_count(1)  # one checklist, updated in place
+        await expect(todo).to_contain_text("todo 1/1")
+        await expect(todo).to_contain_text("✓ pick a region")
+        assert tool_results(server.model)[1] == "ada answered: eu"
+        # Opened afresh (a reload), the page shows the stored checklist.
+        await page.reload()
+        await page.locator("#conversations li").first.click()
+        await expect(page.locator("#status")).to_have_text("live")
+        await expect(page.locator(".msg.assistant").last).to_contain_text("deploying to eu")
+        await expect(todo).to_have_count(1)
+        await expect(todo).to_contain_text("todo 1/1")
+        await expect(todo).to_contain_text("✓ pick a region")
+        assert not errors, errors
 
 
 async def test_mcp_progress_on_slack_is_one_line_edited_in_place(tmp_path):

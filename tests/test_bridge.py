@@ -17,6 +17,8 @@ from agentik.transports.base import ChannelCaps
 from agentik.transports.testing import MemoryTransport
 from agentik.transports.text import split_lines, split_text
 
+from rigs import eventually
+
 
 @pytest.fixture
 async def rig(db_path):
@@ -319,7 +321,7 @@ async def test_idle_channels_are_released_and_reopen_with_the_same_conversation(
         first = (await agent.conversation_for_channel("mem:#c0")).id
         # A reaper ends once it has released every channel (a slow machine may
         # release early ones before the last opens: then a new reaper follows).
-        while (reaper := bridge._reaper) is not None:
+        while (reaper := bridge.channels.reaper) is not None:
             await asyncio.wait_for(reaper, 60)
         assert bridge.open_channels == 0
         assert bridge.released_channels == 20  # every channel was held, then released
@@ -352,9 +354,8 @@ async def test_a_channel_with_a_running_turn_is_not_released(db_path):
         # both channels after their idle time, and kept the busy one.
         await t.inject("hi", channel_key="mem:#idle", author="bob")
         await bridge.flush("mem:#idle")
-        async with asyncio.timeout(60):
-            while bridge.released_channels < 1:  # noqa: ASYNC110 - no event for releases
-                await asyncio.sleep(0.01)
+        # No event for releases: polled.
+        await eventually(lambda: bridge.released_channels >= 1, "a channel released")
         assert bridge.open_channels == 1
         gate.set()
         await bridge.flush("mem:#busy")

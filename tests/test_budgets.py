@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 
 from agentik.bot.bridge import Bridge, ChannelOptions
@@ -26,7 +27,7 @@ from agentik.transports.irc.transport import IRCTransport
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient
-from rigs import FAST, joined, serving, slack_transport
+from rigs import FAST, bot_texts, eventually, joined, slack_bot
 
 pytest_plugins = ["ircservers"]
 
@@ -44,39 +45,40 @@ class Clock:
 
 
 @asynccontextmanager
-async def slack_bot(slack, tmp_path, llm, settings, clock, *, role_for=None, tools=()):
+async def budgeted_bot(slack, tmp_path, llm, settings, clock, *, role_for=None, tools=()):
+    """:func:`rigs.slack_bot` on ``llm`` under the budgets ``settings`` (counted by
+    ``clock``); yields its bridge."""
     store = SQLiteStore(str(tmp_path / "budgets.db"))
-    agent = Agent(llm=llm, store=store, tools=tools)
-    await agent.start()
     budgets = Budgets(settings, store, clock=clock)
     extra = {"role_for": role_for} if role_for else {}
-    bridge = Bridge(agent, budgets=budgets, **extra)
-    async with serving(agent, bridge, slack_transport(slack, tmp_path)):
-        yield bridge
-
-
-def bot_texts(slack: FakeSlack, channel: str) -> list[str]:
-    return [
-        m["text"]
-        for (ch, _), m in sorted(slack.messages.items(), key=lambda kv: kv[0][1])
-        if ch == channel and m.get("user") == slack.bot_user_id
-    ]
+    async with slack_bot(
+        slack, tmp_path, model=llm, store=store, tools=tools,
+        bridge_kw={"budgets": budgets, **extra},
+    ) as bot:  # fmt: skip
+        yield bot.bridge
 
 
 async def bot_said(slack: FakeSlack, channel: str, count: int) -> list[str]:
     """Wait until the bot has posted ``count`` messages in ``channel``; all of them."""
-    async with asyncio.timeout(60):
-        while len(texts := bot_texts(slack, channel)) < count:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-    return texts
+
+    def enough() -> list[str] | None:
+        texts = bot_texts(slack, channel)
+        return texts if len(texts) >= count else None
+
+    return await eventually(enough, f"{count} messages from the bot in {channel}")
 
 
 async def bot_posted(slack: FakeSlack, channel: str, needle: str) -> str:
     """Wait until the bot has posted a message in ``channel`` containing ``needle``; it."""
-    async with asyncio.timeout(60):
-        while not (found := [t for t in bot_texts(slack, channel) if needle in t]):  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+    found = await eventually(
+        lambda: [t for t in bot_texts(slack, channel) if needle in t],
+        f"the bot to post {needle!r} in {channel}",
+    )
     return found[-1]
+
+
+async def _at_least(count: Awaitable[int], n: int) -> bool:
+    return await count >= n
 
 
 def openai_llm(server: FakeOpenAIServer) -> OpenAIBackend:
@@ -89,7 +91,7 @@ async def test_token_budget_used_up_gives_one_notice_no_model_call_and_resets_ne
     clock = Clock()
     async with FakeSlack() as slack, FakeOpenAIServer(model="fake-model") as server:
         slack.add_user("U1", "alice")
-        async with slack_bot(slack, tmp_path, openai_llm(server), settings, clock) as bridge:
+        async with budgeted_bot(slack, tmp_path, openai_llm(server), settings, clock) as bridge:
             # The model reports 80 + 40 tokens: the first answer uses up the day.
             server.enqueue(ServerReply.text("first answer", usage=(80, 40)))
             await slack.push_event(slack.message_event("D1", "hello", channel_type="im"))
@@ -122,13 +124,13 @@ async def test_budgets_hold_across_a_restart_on_the_same_database(tmp_path):
         slack.add_user("U1", "alice")
         model = ScriptedModel()
         model.enqueue(Reply(text="a long answer", usage=Usage(total_tokens=25)))
-        async with slack_bot(slack, tmp_path, model, settings, clock) as bridge:
+        async with budgeted_bot(slack, tmp_path, model, settings, clock) as bridge:
             await slack.push_event(slack.message_event("D1", "hello", channel_type="im"))
             await bot_said(slack, "D1", 1)
             await bridge.flush("slack:T1:D1")
         # A new process: new agent, bridge and budgets on the same file.
         model = ScriptedModel()
-        async with slack_bot(slack, tmp_path, model, settings, clock):
+        async with budgeted_bot(slack, tmp_path, model, settings, clock):
             await slack.push_event(slack.message_event("D1", "still there?", channel_type="im"))
             texts = await bot_said(slack, "D1", 2)
             assert texts[1] == (
@@ -160,7 +162,7 @@ async def test_tool_calls_past_the_daily_limit_are_refused_per_role(tmp_path):
         slack.add_user("U1", "alice")
         slack.add_user("U2", "bob")
         model = ScriptedModel()
-        async with slack_bot(slack, tmp_path, model, settings, clock, role_for=role_for,
+        async with budgeted_bot(slack, tmp_path, model, settings, clock, role_for=role_for,
                              tools=[lookup]) as bridge:  # fmt: skip
             # alice (user): two calls in one turn; the second is past her daily limit.
             model.enqueue(
@@ -257,7 +259,7 @@ async def test_no_budgets_means_unlimited_and_budget_says_so(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
         model = ScriptedModel()
-        async with slack_bot(slack, tmp_path, model, BudgetSettings(), Clock()):
+        async with budgeted_bot(slack, tmp_path, model, BudgetSettings(), Clock()):
             await slack.push_event(slack.message_event("D1", "!budget", channel_type="im"))
             assert (await bot_said(slack, "D1", 1)) == ["no budgets are set: usage is unlimited"]
 
@@ -346,10 +348,12 @@ async def test_http_api_answers_429_when_the_budget_is_used_up(tmp_path):
             r = await c.post(path, json={"content": "hello"})
             assert r.status_code == 202, r.text
             await (await agent.get_conversation(conv["id"])).wait_idle()
+
             # The turn's tokens are counted from the agent's events: wait for them.
-            async with asyncio.timeout(60):
-                while not any(k == "tokens" for _, _, k, _, _ in await store.budget_rows(0)):  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            async def counted() -> bool:
+                return any(k == "tokens" for _, _, k, _, _ in await store.budget_rows(0))
+
+            await eventually(counted, "the turn's tokens to be counted")
             r = await c.post(path, json={"content": "more"})
             assert r.status_code == 429
             error = r.json()["error"]
@@ -519,9 +523,7 @@ async def test_concurrent_slow_turns_reserve_tokens_and_settle_at_their_end(tmp_
                 rows = await store.budget_rows(0)
                 return sum(n for s, _, k, _, n in rows if k == "tokens" and s == "identity")
 
-            async with asyncio.timeout(60):
-                while await tokens() < 100:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: _at_least(tokens(), 100), "100 tokens counted")
             # Settled: what the turn used (100) counts, not its reservation; turns now
             # reserve the mean a turn used, so of three more sent at once two fit.
             more, codes = await post_at_once(client, 3)
@@ -529,9 +531,7 @@ async def test_concurrent_slow_turns_reserve_tokens_and_settle_at_their_end(tmp_
             for r in held:
                 r.release()
             await all_idle(agent, more)
-            async with asyncio.timeout(60):
-                while await tokens() < 300:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: _at_least(tokens(), 300), "300 tokens counted")
             assert await tokens() == 300
             assert len(server.requests) == 3
 

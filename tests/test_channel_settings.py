@@ -34,8 +34,7 @@ from agentik.transports.slack.transport import SlackTransport
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient
-from rigs import FAST, joined
-from rigs import said_by_bot as from_bot
+from rigs import FAST, ask, joined, said_by_bot, said_in
 
 pytest_plugins = ["ircservers"]
 
@@ -50,7 +49,7 @@ TOOLS = [
 ]
 
 
-def admins(*nicks: str):
+def admin_roles(*nicks: str):
     """A role function: the verified speakers ``nick!…`` are admins, the rest users."""
 
     def role_for(transport: str, message: IncomingMessage, channel_key: str) -> str:
@@ -91,10 +90,6 @@ async def irc_rig(port, tmp_path, server, *, role_for=None, channel_settings=Non
         await agent.aclose()
 
 
-def said(channel: str, *words: str):
-    return lambda m: from_bot(m) and m.params[0] == channel and all(w in m.text for w in words)
-
-
 def request_for(server: FakeOpenAIServer, text: str) -> dict:
     """The model request whose last user message contains ``text``."""
     for body in reversed(server.requests):
@@ -122,23 +117,17 @@ def _norm(text: str) -> str:
 async def status_of(client: IRCTestClient, channel: str, last: str) -> str:
     """The settings part of ``!status`` up to ``last``, its lines joined without
     whitespace (a long line is split on IRC at word boundaries)."""
-    text = _norm((await client.wait_for(said(channel, "settings of"))).text)
+    text = _norm((await client.wait_for(said_in(channel, "settings of"))).text)
     while _norm(last) not in text:
-        text += _norm((await client.wait_for(said(channel))).text)
+        text += _norm((await client.wait_for(said_in(channel))).text)
     return text
-
-
-async def ask(client: IRCTestClient, channel: str, text: str) -> None:
-    """Address the bot in ``channel`` and wait for its answer."""
-    client.privmsg(channel, f"agentik: {text}")
-    await client.wait_for(said(channel, "echo:", text))
 
 
 async def test_set_persona_and_tools_change_the_next_request_in_that_channel_only(
     irc_server, openai_server, tmp_path
 ):
     async with irc_rig(
-        irc_server.port, tmp_path, openai_server, role_for=admins("alice"),
+        irc_server.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask",
     ) as (bridge, agent):  # fmt: skip
         alice = await IRCTestClient.connect(irc_server.port, "alice")
@@ -150,9 +139,9 @@ async def test_set_persona_and_tools_change_the_next_request_in_that_channel_onl
         assert tools_of(before) == ["fs__read_file", "fs__write_file"]  # the transport's bound
 
         alice.privmsg("#ops", '!set persona "You are the release bot"')
-        await alice.wait_for(said("#ops", 'persona is now "You are the release bot"'))
+        await alice.wait_for(said_in("#ops", 'persona is now "You are the release bot"'))
         alice.privmsg("#ops", "!set tools fs__read_* web__*")
-        await alice.wait_for(said("#ops", "tools is now"))
+        await alice.wait_for(said_in("#ops", "tools is now"))
 
         await ask(alice, "#ops", "after in ops")
         ops = request_for(openai_server, "after in ops")
@@ -169,9 +158,9 @@ async def test_set_persona_and_tools_change_the_next_request_in_that_channel_onl
         assert tools_of(dev) == ["fs__read_file", "fs__write_file"]
 
         alice.privmsg("#ops", "!unset persona")
-        await alice.wait_for(said("#ops", "persona is now none"))
+        await alice.wait_for(said_in("#ops", "persona is now none"))
         alice.privmsg("#ops", "!set tools none")
-        await alice.wait_for(said("#ops", "tools is now none"))
+        await alice.wait_for(said_in("#ops", "tools is now none"))
         await ask(alice, "#ops", "unset in ops")
         last = request_for(openai_server, "unset in ops")
         assert "release bot" not in system_of(last) and tools_of(last) == []
@@ -182,7 +171,7 @@ async def test_answer_all_and_max_answer_lines_change_only_that_channel(
     miniircd, openai_server, tmp_path
 ):
     async with irc_rig(
-        miniircd.port, tmp_path, openai_server, role_for=admins("alice"),
+        miniircd.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask",
     ) as (bridge, agent):  # fmt: skip
         alice = await IRCTestClient.connect(miniircd.port, "alice")
@@ -197,9 +186,9 @@ async def test_answer_all_and_max_answer_lines_change_only_that_channel(
         assert not [b for b in openai_server.requests if "chatter one" in str(b["messages"])]
 
         alice.privmsg("#ops", "!set answer all")
-        await alice.wait_for(said("#ops", "answer is now all in this channel"))
+        await alice.wait_for(said_in("#ops", "answer is now all in this channel"))
         bob.privmsg("#ops", "chatter two")
-        await bob.wait_for(said("#ops", "echo:", "chatter two"))
+        await bob.wait_for(said_in("#ops", "echo:", "chatter two"))
         # #dev still answers only when addressed.
         bob.privmsg("#dev", "chatter in dev")
         await ask(bob, "#dev", "addressed in dev")
@@ -207,10 +196,10 @@ async def test_answer_all_and_max_answer_lines_change_only_that_channel(
 
         # The answer cap, for this channel: 2 lines, then the notice.
         alice.privmsg("#ops", "!set max_answer_lines 2")
-        await alice.wait_for(said("#ops", "max_answer_lines is now 2"))
+        await alice.wait_for(said_in("#ops", "max_answer_lines is now 2"))
         openai_server.enqueue(Reply.text("\n".join(f"line {i}" for i in range(5))))
         bob.privmsg("#ops", "count please")
-        lines = await bob.collect(lambda m: from_bot(m) and m.text.endswith(LINES), 2)
+        lines = await bob.collect(lambda m: said_by_bot(m) and m.text.endswith(LINES), 2)
         assert [m.text for m in lines] == ["bob: line 0", "line 1"]
         notice = await bob.wait_for(lambda m: m.command == "NOTICE" and "more" in m.text)
         assert "3 more lines: !more" in notice.text
@@ -223,19 +212,19 @@ async def test_settings_survive_a_restart_and_status_says_where_each_comes_from(
 ):
     patterns = {"irc:testnet:*": ChannelSettings(events="answers", max_answer_lines=7)}
     async with irc_rig(
-        miniircd.port, tmp_path, openai_server, role_for=admins("alice"),
+        miniircd.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask", channel_settings=patterns,
     ) as (bridge, agent):  # fmt: skip
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         await alice.join("#ops")
         alice.privmsg("#ops", "!set persona You're the release bot")  # unquoted: the rest
-        await alice.wait_for(said("#ops", "persona is now"))
+        await alice.wait_for(said_in("#ops", "persona is now"))
         alice.privmsg("#ops", "!set max_answer_lines 9")
-        await alice.wait_for(said("#ops", "max_answer_lines is now 9"))
+        await alice.wait_for(said_in("#ops", "max_answer_lines is now 9"))
         await alice.close()
     # A new process on the same database.
     async with irc_rig(
-        miniircd.port, tmp_path, openai_server, role_for=admins("alice"),
+        miniircd.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask", channel_settings=patterns,
     ) as (bridge, agent):  # fmt: skip
         alice = await IRCTestClient.connect(miniircd.port, "alice")
@@ -278,20 +267,20 @@ async def test_users_and_unverified_speakers_cannot_set(miniircd, openai_server,
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         await alice.join("#ops")
         alice.privmsg("#ops", "!set answer all")
-        await alice.wait_for(said("#ops", "only a verified admin", "not verified"))
+        await alice.wait_for(said_in("#ops", "only a verified admin", "not verified"))
         await alice.close()
         assert await agent.store.channel_settings("irc:testnet:#ops") == []
 
     async with irc_rig(
-        miniircd.port, tmp_path, openai_server, role_for=admins("alice"),
+        miniircd.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask",
     ) as (bridge, agent):  # fmt: skip
         bob = await IRCTestClient.connect(miniircd.port, "bob")
         await bob.join("#ops")
         bob.privmsg("#ops", "!set answer all")
-        await bob.wait_for(said("#ops", "needs the admin role (you are user)"))
+        await bob.wait_for(said_in("#ops", "needs the admin role (you are user)"))
         bob.privmsg("#ops", "!unset answer")
-        await bob.wait_for(said("#ops", "needs the admin role (you are user)"))
+        await bob.wait_for(said_in("#ops", "needs the admin role (you are user)"))
         # Nothing changed: chatter is still not answered.
         bob.privmsg("#ops", "chatter")
         await ask(bob, "#ops", "addressed")

@@ -9,7 +9,7 @@ IRC server (miniircd) and the real MCP test server.
 from __future__ import annotations
 
 import asyncio
-import os
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +19,7 @@ import pytest
 from agentik.core import SQLiteStore
 from agentik.core.store.base import ConversationRecord
 from agentik.core.testing.openai_server import FakeOpenAIServer
-from helpers import AGENTIK
+from helpers import agentik
 
 from fakeslack import FakeSlack
 from ircservers import free_port
@@ -31,21 +31,8 @@ SLACK_TOKEN = "xoxb-test"  # FakeSlack's bot token
 IRC_SECRET = "irc-pass-never-shown"
 
 
-def run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OPENAI_", "AGENTIK_", "SLACK_", "IRC_"))
-    }
-    return subprocess.run(
-        [AGENTIK, *args],
-        cwd=cwd,
-        env={**base, **(env or {})},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=180,  # only guards against a hang
-    )
+#: ``agentik`` without the Slack and IRC settings of this environment either.
+run = functools.partial(agentik, drop=("SLACK_", "IRC_"), timeout=180)
 
 
 async def arun(*args: str, cwd: Path, env: dict[str, str] | None = None):

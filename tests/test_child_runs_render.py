@@ -15,7 +15,7 @@ from agentik.core.testing.scripted import Reply, ScriptedModel, call
 
 from childruns import CHILD_ANSWER, CHILD_SECOND_LINE, CHILD_TEXT, with_researcher
 from ircservers import IRCTestClient
-from rigs import from_bot, irc_transport, serving
+from rigs import from_bot, irc_bot
 
 pytest_plugins = ["ircservers"]
 
@@ -27,18 +27,14 @@ FINAL = "Release 2.0 shipped on Monday."
 
 
 @asynccontextmanager
-async def irc_bot(port: int, tmp_path, options: ChannelOptions, **agent_kwargs):
-    model = ScriptedModel()
-    agent = Agent(
-        llm=model,
-        store=SQLiteStore(str(tmp_path / "irc.db")),
-        **with_researcher(ScriptedModel(), **agent_kwargs),
-    )
-    await agent.start()
-    bridge = Bridge(agent)
-    transport = irc_transport(port, channels=["#room"], **FAST)
-    async with serving(agent, bridge, transport, options, joined_to=["#room"]):
-        yield model
+async def delegating_bot(port: int, tmp_path, options: ChannelOptions, **agent_kwargs):
+    """:func:`rigs.irc_bot` in #room whose agent may delegate to a scripted researcher;
+    yields its model."""
+    async with irc_bot(
+        port, tmp_path, options=options, agent_kw=with_researcher(ScriptedModel(), **agent_kwargs),
+        channels=["#room"], joined_to=["#room"], **FAST,
+    ) as bot:  # fmt: skip
+        yield bot.model
 
 
 async def delegated_turn(port: int, model: ScriptedModel) -> list[str]:
@@ -63,7 +59,9 @@ async def delegated_turn(port: int, model: ScriptedModel) -> list[str]:
 
 
 async def test_a_child_run_is_one_line_and_its_text_never_reaches_the_channel(irc_server, tmp_path):
-    async with irc_bot(irc_server.port, tmp_path, ChannelOptions(command_prefix="!")) as model:
+    async with delegating_bot(
+        irc_server.port, tmp_path, ChannelOptions(command_prefix="!")
+    ) as model:
         lines = await delegated_turn(irc_server.port, model)
     child_lines = [t for t in lines if t.startswith("→ researcher:")]
     assert len(child_lines) == 1, lines
@@ -85,7 +83,7 @@ async def test_a_child_run_is_one_line_and_its_text_never_reaches_the_channel(ir
 
 async def test_the_debug_profile_shows_the_child_run_nested(miniircd, tmp_path):
     options = ChannelOptions(command_prefix="!", events="debug", max_answer_lines=0)
-    async with irc_bot(miniircd.port, tmp_path, options) as model:
+    async with delegating_bot(miniircd.port, tmp_path, options) as model:
         lines = await delegated_turn(miniircd.port, model)
     nested = [t for t in lines if t.startswith("↳ researcher: ")]
     assert nested[0].startswith("↳ researcher: ⚙ fetch(")
@@ -120,7 +118,7 @@ async def test_a_channel_profile_without_child_runs_or_tools(miniircd, tmp_path)
         }
     )
     options = ChannelOptions(command_prefix="!", events="debug", profile="answers-only")
-    async with irc_bot(miniircd.port, tmp_path, options, stream_profiles=profiles) as model:
+    async with delegating_bot(miniircd.port, tmp_path, options, stream_profiles=profiles) as model:
         lines = await delegated_turn(miniircd.port, model)
     assert not [t for t in lines if "researcher" in t or "⚙" in t or CHILD_TEXT[:12] in t]
     assert any(FINAL in t for t in lines)

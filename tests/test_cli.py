@@ -17,38 +17,15 @@ import pytest
 from agentik.bot.cli import COMMANDS
 from agentik.core import Agent, SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
-from helpers import AGENTIK as AGENTIK_EXE
-from helpers import manual_text
+from helpers import AGENTIK, agentik, clean_env, manual_text
 
 ROOT = Path(__file__).resolve().parent.parent
-AGENTIK = [AGENTIK_EXE]
 SECRET = "sk-very-secret-123"
 OPENAI_ENV = {
     "OPENAI_API_KEY": SECRET,
     "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
     "OPENAI_MODEL": "m",
 }
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
-    env.update(extra)
-    return env
-
-
-def agentik(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run the command to completion (the timeout only guards against a hang)."""
-    return subprocess.run(
-        [*AGENTIK, *args],
-        cwd=cwd,
-        env=clean_env(**(env or {})),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def write_config(tmp_path: Path, text: str, name: str = "bot.toml") -> str:
@@ -542,7 +519,7 @@ def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
     os.close(read)  # the reader is gone before anything is written
     try:
         result = subprocess.run(
-            [*AGENTIK, "check", "-c", str(Path(__file__).parent.parent / "config.example.toml")],
+            [AGENTIK, "check", "-c", str(Path(__file__).parent.parent / "config.example.toml")],
             cwd=tmp_path,
             env=clean_env(),
             stdin=subprocess.DEVNULL,

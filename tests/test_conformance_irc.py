@@ -57,11 +57,10 @@ class IRCHarness(TransportHarness):
         assert isinstance(transport, IRCTransport)
         self.transport = transport
         await self.client(self.users[0])  # watches both channels from the start
-        wanted = set(CHANNELS.values())
         async with asyncio.timeout(self.timeout):
             await transport.registered.wait()
-            while not wanted <= transport.joined:  # noqa: ASYNC110 - no event for joins
-                await asyncio.sleep(0.02)
+            for channel in CHANNELS.values():
+                await transport.wait_joined(channel)
         assert transport.nick == NICK, f"the bot got the nick {transport.nick!r}"
 
     async def _send(self, user: str, target: str, text: str) -> None:

@@ -15,22 +15,9 @@ from agentik.core import Agent, ContextTooLong, OpenAIBackend, SQLiteStore, tool
 from agentik.core.compaction import CompactionPolicy, estimate_tokens
 from agentik.core.testing.openai_server import Reply as HTTPReply
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
-from helpers import collect_turn
+from helpers import ended, turn
 
 WINDOW = 200
-
-
-async def turn(conv, text: str) -> list:
-    sub = conv.events()
-    run_id = await conv.send(text, author="alice")
-    events = await collect_turn(sub, run_id=run_id, wait=30)
-    await sub.aclose()
-    return events
-
-
-def ended(events):
-    assert events[-1].kind == "turn_ended", [e.kind for e in events]
-    return events[-1]
 
 
 def compacted(events) -> list:

@@ -7,32 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import sqlite3
-import subprocess
 import threading
 from pathlib import Path
 
 from agentik.core import SQLiteStore
 from agentik.core.store.migrations import MIGRATIONS, apply_migrations, schema_version
-from helpers import AGENTIK
+from helpers import agentik
 
 LATEST = max(m.number for m in MIGRATIONS)
 OLD = 3  # an old schema version with conversations and messages
-
-
-def agentik(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
-    return subprocess.run(
-        [AGENTIK, *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,  # only guards against a hang
-    )
 
 
 def config(tmp_path: Path, db: str = "bot.db") -> str:

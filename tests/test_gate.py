@@ -10,7 +10,6 @@ through :class:`~agentik.transports.base.AgentHost`.
 
 from __future__ import annotations
 
-import asyncio
 from contextlib import asynccontextmanager
 
 import httpx
@@ -33,7 +32,7 @@ from agentik.transports.http.transport import HttpTransport
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient
-from rigs import from_bot, irc_transport, joined
+from rigs import eventually, from_bot, irc_transport, joined
 
 pytest_plugins = ["ircservers"]
 
@@ -83,9 +82,7 @@ async def front_doors(port: int, db: str, monkeypatch):
 
 
 async def turns(model: ScriptedModel, n: int) -> None:
-    async with asyncio.timeout(60):
-        while len(model.requests) < n:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+    await eventually(lambda: len(model.requests) >= n, f"{n} model requests")
 
 
 async def test_one_rule_refuses_and_admits_over_irc_and_http_alike(miniircd, tmp_path, monkeypatch):

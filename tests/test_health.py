@@ -8,8 +8,8 @@ stack on loopback TCP and unix sockets, ``agentik run`` as a subprocess.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -26,7 +26,7 @@ from agentik.bot.health import HealthServer, SupervisionSettings, sd_notify
 from agentik.core import hookimpl
 from agentik.core.health import HealthRegistry
 from agentik.transports.base import Transport
-from helpers import AGENTIK
+from helpers import AGENTIK, clean_env
 
 from ircservers import ScriptedIRCServer, registration_handler, sasl_plain
 
@@ -325,11 +325,8 @@ def test_a_bad_listen_address_is_a_config_error_naming_the_key(tmp_path):
 # -- agentik run: exit codes, status, sd_notify ---------------------------------------------------
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
-    env.pop("NOTIFY_SOCKET", None)
-    env.update(extra)
-    return env
+#: Without this environment's systemd socket (a test passes its own).
+_env = functools.partial(clean_env, drop=("NOTIFY_SOCKET",))
 
 
 def _refusing_irc(name: str, port: int) -> str:

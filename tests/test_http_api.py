@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import sqlite3
 
 import httpx
 import pytest
@@ -20,6 +19,7 @@ from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.base import AgentAccess
 from agentik.transports.http.openapi import ERROR_CODES
 from agentik.transports.http.transport import HttpTransport
+from helpers import rows
 
 from childruns import CHILD_ANSWER, with_researcher
 from httpserver import TOKENS, SSEReader, running_server, sse
@@ -56,11 +56,6 @@ def error_code(response: httpx.Response) -> str:
     assert set(body) == {"error"} and body["error"]["message"]
     assert body["error"]["code"] in ERROR_CODES
     return body["error"]["code"]
-
-
-def rows(db_path: str, sql: str, *args) -> list[tuple]:
-    with sqlite3.connect(db_path) as db:
-        return db.execute(sql, args).fetchall()
 
 
 # -- conversations -------------------------------------------------------------------------

@@ -11,51 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-from playwright.async_api import async_playwright, expect
+from playwright.async_api import expect
 
 from agentik.core.testing.scripted import Reply
 
 from httpserver import TOKENS, running_server
 
-CHROMIUM = Path(os.environ.get("AGENTIK_CHROMIUM", "/usr/bin/chromium"))
-HAVE_CHROMIUM = CHROMIUM.exists()
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-# The flags keep Chromium from reaching for the network (there is none here).
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-]
 SETTINGS = {"tokens": [{"name": "ada", "env": "ADMIN_TOKEN"}]}
-
-
-@pytest.fixture
-async def browser():
-    if not HAVE_CHROMIUM:
-        message = (
-            f"{CHROMIUM} is missing: run `make chromium` (as root) to install Debian's chromium"
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        try:
-            yield browser
-        finally:
-            await browser.close()
 
 
 async def test_the_web_page_chats_streams_and_stops_an_answer(db_path, browser):

@@ -16,7 +16,7 @@ from urllib.parse import quote, unquote
 import httpx
 import pytest
 from playwright.async_api import expect
-from test_http_browser import _static_page, browser  # noqa: F401  (browser: a fixture)
+from test_http_browser import _static_page
 
 from httpserver import TOKENS, admins, running_server
 
@@ -123,7 +123,7 @@ async def test_an_id_the_api_could_not_address_is_not_kept(db_path, cid, says):
 # -- the web page ---------------------------------------------------------------------------
 
 
-async def test_the_page_deletes_the_conversation_it_shows_whatever_its_id(db_path, browser):  # noqa: F811
+async def test_the_page_deletes_the_conversation_it_shows_whatever_its_id(db_path, browser):
     # The page put conversation ids into URLs as they are. A token that may only
     # import into its own channels kept the id "<someone else's id>?": an admin
     # who opened it in the page saw the other conversation, and Delete sent
@@ -164,7 +164,7 @@ async def test_the_page_deletes_the_conversation_it_shows_whatever_its_id(db_pat
 
 async def test_another_site_cannot_frame_the_page_and_the_page_runs_only_its_own_code(
     db_path,
-    browser,  # noqa: F811
+    browser,
 ):
     # The page had no Content-Security-Policy and could be framed: a page of
     # another site could show it in an invisible frame over its own buttons and
@@ -259,7 +259,7 @@ async def test_without_a_token_the_health_listener_tells_a_rebound_page_nothing(
 
 async def test_after_a_restart_the_page_shows_what_was_said_while_it_reconnected(
     tmp_path,
-    browser,  # noqa: F811
+    browser,
 ):
     # Event numbers start again in a new process. The page reconnected with the
     # Last-Event-ID of the old one, was told events_lost (its id was ahead of

@@ -43,6 +43,7 @@ from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.testing.fake import FakeTransport
 
 from httpserver import TOKENS, ThreadedServer, admins, running_server, sse
+from rigs import tool_results
 
 TIMEOUT = 60
 
@@ -160,10 +161,6 @@ def hostile_snapshot(cid: str = "stolen", *, channel: str | None = None) -> dict
             },
         ],
     }
-
-
-def tool_results(model: ScriptedModel) -> list[str]:
-    return [m.content or "" for m in model.requests[-1].messages if m.role == "tool"]
 
 
 # -- who may import ------------------------------------------------------------------------

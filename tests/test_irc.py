@@ -18,7 +18,7 @@ from ircservers import (
     registration_handler,
     sasl_plain,
 )
-from rigs import irc_bot, joined
+from rigs import eventually, irc_bot, joined
 from rigs import said_by_bot as from_bot
 
 pytest_plugins = ["ircservers"]
@@ -339,9 +339,7 @@ async def test_nick_collision_takes_an_alternate_and_regains_it_later():
             since = server.mark()
             client.send(":agentik!x@elsewhere QUIT :gone")  # the holder leaves
             await server.wait_for_line("NICK agentik", since=since)
-            async with asyncio.timeout(60):
-                while t.nick != "agentik":  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: t.nick == "agentik", "the nick back")
         finally:
             await t.aclose()
 
@@ -494,9 +492,7 @@ async def test_tls_verifies_the_certificate_by_default(tmp_path, caplog):
         )  # fmt: skip
         await t.start(_NullSink())
         try:
-            async with asyncio.timeout(60):
-                while "certificate verify failed" not in caplog.text:  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)
+            await eventually(lambda: "certificate verify failed" in caplog.text, "the TLS error")
             assert not t.registered.is_set() and server.received == []
         finally:
             await t.aclose()

@@ -23,7 +23,7 @@ from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
-from rigs import FAST
+from rigs import FAST, eventually
 
 pytest_plugins = ["ircservers"]
 
@@ -89,9 +89,7 @@ async def offered_to(server: ScriptedIRCServer, model: ScriptedModel, account: s
     """The tools the model is offered for a private message from ``account``."""
     before = len(model.requests)
     server.clients[0].send(f"@account={account} :someone!u@h PRIVMSG agentik :hello {before}")
-    async with asyncio.timeout(60):
-        while len(model.requests) <= before:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+    await eventually(lambda: len(model.requests) > before, "the model to be asked")
     return sorted(t.name for t in model.requests[before].tools)
 
 
@@ -197,9 +195,10 @@ async def test_a_mask_with_brackets_on_real_servers_ignores_whom_the_server_mean
             await client.sync()
             await client.close()
         # bob is answered; every line before his reached the bot first.
-        async with asyncio.timeout(60):
-            while not any("hello from bob" in str(r.messages[-1].content) for r in model.requests):  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+        await eventually(
+            lambda: any("hello from bob" in str(r.messages[-1].content) for r in model.requests),
+            "bob to be answered",
+        )
         answered = sorted(str(r.messages[-1].content) for r in model.requests)
     expected = ["hello from bob", "hello from trollx"]
     if ascii_server:

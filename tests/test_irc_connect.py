@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 
 import pytest
 
 from agentik.transports.base import TransportFailed
 from agentik.transports.irc.transport import IRCTransport
-from helpers import AGENTIK
+from helpers import AGENTIK, clean_env
 
 from ircservers import ScriptedIRCServer, registration_handler, sasl_plain
 
@@ -396,19 +395,14 @@ reconnect_max = 0.2
     return str(path)
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
-    env["IRC_TEST_SASL"] = "wrong-secret"
-    return env
-
-
 async def test_agentik_run_exits_1_when_its_only_transport_fails(openai_server, tmp_path):
     handler = registration_handler(sasl=sasl_plain("bot", "right", succeed=False))
     async with ScriptedIRCServer(handler) as server:
         config = _config(tmp_path, openai_server, {"locked": server.port})
         proc = await asyncio.create_subprocess_exec(
-            AGENTIK, "run", "-c", config, env=_env(), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            AGENTIK, "run", "-c", config, env=clean_env(IRC_TEST_SASL="wrong-secret"),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         try:
             _, err = await asyncio.wait_for(proc.communicate(), 90)
@@ -432,8 +426,9 @@ async def test_agentik_run_keeps_serving_when_one_of_two_transports_fails(openai
     ):
         config = _config(tmp_path, openai_server, {"locked": locked.port, "open": open_server.port})
         proc = await asyncio.create_subprocess_exec(
-            AGENTIK, "run", "-c", config, env=_env(), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            AGENTIK, "run", "-c", config, env=clean_env(IRC_TEST_SASL="wrong-secret"),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         lines: list[str] = []
         try:

@@ -15,7 +15,7 @@ from agentik.transports.base import IncomingMessage, OutgoingMessage
 from agentik.transports.irc.transport import IRCTransport
 
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
-from rigs import FAST, from_bot, irc_bot, joined
+from rigs import FAST, eventually, from_bot, irc_bot, joined
 
 pytest_plugins = ["ircservers"]
 
@@ -113,9 +113,7 @@ async def test_a_flood_from_many_clients_never_drops_or_holds_up_another_channel
                     f.privmsg("#flood", f"agentik: flood {n}.{i}")
 
         wave(1)
-        async with asyncio.timeout(60):
-            while bot.queued < 10:  # a backlog for #flood  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+        await eventually(lambda: bot.queued >= 10, "a backlog for #flood")
         quinn.privmsg("#quiet", "agentik: are you there?")
         quinn.privmsg("agentik", "and in private?")
         wave(2)
@@ -153,9 +151,7 @@ async def test_changing_nick_does_not_reset_the_per_user_rate_limit(miniircd, tm
         await bob.wait_for(lambda m: from_bot(m) and m.text == "echo: hello")
         for nick in ("mallory", "mallory0", "mallory1"):
             conv = await agent.conversation_for_channel(f"irc:testnet:{nick}!*@*")
-            async with asyncio.timeout(60):
-                while conv.busy:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda conv=conv: not conv.busy, f"{nick}'s turn to end")
         asked = [r.messages[-1].content for r in model.requests]
         assert sorted(a for a in asked if a.startswith("request")) == [
             f"request 0.{i}" for i in range(4)
@@ -183,9 +179,7 @@ async def test_too_fast_notices_to_many_flooders_have_a_budget_of_their_own():
                 for i in range(3):
                     client.send(f":n{n}!u{n}@h{n} PRIVMSG agentik :message {i}")
             client.send(":carol!c@h PRIVMSG agentik :all sent")
-            async with asyncio.timeout(60):
-                while not any(m.text == "all sent" for m in received):  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: any(m.text == "all sent" for m in received), "all sent")
             assert len(received) == 15 * 2 + 1  # each flooder's first two
             # Lines waiting for other targets are sent before a new target's first.
             await t.send(line("carol", "marker"))

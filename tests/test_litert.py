@@ -38,7 +38,9 @@ from agentik.core.messages import ChatMessage, ToolCall
 from agentik.core.plugins import load_plugins
 from agentik.core.testing.scripted import Reply, ScriptedModel
 from agentik.core.tools.base import spec_of
-from helpers import collect_turn
+from helpers import collect_turn, ended, turn
+
+from rigs import eventually
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-random.litertlm"
 TOOLCALL_FIXTURE = Path(__file__).parent / "fixtures" / "tiny-toolcall.litertlm"
@@ -75,22 +77,8 @@ async def agent(llm, db_path):
         yield a
 
 
-async def turn(conv, text: str, *, author: str | None = "alice") -> list:
-    sub = conv.events()
-    run_id = await conv.send(text, author=author)
-    events = await collect_turn(sub, run_id=run_id, wait=60)
-    await sub.aclose()
-    return events
-
-
 def deltas(events) -> list[str]:
     return [e.text for e in events if e.kind == "text_delta"]
-
-
-def ended(events):
-    end = events[-1]
-    assert end.kind == "turn_ended", [e.kind for e in events]
-    return end
 
 
 # -- streaming and reuse ----------------------------------------------------------------------
@@ -373,9 +361,8 @@ async def test_idle_engine_conversations_are_released_then_rebuilt(tmp_path):
     async with Agent(llm=backend, store=SQLiteStore(":memory:"), system_prompt=SYSTEM) as a:
         conv = await a.create_conversation()
         ended(await turn(conv, "hi"))
-        async with asyncio.timeout(60):  # the idle timer fires in its own time
-            while backend.live_conversations:  # noqa: ASYNC110
-                await asyncio.sleep(0.025)
+        # The idle timer fires in its own time.
+        await eventually(lambda: not backend.live_conversations, "the idle release")
         assert backend.live_conversations == 0 and backend.stats.released_idle == 1
         end = ended(await turn(conv, "still there?"))
         assert end.stop_reason in ("stop", "length")

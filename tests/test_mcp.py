@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ from agentik.core.tools.base import ToolContext
 from agentik.core.tools.mcp import MCPServerConfig, MCPToolset
 from helpers import in_ci
 
-from rigs import free_port
+from rigs import eventually, free_port
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 CTX = ToolContext(conversation_id="c", run_id="r", call_id="k")
@@ -41,15 +41,6 @@ def stdio(name: str = "calc", **kw) -> MCPServerConfig:
     kw.setdefault("timeout", 20.0)
     kw.setdefault("args", (SERVER,))
     return MCPServerConfig(name=name, command=sys.executable, **kw)
-
-
-async def until(pred: Callable[[], bool], what: str, wait: float = 60.0) -> None:
-    """Wait for ``pred()`` (a deadline only against hanging, not a timing check)."""
-    deadline = time.monotonic() + wait
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def gone(pid: int) -> bool:
@@ -151,7 +142,7 @@ async def test_conversation_calls_mcp_tool_and_denied_tool_is_unknown(tmp_path):
 async def test_tools_list_changed_refreshes_tools(calc):
     added = await by_name(calc)["calc__add_tool"].call({"name": "fresh"}, CTX)
     assert not added.is_error
-    await until(lambda: "calc__fresh" in by_name(calc), "the new tool to be listed")
+    await eventually(lambda: "calc__fresh" in by_name(calc), "the new tool to be listed")
     result = await by_name(calc)["calc__fresh"].call({}, CTX)
     assert result.text.splitlines()[0] == "I am fresh"
 
@@ -162,13 +153,13 @@ async def test_killed_between_calls_restarts(calc):
     assert status(calc, "calc")["pid"] == first
     os.kill(first, signal.SIGKILL)
     # The toolset notices the death by itself (no call needed) ...
-    await until(lambda: status(calc, "calc")["pid"] != first, "the death to be noticed")
+    await eventually(lambda: status(calc, "calc")["pid"] != first, "the death to be noticed")
     # ... and the next call waits for the restart and works.
     second = (await pid_tool.call({}, CTX)).data["result"]
     assert second != first
     assert status(calc, "calc")["state"] == "connected"
     assert status(calc, "calc")["pid"] == second
-    await until(lambda: gone(first), "the killed process to be reaped")
+    await eventually(lambda: gone(first), "the killed process to be reaped")
 
 
 async def test_crash_during_call_then_next_call_works(calc):
@@ -180,7 +171,7 @@ async def test_crash_during_call_then_next_call_works(calc):
     result = await tools["calc__add"].call({"a": 1, "b": 1}, CTX)
     assert result.data == {"result": 2}
     assert status(calc, "calc")["pid"] != old
-    await until(lambda: gone(old), "the crashed process to be reaped")
+    await eventually(lambda: gone(old), "the crashed process to be reaped")
 
 
 async def test_slow_call_times_out_and_session_survives():
@@ -241,12 +232,12 @@ async def test_aclose_leaves_no_process_and_no_task(tmp_path):
     started = tmp_path / "started"
     args = {"seconds": 30, "started": str(started)}
     slow = asyncio.create_task(by_name(toolset)["one__slow"].call(args, CTX))
-    await until(started.exists, "the slow call to be running")  # closed with a call in flight
+    await eventually(started.exists, "the slow call to be running")  # closed with a call in flight
     await toolset.aclose()
     with contextlib.suppress(ToolError):
         await slow
     assert [s["state"] for s in toolset.status()] == ["closed"] * 3
-    await until(lambda: all(gone(p) for p in pids), "the server processes to end")
+    await eventually(lambda: all(gone(p) for p in pids), "the server processes to end")
     assert asyncio.all_tasks() == before
 
 
@@ -406,7 +397,9 @@ async def test_http_server_down_clear_error_then_tools_come_back(http_proc, capl
         assert "failed to start" not in caplog.text
         await http_proc.start()
         # Retried with backoff in the background: it comes back by itself.
-        await until(lambda: status(toolset, "web")["state"] == "connected", "the server to be back")
+        await eventually(
+            lambda: status(toolset, "web")["state"] == "connected", "the server to be back"
+        )
         assert (await by_name(toolset)["web__add"].call({"a": 2, "b": 3}, CTX)).data == {
             "result": 5
         }
@@ -426,7 +419,9 @@ async def test_http_server_down_at_start_connects_when_it_comes_up(caplog):
         st = status(toolset, "web")
         assert st["state"] == "failed" and "ConnectError" in st["error"]
         await server.start()
-        await until(lambda: status(toolset, "web")["state"] == "connected", "the server to be up")
+        await eventually(
+            lambda: status(toolset, "web")["state"] == "connected", "the server to be up"
+        )
         assert (await by_name(toolset)["web__add"].call({"a": 4, "b": 4}, CTX)).data == {
             "result": 8
         }
@@ -578,7 +573,7 @@ async def test_mcp_server_time():
         pid = st["pid"]
     finally:
         await toolset.aclose()
-    await until(lambda: gone(pid), "mcp-server-time to end")
+    await eventually(lambda: gone(pid), "mcp-server-time to end")
 
 
 def test_agentik_mcp_list_shows_status_and_tools(tmp_path):
@@ -809,7 +804,7 @@ async def test_a_message_over_the_limit_stops_the_server_and_the_next_call_works
         result = await tools["calc__add"].call({"a": 2, "b": 3}, CTX)
         assert result.data == {"result": 5}
         assert status(toolset, "calc")["pid"] != old
-        await until(lambda: gone(old), "the stopped server to be reaped")
+        await eventually(lambda: gone(old), "the stopped server to be reaped")
     finally:
         await toolset.aclose()
 
@@ -898,7 +893,9 @@ async def test_a_server_hanging_in_initialize_does_not_hold_up_the_bot(tmp_path)
             mem = bot.transports["mem"]
             await mem.inject("first", author="alice")
             await mem.wait_for(lambda m: m.kind == "answer")
-            await until(lambda: "calc__add" in {t.name for t in bot.agent.tools}, "calc's tools")
+            await eventually(
+                lambda: "calc__add" in {t.name for t in bot.agent.tools}, "calc's tools"
+            )
             await mem.inject("second", author="alice")
             await mem.wait_for(lambda m: m.kind == "answer", count=2)
             offered = {t.name for t in bot.agent.llm.requests[-1].tools}

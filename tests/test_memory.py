@@ -17,6 +17,8 @@ from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import ToolContext
 from agentik.transports.testing import MemoryTransport
 
+from rigs import turn_tool_results
+
 
 class Backend:
     """Opens one backend kind on files under ``tmp_path`` (re-openable: restarts)."""
@@ -223,13 +225,6 @@ async def say(bridge, t, channel, author, text):
     await bridge.flush(channel)
 
 
-def tool_results(model, index=-1):
-    """The tool results of the current turn as request ``index`` carried them."""
-    messages = list(model.requests[index].messages)
-    last_user = max(i for i, m in enumerate(messages) if m.role == "user")
-    return [m.content for m in messages[last_user:] if m.role == "tool"]
-
-
 async def test_memory_tools_are_offered_with_schemas(rig):
     model, agent, bridge, t = rig
     await say(bridge, t, "net:#a", "alice", "hi")
@@ -253,7 +248,7 @@ async def test_the_model_stores_and_finds_notes(rig):
         "Noted.",
     )
     await say(bridge, t, "net:#a", "alice", "remember: my favourite colour is teal")
-    assert tool_results(model) == ["saved note #1 (channel)"]
+    assert turn_tool_results(model) == ["saved note #1 (channel)"]
     notes = await agent.memory.list()
     assert [(n.scope, n.author) for n in notes] == [("channel:net:#a", "net:alice")]
     model.enqueue(
@@ -262,8 +257,8 @@ async def test_the_model_stores_and_finds_notes(rig):
         "Teal.",
     )
     await say(bridge, t, "net:#a", "bob", "what colour does alice like?")
-    assert "alice's favourite colour is teal" in tool_results(model, -2)[0]
-    assert tool_results(model)[-1].endswith("alice's favourite colour is teal")
+    assert "alice's favourite colour is teal" in turn_tool_results(model, -2)[0]
+    assert turn_tool_results(model)[-1].endswith("alice's favourite colour is teal")
     assert t.texts("answer")[-1] == "Teal."
 
 
@@ -284,7 +279,7 @@ async def test_a_channel_never_sees_another_channels_notes(rig):
         "nothing",
     )
     await say(bridge, t, "net:#b", "carol", "any secret plans?")
-    results = tool_results(model)
+    results = turn_tool_results(model)
     assert results[0] == "nothing found for 'secret plan'"
     assert results[1] == "no notes"
     assert all("no note #1 in this conversation's memory" in r for r in results[2:])
@@ -302,11 +297,11 @@ async def test_user_notes_follow_the_user_not_the_channel(rig):
     # Channel #b: bob alone does not see alice's note ...
     model.enqueue(Reply(tool_calls=[call("memory_search", {"query": "vegetarian"})]), "no idea")
     await say(bridge, t, "net:#b", "bob", "what does alice eat?")
-    assert tool_results(model) == ["nothing found for 'vegetarian'"]
+    assert turn_tool_results(model) == ["nothing found for 'vegetarian'"]
     # ... once alice speaks in #b, her notes are visible there.
     model.enqueue(Reply(tool_calls=[call("memory_search", {"query": "vegetarian"})]), "veg")
     await say(bridge, t, "net:#b", "alice", "what do I eat?")
-    assert "alice is vegetarian" in tool_results(model)[0]
+    assert "alice is vegetarian" in turn_tool_results(model)[0]
 
 
 async def test_global_writes_can_be_forbidden(tmp_path):
@@ -318,7 +313,7 @@ async def test_global_writes_can_be_forbidden(tmp_path):
         conv = await agent.conversation_for_channel("net:#a")
         await conv.send("save it globally", author_id="net:alice")
         await conv.wait_idle()
-    assert "global notes are not allowed" in tool_results(model, 1)[0]
+    assert "global notes are not allowed" in turn_tool_results(model, 1)[0]
 
 
 async def test_memory_survives_a_restart_of_the_agent(tmp_path):
@@ -338,7 +333,7 @@ async def test_memory_survives_a_restart_of_the_agent(tmp_path):
         conv = await agent.conversation_for_channel("net:#ops")
         await conv.send("when do we deploy?", author="bob", author_id="net:bob")
         await conv.wait_idle()
-    assert "deploys happen on Tuesday" in tool_results(model2, 0 + 1)[0]
+    assert "deploys happen on Tuesday" in turn_tool_results(model2, 0 + 1)[0]
 
 
 async def test_bad_tool_arguments_get_a_plain_sentence_not_an_exception(rig):

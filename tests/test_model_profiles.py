@@ -25,6 +25,7 @@ from agentik.core.testing.scripted import ScriptedModel
 from helpers import collect_turn
 
 from ircservers import IRCTestClient
+from rigs import ask, said_in
 
 pytest_plugins = ["ircservers"]
 
@@ -84,15 +85,6 @@ async def running(path: Path):
         yield bot
 
 
-def said(channel: str, *words: str):
-    return lambda m: (
-        m.command == "PRIVMSG"
-        and (m.nick or "").lower() == "agentik"
-        and m.params[0] == channel
-        and all(w in m.text for w in words)
-    )
-
-
 def asked(server: FakeOpenAIServer, text: str) -> list[dict]:
     """The model requests ``server`` got whose last user message contains ``text``."""
     found = []
@@ -101,11 +93,6 @@ def asked(server: FakeOpenAIServer, text: str) -> list[dict]:
         if users and text in str(users[-1]["content"]):
             found.append(body)
     return found
-
-
-async def ask(client: IRCTestClient, channel: str, text: str) -> None:
-    client.privmsg(channel, f"agentik: {text}")
-    await client.wait_for(said(channel, "echo:", text))
 
 
 @pytest.fixture
@@ -129,7 +116,7 @@ async def test_set_model_sends_that_channels_turns_to_the_profile_and_survives_a
         assert body["model"] == "main-model" and not asked(fast_server, "first in ops")
 
         alice.privmsg("#ops", "!set model fast")
-        await alice.wait_for(said("#ops", "model is now fast in this channel"))
+        await alice.wait_for(said_in("#ops", "model is now fast in this channel"))
         await ask(alice, "#ops", "fast in ops")
         [body] = asked(fast_server, "fast in ops")
         assert body["model"] == "fast-model" and not asked(main, "fast in ops")
@@ -146,17 +133,17 @@ async def test_set_model_sends_that_channels_turns_to_the_profile_and_survives_a
 
         # An unknown profile is refused, naming the allowed ones; nothing changes.
         alice.privmsg("#ops", "!set model turbo")
-        refused = await alice.wait_for(said("#ops", "turbo"))
+        refused = await alice.wait_for(said_in("#ops", "turbo"))
         assert "model: no profile 'turbo'; profiles: default, cheap, fast" in refused.text
         alice.privmsg("#ops", "!status")
-        status = await alice.wait_for(said("#ops", "conversation"))
+        status = await alice.wait_for(said_in("#ops", "conversation"))
         assert status.text.startswith("model fast-model (profile fast) ·")
         alice.privmsg("#ops", "!status settings")  # a shared channel: settings on request
         settings = ""
         while "model fast [chat, testnet:alice!" not in settings:
-            settings += (await alice.wait_for(said("#ops"))).text + " "
+            settings += (await alice.wait_for(said_in("#ops"))).text + " "
         alice.privmsg("#cfg", "!status")
-        status = await alice.wait_for(said("#cfg", "conversation"))
+        status = await alice.wait_for(said_in("#cfg", "conversation"))
         assert status.text.startswith("model fast-model (profile fast) ·")
         await alice.close()
 
@@ -173,17 +160,17 @@ async def test_set_model_sends_that_channels_turns_to_the_profile_and_survives_a
 
         # A profile without a backend of its own is [llm] with its keys changed.
         alice.privmsg("#dev", "!set model cheap")
-        await alice.wait_for(said("#dev", "model is now cheap"))
+        await alice.wait_for(said_in("#dev", "model is now cheap"))
         await ask(alice, "#dev", "cheap in dev")
         assert [b["model"] for b in asked(main, "cheap in dev")] == ["cheap-model"]
 
         # Back to [llm]: `!set model default` (overrides a config pattern too) and `!unset`.
         alice.privmsg("#ops", "!set model default")
-        await alice.wait_for(said("#ops", "model is now default"))
+        await alice.wait_for(said_in("#ops", "model is now default"))
         await ask(alice, "#ops", "default again")
         assert [b["model"] for b in asked(main, "default again")] == ["main-model"]
         alice.privmsg("#dev", "!unset model")
-        await alice.wait_for(said("#dev", "model"))
+        await alice.wait_for(said_in("#dev", "model"))
         await ask(alice, "#dev", "unset in dev")
         assert [b["model"] for b in asked(main, "unset in dev")] == ["main-model"]
         await alice.close()

@@ -24,6 +24,7 @@ from agentik.core.testing.openai_server import Reply
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient, start_miniircd
+from rigs import eventually
 
 pytest_plugins = ["ircservers"]
 
@@ -158,11 +159,12 @@ async def wait_db(db: str, sql: str, want) -> None:
         finally:
             con.close()
 
-    async with asyncio.timeout(WAIT):
-        # Another process writes it: nothing to wait on but the file itself.
-        while (got := await asyncio.to_thread(read)) != want:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-    return got
+    async def written() -> bool:
+        return await asyncio.to_thread(read) == want
+
+    # Another process writes it: nothing to wait on but the file itself.
+    await eventually(written, f"{sql} to give {want!r}", wait=WAIT, interval=0.05)
+    return want
 
 
 def settings(**kw) -> str:

@@ -9,8 +9,8 @@ venv costs a wheel build, not a download of everything.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import os
 import subprocess
 import sys
 import venv
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agentik.bot.cli import COMMANDS
+from helpers import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,12 +40,8 @@ def plain(tmp_path_factory) -> Path:
     return bin_dir
 
 
-def _env(**extra: str) -> dict[str, str]:
-    # No PYTHONPATH: the venv must import what it installed, nothing of this test run.
-    skip = ("OPENAI_", "AGENTIK_", "PYTHONPATH", "VIRTUAL_ENV", "PIP_TARGET")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
-    env.update(extra)
-    return env
+#: No PYTHONPATH: the venv must import what it installed, nothing of this test run.
+_env = functools.partial(clean_env, drop=("PYTHONPATH", "VIRTUAL_ENV", "PIP_TARGET"))
 
 
 def _run(bin_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

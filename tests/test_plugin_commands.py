@@ -26,14 +26,14 @@ webhook_plugin = pytest.importorskip("agentik_webhook.plugin")
 pytest_plugins = ["ircservers"]
 
 
-def admins(*masks: str, rules: tuple[AccessRule, ...] = ()) -> AccessPolicy:
+def irc_admins(*masks: str, rules: tuple[AccessRule, ...] = ()) -> AccessPolicy:
     return AccessPolicy(
         AccessSettings(admins=masks, rules=list(rules)), {"testnet": "irc"}, irc_casefold=casefold
     )
 
 
 async def test_a_plugin_command_is_listed_and_needs_its_role(miniircd, tmp_path):
-    access = admins("testnet:mask:dave!*@*")
+    access = irc_admins("testnet:mask:dave!*@*")
     async with irc_bot(miniircd.port, tmp_path, bridge_kw={"access": access},
                        agent_kw={"hooks": [webhook_plugin]}, unverified_identity="hostmask",
                        channels=["#ops"]) as (bot, _, _, bridge):  # fmt: skip
@@ -91,7 +91,7 @@ class Greeter:
 
 async def test_access_rules_apply_to_a_plugin_command(miniircd, tmp_path):
     rules = (AccessRule(channels=("irc:testnet:#quiet",), commands=("*", "-hello")),)
-    access = admins(rules=rules)
+    access = irc_admins(rules=rules)
     async with irc_bot(miniircd.port, tmp_path, bridge_kw={"access": access},
                        agent_kw={"hooks": [Greeter()]}, unverified_identity="hostmask",
                        channels=["#open", "#quiet"]) as (bot, _, _, _):  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import AGENTIK
+from helpers import agentik
 
 
 def install_plugin(tmp_path: Path, module_source: str) -> Path:
@@ -51,13 +51,10 @@ def install_plugin(tmp_path: Path, module_source: str) -> Path:
     return site
 
 
-def agentik(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
-    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), clean.get("PYTHONPATH")]))
-    return subprocess.run(
-        [AGENTIK, *args], env={**clean, **env}, capture_output=True, text=True, timeout=60,
-        stdin=subprocess.DEVNULL, cwd=site.parent,
-    )  # fmt: skip
+def agentik_with(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``agentik`` with ``site`` first on its ``PYTHONPATH``, run next to it."""
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return agentik(*args, cwd=site.parent, env={"PYTHONPATH": path, **env}, timeout=60)
 
 
 @pytest.fixture
@@ -93,12 +90,12 @@ def test_a_misspelt_hook_stops_run_and_check_naming_hook_plugin_and_distribution
         "unknown hook 'register_transport'",
         "did you mean 'register_transports'?",
     )
-    assert_start_up_error(agentik(site, "check", "-c", str(config)), *expected)
-    run = agentik(site, "run", "-c", str(config))
+    assert_start_up_error(agentik_with(site, "check", "-c", str(config)), *expected)
+    run = agentik_with(site, "run", "-c", str(config))
     assert_start_up_error(run, *expected)
     assert not (tmp_path / "bot.db").exists(), "nothing may start before the plugins are checked"
     # Leaving the plugin out (AGENTIK_PLUGINS names the ones to load) gets the bot going.
-    assert agentik(site, "check", "-c", str(config), AGENTIK_PLUGINS="").returncode == 0
+    assert agentik_with(site, "check", "-c", str(config), AGENTIK_PLUGINS="").returncode == 0
 
 
 WRONG_ARGUMENT = """
@@ -112,5 +109,5 @@ WRONG_ARGUMENT = """
 
 def test_a_hook_with_a_wrong_argument_name_stops_start_up_naming_it(tmp_path, config):
     site = install_plugin(tmp_path, WRONG_ARGUMENT)
-    result = agentik(site, "check", "-c", str(config))
+    result = agentik_with(site, "check", "-c", str(config))
     assert_start_up_error(result, "plugin 'typo' (agentik-typo 1.2.3)", "register_tools", "{'add'}")

@@ -21,6 +21,8 @@ from agentik.core.redaction import PatternScrubber, RedactionError, RedactionSet
 from agentik.core.testing.openai_server import FakeOpenAIServer, Reply
 from agentik.transports.testing import MemoryTransport
 
+from rigs import eventually
+
 SECRET = "zq7-unique-hunter2-passphrase-X91"
 
 
@@ -327,9 +329,7 @@ async def test_chat_redact_by_the_author_or_an_admin_only(tmp_path):
             await slack.push_event(
                 slack.message_event("C1", f"my token is {SECRET}", user="U2", **thread)
             )
-            async with asyncio.timeout(60):
-                while len(model.requests) < 2:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: len(model.requests) >= 2, "the second model request")
             await bridge.flush(key)
             conv_id = await agent.store.get_binding(key)
             [leak] = [m for m in await agent.store.messages(conv_id) if SECRET in m.content]

@@ -25,7 +25,7 @@ from agentik.transports.testing.fake import FakeTransport
 from helpers import AGENTIK
 
 from ircservers import IRCTestClient
-from rigs import joined
+from rigs import eventually, joined
 
 pytest_plugins = ["ircservers"]
 
@@ -69,10 +69,8 @@ def ended(reason: str) -> Callable[[object], bool]:
 
 
 async def until(predicate: Callable[[], bool]) -> None:
-    """Wait (at most 60 s) for a condition nothing signals (the bridge's released count)."""
-    async with asyncio.timeout(60):
-        while not predicate():  # noqa: ASYNC110 - the bridge signals no release
-            await asyncio.sleep(0.01)
+    """Wait for a condition nothing signals (the bridge's released count)."""
+    await eventually(predicate, "the condition (the bridge signals no release)")
 
 
 def transcript(request) -> str:

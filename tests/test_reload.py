@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from agentik.core.tools.mcp import MCPToolset
 from helpers import AGENTIK
 
 from ircservers import IRCTestClient, free_port
+from rigs import eventually
 from rigs import said_by_bot as from_bot
 
 pytest_plugins = ["ircservers"]
@@ -59,12 +59,8 @@ channels = ["#reload"]
 
 
 async def wait_until(pred: Callable[[], bool], what: str, stderr: list[str]) -> None:
-    """Wait for ``pred()``; the deadline only guards against a hang."""
-    deadline = time.monotonic() + 60
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}; stderr:\n{''.join(stderr)}")
-        await asyncio.sleep(0.05)
+    """Wait for ``pred()`` (:func:`rigs.eventually`); a failure shows the bot's stderr."""
+    await eventually(pred, lambda: f"{what}; stderr:\n{''.join(stderr)}", interval=0.05)
 
 
 async def _collect(stream: asyncio.StreamReader, into: list[str]) -> None:
@@ -323,7 +319,9 @@ async def test_a_transport_whose_settings_changed_is_restarted_and_a_removed_one
         assert set(bot.transports) == {"mem"}
         fresh = bot.transports["mem"]
         assert fresh is not mem and fresh.settings == {"flavour": "new"}
-        assert "old" not in bot.bridge._transports and old not in bot.started
+        # Detached from the bridge: no channel of "old" has a transport any more.
+        assert old.owns("memory:old:#test") and bot.bridge.transport_for("memory:old:#test") is None
+        assert old not in bot.started
         # The open channel carries on through the new instance.
         await fresh.inject("after", author="alice")
         await fresh.wait_for(lambda m: m.kind == "answer")

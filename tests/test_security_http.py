@@ -23,7 +23,6 @@ import contextlib
 import json
 import logging
 import socket
-import sqlite3
 
 import httpx
 import pytest
@@ -33,6 +32,7 @@ from hypothesis import strategies as st
 from agentik.core.errors import ConfigError
 from agentik.transports.http.openapi import ERROR_CODES
 from agentik.transports.http.transport import HttpTransport
+from helpers import rows
 
 from httpserver import TOKENS, ThreadedServer, running_server, sse
 
@@ -54,11 +54,6 @@ def error_code(response: httpx.Response) -> str:
     assert set(body) == {"error"} and body["error"]["message"]
     assert body["error"]["code"] in ERROR_CODES
     return body["error"]["code"]
-
-
-def rows(db_path: str, sql: str, *args) -> list[tuple]:
-    with sqlite3.connect(db_path) as db:
-        return db.execute(sql, args).fetchall()
 
 
 async def create(client: httpx.AsyncClient, **body) -> dict:

@@ -26,6 +26,7 @@ from agentik.transports.http.server import ThrottledWarning
 from helpers import AGENTIK
 
 from httpserver import TOKENS, Server, running_server, sse
+from rigs import eventually
 
 ADMIN = TOKENS["ADMIN_TOKEN"]
 SECURED = {"tokens": [{"name": "admin", "env": "ADMIN_TOKEN"}]}
@@ -222,9 +223,11 @@ async def test_extra_connections_are_turned_away_while_established_clients_keep_
             assert (await c.get("/conversations")).status_code == 200
             # ... and three idle sockets fill the cap.
             idle = [await connect(server) for _ in range(3)]
-            async with asyncio.timeout(GUARD):
-                while server.transport.open_connections < 4:  # noqa: ASYNC110 - no event for accepts
-                    await asyncio.sleep(0.01)
+            await eventually(
+                lambda: server.transport.open_connections >= 4,
+                "4 connections accepted (no event for accepts)",
+                wait=GUARD,
+            )
 
             # The next connection is answered 503 at once and closed.
             reader, writer = await connect(server)
@@ -242,9 +245,11 @@ async def test_extra_connections_are_turned_away_while_established_clients_keep_
 
             # A freed slot takes a new client again.
             idle[0][1].close()
-            async with asyncio.timeout(GUARD):
-                while server.transport.open_connections > 3:  # noqa: ASYNC110 - nor for closes
-                    await asyncio.sleep(0.01)
+            await eventually(
+                lambda: server.transport.open_connections <= 3,
+                "a connection closed (no event for closes)",
+                wait=GUARD,
+            )
             async with httpx.AsyncClient(base_url=server.url, timeout=GUARD) as fresh:
                 assert (await fresh.get("/health")).json()["status"] == "ok"
             for _, w in idle[1:]:
@@ -296,9 +301,12 @@ async def test_a_throttled_warning_is_one_line_now_and_one_count_per_interval(ca
             warning.note("EMFILE")
         lines = [r.getMessage() for r in caplog.records if r.name == logger.name]
         assert lines == ["cannot accept: EMFILE"]
-        async with asyncio.timeout(GUARD):
-            while len(caplog.records) < 2:  # noqa: ASYNC110 - the interval has no event
-                await asyncio.sleep(0.05)
+        await eventually(
+            lambda: len(caplog.records) >= 2,
+            "two log records (the interval has no event)",
+            wait=GUARD,
+            interval=0.05,
+        )
         lines = [r.getMessage() for r in caplog.records if r.name == logger.name]
         assert lines == [
             "cannot accept: EMFILE",
@@ -438,9 +446,12 @@ tokens = [{{ name = "ops", env = "FD_TOKEN" }}]
         attacker = Attacker(("127.0.0.1", port))
         attacker.open()
         attack = asyncio.ensure_future(attacker.run())
-        async with asyncio.timeout(GUARD):
-            while not any(b"cannot accept a connection" in line for line in later):  # noqa: ASYNC110
-                await asyncio.sleep(0.1)
+        await eventually(
+            lambda: any(b"cannot accept a connection" in line for line in later),
+            "the accept error logged",
+            wait=GUARD,
+            interval=0.1,
+        )
         # Now the attacker stops replacing sockets; the ones it has stay open (the slow
         # ones keep sending).  The head deadline reaps them, and the API answers again.
         attacker.reconnect = False
@@ -517,9 +528,11 @@ async def test_one_client_holding_idle_sockets_cannot_starve_the_others(db_path)
     }
     async with running_server(db_path, settings=settings, environ=TOKENS) as server:
         held = [await connect_from(server, "127.0.0.2") for _ in range(4)]
-        async with asyncio.timeout(GUARD):
-            while server.transport.open_connections < 4:  # noqa: ASYNC110 - no event for accepts
-                await asyncio.sleep(0.01)
+        await eventually(
+            lambda: server.transport.open_connections >= 4,
+            "4 connections accepted (no event for accepts)",
+            wait=GUARD,
+        )
         # Past its cap, each new socket of that client is answered 503 and closed ...
         for _ in range(12):
             reader, writer = await connect_from(server, "127.0.0.2")
@@ -549,9 +562,11 @@ async def test_a_full_server_keeps_a_reserved_slot_for_health_and_credentials(db
     async with running_server(db_path, settings=settings, environ=TOKENS) as server:
         # Idle sockets of one client fill the cap.
         held = [await connect_from(server, "127.0.0.2") for _ in range(4)]
-        async with asyncio.timeout(GUARD):
-            while server.transport.open_connections < 4:  # noqa: ASYNC110 - no event for accepts
-                await asyncio.sleep(0.01)
+        await eventually(
+            lambda: server.transport.open_connections >= 4,
+            "4 connections accepted (no event for accepts)",
+            wait=GUARD,
+        )
         # Health checks and requests with a token still get through, one per connection.
         assert await fresh_requests(server, 5) == [200] * 10
         # A request without credentials in the reserved slot is the cap's 503 ...

@@ -25,7 +25,7 @@ from agentik.transports.irc.wire import casefold, parse_line, strip_formatting
 
 import rigs
 from ircservers import IRCTestClient, ScriptedIRCServer, registration_handler
-from rigs import FAST, from_bot, joined
+from rigs import FAST, eventually, from_bot, joined, turn_tool_results
 
 pytest_plugins = ["ircservers"]
 
@@ -38,13 +38,6 @@ ACCOUNTS = registration_handler(
     caps_offered="account-tag message-tags",
     isupport="CASEMAPPING=rfc1459 CHANTYPES=#& STATUSMSG=@+ NETWORK=Test",
 )
-
-
-def tool_results(model, index=-1) -> list[str]:
-    """The tool results of the current turn as request ``index`` carried them."""
-    messages = list(model.requests[index].messages)
-    last_user = max(i for i, m in enumerate(messages) if m.role == "user")
-    return [m.content for m in messages[last_user:] if m.role == "tool"]
 
 
 class RecordingSink:
@@ -100,7 +93,7 @@ async def test_a_nick_taken_without_an_account_cannot_read_the_owners_user_notes
         answer = await mallory.wait_for(lambda m: from_bot(m) and m.command == "PRIVMSG")
         assert answer.params[0] == "alice" and answer.text == "I know nothing about that."
         # (Tool calls of one step run together: their results come in any order.)
-        assert sorted(tool_results(model)) == sorted(
+        assert sorted(turn_tool_results(model)) == sorted(
             ["nothing found for 'PIN'", NO_IDENTITY, "no notes", f"error: {NO_IDENTITY}"]
         )
         assert len(await agent.memory.list()) == 2  # nothing written for the claimed nick
@@ -113,7 +106,7 @@ async def test_a_nick_taken_without_an_account_cannot_read_the_owners_user_notes
         model.enqueue(Reply(tool_calls=[call("memory_search", {"query": "PIN"})]), "no idea")
         bob.privmsg("#room", "agentik: what is alice's PIN?")
         await bob.wait_for(lambda m: from_bot(m) and m.text == "bob: no idea")
-        assert tool_results(model) == ["nothing found for 'PIN'"]
+        assert turn_tool_results(model) == ["nothing found for 'PIN'"]
         await mallory.close()
         await bob.close()
 
@@ -137,7 +130,7 @@ async def test_an_account_keeps_its_notes_whatever_the_nick_case_and_a_bare_nick
             model.enqueue(Reply(tool_calls=[call("memory_search", {"query": "PIN"})]), "found it")
             client.send("@account=ALICE{M} :ALICE{M}!a@h PRIVMSG AGENTIK :my PIN?")
             await server.wait_for_line("PRIVMSG ALICE{M} :found it")
-            assert PIN in tool_results(model)[0]
+            assert PIN in turn_tool_results(model)[0]
             first = await agent.conversation_for_channel("irc:testnet:alice{m}")
             assert [m.content for m in await first.messages() if m.kind == "user"] == [
                 "remember my PIN",
@@ -148,7 +141,7 @@ async def test_an_account_keeps_its_notes_whatever_the_nick_case_and_a_bare_nick
             model.enqueue(search, "nope, nothing")
             client.send(":Alice[m]!evil@elsewhere PRIVMSG agentik :my PIN?")
             await server.wait_for_line("PRIVMSG Alice[m] :nope, nothing")
-            assert tool_results(model) == ["nothing found for 'PIN'"]
+            assert turn_tool_results(model) == ["nothing found for 'PIN'"]
             other = await agent.conversation_for_channel("irc:testnet:alice{m}!*@*")
             assert other.id != first.id
             assert [m.content for m in await other.messages() if m.kind == "user"] == ["my PIN?"]
@@ -189,7 +182,7 @@ async def test_hostmask_identity_is_an_opt_in_with_a_warning(tmp_path, caplog):
             model.enqueue(Reply(tool_calls=[call("memory_search", {"query": "tea"})]), "no idea")
             server.clients[0].send(":Bob!~bob@other.example PRIVMSG agentik :what do I like?")
             await server.wait_for_line("PRIVMSG Bob :no idea")
-            assert tool_results(model) == ["nothing found for 'tea'"]
+            assert turn_tool_results(model) == ["nothing found for 'tea'"]
 
 
 # -- CASEMAPPING -------------------------------------------------------------------------------
@@ -410,9 +403,7 @@ async def test_answers_in_channels_name_the_asker_once_and_private_ones_do_not(
         bob.privmsg("#manners", "agentik: and me?")
         await bob.sync()
         conv = await agent.conversation_for_channel("irc:testnet:#manners")
-        async with asyncio.timeout(60):
-            while not conv.queued:  # noqa: ASYNC110 - bob's question waits behind alice's
-                await asyncio.sleep(0.01)
+        await eventually(lambda: conv.queued, "bob's question to wait behind alice's")
         gate.set()
         await alice.wait_for(lambda m: from_bot(m) and m.text == "bob: echo: and me?")
         texts = [m.text for m in alice.received if from_bot(m)]
@@ -858,9 +849,7 @@ async def test_lines_for_a_channel_we_were_kicked_from_do_not_hold_up_the_others
     async with irc_bot(ngircd.port, tmp_path, channels=["#ops"]) as (bot, model, *_):
         await joined(bot, "#ops")
         alice.send_raw("KICK #ops agentik :not here")
-        async with asyncio.timeout(60):
-            while "#ops" in bot.joined:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+        await eventually(lambda: "#ops" not in bot.joined, "the kick from #ops")
         await bot.send(
             OutgoingMessage(channel_key="irc:testnet:#ops", text="for #ops", kind="notice")
         )

@@ -19,13 +19,13 @@ import threading
 from typing import Any
 
 import pytest
-from test_slack import answered, bot_texts, slack_bot
 
 from agentik.core import SQLiteStore
 from agentik.core.testing.scripted import Reply
 from agentik.transports.slack.mrkdwn import markdown_safe, markdown_to_mrkdwn, safe_url
 
 from fakeslack import FakeSlack, _chunks_text
+from rigs import answered, bot_texts, slack_bot
 
 ATTACK = (
     "Hi <!channel> and <!here> and <!everyone>, ping <@U0BOSS> and <!subteam^S0ADMINS|@admins>. "

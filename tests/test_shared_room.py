@@ -19,20 +19,14 @@ from agentik.core.tools.base import tool
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient, ScriptedIRCServer, parse_line, registration_handler
-from rigs import WAIT, irc_bot, joined
-from rigs import said_by_bot as from_bot
+from rigs import WAIT, eventually, from_bot, irc_bot, joined, said_by_bot
 
 pytest_plugins = ["ircservers"]
 
 
 def answer_line(line) -> bool:
     """A line of an answer (not the ``… N more lines`` hint)."""
-    return from_bot(line) and "more lines: " not in line.text
-
-
-def said(line) -> bool:
-    """Anything the bot says (PRIVMSG or NOTICE)."""
-    return line.command in ("PRIVMSG", "NOTICE") and (line.nick or "").lower() == "agentik"
+    return said_by_bot(line) and "more lines: " not in line.text
 
 
 async def room(port: int, channel: str, *nicks: str) -> list[IRCTestClient]:
@@ -129,18 +123,17 @@ async def test_multiline_more_page_is_sent_at_once_and_batches_are_echo_confirme
                 finally:
                     con.close()
 
-            async with asyncio.timeout(WAIT):
-                # The outbox writes its marks off the rendering path: wait for them.
-                while await asyncio.to_thread(states) != [("confirmed",), ("confirmed",)]:  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)
+            async def confirmed() -> bool:
+                return await asyncio.to_thread(states) == [("confirmed",), ("confirmed",)]
+
+            # The outbox writes its marks off the rendering path: wait for them.
+            await eventually(confirmed, "both pieces confirmed", wait=WAIT, interval=0.05)
 
 
 # -- items 1 and 2: !new -----------------------------------------------------------------
 async def wait_until(predicate) -> None:
     """Wait for a condition of the bot's state (no event to wait on from outside)."""
-    async with asyncio.timeout(WAIT):
-        while not predicate():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
+    await eventually(predicate, "the bot's state", wait=WAIT, interval=0.02)
 
 
 async def test_new_moves_queued_messages_and_obeys_the_rights_of_stop(miniircd, tmp_path):
@@ -158,19 +151,19 @@ async def test_new_moves_queued_messages_and_obeys_the_rights_of_stop(miniircd, 
         await wait_until(lambda: old.queued == 2)
         # bob may not start over while alice's answer is being written (as !stop).
         bob.privmsg("#new", "!new")
-        refusal = await bob.wait_for(lambda m: from_bot(m) and "!new" in m.text, WAIT)
+        refusal = await bob.wait_for(lambda m: said_by_bot(m) and "!new" in m.text, WAIT)
         assert "only its asker (or an admin)" in refusal.text
         assert (await agent.conversation_for_channel("irc:testnet:#new")).id == old.id
         # alice may: her answer stops, the queued messages move to the new conversation.
         alice.privmsg("#new", "!new")
-        started = await alice.wait_for(lambda m: from_bot(m) and "new conversation" in m.text)
+        started = await alice.wait_for(lambda m: said_by_bot(m) and "new conversation" in m.text)
         assert started.text == (
             f"started a new conversation (the previous one is kept as {old.id});"
             " 2 queued messages moved to it"
         )
-        first = await bob.wait_for(lambda m: from_bot(m) and "first queued" in m.text, WAIT)
+        first = await bob.wait_for(lambda m: said_by_bot(m) and "first queued" in m.text, WAIT)
         assert first.text == "bob: echo: first queued question"
-        second = await carol.wait_for(lambda m: from_bot(m) and "second queued" in m.text, WAIT)
+        second = await carol.wait_for(lambda m: said_by_bot(m) and "second queued" in m.text, WAIT)
         assert second.text == "carol: echo: second queued question"
         # They were answered in the new conversation, which holds them alone.
         new = await agent.conversation_for_channel("irc:testnet:#new")
@@ -213,9 +206,9 @@ async def test_an_admin_may_start_over_during_someone_elses_answer(miniircd, tmp
         bob.privmsg("#adm", "agentik: a queued question")
         await wait_until(lambda: old.queued == 1)
         dave.privmsg("#adm", "!new")
-        started = await dave.wait_for(lambda m: from_bot(m) and "new conversation" in m.text)
+        started = await dave.wait_for(lambda m: said_by_bot(m) and "new conversation" in m.text)
         assert started.text.endswith("; 1 queued message moved to it")
-        answer = await bob.wait_for(lambda m: from_bot(m) and "queued question" in m.text, WAIT)
+        answer = await bob.wait_for(lambda m: said_by_bot(m) and "queued question" in m.text, WAIT)
         assert answer.text == "bob: echo: a queued question"
         for c in (alice, bob, dave):
             await c.close()
@@ -241,23 +234,23 @@ async def test_a_turn_without_a_visible_answer_says_so(miniircd, tmp_path):
         model.enqueue(Reply(tool_calls=[call("memory_list", {})]))
         model.enqueue(Reply(text=""))
         alice.privmsg("#quiet", "agentik: look at your notes")
-        told = await alice.wait_for(said, WAIT)
+        told = await alice.wait_for(from_bot, WAIT)
         assert (told.command, told.text) == (
             "NOTICE", "(no answer: the model ended its turn without writing one)",
         )  # fmt: skip
         # An answer a plugin filtered to nothing.
         model.enqueue(Reply(text="the secret is 42"))
         alice.privmsg("#quiet", "agentik: tell me the secret")
-        told = await alice.wait_for(said, WAIT)
+        told = await alice.wait_for(from_bot, WAIT)
         assert told.text == "(no answer: the model ended its turn without writing one)"
         # The provider's content filter.
         model.enqueue(Reply(text="", finish_reason="content_filter"))
         alice.privmsg("#quiet", "agentik: something filtered")
-        told = await alice.wait_for(said, WAIT)
+        told = await alice.wait_for(from_bot, WAIT)
         assert told.text == "(no answer: the model's provider filtered it)"
         # An ordinary answer gets no such line.
         alice.privmsg("#quiet", "agentik: hello")
-        assert (await alice.wait_for(said, WAIT)).text == "alice: echo: hello"
+        assert (await alice.wait_for(from_bot, WAIT)).text == "alice: echo: hello"
         await alice.close()
 
 
@@ -269,7 +262,7 @@ async def test_help_and_status_are_short_in_a_shared_channel_and_full_in_private
         await joined(bot, "#help")
         alice, bob = await room(miniircd.port, "#help", "alice", "bob")
         alice.privmsg("#help", "!help")
-        line = await bob.wait_for(said, WAIT)
+        line = await bob.wait_for(from_bot, WAIT)
         assert line.text.startswith("commands: !new !stop !more !status")
         assert line.text.endswith(
             "— !help <command> says what one does; !help in a private message lists them all"
@@ -277,14 +270,14 @@ async def test_help_and_status_are_short_in_a_shared_channel_and_full_in_private
         assert len(line.text) < 300
         assert "!role" not in line.text and "!set" not in line.text  # admins' commands
         alice.privmsg("#help", "!help new")
-        line = await bob.wait_for(said, WAIT)
+        line = await bob.wait_for(from_bot, WAIT)
         assert line.text.startswith("!new — start a fresh conversation")
         alice.privmsg("#help", "!status")
-        line = await bob.wait_for(said, WAIT)
+        line = await bob.wait_for(from_bot, WAIT)
         assert line.text.startswith("model scripted · conversation ")
         assert line.text.endswith(" · idle")
         alice.privmsg("#help", "!status settings")
-        line = await bob.wait_for(said, WAIT)
+        line = await bob.wait_for(from_bot, WAIT)
         assert line.text.startswith("settings of irc:testnet:#help: persona")
         # (Each answer above came right after the one before: !help and !status
         # were one line each in the channel.)
@@ -292,13 +285,13 @@ async def test_help_and_status_are_short_in_a_shared_channel_and_full_in_private
         alice.privmsg("agentik", "!help")
         text = ""
         while "!redact — " not in text:  # the last command listed
-            text += (await alice.wait_for(lambda m: said(m) and m.params[0] == "alice")).text
+            text += (await alice.wait_for(lambda m: from_bot(m) and m.params[0] == "alice")).text
         packed = "".join(text.split())  # split lines lose the blanks at their ends
         assert "!role—show" in packed and "!memory—list" in packed and "!approve—approve" in packed
         alice.privmsg("agentik", "!status")
         found = ""
         while "settings of irc:testnet:alice" not in found:
-            found += (await alice.wait_for(lambda m: said(m) and m.params[0] == "alice")).text
+            found += (await alice.wait_for(lambda m: from_bot(m) and m.params[0] == "alice")).text
         await alice.close()
         await bob.close()
 
@@ -328,10 +321,10 @@ async def test_messages_queued_behind_an_approval_are_told_once_what_the_channel
         alice, bob, carol = await room(miniircd.port, "#ops", "alice", "bob", "carol")
         model.enqueue(Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd"})]), "done")
         alice.privmsg("#ops", "agentik: update the motd")
-        asked = await bob.wait_for(lambda m: said(m) and "asked me to run" in m.text, WAIT)
+        asked = await bob.wait_for(lambda m: from_bot(m) and "asked me to run" in m.text, WAIT)
         approval_id = asked.text.split("approval ", 1)[1].split(":", 1)[0]
         bob.privmsg("#ops", "agentik: what time is it?")
-        told = await bob.wait_for(lambda m: said(m) and "waits on approval" in m.text, WAIT)
+        told = await bob.wait_for(lambda m: from_bot(m) and "waits on approval" in m.text, WAIT)
         assert told.command == "NOTICE"
         assert told.text.startswith(
             f"this channel waits on approval {approval_id} (fs__write_file, asked by alice;"
@@ -342,11 +335,11 @@ async def test_messages_queued_behind_an_approval_are_told_once_what_the_channel
         conv = await agent.conversation_for_channel("irc:testnet:#ops")
         await wait_until(lambda: conv.queued == 2)
         bob.privmsg("#ops", f"!approve {approval_id}")
-        await carol.wait_for(lambda m: said(m) and "echo: and the weather?" in m.text, WAIT)
-        notices = [m for m in carol.received if said(m) and "waits on approval" in m.text]
+        await carol.wait_for(lambda m: from_bot(m) and "echo: and the weather?" in m.text, WAIT)
+        notices = [m for m in carol.received if from_bot(m) and "waits on approval" in m.text]
         assert len(notices) == 1
         # The queued questions were answered after the approved turn, in order.
-        answers = [m.text for m in carol.received if from_bot(m) and "echo:" in m.text]
+        answers = [m.text for m in carol.received if said_by_bot(m) and "echo:" in m.text]
         assert answers == ["bob: echo: what time is it?", "carol: echo: and the weather?"]
         for c in (alice, bob, carol):
             await c.close()
@@ -362,7 +355,7 @@ async def test_a_content_filtered_answer_from_an_openai_endpoint_says_so(
         [alice] = await room(miniircd.port, "#cf", "alice")
         openai_server.enqueue(OpenAIReply.text("", finish_reason="content_filter"))
         alice.privmsg("#cf", "agentik: something the provider filters")
-        told = await alice.wait_for(said, WAIT)
+        told = await alice.wait_for(from_bot, WAIT)
         assert (told.command, told.text) == (
             "NOTICE", "(no answer: the model's provider filtered it)",
         )  # fmt: skip

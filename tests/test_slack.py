@@ -6,51 +6,15 @@ import asyncio
 import json
 import logging
 import time
-from contextlib import asynccontextmanager
 
 import aiohttp
 
-from agentik.bot.bridge import Bridge
-from agentik.core import Agent, SQLiteStore
+from agentik.core import SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel
 from agentik.transports.slack.transport import SlackTransport, markdown_to_mrkdwn
 
 from fakeslack import FakeSlack
-from rigs import serving, slack_transport
-
-
-@asynccontextmanager
-async def slack_bot(slack: FakeSlack, tmp_path, *, model=None, store=None, tools=(), **settings):
-    model = model or ScriptedModel()
-    agent = Agent(
-        llm=model, store=store or SQLiteStore(str(tmp_path / "slack.db")), tools=list(tools)
-    )
-    await agent.start()
-    bridge = Bridge(agent)
-    async with serving(agent, bridge, slack_transport(slack, tmp_path, **settings)) as transport:
-        yield transport, model, agent, bridge
-
-
-def bot_texts(slack: FakeSlack, channel: str) -> list[str]:
-    return [
-        m["text"]
-        for (ch, _), m in sorted(slack.messages.items(), key=lambda kv: kv[0][1])
-        if ch == channel and m.get("user") == slack.bot_user_id
-    ]
-
-
-async def answered(slack: FakeSlack, bridge: Bridge, key: str) -> None:
-    """Wait until the bridge took the first message for ``key`` and every answer is sent
-    (for a place whose conversation has no answer yet)."""
-    async with asyncio.timeout(60):
-        while True:
-            ch = bridge._channels.get(key)
-            if ch is not None and (
-                ch.pending or await ch.conversation.messages(kinds=["assistant"], limit=1)
-            ):
-                break
-            await asyncio.sleep(0.01)
-    await bridge.flush(key)
+from rigs import answered, bot_texts, eventually, slack_bot
 
 
 async def test_a_mention_is_answered_in_its_thread_with_native_streaming(tmp_path):
@@ -96,9 +60,7 @@ async def test_two_users_in_one_thread(tmp_path):
             # A reply in the bot's thread, without a mention, is for the bot too.
             reply = slack.message_event("C1", "and me?", user="U2", thread_ts=first["ts"])
             await slack.push_event(reply)
-            async with asyncio.timeout(60):
-                while len(model.requests) < 2:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: len(model.requests) >= 2, "the second model request")
             await bridge.flush(key)
             users = [(m.author, m.content) for m in model.requests[-1].messages if m.role == "user"]
             assert users == [("alice", "start"), ("bob", "and me?")]
@@ -220,9 +182,7 @@ async def test_socket_dropped_mid_answer_reconnects_and_delivers(tmp_path):
             gate.set()
             await bridge.flush("slack:T1:D1")
             await slack.push_event(slack.message_event("D1", "second", channel_type="im"))
-            async with asyncio.timeout(60):
-                while len(bot_texts(slack, "D1")) < 2:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: len(bot_texts(slack, "D1")) >= 2, "two answers in D1")
             await bridge.flush("slack:T1:D1")
             assert bot_texts(slack, "D1") == ["answer after the drop", "echo: second"]
 
@@ -308,9 +268,7 @@ async def test_one_conversation_per_channel_when_configured(tmp_path):
                 await slack.push_event(
                     slack.app_mention_event("C9", f"<@{slack.bot_user_id}> {text}")
                 )
-                async with asyncio.timeout(60):
-                    while len(model.requests) < n:  # noqa: ASYNC110
-                        await asyncio.sleep(0.01)
+                await eventually(lambda n=n: len(model.requests) >= n, f"model request {n}")
                 await answered(slack, bridge, "slack:T1:C9")
             users = [m.content for m in model.requests[-1].messages if m.role == "user"]
             assert users == ["first", "second"]
@@ -395,9 +353,7 @@ async def test_assistant_thread_gets_a_greeting_prompts_and_a_title(tmp_path):
             assert bot_texts(slack, "D1")[-1].startswith("echo: How do I deploy")
             # Only the first message names it.
             await slack.push_event(slack.message_event("D1", "and prod?", thread_ts=thread_ts))
-            async with asyncio.timeout(60):
-                while len(model.requests) < 2:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: len(model.requests) >= 2, "the second model request")
             await bridge.flush(f"slack:T1:D1:{thread_ts}")
             assert len(slack.calls_to("assistant.threads.setTitle")) == 1
 
@@ -434,9 +390,7 @@ async def test_file_share_and_thread_broadcast_are_answered_other_subtypes_not(t
                 "C1", "for everyone", thread_ts=first["ts"], subtype="thread_broadcast"
             )
             await slack.push_event(broadcast)
-            async with asyncio.timeout(60):
-                while len(model.requests) < 3:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: len(model.requests) >= 3, "the third model request")
             await bridge.flush(key)
             assert bot_texts(slack, "C1") == ["echo: start", "echo: for everyone"]
             # Not people's messages: ignored.  Our own message (as Slack echoes it) too.
@@ -516,9 +470,7 @@ async def test_no_unused_token_warning_and_connection_logs(tmp_path, monkeypatch
             def records(text: str) -> list[logging.LogRecord]:
                 return [r for r in caplog.records if text in r.getMessage()]
 
-            async with asyncio.timeout(60):
-                while not records("Socket Mode reconnected"):  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: records("Socket Mode reconnected"), "the reconnection")
             (lost,) = records("connection lost")
             (back,) = records("Socket Mode reconnected")
             assert lost.levelno == back.levelno == logging.INFO

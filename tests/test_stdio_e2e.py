@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import functools
 import signal
 import sys
 
 import pytest
 
+import helpers
 from agentik.core.background import MINING_PROMPT, REFLECTION_PROMPT
 from agentik.core.testing.openai_server import Reply
 from helpers import AGENTIK
 
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OPENAI_", "AGENTIK_")) and k != "PYTHONASYNCIODEBUG"
-    }
-    env.update(extra)
-    return env
+#: ``agentik`` without asyncio's debug mode either (its slow-callback warnings would
+#: land in the output the tests read).
+clean_env = functools.partial(helpers.clean_env, drop=("PYTHONASYNCIODEBUG",))
 
 
 def turn_requests(server) -> list[dict]:
@@ -38,7 +33,7 @@ def turn_requests(server) -> list[dict]:
     ]
 
 
-def write_config(tmp_path, base_url: str | None, **llm: str) -> str:
+def stdio_config(tmp_path, base_url: str | None, **llm: str) -> str:
     lines = ["[llm]"]
     if base_url:
         lines += [f'base_url = "{base_url}"', 'model = "fake-model"', "max_retries = 0"]
@@ -55,7 +50,7 @@ def write_config(tmp_path, base_url: str | None, **llm: str) -> str:
     return str(path)
 
 
-async def chat(config: str, stdin: bytes, *, env=None, limit=60.0):
+async def agentik_chat(config: str, stdin: bytes, *, env=None, limit=60.0):
     proc = await asyncio.create_subprocess_exec(
         AGENTIK, "chat", "-c", config,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -66,13 +61,13 @@ async def chat(config: str, stdin: bytes, *, env=None, limit=60.0):
 
 
 async def test_answers_arrive_and_the_conversation_persists(openai_server, tmp_path):
-    config = write_config(tmp_path, openai_server.base_url)
-    code, out, err = await chat(config, b"hello\nhow are you?\n")
+    config = stdio_config(tmp_path, openai_server.base_url)
+    code, out, err = await agentik_chat(config, b"hello\nhow are you?\n")
     assert code == 0, err
     assert out.splitlines() == ["echo: tester: hello", "echo: tester: how are you?"], err
     assert "Traceback" not in err
     # A second run continues the same conversation, with its history.
-    code, out, err = await chat(config, b"and again\n")
+    code, out, err = await agentik_chat(config, b"and again\n")
     assert code == 0, err
     assert out.splitlines() == ["echo: tester: and again"], (err, turn_requests(openai_server))
     history = turn_requests(openai_server)[-1]["messages"]
@@ -85,7 +80,7 @@ async def test_answers_arrive_and_the_conversation_persists(openai_server, tmp_p
         "tester: and again",
     ]
     # /new starts a fresh conversation; the old one stays in history.
-    code, out, err = await chat(config, b"/new\nfresh start\n")
+    code, out, err = await agentik_chat(config, b"/new\nfresh start\n")
     assert code == 0, err
     assert out.splitlines()[0].startswith("started a new conversation")
     assert out.splitlines()[-1] == "echo: tester: fresh start"
@@ -94,7 +89,7 @@ async def test_answers_arrive_and_the_conversation_persists(openai_server, tmp_p
 
 
 async def test_sigint_interrupts_a_slow_answer_and_the_bot_stays_usable(openai_server, tmp_path):
-    config = write_config(tmp_path, openai_server.base_url)
+    config = stdio_config(tmp_path, openai_server.base_url)
     # The answer streams 10 of its 100 chunks, then holds until released (never):
     # SIGINT lands while it is known to be mid-stream, however slow the machine.
     slow = Reply.text("slow " * 100, chunks=100, hold_after=10)
@@ -124,15 +119,15 @@ async def test_sigint_interrupts_a_slow_answer_and_the_bot_stays_usable(openai_s
 
 async def test_a_piped_line_before_new_is_answered_before_the_reset(openai_server, tmp_path):
     # `printf 'hello\n/new\n' | agentik chat`: hello is answered, then the reset.
-    config = write_config(tmp_path, openai_server.base_url)
-    code, out, err = await chat(config, b"hello\n/new\n")
+    config = stdio_config(tmp_path, openai_server.base_url)
+    code, out, err = await agentik_chat(config, b"hello\n/new\n")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == "echo: tester: hello"
     assert lines[1].startswith("started a new conversation (the previous one is kept as ")
     assert len(lines) == 2 and len(turn_requests(openai_server)) == 1
     # The answered conversation is the old one; the next line starts afresh.
-    code, out, err = await chat(config, b"/status\nagain\n")
+    code, out, err = await agentik_chat(config, b"/status\nagain\n")
     assert code == 0, err
     assert "(0 messages)" in out.splitlines()[0]
     assert out.splitlines()[-1] == "echo: tester: again"
@@ -142,8 +137,8 @@ async def test_a_piped_line_before_new_is_answered_before_the_reset(openai_serve
 
 
 async def test_unreachable_model_gives_an_error_line_and_keeps_running(tmp_path):
-    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
-    code, out, err = await chat(config, b"hello?\nstill there?\n")
+    config = stdio_config(tmp_path, "http://127.0.0.1:9/v1")
+    code, out, err = await agentik_chat(config, b"hello?\nstill there?\n")
     assert code == 0, err
     lines = out.splitlines()
     assert len(lines) == 2
@@ -163,8 +158,8 @@ async def test_unreachable_model_gives_an_error_line_and_keeps_running(tmp_path)
 
 
 async def test_a_one_megabyte_line_is_refused_not_a_crash(openai_server, tmp_path):
-    config = write_config(tmp_path, openai_server.base_url)
-    code, out, err = await chat(config, b"x" * 1_000_000 + b"\nhello after\n")
+    config = stdio_config(tmp_path, openai_server.base_url)
+    code, out, err = await agentik_chat(config, b"x" * 1_000_000 + b"\nhello after\n")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == ("error: input line too long (1000001 bytes; the limit is 65536): ignored")
@@ -173,8 +168,8 @@ async def test_a_one_megabyte_line_is_refused_not_a_crash(openai_server, tmp_pat
 
 
 async def test_invalid_utf8_is_replaced_not_fatal(openai_server, tmp_path):
-    config = write_config(tmp_path, openai_server.base_url)
-    code, out, err = await chat(config, b"caf\xe9 \xff\xfe ok\n")
+    config = stdio_config(tmp_path, openai_server.base_url)
+    code, out, err = await agentik_chat(config, b"caf\xe9 \xff\xfe ok\n")
     assert code == 0, err
     assert out.splitlines() == ["echo: tester: caf\ufffd \ufffd\ufffd ok"]
 
@@ -186,7 +181,7 @@ async def test_without_any_model_the_bot_explains_how_to_get_one(tmp_path):
         "import sys; sys.modules['llama_cpp'] = None; "
         "from agentik.bot.cli import main; sys.exit(main(sys.argv[1:]))"
     )
-    config = write_config(tmp_path, None)
+    config = stdio_config(tmp_path, None)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", hide, "chat", "-c", config,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -201,8 +196,8 @@ async def test_without_any_model_the_bot_explains_how_to_get_one(tmp_path):
 
 @pytest.mark.parametrize("command", ["/help", "/status"])
 async def test_commands_work_in_the_terminal(openai_server, tmp_path, command):
-    config = write_config(tmp_path, openai_server.base_url)
-    code, out, err = await chat(config, command.encode() + b"\n")
+    config = stdio_config(tmp_path, openai_server.base_url)
+    code, out, err = await agentik_chat(config, command.encode() + b"\n")
     assert code == 0, err
     assert ("/new" in out) if command == "/help" else ("model fake-model" in out)
     assert turn_requests(openai_server) == []

@@ -8,11 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
-from test_slack import answered, slack_bot
 
-from agentik.bot.bridge import Bridge
 from agentik.bot.chansettings import ChannelSettings, SettingError, parse_setting
 from agentik.core import Agent, OpenAIBackend, SQLiteStore
 from agentik.core.events import StatusChanged, event_from_json, event_to_json
@@ -23,7 +22,7 @@ from helpers import collect_turn
 from fakeslack import FakeSlack
 from httpserver import running_server, sse
 from ircservers import IRCTestClient
-from rigs import irc_transport, serving
+from rigs import answered, irc_bot, said_in, slack_bot
 
 pytest_plugins = ["ircservers"]
 
@@ -375,53 +374,46 @@ def test_busy_setting_parses_and_rejects_with_the_key_named():
 
 
 @asynccontextmanager
-async def irc_bot(port, db_path, server, tools, *, channel_settings=None):
-    agent = Agent(llm=_llm(server), store=SQLiteStore(db_path), tools=tools)
-    await agent.start()
-    bridge = Bridge(agent, channel_settings=channel_settings)
-    transport = irc_transport(port, channels=["#ops"])
-    async with serving(agent, bridge, transport, joined_to=["#ops"], wait=WAIT):
-        yield bridge, agent
-
-
-def _from_bot(to: str, *words: str):
-    return lambda m: (
-        m.command in ("PRIVMSG", "NOTICE")
-        and (m.nick or "").lower() == "agentik"
-        and m.params[0] == to
-        and all(w in m.text for w in words)
-    )
+async def ops_bot(port, db_path, server, tools, *, channel_settings=None):
+    """The bot (:func:`rigs.irc_bot`) on the fake OpenAI server, in #ops; yields its
+    bridge and agent."""
+    async with irc_bot(
+        port, Path(db_path).parent, db=db_path, llm=_llm(server), agent_kw={"tools": tools},
+        bridge_kw={"channel_settings": channel_settings}, channels=["#ops"],
+        joined_to=["#ops"], wait=WAIT,
+    ) as bot:  # fmt: skip
+        yield bot.bridge, bot.agent
 
 
 async def test_irc_direct_message_steers_and_status_says_what_runs(
     miniircd, openai_server, db_path
 ):
     slow = SlowTool()
-    async with irc_bot(miniircd.port, db_path, openai_server, [slow.tool()]) as (bridge, agent):
+    async with ops_bot(miniircd.port, db_path, openai_server, [slow.tool()]) as (bridge, agent):
         alice = await IRCTestClient.connect(miniircd.port, "alice")
         _slow_then_answer(openai_server, "Y found")
         alice.privmsg("agentik", "look up X")
         await slow.wait_started()
         alice.privmsg("agentik", "!status")
-        status = await alice.wait_for(_from_bot("alice", "executing tools (slow)"))
+        status = await alice.wait_for(said_in("alice", "executing tools (slow)", notices=True))
         assert "model requests" in status.text and "11+2 tokens" in status.text
         # A DM defaults to busy = steer: the correction joins the running turn.
         alice.privmsg("agentik", "actually, look up Y")
         # A channel's messages are taken in order: once !status answers, the
         # correction before it was taken.
         alice.privmsg("agentik", "!status")
-        await alice.wait_for(_from_bot("alice", "executing tools (slow)"))
+        await alice.wait_for(said_in("alice", "executing tools (slow)", notices=True))
         conv = await agent.conversation_for_channel("irc:testnet:alice!*@*")
         assert [m.kind for m in await conv.messages()] == ["user", "tool_call", "user"]
         slow.release.set()
-        await alice.wait_for(_from_bot("alice", "Y found"))
+        await alice.wait_for(said_in("alice", "Y found", notices=True))
         assert len(openai_server.requests) == 2
         assert _users(openai_server.requests[1])[-1].endswith("actually, look up Y")
         rows = await conv.messages()
         assert [m.kind for m in rows] == ["user", "tool_call", "user", "tool_result", "assistant"]
         assert len({m.run_id for m in rows}) == 1
         alice.privmsg("agentik", "!status")
-        await alice.wait_for(_from_bot("alice", "· idle"))
+        await alice.wait_for(said_in("alice", "· idle", notices=True))
         await alice.close()
 
 
@@ -430,7 +422,7 @@ async def test_irc_channel_queues_by_default_and_interrupts_when_set(
 ):
     slow = SlowTool()
     patterns = {"irc:testnet:#ops": ChannelSettings(busy="interrupt")}
-    async with irc_bot(miniircd.port, db_path, openai_server, [slow.tool()]) as (bridge, agent):
+    async with ops_bot(miniircd.port, db_path, openai_server, [slow.tool()]) as (bridge, agent):
         bob = await IRCTestClient.connect(miniircd.port, "bob")
         await bob.join("#ops")
         # A shared channel defaults to busy = queue.
@@ -439,14 +431,14 @@ async def test_irc_channel_queues_by_default_and_interrupts_when_set(
         await slow.wait_started()
         bob.privmsg("#ops", "agentik: then Z")
         bob.privmsg("#ops", "!status")
-        await bob.wait_for(_from_bot("#ops", "executing tools (slow)", "1 queued"))
+        await bob.wait_for(said_in("#ops", "executing tools (slow)", "1 queued", notices=True))
         slow.release.set()
-        await bob.wait_for(_from_bot("#ops", "X found"))
-        await bob.wait_for(_from_bot("#ops", "echo:", "then Z"))
+        await bob.wait_for(said_in("#ops", "X found", notices=True))
+        await bob.wait_for(said_in("#ops", "echo:", "then Z", notices=True))
         assert "then Z" not in json.dumps(openai_server.requests[1])
         await bob.close()
 
-    async with irc_bot(
+    async with ops_bot(
         miniircd.port, db_path, openai_server, [],
         channel_settings=patterns,
     ) as (bridge, agent):  # fmt: skip
@@ -457,8 +449,8 @@ async def test_irc_channel_queues_by_default_and_interrupts_when_set(
         bob.privmsg("#ops", "agentik: tell me everything")
         await held.wait_held()
         bob.privmsg("#ops", "agentik: no, the summary")
-        await bob.wait_for(_from_bot("#ops", "(interrupted)"))
-        await bob.wait_for(_from_bot("#ops", "echo:", "no, the summary"))
+        await bob.wait_for(said_in("#ops", "(interrupted)", notices=True))
+        await bob.wait_for(said_in("#ops", "echo:", "no, the summary", notices=True))
         held.release()
         conv = await agent.conversation_for_channel("irc:testnet:#ops")
         kept = [m for m in await conv.messages() if m.kind == "assistant"]

@@ -10,6 +10,8 @@ import sqlite3
 from agentik.core import Agent, SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel
 
+from rigs import eventually
+
 WAIT = 60.0
 
 
@@ -29,9 +31,7 @@ async def test_a_lock_held_past_busy_timeout_mid_turn_records_the_answer_once_it
         conv = await agent.create_conversation()
         events = conv.events()
         run_id = await conv.send("what is it?", author="alice")
-        async with asyncio.timeout(WAIT):
-            while not model.requests:  # noqa: ASYNC110  (the turn asks the model)
-                await asyncio.sleep(0.01)
+        await eventually(lambda: model.requests, "the turn to ask the model", wait=WAIT)
         await agent.store.run_write(lambda conn: None)  # what the turn queued is in
         other.execute("BEGIN IMMEDIATE")  # held far longer than busy_timeout
         gate.set()
@@ -46,9 +46,12 @@ async def test_a_lock_held_past_busy_timeout_mid_turn_records_the_answer_once_it
 
         caplog.set_level(logging.WARNING)
         ended = asyncio.ensure_future(turn_over())
-        async with asyncio.timeout(WAIT):
-            while not (refused() or ended.done()):  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
+        await eventually(
+            lambda: refused() or ended.done(),
+            "the refusal or the turn's end",
+            wait=WAIT,
+            interval=0.05,
+        )
         other.execute("ROLLBACK")
         await asyncio.wait_for(ended, WAIT)
         history = [(m.kind, m.content) for m in await conv.messages()]

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from contextlib import asynccontextmanager
 
-from test_asks import from_bot, irc_bot, people, tool_results
+from test_asks import asking_bot
 
-from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore, TurnPolicy
 from agentik.core.lifecycle import SnapshotError, export_conversation, import_conversation
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
+
+from rigs import from_bot, people, slack_bot, tool_results
 
 pytest_plugins = ["ircservers"]
 
@@ -39,14 +41,14 @@ def stored(db) -> list[tuple[str, str]]:
 
 async def test_irc_restart_keeps_the_checklist_and_only_real_changes_are_said(miniircd, tmp_path):
     db = tmp_path / "todo.db"
-    async with irc_bot(miniircd.port, db, policy=TODO) as (model, agent):
+    async with asking_bot(miniircd.port, db, policy=TODO) as (model, agent):
         (alice,) = await people(miniircd.port, "alice")
         model.enqueue(Reply(tool_calls=[call("todo", {"items": [READ, FIX]})]), "on it")
         alice.privmsg("#ops", "agentik: look into it")
         await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: on it")
     # The bot is gone; the list is in the file.
     [(conv_id, _)] = stored(db)
-    async with irc_bot(miniircd.port, db, policy=TODO) as (model, agent):
+    async with asking_bot(miniircd.port, db, policy=TODO) as (model, agent):
         model.enqueue(
             # The list as it was before the restart: nothing changed, nothing said.
             Reply(tool_calls=[call("todo", {"items": [READ, FIX]})]),
@@ -146,27 +148,17 @@ async def test_http_status_shows_the_stored_checklist_and_export_import_keeps_it
 # -- Slack: the checklist message after a restart -------------------------------------------------
 
 
-async def slack_bot(slack, tmp_path, db: str, *replies):
-    """A bot on ``db`` answering ``replies``, on the real Slack stack against ``slack``
-    (answers edited in place); returns its agent, bridge and transport, started."""
-    from agentik.transports.slack.transport import SlackTransport
-
+@asynccontextmanager
+async def todo_slack_bot(slack, tmp_path, db: str, *replies):
+    """:func:`rigs.slack_bot` on ``db`` with the ``todo`` tool, answering ``replies``
+    (answers edited in place); yields its agent, bridge and transport."""
     model = ScriptedModel()
     model.enqueue(*replies)
-    agent = Agent(llm=model, store=SQLiteStore(db), policy=TODO)
-    await agent.start()
-    bridge = Bridge(agent)
-    transport = SlackTransport(
-        name="slack",
-        settings={
-            "bot_token": slack.bot_token, "app_token": slack.app_token,
-            "api_url": slack.api_url, "state_file": str(tmp_path / "seen.sqlite3"),
-            "streaming": "edit", "edit_interval": 0.05,
-        },
-    )  # fmt: skip
-    bridge.attach(transport, ChannelOptions(command_prefix="!"))
-    await transport.start(bridge)
-    return agent, bridge, transport
+    async with slack_bot(
+        slack, tmp_path, model=model, store=SQLiteStore(db), agent_kw={"policy": TODO},
+        streaming="edit",
+    ) as bot:  # fmt: skip
+        yield bot.agent, bot.bridge, bot.transport
 
 
 async def test_slack_after_a_restart_the_checklist_is_posted_once_again_then_edited(tmp_path):
@@ -177,31 +169,24 @@ async def test_slack_after_a_restart_the_checklist_is_posted_once_again_then_edi
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
 
-        async def bot(*replies):
-            return await slack_bot(slack, tmp_path, db, *replies)
-
-        async def stop(agent, bridge, transport):
-            await transport.aclose()
-            await bridge.aclose()
-            await agent.aclose()
+        def bot(*replies):
+            return todo_slack_bot(slack, tmp_path, db, *replies)
 
         def has(text):
             return lambda p: text in (p.get("text") or "")
 
-        running = await bot(Reply(tool_calls=[call("todo", {"items": [READ, FIX]})]), "on it")
-        try:
+        async with bot(
+            Reply(tool_calls=[call("todo", {"items": [READ, FIX]})]), "on it"
+        ) as running:
             mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> look", user="U1")
             await slack.push_event(mention)
             first = await slack.wait_for_call("chat.postMessage", has("todo 0/2"))
             await running[1].flush(f"slack:T1:C1:{mention['ts']}")
-        finally:
-            await stop(*running)
-        running = await bot(
+        async with bot(
             Reply(tool_calls=[call("todo", {"items": [READ_DONE, FIX]})]),
             Reply(tool_calls=[call("todo", {"items": [READ_DONE, {**FIX, "status": "done"}]})]),
             "all done",
-        )
-        try:
+        ) as running:
             again = slack.app_mention_event(
                 "C1", f"<@{slack.bot_user_id}> carry on", user="U1", thread_ts=mention["ts"]
             )
@@ -221,8 +206,6 @@ async def test_slack_after_a_restart_the_checklist_is_posted_once_again_then_edi
             checklists = [p for p in slack.calls_to("chat.postMessage") if "todo" in p["text"]]
             assert [p["text"].split("\n")[0] for p in checklists] == ["todo 0/2", "todo 1/2"]
             assert first["text"] != posted["text"]
-        finally:
-            await stop(*running)
 
 
 # -- the store: deletion, redaction, temporary conversations -----------------------------------
@@ -350,15 +333,14 @@ async def test_slack_a_long_checklist_is_still_edited(tmp_path):
     done = [{**items[0], "status": "done"}, *items[1:]]
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
-        agent, bridge, transport = await slack_bot(
+        async with todo_slack_bot(
             slack,
             tmp_path,
             str(tmp_path / "slack.db"),
             Reply(tool_calls=[call("todo", {"items": items})]),
             Reply(tool_calls=[call("todo", {"items": done})]),
             "all done",
-        )
-        try:
+        ) as (agent, bridge, transport):
             mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> look", user="U1")
             await slack.push_event(mention)
             await slack.wait_for_call("chat.update", lambda p: "todo 1/20" in (p.get("text") or ""))
@@ -370,7 +352,3 @@ async def test_slack_a_long_checklist_is_still_edited(tmp_path):
             sections = [b["text"]["text"] for b in checklist["blocks"]]
             assert len(sections) > 1 and all(len(s) <= 3000 for s in sections)
             assert "\n".join(sections) == checklist["text"]  # cut at line breaks, nothing lost
-        finally:
-            await transport.aclose()
-            await bridge.aclose()
-            await agent.aclose()
