@@ -744,7 +744,7 @@ async def test_set_refuses_a_value_out_of_its_sources_bounds_naming_the_key(
     miniircd, openai_server, tmp_path
 ):
     async with irc_rig(
-        miniircd.port, tmp_path, openai_server, role_for=admins("alice"),
+        miniircd.port, tmp_path, openai_server, role_for=admin_roles("alice"),
         unverified_identity="hostmask",
     ) as (bridge, agent):  # fmt: skip
         alice = await IRCTestClient.connect(miniircd.port, "alice")
@@ -756,9 +756,9 @@ async def test_set_refuses_a_value_out_of_its_sources_bounds_naming_the_key(
             ("!set recall_min_score -2", "recall_min_score: '-2' is not a number from -1 to 1"),
         ]:
             alice.privmsg("#ops", command)
-            await alice.wait_for(said("#ops", expected))
+            await alice.wait_for(said_in("#ops", expected))
         alice.privmsg("#ops", "!set recall_k 20")
-        await alice.wait_for(said("#ops", "recall_k is now 20"))
+        await alice.wait_for(said_in("#ops", "recall_k is now 20"))
         changes = await agent.store.channel_setting_changes("irc:testnet:#ops")
         assert [(c.key, c.new_value) for c in changes] == [("recall_k", "20")]
         await alice.close()

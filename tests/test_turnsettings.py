@@ -29,7 +29,7 @@ from agentik.transports.testing.fake import FakeTransport
 from helpers import collect_turn
 
 from ircservers import IRCTestClient
-from rigs import WAIT, irc_transport, joined, said_by_bot
+from rigs import WAIT, irc_transport, joined, said_in
 
 pytest_plugins = ["ircservers"]
 
@@ -248,10 +248,6 @@ async def test_the_deprecated_conversation_knobs_change_only_its_default_setting
 # -- two front ends, one conversation ------------------------------------------------------
 
 
-def said(channel: str, *words: str):
-    return lambda m: said_by_bot(m) and m.params[0] == channel and all(w in m.text for w in words)
-
-
 async def test_irc_and_http_turns_in_one_conversation_each_get_their_front_ends_settings(
     irc_server, tmp_path
 ):
@@ -286,7 +282,7 @@ async def test_irc_and_http_turns_in_one_conversation_each_get_their_front_ends_
         alice = await IRCTestClient.connect(irc_server.port, "alice")
         await alice.join("#ops")
         alice.privmsg("#ops", "agentik: from irc one")
-        await alice.wait_for(said("#ops", "echo:", "from irc one"))
+        await alice.wait_for(said_in("#ops", "echo:", "from irc one"))
         conv = await agent.conversation_for_channel(key)
         assert conv.busy is False
         api = http.url + http.options.prefix
@@ -299,7 +295,7 @@ async def test_irc_and_http_turns_in_one_conversation_each_get_their_front_ends_
             http_run = r.json()["run_id"]
             await conv.wait_idle()
             alice.privmsg("#ops", "agentik: from irc two")
-            await alice.wait_for(said("#ops", "echo:", "from irc two"))
+            await alice.wait_for(said_in("#ops", "echo:", "from irc two"))
         on_small = {last_user(r): r for r in small.requests}
         on_main = {last_user(r): r for r in main.requests}
         # The channel's turns: its persona, its tools, its model — before and after HTTP's.
