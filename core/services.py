@@ -82,7 +82,7 @@ class AgentState(enum.Enum):
 class AgentLike(Protocol[C]):
     """What the engine's parts use of their :class:`~agentik.core.agent.Agent`:
     :class:`AgentServices`, the conversation and its turns, the run tree
-    (:mod:`agentik.core.agents`) and the health checks.  They name this
+    (:mod:`agentik.core.runs`) and the health checks.  They name this
     protocol, not the agent (which is built on them); mypy checks the agent
     against it.  The agent's other members are for its callers.  ``C`` is the
     conversation type: ``AgentLike[Conversation]`` above the conversation."""
