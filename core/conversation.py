@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from .agents import new_run_id
 from .errors import ClosedError, PromptRefused
 from .eventbus import Subscription
 from .events import (
@@ -42,6 +41,7 @@ from .events import (
 from .hooks import Refuse
 from .memory import RecallPolicy
 from .messages import ChatMessage, Message, MessageKind, NewMessage, Usage
+from .runs import new_run_id
 from .services import AgentServices, ConversationEvents, ConversationParts, profile_of
 from .store.base import ConversationRecord, Store, TurnEnd
 from .streamprofiles import StreamProfile
@@ -220,7 +220,7 @@ class Conversation:
 
     def __init__(
         self,
-        services: AgentServices,
+        services: AgentServices[Conversation],
         record: ConversationRecord,
         *,
         store: Store,
@@ -229,7 +229,7 @@ class Conversation:
         fresh: bool = False,
     ) -> None:
         self._services = services
-        self.agent: AgentLike = services.agent
+        self.agent: AgentLike[Conversation] = services.agent
         self.id = record.id
         self.title = record.title
         self.created_at = record.created_at
@@ -268,7 +268,7 @@ class Conversation:
         return f"<Conversation {self.id} {self.title!r}{' temp' if self.temp else ''}>"
 
     @property
-    def parts(self) -> ConversationParts:
+    def parts(self) -> ConversationParts[Conversation]:
         """This conversation's engine parts (working memory, event stream, the
         agent's services), as the turn engine gets them."""
         return ConversationParts(self, self._memory, self._event_stream(), self._services)

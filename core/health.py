@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .services import AgentState
 
 if TYPE_CHECKING:
+    from .protocols import LiveConversation
     from .services import AgentLike
 
 __all__ = ["Health", "HealthRegistry", "HealthState", "status_of", "watch_model", "without_reasons"]
@@ -170,7 +171,7 @@ def without_reasons(detail: dict[str, Any]) -> dict[str, Any]:
 
 
 def status_of(
-    agent: AgentLike,
+    agent: AgentLike[Any],
     registry: HealthRegistry,
     visible: Callable[[str | None], bool] | None = None,
 ) -> dict[str, Any]:
@@ -179,7 +180,8 @@ def status_of(
     from importlib.metadata import version
 
     busy = []
-    for conv in agent.services.conversations():
+    conversations: list[LiveConversation] = agent.services.conversations()
+    for conv in conversations:
         if visible is not None and not visible(conv.channel_key):
             continue
         if conv.busy or conv.queued:
@@ -207,7 +209,7 @@ def status_of(
     return out
 
 
-async def watch_model(agent: AgentLike, registry: HealthRegistry, name: str = "model") -> None:
+async def watch_model(agent: AgentLike[Any], registry: HealthRegistry, name: str = "model") -> None:
     """Follow the agent's turns: the model's last request worked, or failed and why.
 
     Runs until the agent's event stream ends (the agent closes).

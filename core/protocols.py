@@ -8,7 +8,9 @@ against — instead of importing the modules above them (an import cycle,
 even one under ``TYPE_CHECKING``, ties the modules together: none can be
 read, tested or changed alone).  What an agent provides is
 :class:`~agentik.core.services.AgentLike`; what the hooks see of a
-conversation, :class:`~agentik.core.hooktypes.ConversationLike`.
+conversation, :class:`~agentik.core.hooktypes.ConversationLike`; what the
+services, a turn and the health checks read of a live conversation,
+:class:`LiveConversation`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from .hooktypes import ConversationLike
     from .workingmemory import WorkingMemory
 
-__all__ = ["EventEmitter", "PartsLike"]
+__all__ = ["EventEmitter", "LiveConversation", "PartsLike"]
 
 E = TypeVar("E", bound=Event)
 
@@ -50,3 +52,29 @@ class PartsLike(Protocol):
 
     @property
     def events(self) -> EventEmitter: ...
+
+
+class LiveConversation(Protocol):
+    """What the services (their registry of open and busy conversations), a
+    turn and the health checks read of a live
+    :class:`~agentik.core.conversation.Conversation`, which is built on them:
+    :class:`~agentik.core.services.AgentServices` and
+    :class:`~agentik.core.services.AgentLike` are generic in the conversation
+    type (the agent fills in the real class), bounded by this protocol."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def channel_key(self) -> str | None: ...
+
+    @property
+    def temp(self) -> bool: ...
+
+    @property
+    def busy(self) -> bool: ...
+
+    @property
+    def queued(self) -> int: ...
+
+    async def speakers(self) -> tuple[str, ...]: ...

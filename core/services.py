@@ -33,24 +33,24 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .errors import ClosedError
 from .eventbus import EventBus, Subscription
 from .events import Event, EventBase, EventsLost, StatusChanged
+from .protocols import LiveConversation
 from .streamprofiles import BUILTIN_PROFILES, StreamProfile, lookup
 from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
-    from .agents import AgentSpec, RunNode, RunPolicy, Runs
     from .approvals import Approvals
     from .compaction import Compactor
-    from .conversation import Conversation
     from .hooks import Hooks
     from .llm.base import LLMBackend
     from .memory import MemoryBackend
     from .observe import RequestStats
     from .questions import Checklists, Questions
+    from .runs import AgentSpec, RunNode, RunPolicy, Runs
     from .store.base import RunRecord
     from .tools.base import Tool, TurnPolicy
 
@@ -65,6 +65,9 @@ __all__ = [
 ]
 
 E = TypeVar("E", bound=Event)
+#: The conversation type (the agent's :class:`~agentik.core.conversation.Conversation`,
+#: which is built on these parts: they name only what they read of it).
+C = TypeVar("C", bound=LiveConversation)
 
 
 class AgentState(enum.Enum):
@@ -76,12 +79,13 @@ class AgentState(enum.Enum):
     CLOSED = "closed"
 
 
-class AgentLike(Protocol):
+class AgentLike(Protocol[C]):
     """What the engine's parts use of their :class:`~agentik.core.agent.Agent`:
     :class:`AgentServices`, the conversation and its turns, the run tree
-    (:mod:`agentik.core.agents`) and the health checks.  They name this
+    (:mod:`agentik.core.runs`) and the health checks.  They name this
     protocol, not the agent (which is built on them); mypy checks the agent
-    against it.  The agent's other members are for its callers."""
+    against it.  The agent's other members are for its callers.  ``C`` is the
+    conversation type: ``AgentLike[Conversation]`` above the conversation."""
 
     # -- who it is and how it runs
     @property
@@ -89,7 +93,7 @@ class AgentLike(Protocol):
     @property
     def state(self) -> AgentState: ...
     @property
-    def services(self) -> AgentServices: ...
+    def services(self) -> AgentServices[C]: ...
 
     # -- what a turn is made of (read anew at each use)
     @property
@@ -133,13 +137,13 @@ class AgentLike(Protocol):
     ) -> Subscription: ...
 
     # -- conversations
-    async def get_conversation(self, conversation_id: str) -> Conversation: ...
+    async def get_conversation(self, conversation_id: str) -> C: ...
     async def create_child_conversation(
         self, *, title: str, temp: bool, meta: dict[str, Any]
-    ) -> Conversation: ...
-    def child_run_done(self, child: Conversation) -> None: ...
+    ) -> C: ...
+    def child_run_done(self, child: C) -> None: ...
     async def end_conversation(
-        self, conv: Conversation, reason: str, *, channel_key: str | None = None
+        self, conv: C, reason: str, *, channel_key: str | None = None
     ) -> None: ...
 
     # -- the run tree (agents as tools)
@@ -161,10 +165,11 @@ class AgentLike(Protocol):
     ) -> None: ...
 
 
-class AgentServices:
-    """What an :class:`~agentik.core.agent.Agent` provides to its conversations."""
+class AgentServices(Generic[C]):
+    """What an :class:`~agentik.core.agent.Agent` provides to its conversations
+    (``C``: their type, :class:`~agentik.core.conversation.Conversation`)."""
 
-    def __init__(self, agent: AgentLike) -> None:
+    def __init__(self, agent: AgentLike[C]) -> None:
         #: The agent these services belong to (its public face).
         self.agent = agent
         self._stream_seq = itertools.count(1)
@@ -178,11 +183,11 @@ class AgentServices:
         self.buffered = 0
         # Conversations in use stay here; idle ones are dropped when no
         # caller holds them any more (they reload from the store on demand).
-        self.open: weakref.WeakValueDictionary[str, Conversation] = weakref.WeakValueDictionary()
+        self.open: weakref.WeakValueDictionary[str, C] = weakref.WeakValueDictionary()
         # Busy conversations stay referenced even if no caller holds them.
-        self.busy: dict[str, Conversation] = {}
+        self.busy: dict[str, C] = {}
         # Conversations whose ``session_end`` hooks ran.
-        self._ended: weakref.WeakSet[Conversation] = weakref.WeakSet()
+        self._ended: weakref.WeakSet[C] = weakref.WeakSet()
 
     # -- what the agent is configured with (read anew: changes apply at once) ----------
     @property
@@ -235,18 +240,18 @@ class AgentServices:
         if state is not AgentState.RUNNING:
             raise ClosedError(f"the agent is {state.value}")
 
-    async def session_start(self, conv: Conversation) -> None:
+    async def session_start(self, conv: C) -> None:
         """Run the ``session_start`` hooks for a conversation just created."""
         await self.hooks.session_start(conv)
 
-    async def session_end(self, conv: Conversation, reason: str) -> None:
+    async def session_end(self, conv: C, reason: str) -> None:
         """Run the ``session_end`` hooks, once per conversation object."""
         if conv in self._ended:
             return
         self._ended.add(conv)
         await self.hooks.session_end(conv, reason)
 
-    def end_unannounced(self, conv: Conversation) -> bool:
+    def end_unannounced(self, conv: C) -> bool:
         """Whether closing ``conv`` is its end still to be published: the agent
         runs (its own :meth:`~agentik.core.agent.Agent.aclose` is a shutdown,
         reflected on by ``wind_down``) and ``conv`` did not end already
@@ -254,28 +259,28 @@ class AgentServices:
         return self.agent.state is AgentState.RUNNING and conv not in self._ended
 
     # -- the registry of conversations ------------------------------------------------------
-    def remember(self, conv: Conversation) -> None:
+    def remember(self, conv: C) -> None:
         """Keep ``conv`` findable while anyone holds it."""
         self.open[conv.id] = conv
 
-    def find(self, conversation_id: str) -> Conversation | None:
+    def find(self, conversation_id: str) -> C | None:
         """The conversation with this id if it is in use."""
         return self.open.get(conversation_id)
 
-    def mark_busy(self, conv: Conversation) -> None:
+    def mark_busy(self, conv: C) -> None:
         """``conv`` has turns queued: keep it referenced until :meth:`mark_idle`."""
         self.busy[conv.id] = conv
 
-    def mark_idle(self, conv: Conversation) -> None:
+    def mark_idle(self, conv: C) -> None:
         self.busy.pop(conv.id, None)
 
-    def forget(self, conv: Conversation) -> None:
+    def forget(self, conv: C) -> None:
         """``conv`` closed: drop it from the registry."""
         if self.open.get(conv.id) is conv:
             del self.open[conv.id]
         self.busy.pop(conv.id, None)
 
-    def conversations(self) -> list[Conversation]:
+    def conversations(self) -> list[C]:
         """Every conversation in use or busy (each once)."""
         return list({**{c.id: c for c in list(self.open.values())}, **self.busy}.values())
 
@@ -499,17 +504,17 @@ class ConversationEvents:
 
 
 @dataclass(frozen=True, slots=True)
-class ConversationParts:
+class ConversationParts(Generic[C]):
     """A conversation's engine parts, handed to each turn and compaction as one value."""
 
     #: The conversation itself: what hooks receive, its id and channel.
-    conversation: Conversation
+    conversation: C
     #: Its LLM context.
     memory: WorkingMemory
     #: Its event stream.
     events: ConversationEvents
     #: What its agent provides (model, system prompt, hooks, compactor).
-    services: AgentServices
+    services: AgentServices[C]
 
     @property
     def id(self) -> str:

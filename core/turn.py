@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .agents import AGENT_TOOL_PREFIX
 from .errors import ClosedError, ContextTooLong, LLMError, StoreError, ToolError
 from .events import (
     Error,
@@ -57,11 +56,13 @@ from .memory import scopes_for
 from .messages import ChatMessage, Message, MessageKind, MessageStatus, NewMessage, ToolCall, Usage
 from .observe import RequestStats
 from .recall import recall_for, with_recall
+from .runs import AGENT_TOOL_PREFIX
 from .tools.base import Tool, ToolContext, ToolResult, spec_of
 from .turnsettings import DEFAULT_SETTINGS, TurnOrigin, TurnSettings
 
 if TYPE_CHECKING:
     from .events import Event, StopReason
+    from .protocols import LiveConversation
     from .services import ConversationParts
 
 __all__ = ["Steered", "TurnRunner"]
@@ -110,7 +111,7 @@ class TurnRunner:
 
     def __init__(
         self,
-        parts: ConversationParts,
+        parts: ConversationParts[Any],
         *,
         run_id: str,
         message: Message,
@@ -123,7 +124,7 @@ class TurnRunner:
     ) -> None:
         self.parts = parts
         #: The conversation (what hooks and tools are told about).
-        self.conv = parts.conversation
+        self.conv: LiveConversation = parts.conversation
         self.memory = parts.memory
         self.events = parts.events
         self.services = parts.services
