@@ -16,12 +16,11 @@ outbox.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from agentik.core import Agent
 from agentik.core.access import AccessPolicy, Decision
@@ -30,6 +29,7 @@ from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import AgentikError, PromptRefused
 from agentik.core.gate import Gate, Speaker
+from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message
 from agentik.core.turnsettings import TurnOrigin
 from agentik.transports.base import (
@@ -140,7 +140,7 @@ class Bridge(AgentAccess):
         self.channels = Channels(self)
         self._channels: dict[str, _Channel] = self.channels.open
         #: Per channel key: the lock its arriving messages take in turn, and its users.
-        self._arrivals: dict[str, list[Any]] = {}
+        self._arrivals = KeyedLocks()
         #: Outgoing pieces and their delivery state, persisted (see :meth:`redeliver`).
         self.outbox = Outbox(agent.store)
         #: Per-channel settings: ``[channels."<pattern>"]`` and ``!set`` (see
@@ -171,11 +171,6 @@ class Bridge(AgentAccess):
     def released_channels(self) -> int:
         """How many idle channels have been released so far."""
         return self.channels.released
-
-    @property
-    def _reaper(self) -> asyncio.Task[None] | None:
-        # The task releasing idle channels (tests wait for it).
-        return self.channels.reaper
 
     def attach(self, transport: Transport, options: ChannelOptions | None = None) -> None:
         """Register a transport instance and its options.
@@ -295,7 +290,23 @@ class Bridge(AgentAccess):
                 message.reply_to,
             )
             return None
-        ticket = await gate.admit(speaker, message.channel_key, chars=len(text), decision=decision)
+        await self._submit_turn(message, transport, text, speaker, decision, opts)
+        return None
+
+    async def _submit_turn(
+        self,
+        message: IncomingMessage,
+        transport: Transport,
+        text: str,
+        speaker: Speaker,
+        decision: Decision,
+        opts: ChannelOptions,
+    ) -> None:
+        """Admit ``message`` as a turn (budgets), submit it with its channel's settings
+        and record who asked where, so its answer finds its way back."""
+        ticket = await self.gate.admit(
+            speaker, message.channel_key, chars=len(text), decision=decision
+        )
         if ticket.refused is not None:
             # One notice per window; later messages get nothing, and no model call.
             if ticket.refused.notice:
@@ -342,23 +353,15 @@ class Bridge(AgentAccess):
         async with ch.changed:
             ch.pending.add(run_id)
         await self.channels.tell_approval_wait(ch, transport, message, opts)
-        return None
 
     @contextlib.asynccontextmanager
     async def _arrival(self, key: str) -> AsyncIterator[None]:
         """One channel's arrivals, one at a time, first come first served (asyncio
-        locks wake their waiters in order); the entry goes when nobody uses it."""
-        entry = self._arrivals.get(key)
-        if entry is None:
-            entry = self._arrivals[key] = [asyncio.Lock(), 0]
-        entry[1] += 1
-        try:
-            async with entry[0]:
-                yield
-        finally:
-            entry[1] -= 1
-            if entry[1] == 0 and self._arrivals.get(key) is entry:
-                del self._arrivals[key]
+        locks wake their waiters in order); a channel's lock is kept while anyone
+        holds or waits for it (:class:`~agentik.core.keyedlocks.KeyedLocks`)."""
+        lock = self._arrivals(key)  # this reference keeps it while we wait
+        async with lock:
+            yield
 
     @staticmethod
     def _parse_command(text: str, opts: ChannelOptions) -> str | None:
