@@ -8,6 +8,7 @@ import logging
 import time
 
 import aiohttp
+import pytest
 
 from agentik.core import SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel
@@ -308,6 +309,40 @@ async def test_a_long_streamed_answer_continues_in_new_messages_at_word_breaks(t
 
 
 # ----------------------------------------------------------------- issue 18
+
+
+@pytest.mark.parametrize(
+    "missing", [("thread_ts",), ("channel_id",), ("thread_ts", "user_id", "context")]
+)
+async def test_an_assistant_event_without_its_thread_is_dropped_with_a_warning(
+    tmp_path, caplog, missing
+):
+    """Slack always names the thread of an ``assistant_thread_*`` event; one that does
+    not (hostile or broken input) is acknowledged and dropped with our warning, never an
+    error from bolt's assistant helpers, and the bot goes on answering."""
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, assistant_greeting="Hello") as (_, _, _, bridge):
+            caplog.set_level(logging.WARNING)
+            for make in (
+                slack.assistant_thread_started_event,
+                lambda ch: slack.assistant_thread_context_changed_event(ch, "1.2", {}),
+            ):
+                event = make("D1")
+                for key in missing:
+                    del event["assistant_thread"][key]
+                await slack.wait_for_ack(await slack.push_event(event))
+            await slack.push_event(slack.message_event("D2", "still there?", channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D2")
+            assert bot_texts(slack, "D2")
+            assert slack.calls_to("chat.postMessage") == [] or all(
+                c["channel"] == "D2" for c in slack.calls_to("chat.postMessage")
+            )  # no greeting went anywhere
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+            dropped = [
+                r.getMessage() for r in caplog.records if "dropped an assistant" in r.getMessage()
+            ]
+            assert len(dropped) == 2, dropped
 
 
 async def test_assistant_thread_gets_a_greeting_prompts_and_a_title(tmp_path):

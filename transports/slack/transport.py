@@ -42,6 +42,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,10 @@ _MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
 _ANSWERED_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
 #: Our buttons' ``action_id``s (``agentik_action_0`` …): see :meth:`SlackTransport._on_action`.
 _ACTION_ID = re.compile(r"^agentik_action_[0-9]+$")
+#: Events about an assistant thread (Slack's AI app view): each names its thread.
+_ASSISTANT_THREAD_EVENTS = frozenset(
+    {"assistant_thread_started", "assistant_thread_context_changed"}
+)
 #: Slack API errors that mean a token is refused: retrying will not help.
 _REJECTED = frozenset({
     "invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
@@ -284,6 +289,8 @@ class SlackTransport(Transport):
             f"team {auth.get('team') or '?'} ({self.team_id}) as @{auth.get('user') or '?'}"
             f" ({self.bot_user_id})"
         )
+        # Before bolt's own: an assistant event without its thread is dropped here.
+        self.app.use(self._drop_threadless_assistant_events)
         assistant = AsyncAssistant(thread_context_store=self._contexts)  # type: ignore[arg-type]
         assistant.thread_started(self._on_thread_started)
         self.app.assistant(assistant)
@@ -560,6 +567,29 @@ class SlackTransport(Transport):
             _Incoming(keys, key, clean(command).strip(), user, channel, thread_ts, action_ts,
                       is_dm)
         )  # fmt: skip
+
+    async def _drop_threadless_assistant_events(
+        self, body: dict[str, Any], next: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """Bolt global middleware: an ``assistant_thread_*`` event whose
+        ``assistant_thread`` lacks its channel or ts cannot be answered (bolt's
+        assistant helpers raise and log an error on it).  Slack always sends both;
+        one without them is acknowledged, logged as a warning and dropped."""
+        event = body.get("event") if isinstance(body, dict) else None
+        if isinstance(event, dict) and event.get("type") in _ASSISTANT_THREAD_EVENTS:
+            thread = event.get("assistant_thread")
+            if not isinstance(thread, dict) or not all(
+                isinstance(thread.get(k), str) and thread.get(k)
+                for k in ("channel_id", "thread_ts")
+            ):
+                log.warning(
+                    "slack %s: dropped an %s event without its thread's channel_id and thread_ts",
+                    self.name, event.get("type"),
+                )  # fmt: skip
+                from slack_bolt.response import BoltResponse
+
+                return BoltResponse(status=200, body="")  # acknowledged, nothing more to do
+        return await next()
 
     async def _on_thread_started(
         self, body: dict[str, Any], event: dict[str, Any], say: Any, set_suggested_prompts: Any
