@@ -292,7 +292,7 @@ def test_fuzzed_events_never_crash_or_inject(
         place = f"D{next(_places)}"
         await slack.push_event(slack.message_event(place, "sentinel", channel_type="im"))
         await answered(slack, bridge, f"slack:T1:{place}")
-        for key in list(bridge._channels):
+        for key in list(bridge.channels.open):
             await bridge.flush(key)
 
     run(go())
