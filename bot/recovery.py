@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from agentik.core.approvals import RESTARTED
 from agentik.transports.base import IncomingMessage
 
 if TYPE_CHECKING:
@@ -172,9 +173,7 @@ class Recovery:
                 if transport is not None and conv.channel_key == key:
                     # Open the channel first, so its renderer shows the notice.
                     await self.host.channel(key, transport, self.host.options_for(transport))
-                await approvals.expire(
-                    conv.parts, a, "the bot restarted and that turn was not taken up again"
-                )
+                await approvals.expire(conv.parts, a, RESTARTED)
                 expired += 1
             except Exception:
                 log.exception("could not expire approval %s", a.id)

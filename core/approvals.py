@@ -64,7 +64,9 @@ if TYPE_CHECKING:
     from .store.base import Store
 
 __all__ = [
+    "RESTARTED",
     "ROLE_ORDER",
+    "WENT_ON_WITHOUT_IT",
     "Approval",
     "ApprovalDecision",
     "ApprovalError",
@@ -75,6 +77,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Why an approval expired: its turn ended without asking for it again.
+WENT_ON_WITHOUT_IT = "the turn went on without it"
+#: Why an approval expired: a restart cut its turn off and the turn was not answered
+#: again (crash recovery noted or dropped it, or left it to no turn).
+RESTARTED = "the bot restarted and that turn was not taken up again"
 
 #: Built-in roles, highest first.  A named role ranks as ``user``.
 ROLE_ORDER: tuple[str, ...] = BUILTIN_ROLES
@@ -392,9 +400,22 @@ class Approvals:
         reason: str | None,
     ) -> Approval:
         """Record the decision unless another one got there first; the stored outcome."""
+        done, _ = await self._resolve(a, decision, approver, approver_id, reason)
+        return done
+
+    async def _resolve(
+        self,
+        a: Approval,
+        decision: ApprovalDecision,
+        approver: str | None,
+        approver_id: str | None,
+        reason: str | None,
+    ) -> tuple[Approval, bool]:
+        """:meth:`_settle`, and whether this call's decision is the one recorded."""
         store = self._store()
         now = time.time()
-        if await store.approval_resolve(a.serial, decision, approver, approver_id, reason, now):
+        won = await store.approval_resolve(a.serial, decision, approver, approver_id, reason, now)
+        if won:
             done = replace(
                 a, state="resolved", decision=decision, approver=approver,
                 approver_id=approver_id, reason=reason, resolved_at=now,
@@ -405,7 +426,7 @@ class Approvals:
         fut = self._waiting.get(a.serial)
         if fut is not None and not fut.done():
             fut.set_result(done)
-        return done
+        return done, bool(won)
 
     # -- deciding -----------------------------------------------------------------------------
     async def pending(
@@ -512,19 +533,22 @@ class Approvals:
         return [a for a in rows if a.serial not in self._waiting]
 
     async def expire(self, parts: PartsLike | None, a: Approval, reason: str) -> Approval:
-        """Expire a pending approval no turn waits for; ``approval_resolved`` when ``parts``."""
-        done = await self._settle(a, "expired", None, None, reason)
-        if parts is not None and done.decision == "expired":
+        """Expire a pending approval no turn waits for; ``approval_resolved`` when ``parts``
+        (once: only the call whose decision is recorded emits it)."""
+        done, won = await self._resolve(a, "expired", None, None, reason)
+        if parts is not None and won:
             self._emit_resolved(parts, a.run_id, done)
         return done
 
-    async def run_ended(self, parts: PartsLike, run_id: str) -> None:
+    async def run_ended(
+        self, parts: PartsLike, run_id: str, *, reason: str = WENT_ON_WITHOUT_IT
+    ) -> None:
         """A turn ended: approvals it left pending (it did not ask again) expire."""
         if self.store is None or not self.rules:
             return
         for a in await self._store().approvals(conversation_id=parts.id, state="pending"):
             if a.run_id == run_id and a.serial not in self._waiting:
-                await self.expire(parts, a, "the turn went on without it")
+                await self.expire(parts, a, reason)
 
     async def recent(self, *, limit: int = 50, scope: str | None = None) -> Sequence[Approval]:
         """The most recent approvals (every state), newest first."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+from .approvals import RESTARTED
 from .errors import ClosedError, PromptRefused
 from .eventbus import Subscription
 from .events import (
@@ -767,14 +768,16 @@ class Conversation:
             emit(RunStreamEnd, m.run_id)
             raise
         emit(TextDelta, m.run_id, text=text)
-        await self._services.approvals.run_ended(self.parts, m.run_id or "")
+        # Not taken up again after a restart: its approvals expire saying so.
+        await self._services.approvals.run_ended(self.parts, m.run_id or "", reason=RESTARTED)
         await self._services.questions.run_ended(self.parts, m.run_id or "")
         emit(TurnEnded, m.run_id, stop_reason="stop", text=text)
         emit(RunStreamEnd, m.run_id)
 
     async def _resume_drop(self, m: Message, outcome: str) -> None:
         await self._store.append(self.id, ended=TurnEnd(m.run_id or "", outcome))
-        await self._services.approvals.run_ended(self.parts, m.run_id or "")
+        # Not taken up again after a restart: its approvals expire saying so.
+        await self._services.approvals.run_ended(self.parts, m.run_id or "", reason=RESTARTED)
         await self._services.questions.run_ended(self.parts, m.run_id or "")
         log.info("conversation %s: unanswered message %d %s", self.id, m.id, outcome)
 

@@ -24,7 +24,7 @@ from agentik.transports.irc.wire import casefold
 from helpers import chat_page
 
 from ircservers import IRCTestClient
-from rigs import from_bot, irc_bot, people, slack_bot, tool_results
+from rigs import eventually, from_bot, irc_bot, people, slack_bot, tool_results
 
 pytest_plugins = ["ircservers"]
 
@@ -1063,3 +1063,72 @@ async def test_a_call_left_open_by_an_expired_approval_gets_a_result_in_the_next
         assert sent[asked + 1].tool_call_id == sent[asked].tool_calls[0].id
         assert calls == []
     await alice.close()
+
+
+# -- a restart's left-over approval expires once, saying why ---------------------------------------
+
+
+async def _cut_off_by_a_restart(tmp_path) -> tuple[Agent, list]:
+    """A turn waits for approval of a write when the bot shuts down; a new agent on the
+    same database is started and has not taken anything up yet."""
+    rules = [ApprovalRule(tools=("fs__write_*",), approvers="user")]
+    db = str(tmp_path / "restart.db")
+    model = ScriptedModel()
+    model.enqueue(Reply(tool_calls=[call("fs__write_file", {"path": "/srv/motd"})]), "done")
+    agent = await Agent(
+        llm=model, store=SQLiteStore(db), tools=[writer_tool([])], approvals=rules
+    ).start()
+    conv = await agent.conversation_for_channel("irc:net:#ops")
+    await conv.send("update the motd", author="alice", author_id="net:alice")
+    await eventually(lambda: agent.approvals.pending(conversation_id=conv.id), "the approval")
+    await agent.aclose()
+    again = await Agent(
+        llm=ScriptedModel(), store=SQLiteStore(db), tools=[writer_tool([])], approvals=rules
+    ).start()
+    return again, await again.pending_turns()
+
+
+async def test_a_turn_noted_after_a_restart_expires_its_approval_saying_the_bot_restarted(
+    tmp_path,
+):
+    """The note a restart leaves instead of an answer ends the turn; the approval it
+    left pending expires with the restart as its reason (the same words whichever of
+    the note and the start-up sweep gets there first)."""
+    agent, [m] = await _cut_off_by_a_restart(tmp_path)
+    try:
+        conv = await agent.get_conversation(m.conversation_id)
+        sub = conv.events(kinds=["approval_resolved", "run_stream_end"])
+        conv.resume([m], mode="note")
+        resolved = await next_event(sub, "approval_resolved")
+        assert resolved.decision == "expired"
+        assert resolved.reason == "the bot restarted and that turn was not taken up again"
+        [stored] = await agent.approvals.recent(limit=5)
+        assert (stored.decision, stored.reason) == ("expired", resolved.reason)
+    finally:
+        await agent.aclose()
+
+
+async def test_an_approval_expired_twice_at_once_is_announced_once(tmp_path):
+    """The start-up sweep and the end of the approval's turn may expire it at the same
+    time: one decision is recorded and one ``approval_resolved`` (one notice) sent."""
+    agent, [m] = await _cut_off_by_a_restart(tmp_path)
+    try:
+        conv = await agent.get_conversation(m.conversation_id)
+        [left] = await agent.approvals.leftovers()
+        sub = conv.events(kinds=["approval_resolved", "run_stream_end"])
+        await asyncio.gather(
+            agent.approvals.expire(conv.parts, left, "one"),
+            agent.approvals.expire(conv.parts, left, "two"),
+        )
+        conv.resume([m], mode="note")  # ends with run_stream_end: nothing after it is ours
+        seen = []
+        async with asyncio.timeout(60):
+            async for event in sub:
+                if event.kind == "run_stream_end":
+                    break
+                seen.append(event)
+        assert [e.kind for e in seen] == ["approval_resolved"]
+        [stored] = await agent.approvals.recent(limit=5)
+        assert stored.reason == seen[0].reason
+    finally:
+        await agent.aclose()
