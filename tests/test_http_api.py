@@ -257,12 +257,18 @@ async def test_the_list_marks_child_run_conversations_and_filters_them(db_path):
 
 async def test_bad_query_parameters_are_422(server):
     async with server.client() as c:
-        for params in ({"limit": 0}, {"limit": 201}, {"limit": "ten"}, {"offset": -1}):
+        # An empty value is not an integer either (the OpenAPI document says integer).
+        for params in (
+            {"limit": 0}, {"limit": 201}, {"limit": "ten"}, {"offset": -1}, {"limit": ""},
+            {"offset": ""},
+        ):  # fmt: skip
             r = await c.get("/conversations", params=params)
             assert r.status_code == 422 and error_code(r) == "invalid_parameter", params
         conv = await create(c)
         r = await c.get(f"/conversations/{conv['id']}/messages", params={"after": "1.5"})
         assert r.status_code == 422 and "after" in r.json()["error"]["message"]
+        r = await c.get(f"/conversations/{conv['id']}/messages", params={"before": ""})
+        assert r.status_code == 422 and "before" in r.json()["error"]["message"]
 
 
 async def test_unknown_conversation_ids_are_404_everywhere(server):

@@ -398,9 +398,9 @@ def page_headers(page: str) -> dict[str, str]:
 
 def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
     raw = request.query_params.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
-    if not _INTEGER.fullmatch(raw):
+    if not _INTEGER.fullmatch(raw):  # "" too: the OpenAPI document says integer
         raise ApiError(422, "invalid_parameter", f"{name} must be an integer")
     value = int(raw)
     if not low <= value <= high:
