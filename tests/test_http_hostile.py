@@ -18,6 +18,8 @@ import pytest
 from playwright.async_api import expect
 from test_http_browser import _static_page
 
+from agentik.core.testing.scripted import Reply
+
 from httpserver import TOKENS, admins, running_server
 
 ADMIN_AND_ALICE = {
@@ -271,9 +273,15 @@ async def test_after_a_restart_the_page_shows_what_was_said_while_it_reconnected
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     released = asyncio.Event()
+    status_released = asyncio.Event()
+    status_released.set()
 
     async def hold(route):
         await released.wait()
+        await route.continue_()
+
+    async def hold_status(route):
+        await status_released.wait()
         await route.continue_()
 
     async with running_server(db) as first:
@@ -295,16 +303,34 @@ async def test_after_a_restart_the_page_shows_what_was_said_while_it_reconnected
             r = await c.post(f"/conversations/{cid}/messages", json={"content": "while away"})
             assert r.status_code == 202, r.text
             await (await second.agent.get_conversation(cid)).wait_idle()
-        released.set()
-        await expect(page.locator("#status")).to_have_text("live")
-        await expect(page.locator(".msg.assistant .text")).to_have_text(
-            ["echo: one", "echo: two", "echo: three", "echo: while away"]
-        )
-        # And it follows the new process's events from there on.
-        await page.unroute(lambda url: "/events" in url)
-        await page.fill("#input", "back")
-        await page.press("#input", "Enter")
-        await expect(page.locator(".msg.assistant .text").last).to_have_text("echo: back")
+            # The history read again is shown before its checklist is read: hold
+            # that, and answer a message meanwhile. Its events wait for the history
+            # (they were split over two bubbles, "echo: " in one the history
+            # replaced and "back" in the next).
+            status_released.clear()
+            await page.route(lambda url: url.endswith("/status"), hold_status)
+            released.set()
+            await expect(page.locator("#status")).to_have_text("live")
+            await expect(page.locator(".msg.assistant .text")).to_have_text(
+                ["echo: one", "echo: two", "echo: three", "echo: while away"]
+            )
+            midway = Reply(chunks=["echo: ", "back"], hold_after=1)
+            second.model.enqueue(midway)
+            await page.fill("#input", "back")
+            await page.press("#input", "Enter")
+            await asyncio.wait_for(midway.held.wait(), 60)
+            async with page.expect_response(lambda r: r.url.endswith("/status")):
+                status_released.set()
+            # What the page does on that answer is done before its next timer fires.
+            await page.evaluate("() => new Promise((r) => setTimeout(r, 100))")
+            midway.release.set()
+            # And it follows the new process's events from there on.
+            await expect(page.locator(".msg.assistant .text")).to_have_text(
+                ["echo: one", "echo: two", "echo: three", "echo: while away", "echo: back"]
+            )
+            await page.fill("#input", "again")
+            await page.press("#input", "Enter")
+            await expect(page.locator(".msg.assistant .text").last).to_have_text("echo: again")
     assert not errors, errors
 
 
