@@ -292,17 +292,21 @@ class Approvals:
         )  # fmt: skip
 
         async def cancelled() -> None:
-            gone = await self._settle(approval, "cancelled", None, None, "the turn was stopped")
+            gone, _ = await self._resolve(approval, "cancelled", None, None, "the turn was stopped")
             self._emit_resolved(parts, run_id, gone)
+
+        async def expired() -> Approval:
+            done, _ = await self._resolve(
+                approval, "expired", None, None, "no one answered in time"
+            )
+            return done
 
         try:
             # A shutdown (cancelled, not interrupted): it stays pending for the next start.
             done = await wait_for_person(
                 fut,
                 approval.expires_at,
-                expire=lambda: self._settle(
-                    approval, "expired", None, None, "no one answered in time"
-                ),
+                expire=expired,
                 cancel=cancelled,
                 interrupted=interrupted,
                 paused=paused,
@@ -391,18 +395,6 @@ class Approvals:
                 return replace(candidate, serial=serial), False
         raise AgentikError("could not find a free approval id")  # pragma: no cover
 
-    async def _settle(
-        self,
-        a: Approval,
-        decision: ApprovalDecision,
-        approver: str | None,
-        approver_id: str | None,
-        reason: str | None,
-    ) -> Approval:
-        """Record the decision unless another one got there first; the stored outcome."""
-        done, _ = await self._resolve(a, decision, approver, approver_id, reason)
-        return done
-
     async def _resolve(
         self,
         a: Approval,
@@ -411,7 +403,8 @@ class Approvals:
         approver_id: str | None,
         reason: str | None,
     ) -> tuple[Approval, bool]:
-        """:meth:`_settle`, and whether this call's decision is the one recorded."""
+        """Record the decision unless another one got there first: the stored outcome,
+        and whether this call's decision is the one recorded."""
         store = self._store()
         now = time.time()
         won = await store.approval_resolve(a.serial, decision, approver, approver_id, reason, now)
@@ -497,7 +490,7 @@ class Approvals:
                 "self", f"approval {a.id}: you asked for this call; someone else must approve it"
             )
         reason = " ".join((reason or "").split())[:300] or None
-        done = await self._settle(
+        done, _ = await self._resolve(
             a, "approved" if decision == "approve" else "denied", approver, approver_id, reason
         )
         if done.decision != ("approved" if decision == "approve" else "denied") or (
