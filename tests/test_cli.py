@@ -466,6 +466,9 @@ def test_every_command_is_in_the_manual(command):
 
 # -- agentik memory ---------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["sqlite", "markdown"])
+# Seventeen CLI processes one after another: the suite's 120 s hang guard was
+# reached on a loaded machine (each one a cold Python start).
+@pytest.mark.timeout(600)
 def test_memory_commands_list_show_history_rm_restore(tmp_path, backend):
     conf = write_config(tmp_path, f'[storage]\npath = "bot.db"\n[memory]\nbackend = "{backend}"\n')
     if backend == "sqlite":
