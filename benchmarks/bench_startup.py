@@ -46,7 +46,7 @@ READY = 1.5  # seconds from `agentik run` to /ready 200
 
 #: Imported only when used: a started default bot has none of these.  (Not aiohttp: the
 #: openai SDK imports it whenever it is installed, the bare SDK too.)
-OPTIONAL = ("uvicorn", "starlette", "httptools", "jsonschema", "mcp_types")
+OPTIONAL = ("uvicorn", "starlette", "httptools", "jsonschema", "mcp_types", "prometheus_client")
 
 _REPORT = f"""
 import json, os, resource, sys

@@ -54,11 +54,11 @@ def test_building_the_openai_backend_imports_the_sdk_then():
 # Packages a feature of the default configuration does not use yet are imported when first
 # used (docs/operations.md, "What a started bot imports"): the web server of the http
 # transport (configured but disabled in config.example.toml), jsonschema (passthrough
-# calls), mcp_types (MCP sessions).  (aiohttp is not on the list: the openai SDK imports
-# it whenever it is installed.)
+# calls), mcp_types (MCP sessions), prometheus_client (the first scrape of the metrics).
+# (aiohttp is not on the list: the openai SDK imports it whenever it is installed.)
 
 _ROOT = Path(__file__).resolve().parent.parent
-_LAZY = ("uvicorn", "starlette", "httptools", "jsonschema", "mcp_types")
+_LAZY = ("uvicorn", "starlette", "httptools", "jsonschema", "mcp_types", "prometheus_client")
 
 _START_BOT = """
 import asyncio, json, sys, urllib.request
@@ -73,11 +73,15 @@ async def main(path, web):
     async with Bot(load_config(path), transports=transports) as bot:
         out = {"loaded": sorted(m for m in LAZY if m in sys.modules)}
         if web:
-            url = bot.transports["web"].url + "/health"
+            url = bot.transports["web"].url
             # From a thread: the server runs in this loop.
             out["health"] = await asyncio.to_thread(
-                lambda: urllib.request.urlopen(url, timeout=30).status
+                lambda: urllib.request.urlopen(url + "/health", timeout=30).status
             )
+            out["metrics"] = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+            )
+            out["loaded"] = sorted(m for m in LAZY if m in sys.modules)
     print(json.dumps(out))
 
 asyncio.run(main(sys.argv[1], sys.argv[2] == "web"))
@@ -120,10 +124,13 @@ def test_a_started_default_bot_has_not_imported_what_it_does_not_use_yet(tmp_pat
     assert started["loaded"] == [], started
 
 
-def test_the_same_bot_with_its_http_transport_enabled_serves_it(tmp_path):
+def test_the_same_bot_with_its_http_transport_enabled_serves_it_and_its_metrics(tmp_path):
     started = _start_default_bot(tmp_path, web=True)
     assert started["health"] == 200
-    assert {"uvicorn", "starlette"} <= set(started["loaded"]), started  # type: ignore[arg-type]
+    assert 'agentik_transport_state{state="connected",transport="web"} 1.0' in started["metrics"]
+    assert "# TYPE agentik_turns_total counter" in started["metrics"]
+    loaded = set(started["loaded"])  # type: ignore[arg-type]
+    assert {"uvicorn", "starlette", "prometheus_client"} <= loaded, started
 
 
 def test_profiles_moved_to_streamprofiles_and_the_old_name_still_works():
