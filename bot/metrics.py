@@ -80,13 +80,6 @@ def _version() -> str:
         return "unknown"
 
 
-def _go_float(value: float) -> str:
-    """A bucket bound as Prometheus writes it (``prometheus_client.utils.floatToGoString``)."""
-    if value == math.inf:
-        return "+Inf"
-    return repr(float(value))
-
-
 class _Child:
     """One labelled series of a :class:`_Series`: a value, or a histogram's buckets."""
 
@@ -99,6 +92,8 @@ class _Child:
         self.created = time.time()
 
     def inc(self, amount: float = 1) -> None:
+        if amount < 0:  # as prometheus_client's Counter (gauges here are only set)
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
         self.value += amount
 
     def set(self, value: float) -> None:
@@ -159,7 +154,11 @@ class _Series:
     def observe(self, amount: float) -> None:
         self.children[()].observe(amount)  # type: ignore[attr-defined]
 
-    def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
+    def samples(
+        self, bound_text: Callable[[float], str]
+    ) -> Iterator[tuple[str, dict[str, str], float]]:
+        """(suffix, labels, value) of every sample; ``bound_text`` writes a bucket's
+        ``le`` (``prometheus_client.utils.floatToGoString``)."""
         for key, child in list(self.children.items()):
             labels = dict(zip(self.labelnames, key, strict=True))
             if self.kind == "counter":
@@ -171,7 +170,7 @@ class _Series:
                 acc = 0.0
                 for bound, count in zip(self.bounds, child.buckets, strict=True):
                     acc += count
-                    yield "_bucket", {**labels, "le": _go_float(bound)}, acc
+                    yield "_bucket", {**labels, "le": bound_text(bound)}, acc
                 yield "_count", labels, acc
                 yield "_sum", labels, child.sum
                 yield "_created", labels, child.created
@@ -186,10 +185,11 @@ class _Counted:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import Metric
         from prometheus_client.metrics import _use_created
+        from prometheus_client.utils import floatToGoString
 
         for s in self.series:
             metric = Metric(s.name, s.doc, s.kind)
-            for suffix, labels, value in s.samples():
+            for suffix, labels, value in s.samples(floatToGoString):
                 if suffix == "_created" and not _use_created:
                     continue
                 metric.add_sample(s.name + suffix, labels, value)
