@@ -128,20 +128,22 @@ def _run_until_ready(env: dict[str, str], folder: Path) -> tuple[float, float, i
     port = _free_port()
     config = _config(folder, port)
     url = f"http://127.0.0.1:{port}/ready"
+    log = folder / "run.log"  # a file, not a pipe: a full pipe would stall the bot
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentik.bot.cli", "run", "-c", str(config)],
-        cwd=folder,
-        env=env,
-        stdin=subprocess.PIPE,  # the terminal transport reads it; kept open
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentik.bot.cli", "run", "-c", str(config)],
+            cwd=folder,
+            env=env,
+            stdin=subprocess.PIPE,  # the terminal transport reads it; kept open
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
         while True:
             if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"agentik run exited with {proc.returncode}: {err[-2000:]}")
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"agentik run exited with {proc.returncode}: {tail}")
             try:
                 with urllib.request.urlopen(url, timeout=5) as response:
                     if response.status == 200:
