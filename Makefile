@@ -182,6 +182,7 @@ bench: $(DEV)
 	$(PY) benchmarks/bench_metrics.py
 	$(PY) benchmarks/bench_agents.py
 	$(PY) benchmarks/bench_profiles.py
+	$(PY) benchmarks/bench_startup.py
 
 # The local model through an agentik turn vs llama-cpp-python driven directly.
 bench-local: $(DEV) $(LOCAL)

@@ -21,6 +21,12 @@ turns waiting, conversations loaded) is read from the agent when scraped.
 :meth:`render` gives the exposition (``(body, content_type)``) for whatever
 serves it: the HTTP transport's ``GET /metrics``, or a health listener.
 
+The counting is plain Python (:class:`_Series`: the same series, samples and
+``_created`` times as ``prometheus_client``'s counters, gauges and histograms),
+and ``prometheus_client`` is imported at the first scrape (or the first read of
+:attr:`Metrics.registry`): a bot nobody scrapes does not load it (about 40
+modules; docs/operations.md, "What a started bot imports").
+
 Labels stay low-cardinality: transport instance names, backends, models,
 tool names, outcomes.  Never a conversation id, a channel or a person.
 """
@@ -30,24 +36,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from agentik.core.observe import RequestStats
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
+
     from agentik.core import Agent
 
 __all__ = ["TRANSPORT_STATES", "Metrics"]
@@ -80,13 +80,131 @@ def _version() -> str:
         return "unknown"
 
 
-class _AgentState(Collector):
+class _Child:
+    """One labelled series of a :class:`_Series`: a value, or a histogram's buckets."""
+
+    __slots__ = ("buckets", "created", "sum", "value")
+
+    def __init__(self, n_buckets: int) -> None:
+        self.value = 0.0
+        self.sum = 0.0
+        self.buckets = [0.0] * n_buckets
+        self.created = time.time()
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:  # as prometheus_client's Counter (gauges here are only set)
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self.value += amount
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+
+class _HistogramChild(_Child):
+    __slots__ = ("bounds",)
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        super().__init__(len(bounds))
+        self.bounds = bounds
+
+    def observe(self, amount: float) -> None:
+        self.sum += amount
+        for i, bound in enumerate(self.bounds):
+            if amount <= bound:
+                self.buckets[i] += 1.0
+                break
+
+
+class _Series:
+    """A counter, gauge or histogram with its labelled children, counted in plain
+    Python; :meth:`samples` gives what ``prometheus_client``'s own would expose."""
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        doc: str,
+        labelnames: tuple[str, ...] | list[str] = (),
+        buckets: tuple[float, ...] = (),
+    ) -> None:
+        self.kind, self.name, self.doc = kind, name, doc
+        self.labelnames = tuple(labelnames)
+        self.bounds = (*buckets, math.inf) if kind == "histogram" else ()
+        self.children: dict[tuple[str, ...], _Child] = {}
+        if not self.labelnames:
+            self.children[()] = self._new()
+
+    def _new(self) -> _Child:
+        return _HistogramChild(self.bounds) if self.kind == "histogram" else _Child(0)
+
+    def labels(self, *values: str, **named: str) -> Any:
+        if named:
+            values = tuple(named[n] for n in self.labelnames)
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+        key = tuple(str(v) for v in values)
+        child = self.children.get(key)
+        if child is None:
+            child = self.children[key] = self._new()
+        return child
+
+    def inc(self, amount: float = 1) -> None:
+        self.children[()].inc(amount)
+
+    def observe(self, amount: float) -> None:
+        self.children[()].observe(amount)  # type: ignore[attr-defined]
+
+    def samples(
+        self, bound_text: Callable[[float], str]
+    ) -> Iterator[tuple[str, dict[str, str], float]]:
+        """(suffix, labels, value) of every sample; ``bound_text`` writes a bucket's
+        ``le`` (``prometheus_client.utils.floatToGoString``)."""
+        for key, child in list(self.children.items()):
+            labels = dict(zip(self.labelnames, key, strict=True))
+            if self.kind == "counter":
+                yield "_total", labels, child.value
+                yield "_created", labels, child.created
+            elif self.kind == "gauge":
+                yield "", labels, child.value
+            else:
+                acc = 0.0
+                for bound, count in zip(self.bounds, child.buckets, strict=True):
+                    acc += count
+                    yield "_bucket", {**labels, "le": bound_text(bound)}, acc
+                yield "_count", labels, acc
+                yield "_sum", labels, child.sum
+                yield "_created", labels, child.created
+
+
+class _Counted:
+    """The series of a :class:`Metrics`, as a collector of the Prometheus registry."""
+
+    def __init__(self, series: list[_Series]) -> None:
+        self.series = series
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import Metric
+        from prometheus_client.metrics import _use_created
+        from prometheus_client.utils import floatToGoString
+
+        for s in self.series:
+            metric = Metric(s.name, s.doc, s.kind)
+            for suffix, labels, value in s.samples(floatToGoString):
+                if suffix == "_created" and not _use_created:
+                    continue
+                metric.add_sample(s.name + suffix, labels, value)
+            yield metric
+
+
+class _AgentState:
     """Read at scrape time from the agent: what is true now."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
         services = self.agent.services
         busy = list(services.busy.values())
         active = GaugeMetricFamily(
@@ -113,84 +231,81 @@ class Metrics:
     """The metrics of one bot (see the module docstring)."""
 
     def __init__(self, agent: Agent | None = None) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self._registry: CollectorRegistry | None = None
+        self._series: list[_Series] = []
         self.agent = agent
-        info = Gauge(
-            "agentik_build_info", "The running agentik version (always 1).", ["version"],
-            registry=r,
+        info = self._gauge(
+            "agentik_build_info", "The running agentik version (always 1).", ["version"]
         )  # fmt: skip
         info.labels(version=_version()).set(1)
-        self.turns = Counter(
+        self.turns = self._counter(
             "agentik_turns", "Turns that ended, by stop reason (stop, length, interrupted, "
-            "time_budget, error, aborted, tool_limit).", ["stop_reason"], registry=r,
+            "time_budget, error, aborted, tool_limit).", ["stop_reason"],
         )  # fmt: skip
-        self.turn_seconds = Histogram(
+        self.turn_seconds = self._histogram(
             "agentik_turn_duration_seconds", "Seconds from a turn's start to its end.",
-            buckets=_TURN_BUCKETS, registry=r,
+            buckets=_TURN_BUCKETS,
         )  # fmt: skip
-        self.requests = Counter(
+        self.requests = self._counter(
             "agentik_model_requests", "Requests to the model, by backend, model and outcome "
-            "(ok, error, cancelled).", ["backend", "model", "outcome"], registry=r,
+            "(ok, error, cancelled).", ["backend", "model", "outcome"],
         )  # fmt: skip
-        self.request_seconds = Histogram(
+        self.request_seconds = self._histogram(
             "agentik_model_request_duration_seconds", "Seconds from sending a model request "
             "to the end of its response stream.", ["backend", "model"],
-            buckets=_MODEL_BUCKETS, registry=r,
+            buckets=_MODEL_BUCKETS,
         )  # fmt: skip
-        self.first_token = Histogram(
+        self.first_token = self._histogram(
             "agentik_model_time_to_first_token_seconds", "Seconds from sending a model "
             "request to its first text, reasoning or tool call.", ["backend", "model"],
-            buckets=_FIRST_TOKEN_BUCKETS, registry=r,
+            buckets=_FIRST_TOKEN_BUCKETS,
         )  # fmt: skip
-        self.tokens = Counter(
+        self.tokens = self._counter(
             "agentik_model_tokens", "Tokens the model backend reported, by type "
-            "(prompt, completion).", ["backend", "model", "type"], registry=r,
+            "(prompt, completion).", ["backend", "model", "type"],
         )  # fmt: skip
-        self.tool_calls = Counter(
+        self.tool_calls = self._counter(
             "agentik_tool_calls", "Tool calls that ended, by tool and outcome (ok, error).",
-            ["tool", "outcome"], registry=r,
+            ["tool", "outcome"],
         )  # fmt: skip
-        self.tool_seconds = Histogram(
+        self.tool_seconds = self._histogram(
             "agentik_tool_call_duration_seconds", "Seconds a tool call took, by tool.",
-            ["tool"], buckets=_TOOL_BUCKETS, registry=r,
+            ["tool"], buckets=_TOOL_BUCKETS,
         )  # fmt: skip
-        self.approvals_requested = Counter(
+        self.approvals_requested = self._counter(
             "agentik_approvals_requested", "Tool calls that waited for a person's approval.",
-            ["tool"], registry=r,
+            ["tool"],
         )  # fmt: skip
-        self.approvals_resolved = Counter(
+        self.approvals_resolved = self._counter(
             "agentik_approvals_resolved", "Approvals that ended, by decision (approved, "
-            "denied, expired, cancelled).", ["decision"], registry=r,
+            "denied, expired, cancelled).", ["decision"],
         )  # fmt: skip
-        self.budget_refusals = Counter(
+        self.budget_refusals = self._counter(
             "agentik_budget_refusals", "Messages and tool calls refused by a usage budget, "
             "by scope (identity, unverified, channel) and kind (messages, tokens, tool_calls).",
-            ["scope", "kind"], registry=r,
+            ["scope", "kind"],
         )  # fmt: skip
-        self.compactions = Counter(
-            "agentik_compactions", "Working-memory compactions, by reason.", ["reason"],
-            registry=r,
+        self.compactions = self._counter(
+            "agentik_compactions", "Working-memory compactions, by reason.", ["reason"]
         )  # fmt: skip
-        self.errors = Counter(
-            "agentik_turn_errors", "Errors reported by turns, by error type.", ["type"],
-            registry=r,
+        self.errors = self._counter(
+            "agentik_turn_errors", "Errors reported by turns, by error type.", ["type"]
         )  # fmt: skip
-        self.received = Counter(
+        self.received = self._counter(
             "agentik_messages_received", "Incoming chat messages handed to the bot, by "
-            "transport instance.", ["transport"], registry=r,
+            "transport instance.", ["transport"],
         )  # fmt: skip
-        self.sent = Counter(
+        self.sent = self._counter(
             "agentik_messages_sent", "Outgoing messages sent, by transport instance and kind "
-            "(answer, delta, end, notice, error, command).", ["transport", "kind"], registry=r,
+            "(answer, delta, end, notice, error, command).", ["transport", "kind"],
         )  # fmt: skip
-        self.transport_states = Gauge(
+        self.transport_states = self._gauge(
             "agentik_transport_state", "1 for each transport's current state, 0 for the others.",
-            ["transport", "state"], registry=r,
+            ["transport", "state"],
         )  # fmt: skip
-        self.reconnects = Counter(
+        self.reconnects = self._counter(
             "agentik_transport_reconnects", "Times a transport was connected again after "
-            "losing its connection.", ["transport"], registry=r,
+            "losing its connection.", ["transport"],
         )  # fmt: skip
         self._state: dict[str, str] = {}
         self._was_connected: set[str] = set()
@@ -200,8 +315,35 @@ class Metrics:
         #: Names of the agent's tools (refreshed when an unknown name shows up).
         self._tools: set[str] = set()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        if agent is not None:
-            r.register(_AgentState(agent))
+
+    # -- the series, in the order they are exposed -------------------------------------
+    def _add(self, kind: str, name: str, doc: str, labelnames: Any, buckets: Any) -> _Series:
+        series = _Series(kind, name, doc, tuple(labelnames), tuple(buckets))
+        self._series.append(series)
+        return series
+
+    def _counter(self, name: str, doc: str, labelnames: Any = ()) -> _Series:
+        return self._add("counter", name, doc, labelnames, ())
+
+    def _gauge(self, name: str, doc: str, labelnames: Any = ()) -> _Series:
+        return self._add("gauge", name, doc, labelnames, ())
+
+    def _histogram(self, name: str, doc: str, labelnames: Any = (), *, buckets: Any) -> _Series:
+        return self._add("histogram", name, doc, labelnames, buckets)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """This bot's own ``prometheus_client`` registry (made, and the package imported,
+        when first asked for): these counts, then the agent's state read when scraped."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
+
+            registry = CollectorRegistry(auto_describe=True)
+            registry.register(_Counted(self._series))
+            if self.agent is not None:
+                registry.register(_AgentState(self.agent))
+            self._registry = registry
+        return self._registry
 
     # -- feeding ----------------------------------------------------------------------
     def start(self) -> None:
@@ -332,4 +474,6 @@ class Metrics:
     # -- exposition -------------------------------------------------------------------
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

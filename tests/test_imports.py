@@ -9,6 +9,7 @@ library user who never builds one does not pay for it.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import agentik.core
+from helpers import clean_env
 
 
 def _fresh(script: str) -> str:
@@ -45,6 +47,90 @@ def test_building_the_openai_backend_imports_the_sdk_then():
         "print(before, 'openai' in sys.modules)\n"
     )
     assert _fresh(script) == "False True"
+
+
+# -- what a started default bot imports ----------------------------------------------------
+#
+# Packages a feature of the default configuration does not use yet are imported when first
+# used (docs/operations.md, "What a started bot imports"): the web server of the http
+# transport (configured but disabled in config.example.toml), jsonschema (passthrough
+# calls), mcp_types (MCP sessions), prometheus_client (the first scrape of the metrics).
+# (aiohttp is not on the list: the openai SDK imports it whenever it is installed.)
+
+_ROOT = Path(__file__).resolve().parent.parent
+_LAZY = ("uvicorn", "starlette", "httptools", "jsonschema", "mcp_types", "prometheus_client")
+
+_START_BOT = """
+import asyncio, json, sys, urllib.request
+from agentik.bot.app import Bot
+from agentik.bot.config import load_config
+from agentik.transports.testing.memory import MemoryTransport
+
+LAZY = %r
+
+async def main(path, web):
+    transports = None if web else {"mem": MemoryTransport(name="mem")}
+    async with Bot(load_config(path), transports=transports) as bot:
+        out = {"loaded": sorted(m for m in LAZY if m in sys.modules)}
+        if web:
+            url = bot.transports["web"].url
+            # From a thread: the server runs in this loop.
+            out["health"] = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(url + "/health", timeout=30).status
+            )
+            out["metrics"] = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+            )
+            out["loaded"] = sorted(m for m in LAZY if m in sys.modules)
+    print(json.dumps(out))
+
+asyncio.run(main(sys.argv[1], sys.argv[2] == "web"))
+"""
+
+
+def _default_config(folder: Path, *, web: bool) -> Path:
+    """config.example.toml as shipped, but for the terminal transport (the test has no
+    terminal) and, with ``web``, the http transport enabled on a free port."""
+    text = (_ROOT / "config.example.toml").read_text(encoding="utf-8")
+    terminal, rest = text.split("[transports.terminal]\n", 1)
+    rest = rest.replace("enabled = true", "enabled = false", 1)
+    text = terminal + "[transports.terminal]\n" + rest
+    if web:
+        head, web_section = text.split("[transports.web]\n", 1)
+        web_section = web_section.replace("enabled = false", "enabled = true", 1)
+        web_section = web_section.replace("port = 8080", "port = 0", 1)
+        text = head + "[transports.web]\n" + web_section
+    folder.mkdir()
+    path = folder / "agentik.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _start_default_bot(tmp_path: Path, *, web: bool) -> dict[str, object]:
+    config = _default_config(tmp_path / ("web" if web else "plain"), web=web)
+    env = clean_env(OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_KEY="x", OPENAI_MODEL="m")
+    done = subprocess.run(
+        [sys.executable, "-c", _START_BOT % (_LAZY,), str(config), "web" if web else "-"],
+        cwd=config.parent, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_started_default_bot_has_not_imported_what_it_does_not_use_yet(tmp_path):
+    started = _start_default_bot(tmp_path, web=False)
+    assert started["loaded"] == [], started
+
+
+def test_the_same_bot_with_its_http_transport_enabled_serves_it_and_its_metrics(tmp_path):
+    started = _start_default_bot(tmp_path, web=True)
+    assert started["health"] == 200
+    assert 'agentik_transport_state{state="connected",transport="web"} 1.0' in started["metrics"]
+    assert "# TYPE agentik_turns_total counter" in started["metrics"]
+    loaded = set(started["loaded"])  # type: ignore[arg-type]
+    assert {"uvicorn", "starlette", "prometheus_client"} <= loaded, started
 
 
 def test_profiles_moved_to_streamprofiles_and_the_old_name_still_works():

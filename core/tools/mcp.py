@@ -44,11 +44,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from fnmatch import fnmatchcase
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 import httpx2
-import mcp_types as mt
 import pydantic
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -56,6 +55,13 @@ from pydantic.dataclasses import dataclass
 from ..errors import ToolError
 from ..settings import SETTINGS, BlankSecret, PathSetting
 from .base import Tool, ToolContext, ToolResult
+
+if TYPE_CHECKING:
+    import mcp_types as mt
+
+# mcp_types (its pydantic models take ~80 ms to build) is imported where a session's
+# messages are read, like the mcp SDK itself: reading the [mcp] configuration, or a bot
+# with no MCP server, never imports it (docs/operations.md, "What a started bot imports").
 
 __all__ = ["CommandNotFound", "MCPServerConfig", "MCPTool", "MCPToolset", "resolve_command"]
 
@@ -439,6 +445,8 @@ def _byte_count(data: str) -> int:
 
 
 def _summarise(block: Any) -> str:
+    import mcp_types as mt
+
     if isinstance(block, mt.TextContent):
         return block.text
     if isinstance(block, mt.ImageContent):
@@ -460,6 +468,8 @@ def _summarise(block: Any) -> str:
 
 
 def _is_text(block: Any) -> bool:
+    import mcp_types as mt
+
     if isinstance(block, mt.EmbeddedResource):
         return isinstance(block.resource, mt.TextResourceContents)
     return isinstance(block, mt.TextContent)
@@ -874,6 +884,8 @@ class _Server:
                 self.error = "connection lost"
 
     async def _on_message(self, message: Any) -> None:
+        import mcp_types as mt
+
         if isinstance(message, mt.ToolListChangedNotification):
             self._refresh = True
             self._wake.set()
@@ -904,6 +916,8 @@ class _Server:
         )
 
     async def _list_tools(self, session: Any) -> None:
+        import mcp_types as mt
+
         listed: list[mt.Tool] = []
         cursor: str | None = None
         seen: set[str] = set()
@@ -1035,6 +1049,7 @@ class _Server:
     async def _call_once(
         self, tool_name: str, arguments: dict[str, Any], progress: Progress | None = None
     ) -> ToolResult:
+        import mcp_types as mt
         from mcp.shared.exceptions import MCPError
 
         name, timeout = self.cfg.name, self.cfg.timeout

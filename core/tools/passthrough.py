@@ -29,8 +29,6 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any
 
-import jsonschema  # type: ignore[import-untyped]
-from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
 from pydantic import Field
 
 from ..errors import ToolError
@@ -133,6 +131,12 @@ class PassthroughTool:
                     f"{self.name}: unknown argument {unknown[0][:64]!r}"
                     f" (arguments: {known or 'none'})"
                 )
+        # Here, not at the top: the [[passthrough]] configuration is read by every bot,
+        # jsonschema is needed by a call only (docs/operations.md, "What a started bot
+        # imports").
+        import jsonschema  # type: ignore[import-untyped]
+        from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
+
         try:
             cls = jsonschema.validators.validator_for(schema)
             cls.check_schema(schema)

@@ -40,7 +40,7 @@ import os
 import socket
 from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentik.core import Agent
 from agentik.core.errors import ConfigError
@@ -52,10 +52,16 @@ from agentik.transports.base import (
     host_of,
 )
 
-from .api import ApiContext, MetricsSource, build_app
 from .auth import TokenTable, load_tokens
-from .server import ApiServer, Limits, listen_tcp
 from .settings import HttpSettings
+
+if TYPE_CHECKING:
+    from .api import ApiContext, MetricsSource
+
+# The routes (.api: Starlette) and the server (.server: uvicorn, httptools) are imported
+# when the transport starts, not with it: registering the transport (every bot does, to
+# know the type) or configuring one that is disabled costs neither (docs/operations.md,
+# "What a started bot imports").
 
 __all__ = ["HttpTransport"]
 
@@ -137,6 +143,8 @@ class HttpTransport(Transport):
         self.agent = agent
         allowed = host.allowed_tools(self)
         o = self.options
+        from .api import ApiContext, build_app
+
         self._ctx = ApiContext(
             agent=agent,
             settings=o,
@@ -190,6 +198,8 @@ class HttpTransport(Transport):
             )
 
     def _bind(self) -> socket.socket:
+        from .server import listen_tcp
+
         host, port = self.host, self.port
         try:
             return listen_tcp(host, port, self.options.backlog)
@@ -200,6 +210,8 @@ class HttpTransport(Transport):
             ) from None
 
     async def _serve(self, app: Any, sock: socket.socket) -> None:
+        from .server import ApiServer, Limits
+
         server = ApiServer.create(app, Limits.of(self.options), name=self.name, grace=_GRACE)
         server.open_api = not self.tokens.enabled
         self._server = server

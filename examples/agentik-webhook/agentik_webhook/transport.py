@@ -43,9 +43,8 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from agentik.transports.base import (
@@ -57,6 +56,14 @@ from agentik.transports.base import (
 )
 
 from .signing import sign, verify
+
+if TYPE_CHECKING:
+    from aiohttp import ClientSession, web
+
+# aiohttp is imported when a webhook transport starts, not with the plugin: agentik loads
+# every installed plugin at start-up, and a bot that configures no webhook transport
+# should not pay for a web framework (about 11 MB and 0.1 s).  A plugin's entry point is
+# best kept this light.
 
 __all__ = ["WebhookSettings", "WebhookTransport"]
 
@@ -143,6 +150,8 @@ class WebhookTransport(Transport):
     async def start(self, sink: MessageSink) -> None:
         self._sink = sink
         o = self.options
+        from aiohttp import ClientSession, ClientTimeout, web
+
         self._session = ClientSession(timeout=ClientTimeout(total=o.timeout))
         app = web.Application(client_max_size=o.max_body_bytes)
         app.router.add_post(o.path, self._incoming)
@@ -183,6 +192,8 @@ class WebhookTransport(Transport):
 
     # -- incoming ------------------------------------------------------------------------
     async def _incoming(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -297,6 +308,8 @@ class WebhookTransport(Transport):
         if o.secret is not None:
             headers.update(sign(o.secret.get_secret_value(), body))
         delay = o.retry_delay
+        from aiohttp import ClientError
+
         for attempt in range(o.retries + 1):
             try:
                 async with self._session.post(o.callback_url, data=body, headers=headers) as resp:
@@ -319,4 +332,6 @@ class WebhookTransport(Transport):
 
 
 def _error(status: int, why: str) -> web.Response:
+    from aiohttp import web
+
     return web.json_response({"ok": False, "error": why}, status=status)
