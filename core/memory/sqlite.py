@@ -604,6 +604,9 @@ class SQLiteMemory(MemoryBackend):
         if qvec is None:
             return []
         vec = index.search(qvec, scopes, CANDIDATES)
+        if not vec or vec[0][1] < min_score:
+            # Every candidate needs a vector this close, and none is: no reads.
+            return []
         fts_ids = await self._fts_ids(content_words(query), scopes, CANDIDATES)
         fused = rrf(fts_ids, [nid for nid, _ in vec])
         cosines = dict(vec)
