@@ -13,6 +13,12 @@
    real text) is informational.
 3. Embedding throughput of the builtin model (notes/s), single batch of
    100,000 short notes (informational).
+4. What automatic recall costs per message (CPU, ``time.process_time``):
+   with no note visible to the conversation (goal: the message is not
+   embedded, the model not even loaded) against with notes visible (the
+   baseline: it embeds and ranks); and the private memory loading the model
+   adds to a process (memory-mapped weights) against wordllama's own loader
+   (a float32 copy of the weights), each in a fresh subprocess (Linux only).
 
 ``--quick`` runs a smaller version (a smoke test).
 """
@@ -26,6 +32,7 @@ import json
 import random
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -183,6 +190,114 @@ async def latency(
     ]
 
 
+async def recall_cost(tmp: str, repeats: int) -> list[Row]:
+    """Section 4: CPU per ``recall()`` when nothing is visible, against when notes are."""
+    embedder = BuiltinEmbedder()  # not loaded: the no-note path must not load it
+    store = SQLiteStore(f"{tmp}/recall-cost.db")
+    await store.start()
+    memory = SQLiteMemory(store, embedder=embedder)
+    await memory.start()
+    rng = random.Random(5)
+    queries = [words_of("words", rng, 8) for _ in range(repeats)]
+    empty, full = ["global", "channel:irc:net:#c1"], ["global", "channel:irc:net:#c2"]
+
+    async def per_call(scopes: list[str]) -> float:
+        started = time.process_time()
+        for q in queries:
+            await memory.recall(q, scopes, k=3, min_score=0.3)
+        return (time.process_time() - started) / len(queries)
+
+    nothing = await per_call(empty)
+    loaded = embedder.loaded
+    for i in range(200):
+        await memory.save(full[1], words_of("words", rng, 12) + f" {i}")
+    elsewhere = await per_call(empty)  # notes exist, none visible
+    visible = await per_call(full)
+    await store.aclose()
+    us = lambda t: f"{t * 1e6:.0f} us"  # noqa: E731
+    say(
+        f"== recall CPU per message: no note {us(nothing)} (model loaded: {loaded}),"
+        f" notes elsewhere {us(elsewhere)}, notes visible {us(visible)}"
+    )
+    return [
+        Row(
+            "recall CPU/message, no note at all",
+            us(nothing),
+            f"notes visible {us(visible)}",
+            nothing / visible,
+            "model not loaded",
+            not loaded,
+            section="4",
+        ),
+        Row(
+            "recall CPU/message, notes only in other channels",
+            us(elsewhere),
+            f"notes visible {us(visible)}",
+            elsewhere / visible,
+            "info",
+            None,
+            section="4",
+        ),
+    ]
+
+
+_LOAD_COST = """
+import sys
+import numpy, tokenizers
+from agentik.core.memory.embeddings import BuiltinEmbedder, builtin_files, normalize
+
+def private_kb():
+    with open("/proc/self/smaps_rollup") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return sum(int(fields[k].split()[0]) for k in ("Private_Dirty", "Private_Clean"))
+
+texts = ["Heidi speaks fluent Japanese and handles the Tokyo customers."] * 64
+before = private_kb()
+if sys.argv[1] == "ours":
+    BuiltinEmbedder().embed_sync(texts)
+else:
+    from safetensors import safe_open
+    from tokenizers import Tokenizer
+    from wordllama.inference import WordLlamaInference
+    weights, tok = builtin_files()
+    with safe_open(str(weights), framework="np", device="cpu") as f:
+        matrix = f.get_tensor("embedding.weight")
+    model = WordLlamaInference(matrix, Tokenizer.from_file(str(tok)))  # kept, as a loaded model is
+    del matrix
+    normalize(model.embed(texts))
+print(private_kb() - before)
+"""
+
+
+def load_cost() -> list[Row]:
+    """Section 4: private memory the model's load adds, ours against wordllama's loader."""
+    if not Path("/proc/self/smaps_rollup").exists():
+        return []
+    kb = {}
+    for which in ("ours", "wordllama"):
+        out = subprocess.run(
+            [sys.executable, "-c", _LOAD_COST, which],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        kb[which] = int(out.stdout.split()[-1])
+    ours, theirs = kb["ours"] / 1024, kb["wordllama"] / 1024
+    say(f"== model load, private memory: {ours:.1f} MB (wordllama's loader {theirs:.1f} MB)")
+    return [
+        Row(
+            "builtin model load: private memory",
+            f"{kb['ours'] / 1024:.1f} MB",
+            f"wordllama loader {kb['wordllama'] / 1024:.1f} MB",
+            kb["ours"] / kb["wordllama"],
+            "<= 0.5x",
+            kb["ours"] <= 0.5 * kb["wordllama"],
+            section="4",
+        )
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller run (smoke test)")
@@ -198,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             rows, _ = await quality(tmp, embedder)
             rows += await latency(tmp, n, repeats, embedder, "words")
             rows += await latency(tmp, n, repeats, embedder, "zipf")
-            return rows
+            rows += await recall_cost(tmp, 100 if args.quick else 500)
+            return rows + load_cost()
 
     rows = sorted(asyncio.run(run()), key=lambda r: r.section)
     return finish(rows, strict=args.strict, sections=True, started=started)

@@ -161,8 +161,9 @@ async def test_vector_search_keeps_scopes_apart(tmp_path, embedder):
 async def test_an_edit_re_embeds_and_a_delete_leaves_the_vector_index(tmp_path, embedder):
     path = tmp_path / "mem.db"
     store, memory = await open_memory(path, embedder)
-    # A second process's view of the same file: it catches up with the writes.
-    store2, other = await open_memory(path, embedder)
+    # A second process's view of the same file: it catches up with the writes
+    # (before every search here; by default within ``SYNC_INTERVAL``).
+    store2, other = await open_memory(path, embedder, sync_interval=0)
     try:
         note = await memory.save("global", "Alice's favourite colour is teal.")
         await memory.save("global", "Bob is allergic to peanuts.")

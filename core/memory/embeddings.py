@@ -11,7 +11,10 @@ Two kinds:
     wheel, so it loads with no network and no download, and embeds thousands
     of notes a second on one CPU core.  Its vectors may be cut to 64 or 128
     dimensions (``embedding_dim``; the model is trained for it), smaller and
-    faster at some cost in quality.
+    faster at some cost in quality.  The weights are memory-mapped, not read:
+    their pages are shared by every process on the machine and only those of
+    the tokens actually seen are touched; the vector of a text is the average
+    of its tokens' rows, exactly as ``wordllama``'s own ``embed`` computes it.
 :class:`OpenAIEmbedder` (``embeddings = "openai"``)
     any OpenAI-compatible ``/v1/embeddings`` endpoint, through the ``openai``
     SDK (``embedding_model``, ``embedding_base_url``, ``embedding_api_key_env``).
@@ -20,21 +23,28 @@ The vectors stored for a note record the embedder's :attr:`Embedder.model`
 (name and dimension): vectors of another model are not comparable, so a
 change of model is detected at start and ``agentik memory reembed`` rebuilds
 them.
+
+numpy and the tokenizer are imported on first use: a bot whose memory never
+computes a vector does not load them.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import importlib.util
+import json
 import os
+import struct
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AgentikError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "BuiltinEmbedder",
@@ -58,6 +68,8 @@ class EmbeddingError(AgentikError):
 
 def normalize(vectors: Any) -> np.ndarray:
     """``vectors`` as a 2-D ``float32`` array of unit-length rows (zero rows stay zero)."""
+    import numpy as np
+
     arr = np.asarray(vectors, dtype=np.float32)
     if arr.ndim == 1:
         arr = arr[None, :]
@@ -80,19 +92,82 @@ class Embedder(abc.ABC):
 
 
 def builtin_files() -> tuple[Path, Path]:
-    """The weights and tokenizer files inside the installed wordllama package."""
-    try:
-        import wordllama
-    except ImportError as exc:  # pragma: no cover - a dependency
-        raise EmbeddingError("the builtin embedding model needs the wordllama package") from exc
-    root = Path(wordllama.__file__).parent
+    """The weights and tokenizer files inside the installed wordllama package
+    (found without importing it: its ``__init__`` pulls in more than we use)."""
+    spec = importlib.util.find_spec("wordllama")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - a dependency
+        raise EmbeddingError("the builtin embedding model needs the wordllama package")
+    root = Path(next(iter(spec.submodule_search_locations)))
     return (
         root / "weights" / f"{BUILTIN_CONFIG}_256.safetensors",
         root / "tokenizers" / f"{BUILTIN_CONFIG}_tokenizer_config.json",
     )
 
 
-def _load_wordllama(dim: int) -> Any:
+def _map_weights(path: Path) -> np.ndarray:
+    """The token-embedding matrix of the safetensors file ``path``, memory-mapped
+    read-only (``float16``, one row per token id).
+
+    The format is an 8-byte little-endian header length, a JSON header giving
+    each tensor's dtype, shape and byte range, then the data.  Read-only pages
+    of a file are shared by every process that maps it, cost nothing until
+    touched, and the kernel can drop them under pressure (they are the file).
+    """
+    import numpy as np
+
+    with path.open("rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    info = header["embedding.weight"]
+    if info["dtype"] != "F16" or len(info["shape"]) != 2:
+        raise EmbeddingError(f"unexpected tensor in {path}: {info['dtype']} {info['shape']}")
+    rows, cols = (int(n) for n in info["shape"])
+    begin, end = (int(n) for n in info["data_offsets"])
+    if end - begin != rows * cols * 2:
+        raise EmbeddingError(f"{path} is truncated or corrupt")
+    return np.memmap(path, dtype="<f2", mode="r", offset=8 + size + begin, shape=(rows, cols))
+
+
+class _WordLlama:
+    """WordLlama's inference on memory-mapped weights: tokenize, gather the
+    tokens' rows, average them over the attention mask.
+
+    The same operations, in the same order and precision, as
+    ``wordllama.inference.WordLlamaInference.embed`` (64 texts per batch,
+    padded; ``avg_pool``), so the vectors equal its vectors to ``float32``
+    precision, without its ``float32`` copy of the whole matrix (32 MB).
+    """
+
+    batch = 64
+
+    def __init__(self, weights: np.ndarray, tokenizer: Any, dim: int) -> None:
+        self.weights = weights
+        self.dim = dim
+        self.tokenizer = tokenizer
+        tokenizer.enable_padding()
+        tokenizer.no_truncation()
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Unnormalised average token vectors, ``float32`` ``(len(texts), dim)``."""
+        import numpy as np
+
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        last = self.weights.shape[0] - 1
+        for start in range(0, len(texts), self.batch):
+            encoded = self.tokenizer.encode_batch(
+                texts[start : start + self.batch], is_pretokenized=False, add_special_tokens=False
+            )
+            ids = np.array([e.ids for e in encoded], dtype=np.int32)
+            mask = np.array([e.attention_mask for e in encoded], dtype=np.float32)
+            np.clip(ids, 0, last, out=ids)
+            x = np.asarray(self.weights[ids])[..., : self.dim].astype(np.float32)
+            mask_sum = np.maximum(mask.sum(axis=1, keepdims=True), 1.0).astype(np.float32)
+            pooled = np.sum(x * mask[..., np.newaxis], axis=1, dtype=np.float32) / mask_sum
+            out[start : start + pooled.shape[0]] = pooled
+        return out
+
+
+def _load_wordllama(dim: int) -> _WordLlama:
     """WordLlama from the files in its wheel, by path.
 
     ``WordLlama.load`` is not used: it looks for the tokenizer in a folder
@@ -104,13 +179,11 @@ def _load_wordllama(dim: int) -> Any:
         if not f.is_file():
             raise EmbeddingError(f"the builtin embedding model's file {f} is missing")
     try:
-        from safetensors import safe_open
         from tokenizers import Tokenizer
-        from wordllama.inference import WordLlamaInference
 
-        with safe_open(str(weights), framework="np", device="cpu") as f:
-            embedding = f.get_tensor("embedding.weight")[:, :dim]
-        return WordLlamaInference(embedding, Tokenizer.from_file(str(tokenizer_file)))
+        return _WordLlama(_map_weights(weights), Tokenizer.from_file(str(tokenizer_file)), dim)
+    except EmbeddingError:
+        raise
     except Exception as exc:
         raise EmbeddingError(f"cannot load the builtin embedding model: {exc}") from exc
 
@@ -118,9 +191,9 @@ def _load_wordllama(dim: int) -> Any:
 class BuiltinEmbedder(Embedder):
     """WordLlama with the weights shipped in its wheel (no network, ever).
 
-    The model loads on first use (about a second; ``load()`` to do it now),
-    with downloads disabled: a missing weights file is an
-    :class:`EmbeddingError`, never a fetch.
+    The model loads on first use (a few milliseconds: the weights are
+    memory-mapped; ``load()`` to do it now), with downloads disabled: a
+    missing weights file is an :class:`EmbeddingError`, never a fetch.
     """
 
     def __init__(self, dim: int = 256) -> None:
@@ -131,10 +204,15 @@ class BuiltinEmbedder(Embedder):
             )
         self.dim = dim
         self.model = f"wordllama:{BUILTIN_CONFIG}:{dim}"
-        self._wl: Any = None
+        self._wl: _WordLlama | None = None
         self._lock = threading.Lock()
 
-    def load(self) -> Any:
+    @property
+    def loaded(self) -> bool:
+        """Whether the model has been loaded (by a first embedding or :meth:`load`)."""
+        return self._wl is not None
+
+    def load(self) -> _WordLlama:
         """The loaded model (loading it now if needed)."""
         with self._lock:
             if self._wl is None:
@@ -143,9 +221,11 @@ class BuiltinEmbedder(Embedder):
 
     def embed_sync(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
+            import numpy as np
+
             return np.zeros((0, self.dim), dtype=np.float32)
         wl = self.load()
-        return normalize(wl.embed(list(texts), norm=False))
+        return normalize(wl.embed(list(texts)))
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if self._wl is not None and len(texts) == 1 and len(texts[0]) <= INLINE_CHARS:
@@ -192,6 +272,8 @@ class OpenAIEmbedder(Embedder):
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
+            import numpy as np
+
             return np.zeros((0, self.dim), dtype=np.float32)
         rows: list[list[float]] = []
         client = self._get_client()

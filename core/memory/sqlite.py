@@ -18,8 +18,12 @@ Semantic search (with an :class:`~.embeddings.Embedder`): every saved,
 edited or restored note is embedded and its vector written in the same
 transaction (``memory_vector``); a deleted note's vector is removed.  The
 process searches a copy of the vectors in memory (:class:`~.vectors.VectorIndex`,
-exact cosine by numpy), catching up with vectors other processes wrote
-(their ``seq``) before each search.  ``search="hybrid"`` (the default with an
+exact cosine by numpy).  Its own writes go into that copy as they commit;
+vectors other processes wrote (``agentik memory add``, another worker) are
+caught up with (by their ``seq``) before a search, at most once every
+``sync_interval`` seconds (:data:`SYNC_INTERVAL`, one second): another
+process's note is found within a second of its commit, and a busy bot does
+not read the vector table on every message.  ``search="hybrid"`` (the default with an
 embedder) fuses the FTS5 ranking and the vector ranking by reciprocal-rank
 fusion, so a paraphrase that shares no word with the note ("where do we
 deploy?" → "production runs on the Hetzner box") is found, and an exact word
@@ -27,6 +31,13 @@ deploy?" → "production runs on the Hetzner box") is found, and an exact word
 configured one (a changed ``[memory] embeddings``) are detected at start:
 the search falls back to FTS and the log says to run ``agentik memory
 reembed``.
+
+Nothing is computed that cannot find anything: when the visible scopes hold
+no vector (a new bot, a channel without notes), recall returns at once
+without embedding the message, so the embedding model (and numpy) are not
+even loaded until the first note is saved or searched for.  A text's vector
+is kept for a while (the last :data:`EMBED_CACHE` texts), so a turn's message
+is embedded once for recall and a ``memory_search`` of the same text.
 """
 
 from __future__ import annotations
@@ -39,14 +50,16 @@ import re
 import sqlite3
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..store.sqlite import SQLiteStore
 from . import MemoryBackend, Note, NoteError, NoteVersion, RecallPolicy, valid_scope
 from .embeddings import Embedder, EmbeddingError
-from .vectors import VectorIndex
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .vectors import VectorIndex
 
 __all__ = ["SQLiteMemory", "SearchMode", "fts_query", "rrf"]
 
@@ -59,6 +72,12 @@ SearchMode = Literal["hybrid", "fts", "vector"]
 RRF_K = 60
 #: How many candidates each ranking contributes to the fusion (at least).
 CANDIDATES = 50
+#: Seconds a search may go without reading the vectors other processes wrote
+#: (this process's own writes are in its copy at once).
+SYNC_INTERVAL = 1.0
+#: How many texts' vectors are kept for reuse (a turn's message: recall, then
+#: a ``memory_search`` of the same words), most recently used first.
+EMBED_CACHE = 64
 
 _COLUMNS = "id, scope, text, author, version, deleted, created_at, updated_at"
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -132,10 +151,14 @@ def rrf(*rankings: Sequence[int], k: int = RRF_K) -> list[tuple[int, float]]:
 
 
 def _blob(vector: np.ndarray) -> bytes:
+    import numpy as np
+
     return np.asarray(vector, dtype="<f4").tobytes()
 
 
 def _unblob(blob: bytes, dim: int) -> np.ndarray | None:
+    import numpy as np
+
     arr = np.frombuffer(blob, dtype="<f4")
     return arr.astype(np.float32) if arr.shape[0] == dim else None
 
@@ -149,6 +172,8 @@ class SQLiteMemory(MemoryBackend):
     an embedder, or while the stored vectors are of another model, it is FTS.
     ``recall``: automatic recall where a conversation does not say (off by
     default; the configuration's ``[memory] recall`` turns it on).
+    ``sync_interval``: how stale the copy of other processes' vectors may get
+    (seconds; ``0``: read before every search).
     """
 
     name = "sqlite"
@@ -161,6 +186,7 @@ class SQLiteMemory(MemoryBackend):
         embedder: Embedder | None = None,
         search: SearchMode = "hybrid",
         recall: RecallPolicy | None = None,
+        sync_interval: float = SYNC_INTERVAL,
     ) -> None:
         super().__init__(allow_global_writes=allow_global_writes)
         self.store = store
@@ -170,7 +196,10 @@ class SQLiteMemory(MemoryBackend):
         self.search_mode: SearchMode = search
         self._index: VectorIndex | None = None
         self._seq = 0
+        self.sync_interval = sync_interval
+        self._synced_at = float("-inf")
         self._sync_lock = asyncio.Lock()
+        self._embedded: dict[bytes, np.ndarray] = {}
         #: Why vectors are not used now (``None``: they are, or there is no embedder).
         self.vectors_unusable: str | None = None
         self._checked = False
@@ -233,11 +262,21 @@ class SQLiteMemory(MemoryBackend):
         note is saved anyway, and ``reembed`` adds its vector later."""
         if self.embedder is None:
             return None
-        try:
-            return (await self.embedder.embed([text]))[0]
-        except EmbeddingError as exc:
-            log.warning("note saved without a vector (%s); `agentik memory reembed` adds it", exc)
-            return None
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        vector = self._embedded.pop(key, None)
+        if vector is None:
+            try:
+                vector = (await self.embedder.embed([text]))[0]
+            except EmbeddingError as exc:
+                log.warning(
+                    "note saved without a vector (%s); `agentik memory reembed` adds it", exc
+                )
+                return None
+            vector.flags.writeable = False  # shared by every caller of the same text
+            if len(self._embedded) >= EMBED_CACHE:
+                del self._embedded[next(iter(self._embedded))]
+        self._embedded[key] = vector  # (re)inserted last: most recently used
+        return vector
 
     def _write_vector(self, conn: sqlite3.Connection, nid: int, vector: np.ndarray | None) -> None:
         if vector is None or self.embedder is None:
@@ -250,12 +289,16 @@ class SQLiteMemory(MemoryBackend):
         )
 
     async def _sync(self) -> VectorIndex | None:
-        """The in-memory vectors, caught up with the database."""
+        """The in-memory vectors, caught up with the database (with what other
+        processes wrote up to ``sync_interval`` seconds ago)."""
         if self.embedder is None:
             return None
         if not self._checked:
             await self.check_vectors()
         async with self._sync_lock:
+            started = time.monotonic()
+            if started - self._synced_at < self.sync_interval:
+                return self._index
             # By seq alone (the primary key: a range read); the model is checked
             # here (in SQL it leads the planner to scan the model index).
             rows = await self.store.run_read(
@@ -263,12 +306,15 @@ class SQLiteMemory(MemoryBackend):
                 " JOIN memory_note n ON n.id = v.note_id WHERE v.seq > ? ORDER BY v.seq",
                 (self._seq,),
             )
+            self._synced_at = started
             model = self.embedder.model
             for seq, nid, scope, row_model, dim, blob in rows:
                 self._seq = max(self._seq, int(seq))
                 if row_model != model:
                     continue
                 if self._index is None:
+                    from .vectors import VectorIndex
+
                     self._index = VectorIndex(int(dim))
                 vec = _unblob(blob, self._index.dim)
                 if vec is not None:
@@ -280,6 +326,8 @@ class SQLiteMemory(MemoryBackend):
         if self._index is None:
             if vector is None:
                 return
+            from .vectors import VectorIndex
+
             self._index = VectorIndex(int(vector.shape[0]))
         if vector is None or vector.shape[0] != self._index.dim:
             self._index.remove(nid)
@@ -327,7 +375,7 @@ class SQLiteMemory(MemoryBackend):
             )
 
         await self._write(clean)
-        self._index, self._seq = None, 0
+        self._index, self._seq, self._synced_at = None, 0, float("-inf")
         await self.check_vectors()
         return done
 
@@ -518,14 +566,16 @@ class SQLiteMemory(MemoryBackend):
         mode = mode or self.search_mode
         if mode != "fts" and not self.vectors_ready:
             mode = "fts"
-        if mode == "fts":
-            return await self._fts(query, scopes, limit)
-        qvec = await self._query_vector(query)
-        if qvec is None:
+        if mode == "fts" or not query.strip():
             return await self._fts(query, scopes, limit)
         pool = max(limit, CANDIDATES)
         index = await self._sync()
-        vec = index.search(qvec, scopes, pool + 8) if index is not None else []
+        vec: list[tuple[int, float]] = []
+        if index is not None and index.count(scopes):  # else no vector to rank: no embedding
+            qvec = await self._query_vector(query)
+            if qvec is None:
+                return await self._fts(query, scopes, limit)
+            vec = index.search(qvec, scopes, pool + 8)
         if mode == "vector":
             ranked = vec
         else:
@@ -545,15 +595,18 @@ class SQLiteMemory(MemoryBackend):
         recall: hybrid-ranked, each with its cosine similarity to ``query``,
         only those at or above ``min_score``; at most ``k``.  Empty without
         usable vectors (a similarity threshold needs them)."""
-        if not scopes or k <= 0 or not self.vectors_ready:
+        if not scopes or k <= 0 or not self.vectors_ready or not query.strip():
             return []
+        index = await self._sync()
+        if index is None or not index.count(scopes):
+            return []  # no note with a vector is visible: nothing to embed the query for
         qvec = await self._query_vector(query)
         if qvec is None:
             return []
-        index = await self._sync()
-        if index is None:
-            return []
         vec = index.search(qvec, scopes, CANDIDATES)
+        if not vec or vec[0][1] < min_score:
+            # Every candidate needs a vector this close, and none is: no reads.
+            return []
         fts_ids = await self._fts_ids(content_words(query), scopes, CANDIDATES)
         fused = rrf(fts_ids, [nid for nid, _ in vec])
         cosines = dict(vec)

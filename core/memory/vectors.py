@@ -94,6 +94,12 @@ class VectorIndex:
         if scope is not None:
             self._blocks[scope].remove(note_id)
 
+    def count(self, scopes: Sequence[str] | None = None) -> int:
+        """How many vectors ``scopes`` hold (all scopes when ``None``)."""
+        if scopes is None:
+            return len(self._scope_of)
+        return sum(b.n for s in dict.fromkeys(scopes) if (b := self._blocks.get(s)) is not None)
+
     def vector(self, note_id: int) -> np.ndarray | None:
         scope = self._scope_of.get(note_id)
         if scope is None:
