@@ -533,8 +533,8 @@ class SQLiteStore(
                 assert self._conn is not None
                 conn = self._conn
                 return await self._in_writer(lambda: conn.execute(sql, params).fetchall())
-            async with self._reader.execute(sql, params) as cur:
-                return list(await cur.fetchall())
+            # One hop to the reader's thread (execute, fetch and close there), not three.
+            return list(await self._reader.execute_fetchall(sql, params))
         except sqlite3.Error as exc:
             raise StoreError(f"database read failed: {exc}") from exc
 
