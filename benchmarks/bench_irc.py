@@ -948,6 +948,7 @@ def report(cfg: Config, pooled: dict[str, Pooled], memory: str) -> list[Row]:
                 f" {_span([x.throughput for x in loads], lambda v: f'{v:,.0f}')}"
                 f"  p50 {ms(res.pct(phase, 0.5))}  p99 {ms(res.pct(phase, 0.99))}"
                 f" {_span([_pct(sorted(x.latencies), 0.99) for x in loads], ms)}"
+                f"  max {_span([max(x.latencies) for x in loads], ms)}"
             )
             say(
                 f"  {'':<22} CPU/answer {ms(res.cpu_per_answer(phase))}"
