@@ -25,6 +25,8 @@ handed in (as in pydantic-ai's run graph):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import enum
 import itertools
@@ -181,6 +183,9 @@ class AgentServices(Generic[C]):
         self._buffers: OrderedDict[str, deque[Any]] = OrderedDict()
         #: Events held in all conversations' replay buffers together.
         self.buffered = 0
+        # Buffers of streams nobody holds any more, to take out (see drop_buffer).
+        self._dropped: list[tuple[str, deque[Any]]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Conversations in use stay here; idle ones are dropped when no
         # caller holds them any more (they reload from the store on demand).
         self.open: weakref.WeakValueDictionary[str, C] = weakref.WeakValueDictionary()
@@ -306,6 +311,8 @@ class AgentServices(Generic[C]):
     def account(self, conversation_id: str, buffer: deque[Any], added: int) -> None:
         """Keep the replay buffers of all conversations within the agent's ``event_budget``;
         the least recently active conversations lose theirs first."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         self._buffers[conversation_id] = buffer
         self._buffers.move_to_end(conversation_id)
         self.buffered += added
@@ -314,6 +321,26 @@ class AgentServices(Generic[C]):
             _, oldest = self._buffers.popitem(last=False)
             self.buffered -= len(oldest)
             oldest.clear()
+
+    def drop_buffer(self, conversation_id: str, buffer: deque[Any]) -> None:
+        """A conversation's event stream is gone: its replay ``buffer`` leaves the budget.
+
+        Called by the garbage collector, which may run in any thread and between
+        any two steps of :meth:`account`: the buffer is taken out on the event
+        loop, soon after (its events are freed then)."""
+        loop = self._loop
+        if loop is None or self._buffers.get(conversation_id) is not buffer:
+            return
+        self._dropped.append((conversation_id, buffer))
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to budget
+            loop.call_soon_threadsafe(self._take_dropped)
+
+    def _take_dropped(self) -> None:
+        while self._dropped:
+            conversation_id, buffer = self._dropped.pop()
+            if self._buffers.get(conversation_id) is buffer:
+                del self._buffers[conversation_id]
+                self.buffered -= len(buffer)
 
     def scrub(self, editor: Callable[[], Callable[[Event], Event | None]]) -> int:
         """Rewrite buffered events in every replay buffer (each conversation's and
@@ -387,10 +414,14 @@ class ConversationEvents:
     holds the stream — a subscriber — the conversation stays in memory:
     later lookups find the same object, and its subscribers see its turns.
     A conversation creates its stream on first use (idle ones have none).
+    When nobody holds it any more (the conversation was dropped: it reloads
+    from the store as a new object, with a stream of its own), its replay
+    buffer leaves the agent's budget with it.
     ``closed``: the conversation is closing; subscribers end at once.
     """
 
     __slots__ = (
+        "__weakref__",
         "_bus",
         "_services",
         "conversation_id",
@@ -421,6 +452,11 @@ class ConversationEvents:
         self._bus = EventBus(key=lambda e: e.seq, lost=self._lost, buffer=services.event_buffer)
         if closed:
             self._bus.close()
+        # Nothing can replay a dropped stream's buffer: it must not hold events (and
+        # a place in the budget) until the budget pushes it out.
+        weakref.finalize(
+            self, services.drop_buffer, conversation_id, self._bus.buffer
+        ).atexit = False
 
     def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
         return EventsLost(
