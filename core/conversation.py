@@ -910,6 +910,7 @@ class Conversation:
         if self._worker is None:
             # Busy conversations stay referenced even if no caller holds them.
             self._services.mark_busy(self)
+            self._services.transcripts.take(self._memory)
             self._worker = asyncio.create_task(self._work(), name=f"agentik-conversation:{self.id}")
 
     async def _work(self) -> None:
@@ -961,6 +962,8 @@ class Conversation:
             self._services.mark_idle(self)
             if not self._queue:
                 self._idle.set()
+                # Kept for the next turn, while few others went idle since.
+                self._services.transcripts.idle(self._memory)
 
     async def _run_job(self, job: _Job) -> None:
         try:
@@ -1143,6 +1146,7 @@ class Conversation:
         self._idle.set()
         if self._events is not None:
             self._events.close()
+        self._services.transcripts.take(self._memory)
         self._services.forget(self)
 
     async def __aenter__(self) -> Conversation:

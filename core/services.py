@@ -17,7 +17,9 @@ handed in (as in pydantic-ai's run graph):
 * :class:`ConversationEvents` — a conversation's event stream: it numbers
   each event, keeps the replay buffer and publishes to the agent's stream.
 * :class:`~agentik.core.workingmemory.WorkingMemory` — the conversation's
-  LLM context (cache, notes, load, compact).
+  LLM context (cache, notes, load, compact); the agent's
+  :class:`~agentik.core.workingmemory.Transcripts` bounds how many idle
+  conversations keep theirs cached.
 * :class:`ConversationParts` — the three above plus the conversation, as
   one typed bundle for :class:`~agentik.core.turn.TurnRunner` and
   :class:`~agentik.core.compaction.Compactor`.
@@ -42,7 +44,7 @@ from .eventbus import EventBus, Subscription
 from .events import Event, EventBase, EventsLost, StatusChanged
 from .protocols import LiveConversation
 from .streamprofiles import BUILTIN_PROFILES, StreamProfile, lookup
-from .workingmemory import WorkingMemory
+from .workingmemory import Transcripts, WorkingMemory
 
 if TYPE_CHECKING:
     from .approvals import Approvals
@@ -128,6 +130,8 @@ class AgentLike(Protocol[C]):
     @property
     def event_budget(self) -> int: ...
     @property
+    def transcript_cache(self) -> int: ...
+    @property
     def stream_profiles(self) -> dict[str, StreamProfile]: ...
     def events(
         self,
@@ -193,6 +197,8 @@ class AgentServices(Generic[C]):
         self.busy: dict[str, C] = {}
         # Conversations whose ``session_end`` hooks ran.
         self._ended: weakref.WeakSet[C] = weakref.WeakSet()
+        #: The transcripts idle conversations keep (the agent's ``transcript_cache``).
+        self.transcripts = Transcripts(agent.transcript_cache)
 
     # -- what the agent is configured with (read anew: changes apply at once) ----------
     @property

@@ -1,0 +1,90 @@
+"""What idle conversations keep in memory: transcripts and replay buffers.
+
+An idle conversation past the ``transcript_cache`` bound drops its transcript
+(the working-memory cache); its next turn loads it from the store, and the
+model gets the same request as if it had never been dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agentik.core import Agent
+from agentik.core.messages import ChatMessage
+from agentik.core.store.sqlite import SQLiteStore
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from agentik.core.tools.base import tool
+
+
+@tool(parameters={"type": "object", "properties": {"city": {"type": "string"}}})
+async def forecast(city: str) -> str:
+    """The weather in ``city``."""
+    return f"sunny in {city}"
+
+
+def _seen(messages: list[ChatMessage]) -> list[ChatMessage]:
+    # What reaches the model (the audit-log id of an entry is the store's business).
+    return [dataclasses.replace(m, message_id=None) for m in messages]
+
+
+async def _requests(db_path: str, transcript_cache: int) -> tuple[list[list[ChatMessage]], int]:
+    """Two channels' turns (a tool call, an ambient note, several speakers), with
+    one channel going idle behind the other between its turns."""
+    model = ScriptedModel()
+    model.enqueue(
+        Reply(text="Let me look.", tool_calls=[call("forecast", {"city": "Oslo"}, id="c1")]),
+        "It is sunny in Oslo.",
+        "hello bob",
+        "Still sunny tomorrow.",
+    )
+    async with Agent(
+        llm=model, store=SQLiteStore(db_path), tools=[forecast], transcript_cache=transcript_cache
+    ) as agent:
+        room = await agent.conversation_for_channel("irc:net:#room")
+        other = await agent.conversation_for_channel("irc:net:#other")
+        await room.send("weather in Oslo?", author="alice", author_id="net:alice")
+        await room.wait_idle()
+        await other.send("hi", author="bob", author_id="net:bob")
+        await other.wait_idle()
+        await room.note("it rained yesterday", author="carol")
+        await room.send("and tomorrow?", author="alice", author_id="net:alice")
+        await room.wait_idle()
+        cached = agent.cached_transcripts
+    return [_seen(list(r.messages)) for r in model.requests], cached
+
+
+async def test_a_dropped_transcript_gives_the_model_the_same_request(tmp_path):
+    kept, cached = await _requests(str(tmp_path / "kept.db"), 64)
+    assert cached == 2  # both channels keep theirs
+    dropped, cached = await _requests(str(tmp_path / "dropped.db"), 0)
+    assert cached == 0  # nobody keeps one: every turn reads the store
+    assert dropped == kept
+    last = kept[-1]
+    assert [(m.role, m.content) for m in last] == [
+        ("user", "weather in Oslo?"),
+        ("assistant", "Let me look."),
+        ("tool", "sunny in Oslo"),
+        ("assistant", "It is sunny in Oslo."),
+        ("user", "it rained yesterday"),
+        ("user", "and tomorrow?"),
+    ]
+
+
+async def test_idle_conversations_keep_at_most_transcript_cache_transcripts(db_path):
+    model = ScriptedModel()
+    async with Agent(llm=model, store=SQLiteStore(db_path), transcript_cache=2) as agent:
+        convs = [await agent.conversation_for_channel(f"irc:net:#c{i}") for i in range(5)]
+        for i, conv in enumerate(convs):
+            await conv.send(f"question {i}")
+            await conv.wait_idle()
+        # The two most recently active keep theirs; the others dropped them ...
+        assert agent.cached_transcripts == 2
+        # ... and a dropped one's next turn has its whole context, read back.
+        await convs[0].send("again")
+        await convs[0].wait_idle()
+        assert [m.content for m in model.requests[-1].messages] == [
+            "question 0",
+            "echo: question 0",
+            "again",
+        ]
+        assert agent.cached_transcripts == 2
