@@ -258,8 +258,10 @@ class Conversation:
         self._speakers_loaded = False
         #: Run ids resumed by this process (each is resumed at most once).
         self._resumed: set[str] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        # Whether turns are running or queued; who waits for the end of that waits on
+        # ``_idle`` (made by the first wait: an idle conversation holds no event).
+        self._busy = False
+        self._idle: asyncio.Event | None = None
         #: The last state reported by a ``status_changed`` event.
         self._state: StatusState = "idle"
         #: Not stored yet: the first message's write creates it (a child run's).
@@ -304,7 +306,7 @@ class Conversation:
     @property
     def busy(self) -> bool:
         """Whether a turn is running or queued."""
-        return not self._idle.is_set()
+        return self._busy
 
     @property
     def queued(self) -> int:
@@ -906,7 +908,7 @@ class Conversation:
     def _enqueue(self, item: _Pending | _Job) -> None:
         """Queue a turn or a job; start the worker if none runs."""
         self._queue.append(item)
-        self._idle.clear()
+        self._busy = True
         if self._worker is None:
             # Busy conversations stay referenced even if no caller holds them.
             self._services.mark_busy(self)
@@ -961,7 +963,7 @@ class Conversation:
             self._worker = None
             self._services.mark_idle(self)
             if not self._queue:
-                self._idle.set()
+                self._set_idle()
                 # Kept for the next turn, while few others went idle since.
                 self._services.transcripts.idle(self._memory)
 
@@ -1020,7 +1022,18 @@ class Conversation:
 
     async def wait_idle(self) -> None:
         """Wait until no turn is running or queued."""
+        if not self._busy:
+            return
+        if self._idle is None:
+            self._idle = asyncio.Event()
         await self._idle.wait()
+
+    def _set_idle(self) -> None:
+        """No turn is running or queued: wake whoever waits for it."""
+        self._busy = False
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.set()
 
     # -- events ---------------------------------------------------------------
     def link(self, *, parent_run_id: str, relay_to: ConversationEvents) -> None:
@@ -1143,7 +1156,7 @@ class Conversation:
             if isinstance(item, _Job) and not item.done.done():
                 item.done.cancel()
         self._queue.clear()
-        self._idle.set()
+        self._set_idle()
         if self._events is not None:
             self._events.close()
         self._services.transcripts.take(self._memory)

@@ -26,7 +26,7 @@ class Subscription(AsyncIterator[Event]):
     ``EventsLost`` event when the subscriber fell too far behind.
     """
 
-    __slots__ = ("_bus", "_closed", "_last_key", "_max_pending", "_pending", "_profile", "_wakeup")
+    __slots__ = ("_bus", "_closed", "_last_key", "_max_pending", "_pending", "_profile", "_waiter")
 
     def __init__(
         self,
@@ -39,7 +39,9 @@ class Subscription(AsyncIterator[Event]):
         self._profile = None if profile is None or profile.passes_everything else profile
         self._max_pending = max_pending
         self._pending: deque[Event] = deque()
-        self._wakeup = asyncio.Event()
+        # The future the reader waits on while nothing is pending (an idle
+        # subscriber holds none: an ``asyncio.Event`` would hold a deque).
+        self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._last_key = 0
 
@@ -58,12 +60,19 @@ class Subscription(AsyncIterator[Event]):
             self._end()
             return
         self._pending.append(event)
-        self._wakeup.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _end(self) -> None:
         self._closed = True
         self._bus._subscribers.discard(self)
-        self._wakeup.set()
+        self._wake()
 
     def __aiter__(self) -> Subscription:
         return self
@@ -72,8 +81,14 @@ class Subscription(AsyncIterator[Event]):
         while not self._pending:
             if self._closed:
                 raise StopAsyncIteration
-            self._wakeup.clear()
-            await self._wakeup.wait()
+            waiter = self._waiter
+            if waiter is None or waiter.done():
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
         event = self._pending.popleft()
         # The last event this subscriber actually received: when it falls
         # behind, everything after it is what it lost.
@@ -163,7 +178,6 @@ class EventBus:
             gap = (self.last_key > after and first > after + 1) or after > self.last_key
             if gap:
                 sub._pending.append(self._lost(None, after, self._oldest_key()))
-                sub._wakeup.set()
             missed = [e for e in self.buffer if self._key(e) > after]
             # The replay itself never counts as falling behind: the queue
             # bound applies to what arrives on top of it.
