@@ -1,15 +1,20 @@
-"""What idle conversations keep in memory: transcripts and replay buffers.
+"""What idle conversations keep in memory: transcripts and timers.
 
 An idle conversation past the ``transcript_cache`` bound drops its transcript
 (the working-memory cache); its next turn loads it from the store, and the
-model gets the same request as if it had never been dropped.
+model gets the same request as if it had never been dropped.  Idle
+conversations waiting for their idle reflection share one timer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
+from test_compaction import Brain, make_agent
+
 from agentik.core import Agent
+from agentik.core.background import BackgroundPolicy, MemoryWorker
 from agentik.core.messages import ChatMessage
 from agentik.core.store.sqlite import SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
@@ -88,3 +93,41 @@ async def test_idle_conversations_keep_at_most_transcript_cache_transcripts(db_p
             "again",
         ]
         assert agent.cached_transcripts == 2
+
+
+async def test_idle_reflection_timers_are_one_task_however_many_conversations(db_path):
+    # Every conversation with a turn waits reflect_after_idle to be reflected on:
+    # one timer serves them all (a task each would cost every one of them).
+    brain = Brain(reflection="Alice asked.")
+    policy = BackgroundPolicy(mining=False, reflection_debounce=0, reflect_after_idle=3600)
+    worker = MemoryWorker(policy)
+    async with make_agent(brain, db_path, worker=worker, budget=100_000) as agent:
+        for i in range(20):
+            conv = await agent.conversation_for_channel(f"net:#c{i}")
+            await conv.send(f"hello {i}", author="alice")
+            await conv.wait_idle()
+        timers = [t for t in asyncio.all_tasks() if t.get_name() == "agentik-reflect-idle"]
+        assert len(timers) == 1
+
+
+async def test_a_shortened_reflect_after_idle_applies_to_the_next_idle_conversation(db_path):
+    brain = Brain(reflection="Alice asked.")
+    policy = BackgroundPolicy(mining=False, reflection_debounce=0, reflect_after_idle=3600)
+    worker = MemoryWorker(policy)
+    async with make_agent(brain, db_path, worker=worker, budget=100_000) as agent:
+        ended: list[str] = []
+
+        async def listener(conv, reason, key):
+            ended.append(f"{key}:{reason}")
+
+        agent.end_listeners.append(listener)
+        slow = await agent.conversation_for_channel("net:#slow")
+        await slow.send("hello", author="alice")
+        await slow.wait_idle()
+        # The timer sleeps towards the slow one's hour; a shorter setting wakes it.
+        worker.policy = dataclasses.replace(policy, reflect_after_idle=0.01)
+        quick = await agent.conversation_for_channel("net:#quick")
+        await quick.send("hello", author="alice")
+        await quick.wait_idle()
+        await asyncio.wait_for(worker.wait_for("reflection"), 60)
+        assert ended == ["net:#quick:idle"]
