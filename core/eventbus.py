@@ -38,7 +38,9 @@ class Subscription(AsyncIterator[Event]):
         # None: every event as it is (the debug profile needs no filter).
         self._profile = None if profile is None or profile.passes_everything else profile
         self._max_pending = max_pending
-        self._pending: deque[Event] = deque()
+        # Events not read yet (``None`` when none: a reader that keeps up holds no
+        # deque, which costs 760 bytes empty).
+        self._pending: deque[Event] | None = None
         # The future the reader waits on while nothing is pending (an idle
         # subscriber holds none: an ``asyncio.Event`` would hold a deque).
         self._waiter: asyncio.Future[None] | None = None
@@ -53,14 +55,21 @@ class Subscription(AsyncIterator[Event]):
             if admitted is None:
                 return
             event = admitted
-        if len(self._pending) >= self._max_pending:
+        pending = self._queue()
+        if len(pending) >= self._max_pending:
             # Too slow: drop the backlog, say so, and end this subscription.
-            self._pending.clear()
-            self._pending.append(self._bus._lost(event, self._last_key, self._bus._oldest_key()))
+            pending.clear()
+            pending.append(self._bus._lost(event, self._last_key, self._bus._oldest_key()))
             self._end()
             return
-        self._pending.append(event)
+        pending.append(event)
         self._wake()
+
+    def _queue(self) -> deque[Event]:
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = deque()
+        return pending
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -78,7 +87,8 @@ class Subscription(AsyncIterator[Event]):
         return self
 
     async def __anext__(self) -> Event:
-        while not self._pending:
+        pending = self._pending
+        while not pending:
             if self._closed:
                 raise StopAsyncIteration
             waiter = self._waiter
@@ -89,14 +99,17 @@ class Subscription(AsyncIterator[Event]):
             finally:
                 if self._waiter is waiter:
                     self._waiter = None
-        event = self._pending.popleft()
+            pending = self._pending
+        event = pending.popleft()
+        if not pending:
+            self._pending = None
         # The last event this subscriber actually received: when it falls
         # behind, everything after it is what it lost.
         self._last_key = self._bus._key(event)
         return event
 
     async def aclose(self) -> None:
-        self._pending.clear()
+        self._pending = None
         self._end()
 
 
@@ -177,7 +190,7 @@ class EventBus:
             # Events after ``after`` exist but the buffer starts later: a gap.
             gap = (self.last_key > after and first > after + 1) or after > self.last_key
             if gap:
-                sub._pending.append(self._lost(None, after, self._oldest_key()))
+                sub._queue().append(self._lost(None, after, self._oldest_key()))
             missed = [e for e in self.buffer if self._key(e) > after]
             # The replay itself never counts as falling behind: the queue
             # bound applies to what arrives on top of it.
