@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 
 from test_compaction import Brain, make_agent
 
+from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent
 from agentik.core.background import BackgroundPolicy, MemoryWorker
 from agentik.core.messages import ChatMessage
 from agentik.core.store.sqlite import SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
+from agentik.transports.testing import MemoryTransport
 
 
 @tool(parameters={"type": "object", "properties": {"city": {"type": "string"}}})
@@ -131,3 +134,36 @@ async def test_a_shortened_reflect_after_idle_applies_to_the_next_idle_conversat
         await quick.wait_idle()
         await asyncio.wait_for(worker.wait_for("reflection"), 60)
         assert ended == ["net:#quick:idle"]
+
+
+async def test_released_channels_hold_no_conversation_transcript_or_events(db_path):
+    # What an operator sees as agentik_loaded_conversations: a channel left idle
+    # is released, and with it its conversation, transcript and replay buffer.
+    model = ScriptedModel()
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as agent:
+        bridge = Bridge(agent, idle_seconds=0.2)
+        t = MemoryTransport(name="mem")
+        bridge.attach(t, ChannelOptions(answer="all"))
+        await t.start(bridge)
+        for i in range(20):
+            await t.inject(f"hello {i}", channel_key=f"mem:#c{i}", author="alice")
+        for i in range(20):
+            await bridge.flush(f"mem:#c{i}")
+        assert agent.cached_transcripts == 20 and agent.services.buffered > 0
+        while (reaper := bridge.channels.reaper) is not None:
+            await asyncio.wait_for(reaper, 60)
+        gc.collect()
+        await asyncio.sleep(0)  # dropped replay buffers are taken out on the event loop
+        assert bridge.released_channels == 20
+        assert len(agent.services.open) == 0
+        assert agent.cached_transcripts == 0
+        assert agent.services.buffered == 0
+        # The next message reloads its conversation, whole.
+        await t.inject("again", channel_key="mem:#c3", author="alice")
+        await bridge.flush("mem:#c3")
+        assert [m.content for m in model.requests[-1].messages] == [
+            "hello 3",
+            "echo: hello 3",
+            "again",
+        ]
+        await bridge.aclose()
