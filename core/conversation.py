@@ -258,7 +258,7 @@ class Conversation:
         self._speakers: dict[str, None] = {}
         self._speakers_loaded = False
         #: Run ids resumed by this process (each is resumed at most once).
-        self._resumed: set[str] = set()
+        self._resumed: set[str] | None = None  # made by the first resume (216 bytes empty)
         # Whether turns are running or queued; who waits for the end of that waits on
         # ``_idle`` (made by the first wait: an idle conversation holds no event).
         self._busy = False
@@ -717,6 +717,8 @@ class Conversation:
         for m in messages:
             if m.conversation_id != self.id or m.kind != "user" or not m.run_id:
                 raise ValueError(f"message {m.id} is not a user turn of conversation {self.id}")
+            if self._resumed is None:
+                self._resumed = set()
             if m.run_id in self._resumed:
                 continue
             self._resumed.add(m.run_id)
