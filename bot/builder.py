@@ -126,6 +126,7 @@ class AgentBuilder:
         self._background: list[Callable[[Agent], Awaitable[None]]] = []
         self._policy = TurnPolicy()
         self._event_buffer = AgentSettings().event_buffer
+        self._transcript_cache = AgentSettings().transcript_cache
         self._approvals: list[ApprovalRule] = []
         self._agents: dict[str, AgentSpec] = {}
         self._uses: tuple[str, ...] = ()
@@ -237,6 +238,11 @@ class AgentBuilder:
         self._event_buffer = size
         return self
 
+    def transcript_cache(self, size: int) -> Self:
+        """How many idle conversations keep their transcript in memory."""
+        self._transcript_cache = size
+        return self
+
     def _composer(self) -> Callable[[str | None], str | None]:
         """Joins the system prompt, a soul and the skills list into the agent's prompt."""
         skills_prompt = self._skills.prompt() if self._skills is not None else None
@@ -297,6 +303,7 @@ class AgentBuilder:
             system_prompt=compose(self._soul),
             policy=self._policy,
             event_buffer=self._event_buffer,
+            transcript_cache=self._transcript_cache,
             background=self._background,
             compaction=self._compaction,
             hooks=self._hooks,
@@ -371,6 +378,7 @@ class AgentBuilder:
             b.toolset(toolset)
         b.policy(config.tools)
         b.event_buffer(config.agent.event_buffer)
+        b.transcript_cache(config.agent.transcript_cache)
         b.approvals(*config.approvals)
         b.agents(resolve_agents(config, registry), uses=config.agent.uses)
         b.runs(config.runs)

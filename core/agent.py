@@ -56,11 +56,16 @@ class AgentSettings(AgentUses):
     """The agent's own settings (the core part of the ``[agent]`` section).
 
     ``event_buffer``: how many recent events each conversation keeps for
-    reconnecting subscribers.  ``uses``: the named agents (``[agents.<name>]``)
-    the main agent may call, each as the tool ``agent__<name>``.
+    reconnecting subscribers.  ``transcript_cache``: how many idle
+    conversations keep their transcript (working memory) in memory for their
+    next turn; the least recently active beyond it reload theirs from the
+    store when they next run (0: every turn does).  ``uses``: the named agents
+    (``[agents.<name>]``) the main agent may call, each as the tool
+    ``agent__<name>``.
     """
 
     event_buffer: int = Field(1024, ge=16)
+    transcript_cache: int = Field(64, ge=0)
 
 
 _DEFAULTS = AgentSettings()
@@ -75,7 +80,10 @@ class Agent:
     in every conversation); ``policy`` the default :class:`TurnPolicy`;
     ``event_buffer`` how many recent events each conversation keeps for
     reconnecting subscribers, and ``event_budget`` how many all of them keep
-    together (memory stays bounded with many channels); ``memory`` the long-term memory backend (its
+    together (memory stays bounded with many channels); ``transcript_cache``
+    how many idle conversations keep their transcript cached for their next
+    turn (the least recently active beyond it reload it from the store:
+    :class:`~agentik.core.workingmemory.Transcripts`); ``memory`` the long-term memory backend (its
     tools are merged with ``tools``); ``toolsets`` provide tools that may
     change while the agent runs (MCP servers: ``tools()`` is asked at every
     turn, ``start()``/``aclose()`` follow the agent's); ``background`` coroutine functions
@@ -109,6 +117,7 @@ class Agent:
         policy: TurnPolicy | None = None,
         event_buffer: int = _DEFAULTS.event_buffer,
         event_budget: int = 50_000,
+        transcript_cache: int = _DEFAULTS.transcript_cache,
         memory: MemoryBackend | None = None,
         background: Iterable[Callable[[Agent], Awaitable[None]]] = (),
         toolsets: Iterable[Any] = (),
@@ -140,6 +149,8 @@ class Agent:
         self.system_prompt = system_prompt
         self.policy = policy or TurnPolicy()
         self.event_buffer = event_buffer
+        #: How many idle conversations keep their transcript cached (read at start-up).
+        self.transcript_cache = transcript_cache
         self.state = AgentState.NEW
         self.memory: MemoryBackend = memory if memory is not None else NoMemory()
         self.memory.before_store = self._scrub_note
@@ -249,6 +260,12 @@ class Agent:
     def temp_store(self) -> MemoryStore:
         """The in-memory store of temporary conversations (never written to disk)."""
         return self._temp_store
+
+    @property
+    def cached_transcripts(self) -> int:
+        """Idle conversations holding their transcript in memory now (at most
+        ``transcript_cache``; busy ones hold theirs besides)."""
+        return len(self.services.transcripts)
 
     @property
     def channel_locks(self) -> int:

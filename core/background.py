@@ -104,7 +104,13 @@ class MemoryWorker:
         self._claimed: dict[str, int] = {}
         #: Conversations with a turn since this worker started (shutdown reflects on them).
         self._active: set[str] = set()
-        self._idle: dict[str, asyncio.Task[None]] = {}
+        #: Per conversation idle since its last turn: when its idle reflection is
+        #: due (``time.monotonic()``).  One timer task serves them all (a task each
+        #: would cost every conversation of the last ``reflect_after_idle`` ~2 KB).
+        self._idle: dict[str, float] = {}
+        self._idle_timer_task: asyncio.Task[None] | None = None
+        #: When the timer task wakes (``None``: it is not sleeping).
+        self._idle_wake: float | None = None
         #: Finished jobs, for status and tests: ``(kind, conversation_id, notes written)``.
         self.done: list[tuple[str, str, int]] = []
         self.changed = asyncio.Condition()
@@ -143,7 +149,8 @@ class MemoryWorker:
                 agent.end_listeners.remove(ended)
             with contextlib.suppress(ValueError):
                 agent.closing_listeners.remove(closing)
-            tasks = [*self._timers.values(), *self._jobs, *self._idle.values()]
+            idle = [self._idle_timer_task] if self._idle_timer_task is not None else []
+            tasks = [*self._timers.values(), *self._jobs, *idle]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -153,19 +160,46 @@ class MemoryWorker:
         """A turn started (no idle timer while it runs) or ended (the timer restarts)."""
         cid = event.conversation_id
         self._active.add(cid)
-        old = self._idle.pop(cid, None)
-        if old is not None:
-            old.cancel()
+        self._idle.pop(cid, None)
         after = self.policy.reflect_after_idle
         if event.kind == "turn_ended" and after > 0:
-            self._idle[cid] = asyncio.create_task(
-                self._idle_timer(agent, cid, after), name="agentik-reflect-idle"
-            )
+            due = self._idle[cid] = time.monotonic() + after
+            task, wake = self._idle_timer_task, self._idle_wake
+            if task is not None and wake is not None and due < wake:
+                task.cancel()  # asleep past the new deadline (the setting was shortened)
+                task = None
+            if task is None:
+                self._idle_timer_task = asyncio.create_task(
+                    self._idle_timer(agent), name="agentik-reflect-idle"
+                )
 
-    async def _idle_timer(self, agent: Any, conversation_id: str, after: float) -> None:
-        await self._sleep(after)
-        if self._idle.get(conversation_id) is asyncio.current_task():
-            del self._idle[conversation_id]
+    async def _idle_timer(self, agent: Any) -> None:
+        """End each conversation idle for ``reflect_after_idle`` (reason ``idle``)."""
+        try:
+            while self._idle:
+                now = time.monotonic()
+                wake = min(self._idle.values())
+                if wake > now:
+                    self._idle_wake = wake
+                    try:
+                        await self._sleep(wake - now)
+                    finally:
+                        if self._idle_timer_task is asyncio.current_task():
+                            self._idle_wake = None
+                    continue
+                due = [cid for cid, at in self._idle.items() if at <= now]
+                for cid in due:
+                    del self._idle[cid]
+                for cid in due:
+                    try:
+                        await self._idle_end(agent, cid)
+                    except Exception:
+                        log.exception("ending idle conversation %s failed", cid)
+        finally:
+            if self._idle_timer_task is asyncio.current_task():
+                self._idle_timer_task = None
+
+    async def _idle_end(self, agent: Any, conversation_id: str) -> None:
         try:
             conv = await agent.get_conversation(conversation_id)
         except Exception:  # deleted meanwhile, or the agent is closing
@@ -179,8 +213,9 @@ class MemoryWorker:
         (``conversation_ended`` reason ``shutdown``) and finish the reflections
         already pending, within ``reflect_on_shutdown`` seconds: what is left
         then is cancelled, its span left for the next time."""
-        for task in self._idle.values():
-            task.cancel()
+        if self._idle_timer_task is not None:
+            self._idle_timer_task.cancel()
+            self._idle_timer_task = None
         self._idle.clear()
         budget = self.policy.reflect_on_shutdown
         if budget <= 0:
@@ -211,9 +246,7 @@ class MemoryWorker:
 
     async def _ended(self, agent: Any, conv: Any, reason: str, channel_key: str | None) -> None:
         """A conversation ended: read what to reflect on now, reflect in the background."""
-        old = self._idle.pop(conv.id, None)
-        if old is not None and old is not asyncio.current_task():
-            old.cancel()
+        self._idle.pop(conv.id, None)
         self._active.discard(conv.id)  # a shutdown reflects on it only after new turns
         ending = await self._capture(agent, conv, reason, channel_key)
         if ending is None:

@@ -21,7 +21,6 @@ import enum
 import functools
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -244,7 +243,9 @@ class Conversation:
         self._settings: TurnSettings = DEFAULT_SETTINGS
         self.state = ConversationState.OPEN
         self._store = store
-        self._queue: deque[_Pending | _Job] = deque()
+        # A list, not a deque: an idle conversation's is empty, and an empty deque
+        # costs 760 bytes (a list 56); a queue of turns is short.
+        self._queue: list[_Pending | _Job] = []
         # The memory sees the turn queue (whose messages are not orphans).
         self._memory = WorkingMemory(
             store, record.id, queue=self._queue, fresh=fresh, scrub=_scrubber(services, record.id)
@@ -257,9 +258,11 @@ class Conversation:
         self._speakers: dict[str, None] = {}
         self._speakers_loaded = False
         #: Run ids resumed by this process (each is resumed at most once).
-        self._resumed: set[str] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._resumed: set[str] | None = None  # made by the first resume (216 bytes empty)
+        # Whether turns are running or queued; who waits for the end of that waits on
+        # ``_idle`` (made by the first wait: an idle conversation holds no event).
+        self._busy = False
+        self._idle: asyncio.Event | None = None
         #: The last state reported by a ``status_changed`` event.
         self._state: StatusState = "idle"
         #: Not stored yet: the first message's write creates it (a child run's).
@@ -304,7 +307,7 @@ class Conversation:
     @property
     def busy(self) -> bool:
         """Whether a turn is running or queued."""
-        return not self._idle.is_set()
+        return self._busy
 
     @property
     def queued(self) -> int:
@@ -714,6 +717,8 @@ class Conversation:
         for m in messages:
             if m.conversation_id != self.id or m.kind != "user" or not m.run_id:
                 raise ValueError(f"message {m.id} is not a user turn of conversation {self.id}")
+            if self._resumed is None:
+                self._resumed = set()
             if m.run_id in self._resumed:
                 continue
             self._resumed.add(m.run_id)
@@ -906,10 +911,11 @@ class Conversation:
     def _enqueue(self, item: _Pending | _Job) -> None:
         """Queue a turn or a job; start the worker if none runs."""
         self._queue.append(item)
-        self._idle.clear()
+        self._busy = True
         if self._worker is None:
             # Busy conversations stay referenced even if no caller holds them.
             self._services.mark_busy(self)
+            self._services.transcripts.take(self._memory)
             self._worker = asyncio.create_task(self._work(), name=f"agentik-conversation:{self.id}")
 
     async def _work(self) -> None:
@@ -923,7 +929,7 @@ class Conversation:
                 try:
                     stored = await pending.committed
                 except Exception:
-                    self._queue.popleft()  # send() already raised to its caller
+                    self._queue.pop(0)  # send() already raised to its caller
                     continue
                 runner = TurnRunner(
                     parts,
@@ -943,11 +949,12 @@ class Conversation:
                 try:
                     await self._current
                 finally:
-                    self._queue.popleft()
+                    self._queue.pop(0)
                     self._runner = self._current = None
                     # Steering messages the turn ended before reaching: the next turns.
                     for item in reversed(runner.take_steered()):
-                        self._queue.appendleft(
+                        self._queue.insert(
+                            0,
                             _Pending(
                                 new_run_id(), item.content, item.author, item.committed,
                                 allow_tool=pending.allow_tool, settings=pending.settings,
@@ -960,7 +967,9 @@ class Conversation:
             self._worker = None
             self._services.mark_idle(self)
             if not self._queue:
-                self._idle.set()
+                self._set_idle()
+                # Kept for the next turn, while few others went idle since.
+                self._services.transcripts.idle(self._memory)
 
     async def _run_job(self, job: _Job) -> None:
         try:
@@ -976,7 +985,7 @@ class Conversation:
             if not job.done.done():
                 job.done.set_result(result)
         finally:
-            self._queue.popleft()
+            self._queue.pop(0)
 
     async def run_exclusive(self, fn: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``fn()`` in the turn queue: after the turns queued before, before later ones.
@@ -1017,7 +1026,18 @@ class Conversation:
 
     async def wait_idle(self) -> None:
         """Wait until no turn is running or queued."""
+        if not self._busy:
+            return
+        if self._idle is None:
+            self._idle = asyncio.Event()
         await self._idle.wait()
+
+    def _set_idle(self) -> None:
+        """No turn is running or queued: wake whoever waits for it."""
+        self._busy = False
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.set()
 
     # -- events ---------------------------------------------------------------
     def link(self, *, parent_run_id: str, relay_to: ConversationEvents) -> None:
@@ -1140,9 +1160,10 @@ class Conversation:
             if isinstance(item, _Job) and not item.done.done():
                 item.done.cancel()
         self._queue.clear()
-        self._idle.set()
+        self._set_idle()
         if self._events is not None:
             self._events.close()
+        self._services.transcripts.take(self._memory)
         self._services.forget(self)
 
     async def __aenter__(self) -> Conversation:

@@ -26,7 +26,7 @@ class Subscription(AsyncIterator[Event]):
     ``EventsLost`` event when the subscriber fell too far behind.
     """
 
-    __slots__ = ("_bus", "_closed", "_last_key", "_max_pending", "_pending", "_profile", "_wakeup")
+    __slots__ = ("_bus", "_closed", "_last_key", "_max_pending", "_pending", "_profile", "_waiter")
 
     def __init__(
         self,
@@ -38,8 +38,12 @@ class Subscription(AsyncIterator[Event]):
         # None: every event as it is (the debug profile needs no filter).
         self._profile = None if profile is None or profile.passes_everything else profile
         self._max_pending = max_pending
-        self._pending: deque[Event] = deque()
-        self._wakeup = asyncio.Event()
+        # Events not read yet (``None`` when none: a reader that keeps up holds no
+        # deque, which costs 760 bytes empty).
+        self._pending: deque[Event] | None = None
+        # The future the reader waits on while nothing is pending (an idle
+        # subscriber holds none: an ``asyncio.Event`` would hold a deque).
+        self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._last_key = 0
 
@@ -51,37 +55,61 @@ class Subscription(AsyncIterator[Event]):
             if admitted is None:
                 return
             event = admitted
-        if len(self._pending) >= self._max_pending:
+        pending = self._queue()
+        if len(pending) >= self._max_pending:
             # Too slow: drop the backlog, say so, and end this subscription.
-            self._pending.clear()
-            self._pending.append(self._bus._lost(event, self._last_key, self._bus._oldest_key()))
+            pending.clear()
+            pending.append(self._bus._lost(event, self._last_key, self._bus._oldest_key()))
             self._end()
             return
-        self._pending.append(event)
-        self._wakeup.set()
+        pending.append(event)
+        self._wake()
+
+    def _queue(self) -> deque[Event]:
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = deque()
+        return pending
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _end(self) -> None:
         self._closed = True
         self._bus._subscribers.discard(self)
-        self._wakeup.set()
+        self._wake()
 
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> Event:
-        while not self._pending:
+        pending = self._pending
+        while not pending:
             if self._closed:
                 raise StopAsyncIteration
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        event = self._pending.popleft()
+            waiter = self._waiter
+            if waiter is None or waiter.done():
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+            pending = self._pending
+        event = pending.popleft()
+        if not pending:
+            self._pending = None
         # The last event this subscriber actually received: when it falls
         # behind, everything after it is what it lost.
         self._last_key = self._bus._key(event)
         return event
 
     async def aclose(self) -> None:
-        self._pending.clear()
+        self._pending = None
         self._end()
 
 
@@ -162,8 +190,7 @@ class EventBus:
             # Events after ``after`` exist but the buffer starts later: a gap.
             gap = (self.last_key > after and first > after + 1) or after > self.last_key
             if gap:
-                sub._pending.append(self._lost(None, after, self._oldest_key()))
-                sub._wakeup.set()
+                sub._queue().append(self._lost(None, after, self._oldest_key()))
             missed = [e for e in self.buffer if self._key(e) > after]
             # The replay itself never counts as falling behind: the queue
             # bound applies to what arrives on top of it.

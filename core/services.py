@@ -17,7 +17,9 @@ handed in (as in pydantic-ai's run graph):
 * :class:`ConversationEvents` — a conversation's event stream: it numbers
   each event, keeps the replay buffer and publishes to the agent's stream.
 * :class:`~agentik.core.workingmemory.WorkingMemory` — the conversation's
-  LLM context (cache, notes, load, compact).
+  LLM context (cache, notes, load, compact); the agent's
+  :class:`~agentik.core.workingmemory.Transcripts` bounds how many idle
+  conversations keep theirs cached.
 * :class:`ConversationParts` — the three above plus the conversation, as
   one typed bundle for :class:`~agentik.core.turn.TurnRunner` and
   :class:`~agentik.core.compaction.Compactor`.
@@ -25,6 +27,8 @@ handed in (as in pydantic-ai's run graph):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import enum
 import itertools
@@ -40,7 +44,7 @@ from .eventbus import EventBus, Subscription
 from .events import Event, EventBase, EventsLost, StatusChanged
 from .protocols import LiveConversation
 from .streamprofiles import BUILTIN_PROFILES, StreamProfile, lookup
-from .workingmemory import WorkingMemory
+from .workingmemory import Transcripts, WorkingMemory
 
 if TYPE_CHECKING:
     from .approvals import Approvals
@@ -126,6 +130,8 @@ class AgentLike(Protocol[C]):
     @property
     def event_budget(self) -> int: ...
     @property
+    def transcript_cache(self) -> int: ...
+    @property
     def stream_profiles(self) -> dict[str, StreamProfile]: ...
     def events(
         self,
@@ -181,6 +187,9 @@ class AgentServices(Generic[C]):
         self._buffers: OrderedDict[str, deque[Any]] = OrderedDict()
         #: Events held in all conversations' replay buffers together.
         self.buffered = 0
+        # Buffers of streams nobody holds any more, to take out (see drop_buffer).
+        self._dropped: list[tuple[str, deque[Any]]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Conversations in use stay here; idle ones are dropped when no
         # caller holds them any more (they reload from the store on demand).
         self.open: weakref.WeakValueDictionary[str, C] = weakref.WeakValueDictionary()
@@ -188,6 +197,8 @@ class AgentServices(Generic[C]):
         self.busy: dict[str, C] = {}
         # Conversations whose ``session_end`` hooks ran.
         self._ended: weakref.WeakSet[C] = weakref.WeakSet()
+        #: The transcripts idle conversations keep (the agent's ``transcript_cache``).
+        self.transcripts = Transcripts(agent.transcript_cache)
 
     # -- what the agent is configured with (read anew: changes apply at once) ----------
     @property
@@ -306,6 +317,8 @@ class AgentServices(Generic[C]):
     def account(self, conversation_id: str, buffer: deque[Any], added: int) -> None:
         """Keep the replay buffers of all conversations within the agent's ``event_budget``;
         the least recently active conversations lose theirs first."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         self._buffers[conversation_id] = buffer
         self._buffers.move_to_end(conversation_id)
         self.buffered += added
@@ -314,6 +327,26 @@ class AgentServices(Generic[C]):
             _, oldest = self._buffers.popitem(last=False)
             self.buffered -= len(oldest)
             oldest.clear()
+
+    def drop_buffer(self, conversation_id: str, buffer: deque[Any]) -> None:
+        """A conversation's event stream is gone: its replay ``buffer`` leaves the budget.
+
+        Called by the garbage collector, which may run in any thread and between
+        any two steps of :meth:`account`: the buffer is taken out on the event
+        loop, soon after (its events are freed then)."""
+        loop = self._loop
+        if loop is None or self._buffers.get(conversation_id) is not buffer:
+            return
+        self._dropped.append((conversation_id, buffer))
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to budget
+            loop.call_soon_threadsafe(self._take_dropped)
+
+    def _take_dropped(self) -> None:
+        while self._dropped:
+            conversation_id, buffer = self._dropped.pop()
+            if self._buffers.get(conversation_id) is buffer:
+                del self._buffers[conversation_id]
+                self.buffered -= len(buffer)
 
     def scrub(self, editor: Callable[[], Callable[[Event], Event | None]]) -> int:
         """Rewrite buffered events in every replay buffer (each conversation's and
@@ -387,10 +420,14 @@ class ConversationEvents:
     holds the stream — a subscriber — the conversation stays in memory:
     later lookups find the same object, and its subscribers see its turns.
     A conversation creates its stream on first use (idle ones have none).
+    When nobody holds it any more (the conversation was dropped: it reloads
+    from the store as a new object, with a stream of its own), its replay
+    buffer leaves the agent's budget with it.
     ``closed``: the conversation is closing; subscribers end at once.
     """
 
     __slots__ = (
+        "__weakref__",
         "_bus",
         "_services",
         "conversation_id",
@@ -421,6 +458,11 @@ class ConversationEvents:
         self._bus = EventBus(key=lambda e: e.seq, lost=self._lost, buffer=services.event_buffer)
         if closed:
             self._bus.close()
+        # Nothing can replay a dropped stream's buffer: it must not hold events (and
+        # a place in the budget) until the budget pushes it out.
+        weakref.finalize(
+            self, services.drop_buffer, conversation_id, self._bus.buffer
+        ).atexit = False
 
     def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
         return EventsLost(

@@ -15,6 +15,12 @@ through these methods:
 * :meth:`entries` / :meth:`compact` — replace a prefix with a summary;
 * :meth:`add_note` / :meth:`take_notes` — ambient messages that reach the
   model with the next turn.
+
+:class:`Transcripts` bounds how many idle conversations keep their cache:
+the least recently active beyond the bound drop theirs, and their next turn
+loads it from the store again (it is all there: every write goes to the store
+first), so a bot holds transcripts for its busy conversations, not for every
+conversation it has seen.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import asyncio
 import dataclasses
 import logging
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -30,7 +38,7 @@ from .messages import ChatMessage, Message, NewMessage
 from .redaction import tombstoned
 from .store.base import MemoryEntry, RunRecord, Store, TurnEnd
 
-__all__ = ["Queued", "WorkingMemory"]
+__all__ = ["Queued", "Transcripts", "WorkingMemory"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +69,7 @@ class WorkingMemory:
     (the ``before_store`` hook).
     """
 
-    __slots__ = ("_cache", "_notes", "_queue", "conversation_id", "scrub", "store")
+    __slots__ = ("__weakref__", "_cache", "_notes", "_queue", "conversation_id", "scrub", "store")
 
     def __init__(
         self,
@@ -246,3 +254,44 @@ class WorkingMemory:
         """The notes waiting for a turn, oldest first; none wait afterwards."""
         notes, self._notes = self._notes, []
         return notes
+
+
+class Transcripts:
+    """The transcripts (working-memory caches) idle conversations keep, at most ``limit``.
+
+    A conversation's :class:`WorkingMemory` is :meth:`taken <take>` while it has
+    turns to run and handed back (:meth:`idle`) when it has none: it keeps its
+    cache for its next turn until ``limit`` conversations went idle after it;
+    then the cache is dropped (:meth:`WorkingMemory.invalidate`), and that
+    next turn loads the context from the store, the same as it was.  Holds
+    no conversation alive (its references are weak).
+    """
+
+    __slots__ = ("_idle", "limit")
+
+    def __init__(self, limit: int) -> None:
+        #: How many idle conversations keep their transcript (0: none).
+        self.limit = limit
+        # Least recently active first.
+        self._idle: OrderedDict[str, weakref.ref[WorkingMemory]] = OrderedDict()
+
+    def take(self, memory: WorkingMemory) -> None:
+        """``memory``'s conversation has turns to run: its cache is in use."""
+        self._idle.pop(memory.conversation_id, None)
+
+    def idle(self, memory: WorkingMemory) -> None:
+        """``memory``'s conversation has no turn left to run: it keeps its cache
+        while fewer than :attr:`limit` conversations went idle after it."""
+        if not memory.loaded:
+            return
+        self._idle[memory.conversation_id] = weakref.ref(memory)
+        self._idle.move_to_end(memory.conversation_id)
+        while len(self._idle) > self.limit:
+            _, ref = self._idle.popitem(last=False)
+            released = ref()
+            if released is not None:
+                released.invalidate()
+
+    def __len__(self) -> int:
+        """Idle conversations holding their transcript now."""
+        return sum(1 for ref in self._idle.values() if (m := ref()) is not None and m.loaded)

@@ -552,6 +552,33 @@ async def test_replay_buffers_share_a_budget(scripted, db_path):
         assert a.channel_locks == 0
 
 
+async def test_a_dropped_conversation_leaves_no_events_behind(agent, scripted):
+    # A conversation nobody holds reloads from the store as a new object, with a
+    # stream of its own: the old stream's replay buffer is freed with it, and
+    # leaves the budget shared by the others (it does not wait to be pushed out).
+    convs = [await agent.create_conversation() for _ in range(5)]
+    for i, conv in enumerate(convs):
+        await conv.send(f"hello {i}")
+        await conv.wait_idle()
+    ids = [c.id for c in convs]
+    held = agent.services.buffered
+    assert held > 0
+    kept = convs[-1]
+    del conv, convs
+    gc.collect()
+    await asyncio.sleep(0)  # taken out on the event loop
+    assert agent.services.buffered == held // 5
+    # The one still held replays its turn; the others, reloaded, start afresh.
+    assert (await anext(kept.events(after=0))).kind == "turn_started"
+    again = await agent.get_conversation(ids[0])
+    await again.send("back")
+    await again.wait_idle()
+    assert [m.content for m in scripted.requests[-1].messages if m.role == "user"] == [
+        "hello 0",
+        "back",
+    ]
+
+
 async def test_compaction_keeps_the_audit_log_and_invents_no_messages(db_path):
     model = ScriptedModel()
     async with Agent(llm=model, store=SQLiteStore(db_path)) as a:

@@ -61,7 +61,8 @@ async def more(ctx: CommandContext) -> None:
         await ctx.say("nothing more")
         return
     cap = ch.options.max_answer_lines or len(ch.more)
-    page = [ch.more.popleft() for _ in range(min(cap, len(ch.more)))]
+    page = ch.more[:cap]
+    del ch.more[:cap]
     lines_transport = transport.caps.streaming == "lines"
     if ch.more_in_code and lines_transport:
         # The page continues a code block: a line transport formats line by
