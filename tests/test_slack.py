@@ -39,6 +39,22 @@ async def test_a_mention_is_answered_in_its_thread_with_native_streaming(tmp_pat
             assert status[0]["status"] == "is thinking…" and status[-1]["status"] == ""
 
 
+async def test_web_api_calls_share_a_connection_not_one_each(tmp_path):
+    # Each new connection to Slack is a TCP and TLS handshake: answers one after the
+    # other reuse the connection their Web API calls came over.
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            for i in range(3):
+                event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> q{i}")
+                await slack.push_event(event)
+                await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            assert bot_texts(slack, "C1") == ["echo: q0", "echo: q1", "echo: q2"]
+            calls = [m for m, _ in slack.calls if m != "apps.connections.open"]
+            assert len(calls) >= 12  # auth.test, users.info; 4 a mention (status, stream, status)
+            assert len(slack.api_connections) <= 3, (len(slack.api_connections), calls)
+
+
 async def test_a_direct_message_is_answered(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")

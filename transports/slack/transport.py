@@ -279,6 +279,15 @@ class SlackTransport(Transport):
         self.client = self.app.client
         if o.api_url:
             self.client.base_url = o.api_url if o.api_url.endswith("/") else o.api_url + "/"
+        # One HTTP session for every Web API call: without it slack-sdk opens a new
+        # session, so a new connection (a TCP and TLS handshake), for each call, and an
+        # answer makes four (status, stream start and stop, status cleared).  The
+        # timeout is the one slack-sdk gives each of its own sessions.
+        import aiohttp
+
+        self.client.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.client.timeout)
+        )
         self.client.retry_handlers.append(
             AsyncRateLimitErrorRetryHandler(max_retry_count=o.rate_limit_retries)
         )
@@ -465,6 +474,9 @@ class SlackTransport(Transport):
             await self._runner.cleanup()
             self._runner = None
         await self.cancel_tasks()
+        session = getattr(self.client, "session", None)
+        if session is not None:
+            await session.close()
         await asyncio.to_thread(self._seen.close)
         self.closed.set()
 
