@@ -633,32 +633,66 @@ class SlackTransport(Transport):
             log.warning("slack %s: could not greet an assistant thread: %s", self.name, exc)
 
     async def _deliver(self) -> None:
-        """Hand incoming messages to the bridge one at a time, in arrival order."""
+        """Hand incoming messages to the bridge in arrival order.
+
+        The events waiting are remembered in one write (one transaction of the
+        handled-events file, not one each), each before it is handed over.  Each
+        message then goes to the bridge as its own task, started in arrival order
+        (the bridge takes a channel's messages in the order their calls began, as
+        IRC's): one message's turn being set up (its conversation written) does not
+        hold up the next thread's.
+        """
         while True:
-            item = await self._incoming.get()
+            items = [await self._incoming.get()]
+            while not self._incoming.empty():
+                items.append(self._incoming.get_nowait())
             try:
-                await asyncio.to_thread(self._seen.persist, *item.seen)
+                await asyncio.to_thread(self._seen.persist, *(k for i in items for k in i.seen))
+            except Exception:
+                log.debug("slack %s: persisting %d events at once failed", self.name, len(items))
+                items = [i for i in items if await self._persist(i)]
+            for item in items:
                 if item.key is None:
                     continue
-                meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
-                if item.thread_ts:
-                    found = self._contexts.contexts.get((item.channel, item.thread_ts))
-                    if found:
-                        meta["assistant_context"] = dict(found)
-                message = IncomingMessage(
-                    channel_key=item.key, text=item.text, author_id=item.user,
-                    author_name=await self._name(item.user), direct=item.direct, addressed=True,
-                    reply_to={"channel": item.channel, "thread_ts": item.thread_ts,
-                              "user": item.user},
-                    meta=meta,
-                )  # fmt: skip
-                if item.title and item.thread_ts:
-                    await self._title(item.channel, item.thread_ts, item.text)
-                await self._status(item.channel, item.thread_ts, self.options.status_text)
-                assert self._sink is not None
-                await self._sink.handle(message, self)
-            except Exception:
-                log.exception("slack %s: could not deliver a message", self.name)
+                try:
+                    await self._hand_over(item)
+                except Exception:
+                    log.exception("slack %s: could not deliver a message", self.name)
+
+    async def _persist(self, item: _Incoming) -> bool:
+        """Remember ``item``'s keys on their own; False (logged) if that fails."""
+        try:
+            await asyncio.to_thread(self._seen.persist, *item.seen)
+        except Exception:
+            log.exception("slack %s: could not deliver a message", self.name)
+            return False
+        return True
+
+    async def _hand_over(self, item: _Incoming) -> None:
+        """The assistant status, then ``item`` to the bridge (a task of its own)."""
+        meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
+        if item.thread_ts:
+            found = self._contexts.contexts.get((item.channel, item.thread_ts))
+            if found:
+                meta["assistant_context"] = dict(found)
+        assert item.key is not None
+        message = IncomingMessage(
+            channel_key=item.key, text=item.text, author_id=item.user,
+            author_name=await self._name(item.user), direct=item.direct, addressed=True,
+            reply_to={"channel": item.channel, "thread_ts": item.thread_ts, "user": item.user},
+            meta=meta,
+        )  # fmt: skip
+        if item.title and item.thread_ts:
+            await self._title(item.channel, item.thread_ts, item.text)
+        await self._status(item.channel, item.thread_ts, self.options.status_text)
+        self.spawn(self._handle(message), name=f"agentik-slack-handle:{self.name}")
+
+    async def _handle(self, message: IncomingMessage) -> None:
+        assert self._sink is not None
+        try:
+            await self._sink.handle(message, self)
+        except Exception:
+            log.exception("slack %s: could not deliver a message", self.name)
 
     async def _title(self, channel: str, thread_ts: str, text: str) -> None:
         """Name an assistant thread after its first message (its first line, shortened)."""
