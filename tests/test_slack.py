@@ -55,6 +55,34 @@ async def test_web_api_calls_share_a_connection_not_one_each(tmp_path):
             assert len(slack.api_connections) <= 3, (len(slack.api_connections), calls)
 
 
+async def test_a_slow_status_call_holds_up_its_own_thread_only(tmp_path):
+    # Setting the assistant status is a round trip to Slack: the next mention is
+    # answered meanwhile, and nothing is sent in the first thread before its status.
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.rate_limit("assistant.threads.setStatus", times=1, retry_after=10)
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            first = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> first")
+            await slack.push_event(first)
+            await slack.wait_for_call("assistant.threads.setStatus")  # answered 429
+            second = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> second")
+            await slack.push_event(second)
+            await answered(slack, bridge, f"slack:T1:C1:{second['ts']}")
+            await answered(slack, bridge, f"slack:T1:C1:{first['ts']}")
+            assert bot_texts(slack, "C1") == ["echo: second", "echo: first"]
+            in_first = [
+                (m, p.get("status"))
+                for m, p in slack.calls
+                if m != "users.info" and first["ts"] in (p.get("thread_ts"), p.get("ts"))
+            ]
+            assert in_first == [
+                ("assistant.threads.setStatus", "is thinking…"),  # 429
+                ("assistant.threads.setStatus", "is thinking…"),
+                ("chat.startStream", None),
+                ("assistant.threads.setStatus", ""),  # (appends and stop name the message)
+            ]
+
+
 async def test_a_direct_message_is_answered(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")

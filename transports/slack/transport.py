@@ -252,6 +252,8 @@ class SlackTransport(Transport):
         self._incoming: asyncio.Queue[_Incoming] = asyncio.Queue()
         #: Messages posted with a ``tag`` (approval requests): tag -> (channel, ts).
         self._tagged: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        #: The assistant status being set in a thread: (channel, thread_ts) -> its call.
+        self._setting_status: dict[tuple[str, str | None], asyncio.Future[Any]] = {}
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -669,7 +671,9 @@ class SlackTransport(Transport):
         return True
 
     async def _hand_over(self, item: _Incoming) -> None:
-        """The assistant status, then ``item`` to the bridge (a task of its own)."""
+        """``item`` to the bridge (a task of its own), its assistant status set meanwhile:
+        nothing is sent in the thread before that call has ended (:meth:`_after_status`),
+        and the next message does not wait for Slack's answer to it."""
         meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
         if item.thread_ts:
             found = self._contexts.contexts.get((item.channel, item.thread_ts))
@@ -684,8 +688,22 @@ class SlackTransport(Transport):
         )  # fmt: skip
         if item.title and item.thread_ts:
             await self._title(item.channel, item.thread_ts, item.text)
-        await self._status(item.channel, item.thread_ts, self.options.status_text)
+        if item.thread_ts and self.options.status_text:
+            where = (item.channel, item.thread_ts)
+            call = self.spawn(self._status(item.channel, item.thread_ts, self.options.status_text))
+            self._setting_status[where] = call
+            call.add_done_callback(lambda done: self._status_set(where, done))
         self.spawn(self._handle(message), name=f"agentik-slack-handle:{self.name}")
+
+    def _status_set(self, where: tuple[str, str | None], call: asyncio.Future[Any]) -> None:
+        if self._setting_status.get(where) is call:
+            del self._setting_status[where]
+
+    async def _after_status(self, channel: str, thread_ts: str | None) -> None:
+        """Wait until the status being set in the thread (if any) has been set."""
+        call = self._setting_status.get((channel, thread_ts))
+        if call is not None and not call.done():
+            await asyncio.wait([call])  # a cancelled send leaves the call running
 
     async def _handle(self, message: IncomingMessage) -> None:
         assert self._sink is not None
@@ -771,6 +789,7 @@ class SlackTransport(Transport):
         # Without reply_to (an answer resumed after a restart) the key names the thread.
         thread_ts = where.get("thread_ts") if where else (parts[3] if len(parts) > 3 else None)
         run = message.run_id or ""
+        await self._after_status(channel, thread_ts)
         if message.kind == "delta":
             answer = self._answers.get(run)
             if answer is None:
