@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -152,6 +153,34 @@ async def test_each_message_is_handled_once_even_across_a_restart(tmp_path):
             envelope = await slack.push_event(event, event_id="Ev1", retry_num=2)
             await slack.wait_for_ack(envelope)
             # (A new place: answered() tells a fresh conversation's first answer.)
+            await slack.push_event(slack.message_event("D2", "after", channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D2")
+            assert [r.messages[-1].content for r in model.requests] == ["after"]
+
+
+async def test_the_handled_events_file_keeps_the_newest_dedupe_keep_events(tmp_path):
+    # The file stays near dedupe_keep rows however many events come, and what it keeps
+    # still stops a redelivery after a restart.
+    import sqlite3
+
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        store_path = tmp_path / "slack.db"
+        async with slack_bot(
+            slack, tmp_path, store=SQLiteStore(str(store_path)), dedupe_keep=100
+        ) as (bot, model, agent, bridge):
+            for i in range(150):  # channel chatter: remembered (two keys each), not answered
+                await slack.push_event(slack.message_event("C1", f"chatter {i}", user="U1"))
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> once please")
+            await slack.push_event(event, event_id="Ev1")
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            with contextlib.closing(sqlite3.connect(bot.seen_path)) as db:
+                (rows,) = db.execute("SELECT COUNT(*) FROM seen").fetchone()
+            assert 100 <= rows <= 110
+        async with slack_bot(
+            slack, tmp_path, store=SQLiteStore(str(store_path)), dedupe_keep=100
+        ) as (bot, model, agent, bridge):
+            await slack.push_event(event, event_id="Ev1", retry_num=1)
             await slack.push_event(slack.message_event("D2", "after", channel_type="im"))
             await answered(slack, bridge, "slack:T1:D2")
             assert [r.messages[-1].content for r in model.requests] == ["after"]

@@ -97,12 +97,18 @@ _socket_log.addFilter(_OneLine())
 
 
 class _Seen:
-    """Handled event keys, in memory and in a SQLite file (so restarts remember)."""
+    """Handled event keys, in memory and in a SQLite file (so restarts remember).
+
+    The file keeps the newest ``keep`` keys (those a restart reads back); the older
+    ones are deleted once a tenth of ``keep`` more has been written, not on every
+    write: finding the newest ``keep`` sorts the whole table.
+    """
 
     def __init__(self, path: str, keep: int) -> None:
         self.path = path
         self.keep = keep
         self.keys: OrderedDict[str, None] = OrderedDict()
+        self.rows = 0  # rows in the file, at most (a replaced key counts again)
         self.conn: sqlite3.Connection | None = None
         # Calls come from worker threads: one at a time, and never after close.
         self.lock = threading.Lock()
@@ -119,6 +125,7 @@ class _Seen:
         ).fetchall()
         for (key,) in reversed(rows):
             self.keys[key] = None
+        (self.rows,) = self.conn.execute("SELECT COUNT(*) FROM seen").fetchone()
 
     def check_and_add(self, *keys: str) -> bool:
         """True if any key was seen before; records them all either way."""
@@ -136,13 +143,17 @@ class _Seen:
                 return
             now = time.time()
             self.conn.executemany(
-                "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)", [(k, now) for k in keys]
+                "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)",
+                [(k, now + i * 1e-6) for i, k in enumerate(keys)],  # in order, no ties
             )
-            self.conn.execute(
-                "DELETE FROM seen WHERE at < (SELECT MIN(at) FROM (SELECT at FROM seen"
-                " ORDER BY at DESC LIMIT ?))",
-                (self.keep,),
-            )
+            self.rows += len(keys)
+            if self.rows > self.keep + self.keep // 10:
+                self.conn.execute(
+                    "DELETE FROM seen WHERE at < (SELECT MIN(at) FROM (SELECT at FROM seen"
+                    " ORDER BY at DESC LIMIT ?))",
+                    (self.keep,),
+                )
+                (self.rows,) = self.conn.execute("SELECT COUNT(*) FROM seen").fetchone()
 
     def close(self) -> None:
         with self.lock:
