@@ -18,6 +18,7 @@ string, a form body and a JSON body, the token comes from ``Authorization: Beare
 too), in order. ``messages`` holds the channel state: messages posted by the bot, edited by
 ``chat.update`` and the streaming methods, plus the ``message``/``app_mention`` events pushed
 through Socket Mode (so ``conversations.replies`` sees the user's side of a thread).
+``api_connections`` holds the client end of each connection the Web API calls came over.
 
 Socket Mode: ``apps.connections.open`` (app token only) hands out a one-time
 ``ws://127.0.0.1:PORT/socket?ticket=...`` URL; on connect the server sends ``hello``;
@@ -103,6 +104,8 @@ class FakeSlack:
         self.channels: dict[str, dict[str, Any]] = {}
         self.acks: dict[str, dict[str, Any]] = {}  # envelope_id -> the client's ack message
         self.sent: list[dict[str, Any]] = []  # every frame sent over Socket Mode
+        #: The client end (host, port) of each connection Web API calls came over.
+        self.api_connections: set[tuple[Any, ...]] = set()
         self.socket_connections = 0
         self.add_user(bot_user_id, "bot", real_name="Fake Bot", is_bot=True)
         self._rate_limits: dict[str, list[int]] = {}  # method -> [times_left, retry_after]
@@ -578,6 +581,8 @@ class FakeSlack:
 
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
+        if request.transport is not None:
+            self.api_connections.add(tuple(request.transport.get_extra_info("peername")))
         params: dict[str, Any] = dict(request.query)
         if request.method == "POST" and request.can_read_body:
             ctype = request.content_type

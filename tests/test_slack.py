@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -37,6 +38,50 @@ async def test_a_mention_is_answered_in_its_thread_with_native_streaming(tmp_pat
             ]
             status = slack.calls_to("assistant.threads.setStatus")
             assert status[0]["status"] == "is thinking…" and status[-1]["status"] == ""
+
+
+async def test_web_api_calls_share_a_connection_not_one_each(tmp_path):
+    # Each new connection to Slack is a TCP and TLS handshake: answers one after the
+    # other reuse the connection their Web API calls came over.
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            for i in range(3):
+                event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> q{i}")
+                await slack.push_event(event)
+                await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            assert bot_texts(slack, "C1") == ["echo: q0", "echo: q1", "echo: q2"]
+            calls = [m for m, _ in slack.calls if m != "apps.connections.open"]
+            assert len(calls) >= 12  # auth.test, users.info; 4 a mention (status, stream, status)
+            assert len(slack.api_connections) <= 3, (len(slack.api_connections), calls)
+
+
+async def test_a_slow_status_call_holds_up_its_own_thread_only(tmp_path):
+    # Setting the assistant status is a round trip to Slack: the next mention is
+    # answered meanwhile, and nothing is sent in the first thread before its status.
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.rate_limit("assistant.threads.setStatus", times=1, retry_after=10)
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            first = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> first")
+            await slack.push_event(first)
+            await slack.wait_for_call("assistant.threads.setStatus")  # answered 429
+            second = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> second")
+            await slack.push_event(second)
+            await answered(slack, bridge, f"slack:T1:C1:{second['ts']}")
+            await answered(slack, bridge, f"slack:T1:C1:{first['ts']}")
+            assert bot_texts(slack, "C1") == ["echo: second", "echo: first"]
+            in_first = [
+                (m, p.get("status"))
+                for m, p in slack.calls
+                if m != "users.info" and first["ts"] in (p.get("thread_ts"), p.get("ts"))
+            ]
+            assert in_first == [
+                ("assistant.threads.setStatus", "is thinking…"),  # 429
+                ("assistant.threads.setStatus", "is thinking…"),
+                ("chat.startStream", None),
+                ("assistant.threads.setStatus", ""),  # (appends and stop name the message)
+            ]
 
 
 async def test_a_direct_message_is_answered(tmp_path):
@@ -108,6 +153,34 @@ async def test_each_message_is_handled_once_even_across_a_restart(tmp_path):
             envelope = await slack.push_event(event, event_id="Ev1", retry_num=2)
             await slack.wait_for_ack(envelope)
             # (A new place: answered() tells a fresh conversation's first answer.)
+            await slack.push_event(slack.message_event("D2", "after", channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D2")
+            assert [r.messages[-1].content for r in model.requests] == ["after"]
+
+
+async def test_the_handled_events_file_keeps_the_newest_dedupe_keep_events(tmp_path):
+    # The file stays near dedupe_keep rows however many events come, and what it keeps
+    # still stops a redelivery after a restart.
+    import sqlite3
+
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        store_path = tmp_path / "slack.db"
+        async with slack_bot(
+            slack, tmp_path, store=SQLiteStore(str(store_path)), dedupe_keep=100
+        ) as (bot, model, agent, bridge):
+            for i in range(150):  # channel chatter: remembered (two keys each), not answered
+                await slack.push_event(slack.message_event("C1", f"chatter {i}", user="U1"))
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> once please")
+            await slack.push_event(event, event_id="Ev1")
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            with contextlib.closing(sqlite3.connect(bot.seen_path)) as db:
+                (rows,) = db.execute("SELECT COUNT(*) FROM seen").fetchone()
+            assert 100 <= rows <= 110
+        async with slack_bot(
+            slack, tmp_path, store=SQLiteStore(str(store_path)), dedupe_keep=100
+        ) as (bot, model, agent, bridge):
+            await slack.push_event(event, event_id="Ev1", retry_num=1)
             await slack.push_event(slack.message_event("D2", "after", channel_type="im"))
             await answered(slack, bridge, "slack:T1:D2")
             assert [r.messages[-1].content for r in model.requests] == ["after"]

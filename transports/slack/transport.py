@@ -97,12 +97,18 @@ _socket_log.addFilter(_OneLine())
 
 
 class _Seen:
-    """Handled event keys, in memory and in a SQLite file (so restarts remember)."""
+    """Handled event keys, in memory and in a SQLite file (so restarts remember).
+
+    The file keeps the newest ``keep`` keys (those a restart reads back); the older
+    ones are deleted once a tenth of ``keep`` more has been written, not on every
+    write: finding the newest ``keep`` sorts the whole table.
+    """
 
     def __init__(self, path: str, keep: int) -> None:
         self.path = path
         self.keep = keep
         self.keys: OrderedDict[str, None] = OrderedDict()
+        self.rows = 0  # rows in the file, at most (a replaced key counts again)
         self.conn: sqlite3.Connection | None = None
         # Calls come from worker threads: one at a time, and never after close.
         self.lock = threading.Lock()
@@ -119,6 +125,7 @@ class _Seen:
         ).fetchall()
         for (key,) in reversed(rows):
             self.keys[key] = None
+        (self.rows,) = self.conn.execute("SELECT COUNT(*) FROM seen").fetchone()
 
     def check_and_add(self, *keys: str) -> bool:
         """True if any key was seen before; records them all either way."""
@@ -136,13 +143,17 @@ class _Seen:
                 return
             now = time.time()
             self.conn.executemany(
-                "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)", [(k, now) for k in keys]
+                "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)",
+                [(k, now + i * 1e-6) for i, k in enumerate(keys)],  # in order, no ties
             )
-            self.conn.execute(
-                "DELETE FROM seen WHERE at < (SELECT MIN(at) FROM (SELECT at FROM seen"
-                " ORDER BY at DESC LIMIT ?))",
-                (self.keep,),
-            )
+            self.rows += len(keys)
+            if self.rows > self.keep + self.keep // 10:
+                self.conn.execute(
+                    "DELETE FROM seen WHERE at < (SELECT MIN(at) FROM (SELECT at FROM seen"
+                    " ORDER BY at DESC LIMIT ?))",
+                    (self.keep,),
+                )
+                (self.rows,) = self.conn.execute("SELECT COUNT(*) FROM seen").fetchone()
 
     def close(self) -> None:
         with self.lock:
@@ -252,6 +263,8 @@ class SlackTransport(Transport):
         self._incoming: asyncio.Queue[_Incoming] = asyncio.Queue()
         #: Messages posted with a ``tag`` (approval requests): tag -> (channel, ts).
         self._tagged: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        #: The assistant status being set in a thread: (channel, thread_ts) -> its call.
+        self._setting_status: dict[tuple[str, str | None], asyncio.Future[Any]] = {}
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -279,6 +292,15 @@ class SlackTransport(Transport):
         self.client = self.app.client
         if o.api_url:
             self.client.base_url = o.api_url if o.api_url.endswith("/") else o.api_url + "/"
+        # One HTTP session for every Web API call: without it slack-sdk opens a new
+        # session, so a new connection (a TCP and TLS handshake), for each call, and an
+        # answer makes four (status, stream start and stop, status cleared).  The
+        # timeout is the one slack-sdk gives each of its own sessions.
+        import aiohttp
+
+        self.client.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.client.timeout)
+        )
         self.client.retry_handlers.append(
             AsyncRateLimitErrorRetryHandler(max_retry_count=o.rate_limit_retries)
         )
@@ -465,6 +487,9 @@ class SlackTransport(Transport):
             await self._runner.cleanup()
             self._runner = None
         await self.cancel_tasks()
+        session = getattr(self.client, "session", None)
+        if session is not None:
+            await session.close()
         await asyncio.to_thread(self._seen.close)
         self.closed.set()
 
@@ -621,32 +646,82 @@ class SlackTransport(Transport):
             log.warning("slack %s: could not greet an assistant thread: %s", self.name, exc)
 
     async def _deliver(self) -> None:
-        """Hand incoming messages to the bridge one at a time, in arrival order."""
+        """Hand incoming messages to the bridge in arrival order.
+
+        The events waiting are remembered in one write (one transaction of the
+        handled-events file, not one each), each before it is handed over.  Each
+        message then goes to the bridge as its own task, started in arrival order
+        (the bridge takes a channel's messages in the order their calls began, as
+        IRC's): one message's turn being set up (its conversation written) does not
+        hold up the next thread's.
+        """
         while True:
-            item = await self._incoming.get()
+            items = [await self._incoming.get()]
+            while not self._incoming.empty():
+                items.append(self._incoming.get_nowait())
             try:
-                await asyncio.to_thread(self._seen.persist, *item.seen)
+                await asyncio.to_thread(self._seen.persist, *(k for i in items for k in i.seen))
+            except Exception:
+                log.debug("slack %s: persisting %d events at once failed", self.name, len(items))
+                items = [i for i in items if await self._persist(i)]
+            for item in items:
                 if item.key is None:
                     continue
-                meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
-                if item.thread_ts:
-                    found = self._contexts.contexts.get((item.channel, item.thread_ts))
-                    if found:
-                        meta["assistant_context"] = dict(found)
-                message = IncomingMessage(
-                    channel_key=item.key, text=item.text, author_id=item.user,
-                    author_name=await self._name(item.user), direct=item.direct, addressed=True,
-                    reply_to={"channel": item.channel, "thread_ts": item.thread_ts,
-                              "user": item.user},
-                    meta=meta,
-                )  # fmt: skip
-                if item.title and item.thread_ts:
-                    await self._title(item.channel, item.thread_ts, item.text)
-                await self._status(item.channel, item.thread_ts, self.options.status_text)
-                assert self._sink is not None
-                await self._sink.handle(message, self)
-            except Exception:
-                log.exception("slack %s: could not deliver a message", self.name)
+                try:
+                    await self._hand_over(item)
+                except Exception:
+                    log.exception("slack %s: could not deliver a message", self.name)
+
+    async def _persist(self, item: _Incoming) -> bool:
+        """Remember ``item``'s keys on their own; False (logged) if that fails."""
+        try:
+            await asyncio.to_thread(self._seen.persist, *item.seen)
+        except Exception:
+            log.exception("slack %s: could not deliver a message", self.name)
+            return False
+        return True
+
+    async def _hand_over(self, item: _Incoming) -> None:
+        """``item`` to the bridge (a task of its own), its assistant status set meanwhile:
+        nothing is sent in the thread before that call has ended (:meth:`_after_status`),
+        and the next message does not wait for Slack's answer to it."""
+        meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
+        if item.thread_ts:
+            found = self._contexts.contexts.get((item.channel, item.thread_ts))
+            if found:
+                meta["assistant_context"] = dict(found)
+        assert item.key is not None
+        message = IncomingMessage(
+            channel_key=item.key, text=item.text, author_id=item.user,
+            author_name=await self._name(item.user), direct=item.direct, addressed=True,
+            reply_to={"channel": item.channel, "thread_ts": item.thread_ts, "user": item.user},
+            meta=meta,
+        )  # fmt: skip
+        if item.title and item.thread_ts:
+            await self._title(item.channel, item.thread_ts, item.text)
+        if item.thread_ts and self.options.status_text:
+            where = (item.channel, item.thread_ts)
+            call = self.spawn(self._status(item.channel, item.thread_ts, self.options.status_text))
+            self._setting_status[where] = call
+            call.add_done_callback(lambda done: self._status_set(where, done))
+        self.spawn(self._handle(message), name=f"agentik-slack-handle:{self.name}")
+
+    def _status_set(self, where: tuple[str, str | None], call: asyncio.Future[Any]) -> None:
+        if self._setting_status.get(where) is call:
+            del self._setting_status[where]
+
+    async def _after_status(self, channel: str, thread_ts: str | None) -> None:
+        """Wait until the status being set in the thread (if any) has been set."""
+        call = self._setting_status.get((channel, thread_ts))
+        if call is not None and not call.done():
+            await asyncio.wait([call])  # a cancelled send leaves the call running
+
+    async def _handle(self, message: IncomingMessage) -> None:
+        assert self._sink is not None
+        try:
+            await self._sink.handle(message, self)
+        except Exception:
+            log.exception("slack %s: could not deliver a message", self.name)
 
     async def _title(self, channel: str, thread_ts: str, text: str) -> None:
         """Name an assistant thread after its first message (its first line, shortened)."""
@@ -725,6 +800,7 @@ class SlackTransport(Transport):
         # Without reply_to (an answer resumed after a restart) the key names the thread.
         thread_ts = where.get("thread_ts") if where else (parts[3] if len(parts) > 3 else None)
         run = message.run_id or ""
+        await self._after_status(channel, thread_ts)
         if message.kind == "delta":
             answer = self._answers.get(run)
             if answer is None:
