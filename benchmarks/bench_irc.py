@@ -497,7 +497,21 @@ def child_main(args: argparse.Namespace) -> int:
 
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     runner = {"agentik": agentik_child, "bare": bare_child}[args.child]
-    asyncio.run(runner(args))
+    # BENCH_PROFILE=<folder>: each child writes a cProfile of its event-loop thread
+    # there (<kind>-<pid>.prof) when it ends; read it with python -m pstats.
+    folder = os.environ.get("BENCH_PROFILE")
+    if not folder:
+        asyncio.run(runner(args))
+        return 0
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        asyncio.run(runner(args))
+    finally:
+        prof.disable()
+        prof.dump_stats(os.path.join(folder, f"{args.child}-{os.getpid()}.prof"))
     return 0
 
 
