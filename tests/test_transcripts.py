@@ -9,6 +9,7 @@ conversations waiting for their idle reflection share one timer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 
@@ -141,7 +142,9 @@ async def test_released_channels_hold_no_conversation_transcript_or_events(db_pa
     # is released, and with it its conversation, transcript and replay buffer.
     model = ScriptedModel()
     async with Agent(llm=model, store=SQLiteStore(db_path)) as agent:
-        bridge = Bridge(agent, idle_seconds=0.2)
+        # Idle for an hour first: nothing is released while the channels fill up,
+        # however slow the machine.
+        bridge = Bridge(agent, idle_seconds=3600)
         t = MemoryTransport(name="mem")
         bridge.attach(t, ChannelOptions(answer="all"))
         await t.start(bridge)
@@ -150,11 +153,21 @@ async def test_released_channels_hold_no_conversation_transcript_or_events(db_pa
         for i in range(20):
             await bridge.flush(f"mem:#c{i}")
         assert agent.cached_transcripts == 20 and agent.services.buffered > 0
+        # Then a short idle time: the reaper (asleep towards the hour) starts
+        # again with it when the next channel opens.
+        bridge.idle_seconds = 0.05
+        sleeping = bridge.channels.reaper
+        assert sleeping is not None
+        sleeping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sleeping
+        await t.inject("hello 20", channel_key="mem:#c20", author="alice")
+        await bridge.flush("mem:#c20")
         while (reaper := bridge.channels.reaper) is not None:
             await asyncio.wait_for(reaper, 60)
         gc.collect()
         await asyncio.sleep(0)  # dropped replay buffers are taken out on the event loop
-        assert bridge.released_channels == 20
+        assert bridge.released_channels == 21
         assert len(agent.services.open) == 0
         assert agent.cached_transcripts == 0
         assert agent.services.buffered == 0
