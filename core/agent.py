@@ -74,27 +74,25 @@ _DEFAULTS = AgentSettings()
 class Agent:
     """An LLM agent serving many conversations.
 
-    ``llm`` is the model backend; ``store`` the persistence engine (default:
-    SQLite in memory); ``tools`` what the model may call; ``system_prompt``
-    is put in front of every request (so changing it takes effect at once,
-    in every conversation); ``policy`` the default :class:`TurnPolicy`;
-    ``event_buffer`` how many recent events each conversation keeps for
-    reconnecting subscribers, and ``event_budget`` how many all of them keep
-    together (memory stays bounded with many channels); ``transcript_cache``
-    how many idle conversations keep their transcript cached for their next
-    turn (the least recently active beyond it reload it from the store:
-    :class:`~agentik.core.workingmemory.Transcripts`); ``memory`` the long-term memory backend (its
-    tools are merged with ``tools``); ``toolsets`` provide tools that may
-    change while the agent runs (MCP servers: ``tools()`` is asked at every
-    turn, ``start()``/``aclose()`` follow the agent's); ``background`` coroutine functions
-    run as tasks while the agent runs (each receives the agent; they react
-    to :meth:`events`, they do not poll), cancelled by :meth:`aclose`;
-    ``compaction`` when and how working memory is compacted
-    (:class:`~agentik.core.compaction.CompactionPolicy`); ``hooks`` the
-    plugins whose interception hooks run (a pluggy ``PluginManager``, a
-    :class:`~agentik.core.hooks.Hooks`, or a list of plugin objects);
-    ``on_start`` coroutine functions awaited (in order) by :meth:`start`
-    once the store and memory are open — a failure stops start-up;
+    ``llm`` is the model backend; ``store`` the persistence engine (default: SQLite in memory);
+    ``tools`` what the model may call; ``system_prompt`` is put in front of every request (so
+    changing it takes effect at once, in every conversation); ``policy`` the default
+    :class:`TurnPolicy`; ``event_buffer`` how many recent events each conversation keeps for
+    reconnecting subscribers, and ``event_budget`` how many all of them keep together,
+    ``event_bytes`` about how many bytes (answers and tool outputs travel in events; memory
+    stays bounded with many channels and large outputs); ``transcript_cache`` how many idle
+    conversations keep their transcript cached for their next turn (the least recently active
+    beyond it reload it from the store: :class:`~agentik.core.workingmemory.Transcripts`);
+    ``memory`` the long-term memory backend (its tools are merged with ``tools``); ``toolsets``
+    provide tools that may change while the agent runs (MCP servers: ``tools()`` is asked at
+    every turn, ``start()``/``aclose()`` follow the agent's); ``background`` coroutine functions
+    run as tasks while the agent runs (each receives the agent; they react to :meth:`events`,
+    they do not poll), cancelled by :meth:`aclose`; ``compaction`` when and how working memory
+    is compacted (:class:`~agentik.core.compaction.CompactionPolicy`); ``hooks`` the plugins
+    whose interception hooks run (a pluggy ``PluginManager``, a
+    :class:`~agentik.core.hooks.Hooks`, or a list of plugin objects); ``on_start`` coroutine
+    functions awaited (in order) by :meth:`start` once the store and memory are open — a failure
+    stops start-up;
     ``approvals`` the rules of tool calls that wait for a person's approval
     (:class:`~agentik.core.approvals.ApprovalRule` values or an
     :class:`~agentik.core.approvals.Approvals`).
@@ -117,6 +115,7 @@ class Agent:
         policy: TurnPolicy | None = None,
         event_buffer: int = _DEFAULTS.event_buffer,
         event_budget: int = 50_000,
+        event_bytes: int = 16 * 2**20,
         transcript_cache: int = _DEFAULTS.transcript_cache,
         memory: MemoryBackend | None = None,
         background: Iterable[Callable[[Agent], Awaitable[None]]] = (),
@@ -172,6 +171,10 @@ class Agent:
         #: Most events kept in all conversations' replay buffers together; the
         #: least recently active conversations lose theirs first.
         self.event_budget = event_budget
+        #: About how many bytes of events all conversations' replay buffers keep
+        #: together (:func:`~agentik.core.services.event_weight`); the least recently
+        #: active conversations lose theirs first.
+        self.event_bytes = event_bytes
         #: Called once per model request with its :class:`~agentik.core.observe.RequestStats`
         #: (backend, model, latency, time to first token, tokens): metrics hang here.
         self.request_observers: list[Callable[[RequestStats], None]] = []

@@ -64,6 +64,7 @@ __all__ = [
     "AgentState",
     "ConversationEvents",
     "ConversationParts",
+    "event_weight",
     "kinds_of",
     "profile_of",
 ]
@@ -72,6 +73,34 @@ E = TypeVar("E", bound=Event)
 #: The conversation type (the agent's :class:`~agentik.core.conversation.Conversation`,
 #: which is built on these parts: they name only what they read of it).
 C = TypeVar("C", bound=LiveConversation)
+
+#: What an event weighs besides its text fields (the object and its numbers).
+EVENT_OVERHEAD = 200
+# Per event class: the names of its fields that may hold text.
+_TEXT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def event_weight(event: Any) -> int:
+    """About what ``event`` holds in memory, in bytes: a fixed overhead and the
+    length of its text fields (answers, deltas, tool arguments and results)."""
+    cls = type(event)
+    names = _TEXT_FIELDS.get(cls)
+    if names is None:
+        names = _TEXT_FIELDS[cls] = (
+            tuple(
+                f.name
+                for f in dataclasses.fields(cls)
+                if isinstance(f.type, str) and "str" in f.type and f.name != "kind"
+            )
+            if dataclasses.is_dataclass(cls)
+            else ()
+        )
+    weight = EVENT_OVERHEAD
+    for name in names:
+        value = getattr(event, name, None)
+        if type(value) is str:
+            weight += len(value)
+    return weight
 
 
 class AgentState(enum.Enum):
@@ -130,6 +159,8 @@ class AgentLike(Protocol[C]):
     @property
     def event_budget(self) -> int: ...
     @property
+    def event_bytes(self) -> int: ...
+    @property
     def transcript_cache(self) -> int: ...
     @property
     def stream_profiles(self) -> dict[str, StreamProfile]: ...
@@ -187,6 +218,8 @@ class AgentServices(Generic[C]):
         self._buffers: OrderedDict[str, deque[Any]] = OrderedDict()
         #: Events held in all conversations' replay buffers together.
         self.buffered = 0
+        #: Their weight (:func:`event_weight`: about their size in bytes).
+        self.buffered_bytes = 0
         # Buffers of streams nobody holds any more, to take out (see drop_buffer).
         self._dropped: list[tuple[str, deque[Any]]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -314,19 +347,30 @@ class AgentServices(Generic[C]):
         """Put ``event`` on the agent-wide stream."""
         self._bus.publish(event)
 
-    def account(self, conversation_id: str, buffer: deque[Any], added: int) -> None:
-        """Keep the replay buffers of all conversations within the agent's ``event_budget``;
-        the least recently active conversations lose theirs first."""
+    def account(
+        self, conversation_id: str, buffer: deque[Any], added: int, weight: int = 0
+    ) -> None:
+        """Keep the replay buffers of all conversations within the agent's
+        ``event_budget`` (events) and ``event_bytes`` (their weight: answers and tool
+        outputs travel in events); the least recently active conversations lose
+        theirs first.  ``added``/``weight``: what the buffer gained (net of an event
+        its length bound pushed out)."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         self._buffers[conversation_id] = buffer
         self._buffers.move_to_end(conversation_id)
         self.buffered += added
-        budget = self.agent.event_budget
-        while self.buffered > budget and len(self._buffers) > 1:
+        self.buffered_bytes += weight
+        agent = self.agent
+        budget, most = agent.event_budget, agent.event_bytes
+        while (self.buffered > budget or self.buffered_bytes > most) and len(self._buffers) > 1:
             _, oldest = self._buffers.popitem(last=False)
-            self.buffered -= len(oldest)
+            self._forget(oldest)
             oldest.clear()
+
+    def _forget(self, buffer: deque[Any]) -> None:
+        self.buffered -= len(buffer)
+        self.buffered_bytes -= sum(map(event_weight, buffer))
 
     def drop_buffer(self, conversation_id: str, buffer: deque[Any]) -> None:
         """A conversation's event stream is gone: its replay ``buffer`` leaves the budget.
@@ -346,7 +390,7 @@ class AgentServices(Generic[C]):
             conversation_id, buffer = self._dropped.pop()
             if self._buffers.get(conversation_id) is buffer:
                 del self._buffers[conversation_id]
-                self.buffered -= len(buffer)
+                self._forget(buffer)
 
     def scrub(self, editor: Callable[[], Callable[[Event], Event | None]]) -> int:
         """Rewrite buffered events in every replay buffer (each conversation's and
@@ -366,6 +410,10 @@ class AgentServices(Generic[C]):
                 if new is not None and new is not event:
                     buffer[i] = new
                     changed += 1
+        if changed:
+            self.buffered_bytes = sum(
+                event_weight(e) for buffer in self._buffers.values() for e in buffer
+            )
         return changed
 
     def subscribe(
@@ -491,10 +539,7 @@ class ConversationEvents:
             ts=time.time(),
             **fields,
         )
-        bus = self._bus
-        before = len(bus.buffer)
-        bus.publish(event)
-        services.account(self.conversation_id, bus.buffer, len(bus.buffer) - before)
+        services.account(self.conversation_id, *self._buffered(event))
         services.publish(event)
         # A child conversation's state is its own: the parent's stream says
         # ``executing_tools`` (the agent tool) while the child runs.
@@ -502,15 +547,23 @@ class ConversationEvents:
             self.relay_to.relay(event)
         return event
 
+    def _buffered(self, event: Event) -> tuple[deque[Event], int, int]:
+        """Publish ``event`` on this stream: its buffer, and the events and weight
+        that buffer gained (net of the oldest event its length bound pushed out)."""
+        buffer = self._bus.buffer
+        weight = event_weight(event)
+        if buffer.maxlen is not None and len(buffer) >= buffer.maxlen and buffer:
+            weight -= event_weight(buffer[0])
+        before = len(buffer)
+        self._bus.publish(event)
+        return buffer, len(buffer) - before, weight
+
     def relay(self, event: Event) -> None:
         """Put a descendant run's ``event`` in this stream (renumbered as this
         conversation's; not on the agent-wide stream, which has it already)."""
         self.seq += 1
         copy = _renumbered(event, self.conversation_id, self.seq)
-        bus = self._bus
-        before = len(bus.buffer)
-        bus.publish(copy)
-        self._services.account(self.conversation_id, bus.buffer, len(bus.buffer) - before)
+        self._services.account(self.conversation_id, *self._buffered(copy))
         if self.relay_to is not None:
             self.relay_to.relay(event)
 

@@ -552,6 +552,37 @@ async def test_replay_buffers_share_a_budget(scripted, db_path):
         assert a.channel_locks == 0
 
 
+async def test_replay_buffers_share_a_budget_of_bytes(db_path):
+    # Tool outputs travel in events (tool_call_ended): counted in events alone, the
+    # budget let 50,000 of them hold gigabytes with large outputs.
+    big = "x" * 20_000
+    model = ScriptedModel(
+        [r for _ in range(8) for r in (Reply(tool_calls=[call("echo", {"text": big})]), "done")]
+    )
+
+    async def echo(text: str) -> str:
+        """Say it back."""
+        return text
+
+    async with Agent(
+        llm=model, store=SQLiteStore(db_path), tools=[tool(echo)], event_bytes=100_000
+    ) as a:
+        convs = [await a.create_conversation() for _ in range(8)]
+        for c in convs:
+            await c.send("go")
+            await c.wait_idle()
+        # Each turn's events carry its 20 KB argument and result: about 40 KB.
+        assert a.services.buffered_bytes <= 100_000
+        # The least recently active conversations lost their replay ...
+        assert (await anext(convs[0].events(after=0))).kind == "events_lost"
+        # ... the latest keeps its whole turn, the large result included.
+        kept = convs[-1].events(after=0)
+        seen = []
+        while not seen or seen[-1].kind != "turn_ended":
+            seen.append(await anext(kept))
+        assert any(e.kind == "tool_call_ended" and e.result == big for e in seen)
+
+
 async def test_a_dropped_conversation_leaves_no_events_behind(agent, scripted):
     # A conversation nobody holds reloads from the store as a new object, with a
     # stream of its own: the old stream's replay buffer is freed with it, and
