@@ -8,6 +8,8 @@ agentik or the OpenAI SDK.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import platform
 import subprocess
@@ -18,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import KW_ONLY, dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 
 # -- results ---------------------------------------------------------------------------
@@ -172,3 +175,80 @@ def fake_openai_server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+class ChildProcess:
+    """A child process of a benchmark script (``script --child <kind> ...``) that
+    answers JSON lines on its stdout; its stderr goes to ``<tmp>/<tag>.log``."""
+
+    #: Seconds :meth:`recv` waits for a line by default.
+    wait = 60.0
+
+    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path, kind: str) -> None:
+        self.proc = proc
+        self.log_path = log_path
+        self.kind = kind
+
+    @classmethod
+    async def spawn(
+        cls,
+        script: str,
+        kind: str,
+        tmp: str,
+        tag: str,
+        *extra: str,
+        env: dict[str, str] | None = None,
+    ) -> Any:
+        log_path = Path(tmp) / f"{tag}.log"
+        with log_path.open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                script,
+                "--child",
+                kind,
+                *extra,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                limit=1 << 24,
+            )
+        return cls(proc, log_path, kind)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace").strip()
+        except OSError:
+            return ""
+
+    async def recv(self, limit: float | None = None) -> dict[str, Any]:
+        """The next JSON line from the child (waiting up to ``limit`` seconds)."""
+        limit = self.wait if limit is None else limit
+        assert self.proc.stdout is not None
+        try:
+            async with asyncio.timeout(limit):
+                line = await self.proc.stdout.readline()
+        except TimeoutError:
+            raise RuntimeError(f"{self.kind} child silent for {limit}s:\n{self.log()}") from None
+        if not line:
+            await self.proc.wait()
+            raise RuntimeError(
+                f"{self.kind} child exited ({self.proc.returncode}):\n{self.log()[-4000:]}"
+            )
+        return dict(json.loads(line))
+
+    async def send_line(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def stop(self) -> None:
+        """Say ``quit`` and wait (40 s: agentik reflects on its conversations), else kill."""
+        if self.proc.returncode is None:
+            try:
+                await self.send_line("quit")
+                async with asyncio.timeout(40):
+                    await self.proc.wait()
+            except (TimeoutError, ConnectionError):
+                self.proc.kill()
+                await self.proc.wait()

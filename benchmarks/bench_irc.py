@@ -90,6 +90,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from _common import (
+    ChildProcess,
     Row,
     fake_openai_server,
     finish,
@@ -523,63 +524,20 @@ def child_env(llm_url: str) -> dict[str, str]:
     return env
 
 
-class Child:
-    """A child process of this script, talking JSON lines on its stdin/stdout."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path, kind: str) -> None:
-        self.proc = proc
-        self.log_path = log_path
-        self.kind = kind
+class Child(ChildProcess):
+    """A bot child of this script: ``stats``/``gc`` commands, its log lines counted."""
 
     @classmethod
     async def start(cls, kind: str, tmp: str, tag: str, env: dict[str, str], *extra: str) -> Child:
-        log_path = Path(tmp) / f"{tag}.log"
-        with log_path.open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, SCRIPT, "--child", kind, *extra,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
-            )  # fmt: skip
-        return cls(proc, log_path, kind)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace").strip()
-        except OSError:
-            return ""
-
-    async def recv(self, limit: float = 60.0) -> dict[str, Any]:
-        """The next JSON line from the child (waiting up to ``limit`` seconds)."""
-        assert self.proc.stdout is not None
-        try:
-            async with asyncio.timeout(limit):
-                line = await self.proc.stdout.readline()
-        except TimeoutError:
-            raise RuntimeError(f"{self.kind} child silent for {limit}s:\n{self.log()}") from None
-        if not line:
-            await self.proc.wait()
-            raise RuntimeError(
-                f"{self.kind} child exited ({self.proc.returncode}):\n{self.log()[-4000:]}"
-            )
-        return dict(json.loads(line))
-
-    async def command(self, cmd: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(cmd.encode() + b"\n")
-        await self.proc.stdin.drain()
+        child: Child = await cls.spawn(SCRIPT, kind, tmp, tag, *extra, env=env)
+        return child
 
     async def stats(self, collect: bool = False) -> dict[str, Any]:
-        await self.command("gc" if collect else "stats")
+        await self.send_line("gc" if collect else "stats")
         return await self.recv()
 
     async def stop(self) -> None:
-        if self.proc.returncode is None:
-            try:
-                await self.command("quit")
-                async with asyncio.timeout(40):  # agentik reflects on its conversations
-                    await self.proc.wait()
-            except (TimeoutError, ConnectionError):
-                self.proc.kill()
-                await self.proc.wait()
+        await super().stop()
         for line in self.log().splitlines():
             line = re.sub(r"^\d{4}-\d\d-\d\dT\S+\s+", "", line)  # the time stamp
             key = re.sub(r"\d+", "N", line)  # ports, ids, channel numbers

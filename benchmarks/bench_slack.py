@@ -45,7 +45,6 @@ import json
 import os
 import pstats
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from _common import (
+    ChildProcess,
     Row,
     fake_openai_server,
     finish,
@@ -397,66 +397,22 @@ def child_main(args: argparse.Namespace) -> int:
     return 0
 
 
-class Child:
-    """A child process of this script, talking JSON lines on its stdin/stdout."""
+class Child(ChildProcess):
+    """A child of this script (a bot or the fake Slack): JSON commands, JSON replies."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path, kind: str) -> None:
-        self.proc = proc
-        self.log_path = log_path
-        self.kind = kind
+    wait = 120.0
 
     @classmethod
     async def start(cls, kind: str, tmp: str, tag: str, *extra: str) -> Child:
-        log_path = Path(tmp) / f"{tag}.log"
-        with log_path.open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, SCRIPT, "--child", kind, *extra,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                limit=1 << 24,
-            )  # fmt: skip
-        return cls(proc, log_path, kind)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace").strip()
-        except OSError:
-            return ""
-
-    async def recv(self, limit: float = 120.0) -> dict[str, Any]:
-        """The next JSON line from the child (waiting up to ``limit`` seconds)."""
-        assert self.proc.stdout is not None
-        try:
-            async with asyncio.timeout(limit):
-                line = await self.proc.stdout.readline()
-        except TimeoutError:
-            raise RuntimeError(f"{self.kind} child silent for {limit}s:\n{self.log()}") from None
-        if not line:
-            await self.proc.wait()
-            raise RuntimeError(
-                f"{self.kind} child exited ({self.proc.returncode}):\n{self.log()[-4000:]}"
-            )
-        return json.loads(line)
+        child: Child = await cls.spawn(SCRIPT, kind, tmp, tag, *extra)
+        return child
 
     async def ask(self, limit: float = 120.0, **cmd: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd).encode() + b"\n")
-        await self.proc.stdin.drain()
+        await self.send_line(json.dumps(cmd))
         reply = await self.recv(limit)
         if "error" in reply:
             raise RuntimeError(f"{self.kind}: {reply['error']}\n{self.log()[-4000:]}")
         return reply
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.write(b"quit\n")
-                await self.proc.stdin.drain()
-                async with asyncio.timeout(40):
-                    await self.proc.wait()
-            except (TimeoutError, ConnectionError):
-                self.proc.kill()
-                await self.proc.wait()
 
 
 # -- the benchmark ---------------------------------------------------------------------------
