@@ -30,7 +30,7 @@ from agentik.core.recall import BLOCK_END, BLOCK_START, recall_block
 from agentik.core.testing.openai_server import FakeOpenAIServer
 from agentik.core.tools.base import ToolContext
 from agentik.transports.testing import MemoryTransport
-from helpers import AGENTIK
+from helpers import agentik
 
 # No word in common: full-text search cannot connect them.
 TOKYO = "Heidi speaks fluent Japanese and handles the Tokyo customers."
@@ -307,17 +307,8 @@ async def test_recall_block_reaches_the_request_and_not_when_off_or_irrelevant(
 
 
 def _cli(tmp_path: Path, config: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
     (tmp_path / "bot.toml").write_text(config, encoding="utf-8")
-    return subprocess.run(
-        [AGENTIK, *args, "-c", str(tmp_path / "bot.toml")],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return agentik(*args, "-c", str(tmp_path / "bot.toml"), cwd=tmp_path)
 
 
 BASE = '[llm]\nbackend = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n'

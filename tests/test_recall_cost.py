@@ -7,7 +7,6 @@ recalled, and the memory-mapped builtin model gives wordllama's own vectors."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -24,7 +23,7 @@ from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.recall import BLOCK_START
 from agentik.core.testing.openai_server import Reply
 from agentik.transports.testing import MemoryTransport
-from helpers import AGENTIK
+from helpers import agentik
 
 from rigs import eventually
 
@@ -219,20 +218,11 @@ async def test_a_message_is_embedded_once_and_only_where_a_note_could_be_found(
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
     (tmp_path / "bot.toml").write_text(
         '[llm]\nbackend = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n',
         encoding="utf-8",
     )
-    return subprocess.run(
-        [AGENTIK, *args, "-c", str(tmp_path / "bot.toml")],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return agentik(*args, "-c", str(tmp_path / "bot.toml"), cwd=tmp_path)
 
 
 async def test_a_note_another_process_adds_is_recalled(tmp_path):
