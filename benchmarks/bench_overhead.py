@@ -428,8 +428,8 @@ async def run(args: argparse.Namespace) -> int:
 
     say(f"== per-turn client CPU and RSS ({args.rounds} rounds x {args.turns} turns per stack)")
     rows: list[tuple[str, ...]] = [
-        ("stack", "CPU per turn (ms)", "range of round medians", "RSS after import", "peak RSS",
-         "version"),
+        ("stack", "CPU per turn (ms)", "range of round medians", "x bare streaming SDK",
+         "RSS after import", "peak RSS", "version"),
     ]  # fmt: skip
     median: dict[str, float] = {}
     for kind, label, dists in STACKS:
@@ -437,14 +437,24 @@ async def run(args: argparse.Namespace) -> int:
             continue
         vers = ", ".join(f"{d} {version(d)}" for d in dists) or sys.version.split()[0]
         if kind in missing:
-            rows.append((label, NOT_INSTALLED, "-", "-", "-", "-"))
+            rows.append((label, NOT_INSTALLED, "-", "-", "-", "-", "-"))
             continue
         turns = [t for rnd in samples[kind] for t in rnd]
         rounds = [statistics.median(rnd) for rnd in samples[kind]]
         median[kind] = statistics.median(turns)
+        # The ratio to the bare streaming SDK, measured in the same run: on a busy
+        # machine every figure grows, their ratios much less.
+        bare = [t for rnd in samples.get("openai-stream", []) for t in rnd]
+        ratio = (
+            "-"
+            if kind == "python" or not bare
+            else f"{median[kind] / statistics.median(bare):.2f}x"
+        )
         cpu = "-" if kind == "python" else fmt_ms(median[kind])
         spread = "-" if kind == "python" else f"{fmt_ms(min(rounds))}-{fmt_ms(max(rounds))}"
-        rows.append((label, cpu, spread, mb(ready[kind]["rss"]), mb(last[kind]["hwm"]), vers))
+        rows.append(
+            (label, cpu, spread, ratio, mb(ready[kind]["rss"]), mb(last[kind]["hwm"]), vers)
+        )
     table(rows)
     say()
     code = 0
