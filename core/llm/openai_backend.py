@@ -364,8 +364,8 @@ class OpenAIBackend(LLMBackend):
         calls: dict[int, dict[str, str]] = {}
         finish: str | None = None
         try:
-            # Each chunk is the JSON dict the server sent (see _chunk_stream); what is
-            # not shaped as the API says is skipped, as the SDK's models would leave it.
+            # Each chunk is the JSON dict the server sent (see _chunk_stream); a part
+            # not shaped as the API says (not an object) is skipped.
             async for chunk in response:
                 if type(chunk) is not dict:
                     continue
