@@ -7,6 +7,7 @@ DEV    := $(VENV)/.installed-dev
 EXAMPLES := $(VENV)/.installed-examples
 LOCAL  := $(VENV)/.installed-local
 DOCS   := $(VENV)/.installed-docs
+BENCH  := $(VENV)/.installed-bench
 CONFIG ?= config.example.toml
 # Shell test: true when no model is configured through the environment, so
 # `make run` needs the local one (read by the shell: no secret on a command line).
@@ -172,7 +173,14 @@ mcp-servers:
 	fi; \
 	touch $$stamp
 
-bench: $(DEV)
+# The other frameworks of the overhead table (bench_overhead.py), the `bench` extra;
+# only `make bench` installs it (`make test` does not need it).
+$(BENCH): pyproject.toml | $(DEV)
+	$(PY) -m pip install -q -e '.[bench]'
+	touch $@
+
+bench: $(DEV) $(BENCH)
+	$(PY) benchmarks/bench_overhead.py
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_memory.py
 	$(PY) benchmarks/bench_recall.py

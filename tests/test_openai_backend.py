@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import sqlite3
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from aiohttp import web
 
 from agentik.core import (
     Agent,
     ConfigError,
+    LLMError,
     LLMStatusError,
     OpenAIBackend,
     SQLiteStore,
     tool,
 )
-from agentik.core.llm.base import LLMRequest, TextChunk, UsageItem
-from agentik.core.messages import ChatMessage
+from agentik.core.llm.base import (
+    FinishItem,
+    LLMRequest,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallItem,
+    UsageItem,
+)
+from agentik.core.messages import ChatMessage, ToolCall, Usage
 from agentik.core.testing.openai_server import Reply
 from helpers import collect_turn
 
@@ -317,3 +330,100 @@ async def test_tool_calls_work_against_a_server_refusing_tool_choice_or_streamed
         r.getMessage() for r in caplog.records if "refused the request's tool" in r.getMessage()
     ]
     assert len(warned) == refused
+
+
+# -- chunks as servers send them (raw SSE at the network boundary) -----------------------------
+@contextlib.asynccontextmanager
+async def _sse_endpoint(events: list[str]) -> AsyncIterator[str]:
+    """A chat-completions endpoint on 127.0.0.1 streaming ``events`` (each a ``data:``
+    payload) verbatim; yields its base URL."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for data in events:
+            await response.write(f"data: {data}\n\n".encode())
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    finally:
+        await runner.cleanup()
+
+
+def _chunk(**fields: Any) -> str:
+    return json.dumps({"id": "c", "object": "chat.completion.chunk", "model": "m", **fields})
+
+
+async def _items(url: str) -> list[Any]:
+    llm = OpenAIBackend(model="m", base_url=url, max_retries=0)
+    try:
+        return [
+            item
+            async for item in llm.stream(
+                LLMRequest(messages=[ChatMessage(role="user", content="q")])
+            )
+        ]
+    finally:
+        await llm.aclose()
+
+
+async def test_every_part_of_a_streamed_chunk_reaches_the_turn():
+    """Reasoning under either name, text, a tool call split over chunks, the usage chunk
+    (no choices) and the finish reason all come through; a second choice (``n`` > 1) and
+    what is not shaped as the API says are left out."""
+    events = [
+        _chunk(choices=[{"index": 0, "delta": {"role": "assistant", "reasoning": "think "}}]),
+        _chunk(choices=[{"index": 0, "delta": {"reasoning_content": "more"}}]),
+        _chunk(choices=[{"index": 1, "delta": {"content": "the other choice"}}]),
+        _chunk(choices=[{"index": 0, "delta": {"content": "Hi"}}, "not a choice"]),
+        _chunk(choices=[{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function",
+             "function": {"name": "clock", "arguments": ""}}]}}]),
+        _chunk(choices=[{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"name": "clock", "arguments": '{"tz": '}}]}}]),
+        _chunk(choices=[{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": '"UTC"}'}}]}, "finish_reason": "tool_calls"}]),
+        _chunk(choices=[], usage={"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}),
+        "[DONE]",
+    ]  # fmt: skip
+    async with _sse_endpoint(events) as url:
+        items = await _items(url)
+    assert items == [
+        ReasoningChunk("think "),
+        ReasoningChunk("more"),
+        TextChunk("Hi"),
+        UsageItem(Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)),
+        ToolCallItem(ToolCall(id="call_1", name="clock", arguments='{"tz": "UTC"}')),
+        FinishItem("tool_calls"),
+    ]
+
+
+async def test_an_error_chunk_mid_stream_is_a_model_error():
+    """A server that fails after it began answering says so in an ``error`` chunk: the
+    stream ends with an LLMError naming it (the text so far was already streamed)."""
+    events = [
+        _chunk(choices=[{"index": 0, "delta": {"content": "Hel"}}]),
+        json.dumps({"error": {"message": "the model is overloaded", "type": "server_error"}}),
+        _chunk(choices=[{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]),
+        "[DONE]",
+    ]
+    llm = None
+    async with _sse_endpoint(events) as url:
+        llm = OpenAIBackend(model="m", base_url=url, max_retries=0)
+        got: list[Any] = []
+        with pytest.raises(LLMError, match="the model is overloaded"):
+            async for item in llm.stream(
+                LLMRequest(messages=[ChatMessage(role="user", content="q")])
+            ):
+                got.append(item)
+        await llm.aclose()
+    assert got == [TextChunk("Hel")]
