@@ -1040,7 +1040,7 @@ def report(cfg: Config, pooled: dict[str, Pooled], memory: str) -> list[Row]:
             f" (peak {mb(max(r.wide_hwm for r in res.rounds))})"
         )
         sqlite = sum(r.wide_sqlite for r in res.rounds)
-        if sqlite:
+        if kind == "agentik":
             active = sum(r.wide_active for r in res.rounds)
             say(f"  {'':<22} of which SQLite's own memory (page caches):"
                 f" {sqlite / active / 1024:.1f} KB/channel")  # fmt: skip
