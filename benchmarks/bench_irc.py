@@ -53,7 +53,9 @@ Each round runs both bots (alternating which goes first), each in fresh processe
    channels get their questions first (everything loaded that loads on first use), then
    the RSS is read (after ``gc.collect()``) and every other channel gets ``per_channel``
    questions (one at a time in each channel, ``channels`` channels at once); the RSS
-   growth divided by those channels is the memory each active conversation keeps.
+   growth divided by those channels is the memory each active conversation keeps (and
+   the part of it that is SQLite's own memory, its page caches filling up, which
+   tracemalloc does not see).
 
 The table shows agentik's and the bare bot's figures pooled over the rounds (each round's
 in brackets above it) and the median of the rounds' ratios (agentik / the bare bot, both
@@ -67,6 +69,9 @@ channel on the 2-core machine this was written on), so the burst's ratios say mo
 that than about agentik; ``--bare-call post`` sends the same body with ``client.post()``,
 without the transform, for a baseline whose cost does not grow with the history.
 The exit status is 0 unless ``--strict`` is given and a goal is missed.
+``BENCH_PROFILE=<folder>``: each bot child writes a cProfile of its event-loop thread
+from the moment it is ready; ``BENCH_TRACEMALLOC=<folder>``: what grew between the wide
+phase's snapshots, by the line of agentik's code that allocated it.
 """
 
 from __future__ import annotations
