@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass as std_dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -121,24 +122,36 @@ class OpenChannel:
     approvals_told: frozenset[str] = frozenset()
     #: The channel is a direct conversation (its last message was direct).
     direct: bool = False
-    #: The runs asked for here whose answers are not sent yet (change it with
-    #: :meth:`add_pending` / :meth:`discard_pending`, so :meth:`flushed` wakes up).
-    pending: set[str] = field(default_factory=set)
     last_used: float = field(default_factory=time.monotonic)
+    #: See :attr:`pending` (``None`` when empty: an idle channel holds no set).
+    _pending: set[str] | None = field(default=None, init=False, repr=False)
     #: Whoever waits in :meth:`flushed` (``None``: nobody, the common case).
     _flush_waiters: list[asyncio.Future[None]] | None = field(default=None, init=False, repr=False)
 
     def idle(self, now: float, after: float) -> bool:
         return not self.pending and not self.conversation.busy and now - self.last_used >= after
 
+    @property
+    def pending(self) -> AbstractSet[str]:
+        """The runs asked for here whose answers are not sent yet (changed with
+        :meth:`add_pending` / :meth:`discard_pending`, so :meth:`flushed` wakes up)."""
+        return self._pending if self._pending is not None else frozenset()
+
     def add_pending(self, run_ids: Iterable[str]) -> None:
         """Runs whose answers this channel now waits for."""
-        self.pending.update(run_ids)
+        if self._pending is None:
+            self._pending = set()
+        self._pending.update(run_ids)
+        if not self._pending:
+            self._pending = None
 
     def discard_pending(self, run_ids: Iterable[str]) -> None:
         """Runs whose answers are sent (or will never be): :meth:`flushed` wakes up
         once none is left."""
-        self.pending.difference_update(run_ids)
+        if self._pending is not None:
+            self._pending.difference_update(run_ids)
+            if not self._pending:
+                self._pending = None
         waiters = self._flush_waiters
         if waiters is not None and not self.pending:
             self._flush_waiters = None

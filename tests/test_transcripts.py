@@ -187,7 +187,7 @@ async def test_an_open_channel_costs_the_bridge_under_3_kb(db_path):
     # A bot holds hundreds of channels open at once: what the bridge itself keeps
     # for each (the channel, its renderer and the task that runs it) is counted by
     # where it was allocated (the innermost frame of agentik's code in bot/).
-    # It was 4.1 KB with a lock and condition per channel; it is 2.3 KB now.
+    # It was 4.1 KB with a lock and condition per channel; it is 2.1 KB now.
     async with Agent(llm=ScriptedModel(), store=SQLiteStore(db_path)) as agent:
         bridge = Bridge(agent, idle_seconds=3600)  # none released while we count
         t = MemoryTransport(name="mem")
