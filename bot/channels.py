@@ -391,6 +391,12 @@ class Channels:
                 _log_answer(ch, event)
                 ch.run_reply_to.pop(event.run_id or "", None)
                 ch.run_asker.pop(event.run_id or "", None)
+                # An emptied dict keeps the table it grew (120 bytes each): an idle
+                # channel holds fresh empty ones.
+                if not ch.run_reply_to:
+                    ch.run_reply_to = {}
+                if not ch.run_asker:
+                    ch.run_asker = {}
                 ch.discard_pending((event.run_id or "",))
 
 
