@@ -19,7 +19,10 @@ RSS are read after each step, garbage collected:
   conversation holds no transcript.
 
 Goal (issue 31): at most 10 KB per active channel; released channels hold no
-transcript.  ``--top N`` prints the N files that hold the most after each step.
+transcript.  ``--top N`` prints the N files that hold the most after each step;
+``--parts`` splits what each open channel holds by the part of agentik that allocated
+it (the innermost frame of its code: ``bot/``, the bridge; ``core/``, the
+conversation; ``transports/``), with tracebacks deep enough to find it (slower).
 """
 
 from __future__ import annotations
@@ -61,13 +64,25 @@ async def _settle() -> None:
     await asyncio.sleep(0.05)  # what the collector freed is taken out on the loop
 
 
+def _parts(before: tracemalloc.Snapshot, channels: int) -> None:
+    """What the open channels hold, per channel, by the part of agentik that allocated it."""
+    held: dict[str, int] = {}
+    for stat in tracemalloc.take_snapshot().compare_to(before, "traceback"):
+        ours = [f.filename for f in stat.traceback if "/agentik/" in f.filename]
+        part = ours[-1].split("/agentik/")[-1].split("/")[0] if ours else "(other)"
+        held[part] = held.get(part, 0) + stat.size_diff
+    say("   by part: " + ", ".join(
+        f"{part} {size / channels / 1024:.1f} KB" for part, size in sorted(held.items())
+    ))  # fmt: skip
+
+
 def _top(before: tracemalloc.Snapshot, n: int) -> None:
     if n:
         for s in tracemalloc.take_snapshot().compare_to(before, "filename")[:n]:
             say(f"    {s.size_diff / 1024:9.1f} KB {s.count_diff:7d}  {s.traceback}")
 
 
-async def _run(url: str, phases: list[int], turns: int, top: int) -> list[Row]:
+async def _run(url: str, phases: list[int], turns: int, top: int, parts: bool = False) -> list[Row]:
     from agentik.bot.app import Bot
     from agentik.bot.config import load_config
     from agentik.transports.testing.memory import MemoryTransport
@@ -118,7 +133,7 @@ async def _run(url: str, phases: list[int], turns: int, top: int) -> list[Row]:
         await asyncio.gather(*(channel(f"warm{c}", 2) for c in range(10)))
         await release_all()
         await _settle()
-        tracemalloc.start()
+        tracemalloc.start(40 if parts else 1)
         for n in phases:
             await _settle()
             snap = tracemalloc.take_snapshot()
@@ -133,6 +148,8 @@ async def _run(url: str, phases: list[int], turns: int, top: int) -> list[Row]:
                 f"{bridge.open_channels} open, {bot.agent.cached_transcripts} idle transcripts "
                 f"cached, {len(bot.agent.services.open)} conversations loaded")  # fmt: skip
             _top(snap, top)
+            if parts:
+                _parts(snap, n)
             await release_all()
             await _settle()
             left, rss2 = _traced() - base, proc_status()["VmRSS"] - rss0
@@ -164,13 +181,16 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="10 and 100 channels")
     parser.add_argument("--turns", type=int, default=3, help="turns per channel (3)")
     parser.add_argument("--top", type=int, default=0, help="print the N files holding most")
+    parser.add_argument(
+        "--parts", action="store_true", help="split each open channel's memory by part (slower)"
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
     args = parser.parse_args()
     started = time.perf_counter()
     say_environment([("agentik", version("agentik")), ("openai", version("openai"))])
     phases = [10, 100] if args.quick else [10, 300]
     with fake_openai_server() as url:
-        rows = asyncio.run(_run(url, phases, args.turns, args.top))
+        rows = asyncio.run(_run(url, phases, args.turns, args.top, args.parts))
     return finish(rows, strict=args.strict, started=started)
 
 

@@ -53,7 +53,9 @@ Each round runs both bots (alternating which goes first), each in fresh processe
    channels get their questions first (everything loaded that loads on first use), then
    the RSS is read (after ``gc.collect()``) and every other channel gets ``per_channel``
    questions (one at a time in each channel, ``channels`` channels at once); the RSS
-   growth divided by those channels is the memory each active conversation keeps.
+   growth divided by those channels is the memory each active conversation keeps (and
+   the part of it that is SQLite's own memory, its page caches filling up, which
+   tracemalloc does not see).
 
 The table shows agentik's and the bare bot's figures pooled over the rounds (each round's
 in brackets above it) and the median of the rounds' ratios (agentik / the bare bot, both
@@ -67,6 +69,9 @@ channel on the 2-core machine this was written on), so the burst's ratios say mo
 that than about agentik; ``--bare-call post`` sends the same body with ``client.post()``,
 without the transform, for a baseline whose cost does not grow with the history.
 The exit status is 0 unless ``--strict`` is given and a goal is missed.
+``BENCH_PROFILE=<folder>``: each bot child writes a cProfile of its event-loop thread
+from the moment it is ready; ``BENCH_TRACEMALLOC=<folder>``: what grew between the wide
+phase's snapshots, by the line of agentik's code that allocated it.
 """
 
 from __future__ import annotations
@@ -190,6 +195,7 @@ class RoundResult:
     wide_active: int  # channels answered between the two
     wide_second: int  # of which in the second half
     wide_hwm: int
+    wide_sqlite: int  # growth of SQLite's own memory over the wide phase's measured channels
     modules: int  # sys.modules at the end (what got imported)
 
 
@@ -319,6 +325,8 @@ def system_prompt() -> str:
 
 # -- child processes (the bots) --------------------------------------------------------------
 _PROTO: IO[str] | None = None
+_PROFILE: Any = None  # BENCH_PROFILE's cProfile.Profile, enabled once the bot is ready
+_TRACED: list[Any] = []  # BENCH_TRACEMALLOC's snapshots, one per ``gc`` command
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -338,7 +346,24 @@ def _child_stats(collect: bool) -> dict[str, Any]:
         "hwm": st["VmHWM"],
         "threads": st["Threads"],
         "modules": len(sys.modules),
+        "sqlite": _sqlite_memory(),
     }
+
+
+def _sqlite_memory() -> int:
+    """Bytes SQLite's own allocator holds in this process (page caches, statements):
+    memory that RSS counts and tracemalloc does not; 0 if SQLite was not loaded."""
+    if "_sqlite3" not in sys.modules:
+        return 0
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(sys.modules["_sqlite3"].__file__)  # its symbols resolve to libsqlite3
+        used = lib.sqlite3_memory_used
+    except (OSError, AttributeError, TypeError):
+        return 0
+    used.restype = ctypes.c_int64
+    return int(used())
 
 
 async def _serve_commands() -> None:
@@ -349,9 +374,63 @@ async def _serve_commands() -> None:
     while True:
         cmd = (await reader.readline()).decode().strip()
         if cmd in ("stats", "gc"):
-            _emit(_child_stats(cmd == "gc"))
+            stats = _child_stats(cmd == "gc")  # the RSS before the snapshot is taken
+            if cmd == "gc":
+                _trace_step()
+            _emit(stats)
         elif cmd in ("quit", ""):
             return
+
+
+def _profile_start() -> None:
+    """Start BENCH_PROFILE's profiler and BENCH_TRACEMALLOC's tracing: the load, not the
+    start-up, is what they show."""
+    if _PROFILE is not None:
+        _PROFILE.enable()
+    if os.environ.get("BENCH_TRACEMALLOC"):
+        import tracemalloc
+
+        tracemalloc.start(8)
+
+
+def _trace_step() -> None:
+    """BENCH_TRACEMALLOC: a snapshot of what Python holds, after a ``gc`` command."""
+    import tracemalloc
+
+    if tracemalloc.is_tracing():
+        _TRACED.append(tracemalloc.take_snapshot())
+
+
+def _trace_dump(kind: str) -> None:
+    """BENCH_TRACEMALLOC=<folder>: what grew between consecutive ``gc`` snapshots, into
+    ``<folder>/<kind>-<pid>.tracemalloc.txt``: by the innermost line of agentik's code
+    that allocated it (``bot/``, ``core/``, ``transports/``), then the biggest tracebacks."""
+    folder = os.environ.get("BENCH_TRACEMALLOC")
+    if not folder or len(_TRACED) < 2:
+        return
+    ours = re.compile(r"/agentik/(bot|core|transports)/")
+    with open(os.path.join(folder, f"{kind}-{os.getpid()}.tracemalloc.txt"), "w") as out:
+        for i in range(1, len(_TRACED)):
+            diff = _TRACED[i].compare_to(_TRACED[i - 1], "traceback")
+            total = sum(d.size_diff for d in diff)
+            out.write(f"== gc snapshot {i - 1} -> {i}: {total / 1024:+.1f} KB\n")
+            by_line: dict[str, list[int]] = {}
+            for d in diff:
+                where = next(
+                    (f"{f.filename.split('/agentik/')[-1]}:{f.lineno}"
+                     for f in reversed(d.traceback) if ours.search(f.filename)),
+                    "(not under agentik's code)",
+                )  # fmt: skip
+                acc = by_line.setdefault(where, [0, 0])
+                acc[0] += d.size_diff
+                acc[1] += d.count_diff
+            for where, (size, count) in sorted(by_line.items(), key=lambda kv: -kv[1][0])[:40]:
+                out.write(f"{size / 1024:+9.1f} KB {count:+7d} blocks  {where}\n")
+            out.write("-- the biggest tracebacks\n")
+            for d in diff[:30]:
+                out.write(f"{d.size_diff / 1024:+9.1f} KB {d.count_diff:+7d} blocks\n")
+                for frame in d.traceback.format()[:16]:
+                    out.write(f"      {frame}\n")
 
 
 async def _until(predicate: Callable[[], bool], what: str, limit: float) -> None:
@@ -389,6 +468,7 @@ async def agentik_child(args: argparse.Namespace) -> None:
         if serving.done():
             await serving  # raises what stopped it
         gc.collect()
+        _profile_start()
         _emit({"ready": True, "nick": transport.nick})
         await _serve_commands()
         bot.stop_requested.set()
@@ -477,6 +557,7 @@ async def bare_child(args: argparse.Namespace) -> None:
             60 + len(channels) * 0.2,
         )
         gc.collect()
+        _profile_start()
         _emit({"ready": True, "nick": bot.nick})
         await _serve_commands()
     finally:
@@ -498,22 +579,23 @@ def child_main(args: argparse.Namespace) -> int:
 
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     runner = {"agentik": agentik_child, "bare": bare_child}[args.child]
-    # BENCH_PROFILE=<folder>: each child writes a cProfile of its event-loop thread
-    # there (<kind>-<pid>.prof) when it ends; read it with python -m pstats.
+    # BENCH_PROFILE=<folder>: each child writes a cProfile of its event-loop thread, from
+    # the moment it is ready (start-up left out) to its end, there (<kind>-<pid>.prof);
+    # read it with python -m pstats.  BENCH_TRACEMALLOC=<folder>: see _trace_dump.
+    global _PROFILE
     folder = os.environ.get("BENCH_PROFILE")
-    if not folder:
-        asyncio.run(runner(args))
-        return 0
-    import cProfile
+    if folder:
+        import cProfile
 
-    # Timed by the thread's CPU clock: waits (for the GIL, a socket) are not counted.
-    prof = cProfile.Profile(time.thread_time)
-    prof.enable()
+        # Timed by the thread's CPU clock: waits (for the GIL, a socket) are not counted.
+        _PROFILE = cProfile.Profile(time.thread_time)
     try:
         asyncio.run(runner(args))
     finally:
-        prof.disable()
-        prof.dump_stats(os.path.join(folder, f"{args.child}-{os.getpid()}.prof"))
+        if _PROFILE is not None:
+            _PROFILE.disable()
+            _PROFILE.dump_stats(os.path.join(folder or "", f"{args.child}-{os.getpid()}.prof"))
+        _trace_dump(args.child)
     return 0
 
 
@@ -868,6 +950,7 @@ async def run_bot(
         wide_active=cfg.wide - first,
         wide_second=cfg.wide - mid,
         wide_hwm=w1["hwm"],
+        wide_sqlite=w1["sqlite"] - w0["sqlite"],
         modules=s1["modules"],
     )
 
@@ -961,6 +1044,11 @@ def report(cfg: Config, pooled: dict[str, Pooled], memory: str) -> list[Row]:
             f" {_span([_kb_per_channel(r) for r in res.rounds], lambda v: f'{v:.1f}')}"
             f" (peak {mb(max(r.wide_hwm for r in res.rounds))})"
         )
+        sqlite = sum(r.wide_sqlite for r in res.rounds)
+        if kind == "agentik":
+            active = sum(r.wide_active for r in res.rounds)
+            say(f"  {'':<22} of which SQLite's own memory (page caches):"
+                f" {sqlite / active / 1024:.1f} KB/channel")  # fmt: skip
     say()
 
     def ratio_row(name: str, phase: str, value: Callable[[Pooled], float],

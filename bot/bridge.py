@@ -350,8 +350,7 @@ class Bridge(AgentAccess):
             return None
         ch.run_reply_to[run_id] = message.reply_to
         ch.run_asker[run_id] = _speaker(transport, message)
-        async with ch.changed:
-            ch.pending.add(run_id)
+        ch.add_pending((run_id,))
         await self.channels.tell_approval_wait(ch, transport, message, opts)
 
     @contextlib.asynccontextmanager
@@ -445,8 +444,7 @@ class Bridge(AgentAccess):
         ch = self._channels.get(channel_key)
         if ch is None:
             return
-        async with ch.changed:
-            await ch.changed.wait_for(lambda: not ch.pending)
+        await ch.flushed()
 
     def busy(self, channel_key: str) -> bool:
         ch = self._channels.get(channel_key)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass as std_dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -82,10 +84,15 @@ class ChannelOptions(ChannelKnobs):
     progress_interval: Annotated[float, Field(ge=0)] = 10.0
 
 
-@std_dataclass(eq=False)
+@std_dataclass(eq=False, slots=True)
 class OpenChannel:
     """A channel the bridge holds open: its conversation, renderer task and what
-    its answers and commands (``!more``, ``!stop``) need to know."""
+    its answers and commands (``!more``, ``!stop``) need to know.
+
+    A bridge may hold hundreds of these at once, so each costs little: slots, no
+    per-channel lock or condition (:meth:`flushed` makes a future only while
+    someone waits), empty sets shared until used.
+    """
 
     key: str
     transport: Transport
@@ -110,16 +117,60 @@ class OpenChannel:
     run_reply_to: dict[str, object] = field(default_factory=dict)
     #: Who asked for each pending run (a speaker key), for ``!stop`` of another's answer.
     run_asker: dict[str, str] = field(default_factory=dict)
-    #: Approvals the channel was told it waits on (once each, to queued askers).
-    approvals_told: set[str] = field(default_factory=set)
+    #: Approvals the channel was told it waits on (once each, to queued askers);
+    #: replaced, never changed in place (an empty frozenset costs nothing).
+    approvals_told: frozenset[str] = frozenset()
     #: The channel is a direct conversation (its last message was direct).
     direct: bool = False
-    pending: set[str] = field(default_factory=set)
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     last_used: float = field(default_factory=time.monotonic)
+    #: See :attr:`pending` (``None`` when empty: an idle channel holds no set).
+    _pending: set[str] | None = field(default=None, init=False, repr=False)
+    #: Whoever waits in :meth:`flushed` (``None``: nobody, the common case).
+    _flush_waiters: list[asyncio.Future[None]] | None = field(default=None, init=False, repr=False)
 
     def idle(self, now: float, after: float) -> bool:
         return not self.pending and not self.conversation.busy and now - self.last_used >= after
+
+    @property
+    def pending(self) -> AbstractSet[str]:
+        """The runs asked for here whose answers are not sent yet (changed with
+        :meth:`add_pending` / :meth:`discard_pending`, so :meth:`flushed` wakes up)."""
+        return self._pending if self._pending is not None else frozenset()
+
+    def add_pending(self, run_ids: Iterable[str]) -> None:
+        """Runs whose answers this channel now waits for."""
+        if self._pending is None:
+            self._pending = set()
+        self._pending.update(run_ids)
+        if not self._pending:
+            self._pending = None
+
+    def discard_pending(self, run_ids: Iterable[str]) -> None:
+        """Runs whose answers are sent (or will never be): :meth:`flushed` wakes up
+        once none is left."""
+        if self._pending is not None:
+            self._pending.difference_update(run_ids)
+            if not self._pending:
+                self._pending = None
+        waiters = self._flush_waiters
+        if waiters is not None and not self.pending:
+            self._flush_waiters = None
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def flushed(self) -> None:
+        """Wait until every answer asked for in this channel has been sent."""
+        while self.pending:
+            waiter = asyncio.get_running_loop().create_future()
+            if self._flush_waiters is None:
+                self._flush_waiters = []
+            self._flush_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if self._flush_waiters is not None and waiter in self._flush_waiters:
+                    self._flush_waiters.remove(waiter)
 
 
 def resolved_options(transport: Transport, options: ChannelOptions | None) -> ChannelOptions:

@@ -433,6 +433,10 @@ def describe(eff: Effective) -> str:
     return f"settings of {eff.channel_key}: " + " · ".join(parts)
 
 
+#: The chat settings of a channel that has none (shared; never changed in place).
+_NO_CHAT: dict[str, ChannelSetting] = {}
+
+
 class ChannelSettingsBook:
     """The per-channel settings of one bot: config patterns, plus chat settings
     read from the store once per channel and kept up to date by :meth:`set`."""
@@ -469,7 +473,8 @@ class ChannelSettingsBook:
         found = self._chat.pop(channel_key, None)
         if found is None:
             rows = await self.store.channel_settings(channel_key)
-            found = {r.key: r for r in rows if r.key in SETTING_KEYS}
+            # Most channels never set anything: they share one empty mapping.
+            found = {r.key: r for r in rows if r.key in SETTING_KEYS} or _NO_CHAT
             while len(self._chat) >= CACHED_CHANNELS:
                 del self._chat[next(iter(self._chat))]
         self._chat[channel_key] = found  # now the most recently used
@@ -481,6 +486,8 @@ class ChannelSettingsBook:
         text = None if value is None else json.dumps(value, ensure_ascii=False)
         await self.store.set_channel_setting(channel_key, key, text, actor=actor, at=now)
         chat = await self.chat(channel_key)
+        if chat is _NO_CHAT:  # shared by the channels without settings: never changed
+            chat = self._chat[channel_key] = {}
         if text is None:
             chat.pop(key, None)
         else:
@@ -505,7 +512,10 @@ class ChannelSettingsBook:
                 continue  # a row this version cannot read: ignored, not fatal
             when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(row.set_at))
             sources[key] = f"chat, {row.set_by}, {when}"
-        options = dataclasses.replace(base, **{k: values[k] for k in _OPTION_KEYS if k in values})
+        overrides = {k: values[k] for k in _OPTION_KEYS if k in values}
+        # Without overrides, the transport's options as they are (a copy would be
+        # validated again on every message, and kept by every open channel).
+        options = dataclasses.replace(base, **overrides) if overrides else base
         tools = values.get("tools")
         model = values.get("model")
         return Effective(

@@ -144,7 +144,7 @@ class Recovery:
             got = conv.resume([m], mode=mode, allow_tool=allow_tool, settings=ch.settings)
             # At once (no await in between): the admission of the next one awaits, and
             # this turn may end meanwhile.
-            ch.pending.update(got)
+            ch.add_pending(got)
             if subject is not None and got:
                 assert self.host.budgets is not None
                 self.host.budgets.bind(m.run_id or "", subject, chars=len(m.content))

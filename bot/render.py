@@ -131,6 +131,24 @@ _SILENT_ENDS = {"content_filter": "(no answer: the model's provider filtered it)
 class Renderer:
     """Turns one channel's events into outgoing messages."""
 
+    # One per open channel: no instance dict.
+    __slots__ = (
+        "buffer",
+        "call_args",
+        "ch",
+        "children",
+        "had_text",
+        "host",
+        "in_code",
+        "lines_sent",
+        "piece",
+        "progress",
+        "questions",
+        "stream_id",
+        "stream_text",
+        "todo_tag",
+    )
+
     def __init__(self, host: RenderHost, ch: OpenChannel) -> None:
         self.host = host
         self.ch = ch

@@ -15,7 +15,7 @@ from agentik.core.testing import openai_server as fake
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.base import ChannelCaps
 from agentik.transports.testing import MemoryTransport
-from agentik.transports.text import split_lines, split_text
+from agentik.transports.text import fit_prefix, split_lines, split_text
 
 from rigs import eventually
 
@@ -244,6 +244,26 @@ def test_split_text_respects_limits_and_characters():
     assert split_text("a\nb\nc", max_chars=3) == ["a\nb", "c"]
     assert split_text("hello", max_bytes=None) == ["hello"]
     assert split_lines("one two three", max_chars=1)[:3] == ["o", "n", "e"]
+
+
+def test_fit_prefix_is_the_longest_prefix_within_the_limits():
+    # Each character counts its UTF-8 bytes (a lone surrogate 3), whether the text
+    # is ASCII, fits whole, or has to be cut inside.
+    def longest(text: str, max_bytes: int, max_chars: int | None) -> int:
+        n = 0
+        for i in range(len(text) + 1):
+            head = text[:i]
+            if len(head.encode("utf-8", "surrogatepass")) <= max_bytes and (
+                max_chars is None or i <= max_chars
+            ):
+                n = i
+        return n
+
+    for text in ["", "plain ascii line", "é€😀 mixed", "\ud800 lone", "ab" * 40 + "€"]:
+        for max_bytes in (0, 1, 3, 5, 16, 200):
+            for max_chars in (None, 0, 4, 300):
+                got = fit_prefix(text, max_bytes=max_bytes, max_chars=max_chars)
+                assert got == longest(text, max_bytes, max_chars), (text, max_bytes, max_chars)
 
 
 async def test_debug_profile_shows_tool_results_reasoning_and_usage(rig):

@@ -18,6 +18,13 @@ def fit_prefix(text: str, *, max_bytes: int | None, max_chars: int | None) -> in
     limit = len(text) if max_chars is None else min(len(text), max_chars)
     if max_bytes is None:
         return limit
+    if limit >= 0 and max_bytes >= 0:
+        # Most lines fit whole, or are ASCII (a byte per character): no loop over them.
+        head = text[:limit] if limit < len(text) else text
+        if head.isascii():
+            return min(limit, max_bytes)
+        if len(head.encode("utf-8", "surrogatepass")) <= max_bytes:
+            return limit
     used = 0
     for i, ch in enumerate(text[:limit]):
         used += len(ch.encode("utf-8", "surrogatepass"))

@@ -277,6 +277,12 @@ class IRCTransport(Transport):
         #: When the "too fast" notices of the last minute were queued.
         self._rate_notices: deque[float] = deque()
         self._in_code: dict[str, bool] = {}
+        #: The regexes that find our nick in a message, for the nick and CASEMAPPING
+        #: they were built for (every channel message is matched against them).
+        self._address_res: tuple[tuple[str, str | None], re.Pattern[str], re.Pattern[str]] | None
+        self._address_res = None
+        #: The configured channels casefolded, for the CASEMAPPING and list they came from.
+        self._wanted: tuple[str | None, tuple[str, ...], frozenset[str]] | None = None
         #: Answers (``target\0run id``) whose first line already named the asker.
         self._addressed_runs: dict[str, None] = {}
         #: Channel members each answer (``target\0run id``) has named (highlighted).
@@ -1343,12 +1349,21 @@ class IRCTransport(Transport):
         return "".join(parts)
 
     def _addressed(self, text: str) -> tuple[str, bool]:
-        nick = self._nick_pattern()
-        m = re.match(rf"^\s*{nick}\s*[:,]\s*(.*)$", text, re.S)
+        key = (self.nick, self.isupport.get("CASEMAPPING"))
+        cached = self._address_res
+        if cached is None or cached[0] != key:
+            nick = self._nick_pattern()
+            cached = self._address_res = (
+                key,
+                re.compile(rf"^\s*{nick}\s*[:,]\s*(.*)$", re.S),
+                re.compile(rf"(?<![\w\-\[\]\\`^{{}}|]){nick}(?![\w\-\[\]\\`^{{}}|])"),
+            )
+        _, prefix, mention = cached
+        m = prefix.match(text)
         if m:
             return m.group(1), True
         if self.options.address_mode == "mention":
-            if re.search(rf"(?<![\w\-\[\]\\`^{{}}|]){nick}(?![\w\-\[\]\\`^{{}}|])", text):
+            if mention.search(text):
                 return text, True
         return text, False
 
@@ -1629,7 +1644,9 @@ class IRCTransport(Transport):
             cost = 1.0 + len(line.encode()) / 256
         key = self._fold(target)
         self._seq += 1
-        queue = self._queues.setdefault(key, deque())
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = deque()
         queue.append(_Out(target, line, cost, outbox_ids, echo, self._seq))
         self._queued += 1
         o = self.options
@@ -1677,10 +1694,20 @@ class IRCTransport(Transport):
             return False
         prefixes = self.isupport.get("CHANTYPES", "#&")
         if target and target[0] in prefixes:
-            wanted = {self._fold(c.partition(" ")[0]) for c in self.options.channels}
+            wanted = self._wanted_channels()
             # A configured channel: wait until we are (re)joined.
             return self._fold(target) in self.joined or self._fold(target) not in wanted
         return True
+
+    def _wanted_channels(self) -> frozenset[str]:
+        """The configured channels, casefolded (computed again when the server's
+        CASEMAPPING or the list changes, not for every line sent)."""
+        mapping, channels = self.isupport.get("CASEMAPPING"), tuple(self.options.channels)
+        cached = self._wanted
+        if cached is None or cached[0] != mapping or cached[1] != channels:
+            folded = frozenset(self._fold(c.partition(" ")[0]) for c in channels)
+            cached = self._wanted = (mapping, channels, folded)
+        return cached[2]
 
     async def _send_loop(self) -> None:
         """Send what waits, under the token bucket, when connected: round robin.
