@@ -584,6 +584,12 @@ async def bench(cfg: Config, tmp: str, llm_url: str, profile: bool) -> list[Row]
         calls = ", ".join(f"{m} {c:.2f}" for m, c in res.calls().items())
         say(f"  {'':<24} Web API calls per answer: {calls}")
         say(f"  {'':<24} fake Slack + load generator CPU/answer {ms(res.per_answer('fake_cpu'))}")
+    # Each round's pair ran back to back: on a shared machine their ratios are steadier
+    # than either bot's figures, and their spread shows how noisy the run was.
+    pairs = list(zip(ag.rounds, ba.rounds, strict=True))
+    tp_r = ", ".join(f"{(a.answers / a.elapsed) / (b.answers / b.elapsed):.2f}" for a, b in pairs)
+    cpu_r = ", ".join(f"{(a.cpu / a.answers) / (b.cpu / b.answers):.2f}" for a, b in pairs)
+    say(f"  ratios by round: answers/s {tp_r}; CPU per answer {cpu_r}")
     say()
 
     tp = ag.throughput / ba.throughput
