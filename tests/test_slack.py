@@ -158,6 +158,56 @@ async def test_each_message_is_handled_once_even_across_a_restart(tmp_path):
             assert [r.messages[-1].content for r in model.requests] == ["after"]
 
 
+_KILLED_BOT = """
+import asyncio, sys, types
+sys.path.insert(0, sys.argv[1])
+from rigs import slack_bot
+
+async def main(tmp, api_url, bot_token, app_token):
+    from pathlib import Path
+    slack = types.SimpleNamespace(api_url=api_url, bot_token=bot_token, app_token=app_token)
+    async with slack_bot(slack, Path(tmp)):
+        print("READY", flush=True)
+        await asyncio.Event().wait()
+
+asyncio.run(main(*sys.argv[2:]))
+"""
+
+
+async def test_a_bot_killed_after_answering_does_not_answer_the_redelivery(tmp_path):
+    # The handled-events file is written without waiting for the disk (a WAL file
+    # with synchronous = NORMAL): a killed process still loses nothing it wrote, so
+    # a redelivery after the restart is not answered a second time.
+    import signal
+    import sys
+    from pathlib import Path
+
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _KILLED_BOT, str(Path(__file__).parent), str(tmp_path),
+            slack.api_url, slack.bot_token, slack.app_token, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            async with asyncio.timeout(60):
+                assert (await proc.stdout.readline()).strip() == b"READY"
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> once please")
+            await slack.push_event(event, event_id="EvK")
+            await slack.wait_for_call("chat.stopStream")  # answered
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+        assert bot_texts(slack, "C1") == ["echo: once please"]
+        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+            envelope = await slack.push_event(event, event_id="EvK", retry_num=1)
+            await slack.wait_for_ack(envelope)
+            await slack.push_event(slack.message_event("D2", "after", channel_type="im"))
+            await answered(slack, bridge, "slack:T1:D2")
+            assert [r.messages[-1].content for r in model.requests] == ["after"]
+        assert bot_texts(slack, "C1") == ["echo: once please"]
+
+
 async def test_the_handled_events_file_keeps_the_newest_dedupe_keep_events(tmp_path):
     # The file stays near dedupe_keep rows however many events come, and what it keeps
     # still stops a redelivery after a restart.
