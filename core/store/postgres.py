@@ -12,7 +12,7 @@ processes can share (the first step of scaling out; docs/operations.md).
 * The audit log's append-only rule is the database's: triggers refuse any other
   UPDATE or DELETE of its rows than a redaction, a conversation's deletion and
   retention.
-* :mod:`asyncpg` is imported when a store starts (``pip install 'agentik[postgres]'``),
+* :mod:`asyncpg` is imported when a store starts (the ``postgres`` extra),
   never with :mod:`agentik.core`.
 
 The DSN may hold a password: it is never logged nor shown (:func:`describe_dsn`).
@@ -42,14 +42,22 @@ from .postgres_lifecycle import PostgresLifecycle
 from .postgres_migrations import apply_migrations
 from .postgres_outbox import PostgresOutbox
 from .postgres_redaction import PostgresRedaction
-from .postgres_room import WriteFn, dumps, nul_free, nul_free_json
+from .postgres_room import (
+    MESSAGE_COLUMNS,
+    WriteFn,
+    dumps,
+    insert_messages,
+    next_ids,
+    nul_free,
+    nul_free_json,
+)
 from .postgres_runs import UPSERT_RUN, PostgresRuns, run_args
 from .postgres_waits import PostgresWaits
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["PostgresSettings", "PostgresStore", "describe_dsn"]
+__all__ = ["PostgresSettings", "PostgresStore", "describe_dsn", "probe_server"]
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +78,6 @@ class PostgresSettings:
 
 _DEFAULTS = defaults(PostgresSettings)
 
-MESSAGE_COLUMNS = (
-    "id, conversation_id, kind, content, author, channel, run_id, tool_call_id, tool_name,"
-    " arguments, is_error, status, data, duration, created_at"
-)
-_INSERT_MESSAGES = (
-    f"INSERT INTO message ({MESSAGE_COLUMNS}) SELECT * FROM unnest("
-    "$1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],"
-    " $8::text[], $9::text[], $10::text[], $11::boolean[], $12::text[], $13::jsonb[],"
-    " $14::double precision[], $15::double precision[])"
-)
 _INSERT_MEMORY = (
     "INSERT INTO working_memory (conversation_id, pos, message_id, body)"
     " SELECT $1, base.p + u.ord, u.mid, u.body"
@@ -116,6 +114,47 @@ def describe_dsn(dsn: str) -> str:
     return f"{host}:{port}{parts.path or '/'}"
 
 
+async def probe_server(dsn: str, *, connect_timeout: float = 10.0) -> dict[str, Any]:
+    """Connect once (no pool, no migration) and report what ``agentik check --probe``
+    shows: the server's version, this agentik's schema version in that database (0:
+    none yet), the extensions installed there and whether pgvector (``vector``) is
+    available to install.  Raises :class:`~agentik.core.errors.StoreError` (never
+    quoting the DSN) when it cannot connect."""
+    try:
+        import asyncpg
+    except ImportError as exc:
+        raise StoreError(
+            "the PostgreSQL store needs asyncpg: install the postgres extra"
+            " (pip install -e '.[postgres]' in the agentik checkout)"
+        ) from exc
+    try:
+        conn = await asyncpg.connect(dsn, timeout=connect_timeout)
+    except Exception as exc:
+        raise StoreError(f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {exc}") from exc
+    try:
+        version = await conn.fetchval("SHOW server_version")
+        installed = await conn.fetch("SELECT extname, extversion FROM pg_extension ORDER BY 1")
+        vector = await conn.fetchval(
+            "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
+        )
+        schema = 0
+        if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+            schema = int(
+                await conn.fetchval("SELECT COALESCE(MAX(number), 0) FROM schema_migrations")
+            )
+    except Exception as exc:
+        raise StoreError(f"PostgreSQL at {describe_dsn(dsn)}: {exc}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await conn.close()
+    return {
+        "version": str(version),
+        "schema_version": schema,
+        "extensions": {str(r[0]): str(r[1]) for r in installed},
+        "pgvector": None if vector is None else str(vector),
+    }
+
+
 def row_to_message(r: Sequence[Any]) -> Message:
     return Message(
         id=r[0], conversation_id=r[1], kind=r[2], content=r[3], author=r[4], channel=r[5],
@@ -129,28 +168,6 @@ def _row_to_conversation(r: Sequence[Any]) -> ConversationRecord:
     return ConversationRecord(
         id=r[0], title=r[1], created_at=r[2], updated_at=r[3], meta=json.loads(r[4])
     )
-
-
-async def insert_messages(conn: asyncpg.Connection, rows: Sequence[Message]) -> None:
-    """Write audit-log rows (ids already taken from ``message_id_seq``) in one statement."""
-    cols: list[list[Any]] = [[] for _ in range(15)]
-    for m in rows:
-        values = (
-            m.id, m.conversation_id, m.kind, nul_free(m.content), nul_free(m.author),
-            nul_free(m.channel), m.run_id, m.tool_call_id, m.tool_name, nul_free(m.arguments),
-            m.is_error, m.status, dumps(m.data), m.duration, m.created_at,
-        )  # fmt: skip
-        for col, v in zip(cols, values, strict=True):
-            col.append(v)
-    await conn.execute(_INSERT_MESSAGES, *cols)
-
-
-async def next_ids(conn: asyncpg.Connection, n: int) -> list[int]:
-    """``n`` new audit-log ids, ascending."""
-    if n == 1:
-        return [int(await conn.fetchval("SELECT nextval('message_id_seq')"))]
-    rows = await conn.fetch("SELECT nextval('message_id_seq') FROM generate_series(1, $1)", n)
-    return sorted(int(r[0]) for r in rows)
 
 
 async def _append(
@@ -292,7 +309,8 @@ class PostgresStore(
             import asyncpg
         except ImportError as exc:
             raise StoreError(
-                "the PostgreSQL store needs asyncpg: pip install 'agentik[postgres]'"
+                "the PostgreSQL store needs asyncpg: install the postgres extra"
+                " (pip install -e '.[postgres]' in the agentik checkout)"
             ) from exc
         try:
             self._pool = await asyncpg.create_pool(
@@ -453,22 +471,6 @@ class PostgresStore(
                 await conn.execute(f"VACUUM {', '.join(tables)}")
         except Exception as exc:
             log.warning("PostgreSQL %s: VACUUM %s failed: %s", self.where, tables, exc)
-
-    async def server_info(self) -> dict[str, Any]:
-        """What ``agentik check --probe`` reports: the server's version, the extensions
-        installed in this database and those available (``vector``: pgvector)."""
-        version = await self._read("SHOW server_version")
-        installed = await self._read("SELECT extname, extversion FROM pg_extension ORDER BY 1")
-        available = await self._read(
-            "SELECT name FROM pg_available_extensions WHERE name = 'vector'"
-        )
-        schema = await self._read("SELECT COALESCE(MAX(number), 0) FROM schema_migrations")
-        return {
-            "version": str(version[0][0]),
-            "extensions": {str(r[0]): str(r[1]) for r in installed},
-            "pgvector_available": bool(available),
-            "schema_version": int(schema[0][0]),
-        }
 
     # -- conversations ---------------------------------------------------------------
     async def create_conversation(

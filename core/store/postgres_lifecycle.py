@@ -16,7 +16,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..messages import ChatMessage, Message
-from .postgres_room import PostgresRoom, dumps, nul_free, nul_free_json
+from .postgres_room import (
+    PostgresRoom,
+    dumps,
+    insert_messages,
+    next_ids,
+    nul_free,
+    nul_free_json,
+)
 from .postgres_runs import RUN_COLUMNS
 from .postgres_waits import APPROVAL_COLUMNS, QUESTION_COLUMNS
 from .snapshot import (
@@ -80,8 +87,6 @@ def _imported(table: str, column: str, value: Any) -> Any:
 async def _import(
     conn: asyncpg.Connection, doc: dict[str, Any], cid: str, bind: str | None, now: float
 ) -> ImportResult:
-    from .postgres import insert_messages, next_ids
-
     conv = doc["conversation"]
     if await conn.fetchval("SELECT 1 FROM conversation WHERE id = $1", cid):
         raise SnapshotError(
