@@ -354,3 +354,39 @@ async def test_the_postgres_store_exports_what_sqlite_exports(tmp_path, postgres
     on_sqlite, on_postgres = docs
     assert len(on_postgres["approvals"]) == 1 and len(on_postgres["turn_ends"]) == 1
     assert _differences(on_sqlite, on_postgres) == []
+
+
+async def test_a_lost_connection_fails_one_write_as_retryable_and_the_next_one_lands(
+    postgres_dsn,
+):
+    """The server drops every connection (a restart, a failover): the write in flight
+    fails with a retryable StoreError (what the agent retries), the writer takes a new
+    connection, and the next write and read work."""
+    async with PostgresStore(postgres_dsn) as store:
+        await store.create_conversation(rec("c"))
+        admin = await asyncpg.connect(postgres_dsn)
+        try:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid != pg_backend_pid()"
+            )
+        finally:
+            await admin.close()
+        with pytest.raises(StoreError) as info:
+            await store.append("c", log=[NewMessage(kind="user", content="lost")])
+        assert info.value.retryable
+        [row] = await store.append("c", log=[NewMessage(kind="user", content="again")])
+        # Reads are repeated on another connection by the store itself.
+        assert [m.content for m in await store.messages("c")] == ["again"]
+        assert row.content == "again"
+
+
+def test_the_dsn_and_its_password_are_secrets_to_the_logs(monkeypatch):
+    from agentik.bot.config import parse_config
+
+    monkeypatch.setenv("AGENTIK_POSTGRES_DSN", "postgresql://bot:s3cr%40t@db/agentik")
+    config = parse_config(
+        {"storage": {"backend": "postgres"}, "memory": {"backend": "none"}}, env={}
+    )
+    secrets = config.secrets()
+    assert "postgresql://bot:s3cr%40t@db/agentik" in secrets and "s3cr@t" in secrets

@@ -234,9 +234,7 @@ def _store_error(exc: BaseException, what: str) -> StoreError:
     err = StoreError(f"{what}: {exc}")
     err.__cause__ = exc
     state = getattr(exc, "sqlstate", None)
-    err.retryable = isinstance(exc, OSError | ConnectionError) or (
-        isinstance(state, str) and state[:2] in _TRANSIENT_CLASSES
-    )
+    err.retryable = _lost(exc) or (isinstance(state, str) and state[:2] in _TRANSIENT_CLASSES)
     return err
 
 
@@ -244,9 +242,15 @@ def _lost(exc: BaseException) -> bool:
     """Whether ``exc`` means the connection itself is gone."""
     import asyncpg
 
-    return isinstance(
-        exc, OSError | ConnectionError | asyncpg.InterfaceError | asyncpg.PostgresConnectionError
-    ) or (getattr(exc, "sqlstate", None) or "").startswith(("08", "57P"))
+    # InternalClientError: the protocol's state was broken by a connection dropped mid-call.
+    lost = (
+        OSError,
+        ConnectionError,
+        asyncpg.InterfaceError,
+        asyncpg.InternalClientError,
+        asyncpg.PostgresConnectionError,
+    )
+    return isinstance(exc, lost) or (getattr(exc, "sqlstate", None) or "").startswith(("08", "57P"))
 
 
 class PostgresStore(
@@ -430,9 +434,25 @@ class PostgresStore(
         return out
 
     async def _writer_conn(self) -> asyncpg.Connection:
-        if self._conn is None:
-            assert self._pool is not None
-            self._conn = await self._pool.acquire()
+        if self._conn is not None:
+            return self._conn
+        assert self._pool is not None
+        # After a lost connection the pool's idle ones may be dead too (a server
+        # restart drops them all): take one that answers.
+        for attempt in range(self.pool_max + 1):
+            conn = await self._pool.acquire()
+            try:
+                await conn.execute("SELECT 1")
+            except Exception as exc:
+                if not _lost(exc) or attempt == self.pool_max:
+                    await self._pool.release(conn)
+                    raise
+                conn.terminate()
+                await self._pool.release(conn)
+                continue
+            self._conn = conn
+            break
+        assert self._conn is not None
         return self._conn
 
     async def _check_writer(self, exc: BaseException) -> None:
@@ -455,12 +475,16 @@ class PostgresStore(
         if self._closed or not self._started:
             raise ClosedError("the store is closed" if self._closed else "the store is not started")
         assert self._pool is not None
-        try:
-            return list(await self._pool.fetch(sql, *args))
-        except Exception as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            raise _store_error(exc, "database read failed") from exc
+        # A read is safe to repeat: one on a connection the server dropped (a restart)
+        # is tried again on another, as many times as the pool has connections.
+        for attempt in range(self.pool_max + 1):
+            try:
+                return list(await self._pool.fetch(sql, *args))
+            except Exception as exc:
+                if _lost(exc) and attempt < self.pool_max:
+                    continue
+                raise _store_error(exc, "database read failed") from exc
+        raise AssertionError("unreachable")
 
     async def _vacuum(self, *tables: str) -> None:
         """``VACUUM`` the tables (outside a transaction): dead row versions holding text
