@@ -36,7 +36,7 @@ from pydantic import Field
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, knobs_dataclass
-from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd, link_stored
+from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
 from .postgres_governance import PostgresGovernance
 from .postgres_lifecycle import PostgresLifecycle
 from .postgres_migrations import apply_migrations
@@ -46,12 +46,10 @@ from .postgres_room import (
     MESSAGE_COLUMNS,
     WriteFn,
     dumps,
-    insert_messages,
-    next_ids,
     nul_free,
     nul_free_json,
 )
-from .postgres_runs import UPSERT_RUN, PostgresRuns, run_args
+from .postgres_runs import RUN_COLUMNS, UPSERT_RUN, PostgresRuns, run_args
 from .postgres_waits import PostgresWaits
 
 if TYPE_CHECKING:
@@ -78,17 +76,48 @@ class PostgresSettings:
 
 _DEFAULTS = defaults(PostgresSettings)
 
-_INSERT_MEMORY = (
-    "INSERT INTO working_memory (conversation_id, pos, message_id, body)"
-    " SELECT $1, base.p + u.ord, u.mid, u.body"
-    " FROM unnest($2::bigint[], $3::jsonb[]) WITH ORDINALITY AS u(mid, body, ord),"
-    " (SELECT COALESCE(MAX(pos), 0) AS p FROM working_memory WHERE conversation_id = $1) base"
+#: An append, whole: audit-log rows (ids from the sequence, in order), working-memory
+#: entries (after the last position; those linked to a row of this append get its id,
+#: in their column and their body), the update time moved forward, the turn's end and
+#: its run.  One statement is one round trip and atomic on its own.
+_APPEND = f"""
+WITH ids AS (
+    SELECT COALESCE(array_agg(nextval('message_id_seq') ORDER BY g), '{{}}'::bigint[]) AS a
+    FROM generate_series(1, $2::int) AS g
+), m AS (
+    INSERT INTO message ({MESSAGE_COLUMNS})
+    SELECT ids.a[u.ord], $1, u.kind, u.content, u.author, u.channel, u.run_id, u.tool_call_id,
+           u.tool_name, u.arguments, u.is_error, u.status, u.data, u.duration, u.created_at
+    FROM ids, unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+                     $9::text[], $10::text[], $11::boolean[], $12::text[], $13::jsonb[],
+                     $14::double precision[], $15::double precision[])
+         WITH ORDINALITY AS u(kind, content, author, channel, run_id, tool_call_id, tool_name,
+                              arguments, is_error, status, data, duration, created_at, ord)
+), w AS (
+    INSERT INTO working_memory (conversation_id, pos, message_id, body)
+    SELECT $1, base.p + v.ord,
+           CASE WHEN v.link > 0 THEN ids.a[v.link] ELSE v.mid END,
+           CASE WHEN v.link > 0 THEN jsonb_set(v.body, '{{message_id}}', to_jsonb(ids.a[v.link]))
+                ELSE v.body END
+    FROM ids, unnest($16::int[], $17::bigint[], $18::jsonb[])
+              WITH ORDINALITY AS v(link, mid, body, ord),
+         (SELECT COALESCE(MAX(pos), 0) AS p FROM working_memory WHERE conversation_id = $1) base
+), t AS (
+    UPDATE conversation SET updated_at = GREATEST(updated_at, $19::double precision)
+    WHERE id = $1 AND $19::double precision IS NOT NULL
+), e AS (
+    INSERT INTO turn_end (conversation_id, run_id, outcome, created_at)
+    SELECT $1, $20::text, $21::text, $22::double precision WHERE $20::text IS NOT NULL
+    ON CONFLICT DO NOTHING
+), r AS (
+    INSERT INTO run ({RUN_COLUMNS})
+    SELECT $23::text, $24::text, $25::text, $26::text, $27::text, $28::text, $29::int,
+           $30::double precision, $31::double precision, $32::text, $33::jsonb
+    WHERE $23::text IS NOT NULL
+    {UPSERT_RUN[UPSERT_RUN.index(" ON CONFLICT") :]}
 )
-_TOUCH = "UPDATE conversation SET updated_at = GREATEST(updated_at, $1) WHERE id = $2"
-_INSERT_TURN_END = (
-    "INSERT INTO turn_end (conversation_id, run_id, outcome, created_at)"
-    " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"
-)
+SELECT a FROM ids
+"""
 _BIND = (
     "INSERT INTO channel_binding (channel_key, conversation_id, created_at) VALUES ($1, $2, $3)"
     " ON CONFLICT (channel_key) DO UPDATE SET conversation_id = excluded.conversation_id,"
@@ -178,29 +207,39 @@ async def _append(
     updated_at: float | None,
     ended: TurnEnd | None,
 ) -> list[Message]:
+    """One append in one statement (:data:`_APPEND`): one round trip to the server."""
     now = time.time()
-    stored: list[Message] = []
-    if log_rows:
-        ids = await next_ids(conn, len(log_rows))
-        stored = [
-            m.stored(id=i, conversation_id=cid, now=now) for i, m in zip(ids, log_rows, strict=True)
-        ]
-        await insert_messages(conn, stored)
-    if memory:
-        linked = [link_stored(cm, stored) for cm in memory]
-        await conn.execute(
-            _INSERT_MEMORY,
-            cid,
-            [cm.message_id for cm in linked],
-            [nul_free_json(cm.to_json()) for cm in linked],
-        )
-    if updated_at is not None:
-        await conn.execute(_TOUCH, updated_at, cid)
-    if ended is not None:
-        await conn.execute(_INSERT_TURN_END, cid, ended.run_id, ended.outcome, now)
-        if ended.run is not None:
-            await conn.execute(UPSERT_RUN, *run_args(ended.run))
-    return stored
+    drafts = [m.stored(id=0, conversation_id=cid, now=now) for m in log_rows]
+    cols: list[list[Any]] = [[] for _ in range(13)]
+    for m in drafts:
+        values = (
+            m.kind, nul_free(m.content), nul_free(m.author), nul_free(m.channel), m.run_id,
+            m.tool_call_id, m.tool_name, nul_free(m.arguments), m.is_error, m.status,
+            dumps(m.data), m.duration, m.created_at,
+        )  # fmt: skip
+        for col, v in zip(cols, values, strict=True):
+            col.append(v)
+    # A memory entry linked to the k-th row of this append (message_id -k) gets that
+    # row's id in the statement itself.
+    links = [
+        -cm.message_id if cm.message_id is not None and cm.message_id < 0 else 0 for cm in memory
+    ]
+    run = run_args(ended.run) if ended is not None and ended.run is not None else (None,) * 11
+    ids = await conn.fetchval(
+        _APPEND,
+        cid,
+        len(drafts),
+        *cols,
+        links,
+        [None if k else cm.message_id for k, cm in zip(links, memory, strict=True)],
+        [nul_free_json(cm.to_json()) for cm in memory],
+        updated_at,
+        None if ended is None else ended.run_id,
+        None if ended is None else ended.outcome,
+        now,
+        *run,
+    )
+    return [dataclasses.replace(m, id=int(i)) for m, i in zip(drafts, ids, strict=True)]
 
 
 async def _insert_conversation(
@@ -221,6 +260,9 @@ class _Job:
     fn: WriteFn
     future: asyncio.Future[Any]
     conversation_id: str | None = None
+    #: ``fn`` runs exactly one statement (atomic alone): committed alone, it needs no
+    #: BEGIN and COMMIT round trips of its own.
+    single: bool = False
 
 
 @dataclass(slots=True)
@@ -413,6 +455,8 @@ class PostgresStore(
 
     async def _transaction(self, batch: Sequence[_Job]) -> list[Any]:
         conn = await self._writer_conn()
+        if len(batch) == 1 and batch[0].single:
+            return [await batch[0].fn(conn)]
         async with conn.transaction():
             return [await job.fn(conn) for job in batch]
 
@@ -608,7 +652,7 @@ class PostgresStore(
         async def fn(conn: asyncpg.Connection) -> list[Message]:
             return await _append(conn, conversation_id, rows, mem, updated_at, ended)
 
-        job = _Job(fn, asyncio.get_running_loop().create_future(), conversation_id)
+        job = _Job(fn, asyncio.get_running_loop().create_future(), conversation_id, single=True)
         return await self._submit(job, defer=defer)
 
     async def pending_turns(self, *, limit: int = 1000, after: int = 0) -> list[Message]:
