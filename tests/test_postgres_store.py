@@ -465,3 +465,20 @@ async def test_sigkill_mid_turn_loses_no_committed_message(openai_server, postgr
     assert [f"message {i}" for i, _ in sent] == [u for u in users if u.startswith("message")][
         : len(sent)
     ]
+
+
+async def test_one_outbox_write_may_name_a_piece_twice_as_on_sqlite(tmp_path, postgres_dsn):
+    """One statement writes a call's pieces; a call naming one piece twice (which that
+    statement cannot do) is written piece by piece: the same ids and texts as SQLite."""
+    from agentik.core.store.sqlite import SQLiteStore
+    from agentik.core.store.testing.kit import outbox
+
+    got = []
+    for store in (SQLiteStore(str(tmp_path / "a.db")), PostgresStore(postgres_dsn)):
+        async with store:
+            ids = await store.outbox_add(
+                [outbox(0, "", complete=False), outbox(1, "b"), outbox(0, "whole")]
+            )
+            texts = [(e.piece, e.text, e.complete) for e in await store.outbox_undelivered()]
+            got.append((ids[0] == ids[2] != ids[1], texts))
+    assert got[0] == got[1] == (True, [(0, "whole", True), (1, "b", True)])

@@ -511,9 +511,11 @@ class PostgresStore(
             conn.terminate()
             await self._pool.release(conn)
 
-    async def _write(self, fn: WriteFn, *, conversation_id: str | None = None) -> Any:
+    async def _write(
+        self, fn: WriteFn, *, conversation_id: str | None = None, single: bool = False
+    ) -> Any:
         loop = asyncio.get_running_loop()
-        return await self._submit(_Job(fn, loop.create_future(), conversation_id))
+        return await self._submit(_Job(fn, loop.create_future(), conversation_id, single))
 
     async def _read(self, sql: str, *args: Any) -> list[Any]:
         if self._closed or not self._started:

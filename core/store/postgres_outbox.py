@@ -28,6 +28,16 @@ _OUTBOX_UPSERT = (
     " complete = outbox.complete OR excluded.complete"
     " RETURNING id"
 )
+#: Every piece of one call in one statement (their ids, by key).
+_OUTBOX_UPSERT_MANY = (
+    "INSERT INTO outbox (channel_key, run_id, piece, transport, kind, text, reply_to, complete,"
+    " created_at) SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[],"
+    " $5::text[], $6::text[], $7::jsonb[], $8::boolean[], $9::double precision[])"
+    " ON CONFLICT (channel_key, run_id, piece) DO UPDATE SET"
+    " text = CASE WHEN outbox.complete THEN outbox.text ELSE excluded.text END,"
+    " complete = outbox.complete OR excluded.complete"
+    " RETURNING channel_key, run_id, piece, id"
+)
 #: States only move forward: queued (0) → sent (1) → confirmed (2).
 _OUTBOX_RANK = "(CASE {} WHEN 'queued' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END)"
 _OUTBOX_MARK = (
@@ -53,10 +63,22 @@ class PostgresOutbox(PostgresRoom):
         if not rows:
             return []
 
-        async def fn(conn: asyncpg.Connection) -> list[int]:
-            return [int(await conn.fetchval(_OUTBOX_UPSERT, *row)) for row in rows]
+        keys = [row[:3] for row in rows]
+        if len(set(keys)) < len(keys):
+            # The same piece twice in one call: one upsert each, in order (one statement
+            # may not change a row twice).
+            async def each(conn: asyncpg.Connection) -> list[int]:
+                return [int(await conn.fetchval(_OUTBOX_UPSERT, *row)) for row in rows]
 
-        result: list[int] = await self._write(fn)
+            listed: list[int] = await self._write(each)
+            return listed
+
+        async def fn(conn: asyncpg.Connection) -> list[int]:
+            found = await conn.fetch(_OUTBOX_UPSERT_MANY, *map(list, zip(*rows, strict=True)))
+            ids = {(r[0], r[1], r[2]): int(r[3]) for r in found}
+            return [ids[key] for key in keys]
+
+        result: list[int] = await self._write(fn, single=True)
         return result
 
     async def outbox_mark(

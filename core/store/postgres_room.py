@@ -99,7 +99,11 @@ class PostgresRoom:
     async def _read(self, sql: str, *args: Any) -> list[Any]:
         raise NotImplementedError
 
-    async def _write(self, fn: WriteFn, *, conversation_id: str | None = None) -> Any:
+    async def _write(
+        self, fn: WriteFn, *, conversation_id: str | None = None, single: bool = False
+    ) -> Any:
+        """Run ``fn`` in the writer's transaction; ``single``: ``fn`` runs exactly one
+        statement (committed alone, it needs no BEGIN/COMMIT of its own)."""
         raise NotImplementedError
 
     async def _vacuum(self, *tables: str) -> None:
