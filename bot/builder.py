@@ -68,6 +68,7 @@ __all__ = [
     "mcp_toolset",
     "resolve_agents",
     "resolve_backend",
+    "storage_problems",
 ]
 
 NO_MODEL_HELP = (
@@ -395,6 +396,21 @@ _NOTES_NOT_ON_POSTGRES = (
     ' storage.backend = "postgres" choose "markdown" or "none" (memory notes are not'
     " kept in PostgreSQL yet: docs/operations.md)"
 )
+
+
+def storage_problems(config: Config, env: Mapping[str, str] | None = None) -> list[str]:
+    """What stops a PostgreSQL store from being built (``agentik check``: each names its
+    key, without the file's name); nothing for SQLite (``check`` looks at its folder)."""
+    if config.storage.backend != "postgres":
+        return []
+    problems = []
+    try:
+        build_store(config, env)  # the DSN's variable is set (nothing connects yet)
+    except ConfigError as exc:
+        problems.append(str(exc).removeprefix(f"{config.source}: "))
+    if config.memory.backend == "sqlite":
+        problems.append(_NOTES_NOT_ON_POSTGRES.format(source="").removeprefix(": "))
+    return problems
 
 
 def build_store(config: Config, env: Mapping[str, str] | None = None) -> Store:

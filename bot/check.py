@@ -46,16 +46,15 @@ from agentik.core.soul import is_url, read_soul
 from agentik.core.tools.mcp import CommandNotFound, resolve_command
 
 from .builder import (
-    _NOTES_NOT_ON_POSTGRES,
     NoModelBackend,
     backend_choice,
     backend_settings,
-    build_store,
     ignored_settings,
     mcp_toolset,
     resolve_agents,
     resolve_backend,
     resolve_profiles,
+    storage_problems,
 )
 from .config import Config, MissingVar, reveal
 from .health import load_token
@@ -160,13 +159,8 @@ def _file_problems(config: Config, transports: dict[str, Any]) -> list[str]:
     (``agent.soul: cannot read …``); a soul URL is not fetched here."""
     problems: list[str] = []
     folder = os.path.dirname(os.path.abspath(config.database))
-    if config.storage.backend == "postgres":
-        try:
-            build_store(config)  # the DSN's variable is set (nothing connects yet)
-        except ConfigError as exc:
-            problems.append(str(exc).removeprefix(f"{config.source}: "))
-        if config.memory.backend == "sqlite":
-            problems.append(_NOTES_NOT_ON_POSTGRES.format(source="").removeprefix(": "))
+    if config.storage.backend != "sqlite":
+        problems += storage_problems(config)
     elif config.database != ":memory:" and not os.path.isdir(folder):
         # SQLite creates the file, not its folder: run stops with "cannot open database".
         problems.append(f"storage.path: the folder {folder} does not exist")
