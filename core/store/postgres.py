@@ -488,11 +488,13 @@ class PostgresStore(
             try:
                 await conn.execute("SELECT 1")
             except Exception as exc:
-                if not _lost(exc) or attempt == self.pool_max:
+                # (A connection found dead may already be back in the pool.)
+                with contextlib.suppress(Exception):
+                    conn.terminate()
+                with contextlib.suppress(Exception):
                     await self._pool.release(conn)
+                if not _lost(exc) or attempt == self.pool_max:
                     raise
-                conn.terminate()
-                await self._pool.release(conn)
                 continue
             self._conn = conn
             break
@@ -509,6 +511,7 @@ class PostgresStore(
         assert self._pool is not None
         with contextlib.suppress(Exception):
             conn.terminate()
+        with contextlib.suppress(Exception):
             await self._pool.release(conn)
 
     async def _write(
