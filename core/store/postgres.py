@@ -619,14 +619,14 @@ class PostgresStore(
         async def fn(conn: asyncpg.Connection) -> None:
             await conn.execute(sql, *args)
 
-        await self._write(fn, conversation_id=conversation_id)
+        await self._write(fn, conversation_id=conversation_id, single=True)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         async def fn(conn: asyncpg.Connection) -> bool:
             status = await conn.execute("DELETE FROM conversation WHERE id = $1", conversation_id)
             return bool(status != "DELETE 0")
 
-        return bool(await self._write(fn, conversation_id=conversation_id))
+        return bool(await self._write(fn, conversation_id=conversation_id, single=True))
 
     # -- bindings ----------------------------------------------------------------------
     async def get_binding(self, channel_key: str) -> str | None:
@@ -639,7 +639,7 @@ class PostgresStore(
         async def fn(conn: asyncpg.Connection) -> None:
             await conn.execute(_BIND, channel_key, conversation_id, time.time())
 
-        await self._write(fn, conversation_id=conversation_id)
+        await self._write(fn, conversation_id=conversation_id, single=True)
 
     # -- the dual log --------------------------------------------------------------------
     async def append(

@@ -113,5 +113,5 @@ class PostgresOutbox(PostgresRoom):
             status = await conn.execute("DELETE FROM outbox WHERE created_at < $1", before)
             return int(status.split()[-1])
 
-        result: int = await self._write(fn)
+        result: int = await self._write(fn, single=True)
         return result

@@ -46,7 +46,7 @@ class PostgresRuns(PostgresRoom):
         async def fn(conn: asyncpg.Connection) -> None:
             await conn.execute(UPSERT_RUN, *run_args(run))
 
-        await self._write(fn)
+        await self._write(fn, single=True)
 
     async def runs(self, conversation_id: str) -> list[RunRecord]:
         rows = await self._read(

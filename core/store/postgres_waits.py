@@ -79,7 +79,7 @@ class PostgresWaits(PostgresRoom):
             )
             return None if serial is None else int(serial)
 
-        result: int | None = await self._write(fn)
+        result: int | None = await self._write(fn, single=True)
         return result
 
     async def approval_resolve(
@@ -100,7 +100,7 @@ class PostgresWaits(PostgresRoom):
             )  # fmt: skip
             return bool(status != "UPDATE 0")
 
-        return bool(await self._write(fn))
+        return bool(await self._write(fn, single=True))
 
     async def approval_rebind(self, serial: int, call_id: str) -> None:
         async def fn(conn: asyncpg.Connection) -> None:
@@ -164,7 +164,7 @@ class PostgresWaits(PostgresRoom):
                 )
             )
 
-        result: int = await self._write(fn)
+        result: int = await self._write(fn, single=True)
         return result
 
     async def question_settle(
@@ -183,7 +183,7 @@ class PostgresWaits(PostgresRoom):
             )  # fmt: skip
             return bool(status != "UPDATE 0")
 
-        return bool(await self._write(fn))
+        return bool(await self._write(fn, single=True))
 
     async def question_rebind(self, question_id: int, call_id: str) -> None:
         async def fn(conn: asyncpg.Connection) -> None:
@@ -235,4 +235,4 @@ class PostgresWaits(PostgresRoom):
                 checklist.updated_at,
             )
 
-        await self._write(fn, conversation_id=conversation_id)
+        await self._write(fn, conversation_id=conversation_id, single=True)
