@@ -18,7 +18,7 @@ NO_REMOTE := [ -z "$${OPENAI_BASE_URL}$${OPENAI_API_KEY}$${AGENTIK_GOOGLE_MODEL_
 NPM_TOOLS ?= .npm-tools
 MCP_EVERYTHING_VERSION := 2026.8.31
 
-.PHONY: run test docs test-model bench bench-local lint format clean irc-servers chromium local-build-tools mcp-servers
+.PHONY: run test docs test-model bench bench-local lint format clean irc-servers chromium local-build-tools mcp-servers postgres
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -66,7 +66,7 @@ run:
 # The suite on parallel workers (pytest-xdist; auto = two per CPU, tests/conftest.py; TEST_WORKERS=0
 # runs it in one process). Groups that must stay on one worker: tests/conftest.py.
 TEST_WORKERS ?= auto
-test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium mcp-servers
+test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium mcp-servers postgres
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The manual: docs/ built by mkdocs (Material theme) into site/, strictly (a warning,
@@ -123,6 +123,41 @@ irc-servers:
 	  /etc/init.d/ngircd stop >/dev/null 2>&1 || true; \
 	fi; \
 	echo "ngircd installed: $$(command -v ngircd || echo /usr/sbin/ngircd)"
+
+# PostgreSQL for the PostgreSQL store's tests (tests/pgserver.py runs initdb and
+# pg_ctl into a temporary folder, as an unprivileged user, on a free port: no system
+# cluster is used). Debian's postgresql is installed with apt-get when initdb/pg_ctl
+# are missing and we are root; otherwise a note, and those tests skip (CI=true: fail).
+# A temporary policy-rc.d stops the package from starting its own cluster; should
+# one have started anyway, it is stopped.
+postgres:
+	@set -e; \
+	if ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || \
+	   { command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; }; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "note: PostgreSQL is missing and installing it needs root and apt-get;"; \
+	  echo "      the PostgreSQL store tests will skip, or fail under CI=true (fix: sudo make postgres)"; \
+	  exit 0; \
+	fi; \
+	echo "installing postgresql (apt-get) for the PostgreSQL store tests"; \
+	policy=/usr/sbin/policy-rc.d; \
+	if [ ! -e $$policy ]; then \
+	  trap "rm -f $$policy" EXIT; \
+	  printf '#!/bin/sh\n# temporary, from agentik make postgres\nexit 101\n' >$$policy; \
+	  chmod 755 $$policy; \
+	fi; \
+	if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	       apt-get install -y -qq --no-install-recommends -o Dpkg::Use-Pty=0 postgresql >/dev/null; }; then \
+	  echo "note: installing postgresql failed; the PostgreSQL store tests will skip (CI=true: fail)"; \
+	  [ "$${CI:-}" != true ] || exit 1; \
+	  exit 0; \
+	fi; \
+	if [ -d /run/systemd/system ]; then \
+	  systemctl disable --now postgresql >/dev/null 2>&1 || true; \
+	elif [ -x /etc/init.d/postgresql ]; then \
+	  /etc/init.d/postgresql stop >/dev/null 2>&1 || true; \
+	fi; \
+	echo "postgresql installed: $$(ls -d /usr/lib/postgresql/*/bin | tail -1)"
 
 # Debian's chromium for the web page's browser test (Playwright drives it;
 # it never downloads a browser of its own).  Installed with apt-get when

@@ -62,11 +62,13 @@ __all__ = [
     "Toolset",
     "backend_choice",
     "backend_settings",
+    "build_store",
     "ignored_settings",
     "mcp_servers",
     "mcp_toolset",
     "resolve_agents",
     "resolve_backend",
+    "storage_problems",
 ]
 
 NO_MODEL_HELP = (
@@ -339,7 +341,7 @@ class AgentBuilder:
         b = cls()
         b.llm(resolve_backend(config, registry))
         b.profiles(resolve_profiles(config, registry))
-        store = SQLiteStore(config.database, synchronous=config.storage.synchronous)
+        store = build_store(config)
         b.storage(store)
         scrubber = scrubber_plugin(config.redaction)
         if scrubber is not None and registry.pm.get_plugin("agentik-scrubber") is None:
@@ -348,6 +350,8 @@ class AgentBuilder:
         mem = config.memory
         memory: MemoryBackend
         if mem.backend == "sqlite":
+            if not isinstance(store, SQLiteStore):
+                raise ConfigError(_NOTES_NOT_ON_POSTGRES.format(source=config.source))
             try:
                 embedder = embedder_for(mem)
             except EmbeddingError as exc:
@@ -385,6 +389,52 @@ class AgentBuilder:
         b.stream_profiles(resolve_stream_profiles(config.profiles))
         b.passthrough(*config.passthrough)
         return b
+
+
+_NOTES_NOT_ON_POSTGRES = (
+    '{source}: memory.backend: "sqlite" keeps the notes in the SQLite database; with'
+    ' storage.backend = "postgres" choose "markdown" or "none" (memory notes are not'
+    " kept in PostgreSQL yet: docs/operations.md)"
+)
+
+
+def storage_problems(config: Config, env: Mapping[str, str] | None = None) -> list[str]:
+    """What stops a PostgreSQL store from being built (``agentik check``: each names its
+    key, without the file's name); nothing for SQLite (``check`` looks at its folder)."""
+    if config.storage.backend != "postgres":
+        return []
+    problems = []
+    try:
+        build_store(config, env)  # the DSN's variable is set (nothing connects yet)
+    except ConfigError as exc:
+        problems.append(str(exc).removeprefix(f"{config.source}: "))
+    if config.memory.backend == "sqlite":
+        problems.append(_NOTES_NOT_ON_POSTGRES.format(source="").removeprefix(": "))
+    return problems
+
+
+def build_store(config: Config, env: Mapping[str, str] | None = None) -> Store:
+    """The store ``[storage]`` describes: SQLite in ``path``, or PostgreSQL at the DSN
+    read from the environment variable ``dsn_env`` (never from the file, never shown)."""
+    storage = config.storage
+    if storage.backend == "postgres":
+        from agentik.core.store.postgres import PostgresStore
+
+        env = os.environ if env is None else env
+        dsn = env.get(storage.dsn_env, "").strip()
+        if not dsn:
+            raise ConfigError(
+                f"{config.source}: storage.dsn_env: environment variable {storage.dsn_env}"
+                ' is not set (storage.backend = "postgres" reads the DSN from it, e.g.'
+                " postgresql://agentik:PASSWORD@db.example.org/agentik)"
+            )
+        if storage.pool_max < storage.pool_min:
+            raise ConfigError(
+                f"{config.source}: storage.pool_max: {storage.pool_max} is less than"
+                f" pool_min ({storage.pool_min})"
+            )
+        return PostgresStore(dsn, pool_min=storage.pool_min, pool_max=storage.pool_max)
+    return SQLiteStore(config.database, synchronous=storage.synchronous)
 
 
 def resolve_agents(config: Config, registry: Registry) -> dict[str, AgentSpec]:

@@ -37,7 +37,7 @@ from pydantic import BaseModel, SecretStr
 
 from agentik.core.agents import agent_tool_name
 from agentik.core.budgets import BudgetLimits
-from agentik.core.errors import ConfigError
+from agentik.core.errors import AgentikError, ConfigError
 from agentik.core.memory import MEMORY_TOOLS
 from agentik.core.questions import builtin_tools
 from agentik.core.settings import setting_fields
@@ -54,6 +54,7 @@ from .builder import (
     resolve_agents,
     resolve_backend,
     resolve_profiles,
+    storage_problems,
 )
 from .config import Config, MissingVar, reveal
 from .health import load_token
@@ -158,7 +159,9 @@ def _file_problems(config: Config, transports: dict[str, Any]) -> list[str]:
     (``agent.soul: cannot read …``); a soul URL is not fetched here."""
     problems: list[str] = []
     folder = os.path.dirname(os.path.abspath(config.database))
-    if config.database != ":memory:" and not os.path.isdir(folder):
+    if config.storage.backend != "sqlite":
+        problems += storage_problems(config)
+    elif config.database != ":memory:" and not os.path.isdir(folder):
         # SQLite creates the file, not its folder: run stops with "cannot open database".
         problems.append(f"storage.path: the folder {folder} does not exist")
     if config.memory.backend == "markdown":
@@ -252,7 +255,15 @@ def _model_lines(
 
 
 def _storage_lines(config: Config) -> list[str]:
-    out = [f"storage: {config.database} (synchronous={config.storage.synchronous})"]
+    st = config.storage
+    if st.backend == "postgres":
+        from agentik.core.store.postgres import describe_dsn
+
+        where = describe_dsn(os.environ.get(st.dsn_env, ""))
+        out = [f"storage: postgres {where} (DSN from ${st.dsn_env};"
+               f" pool {st.pool_min}-{st.pool_max} connections)"]  # fmt: skip
+    else:
+        out = [f"storage: {config.database} (synchronous={st.synchronous})"]
     m = config.memory
     if m.backend == "sqlite":
         out.append("memory: backend 'sqlite' (notes in the database)")
@@ -604,6 +615,8 @@ async def _probe_all(
 ) -> list[Probe]:
     jobs: list[tuple[str, Callable[[], Awaitable[Probe | list[Probe]]]]] = []
     jobs.append(("model", lambda: _probe_model("model", backend, seconds)))
+    if config.storage.backend == "postgres":
+        jobs.append(("storage", lambda: _probe_postgres(config, seconds)))
     for name, profile in profiles.items():
         jobs.append((f"model profile {name}", _bind(_probe_model, f"model profile {name}",
                                                     profile, seconds)))  # fmt: skip
@@ -640,6 +653,34 @@ async def _guarded(
         return Probe(component, False, f"no answer within {seconds * 3 + 5:g}s")
     except Exception as exc:  # a probe's own bug must not hide the others' results
         return Probe(component, False, f"{type(exc).__name__}: {exc}")
+
+
+async def _probe_postgres(config: Config, seconds: float) -> Probe:
+    """Connect to the PostgreSQL server (no migration): its version, the schema
+    version of this agentik's tables there, its extensions, pgvector or not."""
+    from agentik.core.store.postgres import describe_dsn, probe_server
+
+    dsn = os.environ.get(config.storage.dsn_env, "")
+    where = describe_dsn(dsn)
+    try:
+        info = await probe_server(dsn, connect_timeout=seconds)
+    except AgentikError as exc:
+        return Probe("storage", False, str(exc))
+    extensions = ", ".join(f"{k} {v}" for k, v in info["extensions"].items()) or "none"
+    if "vector" in info["extensions"]:
+        vector = f"pgvector {info['extensions']['vector']} installed"
+    elif info["pgvector"]:
+        vector = f"pgvector {info['pgvector']} available, not installed"
+    else:
+        vector = "pgvector not available"
+    schema = info["schema_version"]
+    return Probe(
+        "storage",
+        True,
+        f"PostgreSQL {info['version']} at {where}; schema version"
+        f" {schema if schema else 'none yet (agentik run creates it)'};"
+        f" extensions: {extensions}; {vector}",
+    )
 
 
 async def _probe_model(component: str, backend: Any, seconds: float) -> Probe:

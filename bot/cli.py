@@ -331,7 +331,18 @@ def _load(path: str | None, needs: frozenset[str] | None, missing: list[MissingV
         return load_config(path)
 
 
+#: The commands that work whatever the storage engine; the others (conversations, memory,
+#: access, db) open the SQLite database themselves.
+_ANY_ENGINE = ("run", "chat", "check", "plugins", "mcp", "status")
+
+
 def _dispatch(args: argparse.Namespace, config: Config) -> int:
+    if config.storage.backend != "sqlite" and args.command not in _ANY_ENGINE:
+        raise ConfigError(
+            f"{config.source}: storage.backend: `agentik {args.command}` works on the SQLite"
+            f" store only for now, not on {config.storage.backend!r} (docs/operations.md,"
+            ' "PostgreSQL")'
+        )
     if args.command == "run":
         return asyncio.run(_run(config, only=None))
     if args.command == "chat":

@@ -56,6 +56,7 @@ from agentik.core.settings import (
     setting_fields,
     settings_dataclass,
 )
+from agentik.core.store.postgres import PostgresSettings
 from agentik.core.store.sqlite import SQLiteSettings
 from agentik.core.streamprofiles import StreamProfileSettings, resolve_profiles
 from agentik.core.tools.base import TurnPolicy
@@ -310,13 +311,19 @@ def _error(loc: tuple[Any, ...], msg: str) -> dict[str, Any]:
 
 
 @settings_dataclass
-class StorageSection(SQLiteSettings):
+class StorageSection(SQLiteSettings, PostgresSettings):
     """``[storage]``: where conversations live.
 
-    ``synchronous`` is the store's own setting (:class:`SQLiteSettings`).
+    The engines' own settings are theirs: ``synchronous`` is SQLite's
+    (:class:`SQLiteSettings`); ``dsn_env``, ``pool_min`` and ``pool_max`` are
+    PostgreSQL's (:class:`PostgresSettings`).
     """
 
+    #: The SQLite database file (``backend = "sqlite"``).
     path: str = "agentik.db"
+    #: ``sqlite`` (one file, the embedded default) or ``postgres`` (a server several
+    #: bot processes can share; its DSN in the environment variable ``dsn_env``).
+    backend: Literal["sqlite", "postgres"] = "sqlite"
 
 
 class _TransportBase(BaseModel):
@@ -499,7 +506,26 @@ class Config(_Section):
                     walk(value)
 
         walk(self)
+        if self.storage.backend == "postgres":
+            # The DSN comes from the environment, never from the file: it and its
+            # password are secrets all the same.
+            dsn = os.environ.get(self.storage.dsn_env, "")
+            found += [s for s in (dsn, _dsn_password(dsn)) if s]
         return found
+
+
+def _dsn_password(dsn: str) -> str | None:
+    """The password in a ``postgresql://user:password@host/db`` or ``password=...`` DSN."""
+    from urllib.parse import unquote, urlsplit
+
+    if "://" in dsn:
+        try:
+            password = urlsplit(dsn).password
+        except ValueError:
+            return None
+        return unquote(password) if password else None
+    m = re.search(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn)
+    return m.group(1).strip("'") if m else None
 
 
 def reveal(secret: SecretStr | str | None) -> str | None:

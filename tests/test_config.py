@@ -732,6 +732,7 @@ def test_transport_mcp_and_storage_sections_are_the_classes_they_configure():
         StorageSection,
     )
     from agentik.core import SQLiteStore
+    from agentik.core.store.postgres import PostgresSettings, PostgresStore
     from agentik.core.store.sqlite import SQLiteSettings
     from agentik.core.tools.mcp import MCPServerConfig
 
@@ -757,11 +758,22 @@ def test_transport_mcp_and_storage_sections_are_the_classes_they_configure():
     # [[mcp.servers]] is the core's class itself.
     assert MCPServerSection is MCPServerConfig
     assert MCPSection.model_fields["servers"].annotation == list[MCPServerConfig]
-    # [storage] adds path to the store's own settings.
+    # [storage] adds path and backend to the stores' own settings.
     assert issubclass(StorageSection, SQLiteSettings)
-    assert set(setting_fields(StorageSection)) == {"path", *setting_fields(SQLiteSettings)}
+    assert issubclass(StorageSection, PostgresSettings)
+    assert set(setting_fields(StorageSection)) == {
+        "path",
+        "backend",
+        *setting_fields(SQLiteSettings),
+        *setting_fields(PostgresSettings),
+    }
     store = inspect.signature(SQLiteStore).parameters
     assert StorageSection().synchronous == store["synchronous"].default
+    pg = inspect.signature(PostgresStore).parameters
+    assert (StorageSection().pool_min, StorageSection().pool_max) == (
+        pg["pool_min"].default,
+        pg["pool_max"].default,
+    )
 
 
 def test_a_server_without_startup_takes_the_mcp_default():

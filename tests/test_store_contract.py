@@ -1,5 +1,6 @@
 """The store contract suite (agentik.core.store.testing) on every engine we ship:
-SQLite in a file, SQLite in memory (``:memory:``) and the in-memory engine."""
+SQLite in a file, SQLite in memory (``:memory:``), the in-memory engine and PostgreSQL
+(a real server, tests/pgserver.py: one per worker, a fresh database per test)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from agentik.core.store.records import Checklist, ConversationRecord, RunRecord,
 from agentik.core.store.testing import StoreContract
 from agentik.core.store.testing.kit import approval, question
 from agentik.core.testing.scripted import ScriptedModel
+
+pytest_plugins = ["pgserver"]
 
 
 class TestSQLiteFileContract(StoreContract):
@@ -33,6 +36,15 @@ class TestMemoryContract(StoreContract):
     @pytest_asyncio.fixture
     async def store(self):
         async with MemoryStore() as s:
+            yield s
+
+
+class TestPostgresContract(StoreContract):
+    @pytest_asyncio.fixture
+    async def store(self, postgres_dsn):
+        from agentik.core.store.postgres import PostgresStore
+
+        async with PostgresStore(postgres_dsn) as s:
             yield s
 
 

@@ -1,1 +1,2 @@
-"""Persistence: the Store interface, SQLite (default) and in-memory engines."""
+"""Persistence: the Store interface, SQLite (default), PostgreSQL (:mod:`.postgres`,
+the ``postgres`` extra) and in-memory engines."""

@@ -1,0 +1,203 @@
+"""The PostgreSQL engine's governance aggregate (:class:`~.repositories.GovernanceRepository`):
+roles granted in chat, channel settings, budget counters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from .postgres_room import PostgresRoom, nul_free
+from .records import AccessChange, AccessGrant, ChannelSetting, ChannelSettingChange
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["PostgresGovernance"]
+
+
+class PostgresGovernance(PostgresRoom):
+    """Grants and their audit, channel settings and their audit, budget counters."""
+
+    # -- budgets ----------------------------------------------------------------------------
+    async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
+        # Rows of one call may hit one counter twice: summed first (one upsert per counter).
+        summed: dict[tuple[str, str, str, int], int] = {}
+        for scope, subject, kind, period, amount in rows:
+            key = (scope, subject, kind, period)
+            summed[key] = summed.get(key, 0) + amount
+        if not summed:
+            return
+        args = [(*key, amount) for key, amount in summed.items()]
+
+        async def fn(conn: asyncpg.Connection) -> None:
+            await conn.executemany(
+                "INSERT INTO budget_usage (scope, subject, kind, period, amount)"
+                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, subject, kind, period)"
+                " DO UPDATE SET amount = budget_usage.amount + excluded.amount",
+                args,
+            )
+
+        await self._write(fn)
+
+    async def budget_usage(
+        self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
+    ) -> dict[tuple[str, str, str], int]:
+        out: dict[tuple[str, str, str], int] = {}
+        if not keys or not windows:
+            return out
+        pairs = list(dict.fromkeys(keys))
+        kinds = list(windows)
+        # One query: the counters of every (scope, subject) in each kind's window.
+        rows = await self._read(
+            "SELECT b.scope, b.subject, b.kind, b.amount FROM budget_usage b"
+            " JOIN unnest($1::text[], $2::text[]) AS k(scope, subject)"
+            "  ON b.scope = k.scope AND b.subject = k.subject"
+            " JOIN unnest($3::text[], $4::bigint[]) AS w(kind, period)"
+            "  ON b.kind = w.kind AND b.period = w.period",
+            [p[0] for p in pairs],
+            [p[1] for p in pairs],
+            kinds,
+            [windows[k] for k in kinds],
+        )
+        for scope, subject, kind, amount in rows:
+            out[(scope, subject, kind)] = int(amount)
+        return out
+
+    async def budget_prune(self, before: Mapping[str, int]) -> int:
+        async def fn(conn: asyncpg.Connection) -> int:
+            n = 0
+            for kind, start in before.items():
+                status = await conn.execute(
+                    "DELETE FROM budget_usage WHERE period < $1 AND kind = $2", start, kind
+                )
+                n += int(status.split()[-1])
+            return n
+
+        return int(await self._write(fn))
+
+    async def budget_rows(self, since: int) -> list[tuple[str, str, str, int, int]]:
+        rows = await self._read(
+            "SELECT scope, subject, kind, period, amount FROM budget_usage WHERE period >= $1"
+            " ORDER BY scope, subject, kind, period",
+            since,
+        )
+        return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]
+
+    # -- access: roles granted in chat ------------------------------------------------------
+    async def access_grants(self) -> list[AccessGrant]:
+        rows = await self._read(
+            "SELECT identity, role, granted_by, granted_at FROM access_grant ORDER BY identity"
+        )
+        return [
+            AccessGrant(identity=r[0], role=r[1], granted_by=r[2], granted_at=r[3]) for r in rows
+        ]
+
+    async def access_set(
+        self, identity: str, role: str | None, *, by: str, channel: str | None = None
+    ) -> None:
+        now = time.time()
+
+        async def fn(conn: asyncpg.Connection) -> None:
+            # The row is locked for the rest of the transaction: the audited old role is
+            # the one replaced, whatever another process does at the same time.
+            old = await conn.fetchval(
+                "SELECT role FROM access_grant WHERE identity = $1 FOR UPDATE", identity
+            )
+            if role is None:
+                await conn.execute("DELETE FROM access_grant WHERE identity = $1", identity)
+            else:
+                await conn.execute(
+                    "INSERT INTO access_grant (identity, role, granted_by, granted_at)"
+                    " VALUES ($1, $2, $3, $4) ON CONFLICT (identity) DO UPDATE SET"
+                    " role = excluded.role, granted_by = excluded.granted_by,"
+                    " granted_at = excluded.granted_at",
+                    identity, role, by, now,
+                )  # fmt: skip
+            await conn.execute(
+                "INSERT INTO access_audit (at, actor, identity, old_role, new_role, channel)"
+                " VALUES ($1, $2, $3, $4, $5, $6)",
+                now, by, identity, old, role, channel,
+            )  # fmt: skip
+
+        await self._write(fn)
+
+    async def access_audit(self, *, limit: int = 100) -> list[AccessChange]:
+        rows = await self._read(
+            "SELECT id, at, actor, identity, old_role, new_role, channel FROM access_audit"
+            " ORDER BY id DESC LIMIT $1",
+            limit,
+        )
+        return [
+            AccessChange(id=r[0], at=r[1], actor=r[2], identity=r[3], old_role=r[4],
+                         new_role=r[5], channel=r[6])
+            for r in rows
+        ]  # fmt: skip
+
+    # -- per-channel settings ---------------------------------------------------------------
+    async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:
+        rows = await self._read(
+            "SELECT channel_key, key, value, set_by, set_at FROM channel_setting"
+            " WHERE channel_key = $1 ORDER BY key",
+            channel_key,
+        )
+        return [
+            ChannelSetting(channel_key=r[0], key=r[1], value=r[2], set_by=r[3], set_at=r[4])
+            for r in rows
+        ]
+
+    async def set_channel_setting(
+        self, channel_key: str, key: str, value: str | None, *, actor: str, at: float
+    ) -> str | None:
+        value = nul_free(value)
+
+        async def fn(conn: asyncpg.Connection) -> str | None:
+            row = await conn.fetchrow(
+                "SELECT value FROM channel_setting WHERE channel_key = $1 AND key = $2 FOR UPDATE",
+                channel_key,
+                key,
+            )
+            old = None if row is None else str(row[0])
+            if value is None and old is None:
+                return None
+            if value is None:
+                await conn.execute(
+                    "DELETE FROM channel_setting WHERE channel_key = $1 AND key = $2",
+                    channel_key,
+                    key,
+                )
+            else:
+                await conn.execute(
+                    "INSERT INTO channel_setting (channel_key, key, value, set_by, set_at)"
+                    " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (channel_key, key) DO UPDATE SET"
+                    " value = excluded.value, set_by = excluded.set_by,"
+                    " set_at = excluded.set_at",
+                    channel_key, key, value, actor, at,
+                )  # fmt: skip
+            await conn.execute(
+                "INSERT INTO channel_setting_audit (channel_key, key, old_value, new_value,"
+                " actor, at) VALUES ($1, $2, $3, $4, $5, $6)",
+                channel_key, key, old, value, actor, at,
+            )  # fmt: skip
+            return old
+
+        result: str | None = await self._write(fn)
+        return result
+
+    async def channel_setting_changes(
+        self, channel_key: str | None = None, *, limit: int = 100
+    ) -> list[ChannelSettingChange]:
+        where, args = ("WHERE channel_key = $1", [channel_key]) if channel_key else ("", [])
+        rows = await self._read(
+            "SELECT id, channel_key, key, old_value, new_value, actor, at"
+            f" FROM channel_setting_audit {where} ORDER BY id DESC LIMIT ${len(args) + 1}",
+            *args,
+            limit,
+        )
+        return [
+            ChannelSettingChange(
+                id=r[0], channel_key=r[1], key=r[2], old_value=r[3], new_value=r[4],
+                actor=r[5], at=r[6],
+            )
+            for r in reversed(rows)
+        ]  # fmt: skip

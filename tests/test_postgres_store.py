@@ -1,0 +1,484 @@
+"""The PostgreSQL store beyond the contract suite: the rules the database itself
+enforces, its migrations, its errors, several stores on one database, and a bot
+configured with ``[storage] backend = "postgres"`` end to end (tests/pgserver.py
+runs the real server)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import subprocess
+import sys
+
+import asyncpg
+import pytest
+
+import helpers
+from agentik.core.errors import MigrationError, StoreError
+from agentik.core.messages import NewMessage
+from agentik.core.store.postgres import PostgresStore, describe_dsn
+from agentik.core.store.postgres_migrations import MIGRATIONS
+from agentik.core.store.records import ConversationRecord, TurnEnd
+from helpers import AGENTIK
+
+pytest_plugins = ["pgserver"]
+
+clean_env = functools.partial(helpers.clean_env, drop=("PYTHONASYNCIODEBUG",))
+
+
+def rec(cid: str) -> ConversationRecord:
+    return ConversationRecord(id=cid, created_at=1.0, updated_at=1.0)
+
+
+async def _refused(conn: asyncpg.Connection, sql: str, *args: object) -> str:
+    """Run ``sql``, which the database must refuse; the error's text."""
+    with pytest.raises(asyncpg.PostgresError) as info:
+        await conn.execute(sql, *args)
+    return str(info.value)
+
+
+# -- what the database enforces ----------------------------------------------------------------
+async def test_the_audit_log_refuses_updates_and_deletes_through_a_raw_connection(postgres_dsn):
+    async with PostgresStore(postgres_dsn) as store:
+        await store.create_conversation(rec("c"))
+        [row] = await store.append("c", log=[NewMessage(kind="user", content="said", run_id="r")])
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        for sql in (
+            "UPDATE message SET content = 'rewritten' WHERE id = $1",
+            "UPDATE message SET author = 'mallory' WHERE id = $1",
+            # Even a redaction may not change who said it, nor redact twice.
+            "UPDATE message SET redacted = true, author = 'x' WHERE id = $1",
+            "DELETE FROM message WHERE id = $1",
+        ):
+            assert "append-only" in await _refused(conn, sql, row.id)
+        assert await conn.fetchval("SELECT content FROM message WHERE id = $1", row.id) == "said"
+        await conn.execute(
+            "UPDATE message SET redacted = true, content = '-' WHERE id = $1", row.id
+        )
+        assert "append-only" in await _refused(
+            conn, "UPDATE message SET redacted = false WHERE id = $1", row.id
+        )
+        # Deleting the conversation takes its rows (a cascade), and only that way.
+        await conn.execute("DELETE FROM conversation WHERE id = 'c'")
+        assert await conn.fetchval("SELECT COUNT(*) FROM message") == 0
+    finally:
+        await conn.close()
+
+
+async def test_turn_ends_redactions_and_setting_audits_are_append_only(postgres_dsn):
+    async with PostgresStore(postgres_dsn) as store:
+        await store.create_conversation(rec("c"))
+        [row] = await store.append(
+            "c",
+            log=[NewMessage(kind="user", content="x", run_id="r1")],
+            ended=TurnEnd("r1", "stop"),
+        )
+        await store.redact_message("c", row.id, content="-", by="a", reason="", at=1.0)
+        await store.set_channel_setting("k", "x", "1", actor="a", at=1.0)
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        for sql in (
+            "UPDATE turn_end SET outcome = 'error'",
+            "UPDATE redaction SET redacted_by = 'nobody'",
+            "UPDATE channel_setting_audit SET actor = 'nobody'",
+        ):
+            assert "append-only" in await _refused(conn, sql)
+    finally:
+        await conn.close()
+
+
+async def test_a_redacted_messages_old_row_version_is_vacuumed_away(postgres_dsn):
+    """No tuple of the table, live or dead, holds the old text after a redaction (the
+    engine vacuums).  PostgreSQL cannot promise more: the freed bytes stay in the page
+    until reused, and in the WAL until it is recycled (docs/operations.md)."""
+    secret = "zq7-unique-hunter2-passphrase"
+    async with PostgresStore(postgres_dsn) as store:
+        await store.create_conversation(rec("c"))
+        [row] = await store.append("c", log=[NewMessage(kind="user", content=secret)])
+        await store.redact_message("c", row.id, content="[r]", by="a", reason="", at=1.0)
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        tuples = await conn.fetch(
+            "SELECT t_data FROM generate_series(0, pg_relation_size('message')"
+            " / current_setting('block_size')::int - 1) AS p,"
+            " heap_page_items(get_raw_page('message', p::int)) WHERE t_data IS NOT NULL"
+        )
+        assert len(tuples) == 1 and b"[r]" in tuples[0][0]
+        assert not [t for t in tuples if secret.encode() in t[0]]
+    finally:
+        await conn.execute("DROP EXTENSION IF EXISTS pageinspect")
+        await conn.close()
+
+
+# -- migrations -------------------------------------------------------------------------------
+async def test_migrations_are_numbered_recorded_and_applied_once(postgres_blank_dsn):
+    async with PostgresStore(postgres_blank_dsn):
+        pass
+    # Three processes starting at once on the blank database: one migrates (under the
+    # advisory lock), the others find it done.
+    stores = [PostgresStore(postgres_blank_dsn) for _ in range(3)]
+    await asyncio.gather(*(s.start() for s in stores))
+    await asyncio.gather(*(s.aclose() for s in stores))
+    conn = await asyncpg.connect(postgres_blank_dsn)
+    try:
+        rows = await conn.fetch("SELECT number, name FROM schema_migrations ORDER BY number")
+        assert [(r[0], r[1]) for r in rows] == [(m.number, m.name) for m in MIGRATIONS]
+    finally:
+        await conn.close()
+
+
+async def test_a_schema_newer_than_this_agentik_is_refused(postgres_dsn):
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO schema_migrations (number, name, applied_at) VALUES (999, 'future', 0)"
+        )
+    finally:
+        await conn.close()
+    with pytest.raises(MigrationError, match="newer than this agentik knows"):
+        await PostgresStore(postgres_dsn).start()
+
+
+# -- errors -----------------------------------------------------------------------------------
+async def test_an_unreachable_server_is_a_clear_error_without_the_password():
+    from ircservers import free_port
+
+    dsn = f"postgresql://bot:hunter2-secret@127.0.0.1:{free_port()}/agentik"
+    store = PostgresStore(dsn, connect_timeout=5)
+    with pytest.raises(StoreError) as info:
+        await store.start()
+    message = str(info.value)
+    assert "cannot open PostgreSQL database 127.0.0.1" in message
+    assert "hunter2" not in message and "hunter2" not in repr(store)
+    assert describe_dsn(dsn) == f"127.0.0.1:{dsn.rsplit(':', 1)[1].split('/')[0]}/agentik"
+
+
+async def test_a_closed_store_refuses_work(postgres_dsn):
+    store = PostgresStore(postgres_dsn)
+    async with store:
+        await store.create_conversation(rec("c"))
+    from agentik.core.errors import ClosedError
+
+    with pytest.raises(ClosedError):
+        await store.append("c", log=[NewMessage(kind="user", content="late")])
+
+
+async def test_nul_characters_are_stored_as_replacement_characters(postgres_dsn):
+    """PostgreSQL's text and jsonb cannot hold NUL (SQLite's can): nothing is lost but it."""
+    async with PostgresStore(postgres_dsn) as store:
+        await store.create_conversation(rec("c"))
+        await store.append(
+            "c", log=[NewMessage(kind="user", content="a\x00b", data={"k": "x\x00y"})]
+        )
+        [row] = await store.messages("c")
+        assert (row.content, row.data) == ("a\ufffdb", {"k": "x\ufffdy"})
+
+
+# -- several stores, one database ---------------------------------------------------------------
+async def test_two_stores_write_one_database_at_once(postgres_dsn):
+    """Two engines on one database (as two bot processes will be): ids come from the
+    database, so every row lands once, each store's in its own order."""
+    a, b = PostgresStore(postgres_dsn), PostgresStore(postgres_dsn)
+    async with a, b:
+        await a.create_conversation(rec("ca"))
+        await b.create_conversation(rec("cb"))
+        results = await asyncio.gather(
+            *(a.append("ca", log=[NewMessage(kind="user", content=f"a{i}")]) for i in range(40)),
+            *(b.append("cb", log=[NewMessage(kind="user", content=f"b{i}")]) for i in range(40)),
+        )
+        ids = [r[0].id for r in results]
+        assert len(set(ids)) == 80
+        assert ids[:40] == sorted(ids[:40]) and ids[40:] == sorted(ids[40:])
+        assert [m.content for m in await b.messages("ca", limit=100)] == [
+            f"a{i}" for i in range(40)
+        ]
+        assert [r.id for r in await a.list_conversations()] == ["ca", "cb"]
+
+
+# -- the bot ------------------------------------------------------------------------------------
+def test_asyncpg_is_imported_only_when_the_engine_starts():
+    script = (
+        "import sys\n"
+        "import agentik.core, agentik.bot.app, agentik.bot.builder, agentik.bot.check\n"
+        "from agentik.core.store.postgres import PostgresStore\n"
+        "PostgresStore('postgresql://u@127.0.0.1/x')\n"
+        "print('asyncpg' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def _config(tmp_path, base_url: str, memory: str = "none") -> str:
+    path = tmp_path / "bot.toml"
+    path.write_text(
+        "\n".join(
+            [
+                "[llm]",
+                f'base_url = "{base_url}"',
+                'model = "fake-model"',
+                "max_retries = 0",
+                "[storage]",
+                'backend = "postgres"',
+                "[memory]",
+                f'backend = "{memory}"',
+                "[transports.terminal]",
+                'type = "stdio"',
+                'user = "tester"',
+            ]
+        )
+        + "\n"
+    )
+    return str(path)
+
+
+async def _chat(config: str, stdin: bytes, env: dict[str, str]) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        AGENTIK, "chat", "-c", config,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(stdin), 90)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_a_bot_on_postgres_answers_and_its_history_survives_a_restart(
+    openai_server, tmp_path, postgres_dsn
+):
+    """``agentik chat`` (the real stdio transport, the real bot) with ``backend =
+    "postgres"``: answers, then a second process continues the same conversation, its
+    history read back from PostgreSQL; no SQLite file is made."""
+    config = _config(tmp_path, openai_server.base_url)
+    env = clean_env(AGENTIK_POSTGRES_DSN=postgres_dsn)
+    code, out, err = await _chat(config, b"hello\n", env)
+    assert code == 0, err
+    assert out.splitlines() == ["echo: tester: hello"], err
+    code, out, err = await _chat(config, b"and again\n", env)
+    assert code == 0, err
+    assert out.splitlines() == ["echo: tester: and again"], err
+    history = [m["content"] for m in openai_server.requests[-1]["messages"]]
+    assert history[1:] == ["tester: hello", "echo: tester: hello", "tester: and again"]
+    assert not (tmp_path / "agentik.db").exists()
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        rows = await conn.fetch("SELECT kind, content FROM message ORDER BY id")
+        assert [(r[0], r[1]) for r in rows] == [
+            ("user", "hello"),
+            ("assistant", "echo: tester: hello"),
+            ("user", "and again"),
+            ("assistant", "echo: tester: and again"),
+        ]
+        assert await conn.fetchval("SELECT COUNT(*) FROM turn_end") == 2
+        assert await conn.fetchval("SELECT COUNT(*) FROM channel_binding") == 1
+    finally:
+        await conn.close()
+    assert "postgresql://" not in err
+
+
+async def test_check_probe_reports_the_server_version_and_extensions(
+    openai_server, tmp_path, postgres_dsn
+):
+    config = _config(tmp_path, openai_server.base_url)
+    done = await asyncio.to_thread(
+        helpers.agentik,
+        "check", "--probe", "-c", config, cwd=tmp_path, env={"AGENTIK_POSTGRES_DSN": postgres_dsn},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    where = describe_dsn(postgres_dsn)
+    assert f"storage: postgres {where} (DSN from $AGENTIK_POSTGRES_DSN; pool 2-10 connections)" in (
+        lines
+    )
+    [probe] = [line for line in lines if line.startswith("probe storage: ")]
+    assert probe.startswith("probe storage: ok: PostgreSQL 15") or probe.startswith(
+        "probe storage: ok: PostgreSQL 1"
+    ), probe
+    assert f"at {where}; schema version {max(m.number for m in MIGRATIONS)};" in probe
+    assert "extensions: " in probe and "plpgsql 1.0" in probe and "pgvector" in probe
+    assert postgres_dsn not in done.stdout + done.stderr
+
+
+def test_check_names_what_a_postgres_configuration_lacks(openai_server, tmp_path):
+    config = _config(tmp_path, openai_server.base_url, memory="sqlite")
+    done = helpers.agentik("check", "-c", config, cwd=tmp_path)
+    assert done.returncode == 2
+    err = done.stderr
+    assert "storage.dsn_env: environment variable AGENTIK_POSTGRES_DSN is not set" in err
+    assert 'memory.backend: "sqlite" keeps the notes in the SQLite database' in err
+
+
+async def test_a_probe_of_an_unreachable_server_fails_without_the_password(openai_server, tmp_path):
+    from ircservers import free_port
+
+    config = _config(tmp_path, openai_server.base_url)
+    dsn = f"postgresql://bot:hunter2-secret@127.0.0.1:{free_port()}/agentik"
+    done = await asyncio.to_thread(
+        helpers.agentik,
+        "check", "--probe", "--timeout", "5", "-c", config, cwd=tmp_path,
+        env={"AGENTIK_POSTGRES_DSN": dsn},
+    )  # fmt: skip
+    assert done.returncode == 1
+    [probe] = [line for line in done.stdout.splitlines() if line.startswith("probe storage: ")]
+    assert probe.startswith("probe storage: FAILED: cannot connect to PostgreSQL at 127.0.0.1:")
+    assert "hunter2" not in done.stdout + done.stderr
+
+
+def test_sqlite_only_commands_say_so(openai_server, tmp_path, postgres_dsn):
+    config = _config(tmp_path, openai_server.base_url)
+    done = helpers.agentik(
+        "conversations", "list", "-c", config, cwd=tmp_path,
+        env={"AGENTIK_POSTGRES_DSN": postgres_dsn},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "`agentik conversations` works on the SQLite store only for now" in done.stderr
+
+
+async def test_the_postgres_store_exports_what_sqlite_exports(tmp_path, postgres_dsn):
+    """The same conversation, written the same way, exports the same snapshot."""
+    from test_store_contract import _differences, _seed
+
+    from agentik.core.lifecycle import export_conversation
+    from agentik.core.store.sqlite import SQLiteStore
+
+    docs = []
+    for store in (SQLiteStore(str(tmp_path / "a.db")), PostgresStore(postgres_dsn)):
+        async with store:
+            await _seed(store)
+            docs.append(json.loads(json.dumps(await export_conversation(store, "c"))))
+    on_sqlite, on_postgres = docs
+    assert len(on_postgres["approvals"]) == 1 and len(on_postgres["turn_ends"]) == 1
+    assert _differences(on_sqlite, on_postgres) == []
+
+
+async def test_a_lost_connection_fails_one_write_as_retryable_and_the_next_one_lands(
+    postgres_dsn,
+):
+    """The server drops every connection (a restart, a failover): the write in flight
+    fails with a retryable StoreError (what the agent retries), the writer takes a new
+    connection, and the next write and read work."""
+    async with PostgresStore(postgres_dsn) as store:
+        await store.create_conversation(rec("c"))
+        admin = await asyncpg.connect(postgres_dsn)
+        try:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid != pg_backend_pid()"
+            )
+        finally:
+            await admin.close()
+        with pytest.raises(StoreError) as info:
+            await store.append("c", log=[NewMessage(kind="user", content="lost")])
+        assert info.value.retryable
+        [row] = await store.append("c", log=[NewMessage(kind="user", content="again")])
+        # Reads are repeated on another connection by the store itself.
+        assert [m.content for m in await store.messages("c")] == ["again"]
+        assert row.content == "again"
+
+
+def test_the_dsn_and_its_password_are_secrets_to_the_logs(monkeypatch):
+    from agentik.bot.config import parse_config
+
+    monkeypatch.setenv("AGENTIK_POSTGRES_DSN", "postgresql://bot:s3cr%40t@db/agentik")
+    config = parse_config(
+        {"storage": {"backend": "postgres"}, "memory": {"backend": "none"}}, env={}
+    )
+    secrets = config.secrets()
+    assert "postgresql://bot:s3cr%40t@db/agentik" in secrets and "s3cr@t" in secrets
+
+
+_CRASH_CHILD = """
+import asyncio, sys
+from agentik.core import Agent, OpenAIBackend
+from agentik.core.store.postgres import PostgresStore
+
+async def main(dsn, base_url):
+    llm = OpenAIBackend(model="fake-model", base_url=base_url, max_retries=0)
+    async with Agent(llm=llm, store=PostgresStore(dsn)) as agent:
+        conv = await agent.conversation_for_channel("stdio:crash")
+        print("CONV", conv.id, flush=True)
+        i = 0
+        while True:
+            run_id = await conv.send(f"message {i}")
+            print("SENT", i, run_id, flush=True)
+            i += 1
+            await asyncio.sleep(0.01)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def test_sigkill_mid_turn_loses_no_committed_message(openai_server, postgres_dsn):
+    """tests/test_crash.py on PostgreSQL: a bot killed mid-turn loses no message whose
+    send returned, and the next start continues the conversation with all of them."""
+    import signal
+
+    from agentik.core import Agent, OpenAIBackend
+    from agentik.core.testing.openai_server import Reply
+
+    openai_server.default = lambda body: Reply.text("a slow answer " * 20, chunks=40, hold_after=5)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CRASH_CHILD, postgres_dsn, openai_server.base_url,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    sent: list[tuple[int, str]] = []
+    conv_id = None
+    try:
+        async with asyncio.timeout(60):
+            while len(sent) < 25 or not openai_server.requests:
+                line = (await proc.stdout.readline()).decode().split()
+                assert line, "child exited early"
+                if line[0] == "CONV":
+                    conv_id = line[1]
+                else:
+                    sent.append((int(line[1]), line[2]))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        rows = await conn.fetch("SELECT run_id, content FROM message WHERE kind = 'user'")
+    finally:
+        await conn.close()
+    stored = {r[0]: r[1] for r in rows}
+    for i, run_id in sent:
+        assert stored.get(run_id) == f"message {i}"
+
+    openai_server.default = lambda body: Reply.text("back", chunks=1)
+    before = len(openai_server.requests)
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url)
+    async with Agent(llm=llm, store=PostgresStore(postgres_dsn)) as agent:
+        conv = await agent.conversation_for_channel("stdio:crash")
+        assert conv.id == conv_id
+        await conv.send("after the crash")
+        await conv.wait_idle()
+    request = openai_server.requests[before]
+    users = [m["content"] for m in request["messages"] if m["role"] == "user"]
+    assert users[-1] == "after the crash"
+    assert [f"message {i}" for i, _ in sent] == [u for u in users if u.startswith("message")][
+        : len(sent)
+    ]
+
+
+async def test_one_outbox_write_may_name_a_piece_twice_as_on_sqlite(tmp_path, postgres_dsn):
+    """One statement writes a call's pieces; a call naming one piece twice (which that
+    statement cannot do) is written piece by piece: the same ids and texts as SQLite."""
+    from agentik.core.store.sqlite import SQLiteStore
+    from agentik.core.store.testing.kit import outbox
+
+    got = []
+    for store in (SQLiteStore(str(tmp_path / "a.db")), PostgresStore(postgres_dsn)):
+        async with store:
+            ids = await store.outbox_add(
+                [outbox(0, "", complete=False), outbox(1, "b"), outbox(0, "whole")]
+            )
+            texts = [(e.piece, e.text, e.complete) for e in await store.outbox_undelivered()]
+            got.append((ids[0] == ids[2] != ids[1], texts))
+    assert got[0] == got[1] == (True, [(0, "whole", True), (1, "b", True)])
