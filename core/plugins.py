@@ -160,16 +160,23 @@ def load_plugins(
     wanted = _selected(env)
     loaded_builtin = False
     if entry_points:
+        # Each of .name and .version parses the distribution's METADATA file again:
+        # read it once per distribution (the built-in one has nine entry points).
+        about: dict[int, tuple[str | None, str | None]] = {}
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            dist = ep.dist.name if ep.dist is not None else None
+            if ep.dist is None:
+                dist, version = None, None
+            else:
+                if id(ep.dist) not in about:
+                    metadata = ep.dist.metadata
+                    about[id(ep.dist)] = (metadata["Name"], metadata["Version"])
+                dist, version = about[id(ep.dist)]
             builtin = dist == BUILTIN_DISTRIBUTION
             if not builtin and wanted is not None and ep.name not in wanted:
                 continue
             if pm.get_plugin(ep.name) is not None:
                 continue
-            info = PluginInfo(
-                ep.name, dist, ep.dist.version if ep.dist is not None else None, builtin
-            )
+            info = PluginInfo(ep.name, dist, version, builtin)
             try:
                 plugin = ep.load()
             except Exception as exc:
