@@ -54,11 +54,22 @@ def test_building_the_openai_backend_imports_the_sdk_then():
 # Packages a feature of the default configuration does not use yet are imported when first
 # used (docs/operations.md, "What a started bot imports"): the web server of the http
 # transport (configured but disabled in config.example.toml), jsonschema (passthrough
-# calls), mcp_types (MCP sessions), prometheus_client (the first scrape of the metrics).
+# calls), mcp_types (MCP sessions), prometheus_client (the first scrape of the metrics),
+# the IRC and Slack transports' modules (a [transports.*] table of their type made).
 # (aiohttp is not on the list: the openai SDK imports it whenever it is installed.)
 
 _ROOT = Path(__file__).resolve().parent.parent
-_LAZY = ("uvicorn", "starlette", "httptools", "jsonschema", "mcp_types", "prometheus_client")
+_LAZY = (
+    "uvicorn",
+    "starlette",
+    "httptools",
+    "jsonschema",
+    "mcp_types",
+    "prometheus_client",
+    # Registered by name (core.plugins.LazyFactory), imported when such a transport is made.
+    "agentik.transports.irc.transport",
+    "agentik.transports.slack.transport",
+)
 
 _START_BOT = """
 import asyncio, json, sys, urllib.request
