@@ -20,6 +20,7 @@ load the same way.  Environment switches:
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.metadata
 import logging
 import os
@@ -33,7 +34,7 @@ import pluggy
 from . import hookspecs
 from .errors import PluginError
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginInfo", "Registry", "load_plugins"]
+__all__ = ["ENTRY_POINT_GROUP", "LazyFactory", "PluginInfo", "Registry", "load_plugins"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "agentik"
@@ -54,6 +55,44 @@ class PluginInfo:
     distribution: str | None = None
     version: str | None = None
     builtin: bool = False
+
+
+class LazyFactory:
+    """A factory named by its import path (``"package.module:Name"``), imported when
+    first used: called, or an attribute read (``settings_model``).
+
+    A plugin registers one where importing the real factory costs start-up time that a
+    configuration without it should not pay (the built-in IRC and Slack transports:
+    their modules, and irc3 or slack-bolt after them, are imported when a
+    ``[transports.*]`` table of that type is made).  ``load()`` returns the factory.
+    """
+
+    __slots__ = ("_target", "path")
+
+    def __init__(self, path: str) -> None:
+        module, _, name = path.partition(":")
+        if not module or not name:
+            raise ValueError(f"expected 'package.module:Name', got {path!r}")
+        self.path = path
+        self._target: Any = None
+
+    def load(self) -> Any:
+        """The factory itself (imported the first time)."""
+        if self._target is None:
+            module, _, name = self.path.partition(":")
+            self._target = getattr(importlib.import_module(module), name)
+        return self._target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and the like probe these
+            raise AttributeError(name)
+        return getattr(self.load(), name)
+
+    def __repr__(self) -> str:
+        return f"LazyFactory({self.path!r})"
 
 
 @dataclass
@@ -160,16 +199,23 @@ def load_plugins(
     wanted = _selected(env)
     loaded_builtin = False
     if entry_points:
+        # Each of .name and .version parses the distribution's METADATA file again:
+        # read it once per distribution (the built-in one has nine entry points).
+        about: dict[int, tuple[str | None, str | None]] = {}
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            dist = ep.dist.name if ep.dist is not None else None
+            if ep.dist is None:
+                dist, version = None, None
+            else:
+                if id(ep.dist) not in about:
+                    metadata = ep.dist.metadata
+                    about[id(ep.dist)] = (metadata["Name"], metadata["Version"])
+                dist, version = about[id(ep.dist)]
             builtin = dist == BUILTIN_DISTRIBUTION
             if not builtin and wanted is not None and ep.name not in wanted:
                 continue
             if pm.get_plugin(ep.name) is not None:
                 continue
-            info = PluginInfo(
-                ep.name, dist, ep.dist.version if ep.dist is not None else None, builtin
-            )
+            info = PluginInfo(ep.name, dist, version, builtin)
             try:
                 plugin = ep.load()
             except Exception as exc:

@@ -54,11 +54,22 @@ def test_building_the_openai_backend_imports_the_sdk_then():
 # Packages a feature of the default configuration does not use yet are imported when first
 # used (docs/operations.md, "What a started bot imports"): the web server of the http
 # transport (configured but disabled in config.example.toml), jsonschema (passthrough
-# calls), mcp_types (MCP sessions), prometheus_client (the first scrape of the metrics).
+# calls), mcp_types (MCP sessions), prometheus_client (the first scrape of the metrics),
+# the IRC and Slack transports' modules (a [transports.*] table of their type made).
 # (aiohttp is not on the list: the openai SDK imports it whenever it is installed.)
 
 _ROOT = Path(__file__).resolve().parent.parent
-_LAZY = ("uvicorn", "starlette", "httptools", "jsonschema", "mcp_types", "prometheus_client")
+_LAZY = (
+    "uvicorn",
+    "starlette",
+    "httptools",
+    "jsonschema",
+    "mcp_types",
+    "prometheus_client",
+    # Registered by name (core.plugins.LazyFactory), imported when such a transport is made.
+    "agentik.transports.irc.transport",
+    "agentik.transports.slack.transport",
+)
 
 _START_BOT = """
 import asyncio, json, sys, urllib.request
@@ -131,6 +142,44 @@ def test_the_same_bot_with_its_http_transport_enabled_serves_it_and_its_metrics(
     assert "# TYPE agentik_turns_total counter" in started["metrics"]
     loaded = set(started["loaded"])  # type: ignore[arg-type]
     assert {"uvicorn", "starlette", "prometheus_client"} <= loaded, started
+
+
+_BUILD_TWICE = """
+import gc, json, sys
+from agentik.bot.app import Bot
+from agentik.bot.config import load_config
+
+config = load_config(sys.argv[1])
+Bot(config)
+first = gc.get_freeze_count()
+enabled = gc.isenabled()
+Bot(config)
+again = gc.get_freeze_count()
+gc.disable()
+Bot(config)
+print(json.dumps({"first": first, "again": again, "enabled": enabled,
+                  "kept_disabled": not gc.isenabled()}))
+"""
+
+
+def test_building_a_bot_leaves_the_imports_objects_to_the_collectors_permanent_generation(
+    tmp_path,
+):
+    """Start-up (docs/operations.md, "What a started bot imports"): the first build in a
+    process freezes what the imports created, so no collection walks it again; later
+    builds freeze nothing more, and the collector is left as the caller had it."""
+    config = _default_config(tmp_path / "freeze", web=False)
+    env = clean_env(OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_KEY="x", OPENAI_MODEL="m")
+    done = subprocess.run(
+        [sys.executable, "-c", _BUILD_TWICE, str(config)], cwd=config.parent, env=env,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    # The modules of agentik and of the openai SDK: tens of thousands of objects.
+    assert seen["first"] > 20_000, seen
+    assert seen["again"] == seen["first"], seen
+    assert seen["enabled"] and seen["kept_disabled"], seen
 
 
 def test_profiles_moved_to_streamprofiles_and_the_old_name_still_works():

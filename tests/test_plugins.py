@@ -12,7 +12,7 @@ from agentik.core import hookspecs
 from agentik.core.errors import PluginError
 from agentik.core.hookspecs import hookimpl
 from agentik.core.llm.openai_backend import OpenAIBackend
-from agentik.core.plugins import load_plugins
+from agentik.core.plugins import LazyFactory, load_plugins
 from agentik.core.testing.scripted import ScriptedModel
 
 
@@ -124,3 +124,19 @@ def test_every_hook_is_documented_and_typed():
         assert "return" in doc.lower(), f"hook {fn.__name__} must say what its result means"
         sig = inspect.signature(fn)
         assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values())
+
+
+def test_the_irc_and_slack_transports_are_registered_by_name_and_load_when_used():
+    """They are :class:`LazyFactory` objects: calling one, or reading an attribute
+    (``settings_model``), imports the transport's module (docs/plugins.md)."""
+    from agentik.transports.irc.transport import IRCTransport
+    from agentik.transports.slack.transport import SlackTransport
+
+    registry = load_plugins(env={"AGENTIK_PLUGINS": ""})
+    for name, cls in (("irc", IRCTransport), ("slack", SlackTransport)):
+        factory = registry.transports[name]
+        assert isinstance(factory, LazyFactory)
+        assert factory.load() is cls
+        assert factory.settings_model is cls.settings_model
+    with pytest.raises(ValueError, match=r"package\.module:Name"):
+        LazyFactory("agentik.transports.irc.transport")

@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from agentik.core.hookspecs import hookimpl
+from agentik.core.plugins import LazyFactory
 
 __all__ = ["register_transports"]
 
 
 @hookimpl
 def register_transports(register: Any) -> None:
-    from .transport import IRCTransport
-
-    register("irc", IRCTransport)
+    # Imported when a [transports.*] table of type "irc" is made: a bot without
+    # one does not pay for the transport and its settings model.
+    register("irc", LazyFactory("agentik.transports.irc.transport:IRCTransport"))

@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from agentik.core.hookspecs import hookimpl
+from agentik.core.plugins import LazyFactory
 
 __all__ = ["register_transports"]
 
 
 @hookimpl
 def register_transports(register: Any) -> None:
-    from .transport import SlackTransport
-
-    register("slack", SlackTransport)
+    # Imported when a [transports.*] table of type "slack" is made: a bot without
+    # one does not pay for the transport and its settings model.
+    register("slack", LazyFactory("agentik.transports.slack.transport:SlackTransport"))
