@@ -178,7 +178,9 @@ def test_building_a_bot_leaves_the_imports_objects_to_the_collectors_permanent_g
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     # The modules of agentik and of the openai SDK: tens of thousands of objects.
     assert seen["first"] > 20_000, seen
-    assert seen["again"] == seen["first"], seen
+    # A second build freezes nothing more (a frozen object that its last reference
+    # lets go of still leaves the permanent generation: the count may only fall).
+    assert seen["again"] <= seen["first"], seen
     assert seen["enabled"] and seen["kept_disabled"], seen
 
 
