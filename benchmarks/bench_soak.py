@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import bench_irc
+
 from _common import ChildProcess, Row, finish, mb, ms, proc_status, say, say_environment, version
 
 SCRIPT = os.path.abspath(__file__)
@@ -270,6 +271,36 @@ class _Tracer:
         self.marked = None
 
 
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
+def _mallinfo() -> dict[str, int]:
+    """glibc's heap figures (all arenas): bytes in use and bytes free but kept."""
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+    try:
+        fn = _libc().mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = Info
+    info = fn()
+    return {"malloc_used": info.uordblks + info.hblkhd, "malloc_free": info.fordblks}
+
+
+def _malloc_trim() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        _libc().malloc_trim(0)
+
+
 async def bot_child(args: argparse.Namespace) -> None:
     """``agentik run -c <config>``, the channel release shortened, commands on stdin."""
     import signal
@@ -301,11 +332,14 @@ async def bot_child(args: argparse.Namespace) -> None:
         reader = await _commands()
         while True:
             cmd = (await reader.readline()).decode().strip()
-            if cmd == "gc":
+            if cmd in ("gc", "trim"):
                 gc.collect()
+                if cmd == "trim":
+                    _malloc_trim()
                 st = proc_status()
                 _emit({"rss": st["VmRSS"], "hwm": st["VmHWM"], "cpu": time.process_time(),
-                       "objects": len(gc.get_objects()), "tasks": len(asyncio.all_tasks())})  # fmt: skip
+                       "objects": len(gc.get_objects()), "tasks": len(asyncio.all_tasks()),
+                       "blocks": sys.getallocatedblocks(), **_mallinfo()})  # fmt: skip
             elif cmd == "mark":
                 tracer.mark()
                 _emit({"marked": True})
@@ -496,7 +530,7 @@ class Load:
                             last = line[4:]
                         elif line.startswith("data: "):
                             self._event(json.loads(line[6:]))
-            except (OSError, asyncio.TimeoutError, ValueError) as exc:
+            except (TimeoutError, OSError, ValueError) as exc:
                 self.stats.unexpected += 1
                 say(f"  (event stream ended: {exc!r}; reconnecting)")
             await asyncio.sleep(0.5)
@@ -534,7 +568,7 @@ class Load:
                 self.stats.latencies.append(time.perf_counter() - started)
         except TimeoutError:
             self.stats.problem(f"{token} ({conv.kind}): no answer in {self.cfg.turn_timeout:.0f}s")
-        except Exception as exc:  # noqa: BLE001 - counted, the soak goes on
+        except Exception as exc:
             self.stats.problem(f"{token} ({conv.kind}): {exc!r}")
         finally:
             self.waiting.pop(token, None)
@@ -719,6 +753,7 @@ async def bench(cfg: Config, tmp: str, server_name: str) -> list[Row]:
         phase[0] = "idle"
         await asyncio.sleep(cfg.idle_phase)
         idle = await bot.ask("gc")
+        trimmed = await bot.ask("trim")  # what the allocator keeps but could give back
         await asyncio.sleep(cfg.scrape_every + 1)  # one more scrape
         counts = await llm.ask("counts")
         hwm = idle["hwm"]
@@ -743,8 +778,8 @@ async def bench(cfg: Config, tmp: str, server_name: str) -> list[Row]:
     say(f"  questions sent {stats.sent} of {planned} planned; answered {stats.answered};"
         f" errors {stats.errors}; ticks with no conversation free {stats.skipped};"
         f" unexpected lines {stats.unexpected}")  # fmt: skip
-    say(f"  latency p50 {ms(lat[len(lat) // 2])}, p99 {ms(lat[min(len(lat) - 1, int(0.99 * len(lat)))])},"
-        f" max {ms(lat[-1])}")  # fmt: skip
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+    say(f"  latency p50 {ms(lat[len(lat) // 2])}, p99 {ms(p99)}, max {ms(lat[-1])}")
     for problem in stats.problems:
         say(f"  problem: {problem}")
     say(f"  the model answered: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}")
@@ -759,6 +794,11 @@ async def bench(cfg: Config, tmp: str, server_name: str) -> list[Row]:
     say(f"  bot objects (gc): ready {ready['objects']:,}, mark {mark['objects']:,},"
         f" end of load {end['objects']:,}, after idle {idle['objects']:,};"
         f" tasks {ready['tasks']}, {mark['tasks']}, {end['tasks']}, {idle['tasks']}")  # fmt: skip
+    for name, st in (("ready", ready), ("mark", mark), ("end of load", end), ("after idle", idle),
+                     ("after idle + malloc_trim(0)", trimmed)):  # fmt: skip
+        if "malloc_used" in st:
+            say(f"  {name}: RSS {mb(st['rss'])}; malloc in use {mb(st['malloc_used'])}, free but"
+                f" kept {mb(st['malloc_free'])}; Python blocks {st['blocks']:,}")  # fmt: skip
     after = [s for s in samples if cfg.mark <= s.t <= load_end]
     peak_after = max((s.rss for s in after), default=mark["rss"])
     say(f"  RSS (gc.collect()): ready {mb(ready['rss'])}, mark ({cfg.mark:.0f} s,"
