@@ -301,6 +301,12 @@ def _malloc_trim() -> None:
         _libc().malloc_trim(0)
 
 
+def _object_types() -> Counter[str]:
+    """How many objects the garbage collector tracks, by type."""
+    gc.collect()
+    return Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+
+
 async def bot_child(args: argparse.Namespace) -> None:
     """``agentik run -c <config>``, the channel release shortened, commands on stdin."""
     import signal
@@ -317,6 +323,7 @@ async def bot_child(args: argparse.Namespace) -> None:
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, bot.stop_requested.set)
     channels = [c.lower() for c in args.channels.split(",")]
+    types: Counter[str] = Counter()
     async with bot:
         serving = asyncio.create_task(bot.serve())
         transport: Any = bot.transports["libera"]
@@ -342,10 +349,13 @@ async def bot_child(args: argparse.Namespace) -> None:
                        "blocks": sys.getallocatedblocks(), **_mallinfo()})  # fmt: skip
             elif cmd == "mark":
                 tracer.mark()
+                types = _object_types()
                 _emit({"marked": True})
             elif cmd == "dump":
                 tracer.dump()
-                _emit({"dumped": True})
+                grown = _object_types()
+                grown.subtract(types)
+                _emit({"types": [[name, n] for name, n in grown.most_common(12) if n > 0]})
             elif cmd in ("quit", ""):
                 break
         bot.stop_requested.set()
@@ -747,7 +757,7 @@ async def bench(cfg: Config, tmp: str, server_name: str) -> list[Row]:
         cpu1, turns_load = proc_cpu(pid), load.stats.answered
         mark = await marking
         end = await bot.ask("gc")
-        await bot.ask("dump", 600)
+        grown = (await bot.ask("dump", 600))["types"]
         load_end = loop.time() - t0
         say(f"  -- load over at {load_end:.0f} s: RSS {mb(end['rss'])} (after gc.collect())")
         phase[0] = "idle"
@@ -799,6 +809,8 @@ async def bench(cfg: Config, tmp: str, server_name: str) -> list[Row]:
         if "malloc_used" in st:
             say(f"  {name}: RSS {mb(st['rss'])}; malloc in use {mb(st['malloc_used'])}, free but"
                 f" kept {mb(st['malloc_free'])}; Python blocks {st['blocks']:,}")  # fmt: skip
+    say("  objects the bot gained from the mark to the end of the load, by type: "
+        + (", ".join(f"{name} +{n:,}" for name, n in grown) or "none"))  # fmt: skip
     after = [s for s in samples if cfg.mark <= s.t <= load_end]
     peak_after = max((s.rss for s in after), default=mark["rss"])
     say(f"  RSS (gc.collect()): ready {mb(ready['rss'])}, mark ({cfg.mark:.0f} s,"
