@@ -172,7 +172,8 @@ mcp-servers:
 	fi; \
 	touch $$stamp
 
-bench: $(DEV)
+# bench_soak --quick: a short form of the hour-long soak (about 90 s; ngircd, see irc-servers).
+bench: $(DEV) irc-servers
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_memory.py
 	$(PY) benchmarks/bench_recall.py
@@ -183,6 +184,7 @@ bench: $(DEV)
 	$(PY) benchmarks/bench_agents.py
 	$(PY) benchmarks/bench_profiles.py
 	$(PY) benchmarks/bench_startup.py
+	$(PY) benchmarks/bench_soak.py --quick
 
 # The local model through an agentik turn vs llama-cpp-python driven directly.
 bench-local: $(DEV) $(LOCAL)

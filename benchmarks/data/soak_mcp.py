@@ -18,12 +18,13 @@ server = MCPServer("agentik-soak", log_level="WARNING")
 def report(topic: str, size: int = 20000) -> str:
     lines: list[str] = []
     total, n = 0, 0
-    while total < size:
+    while total <= size:  # the joined text (one newline fewer) is longer than size
         line = f"{n:05d} {topic}: measurement {n * 7919 % 100003} within bounds, status nominal"
         lines.append(line)
         total += len(line) + 1
         n += 1
-    return "\n".join(lines)[:size]
+    text = "\n".join(lines)[:size]
+    return text[:-1] + "." if text[-1:].isspace() else text  # clients strip the end
 
 
 if __name__ == "__main__":
