@@ -214,7 +214,8 @@ $(BENCH): pyproject.toml | $(DEV)
 	$(PY) -m pip install -q -e '.[bench]'
 	touch $@
 
-bench: $(DEV) $(BENCH)
+# bench_soak --quick: a short form of the hour-long soak (about 90 s; ngircd, see irc-servers).
+bench: $(DEV) $(BENCH) irc-servers
 	$(PY) benchmarks/bench_overhead.py
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_memory.py
@@ -226,6 +227,7 @@ bench: $(DEV) $(BENCH)
 	$(PY) benchmarks/bench_agents.py
 	$(PY) benchmarks/bench_profiles.py
 	$(PY) benchmarks/bench_startup.py
+	$(PY) benchmarks/bench_soak.py --quick
 
 # The local model through an agentik turn vs llama-cpp-python driven directly.
 bench-local: $(DEV) $(LOCAL)

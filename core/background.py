@@ -29,6 +29,7 @@ import contextlib
 import logging
 import re
 import time
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -90,6 +91,7 @@ class MemoryWorker:
         policy: BackgroundPolicy | None = None,
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        keep_done: int = 1000,
     ) -> None:
         self.policy = policy or BackgroundPolicy()
         #: How a debounce waits (tests pass a clock they control).
@@ -111,8 +113,12 @@ class MemoryWorker:
         self._idle_timer_task: asyncio.Task[None] | None = None
         #: When the timer task wakes (``None``: it is not sleeping).
         self._idle_wake: float | None = None
-        #: Finished jobs, for status and tests: ``(kind, conversation_id, notes written)``.
-        self.done: list[tuple[str, str, int]] = []
+        #: The latest ``keep_done`` finished jobs, for status and tests: ``(kind,
+        #: conversation_id, notes written)`` (every conversation gets jobs: a list of
+        #: them all grew for as long as the bot ran).
+        self.done: deque[tuple[str, str, int]] = deque(maxlen=max(1, keep_done))
+        #: How many jobs of each kind have finished.
+        self.finished: Counter[str] = Counter()
         self.changed = asyncio.Condition()
 
     def _kinds(self) -> set[str]:
@@ -348,12 +354,13 @@ class MemoryWorker:
             )
         async with self.changed:
             self.done.append((kind, conversation_id, written))
+            self.finished[kind] += 1
             self.changed.notify_all()
 
     async def wait_for(self, kind: str, count: int = 1) -> None:
         """Wait until ``count`` jobs of ``kind`` have finished (tests, tools)."""
         async with self.changed:
-            await self.changed.wait_for(lambda: sum(d[0] == kind for d in self.done) >= count)
+            await self.changed.wait_for(lambda: self.finished[kind] >= count)
 
     @staticmethod
     async def _scope(agent: Any, conversation_id: str, channel_key: str | None) -> str:

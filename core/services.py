@@ -220,6 +220,9 @@ class AgentServices(Generic[C]):
         self.buffered = 0
         #: Their weight (:func:`event_weight`: about their size in bytes).
         self.buffered_bytes = 0
+        #: The weight of the agent-wide stream's replay buffer (a quarter of
+        #: ``event_bytes`` at most, besides its ``event_buffer * 4`` events).
+        self.stream_bytes = 0
         # Buffers of streams nobody holds any more, to take out (see drop_buffer).
         self._dropped: list[tuple[str, deque[Any]]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -344,8 +347,17 @@ class AgentServices(Generic[C]):
         )
 
     def publish(self, event: Event) -> None:
-        """Put ``event`` on the agent-wide stream."""
+        """Put ``event`` on the agent-wide stream.  Its replay buffer keeps about a
+        quarter of the agent's ``event_bytes`` besides its length bound: tool outputs
+        travel in events, and 4,096 of them kept by count held 20-64 KB each."""
+        buffer = self._bus.buffer
+        if buffer.maxlen is not None and len(buffer) >= buffer.maxlen:
+            self.stream_bytes -= event_weight(buffer[0])
         self._bus.publish(event)
+        self.stream_bytes += event_weight(event)
+        most = self.agent.event_bytes // 4
+        while self.stream_bytes > most and len(buffer) > 1:
+            self.stream_bytes -= event_weight(buffer.popleft())
 
     def account(
         self, conversation_id: str, buffer: deque[Any], added: int, weight: int = 0
@@ -414,6 +426,7 @@ class AgentServices(Generic[C]):
             self.buffered_bytes = sum(
                 event_weight(e) for buffer in self._buffers.values() for e in buffer
             )
+            self.stream_bytes = sum(event_weight(e) for e in self._bus.buffer)
         return changed
 
     def subscribe(

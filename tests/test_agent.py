@@ -583,6 +583,38 @@ async def test_replay_buffers_share_a_budget_of_bytes(db_path):
         assert any(e.kind == "tool_call_ended" and e.result == big for e in seen)
 
 
+async def test_the_agent_wide_replay_keeps_a_budget_of_bytes_too(db_path):
+    # Agent.events(after=...) (the HTTP API's /agentik/events) replays the agent-wide
+    # stream's buffer: counted in events alone (4,096), it held every recent 20-64 KB
+    # tool output, also once every conversation was idle and dropped.
+    big = "x" * 20_000
+    replies = [r for _ in range(8) for r in (Reply(tool_calls=[call("echo", {"text": big})]), "ok")]
+    model = ScriptedModel([*replies, "small"])
+
+    async def echo(text: str) -> str:
+        """Say it back."""
+        return text
+
+    async with Agent(
+        llm=model, store=SQLiteStore(db_path), tools=[tool(echo)], event_bytes=100_000
+    ) as a:
+        for _ in range(8):
+            conv = await a.create_conversation()
+            await conv.send("go")
+            await conv.wait_idle()
+        replay = a.events(after=0)
+        last = await a.create_conversation()
+        await last.send("hi")
+        seen = []
+        while not (seen and seen[-1].kind == "turn_ended" and seen[-1].conversation_id == last.id):
+            seen.append(await anext(replay))
+        assert seen[0].kind == "events_lost"  # the oldest are gone ...
+        carrying = [e for e in seen if big in (getattr(e, "result", "") or "")
+                    or big in (getattr(e, "arguments", "") or "")]  # fmt: skip
+        assert len(carrying) <= 1  # ... a quarter of event_bytes (25 KB) is kept
+        assert seen[-1].text == "small"  # and what happens now still streams
+
+
 async def test_a_dropped_conversation_leaves_no_events_behind(agent, scripted):
     # A conversation nobody holds reloads from the store as a new object, with a
     # stream of its own: the old stream's replay buffer is freed with it, and

@@ -433,3 +433,19 @@ async def test_a_killed_process_keeps_memory_and_compacted_context(db_path):
         assert await conv.count_messages() == 14  # 6 questions, 6 answers, a call, a result
         await chat(conv, 1, start=6)
         assert brain.requests("turn")[0].messages[0].content.startswith(SUMMARY_PREFIX)
+
+
+async def test_the_worker_keeps_the_latest_finished_jobs_not_every_one(db_path):
+    # A bot mines and reflects on every conversation it has: its list of finished
+    # jobs grew by one entry each for as long as it ran (the soak benchmark).
+    brain = Brain(facts="- Alice ships on Fridays.")
+    policy = BackgroundPolicy(mining_debounce=0, reflection=False)
+    worker = MemoryWorker(policy, keep_done=2)
+    async with make_agent(brain, db_path, worker=worker, keep=1, budget=100_000) as agent:
+        conv = await agent.conversation_for_channel("net:#k")
+        for n in range(1, 4):
+            await chat(conv, 2, start=2 * n, size=0)
+            assert await conv.compact_now() is not None
+            await asyncio.wait_for(worker.wait_for("mining", n), 60)
+        assert [kind for kind, _, _ in worker.done] == ["mining", "mining"]
+        assert worker.finished["mining"] == 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import tracemalloc
 
 import httpx
 import pytest
@@ -13,11 +14,13 @@ import pytest
 from agentik.bot.bridge import ChannelOptions
 from agentik.core import Agent, SQLiteStore, TurnPolicy, tool
 from agentik.core.errors import ConfigError
+from agentik.core.events import TextDelta, ToolCallEnded
 from agentik.core.hooks import Refuse
 from agentik.core.hookspecs import hookimpl
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.transports.base import AgentAccess
 from agentik.transports.http.openapi import ERROR_CODES
+from agentik.transports.http.sse import FrameCache
 from agentik.transports.http.transport import HttpTransport
 from helpers import rows
 
@@ -1036,3 +1039,37 @@ async def test_messages_carry_the_token_identity_for_user_memory(secured, db_pat
         assert r.status_code == 202
     (data,) = rows(db_path, "SELECT data FROM message WHERE kind = 'user'")[0]
     assert '"author_id": "web:alice"' in data
+
+
+def test_event_frames_of_big_tool_outputs_are_kept_by_the_megabyte_not_by_the_thousand():
+    """Each event an SSE stream sends is encoded once and shared by every stream
+    (FrameCache); the cache kept the last 4,096 frames whatever their size, and each
+    frame's event, so a bot whose tools answered 64 KB held half a gigabyte after
+    4,096 of them (the soak benchmark: ~10 MB of 20 KB outputs, kept when idle)."""
+    cache = FrameCache()
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1, 401):
+            event = ToolCallEnded(
+                conversation_id="c", run_id="r", seq=i, stream_seq=i, call_id=f"k{i}",
+                name="fs__read", result=f"{i} " + "x" * 64_000,
+            )  # fmt: skip
+            frame = cache.frame(event, global_ids=True)
+            assert cache.frame(event, global_ids=True) is frame  # shared by the streams
+            assert frame.startswith(b"id: %d\ndata: {" % i)
+        del event, frame
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    assert used < 12 * 2**20, f"{used / 2**20:.1f} MB kept for 400 outputs of 64 KB"
+    # Small events are still kept by the thousand: the first of 2,000 is still shared.
+    deltas = [TextDelta(conversation_id="c", run_id="r", seq=i, stream_seq=i, text="hi")
+              for i in range(401, 2401)]  # fmt: skip
+    first = cache.frame(deltas[0], global_ids=True)
+    for delta in deltas[1:]:
+        cache.frame(delta, global_ids=True)
+    assert cache.frame(deltas[0], global_ids=True) is first

@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -398,3 +399,35 @@ def test_the_vector_index_returns_exactly_the_top_cosines_in_scope(ops, scopes, 
     assert [round(s, 5) for _, s in got] == [round(s, 5) for _, s in want]
     assert {nid for nid, _ in got} <= {nid for nid, (sc, _) in live.items() if sc in scopes}
     assert len(index) == len(live)
+
+
+def test_many_channels_with_a_few_notes_each_hold_their_notes_not_a_block_each():
+    """Mining and reflection note facts in each channel's scope, so a bot that has
+    seen thousands of channels holds thousands of scopes of a few notes each: their
+    vectors cost about their size (2,000 channels x 3 notes of 256 dimensions: 6 MB
+    of floats), not a 64-row matrix per channel (131 MB, the soak benchmark's RSS
+    growing by 64 KB for every channel that got a note)."""
+    index = VectorIndex(256)
+    vec = normalize(np.ones(256, dtype=np.float32))[0]
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for channel in range(2000):
+            for k in range(3):
+                index.put(channel * 3 + k, f"channel:irc:net:#c{channel}", vec)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    floats = 2000 * 3 * 256 * 4
+    assert used < 3 * floats, f"{used / 2**20:.1f} MB for {floats / 2**20:.1f} MB of vectors"
+    hits = index.search(vec, ["channel:irc:net:#c7"], 5)
+    assert sorted(nid for nid, _ in hits) == [21, 22, 23]
+    # A channel whose notes are all deleted keeps nothing; new notes find it again.
+    for k in range(3):
+        index.remove(21 + k)
+    assert index.search(vec, ["channel:irc:net:#c7"], 5) == [] and index.count() == 5997
+    index.put(99_999, "channel:irc:net:#c7", vec)
+    assert [nid for nid, _ in index.search(vec, ["channel:irc:net:#c7"], 5)] == [99_999]
