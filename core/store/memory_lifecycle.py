@@ -18,14 +18,13 @@ from .records import (
     Question,
     RunRecord,
 )
+from .rows import relinker, snapshot_message, snapshot_turn_ends, snapshot_working_memory
 from .snapshot import (
     DELETED_NOTICE,
-    IMPORTED,
     RETENTION_AUTHOR,
     ImportResult,
     SnapshotError,
     timestamp,
-    untrusted_data,
     untrusted_meta,
     untrusted_row,
 )
@@ -102,50 +101,21 @@ class MemoryLifecycle:
         log: list[Message] = []
         redacted: set[int] = set()
         for m in sorted(doc["messages"], key=lambda m: m["id"]):
-            data = untrusted_data(m.get("data"))
             new_id = next(self._ids)
             mapping.setdefault(m["id"], new_id)
-            log.append(
-                Message(
-                    id=new_id, conversation_id=cid, kind=m["kind"], content=m["content"],
-                    author=m.get("author"), channel=m.get("channel"), run_id=m.get("run_id"),
-                    tool_call_id=m.get("tool_call_id"), tool_name=m.get("tool_name"),
-                    arguments=m.get("arguments"), is_error=bool(m.get("is_error")),
-                    status=m.get("status") or "complete", data=data,
-                    duration=m.get("duration"), created_at=m["created_at"],
-                )
-            )  # fmt: skip
-            if isinstance(data, dict) and isinstance(data.get("redacted"), dict):
+            message = snapshot_message(m, id=new_id, conversation_id=cid)
+            log.append(message)
+            if isinstance(message.data, dict) and isinstance(message.data.get("redacted"), dict):
                 redacted.add(new_id)
-        old_ids = sorted(mapping)
-
-        def relink(mid: int | None) -> int | None:
-            if mid is None:
-                return None
-            if mid in mapping:
-                return mapping[mid]
-            below = [o for o in old_ids if o < mid]
-            return mapping[below[-1]] if below else None
-
-        memory: list[MemoryEntry] = []
-        for pos, e in enumerate(sorted(doc["working_memory"], key=lambda e: e["pos"]), 1):
-            body = {k: v for k, v in e["message"].items() if v is not None}
-            body["tool_calls"] = [
-                {k: v for k, v in c.items() if v is not None} for c in body.get("tool_calls", [])
-            ]
-            mid = relink(body.get("message_id"))
-            memory.append(
-                MemoryEntry(pos=pos, message=ChatMessage.from_dict({**body, "message_id": mid}))
-            )
+        memory = [
+            MemoryEntry(pos=pos, message=cm)
+            for pos, cm in snapshot_working_memory(doc, relinker(mapping))
+        ]
         ended: dict[str, str] = {}
         ended_at: dict[str, float] = {}
-        for t in doc.get("turn_ends") or []:
-            if t["run_id"] not in ended:
-                ended[t["run_id"]] = t["outcome"]
-                ended_at[t["run_id"]] = timestamp(t.get("created_at"), now)
-        for run_id in sorted({m["run_id"] for m in doc["messages"] if m.get("run_id") is not None}):
-            if run_id not in ended:
-                ended[run_id], ended_at[run_id] = IMPORTED, now
+        for run_id, outcome, at in snapshot_turn_ends(doc, now):
+            if run_id not in ended:  # the first row of a run counts (SQLite's OR IGNORE)
+                ended[run_id], ended_at[run_id] = outcome, at
         approvals: list[Approval] = []
         questions: list[Question] = []
         runs: list[RunRecord] = []

@@ -9,7 +9,6 @@ keys may list them in another order than SQLite's text.)
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
@@ -25,15 +24,22 @@ from .postgres_room import (
     nul_free_json,
 )
 from .postgres_runs import RUN_COLUMNS
-from .postgres_waits import APPROVAL_COLUMNS, QUESTION_COLUMNS
+from .rows import (
+    APPROVAL_COLUMNS,
+    OUTLINE,
+    QUESTION_COLUMNS,
+    relinker,
+    retention_rows,
+    snapshot_message,
+    snapshot_turn_ends,
+    snapshot_working_memory,
+)
 from .snapshot import (
     DELETED_NOTICE,
-    IMPORTED,
     RETENTION_AUTHOR,
     ImportResult,
     SnapshotError,
     timestamp,
-    untrusted_data,
     untrusted_meta,
     untrusted_row,
 )
@@ -107,19 +113,10 @@ async def _import(
     redacted: list[int] = []
     for new_id, m in zip(ids, messages, strict=True):
         mapping.setdefault(m["id"], new_id)
-        data = untrusted_data(m.get("data"))
-        rows.append(
-            Message(
-                id=new_id, conversation_id=cid, kind=m["kind"], content=m["content"],
-                author=m.get("author"), channel=m.get("channel"), run_id=m.get("run_id"),
-                tool_call_id=m.get("tool_call_id"), tool_name=m.get("tool_name"),
-                arguments=m.get("arguments"), is_error=bool(m.get("is_error")),
-                status=m.get("status") or "complete", data=data,
-                duration=m.get("duration"), created_at=m["created_at"],
-            )
-        )  # fmt: skip
+        message = snapshot_message(m, id=new_id, conversation_id=cid)
+        rows.append(message)
         # A redacted message (its tombstone's record in data) stays redacted.
-        if isinstance(data, dict) and isinstance(data.get("redacted"), dict):
+        if isinstance(message.data, dict) and isinstance(message.data.get("redacted"), dict):
             redacted.append(new_id)
     if rows:
         await insert_messages(conn, rows)
@@ -127,40 +124,14 @@ async def _import(
         await conn.execute(
             "UPDATE message SET redacted = true WHERE id = ANY($1::bigint[])", redacted
         )
-    old_ids = sorted(mapping)
-
-    def relink(mid: int | None) -> int | None:
-        if mid is None:
-            return None
-        if mid in mapping:
-            return mapping[mid]
-        # An id the snapshot no longer has (pruned, summarised): the newest row
-        # before it, so "covers up to" stays true.
-        below = [o for o in old_ids if o < mid]
-        return mapping[below[-1]] if below else None
-
-    # Positions are renumbered 1..n in their order.
-    for pos, e in enumerate(sorted(doc["working_memory"], key=lambda e: e["pos"]), 1):
-        body = {k: v for k, v in e["message"].items() if v is not None}
-        body["tool_calls"] = [
-            {k: v for k, v in c.items() if v is not None} for c in body.get("tool_calls", [])
-        ]
-        mid = relink(body.get("message_id"))
-        cm = ChatMessage.from_dict({**body, "message_id": mid})
+    for pos, cm in snapshot_working_memory(doc, relinker(mapping)):
         await conn.execute(
             "INSERT INTO working_memory (conversation_id, pos, message_id, body)"
             " VALUES ($1, $2, $3, $4)",
-            cid, pos, mid, nul_free_json(cm.to_json()),
+            cid, pos, cm.message_id, nul_free_json(cm.to_json()),
         )  # fmt: skip
-    ends = [
-        (cid, t["run_id"], t["outcome"], timestamp(t.get("created_at"), now))
-        for t in doc.get("turn_ends") or []
-    ]
-    # Never resumable: a turn the snapshot left open is closed here, so no restart runs
-    # it (as its forged author, outside any budget) or keeps it pending.
-    ends += sorted(
-        {(cid, m["run_id"], IMPORTED, now) for m in doc["messages"] if m.get("run_id") is not None}
-    )
+    # The snapshot's ended turns, then its open ones closed as imported (never resumed).
+    ends = [(cid, *end) for end in snapshot_turn_ends(doc, now)]
     if ends:
         await conn.executemany(
             "INSERT INTO turn_end (conversation_id, run_id, outcome, created_at)"
@@ -316,31 +287,19 @@ class PostgresLifecycle(PostgresRoom):
         return result
 
     async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
-        keys: dict[str, list[str]] = {}
-        for cid, key in await self._read(
-            "SELECT conversation_id, channel_key FROM channel_binding"
-        ):
-            keys.setdefault(cid, []).append(key)
-        out: list[tuple[str, list[str], str | None]] = []
-        for cid, meta in await self._read(
-            "SELECT id, meta FROM conversation ORDER BY created_at, id"
-        ):
-            mk = None
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                found = json.loads(meta).get("channel_key")
-                mk = found if isinstance(found, str) else None
-            out.append((cid, keys.get(cid, []), mk))
-        return out
+        return retention_rows(
+            await self._read("SELECT conversation_id, channel_key FROM channel_binding"),
+            await self._read("SELECT id, meta FROM conversation ORDER BY created_at, id"),
+        )
 
     async def log_outline(
         self, conversation_id: str
     ) -> list[tuple[int, str, float, str | None, str | None]]:
         rows = await self._read(
-            "SELECT id, kind, created_at, author, run_id FROM message WHERE conversation_id = $1"
-            " ORDER BY id",
+            f"SELECT {OUTLINE.columns} FROM message WHERE conversation_id = $1 ORDER BY id",
             conversation_id,
         )
-        return [(int(r[0]), r[1], float(r[2]), r[3], r[4]) for r in rows]
+        return [OUTLINE.record(r) for r in rows]
 
     async def turn_ended(self, conversation_id: str, run_id: str) -> bool:
         rows = await self._read(

@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from .records import AccessChange, AccessGrant, ChannelSetting, ChannelSettingChange
+from .rows import ACCESS_CHANGE, ACCESS_GRANT, BUDGET, CHANNEL_SETTING, CHANNEL_SETTING_CHANGE
 from .sqlite_room import SQLiteRoom
 
 __all__ = ["SQLiteGovernance"]
@@ -60,20 +61,18 @@ class SQLiteGovernance(SQLiteRoom):
 
     async def budget_rows(self, since: int) -> list[tuple[str, str, str, int, int]]:
         rows = await self._read(
-            "SELECT scope, subject, kind, period, amount FROM budget_usage WHERE period >= ?"
+            f"SELECT {BUDGET.columns} FROM budget_usage WHERE period >= ?"
             " ORDER BY scope, subject, kind, period",
             (since,),
         )
-        return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]
+        return [BUDGET.record(r) for r in rows]
 
     # -- access: roles granted in chat (issue 19, access) ---------------------------------
     async def access_grants(self) -> list[AccessGrant]:
         rows = await self._read(
-            "SELECT identity, role, granted_by, granted_at FROM access_grant ORDER BY identity"
+            f"SELECT {ACCESS_GRANT.columns} FROM access_grant ORDER BY identity"
         )
-        return [
-            AccessGrant(identity=r[0], role=r[1], granted_by=r[2], granted_at=r[3]) for r in rows
-        ]
+        return [ACCESS_GRANT.record(r) for r in rows]
 
     async def access_set(
         self, identity: str, role: str | None, *, by: str, channel: str | None = None
@@ -105,27 +104,19 @@ class SQLiteGovernance(SQLiteRoom):
 
     async def access_audit(self, *, limit: int = 100) -> list[AccessChange]:
         rows = await self._read(
-            "SELECT id, at, actor, identity, old_role, new_role, channel FROM access_audit"
-            " ORDER BY id DESC LIMIT ?",
+            f"SELECT {ACCESS_CHANGE.columns} FROM access_audit ORDER BY id DESC LIMIT ?",
             (limit,),
         )
-        return [
-            AccessChange(id=r[0], at=r[1], actor=r[2], identity=r[3], old_role=r[4],
-                         new_role=r[5], channel=r[6])
-            for r in rows
-        ]  # fmt: skip
+        return [ACCESS_CHANGE.record(r) for r in rows]
 
     # -- per-channel settings (issue 19, channel settings) ------------------------------
     async def channel_settings(self, channel_key: str) -> list[ChannelSetting]:
         rows = await self._read(
-            "SELECT channel_key, key, value, set_by, set_at FROM channel_setting"
+            f"SELECT {CHANNEL_SETTING.columns} FROM channel_setting"
             " WHERE channel_key = ? ORDER BY key",
             (channel_key,),
         )
-        return [
-            ChannelSetting(channel_key=r[0], key=r[1], value=r[2], set_by=r[3], set_at=r[4])
-            for r in rows
-        ]
+        return [CHANNEL_SETTING.record(r) for r in rows]
 
     async def set_channel_setting(
         self, channel_key: str, key: str, value: str | None, *, actor: str, at: float
@@ -165,14 +156,8 @@ class SQLiteGovernance(SQLiteRoom):
     ) -> list[ChannelSettingChange]:
         where, params = ("WHERE channel_key = ?", (channel_key,)) if channel_key else ("", ())
         rows = await self._read(
-            "SELECT id, channel_key, key, old_value, new_value, actor, at"
+            f"SELECT {CHANNEL_SETTING_CHANGE.columns}"
             f" FROM channel_setting_audit {where} ORDER BY id DESC LIMIT ?",
             (*params, limit),
         )
-        return [
-            ChannelSettingChange(
-                id=r[0], channel_key=r[1], key=r[2], old_value=r[3], new_value=r[4],
-                actor=r[5], at=r[6],
-            )
-            for r in reversed(rows)
-        ]  # fmt: skip
+        return [CHANNEL_SETTING_CHANGE.record(r) for r in reversed(rows)]

@@ -4,7 +4,6 @@ each one transaction in the writer thread (:meth:`SQLiteStore.import_rows`,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sqlite3
@@ -13,9 +12,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ..messages import ChatMessage
+from .rows import (
+    OUTLINE,
+    OutlineRow,
+    relinker,
+    retention_rows,
+    snapshot_turn_ends,
+    snapshot_working_memory,
+)
 from .snapshot import (
     DELETED_NOTICE,
-    IMPORTED,
     RETENTION_AUTHOR,
     ImportResult,
     SnapshotError,
@@ -32,9 +38,6 @@ log = logging.getLogger(__name__)
 
 Read = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
 
-#: ``(id, kind, created_at, author, run_id)`` of an audit-log row.
-OutlineRow = tuple[int, str, float, str | None, str | None]
-
 
 class Reader:
     """Retention's read-only queries (``Store.retention_conversations``, ``log_outline``,
@@ -45,29 +48,17 @@ class Reader:
         self.read = read
 
     async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
-        keys: dict[str, list[str]] = {}
-        for cid, key in await self.read(
-            "SELECT conversation_id, channel_key FROM channel_binding", ()
-        ):
-            keys.setdefault(cid, []).append(key)
-        out: list[tuple[str, list[str], str | None]] = []
-        for cid, meta in await self.read(
-            "SELECT id, meta FROM conversation ORDER BY created_at, id", ()
-        ):
-            mk = None
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                found = json.loads(meta).get("channel_key")
-                mk = found if isinstance(found, str) else None
-            out.append((cid, keys.get(cid, []), mk))
-        return out
+        return retention_rows(
+            await self.read("SELECT conversation_id, channel_key FROM channel_binding", ()),
+            await self.read("SELECT id, meta FROM conversation ORDER BY created_at, id", ()),
+        )
 
     async def log_outline(self, conversation_id: str) -> list[OutlineRow]:
         rows = await self.read(
-            "SELECT id, kind, created_at, author, run_id FROM message WHERE conversation_id = ?"
-            " ORDER BY id",
+            f"SELECT {OUTLINE.columns} FROM message WHERE conversation_id = ? ORDER BY id",
             (conversation_id,),
         )
-        return [(int(r[0]), r[1], float(r[2]), r[3], r[4]) for r in rows]
+        return [OUTLINE.record(r) for r in rows]
 
     async def count_old_notes(self, scopes: Mapping[str, float]) -> dict[str, int]:
         """Memory notes (the SQLite memory backend's ``memory_note``) of each scope
@@ -179,51 +170,18 @@ def import_rows(
         " redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
-    old_ids = sorted(mapping)
-
-    def relink(mid: int | None) -> int | None:
-        if mid is None:
-            return None
-        if mid in mapping:
-            return mapping[mid]
-        # An id the snapshot no longer has (pruned, summarised): the newest
-        # row before it, so "covers up to" stays true.
-        below = [o for o in old_ids if o < mid]
-        return mapping[below[-1]] if below else None
-
-    # Positions are renumbered 1..n in their order.
-    for pos, e in enumerate(sorted(doc["working_memory"], key=lambda e: e["pos"]), 1):
-        body = {k: v for k, v in e["message"].items() if v is not None}
-        body["tool_calls"] = [
-            {k: v for k, v in c.items() if v is not None} for c in body.get("tool_calls", [])
-        ]
-        mid = relink(body.get("message_id"))
-        cm = ChatMessage.from_dict({**body, "message_id": mid})
-        conn.execute(
-            "INSERT INTO working_memory (conversation_id, pos, message_id, body)"
-            " VALUES (?, ?, ?, ?)",
-            (cid, pos, mid, cm.to_json()),
-        )
     conn.executemany(
-        "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
-        " VALUES (?, ?, ?, ?)",
+        "INSERT INTO working_memory (conversation_id, pos, message_id, body) VALUES (?, ?, ?, ?)",
         [
-            (cid, t["run_id"], t["outcome"], timestamp(t.get("created_at"), now))
-            for t in doc.get("turn_ends") or []
+            (cid, pos, cm.message_id, cm.to_json())
+            for pos, cm in snapshot_working_memory(doc, relinker(mapping))
         ],
     )
-    # Never resumable: a turn the snapshot left open is closed here, so no restart
-    # runs it (as its forged author, outside any budget) or keeps it pending.
+    # The snapshot's ended turns, then its open ones closed as imported (never resumed).
     conn.executemany(
         "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
         " VALUES (?, ?, ?, ?)",
-        sorted(
-            {
-                (cid, m["run_id"], IMPORTED, now)
-                for m in doc["messages"]
-                if m.get("run_id") is not None
-            }
-        ),
+        [(cid, *end) for end in snapshot_turn_ends(doc, now)],
     )
     skipped_runs = 0
     for table, key, skip in (

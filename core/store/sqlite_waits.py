@@ -5,44 +5,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
 from typing import Any
 
 from .records import Approval, ApprovalDecision, Checklist, Question, QuestionOutcome
+from .rows import APPROVAL, CHECKLIST, QUESTION
 from .sqlite_room import SQLiteRoom
 
 __all__ = ["SQLiteWaits"]
-
-_APPROVAL_COLUMNS = (
-    "serial, id, scope, conversation_id, channel_key, run_id, call_id, tool, arguments, digest,"
-    " asker, asker_id, approvers, self_approve, created_at, expires_at, state, decision,"
-    " approver, approver_id, reason, resolved_at"
-)
-
-
-def _row_to_approval(r: Sequence[Any]) -> Approval:
-    return Approval(
-        serial=r[0], id=r[1], scope=r[2], conversation_id=r[3], channel_key=r[4], run_id=r[5],
-        call_id=r[6], tool=r[7], arguments=r[8], digest=r[9], asker=r[10], asker_id=r[11],
-        approvers=r[12], self_approve=bool(r[13]), created_at=r[14], expires_at=r[15],
-        state=r[16], decision=r[17], approver=r[18], approver_id=r[19], reason=r[20],
-        resolved_at=r[21],
-    )  # fmt: skip
-
-
-_QUESTION_COLUMNS = (
-    "id, conversation_id, channel_key, run_id, call_id, asker_target, answer_from, text,"
-    " choices, digest, created_at, deadline, state, outcome, answer, answered_by, answered_at"
-)
-
-
-def _row_to_question(r: Sequence[Any]) -> Question:
-    return Question(
-        id=r[0], conversation_id=r[1], channel_key=r[2], run_id=r[3], call_id=r[4],
-        asker_target=r[5], answer_from=r[6], text=r[7], choices=tuple(json.loads(r[8])),
-        digest=r[9], created_at=r[10], deadline=r[11], state=r[12], outcome=r[13],
-        answer=r[14], answered_by=r[15], answered_at=r[16],
-    )  # fmt: skip
 
 
 def _equal(**columns: Any) -> tuple[str, tuple[Any, ...]]:
@@ -110,9 +79,9 @@ class SQLiteWaits(SQLiteRoom):
 
     async def approval_get(self, serial: int) -> Approval | None:
         rows = await self._read(
-            f"SELECT {_APPROVAL_COLUMNS} FROM approval WHERE serial = ?", (serial,)
+            f"SELECT {APPROVAL.columns} FROM approval WHERE serial = ?", (serial,)
         )
-        return _row_to_approval(rows[0]) if rows else None
+        return APPROVAL.record(rows[0]) if rows else None
 
     async def approvals(
         self,
@@ -129,10 +98,10 @@ class SQLiteWaits(SQLiteRoom):
         )
         order = "DESC" if newest_first else "ASC"
         rows = await self._read(
-            f"SELECT {_APPROVAL_COLUMNS} FROM approval{cond} ORDER BY serial {order} LIMIT ?",
+            f"SELECT {APPROVAL.columns} FROM approval{cond} ORDER BY serial {order} LIMIT ?",
             (*params, limit),
         )
-        return [_row_to_approval(r) for r in rows]
+        return [APPROVAL.record(r) for r in rows]
 
     async def approval_used(self, conversation_id: str, tool: str) -> bool:
         rows = await self._read(
@@ -190,31 +159,25 @@ class SQLiteWaits(SQLiteRoom):
 
     async def question_get(self, question_id: int) -> Question | None:
         rows = await self._read(
-            f"SELECT {_QUESTION_COLUMNS} FROM question WHERE id = ?", (question_id,)
+            f"SELECT {QUESTION.columns} FROM question WHERE id = ?", (question_id,)
         )
-        return _row_to_question(rows[0]) if rows else None
+        return QUESTION.record(rows[0]) if rows else None
 
     async def questions(
         self, *, conversation_id: str | None = None, state: str | None = None
     ) -> list[Question]:
         cond, params = _equal(conversation_id=conversation_id, state=state)
         rows = await self._read(
-            f"SELECT {_QUESTION_COLUMNS} FROM question{cond} ORDER BY id", params
+            f"SELECT {QUESTION.columns} FROM question{cond} ORDER BY id", params
         )
-        return [_row_to_question(r) for r in rows]
+        return [QUESTION.record(r) for r in rows]
 
     # -- the todo checklist (issue 20, migration 13) --------------------------------------------
     async def todo_get(self, conversation_id: str) -> Checklist | None:
         rows = await self._read(
-            "SELECT items, run_id, updated_at FROM todo WHERE conversation_id = ?",
-            (conversation_id,),
+            f"SELECT {CHECKLIST.columns} FROM todo WHERE conversation_id = ?", (conversation_id,)
         )
-        if not rows:
-            return None
-        items, run_id, updated_at = rows[0]
-        return Checklist(
-            items=tuple(dict(it) for it in json.loads(items)), run_id=run_id, updated_at=updated_at
-        )
+        return CHECKLIST.record(rows[0]) if rows else None
 
     async def todo_set(self, conversation_id: str, checklist: Checklist | None) -> None:
         def fn(conn: sqlite3.Connection) -> None:
