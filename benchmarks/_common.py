@@ -147,6 +147,37 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
+# -- configuration -------------------------------------------------------------------------
+def irc_bot_edits(
+    folder: Path, *, section: str, host: str, port: int, nick: str, channels: list[str]
+) -> dict[str, dict[str, str]]:
+    """The edits (table: key: TOML value, for ``bench_irc.edit_toml``) that point
+    config.example.toml's bot at a local IRC server: the OpenAI backend (its endpoint
+    from the environment), the database in ``folder``, the terminal off, the IRC
+    network ``section`` switched on at ``host:port`` as ``nick`` in ``channels``, with
+    flood control and queue limits out of the way (a bench measures agentik, not its
+    throttles).  A script adds its own tables to the dict."""
+    irc = {
+        "enabled": "true",
+        "host": json.dumps(host),
+        "port": str(port),
+        "tls": "false",
+        "nick": json.dumps(nick),
+        "channels": json.dumps(channels),
+        "flood_burst": "1000000",
+        "flood_rate": "1000000000.0",
+        "user_rate_limit": "1000000",
+        "queue_limit": "1000000",
+        "target_queue_limit": "1000000",
+    }
+    return {
+        "llm": {"backend": '"openai"'},
+        "storage": {"path": json.dumps(str(folder / "agentik.db"))},
+        "transports.terminal": {"enabled": "false"},
+        section: irc,
+    }
+
+
 # -- servers -------------------------------------------------------------------------------
 async def aclose_all(*parts: object) -> None:
     """Close a bot's parts in order (e.g. transport, bridge, agent), each awaited."""

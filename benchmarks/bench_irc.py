@@ -99,6 +99,7 @@ from _common import (
     Row,
     fake_openai_server,
     finish,
+    irc_bot_edits,
     mb,
     ms,
     per_s,
@@ -287,25 +288,9 @@ def edit_toml(text: str, edits: dict[str, dict[str, str]]) -> str:
 def agentik_config(folder: Path, irc_port: int, channels: list[str], memory: str) -> Path:
     """Write the default configuration, pointed at the local servers; return its path."""
     folder.mkdir(parents=True, exist_ok=True)
-    irc = {
-        "enabled": "true",
-        "host": json.dumps(HOST),
-        "port": str(irc_port),
-        "tls": "false",
-        "nick": json.dumps(BOT_NICK),
-        "channels": json.dumps(channels),
-        "flood_burst": "1000000",
-        "flood_rate": "1000000000.0",
-        "user_rate_limit": "1000000",
-        "queue_limit": "1000000",
-        "target_queue_limit": "1000000",
-    }
-    edits: dict[str, dict[str, str]] = {
-        "llm": {"backend": '"openai"'},
-        "storage": {"path": json.dumps(str(folder / "agentik.db"))},
-        "transports.terminal": {"enabled": "false"},
-        IRC_SECTION: irc,
-    }
+    edits = irc_bot_edits(
+        folder, section=IRC_SECTION, host=HOST, port=irc_port, nick=BOT_NICK, channels=channels
+    )
     if memory != "sqlite":
         edits["memory"] = {"backend": json.dumps(memory)}
     text = edit_toml(EXAMPLE.read_text(), edits)

@@ -76,7 +76,18 @@ from typing import IO, Any
 
 import bench_irc
 
-from _common import ChildProcess, Row, finish, mb, ms, proc_status, say, say_environment, version
+from _common import (
+    ChildProcess,
+    Row,
+    finish,
+    irc_bot_edits,
+    mb,
+    ms,
+    proc_status,
+    say,
+    say_environment,
+    version,
+)
 
 SCRIPT = os.path.abspath(__file__)
 ROOT = Path(SCRIPT).parent.parent
@@ -171,30 +182,14 @@ def agentik_config(
 ) -> Path:
     """Write the soak's configuration (see the module's docstring); return its path."""
     folder.mkdir(parents=True, exist_ok=True)
-    irc = {
-        "enabled": "true",
-        "host": json.dumps(HOST),
-        "port": str(irc_port),
-        "tls": "false",
-        "nick": json.dumps(BOT_NICK),
-        "channels": json.dumps(channels),
-        "flood_burst": "1000000",
-        "flood_rate": "1000000000.0",
-        "user_rate_limit": "1000000",
-        "queue_limit": "1000000",
-        "target_queue_limit": "1000000",
-    }
-    edits: dict[str, dict[str, str]] = {
-        "llm": {"backend": '"openai"'},
-        "storage": {"path": json.dumps(str(folder / "agentik.db"))},
-        "transports.terminal": {"enabled": "false"},
-        IRC_SECTION: irc,
-        HTTP_SECTION: {"enabled": "true", "port": str(http_port)},
-        "compaction": {"context_tokens": str(CONTEXT_TOKENS)},
-        "memory": {
-            "reflect_after_idle": json.dumps(f"{cfg.idle:g}s"),
-            "mining_debounce": f"{min(30.0, cfg.idle):g}",
-        },
+    edits = irc_bot_edits(
+        folder, section=IRC_SECTION, host=HOST, port=irc_port, nick=BOT_NICK, channels=channels
+    )
+    edits[HTTP_SECTION] = {"enabled": "true", "port": str(http_port)}
+    edits["compaction"] = {"context_tokens": str(CONTEXT_TOKENS)}
+    edits["memory"] = {
+        "reflect_after_idle": json.dumps(f"{cfg.idle:g}s"),
+        "mining_debounce": f"{min(30.0, cfg.idle):g}",
     }
     text = bench_irc.edit_toml(EXAMPLE.read_text(), edits)
     text += (
