@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -81,6 +82,92 @@ def rows(db_path: str, sql: str, *args) -> list[tuple]:
     """What ``sql`` gives on the SQLite file ``db_path``, read from outside the bot."""
     with sqlite3.connect(db_path) as db:
         return db.execute(sql, args).fetchall()
+
+
+# -- a bot killed mid-turn (tests/test_crash.py, tests/test_postgres_store.py) --------------
+_KILLED_CHILD = """
+import asyncio, sys
+from agentik.core import Agent, OpenAIBackend
+
+def store(engine, target):
+    if engine == "postgres":
+        from agentik.core.store.postgres import PostgresStore
+        return PostgresStore(target)
+    from agentik.core import SQLiteStore
+    return SQLiteStore(target)
+
+async def main(engine, target, base_url):
+    llm = OpenAIBackend(model="fake-model", base_url=base_url, max_retries=0)
+    async with Agent(llm=llm, store=store(engine, target)) as agent:
+        conv = await agent.conversation_for_channel("stdio:crash")
+        print("CONV", conv.id, flush=True)
+        i = 0
+        while True:
+            run_id = await conv.send(f"message {i}")
+            print("SENT", i, run_id, flush=True)
+            i += 1
+            await asyncio.sleep(0.01)
+
+asyncio.run(main(*sys.argv[1:4]))
+"""
+
+
+async def kill_mid_turn(
+    openai_server, engine: str, target: str
+) -> tuple[str, list[tuple[int, str]]]:
+    """Run a bot in a child process on a store (``engine`` ``"sqlite"`` on the file
+    ``target``, ``"postgres"`` on the DSN ``target``) that sends ``message <i>`` to one
+    conversation in a loop, and SIGKILL it once 25 sends returned and the model got a
+    request.  Every answer stops mid-stream (held until released, never), so the kill
+    lands in the middle of a turn however fast or slow the machine is.  Returns the
+    conversation's id and ``(i, run_id)`` of every send that returned."""
+    from agentik.core.testing.openai_server import Reply
+
+    openai_server.default = lambda body: Reply.text("a slow answer " * 20, chunks=40, hold_after=5)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _KILLED_CHILD, engine, target, openai_server.base_url,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    sent: list[tuple[int, str]] = []
+    conv_id = None
+    try:
+        async with asyncio.timeout(60):
+            while len(sent) < 25 or not openai_server.requests:
+                line = (await proc.stdout.readline()).decode().split()
+                assert line, "child exited early"
+                if line[0] == "CONV":
+                    conv_id = line[1]
+                else:
+                    sent.append((int(line[1]), line[2]))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.returncode
+    assert conv_id is not None
+    return conv_id, sent
+
+
+async def back_after_the_kill(openai_server, store, conv_id: str, sent: list) -> None:
+    """The bot comes back on ``store`` after :func:`kill_mid_turn`: the same
+    conversation, and the model is told every message sent before the kill, in order,
+    then the new one."""
+    from agentik.core import Agent, OpenAIBackend
+    from agentik.core.testing.openai_server import Reply
+
+    openai_server.default = lambda body: Reply.text("back", chunks=1)
+    before = len(openai_server.requests)
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url)
+    async with Agent(llm=llm, store=store) as agent:
+        conv = await agent.conversation_for_channel("stdio:crash")
+        assert conv.id == conv_id, (conv.id, conv_id)
+        await conv.send("after the crash")
+        await conv.wait_idle()
+    request = openai_server.requests[before]
+    users = [m["content"] for m in request["messages"] if m["role"] == "user"]
+    assert users[-1] == "after the crash", users[-1]
+    told = [u for u in users if u.startswith("message")][: len(sent)]
+    assert [f"message {i}" for i, _ in sent] == told, told
 
 
 def in_ci() -> bool:

@@ -392,56 +392,10 @@ def test_the_dsn_and_its_password_are_secrets_to_the_logs(monkeypatch):
     assert "postgresql://bot:s3cr%40t@db/agentik" in secrets and "s3cr@t" in secrets
 
 
-_CRASH_CHILD = """
-import asyncio, sys
-from agentik.core import Agent, OpenAIBackend
-from agentik.core.store.postgres import PostgresStore
-
-async def main(dsn, base_url):
-    llm = OpenAIBackend(model="fake-model", base_url=base_url, max_retries=0)
-    async with Agent(llm=llm, store=PostgresStore(dsn)) as agent:
-        conv = await agent.conversation_for_channel("stdio:crash")
-        print("CONV", conv.id, flush=True)
-        i = 0
-        while True:
-            run_id = await conv.send(f"message {i}")
-            print("SENT", i, run_id, flush=True)
-            i += 1
-            await asyncio.sleep(0.01)
-
-asyncio.run(main(sys.argv[1], sys.argv[2]))
-"""
-
-
 async def test_sigkill_mid_turn_loses_no_committed_message(openai_server, postgres_dsn):
     """tests/test_crash.py on PostgreSQL: a bot killed mid-turn loses no message whose
     send returned, and the next start continues the conversation with all of them."""
-    import signal
-
-    from agentik.core import Agent, OpenAIBackend
-    from agentik.core.testing.openai_server import Reply
-
-    openai_server.default = lambda body: Reply.text("a slow answer " * 20, chunks=40, hold_after=5)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _CRASH_CHILD, postgres_dsn, openai_server.base_url,
-        stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    sent: list[tuple[int, str]] = []
-    conv_id = None
-    try:
-        async with asyncio.timeout(60):
-            while len(sent) < 25 or not openai_server.requests:
-                line = (await proc.stdout.readline()).decode().split()
-                assert line, "child exited early"
-                if line[0] == "CONV":
-                    conv_id = line[1]
-                else:
-                    sent.append((int(line[1]), line[2]))
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        await proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    conv_id, sent = await helpers.kill_mid_turn(openai_server, "postgres", postgres_dsn)
     conn = await asyncpg.connect(postgres_dsn)
     try:
         rows = await conn.fetch("SELECT run_id, content FROM message WHERE kind = 'user'")
@@ -451,20 +405,7 @@ async def test_sigkill_mid_turn_loses_no_committed_message(openai_server, postgr
     for i, run_id in sent:
         assert stored.get(run_id) == f"message {i}"
 
-    openai_server.default = lambda body: Reply.text("back", chunks=1)
-    before = len(openai_server.requests)
-    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url)
-    async with Agent(llm=llm, store=PostgresStore(postgres_dsn)) as agent:
-        conv = await agent.conversation_for_channel("stdio:crash")
-        assert conv.id == conv_id
-        await conv.send("after the crash")
-        await conv.wait_idle()
-    request = openai_server.requests[before]
-    users = [m["content"] for m in request["messages"] if m["role"] == "user"]
-    assert users[-1] == "after the crash"
-    assert [f"message {i}" for i, _ in sent] == [u for u in users if u.startswith("message")][
-        : len(sent)
-    ]
+    await helpers.back_after_the_kill(openai_server, PostgresStore(postgres_dsn), conv_id, sent)
 
 
 async def test_one_outbox_write_may_name_a_piece_twice_as_on_sqlite(tmp_path, postgres_dsn):
