@@ -43,9 +43,9 @@ import logging
 import random
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from pydantic import Field
 
@@ -54,8 +54,6 @@ from ..settings import defaults, knobs_dataclass
 if TYPE_CHECKING:
     import asyncpg
 
-    from ..store.postgres import PostgresStore
-
 __all__ = [
     "PAYLOAD_MAX",
     "Callback",
@@ -63,6 +61,7 @@ __all__ = [
     "Notice",
     "Notifier",
     "NotifySettings",
+    "PostgresDatabase",
     "PostgresNotifier",
     "Subscription",
     "channel_name",
@@ -78,6 +77,7 @@ _TOPIC = re.compile(r"[a-z][a-z0-9_]{0,40}\Z")
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
 
 _PREFIX = "agentik_"
 
@@ -249,6 +249,22 @@ class LocalNotifier(Notifier):
         self._deliver(Notice(topic, tuple(ids), resync=not ids, local=True))
 
 
+class PostgresDatabase(Protocol):
+    """What :class:`PostgresNotifier` needs of its store
+    (:class:`~agentik.core.store.postgres.PostgresStore` is it)."""
+
+    dsn: str
+    connect_timeout: float
+
+    @property
+    def where(self) -> str: ...
+
+    @property
+    def started(self) -> bool: ...
+
+    async def notify(self, channel: str, payloads: Sequence[str]) -> None: ...
+
+
 class PostgresNotifier(Notifier):
     """``LISTEN``/``NOTIFY`` on a :class:`~agentik.core.store.postgres.PostgresStore`'s
     database (see the module's doc).
@@ -259,7 +275,7 @@ class PostgresNotifier(Notifier):
     every subscriber gets a resync too.
     """
 
-    def __init__(self, store: PostgresStore, *, poll_seconds: float = _DEFAULTS.poll_seconds):
+    def __init__(self, store: PostgresDatabase, *, poll_seconds: float = _DEFAULTS.poll_seconds):
         super().__init__()
         self.store = store
         self.poll_seconds = poll_seconds
