@@ -80,7 +80,7 @@ def _spawn(dsn: str, name: str, folder: Path, hang_at: int = 0) -> subprocess.Po
     )  # fmt: skip
 
 
-async def _until(pred, within: float = 60.0) -> None:
+async def _until(pred, within: float = 90.0) -> None:
     """Wait for a condition other processes make true (files they write)."""
     async with asyncio.timeout(within):
         while not pred():  # noqa: ASYNC110 - files of other processes

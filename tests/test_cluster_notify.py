@@ -37,7 +37,7 @@ class Inbox:
             self.at.append(time.perf_counter())
             self._new.notify_all()
 
-    async def wait(self, pred, within: float = 30.0) -> list[Notice]:
+    async def wait(self, pred, within: float = 60.0) -> list[Notice]:
         async with asyncio.timeout(within), self._new:
             await self._new.wait_for(lambda: pred(self.notices))
         return self.notices

@@ -45,22 +45,18 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
-
-from pydantic import Field
-
-from ..settings import defaults, knobs_dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import asyncpg
 
 __all__ = [
     "PAYLOAD_MAX",
+    "POLL_SECONDS",
     "Callback",
     "LocalNotifier",
     "Notice",
     "Notifier",
-    "NotifySettings",
     "PostgresDatabase",
     "PostgresNotifier",
     "Subscription",
@@ -82,16 +78,10 @@ def _dumps(value: Any) -> str:
 _PREFIX = "agentik_"
 
 
-@knobs_dataclass
-class NotifySettings:
-    """The notifications' settings (``[cluster]``; the store takes them)."""
-
-    #: Seconds between two resyncs of every subscriber (the polling fallback: a lost
-    #: notification delays a change by this much at most).
-    poll_seconds: Annotated[float, Field(gt=0)] = 30.0
-
-
-_DEFAULTS = defaults(NotifySettings)
+#: Seconds between two resyncs of every subscriber, by default (the polling fallback:
+#: a lost notification delays a change by this much at most).  The configuration's
+#: ``[cluster] poll_seconds`` (the store takes it: ``PostgresStore(notify_poll=...)``).
+POLL_SECONDS = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +265,7 @@ class PostgresNotifier(Notifier):
     every subscriber gets a resync too.
     """
 
-    def __init__(self, store: PostgresDatabase, *, poll_seconds: float = _DEFAULTS.poll_seconds):
+    def __init__(self, store: PostgresDatabase, *, poll_seconds: float = POLL_SECONDS):
         super().__init__()
         self.store = store
         self.poll_seconds = poll_seconds

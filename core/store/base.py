@@ -26,8 +26,9 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..cluster.notify import LocalNotifier, Notifier
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from .records import (
     AccessChange,
@@ -49,9 +50,6 @@ from .records import (
     TurnEnd,
 )
 from .snapshot import ImportResult
-
-if TYPE_CHECKING:
-    from ..cluster.notify import Notifier
 
 __all__ = [
     "CAPABILITIES",
@@ -136,8 +134,6 @@ class Store(abc.ABC):
         as PostgreSQL, replaces it); one per store, made when first asked for."""
         found: Notifier | None = getattr(self, "_agentik_notifier", None)
         if found is None:
-            from ..cluster.notify import LocalNotifier
-
             found = LocalNotifier()
             self._agentik_notifier = found
         return found
