@@ -205,6 +205,50 @@ async def test_two_workers_started_together_run_retention_once(postgres_dsn):
     assert len(history) == 2 and all(r.ok for r in history)
 
 
+async def test_two_workers_that_saw_a_conversation_end_reflect_on_it_once(postgres_dsn, tmp_path):
+    from test_compaction import Brain, chat
+
+    from agentik.core.background import BackgroundPolicy, MemoryWorker
+    from agentik.core.memory.markdown import MarkdownMemory
+
+    gate = asyncio.Event()
+
+    async def debounce(_: float) -> None:  # both workers capture the span, then reflect
+        await gate.wait()
+
+    brains = [Brain(reflection="Alice likes tea."), Brain(reflection="Alice likes tea.")]
+    workers = [
+        MemoryWorker(BackgroundPolicy(mining=False, reflection_debounce=1), sleep=debounce)
+        for _ in brains
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        agents = [
+            await stack.enter_async_context(
+                Agent(
+                    llm=brain.model,
+                    store=PostgresStore(postgres_dsn),
+                    memory=MarkdownMemory(tmp_path / f"notes{i}"),
+                    background=[worker],
+                )
+            )
+            for i, (brain, worker) in enumerate(zip(brains, workers, strict=True))
+        ]
+        conv = await agents[0].create_conversation(title="drinks")
+        await chat(conv, 2, size=0)
+        there = await agents[1].get_conversation(conv.id)
+        await agents[0].end_conversation(conv, "idle")
+        await agents[1].end_conversation(there, "idle")
+        gate.set()
+        for w in workers:
+            await asyncio.wait_for(w.wait_for("reflection"), 60)
+        history = await agents[0].store.job_history("reflection")
+    # Both captured the same span (the debounce held them); one reflected on it.
+    assert sum(len(b.requests("reflection")) for b in brains) == 1
+    assert sorted(w.done[-1][2] for w in workers) == [0, 1]
+    [row] = history
+    assert row.ok and row.slot.startswith(f"{conv.id}:") and row.detail == "1 note(s)"
+
+
 if __name__ == "__main__":
     dsn, name, folder, hang_at, stale_after = sys.argv[1:6]
     asyncio.run(_worker(dsn, name, Path(folder), int(hang_at), float(stale_after)))
