@@ -300,7 +300,7 @@ class PostgresNotifier(Notifier):
 
     async def listening(self) -> None:
         while not (self._ready.is_set() and self.topics <= self._listening):
-            if self._closed:
+            if self._closed or not self.topics:
                 return
             self._ready.clear()
             await self._ready.wait()
