@@ -147,6 +147,7 @@ async def test_a_rolled_back_write_notifies_nobody(postgres_dsn):
                 await book.set("irc:n:#doomed", "persona", "x", actor="alice")
             await book.set("irc:n:#fine", "persona", "y", actor="alice")
         finally:
+            await conn.execute("ALTER TABLE channel_setting DROP CONSTRAINT IF EXISTS no_doomed")
             await conn.close()
         # Notifications arrive in order: the first one is the write that committed.
         [first] = await inbox.wait(lambda ns: len(ns) >= 1)
