@@ -344,7 +344,7 @@ class PostgresNotifier(Notifier):
         import asyncpg
 
         delay = 0.1
-        first = True
+        missed = False  # a connection was lost, or could not be opened: resync once back
         while not self._closed:
             try:
                 conn = await asyncpg.connect(self.store.dsn, timeout=self.store.connect_timeout)
@@ -353,6 +353,7 @@ class PostgresNotifier(Notifier):
                     "PostgreSQL %s: cannot open the listening connection (%s); again in %.1fs",
                     self.store.where, exc, delay,
                 )  # fmt: skip
+                missed = True
                 await asyncio.sleep(delay * (1 + random.random() / 2))
                 delay = min(delay * 2, 5.0)
                 continue
@@ -363,11 +364,11 @@ class PostgresNotifier(Notifier):
             self.connections += 1
             try:
                 await self._listen_new(conn)
-                if not first:
+                if missed:
                     # Whatever was notified while nobody listened is lost: re-read.
                     log.info("PostgreSQL %s: listening again; resync", self.store.where)
                     self.resync()
-                first = False
+                missed = True  # from now on, losing this connection misses notifications
                 await self._listen(conn, lost)
             except asyncio.CancelledError:
                 raise
