@@ -29,6 +29,7 @@ import json
 import shlex
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -46,6 +47,9 @@ from agentik.core.streamprofiles import PROFILE_NAME
 from agentik.transports.base import IncomingMessage, Transport
 
 from .channel import ChannelKnobs, ChannelOptions
+
+if TYPE_CHECKING:
+    from agentik.core.cluster.notify import Notice
 
 __all__ = [
     "BUILTIN_ROLES",
@@ -87,6 +91,9 @@ def default_role_for(transport_name: str, message: IncomingMessage, channel_key:
 MAX_PERSONA_CHARS = 2000
 #: Channels whose chat settings are kept in memory (least recently used dropped first).
 CACHED_CHANNELS = 10_000
+#: The notification topic of chat settings (:mod:`agentik.core.cluster.notify`): the
+#: channel keys whose settings changed.
+SETTINGS_TOPIC = "channel_settings"
 #: Most tool patterns one channel may list.
 MAX_TOOL_PATTERNS = 50
 
@@ -454,6 +461,26 @@ class ChannelSettingsBook:
         self.patterns: list[tuple[str, ChannelSettings]] = []
         self.configure(patterns)
         self._chat: dict[str, dict[str, ChannelSetting]] = {}
+        self._follow()
+
+    def _follow(self) -> None:
+        """Drop a channel's cached settings when the store's notifier says they changed
+        (another process sharing the database set them; topic :data:`SETTINGS_TOPIC`),
+        and every cached channel on a resync: the next message reads them again.  The
+        subscription holds the book weakly (a book dropped stops following)."""
+        ref = weakref.ref(self)
+
+        def changed(notice: Notice) -> None:
+            book = ref()
+            if book is None:
+                sub.close()
+            elif notice.resync:
+                book._chat.clear()
+            else:
+                for key in notice.ids:
+                    book._chat.pop(key, None)
+
+        sub = self.store.notifier().subscribe(SETTINGS_TOPIC, changed)
 
     def configure(self, patterns: Mapping[str, ChannelSettings] | None) -> None:
         """Use these ``[channels."<pattern>"]`` tables (from the next message on;
@@ -485,6 +512,8 @@ class ChannelSettingsBook:
         now = time.time()
         text = None if value is None else json.dumps(value, ensure_ascii=False)
         await self.store.set_channel_setting(channel_key, key, text, actor=actor, at=now)
+        # Committed: the other processes on this database drop the channel (ids only).
+        await self.store.notifier().publish(SETTINGS_TOPIC, channel_key)
         chat = await self.chat(channel_key)
         if chat is _NO_CHAT:  # shared by the channels without settings: never changed
             chat = self._chat[channel_key] = {}

@@ -51,6 +51,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -63,10 +64,12 @@ from .errors import ConfigError
 from .settings import settings_dataclass
 
 if TYPE_CHECKING:
+    from .cluster.notify import Notice, Subscription
     from .store.base import AccessChange, AccessGrant, Store
 
 __all__ = [
     "BUILTIN_ROLES",
+    "GRANTS_TOPIC",
     "MANAGE_COMMANDS",
     "ROLE_RANK",
     "AccessPolicy",
@@ -85,6 +88,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The notification topic of grants (:mod:`agentik.core.cluster.notify`): the
+#: identity keys whose role changed.
+GRANTS_TOPIC = "access"
 
 #: The built-in roles, highest first.
 BUILTIN_ROLES: tuple[str, ...] = ("owner", "admin", "user", "ignored")
@@ -616,6 +623,7 @@ class AccessPolicy:
         self._tables: dict[tuple[str, str | None], _Table] = {}
         self._decisions: OrderedDict[tuple[str, str], Decision] = OrderedDict()
         self._store: Store | None = None
+        self._following: Subscription | None = None
         #: IRC: (instance, casefolded nick) → account key, from the last message seen.
         self._seen: OrderedDict[tuple[str, str], str] = OrderedDict()
         #: IRC instance → the ``CASEMAPPING`` its last message came with (for names
@@ -857,8 +865,14 @@ class AccessPolicy:
 
     # -- grants ----------------------------------------------------------------------------------
     async def load(self, store: Store) -> int:
-        """Load the grants stored in ``store`` (and keep it for :meth:`grant`); how many."""
+        """Load the grants stored in ``store`` (and keep it for :meth:`grant`); how many.
+
+        From then on the grants follow the store's notifications (topic
+        :data:`GRANTS_TOPIC`): a role given through another process sharing the
+        database applies here as soon as it is announced, and at the latest at the
+        notifier's next resync (``[cluster] poll_seconds``)."""
         self._store = store
+        self._follow(store)
         self.grants = {g.identity: g for g in await store.access_grants()}
         for g in self.grants.values():
             if g.role not in self.roles:
@@ -884,6 +898,8 @@ class AccessPolicy:
         old = self.grants.get(identity)
         if self._store is not None:
             await self._store.access_set(identity, role, by=by, channel=channel)
+            # Committed: the other processes on this database re-read (ids only).
+            await self._store.notifier().publish(GRANTS_TOPIC, identity)
         if role is None:
             self.grants.pop(identity, None)
         else:
@@ -897,6 +913,34 @@ class AccessPolicy:
     def forget_store(self) -> None:
         """Drop the store :meth:`load` kept (now closed): :meth:`grant` changes memory only."""
         self._store = None
+        if self._following is not None:
+            self._following.close()
+            self._following = None
+
+    def _follow(self, store: Store) -> None:
+        """Re-read the grants when the notifier says they changed (or resyncs).  The
+        subscription holds this policy weakly: a policy replaced (a reload) and
+        dropped stops following by itself."""
+        if self._following is not None:
+            self._following.close()
+        ref = weakref.ref(self)
+
+        async def changed(notice: Notice) -> None:
+            policy = ref()
+            if policy is None or policy._store is not store:
+                sub.close()
+                return
+            try:
+                # Grants are few: all of them are read again, whatever the ids.
+                fresh = {g.identity: g for g in await store.access_grants()}
+            except Exception as exc:  # closing, or the database is away: next time
+                log.debug("access: re-reading the grants failed: %s", exc)
+                return
+            if policy._store is store:
+                policy.grants = fresh
+
+        sub = store.notifier().subscribe(GRANTS_TOPIC, changed)
+        self._following = sub
 
     async def audit(self, limit: int = 100) -> list[AccessChange]:
         """The latest role changes, newest first."""

@@ -17,7 +17,10 @@ is never reflected on twice.  Mining has a (trailing) debounce per
 conversation: compactions arriving within ``mining_debounce`` seconds of each
 other cause one job, for the latest; a span with fewer than
 ``mine_min_turns`` user messages is not mined.  Jobs run as their own tasks,
-never inside a turn; a failing job is logged and forgotten.  Notes written
+never inside a turn; a failing job is logged and forgotten.  Workers sharing a
+database reflect on a span once (:mod:`agentik.core.cluster.jobs`: the slot is the
+conversation and the last audit-log id reflected on); mining follows a compaction,
+which only the worker running the conversation makes.  Notes written
 here have author ``agentik:mining`` or ``agentik:reflection``; each job that
 saved notes publishes a ``memory_noted`` event.
 """
@@ -33,6 +36,7 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .cluster.jobs import run_once
 from .compaction import SUMMARY_PREFIX, ask, transcript
 from .errors import NotFound
 from .events import Compacted, ConversationEnded, EventBase, MemoryNoted
@@ -328,7 +332,7 @@ class MemoryWorker:
                 if isinstance(work, Compacted):
                     written = await self._mine(agent, work)
                 else:
-                    written = await self._reflect(agent, work)
+                    written = await self._reflect_once(agent, work)
         except asyncio.CancelledError:
             if isinstance(work, _Ending):
                 self._unclaim(work)
@@ -430,6 +434,27 @@ class MemoryWorker:
             ids.append(note.id)
         await self._announce(agent, event.conversation_id, "mining", ids, None)
         return len(ids)
+
+    async def _reflect_once(self, agent: Any, ending: _Ending) -> int:
+        """Reflect on ``ending``'s span unless another worker sharing the database does:
+        the firing's slot is the conversation and the last audit-log id it covers, the
+        same on every worker that saw that conversation end."""
+        if not ending.messages:
+            return await self._reflect(agent, ending)
+        written = 0
+
+        async def job() -> str:
+            nonlocal written
+            written = await self._reflect(agent, ending)
+            return f"{written} note(s)"
+
+        slot = f"{ending.conversation_id}:{ending.through}"
+        # A worker that died mid-reflection: another may take the span over.
+        stale = self.policy.timeout + 60
+        if not await run_once(agent.store, "reflection", slot, job, stale_after=stale):
+            log.info("reflection %s: done by another worker", slot)
+            self._unclaim(ending)
+        return written
 
     async def _reflect(self, agent: Any, ending: _Ending) -> int:
         if not ending.messages:

@@ -54,6 +54,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from .cluster.jobs import next_interval, own_slot, run_once, startup_slot
 from .compaction import SUMMARY_PREFIX, ask
 from .questions import MAX_TODO_ITEMS, MAX_TODO_TEXT, TODO_STATUSES
 from .settings import settings_dataclass
@@ -401,7 +402,14 @@ async def apply_retention(
 
 class RetentionWorker:
     """An agent ``background`` coroutine running retention at start-up, after every
-    ``every_turns`` ``turn_ended`` events, and ``interval_hours`` after the last run."""
+    ``every_turns`` ``turn_ended`` events, and ``interval_hours`` after the last run.
+
+    Workers sharing a database run each firing once (:mod:`agentik.core.cluster.jobs`):
+    the start-up run once per start-up window (workers started together), the
+    interval runs at the interval's boundaries (``floor(time / interval)``: every
+    worker wakes for the same slot, one claims it).  A :meth:`trigger` and a worker's
+    own ``every_turns`` count are firings of that worker alone: they always run.
+    """
 
     def __init__(self, settings: RetentionSettings) -> None:
         self.settings = settings
@@ -409,6 +417,8 @@ class RetentionWorker:
         self.runs: list[list[PruneItem]] = []
         #: Memory notes purged by each run that had ``notes`` rules: count per scope.
         self.notes: list[dict[str, int]] = []
+        #: Firings another worker claimed (it ran them).
+        self.skipped = 0
         self.changed = asyncio.Condition()
         self._kick = asyncio.Event()
 
@@ -425,12 +435,15 @@ class RetentionWorker:
             return
         counter = asyncio.create_task(self._count_turns(agent), name="agentik-retention-turns")
         try:
+            slot = startup_slot()
             while True:
-                await self._run(agent)
+                await self._run(agent, slot)
                 self._kick.clear()
+                delay, slot = next_interval(self.settings.interval_hours * 3600)
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.settings.interval_hours * 3600):
+                    async with asyncio.timeout(delay):
                         await self._kick.wait()
+                        slot = own_slot("kick")
         finally:
             counter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -445,7 +458,7 @@ class RetentionWorker:
                     n = 0
                     self._kick.set()
 
-    async def _run(self, agent: Any) -> None:
+    async def _run(self, agent: Any, slot: str) -> None:
         async def exclusive(cid: str, job: Callable[[], Awaitable[None]]) -> None:
             conv = agent.services.find(cid)
             if conv is None:
@@ -454,13 +467,25 @@ class RetentionWorker:
             await conv.run_exclusive(job)
             conv.parts.memory.invalidate()
 
-        try:
+        items: list[PruneItem] = []
+
+        async def job() -> str:
+            nonlocal items
             items = await apply_retention(
                 agent.store, self.settings, llm=agent.llm, exclusive=exclusive
             )
             scopes = await note_scopes(agent.store, self.settings.rules)
             if scopes:
                 self.notes.append(await purge_old_notes(agent.memory, scopes))
+            return f"{sum(1 for i in items if i.done)} conversation(s) pruned"
+
+        try:
+            if not await run_once(agent.store, "retention", slot, job):
+                log.info("retention %s: run by another worker", slot)
+                async with self.changed:
+                    self.skipped += 1
+                    self.changed.notify_all()
+                return
         except asyncio.CancelledError:
             raise
         except Exception:

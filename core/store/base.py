@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ..cluster.notify import LocalNotifier, Notifier
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from .records import (
     AccessChange,
@@ -38,6 +39,7 @@ from .records import (
     ChannelSettingChange,
     Checklist,
     ConversationRecord,
+    JobRun,
     MemoryEntry,
     OutboxEntry,
     OutboxState,
@@ -96,6 +98,7 @@ CAPABILITIES: dict[str, str] = {
     "export": "export_rows",
     "import": "import_rows",
     "retention": "prune_log",
+    "jobs": "job_claim",
 }
 
 
@@ -122,6 +125,18 @@ class Store(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Flush pending writes and close; the store is unusable afterwards."""
+
+    def notifier(self) -> Notifier:
+        """The :class:`~agentik.core.cluster.notify.Notifier` of this store's database:
+        code that signals a change (ids only, after its write committed) or follows
+        the changes of others uses it and never asks which engine it runs on.  This
+        default delivers within the process (an engine other processes share, such
+        as PostgreSQL, replaces it); one per store, made when first asked for."""
+        found: Notifier | None = getattr(self, "_agentik_notifier", None)
+        if found is None:
+            found = LocalNotifier()
+            self._agentik_notifier = found
+        return found
 
     async def __aenter__(self) -> Store:
         await self.start()
@@ -567,3 +582,31 @@ class Store(abc.ABC):
         self, channel_key: str | None = None, *, limit: int = 100
     ) -> list[ChannelSettingChange]:
         """The last ``limit`` audited changes (of ``channel_key``, or all), oldest first."""
+
+    # -- scheduled jobs (issue 32: agentik.core.cluster.jobs) --------------------------------
+    async def job_claim(
+        self, name: str, slot: str, worker: str, *, now: float, stale_after: float | None = None
+    ) -> bool:
+        """Claim the firing ``slot`` of job ``name`` for ``worker``: ``True`` for the one
+        claim that wins (one atomic insert), ``False`` when the slot was claimed before.
+
+        A firing that failed (finished not ok) may be claimed again; so may a claim
+        left unfinished for longer than ``stale_after`` seconds (its worker died
+        mid-job; ``None``: never).  ``attempts`` counts the claims of a slot.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no job claims")
+
+    async def job_finish(
+        self, name: str, slot: str, worker: str, *, ok: bool, detail: str | None, now: float
+    ) -> bool:
+        """Record how ``worker``'s claim of ``slot`` ended; ``False`` when the claim is
+        no longer its own (taken over) or there is none."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no job claims")
+
+    async def job_history(self, name: str, *, limit: int = 20) -> list[JobRun]:
+        """The last ``limit`` claims of job ``name``, newest first."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no job claims")
+
+    async def job_prune(self, before: float) -> int:
+        """Delete the claims made before ``before`` (a time); how many."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no job claims")

@@ -469,6 +469,27 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        14,
+        "job_runs",
+        """
+        -- Scheduled jobs (agentik.core.cluster.jobs): one row per firing of a job,
+        -- claimed by one worker with an INSERT that only one can win (the primary
+        -- key), then finished with its outcome.  ``slot`` names the firing the way
+        -- every worker computes it alike.  Old rows are pruned.
+        CREATE TABLE job_run (
+            name         TEXT NOT NULL,
+            slot         TEXT NOT NULL,
+            worker       TEXT NOT NULL,
+            claimed_at   REAL NOT NULL,
+            finished_at  REAL,
+            ok           INTEGER,
+            detail       TEXT,
+            attempts     INTEGER NOT NULL DEFAULT 1,
+            PRIMARY KEY (name, slot)
+        ) WITHOUT ROWID;
+        """,
+    ),
 )
 
 

@@ -38,6 +38,7 @@ from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, knobs_dataclass
 from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
 from .postgres_governance import PostgresGovernance
+from .postgres_jobs import PostgresJobs
 from .postgres_lifecycle import PostgresLifecycle
 from .postgres_migrations import apply_migrations
 from .postgres_outbox import PostgresOutbox
@@ -54,6 +55,8 @@ from .postgres_waits import PostgresWaits
 
 if TYPE_CHECKING:
     import asyncpg
+
+    from ..cluster.notify import PostgresNotifier
 
 __all__ = ["PostgresSettings", "PostgresStore", "describe_dsn", "probe_server"]
 
@@ -302,6 +305,7 @@ class PostgresStore(
     PostgresGovernance,
     PostgresRuns,
     PostgresLifecycle,
+    PostgresJobs,
     Store,
 ):
     """PostgreSQL implementation of :class:`~agentik.core.store.base.Store`.
@@ -319,6 +323,7 @@ class PostgresStore(
         pool_max: int = _DEFAULTS.pool_max,
         max_batch: int = 512,
         connect_timeout: float = 10.0,
+        notify_poll: float = 30.0,
     ) -> None:
         if pool_min < 2 or pool_max < pool_min:
             raise ValueError(f"need 2 <= pool_min <= pool_max, not {pool_min} and {pool_max}")
@@ -338,9 +343,32 @@ class PostgresStore(
         self._idle.set()
         self._started = False
         self._closed = False
+        #: Seconds between the notifier's resyncs (``[cluster] poll_seconds``).
+        self.notify_poll = notify_poll
+        self._notifier: PostgresNotifier | None = None
 
     def __repr__(self) -> str:
         return f"<PostgresStore {describe_dsn(self.dsn)}>"
+
+    @property
+    def started(self) -> bool:
+        """Started and not closed yet."""
+        return self._started and not self._closed
+
+    def notifier(self) -> PostgresNotifier:
+        """``LISTEN``/``NOTIFY`` on this database
+        (:class:`~agentik.core.cluster.notify.PostgresNotifier`), one per store."""
+        if self._notifier is None:
+            from ..cluster.notify import PostgresNotifier
+
+            self._notifier = PostgresNotifier(self, poll_seconds=self.notify_poll)
+        return self._notifier
+
+    async def notify(self, channel: str, payloads: Sequence[str]) -> None:
+        """``NOTIFY channel`` once per payload, in order, through the pool (outside any
+        write's transaction: called after the write committed)."""
+        await self._read("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", channel,
+                         list(payloads))  # fmt: skip
 
     @property
     def where(self) -> str:
@@ -379,11 +407,15 @@ class PostgresStore(
             raise
         self._writer = asyncio.create_task(self._write_loop(), name="agentik-postgres-writer")
         self._started = True
+        if self._notifier is not None:
+            self._notifier.start()  # subscribed before the store started
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._notifier is not None:
+            await self._notifier.aclose()
         if self._started:
             self._kick()  # a held write commits now
             await self._idle.wait()  # every write submitted before is committed

@@ -333,6 +333,26 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    # Number 3: number 2 is the leases' (issue 32; merged from another branch).
+    Migration(
+        3,
+        "job_runs",
+        """
+        -- Scheduled jobs (agentik.core.cluster.jobs), as SQLite's migration 14: one
+        -- row per firing, claimed by the one INSERT that wins the primary key.
+        CREATE TABLE job_run (
+            name         text COLLATE "C" NOT NULL,
+            slot         text COLLATE "C" NOT NULL,
+            worker       text NOT NULL,
+            claimed_at   double precision NOT NULL,
+            finished_at  double precision,
+            ok           boolean,
+            detail       text,
+            attempts     integer NOT NULL DEFAULT 1,
+            PRIMARY KEY (name, slot)
+        );
+        """,
+    ),
 )
 
 _RECORDS = (

@@ -24,6 +24,7 @@ __all__ = [
     "ChannelSettingChange",
     "Checklist",
     "ConversationRecord",
+    "JobRun",
     "MemoryEntry",
     "OutboxEntry",
     "OutboxState",
@@ -97,6 +98,23 @@ class TurnEnd:
     #: The run's row of its run tree, written in the same transaction (a run that
     #: started child runs, or a child run: :mod:`agentik.core.agents`).
     run: RunRecord | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobRun:
+    """One firing of a scheduled job (:mod:`agentik.core.cluster.jobs`): the worker
+    that claimed its ``slot``, when, and how it ended (``finished_at`` ``None``:
+    running, or its worker died).  ``attempts`` counts claims: more than one when a
+    claim left unfinished for too long was taken over."""
+
+    name: str
+    slot: str
+    worker: str
+    claimed_at: float
+    finished_at: float | None = None
+    ok: bool | None = None
+    detail: str | None = None
+    attempts: int = 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

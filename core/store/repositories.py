@@ -23,6 +23,7 @@ from .records import (
     ChannelSettingChange,
     Checklist,
     ConversationRecord,
+    JobRun,
     MemoryEntry,
     OutboxEntry,
     OutboxState,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REPOSITORIES",
     "GovernanceRepository",
+    "JobsRepository",
     "LifecycleRepository",
     "LogRepository",
     "OutboxRepository",
@@ -279,6 +281,23 @@ class LifecycleRepository(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class JobsRepository(Protocol):
+    """Scheduled jobs: one claim per (job, slot), so a firing runs on one worker."""
+
+    async def job_claim(
+        self, name: str, slot: str, worker: str, *, now: float, stale_after: float | None = None
+    ) -> bool: ...
+
+    async def job_finish(
+        self, name: str, slot: str, worker: str, *, ok: bool, detail: str | None, now: float
+    ) -> bool: ...
+
+    async def job_history(self, name: str, *, limit: int = 20) -> list[JobRun]: ...
+
+    async def job_prune(self, before: float) -> int: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -287,6 +306,7 @@ REPOSITORIES: tuple[type, ...] = (
     GovernanceRepository,
     RunsRepository,
     LifecycleRepository,
+    JobsRepository,
 )
 
 
@@ -299,6 +319,7 @@ def _facade(
     GovernanceRepository,
     RunsRepository,
     LifecycleRepository,
+    JobsRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
-    return (store, store, store, store, store, store)
+    return (store, store, store, store, store, store, store)

@@ -44,6 +44,7 @@ from .base import (
 from .care import backup_before_migrating
 from .migrations import apply_migrations
 from .sqlite_governance import SQLiteGovernance
+from .sqlite_jobs import SQLiteJobs
 from .sqlite_lifecycle import SQLiteLifecycle
 from .sqlite_outbox import SQLiteOutbox
 from .sqlite_redaction import SQLiteRedaction
@@ -332,6 +333,7 @@ class SQLiteStore(
     SQLiteGovernance,
     SQLiteRuns,
     SQLiteLifecycle,
+    SQLiteJobs,
     Store,
 ):
     """SQLite implementation of :class:`~agentik.core.store.base.Store`.

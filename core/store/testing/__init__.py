@@ -15,9 +15,9 @@ started engine (fresh and empty for each test)::
 The cases are grouped by aggregate, one mixin each, so an engine may run a
 part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
-:class:`RunsContract`, :class:`LifecycleContract`); :class:`StoreContract`
-is all of them.  A case the engine legitimately cannot pass is skipped with
-its reason: ``unsupported = {"test_name": "why"}``.
+:class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`);
+:class:`StoreContract` is all of them.  A case the engine legitimately
+cannot pass is skipped with its reason: ``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
 extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
@@ -26,6 +26,7 @@ extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
 from __future__ import annotations
 
 from .governance import GovernanceContract
+from .jobs import JobsContract
 from .kit import ContractBase
 from .lifecycle import LifecycleContract
 from .log import LogContract
@@ -36,6 +37,7 @@ from .waits import WaitsContract
 __all__ = [
     "ContractBase",
     "GovernanceContract",
+    "JobsContract",
     "LifecycleContract",
     "LogContract",
     "OutboxContract",
@@ -52,5 +54,6 @@ class StoreContract(
     GovernanceContract,
     RunsContract,
     LifecycleContract,
+    JobsContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
