@@ -9,8 +9,8 @@ and the others find it done.
 
 Migration 1 is the schema SQLite reaches at its migration 13, in PostgreSQL's
 types (JSON as ``jsonb``, times as ``double precision``, flags as ``boolean``,
-ids from sequences), without the memory-note tables: memory notes are a
-separate backend (``[memory]``), not kept in PostgreSQL yet.  Keys that are
+ids from sequences), without the memory-note tables: migration 4 adds them
+(:mod:`agentik.core.memory.postgres`).  Keys that are
 sorted (ids, channel keys, identities) are ``COLLATE "C"``: listings sort by
 bytes, as SQLite does, whatever the database's locale.
 
@@ -331,6 +331,71 @@ MIGRATIONS: tuple[Migration, ...] = (
             run_id          text,
             updated_at      double precision NOT NULL
         );
+        """,
+    ),
+    Migration(
+        4,
+        "memory_notes",
+        """
+        -- Long-term memory notes ([memory] backend = "database" on PostgreSQL:
+        -- agentik.core.memory.postgres), SQLite's migrations 2, 11 and 12 in one.
+        -- ``tsv`` and ``words`` are written by agentik with the text: its words
+        -- as SQLite's FTS5 tokenizer sees them (folded case and accents), each with
+        -- its positions, and how many there are (for the bm25 ranking).  Made in
+        -- Python, not by to_tsvector(), so no text search configuration nor the
+        -- database's locale decides what a word is.
+        CREATE TABLE memory_note (
+            id          bigserial PRIMARY KEY,
+            scope       text COLLATE "C" NOT NULL,
+            text        text NOT NULL,
+            author      text,
+            version     integer NOT NULL DEFAULT 1,
+            deleted     boolean NOT NULL DEFAULT false,
+            created_at  double precision NOT NULL,
+            updated_at  double precision NOT NULL,
+            tsv         tsvector NOT NULL DEFAULT ''::tsvector,
+            words       integer NOT NULL DEFAULT 0
+        );
+        CREATE INDEX memory_note_by_scope ON memory_note (scope, deleted, updated_at DESC);
+        CREATE INDEX memory_note_by_update ON memory_note (updated_at DESC, id);
+        CREATE INDEX memory_note_words ON memory_note USING gin (tsv);
+
+        -- Every version of every note (the text after each change).
+        CREATE TABLE memory_version (
+            note_id     bigint NOT NULL REFERENCES memory_note (id) ON DELETE CASCADE,
+            version     integer NOT NULL,
+            text        text NOT NULL,
+            op          text NOT NULL CHECK (op IN ('save', 'edit', 'delete', 'restore')),
+            author      text,
+            created_at  double precision NOT NULL,
+            PRIMARY KEY (note_id, version)
+        );
+
+        -- One embedding per live note (little-endian float32 in ``vector``: no
+        -- pgvector needed; the process ranks them).  ``seq`` is taken anew at every
+        -- (re)write, under an advisory lock held to the commit, so the rows commit
+        -- in ``seq`` order and a process catching up by ``seq`` misses none.
+        CREATE SEQUENCE memory_vector_seq;
+        CREATE TABLE memory_vector (
+            note_id     bigint PRIMARY KEY REFERENCES memory_note (id) ON DELETE CASCADE,
+            seq         bigint NOT NULL,
+            model       text NOT NULL,
+            dim         integer NOT NULL,
+            vector      bytea NOT NULL
+        );
+        CREATE INDEX memory_vector_by_seq ON memory_vector (seq);
+
+        -- Provenance of notes written by mining and reflection (SQLite's
+        -- migration 12): redacting a message of the span deletes the note.
+        CREATE TABLE memory_source (
+            note_id          bigint PRIMARY KEY REFERENCES memory_note (id) ON DELETE CASCADE,
+            conversation_id  text COLLATE "C" NOT NULL,
+            first_message_id bigint NOT NULL,
+            last_message_id  bigint NOT NULL,
+            created_at       double precision NOT NULL
+        );
+        CREATE INDEX memory_source_by_conversation
+            ON memory_source (conversation_id, first_message_id);
         """,
     ),
 )
