@@ -2,7 +2,8 @@
 in the conversation's scopes: no embedding computed, the builtin model and numpy
 not even loaded), one embedding per turn's message otherwise (recall and a
 ``memory_search`` of the same words share it), notes another process writes are
-recalled, and the memory-mapped builtin model gives wordllama's own vectors."""
+recalled, and the memory-mapped builtin model gives wordllama's own vectors.  The
+database's tests run on SQLite and on PostgreSQL (tests/memengines.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from agentik.transports.testing import MemoryTransport
 from helpers import agentik
 
 from rigs import eventually
+
+pytest_plugins = ["pgserver", "memengines"]
 
 TOKYO = "Heidi speaks fluent Japanese and handles the Tokyo customers."
 QUESTION = "who talks to our clients in Japan?"
@@ -171,15 +174,15 @@ def test_a_bot_with_no_notes_answers_without_loading_the_embedding_model(tmp_pat
 
 
 async def test_a_message_is_embedded_once_and_only_where_a_note_could_be_found(
-    tmp_path, openai_server
+    open_db, openai_server
 ):
     """Through an embeddings endpoint (each request is visible at the fake server):
     a turn in a channel whose scopes hold no note sends none; a turn in the channel
     with a note sends one for its message, and the model's ``memory_search`` of the
     same words in that turn reuses it."""
-    store = SQLiteStore(str(tmp_path / "bot.db"))
+    store, memory_class = open_db()
     embedder = OpenAIEmbedder("fake-embed", base_url=openai_server.base_url, api_key="x")
-    memory = SQLiteMemory(
+    memory = memory_class(
         store, embedder=embedder, recall=RecallPolicy(enabled=True, k=3, min_score=0.0)
     )
     llm = OpenAIBackend(
@@ -217,27 +220,33 @@ async def test_a_message_is_embedded_once_and_only_where_a_note_could_be_found(
             await bridge.aclose()
 
 
-def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(tmp_path: Path, *args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    storage = '[storage]\nbackend = "postgres"\n' if dsn else ""
     (tmp_path / "bot.toml").write_text(
-        '[llm]\nbackend = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n',
+        '[llm]\nbackend = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n' + storage,
         encoding="utf-8",
     )
-    return agentik(*args, "-c", str(tmp_path / "bot.toml"), cwd=tmp_path)
+    env = {"AGENTIK_POSTGRES_DSN": dsn} if dsn else None
+    return agentik(*args, "-c", str(tmp_path / "bot.toml"), cwd=tmp_path, env=env)
 
 
-async def test_a_note_another_process_adds_is_recalled(tmp_path):
+async def test_a_note_another_process_adds_is_recalled(tmp_path, engine, open_db):
     """A running bot's memory had nothing to recall; ``agentik memory add`` (another
-    process, the same database file) saves a note: the bot recalls it (within the
+    process, the same database) saves a note: the bot recalls it (within the
     documented ``SYNC_INTERVAL``, without a restart)."""
-    store = SQLiteStore(str(tmp_path / "agentik.db"))
+    if engine == "sqlite":
+        store, memory_class = SQLiteStore(str(tmp_path / "agentik.db")), SQLiteMemory
+    else:
+        store, memory_class = open_db()
     await store.start()
     embedder = BuiltinEmbedder()
-    memory = SQLiteMemory(store, embedder=embedder)
+    memory = memory_class(store, embedder=embedder)
     await memory.start()
     try:
         assert await memory.recall(QUESTION, ["global"], k=3, min_score=0.3) == []
         assert not embedder.loaded
-        r = _cli(tmp_path, "memory", "add", "global", TOKYO)
+        dsn = open_db.where if engine == "postgres" else None
+        r = _cli(tmp_path, "memory", "add", "global", TOKYO, dsn=dsn)
         assert r.returncode == 0, r.stderr
 
         async def recalled() -> bool:
