@@ -86,6 +86,26 @@ async def test_full_text_finds_words_in_any_language_and_ranks_rare_words_first(
         for query in ["'", "a & b", "!x | y", "<->", "\\", "'; DROP TABLE memory_note; --"]:
             await memory.search(query)
         assert await memory.search("!!!") == []
+        # The counts bm25 reads stay what a recount says, through edits and purges.
+        await memory.save("global", "the deploy is on Friday", note_id=rare.id)
+        await memory.delete(cafe.id)
+        assert await memory.purge(moscow.id)
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        totals = tuple(await conn.fetchrow("SELECT notes, words FROM memory_totals"))
+        recount = tuple(await conn.fetchrow("SELECT count(*), sum(words) FROM memory_note"))
+        per_word = {r[0]: r[1] for r in await conn.fetch("SELECT lexeme, notes FROM memory_word")}
+        words_recount = {
+            r[0]: r[1]
+            for r in await conn.fetch(
+                "SELECT l, count(*) FROM memory_note, unnest(tsvector_to_array(tsv)) AS l"
+                " GROUP BY l"
+            )
+        }
+    finally:
+        await conn.close()
+    assert totals == recount == (8, 8 + 6 * 7 + 5)
+    assert per_word == words_recount and per_word["deploy"] == 7 and "kraken" not in per_word
     assert words("Ünïcödé_snake-case 42") == ["unicode", "snake", "case", "42"]
 
 

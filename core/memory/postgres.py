@@ -11,7 +11,9 @@ ranking and a vector ranking; recall holds the cosine threshold.
 Full text: each note's words are cut and folded in Python as SQLite's FTS5
 tokenizer (``unicode61 remove_diacritics 2``) does (:func:`words`: letters and
 digits, lower case, accents removed) and stored as a ``tsvector`` with their
-positions (``tsv``, a GIN index) and their count (``words``).  No text search
+positions (``tsv``, a GIN index) and their count (``words``); a trigger keeps the
+totals bm25 needs (``memory_totals``: notes and words; ``memory_word``: in how many
+notes each word is), as FTS5 keeps them in its index.  No text search
 configuration nor the database's locale decides what a word is (a database
 created with ``--locale=C`` does not lower-case ``É`` in SQL), and no word is
 dropped as a stop word: any language is searched as SQLite searches it.  A
@@ -22,10 +24,11 @@ note), computed in SQL.
 Vectors: pgvector is not used.  The embeddings are stored as little-endian
 ``float32`` in a ``bytea`` column and each process ranks them in memory with
 :class:`~.vectors.VectorIndex` (exact cosine), catching up with other processes'
-writes by ``seq`` at most once per ``sync_interval``, as SQLite does.  A write
-takes ``seq`` under an advisory lock held until it commits, so rows become
-visible in ``seq`` order: a process that read up to ``seq`` N has seen every
-row below it, even with several workers writing.
+writes by ``seq`` at most once per ``sync_interval``, as SQLite does.  Every
+memory write takes an advisory lock (:data:`MEMORY_LOCK`) first and holds it
+until it commits, so vectors become visible in ``seq`` order (a process that read
+up to ``seq`` N has seen every row below it, even with several workers writing)
+and the counts' rows are never locked in opposite orders.
 """
 
 from __future__ import annotations
@@ -56,8 +59,16 @@ log = logging.getLogger(__name__)
 
 _COLUMNS = "id, scope, text, author, version, deleted, created_at, updated_at"
 _TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
-#: The advisory lock a vector write holds to its commit ("agentikv").
-VECTOR_LOCK = 0x6167656E74696B76
+#: The advisory lock every memory write takes first and holds to its commit ("agentikm"):
+#: writes of notes are ordered across processes (vectors commit in ``seq`` order; the
+#: bm25 counts' rows are locked by one writer at a time, never in opposite orders).
+MEMORY_LOCK = 0x6167656E74696B6D
+
+
+async def _lock(conn: asyncpg.Connection) -> None:
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", MEMORY_LOCK)
+
+
 #: PostgreSQL's limits: positions 1..16383, 256 of them per word, words < 2 KB.
 _MAX_POS = 16383
 _MAX_POSITIONS = 256
@@ -111,17 +122,20 @@ def _note(row: Sequence[Any]) -> Note:
     )
 
 
-#: bm25 as FTS5 computes it (k1 = 1.2, b = 0.75; idf over every row, at least 1e-6),
-#: for the notes matching any of the words ``$1`` (in the scopes ``$3``, unless NULL).
+#: bm25 as FTS5 computes it (k1 = 1.2, b = 0.75; idf over every note, at least 1e-6)
+#: for the notes matching any of the words ``$1`` (the tsquery ``$2``), in the scopes
+#: ``$3`` (all when NULL): the totals and each word's number of notes are read from
+#: ``memory_totals`` and ``memory_word`` (kept by a trigger, as FTS5 keeps them).
 _BM25 = f"""
-WITH q AS (
-    SELECT w, ('''' || w || '''')::tsquery AS tq FROM unnest($1::text[]) AS w
-), total AS (
-    SELECT count(*)::float8 AS n, COALESCE(avg(words), 0)::float8 AS avgdl FROM memory_note
+WITH total AS (
+    SELECT COALESCE(sum(notes), 0)::float8 AS n,
+           COALESCE(sum(words)::float8 / NULLIF(sum(notes), 0), 0) AS avgdl
+    FROM memory_totals
 ), idf AS (
-    SELECT q.w, GREATEST(ln((total.n - c.n + 0.5) / (c.n + 0.5)), 1e-6) AS idf
-    FROM q CROSS JOIN total
-    CROSS JOIN LATERAL (SELECT count(*)::float8 AS n FROM memory_note m WHERE m.tsv @@ q.tq) c
+    SELECT q.w, GREATEST(ln((total.n - COALESCE(mw.notes, 0) + 0.5)
+                            / (COALESCE(mw.notes, 0) + 0.5)), 1e-6) AS idf
+    FROM unnest($1::text[]) AS q(w) CROSS JOIN total
+    LEFT JOIN memory_word mw ON mw.lexeme = q.w
 ), hit AS (
     SELECT {_COLUMNS}, tsv, words FROM memory_note
     WHERE tsv @@ $2::tsquery AND NOT deleted AND ($3::text[] IS NULL OR scope = ANY($3::text[]))
@@ -215,12 +229,11 @@ class PostgresMemory(SQLiteMemory):
         return {"notes": notes, "current": current, "other_models": other, "missing": missing}
 
     async def _put_vector(self, conn: asyncpg.Connection, nid: int, vector: Any) -> None:
-        """In the writer's transaction: the note's vector written (``seq`` taken under
-        :data:`VECTOR_LOCK`, held to the commit), or removed when ``vector`` is ``None``."""
+        """In the writer's transaction, under :data:`MEMORY_LOCK`: the note's vector
+        written (a new ``seq``), or removed when ``vector`` is ``None``."""
         if vector is None or self.embedder is None:
             await conn.execute("DELETE FROM memory_vector WHERE note_id = $1", nid)
             return
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", VECTOR_LOCK)
         await conn.execute(
             "INSERT INTO memory_vector (note_id, seq, model, dim, vector)"
             " VALUES ($1, nextval('memory_vector_seq'), $2, $3, $4)"
@@ -285,6 +298,7 @@ class PostgresMemory(SQLiteMemory):
             async def fn(
                 conn: asyncpg.Connection, chunk: Any = chunk, vectors: Any = vectors
             ) -> None:
+                await _lock(conn)
                 for (nid, text), vec in zip(chunk, vectors, strict=True):
                     # Only if the text did not change meanwhile (an edit embeds itself).
                     now = await conn.fetchval(
@@ -297,6 +311,7 @@ class PostgresMemory(SQLiteMemory):
             done += len(chunk)
 
         async def clean(conn: asyncpg.Connection) -> None:
+            await _lock(conn)
             await conn.execute(
                 "DELETE FROM memory_vector WHERE model != $1"
                 " OR note_id IN (SELECT id FROM memory_note WHERE deleted)",
@@ -320,6 +335,7 @@ class PostgresMemory(SQLiteMemory):
         tsv, count = tsvector(text)
 
         async def fn(conn: asyncpg.Connection) -> Note:
+            await _lock(conn)
             if note_id is None:
                 new_id = await conn.fetchval(
                     "INSERT INTO memory_note (scope, text, author, version, deleted,"
@@ -359,6 +375,7 @@ class PostgresMemory(SQLiteMemory):
         author = nul_free(author)
 
         async def fn(conn: asyncpg.Connection) -> bool:
+            await _lock(conn)
             row = await conn.fetchrow(
                 "SELECT version, text, deleted FROM memory_note WHERE id = $1 FOR UPDATE", note_id
             )
@@ -397,6 +414,7 @@ class PostgresMemory(SQLiteMemory):
                 vector = await self._embed(old_rows[0][0])
 
         async def fn(conn: asyncpg.Connection) -> Note:
+            await _lock(conn)
             old = await conn.fetchval(
                 "SELECT text FROM memory_version WHERE note_id = $1 AND version = $2",
                 note_id,
@@ -430,6 +448,7 @@ class PostgresMemory(SQLiteMemory):
 
     async def purge(self, note_id: int) -> bool:
         async def fn(conn: asyncpg.Connection) -> bool:
+            await _lock(conn)
             status = await conn.execute("DELETE FROM memory_note WHERE id = $1", note_id)
             return bool(status != "DELETE 0")
 

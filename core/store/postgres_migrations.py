@@ -360,6 +360,47 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX memory_note_by_update ON memory_note (updated_at DESC, id);
         CREATE INDEX memory_note_words ON memory_note USING gin (tsv);
 
+        -- What bm25 needs besides the matching notes, kept as FTS5 keeps it: how
+        -- many notes there are and their words in all (one row), and in how many
+        -- notes each word is.  Deleted notes count until purged, as in FTS5's index.
+        -- Kept by the trigger below (every memory write takes agentik's memory lock
+        -- first, so the rows are locked in one order).  Rows at zero are removed.
+        CREATE TABLE memory_totals (
+            one    boolean PRIMARY KEY DEFAULT true CHECK (one),
+            notes  bigint NOT NULL,
+            words  bigint NOT NULL
+        );
+        CREATE TABLE memory_word (
+            lexeme text PRIMARY KEY,
+            notes  bigint NOT NULL
+        );
+        CREATE FUNCTION agentik_memory_counts() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'UPDATE' AND OLD.tsv = NEW.tsv AND OLD.words = NEW.words THEN
+                RETURN NULL;
+            END IF;
+            IF TG_OP IN ('UPDATE', 'DELETE') THEN
+                UPDATE memory_totals SET notes = notes - 1, words = words - OLD.words;
+                DELETE FROM memory_totals WHERE notes <= 0;
+                UPDATE memory_word SET notes = notes - 1
+                    WHERE lexeme = ANY (tsvector_to_array(OLD.tsv));
+                DELETE FROM memory_word
+                    WHERE lexeme = ANY (tsvector_to_array(OLD.tsv)) AND notes <= 0;
+            END IF;
+            IF TG_OP IN ('UPDATE', 'INSERT') THEN
+                INSERT INTO memory_totals (one, notes, words) VALUES (true, 1, NEW.words)
+                    ON CONFLICT (one) DO UPDATE SET notes = memory_totals.notes + 1,
+                                                    words = memory_totals.words + NEW.words;
+                INSERT INTO memory_word (lexeme, notes)
+                    SELECT l, 1 FROM unnest(tsvector_to_array(NEW.tsv)) AS l ORDER BY l
+                    ON CONFLICT (lexeme) DO UPDATE SET notes = memory_word.notes + 1;
+            END IF;
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER memory_note_counts AFTER INSERT OR DELETE OR UPDATE OF tsv, words
+            ON memory_note FOR EACH ROW EXECUTE FUNCTION agentik_memory_counts();
+
         -- Every version of every note (the text after each change).
         CREATE TABLE memory_version (
             note_id     bigint NOT NULL REFERENCES memory_note (id) ON DELETE CASCADE,
