@@ -288,3 +288,17 @@ async def test_the_memory_commands_work_on_postgres(openai_server, tmp_path, pos
         "save", "delete", "restore",
     ]  # fmt: skip
     assert not list(tmp_path.glob("*.db"))
+
+
+async def test_check_shows_the_notes_in_postgres_and_how_vectors_are_ranked(
+    openai_server, tmp_path, postgres_dsn
+):
+    config = _config(tmp_path, openai_server.base_url)  # [memory] as it comes: the database
+    done = await asyncio.to_thread(
+        helpers.agentik,
+        "check", "--probe", "-c", config, cwd=tmp_path, env={"AGENTIK_POSTGRES_DSN": postgres_dsn},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "memory: backend 'sqlite' (notes in the database: PostgreSQL)" in done.stdout
+    [probe] = [line for line in done.stdout.splitlines() if line.startswith("probe storage: ")]
+    assert "pgvector" in probe and "(memory vectors: ranked in the process)" in probe
