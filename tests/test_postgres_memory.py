@@ -254,6 +254,7 @@ async def test_a_bot_on_postgres_saves_a_note_and_recalls_it_after_a_restart(
     try:
         rows = await conn.fetch("SELECT id, scope, text FROM memory_note ORDER BY id")
         vectors = await conn.fetch("SELECT note_id FROM memory_vector ORDER BY note_id")
+        sources = await conn.fetch("SELECT note_id FROM memory_source ORDER BY note_id")
     finally:
         await conn.close()
     saved = ("channel:stdio:local", "Production runs on the Hetzner box in Falkenstein.")
@@ -261,6 +262,8 @@ async def test_a_bot_on_postgres_saves_a_note_and_recalls_it_after_a_restart(
     # Each shutdown reflected on its conversation's new turns: notes too, with vectors.
     assert [r[2].startswith("Reflection (") for r in rows[1:]] == [True, True]
     assert [v[0] for v in vectors] == [r[0] for r in rows]
+    # The reflections' provenance (a redaction in their span deletes them).
+    assert [r[0] for r in sources] == [r[0] for r in rows[1:]]
     assert "postgresql://" not in err
 
 
