@@ -7,6 +7,7 @@ database's tests run on SQLite and on PostgreSQL (tests/memengines.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -107,27 +108,42 @@ def test_the_builtin_weights_are_mapped_from_the_package_file_not_copied(tmp_pat
     assert out["grew_kb"] < 24 * 1024, out
 
 
-def test_a_bot_with_no_notes_answers_without_loading_the_embedding_model(tmp_path):
+async def test_a_bot_with_no_notes_answers_without_loading_the_embedding_model(
+    tmp_path, engine, open_db
+):
     """Memory and recall on, builtin embeddings, no note: turns are answered and
     neither the model nor numpy is loaded.  The first note saved in the channel
     is recalled by the next turn (and only then is the model loaded)."""
-    script = textwrap.dedent(
-        f"""
+    if engine == "postgres":
+        opened = (
+            "from agentik.core.store.postgres import PostgresStore as Store\n"
+            "from agentik.core.memory.postgres import PostgresMemory as Memory\n"
+            f"WHERE = {open_db.where!r}"
+        )
+    else:
+        opened = (
+            "from agentik.core import SQLiteStore as Store\n"
+            "from agentik.core.memory.sqlite import SQLiteMemory as Memory\n"
+            "WHERE = 'bot.db'"
+        )
+    script = (
+        textwrap.dedent(
+            """
         import asyncio, json, sys
         from agentik.bot.bridge import Bridge, ChannelOptions
-        from agentik.core import Agent, OpenAIBackend, SQLiteStore
+        from agentik.core import Agent, OpenAIBackend
         from agentik.core.memory import RecallPolicy
         from agentik.core.memory.embeddings import BuiltinEmbedder
-        from agentik.core.memory.sqlite import SQLiteMemory
         from agentik.core.testing.openai_server import FakeOpenAIServer
         from agentik.transports.testing import MemoryTransport
+        OPENED
 
         async def main():
             out = {{}}
             async with FakeOpenAIServer(model="fake-model") as server:
-                store = SQLiteStore("bot.db")
+                store = Store(WHERE)
                 embedder = BuiltinEmbedder()
-                memory = SQLiteMemory(store, embedder=embedder,
+                memory = Memory(store, embedder=embedder,
                                       recall=RecallPolicy(enabled=True, k=3, min_score=0.3))
                 llm = OpenAIBackend(model="fake-model", base_url=server.base_url,
                                     api_key="sk-test", max_retries=0)
@@ -156,9 +172,17 @@ def test_a_bot_with_no_notes_answers_without_loading_the_embedding_model(tmp_pat
 
         asyncio.run(main())
         """
+        )
+        .format(QUESTION=QUESTION, TOKYO=TOKYO)
+        .replace("OPENED", opened)
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.strip().splitlines()[-1])
