@@ -363,7 +363,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         -- What bm25 needs besides the matching notes, kept as FTS5 keeps it: how
         -- many notes there are and their words in all (one row), and in how many
         -- notes each word is.  Deleted notes count until purged, as in FTS5's index.
-        -- Kept by the trigger below (every memory write takes agentik's memory lock
+        -- Kept by the triggers below (every memory write takes agentik's memory lock
         -- first, so the rows are locked in one order).  Rows at zero are removed.
         CREATE TABLE memory_totals (
             one    boolean PRIMARY KEY DEFAULT true CHECK (one),
@@ -374,32 +374,57 @@ MIGRATIONS: tuple[Migration, ...] = (
             lexeme text PRIMARY KEY,
             notes  bigint NOT NULL
         );
+        -- The rows a write brought to zero (removed at once: the index stays tiny).
+        CREATE INDEX memory_word_unused ON memory_word (lexeme) WHERE notes <= 0;
+        -- Per statement (a bulk insert or purge updates each word's row once).
         CREATE FUNCTION agentik_memory_counts() RETURNS trigger
         LANGUAGE plpgsql AS $$
         BEGIN
-            IF TG_OP = 'UPDATE' AND OLD.tsv = NEW.tsv AND OLD.words = NEW.words THEN
-                RETURN NULL;
-            END IF;
-            IF TG_OP IN ('UPDATE', 'DELETE') THEN
-                UPDATE memory_totals SET notes = notes - 1, words = words - OLD.words;
-                DELETE FROM memory_totals WHERE notes <= 0;
-                UPDATE memory_word SET notes = notes - 1
-                    WHERE lexeme = ANY (tsvector_to_array(OLD.tsv));
-                DELETE FROM memory_word
-                    WHERE lexeme = ANY (tsvector_to_array(OLD.tsv)) AND notes <= 0;
-            END IF;
-            IF TG_OP IN ('UPDATE', 'INSERT') THEN
-                INSERT INTO memory_totals (one, notes, words) VALUES (true, 1, NEW.words)
-                    ON CONFLICT (one) DO UPDATE SET notes = memory_totals.notes + 1,
-                                                    words = memory_totals.words + NEW.words;
+            IF TG_OP = 'INSERT' THEN
+                INSERT INTO memory_totals (one, notes, words)
+                    SELECT true, count(*), COALESCE(sum(words), 0) FROM new_rows
+                    HAVING count(*) > 0
+                    ON CONFLICT (one) DO UPDATE SET notes = memory_totals.notes + excluded.notes,
+                                                    words = memory_totals.words + excluded.words;
                 INSERT INTO memory_word (lexeme, notes)
-                    SELECT l, 1 FROM unnest(tsvector_to_array(NEW.tsv)) AS l ORDER BY l
-                    ON CONFLICT (lexeme) DO UPDATE SET notes = memory_word.notes + 1;
+                    SELECT l, count(*) FROM new_rows, unnest(tsvector_to_array(tsv)) AS l
+                    GROUP BY l ORDER BY l
+                    ON CONFLICT (lexeme) DO UPDATE SET notes = memory_word.notes + excluded.notes;
+            ELSIF TG_OP = 'DELETE' THEN
+                UPDATE memory_totals SET notes = notes - d.n, words = words - d.w
+                    FROM (SELECT count(*) AS n, COALESCE(sum(words), 0) AS w FROM old_rows) d
+                    WHERE d.n > 0;
+                DELETE FROM memory_totals WHERE notes <= 0;
+                UPDATE memory_word SET notes = memory_word.notes - d.n
+                    FROM (SELECT l, count(*) AS n FROM old_rows,
+                          unnest(tsvector_to_array(tsv)) AS l GROUP BY l) d
+                    WHERE memory_word.lexeme = d.l;
+                DELETE FROM memory_word WHERE notes <= 0;
+            ELSE
+                UPDATE memory_totals SET words = words + d.w
+                    FROM (SELECT (SELECT COALESCE(sum(words), 0) FROM new_rows)
+                                 - (SELECT COALESCE(sum(words), 0) FROM old_rows) AS w) d
+                    WHERE d.w != 0;
+                INSERT INTO memory_word (lexeme, notes)
+                    SELECT l, sum(s) FROM (
+                        SELECT 1 AS s, tsv FROM new_rows
+                        UNION ALL SELECT -1, tsv FROM old_rows
+                    ) x, unnest(tsvector_to_array(x.tsv)) AS l
+                    GROUP BY l HAVING sum(s) != 0 ORDER BY l
+                    ON CONFLICT (lexeme) DO UPDATE SET notes = memory_word.notes + excluded.notes;
+                DELETE FROM memory_word WHERE notes <= 0;
             END IF;
             RETURN NULL;
         END $$;
-        CREATE TRIGGER memory_note_counts AFTER INSERT OR DELETE OR UPDATE OF tsv, words
-            ON memory_note FOR EACH ROW EXECUTE FUNCTION agentik_memory_counts();
+        CREATE TRIGGER memory_note_counted AFTER INSERT ON memory_note
+            REFERENCING NEW TABLE AS new_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION agentik_memory_counts();
+        CREATE TRIGGER memory_note_uncounted AFTER DELETE ON memory_note
+            REFERENCING OLD TABLE AS old_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION agentik_memory_counts();
+        CREATE TRIGGER memory_note_recounted AFTER UPDATE ON memory_note
+            REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION agentik_memory_counts();
 
         -- Every version of every note (the text after each change).
         CREATE TABLE memory_version (
