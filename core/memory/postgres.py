@@ -124,8 +124,9 @@ def _note(row: Sequence[Any]) -> Note:
 
 #: bm25 as FTS5 computes it (k1 = 1.2, b = 0.75; idf over every note, at least 1e-6)
 #: for the notes matching any of the words ``$1`` (the tsquery ``$2``), in the scopes
-#: ``$3`` (all when NULL): the totals and each word's number of notes are read from
-#: ``memory_totals`` and ``memory_word`` (kept by a trigger, as FTS5 keeps them).
+#: ``$3`` (:data:`_BM25_ALL`: in every scope): the totals and each word's number of
+#: notes are read from ``memory_totals`` and ``memory_word`` (kept by triggers, as
+#: FTS5 keeps them in its index).
 _BM25 = f"""
 WITH total AS (
     SELECT COALESCE(sum(notes), 0)::float8 AS n,
@@ -138,7 +139,7 @@ WITH total AS (
     LEFT JOIN memory_word mw ON mw.lexeme = q.w
 ), hit AS (
     SELECT {_COLUMNS}, tsv, words FROM memory_note
-    WHERE tsv @@ $2::tsquery AND NOT deleted AND ($3::text[] IS NULL OR scope = ANY($3::text[]))
+    WHERE tsv @@ $2::tsquery AND NOT deleted AND scope = ANY($3::text[])
 )
 SELECT hit.id, hit.scope, hit.text, hit.author, hit.version, hit.deleted, hit.created_at,
        hit.updated_at,
@@ -154,6 +155,11 @@ GROUP BY hit.id, hit.scope, hit.text, hit.author, hit.version, hit.deleted, hit.
 ORDER BY score DESC, hit.id DESC
 LIMIT $4
 """
+
+
+#: :data:`_BM25` over every scope (a statement of its own: no ``$3 IS NULL OR`` that
+#: would keep a prepared plan from using the scope index).
+_BM25_ALL = _BM25.replace(" AND scope = ANY($3::text[])", " AND $3::text[] IS NULL")
 
 
 class PostgresMemory(SQLiteMemory):
@@ -486,12 +492,17 @@ class PostgresMemory(SQLiteMemory):
     ) -> builtins.list[Note]:
         if scopes is not None and not scopes:
             return []
+        where = ["NOT deleted"] if not include_deleted else []
+        args: builtins.list[Any] = []
+        if scopes is not None:
+            args.append(builtins.list(scopes))
+            where.append("scope = ANY($1::text[])")
+        cond = f"WHERE {' AND '.join(where)}" if where else ""
+        n = len(args)
         rows = await self.pg._read(
-            f"SELECT {_COLUMNS} FROM memory_note"
-            " WHERE ($1::text[] IS NULL OR scope = ANY($1::text[])) AND (NOT deleted OR $2)"
-            " ORDER BY updated_at DESC, id DESC LIMIT $3 OFFSET $4",
-            None if scopes is None else builtins.list(scopes),
-            include_deleted,
+            f"SELECT {_COLUMNS} FROM memory_note {cond}"
+            f" ORDER BY updated_at DESC, id DESC LIMIT ${n + 1} OFFSET ${n + 2}",
+            *args,
             limit,
             offset,
         )
@@ -506,12 +517,12 @@ class PostgresMemory(SQLiteMemory):
         while len(out) < limit and pos < len(ranked):
             chunk = ranked[pos : pos + max(limit * 2, 16)]
             pos += len(chunk)
-            rows = await self.pg._read(
-                f"SELECT {_COLUMNS} FROM memory_note WHERE id = ANY($1::bigint[])"
-                " AND NOT deleted AND ($2::text[] IS NULL OR scope = ANY($2::text[]))",
-                [nid for nid, _ in chunk],
-                wanted,
-            )
+            ids = [nid for nid, _ in chunk]
+            sql = f"SELECT {_COLUMNS} FROM memory_note WHERE id = ANY($1::bigint[]) AND NOT deleted"
+            if wanted is None:
+                rows = await self.pg._read(sql, ids)
+            else:
+                rows = await self.pg._read(sql + " AND scope = ANY($2::text[])", ids, wanted)
             found = {int(r[0]): _note(r) for r in rows}
             for nid, score in chunk:
                 if nid in found and len(out) < limit:
@@ -524,7 +535,7 @@ class PostgresMemory(SQLiteMemory):
         if not terms or (scopes is not None and not scopes):
             return []
         rows = await self.pg._read(
-            _BM25,
+            _BM25_ALL if scopes is None else _BM25,
             builtins.list(terms),
             " | ".join(f"'{w}'" for w in terms),
             None if scopes is None else builtins.list(scopes),
