@@ -41,6 +41,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..store.postgres_migrations import MEMORY_LOCK_KEY
 from ..store.postgres_room import nul_free
 from . import Note, NoteError, NoteVersion, RecallPolicy, valid_scope
 from .embeddings import Embedder
@@ -62,7 +63,7 @@ _TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
 #: The advisory lock every memory write takes first and holds to its commit ("agentikm"):
 #: writes of notes are ordered across processes (vectors commit in ``seq`` order; the
 #: bm25 counts' rows are locked by one writer at a time, never in opposite orders).
-MEMORY_LOCK = 0x6167656E74696B6D
+MEMORY_LOCK = MEMORY_LOCK_KEY
 
 
 async def _lock(conn: asyncpg.Connection) -> None:

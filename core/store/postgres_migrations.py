@@ -32,10 +32,13 @@ from .migrations import Migration
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["LOCK_KEY", "MIGRATIONS", "apply_migrations", "schema_version"]
+__all__ = ["LOCK_KEY", "MEMORY_LOCK_KEY", "MIGRATIONS", "apply_migrations", "schema_version"]
 
 #: The advisory lock key migrations run under (any constant; "agentik" in ASCII).
 LOCK_KEY = 0x6167656E74696B
+#: The advisory lock every write of memory notes takes first, held to its commit
+#: ("agentikm"; see :mod:`agentik.core.memory.postgres`).
+MEMORY_LOCK_KEY = 0x6167656E74696B6D
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..messages import ChatMessage
+from .postgres_migrations import MEMORY_LOCK_KEY
 from .postgres_room import PostgresRoom, dumps, nul_free, nul_free_json
 from .records import Redaction, RedactionError, tombstoned
 
@@ -113,7 +114,9 @@ class PostgresRedaction(PostgresRoom):
                 )
             ]
             if notes:
-                # Cascades to memory_version, memory_vector, memory_source.
+                # As every memory write, under the memory lock first (its counts' rows are
+                # then locked in one order).  Cascades to versions, vector, source.
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", MEMORY_LOCK_KEY)
                 await conn.execute("DELETE FROM memory_note WHERE id = ANY($1::bigint[])", notes)
             if kind == "assistant" and run_id is not None:
                 # The answer's pieces waiting for (or done with) delivery hold its text too.
