@@ -305,3 +305,36 @@ async def test_check_shows_the_notes_in_postgres_and_how_vectors_are_ranked(
     assert "memory: backend 'sqlite' (notes in the database: PostgreSQL)" in done.stdout
     [probe] = [line for line in done.stdout.splitlines() if line.startswith("probe storage: ")]
     assert "pgvector" in probe and "(memory vectors: ranked in the process)" in probe
+
+
+async def test_database_names_the_same_backend_and_builds_on_the_store_s_engine(
+    postgres_dsn, monkeypatch
+):
+    """``backend = "database"`` is the clearer spelling of ``"sqlite"``: the notes go
+    where the conversations are (a SQLite file, or PostgreSQL); a bad value names the
+    key."""
+    from agentik.bot.builder import AgentBuilder, build_store, database_memory
+    from agentik.bot.config import parse_config
+    from agentik.core.errors import ConfigError
+    from agentik.core.memory.sqlite import SQLiteMemory
+    from agentik.core.plugins import load_plugins
+
+    env = {"AGENTIK_POSTGRES_DSN": postgres_dsn}
+    for spelling in ("sqlite", "database"):
+        config = parse_config(
+            {"storage": {"backend": "postgres"}, "memory": {"backend": spelling}}, env=env
+        )
+        assert config.memory.backend == "sqlite"
+        assert type(database_memory(build_store(config, env))) is PostgresMemory
+        on_file = parse_config({"storage": {"path": ":memory:"}, "memory": {"backend": spelling}})
+        assert type(database_memory(build_store(on_file))) is SQLiteMemory
+    with pytest.raises(ConfigError, match=r"memory\.backend"):
+        parse_config({"memory": {"backend": "postgresql"}})
+    # The builder wires it (recall on by default: the backend's policy).
+    config = parse_config(
+        {"llm": {"backend": "scripted"}, "storage": {"backend": "postgres"}}, env=env
+    )
+    monkeypatch.setenv("AGENTIK_POSTGRES_DSN", postgres_dsn)
+    agent = AgentBuilder.from_config(config, load_plugins()).build()
+    assert type(agent.memory) is PostgresMemory and agent.memory.recall_policy.enabled
+    assert agent.memory.store is agent.store
