@@ -196,6 +196,14 @@ async def test_redacting_a_message_deletes_the_notes_derived_from_it(postgres_ds
         assert [n.id for n in await memory.list()] == [kept.id]
         [audit] = await store.redactions("c")
         assert audit.notes_removed == 1
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        left = await conn.fetch(
+            "SELECT lexeme FROM memory_word WHERE lexeme = ANY($1::text[])", words(secret)
+        )
+    finally:
+        await conn.close()
+    assert left == []  # not even the count of its words is kept
 
 
 def _config(tmp_path, base_url: str, *extra: str) -> str:

@@ -157,7 +157,13 @@ class PostgresRedaction(PostgresRoom):
                 raise exc.__cause__ from None
             raise
         if done is not None:
-            notes = ("memory_note", "memory_version", "memory_vector") if done.notes_removed else ()
+            # A removed note's words were in the note, its versions and the per-word
+            # counts (a word's row at zero is deleted: its dead version is vacuumed).
+            notes = (
+                ("memory_note", "memory_version", "memory_vector", "memory_word")
+                if done.notes_removed
+                else ()
+            )
             await self._vacuum(*_REWRITTEN, *notes)
         return done
 
