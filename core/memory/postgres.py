@@ -148,7 +148,10 @@ SELECT hit.id, hit.scope, hit.text, hit.author, hit.version, hit.deleted, hit.cr
            / (u.tf + 1.2 * (0.25 + 0.75 * hit.words / GREATEST(total.avgdl, 1e-9)))) AS score
 FROM hit CROSS JOIN total
 CROSS JOIN LATERAL (
-    SELECT lexeme, COALESCE(array_length(positions, 1), 1)::float8 AS tf FROM unnest(hit.tsv)
+    -- Only the query's words of the note (marked, then kept: C functions, cheaper
+    -- than unnesting every word of every matching note).
+    SELECT lexeme, COALESCE(array_length(positions, 1), 1)::float8 AS tf
+    FROM unnest(ts_filter(setweight(hit.tsv, 'A', $1::text[]), '{{a}}'))
 ) u
 JOIN idf ON idf.w = u.lexeme
 GROUP BY hit.id, hit.scope, hit.text, hit.author, hit.version, hit.deleted, hit.created_at,
