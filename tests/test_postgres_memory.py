@@ -346,3 +346,34 @@ async def test_database_names_the_same_backend_and_builds_on_the_store_s_engine(
     agent = AgentBuilder.from_config(config, load_plugins()).build()
     assert type(agent.memory) is PostgresMemory and agent.memory.recall_policy.enabled
     assert agent.memory.store is agent.store
+
+
+async def test_a_process_catching_up_while_two_others_write_misses_no_vector(
+    postgres_dsn, embedder
+):
+    """Two processes (stores) save notes at the same time while a third catches up
+    with their vectors (by ``seq``) before each of its searches: it ends with every
+    note.  (The race the memory lock closes, a row committing after one with a higher
+    ``seq`` was read, is too narrow for this test to catch without the lock.)"""
+    async with (
+        PostgresStore(postgres_dsn) as a,
+        PostgresStore(postgres_dsn) as b,
+        PostgresStore(postgres_dsn) as c,
+    ):
+        writers = [PostgresMemory(s, embedder=embedder) for s in (a, b)]
+        reader = PostgresMemory(c, embedder=embedder, sync_interval=0)
+        await reader.start()
+        saved: list[int] = []
+
+        async def write(memory: PostgresMemory, who: str) -> None:
+            for i in range(25):
+                saved.append((await memory.save("global", f"{who} note number {i}")).id)
+
+        async def read() -> None:
+            while len(saved) < 50:
+                await reader.search_scored("note", ["global"], limit=5, mode="vector")
+                await asyncio.sleep(0)
+
+        await asyncio.gather(write(writers[0], "alice"), write(writers[1], "bob"), read())
+        found = await reader.search_scored("note number", ["global"], limit=100, mode="vector")
+        assert sorted(n.id for n, _ in found) == sorted(saved) and len(saved) == 50
