@@ -349,14 +349,12 @@ class AgentBuilder:
         b.hooks(registry.pm)
         mem = config.memory
         memory: MemoryBackend
-        if mem.backend == "sqlite":
-            if not isinstance(store, SQLiteStore):
-                raise ConfigError(_NOTES_NOT_ON_POSTGRES.format(source=config.source))
+        if mem.backend == "sqlite":  # the conversations' database, whichever engine
             try:
                 embedder = embedder_for(mem)
             except EmbeddingError as exc:
                 raise ConfigError(f"{config.source}: memory: {exc}") from None
-            memory = SQLiteMemory(
+            memory = database_memory(
                 store,
                 allow_global_writes=mem.allow_global_writes,
                 embedder=embedder,
@@ -391,11 +389,18 @@ class AgentBuilder:
         return b
 
 
-_NOTES_NOT_ON_POSTGRES = (
-    '{source}: memory.backend: "sqlite" keeps the notes in the SQLite database; with'
-    ' storage.backend = "postgres" choose "markdown" or "none" (memory notes are not'
-    " kept in PostgreSQL yet: docs/operations.md)"
-)
+def database_memory(store: Store, **options: Any) -> SQLiteMemory:
+    """The memory of ``[memory] backend = "sqlite"`` (or ``"database"``): the notes in
+    the conversations' database, :class:`SQLiteMemory` or, on PostgreSQL,
+    :class:`~agentik.core.memory.postgres.PostgresMemory` (``options``: theirs)."""
+    if isinstance(store, SQLiteStore):
+        return SQLiteMemory(store, **options)
+    from agentik.core.memory.postgres import PostgresMemory
+    from agentik.core.store.postgres import PostgresStore
+
+    if not isinstance(store, PostgresStore):
+        raise ConfigError(f"the memory backend cannot keep notes in a {type(store).__name__}")
+    return PostgresMemory(store, **options)
 
 
 def storage_problems(config: Config, env: Mapping[str, str] | None = None) -> list[str]:
@@ -408,8 +413,6 @@ def storage_problems(config: Config, env: Mapping[str, str] | None = None) -> li
         build_store(config, env)  # the DSN's variable is set (nothing connects yet)
     except ConfigError as exc:
         problems.append(str(exc).removeprefix(f"{config.source}: "))
-    if config.memory.backend == "sqlite":
-        problems.append(_NOTES_NOT_ON_POSTGRES.format(source="").removeprefix(": "))
     return problems
 
 

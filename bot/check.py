@@ -266,7 +266,8 @@ def _storage_lines(config: Config) -> list[str]:
         out = [f"storage: {config.database} (synchronous={st.synchronous})"]
     m = config.memory
     if m.backend == "sqlite":
-        out.append("memory: backend 'sqlite' (notes in the database)")
+        engine = "PostgreSQL" if st.backend == "postgres" else "SQLite"
+        out.append(f"memory: backend 'sqlite' (notes in the database: {engine})")
     elif m.backend == "markdown":
         out.append(f"memory: backend 'markdown', folder {config.resolve_path(m.path)}")
     else:
@@ -673,6 +674,9 @@ async def _probe_postgres(config: Config, seconds: float) -> Probe:
         vector = f"pgvector {info['pgvector']} available, not installed"
     else:
         vector = "pgvector not available"
+    if config.memory.backend == "sqlite":
+        # Notes' vectors are bytea, ranked in the process, pgvector or not (docs/memory.md).
+        vector += " (memory vectors: ranked in the process)"
     schema = info["schema_version"]
     return Probe(
         "storage",

@@ -331,9 +331,9 @@ def _load(path: str | None, needs: frozenset[str] | None, missing: list[MissingV
         return load_config(path)
 
 
-#: The commands that work whatever the storage engine; the others (conversations, memory,
+#: The commands that work whatever the storage engine; the others (conversations,
 #: access, db) open the SQLite database themselves.
-_ANY_ENGINE = ("run", "chat", "check", "plugins", "mcp", "status")
+_ANY_ENGINE = ("run", "chat", "check", "plugins", "mcp", "status", "memory")
 
 
 def _dispatch(args: argparse.Namespace, config: Config) -> int:
@@ -365,6 +365,7 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         # other memory commands only read or change what exists.
         if (
             config.memory.backend == "sqlite"
+            and config.storage.backend == "sqlite"
             and args.action != "add"
             and not os.path.exists(config.database)
         ):
@@ -1051,18 +1052,20 @@ async def _memory(args: argparse.Namespace, config: Config) -> int:
     backend = config.memory.backend
     if backend == "none":
         raise ConfigError(f'{config.source}: memory.backend: is "none": there is no memory')
-    store: SQLiteStore | None = None
+    store: Any = None
     memory: Any
-    if backend == "sqlite":
+    if backend == "sqlite":  # the conversations' database: SQLite or PostgreSQL
         from agentik.core.memory.embeddings import EmbeddingError, embedder_for
+
+        from .builder import build_store, database_memory
 
         try:
             embedder = embedder_for(config.memory)
         except EmbeddingError as exc:
             raise ConfigError(f"{config.source}: memory: {exc}") from None
-        store = SQLiteStore(config.database)
+        store = build_store(config)
         await store.start()
-        memory = SQLiteMemory(store, embedder=embedder, search=config.memory.search)
+        memory = database_memory(store, embedder=embedder, search=config.memory.search)
     else:
         memory = MarkdownMemory(config.resolve_path(config.memory.path))
     try:

@@ -504,7 +504,7 @@ async def _record_source(agent: Any, note_id: int, conversation_id: str) -> None
     Coarse on purpose: a summary or reflection may draw on any earlier
     message, so the span is the whole log up to now.
     """
-    if getattr(agent.memory, "name", "") != "sqlite":
+    if getattr(agent.memory, "name", "") not in ("sqlite", "postgres"):
         return  # provenance lives beside the notes, in the store's database
     span = await agent.store.message_span(conversation_id)
     if span is not None:

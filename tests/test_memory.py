@@ -1,5 +1,7 @@
-"""Long-term memory: both backends keep the same contract; the model's tools
-store and find notes; scopes keep channels and users apart; restarts keep it all."""
+"""Long-term memory: every backend (the database's on SQLite and on PostgreSQL,
+markdown) keeps the same contract; the model's tools store and find notes; scopes
+keep channels and users apart; restarts keep it all (PostgreSQL: the real server
+of tests/pgserver.py)."""
 
 from __future__ import annotations
 
@@ -7,31 +9,35 @@ import dataclasses
 import json
 
 import pytest
+from memengines import opener
 
 from agentik.bot.bridge import Bridge, ChannelOptions
-from agentik.core import Agent, SQLiteStore
+from agentik.core import Agent
 from agentik.core.memory import NoteError, visible_scopes
 from agentik.core.memory.markdown import MarkdownMemory
-from agentik.core.memory.sqlite import SQLiteMemory, fts_query
+from agentik.core.memory.sqlite import fts_query
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import ToolContext
 from agentik.transports.testing import MemoryTransport
 
 from rigs import turn_tool_results
 
+pytest_plugins = ["pgserver", "memengines"]
+
 
 class Backend:
-    """Opens one backend kind on files under ``tmp_path`` (re-openable: restarts)."""
+    """Opens one backend kind on files under ``tmp_path`` or the test's PostgreSQL
+    database (re-openable: restarts)."""
 
-    def __init__(self, kind: str, tmp_path) -> None:
-        self.kind, self.tmp = kind, tmp_path
-        self.store: SQLiteStore | None = None
+    def __init__(self, kind: str, tmp_path, open_db=None) -> None:
+        self.kind, self.tmp, self.open_db = kind, tmp_path, open_db
+        self.store = None
 
     async def open(self):
-        if self.kind == "sqlite":
-            self.store = SQLiteStore(str(self.tmp / "mem.db"))
+        if self.open_db is not None:
+            self.store, memory_class = self.open_db()
             await self.store.start()
-            memory = SQLiteMemory(self.store)
+            memory = memory_class(self.store)
         else:
             memory = MarkdownMemory(self.tmp / "memory")
         await memory.start()
@@ -44,9 +50,20 @@ class Backend:
             self.store = None
 
 
-@pytest.fixture(params=["sqlite", "markdown"])
-async def backend(request, tmp_path):
-    b = Backend(request.param, tmp_path)
+@pytest.fixture(params=["sqlite", "postgres", "markdown"])
+def backend_kind(request):
+    if request.param == "postgres":
+        request.getfixturevalue("postgres_server")  # started outside the event loop
+    return request.param
+
+
+@pytest.fixture
+async def backend(backend_kind, tmp_path, request):
+    # The database's backend on each engine, and markdown.
+    if backend_kind == "markdown":
+        b = Backend("markdown", tmp_path)
+    else:
+        b = Backend(backend_kind, tmp_path, await opener(backend_kind, request, tmp_path))
     memory = await b.open()
     yield b, memory
     await b.close(memory)
@@ -206,10 +223,10 @@ def test_visible_scopes():
 
 # -- through the agent: the model's tools -------------------------------------------------
 @pytest.fixture
-async def rig(tmp_path):
+async def rig(open_db):
     model = ScriptedModel()
-    store = SQLiteStore(str(tmp_path / "bot.db"))
-    agent = Agent(llm=model, store=store, memory=SQLiteMemory(store))
+    store, memory_class = open_db()
+    agent = Agent(llm=model, store=store, memory=memory_class(store))
     await agent.start()
     bridge = Bridge(agent)
     t = MemoryTransport(name="net")
@@ -266,20 +283,19 @@ async def test_a_channel_never_sees_another_channels_notes(rig):
     model, agent, bridge, t = rig
     model.enqueue(Reply(tool_calls=[call("memory_save", {"text": "secret plan X"})]), "ok")
     await say(bridge, t, "net:#a", "alice", "remember secret plan X")
-    model.enqueue(
-        Reply(
-            tool_calls=[
-                call("memory_search", {"query": "secret plan"}),
-                call("memory_list", {}),
-                call("memory_read", {"id": 1}),
-                call("memory_delete", {"id": 1}),
-                call("memory_save", {"id": 1, "text": "overwritten"}),
-            ]
-        ),
-        "nothing",
-    )
+    calls = [
+        call("memory_search", {"query": "secret plan"}),
+        call("memory_list", {}),
+        call("memory_read", {"id": 1}),
+        call("memory_delete", {"id": 1}),
+        call("memory_save", {"id": 1, "text": "overwritten"}),
+    ]
+    calls = [dataclasses.replace(c, id=f"c{i}") for i, c in enumerate(calls)]
+    model.enqueue(Reply(tool_calls=calls), "nothing")
     await say(bridge, t, "net:#b", "carol", "any secret plans?")
-    results = turn_tool_results(model)
+    # The calls run together: their results come in the order they finish.
+    got = {m.tool_call_id: m.content for m in model.requests[-1].messages if m.role == "tool"}
+    results = [got[c.id] for c in calls]
     assert results[0] == "nothing found for 'secret plan'"
     assert results[1] == "no notes"
     assert all("no note #1 in this conversation's memory" in r for r in results[2:])
@@ -304,10 +320,10 @@ async def test_user_notes_follow_the_user_not_the_channel(rig):
     assert "alice is vegetarian" in turn_tool_results(model)[0]
 
 
-async def test_global_writes_can_be_forbidden(tmp_path):
+async def test_global_writes_can_be_forbidden(open_db):
     model = ScriptedModel()
-    store = SQLiteStore(str(tmp_path / "bot.db"))
-    memory = SQLiteMemory(store, allow_global_writes=False)
+    store, memory_class = open_db()
+    memory = memory_class(store, allow_global_writes=False)
     model.enqueue(Reply(tool_calls=[call("memory_save", {"text": "x", "scope": "global"})]), "ok")
     async with Agent(llm=model, store=store, memory=memory) as agent:
         conv = await agent.conversation_for_channel("net:#a")
@@ -316,20 +332,19 @@ async def test_global_writes_can_be_forbidden(tmp_path):
     assert "global notes are not allowed" in turn_tool_results(model, 1)[0]
 
 
-async def test_memory_survives_a_restart_of_the_agent(tmp_path):
-    path = str(tmp_path / "bot.db")
+async def test_memory_survives_a_restart_of_the_agent(open_db):
     model = ScriptedModel()
     model.enqueue(Reply(tool_calls=[call("memory_save", {"text": "deploys happen on Tuesday"})]))
     model.enqueue("ok")
-    store = SQLiteStore(path)
-    async with Agent(llm=model, store=store, memory=SQLiteMemory(store)) as agent:
+    store, memory_class = open_db()
+    async with Agent(llm=model, store=store, memory=memory_class(store)) as agent:
         conv = await agent.conversation_for_channel("net:#ops")
         await conv.send("remember deploy day", author="alice", author_id="net:alice")
         await conv.wait_idle()
     model2 = ScriptedModel()
     model2.enqueue(Reply(tool_calls=[call("memory_search", {"query": "deploys"})]), "Tuesday")
-    store2 = SQLiteStore(path)
-    async with Agent(llm=model2, store=store2, memory=SQLiteMemory(store2)) as agent:
+    store2, _ = open_db()
+    async with Agent(llm=model2, store=store2, memory=memory_class(store2)) as agent:
         conv = await agent.conversation_for_channel("net:#ops")
         await conv.send("when do we deploy?", author="bob", author_id="net:bob")
         await conv.wait_idle()

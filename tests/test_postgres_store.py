@@ -310,7 +310,8 @@ def test_check_names_what_a_postgres_configuration_lacks(openai_server, tmp_path
     assert done.returncode == 2
     err = done.stderr
     assert "storage.dsn_env: environment variable AGENTIK_POSTGRES_DSN is not set" in err
-    assert 'memory.backend: "sqlite" keeps the notes in the SQLite database' in err
+    # Memory notes live in PostgreSQL too (tests/test_postgres_memory.py): not a problem.
+    assert "memory.backend" not in err
 
 
 async def test_a_probe_of_an_unreachable_server_fails_without_the_password(openai_server, tmp_path):

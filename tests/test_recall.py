@@ -3,7 +3,8 @@ from its package; hybrid search finds paraphrases that full-text search misses,
 in real SQLite files, within the conversation's scopes; edits re-embed, deletions
 leave the index; OpenAI-compatible embeddings go through the real SDK; the
 recalled notes reach the model's request in a delimited, escaped block (and not
-when switched off or irrelevant); reembed and a model change are handled."""
+when switched off or irrelevant); reembed and a model change are handled.  The
+database's tests run on SQLite and on PostgreSQL (tests/memengines.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ import sys
 import textwrap
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from memengines import Database
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, OpenAIBackend, SQLiteStore
@@ -32,6 +35,8 @@ from agentik.core.testing.openai_server import FakeOpenAIServer
 from agentik.core.tools.base import ToolContext
 from agentik.transports.testing import MemoryTransport
 from helpers import agentik
+
+pytest_plugins = ["pgserver", "memengines"]
 
 # No word in common: full-text search cannot connect them.
 TOKYO = "Heidi speaks fluent Japanese and handles the Tokyo customers."
@@ -50,10 +55,15 @@ def embedder() -> BuiltinEmbedder:
     return BuiltinEmbedder()
 
 
-async def open_memory(path: Path, embedder, **kw) -> tuple[SQLiteStore, SQLiteMemory]:
-    store = SQLiteStore(str(path))
+async def open_memory(path: Path | Database, embedder, **kw) -> tuple[Any, SQLiteMemory]:
+    """A started store and memory on ``path`` (a SQLite file) or on ``open_db``'s
+    database (either engine; called again: another process's view of it)."""
+    if isinstance(path, Database):
+        store, memory_class = path()
+    else:
+        store, memory_class = SQLiteStore(str(path)), SQLiteMemory
     await store.start()
-    memory = SQLiteMemory(store, embedder=embedder, **kw)
+    memory = memory_class(store, embedder=embedder, **kw)
     await memory.start()
     return store, memory
 
@@ -66,6 +76,12 @@ def vector_rows(path: Path) -> list[tuple[int, str, int, bytes]]:
         ).fetchall()
     finally:
         conn.close()
+
+
+async def stored_vectors(db: Database) -> list[tuple[int, str, int, bytes]]:
+    """The ``memory_vector`` rows of either engine, as SQLite's :func:`vector_rows`."""
+    rows = await db.rows("SELECT note_id, model, dim, vector FROM memory_vector ORDER BY note_id")
+    return [(int(n), str(m), int(d), bytes(v)) for n, m, d, v in rows]
 
 
 def test_the_builtin_model_loads_offline_from_the_installed_package(tmp_path):
@@ -113,9 +129,8 @@ def test_the_builtin_model_loads_offline_from_the_installed_package(tmp_path):
     assert not (tmp_path / ".cache" / "wordllama").exists()  # nothing fetched or cached
 
 
-async def test_hybrid_search_finds_the_paraphrase_that_fts_misses(tmp_path, embedder):
-    path = tmp_path / "mem.db"
-    store, memory = await open_memory(path, embedder)
+async def test_hybrid_search_finds_the_paraphrase_that_fts_misses(open_db, embedder):
+    store, memory = await open_memory(open_db, embedder)
     try:
         note = await memory.save("global", TOKYO)
         for text in OTHER_NOTES:
@@ -128,15 +143,15 @@ async def test_hybrid_search_finds_the_paraphrase_that_fts_misses(tmp_path, embe
         assert (await memory.search("satay", ["global"], limit=1))[0].text == OTHER_NOTES[1]
     finally:
         await store.aclose()
-    rows = vector_rows(path)
+    rows = await stored_vectors(open_db)
     assert len(rows) == 1 + len(OTHER_NOTES)
     assert {(model, dim) for _, model, dim, _ in rows} == {("wordllama:l2_supercat:256", 256)}
     stored = np.frombuffer(rows[0][3], dtype="<f4")
     assert np.allclose(stored, embedder.embed_sync([TOKYO])[0], atol=1e-6)
 
 
-async def test_vector_search_keeps_scopes_apart(tmp_path, embedder):
-    store, memory = await open_memory(tmp_path / "mem.db", embedder)
+async def test_vector_search_keeps_scopes_apart(open_db, embedder):
+    store, memory = await open_memory(open_db, embedder)
     try:
         await memory.save(A, TOKYO)
         await memory.save(B, "Alice's favourite colour is teal.")
@@ -159,12 +174,11 @@ async def test_vector_search_keeps_scopes_apart(tmp_path, embedder):
         await store.aclose()
 
 
-async def test_an_edit_re_embeds_and_a_delete_leaves_the_vector_index(tmp_path, embedder):
-    path = tmp_path / "mem.db"
-    store, memory = await open_memory(path, embedder)
-    # A second process's view of the same file: it catches up with the writes
+async def test_an_edit_re_embeds_and_a_delete_leaves_the_vector_index(open_db, embedder):
+    store, memory = await open_memory(open_db, embedder)
+    # A second process's view of the same database: it catches up with the writes
     # (before every search here; by default within ``SYNC_INTERVAL``).
-    store2, other = await open_memory(path, embedder, sync_interval=0)
+    store2, other = await open_memory(open_db, embedder, sync_interval=0)
     try:
         note = await memory.save("global", "Alice's favourite colour is teal.")
         await memory.save("global", "Bob is allergic to peanuts.")
@@ -177,11 +191,13 @@ async def test_an_edit_re_embeds_and_a_delete_leaves_the_vector_index(tmp_path, 
                 "what hue does Alice like?", ["global"], limit=2, mode="vector"
             )
             assert all(n.text != "Alice's favourite colour is teal." for n, _ in teal)
-        stored = {nid: np.frombuffer(v, dtype="<f4") for nid, _, _, v in vector_rows(path)}
+        stored = {
+            nid: np.frombuffer(v, dtype="<f4") for nid, _, _, v in await stored_vectors(open_db)
+        }
         assert np.allclose(stored[note.id], embedder.embed_sync([TOKYO])[0], atol=1e-6)
 
         assert await memory.delete(note.id)
-        assert note.id not in [nid for nid, *_ in vector_rows(path)]
+        assert note.id not in [nid for nid, *_ in await stored_vectors(open_db)]
         for mem in (memory, other):
             for mode in ("vector", "hybrid"):
                 hits = await mem.search_scored(QUESTION, ["global"], limit=5, mode=mode)
@@ -193,7 +209,7 @@ async def test_an_edit_re_embeds_and_a_delete_leaves_the_vector_index(tmp_path, 
         assert hits[0][0].id == note.id
         # Purged, its vector row goes with it.
         assert await memory.purge(note.id)
-        assert note.id not in [nid for nid, *_ in vector_rows(path)]
+        assert note.id not in [nid for nid, *_ in await stored_vectors(open_db)]
     finally:
         await store2.aclose()
         await store.aclose()
@@ -255,10 +271,10 @@ def _user_messages(body: dict) -> list[str]:
 
 
 async def test_recall_block_reaches_the_request_and_not_when_off_or_irrelevant(
-    tmp_path, embedder, openai_server
+    open_db, embedder, openai_server
 ):
-    store = SQLiteStore(str(tmp_path / "bot.db"))
-    memory = SQLiteMemory(
+    store, memory_class = open_db()
+    memory = memory_class(
         store, embedder=embedder, recall=RecallPolicy(enabled=True, k=3, min_score=0.3)
     )
     llm = OpenAIBackend(
@@ -342,13 +358,12 @@ async def test_a_model_change_is_detected_and_reembed_fixes_it(tmp_path):
     }
 
 
-async def test_a_model_mismatch_falls_back_to_fts_until_reembedded(tmp_path, caplog):
-    path = tmp_path / "mem.db"
-    store, memory = await open_memory(path, BuiltinEmbedder(256))
+async def test_a_model_mismatch_falls_back_to_fts_until_reembedded(open_db, caplog):
+    store, memory = await open_memory(open_db, BuiltinEmbedder(256))
     await memory.save("global", TOKYO)
     await store.aclose()
     with caplog.at_level(logging.WARNING):
-        store, memory = await open_memory(path, BuiltinEmbedder(128))
+        store, memory = await open_memory(open_db, BuiltinEmbedder(128))
     try:
         assert not memory.vectors_ready
         assert (

@@ -2,10 +2,12 @@
 in the conversation's scopes: no embedding computed, the builtin model and numpy
 not even loaded), one embedding per turn's message otherwise (recall and a
 ``memory_search`` of the same words share it), notes another process writes are
-recalled, and the memory-mapped builtin model gives wordllama's own vectors."""
+recalled, and the memory-mapped builtin model gives wordllama's own vectors.  The
+database's tests run on SQLite and on PostgreSQL (tests/memengines.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -26,6 +28,8 @@ from agentik.transports.testing import MemoryTransport
 from helpers import agentik
 
 from rigs import eventually
+
+pytest_plugins = ["pgserver", "memengines"]
 
 TOKYO = "Heidi speaks fluent Japanese and handles the Tokyo customers."
 QUESTION = "who talks to our clients in Japan?"
@@ -104,27 +108,42 @@ def test_the_builtin_weights_are_mapped_from_the_package_file_not_copied(tmp_pat
     assert out["grew_kb"] < 24 * 1024, out
 
 
-def test_a_bot_with_no_notes_answers_without_loading_the_embedding_model(tmp_path):
+async def test_a_bot_with_no_notes_answers_without_loading_the_embedding_model(
+    tmp_path, engine, open_db
+):
     """Memory and recall on, builtin embeddings, no note: turns are answered and
     neither the model nor numpy is loaded.  The first note saved in the channel
     is recalled by the next turn (and only then is the model loaded)."""
-    script = textwrap.dedent(
-        f"""
+    if engine == "postgres":
+        opened = (
+            "from agentik.core.store.postgres import PostgresStore as Store\n"
+            "from agentik.core.memory.postgres import PostgresMemory as Memory\n"
+            f"WHERE = {open_db.where!r}"
+        )
+    else:
+        opened = (
+            "from agentik.core import SQLiteStore as Store\n"
+            "from agentik.core.memory.sqlite import SQLiteMemory as Memory\n"
+            "WHERE = 'bot.db'"
+        )
+    script = (
+        textwrap.dedent(
+            """
         import asyncio, json, sys
         from agentik.bot.bridge import Bridge, ChannelOptions
-        from agentik.core import Agent, OpenAIBackend, SQLiteStore
+        from agentik.core import Agent, OpenAIBackend
         from agentik.core.memory import RecallPolicy
         from agentik.core.memory.embeddings import BuiltinEmbedder
-        from agentik.core.memory.sqlite import SQLiteMemory
         from agentik.core.testing.openai_server import FakeOpenAIServer
         from agentik.transports.testing import MemoryTransport
+        OPENED
 
         async def main():
             out = {{}}
             async with FakeOpenAIServer(model="fake-model") as server:
-                store = SQLiteStore("bot.db")
+                store = Store(WHERE)
                 embedder = BuiltinEmbedder()
-                memory = SQLiteMemory(store, embedder=embedder,
+                memory = Memory(store, embedder=embedder,
                                       recall=RecallPolicy(enabled=True, k=3, min_score=0.3))
                 llm = OpenAIBackend(model="fake-model", base_url=server.base_url,
                                     api_key="sk-test", max_retries=0)
@@ -153,9 +172,17 @@ def test_a_bot_with_no_notes_answers_without_loading_the_embedding_model(tmp_pat
 
         asyncio.run(main())
         """
+        )
+        .format(QUESTION=QUESTION, TOKYO=TOKYO)
+        .replace("OPENED", opened)
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.strip().splitlines()[-1])
@@ -171,15 +198,15 @@ def test_a_bot_with_no_notes_answers_without_loading_the_embedding_model(tmp_pat
 
 
 async def test_a_message_is_embedded_once_and_only_where_a_note_could_be_found(
-    tmp_path, openai_server
+    open_db, openai_server
 ):
     """Through an embeddings endpoint (each request is visible at the fake server):
     a turn in a channel whose scopes hold no note sends none; a turn in the channel
     with a note sends one for its message, and the model's ``memory_search`` of the
     same words in that turn reuses it."""
-    store = SQLiteStore(str(tmp_path / "bot.db"))
+    store, memory_class = open_db()
     embedder = OpenAIEmbedder("fake-embed", base_url=openai_server.base_url, api_key="x")
-    memory = SQLiteMemory(
+    memory = memory_class(
         store, embedder=embedder, recall=RecallPolicy(enabled=True, k=3, min_score=0.0)
     )
     llm = OpenAIBackend(
@@ -217,27 +244,33 @@ async def test_a_message_is_embedded_once_and_only_where_a_note_could_be_found(
             await bridge.aclose()
 
 
-def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(tmp_path: Path, *args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    storage = '[storage]\nbackend = "postgres"\n' if dsn else ""
     (tmp_path / "bot.toml").write_text(
-        '[llm]\nbackend = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n',
+        '[llm]\nbackend = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n' + storage,
         encoding="utf-8",
     )
-    return agentik(*args, "-c", str(tmp_path / "bot.toml"), cwd=tmp_path)
+    env = {"AGENTIK_POSTGRES_DSN": dsn} if dsn else None
+    return agentik(*args, "-c", str(tmp_path / "bot.toml"), cwd=tmp_path, env=env)
 
 
-async def test_a_note_another_process_adds_is_recalled(tmp_path):
+async def test_a_note_another_process_adds_is_recalled(tmp_path, engine, open_db):
     """A running bot's memory had nothing to recall; ``agentik memory add`` (another
-    process, the same database file) saves a note: the bot recalls it (within the
+    process, the same database) saves a note: the bot recalls it (within the
     documented ``SYNC_INTERVAL``, without a restart)."""
-    store = SQLiteStore(str(tmp_path / "agentik.db"))
+    if engine == "sqlite":
+        store, memory_class = SQLiteStore(str(tmp_path / "agentik.db")), SQLiteMemory
+    else:
+        store, memory_class = open_db()
     await store.start()
     embedder = BuiltinEmbedder()
-    memory = SQLiteMemory(store, embedder=embedder)
+    memory = memory_class(store, embedder=embedder)
     await memory.start()
     try:
         assert await memory.recall(QUESTION, ["global"], k=3, min_score=0.3) == []
         assert not embedder.loaded
-        r = _cli(tmp_path, "memory", "add", "global", TOKYO)
+        dsn = open_db.where if engine == "postgres" else None
+        r = _cli(tmp_path, "memory", "add", "global", TOKYO, dsn=dsn)
         assert r.returncode == 0, r.stderr
 
         async def recalled() -> bool:

@@ -28,8 +28,10 @@ model-facing tools (``memory_save``, ``memory_read``, ``memory_list``,
 ``memory_delete``, ``memory_search``) are built on them by
 :meth:`MemoryBackend.tools`, which the agent merges with its other tools.
 Backends: :class:`~.sqlite.SQLiteMemory` (same database as the
-conversations, FTS5 search) and :class:`~.markdown.MarkdownMemory` (one
-Markdown file per scope in a folder).  :class:`NoMemory` remembers nothing.
+conversations, FTS5 search), :class:`~.postgres.PostgresMemory` (the same on
+PostgreSQL, when the conversations are there) and
+:class:`~.markdown.MarkdownMemory` (one Markdown file per scope in a folder).
+:class:`NoMemory` remembers nothing.
 """
 
 from __future__ import annotations
@@ -91,6 +93,12 @@ def seconds(value: Any) -> Any:
     return value
 
 
+def _database_is_sqlite(value: Any) -> Any:
+    """``[memory] backend = "database"`` is ``"sqlite"``: both name the conversations'
+    database (the engine is ``[storage]``'s)."""
+    return "sqlite" if value == "database" else value
+
+
 # Knobs (settings a channel may set for itself, ``[channels."<pattern>"]``): pydantic
 # dataclasses without slots, spelled out so type checkers see the constructor.
 @pydantic_dataclass(frozen=True, kw_only=True, config=SETTINGS)
@@ -150,14 +158,20 @@ class BackgroundPolicy(AnnounceKnob):
 class MemorySettings(RecallKnobs, BackgroundPolicy):
     """Long-term memory: which backend, and the background work that fills it.
 
-    ``backend``: ``sqlite`` (the conversations' database), ``markdown`` (a
-    folder of files at ``path``) or ``none``.  ``allow_global_writes``: see
-    :class:`MemoryBackend`.  The other fields are :class:`BackgroundPolicy`'s.
-    The ``recall*`` keys are :class:`RecallKnobs`' (a channel may set them).
-    This class is also the ``[memory]`` section of the configuration file.
+    ``backend``: ``sqlite`` or ``database`` (the conversations' database, SQLite
+    or PostgreSQL), ``markdown`` (a folder of files at ``path``) or ``none``.
+    ``allow_global_writes``: see :class:`MemoryBackend`.  The other fields are
+    :class:`BackgroundPolicy`'s.  The ``recall*`` keys are :class:`RecallKnobs`'
+    (a channel may set them).  This class is also the ``[memory]`` section of the
+    configuration file.
     """
 
-    backend: Literal["sqlite", "markdown", "none"] = "sqlite"
+    #: ``sqlite`` (also spelled ``database``, the clearer name): the notes live in
+    #: the conversations' database, whichever ``[storage]`` engine holds it (SQLite
+    #: or PostgreSQL).
+    backend: Annotated[
+        Literal["sqlite", "markdown", "none"], BeforeValidator(_database_is_sqlite)
+    ] = "sqlite"
     #: The folder of the markdown backend (relative to the configuration file).
     path: str = "memory"
     #: Whether the model may write ``global`` notes (recalled in every channel):

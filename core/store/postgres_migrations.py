@@ -9,8 +9,8 @@ and the others find it done.
 
 Migration 1 is the schema SQLite reaches at its migration 13, in PostgreSQL's
 types (JSON as ``jsonb``, times as ``double precision``, flags as ``boolean``,
-ids from sequences), without the memory-note tables: memory notes are a
-separate backend (``[memory]``), not kept in PostgreSQL yet.  Keys that are
+ids from sequences), without the memory-note tables: migration 4 adds them
+(:mod:`agentik.core.memory.postgres`).  Keys that are
 sorted (ids, channel keys, identities) are ``COLLATE "C"``: listings sort by
 bytes, as SQLite does, whatever the database's locale.
 
@@ -32,10 +32,13 @@ from .migrations import Migration
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["LOCK_KEY", "MIGRATIONS", "apply_migrations", "schema_version"]
+__all__ = ["LOCK_KEY", "MEMORY_LOCK_KEY", "MIGRATIONS", "apply_migrations", "schema_version"]
 
 #: The advisory lock key migrations run under (any constant; "agentik" in ASCII).
 LOCK_KEY = 0x6167656E74696B
+#: The advisory lock every write of memory notes takes first, held to its commit
+#: ("agentikm"; see :mod:`agentik.core.memory.postgres`).
+MEMORY_LOCK_KEY = 0x6167656E74696B6D
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -351,6 +354,137 @@ MIGRATIONS: tuple[Migration, ...] = (
             attempts     integer NOT NULL DEFAULT 1,
             PRIMARY KEY (name, slot)
         );
+        """,
+    ),
+    Migration(
+        4,
+        "memory_notes",
+        """
+        -- Long-term memory notes ([memory] backend = "database" on PostgreSQL:
+        -- agentik.core.memory.postgres), SQLite's migrations 2, 11 and 12 in one.
+        -- ``tsv`` and ``words`` are written by agentik with the text: its words
+        -- as SQLite's FTS5 tokenizer sees them (folded case and accents), each with
+        -- its positions, and how many there are (for the bm25 ranking).  Made in
+        -- Python, not by to_tsvector(), so no text search configuration nor the
+        -- database's locale decides what a word is.
+        CREATE TABLE memory_note (
+            id          bigserial PRIMARY KEY,
+            scope       text COLLATE "C" NOT NULL,
+            text        text NOT NULL,
+            author      text,
+            version     integer NOT NULL DEFAULT 1,
+            deleted     boolean NOT NULL DEFAULT false,
+            created_at  double precision NOT NULL,
+            updated_at  double precision NOT NULL,
+            tsv         tsvector NOT NULL DEFAULT ''::tsvector,
+            words       integer NOT NULL DEFAULT 0
+        );
+        CREATE INDEX memory_note_by_scope ON memory_note (scope, deleted, updated_at DESC);
+        CREATE INDEX memory_note_by_update ON memory_note (updated_at DESC, id);
+        CREATE INDEX memory_note_words ON memory_note USING gin (tsv);
+
+        -- What bm25 needs besides the matching notes, kept as FTS5 keeps it: how
+        -- many notes there are and their words in all (one row), and in how many
+        -- notes each word is.  Deleted notes count until purged, as in FTS5's index.
+        -- Kept by the triggers below (every memory write takes agentik's memory lock
+        -- first, so the rows are locked in one order).  Rows at zero are removed.
+        CREATE TABLE memory_totals (
+            one    boolean PRIMARY KEY DEFAULT true CHECK (one),
+            notes  bigint NOT NULL,
+            words  bigint NOT NULL
+        );
+        CREATE TABLE memory_word (
+            lexeme text PRIMARY KEY,
+            notes  bigint NOT NULL
+        );
+        -- The rows a write brought to zero (removed at once: the index stays tiny).
+        CREATE INDEX memory_word_unused ON memory_word (lexeme) WHERE notes <= 0;
+        -- Per statement (a bulk insert or purge updates each word's row once).
+        CREATE FUNCTION agentik_memory_counts() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'INSERT' THEN
+                INSERT INTO memory_totals (one, notes, words)
+                    SELECT true, count(*), COALESCE(sum(words), 0) FROM new_rows
+                    HAVING count(*) > 0
+                    ON CONFLICT (one) DO UPDATE SET notes = memory_totals.notes + excluded.notes,
+                                                    words = memory_totals.words + excluded.words;
+                INSERT INTO memory_word (lexeme, notes)
+                    SELECT l, count(*) FROM new_rows, unnest(tsvector_to_array(tsv)) AS l
+                    GROUP BY l ORDER BY l
+                    ON CONFLICT (lexeme) DO UPDATE SET notes = memory_word.notes + excluded.notes;
+            ELSIF TG_OP = 'DELETE' THEN
+                UPDATE memory_totals SET notes = notes - d.n, words = words - d.w
+                    FROM (SELECT count(*) AS n, COALESCE(sum(words), 0) AS w FROM old_rows) d
+                    WHERE d.n > 0;
+                DELETE FROM memory_totals WHERE notes <= 0;
+                UPDATE memory_word SET notes = memory_word.notes - d.n
+                    FROM (SELECT l, count(*) AS n FROM old_rows,
+                          unnest(tsvector_to_array(tsv)) AS l GROUP BY l) d
+                    WHERE memory_word.lexeme = d.l;
+                DELETE FROM memory_word WHERE notes <= 0;
+            ELSE
+                UPDATE memory_totals SET words = words + d.w
+                    FROM (SELECT (SELECT COALESCE(sum(words), 0) FROM new_rows)
+                                 - (SELECT COALESCE(sum(words), 0) FROM old_rows) AS w) d
+                    WHERE d.w != 0;
+                INSERT INTO memory_word (lexeme, notes)
+                    SELECT l, sum(s) FROM (
+                        SELECT 1 AS s, tsv FROM new_rows
+                        UNION ALL SELECT -1, tsv FROM old_rows
+                    ) x, unnest(tsvector_to_array(x.tsv)) AS l
+                    GROUP BY l HAVING sum(s) != 0 ORDER BY l
+                    ON CONFLICT (lexeme) DO UPDATE SET notes = memory_word.notes + excluded.notes;
+                DELETE FROM memory_word WHERE notes <= 0;
+            END IF;
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER memory_note_counted AFTER INSERT ON memory_note
+            REFERENCING NEW TABLE AS new_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION agentik_memory_counts();
+        CREATE TRIGGER memory_note_uncounted AFTER DELETE ON memory_note
+            REFERENCING OLD TABLE AS old_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION agentik_memory_counts();
+        CREATE TRIGGER memory_note_recounted AFTER UPDATE ON memory_note
+            REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION agentik_memory_counts();
+
+        -- Every version of every note (the text after each change).
+        CREATE TABLE memory_version (
+            note_id     bigint NOT NULL REFERENCES memory_note (id) ON DELETE CASCADE,
+            version     integer NOT NULL,
+            text        text NOT NULL,
+            op          text NOT NULL CHECK (op IN ('save', 'edit', 'delete', 'restore')),
+            author      text,
+            created_at  double precision NOT NULL,
+            PRIMARY KEY (note_id, version)
+        );
+
+        -- One embedding per live note (little-endian float32 in ``vector``: no
+        -- pgvector needed; the process ranks them).  ``seq`` is taken anew at every
+        -- (re)write, under an advisory lock held to the commit, so the rows commit
+        -- in ``seq`` order and a process catching up by ``seq`` misses none.
+        CREATE SEQUENCE memory_vector_seq;
+        CREATE TABLE memory_vector (
+            note_id     bigint PRIMARY KEY REFERENCES memory_note (id) ON DELETE CASCADE,
+            seq         bigint NOT NULL,
+            model       text NOT NULL,
+            dim         integer NOT NULL,
+            vector      bytea NOT NULL
+        );
+        CREATE INDEX memory_vector_by_seq ON memory_vector (seq);
+
+        -- Provenance of notes written by mining and reflection (SQLite's
+        -- migration 12): redacting a message of the span deletes the note.
+        CREATE TABLE memory_source (
+            note_id          bigint PRIMARY KEY REFERENCES memory_note (id) ON DELETE CASCADE,
+            conversation_id  text COLLATE "C" NOT NULL,
+            first_message_id bigint NOT NULL,
+            last_message_id  bigint NOT NULL,
+            created_at       double precision NOT NULL
+        );
+        CREATE INDEX memory_source_by_conversation
+            ON memory_source (conversation_id, first_message_id);
         """,
     ),
 )

@@ -2,16 +2,19 @@
 :class:`~.repositories.LogRepository`): a message replaced by its tombstone everywhere
 its text was, in one transaction, then the tables vacuumed so the old row versions go.
 
-Memory notes are not kept in PostgreSQL (a separate backend), so a redaction
-removes none (``notes_removed`` is 0) and note provenance is not recorded.
+Memory notes derived from a span of the log holding the message (mining, reflection:
+``memory_source``, migration 4) are deleted with their versions and vectors, as on
+SQLite.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..messages import ChatMessage
+from .postgres_migrations import MEMORY_LOCK_KEY
 from .postgres_room import PostgresRoom, dumps, nul_free, nul_free_json
 from .records import Redaction, RedactionError, tombstoned
 
@@ -101,6 +104,20 @@ class PostgresRedaction(PostgresRoom):
                         " WHERE conversation_id = $2 AND pos = $3",
                         nul_free_json(new.to_json()), conversation_id, pos,
                     )  # fmt: skip
+            notes = [
+                int(r[0])
+                for r in await conn.fetch(
+                    "SELECT note_id FROM memory_source WHERE conversation_id = $1"
+                    " AND first_message_id <= $2 AND last_message_id >= $2",
+                    conversation_id,
+                    message_id,
+                )
+            ]
+            if notes:
+                # As every memory write, under the memory lock first (its counts' rows are
+                # then locked in one order).  Cascades to versions, vector, source.
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", MEMORY_LOCK_KEY)
+                await conn.execute("DELETE FROM memory_note WHERE id = ANY($1::bigint[])", notes)
             if kind == "assistant" and run_id is not None:
                 # The answer's pieces waiting for (or done with) delivery hold its text too.
                 await conn.execute(
@@ -118,8 +135,8 @@ class PostgresRedaction(PostgresRoom):
             )
             rid = await conn.fetchval(
                 "INSERT INTO redaction (conversation_id, message_id, redacted_by, at, reason,"
-                " notes_removed) VALUES ($1, $2, $3, $4, $5, 0) RETURNING id",
-                conversation_id, message_id, by, at, reason,
+                " notes_removed) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+                conversation_id, message_id, by, at, reason, len(notes),
             )  # fmt: skip
             return Redaction(
                 id=int(rid),
@@ -128,7 +145,7 @@ class PostgresRedaction(PostgresRoom):
                 by=by,
                 at=at,
                 reason=reason,
-                notes_removed=0,
+                notes_removed=len(notes),
             )
 
         try:
@@ -140,7 +157,14 @@ class PostgresRedaction(PostgresRoom):
                 raise exc.__cause__ from None
             raise
         if done is not None:
-            await self._vacuum(*_REWRITTEN)
+            # A removed note's words were in the note, its versions and the per-word
+            # counts (a word's row at zero is deleted: its dead version is vacuumed).
+            notes = (
+                ("memory_note", "memory_version", "memory_vector", "memory_word")
+                if done.notes_removed
+                else ()
+            )
+            await self._vacuum(*_REWRITTEN, *notes)
         return done
 
     async def redactions(
@@ -160,6 +184,21 @@ class PostgresRedaction(PostgresRoom):
                       reason=r[5], notes_removed=r[6])
             for r in rows
         ]  # fmt: skip
+
+    async def note_source_add(
+        self, note_id: int, conversation_id: str, first_message_id: int, last_message_id: int
+    ) -> None:
+        async def fn(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                "INSERT INTO memory_source (note_id, conversation_id, first_message_id,"
+                " last_message_id, created_at) VALUES ($1, $2, $3, $4, $5)"
+                " ON CONFLICT (note_id) DO UPDATE SET conversation_id = excluded.conversation_id,"
+                " first_message_id = excluded.first_message_id,"
+                " last_message_id = excluded.last_message_id, created_at = excluded.created_at",
+                note_id, conversation_id, first_message_id, last_message_id, time.time(),
+            )  # fmt: skip
+
+        await self._write(fn, single=True)
 
     async def message_span(self, conversation_id: str) -> tuple[int, int] | None:
         rows = await self._read(
