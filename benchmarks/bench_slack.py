@@ -103,6 +103,7 @@ class PhaseResult:
     latencies: list[float]
     cpu: float  # bot process CPU over the load, all threads
     cpu_main: float  # of which the event-loop thread
+    cpu_threads: dict[str, float]  # the other threads' CPU by name (ThreadPool workers pooled)
     rss: int
     hwm: int
     calls: dict[str, int]  # Web API calls made during the load, by method
@@ -136,6 +137,14 @@ class Pooled:
     def hwm(self) -> int:
         return max(r.hwm for r in self.rounds)
 
+    def threads(self) -> dict[str, float]:
+        """CPU per answer outside the event-loop thread, by thread name."""
+        total: dict[str, float] = {}
+        for r in self.rounds:
+            for name, cpu in r.cpu_threads.items():
+                total[name] = total.get(name, 0.0) + cpu
+        return {n: c / self.answers for n, c in sorted(total.items(), key=lambda kv: -kv[1])}
+
     def calls(self) -> dict[str, float]:
         total: dict[str, int] = {}
         for r in self.rounds:
@@ -154,11 +163,35 @@ def _emit(obj: dict[str, Any]) -> None:
     _PROTO.flush()
 
 
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's threads but the calling one, by
+    Python thread name (numbered pool workers pooled; threads Python does not know of:
+    "native")."""
+    import threading
+
+    names = {t.native_id: re.sub(r"_\d+$", "", t.name) for t in threading.enumerate()}
+    me = threading.get_native_id()
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        if tid == me:
+            continue
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        name = names.get(tid, "native")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def _child_stats(**extra: Any) -> dict[str, Any]:
     st = proc_status()
     return {
         "cpu": time.process_time(),  # CLOCK_PROCESS_CPUTIME_ID: every thread
         "cpu_main": time.thread_time(),  # the event-loop thread (stats run on it)
+        "threads": _thread_cpu(),
         "rss": st["VmRSS"],
         "hwm": st["VmHWM"],
         **extra,
@@ -460,6 +493,11 @@ async def run_phase(
         latencies=load["latencies"],
         cpu=after["cpu"] - before["cpu"],
         cpu_main=after["cpu_main"] - before["cpu_main"],
+        cpu_threads={
+            name: cpu - before["threads"].get(name, 0.0)
+            for name, cpu in after["threads"].items()
+            if cpu - before["threads"].get(name, 0.0) > 0
+        },
         rss=after["rss"],
         hwm=after["hwm"],
         calls=load["calls"],
@@ -581,6 +619,9 @@ async def bench(cfg: Config, tmp: str, llm_url: str, profile: bool) -> list[Row]
             f" (event-loop thread {ms(res.per_answer('cpu_main'))});"
             f" RSS {mb(res.rss)} (peak {mb(res.hwm)})"
         )
+        threads = ", ".join(f"{n} {c * 1e3:.2f} ms" for n, c in res.threads().items())
+        if threads:
+            say(f"  {'':<24} CPU/answer outside the event loop, by thread: {threads}")
         calls = ", ".join(f"{m} {c:.2f}" for m, c in res.calls().items())
         say(f"  {'':<24} Web API calls per answer: {calls}")
         say(f"  {'':<24} fake Slack + load generator CPU/answer {ms(res.per_answer('fake_cpu'))}")
