@@ -88,6 +88,7 @@ class Config:
     window: int  # mentions unanswered at a time
     warm: int  # unmeasured mentions first (connections, caches)
     rounds: int
+    answer_chars: int = 0  # at least this long an answer (0: a short one)
 
 
 FULL = Config(quick=False, n=300, window=16, warm=20, rounds=4)
@@ -272,13 +273,15 @@ async def fake_child(args: argparse.Namespace) -> None:
                 await slack.wait_for_socket(cmd["count"], timeout=60)
                 _emit({"ok": True})
             elif cmd["cmd"] == "load":
-                _emit(await _load(slack, cmd["tag"], cmd["n"], cmd["window"]))
+                _emit(await _load(slack, cmd["tag"], cmd["n"], cmd["window"], cmd["chars"]))
     finally:
         await slack.stop()
 
 
-async def _load(slack: Any, tag: str, n: int, window: int) -> dict[str, Any]:
-    """Push ``n`` mentions, ``window`` unanswered at a time; wait for every answer."""
+async def _load(slack: Any, tag: str, n: int, window: int, chars: int) -> dict[str, Any]:
+    """Push ``n`` mentions, ``window`` unanswered at a time; wait for every answer (each
+    at least ``chars`` long: the echo model answers with the question)."""
+    filler = ("lorem ipsum " * (chars // 12 + 1))[:chars]
     slots = asyncio.Semaphore(window)
     pending: dict[str, tuple[str, float]] = {}  # thread ts -> (question, sent at)
     latencies: list[float] = []
@@ -307,7 +310,7 @@ async def _load(slack: Any, tag: str, n: int, window: int) -> dict[str, Any]:
         async with asyncio.timeout(60 + n * 0.5):
             for i in range(n):
                 await slots.acquire()
-                question = f"question {tag}.{i}"
+                question = f"{filler}question {tag}.{i}"
                 event = slack.app_mention_event(
                     CHANNEL, f"<@{slack.bot_user_id}> {question}", user=USER
                 )
@@ -469,13 +472,19 @@ async def run_phase(
     try:
         await child.recv()  # ready: connected over Socket Mode
         await fake.ask(cmd="socket", count=fake_sockets(1))
-        await fake.ask(cmd="load", tag=f"{kind[0]}{r}w", n=cfg.warm, window=cfg.window)
+        await fake.ask(cmd="load", tag=f"{kind[0]}{r}w", n=cfg.warm, window=cfg.window,
+                       chars=cfg.answer_chars)  # fmt: skip
         gc.collect()
         if profile:
             await child.ask(cmd="profile_on")
         before = await child.ask(cmd="stats")
         load = await fake.ask(
-            limit=120 + cfg.n, cmd="load", tag=f"{kind[0]}{r}", n=cfg.n, window=cfg.window
+            limit=120 + cfg.n,
+            cmd="load",
+            tag=f"{kind[0]}{r}",
+            n=cfg.n,
+            window=cfg.window,
+            chars=cfg.answer_chars,
         )
         await asyncio.sleep(SETTLE)  # let the bot finish its bookkeeping (stores, fsync)
         after = await child.ask(cmd="stats")
@@ -578,7 +587,8 @@ def print_environment(cfg: Config, tmp: str) -> None:
                 "mode",
                 f"{'quick' if cfg.quick else 'full'}: {cfg.n} mentions per bot per round, each"
                 f" in its own thread, {cfg.window} unanswered at a time, {cfg.warm} warm-up,"
-                f" {cfg.rounds} round(s)",
+                f" {cfg.rounds} round(s); answers"
+                + (f" of {cfg.answer_chars}+ characters" if cfg.answer_chars else " short"),
             ),
         ]
     )
@@ -655,6 +665,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=None, help="mentions unanswered at a time")
     parser.add_argument("--rounds", type=int, default=None, help="rounds")
     parser.add_argument(
+        "--answer-chars", type=int, default=0,
+        help="answers at least this long (default: short; 600: agentik streams them natively)",
+    )  # fmt: skip
+    parser.add_argument(
         "--profile", action="store_true", help="one more agentik run under cProfile, by stage"
     )
     parser.add_argument("--tmpdir", default=None, help="where to put the databases and logs")
@@ -675,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         window=args.window or base.window,
         warm=base.warm,
         rounds=args.rounds or base.rounds,
+        answer_chars=args.answer_chars,
     )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="agentik-bench-slack-", dir=args.tmpdir) as tmp:
