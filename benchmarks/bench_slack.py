@@ -20,15 +20,19 @@ process, so only the bot's CPU is counted:
     tools, memory with recall, compaction, runs, logging, health, supervision,
     retention, access, budgets, redaction) with its ``[transports.slack]`` section
     enabled and pointed at the fake (``api_url``, tokens); Socket Mode, native streaming,
-    the assistant status and the handled-events file as shipped;
+    the assistant status and the handled-events file as shipped (an answer shorter than
+    ``stream_buffer`` is posted whole, and the status waits ``status_delay``: a quick
+    short answer is one ``chat.postMessage``; ``--answer-chars 600`` makes every answer
+    a native stream);
   - the baseline: a bare slack-bolt ``AsyncApp`` over ``AsyncSocketModeHandler`` whose
     ``app_mention`` listener calls ``openai.AsyncOpenAI().chat.completions.create(
     stream=True)`` and posts the answer in the thread with ``chat.postMessage`` (no
     persistence, no status, no streaming to Slack).
 
 Measured per bot: answers/s (the fake's first push to the last answer it saw), CPU per
-answer of the bot process (all its threads, read inside it before and after the load),
-RSS at the end and the peak (VmHWM), and the Web API calls per answer.  The bots run in
+answer of the bot process (all its threads, read inside it before and after the load;
+the threads other than the event loop's also by name), RSS at the end and the peak
+(VmHWM), and the Web API calls per answer.  The bots run in
 alternating order over the rounds; figures pool all rounds.  Goals (issue 31): agentik
 >= 0.8x the bare app's answers/s at <= 1.5x its CPU per answer.  ``--profile`` runs
 agentik once more under cProfile (the event-loop thread's CPU clock) and prints its CPU
