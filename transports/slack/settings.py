@@ -75,7 +75,7 @@ class SlackSettings(BaseModel):
     status_text: str = "is thinking…"
     #: Seconds a message waits for its answer to show before ``status_text`` is set
     #: (0: set at once).  An answer that shows sooner needs no status.
-    status_delay: float = Field(0.5, ge=0)
+    status_delay: float = Field(1.0, ge=0)
     #: A reaction with this name on the bot's message stops the answer.
     stop_reaction: str = "octagonal_sign"
     #: Retries of a rate-limited (429) call, honouring Retry-After.
