@@ -20,15 +20,19 @@ process, so only the bot's CPU is counted:
     tools, memory with recall, compaction, runs, logging, health, supervision,
     retention, access, budgets, redaction) with its ``[transports.slack]`` section
     enabled and pointed at the fake (``api_url``, tokens); Socket Mode, native streaming,
-    the assistant status and the handled-events file as shipped;
+    the assistant status and the handled-events file as shipped (an answer shorter than
+    ``stream_buffer`` is posted whole, and the status waits ``status_delay``: a quick
+    short answer is one ``chat.postMessage``; ``--answer-chars 600`` makes every answer
+    a native stream);
   - the baseline: a bare slack-bolt ``AsyncApp`` over ``AsyncSocketModeHandler`` whose
     ``app_mention`` listener calls ``openai.AsyncOpenAI().chat.completions.create(
     stream=True)`` and posts the answer in the thread with ``chat.postMessage`` (no
     persistence, no status, no streaming to Slack).
 
 Measured per bot: answers/s (the fake's first push to the last answer it saw), CPU per
-answer of the bot process (all its threads, read inside it before and after the load),
-RSS at the end and the peak (VmHWM), and the Web API calls per answer.  The bots run in
+answer of the bot process (all its threads, read inside it before and after the load;
+the threads other than the event loop's also by name), RSS at the end and the peak
+(VmHWM), and the Web API calls per answer.  The bots run in
 alternating order over the rounds; figures pool all rounds.  Goals (issue 31): agentik
 >= 0.8x the bare app's answers/s at <= 1.5x its CPU per answer.  ``--profile`` runs
 agentik once more under cProfile (the event-loop thread's CPU clock) and prints its CPU
@@ -88,6 +92,7 @@ class Config:
     window: int  # mentions unanswered at a time
     warm: int  # unmeasured mentions first (connections, caches)
     rounds: int
+    answer_chars: int = 0  # at least this long an answer (0: a short one)
 
 
 FULL = Config(quick=False, n=300, window=16, warm=20, rounds=4)
@@ -103,6 +108,7 @@ class PhaseResult:
     latencies: list[float]
     cpu: float  # bot process CPU over the load, all threads
     cpu_main: float  # of which the event-loop thread
+    cpu_threads: dict[str, float]  # the other threads' CPU by name (ThreadPool workers pooled)
     rss: int
     hwm: int
     calls: dict[str, int]  # Web API calls made during the load, by method
@@ -136,6 +142,14 @@ class Pooled:
     def hwm(self) -> int:
         return max(r.hwm for r in self.rounds)
 
+    def threads(self) -> dict[str, float]:
+        """CPU per answer outside the event-loop thread, by thread name."""
+        total: dict[str, float] = {}
+        for r in self.rounds:
+            for name, cpu in r.cpu_threads.items():
+                total[name] = total.get(name, 0.0) + cpu
+        return {n: c / self.answers for n, c in sorted(total.items(), key=lambda kv: -kv[1])}
+
     def calls(self) -> dict[str, float]:
         total: dict[str, int] = {}
         for r in self.rounds:
@@ -154,11 +168,35 @@ def _emit(obj: dict[str, Any]) -> None:
     _PROTO.flush()
 
 
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's threads but the calling one, by
+    Python thread name (numbered pool workers pooled; threads Python does not know of:
+    "native")."""
+    import threading
+
+    names = {t.native_id: re.sub(r"_\d+$", "", t.name) for t in threading.enumerate()}
+    me = threading.get_native_id()
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        if tid == me:
+            continue
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        name = names.get(tid, "native")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def _child_stats(**extra: Any) -> dict[str, Any]:
     st = proc_status()
     return {
         "cpu": time.process_time(),  # CLOCK_PROCESS_CPUTIME_ID: every thread
         "cpu_main": time.thread_time(),  # the event-loop thread (stats run on it)
+        "threads": _thread_cpu(),
         "rss": st["VmRSS"],
         "hwm": st["VmHWM"],
         **extra,
@@ -239,13 +277,15 @@ async def fake_child(args: argparse.Namespace) -> None:
                 await slack.wait_for_socket(cmd["count"], timeout=60)
                 _emit({"ok": True})
             elif cmd["cmd"] == "load":
-                _emit(await _load(slack, cmd["tag"], cmd["n"], cmd["window"]))
+                _emit(await _load(slack, cmd["tag"], cmd["n"], cmd["window"], cmd["chars"]))
     finally:
         await slack.stop()
 
 
-async def _load(slack: Any, tag: str, n: int, window: int) -> dict[str, Any]:
-    """Push ``n`` mentions, ``window`` unanswered at a time; wait for every answer."""
+async def _load(slack: Any, tag: str, n: int, window: int, chars: int) -> dict[str, Any]:
+    """Push ``n`` mentions, ``window`` unanswered at a time; wait for every answer (each
+    at least ``chars`` long: the echo model answers with the question)."""
+    filler = ("lorem ipsum " * (chars // 12 + 1))[:chars]
     slots = asyncio.Semaphore(window)
     pending: dict[str, tuple[str, float]] = {}  # thread ts -> (question, sent at)
     latencies: list[float] = []
@@ -274,7 +314,7 @@ async def _load(slack: Any, tag: str, n: int, window: int) -> dict[str, Any]:
         async with asyncio.timeout(60 + n * 0.5):
             for i in range(n):
                 await slots.acquire()
-                question = f"question {tag}.{i}"
+                question = f"{filler}question {tag}.{i}"
                 event = slack.app_mention_event(
                     CHANNEL, f"<@{slack.bot_user_id}> {question}", user=USER
                 )
@@ -436,13 +476,19 @@ async def run_phase(
     try:
         await child.recv()  # ready: connected over Socket Mode
         await fake.ask(cmd="socket", count=fake_sockets(1))
-        await fake.ask(cmd="load", tag=f"{kind[0]}{r}w", n=cfg.warm, window=cfg.window)
+        await fake.ask(cmd="load", tag=f"{kind[0]}{r}w", n=cfg.warm, window=cfg.window,
+                       chars=cfg.answer_chars)  # fmt: skip
         gc.collect()
         if profile:
             await child.ask(cmd="profile_on")
         before = await child.ask(cmd="stats")
         load = await fake.ask(
-            limit=120 + cfg.n, cmd="load", tag=f"{kind[0]}{r}", n=cfg.n, window=cfg.window
+            limit=120 + cfg.n,
+            cmd="load",
+            tag=f"{kind[0]}{r}",
+            n=cfg.n,
+            window=cfg.window,
+            chars=cfg.answer_chars,
         )
         await asyncio.sleep(SETTLE)  # let the bot finish its bookkeeping (stores, fsync)
         after = await child.ask(cmd="stats")
@@ -460,6 +506,11 @@ async def run_phase(
         latencies=load["latencies"],
         cpu=after["cpu"] - before["cpu"],
         cpu_main=after["cpu_main"] - before["cpu_main"],
+        cpu_threads={
+            name: cpu - before["threads"].get(name, 0.0)
+            for name, cpu in after["threads"].items()
+            if cpu - before["threads"].get(name, 0.0) > 0
+        },
         rss=after["rss"],
         hwm=after["hwm"],
         calls=load["calls"],
@@ -540,7 +591,8 @@ def print_environment(cfg: Config, tmp: str) -> None:
                 "mode",
                 f"{'quick' if cfg.quick else 'full'}: {cfg.n} mentions per bot per round, each"
                 f" in its own thread, {cfg.window} unanswered at a time, {cfg.warm} warm-up,"
-                f" {cfg.rounds} round(s)",
+                f" {cfg.rounds} round(s); answers"
+                + (f" of {cfg.answer_chars}+ characters" if cfg.answer_chars else " short"),
             ),
         ]
     )
@@ -581,6 +633,9 @@ async def bench(cfg: Config, tmp: str, llm_url: str, profile: bool) -> list[Row]
             f" (event-loop thread {ms(res.per_answer('cpu_main'))});"
             f" RSS {mb(res.rss)} (peak {mb(res.hwm)})"
         )
+        threads = ", ".join(f"{n} {c * 1e3:.2f} ms" for n, c in res.threads().items())
+        if threads:
+            say(f"  {'':<24} CPU/answer outside the event loop, by thread: {threads}")
         calls = ", ".join(f"{m} {c:.2f}" for m, c in res.calls().items())
         say(f"  {'':<24} Web API calls per answer: {calls}")
         say(f"  {'':<24} fake Slack + load generator CPU/answer {ms(res.per_answer('fake_cpu'))}")
@@ -614,6 +669,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=None, help="mentions unanswered at a time")
     parser.add_argument("--rounds", type=int, default=None, help="rounds")
     parser.add_argument(
+        "--answer-chars", type=int, default=0,
+        help="answers at least this long (default: short; 600: agentik streams them natively)",
+    )  # fmt: skip
+    parser.add_argument(
         "--profile", action="store_true", help="one more agentik run under cProfile, by stage"
     )
     parser.add_argument("--tmpdir", default=None, help="where to put the databases and logs")
@@ -634,6 +693,7 @@ def main(argv: list[str] | None = None) -> int:
         window=args.window or base.window,
         warm=base.warm,
         rounds=args.rounds or base.rounds,
+        answer_chars=args.answer_chars,
     )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="agentik-bench-slack-", dir=args.tmpdir) as tmp:

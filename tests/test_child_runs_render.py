@@ -160,7 +160,10 @@ async def test_on_slack_a_child_run_is_one_message_in_the_thread(tmp_path):
             event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> when did 2.0 ship?")
             await slack.push_event(event)
             key = f"slack:T1:C1:{event['ts']}"
-            await slack.wait_for_call("chat.stopStream")
+            # (A short answer is posted whole: chat.postMessage, its Markdown.)
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: FINAL in (p.get("markdown_text") or "")
+            )
             await bridge.flush(key)
             mine = [
                 m

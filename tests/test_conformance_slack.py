@@ -110,13 +110,26 @@ async def _slack():
 
 
 class TestSlackConformance(TransportConformance):
-    """Native streaming (chat.startStream) in threads, posts and edits in DMs."""
+    """The defaults: in threads, an answer shorter than ``stream_buffer`` is posted whole
+    and a longer one streamed natively (chat.startStream); posts and edits in DMs."""
 
     @pytest_asyncio.fixture
     async def transport_harness(self, tmp_path):
         slack = await _slack()
         try:
             yield SlackHarness(slack, str(tmp_path / "seen.sqlite3"))
+        finally:
+            await slack.stop()
+
+
+class TestSlackNativeStreamingConformance(TransportConformance):
+    """The same contract when every answer in a thread is streamed natively."""
+
+    @pytest_asyncio.fixture
+    async def transport_harness(self, tmp_path):
+        slack = await _slack()
+        try:
+            yield SlackHarness(slack, str(tmp_path / "seen.sqlite3"), stream_buffer=1)
         finally:
             await slack.stop()
 

@@ -44,6 +44,8 @@ def sent_texts(slack: FakeSlack) -> list[tuple[str, str]]:
     for method, params in slack.calls:
         if method in ("chat.postMessage", "chat.update"):
             out.append((method, params.get("text") or ""))
+            if "markdown_text" in params:  # an answer posted whole (shorter than a flush)
+                out.append((method + " markdown_text", params["markdown_text"]))
         if method in ("chat.startStream", "chat.appendStream", "chat.stopStream"):
             out.append((method, _chunks_text(params)))
     return out
@@ -100,6 +102,24 @@ async def test_native_streaming_appends_only_safe_markdown(tmp_path):
             # The whole answer, as Markdown: text shown as written, the link rebuilt.
             assert "Hi &lt;!channel&gt; and &lt;!here&gt;" in whole
             assert "[docs](https://evil.example/%3C!channel%3E)" in whole
+
+
+async def test_a_short_answer_posted_whole_is_safe_markdown(tmp_path):
+    # Complete before its first stream_buffer characters, an answer is one
+    # chat.postMessage whose markdown_text is escaped as the stream's would be.
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, stream_buffer=4000) as (bot, model, agent, bridge):
+            model.enqueue(Reply(chunks=[ATTACK[i : i + 5] for i in range(0, len(ATTACK), 5)]))
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> say it")
+            await slack.push_event(event)
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            ((method, text),) = [(m, t) for m, t in sent_texts(slack) if t]
+            assert method == "chat.postMessage markdown_text"
+            assert "<" not in text and ">" not in text, text
+            assert "Hi &lt;!channel&gt; and &lt;!here&gt;" in text
+            assert "[docs](https://evil.example/%3C!channel%3E)" in text
+            assert text == markdown_safe(ATTACK)
 
 
 async def test_normal_links_still_render_as_links(tmp_path):
@@ -300,5 +320,6 @@ def test_fuzzed_events_never_crash_or_inject(
     for method, params in slack.calls[before:]:
         if method in ("chat.postMessage", "chat.update"):
             assert_no_injection(params.get("text") or "")
+            assert "<" not in (params.get("markdown_text") or "").replace("<\u2060", "")
         if method in ("chat.startStream", "chat.appendStream", "chat.stopStream"):
             assert "<" not in _chunks_text(params).replace("<\u2060", "")

@@ -20,9 +20,16 @@ from rigs import answered, bot_texts, eventually, slack_bot
 
 
 async def test_a_mention_is_answered_in_its_thread_with_native_streaming(tmp_path):
+    # An answer longer than stream_buffer is streamed; with status_delay = 0 the status
+    # is set at once, before the answer, and cleared after it.
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice", display_name="Alice A.")
-        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+        async with slack_bot(slack, tmp_path, stream_buffer=8, status_delay=0) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
             model.enqueue(Reply(text="Hello **Alice**, here is the answer.", chunks=None))
             event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> hi there")
             await slack.push_event(event)
@@ -45,7 +52,13 @@ async def test_web_api_calls_share_a_connection_not_one_each(tmp_path):
     # other reuse the connection their Web API calls came over.
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
-        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+        # Four calls a mention: the status set at once, the answer streamed, the status cleared.
+        async with slack_bot(slack, tmp_path, stream_buffer=4, status_delay=0) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
             for i in range(3):
                 event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> q{i}")
                 await slack.push_event(event)
@@ -62,7 +75,13 @@ async def test_a_slow_status_call_holds_up_its_own_thread_only(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
         slack.rate_limit("assistant.threads.setStatus", times=1, retry_after=10)
-        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+        # The status set at once; the answer streamed (longer than stream_buffer).
+        async with slack_bot(slack, tmp_path, stream_buffer=4, status_delay=0) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
             first = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> first")
             await slack.push_event(first)
             await slack.wait_for_call("assistant.threads.setStatus")  # answered 429
@@ -82,6 +101,68 @@ async def test_a_slow_status_call_holds_up_its_own_thread_only(tmp_path):
                 ("chat.startStream", None),
                 ("assistant.threads.setStatus", ""),  # (appends and stop name the message)
             ]
+
+
+def _in_thread(slack: FakeSlack, thread_ts: str) -> list[tuple[str, dict]]:
+    """The Web API calls about ``thread_ts`` (stream appends and stops name their
+    message: they count when it is in the thread)."""
+    ours = {ts for (_, ts), m in slack.messages.items() if m.get("thread_ts") == thread_ts}
+    return [
+        (m, p)
+        for m, p in slack.calls
+        if m != "users.info" and (p.get("thread_ts") == thread_ts or p.get("ts") in ours)
+    ]
+
+
+async def test_a_quick_answer_is_one_message_and_a_long_one_is_streamed(tmp_path):
+    # An answer complete before its first stream_buffer characters is posted whole: one
+    # chat.postMessage with the Markdown, no stream, and no status (it showed within
+    # status_delay: none was set, so none is cleared).  A longer one is streamed.
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, status_delay=60) as (bot, model, agent, bridge):
+            model.enqueue(Reply(text="Hello **Alice**, the answer is `x < 2`.", chunks=None))
+            quick = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> quick")
+            await slack.push_event(quick)
+            await answered(slack, bridge, f"slack:T1:C1:{quick['ts']}")
+            calls = _in_thread(slack, quick["ts"])
+            assert [m for m, _ in calls] == ["chat.postMessage"]
+            assert calls[0][1]["markdown_text"] == "Hello **Alice**, the answer is `x < 2`."
+            assert "text" not in calls[0][1] and calls[0][1]["channel"] == "C1"
+            words = [f"word{i} " for i in range(60)]  # 420 characters, token by token
+            model.enqueue(Reply(chunks=words))
+            long = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> long")
+            await slack.push_event(long)
+            await answered(slack, bridge, f"slack:T1:C1:{long['ts']}")
+            methods = [m for m, _ in _in_thread(slack, long["ts"])]
+            assert methods[0] == "chat.startStream" and methods[-1] == "chat.stopStream"
+            assert set(methods[1:-1]) <= {"chat.appendStream"}
+            assert bot_texts(slack, "C1") == [
+                "Hello **Alice**, the answer is `x < 2`.",
+                "".join(words),
+            ]
+            assert slack.calls_to("assistant.threads.setStatus") == []
+
+
+async def test_a_slow_answer_shows_the_status_first_and_clears_it_last(tmp_path):
+    # Nothing has shown status_delay after the mention: the status is set, and cleared
+    # once the answer has been posted.
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, status_delay=0.05) as (bot, model, agent, bridge):
+            gate = asyncio.Event()
+            model.enqueue(Reply(text="worth the wait", gate=gate))
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> slow")
+            await slack.push_event(event)
+            await slack.wait_for_call("assistant.threads.setStatus")  # the model still waits
+            gate.set()
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            assert [(m, p.get("status")) for m, p in _in_thread(slack, event["ts"])] == [
+                ("assistant.threads.setStatus", "is thinking…"),
+                ("chat.postMessage", None),
+                ("assistant.threads.setStatus", ""),
+            ]
+            assert bot_texts(slack, "C1") == ["worth the wait"]
 
 
 async def test_a_direct_message_is_answered(tmp_path):
@@ -194,7 +275,7 @@ async def test_a_bot_killed_after_answering_does_not_answer_the_redelivery(tmp_p
                 assert (await proc.stdout.readline()).strip() == b"READY"
             event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> once please")
             await slack.push_event(event, event_id="EvK")
-            await slack.wait_for_call("chat.stopStream")  # answered
+            await slack.wait_for_call("chat.postMessage")  # answered (short: posted whole)
         finally:
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
@@ -264,7 +345,8 @@ async def test_auto_streaming_falls_back_to_edits_without_native_support(tmp_pat
     async with FakeSlack() as slack:
         slack.supports_streaming = False
         slack.add_user("U1", "alice")
-        async with slack_bot(slack, tmp_path) as (bot, model, agent, bridge):
+        # Answers longer than stream_buffer: the first one tries a native stream.
+        async with slack_bot(slack, tmp_path, stream_buffer=4) as (bot, model, agent, bridge):
             first = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> one")
             await slack.push_event(first)
             await answered(slack, bridge, f"slack:T1:C1:{first['ts']}")
@@ -272,6 +354,7 @@ async def test_auto_streaming_falls_back_to_edits_without_native_support(tmp_pat
             assert bot_texts(slack, "C1") == ["echo: one"]
             # ... and later answers stream by editing, without trying native again.
             tries = len(slack.calls_to("chat.startStream"))
+            assert tries == 1
             model.enqueue(Reply(chunks=[f"x{i} " for i in range(10)], delay=0.02))
             second = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> two")
             await slack.push_event(second)

@@ -521,12 +521,10 @@ async def test_slack_thread_reply_steers_the_running_turn_the_channel_top_level_
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
         slack.add_user("U2", "bob")
-        async with slack_bot(slack, tmp_path, model=_llm(openai_server), tools=[slow.tool()]) as (
-            bot,
-            model,
-            agent,
-            bridge,
-        ):
+        # The status set at once for each message (status_delay = 0), the correction's too.
+        async with slack_bot(
+            slack, tmp_path, model=_llm(openai_server), tools=[slow.tool()], status_delay=0
+        ) as (bot, model, agent, bridge):
             # Only the tool call is queued: the model answers each request in order,
             # so the top-level question below gets the reply queued for it.
             openai_server.enqueue(

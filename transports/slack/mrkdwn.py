@@ -13,10 +13,10 @@ user mentions ``<@U…>``.  ``<!…>`` from the model never goes out.
 
 :func:`markdown_to_mrkdwn` is for ``chat.postMessage``/``chat.update``
 ``text``; :func:`markdown_safe` for the ``markdown_text`` of Slack's native
-streaming, which takes standard Markdown (there ``&``/``<``/``>`` in prose
-are entity-escaped too, links get validated URLs, and inside code spans a
-``<`` that would open a Slack control sequence gets an invisible U+2060
-WORD JOINER after it, so code still reads as written).
+streaming and of a short answer posted whole, which takes standard Markdown
+(there ``&``/``<``/``>`` in prose are entity-escaped too, links get validated
+URLs, and inside code spans a ``<`` that would open a Slack control sequence
+gets an invisible U+2060 WORD JOINER after it, so code still reads as written).
 """
 
 from __future__ import annotations

@@ -66,12 +66,16 @@ class SlackSettings(BaseModel):
     streaming: Literal["auto", "native", "edit"] = "auto"
     #: Seconds between two chat.update calls on one message (Slack allows ~1/s).
     edit_interval: float = Field(1.0, gt=0)
-    #: Characters buffered before a native stream append.
+    #: Characters buffered before a native stream append.  An answer shorter than
+    #: this, complete before its first append, is posted whole (one chat.postMessage).
     stream_buffer: int = Field(256, ge=1)
     #: Longest message before an answer continues in a new message.
     max_message_chars: int = Field(3900, ge=100, le=40000)
     #: Shown while the model works (assistant threads); empty: none.
     status_text: str = "is thinking…"
+    #: Seconds a message waits for its answer to show before ``status_text`` is set
+    #: (0: set at once).  An answer that shows sooner needs no status.
+    status_delay: float = Field(1.0, ge=0)
     #: A reaction with this name on the bot's message stops the answer.
     stop_reaction: str = "octagonal_sign"
     #: Retries of a rate-limited (429) call, honouring Retry-After.

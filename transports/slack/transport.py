@@ -11,9 +11,13 @@
 * Streaming: Slack's native ``chat.startStream``/``appendStream``/
   ``stopStream`` (slack-sdk's ``chat_stream`` helper) where the workspace
   supports it, else post then ``chat.update`` no more often than
-  ``edit_interval``.  The assistant status shows while the model works.
-  Long answers continue in a new message.  429s are retried after
-  ``Retry-After`` by slack-sdk's retry handler.
+  ``edit_interval``.  An answer complete before its first ``stream_buffer``
+  characters is posted whole: one ``chat.postMessage`` (``markdown_text``).
+  The assistant status shows when no answer has shown ``status_delay``
+  seconds after the message (Slack clears it when the answer is posted; we
+  clear it at the end only if it was set).  Long answers continue in a new
+  message.  429s are retried after ``Retry-After`` by slack-sdk's retry
+  handler.
 * ``!stop`` (any command prefix, handled by the bridge) and a
   ``:octagonal_sign:`` reaction on the bot's message stop the answer (the
   reaction is its reactor's ``!stop``, with the same rights).
@@ -209,6 +213,14 @@ class _Incoming:
 
 
 @dataclass
+class _Status:
+    """The assistant status of a thread whose message waits for its answer."""
+
+    timer: asyncio.TimerHandle | None = None  # due: sets the status (None once fired)
+    call: asyncio.Future[Any] | None = None  # the latest setStatus call, once started
+
+
+@dataclass
 class _Answer:
     """One answer being streamed into a thread."""
 
@@ -222,9 +234,9 @@ class _Answer:
     last_edit: float = 0.0
     flush: asyncio.TimerHandle | None = None
     streamer: Any = None
-    native: bool = False
+    native: bool = False  # a native stream is open (streamer)
     streamed: int = 0  # native: characters in the current streamed message
-    pending: str = ""  # native: the end of a word not streamed yet
+    pending: str = ""  # native: text not streamed yet (all of it before the first append)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     outbox_id: int | None = None  # the bridge's outbox row of this answer
     reported: bool = False  # its first message's ts is in the outbox
@@ -271,8 +283,8 @@ class SlackTransport(Transport):
         self._incoming: asyncio.Queue[_Incoming] = asyncio.Queue()
         #: Messages posted with a ``tag`` (approval requests): tag -> (channel, ts).
         self._tagged: OrderedDict[str, tuple[str, str]] = OrderedDict()
-        #: The assistant status being set in a thread: (channel, thread_ts) -> its call.
-        self._setting_status: dict[tuple[str, str | None], asyncio.Future[Any]] = {}
+        #: Threads whose message waits for its answer: (channel, thread_ts) -> its status.
+        self._statuses: dict[tuple[str, str | None], _Status] = {}
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -487,6 +499,9 @@ class SlackTransport(Transport):
         for answer in list(self._answers.values()):
             if answer.flush is not None:
                 answer.flush.cancel()
+        for state in self._statuses.values():
+            if state.timer is not None:
+                state.timer.cancel()
         if self._handler is not None:
             with contextlib.suppress(Exception):
                 await self._handler.close_async()
@@ -690,9 +705,8 @@ class SlackTransport(Transport):
         return True
 
     async def _hand_over(self, item: _Incoming) -> None:
-        """``item`` to the bridge (a task of its own), its assistant status set meanwhile:
-        nothing is sent in the thread before that call has ended (:meth:`_after_status`),
-        and the next message does not wait for Slack's answer to it."""
+        """``item`` to the bridge (a task of its own), its assistant status due in
+        ``status_delay`` (:meth:`_status_soon`)."""
         meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
         if item.thread_ts:
             found = self._contexts.contexts.get((item.channel, item.thread_ts))
@@ -708,21 +722,68 @@ class SlackTransport(Transport):
         if item.title and item.thread_ts:
             await self._title(item.channel, item.thread_ts, item.text)
         if item.thread_ts and self.options.status_text:
-            where = (item.channel, item.thread_ts)
-            call = self.spawn(self._status(item.channel, item.thread_ts, self.options.status_text))
-            self._setting_status[where] = call
-            call.add_done_callback(lambda done: self._status_set(where, done))
+            self._status_soon(item.channel, item.thread_ts)
         self.spawn(self._handle(message), name=f"agentik-slack-handle:{self.name}")
 
-    def _status_set(self, where: tuple[str, str | None], call: asyncio.Future[Any]) -> None:
-        if self._setting_status.get(where) is call:
-            del self._setting_status[where]
+    def _status_soon(self, channel: str, thread_ts: str) -> None:
+        """Set the assistant status in ``status_delay`` seconds, unless something shows
+        in the thread first (:meth:`_before_post`): an answer that shows at once needs
+        no status (two calls and a flicker saved).  Each message asks for it, as a
+        message that comes while an answer is being written (Slack cleared the status
+        when it was posted) waits too."""
+        where = (channel, thread_ts)
+        state = self._statuses.get(where)
+        if state is not None and state.timer is not None:
+            return  # due already
+        if state is None:
+            state = self._statuses[where] = _Status()
+            while len(self._statuses) > 5000:  # threads whose answer never ended
+                oldest = self._statuses.pop(next(iter(self._statuses)))
+                if oldest.timer is not None:
+                    oldest.timer.cancel()
+        if self.options.status_delay > 0:
+            loop = asyncio.get_running_loop()
+            state.timer = loop.call_later(self.options.status_delay, self._status_due, where)
+        else:
+            self._status_due(where)
 
-    async def _after_status(self, channel: str, thread_ts: str | None) -> None:
-        """Wait until the status being set in the thread (if any) has been set."""
-        call = self._setting_status.get((channel, thread_ts))
-        if call is not None and not call.done():
-            await asyncio.wait([call])  # a cancelled send leaves the call running
+    def _status_due(self, where: tuple[str, str | None]) -> None:
+        """Nothing has shown in the thread yet: set the status (the next message does
+        not wait for Slack's answer; what is sent in the thread does)."""
+        state = self._statuses.get(where)
+        if state is None:
+            return
+        state.timer = None
+        state.call = self.spawn(self._status(where[0], where[1], self.options.status_text))
+
+    async def _before_post(self, channel: str, thread_ts: str | None) -> None:
+        """Something is about to show in the thread: a status not set yet is not
+        needed any more; one being set is set first, so it never lands after it."""
+        where = (channel, thread_ts)
+        state = self._statuses.get(where)
+        if state is None:
+            return
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+            if state.call is None:
+                del self._statuses[where]  # never set: nothing to clear
+                return
+        if state.call is not None and not state.call.done():
+            await asyncio.wait([state.call])  # a cancelled send leaves the call running
+
+    async def _status_done(self, channel: str, thread_ts: str | None) -> None:
+        """The answer has ended: clear the status if it was set."""
+        state = self._statuses.pop((channel, thread_ts), None)
+        if state is None:
+            return
+        if state.timer is not None:
+            state.timer.cancel()  # the turn ended before the status was due
+        if state.call is None:
+            return  # never set
+        if not state.call.done():
+            await asyncio.wait([state.call])
+        await self._status(channel, thread_ts, "")
 
     async def _handle(self, message: IncomingMessage) -> None:
         assert self._sink is not None
@@ -808,7 +869,6 @@ class SlackTransport(Transport):
         # Without reply_to (an answer resumed after a restart) the key names the thread.
         thread_ts = where.get("thread_ts") if where else (parts[3] if len(parts) > 3 else None)
         run = message.run_id or ""
-        await self._after_status(channel, thread_ts)
         if message.kind == "delta":
             answer = self._answers.get(run)
             if answer is None:
@@ -823,8 +883,9 @@ class SlackTransport(Transport):
                 async with answer.lock:
                     await self._finish(message.channel_key, answer)
                 self.delivered(answer.outbox_id, "confirmed")
-            await self._status(channel, thread_ts, "")
+            await self._status_done(channel, thread_ts)
             return
+        await self._before_post(channel, thread_ts)
         if message.kind == "answer" and message.outbox_id is not None:
             await self._redeliver(message, channel, thread_ts, where.get("user"))
             return
@@ -879,14 +940,23 @@ class SlackTransport(Transport):
             await self._edit(message.channel_key, answer, final=True)
         self.delivered(answer.outbox_id, "confirmed")
 
+    def _streams(self, answer: _Answer) -> bool:
+        """Whether ``answer`` goes by native streaming (or will, once it is long enough)."""
+        return answer.native or (
+            answer.ts is None and answer.thread_ts is not None and self._native_ok is not False
+        )
+
     async def _delta(self, key: str, answer: _Answer, text: str) -> None:
         answer.text += text
-        if answer.streamer is None and answer.ts is None and self._native_ok is not False:
-            await self._start_native(key, answer)
-        if answer.native:
+        if self._streams(answer):
+            answer.pending += text
+            if len(answer.pending) < self.options.stream_buffer:
+                return  # nothing to send yet (a short answer is posted whole: _finish)
             try:
+                if answer.streamer is None:
+                    await self._start_native(key, answer)
                 # Whole words only, so a message never ends inside a word.
-                text = answer.pending + text
+                text = answer.pending
                 cut = max(text.rfind(" "), text.rfind("\n")) + 1
                 cut = stream_cut(text[:cut])  # a link still arriving waits, to be checked whole
                 answer.pending = text[cut:]
@@ -897,8 +967,9 @@ class SlackTransport(Transport):
                 self._native_failed(answer, exc)
         await self._edit(key, answer, final=False)
 
-    async def _stream(self, key: str, answer: _Answer, text: str) -> None:
-        """Append to the native stream; a full message is stopped and a new one started."""
+    async def _stream(self, key: str, answer: _Answer, text: str, *, last: bool = False) -> None:
+        """Append to the native stream (``last``: and stop it); a full message is stopped
+        and a new one started."""
         limit = self.options.max_message_chars
         while len(text) > limit - answer.streamed:
             room = limit - answer.streamed
@@ -910,15 +981,22 @@ class SlackTransport(Transport):
             else:  # one word longer than a message (never cut inside an entity)
                 room = _entity_safe(text, room)
                 head, text = text[:room], text[room:]
-            if head:
-                await answer.streamer.append(markdown_text=head)
-            response = await answer.streamer.stop()
-            self._remember(response.get("ts") if response else None, key)
+            response = await answer.streamer.stop(markdown_text=head or None)
+            self._streamed(key, answer, response)
             answer.streamer, answer.streamed = None, 0
             await self._start_native(key, answer)
-        if text:
+        if last:
+            self._streamed(key, answer, await answer.streamer.stop(markdown_text=text or None))
+        elif text:
             await answer.streamer.append(markdown_text=text)
             answer.streamed += len(text)
+            self._streamed(key, answer, None)
+
+    def _streamed(self, key: str, answer: _Answer, stopped: Any) -> None:
+        """Note the stream's message: remembered once ``stopped`` (its ``stop()``
+        response), in the outbox once it exists (a restart updates it, never reposts)."""
+        if stopped is not None:
+            self._remember(stopped.get("ts"), key)
         ts = getattr(answer.streamer, "ts", None)
         if ts and not answer.reported:
             answer.reported = True
@@ -940,16 +1018,31 @@ class SlackTransport(Transport):
         answer.streamer = None
 
     async def _start_native(self, key: str, answer: _Answer) -> None:
-        if not answer.thread_ts:
-            return  # native streams are replies in a thread
-        # The helper calls chat.startStream when its buffer first flushes; a
-        # workspace without streaming fails there and we fall back to edits.
+        await self._before_post(answer.channel, answer.thread_ts)
+        # The helper calls chat.startStream with the first append (we buffer the text
+        # ourselves: its buffer is one character); a workspace without streaming fails
+        # there and we fall back to edits.
+        assert answer.thread_ts is not None  # native streams are replies in a thread
         answer.streamer = await self.client.chat_stream(
             channel=answer.channel, thread_ts=answer.thread_ts,
-            recipient_team_id=self.team_id, recipient_user_id=answer.user,
-            buffer_size=self.options.stream_buffer,
+            recipient_team_id=self.team_id, recipient_user_id=answer.user, buffer_size=1,
         )  # fmt: skip
         answer.native = True
+
+    async def _post_whole(self, key: str, answer: _Answer, text: str) -> None:
+        """``text`` (safe Markdown), the whole answer, as one message: complete before
+        its first append, it needs no stream (two calls fewer, and no flicker)."""
+        await self._before_post(answer.channel, answer.thread_ts)
+        response = await self.client.chat_postMessage(
+            channel=answer.channel,
+            thread_ts=answer.thread_ts,
+            markdown_text=text if text.strip() else "…",
+        )
+        answer.ts = response.get("ts")
+        self._remember(answer.ts, key)
+        if not answer.reported:
+            answer.reported = True
+            self.delivered(answer.outbox_id, "sent", awaits_confirm=True, ref=answer.ts)
 
     async def _edit(self, key: str, answer: _Answer, *, final: bool) -> None:
         """Post, then update the message at most every ``edit_interval`` seconds."""
@@ -984,6 +1077,7 @@ class SlackTransport(Transport):
     async def _write(self, key: str, answer: _Answer, text: str) -> None:
         body = markdown_to_mrkdwn(text, user_mentions=self._mentions) or "…"
         if answer.ts is None:
+            await self._before_post(answer.channel, answer.thread_ts)
             response = await self.client.chat_postMessage(
                 channel=answer.channel, thread_ts=answer.thread_ts, text=body
             )
@@ -1004,11 +1098,21 @@ class SlackTransport(Transport):
             answer.flush = None
         if answer.native:
             try:
-                await self._stream(key, answer, self._safe(answer.pending))
+                await self._stream(key, answer, self._safe(answer.pending), last=True)
                 answer.pending = ""
-                response = await answer.streamer.stop()
                 self._native_ok = True
-                self._remember(response.get("ts") if response else None, key)
+                return
+            except Exception as exc:
+                self._native_failed(answer, exc)
+        elif self._streams(answer):
+            text = self._safe(answer.pending)
+            if len(text) <= self.options.max_message_chars:
+                await self._post_whole(key, answer, text)
+                return
+            try:  # (a stream_buffer longer than a message)
+                await self._start_native(key, answer)
+                await self._stream(key, answer, text, last=True)
+                self._native_ok = True
                 return
             except Exception as exc:
                 self._native_failed(answer, exc)
