@@ -38,6 +38,7 @@ from .records import (
     ChannelSettingChange,
     Checklist,
     ConversationRecord,
+    Lease,
     MemoryEntry,
     OutboxEntry,
     OutboxState,
@@ -46,6 +47,8 @@ from .records import (
     Redaction,
     RunRecord,
     TurnEnd,
+    WorkerBeat,
+    WorkerInfo,
 )
 from .snapshot import ImportResult
 
@@ -96,6 +99,7 @@ CAPABILITIES: dict[str, str] = {
     "export": "export_rows",
     "import": "import_rows",
     "retention": "prune_log",
+    "leases": "lease_acquire",
 }
 
 
@@ -129,6 +133,10 @@ class Store(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    #: Whether several processes (workers, :mod:`agentik.core.cluster`) may share this
+    #: engine's data; ``False``: one process (SQLite, memory) keeps it.
+    shared: bool = False
 
     # -- conversations ---------------------------------------------------
     @abc.abstractmethod
@@ -567,3 +575,54 @@ class Store(abc.ABC):
         self, channel_key: str | None = None, *, limit: int = 100
     ) -> list[ChannelSettingChange]:
         """The last ``limit`` audited changes (of ``channel_key``, or all), oldest first."""
+
+    # -- leases and workers (issue 32: agentik.core.cluster) ----------------------------------
+    # Not abstract: a bot on a store without them keeps its leases in its own process.
+    async def lease_acquire(self, name: str, owner: str, ttl: float) -> Lease | None:
+        """Take lease ``name`` for ``owner`` for ``ttl`` seconds, when it is free, expired
+        or already ``owner``'s (then it is extended); ``None`` when another holds it.
+
+        One atomic step, judged by the store's clock: of two owners asking at once
+        exactly one gets it.  A change of owner increments the fencing
+        :attr:`~.records.Lease.epoch` (the first owner's is 1); ``owner`` taking
+        again what it holds (or held last) keeps the epoch.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no leases")
+
+    async def lease_renew(self, name: str, owner: str, epoch: int, ttl: float) -> bool:
+        """Extend ``owner``'s lease to ``ttl`` seconds from now; ``False`` (and nothing
+        changes) when the lease is not ``owner``'s at ``epoch`` any more (lost).
+
+        A lease that expired but that nobody took since is still ``owner``'s: its
+        renewal succeeds.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no leases")
+
+    async def lease_release(self, name: str, owner: str, epoch: int) -> bool:
+        """Let go of ``owner``'s lease at once (anyone may take it now; the epoch is
+        kept, so the next owner's is one more); ``False``, changing nothing, when it
+        is not ``owner``'s at ``epoch``."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no leases")
+
+    async def lease_get(self, name: str) -> Lease | None:
+        """Lease ``name`` as it is now (expired or released ones included); ``None``:
+        never taken."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no leases")
+
+    async def leases(self, prefix: str = "") -> list[Lease]:
+        """Every lease whose name starts with ``prefix``, by name."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no leases")
+
+    async def worker_beat(self, worker: str, info: WorkerInfo) -> None:
+        """Record a heartbeat of ``worker`` (created on its first), with what it says of
+        itself; the time is the store's clock."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+
+    async def workers(self) -> list[WorkerBeat]:
+        """Every worker of the registry, by id."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+
+    async def workers_forget(self, older_than: float) -> int:
+        """Remove the workers whose last heartbeat is more than ``older_than`` seconds
+        old; how many."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")

@@ -37,6 +37,7 @@ from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, knobs_dataclass
 from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
+from .postgres_cluster import PostgresCluster
 from .postgres_governance import PostgresGovernance
 from .postgres_lifecycle import PostgresLifecycle
 from .postgres_migrations import apply_migrations
@@ -302,6 +303,7 @@ class PostgresStore(
     PostgresGovernance,
     PostgresRuns,
     PostgresLifecycle,
+    PostgresCluster,
     Store,
 ):
     """PostgreSQL implementation of :class:`~agentik.core.store.base.Store`.
@@ -310,6 +312,9 @@ class PostgresStore(
     the pool's size (one connection is the writer's).  ``max_batch`` bounds how many
     queued writes one transaction takes.
     """
+
+    #: Several ``agentik run`` processes share one database (issue 32).
+    shared = True
 
     def __init__(
         self,

@@ -23,6 +23,7 @@ from .records import (
     ChannelSettingChange,
     Checklist,
     ConversationRecord,
+    Lease,
     MemoryEntry,
     OutboxEntry,
     OutboxState,
@@ -31,6 +32,8 @@ from .records import (
     Redaction,
     RunRecord,
     TurnEnd,
+    WorkerBeat,
+    WorkerInfo,
 )
 from .snapshot import ImportResult
 
@@ -40,11 +43,13 @@ if TYPE_CHECKING:
 __all__ = [
     "REPOSITORIES",
     "GovernanceRepository",
+    "LeaseRepository",
     "LifecycleRepository",
     "LogRepository",
     "OutboxRepository",
     "RunsRepository",
     "WaitsRepository",
+    "WorkerRepository",
 ]
 
 
@@ -279,6 +284,32 @@ class LifecycleRepository(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class LeaseRepository(Protocol):
+    """Named leases with a fencing epoch: who owns a chat connection (issue 32)."""
+
+    async def lease_acquire(self, name: str, owner: str, ttl: float) -> Lease | None: ...
+
+    async def lease_renew(self, name: str, owner: str, epoch: int, ttl: float) -> bool: ...
+
+    async def lease_release(self, name: str, owner: str, epoch: int) -> bool: ...
+
+    async def lease_get(self, name: str) -> Lease | None: ...
+
+    async def leases(self, prefix: str = "") -> list[Lease]: ...
+
+
+@runtime_checkable
+class WorkerRepository(Protocol):
+    """The registry of worker processes and their heartbeats (issue 32)."""
+
+    async def worker_beat(self, worker: str, info: WorkerInfo) -> None: ...
+
+    async def workers(self) -> list[WorkerBeat]: ...
+
+    async def workers_forget(self, older_than: float) -> int: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -287,6 +318,8 @@ REPOSITORIES: tuple[type, ...] = (
     GovernanceRepository,
     RunsRepository,
     LifecycleRepository,
+    LeaseRepository,
+    WorkerRepository,
 )
 
 
@@ -299,6 +332,8 @@ def _facade(
     GovernanceRepository,
     RunsRepository,
     LifecycleRepository,
+    LeaseRepository,
+    WorkerRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
-    return (store, store, store, store, store, store)
+    return (store, store, store, store, store, store, store, store)

@@ -43,6 +43,7 @@ from .base import (
 )
 from .care import backup_before_migrating
 from .migrations import apply_migrations
+from .sqlite_cluster import SQLiteCluster
 from .sqlite_governance import SQLiteGovernance
 from .sqlite_lifecycle import SQLiteLifecycle
 from .sqlite_outbox import SQLiteOutbox
@@ -332,6 +333,7 @@ class SQLiteStore(
     SQLiteGovernance,
     SQLiteRuns,
     SQLiteLifecycle,
+    SQLiteCluster,
     Store,
 ):
     """SQLite implementation of :class:`~agentik.core.store.base.Store`.

@@ -15,8 +15,8 @@ started engine (fresh and empty for each test)::
 The cases are grouped by aggregate, one mixin each, so an engine may run a
 part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
-:class:`RunsContract`, :class:`LifecycleContract`); :class:`StoreContract`
-is all of them.  A case the engine legitimately cannot pass is skipped with
+:class:`RunsContract`, :class:`LifecycleContract`, :class:`ClusterContract`);
+:class:`StoreContract` is all of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
@@ -25,6 +25,7 @@ extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
 
 from __future__ import annotations
 
+from .cluster import ClusterContract
 from .governance import GovernanceContract
 from .kit import ContractBase
 from .lifecycle import LifecycleContract
@@ -34,6 +35,7 @@ from .runs import RunsContract
 from .waits import WaitsContract
 
 __all__ = [
+    "ClusterContract",
     "ContractBase",
     "GovernanceContract",
     "LifecycleContract",
@@ -52,5 +54,6 @@ class StoreContract(
     GovernanceContract,
     RunsContract,
     LifecycleContract,
+    ClusterContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
