@@ -25,7 +25,8 @@ it in standby.  The HTTP API and Slack's HTTP mode are served by every worker.
 
 On a store one process keeps (SQLite, memory) the same code runs on leases kept
 in this process (:class:`~agentik.core.store.memory_cluster.MemoryCluster`):
-granted at once, renewed for ever.  docs/operations.md, "Running several workers".
+granted at once and held while the process runs, so no keeper beats (an idle
+bot does no periodic work for it).  docs/operations.md, "Running several workers".
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ class Ownership:
             )
         await self._round(beat=False)
         self.bot.metrics.worker(self.worker)
-        self._keeper = asyncio.create_task(self._keep(), name="agentik-cluster-keeper")
+        if self.shared:  # (leases kept in this process need no renewal: no one else asks)
+            self._keeper = asyncio.create_task(self._keep(), name="agentik-cluster-keeper")
         log_event(
             self._log, logging.INFO, "worker", "worker %s%s: connections %s",
             self.worker, "" if self.shared else " (one process: leases kept in it)",
@@ -298,6 +300,7 @@ class Ownership:
         self._given_up.discard(name)
         self._arm(name, sent)
         self._signal(name)
+        self.bot.metrics.connection_owned(name, True)
         log_event(
             self._log, logging.INFO, "lease", "worker %s owns %s (epoch %d)",
             self.worker, name, got.epoch, worker=self.worker, transport=name, epoch=got.epoch,
@@ -339,6 +342,7 @@ class Ownership:
         if lease is None:
             return
         log.warning("worker %s: %s: %s; stopping it", self.worker, name, why)
+        self.bot.metrics.connection_owned(name, False)
         self._signal(name)
 
     def _signal(self, name: str) -> None:
@@ -357,6 +361,7 @@ class Ownership:
             timer.cancel()
         if lease is None:
             return
+        self.bot.metrics.connection_owned(name, False)
         # Shielded, and awaited by drain(): a stop that cancels the task releasing it
         # (the supervisor's) still hands the lease over before the process exits.
         task = asyncio.ensure_future(self._let_go(name, lease))
@@ -436,13 +441,29 @@ class Ownership:
 
     def standby(self, transport: Transport) -> None:
         """``transport`` waits for its lease: not a component of this worker's health
-        (``/ready`` does not wait for it; ``/health``'s ``cluster`` shows its owner)."""
+        (``/ready`` does not wait for it; ``/health``'s ``cluster`` shows its owner);
+        ``stopped`` in its metrics."""
         self.bot.health.forget(f"transport:{transport.name}")
+        self.bot.metrics.transport_state(transport.name, "stopped")
 
     # -- what /health shows ----------------------------------------------------------------
     def view(self) -> dict[str, Any]:
         """The ``cluster`` section of ``/health`` and ``/status``: this worker, the
-        workers and the connection leases as last read (``as_of``: when)."""
+        workers and the connection leases as last read (``as_of``: when).  One
+        process on its own store: itself, and the leases it keeps (no expiry)."""
+        if not self.shared:
+            return {
+                "worker": self.worker, "shared": False, "draining": self.draining,
+                "owns": self._owned_names(), "as_of": None,
+                "workers": [{"id": self.worker, "host": self.info.host, "pid": self.info.pid,
+                             "version": self.info.version, "draining": self.draining,
+                             "last_beat_age": 0.0, "alive": True}],
+                "connections": {
+                    name: {"owner": self.worker, "last_owner": self.worker,
+                           "epoch": lease.epoch, "expires_in": None}
+                    for name, lease in sorted(self._held.items())
+                },
+            }  # fmt: skip
         age = time.time() - self._seen_at if self._seen_at else None
         return {
             "worker": self.worker,
