@@ -12,6 +12,7 @@ import asyncio
 import time
 import tomllib
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from agentik.bot.app import Bot
 from agentik.bot.config import parse_config
@@ -26,7 +27,9 @@ CHANNEL = "#lease"
 DSN_ENV = "AGENTIK_TEST_LEASE_DSN"
 
 
-def config_for(openai_url: str, irc_port: int, storage: str) -> Any:
+def config_for(
+    openai_url: str, irc_port: int, storage: str, *, lease: float = 3.0, beat: float = 0.2
+) -> Any:
     text = f"""
 [llm]
 base_url = "{openai_url}"
@@ -37,8 +40,8 @@ api_key = "sk-test"
 [memory]
 backend = "none"
 [cluster]
-lease_seconds = 3.0
-heartbeat_seconds = 0.2
+lease_seconds = {lease}
+heartbeat_seconds = {beat}
 worker_name = "solo"
 [transports.libera]
 type = "irc"
@@ -175,3 +178,85 @@ async def test_a_renewal_refused_stops_the_connection_and_a_free_lease_brings_it
     finally:
         await db.close()
         await client.close()
+
+
+class SilentLink:
+    """A TCP relay to PostgreSQL that can go silent (bytes held, connections kept
+    open): the database unreachable as a network partition makes it, at the boundary."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.open = asyncio.Event()
+        self.open.set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.port)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    await self.open.wait()
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pump(reader, up_w), pump(up_r, writer))
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_a_database_gone_silent_stops_the_connection_before_its_lease_expires(
+    ngircd, openai_server, postgres_dsn, monkeypatch
+):
+    import asyncpg
+
+    link = SilentLink(urlsplit(postgres_dsn).port or 5432)
+    port = await link.start()
+    parts = urlsplit(postgres_dsn)
+    relayed = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}"))
+    monkeypatch.setenv(DSN_ENV, relayed)
+    storage = f'backend = "postgres"\ndsn_env = "{DSN_ENV}"'
+    config = config_for(openai_server.base_url, ngircd.port, storage, lease=6.0, beat=2.0)
+    client = await IRCTestClient.connect(ngircd.port, "alice")
+    db = await asyncpg.connect(postgres_dsn)  # the test's own way in, not relayed
+    expiry = "SELECT expires_at - extract(epoch FROM clock_timestamp()) FROM lease"
+    try:
+        await client.join(CHANNEL)
+        async with Bot(config) as bot:
+            serving = asyncio.ensure_future(bot.serve())
+            try:
+                await until(lambda: in_channel(client), "the bot in the channel")
+                since = client.mark()
+                link.open.clear()  # the database goes silent for this worker
+                quit_line = await client.wait_for(
+                    lambda m: m.command == "QUIT" and m.nick == "agentik", PATIENCE, since=since
+                )
+                # Its lease (by the database's clock) had not expired yet when the
+                # connection went: no other worker could have opened one meanwhile.
+                assert await db.fetchval(expiry + " WHERE name = 'conn:libera'") > 0
+                assert quit_line is not None and not bot.ownership.holds("libera")
+                since = client.mark()
+                link.open.set()  # back: nobody took it, the same worker takes it again
+                await client.wait_for(
+                    lambda m: m.command == "JOIN" and m.nick == "agentik", PATIENCE, since=since
+                )
+                row = await db.fetchrow("SELECT owner, epoch FROM lease WHERE name = 'conn:libera'")
+                assert (row["owner"], row["epoch"]) == (bot.ownership.worker, 1)
+            finally:
+                link.open.set()
+                bot.stop_requested.set()
+                await asyncio.wait_for(serving, PATIENCE)
+    finally:
+        await db.close()
+        await client.close()
+        await link.close()
