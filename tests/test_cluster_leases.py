@@ -260,3 +260,57 @@ async def test_a_database_gone_silent_stops_the_connection_before_its_lease_expi
         await db.close()
         await client.close()
         await link.close()
+
+
+async def test_a_new_owner_meeting_the_dead_owners_session_takes_its_nick_back(
+    ngircd, openai_server, postgres_dsn, monkeypatch
+):
+    """The old owner's session lingers on the server (a partition, a ping timeout
+    not yet reached): the new owner connects under an alternate nick, and takes the
+    nick back when the server drops the ghost."""
+    import asyncpg
+
+    monkeypatch.setenv(DSN_ENV, postgres_dsn)
+    openai_server.default = lambda body: Reply.text("answer")
+    storage = f'backend = "postgres"\ndsn_env = "{DSN_ENV}"'
+    config = config_for(openai_server.base_url, ngircd.port, storage)
+    db = await asyncpg.connect(postgres_dsn)
+    # The dead owner: its lease still running, its session still on the server.
+    await db.execute(
+        "INSERT INTO lease (name, owner, epoch, acquired_at, expires_at) VALUES"
+        " ('conn:libera', 'dead', 4, 0, extract(epoch FROM clock_timestamp()) + 3600)"
+    )
+    ghost = await IRCTestClient.connect(ngircd.port, "agentik")
+    client = await IRCTestClient.connect(ngircd.port, "alice")
+    try:
+        await ghost.join(CHANNEL)
+        await client.join(CHANNEL)
+        async with Bot(config) as bot:
+            serving = asyncio.ensure_future(bot.serve())
+            try:
+                assert bot.status()["cluster"]["owns"] == []
+                await db.execute("UPDATE lease SET expires_at = 0 WHERE name = 'conn:libera'")
+                joined = await client.wait_for(
+                    lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"),
+                    PATIENCE,
+                )
+                assert joined.nick != "agentik"  # an alternate nick: the ghost holds it
+                row = await db.fetchrow("SELECT owner, epoch FROM lease WHERE name = 'conn:libera'")
+                assert (row["owner"], row["epoch"]) == (bot.ownership.worker, 5)
+                await ghost.quit("ping timeout")
+                await client.wait_for(
+                    lambda m: m.command == "NICK" and m.nick == joined.nick
+                    and m.params[0] == "agentik",
+                    PATIENCE,
+                )  # fmt: skip
+                client.privmsg(CHANNEL, "agentik: still you?")
+                await client.wait_for(
+                    lambda m: m.command == "PRIVMSG" and m.nick == "agentik", PATIENCE
+                )
+            finally:
+                bot.stop_requested.set()
+                await asyncio.wait_for(serving, PATIENCE)
+    finally:
+        await db.close()
+        await client.close()
+        await ghost.close()
