@@ -24,6 +24,7 @@ from .config import Config, TransportSection, load_config
 from .health import HealthServer, load_token, sd_notify
 from .logs import STATUS_LOGGER, log_event
 from .metrics import Metrics
+from .ownership import Ownership
 from .parts import access_policy, load_registry, make_transport
 from .reload import prepare
 
@@ -142,6 +143,9 @@ class Bot:
         self._ready_once: set[str] = set()
         # Transports whose start failed when the bot started: their supervisor's first failure.
         self._start_errors: dict[str, BaseException] = {}
+        #: Which connections this worker owns (one at a time across workers sharing a
+        #: PostgreSQL database: :mod:`agentik.bot.ownership`).
+        self.ownership = Ownership(self, config.cluster)
 
     def _attach(self, transport: Transport, options: Any = None) -> None:
         """Attach ``transport`` to the bridge and follow its health."""
@@ -158,7 +162,8 @@ class Bot:
 
     def report_health(self, transport: Transport) -> None:
         """Report ``transport``'s current state (one just put in :attr:`transports`)."""
-        self._on_transport_health(transport, transport.health)
+        if self.ownership.serves(transport):  # (not one waiting for its lease)
+            self._on_transport_health(transport, transport.health)
 
     def _on_transport_health(self, transport: Transport, health: Health) -> None:
         if self.transports.get(transport.name) is transport:
@@ -215,14 +220,17 @@ class Bot:
 
     # -- the listener's answers (also used by tests and plugins) ----------------------------
     def status(self) -> dict[str, Any]:
-        """What ``/status`` answers: version, uptime, components, busy conversations."""
-        return status_of(self.agent, self.health)
+        """What ``/status`` answers: version, uptime, components, busy conversations,
+        the cluster (this worker, the workers, who owns which connection)."""
+        return {**status_of(self.agent, self.health), "cluster": self.ownership.view()}
 
     async def health_response(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
         running = self.agent.state.value == "running"
         body = {"status": "ok" if running else "unavailable", **self._detail(request)}
+        if self._authorized(request):  # worker ids name hosts
+            body["cluster"] = self.ownership.view()
         return JSONResponse(body, status_code=200 if running else 503)
 
     async def ready_response(self, request: Any) -> Any:
@@ -237,10 +245,14 @@ class Bot:
     def _detail(self, request: Any) -> dict[str, Any]:
         """Components' states; reasons only for an authorized caller (or with no token)."""
         detail = self.health.detail()
-        listener = self.listener
-        if listener is not None and not listener.authorized(request.headers.get("authorization")):
+        if not self._authorized(request):
             return without_reasons(detail)
         return detail
+
+    def _authorized(self, request: Any) -> bool:
+        """Whether the caller may see details (there is no token, or it sent it)."""
+        listener = self.listener
+        return listener is None or listener.authorized(request.headers.get("authorization"))
 
     async def status_response(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -277,13 +289,17 @@ class Bot:
             await self._start_listener()
             # Roles given in chat by earlier runs apply from the first message.
             await self.bridge.access.load(self.agent.store)
+            # A connection another worker owns waits for its lease (its supervisor).
+            ownership = self.ownership
+            await ownership.start()
+            serving = [t for t in self.transports.values() if ownership.serves(t)]
+            for transport in self.transports.values():
+                if not ownership.serves(transport):
+                    ownership.standby(transport)
             # All at once: one that is slow to connect (or cannot) holds up no other;
             # one that cannot start is retried by its supervisor (see _first_start).
             starts = asyncio.ensure_future(
-                asyncio.gather(
-                    *(self._first_start(t) for t in list(self.transports.values())),
-                    return_exceptions=True,
-                )
+                asyncio.gather(*(self._first_start(t) for t in serving), return_exceptions=True)
             )
             # A stop asked for meanwhile (SIGTERM while a server takes its time to
             # answer) cuts the starts short: serve() then stops at once, in order.
@@ -307,8 +323,17 @@ class Bot:
             # What a killed process left in the outbox goes out first, once;
             # then messages a crash left unanswered get their turns (these run
             # in the background, rendered after the redelivered pieces).
-            await self.bridge.redeliver()
-            await self.bridge.resume_pending()
+            if not ownership.shared:
+                await self.bridge.redeliver()
+                await self.bridge.resume_pending()
+            else:  # what this worker serves; another worker's connections are its own
+                transport_for = self.bridge.transport_for
+                await self.bridge.redeliver(
+                    transports={n for n, t in self.transports.items() if ownership.recovers(t)}
+                )
+                await self.bridge.resume_pending(
+                    only=lambda key: ownership.recovers(transport_for(key))
+                )
         except BaseException:
             await self.aclose()
             raise
@@ -345,6 +370,9 @@ class Bot:
         """
         if options is not None:
             self._attach(transport, options)
+        if self.ownership.exclusive(transport) and not await self.ownership.claim(transport.name):
+            self.ownership.standby(transport)  # another worker owns its connection
+            return
         try:
             await transport.start(self.bridge)
         except BaseException:
@@ -392,7 +420,39 @@ class Bot:
                 ))  # fmt: skip
         return out
 
+    # -- what connection ownership uses (agentik.bot.ownership.OwnershipHost) ---------------
+    def serving(self, name: str) -> Transport | None:
+        """The instance the supervision of transport ``name`` serves now."""
+        return self._serving.get(name)
+
+    def start_failed(self, name: str) -> bool:
+        """Whether transport ``name`` could not start with the bot (its supervision retries)."""
+        return name in self._start_errors
+
+    async def start_supervised(self, transport: Transport) -> None:
+        """Start ``transport`` as the bot starts its transports (:meth:`_first_start`)."""
+        await self._first_start(transport)
+
+    async def replace_stopped(self, name: str) -> Transport:
+        """Stop transport ``name``'s instance and put a fresh one, attached, in its place
+        (its open channels carry on through it)."""
+        current = self.transports[name]
+        await self._stop(current)
+        fresh = self._fresh(name, current)
+        self.transports[name] = fresh
+        self._attach(fresh)
+        self.bridge.rebind(name, fresh)
+        return fresh
+
     async def _supervise(self, name: str) -> None:
+        """Serve transport ``name`` (:meth:`_serve_transport`); a connection one worker
+        at a time owns only while this worker holds its lease (:mod:`.ownership`)."""
+        if self.ownership.exclusive(self.transports[name]):
+            await self.ownership.supervise(name, self._serve_transport)
+        else:
+            await self._serve_transport(name)
+
+    async def _serve_transport(self, name: str) -> None:
         """Serve transport ``name``; restart it with backoff when its task fails.
 
         A :class:`TransportFailed` (a refused login, a configuration the server
@@ -672,6 +732,7 @@ class Bot:
         if self._stopping:
             return
         self._stopping = True
+        self.ownership.draining = True  # no connection lease is taken from now on
         loop = asyncio.get_running_loop()
         policy = self.config.supervision
         deadline = loop.time() + policy.stop_timeout
@@ -693,6 +754,8 @@ class Bot:
             else:
                 goodbye.append(transport)
         await asyncio.gather(*(self.stop_transport(t) for t in goodbye))
+        # Their leases go at once: another worker takes them at its next heartbeat.
+        await self.ownership.drain()
         drain_end = min(loop.time() + policy.drain_timeout, deadline)
         busy = [c for c in self.agent.services.conversations() if c.busy]
         if busy:
@@ -737,6 +800,7 @@ class Bot:
                 log.exception("closing transport %s failed", transport.name)
             await self.agent.hooks.call("transport_stop", transport=transport)
         self._started.clear()
+        await self.ownership.aclose()
         if self.listener is not None:
             await self.listener.aclose()
             self.listener = None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from agentik.core import Agent
@@ -391,11 +391,12 @@ class Bridge(AgentAccess):
         return len(self._channels)
 
     # -- after a restart ---------------------------------------------------------------
-    async def resume_pending(self) -> dict[str, int]:
-        """Take up every message a crash left unanswered; call once transports are
-        started (:meth:`agentik.bot.recovery.Recovery.resume_pending`).  Returns how
-        many messages went each way."""
-        return await self.recovery.resume_pending()
+    async def resume_pending(self, *, only: Callable[[str], bool] | None = None) -> dict[str, int]:
+        """Take up every message a crash left unanswered (in the channels ``only``
+        accepts); call once transports are started
+        (:meth:`agentik.bot.recovery.Recovery.resume_pending`).  Returns how many
+        messages went each way."""
+        return await self.recovery.resume_pending(only=only)
 
     def transport_for(self, key: str) -> Transport | None:
         """The attached transport instance that owns channel ``key``, if any."""
@@ -458,11 +459,12 @@ class Bridge(AgentAccess):
             await self.budgets.aclose()
 
     # -- delivery after a restart ---------------------------------------------------------
-    async def redeliver(self) -> int:
-        """Send what the outbox says a previous process left undelivered; how many
-        pieces (:meth:`agentik.bot.delivery.Delivery.redeliver`).  Called once the
+    async def redeliver(self, *, transports: Collection[str] | None = None) -> int:
+        """Send what the outbox says a previous process left undelivered (for the
+        transport instances named, or all); how many pieces
+        (:meth:`agentik.bot.delivery.Delivery.redeliver`).  Called once the
         transports have started."""
-        return await self.delivery.redeliver()
+        return await self.delivery.redeliver(transports=transports)
 
     # -- commands ----------------------------------------------------------------------
     async def _command(

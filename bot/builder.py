@@ -436,7 +436,12 @@ def build_store(config: Config, env: Mapping[str, str] | None = None) -> Store:
                 f"{config.source}: storage.pool_max: {storage.pool_max} is less than"
                 f" pool_min ({storage.pool_min})"
             )
-        return PostgresStore(dsn, pool_min=storage.pool_min, pool_max=storage.pool_max)
+        return PostgresStore(
+            dsn,
+            pool_min=storage.pool_min,
+            pool_max=storage.pool_max,
+            notify_poll=config.cluster.poll_seconds,
+        )
     return SQLiteStore(config.database, synchronous=storage.synchronous)
 
 

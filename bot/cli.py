@@ -594,7 +594,31 @@ def _status_text(data: dict[str, Any]) -> str:
         where = c.get("channel_key") or "-"
         state = "busy" if c.get("busy") else "idle"
         lines.append(f"  {c.get('id')}  {where}  {state}, {c.get('queued', 0)} queued")
+    lines += _cluster_text(data.get("cluster") or {})
     return "\n".join(lines)
+
+
+def _cluster_text(cluster: dict[str, Any]) -> list[str]:
+    """The workers sharing a PostgreSQL database, and who owns which connection (one
+    process on its own store shows none of it)."""
+    if not cluster.get("shared"):
+        return []
+    owns = ", ".join(cluster.get("owns") or []) or "no connection"
+    draining = " (draining)" if cluster.get("draining") else ""
+    lines = [f"worker {cluster.get('worker')}{draining}: owns {owns}", "workers:"]
+    for w in cluster.get("workers") or []:
+        state = "alive" if w.get("alive") else "silent"
+        if w.get("draining"):
+            state += ", draining"
+        lines.append(
+            f"  {w.get('id')}  {state}, last heartbeat {w.get('last_beat_age', 0):.1f} s ago"
+        )
+    lines.append("connections:")
+    for name, c in sorted((cluster.get("connections") or {}).items()):
+        owner = c.get("owner") or f"none (last {c.get('last_owner')})"
+        lines.append(f"  {name}  owner {owner}, epoch {c.get('epoch')},"
+                     f" expires in {c.get('expires_in', 0):.1f} s")  # fmt: skip
+    return lines
 
 
 # -- agentik access ----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from agentik.core.agent import AgentSettings
 from agentik.core.agents import AgentPrompt, AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
 from agentik.core.budgets import BudgetSettings
+from agentik.core.cluster import ClusterSettings
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
@@ -452,6 +453,8 @@ class Config(_Section):
     health: HealthSettings = Field(default_factory=HealthSettings)
     #: Restarting transports whose task failed (issue 21).
     supervision: SupervisionSettings = Field(default_factory=SupervisionSettings)
+    #: ``[cluster]``: workers sharing one PostgreSQL database (leases, heartbeats).
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
     #: Event stream profiles of your own (``[profiles.<name>]``), beside the built-in
     #: ``chat``, ``debug`` and ``metrics``.
     profiles: dict[str, StreamProfileSettings] = Field(default_factory=dict)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 from agentik.core.store.base import OutboxEntry, Store
@@ -95,7 +95,7 @@ class Delivery:
                     self.metrics.message_out(transport.name, kind)
         return len(pieces)
 
-    async def redeliver(self) -> int:
+    async def redeliver(self, *, transports: Collection[str] | None = None) -> int:
         """Send what the outbox says a previous process left undelivered; how many pieces.
 
         Called once the transports have started.  Pieces still ``queued``
@@ -105,7 +105,8 @@ class Delivery:
         not in its message yet: that message is updated, not posted again).
         A streamed answer whose turn never reached the renderer's end is
         completed from the audit log when the turn did finish there.  Rows
-        older than a week are pruned first.
+        older than a week are pruned first.  ``transports``: only the pieces of
+        these transport instances (a worker that took one over).
         """
         store = self.store
         await self.outbox.prune()
@@ -113,6 +114,8 @@ class Delivery:
         sent = 0
         ends: dict[tuple[str, str], OutboxEntry] = {}
         for row in rows:
+            if transports is not None and row.transport not in transports:
+                continue  # another worker's
             transport = self._transports.get(row.transport)
             if transport is None or not transport.outbox:
                 continue  # that transport is not configured any more

@@ -307,6 +307,16 @@ class Metrics:
             "agentik_transport_reconnects", "Times a transport was connected again after "
             "losing its connection.", ["transport"],
         )  # fmt: skip
+        # Workers (issue 32): which process this is, and which connections it owns.
+        # Every other series stays unlabelled by worker: each worker serves its own
+        # /metrics, and Prometheus's `instance` label tells the scrape targets apart.
+        self.worker_info = self._gauge(
+            "agentik_worker_info", "This worker's id (always 1).", ["worker"]
+        )  # fmt: skip
+        self.connections_owned = self._gauge(
+            "agentik_connection_owned", "1 when this worker owns the transport's connection "
+            "(holds its lease), 0 when another does or none.", ["transport"],
+        )  # fmt: skip
         self._state: dict[str, str] = {}
         self._was_connected: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -470,6 +480,14 @@ class Metrics:
             if transport in self._was_connected:
                 self.reconnects.labels(transport=transport).inc()
             self._was_connected.add(transport)
+
+    def worker(self, worker: str) -> None:
+        """This process is worker ``worker`` (:mod:`agentik.bot.ownership`)."""
+        self.worker_info.labels(worker=worker).set(1)
+
+    def connection_owned(self, transport: str, owned: bool) -> None:
+        """Whether this worker owns ``transport``'s connection now."""
+        self.connections_owned.labels(transport=transport).set(1 if owned else 0)
 
     # -- exposition -------------------------------------------------------------------
     def render(self) -> tuple[bytes, str]:

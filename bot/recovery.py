@@ -68,7 +68,7 @@ class Recovery:
     def __init__(self, host: RecoveryHost) -> None:
         self.host = host
 
-    async def resume_pending(self) -> dict[str, int]:
+    async def resume_pending(self, *, only: Callable[[str], bool] | None = None) -> dict[str, int]:
         """Take up every message a crash left unanswered; call once transports are started.
 
         For each conversation with committed user messages that have no
@@ -83,7 +83,10 @@ class Recovery:
         transport can take; one whose channel has since been bound to another
         conversation (``!new``) is recorded as superseded.  A turn taken up
         passes the gate a new message passes (``admit_resumed``: its asker's
-        role, then budgets).  Returns how many messages went each way.
+        role, then budgets).  ``only``: take up only the conversations whose
+        channel key it accepts (a worker that took over one connection: its
+        channels); the others are not touched, nor are approvals then.
+        Returns how many messages went each way.
         """
         counts = {"answer": 0, "note": 0, "drop": 0, "superseded": 0, "left": 0, "refused": 0}
         answered: set[str] = set()
@@ -95,8 +98,11 @@ class Recovery:
             for m in pending:
                 by_conv.setdefault(m.conversation_id, []).append(m)
             for cid, messages in by_conv.items():
+                if only is not None and not only(messages[-1].channel or ""):
+                    continue
                 await self._resume_conversation(cid, messages, now, counts, answered)
-        counts["approvals_expired"] = await self._expire_left_approvals(answered)
+        if only is None:
+            counts["approvals_expired"] = await self._expire_left_approvals(answered)
         return counts
 
     async def _resume_conversation(

@@ -445,6 +445,14 @@ class Transport(abc.ABC):
                 self.settings_model, self.settings, where=f"transports.{name}"
             )
 
+    @property
+    def exclusive(self) -> bool:
+        """One connection per bot, whatever the number of its processes (an IRC
+        network's, a Slack Socket Mode app's): several workers sharing a database
+        (``agentik.bot.ownership``) start it only on the one holding its lease; the
+        others serve what is not exclusive (the HTTP API)."""
+        return False
+
     def set_health(self, state: HealthState, reason: str | None = None) -> None:
         """Report the connection state: ``starting``, ``connected``, ``degraded``,
         ``reconnecting`` or ``failed``, with a short reason (no secrets).

@@ -40,6 +40,7 @@ from .records import (
     Checklist,
     ConversationRecord,
     JobRun,
+    Lease,
     MemoryEntry,
     OutboxEntry,
     OutboxState,
@@ -48,6 +49,8 @@ from .records import (
     Redaction,
     RunRecord,
     TurnEnd,
+    WorkerBeat,
+    WorkerInfo,
 )
 from .snapshot import ImportResult
 
@@ -99,6 +102,7 @@ CAPABILITIES: dict[str, str] = {
     "import": "import_rows",
     "retention": "prune_log",
     "jobs": "job_claim",
+    "leases": "lease_acquire",
 }
 
 
@@ -144,6 +148,10 @@ class Store(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    #: Whether several processes (workers, :mod:`agentik.core.cluster`) may share this
+    #: engine's data; ``False``: one process (SQLite, memory) keeps it.
+    shared: bool = False
 
     # -- conversations ---------------------------------------------------
     @abc.abstractmethod
@@ -610,3 +618,54 @@ class Store(abc.ABC):
     async def job_prune(self, before: float) -> int:
         """Delete the claims made before ``before`` (a time); how many."""
         raise NotImplementedError(f"{type(self).__name__} keeps no job claims")
+
+    # -- leases and workers (issue 32: agentik.core.cluster) ----------------------------------
+    # Not abstract: a bot on a store without them keeps its leases in its own process.
+    async def lease_acquire(self, name: str, owner: str, ttl: float) -> Lease | None:
+        """Take lease ``name`` for ``owner`` for ``ttl`` seconds, when it is free, expired
+        or already ``owner``'s (then it is extended); ``None`` when another holds it.
+
+        One atomic step, judged by the store's clock: of two owners asking at once
+        exactly one gets it.  A change of owner increments the fencing
+        :attr:`~.records.Lease.epoch` (the first owner's is 1); ``owner`` taking
+        again what it holds (or held last) keeps the epoch.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no leases")
+
+    async def lease_renew(self, name: str, owner: str, epoch: int, ttl: float) -> bool:
+        """Extend ``owner``'s lease to ``ttl`` seconds from now; ``False`` (and nothing
+        changes) when the lease is not ``owner``'s at ``epoch`` any more (lost).
+
+        A lease that expired but that nobody took since is still ``owner``'s: its
+        renewal succeeds.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no leases")
+
+    async def lease_release(self, name: str, owner: str, epoch: int) -> bool:
+        """Let go of ``owner``'s lease at once (anyone may take it now; the epoch is
+        kept, so the next owner's is one more); ``False``, changing nothing, when it
+        is not ``owner``'s at ``epoch``."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no leases")
+
+    async def lease_get(self, name: str) -> Lease | None:
+        """Lease ``name`` as it is now (expired or released ones included); ``None``:
+        never taken."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no leases")
+
+    async def leases(self, prefix: str = "") -> list[Lease]:
+        """Every lease whose name starts with ``prefix``, by name."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no leases")
+
+    async def worker_beat(self, worker: str, info: WorkerInfo) -> None:
+        """Record a heartbeat of ``worker`` (created on its first), with what it says of
+        itself; the time is the store's clock."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+
+    async def workers(self) -> list[WorkerBeat]:
+        """Every worker of the registry, by id."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+
+    async def workers_forget(self, older_than: float) -> int:
+        """Remove the workers whose last heartbeat is more than ``older_than`` seconds
+        old; how many."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")

@@ -29,6 +29,7 @@ from .base import (
     link_stored,
     outbox_advance,
 )
+from .memory_cluster import MemoryCluster
 from .memory_jobs import MemoryJobs
 from .memory_lifecycle import MemoryLifecycle
 from .records import (
@@ -45,7 +46,7 @@ from .records import (
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryLifecycle, MemoryJobs, Store):
+class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, Store):
     """In-memory :class:`Store`; nothing survives the process."""
 
     def __init__(self) -> None:

@@ -490,6 +490,32 @@ MIGRATIONS: tuple[Migration, ...] = (
         ) WITHOUT ROWID;
         """,
     ),
+    Migration(
+        15,
+        "cluster",
+        """
+        -- Named leases with a fencing epoch (agentik.core.cluster: who owns a
+        -- chat connection) and the registry of worker processes.  SQLite is
+        -- one process's store: a bot on it keeps its leases in memory; these
+        -- tables keep the store contract whole (and PostgreSQL's twins).
+        CREATE TABLE lease (
+            name        TEXT PRIMARY KEY,
+            owner       TEXT NOT NULL,
+            epoch       INTEGER NOT NULL,
+            acquired_at REAL NOT NULL,
+            expires_at  REAL NOT NULL
+        );
+        CREATE TABLE worker (
+            id          TEXT PRIMARY KEY,
+            host        TEXT NOT NULL DEFAULT '',
+            pid         INTEGER NOT NULL DEFAULT 0,
+            started_at  REAL NOT NULL DEFAULT 0,
+            version     TEXT NOT NULL DEFAULT '',
+            draining    INTEGER NOT NULL DEFAULT 0,
+            last_beat   REAL NOT NULL
+        );
+        """,
+    ),
 )
 
 

@@ -37,6 +37,7 @@ from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, knobs_dataclass
 from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
+from .postgres_cluster import PostgresCluster
 from .postgres_governance import PostgresGovernance
 from .postgres_jobs import PostgresJobs
 from .postgres_lifecycle import PostgresLifecycle
@@ -306,6 +307,7 @@ class PostgresStore(
     PostgresRuns,
     PostgresLifecycle,
     PostgresJobs,
+    PostgresCluster,
     Store,
 ):
     """PostgreSQL implementation of :class:`~agentik.core.store.base.Store`.
@@ -314,6 +316,9 @@ class PostgresStore(
     the pool's size (one connection is the writer's).  ``max_batch`` bounds how many
     queued writes one transaction takes.
     """
+
+    #: Several ``agentik run`` processes share one database (issue 32).
+    shared = True
 
     def __init__(
         self,

@@ -336,7 +336,32 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
-    # Number 3: number 2 is the leases' (issue 32; merged from another branch).
+    Migration(
+        2,
+        "cluster",
+        """
+        -- Named leases with a fencing epoch (agentik.core.cluster: who owns a
+        -- chat connection) and the registry of worker processes.  Times are
+        -- the database server's clock (seconds since the epoch), never a
+        -- worker's: workers whose clocks disagree still agree on expiry.
+        CREATE TABLE lease (
+            name        text COLLATE "C" PRIMARY KEY,
+            owner       text NOT NULL,
+            epoch       bigint NOT NULL,
+            acquired_at double precision NOT NULL,
+            expires_at  double precision NOT NULL
+        );
+        CREATE TABLE worker (
+            id          text COLLATE "C" PRIMARY KEY,
+            host        text NOT NULL DEFAULT '',
+            pid         integer NOT NULL DEFAULT 0,
+            started_at  double precision NOT NULL DEFAULT 0,
+            version     text NOT NULL DEFAULT '',
+            draining    boolean NOT NULL DEFAULT false,
+            last_beat   double precision NOT NULL
+        );
+        """,
+    ),
     Migration(
         3,
         "job_runs",

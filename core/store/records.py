@@ -25,6 +25,7 @@ __all__ = [
     "Checklist",
     "ConversationRecord",
     "JobRun",
+    "Lease",
     "MemoryEntry",
     "OutboxEntry",
     "OutboxState",
@@ -34,6 +35,8 @@ __all__ = [
     "RedactionError",
     "RunRecord",
     "TurnEnd",
+    "WorkerBeat",
+    "WorkerInfo",
     "tombstoned",
 ]
 
@@ -386,3 +389,56 @@ def tombstoned(
     if linked:
         return dataclasses.replace(entry, content=content)
     return entry
+
+
+# -- the cluster: leases and workers (issue 32) ------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Lease:
+    """A named lease (``conn:<transport>``: who holds a chat connection) as the store
+    sees it.  Times are the store's clock (PostgreSQL: the database server's), so
+    workers whose clocks disagree still agree on who holds what."""
+
+    name: str
+    #: The worker holding it (or that held it last: see :attr:`expires_in`).
+    owner: str
+    #: The fencing number: grows by one each time the lease changes owner, never
+    #: goes back.  A renewal or release naming an older epoch is refused.
+    epoch: int
+    #: Seconds until it expires, when it was read (zero or less: expired or
+    #: released, free for anyone to take).
+    expires_in: float
+    #: When its owner took it (a Unix time, the store's clock).
+    acquired_at: float = 0.0
+
+    @property
+    def held(self) -> bool:
+        """Whether it was still held when read."""
+        return self.expires_in > 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerInfo:
+    """What a worker says about itself with each heartbeat."""
+
+    host: str = ""
+    pid: int = 0
+    #: When the worker started (a Unix time, its own clock).
+    started_at: float = 0.0
+    #: agentik's version.
+    version: str = ""
+    #: Stopping: it hands its connections over and takes no new ones.
+    draining: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerBeat:
+    """A worker of the registry and its last heartbeat."""
+
+    worker: str
+    info: WorkerInfo
+    #: Its last heartbeat (a Unix time, the store's clock).
+    last_beat: float
+    #: Seconds since then, when read (the store's clock).
+    age: float

@@ -24,6 +24,7 @@ from .records import (
     Checklist,
     ConversationRecord,
     JobRun,
+    Lease,
     MemoryEntry,
     OutboxEntry,
     OutboxState,
@@ -32,6 +33,8 @@ from .records import (
     Redaction,
     RunRecord,
     TurnEnd,
+    WorkerBeat,
+    WorkerInfo,
 )
 from .snapshot import ImportResult
 
@@ -42,11 +45,13 @@ __all__ = [
     "REPOSITORIES",
     "GovernanceRepository",
     "JobsRepository",
+    "LeaseRepository",
     "LifecycleRepository",
     "LogRepository",
     "OutboxRepository",
     "RunsRepository",
     "WaitsRepository",
+    "WorkerRepository",
 ]
 
 
@@ -298,6 +303,32 @@ class JobsRepository(Protocol):
     async def job_prune(self, before: float) -> int: ...
 
 
+@runtime_checkable
+class LeaseRepository(Protocol):
+    """Named leases with a fencing epoch: who owns a chat connection (issue 32)."""
+
+    async def lease_acquire(self, name: str, owner: str, ttl: float) -> Lease | None: ...
+
+    async def lease_renew(self, name: str, owner: str, epoch: int, ttl: float) -> bool: ...
+
+    async def lease_release(self, name: str, owner: str, epoch: int) -> bool: ...
+
+    async def lease_get(self, name: str) -> Lease | None: ...
+
+    async def leases(self, prefix: str = "") -> list[Lease]: ...
+
+
+@runtime_checkable
+class WorkerRepository(Protocol):
+    """The registry of worker processes and their heartbeats (issue 32)."""
+
+    async def worker_beat(self, worker: str, info: WorkerInfo) -> None: ...
+
+    async def workers(self) -> list[WorkerBeat]: ...
+
+    async def workers_forget(self, older_than: float) -> int: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -307,6 +338,8 @@ REPOSITORIES: tuple[type, ...] = (
     RunsRepository,
     LifecycleRepository,
     JobsRepository,
+    LeaseRepository,
+    WorkerRepository,
 )
 
 
@@ -320,6 +353,8 @@ def _facade(
     RunsRepository,
     LifecycleRepository,
     JobsRepository,
+    LeaseRepository,
+    WorkerRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
-    return (store, store, store, store, store, store, store)
+    return (store, store, store, store, store, store, store, store, store)

@@ -43,6 +43,7 @@ from .base import (
 )
 from .care import backup_before_migrating
 from .migrations import apply_migrations
+from .sqlite_cluster import SQLiteCluster
 from .sqlite_governance import SQLiteGovernance
 from .sqlite_jobs import SQLiteJobs
 from .sqlite_lifecycle import SQLiteLifecycle
@@ -334,6 +335,7 @@ class SQLiteStore(
     SQLiteRuns,
     SQLiteLifecycle,
     SQLiteJobs,
+    SQLiteCluster,
     Store,
 ):
     """SQLite implementation of :class:`~agentik.core.store.base.Store`.

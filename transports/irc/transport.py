@@ -213,8 +213,12 @@ class IRCTransport(Transport):
     outbox = True
     # connecting / registered / lost, reported as they happen.
     reports_health = True
-
     options: IRCSettings
+
+    @property
+    def exclusive(self) -> bool:
+        """One connection to the network: one worker at a time owns it."""
+        return True
 
     def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
         super().__init__(name=name, settings=settings)

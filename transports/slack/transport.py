@@ -254,6 +254,12 @@ class SlackTransport(Transport):
 
     options: SlackSettings
 
+    @property
+    def exclusive(self) -> bool:
+        """A Socket Mode app is one connection (one worker owns it); HTTP mode is
+        served by every worker behind a load balancer."""
+        return self.options.mode == "socket"
+
     def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
         super().__init__(name=name, settings=settings)
         o = self.options

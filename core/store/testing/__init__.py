@@ -15,9 +15,10 @@ started engine (fresh and empty for each test)::
 The cases are grouped by aggregate, one mixin each, so an engine may run a
 part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
-:class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`);
-:class:`StoreContract` is all of them.  A case the engine legitimately
-cannot pass is skipped with its reason: ``unsupported = {"test_name": "why"}``.
+:class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
+:class:`ClusterContract`);
+:class:`StoreContract` is all of them.  A case the engine legitimately cannot pass is skipped with
+its reason: ``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
 extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
@@ -25,6 +26,7 @@ extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
 
 from __future__ import annotations
 
+from .cluster import ClusterContract
 from .governance import GovernanceContract
 from .jobs import JobsContract
 from .kit import ContractBase
@@ -35,6 +37,7 @@ from .runs import RunsContract
 from .waits import WaitsContract
 
 __all__ = [
+    "ClusterContract",
     "ContractBase",
     "GovernanceContract",
     "JobsContract",
@@ -55,5 +58,6 @@ class StoreContract(
     RunsContract,
     LifecycleContract,
     JobsContract,
+    ClusterContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
