@@ -96,6 +96,7 @@ CAPABILITIES: dict[str, str] = {
     "export": "export_rows",
     "import": "import_rows",
     "retention": "prune_log",
+    "seen_events": "seen_first",
 }
 
 
@@ -567,3 +568,19 @@ class Store(abc.ABC):
         self, channel_key: str | None = None, *, limit: int = 100
     ) -> list[ChannelSettingChange]:
         """The last ``limit`` audited changes (of ``channel_key``, or all), oldest first."""
+
+    # -- handled events, shared by every worker (issue 32; SQLite 14, PostgreSQL 5) -------
+    async def seen_first(self, keys: Sequence[str], *, now: float, window: float) -> list[str]:
+        """Record ``keys`` as handled at ``now``; the keys this call saw first: those no
+        call recorded within ``window`` seconds before ``now`` (a key older than that is
+        seen first again, and its time moves to ``now``).
+
+        Atomic per key across every process sharing the store: of two calls racing
+        with the same key, exactly one gets it back.  A transport's dedupe of
+        redelivered events (Slack's retries) on several workers.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no handled events")
+
+    async def seen_prune(self, before: float) -> int:
+        """Forget the keys last seen first before ``before``; how many."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no handled events")

@@ -37,6 +37,7 @@ from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, knobs_dataclass
 from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
+from .postgres_copy import PostgresCopy
 from .postgres_governance import PostgresGovernance
 from .postgres_lifecycle import PostgresLifecycle
 from .postgres_migrations import apply_migrations
@@ -50,6 +51,7 @@ from .postgres_room import (
     nul_free_json,
 )
 from .postgres_runs import RUN_COLUMNS, UPSERT_RUN, PostgresRuns, run_args
+from .postgres_seen import PostgresSeen
 from .postgres_waits import PostgresWaits
 
 if TYPE_CHECKING:
@@ -302,6 +304,8 @@ class PostgresStore(
     PostgresGovernance,
     PostgresRuns,
     PostgresLifecycle,
+    PostgresSeen,
+    PostgresCopy,
     Store,
 ):
     """PostgreSQL implementation of :class:`~agentik.core.store.base.Store`.

@@ -44,6 +44,7 @@ __all__ = [
     "LogRepository",
     "OutboxRepository",
     "RunsRepository",
+    "SeenEventRepository",
     "WaitsRepository",
 ]
 
@@ -279,6 +280,16 @@ class LifecycleRepository(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class SeenEventRepository(Protocol):
+    """Handled events (a transport's dedupe of redelivered events), shared by every
+    process on the store: an atomic first-seen check, and pruning."""
+
+    async def seen_first(self, keys: Sequence[str], *, now: float, window: float) -> list[str]: ...
+
+    async def seen_prune(self, before: float) -> int: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -287,6 +298,7 @@ REPOSITORIES: tuple[type, ...] = (
     GovernanceRepository,
     RunsRepository,
     LifecycleRepository,
+    SeenEventRepository,
 )
 
 
@@ -299,6 +311,7 @@ def _facade(
     GovernanceRepository,
     RunsRepository,
     LifecycleRepository,
+    SeenEventRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
-    return (store, store, store, store, store, store)
+    return (store, store, store, store, store, store, store)

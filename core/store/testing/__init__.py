@@ -15,7 +15,8 @@ started engine (fresh and empty for each test)::
 The cases are grouped by aggregate, one mixin each, so an engine may run a
 part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
-:class:`RunsContract`, :class:`LifecycleContract`); :class:`StoreContract`
+:class:`RunsContract`, :class:`LifecycleContract`, :class:`SeenEventsContract`);
+:class:`StoreContract`
 is all of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
@@ -31,6 +32,7 @@ from .lifecycle import LifecycleContract
 from .log import LogContract
 from .outbox import OutboxContract
 from .runs import RunsContract
+from .seen import SeenEventsContract
 from .waits import WaitsContract
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "LogContract",
     "OutboxContract",
     "RunsContract",
+    "SeenEventsContract",
     "StoreContract",
     "WaitsContract",
 ]
@@ -52,5 +55,6 @@ class StoreContract(
     GovernanceContract,
     RunsContract,
     LifecycleContract,
+    SeenEventsContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
