@@ -33,6 +33,8 @@
     agentik db vacuum              rebuild the file to reclaim free space
     agentik db migrate [--dry-run] apply (or list) pending schema migrations
     agentik db prune [--dry-run]   apply the [retention] rules now
+    agentik db copy FROM TO        copy the whole database to another (SQLite file,
+                                   env:VAR or postgres: a PostgreSQL DSN), verified
     agentik --version
 
 ``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
@@ -100,6 +102,7 @@ COMMANDS = (
     "db vacuum",
     "db migrate",
     "db prune",
+    "db copy",
 )
 
 
@@ -264,6 +267,25 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="list what would go, per conversation; change nothing",
     )
+    dc = with_config(
+        dsub.add_parser(
+            "copy",
+            help="copy every row to another database (SQLite <-> PostgreSQL), then verify",
+        )
+    )
+    for end, where in (("source", "copy from"), ("target", "copy into (must be empty)")):
+        dc.add_argument(
+            end,
+            help=f"{where}: a SQLite file, env:VAR (a PostgreSQL DSN in that environment"
+            " variable) or postgres (the DSN in [storage] dsn_env)",
+        )
+    dc.add_argument("--batch", type=int, default=5000, help="rows per transaction (5000)")
+    dc.add_argument(
+        "--skip-notes",
+        action="store_true",
+        help="leave memory notes behind when the destination keeps none",
+    )
+    dc.add_argument("--no-verify", action="store_true", help="skip the comparison afterwards")
     acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets, approvals")
     asub = acc.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, (helptext, arguments, _) in ACCESS_ACTIONS.items():
@@ -285,6 +307,14 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.command == "status" and args.config is None and args.url is None:
             args.config = os.environ.get("AGENTIK_CONFIG", "config.toml")
+        if (
+            args.command == "db"
+            and args.action == "copy"
+            and not os.path.exists(args.config)
+            and "AGENTIK_CONFIG" not in os.environ
+        ):
+            # Two named databases need no configuration (``postgres`` reads its default).
+            args.config = None
         missing: list[MissingVar] = []
         needs = _NEEDS.get(args.command)
         config = _load(args.config, needs, missing)
@@ -337,6 +367,13 @@ _ANY_ENGINE = ("run", "chat", "check", "plugins", "mcp", "status")
 
 
 def _dispatch(args: argparse.Namespace, config: Config) -> int:
+    if args.command == "db" and args.action == "copy":
+        from .dbcopy import copy_command
+
+        return copy_command(
+            args.source, args.target, config, batch=max(1, args.batch),
+            skip_notes=args.skip_notes, verify=not args.no_verify,
+        )  # fmt: skip
     if config.storage.backend != "sqlite" and args.command not in _ANY_ENGINE:
         raise ConfigError(
             f"{config.source}: storage.backend: `agentik {args.command}` works on the SQLite"
