@@ -330,13 +330,14 @@ async def test_a_probe_of_an_unreachable_server_fails_without_the_password(opena
 
 
 def test_sqlite_only_commands_say_so(openai_server, tmp_path, postgres_dsn):
+    # (``conversations``, ``access`` and ``db`` work on PostgreSQL: tests/test_cli_postgres.py.)
     config = _config(tmp_path, openai_server.base_url)
     done = helpers.agentik(
-        "conversations", "list", "-c", config, cwd=tmp_path,
+        "memory", "list", "-c", config, cwd=tmp_path,
         env={"AGENTIK_POSTGRES_DSN": postgres_dsn},
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "`agentik conversations` works on the SQLite store only for now" in done.stderr
+    assert "`agentik memory` works on the SQLite store only for now" in done.stderr
 
 
 async def test_the_postgres_store_exports_what_sqlite_exports(tmp_path, postgres_dsn):
