@@ -20,6 +20,7 @@ export) and compares them, and counts every table's rows on both sides.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -271,8 +272,10 @@ async def _compare(source: Any, target: Any, cid: str, *, nul: bool) -> int:
     """Compare one conversation's exports; 1 (0: it went from the source meanwhile)."""
     from ..lifecycle import export_conversation
 
-    mine = await export_conversation(source, cid)
-    theirs = await export_conversation(target, cid)
+    # (Both sides at once: each export is several queries, most of its time waiting.)
+    mine, theirs = await asyncio.gather(
+        export_conversation(source, cid), export_conversation(target, cid)
+    )
     if mine is None:
         return 0  # deleted meanwhile (the bot runs?)
     if theirs is None:
