@@ -171,3 +171,14 @@ def test_the_sqlite_file_tools_name_their_postgres_equivalent(bot, action, names
         result.stderr
     )
     assert names in result.stderr
+
+
+def test_db_copy_reads_the_dsn_the_configuration_names(bot, tmp_path):
+    """``postgres`` stands for the database of ``[storage] dsn_env``: the bot's own."""
+    copied = bot("db", "copy", "postgres", str(tmp_path / "backup.db"))
+    assert copied.returncode == 0, copied.stderr
+    assert f"to {tmp_path / 'backup.db'}" in copied.stdout
+    assert "verified: 3 conversations" in copied.stdout
+    assert f"copying PostgreSQL {describe_dsn(bot.dsn)} ->" in copied.stderr
+    same = bot("db", "copy", "postgres", "postgres")
+    assert same.returncode == 2 and "FROM and TO are the same database" in same.stderr
