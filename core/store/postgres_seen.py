@@ -14,8 +14,10 @@ if TYPE_CHECKING:
 
 __all__ = ["PostgresSeen"]
 
+#: Keys in sorted order: two workers' calls lock shared keys in one order (never a
+#: deadlock, whatever order their events came in).
 _FIRST = (
-    "INSERT INTO seen_event (key, at) SELECT k, $2 FROM unnest($1::text[]) AS k"
+    "INSERT INTO seen_event (key, at) SELECT k, $2 FROM unnest($1::text[]) AS k ORDER BY k"
     " ON CONFLICT (key) DO UPDATE SET at = excluded.at WHERE seen_event.at < $3"
     " RETURNING key"
 )
@@ -31,7 +33,7 @@ class PostgresSeen(PostgresRoom):
             return []
 
         async def fn(conn: asyncpg.Connection) -> list[str]:
-            rows = await conn.fetch(_FIRST, wanted, now, now - window)
+            rows = await conn.fetch(_FIRST, sorted(wanted), now, now - window)
             return [r[0] for r in rows]
 
         found = set(await self._write(fn, single=True))
