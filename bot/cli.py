@@ -542,8 +542,8 @@ def _db_postgres(args: argparse.Namespace, config: Config) -> int:
 
 
 async def _db_migrate_postgres(args: argparse.Namespace, config: Config) -> int:
-    from agentik.core.store.postgres import PostgresStore
-    from agentik.core.store.postgres_migrations import MIGRATIONS, pending_migrations
+    from agentik.core.store.postgres import PostgresStore, pending_migrations
+    from agentik.core.store.postgres_migrations import MIGRATIONS
 
     store = _store(config)
     assert isinstance(store, PostgresStore)

@@ -37,10 +37,11 @@ from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, knobs_dataclass
 from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
+from .migrations import Migration
 from .postgres_copy import PostgresCopy
 from .postgres_governance import PostgresGovernance
 from .postgres_lifecycle import PostgresLifecycle
-from .postgres_migrations import apply_migrations
+from .postgres_migrations import MIGRATIONS, apply_migrations, schema_version
 from .postgres_outbox import PostgresOutbox
 from .postgres_redaction import PostgresRedaction
 from .postgres_room import (
@@ -57,7 +58,13 @@ from .postgres_waits import PostgresWaits
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["PostgresSettings", "PostgresStore", "describe_dsn", "probe_server"]
+__all__ = [
+    "PostgresSettings",
+    "PostgresStore",
+    "describe_dsn",
+    "pending_migrations",
+    "probe_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +191,27 @@ async def probe_server(dsn: str, *, connect_timeout: float = 10.0) -> dict[str, 
         "extensions": {str(r[0]): str(r[1]) for r in installed},
         "pgvector": None if vector is None else str(vector),
     }
+
+
+async def pending_migrations(
+    dsn: str, migrations: tuple[Migration, ...] = MIGRATIONS, *, connect_timeout: float = 10.0
+) -> tuple[int, list[Migration]]:
+    """Connect once (no pool) and read, without changing anything, the database's schema
+    version and the known migrations it lacks (``agentik db migrate --dry-run``)."""
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(dsn, timeout=connect_timeout)
+    except Exception as exc:
+        raise StoreError(f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {exc}") from exc
+    try:
+        current = await schema_version(conn)
+        done: set[int] = set()
+        if current:
+            done = {int(r[0]) for r in await conn.fetch("SELECT number FROM schema_migrations")}
+    finally:
+        await conn.close()
+    return current, sorted((m for m in migrations if m.number not in done), key=lambda m: m.number)
 
 
 def row_to_message(r: Sequence[Any]) -> Message:

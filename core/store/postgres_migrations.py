@@ -32,13 +32,7 @@ from .migrations import Migration
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = [
-    "LOCK_KEY",
-    "MIGRATIONS",
-    "apply_migrations",
-    "pending_migrations",
-    "schema_version",
-]
+__all__ = ["LOCK_KEY", "MIGRATIONS", "apply_migrations", "schema_version"]
 
 #: The advisory lock key migrations run under (any constant; "agentik" in ASCII).
 LOCK_KEY = 0x6167656E74696B
@@ -366,30 +360,6 @@ async def schema_version(conn: asyncpg.Connection) -> int:
     if not exists:
         return 0
     return int(await conn.fetchval("SELECT COALESCE(MAX(number), 0) FROM schema_migrations"))
-
-
-async def pending_migrations(
-    dsn: str, migrations: tuple[Migration, ...] = MIGRATIONS, *, connect_timeout: float = 10.0
-) -> tuple[int, list[Migration]]:
-    """Connect once (no pool) and read, without changing anything, the database's schema
-    version and the known migrations it lacks (``agentik db migrate --dry-run``)."""
-    import asyncpg
-
-    from ..errors import StoreError
-    from .postgres import describe_dsn
-
-    try:
-        conn = await asyncpg.connect(dsn, timeout=connect_timeout)
-    except Exception as exc:
-        raise StoreError(f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {exc}") from exc
-    try:
-        current = await schema_version(conn)
-        done: set[int] = set()
-        if current:
-            done = {int(r[0]) for r in await conn.fetch("SELECT number FROM schema_migrations")}
-    finally:
-        await conn.close()
-    return current, sorted((m for m in migrations if m.number not in done), key=lambda m: m.number)
 
 
 async def apply_migrations(
