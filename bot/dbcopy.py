@@ -84,6 +84,38 @@ def parse_target(text: str, config: Config, env: Any = None) -> Target:
     return Target(shown=text, path=text)
 
 
+def derived_columns(have: dict[str, list[str]], want: dict[str, list[str]]) -> dict[str, Any]:
+    """What the destination's memory backend derives from a note that the source's
+    does not keep: SQLite's ``scope_key`` (the scope as one full-text token), the
+    PostgreSQL memory's ``tsv`` and ``words`` (the text's words and their count)."""
+    mine, theirs = set(have.get("memory_note", ())), set(want.get("memory_note", ()))
+    needed = [c for c in ("scope_key", "tsv", "words") if c in theirs and c not in mine]
+    if not needed:
+        return {}
+    makers: dict[str, Any] = {}
+    if "scope_key" in needed:
+        from agentik.core.memory.sqlite import scope_key
+
+        makers["scope_key"] = lambda row: scope_key(row["scope"])
+    if "tsv" in needed or "words" in needed:
+        # (The PostgreSQL memory backend's own tokenizer: its index, built as it builds it.)
+        import importlib
+
+        tsvector = importlib.import_module("agentik.core.memory.postgres").tsvector
+        makers["tsv"] = lambda row: tsvector(row["text"])[0]
+        makers["words"] = lambda row: tsvector(row["text"])[1]
+
+    def fill(columns: list[str], rows: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
+        added = [c for c in needed if c in makers]
+        out = []
+        for r in rows:
+            row = dict(zip(columns, r, strict=True))
+            out.append((*r, *(makers[c](row) for c in added)))
+        return [*columns, *added], out
+
+    return {"memory_note": fill}
+
+
 def _open(target: Target) -> Any:
     if target.dsn is not None:
         from agentik.core.store.postgres import PostgresStore
@@ -156,7 +188,10 @@ async def _copy(
         try:
             await src.start()
             await dst.start()
-            report = await copy_store(src, dst, batch=batch, skip_notes=skip_notes, progress=say)
+            derive = derived_columns(await src.copy_tables(), await dst.copy_tables())
+            report = await copy_store(
+                src, dst, batch=batch, skip_notes=skip_notes, derive=derive, progress=say
+            )
             copied.append(True)
             rate = report.total / report.seconds if report.seconds > 0 else 0.0
             print(

@@ -70,8 +70,17 @@ TABLES: tuple[str, ...] = (
 #: The memory notes' tables (the SQLite memory backend's; an engine without notes lacks them).
 NOTE_TABLES = frozenset({"memory_note", "memory_version", "memory_vector", "memory_source"})
 #: Columns one engine keeps for itself, rebuilt by the other (PostgreSQL's ``run.written``
-#: is the order runs were written, SQLite's rowid; rows are copied in that order).
-ENGINE_COLUMNS = frozenset({("run", "written")})
+#: is the order runs were written, SQLite's rowid; rows are copied in that order), or
+#: derived from a row's other columns by the engine's memory backend (SQLite's
+#: ``memory_note.scope_key``, PostgreSQL's ``tsv`` and ``words``: see ``derive``).
+ENGINE_COLUMNS = frozenset(
+    {("run", "written"), ("memory_note", "scope_key"), ("memory_note", "tsv"),
+     ("memory_note", "words")}
+)  # fmt: skip
+
+#: ``derive[table](columns, rows)``: the rows with the destination's own derived
+#: columns added (``(columns, rows)`` as written).
+Derive = Callable[[list[str], Sequence[tuple[Any, ...]]], tuple[list[str], list[tuple[Any, ...]]]]
 
 
 class CopyError(AgentikError):
@@ -144,6 +153,7 @@ async def copy_store(
     *,
     batch: int = 5000,
     skip_notes: bool = False,
+    derive: dict[str, Derive] | None = None,
     progress: Progress | None = None,
 ) -> CopyReport:
     """Copy every row of ``source`` into ``target`` (both started).
@@ -151,6 +161,8 @@ async def copy_store(
     Refuses a ``target`` holding any row (a copy never merges); refuses to leave memory
     notes behind unless ``skip_notes``.  Rows go table by table in :data:`TABLES`'
     order, ``batch`` rows per transaction, read from one snapshot of ``source``.
+    ``derive`` adds what the destination derives from a row itself (a memory
+    backend's index columns) to the rows of a table.
     """
     say = progress or (lambda _: None)
     have, want = await source.copy_tables(), await target.copy_tables()
@@ -189,9 +201,14 @@ async def copy_store(
             total = await reader.count(t)
             done = 0
             last = time.monotonic()
+            fill = (derive or {}).get(t)
             async with aclosing(reader.rows(t, columns, batch)) as batches:
                 async for rows in batches:
-                    await target.copy_write(t, columns, rows)
+                    if fill is not None:
+                        written, out = fill(columns, rows)
+                        await target.copy_write(t, written, out)
+                    else:
+                        await target.copy_write(t, columns, rows)
                     done += len(rows)
                     if time.monotonic() - last >= 2.0:
                         last = time.monotonic()

@@ -34,6 +34,8 @@ _SERIALS = (
     "SELECT table_name, column_name FROM information_schema.columns"
     " WHERE table_schema = current_schema() AND column_default LIKE 'nextval(%'"
 )
+#: Sequences a memory backend draws from by hand (not a column default): (table, column).
+_DRAWN = {"memory_vector_seq": ("memory_vector", "seq")}
 
 
 def _text(v: Any) -> Any:
@@ -70,6 +72,24 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "smallint": _int,
     "text": _text,
 }
+
+
+#: Types COPY's binary format takes from asyncpg (others, a ``tsvector`` say, go as text
+#: through an INSERT that casts them).
+_BINARY = frozenset({*_CONVERT, "bytea"})
+
+
+def _insert_casting(table: str, columns: Sequence[str], kinds: dict[str, str]) -> str:
+    """One INSERT of whole columns (arrays), each cast to its column's type."""
+    arrays = ", ".join(
+        f"${i}::{kinds[c] if kinds[c] in _BINARY else 'text'}[]" for i, c in enumerate(columns, 1)
+    )
+    names = ", ".join(f"c{i}" for i in range(1, len(columns) + 1))
+    values = ", ".join(f"u.c{i}::{kinds[c]}" for i, c in enumerate(columns, 1))
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) SELECT {values}"
+        f" FROM unnest({arrays}) AS u({names})"
+    )
 
 
 class _Reader:
@@ -129,18 +149,31 @@ class PostgresCopy(PostgresRoom):
         convert = [_CONVERT.get(kinds[c], _text) for c in columns]
         records = [tuple(f(v) for f, v in zip(convert, row, strict=True)) for row in rows]
 
-        async def fn(conn: asyncpg.Connection) -> None:
-            await conn.copy_records_to_table(table, records=records, columns=list(columns))
+        if all(kinds[c] in _BINARY for c in columns):
+
+            async def fn(conn: asyncpg.Connection) -> None:
+                await conn.copy_records_to_table(table, records=records, columns=list(columns))
+
+        else:
+            sql = _insert_casting(table, columns, kinds)
+            arrays = [list(col) for col in zip(*records, strict=True)] or [[] for _ in columns]
+
+            async def fn(conn: asyncpg.Connection) -> None:
+                await conn.execute(sql, *arrays)
 
         await self._write(fn)
 
     async def copy_finish(self) -> None:
-        serials = await self._read(_SERIALS)
+        serials = [
+            (f"pg_get_serial_sequence('{t}', '{c}')", t, c) for t, c in await self._read(_SERIALS)
+        ]
+        have = {r[0] for r in await self._read("SELECT sequencename FROM pg_sequences")}
+        serials += [(f"'{q}'", t, c) for q, (t, c) in _DRAWN.items() if q in have]
 
         async def fn(conn: asyncpg.Connection) -> None:
-            for table, column in serials:
+            for sequence, table, column in serials:
                 await conn.execute(
-                    f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'),"
+                    f"SELECT setval({sequence},"
                     f" COALESCE((SELECT MAX({column}) FROM {table}), 0) + 1, false)"
                 )
 
