@@ -352,12 +352,26 @@ def test_memory_notes_go_along_between_sqlite_files(tmp_path):
 
 
 def test_notes_are_not_left_behind_without_saying_so(tmp_path, postgres_dsn):
-    first = tmp_path / "first.db"
+    """Into a PostgreSQL without memory notes, notes are left behind only when asked
+    (--skip-notes), and said; once PostgreSQL keeps notes, they go there and back."""
+    first, back = tmp_path / "first.db", tmp_path / "back.db"
     seed_file(first, notes=True)
     env = {"PGDSN": postgres_dsn}
+    if "memory_note" in asyncio.run(_postgres_tables(postgres_dsn)):
+        there = run_copy(tmp_path, str(first), "env:PGDSN", env=env)
+        assert there.returncode == 0, there.stderr
+        assert run_copy(tmp_path, "env:PGDSN", str(back), env=env).returncode == 0
+        a, b = table_rows(first), table_rows(back)
+        assert all(a[t] == b[t] for t in TABLES) and len(b["memory_version"]) == 4
+        return
     refused = run_copy(tmp_path, str(first), "env:PGDSN", env=env)
     assert refused.returncode == 1
     assert "memory notes (2 notes)" in refused.stderr and "--skip-notes" in refused.stderr
     skipped = run_copy(tmp_path, str(first), "env:PGDSN", "--skip-notes", env=env)
     assert skipped.returncode == 0, skipped.stderr
     assert "left out: 2 rows of memory_note" in skipped.stdout
+
+
+async def _postgres_tables(dsn: str) -> dict[str, list[str]]:
+    async with PostgresStore(dsn) as store:
+        return await store.copy_tables()
