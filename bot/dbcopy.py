@@ -200,6 +200,8 @@ async def _copy(
             )
             for t, n in report.left_out.items():
                 print(f"left out: {n:,} rows of {t} (the destination does not keep them)")
+            for t, n in report.unknown.items():
+                print(f"not copied: {n:,} rows of {t} (a table db copy does not know)")
             if verify:
                 say("verifying: every conversation exported from both sides and compared")
                 started = time.monotonic()

@@ -375,3 +375,15 @@ def test_notes_are_not_left_behind_without_saying_so(tmp_path, postgres_dsn):
 async def _postgres_tables(dsn: str) -> dict[str, list[str]]:
     async with PostgresStore(dsn) as store:
         return await store.copy_tables()
+
+
+def test_a_table_the_copy_does_not_know_is_named_not_silently_dropped(tmp_path):
+    first = tmp_path / "first.db"
+    seed_file(first)
+    with sqlite3.connect(first) as conn:  # a plugin's (or a newer agentik's) own table
+        conn.execute("CREATE TABLE plugin_state (k TEXT PRIMARY KEY, v TEXT)")
+        conn.executemany("INSERT INTO plugin_state VALUES (?, ?)", [("a", "1"), ("b", "2")])
+    result = run_copy(tmp_path, str(first), str(tmp_path / "second.db"))
+    assert result.returncode == 0, result.stderr
+    assert "not copied: 2 rows of plugin_state (a table db copy does not know)" in result.stdout
+    assert "memory_fts" not in result.stdout  # (indexes the destination builds itself)

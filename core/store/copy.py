@@ -67,6 +67,11 @@ TABLES: tuple[str, ...] = (
     "memory_source",
     "seen_event",
 )
+#: Tables that are not data of their own: migrations' records, indexes kept by triggers
+#: (SQLite's full-text index, the PostgreSQL memory's word counts).  The destination
+#: makes its own.
+DERIVED_TABLES = frozenset({"schema_migrations", "memory_totals", "memory_word"})
+DERIVED_PREFIXES = ("sqlite_", "memory_fts")
 #: The memory notes' tables (the SQLite memory backend's; an engine without notes lacks them).
 NOTE_TABLES = frozenset({"memory_note", "memory_version", "memory_vector", "memory_source"})
 #: Columns one engine keeps for itself, rebuilt by the other (PostgreSQL's ``run.written``
@@ -110,6 +115,10 @@ class CopyEngine(Protocol):
         """The tables of :data:`TABLES` this engine keeps, with their columns."""
         ...
 
+    async def copy_all_tables(self) -> list[str]:
+        """Every table of the database (:data:`TABLES` and any other)."""
+        ...
+
     def copy_reader(self) -> AbstractAsyncContextManager[CopyReader]:
         """A consistent read of every table (the engine's snapshot)."""
         ...
@@ -132,6 +141,9 @@ class CopyReport:
     rows: dict[str, int] = field(default_factory=dict)
     #: Tables the source has rows in that the destination does not keep (left out).
     left_out: dict[str, int] = field(default_factory=dict)
+    #: Tables of the source with rows that are not a bot's data this copy knows (a
+    #: newer agentik's, a plugin's): not copied, said.
+    unknown: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -188,6 +200,12 @@ async def copy_store(
                 n = await reader.count(t)
                 if n:
                     report.left_out[t] = n
+        for t in await source.copy_all_tables():
+            if t in TABLES or t in DERIVED_TABLES or t.startswith(DERIVED_PREFIXES):
+                continue
+            n = await reader.count(t)
+            if n:
+                report.unknown[t] = n
         notes = {t: n for t, n in report.left_out.items() if t in NOTE_TABLES}
         if notes and not skip_notes:
             raise CopyError(

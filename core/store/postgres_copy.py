@@ -127,6 +127,12 @@ class PostgresCopy(PostgresRoom):
         schema = await self._copy_schema()
         return {t: [c for c, _ in schema[t]] for t in TABLES if t in schema}
 
+    async def copy_all_tables(self) -> list[str]:
+        rows = await self._read(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1"
+        )
+        return [str(r[0]) for r in rows]
+
     @contextlib.asynccontextmanager
     async def copy_reader(self) -> AsyncIterator[_Reader]:
         assert self._pool is not None

@@ -112,6 +112,14 @@ class SQLiteCopy(SQLiteRoom):
         tables: dict[str, list[str]] = await self._write(_tables)
         return tables
 
+    async def copy_all_tables(self) -> list[str]:
+        rows = await self._write(
+            lambda conn: conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            ).fetchall()
+        )
+        return [str(r[0]) for r in rows]
+
     @contextlib.asynccontextmanager
     async def copy_reader(self) -> AsyncIterator[_Reader]:
         if self.path == ":memory:":
