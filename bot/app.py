@@ -19,7 +19,7 @@ from agentik.core.plugins import Registry
 from agentik.transports.base import Transport, TransportFailed
 
 from .bridge import Bridge, options_from
-from .builder import AgentBuilder
+from .builder import AgentBuilder, wire_transport
 from .config import Config, TransportSection, load_config
 from .health import HealthServer, load_token, sd_notify
 from .logs import STATUS_LOGGER, log_event
@@ -153,6 +153,7 @@ class Bot:
             found = self.sections.get(transport.name)
             options = options_from(found, transport) if found else None
         self.bridge.attach(transport, options)
+        wire_transport(transport, self.agent.store)
         transport.on_health = self._on_transport_health
         self.health.report(
             f"transport:{transport.name}", transport.health.state, transport.health.reason,

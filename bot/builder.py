@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, Self
 
 from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolicy
@@ -59,6 +60,7 @@ __all__ = [
     "LITERT_ENV",
     "AgentBuilder",
     "NoModelBackend",
+    "StoreSeenEvents",
     "Toolset",
     "backend_choice",
     "backend_settings",
@@ -69,6 +71,7 @@ __all__ = [
     "resolve_agents",
     "resolve_backend",
     "storage_problems",
+    "wire_transport",
 ]
 
 NO_MODEL_HELP = (
@@ -443,6 +446,42 @@ def build_store(config: Config, env: Mapping[str, str] | None = None) -> Store:
             notify_poll=config.cluster.poll_seconds,
         )
     return SQLiteStore(config.database, synchronous=storage.synchronous)
+
+
+class StoreSeenEvents:
+    """A transport's handled events in the store (:meth:`Store.seen_first`), shared by
+    every worker on it: an event is first seen once across them all.
+
+    A key is remembered for ``window`` seconds (Slack gives up redelivering an event
+    after about an hour); every ``prune_every`` keys written, the older ones are pruned.
+    """
+
+    def __init__(self, store: Store, *, window: float = 86400.0, prune_every: int = 5000) -> None:
+        self.store = store
+        self.window = window
+        self.prune_every = prune_every
+        self._written = 0
+
+    async def first_seen(self, keys: Sequence[str]) -> list[str]:
+        now = time.time()
+        first = await self.store.seen_first(keys, now=now, window=self.window)
+        self._written += len(first)
+        if self._written >= self.prune_every:
+            self._written = 0
+            await self.store.seen_prune(now - self.window)
+        return first
+
+
+def wire_transport(transport: Any, store: Store) -> None:
+    """Give ``transport`` what it keeps in the store: the handled events of a transport
+    that dedupes redelivered events (Slack), when several workers may share the store
+    (every engine but SQLite, whose single process keeps them in a file next to the
+    database: measured faster, docs/slack.md)."""
+    share = getattr(transport, "share_seen_events", None)
+    if share is None or isinstance(store, SQLiteStore):
+        return
+    if "seen_events" in store.capabilities:
+        share(StoreSeenEvents(store))
 
 
 def resolve_agents(config: Config, registry: Registry) -> dict[str, AgentSpec]:

@@ -33,6 +33,8 @@
     agentik db vacuum              rebuild the file to reclaim free space
     agentik db migrate [--dry-run] apply (or list) pending schema migrations
     agentik db prune [--dry-run]   apply the [retention] rules now
+    agentik db copy FROM TO        copy the whole database to another (SQLite file,
+                                   env:VAR or postgres: a PostgreSQL DSN), verified
     agentik --version
 
 ``-c`` defaults to ``$AGENTIK_CONFIG``, else ``config.toml``.  Exit status:
@@ -100,6 +102,7 @@ COMMANDS = (
     "db vacuum",
     "db migrate",
     "db prune",
+    "db copy",
 )
 
 
@@ -264,6 +267,25 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="list what would go, per conversation; change nothing",
     )
+    dc = with_config(
+        dsub.add_parser(
+            "copy",
+            help="copy every row to another database (SQLite <-> PostgreSQL), then verify",
+        )
+    )
+    for end, where in (("source", "copy from"), ("target", "copy into (must be empty)")):
+        dc.add_argument(
+            end,
+            help=f"{where}: a SQLite file, env:VAR (a PostgreSQL DSN in that environment"
+            " variable) or postgres (the DSN in [storage] dsn_env)",
+        )
+    dc.add_argument("--batch", type=int, default=5000, help="rows per transaction (5000)")
+    dc.add_argument(
+        "--skip-notes",
+        action="store_true",
+        help="leave memory notes behind when the destination keeps none",
+    )
+    dc.add_argument("--no-verify", action="store_true", help="skip the comparison afterwards")
     acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets, approvals")
     asub = acc.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, (helptext, arguments, _) in ACCESS_ACTIONS.items():
@@ -285,6 +307,14 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.command == "status" and args.config is None and args.url is None:
             args.config = os.environ.get("AGENTIK_CONFIG", "config.toml")
+        if (
+            args.command == "db"
+            and args.action == "copy"
+            and not os.path.exists(args.config)
+            and "AGENTIK_CONFIG" not in os.environ
+        ):
+            # Two named databases need no configuration (``postgres`` reads its default).
+            args.config = None
         missing: list[MissingVar] = []
         needs = _NEEDS.get(args.command)
         config = _load(args.config, needs, missing)
@@ -331,18 +361,14 @@ def _load(path: str | None, needs: frozenset[str] | None, missing: list[MissingV
         return load_config(path)
 
 
-#: The commands that work whatever the storage engine; the others (conversations,
-#: access, db) open the SQLite database themselves.
-_ANY_ENGINE = ("run", "chat", "check", "plugins", "mcp", "status", "memory")
-
-
 def _dispatch(args: argparse.Namespace, config: Config) -> int:
-    if config.storage.backend != "sqlite" and args.command not in _ANY_ENGINE:
-        raise ConfigError(
-            f"{config.source}: storage.backend: `agentik {args.command}` works on the SQLite"
-            f" store only for now, not on {config.storage.backend!r} (docs/operations.md,"
-            ' "PostgreSQL")'
-        )
+    if args.command == "db" and args.action == "copy":
+        from .dbcopy import copy_command
+
+        return copy_command(
+            args.source, args.target, config, batch=max(1, args.batch),
+            skip_notes=args.skip_notes, verify=not args.no_verify,
+        )  # fmt: skip
     if args.command == "run":
         return asyncio.run(_run(config, only=None))
     if args.command == "chat":
@@ -374,8 +400,8 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
                 " (nothing stored yet; `agentik memory add` or `agentik run` creates it)"
             )
         return asyncio.run(_memory(args, config))
-    if config.database != ":memory:" and not os.path.exists(config.database):
-        raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
+    if not _postgres(config) and config.database != ":memory:":
+        _require_database(config)
     return asyncio.run(_conversations(args, config))
 
 
@@ -412,10 +438,26 @@ def _check(config: Config, missing: list[MissingVar], *, probe: bool, timeout: f
 # -- agentik db -------------------------------------------------------------------------------
 
 
+#: ``agentik db`` actions that are SQLite's own, and what does their work on PostgreSQL.
+_POSTGRES_TOOLS = {
+    "backup": "a backup there is pg_dump's: pg_dump --format=custom --file=agentik.dump"
+    ' "$AGENTIK_POSTGRES_DSN" (pg_restore brings it back); or `agentik db copy postgres'
+    " agentik-backup.db` for a SQLite file holding everything",
+    "check": "PostgreSQL checks its own pages (initdb --data-checksums) and pg_amcheck checks"
+    " tables and indexes: pg_amcheck --all; `agentik check --probe` shows the server and"
+    " the schema version, `agentik db migrate --dry-run` what is pending",
+    "vacuum": "PostgreSQL's autovacuum reclaims the space of deleted rows by itself; by hand:"
+    " psql \"$AGENTIK_POSTGRES_DSN\" -c 'VACUUM (ANALYZE)' (VACUUM FULL gives the space back"
+    " to the system, locking each table while it runs)",
+}
+
+
 def _db(args: argparse.Namespace, config: Config) -> int:
     from agentik.core.store import care
     from agentik.core.store.migrations import MIGRATIONS
 
+    if _postgres(config):
+        return _db_postgres(args, config)
     path = config.database
     if path == ":memory:":
         raise ConfigError(f"{config.source}: storage.path: is :memory:, there is no file")
@@ -472,6 +514,48 @@ def _db(args: argparse.Namespace, config: Config) -> int:
 
     asyncio.run(migrate())
     print(f"{path}: now at schema version {care.read_schema_version(path)}")
+    return 0
+
+
+def _db_postgres(args: argparse.Namespace, config: Config) -> int:
+    """``agentik db`` with ``[storage] backend = "postgres"``."""
+    if args.action in _POSTGRES_TOOLS:
+        raise ConfigError(
+            f"`agentik db {args.action}` works on a SQLite file; the database is PostgreSQL"
+            f" ({config.source}: storage.backend): {_POSTGRES_TOOLS[args.action]}"
+        )
+    if args.action == "prune":
+        return asyncio.run(_db_prune(args, config, None))
+    return asyncio.run(_db_migrate_postgres(args, config))
+
+
+async def _db_migrate_postgres(args: argparse.Namespace, config: Config) -> int:
+    from agentik.core.store.postgres import PostgresStore, pending_migrations
+    from agentik.core.store.postgres_migrations import MIGRATIONS
+
+    store = _store(config)
+    assert isinstance(store, PostgresStore)
+    where = store.where
+    current, pending = await pending_migrations(store.dsn)
+    latest = max((m.number for m in MIGRATIONS), default=0)
+    if current > latest:
+        raise AgentikError(
+            f"{where}: schema version {current} is newer than this agentik knows ({latest})"
+        )
+    if not pending:
+        print(f"{where}: schema version {current}: up to date, nothing to migrate")
+        return 0
+    verb = "would apply" if args.dry_run else "applying"
+    print(f"{where}: schema version {current}; {verb} {len(pending)} migration(s):")
+    for m in pending:
+        print(f"  {m.number:>3} {m.name}")
+    if args.dry_run:
+        print("dry run: nothing was changed")
+        return 0
+    async with store:  # (migrations are applied as it starts, under an advisory lock)
+        pass
+    current, _ = await pending_migrations(store.dsn)
+    print(f"{where}: now at schema version {current}")
     return 0
 
 
@@ -642,7 +726,7 @@ async def _access_policy(config: Config, *, need_db: bool) -> Any:
     """The configuration's access policy, with the grants of its database (if there is one)."""
     policy = access_policy(config)
     if _has_database(config):
-        async with SQLiteStore(config.database) as store:
+        async with _store(config) as store:
             await policy.load(store)
         policy.forget_store()
     elif need_db:
@@ -650,8 +734,31 @@ async def _access_policy(config: Config, *, need_db: bool) -> Any:
     return policy
 
 
+def _postgres(config: Config) -> bool:
+    return config.storage.backend == "postgres"
+
+
 def _has_database(config: Config) -> bool:
+    """Whether there is a database to read: a SQLite file, or PostgreSQL (always: a
+    database that is not there is an error when it is opened)."""
+    if _postgres(config):
+        return True
     return config.database != ":memory:" and os.path.exists(config.database)
+
+
+def _require_database(config: Config) -> None:
+    if not _has_database(config):
+        raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
+
+
+def _store(config: Config) -> Store:
+    """The configuration's store (not started): the SQLite file, or PostgreSQL at the DSN
+    in ``[storage] dsn_env`` (the builder reads it; never shown)."""
+    if _postgres(config):
+        from .builder import build_store
+
+        return build_store(config)
+    return SQLiteStore(config.database, synchronous=config.storage.synchronous)
 
 
 def _when(at: float) -> str:
@@ -670,9 +777,8 @@ async def _access_roles(args: argparse.Namespace, config: Config) -> int:
 
 
 async def _access_audit(args: argparse.Namespace, config: Config) -> int:
-    if not _has_database(config):
-        raise ConfigError(f"{config.source}: storage.path: no database at {config.database}")
-    async with SQLiteStore(config.database) as store:
+    _require_database(config)
+    async with _store(config) as store:
         changes = await store.access_audit(limit=args.limit)
     for c in changes:
         where = f" in {c.channel}" if c.channel else ""
@@ -773,10 +879,10 @@ async def _rm_reflecting(args: argparse.Namespace, config: Config) -> int:
 async def _conversations(args: argparse.Namespace, config: Config) -> int:
     if args.action == "rm" and args.reflect:
         return await _rm_reflecting(args, config)
-    async with SQLiteStore(config.database) as store:
+    async with _store(config) as store:
         if args.action == "list":
             records = await store.list_conversations(limit=args.limit, offset=args.offset)
-            bound = _bindings(config.database, [r.id for r in records])
+            bound = await _bindings(store, [r.id for r in records])
             for r in records:
                 n = await store.count_messages(r.id)
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.updated_at))
@@ -788,7 +894,7 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
                 print(_printable(f"{r.id}  {when}  {n:>6} msgs  {r.title}{mark}"))
             return 0
         if args.action in ("show", "export", "redact"):
-            args.id = _resolve_conversation(config.database, args.id)
+            args.id = await _resolve_conversation(store, args.id)
         record = await store.get_conversation(args.id)
         if record is None:
             raise NotFound(f"no conversation {args.id!r}")
@@ -826,63 +932,57 @@ async def _conversations(args: argparse.Namespace, config: Config) -> int:
         return 0
 
 
-def _read_only(path: str) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{Path(path).absolute()}?mode=ro", uri=True, timeout=30)
-
-
-def _bindings(path: str, ids: list[str]) -> dict[str, list[str]]:
+async def _bindings(store: Store, ids: list[str]) -> dict[str, list[str]]:
     """The channel keys bound to each of ``ids`` (a channel is bound to one conversation)."""
-    if not ids or path == ":memory:":
-        return {}
     found: dict[str, list[str]] = {}
-    conn = _read_only(path)
-    try:
-        marks = ",".join("?" * len(ids))
-        rows = conn.execute(
-            "SELECT conversation_id, channel_key FROM channel_binding"
-            f" WHERE conversation_id IN ({marks}) ORDER BY channel_key",
-            ids,
-        ).fetchall()
-    finally:
-        conn.close()
-    for conversation_id, key in rows:
-        found.setdefault(conversation_id, []).append(key)
+    for cid in ids:
+        rows = (await store.export_rows(cid)).get("bindings") or []
+        keys = sorted(r["channel_key"] for r in rows)
+        if keys:
+            found[cid] = keys
     return found
 
 
-def _resolve_conversation(path: str, ref: str) -> str:
+async def _conversations_with_prefix(store: Store, prefix: str) -> list[str]:
+    """Up to 6 conversation ids starting with ``prefix``, in order."""
+    if isinstance(store, SQLiteStore):  # (an index search, where the engine has one)
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = await store.run_read(
+            "SELECT id FROM conversation WHERE id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 6",
+            (escaped + "%",),
+        )
+        return [str(r[0]) for r in rows]
+    found: list[str] = []
+    offset = 0
+    while True:  # every conversation, a page at a time
+        page = await store.list_conversations(limit=1000, offset=offset)
+        found += [r.id for r in page if r.id.startswith(prefix)]
+        if len(page) < 1000:
+            return sorted(found)[:6]
+        offset += len(page)
+
+
+async def _resolve_conversation(store: Store, ref: str) -> str:
     """``ref`` as a conversation id: a whole id, a unique prefix of one (as git takes
     short hashes), or a channel key (``irc:libera:#ops``: the conversation that channel
     is bound to now).  An ambiguous prefix is an error listing the candidates; ``rm``
     does not come through here: deleting takes a whole id."""
-    if path == ":memory:" or not ref:
+    if not ref or await store.get_conversation(ref) is not None:
         return ref
-    conn = _read_only(path)
-    try:
-        if conn.execute("SELECT 1 FROM conversation WHERE id = ?", (ref,)).fetchone():
-            return ref
-        if ":" in ref:
-            row = conn.execute(
-                "SELECT conversation_id FROM channel_binding WHERE channel_key = ?", (ref,)
-            ).fetchone()
-            if row is None:
-                raise NotFound(f"no conversation is bound to channel {ref!r}")
-            return str(row[0])
-        escaped = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        rows = conn.execute(
-            "SELECT id FROM conversation WHERE id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 6",
-            (escaped + "%",),
-        ).fetchall()
-    finally:
-        conn.close()
+    if ":" in ref:
+        bound = await store.get_binding(ref)
+        if bound is None:
+            raise NotFound(f"no conversation is bound to channel {ref!r}")
+        return bound
+    rows = await _conversations_with_prefix(store, ref)
     if not rows:
         raise NotFound(f"no conversation {ref!r}")
     if len(rows) > 1:
-        shown = ", ".join(r[0] for r in rows[:5]) + (", …" if len(rows) > 5 else "")
+        shown = ", ".join(rows[:5]) + (", …" if len(rows) > 5 else "")
         raise AgentikError(
             f"conversation prefix {ref!r} is ambiguous: it matches {shown}; give more characters"
         )
-    return str(rows[0][0])
+    return rows[0]
 
 
 async def _redact(store: Store, args: argparse.Namespace) -> int:
@@ -984,7 +1084,7 @@ async def _import(args: argparse.Namespace, config: Config) -> int:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{where}: not JSON: {exc}") from exc
-    async with SQLiteStore(config.database) as store:
+    async with _store(config) as store:
         try:
             result = await import_conversation(store, doc, new_ids=args.new_ids, bind=args.bind)
         except SnapshotError as exc:
@@ -997,7 +1097,8 @@ async def _import(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-async def _db_prune(args: argparse.Namespace, config: Config, path: str) -> int:
+async def _db_prune(args: argparse.Namespace, config: Config, path: str | None) -> int:
+    """``agentik db prune``: on SQLite (``path``: its file) or, ``path`` None, PostgreSQL."""
     from agentik.core.lifecycle import (
         apply_retention,
         count_old_notes,
@@ -1010,7 +1111,12 @@ async def _db_prune(args: argparse.Namespace, config: Config, path: str) -> int:
     if not rules:
         print("no [retention] rules: nothing to prune")
         return 0
-    if args.dry_run:
+    if args.dry_run and path is None:
+        async with _store(config) as reading:
+            items = await plan_retention(reading, rules)
+            notes = {}  # (memory notes are not kept in PostgreSQL)
+    elif args.dry_run:
+        assert path is not None
         # A read-only connection: the database file is not written at all.
         uri = "file:" + path + "?mode=ro"
         conn = sqlite3.connect(uri, uri=True)
@@ -1029,17 +1135,20 @@ async def _db_prune(args: argparse.Namespace, config: Config, path: str) -> int:
             from .builder import resolve_backend
 
             llm = resolve_backend(config, load_registry(config))
-        store = SQLiteStore(config.database, synchronous=config.storage.synchronous)
+        store = _store(config)
         async with store:
             items = await apply_retention(store, config.retention, llm=llm)
             notes = {}
-            scopes = await note_scopes(store.run_read, rules)
-            if scopes and config.memory.backend != "none":
+            scopes = await note_scopes(store, rules)
+            kept = config.memory.backend != "none" and not (
+                _postgres(config) and config.memory.backend == "sqlite"
+            )
+            if scopes and kept:
                 from agentik.core.memory.markdown import MarkdownMemory
                 from agentik.core.memory.sqlite import SQLiteMemory
 
                 memory: Any = (
-                    SQLiteMemory(store)
+                    SQLiteMemory(store)  # type: ignore[arg-type]
                     if config.memory.backend == "sqlite"
                     else MarkdownMemory(config.resolve_path(config.memory.path))
                 )
@@ -1220,7 +1329,7 @@ async def _access_budgets(args: argparse.Namespace, config: Config) -> int:
     for name, lim in tables:
         print(f"  {name}: {limits(lim)}")
     print(f"  unverified: {unverified}")
-    async with SQLiteStore(config.database) as store:
+    async with _store(config) as store:
         rows = await store.budget_rows(day)
     usage: dict[tuple[str, str], dict[str, int]] = {}
     for scope, subject, kind, start, amount in rows:
@@ -1241,7 +1350,7 @@ async def _access_budgets(args: argparse.Namespace, config: Config) -> int:
 
 async def _access_approvals(args: argparse.Namespace, config: Config) -> int:
     """``agentik access approvals``: the pending approvals, then the latest decisions."""
-    async with SQLiteStore(config.database) as store:
+    async with _store(config) as store:
         pending = await store.approvals(state="pending")
         decided = (
             []

@@ -330,14 +330,26 @@ async def test_a_probe_of_an_unreachable_server_fails_without_the_password(opena
     assert "hunter2" not in done.stdout + done.stderr
 
 
-def test_sqlite_only_commands_say_so(openai_server, tmp_path, postgres_dsn):
-    config = _config(tmp_path, openai_server.base_url)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("conversations", "list"),
+        ("memory", "list"),
+        ("access", "roles"),
+        ("db", "prune", "--dry-run"),
+    ],
+)
+def test_no_command_refuses_a_postgres_configuration(
+    openai_server, tmp_path, postgres_dsn, command
+):
+    # (What each does on PostgreSQL: tests/test_cli_postgres.py, test_postgres_memory.py;
+    # the SQLite file tools name their PostgreSQL equivalents there too.)
+    config = _config(tmp_path, openai_server.base_url, memory="database")
     done = helpers.agentik(
-        "conversations", "list", "-c", config, cwd=tmp_path,
-        env={"AGENTIK_POSTGRES_DSN": postgres_dsn},
-    )  # fmt: skip
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "`agentik conversations` works on the SQLite store only for now" in done.stderr
+        *command, "-c", config, cwd=tmp_path, env={"AGENTIK_POSTGRES_DSN": postgres_dsn}
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SQLite" not in done.stderr
 
 
 async def test_the_postgres_store_exports_what_sqlite_exports(tmp_path, postgres_dsn):

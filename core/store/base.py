@@ -103,6 +103,7 @@ CAPABILITIES: dict[str, str] = {
     "retention": "prune_log",
     "jobs": "job_claim",
     "leases": "lease_acquire",
+    "seen_events": "seen_first",
 }
 
 
@@ -669,3 +670,19 @@ class Store(abc.ABC):
         """Remove the workers whose last heartbeat is more than ``older_than`` seconds
         old; how many."""
         raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+
+    # -- handled events, shared by every worker (issue 32; SQLite 16, PostgreSQL 5) -------
+    async def seen_first(self, keys: Sequence[str], *, now: float, window: float) -> list[str]:
+        """Record ``keys`` as handled at ``now``; the keys this call saw first: those no
+        call recorded within ``window`` seconds before ``now`` (a key older than that is
+        seen first again, and its time moves to ``now``).
+
+        Atomic per key across every process sharing the store: of two calls racing
+        with the same key, exactly one gets it back.  A transport's dedupe of
+        redelivered events (Slack's retries) on several workers.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no handled events")
+
+    async def seen_prune(self, before: float) -> int:
+        """Forget the keys last seen first before ``before``; how many."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no handled events")

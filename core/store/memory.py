@@ -73,6 +73,7 @@ class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, Store):
         self._runs: dict[str, RunRecord] = {}
         self._redacted: set[int] = set()
         self._redactions: list[Redaction] = []
+        self._seen: dict[str, float] = {}
 
     def _require(self, conversation_id: str) -> None:
         if conversation_id not in self._conversations:
@@ -279,6 +280,22 @@ class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, Store):
         old = [k for k, e in self._outbox.items() if e.created_at < before]
         for k in old:
             del self._outbox[k]
+        return len(old)
+
+    # -- handled events ---------------------------------------------------------------------
+    async def seen_first(self, keys: Sequence[str], *, now: float, window: float) -> list[str]:
+        first = []
+        for key in dict.fromkeys(keys):
+            at = self._seen.get(key)
+            if at is None or at < now - window:
+                self._seen[key] = now
+                first.append(key)
+        return first
+
+    async def seen_prune(self, before: float) -> int:
+        old = [k for k, at in self._seen.items() if at < before]
+        for k in old:
+            del self._seen[k]
         return len(old)
 
     # -- approvals (issue 19, migration 6) -----------------------------------------------------

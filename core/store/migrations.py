@@ -516,6 +516,21 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        16,
+        "seen_event",
+        """
+        -- Events a transport has handled (agentik.core.store: seen_first), shared by
+        -- every process of the bot: Slack redelivers an event it thinks was not
+        -- acknowledged, possibly to another worker.  ``at``: when the key was (last)
+        -- first seen; rows older than the transport's window are pruned (rarely, a
+        -- scan of a small table: no index on ``at``).
+        CREATE TABLE seen_event (
+            key  TEXT PRIMARY KEY,
+            at   REAL NOT NULL
+        ) WITHOUT ROWID;
+        """,
+    ),
 )
 
 

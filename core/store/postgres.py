@@ -37,11 +37,13 @@ from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, knobs_dataclass
 from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
+from .migrations import Migration
 from .postgres_cluster import PostgresCluster
+from .postgres_copy import PostgresCopy
 from .postgres_governance import PostgresGovernance
 from .postgres_jobs import PostgresJobs
 from .postgres_lifecycle import PostgresLifecycle
-from .postgres_migrations import apply_migrations
+from .postgres_migrations import MIGRATIONS, apply_migrations, schema_version
 from .postgres_outbox import PostgresOutbox
 from .postgres_redaction import PostgresRedaction
 from .postgres_room import (
@@ -52,6 +54,7 @@ from .postgres_room import (
     nul_free_json,
 )
 from .postgres_runs import RUN_COLUMNS, UPSERT_RUN, PostgresRuns, run_args
+from .postgres_seen import PostgresSeen
 from .postgres_waits import PostgresWaits
 
 if TYPE_CHECKING:
@@ -59,7 +62,13 @@ if TYPE_CHECKING:
 
     from ..cluster.notify import PostgresNotifier
 
-__all__ = ["PostgresSettings", "PostgresStore", "describe_dsn", "probe_server"]
+__all__ = [
+    "PostgresSettings",
+    "PostgresStore",
+    "describe_dsn",
+    "pending_migrations",
+    "probe_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +197,27 @@ async def probe_server(dsn: str, *, connect_timeout: float = 10.0) -> dict[str, 
     }
 
 
+async def pending_migrations(
+    dsn: str, migrations: tuple[Migration, ...] = MIGRATIONS, *, connect_timeout: float = 10.0
+) -> tuple[int, list[Migration]]:
+    """Connect once (no pool) and read, without changing anything, the database's schema
+    version and the known migrations it lacks (``agentik db migrate --dry-run``)."""
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(dsn, timeout=connect_timeout)
+    except Exception as exc:
+        raise StoreError(f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {exc}") from exc
+    try:
+        current = await schema_version(conn)
+        done: set[int] = set()
+        if current:
+            done = {int(r[0]) for r in await conn.fetch("SELECT number FROM schema_migrations")}
+    finally:
+        await conn.close()
+    return current, sorted((m for m in migrations if m.number not in done), key=lambda m: m.number)
+
+
 def row_to_message(r: Sequence[Any]) -> Message:
     return Message(
         id=r[0], conversation_id=r[1], kind=r[2], content=r[3], author=r[4], channel=r[5],
@@ -308,6 +338,8 @@ class PostgresStore(
     PostgresLifecycle,
     PostgresJobs,
     PostgresCluster,
+    PostgresSeen,
+    PostgresCopy,
     Store,
 ):
     """PostgreSQL implementation of :class:`~agentik.core.store.base.Store`.

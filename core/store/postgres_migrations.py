@@ -512,6 +512,19 @@ MIGRATIONS: tuple[Migration, ...] = (
             ON memory_source (conversation_id, first_message_id);
         """,
     ),
+    Migration(
+        5,
+        "seen_event",
+        """
+        -- Events a transport has handled (SQLite's seen_event): every worker checks
+        -- and records a key in one statement, so a redelivered event is answered once.
+        CREATE TABLE seen_event (
+            key  text COLLATE "C" PRIMARY KEY,
+            at   double precision NOT NULL
+        );
+        CREATE INDEX seen_event_by_time ON seen_event (at);
+        """,
+    ),
 )
 
 _RECORDS = (

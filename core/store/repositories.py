@@ -50,6 +50,7 @@ __all__ = [
     "LogRepository",
     "OutboxRepository",
     "RunsRepository",
+    "SeenEventRepository",
     "WaitsRepository",
     "WorkerRepository",
 ]
@@ -329,6 +330,16 @@ class WorkerRepository(Protocol):
     async def workers_forget(self, older_than: float) -> int: ...
 
 
+@runtime_checkable
+class SeenEventRepository(Protocol):
+    """Handled events (a transport's dedupe of redelivered events), shared by every
+    process on the store: an atomic first-seen check, and pruning."""
+
+    async def seen_first(self, keys: Sequence[str], *, now: float, window: float) -> list[str]: ...
+
+    async def seen_prune(self, before: float) -> int: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -340,6 +351,7 @@ REPOSITORIES: tuple[type, ...] = (
     JobsRepository,
     LeaseRepository,
     WorkerRepository,
+    SeenEventRepository,
 )
 
 
@@ -355,6 +367,7 @@ def _facade(
     JobsRepository,
     LeaseRepository,
     WorkerRepository,
+    SeenEventRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
-    return (store, store, store, store, store, store, store, store, store)
+    return (store, store, store, store, store, store, store, store, store, store)

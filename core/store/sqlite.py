@@ -44,12 +44,14 @@ from .base import (
 from .care import backup_before_migrating
 from .migrations import apply_migrations
 from .sqlite_cluster import SQLiteCluster
+from .sqlite_copy import SQLiteCopy
 from .sqlite_governance import SQLiteGovernance
 from .sqlite_jobs import SQLiteJobs
 from .sqlite_lifecycle import SQLiteLifecycle
 from .sqlite_outbox import SQLiteOutbox
 from .sqlite_redaction import SQLiteRedaction
 from .sqlite_runs import INSERT_RUN, SQLiteRuns, run_row
+from .sqlite_seen import SQLiteSeen
 from .sqlite_waits import SQLiteWaits
 
 __all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous"]
@@ -336,6 +338,8 @@ class SQLiteStore(
     SQLiteLifecycle,
     SQLiteJobs,
     SQLiteCluster,
+    SQLiteSeen,
+    SQLiteCopy,
     Store,
 ):
     """SQLite implementation of :class:`~agentik.core.store.base.Store`.

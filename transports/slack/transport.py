@@ -7,7 +7,8 @@
 * Every message is handled once: by ``event_id`` (Slack retries slow
   deliveries) and by ``(channel, ts)`` (a mention arrives both as
   ``app_mention`` and ``message``), remembered in a small SQLite file so a
-  restart does not answer again.
+  restart does not answer again (on PostgreSQL: in the store, shared by every
+  worker, :meth:`SlackTransport.share_seen_events`).
 * Streaming: Slack's native ``chat.startStream``/``appendStream``/
   ``stopStream`` (slack-sdk's ``chat_stream`` helper) where the workspace
   supports it, else post then ``chat.update`` no more often than
@@ -46,9 +47,9 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agentik.core.errors import ConfigError
 from agentik.transports.base import (
@@ -65,7 +66,7 @@ from agentik.transports.base import (
 from .mrkdwn import clean, escape, incoming, markdown_safe, markdown_to_mrkdwn, stream_cut
 from .settings import SlackSettings
 
-__all__ = ["SlackTransport", "markdown_to_mrkdwn"]
+__all__ = ["SeenEvents", "SlackTransport", "markdown_to_mrkdwn"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,16 @@ class _OneLine(logging.Filter):
 
 _socket_log = logging.getLogger("agentik.transports.slack.socket_mode")
 _socket_log.addFilter(_OneLine())
+
+
+class SeenEvents(Protocol):
+    """Handled events kept by the bot's store, shared by every worker of the bot (on
+    PostgreSQL); given with :meth:`SlackTransport.share_seen_events` instead of the file."""
+
+    async def first_seen(self, keys: Sequence[str]) -> Collection[str]:
+        """Record ``keys`` as handled; those no worker had handled (atomically: of two
+        workers given one key at once, one gets it back)."""
+        ...
 
 
 class _Seen:
@@ -276,6 +287,8 @@ class SlackTransport(Transport):
         #: The host (:class:`~agentik.transports.base.AgentHost`) given at :meth:`start`.
         self._sink: AgentHost | None = None
         self._seen = _Seen(o.state_file or ":memory:", o.dedupe_keep)
+        #: Handled events shared with the bot's other workers (see share_seen_events).
+        self._shared_seen: SeenEvents | None = None
         self._contexts = _ThreadContexts()
         self._untitled: set[tuple[str, str]] = set()  # assistant threads without a title yet
         self._mentions = "users" in o.allow_mentions
@@ -303,8 +316,9 @@ class SlackTransport(Transport):
             if secret is None or not secret.get_secret_value():
                 raise ConfigError(f"transports.{self.name}.{key} is empty")
         self._sink = host_of(sink)
-        self._seen.path = self.state_path(sink)
-        await asyncio.to_thread(self._seen.open)
+        if self._shared_seen is None:
+            self._seen.path = self.state_path(sink)
+            await asyncio.to_thread(self._seen.open)
         # Bolt is given the token itself, never a client next to it: given a
         # client, bolt still reads SLACK_BOT_TOKEN from the environment and
         # warns that it "will be unused" (the README exports it).  It builds
@@ -494,6 +508,14 @@ class SlackTransport(Transport):
         addresses = self._runner.addresses
         if addresses:
             self.http_port = addresses[0][1]
+
+    def share_seen_events(self, seen: SeenEvents) -> None:
+        """Check handled events with ``seen`` (the bot's store, shared by every worker)
+        rather than the handled-events file, which only this process reads: on
+        PostgreSQL, Slack's retry of an event one worker handled may reach another.
+        Called by the bot before :meth:`start`."""
+        self._shared_seen = seen
+        self._seen.path = ":memory:"
 
     @property
     def seen_path(self) -> str:
@@ -688,11 +710,17 @@ class SlackTransport(Transport):
             items = [await self._incoming.get()]
             while not self._incoming.empty():
                 items.append(self._incoming.get_nowait())
-            try:
-                await asyncio.to_thread(self._seen.persist, *(k for i in items for k in i.seen))
-            except Exception:
-                log.debug("slack %s: persisting %d events at once failed", self.name, len(items))
-                items = [i for i in items if await self._persist(i)]
+            if self._shared_seen is not None:
+                items = await self._first_seen(items)
+            else:
+                try:
+                    keys = (k for i in items for k in i.seen)
+                    await asyncio.to_thread(self._seen.persist, *keys)
+                except Exception:
+                    log.debug(
+                        "slack %s: persisting %d events at once failed", self.name, len(items)
+                    )
+                    items = [i for i in items if await self._persist(i)]
             for item in items:
                 if item.key is None:
                     continue
@@ -700,6 +728,19 @@ class SlackTransport(Transport):
                     await self._hand_over(item)
                 except Exception:
                     log.exception("slack %s: could not deliver a message", self.name)
+
+    async def _first_seen(self, items: list[_Incoming]) -> list[_Incoming]:
+        """The items no worker has handled (recorded as handled now, in one call)."""
+        assert self._shared_seen is not None
+        try:
+            first = set(await self._shared_seen.first_seen([k for i in items for k in i.seen]))
+        except Exception:
+            log.exception("slack %s: could not deliver %d messages", self.name, len(items))
+            return []
+        new = [i for i in items if all(k in first for k in i.seen)]
+        if len(new) < len(items):
+            log.debug("slack %s: %d events handled elsewhere", self.name, len(items) - len(new))
+        return new
 
     async def _persist(self, item: _Incoming) -> bool:
         """Remember ``item``'s keys on their own; False (logged) if that fails."""

@@ -16,8 +16,8 @@ The cases are grouped by aggregate, one mixin each, so an engine may run a
 part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
-:class:`ClusterContract`);
-:class:`StoreContract` is all of them.  A case the engine legitimately cannot pass is skipped with
+:class:`ClusterContract`, :class:`SeenEventsContract`); :class:`StoreContract`
+is all of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
@@ -34,6 +34,7 @@ from .lifecycle import LifecycleContract
 from .log import LogContract
 from .outbox import OutboxContract
 from .runs import RunsContract
+from .seen import SeenEventsContract
 from .waits import WaitsContract
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "LogContract",
     "OutboxContract",
     "RunsContract",
+    "SeenEventsContract",
     "StoreContract",
     "WaitsContract",
 ]
@@ -59,5 +61,6 @@ class StoreContract(
     LifecycleContract,
     JobsContract,
     ClusterContract,
+    SeenEventsContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""

@@ -1,0 +1,48 @@
+"""The PostgreSQL engine's handled events (:class:`~.repositories.SeenEventRepository`):
+one statement per call, atomic per key (the primary key decides which of two workers
+racing with the same event sees it first)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .postgres_room import PostgresRoom
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["PostgresSeen"]
+
+#: Keys in sorted order: two workers' calls lock shared keys in one order (never a
+#: deadlock, whatever order their events came in).
+_FIRST = (
+    "INSERT INTO seen_event (key, at) SELECT k, $2 FROM unnest($1::text[]) AS k ORDER BY k"
+    " ON CONFLICT (key) DO UPDATE SET at = excluded.at WHERE seen_event.at < $3"
+    " RETURNING key"
+)
+
+
+class PostgresSeen(PostgresRoom):
+    """Handled events in the ``seen_event`` table (migration 5)."""
+
+    async def seen_first(self, keys: Sequence[str], *, now: float, window: float) -> list[str]:
+        # (One statement may not touch a row twice: each key once.)
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return []
+
+        async def fn(conn: asyncpg.Connection) -> list[str]:
+            rows = await conn.fetch(_FIRST, sorted(wanted), now, now - window)
+            return [r[0] for r in rows]
+
+        found = set(await self._write(fn, single=True))
+        return [k for k in wanted if k in found]
+
+    async def seen_prune(self, before: float) -> int:
+        async def fn(conn: asyncpg.Connection) -> int:
+            status = await conn.execute("DELETE FROM seen_event WHERE at < $1", before)
+            return int(status.split()[-1])
+
+        n: int = await self._write(fn, single=True)
+        return n

@@ -1,0 +1,45 @@
+"""The SQLite engine's handled events (:class:`~.repositories.SeenEventRepository`):
+one write job per call, in the writer thread (so ordered with every other write)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+from .sqlite_room import SQLiteRoom
+
+__all__ = ["SQLiteSeen"]
+
+#: A key not seen (or seen before the window) is (re)recorded and returned; one seen
+#: within the window is left as it is and not returned.
+_FIRST = (
+    "INSERT INTO seen_event (key, at) VALUES (?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET at = excluded.at WHERE seen_event.at < ?"
+    " RETURNING key"
+)
+
+
+class SQLiteSeen(SQLiteRoom):
+    """Handled events in the ``seen_event`` table (migration 16)."""
+
+    async def seen_first(self, keys: Sequence[str], *, now: float, window: float) -> list[str]:
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return []
+
+        def fn(conn: sqlite3.Connection) -> list[str]:
+            first = []
+            for key in wanted:
+                if conn.execute(_FIRST, (key, now, now - window)).fetchone() is not None:
+                    first.append(key)
+            return first
+
+        found: list[str] = await self._write(fn)
+        return found
+
+    async def seen_prune(self, before: float) -> int:
+        def fn(conn: sqlite3.Connection) -> int:
+            return conn.execute("DELETE FROM seen_event WHERE at < ?", (before,)).rowcount
+
+        n: int = await self._write(fn)
+        return n
