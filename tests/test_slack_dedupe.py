@@ -91,6 +91,9 @@ model = "fake-model"
 backend = "postgres"
 [memory]
 backend = "none"
+[cluster]
+lease_seconds = 3.0
+heartbeat_seconds = 0.5
 [transports.work]
 type = "slack"
 mode = "socket"
@@ -122,21 +125,25 @@ async def agentik_run(config: Path, dsn: str) -> AsyncIterator[asyncio.subproces
 async def test_two_agentik_run_workers_answer_slacks_retry_once(
     tmp_path, postgres_dsn, openai_server
 ):
-    """Two ``agentik run`` processes (two workers of one bot) on one PostgreSQL: the
-    event worker A answered, redelivered by Slack to worker B, is not answered again."""
+    """Two ``agentik run`` processes (two workers of one bot) on one PostgreSQL, the
+    Socket Mode connection owned by one at a time: worker A answers an event and is
+    stopped (a rolling restart), worker B takes the connection over, and Slack's
+    redelivery of A's event, now reaching B, is not answered again."""
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
         folders = [tmp_path / "a", tmp_path / "b"]
         for f in folders:
             f.mkdir()
         configs = [_config(f, openai_server.base_url, slack) for f in folders]
-        async with agentik_run(configs[0], postgres_dsn):
+        async with agentik_run(configs[0], postgres_dsn) as a:
             await slack.wait_for_socket(1)
             event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> once please")
             await slack.push_event(event, event_id="Ev1")
             await slack.wait_until(lambda: bot_texts(slack, "C1") or None, 60, "worker A's answer")
             async with agentik_run(configs[1], postgres_dsn):
-                await slack.wait_for_socket(2)  # Slack now delivers to worker B
+                a.terminate()  # SIGTERM: A hands its connection's lease over
+                await a.wait()
+                await slack.wait_for_socket(2)  # B's connection: Slack delivers to B
                 await slack.wait_for_ack(await slack.push_event(event, event_id="Ev1",
                                                                 retry_num=1))  # fmt: skip
                 twin = dict(event, type="message", channel_type="channel")
@@ -144,6 +151,7 @@ async def test_two_agentik_run_workers_answer_slacks_retry_once(
                 await slack.push_event(slack.message_event("D1", "later", channel_type="im"))
                 answer_b = lambda: bot_texts(slack, "D1") or None  # noqa: E731
                 await slack.wait_until(answer_b, 60, "worker B's answer")
+        assert slack.socket_connections == 2  # one each: A's, then B's
         asked = [r["messages"][-1]["content"] for r in openai_server.requests]
         assert len(asked) == 2 and asked[1].endswith("later"), asked
         assert len(bot_texts(slack, "C1")) == 1
