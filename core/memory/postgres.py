@@ -45,7 +45,7 @@ from ..store.postgres_migrations import MEMORY_LOCK_KEY
 from ..store.postgres_room import nul_free
 from . import Note, NoteError, NoteVersion, RecallPolicy, valid_scope
 from .embeddings import Embedder
-from .sqlite import SYNC_INTERVAL, SearchMode, SQLiteMemory, _blob, _unblob
+from .sqlite import SYNC_INTERVAL, SearchMode, SQLiteMemory, blob_vector, vector_blob
 
 if TYPE_CHECKING:
     import asyncpg
@@ -204,12 +204,12 @@ class PostgresMemory(SQLiteMemory):
         if self.embedder is None:
             return {}
         model = self.embedder.model
-        rows = await self.pg._read(
+        rows = await self.pg.run_read(
             "SELECT v.model, v.dim, COUNT(*) FROM memory_vector v"
             " JOIN memory_note n ON n.id = v.note_id WHERE NOT n.deleted GROUP BY v.model, v.dim"
         )
         notes = int(
-            (await self.pg._read("SELECT COUNT(*) FROM memory_note WHERE NOT deleted"))[0][0]
+            (await self.pg.run_read("SELECT COUNT(*) FROM memory_note WHERE NOT deleted"))[0][0]
         )
         want = self.embedder.dim
 
@@ -252,7 +252,7 @@ class PostgresMemory(SQLiteMemory):
             nid,
             self.embedder.model,
             int(vector.shape[0]),
-            _blob(vector),
+            vector_blob(vector),
         )
 
     async def _sync(self) -> VectorIndex | None:
@@ -264,7 +264,7 @@ class PostgresMemory(SQLiteMemory):
             started = time.monotonic()
             if started - self._synced_at < self.sync_interval:
                 return self._index
-            rows = await self.pg._read(
+            rows = await self.pg.run_read(
                 "SELECT v.seq, v.note_id, n.scope, v.model, v.dim, v.vector FROM memory_vector v"
                 " JOIN memory_note n ON n.id = v.note_id WHERE v.seq > $1 ORDER BY v.seq",
                 self._seq,
@@ -279,7 +279,7 @@ class PostgresMemory(SQLiteMemory):
                     from .vectors import VectorIndex
 
                     self._index = VectorIndex(int(dim))
-                vec = _unblob(bytes(blob), self._index.dim)
+                vec = blob_vector(bytes(blob), self._index.dim)
                 if vec is not None:
                     self._index.put(int(nid), scope, vec)
             return self._index
@@ -289,11 +289,11 @@ class PostgresMemory(SQLiteMemory):
             raise NoteError("no embedding model is configured ([memory] embeddings)")
         model = self.embedder.model
         if everything:
-            rows = await self.pg._read(
+            rows = await self.pg.run_read(
                 "SELECT id, text FROM memory_note WHERE NOT deleted ORDER BY id"
             )
         else:
-            rows = await self.pg._read(
+            rows = await self.pg.run_read(
                 "SELECT n.id, n.text FROM memory_note n"
                 " LEFT JOIN memory_vector v ON v.note_id = n.id WHERE NOT n.deleted"
                 " AND (v.note_id IS NULL OR v.model != $1 OR v.dim != $2) ORDER BY n.id",
@@ -415,7 +415,7 @@ class PostgresMemory(SQLiteMemory):
         author = nul_free(author)
         vector: np.ndarray | None = None
         if self.embedder is not None:
-            old_rows = await self.pg._read(
+            old_rows = await self.pg.run_read(
                 "SELECT text FROM memory_version WHERE note_id = $1 AND version = $2",
                 note_id,
                 version,
@@ -469,7 +469,7 @@ class PostgresMemory(SQLiteMemory):
 
     async def _write(self, fn: Any) -> Any:
         try:
-            return await self.pg._write(fn)
+            return await self.pg.run_write(fn)
         except NoteError:
             raise
         except Exception as exc:
@@ -480,7 +480,7 @@ class PostgresMemory(SQLiteMemory):
 
     # -- reads -----------------------------------------------------------------------
     async def get(self, note_id: int, *, include_deleted: bool = False) -> Note | None:
-        rows = await self.pg._read(f"SELECT {_COLUMNS} FROM memory_note WHERE id = $1", note_id)
+        rows = await self.pg.run_read(f"SELECT {_COLUMNS} FROM memory_note WHERE id = $1", note_id)
         if not rows:
             return None
         note = _note(rows[0])
@@ -503,7 +503,7 @@ class PostgresMemory(SQLiteMemory):
             where.append("scope = ANY($1::text[])")
         cond = f"WHERE {' AND '.join(where)}" if where else ""
         n = len(args)
-        rows = await self.pg._read(
+        rows = await self.pg.run_read(
             f"SELECT {_COLUMNS} FROM memory_note {cond}"
             f" ORDER BY updated_at DESC, id DESC LIMIT ${n + 1} OFFSET ${n + 2}",
             *args,
@@ -524,9 +524,9 @@ class PostgresMemory(SQLiteMemory):
             ids = [nid for nid, _ in chunk]
             sql = f"SELECT {_COLUMNS} FROM memory_note WHERE id = ANY($1::bigint[]) AND NOT deleted"
             if wanted is None:
-                rows = await self.pg._read(sql, ids)
+                rows = await self.pg.run_read(sql, ids)
             else:
-                rows = await self.pg._read(sql + " AND scope = ANY($2::text[])", ids, wanted)
+                rows = await self.pg.run_read(sql + " AND scope = ANY($2::text[])", ids, wanted)
             found = {int(r[0]): _note(r) for r in rows}
             for nid, score in chunk:
                 if nid in found and len(out) < limit:
@@ -538,7 +538,7 @@ class PostgresMemory(SQLiteMemory):
     ) -> builtins.list[tuple[Note, float]]:
         if not terms or (scopes is not None and not scopes):
             return []
-        rows = await self.pg._read(
+        rows = await self.pg.run_read(
             _BM25_ALL if scopes is None else _BM25,
             builtins.list(terms),
             " | ".join(f"'{w}'" for w in terms),
@@ -559,7 +559,7 @@ class PostgresMemory(SQLiteMemory):
         return await self._bm25(query_words(query), scopes, limit)
 
     async def history(self, note_id: int) -> builtins.list[NoteVersion]:
-        rows = await self.pg._read(
+        rows = await self.pg.run_read(
             "SELECT note_id, version, text, op, author, created_at FROM memory_version"
             " WHERE note_id = $1 ORDER BY version",
             note_id,

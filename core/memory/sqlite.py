@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
     from .vectors import VectorIndex
 
-__all__ = ["SQLiteMemory", "SearchMode", "fts_query", "rrf"]
+__all__ = ["SQLiteMemory", "SearchMode", "blob_vector", "fts_query", "rrf", "vector_blob"]
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +150,15 @@ def rrf(*rankings: Sequence[int], k: int = RRF_K) -> list[tuple[int, float]]:
     return sorted(scores.items(), key=lambda item: -item[1])
 
 
-def _blob(vector: np.ndarray) -> bytes:
+def vector_blob(vector: np.ndarray) -> bytes:
+    """An embedding as stored (little-endian float32 bytes), on every engine."""
     import numpy as np
 
     return np.asarray(vector, dtype="<f4").tobytes()
 
 
-def _unblob(blob: bytes, dim: int) -> np.ndarray | None:
+def blob_vector(blob: bytes, dim: int) -> np.ndarray | None:
+    """The embedding of a stored blob; ``None`` when it is not ``dim`` floats."""
     import numpy as np
 
     arr = np.frombuffer(blob, dtype="<f4")
@@ -285,7 +287,7 @@ class SQLiteMemory(MemoryBackend):
         conn.execute(
             "INSERT OR REPLACE INTO memory_vector (note_id, model, dim, vector)"
             " VALUES (?, ?, ?, ?)",
-            (nid, self.embedder.model, int(vector.shape[0]), _blob(vector)),
+            (nid, self.embedder.model, int(vector.shape[0]), vector_blob(vector)),
         )
 
     async def _sync(self) -> VectorIndex | None:
@@ -316,7 +318,7 @@ class SQLiteMemory(MemoryBackend):
                     from .vectors import VectorIndex
 
                     self._index = VectorIndex(int(dim))
-                vec = _unblob(blob, self._index.dim)
+                vec = blob_vector(blob, self._index.dim)
                 if vec is not None:
                     self._index.put(int(nid), scope, vec)
             return self._index

@@ -589,6 +589,19 @@ class PostgresStore(
         loop = asyncio.get_running_loop()
         return await self._submit(_Job(fn, loop.create_future(), conversation_id, single))
 
+    async def run_write(self, fn: WriteFn) -> Any:
+        """Run ``fn(connection)`` on the writer connection, in its own transaction.
+
+        For components keeping their tables in this database (long-term memory):
+        the job is ordered with every other write; ``fn`` must not commit or roll
+        back itself; an exception rolls back its changes only."""
+        return await self._write(fn)
+
+    async def run_read(self, sql: str, *args: Any) -> list[Any]:
+        """Run a read-only query on a connection of the pool (tried again on another
+        when the server dropped it); the rows."""
+        return await self._read(sql, *args)
+
     async def _read(self, sql: str, *args: Any) -> list[Any]:
         if self._closed or not self._started:
             raise ClosedError("the store is closed" if self._closed else "the store is not started")
