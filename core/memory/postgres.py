@@ -189,7 +189,7 @@ class PostgresMemory(SQLiteMemory):
         sync_interval: float = SYNC_INTERVAL,
     ) -> None:
         super().__init__(
-            store,  # type: ignore[arg-type]  # every method that reads it is overridden
+            store,  # type: ignore[arg-type]  # what reads it is overridden or engine-neutral SQL
             allow_global_writes=allow_global_writes,
             embedder=embedder,
             search=search,
@@ -198,45 +198,7 @@ class PostgresMemory(SQLiteMemory):
         )
         self.pg = store
 
-    # -- vectors ---------------------------------------------------------------------
-    async def check_vectors(self) -> dict[str, Any]:
-        self._checked = True
-        if self.embedder is None:
-            return {}
-        model = self.embedder.model
-        rows = await self.pg.run_read(
-            "SELECT v.model, v.dim, COUNT(*) FROM memory_vector v"
-            " JOIN memory_note n ON n.id = v.note_id WHERE NOT n.deleted GROUP BY v.model, v.dim"
-        )
-        notes = int(
-            (await self.pg.run_read("SELECT COUNT(*) FROM memory_note WHERE NOT deleted"))[0][0]
-        )
-        want = self.embedder.dim
-
-        def same(m: str, d: int) -> bool:
-            return m == model and (not want or d == want)
-
-        current = sum(int(c) for m, d, c in rows if same(m, d))
-        other = {f"{m} ({d} dimensions)": int(c) for m, d, c in rows if not same(m, d)}
-        missing = notes - current - sum(other.values())
-        self.vectors_unusable = None
-        if other:
-            names = ", ".join(f"{k}: {v} notes" for k, v in other.items())
-            self.vectors_unusable = (
-                f"the memory's vectors were made by another embedding model ({names}); "
-                f"configured: {model}"
-            )
-            log.warning(
-                "%s; memory search uses full-text only until you run `agentik memory reembed`",
-                self.vectors_unusable,
-            )
-        elif missing > 0:
-            log.warning(
-                "%d memory notes have no vector yet (semantic search and recall skip them); "
-                "run `agentik memory reembed` to embed them",
-                missing,
-            )
-        return {"notes": notes, "current": current, "other_models": other, "missing": missing}
+    # -- vectors (check_vectors: the SQLite memory's SQL runs here as it is) ----------
 
     async def _put_vector(self, conn: asyncpg.Connection, nid: int, vector: Any) -> None:
         """In the writer's transaction, under :data:`MEMORY_LOCK`: the note's vector

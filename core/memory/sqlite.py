@@ -228,17 +228,17 @@ class SQLiteMemory(MemoryBackend):
         model = self.embedder.model
         rows = await self.store.run_read(
             "SELECT v.model, v.dim, COUNT(*) FROM memory_vector v"
-            " JOIN memory_note n ON n.id = v.note_id WHERE n.deleted = 0 GROUP BY v.model, v.dim"
-        )
-        counted = await self.store.run_read("SELECT COUNT(*) FROM memory_note WHERE deleted = 0")
+            " JOIN memory_note n ON n.id = v.note_id WHERE NOT n.deleted GROUP BY v.model, v.dim"
+        )  # (SQL that PostgreSQL's memory, a subclass, runs as it is)
+        counted = await self.store.run_read("SELECT COUNT(*) FROM memory_note WHERE NOT deleted")
         notes = int(counted[0][0])
         want = self.embedder.dim
 
         def same(m: str, d: int) -> bool:
             return m == model and (not want or d == want)
 
-        current = sum(c for m, d, c in rows if same(m, d))
-        other = {f"{m} ({d} dimensions)": c for m, d, c in rows if not same(m, d)}
+        current = sum(int(c) for m, d, c in rows if same(m, d))
+        other = {f"{m} ({d} dimensions)": int(c) for m, d, c in rows if not same(m, d)}
         missing = notes - current - sum(other.values())
         self.vectors_unusable = None
         if other:
