@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from .hooks import Hooks
     from .llm.base import LLMBackend
     from .memory import MemoryBackend
+    from .memtrim import MemoryTrim
     from .observe import RequestStats
     from .questions import Checklists, Questions
     from .runs import AgentSpec, RunNode, RunPolicy, Runs
@@ -235,6 +236,9 @@ class AgentServices(Generic[C]):
         self._ended: weakref.WeakSet[C] = weakref.WeakSet()
         #: The transcripts idle conversations keep (the agent's ``transcript_cache``).
         self.transcripts = Transcripts(agent.transcript_cache)
+        #: Hands freed memory back to the system after conversations leave memory
+        #: (set by the agent; :mod:`~agentik.core.memtrim`).
+        self.trim: MemoryTrim | None = None
 
     # -- what the agent is configured with (read anew: changes apply at once) ----------
     @property
@@ -403,6 +407,9 @@ class AgentServices(Generic[C]):
             if self._buffers.get(conversation_id) is buffer:
                 del self._buffers[conversation_id]
                 self._forget(buffer)
+                # A conversation left memory: what it held may go back to the system.
+                if self.trim is not None:
+                    self.trim.released()
 
     def scrub(self, editor: Callable[[], Callable[[Event], Event | None]]) -> int:
         """Rewrite buffered events in every replay buffer (each conversation's and
