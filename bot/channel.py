@@ -91,7 +91,8 @@ class OpenChannel:
 
     A bridge may hold hundreds of these at once, so each costs little: slots, no
     per-channel lock or condition (:meth:`flushed` makes a future only while
-    someone waits), empty sets shared until used.
+    someone waits), empty sets shared until used, no task while it has nothing
+    to render.
     """
 
     key: str
@@ -105,7 +106,12 @@ class OpenChannel:
     #: The channel's ``tools`` setting in force (``None``: the transport's bound).
     tools: tuple[str, ...] | None = None
     subscription: Subscription | None = None
+    #: The task rendering its events: it exists only while the channel has events
+    #: to render (``None`` otherwise; :class:`~agentik.bot.channels.Channels`).
     task: asyncio.Task[None] | None = None
+    #: Its :class:`~agentik.bot.render.Renderer`: what its answers look like so far,
+    #: kept between render tasks (typed loosely: the renderer imports this module).
+    renderer: object = None
     #: The unsent rest of a capped answer, for ``more`` (a list: an empty deque
     #: costs every open channel 760 bytes).
     more: list[str] = field(default_factory=list)

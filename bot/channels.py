@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Protocol
@@ -177,8 +178,12 @@ class Channels:
         ch.settings = TurnSettings(policy=self._bound(ch))
         # Everything is followed: a channel's ``events`` setting may change while it
         # is open; the renderer leaves out what the chat profile would not carry.
-        ch.subscription = conv.events(profile="debug")
-        ch.task = asyncio.create_task(self._render(ch), name=f"agentik-render:{key}")
+        sub = ch.subscription = conv.events(profile="debug")
+        # A render task runs only while the channel has events to show (a task per
+        # idle channel held ~1 KB); each channel has its own, so one held up by its
+        # transport (flood control, rate limits) never holds up the others.
+        sub.notify = functools.partial(self._kick, ch)
+        self._kick(ch)
         self.open[key] = ch
         if self.reaper is None and self.host.idle_seconds > 0:
             self.reaper = asyncio.create_task(self._reap(), name="agentik-bridge-reaper")
@@ -372,10 +377,30 @@ class Channels:
             except Exception:
                 log.exception("could not count the tokens of run %s", event.run_id)
 
+    def _kick(self, ch: _Channel) -> None:
+        """``ch`` has events to render: start its render task unless it runs."""
+        sub = ch.subscription
+        if ch.task is None and sub is not None and sub.ready:
+            ch.task = asyncio.get_running_loop().create_task(
+                self._render(ch), name=f"agentik-render:{ch.key}"
+            )
+
     async def _render(self, ch: _Channel) -> None:
-        renderer = Renderer(self.host, ch)
-        assert ch.subscription is not None
-        async for event in ch.subscription:
+        """Render what ``ch``'s subscription has pending, then end (a new task
+        starts with its next event)."""
+        try:
+            await self._render_pending(ch)
+        finally:
+            if ch.task is asyncio.current_task():
+                ch.task = None
+
+    async def _render_pending(self, ch: _Channel) -> None:
+        renderer = ch.renderer
+        if not isinstance(renderer, Renderer):
+            renderer = ch.renderer = Renderer(self.host, ch)
+        sub = ch.subscription
+        assert sub is not None
+        while (event := sub.take()) is not None:
             ended = isinstance(event, TurnEnded) and event.parent_run_id is None
             if isinstance(event, TurnEnded) and ended:
                 # Counted before the answer shows, so a message sent on seeing it
