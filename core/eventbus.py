@@ -259,7 +259,7 @@ class ReplayBuffer:
     (:func:`~agentik.core.services.event_weight`), kept per blob.
     """
 
-    __slots__ = ("_count", "_head", "_key", "_live", "_sealed", "_weigh", "maxlen")
+    __slots__ = ("_count", "_head", "_key", "_live", "_sealed", "_weigh", "keep", "maxlen")
 
     def __init__(
         self,
@@ -277,6 +277,9 @@ class ReplayBuffer:
         self._head: deque[Event] | None = None
         self._sealed: list[_Sealed] | None = None
         self._live: deque[Event] | None = None
+        #: Whatever its owner keeps alive with it (a weak reference whose callback
+        #: takes it out of the agent's budget).
+        self.keep: object = None
 
     def __len__(self) -> int:
         return self._count
