@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Protocol
@@ -33,6 +32,7 @@ from .render import Renderer, RenderHost
 if TYPE_CHECKING:
     from agentik.core import Conversation
     from agentik.core.budgets import Budgets
+    from agentik.core.eventbus import Subscription
     from agentik.core.tools.base import TurnPolicy
     from agentik.transports.base import IncomingMessage, Transport
 
@@ -85,6 +85,8 @@ class Channels:
         self.announcer: asyncio.Task[None] | None = None
         #: How many idle channels have been released so far.
         self.released = 0
+        # Told when a channel has events to render: one bound method for all of them.
+        self._ready = self._on_ready
 
     async def detach(self, name: str) -> None:
         """Release the open channels of transport instance ``name``."""
@@ -182,7 +184,7 @@ class Channels:
         # A render task runs only while the channel has events to show (a task per
         # idle channel held ~1 KB); each channel has its own, so one held up by its
         # transport (flood control, rate limits) never holds up the others.
-        sub.notify = functools.partial(self._kick, ch)
+        sub.tag, sub.notify = ch, self._ready
         self._kick(ch)
         self.open[key] = ch
         if self.reaper is None and self.host.idle_seconds > 0:
@@ -376,6 +378,11 @@ class Channels:
                 await budgets.turn_ended(event.run_id, event.usage, event.text, channel=channel_key)
             except Exception:
                 log.exception("could not count the tokens of run %s", event.run_id)
+
+    def _on_ready(self, sub: Subscription) -> None:
+        """A channel's subscription has events pending (its tag is the channel)."""
+        if isinstance(sub.tag, OpenChannel):
+            self._kick(sub.tag)
 
     def _kick(self, ch: _Channel) -> None:
         """``ch`` has events to render: start its render task unless it runs."""

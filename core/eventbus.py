@@ -49,6 +49,7 @@ class Subscription(AsyncIterator[Event]):
         "_profile",
         "_waiter",
         "notify",
+        "tag",
     )
 
     def __init__(
@@ -69,9 +70,12 @@ class Subscription(AsyncIterator[Event]):
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._last_key = 0
-        #: Called (on the publisher's stack: it must not raise, nor block) when an
-        #: event becomes pending; ``None``: nobody is told.
-        self.notify: Callable[[], None] | None = None
+        #: Called with this subscription (on the publisher's stack: it must not
+        #: raise, nor block) when an event becomes pending; ``None``: nobody is told.
+        #: One callback may serve many subscriptions: :attr:`tag` tells them apart.
+        self.notify: Callable[[Subscription], None] | None = None
+        #: The consumer's own: what this subscription is for (``None`` until set).
+        self.tag: object = None
 
     def _push(self, event: Event) -> None:
         if self._closed:
@@ -105,7 +109,7 @@ class Subscription(AsyncIterator[Event]):
                 waiter.set_result(None)
         notify = self.notify
         if notify is not None and self._pending:
-            notify()
+            notify(self)
 
     def take(self) -> Event | None:
         """The next pending event, without waiting (``None``: none is pending now;
