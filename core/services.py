@@ -500,7 +500,10 @@ class _StreamGone(weakref.ref):
 
 def _stream_gone(ref: Any) -> None:
     """The stream of ``ref`` is gone: its buffer leaves the budget (may run in any thread)."""
-    ref.services.drop_buffer(ref.conversation_id, ref.buffer)
+    buffer, ref.buffer = ref.buffer, None
+    # No cycle left (buffer -> ref -> buffer): the buffer is freed once out of the budget.
+    buffer.keep = None
+    ref.services.drop_buffer(ref.conversation_id, buffer)
 
 
 class ConversationEvents:
