@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass as std_dataclass
 from dataclasses import field
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -84,6 +84,10 @@ class ChannelOptions(ChannelKnobs):
     progress_interval: Annotated[float, Field(ge=0)] = 10.0
 
 
+#: The runs of a channel with none pending (shared, never written: see ``asked``).
+_NO_RUNS: dict[str, Any] = {}
+
+
 @std_dataclass(eq=False, slots=True)
 class OpenChannel:
     """A channel the bridge holds open: its conversation, renderer task and what
@@ -120,9 +124,9 @@ class OpenChannel:
     reply_to: object = None
     #: The ``reply_to`` of the message each pending run answers (a transport may
     #: address the asker); runs without one use :attr:`reply_to`.
-    run_reply_to: dict[str, object] = field(default_factory=dict)
+    run_reply_to: dict[str, object] = field(default_factory=lambda: _NO_RUNS)
     #: Who asked for each pending run (a speaker key), for ``!stop`` of another's answer.
-    run_asker: dict[str, str] = field(default_factory=dict)
+    run_asker: dict[str, str] = field(default_factory=lambda: _NO_RUNS)
     #: Approvals the channel was told it waits on (once each, to queued askers);
     #: replaced, never changed in place (an empty frozenset costs nothing).
     approvals_told: frozenset[str] = frozenset()
@@ -133,6 +137,26 @@ class OpenChannel:
     _pending: set[str] | None = field(default=None, init=False, repr=False)
     #: Whoever waits in :meth:`flushed` (``None``: nobody, the common case).
     _flush_waiters: list[asyncio.Future[None]] | None = field(default=None, init=False, repr=False)
+
+    def asked(self, run_id: str, reply_to: object, asker: str | None) -> None:
+        """Run ``run_id`` answers a message here: where its answer goes, who asked."""
+        if self.run_reply_to is _NO_RUNS:
+            self.run_reply_to = {}
+        self.run_reply_to[run_id] = reply_to
+        if asker is not None:
+            if self.run_asker is _NO_RUNS:
+                self.run_asker = {}
+            self.run_asker[run_id] = asker
+
+    def answered(self, run_id: str) -> None:
+        """Run ``run_id``'s answer is out: forget where it went and who asked."""
+        self.run_reply_to.pop(run_id, None)
+        self.run_asker.pop(run_id, None)
+        # An emptied dict keeps the table it grew: an idle channel shares an empty one.
+        if not self.run_reply_to:
+            self.run_reply_to = _NO_RUNS
+        if not self.run_asker:
+            self.run_asker = _NO_RUNS
 
     def idle(self, now: float, after: float) -> bool:
         return not self.pending and not self.conversation.busy and now - self.last_used >= after

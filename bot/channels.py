@@ -219,9 +219,7 @@ class Channels:
                 # Who asked, and where the answer goes, before the moved turns run.
                 for run_id in waiting:
                     if run_id in old.run_reply_to:
-                        new.run_reply_to[run_id] = old.run_reply_to[run_id]
-                    if run_id in old.run_asker:
-                        new.run_asker[run_id] = old.run_asker[run_id]
+                        new.asked(run_id, old.run_reply_to[run_id], old.run_asker.get(run_id))
                 new.add_pending(waiting)
                 # First the queue (so the next turn does not start in the old
                 # conversation when the running one stops), then the running turn.
@@ -421,14 +419,7 @@ class Channels:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
             if isinstance(event, TurnEnded) and ended:
                 _log_answer(ch, event)
-                ch.run_reply_to.pop(event.run_id or "", None)
-                ch.run_asker.pop(event.run_id or "", None)
-                # An emptied dict keeps the table it grew (120 bytes each): an idle
-                # channel holds fresh empty ones.
-                if not ch.run_reply_to:
-                    ch.run_reply_to = {}
-                if not ch.run_asker:
-                    ch.run_asker = {}
+                ch.answered(event.run_id or "")
                 ch.discard_pending((event.run_id or "",))
 
 
