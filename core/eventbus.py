@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import pickle
-import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
@@ -203,6 +201,9 @@ def _pack(events: Iterable[Event]) -> bytes:
     """``events`` as one compact blob: each one's class number and field values,
     pickled together (shared strings — the conversation and run ids — once) and
     compressed (zlib's fastest level: a short turn's dozen events take ~350 bytes)."""
+    import pickle  # here: a bot that never seals a buffer never loads them
+    import zlib
+
     rows: list[tuple[Any, ...]] = []
     conversation_id = None
     for e in events:
@@ -217,6 +218,9 @@ def _pack(events: Iterable[Event]) -> bytes:
 
 def _unpack(data: bytes) -> list[Event]:
     """The events of a blob made by :func:`_pack`, equal to the ones packed."""
+    import pickle
+    import zlib
+
     out: list[Event] = []
     setattr_ = object.__setattr__
     # Only blobs this process packed are ever unpickled.

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import os
-import platform
+import sys
 import time
 from collections.abc import Callable
 
@@ -37,13 +35,24 @@ DEFAULT_INTERVAL = 10.0
 _SETTLE = 1.0
 
 
+def glibc() -> bool:
+    """Whether the C library is glibc (read without loading ``ctypes``)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (ValueError, OSError):
+        return False
+
+
 def malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or ``None`` when the C library is not glibc."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not glibc():
         return None
+    import ctypes  # only where there is something to trim: it costs start-up time
+
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
     trim.argtypes = [ctypes.c_size_t]
@@ -68,11 +77,22 @@ class MemoryTrim:
     RSS they gave back in all.
     """
 
-    __slots__ = ("_handle", "_last", "_running", "_trim", "count", "interval", "returned")
+    __slots__ = (
+        "_active",
+        "_handle",
+        "_last",
+        "_running",
+        "_trim",
+        "count",
+        "interval",
+        "returned",
+    )
 
     def __init__(self, interval: float | None = DEFAULT_INTERVAL) -> None:
         off = os.environ.get("AGENTIK_MALLOC_TRIM", "").strip().lower() in ("0", "off", "no")
-        self._trim = None if off or not interval else malloc_trim()
+        self._active = not off and bool(interval) and glibc()
+        # glibc's function, looked up by the first release (ctypes loads then).
+        self._trim: Callable[[int], int] | None = None
         self.interval = float(interval or 0)
         #: Trims done so far.
         self.count = 0
@@ -85,7 +105,7 @@ class MemoryTrim:
     @property
     def active(self) -> bool:
         """Whether trims happen here (glibc, not switched off)."""
-        return self._trim is not None
+        return self._active
 
     @property
     def due(self) -> float | None:
@@ -106,8 +126,13 @@ class MemoryTrim:
         """Memory was released (a conversation left memory): trim soon, unless a
         trim is already due or ran less than :attr:`interval` seconds ago (then
         at that point).  Call it on the event loop."""
-        if self._trim is None or self._handle is not None or self._running:
+        if not self._active or self._handle is not None or self._running:
             return
+        if self._trim is None:
+            self._trim = malloc_trim()
+            if self._trim is None:
+                self._active = False
+                return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
