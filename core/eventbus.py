@@ -408,6 +408,8 @@ class ReplayBuffer:
 
     def _unseal(self) -> deque[Event]:
         """Every event unpacked, in :attr:`_live` (an edit: redaction)."""
+        if not self._head and not self._sealed and self._live is not None:
+            return self._live  # nothing sealed: as it is
         events = deque(self)
         self._head = self._sealed = None
         self._live = events
