@@ -348,8 +348,7 @@ class Bridge(AgentAccess):
             )  # fmt: skip
             await self._send(transport, message.channel_key, line, "error", message.reply_to)
             return None
-        ch.run_reply_to[run_id] = message.reply_to
-        ch.run_asker[run_id] = _speaker(transport, message)
+        ch.asked(run_id, message.reply_to, _speaker(transport, message))
         ch.add_pending((run_id,))
         await self.channels.tell_approval_wait(ch, transport, message, opts)
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass as std_dataclass
 from dataclasses import field
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -84,6 +84,10 @@ class ChannelOptions(ChannelKnobs):
     progress_interval: Annotated[float, Field(ge=0)] = 10.0
 
 
+#: The runs of a channel with none pending (shared, never written: see ``asked``).
+_NO_RUNS: dict[str, Any] = {}
+
+
 @std_dataclass(eq=False, slots=True)
 class OpenChannel:
     """A channel the bridge holds open: its conversation, renderer task and what
@@ -91,7 +95,8 @@ class OpenChannel:
 
     A bridge may hold hundreds of these at once, so each costs little: slots, no
     per-channel lock or condition (:meth:`flushed` makes a future only while
-    someone waits), empty sets shared until used.
+    someone waits), empty sets shared until used, no task while it has nothing
+    to render.
     """
 
     key: str
@@ -105,7 +110,12 @@ class OpenChannel:
     #: The channel's ``tools`` setting in force (``None``: the transport's bound).
     tools: tuple[str, ...] | None = None
     subscription: Subscription | None = None
+    #: The task rendering its events: it exists only while the channel has events
+    #: to render (``None`` otherwise; :class:`~agentik.bot.channels.Channels`).
     task: asyncio.Task[None] | None = None
+    #: Its :class:`~agentik.bot.render.Renderer`: what its answers look like so far,
+    #: kept between render tasks (typed loosely: the renderer imports this module).
+    renderer: object = None
     #: The unsent rest of a capped answer, for ``more`` (a list: an empty deque
     #: costs every open channel 760 bytes).
     more: list[str] = field(default_factory=list)
@@ -114,9 +124,9 @@ class OpenChannel:
     reply_to: object = None
     #: The ``reply_to`` of the message each pending run answers (a transport may
     #: address the asker); runs without one use :attr:`reply_to`.
-    run_reply_to: dict[str, object] = field(default_factory=dict)
+    run_reply_to: dict[str, object] = field(default_factory=lambda: _NO_RUNS)
     #: Who asked for each pending run (a speaker key), for ``!stop`` of another's answer.
-    run_asker: dict[str, str] = field(default_factory=dict)
+    run_asker: dict[str, str] = field(default_factory=lambda: _NO_RUNS)
     #: Approvals the channel was told it waits on (once each, to queued askers);
     #: replaced, never changed in place (an empty frozenset costs nothing).
     approvals_told: frozenset[str] = frozenset()
@@ -127,6 +137,26 @@ class OpenChannel:
     _pending: set[str] | None = field(default=None, init=False, repr=False)
     #: Whoever waits in :meth:`flushed` (``None``: nobody, the common case).
     _flush_waiters: list[asyncio.Future[None]] | None = field(default=None, init=False, repr=False)
+
+    def asked(self, run_id: str, reply_to: object, asker: str | None) -> None:
+        """Run ``run_id`` answers a message here: where its answer goes, who asked."""
+        if self.run_reply_to is _NO_RUNS:
+            self.run_reply_to = {}
+        self.run_reply_to[run_id] = reply_to
+        if asker is not None:
+            if self.run_asker is _NO_RUNS:
+                self.run_asker = {}
+            self.run_asker[run_id] = asker
+
+    def answered(self, run_id: str) -> None:
+        """Run ``run_id``'s answer is out: forget where it went and who asked."""
+        self.run_reply_to.pop(run_id, None)
+        self.run_asker.pop(run_id, None)
+        # An emptied dict keeps the table it grew: an idle channel shares an empty one.
+        if not self.run_reply_to:
+            self.run_reply_to = _NO_RUNS
+        if not self.run_asker:
+            self.run_asker = _NO_RUNS
 
     def idle(self, now: float, after: float) -> bool:
         return not self.pending and not self.conversation.busy and now - self.last_used >= after

@@ -32,6 +32,7 @@ from .render import Renderer, RenderHost
 if TYPE_CHECKING:
     from agentik.core import Conversation
     from agentik.core.budgets import Budgets
+    from agentik.core.eventbus import Subscription
     from agentik.core.tools.base import TurnPolicy
     from agentik.transports.base import IncomingMessage, Transport
 
@@ -84,6 +85,8 @@ class Channels:
         self.announcer: asyncio.Task[None] | None = None
         #: How many idle channels have been released so far.
         self.released = 0
+        # Told when a channel has events to render: one bound method for all of them.
+        self._ready = self._on_ready
 
     async def detach(self, name: str) -> None:
         """Release the open channels of transport instance ``name``."""
@@ -177,8 +180,12 @@ class Channels:
         ch.settings = TurnSettings(policy=self._bound(ch))
         # Everything is followed: a channel's ``events`` setting may change while it
         # is open; the renderer leaves out what the chat profile would not carry.
-        ch.subscription = conv.events(profile="debug")
-        ch.task = asyncio.create_task(self._render(ch), name=f"agentik-render:{key}")
+        sub = ch.subscription = conv.events(profile="debug")
+        # A render task runs only while the channel has events to show (a task per
+        # idle channel held ~1 KB); each channel has its own, so one held up by its
+        # transport (flood control, rate limits) never holds up the others.
+        sub.tag, sub.notify = ch, self._ready
+        self._kick(ch)
         self.open[key] = ch
         if self.reaper is None and self.host.idle_seconds > 0:
             self.reaper = asyncio.create_task(self._reap(), name="agentik-bridge-reaper")
@@ -212,9 +219,7 @@ class Channels:
                 # Who asked, and where the answer goes, before the moved turns run.
                 for run_id in waiting:
                     if run_id in old.run_reply_to:
-                        new.run_reply_to[run_id] = old.run_reply_to[run_id]
-                    if run_id in old.run_asker:
-                        new.run_asker[run_id] = old.run_asker[run_id]
+                        new.asked(run_id, old.run_reply_to[run_id], old.run_asker.get(run_id))
                 new.add_pending(waiting)
                 # First the queue (so the next turn does not start in the old
                 # conversation when the running one stops), then the running turn.
@@ -372,10 +377,35 @@ class Channels:
             except Exception:
                 log.exception("could not count the tokens of run %s", event.run_id)
 
+    def _on_ready(self, sub: Subscription) -> None:
+        """A channel's subscription has events pending (its tag is the channel)."""
+        if isinstance(sub.tag, OpenChannel):
+            self._kick(sub.tag)
+
+    def _kick(self, ch: _Channel) -> None:
+        """``ch`` has events to render: start its render task unless it runs."""
+        sub = ch.subscription
+        if ch.task is None and sub is not None and sub.ready:
+            ch.task = asyncio.get_running_loop().create_task(
+                self._render(ch), name=f"agentik-render:{ch.key}"
+            )
+
     async def _render(self, ch: _Channel) -> None:
-        renderer = Renderer(self.host, ch)
-        assert ch.subscription is not None
-        async for event in ch.subscription:
+        """Render what ``ch``'s subscription has pending, then end (a new task
+        starts with its next event)."""
+        try:
+            await self._render_pending(ch)
+        finally:
+            if ch.task is asyncio.current_task():
+                ch.task = None
+
+    async def _render_pending(self, ch: _Channel) -> None:
+        renderer = ch.renderer
+        if not isinstance(renderer, Renderer):
+            renderer = ch.renderer = Renderer(self.host, ch)
+        sub = ch.subscription
+        assert sub is not None
+        while (event := sub.take()) is not None:
             ended = isinstance(event, TurnEnded) and event.parent_run_id is None
             if isinstance(event, TurnEnded) and ended:
                 # Counted before the answer shows, so a message sent on seeing it
@@ -389,14 +419,7 @@ class Channels:
                 log.exception("rendering %s in %s failed", event.kind, ch.key)
             if isinstance(event, TurnEnded) and ended:
                 _log_answer(ch, event)
-                ch.run_reply_to.pop(event.run_id or "", None)
-                ch.run_asker.pop(event.run_id or "", None)
-                # An emptied dict keeps the table it grew (120 bytes each): an idle
-                # channel holds fresh empty ones.
-                if not ch.run_reply_to:
-                    ch.run_reply_to = {}
-                if not ch.run_asker:
-                    ch.run_asker = {}
+                ch.answered(event.run_id or "")
                 ch.discard_pending((event.run_id or "",))
 
 

@@ -203,7 +203,7 @@ class _AgentState:
         self.agent = agent
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         services = self.agent.services
         busy = list(services.busy.values())
@@ -225,6 +225,13 @@ class _AgentState:
         )
         loaded.add_metric([], len(services.open))
         yield loaded
+        trims = CounterMetricFamily(
+            "agentik_memory_trims",
+            "Times memory freed by conversations leaving memory was handed back to the "
+            "system (glibc malloc_trim).",
+        )
+        trims.add_metric([], self.agent.memory_trims)
+        yield trims
 
 
 class Metrics:

@@ -102,6 +102,11 @@ AGENT_TOOL_PREFIX = "agent__"
 _CHILD_TASK_CHARS = 100
 
 
+#: A renderer's maps and answer text until it writes to them (shared; never written).
+_EMPTY: dict[Any, Any] = {}
+_NO_TEXT: list[str] = []
+
+
 @dataclass(slots=True)
 class _ChildRun:
     """A child run seen in a channel: who, how deep, the root (channel) run, its text."""
@@ -161,17 +166,27 @@ class Renderer:
         self.piece = 0
         #: Streamed answer (deltas) on an outbox transport: its row and text.
         self.stream_id: int | None = None
-        self.stream_text: list[str] = []
+        self.stream_text: list[str] = _NO_TEXT
+        # The maps below are the shared empty one until first written (:meth:`_own`):
+        # a renderer lives as long as its open channel, most of them quiet.
         #: Questions shown (``ask_user``): id -> the text, to edit in the answer.
-        self.questions: dict[int, str] = {}
+        self.questions: dict[int, str] = _EMPTY
         #: The tag of the checklist message posted (``todo``) on an editing transport.
         self.todo_tag: str | None = None
         #: Tool calls that showed progress: call id -> when (monotonic) last shown.
-        self.progress: dict[str, float] = {}
+        self.progress: dict[str, float] = _EMPTY
         #: Arguments of this turn's tool calls, by call id (a child run's task).
-        self.call_args: dict[str, tuple[str, str]] = {}
+        self.call_args: dict[str, tuple[str, str]] = _EMPTY
         #: Child runs seen, by run id.
-        self.children: dict[str, _ChildRun] = {}
+        self.children: dict[str, _ChildRun] = _EMPTY
+
+    def _own(self, name: str) -> dict[Any, Any]:
+        """This renderer's own map ``name`` to write to (made on the first write)."""
+        found: dict[Any, Any] = getattr(self, name)
+        if found is _EMPTY:
+            found = {}
+            setattr(self, name, found)
+        return found
 
     @property
     def profile(self) -> StreamProfile:
@@ -275,7 +290,7 @@ class Renderer:
             again = "(asked again after a restart) " if e.resumed else ""
             who = f"@{e.to}: " if e.to else ""
             choices = f" ({' / '.join(e.choices)})" if e.choices else ""
-            self.questions[e.question_id] = f"{who}{e.question}{choices}"
+            self._own("questions")[e.question_id] = f"{who}{e.question}{choices}"
             await self._tagged(f"{again}{who}{e.question}{choices}", e.run_id, tag=tag)
             return
         asked = self.questions.pop(e.question_id, "")
@@ -329,7 +344,7 @@ class Renderer:
         last = self.progress.get(e.call_id)
         if last is not None and now - last < self.ch.options.progress_interval:
             return
-        self.progress[e.call_id] = now
+        self._own("progress")[e.call_id] = now
         text = f"⚙ {e.name}: {_progress_text(e.progress, e.total, e.message)}"
         tag = f"progress:{e.conversation_id}:{e.call_id}"
         if last is not None and self.caps.can_edit:
@@ -370,6 +385,8 @@ class Renderer:
 
     async def _stream_row(self, text: str, run_id: str) -> None:
         """One outbox row per streamed answer: written at its first delta, completed at its end."""
+        if self.stream_text is _NO_TEXT:
+            self.stream_text = []
         self.stream_text.append(text)
         if self.stream_id is not None:
             return
@@ -429,7 +446,7 @@ class Renderer:
             depth=parent.depth + 1 if parent else 1,
             root=parent.root if parent else e.run_id,
         )
-        self.children[e.child_run_id] = child
+        self._own("children")[e.child_run_id] = child
         return child
 
     async def _child_event(self, e: Event) -> None:
@@ -437,7 +454,7 @@ class Renderer:
         bring them): prefixed lines, never part of the channel's answer."""
         child = self.children.get(e.run_id or "")
         if child is None:  # its link was not seen (joined late): one level down
-            child = self.children[e.run_id or ""] = _ChildRun(
+            child = self._own("children")[e.run_id or ""] = _ChildRun(
                 agent="sub-agent", depth=1, root=e.parent_run_id
             )
         prefix = "  " * (child.depth - 1) + f"↳ {child.agent}: "
@@ -463,7 +480,7 @@ class Renderer:
         if rest.strip():
             await say(rest)
         if e.kind == "tool_call_started":
-            self.call_args[e.call_id] = (e.name, e.arguments)
+            self._own("call_args")[e.call_id] = (e.name, e.arguments)
             if not e.name.startswith(AGENT_TOOL_PREFIX):
                 await say(f"⚙ {e.name}({short_args(e.arguments)})")
         elif e.kind == "tool_call_ended":
@@ -515,8 +532,8 @@ class Renderer:
     async def _turn_started(self, e: TurnStarted) -> None:
         self.buffer, self.lines_sent, self.had_text = "", 0, False
         self.in_code = False
-        self.piece, self.stream_id, self.stream_text = 0, None, []
-        self.call_args, self.children = {}, {}
+        self.piece, self.stream_id, self.stream_text = 0, None, _NO_TEXT
+        self.call_args, self.children = _EMPTY, _EMPTY
 
     async def _response_started(self, e: ResponseStarted) -> None:
         # A new model step: keep its text apart from the previous step's.
@@ -564,7 +581,7 @@ class Renderer:
         await self._out(f"(thinking) {e.text}", "notice", e.run_id)
 
     async def _tool_call_started(self, e: ToolCallStarted) -> None:
-        self.call_args[e.call_id] = (e.name, e.arguments)
+        self._own("call_args")[e.call_id] = (e.name, e.arguments)
         # ask_user and todo show themselves (the question, the checklist);
         # an agent's call shows as its child run's line.
         if (
@@ -620,7 +637,7 @@ class Renderer:
         if mode in ("deltas", "lines") and self.had_text:
             await self._stream_done(run)
             await self._out("", "end", run)
-        self.stream_id, self.stream_text = None, []
+        self.stream_id, self.stream_text = None, _NO_TEXT
         stopped = _STOP_NOTICES.get(e.stop_reason)
         if stopped:
             await self._out(stopped, "notice", run)

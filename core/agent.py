@@ -33,6 +33,8 @@ from .hooks import Hooks
 from .keyedlocks import KeyedLocks
 from .llm.base import LLMBackend
 from .memory import MemoryBackend, NoMemory
+from .memtrim import DEFAULT_INTERVAL as DEFAULT_TRIM_INTERVAL
+from .memtrim import MemoryTrim
 from .messages import Message
 from .observe import RequestStats
 from .questions import Checklists, Questions, builtin_tools
@@ -95,7 +97,9 @@ class Agent:
     stops start-up;
     ``approvals`` the rules of tool calls that wait for a person's approval
     (:class:`~agentik.core.approvals.ApprovalRule` values or an
-    :class:`~agentik.core.approvals.Approvals`).
+    :class:`~agentik.core.approvals.Approvals`); ``memory_trim`` at most how often (seconds)
+    memory freed by conversations leaving memory is handed back to the system (glibc's
+    ``malloc_trim``, in a worker thread: :mod:`~agentik.core.memtrim`; ``None`` or 0: never).
 
     Use as an async context manager, or call :meth:`start` and
     :meth:`aclose`.  What the agent hands its conversations (event numbering
@@ -129,6 +133,7 @@ class Agent:
         uses: Iterable[str] = (),
         run_policy: RunPolicy | None = None,
         stream_profiles: Mapping[str, StreamProfile] | None = None,
+        memory_trim: float | None = DEFAULT_TRIM_INTERVAL,
     ) -> None:
         #: Names this agent (the standalone seed's ``agent.id``): ``id`` if given
         #: (the bot gives ``[agent] name``), else a fresh random hex id.  Shown by
@@ -200,6 +205,8 @@ class Agent:
         self._temp_store = MemoryStore()
         #: What the agent hands each conversation (see :mod:`agentik.core.services`).
         self.services = AgentServices(self)
+        # Conversations that leave memory give it back to the system (glibc).
+        self._trim = self.services.trim = MemoryTrim(memory_trim)
         # One lock per channel key, kept only while in use.
         self._channel_lock = KeyedLocks()
         #: States of transports, MCP servers and the model (:mod:`agentik.core.health`).
@@ -265,6 +272,14 @@ class Agent:
         return self._temp_store
 
     @property
+    def memory_trims(self) -> int:
+        """How many times memory freed by conversations leaving memory was handed
+        back to the system (glibc's ``malloc_trim``, at most once per
+        ``memory_trim`` seconds; always 0 with another C library or
+        ``AGENTIK_MALLOC_TRIM=0``)."""
+        return self._trim.count
+
+    @property
     def cached_transcripts(self) -> int:
         """Idle conversations holding their transcript in memory now (at most
         ``transcript_cache``; busy ones hold theirs besides)."""
@@ -297,6 +312,7 @@ class Agent:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         self.services.close()
+        self._trim.close()
         with contextlib.suppress(Exception):
             await self.llm.aclose()
         for backend in self.profiles.values():

@@ -5,18 +5,27 @@ agent (keyed by ``stream_seq``).  Publishing is synchronous and never blocks:
 each subscriber has a bounded queue; a subscriber that falls further behind
 than that is sent :class:`~agentik.core.events.EventsLost` and its stream
 ends, so a slow reader can never slow the agent down.
+
+A conversation's replay buffer is a :class:`ReplayBuffer`: between turns its
+events are *sealed* (packed, about a third of what the event objects hold),
+and a replay unpacks them into events equal to the ones published.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
 
 from .events import Event, EventsLost
 from .streamprofiles import StreamProfile
 
-__all__ = ["EventBus", "Subscription"]
+__all__ = ["EventBus", "ReplayBuffer", "Subscription"]
+
+log = logging.getLogger(__name__)
 
 
 class Subscription(AsyncIterator[Event]):
@@ -24,9 +33,22 @@ class Subscription(AsyncIterator[Event]):
 
     Ends (``StopAsyncIteration``) when the bus closes, or after an
     ``EventsLost`` event when the subscriber fell too far behind.
+
+    A consumer that should hold no task while nothing happens sets
+    :attr:`notify` and drains with :meth:`take` instead of iterating.
     """
 
-    __slots__ = ("_bus", "_closed", "_last_key", "_max_pending", "_pending", "_profile", "_waiter")
+    __slots__ = (
+        "_bus",
+        "_closed",
+        "_last_key",
+        "_max_pending",
+        "_pending",
+        "_profile",
+        "_waiter",
+        "notify",
+        "tag",
+    )
 
     def __init__(
         self,
@@ -46,6 +68,12 @@ class Subscription(AsyncIterator[Event]):
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._last_key = 0
+        #: Called with this subscription (on the publisher's stack: it must not
+        #: raise, nor block) when an event becomes pending; ``None``: nobody is told.
+        #: One callback may serve many subscriptions: :attr:`tag` tells them apart.
+        self.notify: Callable[[Subscription], None] | None = None
+        #: The consumer's own: what this subscription is for (``None`` until set).
+        self.tag: object = None
 
     def _push(self, event: Event) -> None:
         if self._closed:
@@ -77,10 +105,36 @@ class Subscription(AsyncIterator[Event]):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+        notify = self.notify
+        if notify is not None and self._pending:
+            notify(self)
+
+    def take(self) -> Event | None:
+        """The next pending event, without waiting (``None``: none is pending now;
+        :attr:`ended` tells whether more may come)."""
+        pending = self._pending
+        if not pending:
+            return None
+        event = pending.popleft()
+        if not pending:
+            self._pending = None
+        self._last_key = self._bus._key(event)
+        return event
+
+    @property
+    def ready(self) -> bool:
+        """Whether an event is pending (:meth:`take` returns it)."""
+        return bool(self._pending)
+
+    @property
+    def ended(self) -> bool:
+        """No event is pending and none will come (the bus closed, or this
+        subscriber was cut off or left)."""
+        return self._closed and not self._pending
 
     def _end(self) -> None:
         self._closed = True
-        self._bus._subscribers.discard(self)
+        self._bus._leave(self)
         self._wake()
 
     def __aiter__(self) -> Subscription:
@@ -113,11 +167,275 @@ class Subscription(AsyncIterator[Event]):
         self._end()
 
 
+class _Kind:
+    """How events of one class are packed: its number in this process, its
+    fields but ``kind`` and ``conversation_id`` (in order), its ``kind``."""
+
+    __slots__ = ("cls", "code", "fields", "kind")
+
+    def __init__(self, cls: type, code: int) -> None:
+        self.cls = cls
+        self.code = code
+        fields = dataclasses.fields(cls)
+        kind = next((f.default for f in fields if f.name == "kind"), dataclasses.MISSING)
+        # ``kind`` is the class's own (a field default): packed only if it is not.
+        self.kind = None if kind is dataclasses.MISSING else kind
+        left_out = ("conversation_id",) if self.kind is None else ("kind", "conversation_id")
+        self.fields = tuple(f.name for f in fields if f.name not in left_out)
+
+
+# The event classes packed so far, by class and by number (blobs never leave the process).
+_KINDS: dict[type, _Kind] = {}
+_BY_CODE: list[_Kind] = []
+
+
+def _kind(cls: type) -> _Kind:
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = _Kind(cls, len(_BY_CODE))
+        _BY_CODE.append(kind)
+    return kind
+
+
+def _pack(events: Iterable[Event]) -> bytes:
+    """``events`` as one compact blob: each one's class number and field values,
+    pickled together (shared strings — the conversation and run ids — once) and
+    compressed (zlib's fastest level: a short turn's dozen events take ~350 bytes)."""
+    import pickle  # here: a bot that never seals a buffer never loads them
+    import zlib
+
+    rows: list[tuple[Any, ...]] = []
+    conversation_id = None
+    for e in events:
+        if conversation_id is None:
+            conversation_id = e.conversation_id
+        kind = _kind(type(e))
+        # The conversation's id once per blob (``None`` in a row: the blob's).
+        own = None if e.conversation_id == conversation_id else e.conversation_id
+        rows.append((kind.code, own, *[getattr(e, n) for n in kind.fields]))
+    return zlib.compress(pickle.dumps((conversation_id, rows), pickle.HIGHEST_PROTOCOL), 1)
+
+
+def _unpack(data: bytes) -> list[Event]:
+    """The events of a blob made by :func:`_pack`, equal to the ones packed."""
+    import pickle
+    import zlib
+
+    out: list[Event] = []
+    setattr_ = object.__setattr__
+    # Only blobs this process packed are ever unpickled.
+    conversation_id, rows = pickle.loads(zlib.decompress(data))
+    for code, own, *values in rows:
+        kind = _BY_CODE[code]
+        event = object.__new__(kind.cls)
+        if kind.kind is not None:
+            setattr_(event, "kind", kind.kind)
+        setattr_(event, "conversation_id", conversation_id if own is None else own)
+        for name, value in zip(kind.fields, values, strict=True):
+            setattr_(event, name, value)
+        out.append(event)
+    return out
+
+
+class _Sealed:
+    """Events packed together: how many, the first and last one's keys, their weight."""
+
+    __slots__ = ("count", "data", "first", "last", "weight")
+
+    def __init__(self, data: bytes, count: int, first: int, last: int, weight: int) -> None:
+        self.data = data
+        self.count = count
+        self.first = first
+        self.last = last
+        self.weight = weight
+
+
+class ReplayBuffer:
+    """A conversation's replay buffer: its last ``maxlen`` events, oldest first.
+
+    It behaves as a ``deque(maxlen=...)`` of events (``append``, ``popleft``,
+    ``clear``, ``len``, iteration, indexing).  :meth:`seal` packs the events
+    held so far into one compact blob (a conversation seals its buffer when it
+    has no turn left to run): an idle conversation holds its events in about a
+    third of the memory, and no deque.  Iterating, indexing or replaying
+    (:meth:`after`) unpacks sealed events into events equal to the ones
+    published — same kinds, fields, ``seq`` and ``stream_seq`` — so a
+    reconnecting subscriber cannot tell.  The oldest events leave one at a time,
+    as from a deque: the blob they are in is unpacked first (``head``).
+
+    ``key`` is the bus's sequence number; ``weigh`` what an event weighs
+    (:func:`~agentik.core.services.event_weight`), kept per blob.
+    """
+
+    __slots__ = ("_count", "_head", "_key", "_live", "_sealed", "_weigh", "keep", "maxlen")
+
+    def __init__(
+        self,
+        maxlen: int,
+        *,
+        key: Callable[[Event], int],
+        weigh: Callable[[Event], int] | None = None,
+    ) -> None:
+        self.maxlen: int | None = maxlen
+        self._key = key
+        self._weigh = weigh
+        self._count = 0
+        # Oldest first: unpacked events of a blob partly pushed out, the sealed
+        # blobs, then the events published since the last seal (each None when empty).
+        self._head: deque[Event] | None = None
+        self._sealed: list[_Sealed] | None = None
+        self._live: deque[Event] | None = None
+        #: Whatever its owner keeps alive with it (a weak reference whose callback
+        #: takes it out of the agent's budget).
+        self.keep: object = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def append(self, event: Event) -> None:
+        live = self._live
+        if live is None:
+            live = self._live = deque()
+        live.append(event)
+        self._count += 1
+        if self.maxlen is not None and self._count > self.maxlen:
+            self.popleft()
+
+    def _fill_head(self) -> deque[Event] | None:
+        """The oldest events, unpacked (the first blob's, when no head is left)."""
+        head = self._head
+        if not head:
+            sealed = self._sealed
+            if not sealed:
+                return None
+            head = self._head = deque(_unpack(sealed.pop(0).data))
+            if not sealed:
+                self._sealed = None
+        return head
+
+    def popleft(self) -> Event:
+        """Take out the oldest event."""
+        head = self._fill_head()
+        if head:
+            event = head.popleft()
+            if not head:
+                self._head = None
+        else:
+            live = self._live
+            if not live:
+                raise IndexError("pop from an empty replay buffer")
+            event = live.popleft()
+        self._count -= 1
+        return event
+
+    def clear(self) -> None:
+        self._head = self._sealed = self._live = None
+        self._count = 0
+
+    def seal(self) -> None:
+        """Pack the events published since the last seal into one blob."""
+        live = self._live
+        if not live:
+            return
+        try:
+            data = _pack(live)
+        except Exception:  # an event of a plugin's that does not pickle: kept as it is
+            log.debug("could not seal a replay buffer", exc_info=True)
+            return
+        weigh = self._weigh
+        blob = _Sealed(
+            data,
+            len(live),
+            self._key(live[0]),
+            self._key(live[-1]),
+            sum(map(weigh, live)) if weigh is not None else 0,
+        )
+        if self._sealed is None:
+            self._sealed = []
+        self._sealed.append(blob)
+        self._live = None
+
+    @property
+    def sealed(self) -> int:
+        """How many of the events are sealed (packed)."""
+        return sum(b.count for b in self._sealed) if self._sealed else 0
+
+    def weight(self) -> int:
+        """What the events weigh in all (``weigh`` of each; sealed ones as packed)."""
+        weigh = self._weigh
+        if weigh is None:
+            return 0
+        total = sum(b.weight for b in self._sealed) if self._sealed else 0
+        for part in (self._head, self._live):
+            if part:
+                total += sum(map(weigh, part))
+        return total
+
+    def first_key(self) -> int:
+        """The key of the oldest event (0 when empty)."""
+        if self._head:
+            return self._key(self._head[0])
+        if self._sealed:
+            return self._sealed[0].first
+        if self._live:
+            return self._key(self._live[0])
+        return 0
+
+    def _parts(self) -> tuple[list[Event], list[_Sealed], list[Event]]:
+        """Copies of the three parts, oldest first (an edit meanwhile leaves them be)."""
+        return list(self._head or ()), list(self._sealed or ()), list(self._live or ())
+
+    def after(self, after: int) -> Iterator[Event]:
+        """The events whose key is above ``after``, oldest first (a blob of older
+        events is not unpacked)."""
+        key = self._key
+        head, sealed, live = self._parts()
+        yield from (e for e in head if key(e) > after)
+        for blob in sealed:
+            if blob.last > after:
+                yield from (e for e in _unpack(blob.data) if key(e) > after)
+        yield from (e for e in live if key(e) > after)
+
+    def __iter__(self) -> Iterator[Event]:
+        head, sealed, live = self._parts()
+        yield from head
+        for blob in sealed:
+            yield from _unpack(blob.data)
+        yield from live
+
+    def _unseal(self) -> deque[Event]:
+        """Every event unpacked, in :attr:`_live` (an edit: redaction)."""
+        if not self._head and not self._sealed and self._live is not None:
+            return self._live  # nothing sealed: as it is
+        events = deque(self)
+        self._head = self._sealed = None
+        self._live = events
+        return events
+
+    def __getitem__(self, index: int) -> Event:
+        if index == 0:
+            head = self._fill_head()
+            if head:
+                return head[0]
+        if not self._head and not self._sealed and self._live is not None:
+            return self._live[index]
+        return list(self)[index]
+
+    def __setitem__(self, index: int, event: Event) -> None:
+        self._unseal()[index] = event
+
+
 class EventBus:
     """Fan-out of events to subscribers, with a replay buffer of ``buffer`` events.
 
     ``key`` extracts the sequence number (``seq`` or ``stream_seq``);
-    ``lost`` builds the ``EventsLost`` notice for a subscriber.
+    ``lost`` builds the ``EventsLost`` notice for a subscriber.  ``weigh``: a
+    conversation's bus, whose buffer is a sealable :class:`ReplayBuffer` (its
+    events weighed with ``weigh``); without it (the agent-wide bus) a plain
+    ``deque``.
     """
 
     __slots__ = (
@@ -137,11 +455,16 @@ class EventBus:
         lost: Callable[[Event | None, int, int], EventsLost],
         buffer: int = 1024,
         max_pending: int = 4096,
+        weigh: Callable[[Event], int] | None = None,
     ) -> None:
         self._key = key
         self._lost_factory = lost
-        self.buffer: deque[Event] = deque(maxlen=buffer)
-        self._subscribers: set[Subscription] = set()
+        self.buffer: deque[Event] | ReplayBuffer = (
+            deque(maxlen=buffer) if weigh is None else ReplayBuffer(buffer, key=key, weigh=weigh)
+        )
+        # A tuple, replaced when someone joins or leaves: publishing iterates it
+        # without a copy, and a bus with none or one costs no set (216 bytes).
+        self._subscribers: tuple[Subscription, ...] = ()
         self._max_pending = max_pending
         self._closed = False
         self.last_key = 0
@@ -149,16 +472,28 @@ class EventBus:
     def _lost(self, event: Event | None, after: int, oldest: int) -> EventsLost:
         return self._lost_factory(event, after, oldest)
 
+    def _leave(self, sub: Subscription) -> None:
+        if sub in self._subscribers:
+            self._subscribers = tuple(s for s in self._subscribers if s is not sub)
+
     def _oldest_key(self) -> int:
-        return self._key(self.buffer[0]) if self.buffer else 0
+        buffer = self.buffer
+        if isinstance(buffer, ReplayBuffer):
+            return buffer.first_key()
+        return self._key(buffer[0]) if buffer else 0
+
+    def seal(self) -> None:
+        """Pack the replay buffer's events (see :class:`ReplayBuffer`; the agent-wide
+        bus keeps its events as they are)."""
+        if isinstance(self.buffer, ReplayBuffer):
+            self.buffer.seal()
 
     def publish(self, event: Event) -> None:
         """Record ``event`` in the replay buffer and hand it to every subscriber."""
         self.buffer.append(event)
         self.last_key = self._key(event)
-        if self._subscribers:  # most streams (a child run's) have none: no copy
-            for sub in list(self._subscribers):
-                sub._push(event)
+        for sub in self._subscribers:  # most streams (a child run's) have none
+            sub._push(event)
 
     def subscribe(
         self,
@@ -186,12 +521,16 @@ class EventBus:
         sub._last_key = after if after is not None else self.last_key
         if after is not None:
             # The first event still buffered (one past the last if none is).
-            first = self._key(self.buffer[0]) if self.buffer else self.last_key + 1
+            first = self._oldest_key() if self.buffer else self.last_key + 1
             # Events after ``after`` exist but the buffer starts later: a gap.
             gap = (self.last_key > after and first > after + 1) or after > self.last_key
             if gap:
                 sub._queue().append(self._lost(None, after, self._oldest_key()))
-            missed = [e for e in self.buffer if self._key(e) > after]
+            buffer = self.buffer
+            if isinstance(buffer, ReplayBuffer):
+                missed = list(buffer.after(after))
+            else:
+                missed = [e for e in buffer if self._key(e) > after]
             # The replay itself never counts as falling behind: the queue
             # bound applies to what arrives on top of it.
             sub._max_pending += len(missed)
@@ -200,11 +539,11 @@ class EventBus:
         if self._closed:
             sub._end()
         else:
-            self._subscribers.add(sub)
+            self._subscribers = (*self._subscribers, sub)
         return sub
 
     def close(self) -> None:
         """End every subscription (after they drain what they already have)."""
         self._closed = True
-        for sub in list(self._subscribers):
+        for sub in self._subscribers:
             sub._end()

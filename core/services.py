@@ -32,15 +32,16 @@ import contextlib
 import dataclasses
 import enum
 import itertools
+import operator
 import time
 import weakref
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from .errors import ClosedError
-from .eventbus import EventBus, Subscription
+from .eventbus import EventBus, ReplayBuffer, Subscription
 from .events import Event, EventBase, EventsLost, StatusChanged
 from .protocols import LiveConversation
 from .streamprofiles import BUILTIN_PROFILES, StreamProfile, lookup
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from .hooks import Hooks
     from .llm.base import LLMBackend
     from .memory import MemoryBackend
+    from .memtrim import MemoryTrim
     from .observe import RequestStats
     from .questions import Checklists, Questions
     from .runs import AgentSpec, RunNode, RunPolicy, Runs
@@ -215,7 +217,7 @@ class AgentServices(Generic[C]):
             key=lambda e: e.stream_seq, lost=self._lost, buffer=agent.event_buffer * 4
         )
         # Replay buffers of all conversations, least recently active first.
-        self._buffers: OrderedDict[str, deque[Any]] = OrderedDict()
+        self._buffers: OrderedDict[str, ReplayBuffer] = OrderedDict()
         #: Events held in all conversations' replay buffers together.
         self.buffered = 0
         #: Their weight (:func:`event_weight`: about their size in bytes).
@@ -224,7 +226,7 @@ class AgentServices(Generic[C]):
         #: ``event_bytes`` at most, besides its ``event_buffer * 4`` events).
         self.stream_bytes = 0
         # Buffers of streams nobody holds any more, to take out (see drop_buffer).
-        self._dropped: list[tuple[str, deque[Any]]] = []
+        self._dropped: list[tuple[str, ReplayBuffer]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         # Conversations in use stay here; idle ones are dropped when no
         # caller holds them any more (they reload from the store on demand).
@@ -235,6 +237,9 @@ class AgentServices(Generic[C]):
         self._ended: weakref.WeakSet[C] = weakref.WeakSet()
         #: The transcripts idle conversations keep (the agent's ``transcript_cache``).
         self.transcripts = Transcripts(agent.transcript_cache)
+        #: Hands freed memory back to the system after conversations leave memory
+        #: (set by the agent; :mod:`~agentik.core.memtrim`).
+        self.trim: MemoryTrim | None = None
 
     # -- what the agent is configured with (read anew: changes apply at once) ----------
     @property
@@ -360,7 +365,7 @@ class AgentServices(Generic[C]):
             self.stream_bytes -= event_weight(buffer.popleft())
 
     def account(
-        self, conversation_id: str, buffer: deque[Any], added: int, weight: int = 0
+        self, conversation_id: str, buffer: ReplayBuffer, added: int, weight: int = 0
     ) -> None:
         """Keep the replay buffers of all conversations within the agent's
         ``event_budget`` (events) and ``event_bytes`` (their weight: answers and tool
@@ -380,11 +385,11 @@ class AgentServices(Generic[C]):
             self._forget(oldest)
             oldest.clear()
 
-    def _forget(self, buffer: deque[Any]) -> None:
+    def _forget(self, buffer: ReplayBuffer) -> None:
         self.buffered -= len(buffer)
-        self.buffered_bytes -= sum(map(event_weight, buffer))
+        self.buffered_bytes -= buffer.weight()
 
-    def drop_buffer(self, conversation_id: str, buffer: deque[Any]) -> None:
+    def drop_buffer(self, conversation_id: str, buffer: ReplayBuffer) -> None:
         """A conversation's event stream is gone: its replay ``buffer`` leaves the budget.
 
         Called by the garbage collector, which may run in any thread and between
@@ -403,6 +408,9 @@ class AgentServices(Generic[C]):
             if self._buffers.get(conversation_id) is buffer:
                 del self._buffers[conversation_id]
                 self._forget(buffer)
+                # A conversation left memory: what it held may go back to the system.
+                if self.trim is not None:
+                    self.trim.released()
 
     def scrub(self, editor: Callable[[], Callable[[Event], Event | None]]) -> int:
         """Rewrite buffered events in every replay buffer (each conversation's and
@@ -423,9 +431,7 @@ class AgentServices(Generic[C]):
                     buffer[i] = new
                     changed += 1
         if changed:
-            self.buffered_bytes = sum(
-                event_weight(e) for buffer in self._buffers.values() for e in buffer
-            )
+            self.buffered_bytes = sum(buffer.weight() for buffer in self._buffers.values())
             self.stream_bytes = sum(event_weight(e) for e in self._bus.buffer)
         return changed
 
@@ -445,6 +451,8 @@ class AgentServices(Generic[C]):
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
+#: A conversation's events are numbered by ``seq`` (one getter shared by every stream).
+_seq = operator.attrgetter("seq")
 
 
 def _renumbered(event: Event, conversation_id: str, seq: int) -> Event:
@@ -467,6 +475,35 @@ def _renumbered(event: Event, conversation_id: str, seq: int) -> Event:
     setattr_(copy, "conversation_id", conversation_id)
     setattr_(copy, "seq", seq)
     return copy
+
+
+class _StreamGone(weakref.ref):
+    """A weak reference to a conversation's stream that takes its replay buffer out
+    of the agent's budget when the stream is gone (``weakref.finalize`` took 290
+    bytes per conversation, this 80)."""
+
+    __slots__ = ("buffer", "conversation_id", "services")
+
+    def __new__(
+        cls, stream: ConversationEvents, services: Any, conversation_id: str, buffer: ReplayBuffer
+    ) -> _StreamGone:
+        return super().__new__(cls, stream, _stream_gone)
+
+    def __init__(
+        self, stream: ConversationEvents, services: Any, conversation_id: str, buffer: ReplayBuffer
+    ) -> None:
+        # (weakref.ref's own __init__ only checks the arguments __new__ took.)
+        self.services = services
+        self.conversation_id = conversation_id
+        self.buffer = buffer
+
+
+def _stream_gone(ref: Any) -> None:
+    """The stream of ``ref`` is gone: its buffer leaves the budget (may run in any thread)."""
+    buffer, ref.buffer = ref.buffer, None
+    # No cycle left (buffer -> ref -> buffer): the buffer is freed once out of the budget.
+    buffer.keep = None
+    ref.services.drop_buffer(ref.conversation_id, buffer)
 
 
 class ConversationEvents:
@@ -516,14 +553,16 @@ class ConversationEvents:
         #: (:mod:`agentik.core.agents`).
         self.parent_run_id: str | None = None
         self.relay_to: ConversationEvents | None = None
-        self._bus = EventBus(key=lambda e: e.seq, lost=self._lost, buffer=services.event_buffer)
+        self._bus = EventBus(
+            key=_seq, lost=self._lost, buffer=services.event_buffer, weigh=event_weight
+        )
         if closed:
             self._bus.close()
         # Nothing can replay a dropped stream's buffer: it must not hold events (and
-        # a place in the budget) until the budget pushes it out.
-        weakref.finalize(
-            self, services.drop_buffer, conversation_id, self._bus.buffer
-        ).atexit = False
+        # a place in the budget) until the budget pushes it out.  The buffer holds the
+        # weak reference that says so (alive while the budget holds the buffer).
+        buffer = cast(ReplayBuffer, self._bus.buffer)
+        buffer.keep = _StreamGone(self, services, conversation_id, buffer)
 
     def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
         return EventsLost(
@@ -560,16 +599,21 @@ class ConversationEvents:
             self.relay_to.relay(event)
         return event
 
-    def _buffered(self, event: Event) -> tuple[deque[Event], int, int]:
+    def _buffered(self, event: Event) -> tuple[ReplayBuffer, int, int]:
         """Publish ``event`` on this stream: its buffer, and the events and weight
         that buffer gained (net of the oldest event its length bound pushed out)."""
-        buffer = self._bus.buffer
+        buffer = cast(ReplayBuffer, self._bus.buffer)
         weight = event_weight(event)
         if buffer.maxlen is not None and len(buffer) >= buffer.maxlen and buffer:
             weight -= event_weight(buffer[0])
         before = len(buffer)
         self._bus.publish(event)
         return buffer, len(buffer) - before, weight
+
+    def seal(self) -> None:
+        """The conversation has no turn left to run: its replay buffer packs the
+        events it holds (a replay unpacks them, equal; :class:`ReplayBuffer`)."""
+        self._bus.seal()
 
     def relay(self, event: Event) -> None:
         """Put a descendant run's ``event`` in this stream (renumbered as this
