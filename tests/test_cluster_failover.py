@@ -358,6 +358,9 @@ async def test_sigterm_hands_the_connection_over_before_its_lease_expires(
             assert after[2] < expiry
             second = next(w for w in crew if w is not first)
             assert f"released libera (epoch {epoch})" in first.stderr()
+            # The old connection quit; a line sent before the new one joins is not
+            # the bot's to see (IRC keeps no history), so wait for it in the channel.
+            await until(lambda: bot_nicks(client), "the new owner in the channel")
             client.privmsg(CHANNEL, "agentik: still there?")
             await client.wait_for(
                 lambda m: m.command == "PRIVMSG" and "answer to" in m.text, PATIENCE
