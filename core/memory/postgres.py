@@ -429,17 +429,6 @@ class PostgresMemory(SQLiteMemory):
             self._index.remove(note_id)
         return purged
 
-    async def _write(self, fn: Any) -> Any:
-        try:
-            return await self.pg.run_write(fn)
-        except NoteError:
-            raise
-        except Exception as exc:
-            cause = exc.__cause__
-            if isinstance(cause, NoteError):
-                raise cause from None
-            raise
-
     # -- reads -----------------------------------------------------------------------
     async def get(self, note_id: int, *, include_deleted: bool = False) -> Note | None:
         rows = await self.pg.run_read(f"SELECT {_COLUMNS} FROM memory_note WHERE id = $1", note_id)
