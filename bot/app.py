@@ -9,7 +9,7 @@ import logging
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from agentik.core import Agent, AgentikError, ConfigError
@@ -135,6 +135,10 @@ class Bot:
         self._notified_ready = False
         self._unsubscribe: Callable[[], None] | None = None
         self._stopping = False
+        # When the stop must be over (loop time; set when it begins) and the step it is
+        # at (what bot/stopguard.py names if it never ends).
+        self._stop_deadline: float | None = None
+        self.closing_at = ""
         #: Set to make :meth:`serve` stop (its SIGTERM handler does; ``agentik run``
         #: installs one before the transports start, so a stop asked for while they
         #: connect is carried out in order once they are, or cut short, as it must).
@@ -726,7 +730,10 @@ class Bot:
         Running (and queued) turns get ``drain_timeout`` seconds to finish; what
         still runs then is cut (interrupted: the partial answer is kept and, like
         every answer written after the goodbye, delivered from the outbox on the
-        next start; a message whose turn never ran is resumed then).  Reflection
+        next start; a message whose turn never ran is resumed then).  Then, once
+        what they wrote is committed, the connections' leases are released
+        (several workers: another takes them over, and delivers those answers
+        once).  Reflection
         (``[memory] reflect_on_shutdown``) gets what is left of ``stop_timeout``
         less a few seconds for closing the store; :meth:`aclose` follows.
         """
@@ -736,7 +743,8 @@ class Bot:
         self.ownership.draining = True  # no connection lease is taken from now on
         loop = asyncio.get_running_loop()
         policy = self.config.supervision
-        deadline = loop.time() + policy.stop_timeout
+        deadline = self._stop_deadline = loop.time() + policy.stop_timeout
+        self.closing_at = "goodbye on the transports"
         sd_notify("STOPPING=1")
         status_log.info(
             "stopping: goodbye on %d transport(s), turns get %g s, everything %g s",
@@ -754,9 +762,12 @@ class Bot:
                 refuse()
             else:
                 goodbye.append(transport)
-        await asyncio.gather(*(self.stop_transport(t) for t in goodbye))
-        # Their leases go at once: another worker takes them at its next heartbeat.
-        await self.ownership.drain()
+        await self._bounded(
+            "goodbye on the transports",
+            asyncio.gather(*(self.stop_transport(t) for t in goodbye)),
+            deadline - _CLOSING,
+        )
+        self.closing_at = "draining the turns"
         drain_end = min(loop.time() + policy.drain_timeout, deadline)
         busy = [c for c in self.agent.services.conversations() if c.busy]
         if busy:
@@ -773,45 +784,89 @@ class Bot:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.1, deadline - loop.time() - _CLOSING)):
                         await asyncio.gather(*(c.interrupt() for c in cut), return_exceptions=True)
+        # Only now the connections' leases go (another worker takes each at its next
+        # heartbeat): what the turns wrote, answers included, is committed first, so
+        # the new owner's recovery finds them answered (not a message to answer again)
+        # and delivers their pieces from the outbox once.
+        await self._bounded("committing what the turns wrote", self.agent.store.settle(),
+                            deadline - _CLOSING)  # fmt: skip
+        await self._bounded("releasing the connection leases", self.ownership.drain(),
+                            deadline - _CLOSING)  # fmt: skip
         left = deadline - loop.time() - _CLOSING
         if left <= 0:
             log.warning("stopping: no time left to reflect on conversations")
             return
+        self.closing_at = "reflecting on conversations"
         try:
             async with asyncio.timeout(left):
                 await self.agent.wind_down()
         except TimeoutError:
             log.warning("stopping: reflection cut short after %.0f s; left for later", left)
 
+    async def _bounded(self, step: str, work: Awaitable[object], until: float) -> None:
+        """Await ``work`` (the stop's ``step``) until loop time ``until`` (at least a
+        moment): one that overruns is logged and left behind, and the stop goes on."""
+        self.closing_at = step
+        loop = asyncio.get_running_loop()
+        timeout = asyncio.timeout(max(_MOMENT, until - loop.time()))
+        try:
+            async with timeout:
+                await work
+        except TimeoutError:
+            if not timeout.expired():
+                raise  # the step's own error, not our bound
+            log.error(
+                "stopping: %s did not finish within [supervision] stop_timeout; left behind",
+                step,
+            )
+
     async def aclose(self) -> None:
-        """Stop transports, renderers and the agent; nothing is left running."""
+        """Stop transports, renderers and the agent; nothing is left running.
+
+        Bounded by ``[supervision] stop_timeout`` from when the stop began (here,
+        unless :meth:`shutdown` began it): a step that overruns is logged and left
+        behind, the store's close (last) keeps :data:`_STORE` seconds of it.
+        """
+        loop = asyncio.get_running_loop()
+        if self._stop_deadline is None:
+            self._stop_deadline = loop.time() + self.config.supervision.stop_timeout
+        deadline = self._stop_deadline
+        others = deadline - _STORE
         if not self._stopping:
             sd_notify("STOPPING=1")
             # Reflect on what has not been yet (bounded by [memory] reflect_on_shutdown),
             # while the transports can still announce it.
-            await self.agent.wind_down()
+            await self._bounded("reflecting on conversations", self.agent.wind_down(),
+                                deadline - _CLOSING)  # fmt: skip
         if self._hup_installed:
             self._hup_installed = False
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         for transport in reversed(self._started):
             try:
-                await transport.aclose()
+                await self._bounded(f"closing transport {transport.name}", transport.aclose(),
+                                    others)  # fmt: skip
             except Exception:
                 log.exception("closing transport %s failed", transport.name)
-            await self.agent.hooks.call("transport_stop", transport=transport)
+            await self._bounded(
+                f"transport_stop hooks of {transport.name}",
+                self.agent.hooks.call("transport_stop", transport=transport), others,
+            )  # fmt: skip
         self._started.clear()
-        await self.ownership.aclose()
+        await self._bounded("closing the connection leases", self.ownership.aclose(), others)
         if self.listener is not None:
-            await self.listener.aclose()
+            await self._bounded("closing the health listener", self.listener.aclose(), others)
             self.listener = None
-        await self.bridge.aclose()
-        await self.metrics.aclose()
-        await self.agent.aclose()
+        await self._bounded("closing the renderers", self.bridge.aclose(), others)
+        await self._bounded("closing the metrics", self.metrics.aclose(), others)
+        await self._bounded("closing the agent and its store", self.agent.aclose(), deadline)
         for task in self._watchers:
             task.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
+        await self._bounded("ending the watchers",
+                            asyncio.gather(*self._watchers, return_exceptions=True),
+                            deadline)  # fmt: skip
         self._watchers.clear()
+        self.closing_at = "exiting (the interpreter's own exit)"
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -838,6 +893,12 @@ class Bot:
 
 #: Seconds of ``stop_timeout`` kept for closing the store and the rest after reflection.
 _CLOSING = 3.0
+#: Of those, the seconds kept for the agent's close (its store's last commit) when an
+#: earlier step of :meth:`Bot.aclose` overruns.
+_STORE = 1.5
+#: The least time a step of the stop gets, even past the deadline (a close that has
+#: nothing to wait for takes microseconds; one that hangs is cut after this).
+_MOMENT = 0.2
 
 
 def _describe(transport: Transport) -> str:

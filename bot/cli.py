@@ -419,13 +419,33 @@ async def _run(config: Config, *, only: list[str] | None) -> int:
         transports = dict(config.transports)
         transports["terminal"] = TransportSection(type="stdio")
         config = config.model_copy(update={"transports": transports})
+    from .stopguard import StopGuard
+
     bot = Bot(config, only=only)
     # SIGTERM while the transports connect is a stop in order (serve() installs its
     # own handler for the same event), not the default "die at once, no IRC QUIT".
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, bot.stop_requested.set)
-    async with bot:
-        await bot.serve()
+    # Whatever hangs, the process ends within stop_timeout (+ a grace): armed when the
+    # stop begins, and left armed through the interpreter's exit (bot/stopguard.py).
+    guard = StopGuard()
+
+    def arm() -> None:
+        guard.arm(config.supervision.stop_timeout, lambda: bot.closing_at or "stopping")
+
+    async def arm_on_stop() -> None:
+        await bot.stop_requested.wait()
+        arm()
+
+    watcher = asyncio.ensure_future(arm_on_stop())
+    try:
+        async with bot:
+            try:
+                await bot.serve()
+            finally:
+                arm()  # serve() ended (a stop, or every transport finished): the close follows
+    finally:
+        watcher.cancel()
     return 0
 
 

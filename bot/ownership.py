@@ -20,8 +20,10 @@ it in standby.  The HTTP API and Slack's HTTP mode are served by every worker.
   their protocol ids: not sent again) and resumes the turns left unanswered in
   its channels (:mod:`agentik.bot.recovery`), once: the old owner is gone.
 * **Drain** (SIGTERM): the worker says it is draining, takes no lease, stops its
-  connections and releases their leases, so another worker takes them at its
-  next heartbeat instead of after expiry.
+  connections, keeps (and renews) their leases while its turns finish and what
+  they wrote is committed, then releases them (:meth:`Ownership.drain`), so
+  another worker takes them at its next heartbeat instead of after expiry, and
+  finds those turns answered rather than answering them again.
 
 On a store one process keeps (SQLite, memory) the same code runs on leases kept
 in this process (:class:`~agentik.core.store.memory_cluster.MemoryCluster`):
@@ -405,9 +407,12 @@ class Ownership:
                     # carries on under the same lease (a removed one's expires).
                     serving.result()
                     return
-                # The connection ended on its own or failed for good: let another try.
-                self._given_up.add(name)
-                await self._release(name)
+                if not self.draining:
+                    # The connection ended on its own or failed for good: let another try.
+                    self._given_up.add(name)
+                    await self._release(name)
+                # Stopping (the goodbye ended it): the lease stays ours until the turns
+                # are done and what they wrote is committed; drain() releases it then.
                 serving.result()
                 return
             await self._standby(name)

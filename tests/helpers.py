@@ -227,3 +227,38 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 def manual_text() -> str:
     """The text of every page of the manual, for the "is it documented" tests."""
     return "\n".join(p.read_text(encoding="utf-8") for p in sorted(DOCS.rglob("*.md")))
+
+
+class SilentLink:
+    """A TCP relay to PostgreSQL that can go silent (bytes held, connections kept
+    open): the database unreachable as a network partition makes it, at the boundary."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.open = asyncio.Event()
+        self.open.set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.port)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    await self.open.wait()
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pump(reader, up_w), pump(up_r, writer))
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()

@@ -371,6 +371,79 @@ async def test_sigterm_hands_the_connection_over_before_its_lease_expires(
         await client.close()
 
 
+async def test_a_turn_running_at_sigterm_is_answered_once_after_the_handover(
+    ngircd, postgres_dsn, openai_server, tmp_path
+):
+    """SIGTERM while a turn runs: the stopping worker keeps the connection's lease
+    until its turn has finished and what it wrote is committed; only then does the
+    other worker take the connection over, and it delivers that answer (written
+    after the goodbye) once, without asking the model again."""
+    held: list[Reply] = []
+
+    def model(body: dict[str, Any]) -> Reply:
+        asked = last_user(body)
+        if "slow question" in asked and not held:
+            held.append(Reply.text("answer to slow question", hold_after=0))
+            return held[0]
+        return Reply.text(f"answer to {asked.split(':')[-1].strip()}")
+
+    openai_server.default = model
+    client = await IRCTestClient.connect(ngircd.port, "alice")
+    try:
+        await client.join(CHANNEL)
+        transport = irc_transport(ngircd.port)
+        async with workers(
+            2, tmp_path, postgres_dsn, openai_server.base_url, transport, lease=30.0
+        ) as crew:
+            first = await owner_of(crew, "libera")
+            await until(lambda: bot_nicks(client), "the bot in the channel")
+            before = await lease_row(postgres_dsn, "conn:libera")
+            assert before is not None
+            owner, epoch, _, _ = before
+            client.privmsg(CHANNEL, "agentik: slow question")
+            await until(lambda: held, "the slow question's model request")
+            await held[0].wait_held(PATIENCE)
+            since = client.mark()
+            first.kill(signal.SIGTERM)
+            await client.wait_for(
+                lambda m: m.command == "QUIT" and m.nick == "agentik", PATIENCE, since=since
+            )
+
+            async def stopping() -> dict[str, Any] | None:
+                view = await first.health()
+                draining = view is not None and view["cluster"].get("draining")
+                return view if draining else None
+
+            view = await until(stopping, "the first worker stopping")
+            # Its turn still runs: the lease is still its own, nobody took over.
+            assert view["cluster"]["owns"] == ["libera"]
+            row = await lease_row(postgres_dsn, "conn:libera")
+            assert row is not None and (row[0], row[1]) == (owner, epoch)
+            held[0].release()
+            assert await first.wait() == 0
+            after = await until(
+                lambda: _taken(postgres_dsn, owner), "another worker to take the lease"
+            )
+            assert after[1] == epoch + 1
+            line = await client.wait_for(
+                lambda m: m.command == "PRIVMSG" and "answer to slow question" in m.text,
+                PATIENCE,
+            )
+            assert line.nick == "agentik"
+            client.privmsg(CHANNEL, "agentik: after question")
+            await client.wait_for(
+                lambda m: m.command == "PRIVMSG" and "answer to after question" in m.text,
+                PATIENCE,
+            )
+            assert len(answers(client, "answer to slow question")) == 1
+            asked = [last_user(r) for r in openai_server.requests]
+            assert sum("slow question" in a for a in asked) == 1, asked
+    finally:
+        for r in held:
+            r.release()
+        await client.close()
+
+
 async def _taken(dsn: str, old: str) -> tuple[str, int, float, float] | None:
     row = await lease_row(dsn, "conn:libera")
     return row if row is not None and row[0] != old else None

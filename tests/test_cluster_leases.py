@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from agentik.bot.app import Bot
 from agentik.bot.config import parse_config
 from agentik.core.testing.openai_server import Reply
+from helpers import SilentLink
 
 from ircservers import IRCTestClient
 
@@ -178,41 +179,6 @@ async def test_a_renewal_refused_stops_the_connection_and_a_free_lease_brings_it
     finally:
         await db.close()
         await client.close()
-
-
-class SilentLink:
-    """A TCP relay to PostgreSQL that can go silent (bytes held, connections kept
-    open): the database unreachable as a network partition makes it, at the boundary."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.open = asyncio.Event()
-        self.open.set()
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.port)
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    await self.open.wait()
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pump(reader, up_w), pump(up_r, writer))
-
-    async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
 
 
 async def test_a_database_gone_silent_stops_the_connection_before_its_lease_expires(

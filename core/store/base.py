@@ -131,6 +131,13 @@ class Store(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Flush pending writes and close; the store is unusable afterwards."""
 
+    async def settle(self) -> None:  # noqa: B027 - optional hook
+        """Return once every write submitted before the call is committed (a write
+        held to share a transaction with the next one commits now): what another
+        process reads from then on includes it.  A worker handing its connections
+        over calls it before releasing their leases.  This default (an engine that
+        commits each write before returning) has nothing to wait for."""
+
     def notifier(self) -> Notifier:
         """The :class:`~agentik.core.cluster.notify.Notifier` of this store's database:
         code that signals a change (ids only, after its write committed) or follows

@@ -447,6 +447,12 @@ class PostgresStore(
         if self._notifier is not None:
             self._notifier.start()  # subscribed before the store started
 
+    async def settle(self) -> None:
+        if self._closed or not self._started:
+            return
+        self._kick()  # a held write commits now
+        await self._idle.wait()
+
     async def aclose(self) -> None:
         if self._closed:
             return

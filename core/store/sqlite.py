@@ -417,6 +417,12 @@ class SQLiteStore(
         self._idle.set()
         self._started = True
 
+    async def settle(self) -> None:
+        if self._closed or self._idle is None:
+            return
+        self._flush()  # a held write commits now
+        await self._idle.wait()
+
     async def aclose(self) -> None:
         if self._closed:
             return
