@@ -53,6 +53,7 @@ import re
 import sqlite3
 import sys
 import time
+from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -512,20 +513,7 @@ def _db(args: argparse.Namespace, config: Config) -> int:
         print(f"vacuumed {path}: {before:,} -> {after:,} bytes")
         return 0
     current, pending = care.pending_migrations(path)
-    latest = max((m.number for m in MIGRATIONS), default=0)
-    if current > latest:
-        raise AgentikError(
-            f"{path}: schema version {current} is newer than this agentik knows ({latest})"
-        )
-    if not pending:
-        print(f"{path}: schema version {current}: up to date, nothing to migrate")
-        return 0
-    verb = "would apply" if args.dry_run else "applying"
-    print(f"{path}: schema version {current}; {verb} {len(pending)} migration(s):")
-    for m in pending:
-        print(f"  {m.number:>3} {m.name}")
-    if args.dry_run:
-        print("dry run: nothing was changed")
+    if not _migrations_to_apply(path, current, pending, MIGRATIONS, dry_run=args.dry_run):
         return 0
 
     async def migrate() -> None:
@@ -535,6 +523,31 @@ def _db(args: argparse.Namespace, config: Config) -> int:
     asyncio.run(migrate())
     print(f"{path}: now at schema version {care.read_schema_version(path)}")
     return 0
+
+
+def _migrations_to_apply(
+    where: str, current: int, pending: Sequence[Any], known: Sequence[Any], *, dry_run: bool
+) -> bool:
+    """Say what ``agentik db migrate`` finds at ``where`` (schema ``current``, the
+    ``pending`` migrations of the ``known`` ones); whether they are to be applied
+    now (not when up to date or a dry run).  A schema newer than this agentik knows
+    is an error."""
+    latest = max((m.number for m in known), default=0)
+    if current > latest:
+        raise AgentikError(
+            f"{where}: schema version {current} is newer than this agentik knows ({latest})"
+        )
+    if not pending:
+        print(f"{where}: schema version {current}: up to date, nothing to migrate")
+        return False
+    verb = "would apply" if dry_run else "applying"
+    print(f"{where}: schema version {current}; {verb} {len(pending)} migration(s):")
+    for m in pending:
+        print(f"  {m.number:>3} {m.name}")
+    if dry_run:
+        print("dry run: nothing was changed")
+        return False
+    return True
 
 
 def _db_postgres(args: argparse.Namespace, config: Config) -> int:
@@ -557,20 +570,7 @@ async def _db_migrate_postgres(args: argparse.Namespace, config: Config) -> int:
     assert isinstance(store, PostgresStore)
     where = store.where
     current, pending = await pending_migrations(store.dsn)
-    latest = max((m.number for m in MIGRATIONS), default=0)
-    if current > latest:
-        raise AgentikError(
-            f"{where}: schema version {current} is newer than this agentik knows ({latest})"
-        )
-    if not pending:
-        print(f"{where}: schema version {current}: up to date, nothing to migrate")
-        return 0
-    verb = "would apply" if args.dry_run else "applying"
-    print(f"{where}: schema version {current}; {verb} {len(pending)} migration(s):")
-    for m in pending:
-        print(f"  {m.number:>3} {m.name}")
-    if args.dry_run:
-        print("dry run: nothing was changed")
+    if not _migrations_to_apply(where, current, pending, MIGRATIONS, dry_run=args.dry_run):
         return 0
     async with store:  # (migrations are applied as it starts, under an advisory lock)
         pass
