@@ -364,19 +364,30 @@ class Budgets:
             return None
         async with self._counting(subject):
             now = self.clock()
-            used = await self.used(subject, now=now)
+            # One atomic check-and-add in the store: workers sharing the database
+            # cannot each pass the check at the edge of a limit.
+            checks: list[tuple[str, str, str, int, int]] = []
+            meta: list[tuple[UsageScope, str, UsageKind, int, int]] = []
             for scope, key, limits in self.limits(subject):
                 for kind in _TURN_KINDS:
                     limit = limits.limit(kind)
-                    n = used[(scope, kind)]
-                    reserved = 0
-                    if kind == "tokens" and n < limit:
-                        reserved = self._reserved.get((scope, key), 0)
-                    if limit and n + reserved >= limit:
-                        if self.on_refusal is not None:
-                            self.on_refusal(scope, kind)
-                        return self._notice(subject, scope, key, kind, limit, now, reserved)
-            await self.record(subject, "messages", 1, now=now)
+                    if not limit:
+                        continue
+                    reserved = self._reserved.get((scope, key), 0) if kind == "tokens" else 0
+                    checks.append((scope, key, kind, window(kind, now), limit - reserved))
+                    meta.append((scope, key, kind, limit, reserved))
+            at = window("messages", now)
+            rows = [(scope, key, "messages", at, 1) for scope, key, _ in self.limits(subject)]
+            failed = await self.store.budget_take(checks, rows)
+            if failed is not None:
+                index, n = failed
+                scope, key, kind, limit, reserved = meta[index]
+                if n >= limit:
+                    reserved = 0  # used up whatever running turns use
+                if self.on_refusal is not None:
+                    self.on_refusal(scope, kind)
+                return self._notice(subject, scope, key, kind, limit, now, reserved)
+            await self._prune(now)
             self._reserve(subject, chars)
         return None
 
@@ -435,6 +446,10 @@ class Budgets:
         at = window(kind, now)
         rows = [(scope, key, kind, at, amount) for scope, key, _ in self.limits(subject)]
         await self.store.budget_add(rows)
+        await self._prune(now)
+
+    async def _prune(self, now: float) -> None:
+        """Drop ended windows' counters, at most once an hour."""
         if now - self._pruned >= 3600:
             self._pruned = now
             try:
@@ -557,21 +572,32 @@ class Budgets:
             subject = Subject(transport="", channel=key, speaker=False)
         async with self._counting(subject):
             now = self.clock()
-            used = await self.used(subject, now=now)
+            at = window("tool_calls", now)
+            checks: list[tuple[str, str, str, int, int]] = []
+            meta: list[tuple[UsageScope, int]] = []
             for scope, key, limits in self.limits(subject):
                 limit = limits.tool_calls_per_day
-                held = self._held.get((scope, key), 0)
-                if limit and used[(scope, "tool_calls")] + held >= limit:
-                    if self.on_refusal is not None:
-                        self.on_refusal(scope, "tool_calls")
-                    who = {"channel": "this channel's", "unverified": "the unverified speakers'"}
-                    whose = who.get(scope, "your")
-                    return (
-                        f"{whose} daily tool call budget is used up ({limit:,}); it resets at "
-                        f"00:00 UTC. Answer without tools ({name} was not run)."
-                    )
+                if limit:
+                    held = self._held.get((scope, key), 0)
+                    checks.append((scope, key, "tool_calls", at, limit - held))
+                    meta.append((scope, limit))
+            # Counted now: checked and added in one atomic step; held: only checked.
+            rows = [] if call_id is not None else [
+                (scope, key, "tool_calls", at, 1) for scope, key, _ in self.limits(subject)
+            ]  # fmt: skip
+            failed = await self.store.budget_take(checks, rows)
+            if failed is not None:
+                scope, limit = meta[failed[0]]
+                if self.on_refusal is not None:
+                    self.on_refusal(scope, "tool_calls")
+                who = {"channel": "this channel's", "unverified": "the unverified speakers'"}
+                whose = who.get(scope, "your")
+                return (
+                    f"{whose} daily tool call budget is used up ({limit:,}); it resets at "
+                    f"00:00 UTC. Answer without tools ({name} was not run)."
+                )
             if call_id is None:
-                await self.record(subject, "tool_calls", 1, now=now)
+                await self._prune(now)
             else:
                 # Held until it has run (counted then) or the turn ends (never ran).
                 for scope, key, _ in self.limits(subject):

@@ -11,11 +11,17 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Awaitable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
-from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings, UnverifiedLimits
+from agentik.core.budgets import (
+    BudgetLimits,
+    Budgets,
+    BudgetSettings,
+    Subject,
+    UnverifiedLimits,
+)
 from agentik.core.llm.openai_backend import OpenAIBackend
 from agentik.core.messages import Usage
 from agentik.core.store.memory import MemoryStore
@@ -29,7 +35,7 @@ from fakeslack import FakeSlack
 from ircservers import IRCTestClient
 from rigs import FAST, bot_texts, eventually, joined, slack_bot
 
-pytest_plugins = ["ircservers"]
+pytest_plugins = ["ircservers", "pgserver"]
 
 #: 2026-12-01 13:59:30 UTC: half a minute before a minute (and 10 h before a day) ends.
 T0 = 1_796_133_570.0
@@ -262,6 +268,37 @@ async def test_no_budgets_means_unlimited_and_budget_says_so(tmp_path):
         async with budgeted_bot(slack, tmp_path, model, BudgetSettings(), Clock()):
             await slack.push_event(slack.message_event("D1", "!budget", channel_type="im"))
             assert (await bot_said(slack, "D1", 1)) == ["no budgets are set: usage is unlimited"]
+
+
+async def _two_workers_at_the_edge(stores) -> None:
+    """Two workers (two stores, two Budgets, one database) each get a burst from
+    alice at once: between them exactly as many messages pass as the limit allows,
+    and alice's counter never goes past it."""
+    settings = BudgetSettings(user=BudgetLimits(messages_per_minute=4))
+    alice = Subject(transport="slack", channel="slack:T1:C1", identity="slack:alice")
+    async with AsyncExitStack() as stack:
+        for store in stores:
+            await stack.enter_async_context(store)
+        workers = [Budgets(settings, store, clock=Clock()) for store in stores]
+        results = await asyncio.gather(
+            *(worker.admit(alice, chars=10) for worker in workers for _ in range(6))
+        )
+        assert results.count(None) == 4
+        refusals = [r for r in results if r is not None]
+        assert {(r.scope, r.kind, r.limit) for r in refusals} == {("identity", "messages", 4)}
+        used = await workers[1].used(alice)
+        assert used[("identity", "messages")] == 4
+        assert used[("channel", "messages")] == 4
+
+
+async def test_workers_on_one_postgres_never_admit_past_a_limit(postgres_dsn):
+    from agentik.core.store.postgres import PostgresStore
+
+    await _two_workers_at_the_edge([PostgresStore(postgres_dsn), PostgresStore(postgres_dsn)])
+
+
+async def test_processes_on_one_sqlite_file_never_admit_past_a_limit(tmp_path):
+    await _two_workers_at_the_edge([SQLiteStore(str(tmp_path / "shared.db")) for _ in range(2)])
 
 
 async def test_memory_store_counts_like_sqlite():
