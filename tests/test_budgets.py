@@ -301,6 +301,41 @@ async def test_processes_on_one_sqlite_file_never_admit_past_a_limit(tmp_path):
     await _two_workers_at_the_edge([SQLiteStore(str(tmp_path / "shared.db")) for _ in range(2)])
 
 
+async def test_tool_calls_held_on_two_workers_hold_the_daily_limit(postgres_dsn):
+    """Tool calls checked at once on two workers (one PostgreSQL database): exactly the
+    limit is admitted between them; a call that then does not run is given back."""
+    from agentik.core.store.postgres import PostgresStore
+
+    settings = BudgetSettings(user=BudgetLimits(tool_calls_per_day=3))
+    alice = Subject(transport="slack", channel="slack:T1:C1", identity="slack:alice")
+    async with AsyncExitStack() as stack:
+        workers = []
+        for n in range(2):
+            store = await stack.enter_async_context(PostgresStore(postgres_dsn))
+            agent = await stack.enter_async_context(Agent(llm=ScriptedModel(), store=store))
+            conv = await agent.conversation_for_channel("slack:T1:C1")
+            budgets = Budgets(settings, store, clock=Clock())
+            budgets.bind(f"run{n}", alice)
+            workers.append((budgets, conv, f"run{n}"))
+        refusals = await asyncio.gather(*(
+            budgets.tool_call(conv, run, "lookup", f"{run}-c{i}")
+            for budgets, conv, run in workers for i in range(4)
+        ))  # fmt: skip
+        admitted = [i for i, r in enumerate(refusals) if r is None]
+        assert len(admitted) == 3
+        assert all("daily tool call budget is used up (3)" in r for r in refusals if r)
+        used = await workers[0][0].used(alice)
+        assert used[("identity", "tool_calls")] == 3
+        # Of the admitted calls, only the first ran; the turns end: the rest is given back.
+        first = admitted[0]
+        budgets, _, run = workers[first // 4]
+        await budgets.tool_call_ran(run, f"{run}-c{first % 4}")
+        for budgets, _, run in workers:
+            await budgets.turn_ended(run, Usage(total_tokens=10))
+        used = await workers[1][0].used(alice)
+        assert (used[("identity", "tool_calls")], used[("channel", "tool_calls")]) == (1, 1)
+
+
 async def test_memory_store_counts_like_sqlite():
     store = MemoryStore()
     rows = [("identity", "x:a", "tokens", 0, 5), ("identity", "x:a", "tokens", 0, 7),
