@@ -316,3 +316,43 @@ async def test_logged_in_by_sasl_the_password_is_not_sent(caplog):
             _no_password_anywhere(caplog, t, PASSWORD)
         finally:
             await t.aclose()
+
+
+async def test_services_down_end_the_asking_without_waiting(caplog):
+    """A server answering 440 (ERR_SERVICESDOWN) to the NickServ message: the bot
+    stops asking at once and keeps its alternate nick."""
+    caplog.set_level(logging.INFO)
+    base = registration_handler(caps_offered="")
+
+    async def handler(client, line):
+        client.state.setdefault("taken_nicks", ["agentik"])
+        if line.startswith("PRIVMSG NickServ "):
+            client.reply("440", "NickServ", "Services are currently down")
+            return
+        await base(client, line)
+
+    async with ScriptedIRCServer(handler) as server:
+        t = IRCTransport(
+            name="s", settings={"port": server.port, "tls": False, "nickserv_password": PASSWORD}
+        )
+
+        class Sink:
+            async def handle(self, message, transport):  # nothing is said in this test
+                return None
+
+        await t.start(Sink())
+        try:
+            await asyncio.wait_for(t.registered.wait(), 60)
+            gave_up = await eventually(
+                lambda: [r for r in caplog.records if "could not free" in r.getMessage()],
+                "the transport to give up",
+            )
+            assert "services are down" in gave_up[0].getMessage()
+            # GHOST, then (given up) IDENTIFY under the alternate nick, as without recovery.
+            assert [line for line in server.received if "NickServ" in line] == [
+                f"PRIVMSG NickServ :GHOST agentik {PASSWORD}",
+                f"PRIVMSG NickServ :IDENTIFY {PASSWORD}",
+            ]
+            assert t.nick == "agentik_"
+        finally:
+            await t.aclose()

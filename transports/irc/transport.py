@@ -747,6 +747,8 @@ class IRCTransport(Transport):
         elif cmd == "401" and self._recovering is not None and len(p) > 1:
             if self._fold(p[1]) == self._fold("NickServ"):
                 self._recovery_over("there is no NickServ on this network")
+        elif cmd == "440" and self._recovering is not None:
+            self._recovery_over("the services are down (440)")
         elif cmd == "BATCH" and p:
             self._on_batch(line)
         elif cmd == "ERROR":
@@ -1092,6 +1094,8 @@ class IRCTransport(Transport):
             self.name, self.options.nick, why, self.nick,
             extra=self._fields("nick_recovery_failed", nick=self.options.nick, reason=why),
         )  # fmt: skip
+        # As without recovery: IDENTIFY under this nick (it may be grouped with the account).
+        self._identify()
 
     def _stop_recovery(self) -> None:
         self._recovering = None
