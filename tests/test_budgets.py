@@ -297,6 +297,62 @@ async def test_workers_on_one_postgres_never_admit_past_a_limit(postgres_dsn):
     await _two_workers_at_the_edge([PostgresStore(postgres_dsn), PostgresStore(postgres_dsn)])
 
 
+_WORKER = """
+import asyncio, sys
+from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings, Subject
+from agentik.core.store.postgres import PostgresStore
+
+async def main():
+    settings = BudgetSettings(user=BudgetLimits(messages_per_minute=5))
+    alice = Subject(transport="slack", channel="slack:T1:C1", identity="slack:alice")
+    async with PostgresStore(sys.argv[1]) as store:
+        budgets = Budgets(settings, store, clock=lambda: float(sys.argv[2]))
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        results = await asyncio.gather(*(budgets.admit(alice) for _ in range(8)))
+        print("admitted", sum(r is None for r in results), flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_worker_processes_on_one_postgres_never_admit_past_a_limit(postgres_dsn):
+    """Two worker processes (their own event loops, on both cores), told to go at
+    once, each admit a burst of alice's messages: 5 between them, not 5 each."""
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    pipe = asyncio.subprocess.PIPE
+    argv = [sys.executable, "-c", _WORKER, postgres_dsn, str(T0)]
+    procs = [
+        await asyncio.create_subprocess_exec(*argv, env=env, stdin=pipe, stdout=pipe)
+        for _ in range(2)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert (await asyncio.wait_for(proc.stdout.readline(), 120)) == b"ready\n"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+        outs = [await asyncio.wait_for(proc.communicate(), 120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    admitted = [int(out.split()[-1]) for out, _ in outs]
+    assert sum(admitted) == 5, admitted
+    from agentik.core.store.postgres import PostgresStore
+
+    async with PostgresStore(postgres_dsn) as store:
+        alice = Subject(transport="slack", channel="slack:T1:C1", identity="slack:alice")
+        budgets = Budgets(BudgetSettings(), store, clock=Clock())
+        assert (await budgets.used(alice))[("identity", "messages")] == 5
+
+
 async def test_processes_on_one_sqlite_file_never_admit_past_a_limit(tmp_path):
     await _two_workers_at_the_edge([SQLiteStore(str(tmp_path / "shared.db")) for _ in range(2)])
 
