@@ -353,6 +353,38 @@ async def test_worker_processes_on_one_postgres_never_admit_past_a_limit(postgre
         assert (await budgets.used(alice))[("identity", "messages")] == 5
 
 
+async def test_takes_over_overlapping_counters_on_three_stores_stay_exact(postgres_dsn):
+    """Many takes at once from three stores (three writers batching them) over people
+    and channels that overlap: whatever order their locks meet in (a deadlock is
+    broken and the take run again), none fails, no counter passes its limit, and a
+    take was refused only because one of its counters was full."""
+    import random
+
+    from agentik.core.store.postgres import PostgresStore
+
+    limit = 7
+    pick = random.Random(32)
+    takes = [(pick.choice("abcd"), pick.choice("xyz")) for _ in range(240)]
+    async with AsyncExitStack() as stack:
+        stores = [await stack.enter_async_context(PostgresStore(postgres_dsn)) for _ in range(3)]
+
+        async def take(n: int, person: str, channel: str):
+            counters = [("identity", person), ("channel", channel)]
+            return await stores[n % 3].budget_take(
+                [(scope, key, "messages", 60, limit) for scope, key in counters],
+                [(scope, key, "messages", 60, 1) for scope, key in counters],
+            )
+
+        results = await asyncio.gather(*(take(n, p, c) for n, (p, c) in enumerate(takes)))
+        counts = {(scope, key): n for scope, key, _, _, n in await stores[0].budget_rows(0)}
+    assert all(n <= limit for n in counts.values())
+    admitted = [t for t, r in zip(takes, results, strict=True) if r is None]
+    assert sum(n for (scope, _), n in counts.items() if scope == "identity") == len(admitted)
+    for (person, channel), r in zip(takes, results, strict=True):
+        if r is not None:
+            assert limit in (counts.get(("identity", person)), counts.get(("channel", channel)))
+
+
 async def test_processes_on_one_sqlite_file_never_admit_past_a_limit(tmp_path):
     await _two_workers_at_the_edge([SQLiteStore(str(tmp_path / "shared.db")) for _ in range(2)])
 

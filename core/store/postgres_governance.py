@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import StoreError
 from .postgres_room import PostgresRoom, nul_free
 from .records import AccessChange, AccessGrant, ChannelSetting, ChannelSettingChange
 from .rows import ACCESS_CHANGE, ACCESS_GRANT, BUDGET, CHANNEL_SETTING, CHANNEL_SETTING_CHANGE
@@ -16,6 +17,10 @@ if TYPE_CHECKING:
     import asyncpg
 
 __all__ = ["PostgresGovernance"]
+
+#: SQLSTATE deadlock_detected, and how often a take runs before its error is raised.
+_DEADLOCK = "40P01"
+_TAKE_ATTEMPTS = 5
 
 _ADD = (
     "INSERT INTO budget_usage (scope, subject, kind, period, amount)"
@@ -92,8 +97,20 @@ class PostgresGovernance(PostgresRoom):
                 await conn.executemany(_ADD, args)
             return None
 
-        result: tuple[int, int] | None = await self._write(fn)
-        return result
+        # The writer commits several jobs in one transaction, so two workers' batches
+        # can take their takes' locks in opposite orders: PostgreSQL breaks the
+        # deadlock by rolling one back (after its deadlock_timeout); the take, which
+        # changed nothing outside its transaction, is simply run again.
+        for attempt in range(_TAKE_ATTEMPTS):
+            try:
+                result: tuple[int, int] | None = await self._write(fn)
+            except StoreError as exc:
+                state = getattr(exc.__cause__, "sqlstate", None) or ""
+                if state != _DEADLOCK or attempt == _TAKE_ATTEMPTS - 1:
+                    raise
+                continue
+            return result
+        raise AssertionError("unreachable")
 
     async def budget_usage(
         self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
