@@ -91,20 +91,22 @@ $(EXAMPLES): examples/agentik-webhook/pyproject.toml $(DEV)
 	$(PY) -m pip install -q --no-build-isolation -e ./examples/agentik-webhook
 	touch $@
 
-# ngircd for the IRC integration tests (miniircd comes from pip with '.[dev]').
+# ngircd for the IRC integration tests (miniircd comes from pip with '.[dev]'), and
+# Atheme (atheme-services), the IRC services the NickServ tests link to ngircd.
 # Installed with apt-get when missing and we are root; otherwise a note is
 # printed and those tests skip (under CI=true they fail). A temporary
-# policy-rc.d stops the package from starting a system daemon on port 6667;
+# policy-rc.d stops the packages from starting system daemons (port 6667);
 # should one have started anyway, it is stopped (the tests use random ports).
 irc-servers:
 	@set -e; \
-	if command -v ngircd >/dev/null 2>&1 || [ -x /usr/sbin/ngircd ]; then exit 0; fi; \
+	if { command -v ngircd >/dev/null 2>&1 || [ -x /usr/sbin/ngircd ]; } \
+	   && command -v atheme-services >/dev/null 2>&1; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
-	  echo "note: ngircd is missing and installing it needs root and apt-get;"; \
+	  echo "note: ngircd or atheme-services is missing and installing needs root and apt-get;"; \
 	  echo "      the ngircd IRC tests will skip, or fail under CI=true (fix: sudo make irc-servers)"; \
 	  exit 0; \
 	fi; \
-	echo "installing ngircd (apt-get) for the IRC integration tests"; \
+	echo "installing ngircd and atheme-services (apt-get) for the IRC integration tests"; \
 	policy=/usr/sbin/policy-rc.d; \
 	if [ ! -e $$policy ]; then \
 	  trap "rm -f $$policy" EXIT; \
@@ -112,17 +114,20 @@ irc-servers:
 	  chmod 755 $$policy; \
 	fi; \
 	if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	       apt-get install -y -qq -o Dpkg::Use-Pty=0 ngircd >/dev/null; }; then \
-	  echo "note: installing ngircd failed; the ngircd IRC tests will skip (CI=true: fail)"; \
+	       apt-get install -y -qq -o Dpkg::Use-Pty=0 ngircd atheme-services >/dev/null; }; then \
+	  echo "note: installing ngircd/atheme-services failed; their IRC tests will skip (CI=true: fail)"; \
 	  [ "$${CI:-}" != true ] || exit 1; \
 	  exit 0; \
 	fi; \
-	if [ -d /run/systemd/system ]; then \
-	  systemctl disable --now ngircd >/dev/null 2>&1 || true; \
-	elif [ -x /etc/init.d/ngircd ]; then \
-	  /etc/init.d/ngircd stop >/dev/null 2>&1 || true; \
-	fi; \
-	echo "ngircd installed: $$(command -v ngircd || echo /usr/sbin/ngircd)"
+	for daemon in ngircd atheme-services; do \
+	  if [ -d /run/systemd/system ]; then \
+	    systemctl disable --now $$daemon >/dev/null 2>&1 || true; \
+	  elif [ -x /etc/init.d/$$daemon ]; then \
+	    /etc/init.d/$$daemon stop >/dev/null 2>&1 || true; \
+	  fi; \
+	done; \
+	echo "ngircd installed: $$(command -v ngircd || echo /usr/sbin/ngircd)"; \
+	echo "atheme-services installed: $$(command -v atheme-services)"
 
 # PostgreSQL for the PostgreSQL store's tests (tests/pgserver.py runs initdb and
 # pg_ctl into a temporary folder, as an unprivileged user, on a free port: no system

@@ -16,18 +16,20 @@ changes nothing.  A role without its own table (and ``ignored``, and named
 roles without one) takes the ``user`` limits, except ``admin`` and
 ``owner``, which are unlimited unless configured.
 
-Concurrency: check-then-count is atomic per *counter* (the speaker's identity
-or unverified bucket, and the channel; locks taken in one order), so messages
-sent at once into many conversations cannot slip past the speaker's shared
-limit.  A turn admitted while others run *reserves* an estimate of its tokens
-(the larger of ``ceil(characters / 4)`` of its message and the mean tokens of
-the last turns this process counted; ``[budgets] turn_tokens_estimate``
-before any turn ended) and the check adds the reservations of turns still
+Concurrency: check-then-count is one atomic step of the store
+(:meth:`~agentik.core.store.base.Store.budget_take`) over every counter of
+the speaker (their identity or unverified bucket, and the channel), so
+messages sent at once into many conversations, or to several workers sharing
+one database, cannot slip past the speaker's shared limit.  A turn admitted
+while others run *reserves* an estimate of its tokens (the larger of
+``ceil(characters / 4)`` of its message and the mean tokens of the last turns
+this process counted; ``[budgets] turn_tokens_estimate`` before any turn
+ended) and the check adds the reservations of this process's turns still
 running to the counted tokens; the turn's end replaces its reservation with
-what it used.  A tool call holds one unit of the tool call budget from its
-check until it has run (then it is counted) or not (a denied or expired
-approval, a plugin's block: the hold is released when the turn ends), so the
-tool call budget counts the calls that ran.
+what it used.  A tool call is counted in the store when it is checked (so it
+counts for every worker at once) and given back if it did not run (a denied
+or expired approval, a plugin's block: when the turn ends), so the tool call
+budget counts the calls that ran.
 
 Who is counted: a verified speaker by their qualified identity
 (``libera:alice``); a speaker the transport could not verify, all together
@@ -280,9 +282,9 @@ class Budgets:
         self._unbound: dict[Subject, list[int]] = {}
         #: Each bound run's reservation.
         self._run_reserved: dict[str, tuple[Subject, int]] = {}
-        #: Tool calls checked and not yet run, by counter; and each run's held calls.
-        self._held: dict[tuple[str, str], int] = {}
-        self._run_held: dict[str, dict[str, Subject]] = {}
+        #: Tool calls counted when checked (in the store: every worker sees them) and
+        #: not run yet, by run: call id -> (who pays, the window they were counted in).
+        self._run_held: dict[str, dict[str, tuple[Subject, int]]] = {}
         #: Tokens of the last turns counted (the reservation estimate).
         self._recent: list[int] = []
         self._sending = KeyedLocks()
@@ -364,19 +366,30 @@ class Budgets:
             return None
         async with self._counting(subject):
             now = self.clock()
-            used = await self.used(subject, now=now)
+            # One atomic check-and-add in the store: workers sharing the database
+            # cannot each pass the check at the edge of a limit.
+            checks: list[tuple[str, str, str, int, int]] = []
+            meta: list[tuple[UsageScope, str, UsageKind, int, int]] = []
             for scope, key, limits in self.limits(subject):
                 for kind in _TURN_KINDS:
                     limit = limits.limit(kind)
-                    n = used[(scope, kind)]
-                    reserved = 0
-                    if kind == "tokens" and n < limit:
-                        reserved = self._reserved.get((scope, key), 0)
-                    if limit and n + reserved >= limit:
-                        if self.on_refusal is not None:
-                            self.on_refusal(scope, kind)
-                        return self._notice(subject, scope, key, kind, limit, now, reserved)
-            await self.record(subject, "messages", 1, now=now)
+                    if not limit:
+                        continue
+                    reserved = self._reserved.get((scope, key), 0) if kind == "tokens" else 0
+                    checks.append((scope, key, kind, window(kind, now), limit - reserved))
+                    meta.append((scope, key, kind, limit, reserved))
+            at = window("messages", now)
+            rows = [(scope, key, "messages", at, 1) for scope, key, _ in self.limits(subject)]
+            failed = await self.store.budget_take(checks, rows)
+            if failed is not None:
+                index, n = failed
+                scope, key, kind, limit, reserved = meta[index]
+                if n >= limit:
+                    reserved = 0  # used up whatever running turns use
+                if self.on_refusal is not None:
+                    self.on_refusal(scope, kind)
+                return self._notice(subject, scope, key, kind, limit, now, reserved)
+            await self._prune(now)
             self._reserve(subject, chars)
         return None
 
@@ -435,6 +448,10 @@ class Budgets:
         at = window(kind, now)
         rows = [(scope, key, kind, at, amount) for scope, key, _ in self.limits(subject)]
         await self.store.budget_add(rows)
+        await self._prune(now)
+
+    async def _prune(self, now: float) -> None:
+        """Drop ended windows' counters, at most once an hour."""
         if now - self._pruned >= 3600:
             self._pruned = now
             try:
@@ -490,6 +507,7 @@ class Budgets:
             old = next(iter(self._runs))
             del self._runs[old]
             self._chars.pop(old, None)
+            # A run whose end never came: its held calls stay counted (they may have run).
             self._settle(old)
 
     async def turn_ended(
@@ -505,7 +523,7 @@ class Budgets:
         subject = self._runs.pop(run_id, None)
         chars = self._chars.pop(run_id, 0)
         if subject is None:
-            self._settle(run_id)
+            await self._give_back(self._settle(run_id))
             if channel is None or not self.enabled:
                 return 0
             subject = Subject(transport="", channel=channel, speaker=False)
@@ -518,16 +536,30 @@ class Budgets:
                 await self.record(subject, "tokens", tokens)
             finally:
                 # Counted: the reservation (and calls held but never run) go.
-                self._settle(run_id)
+                await self._give_back(self._settle(run_id))
         return tokens
 
-    def _settle(self, run_id: str) -> None:
-        """Forget run ``run_id``'s token reservation and its tool calls held and not run."""
+    def _settle(self, run_id: str) -> list[tuple[Subject, int]]:
+        """Forget run ``run_id``'s token reservation; its tool calls held and not run
+        (to :meth:`_give_back`)."""
         reserved = self._run_reserved.pop(run_id, None)
         if reserved is not None:
             self._unreserve(*reserved)
-        for subject in self._run_held.pop(run_id, {}).values():
-            self._unhold(subject)
+        return list(self._run_held.pop(run_id, {}).values())
+
+    async def _give_back(self, held: list[tuple[Subject, int]]) -> None:
+        """Uncount tool calls counted when checked that never ran."""
+        rows = [
+            (scope, key, "tool_calls", at, -1)
+            for subject, at in held
+            for scope, key, _ in self.limits(subject)
+        ]
+        if not rows:
+            return
+        try:
+            await self.store.budget_add(rows)
+        except Exception:
+            log.exception("could not give back %d tool calls that did not run", len(held))
 
     async def subject_of(self, conversation: Conversation, run_id: str) -> Subject | None:
         subject = self._runs.get(run_id)
@@ -544,9 +576,11 @@ class Budgets:
     ) -> str | None:
         """Check one tool call of ``run_id``; the refusal reason when over the daily limit.
 
-        Without ``call_id`` the call is counted now; with it, it is held (it
-        counts against the limit for other calls) until :meth:`tool_call_ran`
-        counts it, or the run's end releases it (the call never ran).
+        The check and the count are one atomic step of the store, so workers
+        sharing a database hold the limit between them.  Without ``call_id``
+        the call is counted for good; with it, it is *held*: counted now (it
+        counts against the limit for every other call, on any worker) and
+        given back at the run's end unless :meth:`tool_call_ran` said it ran.
         """
         if not self.enabled:
             return None
@@ -557,51 +591,38 @@ class Budgets:
             subject = Subject(transport="", channel=key, speaker=False)
         async with self._counting(subject):
             now = self.clock()
-            used = await self.used(subject, now=now)
+            at = window("tool_calls", now)
+            checks: list[tuple[str, str, str, int, int]] = []
+            meta: list[tuple[UsageScope, int]] = []
             for scope, key, limits in self.limits(subject):
                 limit = limits.tool_calls_per_day
-                held = self._held.get((scope, key), 0)
-                if limit and used[(scope, "tool_calls")] + held >= limit:
-                    if self.on_refusal is not None:
-                        self.on_refusal(scope, "tool_calls")
-                    who = {"channel": "this channel's", "unverified": "the unverified speakers'"}
-                    whose = who.get(scope, "your")
-                    return (
-                        f"{whose} daily tool call budget is used up ({limit:,}); it resets at "
-                        f"00:00 UTC. Answer without tools ({name} was not run)."
-                    )
-            if call_id is None:
-                await self.record(subject, "tool_calls", 1, now=now)
-            else:
-                # Held until it has run (counted then) or the turn ends (never ran).
-                for scope, key, _ in self.limits(subject):
-                    self._held[(scope, key)] = self._held.get((scope, key), 0) + 1
-                self._run_held.setdefault(run_id, {})[call_id] = subject
+                if limit:
+                    checks.append((scope, key, "tool_calls", at, limit))
+                    meta.append((scope, limit))
+            rows = [(scope, key, "tool_calls", at, 1) for scope, key, _ in self.limits(subject)]
+            failed = await self.store.budget_take(checks, rows)
+            if failed is not None:
+                scope, limit = meta[failed[0]]
+                if self.on_refusal is not None:
+                    self.on_refusal(scope, "tool_calls")
+                who = {"channel": "this channel's", "unverified": "the unverified speakers'"}
+                whose = who.get(scope, "your")
+                return (
+                    f"{whose} daily tool call budget is used up ({limit:,}); it resets at "
+                    f"00:00 UTC. Answer without tools ({name} was not run)."
+                )
+            if call_id is not None:
+                # Held: given back at the turn's end unless it has run.
+                self._run_held.setdefault(run_id, {})[call_id] = (subject, at)
+            await self._prune(now)
         return None
 
-    def _unhold(self, subject: Subject) -> None:
-        for scope, key, _ in self.limits(subject):
-            left = self._held.get((scope, key), 0) - 1
-            if left > 0:
-                self._held[(scope, key)] = left
-            else:
-                self._held.pop((scope, key), None)
-
     async def tool_call_ran(self, run_id: str, call_id: str) -> None:
-        """Tool call ``call_id`` of ``run_id``, held by :meth:`tool_call`, ran: count it."""
-        subject = self._run_held.get(run_id, {}).get(call_id)
-        if subject is None:
-            return
-        async with self._counting(subject):
-            held = self._run_held.get(run_id, {})
-            if held.pop(call_id, None) is None:
-                return
-            if not held:
-                self._run_held.pop(run_id, None)
-            try:
-                await self.record(subject, "tool_calls", 1)
-            finally:
-                self._unhold(subject)
+        """Tool call ``call_id`` of ``run_id``, held by :meth:`tool_call`, ran: it stays
+        counted."""
+        held = self._run_held.get(run_id)
+        if held is not None and held.pop(call_id, None) is not None and not held:
+            del self._run_held[run_id]
 
     # -- turns not rendered by the bridge (the HTTP API) ---------------------------------
     def watch(self, agent: Any) -> None:

@@ -11,11 +11,17 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Awaitable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
-from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings, UnverifiedLimits
+from agentik.core.budgets import (
+    BudgetLimits,
+    Budgets,
+    BudgetSettings,
+    Subject,
+    UnverifiedLimits,
+)
 from agentik.core.llm.openai_backend import OpenAIBackend
 from agentik.core.messages import Usage
 from agentik.core.store.memory import MemoryStore
@@ -29,7 +35,7 @@ from fakeslack import FakeSlack
 from ircservers import IRCTestClient
 from rigs import FAST, bot_texts, eventually, joined, slack_bot
 
-pytest_plugins = ["ircservers"]
+pytest_plugins = ["ircservers", "pgserver"]
 
 #: 2026-12-01 13:59:30 UTC: half a minute before a minute (and 10 h before a day) ends.
 T0 = 1_796_133_570.0
@@ -262,6 +268,160 @@ async def test_no_budgets_means_unlimited_and_budget_says_so(tmp_path):
         async with budgeted_bot(slack, tmp_path, model, BudgetSettings(), Clock()):
             await slack.push_event(slack.message_event("D1", "!budget", channel_type="im"))
             assert (await bot_said(slack, "D1", 1)) == ["no budgets are set: usage is unlimited"]
+
+
+async def _two_workers_at_the_edge(stores) -> None:
+    """Two workers (two stores, two Budgets, one database) each get a burst from
+    alice at once: between them exactly as many messages pass as the limit allows,
+    and alice's counter never goes past it."""
+    settings = BudgetSettings(user=BudgetLimits(messages_per_minute=4))
+    alice = Subject(transport="slack", channel="slack:T1:C1", identity="slack:alice")
+    async with AsyncExitStack() as stack:
+        for store in stores:
+            await stack.enter_async_context(store)
+        workers = [Budgets(settings, store, clock=Clock()) for store in stores]
+        results = await asyncio.gather(
+            *(worker.admit(alice, chars=10) for worker in workers for _ in range(6))
+        )
+        assert results.count(None) == 4
+        refusals = [r for r in results if r is not None]
+        assert {(r.scope, r.kind, r.limit) for r in refusals} == {("identity", "messages", 4)}
+        used = await workers[1].used(alice)
+        assert used[("identity", "messages")] == 4
+        assert used[("channel", "messages")] == 4
+
+
+async def test_workers_on_one_postgres_never_admit_past_a_limit(postgres_dsn):
+    from agentik.core.store.postgres import PostgresStore
+
+    await _two_workers_at_the_edge([PostgresStore(postgres_dsn), PostgresStore(postgres_dsn)])
+
+
+_WORKER = """
+import asyncio, sys
+from agentik.core.budgets import BudgetLimits, Budgets, BudgetSettings, Subject
+from agentik.core.store.postgres import PostgresStore
+
+async def main():
+    settings = BudgetSettings(user=BudgetLimits(messages_per_minute=5))
+    alice = Subject(transport="slack", channel="slack:T1:C1", identity="slack:alice")
+    async with PostgresStore(sys.argv[1]) as store:
+        budgets = Budgets(settings, store, clock=lambda: float(sys.argv[2]))
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        results = await asyncio.gather(*(budgets.admit(alice) for _ in range(8)))
+        print("admitted", sum(r is None for r in results), flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_worker_processes_on_one_postgres_never_admit_past_a_limit(postgres_dsn):
+    """Two worker processes (their own event loops, on both cores), told to go at
+    once, each admit a burst of alice's messages: 5 between them, not 5 each."""
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    pipe = asyncio.subprocess.PIPE
+    argv = [sys.executable, "-c", _WORKER, postgres_dsn, str(T0)]
+    procs = [
+        await asyncio.create_subprocess_exec(*argv, env=env, stdin=pipe, stdout=pipe)
+        for _ in range(2)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert (await asyncio.wait_for(proc.stdout.readline(), 120)) == b"ready\n"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+        outs = [await asyncio.wait_for(proc.communicate(), 120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    admitted = [int(out.split()[-1]) for out, _ in outs]
+    assert sum(admitted) == 5, admitted
+    from agentik.core.store.postgres import PostgresStore
+
+    async with PostgresStore(postgres_dsn) as store:
+        alice = Subject(transport="slack", channel="slack:T1:C1", identity="slack:alice")
+        budgets = Budgets(BudgetSettings(), store, clock=Clock())
+        assert (await budgets.used(alice))[("identity", "messages")] == 5
+
+
+async def test_takes_over_overlapping_counters_on_three_stores_stay_exact(postgres_dsn):
+    """Many takes at once from three stores (three writers batching them) over people
+    and channels that overlap: whatever order their locks meet in (a deadlock is
+    broken and the take run again), none fails, no counter passes its limit, and a
+    take was refused only because one of its counters was full."""
+    import random
+
+    from agentik.core.store.postgres import PostgresStore
+
+    limit = 7
+    pick = random.Random(32)
+    takes = [(pick.choice("abcd"), pick.choice("xyz")) for _ in range(240)]
+    async with AsyncExitStack() as stack:
+        stores = [await stack.enter_async_context(PostgresStore(postgres_dsn)) for _ in range(3)]
+
+        async def take(n: int, person: str, channel: str):
+            counters = [("identity", person), ("channel", channel)]
+            return await stores[n % 3].budget_take(
+                [(scope, key, "messages", 60, limit) for scope, key in counters],
+                [(scope, key, "messages", 60, 1) for scope, key in counters],
+            )
+
+        results = await asyncio.gather(*(take(n, p, c) for n, (p, c) in enumerate(takes)))
+        counts = {(scope, key): n for scope, key, _, _, n in await stores[0].budget_rows(0)}
+    assert all(n <= limit for n in counts.values())
+    admitted = [t for t, r in zip(takes, results, strict=True) if r is None]
+    assert sum(n for (scope, _), n in counts.items() if scope == "identity") == len(admitted)
+    for (person, channel), r in zip(takes, results, strict=True):
+        if r is not None:
+            assert limit in (counts.get(("identity", person)), counts.get(("channel", channel)))
+
+
+async def test_processes_on_one_sqlite_file_never_admit_past_a_limit(tmp_path):
+    await _two_workers_at_the_edge([SQLiteStore(str(tmp_path / "shared.db")) for _ in range(2)])
+
+
+async def test_tool_calls_held_on_two_workers_hold_the_daily_limit(postgres_dsn):
+    """Tool calls checked at once on two workers (one PostgreSQL database): exactly the
+    limit is admitted between them; a call that then does not run is given back."""
+    from agentik.core.store.postgres import PostgresStore
+
+    settings = BudgetSettings(user=BudgetLimits(tool_calls_per_day=3))
+    alice = Subject(transport="slack", channel="slack:T1:C1", identity="slack:alice")
+    async with AsyncExitStack() as stack:
+        workers = []
+        for n in range(2):
+            store = await stack.enter_async_context(PostgresStore(postgres_dsn))
+            agent = await stack.enter_async_context(Agent(llm=ScriptedModel(), store=store))
+            conv = await agent.conversation_for_channel("slack:T1:C1")
+            budgets = Budgets(settings, store, clock=Clock())
+            budgets.bind(f"run{n}", alice)
+            workers.append((budgets, conv, f"run{n}"))
+        refusals = await asyncio.gather(*(
+            budgets.tool_call(conv, run, "lookup", f"{run}-c{i}")
+            for budgets, conv, run in workers for i in range(4)
+        ))  # fmt: skip
+        admitted = [i for i, r in enumerate(refusals) if r is None]
+        assert len(admitted) == 3
+        assert all("daily tool call budget is used up (3)" in r for r in refusals if r)
+        used = await workers[0][0].used(alice)
+        assert used[("identity", "tool_calls")] == 3
+        # Of the admitted calls, only the first ran; the turns end: the rest is given back.
+        first = admitted[0]
+        budgets, _, run = workers[first // 4]
+        await budgets.tool_call_ran(run, f"{run}-c{first % 4}")
+        for budgets, _, run in workers:
+            await budgets.turn_ended(run, Usage(total_tokens=10))
+        used = await workers[1][0].used(alice)
+        assert (used[("identity", "tool_calls")], used[("channel", "tool_calls")]) == (1, 1)
 
 
 async def test_memory_store_counts_like_sqlite():

@@ -468,6 +468,33 @@ class Store(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} keeps no budget counters")
 
+    async def budget_take(
+        self,
+        checks: Sequence[tuple[str, str, str, int, int]],
+        rows: Sequence[tuple[str, str, str, int, int]],
+    ) -> tuple[int, int] | None:
+        """Check budget counters and add to them as one atomic step.
+
+        Each check is ``(scope, subject, kind, window, ceiling)``: it passes
+        when that counter (0 when it does not exist) is below ``ceiling``.
+        When every check passes, ``rows`` are added as by :meth:`budget_add`
+        and the result is ``None``; otherwise nothing is added and the result
+        is ``(index, amount)``: the first check that failed and its counter.
+
+        Atomic for every process sharing the database: of takes racing at the
+        edge of a limit only as many pass as the limit has room for.  This
+        default only reads, then adds (takes racing can each pass): every
+        engine agentik ships overrides it, and so should an engine shared by
+        several processes.
+        """
+        for index, (scope, subject, kind, at, ceiling) in enumerate(checks):
+            got = await self.budget_usage([(scope, subject)], {kind: at})
+            amount = got.get((scope, subject, kind), 0)
+            if amount >= ceiling:
+                return index, amount
+        await self.budget_add(rows)
+        return None
+
     async def budget_usage(
         self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
     ) -> dict[tuple[str, str, str], int]:

@@ -508,6 +508,22 @@ class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, Store):
             key = (scope, subject, kind, window)
             counters[key] = counters.get(key, 0) + amount
 
+    async def budget_take(
+        self,
+        checks: Sequence[tuple[str, str, str, int, int]],
+        rows: Sequence[tuple[str, str, str, int, int]],
+    ) -> tuple[int, int] | None:
+        # No await between the check and the add: atomic on the event loop.
+        counters = self._budget
+        for index, (scope, subject, kind, window, ceiling) in enumerate(checks):
+            amount = counters.get((scope, subject, kind, window), 0)
+            if amount >= ceiling:
+                return index, amount
+        for scope, subject, kind, window, n in rows:
+            key = (scope, subject, kind, window)
+            counters[key] = counters.get(key, 0) + n
+        return None
+
     async def budget_usage(
         self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
     ) -> dict[tuple[str, str, str], int]:

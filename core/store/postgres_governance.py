@@ -3,10 +3,12 @@ roles granted in chat, channel settings, budget counters."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..errors import StoreError
 from .postgres_room import PostgresRoom, nul_free
 from .records import AccessChange, AccessGrant, ChannelSetting, ChannelSettingChange
 from .rows import ACCESS_CHANGE, ACCESS_GRANT, BUDGET, CHANNEL_SETTING, CHANNEL_SETTING_CHANGE
@@ -16,30 +18,99 @@ if TYPE_CHECKING:
 
 __all__ = ["PostgresGovernance"]
 
+#: SQLSTATE deadlock_detected, and how often a take runs before its error is raised.
+_DEADLOCK = "40P01"
+_TAKE_ATTEMPTS = 5
+
+_ADD = (
+    "INSERT INTO budget_usage (scope, subject, kind, period, amount)"
+    " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, subject, kind, period)"
+    " DO UPDATE SET amount = budget_usage.amount + excluded.amount"
+)
+
+
+def _summed(rows: Sequence[tuple[str, str, str, int, int]]) -> list[tuple[Any, ...]]:
+    """Rows of one call may hit one counter twice: summed first (one upsert per counter)."""
+    summed: dict[tuple[str, str, str, int], int] = {}
+    for scope, subject, kind, period, amount in rows:
+        key = (scope, subject, kind, period)
+        summed[key] = summed.get(key, 0) + amount
+    return [(*key, amount) for key, amount in summed.items()]
+
+
+def _lock_key(scope: str, subject: str, kind: str, period: int) -> int:
+    """A budget counter's advisory lock key: a signed 64-bit hash of the counter."""
+    digest = hashlib.blake2b(
+        f"budget\0{scope}\0{subject}\0{kind}\0{period}".encode(), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
 
 class PostgresGovernance(PostgresRoom):
     """Grants and their audit, channel settings and their audit, budget counters."""
 
     # -- budgets ----------------------------------------------------------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
-        # Rows of one call may hit one counter twice: summed first (one upsert per counter).
-        summed: dict[tuple[str, str, str, int], int] = {}
-        for scope, subject, kind, period, amount in rows:
-            key = (scope, subject, kind, period)
-            summed[key] = summed.get(key, 0) + amount
-        if not summed:
+        args = _summed(rows)
+        if not args:
             return
-        args = [(*key, amount) for key, amount in summed.items()]
 
         async def fn(conn: asyncpg.Connection) -> None:
-            await conn.executemany(
-                "INSERT INTO budget_usage (scope, subject, kind, period, amount)"
-                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, subject, kind, period)"
-                " DO UPDATE SET amount = budget_usage.amount + excluded.amount",
-                args,
-            )
+            await conn.executemany(_ADD, args)
 
         await self._write(fn)
+
+    async def budget_take(
+        self,
+        checks: Sequence[tuple[str, str, str, int, int]],
+        rows: Sequence[tuple[str, str, str, int, int]],
+    ) -> tuple[int, int] | None:
+        if not checks:
+            await self.budget_add(rows)
+            return None
+        args = _summed(rows)
+        # Every counter this take reads or writes, locked to the commit (an advisory
+        # lock, so a counter not created yet is locked too), in one order: takes of
+        # the same counters on any worker queue here, and the read below sees what
+        # the one before committed.
+        locks = sorted({_lock_key(*key[:4]) for key in checks} | {_lock_key(*a[:4]) for a in args})
+
+        async def fn(conn: asyncpg.Connection) -> tuple[int, int] | None:
+            # unnest yields the sorted array in its order, one lock after another.
+            await conn.execute(
+                "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k", locks
+            )
+            got = await conn.fetch(
+                "SELECT c.n, b.amount FROM unnest($1::text[], $2::text[], $3::text[],"
+                " $4::bigint[]) WITH ORDINALITY AS c(scope, subject, kind, period, n)"
+                " JOIN budget_usage b ON b.scope = c.scope AND b.subject = c.subject"
+                "  AND b.kind = c.kind AND b.period = c.period",
+                [c[0] for c in checks], [c[1] for c in checks],
+                [c[2] for c in checks], [c[3] for c in checks],
+            )  # fmt: skip
+            amounts = {int(n) - 1: int(amount) for n, amount in got}
+            for index, check in enumerate(checks):
+                amount = amounts.get(index, 0)
+                if amount >= check[4]:
+                    return index, amount
+            if args:
+                await conn.executemany(_ADD, args)
+            return None
+
+        # The writer commits several jobs in one transaction, so two workers' batches
+        # can take their takes' locks in opposite orders: PostgreSQL breaks the
+        # deadlock by rolling one back (after its deadlock_timeout); the take, which
+        # changed nothing outside its transaction, is simply run again.
+        for attempt in range(_TAKE_ATTEMPTS):
+            try:
+                result: tuple[int, int] | None = await self._write(fn)
+            except StoreError as exc:
+                state = getattr(exc.__cause__, "sqlstate", None) or ""
+                if state != _DEADLOCK or attempt == _TAKE_ATTEMPTS - 1:
+                    raise
+                continue
+            return result
+        raise AssertionError("unreachable")
 
     async def budget_usage(
         self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]

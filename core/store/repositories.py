@@ -246,6 +246,12 @@ class GovernanceRepository(Protocol):
 
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None: ...
 
+    async def budget_take(
+        self,
+        checks: Sequence[tuple[str, str, str, int, int]],
+        rows: Sequence[tuple[str, str, str, int, int]],
+    ) -> tuple[int, int] | None: ...
+
     async def budget_usage(
         self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]
     ) -> dict[tuple[str, str, str], int]: ...

@@ -13,6 +13,12 @@ from .sqlite_room import SQLiteRoom
 
 __all__ = ["SQLiteGovernance"]
 
+_ADD = (
+    "INSERT INTO budget_usage (scope, subject, kind, period, amount)"
+    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, subject, kind, period)"
+    " DO UPDATE SET amount = amount + excluded.amount"
+)
+
 
 class SQLiteGovernance(SQLiteRoom):
     """Grants and their audit, channel settings and their audit, budget counters."""
@@ -20,14 +26,32 @@ class SQLiteGovernance(SQLiteRoom):
     # -- budgets (issue 19: agentik.core.budgets; migration 7) ----------------------------
     async def budget_add(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
         def fn(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "INSERT INTO budget_usage (scope, subject, kind, period, amount)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, subject, kind, period)"
-                " DO UPDATE SET amount = amount + excluded.amount",
-                list(rows),
-            )
+            conn.executemany(_ADD, list(rows))
 
         await self._write(fn)
+
+    async def budget_take(
+        self,
+        checks: Sequence[tuple[str, str, str, int, int]],
+        rows: Sequence[tuple[str, str, str, int, int]],
+    ) -> tuple[int, int] | None:
+        # Read and add in the writer's transaction (BEGIN IMMEDIATE): no other
+        # connection, in this process or another, writes between the two.
+        def fn(conn: sqlite3.Connection) -> tuple[int, int] | None:
+            for index, (scope, subject, kind, period, ceiling) in enumerate(checks):
+                row = conn.execute(
+                    "SELECT amount FROM budget_usage"
+                    " WHERE scope = ? AND subject = ? AND kind = ? AND period = ?",
+                    (scope, subject, kind, period),
+                ).fetchone()
+                amount = int(row[0]) if row else 0
+                if amount >= ceiling:
+                    return index, amount
+            conn.executemany(_ADD, list(rows))
+            return None
+
+        result: tuple[int, int] | None = await self._write(fn)
+        return result
 
     async def budget_usage(
         self, keys: Sequence[tuple[str, str]], windows: Mapping[str, int]

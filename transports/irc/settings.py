@@ -10,6 +10,10 @@ from agentik.core.settings import PathSetting
 
 __all__ = ["IRCSettings"]
 
+_Recovery = Literal["GHOST", "REGAIN", "RECOVER"]
+#: GHOST first: on every services package it only disconnects the other session.
+_RECOVERY_ORDER: tuple[_Recovery, ...] = ("GHOST", "REGAIN", "RECOVER")
+
 
 class IRCSettings(BaseModel):
     """Settings of one IRC connection.  Every key is documented in ``config.example.toml``."""
@@ -55,6 +59,12 @@ class IRCSettings(BaseModel):
     client_key: PathSetting = None
     #: Sent to NickServ (IDENTIFY) after connecting when SASL is not used.
     nickserv_password: SecretStr | None = None
+    #: The nick is taken when we connect (our own old session lingering after a crash
+    #: or a failover): ask NickServ to free it with these commands, tried in order
+    #: until the services know one (``GHOST``: Atheme, Anope and most others; Atheme's
+    #: ``REGAIN``; Anope's ``RECOVER``), then take the nick.  Needs a login: SASL
+    #: (nothing more is sent) or ``nickserv_password``.  ``[]``: never ask.
+    nickserv_recover: list[_Recovery] = Field(default_factory=lambda: list(_RECOVERY_ORDER))
     #: Channels to join; ``"#chan key"`` for a keyed channel.
     channels: list[str] = Field(default_factory=list)
     #: ``prefix``: answer in channels only to ``nick: ...`` / ``nick, ...``;

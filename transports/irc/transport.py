@@ -10,8 +10,11 @@ decides how a serious bot behaves on a real network is here:
   903-907 handled, a rejected login stops the transport with a clear error;
   configured SASL the server does not offer holds registration until
   ``CAP NEW sasl`` or ``sasl_wait``, then reconnects), NickServ IDENTIFY as
-  a fallback, alternate nicks on 433/432/437 and
-  regaining the nick when its holder leaves, user mode from ISUPPORT ``BOT``;
+  a fallback (again once the nick is ours), alternate nicks on 433/432/437,
+  services recovery of a taken nick (``nickserv_recover``: ``GHOST``,
+  ``REGAIN``, ``RECOVER`` in turn, the password only when not logged in, never
+  logged) and regaining the nick when its holder leaves, user mode from
+  ISUPPORT ``BOT``;
 * when to answer: always in private messages (a PRIVMSG to our own nick);
   in channels we are in when addressed (``nick:``/``nick,`` or, in
   ``mention`` mode, the nick anywhere) or for a command; never a NOTICE, our
@@ -122,6 +125,16 @@ _PLAINTEXT_HINT = (
 #: Longest line we accept from a server before dropping it (tags + 512).
 MAX_INCOMING = 8191 + 512
 _SASL_CHUNK = 400
+#: Seconds NickServ gets to answer one recovery command before we stop asking.
+_RECOVER_WAIT = 30.0
+#: Services' answers to a command they do not offer (Atheme, Anope, others): try the next.
+_UNKNOWN_COMMAND = ("unknown command", "invalid command", "no such command",
+                    "not a valid command", "isn't a valid command", "is disabled")  # fmt: skip
+#: Services' answers refusing the recovery (a wrong password, no such account): stop asking.
+_REFUSED = ("password", "not registered", "not a registered", "isn't registered", "denied",
+            "not allowed", "frozen", "you cannot", "you may not", "not logged in",
+            "must identify", "must be identified", "not online", "not in use",
+            "isn't currently in use")  # fmt: skip
 #: Channel members one answer may name (highlight); later ones are defused.
 _HIGHLIGHT_LIMIT = 5
 #: A word that could be a nick (RFC 2812 letters, digits and specials).
@@ -274,6 +287,9 @@ class IRCTransport(Transport):
         self._down_since: float | None = None
         self.server_name: str | None = None
         self._nick_candidates: list[str] = []
+        #: Services recovery of our nick: the commands left to try (None: not asking).
+        self._recovering: list[str] | None = None
+        self._recover_timer: asyncio.TimerHandle | None = None
         self._user_hits: dict[str, deque[float]] = {}
         self._user_warned: dict[str, float] = {}
         #: When the CTCP replies of the last minute were queued.
@@ -364,6 +380,7 @@ class IRCTransport(Transport):
         if self._sasl_timer is not None:
             self._sasl_timer.cancel()
         self._stop_sasl_timers()
+        self._stop_recovery()
         await self.cancel_tasks()
         self.closed.set()
 
@@ -579,6 +596,7 @@ class IRCTransport(Transport):
             self._sasl_timer.cancel()
             self._sasl_timer = None
         self._stop_sasl_timers()
+        self._stop_recovery()
         self.registered.clear()
         self.joined.clear()
         self._forget_members()
@@ -722,7 +740,15 @@ class IRCTransport(Transport):
         elif cmd == "354":
             self._on_whox(line)
         elif cmd in ("PRIVMSG", "NOTICE"):
-            self._on_message(line)
+            if self._recovering is not None and self._from_nickserv(line):
+                self._on_services_reply(line)
+            else:
+                self._on_message(line)
+        elif cmd == "401" and self._recovering is not None and len(p) > 1:
+            if self._fold(p[1]) == self._fold("NickServ"):
+                self._recovery_over("there is no NickServ on this network")
+        elif cmd == "440" and self._recovering is not None:
+            self._recovery_over("the services are down (440)")
         elif cmd == "BATCH" and p:
             self._on_batch(line)
         elif cmd == "ERROR":
@@ -966,16 +992,116 @@ class IRCTransport(Transport):
         if bot_mode:
             self._write(format_line("MODE", self.nick, f"+{bot_mode}"))
         o = self.options
+        # On another nick, asking NickServ for ours comes first (an IDENTIFY's answer
+        # would read as the recovery's); IDENTIFY follows once the nick is ours.
+        if self._is_me(o.nick) or not self._start_recovery():
+            self._identify()
+        for entry in o.channels:
+            chan, _, key = entry.partition(" ")
+            self._write(format_line("JOIN", chan, key) if key else format_line("JOIN", chan))
+        self._queue_changed.set()
+
+    def _identify(self) -> None:
+        """NickServ IDENTIFY with ``nickserv_password``, when SASL did not log us in."""
+        o = self.options
         if o.nickserv_password is not None and self._sasl_state != "done":
             self._write(
                 format_line(
                     "PRIVMSG", "NickServ", f"IDENTIFY {o.nickserv_password.get_secret_value()}"
                 )
             )
-        for entry in o.channels:
-            chan, _, key = entry.partition(" ")
-            self._write(format_line("JOIN", chan, key) if key else format_line("JOIN", chan))
-        self._queue_changed.set()
+
+    # -- services recovery of a taken nick ----------------------------------------------------
+    def _start_recovery(self) -> bool:
+        """Registered under another nick: ask NickServ to free ours (``nickserv_recover``);
+        whether we asked.
+
+        The old holder is most often our own session that outlived its process
+        (a crash, a failover to another worker) until the server's ping timeout.
+        """
+        o = self.options
+        if not o.nickserv_recover:
+            return False
+        if self._sasl_state != "done" and o.nickserv_password is None:
+            log.info(
+                "irc %s: the nick %s is taken: registered as %s; no services login"
+                " (SASL or nickserv_password) to free it with, so it is taken back when"
+                " its holder leaves", self.name, o.nick, self.nick,
+            )  # fmt: skip
+            return False
+        self._recovering = list(o.nickserv_recover)
+        self._recover_next()
+        return True
+
+    def _recover_next(self) -> None:
+        assert self._recovering
+        o = self.options
+        command = self._recovering.pop(0)
+        log.info(
+            "irc %s: the nick %s is taken (an old session of ours?): registered as %s,"
+            " asking NickServ to free it (%s)", self.name, o.nick, self.nick, command,
+            extra=self._fields("nick_recovery", nick=o.nick, command=command),
+        )  # fmt: skip
+        text = f"{command} {o.nick}"
+        if self._sasl_state != "done" and o.nickserv_password is not None:
+            # Logged in by SASL, the services need no password: it is never sent then.
+            text += f" {o.nickserv_password.get_secret_value()}"
+        self._write(format_line("PRIVMSG", "NickServ", text))
+        if self._recover_timer is not None:
+            self._recover_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._recover_timer = loop.call_later(
+            _RECOVER_WAIT, self._recovery_over, f"NickServ did not answer {command}"
+        )
+
+    def _from_nickserv(self, line: Line) -> bool:
+        return line.command == "NOTICE" and self._fold(line.nick or "") == self._fold("NickServ")
+
+    def _on_services_reply(self, line: Line) -> None:
+        """NickServ answered a recovery command: next command, give up, or take the nick."""
+        text = strip_formatting(line.params[-1] if line.params else "")
+        said = text.lower()
+        if any(phrase in said for phrase in _UNKNOWN_COMMAND):
+            if self._recovering:
+                self._recover_next()
+            else:
+                self._recovery_over(f"NickServ offers none of {self.options.nickserv_recover}")
+            return
+        if any(phrase in said for phrase in _REFUSED):
+            self._recovery_over(f"NickServ refused: {self._scrub(text)}")
+            return
+        # Freed ("... has been ghosted/regained/recovered"): take it now.  (REGAIN and
+        # RECOVER may rename us themselves: our NICK then finds it ours already.)
+        self._stop_recovery()
+        log.info("irc %s: NickServ: %s", self.name, self._scrub(text))
+        if not self._is_me(self.options.nick):
+            self._write(format_line("NICK", self.options.nick))
+
+    def _scrub(self, text: str) -> str:
+        """``text`` (a services reply, for the log) without our password in it."""
+        secret = self.options.nickserv_password
+        if secret is not None and secret.get_secret_value():
+            text = text.replace(secret.get_secret_value(), "********")
+        return text[:300]
+
+    def _recovery_over(self, why: str) -> None:
+        """Stop asking the services; the nick is taken back when its holder leaves."""
+        if self._recovering is None:
+            return
+        self._stop_recovery()
+        log.warning(
+            "irc %s: could not free the nick %s (%s): staying %s until it is free",
+            self.name, self.options.nick, why, self.nick,
+            extra=self._fields("nick_recovery_failed", nick=self.options.nick, reason=why),
+        )  # fmt: skip
+        # As without recovery: IDENTIFY under this nick (it may be grouped with the account).
+        self._identify()
+
+    def _stop_recovery(self) -> None:
+        self._recovering = None
+        if self._recover_timer is not None:
+            self._recover_timer.cancel()
+            self._recover_timer = None
 
     def _own_host(self, value: str) -> None:
         """Our displayed ``[user@]host`` changed: later lines are cut to the new prefix."""
@@ -1189,6 +1315,12 @@ class IRCTransport(Transport):
         old = line.nick or ""
         if line.command == "NICK" and self._is_me(old) and line.params:
             self.nick = line.params[0]
+            if self._is_me(self.options.nick) and self.registered.is_set():
+                # Our nick again (freed by the services, or its holder left).
+                self._stop_recovery()
+                log.info("irc %s: the nick %s is ours again", self.name, self.nick)
+                if self._fold(old) != self._fold(self.nick):
+                    self._identify()  # the login under the other nick was not this one's
             return
         # The holder of our preferred nick left or changed: take it back.
         wanted = self.options.nick

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -185,4 +186,58 @@ class GovernanceContract(ContractBase):
         )
         assert await store.budget_usage([("identity", "a")], {"tokens": 1}) == {
             ("identity", "a", "tokens"): 1
+        }
+
+    # -- budget takes: check and add as one step ------------------------------------------------
+    async def test_a_budget_take_adds_below_the_ceiling(self, store: Any) -> None:
+        await store.budget_add([("identity", "bob", "messages", 60, 1)])
+        taken = await store.budget_take(
+            [("identity", "bob", "messages", 60, 2), ("channel", "k", "tokens", 0, 10)],
+            [("identity", "bob", "messages", 60, 1), ("channel", "k", "messages", 60, 1)],
+        )
+        assert taken is None
+        assert await store.budget_rows(0) == [
+            ("channel", "k", "messages", 60, 1),
+            ("identity", "bob", "messages", 60, 2),
+        ]
+
+    async def test_a_budget_take_at_the_ceiling_adds_nothing(self, store: Any) -> None:
+        await store.budget_add([("channel", "k", "tokens", 0, 10)])
+        checks = [("identity", "bob", "messages", 60, 5), ("channel", "k", "tokens", 0, 10)]
+        rows = [("identity", "bob", "messages", 60, 1), ("channel", "k", "messages", 60, 1)]
+        # The first check that fails, with its counter; nothing is added.
+        assert await store.budget_take(checks, rows) == (1, 10)
+        assert await store.budget_rows(0) == [("channel", "k", "tokens", 0, 10)]
+        # A counter that does not exist is 0: a ceiling of 0 fails on it.
+        assert await store.budget_take([("identity", "amy", "tokens", 0, 0)], rows) == (0, 0)
+        assert await store.budget_rows(0) == [("channel", "k", "tokens", 0, 10)]
+
+    async def test_a_budget_take_checks_each_window(self, store: Any) -> None:
+        await store.budget_add([("identity", "bob", "messages", 60, 3)])
+        rows = [("identity", "bob", "messages", 120, 1)]
+        # Last minute's counter is full; this minute's is empty.
+        assert await store.budget_take([("identity", "bob", "messages", 60, 3)], rows) == (0, 3)
+        assert await store.budget_take([("identity", "bob", "messages", 120, 3)], rows) is None
+        assert await store.budget_take([], [("identity", "bob", "messages", 120, 2)]) is None
+        got = await store.budget_usage([("identity", "bob")], {"messages": 120})
+        assert got == {("identity", "bob", "messages"): 3}
+
+    async def test_concurrent_budget_takes_at_the_edge_pass_once(self, store: Any) -> None:
+        await store.budget_add([("identity", "bob", "messages", 60, 1)])
+        check = [("identity", "bob", "messages", 60, 2), ("channel", "k", "messages", 60, 9)]
+        rows = [("identity", "bob", "messages", 60, 1), ("channel", "k", "messages", 60, 1)]
+        results = await asyncio.gather(*(store.budget_take(check, rows) for _ in range(2)))
+        assert sorted(results, key=repr) == [(0, 2), None]
+        assert await store.budget_rows(0) == [
+            ("channel", "k", "messages", 60, 1),
+            ("identity", "bob", "messages", 60, 2),
+        ]
+
+    async def test_many_concurrent_budget_takes_never_overshoot(self, store: Any) -> None:
+        check = [("channel", "k", "messages", 60, 5)]
+        rows = [("channel", "k", "messages", 60, 1), ("identity", "x", "messages", 60, 1)]
+        results = await asyncio.gather(*(store.budget_take(check, rows) for _ in range(12)))
+        assert results.count(None) == 5
+        assert await store.budget_usage([("channel", "k")], {"messages": 60}) == {
+            ("channel", "k", "messages"): 5
         }
