@@ -428,3 +428,76 @@ async def _serious(page, axe: Path) -> list[dict[str, Any]]:
         for v in result
         if v["impact"] in ("serious", "critical")
     ]
+
+
+async def test_the_local_user_named_an_admin_may_approve_from_the_page(db_path, browser):
+    """docs/web.md: without tokens the person at the page is ``web:token:local``;
+    ``[access] admins = ["web:token:local"]`` lets them approve admin-only calls."""
+    from agentik.core.access import AccessPolicy, AccessSettings
+    from agentik.core.approvals import ApprovalRule
+
+    expect.set_options(timeout=60_000)
+    calls: list[str] = []
+
+    @tool(name="fs__write_file", description="Write", parameters={"type": "object"})
+    async def write() -> str:
+        calls.append("write")
+        return "written"
+
+    rules = [ApprovalRule(tools=("fs__*",), approvers="admin", self_approve=True)]
+    access = AccessPolicy(AccessSettings(admins=("web:token:local",)), {"web": "http"})
+    async with running_server(db_path, tools=[write], approvals=rules, access=access) as server:
+        page, errors = await _open(browser, server, LAPTOP, token=None)
+        await _new_conversation(page, LAPTOP)
+        server.model.enqueue(Reply(tool_calls=[call("fs__write_file", {})]), "written it")
+        await _ask(page, "write it")
+        box = page.locator(".approval").last
+        await box.get_by_role("button", name="Approve").click()
+        await expect(box).to_have_text(re.compile(r"approved by local$"))
+        await expect(page.locator(".msg.assistant").last).to_contain_text("written it")
+        assert calls == ["write"] and not errors, errors
+
+
+async def test_streaming_into_a_long_chat_touches_only_the_answer_being_written(db_path, browser):
+    # 90+ messages: an answer streaming in changes its own bubble and nothing
+    # before it (the page does not redraw the list per piece of text).
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path) as server:
+        async with server.client() as c:
+            cid = (await c.post("/conversations", json={"title": "Long"})).json()["id"]
+        conv = await server.agent.get_conversation(cid)
+        for i in range(48):
+            server.model.enqueue(Reply(text=f"answer {i}\n\n```python\nx = {i}\n```"))
+            await conv.send(f"question {i}")
+            await conv.wait_idle()
+        page, errors = await _open(browser, server, LAPTOP, token=None)
+        await page.locator("#conversations li button").first.click()
+        await expect(page.locator(".msg")).to_have_count(96)
+        # The highlighter, loaded with the first code block, has done its work.
+        await expect(page.locator(".msg.assistant pre code.hljs").last).to_be_attached()
+        await page.evaluate(
+            """() => {
+                window.touched = new Set();
+                const box = document.getElementById("messages");
+                const before = new Set(box.children);
+                // History answers still shown as plain text may turn into Markdown as
+                // they come near the screen: that is not the stream's doing.
+                const lazy = [...box.querySelectorAll(".text.pending")];
+                new MutationObserver((records) => {
+                    for (const r of records) {
+                        if (lazy.some((part) => part.contains(r.target))) continue;
+                        let node = r.target;
+                        while (node && node.parentNode !== box) node = node.parentNode;
+                        if (node && before.has(node)) window.touched.add(node.textContent);
+                    }
+                }).observe(box, {subtree: true, childList: true, characterData: true,
+                                 attributes: true});
+            }"""
+        )
+        reply = Reply(chunks=[f"piece {i} " for i in range(60)], delay=0.005)
+        server.model.enqueue(reply)
+        await _ask(page, "stream")
+        await expect(page.locator(".msg.assistant").last).to_contain_text("piece 59")
+        await expect(page.locator("#stop")).to_be_disabled()
+        assert await page.evaluate("() => [...window.touched]") == []
+        assert not errors, errors
