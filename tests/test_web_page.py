@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -501,3 +502,38 @@ async def test_streaming_into_a_long_chat_touches_only_the_answer_being_written(
         await expect(page.locator("#stop")).to_be_disabled()
         assert await page.evaluate("() => [...window.touched]") == []
         assert not errors, errors
+
+
+async def test_a_huge_paste_waits_beside_the_box_and_is_sent_with_the_message(db_path, browser):
+    expect.set_options(timeout=60_000)
+    lines = "\n".join(f"line {i}: some pasted log text" for i in range(20_000))
+    async with running_server(db_path) as server:
+        page, errors = await _open(browser, server, PHONE, token=None)
+        await _new_conversation(page, PHONE)
+        await page.fill("#input", "What went wrong here?")
+        await page.evaluate(
+            """(text) => {
+                const data = new DataTransfer();
+                data.setData("text/plain", text);
+                document.getElementById("input").dispatchEvent(new ClipboardEvent("paste",
+                    {clipboardData: data, bubbles: true, cancelable: true}));
+            }""",
+            lines,
+        )
+        await expect(page.locator("#pasted")).to_contain_text("Pasted text: 20,000 lines")
+        await expect(page.locator("#input")).to_have_value("What went wrong here?")
+        await page.press("#input", "Enter")
+        sent = page.locator(".msg.user").last
+        await expect(sent.get_by_role("button", name=re.compile("Show all"))).to_have_text(
+            re.compile("20,002 lines")
+        )
+        await expect(page.locator("#pasted")).to_be_hidden()
+        await expect(page.locator(".msg.assistant").last).to_contain_text(
+            "echo: What went wrong here?"
+        )
+        await sent.get_by_role("button", name=re.compile("Show all")).click()
+        await expect(sent.locator(".text")).to_contain_text("line 19999: some pasted log text")
+        assert not errors, errors
+    with sqlite3.connect(db_path) as db:
+        (content,) = db.execute("SELECT content FROM message WHERE kind = 'user'").fetchone()
+    assert content == "What went wrong here?\n\n" + lines
