@@ -393,7 +393,10 @@ async def test_axe_finds_no_serious_violations(db_path, browser, size):
         db_path, settings=SETTINGS, environ=TOKENS, tools=[lookup, write], approvals=rules
     ) as server:
         # axe is injected as a script of its own: the page's policy would refuse it.
-        page, _ = await _open(browser, server, size, bypass_csp=True)
+        # The phone is in dark mode (the system's), the laptop in light.
+        scheme = "dark" if size is PHONE else "light"
+        page, _ = await _open(browser, server, size, bypass_csp=True, color_scheme=scheme)
+        await expect(page.locator("html")).to_have_attribute("data-theme", scheme)
         await expect(page.locator("#conversations")).to_be_attached()
         assert await _serious(page, axe) == []
         await _new_conversation(page, size)
@@ -537,3 +540,18 @@ async def test_a_huge_paste_waits_beside_the_box_and_is_sent_with_the_message(db
     with sqlite3.connect(db_path) as db:
         (content,) = db.execute("SELECT content FROM message WHERE kind = 'user'").fetchone()
     assert content == "What went wrong here?\n\n" + lines
+
+
+async def test_a_wrong_token_is_said_so_in_the_token_dialog(db_path, browser):
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        page, errors = await _open(browser, server, LAPTOP, token="not-the-token")
+        await expect(page.locator("#auth")).to_be_visible()
+        await expect(page.locator("#auth-error")).to_have_text(
+            "That token was not accepted (wrong or expired)."
+        )
+        await page.fill("#token", TOKENS["ADMIN_TOKEN"])
+        await page.click("#save-token")
+        await expect(page.locator("#auth")).to_be_hidden()
+        await _new_conversation(page, LAPTOP)
+        assert not errors, errors
