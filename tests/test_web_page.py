@@ -555,3 +555,32 @@ async def test_a_wrong_token_is_said_so_in_the_token_dialog(db_path, browser):
         await expect(page.locator("#auth")).to_be_hidden()
         await _new_conversation(page, LAPTOP)
         assert not errors, errors
+
+
+async def test_the_page_scripts_are_served_compressed_revalidated_and_nothing_else(db_path):
+    async with running_server(db_path) as server:
+        async with server.client() as c:
+            page = await c.get(server.url + "/", headers={"Accept-Encoding": "gzip"})
+            assert page.headers["content-encoding"] == "gzip" and "<html" in page.text
+            policy = page.headers["content-security-policy"]
+            scripts = next(p for p in policy.split("; ") if p.startswith("script-src "))
+            assert scripts.split()[-1] == "'self'" and "unsafe" not in policy
+            url = server.url + "/static/vendor/marked.umd.js"
+            first = await c.get(url, headers={"Accept-Encoding": "gzip"})
+            assert first.status_code == 200 and "marked v18" in first.text
+            assert first.headers["content-encoding"] == "gzip"
+            assert first.headers["content-type"].startswith("text/javascript")
+            again = await c.get(url, headers={"If-None-Match": first.headers["etag"]})
+            assert again.status_code == 304 and again.content == b""
+            plain = await c.get(
+                server.url + "/static/highlight.js", headers={"Accept-Encoding": ""}
+            )
+            assert "content-encoding" not in plain.headers and "registerLanguage" in plain.text
+            for other in (
+                "/static/index.html",
+                "/static/vendor/README.md",
+                "/static/vendor/LICENSE.marked",
+                "/static/../api.py",
+                "/static/vendor/nothing.js",
+            ):
+                assert (await c.get(server.url + other)).status_code == 404, other
