@@ -11,6 +11,7 @@ server; ``AGENTIK_AXE`` names another copy); it is never served by the bot.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import sqlite3
@@ -311,7 +312,7 @@ async def test_tool_cards_sit_in_the_answer_in_the_order_they_ran(db_path, brows
         )
         await _ask(page, "Rain in Lyon?")
         answer = page.locator(".msg.assistant").last
-        await last.held.wait()
+        await asyncio.wait_for(last.held.wait(), 60)
         # While it is still being written, the card stands between the two texts.
         await expect(answer.locator(":scope > .text, :scope > .tool")).to_have_text(
             ["Let me check.", re.compile("lookup — done"), re.compile("It will")]
