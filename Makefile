@@ -17,8 +17,11 @@ NO_REMOTE := [ -z "$${OPENAI_BASE_URL}$${OPENAI_API_KEY}$${AGENTIK_GOOGLE_MODEL_
 # directory (never global): .npm-tools/node_modules/@modelcontextprotocol/...
 NPM_TOOLS ?= .npm-tools
 MCP_EVERYTHING_VERSION := 2026.8.31
+# axe-core for the web page's accessibility test (tests/test_web_page.py), pinned,
+# beside it in $(NPM_TOOLS); never served by the bot.
+AXE_CORE_VERSION := 4.14.1
 
-.PHONY: run test docs test-model bench bench-local lint format clean irc-servers chromium local-build-tools mcp-servers postgres
+.PHONY: run test docs test-model bench bench-local lint format clean irc-servers chromium local-build-tools mcp-servers postgres axe-core
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -66,7 +69,7 @@ run:
 # The suite on parallel workers (pytest-xdist; auto = two per CPU, tests/conftest.py; TEST_WORKERS=0
 # runs it in one process). Groups that must stay on one worker: tests/conftest.py.
 TEST_WORKERS ?= auto
-test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium mcp-servers postgres
+test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium mcp-servers postgres axe-core
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The manual: docs/ built by mkdocs (Material theme) into site/, strictly (a warning,
@@ -208,6 +211,29 @@ mcp-servers:
 	     --loglevel=error --fetch-retries=2 --fetch-timeout=60000 \
 	     @modelcontextprotocol/server-everything@$(MCP_EVERYTHING_VERSION) >/dev/null); then \
 	  echo "note: installing server-everything failed; its MCP tests will skip (CI=true: fail)"; \
+	  [ "$${CI:-}" != true ] || exit 1; \
+	  exit 0; \
+	fi; \
+	touch $$stamp
+
+# axe-core for the web page's accessibility test, installed like server-everything
+# (above) into $(NPM_TOOLS); without node and npm a note, and that test skips (CI=true: fails).
+axe-core:
+	@set -e; \
+	stamp=$(NPM_TOOLS)/.axe-core-$(AXE_CORE_VERSION); \
+	if [ -f $$stamp ]; then exit 0; fi; \
+	if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
+	  echo "note: node and npm are missing; the web page's axe-core test will skip (CI=true: fail)"; \
+	  [ "$${CI:-}" != true ] || exit 1; \
+	  exit 0; \
+	fi; \
+	echo "installing axe-core@$(AXE_CORE_VERSION) into $(NPM_TOOLS)"; \
+	mkdir -p $(NPM_TOOLS); \
+	[ -f $(NPM_TOOLS)/package.json ] || echo '{"private": true}' > $(NPM_TOOLS)/package.json; \
+	if ! (cd $(NPM_TOOLS) && timeout 900 npm install --no-audit --no-fund --save-exact \
+	     --loglevel=error --fetch-retries=2 --fetch-timeout=60000 \
+	     axe-core@$(AXE_CORE_VERSION) >/dev/null); then \
+	  echo "note: installing axe-core failed; the web page's axe-core test will skip (CI=true: fail)"; \
 	  [ "$${CI:-}" != true ] || exit 1; \
 	  exit 0; \
 	fi; \

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
+import gzip
 import hashlib
 import hmac
 import json
@@ -48,6 +50,8 @@ import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -372,13 +376,14 @@ def _inline_hashes(page: str, tag: str) -> list[str]:
 
 def page_headers(page: str) -> dict[str, str]:
     """The web page's response headers: no caching, and a Content-Security-Policy
-    that runs only the page's own inline script and style, lets it talk only to
+    that runs only the page's own inline script and style and its own files under
+    ``/static/`` (the vendored libraries: never another site's), lets it talk only to
     its own origin, and forbids framing it (another site's page could otherwise
     show it in an invisible frame and have the user click Approve or Delete)."""
     policy = "; ".join(
         [
             "default-src 'none'",
-            "script-src " + " ".join(_inline_hashes(page, "script")),
+            "script-src " + " ".join([*_inline_hashes(page, "script"), "'self'"]),
             "style-src " + " ".join(_inline_hashes(page, "style")),
             "connect-src 'self'",
             "img-src data:",
@@ -394,6 +399,35 @@ def page_headers(page: str) -> dict[str, str]:
         "x-content-type-options": "nosniff",
         "referrer-policy": "no-referrer",
     }
+
+
+@dataclass(frozen=True)
+class _Asset:
+    """One of the page's static files: its bytes, gzip-compressed once, and its ETag."""
+
+    body: bytes
+    gzipped: bytes
+    etag: str
+
+
+@functools.cache
+def _assets() -> dict[str, _Asset]:
+    """The page's scripts under ``static/`` (``highlight.js``, ``vendor/**/*.js``), by
+    path; read once, when the page first asks for one."""
+    root = resources.files(__package__).joinpath("static")
+    found: dict[str, _Asset] = {}
+
+    def walk(folder: Traversable, prefix: str) -> None:
+        for item in folder.iterdir():
+            if item.is_dir():
+                walk(item, prefix + item.name + "/")
+            elif item.name.endswith(".js"):
+                body = item.read_bytes()
+                etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
+                found[prefix + item.name] = _Asset(body, gzip.compress(body, 9, mtime=0), etag)
+
+    walk(root, "")
+    return found
 
 
 def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
@@ -430,6 +464,7 @@ class Api:
         self.local = local_principal(ctx.settings)
         self.browser_guard = Guard.from_settings(ctx.settings, tokens=ctx.tokens.enabled)
         self.page_headers = page_headers(ctx.page) if ctx.page is not None else {}
+        self._page_gzipped: bytes | None = None
 
     # -- helpers -------------------------------------------------------------------------
     @property
@@ -667,7 +702,32 @@ class Api:
 
     async def page(self, request: Request) -> Response:
         assert self.ctx.page is not None
-        return HTMLResponse(self.ctx.page, headers=self.page_headers)
+        if "gzip" not in request.headers.get("accept-encoding", ""):
+            return HTMLResponse(self.ctx.page, headers=self.page_headers)
+        if self._page_gzipped is None:
+            self._page_gzipped = gzip.compress(self.ctx.page.encode(), 9, mtime=0)
+        headers = {**self.page_headers, "content-encoding": "gzip", "vary": "accept-encoding"}
+        return HTMLResponse(self._page_gzipped, headers=headers)
+
+    async def static(self, request: Request) -> Response:
+        """The page's scripts (vendored libraries): revalidated by ETag, gzip when the
+        browser takes it; nothing else under ``static/`` is served."""
+        asset = _assets().get(request.path_params["path"])
+        if asset is None:
+            raise ApiError(404, "not_found", "no such file")
+        headers = {
+            "cache-control": "no-cache",
+            "etag": asset.etag,
+            "vary": "accept-encoding",
+            "x-content-type-options": "nosniff",
+        }
+        if asset.etag in request.headers.get("if-none-match", ""):
+            return Response(status_code=304, headers=headers)
+        body = asset.body
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            body = asset.gzipped
+            headers["content-encoding"] = "gzip"
+        return Response(body, media_type="text/javascript; charset=utf-8", headers=headers)
 
     async def create_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -1149,6 +1209,7 @@ def build_app(ctx: ApiContext) -> Starlette:
     ]
     if ctx.page is not None:
         paths.append(("/", {"GET": api.page}))
+        paths.append(("/static/{path:path}", {"GET": api.static}))
     if ctx.metrics is not None:
         paths.append(("/metrics", {"GET": api.metrics}))
     routes = [
