@@ -119,6 +119,8 @@ class FakeSlack:
         #: ``(event_id, retry_attempt)`` of every resend, in order.
         self.retried: list[tuple[str, int]] = []
         self._resends: set[asyncio.Task[None]] = set()
+        #: Seconds ``push_event`` (and the other sends) wait for a live connection.
+        self.send_timeout = 60.0
         self.add_user(bot_user_id, "bot", real_name="Fake Bot", is_bot=True)
         self._rate_limits: dict[str, list[int]] = {}  # method -> [times_left, retry_after]
         self._streaming: set[tuple[str, str]] = set()
@@ -491,8 +493,9 @@ class FakeSlack:
         ws = self._ws
         return ws if ws is not None and not ws.closed else None
 
-    async def _send(self, frame: dict[str, Any], timeout: float = 60.0) -> None:  # noqa: ASYNC109
-        ws = await self.wait_until(self._live_ws, timeout, "a live socket connection")
+    async def _send(self, frame: dict[str, Any], timeout: float | None = None) -> None:  # noqa: ASYNC109
+        wait = self.send_timeout if timeout is None else timeout
+        ws = await self.wait_until(self._live_ws, wait, "a live socket connection")
         self.sent.append(frame)
         await ws.send_str(json.dumps(frame))
 
