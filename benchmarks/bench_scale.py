@@ -289,6 +289,16 @@ class Driver:
         await self.client.aclose()
 
 
+async def _listening(port: int) -> bool:
+    import httpx
+
+    try:
+        async with httpx.AsyncClient() as c:
+            return (await c.get(f"http://127.0.0.1:{port}/health", timeout=10)).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 async def throughput_of(
     n: int, folder: Path, dsn: str, url: str, args: argparse.Namespace
 ) -> float:
@@ -311,8 +321,9 @@ max_connections_per_client = 0
     try:
         for w in crew:
             w.start()
-        for w in crew:
+        for w, port in zip(crew, ports, strict=True):
             await until(lambda w=w: ready(w), f"worker {w.folder.name}")  # type: ignore[misc]
+            await until(lambda p=port: _listening(p), f"the HTTP API of {w.folder.name}")  # type: ignore[misc]
         drivers = [Driver(p) for p in ports]
         for d in drivers:
             await d.start()
@@ -600,13 +611,15 @@ async def _fill_postgres(dsn: str, n: int) -> None:
         await conn.close()
 
 
-async def _median_ms(fn: Callable[[], Any], times: int = 20) -> float:
+async def _median_ms(fn: Callable[[], Any], times: int = 20) -> tuple[float, float]:
+    """Median and best wall milliseconds of ``times`` calls (the best: what a call costs
+    when the loaded machine does not make it wait)."""
     walls = []
     for _ in range(times):
         t = time.perf_counter()
         await fn()
         walls.append(time.perf_counter() - t)
-    return statistics.median(walls) * 1e3
+    return statistics.median(walls) * 1e3, min(walls) * 1e3
 
 
 async def listing(folder: Path, dsn: str, args: argparse.Namespace) -> list[Row]:
@@ -638,10 +651,10 @@ async def listing(folder: Path, dsn: str, args: argparse.Namespace) -> list[Row]
                     lambda s=store, d=deep: s.list_conversations(limit=50, offset=d)
                 ),
             }
-        for what, took in timed.items():
-            say(f"   {name} {what}: {took:.2f} ms")
+        for what, (took, best) in timed.items():
+            say(f"   {name} {what}: {took:.2f} ms (best {best:.2f} ms)")
             goal = {"first page": 50.0, "keyset page": 20.0}.get(what)
-            rows.append(Row(f"(d) {name} {what}", f"{took:.2f} ms", "-", None,
+            rows.append(Row(f"(d) {name} {what}", f"{took:.2f} ms (best {best:.2f})", "-", None,
                             f"<= {goal:.0f} ms" if goal else "-",
                             None if goal is None else took <= goal, section="d"))  # fmt: skip
     return rows
