@@ -246,7 +246,9 @@ $(BENCH): pyproject.toml | $(DEV)
 	touch $@
 
 # bench_soak --quick: a short form of the hour-long soak (about 90 s; ngircd, see irc-servers).
-bench: $(DEV) $(BENCH) irc-servers
+# bench_scale: several workers on PostgreSQL (a few minutes; without PostgreSQL it says so
+# and measures nothing).
+bench: $(DEV) $(BENCH) irc-servers postgres
 	$(PY) benchmarks/bench_overhead.py
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_memory.py
@@ -259,6 +261,7 @@ bench: $(DEV) $(BENCH) irc-servers
 	$(PY) benchmarks/bench_profiles.py
 	$(PY) benchmarks/bench_startup.py
 	$(PY) benchmarks/bench_soak.py --quick
+	$(PY) benchmarks/bench_scale.py
 
 # The local model through an agentik turn vs llama-cpp-python driven directly.
 bench-local: $(DEV) $(LOCAL)

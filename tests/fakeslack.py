@@ -23,7 +23,12 @@ through Socket Mode (so ``conversations.replies`` sees the user's side of a thre
 Socket Mode: ``apps.connections.open`` (app token only) hands out a one-time
 ``ws://127.0.0.1:PORT/socket?ticket=...`` URL; on connect the server sends ``hello``;
 ``push_event`` sends an ``events_api`` envelope on the newest connection and the client's
-``{"envelope_id": ...}`` acks are recorded in ``acks``.
+``{"envelope_id": ...}`` acks are recorded in ``acks``. With ``retry_after`` set, an event
+whose envelope is not acked within that many seconds is sent again (a new envelope, the
+same ``event_id``, ``retry_attempt`` 1, 2, 3 and ``retry_reason`` ``"timeout"``), on
+whichever connection is live then, at most ``max_retries`` times: as Slack resends an
+event a client did not acknowledge in time (Slack waits longer between attempts).
+Each resend is recorded in ``retried``.
 
 Limits as Slack documents them: ``chat.postMessage``/``chat.update`` refuse a
 ``text`` over 40,000 characters (``msg_too_long``), more than 50 blocks or a
@@ -107,6 +112,15 @@ class FakeSlack:
         #: The client end (host, port) of each connection Web API calls came over.
         self.api_connections: set[tuple[Any, ...]] = set()
         self.socket_connections = 0
+        #: Seconds an events_api envelope may wait for its ack before the event is sent
+        #: again (None: never); at most ``max_retries`` resends of one event.
+        self.retry_after: float | None = None
+        self.max_retries = 3
+        #: ``(event_id, retry_attempt)`` of every resend, in order.
+        self.retried: list[tuple[str, int]] = []
+        self._resends: set[asyncio.Task[None]] = set()
+        #: Seconds ``push_event`` (and the other sends) wait for a live connection.
+        self.send_timeout = 60.0
         self.add_user(bot_user_id, "bot", real_name="Fake Bot", is_bot=True)
         self._rate_limits: dict[str, list[int]] = {}  # method -> [times_left, retry_after]
         self._streaming: set[tuple[str, str]] = set()
@@ -141,6 +155,8 @@ class FakeSlack:
         self.port = self._runner.addresses[0][1]
 
     async def stop(self) -> None:
+        for task in list(self._resends):
+            task.cancel()
         for ws in list(self._sockets):
             with contextlib.suppress(Exception):
                 await ws.close(code=1001, message=b"server shutting down")
@@ -477,8 +493,9 @@ class FakeSlack:
         ws = self._ws
         return ws if ws is not None and not ws.closed else None
 
-    async def _send(self, frame: dict[str, Any], timeout: float = 60.0) -> None:  # noqa: ASYNC109
-        ws = await self.wait_until(self._live_ws, timeout, "a live socket connection")
+    async def _send(self, frame: dict[str, Any], timeout: float | None = None) -> None:  # noqa: ASYNC109
+        wait = self.send_timeout if timeout is None else timeout
+        ws = await self.wait_until(self._live_ws, wait, "a live socket connection")
         self.sent.append(frame)
         await ws.send_str(json.dumps(frame))
 
@@ -492,24 +509,49 @@ class FakeSlack:
     ) -> str:
         """Send ``event`` in an ``events_api`` envelope on the newest connection (waiting for
         one if needed); returns the envelope id. Message and app_mention events are also
-        stored in ``messages``."""
+        stored in ``messages``. With :attr:`retry_after` set, the event is sent again
+        while unacknowledged (see the module docstring); ``retry_num`` sends a retry by
+        hand (pass the first delivery's ``event_id``)."""
         if event.get("type") in ("message", "app_mention") and event.get("channel"):
             if event.get("ts") and event.get("subtype") in (None, "file_share", "thread_broadcast"):
                 msg = {k: v for k, v in event.items() if k not in ("channel", "channel_type")}
                 msg["type"] = "message"
                 self.messages.setdefault((event["channel"], event["ts"]), msg)
+        payload = self.event_callback(event, event_id=event_id)
+        envelope_id = await self._send_event(payload, retry_num or 0, retry_reason or "")
+        if self.retry_after is not None and not retry_num:
+            task = asyncio.create_task(self._resend_unacked(payload, envelope_id))
+            self._resends.add(task)
+            task.add_done_callback(self._resends.discard)
+        return envelope_id
+
+    async def _send_event(self, payload: dict[str, Any], attempt: int, reason: str) -> str:
         envelope_id = str(uuid.uuid4())
         await self._send(
             {
                 "envelope_id": envelope_id,
-                "payload": self.event_callback(event, event_id=event_id),
+                "payload": payload,
                 "type": "events_api",
                 "accepts_response_payload": False,
-                "retry_attempt": retry_num or 0,
-                "retry_reason": retry_reason or "",
+                "retry_attempt": attempt,
+                "retry_reason": reason,
             }
         )
         return envelope_id
+
+    async def _resend_unacked(self, payload: dict[str, Any], envelope_id: str) -> None:
+        """Send ``payload`` again while its latest envelope is not acked in time."""
+        for attempt in range(1, self.max_retries + 1):
+            try:
+                await self.wait_for_ack(envelope_id, self.retry_after or 0.0)
+                return
+            except TimeoutError:
+                pass
+            self.retried.append((payload["event_id"], attempt))
+            try:
+                envelope_id = await self._send_event(payload, attempt, "timeout")
+            except TimeoutError:  # no live connection for a minute: Slack gives up too
+                return
 
     async def request_refresh(self) -> None:
         """Ask the client to reconnect, as Slack does periodically."""

@@ -217,6 +217,25 @@ async def test_socket_mode_refresh_requested(slack: FakeSlack, socket_client) ->
     await slack.wait_for_ack(envelope_id)
 
 
+async def test_an_unacked_event_is_sent_again_with_its_retry_number(
+    slack: FakeSlack, client: AsyncWebClient
+) -> None:
+    slack.retry_after, slack.max_retries = 0.1, 2
+    url = (await client.apps_connections_open(app_token=slack.app_token))["url"]
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        assert (await ws.receive_json())["type"] == "hello"
+        first = await slack.push_event(slack.message_event("C1", "hi"), event_id="Ev1")
+        frames = [await ws.receive_json(timeout=60) for _ in range(3)]  # never acked in time
+        assert [f["retry_attempt"] for f in frames] == [0, 1, 2]
+        assert [f["retry_reason"] for f in frames] == ["", "timeout", "timeout"]
+        assert {f["payload"]["event_id"] for f in frames} == {"Ev1"}
+        assert frames[0]["envelope_id"] == first
+        assert len({f["envelope_id"] for f in frames}) == 3  # a new envelope each time
+        await ws.send_json({"envelope_id": frames[-1]["envelope_id"]})
+        await slack.wait_for_ack(frames[-1]["envelope_id"])
+    assert slack.retried == [("Ev1", 1), ("Ev1", 2)]
+
+
 async def test_socket_ticket_is_single_use(slack: FakeSlack, client: AsyncWebClient) -> None:
     url = (await client.apps_connections_open(app_token=slack.app_token))["url"]
     assert url.startswith(f"ws://127.0.0.1:{slack.port}/socket?ticket=")

@@ -208,6 +208,28 @@ class Store(abc.ABC):
     ) -> list[ConversationRecord]:
         """A page of conversations, most recently updated first."""
 
+    async def list_conversations_after(
+        self, updated_at: float, conversation_id: str, *, limit: int = 50
+    ) -> list[ConversationRecord]:
+        """The ``limit`` conversations that come after ``(updated_at, conversation_id)``
+        in :meth:`list_conversations`' order (most recently updated first, ties by id):
+        a keyset page. Pass the last record of a page for the next one; the key need not
+        name a conversation that still exists.
+
+        ``offset`` reads past every row it skips, so a page deep in a long list costs
+        more than the first; a keyset page costs the same anywhere. This default pages
+        through :meth:`list_conversations`; the engines answer it from their index."""
+        key = (-updated_at, conversation_id)
+        found: list[ConversationRecord] = []
+        offset = 0
+        while len(found) < limit:
+            page = await self.list_conversations(limit=500, offset=offset)
+            found += [r for r in page if (-r.updated_at, r.id) > key]
+            if len(page) < 500:
+                break
+            offset += len(page)
+        return found[:limit]
+
     @abc.abstractmethod
     async def update_conversation(
         self,

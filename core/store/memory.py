@@ -115,6 +115,13 @@ class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, Store):
         ordered = sorted(self._conversations.values(), key=lambda r: (-r.updated_at, r.id))
         return ordered[offset : offset + limit]
 
+    async def list_conversations_after(
+        self, updated_at: float, conversation_id: str, *, limit: int = 50
+    ) -> list[ConversationRecord]:
+        key = (-updated_at, conversation_id)
+        ordered = sorted(self._conversations.values(), key=lambda r: (-r.updated_at, r.id))
+        return [r for r in ordered if (-r.updated_at, r.id) > key][:limit]
+
     async def update_conversation(
         self,
         conversation_id: str,

@@ -681,6 +681,21 @@ class PostgresStore(
         )
         return [_row_to_conversation(r) for r in rows]
 
+    async def list_conversations_after(
+        self, updated_at: float, conversation_id: str, *, limit: int = 50
+    ) -> list[ConversationRecord]:
+        # "updated_at <= $1" seeks in conversation_by_update (updated_at DESC, id); the
+        # rest drops the ties up to the key. (A row comparison cannot say "DESC, ASC".)
+        rows = await self._read(
+            "SELECT id, title, created_at, updated_at, meta FROM conversation"
+            " WHERE updated_at <= $1 AND (updated_at < $1 OR id > $2)"
+            " ORDER BY updated_at DESC, id LIMIT $3",
+            updated_at,
+            conversation_id,
+            limit,
+        )
+        return [_row_to_conversation(r) for r in rows]
+
     async def update_conversation(
         self,
         conversation_id: str,

@@ -83,6 +83,10 @@ class LogRepository(Protocol):
         self, *, limit: int = 50, offset: int = 0
     ) -> list[ConversationRecord]: ...
 
+    async def list_conversations_after(
+        self, updated_at: float, conversation_id: str, *, limit: int = 50
+    ) -> list[ConversationRecord]: ...
+
     async def update_conversation(
         self,
         conversation_id: str,

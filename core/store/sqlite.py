@@ -612,6 +612,19 @@ class SQLiteStore(
         )
         return [_row_to_conversation(r) for r in rows]
 
+    async def list_conversations_after(
+        self, updated_at: float, conversation_id: str, *, limit: int = 50
+    ) -> list[ConversationRecord]:
+        # "updated_at <= ?" seeks in conversation_by_update (updated_at DESC, id); the
+        # rest drops the ties up to the key. (A row comparison cannot say "DESC, ASC".)
+        rows = await self._read(
+            "SELECT id, title, created_at, updated_at, meta FROM conversation"
+            " WHERE updated_at <= ? AND (updated_at < ? OR id > ?)"
+            " ORDER BY updated_at DESC, id LIMIT ?",
+            (updated_at, updated_at, conversation_id, limit),
+        )
+        return [_row_to_conversation(r) for r in rows]
+
     async def update_conversation(
         self,
         conversation_id: str,

@@ -61,6 +61,22 @@ class LogContract(ContractBase):
         await store.create_conversation(rec("z", 0.5))
         assert [r.id for r in await store.list_conversations()] == ["a", "b", "c", "z"]
 
+    async def test_a_keyset_page_continues_the_listing(self, store: Any) -> None:
+        # Ties of update time (ordered by id) across page boundaries, ids that sort
+        # bytewise ("B" before "a"), and a key naming no conversation.
+        for cid, updated in (("a", 3.0), ("c", 2.0), ("B", 2.0), ("b", 2.0), ("é", 2.0),
+                             ("d", 1.0), ("e", 1.0), ("f", 0.5)):  # fmt: skip
+            await store.create_conversation(rec(cid, updated))
+        listed = await store.list_conversations(limit=100)
+        assert [r.id for r in listed] == ["a", "B", "b", "c", "é", "d", "e", "f"]
+        for i, last in enumerate(listed):
+            page = await store.list_conversations_after(last.updated_at, last.id, limit=3)
+            assert page == listed[i + 1 : i + 4]
+        gone = await store.list_conversations_after(2.0, "bb", limit=10)
+        assert [r.id for r in gone] == ["c", "é", "d", "e", "f"]
+        assert await store.list_conversations_after(9.0, "", limit=2) == listed[:2]
+        assert await store.list_conversations_after(0.5, "f") == []
+
     async def test_listing_past_the_end_is_empty(self, store: Any) -> None:
         await store.create_conversation(rec("a"))
         assert await store.list_conversations(offset=5) == []
