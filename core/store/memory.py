@@ -30,6 +30,7 @@ from .base import (
     outbox_advance,
 )
 from .memory_cluster import MemoryCluster
+from .memory_events import MemoryRunEvents
 from .memory_jobs import MemoryJobs
 from .memory_lifecycle import MemoryLifecycle
 from .records import (
@@ -46,7 +47,7 @@ from .records import (
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, Store):
+class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, MemoryRunEvents, Store):
     """In-memory :class:`Store`; nothing survives the process."""
 
     def __init__(self) -> None:

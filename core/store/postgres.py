@@ -40,6 +40,7 @@ from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
 from .migrations import Migration
 from .postgres_cluster import PostgresCluster
 from .postgres_copy import PostgresCopy
+from .postgres_events import PostgresRunEvents
 from .postgres_governance import PostgresGovernance
 from .postgres_jobs import PostgresJobs
 from .postgres_lifecycle import PostgresLifecycle
@@ -339,6 +340,7 @@ class PostgresStore(
     PostgresJobs,
     PostgresCluster,
     PostgresSeen,
+    PostgresRunEvents,
     PostgresCopy,
     Store,
 ):

@@ -45,6 +45,7 @@ from .care import backup_before_migrating
 from .migrations import apply_migrations
 from .sqlite_cluster import SQLiteCluster
 from .sqlite_copy import SQLiteCopy
+from .sqlite_events import SQLiteRunEvents
 from .sqlite_governance import SQLiteGovernance
 from .sqlite_jobs import SQLiteJobs
 from .sqlite_lifecycle import SQLiteLifecycle
@@ -339,6 +340,7 @@ class SQLiteStore(
     SQLiteJobs,
     SQLiteCluster,
     SQLiteSeen,
+    SQLiteRunEvents,
     SQLiteCopy,
     Store,
 ):
