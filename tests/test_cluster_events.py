@@ -1,0 +1,300 @@
+"""Events and waits across workers: two ``agentik run`` processes on one PostgreSQL.
+
+Real processes all the way (as tests/test_cluster_failover.py): two workers on a real
+PostgreSQL (tests/pgserver.py), each serving the HTTP API on its own port, the fake
+OpenAI-compatible server streaming slowly (so clients connect and reconnect while a
+turn runs).  What a user of the API would notice:
+
+* an SSE client on worker A sees every event of a turn that runs on worker B, with
+  the ``id`` (``seq``) and the JSON a client on B gets;
+* a client that drops mid-turn and reconnects with ``Last-Event-ID`` — to the other
+  worker, or to the same — gets the rest, with no gap and no duplicate;
+* an approval of a turn running on A, decided through B's API, resumes the turn on
+  A; a question asked by a turn on A, answered through B, too.
+
+Every wait is on something observable (an event on a stream, an HTTP answer) with a
+generous deadline: a loaded machine starts processes slowly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentik.core.testing.openai_server import Reply
+from helpers import AGENTIK, clean_env
+
+from httpserver import TOKENS, SSEMessage, SSEReader, sse
+
+pytest_plugins = ["pgserver"]
+
+PATIENCE = 180.0
+DSN_ENV = "AGENTIK_TEST_EVENTS_DSN"
+ALICE, ADMIN = TOKENS["ALICE_TOKEN"], TOKENS["ADMIN_TOKEN"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_config(name: str, openai_url: str, port: int) -> str:
+    return f"""
+[llm]
+base_url = "{openai_url}"
+model = "fake-model"
+api_key = "sk-test"
+max_retries = 0
+[storage]
+backend = "postgres"
+dsn_env = "{DSN_ENV}"
+[memory]
+backend = "none"
+[compaction]
+enabled = false
+[tools]
+ask_user = true
+todo = true
+[cluster]
+lease_seconds = 3.0
+heartbeat_seconds = 0.5
+poll_seconds = 2.0
+worker_name = "{name}"
+[access]
+admins = ["web:token:admin"]
+[[approvals]]
+tools = ["todo"]
+approvers = "admin"
+[transports.web]
+type = "http"
+host = "127.0.0.1"
+port = {port}
+tokens = [{{ name = "alice", env = "ALICE_TOKEN" }}, {{ name = "admin", env = "ADMIN_TOKEN" }}]
+"""
+
+
+class Worker:
+    """One ``agentik run`` process serving the HTTP API on its own port."""
+
+    def __init__(self, folder: Path, name: str, openai_url: str, dsn: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.port = _free_port()
+        self.config = folder / "bot.toml"
+        self.config.write_text(worker_config(name, openai_url, self.port), encoding="utf-8")
+        self.log = folder / "stderr.log"
+        self.dsn = dsn
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = clean_env(**{DSN_ENV: self.dsn, "ALICE_TOKEN": ALICE, "ADMIN_TOKEN": ADMIN})
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [AGENTIK, "run", "-c", str(self.config)], cwd=self.folder, env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            )  # fmt: skip
+
+    def client(self, token: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url + "/agentik",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(PATIENCE),
+        )
+
+    async def ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited: {self.log.read_text(errors='replace')}")
+        try:
+            async with httpx.AsyncClient() as c:
+                return (await c.get(self.url + "/ready", timeout=10)).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+
+async def until(check: Any, what: str) -> Any:
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        got = check()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def two_workers(tmp_path: Path, dsn: str, openai_url: str) -> AsyncIterator[list[Worker]]:
+    crew = [Worker(tmp_path / n, n, openai_url, dsn) for n in ("a", "b")]
+    try:
+        for w in crew:
+            w.start()
+        for w in crew:
+            await until(w.ready, f"worker {w.folder.name} ready")
+        yield crew
+    finally:
+        for w in crew:
+            w.stop()
+
+
+def frames(messages: list[SSEMessage]) -> list[tuple[int | None, str]]:
+    """Each event as the client got it: its ``id`` and its JSON (keys sorted)."""
+    return [(m.id, json.dumps(m.data, sort_keys=True)) for m in messages if m.data is not None]
+
+
+async def read_until(reader: SSEReader, kind: str, count: int = 1) -> list[SSEMessage]:
+    """Messages up to and including the ``count``-th of ``kind``."""
+    got: list[SSEMessage] = []
+    while sum(m.kind == kind for m in got) < count:
+        got += await reader.until(kind, timeout=PATIENCE)
+    return got
+
+
+def tool_results(body: dict[str, Any]) -> list[str]:
+    return [str(m.get("content")) for m in body["messages"] if m["role"] == "tool"]
+
+
+async def test_an_sse_client_on_one_worker_follows_a_turn_on_the_other(
+    postgres_dsn, openai_server, tmp_path
+):
+    openai_server.default = lambda body: Reply.text(
+        "one two three four five six seven eight nine ten " * 3, chunks=30, delay=0.03
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with b.client(ALICE) as on_b, a.client(ALICE) as on_a:
+            conv = (await on_b.post("/conversations", json={})).json()
+            path = f"/conversations/{conv['id']}/events"
+            # (1) A client on each worker from the start; the turn runs on B.
+            async with sse(on_a, path, params={"after": "0"}) as ra, sse(on_b, path) as rb:
+                r = await on_b.post(f"/conversations/{conv['id']}/messages",
+                                    json={"content": "count to ten"})  # fmt: skip
+                assert r.status_code == 202
+                seen_b = await read_until(rb, "run_stream_end")
+                seen_a = await read_until(ra, "run_stream_end")
+            assert next(m.kind for m in seen_a if m.data) == "turn_started"
+            assert sum(m.kind == "text_delta" for m in seen_b) >= 10
+            # Every event, the same ids, the same JSON: a client cannot tell the workers apart.
+            assert frames(seen_a) == frames(seen_b)
+            ids = [m.id for m in seen_a if m.data]
+            assert ids == list(range(ids[0], ids[0] + len(ids)))
+
+            # (2) A second turn, run on B: a client on B drops mid-turn and reconnects to
+            # A with Last-Event-ID, then drops again and reconnects to A again.
+            async with sse(on_b, path, params={"after": str(ids[-1])}) as whole:
+                await on_b.post(f"/conversations/{conv['id']}/messages",
+                                json={"content": "again"})  # fmt: skip
+                async with sse(on_b, path, params={"after": str(ids[-1])}) as first:
+                    part1 = await read_until(first, "text_delta", 3)
+                last = part1[-1].id
+                assert last is not None
+                async with sse(on_a, path, headers={"Last-Event-ID": str(last)}) as second:
+                    part2 = await read_until(second, "text_delta", 3)
+                last = part2[-1].id
+                assert last is not None
+                async with sse(on_a, path, headers={"Last-Event-ID": str(last)}) as third:
+                    part3 = await read_until(third, "run_stream_end")
+                everything = await read_until(whole, "run_stream_end")
+            assert frames(part1 + part2 + part3) == frames(everything)
+            got = [m.id for m in part1 + part2 + part3 if m.data]
+            assert got == list(range(ids[-1] + 1, ids[-1] + 1 + len(got)))  # no gap, no twice
+
+            # (3) A turn on A after B's: it continues B's numbers (seq is the conversation's).
+            async with sse(on_b, path, params={"after": str(got[-1])}) as rb:
+                r = await on_a.post(f"/conversations/{conv['id']}/messages", json={"content": "3"})
+                third_turn = await read_until(rb, "run_stream_end")
+            started = next(m for m in third_turn if m.kind == "turn_started")
+            assert started.data is not None and started.data["run_id"] == r.json()["run_id"]
+            assert [m.id for m in third_turn] == list(
+                range(got[-1] + 1, got[-1] + 1 + len(third_turn))
+            )
+
+
+async def test_an_approval_decided_on_another_worker_resumes_the_turn(
+    postgres_dsn, openai_server, tmp_path
+):
+    items = {"items": [{"text": "ship it", "status": "pending"}]}
+    openai_server.enqueue(
+        Reply.tool_calls([("call-1", "todo", json.dumps(items))]),
+        Reply.text("the list is set", chunks=3),
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as alice_a, b.client(ADMIN) as admin_b:
+            conv = (await alice_a.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice_a, base + "/events") as events:
+                r = await alice_a.post(base + "/messages", json={"content": "make a list"})
+                assert r.status_code == 202
+                asked = (await events.until("approval_requested", timeout=PATIENCE))[-1].data
+                assert asked is not None and asked["name"] == "todo"
+                # Decided through B's API, whose process holds no waiter for it.
+                pending = (await admin_b.get(base + "/approvals")).json()["items"]
+                assert [(p["id"], p["may_approve"]) for p in pending] == [
+                    (asked["approval_id"], True)
+                ]
+                url = f"{base}/approvals/{asked['approval_id']}"
+                ok = await admin_b.post(url, json={"decision": "approve", "reason": "go"})
+                assert ok.status_code == 200, ok.text
+                assert ok.json()["decision"] == "approved"
+                rest = await events.until("turn_ended", timeout=PATIENCE)
+            resolved = next(m.data for m in rest if m.kind == "approval_resolved")
+            assert resolved is not None
+            assert (resolved["decision"], resolved["approver"]) == ("approved", "admin")
+            ended = rest[-1].data
+            assert ended is not None and ended["stop_reason"] == "stop"
+            # The tool ran on A: the model's next request has its result, not a refusal.
+            results = tool_results(openai_server.requests[-1])
+            assert len(results) == 1 and not results[0].startswith("error")
+            again = await admin_b.post(url, json={"decision": "deny"})
+            assert again.status_code == 409
+
+
+async def test_a_question_answered_on_another_worker_resumes_the_turn(
+    postgres_dsn, openai_server, tmp_path
+):
+    ask = {"question": "which colour?", "choices": ["red", "blue"]}
+    openai_server.enqueue(
+        Reply.tool_calls([("call-1", "ask_user", json.dumps(ask))]),
+        Reply.text("blue it is", chunks=3),
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as alice_a, b.client(ALICE) as alice_b:
+            conv = (await alice_a.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice_a, base + "/events") as events:
+                r = await alice_a.post(base + "/messages", json={"content": "paint it"})
+                assert r.status_code == 202
+                turn = r.json()["run_id"]
+                await events.until("question_asked", timeout=PATIENCE)
+                # Alice's answer arrives through B: it answers, it starts no turn of its own.
+                answer = await alice_b.post(base + "/messages", json={"content": "blue"})
+                assert answer.status_code == 202, answer.text
+                assert answer.json()["run_id"] == turn
+                rest = await events.until("turn_ended", timeout=PATIENCE)
+            answered = next(m.data for m in rest if m.kind == "question_answered")
+            assert answered is not None
+            assert (answered["outcome"], answered["answer"]) == ("answered", "blue")
+            assert [m.kind for m in rest].count("turn_started") == 0
+            results = tool_results(openai_server.requests[-1])
+            assert len(results) == 1 and "blue" in results[0]
