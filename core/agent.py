@@ -626,7 +626,10 @@ class Agent:
             # The checklist's text came from such a call: it goes with it.
             await self.todos.clear(conversation_id)
         # The replay buffers (``events?after=…``) hold copies of what it said.
-        self.services.scrub(replay_edit(row.kind, row.run_id, row.tool_call_id, content))
+        edit = replay_edit(row.kind, row.run_id, row.tool_call_id, content)
+        self.services.scrub(edit)
+        if self.cluster_events is not None:  # workers: the stored events, the others' buffers
+            await self.cluster_events.redacted(conversation_id, message_id, edit)
         conv = self.services.find(conversation_id)
         if conv is not None:
             conv.redacted(message_id, content, row.kind, row.tool_call_id, row.content)
@@ -640,6 +643,14 @@ class Agent:
             done.notes_removed,
         )
         return done
+
+    async def scrub_redacted(self, conversation_id: str, message_id: int) -> None:
+        """Another worker redacted message ``message_id``: scrub this worker's replay
+        buffers of what it said (read again from the store: its tombstone)."""
+        rows = await self.store.messages(conversation_id, after=message_id - 1, limit=1)
+        if rows and rows[0].id == message_id:
+            row = rows[0]
+            self.services.scrub(replay_edit(row.kind, row.run_id, row.tool_call_id, row.content))
 
     def _scrub_note(self, text: str) -> str:
         return self.hooks.before_store("note", text, None)

@@ -298,3 +298,43 @@ async def test_a_question_answered_on_another_worker_resumes_the_turn(
             assert [m.kind for m in rest].count("turn_started") == 0
             results = tool_results(openai_server.requests[-1])
             assert len(results) == 1 and "blue" in results[0]
+
+
+async def test_a_redaction_on_one_worker_scrubs_the_replay_on_both(
+    postgres_dsn, openai_server, tmp_path
+):
+    openai_server.default = lambda body: Reply.text("the secret is swordfish", chunks=4)
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ADMIN) as on_a, b.client(ADMIN) as on_b:
+            conv = (await on_b.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(on_b, base + "/events") as rb:
+                await on_b.post(base + "/messages", json={"content": "tell me"})
+                await read_until(rb, "run_stream_end")
+            # Both workers replay it (B from its buffer and the stored events, A stored).
+            for client in (on_a, on_b):
+                async with sse(client, base + "/events", params={"after": "0"}) as r:
+                    said = "".join(
+                        (m.data or {}).get("text", "") for m in await read_until(r, "turn_ended")
+                    )
+                assert "swordfish" in said
+            rows = (await on_a.get(base + "/messages")).json()["items"]
+            answer = next(m for m in rows if m["kind"] == "assistant")
+            # Redacted through A: neither worker replays what it said any more.
+            done = await on_a.post(f"{base}/messages/{answer['id']}/redact", json={"reason": "x"})
+            assert done.status_code == 200, done.text
+
+            async def replayed(client: httpx.AsyncClient) -> str:
+                async with sse(client, base + "/events", params={"after": "0"}) as r:
+                    got = await read_until(r, "turn_ended")
+                return json.dumps([m.data for m in got])
+
+            assert "swordfish" not in await replayed(on_a)
+            # B's own buffer is scrubbed on the notification (within moments).
+            await until(
+                lambda: _without(replayed(on_b), "swordfish"), "B's replay without the secret"
+            )
+
+
+async def _without(text: Any, word: str) -> bool:
+    return word not in await text

@@ -42,7 +42,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..events import Event, EventsLost, event_from_json, event_to_json
@@ -57,9 +57,14 @@ if TYPE_CHECKING:
     from ..streamprofiles import StreamProfile
     from .notify import Notice
 
+#: An edit of one event: its replacement, or ``None`` to keep it
+#: (:func:`~agentik.core.redaction.replay_edit` makes them).
+EventEdit = Callable[[Event], "Event | None"]
+
 __all__ = [
     "DECISIONS_TOPIC",
     "EVENTS_TOPIC",
+    "REDACTIONS_TOPIC",
     "ClusterEvents",
     "ClusterSubscription",
     "conversation_lease",
@@ -71,6 +76,8 @@ log = logging.getLogger(__name__)
 EVENTS_TOPIC = "events"
 #: The topic announcing decided waits: ``a:<approval serial>``, ``q:<question id>``.
 DECISIONS_TOPIC = "decisions"
+#: The topic announcing redacted messages: ``<message id>:<conversation id>``.
+REDACTIONS_TOPIC = "redactions"
 #: Events kept per conversation, and for how long, by the retention job.
 KEEP_EVENTS = 4096
 KEEP_SECONDS = 24 * 3600.0
@@ -120,6 +127,7 @@ class ClusterEvents:
         self._subs = [
             self.notifier.subscribe(EVENTS_TOPIC, self._on_events),
             self.notifier.subscribe(DECISIONS_TOPIC, self._on_decisions),
+            self.notifier.subscribe(REDACTIONS_TOPIC, self._on_redactions),
         ]
         task = asyncio.get_running_loop().create_task(
             self._prune_hourly(), name="agentik-run-events-prune"
@@ -260,6 +268,43 @@ class ClusterEvents:
             seq, _, cid = one.partition(":")
             for sub in list(self._followers.get(cid, ())):
                 sub.poke(int(seq) if seq.isdigit() else None)
+
+    # -- redaction -----------------------------------------------------------------------
+    async def redacted(
+        self, conversation_id: str, message_id: int, edit: Callable[[], EventEdit]
+    ) -> int:
+        """Message ``message_id`` was redacted here (this worker's replay buffers are
+        scrubbed already): its stored events are rewritten with ``edit`` (numbers
+        kept), and the other workers are told to scrub their buffers.  How many
+        stored events changed."""
+        await self.flushed()
+        one = edit()
+        changed: list[tuple[str, int, float, str]] = []
+        after = 0
+        while True:
+            rows = await self.store.run_events_after(conversation_id, after, limit=self.page)
+            for seq, data in rows:
+                try:
+                    event = event_from_json(data)
+                except ValueError:
+                    continue
+                new = one(event)
+                if new is not None and new is not event:
+                    changed.append((conversation_id, seq, new.ts, event_to_json(new)))
+            if len(rows) < self.page:
+                break
+            after = rows[-1][0]
+        await self.store.run_events_add(changed, replace=True)
+        await self.notifier.publish(REDACTIONS_TOPIC, f"{message_id}:{conversation_id}")
+        return len(changed)
+
+    async def _on_redactions(self, notice: Notice) -> None:
+        if notice.resync or notice.local:
+            return  # (a resync: nothing to re-read; redactions are rare and announced)
+        for one in notice.ids:
+            mid, _, cid = one.partition(":")
+            if mid.isdigit():
+                await self.agent.scrub_redacted(cid, int(mid))
 
     # -- waits ---------------------------------------------------------------------------
     async def _decided(self, wait_id: str) -> None:

@@ -689,10 +689,13 @@ class Store(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} keeps no handled events")
 
     # -- run events, for SSE clients on every worker (issue 32; SQLite 18, PostgreSQL 7) ---
-    async def run_events_add(self, rows: Sequence[tuple[str, int, float, str]]) -> None:
+    async def run_events_add(
+        self, rows: Sequence[tuple[str, int, float, str]], *, replace: bool = False
+    ) -> None:
         """Record a batch of events: ``(conversation_id, seq, at, data)`` rows, ``data``
         the event as the SSE stream sends it (:func:`~agentik.core.events.event_to_json`).
-        A ``(conversation_id, seq)`` recorded already is left as it is."""
+        A ``(conversation_id, seq)`` recorded already is left as it is; with
+        ``replace``, its ``data`` is replaced (a redaction rewrites what it said)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run events")
 
     async def run_events_after(

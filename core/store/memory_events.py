@@ -16,9 +16,15 @@ class MemoryRunEvents:
         table = self.__dict__.setdefault("_run_events", {})
         return table.setdefault(conversation_id, {})
 
-    async def run_events_add(self, rows: Sequence[tuple[str, int, float, str]]) -> None:
+    async def run_events_add(
+        self, rows: Sequence[tuple[str, int, float, str]], *, replace: bool = False
+    ) -> None:
         for cid, seq, at, data in rows:
-            self._events_of(cid).setdefault(int(seq), (float(at), data))
+            table = self._events_of(cid)
+            if replace and int(seq) in table:
+                table[int(seq)] = (table[int(seq)][0], data)
+            else:
+                table.setdefault(int(seq), (float(at), data))
 
     async def run_events_after(
         self, conversation_id: str, after: int, *, limit: int = 500

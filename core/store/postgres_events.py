@@ -22,21 +22,25 @@ _ADD = (
     " SELECT * FROM unnest($1::text[], $2::bigint[], $3::float8[], $4::text[])"
     " ON CONFLICT (conversation_id, seq) DO NOTHING"
 )
+_REPLACE = _ADD.replace("DO NOTHING", "DO UPDATE SET data = excluded.data")
 
 
 class PostgresRunEvents(PostgresRoom):
     """Run events in the ``run_event`` table (migration 7)."""
 
-    async def run_events_add(self, rows: Sequence[tuple[str, int, float, str]]) -> None:
+    async def run_events_add(
+        self, rows: Sequence[tuple[str, int, float, str]], *, replace: bool = False
+    ) -> None:
         if not rows:
             return
+        sql = _REPLACE if replace else _ADD
         cids = [r[0] for r in rows]
         seqs = [r[1] for r in rows]
         ats = [r[2] for r in rows]
         data = [nul_free(r[3]) for r in rows]
 
         async def fn(conn: asyncpg.Connection) -> None:
-            await conn.execute(_ADD, cids, seqs, ats, data)
+            await conn.execute(sql, cids, seqs, ats, data)
 
         await self._write(fn, single=True)
 

@@ -346,7 +346,9 @@ class RunEventRepository(Protocol):
     """What a conversation's turns emitted, in batches: an SSE client on any worker
     replays and follows them with the same ``seq`` (``(seq, event JSON)`` rows)."""
 
-    async def run_events_add(self, rows: Sequence[tuple[str, int, float, str]]) -> None: ...
+    async def run_events_add(
+        self, rows: Sequence[tuple[str, int, float, str]], *, replace: bool = False
+    ) -> None: ...
 
     async def run_events_after(
         self, conversation_id: str, after: int, *, limit: int = 500

@@ -18,14 +18,17 @@ __all__ = ["SQLiteRunEvents"]
 class SQLiteRunEvents(SQLiteRoom):
     """Run events in the ``run_event`` table (migration 18)."""
 
-    async def run_events_add(self, rows: Sequence[tuple[str, int, float, str]]) -> None:
+    async def run_events_add(
+        self, rows: Sequence[tuple[str, int, float, str]], *, replace: bool = False
+    ) -> None:
         if not rows:
             return
+        then = "DO UPDATE SET data = excluded.data" if replace else "DO NOTHING"
 
         def fn(conn: sqlite3.Connection) -> None:
             conn.executemany(
                 "INSERT INTO run_event (conversation_id, seq, at, data) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (conversation_id, seq) DO NOTHING",
+                f" ON CONFLICT (conversation_id, seq) {then}",
                 list(rows),
             )
 

@@ -43,6 +43,16 @@ class RunEventsContract(ContractBase):
         assert got[2] == '{"kind":"text_delta","seq":2,"text":"é2"}'
         assert sorted(got) == [1, 2, 3]
 
+    async def test_a_batch_with_replace_rewrites_what_is_there(self, store: Any) -> None:
+        await store.run_events_add(_rows("c1", range(1, 3)))
+        await store.run_events_add([("c1", 2, 999.0, '{"redacted":true}')], replace=True)
+        assert await store.run_events_after("c1", 0) == [
+            (1, '{"kind":"text_delta","seq":1,"text":"é1"}'),
+            (2, '{"redacted":true}'),
+        ]
+        # Its time is kept: a rewrite does not make an old event young.
+        assert await store.run_events_prune(keep=10, before=150.0) == 2
+
     async def test_pruning_bounds_each_conversation_and_drops_old_ones(self, store: Any) -> None:
         await store.run_events_add(_rows("old", range(1, 4), at=10.0))
         await store.run_events_add(_rows("big", range(1, 8), at=100.0))
