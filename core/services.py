@@ -209,7 +209,7 @@ class EventSink(Protocol):
     """Where a conversation's events also go on a store several workers share
     (:class:`~agentik.core.cluster.events.ClusterEvents`): kept for a batched write."""
 
-    def add(self, event: Event) -> None: ...
+    def add(self, stream: ConversationEvents, event: Event) -> None: ...
 
     async def resume(self, events: ConversationEvents) -> None: ...
 
@@ -625,7 +625,7 @@ class ConversationEvents:
         self._bus.publish(event)
         sink = self._services.event_sink
         if sink is not None:
-            sink.add(event)
+            sink.add(self, event)
         return buffer, len(buffer) - before, weight
 
     def seal(self) -> None:

@@ -338,3 +338,48 @@ async def test_a_redaction_on_one_worker_scrubs_the_replay_on_both(
 
 async def _without(text: Any, word: str) -> bool:
     return word not in await text
+
+
+# -- in one process: what is written, and where nothing is -----------------------------------
+async def test_on_postgresql_a_turn_is_stored_but_a_temporary_conversation_never(postgres_dsn):
+    from agentik.core import Agent
+    from agentik.core.store.postgres import PostgresStore
+    from agentik.core.testing.scripted import ScriptedModel
+
+    model = ScriptedModel()
+    model.enqueue("kept", "never kept")
+    async with Agent(llm=model, store=PostgresStore(postgres_dsn)) as agent:
+        kept = await agent.create_conversation()
+        await kept.send("hi")
+        await kept.wait_idle()
+        temp = await agent.create_conversation(temp=True)
+        await temp.send("hi")
+        await temp.wait_idle()
+        stored = await agent.store.run_events_after(kept.id, 0)
+        # Every event of the turn, numbered from 1, as the stream sent them.
+        kinds = [json.loads(d)["kind"] for _, d in stored]
+        assert kinds[0] == "turn_started" and kinds[-1] == "run_stream_end"
+        assert [s for s, _ in stored] == list(range(1, len(stored) + 1))
+        assert await agent.store.run_events_last(temp.id) == 0
+        # Deleted: its events go with it.
+        await agent.delete_conversation(kept.id)
+        assert await agent.store.run_events_last(kept.id) == 0
+
+
+async def test_on_sqlite_nothing_is_stored_and_nothing_follows(tmp_path):
+    import sqlite3
+
+    from agentik.core import Agent, SQLiteStore
+    from agentik.core.testing.scripted import ScriptedModel
+
+    model = ScriptedModel()
+    model.enqueue("hello")
+    path = tmp_path / "one.db"
+    async with Agent(llm=model, store=SQLiteStore(str(path))) as agent:
+        conv = await agent.create_conversation()
+        await conv.send("hi")
+        await conv.wait_idle()
+        assert agent.cluster_events is None
+        assert agent.store.notifier().topics == frozenset()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT count(*) FROM run_event").fetchone() == (0,)

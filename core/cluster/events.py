@@ -173,9 +173,12 @@ class ClusterEvents:
                 log.warning("could not prune the run events: %s", exc)
 
     # -- writing -------------------------------------------------------------------------
-    def add(self, event: Event) -> None:
-        """Keep ``event`` for the next batch (called for every event a conversation's
-        stream publishes: no I/O, no serialisation here)."""
+    def add(self, stream: ConversationEvents, event: Event) -> None:
+        """Keep ``event`` of ``stream`` for the next batch (called for every event a
+        conversation's stream publishes: no I/O, no serialisation here).  A temporary
+        conversation's are never written (it is never stored)."""
+        if getattr(stream.owner, "temp", False):
+            return
         self._pending.append(event)
         if self._timer is None and self._writer is None:
             loop = asyncio.get_running_loop()

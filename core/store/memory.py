@@ -144,6 +144,7 @@ class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, MemoryRunEvents, S
         self._ended.pop(conversation_id, None)
         self._ended_at.pop(conversation_id, None)
         self._todos.pop(conversation_id, None)
+        self.__dict__.get("_run_events", {}).pop(conversation_id, None)
         self._redactions = [r for r in self._redactions if r.conversation_id != conversation_id]
         for run_id, r in list(self._runs.items()):
             if conversation_id in (r.conversation_id, r.parent_conversation_id):

@@ -708,6 +708,7 @@ class PostgresStore(
     async def delete_conversation(self, conversation_id: str) -> bool:
         async def fn(conn: asyncpg.Connection) -> bool:
             status = await conn.execute("DELETE FROM conversation WHERE id = $1", conversation_id)
+            await conn.execute("DELETE FROM run_event WHERE conversation_id = $1", conversation_id)
             return bool(status != "DELETE 0")
 
         return bool(await self._write(fn, conversation_id=conversation_id, single=True))

@@ -639,6 +639,7 @@ class SQLiteStore(
     async def delete_conversation(self, conversation_id: str) -> bool:
         def fn(conn: sqlite3.Connection) -> bool:
             cur = conn.execute("DELETE FROM conversation WHERE id = ?", (conversation_id,))
+            conn.execute("DELETE FROM run_event WHERE conversation_id = ?", (conversation_id,))
             return cur.rowcount > 0
 
         return bool(await self._write(fn))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .kit import ContractBase
+from .kit import ContractBase, rec
 
 __all__ = ["RunEventsContract"]
 
@@ -52,6 +52,15 @@ class RunEventsContract(ContractBase):
         ]
         # Its time is kept: a rewrite does not make an old event young.
         assert await store.run_events_prune(keep=10, before=150.0) == 2
+
+    async def test_deleting_a_conversation_forgets_its_events(self, store: Any) -> None:
+        await store.create_conversation(rec("gone"))
+        await store.create_conversation(rec("kept"))
+        await store.run_events_add(_rows("gone", range(1, 3)) + _rows("kept", range(1, 2)))
+        assert await store.delete_conversation("gone")
+        assert await store.run_events_after("gone", 0) == []
+        assert await store.run_events_last("gone") == 0
+        assert [s for s, _ in await store.run_events_after("kept", 0)] == [1]
 
     async def test_pruning_bounds_each_conversation_and_drops_old_ones(self, store: Any) -> None:
         await store.run_events_add(_rows("old", range(1, 4), at=10.0))
