@@ -943,18 +943,21 @@ class Conversation:
         try:
             while self._queue:
                 pending = self._queue[0]
+                sink = self._services.event_sink
+                if sink is not None:  # workers: continue after every worker's events
+                    with contextlib.suppress(Exception):
+                        await sink.resume(parts.events)
                 if isinstance(pending, _Job):
                     await self._run_job(pending)
+                    if sink is not None:  # (a job may emit: a compaction, a resume note)
+                        with contextlib.suppress(Exception):
+                            await sink.flushed()
                     continue
                 try:
                     stored = await pending.committed
                 except Exception:
                     self._queue.pop(0)  # send() already raised to its caller
                     continue
-                sink = self._services.event_sink
-                if sink is not None:  # workers: continue after every worker's events
-                    with contextlib.suppress(Exception):
-                        await sink.resume(parts.events)
                 runner = TurnRunner(
                     parts,
                     run_id=pending.run_id,
