@@ -106,6 +106,11 @@ class ClusterEvents:
         self.gap_seconds = gap_seconds
         self.page = page
         self._pending: list[Event] = []
+        # Events kept so far, and of those the ones whose batch was written (or failed).
+        self._kept = 0
+        self._done = 0
+        # Set after each batch (for flushed()); None while nobody waits.
+        self._changed: asyncio.Event | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._writer: asyncio.Task[None] | None = None
         self._followers: dict[str, set[ClusterSubscription]] = {}
@@ -180,6 +185,7 @@ class ClusterEvents:
         if getattr(stream.owner, "temp", False):
             return
         self._pending.append(event)
+        self._kept += 1
         if self._timer is None and self._writer is None:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self.flush_seconds, self._kick)
@@ -195,34 +201,50 @@ class ClusterEvents:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
-                rows = [(e.conversation_id, e.seq, e.ts, event_to_json(e)) for e in batch]
-                top: dict[str, int] = {}
-                for e in batch:
-                    if e.seq > top.get(e.conversation_id, 0):
-                        top[e.conversation_id] = e.seq
                 try:
-                    await self.store.run_events_add(rows)
-                except Exception as exc:  # SSE clients elsewhere see a gap (events_lost)
-                    log.warning("could not write %d run events: %s", len(rows), exc)
-                    continue
-                self.batches += 1
-                self.written += len(rows)
-                await self.notifier.publish(EVENTS_TOPIC, *(f"{s}:{c}" for c, s in top.items()))
+                    await self._write_batch(batch)
+                finally:
+                    self._done += len(batch)
+                    changed, self._changed = self._changed, None
+                    if changed is not None:
+                        changed.set()
         finally:
             self._writer = None
             if self._pending and self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(self.flush_seconds, self._kick)
+            changed, self._changed = self._changed, None
+            if changed is not None:
+                changed.set()
+
+    async def _write_batch(self, batch: list[Event]) -> None:
+        rows = [(e.conversation_id, e.seq, e.ts, event_to_json(e)) for e in batch]
+        top: dict[str, int] = {}
+        for e in batch:
+            if e.seq > top.get(e.conversation_id, 0):
+                top[e.conversation_id] = e.seq
+        try:
+            await self.store.run_events_add(rows)
+        except Exception as exc:  # SSE clients elsewhere see a gap (events_lost)
+            log.warning("could not write %d run events: %s", len(rows), exc)
+            return
+        self.batches += 1
+        self.written += len(rows)
+        await self.notifier.publish(EVENTS_TOPIC, *(f"{s}:{c}" for c, s in top.items()))
 
     async def flushed(self) -> None:
-        """Return once every event kept so far is written (and announced)."""
-        while self._pending or self._writer is not None:
+        """Return once every event kept so far is written (and announced); events
+        kept meanwhile (other conversations streaming) are not waited for."""
+        target = self._kept
+        while self._done < target:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
             self._kick()
             writer = self._writer
-            if writer is not None:
-                await asyncio.shield(writer)
+            if writer is None:
+                return  # (nothing left to write)
+            changed = self._changed = self._changed or asyncio.Event()
+            await changed.wait()
 
     async def resume(self, events: ConversationEvents) -> None:
         """A turn starts here: its conversation's events continue after the highest
