@@ -383,3 +383,57 @@ async def test_on_sqlite_nothing_is_stored_and_nothing_follows(tmp_path):
         assert agent.store.notifier().topics == frozenset()
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("SELECT count(*) FROM run_event").fetchone() == (0,)
+
+
+async def test_a_follower_whose_listening_connection_drops_misses_nothing(postgres_dsn):
+    """Two agents on one database in one process: B follows a turn that runs on A.
+    B's listening connection is killed by the server mid-turn; the notifications sent
+    meanwhile are lost, and B's stream still gets every event (the notifier's resync
+    after it reconnects reads them)."""
+    import asyncpg
+
+    from agentik.core import Agent
+    from agentik.core.store.postgres import PostgresStore
+    from agentik.core.testing.scripted import Reply as Scripted
+    from agentik.core.testing.scripted import ScriptedModel
+
+    reply = Scripted(text=" ".join(f"w{i}" for i in range(30)), hold_after=5)
+    model = ScriptedModel()
+    model.enqueue(reply)
+    async with (
+        Agent(llm=model, store=PostgresStore(postgres_dsn)) as on_a,
+        Agent(llm=ScriptedModel(), store=PostgresStore(postgres_dsn)) as on_b,
+    ):
+        assert on_a.cluster_events is not None and on_b.cluster_events is not None
+        conv = await on_a.create_conversation()
+        await on_b.store.notifier().listening()
+        follower = await on_b.cluster_events.subscribe(
+            await on_b.get_conversation(conv.id), after=0
+        )
+        await conv.send("go")
+        got = []
+        async for event in follower:
+            got.append(event)
+            if sum(e.kind == "text_delta" for e in got) == 5:
+                break
+        await asyncio.wait_for(reply.held.wait(), PATIENCE)
+        # The server drops B's listening connection; A goes on meanwhile.
+        listener = on_b.store.notifier()._conn
+        assert listener is not None
+        admin = await asyncpg.connect(postgres_dsn)
+        try:
+            await admin.execute("SELECT pg_terminate_backend($1)", listener.get_server_pid())
+        finally:
+            await admin.close()
+        reply.release.set()
+        async for event in follower:
+            got.append(event)
+            if event.kind == "run_stream_end":
+                break
+        await follower.aclose()
+        assert on_b.store.notifier().connections >= 2  # it was dropped, and listens again
+    assert "events_lost" not in [e.kind for e in got]
+    assert [e.seq for e in got] == list(range(1, len(got) + 1))
+    assert "".join(e.text for e in got if e.kind == "text_delta").split() == [
+        f"w{i}" for i in range(30)
+    ]
