@@ -8,7 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -47,6 +47,9 @@ from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
 from .streamprofiles import BUILTIN_PROFILES, StreamProfile
 from .tools.base import Tool, TurnPolicy
+
+if TYPE_CHECKING:
+    from .cluster.events import ClusterEvents
 
 __all__ = ["Agent", "AgentSettings", "AgentState"]
 
@@ -217,6 +220,9 @@ class Agent:
         self.end_listeners: list[Callable[[Conversation, str, str | None], Awaitable[None]]] = []
         #: Awaited by :meth:`wind_down` (a bot's orderly shutdown), before anything closes.
         self.closing_listeners: list[Callable[[], Awaitable[None]]] = []
+        #: On a store several workers share: this worker's part in events and waits
+        #: across workers (:mod:`agentik.core.cluster.events`); ``None`` on one process.
+        self.cluster_events: ClusterEvents | None = None
 
     def __repr__(self) -> str:
         return f"<Agent {self.id} {self.state.value} llm={self.llm!r}>"
@@ -251,6 +257,12 @@ class Agent:
             for toolset, result in zip(starters, results, strict=True):
                 if isinstance(result, BaseException):
                     log.error("toolset %r failed to start: %s", toolset, result)
+            if self.store.shared:
+                # Workers: events and waits across processes (agentik.core.cluster.events).
+                from .cluster.events import ClusterEvents
+
+                self.cluster_events = ClusterEvents(self)
+                self.cluster_events.start()
             self.state = AgentState.RUNNING
             for i, fn in enumerate(self._background_fns):
                 task = asyncio.create_task(self._run_background(fn), name=f"agentik-background:{i}")
@@ -311,6 +323,8 @@ class Agent:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self.cluster_events is not None:
+            await self.cluster_events.aclose()
         self.services.close()
         self._trim.close()
         with contextlib.suppress(Exception):
@@ -612,7 +626,10 @@ class Agent:
             # The checklist's text came from such a call: it goes with it.
             await self.todos.clear(conversation_id)
         # The replay buffers (``events?after=…``) hold copies of what it said.
-        self.services.scrub(replay_edit(row.kind, row.run_id, row.tool_call_id, content))
+        edit = replay_edit(row.kind, row.run_id, row.tool_call_id, content)
+        self.services.scrub(edit)
+        if self.cluster_events is not None:  # workers: the stored events, the others' buffers
+            await self.cluster_events.redacted(conversation_id, message_id, edit)
         conv = self.services.find(conversation_id)
         if conv is not None:
             conv.redacted(message_id, content, row.kind, row.tool_call_id, row.content)
@@ -626,6 +643,14 @@ class Agent:
             done.notes_removed,
         )
         return done
+
+    async def scrub_redacted(self, conversation_id: str, message_id: int) -> None:
+        """Another worker redacted message ``message_id``: scrub this worker's replay
+        buffers of what it said (read again from the store: its tombstone)."""
+        rows = await self.store.messages(conversation_id, after=message_id - 1, limit=1)
+        if rows and rows[0].id == message_id:
+            row = rows[0]
+            self.services.scrub(replay_edit(row.kind, row.run_id, row.tool_call_id, row.content))
 
     def _scrub_note(self, text: str) -> str:
         return self.hooks.before_store("note", text, None)

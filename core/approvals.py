@@ -44,7 +44,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal
@@ -219,6 +219,13 @@ class Approvals:
         self._used: set[tuple[str, str]] = set()
         # Approvals made before this (a restart) may be taken over by a resumed turn.
         self._born = time.time()
+        #: Workers sharing a store (:mod:`agentik.core.cluster.events`): whether a turn
+        #: of another worker may wait for an approval this process does not wait for
+        #: (``None``: one process, none may).
+        self.elsewhere: Callable[[Approval], Awaitable[bool]] | None = None
+        #: Told ``a:<serial>`` once a decision is recorded that no turn of this
+        #: process waited for (the worker whose turn waits re-reads it).
+        self.decided: Callable[[str], Awaitable[None]] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -419,7 +426,21 @@ class Approvals:
         fut = self._waiting.get(a.serial)
         if fut is not None and not fut.done():
             fut.set_result(done)
+        elif won and self.decided is not None:
+            await self.decided(f"a:{a.serial}")
         return done, bool(won)
+
+    async def settle_from_store(self, serial: int | None) -> None:
+        """A decision may have been recorded by another process: the turn waiting here
+        for approval ``serial`` (``None``: for any) gets it, read from the store."""
+        serials = list(self._waiting) if serial is None else [serial]
+        for one in serials:
+            fut = self._waiting.get(one)
+            if fut is None or fut.done():
+                continue
+            found = await self._store().approval_get(one)
+            if found is not None and found.state != "pending" and not fut.done():
+                fut.set_result(found)
 
     # -- deciding -----------------------------------------------------------------------------
     async def pending(
@@ -467,7 +488,9 @@ class Approvals:
         if a.state != "pending":
             who = f" by {a.approver}" if a.approver else ""
             raise ApprovalError("not_pending", f"approval {a.id} is already {a.decision}{who}")
-        if a.serial not in self._waiting:
+        if a.serial not in self._waiting and not (
+            self.elsewhere is not None and await self.elsewhere(a)
+        ):
             if a.expires_at <= time.time():
                 raise ApprovalError("not_pending", f"approval {a.id} has expired")
             raise ApprovalError(

@@ -359,13 +359,19 @@ class Conversation:
         """
         self._check_open()
         questions = self._services.questions
+        elsewhere = None
         if questions.answerable(self.id, author, author_id) is None:
-            return None
+            # Workers: the turn asking may run on another one.
+            elsewhere = await questions.answerable_elsewhere(self.id, author, author_id)
+            if elsewhere is None:
+                return None
         # An answer is a prompt too: plugins' before_prompt hooks see (and may refuse) it.
         outcome = await self._services.hooks.before_prompt(self, content, author, author_id)
         if isinstance(outcome, Refuse):
             raise PromptRefused(outcome.message)
-        return await questions.answer(self.id, outcome, author=author, author_id=author_id)
+        return await questions.answer(
+            self.id, outcome, author=author, author_id=author_id, question=elsewhere
+        )
 
     # -- status ---------------------------------------------------------------------
     def status(self, *, todo: Checklist | None = None) -> ConversationStatus:
@@ -562,7 +568,10 @@ class Conversation:
             raise TypeError("content must be a str")
         if busy not in BUSY_MODES:
             raise ValueError(f"unknown busy mode {busy!r} (known: {', '.join(BUSY_MODES)})")
-        if self._services.questions.waiting(self.id):
+        questions = self._services.questions
+        if questions.waiting(self.id) or (
+            questions.shared and await questions.waits_elsewhere(self.id)
+        ):
             # The turn asked (ask_user): the asked person's message is the answer.
             answered = await self.answer(content, author=author, author_id=author_id)
             if answered is not None:
@@ -934,8 +943,15 @@ class Conversation:
         try:
             while self._queue:
                 pending = self._queue[0]
+                sink = self._services.event_sink
+                if sink is not None:  # workers: continue after every worker's events
+                    with contextlib.suppress(Exception):
+                        await sink.resume(parts.events)
                 if isinstance(pending, _Job):
                     await self._run_job(pending)
+                    if sink is not None:  # (a job may emit: a compaction, a resume note)
+                        with contextlib.suppress(Exception):
+                            await sink.flushed()
                     continue
                 try:
                     stored = await pending.committed
@@ -962,6 +978,9 @@ class Conversation:
                 finally:
                     self._queue.pop(0)
                     self._runner = self._current = None
+                    if sink is not None:  # the turn's events are stored before the next
+                        with contextlib.suppress(Exception):
+                            await sink.flushed()
                     # Steering messages the turn ended before reaching: the next turns.
                     for item in reversed(runner.take_steered()):
                         self._queue.insert(

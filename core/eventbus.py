@@ -122,6 +122,11 @@ class Subscription(AsyncIterator[Event]):
         return event
 
     @property
+    def last_key(self) -> int:
+        """The key of the last event taken (or, before any, where it started)."""
+        return self._last_key
+
+    @property
     def ready(self) -> bool:
         """Whether an event is pending (:meth:`take` returns it)."""
         return bool(self._pending)

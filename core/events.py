@@ -10,7 +10,9 @@ same envelope:
     (sub-agents) and ``None`` otherwise;
 ``seq``
     per-conversation sequence number, strictly increasing from 1 within one
-    agent process; a subscriber reconnects with ``events(after=seq)``;
+    agent process (on a store several workers share: across workers and
+    restarts, :mod:`agentik.core.cluster.events`); a subscriber reconnects with
+    ``events(after=seq)``;
 ``stream_seq``
     agent-wide sequence number (for :meth:`Agent.events`);
 ``ts``

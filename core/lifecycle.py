@@ -477,6 +477,9 @@ class RetentionWorker:
             scopes = await note_scopes(agent.store, self.settings.rules)
             if scopes:
                 self.notes.append(await purge_old_notes(agent.memory, scopes))
+            cluster = getattr(agent, "cluster_events", None)
+            if cluster is not None:  # workers: the run events SSE clients replay
+                await cluster.prune()
             return f"{sum(1 for i in items if i.done)} conversation(s) pruned"
 
         try:

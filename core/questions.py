@@ -49,7 +49,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +129,12 @@ class Questions:
         self._born = time.time()
         # Runs that asked (or took over) a question in this process, until they end.
         self._asked_runs: set[str] = set()
+        #: Workers sharing a store (:mod:`agentik.core.cluster.events`): a message here
+        #: may answer a question a turn of another worker waits for.
+        self.shared = False
+        #: Told ``q:<id>`` once an answer is recorded that no turn of this process
+        #: waited for (the worker whose turn waits re-reads it).
+        self.decided: Callable[[str], Awaitable[None]] | None = None
 
     def _store(self) -> Store:
         assert self.store is not None, "Questions.store is set by the agent"
@@ -277,10 +283,52 @@ class Questions:
         else:
             found = await store.question_get(q.id)
             done = found if found is not None else q
+        woke = False
         for entry in self._waiting.get(q.conversation_id, ()):
             if entry.question.id == q.id and not entry.future.done():
                 entry.future.set_result(done)
+                woke = True
+        if not woke and self.decided is not None and done.state != "pending":
+            await self.decided(f"q:{q.id}")
         return done
+
+    async def settle_from_store(self, question_id: int | None) -> None:
+        """An answer may have been recorded by another process: the turn waiting here
+        for question ``question_id`` (``None``: for any) gets it, read from the store."""
+        entries = [
+            e
+            for waiting in list(self._waiting.values())
+            for e in waiting
+            if (question_id is None or e.question.id == question_id) and not e.future.done()
+        ]
+        for entry in entries:
+            found = await self._store().question_get(entry.question.id)
+            if found is not None and found.state != "pending" and not entry.future.done():
+                entry.future.set_result(found)
+
+    async def waits_elsewhere(self, conversation_id: str) -> bool:
+        """Whether a turn of another worker may wait for an answer in this conversation
+        (a pending question, before its deadline, that no turn of this process waits
+        for); always ``False`` on one process."""
+        return bool(await self._elsewhere(conversation_id))
+
+    async def _elsewhere(self, conversation_id: str) -> list[Question]:
+        if not self.shared or self.store is None:
+            return []
+        busy = {e.question.id for e in self._waiting.get(conversation_id, ())}
+        now = time.time()
+        rows = await self._store().questions(conversation_id=conversation_id, state="pending")
+        return [q for q in rows if q.id not in busy and q.deadline > now]
+
+    async def answerable_elsewhere(
+        self, conversation_id: str, author: str | None, author_id: str | None
+    ) -> Question | None:
+        """The oldest question a turn of another worker waits for that this author's
+        message answers, if any (see :meth:`waits_elsewhere`)."""
+        for q in await self._elsewhere(conversation_id):
+            if may_answer(q, author, author_id):
+                return q
+        return None
 
     # -- answering -------------------------------------------------------------------------------
     def pending(self, conversation_id: str) -> list[Question]:
@@ -307,12 +355,14 @@ class Questions:
         *,
         author: str | None,
         author_id: str | None,
+        question: Question | None = None,
     ) -> Question | None:
-        """Answer the oldest waiting question ``author`` may answer with ``text``.
+        """Answer the oldest waiting question ``author`` may answer with ``text``
+        (``question``: that one, found by :meth:`answerable_elsewhere`).
 
         ``None``: no such question (the message is an ordinary one).
         """
-        q = self.answerable(conversation_id, author, author_id)
+        q = question or self.answerable(conversation_id, author, author_id)
         if q is None:
             return None
         done = await self._settle(q, "answered", text.strip()[:MAX_ANSWER_CHARS], author, author_id)

@@ -66,6 +66,7 @@ __all__ = [
     "AgentState",
     "ConversationEvents",
     "ConversationParts",
+    "EventSink",
     "event_weight",
     "kinds_of",
     "profile_of",
@@ -204,6 +205,17 @@ class AgentLike(Protocol[C]):
     ) -> None: ...
 
 
+class EventSink(Protocol):
+    """Where a conversation's events also go on a store several workers share
+    (:class:`~agentik.core.cluster.events.ClusterEvents`): kept for a batched write."""
+
+    def add(self, stream: ConversationEvents, event: Event) -> None: ...
+
+    async def resume(self, events: ConversationEvents) -> None: ...
+
+    async def flushed(self) -> None: ...
+
+
 class AgentServices(Generic[C]):
     """What an :class:`~agentik.core.agent.Agent` provides to its conversations
     (``C``: their type, :class:`~agentik.core.conversation.Conversation`)."""
@@ -240,6 +252,9 @@ class AgentServices(Generic[C]):
         #: Hands freed memory back to the system after conversations leave memory
         #: (set by the agent; :mod:`~agentik.core.memtrim`).
         self.trim: MemoryTrim | None = None
+        #: Every conversation event also goes here (a shared store's workers: see
+        #: :mod:`agentik.core.cluster.events`); ``None`` (one process): nowhere.
+        self.event_sink: EventSink | None = None
 
     # -- what the agent is configured with (read anew: changes apply at once) ----------
     @property
@@ -608,6 +623,9 @@ class ConversationEvents:
             weight -= event_weight(buffer[0])
         before = len(buffer)
         self._bus.publish(event)
+        sink = self._services.event_sink
+        if sink is not None:
+            sink.add(self, event)
         return buffer, len(buffer) - before, weight
 
     def seal(self) -> None:

@@ -104,6 +104,7 @@ CAPABILITIES: dict[str, str] = {
     "jobs": "job_claim",
     "leases": "lease_acquire",
     "seen_events": "seen_first",
+    "run_events": "run_events_add",
 }
 
 
@@ -742,3 +743,29 @@ class Store(abc.ABC):
     async def seen_prune(self, before: float) -> int:
         """Forget the keys last seen first before ``before``; how many."""
         raise NotImplementedError(f"{type(self).__name__} keeps no handled events")
+
+    # -- run events, for SSE clients on every worker (issue 32; SQLite 18, PostgreSQL 7) ---
+    async def run_events_add(
+        self, rows: Sequence[tuple[str, int, float, str]], *, replace: bool = False
+    ) -> None:
+        """Record a batch of events: ``(conversation_id, seq, at, data)`` rows, ``data``
+        the event as the SSE stream sends it (:func:`~agentik.core.events.event_to_json`).
+        A ``(conversation_id, seq)`` recorded already is left as it is; with
+        ``replace``, its ``data`` is replaced (a redaction rewrites what it said)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run events")
+
+    async def run_events_after(
+        self, conversation_id: str, after: int, *, limit: int = 500
+    ) -> list[tuple[int, str]]:
+        """The conversation's recorded events with a ``seq`` above ``after``, oldest
+        first, ``limit`` at most: ``(seq, data)``."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run events")
+
+    async def run_events_last(self, conversation_id: str) -> int:
+        """The highest ``seq`` recorded for the conversation (0: none)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run events")
+
+    async def run_events_prune(self, *, keep: int, before: float) -> int:
+        """Forget the events recorded before ``before`` and all but the newest ``keep``
+        of each conversation; how many."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run events")

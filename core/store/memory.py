@@ -30,6 +30,7 @@ from .base import (
     outbox_advance,
 )
 from .memory_cluster import MemoryCluster
+from .memory_events import MemoryRunEvents
 from .memory_jobs import MemoryJobs
 from .memory_lifecycle import MemoryLifecycle
 from .records import (
@@ -46,7 +47,7 @@ from .records import (
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, Store):
+class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, MemoryRunEvents, Store):
     """In-memory :class:`Store`; nothing survives the process."""
 
     def __init__(self) -> None:
@@ -150,6 +151,7 @@ class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, Store):
         self._ended.pop(conversation_id, None)
         self._ended_at.pop(conversation_id, None)
         self._todos.pop(conversation_id, None)
+        self.__dict__.get("_run_events", {}).pop(conversation_id, None)
         self._redactions = [r for r in self._redactions if r.conversation_id != conversation_id]
         for run_id, r in list(self._runs.items()):
             if conversation_id in (r.conversation_id, r.parent_conversation_id):

@@ -531,6 +531,22 @@ MIGRATIONS: tuple[Migration, ...] = (
         ) WITHOUT ROWID;
         """,
     ),
+    Migration(
+        18,
+        "run_event",
+        """
+        -- What a conversation's turns emitted (seq, the event's JSON as the SSE
+        -- stream sends it), for SSE clients on another worker (PostgreSQL's twin,
+        -- migration 7).  A bot on SQLite is one process and writes nothing here.
+        CREATE TABLE run_event (
+            conversation_id  TEXT NOT NULL,
+            seq              INTEGER NOT NULL,
+            at               REAL NOT NULL,
+            data             TEXT NOT NULL,
+            PRIMARY KEY (conversation_id, seq)
+        ) WITHOUT ROWID;
+        """,
+    ),
 )
 
 

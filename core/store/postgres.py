@@ -40,6 +40,7 @@ from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
 from .migrations import Migration
 from .postgres_cluster import PostgresCluster
 from .postgres_copy import PostgresCopy
+from .postgres_events import PostgresRunEvents
 from .postgres_governance import PostgresGovernance
 from .postgres_jobs import PostgresJobs
 from .postgres_lifecycle import PostgresLifecycle
@@ -339,6 +340,7 @@ class PostgresStore(
     PostgresJobs,
     PostgresCluster,
     PostgresSeen,
+    PostgresRunEvents,
     PostgresCopy,
     Store,
 ):
@@ -727,6 +729,7 @@ class PostgresStore(
     async def delete_conversation(self, conversation_id: str) -> bool:
         async def fn(conn: asyncpg.Connection) -> bool:
             status = await conn.execute("DELETE FROM conversation WHERE id = $1", conversation_id)
+            await conn.execute("DELETE FROM run_event WHERE conversation_id = $1", conversation_id)
             return bool(status != "DELETE 0")
 
         return bool(await self._write(fn, conversation_id=conversation_id, single=True))

@@ -525,6 +525,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX seen_event_by_time ON seen_event (at);
         """,
     ),
+    Migration(
+        7,
+        "run_event",
+        """
+        -- What a conversation's turns emitted: ``seq`` (unique per conversation across
+        -- workers and restarts) and the event's JSON as the SSE stream sends it.  The
+        -- worker running a turn writes them in batches; an SSE client on another
+        -- worker replays and follows them (agentik.core.cluster.events).
+        CREATE TABLE run_event (
+            conversation_id  text COLLATE "C" NOT NULL,
+            seq              bigint NOT NULL,
+            at               double precision NOT NULL,
+            data             text NOT NULL,
+            PRIMARY KEY (conversation_id, seq)
+        );
+        CREATE INDEX run_event_by_time ON run_event (at);
+        """,
+    ),
 )
 
 _RECORDS = (

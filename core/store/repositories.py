@@ -49,6 +49,7 @@ __all__ = [
     "LifecycleRepository",
     "LogRepository",
     "OutboxRepository",
+    "RunEventRepository",
     "RunsRepository",
     "SeenEventRepository",
     "WaitsRepository",
@@ -350,6 +351,24 @@ class SeenEventRepository(Protocol):
     async def seen_prune(self, before: float) -> int: ...
 
 
+@runtime_checkable
+class RunEventRepository(Protocol):
+    """What a conversation's turns emitted, in batches: an SSE client on any worker
+    replays and follows them with the same ``seq`` (``(seq, event JSON)`` rows)."""
+
+    async def run_events_add(
+        self, rows: Sequence[tuple[str, int, float, str]], *, replace: bool = False
+    ) -> None: ...
+
+    async def run_events_after(
+        self, conversation_id: str, after: int, *, limit: int = 500
+    ) -> list[tuple[int, str]]: ...
+
+    async def run_events_last(self, conversation_id: str) -> int: ...
+
+    async def run_events_prune(self, *, keep: int, before: float) -> int: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -362,6 +381,7 @@ REPOSITORIES: tuple[type, ...] = (
     LeaseRepository,
     WorkerRepository,
     SeenEventRepository,
+    RunEventRepository,
 )
 
 
@@ -378,6 +398,7 @@ def _facade(
     LeaseRepository,
     WorkerRepository,
     SeenEventRepository,
+    RunEventRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
-    return (store, store, store, store, store, store, store, store, store, store)
+    return (store, store, store, store, store, store, store, store, store, store, store)

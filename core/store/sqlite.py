@@ -45,6 +45,7 @@ from .care import backup_before_migrating
 from .migrations import apply_migrations
 from .sqlite_cluster import SQLiteCluster
 from .sqlite_copy import SQLiteCopy
+from .sqlite_events import SQLiteRunEvents
 from .sqlite_governance import SQLiteGovernance
 from .sqlite_jobs import SQLiteJobs
 from .sqlite_lifecycle import SQLiteLifecycle
@@ -339,6 +340,7 @@ class SQLiteStore(
     SQLiteJobs,
     SQLiteCluster,
     SQLiteSeen,
+    SQLiteRunEvents,
     SQLiteCopy,
     Store,
 ):
@@ -656,6 +658,7 @@ class SQLiteStore(
     async def delete_conversation(self, conversation_id: str) -> bool:
         def fn(conn: sqlite3.Connection) -> bool:
             cur = conn.execute("DELETE FROM conversation WHERE id = ?", (conversation_id,))
+            conn.execute("DELETE FROM run_event WHERE conversation_id = ?", (conversation_id,))
             return cur.rowcount > 0
 
         return bool(await self._write(fn))

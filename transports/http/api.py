@@ -1000,9 +1000,15 @@ class Api:
         conv = await self.conversation(request, principal)
         after, profile = self._after(request), self._profile(request)
         self._refuse_when_closing()
-        sub = conv.events(
-            after=after, profile=profile, max_pending=self.ctx.settings.subscriber_queue
-        )
+        queue = self.ctx.settings.subscriber_queue
+        cluster = self.agent.cluster_events
+        if cluster is not None:
+            # Workers: the turn may run on another one; same seq, replay included.
+            sub: Any = await cluster.subscribe(
+                conv, after=after, profile=profile, max_pending=queue
+            )
+        else:
+            sub = conv.events(after=after, profile=profile, max_pending=queue)
         return self._stream(sub, global_ids=False)
 
     async def all_events(self, request: Request) -> Any:

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agentik.core.cluster.events import ClusterSubscription
 from agentik.core.eventbus import Subscription
 from agentik.core.events import EventBase, event_to_json
 
@@ -102,7 +103,7 @@ class EventStream:
 
     def __init__(
         self,
-        subscription: Subscription,
+        subscription: Subscription | ClusterSubscription,
         *,
         cache: FrameCache,
         heartbeat: float,

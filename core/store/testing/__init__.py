@@ -16,7 +16,8 @@ The cases are grouped by aggregate, one mixin each, so an engine may run a
 part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
-:class:`ClusterContract`, :class:`SeenEventsContract`); :class:`StoreContract`
+:class:`ClusterContract`, :class:`SeenEventsContract`,
+:class:`RunEventsContract`); :class:`StoreContract`
 is all of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
@@ -27,6 +28,7 @@ extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
 from __future__ import annotations
 
 from .cluster import ClusterContract
+from .events import RunEventsContract
 from .governance import GovernanceContract
 from .jobs import JobsContract
 from .kit import ContractBase
@@ -45,6 +47,7 @@ __all__ = [
     "LifecycleContract",
     "LogContract",
     "OutboxContract",
+    "RunEventsContract",
     "RunsContract",
     "SeenEventsContract",
     "StoreContract",
@@ -62,5 +65,6 @@ class StoreContract(
     JobsContract,
     ClusterContract,
     SeenEventsContract,
+    RunEventsContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""

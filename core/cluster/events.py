@@ -1,0 +1,557 @@
+"""Events and waits across workers (issue 32): a turn's events reach SSE clients on
+every worker with the same ``seq``, and a decision made on one worker wakes the turn
+waiting on another.
+
+Only an agent on a store several processes share (:attr:`Store.shared
+<agentik.core.store.base.Store.shared>`: PostgreSQL) has a :class:`ClusterEvents`;
+on SQLite and the in-memory store nothing here runs (no rows, no work per event).
+
+**Events.**  The worker running a turn keeps each event its conversations emit
+(:meth:`ClusterEvents.add`, on the publisher's stack: an append, nothing more) and
+writes them in batches (:meth:`~agentik.core.store.base.Store.run_events_add`, one
+statement through the store's ordered writer) every ``flush_seconds`` and at the
+end of each turn, then announces on the topic ``events`` the conversations and the
+highest ``seq`` written (ids only, after the commit).  The JSON written is
+:func:`~agentik.core.events.event_to_json`'s, the one form the SSE stream sends.
+``seq`` continues across workers and restarts: before a turn starts, the
+conversation's stream continues after the highest stored ``seq``
+(:meth:`ClusterEvents.resume`), and the turn's last batch is written before the next
+turn may start (:meth:`ClusterEvents.flushed`), so two workers never number two
+events alike.
+
+An SSE client gets a :class:`ClusterSubscription`: the conversation's local stream
+(a turn running on this worker: as fast as on one process) merged with the stored
+events (a turn running on another worker: read when a notification says there are
+new ones, or at the notifier's resync), delivered in ``seq`` order with no gap and
+no duplicate.  A gap that stays (a worker died before writing its last batch) is
+reported as ``events_lost`` after ``gap_seconds`` and the stream goes on.
+
+**Waits.**  Approvals and questions are stored rows.  A decision or an answer
+recorded by a worker whose process holds no waiter for it is announced on the
+topic ``decisions`` (``a:<serial>``, ``q:<id>``); the worker whose turn waits
+re-reads the row and resolves its future; at every resync it re-reads every
+pending wait of its own.  The rules (who may decide, the deadline, ``!stop``) are
+checked where the decision is made, as on one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from ..events import Event, EventsLost, event_from_json, event_to_json
+from ..services import profile_of
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from ..approvals import Approval
+    from ..conversation import Conversation
+    from ..eventbus import Subscription
+    from ..services import ConversationEvents
+    from ..streamprofiles import StreamProfile
+    from .notify import Notice
+
+#: An edit of one event: its replacement, or ``None`` to keep it
+#: (:func:`~agentik.core.redaction.replay_edit` makes them).
+EventEdit = Callable[[Event], "Event | None"]
+
+__all__ = [
+    "DECISIONS_TOPIC",
+    "EVENTS_TOPIC",
+    "REDACTIONS_TOPIC",
+    "ClusterEvents",
+    "ClusterSubscription",
+    "conversation_lease",
+]
+
+log = logging.getLogger(__name__)
+
+#: The topic announcing new stored events: ids ``<highest seq>:<conversation id>``.
+EVENTS_TOPIC = "events"
+#: The topic announcing decided waits: ``a:<approval serial>``, ``q:<question id>``.
+DECISIONS_TOPIC = "decisions"
+#: The topic announcing redacted messages: ``<message id>:<conversation id>``.
+REDACTIONS_TOPIC = "redactions"
+#: Events kept per conversation, and for how long, by the retention job.
+KEEP_EVENTS = 4096
+KEEP_SECONDS = 24 * 3600.0
+
+
+def conversation_lease(conversation_id: str) -> str:
+    """The name of the lease of the worker running a conversation's turns."""
+    return f"conv:{conversation_id}"
+
+
+class ClusterEvents:
+    """An agent's events and waits on a shared store (see the module's doc)."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        flush_seconds: float = 0.05,
+        gap_seconds: float = 5.0,
+        page: int = 500,
+    ) -> None:
+        self.agent = agent
+        self.store = agent.store
+        self.notifier = agent.store.notifier()
+        self.flush_seconds = flush_seconds
+        self.gap_seconds = gap_seconds
+        self.page = page
+        self._pending: list[Event] = []
+        # Events kept so far, and of those the ones whose batch was written (or failed).
+        self._kept = 0
+        self._done = 0
+        # Set after each batch (for flushed()); None while nobody waits.
+        self._changed: asyncio.Event | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._followers: dict[str, set[ClusterSubscription]] = {}
+        self._subs: list[Any] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        #: Batches and events written so far (status, benchmarks).
+        self.batches = 0
+        self.written = 0
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Keep the agent's events, follow the topics, relay the waits' decisions."""
+        agent = self.agent
+        agent.services.event_sink = self
+        agent.approvals.elsewhere = self._approval_elsewhere
+        agent.approvals.decided = self._decided
+        agent.questions.shared = True
+        agent.questions.decided = self._decided
+        self._subs = [
+            self.notifier.subscribe(EVENTS_TOPIC, self._on_events),
+            self.notifier.subscribe(DECISIONS_TOPIC, self._on_decisions),
+            self.notifier.subscribe(REDACTIONS_TOPIC, self._on_redactions),
+        ]
+        task = asyncio.get_running_loop().create_task(
+            self._prune_hourly(), name="agentik-run-events-prune"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Write what is pending; stop following."""
+        with contextlib.suppress(Exception):
+            await self.flushed()
+        for sub in self._subs:
+            sub.close()
+        self._subs = []
+        for follower in [f for fs in self._followers.values() for f in fs]:
+            follower._end()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.agent.services.event_sink is self:
+            self.agent.services.event_sink = None
+
+    async def prune(self, *, now: float | None = None) -> int:
+        """Forget stored events older than :data:`KEEP_SECONDS` and all but the newest
+        :data:`KEEP_EVENTS` of each conversation (the retention job's, and hourly
+        here: a bot without retention rules keeps them bounded too); how many."""
+        now = time.time() if now is None else now
+        n: int = await self.store.run_events_prune(keep=KEEP_EVENTS, before=now - KEEP_SECONDS)
+        return n
+
+    async def _prune_hourly(self) -> None:
+        from .jobs import run_once
+
+        while True:
+            now = time.time()
+            await asyncio.sleep(3600.0 - now % 3600.0 + random.random())
+            slot = str(int(time.time() // 3600.0))
+            try:
+                await run_once(self.store, "run_events_prune", slot, self.prune)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("could not prune the run events: %s", exc)
+
+    # -- writing -------------------------------------------------------------------------
+    def add(self, stream: ConversationEvents, event: Event) -> None:
+        """Keep ``event`` of ``stream`` for the next batch (called for every event a
+        conversation's stream publishes: no I/O, no serialisation here).  A temporary
+        conversation's are never written (it is never stored)."""
+        if getattr(stream.owner, "temp", False):
+            return
+        self._pending.append(event)
+        self._kept += 1
+        if self._timer is None and self._writer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.flush_seconds, self._kick)
+
+    def _kick(self) -> None:
+        self._timer = None
+        if self._writer is None and self._pending:
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write(), name="agentik-run-events"
+            )
+
+    async def _write(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await self._write_batch(batch)
+                finally:
+                    self._done += len(batch)
+                    changed, self._changed = self._changed, None
+                    if changed is not None:
+                        changed.set()
+        finally:
+            self._writer = None
+            if self._pending and self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(self.flush_seconds, self._kick)
+            changed, self._changed = self._changed, None
+            if changed is not None:
+                changed.set()
+
+    async def _write_batch(self, batch: list[Event]) -> None:
+        rows = [(e.conversation_id, e.seq, e.ts, event_to_json(e)) for e in batch]
+        top: dict[str, int] = {}
+        for e in batch:
+            if e.seq > top.get(e.conversation_id, 0):
+                top[e.conversation_id] = e.seq
+        try:
+            await self.store.run_events_add(rows)
+        except Exception as exc:  # SSE clients elsewhere see a gap (events_lost)
+            log.warning("could not write %d run events: %s", len(rows), exc)
+            return
+        self.batches += 1
+        self.written += len(rows)
+        await self.notifier.publish(EVENTS_TOPIC, *(f"{s}:{c}" for c, s in top.items()))
+
+    async def flushed(self) -> None:
+        """Return once every event kept so far is written (and announced); events
+        kept meanwhile (other conversations streaming) are not waited for."""
+        target = self._kept
+        while self._done < target:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._kick()
+            writer = self._writer
+            if writer is None:
+                return  # (nothing left to write)
+            changed = self._changed = self._changed or asyncio.Event()
+            await changed.wait()
+
+    async def resume(self, events: ConversationEvents) -> None:
+        """A turn starts here: its conversation's events continue after the highest
+        ``seq`` any worker stored."""
+        last = await self.store.run_events_last(events.conversation_id)
+        if last > events.seq:
+            events.seq = last
+
+    # -- following -----------------------------------------------------------------------
+    async def subscribe(
+        self,
+        conv: Conversation,
+        *,
+        after: int | None,
+        profile: str | StreamProfile = "debug",
+        max_pending: int | None = None,
+    ) -> ClusterSubscription:
+        """An SSE client's subscription to ``conv``'s events (``after``: its
+        ``Last-Event-ID``): replayed from the stored events and this worker's
+        buffer, then followed.  ``profile``: as :meth:`Conversation.events`'s."""
+        wanted = profile_of(self.agent.stream_profiles, profile, None)
+        # Every event, unfiltered: the order is checked on ``seq``, the profile after.
+        local = conv.events(after=after, profile="debug")
+        if after is None:
+            stored = await self.store.run_events_last(conv.id)
+            after = max(stored, local.last_key)
+        sub = ClusterSubscription(self, conv.id, local, after, wanted, max_pending or 4096)
+        self._followers.setdefault(conv.id, set()).add(sub)
+        sub._start()
+        return sub
+
+    def _leave(self, sub: ClusterSubscription) -> None:
+        subs = self._followers.get(sub.conversation_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._followers[sub.conversation_id]
+
+    def _on_events(self, notice: Notice) -> None:
+        if notice.resync:
+            for subs in list(self._followers.values()):
+                for sub in list(subs):
+                    sub.poke(None)
+            return
+        for one in notice.ids:
+            seq, _, cid = one.partition(":")
+            for sub in list(self._followers.get(cid, ())):
+                sub.poke(int(seq) if seq.isdigit() else None)
+
+    # -- redaction -----------------------------------------------------------------------
+    async def redacted(
+        self, conversation_id: str, message_id: int, edit: Callable[[], EventEdit]
+    ) -> int:
+        """Message ``message_id`` was redacted here (this worker's replay buffers are
+        scrubbed already): its stored events are rewritten with ``edit`` (numbers
+        kept), and the other workers are told to scrub their buffers.  How many
+        stored events changed."""
+        await self.flushed()
+        one = edit()
+        changed: list[tuple[str, int, float, str]] = []
+        after = 0
+        while True:
+            rows = await self.store.run_events_after(conversation_id, after, limit=self.page)
+            for seq, data in rows:
+                try:
+                    event = event_from_json(data)
+                except ValueError:
+                    continue
+                new = one(event)
+                if new is not None and new is not event:
+                    changed.append((conversation_id, seq, new.ts, event_to_json(new)))
+            if len(rows) < self.page:
+                break
+            after = rows[-1][0]
+        await self.store.run_events_add(changed, replace=True)
+        await self.notifier.publish(REDACTIONS_TOPIC, f"{message_id}:{conversation_id}")
+        return len(changed)
+
+    async def _on_redactions(self, notice: Notice) -> None:
+        if notice.resync or notice.local:
+            return  # (a resync: nothing to re-read; redactions are rare and announced)
+        for one in notice.ids:
+            mid, _, cid = one.partition(":")
+            if mid.isdigit():
+                await self.agent.scrub_redacted(cid, int(mid))
+
+    # -- waits ---------------------------------------------------------------------------
+    async def _decided(self, wait_id: str) -> None:
+        await self.notifier.publish(DECISIONS_TOPIC, wait_id)
+
+    async def _approval_elsewhere(self, a: Approval) -> bool:
+        """Whether a turn on another worker may be waiting for ``a``: pending, not
+        expired, and its conversation not left by a worker that died (its lease, when
+        one is kept, held)."""
+        if a.state != "pending" or a.expires_at <= time.time():
+            return False
+        try:
+            lease = await self.store.lease_get(conversation_lease(a.conversation_id))
+        except NotImplementedError:
+            return True
+        return lease is None or lease.expires_in > 0
+
+    async def _on_decisions(self, notice: Notice) -> None:
+        approvals, questions = self.agent.approvals, self.agent.questions
+        if notice.resync:
+            await approvals.settle_from_store(None)
+            await questions.settle_from_store(None)
+            return
+        for one in notice.ids:
+            kind, _, key = one.partition(":")
+            if not key.isdigit():
+                continue
+            if kind == "a":
+                await approvals.settle_from_store(int(key))
+            elif kind == "q":
+                await questions.settle_from_store(int(key))
+
+
+class ClusterSubscription(AsyncIterator[Event]):
+    """One SSE client's events of one conversation on a shared store: the local
+    stream merged with the stored events, in ``seq`` order (see the module's doc).
+
+    Iterate it; ``aclose()`` to leave.  ``profile`` filters (and may trim) what the
+    client gets, as on a local subscription; ``max_pending`` bounds how far the
+    client may fall behind before it is told (``events_lost``) and cut off.
+    """
+
+    def __init__(
+        self,
+        hub: ClusterEvents,
+        conversation_id: str,
+        local: Subscription,
+        after: int,
+        profile: StreamProfile | None,
+        max_pending: int,
+    ) -> None:
+        self.hub = hub
+        self.conversation_id = conversation_id
+        self.local = local
+        #: The ``seq`` of the last event taken in order (delivered or filtered out).
+        self.last = after
+        self._profile = None if profile is None or profile.passes_everything else profile
+        self._max_pending = max_pending
+        self._out: deque[Event] = deque()
+        self._held: dict[int, Event] = {}
+        self._waiter: asyncio.Future[None] | None = None
+        self._fetch: asyncio.Task[None] | None = None
+        self._again = False
+        self._gap: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def _start(self) -> None:
+        self.local.notify = self._on_local
+        self._on_local(self.local)
+        self.poke(None)
+
+    # -- the two sources -----------------------------------------------------------------
+    def _on_local(self, sub: Subscription) -> None:
+        while (event := sub.take()) is not None:
+            if event.kind != "events_lost":  # the stored events cover what it lost
+                self._offer(event)
+        if sub.ended and not self._closed:
+            # The conversation closed here (deleted, the agent stopping): so does this.
+            self._end()
+
+    def poke(self, upto: int | None) -> None:
+        """New events may be stored (up to ``upto``; ``None``: maybe any)."""
+        if self._closed or (upto is not None and upto <= self.last):
+            return
+        if self._fetch is not None:
+            self._again = True
+            return
+        self._fetch = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        store, page = self.hub.store, self.hub.page
+        try:
+            while True:
+                self._again = False
+                cursor = self.last
+                while not self._closed:
+                    rows = await store.run_events_after(self.conversation_id, cursor, limit=page)
+                    for seq, data in rows:
+                        if seq > self.last and seq not in self._held:
+                            try:
+                                event = event_from_json(data)
+                            except ValueError:  # a kind this version does not know
+                                log.debug("skipped a stored event: %s", data[:80])
+                                continue
+                            self._offer(event)
+                    if len(rows) < page:
+                        break
+                    cursor = rows[-1][0]
+                if not self._again or self._closed:
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the next notification or resync reads again
+            log.warning("conversation %s: could not read stored events: %s",
+                        self.conversation_id, exc)  # fmt: skip
+        finally:
+            self._fetch = None
+        self._watch_gap()
+
+    # -- ordering ------------------------------------------------------------------------
+    def _offer(self, event: Event) -> None:
+        seq = event.seq
+        if seq <= self.last or self._closed:
+            return
+        if seq != self.last + 1:
+            self._held.setdefault(seq, event)
+            self.poke(None)  # the ones between may be stored already
+            return
+        self._take(event)
+        held = self._held
+        while held and (nxt := held.pop(self.last + 1, None)) is not None:
+            self._take(nxt)
+        if held:
+            for old in [s for s in held if s <= self.last]:
+                del held[old]
+        self._watch_gap()
+
+    def _watch_gap(self) -> None:
+        if self._held and self._gap is None and not self._closed:
+            self._gap = asyncio.get_running_loop().call_later(self.hub.gap_seconds, self._give_up)
+        elif not self._held and self._gap is not None:
+            self._gap.cancel()
+            self._gap = None
+
+    def _give_up(self) -> None:
+        """Events between the last taken and the next held never came: say so, go on."""
+        self._gap = None
+        if not self._held or self._closed:
+            return
+        first = min(self._held)
+        lost = EventsLost(
+            conversation_id=self.conversation_id, seq=self.last, ts=time.time(),
+            requested_after=self.last, oldest_seq=first,
+        )  # fmt: skip
+        self._push(lost)
+        self.last = first - 1
+        self._offer(self._held.pop(first))
+
+    def _take(self, event: Event) -> None:
+        self.last = event.seq
+        profile = self._profile
+        if profile is not None:
+            admitted = profile.admit(event)
+            if admitted is None:
+                return
+            event = admitted
+        self._push(event)
+
+    def _push(self, event: Event) -> None:
+        out = self._out
+        if len(out) >= self._max_pending:
+            # Too slow: drop the backlog, say so (from the last event it received), end.
+            last = out[0].seq - 1 if out else self.last
+            out.clear()
+            lost = EventsLost(
+                conversation_id=self.conversation_id, seq=last, ts=time.time(),
+                requested_after=last, oldest_seq=last + 1,
+            )  # fmt: skip
+            out.append(lost)
+            self._end()
+            return
+        out.append(event)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _end(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.hub._leave(self)
+        if self._gap is not None:
+            self._gap.cancel()
+            self._gap = None
+        if self._fetch is not None and self._fetch is not asyncio.current_task():
+            self._fetch.cancel()
+        self.local.notify = None
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self.local.aclose())
+        self.hub._tasks.add(task)
+        task.add_done_callback(self.hub._tasks.discard)
+        self._wake()
+
+    # -- the iterator --------------------------------------------------------------------
+    def __aiter__(self) -> ClusterSubscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        while not self._out:
+            if self._closed:
+                raise StopAsyncIteration
+            waiter = self._waiter
+            if waiter is None or waiter.done():
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        return self._out.popleft()
+
+    async def aclose(self) -> None:
+        self._out.clear()
+        self._end()

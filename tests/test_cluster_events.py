@@ -1,0 +1,439 @@
+"""Events and waits across workers: two ``agentik run`` processes on one PostgreSQL.
+
+Real processes all the way (as tests/test_cluster_failover.py): two workers on a real
+PostgreSQL (tests/pgserver.py), each serving the HTTP API on its own port, the fake
+OpenAI-compatible server streaming slowly (so clients connect and reconnect while a
+turn runs).  What a user of the API would notice:
+
+* an SSE client on worker A sees every event of a turn that runs on worker B, with
+  the ``id`` (``seq``) and the JSON a client on B gets;
+* a client that drops mid-turn and reconnects with ``Last-Event-ID`` — to the other
+  worker, or to the same — gets the rest, with no gap and no duplicate;
+* an approval of a turn running on A, decided through B's API, resumes the turn on
+  A; a question asked by a turn on A, answered through B, too.
+
+Every wait is on something observable (an event on a stream, an HTTP answer) with a
+generous deadline: a loaded machine starts processes slowly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentik.core.testing.openai_server import Reply
+from helpers import AGENTIK, clean_env
+
+from httpserver import TOKENS, SSEMessage, SSEReader, sse
+
+pytest_plugins = ["pgserver"]
+
+PATIENCE = 180.0
+DSN_ENV = "AGENTIK_TEST_EVENTS_DSN"
+ALICE, ADMIN = TOKENS["ALICE_TOKEN"], TOKENS["ADMIN_TOKEN"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_config(name: str, openai_url: str, port: int) -> str:
+    return f"""
+[llm]
+base_url = "{openai_url}"
+model = "fake-model"
+api_key = "sk-test"
+max_retries = 0
+[storage]
+backend = "postgres"
+dsn_env = "{DSN_ENV}"
+[memory]
+backend = "none"
+[compaction]
+enabled = false
+[tools]
+ask_user = true
+todo = true
+[cluster]
+lease_seconds = 3.0
+heartbeat_seconds = 0.5
+poll_seconds = 2.0
+worker_name = "{name}"
+[access]
+admins = ["web:token:admin"]
+[[approvals]]
+tools = ["todo"]
+approvers = "admin"
+[transports.web]
+type = "http"
+host = "127.0.0.1"
+port = {port}
+tokens = [{{ name = "alice", env = "ALICE_TOKEN" }}, {{ name = "admin", env = "ADMIN_TOKEN" }}]
+"""
+
+
+class Worker:
+    """One ``agentik run`` process serving the HTTP API on its own port."""
+
+    def __init__(self, folder: Path, name: str, openai_url: str, dsn: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.port = _free_port()
+        self.config = folder / "bot.toml"
+        self.config.write_text(worker_config(name, openai_url, self.port), encoding="utf-8")
+        self.log = folder / "stderr.log"
+        self.dsn = dsn
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = clean_env(**{DSN_ENV: self.dsn, "ALICE_TOKEN": ALICE, "ADMIN_TOKEN": ADMIN})
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [AGENTIK, "run", "-c", str(self.config)], cwd=self.folder, env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            )  # fmt: skip
+
+    def client(self, token: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url + "/agentik",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(PATIENCE),
+        )
+
+    async def ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited: {self.log.read_text(errors='replace')}")
+        try:
+            async with httpx.AsyncClient() as c:
+                return (await c.get(self.url + "/ready", timeout=10)).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+
+async def until(check: Any, what: str) -> Any:
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        got = check()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def two_workers(tmp_path: Path, dsn: str, openai_url: str) -> AsyncIterator[list[Worker]]:
+    crew = [Worker(tmp_path / n, n, openai_url, dsn) for n in ("a", "b")]
+    try:
+        for w in crew:
+            w.start()
+        for w in crew:
+            await until(w.ready, f"worker {w.folder.name} ready")
+        yield crew
+    finally:
+        for w in crew:
+            w.stop()
+
+
+def frames(messages: list[SSEMessage]) -> list[tuple[int | None, str]]:
+    """Each event as the client got it: its ``id`` and its JSON (keys sorted)."""
+    return [(m.id, json.dumps(m.data, sort_keys=True)) for m in messages if m.data is not None]
+
+
+async def read_until(reader: SSEReader, kind: str, count: int = 1) -> list[SSEMessage]:
+    """Messages up to and including the ``count``-th of ``kind``."""
+    got: list[SSEMessage] = []
+    while sum(m.kind == kind for m in got) < count:
+        got += await reader.until(kind, timeout=PATIENCE)
+    return got
+
+
+def tool_results(body: dict[str, Any]) -> list[str]:
+    return [str(m.get("content")) for m in body["messages"] if m["role"] == "tool"]
+
+
+async def test_an_sse_client_on_one_worker_follows_a_turn_on_the_other(
+    postgres_dsn, openai_server, tmp_path
+):
+    openai_server.default = lambda body: Reply.text(
+        "one two three four five six seven eight nine ten " * 3, chunks=30, delay=0.03
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with b.client(ALICE) as on_b, a.client(ALICE) as on_a:
+            conv = (await on_b.post("/conversations", json={})).json()
+            path = f"/conversations/{conv['id']}/events"
+            # (1) A client on each worker from the start; the turn runs on B.
+            async with sse(on_a, path, params={"after": "0"}) as ra, sse(on_b, path) as rb:
+                r = await on_b.post(f"/conversations/{conv['id']}/messages",
+                                    json={"content": "count to ten"})  # fmt: skip
+                assert r.status_code == 202
+                seen_b = await read_until(rb, "run_stream_end")
+                seen_a = await read_until(ra, "run_stream_end")
+            assert next(m.kind for m in seen_a if m.data) == "turn_started"
+            assert sum(m.kind == "text_delta" for m in seen_b) >= 10
+            # Every event, the same ids, the same JSON: a client cannot tell the workers apart.
+            assert frames(seen_a) == frames(seen_b)
+            ids = [m.id for m in seen_a if m.data]
+            assert ids == list(range(ids[0], ids[0] + len(ids)))
+
+            # (2) A second turn, run on B: a client on B drops mid-turn and reconnects to
+            # A with Last-Event-ID, then drops again and reconnects to A again.
+            async with sse(on_b, path, params={"after": str(ids[-1])}) as whole:
+                await on_b.post(f"/conversations/{conv['id']}/messages",
+                                json={"content": "again"})  # fmt: skip
+                async with sse(on_b, path, params={"after": str(ids[-1])}) as first:
+                    part1 = await read_until(first, "text_delta", 3)
+                last = part1[-1].id
+                assert last is not None
+                async with sse(on_a, path, headers={"Last-Event-ID": str(last)}) as second:
+                    part2 = await read_until(second, "text_delta", 3)
+                last = part2[-1].id
+                assert last is not None
+                async with sse(on_a, path, headers={"Last-Event-ID": str(last)}) as third:
+                    part3 = await read_until(third, "run_stream_end")
+                everything = await read_until(whole, "run_stream_end")
+            assert frames(part1 + part2 + part3) == frames(everything)
+            got = [m.id for m in part1 + part2 + part3 if m.data]
+            assert got == list(range(ids[-1] + 1, ids[-1] + 1 + len(got)))  # no gap, no twice
+
+            # (3) A turn on A after B's: it continues B's numbers (seq is the conversation's).
+            async with sse(on_b, path, params={"after": str(got[-1])}) as rb:
+                r = await on_a.post(f"/conversations/{conv['id']}/messages", json={"content": "3"})
+                third_turn = await read_until(rb, "run_stream_end")
+            started = next(m for m in third_turn if m.kind == "turn_started")
+            assert started.data is not None and started.data["run_id"] == r.json()["run_id"]
+            assert [m.id for m in third_turn] == list(
+                range(got[-1] + 1, got[-1] + 1 + len(third_turn))
+            )
+
+
+async def test_an_approval_decided_on_another_worker_resumes_the_turn(
+    postgres_dsn, openai_server, tmp_path
+):
+    items = {"items": [{"text": "ship it", "status": "pending"}]}
+    openai_server.enqueue(
+        Reply.tool_calls([("call-1", "todo", json.dumps(items))]),
+        Reply.text("the list is set", chunks=3),
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as alice_a, b.client(ADMIN) as admin_b:
+            conv = (await alice_a.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice_a, base + "/events") as events:
+                r = await alice_a.post(base + "/messages", json={"content": "make a list"})
+                assert r.status_code == 202
+                asked = (await events.until("approval_requested", timeout=PATIENCE))[-1].data
+                assert asked is not None and asked["name"] == "todo"
+                # Decided through B's API, whose process holds no waiter for it.
+                pending = (await admin_b.get(base + "/approvals")).json()["items"]
+                assert [(p["id"], p["may_approve"]) for p in pending] == [
+                    (asked["approval_id"], True)
+                ]
+                url = f"{base}/approvals/{asked['approval_id']}"
+                ok = await admin_b.post(url, json={"decision": "approve", "reason": "go"})
+                assert ok.status_code == 200, ok.text
+                assert ok.json()["decision"] == "approved"
+                rest = await events.until("turn_ended", timeout=PATIENCE)
+            resolved = next(m.data for m in rest if m.kind == "approval_resolved")
+            assert resolved is not None
+            assert (resolved["decision"], resolved["approver"]) == ("approved", "admin")
+            ended = rest[-1].data
+            assert ended is not None and ended["stop_reason"] == "stop"
+            # The tool ran on A: the model's next request has its result, not a refusal.
+            results = tool_results(openai_server.requests[-1])
+            assert len(results) == 1 and not results[0].startswith("error")
+            again = await admin_b.post(url, json={"decision": "deny"})
+            assert again.status_code == 409
+
+
+async def test_a_question_answered_on_another_worker_resumes_the_turn(
+    postgres_dsn, openai_server, tmp_path
+):
+    ask = {"question": "which colour?", "choices": ["red", "blue"]}
+    openai_server.enqueue(
+        Reply.tool_calls([("call-1", "ask_user", json.dumps(ask))]),
+        Reply.text("blue it is", chunks=3),
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as alice_a, b.client(ALICE) as alice_b:
+            conv = (await alice_a.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice_a, base + "/events") as events:
+                r = await alice_a.post(base + "/messages", json={"content": "paint it"})
+                assert r.status_code == 202
+                turn = r.json()["run_id"]
+                await events.until("question_asked", timeout=PATIENCE)
+                # Alice's answer arrives through B: it answers, it starts no turn of its own.
+                answer = await alice_b.post(base + "/messages", json={"content": "blue"})
+                assert answer.status_code == 202, answer.text
+                assert answer.json()["run_id"] == turn
+                rest = await events.until("turn_ended", timeout=PATIENCE)
+            answered = next(m.data for m in rest if m.kind == "question_answered")
+            assert answered is not None
+            assert (answered["outcome"], answered["answer"]) == ("answered", "blue")
+            assert [m.kind for m in rest].count("turn_started") == 0
+            results = tool_results(openai_server.requests[-1])
+            assert len(results) == 1 and "blue" in results[0]
+
+
+async def test_a_redaction_on_one_worker_scrubs_the_replay_on_both(
+    postgres_dsn, openai_server, tmp_path
+):
+    openai_server.default = lambda body: Reply.text("the secret is swordfish", chunks=4)
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ADMIN) as on_a, b.client(ADMIN) as on_b:
+            conv = (await on_b.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(on_b, base + "/events") as rb:
+                await on_b.post(base + "/messages", json={"content": "tell me"})
+                await read_until(rb, "run_stream_end")
+            # Both workers replay it (B from its buffer and the stored events, A stored).
+            for client in (on_a, on_b):
+                async with sse(client, base + "/events", params={"after": "0"}) as r:
+                    said = "".join(
+                        (m.data or {}).get("text", "") for m in await read_until(r, "turn_ended")
+                    )
+                assert "swordfish" in said
+            rows = (await on_a.get(base + "/messages")).json()["items"]
+            answer = next(m for m in rows if m["kind"] == "assistant")
+            # Redacted through A: neither worker replays what it said any more.
+            done = await on_a.post(f"{base}/messages/{answer['id']}/redact", json={"reason": "x"})
+            assert done.status_code == 200, done.text
+
+            async def replayed(client: httpx.AsyncClient) -> str:
+                async with sse(client, base + "/events", params={"after": "0"}) as r:
+                    got = await read_until(r, "turn_ended")
+                return json.dumps([m.data for m in got])
+
+            assert "swordfish" not in await replayed(on_a)
+            # B's own buffer is scrubbed on the notification (within moments).
+            await until(
+                lambda: _without(replayed(on_b), "swordfish"), "B's replay without the secret"
+            )
+
+
+async def _without(text: Any, word: str) -> bool:
+    return word not in await text
+
+
+# -- in one process: what is written, and where nothing is -----------------------------------
+async def test_on_postgresql_a_turn_is_stored_but_a_temporary_conversation_never(postgres_dsn):
+    from agentik.core import Agent
+    from agentik.core.store.postgres import PostgresStore
+    from agentik.core.testing.scripted import ScriptedModel
+
+    model = ScriptedModel()
+    model.enqueue("kept", "never kept")
+    async with Agent(llm=model, store=PostgresStore(postgres_dsn)) as agent:
+        kept = await agent.create_conversation()
+        await kept.send("hi")
+        await kept.wait_idle()
+        temp = await agent.create_conversation(temp=True)
+        await temp.send("hi")
+        await temp.wait_idle()
+        stored = await agent.store.run_events_after(kept.id, 0)
+        # Every event of the turn, numbered from 1, as the stream sent them.
+        kinds = [json.loads(d)["kind"] for _, d in stored]
+        assert kinds[0] == "turn_started" and kinds[-1] == "run_stream_end"
+        assert [s for s, _ in stored] == list(range(1, len(stored) + 1))
+        assert await agent.store.run_events_last(temp.id) == 0
+        # Deleted: its events go with it.
+        await agent.delete_conversation(kept.id)
+        assert await agent.store.run_events_last(kept.id) == 0
+
+
+async def test_on_sqlite_nothing_is_stored_and_nothing_follows(tmp_path):
+    import sqlite3
+
+    from agentik.core import Agent, SQLiteStore
+    from agentik.core.testing.scripted import ScriptedModel
+
+    model = ScriptedModel()
+    model.enqueue("hello")
+    path = tmp_path / "one.db"
+    async with Agent(llm=model, store=SQLiteStore(str(path))) as agent:
+        conv = await agent.create_conversation()
+        await conv.send("hi")
+        await conv.wait_idle()
+        assert agent.cluster_events is None
+        assert agent.store.notifier().topics == frozenset()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT count(*) FROM run_event").fetchone() == (0,)
+
+
+async def test_a_follower_whose_listening_connection_drops_misses_nothing(postgres_dsn):
+    """Two agents on one database in one process: B follows a turn that runs on A.
+    B's listening connection is killed by the server mid-turn; the notifications sent
+    meanwhile are lost, and B's stream still gets every event (the notifier's resync
+    after it reconnects reads them)."""
+    import asyncpg
+
+    from agentik.core import Agent
+    from agentik.core.store.postgres import PostgresStore
+    from agentik.core.testing.scripted import Reply as Scripted
+    from agentik.core.testing.scripted import ScriptedModel
+
+    reply = Scripted(text=" ".join(f"w{i}" for i in range(30)), hold_after=5)
+    model = ScriptedModel()
+    model.enqueue(reply)
+    async with (
+        Agent(llm=model, store=PostgresStore(postgres_dsn)) as on_a,
+        Agent(llm=ScriptedModel(), store=PostgresStore(postgres_dsn)) as on_b,
+    ):
+        assert on_a.cluster_events is not None and on_b.cluster_events is not None
+        conv = await on_a.create_conversation()
+        await on_b.store.notifier().listening()
+        follower = await on_b.cluster_events.subscribe(
+            await on_b.get_conversation(conv.id), after=0
+        )
+        await conv.send("go")
+        got = []
+        async for event in follower:
+            got.append(event)
+            if sum(e.kind == "text_delta" for e in got) == 5:
+                break
+        await asyncio.wait_for(reply.held.wait(), PATIENCE)
+        # The server drops B's listening connection; A goes on meanwhile.
+        listener = on_b.store.notifier()._conn
+        assert listener is not None
+        admin = await asyncpg.connect(postgres_dsn)
+        try:
+            await admin.execute("SELECT pg_terminate_backend($1)", listener.get_server_pid())
+        finally:
+            await admin.close()
+        reply.release.set()
+        async for event in follower:
+            got.append(event)
+            if event.kind == "run_stream_end":
+                break
+        await follower.aclose()
+        assert on_b.store.notifier().connections >= 2  # it was dropped, and listens again
+    assert "events_lost" not in [e.kind for e in got]
+    assert [e.seq for e in got] == list(range(1, len(got) + 1))
+    assert "".join(e.text for e in got if e.kind == "text_delta").split() == [
+        f"w{i}" for i in range(30)
+    ]
