@@ -32,6 +32,7 @@ from .base import (
 from .memory_cluster import MemoryCluster
 from .memory_jobs import MemoryJobs
 from .memory_lifecycle import MemoryLifecycle
+from .memory_queue import MemoryQueue
 from .records import (
     Approval,
     ApprovalDecision,
@@ -46,7 +47,7 @@ from .records import (
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, Store):
+class MemoryStore(MemoryQueue, MemoryCluster, MemoryLifecycle, MemoryJobs, Store):
     """In-memory :class:`Store`; nothing survives the process."""
 
     def __init__(self) -> None:

@@ -45,6 +45,7 @@ from .postgres_jobs import PostgresJobs
 from .postgres_lifecycle import PostgresLifecycle
 from .postgres_migrations import MIGRATIONS, apply_migrations, schema_version
 from .postgres_outbox import PostgresOutbox
+from .postgres_queue import PostgresQueue
 from .postgres_redaction import PostgresRedaction
 from .postgres_room import (
     MESSAGE_COLUMNS,
@@ -339,6 +340,7 @@ class PostgresStore(
     PostgresJobs,
     PostgresCluster,
     PostgresSeen,
+    PostgresQueue,
     PostgresCopy,
     Store,
 ):

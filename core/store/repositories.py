@@ -30,6 +30,8 @@ from .records import (
     OutboxState,
     Question,
     QuestionOutcome,
+    QueuedTurn,
+    QueueStats,
     Redaction,
     RunRecord,
     TurnEnd,
@@ -49,6 +51,7 @@ __all__ = [
     "LifecycleRepository",
     "LogRepository",
     "OutboxRepository",
+    "QueueRepository",
     "RunsRepository",
     "SeenEventRepository",
     "WaitsRepository",
@@ -340,6 +343,34 @@ class SeenEventRepository(Protocol):
     async def seen_prune(self, before: float) -> int: ...
 
 
+@runtime_checkable
+class QueueRepository(Protocol):
+    """The turn queue: turns submitted on one worker for a conversation another runs
+    (issue 32), claimed by the holder of the conversation's lease."""
+
+    async def queue_add(
+        self,
+        conversation_id: str,
+        message: NewMessage,
+        payload: Mapping[str, Any],
+        *,
+        claimed_by: str | None = None,
+        updated_at: float | None = None,
+    ) -> QueuedTurn: ...
+
+    async def queue_claim(
+        self, conversation_id: str, worker: str, *, limit: int = 100
+    ) -> list[QueuedTurn]: ...
+
+    async def queue_done(self, message_ids: Sequence[int]) -> int: ...
+
+    async def queue_stats(self) -> QueueStats: ...
+
+    async def queue_conversations(
+        self, *, free_for: str | None = None, limit: int = 100
+    ) -> list[str]: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -352,6 +383,7 @@ REPOSITORIES: tuple[type, ...] = (
     LeaseRepository,
     WorkerRepository,
     SeenEventRepository,
+    QueueRepository,
 )
 
 
@@ -368,6 +400,7 @@ def _facade(
     LeaseRepository,
     WorkerRepository,
     SeenEventRepository,
+    QueueRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
-    return (store, store, store, store, store, store, store, store, store, store)
+    return (store, store, store, store, store, store, store, store, store, store, store)

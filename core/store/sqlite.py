@@ -49,6 +49,7 @@ from .sqlite_governance import SQLiteGovernance
 from .sqlite_jobs import SQLiteJobs
 from .sqlite_lifecycle import SQLiteLifecycle
 from .sqlite_outbox import SQLiteOutbox
+from .sqlite_queue import SQLiteQueue
 from .sqlite_redaction import SQLiteRedaction
 from .sqlite_runs import INSERT_RUN, SQLiteRuns, run_row
 from .sqlite_seen import SQLiteSeen
@@ -339,6 +340,7 @@ class SQLiteStore(
     SQLiteJobs,
     SQLiteCluster,
     SQLiteSeen,
+    SQLiteQueue,
     SQLiteCopy,
     Store,
 ):

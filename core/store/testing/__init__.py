@@ -16,8 +16,8 @@ The cases are grouped by aggregate, one mixin each, so an engine may run a
 part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
-:class:`ClusterContract`, :class:`SeenEventsContract`); :class:`StoreContract`
-is all of them.  A case the engine legitimately cannot pass is skipped with
+:class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`);
+:class:`StoreContract` is all of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
@@ -33,6 +33,7 @@ from .kit import ContractBase
 from .lifecycle import LifecycleContract
 from .log import LogContract
 from .outbox import OutboxContract
+from .queue import QueueContract
 from .runs import RunsContract
 from .seen import SeenEventsContract
 from .waits import WaitsContract
@@ -45,6 +46,7 @@ __all__ = [
     "LifecycleContract",
     "LogContract",
     "OutboxContract",
+    "QueueContract",
     "RunsContract",
     "SeenEventsContract",
     "StoreContract",
@@ -62,5 +64,6 @@ class StoreContract(
     JobsContract,
     ClusterContract,
     SeenEventsContract,
+    QueueContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
