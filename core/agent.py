@@ -8,7 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -47,6 +47,9 @@ from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
 from .streamprofiles import BUILTIN_PROFILES, StreamProfile
 from .tools.base import Tool, TurnPolicy
+
+if TYPE_CHECKING:
+    from .cluster.conversations import TurnQueue
 
 __all__ = ["Agent", "AgentSettings", "AgentState"]
 
@@ -217,6 +220,10 @@ class Agent:
         self.end_listeners: list[Callable[[Conversation, str, str | None], Awaitable[None]]] = []
         #: Awaited by :meth:`wind_down` (a bot's orderly shutdown), before anything closes.
         self.closing_listeners: list[Callable[[], Awaitable[None]]] = []
+        #: Several workers on a shared store: the conversation leases and the turn queue
+        #: front ends submit through (:mod:`agentik.core.cluster.conversations`; the bot
+        #: sets it); ``None``: turns are submitted to the conversation directly.
+        self.turn_queue: TurnQueue | None = None
 
     def __repr__(self) -> str:
         return f"<Agent {self.id} {self.state.value} llm={self.llm!r}>"

@@ -591,6 +591,13 @@ class PostgresStore(
         loop = asyncio.get_running_loop()
         return await self._submit(_Job(fn, loop.create_future(), conversation_id, single))
 
+    async def _append_in(
+        self, conn: asyncpg.Connection, cid: str, message: NewMessage, updated_at: float | None
+    ) -> Message:
+        """One audit-log row written in the caller's transaction (the turn queue's)."""
+        [m] = await _append(conn, cid, (message,), (), updated_at, None)
+        return m
+
     async def run_write(self, fn: WriteFn) -> Any:
         """Run ``fn(connection)`` on the writer connection, in its own transaction.
 

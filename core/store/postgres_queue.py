@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..messages import NewMessage
+from ..messages import Message, NewMessage
 from .postgres_room import PostgresRoom, dumps
 from .records import QueuedTurn, QueueStats
 
@@ -65,6 +65,11 @@ def _turn(r: Any) -> QueuedTurn:
 class PostgresQueue(PostgresRoom):
     """The turn queue in the ``turn_queue`` table."""
 
+    async def _append_in(
+        self, conn: asyncpg.Connection, cid: str, message: NewMessage, updated_at: float | None
+    ) -> Message:
+        raise NotImplementedError  # (the engine's: one audit row in this transaction)
+
     async def queue_add(
         self,
         conversation_id: str,
@@ -80,9 +85,7 @@ class PostgresQueue(PostgresRoom):
         body = dumps(dict(payload))
 
         async def fn(conn: asyncpg.Connection) -> QueuedTurn:
-            from .postgres import _append  # (the engine's module imports this one)
-
-            [m] = await _append(conn, conversation_id, (message,), (), updated_at, None)
+            m = await self._append_in(conn, conversation_id, message, updated_at)
             await conn.execute(
                 "INSERT INTO turn_queue (message_id, conversation_id, run_id, payload,"
                 " enqueued_at, claimed_by, claimed_at, attempts)"

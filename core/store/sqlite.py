@@ -99,6 +99,10 @@ class _Append:
     ended: TurnEnd | None = None
 
 
+#: The future of an append written inside another job (nobody awaits it).
+_NO_FUTURE: Any = None
+
+
 @dataclass(slots=True)
 class _Job:
     fn: Callable[[sqlite3.Connection], Any]
@@ -521,6 +525,13 @@ class SQLiteStore(
     async def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         loop = asyncio.get_running_loop()
         return await self._submit(_Job(fn, loop.create_future()))
+
+    def _append_in(
+        self, conn: sqlite3.Connection, cid: str, message: NewMessage, updated_at: float | None
+    ) -> Message:
+        """One audit-log row written in the caller's transaction (the turn queue's)."""
+        [[m]] = _apply_appends(conn, [_Append(cid, (message,), (), updated_at, _NO_FUTURE)])
+        return m
 
     async def run_write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run ``fn(connection)`` in the writer thread, in its own transaction.

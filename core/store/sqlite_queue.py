@@ -8,14 +8,13 @@ the message and its queue row in the same one.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..messages import NewMessage
+from ..messages import Message, NewMessage
 from .records import QueuedTurn, QueueStats
 from .sqlite_room import SQLiteRoom
 
@@ -34,6 +33,11 @@ def _turn(r: Any) -> QueuedTurn:
 class SQLiteQueue(SQLiteRoom):
     """The turn queue in the ``turn_queue`` table."""
 
+    def _append_in(
+        self, conn: sqlite3.Connection, cid: str, message: NewMessage, updated_at: float | None
+    ) -> Message:
+        raise NotImplementedError  # (the engine's: one audit row in this transaction)
+
     async def queue_add(
         self,
         conversation_id: str,
@@ -45,15 +49,11 @@ class SQLiteQueue(SQLiteRoom):
     ) -> QueuedTurn:
         if message.kind != "user" or not message.run_id:
             raise ValueError("a queued turn's message is a user message with a run id")
-        from .sqlite import _Append, _apply_appends  # (the engine's module imports this one)
-
         now = time.time()
         body = json.dumps(dict(payload), ensure_ascii=False)
-        item = _Append(conversation_id, (message,), (), updated_at,
-                       asyncio.get_running_loop().create_future())  # fmt: skip
 
         def fn(conn: sqlite3.Connection) -> QueuedTurn:
-            [[m]] = _apply_appends(conn, [item])
+            m = self._append_in(conn, conversation_id, message, updated_at)
             conn.execute(
                 f"INSERT INTO turn_queue ({_COLUMNS}, claimed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, m.id, m.run_id, body, now, claimed_by, 1 if claimed_by else 0,

@@ -1,0 +1,297 @@
+"""Several workers serve the HTTP API's conversations without sticky routing: the turn
+queue and the conversation leases (issue 32).
+
+Real processes all the way: ``agentik run`` workers on a real PostgreSQL
+(tests/pgserver.py), each with the HTTP API on its own port, and the fake
+OpenAI-compatible server counting requests.  Every message is posted to a worker
+picked at random.  What a user would notice is checked: every message answered
+exactly once (model requests and assistant messages counted), each answer made from
+a history holding every earlier answer of its conversation in order (so no two
+turns of one conversation ran at once, and none out of order), and a worker killed
+with turns queued behind its running one: another takes them over and answers each
+once.  Every wait is on something observable with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import re
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from test_cluster_failover import DSN_ENV, PATIENCE, Worker, until
+
+from agentik.core.testing.openai_server import Reply
+
+pytest_plugins = ["pgserver"]
+
+PREFIX = "/agentik"
+_TAG = re.compile(r"\b(c\d+ m\d+|slow|after \d+)\b")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(name: str, openai_url: str, port: int) -> str:
+    return f"""
+[llm]
+base_url = "{openai_url}"
+model = "fake-model"
+api_key = "sk-test"
+max_retries = 0
+[storage]
+backend = "postgres"
+dsn_env = "{DSN_ENV}"
+[memory]
+backend = "none"
+[compaction]
+enabled = false
+[health]
+listen = "unix:h.sock"
+[cluster]
+lease_seconds = 3.0
+heartbeat_seconds = 0.5
+poll_seconds = 2.0
+worker_name = "{name}"
+[transports.api]
+type = "http"
+host = "127.0.0.1"
+port = {port}
+"""
+
+
+class ApiWorker(Worker):
+    """A worker and its HTTP API's base URL."""
+
+    def __init__(self, folder: Path, name: str, openai_url: str, dsn: str) -> None:
+        self.port = _free_port()
+        super().__init__(folder, _config(name, openai_url, self.port), dsn)
+        self.url = f"http://127.0.0.1:{self.port}{PREFIX}"
+
+    async def ready(self) -> bool:
+        try:
+            async with httpx.AsyncClient() as c:
+                return (await c.get(f"{self.url}/conversations", timeout=10)).status_code == 200
+        except httpx.TransportError:
+            return False
+
+
+@contextlib.asynccontextmanager
+async def api_workers(
+    n: int, tmp_path: Path, dsn: str, openai_url: str
+) -> AsyncIterator[list[ApiWorker]]:
+    crew = [ApiWorker(tmp_path / f"w{i}", f"w{i}", openai_url, dsn) for i in range(n)]
+    try:
+        for w in crew:
+            w.start()
+        for w in crew:
+            await until(w.ready, f"{w.folder.name}'s HTTP API")
+        yield crew
+    finally:
+        for w in crew:
+            w.stop()
+
+
+def _user_texts(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (role, text) of a model request's user and assistant messages, in order."""
+    out = []
+    for m in body["messages"]:
+        if m["role"] in ("user", "assistant"):
+            content = m["content"]
+            out.append((m["role"], content if isinstance(content, str) else str(content)))
+    return out
+
+
+def _tag(text: str) -> str:
+    found = _TAG.search(text)
+    return found.group(1) if found else ""
+
+
+async def _rows(dsn: str, sql: str, *args: Any) -> list[Any]:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
+
+
+async def _answers(dsn: str) -> list[tuple[str, str]]:
+    """``(conversation id, answer)`` of every assistant message, oldest first."""
+    rows = await _rows(
+        dsn, "SELECT conversation_id, content FROM message WHERE kind = 'assistant' ORDER BY id"
+    )
+    return [(str(r[0]), str(r[1])) for r in rows]
+
+
+async def _post(client: httpx.AsyncClient, worker: ApiWorker, cid: str, text: str) -> None:
+    r = await client.post(f"{worker.url}/conversations/{cid}/messages", json={"content": text},
+                          timeout=60)  # fmt: skip
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["conversation_id"] == cid and body["run_id"] and body["steered"] is False
+
+
+def _history_problems(requests: list[dict[str, Any]]) -> list[str]:
+    """Each request must hold, before its own message, every earlier message of its
+    conversation followed by its answer: a turn that overlapped the one before it, or
+    ran before it, would miss that answer."""
+    problems = []
+    for body in requests:
+        turns = _user_texts(body)
+        if not turns or turns[-1][0] != "user":
+            problems.append(f"no user message last: {turns}")
+            continue
+        tag = _tag(turns[-1][1])
+        conv, _, n = tag.partition(" m")
+        if not conv.startswith("c"):
+            continue
+        want: list[tuple[str, str]] = []
+        for j in range(int(n)):
+            want += [("user", f"{conv} m{j}"), ("assistant", f"answer to {conv} m{j}")]
+        want.append(("user", tag))
+        got = [(role, _tag(text) if role == "user" else text) for role, text in turns]
+        if got != want:
+            problems.append(f"{tag}: history {got}")
+    return problems
+
+
+async def test_any_worker_takes_any_message_each_answered_once_in_order(
+    postgres_dsn, openai_server, tmp_path
+):
+    def model(body: dict[str, Any]) -> Reply:
+        # Some time per answer (three pieces), so later messages arrive mid-turn.
+        return Reply.text(f"answer to {_tag(_user_texts(body)[-1][1])}", chunks=3, delay=0.03)
+
+    openai_server.default = model
+    conversations, messages = 24, 3
+    rng = random.Random(32)
+    async with api_workers(3, tmp_path, postgres_dsn, openai_server.base_url) as crew:
+        async with httpx.AsyncClient() as client:
+            ids = []
+            for _ in range(conversations):
+                r = await client.post(f"{rng.choice(crew).url}/conversations", timeout=60)
+                assert r.status_code == 201, r.text
+                ids.append(r.json()["id"])
+
+            async def talk(i: int, cid: str) -> None:
+                # One after another in a conversation (each committed before the
+                # next is posted); every one to a worker picked at random.
+                for j in range(messages):
+                    await _post(client, rng.choice(crew), cid, f"c{i} m{j}")
+
+            await asyncio.gather(*(talk(i, cid) for i, cid in enumerate(ids)))
+        total = conversations * messages
+        await until(
+            lambda: _count_at_least(postgres_dsn, total), f"{total} answers", patience=PATIENCE
+        )
+        # Every queued turn ran and left the queue.
+        await until(lambda: _queue_empty(postgres_dsn), "an empty turn queue")
+        answers = await _answers(postgres_dsn)
+        assert len(answers) == total
+        by_conv: dict[str, list[str]] = {}
+        for cid, text in answers:
+            by_conv.setdefault(cid, []).append(text)
+        for i, cid in enumerate(ids):
+            # Exactly once each, in the order asked.
+            assert by_conv[cid] == [f"answer to c{i} m{j}" for j in range(messages)], cid
+        asked = [_tag(_user_texts(b)[-1][1]) for b in openai_server.requests]
+        assert len(asked) == total and len(set(asked)) == total
+        assert _history_problems(openai_server.requests) == []
+        # The workers shared the work, and /health says how much each ran.
+        views = [await w.health() for w in crew]
+        ran = [int((v or {}).get("cluster", {}).get("queued_turns_run", 0)) for v in views]
+        assert sum(ran) == total, ran
+        assert sum(1 for n in ran if n) >= 2, ran
+        for w in crew:
+            assert "Traceback" not in w.stderr(), w.stderr()[-3000:]
+
+
+async def _count_at_least(dsn: str, n: int) -> bool:
+    rows = await _rows(dsn, "SELECT count(*) FROM message WHERE kind = 'assistant'")
+    return int(rows[0][0]) >= n
+
+
+async def _queue_empty(dsn: str) -> bool:
+    return int((await _rows(dsn, "SELECT count(*) FROM turn_queue"))[0][0]) == 0
+
+
+async def _cluster(worker: ApiWorker) -> dict[str, Any]:
+    view = await worker.health()
+    return dict((view or {}).get("cluster") or {})
+
+
+async def test_kill_9_of_the_running_worker_hands_its_queued_turns_to_another(
+    postgres_dsn, openai_server, tmp_path
+):
+    held: list[Reply] = []
+
+    def model(body: dict[str, Any]) -> Reply:
+        tag = _tag(_user_texts(body)[-1][1])
+        if tag == "slow" and not held:
+            # The first time: the answer starts and holds, so the kill lands mid-turn.
+            held.append(Reply.text("", hold_after=0))
+            return held[0]
+        return Reply.text(f"answer to {tag}")
+
+    openai_server.default = model
+    try:
+        async with api_workers(3, tmp_path, postgres_dsn, openai_server.base_url) as crew:
+            first, second = crew[0], crew[1]
+            async with httpx.AsyncClient() as client:
+                cid = (await client.post(f"{first.url}/conversations", timeout=60)).json()["id"]
+                # The first worker takes the conversation and runs its turn ...
+                await _post(client, first, cid, "slow")
+                await until(lambda: held, "the slow turn's model request")
+                await held[0].wait_held(PATIENCE)
+                # ... while two more arrive at another worker: queued behind it.
+                await _post(client, second, cid, "after 1")
+                await _post(client, second, cid, "after 2")
+            runner = (await _cluster(first))["worker"]
+            await until(lambda: _claimed_by(postgres_dsn, cid, runner, 3),
+                        "the running worker to claim the queued turns")  # fmt: skip
+            # (3) /health shows them queued.
+            await until(lambda: _depth_seen(second, 3), "queue depth 3 in /health")
+            assert (await _cluster(first))["conversations_held"] >= 1
+            lease = await _rows(postgres_dsn, "SELECT owner, epoch FROM lease WHERE name = $1",
+                                f"conv:{cid}")  # fmt: skip
+            assert lease[0][0] == runner
+            first.kill()
+            await first.wait()
+            await until(lambda: _count_at_least(postgres_dsn, 3), "the three answers")
+            await until(lambda: _queue_empty(postgres_dsn), "an empty turn queue")
+            answers = [text for c, text in await _answers(postgres_dsn) if c == cid]
+            assert answers == ["answer to slow", "answer to after 1", "answer to after 2"]
+            asked = [_tag(_user_texts(b)[-1][1]) for b in openai_server.requests]
+            # The killed turn ran again once; the queued ones ran once, after it.
+            assert asked.count("slow") == 2
+            assert asked.count("after 1") == 1 and asked.count("after 2") == 1
+            after = await _rows(postgres_dsn, "SELECT owner, epoch FROM lease WHERE name = $1",
+                                f"conv:{cid}")  # fmt: skip
+            assert after[0][0] != runner and after[0][1] == lease[0][1] + 1
+            taker = [w for w in crew[1:] if (await _cluster(w)).get("worker") == after[0][0]]
+            assert taker, after
+            view = await _cluster(taker[0])
+            assert view["queued_turns_taken_over"] >= 3 and view["queued_turns_run"] >= 3
+            await until(lambda: _depth_seen(taker[0], 0), "queue depth 0 in /health")
+    finally:
+        for r in held:
+            r.release()
+
+
+async def _claimed_by(dsn: str, cid: str, worker: str, n: int) -> bool:
+    rows = await _rows(dsn, "SELECT claimed_by FROM turn_queue WHERE conversation_id = $1", cid)
+    return len(rows) == n and all(r[0] == worker for r in rows)
+
+
+async def _depth_seen(worker: ApiWorker, n: int) -> bool:
+    return (await _cluster(worker)).get("queue_depth") == n
