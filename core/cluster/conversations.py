@@ -74,6 +74,9 @@ log = logging.getLogger(__name__)
 
 #: The notification topic of queued turns: ids are conversation ids.
 TOPIC = "turns"
+#: How many turns run here are remembered as done (a claim that read the queue before
+#: one left it returns it once more).
+_DONE_KEPT = 10_000
 
 #: What a front end answers for a claimed turn: the tools it may offer (``None``:
 #: all its settings allow) and its settings; ``None``: refused (not run).
@@ -135,6 +138,14 @@ class TurnQueue:
         self._sub: Any = None
         self._closing = False
         self._considering: set[str] = set()
+        #: Conversations a turn is being queued for here now (not released meanwhile).
+        self._submitting: dict[str, int] = {}
+        #: The messages of the turns queued here and run here (read from the store
+        #: for the others).
+        self._messages: dict[int, Message] = {}
+        #: The last turns run here (a claim read before one left the queue returns it).
+        self._done: set[int] = set()
+        self._done_order: deque[int] = deque()
         self._stats: QueueStats | None = None
         #: Called after each keeper round with the queue's depth and the leases held
         #: here (the bot's metrics).
@@ -178,6 +189,11 @@ class TurnQueue:
             return False
         self._held[conversation_id] = got
         self._renewed[conversation_id] = sent
+        # Another worker may have run turns since this one held it: what this process
+        # keeps of the conversation's context is read again from the store.
+        conv = self.agent.services.find(conversation_id)
+        if conv is not None:
+            conv.parts.memory.invalidate()
         return True
 
     async def submit(
@@ -202,6 +218,24 @@ class TurnQueue:
         if isinstance(outcome, Refuse):
             raise PromptRefused(outcome.message)
         text = self.agent.hooks.before_store("user", outcome, conv.id)
+        self._submitting[conv.id] = self._submitting.get(conv.id, 0) + 1
+        try:
+            return await self._submit(conv, text, author, author_id, channel, settings, payload)
+        finally:
+            left = self._submitting.pop(conv.id) - 1
+            if left:
+                self._submitting[conv.id] = left
+
+    async def _submit(
+        self,
+        conv: Conversation,
+        text: str,
+        author: str | None,
+        author_id: str | None,
+        channel: str | None,
+        settings: TurnSettings,
+        payload: dict[str, Any],
+    ) -> tuple[str, bool]:
         here = await self.take(conv.id)
         now = time.time()
         data: dict[str, Any] = {"author_id": author_id} if author_id else {}
@@ -217,10 +251,24 @@ class TurnQueue:
             conv.id, entry, payload, claimed_by=self.worker if here else None, updated_at=now
         )
         if here:
-            self._add(conv.id, [turn])
+            # Its message as stored: the runner needs no read of it.
+            self._messages[turn.message_id] = entry.stored(
+                id=turn.message_id, conversation_id=conv.id, now=now
+            )
+            # With the turns queued before it (by workers that do not hold the lease,
+            # announced but maybe not claimed yet; or left by a worker gone): they run
+            # first, in order.
+            if not await self._claim(conv.id):
+                self._add(conv.id, [turn])
         else:
             await self.store.notifier().publish(TOPIC, conv.id)
         return turn.run_id, here
+
+    async def settled(self, conversation_id: str) -> None:
+        """Wait until this worker runs no queued turn of the conversation (its claimed
+        turns ran, or were left to another worker)."""
+        while (slot := self._slots.get(conversation_id)) is not None and slot.task is not None:
+            await asyncio.wait([slot.task])
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -282,22 +330,25 @@ class TurnQueue:
             return
         self._considering.add(conversation_id)
         try:
-            if not await self.take(conversation_id):
-                return
-            try:
-                turns = await self.store.queue_claim(conversation_id, self.worker)
-            except Exception as exc:
-                log.warning("cluster: claiming turns of conversation %s failed: %s",
-                            conversation_id, exc)  # fmt: skip
-                return
-            self._add(conversation_id, turns)
+            if await self.take(conversation_id):
+                await self._claim(conversation_id)
         finally:
             self._considering.discard(conversation_id)
+
+    async def _claim(self, conversation_id: str) -> bool:
+        try:
+            turns = await self.store.queue_claim(conversation_id, self.worker)
+        except Exception as exc:
+            log.warning("cluster: claiming turns of conversation %s failed: %s",
+                        conversation_id, exc)  # fmt: skip
+            return False
+        self._add(conversation_id, turns)
+        return True
 
     def _add(self, conversation_id: str, turns: list[QueuedTurn]) -> None:
         slot = self._slots.setdefault(conversation_id, _Slot())
         for turn in turns:
-            if turn.message_id in slot.known:
+            if turn.message_id in slot.known or turn.message_id in self._done:
                 continue  # claimed again (a repeated claim): it runs once here
             slot.known.add(turn.message_id)
             slot.turns.append(turn)
@@ -319,6 +370,8 @@ class TurnQueue:
                     log.warning("cluster: conversation %s: lease lost; %d queued turn(s)"
                                 " left to its next holder", conversation_id,
                                 len(slot.turns))  # fmt: skip
+                    for left in slot.turns:
+                        self._messages.pop(left.message_id, None)
                     slot.turns.clear()
                     slot.known.clear()
                     break
@@ -334,10 +387,16 @@ class TurnQueue:
                 slot.turns.popleft()
                 if not ran:
                     # No front end here for it: let another worker take the conversation.
+                    for left in slot.turns:
+                        self._messages.pop(left.message_id, None)
                     slot.turns.clear()
                     slot.known.clear()
                     await self._release(conversation_id)
                     break
+                self._done.add(turn.message_id)
+                self._done_order.append(turn.message_id)
+                if len(self._done_order) > _DONE_KEPT:
+                    self._done.discard(self._done_order.popleft())
                 with contextlib.suppress(Exception):
                     await self.store.queue_done([turn.message_id])
                 slot.known.discard(turn.message_id)
@@ -348,12 +407,17 @@ class TurnQueue:
     async def _run_turn(self, conversation_id: str, turn: QueuedTurn) -> bool:
         """Run one claimed turn to its end; ``False`` when no front end here runs it."""
         store = self.store
-        if await store.turn_ended(conversation_id, turn.run_id):
-            return True  # it ran before (a claim repeated after its end): once is enough
-        rows = await store.messages(conversation_id, after=turn.message_id - 1, limit=1)
-        if not rows or rows[0].id != turn.message_id:
-            return True  # its message is gone (the conversation was deleted)
-        message = rows[0]
+        # A turn claimed before (its worker died or lost the lease) may have run, or
+        # started: its end is looked up, and it runs again from what it committed.
+        again = turn.attempts > 1
+        if again and await store.turn_ended(conversation_id, turn.run_id):
+            return True  # it ran to its end: once is enough
+        message = self._messages.pop(turn.message_id, None)
+        if message is None:
+            rows = await store.messages(conversation_id, after=turn.message_id - 1, limit=1)
+            if not rows or rows[0].id != turn.message_id:
+                return True  # its message is gone (the conversation was deleted)
+            message = rows[0]
         via = str(turn.payload.get("via", ""))
         admit = self._front_ends.get(via)
         if admit is None:
@@ -364,10 +428,14 @@ class TurnQueue:
         admitted = await admit(conv, turn, message)
         if admitted is None:
             conv.resume([message], mode="drop", outcome="refused")
+        elif again:
+            allow_tool, settings = admitted
+            if conv.resume([message], mode="answer", allow_tool=allow_tool, settings=settings):
+                self.ran += 1
         else:
             allow_tool, settings = admitted
-            conv.resume([message], mode="answer", allow_tool=allow_tool, settings=settings)
-        self.ran += 1
+            if conv.run_committed(message, allow_tool=allow_tool, settings=settings):
+                self.ran += 1
         await conv.wait_idle()
         return True
 
@@ -394,6 +462,7 @@ class TurnQueue:
             busy = slot is not None and (slot.task is not None or bool(slot.turns))
             conv = self.agent.services.find(cid)
             busy = busy or (conv is not None and conv.busy)  # a turn submitted here directly
+            busy = busy or cid in self._submitting  # a turn being queued here now
             idle_since = slot.idle_since if slot is not None else self._renewed.get(cid, now)
             if not busy and now - idle_since >= self.idle_release:
                 await self._release(cid)
@@ -401,7 +470,10 @@ class TurnQueue:
         if held:
             sent = time.monotonic()
             try:
-                async with asyncio.timeout(max(self.settings.heartbeat_seconds, 0.5)):
+                # As long as the fencing margin allows: a slow database (a loaded
+                # machine) delays a renewal without losing the lease.
+                beat, ttl = self.settings.heartbeat_seconds, self.settings.lease_seconds
+                async with asyncio.timeout(max(beat, ttl - 2 * beat, 0.5)):
                     renewed = set(
                         await self.store.lease_renew_many(
                             held, self.worker, self.settings.lease_seconds
