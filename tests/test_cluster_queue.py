@@ -308,3 +308,60 @@ async def _claimed_by(dsn: str, cid: str, worker: str, n: int) -> bool:
 
 async def _depth_seen(worker: ApiWorker, n: int) -> bool:
     return (await _cluster(worker)).get("queue_depth") == n
+
+
+# -- one process: nothing of it ------------------------------------------------------------
+async def test_a_bot_on_sqlite_queues_nothing_and_takes_no_conversation_lease(
+    openai_server, tmp_path
+):
+    import sqlite3
+    import tomllib
+
+    from agentik.bot.app import Bot
+    from agentik.bot.config import parse_config
+
+    openai_server.default = lambda body: Reply.text(f"answer to {_user_texts(body)[-1][1]}")
+    db = tmp_path / "b.db"
+    text = f"""
+[llm]
+base_url = "{openai_server.base_url}"
+model = "fake-model"
+api_key = "sk-test"
+[storage]
+path = "{db}"
+[memory]
+backend = "none"
+[transports.api]
+type = "http"
+host = "127.0.0.1"
+port = 0
+"""
+    async with Bot(parse_config(tomllib.loads(text), env={})) as bot:
+        assert bot.turn_queue is None and bot.agent.turn_queue is None
+        url = bot.transports["api"].url + PREFIX  # type: ignore[attr-defined]
+        async with httpx.AsyncClient() as client:
+            cid = (await client.post(f"{url}/conversations", timeout=60)).json()["id"]
+            for j in range(3):
+                r = await client.post(f"{url}/conversations/{cid}/messages",
+                                      json={"content": f"m{j}"}, timeout=60)  # fmt: skip
+                assert r.status_code == 202
+        conv = await bot.agent.get_conversation(cid)
+        await until(lambda: _answered(db, 3), "three answers")
+        await conv.wait_idle()
+        cluster = bot.status()["cluster"]
+        assert cluster["shared"] is False and "queue_depth" not in cluster
+    with sqlite3.connect(db) as conn:
+        # No conversation lease, no queued turn: a one-process bot writes neither.
+        assert conn.execute("SELECT count(*) FROM lease").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM turn_queue").fetchone()[0] == 0
+        # Its messages are plain ones (not marked queued).
+        rows = conn.execute("SELECT data FROM message WHERE kind = 'user'").fetchall()
+        assert len(rows) == 3 and not any("queued" in (r[0] or "") for r in rows)
+
+
+def _answered(db: Path, n: int) -> bool:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute("SELECT count(*) FROM message WHERE kind = 'assistant'")
+                   .fetchone()[0]) >= n  # fmt: skip
