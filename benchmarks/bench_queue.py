@@ -11,9 +11,10 @@ for the tests), with an instant scripted model (so the costs shown are agentik's
   does with several workers).  Rounds alternate; medians and the range of rounds.
 * **Claim latency**: two workers (two agents, each with its own store, pool and
   listening connection, in this process): worker B queues a turn of a
-  conversation worker A holds; from B's submit returning (the message committed)
-  to A's turn starting (its ``TurnStarted`` event): the ``NOTIFY``, A's claim
-  (``FOR UPDATE SKIP LOCKED``) and the turn's set-up.
+  conversation worker A holds; from B's call to submit it (the message and its
+  queue row committed, then the ``NOTIFY``) to A's turn starting (its
+  ``TurnStarted`` event: A's claim, ``FOR UPDATE SKIP LOCKED``, and the turn's
+  set-up).
 
 Without PostgreSQL (``make postgres``) it says so and exits 0.
 """
@@ -131,11 +132,11 @@ async def claim_latency(dsn: str, samples: int) -> list[Row]:
         try:
             for i in range(samples):
                 seen.clear()
+                sent = time.perf_counter()
                 run_id, here = await b.turn_queue.submit(
                     conv_b, f"q{i}", author=None, author_id=None, channel=None,
                     settings=conv_b.settings, payload={"via": "bench"},
                 )  # fmt: skip
-                sent = time.perf_counter()
                 assert not here
                 while run_id not in started:
                     await asyncio.wait_for(seen.wait(), 30)
@@ -150,7 +151,7 @@ async def claim_latency(dsn: str, samples: int) -> list[Row]:
     latencies.sort()
     med = statistics.median(latencies)
     p95 = latencies[max(0, int(len(latencies) * 0.95) - 1)]
-    say(f"claim latency (B queues, A starts the turn): median {ms(med)}, p95 {ms(p95)}, "
+    say(f"claim latency (B submits, A starts the turn): median {ms(med)}, p95 {ms(p95)}, "
         f"best {ms(latencies[0])}, worst {ms(latencies[-1])}")  # fmt: skip
     return [
         Row("claim latency (another worker queues), median", ms(med), f"p95 {ms(p95)}", None,

@@ -19,6 +19,7 @@ import contextlib
 import random
 import re
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -278,9 +279,12 @@ async def test_kill_9_of_the_running_worker_hands_its_queued_turns_to_another(
             lease = await _rows(postgres_dsn, "SELECT owner, epoch FROM lease WHERE name = $1",
                                 f"conv:{cid}")  # fmt: skip
             assert lease[0][0] == runner
+            killed_at = time.monotonic()
             first.kill()
             await first.wait()
             await until(lambda: _count_at_least(postgres_dsn, 3), "the three answers")
+            print(f"kill -9 to the three answers by another worker: "
+                  f"{time.monotonic() - killed_at:.2f} s")  # fmt: skip
             await until(lambda: _queue_empty(postgres_dsn), "an empty turn queue")
             answers = [text for c, text in await _answers(postgres_dsn) if c == cid]
             assert answers == ["answer to slow", "answer to after 1", "answer to after 2"]
