@@ -77,6 +77,8 @@ TOPIC = "turns"
 #: How many turns run here are remembered as done (a claim that read the queue before
 #: one left it returns it once more).
 _DONE_KEPT = 10_000
+#: Claims of a turn that could not start (its set-up failed) before it is dropped.
+_ATTEMPTS = 3
 
 #: What a front end answers for a claimed turn: the tools it may offer (``None``:
 #: all its settings allow) and its settings; ``None``: refused (not run).
@@ -146,6 +148,8 @@ class TurnQueue:
         #: The last turns run here (a claim read before one left the queue returns it).
         self._done: set[int] = set()
         self._done_order: deque[int] = deque()
+        #: How many times each turn's set-up failed here.
+        self._failed: dict[int, int] = {}
         self._stats: QueueStats | None = None
         #: Called after each keeper round with the queue's depth and the leases held
         #: here (the bot's metrics).
@@ -299,8 +303,8 @@ class TurnQueue:
 
     # -- claiming -------------------------------------------------------------------------
     def _noticed(self, notice: Notice) -> None:
-        if self._closing:
-            return
+        if self._closing or (notice.local and not notice.resync):
+            return  # (this worker queued it because another holds the conversation)
         if notice.resync:
             self._spawn(self._scan())
             return
@@ -381,18 +385,25 @@ class TurnQueue:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    log.exception("cluster: conversation %s: queued turn %s failed",
-                                  conversation_id, turn.run_id)  # fmt: skip
-                    ran = True  # (its end is recorded by the turn; it is not retried here)
+                    # (The turn's own failures end it, recorded: this is its set-up, the
+                    # store mostly.)  Left queued for the next holder, a few times.
+                    tries = self._failed[turn.message_id] = self._failed.get(turn.message_id, 0) + 1
+                    given_up = tries >= _ATTEMPTS
+                    log.exception("cluster: conversation %s: queued turn %s could not start%s",
+                                  conversation_id, turn.run_id,
+                                  "; dropped" if given_up else "; tried again later")  # fmt: skip
+                    ran = given_up
                 slot.turns.popleft()
                 if not ran:
-                    # No front end here for it: let another worker take the conversation.
+                    # No front end here for it, or it could not start: let another
+                    # worker (or this one, later) take the conversation and claim it.
                     for left in slot.turns:
                         self._messages.pop(left.message_id, None)
                     slot.turns.clear()
                     slot.known.clear()
                     await self._release(conversation_id)
                     break
+                self._failed.pop(turn.message_id, None)
                 self._done.add(turn.message_id)
                 self._done_order.append(turn.message_id)
                 if len(self._done_order) > _DONE_KEPT:
