@@ -300,6 +300,13 @@ async def test_kill_9_of_the_running_worker_hands_its_queued_turns_to_another(
             view = await _cluster(taker[0])
             assert view["queued_turns_taken_over"] >= 3 and view["queued_turns_run"] >= 3
             await until(lambda: _depth_seen(taker[0], 0), "queue depth 0 in /health")
+            # The gauges: the queue's depth, and the conversation the taker holds.
+            async with httpx.AsyncClient() as client:
+                body = (await client.get(f"http://127.0.0.1:{taker[0].port}/metrics",
+                                         timeout=30)).text  # fmt: skip
+            assert "agentik_turn_queue_depth 0.0" in body.splitlines()
+            assert any(line.startswith("agentik_conversation_leases ")
+                       for line in body.splitlines())  # fmt: skip
     finally:
         for r in held:
             r.release()
@@ -369,3 +376,61 @@ def _answered(db: Path, n: int) -> bool:
     with sqlite3.connect(db) as conn:
         return int(conn.execute("SELECT count(*) FROM message WHERE kind = 'assistant'")
                    .fetchone()[0]) >= n  # fmt: skip
+
+
+# -- fencing: two workers in this process, each with its own store on one database ----------
+async def _queue_worker(dsn: str, name: str) -> Any:
+    from agentik.core import Agent
+    from agentik.core.cluster import ClusterSettings
+    from agentik.core.cluster.conversations import TurnQueue
+    from agentik.core.store.postgres import PostgresStore
+    from agentik.core.testing.scripted import ScriptedModel
+
+    agent = Agent(llm=ScriptedModel(default=lambda req: f"{name} answers"),
+                  store=PostgresStore(dsn))  # fmt: skip
+    await agent.start()
+    queue = TurnQueue(agent, name, ClusterSettings(lease_seconds=3.0, heartbeat_seconds=0.2))
+
+    async def admit(conv: Any, turn: Any, message: Any) -> Any:
+        return None, conv.settings
+
+    queue.front_end("test", admit)
+    agent.turn_queue = queue
+    await queue.start()
+    await agent.store.notifier().listening()
+    return agent
+
+
+async def test_a_worker_that_lost_a_conversations_lease_starts_no_turn_of_it(postgres_dsn):
+    a = await _queue_worker(postgres_dsn, "a")
+    b = await _queue_worker(postgres_dsn, "b")
+    try:
+        conv = await a.create_conversation(title="fenced")
+        await a.turn_queue.submit(conv, "one", author=None, author_id=None, channel=None,
+                                  settings=conv.settings, payload={"via": "test"})  # fmt: skip
+        await a.turn_queue.settled(conv.id)
+        assert a.turn_queue.holds(conv.id)
+        # Another worker took the lease (the next epoch), as after a stall of "a" longer
+        # than the lease: "a"'s next renewal is refused.
+        await _rows(postgres_dsn, "UPDATE lease SET owner = 'b', epoch = epoch + 1,"
+                    " expires_at = expires_at + 30 WHERE name = $1", f"conv:{conv.id}")  # fmt: skip
+        await until(lambda: not a.turn_queue.holds(conv.id), "a to see its lease lost")
+        # A message reaching "a" now is queued for the holder, not run by "a".
+        run_id, here = await a.turn_queue.submit(
+            conv, "two", author=None, author_id=None, channel=None, settings=conv.settings,
+            payload={"via": "test"},
+        )  # fmt: skip
+        assert not here
+        await until(lambda: _queue_empty(postgres_dsn), "the holder to run it")
+        rows = await _rows(postgres_dsn, "SELECT content FROM message WHERE conversation_id = $1"
+                           " AND kind = 'assistant' ORDER BY id", conv.id)  # fmt: skip
+        assert [r[0] for r in rows] == ["a answers", "b answers"]
+        assert (a.turn_queue.ran, b.turn_queue.ran) == (1, 1)
+        # The holder's context holds the first turn, run by "a" (read from the store).
+        conv_b = await b.get_conversation(conv.id)
+        memory = [m.content for m in await conv_b.working_memory()]
+        assert memory[-4:] == ["one", "a answers", "two", "b answers"]
+    finally:
+        for agent in (b, a):
+            await agent.turn_queue.aclose()
+            await agent.aclose()
