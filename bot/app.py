@@ -14,6 +14,7 @@ from typing import Any
 
 from agentik.core import Agent, AgentikError, ConfigError
 from agentik.core.budgets import Budgets
+from agentik.core.cluster.conversations import TurnQueue
 from agentik.core.health import Health, status_of, watch_model, without_reasons
 from agentik.core.plugins import Registry
 from agentik.transports.base import Transport, TransportFailed
@@ -150,6 +151,9 @@ class Bot:
         #: Which connections this worker owns (one at a time across workers sharing a
         #: PostgreSQL database: :mod:`agentik.bot.ownership`).
         self.ownership = Ownership(self, config.cluster)
+        #: The conversation leases and the turn queue (several workers on a shared store:
+        #: :mod:`agentik.core.cluster.conversations`); ``None`` on SQLite or memory.
+        self.turn_queue: TurnQueue | None = None
 
     def _attach(self, transport: Transport, options: Any = None) -> None:
         """Attach ``transport`` to the bridge and follow its health."""
@@ -227,7 +231,16 @@ class Bot:
     def status(self) -> dict[str, Any]:
         """What ``/status`` answers: version, uptime, components, busy conversations,
         the cluster (this worker, the workers, who owns which connection)."""
-        return {**status_of(self.agent, self.health), "cluster": self.ownership.view()}
+        return {**status_of(self.agent, self.health), "cluster": self.cluster_view()}
+
+    def cluster_view(self) -> dict[str, Any]:
+        """The ``cluster`` section of ``/health`` and ``/status``: this worker, the workers,
+        the connection owners; with several workers, the turn queue and the
+        conversation leases held here."""
+        view = self.ownership.view()
+        if self.turn_queue is not None:
+            view.update(self.turn_queue.view())
+        return view
 
     async def health_response(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -235,7 +248,7 @@ class Bot:
         running = self.agent.state.value == "running"
         body = {"status": "ok" if running else "unavailable", **self._detail(request)}
         if self._authorized(request):  # worker ids name hosts
-            body["cluster"] = self.ownership.view()
+            body["cluster"] = self.cluster_view()
         return JSONResponse(body, status_code=200 if running else 503)
 
     async def ready_response(self, request: Any) -> Any:
@@ -297,6 +310,11 @@ class Bot:
             # A connection another worker owns waits for its lease (its supervisor).
             ownership = self.ownership
             await ownership.start()
+            if ownership.shared and "queue" in self.agent.store.capabilities:
+                # Before the transports start: the HTTP API submits through it.
+                self.turn_queue = TurnQueue(self.agent, ownership.worker, self.config.cluster,
+                                            on_round=self.metrics.turn_queue)  # fmt: skip
+                self.agent.turn_queue = self.turn_queue
             serving = [t for t in self.transports.values() if ownership.serves(t)]
             for transport in self.transports.values():
                 if not ownership.serves(transport):
@@ -339,6 +357,9 @@ class Bot:
                 await self.bridge.resume_pending(
                     only=lambda key: ownership.recovers(transport_for(key))
                 )
+                if self.turn_queue is not None:
+                    # Turns queued for conversations nobody holds (a dead worker's) too.
+                    await self.turn_queue.start()
         except BaseException:
             await self.aclose()
             raise
@@ -767,6 +788,8 @@ class Bot:
             asyncio.gather(*(self.stop_transport(t) for t in goodbye)),
             deadline - _CLOSING,
         )
+        if self.turn_queue is not None:
+            await self.turn_queue.drain()  # no new turn starts; queued ones wait for another
         self.closing_at = "draining the turns"
         drain_end = min(loop.time() + policy.drain_timeout, deadline)
         busy = [c for c in self.agent.services.conversations() if c.busy]
@@ -853,6 +876,8 @@ class Bot:
                 self.agent.hooks.call("transport_stop", transport=transport), others,
             )  # fmt: skip
         self._started.clear()
+        if self.turn_queue is not None:  # its leases go: another worker takes the turns
+            await self._bounded("closing the turn queue", self.turn_queue.aclose(), others)
         await self._bounded("closing the connection leases", self.ownership.aclose(), others)
         if self.listener is not None:
             await self._bounded("closing the health listener", self.listener.aclose(), others)

@@ -324,6 +324,16 @@ class Metrics:
             "agentik_connection_owned", "1 when this worker owns the transport's connection "
             "(holds its lease), 0 when another does or none.", ["transport"],
         )  # fmt: skip
+        # The turn queue (several workers: agentik.core.cluster.conversations), as this
+        # worker last read it; 0 on a store one process keeps (nothing is queued there).
+        self.turn_queue_depth = self._gauge(
+            "agentik_turn_queue_depth", "Turns in the queue shared by the workers (claimed "
+            "or not), as this worker last read it.",
+        )  # fmt: skip
+        self.conversation_leases = self._gauge(
+            "agentik_conversation_leases", "Conversation leases this worker holds (the "
+            "conversations whose turns it runs now).",
+        )  # fmt: skip
         self._state: dict[str, str] = {}
         self._was_connected: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -495,6 +505,11 @@ class Metrics:
     def connection_owned(self, transport: str, owned: bool) -> None:
         """Whether this worker owns ``transport``'s connection now."""
         self.connections_owned.labels(transport=transport).set(1 if owned else 0)
+
+    def turn_queue(self, depth: int, leases: int) -> None:
+        """The shared turn queue's depth and the conversation leases held here."""
+        self.turn_queue_depth.labels().set(depth)
+        self.conversation_leases.labels().set(leases)
 
     # -- exposition -------------------------------------------------------------------
     def render(self) -> tuple[bytes, str]:

@@ -96,6 +96,8 @@ class Recovery:
             after = pending[-1].id
             by_conv: dict[str, list[Message]] = {}
             for m in pending:
+                if isinstance(m.data, dict) and m.data.get("queued"):
+                    continue  # the turn queue runs it (agentik.core.cluster.conversations)
                 by_conv.setdefault(m.conversation_id, []).append(m)
             for cid, messages in by_conv.items():
                 if only is not None and not only(messages[-1].channel or ""):

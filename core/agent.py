@@ -50,6 +50,7 @@ from .tools.base import Tool, TurnPolicy
 
 if TYPE_CHECKING:
     from .cluster.events import ClusterEvents
+    from .cluster.conversations import TurnQueue
 
 __all__ = ["Agent", "AgentSettings", "AgentState"]
 
@@ -223,6 +224,10 @@ class Agent:
         #: On a store several workers share: this worker's part in events and waits
         #: across workers (:mod:`agentik.core.cluster.events`); ``None`` on one process.
         self.cluster_events: ClusterEvents | None = None
+        #: Several workers on a shared store: the conversation leases and the turn queue
+        #: front ends submit through (:mod:`agentik.core.cluster.conversations`; the bot
+        #: sets it); ``None``: turns are submitted to the conversation directly.
+        self.turn_queue: TurnQueue | None = None
 
     def __repr__(self) -> str:
         return f"<Agent {self.id} {self.state.value} llm={self.llm!r}>"

@@ -759,6 +759,32 @@ class Conversation:
                 )
         return queued
 
+    def run_committed(
+        self,
+        message: Message,
+        *,
+        allow_tool: Callable[[str], bool] | None = None,
+        settings: TurnSettings | None = None,
+    ) -> bool:
+        """Queue the turn of ``message``, a user message of this conversation committed
+        already (by the turn queue of several workers, maybe on another worker) whose
+        turn never started: it runs as a message sent here would (it joins the
+        working memory when its turn starts).  ``False`` (nothing queued) when this
+        process queued or resumed that run before.  A turn that may have started
+        elsewhere is resumed instead (:meth:`resume`)."""
+        self._check_open()
+        if self._resumed is None:
+            self._resumed = set()
+        if message.run_id is None or message.run_id in self._resumed:
+            return False
+        self._resumed.add(message.run_id)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result([message])
+        settings = self._settings if settings is None else settings
+        self._enqueue(_Pending(message.run_id, message.content, message.author, done,
+                               allow_tool=allow_tool, settings=settings))  # fmt: skip
+        return True
+
     def _job(self, fn: Callable[[], Awaitable[Any]]) -> _Job:
         done = asyncio.get_running_loop().create_future()
         # Nobody awaits it: its outcome is logged, never raised.

@@ -130,7 +130,10 @@ class WorkingMemory:
         orphans = [
             m
             for m in await store.messages(cid, after=last, kinds=["user"], limit=1000)
-            if m.run_id not in pending and not (isinstance(m.data, dict) and m.data.get("ambient"))
+            if m.run_id not in pending
+            # Ambient notes are no turns; a queued turn's message (several workers)
+            # is added by its turn, which the turn queue runs.
+            and not (isinstance(m.data, dict) and (m.data.get("ambient") or m.data.get("queued")))
         ]
         if orphans:
             log.warning(

@@ -23,8 +23,10 @@ from ..settings import Blank, settings_dataclass
 
 __all__ = [
     "CONNECTION_PREFIX",
+    "CONVERSATION_PREFIX",
     "ClusterSettings",
     "connection_lease",
+    "conversation_lease",
     "new_worker_id",
 ]
 
@@ -35,6 +37,15 @@ CONNECTION_PREFIX = "conn:"
 def connection_lease(transport: str) -> str:
     """The name of the lease owning transport instance ``transport``'s connection."""
     return f"{CONNECTION_PREFIX}{transport}"
+
+
+#: The prefix of the leases that say which worker runs a conversation's turns now.
+CONVERSATION_PREFIX = "conv:"
+
+
+def conversation_lease(conversation_id: str) -> str:
+    """The name of the lease of the worker running conversation ``conversation_id``."""
+    return f"{CONVERSATION_PREFIX}{conversation_id}"
 
 
 @settings_dataclass

@@ -46,6 +46,8 @@ from .records import (
     OutboxState,
     Question,
     QuestionOutcome,
+    QueuedTurn,
+    QueueStats,
     Redaction,
     RunRecord,
     TurnEnd,
@@ -105,6 +107,7 @@ CAPABILITIES: dict[str, str] = {
     "leases": "lease_acquire",
     "seen_events": "seen_first",
     "run_events": "run_events_add",
+    "queue": "queue_add",
 }
 
 
@@ -699,6 +702,14 @@ class Store(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} keeps no leases")
 
+    async def lease_renew_many(
+        self, leases: Sequence[tuple[str, int]], owner: str, ttl: float
+    ) -> list[str]:
+        """:meth:`lease_renew` of every ``(name, epoch)`` of ``owner``; the names renewed
+        (those not returned are lost).  An engine may do it in one statement; this
+        default renews them one by one."""
+        return [name for name, epoch in leases if await self.lease_renew(name, owner, epoch, ttl)]
+
     async def lease_release(self, name: str, owner: str, epoch: int) -> bool:
         """Let go of ``owner``'s lease at once (anyone may take it now; the epoch is
         kept, so the next owner's is one more); ``False``, changing nothing, when it
@@ -769,3 +780,51 @@ class Store(abc.ABC):
         """Forget the events recorded before ``before`` and all but the newest ``keep``
         of each conversation; how many."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run events")
+
+    # -- the turn queue (issue 32: agentik.core.cluster.conversations; SQLite 17, PG 6) ----
+    # Not abstract: only a bot on a shared store (several workers) queues turns.
+    async def queue_add(
+        self,
+        conversation_id: str,
+        message: NewMessage,
+        payload: Mapping[str, Any],
+        *,
+        claimed_by: str | None = None,
+        updated_at: float | None = None,
+    ) -> QueuedTurn:
+        """Record the user ``message`` (a turn: it has a run id) in the audit log and
+        queue its turn, in one transaction: a crash leaves both or neither.  The
+        stored message's id is the queued turn's key (:meth:`queue_done`).
+        ``payload``: what the turn's front end needs to run it (JSON values).
+        ``claimed_by``: queued already claimed by that worker (it holds the
+        conversation's lease and runs it now).  ``updated_at``: the conversation's.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no turn queue")
+
+    async def queue_claim(
+        self, conversation_id: str, worker: str, *, limit: int = 100
+    ) -> list[QueuedTurn]:
+        """Claim for ``worker`` the conversation's queued turns it has not claimed yet
+        (unclaimed ones, and those another worker claimed: call it only while
+        holding the conversation's lease, whose previous holder is gone), oldest
+        first, at most ``limit``.  One atomic step: of two workers claiming at once
+        each turn goes to one (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).  Claiming
+        again returns nothing new: a claim is idempotent."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no turn queue")
+
+    async def queue_done(self, message_ids: Sequence[int]) -> int:
+        """Remove these turns from the queue (they ended, or need no run); how many
+        were there."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no turn queue")
+
+    async def queue_stats(self) -> QueueStats:
+        """How many turns are queued (claimed or not) and the oldest one's age."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no turn queue")
+
+    async def queue_conversations(
+        self, *, free_for: str | None = None, limit: int = 100
+    ) -> list[str]:
+        """Conversations with queued turns, the longest waiting first.  ``free_for``:
+        only those whose lease (``conv:<id>``, :meth:`lease_acquire`) that worker
+        could take now: never taken, free, expired, or its own."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no turn queue")

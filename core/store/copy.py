@@ -73,9 +73,10 @@ TABLES: tuple[str, ...] = (
 DERIVED_TABLES = frozenset({"schema_migrations", "memory_totals", "memory_word"})
 DERIVED_PREFIXES = ("sqlite_", "memory_fts")
 #: Tables of the running processes, not of the bot's data: connection leases, the
-#: worker registry and scheduled jobs' claims (agentik.core.cluster).  They describe
-#: the source's workers; the destination's workers write their own.
-PROCESS_TABLES = frozenset({"lease", "worker", "job_run", "run_event"})
+#: worker registry, scheduled jobs' claims, the turn queue and the run events kept for
+#: other workers' event streams (agentik.core.cluster).  They describe the source's
+#: workers; the destination's workers write their own.
+PROCESS_TABLES = frozenset({"lease", "worker", "job_run", "turn_queue", "run_event"})
 #: The memory notes' tables (the SQLite memory backend's; an engine without notes lacks them).
 NOTE_TABLES = frozenset({"memory_note", "memory_version", "memory_vector", "memory_source"})
 #: Columns one engine keeps for itself, rebuilt by the other (PostgreSQL's ``run.written``

@@ -33,6 +33,7 @@ from .memory_cluster import MemoryCluster
 from .memory_events import MemoryRunEvents
 from .memory_jobs import MemoryJobs
 from .memory_lifecycle import MemoryLifecycle
+from .memory_queue import MemoryQueue
 from .records import (
     Approval,
     ApprovalDecision,
@@ -47,7 +48,7 @@ from .records import (
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryCluster, MemoryLifecycle, MemoryJobs, MemoryRunEvents, Store):
+class MemoryStore(MemoryQueue, MemoryCluster, MemoryLifecycle, MemoryJobs, MemoryRunEvents, Store):
     """In-memory :class:`Store`; nothing survives the process."""
 
     def __init__(self) -> None:

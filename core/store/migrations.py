@@ -532,6 +532,26 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(
+        17,
+        "turn_queue",
+        """
+        -- The turn queue (agentik.core.cluster.conversations: PostgreSQL's migration 6).
+        -- A bot on SQLite (one process) never queues a turn here; the table keeps the
+        -- store contract whole.
+        CREATE TABLE turn_queue (
+            message_id       INTEGER PRIMARY KEY,
+            conversation_id  TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            run_id           TEXT NOT NULL,
+            payload          TEXT NOT NULL,
+            enqueued_at      REAL NOT NULL,
+            claimed_by       TEXT,
+            claimed_at       REAL,
+            attempts         INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE INDEX turn_queue_by_conversation ON turn_queue (conversation_id, message_id);
+        """,
+    ),
+    Migration(
         18,
         "run_event",
         """

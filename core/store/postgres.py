@@ -46,6 +46,7 @@ from .postgres_jobs import PostgresJobs
 from .postgres_lifecycle import PostgresLifecycle
 from .postgres_migrations import MIGRATIONS, apply_migrations, schema_version
 from .postgres_outbox import PostgresOutbox
+from .postgres_queue import PostgresQueue
 from .postgres_redaction import PostgresRedaction
 from .postgres_room import (
     MESSAGE_COLUMNS,
@@ -341,6 +342,7 @@ class PostgresStore(
     PostgresCluster,
     PostgresSeen,
     PostgresRunEvents,
+    PostgresQueue,
     PostgresCopy,
     Store,
 ):
@@ -596,6 +598,13 @@ class PostgresStore(
     ) -> Any:
         loop = asyncio.get_running_loop()
         return await self._submit(_Job(fn, loop.create_future(), conversation_id, single))
+
+    async def _append_in(
+        self, conn: asyncpg.Connection, cid: str, message: NewMessage, updated_at: float | None
+    ) -> Message:
+        """One audit-log row written in the caller's transaction (the turn queue's)."""
+        [m] = await _append(conn, cid, (message,), (), updated_at, None)
+        return m
 
     async def run_write(self, fn: WriteFn) -> Any:
         """Run ``fn(connection)`` on the writer connection, in its own transaction.

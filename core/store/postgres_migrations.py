@@ -526,6 +526,29 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(
+        6,
+        "turn_queue",
+        """
+        -- The turn queue (agentik.core.cluster.conversations): a turn submitted on one
+        -- worker for a conversation another runs.  Its user message is in ``message``
+        -- (written in the same transaction); ``message_id`` is the idempotence key.
+        -- A row lives until its turn ended; ``claimed_by`` is the worker that holds
+        -- the conversation's lease (``conv:<id>``) and runs it.
+        CREATE TABLE turn_queue (
+            message_id       bigint PRIMARY KEY,
+            conversation_id  text COLLATE "C" NOT NULL
+                             REFERENCES conversation (id) ON DELETE CASCADE,
+            run_id           text NOT NULL,
+            payload          jsonb NOT NULL,
+            enqueued_at      double precision NOT NULL,
+            claimed_by       text,
+            claimed_at       double precision,
+            attempts         integer NOT NULL DEFAULT 0
+        );
+        CREATE INDEX turn_queue_by_conversation ON turn_queue (conversation_id, message_id);
+        """,
+    ),
+    Migration(
         7,
         "run_event",
         """

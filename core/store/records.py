@@ -31,6 +31,8 @@ __all__ = [
     "OutboxState",
     "Question",
     "QuestionOutcome",
+    "QueueStats",
+    "QueuedTurn",
     "Redaction",
     "RedactionError",
     "RunRecord",
@@ -442,3 +444,36 @@ class WorkerBeat:
     last_beat: float
     #: Seconds since then, when read (the store's clock).
     age: float
+
+
+# -- the turn queue (issue 32: a conversation served by any worker) -------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueuedTurn:
+    """A submitted turn waiting in the turn queue (or claimed and running): its user
+    message is already in the audit log (:attr:`message_id`, the queue's idempotence
+    key); :attr:`payload` is what its front end needs to run it (JSON values)."""
+
+    conversation_id: str
+    message_id: int
+    run_id: str
+    #: The front end's own description of the turn (who asked, through what).
+    payload: dict[str, Any] = field(default_factory=dict)
+    #: When it was queued (a Unix time).
+    enqueued_at: float = 0.0
+    #: The worker that claimed it last (``None``: not claimed yet).
+    claimed_by: str | None = None
+    #: How many times it was claimed (more than one: a worker died or lost it).
+    attempts: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueueStats:
+    """How full the turn queue is: every turn not done (claimed or not)."""
+
+    depth: int = 0
+    #: Of them, not claimed by any worker yet.
+    waiting: int = 0
+    #: Seconds since the oldest of them was queued (0: none).
+    oldest_age: float = 0.0

@@ -30,6 +30,8 @@ from .records import (
     OutboxState,
     Question,
     QuestionOutcome,
+    QueuedTurn,
+    QueueStats,
     Redaction,
     RunRecord,
     TurnEnd,
@@ -50,6 +52,7 @@ __all__ = [
     "LogRepository",
     "OutboxRepository",
     "RunEventRepository",
+    "QueueRepository",
     "RunsRepository",
     "SeenEventRepository",
     "WaitsRepository",
@@ -368,6 +371,32 @@ class RunEventRepository(Protocol):
 
     async def run_events_prune(self, *, keep: int, before: float) -> int: ...
 
+class QueueRepository(Protocol):
+    """The turn queue: turns submitted on one worker for a conversation another runs
+    (issue 32), claimed by the holder of the conversation's lease."""
+
+    async def queue_add(
+        self,
+        conversation_id: str,
+        message: NewMessage,
+        payload: Mapping[str, Any],
+        *,
+        claimed_by: str | None = None,
+        updated_at: float | None = None,
+    ) -> QueuedTurn: ...
+
+    async def queue_claim(
+        self, conversation_id: str, worker: str, *, limit: int = 100
+    ) -> list[QueuedTurn]: ...
+
+    async def queue_done(self, message_ids: Sequence[int]) -> int: ...
+
+    async def queue_stats(self) -> QueueStats: ...
+
+    async def queue_conversations(
+        self, *, free_for: str | None = None, limit: int = 100
+    ) -> list[str]: ...
+
 
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
@@ -382,6 +411,7 @@ REPOSITORIES: tuple[type, ...] = (
     WorkerRepository,
     SeenEventRepository,
     RunEventRepository,
+    QueueRepository,
 )
 
 
@@ -399,6 +429,7 @@ def _facade(
     WorkerRepository,
     SeenEventRepository,
     RunEventRepository,
+    QueueRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
     return (store, store, store, store, store, store, store, store, store, store, store)

@@ -50,6 +50,7 @@ from .sqlite_governance import SQLiteGovernance
 from .sqlite_jobs import SQLiteJobs
 from .sqlite_lifecycle import SQLiteLifecycle
 from .sqlite_outbox import SQLiteOutbox
+from .sqlite_queue import SQLiteQueue
 from .sqlite_redaction import SQLiteRedaction
 from .sqlite_runs import INSERT_RUN, SQLiteRuns, run_row
 from .sqlite_seen import SQLiteSeen
@@ -97,6 +98,10 @@ class _Append:
     updated_at: float | None
     future: asyncio.Future[Any]
     ended: TurnEnd | None = None
+
+
+#: The future of an append written inside another job (nobody awaits it).
+_NO_FUTURE: Any = None
 
 
 @dataclass(slots=True)
@@ -341,6 +346,7 @@ class SQLiteStore(
     SQLiteCluster,
     SQLiteSeen,
     SQLiteRunEvents,
+    SQLiteQueue,
     SQLiteCopy,
     Store,
 ):
@@ -527,6 +533,13 @@ class SQLiteStore(
     async def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         loop = asyncio.get_running_loop()
         return await self._submit(_Job(fn, loop.create_future()))
+
+    def _append_in(
+        self, conn: sqlite3.Connection, cid: str, message: NewMessage, updated_at: float | None
+    ) -> Message:
+        """One audit-log row written in the caller's transaction (the turn queue's)."""
+        [[m]] = _apply_appends(conn, [_Append(cid, (message,), (), updated_at, _NO_FUTURE)])
+        return m
 
     async def run_write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run ``fn(connection)`` in the writer thread, in its own transaction.

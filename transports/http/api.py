@@ -465,6 +465,9 @@ class Api:
         self.browser_guard = Guard.from_settings(ctx.settings, tokens=ctx.tokens.enabled)
         self.page_headers = page_headers(ctx.page) if ctx.page is not None else {}
         self._page_gzipped: bytes | None = None
+        if ctx.agent.turn_queue is not None:
+            # Turns posted here and queued are run through this API on any worker.
+            ctx.agent.turn_queue.front_end(f"http:{ctx.instance}", self.run_queued)
 
     # -- helpers -------------------------------------------------------------------------
     @property
@@ -906,34 +909,79 @@ class Api:
         ticket = await self._admit(
             gate, principal, channel or f"conversation:{conv.id}", author, body.content
         )
+        queue = self.agent.turn_queue
+        # Several workers (a shared store): this API's conversations are served by any
+        # worker through the turn queue; a steer, an interrupt or the answer to a
+        # question go straight in where this worker runs the conversation already.
+        queued = (
+            queue is not None
+            and ours
+            and not (queue.holds(conv.id) and (body.busy != "queue" or conv.awaiting_human))
+        )
+        steered = False
         try:
             async with ticket:
-                sent = await ticket.submit(
-                    conv,
-                    body.content,
-                    author=author,
-                    author_id=f"{self.ctx.instance}:{principal.name}",
-                    channel=channel,
-                    allow_tool=decision.tools,
-                    busy=body.busy,
-                    settings=self._settings(speaker, channel),
-                )
-                run_id = sent.run_id
+                if queue is not None and queued:
+                    payload = {"via": f"http:{self.ctx.instance}", "token": principal.name,
+                               "author": author, "asked": asked, "channel": channel}  # fmt: skip
+                    run_id, here = await queue.submit(
+                        conv, body.content, author=author,
+                        author_id=f"{self.ctx.instance}:{principal.name}", channel=channel,
+                        settings=self._settings(speaker, channel), payload=payload,
+                    )  # fmt: skip
+                    if here:
+                        ticket.bind(run_id, chars=len(body.content))
+                else:
+                    sent = await ticket.submit(
+                        conv,
+                        body.content,
+                        author=author,
+                        author_id=f"{self.ctx.instance}:{principal.name}",
+                        channel=channel,
+                        allow_tool=decision.tools,
+                        busy=body.busy,
+                        settings=self._settings(speaker, channel),
+                    )
+                    run_id, steered = sent.run_id, sent.steered
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
-        if ours and not conv.title:
+        title = conv.title
+        if ours and not title and queue is not None:
+            # Another worker may have named it (this one's copy is older).
+            record = await self.agent.store.get_conversation(conv.id)
+            title = record.title if record is not None else title
+        if ours and not title:
             # An untitled conversation of this API is named by its first message,
             # here and not by a client, so no reader races a second request for it.
             await conv.rename(_title_from(body.content))
+            title = conv.title
         return JSONResponse(
             {
                 "conversation_id": conv.id,
                 "run_id": run_id,
                 "queued": conv.queued,
-                "title": conv.title,
-                "steered": sent.steered,
+                "title": title,
+                "steered": steered,
             },
             status_code=202,
+        )
+
+    async def run_queued(self, conv: Conversation, turn: Any, message: Any) -> Any:
+        """A turn posted here and queued (several workers), claimed by this worker: the
+        asker's rights and the turn's settings, decided again now as for a posted
+        message (``None``: it may not ask any more)."""
+        p = turn.payload
+        asked, channel = str(p.get("asked") or ""), p.get("channel")
+        incoming = IncomingMessage(
+            channel_key=asked, text=message.content, author_id=str(p.get("token") or ""),
+            author_name=str(p.get("author") or p.get("token") or ""), direct=True, addressed=True,
+        )  # fmt: skip
+        speaker = Speaker.of(self.ctx.instance, incoming)
+        decision = self.gate.decide(speaker, asked)
+        if not decision.answer:
+            return None
+        return decision.tools, self._settings(
+            speaker, channel if isinstance(channel, str) else None
         )
 
     async def _admit(

@@ -16,9 +16,8 @@ The cases are grouped by aggregate, one mixin each, so an engine may run a
 part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
-:class:`ClusterContract`, :class:`SeenEventsContract`,
-:class:`RunEventsContract`); :class:`StoreContract`
-is all of them.  A case the engine legitimately cannot pass is skipped with
+:class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
+:class:`RunEventsContract`); :class:`StoreContract` is all of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
@@ -35,6 +34,7 @@ from .kit import ContractBase
 from .lifecycle import LifecycleContract
 from .log import LogContract
 from .outbox import OutboxContract
+from .queue import QueueContract
 from .runs import RunsContract
 from .seen import SeenEventsContract
 from .waits import WaitsContract
@@ -48,6 +48,7 @@ __all__ = [
     "LogContract",
     "OutboxContract",
     "RunEventsContract",
+    "QueueContract",
     "RunsContract",
     "SeenEventsContract",
     "StoreContract",
@@ -66,5 +67,6 @@ class StoreContract(
     ClusterContract,
     SeenEventsContract,
     RunEventsContract,
+    QueueContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
