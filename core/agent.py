@@ -49,8 +49,8 @@ from .streamprofiles import BUILTIN_PROFILES, StreamProfile
 from .tools.base import Tool, TurnPolicy
 
 if TYPE_CHECKING:
-    from .cluster.events import ClusterEvents
     from .cluster.conversations import TurnQueue
+    from .cluster.events import ClusterEvents
 
 __all__ = ["Agent", "AgentSettings", "AgentState"]
 

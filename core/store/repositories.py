@@ -51,8 +51,8 @@ __all__ = [
     "LifecycleRepository",
     "LogRepository",
     "OutboxRepository",
-    "RunEventRepository",
     "QueueRepository",
+    "RunEventRepository",
     "RunsRepository",
     "SeenEventRepository",
     "WaitsRepository",
@@ -371,6 +371,8 @@ class RunEventRepository(Protocol):
 
     async def run_events_prune(self, *, keep: int, before: float) -> int: ...
 
+
+@runtime_checkable
 class QueueRepository(Protocol):
     """The turn queue: turns submitted on one worker for a conversation another runs
     (issue 32), claimed by the holder of the conversation's lease."""
@@ -432,4 +434,4 @@ def _facade(
     QueueRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
-    return (store, store, store, store, store, store, store, store, store, store, store)
+    return (store, store, store, store, store, store, store, store, store, store, store, store)

@@ -17,7 +17,8 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
-:class:`RunEventsContract`); :class:`StoreContract` is all of them.  A case the engine legitimately cannot pass is skipped with
+:class:`RunEventsContract`); :class:`StoreContract` is all of them.  A case the
+engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
@@ -47,8 +48,8 @@ __all__ = [
     "LifecycleContract",
     "LogContract",
     "OutboxContract",
-    "RunEventsContract",
     "QueueContract",
+    "RunEventsContract",
     "RunsContract",
     "SeenEventsContract",
     "StoreContract",
