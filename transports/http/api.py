@@ -913,10 +913,13 @@ class Api:
         # Several workers (a shared store): this API's conversations are served by any
         # worker through the turn queue; a steer, an interrupt or the answer to a
         # question go straight in where this worker runs the conversation already.
+        questions = self.agent.questions
         queued = (
             queue is not None
             and ours
             and not (queue.holds(conv.id) and (body.busy != "queue" or conv.awaiting_human))
+            # The turn of another worker asked (ask_user): this message answers it there.
+            and not (questions.shared and await questions.waits_elsewhere(conv.id))
         )
         steered = False
         try:
