@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import operator
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
@@ -206,6 +207,8 @@ _BY_CODE: list[_Kind] = []
 # blob takes ~220 bytes with it, ~450 without.
 _ZDICT: bytes | None = None
 _ZDICT_MOST = 4096
+# Set once, even by agents running in several threads.
+_ZDICT_LOCK = threading.Lock()
 
 
 def _kind(cls: type) -> _Kind:
@@ -238,7 +241,9 @@ def _pack(events: Iterable[Event]) -> bytes:
     zdict = _ZDICT
     if zdict is None:
         if len(raw) <= _ZDICT_MOST:
-            _ZDICT = raw
+            with _ZDICT_LOCK:
+                if _ZDICT is None:
+                    _ZDICT = raw
         return b"\0" + zlib.compress(raw, 1)
     packer = zlib.compressobj(1, zdict=zdict)
     return b"\1" + packer.compress(raw) + packer.flush()
