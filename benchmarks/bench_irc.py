@@ -55,7 +55,10 @@ Each round runs both bots (alternating which goes first), each in fresh processe
    questions (one at a time in each channel, ``channels`` channels at once); the RSS
    growth divided by those channels is the memory each active conversation keeps (and
    the part of it that is SQLite's own memory, its page caches filling up, which
-   tracemalloc does not see).
+   tracemalloc does not see).  Those caches are bounded (``PRAGMA cache_size``, per
+   connection; the store opens two, its writer and its reader): a fixed amount that
+   this phase sees filling as the database grows, printed apart, with the figure
+   without it.
 
 The table shows agentik's and the bare bot's figures pooled over the rounds (each round's
 in brackets above it) and the median of the rounds' ratios (agentik / the bare bot, both
@@ -197,6 +200,7 @@ class RoundResult:
     wide_second: int  # of which in the second half
     wide_hwm: int
     wide_sqlite: int  # growth of SQLite's own memory over the wide phase's measured channels
+    wide_sqlite_end: int  # SQLite's own memory at the end of the wide phase
     modules: int  # sys.modules at the end (what got imported)
 
 
@@ -235,6 +239,27 @@ class Pooled:
     def kb_per_channel_second_half(self) -> float:
         growth = sum(r.wide_after - r.wide_mid for r in self.rounds)
         return growth / sum(r.wide_second for r in self.rounds) / 1024
+
+    @property
+    def kb_per_channel_without_sqlite(self) -> float:
+        """As :attr:`kb_per_channel`, less the growth of SQLite's own memory (its
+        page caches filling up to their bound)."""
+        growth = sum(r.wide_after - r.wide_before - r.wide_sqlite for r in self.rounds)
+        return growth / sum(r.wide_active for r in self.rounds) / 1024
+
+
+def page_cache_bound() -> int:
+    """Bytes one SQLite connection's page cache may hold: ``PRAGMA cache_size`` of a
+    new connection (the store sets none: SQLite's default), in KiB when negative."""
+    import sqlite3
+
+    conn = sqlite3.connect(":memory:")
+    try:
+        (size,) = conn.execute("PRAGMA cache_size").fetchone()
+        (page,) = conn.execute("PRAGMA page_size").fetchone()
+    finally:
+        conn.close()
+    return -size * 1024 if size < 0 else size * page
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -936,6 +961,7 @@ async def run_bot(
         wide_second=cfg.wide - mid,
         wide_hwm=w1["hwm"],
         wide_sqlite=w1["sqlite"] - w0["sqlite"],
+        wide_sqlite_end=w1["sqlite"],
         modules=s1["modules"],
     )
 
@@ -1032,8 +1058,13 @@ def report(cfg: Config, pooled: dict[str, Pooled], memory: str) -> list[Row]:
         sqlite = sum(r.wide_sqlite for r in res.rounds)
         if kind == "agentik":
             active = sum(r.wide_active for r in res.rounds)
+            bound = page_cache_bound()
             say(f"  {'':<22} of which SQLite's own memory (page caches):"
-                f" {sqlite / active / 1024:.1f} KB/channel")  # fmt: skip
+                f" {sqlite / active / 1024:.1f} KB/channel, at"
+                f" {_span([r.wide_sqlite_end for r in res.rounds], mb)} in all by the end:"
+                f" bounded, filling up as the database grows (at most {mb(bound)} per"
+                f" connection, two connections);"
+                f" without it {res.kb_per_channel_without_sqlite:.1f} KB/channel")  # fmt: skip
     say()
 
     def ratio_row(name: str, phase: str, value: Callable[[Pooled], float],
@@ -1083,6 +1114,8 @@ def report(cfg: Config, pooled: dict[str, Pooled], memory: str) -> list[Row]:
             section="wide"),
         Row("  of which the second half", f"{ag.kb_per_channel_second_half:.1f} KB",
             f"{bare.kb_per_channel_second_half:.1f} KB", None, "-", None, section="wide"),
+        Row("  without SQLite's page caches", f"{ag.kb_per_channel_without_sqlite:.1f} KB",
+            f"{bare.kb_per_channel:.1f} KB", None, "-", None, section="wide"),
     ]  # fmt: skip
     say()
     return rows

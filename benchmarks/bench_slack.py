@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Slack benchmark: agentik over Socket Mode vs a bare slack-bolt + ``openai`` SDK app.
 
-Run with ``.venv/bin/python benchmarks/bench_slack.py``; ``--quick`` is a much smaller run
-(under a minute) for smoke tests.  Everything runs on this machine, each part in its own
-process, so only the bot's CPU is counted:
+Run with ``.venv/bin/python benchmarks/bench_slack.py``; ``--quick`` is a smaller run
+(about two minutes: fewer mentions per round, as many rounds).  Everything runs on this
+machine, each part in its own process, so only the bot's CPU is counted:
 
 * Slack: ``tests/fakeslack.py``'s ``FakeSlack`` (the Web API and Socket Mode, Slack's real
   wire formats), which also drives the load: it pushes ``app_mention`` events over the
@@ -34,7 +34,11 @@ answer of the bot process (all its threads, read inside it before and after the 
 the threads other than the event loop's also by name), RSS at the end and the peak
 (VmHWM), and the Web API calls per answer.  The bots run in
 alternating order over the rounds; figures pool all rounds.  Goals (issue 31): agentik
->= 0.8x the bare app's answers/s at <= 1.5x its CPU per answer.  ``--profile`` runs
+>= 0.8x the bare app's answers/s at <= 1.5x its CPU per answer, judged by the median
+of the rounds' ratios (each round runs both bots back to back, so a busy spell of the
+shared machine hits one round, not the verdict; one round's measured load lasts a
+second or two).  The table also says how many rounds fell on the other side of the
+goal: when it is not none, the verdict is the median's, not every round's.  ``--profile`` runs
 agentik once more under cProfile (the event-loop thread's CPU clock) and prints its CPU
 per answer by stage (Socket Mode receive/ack, bolt dispatch, bridge, turn, streaming
 calls, assistant status).  The exit
@@ -50,6 +54,7 @@ import json
 import os
 import pstats
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -96,7 +101,7 @@ class Config:
 
 
 FULL = Config(quick=False, n=300, window=16, warm=20, rounds=4)
-QUICK = Config(quick=True, n=60, window=16, warm=10, rounds=1)
+QUICK = Config(quick=True, n=60, window=16, warm=10, rounds=4)
 
 
 @dataclass
@@ -645,15 +650,26 @@ async def bench(cfg: Config, tmp: str, llm_url: str, profile: bool) -> list[Row]
     tp_r = ", ".join(f"{(a.answers / a.elapsed) / (b.answers / b.elapsed):.2f}" for a, b in pairs)
     cpu_r = ", ".join(f"{(a.cpu / a.answers) / (b.cpu / b.answers):.2f}" for a, b in pairs)
     say(f"  ratios by round: answers/s {tp_r}; CPU per answer {cpu_r}")
-    say()
 
-    tp = ag.throughput / ba.throughput
+    # The verdict: the median of the rounds' ratios (the pooled figures beside it).
+    tp_rounds = [(a.answers / a.elapsed) / (b.answers / b.elapsed) for a, b in pairs]
+    cpu_rounds = [(a.cpu / a.answers) / (b.cpu / b.answers) for a, b in pairs]
+    tp, cpu = statistics.median(tp_rounds), statistics.median(cpu_rounds)
     ag_cpu, ba_cpu = ag.per_answer("cpu"), ba.per_answer("cpu")
-    cpu = ag_cpu / ba_cpu
+    tp_off = sum(x < GOAL_THROUGHPUT for x in tp_rounds)
+    cpu_off = sum(x > GOAL_CPU for x in cpu_rounds)
+    say(
+        f"  verdict: the median of {len(pairs)} round(s); rounds on the other side of the"
+        f" goal: answers/s {tp_off}, CPU per answer {cpu_off}"
+        f" (ranges {min(tp_rounds):.2f}-{max(tp_rounds):.2f}x,"
+        f" {min(cpu_rounds):.2f}-{max(cpu_rounds):.2f}x)"
+    )
+    say()
     return [
-        Row("answers/s (vs bare slack-bolt + SDK)", per_s(ag.throughput, "ans/s"),
+        Row(f"answers/s (median of {len(pairs)})", per_s(ag.throughput, "ans/s"),
             per_s(ba.throughput, "ans/s"), tp, f">= {GOAL_THROUGHPUT}x", tp >= GOAL_THROUGHPUT),
-        Row("CPU per answer", ms(ag_cpu), ms(ba_cpu), cpu, f"<= {GOAL_CPU}x", cpu <= GOAL_CPU),
+        Row(f"CPU per answer (median of {len(pairs)})", ms(ag_cpu), ms(ba_cpu), cpu,
+            f"<= {GOAL_CPU}x", cpu <= GOAL_CPU),
         Row("latency p50", ms(ag.pct(0.5)), ms(ba.pct(0.5)), ag.pct(0.5) / ba.pct(0.5), "-",
             None),
         Row("latency p99", ms(ag.pct(0.99)), ms(ba.pct(0.99)), ag.pct(0.99) / ba.pct(0.99),

@@ -78,6 +78,26 @@ def ended(events):
     return end
 
 
+async def open_channels(agent, keys, *, bridge=None, transport=None) -> tuple:
+    """A bridge over an in-memory transport that answers every message and releases
+    no channel for an hour (new unless ``bridge``/``transport`` are given), with a
+    message answered in each channel of ``keys``: the channels a bot holds open.
+    Returns ``(bridge, transport)``."""
+    from agentik.bot.bridge import Bridge, ChannelOptions
+    from agentik.transports.testing import MemoryTransport
+
+    if bridge is None:
+        bridge = Bridge(agent, idle_seconds=3600)
+        transport = MemoryTransport(name="mem")
+        bridge.attach(transport, ChannelOptions(answer="all"))
+        await transport.start(bridge)
+    assert transport is not None
+    for i, key in enumerate(keys):
+        await transport.inject(f"hello {i}", channel_key=key, author="alice")
+        await bridge.flush(key)
+    return bridge, transport
+
+
 def rows(db_path: str, sql: str, *args) -> list[tuple]:
     """What ``sql`` gives on the SQLite file ``db_path``, read from outside the bot."""
     with sqlite3.connect(db_path) as db:

@@ -8,7 +8,7 @@ from agentik.core.eventbus import EventBus
 from agentik.core.events import EventsLost, TextDelta
 
 
-def make_bus(buffer=5, max_pending=100):
+def make_bus(buffer=5, max_pending=100, seal_every=None):
     return EventBus(
         key=lambda e: e.seq,
         lost=lambda e, after, oldest: EventsLost(
@@ -16,6 +16,7 @@ def make_bus(buffer=5, max_pending=100):
         ),
         buffer=buffer,
         max_pending=max_pending,
+        seal_every=seal_every,
     )
 
 
@@ -128,3 +129,19 @@ async def test_kind_filter():
     bus.publish(ev(1))
     bus.close()
     assert [e async for e in sub] == []
+
+
+async def test_a_self_sealing_buffer_replays_events_it_cannot_pack_as_they_are():
+    # A plugin's event may hold a value that does not pickle: the events packed
+    # with it stay objects (and are not tried again), the others are packed, and
+    # a replay still gives every one, in order.
+    bus = make_bus(buffer=100, seal_every=4)
+    published = [ev(i) for i in range(1, 11)]
+    published[5] = TextDelta(conversation_id="c", seq=6, text=lambda: "no pickle")  # type: ignore[arg-type]
+    for e in published:
+        bus.publish(e)
+    assert bus.buffer.sealed == 4  # 1-4 packed; 5-8 kept as they are; 9-10 not sealed yet
+    replayed = await drain(bus.subscribe(after=0), 10)
+    assert replayed == published
+    assert replayed[5] is published[5]
+    assert [e.seq for e in await drain(bus.subscribe(after=7), 3)] == [8, 9, 10]

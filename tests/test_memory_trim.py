@@ -18,13 +18,13 @@ import platform
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.bot.bridge import Bridge
 from agentik.bot.metrics import Metrics
 from agentik.core import Agent
 from agentik.core.memtrim import malloc_trim
 from agentik.core.store.sqlite import SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
-from agentik.transports.testing import MemoryTransport
+from helpers import open_channels
 
 from rigs import eventually
 
@@ -45,14 +45,8 @@ def _trims(metrics: Metrics) -> float:
 async def _release_all(agent: Agent, channels: int) -> Bridge:
     """Open ``channels`` channels through a bridge, answer one message in each,
     then let the bridge release them all (as it does idle channels)."""
-    bridge = Bridge(agent, idle_seconds=3600)  # nothing released while they fill up
-    t = MemoryTransport(name="mem")
-    bridge.attach(t, ChannelOptions(answer="all"))
-    await t.start(bridge)
-    for i in range(channels):
-        await t.inject(f"hello {i}", channel_key=f"mem:#c{i}", author="alice")
-    for i in range(channels):
-        await bridge.flush(f"mem:#c{i}")
+    # Nothing released while they fill up.
+    bridge, t = await open_channels(agent, [f"mem:#c{i}" for i in range(channels)])
     # A short idle time: the reaper (asleep towards the hour) starts again with it
     # when the next channel opens.
     bridge.idle_seconds = 0.05

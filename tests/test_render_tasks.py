@@ -19,6 +19,7 @@ from agentik.core.store.sqlite import SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.base import OutgoingMessage
 from agentik.transports.testing import MemoryTransport
+from helpers import open_channels
 
 from rigs import eventually
 
@@ -94,26 +95,21 @@ async def test_a_channel_held_up_by_its_transport_does_not_hold_up_the_others(db
 
 
 async def test_a_quiet_open_channel_costs_the_bridge_under_1_kb(db_path):
-    # What the bridge keeps for each open channel between its answers (the channel,
-    # its renderer and subscription), by where it was allocated (the innermost
-    # frame of agentik's code in bot/): 2.1 KB with a render task and fresh maps
-    # per channel, 0.6 KB once they were made on demand.
+    # A bot holds hundreds of channels open at once: what the bridge keeps for each
+    # between its answers (the channel, its renderer and subscription) is counted by
+    # where it was allocated (the innermost frame of agentik's code in bot/).  It was
+    # 4.1 KB with a lock and condition per channel, 2.1 KB with a render task and
+    # fresh maps per channel, 0.6 KB once they were made on demand.
     async with Agent(llm=ScriptedModel(), store=SQLiteStore(db_path)) as agent:
-        bridge = Bridge(agent, idle_seconds=3600)  # none released while we count
-        t = MemoryTransport(name="mem")
-        bridge.attach(t, ChannelOptions(answer="all"))
-        await t.start(bridge)
-        for i in range(3):  # what the first turns load once is not counted
-            await t.inject("hello", channel_key=f"mem:#warm{i}", author="alice")
-            await bridge.flush(f"mem:#warm{i}")
+        # What the first turns load once is not counted.
+        bridge, t = await open_channels(agent, [f"mem:#warm{i}" for i in range(3)])
         channels = 100
         tracemalloc.start(40)
         try:
             gc.collect()
             before = tracemalloc.take_snapshot()
-            for i in range(channels):
-                await t.inject(f"hello {i}", channel_key=f"mem:#c{i}", author="alice")
-                await bridge.flush(f"mem:#c{i}")
+            keys = [f"mem:#c{i}" for i in range(channels)]
+            await open_channels(agent, keys, bridge=bridge, transport=t)
             await eventually(lambda: _renderers() == [], "render tasks to end")
             gc.collect()
             after = tracemalloc.take_snapshot()

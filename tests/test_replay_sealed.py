@@ -12,7 +12,7 @@ import asyncio
 import gc
 
 from agentik.core import Agent
-from agentik.core.events import EventsLost, TextDelta
+from agentik.core.events import EventBase, EventsLost, TextDelta
 from agentik.core.store.sqlite import SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
@@ -120,3 +120,84 @@ async def test_idle_conversations_hold_no_event_objects(db_path):
         text = "".join(e.text for e in replayed if isinstance(e, TextDelta))
         assert text == "echo: hello there number 0"
         assert agent.services.buffered == sum(c.parts.events.seq for c in convs)
+
+
+async def _live_until_last(sub, agent) -> list:
+    """What a live agent-wide subscriber got, up to the last event published."""
+    out = []
+    async with asyncio.timeout(60):
+        while not out or out[-1].stream_seq < agent.services.last_stream_seq:
+            out.append(await anext(sub))
+    return out
+
+
+async def test_the_agent_wide_replay_gets_what_a_live_subscriber_got(db_path):
+    # The agent-wide stream (the HTTP API's /agentik/events) packs its buffer in
+    # blobs as it goes (it is never idle); a reconnecting client still gets events
+    # equal to the live ones, and the bound still counts them one by one.
+    async with Agent(llm=ScriptedModel(), store=SQLiteStore(db_path), event_buffer=64) as agent:
+        live_sub = agent.events()
+        convs = [await agent.conversation_for_channel(f"irc:net:#c{i}") for i in range(4)]
+        for i in range(60):
+            await convs[i % 4].send(f"hello {i}", author="alice")
+            await convs[i % 4].wait_idle()
+        live = await _live_until_last(live_sub, agent)
+        last = agent.services.last_stream_seq
+        assert [e.stream_seq for e in live] == list(range(1, last + 1))
+        assert last > 2 * 256  # many times the buffer's 64 x 4 events went by
+        replayed = await _until_last(agent.events(after=0), agent)
+        assert isinstance(replayed[0], EventsLost)
+        assert replayed[0].oldest_seq == last - 255
+        assert replayed[1:] == live[-256:]
+        for back in (1, 100, 200, 256):
+            assert await _until_last(agent.events(after=last - back), agent) == live[-back:]
+
+
+async def test_a_busy_agent_wide_stream_keeps_few_event_objects(db_path):
+    # 4,096 recent events kept for replay cost ~0.9 MB as objects (~3 KB per channel
+    # of a 300-channel bot); packed, only the newest and the oldest blob's are objects.
+    async with Agent(llm=ScriptedModel(), store=SQLiteStore(db_path)) as agent:
+        ours = set()
+        for i in range(150):
+            conv = await agent.conversation_for_channel(f"irc:net:#c{i}")
+            await conv.send(f"hello there number {i}", author="alice")
+            await conv.wait_idle()
+            ours.add(conv.id)
+        del conv
+        gc.collect()
+        published = agent.services.last_stream_seq
+        assert published > 1000
+        objects = [
+            o for o in gc.get_objects() if isinstance(o, EventBase) and o.conversation_id in ours
+        ]
+        assert len(objects) <= 2 * 128
+        replayed = await _until_last(agent.events(after=0), agent)
+        assert [e.stream_seq for e in replayed] == list(range(1, published + 1))
+        text = "".join(e.text for e in replayed[:20] if isinstance(e, TextDelta))
+        assert text.startswith("echo: hello there number 0")
+
+
+async def test_a_redacted_answer_is_not_replayed_from_a_packed_agent_wide_blob(db_path):
+    async with Agent(llm=ScriptedModel(), store=SQLiteStore(db_path), event_buffer=64) as agent:
+        conv = await agent.conversation_for_channel("irc:net:#room")
+        await conv.send("the code is hunter2", author="alice")
+        await conv.wait_idle()
+        other = await agent.conversation_for_channel("irc:net:#other")
+        while agent.services.last_stream_seq < 160:  # the turn's events are packed by now
+            await other.send("more", author="bob")
+            await other.wait_idle()
+        replayed = await _until_last(agent.events(after=0), agent)
+        assert any("hunter2" in getattr(e, "text", "") for e in replayed)
+        [answer] = [m for m in await conv.messages() if m.kind == "assistant"]
+        await agent.redact(conv.id, answer.id, by="admin:carol")
+        replayed = await _until_last(agent.events(after=0), agent)
+        last = agent.services.last_stream_seq
+        assert last < 256  # all of them still held: none is missing after the edit
+        assert [e.stream_seq for e in replayed] == list(range(1, last + 1))
+        assert any(isinstance(e, TextDelta) and e.conversation_id == conv.id for e in replayed)
+        assert not any("hunter2" in getattr(e, "text", "") for e in replayed)
+        # It packs again as events arrive.
+        await other.send("after", author="bob")
+        await other.wait_idle()
+        again = await _until_last(agent.events(after=0), agent)
+        assert not any("hunter2" in getattr(e, "text", "") for e in again)
