@@ -41,6 +41,8 @@ from .records import (
     ConversationRecord,
     JobRun,
     Lease,
+    LinkMessage,
+    LinkRecord,
     MemoryEntry,
     OutboxEntry,
     OutboxState,
@@ -104,6 +106,7 @@ CAPABILITIES: dict[str, str] = {
     "jobs": "job_claim",
     "leases": "lease_acquire",
     "seen_events": "seen_first",
+    "links": "link_save",
 }
 
 
@@ -686,3 +689,29 @@ class Store(abc.ABC):
     async def seen_prune(self, before: float) -> int:
         """Forget the keys last seen first before ``before``; how many."""
         raise NotImplementedError(f"{type(self).__name__} keeps no handled events")
+
+    # -- linked channels (issue 33; SQLite 21, PostgreSQL 10) -------------------------
+    async def link_save(self, record: LinkRecord) -> None:
+        """Create link ``record.name``, or replace the one of that name."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    async def link_delete(self, name: str) -> bool:
+        """Remove link ``name`` (its message map stays: history); whether it existed."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    async def links(self) -> list[LinkRecord]:
+        """Every link made at run time, by name."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    async def link_map_add(self, rows: Sequence[LinkMessage]) -> None:
+        """Record copies of messages in the message map; a row for a
+        ``(canonical, channel_key)`` already there is replaced (its ``ref`` learnt)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    async def link_map(self, canonical: str) -> list[LinkMessage]:
+        """Every copy of message ``canonical``, the origin's first, then by channel key."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    async def link_map_find(self, channel_key: str, ref: str) -> str | None:
+        """The canonical id of the message known as ``ref`` in ``channel_key``, if any."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")

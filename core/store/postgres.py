@@ -43,6 +43,7 @@ from .postgres_copy import PostgresCopy
 from .postgres_governance import PostgresGovernance
 from .postgres_jobs import PostgresJobs
 from .postgres_lifecycle import PostgresLifecycle
+from .postgres_links import PostgresLinks
 from .postgres_migrations import MIGRATIONS, apply_migrations, schema_version
 from .postgres_outbox import PostgresOutbox
 from .postgres_redaction import PostgresRedaction
@@ -339,6 +340,7 @@ class PostgresStore(
     PostgresJobs,
     PostgresCluster,
     PostgresSeen,
+    PostgresLinks,
     PostgresCopy,
     Store,
 ):

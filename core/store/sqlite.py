@@ -48,6 +48,7 @@ from .sqlite_copy import SQLiteCopy
 from .sqlite_governance import SQLiteGovernance
 from .sqlite_jobs import SQLiteJobs
 from .sqlite_lifecycle import SQLiteLifecycle
+from .sqlite_links import SQLiteLinks
 from .sqlite_outbox import SQLiteOutbox
 from .sqlite_redaction import SQLiteRedaction
 from .sqlite_runs import INSERT_RUN, SQLiteRuns, run_row
@@ -339,6 +340,7 @@ class SQLiteStore(
     SQLiteJobs,
     SQLiteCluster,
     SQLiteSeen,
+    SQLiteLinks,
     SQLiteCopy,
     Store,
 ):

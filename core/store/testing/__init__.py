@@ -16,7 +16,8 @@ The cases are grouped by aggregate, one mixin each, so an engine may run a
 part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
-:class:`ClusterContract`, :class:`SeenEventsContract`); :class:`StoreContract`
+:class:`ClusterContract`, :class:`SeenEventsContract`,
+:class:`LinksContract`); :class:`StoreContract`
 is all of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
@@ -31,6 +32,7 @@ from .governance import GovernanceContract
 from .jobs import JobsContract
 from .kit import ContractBase
 from .lifecycle import LifecycleContract
+from .links import LinksContract
 from .log import LogContract
 from .outbox import OutboxContract
 from .runs import RunsContract
@@ -43,6 +45,7 @@ __all__ = [
     "GovernanceContract",
     "JobsContract",
     "LifecycleContract",
+    "LinksContract",
     "LogContract",
     "OutboxContract",
     "RunsContract",
@@ -62,5 +65,6 @@ class StoreContract(
     JobsContract,
     ClusterContract,
     SeenEventsContract,
+    LinksContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
