@@ -246,7 +246,7 @@ class Bridge(AgentAccess):
         if not text:
             return
         # In a linked channel: the link's key, the author qualified by network.
-        message = await self.links.arriving(message, transport)
+        message = self.links.arriving(message, transport)
         async with self._arrival(message.channel_key):
             command = await self._take(message, transport, text)
         if command is not None:
@@ -268,7 +268,8 @@ class Bridge(AgentAccess):
             return None  # no answer, no command, not even recorded
         self.access.seen(transport.name, message)
         opts = (await self.effective(message.channel_key, transport)).options
-        # People's words go to the other linked channels first, in arrival order.
+        # A linked channel: the link's channels held open, people's words copied to
+        # the others (in arrival order).
         await self.links.relay(message, transport, opts.command_prefix)
         command = self._parse_command(text, opts)
         if command is not None:

@@ -356,15 +356,14 @@ class Links:
         return link
 
     # -- the bridge's seams ---------------------------------------------------------------
-    async def arriving(self, message: IncomingMessage, transport: Transport) -> IncomingMessage:
+    def arriving(self, message: IncomingMessage, transport: Transport) -> IncomingMessage:
         """``message`` as the bridge takes it: in a linked channel, under the link's key
-        with its author qualified by network, every other linked channel open.  A direct
-        message is never part of a link."""
+        with its author qualified by network.  A direct message is never part of a link.
+        (Nothing awaits here: the channel's arrivals keep their order.)"""
         found = None if message.direct else self.find(message.channel_key)
         if found is None:
             return message
-        link, key = found
-        await self._hold_open(link)
+        key = found[1]
         name = message.author_name or message.author_id
         return dataclasses.replace(message, channel_key=key, author_name=qualified(name, transport))
 
@@ -408,14 +407,17 @@ class Links:
     async def relay(
         self, message: IncomingMessage, transport: Transport, prefix: str | None
     ) -> int:
-        """Copy a person's message to the other channels of its link (``message`` as
-        :meth:`arriving` made it); how many copies.  Not relayed: direct messages,
+        """Hold the link's channels open and copy a person's message to the other
+        channels of its link (``message`` as :meth:`arriving` made it); how many copies.
+        Called in the channel's arrival order.  Not relayed: direct messages,
         commands (``prefix``), messages starting with the link's ``opt_out_prefix``,
         and with ``verified_only`` people the transport does not vouch for."""
         found = None if message.direct else self.find(message.channel_key)
         if found is None:
             return 0
         link, key = found
+        # Every linked channel open (and kept so) before the message can start a turn.
+        await self._hold_open(link)
         text = message.text.strip()
         s = link.settings
         if (
