@@ -85,20 +85,19 @@ BUILTIN: tuple[Command, ...] = (
     # -- linked channels (issue 33) --
     Command(
         name="link",
-        help="make channels on several networks one conversation: link <name> <channel>..."
-        " [answer=asked] [relay=false] (admins)",
+        help="make channels one conversation: link <name> <channel>... [key=value] (admins)",
         handler=links.link,
         needs_role="admin",
     ),
     Command(
         name="unlink",
-        help="undo a link made in chat: unlink <name> (admins)",
+        help="undo a link: unlink <name> (admins)",
         handler=links.unlink,
         needs_role="admin",
     ),
     Command(
         name="links",
-        help="list the linked channels (admins)",
+        help="list the links (admins)",
         handler=links.links,
         needs_role="admin",
     ),
