@@ -43,7 +43,7 @@ class Linked(NamedTuple):
 @asynccontextmanager
 async def linked_bot(
     port: int, slack: FakeSlack, tmp_path: Path, monkeypatch: Any, *, links: Any = None,
-    db: str = "links.db",
+    db: str = "links.db", **slack_settings: Any,
 ) -> AsyncIterator[Linked]:  # fmt: skip
     """A bot on IRC (#team), Slack (conversations per channel) and the HTTP API (token
     ``web``), its channels linked as ``team`` unless ``links`` says otherwise.  The
@@ -62,7 +62,9 @@ async def linked_bot(
         links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY, WEB_KEY])]
     bridge = Bridge(agent, access=access, links=links)
     irc = irc_transport(port, channels=["#team"])
-    slack_t = slack_transport(slack, tmp_path, conversation_per="channel", streaming="edit")
+    slack_t = slack_transport(
+        slack, tmp_path, conversation_per="channel", streaming="edit", **slack_settings
+    )
     web = HttpTransport(
         name="web", settings={"port": 0, "tokens": [{"name": "web", "env": "WEB_TOKEN"}]}
     )
@@ -450,3 +452,35 @@ async def test_a_rate_limited_slack_still_gets_every_copy_in_order(ngircd, tmp_p
             assert shown == [f"line {i}" for i in range(5)]
         finally:
             await alice.close()
+
+
+# -- a network down: its copies wait in the outbox -------------------------------------------
+async def test_copies_slack_refused_are_delivered_after_a_restart_in_order_once(
+    ngircd, tmp_path, monkeypatch
+):
+    def down_posts() -> list[str]:
+        return [m["text"] for m in slack.messages.values() if m["text"].startswith("while")]
+
+    async with FakeSlack() as slack:
+        async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, rate_limit_retries=0):
+            # Slack refuses every post for now (and the transport does not retry).
+            slack.rate_limit("chat.postMessage", times=3, retry_after=1)
+            alice = await person(ngircd.port, "alice")
+            try:
+                for i in range(3):
+                    alice.privmsg("#team", f"while slack was down {i}")
+                await slack.wait_until(
+                    lambda: len(slack.calls_to("chat.postMessage")) >= 3 or None,
+                    WAIT, "three refused posts",
+                )  # fmt: skip
+            finally:
+                await alice.close()
+            assert down_posts() == []
+        # The next process sends what the outbox holds: in order, under her name, once.
+        async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+            assert await b.bridge.redeliver() == 3
+            assert down_posts() == [f"while slack was down {i}" for i in range(3)]
+            names = {m.get("username") for m in slack.messages.values()}
+            assert names == {"alice@testnet"}
+            await b.bridge.outbox.drain()  # their deliveries recorded: nothing left to send
+            assert await b.bridge.redeliver() == 0
