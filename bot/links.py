@@ -229,6 +229,9 @@ class Links:
         self._joined: list[str] = []
         #: Copies handed to their transport so far (metrics, benchmarks).
         self.relayed = 0
+        #: Message-map rows waiting for their write, and the task writing them.
+        self._map_rows: list[LinkMessage] = []
+        self._mapper: asyncio.Task[None] | None = None
         self._index()
 
     def _index(self) -> None:
@@ -268,6 +271,8 @@ class Links:
     def find(self, key: str) -> tuple[Link, str] | None:
         """The link ``key`` is in and the link's key for it (a Slack thread of a linked
         Slack channel is that channel), or ``None``."""
+        if not self._by_key:
+            return None  # no links: what every message of most bots asks
         link = self._by_key.get(key)
         if link is not None:
             return link, key
@@ -465,12 +470,32 @@ class Links:
         if entries:
             # Persisted before anything is sent: a crash resends them (the outbox).
             ids = list(await self.host.outbox.add(entries))
-        await self.store.link_map_add([*rows, *(row for _, _, row in copies)])
+        self._map([*rows, *(row for _, _, row in copies)])
         it = iter(ids)
         for target, target_key, row in copies:
             oid = next(it, None) if target.outbox else None
             await self._target(target_key).queue.put(_Relay(text, author, oid, row))
         return len(copies)
+
+    def _map(self, rows: list[LinkMessage]) -> None:
+        """Record message-map rows, batched in the background (one store write for
+        a burst, off the arrival path)."""
+        self._map_rows.extend(rows)
+        if self._mapper is None:
+            self._mapper = asyncio.get_running_loop().create_task(
+                self._write_map(), name="agentik-link-map"
+            )
+
+    async def _write_map(self) -> None:
+        try:
+            while self._map_rows:
+                batch, self._map_rows = self._map_rows, []
+                try:
+                    await self.store.link_map_add(batch)
+                except Exception:
+                    log.exception("could not record %d rows of the link message map", len(batch))
+        finally:
+            self._mapper = None
 
     def _target(self, key: str) -> _Target:
         """The queue for ``key``, its sender started."""
@@ -503,12 +528,19 @@ class Links:
                 t.queue.task_done()
 
     async def drain(self) -> None:
-        """Wait until every copy relayed so far was handed to its transport."""
+        """Wait until every copy relayed so far was handed to its transport and the
+        message map recorded."""
         for t in list(self._targets.values()):
             await t.queue.join()
+        while self._mapper is not None:
+            await asyncio.shield(self._mapper)
 
     async def aclose(self) -> None:
-        """Stop the senders (what they had not sent waits in the outbox)."""
+        """Stop the senders (what they had not sent waits in the outbox); the message
+        map's pending rows are written."""
+        while self._mapper is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._mapper)
         for t in self._targets.values():
             if t.task is not None:
                 t.task.cancel()

@@ -162,7 +162,8 @@ async def test_a_slack_message_reaches_irc_attributed_and_split_at_the_byte_limi
         alice = await person(ngircd.port, "alice")
         try:
             words = " ".join(f"word{i:03d}" for i in range(150))  # ~1,200 bytes
-            await slack.push_event(slack.message_event("C1", words, user="U2"))
+            event = slack.message_event("C1", words, user="U2")
+            await slack.push_event(event)
             got = await alice.collect(
                 lambda m: m.nick == "agentik" and m.text.startswith(f"<b{ZWSP}ob (Slack)> "),
                 3, WAIT,
@@ -173,6 +174,13 @@ async def test_a_slack_message_reaches_irc_attributed_and_split_at_the_byte_limi
             assert " ".join(m.text[len(prefix) :] for m in got) == words
             # Chatter is relayed, not answered: the model was never asked.
             assert b.model.requests == []
+            # The message map: the Slack message (by its ts) and its IRC copy.
+            await b.bridge.links.drain()
+            canonical = await b.agent.store.link_map_find(SLACK_KEY, event["ts"])
+            rows = await b.agent.store.link_map(canonical)
+            assert [(r.channel_key, r.origin) for r in rows] == [
+                (SLACK_KEY, True), (IRC_KEY, False)
+            ]  # fmt: skip
         finally:
             await alice.close()
 
