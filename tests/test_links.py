@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+import pytest
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.bot.links import LinkSettings
@@ -492,3 +493,30 @@ async def test_copies_slack_refused_are_delivered_after_a_restart_in_order_once(
             assert names == {"alice@testnet"}
             await b.bridge.outbox.drain()  # their deliveries recorded: nothing left to send
             assert await b.bridge.redeliver() == 0
+
+
+# -- configuration ------------------------------------------------------------------------------
+def test_links_in_the_configuration_are_checked_with_the_key_named():
+    from agentik.bot.config import parse_config
+    from agentik.core import ConfigError
+
+    ok = parse_config({"links": [{"name": "team", "channels": [IRC_KEY, SLACK_KEY]}]}, env={})
+    assert ok.links[0].answer == "everywhere" and ok.links[0].relay is True
+    bad = [
+        ("links.0.channels", {"name": "t", "channels": [IRC_KEY, "not a key"]}, "not a channel"),
+        ("links.0.channels", {"name": "t", "channels": [IRC_KEY]}, "at least 2"),
+        ("links.0.answer", {"name": "t", "channels": [IRC_KEY, SLACK_KEY], "answer": "loud"},
+         "everywhere"),
+        ("links.0.name", {"name": "a b", "channels": [IRC_KEY, SLACK_KEY]}, "pattern"),
+    ]  # fmt: skip
+    for where, link, why in bad:
+        with pytest.raises(ConfigError) as info:
+            parse_config({"links": [link]}, env={})
+        assert f"{where}: " in str(info.value) and why in str(info.value)
+    twice = [
+        {"name": "a", "channels": [IRC_KEY, SLACK_KEY]},
+        {"name": "b", "channels": [WEB_KEY, SLACK_KEY]},
+    ]
+    with pytest.raises(ConfigError) as info:
+        parse_config({"links": twice}, env={})
+    assert "links.1.channels.1: 'slack:T1:C1' is already in link 'a'" in str(info.value)
