@@ -44,7 +44,7 @@ class Linked(NamedTuple):
 @asynccontextmanager
 async def linked_bot(
     port: int, slack: FakeSlack, tmp_path: Path, monkeypatch: Any, *, links: Any = None,
-    db: str = "links.db", **slack_settings: Any,
+    db: str = "links.db", channel_settings: Any = None, **slack_settings: Any,
 ) -> AsyncIterator[Linked]:  # fmt: skip
     """A bot on IRC (#team), Slack (conversations per channel) and the HTTP API (token
     ``web``), its channels linked as ``team`` unless ``links`` says otherwise.  The
@@ -61,7 +61,7 @@ async def linked_bot(
     await access.load(agent.store)
     if links is None:
         links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY, WEB_KEY])]
-    bridge = Bridge(agent, access=access, links=links)
+    bridge = Bridge(agent, access=access, links=links, channel_settings=channel_settings)
     irc = irc_transport(port, channels=["#team"])
     slack_t = slack_transport(
         slack, tmp_path, conversation_per="channel", streaming="edit", **slack_settings
@@ -520,3 +520,37 @@ def test_links_in_the_configuration_are_checked_with_the_key_named():
     with pytest.raises(ConfigError) as info:
         parse_config({"links": twice}, env={})
     assert "links.1.channels.1: 'slack:T1:C1' is already in link 'a'" in str(info.value)
+
+
+# -- settings conflicts: the link's rule ------------------------------------------------------
+async def test_the_link_settings_rule_decides_whose_persona_a_turn_has(
+    ngircd, tmp_path, monkeypatch
+):
+    from agentik.bot.chansettings import ChannelSettings
+
+    personas = {
+        IRC_KEY: ChannelSettings(persona="You speak like a pirate."),
+        SLACK_KEY: ChannelSettings(persona="You speak like a butler."),
+    }
+    for rule, expected in (("asking", "butler"), ("link", "pirate")):
+        links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY], settings=rule)]
+        async with (
+            FakeSlack() as slack,
+            # (a folder each: the Slack transport's handled events are its own)
+            linked_bot(ngircd.port, slack, _folder(tmp_path / rule), monkeypatch, links=links,
+                       channel_settings=personas) as b,
+        ):  # fmt: skip
+            slack.add_user("U2", "bob")
+            b.model.enqueue(Reply(text="at your service"))
+            mention = f"<@{slack.bot_user_id}>"
+            await slack.push_event(slack.message_event("C1", f"{mention} hello", user="U2"))
+            await eventually(lambda: b.model.requests, f"the model asked ({rule})")
+            system = b.model.requests[0].system or ""
+            # Asked in Slack: its own persona ("asking"), or the link's first channel's.
+            assert expected in system
+            assert ({"pirate", "butler"} - {expected}).pop() not in system
+
+
+def _folder(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
