@@ -311,6 +311,8 @@ class Links:
     async def add(self, link: Link) -> str:
         """Make ``link`` (``!link``): stored, its channels bound; the conversation's id.
         ValueError when its name or a channel is taken."""
+        if "links" not in self.store.capabilities:
+            raise ValueError("this bot's store keeps no links: add them to [[links]]")
         if link.name in self.links:
             raise ValueError(f"a link named {link.name!r} exists")
         for key in link.channels:
@@ -421,6 +423,8 @@ class Links:
         if found is None:
             return 0
         link, key = found
+        if not self._loaded:
+            await self.load()  # a bridge built without the bot (a library user's)
         # Every linked channel open (and kept so) before the message can start a turn.
         await self._hold_open(link)
         text = message.text.strip()

@@ -44,7 +44,8 @@ class Linked(NamedTuple):
 @asynccontextmanager
 async def linked_bot(
     port: int, slack: FakeSlack, tmp_path: Path, monkeypatch: Any, *, links: Any = None,
-    db: str = "links.db", channel_settings: Any = None, **slack_settings: Any,
+    db: str = "links.db", channel_settings: Any = None, load: bool = True,
+    **slack_settings: Any,
 ) -> AsyncIterator[Linked]:  # fmt: skip
     """A bot on IRC (#team), Slack (conversations per channel) and the HTTP API (token
     ``web``), its channels linked as ``team`` unless ``links`` says otherwise.  The
@@ -71,7 +72,8 @@ async def linked_bot(
     )
     for t in (irc, slack_t, web):
         bridge.attach(t, ChannelOptions(command_prefix="!"))
-    await bridge.links.load()
+    if load:  # (as the bot does at start; else the first linked message does it)
+        await bridge.links.load()
     await irc.start(bridge)
     await slack_t.start(bridge)
     await web.start(bridge)
@@ -113,7 +115,11 @@ async def person(port: int, nick: str) -> IRCTestClient:
 async def test_a_question_on_irc_is_answered_on_irc_slack_and_the_web(
     ngircd, tmp_path, monkeypatch
 ):
-    async with FakeSlack() as slack, linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+    # A bridge whose links were never loaded: the first linked message binds them.
+    async with (
+        FakeSlack() as slack,
+        linked_bot(ngircd.port, slack, tmp_path, monkeypatch, load=False) as b,
+    ):
         alice = await person(ngircd.port, "alice")
         try:
             b.model.enqueue(Reply(text="the build is green"))
