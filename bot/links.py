@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentik.core.events import Event, TurnEnded, TurnStarted
+from agentik.core.health import Health, HealthState
 from agentik.core.store.base import OutboxEntry
 from agentik.core.store.records import LinkMessage, LinkRecord
 from agentik.core.turnsettings import TurnSettings
@@ -247,6 +248,7 @@ class Links:
         if self._loaded:
             return
         self._loaded = True
+        self.host.agent.health.add_provider(self.health)
         if "links" in self.store.capabilities:
             for record in await self.store.links():
                 if record.name in self.links:
@@ -282,6 +284,21 @@ class Links:
             if link is not None:
                 return link, channel
         return None
+
+    def health(self) -> list[tuple[str, Health]]:
+        """``link:<name>``: ``connected`` when every channel of the link is served here,
+        else ``degraded`` with why not (no transport for it, or not joined)."""
+        out = []
+        for link in self.links.values():
+            problems = []
+            for key in link.channels:
+                transport = self.host.transport_for(key)
+                why = "no transport serves it" if transport is None else transport.unreachable(key)
+                if why:
+                    problems.append(f"{key}: {why}")
+            state: HealthState = "degraded" if problems else "connected"
+            out.append((f"link:{link.name}", Health(state, "; ".join(problems) or None)))
+        return out
 
     def hears(self, key: str) -> bool:
         """Whether the bridge wants every message of ``key`` (a transport that hands

@@ -560,3 +560,24 @@ async def test_the_link_settings_rule_decides_whose_persona_a_turn_has(
 def _folder(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# -- health ---------------------------------------------------------------------------------
+async def test_health_shows_a_link_naming_a_channel_the_bot_cannot_serve(
+    ngircd, tmp_path, monkeypatch
+):
+    links = [
+        LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY]),
+        LinkSettings(name="far", channels=[IRC_KEY.replace("#team", "#elsewhere"), "slack:T9:C9"]),
+    ]
+    async with (
+        FakeSlack() as slack,
+        linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=links) as b,
+    ):
+        found = b.agent.health.components()
+        assert found["link:team"].state == "connected"
+        far = found["link:far"]
+        assert far.state == "degraded"
+        assert far.reason == (
+            "irc:testnet:#elsewhere: not joined to #elsewhere; slack:T9:C9: no transport serves it"
+        )

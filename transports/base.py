@@ -504,6 +504,12 @@ class Transport(abc.ABC):
         """
         return channel_key.startswith(f"{self.type}:{self.name}:")
 
+    def unreachable(self, channel_key: str) -> str | None:
+        """Why this instance cannot speak in ``channel_key`` now (``not joined to
+        #team``), or ``None`` when it can or cannot tell.  Health shows it for a
+        linked channel."""
+        return None
+
     def in_thread(self, channel_key: str) -> bool:
         """Whether ``channel_key`` names a thread rather than a whole channel.
 

@@ -1448,6 +1448,12 @@ class IRCTransport(Transport):
     def owns(self, channel_key: str) -> bool:
         return channel_key.startswith(f"irc:{self.network}:")
 
+    def unreachable(self, channel_key: str) -> str | None:
+        target = channel_key[len(f"irc:{self.network}:") :]
+        if not self.owns(channel_key) or target[:1] not in self._chantypes:
+            return None
+        return None if self._fold(target) in self.joined else f"not joined to {target}"
+
     def _destination(self, message: OutgoingMessage) -> tuple[str, str | None]:
         """``(target, asker)`` of an outgoing message, from its ``reply_to`` or its key.
 
