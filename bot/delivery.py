@@ -20,6 +20,7 @@ from agentik.core.store.base import OutboxEntry, Store
 from agentik.transports.base import Action, OutgoingKind, OutgoingMessage, Transport
 from agentik.transports.text import split_text
 
+from .links import late
 from .outbox import Outbox, outbox_rows
 
 if TYPE_CHECKING:
@@ -129,8 +130,11 @@ class Delivery:
                 text = found
                 await self.outbox.add([dataclasses.replace(row, text=text, complete=True)])
             kind: OutgoingKind = "answer" if row.kind == "stream" else row.kind  # type: ignore[assignment]
-            # A relayed copy (linked channels) keeps its author in its reply data.
+            # A relayed copy (linked channels) keeps its author in its reply data, and
+            # shows when it was said if that was a while ago.
             author = row.reply_to.get("author") if isinstance(row.reply_to, dict) else None
+            if kind == "relay":
+                text = late(text, row.created_at)
             try:
                 await transport.send(
                     OutgoingMessage(

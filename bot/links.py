@@ -42,6 +42,7 @@ from agentik.core.health import Health, HealthState
 from agentik.core.store.base import OutboxEntry
 from agentik.core.store.records import LinkMessage, LinkRecord
 from agentik.core.turnsettings import TurnSettings
+from agentik.transports.base import OutgoingMessage
 
 from .logs import log_event
 from .render import Renderer
@@ -54,12 +55,14 @@ if TYPE_CHECKING:
     from .chansettings import Effective
     from .outbox import Outbox
 
-__all__ = ["Link", "LinkSettings", "LinkedRenderer", "Links", "LinksHost", "qualified"]
+__all__ = ["Link", "LinkSettings", "LinkedRenderer", "Links", "LinksHost", "late", "qualified"]
 
 log = logging.getLogger(__name__)
 
 #: Relayed messages waiting for one target before the next arrival waits (never dropped).
 QUEUE_SIZE = 200
+#: Seconds after which a copy shows it is late (``(late: 14:02 UTC) ...``).
+LATE_AFTER = 60.0
 
 _NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
@@ -230,6 +233,9 @@ class Links:
         self._joined: list[str] = []
         #: Copies handed to their transport so far (metrics, benchmarks).
         self.relayed = 0
+        #: A copy delivered more than this many seconds after it was said is marked
+        #: late, with the time it was said.
+        self.late_after = LATE_AFTER
         #: Message-map rows waiting for their write, and the task writing them.
         self._map_rows: list[LinkMessage] = []
         self._mapper: asyncio.Task[None] | None = None
@@ -535,18 +541,35 @@ class Links:
         while True:
             item = await t.queue.get()
             try:
-                transport = self.host.transport_for(key)
-                if transport is None:
-                    continue  # gone (a reload): the outbox row waits for a restart
-                await self.host.send(
-                    transport, key, item.text, "relay", {"author": item.author},
-                    item.row.run_id, outbox_id=item.outbox_id, author=item.author,
-                )  # fmt: skip
-                self.relayed += 1
-            except Exception:
-                log.exception("relaying to %s failed", key)
+                await self._deliver(key, item)
             finally:
                 t.queue.task_done()
+
+    async def _deliver(self, key: str, item: _Relay) -> None:
+        """Hand one copy to its transport; while the target refuses it (down, rate
+        limited past the transport's own retries) try again, waiting longer each time
+        (up to a minute): the copies behind it wait, so the order holds."""
+        delay = 1.0
+        while True:
+            transport = self.host.transport_for(key)
+            if transport is None:
+                return  # gone (a reload): the outbox row waits for a restart
+            text = late(item.text, item.row.created_at, self.late_after)
+            try:
+                await transport.send(
+                    OutgoingMessage(
+                        channel_key=key, text=text, kind="relay", run_id=item.row.run_id,
+                        reply_to={"author": item.author}, outbox_id=item.outbox_id,
+                        author=item.author,
+                    )
+                )  # fmt: skip
+            except Exception as exc:
+                log.warning("relaying to %s failed (%s): again in %.0f s", key, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
+                continue
+            self.relayed += 1
+            return
 
     async def drain(self) -> None:
         """Wait until every copy relayed so far was handed to its transport and the
@@ -590,6 +613,14 @@ def audit(action: str, link: Link, actor: str, where: str) -> None:
         actor, where, " ".join(link.channels), link=link.name, action=action, actor=actor,
         channel=where, channels=list(link.channels),
     )  # fmt: skip
+
+
+def late(text: str, said_at: float, after: float = LATE_AFTER) -> str:
+    """``text`` marked with the time it was said when it is delivered more than
+    ``after`` seconds later (a network was down, the bot restarted)."""
+    if not said_at or time.time() - said_at <= after:
+        return text
+    return f"(late: {time.strftime('%H:%M', time.gmtime(said_at))} UTC) {text}"
 
 
 def _own_nick(transport: Transport) -> str:

@@ -3,6 +3,7 @@ Slack fake and the HTTP API, with people relayed and the agent answering everywh
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -478,8 +479,9 @@ async def test_copies_slack_refused_are_delivered_after_a_restart_in_order_once(
 
     async with FakeSlack() as slack:
         async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, rate_limit_retries=0):
-            # Slack refuses every post for now (and the transport does not retry).
-            slack.rate_limit("chat.postMessage", times=3, retry_after=1)
+            # Slack refuses every post for now (the transport does not retry; the relay
+            # tries again later, and this process stops before Slack is back).
+            slack.rate_limit("chat.postMessage", times=10_000, retry_after=1)
             alice = await person(ngircd.port, "alice")
             try:
                 for i in range(3):
@@ -491,6 +493,7 @@ async def test_copies_slack_refused_are_delivered_after_a_restart_in_order_once(
             finally:
                 await alice.close()
             assert down_posts() == []
+        slack.rate_limit("chat.postMessage", times=0)  # Slack is back
         # The next process sends what the outbox holds: in order, under her name, once.
         async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
             assert await b.bridge.redeliver() == 3
@@ -581,3 +584,25 @@ async def test_health_shows_a_link_naming_a_channel_the_bot_cannot_serve(
         assert far.reason == (
             "irc:testnet:#elsewhere: not joined to #elsewhere; slack:T9:C9: no transport serves it"
         )
+
+
+async def test_slack_down_for_a_while_gets_the_irc_lines_afterwards_in_order_marked_late(
+    ngircd, tmp_path, monkeypatch
+):
+    async with (
+        FakeSlack() as slack,
+        linked_bot(ngircd.port, slack, tmp_path, monkeypatch, rate_limit_retries=0) as b,
+    ):
+        b.bridge.links.late_after = 0.0  # every copy not sent at once shows when it was said
+        slack.rate_limit("chat.postMessage", times=2, retry_after=1)  # down for two tries
+        alice = await person(ngircd.port, "alice")
+        try:
+            for i in range(3):
+                alice.privmsg("#team", f"meanwhile {i}")
+            await slack.wait_until(lambda: len(relays_in(slack)) >= 5 or None, WAIT, "copies")
+            await b.bridge.links.drain()
+            shown = [m["text"] for m in slack.messages.values() if m.get("username")]
+            assert [t.split(") ", 1)[1] for t in shown] == [f"meanwhile {i}" for i in range(3)]
+            assert all(re.fullmatch(r"\(late: \d\d:\d\d UTC\) meanwhile \d", t) for t in shown)
+        finally:
+            await alice.close()
