@@ -97,6 +97,7 @@ class Bot:
             channel_settings=config.channels,
             settings_role=config.agent.settings_role,
             announce=config.memory.announce,
+            links=config.links,
         )
         # One comparison of roles everywhere: approvals' approvers use the policy's.
         self.agent.approvals.at_least = self.bridge.access.at_least
@@ -307,6 +308,8 @@ class Bot:
             await self._start_listener()
             # Roles given in chat by earlier runs apply from the first message.
             await self.bridge.access.load(self.agent.store)
+            # Linked channels (configured and made in chat) share their conversations.
+            await self.bridge.links.load()
             # A connection another worker owns waits for its lease (its supervisor).
             ownership = self.ownership
             await ownership.start()

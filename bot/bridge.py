@@ -58,6 +58,7 @@ from .chat import speaker_key as _speaker
 from .commands import CommandContext, CommandRegistry, builtin_commands, load_commands
 from .config import AgentSection
 from .delivery import Delivery
+from .links import Links, LinkSettings
 from .outbox import Outbox
 from .recovery import Recovery, resumed_asker
 
@@ -116,6 +117,7 @@ class Bridge(AgentAccess):
         settings_role: str = _AGENT.settings_role,
         role_for: RoleFor | None = None,
         announce: bool = False,
+        links: Collection[LinkSettings] = (),
     ) -> None:
         self.agent = agent
         #: Tell channels when background memory work saved notes from them
@@ -156,6 +158,9 @@ class Bridge(AgentAccess):
         self.recovery = Recovery(self)
         #: The chat commands: the built-ins, then the plugins' (``register_commands``).
         self.commands: CommandRegistry = load_commands(agent.hooks.pm)
+        #: Linked channels (``[[links]]``, ``!link``): one conversation across
+        #: transports, people relayed (:mod:`agentik.bot.links`).
+        self.links = Links(self, links)
 
     @property
     def metrics(self) -> Metrics | None:
@@ -183,6 +188,7 @@ class Bridge(AgentAccess):
         self.access.transports.setdefault(transport.name, transport.type)
         if transport.outbox:
             transport.on_delivery = self.outbox.mark
+        transport.hears = self.links.hears
 
     async def detach(self, name: str) -> None:
         """Transport instance ``name`` is gone (a configuration reload removed it):
@@ -239,6 +245,8 @@ class Bridge(AgentAccess):
         text = message.text.strip()
         if not text:
             return
+        # In a linked channel: the link's key, the author qualified by network.
+        message = self.links.arriving(message, transport)
         async with self._arrival(message.channel_key):
             command = await self._take(message, transport, text)
         if command is not None:
@@ -260,6 +268,9 @@ class Bridge(AgentAccess):
             return None  # no answer, no command, not even recorded
         self.access.seen(transport.name, message)
         opts = (await self.effective(message.channel_key, transport)).options
+        # A linked channel: the link's channels held open, people's words copied to
+        # the others (in arrival order).
+        await self.links.relay(message, transport, opts.command_prefix)
         command = self._parse_command(text, opts)
         if command is not None:
             # Unknown "commands" in a shared channel are just chatter: ignore.
@@ -329,7 +340,7 @@ class Bridge(AgentAccess):
                     allow_tool=decision.tools,
                     busy=_busy_mode(opts, message, transport),
                     # The channel's persona, tools and model, and who asked where.
-                    settings=ch.settings.with_origin(
+                    settings=self.links.settings(ch).with_origin(
                         TurnOrigin.of_speaker(speaker, message.channel_key)
                     ),
                 )
@@ -452,6 +463,7 @@ class Bridge(AgentAccess):
 
     async def aclose(self) -> None:
         """Stop every renderer (the agent is closed separately)."""
+        await self.links.aclose()
         await self.channels.aclose()
         await self.outbox.drain()
         if self.budgets is not None:
@@ -525,6 +537,10 @@ class Bridge(AgentAccess):
         """The channel ``key`` if it is open now, else ``None``."""
         return self._channels.get(key)
 
+    async def release(self, key: str) -> None:
+        """Release channel ``key`` if it is open (it reopens with its next message)."""
+        await self.channels.release(key)
+
     async def settings_changed(self, channel_key: str, transport: Transport) -> Effective:
         """A channel's settings changed (``!set``): in force from its next turn."""
         return await self.channels.settings_changed(channel_key, transport)
@@ -547,12 +563,14 @@ class Bridge(AgentAccess):
         actions: tuple[Action, ...] = (),
         tag: str | None = None,
         updates: str | None = None,
+        author: str | None = None,
     ) -> int:
-        """Send ``text`` to channel ``key`` (a command's answer, a renderer's piece);
-        how many pieces it took (:meth:`agentik.bot.delivery.Delivery.send`)."""
+        """Send ``text`` to channel ``key`` (a command's answer, a renderer's piece, a
+        relayed message from ``author``); how many pieces it took
+        (:meth:`agentik.bot.delivery.Delivery.send`)."""
         return await self.delivery.send(
             transport, key, text, kind, reply_to, run_id, piece=piece, outbox_id=outbox_id,
-            actions=actions, tag=tag, updates=updates,
+            actions=actions, tag=tag, updates=updates, author=author,
         )  # fmt: skip
 
     # -- budgets (issue 19) ----------------------------------------------------------------

@@ -132,6 +132,9 @@ class OpenChannel:
     approvals_told: frozenset[str] = frozenset()
     #: The channel is a direct conversation (its last message was direct).
     direct: bool = False
+    #: The channel is in a link (:mod:`agentik.bot.links`): its conversation's turns
+    #: are rendered in every linked channel, and counted where they were asked.
+    linked: bool = False
     last_used: float = field(default_factory=time.monotonic)
     #: See :attr:`pending` (``None`` when empty: an idle channel holds no set).
     _pending: set[str] | None = field(default=None, init=False, repr=False)

@@ -315,6 +315,14 @@ class Channels:
         finally:
             self.reaper = None
 
+    async def release(self, key: str) -> None:
+        """Release channel ``key`` if it is open (its conversation binding changed:
+        it reopens on the new one with its next message)."""
+        async with self.lock(key):
+            ch = self.open.pop(key, None)
+            if ch is not None:
+                await self.close(ch)
+
     async def close(self, ch: _Channel) -> None:
         """Stop a channel's renderer (the channel is no longer in :attr:`open`)."""
         if ch.subscription is not None:
@@ -407,7 +415,9 @@ class Channels:
         assert sub is not None
         while (event := sub.take()) is not None:
             ended = isinstance(event, TurnEnded) and event.parent_run_id is None
-            if isinstance(event, TurnEnded) and ended:
+            # A linked channel renders turns asked in the others: counted once, where asked.
+            counted = not ch.linked or (event.run_id or "") in ch.pending
+            if isinstance(event, TurnEnded) and ended and counted:
                 # Counted before the answer shows, so a message sent on seeing it
                 # is checked against the turn's tokens, not its reservation.
                 # (A child run's usage is its parent's business: the parent's turn

@@ -67,6 +67,7 @@ from agentik.core.tools.passthrough import PassthroughSpec
 from .channel import ChannelKnobs, ChannelOptions
 from .chansettings import ChannelSettings
 from .health import HealthSettings, SupervisionSettings
+from .links import LinkSettings, check_links
 
 __all__ = [
     "BACKEND_ALIASES",
@@ -460,6 +461,8 @@ class Config(_Section):
     profiles: dict[str, StreamProfileSettings] = Field(default_factory=dict)
     #: ``[[passthrough]]``: tools that call another tool directly, with fixed arguments.
     passthrough: list[PassthroughSpec] = Field(default_factory=list)
+    #: ``[[links]]``: channels on several transports that are one conversation.
+    links: list[LinkSettings] = Field(default_factory=list)
     #: Audit-log retention by channel pattern (issue 22).
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     #: Scrubbing secrets before they are stored (issue 22).
@@ -683,6 +686,10 @@ def parse_config(
                         f"passthrough.{i}.name: two passthrough tools are named {name!r}"
                     )
             _check_passthrough_approvals(config)
+            try:
+                check_links(config.links)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
             for pattern, chan in config.channels.items():
                 if chan.profile is not None and chan.profile not in known_profiles:
                     raise ConfigError(

@@ -20,6 +20,7 @@ from agentik.core.store.base import OutboxEntry, Store
 from agentik.transports.base import Action, OutgoingKind, OutgoingMessage, Transport
 from agentik.transports.text import split_text
 
+from .links import late
 from .outbox import Outbox, outbox_rows
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class Delivery:
         actions: tuple[Action, ...] = (),
         tag: str | None = None,
         updates: str | None = None,
+        author: str | None = None,
     ) -> int:
         """Send ``text``; returns how many pieces it took.
 
@@ -86,6 +88,7 @@ class Delivery:
                         channel_key=key, text=text_piece, kind=kind, run_id=run_id,
                         reply_to=reply_to, outbox_id=oid, actions=actions if final else (),
                         tag=tag if final else None, updates=updates if final else None,
+                        author=author,
                     )
                 )  # fmt: skip
             except Exception:
@@ -127,11 +130,17 @@ class Delivery:
                 text = found
                 await self.outbox.add([dataclasses.replace(row, text=text, complete=True)])
             kind: OutgoingKind = "answer" if row.kind == "stream" else row.kind  # type: ignore[assignment]
+            # A relayed copy (linked channels) keeps its author in its reply data, and
+            # shows when it was said if that was a while ago.
+            author = row.reply_to.get("author") if isinstance(row.reply_to, dict) else None
+            if kind == "relay":
+                text = late(text, row.created_at)
             try:
                 await transport.send(
                     OutgoingMessage(
                         channel_key=row.channel_key, text=text, kind=kind, run_id=row.run_id,
                         reply_to=row.reply_to, outbox_id=row.id, replaces=row.ref,
+                        author=author if kind == "relay" else None,
                     )
                 )  # fmt: skip
             except Exception:

@@ -98,8 +98,9 @@ BUILTIN_ROLES: tuple[str, ...] = ("owner", "admin", "user", "ignored")
 #: Their ranks (``ignored`` 0 … ``owner`` 3): the one rank table (the approvals and the
 #: channel settings compare roles with :func:`at_least` too).
 ROLE_RANK: Mapping[str, int] = {name: i for i, name in enumerate(reversed(BUILTIN_ROLES))}
-#: Chat commands that change or list roles: always for roles ranking as ``admin``.
-MANAGE_COMMANDS = frozenset({"role", "ignore", "unignore", "roles"})
+#: Chat commands that change or list roles (and linked channels): always for roles
+#: ranking as ``admin``.
+MANAGE_COMMANDS = frozenset({"role", "ignore", "unignore", "roles", "link", "unlink", "links"})
 #: The pseudo-command of ``!stop`` for an answer someone else asked for.
 STOP_OTHERS = "stop-others"
 _GLOB = re.compile(r"[*?\[]")

@@ -736,7 +736,8 @@ class FakeSlack:
         if not text and not blocks and not params.get("attachments"):
             return "no_text"
         ts = self.new_ts()
-        msg = self._bot_message(text, ts, thread_ts=params.get("thread_ts"), blocks=blocks)
+        msg = self._bot_message(text, ts, thread_ts=params.get("thread_ts"), blocks=blocks,
+                                username=params.get("username"))  # fmt: skip
         if params.get("metadata"):
             msg["metadata"] = _maybe_json(params["metadata"])
         self.messages[(channel, ts)] = msg

@@ -124,7 +124,7 @@ def test_the_builtin_commands_register_through_the_hook_in_help_order():
     registry = builtin_commands()
     assert list(registry.help()) == list(COMMANDS)
     assert [c.name for c in registry if c.needs_role == "admin"] == [
-        "role", "ignore", "unignore", "roles",
+        "role", "ignore", "unignore", "roles", "link", "unlink", "links",
     ]  # fmt: skip
 
 

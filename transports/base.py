@@ -120,7 +120,7 @@ class IncomingMessage:
     verified: bool = True
 
 
-OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command"]
+OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command", "relay"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -146,7 +146,10 @@ class OutgoingMessage:
     ``delta`` (a piece of a streamed answer), ``end`` (the answer of this
     ``run_id`` is complete; sent after ``delta`` or ``lines`` streaming, with
     empty text), ``notice`` (a short status line: tool call, interruption),
-    ``error`` (a short error line), ``command`` (a command's reply).
+    ``error`` (a short error line), ``command`` (a command's reply), ``relay``
+    (a person's message copied from a linked channel, from :attr:`author`: each
+    transport shows it in its manners, escaped so it can never mention or
+    command anyone).
     """
 
     channel_key: str
@@ -169,6 +172,8 @@ class OutgoingMessage:
     #: The ``tag`` of an earlier message this one replaces where the transport
     #: can edit (its buttons go); elsewhere it is posted as a new message.
     updates: str | None = None
+    #: ``relay``: who said it, qualified by network (``bob (Slack)``, ``alice@libera``).
+    author: str | None = None
 
 
 #: Reports delivery progress of an outbox row: ``(id, state, awaits_confirm, ref)``.
@@ -424,6 +429,13 @@ class Transport(abc.ABC):
     outbox: ClassVar[bool] = False
     #: Set by the bridge: where :meth:`delivered` reports.
     on_delivery: DeliveryCallback | None = None
+    #: Shows ``relay`` messages (people copied from linked channels) in its channels.
+    #: Off for transports that show the conversation itself (the HTTP API).
+    relays: ClassVar[bool] = False
+    #: Set by the bridge: whether it wants every message of a channel key, addressed
+    #: to the bot or not (a linked channel's chatter is relayed).  A transport that
+    #: hands over only messages for the bot asks it before dropping the others.
+    hears: Callable[[str], bool] | None = None
     #: The transport reports its own connection state with :meth:`set_health`
     #: (an IRC or Slack connection that can be lost).  When false the bot
     #: reports ``connected`` once :meth:`start` returned (a listening socket,
@@ -491,6 +503,12 @@ class Transport(abc.ABC):
         whose keys are built otherwise overrides it.
         """
         return channel_key.startswith(f"{self.type}:{self.name}:")
+
+    def unreachable(self, channel_key: str) -> str | None:
+        """Why this instance cannot speak in ``channel_key`` now (``not joined to
+        #team``), or ``None`` when it can or cannot tell.  Health shows it for a
+        linked channel."""
+        return None
 
     def in_thread(self, channel_key: str) -> bool:
         """Whether ``channel_key`` names a thread rather than a whole channel.

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from ..channel import ChannelOptions, OpenChannel
     from ..chansettings import ChannelSettingsBook, Effective, RoleFor
+    from ..links import Links
 
 __all__ = ["Command", "CommandContext", "CommandHost", "CommandRegistry", "Handler"]
 
@@ -75,6 +76,8 @@ class CommandHost(Protocol):
     settings_role: str
     #: Every command, built-in and plugins' (for ``!help``).
     commands: CommandRegistry
+    #: Linked channels (``!link``, ``!unlink``, ``!links``).
+    links: Links
 
     async def channel(self, key: str, transport: Transport, opts: ChannelOptions) -> OpenChannel:
         """The channel ``key``, opened (with its conversation) if it is not."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from agentik.core.hookspecs import hookimpl
 
-from . import approvals, memory, redact, roles, session, settings, tools
+from . import approvals, links, memory, redact, roles, session, settings, tools
 from .base import Command
 
 __all__ = ["BUILTIN", "register_commands"]
@@ -80,6 +80,25 @@ BUILTIN: tuple[Command, ...] = (
         name="roles",
         help="list the roles given in chat (admins)",
         handler=roles.roles,
+        needs_role="admin",
+    ),
+    # -- linked channels (issue 33) --
+    Command(
+        name="link",
+        help="make channels one conversation: link <name> <channel>... [key=value] (admins)",
+        handler=links.link,
+        needs_role="admin",
+    ),
+    Command(
+        name="unlink",
+        help="undo a link: unlink <name> (admins)",
+        handler=links.unlink,
+        needs_role="admin",
+    ),
+    Command(
+        name="links",
+        help="list the links (admins)",
+        handler=links.links,
         needs_role="admin",
     ),
     # -- approvals (issue 19) --

@@ -19,6 +19,9 @@ def _someone_elses(ctx: CommandContext, ch: OpenChannel | None) -> bool:
     speaker may not stop it (``stop-others``: admins, or a rule naming it)."""
     running = ch.conversation.running_run_id if ch is not None else None
     asker = ch.run_asker.get(running) if ch is not None and running else None
+    if running and asker is None:
+        # A linked channel's answer may have been asked in another channel of the link.
+        asker = ctx.host.links.asker(ctx.key, running)
     return not may_stop(ctx.decision, ctx.speaker, asker)
 
 

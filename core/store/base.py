@@ -41,6 +41,8 @@ from .records import (
     ConversationRecord,
     JobRun,
     Lease,
+    LinkMessage,
+    LinkRecord,
     MemoryEntry,
     OutboxEntry,
     OutboxState,
@@ -108,6 +110,7 @@ CAPABILITIES: dict[str, str] = {
     "seen_events": "seen_first",
     "run_events": "run_events_add",
     "queue": "queue_add",
+    "links": "link_save",
 }
 
 
@@ -828,3 +831,29 @@ class Store(abc.ABC):
         only those whose lease (``conv:<id>``, :meth:`lease_acquire`) that worker
         could take now: never taken, free, expired, or its own."""
         raise NotImplementedError(f"{type(self).__name__} keeps no turn queue")
+
+    # -- linked channels (issue 33; SQLite 19, PostgreSQL 8) -------------------------
+    async def link_save(self, record: LinkRecord) -> None:
+        """Create link ``record.name``, or replace the one of that name."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    async def link_delete(self, name: str) -> bool:
+        """Remove link ``name`` (its message map stays: history); whether it existed."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    async def links(self) -> list[LinkRecord]:
+        """Every link made at run time, by name."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    async def link_map_add(self, rows: Sequence[LinkMessage]) -> None:
+        """Record copies of messages in the message map; a row for a
+        ``(canonical, channel_key)`` already there is replaced (its ``ref`` learnt)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    async def link_map(self, canonical: str) -> list[LinkMessage]:
+        """Every copy of message ``canonical``, the origin's first, then by channel key."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    async def link_map_find(self, channel_key: str, ref: str) -> str | None:
+        """The canonical id of the message known as ``ref`` in ``channel_key``, if any."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no links")

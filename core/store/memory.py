@@ -38,6 +38,8 @@ from .records import (
     Approval,
     ApprovalDecision,
     Checklist,
+    LinkMessage,
+    LinkRecord,
     Question,
     QuestionOutcome,
     Redaction,
@@ -76,6 +78,8 @@ class MemoryStore(MemoryQueue, MemoryCluster, MemoryLifecycle, MemoryJobs, Memor
         self._redacted: set[int] = set()
         self._redactions: list[Redaction] = []
         self._seen: dict[str, float] = {}
+        self._links: dict[str, LinkRecord] = {}
+        self._link_map: dict[tuple[str, str], LinkMessage] = {}
 
     def _require(self, conversation_id: str) -> None:
         if conversation_id not in self._conversations:
@@ -307,6 +311,34 @@ class MemoryStore(MemoryQueue, MemoryCluster, MemoryLifecycle, MemoryJobs, Memor
         for k in old:
             del self._seen[k]
         return len(old)
+
+    # -- linked channels ----------------------------------------------------------------
+    async def link_save(self, record: LinkRecord) -> None:
+        self._links[record.name] = record
+
+    async def link_delete(self, name: str) -> bool:
+        return self._links.pop(name, None) is not None
+
+    async def links(self) -> list[LinkRecord]:
+        return [self._links[n] for n in sorted(self._links)]
+
+    async def link_map_add(self, rows: Sequence[LinkMessage]) -> None:
+        for m in rows:
+            old = self._link_map.get((m.canonical, m.channel_key))
+            if old is not None:
+                m = dataclasses.replace(old, ref=m.ref if m.ref is not None else old.ref)
+            self._link_map[(m.canonical, m.channel_key)] = m
+
+    async def link_map(self, canonical: str) -> list[LinkMessage]:
+        found = [m for (c, _), m in self._link_map.items() if c == canonical]
+        return sorted(found, key=lambda m: (not m.origin, m.channel_key))
+
+    async def link_map_find(self, channel_key: str, ref: str) -> str | None:
+        return next(
+            (m.canonical for m in self._link_map.values()
+             if m.channel_key == channel_key and m.ref == ref),
+            None,
+        )  # fmt: skip
 
     # -- approvals (issue 19, migration 6) -----------------------------------------------------
     async def approval_add(self, approval: Approval) -> int | None:

@@ -567,6 +567,36 @@ MIGRATIONS: tuple[Migration, ...] = (
         ) WITHOUT ROWID;
         """,
     ),
+    Migration(
+        19,
+        "links",
+        """
+        -- Linked channels (issue 33): links made at run time (``!link``; the
+        -- ``[[links]]`` of the configuration are not stored), and the persistent
+        -- message map: every copy of a relayed message, by its canonical id, with
+        -- its id in that channel once known (edits and deletes of any age find
+        -- their copies; no size cap, kept across restarts).
+        CREATE TABLE link (
+            name        TEXT PRIMARY KEY,
+            channels    TEXT NOT NULL,
+            options     TEXT NOT NULL DEFAULT '{}',
+            created_by  TEXT NOT NULL DEFAULT '',
+            created_at  REAL NOT NULL
+        );
+        CREATE TABLE link_message (
+            link        TEXT NOT NULL,
+            canonical   TEXT NOT NULL,
+            channel_key TEXT NOT NULL,
+            ref         TEXT,
+            origin      INTEGER NOT NULL DEFAULT 0,
+            run_id      TEXT,
+            piece       INTEGER,
+            created_at  REAL NOT NULL,
+            PRIMARY KEY (canonical, channel_key)
+        ) WITHOUT ROWID;
+        CREATE INDEX link_message_by_ref ON link_message (channel_key, ref);
+        """,
+    ),
 )
 
 

@@ -44,6 +44,7 @@ from .postgres_events import PostgresRunEvents
 from .postgres_governance import PostgresGovernance
 from .postgres_jobs import PostgresJobs
 from .postgres_lifecycle import PostgresLifecycle
+from .postgres_links import PostgresLinks
 from .postgres_migrations import MIGRATIONS, apply_migrations, schema_version
 from .postgres_outbox import PostgresOutbox
 from .postgres_queue import PostgresQueue
@@ -343,6 +344,7 @@ class PostgresStore(
     PostgresSeen,
     PostgresRunEvents,
     PostgresQueue,
+    PostgresLinks,
     PostgresCopy,
     Store,
 ):

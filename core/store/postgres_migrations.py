@@ -566,6 +566,33 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX run_event_by_time ON run_event (at);
         """,
     ),
+    Migration(
+        8,
+        "links",
+        """
+        -- Linked channels (SQLite's migration 19): links made at run time and the
+        -- persistent message map (canonical message <-> each channel's id for it).
+        CREATE TABLE link (
+            name        text COLLATE "C" PRIMARY KEY,
+            channels    jsonb NOT NULL,
+            options     jsonb NOT NULL DEFAULT '{}',
+            created_by  text NOT NULL DEFAULT '',
+            created_at  double precision NOT NULL
+        );
+        CREATE TABLE link_message (
+            link        text COLLATE "C" NOT NULL,
+            canonical   text COLLATE "C" NOT NULL,
+            channel_key text COLLATE "C" NOT NULL,
+            ref         text COLLATE "C",
+            origin      boolean NOT NULL DEFAULT false,
+            run_id      text,
+            piece       integer,
+            created_at  double precision NOT NULL,
+            PRIMARY KEY (canonical, channel_key)
+        );
+        CREATE INDEX link_message_by_ref ON link_message (channel_key, ref);
+        """,
+    ),
 )
 
 _RECORDS = (

@@ -26,6 +26,8 @@ __all__ = [
     "ConversationRecord",
     "JobRun",
     "Lease",
+    "LinkMessage",
+    "LinkRecord",
     "MemoryEntry",
     "OutboxEntry",
     "OutboxState",
@@ -477,3 +479,35 @@ class QueueStats:
     waiting: int = 0
     #: Seconds since the oldest of them was queued (0: none).
     oldest_age: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkRecord:
+    """A link made at run time (``!link``): channels on several transports that are one
+    conversation (issue 33).  ``options`` holds the ``[[links]]`` keys set for it
+    (``relay``, ``answer``, ...); ``created_by`` is the admin's verified identity."""
+
+    name: str
+    #: Channel keys (or patterns) of the link, in the order given.
+    channels: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+    created_by: str = ""
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkMessage:
+    """One row of a link's persistent message map: a message as it exists in one
+    channel.  Every copy of a relayed message shares its ``canonical`` id; the row of
+    the message where it was written has ``origin`` set.  ``ref`` is that channel's
+    protocol id for it (a Slack ``ts``, an IRC msgid; ``None`` when the protocol has
+    none); ``outbox`` names the copy's outbox row (``(run_id, piece)``) until then."""
+
+    link: str
+    canonical: str
+    channel_key: str
+    ref: str | None = None
+    origin: bool = False
+    run_id: str | None = None
+    piece: int | None = None
+    created_at: float = 0.0

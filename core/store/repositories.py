@@ -25,6 +25,8 @@ from .records import (
     ConversationRecord,
     JobRun,
     Lease,
+    LinkMessage,
+    LinkRecord,
     MemoryEntry,
     OutboxEntry,
     OutboxState,
@@ -49,6 +51,7 @@ __all__ = [
     "JobsRepository",
     "LeaseRepository",
     "LifecycleRepository",
+    "LinkRepository",
     "LogRepository",
     "OutboxRepository",
     "QueueRepository",
@@ -400,6 +403,23 @@ class QueueRepository(Protocol):
     ) -> list[str]: ...
 
 
+class LinkRepository(Protocol):
+    """Linked channels made at run time, and the persistent message map (canonical
+    message <-> each channel's id for it; no size cap) (issue 33)."""
+
+    async def link_save(self, record: LinkRecord) -> None: ...
+
+    async def link_delete(self, name: str) -> bool: ...
+
+    async def links(self) -> list[LinkRecord]: ...
+
+    async def link_map_add(self, rows: Sequence[LinkMessage]) -> None: ...
+
+    async def link_map(self, canonical: str) -> list[LinkMessage]: ...
+
+    async def link_map_find(self, channel_key: str, ref: str) -> str | None: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -414,6 +434,7 @@ REPOSITORIES: tuple[type, ...] = (
     SeenEventRepository,
     RunEventRepository,
     QueueRepository,
+    LinkRepository,
 )
 
 
@@ -432,6 +453,8 @@ def _facade(
     SeenEventRepository,
     RunEventRepository,
     QueueRepository,
+    LinkRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
-    return (store, store, store, store, store, store, store, store, store, store, store, store)
+    return (store, store, store, store, store, store, store, store, store, store, store, store,
+            store)  # fmt: skip

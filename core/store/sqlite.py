@@ -49,6 +49,7 @@ from .sqlite_events import SQLiteRunEvents
 from .sqlite_governance import SQLiteGovernance
 from .sqlite_jobs import SQLiteJobs
 from .sqlite_lifecycle import SQLiteLifecycle
+from .sqlite_links import SQLiteLinks
 from .sqlite_outbox import SQLiteOutbox
 from .sqlite_queue import SQLiteQueue
 from .sqlite_redaction import SQLiteRedaction
@@ -347,6 +348,7 @@ class SQLiteStore(
     SQLiteSeen,
     SQLiteRunEvents,
     SQLiteQueue,
+    SQLiteLinks,
     SQLiteCopy,
     Store,
 ):

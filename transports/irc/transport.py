@@ -224,6 +224,7 @@ class IRCTransport(Transport):
     default_max_answer_lines = 4
     settings_model = IRCSettings
     outbox = True
+    relays = True
     # connecting / registered / lost, reported as they happen.
     reports_health = True
     options: IRCSettings
@@ -1579,6 +1580,12 @@ class IRCTransport(Transport):
     def owns(self, channel_key: str) -> bool:
         return channel_key.startswith(f"irc:{self.network}:")
 
+    def unreachable(self, channel_key: str) -> str | None:
+        target = channel_key[len(f"irc:{self.network}:") :]
+        if not self.owns(channel_key) or target[:1] not in self._chantypes:
+            return None
+        return None if self._fold(target) in self.joined else f"not joined to {target}"
+
     def _destination(self, message: OutgoingMessage) -> tuple[str, str | None]:
         """``(target, asker)`` of an outgoing message, from its ``reply_to`` or its key.
 
@@ -1648,6 +1655,9 @@ class IRCTransport(Transport):
             log.debug("irc %s: not sending to the unusable target %r", self.name, target)
             self.delivered(oid, "confirmed")  # nothing to retry: it can never be sent
             return
+        if message.kind == "relay":
+            self._relay(target, message)
+            return
         # No CTCP (\x01) or other stray control character from message text.
         text: str | None = clean_outgoing(message.text)
         if message.kind == "answer" and text is not None:
@@ -1681,6 +1691,30 @@ class IRCTransport(Transport):
             self._enqueue(
                 target, format_line(command, target, piece),
                 outbox_ids=(oid,) if last and oid is not None else (), echo=(target, piece),
+            )  # fmt: skip
+
+    def _relay(self, target: str, message: OutgoingMessage) -> None:
+        """A person's message from a linked channel: ``<bob (Slack)> text`` lines, the
+        name with a zero-width space (no client highlights whoever has that nick, and
+        a relay bot reading us never takes it for its own), no formatting or control
+        codes, each line split at the byte limit with the name on every piece."""
+        author = strip_formatting(clean_outgoing(message.author or "?")).replace("\n", " ")
+        name = f"{author[:1]}\u200b{author[1:]}" if author else "?"
+        prefix = f"<{name}> "
+        budget = self._budget(target, "PRIVMSG") - len(prefix.encode())
+        text = strip_formatting(clean_outgoing(message.text))
+        text = self._defuse_highlights(None, target, None, text)
+        pieces = [p for line in text.splitlines() for p in split_message(line, budget)]
+        oid = message.outbox_id
+        if not pieces:
+            self.delivered(oid, "confirmed")
+            return
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            self._enqueue(
+                target, format_line("PRIVMSG", target, prefix + piece),
+                outbox_ids=(oid,) if last and oid is not None else (),
+                echo=(target, prefix + piece),
             )  # fmt: skip
 
     def _defuse_highlights(

@@ -221,6 +221,8 @@ class _Incoming:
     ts: str = ""
     direct: bool = False
     title: bool = False  # the first message of an assistant thread: it names the thread
+    #: For the bot (a DM, a mention, a thread of its own); else a linked channel's chatter.
+    addressed: bool = True
 
 
 @dataclass
@@ -260,6 +262,7 @@ class SlackTransport(Transport):
     default_command_prefix = "!"
     settings_model = SlackSettings
     outbox = True
+    relays = True
     # Socket Mode connected / lost, reported as they happen.
     reports_health = True
 
@@ -604,9 +607,12 @@ class SlackTransport(Transport):
         key = self._key(channel, thread_ts)
         addressed = is_dm or mentioned or key in self._threads
         if event.get("type") == "message" and not addressed:
-            self._incoming.put_nowait(_Incoming(keys))  # channel chatter outside our threads
-            return
-        self._threads.add(key)
+            if self.hears is None or not self.hears(key):
+                self._incoming.put_nowait(_Incoming(keys))  # channel chatter outside our threads
+                return
+            # A linked channel's chatter: the bridge relays it (it is not for the bot).
+        else:
+            self._threads.add(key)
         text = _MENTION.sub(lambda m: "" if m.group(1) == self.bot_user_id else m.group(0), text)
         text = incoming(text)  # what the person typed: no &lt; entities, no link markup
         title = False
@@ -614,8 +620,9 @@ class SlackTransport(Transport):
             self._untitled.discard((channel, thread_ts))
             title = True
         self._incoming.put_nowait(
-            _Incoming(keys, key, text.strip(), user, channel, thread_ts, ts, is_dm, title)
-        )
+            _Incoming(keys, key, text.strip(), user, channel, thread_ts, ts, is_dm, title,
+                      addressed)
+        )  # fmt: skip
 
     async def _on_action(self, ack: Any, body: dict[str, Any]) -> None:
         """A button of ours was pressed (a ``block_actions`` payload, Socket Mode or HTTP).
@@ -787,7 +794,8 @@ class SlackTransport(Transport):
         assert item.key is not None
         message = IncomingMessage(
             channel_key=item.key, text=item.text, author_id=item.user,
-            author_name=await self._name(item.user), direct=item.direct, addressed=True,
+            author_name=await self._name(item.user), direct=item.direct,
+            addressed=item.addressed,
             reply_to={"channel": item.channel, "thread_ts": item.thread_ts, "user": item.user},
             meta=meta,
         )  # fmt: skip
@@ -963,6 +971,10 @@ class SlackTransport(Transport):
         if message.kind == "answer" and message.outbox_id is not None:
             await self._redeliver(message, channel, thread_ts, where.get("user"))
             return
+        if message.kind == "relay":
+            # A relayed copy's reply data is its author: the key names the place.
+            await self._relay(parts[2], parts[3] if len(parts) > 3 else None, message)
+            return
         if message.kind == "answer":
             text = markdown_to_mrkdwn(message.text, user_mentions=self._mentions)
         else:  # notices, errors, command replies: plain text, shown as written
@@ -999,6 +1011,18 @@ class SlackTransport(Transport):
             self._tagged[message.tag] = (channel, response["ts"])
             while len(self._tagged) > 5000:
                 self._tagged.popitem(last=False)
+        self.delivered(message.outbox_id, "confirmed", ref=response.get("ts"))
+
+    async def _relay(self, channel: str, thread_ts: str | None, message: OutgoingMessage) -> None:
+        """A person's message from a linked channel, posted under their name (the
+        ``username`` override; ``chat:write.customize``): its text escaped, so no
+        ``<!channel>``, mention or link markup can come of relaying."""
+        author = " ".join(clean(message.author or "").split())[:80] or "someone"
+        response = await self.client.chat_postMessage(
+            channel=channel, thread_ts=thread_ts, text=escape(message.text), username=author,
+            unfurl_links=False, unfurl_media=False,
+        )  # fmt: skip
+        self._remember(response.get("ts"), message.channel_key)
         self.delivered(message.outbox_id, "confirmed", ref=response.get("ts"))
 
     async def _redeliver(

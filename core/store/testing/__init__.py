@@ -17,8 +17,8 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
-:class:`RunEventsContract`); :class:`StoreContract` is all of them.  A case the
-engine legitimately cannot pass is skipped with
+:class:`RunEventsContract`, :class:`LinksContract`); :class:`StoreContract` is all
+of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
@@ -33,6 +33,7 @@ from .governance import GovernanceContract
 from .jobs import JobsContract
 from .kit import ContractBase
 from .lifecycle import LifecycleContract
+from .links import LinksContract
 from .log import LogContract
 from .outbox import OutboxContract
 from .queue import QueueContract
@@ -46,6 +47,7 @@ __all__ = [
     "GovernanceContract",
     "JobsContract",
     "LifecycleContract",
+    "LinksContract",
     "LogContract",
     "OutboxContract",
     "QueueContract",
@@ -69,5 +71,6 @@ class StoreContract(
     SeenEventsContract,
     RunEventsContract,
     QueueContract,
+    LinksContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""

@@ -1,0 +1,655 @@
+"""Linked channels (issue 33): channels on different transports that are one
+conversation, with the people relayed and the agent answering in each.
+
+A link names channel keys (``irc:libera:#team``, ``slack:T123:C456``,
+``http:web:team``): every key is bound to one conversation (the store's channel
+bindings), so a turn asked in any of them is rendered by every linked channel's
+own renderer, in its transport's manners (IRC lines and ``!more``, Slack
+streaming, the HTTP API's event stream).  :class:`Links` is plugged into the
+bridge's seams:
+
+- :meth:`Links.arriving`: a message in a linked channel is taken under the link's
+  key (a Slack thread of a linked Slack channel is that channel) with its author
+  qualified by network (``alice@libera``, ``Bob (Slack)``), which the model sees;
+  every other linked channel is held open, so it renders the answer.
+- :meth:`Links.relay`: a person's message is copied to the other linked channels
+  (``relay = true``), persisted in the outbox first and sent by one queue per
+  target, in order (:class:`_Target`); each copy is a row of the message map.
+- :meth:`Links.settings`: what a turn runs with by the link's ``settings`` rule.
+- :class:`LinkedRenderer`: ``answer = "asked"`` renders a run where it was asked
+  and a one-line pointer in the other linked channels.
+
+Links come from ``[[links]]`` (:class:`LinkSettings`) and from ``!link`` (stored,
+:mod:`agentik.bot.commands.links`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentik.core.events import Event, TurnEnded, TurnStarted
+from agentik.core.health import Health, HealthState
+from agentik.core.store.base import OutboxEntry
+from agentik.core.store.records import LinkMessage, LinkRecord
+from agentik.core.turnsettings import TurnSettings
+from agentik.transports.base import OutgoingMessage
+
+from .logs import log_event
+from .render import Renderer
+
+if TYPE_CHECKING:
+    from agentik.core import Agent
+    from agentik.transports.base import IncomingMessage, OutgoingKind, Transport
+
+    from .channel import ChannelOptions, OpenChannel
+    from .chansettings import Effective
+    from .outbox import Outbox
+
+__all__ = ["Link", "LinkSettings", "LinkedRenderer", "Links", "LinksHost", "late", "qualified"]
+
+log = logging.getLogger(__name__)
+
+#: Relayed messages waiting for one target before the next arrival waits (never dropped).
+QUEUE_SIZE = 200
+#: Seconds after which a copy shows it is late (``(late: 14:02 UTC) ...``).
+LATE_AFTER = 60.0
+
+_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class LinkSettings(BaseModel):
+    """One ``[[links]]`` table: channels on several transports that are one conversation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: The link's name (``!unlink <name>``; letters, digits, ``_`` and ``-``).
+    name: str = Field(pattern=_NAME)
+    #: The linked channels' keys: ``irc:<network>:#chan``, ``slack:<team>:<channel>``
+    #: (its threads too) or ``slack:<team>:<channel>:<thread_ts>``, ``http:<instance>:<name>``.
+    channels: list[str] = Field(min_length=2)
+    #: Copy people's messages to the other linked channels.
+    relay: bool = True
+    #: ``everywhere``: the answer shows in every linked channel; ``asked``: where it was
+    #: asked, with a one-line pointer in the others.
+    answer: Literal["everywhere", "asked"] = "everywhere"
+    #: Lines of the conversation shown to a channel joining the link with ``!link`` (0: none).
+    history: int = Field(0, ge=0, le=50)
+    #: Relay only people whose identity the transport vouches for (an IRC account, a
+    #: Slack user).
+    verified_only: bool = False
+    #: A message starting with this is not relayed (unset: every message is).
+    opt_out_prefix: str | None = Field(None, min_length=1, max_length=16)
+    #: Whose per-channel settings (persona, tools, model) a turn runs with: ``asking``,
+    #: the channel it was asked in; ``link``, the link's first channel's, wherever asked.
+    settings: Literal["asking", "link"] = "asking"
+
+    @field_validator("channels")
+    @classmethod
+    def _keys(cls, channels: list[str]) -> list[str]:
+        for i, key in enumerate(channels):
+            kind, _, rest = key.partition(":")
+            instance, _, place = rest.partition(":")
+            if not kind or not instance or not place or any(c.isspace() for c in key):
+                raise ValueError(
+                    f"channels.{i}: {key!r} is not a channel key (like irc:libera:#team,"
+                    " slack:T123:C456 or http:web:team)"
+                )
+            if key in channels[:i]:
+                raise ValueError(f"channels.{i}: {key!r} is listed twice")
+        return channels
+
+
+def check_links(links: Sequence[LinkSettings]) -> None:
+    """Names unique and each channel in one link at most; ValueError naming the key."""
+    names: dict[str, int] = {}
+    owner: dict[str, str] = {}
+    for i, link in enumerate(links):
+        if link.name in names:
+            raise ValueError(f"links.{i}.name: two links are named {link.name!r}")
+        names[link.name] = i
+        for j, key in enumerate(link.channels):
+            if key in owner:
+                raise ValueError(
+                    f"links.{i}.channels.{j}: {key!r} is already in link {owner[key]!r}"
+                )
+            owner[key] = link.name
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A link in force: its settings, and where it came from."""
+
+    settings: LinkSettings
+    #: ``config`` (``[[links]]``) or ``chat`` (``!link``, stored).
+    source: Literal["config", "chat"] = "config"
+    created_by: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        return tuple(self.settings.channels)
+
+    def record(self) -> LinkRecord:
+        """As the store keeps it."""
+        options = self.settings.model_dump(exclude={"name", "channels"}, exclude_defaults=True)
+        return LinkRecord(
+            name=self.name, channels=self.channels, options=options,
+            created_by=self.created_by, created_at=time.time(),
+        )  # fmt: skip
+
+    @classmethod
+    def of(cls, record: LinkRecord) -> Link:
+        settings = LinkSettings(name=record.name, channels=list(record.channels), **record.options)
+        return cls(settings=settings, source="chat", created_by=record.created_by)
+
+
+def qualified(name: str, transport: Transport) -> str:
+    """A person's name as the other networks see it: ``alice@libera`` on IRC,
+    ``Bob (Slack)`` elsewhere (the transport type, or the instance name)."""
+    if transport.type == "irc":
+        return f"{name}@{transport.name}"
+    label = "Slack" if transport.type == "slack" else transport.name
+    return f"{name} ({label})"
+
+
+class LinksHost(Protocol):
+    """What the links use of the bridge (the bridge implements it)."""
+
+    agent: Agent
+    outbox: Outbox
+
+    def transport_for(self, key: str) -> Transport | None: ...
+
+    def options_for(self, transport: Transport) -> ChannelOptions: ...
+
+    def open_channel(self, key: str) -> OpenChannel | None: ...
+
+    async def channel(
+        self, key: str, transport: Transport, opts: ChannelOptions
+    ) -> OpenChannel: ...
+
+    async def effective(self, channel_key: str, transport: Transport) -> Effective: ...
+
+    async def release(self, key: str) -> None: ...
+
+    async def send(
+        self,
+        transport: Transport,
+        key: str,
+        text: str,
+        kind: OutgoingKind,
+        reply_to: object,
+        run_id: str | None = None,
+        *,
+        piece: int | None = None,
+        outbox_id: int | None = None,
+        author: str | None = None,
+    ) -> int: ...
+
+
+@dataclass(slots=True)
+class _Relay:
+    """One relayed copy waiting for its target: its outbox row and the message map row."""
+
+    text: str
+    author: str
+    outbox_id: int | None
+    row: LinkMessage
+
+
+@dataclass(slots=True)
+class _Target:
+    """The queue of copies for one linked channel and the task sending them, in order."""
+
+    queue: asyncio.Queue[_Relay] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    task: asyncio.Task[None] | None = None
+
+
+class Links:
+    """The links in force and what they do to messages (see the module docstring)."""
+
+    def __init__(self, host: LinksHost, configured: Iterable[LinkSettings] = ()) -> None:
+        self.host = host
+        self.configured = [Link(settings=s) for s in configured]
+        #: The links in force, by name (the configuration's, then the stored ones).
+        self.links: dict[str, Link] = {link.name: link for link in self.configured}
+        self._by_key: dict[str, Link] = {}
+        self._targets: dict[str, _Target] = {}
+        self._loaded = False
+        #: The channels the last :meth:`_bind` moved onto a link's conversation.
+        self._joined: list[str] = []
+        #: Copies handed to their transport so far (metrics, benchmarks).
+        self.relayed = 0
+        #: A copy delivered more than this many seconds after it was said is marked
+        #: late, with the time it was said.
+        self.late_after = LATE_AFTER
+        #: Message-map rows waiting for their write, and the task writing them.
+        self._map_rows: list[LinkMessage] = []
+        self._mapper: asyncio.Task[None] | None = None
+        self._index()
+
+    def _index(self) -> None:
+        self._by_key = {key: link for link in self.links.values() for key in link.channels}
+
+    @property
+    def store(self) -> Any:
+        return self.host.agent.store
+
+    async def load(self) -> None:
+        """Add the links made in chat (stored) and bind every link's channels to its
+        conversation.  Called once the agent has started; again does nothing."""
+        if self._loaded:
+            return
+        self._loaded = True
+        self.host.agent.health.add_provider(self.health)
+        if "links" in self.store.capabilities:
+            for record in await self.store.links():
+                if record.name in self.links:
+                    log.warning("link %r is in the configuration and in chat: the configuration's"
+                                " is used", record.name)  # fmt: skip
+                    continue
+                try:
+                    link = Link.of(record)
+                except ValueError as exc:
+                    log.warning("stored link %r is not valid any more: %s", record.name, exc)
+                    continue
+                if any(key in self._by_key for key in link.channels):
+                    log.warning("stored link %r names a channel of another link: not used",
+                                record.name)  # fmt: skip
+                    continue
+                self.links[link.name] = link
+                self._index()
+        for link in list(self.links.values()):
+            await self._bind(link)
+
+    # -- what a link is made of -------------------------------------------------------------
+    def find(self, key: str) -> tuple[Link, str] | None:
+        """The link ``key`` is in and the link's key for it (a Slack thread of a linked
+        Slack channel is that channel), or ``None``."""
+        if not self._by_key:
+            return None  # no links: what every message of most bots asks
+        link = self._by_key.get(key)
+        if link is not None:
+            return link, key
+        if key.startswith("slack:") and key.count(":") >= 3:
+            channel = key.rsplit(":", 1)[0]
+            link = self._by_key.get(channel)
+            if link is not None:
+                return link, channel
+        return None
+
+    def health(self) -> list[tuple[str, Health]]:
+        """``link:<name>``: ``connected`` when every channel of the link is served here,
+        else ``degraded`` with why not (no transport for it, or not joined)."""
+        out = []
+        for link in self.links.values():
+            problems = []
+            for key in link.channels:
+                transport = self.host.transport_for(key)
+                why = "no transport serves it" if transport is None else transport.unreachable(key)
+                if why:
+                    problems.append(f"{key}: {why}")
+            state: HealthState = "degraded" if problems else "connected"
+            out.append((f"link:{link.name}", Health(state, "; ".join(problems) or None)))
+        return out
+
+    def hears(self, key: str) -> bool:
+        """Whether the bridge wants every message of ``key`` (a transport that hands
+        over only messages addressed to the bot asks): those of linked channels."""
+        return self.find(key) is not None
+
+    async def _bind(self, link: Link) -> str:
+        """Bind every channel of ``link`` to one conversation; its id.  The first channel
+        already bound gives it (its history goes on); else the first channel's new one."""
+        store, agent = self.store, self.host.agent
+        conv_id = None
+        for key in link.channels:
+            conv_id = await store.get_binding(key)
+            if conv_id is not None:
+                break
+        if conv_id is None:
+            conv_id = (await agent.conversation_for_channel(link.channels[0])).id
+        joined = []
+        for key in link.channels:
+            if await store.get_binding(key) != conv_id:
+                await store.set_binding(key, conv_id)
+                await self.host.release(key)  # it reopens on the link's conversation
+                joined.append(key)
+        self._joined = joined
+        return conv_id
+
+    async def add(self, link: Link) -> str:
+        """Make ``link`` (``!link``): stored, its channels bound; the conversation's id.
+        ValueError when its name or a channel is taken."""
+        if "links" not in self.store.capabilities:
+            raise ValueError("this bot's store keeps no links: add them to [[links]]")
+        if link.name in self.links:
+            raise ValueError(f"a link named {link.name!r} exists")
+        for key in link.channels:
+            found = self.find(key)
+            if found is not None:
+                raise ValueError(f"{key} is already in link {found[0].name!r}")
+        await self.store.link_save(link.record())
+        self.links[link.name] = link
+        self._index()
+        conv_id = await self._bind(link)
+        if link.settings.history:
+            await self._history(link, conv_id, self._joined)
+        return conv_id
+
+    async def _history(self, link: Link, conv_id: str, keys: Sequence[str]) -> None:
+        """Show the channels that joined ``link`` its conversation's last lines."""
+        conv = await self.host.agent.get_conversation(conv_id)
+        recent = await conv.messages(kinds=["user", "assistant"], limit=link.settings.history)
+        lines = [
+            f"{m.author or ('agent' if m.kind == 'assistant' else 'someone')}: "
+            f"{' '.join(m.content.split())[:200]}"
+            for m in recent
+            if m.content
+        ]
+        if not lines:
+            return
+        text = "earlier in this conversation: " + " | ".join(lines)
+        for key in keys:
+            transport = self.host.transport_for(key)
+            if transport is not None and transport.relays:
+                await self.host.send(transport, key, text, "notice", None)
+
+    async def remove(self, name: str) -> Link:
+        """Undo link ``name`` (``!unlink``): its first channel keeps the conversation,
+        the others start new ones.  KeyError when there is none; ValueError for a
+        link of the configuration."""
+        link = self.links[name]
+        if link.source == "config":
+            raise ValueError(f"link {name!r} is in the configuration: remove it there")
+        await self.store.link_delete(name)
+        del self.links[name]
+        self._index()
+        agent = self.host.agent
+        for key in link.channels[1:]:
+            fresh = await agent.create_conversation(title=key, channel_key=key)
+            await self.store.set_binding(key, fresh.id)
+            await self.host.release(key)
+        return link
+
+    # -- the bridge's seams ---------------------------------------------------------------
+    def arriving(self, message: IncomingMessage, transport: Transport) -> IncomingMessage:
+        """``message`` as the bridge takes it: in a linked channel, under the link's key
+        with its author qualified by network.  A direct message is never part of a link.
+        (Nothing awaits here: the channel's arrivals keep their order.)"""
+        found = None if message.direct else self.find(message.channel_key)
+        if found is None:
+            return message
+        key = found[1]
+        name = message.author_name or message.author_id
+        return dataclasses.replace(message, channel_key=key, author_name=qualified(name, transport))
+
+    async def _hold_open(self, link: Link) -> None:
+        """Open every channel of ``link`` the bot serves (so each renders the answer),
+        each with the renderer the link's ``answer`` asks for."""
+        now = time.monotonic()
+        for key in link.channels:
+            ch = self.host.open_channel(key)
+            if ch is None:
+                transport = self.host.transport_for(key)
+                if transport is None:
+                    continue  # not served by this bot (or not connected)
+                ch = await self.host.channel(key, transport, self.host.options_for(transport))
+            ch.last_used = now
+            ch.linked = True
+            if link.settings.answer == "asked" and not isinstance(ch.renderer, LinkedRenderer):
+                ch.renderer = LinkedRenderer(self.host, ch)
+
+    def asker(self, key: str, run_id: str) -> str | None:
+        """Who asked for run ``run_id`` in any channel of ``key``'s link (a speaker key),
+        so ``!stop`` in one linked channel needs the same rights as where it was asked."""
+        found = self.find(key)
+        if found is None:
+            return None
+        for other in found[0].channels:
+            ch = self.host.open_channel(other)
+            if ch is not None and run_id in ch.run_asker:
+                return ch.run_asker[run_id]
+        return None
+
+    def settings(self, ch: OpenChannel) -> TurnSettings:
+        """What a turn asked in ``ch`` runs with: its own settings, or with the link's
+        ``settings = "link"`` rule its first channel's (wherever it was asked)."""
+        found = self.find(ch.key)
+        if found is None or found[0].settings.settings != "link":
+            return ch.settings
+        home = self.host.open_channel(found[0].channels[0])
+        return home.settings if home is not None else ch.settings
+
+    async def relay(
+        self, message: IncomingMessage, transport: Transport, prefix: str | None
+    ) -> int:
+        """Hold the link's channels open and copy a person's message to the other
+        channels of its link (``message`` as :meth:`arriving` made it); how many copies.
+        Called in the channel's arrival order.  Not relayed: direct messages,
+        commands (``prefix``), messages starting with the link's ``opt_out_prefix``,
+        and with ``verified_only`` people the transport does not vouch for."""
+        found = None if message.direct else self.find(message.channel_key)
+        if found is None:
+            return 0
+        link, key = found
+        if not self._loaded:
+            await self.load()  # a bridge built without the bot (a library user's)
+        # Every linked channel open (and kept so) before the message can start a turn.
+        await self._hold_open(link)
+        text = message.text.strip()
+        s = link.settings
+        if (
+            not s.relay
+            or not text
+            or (prefix and text.startswith(prefix))
+            or (s.opt_out_prefix and text.startswith(s.opt_out_prefix))
+            or (s.verified_only and not message.verified)
+        ):
+            return 0
+        if message.addressed and transport.type == "irc":
+            # Addressed as ``agentik: ...``: the others see to whom it was said.
+            text = f"{_own_nick(transport)}: {text}"
+        canonical = uuid.uuid4().hex
+        now = time.time()
+        ref = message.meta.get("ts") or message.meta.get("msgid")
+        rows = [
+            LinkMessage(link=link.name, canonical=canonical, channel_key=key,
+                        ref=str(ref) if ref else None, origin=True, created_at=now)
+        ]  # fmt: skip
+        copies: list[tuple[Transport, str, LinkMessage]] = []
+        for target_key in link.channels:
+            if target_key == key:
+                continue
+            target = self.host.transport_for(target_key)
+            if target is None or not target.relays:
+                continue  # not served here, or it shows the conversation itself (HTTP)
+            row = LinkMessage(
+                link=link.name, canonical=canonical, channel_key=target_key,
+                run_id=f"relay:{canonical}", piece=0, created_at=now,
+            )  # fmt: skip
+            copies.append((target, target_key, row))
+        if not copies:
+            return 0
+        author = message.author_name
+        entries = [
+            OutboxEntry(
+                channel_key=target_key, run_id=row.run_id or "", piece=0, transport=target.name,
+                kind="relay", text=text, reply_to={"author": author},
+            )
+            for target, target_key, row in copies
+            if target.outbox
+        ]  # fmt: skip
+        ids: list[int] = []
+        if entries:
+            # Persisted before anything is sent: a crash resends them (the outbox).
+            ids = list(await self.host.outbox.add(entries))
+        self._map([*rows, *(row for _, _, row in copies)])
+        it = iter(ids)
+        for target, target_key, row in copies:
+            oid = next(it, None) if target.outbox else None
+            await self._target(target_key).queue.put(_Relay(text, author, oid, row))
+        return len(copies)
+
+    def _map(self, rows: list[LinkMessage]) -> None:
+        """Record message-map rows, batched in the background (one store write for
+        a burst, off the arrival path)."""
+        self._map_rows.extend(rows)
+        if self._mapper is None:
+            self._mapper = asyncio.get_running_loop().create_task(
+                self._write_map(), name="agentik-link-map"
+            )
+
+    async def _write_map(self) -> None:
+        try:
+            while self._map_rows:
+                batch, self._map_rows = self._map_rows, []
+                try:
+                    await self.store.link_map_add(batch)
+                except Exception:
+                    log.exception("could not record %d rows of the link message map", len(batch))
+        finally:
+            self._mapper = None
+
+    def _target(self, key: str) -> _Target:
+        """The queue for ``key``, its sender started."""
+        t = self._targets.get(key)
+        if t is None:
+            t = self._targets[key] = _Target()
+        if t.task is None or t.task.done():
+            t.task = asyncio.get_running_loop().create_task(
+                self._send(key, t), name=f"agentik-relay:{key}"
+            )
+        return t
+
+    async def _send(self, key: str, t: _Target) -> None:
+        """Send ``key``'s copies one at a time, in the order they were relayed; a
+        transport holds each until its flood control or rate limit lets it go."""
+        while True:
+            item = await t.queue.get()
+            try:
+                await self._deliver(key, item)
+            finally:
+                t.queue.task_done()
+
+    async def _deliver(self, key: str, item: _Relay) -> None:
+        """Hand one copy to its transport; while the target refuses it (down, rate
+        limited past the transport's own retries) try again, waiting longer each time
+        (up to a minute): the copies behind it wait, so the order holds."""
+        delay = 1.0
+        while True:
+            transport = self.host.transport_for(key)
+            if transport is None:
+                return  # gone (a reload): the outbox row waits for a restart
+            text = late(item.text, item.row.created_at, self.late_after)
+            try:
+                await transport.send(
+                    OutgoingMessage(
+                        channel_key=key, text=text, kind="relay", run_id=item.row.run_id,
+                        reply_to={"author": item.author}, outbox_id=item.outbox_id,
+                        author=item.author,
+                    )
+                )  # fmt: skip
+            except Exception as exc:
+                log.warning("relaying to %s failed (%s): again in %.0f s", key, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
+                continue
+            self.relayed += 1
+            return
+
+    async def drain(self) -> None:
+        """Wait until every copy relayed so far was handed to its transport and the
+        message map recorded."""
+        for t in list(self._targets.values()):
+            await t.queue.join()
+        while self._mapper is not None:
+            await asyncio.shield(self._mapper)
+
+    async def aclose(self) -> None:
+        """Stop the senders (what they had not sent waits in the outbox); the message
+        map's pending rows are written."""
+        while self._mapper is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._mapper)
+        for t in self._targets.values():
+            if t.task is not None:
+                t.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t.task
+        self._targets.clear()
+
+    def describe(self) -> list[str]:
+        """One line per link (``!links``)."""
+        out = []
+        for link in sorted(self.links.values(), key=lambda x: x.name):
+            s = link.settings
+            flags = [f"answer {s.answer}", "relay" if s.relay else "no relay"]
+            if s.verified_only:
+                flags.append("verified only")
+            if link.source == "config":
+                flags.append("configured")
+            out.append(f"{link.name}: {' '.join(link.channels)} ({', '.join(flags)})")
+        return out
+
+
+def audit(action: str, link: Link, actor: str, where: str) -> None:
+    """The audit line of a link made or undone in chat."""
+    log_event(
+        log, logging.WARNING, "link_changed", "link %s %s by %s in %s: %s", link.name, action,
+        actor, where, " ".join(link.channels), link=link.name, action=action, actor=actor,
+        channel=where, channels=list(link.channels),
+    )  # fmt: skip
+
+
+def late(text: str, said_at: float, after: float = LATE_AFTER) -> str:
+    """``text`` marked with the time it was said when it is delivered more than
+    ``after`` seconds later (a network was down, the bot restarted)."""
+    if not said_at or time.time() - said_at <= after:
+        return text
+    return f"(late: {time.strftime('%H:%M', time.gmtime(said_at))} UTC) {text}"
+
+
+def _own_nick(transport: Transport) -> str:
+    return str(getattr(transport, "nick", "") or transport.name)
+
+
+class LinkedRenderer(Renderer):
+    """A linked channel with ``answer = "asked"``: a run asked in another channel of the
+    link shows here as one line (``(answered in slack:T1:C1, asked by Bob (Slack))``)."""
+
+    __slots__ = ("elsewhere",)
+
+    def __init__(self, host: Any, ch: OpenChannel) -> None:
+        super().__init__(host, ch)
+        #: Runs asked elsewhere, and the line each gets here.
+        self.elsewhere: dict[str, str] = {}
+
+    async def on_event(self, event: Event) -> None:
+        run = event.run_id or ""
+        if isinstance(event, TurnStarted) and event.parent_run_id is None:
+            origin: Mapping[str, Any] = event.origin or {}
+            where = origin.get("channel_key")
+            if where and where != self.ch.key:
+                who = origin.get("display_name") or event.author or "someone"
+                self.elsewhere[run] = f"(answered in {where}, asked by {who})"
+                return
+        if run in self.elsewhere:
+            if isinstance(event, TurnEnded) and event.parent_run_id is None:
+                line = self.elsewhere.pop(run)
+                await self._out(line, "notice", run)
+            return
+        await super().on_event(event)
