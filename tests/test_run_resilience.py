@@ -490,6 +490,8 @@ async def test_a_reload_names_every_top_level_section_of_the_configuration_refer
         "retention": (None, "restart needed for [retention]"),
         "redaction": (None, "restart needed for [redaction]"),
         "cluster": ({"lease_seconds": 20}, "restart needed for [cluster]"),
+        "links": ([{"name": "team", "channels": ["memory:mem:#a", "memory:mem:#b"]}],
+                  "restart needed for [links]"),
     }  # fmt: skip
     assert set(changes) == sections, "a new section needs a line here"
     async with Bot(parse_config(base, source=str(path), env={})) as bot:

@@ -42,18 +42,19 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..events import Event, EventsLost, event_from_json, event_to_json
 from ..services import profile_of
 
 if TYPE_CHECKING:
-    from ..agent import Agent
-    from ..approvals import Approval
+    from ..approvals import Approval, Approvals
     from ..conversation import Conversation
     from ..eventbus import Subscription
-    from ..services import ConversationEvents
+    from ..questions import Questions
+    from ..services import AgentServices, ConversationEvents
+    from ..store.base import Store
     from ..streamprofiles import StreamProfile
     from .notify import Notice
 
@@ -67,6 +68,7 @@ __all__ = [
     "REDACTIONS_TOPIC",
     "ClusterEvents",
     "ClusterSubscription",
+    "EventsAgent",
     "conversation_lease",
 ]
 
@@ -88,12 +90,26 @@ def conversation_lease(conversation_id: str) -> str:
     return f"conv:{conversation_id}"
 
 
+class EventsAgent(Protocol):
+    """What :class:`ClusterEvents` uses of its :class:`~agentik.core.agent.Agent`."""
+
+    store: Store
+    services: AgentServices[Conversation]
+    approvals: Approvals
+    questions: Questions
+
+    @property
+    def stream_profiles(self) -> Mapping[str, StreamProfile]: ...
+
+    async def scrub_redacted(self, conversation_id: str, message_id: int) -> None: ...
+
+
 class ClusterEvents:
     """An agent's events and waits on a shared store (see the module's doc)."""
 
     def __init__(
         self,
-        agent: Agent,
+        agent: EventsAgent,
         *,
         flush_seconds: float = 0.05,
         gap_seconds: float = 5.0,

@@ -403,6 +403,7 @@ class QueueRepository(Protocol):
     ) -> list[str]: ...
 
 
+@runtime_checkable
 class LinkRepository(Protocol):
     """Linked channels made at run time, and the persistent message map (canonical
     message <-> each channel's id for it; no size cap) (issue 33)."""
