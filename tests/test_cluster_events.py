@@ -21,142 +21,49 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
-import subprocess
-import time
-from collections.abc import AsyncIterator
+import signal
 from pathlib import Path
 from typing import Any
 
 import httpx
+from cluster import PATIENCE, http_transport, until, worker_config, workers
 
 from agentik.core.testing.openai_server import Reply
-from helpers import AGENTIK, clean_env
 
 from httpserver import TOKENS, SSEMessage, SSEReader, sse
 
 pytest_plugins = ["pgserver"]
 
-PATIENCE = 180.0
 DSN_ENV = "AGENTIK_TEST_EVENTS_DSN"
 ALICE, ADMIN = TOKENS["ALICE_TOKEN"], TOKENS["ADMIN_TOKEN"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def worker_config(name: str, openai_url: str, port: int) -> str:
-    return f"""
-[llm]
-base_url = "{openai_url}"
-model = "fake-model"
-api_key = "sk-test"
-max_retries = 0
-[storage]
-backend = "postgres"
-dsn_env = "{DSN_ENV}"
-[memory]
-backend = "none"
-[compaction]
-enabled = false
-[tools]
+#: Both workers: ask_user and todo on, todo's calls approved by an admin, the HTTP API
+#: with a token for alice and one for the admin.
+TOOLS = """[tools]
 ask_user = true
 todo = true
-[cluster]
-lease_seconds = 3.0
-heartbeat_seconds = 0.5
-poll_seconds = 2.0
-worker_name = "{name}"
-[access]
+"""
+ACCESS = """[access]
 admins = ["web:token:admin"]
 [[approvals]]
 tools = ["todo"]
 approvers = "admin"
-[transports.web]
-type = "http"
-host = "127.0.0.1"
-port = {port}
-tokens = [{{ name = "alice", env = "ALICE_TOKEN" }}, {{ name = "admin", env = "ADMIN_TOKEN" }}]
 """
+TOKENS_LINE = (
+    'tokens = [{ name = "alice", env = "ALICE_TOKEN" }, { name = "admin", env = "ADMIN_TOKEN" }]'
+)
 
 
-class Worker:
-    """One ``agentik run`` process serving the HTTP API on its own port."""
+def two_workers(tmp_path: Path, dsn: str, openai_url: str) -> Any:
+    """Workers ``a`` and ``b`` serving the HTTP API, started and ready."""
 
-    def __init__(self, folder: Path, name: str, openai_url: str, dsn: str) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.folder = folder
-        self.port = _free_port()
-        self.config = folder / "bot.toml"
-        self.config.write_text(worker_config(name, openai_url, self.port), encoding="utf-8")
-        self.log = folder / "stderr.log"
-        self.dsn = dsn
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = f"http://127.0.0.1:{self.port}"
+    def config(name: str, port: int) -> str:
+        web = http_transport("web", port, TOKENS_LINE)
+        return worker_config(name, openai_url, dsn_env=DSN_ENV, poll=2.0, health=False,
+                             before_cluster=TOOLS, extra=ACCESS + web)  # fmt: skip
 
-    def start(self) -> None:
-        env = clean_env(**{DSN_ENV: self.dsn, "ALICE_TOKEN": ALICE, "ADMIN_TOKEN": ADMIN})
-        with open(self.log, "wb") as err:
-            self.proc = subprocess.Popen(
-                [AGENTIK, "run", "-c", str(self.config)], cwd=self.folder, env=env,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-            )  # fmt: skip
-
-    def client(self, token: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.url + "/agentik",
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(PATIENCE),
-        )
-
-    async def ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"worker exited: {self.log.read_text(errors='replace')}")
-        try:
-            async with httpx.AsyncClient() as c:
-                return (await c.get(self.url + "/ready", timeout=10)).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-
-
-async def until(check: Any, what: str) -> Any:
-    deadline = time.monotonic() + PATIENCE
-    while True:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-@contextlib.asynccontextmanager
-async def two_workers(tmp_path: Path, dsn: str, openai_url: str) -> AsyncIterator[list[Worker]]:
-    crew = [Worker(tmp_path / n, n, openai_url, dsn) for n in ("a", "b")]
-    try:
-        for w in crew:
-            w.start()
-        for w in crew:
-            await until(w.ready, f"worker {w.folder.name} ready")
-        yield crew
-    finally:
-        for w in crew:
-            w.stop()
+    return workers(["a", "b"], tmp_path, dsn, config, dsn_env=DSN_ENV,
+                   env={"ALICE_TOKEN": ALICE, "ADMIN_TOKEN": ADMIN}, ready="/ready",
+                   stop=signal.SIGTERM)  # fmt: skip
 
 
 def frames(messages: list[SSEMessage]) -> list[tuple[int | None, str]]:

@@ -6,21 +6,19 @@ a real PostgreSQL (tests/pgserver.py), a real IRC server (ngircd) or the Slack f
 Short leases (``lease_seconds = 3``, ``heartbeat_seconds = 0.5``) so a kill -9 is
 taken over quickly; every wait is on something observable (a line on the IRC
 server, a lease row, a ``/health`` answer) with a generous deadline: a loaded
-machine starts processes slowly.
+machine starts processes slowly. The worker rig (``Worker``, ``workers``, ``until``)
+is tests/cluster.py, shared by the multi-worker tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
-import httpx
+from cluster import DSN_ENV, PATIENCE, Worker, configs, last_user, owner_of, until, workers
 
 from agentik.core.testing.openai_server import Reply
 from helpers import AGENTIK, clean_env
@@ -30,87 +28,7 @@ from ircservers import IRCTestClient
 
 pytest_plugins = ["pgserver", "ircservers"]
 
-#: Seconds any one wait may take (processes start slowly on a loaded machine).
-PATIENCE = 180.0
 CHANNEL = "#lease"
-DSN_ENV = "AGENTIK_TEST_LEASE_DSN"
-
-
-class Worker:
-    """One ``agentik run`` process with its own folder, config and health socket."""
-
-    def __init__(self, folder: Path, config: str, dsn: str) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.config = folder / "bot.toml"
-        self.config.write_text(config, encoding="utf-8")
-        self.log = folder / "stderr.log"
-        self.dsn = dsn
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log, "wb") as err:
-            self.proc = subprocess.Popen(
-                [AGENTIK, "run", "-c", str(self.config)], cwd=self.folder,
-                env=clean_env(**{DSN_ENV: self.dsn}), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=err,
-            )  # fmt: skip
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stderr(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-    async def health(self) -> dict[str, Any] | None:
-        """``/health`` (with its ``cluster`` section), or ``None`` while not listening."""
-        transport = httpx.AsyncHTTPTransport(uds=str(self.folder / "h.sock"), retries=0)
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://w") as c:
-                return dict((await c.get("/health", timeout=10)).json())
-        except (httpx.TransportError, ValueError):
-            return None
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    async def wait(self) -> int:
-        assert self.proc is not None
-        proc = self.proc
-        return await asyncio.wait_for(asyncio.to_thread(proc.wait), PATIENCE)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-
-
-def worker_config(
-    name: str, openai_url: str, transport: str, *, lease: float = 3.0, beat: float = 0.5
-) -> str:
-    return f"""
-[llm]
-base_url = "{openai_url}"
-model = "fake-model"
-api_key = "sk-test"
-max_retries = 0
-[storage]
-backend = "postgres"
-dsn_env = "{DSN_ENV}"
-[memory]
-backend = "none"
-[compaction]
-enabled = false
-[health]
-listen = "unix:h.sock"
-[cluster]
-lease_seconds = {lease}
-heartbeat_seconds = {beat}
-worker_name = "{name}"
-{transport}
-"""
 
 
 def irc_transport(port: int) -> str:
@@ -125,20 +43,6 @@ channels = ["{CHANNEL}"]
 reconnect_min = 0.2
 reconnect_max = 1.0
 """
-
-
-async def until(check: Callable[[], Any], what: str, patience: float = PATIENCE) -> Any:
-    """Poll ``check`` (sync or async) until it returns something true."""
-    deadline = time.monotonic() + patience
-    while True:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def lease_row(dsn: str, name: str) -> tuple[str, int, float, float] | None:
@@ -179,47 +83,6 @@ def answers(client: IRCTestClient, text: str) -> list[str]:
     ]
 
 
-def last_user(body: dict[str, Any]) -> str:
-    users = [m["content"] for m in body["messages"] if m["role"] == "user"]
-    content = users[-1] if users else ""
-    return content if isinstance(content, str) else str(content)
-
-
-@contextlib.asynccontextmanager
-async def workers(
-    n: int, tmp_path: Path, dsn: str, openai_url: str, transport: str, **kw: Any
-) -> AsyncIterator[list[Worker]]:
-    crew = [
-        Worker(tmp_path / f"w{i}", worker_config(f"w{i}", openai_url, transport, **kw), dsn)
-        for i in range(n)
-    ]
-    try:
-        for w in crew:
-            w.start()
-        yield crew
-    finally:
-        for w in crew:
-            w.stop()
-
-
-async def owner_of(crew: list[Worker], transport: str) -> Worker:
-    """The worker whose ``/health`` says it owns ``transport`` (once all alive agree)."""
-
-    async def agreed() -> Worker | None:
-        views = [await w.health() for w in crew if w.alive]
-        if any(v is None or "cluster" not in v for v in views):
-            return None
-        owners = [w for w, v in zip([w for w in crew if w.alive], views, strict=True)
-                  if transport in v["cluster"]["owns"]]  # fmt: skip
-        seen = {v["cluster"]["connections"].get(transport, {}).get("owner") for v in views}
-        if len(owners) == 1 and len(seen) == 1:
-            return owners[0]
-        return None
-
-    found: Worker = await until(agreed, f"one owner of {transport} that every worker sees")
-    return found
-
-
 # -- IRC --------------------------------------------------------------------------------------
 async def test_three_workers_share_one_irc_connection_and_fail_over_after_kill_9(
     ngircd, postgres_dsn, openai_server, tmp_path
@@ -239,7 +102,9 @@ async def test_three_workers_share_one_irc_connection_and_fail_over_after_kill_9
     try:
         await client.join(CHANNEL)
         transport = irc_transport(ngircd.port)
-        async with workers(3, tmp_path, postgres_dsn, openai_server.base_url, transport) as crew:
+        async with workers(
+            3, tmp_path, postgres_dsn, configs(openai_server.base_url, transport)
+        ) as crew:
             # (1) One owner, one connection on the server.
             first = await owner_of(crew, "libera")
             await until(lambda: bot_nicks(client), "the bot in the channel")
@@ -340,7 +205,7 @@ async def test_sigterm_hands_the_connection_over_before_its_lease_expires(
         transport = irc_transport(ngircd.port)
         # A long lease: a takeover that waited for expiry would come 30 s later.
         async with workers(
-            2, tmp_path, postgres_dsn, openai_server.base_url, transport, lease=30.0
+            2, tmp_path, postgres_dsn, configs(openai_server.base_url, transport, lease=30.0)
         ) as crew:
             first = await owner_of(crew, "libera")
             await until(lambda: bot_nicks(client), "the bot in the channel")
@@ -393,7 +258,7 @@ async def test_a_turn_running_at_sigterm_is_answered_once_after_the_handover(
         await client.join(CHANNEL)
         transport = irc_transport(ngircd.port)
         async with workers(
-            2, tmp_path, postgres_dsn, openai_server.base_url, transport, lease=30.0
+            2, tmp_path, postgres_dsn, configs(openai_server.base_url, transport, lease=30.0)
         ) as crew:
             first = await owner_of(crew, "libera")
             await until(lambda: bot_nicks(client), "the bot in the channel")
@@ -462,7 +327,9 @@ app_token = "{slack.app_token}"
 api_url = "{slack.api_url}"
 streaming = "edit"
 """
-        async with workers(2, tmp_path, postgres_dsn, openai_server.base_url, transport) as crew:
+        async with workers(
+            2, tmp_path, postgres_dsn, configs(openai_server.base_url, transport)
+        ) as crew:
             first = await owner_of(crew, "slack")
             await slack.wait_for_socket(1, PATIENCE)
             opened = len(slack.calls_to("apps.connections.open"))

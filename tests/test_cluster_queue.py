@@ -15,95 +15,35 @@ once.  Every wait is on something observable with a generous deadline.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import re
-import socket
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-from test_cluster_failover import DSN_ENV, PATIENCE, Worker, until
+from cluster import PATIENCE, PREFIX, Worker, http_transport, until, worker_config, workers
 
 from agentik.core.testing.openai_server import Reply
 
 pytest_plugins = ["pgserver"]
 
-PREFIX = "/agentik"
 _TAG = re.compile(r"\b(c\d+ m\d+|slow|after \d+)\b")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _config(name: str, openai_url: str, port: int, lease: float, beat: float) -> str:
-    return f"""
-[llm]
-base_url = "{openai_url}"
-model = "fake-model"
-api_key = "sk-test"
-max_retries = 0
-[storage]
-backend = "postgres"
-dsn_env = "{DSN_ENV}"
-[memory]
-backend = "none"
-[compaction]
-enabled = false
-[health]
-listen = "unix:h.sock"
-[cluster]
-lease_seconds = {lease}
-heartbeat_seconds = {beat}
-poll_seconds = 2.0
-worker_name = "{name}"
-[transports.api]
-type = "http"
-host = "127.0.0.1"
-port = {port}
-"""
-
-
-class ApiWorker(Worker):
-    """A worker and its HTTP API's base URL."""
-
-    def __init__(
-        self, folder: Path, name: str, openai_url: str, dsn: str, lease: float, beat: float
-    ) -> None:
-        self.port = _free_port()
-        super().__init__(folder, _config(name, openai_url, self.port, lease, beat), dsn)
-        self.url = f"http://127.0.0.1:{self.port}{PREFIX}"
-
-    async def ready(self) -> bool:
-        try:
-            async with httpx.AsyncClient() as c:
-                return (await c.get(f"{self.url}/conversations", timeout=10)).status_code == 200
-        except httpx.TransportError:
-            return False
-
-
-@contextlib.asynccontextmanager
-async def api_workers(
+def api_workers(
     n: int, tmp_path: Path, dsn: str, openai_url: str, *, lease: float, beat: float
-) -> AsyncIterator[list[ApiWorker]]:
-    """``n`` workers; ``lease``/``beat``: their ``[cluster]`` lease and heartbeat seconds
-    (a lease shorter than a loaded machine's stalls would hand conversations over
-    while their turns run: at-least-once, as documented, not what these tests check)."""
-    crew = [ApiWorker(tmp_path / f"w{i}", f"w{i}", openai_url, dsn, lease, beat) for i in range(n)]
-    try:
-        for w in crew:
-            w.start()
-        for w in crew:
-            await until(w.ready, f"{w.folder.name}'s HTTP API")
-        yield crew
-    finally:
-        for w in crew:
-            w.stop()
+) -> Any:
+    """``n`` workers, each with the HTTP API on a port of its own, started and answering;
+    ``lease``/``beat``: their ``[cluster]`` lease and heartbeat seconds (a lease shorter
+    than a loaded machine's stalls would hand conversations over while their turns run:
+    at-least-once, as documented, not what these tests check)."""
+    return workers(
+        n, tmp_path, dsn,
+        lambda name, port: worker_config(name, openai_url, lease=lease, beat=beat, poll=2.0,
+                                         extra=http_transport("api", port)),
+        ready=PREFIX + "/conversations",
+    )  # fmt: skip
 
 
 def _user_texts(body: dict[str, Any]) -> list[tuple[str, str]]:
@@ -139,8 +79,8 @@ async def _answers(dsn: str) -> list[tuple[str, str]]:
     return [(str(r[0]), str(r[1])) for r in rows]
 
 
-async def _post(client: httpx.AsyncClient, worker: ApiWorker, cid: str, text: str) -> None:
-    r = await client.post(f"{worker.url}/conversations/{cid}/messages", json={"content": text},
+async def _post(client: httpx.AsyncClient, worker: Worker, cid: str, text: str) -> None:
+    r = await client.post(f"{worker.api}/conversations/{cid}/messages", json={"content": text},
                           timeout=60)  # fmt: skip
     assert r.status_code == 202, r.text
     body = r.json()
@@ -187,7 +127,7 @@ async def test_any_worker_takes_any_message_each_answered_once_in_order(
         async with httpx.AsyncClient() as client:
             ids = []
             for _ in range(conversations):
-                r = await client.post(f"{rng.choice(crew).url}/conversations", timeout=60)
+                r = await client.post(f"{rng.choice(crew).api}/conversations", timeout=60)
                 assert r.status_code == 201, r.text
                 ids.append(r.json()["id"])
 
@@ -236,7 +176,7 @@ async def _queue_empty(dsn: str) -> bool:
     return int((await _rows(dsn, "SELECT count(*) FROM turn_queue"))[0][0]) == 0
 
 
-async def _cluster(worker: ApiWorker) -> dict[str, Any]:
+async def _cluster(worker: Worker) -> dict[str, Any]:
     view = await worker.health()
     return dict((view or {}).get("cluster") or {})
 
@@ -262,7 +202,7 @@ async def test_kill_9_of_the_running_worker_hands_its_queued_turns_to_another(
         ) as crew:
             first, second = crew[0], crew[1]
             async with httpx.AsyncClient() as client:
-                cid = (await client.post(f"{first.url}/conversations", timeout=60)).json()["id"]
+                cid = (await client.post(f"{first.api}/conversations", timeout=60)).json()["id"]
                 # The first worker takes the conversation and runs its turn ...
                 await _post(client, first, cid, "slow")
                 await until(lambda: held, "the slow turn's model request")
@@ -317,7 +257,7 @@ async def _claimed_by(dsn: str, cid: str, worker: str, n: int) -> bool:
     return len(rows) == n and all(r[0] == worker for r in rows)
 
 
-async def _depth_seen(worker: ApiWorker, n: int) -> bool:
+async def _depth_seen(worker: Worker, n: int) -> bool:
     return (await _cluster(worker)).get("queue_depth") == n
 
 

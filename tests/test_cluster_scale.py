@@ -1,8 +1,8 @@
 """Three workers under load: every message answered once, in order; a rolling restart
 loses and doubles nothing (issue 32, "Must show").
 
-Real processes all the way, as in tests/test_cluster_failover.py (whose ``Worker``
-helpers these tests use): three ``agentik run`` workers on a real PostgreSQL
+Real processes all the way, as in tests/test_cluster_failover.py (the ``Worker``
+rig of tests/cluster.py): three ``agentik run`` workers on a real PostgreSQL
 (tests/pgserver.py) with short leases, a real IRC server (ngircd), the Slack fake
 (tests/fakeslack.py: Socket Mode, Slack's retries) and the fake OpenAI-compatible
 server, which counts the model requests. With connection ownership every message of
@@ -16,16 +16,15 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cluster_failover import (
-    DSN_ENV,
+from cluster import (
     PATIENCE,
     Worker,
+    configs,
     last_user,
     owner_of,
     until,
@@ -34,7 +33,6 @@ from test_cluster_failover import (
 )
 
 from agentik.core.testing.openai_server import Reply
-from helpers import AGENTIK, clean_env
 
 from fakeslack import FakeSlack
 from ircservers import IRCTestClient
@@ -138,7 +136,7 @@ async def test_200_messages_over_40_conversations_answered_once_in_order(
                 await client.join(channel)
             transport = irc_section(ngircd.port, channels) + slack_section(slack)
             async with workers(
-                3, tmp_path, postgres_dsn, openai_server.base_url, transport, **LEASES
+                3, tmp_path, postgres_dsn, configs(openai_server.base_url, transport, **LEASES)
             ) as crew:
                 await owner_of(crew, "libera")
                 await owner_of(crew, "slack")
@@ -211,11 +209,12 @@ async def test_rolling_restart_under_slack_load_loses_and_doubles_nothing(
         # sent on the socket of a worker that is going away comes back on the next.
         slack.retry_after = 2.0
         slack.send_timeout = PATIENCE  # a handover is slow on a loaded machine
+        # Each worker's log survives its restarts (each start appends to it).
         crew = [
-            _Worker(tmp_path / f"w{i}",
-                    worker_config(f"w{i}", openai_server.base_url, slack_section(slack),
-                                  **LEASES),
-                    postgres_dsn)
+            Worker(tmp_path / f"w{i}",
+                   worker_config(f"w{i}", openai_server.base_url, extra=slack_section(slack),
+                                 **LEASES),
+                   postgres_dsn)
             for i in range(3)
         ]  # fmt: skip
         for w in crew:
@@ -302,18 +301,6 @@ async def test_rolling_restart_under_slack_load_loses_and_doubles_nothing(
         finally:
             for w in crew:
                 w.stop()
-
-
-class _Worker(Worker):
-    """A worker whose log survives its restarts (each start appends)."""
-
-    def start(self) -> None:
-        with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen(
-                [AGENTIK, "run", "-c", str(self.config)], cwd=self.folder,
-                env=clean_env(**{DSN_ENV: self.dsn}), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=err,
-            )  # fmt: skip
 
 
 def _acked(slack: FakeSlack, event_id: str) -> bool:
