@@ -814,6 +814,8 @@ class Bot:
         # heartbeat): what the turns wrote, answers included, is committed first, so
         # the new owner's recovery finds them answered (not a message to answer again)
         # and delivers their pieces from the outbox once.
+        await self._bounded("recording what was delivered", self.bridge.settle(),
+                            deadline - _CLOSING)  # fmt: skip
         await self._bounded("committing what the turns wrote", self.agent.store.settle(),
                             deadline - _CLOSING)  # fmt: skip
         await self._bounded("releasing the connection leases", self.ownership.drain(),

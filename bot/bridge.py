@@ -461,6 +461,12 @@ class Bridge(AgentAccess):
         ch = self._channels.get(channel_key)
         return bool(ch is not None and ch.conversation.busy)
 
+    async def settle(self) -> None:
+        """Wait until the delivery of every piece sent so far is recorded in the outbox
+        (a worker handing its connections over calls it first: the next owner then
+        does not send those pieces again)."""
+        await self.outbox.drain()
+
     async def aclose(self) -> None:
         """Stop every renderer (the agent is closed separately)."""
         await self.links.aclose()
