@@ -21,6 +21,8 @@ from agentik.core.store.postgres import PostgresStore
 from agentik.core.store.records import (
     Checklist,
     ConversationRecord,
+    LinkMessage,
+    LinkRecord,
     OutboxEntry,
     RunRecord,
     TurnEnd,
@@ -114,6 +116,15 @@ async def seed(store: Any, *, notes: bool = False) -> None:
     await store.budget_add([("identity", "libera:account:bob", "tokens", 86400, 120),
                             ("channel", "irc:libera:#ops", "messages", 60, 3)])  # fmt: skip
     await store.seen_first(["event:E1", "msg:C1:1.0"], now=60.0, window=3600.0)
+    await store.link_save(LinkRecord(name="team", channels=("irc:libera:#ops", "slack:T1:C1"),
+                                     options={"relay": True}, created_by="libera:account:bob",
+                                     created_at=61.0))  # fmt: skip
+    await store.link_map_add([
+        LinkMessage(link="team", canonical="m1", channel_key="irc:libera:#ops", ref=None,
+                    origin=True, created_at=62.0),
+        LinkMessage(link="team", canonical="m1", channel_key="slack:T1:C1", ref="1.0",
+                    run_id="r1", piece=0, created_at=62.5),
+    ])  # fmt: skip
     if notes:
         memory = SQLiteMemory(store)
         await memory.start()
@@ -187,6 +198,7 @@ def test_sqlite_to_postgres_and_back_gives_the_same_database(tmp_path, postgres_
     for t in TABLES:
         assert a[t] == b[t], t  # every row, ids, order, flags and times kept
     assert a["message"] and a["redaction"] and a["approval"] and a["seen_event"]
+    assert a["link"] and len(a["link_message"]) == 2  # links made at run time, and the map
     assert [r[-1] for r in b["message"] if r[-1]] == [1]  # the redaction flag
 
 

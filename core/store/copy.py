@@ -66,6 +66,8 @@ TABLES: tuple[str, ...] = (
     "memory_vector",
     "memory_source",
     "seen_event",
+    "link",
+    "link_message",
 )
 #: Tables that are not data of their own: migrations' records, indexes kept by triggers
 #: (SQLite's full-text index, the PostgreSQL memory's word counts).  The destination
