@@ -70,6 +70,10 @@ __all__ = ["SeenEvents", "SlackTransport", "markdown_to_mrkdwn"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds a closing transport lets the Web API calls under way finish before it
+#: closes its HTTP session.
+SEND_GRACE = 5.0
+
 _MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
 #: Message subtypes that are a person's message (answered like plain ones).
 _ANSWERED_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
@@ -296,6 +300,8 @@ class SlackTransport(Transport):
         self._untitled: set[tuple[str, str]] = set()  # assistant threads without a title yet
         self._mentions = "users" in o.allow_mentions
         self._connections = 0  # Socket Mode connections opened (hello frames seen)
+        self._in_flight = 0  # send() calls under way (aclose waits for them)
+        self._sends_done: asyncio.Event | None = None
         self.where = ""  # what start() connected to, for the logs
         self._names: dict[str, str] = {}
         self._threads: set[str] = set()  # thread keys the bot takes part in
@@ -546,6 +552,12 @@ class SlackTransport(Transport):
             await self._runner.cleanup()
             self._runner = None
         await self._hand_over_received()
+        if self._in_flight:  # posts under way finish (and are recorded) first, ≤ 5 s
+            self._sends_done = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SEND_GRACE):
+                    await self._sends_done.wait()
+            self._sends_done = None
         await self.cancel_tasks()
         session = getattr(self.client, "session", None)
         if session is not None:
@@ -945,6 +957,18 @@ class SlackTransport(Transport):
         return self.owns(channel_key) and channel_key.count(":") >= 3
 
     async def send(self, message: OutgoingMessage) -> None:
+        # Counted while in flight: aclose() lets them finish before it closes the HTTP
+        # session (a post cut there may have reached Slack unrecorded: sent again by
+        # whoever redelivers the outbox).
+        self._in_flight += 1
+        try:
+            await self._send(message)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight and self._sends_done is not None:
+                self._sends_done.set()
+
+    async def _send(self, message: OutgoingMessage) -> None:
         where = message.reply_to or {}
         parts = message.channel_key.split(":")
         channel = where.get("channel") or parts[2]
