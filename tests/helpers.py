@@ -98,6 +98,26 @@ async def open_channels(agent, keys, *, bridge=None, transport=None) -> tuple:
     return bridge, transport
 
 
+async def release_idle_channels(bridge, transport, key: str) -> None:
+    """Make ``bridge`` release its idle channels now: a short idle time, its reaper
+    (asleep towards the hour) started again by a message answered in the new channel
+    ``key``, every reaper round waited for, then a garbage collection."""
+    import contextlib
+    import gc
+
+    bridge.idle_seconds = 0.05
+    sleeping = bridge.channels.reaper
+    assert sleeping is not None
+    sleeping.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sleeping
+    await transport.inject("last", channel_key=key, author="alice")
+    await bridge.flush(key)
+    while (reaper := bridge.channels.reaper) is not None:
+        await asyncio.wait_for(reaper, 60)
+    gc.collect()
+
+
 def rows(db_path: str, sql: str, *args) -> list[tuple]:
     """What ``sql`` gives on the SQLite file ``db_path``, read from outside the bot."""
     with sqlite3.connect(db_path) as db:

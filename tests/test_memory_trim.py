@@ -11,8 +11,6 @@ the benchmarks' business (``benchmarks/bench_soak.py``), not these tests'.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import platform
 
 import pytest
@@ -24,7 +22,7 @@ from agentik.core import Agent
 from agentik.core.memtrim import malloc_trim
 from agentik.core.store.sqlite import SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
-from helpers import open_channels
+from helpers import open_channels, release_idle_channels
 
 from rigs import eventually
 
@@ -47,19 +45,7 @@ async def _release_all(agent: Agent, channels: int) -> Bridge:
     then let the bridge release them all (as it does idle channels)."""
     # Nothing released while they fill up.
     bridge, t = await open_channels(agent, [f"mem:#c{i}" for i in range(channels)])
-    # A short idle time: the reaper (asleep towards the hour) starts again with it
-    # when the next channel opens.
-    bridge.idle_seconds = 0.05
-    sleeping = bridge.channels.reaper
-    assert sleeping is not None
-    sleeping.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await sleeping
-    await t.inject("last", channel_key="mem:#last", author="alice")
-    await bridge.flush("mem:#last")
-    while (reaper := bridge.channels.reaper) is not None:
-        await asyncio.wait_for(reaper, 60)
-    gc.collect()
+    await release_idle_channels(bridge, t, "mem:#last")
     return bridge
 
 

@@ -9,9 +9,7 @@ conversations waiting for their idle reflection share one timer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import gc
 
 from test_compaction import Brain, make_agent
 
@@ -23,6 +21,7 @@ from agentik.core.store.sqlite import SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
 from agentik.transports.testing import MemoryTransport
+from helpers import release_idle_channels
 
 
 @tool(parameters={"type": "object", "properties": {"city": {"type": "string"}}})
@@ -153,19 +152,8 @@ async def test_released_channels_hold_no_conversation_transcript_or_events(db_pa
         for i in range(20):
             await bridge.flush(f"mem:#c{i}")
         assert agent.cached_transcripts == 20 and agent.services.buffered > 0
-        # Then a short idle time: the reaper (asleep towards the hour) starts
-        # again with it when the next channel opens.
-        bridge.idle_seconds = 0.05
-        sleeping = bridge.channels.reaper
-        assert sleeping is not None
-        sleeping.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sleeping
-        await t.inject("hello 20", channel_key="mem:#c20", author="alice")
-        await bridge.flush("mem:#c20")
-        while (reaper := bridge.channels.reaper) is not None:
-            await asyncio.wait_for(reaper, 60)
-        gc.collect()
+        # Then a short idle time: all of them are released.
+        await release_idle_channels(bridge, t, "mem:#c20")
         await asyncio.sleep(0)  # dropped replay buffers are taken out on the event loop
         assert bridge.released_channels == 21
         assert len(agent.services.open) == 0
