@@ -51,7 +51,7 @@ async def _worker(dsn: str, name: str, folder: Path, hang_at: int, stale_after: 
                                   slot, name)  # fmt: skip
 
         (folder / f"{name}.ready").touch()
-        while not (folder / "go").exists():  # noqa: ASYNC110 - the test's file
+        while not (folder / f"go-{name}").exists():  # noqa: ASYNC110 - the test's file
             await asyncio.sleep(0.01)
         pending = set(range(SLOTS))
         while pending:
@@ -98,9 +98,14 @@ async def _run_workers(dsn: str, folder: Path, hang: str | None = None) -> list[
         procs = {n: _spawn(dsn, n, folder, hang_at=5 if n == hang else 0) for n in names}
         try:
             await _until(lambda: all((folder / f"{n}.ready").exists() for n in names))
-            (folder / "go").touch()
             if hang is not None:
+                # The one that hangs starts alone: on a loaded machine the others could
+                # otherwise run every slot before it claims the one it hangs on.
+                (folder / f"go-{hang}").touch()
                 await _until(lambda: (folder / f"{hang}.hung").exists())
+            for n in names:
+                (folder / f"go-{n}").touch()
+            if hang is not None:
                 procs[hang].send_signal(signal.SIGKILL)
             for n, p in procs.items():
                 code = await asyncio.to_thread(p.wait, 120)
