@@ -118,6 +118,8 @@ class PhaseResult:
     hwm: int
     calls: dict[str, int]  # Web API calls made during the load, by method
     fake_cpu: float  # the fake Slack's CPU (load generator included)
+    gc: float = 0.0  # of the bot's CPU, the cyclic garbage collector's (its thread's clock)
+    gc_runs: int = 0
 
 
 @dataclass
@@ -196,9 +198,27 @@ def _thread_cpu() -> dict[str, float]:
     return out
 
 
+_GC = {"time": 0.0, "runs": 0, "started": 0.0}
+
+
+def _count_gc() -> None:
+    """Time the cyclic collector's runs (the thread's CPU clock), from now on."""
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            _GC["started"] = time.thread_time()
+        else:
+            _GC["time"] += time.thread_time() - _GC["started"]
+            _GC["runs"] += 1
+
+    gc.callbacks.append(callback)
+
+
 def _child_stats(**extra: Any) -> dict[str, Any]:
     st = proc_status()
     return {
+        "gc": _GC["time"],
+        "gc_runs": _GC["runs"],
         "cpu": time.process_time(),  # CLOCK_PROCESS_CPUTIME_ID: every thread
         "cpu_main": time.thread_time(),  # the event-loop thread (stats run on it)
         "threads": _thread_cpu(),
@@ -427,7 +447,10 @@ async def bare_child(args: argparse.Namespace) -> None:
     try:
         gc.collect()
         _emit({"ready": True})
-        await _serve_stats(_child_stats)
+        import cProfile
+
+        profile = cProfile.Profile(time.thread_time) if args.profile else None
+        await _serve_stats(_child_stats, profile)
     finally:
         await handler.close_async()
         await llm.close()
@@ -441,6 +464,7 @@ def child_main(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _count_gc()
     runner = {"agentik": agentik_child, "bare": bare_child, "fake": fake_child}[args.child]
     asyncio.run(runner(args))
     return 0
@@ -487,6 +511,7 @@ async def run_phase(
         if profile:
             await child.ask(cmd="profile_on")
         before = await child.ask(cmd="stats")
+        perf = await _perf_start(child, folder)
         load = await fake.ask(
             limit=120 + cfg.n,
             cmd="load",
@@ -497,6 +522,7 @@ async def run_phase(
         )
         await asyncio.sleep(SETTLE)  # let the bot finish its bookkeeping (stores, fsync)
         after = await child.ask(cmd="stats")
+        await _perf_stop(perf)
         if profile:
             await child.ask(cmd="profile_off", path=profile)
     finally:
@@ -520,7 +546,29 @@ async def run_phase(
         hwm=after["hwm"],
         calls=load["calls"],
         fake_cpu=load["cpu"],
+        gc=after["gc"] - before["gc"],
+        gc_runs=after["gc_runs"] - before["gc_runs"],
     )
+
+
+async def _perf_start(child: Child, folder: str) -> Any:
+    """With ``BENCH_PERF=<folder>``: ``perf record`` the bot over the load (native frames:
+    the C parts cProfile does not see, such as SQLite, the collector, JSON)."""
+    where = os.environ.get("BENCH_PERF")
+    if not where:
+        return None
+    os.makedirs(where, exist_ok=True)
+    out = os.path.join(where, f"{os.path.basename(folder)}.perf.data")
+    return await asyncio.create_subprocess_exec(
+        "perf", "record", "-q", "-g", "-F", "999", "-o", out, "-p", str(child.proc.pid),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+async def _perf_stop(perf: Any) -> None:
+    if perf is not None:
+        perf.send_signal(2)  # SIGINT: perf writes its file and exits
+        await perf.wait()
 
 
 _SOCKETS = [0]
@@ -584,6 +632,45 @@ def print_stages(path: str, answers: int) -> None:
     say()
 
 
+#: Where a function's own time is counted in :func:`print_packages`: the first pattern
+#: its file matches.
+PACKAGES: list[tuple[str, str]] = [
+    ("agentik core", r"agentik/core/|/core/"),
+    ("agentik bot (bridge, render, delivery)", r"agentik/bot/|/bot/"),
+    ("agentik Slack transport", r"agentik/transports/|/transports/"),
+    ("openai SDK", r"site-packages/openai/"),
+    ("HTTP client (httpx, httpcore, anyio, h11)", r"site-packages/(httpx|httpcore|anyio|h11)"),
+    ("slack-bolt", r"site-packages/slack_bolt/"),
+    ("slack-sdk", r"site-packages/slack_sdk/"),
+    ("aiohttp, yarl, multidict", r"site-packages/(aiohttp|yarl|multidict)/"),
+    ("pydantic", r"site-packages/pydantic"),
+    ("asyncio", r"/asyncio/"),
+    ("json", r"/json/"),
+    ("other Python code", r"\.py$"),
+    ("built-ins (C)", r""),
+]
+
+
+def print_packages(profiles: dict[str, tuple[str, int]]) -> None:
+    """Own CPU time per answer by package, side by side (one cProfile run of each bot)."""
+    names = list(profiles)
+    table: dict[str, dict[str, float]] = {label: {} for label, _ in PACKAGES}
+    totals: dict[str, float] = {}
+    for name, (path, answers) in profiles.items():
+        raw: dict[Any, Any] = pstats.Stats(path).stats  # type: ignore[attr-defined]
+        for (file, _line, _func), v in raw.items():
+            label = next(lb for lb, rx in PACKAGES if re.search(rx, file))
+            table[label][name] = table[label].get(name, 0.0) + v[2] / answers * 1e3
+        totals[name] = sum(v[2] for v in raw.values()) / answers * 1e3
+    say("== own CPU time by package (cProfile, event-loop thread; ms per answer)")
+    say(f"  {'':<45}" + "".join(f"{n:>10}" for n in names))
+    for label, row in table.items():
+        if row:
+            say(f"  {label:<45}" + "".join(f"{row.get(n, 0.0):10.2f}" for n in names))
+    say(f"  {'total':<45}" + "".join(f"{totals[n]:10.2f}" for n in names))
+    say()
+
+
 def print_environment(cfg: Config, tmp: str) -> None:
     say_environment(
         [
@@ -603,7 +690,9 @@ def print_environment(cfg: Config, tmp: str) -> None:
     )
 
 
-async def bench(cfg: Config, tmp: str, llm_url: str, profile: bool) -> list[Row]:
+async def bench(
+    cfg: Config, tmp: str, llm_url: str, profile: bool, profile_out: str | None = None
+) -> list[Row]:
     fake = await Child.start("fake", tmp, "fake")
     pooled = {"agentik": Pooled(), "bare": Pooled()}
     try:
@@ -618,6 +707,16 @@ async def bench(cfg: Config, tmp: str, llm_url: str, profile: bool) -> list[Row]
             res = await run_phase("agentik", cfg.rounds, cfg, tmp, fake, slack, llm_url,
                                   profile=path)  # fmt: skip
             print_stages(path, res.answers)
+            bare_path = os.path.join(tmp, "bare.prof")
+            bare = await run_phase("bare", cfg.rounds, cfg, tmp, fake, slack, llm_url,
+                                   profile=bare_path)  # fmt: skip
+            print_packages({"agentik": (path, res.answers), "bare": (bare_path, bare.answers)})
+            if profile_out:
+                import shutil
+
+                shutil.copyfile(path, profile_out)
+                shutil.copyfile(bare_path, profile_out + ".bare")
+                say(f"  (the profiles: {profile_out}[.bare]; read them with python -m pstats)")
     finally:
         await fake.stop()
 
@@ -643,6 +742,10 @@ async def bench(cfg: Config, tmp: str, llm_url: str, profile: bool) -> list[Row]
             say(f"  {'':<24} CPU/answer outside the event loop, by thread: {threads}")
         calls = ", ".join(f"{m} {c:.2f}" for m, c in res.calls().items())
         say(f"  {'':<24} Web API calls per answer: {calls}")
+        say(
+            f"  {'':<24} garbage collector CPU/answer {ms(res.per_answer('gc'))}"
+            f" ({res.per_answer('gc_runs'):.2f} runs)"
+        )
         say(f"  {'':<24} fake Slack + load generator CPU/answer {ms(res.per_answer('fake_cpu'))}")
     # Each round's pair ran back to back: on a shared machine their ratios are steadier
     # than either bot's figures, and their spread shows how noisy the run was.
@@ -691,6 +794,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="one more agentik run under cProfile, by stage"
     )
+    parser.add_argument(
+        "--profile-out", default=None, help="with --profile: keep the cProfile data in this file"
+    )
     parser.add_argument("--tmpdir", default=None, help="where to put the databases and logs")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a goal is missed")
     # Child processes.
@@ -715,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agentik-bench-slack-", dir=args.tmpdir) as tmp:
         print_environment(cfg, tmp)
         with fake_openai_server() as url:
-            rows = asyncio.run(bench(cfg, tmp, url, args.profile))
+            rows = asyncio.run(bench(cfg, tmp, url, args.profile, args.profile_out))
     if CHILD_LOG:
         say("== what the bot processes logged (all rounds; count x line)")
         for kind, lines in CHILD_LOG.items():
