@@ -119,13 +119,34 @@ def _chunk_stream() -> type[Any]:
     class _ChunkStream(openai.AsyncStream[object]):
         done = False
 
-        async def _iter_events(self) -> AsyncIterator[Any]:
-            async for sse in super()._iter_events():
-                if sse.data.startswith("[DONE]"):
-                    self.done = True
-                yield sse
+        def _iter_events(self) -> AsyncIterator[Any]:
+            return _Events(self, super()._iter_events())
 
     return _ChunkStream
+
+
+class _Events:
+    """The SDK's server-sent events, noting ``[DONE]`` on ``stream``.
+
+    A plain iterator, not an async generator: the SDK stops reading at
+    ``[DONE]`` and leaves its iterator unfinished, and an unfinished async
+    generator is closed by the event loop's finalizer hook (a wake-up of the
+    loop from the collector and a task of its own, each answer)."""
+
+    __slots__ = ("events", "stream")
+
+    def __init__(self, stream: Any, events: AsyncIterator[Any]) -> None:
+        self.stream = stream
+        self.events = events
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> Any:
+        sse = await self.events.__anext__()
+        if sse.data.startswith("[DONE]"):
+            self.stream.done = True
+        return sse
 
 
 def _merge_name(have: str, piece: str) -> str:
