@@ -267,7 +267,9 @@ class Conversation:
         self._current: asyncio.Task[None] | None = None
         # Recent speakers' author ids, in order (a dict as an ordered set).
         self._speakers: dict[str, None] = {}
-        self._speakers_loaded = False
+        # A conversation created here has no earlier speakers to read (a Slack
+        # thread's first turn was one more read of the audit log).
+        self._speakers_loaded = fresh
         #: Run ids resumed by this process (each is resumed at most once).
         self._resumed: set[str] | None = None  # made by the first resume (216 bytes empty)
         # Whether turns are running or queued; who waits for the end of that waits on
