@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
 import re
 import sqlite3
 import threading
@@ -127,6 +128,10 @@ class _Seen:
     write on a busy disk, and every message waits for its write).  A killed process
     loses nothing written; only a power cut can forget the last events, which matters
     only if Slack redelivers one of them after the machine is back.
+
+    Writes (:meth:`write`) run in a thread of the file's own, from :meth:`open` to
+    :meth:`close`: a bare thread and queue, not the loop's default executor, whose
+    round trip costs about as much CPU again as the write (each message makes one).
     """
 
     def __init__(self, path: str, keep: int) -> None:
@@ -137,10 +142,37 @@ class _Seen:
         self.conn: sqlite3.Connection | None = None
         # Calls come from worker threads: one at a time, and never after close.
         self.lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
 
     def open(self) -> None:
         with self.lock:
             self._open()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="agentik-slack-seen", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, done, keys = job
+            try:
+                self.persist(*keys)
+            except BaseException as exc:
+                loop.call_soon_threadsafe(_settle, done, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, done, None)
+
+    def write(self, keys: Sequence[str]) -> asyncio.Future[None]:
+        """:meth:`persist` ``keys`` in the file's thread (done at once when closed)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        if self._thread is None:
+            done.set_result(None)  # closed (or never opened): nothing to write to
+        else:
+            self._jobs.put((loop, done, keys))
+        return done
 
     def _open(self) -> None:
         self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -183,10 +215,25 @@ class _Seen:
                 (self.rows,) = self.conn.execute("SELECT COUNT(*) FROM seen").fetchone()
 
     def close(self) -> None:
+        """Finish the writes queued, end the thread, close the file (blocks: call it
+        from a worker thread)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._jobs.put(None)
+            thread.join()
         with self.lock:
             if self.conn is not None:
                 self.conn.close()
                 self.conn = None
+
+
+def _settle(done: asyncio.Future[None], exc: BaseException | None) -> None:
+    if done.cancelled():
+        return
+    if exc is not None:
+        done.set_exception(exc)
+    else:
+        done.set_result(None)
 
 
 class _ThreadContexts:
@@ -740,8 +787,7 @@ class SlackTransport(Transport):
                 items = await self._first_seen(items)
             else:
                 try:
-                    keys = (k for i in items for k in i.seen)
-                    await asyncio.to_thread(self._seen.persist, *keys)
+                    await self._seen.write([k for i in items for k in i.seen])
                 except Exception:
                     log.debug(
                         "slack %s: persisting %d events at once failed", self.name, len(items)
@@ -789,7 +835,7 @@ class SlackTransport(Transport):
     async def _persist(self, item: _Incoming) -> bool:
         """Remember ``item``'s keys on their own; False (logged) if that fails."""
         try:
-            await asyncio.to_thread(self._seen.persist, *item.seen)
+            await self._seen.write(item.seen)
         except Exception:
             log.exception("slack %s: could not deliver a message", self.name)
             return False
