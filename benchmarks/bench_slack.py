@@ -41,8 +41,17 @@ second or two).  The table also says how many rounds fell on the other side of t
 goal: when it is not none, the verdict is the median's, not every round's.  ``--profile`` runs
 agentik once more under cProfile (the event-loop thread's CPU clock) and prints its CPU
 per answer by stage (Socket Mode receive/ack, bolt dispatch, bridge, turn, streaming
-calls, assistant status).  The exit
+calls, assistant status), then the bare app once more the same way, and both bots' own
+CPU per answer by package side by side (``--profile-out FILE`` keeps the two profiles).
+Each bot also reports its cyclic garbage collector's CPU per answer, and with
+``BENCH_PERF=<folder>`` each bot is recorded with ``perf record`` over its load (what
+cProfile cannot see: SQLite, the kernel, hand-offs between threads).  The exit
 status is 0 unless ``--strict`` is given and a goal is missed.
+
+Issue 31, second pass (figures in docs/development.md): the threads and the kernel,
+not Python code, were most of agentik's extra CPU; each answer now makes one reader
+round trip instead of two, no default-executor hop, and as many async generators
+closed by the loop's finalizer hook as the bare app (4, not 5).
 """
 
 from __future__ import annotations
