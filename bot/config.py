@@ -68,6 +68,7 @@ from .channel import ChannelKnobs, ChannelOptions
 from .chansettings import ChannelSettings
 from .health import HealthSettings, SupervisionSettings
 from .links import LinkSettings, check_links
+from .webhooks import WebhookSettings
 
 __all__ = [
     "BACKEND_ALIASES",
@@ -463,6 +464,8 @@ class Config(_Section):
     passthrough: list[PassthroughSpec] = Field(default_factory=list)
     #: ``[[links]]``: channels on several transports that are one conversation.
     links: list[LinkSettings] = Field(default_factory=list)
+    #: ``[[webhooks]]``: receivers of run events, POSTed as signed JSON (issue 35).
+    webhooks: list[WebhookSettings] = Field(default_factory=list)
     #: Audit-log retention by channel pattern (issue 22).
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     #: Scrubbing secrets before they are stored (issue 22).
