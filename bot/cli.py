@@ -106,6 +106,9 @@ COMMANDS = (
     "db migrate",
     "db prune",
     "db copy",
+    "webhooks dead-letters",
+    "webhooks pending",
+    "webhooks replay",
 )
 
 
