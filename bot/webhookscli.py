@@ -15,7 +15,7 @@ from .webhooks import printable
 
 if TYPE_CHECKING:
     from agentik.core.store.base import Store
-    from agentik.core.store.records import WebhookDelivery
+    from agentik.core.store.records import WebhookDelivery, WebhookState
 
 __all__ = ["add_parser", "webhooks_command"]
 
@@ -49,7 +49,7 @@ async def webhooks_command(args: argparse.Namespace, store: Store) -> int:
         for i in unknown:
             print(f"  {printable(i)}: not a dead letter (unknown, or pending already)")
         return 1 if unknown else 0
-    state = "dead" if args.action == "dead-letters" else "pending"
+    state: WebhookState = "dead" if args.action == "dead-letters" else "pending"
     rows = await store.webhook_deliveries(
         state=state, webhook=args.webhook, limit=max(0, args.limit)
     )
