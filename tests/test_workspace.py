@@ -88,6 +88,8 @@ ESCAPES = [
     ("read_file", {"path": "repo/src"}, "a folder, not a file"),
     ("read_file", {"path": "elsewhere/x"}, "no workspace folder 'elsewhere'"),
     ("read_file", {"path": "repo/missing.txt"}, "no such file"),
+    ("read_file", {"path": "repo/README.md", "offset": "2"}, "offset: the first line"),
+    ("read_file", {"path": "repo/README.md", "nope": 1}, "unexpected arguments"),
     ("list_dir", {"path": "repo/dir_out"}, "leads outside the workspace"),
     ("list_dir", {"path": "repo/.."}, "goes up ('..')"),
     ("list_dir", {"path": "/"}, "is absolute"),

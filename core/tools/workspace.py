@@ -191,6 +191,12 @@ class Workspace:
     # -- the tools' work (in a worker thread) ---------------------------------------------
     def read_file(self, path: str, offset: int = 1, limit: int | None = None) -> str:
         s = self.settings
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 1:
+            raise ToolError("offset: the first line to read, a whole number from 1")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ToolError("limit: how many lines to read, a whole number from 1")
         with self._open(path, want="file") as (fd, st, shown):
             if st.st_size > s.max_file_bytes:
                 raise ToolError(
