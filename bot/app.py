@@ -28,6 +28,7 @@ from .metrics import Metrics
 from .ownership import Ownership
 from .parts import access_policy, load_registry, make_transport
 from .reload import prepare
+from .webhooks import Webhooks
 
 __all__ = ["Bot", "load_registry"]
 
@@ -155,6 +156,12 @@ class Bot:
         #: The conversation leases and the turn queue (several workers on a shared store:
         #: :mod:`agentik.core.cluster.conversations`); ``None`` on SQLite or memory.
         self.turn_queue: TurnQueue | None = None
+        #: ``[[webhooks]]``: run events POSTed as signed JSON through the store's outbox
+        #: (its secrets are read now: a missing one stops the start with its key).
+        self.webhooks = Webhooks(
+            self.agent, config.webhooks, worker=self.ownership.worker,
+            resolve=config.resolve_path,
+        )  # fmt: skip
 
     def _attach(self, transport: Transport, options: Any = None) -> None:
         """Attach ``transport`` to the bridge and follow its health."""
@@ -313,6 +320,8 @@ class Bot:
             # A connection another worker owns waits for its lease (its supervisor).
             ownership = self.ownership
             await ownership.start()
+            # Events become deliveries from here on; what an earlier run left is sent.
+            await self.webhooks.start()
             if ownership.shared and "queue" in self.agent.store.capabilities:
                 # Before the transports start: the HTTP API submits through it.
                 self.turn_queue = TurnQueue(self.agent, ownership.worker, self.config.cluster,
@@ -889,6 +898,7 @@ class Bot:
             self.listener = None
         await self._bounded("closing the renderers", self.bridge.aclose(), others)
         await self._bounded("closing the metrics", self.metrics.aclose(), others)
+        await self._bounded("closing the webhooks", self.webhooks.aclose(), others)
         await self._bounded("closing the agent and its store", self.agent.aclose(), deadline)
         for task in self._watchers:
             task.cancel()

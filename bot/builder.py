@@ -53,6 +53,7 @@ from agentik.core.soul import fetch_soul, is_url, read_soul
 from agentik.core.streamprofiles import StreamProfile
 from agentik.core.streamprofiles import resolve_profiles as resolve_stream_profiles
 from agentik.core.tools.passthrough import PassthroughSpec, PassthroughToolset
+from agentik.core.tools.workspace import Workspace, workspace_tools
 
 from .config import LITERT_ENV, Config, auto_backend, reveal
 
@@ -378,6 +379,9 @@ class AgentBuilder:
         b.compaction(config.compaction)
         b.persona(config)
         b.tools(*registry.tools)
+        if config.workspace.folders:
+            workspace = Workspace(config.workspace, resolve=config.resolve_path)
+            b.tools(*workspace_tools(workspace))
         toolset = mcp_toolset(config)
         if toolset is not None:
             b.toolset(toolset)

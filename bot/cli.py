@@ -64,6 +64,8 @@ from agentik.core.errors import NotFound
 from .config import Config, MissingVar, load_config
 from .logs import setup_logging
 from .parts import access_policy, load_registry
+from .webhookscli import add_parser as webhooks_parser
+from .webhookscli import webhooks_command
 
 __all__ = ["COMMANDS", "main"]
 
@@ -104,6 +106,9 @@ COMMANDS = (
     "db migrate",
     "db prune",
     "db copy",
+    "webhooks dead-letters",
+    "webhooks pending",
+    "webhooks replay",
 )
 
 
@@ -117,6 +122,7 @@ _NEEDS: dict[str, frozenset[str] | None] = {
     "db": frozenset({"storage", "logging", "retention", "memory"}),
     "access": frozenset(Config.model_fields) - {"transports", "llm", "mcp", "plugins"},
     "check": frozenset(),
+    "webhooks": frozenset({"storage", "logging"}),
     # A running bot is asked where it listens; its secrets are not needed.
     "status": frozenset({"health", "logging"}),
 }
@@ -287,6 +293,7 @@ def _parser() -> argparse.ArgumentParser:
         help="leave memory notes behind when the destination keeps none",
     )
     dc.add_argument("--no-verify", action="store_true", help="skip the comparison afterwards")
+    webhooks_parser(sub, with_config)
     acc = sub.add_parser("access", help="who may do what: roles, grants, audit, budgets, approvals")
     asub = acc.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, (helptext, arguments, _) in ACCESS_ACTIONS.items():
@@ -384,6 +391,9 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         return _db(args, config)
     if args.command == "access":
         return asyncio.run(ACCESS_ACTIONS[args.action][2](args, config))
+    if args.command == "webhooks":
+        _require_database(config)
+        return asyncio.run(_webhooks(args, config))
     if args.command == "conversations" and args.action == "import":
         return asyncio.run(_import(args, config))
     if args.command == "memory":
@@ -1298,6 +1308,11 @@ async def _memory(args: argparse.Namespace, config: Config) -> int:
 
 def _budgets_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--day", help="a UTC day, YYYY-MM-DD (default: today)")
+
+
+async def _webhooks(args: argparse.Namespace, config: Config) -> int:
+    async with _store(config) as store:
+        return await webhooks_command(args, store)
 
 
 async def _access_budgets_in_database(args: argparse.Namespace, config: Config) -> int:

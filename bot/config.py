@@ -63,11 +63,13 @@ from agentik.core.streamprofiles import StreamProfileSettings, resolve_profiles
 from agentik.core.tools.base import TurnPolicy
 from agentik.core.tools.mcp import MCPServerConfig
 from agentik.core.tools.passthrough import PassthroughSpec
+from agentik.core.tools.workspace import WorkspaceSettings
 
 from .channel import ChannelKnobs, ChannelOptions
 from .chansettings import ChannelSettings
 from .health import HealthSettings, SupervisionSettings
 from .links import LinkSettings, check_links
+from .webhooks import WebhookSettings
 
 __all__ = [
     "BACKEND_ALIASES",
@@ -463,6 +465,11 @@ class Config(_Section):
     passthrough: list[PassthroughSpec] = Field(default_factory=list)
     #: ``[[links]]``: channels on several transports that are one conversation.
     links: list[LinkSettings] = Field(default_factory=list)
+    #: ``[[webhooks]]``: receivers of run events, POSTed as signed JSON (issue 35).
+    webhooks: list[WebhookSettings] = Field(default_factory=list)
+    #: ``[workspace]``: folders the read-only tools ``read_file``, ``list_dir``, ``glob``
+    #: and ``grep`` may read (issue 35; none: the tools are not offered).
+    workspace: WorkspaceSettings = Field(default_factory=WorkspaceSettings)
     #: Audit-log retention by channel pattern (issue 22).
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     #: Scrubbing secrets before they are stored (issue 22).

@@ -492,6 +492,9 @@ async def test_a_reload_names_every_top_level_section_of_the_configuration_refer
         "cluster": ({"lease_seconds": 20}, "restart needed for [cluster]"),
         "links": ([{"name": "team", "channels": ["memory:mem:#a", "memory:mem:#b"]}],
                   "restart needed for [links]"),
+        "webhooks": ([{"name": "ops", "url": "http://127.0.0.1:9/", "secret_env": "NONE"}],
+                     "restart needed for [webhooks]"),
+        "workspace": ({"max_results": 7}, "restart needed for [workspace]"),
     }  # fmt: skip
     assert set(changes) == sections, "a new section needs a line here"
     async with Bot(parse_config(base, source=str(path), env={})) as bot:

@@ -53,6 +53,8 @@ from .records import (
     Redaction,
     RunRecord,
     TurnEnd,
+    WebhookDelivery,
+    WebhookState,
     WorkerBeat,
     WorkerInfo,
 )
@@ -111,6 +113,7 @@ CAPABILITIES: dict[str, str] = {
     "run_events": "run_events_add",
     "queue": "queue_add",
     "links": "link_save",
+    "webhooks": "webhook_enqueue",
 }
 
 
@@ -857,3 +860,52 @@ class Store(abc.ABC):
     async def link_map_find(self, channel_key: str, ref: str) -> str | None:
         """The canonical id of the message known as ``ref`` in ``channel_key``, if any."""
         raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    # -- outbound webhooks (issue 35; SQLite 23, PostgreSQL 12) -----------------------
+    async def webhook_enqueue(self, rows: Sequence[WebhookDelivery]) -> int:
+        """Add deliveries (``pending``); a row whose ``id`` is there already is left as
+        it is.  How many were added."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")
+
+    async def webhook_claim(
+        self, worker: str, *, now: float, lease: float, limit: int = 50
+    ) -> list[WebhookDelivery]:
+        """Claim up to ``limit`` pending deliveries due by ``now`` that nobody holds (or
+        whose holder's lease ran out) for ``worker`` until ``now + lease``, oldest first:
+        two workers never claim the same row at once."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")
+
+    async def webhook_settle(
+        self,
+        delivery_id: str,
+        worker: str,
+        state: WebhookState,
+        *,
+        now: float,
+        next_at: float | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """Record an attempt of a delivery ``worker`` holds: ``delivered``; ``pending``
+        again at ``next_at`` (a retry); or ``dead`` (a dead letter).  The claim ends.
+        ``False`` (nothing changed) when ``worker`` no longer holds it."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")
+
+    async def webhook_deliveries(
+        self, *, state: WebhookState | None = None, webhook: str | None = None, limit: int = 100
+    ) -> list[WebhookDelivery]:
+        """Deliveries (of ``state``, to ``webhook``), oldest first."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")
+
+    async def webhook_replay(self, ids: Sequence[str] | None, *, now: float) -> int:
+        """Dead letters (those of ``ids``; ``None``: all) become pending again, due at
+        ``now`` with no attempt counted, under the same delivery id; how many."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")
+
+    async def webhook_next_due(self) -> float | None:
+        """When the earliest pending delivery may be claimed (its ``next_at``, or the
+        end of its holder's lease), if any is pending."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")
+
+    async def webhook_prune(self, before: float) -> int:
+        """Forget deliveries delivered before ``before`` (dead letters stay); how many."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")

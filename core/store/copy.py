@@ -68,6 +68,7 @@ TABLES: tuple[str, ...] = (
     "seen_event",
     "link",
     "link_message",
+    "webhook_delivery",
 )
 #: Tables that are not data of their own: migrations' records, indexes kept by triggers
 #: (SQLite's full-text index, the PostgreSQL memory's word counts).  The destination

@@ -34,6 +34,7 @@ from .memory_events import MemoryRunEvents
 from .memory_jobs import MemoryJobs
 from .memory_lifecycle import MemoryLifecycle
 from .memory_queue import MemoryQueue
+from .memory_webhooks import MemoryWebhooks
 from .records import (
     Approval,
     ApprovalDecision,
@@ -50,7 +51,9 @@ from .records import (
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryQueue, MemoryCluster, MemoryLifecycle, MemoryJobs, MemoryRunEvents, Store):
+class MemoryStore(
+    MemoryQueue, MemoryCluster, MemoryLifecycle, MemoryJobs, MemoryRunEvents, MemoryWebhooks, Store
+):
     """In-memory :class:`Store`; nothing survives the process."""
 
     def __init__(self) -> None:

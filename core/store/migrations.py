@@ -597,6 +597,34 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX link_message_by_ref ON link_message (channel_key, ref);
         """,
     ),
+    Migration(
+        23,
+        "webhook_delivery",
+        """
+        -- Outbound webhooks (issue 35): each event on its way to a ``[[webhooks]]``
+        -- receiver, an outbox for HTTP.  ``id`` is the delivery id the receiver
+        -- dedupes on; ``body`` the JSON sent (signed afresh at each attempt); a
+        -- worker sends the rows it claimed (``claimed_by`` until ``claimed_until``);
+        -- ``dead`` rows are dead letters until an operator replays them.
+        CREATE TABLE webhook_delivery (
+            id               TEXT PRIMARY KEY,
+            webhook          TEXT NOT NULL,
+            event_kind       TEXT NOT NULL,
+            conversation_id  TEXT NOT NULL,
+            body             TEXT NOT NULL,
+            created_at       REAL NOT NULL,
+            state            TEXT NOT NULL DEFAULT 'pending',
+            attempts         INTEGER NOT NULL DEFAULT 0,
+            next_at          REAL NOT NULL DEFAULT 0,
+            claimed_by       TEXT,
+            claimed_until    REAL,
+            last_error       TEXT,
+            finished_at      REAL
+        ) WITHOUT ROWID;
+        CREATE INDEX webhook_delivery_due ON webhook_delivery (state, next_at);
+        CREATE INDEX webhook_delivery_by_age ON webhook_delivery (created_at, id);
+        """,
+    ),
 )
 
 

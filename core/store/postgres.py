@@ -59,6 +59,7 @@ from .postgres_room import (
 from .postgres_runs import RUN_COLUMNS, UPSERT_RUN, PostgresRuns, run_args
 from .postgres_seen import PostgresSeen
 from .postgres_waits import PostgresWaits
+from .postgres_webhooks import PostgresWebhooks
 
 if TYPE_CHECKING:
     import asyncpg
@@ -345,6 +346,7 @@ class PostgresStore(
     PostgresRunEvents,
     PostgresQueue,
     PostgresLinks,
+    PostgresWebhooks,
     PostgresCopy,
     Store,
 ):

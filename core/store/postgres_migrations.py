@@ -593,6 +593,32 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX link_message_by_ref ON link_message (channel_key, ref);
         """,
     ),
+    Migration(
+        12,
+        "webhook_delivery",
+        """
+        -- Outbound webhooks (SQLite's migration 23): each event on its way to a
+        -- ``[[webhooks]]`` receiver; workers claim rows (FOR UPDATE SKIP LOCKED)
+        -- under a lease, so each delivery is sent by one worker at a time.
+        CREATE TABLE webhook_delivery (
+            id               text COLLATE "C" PRIMARY KEY,
+            webhook          text COLLATE "C" NOT NULL,
+            event_kind       text NOT NULL,
+            conversation_id  text COLLATE "C" NOT NULL,
+            body             text NOT NULL,
+            created_at       double precision NOT NULL,
+            state            text NOT NULL DEFAULT 'pending',
+            attempts         integer NOT NULL DEFAULT 0,
+            next_at          double precision NOT NULL DEFAULT 0,
+            claimed_by       text,
+            claimed_until    double precision,
+            last_error       text,
+            finished_at      double precision
+        );
+        CREATE INDEX webhook_delivery_due ON webhook_delivery (state, next_at);
+        CREATE INDEX webhook_delivery_by_age ON webhook_delivery (created_at, id);
+        """,
+    ),
 )
 
 _RECORDS = (

@@ -39,6 +39,8 @@ __all__ = [
     "RedactionError",
     "RunRecord",
     "TurnEnd",
+    "WebhookDelivery",
+    "WebhookState",
     "WorkerBeat",
     "WorkerInfo",
     "tombstoned",
@@ -511,3 +513,37 @@ class LinkMessage:
     run_id: str | None = None
     piece: int | None = None
     created_at: float = 0.0
+
+
+#: A webhook delivery's state: ``pending`` (to send, or to send again at ``next_at``),
+#: ``delivered`` (a receiver answered 2xx), ``dead`` (retries exhausted: a dead letter,
+#: until an operator replays it).
+WebhookState = Literal["pending", "delivered", "dead"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WebhookDelivery:
+    """One event on its way to one ``[[webhooks]]`` receiver (issue 35): an outbox row
+    for HTTP.  ``id`` is the delivery id the receiver dedupes on (the same on every
+    attempt and replay); ``body`` is the JSON sent, signed afresh at each attempt (a
+    new timestamp).  A worker sends only the rows it claimed (``claimed_by`` until
+    ``claimed_until``), so on several workers each delivery is sent by one at a time."""
+
+    id: str
+    #: The ``[[webhooks]]`` entry's name.
+    webhook: str
+    event_kind: str
+    conversation_id: str
+    body: str
+    created_at: float
+    state: WebhookState = "pending"
+    #: Attempts made so far.
+    attempts: int = 0
+    #: When it is due (a retry's backoff), seconds since the epoch.
+    next_at: float = 0.0
+    claimed_by: str | None = None
+    claimed_until: float | None = None
+    #: Why the last attempt failed (a status or a connection error; never a secret).
+    last_error: str | None = None
+    #: When it was delivered or given up.
+    finished_at: float | None = None

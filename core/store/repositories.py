@@ -37,6 +37,8 @@ from .records import (
     Redaction,
     RunRecord,
     TurnEnd,
+    WebhookDelivery,
+    WebhookState,
     WorkerBeat,
     WorkerInfo,
 )
@@ -59,6 +61,7 @@ __all__ = [
     "RunsRepository",
     "SeenEventRepository",
     "WaitsRepository",
+    "WebhookRepository",
     "WorkerRepository",
 ]
 
@@ -421,6 +424,40 @@ class LinkRepository(Protocol):
     async def link_map_find(self, channel_key: str, ref: str) -> str | None: ...
 
 
+@runtime_checkable
+class WebhookRepository(Protocol):
+    """Outbound webhook deliveries (issue 35): an outbox for HTTP receivers, claimed
+    under a lease by one worker at a time, retried with backoff, then kept as dead
+    letters an operator lists and replays."""
+
+    async def webhook_enqueue(self, rows: Sequence[WebhookDelivery]) -> int: ...
+
+    async def webhook_claim(
+        self, worker: str, *, now: float, lease: float, limit: int = 50
+    ) -> list[WebhookDelivery]: ...
+
+    async def webhook_settle(
+        self,
+        delivery_id: str,
+        worker: str,
+        state: WebhookState,
+        *,
+        now: float,
+        next_at: float | None = None,
+        error: str | None = None,
+    ) -> bool: ...
+
+    async def webhook_deliveries(
+        self, *, state: WebhookState | None = None, webhook: str | None = None, limit: int = 100
+    ) -> list[WebhookDelivery]: ...
+
+    async def webhook_replay(self, ids: Sequence[str] | None, *, now: float) -> int: ...
+
+    async def webhook_next_due(self) -> float | None: ...
+
+    async def webhook_prune(self, before: float) -> int: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -436,6 +473,7 @@ REPOSITORIES: tuple[type, ...] = (
     RunEventRepository,
     QueueRepository,
     LinkRepository,
+    WebhookRepository,
 )
 
 
@@ -455,7 +493,8 @@ def _facade(
     RunEventRepository,
     QueueRepository,
     LinkRepository,
+    WebhookRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
     return (store, store, store, store, store, store, store, store, store, store, store, store,
-            store)  # fmt: skip
+            store, store)  # fmt: skip

@@ -56,6 +56,7 @@ from .sqlite_redaction import SQLiteRedaction
 from .sqlite_runs import INSERT_RUN, SQLiteRuns, run_row
 from .sqlite_seen import SQLiteSeen
 from .sqlite_waits import SQLiteWaits
+from .sqlite_webhooks import SQLiteWebhooks
 
 __all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous"]
 
@@ -349,6 +350,7 @@ class SQLiteStore(
     SQLiteRunEvents,
     SQLiteQueue,
     SQLiteLinks,
+    SQLiteWebhooks,
     SQLiteCopy,
     Store,
 ):

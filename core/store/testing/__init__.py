@@ -17,7 +17,8 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
-:class:`RunEventsContract`, :class:`LinksContract`); :class:`StoreContract` is all
+:class:`RunEventsContract`, :class:`LinksContract`,
+:class:`WebhooksContract`); :class:`StoreContract` is all
 of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
@@ -40,6 +41,7 @@ from .queue import QueueContract
 from .runs import RunsContract
 from .seen import SeenEventsContract
 from .waits import WaitsContract
+from .webhooks import WebhooksContract
 
 __all__ = [
     "ClusterContract",
@@ -56,6 +58,7 @@ __all__ = [
     "SeenEventsContract",
     "StoreContract",
     "WaitsContract",
+    "WebhooksContract",
 ]
 
 
@@ -72,5 +75,6 @@ class StoreContract(
     RunEventsContract,
     QueueContract,
     LinksContract,
+    WebhooksContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
