@@ -392,6 +392,7 @@ class RemoteSubscription(AsyncIterator[Event]):
         self._lines: AsyncIterator[Any] | None = None
         self._closed = False
         self._ended = False
+        self._broken = False
         self._connect: asyncio.Task[None] = asyncio.get_running_loop().create_task(
             self._open(), name=f"sse {path}"
         )
@@ -433,10 +434,18 @@ class RemoteSubscription(AsyncIterator[Event]):
         while True:
             if self._closed or self._ended:
                 raise StopAsyncIteration
+            if self._broken:
+                # A read was cancelled: that response is done for; resume after last_id.
+                self._broken = False
+                await self._drop()
+                self._connect = asyncio.get_running_loop().create_task(self._open())
             try:
                 await self._connect
                 assert self._lines is not None
                 sse = await anext(self._lines)
+            except asyncio.CancelledError:
+                self._broken = True
+                raise
             except StopAsyncIteration:
                 # The server ended the stream: the conversation ended, or a shutdown.
                 await self._drop()

@@ -79,7 +79,8 @@ class RemoteAgentTool(AgentTool):
         try:
             try:
                 conv = await remote.create_conversation(title=f"{self.agent_name}: {task[:60]}")
-                events = conv.events(profile="debug")
+                # A new conversation: from its first event (a reconnect replays them all).
+                events = conv.events(after=0, profile="debug")
                 run_id = await conv.send(task, author=parent.author)
             except AgentikError as exc:
                 return ToolResult(
