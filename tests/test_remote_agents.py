@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from remotebots import TOKEN, RunningBot, bot_config, start_bot
 
+from agentik.bot.config import load_config
+from agentik.core import Agent, SQLiteStore
+from agentik.core.agents import AgentSpec
 from agentik.core.client import RemoteAgent
+from agentik.core.errors import ConfigError
 from agentik.core.testing.openai_server import FakeOpenAIServer, Reply
+from agentik.core.testing.scripted import Reply as ScriptedReply
+from agentik.core.testing.scripted import ScriptedModel, call
 
 WAIT = 60.0
 #: Small usage on every scripted reply: the parent's tree budget is 100 tokens.
@@ -234,3 +242,65 @@ async def test_a_remote_child_using_up_the_trees_budget_stops_both(
     assert result.is_error and "token budget" in result.result
     there = await child.get_conversation(linked.child_conversation_id)
     assert (await there.status())["state"] == "idle"
+
+
+# -- configuration and failures, in process ----------------------------------------------------
+
+
+def _dead_url() -> str:
+    """A loopback URL where nothing listens (the port was just free)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (AgentSpec(url="ftp://example.org"), "agents.far.url: not an http:// or https:// URL"),
+        (
+            AgentSpec(url="http://127.0.0.1:9", token_env="AGENTIK_TEST_UNSET_TOKEN"),
+            "agents.far.token_env: environment variable AGENTIK_TEST_UNSET_TOKEN is not set",
+        ),
+    ],
+)
+def test_a_bad_remote_agent_is_a_clear_error_naming_the_key(tmp_path, spec, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Agent(
+            llm=ScriptedModel(),
+            store=SQLiteStore(str(tmp_path / "a.db")),
+            agents={"far": spec},
+            uses=("far",),
+        )
+
+
+async def test_an_unreachable_remote_agent_is_a_tool_error_and_the_turn_goes_on(tmp_path):
+    main = ScriptedModel()
+    main.enqueue(
+        ScriptedReply(tool_calls=[call("agent__far", {"task": "hello?"}, id="c1")]), "no answer"
+    )
+    agent = Agent(
+        llm=main,
+        store=SQLiteStore(str(tmp_path / "a.db")),
+        agents={"far": AgentSpec(url=_dead_url(), description="far away")},
+        uses=("far",),
+    )
+    async with agent:
+        conv = await agent.create_conversation()
+        sub = conv.events()
+        run_id = await conv.send("go")
+        events = await tree_events(sub, run_id)
+    (result,) = [e for e in events if e.kind == "tool_call_ended"]
+    assert result.is_error and "agent far could not be reached" in result.result
+    assert events[-2].kind == "turn_ended" and events[-2].text == "no answer"
+
+
+def test_a_remote_agents_token_is_redacted_from_the_logs(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAR_TOKEN", TOKEN)
+    path = tmp_path / "bot.toml"
+    path.write_text(
+        '[llm]\nbackend = "scripted"\n[agents.far]\nurl = "http://127.0.0.1:9"\n'
+        'token_env = "FAR_TOKEN"\n',
+        encoding="utf-8",
+    )
+    assert TOKEN in load_config(path).secrets()
