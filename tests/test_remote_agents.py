@@ -304,3 +304,43 @@ def test_a_remote_agents_token_is_redacted_from_the_logs(tmp_path, monkeypatch):
         encoding="utf-8",
     )
     assert TOKEN in load_config(path).secrets()
+
+
+@pytest.mark.timeout(300)  # a bot of its own starts (slow on a loaded machine)
+async def test_a_remote_bot_that_dies_mid_run_is_a_tool_error_and_the_turn_goes_on(
+    tmp_path, monkeypatch
+):
+    """The remote's event stream breaks; the client tries to reconnect, cannot, and the
+    parent's model gets an error result instead of a hung or crashed turn."""
+    doomed_llm = FakeOpenAIServer()
+    await doomed_llm.start()
+    doomed = start_bot(bot_config(tmp_path / "doomed", doomed_llm.base_url, name="doomed"))
+    held = Reply.text("never finished", chunks=2, hold_after=1)
+    doomed_llm.enqueue(held)
+    monkeypatch.setenv("DOOMED_TOKEN", TOKEN)
+    main = ScriptedModel()
+    main.enqueue(
+        ScriptedReply(tool_calls=[call("agent__doomed", {"task": "work"}, id="c1")]), "carried on"
+    )
+    agent = Agent(
+        llm=main,
+        store=SQLiteStore(str(tmp_path / "a.db")),
+        agents={"doomed": AgentSpec(url=doomed.url, token_env="DOOMED_TOKEN")},
+        uses=("doomed",),
+    )
+    try:
+        async with agent:
+            conv = await agent.create_conversation()
+            sub = conv.events()
+            run_id = await conv.send("go")
+            await held.wait_held(WAIT)
+            doomed.proc.kill()  # mid-answer
+            events = await tree_events(sub, run_id)
+    finally:
+        doomed.stop()
+        held.release()
+        await doomed_llm.close()
+    (result,) = [e for e in events if e.kind == "tool_call_ended"]
+    assert result.is_error and "agent doomed" in result.result
+    ended = next(e for e in events if e.kind == "turn_ended" and e.run_id == run_id)
+    assert ended.text == "carried on"

@@ -109,6 +109,11 @@ class RemoteAgentTool(AgentTool):
             follow = _Follow(node, parent, conv, events, stream)
             try:
                 ended = await follow.run()
+            except AgentikError as exc:  # the stream broke and did not come back
+                log.warning("agent %s: lost the remote run %s: %s", self.agent_name, run_id, exc)
+                ended = None
+                with contextlib.suppress(AgentikError):  # still running there, perhaps
+                    await conv.interrupt(run_id)
             except asyncio.CancelledError:
                 # The caller was stopped: so is the remote run (its end still relayed).
                 await asyncio.shield(follow.stop())
@@ -161,7 +166,11 @@ class _Follow:
                 if not self._stopping and self.node.over_budget():
                     self.over_budget = True
                     self._stopping = True
-                    await self.conv.interrupt(run_id)
+                    try:
+                        await self.conv.interrupt(run_id)
+                    except AgentikError as exc:
+                        log.warning("remote run %s: could not be stopped: %s", run_id, exc)
+                        break
             elif event.kind == "turn_ended" and event.run_id == run_id:
                 self.ended = event
             elif event.kind == "run_stream_end" and event.run_id == run_id:
