@@ -482,6 +482,21 @@ def _agent_lines(config: Config, registry: Any) -> list[str]:
         source = "" if name in config.agents else " (from a plugin)"
         description = spec.description or "(no description)"
         out.append(f"agent {name}{source}: {description}")
+        if spec.url:
+            # It runs in another agentik: its model, tools and limits are that bot's.
+            token = f"token from ${spec.token_env}" if spec.token_env else "no token"
+            out.append(
+                f"  remote: {spec.url.rstrip('/')}{spec.url_prefix} ({token}),"
+                f" token_budget {spec.token_budget or 'none of its own'}"
+            )
+            if spec.token_env and not os.environ.get(spec.token_env, "").strip():
+                out.append(
+                    f"  warning: agents.{name}.token_env: environment variable"
+                    f" {spec.token_env} is not set"
+                )
+            if name not in depth:
+                out.append(f"  note: not reachable from [agent] uses: {name} never runs")
+            continue
         model = spec.model or "the caller's"
         schema = "custom" if spec.input_schema is not None else '{"task": string}'
         out.append(

@@ -524,6 +524,12 @@ class Config(_Section):
             # password are secrets all the same.
             dsn = os.environ.get(self.storage.dsn_env, "")
             found += [s for s in (dsn, _dsn_password(dsn)) if s]
+        # Remote agents' API tokens come from the environment as well.
+        found += [
+            token
+            for spec in self.agents.values()
+            if spec.token_env and (token := os.environ.get(spec.token_env, "").strip())
+        ]
         return found
 
 

@@ -156,7 +156,7 @@ def setup_logging(level: str = "warning", fmt: str = "text", secrets: Iterable[s
     status_level = chosen if isinstance(chosen, int) and chosen > logging.WARNING else logging.INFO
     logging.getLogger(STATUS_LOGGER).setLevel(status_level)
     # Chatty client libraries stay at WARNING unless we are debugging.
-    for noisy in ("httpx", "httpcore", "openai", "aiosqlite", "asyncio"):
+    for noisy in ("httpx", "httpx2", "httpcore", "openai", "aiosqlite", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
 
 

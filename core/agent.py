@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -414,7 +415,7 @@ class Agent:
                 ) from None
             prompt = "\n\n".join(p for p in (spec.system_prompt, soul) if p)
             self.agent_prompts[name] = prompt or None
-            self.add_tool(AgentTool(self, name, spec))
+            self.add_tool(_agent_tool(self, name, spec))
         for used in self.uses:
             if used not in known:
                 raise ConfigError(f"agent.uses: no agent {used!r}{_known(known)}")
@@ -764,6 +765,26 @@ class Agent:
             profile=profile_of(self.stream_profiles, profile, kinds),
             max_pending=max_pending,
         )
+
+
+def _agent_tool(agent: Agent, name: str, spec: AgentSpec) -> AgentTool:
+    """The tool of agent ``name``: a child run here, or — ``url`` set — a turn of the
+    agentik serving there (its token from the environment variable ``token_env``)."""
+    if not spec.url:
+        return AgentTool(agent, name, spec)
+    if not spec.url.startswith(("http://", "https://")):
+        raise ConfigError(f"agents.{name}.url: not an http:// or https:// URL: {spec.url!r}")
+    token = None
+    if spec.token_env:
+        token = os.environ.get(spec.token_env, "").strip()
+        if not token:
+            raise ConfigError(
+                f"agents.{name}.token_env: environment variable {spec.token_env} is not set"
+            )
+    # Imported when a remote agent is configured: its HTTP client is not needed before.
+    from .client.tool import RemoteAgentTool
+
+    return RemoteAgentTool(agent, name, spec, url=spec.url, token=token, prefix=spec.url_prefix)
 
 
 def _known(agents: Mapping[str, AgentSpec]) -> str:

@@ -18,7 +18,9 @@ boundary with ``raise ... from`` so callers only ever catch our types::
     │   ├── ContextTooLong      the request does not fit the model's context window
     │   └── LLMResponseError    the endpoint answered something we cannot use
     ├── ToolError               a tool failed; the message goes back to the model
-    └── PromptRefused           a plugin refused a message (``before_prompt``)
+    ├── PromptRefused           a plugin refused a message (``before_prompt``)
+    └── RemoteError             another agentik's HTTP API refused a request or could
+                                not be reached (:mod:`agentik.core.client`)
 
 User/config errors (``ConfigError``) are meant to be shown to a person as one
 line; run-time errors are reported as ``error`` events and logged.  No error
@@ -41,6 +43,7 @@ __all__ = [
     "NotFound",
     "PluginError",
     "PromptRefused",
+    "RemoteError",
     "StoreError",
     "ToolError",
 ]
@@ -135,3 +138,18 @@ class ToolError(AgentikError):
 class PromptRefused(AgentikError):
     """A ``before_prompt`` hook refused the message; ``str(exc)`` is the reason
     to show in the channel.  Nothing was stored and no turn runs."""
+
+
+class RemoteError(AgentikError):
+    """A remote agent (another agentik's HTTP API, :mod:`agentik.core.client`) refused
+    a request or could not be reached.
+
+    ``status``: the HTTP status (``None``: no answer: the connection failed);
+    ``code``: the API's stable error code (``budget_exceeded``, ``forbidden``, …;
+    ``None`` when the answer carried none).  Never holds the token.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code

@@ -138,6 +138,10 @@ class AgentSpec(TurnLimits, RunLimits, AgentUses, AgentPrompt):
     (unset: the caller's); the time budget never reaches past the caller's.
     ``token_budget``: tokens its run may use (0: no own limit; the tree's
     budget still applies).  ``max_concurrent_children``: unset, the ``[runs]`` value.
+    ``url``: the agent runs in another agentik, driven over its HTTP API
+    (:class:`~agentik.core.client.RemoteAgentTool`; ``token_env`` names the
+    environment variable of its token); the keys about how it runs here
+    (``system_prompt``, ``model``, ``tools``, …) are then that bot's own.
     """
 
     #: What the calling model reads about this agent (its tool's description).
@@ -153,6 +157,14 @@ class AgentSpec(TurnLimits, RunLimits, AgentUses, AgentPrompt):
     memory: Literal["caller", "none"] = "caller"
     #: JSON-Schema of its tool's arguments (unset: {"task": string}).
     input_schema: dict[str, Any] | None = None
+    #: Another agentik's HTTP API (http://host:port): the agent runs there, as a turn
+    #: of that bot; unset, it runs in this process.
+    url: Blank = None
+    #: The environment variable holding the remote API's token (with url; never the
+    #: token itself; unset: no token).
+    token_env: Blank = None
+    #: The remote API's prefix (with url).
+    url_prefix: str = "/agentik"
 
     @property
     def schema(self) -> dict[str, Any]:

@@ -37,6 +37,9 @@ XDIST_GROUPS: dict[str, str] = {
     "test_recall": "test_recall",
     "test_security_http": "test_security_http",
     "test_security_slack": "test_security_slack",
+    # real `agentik run` processes, started once per module
+    "test_conversation_contract": "test_conversation_contract",
+    "test_remote_agents": "test_remote_agents",
 }
 
 

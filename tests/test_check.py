@@ -696,3 +696,31 @@ def test_a_plugin_to_load_that_is_not_installed_is_an_error(tmp_path, toml, env,
         result = run(command, "-c", cfg, cwd=tmp_path, env=env)
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("agentik: " + error.format(cfg=cfg)), result.stderr
+
+
+REMOTE = """
+[llm]
+backend = "scripted"
+
+[agent]
+uses = ["helpdesk"]
+
+[agents.helpdesk]
+description = "Another bot."
+url = "http://127.0.0.1:8081/"
+token_env = "HELPDESK_TOKEN_FOR_CHECK"
+token_budget = 500
+"""
+
+
+def test_check_shows_a_remote_agent_where_it_runs_and_an_unset_token(tmp_path):
+    result = run("check", "-c", write(tmp_path, REMOTE), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index("agent helpdesk: Another bot.")
+    assert lines[start + 1 : start + 3] == [
+        "  remote: http://127.0.0.1:8081/agentik (token from $HELPDESK_TOKEN_FOR_CHECK),"
+        " token_budget 500",
+        "  warning: agents.helpdesk.token_env: environment variable HELPDESK_TOKEN_FOR_CHECK"
+        " is not set",
+    ]
