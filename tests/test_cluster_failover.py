@@ -18,7 +18,17 @@ import subprocess
 import time
 from typing import Any
 
-from cluster import DSN_ENV, PATIENCE, Worker, configs, last_user, owner_of, until, workers
+import pytest
+from cluster import (
+    DSN_ENV,
+    PATIENCE,
+    Worker,
+    configs,
+    last_user,
+    owner_of,
+    until,
+    workers,
+)
 
 from agentik.core.testing.openai_server import Reply
 from helpers import AGENTIK, clean_env
@@ -353,6 +363,63 @@ streaming = "edit"
                   f"{time.monotonic() - killed_at:.2f} s")  # fmt: skip
             assert "took over slack" in second.stderr()
             assert len(slack.calls_to("apps.connections.open")) == opened + 1
+
+
+@pytest.mark.timeout(400)  # two workers, a stop and a takeover, on a loaded machine
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
+async def test_slack_answer_posted_unrecorded_by_a_stopping_owner_is_not_posted_again(
+    postgres_dsn, openai_server, tmp_path, stop: int
+) -> None:
+    """The rolling-restart double, made to happen every time: the owner's post of a new
+    thread's answer reaches Slack, but its response never comes back (the worker stops:
+    SIGTERM closes the HTTP session after 5 s, kill -9 ends it), so the outbox never
+    learns its ts. The next owner redelivers that piece: it finds the message by the
+    piece's metadata and updates it, rather than posting the answer a second time."""
+    openai_server.default = lambda body: Reply.text("the answer to the first question")
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        transport = f"""
+[transports.slack]
+type = "slack"
+bot_token = "{slack.bot_token}"
+app_token = "{slack.app_token}"
+api_url = "{slack.api_url}"
+"""
+        crew: list[Worker] = []
+        try:
+            async with workers(
+                2, tmp_path, postgres_dsn, configs(openai_server.base_url, transport,
+                                                   lease=10.0, beat=1.0)
+            ) as crew:  # fmt: skip
+                first = await owner_of(crew, "slack")
+                await slack.wait_for_socket(1, PATIENCE)
+                slack.hold("chat.postMessage")
+                # A mention in the channel: the thread's first message.
+                event = slack.message_event("C1", f"<@{slack.bot_user_id}> first question",
+                                            user="U1")  # fmt: skip
+                await slack.push_event(event)
+                await slack.wait_until(lambda: bool(slack.held), PATIENCE, "the answer's post")
+                first.kill(stop)
+                await first.wait()
+                second = next(w for w in crew if w is not first)
+                await until(lambda: "took over slack" in second.stderr(), "the takeover")
+                took = next(ln for ln in second.stderr().splitlines() if "took over slack" in ln)
+                answers = [m for m in slack.messages.values()
+                           if m.get("user") == slack.bot_user_id
+                           and m.get("thread_ts") == event["ts"]]  # fmt: skip
+                assert [m["text"] for m in answers] == ["the answer to the first question"], took
+                # The one post was found (not posted again) by its metadata.
+                assert "1 piece(s) redelivered" in took
+                assert len(slack.calls_to("chat.postMessage")) == 1
+                assert slack.calls_to("conversations.replies")
+                assert sum("first question" in last_user(r) for r in openai_server.requests) == 1
+        except BaseException:
+            for w in crew:  # shown with the failure
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            print("calls:", [(m, {k: str(v)[:80] for k, v in p.items()}) for m, p in slack.calls])
+            raise
+        finally:
+            slack.release()
 
 
 def _said(slack: FakeSlack, channel: str, text: str) -> bool:
