@@ -804,21 +804,27 @@ class Bot:
             await self.turn_queue.drain()  # no new turn starts; queued ones wait for another
         self.closing_at = "draining the turns"
         drain_end = min(loop.time() + policy.drain_timeout, deadline)
-        busy = [c for c in self.agent.services.conversations() if c.busy]
-        if busy:
+        # Until none is busy: a message a closing transport handed over late (a Slack
+        # event its library dispatched after the socket closed) starts a turn after the
+        # others: it is waited for too, or the next owner would find it unanswered and
+        # answer it again.
+        cut: list[Any] = []
+        while busy := [c for c in self.agent.services.conversations() if c.busy]:
+            if loop.time() >= drain_end:
+                cut = busy
+                break
             waiting = [asyncio.ensure_future(c.wait_idle()) for c in busy]
             await asyncio.wait(waiting, timeout=max(0.0, drain_end - loop.time()))
             for waiter in waiting:
                 waiter.cancel()
-            cut = [c for c in busy if c.busy]
-            if cut:
-                log.warning(
-                    "stopping: %d turn(s) still running after %g s are cut short",
-                    len(cut), policy.drain_timeout,
-                )  # fmt: skip
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.1, deadline - loop.time() - _CLOSING)):
-                        await asyncio.gather(*(c.interrupt() for c in cut), return_exceptions=True)
+        if cut:
+            log.warning(
+                "stopping: %d turn(s) still running after %g s are cut short",
+                len(cut), policy.drain_timeout,
+            )  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.1, deadline - loop.time() - _CLOSING)):
+                    await asyncio.gather(*(c.interrupt() for c in cut), return_exceptions=True)
         # Only now the connections' leases go (another worker takes each at its next
         # heartbeat): what the turns wrote, answers included, is committed first, so
         # the new owner's recovery finds them answered (not a message to answer again)

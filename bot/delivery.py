@@ -140,6 +140,7 @@ class Delivery:
                     OutgoingMessage(
                         channel_key=row.channel_key, text=text, kind=kind, run_id=row.run_id,
                         reply_to=row.reply_to, outbox_id=row.id, replaces=row.ref,
+                        written_at=row.created_at,
                         author=author if kind == "relay" else None,
                     )
                 )  # fmt: skip

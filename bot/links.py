@@ -20,7 +20,11 @@ bridge's seams:
   and a one-line pointer in the other linked channels.
 
 Links come from ``[[links]]`` (:class:`LinkSettings`) and from ``!link`` (stored,
-:mod:`agentik.bot.commands.links`).
+:mod:`agentik.bot.commands.links`).  Several workers on one database: a link made or
+undone on one is announced on the ``links`` topic (its name, after the write) and
+every other worker reads the stored links again (also at each resync of the
+notifier), so the worker that takes a connection over later relays as its last
+owner did.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ if TYPE_CHECKING:
 __all__ = ["Link", "LinkSettings", "LinkedRenderer", "Links", "LinksHost", "late", "qualified"]
 
 log = logging.getLogger(__name__)
+
+#: The notification topic of links made or undone in chat (ids: link names).
+LINKS_TOPIC = "links"
 
 #: Relayed messages waiting for one target before the next arrival waits (never dropped).
 QUEUE_SIZE = 200
@@ -239,6 +246,10 @@ class Links:
         #: Message-map rows waiting for their write, and the task writing them.
         self._map_rows: list[LinkMessage] = []
         self._mapper: asyncio.Task[None] | None = None
+        #: Following the ``links`` topic (other workers' !link/!unlink), once loaded.
+        self._follow: Any = None
+        self._reloading: asyncio.Task[None] | None = None
+        self._reload_again = False
         self._index()
 
     def _index(self) -> None:
@@ -256,6 +267,7 @@ class Links:
         self._loaded = True
         self.host.agent.health.add_provider(self.health)
         if "links" in self.store.capabilities:
+            self._follow = self.store.notifier().subscribe(LINKS_TOPIC, self._noticed)
             for record in await self.store.links():
                 if record.name in self.links:
                     log.warning("link %r is in the configuration and in chat: the configuration's"
@@ -274,6 +286,58 @@ class Links:
                 self._index()
         for link in list(self.links.values()):
             await self._bind(link)
+
+    # -- other workers' links ------------------------------------------------------------------
+    def _noticed(self, notice: Any) -> None:
+        """A link was made or undone on another worker (or a resync): read them again."""
+        if notice.local and not notice.resync:
+            return  # this worker's own !link/!unlink: in force here already
+        if self._reloading is not None:
+            self._reload_again = True
+            return
+        self._reloading = asyncio.ensure_future(self._reload())
+
+    async def _reload(self) -> None:
+        try:
+            while True:
+                self._reload_again = False
+                try:
+                    await self._sync(await self.store.links())
+                except Exception:
+                    log.exception("could not read the links again")
+                if not self._reload_again:
+                    return
+        finally:
+            self._reloading = None
+
+    async def _sync(self, records: Sequence[LinkRecord]) -> None:
+        """Put the stored links in force here: the ones made elsewhere added, the ones
+        undone elsewhere removed (their channels' bindings were changed there; an open
+        channel is let go, so it reopens on its conversation now)."""
+        stored = {r.name: r for r in records}
+        moved: list[str] = []
+        for name, link in list(self.links.items()):
+            if link.source != "config" and name not in stored:
+                del self.links[name]
+                self._index()
+                moved += link.channels
+                log.info("link %r was undone on another worker", name)
+        for name, record in stored.items():
+            if name in self.links:
+                continue
+            try:
+                link = Link.of(record)
+            except ValueError as exc:
+                log.warning("stored link %r is not valid any more: %s", name, exc)
+                continue
+            if any(key in self._by_key for key in link.channels):
+                continue  # names a channel of another link (warned at load)
+            self.links[name] = link
+            self._index()
+            moved += link.channels
+            log.info("link %r was made on another worker", name)
+        for key in moved:
+            await self.host.release(key)
 
     # -- what a link is made of -------------------------------------------------------------
     def find(self, key: str) -> tuple[Link, str] | None:
@@ -346,6 +410,7 @@ class Links:
         self.links[link.name] = link
         self._index()
         conv_id = await self._bind(link)
+        await self._announce(link.name)
         if link.settings.history:
             await self._history(link, conv_id, self._joined)
         return conv_id
@@ -383,7 +448,15 @@ class Links:
             fresh = await agent.create_conversation(title=key, channel_key=key)
             await self.store.set_binding(key, fresh.id)
             await self.host.release(key)
+        await self._announce(name)
         return link
+
+    async def _announce(self, name: str) -> None:
+        """Tell the other workers (after the writes): they read the links again."""
+        try:
+            await self.store.notifier().publish(LINKS_TOPIC, name)
+        except Exception as exc:  # they read them at their next resync anyway
+            log.warning("could not announce link %r to the other workers: %s", name, exc)
 
     # -- the bridge's seams ---------------------------------------------------------------
     def arriving(self, message: IncomingMessage, transport: Transport) -> IncomingMessage:
@@ -582,6 +655,13 @@ class Links:
     async def aclose(self) -> None:
         """Stop the senders (what they had not sent waits in the outbox); the message
         map's pending rows are written."""
+        if self._follow is not None:
+            self._follow.close()
+            self._follow = None
+        if self._reloading is not None:
+            self._reloading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reloading
         while self._mapper is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._mapper)

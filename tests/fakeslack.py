@@ -30,6 +30,13 @@ whichever connection is live then, at most ``max_retries`` times: as Slack resen
 event a client did not acknowledge in time (Slack waits longer between attempts).
 Each resend is recorded in ``retried``.
 
+Message metadata (``metadata`` of ``chat.postMessage``) is kept with the message and
+returned by ``conversations.replies``/``history`` only with ``include_all_metadata``, as
+Slack does (their ``oldest`` is ignored: the fake's ts are not wall-clock times).
+``hold(method)``: the next call of ``method`` takes effect at once but is answered only
+after ``release()`` (a response lost in transit: the client cannot tell whether it
+happened); ``held`` lists the held calls' methods.
+
 Limits as Slack documents them: ``chat.postMessage``/``chat.update`` refuse a
 ``text`` over 40,000 characters (``msg_too_long``), more than 50 blocks or a
 section block whose text is over 3,000 characters (``invalid_blocks``).
@@ -123,6 +130,10 @@ class FakeSlack:
         self.send_timeout = 60.0
         self.add_user(bot_user_id, "bot", real_name="Fake Bot", is_bot=True)
         self._rate_limits: dict[str, list[int]] = {}  # method -> [times_left, retry_after]
+        self._holds: dict[str, int] = {}  # method -> how many next calls to hold
+        self._released = asyncio.Event()
+        #: Methods of the calls held so far (see :meth:`hold`), in order.
+        self.held: list[str] = []
         self._streaming: set[tuple[str, str]] = set()
         self._ts_counter = 0
         self._tickets: set[str] = set()
@@ -155,6 +166,7 @@ class FakeSlack:
         self.port = self._runner.addresses[0][1]
 
     async def stop(self) -> None:
+        self._released.set()  # held calls end with the server
         for task in list(self._resends):
             task.cancel()
         for ws in list(self._sockets):
@@ -213,6 +225,15 @@ class FakeSlack:
     def rate_limit(self, method: str, times: int = 1, retry_after: int = 1) -> None:
         """The next ``times`` calls of ``method`` get HTTP 429 + ``Retry-After``."""
         self._rate_limits[method] = [times, retry_after]
+
+    def hold(self, method: str, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` take effect but get no answer until
+        :meth:`release` (as a response lost when the client's connection went away)."""
+        self._holds[method] = self._holds.get(method, 0) + times
+
+    def release(self) -> None:
+        """Answer the held calls (and any held later)."""
+        self._released.set()
 
     def sign(self, body: bytes | str, timestamp: int | None = None) -> dict[str, str]:
         """``X-Slack-Request-Timestamp``/``X-Slack-Signature`` headers (v0) for ``body``."""
@@ -666,6 +687,11 @@ class FakeSlack:
         if (token == self.app_token) != wants_app_token:
             return self._error(method, params, "not_allowed_token_type")
         result = handler(params)
+        if self._holds.get(method):
+            self._holds[method] -= 1
+            self.held.append(method)
+            self._notify()
+            await self._released.wait()
         if isinstance(result, str):
             return self._error(method, params, result)
         return web.json_response({"ok": True, **result})
@@ -852,11 +878,20 @@ class FakeSlack:
         ]
         return sorted(found, key=lambda m: float(m["ts"]))
 
+    @staticmethod
+    def _listed(messages: list[dict[str, Any]], params: dict[str, Any]) -> list[dict[str, Any]]:
+        """``messages`` as a history method returns them: their metadata only with
+        ``include_all_metadata``."""
+        if str(params.get("include_all_metadata", "")).lower() not in ("1", "true"):
+            messages = [{k: v for k, v in m.items() if k != "metadata"} for m in messages]
+        return messages
+
     def _m_conversations_replies(self, params: dict[str, Any]) -> dict[str, Any] | str:
         channel, ts = params.get("channel") or "", params.get("ts") or ""
         messages = self._thread(channel, ts)
         if not messages:
             return "thread_not_found"
+        messages = self._listed(messages, params)
         limit = int(params.get("limit") or 1000)
         return {
             "messages": messages[:limit],
@@ -872,6 +907,7 @@ class FakeSlack:
             if ch == channel and m.get("thread_ts") in (None, mts)
         ]
         top.sort(key=lambda m: float(m["ts"]), reverse=True)
+        top = self._listed(top, params)
         limit = int(params.get("limit") or 100)
         return {
             "messages": top[:limit],

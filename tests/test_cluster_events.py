@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from cluster import PATIENCE, http_transport, until, worker_config, workers
 
 from agentik.core.testing.openai_server import Reply
@@ -344,3 +345,63 @@ async def test_a_follower_whose_listening_connection_drops_misses_nothing(postgr
     assert "".join(e.text for e in got if e.kind == "text_delta").split() == [
         f"w{i}" for i in range(30)
     ]
+
+
+@pytest.mark.timeout(400)  # two workers and three slow turns, on a loaded machine
+async def test_an_interrupt_through_one_worker_stops_the_turn_running_on_the_other(
+    postgres_dsn, openai_server, tmp_path
+):
+    """The HTTP API's interrupt reaches the worker running the turn: asked through B,
+    whose process runs nothing, the turn on A stops (its partial answer kept, marked
+    interrupted); asked again once it ended, B says no turn is running."""
+    words = [f"w{i}" for i in range(300)]
+
+    def model(body: dict[str, Any]) -> Reply:
+        users = [m for m in body["messages"] if m["role"] == "user"]
+        if users and "stop that" in str(users[-1].get("content")):
+            return Reply.text("stopped", chunks=1)
+        return Reply.text(" ".join(words), chunks=300, delay=0.1)
+
+    openai_server.default = model
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+            conv = (await on_a.post("/conversations", json={})).json()
+            path = f"/conversations/{conv['id']}/events"
+            # B's follower reads what A stores: once it sees the answer coming, B can too.
+            async with sse(on_b, path, params={"after": "0"}) as rb:
+                r = await on_a.post(f"/conversations/{conv['id']}/messages",
+                                    json={"content": "count slowly"})  # fmt: skip
+                assert r.status_code == 202
+                run_id = r.json()["run_id"]
+                seen = await read_until(rb, "text_delta", 3)
+                stop = await on_b.post(f"/conversations/{conv['id']}/interrupt", json={})
+                assert stop.status_code == 202, stop.text
+                assert stop.json()["run_id"] == run_id
+                seen += await read_until(rb, "run_stream_end")
+            kinds = [m.kind for m in seen]
+            assert "interrupted" in kinds, kinds
+            assert sum(k == "text_delta" for k in kinds) < len(words)
+            history = (await on_b.get(f"/conversations/{conv['id']}/messages")).json()["items"]
+            answer = [m for m in history if m["kind"] == "assistant" and m["run_id"] == run_id]
+            assert answer and answer[-1]["status"] == "interrupted"
+            again = await on_b.post(f"/conversations/{conv['id']}/interrupt", json={})
+            assert again.status_code == 409
+            assert again.json()["error"]["code"] == "no_turn_running"
+
+            # A message with busy = "interrupt" through B: A's running turn stops, the
+            # message gets its own turn.
+            async with sse(on_b, path, params={"after": str(seen[-1].id)}) as rb:
+                r = await on_a.post(f"/conversations/{conv['id']}/messages",
+                                    json={"content": "count slowly again"})  # fmt: skip
+                second = r.json()["run_id"]
+                more = await read_until(rb, "text_delta", 3)
+                r = await on_b.post(f"/conversations/{conv['id']}/messages",
+                                    json={"content": "stop that", "busy": "interrupt"})  # fmt: skip
+                assert r.status_code == 202, r.text
+                third = r.json()["run_id"]
+                more += await read_until(rb, "run_stream_end", 2)
+            stopped = [m for m in more if m.kind == "interrupted"]
+            assert stopped and stopped[0].data is not None
+            assert stopped[0].data["run_id"] == second
+            started = [m.data["run_id"] for m in more if m.kind == "turn_started" and m.data]
+            assert started == [second, third]

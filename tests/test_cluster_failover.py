@@ -18,7 +18,18 @@ import subprocess
 import time
 from typing import Any
 
-from cluster import DSN_ENV, PATIENCE, Worker, configs, last_user, owner_of, until, workers
+import pytest
+from cluster import (
+    DSN_ENV,
+    PATIENCE,
+    Worker,
+    configs,
+    last_user,
+    owner_of,
+    until,
+    worker_config,
+    workers,
+)
 
 from agentik.core.testing.openai_server import Reply
 from helpers import AGENTIK, clean_env
@@ -355,9 +366,155 @@ streaming = "edit"
             assert len(slack.calls_to("apps.connections.open")) == opened + 1
 
 
+@pytest.mark.timeout(400)  # two workers, a stop and a takeover, on a loaded machine
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
+async def test_slack_answer_posted_unrecorded_by_a_stopping_owner_is_not_posted_again(
+    postgres_dsn, openai_server, tmp_path, stop: int
+) -> None:
+    """The rolling-restart double, made to happen every time: the owner's post of a new
+    thread's answer reaches Slack, but its response never comes back (the worker stops:
+    SIGTERM closes the HTTP session after 5 s, kill -9 ends it), so the outbox never
+    learns its ts. The next owner redelivers that piece: it finds the message by the
+    piece's metadata and updates it, rather than posting the answer a second time."""
+    openai_server.default = lambda body: Reply.text("the answer to the first question")
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        transport = f"""
+[transports.slack]
+type = "slack"
+bot_token = "{slack.bot_token}"
+app_token = "{slack.app_token}"
+api_url = "{slack.api_url}"
+"""
+        crew: list[Worker] = []
+        try:
+            async with workers(
+                2, tmp_path, postgres_dsn, configs(openai_server.base_url, transport,
+                                                   lease=10.0, beat=1.0)
+            ) as crew:  # fmt: skip
+                first = await owner_of(crew, "slack")
+                await slack.wait_for_socket(1, PATIENCE)
+                slack.hold("chat.postMessage")
+                # A mention in the channel: the thread's first message.
+                event = slack.message_event("C1", f"<@{slack.bot_user_id}> first question",
+                                            user="U1")  # fmt: skip
+                await slack.push_event(event)
+                await slack.wait_until(lambda: bool(slack.held), PATIENCE, "the answer's post")
+                first.kill(stop)
+                await first.wait()
+                second = next(w for w in crew if w is not first)
+                await until(lambda: "took over slack" in second.stderr(), "the takeover")
+                took = next(ln for ln in second.stderr().splitlines() if "took over slack" in ln)
+                answers = [m for m in slack.messages.values()
+                           if m.get("user") == slack.bot_user_id
+                           and m.get("thread_ts") == event["ts"]]  # fmt: skip
+                assert [m["text"] for m in answers] == ["the answer to the first question"], took
+                # The one post was found (not posted again) by its metadata.
+                assert "1 piece(s) redelivered" in took
+                assert len(slack.calls_to("chat.postMessage")) == 1
+                assert slack.calls_to("conversations.replies")
+                assert sum("first question" in last_user(r) for r in openai_server.requests) == 1
+        except BaseException:
+            for w in crew:  # shown with the failure
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            print("calls:", [(m, {k: str(v)[:80] for k, v in p.items()}) for m, p in slack.calls])
+            raise
+        finally:
+            slack.release()
+
+
 def _said(slack: FakeSlack, channel: str, text: str) -> bool:
     return any(
         text in (m.get("text") or "")
         for (ch, _), m in slack.messages.items()
         if ch == channel and m.get("user") == slack.bot_user_id
     )
+
+
+# -- linked channels ---------------------------------------------------------------------------
+@pytest.mark.timeout(400)  # two workers, a link, a failover, on a loaded machine
+async def test_a_link_made_on_one_worker_is_in_force_on_the_worker_that_takes_over(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """``!link`` on the worker owning the connections; the other, already running, learns
+    of it (the ``links`` topic) and, once it has taken the connections over after a kill
+    -9, relays the Slack channel's people to the IRC channel as the link says; after an
+    ``!unlink`` through it, the first worker, started again, keeps them apart."""
+    openai_server.default = lambda body: Reply.text("noted")
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob")
+        slack.add_user("U9", "root")
+        mention = f"<@{slack.bot_user_id}>"
+        transport = (
+            irc_transport(ngircd.port)
+            + f"""
+[transports.slack]
+type = "slack"
+bot_token = "{slack.bot_token}"
+app_token = "{slack.app_token}"
+api_url = "{slack.api_url}"
+conversation_per = "channel"
+streaming = "edit"
+[access]
+admins = ["slack:T1:U9"]
+"""
+        )
+
+        def link_seen(view: dict[str, Any] | None) -> bool:
+            return view is not None and "link:team" in (view.get("components") or {})
+
+        def said(words: str) -> bool:
+            return any(words in (c.get("text") or "") for c in slack.calls_to("chat.postMessage"))
+
+        crew = [Worker(tmp_path / f"w{i}", worker_config(f"w{i}", openai_server.base_url,
+                                                          extra=transport), postgres_dsn)
+                for i in range(2)]  # fmt: skip
+        watcher = await IRCTestClient.connect(ngircd.port, "watcher")
+        try:
+            await watcher.join(CHANNEL)
+            first, second = crew
+            first.start()  # alone: it owns both connections
+            await owner_of([first], "libera")
+            await owner_of([first], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            second.start()
+            await until(second.health, "the second worker's /health")
+            await slack.push_event(slack.message_event(
+                "C1", f"{mention} !link team irc:libera:{CHANNEL}", user="U9"))  # fmt: skip
+            await until(lambda: said("linked team"), "the link made")
+            # The second worker knows it (its /health shows the link) without a restart.
+            await until(lambda: _call(second.health, link_seen), "the link on the other worker")
+
+            since = watcher.mark()
+            first.kill()
+            await first.wait()
+            await owner_of([second], "libera")
+            await owner_of([second], "slack")
+            await watcher.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"),
+                PATIENCE, since=since,
+            )  # fmt: skip
+            await slack.wait_for_socket(2, PATIENCE)
+            await slack.push_event(slack.message_event("C1", "after the failover", user="U2"))
+            await watcher.wait_for(lambda m: "after the failover" in m.text, PATIENCE)
+
+            # Undone through the second worker: the first, started again, keeps them apart.
+            await slack.push_event(slack.message_event("C1", f"{mention} !unlink team",
+                                                       user="U9"))  # fmt: skip
+            await until(lambda: said("unlinked team"), "the link undone")
+            first.start()
+            await until(lambda: _call(first.health, lambda v: v is not None and not link_seen(v)),
+                        "the first worker back, without the link")  # fmt: skip
+        except BaseException:
+            for w in crew:  # shown with the failure
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await watcher.close()
+            for w in crew:
+                w.stop()
+
+
+async def _call(get: Any, check: Any) -> bool:
+    """``check(await get())``: for :func:`until` on a worker's ``/health``."""
+    return bool(check(await get()))

@@ -291,12 +291,17 @@ async def test_rolling_restart_under_slack_load_loses_and_doubles_nothing(
                   f"{slack.socket_connections} sockets, doubled {doubled}")  # fmt: skip
             assert slack.socket_connections >= 3
             if doubled:
-                # Known, open (issue 32): a stopping worker keeps the connection's lease
-                # until its turns are done, their deliveries recorded and committed
-                # (bot/app.py Bot.shutdown), which took the doubles from 2 of 5 runs to
-                # fewer; under heavy load one piece is still sometimes sent by the
-                # stopping worker and again by the new owner's redelivery ("1 piece(s)
-                # redelivered"). Nothing is lost (asserted above): reported, not hidden.
+                # Two causes are fixed: a stopping worker posted after its transport had
+                # closed (slack-sdk opened a new HTTP session) while the next owner
+                # redelivered the same piece; and a post whose response was lost to the
+                # stop is now found by its message metadata, not posted again (pinned by
+                # test_cluster_failover's
+                # test_slack_answer_posted_unrecorded_by_a_stopping_owner_is_not_posted_again).
+                # Still open (issue 32): once, under a load of 22-35, one answer came
+                # twice at a takeover that both redelivered a piece and resumed a message
+                # ("1 piece(s) redelivered, 1 message(s) resumed"); the drain now waits
+                # for turns started after its first look too. Nothing is lost (asserted
+                # above): reported, not hidden.
                 pytest.xfail(f"answered twice across a handover: {doubled}")
         except BaseException:
             for w in crew:  # shown with the failure

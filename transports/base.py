@@ -164,6 +164,12 @@ class OutgoingMessage:
     #: Redelivery after a restart: the protocol id (Slack ``ts``) of the
     #: message this answer already started; update it instead of posting anew.
     replaces: str | None = None
+    #: Redelivery after a restart: when the piece was first written (Unix time).  A
+    #: send whose delivery was never recorded may have reached the peer all the same
+    #: (the process stopped before the peer's answer came back); a transport that can
+    #: find such a message (Slack: by the piece's message metadata) updates it rather
+    #: than posting it again.
+    written_at: float | None = None
     #: Buttons offered with this message (see :class:`Action`).
     actions: tuple[Action, ...] = ()
     #: A name for this message (``approval:<conversation>:<id>``), so a later

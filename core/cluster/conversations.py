@@ -40,6 +40,16 @@ that queued it (the HTTP API, by its ``via`` name in the payload) decides again,
 on the worker running it, what the turn may do (the asker's tools, the turn's
 settings), as recovery does for a turn resumed after a restart.
 
+**Stopping a turn another worker runs** (the HTTP API's interrupt reaching a
+worker that does not run it): :meth:`TurnQueue.running_elsewhere` finds the turn
+running in the conversation from its stored events (the last turn started whose
+end is not recorded), and :meth:`TurnQueue.stop_elsewhere` announces
+``<run id>:<conversation id>`` on the ``stops`` topic (ids only; nothing is
+written); the worker whose process runs that turn interrupts it.  A lost
+notification only delays: the asking worker announces it again every
+``heartbeat_seconds`` until the turn's end is recorded (at most
+:data:`STOP_PATIENCE` seconds).
+
 Nothing of this runs on a store one process keeps (SQLite, the in-memory store):
 the bot makes no :class:`TurnQueue` there, and turns are submitted as before.
 """
@@ -48,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -68,12 +79,18 @@ if TYPE_CHECKING:
     from ..store.records import Lease, QueuedTurn, QueueStats
     from ..turnsettings import TurnSettings
 
-__all__ = ["TOPIC", "Admission", "FrontEnd", "TurnQueue"]
+__all__ = ["STOPS_TOPIC", "TOPIC", "Admission", "FrontEnd", "TurnQueue"]
 
 log = logging.getLogger(__name__)
 
 #: The notification topic of queued turns: ids are conversation ids.
 TOPIC = "turns"
+#: The topic asking the worker running a turn to stop it: ids ``<run id>:<conversation id>``.
+STOPS_TOPIC = "stops"
+#: Seconds a stop asked of another worker is announced again, until the turn ends.
+STOP_PATIENCE = 120.0
+#: Stored events looked through for the turn running in a conversation.
+_RECENT_EVENTS = 500
 #: How many turns run here are remembered as done (a claim that read the queue before
 #: one left it returns it once more).
 _DONE_KEPT = 10_000
@@ -138,6 +155,7 @@ class TurnQueue:
         self._keeper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sub: Any = None
+        self._stops: Any = None
         self._closing = False
         self._considering: set[str] = set()
         #: Conversations a turn is being queued for here now (not released meanwhile).
@@ -278,6 +296,7 @@ class TurnQueue:
     async def start(self) -> None:
         """Follow the ``turns`` topic, start the keeper, and take up what is queued."""
         self._sub = self.store.notifier().subscribe(TOPIC, self._noticed)
+        self._stops = self.store.notifier().subscribe(STOPS_TOPIC, self._stop_noticed)
         self._keeper = asyncio.create_task(self._keep(), name="agentik-conversation-leases")
 
     async def drain(self) -> None:
@@ -292,6 +311,9 @@ class TurnQueue:
         """Stop the keeper and the runners; release every lease held (the turns still
         queued here are claimed by the next holder)."""
         await self.drain()
+        if self._stops is not None:
+            self._stops.close()
+            self._stops = None
         tasks = [t for t in (self._keeper, *(s.task for s in self._slots.values())) if t]
         tasks += list(self._tasks)
         for task in tasks:
@@ -300,6 +322,60 @@ class TurnQueue:
         self._keeper = None
         for cid in list(self._held):
             await self._release(cid)
+
+    # -- stopping a turn another worker runs ----------------------------------------------
+    async def running_elsewhere(self, conversation_id: str) -> str | None:
+        """The run id of the turn running in the conversation as its stored events say
+        (the last top-level turn started whose end is not recorded): a turn another
+        worker runs; ``None`` when none runs."""
+        store = self.store
+        last = await store.run_events_last(conversation_id)
+        rows = await store.run_events_after(
+            conversation_id, max(0, last - _RECENT_EVENTS), limit=_RECENT_EVENTS
+        )
+        for _, text in reversed(rows):
+            try:
+                event = json.loads(text)
+            except ValueError:
+                continue
+            if event.get("kind") != "turn_started" or event.get("parent_run_id"):
+                continue
+            run = event.get("run_id")
+            if not isinstance(run, str) or await store.turn_ended(conversation_id, run):
+                return None
+            return run
+        return None
+
+    async def stop_elsewhere(self, conversation_id: str, run_id: str) -> None:
+        """Ask the worker running ``run_id`` of the conversation to stop it: announced
+        now, and again every heartbeat until its end is recorded (see the module doc)."""
+        await self.store.notifier().publish(STOPS_TOPIC, f"{run_id}:{conversation_id}")
+        self._spawn(self._stop_until_ended(conversation_id, run_id))
+
+    async def _stop_until_ended(self, conversation_id: str, run_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + STOP_PATIENCE
+        while loop.time() < give_up:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            try:
+                if await self.store.turn_ended(conversation_id, run_id):
+                    return
+                await self.store.notifier().publish(STOPS_TOPIC, f"{run_id}:{conversation_id}")
+            except Exception as exc:
+                log.warning("cluster: asking to stop run %s failed: %s", run_id, exc)
+        log.warning("cluster: run %s of conversation %s did not stop in %g s", run_id,
+                    conversation_id, STOP_PATIENCE)  # fmt: skip
+
+    def _stop_noticed(self, notice: Notice) -> None:
+        """A worker asks to stop a turn: interrupted if it runs in this process."""
+        for one in notice.ids:
+            run_id, _, cid = one.partition(":")
+            conv = self.agent.services.find(cid)
+            if conv is None or conv.running_run_id != run_id or conv.interrupting:
+                continue
+            log.info("cluster: conversation %s: run %s stopped, as another worker asked",
+                     cid, run_id)  # fmt: skip
+            self._spawn(conv.interrupt())
 
     # -- claiming -------------------------------------------------------------------------
     def _noticed(self, notice: Notice) -> None:
@@ -311,7 +387,7 @@ class TurnQueue:
         for cid in notice.ids:
             self._spawn(self._consider(cid))
 
-    def _spawn(self, aw: Awaitable[None]) -> None:
+    def _spawn(self, aw: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(aw)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -927,11 +927,18 @@ class Api:
                 if queue is not None and queued:
                     payload = {"via": f"http:{self.ctx.instance}", "token": principal.name,
                                "author": author, "asked": asked, "channel": channel}  # fmt: skip
+                    # ``interrupt`` through a worker that does not run the turn: the
+                    # worker running it is asked to stop it (this one is queued after).
+                    stop = (
+                        await queue.running_elsewhere(conv.id) if body.busy == "interrupt" else None
+                    )
                     run_id, here = await queue.submit(
                         conv, body.content, author=author,
                         author_id=f"{self.ctx.instance}:{principal.name}", channel=channel,
                         settings=self._settings(speaker, channel), payload=payload,
                     )  # fmt: skip
+                    if stop is not None:
+                        await queue.stop_elsewhere(conv.id, stop)
                     if here:
                         ticket.bind(run_id, chars=len(body.content))
                 else:
@@ -1037,6 +1044,15 @@ class Api:
         conv = await self.conversation(request, principal)
         body = await self.body(request, InterruptBody, required=False)
         running = conv.running_run_id
+        queue = self.agent.turn_queue
+        if running is None and queue is not None:
+            # Several workers: the turn may run on another one, which is asked to stop it.
+            elsewhere = await queue.running_elsewhere(conv.id)
+            if elsewhere is not None and body.run_id in (None, elsewhere):
+                await queue.stop_elsewhere(conv.id, elsewhere)
+                return JSONResponse({"conversation_id": conv.id, "run_id": elsewhere},
+                                    status_code=202)  # fmt: skip
+            running = elsewhere
         if running is None:
             raise ApiError(409, "no_turn_running", "no turn is running in this conversation")
         if body.run_id is not None and body.run_id != running:

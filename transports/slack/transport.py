@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -74,6 +75,14 @@ log = logging.getLogger(__name__)
 #: Seconds a closing transport lets the Web API calls under way finish before it
 #: closes its HTTP session.
 SEND_GRACE = 5.0
+
+#: The ``event_type`` of the metadata on every message carrying an outbox piece (its
+#: payload: the row id and the run): a redelivery finds a post whose answer never came
+#: back by it (:meth:`SlackTransport._posted`).
+PIECE_EVENT = "agentik_piece"
+#: Seconds before a piece was written that its copy is looked for (the writer's clock
+#: against Slack's).
+_CLOCK_SLACK = 120.0
 
 _MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
 #: Message subtypes that are a person's message (answered like plain ones).
@@ -304,6 +313,11 @@ class _Answer:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     outbox_id: int | None = None  # the bridge's outbox row of this answer
     reported: bool = False  # its first message's ts is in the outbox
+    run: str = ""  # the run it answers (with outbox_id, its messages' metadata)
+
+    @property
+    def metadata(self) -> dict[str, Any] | None:
+        return _piece_metadata(self.outbox_id, self.run)
 
 
 class SlackTransport(Transport):
@@ -334,6 +348,7 @@ class SlackTransport(Transport):
         )  # fmt: skip
         self.team_id = ""
         self.bot_user_id = ""
+        self._bot_id = ""  # the app's bot id (auth.test): its messages carry it
         self.client: Any = None
         self.app: Any = None
         self._handler: Any = None
@@ -348,6 +363,7 @@ class SlackTransport(Transport):
         self._mentions = "users" in o.allow_mentions
         self._connections = 0  # Socket Mode connections opened (hello frames seen)
         self._in_flight = 0  # send() calls under way (aclose waits for them)
+        self._sending = True  # False once closing: send() sends nothing more
         self._sends_done: asyncio.Event | None = None
         self.where = ""  # what start() connected to, for the logs
         self._names: dict[str, str] = {}
@@ -407,6 +423,7 @@ class SlackTransport(Transport):
         auth = await self._call("bot_token", self.client.auth_test())
         _seed_authorization(self.app, auth)
         self.bot_user_id = auth["user_id"]
+        self._bot_id = auth.get("bot_id") or ""
         self.team_id = auth.get("team_id") or ""
         self.where = (
             f"team {auth.get('team') or '?'} ({self.team_id}) as @{auth.get('user') or '?'}"
@@ -599,6 +616,12 @@ class SlackTransport(Transport):
             await self._runner.cleanup()
             self._runner = None
         await self._hand_over_received()
+        # From now on nothing is sent (slack-sdk would open a new HTTP session for a
+        # call after ours is closed): what the turns still write stays in the outbox for
+        # the next owner (or the next start), which sends it once. Sent from here, it
+        # could reach Slack after the connection was handed over, while the next owner
+        # redelivered it: an answer posted twice (tests/test_cluster_scale.py).
+        self._sending = False
         if self._in_flight:  # posts under way finish (and are recorded) first, ≤ 5 s
             self._sends_done = asyncio.Event()
             with contextlib.suppress(TimeoutError):
@@ -1003,6 +1026,12 @@ class SlackTransport(Transport):
         return self.owns(channel_key) and channel_key.count(":") >= 3
 
     async def send(self, message: OutgoingMessage) -> None:
+        if not self._sending:
+            # Closing (see aclose): an outbox piece stays queued, delivered once by the
+            # next owner; anything else was not for keeping.
+            log.debug("slack %s: closing; not sent to %s (%s)", self.name,
+                      message.channel_key, message.kind)  # fmt: skip
+            return
         # Counted while in flight: aclose() lets them finish before it closes the HTTP
         # session (a post cut there may have reached Slack unrecorded: sent again by
         # whoever redelivers the outbox).
@@ -1024,7 +1053,8 @@ class SlackTransport(Transport):
         if message.kind == "delta":
             answer = self._answers.get(run)
             if answer is None:
-                answer = self._answers[run] = _Answer(channel, thread_ts, where.get("user"))
+                answer = self._answers[run] = _Answer(channel, thread_ts, where.get("user"),
+                                                      run=run)  # fmt: skip
             answer.outbox_id = answer.outbox_id or message.outbox_id
             async with answer.lock:
                 await self._delta(message.channel_key, answer, message.text)
@@ -1037,13 +1067,22 @@ class SlackTransport(Transport):
                 self.delivered(answer.outbox_id, "confirmed")
             await self._status_done(channel, thread_ts)
             return
+        if message.kind == "relay":
+            # A relayed copy's reply data is its author: the key names the place.
+            channel, thread_ts = parts[2], parts[3] if len(parts) > 3 else None
+        if message.written_at is not None and message.replaces is None:
+            found = await self._posted(channel, thread_ts, message)
+            if found is not None and message.kind != "answer":
+                self._remember(found, message.channel_key)
+                self.delivered(message.outbox_id, "confirmed", ref=found)
+                return  # it is there already, as it was written
+            message = dataclasses.replace(message, replaces=found)
         await self._before_post(channel, thread_ts)
         if message.kind == "answer" and message.outbox_id is not None:
             await self._redeliver(message, channel, thread_ts, where.get("user"))
             return
         if message.kind == "relay":
-            # A relayed copy's reply data is its author: the key names the place.
-            await self._relay(parts[2], parts[3] if len(parts) > 3 else None, message)
+            await self._relay(channel, thread_ts, message)
             return
         if message.kind == "answer":
             text = markdown_to_mrkdwn(message.text, user_mentions=self._mentions)
@@ -1074,8 +1113,9 @@ class SlackTransport(Transport):
             ]
             blocks = [*sections, {"type": "actions", "elements": buttons}]
         response = await self.client.chat_postMessage(
-            channel=channel, thread_ts=thread_ts, text=text, blocks=blocks
-        )
+            channel=channel, thread_ts=thread_ts, text=text, blocks=blocks,
+            metadata=_piece_metadata(message.outbox_id, run),
+        )  # fmt: skip
         self._remember(response.get("ts"), message.channel_key)
         if message.tag and response.get("ts"):
             self._tagged[message.tag] = (channel, response["ts"])
@@ -1091,6 +1131,7 @@ class SlackTransport(Transport):
         response = await self.client.chat_postMessage(
             channel=channel, thread_ts=thread_ts, text=escape(message.text), username=author,
             unfurl_links=False, unfurl_media=False,
+            metadata=_piece_metadata(message.outbox_id, message.run_id or ""),
         )  # fmt: skip
         self._remember(response.get("ts"), message.channel_key)
         self.delivered(message.outbox_id, "confirmed", ref=response.get("ts"))
@@ -1100,13 +1141,55 @@ class SlackTransport(Transport):
     ) -> None:
         """A whole answer from the outbox after a restart: update the message it
         started (``replaces``, its ts) or post it; never a second post of it."""
-        answer = _Answer(channel, thread_ts, user, text=message.text, ts=message.replaces)
+        answer = _Answer(channel, thread_ts, user, text=message.text, ts=message.replaces,
+                         run=message.run_id or "")  # fmt: skip
         answer.outbox_id, answer.reported = message.outbox_id, message.replaces is not None
         if answer.ts is not None:
             self._remember(answer.ts, message.channel_key)
         async with answer.lock:
             await self._edit(message.channel_key, answer, final=True)
         self.delivered(answer.outbox_id, "confirmed")
+
+    async def _posted(
+        self, channel: str, thread_ts: str | None, message: OutgoingMessage
+    ) -> str | None:
+        """The ts of our message carrying ``message``'s piece (by its metadata), if one
+        was posted since the piece was written: a post that reached Slack while the
+        process that sent it stopped (its answer, the ts, never came back, so the outbox
+        does not know it).  One ``conversations.replies`` (or ``conversations.history``
+        outside threads) call, for the messages since then (the first 200); a call that
+        fails means none (the piece is posted: at worst twice, as before)."""
+        if message.outbox_id is None or message.written_at is None:
+            return None
+        oldest = f"{max(0.0, message.written_at - _CLOCK_SLACK):.6f}"
+        try:
+            if thread_ts:
+                response = await self.client.conversations_replies(
+                    channel=channel, ts=thread_ts, oldest=oldest, limit=200,
+                    include_all_metadata=True,
+                )  # fmt: skip
+            else:
+                response = await self.client.conversations_history(
+                    channel=channel, oldest=oldest, limit=200, include_all_metadata=True
+                )
+        except Exception as exc:
+            log.info("slack %s: could not look for an earlier post of a piece in %s: %s",
+                     self.name, channel, exc)  # fmt: skip
+            return None
+        wanted = _piece_metadata(message.outbox_id, message.run_id or "")
+        posted = [
+            found["ts"] for found in response.get("messages") or []
+            if found.get("metadata") == wanted
+            and (found.get("user") == self.bot_user_id
+                 or (self._bot_id and found.get("bot_id") == self._bot_id))
+            and isinstance(found.get("ts"), str) and found["ts"]
+        ]  # fmt: skip
+        if not posted:
+            return None
+        ts = min(posted, key=float)  # a long answer's first message (the one it updates)
+        log.info("slack %s: piece %d was posted already (%s): not posted again", self.name,
+                 message.outbox_id, ts)  # fmt: skip
+        return ts
 
     def _streams(self, answer: _Answer) -> bool:
         """Whether ``answer`` goes by native streaming (or will, once it is long enough)."""
@@ -1205,6 +1288,7 @@ class SlackTransport(Transport):
             channel=answer.channel,
             thread_ts=answer.thread_ts,
             markdown_text=text if text.strip() else "…",
+            metadata=answer.metadata,
         )
         answer.ts = response.get("ts")
         self._remember(answer.ts, key)
@@ -1247,8 +1331,9 @@ class SlackTransport(Transport):
         if answer.ts is None:
             await self._before_post(answer.channel, answer.thread_ts)
             response = await self.client.chat_postMessage(
-                channel=answer.channel, thread_ts=answer.thread_ts, text=body
-            )
+                channel=answer.channel, thread_ts=answer.thread_ts, text=body,
+                metadata=answer.metadata,
+            )  # fmt: skip
             answer.ts = response.get("ts")
             self._remember(answer.ts, key)
             if not answer.reported:
@@ -1285,6 +1370,14 @@ class SlackTransport(Transport):
             except Exception as exc:
                 self._native_failed(answer, exc)
         await self._edit(key, answer, final=True)
+
+
+def _piece_metadata(outbox_id: int | None, run: str) -> dict[str, Any] | None:
+    """The message metadata of outbox piece ``outbox_id`` of ``run`` (``None``: a message
+    not in the outbox)."""
+    if outbox_id is None:
+        return None
+    return {"event_type": PIECE_EVENT, "event_payload": {"outbox": outbox_id, "run": run}}
 
 
 #: Longest text of a section block (Slack refuses more with ``invalid_blocks``).
