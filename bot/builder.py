@@ -135,6 +135,7 @@ class AgentBuilder:
         self._approvals: list[ApprovalRule] = []
         self._agents: dict[str, AgentSpec] = {}
         self._uses: tuple[str, ...] = ()
+        self._prompt_events = False
         self._runs = RunPolicy()
         self._stream_profiles: dict[str, StreamProfile] = {}
         self._passthrough: list[PassthroughSpec] = []
@@ -248,6 +249,11 @@ class AgentBuilder:
         self._transcript_cache = size
         return self
 
+    def prompt_events(self, on: bool) -> Self:
+        """Whether the agent emits ``prompt_rendered`` before every model request."""
+        self._prompt_events = on
+        return self
+
     def _composer(self) -> Callable[[str | None], str | None]:
         """Joins the system prompt, a soul and the skills list into the agent's prompt."""
         skills_prompt = self._skills.prompt() if self._skills is not None else None
@@ -319,6 +325,7 @@ class AgentBuilder:
             uses=self._uses,
             run_policy=self._runs,
             stream_profiles=self._stream_profiles,
+            prompt_events=self._prompt_events,
         )
 
     def persona(self, config: Config) -> Self:
@@ -384,6 +391,7 @@ class AgentBuilder:
         b.policy(config.tools)
         b.event_buffer(config.agent.event_buffer)
         b.transcript_cache(config.agent.transcript_cache)
+        b.prompt_events(config.agent.prompt_events)
         b.approvals(*config.approvals)
         b.agents(resolve_agents(config, registry), uses=config.agent.uses)
         b.runs(config.runs)

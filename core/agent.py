@@ -67,11 +67,15 @@ class AgentSettings(AgentUses):
     next turn; the least recently active beyond it reload theirs from the
     store when they next run (0: every turn does).  ``uses``: the named agents
     (``[agents.<name>]``) the main agent may call, each as the tool
-    ``agent__<name>``.
+    ``agent__<name>``.  ``prompt_events``: emit a ``prompt_rendered`` event
+    before every model request (what went to the model, known secrets
+    scrubbed; carried by the ``debug`` profile, not by ``chat``).
     """
 
     event_buffer: int = Field(1024, ge=16)
     transcript_cache: int = Field(64, ge=0)
+    #: Emit ``prompt_rendered`` before every model request (what went to the model).
+    prompt_events: bool = False
 
 
 _DEFAULTS = AgentSettings()
@@ -101,7 +105,9 @@ class Agent:
     stops start-up;
     ``approvals`` the rules of tool calls that wait for a person's approval
     (:class:`~agentik.core.approvals.ApprovalRule` values or an
-    :class:`~agentik.core.approvals.Approvals`); ``memory_trim`` at most how often (seconds)
+    :class:`~agentik.core.approvals.Approvals`); ``prompt_events`` emit a
+    ``prompt_rendered`` event before every model request (what went to the model,
+    known secrets scrubbed); ``memory_trim`` at most how often (seconds)
     memory freed by conversations leaving memory is handed back to the system (glibc's
     ``malloc_trim``, in a worker thread: :mod:`~agentik.core.memtrim`; ``None`` or 0: never).
 
@@ -138,12 +144,15 @@ class Agent:
         run_policy: RunPolicy | None = None,
         stream_profiles: Mapping[str, StreamProfile] | None = None,
         memory_trim: float | None = DEFAULT_TRIM_INTERVAL,
+        prompt_events: bool = False,
     ) -> None:
         #: Names this agent (the standalone seed's ``agent.id``): ``id`` if given
         #: (the bot gives ``[agent] name``), else a fresh random hex id.  Shown by
         #: ``GET /agentik/status`` (``agent_id``).
         self.id: str = id or uuid.uuid4().hex
         self.llm = llm
+        #: Emit ``prompt_rendered`` before every model request (``[agent] prompt_events``).
+        self.prompt_events = prompt_events
         #: Event stream profiles subscribers may name (``chat``, ``debug``,
         #: ``metrics`` and ``[profiles.<name>]``; see :mod:`agentik.core.streamprofiles`).
         self.stream_profiles: dict[str, StreamProfile] = {
