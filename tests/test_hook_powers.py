@@ -130,7 +130,7 @@ async def test_an_undeclared_or_unserialisable_event_fails_the_hook_not_the_turn
             sub = conv.events()
             await conv.send("2+2")
             events = await drain(sub)
-    assert [e for e in events if e.kind == "turn_ended"][0].text == "4"
+    assert next(e for e in events if e.kind == "turn_ended").text == "4"
     assert not [e for e in events if e.kind.startswith("acme.")]
     logged = caplog.text
     assert "not a declared event kind" in logged
@@ -317,7 +317,7 @@ async def test_asking_effect_in_a_temporary_conversation_says_nobody_can_be_aske
     assert tool_msg.startswith("ready\n\ncould not ask 'ok?': nobody can be asked here")
 
 
-# -- prompt_rendered --------------------------------------------------------------------------------
+# -- prompt_rendered ---------------------------------------------------------------------------
 async def test_prompt_rendered_shows_what_went_to_the_model_with_secrets_scrubbed(tmp_path):
     key = "sk-proj-" + "A1b2C3d4" * 4
     model = ScriptedModel([Reply(tool_calls=[call("add", {"a": 1, "b": 2})]), "3"])
