@@ -23,7 +23,7 @@ from .agents import (
     new_run_id,
 )
 from .approvals import ApprovalRule, Approvals
-from .compaction import CompactionPolicy, Compactor
+from .compaction import CompactContextTool, CompactionPolicy, Compactor
 from .conversation import Conversation
 from .errors import ConfigError, NotFound
 from .eventbus import Subscription
@@ -199,6 +199,8 @@ class Agent:
         self._tools: dict[str, Tool] = {}
         for t in (*tools, *self.memory.tools(), *builtin_tools(self.policy, checklists=self.todos)):
             self.add_tool(t)
+        if self.compactor.policy.tool:
+            self.add_tool(CompactContextTool())
         #: Named agents (``[agents.<name>]``), each offered as the tool ``agent__<name>``
         #: to the agents that use it (:mod:`agentik.core.agents`).
         self.agents: dict[str, AgentSpec] = dict(agents or {})

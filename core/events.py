@@ -274,7 +274,8 @@ class Compacted(EventBase):
     ``forced`` (``!compact``), ``window`` (the context did not fit the
     model's real window, even after compaction or with compaction off: the
     oldest turns were dropped) or ``refused`` (the model refused a request
-    as too large; the context was shrunk for one retry).  ``fallback`` is
+    as too large; the context was shrunk for one retry) or ``tool`` (the model
+    asked for it with ``compact_context``).  ``fallback`` is
     true when messages were dropped rather than summarised (summarising
     failed, or trimming); ``summary`` is then the notice left in their place.
     """

@@ -243,9 +243,10 @@ def before_compact(
     working memory (``messages``: :class:`~agentik.core.messages.ChatMessage`
     values, oldest first) with a summary or, when they are dropped to fit
     the model's window, a notice; ``reason`` is ``budget``, ``forced``,
-    ``window`` (trimming) or ``refused`` (the model refused a request as too
-    large).  Persist facts you want to keep (the audit log keeps every
-    message regardless).  The return value is ignored.
+    ``window`` (trimming), ``refused`` (the model refused a request as too
+    large) or ``tool`` (the model asked for it, ``compact_context``).  Persist
+    facts you want to keep (the audit log keeps every message regardless).  The
+    return value is ignored.
     """
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .compaction import estimate_tokens
 from .errors import ClosedError, ContextTooLong, LLMError, PluginError, StoreError, ToolError
 from .events import (
     Error,
@@ -99,6 +100,8 @@ class _State:
     aborted: str | None = None
     #: A tool's result ended the turn (:class:`EndTurn`): after this tool batch.
     end_turn: EndTurn | None = None
+    #: The model asked for compaction (``compact_context``): after this tool batch.
+    compact: bool = False
 
 
 @dataclass(slots=True)
@@ -725,6 +728,12 @@ class TurnRunner:
                 ],
             )
             await self._run_tools(calls)
+            if self.state.compact:
+                self.state.compact = False
+                await self._settled()
+                await services.compactor.compact(
+                    self.parts, reason="tool", run_id=self.run_id, tools=offered
+                )
             if self.state.aborted is not None:
                 raise TurnAborted(self.state.aborted)
             if self.state.end_turn is not None:
@@ -1111,6 +1120,7 @@ class TurnRunner:
             human=None if self.conv.temp else _Human(self, call.id),
             emit=emit,
             progress=progress,
+            compact=self._ask_compaction,
         )
         try:
             # A person's answer has its own deadline: the tool timeout is for machines.
@@ -1193,6 +1203,15 @@ class TurnRunner:
             duration=duration,
         )
         await write
+
+    async def _ask_compaction(self) -> str | None:
+        """``compact_context``: ``None`` (compaction follows this step) or why not."""
+        services = self.services
+        tokens = estimate_tokens(self.memory.messages, self._system())
+        refusal = services.compactor.tool_refusal(self.parts.id, tokens)
+        if refusal is None:
+            self.state.compact = True
+        return refusal
 
     async def _ask_for(
         self, result: ToolResult, asks: list[AskUser], context: ToolContext

@@ -111,6 +111,9 @@ class ToolContext:
     #: Report progress of this call: ``await progress(progress, total, message)``
     #: becomes a ``tool_progress`` event (MCP ``notifications/progress``).
     progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+    #: Ask for the context to be compacted after this step (``compact_context``):
+    #: ``await compact()`` is ``None`` (it will be) or why the policy refuses.
+    compact: Callable[[], Awaitable[str | None]] | None = None
 
 
 @runtime_checkable
