@@ -21,10 +21,12 @@ differs.  ``llm``, ``storage`` and ``memory`` are required; the soul
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, Self
+from pathlib import Path
+from typing import Any, Protocol, Self, cast
 
 from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolicy
 from agentik.core.agent import AgentSettings
@@ -41,6 +43,7 @@ from agentik.core.memory.markdown import MarkdownMemory
 from agentik.core.memory.sqlite import SQLiteMemory
 from agentik.core.plugins import Registry
 from agentik.core.redaction import scrubber_plugin
+from agentik.core.runs import check_schema
 from agentik.core.settings import (
     did_you_mean,
     is_file_path,
@@ -136,6 +139,7 @@ class AgentBuilder:
         self._approvals: list[ApprovalRule] = []
         self._agents: dict[str, AgentSpec] = {}
         self._uses: tuple[str, ...] = ()
+        self._prompt_events = False
         self._runs = RunPolicy()
         self._stream_profiles: dict[str, StreamProfile] = {}
         self._passthrough: list[PassthroughSpec] = []
@@ -249,6 +253,11 @@ class AgentBuilder:
         self._transcript_cache = size
         return self
 
+    def prompt_events(self, on: bool) -> Self:
+        """Whether the agent emits ``prompt_rendered`` before every model request."""
+        self._prompt_events = on
+        return self
+
     def _composer(self) -> Callable[[str | None], str | None]:
         """Joins the system prompt, a soul and the skills list into the agent's prompt."""
         skills_prompt = self._skills.prompt() if self._skills is not None else None
@@ -320,6 +329,7 @@ class AgentBuilder:
             uses=self._uses,
             run_policy=self._runs,
             stream_profiles=self._stream_profiles,
+            prompt_events=self._prompt_events,
         )
 
     def persona(self, config: Config) -> Self:
@@ -388,6 +398,7 @@ class AgentBuilder:
         b.policy(config.tools)
         b.event_buffer(config.agent.event_buffer)
         b.transcript_cache(config.agent.transcript_cache)
+        b.prompt_events(config.agent.prompt_events)
         b.approvals(*config.approvals)
         b.agents(resolve_agents(config, registry), uses=config.agent.uses)
         b.runs(config.runs)
@@ -501,6 +512,10 @@ def resolve_agents(config: Config, registry: Registry) -> dict[str, AgentSpec]:
     for name, spec in config.agents.items():  # the file's win over a plugin's
         if spec.soul:
             spec = dataclasses.replace(spec, soul=config.resolve_path(spec.soul))
+        if isinstance(spec.result_schema, str):
+            spec = dataclasses.replace(
+                spec, result_schema=_schema_file(config, name, spec.result_schema)
+            )
         agents[name] = spec
     for where, uses in [("agent.uses", config.agent.uses)] + [
         (f"agents.{n}.uses", s.uses) for n, s in agents.items()
@@ -510,6 +525,24 @@ def resolve_agents(config: Config, registry: Registry) -> dict[str, AgentSpec]:
                 known = ", ".join(agents) or "none defined"
                 raise ConfigError(f"{config.source}: {where}: no agent {used!r} (agents: {known})")
     return agents
+
+
+def _schema_file(config: Config, agent: str, path: str) -> dict[str, Any]:
+    """The JSON Schema in file ``path`` (relative to the configuration file) of
+    ``[agents.<agent>] result_schema``; a clear error naming the key otherwise."""
+    where = f"{config.source}: agents.{agent}.result_schema"
+    file = config.resolve_path(path)
+    try:
+        schema = json.loads(Path(file).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {file}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{where}: {file} is not JSON: {exc}") from None
+    try:
+        check_schema(schema)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {file}: {exc}") from None
+    return cast(dict[str, Any], schema)
 
 
 def resolve_profiles(

@@ -499,9 +499,10 @@ def _agent_lines(config: Config, registry: Any) -> list[str]:
             continue
         model = spec.model or "the caller's"
         schema = "custom" if spec.input_schema is not None else '{"task": string}'
+        result = "JSON (result_schema)" if spec.result_schema is not None else "text"
         out.append(
             f"  model {model}, memory {spec.memory}, uses {', '.join(spec.uses) or '(none)'},"
-            f" input {schema}"
+            f" input {schema}, answers in {result}"
         )
         resolved, warnings = [], []
         # memory = "none": its run gets no memory tools, whatever `tools` says.

@@ -690,7 +690,7 @@ def parse_config(
                     f"profiles: {', '.join(known)} (define [llm.profiles.{chan.model}])"
                 )
         try:
-            known_profiles = resolve_profiles(config.profiles)
+            known_profiles = resolve_profiles(config.profiles, plugins_loaded=False)
             listed = ", ".join(known_profiles)
             names = [p.name for p in config.passthrough]
             for i, name in enumerate(names):

@@ -24,7 +24,7 @@ from .agents import (
     new_run_id,
 )
 from .approvals import ApprovalRule, Approvals
-from .compaction import CompactionPolicy, Compactor
+from .compaction import CompactContextTool, CompactionPolicy, Compactor
 from .conversation import Conversation
 from .errors import ConfigError, NotFound
 from .eventbus import Subscription
@@ -68,11 +68,15 @@ class AgentSettings(AgentUses):
     next turn; the least recently active beyond it reload theirs from the
     store when they next run (0: every turn does).  ``uses``: the named agents
     (``[agents.<name>]``) the main agent may call, each as the tool
-    ``agent__<name>``.
+    ``agent__<name>``.  ``prompt_events``: emit a ``prompt_rendered`` event
+    before every model request (what went to the model, known secrets
+    scrubbed; carried by the ``debug`` profile, not by ``chat``).
     """
 
     event_buffer: int = Field(1024, ge=16)
     transcript_cache: int = Field(64, ge=0)
+    #: Emit ``prompt_rendered`` before every model request (what went to the model).
+    prompt_events: bool = False
 
 
 _DEFAULTS = AgentSettings()
@@ -102,7 +106,9 @@ class Agent:
     stops start-up;
     ``approvals`` the rules of tool calls that wait for a person's approval
     (:class:`~agentik.core.approvals.ApprovalRule` values or an
-    :class:`~agentik.core.approvals.Approvals`); ``memory_trim`` at most how often (seconds)
+    :class:`~agentik.core.approvals.Approvals`); ``prompt_events`` emit a
+    ``prompt_rendered`` event before every model request (what went to the model,
+    known secrets scrubbed); ``memory_trim`` at most how often (seconds)
     memory freed by conversations leaving memory is handed back to the system (glibc's
     ``malloc_trim``, in a worker thread: :mod:`~agentik.core.memtrim`; ``None`` or 0: never).
 
@@ -139,12 +145,15 @@ class Agent:
         run_policy: RunPolicy | None = None,
         stream_profiles: Mapping[str, StreamProfile] | None = None,
         memory_trim: float | None = DEFAULT_TRIM_INTERVAL,
+        prompt_events: bool = False,
     ) -> None:
         #: Names this agent (the standalone seed's ``agent.id``): ``id`` if given
         #: (the bot gives ``[agent] name``), else a fresh random hex id.  Shown by
         #: ``GET /agentik/status`` (``agent_id``).
         self.id: str = id or uuid.uuid4().hex
         self.llm = llm
+        #: Emit ``prompt_rendered`` before every model request (``[agent] prompt_events``).
+        self.prompt_events = prompt_events
         #: Event stream profiles subscribers may name (``chat``, ``debug``,
         #: ``metrics`` and ``[profiles.<name>]``; see :mod:`agentik.core.streamprofiles`).
         self.stream_profiles: dict[str, StreamProfile] = {
@@ -191,6 +200,8 @@ class Agent:
         self._tools: dict[str, Tool] = {}
         for t in (*tools, *self.memory.tools(), *builtin_tools(self.policy, checklists=self.todos)):
             self.add_tool(t)
+        if self.compactor.policy.tool:
+            self.add_tool(CompactContextTool())
         #: Named agents (``[agents.<name>]``), each offered as the tool ``agent__<name>``
         #: to the agents that use it (:mod:`agentik.core.agents`).
         self.agents: dict[str, AgentSpec] = dict(agents or {})

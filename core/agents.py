@@ -179,13 +179,11 @@ class AgentTool:
         finally:
             parent.slots.release()
 
-    async def _run_child(self, parent: RunNode, task: str, context: ToolContext) -> ToolResult:
-        agent, spec = self.agent, self.spec
-        parent_conv = await agent.get_conversation(parent.conversation_id)
-        run_id = new_run_id()
-        policy = agent.run_policy
+    def _node(self, parent: RunNode, context: ToolContext) -> RunNode:
+        """A new child run of ``parent`` for the call of ``context``."""
+        spec, policy = self.spec, self.agent.run_policy
         node = RunNode(
-            run_id,
+            new_run_id(),
             "",
             agent=self.agent_name,
             parent=parent,
@@ -198,6 +196,13 @@ class AgentTool:
             channel=parent.channel,
         )
         node.ended = asyncio.get_running_loop().create_future()
+        return node
+
+    async def _run_child(self, parent: RunNode, task: str, context: ToolContext) -> ToolResult:
+        agent = self.agent
+        parent_conv = await agent.get_conversation(parent.conversation_id)
+        node = self._node(parent, context)
+        run_id = node.run_id
         child = await agent.create_child_conversation(
             title=f"{self.agent_name}: {task[:60]}",
             temp=parent_conv.temp,
@@ -213,42 +218,109 @@ class AgentTool:
                 or parent_conv.meta.get("parent_channel_key"),
             },
         )
+        child.link(parent_run_id=parent.run_id, relay_to=parent_conv.parts.events)
+        schema = self._result_schema()
+        nodes = [node]
+        try:
+            ended = await self._child_turn(child, parent_conv, parent, node, task, context)
+            if schema is None or ended.stop_reason != "stop":
+                return self._result(ended)
+            value, problem = parse_result(ended.text, schema)
+            if problem is not None:
+                # One repair request, in the same child conversation (it sees its
+                # answer): a second child run linked to the same call.
+                log.info("agent %s: answer does not match its result schema", self.agent_name)
+                repair = self._node(parent, context)
+                nodes.append(repair)
+                ended = await self._child_turn(
+                    child, parent_conv, parent, repair, _repair_text(problem), context
+                )
+                if ended.stop_reason != "stop":
+                    return self._result(ended)
+                value, problem = parse_result(ended.text, schema)
+            return self._structured(ended, value, problem, repaired=len(nodes) > 1)
+        finally:
+            for n in nodes:
+                agent.runs.leave(n.run_id)
+            agent.child_run_done(child)
+            for n in nodes:
+                if n.final_write is not None:
+                    n.final_write.add_done_callback(self._final_written)
+
+    async def _child_turn(
+        self,
+        child: Conversation,
+        parent_conv: Conversation,
+        parent: RunNode,
+        node: RunNode,
+        task: str,
+        context: ToolContext,
+    ) -> TurnEnded:
+        """Run one turn of ``child`` as the child run ``node``; its ``turn_ended``."""
+        agent = self.agent
         node.conversation_id = child.id
         settings = self._configure(child, parent, node)
-        child.link(parent_run_id=parent.run_id, relay_to=parent_conv.parts.events)
+        schema = self._result_schema()
+        if schema is not None:
+            settings = dataclasses.replace(settings, system_addition=_result_prompt(schema))
         agent.runs.add(node)
         parent.children.append(node)
+        agent.run_started(node)
+        parent_conv.parts.events.emit(
+            ChildRunLinked,
+            parent.run_id,
+            parent_run_id=parent.parent.run_id if parent.parent else None,
+            call_id=context.call_id,
+            child_run_id=node.run_id,
+            agent=self.agent_name,
+            child_conversation_id=child.id,
+        )
+        await child.send(
+            task,
+            author=parent.author,
+            author_id=node.author_id,
+            allow_tool=node.allow_tool or parent.allow_tool,
+            run_id=node.run_id,
+            settings=settings,
+        )
+        assert node.ended is not None
         try:
-            agent.run_started(node)
-            parent_conv.parts.events.emit(
-                ChildRunLinked,
-                parent.run_id,
-                parent_run_id=parent.parent.run_id if parent.parent else None,
-                call_id=context.call_id,
-                child_run_id=run_id,
-                agent=self.agent_name,
-                child_conversation_id=child.id,
+            return await asyncio.shield(node.ended)
+        except asyncio.CancelledError:
+            # The parent was stopped: so is the child (its partial answer is kept).
+            await asyncio.shield(self._stop(child))
+            raise
+
+    def _result_schema(self) -> dict[str, Any] | None:
+        schema = self.spec.result_schema
+        if isinstance(schema, str):
+            # A file name the configuration did not resolve (library use): read it here.
+            with open(schema, encoding="utf-8") as f:
+                loaded = json.load(f)
+            return loaded if isinstance(loaded, dict) else None
+        return schema
+
+    def _structured(
+        self, ended: TurnEnded, value: Any, problem: str | None, *, repaired: bool
+    ) -> ToolResult:
+        """The parent's result of a child with a result schema: its validated JSON."""
+        data = {
+            "run_id": ended.run_id,
+            "agent": self.agent_name,
+            "stop_reason": ended.stop_reason,
+            "usage": ended.usage.to_dict(),
+            "repaired": repaired,
+        }
+        if problem is not None:
+            tries = "after one repair request" if repaired else ""
+            return ToolResult(
+                text=f"error: agent {self.agent_name} gave no valid result {tries}: {problem}",
+                data=data,
+                is_error=True,
             )
-            await child.send(
-                task,
-                author=parent.author,
-                author_id=node.author_id,
-                allow_tool=node.allow_tool or parent.allow_tool,
-                run_id=run_id,
-                settings=settings,
-            )
-            try:
-                ended = await asyncio.shield(node.ended)
-            except asyncio.CancelledError:
-                # The parent was stopped: so is the child (its partial answer is kept).
-                await asyncio.shield(self._stop(child))
-                raise
-        finally:
-            agent.runs.leave(run_id)
-            agent.child_run_done(child)
-        if node.final_write is not None:
-            node.final_write.add_done_callback(self._final_written)
-        return self._result(ended)
+        return ToolResult(
+            text=json.dumps(value, ensure_ascii=False), data={**data, "result": value}
+        )
 
     def _final_written(self, fut: asyncio.Future[Any]) -> None:
         error = None if fut.cancelled() else fut.exception()
@@ -328,3 +400,45 @@ class AgentTool:
         if ended.text:
             text += f"; its partial answer: {ended.text}"
         return ToolResult(text=text, data=data, is_error=True)
+
+
+#: Longest account of why an answer does not match its schema (characters).
+MAX_PROBLEM_CHARS = 500
+
+
+def _result_prompt(schema: dict[str, Any]) -> str:
+    return (
+        "Your final answer is read by a program, not a person: answer with only a JSON"
+        " value (no prose, no code fence) that matches this JSON Schema:\n"
+        + json.dumps(schema, ensure_ascii=False)
+    )
+
+
+def _repair_text(problem: str) -> str:
+    return (
+        f"Your answer does not match the required JSON Schema: {problem}\n"
+        "Answer again with only the corrected JSON value."
+    )
+
+
+def parse_result(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
+    """The JSON value of a child's answer ``text`` and ``None``, or ``(None, why not)``:
+    not JSON, or not matching ``schema`` (the most relevant validation error).  A
+    Markdown code fence around the JSON is accepted (models add one)."""
+    import jsonschema  # type: ignore[import-untyped]  # only agents with a result schema
+
+    body = text.strip()
+    if body.startswith("```"):
+        body = body.split("\n", 1)[1] if "\n" in body else ""
+        if body.rstrip().endswith("```"):
+            body = body.rstrip()[:-3]
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return None, f"the answer is not JSON ({exc.msg} at line {exc.lineno})"
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is None:
+        return value, None
+    where = "/".join(str(p) for p in error.absolute_path) or "the top"
+    return None, f"at {where}: {error.message}"[:MAX_PROBLEM_CHARS]

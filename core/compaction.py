@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import Field
 
-from .errors import ContextTooLong
+from .errors import ContextTooLong, ToolError
 from .events import Compacted
 from .llm.base import LLMBackend, LLMRequest, TextChunk, ToolSpec
 from .messages import ChatMessage
@@ -98,6 +98,13 @@ class CompactionPolicy:
     the summary's length limit.  ``timeout``: seconds for the summary call.
     ``prompt``: the summariser's instruction (``{words}``: its word limit).
 
+    ``tool`` offers the model the ``compact_context`` tool (off by default): the
+    model may ask for its context to be compacted (after the current step,
+    keeping the last ``keep_turns`` turns); ``tool_min_tokens``: a smaller
+    context is not compacted (the model is told so); ``tool_min_interval``:
+    seconds that must pass between two compactions a model asked for in one
+    conversation (in this process).
+
     This class is also the ``[compaction]`` section of the configuration file.
     """
 
@@ -108,6 +115,9 @@ class CompactionPolicy:
     summary_tokens: int = Field(512, ge=32)
     timeout: float = Field(120.0, gt=0)
     prompt: str = SUMMARY_PROMPT
+    tool: bool = False
+    tool_min_tokens: int = Field(2_000, ge=0)
+    tool_min_interval: float = Field(600.0, ge=0)
 
 
 def estimate_tokens(
@@ -204,6 +214,32 @@ class Compactor:
     def __init__(self, agent: CompactorHost, policy: CompactionPolicy | None = None) -> None:
         self.agent = agent
         self.policy = policy or CompactionPolicy()
+        #: When the model last had each conversation compacted (``compact_context``;
+        #: monotonic seconds, this process): ``tool_min_interval`` is kept from it.
+        self._asked: dict[str, float] = {}
+
+    def tool_refusal(self, conversation_id: str, tokens: int) -> str | None:
+        """Why the model may not have ``conversation_id`` (``tokens`` now) compacted
+        now (``compact_context``), or ``None``: it may, and the time is noted."""
+        policy = self.policy
+        if tokens < policy.tool_min_tokens:
+            return (
+                f"not compacted: the context is about {tokens} tokens, under the"
+                f" {policy.tool_min_tokens} the policy compacts at the earliest"
+            )
+        now = time.monotonic()
+        last = self._asked.get(conversation_id)
+        if last is not None and now - last < policy.tool_min_interval:
+            wait = policy.tool_min_interval - (now - last)
+            return (
+                f"not compacted: it was compacted {now - last:.0f} s ago; the policy"
+                f" allows it again in {wait:.0f} s"
+            )
+        self._asked[conversation_id] = now
+        if len(self._asked) > 4096:  # forget the oldest conversations first
+            for key in list(self._asked)[:1024]:
+                del self._asked[key]
+        return None
 
     @property
     def budget(self) -> int:
@@ -570,3 +606,33 @@ def _cut_index(messages: Sequence[ChatMessage], keep_turns: int) -> int:
     if len(starts) <= keep:
         return 0
     return starts[-keep]
+
+
+class CompactContextTool:
+    """``compact_context``: the model asks for its context to be compacted.
+
+    Offered with ``[compaction] tool = true``.  The turn compacts after the
+    current step (every result of the step written), keeping the last
+    ``keep_turns`` turns; the policy's ``tool_min_tokens`` and
+    ``tool_min_interval`` refuse it (the model is told why).
+    """
+
+    name = "compact_context"
+    description = (
+        "Compact this conversation's context: older messages are replaced by a summary"
+        " (the full history stays in the log). Use it when the conversation has grown long"
+        " and its early part no longer matters in detail."
+    )
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+
+    def __repr__(self) -> str:
+        return "CompactContextTool()"
+
+    async def call(self, arguments: dict[str, Any], context: Any) -> Any:
+        compact = getattr(context, "compact", None)
+        if compact is None:
+            raise ToolError("this conversation cannot be compacted here")
+        refusal = await compact()
+        if refusal is not None:
+            raise ToolError(refusal)
+        return "compacting: older messages will be replaced by a summary after this step"

@@ -26,18 +26,28 @@ Subscribers choose a *profile* (:mod:`agentik.core.streamprofiles`):
 ``metrics`` (usage and lifecycle: per-request ``usage`` and
 ``status_changed`` are in ``metrics`` and ``debug``, not in ``chat``) or
 one declared in the configuration.
+
+**Plugins' own events.**  A plugin declares an event kind of its own with
+:func:`declare_event` on a subclass of :class:`PluginEvent` whose ``kind``
+is a dotted name (``acme.flagged``: never a built-in's); its interception
+hooks emit it with the ``emit`` argument they receive.  A declared kind
+round-trips through :func:`event_from_dict` like a built-in one, and stream
+profiles name it like any kind (``[profiles.x] kinds = ["acme.flagged"]``;
+``debug`` carries it, ``chat`` and ``metrics`` do not).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 from .compat import moved_attribute
+from .errors import PluginError
 from .messages import Usage
 
 __all__ = [
@@ -56,6 +66,8 @@ __all__ = [
     "EventsLost",
     "Interrupted",
     "MemoryNoted",
+    "PluginEvent",
+    "PromptRendered",
     "QuestionAnswered",
     "QuestionAsked",
     "ReasoningDelta",
@@ -72,10 +84,13 @@ __all__ = [
     "ToolProgress",
     "TurnEnded",
     "TurnStarted",
+    "declare_event",
+    "declared_event",
     "event_from_dict",
     "event_from_json",
     "event_to_dict",
     "event_to_json",
+    "plugin_event_kinds",
 ]
 
 #: Why a turn ended: the model finished (``stop``), hit its output limit or
@@ -86,6 +101,8 @@ __all__ = [
 #: run tree was used up (``token_budget``), or a child run was refused because
 #: the run tree is as deep as allowed (``depth_limit``, recorded for the refused
 #: child in the run tree).
+_P = TypeVar("_P", bound="PluginEvent")
+
 StopReason = Literal[
     "stop",
     "length",
@@ -257,7 +274,8 @@ class Compacted(EventBase):
     ``forced`` (``!compact``), ``window`` (the context did not fit the
     model's real window, even after compaction or with compaction off: the
     oldest turns were dropped) or ``refused`` (the model refused a request
-    as too large; the context was shrunk for one retry).  ``fallback`` is
+    as too large; the context was shrunk for one retry) or ``tool`` (the model
+    asked for it with ``compact_context``).  ``fallback`` is
     true when messages were dropped rather than summarised (summarising
     failed, or trimming); ``summary`` is then the notice left in their place.
     """
@@ -421,6 +439,97 @@ class ToolProgress(EventBase):
     elapsed: float = 0.0
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PromptRendered(EventBase):
+    """What went to the model for request number ``request`` of the run, after the
+    ``before_llm_request`` hooks: the ``system`` prompt, the ``messages`` (each
+    ``{"role", "content"}``, plus ``name``, ``tool_call_id``, ``tool_calls`` where
+    set) and the names of the ``tools`` offered, to ``model`` of ``backend``.
+
+    Emitted only when the agent's ``prompt_events`` is on (``[agent]
+    prompt_events``); carried by ``debug``, not by ``chat`` or ``metrics``.
+    Known secrets (the built-in scrubber's patterns and ``[[redaction.patterns]]``)
+    are replaced with ``[redacted:<kind>]`` in every text.
+    """
+
+    kind: Literal["prompt_rendered"] = field(default="prompt_rendered", init=False)
+    request: int = 1
+    model: str = ""
+    backend: str = ""
+    system: str | None = None
+    messages: tuple[dict[str, Any], ...] = ()
+    tools: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PluginEvent(EventBase):
+    """The base of a plugin's own event kinds (see :func:`declare_event`).
+
+    A subclass is a frozen ``kw_only`` dataclass (``slots=True``) that sets
+    ``kind`` to a dotted name of its own and adds fields of JSON types
+    (``str``, numbers, ``bool``, ``None``, lists, dicts)::
+
+        @declare_event
+        @dataclass(frozen=True, kw_only=True, slots=True)
+        class Flagged(PluginEvent):
+            kind: Literal["acme.flagged"] = field(default="acme.flagged", init=False)
+            reason: str
+            score: float = 0.0
+    """
+
+    kind: str = field(default="", init=False)
+
+
+#: What a plugin's event kind looks like: dotted words (``acme.flagged``), so it
+#: never takes a built-in kind's name (those have no dot).
+PLUGIN_KIND = re.compile(r"[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+")
+_PLUGIN_KINDS: dict[str, type[PluginEvent]] = {}
+
+
+def declare_event(cls: type[_P]) -> type[_P]:
+    """Declare ``cls`` (a :class:`PluginEvent` dataclass) as an event kind: hooks may
+    emit it, :func:`event_from_dict` rebuilds it, profiles may name it.
+
+    Raises :class:`~agentik.core.errors.PluginError` for a class that is not a
+    ``PluginEvent`` dataclass, a ``kind`` that is not dotted words, or a kind
+    another class already declared (declaring the same class again, as a
+    re-imported module does, is fine).
+    """
+    if not (isinstance(cls, type) and issubclass(cls, PluginEvent)):
+        raise PluginError(f"declare_event: {cls!r} is not a subclass of PluginEvent")
+    if "__dataclass_fields__" not in cls.__dict__:
+        raise PluginError(f"declare_event: {cls.__qualname__} must be a dataclass")
+    kind = _kind_of(cls)
+    if not isinstance(kind, str) or not PLUGIN_KIND.fullmatch(kind):
+        raise PluginError(
+            f"declare_event: {cls.__qualname__}.kind = {kind!r}: a plugin's event kind is"
+            " dotted lowercase words, e.g. 'acme.flagged'"
+        )
+    known = _PLUGIN_KINDS.get(kind)
+    same = known is not None and (known.__module__, known.__qualname__) == (
+        cls.__module__,
+        cls.__qualname__,
+    )
+    if known is not None and not same:
+        raise PluginError(
+            f"event kind {kind!r} is declared by both {known.__module__}.{known.__qualname__}"
+            f" and {cls.__module__}.{cls.__qualname__}"
+        )
+    _PLUGIN_KINDS[kind] = cls
+    return cls
+
+
+def declared_event(cls: type) -> bool:
+    """Whether ``cls`` is a declared plugin event class (:func:`declare_event`)."""
+    kind = getattr(cls, "__dataclass_fields__", {}).get("kind")
+    return kind is not None and _PLUGIN_KINDS.get(kind.default) is cls
+
+
+def plugin_event_kinds() -> frozenset[str]:
+    """The kinds plugins declared so far (:func:`declare_event`)."""
+    return frozenset(_PLUGIN_KINDS)
+
+
 #: What a conversation is doing (:meth:`Conversation.status`): no turn
 #: (``idle``), a turn between steps (``running``), a model request streaming
 #: (``streaming``), tool calls running (``executing_tools``), or waiting for a
@@ -488,6 +597,7 @@ Event = (
     | ToolProgress
     | StatusChanged
     | RequestUsage
+    | PromptRendered
 )
 
 #: The event classes of :data:`Event`, in order.
@@ -517,8 +627,9 @@ def event_to_dict(event: EventBase) -> dict[str, Any]:
     d = {f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name != "kind"}
     if isinstance(d.get("usage"), Usage):
         d["usage"] = d["usage"].to_dict()
-    if isinstance(d.get("tools"), tuple):
-        d["tools"] = list(d["tools"])
+    for key in ("tools", "messages"):
+        if isinstance(d.get(key), tuple):
+            d[key] = list(d[key])
     d["kind"] = event.kind
     return d
 
@@ -527,18 +638,18 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     """Rebuild an event from :func:`event_to_dict` output (unknown keys ignored)."""
     d = dict(data)
     kind = d.pop("kind", None)
-    cls = _BY_KIND.get(kind or "")
+    cls: type[EventBase] | None = _BY_KIND.get(kind or "") or _PLUGIN_KINDS.get(kind or "")
     if cls is None:
         raise ValueError(f"unknown event kind: {kind!r}")
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     kwargs = {k: v for k, v in d.items() if k in names}
     if "usage" in kwargs and isinstance(kwargs["usage"], dict):
         kwargs["usage"] = Usage.from_dict(kwargs["usage"])
-    for key in ("choices", "items", "changed", "tools", "note_ids"):
+    for key in ("choices", "items", "changed", "tools", "note_ids", "messages"):
         # JSON has no tuples: these fields come back as lists.
         if isinstance(kwargs.get(key), list):
             kwargs[key] = tuple(kwargs[key])
-    return cls(**kwargs)
+    return cast("Event", cls(**kwargs))
 
 
 def event_to_json(event: EventBase) -> str:

@@ -35,6 +35,8 @@ from typing import Any, TypeVar
 import pluggy
 
 from . import hookspecs
+from .errors import PluginError
+from .hookspecs import Emit
 from .hooktypes import Abort, Block, ConversationLike, Refuse, Retry, UseBackend
 from .llm.base import LLMBackend, LLMRequest
 from .messages import ChatMessage, ToolCall
@@ -195,18 +197,33 @@ class Hooks:
         return str(args["text"])
 
     async def before_llm_request(
-        self, conversation: ConversationLike, request: LLMRequest, backend: LLMBackend, run_id: str
+        self,
+        conversation: ConversationLike,
+        request: LLMRequest,
+        backend: LLMBackend,
+        run_id: str,
+        emit: Emit | None = None,
     ) -> tuple[LLMRequest, LLMBackend]:
         """The request to send and the backend to send it to."""
         if not self.implemented("before_llm_request"):
             return request, backend
-        args: dict[str, Any] = {"conversation": conversation, "request": request, "run_id": run_id}
+        args: dict[str, Any] = {
+            "conversation": conversation,
+            "request": request,
+            "run_id": run_id,
+            "emit": emit or _no_turn,
+        }
         args["backend"] = backend  # not a hook argument: where UseBackend sends the request
         await self._chain("before_llm_request", args, _new_request)
         return args["request"], args["backend"]
 
     async def after_response(
-        self, conversation: ConversationLike, run_id: str, text: str, tool_calls: Sequence[ToolCall]
+        self,
+        conversation: ConversationLike,
+        run_id: str,
+        text: str,
+        tool_calls: Sequence[ToolCall],
+        emit: Emit | None = None,
     ) -> str | Abort:
         """The response text as the plugins rewrote it, or the first :class:`Abort`."""
         if not self.implemented("after_response"):
@@ -216,6 +233,7 @@ class Hooks:
             "run_id": run_id,
             "text": text,
             "tool_calls": list(tool_calls),
+            "emit": emit or _no_turn,
         }
         aborted = await self._chain("after_response", args, _new_text, Abort)
         if aborted is not None:
@@ -225,12 +243,17 @@ class Hooks:
         return str(args["text"])
 
     async def before_tool_call(
-        self, conversation: ConversationLike, run_id: str, call: ToolCall
+        self, conversation: ConversationLike, run_id: str, call: ToolCall, emit: Emit | None = None
     ) -> tuple[ToolCall, Block | None]:
         """The call to run (its arguments as plugins replaced them) and the first :class:`Block`."""
         if not self.implemented("before_tool_call"):
             return call, None
-        args: dict[str, Any] = {"conversation": conversation, "run_id": run_id, "call": call}
+        args: dict[str, Any] = {
+            "conversation": conversation,
+            "run_id": run_id,
+            "call": call,
+            "emit": emit or _no_turn,
+        }
         blocked = await self._chain("before_tool_call", args, _new_arguments, Block)
         if blocked is not None:
             plugin, block = blocked
@@ -239,7 +262,12 @@ class Hooks:
         return args["call"], None
 
     async def after_tool_call(
-        self, conversation: ConversationLike, run_id: str, call: ToolCall, result: ToolResult
+        self,
+        conversation: ConversationLike,
+        run_id: str,
+        call: ToolCall,
+        result: ToolResult,
+        emit: Emit | None = None,
     ) -> ToolResult:
         """The tool result as the plugins replaced it."""
         if not self.implemented("after_tool_call"):
@@ -249,6 +277,7 @@ class Hooks:
             "run_id": run_id,
             "call": call,
             "result": result,
+            "emit": emit or _no_turn,
         }
         await self._chain("after_tool_call", args, _new_result)
         replaced: ToolResult = args["result"]
@@ -261,8 +290,10 @@ class Hooks:
         call: ToolCall,
         error: ToolResult,
         attempt: int,
-    ) -> Retry | None:
-        """The first :class:`Retry` a plugin asked for, or ``None`` (the error stands)."""
+        emit: Emit | None = None,
+    ) -> Retry | Abort | None:
+        """The first :class:`Retry` or :class:`Abort` a plugin decided, or ``None``
+        (the error stands)."""
         if not self.implemented("on_tool_error"):
             return None
         args: dict[str, Any] = {
@@ -271,14 +302,18 @@ class Hooks:
             "call": call,
             "error": error,
             "attempt": attempt,
+            "emit": emit or _no_turn,
         }
-        # Anything but a Retry leaves the error standing.
-        retried = await self._chain("on_tool_error", args, lambda result, args: {}, Retry)
-        if retried is None:
-            return None
-        plugin, retry = retried
-        log.info("plugin %r retries tool %s (attempt %d)", plugin, call.name, attempt + 1)
-        return retry
+        # The first Retry or Abort decides; anything else leaves the error standing.
+        async for plugin, result in self.each("on_tool_error", args):
+            if isinstance(result, Retry):
+                log.info("plugin %r retries tool %s (attempt %d)", plugin, call.name, attempt + 1)
+                return result
+            if isinstance(result, Abort):
+                log.info("run %s aborted by plugin %r: %s", run_id, plugin, result.reason)
+                return result
+            log.warning("plugin %r: on_tool_error returned %r; ignored", plugin, result)
+        return None
 
     async def before_compact(
         self, conversation: ConversationLike, messages: Sequence[ChatMessage], reason: str
@@ -298,6 +333,11 @@ class Hooks:
         """Tell the plugins a conversation ended (``reset``, ``deleted`` or ``closed``)."""
         if self.implemented("session_end"):
             await self.call("session_end", conversation=conversation, reason=reason)
+
+
+def _no_turn(cls: Any, **fields: Any) -> None:
+    """The ``emit`` of a hook called outside a turn: there is no stream to emit in."""
+    raise PluginError(f"cannot emit {getattr(cls, '__name__', cls)!r} here: no turn is running")
 
 
 # What each rewriting result replaces (see ``_chain``); ``None``: the wrong type.

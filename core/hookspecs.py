@@ -28,6 +28,14 @@ return value does; ``None`` always means "no change").  Their rules:
   plugin's name and skipped; the turn goes on.
 * Implementations take only the arguments they name.
 * ``AGENTIK_TRACE_HOOKS=1`` logs every call and result at DEBUG.
+* The hooks that run inside a turn (``before_llm_request``,
+  ``after_response``, ``before_tool_call``, ``after_tool_call``,
+  ``on_tool_error``) may also take ``emit``: ``emit(EventClass, **fields)``
+  publishes an event of the plugin's own kind in the turn's stream (a
+  :class:`~agentik.core.events.PluginEvent` subclass declared with
+  :func:`~agentik.core.events.declare_event`; fields of JSON types).  An
+  undeclared class or a field JSON cannot carry raises
+  :class:`~agentik.core.errors.PluginError` in the hook (logged, skipped).
 * A hook implementation whose name matches no hook here is an error at
   start-up, naming the plugin and the hook (spelling mistakes do not fail
   silently).
@@ -57,9 +65,11 @@ if TYPE_CHECKING:
     from .messages import ChatMessage, ToolCall
     from .tools.base import Tool, ToolResult
 
-__all__ = ["PROJECT", "MaybeAwaitable", "hookimpl", "hookspec"]
+__all__ = ["PROJECT", "Emit", "MaybeAwaitable", "hookimpl", "hookspec"]
 
 _T = TypeVar("_T")
+#: The ``emit`` a hook inside a turn may take: ``emit(EventClass, **fields)``.
+Emit: TypeAlias = "Callable[..., None]"
 #: What an interception hook returns: its result, or an awaitable of it
 #: (``async def`` implementations).
 MaybeAwaitable: TypeAlias = "_T | Awaitable[_T]"
@@ -153,7 +163,7 @@ def before_prompt(
 
 @hookspec
 def before_llm_request(
-    conversation: ConversationLike, request: LLMRequest, run_id: str
+    conversation: ConversationLike, request: LLMRequest, run_id: str, emit: Emit
 ) -> MaybeAwaitable[LLMRequest | UseBackend | None]:
     """A request to the model is about to be sent (once per model step of a turn).
 
@@ -167,7 +177,7 @@ def before_llm_request(
 
 @hookspec
 def after_response(
-    conversation: ConversationLike, run_id: str, text: str, tool_calls: list[ToolCall]
+    conversation: ConversationLike, run_id: str, text: str, tool_calls: list[ToolCall], emit: Emit
 ) -> MaybeAwaitable[str | Abort | None]:
     """The model finished one response (``text`` and the ``tool_calls`` it asked for).
 
@@ -181,7 +191,7 @@ def after_response(
 
 @hookspec
 def before_tool_call(
-    conversation: ConversationLike, run_id: str, call: ToolCall
+    conversation: ConversationLike, run_id: str, call: ToolCall, emit: Emit
 ) -> MaybeAwaitable[Block | dict[str, Any] | None]:
     """The model asked for a tool call (:class:`~agentik.core.messages.ToolCall`).
 
@@ -193,7 +203,7 @@ def before_tool_call(
 
 @hookspec
 def after_tool_call(
-    conversation: ConversationLike, run_id: str, call: ToolCall, result: ToolResult
+    conversation: ConversationLike, run_id: str, call: ToolCall, result: ToolResult, emit: Emit
 ) -> MaybeAwaitable[ToolResult | str | None]:
     """A tool call finished with ``result`` (:class:`~agentik.core.tools.base.ToolResult`).
 
@@ -204,13 +214,22 @@ def after_tool_call(
 
 @hookspec
 def on_tool_error(
-    conversation: ConversationLike, run_id: str, call: ToolCall, error: ToolResult, attempt: int
-) -> MaybeAwaitable[Retry | None]:
+    conversation: ConversationLike,
+    run_id: str,
+    call: ToolCall,
+    error: ToolResult,
+    attempt: int,
+    emit: Emit,
+) -> MaybeAwaitable[Retry | Abort | None]:
     """A tool call failed (``error`` is the error ``ToolResult``; ``attempt`` counts from 1).
 
     Return :class:`~agentik.core.hooks.Retry` ``(delay=0)`` to run the call
     again — at most ``TurnPolicy.max_tool_retries`` times, then the error
-    stands — or ``None`` to give up (the model gets the error).
+    stands —, :class:`~agentik.core.hooks.Abort` ``(reason)`` to end the turn
+    (the error is recorded as the call's result, the other calls of the batch
+    finish, then the turn ends with ``stop_reason = "aborted"`` and the
+    channel gets ``turn aborted: <reason>``), or ``None`` to give up (the
+    model gets the error).
     """
 
 
@@ -224,9 +243,10 @@ def before_compact(
     working memory (``messages``: :class:`~agentik.core.messages.ChatMessage`
     values, oldest first) with a summary or, when they are dropped to fit
     the model's window, a notice; ``reason`` is ``budget``, ``forced``,
-    ``window`` (trimming) or ``refused`` (the model refused a request as too
-    large).  Persist facts you want to keep (the audit log keeps every
-    message regardless).  The return value is ignored.
+    ``window`` (trimming), ``refused`` (the model refused a request as too
+    large) or ``tool`` (the model asked for it, ``compact_context``).  Persist
+    facts you want to keep (the audit log keeps every message regardless).  The
+    return value is ignored.
     """
 
 

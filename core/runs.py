@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from .events import TurnEnded
@@ -134,7 +134,12 @@ class AgentSpec(TurnLimits, RunLimits, AgentUses, AgentPrompt):
     memory tools.  ``uses``: the agents it may call itself.
     ``input_schema``: the JSON-Schema of its tool's arguments (default
     ``{"task": string}``; with another schema the child gets the arguments
-    as JSON).  ``max_tool_calls``, ``time_budget``: its own turn limits
+    as JSON).  ``result_schema``: a JSON Schema its answer must match (inline,
+    or a ``.json`` file relative to the configuration file): the child is told
+    to answer with JSON matching it, the parent's tool result is that JSON
+    (validated; ``data["result"]`` the value), and an answer that does not
+    match gets one repair request, then the call is a tool error.
+    ``max_tool_calls``, ``time_budget``: its own turn limits
     (unset: the caller's); the time budget never reaches past the caller's.
     ``token_budget``: tokens its run may use (0: no own limit; the tree's
     budget still applies).  ``max_concurrent_children``: unset, the ``[runs]`` value.
@@ -165,10 +170,35 @@ class AgentSpec(TurnLimits, RunLimits, AgentUses, AgentPrompt):
     token_env: Blank = None
     #: The remote API's prefix (with url).
     url_prefix: str = "/agentik"
+    #: JSON Schema its answer must match, inline or a .json file (relative to the
+    #: configuration file); unset: it answers in text.
+    result_schema: dict[str, Any] | str | None = None
+
+    @field_validator("result_schema")
+    @classmethod
+    def _valid_schema(cls, value: dict[str, Any] | str | None) -> dict[str, Any] | str | None:
+        if isinstance(value, dict):
+            check_schema(value)
+        elif isinstance(value, str) and not value.strip():
+            return None
+        return value
 
     @property
     def schema(self) -> dict[str, Any]:
         return self.input_schema if self.input_schema is not None else DEFAULT_INPUT_SCHEMA
+
+
+def check_schema(schema: Any) -> None:
+    """Raise ``ValueError`` (saying what is wrong) unless ``schema`` is a JSON Schema."""
+    import jsonschema  # type: ignore[import-untyped]  # only a bot with a result schema
+
+    if not isinstance(schema, dict):
+        raise ValueError("a JSON Schema is a table (a JSON object)")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "the top"
+        raise ValueError(f"not a valid JSON Schema (at {where}): {exc.message}") from None
 
 
 #: What the keys :class:`AgentSpec` inherits mean for a named agent (the

@@ -33,7 +33,7 @@ from typing import Annotated, cast
 from pydantic import Field
 
 from .errors import ConfigError
-from .events import EVENT_TYPES, Event
+from .events import EVENT_TYPES, PLUGIN_KIND, Event, plugin_event_kinds
 from .messages import Usage
 from .settings import settings_dataclass
 
@@ -58,8 +58,10 @@ class UnknownProfileError(ValueError):
 
 
 def known_kinds() -> frozenset[str]:
-    """Every event kind there is (``kind`` of each class of :data:`~.events.Event`)."""
-    return frozenset(cast(str, cls.__dataclass_fields__["kind"].default) for cls in EVENT_TYPES)
+    """Every event kind there is: each class of :data:`~.events.Event`'s ``kind``,
+    and the kinds plugins declared (:func:`~agentik.core.events.declare_event`)."""
+    builtin = (cast(str, cls.__dataclass_fields__["kind"].default) for cls in EVENT_TYPES)
+    return frozenset(builtin) | plugin_event_kinds()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -187,14 +189,24 @@ def resolve_profiles(
     *,
     where: str = "profiles",
     kinds: Iterable[str] | None = None,
+    plugins_loaded: bool = True,
 ) -> dict[str, StreamProfile]:
     """The built-in profiles plus ``declared`` ones, resolved.
 
     Raises :class:`~agentik.core.errors.ConfigError` naming the key
     (``profiles.quiet.kinds``) for an unknown kind, an unknown or circular
-    ``extends``, a bad name or a built-in's name.
+    ``extends``, a bad name or a built-in's name.  ``plugins_loaded=False``
+    (reading the file, before plugins are loaded): a kind that looks like a
+    plugin's (``acme.flagged``) passes; the bot checks it again once they are.
     """
     known = frozenset(kinds) if kinds is not None else known_kinds()
+    if not plugins_loaded:
+        known |= {
+            k
+            for spec in (declared or {}).values()
+            for k in (*spec.kinds, *spec.exclude)
+            if PLUGIN_KIND.fullmatch(k)
+        }
     declared = dict(declared or {})
     out: dict[str, StreamProfile] = dict(BUILTIN_PROFILES)
     for name in declared:

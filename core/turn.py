@@ -24,10 +24,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import ClosedError, ContextTooLong, LLMError, StoreError, ToolError
+from .compaction import estimate_tokens
+from .errors import ClosedError, ContextTooLong, LLMError, PluginError, StoreError, ToolError
 from .events import (
     Error,
     Interrupted,
+    PromptRendered,
     ReasoningDelta,
     ReasoningStarted,
     RequestUsage,
@@ -40,6 +42,7 @@ from .events import (
     ToolProgress,
     TurnEnded,
     TurnStarted,
+    declared_event,
 )
 from .hooks import Abort
 from .llm.base import (
@@ -57,7 +60,7 @@ from .messages import ChatMessage, Message, MessageKind, MessageStatus, NewMessa
 from .observe import RequestStats
 from .recall import recall_for, with_recall
 from .runs import AGENT_TOOL_PREFIX
-from .tools.base import Tool, ToolContext, ToolResult, spec_of
+from .tools.base import AskUser, EndTurn, Tool, ToolContext, ToolResult, spec_of
 from .turnsettings import DEFAULT_SETTINGS, TurnOrigin, TurnSettings
 
 if TYPE_CHECKING:
@@ -93,6 +96,12 @@ class _State:
     tools_exhausted: bool = False
     open_calls: dict[str, ToolCall] = field(default_factory=dict)
     stop_reason: str = "stop"
+    #: An ``on_tool_error`` hook ended the turn (its reason): after this tool batch.
+    aborted: str | None = None
+    #: A tool's result ended the turn (:class:`EndTurn`): after this tool batch.
+    end_turn: EndTurn | None = None
+    #: The model asked for compaction (``compact_context``): after this tool batch.
+    compact: bool = False
 
 
 @dataclass(slots=True)
@@ -214,6 +223,22 @@ class TurnRunner:
         return self.services.llm_for(self.settings.llm_profile)
 
     def _emit(self, cls: type[Event], **fields: Any) -> None:
+        self.events.emit(cls, self.run_id, **fields)
+
+    def plugin_emit(self, cls: type, **fields: Any) -> None:
+        """The ``emit`` interception hooks get: publish an event of a plugin's own
+        declared kind in this turn's stream (see :func:`~agentik.core.events.declare_event`)."""
+        if not declared_event(cls):
+            raise PluginError(
+                f"{getattr(cls, '__qualname__', cls)!r} is not a declared event kind"
+                " (subclass PluginEvent and decorate it with @declare_event)"
+            )
+        try:
+            json.dumps(fields, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise PluginError(
+                f"event {cls.__qualname__}: a field JSON cannot carry: {exc}"
+            ) from None
         self.events.emit(cls, self.run_id, **fields)
 
     # -- status and steering -------------------------------------------------------
@@ -703,6 +728,17 @@ class TurnRunner:
                 ],
             )
             await self._run_tools(calls)
+            if self.state.compact:
+                self.state.compact = False
+                await self._settled()
+                await services.compactor.compact(
+                    self.parts, reason="tool", run_id=self.run_id, tools=offered
+                )
+            if self.state.aborted is not None:
+                raise TurnAborted(self.state.aborted)
+            if self.state.end_turn is not None:
+                await self._ended_by_tool(self.state.end_turn)
+                return
 
     async def _fitted_request(self, offered: list[ToolSpec]) -> tuple[LLMRequest, LLMBackend]:
         """The next request, its context made to fit the model, after the request hooks."""
@@ -715,7 +751,9 @@ class TurnRunner:
             self.parts, request, run_id=self.run_id, settle=self._settled, llm=llm
         ):
             request = self._request(offered)
-        return await services.hooks.before_llm_request(self.conv, request, llm, self.run_id)
+        return await services.hooks.before_llm_request(
+            self.conv, request, llm, self.run_id, self.plugin_emit
+        )
 
     # -- size limits: the audit log keeps everything, the working memory is cut ----
     def _answer_for_memory(self, text: str) -> str:
@@ -812,7 +850,9 @@ class TurnRunner:
     # -- interception hooks ---------------------------------------------------------
     async def _after_response(self, text: str, calls: list[ToolCall]) -> str:
         """Run the ``after_response`` hooks; emit the held-back text as they left it."""
-        outcome = await self.services.hooks.after_response(self.conv, self.run_id, text, calls)
+        outcome = await self.services.hooks.after_response(
+            self.conv, self.run_id, text, calls, self.plugin_emit
+        )
         if isinstance(outcome, Abort):
             raise TurnAborted(outcome.reason)
         text = outcome
@@ -828,6 +868,8 @@ class TurnRunner:
         self, request: LLMRequest, backend: LLMBackend, *, hold: bool = False
     ) -> tuple[str, list[ToolCall], str | None]:
         """:meth:`_stream_response`, timed for the agent's request observers (if any)."""
+        if self.services.agent.prompt_events:
+            self._render_prompt(request, backend)
         observers = self.services.agent.request_observers
         if not observers:
             return await self._stream_response(request, backend, hold=hold)
@@ -980,7 +1022,8 @@ class TurnRunner:
 
     async def _run_tool(self, call: ToolCall) -> None:
         hooks, conv, run_id = self.services.hooks, self.conv, self.run_id
-        call, block = await hooks.before_tool_call(conv, run_id, call)
+        emit = self.plugin_emit
+        call, block = await hooks.before_tool_call(conv, run_id, call, emit)
         refused = None if block is not None else await self._approval(call)
         self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)
         t0 = time.monotonic()
@@ -992,14 +1035,23 @@ class TurnRunner:
             result = await self._invoke(call)
             attempt = 1
             while result.is_error and attempt <= self.policy.max_tool_retries:
-                retry = await hooks.on_tool_error(conv, run_id, call, result, attempt)
+                retry = await hooks.on_tool_error(conv, run_id, call, result, attempt, emit)
                 if retry is None:
+                    break
+                if isinstance(retry, Abort):
+                    # The error stands as the call's result; the turn ends after the batch.
+                    if self.state.aborted is None:
+                        self.state.aborted = retry.reason
                     break
                 if retry.delay > 0:
                     await asyncio.sleep(retry.delay)
                 attempt += 1
                 result = await self._invoke(call)
-            result = await hooks.after_tool_call(conv, run_id, call, result)
+            result = await hooks.after_tool_call(conv, run_id, call, result, emit)
+        if not result.is_error:
+            for effect in result.effects:
+                if isinstance(effect, EndTurn) and self.state.end_turn is None:
+                    self.state.end_turn = effect
         await self._finish_tool(call, result, time.monotonic() - t0)
 
     async def _approval(self, call: ToolCall) -> str | None:
@@ -1068,6 +1120,7 @@ class TurnRunner:
             human=None if self.conv.temp else _Human(self, call.id),
             emit=emit,
             progress=progress,
+            compact=self._ask_compaction,
         )
         try:
             # A person's answer has its own deadline: the tool timeout is for machines.
@@ -1097,6 +1150,9 @@ class TurnRunner:
                 is_error=True,
             )
         if isinstance(raw, ToolResult):
+            asks = [e for e in raw.effects if isinstance(e, AskUser)]
+            if asks and not raw.is_error:
+                return await self._ask_for(raw, asks, context)
             return raw
         if isinstance(raw, str):
             return ToolResult(text=raw)
@@ -1147,6 +1203,110 @@ class TurnRunner:
             duration=duration,
         )
         await write
+
+    async def _ask_compaction(self) -> str | None:
+        """``compact_context``: ``None`` (compaction follows this step) or why not."""
+        services = self.services
+        tokens = estimate_tokens(self.memory.messages, self._system())
+        refusal = services.compactor.tool_refusal(self.parts.id, tokens)
+        if refusal is None:
+            self.state.compact = True
+        return refusal
+
+    async def _ask_for(
+        self, result: ToolResult, asks: list[AskUser], context: ToolContext
+    ) -> ToolResult:
+        """A tool's :class:`AskUser` effects, asked in turn as ``ask_user`` asks: each
+        answer (or that nobody answered) follows the tool's own text."""
+        from .questions import AskUserTool
+
+        policy = self.policy
+        asker = AskUserTool(
+            timeout=policy.ask_user_timeout,
+            max_timeout=policy.ask_user_max_timeout,
+            answer_from=policy.answer_from,
+        )
+        parts = [result.text]
+        answers: list[Any] = []
+        for ask in asks:
+            try:
+                got = await asker.call(
+                    {"question": ask.question, "choices": list(ask.choices)}, context
+                )
+                parts.append(got.text)
+                answers.append(got.data)
+            except ToolError as exc:
+                parts.append(f"could not ask {ask.question!r}: {exc}")
+                answers.append(None)
+        data = {"result": result.data, "answers": answers}
+        effects = tuple(e for e in result.effects if not isinstance(e, AskUser))
+        return ToolResult(text="\n\n".join(p for p in parts if p), data=data, effects=effects)
+
+    async def _ended_by_tool(self, effect: EndTurn) -> None:
+        """A tool's :class:`EndTurn`: the turn ends here, its answer (if any) recorded
+        and shown as if the model had written it."""
+        text = effect.answer[: self.policy.max_answer_chars]
+        if text:
+            self._emit(ResponseStarted)
+            self._emit(TextDelta, text=text)
+        self.state.final_text = text
+        await self._append(
+            log=[self._new("assistant", content=text)] if text else [],
+            # The working memory gets an answer after the tool results either way, so
+            # the next turn starts from a valid context.
+            memory=[
+                ChatMessage(role="assistant", content=text or "(the turn was ended by a tool)")
+            ],
+            ended="stop",
+        )
+        await self._settled()
+        self.state.stop_reason = "stop"
+
+    def _render_prompt(self, request: LLMRequest, backend: LLMBackend) -> None:
+        """The ``prompt_rendered`` event of a request about to go (known secrets scrubbed)."""
+        scrub = _scrubber(self.services.hooks)
+        messages = []
+        for m in request.messages:
+            entry: dict[str, Any] = {"role": m.role, "content": scrub(m.content or "")}
+            if m.name:
+                entry["name"] = m.name
+            if m.author:
+                entry["author"] = m.author
+            if m.tool_call_id:
+                entry["tool_call_id"] = m.tool_call_id
+            if m.tool_calls:
+                entry["tool_calls"] = [
+                    {"id": c.id, "name": c.name, "arguments": scrub(c.arguments)}
+                    for c in m.tool_calls
+                ]
+            messages.append(entry)
+        self._emit(
+            PromptRendered,
+            request=self.requests + 1,
+            model=request.model or getattr(backend, "model", "") or "",
+            backend=getattr(backend, "name", "") or type(backend).__name__,
+            system=scrub(request.system) if request.system else request.system,
+            messages=tuple(messages),
+            tools=tuple(t.name for t in request.tools),
+        )
+
+
+def _scrubber(hooks: Any) -> Callable[[str], str]:
+    """What scrubs a rendered prompt: the bot's scrubber (``[redaction]``, with its
+    patterns) when it is registered, else one with the built-in patterns."""
+    from .redaction import PatternScrubber
+
+    pm = getattr(hooks, "pm", None)
+    plugin = pm.get_plugin("agentik-scrubber") if pm is not None else None
+    if not isinstance(plugin, PatternScrubber):
+        plugin = _BUILTIN_SCRUBBER[0] if _BUILTIN_SCRUBBER else None
+        if plugin is None:
+            plugin = PatternScrubber()
+            _BUILTIN_SCRUBBER.append(plugin)
+    return plugin.scrub
+
+
+_BUILTIN_SCRUBBER: list[Any] = []
 
 
 class _Human:

@@ -447,14 +447,14 @@ def test_check_lists_the_agents_what_each_may_use_and_its_limits(tmp_path):
     assert lines[start + 1 : start + 10] == [
         "  runs: max_depth 2, max_concurrent_children 3, token_budget none, tree_token_budget none",
         "agent researcher: Looks things up.",
-        '  model cheap, memory caller, uses critic, input {"task": string}',
+        '  model cheap, memory caller, uses critic, input {"task": string}, answers in text',
         # Globs resolved over the tools the bot has; an MCP server's are known once it runs.
         f"  tools: web__* → tools of MCP server web; memory_* → {MEMORY_TOOLS};"
         " ask_user → ask_user",
         "  limits: max_tool_calls 5, time_budget 60s, token_budget none of its own,"
         " max_concurrent_children 3",
         "agent critic: Finds holes.",
-        "  model the caller's, memory none, uses (none), input custom",
+        "  model the caller's, memory none, uses (none), input custom, answers in text",
         "  tools: (none)",
         "  limits: max_tool_calls the caller's, time_budget the caller's, token_budget 2000,"
         " max_concurrent_children 1",

@@ -449,3 +449,78 @@ async def test_the_worker_keeps_the_latest_finished_jobs_not_every_one(db_path):
             await asyncio.wait_for(worker.wait_for("mining", n), 60)
         assert [kind for kind, _, _ in worker.done] == ["mining", "mining"]
         assert worker.finished["mining"] == 3
+
+
+# -- compact_context: the model asks (issue 35) -------------------------------------------------
+class Asker(Brain):
+    """A Brain whose model calls ``compact_context`` when a message says "compact"."""
+
+    def answer(self, request: LLMRequest) -> Reply | str:
+        system = request.system or ""
+        if system.startswith("You maintain the memory"):
+            return self.summary
+        last = request.messages[-1]
+        if last.role == "user" and "compact" in last.content:
+            return Reply(tool_calls=[call("compact_context", {})])
+        if last.role == "tool":
+            return f"compaction: {last.content}"
+        return f"answer to {last.content}"
+
+
+def tool_policy(**kw):
+    # A budget so large that compaction never starts by itself.
+    return CompactionPolicy(context_tokens=100_000, keep_turns=1, tool=True, **kw)
+
+
+async def test_the_model_compacts_its_context_with_the_tool_within_the_policy(db_path):
+    brain = Asker()
+    store = SQLiteStore(db_path)
+    agent = Agent(llm=brain.model, store=store, compaction=tool_policy(tool_min_tokens=100))
+    async with agent:
+        conv = await agent.create_conversation()
+        compacted = conv.events(kinds={"compacted"})
+        await chat(conv, 4)
+        await conv.send("please compact now", author="alice")
+        await conv.wait_idle()
+        event = await asyncio.wait_for(anext(compacted), 60)
+        assert (event.reason, event.fallback) == ("tool", False)
+        assert event.messages >= 8 and event.tokens_after < event.tokens_before
+        # The model was told, and its next request starts from the summary.
+        turns = brain.requests("turn")
+        tool_result = [m for m in turns[-1].messages if m.role == "tool"][-1]
+        assert tool_result.content.startswith("compacting:")
+        await conv.send("and now?", author="alice")
+        await conv.wait_idle()
+        last = brain.requests("turn")[-1]
+        assert last.messages[0].role == "system"
+        assert last.messages[0].content.startswith(SUMMARY_PREFIX)
+        assert not any(m.content.startswith("question 0") for m in last.messages)
+        # Asked again at once: the interval refuses it, the model hears why.
+        await conv.send("compact again", author="alice")
+        await conv.wait_idle()
+        refused = [m for m in brain.requests("turn")[-1].messages if m.role == "tool"][-1]
+        assert refused.is_error
+        assert "not compacted: it was compacted" in refused.content
+        assert len(brain.requests("summary")) == 1
+        # The audit log keeps everything.
+        log = await conv.messages(limit=1000)
+        assert next(m.content for m in log if m.kind == "user").startswith("question 0")
+
+
+async def test_compact_context_is_off_by_default_and_refuses_a_small_context(db_path):
+    brain = Asker()
+    async with Agent(llm=brain.model, store=SQLiteStore(db_path)) as agent:
+        conv = await agent.create_conversation()
+        await conv.send("hello", author="alice")
+        await conv.wait_idle()
+        assert "compact_context" not in [t.name for t in brain.model.requests[-1].tools]
+    brain = Asker()
+    agent = Agent(llm=brain.model, store=SQLiteStore(db_path), compaction=tool_policy())
+    async with agent:
+        conv = await agent.create_conversation()
+        await conv.send("compact please", author="alice")
+        await conv.wait_idle()
+        [result] = [m for m in brain.requests("turn")[-1].messages if m.role == "tool"]
+        assert result.is_error
+        assert "under the 2000 the policy compacts at the earliest" in result.content
+        assert brain.requests("summary") == []

@@ -133,6 +133,18 @@ SAMPLES = [
         backend="openai",
         request=2,
     ),
+    ev.PromptRendered(
+        **ENVELOPE,
+        request=1,
+        model="fake-model",
+        backend="openai",
+        system="You are terse.",
+        messages=(
+            {"role": "user", "content": "add", "author": "alice"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "add"}]},
+        ),
+        tools=("add",),
+    ),
 ]
 
 

@@ -13,7 +13,10 @@ classes.  :class:`FunctionTool` wraps an async function::
         return str(a + b)
 
 A tool returns text (``str``) or a :class:`ToolResult` (text plus optional
-structured ``data``, or ``is_error``).  Raising
+structured ``data``, or ``is_error``, and ``effects`` on the turn:
+:class:`EndTurn` ends it after this batch of tool calls, without asking the
+model again; :class:`AskUser` asks the people in the conversation a question
+and hands their answer back to the model with the result).  Raising
 :class:`~agentik.core.errors.ToolError` reports an error to the model with
 its message; any other exception reports ``tool <name> failed (internal
 error, ref <ref>)`` and logs the traceback under that reference, so paths and
@@ -34,6 +37,9 @@ from ..llm.base import ToolSpec
 from ..settings import knobs_dataclass, settings_dataclass
 
 __all__ = [
+    "AskUser",
+    "Effect",
+    "EndTurn",
     "FunctionTool",
     "Tool",
     "ToolContext",
@@ -45,12 +51,41 @@ __all__ = [
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class EndTurn:
+    """A tool's effect: the turn ends once this batch of tool calls has finished,
+    without another model request.  ``answer`` (if any) is the turn's answer, as
+    if the model had written it; without one, the channel sees the tool calls only."""
+
+    kind: Literal["end_turn"] = field(default="end_turn", init=False)
+    answer: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AskUser:
+    """A tool's effect: ask the people in the conversation ``question`` (offering
+    ``choices``) and wait, as ``ask_user`` does; the answer is added to the tool's
+    result (``<result>`` then ``alice answered: …``) before the model sees it.
+    Where nobody can be asked (a temporary conversation), the result says so."""
+
+    kind: Literal["ask_user"] = field(default="ask_user", init=False)
+    question: str
+    choices: tuple[str, ...] = ()
+
+
+#: What a tool's result may ask of the turn (:attr:`ToolResult.effects`).
+Effect = EndTurn | AskUser
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ToolResult:
-    """What a tool gives back: ``text`` for the model, ``data`` for the log."""
+    """What a tool gives back: ``text`` for the model, ``data`` for the log, and
+    ``effects`` on the turn (:class:`EndTurn`, :class:`AskUser`; an error result's
+    effects are ignored)."""
 
     text: str
     data: Any = None
     is_error: bool = False
+    effects: tuple[Effect, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,6 +111,9 @@ class ToolContext:
     #: Report progress of this call: ``await progress(progress, total, message)``
     #: becomes a ``tool_progress`` event (MCP ``notifications/progress``).
     progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+    #: Ask for the context to be compacted after this step (``compact_context``):
+    #: ``await compact()`` is ``None`` (it will be) or why the policy refuses.
+    compact: Callable[[], Awaitable[str | None]] | None = None
 
 
 @runtime_checkable
