@@ -92,6 +92,11 @@ class LinkSettings(BaseModel):
     #: Whose per-channel settings (persona, tools, model) a turn runs with: ``asking``,
     #: the channel it was asked in; ``link``, the link's first channel's, wherever asked.
     settings: Literal["asking", "link"] = "asking"
+    #: How a channel that cannot edit (IRC) shows an edit or a deletion of a relayed
+    #: message: ``line``, one more line (``(edit) the new text``, ``(deleted their
+    #: message of 14:02 UTC)``); ``none``, nothing.  Channels that can edit (Slack)
+    #: always update or delete their copy.
+    edits: Literal["line", "none"] = "line"
 
     @field_validator("channels")
     @classmethod
@@ -202,12 +207,18 @@ class LinksHost(Protocol):
 
 @dataclass(slots=True)
 class _Relay:
-    """One relayed copy waiting for its target: its outbox row and the message map row."""
+    """One relayed copy waiting for its target: its outbox row and the message map row.
+    With ``change`` set, an edit or a deletion of the copy ``row`` names instead."""
 
     text: str
     author: str
     outbox_id: int | None
     row: LinkMessage
+    change: Literal["edit", "delete"] | None = None
+    #: ``line``/``none``: the link's ``edits`` (a change to a target that cannot edit).
+    edits: str = "line"
+    #: When the changed message was said (a deletion's line names it).
+    said_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -233,12 +244,17 @@ class Links:
         self._joined: list[str] = []
         #: Copies handed to their transport so far (metrics, benchmarks).
         self.relayed = 0
+        #: Edits and deletions handed to their transport so far.
+        self.changed = 0
         #: A copy delivered more than this many seconds after it was said is marked
         #: late, with the time it was said.
         self.late_after = LATE_AFTER
         #: Message-map rows waiting for their write, and the task writing them.
         self._map_rows: list[LinkMessage] = []
         self._mapper: asyncio.Task[None] | None = None
+        #: Copies handed to a transport whose protocol id (a Slack ``ts``) is still to
+        #: come, by outbox row: the id goes into their message-map row.
+        self._copies: dict[int, LinkMessage] = {}
         self._index()
 
     def _index(self) -> None:
@@ -504,6 +520,61 @@ class Links:
             await self._target(target_key).queue.put(_Relay(text, author, oid, row))
         return len(copies)
 
+    def on_delivery(
+        self,
+        outbox_id: int,
+        state: Literal["sent", "confirmed"],
+        awaits_confirm: bool | None = None,
+        ref: str | None = None,
+    ) -> None:
+        """A transport's delivery report (it goes on to the outbox): a relayed copy's
+        protocol id (its Slack ``ts``) is written into its message-map row, so an edit
+        or a deletion of any age finds the copy to change."""
+        row = self._copies.get(outbox_id) if self._copies else None
+        if row is not None and (ref or state == "confirmed" or not awaits_confirm):
+            del self._copies[outbox_id]
+            if ref:
+                self._map([dataclasses.replace(row, ref=ref)])
+        self.host.outbox.mark(outbox_id, state, awaits_confirm, ref)
+
+    async def change(self, message: IncomingMessage, transport: Transport) -> int:
+        """A person edited or deleted a message in a linked channel (``message.meta``:
+        ``change`` is ``edit`` or ``delete``, ``ts``/``msgid`` the message's protocol
+        id; ``message`` as :meth:`arriving` made it): the change goes to every copy the
+        message map knows, of any age, behind the copies queued before it.  How many
+        targets it goes to (0: the message was never relayed)."""
+        found = None if message.direct else self.find(message.channel_key)
+        ref = message.meta.get("ts") or message.meta.get("msgid")
+        kind = message.meta.get("change")
+        if found is None or not ref or kind not in ("edit", "delete"):
+            return 0
+        link, key = found
+        if not self._loaded:
+            await self.load()
+        await self._settle_map()  # the original's rows may still be on their way
+        canonical = await self.store.link_map_find(key, str(ref))
+        if canonical is None:
+            return 0  # never relayed (a command, opted out, before the link)
+        rows = await self.store.link_map(canonical)
+        said_at = next((r.created_at for r in rows if r.origin), 0.0)
+        text = message.text.strip()
+        s = link.settings
+        if kind == "edit" and (
+            not text or (s.opt_out_prefix and text.startswith(s.opt_out_prefix))
+        ):
+            kind = "delete"  # edited into the opt-out: taken back from the others
+        n = 0
+        for row in rows:
+            if row.origin or row.channel_key == key:
+                continue
+            target = self.host.transport_for(row.channel_key)
+            if target is None or not target.relays:
+                continue
+            item = _Relay(text, message.author_name, None, row, kind, s.edits, said_at)
+            await self._target(row.channel_key).queue.put(item)
+            n += 1
+        return n
+
     def _map(self, rows: list[LinkMessage]) -> None:
         """Record message-map rows, batched in the background (one store write for
         a burst, off the arrival path)."""
@@ -512,6 +583,12 @@ class Links:
             self._mapper = asyncio.get_running_loop().create_task(
                 self._write_map(), name="agentik-link-map"
             )
+
+    async def _settle_map(self) -> None:
+        """Wait until the message-map rows recorded so far are written."""
+        while self._mapper is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._mapper)
 
     async def _write_map(self) -> None:
         try:
@@ -546,38 +623,77 @@ class Links:
                 t.queue.task_done()
 
     async def _deliver(self, key: str, item: _Relay) -> None:
-        """Hand one copy to its transport; while the target refuses it (down, rate
-        limited past the transport's own retries) try again, waiting longer each time
-        (up to a minute): the copies behind it wait, so the order holds."""
+        """Hand one copy (or a change to one) to its transport; while the target
+        refuses it (down, rate limited past the transport's own retries) try again,
+        waiting longer each time (up to a minute): the copies behind it wait, so the
+        order holds."""
         delay = 1.0
         while True:
             transport = self.host.transport_for(key)
             if transport is None:
                 return  # gone (a reload): the outbox row waits for a restart
-            text = late(item.text, item.row.created_at, self.late_after)
-            try:
-                await transport.send(
-                    OutgoingMessage(
-                        channel_key=key, text=text, kind="relay", run_id=item.row.run_id,
-                        reply_to={"author": item.author}, outbox_id=item.outbox_id,
-                        author=item.author,
-                    )
+            if item.change is not None:
+                out = await self._changed(transport, key, item)
+                if out is None:
+                    return
+            else:
+                out = OutgoingMessage(
+                    channel_key=key, text=late(item.text, item.row.created_at, self.late_after),
+                    kind="relay", run_id=item.row.run_id, reply_to={"author": item.author},
+                    outbox_id=item.outbox_id, author=item.author,
                 )  # fmt: skip
+                if item.outbox_id is not None:
+                    self._copies[item.outbox_id] = item.row
+                    while len(self._copies) > 10_000:  # reports that never came
+                        del self._copies[next(iter(self._copies))]
+            try:
+                await transport.send(out)
             except Exception as exc:
                 log.warning("relaying to %s failed (%s): again in %.0f s", key, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 60.0)
                 continue
-            self.relayed += 1
+            if item.change is None:
+                self.relayed += 1
+            else:
+                self.changed += 1
             return
+
+    async def _changed(
+        self, transport: Transport, key: str, item: _Relay
+    ) -> OutgoingMessage | None:
+        """What ``transport`` is sent for an edit or a deletion of a copy: an update or a
+        deletion of the copy where it can edit (its id from the message map), else a
+        line (the link's ``edits = "line"``) or nothing."""
+        if transport.caps.can_edit:
+            await self._settle_map()  # the copy's id, reported as it was sent
+            rows = await self.store.link_map(item.row.canonical)
+            ref = next((r.ref for r in rows if r.channel_key == key and r.ref), None)
+            if ref is None:
+                log.info("the copy in %s of a changed message has no id: not changed", key)
+                return None
+            return OutgoingMessage(
+                channel_key=key, text=item.text, run_id=item.row.run_id, author=item.author,
+                kind="relay" if item.change == "edit" else "unrelay", replaces=ref,
+            )  # fmt: skip
+        if item.edits != "line":
+            return None
+        if item.change == "edit":
+            text = f"(edit) {item.text}"
+        else:
+            at = time.strftime("%H:%M", time.gmtime(item.said_at or time.time()))
+            text = f"(deleted their message of {at} UTC)"
+        return OutgoingMessage(
+            channel_key=key, text=text, kind="relay", run_id=item.row.run_id,
+            reply_to={"author": item.author}, author=item.author,
+        )  # fmt: skip
 
     async def drain(self) -> None:
         """Wait until every copy relayed so far was handed to its transport and the
         message map recorded."""
         for t in list(self._targets.values()):
             await t.queue.join()
-        while self._mapper is not None:
-            await asyncio.shield(self._mapper)
+        await self._settle_map()
 
     async def aclose(self) -> None:
         """Stop the senders (what they had not sent waits in the outbox); the message

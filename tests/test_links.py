@@ -606,3 +606,53 @@ async def test_slack_down_for_a_while_gets_the_irc_lines_afterwards_in_order_mar
             assert all(re.fullmatch(r"\(late: \d\d:\d\d UTC\) meanwhile \d", t) for t in shown)
         finally:
             await alice.close()
+
+
+# -- edits and deletes, through the persistent message map ------------------------------------
+async def test_an_edit_and_a_delete_of_a_message_sent_before_a_restart_propagate(
+    ngircd, tmp_path, monkeypatch
+):
+    other = "slack:T1:C2"  # a second Slack channel: its copy can be edited
+    links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY, other])]
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        watcher = await person(ngircd.port, "watcher")
+        try:
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=links) as b:
+                said = slack.message_event("C1", "the meeting is at 3", user="U2")
+                await slack.push_event(said)
+                await watcher.wait_for(lambda m: "the meeting is at 3" in m.text, WAIT)
+                await slack.wait_until(lambda: relays_in(slack, "C2") or None, WAIT, "the copy")
+                [copy_ts] = [ts for (ch, ts), m in slack.messages.items()
+                             if ch == "C2" and m.get("username")]  # fmt: skip
+                await b.bridge.links.drain()
+            # A new process on the same database: the message map tells where the copies are.
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=links) as b:
+                await slack.push_event(slack.message_changed_event(said, "the meeting is at 4"))
+                edit = await watcher.wait_for(lambda m: "the meeting is at 4" in m.text, WAIT)
+                assert edit.nick == "agentik"
+                assert edit.text == f"<b{ZWSP}ob (Slack)> (edit) the meeting is at 4"
+                # Slack: the copy itself now says it (still under bob's name), no new post.
+                await slack.wait_until(
+                    lambda: slack.messages[("C2", copy_ts)]["text"] == "the meeting is at 4"
+                    or None, WAIT, "the copy updated",
+                )  # fmt: skip
+                assert slack.messages[("C2", copy_ts)]["username"] == "bob (Slack)"
+                assert len(relays_in(slack, "C2")) == 1
+                await slack.push_event(slack.message_deleted_event(said))
+                gone = await watcher.wait_for(lambda m: "(deleted their message" in m.text, WAIT)
+                # (the time it was said tells IRC which message; its words are not repeated)
+                assert re.fullmatch(
+                    rf"<b{ZWSP}ob \(Slack\)> \(deleted their message of \d\d:\d\d UTC\)", gone.text
+                )
+                await slack.wait_until(
+                    lambda: ("C2", copy_ts) not in slack.messages or None, WAIT, "the copy gone"
+                )
+                [deleted] = slack.calls_to("chat.delete")
+                assert (deleted["channel"], deleted["ts"]) == ("C2", copy_ts)
+                await b.bridge.links.drain()
+                assert b.bridge.links.changed == 4  # (IRC, C2) x (edit, delete)
+                assert b.bridge.links.relayed == 0  # a change is not a new message
+                assert b.model.requests == []
+        finally:
+            await watcher.close()

@@ -120,7 +120,7 @@ class IncomingMessage:
     verified: bool = True
 
 
-OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command", "relay"]
+OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command", "relay", "unrelay"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,7 +149,10 @@ class OutgoingMessage:
     ``error`` (a short error line), ``command`` (a command's reply), ``relay``
     (a person's message copied from a linked channel, from :attr:`author`: each
     transport shows it in its manners, escaped so it can never mention or
-    command anyone).
+    command anyone; with :attr:`replaces`, the person edited it: update that
+    copy), ``unrelay`` (the person deleted it: delete the copy :attr:`replaces`
+    names).  A relay with ``replaces`` and ``unrelay`` go only to transports
+    whose channels can edit (:attr:`ChannelCaps.can_edit`).
     """
 
     channel_key: str

@@ -227,6 +227,8 @@ class _Incoming:
     title: bool = False  # the first message of an assistant thread: it names the thread
     #: For the bot (a DM, a mention, a thread of its own); else a linked channel's chatter.
     addressed: bool = True
+    #: ``edit``/``delete``: the person changed their message ``ts`` (a linked channel's).
+    change: str | None = None
 
 
 @dataclass
@@ -592,6 +594,9 @@ class SlackTransport(Transport):
         # task.  Nothing here awaits before the queue, so messages reach the
         # bridge in the order they arrived; the I/O happens in _deliver.
         subtype = event.get("subtype")
+        if subtype in ("message_changed", "message_deleted"):
+            self._on_change(body, event)
+            return
         if event.get("bot_id") or (subtype and subtype not in _ANSWERED_SUBTYPES):
             return  # bots (ourselves too), edits, deletions, joins …: not a person's message
         user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
@@ -634,6 +639,47 @@ class SlackTransport(Transport):
         self._incoming.put_nowait(
             _Incoming(keys, key, text.strip(), user, channel, thread_ts, ts, is_dm, title,
                       addressed)
+        )  # fmt: skip
+
+    def _on_change(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        """A ``message_changed``/``message_deleted`` event: a person edited or deleted a
+        message.  Only a linked channel's matter (the bridge carries the change to the
+        message's relayed copies); ours (any bot's) and changes that leave the words
+        as they were (an unfurl, a reply count) are not."""
+        channel, event_ts = event.get("channel"), event.get("ts")
+        before = event.get("previous_message") or {}
+        if event.get("subtype") == "message_changed":
+            now = event.get("message") or {}
+            change, ts, text = "edit", now.get("ts"), now.get("text")
+            if not isinstance(text, str) or text == before.get("text"):
+                return
+        else:
+            now, change, ts, text = before, "delete", event.get("deleted_ts"), ""
+        user = now.get("user") or before.get("user")
+        if (
+            not all(isinstance(v, str) and v for v in (channel, ts, user, event_ts))
+            or now.get("bot_id") or before.get("bot_id") or user == self.bot_user_id
+            or event.get("channel_type") == "im"
+        ):  # fmt: skip
+            return
+        assert isinstance(channel, str) and isinstance(ts, str) and isinstance(user, str)
+        thread_ts = now.get("thread_ts") or before.get("thread_ts")
+        if not isinstance(thread_ts, str) or not thread_ts:
+            thread_ts = None
+        if self.options.conversation_per == "thread":
+            thread_ts = thread_ts or ts
+        key = self._key(channel, thread_ts)
+        if self.hears is None or not self.hears(key):
+            return
+        keys = (f"event:{body.get('event_id') or f'{channel}:{event_ts}:change'}",)
+        if self._seen.check_and_add(*keys):
+            return
+        text = _MENTION.sub(
+            lambda m: "" if m.group(1) == self.bot_user_id else m.group(0), clean(text)
+        )
+        self._incoming.put_nowait(
+            _Incoming(keys, key, incoming(text).strip(), user, channel, thread_ts, ts,
+                      addressed=False, change=change)
         )  # fmt: skip
 
     async def _on_action(self, ack: Any, body: dict[str, Any]) -> None:
@@ -799,6 +845,8 @@ class SlackTransport(Transport):
         """``item`` to the bridge (a task of its own), its assistant status due in
         ``status_delay`` (:meth:`_status_soon`)."""
         meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
+        if item.change:
+            meta["change"] = item.change
         if item.thread_ts:
             found = self._contexts.contexts.get((item.channel, item.thread_ts))
             if found:
@@ -813,7 +861,7 @@ class SlackTransport(Transport):
         )  # fmt: skip
         if item.title and item.thread_ts:
             await self._title(item.channel, item.thread_ts, item.text)
-        if item.thread_ts and self.options.status_text:
+        if item.thread_ts and self.options.status_text and not item.change:
             self._status_soon(item.channel, item.thread_ts)
         task = self.spawn(self._handle(message), name=f"agentik-slack-handle:{self.name}")
         self._handing.add(task)
@@ -995,7 +1043,7 @@ class SlackTransport(Transport):
         if message.kind == "answer" and message.outbox_id is not None:
             await self._redeliver(message, channel, thread_ts, where.get("user"))
             return
-        if message.kind == "relay":
+        if message.kind in ("relay", "unrelay"):
             # A relayed copy's reply data is its author: the key names the place.
             await self._relay(parts[2], parts[3] if len(parts) > 3 else None, message)
             return
@@ -1041,6 +1089,17 @@ class SlackTransport(Transport):
         """A person's message from a linked channel, posted under their name (the
         ``username`` override; ``chat:write.customize``): its text escaped, so no
         ``<!channel>``, mention or link markup can come of relaying."""
+        if message.replaces and message.kind == "unrelay":
+            # The person deleted their message: so goes its copy.
+            await self.client.chat_delete(channel=channel, ts=message.replaces)
+            return
+        if message.replaces:
+            # The person edited their message: its copy says what it says now (the name
+            # it was posted under stays).
+            await self.client.chat_update(
+                channel=channel, ts=message.replaces, text=escape(message.text)
+            )
+            return
         author = " ".join(clean(message.author or "").split())[:80] or "someone"
         response = await self.client.chat_postMessage(
             channel=channel, thread_ts=thread_ts, text=escape(message.text), username=author,
