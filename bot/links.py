@@ -545,8 +545,10 @@ class Links:
         targets it goes to (0: the message was never relayed)."""
         found = None if message.direct else self.find(message.channel_key)
         ref = message.meta.get("ts") or message.meta.get("msgid")
-        kind = message.meta.get("change")
-        if found is None or not ref or kind not in ("edit", "delete"):
+        kind: Literal["edit", "delete"] = (
+            "delete" if message.meta.get("change") == "delete" else "edit"
+        )
+        if found is None or not ref or message.meta.get("change") not in ("edit", "delete"):
             return 0
         link, key = found
         if not self._loaded:
