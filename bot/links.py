@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -219,6 +220,8 @@ class _Relay:
     edits: str = "line"
     #: When the changed message was said (a deletion's line names it).
     said_at: float = 0.0
+    #: The thread it goes into (a Slack ``thread_ts``), or ``None``.
+    thread: str | None = None
 
 
 @dataclass(slots=True)
@@ -255,6 +258,11 @@ class Links:
         #: Copies handed to a transport whose protocol id (a Slack ``ts``) is still to
         #: come, by outbox row: the id goes into their message-map row.
         self._copies: dict[int, LinkMessage] = {}
+        #: Per channel without threads (IRC): the people of threaded channels (Slack)
+        #: who spoke last, by folded name -> (their channel's key, the thread_ts).
+        self._recent: dict[str, dict[str, tuple[str, str]]] = {}
+        #: A threaded channel's relayed messages -> their thread (a reply's root).
+        self._thread_of: dict[tuple[str, str], str] = {}
         self._index()
 
     def _index(self) -> None:
@@ -411,7 +419,10 @@ class Links:
             return message
         key = found[1]
         name = message.author_name or message.author_id
-        return dataclasses.replace(message, channel_key=key, author_name=qualified(name, transport))
+        return dataclasses.replace(
+            message, channel_key=key, author_name=qualified(name, transport),
+            meta={**message.meta, "name": name},
+        )  # fmt: skip
 
     async def _hold_open(self, link: Link) -> None:
         """Open every channel of ``link`` the bot serves (so each renders the answer),
@@ -501,10 +512,15 @@ class Links:
         if not copies:
             return 0
         author = message.author_name
+        # Threads: where each copy goes (a Slack thread) and what it says.
+        threads = await self._threads(message, transport, key, text, [k for _, k, _ in copies])
+        said = {k: threads.get(k, (text, None)) for _, k, _ in copies}
+        self._remember(message, transport, key, link)
         entries = [
             OutboxEntry(
                 channel_key=target_key, run_id=row.run_id or "", piece=0, transport=target.name,
-                kind="relay", text=text, reply_to={"author": author},
+                kind="relay", text=said[target_key][0],
+                reply_to=_reply_to(author, said[target_key][1]),
             )
             for target, target_key, row in copies
             if target.outbox
@@ -517,8 +533,93 @@ class Links:
         it = iter(ids)
         for target, target_key, row in copies:
             oid = next(it, None) if target.outbox else None
-            await self._target(target_key).queue.put(_Relay(text, author, oid, row))
+            words, thread = said[target_key]
+            await self._target(target_key).queue.put(_Relay(words, author, oid, row, thread=thread))
         return len(copies)
+
+    async def _threads(
+        self, message: IncomingMessage, transport: Transport, key: str, text: str,
+        targets: Sequence[str],
+    ) -> dict[str, tuple[str, str | None]]:  # fmt: skip
+        """Per target, what a copy of ``message`` says and the thread it goes into, where
+        that differs from ``(text, None)``:
+
+        - a reply in a Slack thread goes into the copy of the thread's first message
+          where the target has threads and the message map knows that copy; elsewhere
+          (IRC: the whole channel is one thread) it is quoted: ``(re bob: lunch at…) text``;
+        - a line from a network without threads that answers a relayed line (the
+          ``+draft/reply`` tag naming its copy, or ``bob: ...`` naming its author) goes
+          into that line's thread in the channel it was said in."""
+        out: dict[str, tuple[str, str | None]] = {}
+        thread = message.meta.get("thread_ts")
+        if thread:
+            where: dict[str, str] = {}
+            await self._settle_map()  # (a copy's id is written as it is sent)
+            canonical = await self.store.link_map_find(key, str(thread))
+            if canonical is not None:
+                for row in await self.store.link_map(canonical):
+                    if row.ref and row.channel_key in targets:
+                        where[row.channel_key] = row.ref
+            root = message.meta.get("thread_root") or {}
+            quote = _quote(str(root.get("author") or ""), str(root.get("text") or ""))
+            for target_key in targets:
+                target = self.host.transport_for(target_key)
+                if target_key in where and target is not None and target.caps.threads:
+                    out[target_key] = (text, where[target_key])
+                elif quote:
+                    out[target_key] = (f"{quote} {text}", None)
+            return out
+        if transport.caps.threads:
+            return out
+        answered = await self._answered(message, key)
+        if answered is not None:
+            slack_key, ts = answered
+            if slack_key in targets:
+                out[slack_key] = (text, ts)
+        return out
+
+    async def _answered(self, message: IncomingMessage, key: str) -> tuple[str, str] | None:
+        """The thread (channel key, thread ts) of the relayed line ``message`` answers."""
+        reply = message.meta.get("reply")
+        if reply:
+            canonical = await self.store.link_map_find(key, str(reply))
+            if canonical is not None:
+                rows = await self.store.link_map(canonical)
+                for row in rows:  # the origin first: said in a channel with threads?
+                    target = self.host.transport_for(row.channel_key)
+                    if row.ref and row.channel_key != key and target and target.caps.threads:
+                        ts = row.ref
+                        return row.channel_key, self._thread_of.get((row.channel_key, ts), ts)
+        m = _ADDRESSED.match(message.text.strip())
+        if m is None:
+            return None
+        recent = self._recent.get(key)
+        return None if recent is None else recent.get(m.group(1).casefold())
+
+    def _remember(
+        self, message: IncomingMessage, transport: Transport, key: str, link: Link
+    ) -> None:
+        """A line from a channel with threads (Slack): the channels of the link without
+        threads remember its author, so ``bob: ...`` there answers in its thread."""
+        if not transport.caps.threads:
+            return
+        ts = message.meta.get("ts")
+        name = message.meta.get("name")
+        if not ts or not name:
+            return
+        thread = str(message.meta.get("thread_ts") or ts)
+        self._thread_of[(key, str(ts))] = thread
+        while len(self._thread_of) > 10_000:
+            del self._thread_of[next(iter(self._thread_of))]
+        for other in link.channels:
+            target = self.host.transport_for(other)
+            if other == key or target is None or target.caps.threads:
+                continue
+            recent = self._recent.setdefault(other, {})
+            recent.pop(str(name).casefold(), None)
+            recent[str(name).casefold()] = (key, thread)
+            while len(recent) > 200:
+                del recent[next(iter(recent))]
 
     def on_delivery(
         self,
@@ -641,7 +742,8 @@ class Links:
             else:
                 out = OutgoingMessage(
                     channel_key=key, text=late(item.text, item.row.created_at, self.late_after),
-                    kind="relay", run_id=item.row.run_id, reply_to={"author": item.author},
+                    kind="relay", run_id=item.row.run_id,
+                    reply_to=_reply_to(item.author, item.thread),
                     outbox_id=item.outbox_id, author=item.author,
                 )  # fmt: skip
                 if item.outbox_id is not None:
@@ -739,6 +841,27 @@ def late(text: str, said_at: float, after: float = LATE_AFTER) -> str:
     if not said_at or time.time() - said_at <= after:
         return text
     return f"(late: {time.strftime('%H:%M', time.gmtime(said_at))} UTC) {text}"
+
+
+#: ``bob: ...`` / ``bob, ...``: a line addressed to someone by name.
+_ADDRESSED = re.compile(r"^([^\s:,]{1,64})[:,]\s")
+#: Characters of a thread's first message quoted on a network without threads.
+QUOTE_CHARS = 40
+
+
+def _quote(author: str, text: str) -> str:
+    """``(re bob: lunch at the usual…)``; empty without an author."""
+    if not author:
+        return ""
+    words = " ".join(text.split())
+    if len(words) > QUOTE_CHARS:
+        words = words[:QUOTE_CHARS].rstrip() + "…"
+    return f"(re {author}: {words})" if words else f"(re {author})"
+
+
+def _reply_to(author: str, thread: str | None) -> dict[str, str]:
+    """A relayed copy's reply data: its author, and the thread it goes into."""
+    return {"author": author, "thread": thread} if thread else {"author": author}
 
 
 def _own_nick(transport: Transport) -> str:

@@ -656,3 +656,59 @@ async def test_an_edit_and_a_delete_of_a_message_sent_before_a_restart_propagate
                 assert b.model.requests == []
         finally:
             await watcher.close()
+
+
+# -- threads ------------------------------------------------------------------------------------
+async def test_a_slack_thread_is_quoted_on_irc_and_an_irc_reply_goes_into_it(
+    ngircd, tmp_path, monkeypatch
+):
+    async with FakeSlack() as slack, linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+        slack.add_user("U2", "bob", display_name="bob")
+        slack.add_user("U3", "carol", display_name="carol")
+        alice = await person(ngircd.port, "alice")
+        try:
+            # alice's line, relayed to Slack; bob answers it in a thread there.
+            alice.privmsg("#team", "the deploy failed")
+            await slack.wait_until(lambda: relays_in(slack) or None, WAIT, "the copy")
+            [copy_ts] = [ts for (ch, ts), m in slack.messages.items() if m.get("username")]
+            await slack.push_event(
+                slack.message_event("C1", "which step?", user="U2", thread_ts=copy_ts)
+            )
+            line = await alice.wait_for(lambda m: "which step?" in m.text, WAIT)
+            # IRC is one thread: the reply quotes what it answers.
+            assert (
+                line.text
+                == f"<b{ZWSP}ob (Slack)> (re alice@testnet: the deploy failed) which step?"
+            )
+            # alice answers bob by name: her line goes into bob's thread, under her name.
+            alice.privmsg("#team", "bob: the migration")
+            post = await slack.wait_until(
+                lambda: next((c for c in relays_in(slack) if "the migration" in c["text"]), None),
+                WAIT, "alice's reply in Slack",
+            )  # fmt: skip
+            assert (post["thread_ts"], post["username"]) == (copy_ts, "alice@testnet")
+            assert post["text"] == "bob: the migration"
+            # A thread of a Slack person's message: quoted by its first words.
+            root = slack.message_event(
+                "C1", "lunch at the usual place at noon, anyone coming along today?", user="U3"
+            )
+            await slack.push_event(root)
+            await slack.push_event(
+                slack.message_event("C1", "count me in", user="U2", thread_ts=root["ts"])
+            )
+            line = await alice.wait_for(lambda m: "count me in" in m.text, WAIT)
+            assert line.text == (
+                f"<b{ZWSP}ob (Slack)> (re carol: lunch at the usual place at noon, anyone…)"
+                " count me in"
+            )
+            # A line naming nobody relayed stays in the channel.
+            alice.privmsg("#team", "anyone else?")
+            plain = await slack.wait_until(
+                lambda: next((c for c in relays_in(slack) if "anyone else" in c["text"]), None),
+                WAIT, "the plain line",
+            )  # fmt: skip
+            assert not plain.get("thread_ts")
+            await b.bridge.links.drain()
+            assert b.model.requests == []
+        finally:
+            await alice.close()

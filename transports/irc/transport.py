@@ -1431,7 +1431,10 @@ class IRCTransport(Transport):
             direct=direct, addressed=addressed, reply_to=reply_to, verified=verified,
             meta={"network": self.network, "account": account, "account_via": via,
                   "hostmask": f"{sender}!{user or ''}@{host or ''}",
-                  "casemapping": self.isupport.get("CASEMAPPING")},
+                  "casemapping": self.isupport.get("CASEMAPPING"),
+                  # message-tags: the server's id for it, and the one it answers
+                  "msgid": line.tags.get("msgid") or None,
+                  "reply": line.tags.get("+draft/reply") or None},
         )  # fmt: skip
         assert self._sink is not None
         self.spawn(self._sink.handle(message, self))
@@ -1446,9 +1449,9 @@ class IRCTransport(Transport):
             if lines is not None and len(lines) < 1000:
                 lines.append(line.params[-1])
             return
-        self._confirm_echo(line.params[0], line.params[-1])
+        self._confirm_echo(line.params[0], line.params[-1], line.tags.get("msgid"))
 
-    def _confirm_echo(self, target: str, relayed: str) -> None:
+    def _confirm_echo(self, target: str, relayed: str, msgid: str | None = None) -> None:
         # Servers may drop trailing blanks from what they relay, and a channel
         # with +c (Solanum) or +S (InspIRCd) strips the formatting codes.
         want = (self._fold(target), _plain(relayed))
@@ -1456,7 +1459,8 @@ class IRCTransport(Transport):
             if (t, _plain(text)) == want:
                 del self._unechoed[i]
                 for oid in ids:
-                    self.delivered(oid, "confirmed")
+                    # (the server's msgid for it: a reply to it names it, +draft/reply)
+                    self.delivered(oid, "confirmed", ref=msgid or None)
                 return
 
     def _on_batch(self, line: Line) -> None:

@@ -306,6 +306,8 @@ class SlackTransport(Transport):
         self._sends_done: asyncio.Event | None = None
         self.where = ""  # what start() connected to, for the logs
         self._names: dict[str, str] = {}
+        #: Thread roots of linked channels, by (channel, thread_ts): who wrote it, its words.
+        self._roots: OrderedDict[tuple[str, str], dict[str, str] | None] = OrderedDict()
         self._threads: set[str] = set()  # thread keys the bot takes part in
         self._answers: dict[str, _Answer] = {}
         self._bot_messages: OrderedDict[str, str] = OrderedDict()  # ts -> channel key
@@ -847,6 +849,13 @@ class SlackTransport(Transport):
         meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
         if item.change:
             meta["change"] = item.change
+        if item.thread_ts and item.thread_ts != item.ts and not item.direct:
+            meta["thread_ts"] = item.thread_ts  # a reply in a thread
+            if not item.change and self.hears is not None and self.hears(item.key or ""):
+                # A linked channel's: the networks without threads quote what it answers.
+                root = await self._root(item.channel, item.thread_ts)
+                if root is not None:
+                    meta["thread_root"] = root
         if item.thread_ts:
             found = self._contexts.contexts.get((item.channel, item.thread_ts))
             if found:
@@ -866,6 +875,33 @@ class SlackTransport(Transport):
         task = self.spawn(self._handle(message), name=f"agentik-slack-handle:{self.name}")
         self._handing.add(task)
         task.add_done_callback(self._handing.discard)
+
+    async def _root(self, channel: str, thread_ts: str) -> dict[str, str] | None:
+        """The first message of a thread: ``{"author": name, "text": words}`` (a copy
+        relayed by us: the name it was posted under), ``None`` when Slack will not say."""
+        where = (channel, thread_ts)
+        if where in self._roots:
+            self._roots.move_to_end(where)
+            return self._roots[where]
+        found: dict[str, str] | None = None
+        try:
+            reply = await self.client.conversations_replies(
+                channel=channel, ts=thread_ts, limit=1, inclusive=True
+            )
+            first = (reply.get("messages") or [None])[0]
+            if isinstance(first, dict) and first.get("ts") == thread_ts:
+                user = first.get("user")
+                author = first.get("username") or (
+                    await self._name(user) if isinstance(user, str) and user else "someone"
+                )
+                text = first.get("text") if isinstance(first.get("text"), str) else ""
+                found = {"author": str(author), "text": incoming(clean(text or "")).strip()}
+        except Exception as exc:  # the quote is a nicety: never lose the message
+            log.info("slack %s: conversations.replies %s failed: %s", self.name, thread_ts, exc)
+        self._roots[where] = found
+        while len(self._roots) > 1000:
+            self._roots.popitem(last=False)
+        return found
 
     def _status_soon(self, channel: str, thread_ts: str) -> None:
         """Set the assistant status in ``status_delay`` seconds, unless something shows
@@ -1101,6 +1137,10 @@ class SlackTransport(Transport):
             )
             return
         author = " ".join(clean(message.author or "").split())[:80] or "someone"
+        if thread_ts is None and isinstance(message.reply_to, dict):
+            # An answer, on a network without threads, to a message of a thread here.
+            thread = message.reply_to.get("thread")
+            thread_ts = thread if isinstance(thread, str) and thread else None
         response = await self.client.chat_postMessage(
             channel=channel, thread_ts=thread_ts, text=escape(message.text), username=author,
             unfurl_links=False, unfurl_media=False,
