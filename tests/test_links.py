@@ -712,3 +712,28 @@ async def test_a_slack_thread_is_quoted_on_irc_and_an_irc_reply_goes_into_it(
             assert b.model.requests == []
         finally:
             await alice.close()
+
+
+# -- attachments ----------------------------------------------------------------------------------
+async def test_slack_attachments_reach_irc_as_links(ngircd, tmp_path, monkeypatch):
+    async with FakeSlack() as slack, linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+        slack.add_user("U2", "bob", display_name="bob")
+        alice = await person(ngircd.port, "alice")
+        try:
+            with_words = slack.message_event(
+                "C1", "here is the log", user="U2", subtype="file_share"
+            )
+            bare = slack.message_event("C1", "", user="U2", subtype="file_share")
+            await slack.push_event(with_words)
+            await slack.push_event(bare)
+            got = await alice.collect(lambda m: "/files/U2/" in m.text, 2, WAIT)
+            [link1] = [f["permalink"] for f in with_words["files"]]
+            [link2] = [f["permalink"] for f in bare["files"]]
+            assert [m.text for m in got] == [
+                f"<b{ZWSP}ob (Slack)> here is the log [notes.txt: {link1}]",
+                f"<b{ZWSP}ob (Slack)> [notes.txt: {link2}]",
+            ]
+            await b.bridge.links.drain()
+            assert b.bridge.links.relayed == 2
+        finally:
+            await alice.close()

@@ -212,6 +212,18 @@ class _ThreadContexts:
         return AssistantThreadContext(found) if found else None
 
 
+def _file_links(files: Any) -> list[str]:
+    """A message's files as ``[name: permalink]`` (Slack's page of the file: it asks
+    whoever opens it to sign in to the workspace)."""
+    out = []
+    for f in files if isinstance(files, list) else ():
+        link = f.get("permalink") if isinstance(f, dict) else None
+        if isinstance(link, str) and link.startswith("https://"):
+            name = " ".join(str(f.get("name") or f.get("title") or "file").split())[:80]
+            out.append(f"[{clean(name)}: {link}]")
+    return out[:10]
+
+
 @dataclass(frozen=True, slots=True)
 class _Incoming:
     """An event accepted by ``_on_event``, waiting for ``_deliver`` (``key`` None: not for us)."""
@@ -613,7 +625,8 @@ class SlackTransport(Transport):
             return
         text = event.get("text")
         text = clean(text) if isinstance(text, str) else ""
-        if not text.strip():  # a file without words, say: nothing to answer
+        files = _file_links(event.get("files"))
+        if not text.strip() and not files:  # nothing to answer
             self._incoming.put_nowait(_Incoming(keys))
             return
         is_dm = event.get("channel_type") == "im"
@@ -624,6 +637,12 @@ class SlackTransport(Transport):
         if not is_dm and self.options.conversation_per == "thread":
             thread_ts = thread_ts or ts
         key = self._key(channel, thread_ts)
+        if files and not is_dm and self.hears is not None and self.hears(key):
+            # A linked channel's attachments: relayed (and seen) as links to them.
+            text = f"{text} {' '.join(files)}".strip()
+        if not text.strip():  # a file without words, say: nothing to answer
+            self._incoming.put_nowait(_Incoming(keys))
+            return
         addressed = is_dm or mentioned or key in self._threads
         if event.get("type") == "message" and not addressed:
             if self.hears is None or not self.hears(key):
