@@ -737,3 +737,68 @@ async def test_slack_attachments_reach_irc_as_links(ngircd, tmp_path, monkeypatc
             assert b.bridge.links.relayed == 2
         finally:
             await alice.close()
+
+
+# -- draft/relaymsg ------------------------------------------------------------------------------
+async def test_relayed_lines_use_relaymsg_when_the_server_offers_it(tmp_path, monkeypatch):
+    # No real server here offers draft/relaymsg (ngircd does not; Ergo is not installed):
+    # a scripted server speaks the wire format of the IRCv3 draft (extensions/relaymsg.md).
+    from ircservers import ScriptedIRCServer, registration_handler
+
+    base = registration_handler(caps_offered="message-tags echo-message draft/relaymsg=/")
+    msgids: dict[str, str] = {}  # the server's msgid of each relayed line, by its text
+
+    async def handler(client, line):
+        if line.startswith("RELAYMSG "):
+            _, chan, nick, text = line.split(" ", 3)
+            # As the spec has the server deliver it (echo-message: to us too), tagged with
+            # the relaying bot's nick.
+            text = text.removeprefix(":")
+            msgids[text] = f"m{len(server.received)}"
+            client.send(f"@draft/relaymsg={client.nick};msgid={msgids[text]} "
+                        f":{nick}!relay@relay.test PRIVMSG {chan} :{text}")  # fmt: skip
+            return
+        await base(client, line)
+
+    async with (
+        ScriptedIRCServer(handler) as server,
+        FakeSlack() as slack,
+        linked_bot(server.port, slack, tmp_path, monkeypatch) as b,
+    ):
+        slack.add_user("U2", "bob", display_name="bob")
+        assert "draft/relaymsg" in b.irc.caps_enabled
+        hello = slack.message_event("C1", "hello from slack", user="U2")
+        await slack.push_event(hello)
+        line = await server.wait_for_line("RELAYMSG #team")
+        # Under bob/Slack itself: no <b\u200bob (Slack)> name in the text.
+        assert line == "RELAYMSG #team bob/Slack :hello from slack"
+        # A name with what the spec reserves for nicks (blanks, "!", "."): left out.
+        slack.add_user("U4", "Dr. Who!", display_name="Dr. Who!")
+        await slack.push_event(slack.message_event("C1", "ok?", user="U4"))
+        assert await server.wait_for_line("RELAYMSG #team") == "RELAYMSG #team DrWho/Slack ok?"
+        # A person on IRC is relayed to Slack; our own relayed lines, which come back
+        # under bob/Slack tagged with our nick, never are.
+        client = await server.wait_for_client()
+        client.send(":carol!c@h.test PRIVMSG #team :hi from irc")
+        await slack.wait_until(lambda: relays_in(slack) or None, WAIT, "carol's line")
+        since = server.mark()
+        client.send("PING :synced")
+        await server.wait_for_line("PONG synced", since=since)
+        await b.bridge.links.drain()
+        assert [(c["username"], c["text"]) for c in relays_in(slack)] == [
+            ("carol@testnet", "hi from irc")
+        ]
+        assert b.bridge.links.relayed == 3
+        # The server's msgid of each relayed line is in the message map (for +draft/reply).
+        await b.bridge.outbox.drain()
+        await eventually(lambda: _irc_refs(b), "the relayed lines' msgids in the message map")
+
+
+async def _irc_refs(b: Linked) -> bool:
+    import sqlite3
+
+    with sqlite3.connect(b.agent.store.path) as conn:
+        rows = conn.execute(
+            "SELECT ref FROM link_message WHERE channel_key = ? AND origin = 0", (IRC_KEY,)
+        ).fetchall()
+    return len(rows) == 2 and all(r[0] and r[0].startswith("m") for r in rows)
