@@ -452,6 +452,11 @@ class Bridge(AgentAccess):
             return None
         return decision.tools, ticket.subject
 
+    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
+        """A message posted over the HTTP API: relayed to the channels linked with its
+        conversation (:meth:`agentik.bot.links.Links.posted`)."""
+        return await self.links.posted(conversation_id, instance, author, text)
+
     async def interrupt(self, channel_key: str) -> bool:
         """Interrupt the turn running in ``channel_key``; ``False`` if none."""
         ch = self._channels.get(channel_key)

@@ -43,14 +43,14 @@ from agentik.core.health import Health, HealthState
 from agentik.core.store.base import OutboxEntry
 from agentik.core.store.records import LinkMessage, LinkRecord
 from agentik.core.turnsettings import TurnSettings
-from agentik.transports.base import OutgoingMessage
+from agentik.transports.base import IncomingMessage, OutgoingMessage
 
 from .logs import log_event
 from .render import Renderer
 
 if TYPE_CHECKING:
     from agentik.core import Agent
-    from agentik.transports.base import IncomingMessage, OutgoingKind, Transport
+    from agentik.transports.base import OutgoingKind, Transport
 
     from .channel import ChannelOptions, OpenChannel
     from .chansettings import Effective
@@ -620,6 +620,29 @@ class Links:
             recent[str(name).casefold()] = (key, thread)
             while len(recent) > 200:
                 del recent[next(iter(recent))]
+
+    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
+        """A message posted over the HTTP API (instance ``instance``) into a linked
+        conversation: relayed like a person's message in the link's ``http:<instance>:…``
+        channel, the author shown as ``carol (web)``.  How many copies."""
+        if not self._by_key:
+            return 0
+        if not self._loaded:
+            await self.load()
+        prefix = f"http:{instance}:"
+        for link in self.links.values():
+            key = next((k for k in link.channels if k.startswith(prefix)), None)
+            if key is None or await self.store.get_binding(key) != conversation_id:
+                continue
+            transport = self.host.transport_for(key)
+            if transport is None:
+                return 0
+            message = IncomingMessage(
+                channel_key=key, text=text, author_id=author,
+                author_name=qualified(author, transport), meta={"name": author},
+            )  # fmt: skip
+            return await self.relay(message, transport, None)
+        return 0
 
     def on_delivery(
         self,

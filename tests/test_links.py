@@ -802,3 +802,30 @@ async def _irc_refs(b: Linked) -> bool:
             "SELECT ref FROM link_message WHERE channel_key = ? AND origin = 0", (IRC_KEY,)
         ).fetchall()
     return len(rows) == 2 and all(r[0] and r[0].startswith("m") for r in rows)
+
+
+# -- the web --------------------------------------------------------------------------------------
+async def test_a_message_posted_on_the_web_is_relayed_to_irc_and_slack_with_its_badge(
+    ngircd, tmp_path, monkeypatch
+):
+    async with FakeSlack() as slack, linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+        alice = await person(ngircd.port, "alice")
+        try:
+            b.model.enqueue(Reply(text="noted"))
+            conv = await b.agent.conversation_for_channel(WEB_KEY)
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(base_url=f"{b.web.url}/agentik", timeout=60) as http:
+                said = {"content": "hi from the web", "author": "carol"}
+                r = await http.post(f"/conversations/{conv.id}/messages", headers=auth, json=said)
+                assert r.status_code == 202, r.text
+            # IRC and Slack see it said, under the web person's name and network.
+            line = await alice.wait_for(lambda m: "hi from the web" in m.text, WAIT)
+            assert line.text == f"<c{ZWSP}arol (web)> hi from the web"
+            post = await slack.wait_until(lambda: relays_in(slack) or None, WAIT, "the copy")
+            assert [(c["username"], c["text"]) for c in post] == [
+                ("carol (web)", "hi from the web")
+            ]
+            await b.bridge.links.drain()
+            assert b.bridge.links.relayed == 2
+        finally:
+            await alice.close()

@@ -298,6 +298,12 @@ class AgentHost(MessageSink, Protocol):
         """Stop the turn running in ``channel_key``; ``False`` if none."""
         ...
 
+    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
+        """A person posted ``text`` over an API (transport instance ``instance``) into
+        conversation ``conversation_id``: copied to the chat channels linked with it
+        (issue 33), after it was admitted.  How many copies (0: not linked)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class _Defaults:
@@ -354,6 +360,9 @@ class BasicHost:
 
     async def interrupt(self, channel_key: str) -> bool:
         return False
+
+    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
+        return 0
 
 
 def host_of(sink: MessageSink) -> AgentHost:
