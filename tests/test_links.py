@@ -829,3 +829,36 @@ async def test_a_message_posted_on_the_web_is_relayed_to_irc_and_slack_with_its_
             assert b.bridge.links.relayed == 2
         finally:
             await alice.close()
+
+
+async def test_a_copy_slack_got_just_before_a_crash_is_not_posted_again(
+    ngircd, tmp_path, monkeypatch
+):
+    import sqlite3
+
+    async with FakeSlack() as slack:
+        async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+            alice = await person(ngircd.port, "alice")
+            try:
+                alice.privmsg("#team", "said once")
+                await slack.wait_until(lambda: relays_in(slack) or None, WAIT, "the copy")
+                await b.bridge.links.drain()
+                await b.bridge.outbox.drain()
+            finally:
+                await alice.close()
+        # As if the process died after Slack took the copy, before it wrote that down.
+        with sqlite3.connect(tmp_path / "links.db") as conn:
+            assert (
+                conn.execute(
+                    "UPDATE outbox SET state = 'queued', ref = NULL WHERE kind = 'relay'"
+                ).rowcount
+                == 1
+            )
+        async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+            assert await b.bridge.redeliver() == 1
+            await b.bridge.outbox.drain()
+            # Found in the channel by its metadata: not posted a second time, and done.
+            assert [c["text"] for c in relays_in(slack)] == ["said once"]
+            assert len(slack.calls_to("conversations.history")) == 1
+            assert slack.calls_to("chat.update") == []
+            assert await b.bridge.redeliver() == 0

@@ -320,6 +320,8 @@ class SlackTransport(Transport):
         self._names: dict[str, str] = {}
         #: Thread roots of linked channels, by (channel, thread_ts): who wrote it, its words.
         self._roots: OrderedDict[tuple[str, str], dict[str, str] | None] = OrderedDict()
+        #: Relayed copies found in a channel after a restart: channel -> (when, copy -> ts).
+        self._copies_seen: dict[str, tuple[float, dict[str, str]]] = {}
         self._threads: set[str] = set()  # thread keys the bot takes part in
         self._answers: dict[str, _Answer] = {}
         self._bot_messages: OrderedDict[str, str] = OrderedDict()  # ts -> channel key
@@ -1156,16 +1158,57 @@ class SlackTransport(Transport):
             )
             return
         author = " ".join(clean(message.author or "").split())[:80] or "someone"
-        if thread_ts is None and isinstance(message.reply_to, dict):
+        where = message.reply_to if isinstance(message.reply_to, dict) else {}
+        if thread_ts is None:
             # An answer, on a network without threads, to a message of a thread here.
-            thread = message.reply_to.get("thread")
+            thread = where.get("thread")
             thread_ts = thread if isinstance(thread, str) and thread else None
+        copy = message.run_id or ""
+        again = where.get("again")
+        if copy and thread_ts is None and isinstance(again, int | float):
+            # Sent again after a restart: the last process may have posted it just
+            # before it died, before it wrote that down.  Posted already: not again.
+            ts = await self._copy_posted(channel, copy, float(again))
+            if ts is not None:
+                self._remember(ts, message.channel_key)
+                self.delivered(message.outbox_id, "confirmed", ref=ts)
+                return
         response = await self.client.chat_postMessage(
             channel=channel, thread_ts=thread_ts, text=escape(message.text), username=author,
             unfurl_links=False, unfurl_media=False,
+            # (which copy it is: found again after a restart, see _copy_posted)
+            metadata={"event_type": "agentik_relay", "event_payload": {"copy": copy}}
+            if copy else None,
         )  # fmt: skip
         self._remember(response.get("ts"), message.channel_key)
         self.delivered(message.outbox_id, "confirmed", ref=response.get("ts"))
+
+    async def _copy_posted(self, channel: str, copy: str, since: float) -> str | None:
+        """The ts of relayed copy ``copy`` if it is in ``channel`` already (its message
+        metadata), looking at what was posted there since ``since`` (one
+        ``conversations.history`` call per channel and minute: a restart's redelivery
+        asks about many copies at once)."""
+        now = time.monotonic()
+        cached = self._copies_seen.get(channel)
+        if cached is None or now - cached[0] > 60:
+            found: dict[str, str] = {}
+            try:
+                reply = await self.client.conversations_history(
+                    channel=channel, oldest=f"{max(since - 5, 0):.6f}", limit=999,
+                    include_all_metadata=True,
+                )  # fmt: skip
+                for m in reply.get("messages") or []:
+                    meta = m.get("metadata") or {}
+                    if isinstance(meta, dict) and meta.get("event_type") == "agentik_relay":
+                        cid = (meta.get("event_payload") or {}).get("copy")
+                        if isinstance(cid, str) and isinstance(m.get("ts"), str):
+                            found[cid] = m["ts"]
+            except Exception as exc:  # then it is posted: twice rather than never
+                log.info("slack %s: conversations.history %s failed: %s", self.name, channel, exc)
+            cached = self._copies_seen[channel] = (now, found)
+            while len(self._copies_seen) > 100:
+                del self._copies_seen[next(iter(self._copies_seen))]
+        return cached[1].get(copy)
 
     async def _redeliver(
         self, message: OutgoingMessage, channel: str, thread_ts: str | None, user: str | None
