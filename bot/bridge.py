@@ -187,7 +187,8 @@ class Bridge(AgentAccess):
         self._options[transport.name] = resolved_options(transport, options)
         self.access.transports.setdefault(transport.name, transport.type)
         if transport.outbox:
-            transport.on_delivery = self.outbox.mark
+            # (through the links: a relayed copy's id goes into the message map)
+            transport.on_delivery = self.links.on_delivery
         transport.hears = self.links.hears
 
     async def detach(self, name: str) -> None:
@@ -243,10 +244,16 @@ class Bridge(AgentAccess):
         if self.metrics is not None:
             self.metrics.message_in(transport.name)
         text = message.text.strip()
-        if not text:
+        if not text and not message.meta.get("change"):
             return
         # In a linked channel: the link's key, the author qualified by network.
         message = self.links.arriving(message, transport)
+        if message.meta.get("change"):
+            # An edit or a deletion: the links carry it to the relayed copies (in order
+            # behind the channel's messages); nothing else takes it.
+            async with self._arrival(message.channel_key):
+                await self.links.change(message, transport)
+            return
         async with self._arrival(message.channel_key):
             command = await self._take(message, transport, text)
         if command is not None:
@@ -444,6 +451,11 @@ class Bridge(AgentAccess):
                 await self._send(transport, key, ticket.refused.notice, "notice", None)
             return None
         return decision.tools, ticket.subject
+
+    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
+        """A message posted over the HTTP API: relayed to the channels linked with its
+        conversation (:meth:`agentik.bot.links.Links.posted`)."""
+        return await self.links.posted(conversation_id, instance, author, text)
 
     async def interrupt(self, channel_key: str) -> bool:
         """Interrupt the turn running in ``channel_key``; ``False`` if none."""

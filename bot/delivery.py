@@ -133,13 +133,17 @@ class Delivery:
             # A relayed copy (linked channels) keeps its author in its reply data, and
             # shows when it was said if that was a while ago.
             author = row.reply_to.get("author") if isinstance(row.reply_to, dict) else None
+            reply_to = row.reply_to
             if kind == "relay":
                 text = late(text, row.created_at)
+                if isinstance(reply_to, dict):
+                    # (sent again: the transport may look whether it got there already)
+                    reply_to = {**reply_to, "again": row.created_at}
             try:
                 await transport.send(
                     OutgoingMessage(
                         channel_key=row.channel_key, text=text, kind=kind, run_id=row.run_id,
-                        reply_to=row.reply_to, outbox_id=row.id, replaces=row.ref,
+                        reply_to=reply_to, outbox_id=row.id, replaces=row.ref,
                         written_at=row.created_at,
                         author=author if kind == "relay" else None,
                     )

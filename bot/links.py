@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,14 +47,14 @@ from agentik.core.health import Health, HealthState
 from agentik.core.store.base import OutboxEntry
 from agentik.core.store.records import LinkMessage, LinkRecord
 from agentik.core.turnsettings import TurnSettings
-from agentik.transports.base import OutgoingMessage
+from agentik.transports.base import IncomingMessage, OutgoingMessage
 
 from .logs import log_event
 from .render import Renderer
 
 if TYPE_CHECKING:
     from agentik.core import Agent
-    from agentik.transports.base import IncomingMessage, OutgoingKind, Transport
+    from agentik.transports.base import OutgoingKind, Transport
 
     from .channel import ChannelOptions, OpenChannel
     from .chansettings import Effective
@@ -99,6 +100,11 @@ class LinkSettings(BaseModel):
     #: Whose per-channel settings (persona, tools, model) a turn runs with: ``asking``,
     #: the channel it was asked in; ``link``, the link's first channel's, wherever asked.
     settings: Literal["asking", "link"] = "asking"
+    #: How a channel that cannot edit (IRC) shows an edit or a deletion of a relayed
+    #: message: ``line``, one more line (``(edit) the new text``, ``(deleted their
+    #: message of 14:02 UTC)``); ``none``, nothing.  Channels that can edit (Slack)
+    #: always update or delete their copy.
+    edits: Literal["line", "none"] = "line"
 
     @field_validator("channels")
     @classmethod
@@ -209,12 +215,20 @@ class LinksHost(Protocol):
 
 @dataclass(slots=True)
 class _Relay:
-    """One relayed copy waiting for its target: its outbox row and the message map row."""
+    """One relayed copy waiting for its target: its outbox row and the message map row.
+    With ``change`` set, an edit or a deletion of the copy ``row`` names instead."""
 
     text: str
     author: str
     outbox_id: int | None
     row: LinkMessage
+    change: Literal["edit", "delete"] | None = None
+    #: ``line``/``none``: the link's ``edits`` (a change to a target that cannot edit).
+    edits: str = "line"
+    #: When the changed message was said (a deletion's line names it).
+    said_at: float = 0.0
+    #: The thread it goes into (a Slack ``thread_ts``), or ``None``.
+    thread: str | None = None
 
 
 @dataclass(slots=True)
@@ -240,6 +254,8 @@ class Links:
         self._joined: list[str] = []
         #: Copies handed to their transport so far (metrics, benchmarks).
         self.relayed = 0
+        #: Edits and deletions handed to their transport so far.
+        self.changed = 0
         #: A copy delivered more than this many seconds after it was said is marked
         #: late, with the time it was said.
         self.late_after = LATE_AFTER
@@ -250,6 +266,14 @@ class Links:
         self._follow: Any = None
         self._reloading: asyncio.Task[None] | None = None
         self._reload_again = False
+        #: Copies handed to a transport whose protocol id (a Slack ``ts``) is still to
+        #: come, by outbox row: the id goes into their message-map row.
+        self._copies: dict[int, LinkMessage] = {}
+        #: Per channel without threads (IRC): the people of threaded channels (Slack)
+        #: who spoke last, by folded name -> (their channel's key, the thread_ts).
+        self._recent: dict[str, dict[str, tuple[str, str]]] = {}
+        #: A threaded channel's relayed messages -> their thread (a reply's root).
+        self._thread_of: dict[tuple[str, str], str] = {}
         self._index()
 
     def _index(self) -> None:
@@ -468,7 +492,10 @@ class Links:
             return message
         key = found[1]
         name = message.author_name or message.author_id
-        return dataclasses.replace(message, channel_key=key, author_name=qualified(name, transport))
+        return dataclasses.replace(
+            message, channel_key=key, author_name=qualified(name, transport),
+            meta={**message.meta, "name": name},
+        )  # fmt: skip
 
     async def _hold_open(self, link: Link) -> None:
         """Open every channel of ``link`` the bot serves (so each renders the answer),
@@ -558,10 +585,15 @@ class Links:
         if not copies:
             return 0
         author = message.author_name
+        # Threads: where each copy goes (a Slack thread) and what it says.
+        threads = await self._threads(message, transport, key, text, [k for _, k, _ in copies])
+        said = {k: threads.get(k, (text, None)) for _, k, _ in copies}
+        self._remember(message, transport, key, link)
         entries = [
             OutboxEntry(
                 channel_key=target_key, run_id=row.run_id or "", piece=0, transport=target.name,
-                kind="relay", text=text, reply_to={"author": author},
+                kind="relay", text=said[target_key][0],
+                reply_to=_reply_to(author, said[target_key][1]),
             )
             for target, target_key, row in copies
             if target.outbox
@@ -574,8 +606,173 @@ class Links:
         it = iter(ids)
         for target, target_key, row in copies:
             oid = next(it, None) if target.outbox else None
-            await self._target(target_key).queue.put(_Relay(text, author, oid, row))
+            words, thread = said[target_key]
+            await self._target(target_key).queue.put(_Relay(words, author, oid, row, thread=thread))
         return len(copies)
+
+    async def _threads(
+        self, message: IncomingMessage, transport: Transport, key: str, text: str,
+        targets: Sequence[str],
+    ) -> dict[str, tuple[str, str | None]]:  # fmt: skip
+        """Per target, what a copy of ``message`` says and the thread it goes into, where
+        that differs from ``(text, None)``:
+
+        - a reply in a Slack thread goes into the copy of the thread's first message
+          where the target has threads and the message map knows that copy; elsewhere
+          (IRC: the whole channel is one thread) it is quoted: ``(re bob: lunch at…) text``;
+        - a line from a network without threads that answers a relayed line (the
+          ``+draft/reply`` tag naming its copy, or ``bob: ...`` naming its author) goes
+          into that line's thread in the channel it was said in."""
+        out: dict[str, tuple[str, str | None]] = {}
+        thread = message.meta.get("thread_ts")
+        if thread:
+            where: dict[str, str] = {}
+            await self._settle_map()  # (a copy's id is written as it is sent)
+            canonical = await self.store.link_map_find(key, str(thread))
+            if canonical is not None:
+                for row in await self.store.link_map(canonical):
+                    if row.ref and row.channel_key in targets:
+                        where[row.channel_key] = row.ref
+            root = message.meta.get("thread_root") or {}
+            quote = _quote(str(root.get("author") or ""), str(root.get("text") or ""))
+            for target_key in targets:
+                target = self.host.transport_for(target_key)
+                if target_key in where and target is not None and target.caps.threads:
+                    out[target_key] = (text, where[target_key])
+                elif quote:
+                    out[target_key] = (f"{quote} {text}", None)
+            return out
+        if transport.caps.threads:
+            return out
+        answered = await self._answered(message, key)
+        if answered is not None:
+            slack_key, ts = answered
+            if slack_key in targets:
+                out[slack_key] = (text, ts)
+        return out
+
+    async def _answered(self, message: IncomingMessage, key: str) -> tuple[str, str] | None:
+        """The thread (channel key, thread ts) of the relayed line ``message`` answers."""
+        reply = message.meta.get("reply")
+        if reply:
+            canonical = await self.store.link_map_find(key, str(reply))
+            if canonical is not None:
+                rows = await self.store.link_map(canonical)
+                for row in rows:  # the origin first: said in a channel with threads?
+                    target = self.host.transport_for(row.channel_key)
+                    if row.ref and row.channel_key != key and target and target.caps.threads:
+                        ts = row.ref
+                        return row.channel_key, self._thread_of.get((row.channel_key, ts), ts)
+        m = _ADDRESSED.match(message.text.strip())
+        if m is None:
+            return None
+        recent = self._recent.get(key)
+        return None if recent is None else recent.get(m.group(1).casefold())
+
+    def _remember(
+        self, message: IncomingMessage, transport: Transport, key: str, link: Link
+    ) -> None:
+        """A line from a channel with threads (Slack): the channels of the link without
+        threads remember its author, so ``bob: ...`` there answers in its thread."""
+        if not transport.caps.threads:
+            return
+        ts = message.meta.get("ts")
+        name = message.meta.get("name")
+        if not ts or not name:
+            return
+        thread = str(message.meta.get("thread_ts") or ts)
+        self._thread_of[(key, str(ts))] = thread
+        while len(self._thread_of) > 10_000:
+            del self._thread_of[next(iter(self._thread_of))]
+        for other in link.channels:
+            target = self.host.transport_for(other)
+            if other == key or target is None or target.caps.threads:
+                continue
+            recent = self._recent.setdefault(other, {})
+            recent.pop(str(name).casefold(), None)
+            recent[str(name).casefold()] = (key, thread)
+            while len(recent) > 200:
+                del recent[next(iter(recent))]
+
+    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
+        """A message posted over the HTTP API (instance ``instance``) into a linked
+        conversation: relayed like a person's message in the link's ``http:<instance>:…``
+        channel, the author shown as ``carol (web)``.  How many copies."""
+        if not self._by_key:
+            return 0
+        if not self._loaded:
+            await self.load()
+        prefix = f"http:{instance}:"
+        for link in self.links.values():
+            key = next((k for k in link.channels if k.startswith(prefix)), None)
+            if key is None or await self.store.get_binding(key) != conversation_id:
+                continue
+            transport = self.host.transport_for(key)
+            if transport is None:
+                return 0
+            message = IncomingMessage(
+                channel_key=key, text=text, author_id=author,
+                author_name=qualified(author, transport), meta={"name": author},
+            )  # fmt: skip
+            return await self.relay(message, transport, None)
+        return 0
+
+    def on_delivery(
+        self,
+        outbox_id: int,
+        state: Literal["sent", "confirmed"],
+        awaits_confirm: bool | None = None,
+        ref: str | None = None,
+    ) -> None:
+        """A transport's delivery report (it goes on to the outbox): a relayed copy's
+        protocol id (its Slack ``ts``) is written into its message-map row, so an edit
+        or a deletion of any age finds the copy to change."""
+        row = self._copies.get(outbox_id) if self._copies else None
+        if row is not None and (ref or state == "confirmed" or not awaits_confirm):
+            del self._copies[outbox_id]
+            if ref:
+                self._map([dataclasses.replace(row, ref=ref)])
+        self.host.outbox.mark(outbox_id, state, awaits_confirm, ref)
+
+    async def change(self, message: IncomingMessage, transport: Transport) -> int:
+        """A person edited or deleted a message in a linked channel (``message.meta``:
+        ``change`` is ``edit`` or ``delete``, ``ts``/``msgid`` the message's protocol
+        id; ``message`` as :meth:`arriving` made it): the change goes to every copy the
+        message map knows, of any age, behind the copies queued before it.  How many
+        targets it goes to (0: the message was never relayed)."""
+        found = None if message.direct else self.find(message.channel_key)
+        ref = message.meta.get("ts") or message.meta.get("msgid")
+        kind: Literal["edit", "delete"] = (
+            "delete" if message.meta.get("change") == "delete" else "edit"
+        )
+        if found is None or not ref or message.meta.get("change") not in ("edit", "delete"):
+            return 0
+        link, key = found
+        if not self._loaded:
+            await self.load()
+        await self._settle_map()  # the original's rows may still be on their way
+        canonical = await self.store.link_map_find(key, str(ref))
+        if canonical is None:
+            return 0  # never relayed (a command, opted out, before the link)
+        rows = await self.store.link_map(canonical)
+        said_at = next((r.created_at for r in rows if r.origin), 0.0)
+        text = message.text.strip()
+        s = link.settings
+        if kind == "edit" and (
+            not text or (s.opt_out_prefix and text.startswith(s.opt_out_prefix))
+        ):
+            kind = "delete"  # edited into the opt-out: taken back from the others
+        n = 0
+        for row in rows:
+            if row.origin or row.channel_key == key:
+                continue
+            target = self.host.transport_for(row.channel_key)
+            if target is None or not target.relays:
+                continue
+            item = _Relay(text, message.author_name, None, row, kind, s.edits, said_at)
+            await self._target(row.channel_key).queue.put(item)
+            n += 1
+        return n
 
     def _map(self, rows: list[LinkMessage]) -> None:
         """Record message-map rows, batched in the background (one store write for
@@ -585,6 +782,12 @@ class Links:
             self._mapper = asyncio.get_running_loop().create_task(
                 self._write_map(), name="agentik-link-map"
             )
+
+    async def _settle_map(self) -> None:
+        """Wait until the message-map rows recorded so far are written."""
+        while self._mapper is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._mapper)
 
     async def _write_map(self) -> None:
         try:
@@ -619,38 +822,78 @@ class Links:
                 t.queue.task_done()
 
     async def _deliver(self, key: str, item: _Relay) -> None:
-        """Hand one copy to its transport; while the target refuses it (down, rate
-        limited past the transport's own retries) try again, waiting longer each time
-        (up to a minute): the copies behind it wait, so the order holds."""
+        """Hand one copy (or a change to one) to its transport; while the target
+        refuses it (down, rate limited past the transport's own retries) try again,
+        waiting longer each time (up to a minute): the copies behind it wait, so the
+        order holds."""
         delay = 1.0
         while True:
             transport = self.host.transport_for(key)
             if transport is None:
                 return  # gone (a reload): the outbox row waits for a restart
-            text = late(item.text, item.row.created_at, self.late_after)
-            try:
-                await transport.send(
-                    OutgoingMessage(
-                        channel_key=key, text=text, kind="relay", run_id=item.row.run_id,
-                        reply_to={"author": item.author}, outbox_id=item.outbox_id,
-                        author=item.author,
-                    )
+            if item.change is not None:
+                out = await self._changed(transport, key, item)
+                if out is None:
+                    return
+            else:
+                out = OutgoingMessage(
+                    channel_key=key, text=late(item.text, item.row.created_at, self.late_after),
+                    kind="relay", run_id=item.row.run_id,
+                    reply_to=_reply_to(item.author, item.thread),
+                    outbox_id=item.outbox_id, author=item.author,
                 )  # fmt: skip
+                if item.outbox_id is not None:
+                    self._copies[item.outbox_id] = item.row
+                    while len(self._copies) > 10_000:  # reports that never came
+                        del self._copies[next(iter(self._copies))]
+            try:
+                await transport.send(out)
             except Exception as exc:
                 log.warning("relaying to %s failed (%s): again in %.0f s", key, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 60.0)
                 continue
-            self.relayed += 1
+            if item.change is None:
+                self.relayed += 1
+            else:
+                self.changed += 1
             return
+
+    async def _changed(
+        self, transport: Transport, key: str, item: _Relay
+    ) -> OutgoingMessage | None:
+        """What ``transport`` is sent for an edit or a deletion of a copy: an update or a
+        deletion of the copy where it can edit (its id from the message map), else a
+        line (the link's ``edits = "line"``) or nothing."""
+        if transport.caps.can_edit:
+            await self._settle_map()  # the copy's id, reported as it was sent
+            rows = await self.store.link_map(item.row.canonical)
+            ref = next((r.ref for r in rows if r.channel_key == key and r.ref), None)
+            if ref is None:
+                log.info("the copy in %s of a changed message has no id: not changed", key)
+                return None
+            return OutgoingMessage(
+                channel_key=key, text=item.text, run_id=item.row.run_id, author=item.author,
+                kind="relay" if item.change == "edit" else "unrelay", replaces=ref,
+            )  # fmt: skip
+        if item.edits != "line":
+            return None
+        if item.change == "edit":
+            text = f"(edit) {item.text}"
+        else:
+            at = time.strftime("%H:%M", time.gmtime(item.said_at or time.time()))
+            text = f"(deleted their message of {at} UTC)"
+        return OutgoingMessage(
+            channel_key=key, text=text, kind="relay", run_id=item.row.run_id,
+            reply_to={"author": item.author}, author=item.author,
+        )  # fmt: skip
 
     async def drain(self) -> None:
         """Wait until every copy relayed so far was handed to its transport and the
         message map recorded."""
         for t in list(self._targets.values()):
             await t.queue.join()
-        while self._mapper is not None:
-            await asyncio.shield(self._mapper)
+        await self._settle_map()
 
     async def aclose(self) -> None:
         """Stop the senders (what they had not sent waits in the outbox); the message
@@ -701,6 +944,27 @@ def late(text: str, said_at: float, after: float = LATE_AFTER) -> str:
     if not said_at or time.time() - said_at <= after:
         return text
     return f"(late: {time.strftime('%H:%M', time.gmtime(said_at))} UTC) {text}"
+
+
+#: ``bob: ...`` / ``bob, ...``: a line addressed to someone by name.
+_ADDRESSED = re.compile(r"^([^\s:,]{1,64})[:,]\s")
+#: Characters of a thread's first message quoted on a network without threads.
+QUOTE_CHARS = 40
+
+
+def _quote(author: str, text: str) -> str:
+    """``(re bob: lunch at the usual…)``; empty without an author."""
+    if not author:
+        return ""
+    words = " ".join(text.split())
+    if len(words) > QUOTE_CHARS:
+        words = words[:QUOTE_CHARS].rstrip() + "…"
+    return f"(re {author}: {words})" if words else f"(re {author})"
+
+
+def _reply_to(author: str, thread: str | None) -> dict[str, str]:
+    """A relayed copy's reply data: its author, and the thread it goes into."""
+    return {"author": author, "thread": thread} if thread else {"author": author}
 
 
 def _own_nick(transport: Transport) -> str:

@@ -311,6 +311,41 @@ class FakeSlack:
             event["root"] = dict(root or {"type": "message", "ts": thread_ts, "text": ""})
         return event
 
+    def message_changed_event(
+        self, original: dict[str, Any], text: str, *, by: str | None = None
+    ) -> dict[str, Any]:
+        """The ``message_changed`` event Slack sends when the ``original`` message event's
+        author (or ``by``) edits it to ``text`` (the hidden subtype, with the message as
+        it is now and as it was)."""
+        ts = self.new_ts()
+        now = {
+            k: v for k, v in original.items() if k not in ("channel", "event_ts", "channel_type")
+        }
+        now.update(text=text, blocks=[_rich_text(text)],
+                   edited={"user": by or original.get("user"), "ts": ts})  # fmt: skip
+        before = {
+            k: v for k, v in original.items() if k not in ("channel", "event_ts", "channel_type")
+        }
+        return {
+            "type": "message", "subtype": "message_changed", "hidden": True,
+            "channel": original["channel"], "ts": ts, "event_ts": ts,
+            "channel_type": original.get("channel_type") or self._channel_type(original["channel"]),
+            "message": now, "previous_message": before,
+        }  # fmt: skip
+
+    def message_deleted_event(self, original: dict[str, Any]) -> dict[str, Any]:
+        """The ``message_deleted`` event Slack sends when the ``original`` message is deleted."""
+        ts = self.new_ts()
+        before = {
+            k: v for k, v in original.items() if k not in ("channel", "event_ts", "channel_type")
+        }
+        return {
+            "type": "message", "subtype": "message_deleted", "hidden": True,
+            "channel": original["channel"], "ts": ts, "event_ts": ts,
+            "channel_type": original.get("channel_type") or self._channel_type(original["channel"]),
+            "deleted_ts": original["ts"], "previous_message": before,
+        }  # fmt: skip
+
     def assistant_thread_started_event(
         self,
         channel: str = "D1",

@@ -606,3 +606,259 @@ async def test_slack_down_for_a_while_gets_the_irc_lines_afterwards_in_order_mar
             assert all(re.fullmatch(r"\(late: \d\d:\d\d UTC\) meanwhile \d", t) for t in shown)
         finally:
             await alice.close()
+
+
+# -- edits and deletes, through the persistent message map ------------------------------------
+async def test_an_edit_and_a_delete_of_a_message_sent_before_a_restart_propagate(
+    ngircd, tmp_path, monkeypatch
+):
+    other = "slack:T1:C2"  # a second Slack channel: its copy can be edited
+    links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY, other])]
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        watcher = await person(ngircd.port, "watcher")
+        try:
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=links) as b:
+                said = slack.message_event("C1", "the meeting is at 3", user="U2")
+                await slack.push_event(said)
+                await watcher.wait_for(lambda m: "the meeting is at 3" in m.text, WAIT)
+                await slack.wait_until(lambda: relays_in(slack, "C2") or None, WAIT, "the copy")
+                [copy_ts] = [ts for (ch, ts), m in slack.messages.items()
+                             if ch == "C2" and m.get("username")]  # fmt: skip
+                await b.bridge.links.drain()
+            # A new process on the same database: the message map tells where the copies are.
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=links) as b:
+                await slack.push_event(slack.message_changed_event(said, "the meeting is at 4"))
+                edit = await watcher.wait_for(lambda m: "the meeting is at 4" in m.text, WAIT)
+                assert edit.nick == "agentik"
+                assert edit.text == f"<b{ZWSP}ob (Slack)> (edit) the meeting is at 4"
+                # Slack: the copy itself now says it (still under bob's name), no new post.
+                await slack.wait_until(
+                    lambda: slack.messages[("C2", copy_ts)]["text"] == "the meeting is at 4"
+                    or None, WAIT, "the copy updated",
+                )  # fmt: skip
+                assert slack.messages[("C2", copy_ts)]["username"] == "bob (Slack)"
+                assert len(relays_in(slack, "C2")) == 1
+                await slack.push_event(slack.message_deleted_event(said))
+                gone = await watcher.wait_for(lambda m: "(deleted their message" in m.text, WAIT)
+                # (the time it was said tells IRC which message; its words are not repeated)
+                assert re.fullmatch(
+                    rf"<b{ZWSP}ob \(Slack\)> \(deleted their message of \d\d:\d\d UTC\)", gone.text
+                )
+                await slack.wait_until(
+                    lambda: ("C2", copy_ts) not in slack.messages or None, WAIT, "the copy gone"
+                )
+                [deleted] = slack.calls_to("chat.delete")
+                assert (deleted["channel"], deleted["ts"]) == ("C2", copy_ts)
+                await b.bridge.links.drain()
+                assert b.bridge.links.changed == 4  # (IRC, C2) x (edit, delete)
+                assert b.bridge.links.relayed == 0  # a change is not a new message
+                assert b.model.requests == []
+        finally:
+            await watcher.close()
+
+
+# -- threads ------------------------------------------------------------------------------------
+async def test_a_slack_thread_is_quoted_on_irc_and_an_irc_reply_goes_into_it(
+    ngircd, tmp_path, monkeypatch
+):
+    async with FakeSlack() as slack, linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+        slack.add_user("U2", "bob", display_name="bob")
+        slack.add_user("U3", "carol", display_name="carol")
+        alice = await person(ngircd.port, "alice")
+        try:
+            # alice's line, relayed to Slack; bob answers it in a thread there.
+            alice.privmsg("#team", "the deploy failed")
+            await slack.wait_until(lambda: relays_in(slack) or None, WAIT, "the copy")
+            [copy_ts] = [ts for (ch, ts), m in slack.messages.items() if m.get("username")]
+            await slack.push_event(
+                slack.message_event("C1", "which step?", user="U2", thread_ts=copy_ts)
+            )
+            line = await alice.wait_for(lambda m: "which step?" in m.text, WAIT)
+            # IRC is one thread: the reply quotes what it answers.
+            assert (
+                line.text
+                == f"<b{ZWSP}ob (Slack)> (re alice@testnet: the deploy failed) which step?"
+            )
+            # alice answers bob by name: her line goes into bob's thread, under her name.
+            alice.privmsg("#team", "bob: the migration")
+            post = await slack.wait_until(
+                lambda: next((c for c in relays_in(slack) if "the migration" in c["text"]), None),
+                WAIT, "alice's reply in Slack",
+            )  # fmt: skip
+            assert (post["thread_ts"], post["username"]) == (copy_ts, "alice@testnet")
+            assert post["text"] == "bob: the migration"
+            # A thread of a Slack person's message: quoted by its first words.
+            root = slack.message_event(
+                "C1", "lunch at the usual place at noon, anyone coming along today?", user="U3"
+            )
+            await slack.push_event(root)
+            await slack.push_event(
+                slack.message_event("C1", "count me in", user="U2", thread_ts=root["ts"])
+            )
+            line = await alice.wait_for(lambda m: "count me in" in m.text, WAIT)
+            assert line.text == (
+                f"<b{ZWSP}ob (Slack)> (re carol: lunch at the usual place at noon, anyone…)"
+                " count me in"
+            )
+            # A line naming nobody relayed stays in the channel.
+            alice.privmsg("#team", "anyone else?")
+            plain = await slack.wait_until(
+                lambda: next((c for c in relays_in(slack) if "anyone else" in c["text"]), None),
+                WAIT, "the plain line",
+            )  # fmt: skip
+            assert not plain.get("thread_ts")
+            await b.bridge.links.drain()
+            assert b.model.requests == []
+        finally:
+            await alice.close()
+
+
+# -- attachments ----------------------------------------------------------------------------------
+async def test_slack_attachments_reach_irc_as_links(ngircd, tmp_path, monkeypatch):
+    async with FakeSlack() as slack, linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+        slack.add_user("U2", "bob", display_name="bob")
+        alice = await person(ngircd.port, "alice")
+        try:
+            with_words = slack.message_event(
+                "C1", "here is the log", user="U2", subtype="file_share"
+            )
+            bare = slack.message_event("C1", "", user="U2", subtype="file_share")
+            await slack.push_event(with_words)
+            await slack.push_event(bare)
+            got = await alice.collect(lambda m: "/files/U2/" in m.text, 2, WAIT)
+            [link1] = [f["permalink"] for f in with_words["files"]]
+            [link2] = [f["permalink"] for f in bare["files"]]
+            assert [m.text for m in got] == [
+                f"<b{ZWSP}ob (Slack)> here is the log [notes.txt: {link1}]",
+                f"<b{ZWSP}ob (Slack)> [notes.txt: {link2}]",
+            ]
+            await b.bridge.links.drain()
+            assert b.bridge.links.relayed == 2
+        finally:
+            await alice.close()
+
+
+# -- draft/relaymsg ------------------------------------------------------------------------------
+async def test_relayed_lines_use_relaymsg_when_the_server_offers_it(tmp_path, monkeypatch):
+    # No real server here offers draft/relaymsg (ngircd does not; Ergo is not installed):
+    # a scripted server speaks the wire format of the IRCv3 draft (extensions/relaymsg.md).
+    from ircservers import ScriptedIRCServer, registration_handler
+
+    base = registration_handler(caps_offered="message-tags echo-message draft/relaymsg=/")
+    msgids: dict[str, str] = {}  # the server's msgid of each relayed line, by its text
+
+    async def handler(client, line):
+        if line.startswith("RELAYMSG "):
+            _, chan, nick, text = line.split(" ", 3)
+            # As the spec has the server deliver it (echo-message: to us too), tagged with
+            # the relaying bot's nick.
+            text = text.removeprefix(":")
+            msgids[text] = f"m{len(server.received)}"
+            client.send(f"@draft/relaymsg={client.nick};msgid={msgids[text]} "
+                        f":{nick}!relay@relay.test PRIVMSG {chan} :{text}")  # fmt: skip
+            return
+        await base(client, line)
+
+    async with (
+        ScriptedIRCServer(handler) as server,
+        FakeSlack() as slack,
+        linked_bot(server.port, slack, tmp_path, monkeypatch) as b,
+    ):
+        slack.add_user("U2", "bob", display_name="bob")
+        assert "draft/relaymsg" in b.irc.caps_enabled
+        hello = slack.message_event("C1", "hello from slack", user="U2")
+        await slack.push_event(hello)
+        line = await server.wait_for_line("RELAYMSG #team")
+        # Under bob/Slack itself: no <b\u200bob (Slack)> name in the text.
+        assert line == "RELAYMSG #team bob/Slack :hello from slack"
+        # A name with what the spec reserves for nicks (blanks, "!", "."): left out.
+        slack.add_user("U4", "Dr. Who!", display_name="Dr. Who!")
+        await slack.push_event(slack.message_event("C1", "ok?", user="U4"))
+        assert await server.wait_for_line("RELAYMSG #team") == "RELAYMSG #team DrWho/Slack ok?"
+        # A person on IRC is relayed to Slack; our own relayed lines, which come back
+        # under bob/Slack tagged with our nick, never are.
+        client = await server.wait_for_client()
+        client.send(":carol!c@h.test PRIVMSG #team :hi from irc")
+        await slack.wait_until(lambda: relays_in(slack) or None, WAIT, "carol's line")
+        since = server.mark()
+        client.send("PING :synced")
+        await server.wait_for_line("PONG synced", since=since)
+        await b.bridge.links.drain()
+        assert [(c["username"], c["text"]) for c in relays_in(slack)] == [
+            ("carol@testnet", "hi from irc")
+        ]
+        assert b.bridge.links.relayed == 3
+        # The server's msgid of each relayed line is in the message map (for +draft/reply).
+        await b.bridge.outbox.drain()
+        await eventually(lambda: _irc_refs(b), "the relayed lines' msgids in the message map")
+
+
+async def _irc_refs(b: Linked) -> bool:
+    import sqlite3
+
+    with sqlite3.connect(b.agent.store.path) as conn:
+        rows = conn.execute(
+            "SELECT ref FROM link_message WHERE channel_key = ? AND origin = 0", (IRC_KEY,)
+        ).fetchall()
+    return len(rows) == 2 and all(r[0] and r[0].startswith("m") for r in rows)
+
+
+# -- the web --------------------------------------------------------------------------------------
+async def test_a_message_posted_on_the_web_is_relayed_to_irc_and_slack_with_its_badge(
+    ngircd, tmp_path, monkeypatch
+):
+    async with FakeSlack() as slack, linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+        alice = await person(ngircd.port, "alice")
+        try:
+            b.model.enqueue(Reply(text="noted"))
+            conv = await b.agent.conversation_for_channel(WEB_KEY)
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(base_url=f"{b.web.url}/agentik", timeout=60) as http:
+                said = {"content": "hi from the web", "author": "carol"}
+                r = await http.post(f"/conversations/{conv.id}/messages", headers=auth, json=said)
+                assert r.status_code == 202, r.text
+            # IRC and Slack see it said, under the web person's name and network.
+            line = await alice.wait_for(lambda m: "hi from the web" in m.text, WAIT)
+            assert line.text == f"<c{ZWSP}arol (web)> hi from the web"
+            post = await slack.wait_until(lambda: relays_in(slack) or None, WAIT, "the copy")
+            assert [(c["username"], c["text"]) for c in post] == [
+                ("carol (web)", "hi from the web")
+            ]
+            await b.bridge.links.drain()
+            assert b.bridge.links.relayed == 2
+        finally:
+            await alice.close()
+
+
+async def test_a_copy_slack_got_just_before_a_crash_is_not_posted_again(
+    ngircd, tmp_path, monkeypatch
+):
+    import sqlite3
+
+    async with FakeSlack() as slack:
+        async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+            alice = await person(ngircd.port, "alice")
+            try:
+                alice.privmsg("#team", "said once")
+                await slack.wait_until(lambda: relays_in(slack) or None, WAIT, "the copy")
+                await b.bridge.links.drain()
+                await b.bridge.outbox.drain()
+            finally:
+                await alice.close()
+        # As if the process died after Slack took the copy, before it wrote that down.
+        with sqlite3.connect(tmp_path / "links.db") as conn:
+            assert (
+                conn.execute(
+                    "UPDATE outbox SET state = 'queued', ref = NULL WHERE kind = 'relay'"
+                ).rowcount
+                == 1
+            )
+        async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+            assert await b.bridge.redeliver() == 1
+            await b.bridge.outbox.drain()
+            # Found in the channel by its metadata: not posted a second time, and done.
+            assert [c["text"] for c in relays_in(slack)] == ["said once"]
+            assert len(slack.calls_to("conversations.history")) == 1
+            assert slack.calls_to("chat.update") == []
+            assert await b.bridge.redeliver() == 0

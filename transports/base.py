@@ -120,7 +120,7 @@ class IncomingMessage:
     verified: bool = True
 
 
-OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command", "relay"]
+OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command", "relay", "unrelay"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,7 +149,10 @@ class OutgoingMessage:
     ``error`` (a short error line), ``command`` (a command's reply), ``relay``
     (a person's message copied from a linked channel, from :attr:`author`: each
     transport shows it in its manners, escaped so it can never mention or
-    command anyone).
+    command anyone; with :attr:`replaces`, the person edited it: update that
+    copy), ``unrelay`` (the person deleted it: delete the copy :attr:`replaces`
+    names).  A relay with ``replaces`` and ``unrelay`` go only to transports
+    whose channels can edit (:attr:`ChannelCaps.can_edit`).
     """
 
     channel_key: str
@@ -301,6 +304,12 @@ class AgentHost(MessageSink, Protocol):
         """Stop the turn running in ``channel_key``; ``False`` if none."""
         ...
 
+    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
+        """A person posted ``text`` over an API (transport instance ``instance``) into
+        conversation ``conversation_id``: copied to the chat channels linked with it
+        (issue 33), after it was admitted.  How many copies (0: not linked)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class _Defaults:
@@ -357,6 +366,9 @@ class BasicHost:
 
     async def interrupt(self, channel_key: str) -> bool:
         return False
+
+    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
+        return 0
 
 
 def host_of(sink: MessageSink) -> AgentHost:

@@ -955,6 +955,9 @@ class Api:
                     run_id, steered = sent.run_id, sent.steered
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
+        if self.ctx.host is not None:
+            # A linked conversation: the people in its chat channels see it said.
+            await self.ctx.host.posted(conv.id, self.ctx.instance, author, body.content)
         title = conv.title
         if ours and not title and queue is not None:
             # Another worker may have named it (this one's copy is older).

@@ -105,6 +105,7 @@ WANTED_CAPS = (
     "echo-message",
     "batch",
     "draft/multiline",
+    "draft/relaymsg",
     "multi-prefix",
     "cap-notify",
     "extended-join",
@@ -122,6 +123,12 @@ _PLAINTEXT_HINT = (
     "; the server answers in plain text on this port: set tls = false"
     " (or use its TLS port, usually 6697)"
 )
+#: draft/relaymsg: what a relayed nick may not hold (the spec's reserved characters,
+#: blanks and control codes).
+_RELAY_RESERVED = re.compile(r"[!+%@&#$:'\"?*,.\s\x00-\x1f\x7f]")
+#: Bytes left for the ident@host the server gives a relayed nick (its own choice).
+_RELAY_HOST_SLACK = 40
+
 #: Longest line we accept from a server before dropping it (tags + 512).
 MAX_INCOMING = 8191 + 512
 _SASL_CHUNK = 400
@@ -1365,7 +1372,10 @@ class IRCTransport(Transport):
             log.debug("irc %s: ignored %s from a server (%r)", self.name, line.command,
                       line.source)  # fmt: skip
             return
-        if self._is_me(sender):
+        relayer = line.tags.get("draft/relaymsg") or line.tags.get("relaymsg")
+        if self._is_me(sender) or (relayer and self._is_me(relayer)):
+            # (a line we sent with RELAYMSG comes back under the relayed nick, the tag
+            # naming us: never taken in again)
             self._on_echo(line)
             return  # our own echo
         if line.command == "NOTICE":
@@ -1431,7 +1441,10 @@ class IRCTransport(Transport):
             direct=direct, addressed=addressed, reply_to=reply_to, verified=verified,
             meta={"network": self.network, "account": account, "account_via": via,
                   "hostmask": f"{sender}!{user or ''}@{host or ''}",
-                  "casemapping": self.isupport.get("CASEMAPPING")},
+                  "casemapping": self.isupport.get("CASEMAPPING"),
+                  # message-tags: the server's id for it, and the one it answers
+                  "msgid": line.tags.get("msgid") or None,
+                  "reply": line.tags.get("+draft/reply") or None},
         )  # fmt: skip
         assert self._sink is not None
         self.spawn(self._sink.handle(message, self))
@@ -1446,9 +1459,9 @@ class IRCTransport(Transport):
             if lines is not None and len(lines) < 1000:
                 lines.append(line.params[-1])
             return
-        self._confirm_echo(line.params[0], line.params[-1])
+        self._confirm_echo(line.params[0], line.params[-1], line.tags.get("msgid"))
 
-    def _confirm_echo(self, target: str, relayed: str) -> None:
+    def _confirm_echo(self, target: str, relayed: str, msgid: str | None = None) -> None:
         # Servers may drop trailing blanks from what they relay, and a channel
         # with +c (Solanum) or +S (InspIRCd) strips the formatting codes.
         want = (self._fold(target), _plain(relayed))
@@ -1456,7 +1469,8 @@ class IRCTransport(Transport):
             if (t, _plain(text)) == want:
                 del self._unechoed[i]
                 for oid in ids:
-                    self.delivered(oid, "confirmed")
+                    # (the server's msgid for it: a reply to it names it, +draft/reply)
+                    self.delivered(oid, "confirmed", ref=msgid or None)
                 return
 
     def _on_batch(self, line: Line) -> None:
@@ -1699,9 +1713,18 @@ class IRCTransport(Transport):
         a relay bot reading us never takes it for its own), no formatting or control
         codes, each line split at the byte limit with the name on every piece."""
         author = strip_formatting(clean_outgoing(message.author or "?")).replace("\n", " ")
-        name = f"{author[:1]}\u200b{author[1:]}" if author else "?"
-        prefix = f"<{name}> "
-        budget = self._budget(target, "PRIVMSG") - len(prefix.encode())
+        spoof = self._relay_nick(author) if target[:1] in self._chantypes else None
+        if spoof is not None:
+            # draft/relaymsg: the line comes from ``bob/Slack`` itself, no name in the text.
+            prefix, command = "", "RELAYMSG"
+            budget = payload_budget(
+                target, nick=spoof, user=self.user, host=self.host, linelen=self.linelen,
+                command="PRIVMSG",
+            ) - _RELAY_HOST_SLACK  # fmt: skip
+        else:
+            name = f"{author[:1]}\u200b{author[1:]}" if author else "?"
+            prefix, command = f"<{name}> ", "PRIVMSG"
+            budget = self._budget(target, "PRIVMSG") - len(prefix.encode())
         text = strip_formatting(clean_outgoing(message.text))
         text = self._defuse_highlights(None, target, None, text)
         pieces = [p for line in text.splitlines() for p in split_message(line, budget)]
@@ -1711,11 +1734,29 @@ class IRCTransport(Transport):
             return
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
+            line = (
+                format_line("RELAYMSG", target, spoof, piece) if spoof is not None
+                else format_line(command, target, prefix + piece)
+            )  # fmt: skip
             self._enqueue(
-                target, format_line("PRIVMSG", target, prefix + piece),
-                outbox_ids=(oid,) if last and oid is not None else (),
+                target, line, outbox_ids=(oid,) if last and oid is not None else (),
                 echo=(target, prefix + piece),
             )  # fmt: skip
+
+    def _relay_nick(self, author: str) -> str | None:
+        """The nick a relayed line is sent under with ``draft/relaymsg`` (``bob/Slack``,
+        ``alice/libera``: the name and its network joined by the server's separator),
+        or ``None`` when the server does not offer it.  Characters the spec reserves
+        (``!+%@&#$:'"?*,.``, blanks) are left out."""
+        if "draft/relaymsg" not in self.caps_enabled:
+            return None
+        separators = self._caps_offered.get("draft/relaymsg") or "/"
+        m = re.fullmatch(r"(.*) \((.+)\)", author) or re.fullmatch(r"(.*)@([^@]+)", author)
+        name, network = (m.group(1), m.group(2)) if m else (author, "")
+        name, network = _RELAY_RESERVED.sub("", name)[:24], _RELAY_RESERVED.sub("", network)[:16]
+        sep = separators[0]
+        name = name.replace(sep, "") or "someone"
+        return f"{name}{sep}{network.replace(sep, '') or 'relay'}"
 
     def _defuse_highlights(
         self, state_key: str | None, target: str, asker: str | None, text: str

@@ -268,6 +268,18 @@ class _ThreadContexts:
         return AssistantThreadContext(found) if found else None
 
 
+def _file_links(files: Any) -> list[str]:
+    """A message's files as ``[name: permalink]`` (Slack's page of the file: it asks
+    whoever opens it to sign in to the workspace)."""
+    out = []
+    for f in files if isinstance(files, list) else ():
+        link = f.get("permalink") if isinstance(f, dict) else None
+        if isinstance(link, str) and link.startswith("https://"):
+            name = " ".join(str(f.get("name") or f.get("title") or "file").split())[:80]
+            out.append(f"[{clean(name)}: {link}]")
+    return out[:10]
+
+
 @dataclass(frozen=True, slots=True)
 class _Incoming:
     """An event accepted by ``_on_event``, waiting for ``_deliver`` (``key`` None: not for us)."""
@@ -283,6 +295,8 @@ class _Incoming:
     title: bool = False  # the first message of an assistant thread: it names the thread
     #: For the bot (a DM, a mention, a thread of its own); else a linked channel's chatter.
     addressed: bool = True
+    #: ``edit``/``delete``: the person changed their message ``ts`` (a linked channel's).
+    change: str | None = None
 
 
 @dataclass
@@ -367,6 +381,10 @@ class SlackTransport(Transport):
         self._sends_done: asyncio.Event | None = None
         self.where = ""  # what start() connected to, for the logs
         self._names: dict[str, str] = {}
+        #: Thread roots of linked channels, by (channel, thread_ts): who wrote it, its words.
+        self._roots: OrderedDict[tuple[str, str], dict[str, str] | None] = OrderedDict()
+        #: Relayed copies found in a channel after a restart: channel -> (when, copy -> ts).
+        self._copies_seen: dict[str, tuple[float, dict[str, str]]] = {}
         self._threads: set[str] = set()  # thread keys the bot takes part in
         self._answers: dict[str, _Answer] = {}
         self._bot_messages: OrderedDict[str, str] = OrderedDict()  # ts -> channel key
@@ -662,6 +680,9 @@ class SlackTransport(Transport):
         # task.  Nothing here awaits before the queue, so messages reach the
         # bridge in the order they arrived; the I/O happens in _deliver.
         subtype = event.get("subtype")
+        if subtype in ("message_changed", "message_deleted"):
+            self._on_change(body, event)
+            return
         if event.get("bot_id") or (subtype and subtype not in _ANSWERED_SUBTYPES):
             return  # bots (ourselves too), edits, deletions, joins …: not a person's message
         user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
@@ -676,7 +697,8 @@ class SlackTransport(Transport):
             return
         text = event.get("text")
         text = clean(text) if isinstance(text, str) else ""
-        if not text.strip():  # a file without words, say: nothing to answer
+        files = _file_links(event.get("files"))
+        if not text.strip() and not files:  # nothing to answer
             self._incoming.put_nowait(_Incoming(keys))
             return
         is_dm = event.get("channel_type") == "im"
@@ -687,6 +709,12 @@ class SlackTransport(Transport):
         if not is_dm and self.options.conversation_per == "thread":
             thread_ts = thread_ts or ts
         key = self._key(channel, thread_ts)
+        if files and not is_dm and self.hears is not None and self.hears(key):
+            # A linked channel's attachments: relayed (and seen) as links to them.
+            text = f"{text} {' '.join(files)}".strip()
+        if not text.strip():  # a file without words, say: nothing to answer
+            self._incoming.put_nowait(_Incoming(keys))
+            return
         addressed = is_dm or mentioned or key in self._threads
         if event.get("type") == "message" and not addressed:
             if self.hears is None or not self.hears(key):
@@ -704,6 +732,47 @@ class SlackTransport(Transport):
         self._incoming.put_nowait(
             _Incoming(keys, key, text.strip(), user, channel, thread_ts, ts, is_dm, title,
                       addressed)
+        )  # fmt: skip
+
+    def _on_change(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        """A ``message_changed``/``message_deleted`` event: a person edited or deleted a
+        message.  Only a linked channel's matter (the bridge carries the change to the
+        message's relayed copies); ours (any bot's) and changes that leave the words
+        as they were (an unfurl, a reply count) are not."""
+        channel, event_ts = event.get("channel"), event.get("ts")
+        before = event.get("previous_message") or {}
+        if event.get("subtype") == "message_changed":
+            now = event.get("message") or {}
+            change, ts, text = "edit", now.get("ts"), now.get("text")
+            if not isinstance(text, str) or text == before.get("text"):
+                return
+        else:
+            now, change, ts, text = before, "delete", event.get("deleted_ts"), ""
+        user = now.get("user") or before.get("user")
+        if (
+            not all(isinstance(v, str) and v for v in (channel, ts, user, event_ts))
+            or now.get("bot_id") or before.get("bot_id") or user == self.bot_user_id
+            or event.get("channel_type") == "im"
+        ):  # fmt: skip
+            return
+        assert isinstance(channel, str) and isinstance(ts, str) and isinstance(user, str)
+        thread_ts = now.get("thread_ts") or before.get("thread_ts")
+        if not isinstance(thread_ts, str) or not thread_ts:
+            thread_ts = None
+        if self.options.conversation_per == "thread":
+            thread_ts = thread_ts or ts
+        key = self._key(channel, thread_ts)
+        if self.hears is None or not self.hears(key):
+            return
+        keys = (f"event:{body.get('event_id') or f'{channel}:{event_ts}:change'}",)
+        if self._seen.check_and_add(*keys):
+            return
+        text = _MENTION.sub(
+            lambda m: "" if m.group(1) == self.bot_user_id else m.group(0), clean(text)
+        )
+        self._incoming.put_nowait(
+            _Incoming(keys, key, incoming(text).strip(), user, channel, thread_ts, ts,
+                      addressed=False, change=change)
         )  # fmt: skip
 
     async def _on_action(self, ack: Any, body: dict[str, Any]) -> None:
@@ -868,6 +937,15 @@ class SlackTransport(Transport):
         """``item`` to the bridge (a task of its own), its assistant status due in
         ``status_delay`` (:meth:`_status_soon`)."""
         meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
+        if item.change:
+            meta["change"] = item.change
+        if item.thread_ts and item.thread_ts != item.ts and not item.direct:
+            meta["thread_ts"] = item.thread_ts  # a reply in a thread
+            if not item.change and self.hears is not None and self.hears(item.key or ""):
+                # A linked channel's: the networks without threads quote what it answers.
+                root = await self._root(item.channel, item.thread_ts)
+                if root is not None:
+                    meta["thread_root"] = root
         if item.thread_ts:
             found = self._contexts.contexts.get((item.channel, item.thread_ts))
             if found:
@@ -882,11 +960,38 @@ class SlackTransport(Transport):
         )  # fmt: skip
         if item.title and item.thread_ts:
             await self._title(item.channel, item.thread_ts, item.text)
-        if item.thread_ts and self.options.status_text:
+        if item.thread_ts and self.options.status_text and not item.change:
             self._status_soon(item.channel, item.thread_ts)
         task = self.spawn(self._handle(message), name=f"agentik-slack-handle:{self.name}")
         self._handing.add(task)
         task.add_done_callback(self._handing.discard)
+
+    async def _root(self, channel: str, thread_ts: str) -> dict[str, str] | None:
+        """The first message of a thread: ``{"author": name, "text": words}`` (a copy
+        relayed by us: the name it was posted under), ``None`` when Slack will not say."""
+        where = (channel, thread_ts)
+        if where in self._roots:
+            self._roots.move_to_end(where)
+            return self._roots[where]
+        found: dict[str, str] | None = None
+        try:
+            reply = await self.client.conversations_replies(
+                channel=channel, ts=thread_ts, limit=1, inclusive=True
+            )
+            first = (reply.get("messages") or [None])[0]
+            if isinstance(first, dict) and first.get("ts") == thread_ts:
+                user = first.get("user")
+                author = first.get("username") or (
+                    await self._name(user) if isinstance(user, str) and user else "someone"
+                )
+                text = first.get("text") if isinstance(first.get("text"), str) else ""
+                found = {"author": str(author), "text": incoming(clean(text or "")).strip()}
+        except Exception as exc:  # the quote is a nicety: never lose the message
+            log.info("slack %s: conversations.replies %s failed: %s", self.name, thread_ts, exc)
+        self._roots[where] = found
+        while len(self._roots) > 1000:
+            self._roots.popitem(last=False)
+        return found
 
     def _status_soon(self, channel: str, thread_ts: str) -> None:
         """Set the assistant status in ``status_delay`` seconds, unless something shows
@@ -1070,7 +1175,11 @@ class SlackTransport(Transport):
         if message.kind == "relay":
             # A relayed copy's reply data is its author: the key names the place.
             channel, thread_ts = parts[2], parts[3] if len(parts) > 3 else None
-        if message.written_at is not None and message.replaces is None:
+        if (
+            message.written_at is not None
+            and message.replaces is None
+            and message.kind not in ("relay", "unrelay")
+        ):  # (relays: _copy_posted)
             found = await self._posted(channel, thread_ts, message)
             if found is not None and message.kind != "answer":
                 self._remember(found, message.channel_key)
@@ -1081,8 +1190,9 @@ class SlackTransport(Transport):
         if message.kind == "answer" and message.outbox_id is not None:
             await self._redeliver(message, channel, thread_ts, where.get("user"))
             return
-        if message.kind == "relay":
-            await self._relay(channel, thread_ts, message)
+        if message.kind in ("relay", "unrelay"):
+            # A relayed copy's reply data is its author: the key names the place.
+            await self._relay(parts[2], parts[3] if len(parts) > 3 else None, message)
             return
         if message.kind == "answer":
             text = markdown_to_mrkdwn(message.text, user_mentions=self._mentions)
@@ -1127,14 +1237,69 @@ class SlackTransport(Transport):
         """A person's message from a linked channel, posted under their name (the
         ``username`` override; ``chat:write.customize``): its text escaped, so no
         ``<!channel>``, mention or link markup can come of relaying."""
+        if message.replaces and message.kind == "unrelay":
+            # The person deleted their message: so goes its copy.
+            await self.client.chat_delete(channel=channel, ts=message.replaces)
+            return
+        if message.replaces:
+            # The person edited their message: its copy says what it says now (the name
+            # it was posted under stays).
+            await self.client.chat_update(
+                channel=channel, ts=message.replaces, text=escape(message.text)
+            )
+            return
         author = " ".join(clean(message.author or "").split())[:80] or "someone"
+        where = message.reply_to if isinstance(message.reply_to, dict) else {}
+        if thread_ts is None:
+            # An answer, on a network without threads, to a message of a thread here.
+            thread = where.get("thread")
+            thread_ts = thread if isinstance(thread, str) and thread else None
+        copy = message.run_id or ""
+        again = where.get("again")
+        if copy and thread_ts is None and isinstance(again, int | float):
+            # Sent again after a restart: the last process may have posted it just
+            # before it died, before it wrote that down.  Posted already: not again.
+            ts = await self._copy_posted(channel, copy, float(again))
+            if ts is not None:
+                self._remember(ts, message.channel_key)
+                self.delivered(message.outbox_id, "confirmed", ref=ts)
+                return
         response = await self.client.chat_postMessage(
             channel=channel, thread_ts=thread_ts, text=escape(message.text), username=author,
             unfurl_links=False, unfurl_media=False,
-            metadata=_piece_metadata(message.outbox_id, message.run_id or ""),
+            # (which copy it is: found again after a restart, see _copy_posted)
+            metadata={"event_type": "agentik_relay", "event_payload": {"copy": copy}}
+            if copy else None,
         )  # fmt: skip
         self._remember(response.get("ts"), message.channel_key)
         self.delivered(message.outbox_id, "confirmed", ref=response.get("ts"))
+
+    async def _copy_posted(self, channel: str, copy: str, since: float) -> str | None:
+        """The ts of relayed copy ``copy`` if it is in ``channel`` already (its message
+        metadata), looking at what was posted there since ``since`` (one
+        ``conversations.history`` call per channel and minute: a restart's redelivery
+        asks about many copies at once)."""
+        now = time.monotonic()
+        cached = self._copies_seen.get(channel)
+        if cached is None or now - cached[0] > 60:
+            found: dict[str, str] = {}
+            try:
+                reply = await self.client.conversations_history(
+                    channel=channel, oldest=f"{max(since - 5, 0):.6f}", limit=999,
+                    include_all_metadata=True,
+                )  # fmt: skip
+                for m in reply.get("messages") or []:
+                    meta = m.get("metadata") or {}
+                    if isinstance(meta, dict) and meta.get("event_type") == "agentik_relay":
+                        cid = (meta.get("event_payload") or {}).get("copy")
+                        if isinstance(cid, str) and isinstance(m.get("ts"), str):
+                            found[cid] = m["ts"]
+            except Exception as exc:  # then it is posted: twice rather than never
+                log.info("slack %s: conversations.history %s failed: %s", self.name, channel, exc)
+            cached = self._copies_seen[channel] = (now, found)
+            while len(self._copies_seen) > 100:
+                del self._copies_seen[next(iter(self._copies_seen))]
+        return cached[1].get(copy)
 
     async def _redeliver(
         self, message: OutgoingMessage, channel: str, thread_ts: str | None, user: str | None
