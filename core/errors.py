@@ -18,7 +18,8 @@ boundary with ``raise ... from`` so callers only ever catch our types::
     │   ├── ContextTooLong      the request does not fit the model's context window
     │   └── LLMResponseError    the endpoint answered something we cannot use
     ├── ToolError               a tool failed; the message goes back to the model
-    └── PromptRefused           a plugin refused a message (``before_prompt``)
+    ├── PromptRefused           a plugin refused a message (``before_prompt``)
+    └── AttachmentRejected      an attachment too large, or of a type not taken
 
 User/config errors (``ConfigError``) are meant to be shown to a person as one
 line; run-time errors are reported as ``error`` events and logged.  No error
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentikError",
+    "AttachmentRejected",
     "ClosedError",
     "ConfigError",
     "ContextTooLong",
@@ -135,3 +137,9 @@ class ToolError(AgentikError):
 class PromptRefused(AgentikError):
     """A ``before_prompt`` hook refused the message; ``str(exc)`` is the reason
     to show in the channel.  Nothing was stored and no turn runs."""
+
+
+class AttachmentRejected(AgentikError, ValueError):
+    """An attachment that is not taken: too large, or of a type (sniffed from its
+    bytes) not accepted.  The message is one line meant for its sender; nothing
+    of the attachment was stored."""

@@ -53,7 +53,16 @@ from .llm.base import (
     UsageItem,
 )
 from .memory import scopes_for
-from .messages import ChatMessage, Message, MessageKind, MessageStatus, NewMessage, ToolCall, Usage
+from .messages import (
+    ChatMessage,
+    Message,
+    MessageKind,
+    MessageStatus,
+    NewMessage,
+    ToolCall,
+    Usage,
+    user_chat_message,
+)
 from .observe import RequestStats
 from .recall import recall_for, with_recall
 from .runs import AGENT_TOOL_PREFIX
@@ -266,12 +275,7 @@ class TurnRunner:
                 continue
             self._steered.pop(0)
             self._append(
-                memory=[
-                    ChatMessage(
-                        role="user", content=item.content, author=item.author,
-                        message_id=rows[0].id,
-                    )
-                ]
+                memory=[user_chat_message(rows[0])]
             )  # fmt: skip
 
     def _append(
@@ -341,9 +345,7 @@ class TurnRunner:
                 self._append(
                     memory=[
                         *self.memory.take_notes(),
-                        ChatMessage(
-                            role="user", content=m.content, author=m.author, message_id=m.id
-                        ),
+                        user_chat_message(m),
                     ]
                 )
             async with asyncio.timeout(self.policy.time_budget) as budget:
@@ -488,11 +490,7 @@ class TurnRunner:
         elif self._reask:
             pass  # the calls run first; their results follow the stored call
         elif tail and tail[-1].role == "assistant":
-            await self._append(
-                memory=[
-                    ChatMessage(role="user", content=m.content, author=m.author, message_id=m.id)
-                ]
-            )
+            await self._append(memory=[user_chat_message(m)])
         log.info("conversation %s: resuming run %s after a restart", self.parts.id, self.run_id)
 
     async def _resume_steered(self) -> None:

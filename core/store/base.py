@@ -32,6 +32,7 @@ from ..cluster.notify import LocalNotifier, Notifier
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from .records import (
     AccessChange,
+    AttachmentRecord,
     AccessGrant,
     Approval,
     ApprovalDecision,
@@ -111,6 +112,7 @@ CAPABILITIES: dict[str, str] = {
     "run_events": "run_events_add",
     "queue": "queue_add",
     "links": "link_save",
+    "attachments": "attachment_put",
 }
 
 
@@ -857,3 +859,30 @@ class Store(abc.ABC):
     async def link_map_find(self, channel_key: str, ref: str) -> str | None:
         """The canonical id of the message known as ``ref`` in ``channel_key``, if any."""
         raise NotImplementedError(f"{type(self).__name__} keeps no links")
+
+    # -- attachments (issue 34; SQLite 20, PostgreSQL 9) ------------------------------
+    async def attachment_put(
+        self, conversation_id: str, data: bytes, media_type: str, *, at: float
+    ) -> AttachmentRecord:
+        """Store ``data`` (checked by the caller: :func:`agentik.core.attachments.check`)
+        under its SHA-256 and record that ``conversation_id`` holds it; durable on
+        return.  Storing bytes already held (by any conversation) keeps one copy; the
+        conversation's first record of them (its ``created_at``) stays."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no attachments")
+
+    async def attachment_get(self, conversation_id: str, sha256: str) -> AttachmentRecord | None:
+        """The attachment ``sha256`` if ``conversation_id`` holds it."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no attachments")
+
+    async def attachment_data(self, sha256: str) -> bytes | None:
+        """The bytes of attachment ``sha256`` (``None``: none are stored)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no attachments")
+
+    async def attachments(self, conversation_id: str) -> list[AttachmentRecord]:
+        """What ``conversation_id`` holds, oldest first."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no attachments")
+
+    async def attachment_drop(self, conversation_id: str, sha256s: Sequence[str]) -> int:
+        """``conversation_id`` no longer holds ``sha256s`` (redaction, retention): how
+        many it held.  Bytes no conversation holds any more are removed."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no attachments")

@@ -73,6 +73,9 @@ TABLES: tuple[str, ...] = (
 #: (SQLite's full-text index, the PostgreSQL memory's word counts).  The destination
 #: makes its own.
 DERIVED_TABLES = frozenset({"schema_migrations", "memory_totals", "memory_word"})
+#: Attachments (issue 34): copied through the store's attachment repository, not as
+#: rows (the bytes are files beside a SQLite database, a table in PostgreSQL).
+ATTACHMENT_TABLES = frozenset({"attachment", "attachment_blob"})
 DERIVED_PREFIXES = ("sqlite_", "memory_fts")
 #: Tables of the running processes, not of the bot's data: connection leases, the
 #: worker registry, scheduled jobs' claims, the turn queue and the run events kept for
@@ -212,6 +215,7 @@ async def copy_store(
                 t in TABLES
                 or t in DERIVED_TABLES
                 or t in PROCESS_TABLES
+                or t in ATTACHMENT_TABLES
                 or t.startswith(DERIVED_PREFIXES)
             ):
                 continue
@@ -246,9 +250,26 @@ async def copy_store(
             report.rows[t] = done
             if done:
                 say(f"  {t}: {done:,} rows")
+        if "attachment" in await source.copy_all_tables() and hasattr(target, "attachment_put"):
+            report.rows["attachment"] = await _copy_attachments(source, target, reader, batch)
     await target.copy_finish()
     report.seconds = time.monotonic() - started
     return report
+
+
+async def _copy_attachments(source: Any, target: Any, reader: CopyReader, batch: int) -> int:
+    """Who holds which attachment, and the bytes, through the repositories."""
+    done = 0
+    columns = ("conversation_id", "sha256", "media_type", "created_at")
+    async with aclosing(reader.rows("attachment", columns, batch)) as batches:
+        async for rows in batches:
+            for cid, sha, media_type, at in rows:
+                data = await source.attachment_data(sha)
+                if data is None:
+                    continue  # (bytes a crash lost: nothing to copy)
+                await target.attachment_put(cid, data, media_type, at=at)
+                done += 1
+    return done
 
 
 # -- verification ------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from .memory_events import MemoryRunEvents
 from .memory_jobs import MemoryJobs
 from .memory_lifecycle import MemoryLifecycle
 from .memory_queue import MemoryQueue
+from .memory_attachments import MemoryAttachments
 from .records import (
     Approval,
     ApprovalDecision,
@@ -50,7 +51,15 @@ from .records import (
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryQueue, MemoryCluster, MemoryLifecycle, MemoryJobs, MemoryRunEvents, Store):
+class MemoryStore(
+    MemoryQueue,
+    MemoryCluster,
+    MemoryLifecycle,
+    MemoryJobs,
+    MemoryRunEvents,
+    MemoryAttachments,
+    Store,
+):
     """In-memory :class:`Store`; nothing survives the process."""
 
     def __init__(self) -> None:
@@ -163,6 +172,7 @@ class MemoryStore(MemoryQueue, MemoryCluster, MemoryLifecycle, MemoryJobs, Memor
                 del self._runs[run_id]
         for key in [k for k, v in self._bindings.items() if v == conversation_id]:
             del self._bindings[key]
+        self._attachments_forget(conversation_id)
         return True
 
     async def get_binding(self, channel_key: str) -> str | None:

@@ -597,6 +597,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX link_message_by_ref ON link_message (channel_key, ref);
         """,
     ),
+    Migration(
+        20,
+        "attachments",
+        """
+        -- Attachments (issue 34): which conversation holds which bytes.  The bytes
+        -- are files named by their SHA-256 in the folder beside the database
+        -- (``<database>.attachments/``), one copy whoever holds them.
+        CREATE TABLE attachment (
+            conversation_id TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            sha256          TEXT NOT NULL,
+            media_type      TEXT NOT NULL,
+            size            INTEGER NOT NULL,
+            created_at      REAL NOT NULL,
+            PRIMARY KEY (conversation_id, sha256)
+        ) WITHOUT ROWID;
+        CREATE INDEX attachment_by_hash ON attachment (sha256);
+        """,
+    ),
 )
 
 

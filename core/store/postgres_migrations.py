@@ -593,6 +593,29 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX link_message_by_ref ON link_message (channel_key, ref);
         """,
     ),
+    Migration(
+        9,
+        "attachments",
+        """
+        -- Attachments (SQLite's migration 20).  The bytes are in the database
+        -- (``attachment_blob``, one row per SHA-256): every worker of a cluster
+        -- reads them, wherever it runs.
+        CREATE TABLE attachment_blob (
+            sha256  text COLLATE "C" PRIMARY KEY,
+            data    bytea NOT NULL
+        );
+        CREATE TABLE attachment (
+            conversation_id text COLLATE "C" NOT NULL
+                REFERENCES conversation (id) ON DELETE CASCADE,
+            sha256          text COLLATE "C" NOT NULL,
+            media_type      text NOT NULL,
+            size            bigint NOT NULL,
+            created_at      double precision NOT NULL,
+            PRIMARY KEY (conversation_id, sha256)
+        );
+        CREATE INDEX attachment_by_hash ON attachment (sha256);
+        """,
+    ),
 )
 
 _RECORDS = (

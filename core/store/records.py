@@ -16,6 +16,7 @@ from ..messages import ChatMessage
 
 __all__ = [
     "AccessChange",
+    "AttachmentRecord",
     "AccessGrant",
     "AnswerFrom",
     "Approval",
@@ -510,4 +511,16 @@ class LinkMessage:
     origin: bool = False
     run_id: str | None = None
     piece: int | None = None
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttachmentRecord:
+    """An attachment a conversation holds (its bytes are stored once per ``sha256``,
+    whichever conversations hold them).  ``media_type`` was sniffed from the bytes."""
+
+    conversation_id: str
+    sha256: str
+    media_type: str
+    size: int
     created_at: float = 0.0

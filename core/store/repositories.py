@@ -22,6 +22,7 @@ from .records import (
     ChannelSetting,
     ChannelSettingChange,
     Checklist,
+    AttachmentRecord,
     ConversationRecord,
     JobRun,
     Lease,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from .base import Store
 
 __all__ = [
+    "AttachmentRepository",
     "REPOSITORIES",
     "GovernanceRepository",
     "JobsRepository",
@@ -421,6 +423,27 @@ class LinkRepository(Protocol):
     async def link_map_find(self, channel_key: str, ref: str) -> str | None: ...
 
 
+@runtime_checkable
+class AttachmentRepository(Protocol):
+    """Attachments (issue 34), content-addressed: the bytes once per SHA-256, and which
+    conversations hold them.  Deleting a conversation drops what it holds; bytes no
+    conversation holds any more are removed."""
+
+    async def attachment_put(
+        self, conversation_id: str, data: bytes, media_type: str, *, at: float
+    ) -> AttachmentRecord: ...
+
+    async def attachment_get(
+        self, conversation_id: str, sha256: str
+    ) -> AttachmentRecord | None: ...
+
+    async def attachment_data(self, sha256: str) -> bytes | None: ...
+
+    async def attachments(self, conversation_id: str) -> list[AttachmentRecord]: ...
+
+    async def attachment_drop(self, conversation_id: str, sha256s: Sequence[str]) -> int: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -436,6 +459,7 @@ REPOSITORIES: tuple[type, ...] = (
     RunEventRepository,
     QueueRepository,
     LinkRepository,
+    AttachmentRepository,
 )
 
 
@@ -455,7 +479,8 @@ def _facade(
     RunEventRepository,
     QueueRepository,
     LinkRepository,
+    AttachmentRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
     return (store, store, store, store, store, store, store, store, store, store, store, store,
-            store)  # fmt: skip
+            store, store)  # fmt: skip

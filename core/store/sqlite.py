@@ -44,6 +44,7 @@ from .base import (
 from .care import backup_before_migrating
 from .migrations import apply_migrations
 from .sqlite_cluster import SQLiteCluster
+from .sqlite_attachments import SQLiteAttachments
 from .sqlite_copy import SQLiteCopy
 from .sqlite_events import SQLiteRunEvents
 from .sqlite_governance import SQLiteGovernance
@@ -349,6 +350,7 @@ class SQLiteStore(
     SQLiteRunEvents,
     SQLiteQueue,
     SQLiteLinks,
+    SQLiteAttachments,
     SQLiteCopy,
     Store,
 ):
@@ -676,7 +678,10 @@ class SQLiteStore(
             conn.execute("DELETE FROM run_event WHERE conversation_id = ?", (conversation_id,))
             return cur.rowcount > 0
 
-        return bool(await self._write(fn))
+        deleted = bool(await self._write(fn))
+        if deleted:
+            await self._attachment_sweep()
+        return deleted
 
     # -- bindings -----------------------------------------------------------------
     async def get_binding(self, channel_key: str) -> str | None:

@@ -17,7 +17,8 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
-:class:`RunEventsContract`, :class:`LinksContract`); :class:`StoreContract` is all
+:class:`RunEventsContract`, :class:`LinksContract`,
+:class:`AttachmentsContract`); :class:`StoreContract` is all
 of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
@@ -27,6 +28,7 @@ extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
 
 from __future__ import annotations
 
+from .attachments import AttachmentsContract
 from .cluster import ClusterContract
 from .events import RunEventsContract
 from .governance import GovernanceContract
@@ -42,6 +44,7 @@ from .seen import SeenEventsContract
 from .waits import WaitsContract
 
 __all__ = [
+    "AttachmentsContract",
     "ClusterContract",
     "ContractBase",
     "GovernanceContract",
@@ -72,5 +75,6 @@ class StoreContract(
     RunEventsContract,
     QueueContract,
     LinksContract,
+    AttachmentsContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
