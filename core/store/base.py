@@ -32,10 +32,10 @@ from ..cluster.notify import LocalNotifier, Notifier
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from .records import (
     AccessChange,
-    AttachmentRecord,
     AccessGrant,
     Approval,
     ApprovalDecision,
+    AttachmentRecord,
     ChannelSetting,
     ChannelSettingChange,
     Checklist,

@@ -29,12 +29,12 @@ from .base import (
     link_stored,
     outbox_advance,
 )
+from .memory_attachments import MemoryAttachments
 from .memory_cluster import MemoryCluster
 from .memory_events import MemoryRunEvents
 from .memory_jobs import MemoryJobs
 from .memory_lifecycle import MemoryLifecycle
 from .memory_queue import MemoryQueue
-from .memory_attachments import MemoryAttachments
 from .records import (
     Approval,
     ApprovalDecision,

@@ -16,11 +16,11 @@ from ..messages import ChatMessage
 
 __all__ = [
     "AccessChange",
-    "AttachmentRecord",
     "AccessGrant",
     "AnswerFrom",
     "Approval",
     "ApprovalDecision",
+    "AttachmentRecord",
     "ChannelSetting",
     "ChannelSettingChange",
     "Checklist",

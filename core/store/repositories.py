@@ -19,10 +19,10 @@ from .records import (
     AccessGrant,
     Approval,
     ApprovalDecision,
+    AttachmentRecord,
     ChannelSetting,
     ChannelSettingChange,
     Checklist,
-    AttachmentRecord,
     ConversationRecord,
     JobRun,
     Lease,
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from .base import Store
 
 __all__ = [
-    "AttachmentRepository",
     "REPOSITORIES",
+    "AttachmentRepository",
     "GovernanceRepository",
     "JobsRepository",
     "LeaseRepository",

@@ -43,8 +43,8 @@ from .base import (
 )
 from .care import backup_before_migrating
 from .migrations import apply_migrations
-from .sqlite_cluster import SQLiteCluster
 from .sqlite_attachments import SQLiteAttachments
+from .sqlite_cluster import SQLiteCluster
 from .sqlite_copy import SQLiteCopy
 from .sqlite_events import SQLiteRunEvents
 from .sqlite_governance import SQLiteGovernance
