@@ -23,6 +23,7 @@ from .agents import (
     new_run_id,
 )
 from .approvals import ApprovalRule, Approvals
+from .attachments import AttachmentSettings
 from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation
 from .errors import ConfigError, NotFound
@@ -138,6 +139,7 @@ class Agent:
         run_policy: RunPolicy | None = None,
         stream_profiles: Mapping[str, StreamProfile] | None = None,
         memory_trim: float | None = DEFAULT_TRIM_INTERVAL,
+        attachments: AttachmentSettings | None = None,
     ) -> None:
         #: Names this agent (the standalone seed's ``agent.id``): ``id`` if given
         #: (the bot gives ``[agent] name``), else a fresh random hex id.  Shown by
@@ -197,6 +199,8 @@ class Agent:
         self.uses: tuple[str, ...] = tuple(uses)
         #: Limits of run trees (depth, concurrent children, token budgets).
         self.run_policy = run_policy or RunPolicy()
+        #: Limits of images and files sent with messages (``[attachments]``).
+        self.attachments: AttachmentSettings = attachments or AttachmentSettings()
         #: The runs going on now, as a tree (:class:`~agentik.core.agents.Runs`).
         self.runs = Runs(self)
         #: Each named agent's system prompt (its ``system_prompt`` and ``soul``).

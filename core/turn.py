@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .attachments import for_model
 from .errors import ClosedError, ContextTooLong, LLMError, StoreError, ToolError
 from .events import (
     Error,
@@ -713,7 +714,17 @@ class TurnRunner:
             self.parts, request, run_id=self.run_id, settle=self._settled, llm=llm
         ):
             request = self._request(offered)
-        return await services.hooks.before_llm_request(self.conv, request, llm, self.run_id)
+        request, llm = await services.hooks.before_llm_request(self.conv, request, llm, self.run_id)
+        if any(m.parts for m in request.messages):
+            # Attachments as this model takes them: images with their bytes, or
+            # described (agentik.core.attachments), read from the store now.
+            messages = await for_model(
+                request.messages,
+                image_in=bool(llm.supports_image_in),
+                load=self.memory.store.attachment_data,
+            )
+            request = dataclasses.replace(request, messages=messages)
+        return request, llm
 
     # -- size limits: the audit log keeps everything, the working memory is cut ----
     def _answer_for_memory(self, text: str) -> str:
