@@ -23,7 +23,7 @@ from .agents import (
     new_run_id,
 )
 from .approvals import ApprovalRule, Approvals
-from .attachments import AttachmentSettings
+from .attachments import AttachmentSettings, hashes_of
 from .compaction import CompactionPolicy, Compactor
 from .conversation import Conversation
 from .errors import ConfigError, NotFound
@@ -631,6 +631,10 @@ class Agent:
         )
         if done is None:
             raise NotFound(f"conversation {conversation_id!r} has no message {message_id}")
+        attached = hashes_of(row.data)
+        if attached:
+            # Its images and files go with it (bytes nobody else holds are removed).
+            await self.store.attachment_drop(conversation_id, attached)
         if row.kind == "tool_call" and row.tool_name == "todo":
             # The checklist's text came from such a call: it goes with it.
             await self.todos.clear(conversation_id)

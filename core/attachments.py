@@ -21,11 +21,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from pydantic import Field
 
 from .errors import AttachmentRejected
-from .messages import ChatMessage, FilePart, ImagePart, describe_part
+from .messages import ChatMessage, FilePart, ImagePart, describe_part, parts_from
 from .settings import settings_dataclass
 
 __all__ = [
@@ -33,7 +34,9 @@ __all__ = [
     "TEXT_FILE_CHARS",
     "AttachmentSettings",
     "check",
+    "drop_unreferenced",
     "for_model",
+    "hashes_of",
     "part_for",
     "sha256_of",
     "sniff",
@@ -143,3 +146,34 @@ async def for_model(
         content = "\n".join([m.content, *notes]) if m.content else "\n".join(notes)
         out.append(dataclasses.replace(m, content=content, parts=tuple(images)))
     return out
+
+
+def hashes_of(data: object) -> list[str]:
+    """The attachment hashes an audit-log row's ``data`` names."""
+    if not isinstance(data, dict):
+        return []
+    return [p.sha256 for p in parts_from(data.get("parts")) if p.sha256]
+
+
+async def drop_unreferenced(store: Any, conversation_id: str, *, before: float) -> int:
+    """Drop the attachments ``conversation_id`` holds that no message of its audit
+    log names any more (retention pruned them), stored before ``before`` (a later
+    one may be an upload whose message is on its way)."""
+    try:
+        held = await store.attachments(conversation_id)
+    except NotImplementedError:
+        return 0
+    old = {a.sha256 for a in held if a.created_at < before}
+    if not old:
+        return 0
+    named: set[str] = set()
+    after = 0
+    while True:
+        page = await store.messages(conversation_id, after=after, limit=1000)
+        if not page:
+            break
+        for m in page:
+            named.update(hashes_of(m.data))
+        after = page[-1].id
+    gone = sorted(old - named)
+    return int(await store.attachment_drop(conversation_id, gone)) if gone else 0

@@ -148,3 +148,76 @@ async def test_too_large_or_wrong_type_is_refused_and_nothing_is_stored(tmp_path
             folder = tmp_path / "a.db.attachments"
             assert not folder.exists() or not list(folder.iterdir())
             assert server.requests == []
+
+
+async def test_export_and_import_keep_attachments(tmp_path):
+    from agentik.core.lifecycle import SnapshotError, export_conversation, import_conversation
+
+    async with FakeOpenAIServer(model="fake-model") as server:
+        server.enqueue(Reply.text("seen"))
+        async with Agent(
+            llm=_llm(server, image_in=True), store=SQLiteStore(str(tmp_path / "a.db"))
+        ) as agent:
+            conv = await agent.create_conversation()
+            sub = conv.events()
+            await conv.send([TextPart(text="keep this"), ImagePart(data=PNG, name="dot.png")])
+            await collect_turn(sub)
+            doc = await export_conversation(agent.store, conv.id)
+    assert doc is not None
+    assert [(a["sha256"], a["media_type"]) for a in doc["attachments"]] == [(PNG_SHA, "image/png")]
+    # Into a fresh database: the bytes come along and the model gets the image again.
+    async with FakeOpenAIServer(model="fake-model") as server:
+        server.enqueue(Reply.text("again"))
+        store = SQLiteStore(str(tmp_path / "b.db"))
+        async with Agent(llm=_llm(server, image_in=True), store=store) as agent:
+            result = await import_conversation(agent.store, doc, new_ids=True)
+            held = await agent.store.attachments(result.conversation_id)
+            assert [(a.sha256, a.size) for a in held] == [(PNG_SHA, len(PNG))]
+            assert await agent.store.attachment_data(PNG_SHA) == PNG
+            conv = await agent.get_conversation(result.conversation_id)
+            sub = conv.events()
+            await conv.send("what was it?")
+            await collect_turn(sub)
+            first = next(m for m in server.requests[-1]["messages"] if m["role"] == "user")
+            assert first["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
+            # A snapshot's bytes are checked like any sent: their hash, their type, the cap.
+            bad = {**doc, "attachments": [{**doc["attachments"][0], "sha256": "0" * 64}]}
+            bad["conversation"] = {**doc["conversation"], "id": "other"}
+            with pytest.raises(SnapshotError, match=r"attachments\[0\].sha256: does not match"):
+                await import_conversation(agent.store, bad)
+            exe = base64.b64encode(b"MZ\x90\x00").decode()
+            bad["attachments"] = [{"sha256": hashlib.sha256(b"MZ\x90\x00").hexdigest(),
+                                   "data": exe}]  # fmt: skip
+            with pytest.raises(SnapshotError, match=r"attachments\[0\]: attachment not taken"):
+                await import_conversation(agent.store, bad)
+            with pytest.raises(SnapshotError, match="not taken"):
+                await import_conversation(agent.store, {**doc, "conversation": bad["conversation"]},
+                                          max_bytes=10)  # fmt: skip
+            assert await agent.store.get_conversation("other") is None
+
+
+async def test_redaction_removes_the_attachment(tmp_path):
+    db = str(tmp_path / "a.db")
+    async with FakeOpenAIServer(model="fake-model") as server:
+        server.enqueue(Reply.text("a dot"), Reply.text("nothing"))
+        async with Agent(llm=_llm(server, image_in=True), store=SQLiteStore(db)) as agent:
+            conv = await agent.create_conversation()
+            sub = conv.events()
+            await conv.send([TextPart(text="secret"), ImagePart(data=PNG, name="id-card.png")])
+            await collect_turn(sub)
+            # Another conversation holds the same bytes: they stay for it.
+            other = await agent.create_conversation()
+            await agent.store.attachment_put(other.id, PNG, "image/png", at=1.0)
+            row = next(m for m in await conv.messages() if m.kind == "user")
+            await agent.redact(conv.id, row.id, by="admin")
+            assert await agent.store.attachments(conv.id) == []
+            assert await agent.store.attachment_data(PNG_SHA) == PNG
+            await agent.delete_conversation(other.id)
+            assert await agent.store.attachment_data(PNG_SHA) is None
+            assert not (tmp_path / "a.db.attachments" / PNG_SHA).exists()
+            # The next request has neither the image nor its name.
+            sub = conv.events()
+            await conv.send("what did I send?")
+            await collect_turn(sub)
+            sent = str(server.requests[-1]["messages"])
+            assert "image_url" not in sent and "id-card" not in sent and "secret" not in sent

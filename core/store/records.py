@@ -392,7 +392,8 @@ def tombstoned(
             return dataclasses.replace(entry, content=content)
         return entry
     if linked:
-        return dataclasses.replace(entry, content=content)
+        # Its attachments go too (the bytes are dropped: Agent.redact).
+        return dataclasses.replace(entry, content=content, parts=())
     return entry
 
 
