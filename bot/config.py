@@ -46,6 +46,7 @@ from agentik.core.cluster import ClusterSettings
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
+from agentik.core.attachments import AttachmentSettings
 from agentik.core.lifecycle import RetentionSettings
 from agentik.core.memory import MemorySettings
 from agentik.core.redaction import RedactionSettings
@@ -463,6 +464,8 @@ class Config(_Section):
     passthrough: list[PassthroughSpec] = Field(default_factory=list)
     #: ``[[links]]``: channels on several transports that are one conversation.
     links: list[LinkSettings] = Field(default_factory=list)
+    #: Images and files sent with messages (issue 34).
+    attachments: AttachmentSettings = Field(default_factory=AttachmentSettings)
     #: Audit-log retention by channel pattern (issue 22).
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     #: Scrubbing secrets before they are stored (issue 22).

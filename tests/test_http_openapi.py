@@ -79,7 +79,7 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     assert "Failures:" not in output and "Errors:" not in output, output
     # It really exercised the API: every operation but the two streams (the two
     # approvals operations, redact, /ready, /status and the conversation status included).
-    assert "Tested: 17" in output
+    assert "Tested: 19" in output
 
 
 def test_the_document_lists_every_route(api):
@@ -105,6 +105,8 @@ def test_the_document_lists_every_route(api):
         ("DELETE", "/agentik/conversations/{conversation_id}"),
         ("POST", "/agentik/conversations/{conversation_id}/messages"),
         ("GET", "/agentik/conversations/{conversation_id}/messages"),
+        ("POST", "/agentik/conversations/{conversation_id}/attachments"),
+        ("GET", "/agentik/conversations/{conversation_id}/attachments/{sha256}"),
         ("POST", "/agentik/conversations/{conversation_id}/interrupt"),
         ("GET", "/agentik/conversations/{conversation_id}/status"),
         ("GET", "/agentik/conversations/{conversation_id}/approvals"),

@@ -260,15 +260,15 @@ async def copy_store(
 async def _copy_attachments(source: Any, target: Any, reader: CopyReader, batch: int) -> int:
     """Who holds which attachment, and the bytes, through the repositories."""
     done = 0
-    columns = ("conversation_id", "sha256", "media_type", "created_at")
-    async with aclosing(reader.rows("attachment", columns, batch)) as batches:
+    async with aclosing(reader.rows("conversation", ("id",), batch)) as batches:
         async for rows in batches:
-            for cid, sha, media_type, at in rows:
-                data = await source.attachment_data(sha)
-                if data is None:
-                    continue  # (bytes a crash lost: nothing to copy)
-                await target.attachment_put(cid, data, media_type, at=at)
-                done += 1
+            for (cid,) in rows:
+                for held in await source.attachments(cid):
+                    data = await source.attachment_data(held.sha256)
+                    if data is None:
+                        continue  # (bytes a crash lost: nothing to copy)
+                    await target.attachment_put(cid, data, held.media_type, at=held.created_at)
+                    done += 1
     return done
 
 
