@@ -41,12 +41,12 @@ from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.agent import AgentSettings
 from agentik.core.agents import AgentPrompt, AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
+from agentik.core.attachments import AttachmentSettings
 from agentik.core.budgets import BudgetSettings
 from agentik.core.cluster import ClusterSettings
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
 from agentik.core.errors import ConfigError
-from agentik.core.attachments import AttachmentSettings
 from agentik.core.lifecycle import RetentionSettings
 from agentik.core.memory import MemorySettings
 from agentik.core.redaction import RedactionSettings

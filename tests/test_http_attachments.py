@@ -13,6 +13,7 @@ import pytest
 from agentik.core import OpenAIBackend
 from agentik.core.attachments import AttachmentSettings
 from agentik.core.testing.openai_server import FakeOpenAIServer, Reply
+
 from httpserver import running_server
 
 PNG = base64.b64decode(
