@@ -640,8 +640,8 @@ class Conversation:
         checked: list[tuple[ImagePart | FilePart, bytes | None, str]] = []
         for part in attached:
             if part.data is not None:
-                data = bytes(part.data)
-                checked.append((part, data, check(data, max_bytes, name=part.name)))
+                given = bytes(part.data)
+                checked.append((part, given, check(given, max_bytes, name=part.name)))
             elif part.url is not None:
                 if not isinstance(part, ImagePart) or not part.url.startswith(
                     ("https://", "http://")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .records import AttachmentRecord
 
@@ -13,7 +13,7 @@ __all__ = ["MemoryAttachments"]
 class MemoryAttachments:
     """Bytes by SHA-256, and which conversations hold them, in dictionaries."""
 
-    _conversations: dict[str, object]
+    _conversations: Mapping[str, object]
 
     def _attachment_maps(
         self,
