@@ -90,13 +90,15 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check(data: bytes, max_bytes: int, *, name: str = "") -> str:
+def check(data: bytes, max_bytes: int, *, name: str = "", size: int = 0) -> str:
     """The sniffed media type of ``data``, or :class:`AttachmentRejected` with a
-    one-line reason (too large, or not a type that is taken)."""
+    one-line reason (too large, or not a type that is taken).  ``size``: its size as
+    its sender declared it, when the bytes were not all read (over the cap)."""
     label = f"{name!r} " if name else ""
-    if len(data) > max_bytes:
+    n = max(len(data), size)
+    if n > max_bytes:
         raise AttachmentRejected(
-            f"attachment {label}not taken: {len(data)} bytes, the limit is {max_bytes}"
+            f"attachment {label}not taken: {n} bytes, the limit is {max_bytes}"
         )
     media_type = sniff(data)
     if media_type is None:

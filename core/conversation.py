@@ -641,7 +641,8 @@ class Conversation:
         for part in attached:
             if part.data is not None:
                 given = bytes(part.data)
-                checked.append((part, given, check(given, max_bytes, name=part.name)))
+                media_type = check(given, max_bytes, name=part.name, size=part.size)
+                checked.append((part, given, media_type))
             elif part.url is not None:
                 if not isinstance(part, ImagePart) or not part.url.startswith(
                     ("https://", "http://")
