@@ -30,9 +30,8 @@ code                        status  when
 ``invalid_body``            422     not JSON, nested too deep, not an object, or a field is wrong
 ``invalid_parameter``       422     a query parameter or header is wrong
 ``attachment_too_large``    413     an upload over ``[attachments] max_bytes``
-``attachment_rejected``     415     an upload whose bytes are no type taken (422: a message
-                                    naming an attachment the conversation does not hold)
-``attachment_not_found``    404     no such attachment in this conversation
+``attachment_rejected``     415     an upload whose bytes are no type taken
+``attachment_not_found``    404     no such attachment in this conversation (or named by a message)
 ``budget_exceeded``         429     the token's or the conversation's budget is used up
 ``unavailable``             503     the agent is shutting down
 ``internal_error``          500     a bug: logged with its traceback
@@ -1021,7 +1020,8 @@ class Api:
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
         except AttachmentRejected as exc:
-            raise ApiError(422, "attachment_rejected", str(exc)) from None
+            # (the only refusal left: an attachment the conversation does not hold)
+            raise ApiError(404, "attachment_not_found", str(exc)) from None
         title = conv.title
         if ours and not title and queue is not None:
             # Another worker may have named it (this one's copy is older).

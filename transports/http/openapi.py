@@ -217,6 +217,7 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Upload": {
         "type": "object",
+        "additionalProperties": False,
         "required": ["file"],
         "properties": {"file": {"type": "string", "format": "binary"}},
     },
@@ -976,10 +977,8 @@ def openapi_document(
                     **not_found,
                     **with_body,
                     "422": _error(
-                        "the body is not of the documented shape (invalid_body), a"
-                        " plugin refused the message (prompt_refused: nothing was stored),"
-                        " or it names an attachment the conversation does not hold"
-                        " (attachment_rejected)"
+                        "the body is not of the documented shape (invalid_body), or a"
+                        " plugin refused the message (prompt_refused: nothing was stored)"
                     ),
                     "429": _error(
                         "the token's or the conversation's budget is used up (budget_exceeded:"
