@@ -221,3 +221,35 @@ async def test_redaction_removes_the_attachment(tmp_path):
             await collect_turn(sub)
             sent = str(server.requests[-1]["messages"])
             assert "image_url" not in sent and "id-card" not in sent and "secret" not in sent
+
+
+async def test_retention_removes_the_attachments_of_the_messages_it_prunes(tmp_path):
+    import time
+
+    from agentik.core.lifecycle import RetentionRule, RetentionSettings, apply_retention
+    from agentik.core.messages import NewMessage
+    from agentik.core.store.records import ConversationRecord, TurnEnd
+
+    gif = b"GIF89a" + bytes(20)
+    old, new = time.time() - 90 * 86400, time.time() - 86400
+    async with SQLiteStore(str(tmp_path / "a.db")) as store:
+        await store.create_conversation(
+            ConversationRecord(id="c", created_at=old, updated_at=old), channel_key="irc:n:#c"
+        )
+        for at, data, name in ((old, PNG, "old.png"), (new, gif, "new.gif")):
+            media = sniff(data)
+            await store.attachment_put("c", data, media, at=at)
+            part = {"kind": "image", "sha256": hashlib.sha256(data).hexdigest(),
+                    "media_type": media, "name": name, "size": len(data)}  # fmt: skip
+            run = f"r{int(at)}"
+            await store.append("c", log=[
+                NewMessage(kind="user", content=name, run_id=run, created_at=at,
+                           data={"parts": [part]}),
+                NewMessage(kind="assistant", content="ok", run_id=run, created_at=at + 1),
+            ], ended=TurnEnd(run_id=run, outcome="stop"))  # fmt: skip
+        rule = RetentionRule(channels=["irc:*"], keep_days=30, action="delete")
+        items = await apply_retention(store, RetentionSettings(rules=[rule]))
+        assert [i.done for i in items] == [True]
+        assert [a.media_type for a in await store.attachments("c")] == ["image/gif"]
+        assert await store.attachment_data(PNG_SHA) is None
+        assert not (tmp_path / "a.db.attachments" / PNG_SHA).exists()
