@@ -443,7 +443,8 @@ def page_headers(page: str) -> dict[str, str]:
             "script-src " + " ".join([*_inline_hashes(page, "script"), "'self'"]),
             "style-src " + " ".join(_inline_hashes(page, "style")),
             "connect-src 'self'",
-            "img-src data:",
+            # blob: the thumbnails of attachments (fetched with the token).
+            "img-src data: blob:",
             "base-uri 'none'",
             "form-action 'none'",
             "frame-ancestors 'none'",
