@@ -816,7 +816,8 @@ class SlackTransport(Transport):
             if found:
                 meta["assistant_context"] = dict(found)
         assert item.key is not None
-        text, attachments = item.text, ()
+        text = item.text
+        attachments: tuple[FilePart, ...] = ()
         if item.files:
             attachments, missing = await self._fetch_files(item.files)
             # A file that could not be fetched is named, so the model knows it was sent.
@@ -851,7 +852,8 @@ class SlackTransport(Transport):
         missing: list[str] = []
         for f in files:
             name = str(f.get("name") or f.get("title") or "file")[:200]
-            declared = f.get("size") if isinstance(f.get("size"), int) else 0
+            size = f.get("size")
+            declared = size if isinstance(size, int) else 0
             url = f.get("url_private")
             if declared > limit:
                 parts.append(FilePart(data=b"", name=name, size=declared))
