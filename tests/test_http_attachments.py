@@ -148,7 +148,7 @@ async def test_too_large_wrong_type_or_foreign_uploads_are_refused_and_nothing_s
             f"/conversations/{conv['id']}/messages",
             json={"content": "x", "attachments": [{"sha256": PNG_SHA}]},
         )
-        assert foreign.status_code == 404, foreign.text
+        assert foreign.status_code == 409, foreign.text
         assert foreign.json()["error"]["code"] == "attachment_not_found"
         assert (
             await c.get(f"/conversations/{conv['id']}/attachments/{PNG_SHA}")

@@ -31,7 +31,7 @@ code                        status  when
 ``invalid_parameter``       422     a query parameter or header is wrong
 ``attachment_too_large``    413     an upload over ``[attachments] max_bytes``
 ``attachment_rejected``     415     an upload whose bytes are no type taken
-``attachment_not_found``    404     no such attachment in this conversation (or named by a message)
+``attachment_not_found``    404     no such attachment here (409: a message names one)
 ``budget_exceeded``         429     the token's or the conversation's budget is used up
 ``unavailable``             503     the agent is shutting down
 ``internal_error``          500     a bug: logged with its traceback
@@ -1021,8 +1021,9 @@ class Api:
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
         except AttachmentRejected as exc:
-            # (the only refusal left: an attachment the conversation does not hold)
-            raise ApiError(404, "attachment_not_found", str(exc)) from None
+            # (the only refusal left: an attachment the conversation does not hold; not
+            # 404, which would say the conversation is not found)
+            raise ApiError(409, "attachment_not_found", str(exc)) from None
         title = conv.title
         if ours and not title and queue is not None:
             # Another worker may have named it (this one's copy is older).

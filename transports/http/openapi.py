@@ -980,6 +980,10 @@ def openapi_document(
                         "the body is not of the documented shape (invalid_body), or a"
                         " plugin refused the message (prompt_refused: nothing was stored)"
                     ),
+                    "409": _error(
+                        "it names an attachment the conversation does not hold"
+                        " (attachment_not_found: nothing was stored)"
+                    ),
                     "429": _error(
                         "the token's or the conversation's budget is used up (budget_exceeded:"
                         " nothing was stored; Retry-After says when it resets)"
