@@ -27,10 +27,10 @@ from agentik.core.access import AccessPolicy, Decision
 from agentik.core.agents import AGENT_TOOL_PREFIX as _AGENT_TOOL_PREFIX
 from agentik.core.budgets import Budgets, Subject
 from agentik.core.conversation import ResumeMode
-from agentik.core.errors import AgentikError, PromptRefused
+from agentik.core.errors import AgentikError, AttachmentRejected, PromptRefused
 from agentik.core.gate import Gate, Speaker
 from agentik.core.keyedlocks import KeyedLocks
-from agentik.core.messages import Message
+from agentik.core.messages import Message, TextPart
 from agentik.core.turnsettings import TurnOrigin
 from agentik.transports.base import (
     Action,
@@ -244,7 +244,7 @@ class Bridge(AgentAccess):
         if self.metrics is not None:
             self.metrics.message_in(transport.name)
         text = message.text.strip()
-        if not text and not message.meta.get("change"):
+        if not text and not message.attachments and not message.meta.get("change"):
             return
         # In a linked channel: the link's key, the author qualified by network.
         message = self.links.arriving(message, transport)
@@ -341,7 +341,7 @@ class Bridge(AgentAccess):
                 ch.more_in_code = False
                 sent = await ticket.submit(
                     ch.conversation,
-                    text,
+                    [TextPart(text=text), *message.attachments] if message.attachments else text,
                     author=message.author_name or message.author_id,
                     author_id=_author_id(transport, message),
                     allow_tool=decision.tools,
@@ -355,8 +355,8 @@ class Bridge(AgentAccess):
                 if sent.steered:
                     # Joined the running turn: its answer, asker and budget stay.
                     return None
-        except PromptRefused as exc:
-            # A plugin's words, shown as they are.
+        except (PromptRefused, AttachmentRejected) as exc:
+            # A plugin's words, or why an attachment was not taken: shown as they are.
             await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)
             return None
         except AgentikError as exc:

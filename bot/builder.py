@@ -32,6 +32,7 @@ from agentik.core import Agent, ConfigError, SQLiteStore, Store, Tool, TurnPolic
 from agentik.core.agent import AgentSettings
 from agentik.core.agents import AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
+from agentik.core.attachments import AttachmentSettings
 from agentik.core.background import MemoryWorker
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.errors import PluginError
@@ -141,6 +142,7 @@ class AgentBuilder:
         self._uses: tuple[str, ...] = ()
         self._prompt_events = False
         self._runs = RunPolicy()
+        self._attachments = AttachmentSettings()
         self._stream_profiles: dict[str, StreamProfile] = {}
         self._passthrough: list[PassthroughSpec] = []
         self._agent_id: str | None = None
@@ -239,6 +241,11 @@ class AgentBuilder:
         self._uses = tuple(uses)
         return self
 
+    def attachments(self, settings: AttachmentSettings) -> Self:
+        """Limits of images and files sent with messages (``[attachments]``)."""
+        self._attachments = settings
+        return self
+
     def runs(self, policy: RunPolicy) -> Self:
         """Limits of run trees (depth, concurrent child runs, token budgets)."""
         self._runs = policy
@@ -330,6 +337,7 @@ class AgentBuilder:
             run_policy=self._runs,
             stream_profiles=self._stream_profiles,
             prompt_events=self._prompt_events,
+            attachments=self._attachments,
         )
 
     def persona(self, config: Config) -> Self:
@@ -402,6 +410,7 @@ class AgentBuilder:
         b.approvals(*config.approvals)
         b.agents(resolve_agents(config, registry), uses=config.agent.uses)
         b.runs(config.runs)
+        b.attachments(config.attachments)
         b.stream_profiles(resolve_stream_profiles(config.profiles))
         b.passthrough(*config.passthrough)
         return b

@@ -1018,16 +1018,21 @@ async def _resolve_conversation(store: Store, ref: str) -> str:
 async def _redact(store: Store, args: argparse.Namespace) -> int:
     """``conversations redact``: on the database (a running bot's cached context of
     that conversation is not reached: redact through the bot while it runs)."""
+    from agentik.core.attachments import hashes_of
     from agentik.core.redaction import tombstone
 
     by = args.by or f"cli:{os.environ.get('USER') or 'operator'}"
     at = time.time()
+    rows = await store.messages(args.id, after=args.message - 1, limit=1)
     done = await store.redact_message(
         args.id, args.message, content=tombstone(by, at, args.reason), by=by,
         reason=args.reason, at=at,
     )  # fmt: skip
     if done is None:
         raise NotFound(f"conversation {args.id!r} has no message {args.message}")
+    attached = hashes_of(rows[0].data) if rows and rows[0].id == args.message else []
+    if attached:  # its images and files go with it
+        await store.attachment_drop(args.id, attached)
     extra = f"; {done.notes_removed} derived memory note(s) removed" if done.notes_removed else ""
     print(f"redacted message {done.message_id} of {done.conversation_id}{extra}")
     return 0

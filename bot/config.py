@@ -41,6 +41,7 @@ from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.agent import AgentSettings
 from agentik.core.agents import AgentPrompt, AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
+from agentik.core.attachments import AttachmentSettings
 from agentik.core.budgets import BudgetSettings
 from agentik.core.cluster import ClusterSettings
 from agentik.core.compaction import CompactionPolicy
@@ -470,6 +471,8 @@ class Config(_Section):
     #: ``[workspace]``: folders the read-only tools ``read_file``, ``list_dir``, ``glob``
     #: and ``grep`` may read (issue 35; none: the tools are not offered).
     workspace: WorkspaceSettings = Field(default_factory=WorkspaceSettings)
+    #: Images and files sent with messages (issue 34).
+    attachments: AttachmentSettings = Field(default_factory=AttachmentSettings)
     #: Audit-log retention by channel pattern (issue 22).
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     #: Scrubbing secrets before they are stored (issue 22).

@@ -24,6 +24,7 @@ from .agents import (
     new_run_id,
 )
 from .approvals import ApprovalRule, Approvals
+from .attachments import AttachmentSettings, hashes_of
 from .compaction import CompactContextTool, CompactionPolicy, Compactor
 from .conversation import Conversation
 from .errors import ConfigError, NotFound
@@ -146,6 +147,7 @@ class Agent:
         stream_profiles: Mapping[str, StreamProfile] | None = None,
         memory_trim: float | None = DEFAULT_TRIM_INTERVAL,
         prompt_events: bool = False,
+        attachments: AttachmentSettings | None = None,
     ) -> None:
         #: Names this agent (the standalone seed's ``agent.id``): ``id`` if given
         #: (the bot gives ``[agent] name``), else a fresh random hex id.  Shown by
@@ -209,6 +211,8 @@ class Agent:
         self.uses: tuple[str, ...] = tuple(uses)
         #: Limits of run trees (depth, concurrent children, token budgets).
         self.run_policy = run_policy or RunPolicy()
+        #: Limits of images and files sent with messages (``[attachments]``).
+        self.attachments: AttachmentSettings = attachments or AttachmentSettings()
         #: The runs going on now, as a tree (:class:`~agentik.core.agents.Runs`).
         self.runs = Runs(self)
         #: Each named agent's system prompt (its ``system_prompt`` and ``soul``).
@@ -639,6 +643,10 @@ class Agent:
         )
         if done is None:
             raise NotFound(f"conversation {conversation_id!r} has no message {message_id}")
+        attached = hashes_of(row.data)
+        if attached:
+            # Its images and files go with it (bytes nobody else holds are removed).
+            await self.store.attachment_drop(conversation_id, attached)
         if row.kind == "tool_call" and row.tool_name == "todo":
             # The checklist's text came from such a call: it goes with it.
             await self.todos.clear(conversation_id)

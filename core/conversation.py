@@ -27,7 +27,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from .approvals import RESTARTED
-from .errors import ClosedError, PromptRefused
+from .attachments import check, part_for
+from .errors import AttachmentRejected, ClosedError, PromptRefused
 from .eventbus import Subscription
 from .events import (
     Compacted,
@@ -40,7 +41,17 @@ from .events import (
 )
 from .hooks import Refuse
 from .memory import RecallPolicy
-from .messages import ChatMessage, Message, MessageKind, NewMessage, Usage
+from .messages import (
+    ChatMessage,
+    Content,
+    FilePart,
+    ImagePart,
+    Message,
+    MessageKind,
+    NewMessage,
+    Usage,
+    split_content,
+)
 from .runs import new_run_id
 from .services import AgentServices, ConversationEvents, ConversationParts, profile_of
 from .store.base import ConversationRecord, Store, TurnEnd
@@ -434,7 +445,7 @@ class Conversation:
     # -- sending ----------------------------------------------------------------
     async def send(
         self,
-        content: str,
+        content: Content,
         *,
         author: str | None = None,
         author_id: str | None = None,
@@ -472,7 +483,7 @@ class Conversation:
 
     async def steer(
         self,
-        content: str,
+        content: Content,
         *,
         author: str | None = None,
         author_id: str | None = None,
@@ -490,7 +501,7 @@ class Conversation:
 
     async def submit(
         self,
-        content: str,
+        content: Content,
         *,
         author: str | None = None,
         author_id: str | None = None,
@@ -550,7 +561,7 @@ class Conversation:
 
     async def _submit(
         self,
-        content: str,
+        content: Content,
         *,
         author: str | None,
         author_id: str | None,
@@ -566,8 +577,7 @@ class Conversation:
             settings = self._settings
         elif not isinstance(settings, TurnSettings):
             raise TypeError("settings must be a TurnSettings")
-        if not isinstance(content, str):
-            raise TypeError("content must be a str")
+        content, attached = split_content(content)
         if busy not in BUSY_MODES:
             raise ValueError(f"unknown busy mode {busy!r} (known: {', '.join(BUSY_MODES)})")
         questions = self._services.questions
@@ -582,6 +592,7 @@ class Conversation:
         if isinstance(outcome, Refuse):
             raise PromptRefused(outcome.message)
         content = self._scrub("user", outcome)
+        parts = await self._attach(attached) if attached else ()
         runner = self._runner
         if (
             busy == "steer"
@@ -592,6 +603,8 @@ class Conversation:
             data: dict[str, Any] = {"steered": True}
             if author_id:
                 data["author_id"] = author_id
+            if parts:
+                data["parts"] = [p.to_dict() for p in parts]
             if settings.origin is not None:
                 data["origin"] = settings.origin.to_dict()
             entry = NewMessage(
@@ -611,12 +624,57 @@ class Conversation:
         if not fallback:
             return None
         run_id = await self._queue_message(
-            content, author, author_id, channel, allow_tool, run_id, settings
+            content, author, author_id, channel, allow_tool, run_id, settings, parts
         )
         stopped = False
         if busy == "interrupt" and runner is not None and self._runner is runner:
             stopped = await self.interrupt()
         return Sent(run_id, interrupted=stopped)
+
+    async def _attach(
+        self, attached: Sequence[ImagePart | FilePart]
+    ) -> tuple[ImagePart | FilePart, ...]:
+        """Store the bytes of ``attached`` (checked: size, type from the bytes) and
+        return the parts that name them; a part naming stored bytes by hash must
+        name bytes this conversation holds.  :class:`AttachmentRejected` (nothing of
+        the message recorded) for one that is refused."""
+        max_bytes = self.agent.attachments.max_bytes
+        checked: list[tuple[ImagePart | FilePart, bytes | None, str]] = []
+        for part in attached:
+            if part.data is not None:
+                given = bytes(part.data)
+                media_type = check(given, max_bytes, name=part.name, size=part.size)
+                checked.append((part, given, media_type))
+            elif part.url is not None:
+                if not isinstance(part, ImagePart) or not part.url.startswith(
+                    ("https://", "http://")
+                ):
+                    raise AttachmentRejected("only images can be given by URL, an http(s) one")
+                checked.append((part, None, ""))
+            elif part.sha256 is None:
+                raise AttachmentRejected("an attachment part needs its bytes, an URL or a hash")
+            else:
+                checked.append((part, None, ""))
+        out: list[ImagePart | FilePart] = []
+        now = time.time()
+        for part, data, media_type in checked:
+            if data is not None:
+                await self._store.attachment_put(self.id, data, media_type, at=now)
+                out.append(part_for(data, media_type, name=part.name))
+            elif part.url is not None:
+                out.append(dataclasses.replace(part, data=None, sha256=None))
+            else:
+                assert part.sha256 is not None
+                held = await self._store.attachment_get(self.id, part.sha256)
+                if held is None:
+                    raise AttachmentRejected(f"no attachment {part.sha256[:12]}… here")
+                # What the store sniffed, not what the caller says.
+                cls = ImagePart if held.media_type.startswith("image/") else FilePart
+                out.append(
+                    cls(sha256=held.sha256, media_type=held.media_type, size=held.size,
+                        name=part.name)
+                )  # fmt: skip
+        return tuple(out)
 
     async def _queue_message(
         self,
@@ -627,11 +685,14 @@ class Conversation:
         allow_tool: Callable[[str], bool] | None,
         run_id: str | None = None,
         settings: TurnSettings | None = None,
+        parts: tuple[ImagePart | FilePart, ...] = (),
     ) -> str:
         run_id = run_id or new_run_id()
         settings = self._settings if settings is None else settings
         now = time.time()
         data: dict[str, Any] = {"author_id": author_id} if author_id else {}
+        if parts:
+            data["parts"] = [p.to_dict() for p in parts]
         if settings.origin is not None:
             data["origin"] = settings.origin.to_dict()
         entry = NewMessage(
@@ -651,7 +712,12 @@ class Conversation:
         idle = not self._queue and memory.loaded
         notes = memory.take_notes() if idle else []
         stored = (
-            [*notes, ChatMessage(role="user", content=content, author=author, message_id=-1)]
+            [
+                *notes,
+                ChatMessage(
+                    role="user", content=content, author=author, message_id=-1, parts=parts
+                ),
+            ]
             if idle
             else []
         )
@@ -678,7 +744,9 @@ class Conversation:
             committed = asyncio.get_running_loop().create_future()
             committed.set_result([entry.stored(id=0, conversation_id=self.id, now=now)])
         if idle:
-            memory.extend([*notes, ChatMessage(role="user", content=content, author=author)])
+            memory.extend(
+                [*notes, ChatMessage(role="user", content=content, author=author, parts=parts)]
+            )
             write.add_done_callback(memory.invalidate_on_failure)
         self._enqueue(
             _Pending(

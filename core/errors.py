@@ -19,8 +19,9 @@ boundary with ``raise ... from`` so callers only ever catch our types::
     │   └── LLMResponseError    the endpoint answered something we cannot use
     ├── ToolError               a tool failed; the message goes back to the model
     ├── PromptRefused           a plugin refused a message (``before_prompt``)
-    └── RemoteError             another agentik's HTTP API refused a request or could
-                                not be reached (:mod:`agentik.core.client`)
+    ├── RemoteError             another agentik's HTTP API refused a request or could
+    │                           not be reached (:mod:`agentik.core.client`)
+    └── AttachmentRejected      an attachment too large, or of a type not taken
 
 User/config errors (``ConfigError``) are meant to be shown to a person as one
 line; run-time errors are reported as ``error`` events and logged.  No error
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentikError",
+    "AttachmentRejected",
     "ClosedError",
     "ConfigError",
     "ContextTooLong",
@@ -153,3 +155,9 @@ class RemoteError(AgentikError):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+class AttachmentRejected(AgentikError, ValueError):
+    """An attachment that is not taken: too large, or of a type (sniffed from its
+    bytes) not accepted.  The message is one line meant for its sender; nothing
+    of the attachment was stored."""

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from .access import AccessPolicy, Decision, may_decide, may_forget, may_redact, may_stop
 from .budgets import Budgets, Refusal, Subject
+from .messages import Content, split_content
 
 if TYPE_CHECKING:
     from .conversation import Conversation, Sent
@@ -165,7 +166,7 @@ class Ticket:
     def admitted(self) -> bool:
         return self.refused is None
 
-    async def submit(self, conversation: Conversation, text: str, **kwargs: Any) -> Sent:
+    async def submit(self, conversation: Conversation, text: Content, **kwargs: Any) -> Sent:
         """``conversation.submit(text, **kwargs)`` under the budgets' sending lock, and
         the new run bound to :attr:`subject` (a steered message starts no run: its
         reservation goes back when the ticket is left).  Pass the turn's
@@ -175,7 +176,7 @@ class Ticket:
         async with self._budgets.sending(conversation.id):
             sent = await conversation.submit(text, **kwargs)
             if not sent.steered:
-                self.bind(sent.run_id, chars=len(text))
+                self.bind(sent.run_id, chars=len(split_content(text)[0]))
         return sent
 
     def bind(self, run_id: str, *, chars: int = 0) -> None:

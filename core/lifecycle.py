@@ -41,6 +41,7 @@ binding).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -54,8 +55,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from .attachments import check, drop_unreferenced, sha256_of
 from .cluster.jobs import next_interval, own_slot, run_once, startup_slot
 from .compaction import SUMMARY_PREFIX, ask
+from .errors import AttachmentRejected
 from .questions import MAX_TODO_ITEMS, MAX_TODO_TEXT, TODO_STATUSES
 from .settings import settings_dataclass
 from .store.snapshot import (
@@ -375,6 +378,9 @@ async def apply_retention(
             await store.prune_log(
                 item.conversation_id, item.upto, summary=summary, count=item.messages
             )
+            # The images and files of the pruned messages go with them.
+            cutoff = (time.time() if now is None else now) - item.keep_days * DAY
+            await drop_unreferenced(store, item.conversation_id, before=cutoff)
             item.done = True
 
         try:
@@ -541,7 +547,57 @@ async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any
     # Bindings, turn ends, approvals, questions, runs: the engine's rows (Store.export_rows).
     with contextlib.suppress(NotImplementedError):  # an engine without them: no more to add
         doc.update(await store.export_rows(conversation_id))
+    with contextlib.suppress(NotImplementedError):
+        held = await store.attachments(conversation_id)
+        if held:
+            doc["attachments"] = [await _export_attachment(store, a) for a in held]
     return doc
+
+
+async def _export_attachment(store: Any, held: Any) -> dict[str, Any]:
+    data = await store.attachment_data(held.sha256)
+    return {
+        "sha256": held.sha256,
+        "media_type": held.media_type,
+        "created_at": held.created_at,
+        # (None: bytes a crash lost; the import skips them)
+        "data": None if data is None else base64.b64encode(data).decode("ascii"),
+    }
+
+
+def _snapshot_attachments(
+    doc: dict[str, Any], max_bytes: int | None
+) -> list[tuple[bytes, str, float]]:
+    """The attachments of a snapshot, checked as any sent: the bytes must match their
+    hash, their type is sniffed again (the snapshot's word is not taken), ``max_bytes``
+    caps each.  ``(data, media_type, created_at)``."""
+    items = doc.get("attachments")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise SnapshotError(f"attachments: expected array, got {type(items).__name__}")
+    out: list[tuple[bytes, str, float]] = []
+    for i, a in enumerate(items):
+        where = f"attachments[{i}]"
+        if not isinstance(a, dict):
+            raise SnapshotError(f"{where}: expected an object")
+        sha = _need(a, "sha256", where, str)
+        encoded = _need(a, "data", where, str, optional=True)
+        at = _need(a, "created_at", where, (int, float), optional=True)
+        if encoded is None:
+            continue
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except ValueError:
+            raise SnapshotError(f"{where}.data: not base64") from None
+        if sha256_of(data) != sha:
+            raise SnapshotError(f"{where}.sha256: does not match its data")
+        try:
+            media_type = check(data, max_bytes if max_bytes is not None else len(data))
+        except AttachmentRejected as exc:
+            raise SnapshotError(f"{where}: {exc}") from None
+        out.append((data, media_type, float(at or 0.0)))
+    return out
 
 
 _KINDS = ("user", "assistant", "tool_call", "tool_result")
@@ -726,20 +782,30 @@ def _checklist(doc: dict[str, Any]) -> None:
 
 
 async def import_conversation(
-    store: Any, doc: Any, *, new_ids: bool = False, bind: str | None = None
+    store: Any,
+    doc: Any,
+    *,
+    new_ids: bool = False,
+    bind: str | None = None,
+    max_bytes: int | None = None,
 ) -> ImportResult:
     """Restore a snapshot into ``store`` (a ``SQLiteStore``), in one transaction.
 
     ``new_ids``: under a fresh conversation id (otherwise the snapshot's; an
     id already present is refused).  ``bind``: bind this channel key to it
     (taking it over); without it, the snapshot's bindings are restored where
-    the channel is not bound to another conversation here.
+    the channel is not bound to another conversation here.  ``max_bytes``: the
+    largest attachment taken (``None``: any size).
     """
     doc = validate_snapshot(doc)
+    attached = _snapshot_attachments(doc, max_bytes)
     cid = uuid.uuid4().hex if new_ids else doc["conversation"]["id"]
     if bind is not None and not bind.strip():
         raise SnapshotError("bind: empty channel key")
     now = time.time()
     # The engine raises the snapshot's own SnapshotError (naming the field), not its
     # writer's wrapper: SQLiteStore.import_rows unwraps it, the contract suite checks it.
-    return await store.import_rows(doc, cid, bind=bind, now=now)
+    result: ImportResult = await store.import_rows(doc, cid, bind=bind, now=now)
+    for data, media_type, at in attached:
+        await store.attachment_put(result.conversation_id, data, media_type, at=at or now)
+    return result

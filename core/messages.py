@@ -18,18 +18,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
     "ChatMessage",
+    "Content",
+    "ContentPart",
+    "FilePart",
+    "ImagePart",
     "Message",
     "MessageKind",
     "MessageStatus",
     "NewMessage",
     "Role",
+    "TextPart",
     "ToolCall",
     "Usage",
+    "describe_part",
+    "parts_from",
+    "split_content",
+    "user_chat_message",
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -87,6 +97,122 @@ class Usage:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TextPart:
+    """Text in a message made of parts."""
+
+    kind: Literal["text"] = "text"
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "text", "text": self.text}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Attached:
+    """The fields of an attachment part.
+
+    Given to ``send()`` with ``data`` (the bytes: the conversation stores them
+    and keeps only their ``sha256``) or an ``url`` (an image the model fetches
+    itself).  As stored (audit log, working memory) a part names its bytes by
+    ``sha256``; ``data`` is never serialised.  ``media_type`` is the type
+    sniffed from the bytes, never the one a sender claimed.
+    """
+
+    data: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
+    url: str | None = None
+    sha256: str | None = None
+    media_type: str = ""
+    name: str = ""
+    size: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": getattr(self, "kind")}  # noqa: B009 - set by subclasses
+        for key in ("url", "sha256"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
+        d.update(media_type=self.media_type, name=self.name, size=self.size)
+        return d
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImagePart(_Attached):
+    """An image (PNG, JPEG, GIF, WebP): its bytes, a stored attachment or an URL."""
+
+    kind: Literal["image"] = "image"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FilePart(_Attached):
+    """Any other file (PDF, UTF-8 text): a reference to a stored attachment."""
+
+    kind: Literal["file"] = "file"
+
+
+#: One part of a message's content (:func:`parts_from` reads them back).
+ContentPart = TextPart | ImagePart | FilePart
+#: What ``Conversation.send`` takes: text, or parts.
+Content = str | Sequence[ContentPart]
+
+
+def parts_from(items: Any) -> tuple[ImagePart | FilePart, ...]:
+    """Attachment parts from their :meth:`to_dict` form (unknown kinds are skipped:
+    a snapshot or a newer version may carry some)."""
+    out: list[ImagePart | FilePart] = []
+    for d in items if isinstance(items, list | tuple) else ():
+        if not isinstance(d, dict) or d.get("kind") not in ("image", "file"):
+            continue
+        cls = ImagePart if d["kind"] == "image" else FilePart
+        out.append(
+            cls(
+                url=d.get("url") if isinstance(d.get("url"), str) else None,
+                sha256=d.get("sha256") if isinstance(d.get("sha256"), str) else None,
+                media_type=str(d.get("media_type", "")),
+                name=str(d.get("name", "")),
+                size=int(d.get("size", 0) or 0),
+            )
+        )
+    return tuple(out)
+
+
+def split_content(content: Content) -> tuple[str, tuple[ImagePart | FilePart, ...]]:
+    """``content`` as its text (the text parts, one per line) and its attachments."""
+    if isinstance(content, str):
+        return content, ()
+    if isinstance(content, bytes | bytearray) or not isinstance(content, Sequence):
+        raise TypeError("content must be a str or a sequence of content parts")
+    texts: list[str] = []
+    attached: list[ImagePart | FilePart] = []
+    for part in content:
+        if isinstance(part, TextPart):
+            texts.append(part.text)
+        elif isinstance(part, ImagePart | FilePart):
+            attached.append(part)
+        else:
+            raise TypeError(f"not a content part: {type(part).__name__}")
+    return "\n".join(texts), tuple(attached)
+
+
+def _size(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1_000_000:.1f} MB"
+    if n >= 1000:
+        return f"{n / 1000:.1f} KB"
+    return f"{n} bytes"
+
+
+def describe_part(part: ImagePart | FilePart) -> str:
+    """The text a model without image input is given for ``part``:
+    ``[image: name.png, 1.2 MB]``."""
+    what = part.kind
+    label = part.name or part.url or part.media_type or "unnamed"
+    # Brackets and line breaks from a sender's file name cannot close the note.
+    label = "".join(" " if c in "[]\r\n" else c for c in label)[:200]
+    if part.size:
+        return f"[{what}: {label}, {_size(part.size)}]"
+    return f"[{what}: {label}]"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ChatMessage:
     """One message of the LLM context (working memory).
 
@@ -104,9 +230,13 @@ class ChatMessage:
     name: str | None = None
     is_error: bool = False
     message_id: int | None = None
+    #: Attachments of a ``user`` message (its text is ``content``).
+    parts: tuple[ImagePart | FilePart, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.parts:
+            d["parts"] = [p.to_dict() for p in self.parts]
         if self.author is not None:
             d["author"] = self.author
         if self.tool_calls:
@@ -132,6 +262,7 @@ class ChatMessage:
             name=d.get("name"),
             is_error=bool(d.get("is_error", False)),
             message_id=d.get("message_id"),
+            parts=parts_from(d.get("parts")),
         )
 
     def to_json(self) -> str:
@@ -190,3 +321,13 @@ class Message(_AuditRow):
     def from_dict(cls, d: dict[str, Any]) -> Message:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def user_chat_message(m: Message) -> ChatMessage:
+    """The working-memory entry of the audit log's user message ``m`` (its
+    attachments are in ``data["parts"]``)."""
+    data = m.data if isinstance(m.data, dict) else {}
+    return ChatMessage(
+        role="user", content=m.content, author=m.author, message_id=m.id,
+        parts=parts_from(data.get("parts")),
+    )  # fmt: skip

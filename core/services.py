@@ -49,6 +49,7 @@ from .workingmemory import Transcripts, WorkingMemory
 
 if TYPE_CHECKING:
     from .approvals import Approvals
+    from .attachments import AttachmentSettings
     from .compaction import Compactor
     from .hooks import Hooks
     from .llm.base import LLMBackend
@@ -145,6 +146,8 @@ class AgentLike(Protocol[C]):
     def hooks(self) -> Hooks: ...
     @property
     def policy(self) -> TurnPolicy: ...
+    @property
+    def attachments(self) -> AttachmentSettings: ...
     @property
     def tools(self) -> list[Tool]: ...
     @property

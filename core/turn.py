@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .attachments import for_model
 from .compaction import estimate_tokens
 from .errors import ClosedError, ContextTooLong, LLMError, PluginError, StoreError, ToolError
 from .events import (
@@ -56,7 +57,16 @@ from .llm.base import (
     UsageItem,
 )
 from .memory import scopes_for
-from .messages import ChatMessage, Message, MessageKind, MessageStatus, NewMessage, ToolCall, Usage
+from .messages import (
+    ChatMessage,
+    Message,
+    MessageKind,
+    MessageStatus,
+    NewMessage,
+    ToolCall,
+    Usage,
+    user_chat_message,
+)
 from .observe import RequestStats
 from .recall import recall_for, with_recall
 from .runs import AGENT_TOOL_PREFIX
@@ -291,12 +301,7 @@ class TurnRunner:
                 continue
             self._steered.pop(0)
             self._append(
-                memory=[
-                    ChatMessage(
-                        role="user", content=item.content, author=item.author,
-                        message_id=rows[0].id,
-                    )
-                ]
+                memory=[user_chat_message(rows[0])]
             )  # fmt: skip
 
     def _append(
@@ -366,9 +371,7 @@ class TurnRunner:
                 self._append(
                     memory=[
                         *self.memory.take_notes(),
-                        ChatMessage(
-                            role="user", content=m.content, author=m.author, message_id=m.id
-                        ),
+                        user_chat_message(m),
                     ]
                 )
             async with asyncio.timeout(self.policy.time_budget) as budget:
@@ -513,11 +516,7 @@ class TurnRunner:
         elif self._reask:
             pass  # the calls run first; their results follow the stored call
         elif tail and tail[-1].role == "assistant":
-            await self._append(
-                memory=[
-                    ChatMessage(role="user", content=m.content, author=m.author, message_id=m.id)
-                ]
-            )
+            await self._append(memory=[user_chat_message(m)])
         log.info("conversation %s: resuming run %s after a restart", self.parts.id, self.run_id)
 
     async def _resume_steered(self) -> None:
@@ -751,9 +750,19 @@ class TurnRunner:
             self.parts, request, run_id=self.run_id, settle=self._settled, llm=llm
         ):
             request = self._request(offered)
-        return await services.hooks.before_llm_request(
+        request, llm = await services.hooks.before_llm_request(
             self.conv, request, llm, self.run_id, self.plugin_emit
         )
+        if any(m.parts for m in request.messages):
+            # Attachments as this model takes them: images with their bytes, or
+            # described (agentik.core.attachments), read from the store now.
+            messages = await for_model(
+                request.messages,
+                image_in=bool(llm.supports_image_in),
+                load=self.memory.store.attachment_data,
+            )
+            request = dataclasses.replace(request, messages=messages)
+        return request, llm
 
     # -- size limits: the audit log keeps everything, the working memory is cut ----
     def _answer_for_memory(self, text: str) -> str:

@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from .messages import ChatMessage, Message, NewMessage
+from .messages import ChatMessage, Message, NewMessage, user_chat_message
 from .redaction import tombstoned
 from .store.base import MemoryEntry, RunRecord, Store, TurnEnd
 
@@ -141,10 +141,7 @@ class WorkingMemory:
                 cid,
                 len(orphans),
             )
-            extra = [
-                ChatMessage(role="user", content=m.content, author=m.author, message_id=m.id)
-                for m in orphans
-            ]
+            extra = [user_chat_message(m) for m in orphans]
             await store.append(cid, memory=extra)
             cache.extend(extra)
         self._cache = cache

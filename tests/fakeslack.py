@@ -143,6 +143,10 @@ class FakeSlack:
         self._consumed: set[int] = set()  # indexes of calls returned by wait_for_call
         self._waiters: set[asyncio.Event] = set()
         self._runner: web.AppRunner | None = None
+        #: Files served at ``url_private`` (``add_file``), by id: (bytes, mimetype).
+        self.files: dict[str, tuple[bytes, str]] = {}
+        #: The Authorization header of each file download, in order.
+        self.file_downloads: list[str | None] = []
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -159,6 +163,7 @@ class FakeSlack:
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_get("/socket", self._socket)
+        app.router.add_get("/files-pri/{file_id}/{name}", self._file)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -253,6 +258,41 @@ class FakeSlack:
         """
         return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
+    def add_file(
+        self,
+        name: str,
+        data: bytes,
+        mimetype: str = "",
+        *,
+        user: str = "U1",
+        size: int | None = None,
+    ) -> dict[str, Any]:
+        """A file object as a ``file_share`` message event carries it (Slack's
+        ``files`` field), served by this fake at its ``url_private`` to requests with
+        the bot token (``Authorization: Bearer``), as files.slack.com serves them.
+        ``size``: the size the event declares (default: the real one)."""
+        file_id = "F" + uuid.uuid4().hex[:10].upper()
+        self.files[file_id] = (data, mimetype or "application/octet-stream")
+        return {
+            "id": file_id, "created": int(time.time()), "timestamp": int(time.time()),
+            "name": name, "title": name, "mimetype": mimetype, "filetype": name.rsplit(".")[-1],
+            "user": user, "mode": "hosted", "size": len(data) if size is None else size,
+            "url_private": f"http://127.0.0.1:{self.port}/files-pri/{self.team_id}-{file_id}/{name}",
+            "url_private_download": f"http://127.0.0.1:{self.port}/files-pri/"
+            f"{self.team_id}-{file_id}/download/{name}",
+            "permalink": f"https://{self.team_domain}.slack.com/files/{user}/{file_id}/{name}",
+        }  # fmt: skip
+
+    async def _file(self, request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization")
+        self.file_downloads.append(auth)
+        file_id = request.match_info["file_id"].split("-", 1)[-1]
+        if auth != f"Bearer {self.bot_token}" or file_id not in self.files:
+            # Slack answers a request without the token with its login page (HTML).
+            return web.Response(status=302, headers={"Location": "https://fake.slack.com/"})
+        data, mimetype = self.files[file_id]
+        return web.Response(body=data, content_type=mimetype.split(";")[0] or None)
+
     def message_event(
         self,
         channel: str,
@@ -263,10 +303,12 @@ class FakeSlack:
         thread_ts: str | None = None,
         channel_type: str | None = None,
         subtype: str | None = None,
+        files: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """A user's ``message`` event as Slack sends it (``ts`` is fresh when not given).
 
-        ``subtype="file_share"`` adds a ``files`` list (one text file) and ``upload``;
+        ``subtype="file_share"`` adds a ``files`` list (``files``, from :meth:`add_file`;
+        default: one text file on files.slack.com, which is not reached) and ``upload``;
         ``subtype="thread_broadcast"`` (a thread reply also sent to the channel)
         needs ``thread_ts`` and adds the ``root`` message."""
         event: dict[str, Any] = {
@@ -285,27 +327,14 @@ class FakeSlack:
             event["thread_ts"] = thread_ts
         if subtype is not None:
             event["subtype"] = subtype
-        if subtype == "file_share":
-            file_id = "F" + uuid.uuid4().hex[:10].upper()
+        if subtype == "file_share" and files is not None:
             event["upload"] = False
             event["display_as_bot"] = False
-            event["files"] = [
-                {
-                    "id": file_id,
-                    "created": int(time.time()),
-                    "timestamp": int(time.time()),
-                    "name": "notes.txt",
-                    "title": "notes.txt",
-                    "mimetype": "text/plain",
-                    "filetype": "text",
-                    "pretty_type": "Plain Text",
-                    "user": user,
-                    "mode": "snippet",
-                    "size": 12,
-                    "url_private": f"https://files.slack.com/files-pri/{self.team_id}-{file_id}/notes.txt",
-                    "permalink": f"https://{self.team_domain}.slack.com/files/{user}/{file_id}/notes.txt",
-                }
-            ]
+            event["files"] = files
+        elif subtype == "file_share":
+            event["upload"] = False
+            event["display_as_bot"] = False
+            event["files"] = [self.add_file("notes.txt", b"hello world\n", "text/plain", user=user)]
         if subtype == "thread_broadcast":
             root = self.messages.get((channel, thread_ts or ""))
             event["root"] = dict(root or {"type": "message", "ts": thread_ts, "text": ""})

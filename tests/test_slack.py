@@ -621,7 +621,9 @@ async def test_file_share_and_thread_broadcast_are_answered_other_subtypes_not(t
             )
             await slack.push_event(shared)
             await answered(slack, bridge, "slack:T1:D1")
-            assert bot_texts(slack, "D1") == ["echo: what is in this file?"]
+            # The file came along (fetched from the fake, given to the model as its text).
+            shared_text = "what is in this file?\n[file: notes.txt, 12 bytes]\nhello world\n"
+            assert bot_texts(slack, "D1") == ["echo: " + shared_text]
             # A thread the bot takes part in; a reply "also sent to the channel".
             first = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> start")
             await slack.push_event(first)
@@ -644,14 +646,15 @@ async def test_file_share_and_thread_broadcast_are_answered_other_subtypes_not(t
                 edited,
                 slack.message_event("D1", "<@U1> has joined", subtype="channel_join"),
                 slack.message_event("D1", "from a bot", subtype="bot_message"),
-                slack.message_event("D1", "", subtype="file_share"),  # a file, no words
+                # no words and no file (its files gone): nothing to answer
+                slack.message_event("D1", "", subtype="file_share", files=[]),
             ]
             for event in others:
                 await slack.push_event(event)
             await slack.push_event(slack.message_event("D2", "later", channel_type="im"))
             await answered(slack, bridge, "slack:T1:D2")
             asked = [r.messages[-1].content for r in model.requests]
-            assert asked == ["what is in this file?", "start", "for everyone", "later"]
+            assert asked == [shared_text, "start", "for everyone", "later"]
 
 
 async def test_state_file_defaults_next_to_the_database(tmp_path, monkeypatch):

@@ -585,3 +585,42 @@ async def test_the_page_scripts_are_served_compressed_revalidated_and_nothing_el
                 "/static/vendor/nothing.js",
             ):
                 assert (await c.get(server.url + other)).status_code == 404, other
+
+
+async def test_an_image_attached_on_the_page_reaches_the_model_as_an_image_part(db_path, browser):
+    import base64
+
+    from agentik.core import OpenAIBackend
+    from agentik.core.testing.openai_server import FakeOpenAIServer
+    from agentik.core.testing.openai_server import Reply as OpenAIReply
+
+    png = base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    )
+    expect.set_options(timeout=60_000)
+    async with FakeOpenAIServer(model="fake-model") as fake:
+        fake.enqueue(OpenAIReply.text("a red dot"))
+        llm = OpenAIBackend(model="fake-model", base_url=fake.base_url, api_key="sk-test",
+                            max_retries=0, image_in=True)  # fmt: skip
+        async with running_server(db_path, model=llm) as server:
+            page, errors = await _open(browser, server, LAPTOP, token=None)
+            await _new_conversation(page, LAPTOP)
+            await page.set_input_files(
+                "#attach-file", files=[{"name": "dot.png", "mimeType": "image/png", "buffer": png}]
+            )
+            chip = page.locator("#attached .chip")
+            await expect(chip).to_contain_text("dot.png")
+            await expect(chip.locator("img.thumb")).to_have_attribute("src", re.compile("^blob:"))
+            await _ask(page, "what is this?")
+            await expect(page.locator(".msg.assistant").last).to_contain_text("a red dot")
+            await expect(page.locator(".msg.user .parts img.thumb")).to_have_count(1)
+            await expect(page.locator("#attached")).to_be_hidden()
+            user = [m for m in fake.requests[-1]["messages"] if m["role"] == "user"][-1]
+            assert user["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
+            # After a reload the message still shows its image.
+            await page.reload()
+            await page.locator("#conversations li button").first.click()
+            await expect(page.locator(".msg.user .parts img.thumb")).to_have_attribute(
+                "src", re.compile("^blob:")
+            )
+            assert not errors, errors

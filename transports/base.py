@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_chec
 from agentik.core.errors import AgentikError, ConfigError
 from agentik.core.gate import Gate
 from agentik.core.health import Health, HealthState
+from agentik.core.messages import FilePart, ImagePart
 from agentik.core.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
@@ -118,6 +119,9 @@ class IncomingMessage:
     reply_to: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
     verified: bool = True
+    #: Images and files that came with it, their bytes fetched (Slack file shares):
+    #: checked (size, type from the bytes) and stored when the message is.
+    attachments: tuple[ImagePart | FilePart, ...] = ()
 
 
 OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command", "relay", "unrelay"]

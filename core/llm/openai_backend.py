@@ -13,6 +13,7 @@ the same hook a third-party backend uses.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import re
@@ -32,7 +33,7 @@ from ..errors import (
     LLMTimeout,
 )
 from ..hookspecs import hookimpl
-from ..messages import ChatMessage, ToolCall, Usage
+from ..messages import ChatMessage, ImagePart, ToolCall, Usage
 from ..settings import SETTINGS, Blank, BlankSecret
 from .base import (
     FinishItem,
@@ -90,6 +91,9 @@ class OpenAISettings(BaseModel):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     #: Extra HTTP headers of every request.
     default_headers: dict[str, str] = Field(default_factory=dict)
+    #: The model takes images (vision): attached images go to it as image parts
+    #: (``data:`` URLs); off: as a one-line description (``[image: cat.png, 1.2 MB]``).
+    image_in: bool = False
 
 
 _DEFAULTS = OpenAISettings()
@@ -207,6 +211,7 @@ class OpenAIBackend(LLMBackend):
         author_mode: AuthorMode = _DEFAULTS.author_mode,
         extra_body: Mapping[str, Any] | None = None,
         default_headers: Mapping[str, str] | None = None,
+        image_in: bool = _DEFAULTS.image_in,
     ) -> None:
         model = model or os.environ.get("OPENAI_MODEL")
         if not model:
@@ -221,6 +226,8 @@ class OpenAIBackend(LLMBackend):
         self.max_tokens = max_tokens
         self.author_mode: AuthorMode = author_mode
         self.extra_body = dict(extra_body or {})
+        #: Attached images go to the model as image parts (``image_in``).
+        self.supports_image_in = bool(image_in)
         #: What this endpoint refused once and is no longer sent (see :meth:`stream`):
         #: ``tool_choice`` (``"auto"`` is every server's default anyway) and
         #: ``stream`` together with tools (then tool requests are not streamed).
@@ -256,6 +263,13 @@ class OpenAIBackend(LLMBackend):
                     out["name"] = name
             elif m.author and self.author_mode == "prefix":
                 out["content"] = f"{m.author}: {m.content}"
+            images = [_image_part(p) for p in m.parts if isinstance(p, ImagePart)]
+            if any(images):
+                text = out["content"]
+                out["content"] = [
+                    *([{"type": "text", "text": text}] if text else []),
+                    *(i for i in images if i is not None),
+                ]
             return out
         if m.role == "assistant":
             out = {"role": "assistant", "content": m.content or None}
@@ -461,6 +475,20 @@ class OpenAIBackend(LLMBackend):
                 status_code=exc.status_code,
             )
         return LLMError(self._scrub(f"the model at {where} failed: {exc.message}"))
+
+
+def _image_part(part: ImagePart) -> dict[str, Any] | None:
+    """An OpenAI ``image_url`` content part: the bytes as a ``data:`` URL, or the
+    image's own URL; ``None`` for a part with neither (the turn described it)."""
+    if part.data is not None:
+        encoded = base64.b64encode(part.data).decode("ascii")
+        return {
+            "type": "image_url",
+            "image_url": {"url": f"data:{part.media_type};base64,{encoded}"},
+        }
+    if part.url is not None:
+        return {"type": "image_url", "image_url": {"url": part.url}}
+    return None
 
 
 def _completion_items(completion: ChatCompletion) -> list[StreamItem]:

@@ -35,6 +35,7 @@ from .records import (
     AccessGrant,
     Approval,
     ApprovalDecision,
+    AttachmentRecord,
     ChannelSetting,
     ChannelSettingChange,
     Checklist,
@@ -114,6 +115,7 @@ CAPABILITIES: dict[str, str] = {
     "queue": "queue_add",
     "links": "link_save",
     "webhooks": "webhook_enqueue",
+    "attachments": "attachment_put",
 }
 
 
@@ -861,7 +863,7 @@ class Store(abc.ABC):
         """The canonical id of the message known as ``ref`` in ``channel_key``, if any."""
         raise NotImplementedError(f"{type(self).__name__} keeps no links")
 
-    # -- outbound webhooks (issue 35; SQLite 23, PostgreSQL 12) -----------------------
+    # -- outbound webhooks (issue 35; SQLite 22, PostgreSQL 11) -----------------------
     async def webhook_enqueue(self, rows: Sequence[WebhookDelivery]) -> int:
         """Add deliveries (``pending``); a row whose ``id`` is there already is left as
         it is.  How many were added."""
@@ -909,3 +911,30 @@ class Store(abc.ABC):
     async def webhook_prune(self, before: float) -> int:
         """Forget deliveries delivered before ``before`` (dead letters stay); how many."""
         raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")
+
+    # -- attachments (issue 34; SQLite 20, PostgreSQL 9) ------------------------------
+    async def attachment_put(
+        self, conversation_id: str, data: bytes, media_type: str, *, at: float
+    ) -> AttachmentRecord:
+        """Store ``data`` (checked by the caller: :func:`agentik.core.attachments.check`)
+        under its SHA-256 and record that ``conversation_id`` holds it; durable on
+        return.  Storing bytes already held (by any conversation) keeps one copy; the
+        conversation's first record of them (its ``created_at``) stays."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no attachments")
+
+    async def attachment_get(self, conversation_id: str, sha256: str) -> AttachmentRecord | None:
+        """The attachment ``sha256`` if ``conversation_id`` holds it."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no attachments")
+
+    async def attachment_data(self, sha256: str) -> bytes | None:
+        """The bytes of attachment ``sha256`` (``None``: none are stored)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no attachments")
+
+    async def attachments(self, conversation_id: str) -> list[AttachmentRecord]:
+        """What ``conversation_id`` holds, oldest first."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no attachments")
+
+    async def attachment_drop(self, conversation_id: str, sha256s: Sequence[str]) -> int:
+        """``conversation_id`` no longer holds ``sha256s`` (redaction, retention): how
+        many it held.  Bytes no conversation holds any more are removed."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no attachments")

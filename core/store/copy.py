@@ -74,6 +74,9 @@ TABLES: tuple[str, ...] = (
 #: (SQLite's full-text index, the PostgreSQL memory's word counts).  The destination
 #: makes its own.
 DERIVED_TABLES = frozenset({"schema_migrations", "memory_totals", "memory_word"})
+#: Attachments (issue 34): copied through the store's attachment repository, not as
+#: rows (the bytes are files beside a SQLite database, a table in PostgreSQL).
+ATTACHMENT_TABLES = frozenset({"attachment", "attachment_blob"})
 DERIVED_PREFIXES = ("sqlite_", "memory_fts")
 #: Tables of the running processes, not of the bot's data: connection leases, the
 #: worker registry, scheduled jobs' claims, the turn queue and the run events kept for
@@ -213,6 +216,7 @@ async def copy_store(
                 t in TABLES
                 or t in DERIVED_TABLES
                 or t in PROCESS_TABLES
+                or t in ATTACHMENT_TABLES
                 or t.startswith(DERIVED_PREFIXES)
             ):
                 continue
@@ -247,9 +251,26 @@ async def copy_store(
             report.rows[t] = done
             if done:
                 say(f"  {t}: {done:,} rows")
+        if "attachment" in await source.copy_all_tables() and hasattr(target, "attachment_put"):
+            report.rows["attachment"] = await _copy_attachments(source, target, reader, batch)
     await target.copy_finish()
     report.seconds = time.monotonic() - started
     return report
+
+
+async def _copy_attachments(source: Any, target: Any, reader: CopyReader, batch: int) -> int:
+    """Who holds which attachment, and the bytes, through the repositories."""
+    done = 0
+    async with aclosing(reader.rows("conversation", ("id",), batch)) as batches:
+        async for rows in batches:
+            for (cid,) in rows:
+                for held in await source.attachments(cid):
+                    data = await source.attachment_data(held.sha256)
+                    if data is None:
+                        continue  # (bytes a crash lost: nothing to copy)
+                    await target.attachment_put(cid, data, held.media_type, at=held.created_at)
+                    done += 1
+    return done
 
 
 # -- verification ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from .base import (
     link_stored,
     outbox_advance,
 )
+from .memory_attachments import MemoryAttachments
 from .memory_cluster import MemoryCluster
 from .memory_events import MemoryRunEvents
 from .memory_jobs import MemoryJobs
@@ -52,7 +53,14 @@ __all__ = ["MemoryStore"]
 
 
 class MemoryStore(
-    MemoryQueue, MemoryCluster, MemoryLifecycle, MemoryJobs, MemoryRunEvents, MemoryWebhooks, Store
+    MemoryQueue,
+    MemoryCluster,
+    MemoryLifecycle,
+    MemoryJobs,
+    MemoryRunEvents,
+    MemoryWebhooks,
+    MemoryAttachments,
+    Store,
 ):
     """In-memory :class:`Store`; nothing survives the process."""
 
@@ -166,6 +174,7 @@ class MemoryStore(
                 del self._runs[run_id]
         for key in [k for k, v in self._bindings.items() if v == conversation_id]:
             del self._bindings[key]
+        self._attachments_forget(conversation_id)
         return True
 
     async def get_binding(self, channel_key: str) -> str | None:

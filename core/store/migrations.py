@@ -598,7 +598,25 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(
-        23,
+        20,
+        "attachments",
+        """
+        -- Attachments (issue 34): which conversation holds which bytes.  The bytes
+        -- are files named by their SHA-256 in the folder beside the database
+        -- (``<database>.attachments/``), one copy whoever holds them.
+        CREATE TABLE attachment (
+            conversation_id TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            sha256          TEXT NOT NULL,
+            media_type      TEXT NOT NULL,
+            size            INTEGER NOT NULL,
+            created_at      REAL NOT NULL,
+            PRIMARY KEY (conversation_id, sha256)
+        ) WITHOUT ROWID;
+        CREATE INDEX attachment_by_hash ON attachment (sha256);
+        """,
+    ),
+    Migration(
+        22,
         "webhook_delivery",
         """
         -- Outbound webhooks (issue 35): each event on its way to a ``[[webhooks]]``

@@ -38,6 +38,8 @@ from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, knobs_dataclass
 from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
 from .migrations import Migration
+from .postgres_attachments import SWEEP as ATTACHMENT_SWEEP
+from .postgres_attachments import PostgresAttachments
 from .postgres_cluster import PostgresCluster
 from .postgres_copy import PostgresCopy
 from .postgres_events import PostgresRunEvents
@@ -347,6 +349,7 @@ class PostgresStore(
     PostgresQueue,
     PostgresLinks,
     PostgresWebhooks,
+    PostgresAttachments,
     PostgresCopy,
     Store,
 ):
@@ -741,11 +744,20 @@ class PostgresStore(
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         async def fn(conn: asyncpg.Connection) -> bool:
+            held = [
+                r[0]
+                for r in await conn.fetch(
+                    "SELECT sha256 FROM attachment WHERE conversation_id = $1", conversation_id
+                )
+            ]
             status = await conn.execute("DELETE FROM conversation WHERE id = $1", conversation_id)
             await conn.execute("DELETE FROM run_event WHERE conversation_id = $1", conversation_id)
+            if held:
+                # Bytes no other conversation holds go with it.
+                await conn.execute(ATTACHMENT_SWEEP, held)
             return bool(status != "DELETE 0")
 
-        return bool(await self._write(fn, conversation_id=conversation_id, single=True))
+        return bool(await self._write(fn, conversation_id=conversation_id))
 
     # -- bindings ----------------------------------------------------------------------
     async def get_binding(self, channel_key: str) -> str | None:

@@ -594,10 +594,33 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(
-        12,
+        9,
+        "attachments",
+        """
+        -- Attachments (SQLite's migration 20).  The bytes are in the database
+        -- (``attachment_blob``, one row per SHA-256): every worker of a cluster
+        -- reads them, wherever it runs.
+        CREATE TABLE attachment_blob (
+            sha256  text COLLATE "C" PRIMARY KEY,
+            data    bytea NOT NULL
+        );
+        CREATE TABLE attachment (
+            conversation_id text COLLATE "C" NOT NULL
+                REFERENCES conversation (id) ON DELETE CASCADE,
+            sha256          text COLLATE "C" NOT NULL,
+            media_type      text NOT NULL,
+            size            bigint NOT NULL,
+            created_at      double precision NOT NULL,
+            PRIMARY KEY (conversation_id, sha256)
+        );
+        CREATE INDEX attachment_by_hash ON attachment (sha256);
+        """,
+    ),
+    Migration(
+        11,
         "webhook_delivery",
         """
-        -- Outbound webhooks (SQLite's migration 23): each event on its way to a
+        -- Outbound webhooks (SQLite's migration 22): each event on its way to a
         -- ``[[webhooks]]`` receiver; workers claim rows (FOR UPDATE SKIP LOCKED)
         -- under a lease, so each delivery is sent by one worker at a time.
         CREATE TABLE webhook_delivery (

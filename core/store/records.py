@@ -20,6 +20,7 @@ __all__ = [
     "AnswerFrom",
     "Approval",
     "ApprovalDecision",
+    "AttachmentRecord",
     "ChannelSetting",
     "ChannelSettingChange",
     "Checklist",
@@ -393,7 +394,8 @@ def tombstoned(
             return dataclasses.replace(entry, content=content)
         return entry
     if linked:
-        return dataclasses.replace(entry, content=content)
+        # Its attachments go too (the bytes are dropped: Agent.redact).
+        return dataclasses.replace(entry, content=content, parts=())
     return entry
 
 
@@ -547,3 +549,15 @@ class WebhookDelivery:
     last_error: str | None = None
     #: When it was delivered or given up.
     finished_at: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttachmentRecord:
+    """An attachment a conversation holds (its bytes are stored once per ``sha256``,
+    whichever conversations hold them).  ``media_type`` was sniffed from the bytes."""
+
+    conversation_id: str
+    sha256: str
+    media_type: str
+    size: int
+    created_at: float = 0.0

@@ -19,6 +19,7 @@ from .records import (
     AccessGrant,
     Approval,
     ApprovalDecision,
+    AttachmentRecord,
     ChannelSetting,
     ChannelSettingChange,
     Checklist,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REPOSITORIES",
+    "AttachmentRepository",
     "GovernanceRepository",
     "JobsRepository",
     "LeaseRepository",
@@ -458,6 +460,27 @@ class WebhookRepository(Protocol):
     async def webhook_prune(self, before: float) -> int: ...
 
 
+@runtime_checkable
+class AttachmentRepository(Protocol):
+    """Attachments (issue 34), content-addressed: the bytes once per SHA-256, and which
+    conversations hold them.  Deleting a conversation drops what it holds; bytes no
+    conversation holds any more are removed."""
+
+    async def attachment_put(
+        self, conversation_id: str, data: bytes, media_type: str, *, at: float
+    ) -> AttachmentRecord: ...
+
+    async def attachment_get(
+        self, conversation_id: str, sha256: str
+    ) -> AttachmentRecord | None: ...
+
+    async def attachment_data(self, sha256: str) -> bytes | None: ...
+
+    async def attachments(self, conversation_id: str) -> list[AttachmentRecord]: ...
+
+    async def attachment_drop(self, conversation_id: str, sha256s: Sequence[str]) -> int: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -474,6 +497,7 @@ REPOSITORIES: tuple[type, ...] = (
     QueueRepository,
     LinkRepository,
     WebhookRepository,
+    AttachmentRepository,
 )
 
 
@@ -494,6 +518,7 @@ def _facade(
     QueueRepository,
     LinkRepository,
     WebhookRepository,
+    AttachmentRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
     return (store, store, store, store, store, store, store, store, store, store, store, store,

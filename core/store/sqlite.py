@@ -43,6 +43,7 @@ from .base import (
 )
 from .care import backup_before_migrating
 from .migrations import apply_migrations
+from .sqlite_attachments import SQLiteAttachments
 from .sqlite_cluster import SQLiteCluster
 from .sqlite_copy import SQLiteCopy
 from .sqlite_events import SQLiteRunEvents
@@ -351,6 +352,7 @@ class SQLiteStore(
     SQLiteQueue,
     SQLiteLinks,
     SQLiteWebhooks,
+    SQLiteAttachments,
     SQLiteCopy,
     Store,
 ):
@@ -678,7 +680,10 @@ class SQLiteStore(
             conn.execute("DELETE FROM run_event WHERE conversation_id = ?", (conversation_id,))
             return cur.rowcount > 0
 
-        return bool(await self._write(fn))
+        deleted = bool(await self._write(fn))
+        if deleted:
+            await self._attachment_sweep()
+        return deleted
 
     # -- bindings -----------------------------------------------------------------
     async def get_binding(self, channel_key: str) -> str | None:

@@ -27,7 +27,7 @@ def _row(r: Sequence[Any]) -> WebhookDelivery:
 
 
 class SQLiteWebhooks(SQLiteRoom):
-    """Deliveries in the ``webhook_delivery`` table (migration 23)."""
+    """Deliveries in the ``webhook_delivery`` table (migration 22)."""
 
     async def webhook_enqueue(self, rows: Sequence[WebhookDelivery]) -> int:
         values = [

@@ -29,6 +29,9 @@ code                        status  when
 ``unsupported_media_type``  415     a body that is not ``Content-Type: application/json``
 ``invalid_body``            422     not JSON, nested too deep, not an object, or a field is wrong
 ``invalid_parameter``       422     a query parameter or header is wrong
+``attachment_too_large``    413     an upload over ``[attachments] max_bytes``
+``attachment_rejected``     415     an upload whose bytes are no type taken
+``attachment_not_found``    404     no such attachment here (409: a message names one)
 ``budget_exceeded``         429     the token's or the conversation's budget is used up
 ``unavailable``             503     the agent is shutting down
 ``internal_error``          500     a bug: logged with its traceback
@@ -46,6 +49,7 @@ import hmac
 import json
 import logging
 import re
+import time
 import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -66,8 +70,9 @@ from starlette.routing import Route
 
 from agentik.core import Agent, Conversation, ConversationRecord
 from agentik.core.approvals import ApprovalError
+from agentik.core.attachments import IMAGE_TYPES, check
 from agentik.core.budgets import Budgets
-from agentik.core.errors import ClosedError, NotFound, PromptRefused
+from agentik.core.errors import AttachmentRejected, ClosedError, NotFound, PromptRefused
 from agentik.core.events import EventBase
 from agentik.core.gate import Gate, Speaker, Ticket
 from agentik.core.health import status_of, without_reasons
@@ -77,6 +82,7 @@ from agentik.core.lifecycle import (
     import_conversation,
     validate_snapshot,
 )
+from agentik.core.messages import Content, ImagePart, TextPart
 from agentik.core.redaction import RedactionError
 from agentik.core.streamprofiles import PROFILES
 from agentik.core.turnsettings import DEFAULT_SETTINGS, TurnOrigin, TurnSettings
@@ -106,6 +112,9 @@ log = logging.getLogger(__name__)
 
 #: ``Retry-After`` (seconds) of a 429 caused by running turns' token reservations.
 RESERVED_RETRY_AFTER = 5
+#: The longest attachment name kept, and the most attachments one message takes.
+NAME_CHARS = 200
+MAX_ATTACHMENTS = 10
 
 
 class ApiError(Exception):
@@ -174,6 +183,19 @@ class RenameBody(_Body):
 _AUTHOR = re.compile(AUTHOR_PATTERN)
 
 
+class AttachmentRef(_Body):
+    """An attachment uploaded to the conversation (``POST .../attachments``), by hash."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    #: The name shown for it (the upload's file name by default).
+    name: str = Field("", max_length=NAME_CHARS)
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        return _file_name(v)
+
+
 class NewMessageBody(_Body):
     content: str = Field(min_length=1, pattern=r"\S")
     #: The speaker's name the model sees: a display label, not an identity
@@ -194,6 +216,8 @@ class NewMessageBody(_Body):
 
     #: When a turn is running: ``queue``, ``steer`` into it, or ``interrupt`` it.
     busy: Literal["queue", "steer", "interrupt"] = "queue"
+    #: Images and files uploaded before (``POST .../attachments``), sent with it.
+    attachments: list[AttachmentRef] = Field(default_factory=list, max_length=MAX_ATTACHMENTS)
 
 
 class InterruptBody(_Body):
@@ -294,8 +318,39 @@ def _title_from(content: str) -> str:
     return line[:TITLE_CHARS]
 
 
+def _file_name(name: str) -> str:
+    """An uploaded file's name as shown: one line, visible characters, no path."""
+    name = name.replace("\\", "/").rsplit("/", 1)[-1]
+    return _UNPRINTABLE.sub("", " ".join(name.split()))[:NAME_CHARS]
+
+
+#: What is said in ``Content-Type`` for a stored attachment's (sniffed) type.
+_SERVED_TYPE = {"text/plain": "text/plain; charset=utf-8"}
+#: Room for the multipart framing around the file (headers, boundaries, field names).
+_MULTIPART_SLACK = 16 * 1024
+
+
+def _served_headers(record: Any) -> dict[str, str]:
+    """Headers of a served attachment: its type as sniffed when stored, never sniffed
+    again by the browser, never run as a page (sandboxed, no sub-resources), and
+    downloaded rather than shown unless it is an image."""
+    ext = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp",
+           "application/pdf": "pdf", "text/plain": "txt"}.get(record.media_type, "bin")  # fmt: skip
+    how = "inline" if record.media_type in IMAGE_TYPES else "attachment"
+    return {
+        "content-type": _SERVED_TYPE.get(record.media_type, record.media_type),
+        "x-content-type-options": "nosniff",
+        "content-security-policy": "sandbox; default-src 'none'; style-src 'unsafe-inline'",
+        "content-disposition": f'{how}; filename="{record.sha256[:16]}.{ext}"',
+        "cross-origin-resource-policy": "same-origin",
+        # Content-addressed: the bytes under this URL never change.
+        "cache-control": "private, max-age=86400, immutable",
+    }
+
+
 def _conversation_json(conv: Conversation) -> dict[str, Any]:
     """A conversation as the API shows it."""
+    caps = conv.capabilities
     return {
         "id": conv.id,
         "title": conv.title,
@@ -307,6 +362,8 @@ def _conversation_json(conv: Conversation) -> dict[str, Any]:
         "running_run_id": conv.running_run_id,
         "queued": conv.queued,
         "parent": _parent_json(conv.meta),
+        # What its model takes and gives (images and files: docs/images-and-files.md).
+        "capabilities": {"image_in": caps.image_in, "image_out": caps.image_out},
     }
 
 
@@ -386,7 +443,8 @@ def page_headers(page: str) -> dict[str, str]:
             "script-src " + " ".join([*_inline_hashes(page, "script"), "'self'"]),
             "style-src " + " ".join(_inline_hashes(page, "style")),
             "connect-src 'self'",
-            "img-src data:",
+            # blob: the thumbnails of attachments (fetched with the token).
+            "img-src data: blob:",
             "base-uri 'none'",
             "form-action 'none'",
             "frame-ancestors 'none'",
@@ -847,7 +905,10 @@ class Api:
         # The conversation joins this token's channels, like one it created.
         doc["conversation"] = {**doc["conversation"], "id": cid}
         try:
-            await import_conversation(self.agent.store, doc, bind=prefix + cid)
+            await import_conversation(
+                self.agent.store, doc, bind=prefix + cid,
+                max_bytes=self.agent.attachments.max_bytes,
+            )  # fmt: skip
         except SnapshotError as exc:
             code = "conversation_exists" if "already exists" in str(exc) else "invalid_snapshot"
             raise ApiError(409 if code == "conversation_exists" else 422, code, str(exc)) from None
@@ -922,6 +983,17 @@ class Api:
             and not (questions.shared and await questions.waits_elsewhere(conv.id))
         )
         steered = False
+        content: Content = body.content
+        if body.attachments:
+            if queued:
+                raise ApiError(
+                    422, "attachment_rejected",
+                    "attachments are not taken through a cluster's turn queue yet",
+                )  # fmt: skip
+            content = [
+                TextPart(text=body.content),
+                *(ImagePart(sha256=a.sha256, name=a.name) for a in body.attachments),
+            ]  # (the conversation takes each part's type from what it stored)
         try:
             async with ticket:
                 if queue is not None and queued:
@@ -944,7 +1016,7 @@ class Api:
                 else:
                     sent = await ticket.submit(
                         conv,
-                        body.content,
+                        content,
                         author=author,
                         author_id=f"{self.ctx.instance}:{principal.name}",
                         channel=channel,
@@ -955,6 +1027,10 @@ class Api:
                     run_id, steered = sent.run_id, sent.steered
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
+        except AttachmentRejected as exc:
+            # (the only refusal left: an attachment the conversation does not hold; not
+            # 404, which would say the conversation is not found)
+            raise ApiError(409, "attachment_not_found", str(exc)) from None
         if self.ctx.host is not None:
             # A linked conversation: the people in its chat channels see it said.
             await self.ctx.host.posted(conv.id, self.ctx.instance, author, body.content)
@@ -1014,6 +1090,65 @@ class Api:
                 wait = min(wait, RESERVED_RETRY_AFTER)
             raise ApiError(429, "budget_exceeded", refused.text, headers={"Retry-After": str(wait)})
         return ticket
+
+    async def upload_attachment(self, request: Request) -> Response:
+        """Store one file (multipart ``file`` field) for the conversation; its type
+        from its bytes, at most ``[attachments] max_bytes``, read with that cap."""
+        self._refuse_when_closing()
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        asked = conv.channel_key or self._own_prefix(principal)
+        if not self.gate.decide(self.speaker(principal, asked, author=principal.name, text=""),
+                                asked).answer:  # fmt: skip
+            raise ApiError(403, "forbidden", "this token may not send here")
+        max_bytes = self.agent.attachments.max_bytes
+        media = request.headers.get("content-type", "")
+        if not media.lower().startswith("multipart/form-data"):
+            raise ApiError(
+                415, "unsupported_media_type",
+                "send the file as multipart/form-data, in a field named file",
+            )  # fmt: skip
+        limit = max_bytes + _MULTIPART_SLACK
+        too_large = ApiError(
+            413, "attachment_too_large", f"an attachment may be at most {max_bytes} bytes"
+        )
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise too_large
+        data = bytearray()
+        async for chunk in request.stream():  # never more than the cap in memory
+            data += chunk
+            if len(data) > limit:
+                raise too_large
+        upload = await _form_file(request, bytes(data))
+        name = _file_name(upload[0])
+        try:
+            media_type = check(upload[1], max_bytes, name=name)
+        except AttachmentRejected as exc:
+            if len(upload[1]) > max_bytes:
+                raise too_large from None
+            raise ApiError(415, "attachment_rejected", str(exc)) from None
+        store = self.agent.store_for(conv)
+        record = await store.attachment_put(conv.id, upload[1], media_type, at=time.time())
+        url = f"{self.ctx.settings.prefix}/conversations/{conv.id}/attachments/{record.sha256}"
+        return JSONResponse(
+            {"sha256": record.sha256, "media_type": record.media_type, "size": record.size,
+             "name": name, "kind": "image" if media_type in IMAGE_TYPES else "file",
+             "url": url},
+            status_code=201, headers={"location": url},
+        )  # fmt: skip
+
+    async def get_attachment(self, request: Request) -> Response:
+        """The bytes of an attachment the conversation holds, with safe headers."""
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        sha = request.path_params["sha256"]
+        store = self.agent.store_for(conv)
+        record = await store.attachment_get(conv.id, sha) if _SHA.fullmatch(sha) else None
+        data = await store.attachment_data(sha) if record is not None else None
+        if record is None or data is None:
+            raise ApiError(404, "attachment_not_found", "no such attachment here")
+        return Response(data, headers=_served_headers(record))
 
     async def list_messages(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -1275,6 +1410,8 @@ def build_app(ctx: ApiContext) -> Starlette:
             },
         ),
         (conv + "/messages", {"GET": api.list_messages, "POST": api.post_message}),
+        (conv + "/attachments", {"POST": api.upload_attachment}),
+        (conv + "/attachments/{sha256}", {"GET": api.get_attachment}),
         (conv + "/status", {"GET": api.conversation_status}),
         (conv + "/interrupt", {"POST": api.interrupt}),
         (conv + "/messages/{message_id}/redact", {"POST": api.redact_message}),
@@ -1313,3 +1450,34 @@ def build_app(ctx: ApiContext) -> Starlette:
         middleware=middleware,
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
     )
+
+
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+
+async def _form_file(request: Request, body: bytes) -> tuple[str, bytes]:
+    """``(file name, bytes)`` of the ``file`` field of a multipart body already read
+    (and capped): Starlette's parser runs over those bytes, never the socket."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    replay = Request(request.scope, receive)
+    try:
+        form = await replay.form(max_files=1, max_fields=4, max_part_size=4096)
+    except HTTPException as exc:  # starlette's parse errors
+        raise ApiError(422, "invalid_body", f"not a valid multipart body: {exc.detail}") from None
+    except Exception as exc:
+        raise ApiError(422, "invalid_body", f"not a valid multipart body: {exc}") from None
+    try:
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(422, "invalid_body", "the multipart body needs a file field named file")
+        return upload.filename or "", await upload.read()
+    finally:
+        await form.close()

@@ -58,6 +58,9 @@ ERROR_CODES = (
     "message_not_found",
     "already_redacted",
     "body_too_large",
+    "attachment_too_large",
+    "attachment_rejected",
+    "attachment_not_found",
     "conversation_exists",
     "invalid_snapshot",
     "unsupported_media_type",
@@ -165,6 +168,7 @@ _SCHEMAS: dict[str, Any] = {
             "running_run_id",
             "queued",
             "parent",
+            "capabilities",
         ],
         "properties": {
             "id": {"type": "string"},
@@ -184,7 +188,38 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "a child run's conversation (an [agents.*] agent called as a"
                 " tool): where it comes from; null for a top-level conversation",
             },
+            "capabilities": {
+                "type": "object",
+                "required": ["image_in", "image_out"],
+                "description": "what its model takes and gives: image_in, images as images"
+                " (else as a one-line description); image_out, images in answers",
+                "properties": {
+                    "image_in": {"type": "boolean"},
+                    "image_out": {"type": "boolean"},
+                },
+            },
         },
+    },
+    "Attachment": {
+        "type": "object",
+        "required": ["sha256", "media_type", "size", "name", "kind", "url"],
+        "properties": {
+            "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            "media_type": {
+                "type": "string",
+                "description": "sniffed from the bytes (PNG, JPEG, GIF, WebP, PDF, UTF-8 text)",
+            },
+            "size": {"type": "integer", "minimum": 1},
+            "name": {"type": "string"},
+            "kind": {"type": "string", "enum": ["image", "file"]},
+            "url": {"type": "string", "description": "where it is served back"},
+        },
+    },
+    "Upload": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["file"],
+        "properties": {"file": {"type": "string", "format": "binary"}},
     },
     "ParentLink": {
         "type": "object",
@@ -257,6 +292,21 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "when a turn is running: queue a turn (queue), join the running"
                 " turn at its next model request (steer; queued when it cannot take it), or"
                 " stop it and start a new turn (interrupt)",
+            },
+            "attachments": {
+                "type": "array",
+                "maxItems": 10,
+                "description": "images and files uploaded to the conversation before"
+                " (POST .../attachments), by hash",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["sha256"],
+                    "properties": {
+                        "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                        "name": {"type": "string", "maxLength": 200},
+                    },
+                },
             },
         },
     },
@@ -930,6 +980,10 @@ def openapi_document(
                         "the body is not of the documented shape (invalid_body), or a"
                         " plugin refused the message (prompt_refused: nothing was stored)"
                     ),
+                    "409": _error(
+                        "it names an attachment the conversation does not hold"
+                        " (attachment_not_found: nothing was stored)"
+                    ),
                     "429": _error(
                         "the token's or the conversation's budget is used up (budget_exceeded:"
                         " nothing was stored; Retry-After says when it resets)"
@@ -976,6 +1030,47 @@ def openapi_document(
                         },
                     },
                 ],
+            ),
+        },
+        conv + "/attachments": {
+            "parameters": [_CONV_ID],
+            "post": op(
+                "uploadAttachment",
+                "Upload an image or file (multipart, field file) for a message to name",
+                {
+                    "201": _json("Attachment", "stored (once per content, by its SHA-256)"),
+                    "403": _error("the [access] rules do not let this token send here"),
+                    **not_found,
+                    "413": _error("over [attachments] max_bytes (attachment_too_large)"),
+                    "415": _error(
+                        "not multipart/form-data, or bytes of no type taken"
+                        " (attachment_rejected: PNG, JPEG, GIF, WebP, PDF, UTF-8 text)"
+                    ),
+                    "422": _error("a multipart body without a file field named file"),
+                },
+                requestBody={
+                    "required": True,
+                    "content": {
+                        "multipart/form-data": {"schema": {"$ref": "#/components/schemas/Upload"}}
+                    },
+                },
+            ),
+        },
+        conv + "/attachments/{sha256}": {
+            "parameters": [
+                _CONV_ID,
+                {"name": "sha256", "in": "path", "required": True, "schema": {"type": "string"}},
+            ],
+            "get": op(
+                "getAttachment",
+                "An attachment's bytes (its sniffed type, nosniff, sandboxed; only images inline)",
+                {
+                    "200": {
+                        "description": "the bytes",
+                        "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+                    },
+                    "404": _error("no such conversation, or no such attachment in it"),
+                },
             ),
         },
         conv + "/status": {

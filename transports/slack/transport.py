@@ -53,7 +53,9 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agentik.core.attachments import AttachmentSettings
 from agentik.core.errors import ConfigError
+from agentik.core.messages import FilePart
 from agentik.transports.base import (
     AgentHost,
     ChannelCaps,
@@ -85,6 +87,8 @@ PIECE_EVENT = "agentik_piece"
 _CLOCK_SLACK = 120.0
 
 _MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
+#: The most files of one file share that are fetched.
+MAX_FILES = 10
 #: Message subtypes that are a person's message (answered like plain ones).
 _ANSWERED_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
 #: Our buttons' ``action_id``s (``agentik_action_0`` …): see :meth:`SlackTransport._on_action`.
@@ -297,6 +301,8 @@ class _Incoming:
     addressed: bool = True
     #: ``edit``/``delete``: the person changed their message ``ts`` (a linked channel's).
     change: str | None = None
+    #: The ``files`` of a file share (fetched when it is handed over).
+    files: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass
@@ -697,8 +703,14 @@ class SlackTransport(Transport):
             return
         text = event.get("text")
         text = clean(text) if isinstance(text, str) else ""
-        files = _file_links(event.get("files"))
-        if not text.strip() and not files:  # nothing to answer
+        links = _file_links(event.get("files"))
+        shared = event.get("files") if subtype == "file_share" else None
+        files = (
+            tuple(f for f in shared[:MAX_FILES] if isinstance(f, dict))
+            if isinstance(shared, list)
+            else ()
+        )
+        if not text.strip() and not files and not links:  # nothing to answer
             self._incoming.put_nowait(_Incoming(keys))
             return
         is_dm = event.get("channel_type") == "im"
@@ -709,10 +721,10 @@ class SlackTransport(Transport):
         if not is_dm and self.options.conversation_per == "thread":
             thread_ts = thread_ts or ts
         key = self._key(channel, thread_ts)
-        if files and not is_dm and self.hears is not None and self.hears(key):
+        if links and not is_dm and self.hears is not None and self.hears(key):
             # A linked channel's attachments: relayed (and seen) as links to them.
-            text = f"{text} {' '.join(files)}".strip()
-        if not text.strip():  # a file without words, say: nothing to answer
+            text = f"{text} {' '.join(links)}".strip()
+        if not text.strip() and not files:  # nothing to answer
             self._incoming.put_nowait(_Incoming(keys))
             return
         addressed = is_dm or mentioned or key in self._threads
@@ -731,7 +743,7 @@ class SlackTransport(Transport):
             title = True
         self._incoming.put_nowait(
             _Incoming(keys, key, text.strip(), user, channel, thread_ts, ts, is_dm, title,
-                      addressed)
+                      addressed, files=files if addressed else ())
         )  # fmt: skip
 
     def _on_change(self, body: dict[str, Any], event: dict[str, Any]) -> None:
@@ -951,12 +963,19 @@ class SlackTransport(Transport):
             if found:
                 meta["assistant_context"] = dict(found)
         assert item.key is not None
+        text = item.text
+        attachments: tuple[FilePart, ...] = ()
+        if item.files:
+            attachments, missing = await self._fetch_files(item.files)
+            # A file that could not be fetched is named, so the model knows it was sent.
+            text = "\n".join([text, *(f"[file {n!r}: could not be fetched]" for n in missing)])
+            text = text.strip()
         message = IncomingMessage(
-            channel_key=item.key, text=item.text, author_id=item.user,
+            channel_key=item.key, text=text, author_id=item.user,
             author_name=await self._name(item.user), direct=item.direct,
             addressed=item.addressed,
             reply_to={"channel": item.channel, "thread_ts": item.thread_ts, "user": item.user},
-            meta=meta,
+            meta=meta, attachments=attachments,
         )  # fmt: skip
         if item.title and item.thread_ts:
             await self._title(item.channel, item.thread_ts, item.text)
@@ -992,6 +1011,72 @@ class SlackTransport(Transport):
         while len(self._roots) > 1000:
             self._roots.popitem(last=False)
         return found
+
+    async def _fetch_files(
+        self, files: Sequence[dict[str, Any]]
+    ) -> tuple[tuple[FilePart, ...], list[str]]:
+        """The bytes of a file share's files (``url_private``, with the bot token), as
+        parts the conversation checks and stores; the names of those that could not be
+        fetched.  A file larger than ``[attachments] max_bytes`` (as declared, or as
+        read: reading stops one byte past the cap) comes with no more than that, and
+        its declared size, so that the conversation refuses it with one line."""
+        agent = self._sink.agent if self._sink is not None else None
+        limit = agent.attachments.max_bytes if agent is not None else AttachmentSettings().max_bytes
+        parts: list[FilePart] = []
+        missing: list[str] = []
+        for f in files:
+            name = str(f.get("name") or f.get("title") or "file")[:200]
+            size = f.get("size")
+            declared = size if isinstance(size, int) else 0
+            url = f.get("url_private")
+            if declared > limit:
+                parts.append(FilePart(data=b"", name=name, size=declared))
+                continue
+            if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+                missing.append(name)
+                continue
+            try:
+                data = await self._download(url, limit)
+            except Exception as exc:
+                log.warning("slack %s: could not fetch file %r: %s", self.name, name, exc)
+                missing.append(name)
+                continue
+            parts.append(FilePart(data=data, name=name, size=max(declared, len(data))))
+        return tuple(parts), missing
+
+    async def _download(self, url: str, limit: int) -> bytes:
+        """GET ``url`` with the bot token, at most ``limit + 1`` bytes.  Redirects are
+        followed by hand (at most 3): the token goes only to the host the file's URL
+        names, never to another one a redirect points at."""
+        import aiohttp
+        from yarl import URL
+
+        token = self.options.bot_token.get_secret_value()
+        origin = URL(url)
+        target = origin
+        session = self.client.session
+        assert session is not None
+        for _ in range(4):
+            same = (target.scheme, target.host, target.port) == (
+                origin.scheme, origin.host, origin.port,
+            )  # fmt: skip
+            headers = {"Authorization": f"Bearer {token}"} if same else {}
+            async with session.get(
+                target, headers=headers, allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=self.client.timeout),
+            ) as r:  # fmt: skip
+                if r.status in (301, 302, 303, 307, 308) and "location" in r.headers:
+                    target = target.join(URL(r.headers["location"]))
+                    continue
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}")
+                data = bytearray()
+                async for chunk in r.content.iter_chunked(65536):
+                    data += chunk
+                    if len(data) > limit:
+                        break  # enough to know it is too large
+                return bytes(data[: limit + 1])
+        raise RuntimeError("too many redirects")
 
     def _status_soon(self, channel: str, thread_ts: str) -> None:
         """Set the assistant status in ``status_delay`` seconds, unless something shows

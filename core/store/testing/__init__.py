@@ -18,7 +18,7 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
 :class:`RunEventsContract`, :class:`LinksContract`,
-:class:`WebhooksContract`); :class:`StoreContract` is all
+:class:`WebhooksContract`, :class:`AttachmentsContract`); :class:`StoreContract` is all
 of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
@@ -28,6 +28,7 @@ extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
 
 from __future__ import annotations
 
+from .attachments import AttachmentsContract
 from .cluster import ClusterContract
 from .events import RunEventsContract
 from .governance import GovernanceContract
@@ -44,6 +45,7 @@ from .waits import WaitsContract
 from .webhooks import WebhooksContract
 
 __all__ = [
+    "AttachmentsContract",
     "ClusterContract",
     "ContractBase",
     "GovernanceContract",
@@ -76,5 +78,6 @@ class StoreContract(
     QueueContract,
     LinksContract,
     WebhooksContract,
+    AttachmentsContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
