@@ -30,7 +30,7 @@ def _row(r: Sequence[Any]) -> WebhookDelivery:
 
 
 class PostgresWebhooks(PostgresRoom):
-    """Deliveries in the ``webhook_delivery`` table (migration 12)."""
+    """Deliveries in the ``webhook_delivery`` table (migration 11)."""
 
     async def webhook_enqueue(self, rows: Sequence[WebhookDelivery]) -> int:
         values = [
