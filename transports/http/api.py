@@ -1266,6 +1266,9 @@ def build_app(ctx: ApiContext) -> Starlette:
     ]
     if ctx.page is not None:
         paths.append(("/", {"GET": api.page}))
+        # A conversation's own address (deep links, reload, back/forward): the same
+        # page, which opens it; the id is one percent-encoded segment, any text.
+        paths.append(("/c/{conversation_id:path}", {"GET": api.page}))
         paths.append(("/static/{path:path}", {"GET": api.static}))
     if ctx.metrics is not None:
         paths.append(("/metrics", {"GET": api.metrics}))

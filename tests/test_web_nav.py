@@ -1,0 +1,171 @@
+"""Finding one's way around the web chat page, in headless Chromium: an address per
+conversation (reload, back and forward, links), rename in place, delete after a
+confirmation, search across conversations, regenerate and edit-and-resend.
+
+Screenshots go to ``tests/artifacts/`` (git-ignored), as in test_web_page.py.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+from playwright.async_api import expect
+from test_web_page import ARTIFACTS, LAPTOP, PHONE, SIZES, _open
+
+from httpserver import TOKENS, running_server
+
+SETTINGS = {
+    "tokens": [
+        {"name": "ada", "env": "ADMIN_TOKEN"},
+        {"name": "alice", "env": "ALICE_TOKEN", "channels": ["http:web:alice:"]},
+    ]
+}
+ADA = TOKENS["ADMIN_TOKEN"]
+ALICE = TOKENS["ALICE_TOKEN"]
+
+
+async def _conversation(server, title: str, *questions: str, token: str = ADA) -> str:
+    """A conversation made through the API, its questions answered (echo)."""
+    async with server.client(token) as c:
+        cid = (await c.post("/conversations", json={"title": title})).json()["id"]
+        for q in questions:
+            await c.post(f"/conversations/{cid}/messages", json={"content": q})
+            await (await server.agent.get_conversation(cid)).wait_idle()
+    return cid
+
+
+async def _pick(page, size, title: str) -> None:
+    if size is PHONE:
+        await page.click("#menu")
+    await page.locator("#conversations li button", has_text=title).click()
+    await expect(page.locator("#title")).to_have_text(title)
+
+
+def _path(cid: str) -> str:
+    return "/c/" + quote(cid, safe="")
+
+
+@SIZES
+async def test_each_conversation_has_an_address_that_reload_back_forward_and_links_open(
+    db_path, browser, size
+):
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        rain = await _conversation(server, "Rain", "Rain in Lyon?")
+        snow = await _conversation(server, "Snow", "Snow in Oslo?")
+        page, errors = await _open(browser, server, size)
+        await expect(page.locator("#conversations li")).to_have_count(2)
+        await _pick(page, size, "Rain")
+        await expect(page).to_have_url(server.url + _path(rain))
+        await expect(page.locator(".msg.assistant")).to_have_text([re.compile("echo: Rain")])
+        await _pick(page, size, "Snow")
+        await expect(page).to_have_url(server.url + _path(snow))
+        await expect(page.locator(".msg.assistant")).to_have_text([re.compile("echo: Snow")])
+        # Back and forward go from one conversation to the other, history and all.
+        await page.go_back()
+        await expect(page.locator("#title")).to_have_text("Rain")
+        await expect(page.locator(".msg.assistant")).to_have_text([re.compile("echo: Rain")])
+        await expect(page.locator("#status")).to_have_text("live")
+        await page.go_forward()
+        await expect(page.locator("#title")).to_have_text("Snow")
+        await expect(page.locator(".msg.assistant")).to_have_text([re.compile("echo: Snow")])
+        # A reload stays where it was, and can go on talking there.
+        await page.reload()
+        await expect(page.locator("#title")).to_have_text("Snow")
+        await expect(page.locator("#status")).to_have_text("live")
+        await page.fill("#input", "And tomorrow?")
+        await page.press("#input", "Enter")
+        await expect(page.locator(".msg.assistant").last).to_contain_text("echo: And tomorrow?")
+        await page.screenshot(path=str(ARTIFACTS / f"web-nav-address-{size['width']}.png"))
+        # A link given to someone opens that conversation in a fresh tab.
+        other = await page.context.new_page()
+        await other.goto(server.url + _path(rain))
+        await expect(other.locator("#title")).to_have_text("Rain")
+        await expect(other.locator(".msg.assistant")).to_have_text([re.compile("echo: Rain")])
+        # Back to where the page started: nothing open.
+        await other.goto(server.url + "/")
+        await other.goto(server.url + _path(snow))
+        await other.go_back()
+        await expect(other.locator("#title")).to_have_text("No conversation")
+        # A link to a conversation that is gone (or not the token's) says so.
+        await other.goto(server.url + _path("no-such-conversation"))
+        await expect(other.locator("#messages .empty")).to_have_text(
+            re.compile("no conversation at this address")
+        )
+        await expect(other.locator("#input")).to_be_disabled()
+        assert not errors, errors
+
+
+async def test_any_conversation_id_has_an_address_served_by_the_page(db_path):
+    async with running_server(db_path) as server:
+        async with server.client() as c:
+            for path in ("/c/abc", "/c/a%2Fb%20c", "/c/%E2%9C%93"):
+                r = await c.get(server.url + path)
+                assert r.status_code == 200 and "<html" in r.text, path
+                assert "content-security-policy" in r.headers
+
+
+async def test_rename_in_place_and_delete_after_a_confirmation(db_path, browser):
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        cid = await _conversation(server, "Old title", "Rain?")
+        keep = await _conversation(server, "Keep me", "Snow?")
+        page, errors = await _open(browser, server, LAPTOP)
+        await _pick(page, LAPTOP, "Old title")
+        # Esc leaves the title as it was.
+        await page.click("#rename")
+        await expect(page.locator("#title-edit")).to_be_focused()
+        await page.keyboard.type("Not this")
+        await page.keyboard.press("Escape")
+        await expect(page.locator("#title")).to_have_text("Old title")
+        await expect(page.locator("#rename")).to_be_focused()
+        # Enter saves: the header, the list, the tab and the server agree.
+        await page.click("#rename")
+        await page.fill("#title-edit", "Trip to Lyon")
+        await page.press("#title-edit", "Enter")
+        await expect(page.locator("#title")).to_have_text("Trip to Lyon")
+        await expect(page.locator("#conversations li.active .title")).to_have_text("Trip to Lyon")
+        await expect(page).to_have_title("Trip to Lyon · agentik")
+        async with server.client(ADA) as c:
+            assert (await c.get(f"/conversations/{cid}")).json()["title"] == "Trip to Lyon"
+        # A title the server refuses (a control character) is said so, and nothing changes.
+        await page.click("#rename")
+        await page.fill("#title-edit", "bad\u0007title")
+        await page.press("#title-edit", "Enter")
+        await expect(page.locator(".notice").last).to_contain_text("Not renamed")
+        await expect(page.locator("#title")).to_have_text("Trip to Lyon")
+        await page.reload()
+        await expect(page.locator("#title")).to_have_text("Trip to Lyon")
+        # Delete asks first; Cancel keeps it.
+        await page.click("#delete")
+        dialog = page.locator("#confirm-delete")
+        await expect(dialog).to_be_visible()
+        await expect(dialog).to_contain_text("“Trip to Lyon” and all of its history")
+        await expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
+        await page.screenshot(path=str(ARTIFACTS / "web-nav-delete.png"))
+        await dialog.get_by_role("button", name="Cancel").click()
+        await expect(dialog).to_be_hidden()
+        await expect(page.locator("#conversations li")).to_have_count(2)
+        await page.click("#delete")
+        await dialog.get_by_role("button", name="Delete").click()
+        await expect(page.locator("#conversations li")).to_have_count(1)
+        await expect(page.locator("#conversations li .title")).to_have_text("Keep me")
+        await expect(page.locator("#title")).to_have_text("No conversation")
+        await expect(page).to_have_url(server.url + "/")
+        async with server.client(ADA) as c:
+            assert (await c.get(f"/conversations/{cid}")).status_code == 404
+            assert (await c.get(f"/conversations/{keep}")).status_code == 200
+        # The refused title is the only error the browser logged.
+        assert [e for e in errors if "status of 422" not in e] == [], errors
+
+
+async def test_rename_and_delete_need_the_right_to_see_the_conversation(db_path):
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        cid = await _conversation(server, "Ada's")
+        async with server.client(ALICE) as alice:
+            r = await alice.patch(f"/conversations/{cid}", json={"title": "mine now"})
+            assert r.status_code == 404
+            assert (await alice.delete(f"/conversations/{cid}")).status_code == 404
+        async with server.client(ADA) as ada:
+            assert (await ada.get(f"/conversations/{cid}")).json()["title"] == "Ada's"
