@@ -56,6 +56,7 @@ from .records import (
     WorkerBeat,
     WorkerInfo,
 )
+from .search import SearchHit
 from .snapshot import ImportResult
 
 __all__ = [
@@ -111,6 +112,7 @@ CAPABILITIES: dict[str, str] = {
     "run_events": "run_events_add",
     "queue": "queue_add",
     "links": "link_save",
+    "search": "search_messages",
 }
 
 
@@ -831,6 +833,18 @@ class Store(abc.ABC):
         only those whose lease (``conv:<id>``, :meth:`lease_acquire`) that worker
         could take now: never taken, free, expired, or its own."""
         raise NotImplementedError(f"{type(self).__name__} keeps no turn queue")
+
+    # -- search (issue 34; SQLite 21, PostgreSQL 10) ----------------------------------
+    async def search_messages(
+        self, query: str, *, limit: int = 20, offset: int = 0
+    ) -> list[SearchHit]:
+        """The ``user`` and ``assistant`` messages of every conversation that hold all
+        the words of ``query`` (each as a word or the start of one, any case;
+        :func:`.search.search_terms`), newest first, ``limit`` of them from
+        ``offset``; an empty query finds nothing.  Redacted text is not found, a
+        deleted conversation's messages neither.  Who may see which conversation is
+        the caller's to check."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no search index")
 
     # -- linked channels (issue 33; SQLite 19, PostgreSQL 8) -------------------------
     async def link_save(self, record: LinkRecord) -> None:

@@ -70,10 +70,10 @@ TABLES: tuple[str, ...] = (
     "link_message",
 )
 #: Tables that are not data of their own: migrations' records, indexes kept by triggers
-#: (SQLite's full-text index, the PostgreSQL memory's word counts).  The destination
+#: (SQLite's full-text indexes, the PostgreSQL memory's word counts).  The destination
 #: makes its own.
 DERIVED_TABLES = frozenset({"schema_migrations", "memory_totals", "memory_word"})
-DERIVED_PREFIXES = ("sqlite_", "memory_fts")
+DERIVED_PREFIXES = ("sqlite_", "memory_fts", "message_fts")
 #: Tables of the running processes, not of the bot's data: connection leases, the
 #: worker registry, scheduled jobs' claims, the turn queue and the run events kept for
 #: other workers' event streams (agentik.core.cluster).  They describe the source's

@@ -57,6 +57,7 @@ from .postgres_room import (
     nul_free_json,
 )
 from .postgres_runs import RUN_COLUMNS, UPSERT_RUN, PostgresRuns, run_args
+from .postgres_search import PostgresSearch
 from .postgres_seen import PostgresSeen
 from .postgres_waits import PostgresWaits
 
@@ -345,6 +346,7 @@ class PostgresStore(
     PostgresRunEvents,
     PostgresQueue,
     PostgresLinks,
+    PostgresSearch,
     PostgresCopy,
     Store,
 ):

@@ -40,6 +40,7 @@ from .records import (
     WorkerBeat,
     WorkerInfo,
 )
+from .search import SearchHit
 from .snapshot import ImportResult
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ __all__ = [
     "QueueRepository",
     "RunEventRepository",
     "RunsRepository",
+    "SearchRepository",
     "SeenEventRepository",
     "WaitsRepository",
     "WorkerRepository",
@@ -421,6 +423,16 @@ class LinkRepository(Protocol):
     async def link_map_find(self, channel_key: str, ref: str) -> str | None: ...
 
 
+@runtime_checkable
+class SearchRepository(Protocol):
+    """Full-text search over the audit log's ``user`` and ``assistant`` messages
+    (:mod:`.search`: how a query is read; newest first) (issue 34)."""
+
+    async def search_messages(
+        self, query: str, *, limit: int = 20, offset: int = 0
+    ) -> list[SearchHit]: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -436,6 +448,7 @@ REPOSITORIES: tuple[type, ...] = (
     RunEventRepository,
     QueueRepository,
     LinkRepository,
+    SearchRepository,
 )
 
 
@@ -455,7 +468,8 @@ def _facade(
     RunEventRepository,
     QueueRepository,
     LinkRepository,
+    SearchRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
     return (store, store, store, store, store, store, store, store, store, store, store, store,
-            store)  # fmt: skip
+            store, store)  # fmt: skip

@@ -54,6 +54,7 @@ from .sqlite_outbox import SQLiteOutbox
 from .sqlite_queue import SQLiteQueue
 from .sqlite_redaction import SQLiteRedaction
 from .sqlite_runs import INSERT_RUN, SQLiteRuns, run_row
+from .sqlite_search import SQLiteSearch
 from .sqlite_seen import SQLiteSeen
 from .sqlite_waits import SQLiteWaits
 
@@ -349,6 +350,7 @@ class SQLiteStore(
     SQLiteRunEvents,
     SQLiteQueue,
     SQLiteLinks,
+    SQLiteSearch,
     SQLiteCopy,
     Store,
 ):

@@ -17,7 +17,8 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
-:class:`RunEventsContract`, :class:`LinksContract`); :class:`StoreContract` is all
+:class:`RunEventsContract`, :class:`LinksContract`, :class:`SearchContract`);
+:class:`StoreContract` is all
 of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
@@ -38,6 +39,7 @@ from .log import LogContract
 from .outbox import OutboxContract
 from .queue import QueueContract
 from .runs import RunsContract
+from .search import SearchContract
 from .seen import SeenEventsContract
 from .waits import WaitsContract
 
@@ -53,6 +55,7 @@ __all__ = [
     "QueueContract",
     "RunEventsContract",
     "RunsContract",
+    "SearchContract",
     "SeenEventsContract",
     "StoreContract",
     "WaitsContract",
@@ -72,5 +75,6 @@ class StoreContract(
     RunEventsContract,
     QueueContract,
     LinksContract,
+    SearchContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
