@@ -169,3 +169,75 @@ async def test_rename_and_delete_need_the_right_to_see_the_conversation(db_path)
             assert (await alice.delete(f"/conversations/{cid}")).status_code == 404
         async with server.client(ADA) as ada:
             assert (await ada.get(f"/conversations/{cid}")).json()["title"] == "Ada's"
+
+
+@SIZES
+async def test_search_finds_a_word_from_an_old_conversation(db_path, browser, size):
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        old = await _conversation(
+            server, "Holiday plans", "Which museums in Lyon show Lumière films?"
+        )
+        for i in range(4):
+            await _conversation(server, f"Newer {i}", f"Something else entirely, number {i}")
+        page, errors = await _open(browser, server, size)
+        await expect(page.locator("#conversations li")).to_have_count(5)
+        if size is PHONE:
+            await page.click("#menu")
+        await page.keyboard.press("Alt+Shift+K")
+        await expect(page.locator("#filter")).to_be_focused()
+        # No title holds the word: the messages do (the question and its echo).
+        await page.keyboard.type("lumi")
+        await page.keyboard.press("Enter")
+        await expect(page.locator("#conversations li:visible")).to_have_count(0)
+        found = page.locator("#found-list li")
+        await expect(page.locator("#found-what")).to_have_text("2 messages found")
+        await expect(found.first).to_contain_text("Holiday plans")
+        await expect(found.last).to_contain_text("Which museums in Lyon show Lumière films?")
+        await page.screenshot(path=str(ARTIFACTS / f"web-nav-search-{size['width']}.png"))
+        # Opening one shows its conversation, at that message.
+        await found.last.get_by_role("button").click()
+        await expect(page.locator("#title")).to_have_text("Holiday plans")
+        await expect(page).to_have_url(server.url + _path(old))
+        await expect(page.locator(".msg.user.found")).to_contain_text("Lumière films")
+        # Words nobody wrote find nothing, and say so.
+        if size is PHONE:
+            await page.click("#menu")
+        await page.fill("#filter", "zeppelin")
+        await page.press("#filter", "Enter")
+        await expect(page.locator("#found-what")).to_have_text("No message holds these words.")
+        await expect(found).to_have_count(0)
+        assert not errors, errors
+
+
+async def test_search_pages_and_shows_only_what_the_token_may_see(db_path):
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        ada = await _conversation(server, "Ada's", "the secret word is marmalade")
+        async with server.client(ALICE) as alice:
+            mine = (await alice.post("/conversations", json={"title": "Alice's"})).json()["id"]
+            conv = await server.agent.get_conversation(mine)
+            for i in range(5):
+                await alice.post(
+                    f"/conversations/{mine}/messages", json={"content": f"marmalade {i}"}
+                )
+                await conv.wait_idle()
+            first = (await alice.get("/search", params={"q": "Marmalade", "limit": 4})).json()
+            assert {h["conversation_id"] for h in first["items"]} == {mine}
+            assert first["next_offset"] == 4 and len(first["items"]) == 4
+            rest = (await alice.get("/search", params={"q": "marmalade", "offset": 4})).json()
+            # Five questions and five echoes, newest first; never Ada's.
+            texts = [h["snippet"] for h in first["items"] + rest["items"]]
+            assert len(texts) == 10 and rest["next_offset"] is None
+            assert texts[0] == "echo: marmalade 4" and texts[-1] == "marmalade 0"
+            assert first["items"][0]["conversation_title"] == "Alice's"
+            bad = await alice.get("/search", params={"q": " ?! "})
+            assert bad.status_code == 422 and "q:" in bad.json()["error"]["message"]
+        async with server.client(ADA) as c:
+            hits = (await c.get("/search", params={"q": "secret marmalade"})).json()["items"]
+            assert [(h["conversation_id"], h["kind"]) for h in hits] == [
+                (ada, "assistant"),
+                (ada, "user"),
+            ]
+            # A deleted conversation is found no more.
+            await c.delete(f"/conversations/{ada}")
+            assert (await c.get("/search", params={"q": "secret"})).json()["items"] == []

@@ -78,6 +78,7 @@ from agentik.core.lifecycle import (
     validate_snapshot,
 )
 from agentik.core.redaction import RedactionError
+from agentik.core.store.search import SearchHit, search_terms
 from agentik.core.streamprofiles import PROFILES
 from agentik.core.turnsettings import DEFAULT_SETTINGS, TurnOrigin, TurnSettings
 from agentik.transports.base import (
@@ -797,6 +798,60 @@ class Api:
             }
         )
 
+    async def search(self, request: Request) -> Response:
+        """Full-text search over the audit log of the conversations the caller may
+        see: their user and assistant messages holding every word of ``q``."""
+        principal = self.principal(request)
+        query = request.query_params.get("q", "")
+        offset = _int_param(request, "offset", 0, 0, 10_000)
+        limit = _int_param(request, "limit", 20, 1, 100)
+        assert offset is not None and limit is not None
+        if not search_terms(query):
+            raise ApiError(422, "invalid_parameter", "q: give at least one word to search for")
+        store = self.agent.store
+        if "search" not in store.capabilities:
+            raise ApiError(501, "not_supported", "this bot's store keeps no search index")
+        titles: dict[str, str | None] = {}  # conversation -> its title, None: not visible
+
+        async def visible(cid: str) -> str | None:
+            if cid not in titles:
+                record = await store.get_conversation(cid)
+                seen = record is not None and principal.allows(
+                    _channel_of(record.meta.get("channel_key"), record.meta)
+                )
+                titles[cid] = record.title if seen and record is not None else None
+            return titles[cid]
+
+        # Filter, then page: read the newest hits until the page is full (a token
+        # that sees every conversation pages the index directly).
+        hits: list[tuple[SearchHit, str]] = []
+        scanned, batch = 0, 200
+        if principal.prefixes is None:
+            scanned, batch = offset, limit + 1
+        while len(hits) <= (0 if principal.prefixes is None else offset) + limit:
+            chunk = await store.search_messages(query, limit=batch, offset=scanned)
+            for h in chunk:
+                title = await visible(h.conversation_id)
+                if title is not None:
+                    hits.append((h, title))
+            scanned += len(chunk)
+            if len(chunk) < batch or principal.prefixes is None:
+                break
+        if principal.prefixes is not None:
+            hits = hits[offset:]
+        more = len(hits) > limit
+        return JSONResponse(
+            {
+                "items": [
+                    {**dataclasses.asdict(h), "conversation_title": title}
+                    for h, title in hits[:limit]
+                ],
+                "offset": offset,
+                "limit": limit,
+                "next_offset": offset + limit if more else None,
+            }
+        )
+
     async def get_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
@@ -1246,6 +1301,7 @@ def build_app(ctx: ApiContext) -> Starlette:
             {"GET": api.list_conversations, "POST": api.create_conversation},
         ),
         (p + "/conversations/import", {"POST": api.import_conversation}),
+        (p + "/search", {"GET": api.search}),
         (conv + "/export", {"GET": api.export_conversation}),
         (
             conv,

@@ -208,6 +208,42 @@ _SCHEMAS: dict[str, Any] = {
             "next_offset": {"type": ["integer", "null"]},
         },
     },
+    "SearchHit": {
+        "type": "object",
+        "required": [
+            "conversation_id",
+            "conversation_title",
+            "message_id",
+            "kind",
+            "author",
+            "run_id",
+            "created_at",
+            "snippet",
+        ],
+        "properties": {
+            "conversation_id": {"type": "string"},
+            "conversation_title": {"type": "string"},
+            "message_id": {"type": "integer", "description": "the audit-log row"},
+            "kind": {"type": "string", "enum": ["user", "assistant"]},
+            "author": {"type": ["string", "null"]},
+            "run_id": {"type": ["string", "null"]},
+            "created_at": {"type": "number"},
+            "snippet": {
+                "type": "string",
+                "description": "plain text around the first word found (about 160 characters)",
+            },
+        },
+    },
+    "SearchPage": {
+        "type": "object",
+        "required": ["items", "offset", "limit", "next_offset"],
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": "#/components/schemas/SearchHit"}},
+            "offset": {"type": "integer", "minimum": 0},
+            "limit": {"type": "integer", "minimum": 1},
+            "next_offset": {"type": ["integer", "null"]},
+        },
+    },
     "NewConversation": {
         "type": "object",
         "additionalProperties": False,
@@ -797,6 +833,38 @@ def openapi_document(
                     **refused,
                 },
             }
+        },
+        p + "/search": {
+            "get": op(
+                "search",
+                "Full-text search over the messages of the conversations this caller may see,"
+                " newest first",
+                {
+                    "200": _json("SearchPage", "a page of messages found"),
+                    "422": _error("no word to search for, or a bad query parameter"),
+                    "501": _error("the bot's store keeps no search index"),
+                },
+                parameters=[
+                    {
+                        "name": "q",
+                        "in": "query",
+                        "required": True,
+                        "description": "words (letters and digits); a message holds every"
+                        " one, as a word or the start of one, in any case",
+                        "schema": {"type": "string"},
+                    },
+                    {
+                        "name": "offset",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 10_000},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+                    },
+                ],
+            )
         },
         p + "/conversations": {
             "post": op(
