@@ -18,7 +18,8 @@ boundary with ``raise ... from`` so callers only ever catch our types::
     │   ├── ContextTooLong      the request does not fit the model's context window
     │   └── LLMResponseError    the endpoint answered something we cannot use
     ├── ToolError               a tool failed; the message goes back to the model
-    └── PromptRefused           a plugin refused a message (``before_prompt``)
+    ├── PromptRefused           a plugin refused a message (``before_prompt``)
+    └── BranchError             regenerate / edit-and-resend cannot start a branch now
 
 User/config errors (``ConfigError``) are meant to be shown to a person as one
 line; run-time errors are reported as ``error`` events and logged.  No error
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentikError",
+    "BranchError",
     "ClosedError",
     "ConfigError",
     "ContextTooLong",
@@ -135,3 +137,9 @@ class ToolError(AgentikError):
 class PromptRefused(AgentikError):
     """A ``before_prompt`` hook refused the message; ``str(exc)`` is the reason
     to show in the channel.  Nothing was stored and no turn runs."""
+
+
+class BranchError(AgentikError):
+    """Regenerating the last answer or editing the last question cannot start a new
+    branch now: a turn is running or queued, or there is no question to go back to
+    in the working memory (none yet, or summarised away).  Nothing was changed."""

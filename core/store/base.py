@@ -113,6 +113,7 @@ CAPABILITIES: dict[str, str] = {
     "queue": "queue_add",
     "links": "link_save",
     "search": "search_messages",
+    "branching": "rewind",
 }
 
 
@@ -833,6 +834,14 @@ class Store(abc.ABC):
         only those whose lease (``conv:<id>``, :meth:`lease_acquire`) that worker
         could take now: never taken, free, expired, or its own."""
         raise NotImplementedError(f"{type(self).__name__} keeps no turn queue")
+
+    # -- branching (issue 34) ----------------------------------------------------------
+    async def rewind(self, conversation_id: str, from_pos: int) -> int:
+        """Remove the working-memory entries at position ``from_pos`` and after, in one
+        transaction: the context goes back to before them (regenerate, edit and resend
+        start a new branch there).  The audit log keeps every row.  Returns how many
+        entries were removed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot rewind working memory")
 
     # -- search (issue 34; SQLite 21, PostgreSQL 10) ----------------------------------
     async def search_messages(

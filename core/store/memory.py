@@ -249,6 +249,13 @@ class MemoryStore(MemoryQueue, MemoryCluster, MemoryLifecycle, MemoryJobs, Memor
     async def load_memory(self, conversation_id: str) -> list[MemoryEntry]:
         return list(self._memory.get(conversation_id, ()))
 
+    async def rewind(self, conversation_id: str, from_pos: int) -> int:
+        kept = [e for e in self._memory.get(conversation_id, ()) if e.pos < from_pos]
+        removed = len(self._memory.get(conversation_id, ())) - len(kept)
+        if conversation_id in self._memory:
+            self._memory[conversation_id] = kept
+        return removed
+
     async def compact(self, conversation_id: str, upto: int, summary: ChatMessage) -> None:
         self._require(conversation_id)
         kept = [e for e in self._memory[conversation_id] if e.pos > upto]

@@ -844,6 +844,18 @@ class PostgresStore(
         )
         return [MemoryEntry(pos=int(r[0]), message=ChatMessage.from_json(r[1])) for r in rows]
 
+    async def rewind(self, conversation_id: str, from_pos: int) -> int:
+        async def fn(conn: asyncpg.Connection) -> int:
+            done = await conn.execute(
+                "DELETE FROM working_memory WHERE conversation_id = $1 AND pos >= $2",
+                conversation_id,
+                from_pos,
+            )
+            return int(done.split()[-1])
+
+        removed: int = await self._write(fn, conversation_id=conversation_id)
+        return removed
+
     async def compact(self, conversation_id: str, upto: int, summary: ChatMessage) -> None:
         async def fn(conn: asyncpg.Connection) -> None:
             await conn.execute(

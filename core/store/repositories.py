@@ -141,6 +141,8 @@ class LogRepository(Protocol):
 
     async def compact(self, conversation_id: str, upto: int, summary: ChatMessage) -> None: ...
 
+    async def rewind(self, conversation_id: str, from_pos: int) -> int: ...
+
     async def redact_message(
         self,
         conversation_id: str,

@@ -787,6 +787,16 @@ class SQLiteStore(
 
         await self._write(fn)
 
+    async def rewind(self, conversation_id: str, from_pos: int) -> int:
+        def fn(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "DELETE FROM working_memory WHERE conversation_id = ? AND pos >= ?",
+                (conversation_id, from_pos),
+            ).rowcount
+
+        removed: int = await self._write(fn)
+        return removed
+
     def _redact_securely(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Runs in the writer thread, between batches: ``fn`` in its own
         transaction with ``secure_delete`` on (freed bytes are zeroed), then a
