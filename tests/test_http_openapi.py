@@ -112,6 +112,9 @@ def test_the_document_lists_every_route(api):
         ("POST", "/agentik/conversations/{conversation_id}/messages/{message_id}/redact"),
         ("GET", "/agentik/conversations/{conversation_id}/events"),
         ("GET", "/agentik/events"),
+        ("GET", "/agentik/search"),
+        ("POST", "/agentik/conversations/{conversation_id}/regenerate"),
+        ("POST", "/agentik/conversations/{conversation_id}/edit"),
     }
     # Every error code the server can answer is in the document's enum.
     from agentik.transports.http.openapi import ERROR_CODES

@@ -230,8 +230,10 @@ async def test_search_pages_and_shows_only_what_the_token_may_see(db_path):
             assert len(texts) == 10 and rest["next_offset"] is None
             assert texts[0] == "echo: marmalade 4" and texts[-1] == "marmalade 0"
             assert first["items"][0]["conversation_title"] == "Alice's"
-            bad = await alice.get("/search", params={"q": " ?! "})
-            assert bad.status_code == 422 and "q:" in bad.json()["error"]["message"]
+            blank = await alice.get("/search", params={"q": " ?! "})
+            assert blank.status_code == 200 and blank.json()["items"] == []
+            bad = await alice.get("/search", params={"q": "x", "limit": 0})
+            assert bad.status_code == 422
         async with server.client(ADA) as c:
             hits = (await c.get("/search", params={"q": "secret marmalade"})).json()["items"]
             assert [(h["conversation_id"], h["kind"]) for h in hits] == [
@@ -241,3 +243,83 @@ async def test_search_pages_and_shows_only_what_the_token_may_see(db_path):
             # A deleted conversation is found no more.
             await c.delete(f"/conversations/{ada}")
             assert (await c.get("/search", params={"q": "secret"})).json()["items"] == []
+
+
+async def test_regenerate_and_edit_start_a_branch_and_the_audit_log_keeps_both(db_path, browser):
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        cid = await _conversation(server, "Weather", "Rain in Lyon?")
+        page, errors = await _open(browser, server, LAPTOP)
+        await _pick(page, LAPTOP, "Weather")
+        answers = page.locator(".msg.assistant")
+        await expect(answers).to_have_text([re.compile("echo: Rain in Lyon")])
+        # Regenerate: a new answer; the first one stays, marked as an earlier version.
+        server.model.enqueue("Rain, 12 mm, in Lyon.")
+        await page.keyboard.press("Alt+Shift+R")
+        await expect(answers.last).to_contain_text("Rain, 12 mm, in Lyon.")
+        await expect(answers.first.locator(".who")).to_contain_text("earlier version")
+        await expect(page.locator("#stop")).to_be_disabled()
+        # Edit and resend: the last question comes back into the box, and is replaced.
+        await page.locator("#input").focus()
+        await page.keyboard.press("ArrowUp")
+        await expect(page.locator("#editing")).to_be_visible()
+        await expect(page.locator("#input")).to_have_value("Rain in Lyon?")
+        await page.fill("#input", "Snow in Oslo?")
+        await page.press("#input", "Enter")
+        await expect(answers.last).to_contain_text("echo: Snow in Oslo?")
+        await expect(page.locator("#editing")).to_be_hidden()
+        # The model saw only the new branch.
+        said = [(m.role, m.content) for m in server.model.requests[-1].messages]
+        assert [x for x in said if x[0] in ("user", "assistant")] == [("user", "Snow in Oslo?")]
+        # The audit log keeps both branches, each new question naming the one it replaced.
+        async with server.client(ADA) as c:
+            rows = (await c.get(f"/conversations/{cid}/messages")).json()["items"]
+        assert [(m["kind"], m["content"]) for m in rows] == [
+            ("user", "Rain in Lyon?"),
+            ("assistant", "echo: Rain in Lyon?"),
+            ("user", "Rain in Lyon?"),
+            ("assistant", "Rain, 12 mm, in Lyon."),
+            ("user", "Snow in Oslo?"),
+            ("assistant", "echo: Snow in Oslo?"),
+        ]
+        assert rows[2]["data"]["branch_of"] == rows[0]["id"]
+        assert rows[4]["data"]["branch_of"] == rows[2]["id"]
+        # After a reload: every version shown, the earlier ones marked.
+        await page.reload()
+        await expect(answers).to_have_count(3)
+        await expect(page.locator(".msg.replaced")).to_have_count(4)
+        await expect(answers.last.locator(".who")).not_to_contain_text("earlier")
+        await expect(answers.last).to_contain_text("echo: Snow in Oslo?")
+        await page.screenshot(path=str(ARTIFACTS / "web-nav-branches.png"))
+        assert not errors, errors
+
+
+async def test_regenerate_and_edit_through_the_api(db_path):
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        async with server.client(ADA) as c:
+            cid = (await c.post("/conversations", json={})).json()["id"]
+            nothing = await c.post(f"/conversations/{cid}/regenerate")
+            assert nothing.status_code == 409
+            assert nothing.json()["error"]["code"] == "cannot_branch"
+            assert (
+                await c.post(f"/conversations/{cid}/edit", json={"content": "x"})
+            ).status_code == 409
+            await c.post(f"/conversations/{cid}/messages", json={"content": "first"})
+            await (await server.agent.get_conversation(cid)).wait_idle()
+            bad = await c.post(f"/conversations/{cid}/edit", json={"content": " "})
+            assert bad.status_code == 422
+            again = await c.post(f"/conversations/{cid}/regenerate", json={})
+            assert again.status_code == 202
+            first_id = (await c.get(f"/conversations/{cid}/messages")).json()["items"][0]["id"]
+            assert again.json()["branch_of"] == first_id
+            await (await server.agent.get_conversation(cid)).wait_idle()
+            edited = await c.post(f"/conversations/{cid}/edit", json={"content": "second"})
+            assert edited.status_code == 202
+            await (await server.agent.get_conversation(cid)).wait_idle()
+            rows = (await c.get(f"/conversations/{cid}/messages")).json()["items"]
+            assert [m["content"] for m in rows] == [
+                "first", "echo: first", "first", "echo: first", "second", "echo: second",
+            ]  # fmt: skip
+        # Another token's conversation cannot be branched (it is not there for it).
+        async with server.client(ALICE) as alice:
+            assert (await alice.post(f"/conversations/{cid}/regenerate")).status_code == 404

@@ -67,7 +67,7 @@ from starlette.routing import Route
 from agentik.core import Agent, Conversation, ConversationRecord
 from agentik.core.approvals import ApprovalError
 from agentik.core.budgets import Budgets
-from agentik.core.errors import ClosedError, NotFound, PromptRefused
+from agentik.core.errors import BranchError, ClosedError, NotFound, PromptRefused
 from agentik.core.events import EventBase
 from agentik.core.gate import Gate, Speaker, Ticket
 from agentik.core.health import status_of, without_reasons
@@ -175,6 +175,17 @@ class RenameBody(_Body):
 _AUTHOR = re.compile(AUTHOR_PATTERN)
 
 
+def _check_author(v: str | None) -> str | None:
+    if v is None:
+        return v
+    if len(v) > AUTHOR_CHARS or not _AUTHOR.fullmatch(v):
+        raise ValueError(
+            f"must be one line of at most {AUTHOR_CHARS} visible characters"
+            " (no line breaks or control characters)"
+        )
+    return v
+
+
 class NewMessageBody(_Body):
     content: str = Field(min_length=1, pattern=r"\S")
     #: The speaker's name the model sees: a display label, not an identity
@@ -184,17 +195,33 @@ class NewMessageBody(_Body):
     @field_validator("author")
     @classmethod
     def _one_line(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if len(v) > AUTHOR_CHARS or not _AUTHOR.fullmatch(v):
-            raise ValueError(
-                f"must be one line of at most {AUTHOR_CHARS} visible characters"
-                " (no line breaks or control characters)"
-            )
-        return v
+        return _check_author(v)
 
     #: When a turn is running: ``queue``, ``steer`` into it, or ``interrupt`` it.
     busy: Literal["queue", "steer", "interrupt"] = "queue"
+
+
+class BranchBody(_Body):
+    """``POST …/regenerate``: who asks again (default: who asked)."""
+
+    author: str | None = None
+
+    @field_validator("author")
+    @classmethod
+    def _one_line(cls, v: str | None) -> str | None:
+        return _check_author(v)
+
+
+class EditBody(_Body):
+    """``POST …/edit``: the question that replaces the last one."""
+
+    content: str = Field(min_length=1, pattern=r"\S")
+    author: str | None = None
+
+    @field_validator("author")
+    @classmethod
+    def _one_line(cls, v: str | None) -> str | None:
+        return _check_author(v)
 
 
 class InterruptBody(_Body):
@@ -807,7 +834,10 @@ class Api:
         limit = _int_param(request, "limit", 20, 1, 100)
         assert offset is not None and limit is not None
         if not search_terms(query):
-            raise ApiError(422, "invalid_parameter", "q: give at least one word to search for")
+            # Punctuation alone (a box being typed into) finds nothing, as in the store.
+            return JSONResponse(
+                {"items": [], "offset": offset, "limit": limit, "next_offset": None}
+            )
         store = self.agent.store
         if "search" not in store.capabilities:
             raise ApiError(501, "not_supported", "this bot's store keeps no search index")
@@ -946,6 +976,49 @@ class Api:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
         body = await self.body(request, NewMessageBody, required=True)
+        return await self._post(principal, conv, body)
+
+    async def regenerate(self, request: Request) -> Response:
+        """The last question again, in a new branch (its earlier answer stays in the
+        audit log, out of the model's context)."""
+        self._refuse_when_closing()
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, BranchBody, required=False)
+        asked = await conv.last_question()
+        if asked is None:
+            raise ApiError(409, "cannot_branch", "there is no question to regenerate")
+        message = NewMessageBody(content=asked.content, author=body.author or asked.author)
+        return await self._post(principal, conv, message, branch_of=asked.id)
+
+    async def edit_last(self, request: Request) -> Response:
+        """``content`` in place of the last question, in a new branch (the question
+        and its answer stay in the audit log, out of the model's context)."""
+        self._refuse_when_closing()
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, EditBody, required=True)
+        asked = await conv.last_question()
+        if asked is None:
+            raise ApiError(409, "cannot_branch", "there is no question to edit")
+        message = NewMessageBody(content=body.content, author=body.author)
+        return await self._post(principal, conv, message, branch_of=asked.id)
+
+    async def _post(
+        self,
+        principal: Principal,
+        conv: Conversation,
+        body: NewMessageBody,
+        *,
+        branch_of: int | None = None,
+    ) -> Response:
+        """A message posted (or a branch: ``branch_of``, the question it replaces)
+        through the gate, as a chat message is."""
+        branch = branch_of is not None
+        if branch and (conv.running_run_id is not None or conv.queued):
+            raise ApiError(
+                409, "cannot_branch", "a turn is running or queued: stop it or wait for it first"
+            )
         ours = self._ours(conv.channel_key)
         # A message posted into another transport's conversation is recorded
         # as coming from this API, not from that channel.
@@ -969,6 +1042,12 @@ class Api:
         # worker through the turn queue; a steer, an interrupt or the answer to a
         # question go straight in where this worker runs the conversation already.
         questions = self.agent.questions
+        if branch and queue is not None:
+            raise ApiError(
+                501, "not_supported",
+                "regenerate and edit need the conversation's turns on this worker"
+                " (several workers share this store)",
+            )  # fmt: skip
         queued = (
             queue is not None
             and ours
@@ -999,10 +1078,13 @@ class Api:
                         allow_tool=decision.tools,
                         busy=body.busy,
                         settings=self._settings(speaker, channel),
+                        branch=branch,
                     )
                     run_id, steered = sent.run_id, sent.steered
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
+        except BranchError as exc:
+            raise ApiError(409, "cannot_branch", str(exc)) from None
         title = conv.title
         if ours and not title and queue is not None:
             # Another worker may have named it (this one's copy is older).
@@ -1013,16 +1095,16 @@ class Api:
             # here and not by a client, so no reader races a second request for it.
             await conv.rename(_title_from(body.content))
             title = conv.title
-        return JSONResponse(
-            {
-                "conversation_id": conv.id,
-                "run_id": run_id,
-                "queued": conv.queued,
-                "title": title,
-                "steered": steered,
-            },
-            status_code=202,
-        )
+        accepted: dict[str, Any] = {
+            "conversation_id": conv.id,
+            "run_id": run_id,
+            "queued": conv.queued,
+            "title": title,
+            "steered": steered,
+        }
+        if branch:
+            accepted["branch_of"] = branch_of
+        return JSONResponse(accepted, status_code=202)
 
     async def run_queued(self, conv: Conversation, turn: Any, message: Any) -> Any:
         """A turn posted here and queued (several workers), claimed by this worker: the
@@ -1312,6 +1394,8 @@ def build_app(ctx: ApiContext) -> Starlette:
             },
         ),
         (conv + "/messages", {"GET": api.list_messages, "POST": api.post_message}),
+        (conv + "/regenerate", {"POST": api.regenerate}),
+        (conv + "/edit", {"POST": api.edit_last}),
         (conv + "/status", {"GET": api.conversation_status}),
         (conv + "/interrupt", {"POST": api.interrupt}),
         (conv + "/messages/{message_id}/redact", {"POST": api.redact_message}),

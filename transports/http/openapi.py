@@ -64,7 +64,9 @@ ERROR_CODES = (
     "invalid_body",
     "invalid_parameter",
     "prompt_refused",
+    "cannot_branch",
     "budget_exceeded",
+    "not_supported",
     "unavailable",
     "internal_error",
 )
@@ -315,6 +317,39 @@ _SCHEMAS: dict[str, Any] = {
             "steered": {
                 "type": "boolean",
                 "description": "the message joined the running turn (run_id is that turn's)",
+            },
+            "branch_of": {
+                "type": "integer",
+                "description": "regenerate and edit only: the audit-log id of the question"
+                " this one replaces in the model's context (it stays in the audit log)",
+            },
+        },
+    },
+    "Regenerate": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "author": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "maxLength": AUTHOR_CHARS,
+                "pattern": AUTHOR_PATTERN,
+                "description": "who asks again (default: who asked)",
+            },
+        },
+    },
+    "Edit": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["content"],
+        "properties": {
+            "content": {"type": "string", "minLength": 1, "pattern": "\\S"},
+            "author": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "maxLength": AUTHOR_CHARS,
+                "pattern": AUTHOR_PATTERN,
+                "description": "the speaker's name for the model (default: the token's name)",
             },
         },
     },
@@ -841,7 +876,7 @@ def openapi_document(
                 " newest first",
                 {
                     "200": _json("SearchPage", "a page of messages found"),
-                    "422": _error("no word to search for, or a bad query parameter"),
+                    "422": _error("a bad query parameter"),
                     "501": _error("the bot's store keeps no search index"),
                 },
                 parameters=[
@@ -850,7 +885,8 @@ def openapi_document(
                         "in": "query",
                         "required": True,
                         "description": "words (letters and digits); a message holds every"
-                        " one, as a word or the start of one, in any case",
+                        " one, as a word or the start of one, in any case (no word: no"
+                        " message found)",
                         "schema": {"type": "string"},
                     },
                     {
@@ -883,6 +919,8 @@ def openapi_document(
                                 "renameConversation",
                                 "deleteConversation",
                                 "postMessage",
+                                "regenerate",
+                                "editLast",
                                 "listMessages",
                                 "interrupt",
                                 "conversationEvents",
@@ -979,6 +1017,50 @@ def openapi_document(
                 "deleteConversation",
                 "Delete a conversation and everything stored about it",
                 {"204": {"description": "deleted"}, **not_found},
+            ),
+        },
+        conv + "/regenerate": {
+            "parameters": [_CONV_ID],
+            "post": op(
+                "regenerate",
+                "Ask the last question again in a new branch: its earlier answer leaves the"
+                " model's context and stays in the audit log",
+                {
+                    "202": _json("MessageAccepted", "the question stored again; its turn runs"),
+                    "403": _error("the [access] rules do not let this token ask the bot here"),
+                    **not_found,
+                    **with_body,
+                    "409": _error(
+                        "cannot_branch: a turn is running or queued, or there is no question"
+                        " in the working memory (none yet, or summarised)"
+                    ),
+                    "422": _error("the body is not of the documented shape, or prompt_refused"),
+                    "429": _error("a budget is used up (budget_exceeded; Retry-After)"),
+                    "501": _error("several workers share this store (not_supported)"),
+                },
+                requestBody=_body("Regenerate", required=False),
+            ),
+        },
+        conv + "/edit": {
+            "parameters": [_CONV_ID],
+            "post": op(
+                "editLast",
+                "Replace the last question and ask it, in a new branch: the old question and"
+                " its answer leave the model's context and stay in the audit log",
+                {
+                    "202": _json("MessageAccepted", "the new question stored; its turn runs"),
+                    "403": _error("the [access] rules do not let this token ask the bot here"),
+                    **not_found,
+                    **with_body,
+                    "409": _error(
+                        "cannot_branch: a turn is running or queued, or there is no question"
+                        " in the working memory (none yet, or summarised)"
+                    ),
+                    "422": _error("the body is not of the documented shape, or prompt_refused"),
+                    "429": _error("a budget is used up (budget_exceeded; Retry-After)"),
+                    "501": _error("several workers share this store (not_supported)"),
+                },
+                requestBody=_body("Edit", required=True),
             ),
         },
         conv + "/messages": {
