@@ -13,6 +13,9 @@ from urllib.parse import quote
 from playwright.async_api import expect
 from test_web_page import ARTIFACTS, LAPTOP, PHONE, SIZES, _open
 
+from agentik.core.errors import LLMStatusError
+from agentik.core.testing.scripted import Reply
+
 from httpserver import TOKENS, running_server
 
 SETTINGS = {
@@ -323,3 +326,43 @@ async def test_regenerate_and_edit_through_the_api(db_path):
         # Another token's conversation cannot be branched (it is not there for it).
         async with server.client(ALICE) as alice:
             assert (await alice.post(f"/conversations/{cid}/regenerate")).status_code == 404
+
+
+async def test_a_failed_turn_is_an_error_entry_of_the_audit_log_the_page_shows(db_path, browser):
+    expect.set_options(timeout=60_000)
+    secret = "http://10.9.8.7:8000/v1/chat/completions with key sk-live-abcdef0123456789"
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        cid = await _conversation(server, "Failing")
+        server.model.enqueue(
+            Reply(fail_after=0, error=LLMStatusError(f"bad request to {secret}", status_code=400)),
+            Reply(chunks=["Half an ", "answer"], fail_after=1),
+        )
+        async with server.client(ADA) as c:
+            for q in ("Will it rain?", "And snow?"):
+                await c.post(f"/conversations/{cid}/messages", json={"content": q})
+                await (await server.agent.get_conversation(cid)).wait_idle()
+            rows = (await c.get(f"/conversations/{cid}/messages")).json()["items"]
+        # Each failure is a row of the history: an empty answer, or the partial one.
+        failed = [m for m in rows if m["kind"] == "assistant"]
+        assert [(m["content"], m["status"], m["data"]["error"]["type"]) for m in failed] == [
+            ("", "error", "LLMStatusError"),
+            ("Half an ", "error", "LLMConnectionError"),
+        ]
+        assert "10.9.8.7" not in str(rows) and "sk-live" not in str(rows)
+        assert "(address hidden)" in failed[0]["data"]["error"]["message"]
+        # A browser that never saw the turns shows both failures, from the history.
+        page, errors = await _open(browser, server, LAPTOP)
+        await page.goto(server.url + _path(cid))
+        await expect(page.locator(".msg")).to_have_text(
+            [
+                re.compile(r"Will it rain\?"),
+                re.compile(
+                    r"The answer failed \(LLMStatusError\): bad request to \(address hidden\)"
+                ),
+                re.compile(r"And snow\?"),
+                re.compile(r"Half an[\s\S]*The answer failed \(LLMConnectionError\)"),
+            ]
+        )
+        assert "sk-live" not in await page.locator("body").inner_text()
+        await page.screenshot(path=str(ARTIFACTS / "web-nav-failed-history.png"))
+        assert not errors, errors

@@ -829,7 +829,9 @@ class Api:
         """Full-text search over the audit log of the conversations the caller may
         see: their user and assistant messages holding every word of ``q``."""
         principal = self.principal(request)
-        query = request.query_params.get("q", "")
+        if "q" not in request.query_params:
+            raise ApiError(422, "invalid_parameter", "q: the words to search for are required")
+        query = request.query_params["q"]
         offset = _int_param(request, "offset", 0, 0, 10_000)
         limit = _int_param(request, "limit", 20, 1, 100)
         assert offset is not None and limit is not None
