@@ -78,8 +78,9 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     assert result.returncode == 0, output
     assert "Failures:" not in output and "Errors:" not in output, output
     # It really exercised the API: every operation but the two streams (the two
-    # approvals operations, redact, /ready, /status and the conversation status included).
-    assert "Tested: 17" in output
+    # approvals operations, redact, /ready, /status, the conversation status, search,
+    # regenerate and edit included).
+    assert "Tested: 20" in output
 
 
 def test_the_document_lists_every_route(api):
