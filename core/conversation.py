@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .approvals import RESTARTED
 from .attachments import check, part_for
-from .errors import AttachmentRejected, ClosedError, PromptRefused
+from .errors import AttachmentRejected, BranchError, ClosedError, PromptRefused
 from .eventbus import Subscription
 from .events import (
     Compacted,
@@ -510,6 +510,7 @@ class Conversation:
         busy: BusyMode = "queue",
         run_id: str | None = None,
         settings: TurnSettings | None = None,
+        branch: bool = False,
     ) -> Sent:
         """Like :meth:`send`, saying what became of the message (:class:`Sent`).
 
@@ -533,11 +534,18 @@ class Conversation:
         their own persona, tools and model.  ``None``: the conversation's
         default :attr:`settings`, as they are now.  The settings' ``origin``
         is recorded in the message's ``data["origin"]``.
+
+        ``branch``: regenerate or edit and resend — ``content`` replaces the last
+        question of the working memory (:meth:`last_question`), which goes out of
+        it with everything after it (its answer, tool calls), so the model sees
+        the new branch only; the audit log keeps both, the new question's
+        ``data["branch_of"]`` naming the old one's row.  Only when nothing runs
+        or waits (else :class:`~agentik.core.errors.BranchError`, nothing changed).
         """
         sent = await self._submit(
             content, author=author, author_id=author_id, channel=channel,
             allow_tool=allow_tool, busy=busy, fallback=True, run_id=run_id,
-            settings=settings,
+            settings=settings, branch=branch,
         )  # fmt: skip
         assert sent is not None
         return sent
@@ -571,8 +579,11 @@ class Conversation:
         fallback: bool,
         run_id: str | None = None,
         settings: TurnSettings | None = None,
+        branch: bool = False,
     ) -> Sent | None:
         self._check_open()
+        if branch:
+            self._check_branchable()
         if settings is None:
             settings = self._settings
         elif not isinstance(settings, TurnSettings):
@@ -593,6 +604,19 @@ class Conversation:
             raise PromptRefused(outcome.message)
         content = self._scrub("user", outcome)
         parts = await self._attach(attached) if attached else ()
+        branch_of: int | None = None
+        if branch:
+            # Refused prompts change nothing; from here on, the branch is made.
+            self._check_branchable()
+            found = await self._memory.last_question()
+            if found is None:
+                raise BranchError(
+                    "there is no question to regenerate or edit in this conversation's"
+                    " working memory (none yet, or summarised)"
+                )
+            self._check_branchable()
+            await self._memory.rewind(found[0])
+            branch_of = found[1].id
         runner = self._runner
         if (
             busy == "steer"
@@ -624,7 +648,15 @@ class Conversation:
         if not fallback:
             return None
         run_id = await self._queue_message(
-            content, author, author_id, channel, allow_tool, run_id, settings, parts
+            content,
+            author,
+            author_id,
+            channel,
+            allow_tool,
+            run_id,
+            settings,
+            parts,
+            branch_of,
         )
         stopped = False
         if busy == "interrupt" and runner is not None and self._runner is runner:
@@ -686,6 +718,7 @@ class Conversation:
         run_id: str | None = None,
         settings: TurnSettings | None = None,
         parts: tuple[ImagePart | FilePart, ...] = (),
+        branch_of: int | None = None,
     ) -> str:
         run_id = run_id or new_run_id()
         settings = self._settings if settings is None else settings
@@ -693,6 +726,8 @@ class Conversation:
         data: dict[str, Any] = {"author_id": author_id} if author_id else {}
         if parts:
             data["parts"] = [p.to_dict() for p in parts]
+        if branch_of is not None:
+            data["branch_of"] = branch_of
         if settings.origin is not None:
             data["origin"] = settings.origin.to_dict()
         entry = NewMessage(
@@ -1227,6 +1262,20 @@ class Conversation:
         return await self._store.messages(
             self.id, after=after, before=before, offset=offset, limit=limit, kinds=kinds
         )
+
+    def _check_branchable(self) -> None:
+        if self._runner is not None or self._queue:
+            raise BranchError(
+                "a turn is running or queued: stop it, or wait for it, before regenerating"
+                " or editing the last question"
+            )
+
+    async def last_question(self) -> Message | None:
+        """The audit-log row of the last question still in the working memory: what
+        regenerate sends again, edit-and-resend replaces (``submit(branch=True)``);
+        ``None`` when there is none (none yet, or summarised)."""
+        found = await self._memory.last_question()
+        return found[1] if found is not None else None
 
     async def count_messages(self) -> int:
         """Number of audit-log rows."""

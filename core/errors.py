@@ -21,7 +21,8 @@ boundary with ``raise ... from`` so callers only ever catch our types::
     ├── PromptRefused           a plugin refused a message (``before_prompt``)
     ├── RemoteError             another agentik's HTTP API refused a request or could
     │                           not be reached (:mod:`agentik.core.client`)
-    └── AttachmentRejected      an attachment too large, or of a type not taken
+    ├── AttachmentRejected      an attachment too large, or of a type not taken
+    └── BranchError             regenerate / edit-and-resend cannot start a branch now
 
 User/config errors (``ConfigError``) are meant to be shown to a person as one
 line; run-time errors are reported as ``error`` events and logged.  No error
@@ -33,6 +34,7 @@ from __future__ import annotations
 __all__ = [
     "AgentikError",
     "AttachmentRejected",
+    "BranchError",
     "ClosedError",
     "ConfigError",
     "ContextTooLong",
@@ -161,3 +163,9 @@ class AttachmentRejected(AgentikError, ValueError):
     """An attachment that is not taken: too large, or of a type (sniffed from its
     bytes) not accepted.  The message is one line meant for its sender; nothing
     of the attachment was stored."""
+
+
+class BranchError(AgentikError):
+    """Regenerating the last answer or editing the last question cannot start a new
+    branch now: a turn is running or queued, or there is no question to go back to
+    in the working memory (none yet, or summarised away).  Nothing was changed."""

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -409,12 +410,16 @@ class TurnRunner:
                 task.uncancel()
         except TurnAborted as exc:
             self.state.partial.clear()  # the aborted response is not recorded
-            await self._keep_partial("error", "turn aborted", ended="aborted")
+            await self._keep_partial(
+                "error", "turn aborted", ended="aborted", error=_failure("aborted", str(exc))
+            )
             self.state.stop_reason = "aborted"
             self._emit(Error, message=f"turn aborted: {exc}", error_type="aborted")
         except (LLMError, StoreError) as exc:
             log.warning("conversation %s run %s failed: %s", self.conv.id, self.run_id, exc)
-            await self._keep_partial("error", str(exc), ended="error")
+            await self._keep_partial(
+                "error", str(exc), ended="error", error=_failure(type(exc).__name__, str(exc))
+            )
             self.state.stop_reason = "error"
             self._emit(
                 Error,
@@ -424,7 +429,10 @@ class TurnRunner:
             )
         except Exception as exc:
             log.exception("conversation %s run %s crashed", self.conv.id, self.run_id)
-            await self._keep_partial("error", "internal error", ended="error")
+            await self._keep_partial(
+                "error", "internal error", ended="error",
+                error=_failure("internal", f"internal error: {type(exc).__name__}"),
+            )  # fmt: skip
             self.state.stop_reason = "error"
             self._emit(
                 Error, message=f"internal error: {type(exc).__name__}", error_type="internal"
@@ -559,9 +567,20 @@ class TurnRunner:
             self.services.agent.runs.leave(self.run_id)
 
     async def _keep_partial(
-        self, status: MessageStatus, why: str, *, ended: str | None = None
+        self,
+        status: MessageStatus,
+        why: str,
+        *,
+        ended: str | None = None,
+        error: dict[str, str] | None = None,
     ) -> None:
-        """Record the partial answer and close every open tool call (and the turn's end)."""
+        """Record the partial answer and close every open tool call (and the turn's end).
+
+        ``error`` (a failed turn: its type and short message) goes into the audit
+        log with the answer, in ``data["error"]``: with the partial answer's row, or
+        an empty answer of its own (``status="error"``) when nothing was said, so
+        the history says why a question has no answer.  Never into the working
+        memory: the model does not see our failures."""
         # Whatever was queued may or may not be in the cache: reload next turn.
         self.memory.invalidate()
         log_rows: list[NewMessage] = []
@@ -570,8 +589,13 @@ class TurnRunner:
         self.state.partial.clear()
         self.state.final_text = text
         if text:
-            log_rows.append(self._new("assistant", content=text, status=status))
+            data = {"error": error} if error is not None else None
+            log_rows.append(self._new("assistant", content=text, status=status, data=data))
             memory.append(ChatMessage(role="assistant", content=text))
+        elif error is not None:
+            log_rows.append(
+                self._new("assistant", content="", status=status, data={"error": error})
+            )
         for call in self.state.open_calls.values():
             result = f"error: tool call not completed ({why})"
             log_rows.append(
@@ -1384,3 +1408,16 @@ def _close_dangling(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
             )
         i = j
     return list(messages) if out is None else out
+
+
+_ADDRESS = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
+_SECRET = re.compile(r"\b(sk|xox[a-z]|ghp|Bearer)[-_ ]?[A-Za-z0-9_\-.]{6,}")
+
+
+def _failure(kind: str, message: str) -> dict[str, str]:
+    """A failed turn as the audit log keeps it: its type and a short message without
+    addresses or keys (an endpoint's URL, a token a library put in its message: the
+    whole error is in the bot's log, which only the operator reads)."""
+    text = _SECRET.sub("(secret hidden)", _ADDRESS.sub("(address hidden)", message))
+    text = " ".join(text.split())
+    return {"type": kind, "message": text[:300] + ("…" if len(text) > 300 else "")}

@@ -244,6 +244,32 @@ class WorkingMemory:
         )
         self._cache = None
 
+    # -- branches ------------------------------------------------------------------------
+    async def last_question(self) -> tuple[MemoryEntry, Message] | None:
+        """The last question of a turn still in the working memory: its entry and its
+        audit-log row (``None``: none, or summarised away)."""
+        await self.load()
+        entries = await self.entries()
+        asked = {
+            m.id: m
+            for m in await self.store.messages(self.conversation_id, kinds=["user"], limit=200)
+            if m.run_id
+            and not (isinstance(m.data, dict) and (m.data.get("ambient") or m.data.get("steered")))
+        }
+        for e in reversed(entries):
+            if e.message.role == "user" and e.message.message_id in asked:
+                return e, asked[e.message.message_id]
+        return None
+
+    async def rewind(self, entry: MemoryEntry) -> None:
+        """Take ``entry`` and what follows it out of the working memory: the next
+        message starts a new branch there.  The cache is set from what is left, not
+        reloaded: a reload would take the question just removed for one a crash
+        left out, and put it back."""
+        entries = await self.entries()
+        await self.store.rewind(self.conversation_id, entry.pos)
+        self._cache = [e.message for e in entries if e.pos < entry.pos]
+
     # -- ambient notes -------------------------------------------------------------------
     def add_note(self, note: ChatMessage, *, keep: int) -> None:
         """Hold ``note`` for the next turn; at most the last ``keep`` notes wait."""

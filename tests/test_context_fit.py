@@ -114,8 +114,11 @@ async def test_a_message_too_long_for_the_window_ends_its_turn_with_a_clear_erro
         assert ended(after).stop_reason == "stop" and ended(after).text == "echo: shorter now"
         assert size(model.requests[-1]) <= WINDOW
         rows = await conv.messages()
-    assert [m.kind for m in rows] == ["user", "assistant", "user", "user", "assistant"]
+    # The failed turn's answer is its error, in the audit log (not in the context).
+    assert [m.kind for m in rows] == ["user", "assistant", "user", "assistant", "user", "assistant"]
     assert rows[2].content == "x " * 2000
+    assert (rows[3].content, rows[3].status) == ("", "error")
+    assert rows[3].data["error"]["type"] == "ContextTooLong"
 
 
 async def test_compaction_that_leaves_too_much_is_followed_by_trimming(db_path):

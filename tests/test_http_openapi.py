@@ -80,8 +80,9 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     assert result.returncode == 0, output
     assert "Failures:" not in output and "Errors:" not in output, output
     # It really exercised the API: every operation but the two streams (the two
-    # approvals operations, redact, /ready, /status and the conversation status included).
-    assert "Tested: 18" in output
+    # approvals operations, redact, /ready, /status, the conversation status, search,
+    # regenerate, edit and an attachment's download included).
+    assert "Tested: 21" in output
 
 
 def test_the_document_lists_every_route(api):
@@ -116,6 +117,9 @@ def test_the_document_lists_every_route(api):
         ("POST", "/agentik/conversations/{conversation_id}/messages/{message_id}/redact"),
         ("GET", "/agentik/conversations/{conversation_id}/events"),
         ("GET", "/agentik/events"),
+        ("GET", "/agentik/search"),
+        ("POST", "/agentik/conversations/{conversation_id}/regenerate"),
+        ("POST", "/agentik/conversations/{conversation_id}/edit"),
     }
     # Every error code the server can answer is in the document's enum.
     from agentik.transports.http.openapi import ERROR_CODES

@@ -194,7 +194,11 @@ async def test_unreachable_endpoint_is_an_error_event(db_path):
         events = await collect_turn(sub)
         err = next(e for e in events if e.kind == "error")
         assert err.error_type == "LLMConnectionError" and "127.0.0.1:9" in err.message
-        assert [m.kind for m in await conv.messages()] == ["user"]
+        # The failure is the turn's answer in the audit log, without the address.
+        rows = await conv.messages()
+        assert [(m.kind, m.status) for m in rows] == [("user", "complete"), ("assistant", "error")]
+        assert rows[1].data["error"]["type"] == "LLMConnectionError"
+        assert "127.0.0.1:9" not in rows[1].data["error"]["message"]
 
 
 async def test_secret_never_reaches_errors_logs_or_database(

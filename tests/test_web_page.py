@@ -359,7 +359,7 @@ async def test_a_failed_turn_says_so_without_secrets_and_still_after_a_reload(db
         await expect(page.locator(".msg")).to_have_text(
             [
                 re.compile("Will it rain\\?"),
-                re.compile("No answer: this turn failed"),
+                re.compile(r"The answer failed \(LLMStatusError\)"),
                 re.compile("And now\\?"),
                 re.compile("echo: And now\\?"),
             ]

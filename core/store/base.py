@@ -59,6 +59,7 @@ from .records import (
     WorkerBeat,
     WorkerInfo,
 )
+from .search import SearchHit
 from .snapshot import ImportResult
 
 __all__ = [
@@ -116,6 +117,8 @@ CAPABILITIES: dict[str, str] = {
     "links": "link_save",
     "webhooks": "webhook_enqueue",
     "attachments": "attachment_put",
+    "search": "search_messages",
+    "branching": "rewind",
 }
 
 
@@ -836,6 +839,26 @@ class Store(abc.ABC):
         only those whose lease (``conv:<id>``, :meth:`lease_acquire`) that worker
         could take now: never taken, free, expired, or its own."""
         raise NotImplementedError(f"{type(self).__name__} keeps no turn queue")
+
+    # -- branching (issue 34) ----------------------------------------------------------
+    async def rewind(self, conversation_id: str, from_pos: int) -> int:
+        """Remove the working-memory entries at position ``from_pos`` and after, in one
+        transaction: the context goes back to before them (regenerate, edit and resend
+        start a new branch there).  The audit log keeps every row.  Returns how many
+        entries were removed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot rewind working memory")
+
+    # -- search (issue 34; SQLite 21, PostgreSQL 10) ----------------------------------
+    async def search_messages(
+        self, query: str, *, limit: int = 20, offset: int = 0
+    ) -> list[SearchHit]:
+        """The ``user`` and ``assistant`` messages of every conversation that hold all
+        the words of ``query`` (each as a word or the start of one, any case;
+        :func:`.search.search_terms`), newest first, ``limit`` of them from
+        ``offset``; an empty query finds nothing.  Redacted text is not found, a
+        deleted conversation's messages neither.  Who may see which conversation is
+        the caller's to check."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no search index")
 
     # -- linked channels (issue 33; SQLite 19, PostgreSQL 8) -------------------------
     async def link_save(self, record: LinkRecord) -> None:

@@ -71,13 +71,13 @@ TABLES: tuple[str, ...] = (
     "webhook_delivery",
 )
 #: Tables that are not data of their own: migrations' records, indexes kept by triggers
-#: (SQLite's full-text index, the PostgreSQL memory's word counts).  The destination
+#: (SQLite's full-text indexes, the PostgreSQL memory's word counts).  The destination
 #: makes its own.
 DERIVED_TABLES = frozenset({"schema_migrations", "memory_totals", "memory_word"})
 #: Attachments (issue 34): copied through the store's attachment repository, not as
 #: rows (the bytes are files beside a SQLite database, a table in PostgreSQL).
 ATTACHMENT_TABLES = frozenset({"attachment", "attachment_blob"})
-DERIVED_PREFIXES = ("sqlite_", "memory_fts")
+DERIVED_PREFIXES = ("sqlite_", "memory_fts", "message_fts")
 #: Tables of the running processes, not of the bot's data: connection leases, the
 #: worker registry, scheduled jobs' claims, the turn queue and the run events kept for
 #: other workers' event streams (agentik.core.cluster).  They describe the source's

@@ -48,6 +48,7 @@ from .records import (
     RedactionError,
     tombstoned,
 )
+from .search import SEARCHED_KINDS, SearchHit, hit, search_terms, words
 
 __all__ = ["MemoryStore"]
 
@@ -260,6 +261,13 @@ class MemoryStore(
     async def load_memory(self, conversation_id: str) -> list[MemoryEntry]:
         return list(self._memory.get(conversation_id, ()))
 
+    async def rewind(self, conversation_id: str, from_pos: int) -> int:
+        kept = [e for e in self._memory.get(conversation_id, ()) if e.pos < from_pos]
+        removed = len(self._memory.get(conversation_id, ())) - len(kept)
+        if conversation_id in self._memory:
+            self._memory[conversation_id] = kept
+        return removed
+
     async def compact(self, conversation_id: str, upto: int, summary: ChatMessage) -> None:
         self._require(conversation_id)
         kept = [e for e in self._memory[conversation_id] if e.pos > upto]
@@ -325,6 +333,29 @@ class MemoryStore(
         return len(old)
 
     # -- linked channels ----------------------------------------------------------------
+    async def search_messages(
+        self, query: str, *, limit: int = 20, offset: int = 0
+    ) -> list[SearchHit]:
+        terms = search_terms(query)
+        if not terms:
+            return []
+        found: list[Message] = []
+        for log in self._log.values():
+            for m in log:
+                if m.kind not in SEARCHED_KINDS:
+                    continue
+                have = words(m.content)
+                if all(any(w.startswith(t) for w in have) for t in terms):
+                    found.append(m)
+        found.sort(key=lambda m: (-m.created_at, -m.id))
+        return [
+            hit(
+                (m.conversation_id, m.id, m.kind, m.author, m.run_id, m.created_at, m.content),
+                terms,
+            )
+            for m in found[offset : offset + limit]
+        ]
+
     async def link_save(self, record: LinkRecord) -> None:
         self._links[record.name] = record
 

@@ -616,6 +616,37 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(
+        21,
+        "message_search",
+        """
+        -- Full-text search over the audit log (issue 34): what people and the model
+        -- said (user and assistant rows), indexed by FTS5 without a second copy of
+        -- the text (external content), kept by triggers: an insert adds a row, a
+        -- delete (a conversation's, retention's) removes it, a redaction replaces it.
+        CREATE VIRTUAL TABLE message_fts USING fts5 (
+            content, content = 'message', content_rowid = 'id',
+            tokenize = 'unicode61 remove_diacritics 2'
+        );
+        INSERT INTO message_fts (rowid, content)
+            SELECT id, content FROM message WHERE kind IN ('user', 'assistant');
+        CREATE TRIGGER message_fts_ai AFTER INSERT ON message
+        WHEN new.kind IN ('user', 'assistant') BEGIN
+            INSERT INTO message_fts (rowid, content) VALUES (new.id, new.content);
+        END;
+        CREATE TRIGGER message_fts_ad AFTER DELETE ON message
+        WHEN old.kind IN ('user', 'assistant') BEGIN
+            INSERT INTO message_fts (message_fts, rowid, content)
+            VALUES ('delete', old.id, old.content);
+        END;
+        CREATE TRIGGER message_fts_au AFTER UPDATE OF content ON message
+        WHEN old.kind IN ('user', 'assistant') BEGIN
+            INSERT INTO message_fts (message_fts, rowid, content)
+            VALUES ('delete', old.id, old.content);
+            INSERT INTO message_fts (rowid, content) VALUES (new.id, new.content);
+        END;
+        """,
+    ),
+    Migration(
         22,
         "webhook_delivery",
         """

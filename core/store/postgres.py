@@ -59,6 +59,7 @@ from .postgres_room import (
     nul_free_json,
 )
 from .postgres_runs import RUN_COLUMNS, UPSERT_RUN, PostgresRuns, run_args
+from .postgres_search import PostgresSearch
 from .postgres_seen import PostgresSeen
 from .postgres_waits import PostgresWaits
 from .postgres_webhooks import PostgresWebhooks
@@ -350,6 +351,7 @@ class PostgresStore(
     PostgresLinks,
     PostgresWebhooks,
     PostgresAttachments,
+    PostgresSearch,
     PostgresCopy,
     Store,
 ):
@@ -855,6 +857,18 @@ class PostgresStore(
             conversation_id,
         )
         return [MemoryEntry(pos=int(r[0]), message=ChatMessage.from_json(r[1])) for r in rows]
+
+    async def rewind(self, conversation_id: str, from_pos: int) -> int:
+        async def fn(conn: asyncpg.Connection) -> int:
+            done = await conn.execute(
+                "DELETE FROM working_memory WHERE conversation_id = $1 AND pos >= $2",
+                conversation_id,
+                from_pos,
+            )
+            return int(done.split()[-1])
+
+        removed: int = await self._write(fn, conversation_id=conversation_id)
+        return removed
 
     async def compact(self, conversation_id: str, upto: int, summary: ChatMessage) -> None:
         async def fn(conn: asyncpg.Connection) -> None:

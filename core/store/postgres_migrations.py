@@ -617,6 +617,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(
+        10,
+        "message_search",
+        """
+        -- Full-text search over the audit log (SQLite's migration 21): what people
+        -- and the model said, as words ('simple': no stemming, any language), the
+        -- first 100,000 characters of a message (a tsvector is at most 1 MB).
+        CREATE INDEX message_search ON message
+            USING gin (to_tsvector('simple', left(content, 100000)))
+            WHERE kind IN ('user', 'assistant');
+        """,
+    ),
+    Migration(
         11,
         "webhook_delivery",
         """

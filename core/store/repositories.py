@@ -43,6 +43,7 @@ from .records import (
     WorkerBeat,
     WorkerInfo,
 )
+from .search import SearchHit
 from .snapshot import ImportResult
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ __all__ = [
     "QueueRepository",
     "RunEventRepository",
     "RunsRepository",
+    "SearchRepository",
     "SeenEventRepository",
     "WaitsRepository",
     "WebhookRepository",
@@ -143,6 +145,8 @@ class LogRepository(Protocol):
     async def load_memory(self, conversation_id: str) -> list[MemoryEntry]: ...
 
     async def compact(self, conversation_id: str, upto: int, summary: ChatMessage) -> None: ...
+
+    async def rewind(self, conversation_id: str, from_pos: int) -> int: ...
 
     async def redact_message(
         self,
@@ -481,6 +485,16 @@ class AttachmentRepository(Protocol):
     async def attachment_drop(self, conversation_id: str, sha256s: Sequence[str]) -> int: ...
 
 
+@runtime_checkable
+class SearchRepository(Protocol):
+    """Full-text search over the audit log's ``user`` and ``assistant`` messages
+    (:mod:`.search`: how a query is read; newest first) (issue 34)."""
+
+    async def search_messages(
+        self, query: str, *, limit: int = 20, offset: int = 0
+    ) -> list[SearchHit]: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -498,6 +512,7 @@ REPOSITORIES: tuple[type, ...] = (
     LinkRepository,
     WebhookRepository,
     AttachmentRepository,
+    SearchRepository,
 )
 
 
@@ -519,6 +534,7 @@ def _facade(
     LinkRepository,
     WebhookRepository,
     AttachmentRepository,
+    SearchRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
     return (store, store, store, store, store, store, store, store, store, store, store, store,

@@ -55,6 +55,7 @@ from .sqlite_outbox import SQLiteOutbox
 from .sqlite_queue import SQLiteQueue
 from .sqlite_redaction import SQLiteRedaction
 from .sqlite_runs import INSERT_RUN, SQLiteRuns, run_row
+from .sqlite_search import SQLiteSearch
 from .sqlite_seen import SQLiteSeen
 from .sqlite_waits import SQLiteWaits
 from .sqlite_webhooks import SQLiteWebhooks
@@ -353,6 +354,7 @@ class SQLiteStore(
     SQLiteLinks,
     SQLiteWebhooks,
     SQLiteAttachments,
+    SQLiteSearch,
     SQLiteCopy,
     Store,
 ):
@@ -791,6 +793,16 @@ class SQLiteStore(
             )
 
         await self._write(fn)
+
+    async def rewind(self, conversation_id: str, from_pos: int) -> int:
+        def fn(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "DELETE FROM working_memory WHERE conversation_id = ? AND pos >= ?",
+                (conversation_id, from_pos),
+            ).rowcount
+
+        removed: int = await self._write(fn)
+        return removed
 
     def _redact_securely(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Runs in the writer thread, between batches: ``fn`` in its own

@@ -51,6 +51,10 @@ class SQLiteRedaction(SQLiteRoom):
                 " THEN NULL ELSE '{}' END, data = ?, redacted = 1 WHERE id = ?",
                 (content, json.dumps(data, ensure_ascii=False), message_id),
             )
+            if kind in ("user", "assistant"):
+                # The search index's trigger replaced the text; its older segments
+                # keep the words until merged: rewrite it so they are gone.
+                conn.execute("INSERT INTO message_fts (message_fts) VALUES ('optimize')")
             if kind == "tool_result" and call_id is not None:
                 # An ``ask_user`` answer is stored with its question too, and
                 # in the channel's copy of the question (Slack edits it to

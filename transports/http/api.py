@@ -72,7 +72,13 @@ from agentik.core import Agent, Conversation, ConversationRecord
 from agentik.core.approvals import ApprovalError
 from agentik.core.attachments import IMAGE_TYPES, check
 from agentik.core.budgets import Budgets
-from agentik.core.errors import AttachmentRejected, ClosedError, NotFound, PromptRefused
+from agentik.core.errors import (
+    AttachmentRejected,
+    BranchError,
+    ClosedError,
+    NotFound,
+    PromptRefused,
+)
 from agentik.core.events import EventBase
 from agentik.core.gate import Gate, Speaker, Ticket
 from agentik.core.health import status_of, without_reasons
@@ -84,6 +90,7 @@ from agentik.core.lifecycle import (
 )
 from agentik.core.messages import Content, ImagePart, TextPart
 from agentik.core.redaction import RedactionError
+from agentik.core.store.search import SearchHit, search_terms
 from agentik.core.streamprofiles import PROFILES
 from agentik.core.turnsettings import DEFAULT_SETTINGS, TurnOrigin, TurnSettings
 from agentik.transports.base import (
@@ -196,6 +203,17 @@ class AttachmentRef(_Body):
         return _file_name(v)
 
 
+def _check_author(v: str | None) -> str | None:
+    if v is None:
+        return v
+    if len(v) > AUTHOR_CHARS or not _AUTHOR.fullmatch(v):
+        raise ValueError(
+            f"must be one line of at most {AUTHOR_CHARS} visible characters"
+            " (no line breaks or control characters)"
+        )
+    return v
+
+
 class NewMessageBody(_Body):
     content: str = Field(min_length=1, pattern=r"\S")
     #: The speaker's name the model sees: a display label, not an identity
@@ -205,19 +223,35 @@ class NewMessageBody(_Body):
     @field_validator("author")
     @classmethod
     def _one_line(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if len(v) > AUTHOR_CHARS or not _AUTHOR.fullmatch(v):
-            raise ValueError(
-                f"must be one line of at most {AUTHOR_CHARS} visible characters"
-                " (no line breaks or control characters)"
-            )
-        return v
+        return _check_author(v)
 
     #: When a turn is running: ``queue``, ``steer`` into it, or ``interrupt`` it.
     busy: Literal["queue", "steer", "interrupt"] = "queue"
     #: Images and files uploaded before (``POST .../attachments``), sent with it.
     attachments: list[AttachmentRef] = Field(default_factory=list, max_length=MAX_ATTACHMENTS)
+
+
+class BranchBody(_Body):
+    """``POST …/regenerate``: who asks again (default: who asked)."""
+
+    author: str | None = None
+
+    @field_validator("author")
+    @classmethod
+    def _one_line(cls, v: str | None) -> str | None:
+        return _check_author(v)
+
+
+class EditBody(_Body):
+    """``POST …/edit``: the question that replaces the last one."""
+
+    content: str = Field(min_length=1, pattern=r"\S")
+    author: str | None = None
+
+    @field_validator("author")
+    @classmethod
+    def _one_line(cls, v: str | None) -> str | None:
+        return _check_author(v)
 
 
 class InterruptBody(_Body):
@@ -855,6 +889,65 @@ class Api:
             }
         )
 
+    async def search(self, request: Request) -> Response:
+        """Full-text search over the audit log of the conversations the caller may
+        see: their user and assistant messages holding every word of ``q``."""
+        principal = self.principal(request)
+        if "q" not in request.query_params:
+            raise ApiError(422, "invalid_parameter", "q: the words to search for are required")
+        query = request.query_params["q"]
+        offset = _int_param(request, "offset", 0, 0, 10_000)
+        limit = _int_param(request, "limit", 20, 1, 100)
+        assert offset is not None and limit is not None
+        if not search_terms(query):
+            # Punctuation alone (a box being typed into) finds nothing, as in the store.
+            return JSONResponse(
+                {"items": [], "offset": offset, "limit": limit, "next_offset": None}
+            )
+        store = self.agent.store
+        if "search" not in store.capabilities:
+            raise ApiError(501, "not_supported", "this bot's store keeps no search index")
+        titles: dict[str, str | None] = {}  # conversation -> its title, None: not visible
+
+        async def visible(cid: str) -> str | None:
+            if cid not in titles:
+                record = await store.get_conversation(cid)
+                seen = record is not None and principal.allows(
+                    _channel_of(record.meta.get("channel_key"), record.meta)
+                )
+                titles[cid] = record.title if seen and record is not None else None
+            return titles[cid]
+
+        # Filter, then page: read the newest hits until the page is full (a token
+        # that sees every conversation pages the index directly).
+        hits: list[tuple[SearchHit, str]] = []
+        scanned, batch = 0, 200
+        if principal.prefixes is None:
+            scanned, batch = offset, limit + 1
+        while len(hits) <= (0 if principal.prefixes is None else offset) + limit:
+            chunk = await store.search_messages(query, limit=batch, offset=scanned)
+            for h in chunk:
+                title = await visible(h.conversation_id)
+                if title is not None:
+                    hits.append((h, title))
+            scanned += len(chunk)
+            if len(chunk) < batch or principal.prefixes is None:
+                break
+        if principal.prefixes is not None:
+            hits = hits[offset:]
+        more = len(hits) > limit
+        return JSONResponse(
+            {
+                "items": [
+                    {**dataclasses.asdict(h), "conversation_title": title}
+                    for h, title in hits[:limit]
+                ],
+                "offset": offset,
+                "limit": limit,
+                "next_offset": offset + limit if more else None,
+            }
+        )
+
     async def get_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
@@ -952,6 +1045,49 @@ class Api:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
         body = await self.body(request, NewMessageBody, required=True)
+        return await self._post(principal, conv, body)
+
+    async def regenerate(self, request: Request) -> Response:
+        """The last question again, in a new branch (its earlier answer stays in the
+        audit log, out of the model's context)."""
+        self._refuse_when_closing()
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, BranchBody, required=False)
+        asked = await conv.last_question()
+        if asked is None:
+            raise ApiError(409, "cannot_branch", "there is no question to regenerate")
+        message = NewMessageBody(content=asked.content, author=body.author or asked.author)
+        return await self._post(principal, conv, message, branch_of=asked.id)
+
+    async def edit_last(self, request: Request) -> Response:
+        """``content`` in place of the last question, in a new branch (the question
+        and its answer stay in the audit log, out of the model's context)."""
+        self._refuse_when_closing()
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, EditBody, required=True)
+        asked = await conv.last_question()
+        if asked is None:
+            raise ApiError(409, "cannot_branch", "there is no question to edit")
+        message = NewMessageBody(content=body.content, author=body.author)
+        return await self._post(principal, conv, message, branch_of=asked.id)
+
+    async def _post(
+        self,
+        principal: Principal,
+        conv: Conversation,
+        body: NewMessageBody,
+        *,
+        branch_of: int | None = None,
+    ) -> Response:
+        """A message posted (or a branch: ``branch_of``, the question it replaces)
+        through the gate, as a chat message is."""
+        branch = branch_of is not None
+        if branch and (conv.running_run_id is not None or conv.queued):
+            raise ApiError(
+                409, "cannot_branch", "a turn is running or queued: stop it or wait for it first"
+            )
         ours = self._ours(conv.channel_key)
         # A message posted into another transport's conversation is recorded
         # as coming from this API, not from that channel.
@@ -975,6 +1111,12 @@ class Api:
         # worker through the turn queue; a steer, an interrupt or the answer to a
         # question go straight in where this worker runs the conversation already.
         questions = self.agent.questions
+        if branch and queue is not None:
+            raise ApiError(
+                501, "not_supported",
+                "regenerate and edit need the conversation's turns on this worker"
+                " (several workers share this store)",
+            )  # fmt: skip
         queued = (
             queue is not None
             and ours
@@ -1023,6 +1165,7 @@ class Api:
                         allow_tool=decision.tools,
                         busy=body.busy,
                         settings=self._settings(speaker, channel),
+                        branch=branch,
                     )
                     run_id, steered = sent.run_id, sent.steered
         except PromptRefused as exc:
@@ -1031,6 +1174,8 @@ class Api:
             # (the only refusal left: an attachment the conversation does not hold; not
             # 404, which would say the conversation is not found)
             raise ApiError(409, "attachment_not_found", str(exc)) from None
+        except BranchError as exc:
+            raise ApiError(409, "cannot_branch", str(exc)) from None
         if self.ctx.host is not None:
             # A linked conversation: the people in its chat channels see it said.
             await self.ctx.host.posted(conv.id, self.ctx.instance, author, body.content)
@@ -1044,16 +1189,16 @@ class Api:
             # here and not by a client, so no reader races a second request for it.
             await conv.rename(_title_from(body.content))
             title = conv.title
-        return JSONResponse(
-            {
-                "conversation_id": conv.id,
-                "run_id": run_id,
-                "queued": conv.queued,
-                "title": title,
-                "steered": steered,
-            },
-            status_code=202,
-        )
+        accepted: dict[str, Any] = {
+            "conversation_id": conv.id,
+            "run_id": run_id,
+            "queued": conv.queued,
+            "title": title,
+            "steered": steered,
+        }
+        if branch:
+            accepted["branch_of"] = branch_of
+        return JSONResponse(accepted, status_code=202)
 
     async def run_queued(self, conv: Conversation, turn: Any, message: Any) -> Any:
         """A turn posted here and queued (several workers), claimed by this worker: the
@@ -1400,6 +1545,7 @@ def build_app(ctx: ApiContext) -> Starlette:
             {"GET": api.list_conversations, "POST": api.create_conversation},
         ),
         (p + "/conversations/import", {"POST": api.import_conversation}),
+        (p + "/search", {"GET": api.search}),
         (conv + "/export", {"GET": api.export_conversation}),
         (
             conv,
@@ -1412,6 +1558,8 @@ def build_app(ctx: ApiContext) -> Starlette:
         (conv + "/messages", {"GET": api.list_messages, "POST": api.post_message}),
         (conv + "/attachments", {"POST": api.upload_attachment}),
         (conv + "/attachments/{sha256}", {"GET": api.get_attachment}),
+        (conv + "/regenerate", {"POST": api.regenerate}),
+        (conv + "/edit", {"POST": api.edit_last}),
         (conv + "/status", {"GET": api.conversation_status}),
         (conv + "/interrupt", {"POST": api.interrupt}),
         (conv + "/messages/{message_id}/redact", {"POST": api.redact_message}),
@@ -1422,6 +1570,9 @@ def build_app(ctx: ApiContext) -> Starlette:
     ]
     if ctx.page is not None:
         paths.append(("/", {"GET": api.page}))
+        # A conversation's own address (deep links, reload, back/forward): the same
+        # page, which opens it; the id is one percent-encoded segment, any text.
+        paths.append(("/c/{conversation_id:path}", {"GET": api.page}))
         paths.append(("/static/{path:path}", {"GET": api.static}))
     if ctx.metrics is not None:
         paths.append(("/metrics", {"GET": api.metrics}))

@@ -67,7 +67,9 @@ ERROR_CODES = (
     "invalid_body",
     "invalid_parameter",
     "prompt_refused",
+    "cannot_branch",
     "budget_exceeded",
+    "not_supported",
     "unavailable",
     "internal_error",
 )
@@ -243,6 +245,42 @@ _SCHEMAS: dict[str, Any] = {
             "next_offset": {"type": ["integer", "null"]},
         },
     },
+    "SearchHit": {
+        "type": "object",
+        "required": [
+            "conversation_id",
+            "conversation_title",
+            "message_id",
+            "kind",
+            "author",
+            "run_id",
+            "created_at",
+            "snippet",
+        ],
+        "properties": {
+            "conversation_id": {"type": "string"},
+            "conversation_title": {"type": "string"},
+            "message_id": {"type": "integer", "description": "the audit-log row"},
+            "kind": {"type": "string", "enum": ["user", "assistant"]},
+            "author": {"type": ["string", "null"]},
+            "run_id": {"type": ["string", "null"]},
+            "created_at": {"type": "number"},
+            "snippet": {
+                "type": "string",
+                "description": "plain text around the first word found (about 160 characters)",
+            },
+        },
+    },
+    "SearchPage": {
+        "type": "object",
+        "required": ["items", "offset", "limit", "next_offset"],
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": "#/components/schemas/SearchHit"}},
+            "offset": {"type": "integer", "minimum": 0},
+            "limit": {"type": "integer", "minimum": 1},
+            "next_offset": {"type": ["integer", "null"]},
+        },
+    },
     "NewConversation": {
         "type": "object",
         "additionalProperties": False,
@@ -329,6 +367,39 @@ _SCHEMAS: dict[str, Any] = {
             "steered": {
                 "type": "boolean",
                 "description": "the message joined the running turn (run_id is that turn's)",
+            },
+            "branch_of": {
+                "type": "integer",
+                "description": "regenerate and edit only: the audit-log id of the question"
+                " this one replaces in the model's context (it stays in the audit log)",
+            },
+        },
+    },
+    "Regenerate": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "author": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "maxLength": AUTHOR_CHARS,
+                "pattern": AUTHOR_PATTERN,
+                "description": "who asks again (default: who asked)",
+            },
+        },
+    },
+    "Edit": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["content"],
+        "properties": {
+            "content": {"type": "string", "minLength": 1, "pattern": "\\S"},
+            "author": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "maxLength": AUTHOR_CHARS,
+                "pattern": AUTHOR_PATTERN,
+                "description": "the speaker's name for the model (default: the token's name)",
             },
         },
     },
@@ -848,6 +919,39 @@ def openapi_document(
                 },
             }
         },
+        p + "/search": {
+            "get": op(
+                "search",
+                "Full-text search over the messages of the conversations this caller may see,"
+                " newest first",
+                {
+                    "200": _json("SearchPage", "a page of messages found"),
+                    "422": _error("a bad query parameter"),
+                    "501": _error("the bot's store keeps no search index"),
+                },
+                parameters=[
+                    {
+                        "name": "q",
+                        "in": "query",
+                        "required": True,
+                        "description": "words (letters and digits); a message holds every"
+                        " one, as a word or the start of one, in any case (no word: no"
+                        " message found)",
+                        "schema": {"type": "string"},
+                    },
+                    {
+                        "name": "offset",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 10_000},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+                    },
+                ],
+            )
+        },
         p + "/conversations": {
             "post": op(
                 "createConversation",
@@ -865,6 +969,8 @@ def openapi_document(
                                 "renameConversation",
                                 "deleteConversation",
                                 "postMessage",
+                                "regenerate",
+                                "editLast",
                                 "listMessages",
                                 "interrupt",
                                 "conversationEvents",
@@ -961,6 +1067,50 @@ def openapi_document(
                 "deleteConversation",
                 "Delete a conversation and everything stored about it",
                 {"204": {"description": "deleted"}, **not_found},
+            ),
+        },
+        conv + "/regenerate": {
+            "parameters": [_CONV_ID],
+            "post": op(
+                "regenerate",
+                "Ask the last question again in a new branch: its earlier answer leaves the"
+                " model's context and stays in the audit log",
+                {
+                    "202": _json("MessageAccepted", "the question stored again; its turn runs"),
+                    "403": _error("the [access] rules do not let this token ask the bot here"),
+                    **not_found,
+                    **with_body,
+                    "409": _error(
+                        "cannot_branch: a turn is running or queued, or there is no question"
+                        " in the working memory (none yet, or summarised)"
+                    ),
+                    "422": _error("the body is not of the documented shape, or prompt_refused"),
+                    "429": _error("a budget is used up (budget_exceeded; Retry-After)"),
+                    "501": _error("several workers share this store (not_supported)"),
+                },
+                requestBody=_body("Regenerate", required=False),
+            ),
+        },
+        conv + "/edit": {
+            "parameters": [_CONV_ID],
+            "post": op(
+                "editLast",
+                "Replace the last question and ask it, in a new branch: the old question and"
+                " its answer leave the model's context and stay in the audit log",
+                {
+                    "202": _json("MessageAccepted", "the new question stored; its turn runs"),
+                    "403": _error("the [access] rules do not let this token ask the bot here"),
+                    **not_found,
+                    **with_body,
+                    "409": _error(
+                        "cannot_branch: a turn is running or queued, or there is no question"
+                        " in the working memory (none yet, or summarised)"
+                    ),
+                    "422": _error("the body is not of the documented shape, or prompt_refused"),
+                    "429": _error("a budget is used up (budget_exceeded; Retry-After)"),
+                    "501": _error("several workers share this store (not_supported)"),
+                },
+                requestBody=_body("Edit", required=True),
             ),
         },
         conv + "/messages": {

@@ -17,7 +17,7 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`OutboxContract`, :class:`WaitsContract`, :class:`GovernanceContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
-:class:`RunEventsContract`, :class:`LinksContract`,
+:class:`RunEventsContract`, :class:`LinksContract`, :class:`SearchContract`,
 :class:`WebhooksContract`, :class:`AttachmentsContract`); :class:`StoreContract` is all
 of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
@@ -40,6 +40,7 @@ from .log import LogContract
 from .outbox import OutboxContract
 from .queue import QueueContract
 from .runs import RunsContract
+from .search import SearchContract
 from .seen import SeenEventsContract
 from .waits import WaitsContract
 from .webhooks import WebhooksContract
@@ -57,6 +58,7 @@ __all__ = [
     "QueueContract",
     "RunEventsContract",
     "RunsContract",
+    "SearchContract",
     "SeenEventsContract",
     "StoreContract",
     "WaitsContract",
@@ -79,5 +81,6 @@ class StoreContract(
     LinksContract,
     WebhooksContract,
     AttachmentsContract,
+    SearchContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""

@@ -384,6 +384,30 @@ class LogContract(ContractBase):
         await store.compact("a", (await store.load_memory("a"))[-1].pos, chat("s", role="system"))
         assert [e.message.content for e in await store.load_memory("b")] == ["b1", "b2"]
 
+    async def test_rewinding_drops_the_tail_of_working_memory_and_keeps_the_log(
+        self, store: Any
+    ) -> None:
+        await store.create_conversation(rec("c"))
+        await store.create_conversation(rec("d"))
+        await store.append("d", memory=[chat("d1")])
+        await store.append(
+            "c",
+            log=[user("q1"), user("q2")],
+            memory=[chat("q1", message_id=-1), chat("a1", role="assistant"),
+                    chat("q2", message_id=-2), chat("a2", role="assistant")],
+        )  # fmt: skip
+        entries = await store.load_memory("c")
+        assert await store.rewind("c", entries[2].pos) == 2
+        assert [e.message.content for e in await store.load_memory("c")] == ["q1", "a1"]
+        assert [m.content for m in await store.messages("c")] == ["q1", "q2"]
+        # The next entries go after what is left; other conversations keep theirs.
+        await store.append("c", memory=[chat("q2 again")])
+        after = await store.load_memory("c")
+        assert [e.message.content for e in after] == ["q1", "a1", "q2 again"]
+        assert after[-1].pos > after[1].pos
+        assert [e.message.content for e in await store.load_memory("d")] == ["d1"]
+        assert await store.rewind("c", after[-1].pos + 100) == 0
+
     # -- turn ends --------------------------------------------------------------------
     async def test_a_user_message_without_an_end_is_pending(self, store: Any) -> None:
         await store.create_conversation(rec("c"))
