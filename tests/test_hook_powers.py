@@ -220,7 +220,11 @@ async def test_on_tool_error_can_abort_the_turn_and_the_next_turn_runs(tmp_path)
         "tool",
         "user",
     ]
-    assert [m.content for m in log if m.kind == "assistant"] == ["hello"]
+    # The aborted turn's answer is its error, in the audit log; the next one answers.
+    assert [(m.content, m.status) for m in log if m.kind == "assistant"] == [
+        ("", "error"),
+        ("hello", "complete"),
+    ]
     assert [e.reason for e in events if e.kind == "acme.flagged"] == ["broken"]
 
 

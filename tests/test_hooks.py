@@ -178,7 +178,11 @@ async def test_after_response_abort_ends_the_turn_and_records_no_answer():
     error = next(e for e in events if e.kind == "error")
     assert error.message == "turn aborted: the answer leaked a secret"
     assert not any(e.kind == "text_delta" and "SECRET" in e.text for e in events)
-    assert [m.content for m in log if m.kind == "assistant"] == ["fine"]
+    # No answer recorded: the aborted turn's row is its error (empty), then the next answer.
+    assert [(m.content, m.status) for m in log if m.kind == "assistant"] == [
+        ("", "error"),
+        ("fine", "complete"),
+    ]
 
 
 # -- tool hooks ------------------------------------------------------------------------------

@@ -145,7 +145,6 @@ async def test_the_page_deletes_the_conversation_it_shows_whatever_its_id(db_pat
         page = await browser.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("dialog", lambda dialog: dialog.accept())
         await page.goto(server.url + "/")
         await page.fill("#token", TOKENS["ADMIN_TOKEN"])
         await page.click("#save-token")
@@ -154,6 +153,7 @@ async def test_the_page_deletes_the_conversation_it_shows_whatever_its_id(db_pat
         await expect(page.locator("#status")).to_have_text("live")
         await expect(page.locator(".msg.user .text")).to_have_text(["hi"])
         await page.click("#delete")
+        await page.locator("#confirm-delete").get_by_role("button", name="Delete").click()
         await expect(page.locator("#conversations li")).to_have_count(1)
         await expect(page.locator("#conversations li")).to_contain_text("Payroll")
         assert not errors, errors

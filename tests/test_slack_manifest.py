@@ -29,6 +29,12 @@ METHOD_SCOPES = {
     "apps_connections_open": "",
     "chat_postMessage": "chat:write",
     "chat_update": "chat:write",
+    "chat_delete": "chat:write",  # a linked channel's copy of a deleted message
+    # A post whose reply was lost (a handover), a relayed copy, a thread's first
+    # message: looked up in the channel's history (the *:history scopes, one per kind
+    # of conversation; channels:history stands for them here).
+    "conversations_history": "channels:history",
+    "conversations_replies": "channels:history",
     "chat_stream": "chat:write",  # chat.startStream / appendStream / stopStream
     "users_info": "users:read",
     "assistant_threads_setStatus": "assistant:write",
