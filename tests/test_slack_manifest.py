@@ -12,6 +12,7 @@ api.slack.com/methods and api.slack.com/events.
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import yaml
@@ -108,6 +109,11 @@ def test_the_manifest_asks_for_exactly_the_scopes_the_transport_needs():
     # Not a Web API method: the files of file shares, fetched from their url_private.
     assert "_download" in SlackTransport.__dict__
     needed.add("files:read")
+    # Not a method either: relayed copies (linked channels) are posted under the
+    # person's name (chat.postMessage's ``username``), which Slack only honours with
+    # chat:write.customize (without it the copy would show the app's name, no author).
+    assert "username=author" in inspect.getsource(SlackTransport._relay)
+    needed.add("chat:write.customize")
     scopes = set(_manifest()["oauth_config"]["scopes"]["bot"])
     assert needed - scopes == set(), "the manifest lacks these scopes"
     assert scopes - needed == set(), "the manifest asks for scopes nothing uses"
