@@ -190,8 +190,10 @@ def _agent(tmp_path: Path, server: Any, **extra: Any) -> Any:
     return AgentBuilder.from_config(config, load_registry(config)).build()
 
 
-def _tool_results(body: dict[str, Any]) -> list[str]:
-    return [m["content"] for m in body["messages"] if m["role"] == "tool"]
+def _tool_results(body: dict[str, Any]) -> dict[str, str]:
+    """The tool results a request carries, by tool call id (the calls of one step run
+    at once: their results come in the order they finished)."""
+    return {m["tool_call_id"]: m["content"] for m in body["messages"] if m["role"] == "tool"}
 
 
 async def test_a_model_turn_reads_the_workspace_and_is_refused_an_escape(
@@ -216,7 +218,8 @@ async def test_a_model_turn_reads_the_workspace_and_is_refused_an_escape(
     first, second = openai_server.requests[0], openai_server.requests[1]
     offered = sorted(t["function"]["name"] for t in first["tools"])
     assert {"read_file", "list_dir", "glob", "grep"} <= set(offered)
-    read, escape, grep = _tool_results(second)
+    results = _tool_results(second)
+    read, escape, grep = results["c1"], results["c2"], results["c3"]
     assert "def main():\n    return 42" in read
     assert "goes up ('..')" in escape and SECRET not in escape
     assert grep.splitlines() == [
