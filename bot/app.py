@@ -327,6 +327,9 @@ class Bot:
                 self.turn_queue = TurnQueue(self.agent, ownership.worker, self.config.cluster,
                                             on_round=self.metrics.turn_queue)  # fmt: skip
                 self.agent.turn_queue = self.turn_queue
+            # A message said from here on is this process's (its turn runs at once),
+            # never one a crash left: recovery takes up only older ones.
+            began = time.time()
             serving = [t for t in self.transports.values() if ownership.serves(t)]
             for transport in self.transports.values():
                 if not ownership.serves(transport):
@@ -360,14 +363,14 @@ class Bot:
             # in the background, rendered after the redelivered pieces).
             if not ownership.shared:
                 await self.bridge.redeliver()
-                await self.bridge.resume_pending()
+                await self.bridge.resume_pending(before=began)
             else:  # what this worker serves; another worker's connections are its own
                 transport_for = self.bridge.transport_for
                 await self.bridge.redeliver(
                     transports={n for n, t in self.transports.items() if ownership.recovers(t)}
                 )
                 await self.bridge.resume_pending(
-                    only=lambda key: ownership.recovers(transport_for(key))
+                    only=lambda key: ownership.recovers(transport_for(key)), before=began
                 )
                 if self.turn_queue is not None:
                     # Turns queued for conversations nobody holds (a dead worker's) too.

@@ -408,12 +408,14 @@ class Bridge(AgentAccess):
         return len(self._channels)
 
     # -- after a restart ---------------------------------------------------------------
-    async def resume_pending(self, *, only: Callable[[str], bool] | None = None) -> dict[str, int]:
+    async def resume_pending(
+        self, *, only: Callable[[str], bool] | None = None, before: float | None = None
+    ) -> dict[str, int]:
         """Take up every message a crash left unanswered (in the channels ``only``
-        accepts); call once transports are started
+        accepts, written ``before`` the transports started); call once they are
         (:meth:`agentik.bot.recovery.Recovery.resume_pending`).  Returns how many
         messages went each way."""
-        return await self.recovery.resume_pending(only=only)
+        return await self.recovery.resume_pending(only=only, before=before)
 
     def transport_for(self, key: str) -> Transport | None:
         """The attached transport instance that owns channel ``key``, if any."""

@@ -425,13 +425,14 @@ class Ownership:
         """Start ``name`` on this worker; then what its last owner left: undelivered
         pieces, unanswered messages."""
         bot = self.bot
+        began = time.time()  # what is said on it from now on is this worker's
         await bot.start_supervised(transport)
         if transport not in bot.started:
             return  # its supervision retries (the start error is recorded)
         bridge = bot.bridge
         sent = await bridge.redeliver(transports={name})
         counts = await bridge.resume_pending(
-            only=lambda key: bridge.transport_for(key) is transport
+            only=lambda key: bridge.transport_for(key) is transport, before=began
         )
         log_event(
             self._log, logging.INFO, "takeover",

@@ -68,7 +68,9 @@ class Recovery:
     def __init__(self, host: RecoveryHost) -> None:
         self.host = host
 
-    async def resume_pending(self, *, only: Callable[[str], bool] | None = None) -> dict[str, int]:
+    async def resume_pending(
+        self, *, only: Callable[[str], bool] | None = None, before: float | None = None
+    ) -> dict[str, int]:
         """Take up every message a crash left unanswered; call once transports are started.
 
         For each conversation with committed user messages that have no
@@ -86,6 +88,10 @@ class Recovery:
         role, then budgets).  ``only``: take up only the conversations whose
         channel key it accepts (a worker that took over one connection: its
         channels); the others are not touched, nor are approvals then.
+        ``before``: only messages written before this time (``time.time()``
+        taken before the transports started): a message that arrives while the
+        start-up is still under way is this process's own, its turn already
+        queued, and taking it up too would answer it twice.
         Returns how many messages went each way.
         """
         counts = {"answer": 0, "note": 0, "drop": 0, "superseded": 0, "left": 0, "refused": 0}
@@ -98,6 +104,8 @@ class Recovery:
             for m in pending:
                 if isinstance(m.data, dict) and m.data.get("queued"):
                     continue  # the turn queue runs it (agentik.core.cluster.conversations)
+                if before is not None and m.created_at >= before:
+                    continue  # said since this start began: its turn is ours already
                 by_conv.setdefault(m.conversation_id, []).append(m)
             for cid, messages in by_conv.items():
                 if only is not None and not only(messages[-1].channel or ""):

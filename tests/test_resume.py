@@ -382,3 +382,36 @@ async def test_a_channel_started_over_meanwhile_records_the_old_message_as_super
         assert fake.posts == [] and model.requests == []
     finally:
         await close(agent, bridge)
+
+
+async def test_a_message_said_while_the_bot_starts_is_answered_once_not_taken_up_too(db_path):
+    # One message a crash left; the bot restarts, and while its start-up is still
+    # under way (another transport connecting) someone speaks on a transport that
+    # is up already: that turn is running when recovery looks for unanswered
+    # messages, and must not be taken up a second time (the stdio chat printed
+    # its first answer twice under load).
+    await leave_unanswered(db_path, ["ops"])
+    live = Reply(text="answered live", hold_after=1)
+    model = ScriptedModel([live, "answered after the restart"])
+    agent = await Agent(llm=model, store=SQLiteStore(db_path)).start()
+    bridge = Bridge(agent, resume="answer")
+    fake = FakeTransport(name="chat")
+    bridge.attach(fake)
+    try:
+        began = time.time()
+        await fake.start(bridge)
+        await fake.say("agentik: are you there?", channel="dev", user="bob")
+        async with asyncio.timeout(TIMEOUT):
+            await live.held.wait()  # its turn is mid-answer: no recorded end yet
+        assert len(await agent.pending_turns()) == 2  # both look unanswered in the log
+        counts = await bridge.resume_pending(before=began)
+        assert counts["answer"] == 1  # only the one the crash left
+        live.release.set()
+        async with asyncio.timeout(TIMEOUT):
+            await bridge.flush(fake.key(channel="dev"))
+            await bridge.flush(fake.key(channel="ops"))
+        assert fake.received(channel="dev") == ["answered live"]
+        assert fake.received(channel="ops") == ["answered after the restart"]
+        assert len(model.requests) == 2
+    finally:
+        await close(agent, bridge)
