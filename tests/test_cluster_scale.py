@@ -300,8 +300,12 @@ async def test_rolling_restart_under_slack_load_loses_and_doubles_nothing(
                 # Still open (issue 32): once, under a load of 22-35, one answer came
                 # twice at a takeover that both redelivered a piece and resumed a message
                 # ("1 piece(s) redelivered, 1 message(s) resumed"); the drain now waits
-                # for turns started after its first look too. Nothing is lost (asserted
-                # above): reported, not hidden.
+                # for turns started after its first look too, and a takeover no longer
+                # takes up a message said on the new connection after it started (its
+                # turn already running: test_resume's
+                # test_a_message_said_while_the_bot_starts_is_answered_once_not_taken_up_too),
+                # a third cause of a double. Nothing is lost (asserted above): reported,
+                # not hidden.
                 pytest.xfail(f"answered twice across a handover: {doubled}")
         except BaseException:
             for w in crew:  # shown with the failure
