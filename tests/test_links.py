@@ -862,3 +862,117 @@ async def test_a_copy_slack_got_just_before_a_crash_is_not_posted_again(
             assert len(slack.calls_to("conversations.history")) == 1
             assert slack.calls_to("chat.update") == []
             assert await b.bridge.redeliver() == 0
+
+
+async def test_a_copy_into_a_slack_thread_slack_got_just_before_a_crash_is_not_posted_again(
+    ngircd, tmp_path, monkeypatch
+):
+    """The same lookup as for answers (the piece metadata), in the thread the copy went
+    into: an IRC reply relayed into a Slack thread is not doubled by a restart."""
+    import sqlite3
+
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        alice = await person(ngircd.port, "alice")
+        try:
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+                alice.privmsg("#team", "the deploy failed")
+                await slack.wait_until(lambda: relays_in(slack) or None, WAIT, "the copy")
+                [copy_ts] = [ts for (ch, ts), m in slack.messages.items() if m.get("username")]
+                await slack.push_event(
+                    slack.message_event("C1", "which step?", user="U2", thread_ts=copy_ts)
+                )
+                await alice.wait_for(lambda m: "which step?" in m.text, WAIT)
+                alice.privmsg("#team", "bob: the migration")
+                await slack.wait_until(
+                    lambda: [c for c in relays_in(slack) if "the migration" in c["text"]] or None,
+                    WAIT, "alice's reply in the thread",
+                )  # fmt: skip
+                await b.bridge.links.drain()
+                await b.bridge.outbox.drain()
+        finally:
+            await alice.close()
+        # As if the process died after Slack took the copy, before it wrote that down.
+        with sqlite3.connect(tmp_path / "links.db") as conn:
+            changed = conn.execute(
+                "UPDATE outbox SET state = 'queued', ref = NULL"
+                " WHERE kind = 'relay' AND text = 'bob: the migration'"
+            ).rowcount
+        assert changed == 1
+        async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+            assert await b.bridge.redeliver() == 1
+            await b.bridge.outbox.drain()
+            # Found in its thread by its metadata: there once, and done.
+            in_thread = [
+                m for (ch, ts), m in slack.messages.items()
+                if ch == "C1" and m.get("thread_ts") == copy_ts and "the migration" in m["text"]
+            ]  # fmt: skip
+            assert len(in_thread) == 1
+            assert len([c for c in relays_in(slack) if "the migration" in c["text"]]) == 1
+            assert [c["ts"] for c in slack.calls_to("conversations.replies")][-1:] == [copy_ts]
+            assert await b.bridge.redeliver() == 0
+
+
+async def test_an_edit_and_a_delete_made_while_slack_is_down_are_applied_after_a_restart(
+    ngircd, tmp_path, monkeypatch
+):
+    """Changes go through the outbox: made while the target refuses them, and the bot
+    stopped before they got through, the next process applies them, once each; IRC
+    (no edits) shows each as one line, never twice."""
+    other = "slack:T1:C2"  # a second Slack channel: its copy can be edited
+    links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY, other])]
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        watcher = await person(ngircd.port, "watcher")
+        try:
+            kw: dict[str, Any] = {"links": links, "rate_limit_retries": 0}
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, **kw) as b:
+                said = slack.message_event("C1", "the meeting is at 3", user="U2")
+                await slack.push_event(said)
+                await watcher.wait_for(lambda m: "the meeting is at 3" in m.text, WAIT)
+                await slack.wait_until(lambda: relays_in(slack, "C2") or None, WAIT, "the copy")
+                [copy_ts] = [ts for (ch, ts), m in slack.messages.items()
+                             if ch == "C2" and m.get("username")]  # fmt: skip
+                await b.bridge.links.drain()
+                # Slack refuses every edit and deletion from now on (down for them).
+                slack.rate_limit("chat.update", times=10_000, retry_after=1)
+                slack.rate_limit("chat.delete", times=10_000, retry_after=1)
+                await slack.push_event(slack.message_changed_event(said, "the meeting is at 4"))
+                await watcher.wait_for(lambda m: "(edit) the meeting is at 4" in m.text, WAIT)
+                await slack.wait_until(
+                    lambda: slack.calls_to("chat.update") or None, WAIT, "a refused update"
+                )
+                await slack.push_event(slack.message_deleted_event(said))
+                await watcher.wait_for(lambda m: "(deleted their message" in m.text, WAIT)
+                await eventually(lambda: _irc_lines_confirmed(b), "IRC's lines confirmed")
+            # Stopped before Slack took either change: the copy is as it was.
+            assert slack.messages[("C2", copy_ts)]["text"] == "the meeting is at 3"
+            slack.rate_limit("chat.update", times=0)
+            slack.rate_limit("chat.delete", times=0)  # Slack is back
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=links) as b:
+                assert await b.bridge.redeliver() == 2  # the edit, then the deletion
+                await b.bridge.outbox.drain()
+                updates = [c for c in slack.calls_to("chat.update") if c.get("ts") == copy_ts]
+                assert updates[-1]["text"] == "the meeting is at 4"
+                assert ("C2", copy_ts) not in slack.messages  # deleted, after its edit
+                [deleted] = slack.calls_to("chat.delete")[-1:]
+                assert (deleted["channel"], deleted["ts"]) == ("C2", copy_ts)
+                assert len(relays_in(slack, "C2")) == 1  # a change is never a new post
+                assert await b.bridge.redeliver() == 0
+            lines = [m.text for m in relay_lines(watcher)]
+            assert len([t for t in lines if "(edit) the meeting is at 4" in t]) == 1
+            assert len([t for t in lines if "(deleted their message" in t]) == 1
+        finally:
+            await watcher.close()
+
+
+async def _irc_lines_confirmed(b: Linked) -> bool:
+    import sqlite3
+
+    with sqlite3.connect(b.agent.store.path) as conn:
+        rows = conn.execute(
+            "SELECT state, awaits_confirm FROM outbox WHERE channel_key = ? AND kind = 'relay'",
+            (IRC_KEY,),
+        ).fetchall()
+    # (delivered: confirmed, or sent where the server will not confirm)
+    return len(rows) == 3 and all(r[0] == "confirmed" or (r[0], r[1]) == ("sent", 0) for r in rows)
