@@ -791,7 +791,7 @@ class SlackTransport(Transport):
         )
         self._incoming.put_nowait(
             _Incoming(keys, key, incoming(text).strip(), user, channel, thread_ts, ts,
-                      addressed=False, change=change, change_id=event_ts)
+                      addressed=False, change=change, change_id=str(event_ts))
         )  # fmt: skip
 
     async def _on_action(self, ack: Any, body: dict[str, Any]) -> None:
