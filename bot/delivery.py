@@ -32,9 +32,14 @@ log = logging.getLogger("agentik.bot.bridge")
 
 
 class Resender(Protocol):
-    """Who says what a relayed copy, or a change to one, is sent as again (the links)."""
+    """Who says what a relayed copy, or a change to one, is sent as again, and tries
+    again those a target still refuses (the links)."""
 
     async def resending(self, row: OutboxEntry) -> OutgoingMessage | None: ...
+
+    def later(self, out: OutgoingMessage) -> None: ...
+
+    async def requeue(self, row: OutboxEntry) -> None: ...
 
 
 class Delivery:
@@ -123,6 +128,8 @@ class Delivery:
         rows = await store.outbox_undelivered()
         sent = 0
         ends: dict[tuple[str, str], OutboxEntry] = {}
+        #: Linked channels that refused a copy: theirs are tried again by the links.
+        refused: set[str] = set()
         for row in rows:
             if transports is not None and row.transport not in transports:
                 continue  # another worker's
@@ -140,9 +147,21 @@ class Delivery:
             if kind in ("relay", "unrelay"):
                 # A relayed copy (linked channels), or an edit or a deletion of one: the
                 # links say what it is sent as (its author, late, the copy it changes).
-                out = await self.relays.resending(row) if self.relays is not None else None
-                if out is None:
+                if self.relays is None:  # (no links: sent as it was written)
+                    author = row.reply_to.get("author") if isinstance(row.reply_to, dict) else None
+                    out = OutgoingMessage(
+                        channel_key=row.channel_key, text=text, kind=kind, run_id=row.run_id,
+                        reply_to=row.reply_to, outbox_id=row.id, written_at=row.created_at,
+                        author=author,
+                    )  # fmt: skip
+                elif row.channel_key in refused:
+                    await self.relays.requeue(row)  # behind the one refused, in order
                     continue
+                else:
+                    resent = await self.relays.resending(row)
+                    if resent is None:
+                        continue
+                    out = resent
             else:
                 out = OutgoingMessage(
                     channel_key=row.channel_key, text=text, kind=kind, run_id=row.run_id,
@@ -152,6 +171,13 @@ class Delivery:
             try:
                 await transport.send(out)
             except Exception:
+                if out.kind in ("relay", "unrelay") and self.relays is not None:
+                    # The target is still down: tried again, in order, until it is back.
+                    log.warning("transport %s could not redeliver to %s: trying again",
+                                row.transport, row.channel_key)  # fmt: skip
+                    refused.add(row.channel_key)
+                    self.relays.later(out)
+                    continue
                 log.exception("transport %s could not redeliver to %s", row.transport,
                               row.channel_key)  # fmt: skip
                 continue

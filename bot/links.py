@@ -227,6 +227,8 @@ class _Relay:
     run: str | None = None
     #: The thread it goes into (a Slack ``thread_ts``), or ``None``.
     thread: str | None = None
+    #: Sent as it is (an outbox row a restart's redelivery could not send: :meth:`Links.later`).
+    out: OutgoingMessage | None = None
 
 
 @dataclass(slots=True)
@@ -834,6 +836,37 @@ class Links:
             written_at=row.created_at, author=author,
         )  # fmt: skip
 
+    def later(self, out: OutgoingMessage) -> None:
+        """Send ``out`` (:meth:`resending` made it) through its target's queue: a
+        restart's redelivery found the target still refusing it, so it is tried again
+        as a live copy is, until the target is back (the copies and changes behind it
+        wait, so the order holds)."""
+        row = LinkMessage(link="", canonical="", channel_key=out.channel_key)
+        change: Literal["edit", "delete"] | None = None
+        if out.replaces is not None:
+            change = "delete" if out.kind == "unrelay" else "edit"
+        item = _Relay(out.text, out.author or "", out.outbox_id, row, change, out=out)
+        self._target(out.channel_key).queue.put_nowait(item)
+
+    async def requeue(self, row: OutboxEntry) -> None:
+        """Send the outbox row ``row`` of a relayed copy or a change through its
+        target's queue (a restart's redelivery found the target refusing an earlier
+        one): a change waits there for the copy it changes, its id found as it goes."""
+        reply = row.reply_to if isinstance(row.reply_to, dict) else {}
+        change = reply.get("change")
+        if change in ("edit", "delete"):
+            copy_run = str(reply.get("copy") or "")
+            copy = LinkMessage(link="", canonical=copy_run.removeprefix("relay:"),
+                               channel_key=row.channel_key, run_id=copy_run)  # fmt: skip
+            kind: Literal["edit", "delete"] = "delete" if change == "delete" else "edit"
+            item = _Relay(row.text, str(reply.get("author") or ""), row.id, copy, kind,
+                          run=row.run_id)  # fmt: skip
+            self._target(row.channel_key).queue.put_nowait(item)
+            return
+        out = await self.resending(row)
+        if out is not None:
+            self.later(out)
+
     async def _copy_ref(self, key: str, copy_run: str) -> str | None:
         """The protocol id (a Slack ``ts``) of the copy ``copy_run`` in ``key``, from the
         message map."""
@@ -900,10 +933,13 @@ class Links:
             transport = self.host.transport_for(key)
             if transport is None:
                 return  # gone (a reload): the outbox row waits for a restart
-            if item.change is not None:
-                out = await self._changed(transport, key, item)
-                if out is None:
+            if item.out is not None:
+                out = item.out
+            elif item.change is not None:
+                changed = await self._changed(transport, key, item)
+                if changed is None:
                     return
+                out = changed
             else:
                 out = OutgoingMessage(
                     channel_key=key, text=late(item.text, item.row.created_at, self.late_after),

@@ -967,6 +967,10 @@ async def test_an_edit_and_a_delete_made_while_slack_is_down_are_applied_after_a
 
 
 async def _irc_lines_confirmed(b: Linked) -> bool:
+    return await _irc_lines_delivered(b, 3)
+
+
+async def _irc_lines_delivered(b: Linked, n: int) -> bool:
     import sqlite3
 
     with sqlite3.connect(b.agent.store.path) as conn:
@@ -975,4 +979,51 @@ async def _irc_lines_confirmed(b: Linked) -> bool:
             (IRC_KEY,),
         ).fetchall()
     # (delivered: confirmed, or sent where the server will not confirm)
-    return len(rows) == 3 and all(r[0] == "confirmed" or (r[0], r[1]) == ("sent", 0) for r in rows)
+    return len(rows) == n and all(r[0] == "confirmed" or (r[0], r[1]) == ("sent", 0) for r in rows)
+
+
+async def test_a_copy_and_its_edit_waiting_for_slack_across_a_restart_go_once_it_is_back(
+    ngircd, tmp_path, monkeypatch
+):
+    """Slack still down when the bot starts again: what the outbox holds for it (a copy,
+    then an edit of it) is tried again until Slack is back, in order, without another
+    restart; the edit finds the copy's ts once the copy is posted."""
+    other = "slack:T1:C2"
+    links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY, other])]
+    kw: dict[str, Any] = {"links": links, "rate_limit_retries": 0}
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        watcher = await person(ngircd.port, "watcher")
+        try:
+            slack.rate_limit("chat.postMessage", times=10_000, retry_after=1)  # Slack down
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, **kw) as b:
+                said = slack.message_event("C1", "the meeting is at 3", user="U2")
+                await slack.push_event(said)
+                await watcher.wait_for(lambda m: "the meeting is at 3" in m.text, WAIT)
+                await slack.push_event(slack.message_changed_event(said, "the meeting is at 4"))
+                await watcher.wait_for(lambda m: "(edit) the meeting is at 4" in m.text, WAIT)
+                await slack.wait_until(
+                    lambda: slack.calls_to("chat.postMessage") or None, WAIT, "a refused post"
+                )
+                await eventually(lambda: _irc_lines_delivered(b, 2), "IRC's lines delivered")
+            assert [m for (ch, _), m in slack.messages.items() if ch == "C2"] == []
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, **kw) as b:
+                assert await b.bridge.redeliver() == 0  # refused again: queued, not lost
+                slack.rate_limit("chat.postMessage", times=0)  # Slack is back
+                copy = await slack.wait_until(
+                    lambda: [m for (ch, _), m in slack.messages.items()
+                             if ch == "C2" and m.get("username")] or None,
+                    WAIT, "the copy",
+                )  # fmt: skip
+                await slack.wait_until(
+                    lambda: copy[0]["text"] == "the meeting is at 4" or None, WAIT, "the edit"
+                )
+                assert len(copy) == 1 and copy[0]["username"] == "bob (Slack)"
+                await b.bridge.links.drain()
+                await b.bridge.outbox.drain()
+                assert await b.bridge.redeliver() == 0
+            lines = [m.text for m in relay_lines(watcher)]
+            assert len([t for t in lines if "(edit) the meeting is at 4" in t]) == 1
+            assert len([t for t in lines if t.endswith("the meeting is at 3")]) == 1
+        finally:
+            await watcher.close()
