@@ -1027,3 +1027,37 @@ async def test_a_copy_and_its_edit_waiting_for_slack_across_a_restart_go_once_it
             assert len([t for t in lines if t.endswith("the meeting is at 3")]) == 1
         finally:
             await watcher.close()
+
+
+async def test_with_edits_none_irc_shows_no_change_and_slack_still_updates_its_copy(
+    ngircd, tmp_path, monkeypatch
+):
+    other = "slack:T1:C2"
+    links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY, other], edits="none")]
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        watcher = await person(ngircd.port, "watcher")
+        try:
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=links) as b:
+                said = slack.message_event("C1", "the meeting is at 3", user="U2")
+                await slack.push_event(said)
+                await slack.wait_until(lambda: relays_in(slack, "C2") or None, WAIT, "the copy")
+                [copy_ts] = [ts for (ch, ts), m in slack.messages.items()
+                             if ch == "C2" and m.get("username")]  # fmt: skip
+                await slack.push_event(slack.message_changed_event(said, "the meeting is at 4"))
+                await slack.wait_until(
+                    lambda: slack.messages[("C2", copy_ts)]["text"] == "the meeting is at 4"
+                    or None, WAIT, "the copy updated",
+                )  # fmt: skip
+                # A line said after the edit: IRC's queue is in order, so the edit's line
+                # would have come before it.
+                await slack.push_event(slack.message_event("C1", "see you there", user="U2"))
+                await watcher.wait_for(lambda m: "see you there" in m.text, WAIT)
+                lines = [m.text for m in relay_lines(watcher)]
+                assert [t.split("> ", 1)[1] for t in lines] == [
+                    "the meeting is at 3", "see you there"
+                ]  # fmt: skip
+                await b.bridge.links.drain()
+                assert b.bridge.links.changed == 1  # Slack's copy only
+        finally:
+            await watcher.close()
