@@ -161,6 +161,7 @@ class Bridge(AgentAccess):
         #: Linked channels (``[[links]]``, ``!link``): one conversation across
         #: transports, people relayed (:mod:`agentik.bot.links`).
         self.links = Links(self, links)
+        self.delivery.relays = self.links
 
     @property
     def metrics(self) -> Metrics | None:

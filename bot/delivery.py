@@ -14,13 +14,12 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from agentik.core.store.base import OutboxEntry, Store
 from agentik.transports.base import Action, OutgoingKind, OutgoingMessage, Transport
 from agentik.transports.text import split_text
 
-from .links import late
 from .outbox import Outbox, outbox_rows
 
 if TYPE_CHECKING:
@@ -30,6 +29,17 @@ __all__ = ["Delivery"]
 
 # Delivery failures keep the bridge's logger: operators' log filters name it.
 log = logging.getLogger("agentik.bot.bridge")
+
+
+class Resender(Protocol):
+    """Who says what a relayed copy, or a change to one, is sent as again, and tries
+    again those a target still refuses (the links)."""
+
+    async def resending(self, row: OutboxEntry) -> OutgoingMessage | None: ...
+
+    def later(self, out: OutgoingMessage) -> None: ...
+
+    async def requeue(self, row: OutboxEntry) -> None: ...
 
 
 class Delivery:
@@ -43,6 +53,8 @@ class Delivery:
         self._transports = transports
         #: Where messages out are counted (the bot's :class:`~agentik.bot.metrics.Metrics`).
         self.metrics: Metrics | None = None
+        #: What relayed copies and changes to them are sent as again (the bridge's links).
+        self.relays: Resender | None = None
 
     async def send(
         self,
@@ -116,6 +128,8 @@ class Delivery:
         rows = await store.outbox_undelivered()
         sent = 0
         ends: dict[tuple[str, str], OutboxEntry] = {}
+        #: Linked channels that refused a copy: theirs are tried again by the links.
+        refused: set[str] = set()
         for row in rows:
             if transports is not None and row.transport not in transports:
                 continue  # another worker's
@@ -130,25 +144,40 @@ class Delivery:
                 text = found
                 await self.outbox.add([dataclasses.replace(row, text=text, complete=True)])
             kind: OutgoingKind = "answer" if row.kind == "stream" else row.kind  # type: ignore[assignment]
-            # A relayed copy (linked channels) keeps its author in its reply data, and
-            # shows when it was said if that was a while ago.
-            author = row.reply_to.get("author") if isinstance(row.reply_to, dict) else None
-            reply_to = row.reply_to
-            if kind == "relay":
-                text = late(text, row.created_at)
-                if isinstance(reply_to, dict):
-                    # (sent again: the transport may look whether it got there already)
-                    reply_to = {**reply_to, "again": row.created_at}
-            try:
-                await transport.send(
-                    OutgoingMessage(
+            if kind in ("relay", "unrelay"):
+                # A relayed copy (linked channels), or an edit or a deletion of one: the
+                # links say what it is sent as (its author, late, the copy it changes).
+                if self.relays is None:  # (no links: sent as it was written)
+                    author = row.reply_to.get("author") if isinstance(row.reply_to, dict) else None
+                    out = OutgoingMessage(
                         channel_key=row.channel_key, text=text, kind=kind, run_id=row.run_id,
-                        reply_to=reply_to, outbox_id=row.id, replaces=row.ref,
-                        written_at=row.created_at,
-                        author=author if kind == "relay" else None,
-                    )
+                        reply_to=row.reply_to, outbox_id=row.id, written_at=row.created_at,
+                        author=author,
+                    )  # fmt: skip
+                elif row.channel_key in refused:
+                    await self.relays.requeue(row)  # behind the one refused, in order
+                    continue
+                else:
+                    resent = await self.relays.resending(row)
+                    if resent is None:
+                        continue
+                    out = resent
+            else:
+                out = OutgoingMessage(
+                    channel_key=row.channel_key, text=text, kind=kind, run_id=row.run_id,
+                    reply_to=row.reply_to, outbox_id=row.id, replaces=row.ref,
+                    written_at=row.created_at,
                 )  # fmt: skip
+            try:
+                await transport.send(out)
             except Exception:
+                if out.kind in ("relay", "unrelay") and self.relays is not None:
+                    # The target is still down: tried again, in order, until it is back.
+                    log.warning("transport %s could not redeliver to %s: trying again",
+                                row.transport, row.channel_key)  # fmt: skip
+                    refused.add(row.channel_key)
+                    self.relays.later(out)
+                    continue
                 log.exception("transport %s could not redeliver to %s", row.transport,
                               row.channel_key)  # fmt: skip
                 continue

@@ -223,12 +223,12 @@ class _Relay:
     outbox_id: int | None
     row: LinkMessage
     change: Literal["edit", "delete"] | None = None
-    #: ``line``/``none``: the link's ``edits`` (a change to a target that cannot edit).
-    edits: str = "line"
-    #: When the changed message was said (a deletion's line names it).
-    said_at: float = 0.0
+    #: A change's own outbox run (``relay:<canonical>:<edit|delete>:<change id>``).
+    run: str | None = None
     #: The thread it goes into (a Slack ``thread_ts``), or ``None``.
     thread: str | None = None
+    #: Sent as it is (an outbox row a restart's redelivery could not send: :meth:`Links.later`).
+    out: OutgoingMessage | None = None
 
 
 @dataclass(slots=True)
@@ -762,17 +762,119 @@ class Links:
             not text or (s.opt_out_prefix and text.startswith(s.opt_out_prefix))
         ):
             kind = "delete"  # edited into the opt-out: taken back from the others
-        n = 0
+        # Each change is a piece of its own in the outbox (keyed by the change, so the
+        # same change handed over twice is one row), written before it is queued: a
+        # change made while the target is down, or cut by a restart, is applied when
+        # it can be (redelivered after a restart, see :meth:`resending`).
+        stamp = str(message.meta.get("change_id") or uuid.uuid4().hex)
+        author = message.author_name
+        items: list[tuple[Transport, _Relay, OutboxEntry]] = []
         for row in rows:
             if row.origin or row.channel_key == key:
                 continue
             target = self.host.transport_for(row.channel_key)
             if target is None or not target.relays:
                 continue
-            item = _Relay(text, message.author_name, None, row, kind, s.edits, said_at)
-            await self._target(row.channel_key).queue.put(item)
-            n += 1
-        return n
+            copy_run = row.run_id or f"relay:{canonical}"
+            if target.caps.can_edit:
+                words = text if kind == "edit" else ""
+                out_kind = "relay" if kind == "edit" else "unrelay"
+                reply: dict[str, str] = {"author": author, "change": kind, "copy": copy_run}
+            elif s.edits == "line":
+                words, out_kind, reply = (
+                    _change_line(kind, text, said_at),
+                    "relay",
+                    {"author": author},
+                )
+            else:
+                continue  # the link shows changes nowhere that cannot edit
+            entry = OutboxEntry(
+                channel_key=row.channel_key, run_id=f"{copy_run}:{kind}:{stamp}", piece=0,
+                transport=target.name, kind=out_kind, text=words, reply_to=reply,
+            )  # fmt: skip
+            items.append((target, _Relay(words, author, None, row, kind, run=entry.run_id), entry))
+        entries = [e for t, _, e in items if t.outbox]
+        ids = iter(list(await self.host.outbox.add(entries)) if entries else [])
+        for target, item, _ in items:
+            if target.outbox:
+                item.outbox_id = next(ids, None)
+            await self._target(item.row.channel_key).queue.put(item)
+        return len(items)
+
+    async def resending(self, row: OutboxEntry) -> OutgoingMessage | None:
+        """What the outbox row ``row`` of a relayed copy or of a change to one, left
+        undelivered by a previous process, is sent as now (:class:`Delivery` asks
+        after a restart); ``None``: not now (a change to a copy whose id is not known:
+        it stays in the outbox).  A copy's protocol id goes into the message map as
+        it is reported, as for a copy sent live."""
+        reply = row.reply_to if isinstance(row.reply_to, dict) else {}
+        author = reply.get("author")
+        kind: OutgoingKind = "unrelay" if row.kind == "unrelay" else "relay"
+        change = reply.get("change")
+        if change in ("edit", "delete"):
+            ref = await self._copy_ref(row.channel_key, str(reply.get("copy") or ""))
+            if ref is None:
+                log.info("the copy in %s of a changed message has no id: not changed yet",
+                         row.channel_key)  # fmt: skip
+                return None
+            return OutgoingMessage(
+                channel_key=row.channel_key, text=row.text, kind=kind, run_id=row.run_id,
+                reply_to=reply, outbox_id=row.id, replaces=ref, author=author,
+            )  # fmt: skip
+        found = self.find(row.channel_key)
+        if found is not None and row.id is not None and row.run_id.startswith("relay:"):
+            # (not a change line: those are not in the message map)
+            if row.run_id.count(":") == 1:
+                self._copies[row.id] = LinkMessage(
+                    link=found[0].name, canonical=row.run_id.removeprefix("relay:"),
+                    channel_key=row.channel_key, run_id=row.run_id, piece=0,
+                    created_at=row.created_at,
+                )  # fmt: skip
+        return OutgoingMessage(
+            channel_key=row.channel_key, text=late(row.text, row.created_at, self.late_after),
+            kind=kind, run_id=row.run_id, reply_to=reply or row.reply_to, outbox_id=row.id,
+            written_at=row.created_at, author=author,
+        )  # fmt: skip
+
+    def later(self, out: OutgoingMessage) -> None:
+        """Send ``out`` (:meth:`resending` made it) through its target's queue: a
+        restart's redelivery found the target still refusing it, so it is tried again
+        as a live copy is, until the target is back (the copies and changes behind it
+        wait, so the order holds)."""
+        row = LinkMessage(link="", canonical="", channel_key=out.channel_key)
+        change: Literal["edit", "delete"] | None = None
+        if out.replaces is not None:
+            change = "delete" if out.kind == "unrelay" else "edit"
+        item = _Relay(out.text, out.author or "", out.outbox_id, row, change, out=out)
+        self._target(out.channel_key).queue.put_nowait(item)
+
+    async def requeue(self, row: OutboxEntry) -> None:
+        """Send the outbox row ``row`` of a relayed copy or a change through its
+        target's queue (a restart's redelivery found the target refusing an earlier
+        one): a change waits there for the copy it changes, its id found as it goes."""
+        reply = row.reply_to if isinstance(row.reply_to, dict) else {}
+        change = reply.get("change")
+        if change in ("edit", "delete"):
+            copy_run = str(reply.get("copy") or "")
+            copy = LinkMessage(link="", canonical=copy_run.removeprefix("relay:"),
+                               channel_key=row.channel_key, run_id=copy_run)  # fmt: skip
+            kind: Literal["edit", "delete"] = "delete" if change == "delete" else "edit"
+            item = _Relay(row.text, str(reply.get("author") or ""), row.id, copy, kind,
+                          run=row.run_id)  # fmt: skip
+            self._target(row.channel_key).queue.put_nowait(item)
+            return
+        out = await self.resending(row)
+        if out is not None:
+            self.later(out)
+
+    async def _copy_ref(self, key: str, copy_run: str) -> str | None:
+        """The protocol id (a Slack ``ts``) of the copy ``copy_run`` in ``key``, from the
+        message map."""
+        if not copy_run.startswith("relay:"):
+            return None
+        await self._settle_map()  # the copy's id, reported as it was sent
+        rows = await self.store.link_map(copy_run.removeprefix("relay:"))
+        return next((r.ref for r in rows if r.channel_key == key and r.ref), None)
 
     def _map(self, rows: list[LinkMessage]) -> None:
         """Record message-map rows, batched in the background (one store write for
@@ -831,10 +933,13 @@ class Links:
             transport = self.host.transport_for(key)
             if transport is None:
                 return  # gone (a reload): the outbox row waits for a restart
-            if item.change is not None:
-                out = await self._changed(transport, key, item)
-                if out is None:
+            if item.out is not None:
+                out = item.out
+            elif item.change is not None:
+                changed = await self._changed(transport, key, item)
+                if changed is None:
                     return
+                out = changed
             else:
                 out = OutgoingMessage(
                     channel_key=key, text=late(item.text, item.row.created_at, self.late_after),
@@ -863,29 +968,22 @@ class Links:
         self, transport: Transport, key: str, item: _Relay
     ) -> OutgoingMessage | None:
         """What ``transport`` is sent for an edit or a deletion of a copy: an update or a
-        deletion of the copy where it can edit (its id from the message map), else a
-        line (the link's ``edits = "line"``) or nothing."""
+        deletion of the copy where it can edit (its id from the message map), else the
+        line :meth:`change` wrote (the link's ``edits = "line"``)."""
         if transport.caps.can_edit:
-            await self._settle_map()  # the copy's id, reported as it was sent
-            rows = await self.store.link_map(item.row.canonical)
-            ref = next((r.ref for r in rows if r.channel_key == key and r.ref), None)
+            ref = await self._copy_ref(key, item.row.run_id or "")
             if ref is None:
+                # Its outbox row waits: a restart tries again (see resending).
                 log.info("the copy in %s of a changed message has no id: not changed", key)
                 return None
             return OutgoingMessage(
-                channel_key=key, text=item.text, run_id=item.row.run_id, author=item.author,
-                kind="relay" if item.change == "edit" else "unrelay", replaces=ref,
+                channel_key=key, text=item.text, run_id=item.run or item.row.run_id,
+                author=item.author, kind="relay" if item.change == "edit" else "unrelay",
+                replaces=ref, outbox_id=item.outbox_id, reply_to={"author": item.author},
             )  # fmt: skip
-        if item.edits != "line":
-            return None
-        if item.change == "edit":
-            text = f"(edit) {item.text}"
-        else:
-            at = time.strftime("%H:%M", time.gmtime(item.said_at or time.time()))
-            text = f"(deleted their message of {at} UTC)"
         return OutgoingMessage(
-            channel_key=key, text=text, kind="relay", run_id=item.row.run_id,
-            reply_to={"author": item.author}, author=item.author,
+            channel_key=key, text=item.text, kind="relay", run_id=item.run or item.row.run_id,
+            reply_to={"author": item.author}, outbox_id=item.outbox_id, author=item.author,
         )  # fmt: skip
 
     async def drain(self) -> None:
@@ -950,6 +1048,16 @@ def late(text: str, said_at: float, after: float = LATE_AFTER) -> str:
 _ADDRESSED = re.compile(r"^([^\s:,]{1,64})[:,]\s")
 #: Characters of a thread's first message quoted on a network without threads.
 QUOTE_CHARS = 40
+
+
+def _change_line(kind: str, text: str, said_at: float) -> str:
+    """How a network that cannot edit (IRC) shows a change of a relayed message, with
+    the link's ``edits = "line"``: ``(edit) the new text``, or ``(deleted their message
+    of 14:02 UTC)`` (the time it was said tells which; its words are not repeated)."""
+    if kind == "edit":
+        return f"(edit) {text}"
+    at = time.strftime("%H:%M", time.gmtime(said_at or time.time()))
+    return f"(deleted their message of {at} UTC)"
 
 
 def _quote(author: str, text: str) -> str:

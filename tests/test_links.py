@@ -862,3 +862,202 @@ async def test_a_copy_slack_got_just_before_a_crash_is_not_posted_again(
             assert len(slack.calls_to("conversations.history")) == 1
             assert slack.calls_to("chat.update") == []
             assert await b.bridge.redeliver() == 0
+
+
+async def test_a_copy_into_a_slack_thread_slack_got_just_before_a_crash_is_not_posted_again(
+    ngircd, tmp_path, monkeypatch
+):
+    """The same lookup as for answers (the piece metadata), in the thread the copy went
+    into: an IRC reply relayed into a Slack thread is not doubled by a restart."""
+    import sqlite3
+
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        alice = await person(ngircd.port, "alice")
+        try:
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+                alice.privmsg("#team", "the deploy failed")
+                await slack.wait_until(lambda: relays_in(slack) or None, WAIT, "the copy")
+                [copy_ts] = [ts for (ch, ts), m in slack.messages.items() if m.get("username")]
+                await slack.push_event(
+                    slack.message_event("C1", "which step?", user="U2", thread_ts=copy_ts)
+                )
+                await alice.wait_for(lambda m: "which step?" in m.text, WAIT)
+                alice.privmsg("#team", "bob: the migration")
+                await slack.wait_until(
+                    lambda: [c for c in relays_in(slack) if "the migration" in c["text"]] or None,
+                    WAIT, "alice's reply in the thread",
+                )  # fmt: skip
+                await b.bridge.links.drain()
+                await b.bridge.outbox.drain()
+        finally:
+            await alice.close()
+        # As if the process died after Slack took the copy, before it wrote that down.
+        with sqlite3.connect(tmp_path / "links.db") as conn:
+            changed = conn.execute(
+                "UPDATE outbox SET state = 'queued', ref = NULL"
+                " WHERE kind = 'relay' AND text = 'bob: the migration'"
+            ).rowcount
+        assert changed == 1
+        async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+            assert await b.bridge.redeliver() == 1
+            await b.bridge.outbox.drain()
+            # Found in its thread by its metadata: there once, and done.
+            in_thread = [
+                m for (ch, ts), m in slack.messages.items()
+                if ch == "C1" and m.get("thread_ts") == copy_ts and "the migration" in m["text"]
+            ]  # fmt: skip
+            assert len(in_thread) == 1
+            assert len([c for c in relays_in(slack) if "the migration" in c["text"]]) == 1
+            assert [c["ts"] for c in slack.calls_to("conversations.replies")][-1:] == [copy_ts]
+            assert await b.bridge.redeliver() == 0
+
+
+async def test_an_edit_and_a_delete_made_while_slack_is_down_are_applied_after_a_restart(
+    ngircd, tmp_path, monkeypatch
+):
+    """Changes go through the outbox: made while the target refuses them, and the bot
+    stopped before they got through, the next process applies them, once each; IRC
+    (no edits) shows each as one line, never twice."""
+    other = "slack:T1:C2"  # a second Slack channel: its copy can be edited
+    links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY, other])]
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        watcher = await person(ngircd.port, "watcher")
+        try:
+            kw: dict[str, Any] = {"links": links, "rate_limit_retries": 0}
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, **kw) as b:
+                said = slack.message_event("C1", "the meeting is at 3", user="U2")
+                await slack.push_event(said)
+                await watcher.wait_for(lambda m: "the meeting is at 3" in m.text, WAIT)
+                await slack.wait_until(lambda: relays_in(slack, "C2") or None, WAIT, "the copy")
+                [copy_ts] = [ts for (ch, ts), m in slack.messages.items()
+                             if ch == "C2" and m.get("username")]  # fmt: skip
+                await b.bridge.links.drain()
+                # Slack refuses every edit and deletion from now on (down for them).
+                slack.rate_limit("chat.update", times=10_000, retry_after=1)
+                slack.rate_limit("chat.delete", times=10_000, retry_after=1)
+                await slack.push_event(slack.message_changed_event(said, "the meeting is at 4"))
+                await watcher.wait_for(lambda m: "(edit) the meeting is at 4" in m.text, WAIT)
+                await slack.wait_until(
+                    lambda: slack.calls_to("chat.update") or None, WAIT, "a refused update"
+                )
+                await slack.push_event(slack.message_deleted_event(said))
+                await watcher.wait_for(lambda m: "(deleted their message" in m.text, WAIT)
+                await eventually(lambda: _irc_lines_confirmed(b), "IRC's lines confirmed")
+            # Stopped before Slack took either change: the copy is as it was.
+            assert slack.messages[("C2", copy_ts)]["text"] == "the meeting is at 3"
+            slack.rate_limit("chat.update", times=0)
+            slack.rate_limit("chat.delete", times=0)  # Slack is back
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=links) as b:
+                assert await b.bridge.redeliver() == 2  # the edit, then the deletion
+                await b.bridge.outbox.drain()
+                updates = [c for c in slack.calls_to("chat.update") if c.get("ts") == copy_ts]
+                assert updates[-1]["text"] == "the meeting is at 4"
+                assert ("C2", copy_ts) not in slack.messages  # deleted, after its edit
+                [deleted] = slack.calls_to("chat.delete")[-1:]
+                assert (deleted["channel"], deleted["ts"]) == ("C2", copy_ts)
+                assert len(relays_in(slack, "C2")) == 1  # a change is never a new post
+                assert await b.bridge.redeliver() == 0
+            lines = [m.text for m in relay_lines(watcher)]
+            assert len([t for t in lines if "(edit) the meeting is at 4" in t]) == 1
+            assert len([t for t in lines if "(deleted their message" in t]) == 1
+        finally:
+            await watcher.close()
+
+
+async def _irc_lines_confirmed(b: Linked) -> bool:
+    return await _irc_lines_delivered(b, 3)
+
+
+async def _irc_lines_delivered(b: Linked, n: int) -> bool:
+    import sqlite3
+
+    with sqlite3.connect(b.agent.store.path) as conn:
+        rows = conn.execute(
+            "SELECT state, awaits_confirm FROM outbox WHERE channel_key = ? AND kind = 'relay'",
+            (IRC_KEY,),
+        ).fetchall()
+    # (delivered: confirmed, or sent where the server will not confirm)
+    return len(rows) == n and all(r[0] == "confirmed" or (r[0], r[1]) == ("sent", 0) for r in rows)
+
+
+async def test_a_copy_and_its_edit_waiting_for_slack_across_a_restart_go_once_it_is_back(
+    ngircd, tmp_path, monkeypatch
+):
+    """Slack still down when the bot starts again: what the outbox holds for it (a copy,
+    then an edit of it) is tried again until Slack is back, in order, without another
+    restart; the edit finds the copy's ts once the copy is posted."""
+    other = "slack:T1:C2"
+    links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY, other])]
+    kw: dict[str, Any] = {"links": links, "rate_limit_retries": 0}
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        watcher = await person(ngircd.port, "watcher")
+        try:
+            slack.rate_limit("chat.postMessage", times=10_000, retry_after=1)  # Slack down
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, **kw) as b:
+                said = slack.message_event("C1", "the meeting is at 3", user="U2")
+                await slack.push_event(said)
+                await watcher.wait_for(lambda m: "the meeting is at 3" in m.text, WAIT)
+                await slack.push_event(slack.message_changed_event(said, "the meeting is at 4"))
+                await watcher.wait_for(lambda m: "(edit) the meeting is at 4" in m.text, WAIT)
+                await slack.wait_until(
+                    lambda: slack.calls_to("chat.postMessage") or None, WAIT, "a refused post"
+                )
+                await eventually(lambda: _irc_lines_delivered(b, 2), "IRC's lines delivered")
+            assert [m for (ch, _), m in slack.messages.items() if ch == "C2"] == []
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, **kw) as b:
+                assert await b.bridge.redeliver() == 0  # refused again: queued, not lost
+                slack.rate_limit("chat.postMessage", times=0)  # Slack is back
+                copy = await slack.wait_until(
+                    lambda: [m for (ch, _), m in slack.messages.items()
+                             if ch == "C2" and m.get("username")] or None,
+                    WAIT, "the copy",
+                )  # fmt: skip
+                await slack.wait_until(
+                    lambda: copy[0]["text"] == "the meeting is at 4" or None, WAIT, "the edit"
+                )
+                assert len(copy) == 1 and copy[0]["username"] == "bob (Slack)"
+                await b.bridge.links.drain()
+                await b.bridge.outbox.drain()
+                assert await b.bridge.redeliver() == 0
+            lines = [m.text for m in relay_lines(watcher)]
+            assert len([t for t in lines if "(edit) the meeting is at 4" in t]) == 1
+            assert len([t for t in lines if t.endswith("the meeting is at 3")]) == 1
+        finally:
+            await watcher.close()
+
+
+async def test_with_edits_none_irc_shows_no_change_and_slack_still_updates_its_copy(
+    ngircd, tmp_path, monkeypatch
+):
+    other = "slack:T1:C2"
+    links = [LinkSettings(name="team", channels=[IRC_KEY, SLACK_KEY, other], edits="none")]
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        watcher = await person(ngircd.port, "watcher")
+        try:
+            async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=links) as b:
+                said = slack.message_event("C1", "the meeting is at 3", user="U2")
+                await slack.push_event(said)
+                await slack.wait_until(lambda: relays_in(slack, "C2") or None, WAIT, "the copy")
+                [copy_ts] = [ts for (ch, ts), m in slack.messages.items()
+                             if ch == "C2" and m.get("username")]  # fmt: skip
+                await slack.push_event(slack.message_changed_event(said, "the meeting is at 4"))
+                await slack.wait_until(
+                    lambda: slack.messages[("C2", copy_ts)]["text"] == "the meeting is at 4"
+                    or None, WAIT, "the copy updated",
+                )  # fmt: skip
+                # A line said after the edit: IRC's queue is in order, so the edit's line
+                # would have come before it.
+                await slack.push_event(slack.message_event("C1", "see you there", user="U2"))
+                await watcher.wait_for(lambda m: "see you there" in m.text, WAIT)
+                lines = [m.text for m in relay_lines(watcher)]
+                assert [t.split("> ", 1)[1] for t in lines] == [
+                    "the meeting is at 3", "see you there"
+                ]  # fmt: skip
+                await b.bridge.links.drain()
+                assert b.bridge.links.changed == 1  # Slack's copy only
+        finally:
+            await watcher.close()

@@ -85,6 +85,8 @@ PIECE_EVENT = "agentik_piece"
 #: Seconds before a piece was written that its copy is looked for (the writer's clock
 #: against Slack's).
 _CLOCK_SLACK = 120.0
+#: Pages of 200 messages a redelivery reads in one place for its earlier posts.
+_PIECE_PAGES = 5
 
 _MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
 #: The most files of one file share that are fetched.
@@ -301,6 +303,8 @@ class _Incoming:
     addressed: bool = True
     #: ``edit``/``delete``: the person changed their message ``ts`` (a linked channel's).
     change: str | None = None
+    #: The change event's own ts: the same change handed over twice is one change.
+    change_id: str = ""
     #: The ``files`` of a file share (fetched when it is handed over).
     files: tuple[dict[str, Any], ...] = ()
 
@@ -389,8 +393,11 @@ class SlackTransport(Transport):
         self._names: dict[str, str] = {}
         #: Thread roots of linked channels, by (channel, thread_ts): who wrote it, its words.
         self._roots: OrderedDict[tuple[str, str], dict[str, str] | None] = OrderedDict()
-        #: Relayed copies found in a channel after a restart: channel -> (when, copy -> ts).
-        self._copies_seen: dict[str, tuple[float, dict[str, str]]] = {}
+        #: Our pieces found in a channel or thread by a redelivery (:meth:`_posted`):
+        #: (channel, thread_ts) -> (when looked, from what time, (outbox id, run) -> ts).
+        self._pieces_seen: OrderedDict[
+            tuple[str, str | None], tuple[float, float, dict[tuple[int, str], str]]
+        ] = OrderedDict()
         self._threads: set[str] = set()  # thread keys the bot takes part in
         self._answers: dict[str, _Answer] = {}
         self._bot_messages: OrderedDict[str, str] = OrderedDict()  # ts -> channel key
@@ -784,7 +791,7 @@ class SlackTransport(Transport):
         )
         self._incoming.put_nowait(
             _Incoming(keys, key, incoming(text).strip(), user, channel, thread_ts, ts,
-                      addressed=False, change=change)
+                      addressed=False, change=change, change_id=str(event_ts))
         )  # fmt: skip
 
     async def _on_action(self, ack: Any, body: dict[str, Any]) -> None:
@@ -951,6 +958,7 @@ class SlackTransport(Transport):
         meta: dict[str, Any] = {"team": self.team_id, "ts": item.ts}
         if item.change:
             meta["change"] = item.change
+            meta["change_id"] = item.change_id
         if item.thread_ts and item.thread_ts != item.ts and not item.direct:
             meta["thread_ts"] = item.thread_ts  # a reply in a thread
             if not item.change and self.hears is not None and self.hears(item.key or ""):
@@ -1257,14 +1265,19 @@ class SlackTransport(Transport):
                 self.delivered(answer.outbox_id, "confirmed")
             await self._status_done(channel, thread_ts)
             return
-        if message.kind == "relay":
-            # A relayed copy's reply data is its author: the key names the place.
+        if message.kind in ("relay", "unrelay"):
+            # A relayed copy's reply data is its author: the key names the place, and a
+            # copy into a thread (a reply relayed from a network without threads, see
+            # _relay) names its thread.
             channel, thread_ts = parts[2], parts[3] if len(parts) > 3 else None
-        if (
-            message.written_at is not None
-            and message.replaces is None
-            and message.kind not in ("relay", "unrelay")
-        ):  # (relays: _copy_posted)
+            thread = where.get("thread") if isinstance(where, dict) else None
+            if thread_ts is None and isinstance(thread, str) and thread:
+                thread_ts = thread
+        if message.written_at is not None and message.replaces is None:
+            # Sent again (a restart, a handover): the last process may have posted it
+            # just before it stopped, before it wrote that down.  One lookup for answers,
+            # notices and relayed copies alike, in the channel or the thread: the piece
+            # metadata every post of an outbox piece carries.
             found = await self._posted(channel, thread_ts, message)
             if found is not None and message.kind != "answer":
                 self._remember(found, message.channel_key)
@@ -1276,8 +1289,7 @@ class SlackTransport(Transport):
             await self._redeliver(message, channel, thread_ts, where.get("user"))
             return
         if message.kind in ("relay", "unrelay"):
-            # A relayed copy's reply data is its author: the key names the place.
-            await self._relay(parts[2], parts[3] if len(parts) > 3 else None, message)
+            await self._relay(channel, thread_ts, message)
             return
         if message.kind == "answer":
             text = markdown_to_mrkdwn(message.text, user_mentions=self._mentions)
@@ -1321,70 +1333,39 @@ class SlackTransport(Transport):
     async def _relay(self, channel: str, thread_ts: str | None, message: OutgoingMessage) -> None:
         """A person's message from a linked channel, posted under their name (the
         ``username`` override; ``chat:write.customize``): its text escaped, so no
-        ``<!channel>``, mention or link markup can come of relaying."""
-        if message.replaces and message.kind == "unrelay":
-            # The person deleted their message: so goes its copy.
-            await self.client.chat_delete(channel=channel, ts=message.replaces)
-            return
+        ``<!channel>``, mention or link markup can come of relaying.  With ``replaces``
+        (the copy's ts), an edit or (``unrelay``) a deletion of that copy: a copy that is
+        not there any more (deleted in Slack, or by this change before a restart) is
+        nothing to change, and the change is done."""
         if message.replaces:
-            # The person edited their message: its copy says what it says now (the name
-            # it was posted under stays).
-            await self.client.chat_update(
-                channel=channel, ts=message.replaces, text=escape(message.text)
-            )
+            from slack_sdk.errors import SlackApiError
+
+            try:
+                if message.kind == "unrelay":
+                    # The person deleted their message: so goes its copy.
+                    await self.client.chat_delete(channel=channel, ts=message.replaces)
+                else:
+                    # The person edited their message: its copy says what it says now
+                    # (the name it was posted under stays).
+                    await self.client.chat_update(
+                        channel=channel, ts=message.replaces, text=escape(message.text)
+                    )
+            except SlackApiError as exc:
+                if exc.response.get("error") != "message_not_found":
+                    raise
+                log.info("slack %s: the copy %s in %s is gone: not changed", self.name,
+                         message.replaces, channel)  # fmt: skip
+            self.delivered(message.outbox_id, "confirmed", ref=message.replaces)
             return
         author = " ".join(clean(message.author or "").split())[:80] or "someone"
-        where = message.reply_to if isinstance(message.reply_to, dict) else {}
-        if thread_ts is None:
-            # An answer, on a network without threads, to a message of a thread here.
-            thread = where.get("thread")
-            thread_ts = thread if isinstance(thread, str) and thread else None
-        copy = message.run_id or ""
-        again = where.get("again")
-        if copy and thread_ts is None and isinstance(again, int | float):
-            # Sent again after a restart: the last process may have posted it just
-            # before it died, before it wrote that down.  Posted already: not again.
-            ts = await self._copy_posted(channel, copy, float(again))
-            if ts is not None:
-                self._remember(ts, message.channel_key)
-                self.delivered(message.outbox_id, "confirmed", ref=ts)
-                return
         response = await self.client.chat_postMessage(
             channel=channel, thread_ts=thread_ts, text=escape(message.text), username=author,
             unfurl_links=False, unfurl_media=False,
-            # (which copy it is: found again after a restart, see _copy_posted)
-            metadata={"event_type": "agentik_relay", "event_payload": {"copy": copy}}
-            if copy else None,
+            # (which piece it is: found again after a restart, see _posted)
+            metadata=_piece_metadata(message.outbox_id, message.run_id or ""),
         )  # fmt: skip
         self._remember(response.get("ts"), message.channel_key)
         self.delivered(message.outbox_id, "confirmed", ref=response.get("ts"))
-
-    async def _copy_posted(self, channel: str, copy: str, since: float) -> str | None:
-        """The ts of relayed copy ``copy`` if it is in ``channel`` already (its message
-        metadata), looking at what was posted there since ``since`` (one
-        ``conversations.history`` call per channel and minute: a restart's redelivery
-        asks about many copies at once)."""
-        now = time.monotonic()
-        cached = self._copies_seen.get(channel)
-        if cached is None or now - cached[0] > 60:
-            found: dict[str, str] = {}
-            try:
-                reply = await self.client.conversations_history(
-                    channel=channel, oldest=f"{max(since - 5, 0):.6f}", limit=999,
-                    include_all_metadata=True,
-                )  # fmt: skip
-                for m in reply.get("messages") or []:
-                    meta = m.get("metadata") or {}
-                    if isinstance(meta, dict) and meta.get("event_type") == "agentik_relay":
-                        cid = (meta.get("event_payload") or {}).get("copy")
-                        if isinstance(cid, str) and isinstance(m.get("ts"), str):
-                            found[cid] = m["ts"]
-            except Exception as exc:  # then it is posted: twice rather than never
-                log.info("slack %s: conversations.history %s failed: %s", self.name, channel, exc)
-            cached = self._copies_seen[channel] = (now, found)
-            while len(self._copies_seen) > 100:
-                del self._copies_seen[next(iter(self._copies_seen))]
-        return cached[1].get(copy)
 
     async def _redeliver(
         self, message: OutgoingMessage, channel: str, thread_ts: str | None, user: str | None
@@ -1406,40 +1387,77 @@ class SlackTransport(Transport):
         """The ts of our message carrying ``message``'s piece (by its metadata), if one
         was posted since the piece was written: a post that reached Slack while the
         process that sent it stopped (its answer, the ts, never came back, so the outbox
-        does not know it).  One ``conversations.replies`` (or ``conversations.history``
-        outside threads) call, for the messages since then (the first 200); a call that
-        fails means none (the piece is posted: at worst twice, as before)."""
+        does not know it).  The same for every piece: an answer, a notice, a relayed copy,
+        in a channel or a thread.  A call that fails means none (the piece is posted: at
+        worst twice, as before)."""
         if message.outbox_id is None or message.written_at is None:
             return None
-        oldest = f"{max(0.0, message.written_at - _CLOCK_SLACK):.6f}"
-        try:
-            if thread_ts:
-                response = await self.client.conversations_replies(
-                    channel=channel, ts=thread_ts, oldest=oldest, limit=200,
-                    include_all_metadata=True,
-                )  # fmt: skip
-            else:
-                response = await self.client.conversations_history(
-                    channel=channel, oldest=oldest, limit=200, include_all_metadata=True
-                )
-        except Exception as exc:
-            log.info("slack %s: could not look for an earlier post of a piece in %s: %s",
-                     self.name, channel, exc)  # fmt: skip
-            return None
-        wanted = _piece_metadata(message.outbox_id, message.run_id or "")
-        posted = [
-            found["ts"] for found in response.get("messages") or []
-            if found.get("metadata") == wanted
-            and (found.get("user") == self.bot_user_id
-                 or (self._bot_id and found.get("bot_id") == self._bot_id))
-            and isinstance(found.get("ts"), str) and found["ts"]
-        ]  # fmt: skip
-        if not posted:
-            return None
-        ts = min(posted, key=float)  # a long answer's first message (the one it updates)
-        log.info("slack %s: piece %d was posted already (%s): not posted again", self.name,
-                 message.outbox_id, ts)  # fmt: skip
+        since = max(0.0, message.written_at - _CLOCK_SLACK)
+        found = await self._pieces_in(channel, thread_ts, since)
+        ts = found.get((message.outbox_id, message.run_id or ""))
+        if ts is not None:
+            log.info("slack %s: piece %d was posted already (%s): not posted again", self.name,
+                     message.outbox_id, ts)  # fmt: skip
         return ts
+
+    async def _pieces_in(
+        self, channel: str, thread_ts: str | None, since: float
+    ) -> dict[tuple[int, str], str]:
+        """Our pieces posted in ``channel`` (or its thread ``thread_ts``) since ``since``,
+        by (outbox id, run): a long answer's first message (the one it updates).  Looked
+        up once a minute per place at most (``conversations.history``, or
+        ``conversations.replies`` in a thread, a few pages): a restart's redelivery asks
+        about many pieces of one place at once, and what the last process posted is all
+        there by the first look."""
+        now = time.monotonic()
+        place = (channel, thread_ts)
+        cached = self._pieces_seen.get(place)
+        if cached is not None and now - cached[0] <= 60 and cached[1] <= since:
+            return cached[2]
+        found: dict[tuple[int, str], str] = {}
+        cursor: str | None = None
+        try:
+            for _ in range(_PIECE_PAGES):
+                args: dict[str, Any] = {"channel": channel, "oldest": f"{since:.6f}",
+                                        "limit": 200, "include_all_metadata": True}  # fmt: skip
+                if cursor:
+                    args["cursor"] = cursor
+                if thread_ts:
+                    response = await self.client.conversations_replies(ts=thread_ts, **args)
+                else:
+                    response = await self.client.conversations_history(**args)
+                for m in response.get("messages") or []:
+                    key = self._piece_of(m)
+                    if key is not None and (key not in found or float(m["ts"]) < float(found[key])):
+                        found[key] = m["ts"]
+                cursor = (response.get("response_metadata") or {}).get("next_cursor") or None
+                if not response.get("has_more") or not cursor:
+                    break
+        except Exception as exc:
+            log.info("slack %s: could not look for earlier posts of pieces in %s: %s",
+                     self.name, channel, exc)  # fmt: skip
+            return {}
+        self._pieces_seen[place] = (now, since, found)
+        while len(self._pieces_seen) > 200:
+            self._pieces_seen.popitem(last=False)
+        return found
+
+    def _piece_of(self, m: dict[str, Any]) -> tuple[int, str] | None:
+        """(outbox id, run) of message ``m`` if it is ours and carries a piece."""
+        meta = m.get("metadata")
+        if not isinstance(meta, dict) or meta.get("event_type") != PIECE_EVENT:
+            return None
+        if not (
+            m.get("user") == self.bot_user_id or (self._bot_id and m.get("bot_id") == self._bot_id)
+        ):
+            return None
+        payload = meta.get("event_payload") or {}
+        oid, run = payload.get("outbox"), payload.get("run")
+        if not isinstance(oid, int) or not isinstance(run, str):
+            return None
+        if not isinstance(m.get("ts"), str) or not m["ts"]:
+            return None
+        return oid, run
 
     def _streams(self, answer: _Answer) -> bool:
         """Whether ``answer`` goes by native streaming (or will, once it is long enough)."""
