@@ -11,8 +11,8 @@ Load: ``--conversations`` conversations send a turn each at once, ``--turns`` ro
 block.  A block of ``on`` ends when every turn has ended *and* every delivery of the
 block is recorded as delivered (a backlog would otherwise move into the next block).  The
 two sides run alternating blocks (off, on, on, off, …) so a shared machine's drift hits
-both alike; the figure is the median of the blocks, printed as turns/s and the ratio
-on / off.
+both alike; the figures are the medians of the blocks: turns/s and the process's CPU per
+turn (the steadier figure on a shared machine), each as the ratio on / off.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from agentik.bot.webhooks import Webhooks, WebhookSettings
 from agentik.core import Agent, Conversation, SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
 
-from _common import Row, finish, say, say_environment, version
+from _common import Row, finish, ms, say, say_environment, version
 
 _RECEIVER = """
 import sys
@@ -119,13 +119,15 @@ class Side:
                     return
                 await asyncio.sleep(0.02)
 
-    async def block(self, rounds: int) -> float:
-        """Turns per second over ``rounds`` rounds (deliveries included)."""
-        t0 = time.perf_counter()
+    async def block(self, rounds: int) -> tuple[float, float]:
+        """Turns per second over ``rounds`` rounds (deliveries included), and the
+        process's CPU seconds per turn (the event loop and the store's writer thread)."""
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(rounds):
             await self.round()
         await self.drained()
-        return rounds * self.n / (time.perf_counter() - t0)
+        turns = rounds * self.n
+        return turns / (time.perf_counter() - t0), (time.process_time() - c0) / turns
 
     async def aclose(self) -> None:
         if self.webhooks is not None:
@@ -133,7 +135,10 @@ class Side:
         await self.agent.aclose()
 
 
-async def measure(url: str, conversations: int, rounds: int, blocks: int) -> tuple[float, float]:
+async def measure(
+    url: str, conversations: int, rounds: int, blocks: int
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(turns/s, CPU s per turn) of the off side and of the on side, medians of blocks."""
     with tempfile.TemporaryDirectory() as tmp:
         off = Side(Path(tmp), "off", None, conversations)
         on = Side(Path(tmp), "on", url, conversations)
@@ -141,8 +146,8 @@ async def measure(url: str, conversations: int, rounds: int, blocks: int) -> tup
         await on.start()
         await on.drained()
         try:
-            a: list[float] = []
-            b: list[float] = []
+            a: list[tuple[float, float]] = []
+            b: list[tuple[float, float]] = []
             for i in range(blocks):
                 if i % 2 == 0:
                     a.append(await off.block(rounds))
@@ -153,7 +158,11 @@ async def measure(url: str, conversations: int, rounds: int, blocks: int) -> tup
         finally:
             await on.aclose()
             await off.aclose()
-    return statistics.median(a), statistics.median(b)
+
+    def median(xs: list[tuple[float, float]]) -> tuple[float, float]:
+        return statistics.median(x for x, _ in xs), statistics.median(c for _, c in xs)
+
+    return median(a), median(b)
 
 
 def main() -> int:
@@ -177,17 +186,19 @@ def main() -> int:
             f"== {blocks} alternating blocks of {rounds} rounds x {args.conversations}"
             " concurrent turns; two webhooks on the 'on' side"
         )
-        off, on = asyncio.run(
+        (off, off_cpu), (on, on_cpu) = asyncio.run(
             measure(f"http://127.0.0.1:{port}/hook", args.conversations, rounds, blocks)
         )
     finally:
         receiver.terminate()
         receiver.wait()
-    say(f"  webhooks off: {off:,.0f} turns/s")
-    say(f"  webhooks on:  {on:,.0f} turns/s (deliveries included)")
+    say(f"  webhooks off: {off:,.0f} turns/s, {ms(off_cpu)} CPU per turn")
+    say(f"  webhooks on:  {on:,.0f} turns/s, {ms(on_cpu)} CPU per turn (deliveries included)")
     rows = [
         Row("turns/s, webhooks on vs off", f"{on:,.0f} turns/s", f"{off:,.0f} turns/s",
             on / off, ">= 0.8x", on / off >= 0.8),
+        Row("CPU per turn, webhooks on vs off", ms(on_cpu), ms(off_cpu), on_cpu / off_cpu,
+            "-", None),
     ]  # fmt: skip
     return finish(rows, strict=args.strict, started=started)
 

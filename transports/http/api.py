@@ -56,10 +56,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -214,17 +221,15 @@ def _check_author(v: str | None) -> str | None:
     return v
 
 
+#: A speaker's name as a request gives it: one line of visible characters, or none.
+Author = Annotated[str | None, AfterValidator(_check_author)]
+
+
 class NewMessageBody(_Body):
     content: str = Field(min_length=1, pattern=r"\S")
     #: The speaker's name the model sees: a display label, not an identity
     #: (the message's ``author_id`` is always the token's).
-    author: str | None = None
-
-    @field_validator("author")
-    @classmethod
-    def _one_line(cls, v: str | None) -> str | None:
-        return _check_author(v)
-
+    author: Author = None
     #: When a turn is running: ``queue``, ``steer`` into it, or ``interrupt`` it.
     busy: Literal["queue", "steer", "interrupt"] = "queue"
     #: Images and files uploaded before (``POST .../attachments``), sent with it.
@@ -234,24 +239,14 @@ class NewMessageBody(_Body):
 class BranchBody(_Body):
     """``POST …/regenerate``: who asks again (default: who asked)."""
 
-    author: str | None = None
-
-    @field_validator("author")
-    @classmethod
-    def _one_line(cls, v: str | None) -> str | None:
-        return _check_author(v)
+    author: Author = None
 
 
 class EditBody(_Body):
     """``POST …/edit``: the question that replaces the last one."""
 
     content: str = Field(min_length=1, pattern=r"\S")
-    author: str | None = None
-
-    @field_validator("author")
-    @classmethod
-    def _one_line(cls, v: str | None) -> str | None:
-        return _check_author(v)
+    author: Author = None
 
 
 class InterruptBody(_Body):
