@@ -95,7 +95,7 @@ from agentik.core.lifecycle import (
     import_conversation,
     validate_snapshot,
 )
-from agentik.core.messages import Content, ImagePart, TextPart
+from agentik.core.messages import Content, ImagePart, Message, TextPart
 from agentik.core.redaction import RedactionError
 from agentik.core.store.search import SearchHit, search_terms
 from agentik.core.streamprofiles import PROFILES
@@ -1045,28 +1045,34 @@ class Api:
     async def regenerate(self, request: Request) -> Response:
         """The last question again, in a new branch (its earlier answer stays in the
         audit log, out of the model's context)."""
-        self._refuse_when_closing()
-        principal = self.principal(request)
-        conv = await self.conversation(request, principal)
-        body = await self.body(request, BranchBody, required=False)
-        asked = await conv.last_question()
-        if asked is None:
-            raise ApiError(409, "cannot_branch", "there is no question to regenerate")
+        principal, conv, body, asked = await self._branching(
+            request, BranchBody, required=False, verb="regenerate"
+        )
         message = NewMessageBody(content=asked.content, author=body.author or asked.author)
         return await self._post(principal, conv, message, branch_of=asked.id)
 
     async def edit_last(self, request: Request) -> Response:
         """``content`` in place of the last question, in a new branch (the question
         and its answer stay in the audit log, out of the model's context)."""
+        principal, conv, body, asked = await self._branching(
+            request, EditBody, required=True, verb="edit"
+        )
+        message = NewMessageBody(content=body.content, author=body.author)
+        return await self._post(principal, conv, message, branch_of=asked.id)
+
+    async def _branching(
+        self, request: Request, model: type[_Body], *, required: bool, verb: str
+    ) -> tuple[Principal, Conversation, Any, Message]:
+        """What a new branch starts from: the caller, the conversation, the request's
+        body, and the last question (a 409 when there is none to ``verb``)."""
         self._refuse_when_closing()
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        body = await self.body(request, EditBody, required=True)
+        body = await self.body(request, model, required=required)
         asked = await conv.last_question()
         if asked is None:
-            raise ApiError(409, "cannot_branch", "there is no question to edit")
-        message = NewMessageBody(content=body.content, author=body.author)
-        return await self._post(principal, conv, message, branch_of=asked.id)
+            raise ApiError(409, "cannot_branch", f"there is no question to {verb}")
+        return principal, conv, body, asked
 
     async def _post(
         self,
