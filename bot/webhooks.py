@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from agentik.core.errors import ConfigError
 from agentik.core.events import Event, event_to_dict
 from agentik.core.settings import Blank, PathSetting
-from agentik.core.store.records import WebhookDelivery
+from agentik.core.store.records import WebhookDelivery, WebhookOutcome
 from agentik.core.streamprofiles import StreamProfile, known_kinds
 
 if TYPE_CHECKING:
@@ -258,9 +258,13 @@ class Webhooks:
             kinds = None if s.events == ["*"] else frozenset(s.events)
             self.hooks[s.name] = _Hook(s, secret, profile, kinds)
         self._wake = asyncio.Event()
+        #: Deliveries made from events, not yet written: the recorder writes all that
+        #: gathered while its last write ran in one ``webhook_enqueue``.
+        self._unwritten: list[WebhookDelivery] = []
+        self._written = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
-        self._sending: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Task[WebhookOutcome]] = set()
 
     @property
     def active(self) -> bool:
@@ -293,16 +297,28 @@ class Webhooks:
                     kinds |= h.kinds
             sub = self.agent.events(profile="debug", kinds=kinds, max_pending=100_000)
             self._tasks.append(loop.create_task(self._follow(sub), name="agentik-webhooks:events"))
+            self._tasks.append(loop.create_task(self._record(), name="agentik-webhooks:record"))
         self._tasks.append(loop.create_task(self._send_loop(), name="agentik-webhooks:send"))
 
     async def aclose(self) -> None:
-        """Stop following and sending; attempts under way are cut (their claims lapse,
-        so the next start sends them again: at least once)."""
+        """Stop following and sending.  Events already taken are recorded; attempts
+        under way are cut, what finished is recorded, and the claims this worker still
+        holds are released, so another worker (or the next start) sends them at once
+        rather than after the lease: at least once."""
         tasks, self._tasks = self._tasks, []
         for task in [*tasks, *self._sending]:
             task.cancel()
         await asyncio.gather(*tasks, *self._sending, return_exceptions=True)
         self._sending.clear()
+        if tasks:
+            try:
+                await self._write_unwritten()
+                released = await self.store.webhook_release(self.worker)
+            except Exception:
+                log.exception("webhooks: could not hand back this worker's claims at stop")
+            else:
+                if released:
+                    log.info("webhooks: handed back %d claimed delivery(ies) at stop", released)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -348,16 +364,35 @@ class Webhooks:
         try:
             async for event in sub:
                 rows = self.deliveries_for(event)
-                if not rows:
-                    continue
-                try:
-                    await self.store.webhook_enqueue(rows)
-                except Exception:
-                    log.exception("webhooks: could not record a %s event", event.kind)
-                    continue
-                self._wake.set()
+                if rows:
+                    self._unwritten.extend(rows)
+                    self._written.set()
         finally:
             await sub.aclose()
+
+    async def _record(self) -> None:
+        """Write what the events made, in one write for all that gathered meanwhile (a
+        busy bot's turns share a write instead of paying one each)."""
+        while True:
+            await self._written.wait()
+            self._written.clear()
+            await self._write_unwritten()
+
+    async def _write_unwritten(self) -> None:
+        rows, self._unwritten = self._unwritten, []
+        if not rows:
+            return
+        try:
+            await self.store.webhook_enqueue(rows)
+        except asyncio.CancelledError:
+            # Cut at stop: aclose writes them (an id written twice is kept once).
+            self._unwritten[:0] = rows
+            raise
+        except Exception:
+            kinds = ", ".join(sorted({r.event_kind for r in rows}))
+            log.exception("webhooks: could not record %d delivery(ies) (%s)", len(rows), kinds)
+            return
+        self._wake.set()
 
     # -- sending ----------------------------------------------------------------------
     def _lease(self) -> float:
@@ -366,6 +401,8 @@ class Webhooks:
 
     async def _send_loop(self) -> None:
         while True:
+            # Cleared before the round: a delivery recorded during it wakes the next.
+            self._wake.clear()
             try:
                 await self.send_due()
                 due = await self.store.webhook_next_due()
@@ -375,12 +412,12 @@ class Webhooks:
                 log.exception("webhooks: the delivery round failed (retrying)")
                 due = None
             wait = self.poll if due is None else min(self.poll, max(0.05, due - time.time()))
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
     async def send_due(self) -> int:
-        """Claim and send what is due now, until nothing is; how many attempts."""
+        """Claim and send what is due now, until nothing is; how many attempts.  A batch
+        costs two writes (its claim, then its outcomes), whatever its size."""
         made = 0
         while True:
             rows = await self.store.webhook_claim(
@@ -394,40 +431,42 @@ class Webhooks:
                 await asyncio.gather(*attempts)
             finally:
                 self._sending.difference_update(attempts)
+                # Even when cut at stop: what finished is recorded (the rest is
+                # released by aclose).
+                outcomes = [
+                    t.result() for t in attempts if t.done() and not t.cancelled()
+                    and t.exception() is None
+                ]  # fmt: skip
+                if outcomes:
+                    await self.store.webhook_settle(self.worker, outcomes, now=time.time())
             made += len(rows)
+            if len(rows) < self.batch:
+                return made  # all that was due; what comes next wakes the loop
 
-    async def _attempt(self, d: WebhookDelivery) -> None:
+    async def _attempt(self, d: WebhookDelivery) -> WebhookOutcome:
         hook = self.hooks.get(d.webhook)
         if hook is None:
-            await self.store.webhook_settle(
-                d.id, self.worker, "dead", now=time.time(),
-                error=f"no [[webhooks]] named {d.webhook!r} any more",
-            )  # fmt: skip
-            return
+            gone = f"no [[webhooks]] named {d.webhook!r} any more"
+            return WebhookOutcome(id=d.id, state="dead", error=gone)
         async with self._limit:
             error = await self._post(hook, d)
-        now = time.time()
         if error is None:
-            await self.store.webhook_settle(d.id, self.worker, "delivered", now=now)
-            return
+            return WebhookOutcome(id=d.id, state="delivered")
         attempts = d.attempts + 1
         s = hook.settings
         if attempts >= s.max_attempts:
-            await self.store.webhook_settle(d.id, self.worker, "dead", now=now, error=error)
             log.warning(
                 "webhook %s: delivery %s (%s) failed %d times (%s): kept as a dead letter"
                 " (agentik webhooks dead-letters)",
                 d.webhook, d.id, d.event_kind, attempts, error,
             )  # fmt: skip
-            return
+            return WebhookOutcome(id=d.id, state="dead", error=error)
         wait = min(s.backoff_max, s.backoff * 2 ** (attempts - 1)) * random.uniform(0.9, 1.1)
-        await self.store.webhook_settle(
-            d.id, self.worker, "pending", now=now, next_at=now + wait, error=error
-        )
         log.info(
             "webhook %s: delivery %s failed (%s); attempt %d of %d in %.1fs",
             d.webhook, d.id, error, attempts + 1, s.max_attempts, wait,
         )  # fmt: skip
+        return WebhookOutcome(id=d.id, state="pending", next_at=time.time() + wait, error=error)
 
     async def _post(self, hook: _Hook, d: WebhookDelivery) -> str | None:
         """One attempt: ``None`` if the receiver took it (2xx), else why not."""

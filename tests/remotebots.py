@@ -6,14 +6,17 @@ the test reads where it listens from its start-up line, as an operator would.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import signal
 import subprocess
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentik.core.client import RemoteAgent
 from helpers import AGENTIK, clean_env
 
 #: The API token of the bots' ``caller`` token.
@@ -38,6 +41,10 @@ class RunningBot:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+    def client(self) -> RemoteAgent:
+        """The remote client of this bot, with the ``caller`` token (``async with`` it)."""
+        return RemoteAgent(self.url, token=TOKEN)
 
 
 def bot_config(folder: Path, base_url: str, *, name: str, extra: str = "") -> Path:
@@ -98,3 +105,17 @@ def start_bot(config: Path, **env: str) -> RunningBot:
             raise AssertionError("agentik run exited: " + "".join(log))
         if m := re.search(r"HTTP API on (http://127\.0\.0\.1:\d+)/agentik", line):
             return RunningBot(proc, m.group(1), log)
+
+
+@contextlib.contextmanager
+def running_bot(config: Path, **env: str) -> Iterator[RunningBot]:
+    """``start_bot`` for the block; after it, the bot must stop cleanly (exit status 0,
+    no traceback in its log)."""
+    bot = start_bot(config, **env)
+    try:
+        yield bot
+    except BaseException:
+        bot.stop()
+        raise
+    assert bot.stop() == 0, "".join(bot.log)
+    assert "Traceback" not in "".join(bot.log)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from remotebots import TOKEN, RunningBot, bot_config, start_bot
+from remotebots import RunningBot, bot_config, running_bot
 
 from agentik.core import Agent, NotFound, OpenAIBackend, SQLiteStore
 from agentik.core.client import RemoteAgent
@@ -32,10 +32,8 @@ def llm() -> Iterator[FakeOpenAIServer]:
 @pytest.fixture(scope="module")
 def remote_bot(llm, tmp_path_factory) -> Iterator[RunningBot]:
     folder = tmp_path_factory.mktemp("remote")
-    bot = start_bot(bot_config(folder, llm.base_url, name="remote"))
-    yield bot
-    assert bot.stop() == 0, "".join(bot.log)
-    assert "Traceback" not in "".join(bot.log)
+    with running_bot(bot_config(folder, llm.base_url, name="remote")) as bot:
+        yield bot
 
 
 @pytest.fixture
@@ -47,7 +45,7 @@ async def local_agent(llm, tmp_path) -> AsyncIterator[Agent]:
 
 @pytest.fixture
 async def remote_agent(remote_bot) -> AsyncIterator[RemoteAgent]:
-    async with RemoteAgent(remote_bot.url, token=TOKEN) as agent:
+    async with remote_bot.client() as agent:
         yield agent
 
 

@@ -5,6 +5,7 @@ every request with the recipe of docs/webhooks.md, read from the page itself."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -66,6 +67,10 @@ class Receiver:
         self.accepted: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.raw: list[tuple[dict[str, str], bytes]] = []
         self.refused = 0
+        #: While set to an unset event, requests wait for it (a receiver that hangs);
+        #: ``held`` counts the requests that waited.
+        self.hold: asyncio.Event | None = None
+        self.held = 0
         self._runner: web.AppRunner | None = None
 
     @property
@@ -74,6 +79,9 @@ class Receiver:
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
+        if self.hold is not None and not self.hold.is_set():
+            self.held += 1
+            await self.hold.wait()
         if not verify_recipe(self.secret, request.headers, body, now=time.time() + self.skew):
             self.refused += 1
             return web.Response(status=401, text="bad signature")
@@ -339,6 +347,53 @@ async def test_two_workers_deliver_each_event_once(postgres_dsn):
     assert len(counts) == 30 and set(counts.values()) == {1}
     texts = Counter(p["event"]["conversation_id"] for _, p in receiver.accepted)
     assert len(texts) == 30
+
+
+async def test_a_clean_stop_hands_claims_back_so_another_worker_sends_them_at_once(db_path):
+    await _a_clean_stop_hands_claims_back(lambda: SQLiteStore(db_path), engine="sqlite")
+
+
+async def test_a_clean_stop_hands_claims_back_to_another_process_on_postgres(postgres_dsn):
+    from agentik.core.store.postgres import PostgresStore
+
+    await _a_clean_stop_hands_claims_back(lambda: PostgresStore(postgres_dsn), engine="postgres")
+
+
+async def _a_clean_stop_hands_claims_back(store: Any, *, engine: str) -> None:
+    receiver = await Receiver().start()
+    receiver.hold = asyncio.Event()  # the first attempt hangs until the sender gives up
+    # A long timeout makes the lease 2 x 100 + 30 s: far longer than the test waits, so
+    # only a released claim lets the second worker send before it runs out.
+    settings = [hook(receiver.url, timeout=100.0)]
+    first = Agent(llm=ScriptedModel(), store=store())
+    try:
+        async with first:
+            one = Webhooks(first, settings, worker="one", poll=0.1)
+            await one.start()
+            try:
+                await _turn(first)
+                await eventually(lambda: receiver.held == 1, "the first attempt under way")
+                [held] = await first.store.webhook_deliveries()
+                assert held.claimed_by == "one" and held.claimed_until > time.time() + 100
+            finally:
+                await one.aclose()
+            [row] = await first.store.webhook_deliveries()
+            assert (row.state, row.claimed_by, row.claimed_until, row.attempts) == (
+                "pending", None, None, 0,
+            )  # fmt: skip
+            receiver.hold.set()
+            # Another worker (on PostgreSQL another process's store) sends it now.
+            second = first if engine == "sqlite" else Agent(llm=ScriptedModel(), store=store())
+            async with contextlib.AsyncExitStack() as stack:
+                if second is not first:
+                    await stack.enter_async_context(second)
+                await stack.enter_async_context(Webhooks(second, settings, worker="two", poll=0.1))
+                await eventually(lambda: receiver.ids() == [row.id], "the delivery, sent by two")
+                [done] = await eventually(_all_delivered(second, 1), "recorded as delivered")
+    finally:
+        await receiver.stop()
+    # The attempt cut at the stop counted nothing; two's attempt is the first recorded.
+    assert (done.id, done.attempts) == (row.id, 1)
 
 
 # -- configuration -----------------------------------------------------------------------------

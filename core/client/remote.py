@@ -13,6 +13,12 @@ one differ, it is because a network is in between:
   and replays what it missed (or yields ``events_lost`` when the server's
   buffer no longer reaches back); it ends, as in process, when the server
   ends it (the conversation deleted, a shutdown, ``events_lost``);
+* what a remote sends is capped, since it may be hostile: an event at
+  :data:`MAX_EVENT_BYTES` (a line that never ends counts as it grows), any
+  other answer at :data:`MAX_ANSWER_BYTES`.  Past a cap the stream or the
+  request ends with a :class:`~agentik.core.errors.RemoteError` saying so (a
+  stream is not reconnected: the remote would send the same again), and the
+  connection is closed without reading the rest;
 * errors are :class:`~agentik.core.errors.NotFound` (404) or
   :class:`~agentik.core.errors.RemoteError` (any other refusal, or no answer),
   with the API's error code; the token never appears in one.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json as jsonlib
 import logging
 import weakref
 from collections.abc import AsyncIterator, Iterable
@@ -44,14 +51,21 @@ log = logging.getLogger(__name__)
 RECONNECTS = 5
 #: Seconds to connect and to wait for an answer that is not an event stream.
 DEFAULT_TIMEOUT = 60.0
+#: The largest event a remote may send (its SSE lines, in bytes): as large as an
+#: agent's whole replay buffer by default (``Agent(event_bytes=...)``), so no event a
+#: bot can replay is refused.
+MAX_EVENT_BYTES = 16 * 2**20
+#: The largest answer to a request that is not an event stream (a history page, …).
+MAX_ANSWER_BYTES = 64 * 2**20
 
 
-def _error_of(response: httpx2.Response, what: str) -> Exception:
-    """The error a refusal stands for: NotFound for 404, else RemoteError."""
+def _error_of(response: httpx2.Response, what: str, content: bytes) -> Exception:
+    """The error a refusal (its body: ``content``) stands for: NotFound for 404, else
+    RemoteError."""
     code: str | None = None
     message = ""
     try:
-        body = response.json()
+        body = jsonlib.loads(content)
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict):
             code = error.get("code") if isinstance(error.get("code"), str) else None
@@ -83,8 +97,12 @@ class RemoteAgent:
         prefix: str = "/agentik",
         timeout: float = DEFAULT_TIMEOUT,
         transport: httpx2.AsyncBaseTransport | None = None,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.url = url.rstrip("/")
+        self.max_event_bytes = max_event_bytes
+        self.max_answer_bytes = max_answer_bytes
         self.prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx2.AsyncClient(
@@ -136,23 +154,40 @@ class RemoteAgent:
         (404) or RemoteError."""
         if self._closed:
             raise ClosedError("the remote agent client is closed")
+        request = self._client.build_request(method, path, json=json, params=params)
         try:
-            response = await self._client.request(method, path, json=json, params=params)
+            response = await self._client.send(request, stream=True)
         except httpx2.HTTPError as exc:
             raise RemoteError(f"{what}: {self.url} did not answer: {exc}") from exc
+        try:
+            content = bytearray()
+            async for chunk in response.aiter_bytes():
+                content += chunk
+                if len(content) > self.max_answer_bytes:
+                    raise RemoteError(
+                        f"{what}: the answer is larger than {self.max_answer_bytes} bytes"
+                        " (max_answer_bytes): not read",
+                        status=response.status_code,
+                    )
+        except httpx2.HTTPError as exc:
+            raise RemoteError(f"{what}: {self.url} broke off its answer: {exc}") from exc
+        finally:
+            await response.aclose()
         if response.status_code >= 400:
-            raise _error_of(response, what)
-        if response.status_code == 204 or not response.content:
+            raise _error_of(response, what, bytes(content))
+        if response.status_code == 204 or not content:
             return None
         try:
-            return response.json()
+            return jsonlib.loads(content)
         except ValueError as exc:
             raise RemoteError(
                 f"{what}: the answer is not JSON", status=response.status_code
             ) from exc
 
     def _stream(self, path: str, *, after: int | None, profile: str) -> RemoteSubscription:
-        sub = RemoteSubscription(self._client, path, after=after, profile=profile)
+        sub = RemoteSubscription(
+            self._client, path, after=after, profile=profile, max_bytes=self.max_event_bytes
+        )
         self._streams.add(sub)
         return sub
 
@@ -381,9 +416,16 @@ class RemoteSubscription(AsyncIterator[Event]):
     """
 
     def __init__(
-        self, client: httpx2.AsyncClient, path: str, *, after: int | None, profile: str
+        self,
+        client: httpx2.AsyncClient,
+        path: str,
+        *,
+        after: int | None,
+        profile: str,
+        max_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         self._client = client
+        self._max_bytes = max_bytes
         self._path = path
         self._profile = profile
         #: The id of the last event received (what a reconnect resumes after).
@@ -414,11 +456,16 @@ class RemoteSubscription(AsyncIterator[Event]):
         except httpx2.HTTPError as exc:
             raise RemoteError(f"events: {request.url.host} did not answer: {exc}") from exc
         if response.status_code >= 400:
-            await response.aread()
+            content = b""
+            with contextlib.suppress(httpx2.HTTPError):
+                async for chunk in response.aiter_bytes():
+                    content += chunk
+                    if len(content) > self._max_bytes:
+                        break  # a refusal's reason is short: the rest is not read
             await response.aclose()
-            raise _error_of(response, "events")
+            raise _error_of(response, "events", content)
         self._response = response
-        self._lines = aiter(httpx2.EventSource(response))
+        self._lines = aiter(httpx2.EventSource(response, max_event_size=self._max_bytes))
 
     async def wait_connected(self) -> None:
         """Wait until the stream is connected (the server has subscribed): a failure
@@ -451,6 +498,17 @@ class RemoteSubscription(AsyncIterator[Event]):
                 await self._drop()
                 self._ended = True
                 raise
+            except httpx2.SSEError as exc:
+                # An event over the cap, or no event stream at all: the remote would do
+                # the same again, so no reconnect; the rest is not read.
+                await self._drop()
+                self._ended = True
+                if "byte limit" in str(exc):
+                    raise RemoteError(
+                        f"events: the remote sent an event larger than {self._max_bytes} bytes"
+                        " (max_event_bytes): the stream is closed"
+                    ) from None
+                raise RemoteError(f"events: the answer is not an event stream: {exc}") from None
             except (httpx2.TransportError, RemoteError) as exc:
                 if self._closed:
                     raise StopAsyncIteration from None

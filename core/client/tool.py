@@ -109,9 +109,10 @@ class RemoteAgentTool(AgentTool):
             follow = _Follow(node, parent, conv, events, stream)
             try:
                 ended = await follow.run()
-            except AgentikError as exc:  # the stream broke and did not come back
+            except AgentikError as exc:  # the stream broke and did not come back, or
+                # the remote sent what no agentik sends (an event over the cap)
                 log.warning("agent %s: lost the remote run %s: %s", self.agent_name, run_id, exc)
-                ended = None
+                ended, lost = None, str(exc)
                 with contextlib.suppress(AgentikError):  # still running there, perhaps
                     await conv.interrupt(run_id)
             except asyncio.CancelledError:
@@ -124,7 +125,7 @@ class RemoteAgentTool(AgentTool):
             await asyncio.shield(remote.aclose())
         if ended is None:
             return ToolResult(
-                text=f"error: agent {self.agent_name}: the remote run's events broke off",
+                text=f"error: agent {self.agent_name}: the remote run's events broke off ({lost})",
                 data={"run_id": run_id, "agent": self.agent_name},
                 is_error=True,
             )

@@ -55,6 +55,7 @@ from .records import (
     RunRecord,
     TurnEnd,
     WebhookDelivery,
+    WebhookOutcome,
     WebhookState,
     WorkerBeat,
     WorkerInfo,
@@ -895,24 +896,22 @@ class Store(abc.ABC):
     async def webhook_claim(
         self, worker: str, *, now: float, lease: float, limit: int = 50
     ) -> list[WebhookDelivery]:
-        """Claim up to ``limit`` pending deliveries due by ``now`` that nobody holds (or
-        whose holder's lease ran out) for ``worker`` until ``now + lease``, oldest first:
-        two workers never claim the same row at once."""
+        """Claim up to ``limit`` deliveries that are claimable at ``now``
+        (:meth:`WebhookDelivery.claimable`) for ``worker`` until ``now + lease``, oldest
+        first, in one write: two workers never claim the same row at once."""
         raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")
 
     async def webhook_settle(
-        self,
-        delivery_id: str,
-        worker: str,
-        state: WebhookState,
-        *,
-        now: float,
-        next_at: float | None = None,
-        error: str | None = None,
-    ) -> bool:
-        """Record an attempt of a delivery ``worker`` holds: ``delivered``; ``pending``
-        again at ``next_at`` (a retry); or ``dead`` (a dead letter).  The claim ends.
-        ``False`` (nothing changed) when ``worker`` no longer holds it."""
+        self, worker: str, outcomes: Sequence[WebhookOutcome], *, now: float
+    ) -> int:
+        """Record the attempts ``outcomes`` tell of, in one write: each counts an
+        attempt and ends ``worker``'s claim (finished at ``now`` unless ``pending``).
+        A delivery ``worker`` no longer holds is left as it is; how many were recorded."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")
+
+    async def webhook_release(self, worker: str) -> int:
+        """End every claim ``worker`` holds without counting an attempt (a clean
+        shutdown): the deliveries are claimable again at once, by any worker; how many."""
         raise NotImplementedError(f"{type(self).__name__} keeps no webhook deliveries")
 
     async def webhook_deliveries(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from .records import WebhookDelivery, WebhookState
+from .records import WebhookDelivery, WebhookOutcome, WebhookState
 
 __all__ = ["MemoryWebhooks"]
 
@@ -43,37 +43,40 @@ class MemoryWebhooks:
         for d in self._webhooks_by_age():
             if len(claimed) >= limit:
                 break
-            free = d.claimed_until is None or d.claimed_until < now
-            if d.state == "pending" and d.next_at <= now and free:
+            if d.claimable(now):
                 d = dataclasses.replace(d, claimed_by=worker, claimed_until=now + lease)
                 self._webhooks[d.id] = d
                 claimed.append(d)
         return claimed
 
     async def webhook_settle(
-        self,
-        delivery_id: str,
-        worker: str,
-        state: WebhookState,
-        *,
-        now: float,
-        next_at: float | None = None,
-        error: str | None = None,
-    ) -> bool:
-        d = self._webhooks.get(delivery_id)
-        if d is None or d.state != "pending" or d.claimed_by != worker:
-            return False
-        self._webhooks[delivery_id] = dataclasses.replace(
-            d,
-            state=state,
-            attempts=d.attempts + 1,
-            next_at=d.next_at if next_at is None else next_at,
-            claimed_by=None,
-            claimed_until=None,
-            last_error=error if error is not None else d.last_error,
-            finished_at=None if state == "pending" else now,
-        )
-        return True
+        self, worker: str, outcomes: Sequence[WebhookOutcome], *, now: float
+    ) -> int:
+        settled = 0
+        for o in outcomes:
+            d = self._webhooks.get(o.id)
+            if d is None or d.state != "pending" or d.claimed_by != worker:
+                continue
+            self._webhooks[o.id] = dataclasses.replace(
+                d,
+                state=o.state,
+                attempts=d.attempts + 1,
+                next_at=d.next_at if o.next_at is None else o.next_at,
+                claimed_by=None,
+                claimed_until=None,
+                last_error=o.error if o.error is not None else d.last_error,
+                finished_at=None if o.state == "pending" else now,
+            )
+            settled += 1
+        return settled
+
+    async def webhook_release(self, worker: str) -> int:
+        mine = [
+            d for d in self._webhooks.values() if d.state == "pending" and d.claimed_by == worker
+        ]
+        for d in mine:
+            self._webhooks[d.id] = dataclasses.replace(d, claimed_by=None, claimed_until=None)
+        return len(mine)
 
     async def webhook_deliveries(
         self, *, state: WebhookState | None = None, webhook: str | None = None, limit: int = 100

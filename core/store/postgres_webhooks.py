@@ -5,28 +5,16 @@ workers claiming at once each get other rows."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .postgres_room import PostgresRoom, nul_free
-from .records import WebhookDelivery, WebhookState
+from .records import WebhookDelivery, WebhookOutcome, WebhookState
+from .rows import WEBHOOK_DELIVERY as ROW
 
 if TYPE_CHECKING:
     import asyncpg
 
 __all__ = ["PostgresWebhooks"]
-
-_COLUMNS = (
-    "id, webhook, event_kind, conversation_id, body, created_at, state, attempts, next_at,"
-    " claimed_by, claimed_until, last_error, finished_at"
-)
-
-
-def _row(r: Sequence[Any]) -> WebhookDelivery:
-    return WebhookDelivery(
-        id=r[0], webhook=r[1], event_kind=r[2], conversation_id=r[3], body=r[4],
-        created_at=float(r[5]), state=r[6], attempts=int(r[7]), next_at=float(r[8]),
-        claimed_by=r[9], claimed_until=r[10], last_error=r[11], finished_at=r[12],
-    )  # fmt: skip
 
 
 class PostgresWebhooks(PostgresRoom):
@@ -65,46 +53,63 @@ class PostgresWebhooks(PostgresRoom):
                 " WHERE id IN (SELECT id FROM webhook_delivery WHERE state = 'pending'"
                 " AND next_at <= $3 AND (claimed_until IS NULL OR claimed_until < $3)"
                 " ORDER BY created_at, id LIMIT $4 FOR UPDATE SKIP LOCKED)"
-                f" RETURNING {_COLUMNS}",
+                f" RETURNING {ROW.columns}",
                 nul_free(worker), now + lease, now, limit,
             )  # fmt: skip
-            return sorted((_row(r) for r in rows), key=lambda d: (d.created_at, d.id))
+            return sorted((ROW.record(r) for r in rows), key=lambda d: (d.created_at, d.id))
 
         claimed: list[WebhookDelivery] = await self._write(fn, single=True)
         return claimed
 
     async def webhook_settle(
-        self,
-        delivery_id: str,
-        worker: str,
-        state: WebhookState,
-        *,
-        now: float,
-        next_at: float | None = None,
-        error: str | None = None,
-    ) -> bool:
-        async def fn(conn: asyncpg.Connection) -> bool:
-            status = await conn.execute(
-                "UPDATE webhook_delivery SET state = $1, attempts = attempts + 1,"
-                " next_at = COALESCE($2, next_at), claimed_by = NULL, claimed_until = NULL,"
-                " last_error = COALESCE($3, last_error), finished_at = $4"
-                " WHERE id = $5 AND state = 'pending' AND claimed_by = $6",
-                state, next_at, None if error is None else nul_free(error),
-                None if state == "pending" else now, nul_free(delivery_id), nul_free(worker),
-            )  # fmt: skip
-            return bool(status != "UPDATE 0")
+        self, worker: str, outcomes: Sequence[WebhookOutcome], *, now: float
+    ) -> int:
+        if not outcomes:
+            return 0
+        columns = (
+            [nul_free(o.id) for o in outcomes],
+            [o.state for o in outcomes],
+            [o.next_at for o in outcomes],
+            [None if o.error is None else nul_free(o.error) for o in outcomes],
+        )
 
-        return bool(await self._write(fn, single=True))
+        async def fn(conn: asyncpg.Connection) -> int:
+            status = await conn.execute(
+                "UPDATE webhook_delivery AS w SET state = o.state, attempts = w.attempts + 1,"
+                " next_at = COALESCE(o.next_at, w.next_at), claimed_by = NULL,"
+                " claimed_until = NULL, last_error = COALESCE(o.error, w.last_error), finished_at"
+                " = CASE WHEN o.state = 'pending' THEN NULL ELSE $5::double precision END"
+                " FROM unnest($1::text[], $2::text[], $3::double precision[], $4::text[])"
+                " AS o(id, state, next_at, error)"
+                " WHERE w.id = o.id AND w.state = 'pending' AND w.claimed_by = $6",
+                *columns, now, nul_free(worker),
+            )  # fmt: skip
+            return int(status.split()[-1])
+
+        settled: int = await self._write(fn, single=True)
+        return settled
+
+    async def webhook_release(self, worker: str) -> int:
+        async def fn(conn: asyncpg.Connection) -> int:
+            status = await conn.execute(
+                "UPDATE webhook_delivery SET claimed_by = NULL, claimed_until = NULL"
+                " WHERE claimed_by = $1 AND state = 'pending'",
+                nul_free(worker),
+            )
+            return int(status.split()[-1])
+
+        released: int = await self._write(fn, single=True)
+        return released
 
     async def webhook_deliveries(
         self, *, state: WebhookState | None = None, webhook: str | None = None, limit: int = 100
     ) -> list[WebhookDelivery]:
         rows = await self._read(
-            f"SELECT {_COLUMNS} FROM webhook_delivery WHERE ($1::text IS NULL OR state = $1)"
+            f"SELECT {ROW.columns} FROM webhook_delivery WHERE ($1::text IS NULL OR state = $1)"
             " AND ($2::text IS NULL OR webhook = $2) ORDER BY created_at, id LIMIT $3",
             state, None if webhook is None else nul_free(webhook), limit,
         )  # fmt: skip
-        return [_row(r) for r in rows]
+        return [ROW.record(r) for r in rows]
 
     async def webhook_replay(self, ids: Sequence[str] | None, *, now: float) -> int:
         async def fn(conn: asyncpg.Connection) -> int:

@@ -41,6 +41,7 @@ __all__ = [
     "RunRecord",
     "TurnEnd",
     "WebhookDelivery",
+    "WebhookOutcome",
     "WebhookState",
     "WorkerBeat",
     "WorkerInfo",
@@ -549,6 +550,25 @@ class WebhookDelivery:
     last_error: str | None = None
     #: When it was delivered or given up.
     finished_at: float | None = None
+
+    def claimable(self, now: float) -> bool:
+        """Whether a worker may claim it at ``now``: pending, due (``next_at``), and
+        nobody holds it (or its holder's lease ran out).  Every engine's
+        ``webhook_claim`` keeps to this rule."""
+        free = self.claimed_until is None or self.claimed_until < now
+        return self.state == "pending" and self.next_at <= now and free
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WebhookOutcome:
+    """How one attempt at a claimed delivery ended, for ``webhook_settle``:
+    ``delivered``; ``pending`` again at ``next_at`` (a retry); or ``dead`` (a dead
+    letter).  ``error`` says why the attempt failed (never a secret or the URL)."""
+
+    id: str
+    state: WebhookState
+    next_at: float | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

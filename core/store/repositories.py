@@ -39,6 +39,7 @@ from .records import (
     RunRecord,
     TurnEnd,
     WebhookDelivery,
+    WebhookOutcome,
     WebhookState,
     WorkerBeat,
     WorkerInfo,
@@ -443,15 +444,10 @@ class WebhookRepository(Protocol):
     ) -> list[WebhookDelivery]: ...
 
     async def webhook_settle(
-        self,
-        delivery_id: str,
-        worker: str,
-        state: WebhookState,
-        *,
-        now: float,
-        next_at: float | None = None,
-        error: str | None = None,
-    ) -> bool: ...
+        self, worker: str, outcomes: Sequence[WebhookOutcome], *, now: float
+    ) -> int: ...
+
+    async def webhook_release(self, worker: str) -> int: ...
 
     async def webhook_deliveries(
         self, *, state: WebhookState | None = None, webhook: str | None = None, limit: int = 100

@@ -27,6 +27,7 @@ from .records import (
     ChannelSettingChange,
     Checklist,
     Question,
+    WebhookDelivery,
 )
 from .snapshot import IMPORTED, timestamp, untrusted_data
 
@@ -42,6 +43,7 @@ __all__ = [
     "OUTLINE",
     "QUESTION",
     "QUESTION_COLUMNS",
+    "WEBHOOK_DELIVERY",
     "OutlineRow",
     "RowShape",
     "relinker",
@@ -143,6 +145,22 @@ ACCESS_CHANGE = RowShape("id, at, actor, identity, old_role, new_role, channel",
 CHANNEL_SETTING = RowShape("channel_key, key, value, set_by, set_at", _channel_setting)
 CHANNEL_SETTING_CHANGE = RowShape(
     "id, channel_key, key, old_value, new_value, actor, at", _channel_setting_change
+)
+
+
+# -- outbound webhooks ------------------------------------------------------------------------
+def _webhook_delivery(r: Sequence[Any]) -> WebhookDelivery:
+    return WebhookDelivery(
+        id=r[0], webhook=r[1], event_kind=r[2], conversation_id=r[3], body=r[4],
+        created_at=float(r[5]), state=r[6], attempts=int(r[7]), next_at=float(r[8]),
+        claimed_by=r[9], claimed_until=r[10], last_error=r[11], finished_at=r[12],
+    )  # fmt: skip
+
+
+WEBHOOK_DELIVERY = RowShape(
+    "id, webhook, event_kind, conversation_id, body, created_at, state, attempts, next_at,"
+    " claimed_by, claimed_until, last_error, finished_at",
+    _webhook_delivery,
 )
 
 

@@ -5,25 +5,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from typing import Any
 
-from .records import WebhookDelivery, WebhookState
+from .records import WebhookDelivery, WebhookOutcome, WebhookState
+from .rows import WEBHOOK_DELIVERY as ROW
 from .sqlite_room import SQLiteRoom
 
 __all__ = ["SQLiteWebhooks"]
-
-_COLUMNS = (
-    "id, webhook, event_kind, conversation_id, body, created_at, state, attempts, next_at,"
-    " claimed_by, claimed_until, last_error, finished_at"
-)
-
-
-def _row(r: Sequence[Any]) -> WebhookDelivery:
-    return WebhookDelivery(
-        id=r[0], webhook=r[1], event_kind=r[2], conversation_id=r[3], body=r[4],
-        created_at=float(r[5]), state=r[6], attempts=int(r[7]), next_at=float(r[8]),
-        claimed_by=r[9], claimed_until=r[10], last_error=r[11], finished_at=r[12],
-    )  # fmt: skip
 
 
 class SQLiteWebhooks(SQLiteRoom):
@@ -59,47 +46,60 @@ class SQLiteWebhooks(SQLiteRoom):
                 f"UPDATE webhook_delivery SET claimed_by = ?, claimed_until = ?"
                 " WHERE id IN (SELECT id FROM webhook_delivery WHERE state = 'pending'"
                 " AND next_at <= ? AND (claimed_until IS NULL OR claimed_until < ?)"
-                f" ORDER BY created_at, id LIMIT ?) RETURNING {_COLUMNS}",
+                f" ORDER BY created_at, id LIMIT ?) RETURNING {ROW.columns}",
                 (worker, now + lease, now, now, limit),
             ).fetchall()
-            return sorted((_row(r) for r in rows), key=lambda d: (d.created_at, d.id))
+            return sorted((ROW.record(r) for r in rows), key=lambda d: (d.created_at, d.id))
 
         claimed: list[WebhookDelivery] = await self._write(fn)
         return claimed
 
     async def webhook_settle(
-        self,
-        delivery_id: str,
-        worker: str,
-        state: WebhookState,
-        *,
-        now: float,
-        next_at: float | None = None,
-        error: str | None = None,
-    ) -> bool:
-        def fn(conn: sqlite3.Connection) -> bool:
-            finished = None if state == "pending" else now
-            cursor = conn.execute(
+        self, worker: str, outcomes: Sequence[WebhookOutcome], *, now: float
+    ) -> int:
+        values = [
+            (o.state, o.next_at, o.error, None if o.state == "pending" else now, o.id, worker)
+            for o in outcomes
+        ]
+        if not values:
+            return 0
+
+        def fn(conn: sqlite3.Connection) -> int:
+            before = conn.total_changes
+            conn.executemany(
                 "UPDATE webhook_delivery SET state = ?, attempts = attempts + 1,"
                 " next_at = COALESCE(?, next_at), claimed_by = NULL, claimed_until = NULL,"
                 " last_error = COALESCE(?, last_error), finished_at = ?"
                 " WHERE id = ? AND state = 'pending' AND claimed_by = ?",
-                (state, next_at, error, finished, delivery_id, worker),
+                values,
             )
-            return cursor.rowcount > 0
+            return conn.total_changes - before
 
-        settled: bool = await self._write(fn)
+        settled: int = await self._write(fn)
         return settled
+
+    async def webhook_release(self, worker: str) -> int:
+        def fn(conn: sqlite3.Connection) -> int:
+            return int(
+                conn.execute(
+                    "UPDATE webhook_delivery SET claimed_by = NULL, claimed_until = NULL"
+                    " WHERE claimed_by = ? AND state = 'pending'",
+                    (worker,),
+                ).rowcount
+            )
+
+        released: int = await self._write(fn)
+        return released
 
     async def webhook_deliveries(
         self, *, state: WebhookState | None = None, webhook: str | None = None, limit: int = 100
     ) -> list[WebhookDelivery]:
         rows = await self._read(
-            f"SELECT {_COLUMNS} FROM webhook_delivery WHERE (? IS NULL OR state = ?)"
+            f"SELECT {ROW.columns} FROM webhook_delivery WHERE (? IS NULL OR state = ?)"
             " AND (? IS NULL OR webhook = ?) ORDER BY created_at, id LIMIT ?",
             (state, state, webhook, webhook, limit),
         )
-        return [_row(r) for r in rows]
+        return [ROW.record(r) for r in rows]
 
     async def webhook_replay(self, ids: Sequence[str] | None, *, now: float) -> int:
         def fn(conn: sqlite3.Connection) -> int:

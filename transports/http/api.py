@@ -56,10 +56,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -88,7 +95,7 @@ from agentik.core.lifecycle import (
     import_conversation,
     validate_snapshot,
 )
-from agentik.core.messages import Content, ImagePart, TextPart
+from agentik.core.messages import Content, ImagePart, Message, TextPart
 from agentik.core.redaction import RedactionError
 from agentik.core.store.search import SearchHit, search_terms
 from agentik.core.streamprofiles import PROFILES
@@ -214,17 +221,15 @@ def _check_author(v: str | None) -> str | None:
     return v
 
 
+#: A speaker's name as a request gives it: one line of visible characters, or none.
+Author = Annotated[str | None, AfterValidator(_check_author)]
+
+
 class NewMessageBody(_Body):
     content: str = Field(min_length=1, pattern=r"\S")
     #: The speaker's name the model sees: a display label, not an identity
     #: (the message's ``author_id`` is always the token's).
-    author: str | None = None
-
-    @field_validator("author")
-    @classmethod
-    def _one_line(cls, v: str | None) -> str | None:
-        return _check_author(v)
-
+    author: Author = None
     #: When a turn is running: ``queue``, ``steer`` into it, or ``interrupt`` it.
     busy: Literal["queue", "steer", "interrupt"] = "queue"
     #: Images and files uploaded before (``POST .../attachments``), sent with it.
@@ -234,24 +239,14 @@ class NewMessageBody(_Body):
 class BranchBody(_Body):
     """``POST …/regenerate``: who asks again (default: who asked)."""
 
-    author: str | None = None
-
-    @field_validator("author")
-    @classmethod
-    def _one_line(cls, v: str | None) -> str | None:
-        return _check_author(v)
+    author: Author = None
 
 
 class EditBody(_Body):
     """``POST …/edit``: the question that replaces the last one."""
 
     content: str = Field(min_length=1, pattern=r"\S")
-    author: str | None = None
-
-    @field_validator("author")
-    @classmethod
-    def _one_line(cls, v: str | None) -> str | None:
-        return _check_author(v)
+    author: Author = None
 
 
 class InterruptBody(_Body):
@@ -1050,28 +1045,34 @@ class Api:
     async def regenerate(self, request: Request) -> Response:
         """The last question again, in a new branch (its earlier answer stays in the
         audit log, out of the model's context)."""
-        self._refuse_when_closing()
-        principal = self.principal(request)
-        conv = await self.conversation(request, principal)
-        body = await self.body(request, BranchBody, required=False)
-        asked = await conv.last_question()
-        if asked is None:
-            raise ApiError(409, "cannot_branch", "there is no question to regenerate")
+        principal, conv, body, asked = await self._branching(
+            request, BranchBody, required=False, verb="regenerate"
+        )
         message = NewMessageBody(content=asked.content, author=body.author or asked.author)
         return await self._post(principal, conv, message, branch_of=asked.id)
 
     async def edit_last(self, request: Request) -> Response:
         """``content`` in place of the last question, in a new branch (the question
         and its answer stay in the audit log, out of the model's context)."""
+        principal, conv, body, asked = await self._branching(
+            request, EditBody, required=True, verb="edit"
+        )
+        message = NewMessageBody(content=body.content, author=body.author)
+        return await self._post(principal, conv, message, branch_of=asked.id)
+
+    async def _branching(
+        self, request: Request, model: type[_Body], *, required: bool, verb: str
+    ) -> tuple[Principal, Conversation, Any, Message]:
+        """What a new branch starts from: the caller, the conversation, the request's
+        body, and the last question (a 409 when there is none to ``verb``)."""
         self._refuse_when_closing()
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        body = await self.body(request, EditBody, required=True)
+        body = await self.body(request, model, required=required)
         asked = await conv.last_question()
         if asked is None:
-            raise ApiError(409, "cannot_branch", "there is no question to edit")
-        message = NewMessageBody(content=body.content, author=body.author)
-        return await self._post(principal, conv, message, branch_of=asked.id)
+            raise ApiError(409, "cannot_branch", f"there is no question to {verb}")
+        return principal, conv, body, asked
 
     async def _post(
         self,
