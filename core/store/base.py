@@ -431,6 +431,14 @@ class Store(abc.ABC):
         """Record how a pending question ended; ``False`` if it was not pending any more."""
         raise NotImplementedError(f"{type(self).__name__} does not store questions")
 
+    async def question_answer_part(
+        self, question_id: int, answers: dict[str, str | None]
+    ) -> dict[str, str | None] | None:
+        """Add ``answers`` (field id -> answer) to a pending form's answers so far
+        (later ones replace earlier ones of the same field), in one transaction;
+        the answers so far, or ``None`` if it is not pending any more."""
+        raise NotImplementedError(f"{type(self).__name__} does not store questions")
+
     async def question_rebind(self, question_id: int, call_id: str) -> None:
         """A resumed turn's new call (``call_id``) takes over a pending question."""
         raise NotImplementedError(f"{type(self).__name__} does not store questions")

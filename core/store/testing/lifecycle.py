@@ -73,6 +73,7 @@ class ExportContract(ContractBase):
             "text": "which one?", "choices": '["red", "blue"]', "digest": "dq",
             "created_at": 10.0, "deadline": 70.0, "state": "resolved", "outcome": "answered",
             "answer": "red", "answered_by": "bob", "answered_at": 20.0,
+            "form": None, "partial": None,
         }  # fmt: skip
 
     async def test_exported_runs_are_the_conversations_own(self, store: Any) -> None:
