@@ -1359,11 +1359,12 @@ class _Human:
         choices: tuple[str, ...],
         answer_from: Any,
         wait: float,
+        form: tuple[dict[str, Any], ...] = (),
     ) -> Any:
         turn = self.turn
         return await turn.services.questions.ask(
             turn.parts, turn.run_id, self.call_id, text, to=to, choices=choices,
-            answer_from=answer_from, wait=wait,
+            answer_from=answer_from, wait=wait, form=form,
             interrupted=lambda: turn.interrupt_requested, paused=turn._pause_budget,
         )  # fmt: skip
 

@@ -428,7 +428,9 @@ class Store(abc.ABC):
         answered_by: str | None,
         at: float,
     ) -> bool:
-        """Record how a pending question ended; ``False`` if it was not pending any more."""
+        """Record how a pending question ended; ``False`` if it was not pending any more.
+
+        A form's answers so far (``partial``) are dropped: ``answer`` holds them."""
         raise NotImplementedError(f"{type(self).__name__} does not store questions")
 
     async def question_answer_part(

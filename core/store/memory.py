@@ -470,7 +470,7 @@ class MemoryStore(
             return False
         self._questions[question_id] = dataclasses.replace(
             q, state="resolved", outcome=outcome, answer=answer, answered_by=answered_by,
-            answered_at=at,
+            answered_at=at, partial={},
         )  # fmt: skip
         return True
 

@@ -158,7 +158,8 @@ class PostgresWaits(PostgresRoom):
         async def fn(conn: asyncpg.Connection) -> bool:
             status = await conn.execute(
                 "UPDATE question SET state = 'resolved', outcome = $1, answer = $2,"
-                " answered_by = $3, answered_at = $4 WHERE id = $5 AND state = 'pending'",
+                " answered_by = $3, answered_at = $4, partial = NULL"
+                " WHERE id = $5 AND state = 'pending'",
                 outcome, nul_free(answer), answered_by, at, question_id,
             )  # fmt: skip
             return bool(status != "UPDATE 0")

@@ -144,7 +144,8 @@ class SQLiteWaits(SQLiteRoom):
         def fn(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 "UPDATE question SET state = 'resolved', outcome = ?, answer = ?,"
-                " answered_by = ?, answered_at = ? WHERE id = ? AND state = 'pending'",
+                " answered_by = ?, answered_at = ?, partial = NULL"
+                " WHERE id = ? AND state = 'pending'",
                 (outcome, answer, answered_by, at, question_id),
             )
             return cur.rowcount > 0

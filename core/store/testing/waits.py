@@ -150,9 +150,11 @@ class WaitsContract(ContractBase):
         assert got == {"a": "uno", "b": None}
         assert (await store.question_get(qid)).partial == {"a": "uno", "b": None}
         assert await store.question_settle(qid, "answered", '{"a": "uno"}', "bob", 20.0)
-        # Settled: no more parts, and what was given stays as it was.
+        # Settled: the answer holds them all (one place, which redaction reaches);
+        # no more parts.
         assert await store.question_answer_part(qid, {"c": "late"}) is None
-        assert (await store.question_get(qid)).partial == {"a": "uno", "b": None}
+        got = await store.question_get(qid)
+        assert (got.answer, got.partial) == ('{"a": "uno"}', {})
 
     async def test_answers_given_at_once_all_stay(self, store: Any) -> None:
         await store.create_conversation(rec("c"))
