@@ -722,7 +722,8 @@ _SCHEMAS: dict[str, Any] = {
             "tool_call_started, tool_call_ended, child_run_linked, turn_ended, "
             "run_stream_end, interrupted, error, events_lost, compacted, conversation_started, "
             "conversation_ended, memory_noted, approval_requested, approval_resolved, "
-            "question_asked, question_progress, question_answered, todo_updated, tool_progress, status_changed, "
+            "question_asked, question_progress, question_answered, todo_updated, tool_progress, "
+            "status_changed, "
             "usage. A child run's events (an agent called as a tool) carry its run_id and "
             "parent_run_id and are relayed into the caller's conversation stream."
         ),

@@ -1,0 +1,222 @@
+"""Multi-question ``ask_user`` (issue 35): a form, answered at once or a question
+at a time, rendered natively per transport.
+
+Through real transports: IRC (a real server, the irc3 stack), Slack (the real
+slack-bolt stack against the fake Slack: Block Kit inputs and a submit
+``block_actions``), the HTTP API (uvicorn, real requests) and its web page (a
+real browser), stdio (the terminal adapter); a restart on the same SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from agentik.core import Agent, SQLiteStore, TurnPolicy
+from agentik.core.questions import MAX_FORM_FIELDS
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
+
+from rigs import from_bot, irc_bot, people, tool_results
+
+pytest_plugins = ["ircservers"]
+
+ASKING = TurnPolicy(ask_user=True)
+
+FORM = {
+    "question": "deploy settings",
+    "to": "alice",
+    "questions": [
+        {"id": "region", "text": "which region?", "choices": ["eu", "us"]},
+        {"id": "count", "text": "how many replicas?"},
+        {"id": "note", "text": "anything else?", "required": False},
+    ],
+}
+HEAD = (
+    "@alice: deploy settings — 3 questions; answer each with !answer <n> <text>, or one"
+    " line each in order (- skips an optional one)"
+)
+
+
+async def next_event(sub, kind: str, wait: float = 60.0):
+    async with asyncio.timeout(wait):
+        async for event in sub:
+            if event.kind == kind:
+                return event
+    raise AssertionError(f"the stream ended before {kind}")
+
+
+_BRIDGES: dict = {}
+
+
+@asynccontextmanager
+async def asking_bot(port, db):
+    async with irc_bot(
+        port, Path(db).parent, db=db, agent_kw={"policy": ASKING}, channels=["#ops"],
+        joined_to=["#ops"],
+    ) as bot:  # fmt: skip
+        _BRIDGES[bot.agent] = bot.bridge
+        try:
+            yield bot.model, bot.agent
+        finally:
+            _BRIDGES.pop(bot.agent, None)
+
+
+# -- the tool: what the model may ask ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("questions", "error"),
+    [
+        ([], "`questions` must be a non-empty list"),
+        ([{"id": f"q{n}", "text": "?"} for n in range(MAX_FORM_FIELDS + 1)], "at most 10"),
+        ([{"id": "a", "text": "x"}, {"id": "a", "text": "y"}], "`id` 'a' is used twice"),
+        ([{"id": "a b", "text": "x"}], "question 1: `id` must be 1 to 40 letters"),
+        ([{"id": "a", "text": "  "}], "question 1 (a): `text` must be a non-empty string"),
+        ([{"id": "a", "text": "x", "choices": "eu"}], "`choices` must be a list of strings"),
+        ([{"id": "a", "text": "x", "required": "no"}], "`required` must be true or false"),
+    ],
+)
+async def test_a_bad_form_is_a_clear_tool_error_and_nothing_is_asked(tmp_path, questions, error):
+    model = ScriptedModel()
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "t.db")), policy=ASKING)
+    async with agent:
+        conv = await agent.conversation_for_channel("fake:chat:#c")
+        model.enqueue(Reply(tool_calls=[call("ask_user", {"questions": questions})]), "ok")
+        await conv.send("go", author="alice", author_id="chat:alice")
+        await conv.wait_idle()
+        [result] = tool_results(model)
+        assert error in result
+        assert await agent.store.questions() == []
+
+
+async def test_a_form_waits_for_every_answer_and_the_result_is_a_json_object(tmp_path):
+    model = ScriptedModel()
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "t.db")), policy=ASKING)
+    async with agent:
+        conv = await agent.conversation_for_channel("fake:chat:#c")
+        sub = conv.events()
+        model.enqueue(Reply(tool_calls=[call("ask_user", FORM)]), "done")
+        await conv.send("go", author="alice", author_id="chat:alice")
+        asked = await next_event(sub, "question_asked")
+        assert [f["id"] for f in asked.form] == ["region", "count", "note"]
+        assert [f["required"] for f in asked.form] == [True, True, False]
+        # Someone else's words do not answer it: bob's message is a message of its own.
+        assert await conv.answer("us", author="bob", author_id="chat:bob") is None
+        q = await conv.answer("eu", author="alice", author_id="chat:alice")
+        assert q.partial == {"region": "eu"} and q.state == "pending"
+        progress = await next_event(sub, "question_progress")
+        assert (progress.answered, progress.next, progress.by) == (("region",), "count", "alice")
+        # A whole-form send with a required question left empty is refused; nothing kept.
+        with pytest.raises(Exception, match="these questions need an answer: count"):
+            await conv.answer_form({"note": "x"}, author="alice", author_id="chat:alice")
+        assert (await agent.store.questions())[0].partial == {"region": "eu"}
+        done = await conv.answer_form({"count": "3"}, author="alice", author_id="chat:alice")
+        assert done.done
+        answered = await next_event(sub, "question_answered")
+        assert answered.outcome == "answered"
+        await next_event(sub, "turn_ended")
+        assert json.loads(tool_results(model)[0]) == {"region": "eu", "count": "3", "note": None}
+        await sub.aclose()
+
+
+async def test_an_expired_form_tells_the_model_what_was_answered(tmp_path):
+    model = ScriptedModel()
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "t.db")), policy=ASKING)
+    async with agent:
+        conv = await agent.conversation_for_channel("fake:chat:#c")
+        sub = conv.events()
+        model.enqueue(Reply(tool_calls=[call("ask_user", {**FORM, "timeout": 1})]), "ok")
+        await conv.send("go", author="alice", author_id="chat:alice")
+        await next_event(sub, "question_asked")
+        await conv.answer("us", author="alice", author_id="chat:alice")
+        ended = await next_event(sub, "question_answered")
+        assert ended.outcome == "expired"
+        await next_event(sub, "turn_ended")
+        [result] = tool_results(model)
+        assert result == (
+            "nobody answered: not every question was answered within 1 seconds;"
+            ' answered so far: {"region": "us"}'
+        )
+        await sub.aclose()
+
+
+# -- IRC -----------------------------------------------------------------------------------------
+
+
+async def test_irc_numbered_lines_answered_by_number_or_in_order(miniircd, tmp_path):
+    db = tmp_path / "form.db"
+    async with asking_bot(miniircd.port, db) as (model, agent):
+        alice, bob = await people(miniircd.port, "alice", "bob")
+        model.enqueue(Reply(tool_calls=[call("ask_user", FORM)]), "deploying")
+        alice.privmsg("#ops", "agentik: deploy")
+        await bob.wait_for(lambda m: from_bot(m) and m.text == HEAD)
+        await bob.wait_for(lambda m: from_bot(m) and m.text == "1. which region? (eu / us)")
+        await bob.wait_for(lambda m: from_bot(m) and m.text == "2. how many replicas?")
+        await bob.wait_for(lambda m: from_bot(m) and m.text == "3. anything else? (optional)")
+        # bob is not the one asked.
+        bob.privmsg("#ops", "!answer 1 us")
+        await bob.wait_for(
+            lambda m: from_bot(m) and m.text.endswith("no form waits for your answer here")
+        )
+        alice.privmsg("#ops", "!answer 9 x")
+        await alice.wait_for(lambda m: from_bot(m) and "there is no question 9 (1 to 3)" in m.text)
+        alice.privmsg("#ops", "!answer 2 three")
+        await alice.wait_for(
+            lambda m: from_bot(m) and m.text.endswith("(2 left) next: 1. which region? (eu / us)")
+        )
+        alice.privmsg("#ops", "eu")  # a plain line: the first question still open
+        await alice.wait_for(
+            lambda m: from_bot(m) and m.text.endswith("(1 left) next: 3. anything else? (optional)")
+        )
+        alice.privmsg("#ops", "-")  # skips the optional one: the form is complete
+        await alice.wait_for(lambda m: from_bot(m) and m.text == "alice: deploying")
+        assert json.loads(tool_results(model)[0]) == {
+            "region": "eu", "count": "three", "note": None,
+        }  # fmt: skip
+        for c in (alice, bob):
+            await c.close()
+    with sqlite3.connect(db) as con:
+        row = con.execute(
+            "SELECT state, outcome, answer, answered_by, partial FROM question"
+        ).fetchone()
+    assert row[:2] == ("resolved", "answered") and row[3:] == ("alice", None)
+    assert json.loads(row[2]) == {"region": "eu", "count": "three", "note": None}
+
+
+async def test_a_restart_keeps_the_form_and_its_answers_so_far(miniircd, tmp_path):
+    db = tmp_path / "restart.db"
+    async with asking_bot(miniircd.port, db) as (model, agent):
+        alice, bob = await people(miniircd.port, "alice", "bob")
+        model.enqueue(Reply(tool_calls=[call("ask_user", FORM)]), "never said")
+        alice.privmsg("#ops", "agentik: deploy")
+        await bob.wait_for(lambda m: from_bot(m) and m.text == "3. anything else? (optional)")
+        alice.privmsg("#ops", "!answer 2 5")
+        await bob.wait_for(lambda m: from_bot(m) and "(2 left)" in m.text)
+        [before] = await agent.store.questions(state="pending")
+    # Stopped while it waited: the form and the answer given are in the file.
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT state, partial FROM question").fetchall() == [
+            ("pending", '{"count": "5"}')
+        ]
+    async with asking_bot(miniircd.port, db) as (model, agent):
+        model.enqueue(Reply(tool_calls=[call("ask_user", FORM)]), "deploying")
+        counts = await _BRIDGES[agent].resume_pending()
+        assert counts["answer"] == 1
+        again = await bob.wait_for(lambda m: from_bot(m) and "asked again after" in m.text)
+        assert again.text == "(asked again after a restart) " + HEAD
+        # Only what is still open is asked again.
+        await bob.wait_for(lambda m: from_bot(m) and m.text == "1. which region? (eu / us)")
+        await bob.wait_for(lambda m: from_bot(m) and m.text == "3. anything else? (optional)")
+        alice.privmsg("#ops", "!answer 3 none")
+        alice.privmsg("#ops", "us")
+        await bob.wait_for(lambda m: from_bot(m) and m.text.endswith("deploying"))
+        assert json.loads(tool_results(model)[-1]) == {"region": "us", "count": "5", "note": "none"}
+        [after] = await agent.store.questions()
+        assert (after.id, after.deadline) == (before.id, before.deadline)
+    for c in (alice, bob):
+        await c.close()
