@@ -220,3 +220,101 @@ async def test_a_restart_keeps_the_form_and_its_answers_so_far(miniircd, tmp_pat
         assert (after.id, after.deadline) == (before.id, before.deadline)
     for c in (alice, bob):
         await c.close()
+
+
+# -- Slack -----------------------------------------------------------------------------------
+
+
+async def test_slack_form_is_block_kit_inputs_and_a_submit_button(tmp_path):
+    from agentik.bot.bridge import Bridge, ChannelOptions
+    from agentik.transports.slack.transport import SlackTransport
+
+    from fakeslack import FakeSlack
+
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        slack.add_user("U2", "bob")
+        model = ScriptedModel()
+        agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "slack.db")), policy=ASKING)
+        await agent.start()
+        bridge = Bridge(agent)
+        transport = SlackTransport(
+            name="slack",
+            settings={
+                "bot_token": slack.bot_token, "app_token": slack.app_token,
+                "api_url": slack.api_url, "state_file": str(tmp_path / "seen.sqlite3"),
+                "streaming": "edit", "edit_interval": 0.05,
+            },
+        )  # fmt: skip
+        bridge.attach(transport, ChannelOptions(command_prefix="!"))
+        await transport.start(bridge)
+        try:
+            hostile = {
+                **FORM,
+                "question": "deploy <!channel>",
+                "questions": [
+                    {**FORM["questions"][0], "text": "which region? <!here> *bold*"},
+                    *FORM["questions"][1:],
+                ],
+            }
+            model.enqueue(Reply(tool_calls=[call("ask_user", hostile)]), "deploying")
+            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> deploy", user="U1")
+            await slack.push_event(mention)
+            asked = await slack.wait_for_call(
+                "chat.postMessage", lambda p: "3 questions" in (p.get("text") or "")
+            )
+            assert asked["thread_ts"] == mention["ts"]
+            # The model's words cannot mention anyone: escaped in the text...
+            assert asked["text"].startswith("@alice: deploy &lt;!channel&gt; — 3 questions")
+            [(_, ts)] = [k for k, m in slack.messages.items() if "3 questions" in m["text"]]
+            blocks = slack.messages[("C1", ts)]["blocks"]
+            inputs = [b for b in blocks if b["type"] == "input"]
+            # ...and shown as written in plain_text labels, which Slack never parses.
+            assert [(b["label"]["type"], b["label"]["text"], b["optional"]) for b in inputs] == [
+                ("plain_text", "1. which region? <!here> *bold*", False),
+                ("plain_text", "2. how many replicas?", False),
+                ("plain_text", "3. anything else?", True),
+            ]
+            assert inputs[0]["element"]["type"] == "static_select"
+            assert [o["value"] for o in inputs[0]["element"]["options"]] == ["eu", "us"]
+            assert inputs[1]["element"]["type"] == "plain_text_input"
+            [submit] = [e for b in blocks if b["type"] == "actions" for e in b["elements"]]
+            assert submit["text"]["text"] == "Submit"
+
+            async def press(user: str, **inputs: str) -> None:
+                values = {f"agentik_field_{k}": v for k, v in inputs.items()}
+                payload = slack.block_actions_payload(
+                    "C1", ts, submit["action_id"], user=user, inputs=values
+                )
+                await slack.wait_for_ack(await slack.push_interactive(payload))
+
+            # bob is not the one asked: his submit answers nothing.
+            await press("U2", region="us", count="1")
+            await slack.wait_for_call(
+                "chat.postMessage",
+                lambda p: "no form waits for your answer here" in (p.get("text") or ""),
+            )
+            # alice leaves a required one empty: told which, nothing kept.
+            await press("U1", region="eu")
+            await slack.wait_for_call(
+                "chat.postMessage",
+                lambda p: "these questions need an answer: count" in (p.get("text") or ""),
+            )
+            [q] = await agent.store.questions()
+            assert (q.state, q.partial) == ("pending", {})
+            await press("U1", region="eu", count="3")
+            edited = await slack.wait_for_call(
+                "chat.update", lambda p: p.get("ts") == ts and "alice:" in (p.get("text") or "")
+            )
+            assert edited["text"].endswith("how many replicas? 3; anything else? —")
+            assert all(b["type"] != "input" for b in slack.messages[("C1", ts)]["blocks"])
+            await bridge.flush(f"slack:T1:C1:{mention['ts']}")
+            assert json.loads(tool_results(model)[0]) == {
+                "region": "eu", "count": "3", "note": None,
+            }  # fmt: skip
+            [q] = await agent.store.questions()
+            assert (q.outcome, q.answered_by) == ("answered", "alice")
+        finally:
+            await transport.aclose()
+            await bridge.aclose()
+            await agent.aclose()
