@@ -318,3 +318,74 @@ async def test_slack_form_is_block_kit_inputs_and_a_submit_button(tmp_path):
             await transport.aclose()
             await bridge.aclose()
             await agent.aclose()
+
+
+# -- the HTTP API ------------------------------------------------------------------------------
+
+
+async def test_http_a_form_is_answered_with_a_json_body(tmp_path):
+    from httpserver import TOKENS, running_server, sse
+
+    settings = {
+        "tokens": [{"name": "alice", "env": "ALICE_TOKEN"}, {"name": "carol", "env": "CAROL_TOKEN"}]
+    }
+    async with running_server(
+        str(tmp_path / "http.db"), settings=settings, environ=TOKENS, policy=ASKING
+    ) as server:
+        server.model.enqueue(Reply(tool_calls=[call("ask_user", FORM)]), "deploying")
+        async with (
+            server.client(TOKENS["ALICE_TOKEN"]) as alice,
+            server.client(TOKENS["CAROL_TOKEN"]) as carol,
+        ):
+            conv = (await alice.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice, base + "/events", params={"profile": "chat"}) as events:
+                r = await alice.post(base + "/messages", json={"content": "deploy"})
+                assert r.status_code == 202
+                asked = (await events.until("question_asked"))[-1].data
+                assert [f["id"] for f in asked["form"]] == ["region", "count", "note"]
+                form = f"{base}/questions/{asked['question_id']}"
+                # carol is not the one asked (the rule is the token, a verified identity).
+                r = await carol.post(form, json={"answers": {"region": "us", "count": "1"}})
+                assert (r.status_code, r.json()["error"]["code"]) == (403, "forbidden")
+                assert r.json()["error"]["message"].endswith("asks someone else")
+                # Nor by naming herself alice: the token decides (no author field).
+                r = await carol.post(form, json={"answers": {"region": "us"}, "author": "alice"})
+                assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_body")
+                # A form nobody asked: 404.
+                r = await alice.post(f"{base}/questions/999999", json={"answers": {}})
+                assert (r.status_code, r.json()["error"]["code"]) == (404, "question_not_found")
+                # Bad answers: a clear error naming what is wrong, nothing kept.
+                r = await alice.post(form, json={"answers": {"nope": "x"}})
+                assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_answer")
+                assert "no such question: nope" in r.json()["error"]["message"]
+                r = await alice.post(form, json={"answers": {"region": "eu"}})
+                assert r.status_code == 422
+                assert "these questions need an answer: count" in r.json()["error"]["message"]
+                r = await alice.post(form, json={"answers": {"region": 3}})
+                assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_body")
+                # Part of it now, the rest later.
+                r = await alice.post(form, json={"answers": {"region": "eu"}, "submit": False})
+                assert r.status_code == 200
+                assert r.json() == {
+                    "question_id": asked["question_id"], "done": False,
+                    "answered": ["region"], "missing": ["count", "note"],
+                }  # fmt: skip
+                progress = (await events.until("question_progress"))[-1].data
+                assert (progress["answered"], progress["next"]) == (["region"], "count")
+                r = await alice.post(form, json={"answers": {"count": "2", "note": ""}})
+                assert r.status_code == 200 and r.json()["done"] is True
+                answered = (await events.until("question_answered"))[-1].data
+                assert answered["outcome"] == "answered"
+                assert json.loads(answered["answer"]) == {
+                    "region": "eu",
+                    "count": "2",
+                    "note": None,
+                }
+                ended = (await events.until("turn_ended"))[-1].data
+                assert ended["text"] == "deploying"
+                r = await alice.post(form, json={"answers": {"count": "3"}})
+                assert r.status_code == 404  # it ended
+        assert json.loads(tool_results(server.model)[0]) == {
+            "region": "eu", "count": "2", "note": None,
+        }  # fmt: skip
