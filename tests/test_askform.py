@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,6 +27,10 @@ from rigs import from_bot, irc_bot, people, tool_results
 pytest_plugins = ["ircservers"]
 
 ASKING = TurnPolicy(ask_user=True)
+AXE = Path(
+    os.environ.get("AGENTIK_AXE")
+    or Path(__file__).resolve().parent.parent / ".npm-tools/node_modules/axe-core/axe.min.js"
+)
 
 FORM = {
     "question": "deploy settings",
@@ -389,3 +394,76 @@ async def test_http_a_form_is_answered_with_a_json_body(tmp_path):
         assert json.loads(tool_results(server.model)[0]) == {
             "region": "eu", "count": "2", "note": None,
         }  # fmt: skip
+
+
+# -- the web page ------------------------------------------------------------------------------
+
+
+async def test_the_web_page_shows_a_form_reachable_by_keyboard_and_axe_clean(tmp_path, browser):
+    from playwright.async_api import expect
+
+    from httpserver import TOKENS, running_server
+
+    axe = AXE
+    expect.set_options(timeout=60_000)
+    settings = {"tokens": [{"name": "ada", "env": "ADMIN_TOKEN"}]}
+    async with running_server(
+        str(tmp_path / "web.db"), settings=settings, environ=TOKENS, policy=ASKING
+    ) as server:
+        # axe is injected as a script of its own: the page's policy would refuse it.
+        context = await browser.new_context(bypass_csp=True)
+        page = await context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        await page.goto(server.url + "/")
+        await page.fill("#token", TOKENS["ADMIN_TOKEN"])
+        await page.click("#save-token")
+        await page.click("#new")
+        await expect(page.locator("#status")).to_have_text("live")
+        hostile = {
+            "question": "<img src=x onerror=window.__xss=1>",
+            "questions": [
+                {"id": "region", "text": "<b>which</b> region?", "choices": ["eu", "<i>us</i>"]},
+                {"id": "count", "text": "how many replicas?"},
+                {"id": "note", "text": "anything else?", "required": False},
+            ],
+        }
+        server.model.enqueue(Reply(tool_calls=[call("ask_user", hostile)]), "deploying")
+        await page.fill("#input", "deploy")
+        await page.press("#input", "Enter")
+        form = page.locator("form.askform").last
+        await expect(form.locator("legend")).to_have_text(
+            "@ada: <img src=x onerror=window.__xss=1>"
+        )  # text, not HTML
+        region = form.get_by_label("1. <b>which</b> region?")
+        await expect(region).to_be_visible()
+        await expect(form.get_by_role("option", name="<i>us</i>")).to_have_count(1)
+        if axe.exists():
+            await page.add_script_tag(path=str(axe))
+            found = await page.evaluate(
+                "async () => (await axe.run(document.querySelector('form.askform'))).violations"
+            )
+            assert [v["id"] for v in found if v["impact"] in ("serious", "critical")] == []
+        elif os.environ.get("CI") == "true":
+            pytest.fail("axe-core is missing: `make test` installs it into .npm-tools")
+        # By keyboard: the select, Tab to the next, type, Tab, Enter sends the form.
+        await region.focus()
+        await region.select_option("eu")
+        await page.keyboard.press("Tab")
+        await expect(form.get_by_label("2. how many replicas?")).to_be_focused()
+        await page.keyboard.type("3")
+        await page.keyboard.press("Tab")
+        await expect(form.get_by_label("3. anything else? (optional)")).to_be_focused()
+        await page.keyboard.press("Enter")
+        done = page.locator(".question").last
+        await expect(done).to_contain_text(
+            "ada answered: <b>which</b> region? eu; how many replicas? 3; anything else? —"
+        )
+        await expect(page.locator("form.askform")).to_have_count(0)
+        await expect(page.locator(".msg.assistant").last).to_contain_text("deploying")
+        assert await page.evaluate("() => window.__xss") is None
+        assert json.loads(tool_results(server.model)[0]) == {
+            "region": "eu", "count": "3", "note": None,
+        }  # fmt: skip
+        assert not errors, errors
+        await context.close()
