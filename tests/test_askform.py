@@ -10,6 +10,7 @@ real browser), stdio (the terminal adapter); a restart on the same SQLite file.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import sqlite3
@@ -467,3 +468,69 @@ async def test_the_web_page_shows_a_form_reachable_by_keyboard_and_axe_clean(tmp
         }  # fmt: skip
         assert not errors, errors
         await context.close()
+
+
+# -- stdio -------------------------------------------------------------------------------------
+
+
+class _Screen(io.TextIOBase):
+    """What the person at the terminal sees; ``changed`` is set on each write."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.changed = asyncio.Event()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.text += s
+        self.changed.set()
+        return len(s)
+
+    async def shows(self, what: str, wait: float = 60.0) -> None:
+        async with asyncio.timeout(wait):
+            while what not in self.text:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def test_stdio_asks_the_questions_one_after_another(tmp_path):
+    from agentik.bot.bridge import Bridge, ChannelOptions
+    from agentik.transports.stdio import StdioTransport
+
+    model = ScriptedModel()
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "t.db")), policy=ASKING)
+    await agent.start()
+    bridge = Bridge(agent)
+    read_fd, write_fd = os.pipe()
+    stdin = os.fdopen(read_fd, "rb", buffering=0)
+    screen = _Screen()
+    transport = StdioTransport(
+        name="stdio",
+        settings={"channel": "form", "user": "alice", "interactive": False},
+        stdin=stdin, stdout=screen, stderr=screen,
+    )  # fmt: skip
+    bridge.attach(transport, ChannelOptions(command_prefix="!"))
+    await transport.start(bridge)
+    try:
+        form = {k: v for k, v in FORM.items() if k != "to"}
+        model.enqueue(Reply(tool_calls=[call("ask_user", form)]), "deploying")
+        os.write(write_fd, b"deploy\n")
+        await screen.shows("1. which region? (eu / us)")
+        assert "@alice: deploy settings — 3 questions" in screen.text
+        assert "2. how many" not in screen.text  # one at a time
+        os.write(write_fd, b"eu\n")
+        await screen.shows("2. how many replicas?")
+        assert "3. anything else" not in screen.text
+        os.write(write_fd, b"4\n")
+        await screen.shows("3. anything else? (optional)")
+        os.write(write_fd, b"-\n")
+        await screen.shows("deploying")
+        assert json.loads(tool_results(model)[0]) == {"region": "eu", "count": "4", "note": None}
+    finally:
+        os.close(write_fd)
+        await transport.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+        stdin.close()
