@@ -119,14 +119,14 @@ def _clean(text: str, limit: int) -> str:
     return " ".join(text.split())[:limit]
 
 
-def parse_form(raw: Any) -> tuple[dict[str, Any], ...]:
+def parse_form(raw: Any, *, max_fields: int = MAX_FORM_FIELDS) -> tuple[dict[str, Any], ...]:
     """The fields of a form from the model's ``questions`` argument (a list of
     ``{id, text, choices?, required?}``), checked and cut to the caps; raises
     :class:`~agentik.core.errors.ToolError` naming what is wrong."""
     if not isinstance(raw, list) or not raw:
         raise ToolError("`questions` must be a non-empty list of {id, text} objects")
-    if len(raw) > MAX_FORM_FIELDS:
-        raise ToolError(f"at most {MAX_FORM_FIELDS} questions at once")
+    if len(raw) > max_fields:
+        raise ToolError(f"at most {max_fields} questions at once")
     fields: list[dict[str, Any]] = []
     seen: set[str] = set()
     for n, item in enumerate(raw, 1):
@@ -690,10 +690,12 @@ class AskUserTool:
         timeout: float = 300.0,
         max_timeout: float = 3600.0,
         answer_from: AnswerFrom = "asked",
+        max_questions: int = MAX_FORM_FIELDS,
     ) -> None:
         self.timeout = timeout
         self.max_timeout = max(max_timeout, timeout)
         self.answer_from: AnswerFrom = answer_from
+        self.max_questions = min(max_questions, MAX_FORM_FIELDS)
 
     def __repr__(self) -> str:
         return "AskUserTool()"
@@ -702,7 +704,7 @@ class AskUserTool:
         form: tuple[dict[str, Any], ...] = ()
         text = arguments.get("question")
         if arguments.get("questions") is not None:
-            form = parse_form(arguments["questions"])
+            form = parse_form(arguments["questions"], max_fields=self.max_questions)
             if text is not None and not isinstance(text, str):
                 raise ToolError("`question` (the form's title) must be a string")
             text = text if text and text.strip() else f"{len(form)} questions"
@@ -956,6 +958,7 @@ def builtin_tools(policy: TurnPolicy, *, checklists: Checklists | None = None) -
                 timeout=policy.ask_user_timeout,
                 max_timeout=policy.ask_user_max_timeout,
                 answer_from=policy.answer_from,
+                max_questions=policy.ask_user_max_questions,
             )
         )
     if policy.todo:

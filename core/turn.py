@@ -1258,6 +1258,7 @@ class TurnRunner:
             timeout=policy.ask_user_timeout,
             max_timeout=policy.ask_user_max_timeout,
             answer_from=policy.answer_from,
+            max_questions=policy.ask_user_max_questions,
         )
         parts = [result.text]
         answers: list[Any] = []

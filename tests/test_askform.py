@@ -100,6 +100,19 @@ async def test_a_bad_form_is_a_clear_tool_error_and_nothing_is_asked(tmp_path, q
         assert await agent.store.questions() == []
 
 
+async def test_the_configured_cap_on_questions_holds(tmp_path):
+    model = ScriptedModel()
+    policy = TurnPolicy(ask_user=True, ask_user_max_questions=2)
+    agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "t.db")), policy=policy)
+    async with agent:
+        conv = await agent.conversation_for_channel("fake:chat:#c")
+        model.enqueue(Reply(tool_calls=[call("ask_user", FORM)]), "ok")
+        await conv.send("go", author="alice", author_id="chat:alice")
+        await conv.wait_idle()
+        assert "at most 2 questions at once" in tool_results(model)[0]
+        assert await agent.store.questions() == []
+
+
 async def test_a_form_waits_for_every_answer_and_the_result_is_a_json_object(tmp_path):
     model = ScriptedModel()
     agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / "t.db")), policy=ASKING)
