@@ -205,6 +205,19 @@ class ImportContract(ContractBase):
         [q] = await store.questions(conversation_id="copy")
         assert (q.state, q.outcome, q.choices) == ("resolved", "expired", ("red", "blue"))
 
+    async def test_an_imported_pending_form_expires_with_its_answers_so_far(
+        self, store: Any
+    ) -> None:
+        await _one_turn(store)
+        form = ({"id": "a", "text": "a?"}, {"id": "b", "text": "b?"})
+        qid = await store.question_add(question("c", form=form))
+        await store.question_answer_part(qid, {"a": "yes ✓"})
+        doc = await _snapshot(store, "c")
+        await store.import_rows(doc, "copy", bind=None, now=50.0)
+        [q] = await store.questions(conversation_id="copy")
+        assert (q.state, q.outcome, q.form, q.partial) == ("resolved", "expired", form, {})
+        assert json.loads(q.answer) == {"a": "yes ✓"}
+
     async def test_imported_open_runs_end_and_known_runs_stay(self, store: Any) -> None:
         await _one_turn(store)
         await store.run_add(RunRecord(run_id="open", conversation_id="c", started=1.0))
