@@ -188,6 +188,10 @@ async def test_irc_numbered_lines_answered_by_number_or_in_order(miniircd, tmp_p
         await alice.wait_for(
             lambda m: from_bot(m) and m.text.endswith("(2 left) next: 1. which region? (eu / us)")
         )
+        alice.privmsg("#ops", "-")  # the first open one is required: it cannot be skipped
+        await alice.wait_for(
+            lambda m: from_bot(m) and m.text.endswith("question 'region' needs an answer")
+        )
         alice.privmsg("#ops", "eu")  # a plain line: the first question still open
         await alice.wait_for(
             lambda m: from_bot(m) and m.text.endswith("(1 left) next: 3. anything else? (optional)")

@@ -1184,6 +1184,8 @@ class Api:
                     run_id, steered = sent.run_id, sent.steered
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
+        except FormError as exc:  # a line answering a form (``-`` on a required question)
+            raise ApiError(422, "invalid_answer", str(exc)) from None
         except AttachmentRejected as exc:
             # (the only refusal left: an attachment the conversation does not hold; not
             # 404, which would say the conversation is not found)
