@@ -36,6 +36,7 @@ from agentik.transports.base import (
     Action,
     AgentAccess,
     AgentHost,
+    Form,
     IncomingMessage,
     OutgoingKind,
     Transport,
@@ -585,13 +586,14 @@ class Bridge(AgentAccess):
         tag: str | None = None,
         updates: str | None = None,
         author: str | None = None,
+        form: Form | None = None,
     ) -> int:
         """Send ``text`` to channel ``key`` (a command's answer, a renderer's piece, a
         relayed message from ``author``); how many pieces it took
         (:meth:`agentik.bot.delivery.Delivery.send`)."""
         return await self.delivery.send(
             transport, key, text, kind, reply_to, run_id, piece=piece, outbox_id=outbox_id,
-            actions=actions, tag=tag, updates=updates, author=author,
+            actions=actions, tag=tag, updates=updates, author=author, form=form,
         )  # fmt: skip
 
     # -- budgets (issue 19) ----------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from agentik.core.errors import PromptRefused
 from agentik.core.events import MemoryNoted, TurnEnded
 from agentik.core.keyedlocks import KeyedLocks
+from agentik.core.questions import FormError
 from agentik.core.turnsettings import TurnSettings
 
 from .channel import OpenChannel
@@ -280,8 +281,9 @@ class Channels:
             answered = await ch.conversation.answer(
                 text, author=author, author_id=author_id(transport, message)
             )
-        except PromptRefused as exc:
-            # A plugin's words, shown as they are; the question still waits.
+        except (PromptRefused, FormError) as exc:
+            # A plugin's words, shown as they are, or what is wrong with an answer to
+            # a form (``-`` on a required question); the question still waits.
             await self.host.send(
                 transport, message.channel_key, str(exc), "error", message.reply_to
             )

@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from agentik.core.store.base import OutboxEntry, Store
-from agentik.transports.base import Action, OutgoingKind, OutgoingMessage, Transport
+from agentik.transports.base import Action, Form, OutgoingKind, OutgoingMessage, Transport
 from agentik.transports.text import split_text
 
 from .outbox import Outbox, outbox_rows
@@ -68,6 +68,7 @@ class Delivery:
         piece: int | None = None,
         outbox_id: int | None = None,
         actions: tuple[Action, ...] = (),
+        form: Form | None = None,
         tag: str | None = None,
         updates: str | None = None,
         author: str | None = None,
@@ -99,6 +100,7 @@ class Delivery:
                     OutgoingMessage(
                         channel_key=key, text=text_piece, kind=kind, run_id=run_id,
                         reply_to=reply_to, outbox_id=oid, actions=actions if final else (),
+                        form=form if final else None,
                         tag=tag if final else None, updates=updates if final else None,
                         author=author,
                     )

@@ -38,6 +38,7 @@ from agentik.core.events import (
     Interrupted,
     QuestionAnswered,
     QuestionAsked,
+    QuestionProgress,
     ReasoningDelta,
     ResponseStarted,
     TextDelta,
@@ -49,7 +50,7 @@ from agentik.core.events import (
     TurnStarted,
 )
 from agentik.core.streamprofiles import BUILTIN_PROFILES, StreamProfile
-from agentik.transports.base import Action, ChannelCaps, OutgoingKind, Transport
+from agentik.transports.base import Action, ChannelCaps, Form, FormField, OutgoingKind, Transport
 from agentik.transports.text import split_lines, split_text
 
 from .channel import OpenChannel
@@ -85,6 +86,7 @@ class RenderHost(Protocol):
         actions: tuple[Action, ...] = (),
         tag: str | None = None,
         updates: str | None = None,
+        form: Form | None = None,
     ) -> int:
         """Send ``text`` to channel ``key``; how many pieces it took."""
         ...
@@ -142,6 +144,7 @@ class Renderer:
         "call_args",
         "ch",
         "children",
+        "forms",
         "had_text",
         "host",
         "in_code",
@@ -171,6 +174,8 @@ class Renderer:
         # a renderer lives as long as its open channel, most of them quiet.
         #: Questions shown (``ask_user``): id -> the text, to edit in the answer.
         self.questions: dict[int, str] = _EMPTY
+        #: Forms shown (a multi-question ``ask_user``): id -> its fields.
+        self.forms: dict[int, tuple[dict[str, Any], ...]] = _EMPTY
         #: The tag of the checklist message posted (``todo``) on an editing transport.
         self.todo_tag: str | None = None
         #: Tool calls that showed progress: call id -> when (monotonic) last shown.
@@ -286,6 +291,12 @@ class Renderer:
     async def _question(self, e: QuestionAsked | QuestionAnswered) -> None:
         """The model's question (``ask_user``), and how it ended."""
         tag = f"question:{e.conversation_id}:{e.question_id}"
+        if e.kind == "question_asked" and e.form:
+            await self._form(e, tag)
+            return
+        if e.kind == "question_answered" and e.question_id in self.forms:
+            await self._form_ended(e, tag)
+            return
         if e.kind == "question_asked":
             again = "(asked again after a restart) " if e.resumed else ""
             who = f"@{e.to}: " if e.to else ""
@@ -304,6 +315,93 @@ class Renderer:
         what = "nobody answered in time" if e.outcome == "expired" else "question cancelled"
         text = f"{asked} — ({what})" if asked else f"({what})"
         await self._tagged(text, e.run_id, updates=tag if self.caps.can_edit else None)
+
+    # -- forms: several questions at once (a multi-question ``ask_user``) ---------------------
+    async def _form(self, e: QuestionAsked, tag: str) -> None:
+        """A form, as the channel shows one (:attr:`ChannelCaps.forms`): numbered
+        lines all at once, the first prompt of several, or the transport's own."""
+        p = self.ch.options.command_prefix
+        fields = e.form
+        self._own("forms")[e.question_id] = fields
+        again = "(asked again after a restart) " if e.resumed else ""
+        who = f"@{e.to}: " if e.to else ""
+        self._own("questions")[e.question_id] = f"{who}{e.question}"
+        style = self.caps.forms
+        how = (
+            f"{len(fields)} questions; answer each with {p}answer <n> <text>, or one line"
+            " each in order"
+            + (f" ({SKIP_WORD} skips an optional one)" if any(not f.get("required", True)
+                                                          for f in fields) else "")
+        )  # fmt: skip
+        head = f"{again}{who}{e.question} — {how}"
+        if style == "native":
+            form = Form(
+                question_id=e.question_id,
+                fields=tuple(
+                    FormField(id=f["id"], label=f["text"], choices=tuple(f.get("choices") or ()),
+                              required=bool(f.get("required", True)))
+                    for f in fields
+                ),
+                submit=f"{p}answer #{e.question_id}",
+                answered=e.answered,
+            )  # fmt: skip
+            self.piece += await self.host.send(
+                self.ch.transport, self.ch.key, head, "command", self._reply_to(e.run_id),
+                e.run_id, piece=self.piece, tag=tag, form=form,
+            )  # fmt: skip
+            return
+        if style == "prompts":
+            await self._tagged(head, e.run_id, tag=tag)
+            first = next((i for i, f in enumerate(fields) if f["id"] not in e.answered), None)
+            if first is not None:
+                await self._say(_form_line(first, fields[first]), e.run_id)
+            return
+        await self._tagged(head, e.run_id, tag=tag)
+        lines = [_form_line(i, f) for i, f in enumerate(fields) if f["id"] not in e.answered]
+        await self._say("\n".join(lines), e.run_id)
+
+    async def _form_progress(self, e: QuestionProgress) -> None:
+        """Part of a form was answered: the next question (prompts), or what is left."""
+        await self._flush(e.run_id)
+        fields = self.forms.get(e.question_id)
+        if not fields or e.next is None or self.caps.forms == "native":
+            return
+        index = next((i for i, f in enumerate(fields) if f["id"] == e.next), None)
+        if index is None:
+            return
+        left = len(fields) - len(e.answered)
+        if self.caps.forms == "prompts":
+            await self._say(_form_line(index, fields[index]), e.run_id)
+        else:
+            await self._say(f"({left} left) next: {_form_line(index, fields[index])}", e.run_id)
+
+    async def _form_ended(self, e: QuestionAnswered, tag: str) -> None:
+        fields = self.forms.pop(e.question_id, ())
+        asked = self.questions.pop(e.question_id, "")
+        if e.outcome == "answered":
+            if self.caps.can_edit:
+                # The form now shows its answers (its inputs go).
+                try:
+                    answers = json.loads(e.answer) if e.answer else {}
+                except ValueError:
+                    answers = {}
+                if not isinstance(answers, dict):
+                    answers = {}
+                shown = "; ".join(f"{f['text']} {answers.get(f['id']) or '—'}" for f in fields)
+                by = e.answered_by or "someone"
+                await self._tagged(f"{asked} — {by}: {shown}", e.run_id, updates=tag)
+            return
+        what = "not every question was answered in time" if e.outcome == "expired" else (
+            "questions cancelled"
+        )  # fmt: skip
+        text = f"{asked} — ({what})" if asked else f"({what})"
+        await self._tagged(text, e.run_id, updates=tag if self.caps.can_edit else None)
+
+    async def _say(self, text: str, run_id: str | None) -> None:
+        self.piece += await self.host.send(
+            self.ch.transport, self.ch.key, text, "command", self._reply_to(run_id), run_id,
+            piece=self.piece,
+        )  # fmt: skip
 
     async def _todo(self, e: TodoUpdated) -> None:
         """The model's checklist: posted once and edited where the transport can
@@ -689,6 +787,17 @@ class Renderer:
             await self._out(piece, "answer", run)
 
 
+#: A line of a form's question that skips an optional one.
+SKIP_WORD = "-"
+
+
+def _form_line(index: int, f: dict[str, Any]) -> str:
+    """``2. which region? (eu / us)``: a form's question, numbered from 1."""
+    choices = f" ({' / '.join(f.get('choices') or ())})" if f.get("choices") else ""
+    optional = " (optional)" if not f.get("required", True) else ""
+    return f"{index + 1}. {f.get('text', '')}{choices}{optional}"
+
+
 #: Each kind of event a channel shows, and its handler (the others show nothing).
 _HANDLERS: dict[type, Callable[[Renderer, Any], Awaitable[None]]] = {
     TurnStarted: Renderer._turn_started,
@@ -698,6 +807,7 @@ _HANDLERS: dict[type, Callable[[Renderer, Any], Awaitable[None]]] = {
     ApprovalResolved: Renderer._approval_event,
     QuestionAsked: Renderer._question_event,
     QuestionAnswered: Renderer._question_event,
+    QuestionProgress: Renderer._form_progress,
     TodoUpdated: Renderer._todo_event,
     ToolProgress: Renderer._tool_progress,
     ReasoningDelta: Renderer._reasoning_delta,

@@ -52,6 +52,7 @@ from .messages import (
     Usage,
     split_content,
 )
+from .questions import may_answer
 from .runs import new_run_id
 from .services import AgentServices, ConversationEvents, ConversationParts, profile_of
 from .store.base import ConversationRecord, Store, TurnEnd
@@ -62,7 +63,7 @@ from .turnsettings import DEFAULT_SETTINGS, DeprecatedSetting, TurnSettings
 from .workingmemory import WorkingMemory
 
 if TYPE_CHECKING:
-    from .questions import Checklist, Question
+    from .questions import Checklist, FormProgress, Question
     from .services import AgentLike
 
 __all__ = [
@@ -385,6 +386,53 @@ class Conversation:
         return await questions.answer(
             self.id, outcome, author=author, author_id=author_id, question=elsewhere
         )
+
+    async def answer_form(
+        self,
+        answers: dict[str, Any],
+        *,
+        question_id: int | None = None,
+        author: str | None = None,
+        author_id: str | None = None,
+        field: int | str | None = None,
+    ) -> FormProgress | None:
+        """Answer a form (a multi-question ``ask_user``) the turn waits for:
+        ``question_id`` (``None``: the oldest this author may answer).
+
+        ``field`` given: one chat line answers that field (``answers`` is
+        ``{"": text}``); else ``answers`` is the whole form sent at once (field
+        id -> text; empty optional fields are skipped).  ``None``: no such form
+        waits for this author.  Each answer goes through the ``before_prompt``
+        hooks (a refusal raises :class:`~agentik.core.errors.PromptRefused`,
+        nothing is kept); a bad answer raises
+        :class:`~agentik.core.questions.FormError`.
+        """
+        self._check_open()
+        questions = self._services.questions
+        if question_id is None:
+            q = questions.answerable(self.id, author, author_id)
+            if q is None:
+                q = await questions.answerable_elsewhere(self.id, author, author_id)
+        else:
+            q = await questions.find_anywhere(self.id, question_id)
+            if q is not None and not may_answer(q, author, author_id):
+                q = None
+        if q is None or not q.form:
+            return None
+        checked: dict[str, Any] = {}
+        for key, value in answers.items():
+            if isinstance(value, str) and value.strip():
+                outcome = await self._services.hooks.before_prompt(self, value, author, author_id)
+                if isinstance(outcome, Refuse):
+                    raise PromptRefused(outcome.message)
+                value = outcome
+            checked[key] = value
+        if field is not None:
+            text = next(iter(checked.values()), "") or ""
+            return await questions.answer_line(
+                q, text, author=author, author_id=author_id, field=field
+            )
+        return await questions.answer_form(q, checked, author=author, author_id=author_id)
 
     # -- status ---------------------------------------------------------------------
     def status(self, *, todo: Checklist | None = None) -> ConversationStatus:

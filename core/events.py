@@ -70,6 +70,7 @@ __all__ = [
     "PromptRendered",
     "QuestionAnswered",
     "QuestionAsked",
+    "QuestionProgress",
     "ReasoningDelta",
     "ReasoningStarted",
     "RequestUsage",
@@ -391,6 +392,26 @@ class QuestionAsked(EventBase):
     expires_at: float = 0.0
     timeout: float = 0.0
     resumed: bool = False
+    #: A form (several questions answered at once): its fields in order, each
+    #: ``{"id", "text", "choices", "required"}``; empty for one question.
+    form: tuple[dict[str, Any], ...] = ()
+    #: A form's fields answered already (their ids; after a restart).
+    answered: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QuestionProgress(EventBase):
+    """Part of a form (a multi-question ``ask_user``) was answered: ``answered``
+    are the ids of its fields answered so far, ``next`` the first still open
+    (``None``: none, the form is about to end), ``by`` who answered this part.
+    Carries no answer text (the ``question_answered`` at the end does)."""
+
+    kind: Literal["question_progress"] = field(default="question_progress", init=False)
+    question_id: int
+    call_id: str
+    answered: tuple[str, ...] = ()
+    next: str | None = None
+    by: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -593,6 +614,7 @@ Event = (
     | ApprovalResolved
     | QuestionAsked
     | QuestionAnswered
+    | QuestionProgress
     | TodoUpdated
     | ToolProgress
     | StatusChanged
@@ -645,7 +667,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     kwargs = {k: v for k, v in d.items() if k in names}
     if "usage" in kwargs and isinstance(kwargs["usage"], dict):
         kwargs["usage"] = Usage.from_dict(kwargs["usage"])
-    for key in ("choices", "items", "changed", "tools", "note_ids", "messages"):
+    for key in ("choices", "items", "changed", "tools", "note_ids", "messages", "form", "answered"):
         # JSON has no tuples: these fields come back as lists.
         if isinstance(kwargs.get(key), list):
             kwargs[key] = tuple(kwargs[key])

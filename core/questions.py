@@ -47,6 +47,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -54,7 +55,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import ToolError
-from .events import QuestionAnswered, QuestionAsked, TodoUpdated
+from .events import QuestionAnswered, QuestionAsked, QuestionProgress, TodoUpdated
 from .store.records import AnswerFrom, Checklist, Question, QuestionOutcome
 from .tools.base import ToolContext, ToolResult
 from .waiting import wait_for_person
@@ -68,6 +69,8 @@ __all__ = [
     "AskUserTool",
     "Checklist",
     "Checklists",
+    "FormError",
+    "FormProgress",
     "PendingQuestion",
     "Question",
     "QuestionOutcome",
@@ -75,6 +78,7 @@ __all__ = [
     "TodoTool",
     "builtin_tools",
     "may_answer",
+    "parse_form",
 ]
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,79 @@ log = logging.getLogger(__name__)
 MAX_QUESTION_CHARS = 1_000
 MAX_ANSWER_CHARS = 4_000
 MAX_CHOICES = 10
+#: A form (several questions at once): most fields, longest field text, field ids.
+MAX_FORM_FIELDS = 10
+MAX_FIELD_CHARS = 300
+MAX_CHOICE_CHARS = 100
+_FIELD_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
+#: An answer to an optional field of a form that skips it (on a chat line).
+SKIP = "-"
+
+
+class FormError(ValueError):
+    """An answer to a form that cannot be taken (an unknown field, a required field
+    left empty); the message says which.  Nothing of that answer was kept."""
+
+
+@dataclass(frozen=True, slots=True)
+class FormProgress:
+    """What an answer to a form did: the form as it is now (``question``, its
+    ``partial`` answers), and whether it ended with it (``done``)."""
+
+    question: Question
+    done: bool
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The ids of the fields not answered yet, in order."""
+        return tuple(f["id"] for f in self.question.form if f["id"] not in self.question.partial)
+
+
+def _clean(text: str, limit: int) -> str:
+    return " ".join(text.split())[:limit]
+
+
+def parse_form(raw: Any, *, max_fields: int = MAX_FORM_FIELDS) -> tuple[dict[str, Any], ...]:
+    """The fields of a form from the model's ``questions`` argument (a list of
+    ``{id, text, choices?, required?}``), checked and cut to the caps; raises
+    :class:`~agentik.core.errors.ToolError` naming what is wrong."""
+    if not isinstance(raw, list) or not raw:
+        raise ToolError("`questions` must be a non-empty list of {id, text} objects")
+    if len(raw) > max_fields:
+        raise ToolError(f"at most {max_fields} questions at once")
+    fields: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for n, item in enumerate(raw, 1):
+        if not isinstance(item, dict):
+            raise ToolError(f"question {n}: must be an object with `id` and `text`")
+        fid = item.get("id", str(n))
+        if isinstance(fid, int) and not isinstance(fid, bool):
+            fid = str(fid)
+        if not isinstance(fid, str) or not _FIELD_ID.fullmatch(fid):
+            raise ToolError(f"question {n}: `id` must be 1 to 40 letters, digits, `_` or `-`")
+        if fid in seen:
+            raise ToolError(f"question {n}: `id` {fid!r} is used twice")
+        seen.add(fid)
+        text = item.get("text", item.get("question"))
+        if not isinstance(text, str) or not text.strip():
+            raise ToolError(f"question {n} ({fid}): `text` must be a non-empty string")
+        raw_choices = item.get("choices") or []
+        if not isinstance(raw_choices, list) or not all(isinstance(c, str) for c in raw_choices):
+            raise ToolError(f"question {n} ({fid}): `choices` must be a list of strings")
+        choices = [_clean(c, MAX_CHOICE_CHARS) for c in raw_choices if c.strip()][:MAX_CHOICES]
+        required = item.get("required", True)
+        if not isinstance(required, bool):
+            raise ToolError(f"question {n} ({fid}): `required` must be true or false")
+        fields.append(
+            {"id": fid, "text": _clean(text, MAX_FIELD_CHARS), "choices": choices,
+             "required": required}
+        )  # fmt: skip
+    return tuple(fields)
+
+
+def form_answers(q: Question) -> dict[str, str | None]:
+    """A form's answers, every field in order (``None``: not answered or skipped)."""
+    return {f["id"]: q.partial.get(f["id"]) for f in q.form}
 
 
 def _norm(name: str | None) -> str:
@@ -104,8 +181,11 @@ def may_answer(q: Question, author: str | None, author_id: str | None) -> bool:
     return False
 
 
-def _digest(text: str, to: str | None, choices: tuple[str, ...]) -> str:
-    canonical = json.dumps([text, _norm(to), list(choices)])
+def _digest(
+    text: str, to: str | None, choices: tuple[str, ...], form: tuple[dict[str, Any], ...] = ()
+) -> str:
+    # (A form's fields only when there is one: a single question's digest is as before.)
+    canonical = json.dumps([text, _norm(to), list(choices), *([list(form)] if form else [])])
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -154,15 +234,18 @@ class Questions:
         wait: float,
         interrupted: Callable[[], bool],
         paused: Callable[[bool], None] | None = None,
+        form: tuple[dict[str, Any], ...] = (),
     ) -> Question:
         """Ask and wait; the question as it ended (``outcome`` says how).
 
         ``interrupted()`` tells a ``!stop`` (the question is cancelled) from a
         shutdown (it stays pending); ``paused(True/False)`` brackets the wait.
+        ``form``: several questions answered at once (:func:`parse_form`); the
+        turn waits until every field is answered (or skipped, if optional).
         """
         q, resumed = await self._open(
             parts, run_id, call_id, text, to=to, choices=choices,
-            answer_from=answer_from, wait=wait,
+            answer_from=answer_from, wait=wait, form=form,
         )  # fmt: skip
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Question] = loop.create_future()
@@ -180,6 +263,8 @@ class Questions:
             expires_at=q.deadline,
             timeout=round(max(0.0, q.deadline - q.created_at), 3),
             resumed=resumed,
+            form=q.form,
+            answered=tuple(f["id"] for f in q.form if f["id"] in q.partial),
         )
         log.info("conversation %s: question %d asked (run %s)", parts.id, q.id, run_id)
 
@@ -232,11 +317,13 @@ class Questions:
         choices: tuple[str, ...],
         answer_from: AnswerFrom,
         wait: float,
+        form: tuple[dict[str, Any], ...] = (),
     ) -> tuple[Question, bool]:
-        """A question left pending by a restart for the same run (taken over), or a new one."""
+        """A question left pending by a restart for the same run (taken over, with a
+        form's answers so far), or a new one."""
         store = self._store()
         self._asked_runs.add(run_id)
-        digest = _digest(text, to, choices)
+        digest = _digest(text, to, choices, form)
         busy = {e.question.id for e in self._waiting.get(parts.id, ())}
         for old in await store.questions(conversation_id=parts.id, state="pending"):
             if (
@@ -261,6 +348,7 @@ class Questions:
             digest=digest,
             created_at=now,
             deadline=now + wait,
+            form=form,
         )
         return replace(q, id=await store.question_add(q)), False
 
@@ -272,9 +360,16 @@ class Questions:
         answered_by: str | None,
         answered_by_id: str | None = None,
     ) -> Question:
-        """Record how it ended unless it ended already; the stored outcome."""
+        """Record how it ended unless it ended already; the stored outcome.
+
+        A form that expires or is cancelled keeps the answers it got, as its
+        ``answer`` (JSON), like an answered one."""
         store = self._store()
         now = time.time()
+        if q.form and answer is None:
+            found = await store.question_get(q.id)
+            if found is not None and found.state == "pending" and found.partial:
+                answer = json.dumps(form_answers(found), ensure_ascii=False)
         if await store.question_settle(q.id, outcome, answer, answered_by, now):
             done = replace(
                 q, state="resolved", outcome=outcome, answer=answer,
@@ -365,9 +460,149 @@ class Questions:
         q = question or self.answerable(conversation_id, author, author_id)
         if q is None:
             return None
+        if q.form:
+            # A line answers a form's first open field (``-`` skips an optional one).
+            progress = await self.answer_line(q, text, author=author, author_id=author_id)
+            return progress.question
         done = await self._settle(q, "answered", text.strip()[:MAX_ANSWER_CHARS], author, author_id)
         log.info("question %d answered by %s", q.id, author_id or author)
         return done
+
+    def find(self, conversation_id: str, question_id: int) -> Question | None:
+        """The question ``question_id`` a turn of this process waits for, if any."""
+        for e in self._waiting.get(conversation_id, ()):
+            if e.question.id == question_id and not e.future.done():
+                return e.question
+        return None
+
+    async def find_anywhere(self, conversation_id: str, question_id: int) -> Question | None:
+        """:meth:`find`, or (workers sharing a store) the pending question of a turn
+        of another worker."""
+        q = self.find(conversation_id, question_id)
+        if q is not None:
+            return q
+        for other in await self._elsewhere(conversation_id):
+            if other.id == question_id:
+                return other
+        return None
+
+    async def answer_line(
+        self,
+        q: Question,
+        text: str,
+        *,
+        author: str | None,
+        author_id: str | None,
+        field: str | int | None = None,
+    ) -> FormProgress:
+        """One chat line answers one field of form ``q``: ``field`` (its id, or its
+        number from 1), else the first not answered yet.  ``-`` skips an optional
+        field.  Raises :class:`FormError` (an unknown field, or ``-`` on a
+        required one)."""
+        fields = q.form
+        if isinstance(field, int):
+            if not 1 <= field <= len(fields):
+                raise FormError(f"there is no question {field} (1 to {len(fields)})")
+            fid = fields[field - 1]["id"]
+        elif field is not None:
+            if field not in {f["id"] for f in fields}:
+                if field.isdigit():
+                    return await self.answer_line(
+                        q, text, author=author, author_id=author_id, field=int(field)
+                    )
+                raise FormError(f"there is no question {field!r}")
+            fid = field
+        else:
+            current = await self._current(q)
+            open_ids = [f["id"] for f in fields if f["id"] not in current.partial]
+            if not open_ids:  # (answered meanwhile: the last part decides)
+                open_ids = [fields[-1]["id"]]
+            fid = open_ids[0]
+        value: str | None = text.strip()
+        if value == SKIP:
+            value = None
+        return await self.answer_form(
+            q, {fid: value}, author=author, author_id=author_id, submit=False
+        )
+
+    async def _current(self, q: Question) -> Question:
+        found = await self._store().question_get(q.id)
+        return found if found is not None else q
+
+    async def answer_form(
+        self,
+        q: Question,
+        answers: dict[str, Any],
+        *,
+        author: str | None,
+        author_id: str | None,
+        submit: bool = True,
+    ) -> FormProgress:
+        """Answer fields of form ``q`` (field id -> answer text; ``None`` or empty:
+        not answered).  ``submit``: the whole form is sent (a web form, a Slack
+        submit, the HTTP API): its optional fields left empty are skipped and a
+        required one left empty is an error.  The form ends when every field is
+        answered or skipped; until then each part is kept (and survives a restart)
+        and ``question_progress`` goes out.
+
+        Raises :class:`FormError` naming an unknown field, a value that is not
+        text, or the required fields still empty; then nothing is kept.
+        """
+        if not isinstance(answers, dict):
+            raise FormError("the answers must be an object: question id -> answer")
+        by_id = {f["id"]: f for f in q.form}
+        unknown = [k for k in answers if k not in by_id]
+        if unknown:
+            raise FormError(f"no such question: {', '.join(map(str, unknown[:5]))}")
+        given: dict[str, str | None] = {}
+        for fid, value in answers.items():
+            if value is not None and not isinstance(value, str):
+                raise FormError(f"the answer to {fid!r} must be text")
+            value = (value or "").strip()[:MAX_ANSWER_CHARS]
+            if value:
+                given[fid] = value
+            elif not by_id[fid]["required"]:
+                given[fid] = None  # skipped
+            elif not submit:
+                raise FormError(f"question {fid!r} needs an answer")
+        if submit:
+            current = await self._current(q)
+            have = {**current.partial, **given}
+            empty = [f["id"] for f in q.form if f["required"] and not have.get(f["id"])]
+            if empty:
+                raise FormError(f"these questions need an answer: {', '.join(empty)}")
+            for f in q.form:
+                if f["id"] not in have:
+                    given[f["id"]] = None
+        merged = await self._store().question_answer_part(q.id, given)
+        if merged is None:  # it ended meanwhile (expired, stopped, answered)
+            return FormProgress(await self._current(q), True)
+        now = replace(q, partial=merged)
+        entry = self._entry(q)
+        if all(f["id"] in merged for f in q.form):
+            answer = json.dumps(form_answers(now), ensure_ascii=False)
+            done = await self._settle(now, "answered", answer, author, author_id)
+            log.info("form %d answered (last part by %s)", q.id, author_id or author)
+            return FormProgress(replace(done, partial=merged), True)
+        if entry is not None:
+            entry.question = now
+            progress = FormProgress(now, False)
+            entry.parts.events.emit(
+                QuestionProgress,
+                q.run_id,
+                question_id=q.id,
+                call_id=entry.question.call_id,
+                answered=tuple(f["id"] for f in q.form if f["id"] in merged),
+                next=progress.missing[0] if progress.missing else None,
+                by=author,
+            )
+        return FormProgress(now, False)
+
+    def _entry(self, q: Question) -> PendingQuestion | None:
+        for e in self._waiting.get(q.conversation_id, ()):
+            if e.question.id == q.id:
+                return e
+        return None
 
     # -- after a restart ---------------------------------------------------------------------------
     async def run_ended(self, parts: PartsLike, run_id: str, *, fresh: bool = False) -> None:
@@ -411,11 +646,32 @@ class AskUserTool:
         " when you need a decision or a fact only they have. Optional: `to` (the name of"
         " the person to ask, as shown in the conversation), `choices` (answers to offer),"
         " `timeout` (seconds to wait). The result is the answer, or says nobody answered."
+        " To ask several things at once, give `questions` (a list of {id, text, choices,"
+        " required}) instead: they are shown as one form and the result is a JSON object"
+        " question id -> answer (null: an optional question left empty)."
     )
     parameters: dict[str, Any] = {
         "type": "object",
         "properties": {
-            "question": {"type": "string", "description": "The question, one or two lines."},
+            "question": {
+                "type": "string",
+                "description": "The question, one or two lines (with `questions`: a title).",
+            },
+            "questions": {
+                "type": "array",
+                "description": "Several questions answered at once, as one form (optional).",
+                "maxItems": MAX_FORM_FIELDS,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string", "description": "Key of its answer."},
+                        "text": {"type": "string", "description": "The question."},
+                        "choices": {"type": "array", "items": {"type": "string"}},
+                        "required": {"type": "boolean", "description": "Default true."},
+                    },
+                    "required": ["id", "text"],
+                },
+            },
             "to": {"type": "string", "description": "Who to ask (a name in the conversation)."},
             "choices": {
                 "type": "array",
@@ -424,7 +680,6 @@ class AskUserTool:
             },
             "timeout": {"type": "number", "description": "Seconds to wait (optional)."},
         },
-        "required": ["question"],
     }
     #: Waits for a person: the turn's tool timeout does not apply (the deadline does).
     waits_for_human = True
@@ -435,18 +690,28 @@ class AskUserTool:
         timeout: float = 300.0,
         max_timeout: float = 3600.0,
         answer_from: AnswerFrom = "asked",
+        max_questions: int = MAX_FORM_FIELDS,
     ) -> None:
         self.timeout = timeout
         self.max_timeout = max(max_timeout, timeout)
         self.answer_from: AnswerFrom = answer_from
+        self.max_questions = min(max_questions, MAX_FORM_FIELDS)
 
     def __repr__(self) -> str:
         return "AskUserTool()"
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        form: tuple[dict[str, Any], ...] = ()
         text = arguments.get("question")
+        if arguments.get("questions") is not None:
+            form = parse_form(arguments["questions"], max_fields=self.max_questions)
+            if text is not None and not isinstance(text, str):
+                raise ToolError("`question` (the form's title) must be a string")
+            text = text if text and text.strip() else f"{len(form)} questions"
+            if arguments.get("choices"):
+                raise ToolError("with `questions`, give each question its own `choices`")
         if not isinstance(text, str) or not text.strip():
-            raise ToolError("`question` must be a non-empty string")
+            raise ToolError("`question` (or `questions`) must be a non-empty string")
         text = " ".join(text.split())[:MAX_QUESTION_CHARS]
         to = arguments.get("to")
         if to is not None and not isinstance(to, str):
@@ -466,8 +731,11 @@ class AskUserTool:
         if to is None and self.answer_from == "asked":
             to = context.author  # the person whose message started the turn
         q = await human.ask(
-            text, to=to, choices=choices, answer_from=self.answer_from, wait=timeout
-        )
+            text, to=to, choices=choices, answer_from=self.answer_from, wait=timeout,
+            **({"form": form} if form else {}),
+        )  # fmt: skip
+        if form:
+            return _form_result(q, timeout)
         if q.outcome == "answered":
             by = q.answered_by or "someone"
             return ToolResult(
@@ -488,6 +756,31 @@ class AskUserTool:
             data={"question_id": q.id, "answer": None},
             is_error=True,
         )
+
+
+def _form_result(q: Question, timeout: float) -> ToolResult:
+    """A form's tool result: the JSON object question id -> answer (``null``:
+    skipped, or not answered in time)."""
+    try:
+        answers = json.loads(q.answer) if q.answer else {}
+    except ValueError:  # (redacted: the tombstone is the answer)
+        answers = {}
+    if not isinstance(answers, dict):
+        answers = {}
+    answers = {f["id"]: answers.get(f["id"]) for f in q.form}
+    data: dict[str, Any] = {"question_id": q.id, "answers": answers}
+    if q.outcome == "answered":
+        data["answered_by"] = q.answered_by
+        if q.answered_by_id:
+            data["author_id"] = q.answered_by_id
+        return ToolResult(text=json.dumps(answers, ensure_ascii=False), data=data)
+    given = {k: v for k, v in answers.items() if v is not None}
+    why = (
+        "the turn was stopped" if q.outcome == "cancelled"
+        else f"not every question was answered within {timeout:g} seconds"
+    )  # fmt: skip
+    tail = f"; answered so far: {json.dumps(given, ensure_ascii=False)}" if given else ""
+    return ToolResult(text=f"nobody answered: {why}{tail}", data=data, is_error=True)
 
 
 TODO_STATUSES = ("pending", "in_progress", "done")
@@ -665,6 +958,7 @@ def builtin_tools(policy: TurnPolicy, *, checklists: Checklists | None = None) -
                 timeout=policy.ask_user_timeout,
                 max_timeout=policy.ask_user_max_timeout,
                 answer_from=policy.answer_from,
+                max_questions=policy.ask_user_max_questions,
             )
         )
     if policy.todo:

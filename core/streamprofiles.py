@@ -134,6 +134,7 @@ BUILTIN_PROFILES: dict[str, StreamProfile] = {
             "approval_resolved",
             "question_asked",
             "question_answered",
+            "question_progress",
             "todo_updated",
             "tool_progress",
         },

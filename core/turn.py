@@ -1258,6 +1258,7 @@ class TurnRunner:
             timeout=policy.ask_user_timeout,
             max_timeout=policy.ask_user_max_timeout,
             answer_from=policy.answer_from,
+            max_questions=policy.ask_user_max_questions,
         )
         parts = [result.text]
         answers: list[Any] = []
@@ -1359,11 +1360,12 @@ class _Human:
         choices: tuple[str, ...],
         answer_from: Any,
         wait: float,
+        form: tuple[dict[str, Any], ...] = (),
     ) -> Any:
         turn = self.turn
         return await turn.services.questions.ask(
             turn.parts, turn.run_id, self.call_id, text, to=to, choices=choices,
-            answer_from=answer_from, wait=wait,
+            answer_from=answer_from, wait=wait, form=form,
             interrupted=lambda: turn.interrupt_requested, paused=turn._pause_budget,
         )  # fmt: skip
 

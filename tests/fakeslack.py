@@ -451,12 +451,40 @@ class FakeSlack:
         }
 
     def block_actions_payload(
-        self, channel: str, ts: str, action_id: str, *, user: str = "U1"
+        self,
+        channel: str,
+        ts: str,
+        action_id: str,
+        *,
+        user: str = "U1",
+        inputs: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """The ``block_actions`` interactive payload Slack sends when ``user`` presses the
         button ``action_id`` of the bot's message ``(channel, ts)`` (as stored: its blocks,
-        thread). Raises ``KeyError`` when the message has no such button."""
+        thread). Raises ``KeyError`` when the message has no such button.
+
+        ``inputs``: what the user entered in the message's ``input`` blocks (block id
+        -> text, or the chosen option's value for a ``static_select``; one that is not
+        an option raises ``KeyError``).  Like Slack, ``state.values`` holds every input
+        block of the message, ``null`` where nothing was entered."""
         msg = self.messages[(channel, ts)]
+        values: dict[str, Any] = {}
+        entered = dict(inputs or {})
+        for b in msg.get("blocks") or []:
+            if b.get("type") != "input":
+                continue
+            el = b.get("element") or {}
+            given = entered.pop(b.get("block_id"), None)
+            if el.get("type") == "static_select":
+                chosen = None
+                if given is not None:
+                    chosen = next(o for o in el.get("options") or [] if o["value"] == given)
+                state = {"type": "static_select", "selected_option": chosen}
+            else:
+                state = {"type": el.get("type"), "value": given}
+            values[b["block_id"]] = {el.get("action_id"): state}
+        if entered:
+            raise KeyError(f"no input block {sorted(entered)}")
         block, element = next(
             (b, e)
             for b in msg.get("blocks") or []
@@ -494,7 +522,7 @@ class FakeSlack:
             "is_enterprise_install": False,
             "channel": {"id": channel, "name": self.channels.get(channel, {}).get("name", channel)},
             "message": dict(msg),
-            "state": {"values": {}},
+            "state": {"values": values},
             "response_url": f"https://hooks.slack.com/actions/{self.team_id}/1/{uuid.uuid4().hex}",
             "actions": [action],
         }  # fmt: skip
@@ -1056,7 +1084,31 @@ def _check_limits(text: str, blocks: Any) -> str | None:
                 inner = block.get("text") or {}
                 if len(inner.get("text") or "") > MAX_SECTION_TEXT:
                     return "invalid_blocks"
+            if block.get("type") == "input" and not _input_ok(block):
+                return "invalid_blocks"
     return None
+
+
+def _input_ok(block: dict[str, Any]) -> bool:
+    """An ``input`` block within Block Kit's documented limits: a ``plain_text``
+    label of at most 2000 characters, a block id of at most 255; a
+    ``plain_text_input`` with ``max_length`` at most 3000, a ``static_select`` of
+    1 to 100 options, each ``plain_text`` of at most 75 characters with a value of
+    at most 150."""
+    label, el = block.get("label") or {}, block.get("element") or {}
+    if label.get("type") != "plain_text" or not 0 < len(label.get("text") or "") <= 2000:
+        return False
+    if len(block.get("block_id") or "") > 255 or not el.get("action_id"):
+        return False
+    if el.get("type") == "plain_text_input":
+        return int(el.get("max_length", 3000)) <= 3000
+    if el.get("type") == "static_select":
+        options = el.get("options") or []
+        return 0 < len(options) <= 100 and all(
+            o["text"]["type"] == "plain_text" and len(o["text"]["text"]) <= 75
+            and len(o["value"]) <= 150 for o in options
+        )  # fmt: skip
+    return False
 
 
 def _rich_text(text: str) -> dict[str, Any]:

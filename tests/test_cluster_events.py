@@ -208,6 +208,46 @@ async def test_a_question_answered_on_another_worker_resumes_the_turn(
             assert len(results) == 1 and "blue" in results[0]
 
 
+async def test_a_form_answered_in_parts_through_the_other_worker_resumes_the_turn(
+    postgres_dsn, openai_server, tmp_path
+):
+    ask = {
+        "questions": [
+            {"id": "colour", "text": "which colour?", "choices": ["red", "blue"]},
+            {"id": "coats", "text": "how many coats?"},
+        ]
+    }
+    openai_server.enqueue(
+        Reply.tool_calls([("call-1", "ask_user", json.dumps(ask))]),
+        Reply.text("two blue coats", chunks=3),
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as alice_a, b.client(ALICE) as alice_b:
+            conv = (await alice_a.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice_a, base + "/events") as events:
+                r = await alice_a.post(base + "/messages", json={"content": "paint it"})
+                assert r.status_code == 202
+                asked = (await events.until("question_asked", timeout=PATIENCE))[-1].data
+                assert asked is not None
+                form = f"{base}/questions/{asked['question_id']}"
+                # Both parts through both workers: the store keeps the first for the second.
+                part = await alice_b.post(
+                    form, json={"answers": {"colour": "blue"}, "submit": False}
+                )
+                assert part.status_code == 200, part.text
+                assert part.json()["missing"] == ["coats"]
+                rest_b = await alice_b.post(form, json={"answers": {"coats": "2"}})
+                assert rest_b.status_code == 200, rest_b.text
+                assert rest_b.json()["done"] is True
+                rest = await events.until("turn_ended", timeout=PATIENCE)
+            answered = next(m.data for m in rest if m.kind == "question_answered")
+            assert answered is not None and answered["outcome"] == "answered"
+            assert json.loads(answered["answer"]) == {"colour": "blue", "coats": "2"}
+            results = tool_results(openai_server.requests[-1])
+            assert [json.loads(r) for r in results] == [{"colour": "blue", "coats": "2"}]
+
+
 async def test_a_redaction_on_one_worker_scrubs_the_replay_on_both(
     postgres_dsn, openai_server, tmp_path
 ):

@@ -95,6 +95,14 @@ SAMPLES = [
         expires_at=1700000300.25,
         timeout=300.0,
         resumed=True,
+        form=(
+            {"id": "region", "text": "which region?", "choices": ["eu", "us"], "required": True},
+            {"id": "note", "text": "why?", "choices": [], "required": False},
+        ),
+        answered=("region",),
+    ),
+    ev.QuestionProgress(
+        **ENVELOPE, question_id=4, call_id="call_2", answered=("region",), next="note", by="bob"
     ),
     ev.QuestionAnswered(
         **ENVELOPE,

@@ -82,7 +82,7 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     # It really exercised the API: every operation but the two streams (the two
     # approvals operations, redact, /ready, /status, the conversation status, search,
     # regenerate, edit and an attachment's download included).
-    assert "Tested: 21" in output
+    assert "Tested: 22" in output
 
 
 def test_the_document_lists_every_route(api):
@@ -114,6 +114,7 @@ def test_the_document_lists_every_route(api):
         ("GET", "/agentik/conversations/{conversation_id}/status"),
         ("GET", "/agentik/conversations/{conversation_id}/approvals"),
         ("POST", "/agentik/conversations/{conversation_id}/approvals/{approval_id}"),
+        ("POST", "/agentik/conversations/{conversation_id}/questions/{question_id}"),
         ("POST", "/agentik/conversations/{conversation_id}/messages/{message_id}/redact"),
         ("GET", "/agentik/conversations/{conversation_id}/events"),
         ("GET", "/agentik/events"),

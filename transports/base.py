@@ -55,6 +55,9 @@ __all__ = [
     "BasicHost",
     "ChannelCaps",
     "DeliveryCallback",
+    "Form",
+    "FormField",
+    "FormStyle",
     "Health",
     "HealthState",
     "HostMetrics",
@@ -75,6 +78,11 @@ __all__ = [
 #: whole ``message`` at the end of the turn, or ``edit`` one message in place.
 StreamMode = Literal["deltas", "lines", "message", "edit"]
 Formatting = Literal["plain", "markdown", "irc", "mrkdwn"]
+#: How a form (a multi-question ``ask_user``) is shown: numbered ``lines`` all at
+#: once (answered by ``!answer <n> <text>`` or a line each, in order), ``prompts``
+#: one after another (a terminal), or ``native`` (the transport draws
+#: :attr:`OutgoingMessage.form` itself: Slack's Block Kit inputs).
+FormStyle = Literal["lines", "prompts", "native"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,6 +97,7 @@ class ChannelCaps:
     typing: bool = False
     formatting: Formatting = "plain"
     streaming: StreamMode = "message"
+    forms: FormStyle = "lines"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,6 +152,38 @@ class Action:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class FormField:
+    """One question of a :class:`Form`: its ``id`` (the key of its answer), the
+    question (``label``, text from the model: escape it for the destination),
+    the answers offered (``choices``; empty: free text) and whether it may be
+    left empty."""
+
+    id: str
+    label: str
+    choices: tuple[str, ...] = ()
+    required: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Form:
+    """Several questions answered at once, offered with an outgoing message to a
+    transport whose :attr:`ChannelCaps.forms` is ``native``.
+
+    Submitting it is the submitter sending ``submit`` followed by one space and
+    the answers as a JSON object (field id -> text; empty: not answered) in that
+    place (``!answer #12 {"region": "eu"}``): the transport hands that to the
+    bridge as their message, checked like typed text.  The message text always
+    says how to answer without the form.
+    """
+
+    question_id: int
+    fields: tuple[FormField, ...]
+    submit: str
+    #: Fields answered already (after a restart): shown as answered.
+    answered: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class OutgoingMessage:
     """Something the bridge asks a transport to send.
 
@@ -179,6 +220,8 @@ class OutgoingMessage:
     written_at: float | None = None
     #: Buttons offered with this message (see :class:`Action`).
     actions: tuple[Action, ...] = ()
+    #: A form offered with this message (see :class:`Form`).
+    form: Form | None = None
     #: A name for this message (``approval:<conversation>:<id>``), so a later
     #: message can update it.
     tag: str | None = None

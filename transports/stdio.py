@@ -136,7 +136,10 @@ class StdioTransport(Transport):
         self._err = stderr or sys.stderr
         mode = self.options.interactive
         self.interactive = bool(os.isatty(self._stdin.fileno())) if mode == "auto" else bool(mode)
-        self.caps = ChannelCaps(streaming="deltas" if self.interactive else "message")
+        # A form is asked one question after another (a prompt each), answered by lines.
+        self.caps = ChannelCaps(
+            streaming="deltas" if self.interactive else "message", forms="prompts"
+        )
         self.channel_key = f"stdio:{self.options.channel}"
         self.user = self.options.user or _login()
         #: The host (:class:`~agentik.transports.base.AgentHost`) given at :meth:`start`.

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from agentik.core.hookspecs import hookimpl
 
-from . import approvals, links, memory, redact, roles, session, settings, tools
+from . import answer, approvals, links, memory, redact, roles, session, settings, tools
 from .base import Command
 
 __all__ = ["BUILTIN", "register_commands"]
@@ -116,6 +116,13 @@ BUILTIN: tuple[Command, ...] = (
         name="approvals",
         help="list the tool calls waiting for approval here",
         handler=approvals.approvals,
+    ),
+    # -- forms (issue 35) --
+    Command(
+        name="answer",
+        help="answer question n of the form the bot asked: answer <n> <text> (- skips an"
+        " optional one)",
+        handler=answer.answer,
     ),
     # -- memory (issue 22) --
     Command(

@@ -429,7 +429,17 @@ class Store(abc.ABC):
         answered_by: str | None,
         at: float,
     ) -> bool:
-        """Record how a pending question ended; ``False`` if it was not pending any more."""
+        """Record how a pending question ended; ``False`` if it was not pending any more.
+
+        A form's answers so far (``partial``) are dropped: ``answer`` holds them."""
+        raise NotImplementedError(f"{type(self).__name__} does not store questions")
+
+    async def question_answer_part(
+        self, question_id: int, answers: dict[str, str | None]
+    ) -> dict[str, str | None] | None:
+        """Add ``answers`` (field id -> answer) to a pending form's answers so far
+        (later ones replace earlier ones of the same field), in one transaction;
+        the answers so far, or ``None`` if it is not pending any more."""
         raise NotImplementedError(f"{type(self).__name__} does not store questions")
 
     async def question_rebind(self, question_id: int, call_id: str) -> None:

@@ -275,7 +275,7 @@ async def _copy_attachments(source: Any, target: Any, reader: CopyReader, batch:
 
 # -- verification ------------------------------------------------------------------------
 #: Snapshot fields that are JSON text in a row (their key order is the engine's own).
-_JSON_TEXT = {"runs": ("usage",), "questions": ("choices",)}
+_JSON_TEXT = {"runs": ("usage",), "questions": ("choices", "form", "partial")}
 
 
 def _normal(doc: dict[str, Any], *, nul: bool) -> Any:

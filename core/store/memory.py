@@ -470,9 +470,19 @@ class MemoryStore(
             return False
         self._questions[question_id] = dataclasses.replace(
             q, state="resolved", outcome=outcome, answer=answer, answered_by=answered_by,
-            answered_at=at,
+            answered_at=at, partial={},
         )  # fmt: skip
         return True
+
+    async def question_answer_part(
+        self, question_id: int, answers: dict[str, str | None]
+    ) -> dict[str, str | None] | None:
+        q = self._questions.get(question_id)
+        if q is None or q.state != "pending":
+            return None
+        merged = {**q.partial, **answers}
+        self._questions[question_id] = dataclasses.replace(q, partial=merged)
+        return dict(merged)
 
     async def question_rebind(self, question_id: int, call_id: str) -> None:
         q = self._questions.get(question_id)

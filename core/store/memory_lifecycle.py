@@ -18,7 +18,14 @@ from .records import (
     Question,
     RunRecord,
 )
-from .rows import relinker, snapshot_message, snapshot_turn_ends, snapshot_working_memory
+from .rows import (
+    form_text,
+    partial_text,
+    relinker,
+    snapshot_message,
+    snapshot_turn_ends,
+    snapshot_working_memory,
+)
 from .snapshot import (
     DELETED_NOTICE,
     RETENTION_AUTHOR,
@@ -146,6 +153,10 @@ class MemoryLifecycle:
                         fields["choices"] = tuple(
                             json.loads(raw) if isinstance(raw, str) else raw or ()
                         )
+                        raw = fields.get("form")
+                        fields["form"] = tuple(json.loads(raw)) if isinstance(raw, str) else ()
+                        raw = fields.get("partial")
+                        fields["partial"] = json.loads(raw) if isinstance(raw, str) else {}
                         questions.append(Question(**fields))
                     else:
                         raw = fields.get("usage")
@@ -279,7 +290,8 @@ def _question_row(q: Question) -> dict[str, Any]:
         "choices": json.dumps(list(q.choices), ensure_ascii=False), "digest": q.digest,
         "created_at": q.created_at, "deadline": q.deadline, "state": q.state,
         "outcome": q.outcome, "answer": q.answer, "answered_by": q.answered_by,
-        "answered_at": q.answered_at,
+        "answered_at": q.answered_at, "form": form_text(q.form),
+        "partial": partial_text(q.partial),
     }  # fmt: skip
 
 

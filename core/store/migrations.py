@@ -674,6 +674,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX webhook_delivery_by_age ON webhook_delivery (created_at, id);
         """,
     ),
+    Migration(
+        23,
+        "question_form",
+        """
+        -- Multi-question ask_user (issue 35): a form is one question row; ``form``
+        -- holds its fields (JSON: id, text, choices, required), ``partial`` the
+        -- answers given so far (JSON: field id -> answer), so a restart while it
+        -- waits keeps both.  NULL on a single question.
+        ALTER TABLE question ADD COLUMN form TEXT;
+        ALTER TABLE question ADD COLUMN partial TEXT;
+        """,
+    ),
 )
 
 

@@ -654,6 +654,17 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX webhook_delivery_by_age ON webhook_delivery (created_at, id);
         """,
     ),
+    Migration(
+        12,
+        "question_form",
+        """
+        -- Multi-question ask_user (SQLite's migration 23): a form's fields and the
+        -- answers given so far, as JSON text (``text``, not ``jsonb``: the
+        -- snapshot keeps them as written); NULL on a single question.
+        ALTER TABLE question ADD COLUMN form text;
+        ALTER TABLE question ADD COLUMN partial text;
+        """,
+    ),
 )
 
 _RECORDS = (

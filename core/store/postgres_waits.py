@@ -3,11 +3,20 @@ approvals, questions, the todo checklist."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from .postgres_room import PostgresRoom, dumps, nul_free
 from .records import Approval, ApprovalDecision, Checklist, Question, QuestionOutcome
-from .rows import APPROVAL, APPROVAL_COLUMNS, CHECKLIST, QUESTION, QUESTION_COLUMNS
+from .rows import (
+    APPROVAL,
+    APPROVAL_COLUMNS,
+    CHECKLIST,
+    QUESTION,
+    QUESTION_COLUMNS,
+    form_text,
+    partial_text,
+)
 
 if TYPE_CHECKING:
     import asyncpg
@@ -120,14 +129,17 @@ class PostgresWaits(PostgresRoom):
         args = (
             q.conversation_id, q.channel_key, q.run_id, q.call_id, q.asker_target, q.answer_from,
             nul_free(q.text), dumps(list(q.choices)), q.digest, q.created_at, q.deadline,
+            form_text(q.form), partial_text(q.partial),
         )  # fmt: skip
 
         async def fn(conn: asyncpg.Connection) -> int:
             return int(
                 await conn.fetchval(
                     "INSERT INTO question (conversation_id, channel_key, run_id, call_id,"
-                    " asker_target, answer_from, text, choices, digest, created_at, deadline)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+                    " asker_target, answer_from, text, choices, digest, created_at, deadline,"
+                    " form, partial)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                    " RETURNING id",
                     *args,
                 )
             )
@@ -146,12 +158,34 @@ class PostgresWaits(PostgresRoom):
         async def fn(conn: asyncpg.Connection) -> bool:
             status = await conn.execute(
                 "UPDATE question SET state = 'resolved', outcome = $1, answer = $2,"
-                " answered_by = $3, answered_at = $4 WHERE id = $5 AND state = 'pending'",
+                " answered_by = $3, answered_at = $4, partial = NULL"
+                " WHERE id = $5 AND state = 'pending'",
                 outcome, nul_free(answer), answered_by, at, question_id,
             )  # fmt: skip
             return bool(status != "UPDATE 0")
 
         return bool(await self._write(fn, single=True))
+
+    async def question_answer_part(
+        self, question_id: int, answers: dict[str, str | None]
+    ) -> dict[str, str | None] | None:
+        async def fn(conn: asyncpg.Connection) -> dict[str, str | None] | None:
+            # The row locked: parts given at once through two workers both stay.
+            rows = await conn.fetch(
+                "SELECT partial FROM question WHERE id = $1 AND state = 'pending' FOR UPDATE",
+                question_id,
+            )
+            if not rows:
+                return None
+            old = rows[0][0]
+            merged: dict[str, str | None] = {**(json.loads(old) if old else {}), **answers}
+            await conn.execute(
+                "UPDATE question SET partial = $1 WHERE id = $2", partial_text(merged), question_id
+            )
+            return merged
+
+        result: dict[str, str | None] | None = await self._write(fn, single=True)
+        return result
 
     async def question_rebind(self, question_id: int, call_id: str) -> None:
         async def fn(conn: asyncpg.Connection) -> None:

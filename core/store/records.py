@@ -303,6 +303,12 @@ class Question:
     #: ``question`` table: the tool result's ``author_id`` keeps it, so the
     #: person who answered may redact their answer like their own message).
     answered_by_id: str | None = None
+    #: A form (several questions answered at once, migration 23): each field as
+    #: ``{"id", "text", "choices", "required"}``, in order; empty: one question.
+    form: tuple[dict[str, Any], ...] = ()
+    #: A form's answers so far, field id -> answer (``None``: an optional field
+    #: skipped); kept while it is pending, so a restart loses none.
+    partial: dict[str, str | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -322,7 +328,9 @@ class Question:
             "answer": self.answer,
             "answered_by": self.answered_by,
             "answered_at": self.answered_at,
-        }
+            **({"form": [dict(f) for f in self.form], "partial": dict(self.partial)}
+               if self.form else {}),
+        }  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,8 @@ __all__ = [
     "WEBHOOK_DELIVERY",
     "OutlineRow",
     "RowShape",
+    "form_text",
+    "partial_text",
     "relinker",
     "retention_rows",
     "snapshot_message",
@@ -86,8 +88,19 @@ def _approval(r: Sequence[Any]) -> Approval:
 
 QUESTION_COLUMNS = (
     "id, conversation_id, channel_key, run_id, call_id, asker_target, answer_from, text,"
-    " choices, digest, created_at, deadline, state, outcome, answer, answered_by, answered_at"
+    " choices, digest, created_at, deadline, state, outcome, answer, answered_by, answered_at,"
+    " form, partial"
 )
+
+
+def form_text(form: tuple[dict[str, Any], ...]) -> str | None:
+    """A question's ``form`` column: JSON text, ``NULL`` for a single question."""
+    return json.dumps(list(form), ensure_ascii=False) if form else None
+
+
+def partial_text(partial: dict[str, str | None]) -> str | None:
+    """A form's ``partial`` column: JSON text, ``NULL`` before any answer."""
+    return json.dumps(partial, ensure_ascii=False) if partial else None
 
 
 def _question(r: Sequence[Any]) -> Question:
@@ -97,6 +110,8 @@ def _question(r: Sequence[Any]) -> Question:
         asker_target=r[5], answer_from=r[6], text=r[7], choices=tuple(json.loads(r[8])),
         digest=r[9], created_at=r[10], deadline=r[11], state=r[12], outcome=r[13],
         answer=r[14], answered_by=r[15], answered_at=r[16],
+        form=tuple(json.loads(r[17])) if r[17] else (),
+        partial=json.loads(r[18]) if r[18] else {},
     )  # fmt: skip
 
 

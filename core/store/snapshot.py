@@ -88,6 +88,12 @@ def untrusted_row(table: str, r: dict[str, Any], now: float) -> dict[str, Any]:
     elif table == "question":
         if r.get("state") != "resolved" or r.get("outcome") is None:
             r.update(state="resolved", outcome="expired", answered_at=None)
+        if r.get("partial"):
+            # A form closed here keeps what it got as its answer (as one that
+            # expires does), never as answers still being collected.
+            if r.get("answer") is None:
+                r["answer"] = r["partial"]
+            r["partial"] = None
     elif table == "run" and r.get("ended") is None:
         r.update(ended=now, stop_reason=r.get("stop_reason") or IMPORTED)
     return r

@@ -8,7 +8,7 @@ import sqlite3
 from typing import Any
 
 from .records import Approval, ApprovalDecision, Checklist, Question, QuestionOutcome
-from .rows import APPROVAL, CHECKLIST, QUESTION
+from .rows import APPROVAL, CHECKLIST, QUESTION, form_text, partial_text
 from .sqlite_room import SQLiteRoom
 
 __all__ = ["SQLiteWaits"]
@@ -118,14 +118,14 @@ class SQLiteWaits(SQLiteRoom):
         row = (
             q.conversation_id, q.channel_key, q.run_id, q.call_id, q.asker_target, q.answer_from,
             q.text, json.dumps(list(q.choices), ensure_ascii=False), q.digest, q.created_at,
-            q.deadline,
+            q.deadline, form_text(q.form), partial_text(q.partial),
         )  # fmt: skip
 
         def fn(conn: sqlite3.Connection) -> int:
             cur = conn.execute(
                 "INSERT INTO question (conversation_id, channel_key, run_id, call_id,"
-                " asker_target, answer_from, text, choices, digest, created_at, deadline)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " asker_target, answer_from, text, choices, digest, created_at, deadline,"
+                " form, partial) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
             return int(cur.lastrowid or 0)
@@ -144,12 +144,33 @@ class SQLiteWaits(SQLiteRoom):
         def fn(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 "UPDATE question SET state = 'resolved', outcome = ?, answer = ?,"
-                " answered_by = ?, answered_at = ? WHERE id = ? AND state = 'pending'",
+                " answered_by = ?, answered_at = ?, partial = NULL"
+                " WHERE id = ? AND state = 'pending'",
                 (outcome, answer, answered_by, at, question_id),
             )
             return cur.rowcount > 0
 
         return bool(await self._write(fn))
+
+    async def question_answer_part(
+        self, question_id: int, answers: dict[str, str | None]
+    ) -> dict[str, str | None] | None:
+        def fn(conn: sqlite3.Connection) -> dict[str, str | None] | None:
+            # Read and write in the one transaction of the writer: parts given at
+            # once by two people both stay.
+            row = conn.execute(
+                "SELECT partial FROM question WHERE id = ? AND state = 'pending'", (question_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            merged: dict[str, str | None] = {**(json.loads(row[0]) if row[0] else {}), **answers}
+            conn.execute(
+                "UPDATE question SET partial = ? WHERE id = ?", (partial_text(merged), question_id)
+            )
+            return merged
+
+        result: dict[str, str | None] | None = await self._write(fn)
+        return result
 
     async def question_rebind(self, question_id: int, call_id: str) -> None:
         def fn(conn: sqlite3.Connection) -> None:

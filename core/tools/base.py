@@ -222,7 +222,9 @@ class TurnPolicy(TurnLimits):
     tool (ask the people in the conversation and wait for the answer; never
     offered in a temporary conversation); ``ask_user_timeout``: seconds to
     wait when the model gives no timeout (and ``ask_user_max_timeout`` caps
-    the model's); ``answer_from``: who answers a question, ``asked`` (the
+    the model's); ``ask_user_max_questions``: the most questions of one form
+    (several questions answered at once; at most 10); ``answer_from``: who
+    answers a question, ``asked`` (the
     person asked; without ``to``, the person whose message started the turn)
     or ``anyone`` in the conversation.  ``todo`` offers the ``todo`` tool
     (a checklist shown in the channel).
@@ -240,6 +242,7 @@ class TurnPolicy(TurnLimits):
     ask_user: bool = False
     ask_user_timeout: float = Field(300.0, gt=0)
     ask_user_max_timeout: float = Field(3600.0, gt=0)
+    ask_user_max_questions: int = Field(10, ge=1, le=10)
     answer_from: Literal["asked", "anyone"] = "asked"
     todo: bool = False
     _cache: dict[str, bool] = field(default_factory=dict, init=False, compare=False, repr=False)

@@ -23,6 +23,9 @@ code                        status  when
 ``body_too_large``          413     body over ``max_body_bytes`` (imports: ``max_import_bytes``)
 ``conversation_exists``     409     an import under an id the database already has
 ``invalid_snapshot``        422     an import that is not a valid snapshot (names the field)
+``question_not_found``      404     (forms) no form by that id waits in this conversation
+``invalid_answer``          422     (forms) an unknown question, or a required one left empty
+``forbidden``               403     (forms) the form asks someone else
 ``message_not_found``       404     (redact) no such message in this conversation
 ``already_redacted``        409     (redact) the message is already redacted
 ``forbidden``               403     (redact) neither the message's author nor an admin
@@ -96,6 +99,7 @@ from agentik.core.lifecycle import (
     validate_snapshot,
 )
 from agentik.core.messages import Content, ImagePart, Message, TextPart
+from agentik.core.questions import MAX_FORM_FIELDS, FormError, may_answer
 from agentik.core.redaction import RedactionError
 from agentik.core.store.search import SearchHit, search_terms
 from agentik.core.streamprofiles import PROFILES
@@ -260,6 +264,16 @@ class RedactBody(_Body):
 class DecisionBody(_Body):
     decision: Literal["approve", "deny"]
     reason: str | None = Field(None, max_length=300)
+
+
+class FormAnswerBody(_Body):
+    """``POST …/questions/{id}``: a form's answers (question id -> text; ``null`` or
+    empty: not answered), all at once or some of them."""
+
+    answers: dict[str, str | None] = Field(max_length=MAX_FORM_FIELDS)
+    #: Send the whole form (empty optional questions are skipped, empty required
+    #: ones refused); ``false``: keep these answers, the form waits for the rest.
+    submit: bool = True
 
 
 # -- the application -----------------------------------------------------------------
@@ -1171,6 +1185,8 @@ class Api:
                     run_id, steered = sent.run_id, sent.steered
         except PromptRefused as exc:
             raise ApiError(422, "prompt_refused", str(exc)) from None
+        except FormError as exc:  # a line answering a form (``-`` on a required question)
+            raise ApiError(422, "invalid_answer", str(exc)) from None
         except AttachmentRejected as exc:
             # (the only refusal left: an attachment the conversation does not hold; not
             # 404, which would say the conversation is not found)
@@ -1429,6 +1445,61 @@ class Api:
             raise ApiError(status, code, str(exc)) from None
         return JSONResponse(done.to_dict())
 
+    async def answer_form(self, request: Request) -> Response:
+        """A form (a multi-question ``ask_user``) answered as a JSON body, by the
+        caller as a chat message would present them (the person asked, or anyone
+        with ``answer_from = "anyone"``)."""
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, FormAnswerBody, required=True)
+        try:
+            question_id = int(request.path_params["question_id"])
+        except ValueError:
+            raise ApiError(422, "invalid_parameter", "question_id must be an integer") from None
+        # The answerer is the token (a verified identity), as the question's rule needs.
+        author_id = f"{self.ctx.instance}:{principal.name}"
+        key = conv.channel_key or f"http:{self.ctx.instance}:{principal.name}"
+        if not self.gate.decide(self.speaker(principal, key), key).answer:
+            raise ApiError(403, "forbidden", "this token may not talk to the bot here")
+        questions = self.agent.questions
+        found = await questions.find_anywhere(conv.id, question_id)
+        if found is None or not found.form:
+            raise ApiError(404, "question_not_found", f"no form {question_id} waits here")
+        if not may_answer(found, principal.name, author_id):
+            raise ApiError(403, "forbidden", f"form {question_id} asks someone else")
+        try:
+            if body.submit:
+                done = await conv.answer_form(
+                    dict(body.answers), question_id=question_id, author=principal.name,
+                    author_id=author_id,
+                )  # fmt: skip
+            else:
+                done = None
+                for fid, text in body.answers.items():
+                    if text is None or not text.strip():
+                        continue
+                    done = await conv.answer_form(
+                        {fid: text}, question_id=question_id, author=principal.name,
+                        author_id=author_id, field=fid,
+                    )  # fmt: skip
+                if done is None:
+                    raise FormError("no answer given")
+        except FormError as exc:
+            raise ApiError(422, "invalid_answer", str(exc)) from None
+        except PromptRefused as exc:
+            raise ApiError(422, "prompt_refused", str(exc)) from None
+        if done is None:
+            raise ApiError(404, "question_not_found", f"no form {question_id} waits here")
+        q = done.question
+        return JSONResponse(
+            {
+                "question_id": q.id,
+                "done": done.done,
+                "answered": [f["id"] for f in q.form if f["id"] in q.partial],
+                "missing": list(done.missing) if not done.done else [],
+            }
+        )
+
     async def redact_message(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
@@ -1566,6 +1637,7 @@ def build_app(ctx: ApiContext) -> Starlette:
         (conv + "/messages/{message_id}/redact", {"POST": api.redact_message}),
         (conv + "/approvals", {"GET": api.list_approvals}),
         (conv + "/approvals/{approval_id}", {"POST": api.decide_approval}),
+        (conv + "/questions/{question_id}", {"POST": api.answer_form}),
         (conv + "/events", {"GET": api.conversation_events}),
         (p + "/events", {"GET": api.all_events}),
     ]

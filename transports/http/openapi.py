@@ -56,6 +56,8 @@ ERROR_CODES = (
     "approval_not_found",
     "approval_not_pending",
     "message_not_found",
+    "question_not_found",
+    "invalid_answer",
     "already_redacted",
     "body_too_large",
     "attachment_too_large",
@@ -588,6 +590,35 @@ _SCHEMAS: dict[str, Any] = {
             "notes_removed": {"type": "integer"},
         },
     },
+    "FormAnswer": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["answers"],
+        "description": (
+            "A form's answers (a multi-question ask_user): question id -> text (null or"
+            " empty: not answered). submit (default true) sends the whole form: empty"
+            " optional questions are skipped, empty required ones refused; false keeps"
+            " these answers and the form waits for the rest."
+        ),
+        "properties": {
+            "answers": {
+                "type": "object",
+                "maxProperties": 10,
+                "additionalProperties": {"type": ["string", "null"]},
+            },
+            "submit": {"type": "boolean"},
+        },
+    },
+    "FormProgress": {
+        "type": "object",
+        "required": ["question_id", "done", "answered", "missing"],
+        "properties": {
+            "question_id": {"type": "integer"},
+            "done": {"type": "boolean"},
+            "answered": {"type": "array", "items": {"type": "string"}},
+            "missing": {"type": "array", "items": {"type": "string"}},
+        },
+    },
     "Decision": {
         "type": "object",
         "additionalProperties": False,
@@ -722,7 +753,8 @@ _SCHEMAS: dict[str, Any] = {
             "tool_call_started, tool_call_ended, child_run_linked, turn_ended, "
             "run_stream_end, interrupted, error, events_lost, compacted, conversation_started, "
             "conversation_ended, memory_noted, approval_requested, approval_resolved, "
-            "question_asked, question_answered, todo_updated, tool_progress, status_changed, "
+            "question_asked, question_progress, question_answered, todo_updated, tool_progress, "
+            "status_changed, "
             "usage. A child run's events (an agent called as a tool) carry its run_id and "
             "parent_run_id and are relayed into the caller's conversation stream."
         ),
@@ -1289,6 +1321,29 @@ def openapi_document(
                     **with_body,
                 },
                 requestBody=_body("Decision", required=True),
+            ),
+        },
+        conv + "/questions/{question_id}": {
+            "parameters": [
+                _CONV_ID,
+                {
+                    "name": "question_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer"},
+                },
+            ],
+            "post": op(
+                "answerForm",
+                "Answer a form (several questions the running turn asked at once)",
+                {
+                    "200": _json("FormProgress", "taken; done: the turn goes on"),
+                    "403": _error("the form asks someone else"),
+                    "404": _error("no such conversation, or no form by that id waits"),
+                    "422": _error("an unknown question, a required one empty, or refused"),
+                    **with_body,
+                },
+                requestBody=_body("FormAnswer", required=True),
             ),
         },
         conv + "/messages/{message_id}/redact": {

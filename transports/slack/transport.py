@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import queue
@@ -59,6 +60,7 @@ from agentik.core.messages import FilePart
 from agentik.transports.base import (
     AgentHost,
     ChannelCaps,
+    Form,
     IncomingMessage,
     MessageSink,
     OutgoingMessage,
@@ -95,6 +97,12 @@ MAX_FILES = 10
 _ANSWERED_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
 #: Our buttons' ``action_id``s (``agentik_action_0`` …): see :meth:`SlackTransport._on_action`.
 _ACTION_ID = re.compile(r"^agentik_action_[0-9]+$")
+#: A form's Submit button (:meth:`SlackTransport._on_form_submit`) and its inputs'
+#: ``block_id`` prefix (the field id follows).
+_FORM_SUBMIT = "agentik_form_submit"
+_FIELD_BLOCK = "agentik_field_"
+#: Longest command a form's Submit sends (the JSON of its answers).
+_FORM_COMMAND_MAX = 40_000
 #: Events about an assistant thread (Slack's AI app view): each names its thread.
 _ASSISTANT_THREAD_EVENTS = frozenset(
     {"assistant_thread_started", "assistant_thread_context_changed"}
@@ -368,7 +376,7 @@ class SlackTransport(Transport):
         o = self.options
         self.caps = ChannelCaps(
             max_chars=o.max_message_chars, can_edit=True, threads=True, typing=True,
-            formatting="mrkdwn", streaming="deltas",
+            formatting="mrkdwn", streaming="deltas", forms="native",
         )  # fmt: skip
         self.team_id = ""
         self.bot_user_id = ""
@@ -469,6 +477,7 @@ class SlackTransport(Transport):
         self.app.event("message")(self._on_event)
         self.app.event("reaction_added")(self._on_reaction)
         self.app.action(_ACTION_ID)(self._on_action)
+        self.app.action(_FORM_SUBMIT)(self._on_form_submit)
         self.spawn(self._deliver(), name=f"agentik-slack:{self.name}")
         if o.mode == "socket":
             from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
@@ -825,6 +834,51 @@ class SlackTransport(Transport):
         self._incoming.put_nowait(
             _Incoming(keys, key, clean(command).strip(), user, channel, thread_ts, action_ts,
                       is_dm)
+        )  # fmt: skip
+
+    async def _on_form_submit(self, ack: Any, body: dict[str, Any]) -> None:
+        """A form's Submit was pressed (``block_actions``): the presser sends the
+        form's command with what they entered (``state.values`` of its inputs) as a
+        JSON object, checked like typed text; their identity is the verified user id."""
+        await ack()
+        user = (body.get("user") or {}).get("id")
+        actions = body.get("actions") or []
+        container = body.get("container") or {}
+        message = body.get("message") or {}
+        channel = (body.get("channel") or {}).get("id") or container.get("channel_id")
+        if not actions or not isinstance(user, str) or not user or not isinstance(channel, str):
+            return
+        if user == self.bot_user_id:
+            return
+        command = actions[0].get("value")
+        if not isinstance(command, str) or not command.strip() or len(command) > 200:
+            return
+        values = ((body.get("state") or {}).get("values")) or {}
+        answers: dict[str, str] = {}
+        for block_id, by_action in values.items() if isinstance(values, dict) else ():
+            if not isinstance(block_id, str) or not block_id.startswith(_FIELD_BLOCK):
+                continue
+            state = by_action.get("answer") if isinstance(by_action, dict) else None
+            if not isinstance(state, dict):
+                continue
+            value = state.get("value")
+            if state.get("type") == "static_select":
+                value = (state.get("selected_option") or {}).get("value")
+            if isinstance(value, str):
+                answers[block_id[len(_FIELD_BLOCK) :]] = value
+        text = f"{command} {json.dumps(answers, ensure_ascii=False)}"
+        if len(text) > _FORM_COMMAND_MAX:
+            return
+        ts = message.get("ts") or container.get("message_ts") or ""
+        thread_ts = message.get("thread_ts") or container.get("thread_ts")
+        action_ts = actions[0].get("action_ts") or ""
+        keys = (f"action:{channel}:{ts}:{user}:{action_ts}",)
+        if self._seen.check_and_add(*keys):
+            return
+        key = self._bot_messages.get(ts) or self._key(channel, thread_ts)
+        self._incoming.put_nowait(
+            _Incoming(keys, key, clean(text).strip(), user, channel, thread_ts, action_ts,
+                      channel.startswith("D"))
         )  # fmt: skip
 
     async def _drop_threadless_assistant_events(
@@ -1319,6 +1373,8 @@ class SlackTransport(Transport):
                 for i, a in enumerate(message.actions[:5])
             ]
             blocks = [*sections, {"type": "actions", "elements": buttons}]
+        if message.form is not None:
+            blocks = [*sections, *_form_blocks(message.form)]
         response = await self.client.chat_postMessage(
             channel=channel, thread_ts=thread_ts, text=text, blocks=blocks,
             metadata=_piece_metadata(message.outbox_id, run),
@@ -1646,6 +1702,45 @@ def _piece_metadata(outbox_id: int | None, run: str) -> dict[str, Any] | None:
     if outbox_id is None:
         return None
     return {"event_type": PIECE_EVENT, "event_payload": {"outbox": outbox_id, "run": run}}
+
+
+def _plain(text: str, limit: int) -> dict[str, Any]:
+    """A ``plain_text`` object: Slack shows it as written (no mrkdwn, no mentions,
+    no links), so the model's words need no escaping; cut to ``limit``."""
+    return {"type": "plain_text", "text": text if len(text) <= limit else text[: limit - 1] + "…"}
+
+
+def _form_blocks(form: Form) -> list[dict[str, Any]]:
+    """A form as Block Kit: an ``input`` block per question still open (a
+    ``static_select`` of its choices, else a ``plain_text_input``) and a Submit
+    button (:data:`_FORM_SUBMIT`, its value the form's command)."""
+    blocks: list[dict[str, Any]] = []
+    for n, f in enumerate(form.fields, 1):
+        if f.id in form.answered:
+            continue
+        element: dict[str, Any]
+        if f.choices:
+            element = {
+                "type": "static_select", "action_id": "answer",
+                "placeholder": _plain("choose", 150),
+                "options": [
+                    {"text": _plain(c, 75), "value": c[:150]} for c in f.choices[:100]
+                ],
+            }  # fmt: skip
+        else:
+            element = {"type": "plain_text_input", "action_id": "answer", "max_length": 3000}
+        blocks.append({
+            "type": "input", "block_id": f"{_FIELD_BLOCK}{f.id}", "optional": not f.required,
+            "label": _plain(f"{n}. {f.label}", 2000), "element": element,
+        })  # fmt: skip
+    blocks.append({
+        "type": "actions", "block_id": "agentik_form",
+        "elements": [{
+            "type": "button", "action_id": _FORM_SUBMIT, "text": _plain("Submit", 75),
+            "value": form.submit, "style": "primary",
+        }],
+    })  # fmt: skip
+    return blocks
 
 
 #: Longest text of a section block (Slack refuses more with ``invalid_blocks``).

@@ -73,6 +73,7 @@ class ExportContract(ContractBase):
             "text": "which one?", "choices": '["red", "blue"]', "digest": "dq",
             "created_at": 10.0, "deadline": 70.0, "state": "resolved", "outcome": "answered",
             "answer": "red", "answered_by": "bob", "answered_at": 20.0,
+            "form": None, "partial": None,
         }  # fmt: skip
 
     async def test_exported_runs_are_the_conversations_own(self, store: Any) -> None:
@@ -203,6 +204,19 @@ class ImportContract(ContractBase):
         await store.import_rows(doc, "copy", bind=None, now=50.0)
         [q] = await store.questions(conversation_id="copy")
         assert (q.state, q.outcome, q.choices) == ("resolved", "expired", ("red", "blue"))
+
+    async def test_an_imported_pending_form_expires_with_its_answers_so_far(
+        self, store: Any
+    ) -> None:
+        await _one_turn(store)
+        form = ({"id": "a", "text": "a?"}, {"id": "b", "text": "b?"})
+        qid = await store.question_add(question("c", form=form))
+        await store.question_answer_part(qid, {"a": "yes ✓"})
+        doc = await _snapshot(store, "c")
+        await store.import_rows(doc, "copy", bind=None, now=50.0)
+        [q] = await store.questions(conversation_id="copy")
+        assert (q.state, q.outcome, q.form, q.partial) == ("resolved", "expired", form, {})
+        assert json.loads(q.answer) == {"a": "yes ✓"}
 
     async def test_imported_open_runs_end_and_known_runs_stay(self, store: Any) -> None:
         await _one_turn(store)

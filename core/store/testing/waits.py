@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -127,6 +128,42 @@ class WaitsContract(ContractBase):
         qid = await store.question_add(q)
         assert qid > 0
         assert await store.question_get(qid) == dataclasses.replace(q, id=qid)
+
+    async def test_a_form_reads_back_with_its_fields(self, store: Any) -> None:
+        await store.create_conversation(rec("c"))
+        form = (
+            {"id": "region", "text": "which region?", "choices": ["eu", "us"], "required": True},
+            {"id": "note", "text": "anything else? ✓", "choices": [], "required": False},
+        )
+        q = question("c", form=form, text="2 questions")
+        qid = await store.question_add(q)
+        assert await store.question_get(qid) == dataclasses.replace(q, id=qid)
+        [listed] = await store.questions(conversation_id="c", state="pending")
+        assert listed.form == form and listed.partial == {}
+
+    async def test_a_forms_answers_add_up_while_it_is_pending(self, store: Any) -> None:
+        await store.create_conversation(rec("c"))
+        form = ({"id": "a", "text": "a?"}, {"id": "b", "text": "b?"}, {"id": "c", "text": "c?"})
+        qid = await store.question_add(question("c", form=form))
+        assert await store.question_answer_part(qid, {"a": "one ✓"}) == {"a": "one ✓"}
+        got = await store.question_answer_part(qid, {"b": None, "a": "uno"})
+        assert got == {"a": "uno", "b": None}
+        assert (await store.question_get(qid)).partial == {"a": "uno", "b": None}
+        assert await store.question_settle(qid, "answered", '{"a": "uno"}', "bob", 20.0)
+        # Settled: the answer holds them all (one place, which redaction reaches);
+        # no more parts.
+        assert await store.question_answer_part(qid, {"c": "late"}) is None
+        got = await store.question_get(qid)
+        assert (got.answer, got.partial) == ('{"a": "uno"}', {})
+
+    async def test_answers_given_at_once_all_stay(self, store: Any) -> None:
+        await store.create_conversation(rec("c"))
+        form = tuple({"id": f"f{n}", "text": f"{n}?"} for n in range(8))
+        qid = await store.question_add(question("c", form=form))
+        await asyncio.gather(
+            *(store.question_answer_part(qid, {f"f{n}": str(n)}) for n in range(8))
+        )
+        assert (await store.question_get(qid)).partial == {f"f{n}": str(n) for n in range(8)}
 
     async def test_a_question_settles_once(self, store: Any) -> None:
         await store.create_conversation(rec("c"))
