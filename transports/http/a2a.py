@@ -36,7 +36,6 @@ and its history are in the store like any other.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
@@ -63,7 +62,6 @@ from a2a.types import (
     HTTPAuthSecurityScheme,
     InvalidParamsError,
     Message,
-    Role,
     SecurityRequirement,
     SecurityScheme,
     SendMessageRequest,
