@@ -46,7 +46,7 @@ from a2a.types import (
     TaskState,
 )
 from a2a.utils.errors import A2AError
-from google.protobuf.json_format import MessageToDict
+from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 
 from ..agents import AgentTool
 from ..events import ChildRunLinked, RunStreamEnd, TextDelta, TurnEnded, TurnStarted

@@ -75,6 +75,7 @@ from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_1_0
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Message as StarletteMessage
 
 from agentik.core.errors import ClosedError, NotFound
 
@@ -403,7 +404,7 @@ def a2a_routes(api: Api) -> tuple[list[Route], DefaultRequestHandler]:
                 return too_large
         sent = False
 
-        async def replay() -> dict[str, Any]:
+        async def replay() -> StarletteMessage:
             nonlocal sent
             if sent:  # then wait for the client to go away, as a real receive does
                 return await request.receive()
