@@ -812,7 +812,7 @@ def _agent_tool(agent: Agent, name: str, spec: AgentSpec) -> AgentTool:
         except ImportError as exc:
             raise ConfigError(
                 f"agents.{name}.a2a_url: A2A needs the a2a extra"
-                f" (pip install 'agentik[a2a]'): {exc}"
+                f" (pip install -e '.[a2a]' in the checkout): {exc}"
             ) from None
         return A2AAgentTool(agent, name, spec, url=spec.a2a_url, token=token)
     # Imported when a remote agent is configured: its HTTP client is not needed before.

@@ -46,7 +46,7 @@ class A2ASettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     #: Serve A2A: the agent card at /.well-known/agent-card.json and the JSON-RPC
-    #: endpoint at <prefix><path> (needs the a2a extra: pip install 'agentik[a2a]').
+    #: endpoint at <prefix><path> (needs the a2a extra: pip install -e '.[a2a]').
     enabled: bool = False
     #: Path of the JSON-RPC endpoint, under the API prefix.
     path: str = "/a2a"

@@ -209,7 +209,7 @@ class HttpTransport(Transport):
         except ImportError as exc:
             raise ConfigError(
                 f"transports.{self.name}.a2a.enabled: A2A needs the a2a extra"
-                f" (pip install 'agentik[a2a]'): {exc}"
+                f" (pip install -e '.[a2a]' in the checkout): {exc}"
             ) from None
         routes, self._a2a = a2a_routes(api)
         return routes
