@@ -285,6 +285,7 @@ bench: $(DEV) $(BENCH) irc-servers postgres
 	$(PY) benchmarks/bench_access.py
 	$(PY) benchmarks/bench_metrics.py
 	$(PY) benchmarks/bench_agents.py
+	$(PY) benchmarks/bench_a2a.py
 	$(PY) benchmarks/bench_profiles.py
 	$(PY) benchmarks/bench_startup.py
 	$(PY) benchmarks/bench_soak.py --quick
