@@ -224,7 +224,7 @@ async def test_a_message_with_a_context_id_continues_that_conversation(served, o
         r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": second["id"]}))
         got = r.json()["result"]
     assert second["contextId"] == cid and got["status"]["state"] == "TASK_STATE_COMPLETED"
-    assert got["artifacts"][0]["parts"][0]["text"] == "two"
+    assert "".join(p["text"] for p in got["artifacts"][0]["parts"]) == "two"
     conv = await served.agent.get_conversation(cid)
     said = [m.content for m in await conv.messages()]
     assert said == ["first", "one", "second", "two"]
@@ -378,3 +378,32 @@ def test_url_and_a2a_url_together_are_a_clear_error(tmp_path):
 
 
 _ = FakeOpenAIServer  # the served agent's model server (conftest's openai_server)
+
+
+async def test_a_client_that_drops_mid_stream_loses_nothing(served, openai_server):
+    """The stream's reader goes away mid-answer: the turn still ends, its answer is
+    recorded, and tasks/get has the whole task."""
+    held = WireReply.text("all of the answer", chunks=4, hold_after=1)
+    openai_server.enqueue(held)
+    try:
+        async with client(served) as http:
+            request = rpc("SendStreamingMessage", send_params("stream please"))
+            async with http.stream("POST", "/agentik/a2a", json=request) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:") and "artifactUpdate" in line:
+                        task_id = json.loads(line[5:])["result"]["artifactUpdate"]["taskId"]
+                        break  # and the connection is closed mid-answer
+            held.release()
+            async with asyncio.timeout(WAIT):
+                while True:
+                    r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": task_id}))
+                    task = r.json()["result"]
+                    if task["status"]["state"] == "TASK_STATE_COMPLETED":
+                        break
+                    await (await served.agent.get_conversation(task["contextId"])).wait_idle()
+    finally:
+        held.release()
+    assert "".join(p["text"] for p in task["artifacts"][0]["parts"]) == "all of the answer"
+    conv = await served.agent.get_conversation(task["contextId"])
+    said = [(m.kind, m.content) for m in await conv.messages()]
+    assert said == [("user", "stream please"), ("assistant", "all of the answer")]
