@@ -249,53 +249,75 @@ class _Executor(AgentExecutor):
             await events.aclose()
 
     async def _follow(self, events: Any, run_id: str, updater: TaskUpdater) -> None:
+        """Map the run's events to task updates until its ``turn_ended``.  Text deltas
+        already waiting are sent as one chunk (a slow reader gets fewer, larger
+        chunks; a fast one every delta as it comes)."""
         answer_id = f"{updater.task_id}-answer"
         chunks = 0
-        async for event in events:
-            if event.run_id != run_id or event.parent_run_id is not None:
-                continue
-            kind = event.kind
-            if kind == "turn_started":
-                await updater.start_work()
-            elif kind == "text_delta" and event.text:
+        text: list[str] = []
+
+        async def flush() -> None:
+            nonlocal chunks
+            if text:
                 await updater.add_artifact(
-                    [new_text_part(event.text)],
+                    [new_text_part("".join(text))],
                     artifact_id=answer_id,
                     name="answer",
                     append=chunks > 0,
                     last_chunk=False,
                 )
+                text.clear()
                 chunks += 1
-            elif kind == "tool_call_started":
-                await updater.update_status(
-                    TaskState.TASK_STATE_WORKING,
-                    metadata={"agentik": {"tool_call": event.name}},
-                )
-            elif kind == "turn_ended":
-                metadata = {
-                    "agentik": {
-                        "run_id": run_id,
-                        "stop_reason": event.stop_reason,
-                        "usage": event.usage.to_dict(),
-                    }
-                }
-                if chunks == 0 and event.text:
-                    await updater.add_artifact(
-                        [new_text_part(event.text)], artifact_id=answer_id, name="answer"
+
+        async for first in events:
+            batch = [first]
+            while events.ready:
+                batch.append(events.take())
+            for event in batch:
+                if event.kind == "events_lost":
+                    await flush()
+                    await updater.failed(_agent_text(updater, "the turn's events were lost"))
+                    return
+                if event.run_id != run_id or event.parent_run_id is not None:
+                    continue
+                kind = event.kind
+                if kind == "text_delta":
+                    text.append(event.text)
+                    continue
+                await flush()
+                if kind == "turn_started":
+                    await updater.start_work()
+                elif kind == "tool_call_started":
+                    await updater.update_status(
+                        TaskState.TASK_STATE_WORKING,
+                        metadata={"agentik": {"tool_call": event.name}},
                     )
-                message = _agent_text(updater, event.text) if event.text else None
-                if event.stop_reason in _DONE:
-                    state = TaskState.TASK_STATE_COMPLETED
-                elif event.stop_reason == "interrupted":
-                    state = TaskState.TASK_STATE_CANCELED
-                else:
-                    state = TaskState.TASK_STATE_FAILED
-                with contextlib.suppress(RuntimeError):  # canceled already
-                    await updater.update_status(state, message=message, metadata=metadata)
-                return
-            elif kind == "events_lost":
-                await updater.failed(_agent_text(updater, "the turn's events were lost"))
-                return
+                elif kind == "turn_ended":
+                    if chunks == 0 and event.text:
+                        await updater.add_artifact(
+                            [new_text_part(event.text)], artifact_id=answer_id, name="answer"
+                        )
+                    await self._end(updater, run_id, event)
+                    return
+            await flush()
+
+    async def _end(self, updater: TaskUpdater, run_id: str, event: Any) -> None:
+        metadata = {
+            "agentik": {
+                "run_id": run_id,
+                "stop_reason": event.stop_reason,
+                "usage": event.usage.to_dict(),
+            }
+        }
+        message = _agent_text(updater, event.text) if event.text else None
+        if event.stop_reason in _DONE:
+            state = TaskState.TASK_STATE_COMPLETED
+        elif event.stop_reason == "interrupted":
+            state = TaskState.TASK_STATE_CANCELED
+        else:
+            state = TaskState.TASK_STATE_FAILED
+        with contextlib.suppress(RuntimeError):  # canceled already
+            await updater.update_status(state, message=message, metadata=metadata)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, cid = context.task_id, context.context_id
