@@ -20,8 +20,11 @@ MCP_EVERYTHING_VERSION := 2026.8.31
 # axe-core for the web page's accessibility test (tests/test_web_page.py), pinned,
 # beside it in $(NPM_TOOLS); never served by the bot.
 AXE_CORE_VERSION := 4.14.1
+# The JavaScript A2A SDK, the independent side of the A2A tests (tests/test_a2a_js.py), pinned,
+# in $(NPM_TOOLS) as well.
+A2A_JS_VERSION := 1.3.0
 
-.PHONY: run test docs test-model bench bench-local lint format clean irc-servers chromium local-build-tools mcp-servers postgres axe-core
+.PHONY: run test docs test-model bench bench-local lint format clean irc-servers chromium local-build-tools mcp-servers postgres axe-core a2a-js
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -69,7 +72,7 @@ run:
 # The suite on parallel workers (pytest-xdist; auto = two per CPU, tests/conftest.py; TEST_WORKERS=0
 # runs it in one process). Groups that must stay on one worker: tests/conftest.py.
 TEST_WORKERS ?= auto
-test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium mcp-servers postgres axe-core
+test: $(DEV) $(LOCAL) $(EXAMPLES) $(DOCS) irc-servers chromium mcp-servers postgres axe-core a2a-js
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The manual: docs/ built by mkdocs (Material theme) into site/, strictly (a warning,
@@ -239,6 +242,30 @@ axe-core:
 	fi; \
 	touch $$stamp
 
+# @a2a-js/sdk for the A2A tests against an independent implementation, installed like
+# axe-core (above) into $(NPM_TOOLS); without node and npm a note, and those tests skip
+# (CI=true: fail).
+a2a-js:
+	@set -e; \
+	stamp=$(NPM_TOOLS)/.a2a-js-$(A2A_JS_VERSION); \
+	if [ -f $$stamp ]; then exit 0; fi; \
+	if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
+	  echo "note: node and npm are missing; the A2A tests against @a2a-js/sdk will skip (CI=true: fail)"; \
+	  [ "$${CI:-}" != true ] || exit 1; \
+	  exit 0; \
+	fi; \
+	echo "installing @a2a-js/sdk@$(A2A_JS_VERSION) into $(NPM_TOOLS)"; \
+	mkdir -p $(NPM_TOOLS); \
+	[ -f $(NPM_TOOLS)/package.json ] || echo '{"private": true}' > $(NPM_TOOLS)/package.json; \
+	if ! (cd $(NPM_TOOLS) && timeout 900 npm install --no-audit --no-fund --save-exact \
+	     --loglevel=error --fetch-retries=2 --fetch-timeout=60000 \
+	     @a2a-js/sdk@$(A2A_JS_VERSION) >/dev/null); then \
+	  echo "note: installing @a2a-js/sdk failed; the A2A tests against it will skip (CI=true: fail)"; \
+	  [ "$${CI:-}" != true ] || exit 1; \
+	  exit 0; \
+	fi; \
+	touch $$stamp
+
 # The other frameworks of the overhead table (bench_overhead.py), the `bench` extra;
 # only `make bench` installs it (`make test` does not need it).
 $(BENCH): pyproject.toml | $(DEV)
@@ -258,6 +285,7 @@ bench: $(DEV) $(BENCH) irc-servers postgres
 	$(PY) benchmarks/bench_access.py
 	$(PY) benchmarks/bench_metrics.py
 	$(PY) benchmarks/bench_agents.py
+	$(PY) benchmarks/bench_a2a.py
 	$(PY) benchmarks/bench_profiles.py
 	$(PY) benchmarks/bench_startup.py
 	$(PY) benchmarks/bench_soak.py --quick

@@ -482,12 +482,16 @@ def _agent_lines(config: Config, registry: Any) -> list[str]:
         source = "" if name in config.agents else " (from a plugin)"
         description = spec.description or "(no description)"
         out.append(f"agent {name}{source}: {description}")
-        if spec.url:
-            # It runs in another agentik: its model, tools and limits are that bot's.
+        if spec.url or spec.a2a_url:
+            # It runs in another agentik (or A2A agent): its model, tools and limits are its own.
             token = f"token from ${spec.token_env}" if spec.token_env else "no token"
+            where = (
+                f"remote: {spec.url.rstrip('/')}{spec.url_prefix}"
+                if spec.url
+                else f"A2A: {spec.a2a_url.rstrip('/')}"  # type: ignore[union-attr]
+            )
             out.append(
-                f"  remote: {spec.url.rstrip('/')}{spec.url_prefix} ({token}),"
-                f" token_budget {spec.token_budget or 'none of its own'}"
+                f"  {where} ({token}), token_budget {spec.token_budget or 'none of its own'}"
             )
             if spec.token_env and not os.environ.get(spec.token_env, "").strip():
                 out.append(

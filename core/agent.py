@@ -789,10 +789,16 @@ class Agent:
 def _agent_tool(agent: Agent, name: str, spec: AgentSpec) -> AgentTool:
     """The tool of agent ``name``: a child run here, or — ``url`` set — a turn of the
     agentik serving there (its token from the environment variable ``token_env``)."""
-    if not spec.url:
+    if spec.url and spec.a2a_url:
+        raise ConfigError(
+            f"agents.{name}: give url (another agentik's API) or a2a_url (an A2A agent), not both"
+        )
+    url = spec.url or spec.a2a_url
+    if not url:
         return AgentTool(agent, name, spec)
-    if not spec.url.startswith(("http://", "https://")):
-        raise ConfigError(f"agents.{name}.url: not an http:// or https:// URL: {spec.url!r}")
+    key = "url" if spec.url else "a2a_url"
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"agents.{name}.{key}: not an http:// or https:// URL: {url!r}")
     token = None
     if spec.token_env:
         token = os.environ.get(spec.token_env, "").strip()
@@ -800,9 +806,19 @@ def _agent_tool(agent: Agent, name: str, spec: AgentSpec) -> AgentTool:
             raise ConfigError(
                 f"agents.{name}.token_env: environment variable {spec.token_env} is not set"
             )
+    if spec.a2a_url:
+        try:  # the a2a extra's SDK, imported when an A2A agent is configured
+            from .client.a2a import A2AAgentTool
+        except ImportError as exc:
+            raise ConfigError(
+                f"agents.{name}.a2a_url: A2A needs the a2a extra"
+                f" (pip install -e '.[a2a]' in the checkout): {exc}"
+            ) from None
+        return A2AAgentTool(agent, name, spec, url=spec.a2a_url, token=token)
     # Imported when a remote agent is configured: its HTTP client is not needed before.
     from .client.tool import RemoteAgentTool
 
+    assert spec.url is not None
     return RemoteAgentTool(agent, name, spec, url=spec.url, token=token, prefix=spec.url_prefix)
 
 

@@ -147,6 +147,8 @@ class AgentSpec(TurnLimits, RunLimits, AgentUses, AgentPrompt):
     (:class:`~agentik.core.client.RemoteAgentTool`; ``token_env`` names the
     environment variable of its token); the keys about how it runs here
     (``system_prompt``, ``model``, ``tools``, …) are then that bot's own.
+    ``a2a_url``: the same for an agent reached over the agent-to-agent protocol
+    (:class:`~agentik.core.client.a2a.A2AAgentTool`, the ``a2a`` extra).
     """
 
     #: What the calling model reads about this agent (its tool's description).
@@ -170,6 +172,10 @@ class AgentSpec(TurnLimits, RunLimits, AgentUses, AgentPrompt):
     token_env: Blank = None
     #: The remote API's prefix (with url).
     url_prefix: str = "/agentik"
+    #: An agent-to-agent protocol (A2A v1.0) agent's base URL (its card at
+    #: <a2a_url>/.well-known/agent-card.json): the agent runs there, any A2A server
+    #: (token from token_env); not with url.
+    a2a_url: Blank = None
     #: JSON Schema its answer must match, inline or a .json file (relative to the
     #: configuration file); unset: it answers in text.
     result_schema: dict[str, Any] | str | None = None

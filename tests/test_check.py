@@ -724,3 +724,14 @@ def test_check_shows_a_remote_agent_where_it_runs_and_an_unset_token(tmp_path):
         "  warning: agents.helpdesk.token_env: environment variable HELPDESK_TOKEN_FOR_CHECK"
         " is not set",
     ]
+
+
+def test_check_shows_an_a2a_agent_where_it_runs(tmp_path):
+    config = REMOTE.replace('url = "http://127.0.0.1:8081/"', 'a2a_url = "http://127.0.0.1:8082/"')
+    result = run("check", "-c", write(tmp_path, config), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index("agent helpdesk: Another bot.")
+    assert lines[start + 1] == (
+        "  A2A: http://127.0.0.1:8082 (token from $HELPDESK_TOKEN_FOR_CHECK), token_budget 500"
+    )

@@ -226,6 +226,10 @@ def test_example_config_mentions_every_key():
             assert settings is StdioSettings
         if settings is not None:
             expected |= {f"transports.{name}.{key}" for key in settings.model_fields}
+            for key, field in settings.model_fields.items():
+                # A sub-table of the transport's (the http transport's [….a2a]).
+                if _is_section(field.annotation):
+                    expected |= _model_keys(field.annotation, f"transports.{name}.{key}.")
 
     for pattern in sorted(expected):
         assert any(_matches(pattern, path) for path in present), (

@@ -1098,6 +1098,19 @@ class Api:
     ) -> Response:
         """A message posted (or a branch: ``branch_of``, the question it replaces)
         through the gate, as a chat message is."""
+        accepted = await self.accept_message(principal, conv, body, branch_of=branch_of)
+        return JSONResponse(accepted, status_code=202)
+
+    async def accept_message(
+        self,
+        principal: Principal,
+        conv: Conversation,
+        body: NewMessageBody,
+        *,
+        branch_of: int | None = None,
+    ) -> dict[str, Any]:
+        """What :meth:`_post` does, its answer as a dict (``run_id``…); refusals raise
+        :class:`ApiError` (the A2A endpoint, :mod:`.a2a`, posts through it too)."""
         branch = branch_of is not None
         if branch and (conv.running_run_id is not None or conv.queued):
             raise ApiError(
@@ -1215,7 +1228,7 @@ class Api:
         }
         if branch:
             accepted["branch_of"] = branch_of
-        return JSONResponse(accepted, status_code=202)
+        return accepted
 
     async def run_queued(self, conv: Conversation, turn: Any, message: Any) -> Any:
         """A turn posted here and queued (several workers), claimed by this worker: the
@@ -1669,11 +1682,14 @@ def build_app(ctx: ApiContext) -> Starlette:
                 expose_headers=["Location"],
             )
         )
-    return Starlette(
+    app = Starlette(
         routes=routes,
         middleware=middleware,
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
     )
+    # The route handlers, for routes mounted beside them (A2A: transport.py).
+    app.state.api = api
+    return app
 
 
 _SHA = re.compile(r"[0-9a-f]{64}")

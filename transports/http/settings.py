@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .hosts import parse_authority, parse_origin
 
-__all__ = ["HttpSettings", "TokenSettings"]
+__all__ = ["A2ASettings", "HttpSettings", "TokenSettings"]
 
 
 class TokenSettings(BaseModel):
@@ -37,6 +37,49 @@ class TokenSettings(BaseModel):
         if (self.env is None) == (self.file is None):
             raise ValueError("give the token's env (a variable name) or its file, not both")
         return self
+
+
+class A2ASettings(BaseModel):
+    """``[transports.<name>.a2a]``: the agent served over the agent-to-agent protocol
+    (A2A v1.0, JSON-RPC binding; :mod:`agentik.transports.http.a2a`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Serve A2A: the agent card at /.well-known/agent-card.json and the JSON-RPC
+    #: endpoint at <prefix><path> (needs the a2a extra: pip install -e '.[a2a]').
+    enabled: bool = False
+    #: Path of the JSON-RPC endpoint, under the API prefix.
+    path: str = "/a2a"
+    #: The agent's name on its card (unset: "agentik").
+    name: str = Field("agentik", min_length=1, max_length=200)
+    #: What the card says the agent does (unset: a generic line).
+    description: str = Field("", max_length=2000)
+    #: The base URL (scheme://host[:port]) clients reach this server at, written in
+    #: the card; unset: the URL the card was requested through.
+    public_url: str | None = None
+    #: Serve the agent card without a token (A2A clients read it to learn how to
+    #: authenticate); false: the card needs a bearer token like everything else.
+    public_card: bool = True
+    #: A2A tasks kept in memory for tasks/get (the oldest are forgotten past it;
+    #: a task's conversation stays in the store).
+    max_tasks: int = Field(1000, ge=1)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not re.fullmatch(r"(/[A-Za-z0-9._~-]+)+", v):
+            raise ValueError("path must look like /name or /name/more (letters, digits, ._~-)")
+        return v
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        v = v.strip().rstrip("/")
+        if parse_origin(v) is None:
+            raise ValueError(f"{v!r} is not a base URL: write scheme://host or scheme://host:port")
+        return v
 
 
 class HttpSettings(BaseModel):
@@ -86,6 +129,9 @@ class HttpSettings(BaseModel):
     #: ``/metrics`` (at least 16 characters).  Unset: any API token (none
     #: configured: no token, and the server only listens on loopback).
     metrics_token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    #: The agent-to-agent protocol (A2A) on this server: [transports.<name>.a2a].
+    a2a: A2ASettings = Field(default_factory=A2ASettings)
 
     # -- connection limits (transports/http/server.py) --------------------------------------
     #: Seconds a connection gets to send a complete request head, from when it opens

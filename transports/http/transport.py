@@ -127,6 +127,8 @@ class HttpTransport(Transport):
         self._ctx: ApiContext | None = None
         self._server: Any = None
         self._serving: asyncio.Future[Any] | None = None
+        #: The A2A SDK's request handler, when A2A is served (closed with the server).
+        self._a2a: Any = None
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
@@ -164,9 +166,12 @@ class HttpTransport(Transport):
         if self._ctx.budgets is not None and self._ctx.budgets.enabled:
             # Turns of this API have no renderer: their tokens are counted from events.
             self._ctx.budgets.watch(agent)
+        app = build_app(self._ctx)
+        if o.a2a.enabled:
+            app.router.routes.extend(self._a2a_routes(app.state.api))
         sock = self._bind()
         try:
-            await self._serve(build_app(self._ctx), sock)
+            await self._serve(app, sock)
         except BaseException:
             sock.close()
             raise
@@ -196,6 +201,18 @@ class HttpTransport(Transport):
                 self.url,
                 note,
             )
+
+    def _a2a_routes(self, api: Any) -> list[Any]:
+        """The A2A routes (``[transports.<name>.a2a]``), from the a2a extra's SDK."""
+        try:
+            from .a2a import a2a_routes
+        except ImportError as exc:
+            raise ConfigError(
+                f"transports.{self.name}.a2a.enabled: A2A needs the a2a extra"
+                f" (pip install -e '.[a2a]' in the checkout): {exc}"
+            ) from None
+        routes, self._a2a = a2a_routes(api)
+        return routes
 
     def _bind(self) -> socket.socket:
         from .server import listen_tcp
@@ -247,6 +264,10 @@ class HttpTransport(Transport):
                 await stream.subscription.aclose()
         if server is not None and not await server.stop(serving):
             log.warning("transport %s: the HTTP server did not stop cleanly", self.name)
+        if self._a2a is not None:
+            # The SDK's running tasks (their turns were stopped with the agent's).
+            await self._a2a.aclose()
+            self._a2a = None
         await self.cancel_tasks()
         self._server = self._serving = None
         self.closed.set()

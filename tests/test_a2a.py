@@ -1,0 +1,409 @@
+"""A2A (agent-to-agent protocol v1.0): our server (``[transports.<name>.a2a]``) and our
+client (``[agents.<name>] a2a_url``) against each other.
+
+The served agent answers through the fake OpenAI-compatible server (real ``openai``
+client stack), its HTTP transport listens on 127.0.0.1 with a real SQLite file; the
+calling agent runs a scripted model and calls it as the tool ``agent__far``. The
+hostile-input tests speak JSON-RPC with plain httpx, as any client could.
+(tests/test_a2a_js.py puts the JavaScript SDK on either side.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from agentik.core import Agent, OpenAIBackend, SQLiteStore
+from agentik.core.agents import AgentSpec
+from agentik.core.testing.openai_server import FakeOpenAIServer
+from agentik.core.testing.openai_server import Reply as WireReply
+from agentik.core.testing.scripted import Reply, ScriptedModel, call
+
+from httpserver import TOKENS, Server, running_server
+
+WAIT = 60.0
+ALICE, CAROL = TOKENS["ALICE_TOKEN"], TOKENS["CAROL_TOKEN"]
+A2A = {"enabled": True, "name": "far-bot", "description": "Knows about foo."}
+TOKEN_SETTINGS = [
+    {"name": "alice", "env": "ALICE_TOKEN", "channels": ["http:web:alice:"]},
+    {"name": "carol", "env": "CAROL_TOKEN", "channels": ["http:web:carol:"]},
+]
+
+
+@pytest.fixture
+async def served(openai_server, tmp_path) -> AsyncIterator[Server]:
+    """An agent served over A2A, answering through the fake OpenAI server."""
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url, max_retries=0)
+    async with running_server(
+        str(tmp_path / "served.db"),
+        model=llm,  # type: ignore[arg-type]  # any LLM backend
+        settings={"tokens": TOKEN_SETTINGS, "a2a": A2A},
+        environ=TOKENS,
+        agents={"helper": AgentSpec(description="Helps with bar.")},
+        uses=("helper",),
+    ) as server:
+        yield server
+
+
+def caller(tmp_path, url: str, model: ScriptedModel, **spec: Any) -> Agent:
+    """An agent whose tool ``agent__far`` is the A2A agent at ``url`` (token: alice's)."""
+    return Agent(
+        llm=model,
+        store=SQLiteStore(str(tmp_path / "caller.db")),
+        agents={"far": AgentSpec(a2a_url=url, token_env="FAR_TOKEN", description="far", **spec)},
+        uses=("far",),
+    )
+
+
+async def tree_events(sub: Any, run_id: str) -> list[Any]:
+    """Events from ``sub`` until run ``run_id``'s stream ends."""
+    events = []
+    async with asyncio.timeout(WAIT):
+        async for event in sub:
+            events.append(event)
+            if event.kind == "run_stream_end" and event.run_id == run_id:
+                return events
+    raise AssertionError(f"the stream ended early: {[e.kind for e in events]}")
+
+
+def rpc(method: str, params: dict[str, Any], *, rid: Any = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+
+
+def send_params(text: str, context_id: str | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "messageId": uuid.uuid4().hex,
+        "role": "ROLE_USER",
+        "parts": [{"text": text}],
+    }
+    if context_id is not None:
+        message["contextId"] = context_id
+    return {"message": message}
+
+
+def client(server: Server, token: str | None = ALICE) -> httpx.AsyncClient:
+    headers = {"A2A-Version": "1.0"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.AsyncClient(base_url=server.url, headers=headers, timeout=WAIT)
+
+
+async def test_our_agent_calls_our_served_agent_as_a_tool_and_its_task_nests_in_the_run_tree(
+    served, openai_server, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("FAR_TOKEN", ALICE)
+    openai_server.enqueue(WireReply.text("foo is 42", chunks=3, usage=(7, 5)))
+    main = ScriptedModel()
+    main.enqueue(Reply(tool_calls=[call("agent__far", {"task": "what is foo?"}, id="c1")]), "42")
+    async with caller(tmp_path, served.url, main) as agent:
+        conv = await agent.create_conversation()
+        sub = conv.events()
+        run_id = await conv.send("ask far")
+        events = await tree_events(sub, run_id)
+    (linked,) = [e for e in events if e.kind == "child_run_linked"]
+    assert linked.run_id == run_id and linked.agent == "far" and linked.call_id == "c1"
+    child = [e for e in events if e.run_id == linked.child_run_id]
+    kinds = [e.kind for e in child]
+    assert kinds[0] == "turn_started" and kinds[-2:] == ["turn_ended", "run_stream_end"]
+    assert all(e.parent_run_id == run_id for e in child)
+    assert "".join(e.text for e in child if e.kind == "text_delta") == "foo is 42"
+    assert child[-2].usage.total_tokens == 12  # reported by the served agent
+    (result,) = [e for e in events if e.kind == "tool_call_ended"]
+    assert not result.is_error and result.result == "foo is 42"
+    # The served side: the task's context is a conversation of alice's token, in its store.
+    served_conv = await served.agent.get_conversation(linked.child_conversation_id)
+    assert served_conv.channel_key.startswith("http:web:alice:")
+    said = [(m.kind, m.content) for m in await served_conv.messages()]
+    assert ("user", "what is foo?") in said and ("assistant", "foo is 42") in said
+
+
+async def test_the_card_names_the_agent_its_agents_its_endpoint_and_the_bearer_scheme(served):
+    async with httpx.AsyncClient(base_url=served.url, timeout=WAIT) as http:
+        r = await http.get("/.well-known/agent-card.json")  # no token: the card is public
+    assert r.status_code == 200
+    card = r.json()
+    assert card["name"] == "far-bot" and card["description"] == "Knows about foo."
+    (interface,) = card["supportedInterfaces"]
+    assert interface == {
+        "url": served.url + "/agentik/a2a",
+        "protocolBinding": "JSONRPC",
+        "protocolVersion": "1.0",
+    }
+    assert card["capabilities"]["streaming"] is True
+    assert not card["capabilities"].get("pushNotifications")
+    assert {s["name"]: s["description"] for s in card["skills"]}["helper"] == "Helps with bar."
+    assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "Bearer"
+
+
+async def test_a_private_card_and_every_call_need_a_token(openai_server, tmp_path):
+    async with running_server(
+        str(tmp_path / "s.db"),
+        settings={"tokens": TOKEN_SETTINGS, "a2a": {**A2A, "public_card": False}},
+        environ=TOKENS,
+    ) as server:
+        async with client(server, token=None) as http:
+            card = await http.get("/.well-known/agent-card.json")
+            call_ = await http.post("/agentik/a2a", json=rpc("SendMessage", send_params("hi")))
+        async with client(server, token="wrong-0123456789abcdef") as http:
+            wrong = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": "x"}))
+        assert card.status_code == 401
+        assert call_.status_code == 401 and "bearer token" in call_.json()["error"]["message"]
+        assert wrong.status_code == 401
+        assert await server.agent.store.list_conversations() == []  # nothing was started
+
+
+async def test_a2a_is_off_unless_enabled(tmp_path):
+    async with running_server(str(tmp_path / "s.db")) as server:
+        async with client(server, token=None) as http:
+            assert (await http.get("/.well-known/agent-card.json")).status_code == 404
+            r = await http.post("/agentik/a2a", json=rpc("SendMessage", send_params("hi")))
+            assert r.status_code in (404, 405)
+
+
+async def test_hostile_requests_get_clear_errors_and_lose_nothing(served, openai_server):
+    openai_server.enqueue(WireReply.text("first answer"))
+    async with client(served) as http:
+        # A real task first: its conversation must come through what follows untouched.
+        r = await http.post("/agentik/a2a", json=rpc("SendMessage", send_params("hello")))
+        task = r.json()["result"]["task"]
+        cid = task["contextId"]
+        assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+
+        huge = send_params("x" * 2_000_000)
+        r = await http.post("/agentik/a2a", json=rpc("SendMessage", huge))
+        assert r.status_code == 413 and "larger than" in r.json()["error"]["message"]
+
+        r = await http.post(
+            "/agentik/a2a", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert r.json()["error"]["code"] == -32700
+
+        r = await http.post("/agentik/a2a", json={"jsonrpc": "2.0", "id": 2, "method": 5})
+        assert r.json()["error"]["code"] in (-32600, -32601)
+        r = await http.post("/agentik/a2a", json=rpc("tasks/explode", {}))
+        assert r.json()["error"]["code"] == -32601
+
+        r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": "no-such-task"}))
+        assert r.json()["error"]["code"] == -32001  # TaskNotFound
+        r = await http.post("/agentik/a2a", json=rpc("CancelTask", {"id": "no-such-task"}))
+        assert r.json()["error"]["code"] == -32001
+
+        for bad in ("../../etc/passwd", "x" * 500, "\x1b[31mred", "0" * 32):
+            r = await http.post("/agentik/a2a", json=rpc("SendMessage", send_params("hi", bad)))
+            error = r.json()["error"]
+            assert error["code"] == -32602 and "unknown contextId" in error["message"]
+            assert "\x1b" not in error["message"] or "\\x1b" in error["message"]
+
+    # Another token may neither continue alice's conversation nor read her task.
+    async with client(served, token=CAROL) as http:
+        r = await http.post("/agentik/a2a", json=rpc("SendMessage", send_params("hi", cid)))
+        assert r.json()["error"]["code"] == -32602
+        r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": task["id"]}))
+        assert r.json()["error"]["code"] == -32001
+
+    conv = await served.agent.get_conversation(cid)
+    said = [(m.kind, m.content) for m in await conv.messages()]
+    assert said == [("user", "hello"), ("assistant", "first answer")]
+    assert len(await served.agent.store.list_conversations()) == 1
+
+
+async def test_a_message_with_a_context_id_continues_that_conversation(served, openai_server):
+    openai_server.enqueue(WireReply.text("one"), WireReply.text("two"))
+    async with client(served) as http:
+        r = await http.post("/agentik/a2a", json=rpc("SendMessage", send_params("first")))
+        cid = r.json()["result"]["task"]["contextId"]
+        r = await http.post("/agentik/a2a", json=rpc("SendMessage", send_params("second", cid)))
+        second = r.json()["result"]["task"]
+        r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": second["id"]}))
+        got = r.json()["result"]
+    assert second["contextId"] == cid and got["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert "".join(p["text"] for p in got["artifacts"][0]["parts"]) == "two"
+    conv = await served.agent.get_conversation(cid)
+    said = [m.content for m in await conv.messages()]
+    assert said == ["first", "one", "second", "two"]
+
+
+async def test_interrupting_the_caller_cancels_the_remote_task_and_stops_its_turn(
+    served, openai_server, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("FAR_TOKEN", ALICE)
+    held = WireReply.text("never finished", chunks=3, hold_after=1)
+    openai_server.enqueue(held)
+    main = ScriptedModel()
+    main.enqueue(Reply(tool_calls=[call("agent__far", {"task": "think long"}, id="c1")]))
+    try:
+        async with caller(tmp_path, served.url, main) as agent:
+            conv = await agent.create_conversation()
+            sub = conv.events()
+            run_id = await conv.send("go")
+            await held.wait_held(WAIT)
+            assert await conv.interrupt()
+            events = await tree_events(sub, run_id)
+    finally:
+        held.release()
+    (linked,) = [e for e in events if e.kind == "child_run_linked"]
+    child_end = next(
+        e for e in events if e.kind == "turn_ended" and e.run_id == linked.child_run_id
+    )
+    assert child_end.stop_reason == "interrupted"
+    # The served turn was interrupted, its partial answer kept.
+    served_conv = await served.agent.get_conversation(linked.child_conversation_id)
+    async with asyncio.timeout(WAIT):
+        await served_conv.wait_idle()
+    last = (await served_conv.messages())[-1]
+    assert last.kind == "assistant" and last.content.startswith("never")
+    assert last.status == "interrupted"
+    async with client(served) as http:
+        r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": linked.child_run_id}))
+    assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED"
+
+
+async def test_the_served_agents_usage_counts_for_the_callers_budget(
+    served, openai_server, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("FAR_TOKEN", ALICE)
+    openai_server.enqueue(WireReply.text("expensive", usage=(400, 200)))
+    main = ScriptedModel()
+    main.enqueue(Reply(tool_calls=[call("agent__far", {"task": "spend"}, id="c1")]), "unused")
+    async with caller(tmp_path, served.url, main, token_budget=100) as agent:
+        conv = await agent.create_conversation()
+        sub = conv.events()
+        run_id = await conv.send("go")
+        events = await tree_events(sub, run_id)
+    (result,) = [e for e in events if e.kind == "tool_call_ended"]
+    assert result.is_error and "ran out of its token budget" in result.result
+
+
+async def _dropping_server(cards: dict[str, Any]) -> tuple[web.AppRunner, str]:
+    """An A2A server (the real wire format) that sends a task and one chunk of its
+    answer on the stream, then drops the connection."""
+
+    async def card(request: web.Request) -> web.Response:
+        return web.json_response(cards["card"])
+
+    async def rpc_(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        ids = {"taskId": "t-1", "contextId": "c-1"}
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        task = {"id": "t-1", "contextId": "c-1", "status": {"state": "TASK_STATE_WORKING"}}
+        chunk = {
+            **ids,
+            "artifact": {"artifactId": "a", "parts": [{"text": "half an ans"}]},
+        }
+        for result in ({"task": task}, {"artifactUpdate": chunk}):
+            data = json.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result})
+            await response.write(f"data: {data}\n\n".encode())
+        assert request.transport is not None
+        request.transport.abort()  # mid-stream
+        return response
+
+    app = web.Application()
+    app.router.add_get("/.well-known/agent-card.json", card)
+    app.router.add_post("/rpc", rpc_)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    url = f"http://127.0.0.1:{port}"
+    cards["card"] = {
+        "name": "dropper",
+        "description": "drops",
+        "version": "1",
+        "supportedInterfaces": [
+            {"url": url + "/rpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+        ],
+        "capabilities": {"streaming": True},
+        "defaultInputModes": ["text/plain"],
+        "defaultOutputModes": ["text/plain"],
+        "skills": [],
+    }
+    return runner, url
+
+
+async def test_a_remote_that_drops_mid_stream_is_a_tool_error_and_the_turn_goes_on(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("FAR_TOKEN", ALICE)
+    runner, url = await _dropping_server({})
+    main = ScriptedModel()
+    main.enqueue(Reply(tool_calls=[call("agent__far", {"task": "work"}, id="c1")]), "carried on")
+    try:
+        async with caller(tmp_path, url, main) as agent:
+            conv = await agent.create_conversation()
+            sub = conv.events()
+            run_id = await conv.send("go")
+            events = await tree_events(sub, run_id)
+    finally:
+        await runner.cleanup()
+    (result,) = [e for e in events if e.kind == "tool_call_ended"]
+    assert result.is_error and "agent far" in result.result
+    assert "half an ans" in result.result  # the partial answer is not lost
+    ended = next(e for e in events if e.kind == "turn_ended" and e.run_id == run_id)
+    assert ended.text == "carried on"
+
+
+async def test_an_unreachable_a2a_agent_is_a_tool_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAR_TOKEN", ALICE)
+    main = ScriptedModel()
+    main.enqueue(Reply(tool_calls=[call("agent__far", {"task": "hi"}, id="c1")]), "alone")
+    async with caller(tmp_path, "http://127.0.0.1:9", main) as agent:
+        conv = await agent.create_conversation()
+        sub = conv.events()
+        run_id = await conv.send("go")
+        events = await tree_events(sub, run_id)
+    (result,) = [e for e in events if e.kind == "tool_call_ended"]
+    assert result.is_error and "agent far could not be reached" in result.result
+    assert ALICE not in result.result
+
+
+def test_url_and_a2a_url_together_are_a_clear_error(tmp_path):
+    from agentik.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"agents\.far: give url .* or a2a_url"):
+        Agent(
+            llm=ScriptedModel(),
+            store=SQLiteStore(str(tmp_path / "a.db")),
+            agents={"far": AgentSpec(url="http://a", a2a_url="http://b")},
+            uses=("far",),
+        )
+
+
+_ = FakeOpenAIServer  # the served agent's model server (conftest's openai_server)
+
+
+async def test_a_client_that_drops_mid_stream_loses_nothing(served, openai_server):
+    """The stream's reader goes away mid-answer: the turn still ends, its answer is
+    recorded, and tasks/get has the whole task."""
+    held = WireReply.text("all of the answer", chunks=4, hold_after=1)
+    openai_server.enqueue(held)
+    try:
+        async with client(served) as http:
+            request = rpc("SendStreamingMessage", send_params("stream please"))
+            async with http.stream("POST", "/agentik/a2a", json=request) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:") and "artifactUpdate" in line:
+                        task_id = json.loads(line[5:])["result"]["artifactUpdate"]["taskId"]
+                        break  # and the connection is closed mid-answer
+            held.release()
+            async with asyncio.timeout(WAIT):
+                while True:
+                    r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": task_id}))
+                    task = r.json()["result"]
+                    if task["status"]["state"] == "TASK_STATE_COMPLETED":
+                        break
+                    await (await served.agent.get_conversation(task["contextId"])).wait_idle()
+    finally:
+        held.release()
+    assert "".join(p["text"] for p in task["artifacts"][0]["parts"]) == "all of the answer"
+    conv = await served.agent.get_conversation(task["contextId"])
+    said = [(m.kind, m.content) for m in await conv.messages()]
+    assert said == [("user", "stream please"), ("assistant", "all of the answer")]
