@@ -555,6 +555,49 @@ async def test_a_long_chat_opens_at_its_latest_page_and_older_ones_come_on_scrol
         assert not errors, errors
 
 
+async def test_a_long_answer_streams_without_redrawing_what_it_has_shown(db_path, browser):
+    # Each frame shows the answer's tail again, not its whole length: what is above
+    # stays the same elements (a selection there survives), and the result is the
+    # same Markdown as read from the history (a code fence with a blank line in it
+    # is never cut).
+    expect.set_options(timeout=60_000)
+    paragraphs = [f"Paragraph {i}: " + "words " * 60 for i in range(8)]
+    code = "```python\ndef f():\n\n    return 1\n```"
+    text = "\n\n".join([*paragraphs[:4], code, "1. one\n2. two", "3. three", *paragraphs[4:]])
+    chunks = [text[i : i + 40] for i in range(0, len(text), 40)]
+    async with running_server(db_path) as server:
+        page, errors = await _open(browser, server, LAPTOP, token=None)
+        await _new_conversation(page, LAPTOP)
+        reply = Reply(chunks=chunks, hold_after=len(chunks) // 2)
+        server.model.enqueue(reply)
+        await _ask(page, "a long one")
+        await reply.held.wait()
+        answer = page.locator(".msg.assistant").last
+        first = answer.locator("p").first
+        await expect(first).to_contain_text("Paragraph 0")
+        await first.evaluate("(p) => { p.kept = true; }")
+        reply.release.set()
+        await expect(page.locator("#stop")).to_be_disabled()
+        await expect(answer).to_contain_text("Paragraph 7")
+        assert await first.evaluate("(p) => p.kept === true && p.isConnected")
+        assert await answer.locator(".text").count() > 1
+
+        async def shown() -> tuple[int, list[str], int]:
+            return (
+                await answer.locator("p").count(),
+                await answer.locator("pre code").all_text_contents(),
+                await answer.locator("li").count(),
+            )
+
+        live = await shown()
+        assert live[0] >= 8 and live[1:] == (["def f():\n\n    return 1\n"], 3), live
+        await page.reload()
+        await page.locator("#conversations li button").first.click()
+        await expect(answer.locator("pre code")).to_have_count(1)
+        assert await shown() == live
+        assert not errors, errors
+
+
 async def test_math_is_typeset_by_katex_loaded_only_when_a_message_holds_math(db_path, browser):
     expect.set_options(timeout=60_000)
     async with running_server(db_path) as server:
@@ -671,10 +714,27 @@ async def test_the_page_scripts_are_served_compressed_revalidated_and_nothing_el
                 server.url + "/static/highlight.js", headers={"Accept-Encoding": ""}
             )
             assert "content-encoding" not in plain.headers and "registerLanguage" in plain.text
+            # KaTeX's stylesheet (compressed) and fonts (woff2 is compressed already).
+            css = await c.get(
+                server.url + "/static/vendor/katex/katex.min.css",
+                headers={"Accept-Encoding": "gzip"},
+            )
+            assert css.headers["content-type"].startswith("text/css")
+            assert css.headers["content-encoding"] == "gzip" and ".katex" in css.text
+            font = await c.get(
+                server.url + "/static/vendor/katex/fonts/KaTeX_Main-Regular.woff2",
+                headers={"Accept-Encoding": "gzip"},
+            )
+            assert font.status_code == 200 and font.headers["content-type"] == "font/woff2"
+            assert "content-encoding" not in font.headers and font.content[:4] == b"wOF2"
+            font_policy = next(p for p in policy.split("; ") if p.startswith("font-src "))
+            assert font_policy == "font-src 'self'"
             for other in (
                 "/static/index.html",
                 "/static/vendor/README.md",
                 "/static/vendor/LICENSE.marked",
+                "/static/vendor/LICENSE.katex",
+                "/static/vendor/katex/fonts/KaTeX_Main-Regular.ttf",
                 "/static/../api.py",
                 "/static/vendor/nothing.js",
             ):
