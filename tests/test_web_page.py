@@ -477,8 +477,8 @@ async def test_streaming_into_a_long_chat_touches_only_the_answer_being_written(
             await conv.wait_idle()
         page, errors = await _open(browser, server, LAPTOP, token=None)
         await page.locator("#conversations li button").first.click()
-        # The latest page of the history (50 rows: 25 questions and answers).
-        await expect(page.locator(".msg")).to_have_count(50)
+        # The history is shown (its latest page at least: older ones may come too).
+        await expect(page.locator(".msg.user .text").last).to_have_text("question 47")
         # The highlighter, loaded with the first code block, has done its work.
         await expect(page.locator(".msg.assistant pre code.hljs").last).to_be_attached()
         await page.evaluate(
