@@ -70,6 +70,10 @@ def test_wheel_maps_the_three_folders(tmp_path):
         "agentik/transports/http/transport.py",
         # The web chat page is package data, not a module.
         "agentik/transports/http/static/index.html",
+        # KaTeX, loaded by the page when a message holds math, with its fonts.
+        "agentik/transports/http/static/vendor/katex/katex.min.js",
+        "agentik/transports/http/static/vendor/katex/katex.min.css",
+        "agentik/transports/http/static/vendor/katex/fonts/KaTeX_Main-Regular.woff2",
         "agentik/bot/__init__.py",
         # PEP 561 markers: the packages are typed.
         "agentik/core/py.typed",

@@ -477,7 +477,8 @@ async def test_streaming_into_a_long_chat_touches_only_the_answer_being_written(
             await conv.wait_idle()
         page, errors = await _open(browser, server, LAPTOP, token=None)
         await page.locator("#conversations li button").first.click()
-        await expect(page.locator(".msg")).to_have_count(96)
+        # The history is shown (its latest page at least: older ones may come too).
+        await expect(page.locator(".msg.user .text").last).to_have_text("question 47")
         # The highlighter, loaded with the first code block, has done its work.
         await expect(page.locator(".msg.assistant pre code.hljs").last).to_be_attached()
         await page.evaluate(
@@ -505,6 +506,142 @@ async def test_streaming_into_a_long_chat_touches_only_the_answer_being_written(
         await expect(page.locator(".msg.assistant").last).to_contain_text("piece 59")
         await expect(page.locator("#stop")).to_be_disabled()
         assert await page.evaluate("() => [...window.touched]") == []
+        assert not errors, errors
+
+
+async def test_a_long_chat_opens_at_its_latest_page_and_older_ones_come_on_scrolling_up(
+    db_path, browser
+):
+    expect.set_options(timeout=60_000)
+
+    @tool(name="clock", description="The time", parameters={"type": "object"})
+    async def clock() -> str:
+        return "noon"
+
+    async with running_server(db_path, tools=[clock]) as server:
+        async with server.client() as c:
+            cid = (await c.post("/conversations", json={"title": "Long"})).json()["id"]
+        conv = await server.agent.get_conversation(cid)
+        for i in range(40):
+            if i == 5:  # a turn with a tool call: it stays whole across pages
+                server.model.enqueue(Reply(tool_calls=[call("clock", {})]))
+            server.model.enqueue(Reply(text=f"answer {i}"))
+            await conv.send(f"question {i}")
+            await conv.wait_idle()
+        page, errors = await _open(browser, server, LAPTOP, token=None)
+        await page.locator("#conversations li button").first.click()
+        questions = page.locator(".msg.user .text")
+        await expect(questions.last).to_have_text("question 39")
+        shown = await questions.count()
+        assert shown < 40
+        # Scrolling up brings the earlier messages, above, in order, without a jump
+        # of what was on screen.
+        for _ in range(10):
+            if await page.locator("#messages .earlier").count() == 0:
+                break
+            await page.locator("#messages").evaluate("(box) => { box.scrollTop = 0; }")
+            await page.wait_for_function(
+                "(n) => document.querySelectorAll('.msg.user').length > n"
+                " || !document.querySelector('#messages .earlier')",
+                arg=await questions.count(),
+            )
+        await expect(questions).to_have_count(40)
+        texts = await questions.all_text_contents()
+        assert texts == [f"question {i}" for i in range(40)]
+        answers = await page.locator(".msg.assistant").all_text_contents()
+        assert len(answers) == 40 and all(f"answer {i}" in a for i, a in enumerate(answers))
+        await expect(page.locator(".msg.assistant .tool")).to_have_count(1)
+        await expect(page.locator(".msg.assistant").nth(5).locator(".tool")).to_have_count(1)
+        assert not errors, errors
+
+
+async def test_a_long_answer_streams_without_redrawing_what_it_has_shown(db_path, browser):
+    # Each frame shows the answer's tail again, not its whole length: what is above
+    # stays the same elements (a selection there survives), and the result is the
+    # same Markdown as read from the history (a code fence with a blank line in it
+    # is never cut).
+    expect.set_options(timeout=60_000)
+    paragraphs = [f"Paragraph {i}: " + "words " * 60 for i in range(8)]
+    code = "```python\ndef f():\n\n    return 1\n```"
+    text = "\n\n".join([*paragraphs[:4], code, "1. one\n2. two", "3. three", *paragraphs[4:]])
+    chunks = [text[i : i + 40] for i in range(0, len(text), 40)]
+    async with running_server(db_path) as server:
+        page, errors = await _open(browser, server, LAPTOP, token=None)
+        await _new_conversation(page, LAPTOP)
+        reply = Reply(chunks=chunks, hold_after=len(chunks) // 2)
+        server.model.enqueue(reply)
+        await _ask(page, "a long one")
+        await reply.held.wait()
+        answer = page.locator(".msg.assistant").last
+        first = answer.locator("p").first
+        await expect(first).to_contain_text("Paragraph 0")
+        await first.evaluate("(p) => { p.kept = true; }")
+        reply.release.set()
+        await expect(page.locator("#stop")).to_be_disabled()
+        await expect(answer).to_contain_text("Paragraph 7")
+        assert await first.evaluate("(p) => p.kept === true && p.isConnected")
+        assert await answer.locator(".text").count() > 1
+
+        async def shown() -> tuple[int, list[str], int]:
+            return (
+                await answer.locator("p").count(),
+                await answer.locator("pre code").all_text_contents(),
+                await answer.locator("li").count(),
+            )
+
+        live = await shown()
+        assert live[0] >= 8 and live[1:] == (["def f():\n\n    return 1\n"], 3), live
+        await page.reload()
+        await page.locator("#conversations li button").first.click()
+        await expect(answer.locator("pre code")).to_have_count(1)
+        assert await shown() == live
+        assert not errors, errors
+
+
+async def test_math_is_typeset_by_katex_loaded_only_when_a_message_holds_math(db_path, browser):
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path) as server:
+        page, errors = await _open(browser, server, LAPTOP, token=None)
+        asked: list[str] = []
+        page.on("request", lambda r: asked.append(r.url))
+        await _new_conversation(page, LAPTOP)
+        # Prices with dollars are not math: nothing of KaTeX is fetched for them.
+        server.model.enqueue(
+            Reply(text="It costs $5, or $10 with **shipping**.\n\n```python\nx = 1\n```")
+        )
+        await _ask(page, "how much?")
+        answer = page.locator(".msg.assistant").last
+        await expect(answer.locator("strong")).to_have_text("shipping")
+        await expect(answer.locator("pre code.hljs")).to_have_count(1)
+        await expect(answer).to_contain_text("It costs $5, or $10 with shipping.")
+        assert not [u for u in asked if "katex" in u], asked
+        server.model.enqueue(
+            Reply(
+                text="Euler: \\(e^{i\\pi} + 1 = 0\\), for $3.\n\n"
+                "$$\n\\sum_{k=1}^{n} k_i = \\frac{n(n+1)}{2}\n$$\n\n"
+                "Not a link: \\(\\href{javascript:alert(1)}{x}\\)"
+            )
+        )
+        await _ask(page, "some math")
+        answer = page.locator(".msg.assistant").last
+        # Typeset: an inline formula and a display, each with MathML for screen readers.
+        await expect(answer.locator(".katex")).to_have_count(3)
+        await expect(answer.locator(".katex-display")).to_have_count(1)
+        await expect(answer.locator(".katex-mathml math")).to_have_count(3)
+        await expect(answer.locator(".katex-display .mfrac")).to_have_count(1)
+        # The underscore and backslashes reached KaTeX, not marked's emphasis.
+        await expect(answer.locator("em")).to_have_count(0)
+        await expect(answer).to_contain_text("for $3.")
+        # KaTeX's \href is refused (trust is off): no link.
+        await expect(answer.locator("a")).to_have_count(0)
+        assert any(u.endswith("/static/vendor/katex/katex.min.js") for u in asked), asked
+        assert any(u.endswith("/static/vendor/katex/katex.min.css") for u in asked), asked
+        # The same from the history, after a reload (KaTeX loaded again, for this page).
+        await page.reload()
+        await page.locator("#conversations li button").first.click()
+        again = page.locator(".msg.assistant").last
+        await expect(again.locator(".katex-display .mfrac")).to_have_count(1)
+        await page.screenshot(path=str(ARTIFACTS / "web-math.png"))
         assert not errors, errors
 
 
@@ -577,10 +714,27 @@ async def test_the_page_scripts_are_served_compressed_revalidated_and_nothing_el
                 server.url + "/static/highlight.js", headers={"Accept-Encoding": ""}
             )
             assert "content-encoding" not in plain.headers and "registerLanguage" in plain.text
+            # KaTeX's stylesheet (compressed) and fonts (woff2 is compressed already).
+            css = await c.get(
+                server.url + "/static/vendor/katex/katex.min.css",
+                headers={"Accept-Encoding": "gzip"},
+            )
+            assert css.headers["content-type"].startswith("text/css")
+            assert css.headers["content-encoding"] == "gzip" and ".katex" in css.text
+            font = await c.get(
+                server.url + "/static/vendor/katex/fonts/KaTeX_Main-Regular.woff2",
+                headers={"Accept-Encoding": "gzip"},
+            )
+            assert font.status_code == 200 and font.headers["content-type"] == "font/woff2"
+            assert "content-encoding" not in font.headers and font.content[:4] == b"wOF2"
+            font_policy = next(p for p in policy.split("; ") if p.startswith("font-src "))
+            assert font_policy == "font-src 'self'"
             for other in (
                 "/static/index.html",
                 "/static/vendor/README.md",
                 "/static/vendor/LICENSE.marked",
+                "/static/vendor/LICENSE.katex",
+                "/static/vendor/katex/fonts/KaTeX_Main-Regular.ttf",
                 "/static/../api.py",
                 "/static/vendor/nothing.js",
             ):

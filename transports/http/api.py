@@ -484,7 +484,9 @@ def page_headers(page: str) -> dict[str, str]:
         [
             "default-src 'none'",
             "script-src " + " ".join([*_inline_hashes(page, "script"), "'self'"]),
-            "style-src " + " ".join(_inline_hashes(page, "style")),
+            # 'self': KaTeX's stylesheet and fonts, loaded when a message holds math.
+            "style-src " + " ".join([*_inline_hashes(page, "style"), "'self'"]),
+            "font-src 'self'",
             "connect-src 'self'",
             # blob: the thumbnails of attachments (fetched with the token).
             "img-src data: blob:",
@@ -504,17 +506,28 @@ def page_headers(page: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class _Asset:
-    """One of the page's static files: its bytes, gzip-compressed once, and its ETag."""
+    """One of the page's static files: its bytes, gzip-compressed once (``None``: a
+    font, compressed already), its ETag and its media type."""
 
     body: bytes
-    gzipped: bytes
+    gzipped: bytes | None
     etag: str
+    media_type: str
+
+
+#: What ``/static/`` serves, by ending: the page's scripts, and KaTeX's stylesheet and
+#: fonts (loaded only when a message holds math).  Nothing else (no HTML, no licences).
+_STATIC_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".woff2": "font/woff2",
+}
 
 
 @functools.cache
 def _assets() -> dict[str, _Asset]:
-    """The page's scripts under ``static/`` (``highlight.js``, ``vendor/**/*.js``), by
-    path; read once, when the page first asks for one."""
+    """The page's files under ``static/`` (``highlight.js``, ``vendor/**/*.js``, KaTeX's
+    ``.css`` and ``.woff2``), by path; read once, when the page first asks for one."""
     root = resources.files(__package__).joinpath("static")
     found: dict[str, _Asset] = {}
 
@@ -522,10 +535,11 @@ def _assets() -> dict[str, _Asset]:
         for item in folder.iterdir():
             if item.is_dir():
                 walk(item, prefix + item.name + "/")
-            elif item.name.endswith(".js"):
+            elif (media := _STATIC_TYPES.get("." + item.name.rpartition(".")[2])) is not None:
                 body = item.read_bytes()
                 etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
-                found[prefix + item.name] = _Asset(body, gzip.compress(body, 9, mtime=0), etag)
+                packed = None if media.startswith("font/") else gzip.compress(body, 9, mtime=0)
+                found[prefix + item.name] = _Asset(body, packed, etag, media)
 
     walk(root, "")
     return found
@@ -814,8 +828,9 @@ class Api:
         return HTMLResponse(self._page_gzipped, headers=headers)
 
     async def static(self, request: Request) -> Response:
-        """The page's scripts (vendored libraries): revalidated by ETag, gzip when the
-        browser takes it; nothing else under ``static/`` is served."""
+        """The page's scripts, KaTeX's stylesheet and fonts (vendored libraries):
+        revalidated by ETag, gzip when the browser takes it (not the fonts: woff2 is
+        compressed); nothing else under ``static/`` is served."""
         asset = _assets().get(request.path_params["path"])
         if asset is None:
             raise ApiError(404, "not_found", "no such file")
@@ -828,10 +843,10 @@ class Api:
         if asset.etag in request.headers.get("if-none-match", ""):
             return Response(status_code=304, headers=headers)
         body = asset.body
-        if "gzip" in request.headers.get("accept-encoding", ""):
+        if asset.gzipped is not None and "gzip" in request.headers.get("accept-encoding", ""):
             body = asset.gzipped
             headers["content-encoding"] = "gzip"
-        return Response(body, media_type="text/javascript; charset=utf-8", headers=headers)
+        return Response(body, media_type=asset.media_type, headers=headers)
 
     async def create_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
