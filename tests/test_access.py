@@ -493,7 +493,7 @@ commands = ["*", "-new"]
     assert "tools: read_*" in out
     assert (
         "commands: stop, more, status, compact, budget, help, tool, approve, deny, approvals, "
-        "memory, forget, redact\n"
+        "answer, memory, forget, redact\n"
     ) in out
     assert main(["access", "check", "-c", str(cfg), "libera:account:Bob"]) == 0
     out = capsys.readouterr().out
