@@ -79,7 +79,7 @@ from starlette.types import Message as StarletteMessage
 
 from agentik.core.errors import ClosedError, NotFound
 
-from .api import ApiError, NewMessageBody, _channel_of
+from .api import ApiError, NewMessageBody, channel_of
 
 if TYPE_CHECKING:
     from agentik.core.conversation import Conversation
@@ -180,13 +180,13 @@ class _Contexts(SimpleRequestContextBuilder):
             conv = await self.api.agent.get_conversation(cid)
         except NotFound:
             raise unknown from None
-        if not principal.allows(_channel_of(conv.channel_key, conv.meta)):
+        if not principal.allows(channel_of(conv.channel_key, conv.meta)):
             raise unknown
         return conv
 
     async def _new_conversation(self, principal: Principal) -> Conversation:
         api = self.api
-        prefix = api._own_prefix(principal)
+        prefix = api.own_prefix(principal)
         if not principal.allows(prefix):
             raise InvalidParamsError(
                 message="this token may not create conversations: give the contextId of one"

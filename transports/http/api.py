@@ -410,7 +410,7 @@ def _conversation_json(conv: Conversation) -> dict[str, Any]:
     }
 
 
-def _channel_of(channel_key: Any, meta: Mapping[str, Any]) -> str | None:
+def channel_of(channel_key: Any, meta: Mapping[str, Any]) -> str | None:
     """The channel that decides who sees a conversation: its own, or — a child run's
     conversation, which has none — the channel its run tree started in."""
     if isinstance(channel_key, str):
@@ -625,7 +625,8 @@ class Api:
             )
         return found
 
-    def _own_prefix(self, principal: Principal) -> str:
+    def own_prefix(self, principal: Principal) -> str:
+        """The channel-key prefix of the conversations this token creates (its own)."""
         return f"http:{self.ctx.instance}:{principal.name}:"
 
     def _ours(self, channel_key: str | None) -> bool:
@@ -637,7 +638,7 @@ class Api:
             conv = await self.agent.get_conversation(cid)
         except NotFound:
             conv = None
-        if conv is None or not principal.allows(_channel_of(conv.channel_key, conv.meta)):
+        if conv is None or not principal.allows(channel_of(conv.channel_key, conv.meta)):
             # Conversations a token may not see look exactly like unknown ones.
             raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}")
         return conv
@@ -851,7 +852,7 @@ class Api:
     async def create_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
         body = await self.body(request, NewConversationBody, required=False)
-        prefix = self._own_prefix(principal)
+        prefix = self.own_prefix(principal)
         if not principal.allows(prefix):
             raise ApiError(
                 403,
@@ -881,7 +882,7 @@ class Api:
         else:
 
             def listed(r: ConversationRecord) -> bool:
-                if not principal.allows(_channel_of(r.meta.get("channel_key"), r.meta)):
+                if not principal.allows(channel_of(r.meta.get("channel_key"), r.meta)):
                     return False
                 return children == "include" or (
                     (_parent_json(r.meta) is not None) == (children == "only")
@@ -937,7 +938,7 @@ class Api:
             if cid not in titles:
                 record = await store.get_conversation(cid)
                 seen = record is not None and principal.allows(
-                    _channel_of(record.meta.get("channel_key"), record.meta)
+                    channel_of(record.meta.get("channel_key"), record.meta)
                 )
                 titles[cid] = record.title if seen and record is not None else None
             return titles[cid]
@@ -990,7 +991,7 @@ class Api:
     async def import_conversation(self, request: Request) -> Response:
         self._refuse_when_closing()
         principal = self.principal(request)
-        prefix = self._own_prefix(principal)
+        prefix = self.own_prefix(principal)
         if not principal.allows(prefix):
             raise ApiError(
                 403,
@@ -1287,7 +1288,7 @@ class Api:
         self._refuse_when_closing()
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        asked = conv.channel_key or self._own_prefix(principal)
+        asked = conv.channel_key or self.own_prefix(principal)
         if not self.gate.decide(self.speaker(principal, asked, author=principal.name, text=""),
                                 asked).answer:  # fmt: skip
             raise ApiError(403, "forbidden", "this token may not send here")
@@ -1593,7 +1594,7 @@ class Api:
             if allowed is None:
                 try:
                     conv = await self.agent.get_conversation(cid)
-                    allowed = principal.allows(_channel_of(conv.channel_key, conv.meta))
+                    allowed = principal.allows(channel_of(conv.channel_key, conv.meta))
                 except (NotFound, ClosedError):
                     allowed = False
                 if len(seen) > 10_000:
