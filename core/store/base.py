@@ -31,6 +31,7 @@ from typing import Any
 from ..cluster.notify import LocalNotifier, Notifier
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from .records import (
+    A2ATaskRecord,
     AccessChange,
     AccessGrant,
     Approval,
@@ -120,6 +121,7 @@ CAPABILITIES: dict[str, str] = {
     "attachments": "attachment_put",
     "search": "search_messages",
     "branching": "rewind",
+    "a2a_tasks": "a2a_task_put",
 }
 
 
@@ -970,3 +972,47 @@ class Store(abc.ABC):
         """``conversation_id`` no longer holds ``sha256s`` (redaction, retention): how
         many it held.  Bytes no conversation holds any more are removed."""
         raise NotImplementedError(f"{type(self).__name__} keeps no attachments")
+
+    # -- A2A task records (issue 35; SQLite 24, PostgreSQL 13) ----------------------------
+    async def a2a_task_put(self, record: A2ATaskRecord) -> bool:
+        """Write ``record`` (by ``owner`` and ``task_id``; its ``question``/``answer``
+        are not stored).  A stored record that is ``final`` is kept as it is:
+        ``False`` then.  A ``run_id`` of ``None`` keeps the stored one.  The
+        conversation must exist (``StoreError`` otherwise)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no A2A tasks")
+
+    async def a2a_task_get(self, owner: str, task_id: str) -> A2ATaskRecord | None:
+        """``owner``'s task ``task_id``, with its ``question`` (the run's user row) and
+        ``answer`` (its assistant rows' text, in order) read from the audit log."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no A2A tasks")
+
+    async def a2a_tasks(
+        self,
+        owner: str,
+        *,
+        conversation_id: str | None = None,
+        state: str | None = None,
+        since: float | None = None,
+        before: tuple[float, str] | None = None,
+        limit: int = 50,
+    ) -> list[A2ATaskRecord]:
+        """``owner``'s tasks, newest first (``updated_at``, then ``task_id``, both
+        descending), texts as :meth:`a2a_task_get`: those of ``conversation_id``, in
+        ``state``, updated at or after ``since``, and after the position ``before``
+        (``(updated_at, task_id)`` of the last one of the previous page)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no A2A tasks")
+
+    async def a2a_task_count(
+        self,
+        owner: str,
+        *,
+        conversation_id: str | None = None,
+        state: str | None = None,
+        since: float | None = None,
+    ) -> int:
+        """How many tasks :meth:`a2a_tasks` would list without paging."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no A2A tasks")
+
+    async def a2a_task_delete(self, owner: str, task_id: str) -> bool:
+        """Forget ``owner``'s task ``task_id``; whether there was one."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no A2A tasks")

@@ -29,6 +29,7 @@ from .base import (
     link_stored,
     outbox_advance,
 )
+from .memory_a2a import MemoryA2ATasks
 from .memory_attachments import MemoryAttachments
 from .memory_cluster import MemoryCluster
 from .memory_events import MemoryRunEvents
@@ -61,6 +62,7 @@ class MemoryStore(
     MemoryRunEvents,
     MemoryWebhooks,
     MemoryAttachments,
+    MemoryA2ATasks,
     Store,
 ):
     """In-memory :class:`Store`; nothing survives the process."""
@@ -176,6 +178,7 @@ class MemoryStore(
         for key in [k for k, v in self._bindings.items() if v == conversation_id]:
             del self._bindings[key]
         self._attachments_forget(conversation_id)
+        self._a2a_forget(conversation_id)
         return True
 
     async def get_binding(self, channel_key: str) -> str | None:

@@ -686,6 +686,29 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE question ADD COLUMN partial TEXT;
         """,
     ),
+    Migration(
+        24,
+        "a2a_task",
+        """
+        -- A2A task records (issue 35): what tasks/get, tasks/list and tasks/cancel
+        -- read after a restart and on every worker.  ``body`` is the SDK's task as
+        -- JSON without what people and the model said (that text is the audit
+        -- log's: the rows of ``run_id``); ``final``: terminal, never replaced.
+        CREATE TABLE a2a_task (
+            owner            TEXT NOT NULL,
+            task_id          TEXT NOT NULL,
+            conversation_id  TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            run_id           TEXT,
+            state            TEXT NOT NULL,
+            final            INTEGER NOT NULL DEFAULT 0,
+            updated_at       REAL NOT NULL,
+            body             TEXT NOT NULL,
+            PRIMARY KEY (owner, task_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX a2a_task_by_age ON a2a_task (owner, updated_at, task_id);
+        CREATE INDEX a2a_task_by_conversation ON a2a_task (conversation_id);
+        """,
+    ),
 )
 
 

@@ -665,6 +665,28 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE question ADD COLUMN partial text;
         """,
     ),
+    Migration(
+        13,
+        "a2a_task",
+        """
+        -- A2A task records (SQLite's migration 24): read by every worker; the text
+        -- of a task is the audit log's (the rows of ``run_id``).
+        CREATE TABLE a2a_task (
+            owner            text COLLATE "C" NOT NULL,
+            task_id          text COLLATE "C" NOT NULL,
+            conversation_id  text COLLATE "C" NOT NULL
+                REFERENCES conversation (id) ON DELETE CASCADE,
+            run_id           text COLLATE "C",
+            state            text NOT NULL,
+            final            boolean NOT NULL DEFAULT false,
+            updated_at       double precision NOT NULL,
+            body             text NOT NULL,
+            PRIMARY KEY (owner, task_id)
+        );
+        CREATE INDEX a2a_task_by_age ON a2a_task (owner, updated_at, task_id);
+        CREATE INDEX a2a_task_by_conversation ON a2a_task (conversation_id);
+        """,
+    ),
 )
 
 _RECORDS = (

@@ -15,6 +15,7 @@ from ..errors import AgentikError
 from ..messages import ChatMessage
 
 __all__ = [
+    "A2ATaskRecord",
     "AccessChange",
     "AccessGrant",
     "AnswerFrom",
@@ -589,3 +590,31 @@ class AttachmentRecord:
     media_type: str
     size: int
     created_at: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class A2ATaskRecord:
+    """An A2A task (:mod:`agentik.transports.http.a2a`): one message to a served agent,
+    answered by one turn of conversation ``conversation_id``, seen only by ``owner``
+    (the caller's token name).
+
+    ``body`` is the SDK's task as JSON *without* what people and the model said: the
+    text of the question and of the answer is the audit log's (the user row and the
+    assistant rows of ``run_id``), so redaction, retention and deletion act on it as
+    on any message.  Read back, ``question`` and ``answer`` carry that text
+    (``None``: no such row, e.g. pruned or not written yet); they are ignored when
+    writing.  ``final``: the task reached a terminal state, which a later write
+    never replaces (a cancel recorded by one worker stays).  ``updated_at``: the
+    time of its status (what ``tasks/list`` orders by, newest first).
+    """
+
+    owner: str
+    task_id: str
+    conversation_id: str
+    state: str
+    updated_at: float
+    body: str
+    run_id: str | None = None
+    final: bool = False
+    question: str | None = None
+    answer: str | None = None

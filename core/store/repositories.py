@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from .records import (
+    A2ATaskRecord,
     AccessChange,
     AccessGrant,
     Approval,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REPOSITORIES",
+    "A2ATaskRepository",
     "AttachmentRepository",
     "GovernanceRepository",
     "JobsRepository",
@@ -495,6 +497,41 @@ class SearchRepository(Protocol):
     ) -> list[SearchHit]: ...
 
 
+@runtime_checkable
+class A2ATaskRepository(Protocol):
+    """A2A task records (issue 35): what ``tasks/get``, ``tasks/list``, ``tasks/cancel``
+    and resubscription read, on every worker and after a restart.  A task belongs to
+    its owner (a token: another owner never sees it) and to its conversation
+    (deleted with it).  The text of a task is the audit log's (see
+    :class:`~.records.A2ATaskRecord`)."""
+
+    async def a2a_task_put(self, record: A2ATaskRecord) -> bool: ...
+
+    async def a2a_task_get(self, owner: str, task_id: str) -> A2ATaskRecord | None: ...
+
+    async def a2a_tasks(
+        self,
+        owner: str,
+        *,
+        conversation_id: str | None = None,
+        state: str | None = None,
+        since: float | None = None,
+        before: tuple[float, str] | None = None,
+        limit: int = 50,
+    ) -> list[A2ATaskRecord]: ...
+
+    async def a2a_task_count(
+        self,
+        owner: str,
+        *,
+        conversation_id: str | None = None,
+        state: str | None = None,
+        since: float | None = None,
+    ) -> int: ...
+
+    async def a2a_task_delete(self, owner: str, task_id: str) -> bool: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -513,6 +550,7 @@ REPOSITORIES: tuple[type, ...] = (
     WebhookRepository,
     AttachmentRepository,
     SearchRepository,
+    A2ATaskRepository,
 )
 
 
@@ -535,7 +573,8 @@ def _facade(
     WebhookRepository,
     AttachmentRepository,
     SearchRepository,
+    A2ATaskRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
     return (store, store, store, store, store, store, store, store, store, store, store, store,
-            store, store, store, store)  # fmt: skip
+            store, store, store, store, store)  # fmt: skip

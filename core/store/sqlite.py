@@ -43,6 +43,7 @@ from .base import (
 )
 from .care import backup_before_migrating
 from .migrations import apply_migrations
+from .sqlite_a2a import SQLiteA2ATasks
 from .sqlite_attachments import SQLiteAttachments
 from .sqlite_cluster import SQLiteCluster
 from .sqlite_copy import SQLiteCopy
@@ -354,6 +355,7 @@ class SQLiteStore(
     SQLiteLinks,
     SQLiteWebhooks,
     SQLiteAttachments,
+    SQLiteA2ATasks,
     SQLiteSearch,
     SQLiteCopy,
     Store,

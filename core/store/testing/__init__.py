@@ -18,8 +18,8 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
 :class:`RunEventsContract`, :class:`LinksContract`, :class:`SearchContract`,
-:class:`WebhooksContract`, :class:`AttachmentsContract`); :class:`StoreContract` is all
-of them.  A case the engine legitimately cannot pass is skipped with
+:class:`WebhooksContract`, :class:`AttachmentsContract`,
+:class:`A2ATasksContract`); :class:`StoreContract` is all of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
@@ -28,6 +28,7 @@ extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
 
 from __future__ import annotations
 
+from .a2a import A2ATasksContract
 from .attachments import AttachmentsContract
 from .cluster import ClusterContract
 from .events import RunEventsContract
@@ -46,6 +47,7 @@ from .waits import WaitsContract
 from .webhooks import WebhooksContract
 
 __all__ = [
+    "A2ATasksContract",
     "AttachmentsContract",
     "ClusterContract",
     "ContractBase",
@@ -82,5 +84,6 @@ class StoreContract(
     WebhooksContract,
     AttachmentsContract,
     SearchContract,
+    A2ATasksContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
