@@ -38,9 +38,9 @@ from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, knobs_dataclass
 from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
 from .migrations import Migration
+from .postgres_a2a import PostgresA2ATasks
 from .postgres_attachments import SWEEP as ATTACHMENT_SWEEP
 from .postgres_attachments import PostgresAttachments
-from .postgres_a2a import PostgresA2ATasks
 from .postgres_cluster import PostgresCluster
 from .postgres_copy import PostgresCopy
 from .postgres_events import PostgresRunEvents

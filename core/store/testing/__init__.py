@@ -19,8 +19,9 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
 :class:`RunEventsContract`, :class:`LinksContract`, :class:`SearchContract`,
 :class:`WebhooksContract`, :class:`AttachmentsContract`,
-:class:`A2ATasksContract`); :class:`StoreContract` is all of them.  A case the engine legitimately cannot pass is skipped with
-its reason: ``unsupported = {"test_name": "why"}``.
+:class:`A2ATasksContract`); :class:`StoreContract` is all of them.  A case
+the engine legitimately cannot pass is skipped with its reason:
+``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
 extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
