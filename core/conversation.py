@@ -1236,6 +1236,48 @@ class Conversation:
         await asyncio.wait([task])
         return True
 
+    def queued_run_ids(self) -> list[str]:
+        """The run ids of the turns waiting their turn here (not the running one), in order."""
+        busy = self._worker is not None
+        return [
+            item.run_id
+            for i, item in enumerate(self._queue)
+            if isinstance(item, _Pending) and not (busy and i == 0)
+        ]
+
+    async def withdraw(self, run_id: str) -> bool:
+        """Take back the queued turn ``run_id`` before it starts.
+
+        It never runs: its user message stays in the audit log (it never reached
+        the model: a queued message joins the working memory when its turn
+        starts), its end is recorded as ``cancelled``, and its ``turn_ended``
+        (``interrupted``, with no ``turn_started`` before it) and
+        ``run_stream_end`` events follow, so whoever waits for that run sees it
+        end.  Returns ``False`` when no such turn waits here (it is running,
+        over, or was never queued in this process).
+        """
+        busy = self._worker is not None
+        for i, item in enumerate(self._queue):
+            if isinstance(item, _Pending) and item.run_id == run_id and not (busy and i == 0):
+                self._queue.remove(item)
+                break
+        else:
+            return False
+        emit = self._event_stream().emit
+        try:
+            await item.committed
+        except Exception:
+            return True  # never stored: its sender was told
+        try:
+            await self._store.append(self.id, ended=TurnEnd(run_id, "cancelled"))
+        finally:
+            emit(TurnEnded, run_id, stop_reason="interrupted")
+            emit(RunStreamEnd, run_id)
+            if not self._queue and self._worker is None:
+                self._set_idle()
+        log.info("conversation %s: queued turn %s withdrawn", self.id, run_id)
+        return True
+
     async def wait_idle(self) -> None:
         """Wait until no turn is running or queued."""
         if not self._busy:

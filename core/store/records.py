@@ -101,7 +101,8 @@ class TurnEnd:
 
     ``outcome``: the turn's stop reason (``stop``, ``length``, ``content_filter``, ``error``,
     ``interrupted`` by a user, ``aborted``, ``time_budget``) or, for a turn
-    resumed after a crash, ``noted`` / ``dropped`` / ``superseded``.  A turn
+    resumed after a crash, ``noted`` / ``dropped`` / ``superseded``; ``cancelled``: a
+    queued turn withdrawn before it started (:meth:`Conversation.withdraw`).  A turn
     cut short by a shutdown or a crash has no end: it is resumed.
     """
 

@@ -30,8 +30,12 @@ marked interrupted, as with any interrupt).  The final status carries the
 turn's token usage in its metadata (``agentik.usage``), so a calling agentik
 counts it against its budgets.
 
-Tasks live in memory (``max_tasks`` of them, per process); the conversation
-and its history are in the store like any other.
+A message still waiting behind another turn of its conversation when
+``CancelTask`` comes is withdrawn (:meth:`Conversation.withdraw`): it never runs.
+
+Tasks are records in the bot's store (:mod:`.a2a_tasks`: their text is the audit
+log's), so they outlive a restart and every worker on a shared database reads
+them; a store engine without them keeps ``max_tasks`` per process in memory.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from a2a.server.events.event_queue_v2 import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import DefaultServerCallContextBuilder, create_jsonrpc_routes
 from a2a.server.routes.agent_card_routes import create_agent_card_routes
-from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.server.tasks import InMemoryTaskStore, TaskStore, TaskUpdater
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -62,6 +66,7 @@ from a2a.types import (
     HTTPAuthSecurityScheme,
     InvalidParamsError,
     Message,
+    Role,
     SecurityRequirement,
     SecurityScheme,
     SendMessageRequest,
@@ -79,6 +84,7 @@ from starlette.types import Message as StarletteMessage
 
 from agentik.core.errors import ClosedError, NotFound
 
+from .a2a_tasks import StoreTaskStore, answer_id
 from .api import ApiError, NewMessageBody, channel_of
 
 if TYPE_CHECKING:
@@ -201,9 +207,11 @@ class _Contexts(SimpleRequestContextBuilder):
 class _Executor(AgentExecutor):
     """Runs an A2A task as one turn of its conversation and maps its events."""
 
-    def __init__(self, api: Api, contexts: _Contexts) -> None:
+    def __init__(self, api: Api, contexts: _Contexts, runs: dict[str, str]) -> None:
         self.api = api
         self.contexts = contexts
+        #: Task id -> run id, for the task store (it records the run of each task).
+        self.runs = runs
         #: Running tasks: task id -> (conversation, run id).
         self.running: dict[str, tuple[Conversation, str]] = {}
 
@@ -238,6 +246,7 @@ class _Executor(AgentExecutor):
                 return
             run_id = accepted["run_id"]
             self.running[task_id] = (conv, run_id)
+            self.runs[task_id] = run_id
             try:
                 await self._follow(events, run_id, updater)
             finally:
@@ -252,7 +261,7 @@ class _Executor(AgentExecutor):
         """Map the run's events to task updates until its ``turn_ended``.  Text deltas
         already waiting are sent as one chunk (a slow reader gets fewer, larger
         chunks; a fast one every delta as it comes)."""
-        answer_id = f"{updater.task_id}-answer"
+        answer = answer_id(updater.task_id)
         chunks = 0
         text: list[str] = []
 
@@ -261,7 +270,7 @@ class _Executor(AgentExecutor):
             if text:
                 await updater.add_artifact(
                     [new_text_part("".join(text))],
-                    artifact_id=answer_id,
+                    artifact_id=answer,
                     name="answer",
                     append=chunks > 0,
                     last_chunk=False,
@@ -295,7 +304,7 @@ class _Executor(AgentExecutor):
                 elif kind == "turn_ended":
                     if chunks == 0 and event.text:
                         await updater.add_artifact(
-                            [new_text_part(event.text)], artifact_id=answer_id, name="answer"
+                            [new_text_part(event.text)], artifact_id=answer, name="answer"
                         )
                     await self._end(updater, run_id, event)
                     return
@@ -309,7 +318,18 @@ class _Executor(AgentExecutor):
                 "usage": event.usage.to_dict(),
             }
         }
-        message = _agent_text(updater, event.text) if event.text else None
+        # The answer's own id: the stored task takes its text from the audit log.
+        message = (
+            Message(
+                role=Role.ROLE_AGENT,
+                task_id=updater.task_id,
+                context_id=updater.context_id,
+                message_id=answer_id(updater.task_id),
+                parts=[new_text_part(event.text)],
+            )
+            if event.text
+            else None
+        )
         if event.stop_reason in _DONE:
             state = TaskState.TASK_STATE_COMPLETED
         elif event.stop_reason == "interrupted":
@@ -326,8 +346,12 @@ class _Executor(AgentExecutor):
         running = self.running.get(task_id)
         if running is not None:
             conv, run_id = running
-            if conv.running_run_id == run_id and not conv.interrupting:
-                await conv.interrupt()
+            if conv.running_run_id == run_id:
+                if not conv.interrupting:
+                    await conv.interrupt()
+            else:
+                # Still waiting behind another turn: it is taken back and never runs.
+                await conv.withdraw(run_id)
         await TaskUpdater(event_queue, task_id, cid).cancel()
 
 
@@ -395,11 +419,18 @@ def a2a_routes(api: Api) -> tuple[list[Route], DefaultRequestHandler]:
     settings = api.ctx.settings
     a2a = settings.a2a
     contexts = _Contexts(api)
-    executor = _Executor(api, contexts)
+    store = api.agent.store
+    task_store: TaskStore
+    if "a2a_tasks" in store.capabilities:
+        task_store = StoreTaskStore(store)
+        runs = task_store.runs
+    else:  # an engine that keeps no task records (a plugin's): this process keeps them
+        task_store, runs = _BoundedTaskStore(a2a.max_tasks), {}
+    executor = _Executor(api, contexts, runs)
     base = _card(api, a2a.public_url or "http://localhost")
     handler = DefaultRequestHandler(
         agent_executor=executor,
-        task_store=_BoundedTaskStore(a2a.max_tasks),
+        task_store=task_store,
         agent_card=base,
         request_context_builder=contexts,
     )

@@ -16,7 +16,7 @@ code                        status  when
 ``method_not_allowed``      405     e.g. ``PUT`` on a conversation
 ``no_turn_running``         409     interrupt with no turn running
 ``turn_already_interrupted`` 409    interrupt of a turn already being stopped
-``run_not_running``         409     interrupt naming a run that is not the running one
+``run_not_running``         409     interrupt naming a run neither running nor queued
 ``approval_not_found``      404     no such approval in this conversation
 ``approval_not_pending``    409     the approval was already decided, expired, or no turn waits
 ``forbidden``               403     (approvals) the token's role may not decide, or it asked
@@ -1373,6 +1373,12 @@ class Api:
         conv = await self.conversation(request, principal)
         body = await self.body(request, InterruptBody, required=False)
         running = conv.running_run_id
+        if body.run_id is not None and body.run_id != running and await conv.withdraw(body.run_id):
+            # A turn still waiting behind another: taken back, it never runs.
+            return JSONResponse(
+                {"conversation_id": conv.id, "run_id": body.run_id, "withdrawn": True},
+                status_code=202,
+            )
         queue = self.agent.turn_queue
         if running is None and queue is not None:
             # Several workers: the turn may run on another one, which is asked to stop it.
