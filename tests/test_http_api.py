@@ -512,6 +512,41 @@ async def test_interrupt_keeps_the_partial_answer(server):
         assert r.status_code == 409 and error_code(r) == "no_turn_running"
 
 
+async def test_interrupt_naming_a_queued_turn_withdraws_it_and_it_never_runs(server, db_path):
+    first = Reply(chunks=["first ", "answer"], hold_after=1)
+    server.model.enqueue(first, "the third answer")
+    async with server.client() as c:
+        conv = await create(c)
+        path = f"/conversations/{conv['id']}"
+        async with sse(c, path + "/events") as events:
+            one = (await c.post(path + "/messages", json={"content": "one"})).json()["run_id"]
+            await first.held.wait()
+            two = (await c.post(path + "/messages", json={"content": "two"})).json()["run_id"]
+            three = (await c.post(path + "/messages", json={"content": "three"})).json()["run_id"]
+            r = await c.post(path + "/interrupt", json={"run_id": two})
+            assert r.status_code == 202
+            assert r.json() == {"conversation_id": conv["id"], "run_id": two, "withdrawn": True}
+            # Taken back once: it is neither running nor queued any more.
+            r = await c.post(path + "/interrupt", json={"run_id": two})
+            assert r.status_code == 409 and error_code(r) == "run_not_running"
+            first.release.set()
+            got = []
+            while [m.data["run_id"] for m in got if m.kind == "turn_ended"][-1:] != [three]:
+                got += await events.until("turn_ended")
+    ended = {m.data["run_id"]: m.data["stop_reason"] for m in got if m.kind == "turn_ended"}
+    assert ended == {one: "stop", two: "interrupted", three: "stop"}
+    started = [m.data["run_id"] for m in got if m.kind == "turn_started"]
+    assert started == [one, three]  # the withdrawn turn never started
+    # The model saw "one" and "three" only; "two" stays in the audit log, unanswered.
+    assert [m.content for m in server.model.requests[-1].messages if m.role == "user"] == [
+        "one", "three",
+    ]  # fmt: skip
+    said = [(m.kind, m.content) for m in await server.agent.store.messages(conv["id"])]
+    assert said == [("user", "one"), ("user", "two"), ("user", "three"),
+                    ("assistant", "first answer"), ("assistant", "the third answer")]  # fmt: skip
+    assert rows(db_path, "SELECT outcome FROM turn_end WHERE run_id = ?", two) == [("cancelled",)]
+
+
 async def test_interrupting_a_turn_twice_is_409(db_path):
     # A tool that takes its time to stop keeps the turn "being interrupted".
     may_stop = asyncio.Event()
