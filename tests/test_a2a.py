@@ -27,6 +27,7 @@ from agentik.core.testing.openai_server import Reply as WireReply
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 
 from httpserver import TOKENS, Server, running_server
+from rigs import eventually
 
 WAIT = 60.0
 ALICE, CAROL = TOKENS["ALICE_TOKEN"], TOKENS["CAROL_TOKEN"]
@@ -407,3 +408,97 @@ async def test_a_client_that_drops_mid_stream_loses_nothing(served, openai_serve
     conv = await served.agent.get_conversation(task["contextId"])
     said = [(m.kind, m.content) for m in await conv.messages()]
     assert said == [("user", "stream please"), ("assistant", "all of the answer")]
+
+
+def at_once(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` of a SendMessage that returns the task at once (not when it ends)."""
+    return {**params, "configuration": {"returnImmediately": True}}
+
+
+async def test_cancelling_a_task_that_waits_its_turn_withdraws_it(served, openai_server):
+    held = WireReply.text("first answer", chunks=3, hold_after=1)
+    openai_server.enqueue(held, WireReply.text("third answer"))
+    try:
+        async with client(served) as http:
+            r = await http.post(
+                "/agentik/a2a", json=rpc("SendMessage", at_once(send_params("one")))
+            )
+            one = r.json()["result"]["task"]
+            cid = one["contextId"]
+            await held.wait_held(WAIT)
+            tasks = []
+            for text in ("two", "three"):
+                params = at_once(send_params(text, cid))
+                tasks.append((await http.post("/agentik/a2a", json=rpc("SendMessage", params)))
+                             .json()["result"]["task"])  # fmt: skip
+            two, three = tasks
+            conv = await served.agent.get_conversation(cid)
+            await eventually(lambda: conv.queued == 2, "both accepted, waiting behind one")
+            r = await http.post("/agentik/a2a", json=rpc("CancelTask", {"id": two["id"]}))
+            assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED"
+            held.release()
+            states = {}
+            async with asyncio.timeout(WAIT):
+                while set(states.values()) - {"TASK_STATE_CANCELED", "TASK_STATE_COMPLETED"} or (
+                    len(states) < 3
+                ):
+                    await conv.wait_idle()
+                    for t in (one, two, three):
+                        r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": t["id"]}))
+                        states[t["id"]] = r.json()["result"]["status"]["state"]
+    finally:
+        held.release()
+    assert [states[t["id"]] for t in (one, two, three)] == [
+        "TASK_STATE_COMPLETED", "TASK_STATE_CANCELED", "TASK_STATE_COMPLETED",
+    ]  # fmt: skip
+    # "two" never ran: the model was asked twice, never with it; its turn ended cancelled.
+    assert len(openai_server.requests) == 2
+    asked = [m["content"] for m in openai_server.requests[-1]["messages"] if m["role"] == "user"]
+    assert "two" not in str(asked) and "three" in str(asked)
+    record = await served.agent.store.a2a_task_get("alice", two["id"])
+    assert record.run_id is not None and record.answer is None
+    assert await served.agent.store.turn_ended(cid, record.run_id)
+    said = [(m.kind, m.content) for m in await conv.messages()]
+    assert said == [("user", "one"), ("user", "two"), ("user", "three"),
+                    ("assistant", "first answer"), ("assistant", "third answer")]  # fmt: skip
+
+
+async def test_tasks_outlive_a_restart(openai_server, tmp_path):
+    """tasks/get and tasks/list answer from the store after a restart: the task as it
+    ended, its question and answer read back from the conversation's audit log."""
+    openai_server.enqueue(WireReply.text("foo is 42"), WireReply.text("bar is 7"))
+    db = str(tmp_path / "served.db")
+    settings = {"tokens": TOKEN_SETTINGS, "a2a": A2A}
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url, max_retries=0)
+    async with running_server(db, model=llm, settings=settings, environ=TOKENS) as server:  # type: ignore[arg-type]
+        async with client(server) as http:
+            r = await http.post("/agentik/a2a", json=rpc("SendMessage", send_params("foo?")))
+            first = r.json()["result"]["task"]
+            params = send_params("bar?", first["contextId"])
+            r = await http.post("/agentik/a2a", json=rpc("SendMessage", params))
+            second = r.json()["result"]["task"]
+    llm = OpenAIBackend(model="fake-model", base_url=openai_server.base_url, max_retries=0)
+    async with running_server(db, model=llm, settings=settings, environ=TOKENS) as server:  # type: ignore[arg-type]
+        async with client(server) as http:
+            r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": first["id"]}))
+            got = r.json()["result"]
+            r = await http.post(
+                "/agentik/a2a", json=rpc("ListTasks", {"contextId": first["contextId"],
+                                                       "includeArtifacts": True})
+            )  # fmt: skip
+            listed = r.json()["result"]
+            r = await http.post("/agentik/a2a", json=rpc("CancelTask", {"id": first["id"]}))
+            not_cancelable = r.json()["error"]["code"]
+        async with client(server, token=CAROL) as http:
+            r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": first["id"]}))
+            assert r.json()["error"]["code"] == -32001  # still alice's only
+    assert got["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert got["status"]["message"]["parts"] == [{"text": "foo is 42"}]
+    assert got["status"]["message"] == {**first["status"]["message"]}
+    assert got["artifacts"] == first["artifacts"]
+    assert [p["text"] for m in got["history"] for p in m["parts"]] == ["foo?"]
+    assert got["metadata"]["agentik"]["usage"] == first["metadata"]["agentik"]["usage"]
+    assert [t["id"] for t in listed["tasks"]] == [second["id"], first["id"]]
+    assert listed["totalSize"] == 2
+    assert "".join(p["text"] for p in listed["tasks"][0]["artifacts"][0]["parts"]) == "bar is 7"
+    assert not_cancelable == -32002  # TaskNotCancelable: it is over

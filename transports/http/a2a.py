@@ -40,6 +40,7 @@ them; a store engine without them keeps ``max_tasks`` per process in memory.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -237,10 +238,17 @@ class _Executor(AgentExecutor):
         # Subscribed before the message is posted: no event of the turn is missed.
         events = conv.events(profile="debug")
         try:
+            accepting = asyncio.ensure_future(
+                self.api.accept_message(principal, conv, NewMessageBody(content=text))
+            )
             try:
-                accepted = await self.api.accept_message(
-                    principal, conv, NewMessageBody(content=text)
-                )
+                # Shielded: a cancel that comes while the message is being accepted
+                # still learns its run, and takes it back.
+                accepted = await asyncio.shield(accepting)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await self._take_back(conv, (await accepting)["run_id"])
+                raise
             except ApiError as exc:
                 await updater.reject(_agent_text(updater, f"{exc.code}: {exc.message}"))
                 return
@@ -339,19 +347,23 @@ class _Executor(AgentExecutor):
         with contextlib.suppress(RuntimeError):  # canceled already
             await updater.update_status(state, message=message, metadata=metadata)
 
+    @staticmethod
+    async def _take_back(conv: Conversation, run_id: str) -> None:
+        """Stop the turn ``run_id``: interrupt it if it runs, withdraw it if it waits."""
+        if conv.running_run_id == run_id:
+            if not conv.interrupting:
+                await conv.interrupt()
+        else:
+            # Still waiting behind another turn: it is taken back and never runs.
+            await conv.withdraw(run_id)
+
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, cid = context.task_id, context.context_id
         if task_id is None or cid is None:
             raise TaskNotFoundError
         running = self.running.get(task_id)
         if running is not None:
-            conv, run_id = running
-            if conv.running_run_id == run_id:
-                if not conv.interrupting:
-                    await conv.interrupt()
-            else:
-                # Still waiting behind another turn: it is taken back and never runs.
-                await conv.withdraw(run_id)
+            await self._take_back(*running)
         await TaskUpdater(event_queue, task_id, cid).cancel()
 
 
