@@ -17,6 +17,7 @@ from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core import Agent, SQLiteStore
 from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.memory import MemoryBackend
+from agentik.core.store.base import Store
 from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.http.transport import HttpTransport
 
@@ -68,16 +69,19 @@ async def running_server(
     options: ChannelOptions | None = None,
     access: AccessPolicy | None = None,
     memory: Callable[[SQLiteStore], MemoryBackend] | None = None,
+    store: Store | None = None,
     **agent_kwargs: Any,
 ) -> AsyncIterator[Server]:
     """Start an agent and its HTTP transport on a free port; close both after.
 
     ``access``: the bridge's ``[access]`` policy (the transport is named ``web``);
-    ``memory``: makes the agent's memory backend from its store."""
+    ``memory``: makes the agent's memory backend from its store; ``store``: the store
+    (default: a SQLite file at ``db_path``)."""
     model = model or ScriptedModel()
-    store = SQLiteStore(db_path)
-    if memory is not None:
-        agent_kwargs["memory"] = memory(store)
+    if store is None:
+        sqlite = store = SQLiteStore(db_path)
+        if memory is not None:
+            agent_kwargs["memory"] = memory(sqlite)
     agent = Agent(llm=model, store=store, **agent_kwargs)
     await agent.start()
     bridge = Bridge(agent, access=access)

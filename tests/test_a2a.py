@@ -29,6 +29,8 @@ from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from httpserver import TOKENS, Server, running_server
 from rigs import eventually
 
+pytest_plugins = ["pgserver"]
+
 WAIT = 60.0
 ALICE, CAROL = TOKENS["ALICE_TOKEN"], TOKENS["CAROL_TOKEN"]
 A2A = {"enabled": True, "name": "far-bot", "description": "Knows about foo."}
@@ -502,3 +504,63 @@ async def test_tasks_outlive_a_restart(openai_server, tmp_path):
     assert listed["totalSize"] == 2
     assert "".join(p["text"] for p in listed["tasks"][0]["artifacts"][0]["parts"]) == "bar is 7"
     assert not_cancelable == -32002  # TaskNotCancelable: it is over
+
+
+async def test_a_task_run_on_one_worker_is_read_through_another(openai_server, postgres_dsn):
+    """Two workers (each its store, its HTTP server) on one PostgreSQL database: a task
+    run on A is seen through B while it runs (its status) and once it ended (its
+    answer, read from the audit log A wrote)."""
+    from agentik.core.store.postgres import PostgresStore
+
+    held = WireReply.text("answered on A", chunks=3, hold_after=1)
+    openai_server.enqueue(held)
+    settings = {"tokens": TOKEN_SETTINGS, "a2a": A2A}
+
+    def llm() -> Any:
+        return OpenAIBackend(model="fake-model", base_url=openai_server.base_url, max_retries=0)
+
+    def get(task_id: str) -> dict[str, Any]:
+        return rpc("GetTask", {"id": task_id})
+
+    try:
+        async with (
+            running_server("", store=PostgresStore(postgres_dsn), model=llm(),
+                           settings=settings, environ=TOKENS) as a,
+            running_server("", store=PostgresStore(postgres_dsn), model=llm(),
+                           settings=settings, environ=TOKENS) as b,
+            client(a) as on_a,
+            client(b) as on_b,
+        ):  # fmt: skip
+            r = await on_a.post("/agentik/a2a", json=rpc("SendMessage", at_once(send_params("q?"))))
+            task = r.json()["result"]["task"]
+            await held.wait_held(WAIT)
+
+            async def state_on_b() -> str:
+                return str((await on_b.post("/agentik/a2a", json=get(task["id"]))).json()
+                           ["result"]["status"]["state"])  # fmt: skip
+
+            await eventually(
+                lambda: _is(state_on_b(), "TASK_STATE_WORKING"), "working, seen through B"
+            )
+            held.release()
+            await eventually(
+                lambda: _is(state_on_b(), "TASK_STATE_COMPLETED"), "completed, seen through B"
+            )
+            got = (await on_b.post("/agentik/a2a", json=get(task["id"]))).json()["result"]
+            r = await on_b.post("/agentik/a2a", json=rpc("ListTasks", {"includeArtifacts": True}))
+            listed = r.json()["result"]
+            r = await on_b.post("/agentik/a2a", json=rpc("CancelTask", {"id": task["id"]}))
+            over = r.json()["error"]["code"]
+            async with client(b, token=CAROL) as other:
+                r = await other.post("/agentik/a2a", json=get(task["id"]))
+                hidden = r.json()["error"]["code"]
+    finally:
+        held.release()
+    assert "".join(p["text"] for p in got["artifacts"][0]["parts"]) == "answered on A"
+    assert [p["text"] for m in got["history"] for p in m["parts"]] == ["q?"]
+    assert [t["id"] for t in listed["tasks"]] == [task["id"]]
+    assert over == -32002 and hidden == -32001
+
+
+async def _is(value: Any, wanted: Any) -> bool:
+    return bool(await value == wanted)
