@@ -56,7 +56,7 @@ class MemoryA2ATasks:
         old = tasks.get(key)
         if old is not None and old.final:
             return False
-        run_id = record.run_id if record.run_id is not None else old and old.run_id
+        run_id = record.run_id if record.run_id is not None or old is None else old.run_id
         tasks[key] = replace(record, run_id=run_id, question=None, answer=None)
         return True
 

@@ -47,7 +47,8 @@ def _record(r: Sequence[Any]) -> A2ATaskRecord:
 def _where(
     owner: str, conversation_id: str | None, state: str | None, since: float | None
 ) -> tuple[str, list[Any]]:
-    sql, params = " WHERE t.owner = ?", [owner]
+    sql = " WHERE t.owner = ?"
+    params: list[Any] = [owner]
     if conversation_id is not None:
         sql += " AND t.conversation_id = ?"
         params.append(conversation_id)

@@ -38,7 +38,7 @@ from a2a.types import (
     TaskState,
 )
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
-from google.protobuf import json_format
+from google.protobuf import json_format  # type: ignore[import-untyped]  # (no stubs)
 
 from agentik.core.store.records import A2ATaskRecord
 
