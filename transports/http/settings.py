@@ -60,8 +60,9 @@ class A2ASettings(BaseModel):
     #: Serve the agent card without a token (A2A clients read it to learn how to
     #: authenticate); false: the card needs a bearer token like everything else.
     public_card: bool = True
-    #: A2A tasks kept in memory for tasks/get (the oldest are forgotten past it;
-    #: a task's conversation stays in the store).
+    #: A2A tasks are records in the bot's store; only with an engine that keeps none
+    #: (a plugin's) are they kept in memory, this many per process (the oldest are
+    #: forgotten past it; a task's conversation stays in the store).
     max_tasks: int = Field(1000, ge=1)
 
     @field_validator("path")
