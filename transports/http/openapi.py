@@ -466,14 +466,22 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "run_id": {
                 "type": ["string", "null"],
-                "description": "only stop this run (409 otherwise)",
+                "description": "only stop this run; a run still queued behind the running"
+                " one is withdrawn (it never runs); 409 otherwise",
             }
         },
     },
     "InterruptAccepted": {
         "type": "object",
         "required": ["conversation_id", "run_id"],
-        "properties": {"conversation_id": {"type": "string"}, "run_id": {"type": "string"}},
+        "properties": {
+            "conversation_id": {"type": "string"},
+            "run_id": {"type": "string"},
+            "withdrawn": {
+                "type": "boolean",
+                "description": "true: the run was still queued and was taken back (it never runs)",
+            },
+        },
     },
     "Message": {
         "type": "object",
@@ -1269,7 +1277,7 @@ def openapi_document(
                 "interrupt",
                 "Stop the running turn (its partial answer is kept, marked interrupted)",
                 {
-                    "202": _json("InterruptAccepted", "the turn was stopped"),
+                    "202": _json("InterruptAccepted", "the turn was stopped, or withdrawn"),
                     **not_found,
                     "409": _error("no turn running, another run, or already being stopped"),
                     **with_body,
