@@ -107,6 +107,41 @@ async def test_message_sent_during_a_turn_is_queued_not_dropped(agent, scripted)
     assert scripted.requests[1].messages[-2].content == "first answer"
 
 
+async def test_a_queued_turn_withdrawn_never_runs_and_ends_cancelled(agent, scripted):
+    conv = await agent.create_conversation()
+    sub = conv.events()
+    gate = asyncio.Event()
+    first = Reply(text="first answer", gate=gate)
+    scripted.enqueue(first, "third answer")
+    one = await conv.send("one")
+    await first.started.wait()
+    two = await conv.send("two")
+    three = await conv.send("three")
+    assert conv.queued_run_ids() == [two, three]
+    assert not await conv.withdraw(one)  # running: that is interrupt()'s
+    assert not await conv.withdraw("run_unknown")
+    assert await conv.withdraw(two)
+    assert not await conv.withdraw(two)  # once
+    assert conv.queued_run_ids() == [three]
+    gate.set()
+    await conv.wait_idle()
+    events = []
+    async with asyncio.timeout(60):
+        async for event in sub:
+            events.append(event)
+            if event.kind == "run_stream_end" and event.run_id == three:
+                break
+    withdrawn = [e.kind for e in events if e.run_id == two]
+    assert withdrawn == ["turn_ended", "run_stream_end"]  # never started
+    assert next(e for e in events if e.run_id == two).stop_reason == "interrupted"
+    assert len(scripted.requests) == 2
+    assert [m.content for m in scripted.requests[1].messages if m.role == "user"] == [
+        "one", "three",
+    ]  # fmt: skip
+    assert await agent.store.turn_ended(conv.id, two)
+    assert [m.run_id for m in await agent.store.pending_turns()] == []
+
+
 async def test_interrupt_keeps_partial_answer_marked_interrupted(agent, scripted):
     conv = await agent.create_conversation()
     sub = conv.events()
