@@ -11,9 +11,14 @@ model, answering at once in ``--words`` words; a ``SQLiteStore`` file) behind th
 * **baseline**: :class:`~agentik.core.client.RemoteAgent`: create a conversation,
   open its event stream, post the message, read to ``turn_ended``.
 
-Reported: the median and p90 time per turn for each, and their ratio (A2A /
-baseline).  Goal: A2A costs at most 2x the native API per turn (the SDK's protobuf
-conversions, its task store and event queue on top of the same turn).
+* **A2A, tasks in memory**: the same as A2A, against a second server whose store
+  keeps no task records (the SDK's in-memory task store, as before tasks were
+  stored): what keeping task records in the store costs.
+
+Reported: the median and p90 time per turn for each, and their ratios (A2A /
+baseline; A2A / A2A with tasks in memory).  Goals: A2A costs at most 2x the
+native API per turn (the SDK's protobuf conversions, its task store and event
+queue on top of the same turn); stored task records at most 1.25x in-memory ones.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from _common import Row, finish, ms, say, say_environment, version
 
@@ -41,13 +47,20 @@ async def run(args: argparse.Namespace) -> list[Row]:
     from agentik.bot.bridge import Bridge
     from agentik.core import Agent, SQLiteStore
     from agentik.core.client import RemoteAgent
+    from agentik.core.store.base import Store
     from agentik.core.testing.scripted import ScriptedModel
     from agentik.transports.http.transport import HttpTransport
 
     answer = " ".join(f"word{i}" for i in range(args.words))
     model = ScriptedModel(default=lambda request: answer)
-    with tempfile.TemporaryDirectory() as folder:
-        agent = Agent(llm=model, store=SQLiteStore(str(Path(folder) / "bench.db")))
+
+    class NoTaskRecords(SQLiteStore):
+        """A store keeping no A2A task records: the SDK's in-memory task store serves."""
+
+        a2a_task_put = Store.a2a_task_put
+
+    async def serve(store: SQLiteStore) -> tuple[Agent, Bridge, HttpTransport]:
+        agent = Agent(llm=model, store=store)
         await agent.start()
         bridge = Bridge(agent)
         settings = {
@@ -59,18 +72,30 @@ async def run(args: argparse.Namespace) -> list[Row]:
         bridge.attach(transport)
         await transport.start(bridge)
         assert transport.url is not None
+        return agent, bridge, transport
+
+    with tempfile.TemporaryDirectory() as folder:
+        agent, bridge, transport = await serve(SQLiteStore(str(Path(folder) / "bench.db")))
+        assert "a2a_tasks" in agent.store.capabilities
+        agent_m, bridge_m, transport_m = await serve(NoTaskRecords(str(Path(folder) / "m.db")))
+        assert "a2a_tasks" not in agent_m.store.capabilities
+        assert transport.url is not None and transport_m.url is not None
         http = httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
         client = await create_client(transport.url, ClientConfig(httpx_client=http))
+        client_m = await create_client(transport_m.url, ClientConfig(httpx_client=http))
         remote = RemoteAgent(transport.url, token=TOKEN)
 
-        async def a2a_turn() -> None:
+        async def a2a_turn(on: Any = client) -> None:
             request = SendMessageRequest(
                 message=Message(
                     message_id=uuid.uuid4().hex, role=Role.ROLE_USER, parts=[Part(text="hi")]
                 )
             )
-            async for _ in client.send_message(request):
+            async for _ in on.send_message(request):
                 pass
+
+        async def a2a_memory_turn() -> None:
+            await a2a_turn(client_m)
 
         async def native_turn() -> None:
             conv = await remote.create_conversation()
@@ -81,12 +106,13 @@ async def run(args: argparse.Namespace) -> list[Row]:
                     break
             await events.aclose()
 
-        times: dict[str, list[float]] = {"a2a": [], "native": []}
+        times: dict[str, list[float]] = {"a2a": [], "native": [], "memory": []}
+        sides = (("a2a", a2a_turn), ("native", native_turn), ("memory", a2a_memory_turn))
         try:
-            for turn in (a2a_turn, native_turn):  # warm-up
+            for _, turn in sides:  # warm-up
                 await turn()
             for _ in range(args.rounds):
-                for name, turn in (("a2a", a2a_turn), ("native", native_turn)):
+                for name, turn in sides:
                     for _ in range(args.turns):
                         t0 = time.perf_counter()
                         await turn()
@@ -94,20 +120,24 @@ async def run(args: argparse.Namespace) -> list[Row]:
         finally:
             await remote.aclose()
             await http.aclose()
-            await transport.aclose()
-            await bridge.aclose()
-            await agent.aclose()
+            for t, b, a in ((transport, bridge, agent), (transport_m, bridge_m, agent_m)):
+                await t.aclose()
+                await b.aclose()
+                await a.aclose()
 
     def p(values: list[float], q: float) -> float:
         return sorted(values)[min(len(values) - 1, int(q * len(values)))]
 
     a2a_med, native_med = statistics.median(times["a2a"]), statistics.median(times["native"])
+    memory_med = statistics.median(times["memory"])
     say(f"== {len(times['a2a'])} turns each, answers of {args.words} words")
     return [
         Row("turn, median", ms(a2a_med), ms(native_med), a2a_med / native_med, "<= 2x",
             a2a_med <= 2 * native_med),
         Row("turn, p90", ms(p(times["a2a"], 0.9)), ms(p(times["native"], 0.9)),
             p(times["a2a"], 0.9) / p(times["native"], 0.9), "-", None),
+        Row("stored tasks vs in memory, median", ms(a2a_med), ms(memory_med),
+            a2a_med / memory_med, "<= 1.25x", a2a_med <= 1.25 * memory_med),
     ]  # fmt: skip
 
 
