@@ -30,6 +30,7 @@ from a2a.helpers.proto_helpers import new_text_part
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import TaskStore
 from a2a.types import (
+    Artifact,
     InvalidParamsError,
     ListTasksRequest,
     ListTasksResponse,
@@ -76,9 +77,10 @@ def _stripped(task: Task) -> Task:
             del m.parts[:]
     if bare.status.HasField("message") and bare.status.message.message_id == answer:
         del bare.status.message.parts[:]
-    for a in bare.artifacts:
-        if a.artifact_id == answer:
-            del a.parts[:]
+    # The answer's artifact is made again when read (so its first chunk writes nothing).
+    kept = [a for a in bare.artifacts if a.artifact_id != answer]
+    del bare.artifacts[:]
+    bare.artifacts.extend(kept)
     return bare
 
 
@@ -107,15 +109,10 @@ def _filled(record: A2ATaskRecord) -> Task:
             task.status.message.parts.append(new_text_part(record.answer))
         else:
             task.status.ClearField("message")
-    artifacts = []
-    for a in task.artifacts:
-        if a.artifact_id == answer:
-            if not record.answer:
-                continue
-            a.parts.append(new_text_part(record.answer))
-        artifacts.append(a)
-    del task.artifacts[:]
-    task.artifacts.extend(artifacts)
+    if record.answer:
+        task.artifacts.insert(
+            0, Artifact(artifact_id=answer, name="answer", parts=[new_text_part(record.answer)])
+        )
     return task
 
 
