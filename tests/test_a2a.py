@@ -491,6 +491,12 @@ async def test_tasks_outlive_a_restart(openai_server, tmp_path):
             listed = r.json()["result"]
             r = await http.post("/agentik/a2a", json=rpc("CancelTask", {"id": first["id"]}))
             not_cancelable = r.json()["error"]["code"]
+            r = await http.post("/agentik/a2a", json=rpc("ListTasks", {"pageSize": 1}))
+            page1 = r.json()["result"]
+            params = {"pageSize": 1, "pageToken": page1["nextPageToken"]}
+            page2 = (await http.post("/agentik/a2a", json=rpc("ListTasks", params))).json()
+            params = {"pageToken": "not a token"}
+            bad = (await http.post("/agentik/a2a", json=rpc("ListTasks", params))).json()
         async with client(server, token=CAROL) as http:
             r = await http.post("/agentik/a2a", json=rpc("GetTask", {"id": first["id"]}))
             assert r.json()["error"]["code"] == -32001  # still alice's only
@@ -504,6 +510,10 @@ async def test_tasks_outlive_a_restart(openai_server, tmp_path):
     assert listed["totalSize"] == 2
     assert "".join(p["text"] for p in listed["tasks"][0]["artifacts"][0]["parts"]) == "bar is 7"
     assert not_cancelable == -32002  # TaskNotCancelable: it is over
+    assert [t["id"] for t in page1["tasks"]] == [second["id"]]
+    assert [t["id"] for t in page2["result"]["tasks"]] == [first["id"]]
+    assert not page2["result"].get("nextPageToken")
+    assert bad["error"]["code"] == -32602 and "pageToken" in bad["error"]["message"]
 
 
 async def test_a_task_run_on_one_worker_is_read_through_another(openai_server, postgres_dsn):
