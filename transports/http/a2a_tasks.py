@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -41,12 +42,15 @@ from a2a.types import (
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 from google.protobuf import json_format  # type: ignore[import-untyped]  # (no stubs)
 
+from agentik.core.errors import StoreError
 from agentik.core.store.records import A2ATaskRecord
 
 if TYPE_CHECKING:
     from agentik.core.store.repositories import A2ATaskRepository
 
 __all__ = ["StoreTaskStore", "answer_id"]
+
+log = logging.getLogger(__name__)
 
 _FINAL = frozenset(
     {
@@ -162,13 +166,16 @@ class StoreTaskStore(TaskStore):
             if task.status.HasField("timestamp")
             else time.time()
         )
+        record = A2ATaskRecord(
+            owner=owner, task_id=task.id, conversation_id=task.context_id, state=state,
+            updated_at=at, body=body, run_id=self.runs.get(task.id), final=final,
+        )  # fmt: skip
         try:
-            await self._store.a2a_task_put(
-                A2ATaskRecord(
-                    owner=owner, task_id=task.id, conversation_id=task.context_id, state=state,
-                    updated_at=at, body=body, run_id=self.runs.get(task.id), final=final,
-                )
-            )  # fmt: skip
+            await self._store.a2a_task_put(record)
+        except StoreError as exc:
+            # (its conversation was deleted meanwhile, or the database failed): the
+            # caller's stream goes on; only other readers miss this state.
+            log.warning("A2A task %s: its %s state was not stored: %s", task.id, state, exc)
         finally:
             if final:
                 self._live.pop(key, None)
