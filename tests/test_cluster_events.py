@@ -54,13 +54,15 @@ TOKENS_LINE = (
 )
 
 
-def two_workers(tmp_path: Path, dsn: str, openai_url: str) -> Any:
-    """Workers ``a`` and ``b`` serving the HTTP API, started and ready."""
+def two_workers(tmp_path: Path, dsn: str, openai_url: str, *, log: str = "warning") -> Any:
+    """Workers ``a`` and ``b`` serving the HTTP API, started and ready (``log``: their
+    log level)."""
 
     def config(name: str, port: int) -> str:
         web = http_transport("web", port, TOKENS_LINE)
+        logging = f'[logging]\nlevel = "{log}"\n'
         return worker_config(name, openai_url, dsn_env=DSN_ENV, poll=2.0, health=False,
-                             before_cluster=TOOLS, extra=ACCESS + web)  # fmt: skip
+                             before_cluster=TOOLS + logging, extra=ACCESS + web)  # fmt: skip
 
     return workers(["a", "b"], tmp_path, dsn, config, dsn_env=DSN_ENV,
                    env={"ALICE_TOKEN": ALICE, "ADMIN_TOKEN": ADMIN}, ready="/ready",
@@ -445,3 +447,105 @@ async def test_an_interrupt_through_one_worker_stops_the_turn_running_on_the_oth
             assert stopped[0].data["run_id"] == second
             started = [m.data["run_id"] for m in more if m.kind == "turn_started" and m.data]
             assert started == [second, third]
+
+
+@pytest.mark.timeout(400)  # two workers and two turns, on a loaded machine
+async def test_a_message_steered_through_one_worker_joins_the_turn_running_on_the_other(
+    postgres_dsn, openai_server, tmp_path
+):
+    """``busy = "steer"`` through B, whose process runs nothing, while the turn on A
+    runs a tool (waiting for an admin's approval): the message joins A's turn at its
+    next model request — no turn of its own, answered once — as on one process."""
+    items = {"items": [{"text": "buy bread", "status": "pending"}]}
+    openai_server.enqueue(
+        Reply.tool_calls([("call-1", "todo", json.dumps(items))]),
+        Reply.text("bread and milk then", chunks=3),
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url, log="info") as (a, b):
+        async with (
+            a.client(ALICE) as alice_a,
+            b.client(ALICE) as alice_b,
+            a.client(ADMIN) as admin_a,
+        ):
+            conv = (await alice_a.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice_b, base + "/events", params={"after": "0"}) as events:
+                r = await alice_a.post(base + "/messages", json={"content": "make a list"})
+                assert r.status_code == 202
+                turn = r.json()["run_id"]
+                # B reads what A stores: once it sees the tool waiting, the turn runs there.
+                asked = (await events.until("approval_requested", timeout=PATIENCE))[-1].data
+                assert asked is not None
+                steer = await alice_b.post(
+                    base + "/messages", json={"content": "also add milk", "busy": "steer"}
+                )
+                assert steer.status_code == 202, steer.text
+                assert (steer.json()["steered"], steer.json()["run_id"]) == (True, turn)
+
+                # A claims it from the queue and sends it into its turn (it says so in its
+                # log), where it waits for the turn's next request.  Then the admin lets
+                # the tool run.
+                await until(
+                    lambda: "steers run" in a.stderr(),
+                    lambda: f"A taking the message in; A's log: {a.stderr()[-2000:]}",
+                )
+                url = f"{base}/approvals/{asked['approval_id']}"
+                ok = await admin_a.post(url, json={"decision": "approve"})
+                assert ok.status_code == 200, ok.text
+                rest = await events.until("turn_ended", timeout=PATIENCE)
+            ended = rest[-1].data
+            assert ended is not None and ended["run_id"] == turn
+            # The model's second request: the tool's result, then the steering message.
+            last = openai_server.requests[-1]["messages"]
+            assert [m["role"] for m in last][-2:] == ["tool", "user"]
+            assert "also add milk" in str(last[-1]["content"])
+            assert len(openai_server.requests) == 2  # no turn of its own
+            history = (await alice_b.get(base + "/messages")).json()["items"]
+            answers = [m for m in history if m["kind"] == "assistant"]
+            assert [m["content"] for m in answers] == ["bread and milk then"]
+
+            # Nothing is left queued: a turn started later runs at once, alone.
+            openai_server.enqueue(Reply.text("ok", chunks=1))
+            async with sse(alice_b, base + "/events", params={"after": str(rest[-1].id)}) as ev:
+                r = await alice_b.post(base + "/messages", json={"content": "thanks"})
+                later = await ev.until("turn_ended", timeout=PATIENCE)
+            started = [m.data["run_id"] for m in later if m.kind == "turn_started" and m.data]
+            assert started == [r.json()["run_id"]]
+            assert len(openai_server.requests) == 3
+
+
+@pytest.mark.timeout(400)
+async def test_a_steering_message_the_other_workers_turn_cannot_take_gets_its_own_turn(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Steered through B while A's turn streams what may be its final answer (no model
+    request sure to follow): it becomes the next turn, answered once, after A's."""
+
+    def model(body: dict[str, Any]) -> Reply:
+        users = [m for m in body["messages"] if m["role"] == "user"]
+        if "and in French" in str(users[-1].get("content")):
+            return Reply.text("un deux trois", chunks=1)
+        return Reply.text(" ".join(f"w{i}" for i in range(40)), chunks=40, delay=0.1)
+
+    openai_server.default = model
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as alice_a, b.client(ALICE) as alice_b:
+            conv = (await alice_a.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice_b, base + "/events", params={"after": "0"}) as events:
+                r = await alice_a.post(base + "/messages", json={"content": "count"})
+                first = r.json()["run_id"]
+                seen = await read_until(events, "text_delta", 3)
+                steer = await alice_b.post(
+                    base + "/messages", json={"content": "and in French", "busy": "steer"}
+                )
+                assert steer.status_code == 202, steer.text
+                seen += await read_until(events, "turn_ended", 2)
+            started = [m.data["run_id"] for m in seen if m.kind == "turn_started" and m.data]
+            assert started[0] == first and len(started) == 2
+            ended = [m.data for m in seen if m.kind == "turn_ended" and m.data]
+            assert [e["run_id"] for e in ended] == started
+            history = (await alice_b.get(base + "/messages")).json()["items"]
+            answers = [m["content"] for m in history if m["kind"] == "assistant"]
+            assert len(answers) == 2 and answers[-1] == "un deux trois"
+            assert len(openai_server.requests) == 2
