@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import signal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,20 @@ async def test_a_redaction_on_one_worker_scrubs_the_replay_on_both(
             await until(
                 lambda: _without(replayed(on_b), "swordfish"), "B's replay without the secret"
             )
+
+
+async def _stored_turn_started(dsn: str) -> bool:
+    """Whether a worker stored a ``turn_started`` event (straight from the database)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        found = await conn.fetchval(
+            "SELECT count(*) FROM run_event WHERE data LIKE '%\"turn_started\"%'"
+        )
+    finally:
+        await conn.close()
+    return bool(found)
 
 
 async def _without(text: Any, word: str) -> bool:
@@ -549,3 +564,75 @@ async def test_a_steering_message_the_other_workers_turn_cannot_take_gets_its_ow
             answers = [m["content"] for m in history if m["kind"] == "assistant"]
             assert len(answers) == 2 and answers[-1] == "un deux trois"
             assert len(openai_server.requests) == 2
+
+
+@pytest.mark.timeout(400)
+async def test_stop_in_slack_http_mode_reaches_the_turn_another_worker_runs(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Slack's HTTP mode behind a load balancer: a message's event reaches worker A,
+    which runs its turn; the ``!stop`` that follows reaches worker B, whose process
+    runs nothing: the answer on A stops, marked interrupted, as on one process."""
+    from fakeslack import FakeSlack
+    from rigs import bot_texts
+
+    words = [f"w{i}" for i in range(300)]
+    openai_server.default = lambda body: Reply.text(" ".join(words), chunks=300, delay=0.1)
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+
+        def config(name: str, port: int) -> str:
+            transport = f"""
+[transports.slack]
+type = "slack"
+mode = "http"
+bot_token = "{slack.bot_token}"
+signing_secret = "${{SLACK_SIGNING_SECRET}}"
+api_url = "{slack.api_url}"
+http_port = {port}
+streaming = "edit"
+"""
+            return worker_config(name, openai_server.base_url, dsn_env=DSN_ENV, poll=2.0,
+                                 extra=transport)  # fmt: skip
+
+        env = {"SLACK_SIGNING_SECRET": slack.signing_secret}
+        async with (
+            workers(["a", "b"], tmp_path, postgres_dsn, config, dsn_env=DSN_ENV, env=env) as crew,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            a, b = crew
+
+            async def post(worker: Any, payload: dict[str, Any]) -> int:
+                body = json.dumps(payload).encode()
+                headers = {**slack.sign(body), "Content-Type": "application/json"}
+                url = f"http://127.0.0.1:{worker.port}/slack/events"
+                try:
+                    r = await http.post(url, content=body, headers=headers)
+                except httpx.TransportError:
+                    return 0
+                return r.status_code
+
+            async def serving(worker: Any) -> bool:
+                challenge = {"type": "url_verification", "token": "t", "challenge": "c"}
+                return await post(worker, challenge) == 200
+
+            for w in crew:
+                await until(partial(serving, w), f"{w.folder.name}'s Slack HTTP mode")
+            talk = slack.message_event("D1", "count to 300", channel_type="im")
+            assert await post(a, slack.event_callback(talk)) == 200
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith("w0"), timeout=PATIENCE
+            )
+            # B finds the turn in the events A stores (within 50 ms): once they are there,
+            # B's !stop finds it running.
+            await until(partial(_stored_turn_started, postgres_dsn), "A's turn stored")
+            stop = slack.message_event("D1", "!stop", channel_type="im")
+            assert await post(b, slack.event_callback(stop)) == 200
+            await until(
+                lambda: any("_(interrupted)_" in t for t in bot_texts(slack, "D1")),
+                lambda: f"the answer marked interrupted; posted: {bot_texts(slack, 'D1')}",
+            )
+            texts = bot_texts(slack, "D1")
+            assert not any("nothing to stop" in t for t in texts), texts
+            answer = next(t for t in texts if t.startswith("w0"))
+            assert "w299" not in answer  # cut, not finished
