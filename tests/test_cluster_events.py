@@ -636,3 +636,31 @@ streaming = "edit"
             assert not any("nothing to stop" in t for t in texts), texts
             answer = next(t for t in texts if t.startswith("w0"))
             assert "w299" not in answer  # cut, not finished
+
+
+async def test_the_agent_wide_stream_on_one_worker_shows_a_turn_on_the_other(
+    postgres_dsn, openai_server, tmp_path
+):
+    """``/agentik/events`` on A while a turn runs on B: A's client sees it whole (as
+    the conversation's own stream does), each event once, with ids that only grow."""
+    openai_server.default = lambda body: Reply.text(
+        " ".join(f"w{i}" for i in range(20)), chunks=20, delay=0.03
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+            conv = (await on_b.post("/conversations", json={})).json()
+            async with sse(on_a, "/events") as everything:
+                r = await on_b.post(f"/conversations/{conv['id']}/messages",
+                                    json={"content": "count"})  # fmt: skip
+                assert r.status_code == 202
+                run_id = r.json()["run_id"]
+                seen = await read_until(everything, "turn_ended")
+            mine = [m for m in seen if m.data and m.data.get("run_id") == run_id]
+            kinds = [m.kind for m in mine]
+            assert kinds[0] == "turn_started" and kinds[-1] == "turn_ended", kinds
+            text = "".join(str(m.data["text"]) for m in mine if m.kind == "text_delta" and m.data)
+            assert text.split() == [f"w{i}" for i in range(20)]
+            seqs = [m.data["seq"] for m in mine if m.data]
+            assert seqs == sorted(set(seqs))  # in order, none twice
+            ids = [m.id for m in seen if m.id is not None]
+            assert ids == sorted(set(ids))

@@ -1422,9 +1422,17 @@ class Api:
         principal = self.principal(request)
         after, profile = self._after(request), self._profile(request)
         self._refuse_when_closing()
-        sub = self.agent.events(
-            after=after, profile=profile, max_pending=self.ctx.settings.subscriber_queue
-        )
+        cluster = self.agent.cluster_events
+        sub: Any
+        if cluster is not None:
+            # Workers: this worker's events and those of the turns the others run.
+            sub = cluster.subscribe_all(
+                after=after, profile=profile, max_pending=self.ctx.settings.subscriber_queue
+            )
+        else:
+            sub = self.agent.events(
+                after=after, profile=profile, max_pending=self.ctx.settings.subscriber_queue
+            )
         accept = None if principal.prefixes is None else self._visible_to(principal)
         return self._stream(sub, global_ids=True, accept=accept)
 
