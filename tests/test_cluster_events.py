@@ -55,15 +55,18 @@ TOKENS_LINE = (
 )
 
 
-def two_workers(tmp_path: Path, dsn: str, openai_url: str, *, log: str = "warning") -> Any:
+def two_workers(
+    tmp_path: Path, dsn: str, openai_url: str, *, log: str = "warning", extra: str = ""
+) -> Any:
     """Workers ``a`` and ``b`` serving the HTTP API, started and ready (``log``: their
-    log level)."""
+    log level; ``extra``: more configuration, before ``[cluster]``)."""
 
     def config(name: str, port: int) -> str:
         web = http_transport("web", port, TOKENS_LINE)
         logging = f'[logging]\nlevel = "{log}"\n'
         return worker_config(name, openai_url, dsn_env=DSN_ENV, poll=2.0, health=False,
-                             before_cluster=TOOLS + logging, extra=ACCESS + web)  # fmt: skip
+                             before_cluster=TOOLS + logging + extra,
+                             extra=ACCESS + web)  # fmt: skip
 
     return workers(["a", "b"], tmp_path, dsn, config, dsn_env=DSN_ENV,
                    env={"ALICE_TOKEN": ALICE, "ADMIN_TOKEN": ADMIN}, ready="/ready",
@@ -664,3 +667,37 @@ async def test_the_agent_wide_stream_on_one_worker_shows_a_turn_on_the_other(
             assert seqs == sorted(set(seqs))  # in order, none twice
             ids = [m.id for m in seen if m.id is not None]
             assert ids == sorted(set(ids))
+
+
+@pytest.mark.timeout(400)
+async def test_a_token_budget_for_one_turn_admits_one_of_two_started_on_two_workers(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Token reservations are in the database: a budget whose window holds one turn's
+    estimate, two turns started at once through A and B → one runs, the other is
+    refused with the budget message (each worker alone would have admitted its own)."""
+    openai_server.default = lambda body: Reply.text("counted", chunks=2, delay=0.5)
+    budgets = """[budgets]
+turn_tokens_estimate = 1000
+[budgets.user]
+tokens_per_day = 300
+"""
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url, extra=budgets) as (
+        a,
+        b,
+    ):
+        async with a.client(ALICE) as alice_a, b.client(ALICE) as alice_b:
+            one = (await alice_a.post("/conversations", json={})).json()["id"]
+            two = (await alice_b.post("/conversations", json={})).json()["id"]
+            answers = await asyncio.gather(
+                alice_a.post(f"/conversations/{one}/messages", json={"content": "hi"}),
+                alice_b.post(f"/conversations/{two}/messages", json={"content": "hi"}),
+            )
+            codes = sorted(r.status_code for r in answers)
+            assert codes == [202, 429], [r.text for r in answers]
+            refused = next(r for r in answers if r.status_code == 429).json()["error"]
+            assert refused["code"] == "budget_exceeded"
+            assert refused["message"].endswith(
+                ": daily token budget used up (300, counting 1,000 reserved by turns still"
+                " running); resets at 00:00 UTC"
+            ), refused
