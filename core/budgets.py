@@ -24,9 +24,11 @@ one database, cannot slip past the speaker's shared limit.  A turn admitted
 while others run *reserves* an estimate of its tokens (the larger of
 ``ceil(characters / 4)`` of its message and the mean tokens of the last turns
 this process counted; ``[budgets] turn_tokens_estimate`` before any turn
-ended) and the check adds the reservations of this process's turns still
-running to the counted tokens; the turn's end replaces its reservation with
-what it used.  A tool call is counted in the store when it is checked (so it
+ended), held in the store in the same atomic step (a counter of kind
+:data:`HELD` whose window is the minute it lapses, :data:`HOLD_SECONDS` on), and
+the check adds what every worker's running turns hold to the counted tokens;
+the turn's end replaces its reservation with what it used (a worker that died
+leaves its reservations to lapse).  A tool call is counted in the store when it is checked (so it
 counts for every worker at once) and given back if it did not run (a denied
 or expired approval, a plugin's block: when the turn ends), so the tool call
 budget counts the calls that ran.

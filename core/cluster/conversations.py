@@ -50,6 +50,13 @@ notification only delays: the asking worker announces it again every
 ``heartbeat_seconds`` until the turn's end is recorded (at most
 :data:`STOP_PATIENCE` seconds).
 
+**Steering a turn another worker runs** (``busy = "steer"`` through a worker that
+does not hold the conversation): the turn is queued as any other, its payload naming
+the run running elsewhere (``steer``).  The holder, claiming it, sends it into that
+turn when it runs here and can take it (:meth:`Conversation.steer_committed
+<agentik.core.conversation.Conversation.steer_committed>`); its queue row is done
+when the turn ends, or — not taken in — it runs as an ordinary turn after it.
+
 Nothing of this runs on a store one process keeps (SQLite, the in-memory store):
 the bot makes no :class:`TurnQueue` there, and turns are submitted as before.
 """
@@ -533,6 +540,7 @@ class TurnQueue:
                                 len(slot.turns))  # fmt: skip
                     for left in slot.turns:
                         self._messages.pop(left.message_id, None)
+                        self._steering.pop(left.message_id, None)  # (the next holder sees)
                     slot.turns.clear()
                     slot.known.clear()
                     break
@@ -556,6 +564,7 @@ class TurnQueue:
                     # worker (or this one, later) take the conversation and claim it.
                     for left in slot.turns:
                         self._messages.pop(left.message_id, None)
+                        self._steering.pop(left.message_id, None)  # (the next holder sees)
                     slot.turns.clear()
                     slot.known.clear()
                     await self._release(conversation_id)
