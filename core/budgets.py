@@ -24,9 +24,11 @@ one database, cannot slip past the speaker's shared limit.  A turn admitted
 while others run *reserves* an estimate of its tokens (the larger of
 ``ceil(characters / 4)`` of its message and the mean tokens of the last turns
 this process counted; ``[budgets] turn_tokens_estimate`` before any turn
-ended) and the check adds the reservations of this process's turns still
-running to the counted tokens; the turn's end replaces its reservation with
-what it used.  A tool call is counted in the store when it is checked (so it
+ended), held in the store in the same atomic step (a counter of kind
+:data:`HELD` whose window is the minute it lapses, :data:`HOLD_SECONDS` on), and
+the check adds what every worker's running turns hold to the counted tokens;
+the turn's end replaces its reservation with what it used (a worker that died
+leaves its reservations to lapse).  A tool call is counted in the store when it is checked (so it
 counts for every worker at once) and given back if it did not run (a denied
 or expired approval, a plugin's block: when the turn ends), so the tool call
 budget counts the calls that ran.
@@ -55,7 +57,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -232,6 +234,18 @@ class Refusal:
         return self.text if self.first else None
 
 
+#: The counter kind of the tokens reserved by running turns (migration 25).
+HELD = "tokens_held"
+#: Seconds a turn's token reservation counts at most: a worker that died keeps none
+#: for longer (a longer turn's lapses, and it is counted at its end as any other).
+HOLD_SECONDS = 900.0
+
+
+def _held_until(now: float) -> int:
+    """The window of a reservation made at ``now``: the minute it lapses after."""
+    return int((now + HOLD_SECONDS) // _MINUTE) * _MINUTE
+
+
 def window(kind: UsageKind, now: float) -> int:
     """The start (Unix seconds) of the fixed UTC window ``now`` falls in for ``kind``."""
     size = _MINUTE if kind == "messages" else _DAY
@@ -278,10 +292,13 @@ class Budgets:
         self._chars: dict[str, int] = {}
         #: Tokens reserved by turns admitted and not ended, by counter.
         self._reserved: dict[tuple[str, str], int] = {}
-        #: Reservations admitted but not yet bound to a run, by subject.
-        self._unbound: dict[Subject, list[int]] = {}
+        #: Reservations admitted but not yet bound to a run, by subject: (tokens, the
+        #: window of their held counter).
+        self._unbound: dict[Subject, list[tuple[int, int]]] = {}
         #: Each bound run's reservation.
-        self._run_reserved: dict[str, tuple[Subject, int]] = {}
+        self._run_reserved: dict[str, tuple[Subject, tuple[int, int]]] = {}
+        #: Reservations being given back in the store.
+        self._unholding: set[asyncio.Task[None]] = set()
         #: Tool calls counted when checked (in the store: every worker sees them) and
         #: not run yet, by run: call id -> (who pays, the window they were counted in).
         self._run_held: dict[str, dict[str, tuple[Subject, int]]] = {}
@@ -369,28 +386,36 @@ class Budgets:
             # One atomic check-and-add in the store: workers sharing the database
             # cannot each pass the check at the edge of a limit.
             checks: list[tuple[str, str, str, int, int]] = []
-            meta: list[tuple[UsageScope, str, UsageKind, int, int]] = []
+            meta: list[tuple[UsageScope, str, UsageKind, int]] = []
             for scope, key, limits in self.limits(subject):
                 for kind in _TURN_KINDS:
                     limit = limits.limit(kind)
                     if not limit:
                         continue
-                    reserved = self._reserved.get((scope, key), 0) if kind == "tokens" else 0
-                    checks.append((scope, key, kind, window(kind, now), limit - reserved))
-                    meta.append((scope, key, kind, limit, reserved))
+                    checks.append((scope, key, kind, window(kind, now), limit))
+                    meta.append((scope, key, kind, limit))
             at = window("messages", now)
             rows = [(scope, key, "messages", at, 1) for scope, key, _ in self.limits(subject)]
-            failed = await self.store.budget_take(checks, rows)
+            # The turn's estimate is held in the store with the count (every worker's
+            # check counts it) until its end settles it, or it lapses (a worker died).
+            amount, until = self.estimate(chars), _held_until(now)
+            rows += [(scope, key, HELD, until, amount) for scope, key, _ in self.limits(subject)]
+            failed = await self.store.budget_take(checks, rows, held=("tokens", HELD, at))
             if failed is not None:
                 index, n = failed
-                scope, key, kind, limit, reserved = meta[index]
-                if n >= limit:
-                    reserved = 0  # used up whatever running turns use
+                scope, key, kind, limit = meta[index]
+                reserved = 0
+                if kind == "tokens":
+                    used = await self.store.budget_usage(
+                        [(scope, key)], {"tokens": window("tokens", now)}
+                    )
+                    counted = used.get((scope, key, "tokens"), 0)
+                    reserved = n - counted if counted < limit else 0  # else: used up anyway
                 if self.on_refusal is not None:
                     self.on_refusal(scope, kind)
                 return self._notice(subject, scope, key, kind, limit, now, reserved)
             await self._prune(now)
-            self._reserve(subject, chars)
+            self._reserve(subject, amount, until)
         return None
 
     @contextlib.asynccontextmanager
@@ -411,19 +436,31 @@ class Budgets:
             mean = self.settings.turn_tokens_estimate
         return max(mean, -(-chars // 4))
 
-    def _reserve(self, subject: Subject, chars: int) -> None:
-        amount = self.estimate(chars)
+    def _reserve(self, subject: Subject, amount: int, until: int) -> None:
         for scope, key, _ in self.limits(subject):
             self._reserved[(scope, key)] = self._reserved.get((scope, key), 0) + amount
-        self._unbound.setdefault(subject, []).append(amount)
+        self._unbound.setdefault(subject, []).append((amount, until))
 
-    def _unreserve(self, subject: Subject, amount: int) -> None:
+    def _unreserve(self, subject: Subject, held: tuple[int, int]) -> None:
+        """Give a reservation back: here, and (a task: the callers are not all
+        coroutines) in the store."""
+        amount, until = held
         for scope, key, _ in self.limits(subject):
             left = self._reserved.get((scope, key), 0) - amount
             if left > 0:
                 self._reserved[(scope, key)] = left
             else:
                 self._reserved.pop((scope, key), None)
+        rows = [(scope, key, HELD, until, -amount) for scope, key, _ in self.limits(subject)]
+        task = asyncio.get_running_loop().create_task(self._unhold(rows))
+        self._unholding.add(task)
+        task.add_done_callback(self._unholding.discard)
+
+    async def _unhold(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
+        try:
+            await self.store.budget_add(rows)
+        except Exception as exc:  # it lapses by itself (HOLD_SECONDS)
+            log.warning("could not give back a token reservation: %s", exc)
 
     def reserved(self, scope: UsageScope, key: str) -> int:
         """Tokens reserved now by running turns of counter ``(scope, key)``."""
@@ -457,6 +494,7 @@ class Budgets:
             try:
                 await self.store.budget_prune(
                     {"messages": window("messages", now - 3600),
+                     HELD: window("messages", now - 3600),
                      "tokens": window("tokens", now - _KEEP_DAYS * _DAY),
                      "tool_calls": window("tool_calls", now - _KEEP_DAYS * _DAY)}
                 )  # fmt: skip
@@ -651,7 +689,9 @@ class Budgets:
             await sub.aclose()
 
     async def aclose(self) -> None:
-        """Stop watching events."""
+        """Stop watching events (the reservations being given back are written)."""
+        if self._unholding:
+            await asyncio.gather(*self._unholding, return_exceptions=True)
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

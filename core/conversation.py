@@ -938,6 +938,39 @@ class Conversation:
                                allow_tool=allow_tool, settings=settings))  # fmt: skip
         return True
 
+    def steer_committed(
+        self,
+        message: Message,
+        *,
+        run_id: str,
+        allow_tool: Callable[[str], bool] | None = None,
+        settings: TurnSettings | None = None,
+    ) -> Steered | None:
+        """Send ``message``, a user message committed already with a queued turn of its
+        own (the turn queue of several workers: it arrived through another worker with
+        ``busy = "steer"``), into the running turn ``run_id``, as :meth:`submit`'s
+        ``steer`` would.  The item taken (its :attr:`~Steered.taken` says, once the
+        turn ended, whether it joined the working memory), or ``None`` when that turn
+        does not run here or cannot take it.  A message the turn does not reach is not
+        queued here: its queued turn runs it."""
+        self._check_open()
+        runner = self._runner
+        settings = self._settings if settings is None else settings
+        data = message.data if isinstance(message.data, dict) else {}
+        author_id = data.get("author_id")
+        author_id = str(author_id) if author_id else None
+        if runner is None or runner.run_id != run_id:
+            return None
+        if not self._steerable(author_id, allow_tool, settings):
+            return None
+        done: asyncio.Future[list[Message]] = asyncio.get_running_loop().create_future()
+        done.set_result([message])
+        item = Steered(message.content, message.author, done, queued=True)
+        if not runner.steer(item):
+            return None
+        self._add_speaker(author_id)
+        return item
+
     def _job(self, fn: Callable[[], Awaitable[Any]]) -> _Job:
         done = asyncio.get_running_loop().create_future()
         # Nobody awaits it: its outcome is logged, never raised.
@@ -1162,6 +1195,8 @@ class Conversation:
                             await sink.flushed()
                     # Steering messages the turn ended before reaching: the next turns.
                     for item in reversed(runner.take_steered()):
+                        if item.queued:
+                            continue  # (its queued turn runs it: the turn queue's)
                         self._queue.insert(
                             0,
                             _Pending(

@@ -124,6 +124,11 @@ class Steered:
     content: str
     author: str | None
     committed: asyncio.Future[list[Message]]
+    #: Sent into the turn from the turn queue of several workers (a queued turn of
+    #: its own): one the turn does not reach is run from the queue, not here.
+    queued: bool = False
+    #: Whether the turn took it in (it joined the working memory).
+    taken: bool = False
 
 
 class TurnRunner:
@@ -304,6 +309,7 @@ class TurnRunner:
             self._append(
                 memory=[user_chat_message(rows[0])]
             )  # fmt: skip
+            item.taken = True
 
     def _append(
         self,

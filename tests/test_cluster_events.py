@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import signal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +55,18 @@ TOKENS_LINE = (
 )
 
 
-def two_workers(tmp_path: Path, dsn: str, openai_url: str) -> Any:
-    """Workers ``a`` and ``b`` serving the HTTP API, started and ready."""
+def two_workers(
+    tmp_path: Path, dsn: str, openai_url: str, *, log: str = "warning", extra: str = ""
+) -> Any:
+    """Workers ``a`` and ``b`` serving the HTTP API, started and ready (``log``: their
+    log level; ``extra``: more configuration, before ``[cluster]``)."""
 
     def config(name: str, port: int) -> str:
         web = http_transport("web", port, TOKENS_LINE)
+        logging = f'[logging]\nlevel = "{log}"\n'
         return worker_config(name, openai_url, dsn_env=DSN_ENV, poll=2.0, health=False,
-                             before_cluster=TOOLS, extra=ACCESS + web)  # fmt: skip
+                             before_cluster=TOOLS + logging + extra,
+                             extra=ACCESS + web)  # fmt: skip
 
     return workers(["a", "b"], tmp_path, dsn, config, dsn_env=DSN_ENV,
                    env={"ALICE_TOKEN": ALICE, "ADMIN_TOKEN": ADMIN}, ready="/ready",
@@ -284,6 +290,20 @@ async def test_a_redaction_on_one_worker_scrubs_the_replay_on_both(
             )
 
 
+async def _stored_turn_started(dsn: str) -> bool:
+    """Whether a worker stored a ``turn_started`` event (straight from the database)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        found = await conn.fetchval(
+            "SELECT count(*) FROM run_event WHERE data LIKE '%\"turn_started\"%'"
+        )
+    finally:
+        await conn.close()
+    return bool(found)
+
+
 async def _without(text: Any, word: str) -> bool:
     return word not in await text
 
@@ -445,3 +465,239 @@ async def test_an_interrupt_through_one_worker_stops_the_turn_running_on_the_oth
             assert stopped[0].data["run_id"] == second
             started = [m.data["run_id"] for m in more if m.kind == "turn_started" and m.data]
             assert started == [second, third]
+
+
+@pytest.mark.timeout(400)  # two workers and two turns, on a loaded machine
+async def test_a_message_steered_through_one_worker_joins_the_turn_running_on_the_other(
+    postgres_dsn, openai_server, tmp_path
+):
+    """``busy = "steer"`` through B, whose process runs nothing, while the turn on A
+    runs a tool (waiting for an admin's approval): the message joins A's turn at its
+    next model request — no turn of its own, answered once — as on one process."""
+    items = {"items": [{"text": "buy bread", "status": "pending"}]}
+    openai_server.enqueue(
+        Reply.tool_calls([("call-1", "todo", json.dumps(items))]),
+        Reply.text("bread and milk then", chunks=3),
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url, log="info") as (a, b):
+        async with (
+            a.client(ALICE) as alice_a,
+            b.client(ALICE) as alice_b,
+            a.client(ADMIN) as admin_a,
+        ):
+            conv = (await alice_a.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice_b, base + "/events", params={"after": "0"}) as events:
+                r = await alice_a.post(base + "/messages", json={"content": "make a list"})
+                assert r.status_code == 202
+                turn = r.json()["run_id"]
+                # B reads what A stores: once it sees the tool waiting, the turn runs there.
+                asked = (await events.until("approval_requested", timeout=PATIENCE))[-1].data
+                assert asked is not None
+                steer = await alice_b.post(
+                    base + "/messages", json={"content": "also add milk", "busy": "steer"}
+                )
+                assert steer.status_code == 202, steer.text
+                assert (steer.json()["steered"], steer.json()["run_id"]) == (True, turn)
+
+                # A claims it from the queue and sends it into its turn (it says so in its
+                # log), where it waits for the turn's next request.  Then the admin lets
+                # the tool run.
+                await until(
+                    lambda: "steers run" in a.stderr(),
+                    lambda: f"A taking the message in; A's log: {a.stderr()[-2000:]}",
+                )
+                url = f"{base}/approvals/{asked['approval_id']}"
+                ok = await admin_a.post(url, json={"decision": "approve"})
+                assert ok.status_code == 200, ok.text
+                rest = await events.until("turn_ended", timeout=PATIENCE)
+            ended = rest[-1].data
+            assert ended is not None and ended["run_id"] == turn
+            # The model's second request: the tool's result, then the steering message.
+            last = openai_server.requests[-1]["messages"]
+            assert [m["role"] for m in last][-2:] == ["tool", "user"]
+            assert "also add milk" in str(last[-1]["content"])
+            assert len(openai_server.requests) == 2  # no turn of its own
+            history = (await alice_b.get(base + "/messages")).json()["items"]
+            answers = [m for m in history if m["kind"] == "assistant"]
+            assert [m["content"] for m in answers] == ["bread and milk then"]
+
+            # Nothing is left queued: a turn started later runs at once, alone.
+            openai_server.enqueue(Reply.text("ok", chunks=1))
+            async with sse(alice_b, base + "/events", params={"after": str(rest[-1].id)}) as ev:
+                r = await alice_b.post(base + "/messages", json={"content": "thanks"})
+                later = await ev.until("turn_ended", timeout=PATIENCE)
+            started = [m.data["run_id"] for m in later if m.kind == "turn_started" and m.data]
+            assert started == [r.json()["run_id"]]
+            assert len(openai_server.requests) == 3
+
+
+@pytest.mark.timeout(400)
+async def test_a_steering_message_the_other_workers_turn_cannot_take_gets_its_own_turn(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Steered through B while A's turn streams what may be its final answer (no model
+    request sure to follow): it becomes the next turn, answered once, after A's."""
+
+    def model(body: dict[str, Any]) -> Reply:
+        users = [m for m in body["messages"] if m["role"] == "user"]
+        if "and in French" in str(users[-1].get("content")):
+            return Reply.text("un deux trois", chunks=1)
+        return Reply.text(" ".join(f"w{i}" for i in range(40)), chunks=40, delay=0.1)
+
+    openai_server.default = model
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as alice_a, b.client(ALICE) as alice_b:
+            conv = (await alice_a.post("/conversations", json={})).json()
+            base = f"/conversations/{conv['id']}"
+            async with sse(alice_b, base + "/events", params={"after": "0"}) as events:
+                r = await alice_a.post(base + "/messages", json={"content": "count"})
+                first = r.json()["run_id"]
+                seen = await read_until(events, "text_delta", 3)
+                steer = await alice_b.post(
+                    base + "/messages", json={"content": "and in French", "busy": "steer"}
+                )
+                assert steer.status_code == 202, steer.text
+                seen += await read_until(events, "turn_ended", 2)
+            started = [m.data["run_id"] for m in seen if m.kind == "turn_started" and m.data]
+            assert started[0] == first and len(started) == 2
+            ended = [m.data for m in seen if m.kind == "turn_ended" and m.data]
+            assert [e["run_id"] for e in ended] == started
+            history = (await alice_b.get(base + "/messages")).json()["items"]
+            answers = [m["content"] for m in history if m["kind"] == "assistant"]
+            assert len(answers) == 2 and answers[-1] == "un deux trois"
+            assert len(openai_server.requests) == 2
+
+
+@pytest.mark.timeout(400)
+async def test_stop_in_slack_http_mode_reaches_the_turn_another_worker_runs(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Slack's HTTP mode behind a load balancer: a message's event reaches worker A,
+    which runs its turn; the ``!stop`` that follows reaches worker B, whose process
+    runs nothing: the answer on A stops, marked interrupted, as on one process."""
+    from fakeslack import FakeSlack
+    from rigs import bot_texts
+
+    words = [f"w{i}" for i in range(300)]
+    openai_server.default = lambda body: Reply.text(" ".join(words), chunks=300, delay=0.1)
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+
+        def config(name: str, port: int) -> str:
+            transport = f"""
+[transports.slack]
+type = "slack"
+mode = "http"
+bot_token = "{slack.bot_token}"
+signing_secret = "${{SLACK_SIGNING_SECRET}}"
+api_url = "{slack.api_url}"
+http_port = {port}
+streaming = "edit"
+"""
+            return worker_config(name, openai_server.base_url, dsn_env=DSN_ENV, poll=2.0,
+                                 extra=transport)  # fmt: skip
+
+        env = {"SLACK_SIGNING_SECRET": slack.signing_secret}
+        async with (
+            workers(["a", "b"], tmp_path, postgres_dsn, config, dsn_env=DSN_ENV, env=env) as crew,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            a, b = crew
+
+            async def post(worker: Any, payload: dict[str, Any]) -> int:
+                body = json.dumps(payload).encode()
+                headers = {**slack.sign(body), "Content-Type": "application/json"}
+                url = f"http://127.0.0.1:{worker.port}/slack/events"
+                try:
+                    r = await http.post(url, content=body, headers=headers)
+                except httpx.TransportError:
+                    return 0
+                return r.status_code
+
+            async def serving(worker: Any) -> bool:
+                challenge = {"type": "url_verification", "token": "t", "challenge": "c"}
+                return await post(worker, challenge) == 200
+
+            for w in crew:
+                await until(partial(serving, w), f"{w.folder.name}'s Slack HTTP mode")
+            talk = slack.message_event("D1", "count to 300", channel_type="im")
+            assert await post(a, slack.event_callback(talk)) == 200
+            await slack.wait_for_call(
+                "chat.postMessage", lambda p: p.get("text", "").startswith("w0"), timeout=PATIENCE
+            )
+            # B finds the turn in the events A stores (within 50 ms): once they are there,
+            # B's !stop finds it running.
+            await until(partial(_stored_turn_started, postgres_dsn), "A's turn stored")
+            stop = slack.message_event("D1", "!stop", channel_type="im")
+            assert await post(b, slack.event_callback(stop)) == 200
+            await until(
+                lambda: any("_(interrupted)_" in t for t in bot_texts(slack, "D1")),
+                lambda: f"the answer marked interrupted; posted: {bot_texts(slack, 'D1')}",
+            )
+            texts = bot_texts(slack, "D1")
+            assert not any("nothing to stop" in t for t in texts), texts
+            answer = next(t for t in texts if t.startswith("w0"))
+            assert "w299" not in answer  # cut, not finished
+
+
+async def test_the_agent_wide_stream_on_one_worker_shows_a_turn_on_the_other(
+    postgres_dsn, openai_server, tmp_path
+):
+    """``/agentik/events`` on A while a turn runs on B: A's client sees it whole (as
+    the conversation's own stream does), each event once, with ids that only grow."""
+    openai_server.default = lambda body: Reply.text(
+        " ".join(f"w{i}" for i in range(20)), chunks=20, delay=0.03
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+            conv = (await on_b.post("/conversations", json={})).json()
+            async with sse(on_a, "/events") as everything:
+                r = await on_b.post(f"/conversations/{conv['id']}/messages",
+                                    json={"content": "count"})  # fmt: skip
+                assert r.status_code == 202
+                run_id = r.json()["run_id"]
+                seen = await read_until(everything, "turn_ended")
+            mine = [m for m in seen if m.data and m.data.get("run_id") == run_id]
+            kinds = [m.kind for m in mine]
+            assert kinds[0] == "turn_started" and kinds[-1] == "turn_ended", kinds
+            text = "".join(str(m.data["text"]) for m in mine if m.kind == "text_delta" and m.data)
+            assert text.split() == [f"w{i}" for i in range(20)]
+            seqs = [m.data["seq"] for m in mine if m.data]
+            assert seqs == sorted(set(seqs))  # in order, none twice
+            ids = [m.id for m in seen if m.id is not None]
+            assert ids == sorted(set(ids))
+
+
+@pytest.mark.timeout(400)
+async def test_a_token_budget_for_one_turn_admits_one_of_two_started_on_two_workers(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Token reservations are in the database: a budget whose window holds one turn's
+    estimate, two turns started at once through A and B → one runs, the other is
+    refused with the budget message (each worker alone would have admitted its own)."""
+    openai_server.default = lambda body: Reply.text("counted", chunks=2, delay=0.5)
+    budgets = """[budgets]
+turn_tokens_estimate = 1000
+[budgets.user]
+tokens_per_day = 300
+"""
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url, extra=budgets) as (
+        a,
+        b,
+    ):
+        async with a.client(ALICE) as alice_a, b.client(ALICE) as alice_b:
+            one = (await alice_a.post("/conversations", json={})).json()["id"]
+            two = (await alice_b.post("/conversations", json={})).json()["id"]
+            answers = await asyncio.gather(
+                alice_a.post(f"/conversations/{one}/messages", json={"content": "hi"}),
+                alice_b.post(f"/conversations/{two}/messages", json={"content": "hi"}),
+            )
+            codes = sorted(r.status_code for r in answers)
+            assert codes == [202, 429], [r.text for r in answers]
+            refused = next(r for r in answers if r.status_code == 429).json()["error"]
+            assert refused["code"] == "budget_exceeded"
+            assert refused["message"].endswith(
+                ": daily token budget used up (300, counting 1,000 reserved by turns still"
+                " running); resets at 00:00 UTC"
+            ), refused

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentik.core.access import may_stop
 from agentik.core.errors import AgentikError
 
@@ -10,6 +12,9 @@ from ..channel import OpenChannel
 from ..chansettings import describe
 from ..chat import error_line, is_fence
 from .base import CommandContext
+
+if TYPE_CHECKING:
+    from agentik.core.cluster.conversations import TurnQueue
 
 __all__ = ["budget", "compact", "help_", "more", "new", "status", "stop"]
 
@@ -30,8 +35,43 @@ async def stop(ctx: CommandContext) -> None:
     if _someone_elses(ctx, ctx.host.open_channel(ctx.key)):
         await ctx.say("only the asker (or an admin) may stop this answer")
         return
-    if not await ctx.host.interrupt(ctx.key):
+    if await ctx.host.interrupt(ctx.key):
+        return
+    elsewhere = await _running_elsewhere(ctx)
+    if elsewhere is None:
         await ctx.say("nothing to stop")
+        return
+    queue, conversation_id, run_id, asker = elsewhere
+    if not may_stop(ctx.decision, ctx.speaker, asker):
+        await ctx.say("only the asker (or an admin) may stop this answer")
+        return
+    await queue.stop_elsewhere(conversation_id, run_id)
+
+
+async def _running_elsewhere(
+    ctx: CommandContext,
+) -> tuple[TurnQueue, str, str, str | None] | None:
+    """The turn of the channel's conversation another worker runs (several workers:
+    Slack's HTTP mode behind a load balancer brings a ``!stop`` to any of them), as
+    the stored events say: the turn queue, the conversation, the run and its asker
+    (the verified identity that sent the message it answers); ``None``: none runs."""
+    agent = ctx.host.agent
+    queue = agent.turn_queue
+    if queue is None:
+        return None
+    conversation_id = await agent.store.get_binding(ctx.key)
+    if conversation_id is None:
+        return None
+    run_id = await queue.running_elsewhere(conversation_id)
+    if run_id is None:
+        return None
+    asker: str | None = None
+    for m in reversed(await agent.store.messages(conversation_id, kinds=["user"], limit=50)):
+        data = m.data if isinstance(m.data, dict) else {}
+        if m.run_id == run_id and data.get("author_id"):
+            asker = str(data["author_id"])
+            break
+    return queue, conversation_id, run_id, asker
 
 
 async def new(ctx: CommandContext) -> None:

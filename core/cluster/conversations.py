@@ -50,6 +50,13 @@ notification only delays: the asking worker announces it again every
 ``heartbeat_seconds`` until the turn's end is recorded (at most
 :data:`STOP_PATIENCE` seconds).
 
+**Steering a turn another worker runs** (``busy = "steer"`` through a worker that
+does not hold the conversation): the turn is queued as any other, its payload naming
+the run running elsewhere (``steer``).  The holder, claiming it, sends it into that
+turn when it runs here and can take it (:meth:`Conversation.steer_committed
+<agentik.core.conversation.Conversation.steer_committed>`); its queue row is done
+when the turn ends, or — not taken in — it runs as an ordinary turn after it.
+
 Nothing of this runs on a store one process keeps (SQLite, the in-memory store):
 the bot makes no :class:`TurnQueue` there, and turns are submitted as before.
 """
@@ -77,6 +84,7 @@ if TYPE_CHECKING:
     from ..services import AgentServices
     from ..store.base import Store
     from ..store.records import Lease, QueuedTurn, QueueStats
+    from ..turn import Steered
     from ..turnsettings import TurnSettings
 
 __all__ = ["STOPS_TOPIC", "TOPIC", "Admission", "FrontEnd", "TurnQueue"]
@@ -166,6 +174,9 @@ class TurnQueue:
         #: The last turns run here (a claim read before one left the queue returns it).
         self._done: set[int] = set()
         self._done_order: deque[int] = deque()
+        #: Turns queued with ``busy = "steer"`` being sent into the turn running here
+        #: (by message id): what became of each (``None``: not taken, it runs).
+        self._steering: dict[int, asyncio.Task[Steered | None]] = {}
         #: How many times each turn's set-up failed here.
         self._failed: dict[int, int] = {}
         self._stats: QueueStats | None = None
@@ -315,7 +326,8 @@ class TurnQueue:
             self._stops.close()
             self._stops = None
         tasks = [t for t in (self._keeper, *(s.task for s in self._slots.values())) if t]
-        tasks += list(self._tasks)
+        tasks += list(self._tasks) + list(self._steering.values())
+        self._steering.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -427,19 +439,95 @@ class TurnQueue:
 
     def _add(self, conversation_id: str, turns: list[QueuedTurn]) -> None:
         slot = self._slots.setdefault(conversation_id, _Slot())
+        added: list[QueuedTurn] = []
         for turn in turns:
             if turn.message_id in slot.known or turn.message_id in self._done:
                 continue  # claimed again (a repeated claim): it runs once here
             slot.known.add(turn.message_id)
             slot.turns.append(turn)
+            added.append(turn)
             if turn.attempts > 1:
                 self.taken_over += 1
         ordered = sorted(slot.turns, key=lambda t: t.message_id)
         slot.turns = deque(ordered)
+        for turn in added:
+            steer = turn.payload.get("steer")
+            if isinstance(steer, str) and steer and turn.attempts <= 1:
+                # Sent with busy = "steer" through another worker: into the turn
+                # running here, at once (its queued turn waits behind that turn).
+                self._steering[turn.message_id] = asyncio.ensure_future(
+                    self._steer_in(conversation_id, slot, turn, steer)
+                )
         if slot.turns and slot.task is None and not self._closing:
             slot.task = asyncio.create_task(
                 self._run(conversation_id, slot), name=f"agentik-queued:{conversation_id}"
             )
+
+    # -- steering across workers ------------------------------------------------------
+    async def _steer_in(
+        self, conversation_id: str, slot: _Slot, turn: QueuedTurn, run_id: str
+    ) -> Steered | None:
+        """Send a turn queued with ``busy = "steer"`` into the turn ``run_id`` when it
+        runs here and nothing else waits before it; ``None``: it runs as a turn."""
+        conv = self.agent.services.find(conversation_id)
+        if conv is None or conv.running_run_id != run_id:
+            return None
+        if any(t.message_id < turn.message_id and t.run_id != run_id for t in slot.turns):
+            return None  # turns wait before it: its own turn, in order (as on one process)
+        admit = self._front_ends.get(str(turn.payload.get("via", "")))
+        if admit is None:
+            return None
+        message = await self._message(conversation_id, turn)
+        if message is None:
+            return None
+        admitted = await admit(conv, turn, message)
+        if admitted is None or conv.running_run_id != run_id:
+            return None
+        allow_tool, settings = admitted
+        item = conv.steer_committed(message, run_id=run_id, allow_tool=allow_tool,
+                                    settings=settings)  # fmt: skip
+        if item is not None:
+            self._messages.pop(turn.message_id, None)
+            log.info("cluster: conversation %s: a message sent through another worker"
+                     " steers run %s", conversation_id, run_id)  # fmt: skip
+        return item
+
+    async def _message(self, conversation_id: str, turn: QueuedTurn) -> Message | None:
+        """The user message of a queued turn (kept here when it was queued here)."""
+        message = self._messages.get(turn.message_id)
+        if message is not None:
+            return message
+        rows = await self.store.messages(conversation_id, after=turn.message_id - 1, limit=1)
+        if not rows or rows[0].id != turn.message_id:
+            return None  # its message is gone (the conversation was deleted)
+        self._messages[turn.message_id] = rows[0]
+        return rows[0]
+
+    async def _steered(self, conversation_id: str, turn: QueuedTurn) -> bool:
+        """Whether a turn queued with ``busy = "steer"`` was taken in by the running turn
+        (so it is not run): waits for that turn's end here; a turn claimed again (its
+        worker died) was taken in when its message is in the working memory."""
+        steering = self._steering.pop(turn.message_id, None)
+        item: Steered | None = None
+        if steering is not None:
+            try:
+                item = await steering
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("cluster: conversation %s: steering run %s failed",
+                              conversation_id, turn.payload.get("steer"))  # fmt: skip
+        if item is not None:
+            conv = await self.agent.get_conversation(conversation_id)
+            await conv.wait_idle()
+            return item.taken
+        if turn.attempts > 1:
+            conv = await self.agent.get_conversation(conversation_id)
+            memory = conv.parts.memory
+            memory.invalidate()
+            await memory.load()
+            return any(cm.message_id == turn.message_id for cm in memory.messages)
+        return False
 
     # -- running ------------------------------------------------------------------------
     async def _run(self, conversation_id: str, slot: _Slot) -> None:
@@ -452,6 +540,7 @@ class TurnQueue:
                                 len(slot.turns))  # fmt: skip
                     for left in slot.turns:
                         self._messages.pop(left.message_id, None)
+                        self._steering.pop(left.message_id, None)  # (the next holder sees)
                     slot.turns.clear()
                     slot.known.clear()
                     break
@@ -475,6 +564,7 @@ class TurnQueue:
                     # worker (or this one, later) take the conversation and claim it.
                     for left in slot.turns:
                         self._messages.pop(left.message_id, None)
+                        self._steering.pop(left.message_id, None)  # (the next holder sees)
                     slot.turns.clear()
                     slot.known.clear()
                     await self._release(conversation_id)
@@ -499,12 +589,13 @@ class TurnQueue:
         again = turn.attempts > 1
         if again and await store.turn_ended(conversation_id, turn.run_id):
             return True  # it ran to its end: once is enough
-        message = self._messages.pop(turn.message_id, None)
+        if turn.payload.get("steer") and await self._steered(conversation_id, turn):
+            self._messages.pop(turn.message_id, None)
+            return True  # it joined the running turn: answered there
+        message = await self._message(conversation_id, turn)
+        self._messages.pop(turn.message_id, None)
         if message is None:
-            rows = await store.messages(conversation_id, after=turn.message_id - 1, limit=1)
-            if not rows or rows[0].id != turn.message_id:
-                return True  # its message is gone (the conversation was deleted)
-            message = rows[0]
+            return True  # its message is gone (the conversation was deleted)
         via = str(turn.payload.get("via", ""))
         admit = self._front_ends.get(via)
         if admit is None:

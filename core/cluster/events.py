@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -66,6 +67,7 @@ __all__ = [
     "DECISIONS_TOPIC",
     "EVENTS_TOPIC",
     "REDACTIONS_TOPIC",
+    "AgentStream",
     "ClusterEvents",
     "ClusterSubscription",
     "EventsAgent",
@@ -130,6 +132,7 @@ class ClusterEvents:
         self._timer: asyncio.TimerHandle | None = None
         self._writer: asyncio.Task[None] | None = None
         self._followers: dict[str, set[ClusterSubscription]] = {}
+        self._everything: set[AgentStream] = set()
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         #: Batches and events written so far (status, benchmarks).
@@ -165,6 +168,8 @@ class ClusterEvents:
         self._subs = []
         for follower in [f for fs in self._followers.values() for f in fs]:
             follower._end()
+        for stream in list(self._everything):
+            stream._end()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -292,6 +297,27 @@ class ClusterEvents:
         sub._start()
         return sub
 
+    def subscribe_all(
+        self,
+        *,
+        after: int | None,
+        profile: str | StreamProfile = "debug",
+        max_pending: int | None = None,
+    ) -> AgentStream:
+        """An SSE client's subscription to the agent-wide stream (``after``: its
+        ``Last-Event-ID``, a ``stream_seq`` of this worker): this worker's events
+        (replayed from its buffer, then live) and, from now on, the events of turns
+        other workers run, read when they announce them (see :class:`AgentStream`)."""
+        wanted = profile_of(self.agent.stream_profiles, profile, None)
+        local = self.agent.services.subscribe(
+            after=after, profile=profile_of(self.agent.stream_profiles, "debug", None),
+            max_pending=max_pending,
+        )  # fmt: skip
+        stream = AgentStream(self, local, wanted, max_pending or 4096)
+        self._everything.add(stream)
+        stream._start()
+        return stream
+
     def _leave(self, sub: ClusterSubscription) -> None:
         subs = self._followers.get(sub.conversation_id)
         if subs is not None:
@@ -300,6 +326,13 @@ class ClusterEvents:
                 del self._followers[sub.conversation_id]
 
     def _on_events(self, notice: Notice) -> None:
+        if self._everything and not notice.resync and not notice.local:
+            # Another worker stored events: agent-wide streams read them.
+            for one in notice.ids:
+                seq, _, cid = one.partition(":")
+                if seq.isdigit():
+                    for stream in list(self._everything):
+                        stream.poke(cid, int(seq))
         if notice.resync:
             for subs in list(self._followers.values()):
                 for sub in list(subs):
@@ -556,6 +589,168 @@ class ClusterSubscription(AsyncIterator[Event]):
 
     # -- the iterator --------------------------------------------------------------------
     def __aiter__(self) -> ClusterSubscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        while not self._out:
+            if self._closed:
+                raise StopAsyncIteration
+            waiter = self._waiter
+            if waiter is None or waiter.done():
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        return self._out.popleft()
+
+    async def aclose(self) -> None:
+        self._out.clear()
+        self._end()
+
+
+class AgentStream(AsyncIterator[Event]):
+    """One SSE client's agent-wide stream on a shared store: this worker's own events
+    (its agent-wide subscription: replay and live) merged with the events of the turns
+    other workers run, read from the store when their ``events`` notification comes
+    (ids only: ``<highest seq>:<conversation>``).
+
+    Each conversation's events come in ``seq`` order, once: a conversation's cursor is
+    the highest ``seq`` delivered, from either source.  Events of other workers are
+    taken from the moment the stream opened (older ones are not replayed), and get a
+    ``stream_seq`` of this worker (the SSE ``id``), so the ids a client sees only grow;
+    a reconnection with ``Last-Event-ID`` replays this worker's events of the gap, not
+    the other workers' (a per-conversation stream does).  A lost notification: the
+    conversation's events are read at its next one.
+    """
+
+    #: Stored events looked back at for a conversation first seen in a notification.
+    LOOK_BACK = 500
+
+    def __init__(
+        self,
+        hub: ClusterEvents,
+        local: Subscription,
+        profile: StreamProfile | None,
+        max_pending: int,
+    ) -> None:
+        self.hub = hub
+        self.local = local
+        self._profile = None if profile is None or profile.passes_everything else profile
+        self._max_pending = max_pending
+        self._opened = time.time()
+        #: The highest ``seq`` delivered of each conversation.
+        self._cursor: dict[str, int] = {}
+        #: Conversations with announced events not read yet, with the highest announced.
+        self._due: dict[str, int] = {}
+        self._out: deque[Event] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._fetch: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def _start(self) -> None:
+        self.local.notify = self._on_local
+        self._on_local(self.local)
+
+    def _on_local(self, sub: Subscription) -> None:
+        while (event := sub.take()) is not None:
+            if event.kind == "events_lost":
+                self._push(event)
+                continue
+            cid = event.conversation_id
+            if event.seq > self._cursor.get(cid, 0):
+                self._cursor[cid] = event.seq
+            self._deliver(event)
+        if sub.ended and not self._closed:
+            self._end()
+
+    def poke(self, conversation_id: str, upto: int) -> None:
+        """Another worker stored events of ``conversation_id`` up to ``seq`` ``upto``."""
+        if self._closed or upto <= self._cursor.get(conversation_id, 0):
+            return
+        if upto > self._due.get(conversation_id, 0):
+            self._due[conversation_id] = upto
+        if self._fetch is None:
+            self._fetch = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        store = self.hub.store
+        try:
+            while self._due and not self._closed:
+                cid, upto = self._due.popitem()
+                cursor = self._cursor.get(cid)
+                if cursor is None:
+                    cursor = max(0, upto - self.LOOK_BACK)
+                while not self._closed and cursor < upto:
+                    rows = await store.run_events_after(cid, cursor, limit=self.hub.page)
+                    if not rows:
+                        break
+                    for seq, data in rows:
+                        if seq <= self._cursor.get(cid, 0):
+                            continue  # (delivered already: this worker's own, live)
+                        try:
+                            event = event_from_json(data)
+                        except ValueError:
+                            continue
+                        self._cursor[cid] = seq
+                        if event.ts >= self._opened:
+                            self._deliver(event, renumber=True)
+                    cursor = rows[-1][0]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the next notification reads again
+            log.warning("could not read stored events for the agent-wide stream: %s", exc)
+        finally:
+            self._fetch = None
+
+    def _deliver(self, event: Event, *, renumber: bool = False) -> None:
+        if self._closed:
+            return
+        profile = self._profile
+        if profile is not None:
+            admitted = profile.admit(event)
+            if admitted is None:
+                return
+            event = admitted
+        if renumber:
+            event = dataclasses.replace(event, stream_seq=self.hub.agent.services.next_stream_seq())
+        self._push(event)
+
+    def _push(self, event: Event) -> None:
+        out = self._out
+        if len(out) >= self._max_pending:
+            last = out[0].stream_seq - 1 if out else event.stream_seq
+            out.clear()
+            out.append(
+                EventsLost(
+                    conversation_id="", seq=0, stream_seq=last, ts=time.time(),
+                    requested_after=last, oldest_seq=last + 1,
+                )
+            )  # fmt: skip
+            self._end()
+            return
+        out.append(event)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _end(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.hub._everything.discard(self)
+        if self._fetch is not None and self._fetch is not asyncio.current_task():
+            self._fetch.cancel()
+        self.local.notify = None
+        task = asyncio.get_running_loop().create_task(self.local.aclose())
+        self.hub._tasks.add(task)
+        task.add_done_callback(self.hub._tasks.discard)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def __aiter__(self) -> AgentStream:
         return self
 
     async def __anext__(self) -> Event:

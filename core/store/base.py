@@ -522,6 +522,8 @@ class Store(abc.ABC):
         self,
         checks: Sequence[tuple[str, str, str, int, int]],
         rows: Sequence[tuple[str, str, str, int, int]],
+        *,
+        held: tuple[str, str, int] | None = None,
     ) -> tuple[int, int] | None:
         """Check budget counters and add to them as one atomic step.
 
@@ -531,12 +533,20 @@ class Store(abc.ABC):
         and the result is ``None``; otherwise nothing is added and the result
         is ``(index, amount)``: the first check that failed and its counter.
 
+        ``held``: ``(kind, held kind, from window)`` — a check of ``kind`` also
+        counts the same scope and subject's counters of ``held kind`` whose
+        window is ``from window`` or later (the token reservations of running
+        turns, kept as counters whose window is when they expire: a crashed
+        worker's lapse by themselves).
+
         Atomic for every process sharing the database: of takes racing at the
         edge of a limit only as many pass as the limit has room for.  This
         default only reads, then adds (takes racing can each pass): every
         engine agentik ships overrides it, and so should an engine shared by
         several processes.
         """
+        if held is not None:
+            raise NotImplementedError(f"{type(self).__name__} keeps no held budget counters")
         for index, (scope, subject, kind, at, ceiling) in enumerate(checks):
             got = await self.budget_usage([(scope, subject)], {kind: at})
             amount = got.get((scope, subject, kind), 0)

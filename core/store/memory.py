@@ -610,11 +610,18 @@ class MemoryStore(
         self,
         checks: Sequence[tuple[str, str, str, int, int]],
         rows: Sequence[tuple[str, str, str, int, int]],
+        *,
+        held: tuple[str, str, int] | None = None,
     ) -> tuple[int, int] | None:
         # No await between the check and the add: atomic on the event loop.
         counters = self._budget
         for index, (scope, subject, kind, window, ceiling) in enumerate(checks):
             amount = counters.get((scope, subject, kind, window), 0)
+            if held is not None and kind == held[0]:
+                amount += sum(
+                    n for (s, j, k, w), n in counters.items()
+                    if s == scope and j == subject and k == held[1] and w >= held[2]
+                )  # fmt: skip
             if amount >= ceiling:
                 return index, amount
         for scope, subject, kind, window, n in rows:

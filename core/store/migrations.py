@@ -709,6 +709,31 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX a2a_task_by_conversation ON a2a_task (conversation_id);
         """,
     ),
+    Migration(
+        25,
+        "budget_held",
+        """
+        -- Token reservations in the database (issue 32): a running turn's estimate is
+        -- a counter of kind ``tokens_held`` whose period is the minute it lapses (a
+        -- crashed worker's reservations end by themselves); the token check counts
+        -- them with the tokens used.  SQLite cannot change a CHECK: the table is
+        -- made again with the new kind allowed.
+        CREATE TABLE budget_usage_new (
+            scope    TEXT NOT NULL CHECK (scope IN ('identity', 'unverified', 'channel')),
+            subject  TEXT NOT NULL,
+            kind     TEXT NOT NULL
+                     CHECK (kind IN ('messages', 'tokens', 'tool_calls', 'tokens_held')),
+            period   INTEGER NOT NULL,
+            amount   INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (scope, subject, kind, period)
+        ) WITHOUT ROWID;
+        INSERT INTO budget_usage_new (scope, subject, kind, period, amount)
+            SELECT scope, subject, kind, period, amount FROM budget_usage;
+        DROP TABLE budget_usage;
+        ALTER TABLE budget_usage_new RENAME TO budget_usage;
+        CREATE INDEX budget_usage_by_period ON budget_usage (period);
+        """,
+    ),
 )
 
 

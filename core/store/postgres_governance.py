@@ -64,6 +64,8 @@ class PostgresGovernance(PostgresRoom):
         self,
         checks: Sequence[tuple[str, str, str, int, int]],
         rows: Sequence[tuple[str, str, str, int, int]],
+        *,
+        held: tuple[str, str, int] | None = None,
     ) -> tuple[int, int] | None:
         if not checks:
             await self.budget_add(rows)
@@ -89,6 +91,22 @@ class PostgresGovernance(PostgresRoom):
                 [c[2] for c in checks], [c[3] for c in checks],
             )  # fmt: skip
             amounts = {int(n) - 1: int(amount) for n, amount in got}
+            if held is not None:
+                # The held counters (running turns' reservations, on any worker) of
+                # the checked ones: their takes hold the same counters' locks above.
+                pending = [i for i, c in enumerate(checks) if c[2] == held[0]]
+                if pending:
+                    sums = await conn.fetch(
+                        "SELECT c.n, COALESCE(SUM(b.amount), 0) FROM unnest($1::text[],"
+                        " $2::text[]) WITH ORDINALITY AS c(scope, subject, n)"
+                        " JOIN budget_usage b ON b.scope = c.scope AND b.subject = c.subject"
+                        "  AND b.kind = $3 AND b.period >= $4 GROUP BY c.n",
+                        [checks[i][0] for i in pending], [checks[i][1] for i in pending],
+                        held[1], held[2],
+                    )  # fmt: skip
+                    for n, amount in sums:
+                        i = pending[int(n) - 1]
+                        amounts[i] = amounts.get(i, 0) + int(amount)
             for index, check in enumerate(checks):
                 amount = amounts.get(index, 0)
                 if amount >= check[4]:

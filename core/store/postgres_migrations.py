@@ -687,6 +687,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX a2a_task_by_conversation ON a2a_task (conversation_id);
         """,
     ),
+    Migration(
+        14,
+        "budget_held",
+        """
+        -- Token reservations in the database (SQLite's migration 25): a running
+        -- turn's estimate is a counter of kind ``tokens_held`` whose period is the
+        -- minute it lapses; every worker's token check counts them.
+        ALTER TABLE budget_usage DROP CONSTRAINT IF EXISTS budget_usage_kind_check;
+        ALTER TABLE budget_usage ADD CONSTRAINT budget_usage_kind_check
+            CHECK (kind IN ('messages', 'tokens', 'tool_calls', 'tokens_held'));
+        """,
+    ),
 )
 
 _RECORDS = (

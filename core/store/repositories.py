@@ -277,6 +277,8 @@ class GovernanceRepository(Protocol):
         self,
         checks: Sequence[tuple[str, str, str, int, int]],
         rows: Sequence[tuple[str, str, str, int, int]],
+        *,
+        held: tuple[str, str, int] | None = None,
     ) -> tuple[int, int] | None: ...
 
     async def budget_usage(

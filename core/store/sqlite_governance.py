@@ -34,6 +34,8 @@ class SQLiteGovernance(SQLiteRoom):
         self,
         checks: Sequence[tuple[str, str, str, int, int]],
         rows: Sequence[tuple[str, str, str, int, int]],
+        *,
+        held: tuple[str, str, int] | None = None,
     ) -> tuple[int, int] | None:
         # Read and add in the writer's transaction (BEGIN IMMEDIATE): no other
         # connection, in this process or another, writes between the two.
@@ -45,6 +47,13 @@ class SQLiteGovernance(SQLiteRoom):
                     (scope, subject, kind, period),
                 ).fetchone()
                 amount = int(row[0]) if row else 0
+                if held is not None and kind == held[0]:
+                    row = conn.execute(
+                        "SELECT COALESCE(SUM(amount), 0) FROM budget_usage"
+                        " WHERE scope = ? AND subject = ? AND kind = ? AND period >= ?",
+                        (scope, subject, held[1], held[2]),
+                    ).fetchone()
+                    amount += int(row[0])
                 if amount >= ceiling:
                     return index, amount
             conn.executemany(_ADD, list(rows))

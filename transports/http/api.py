@@ -1187,9 +1187,16 @@ class Api:
                                "author": author, "asked": asked, "channel": channel}  # fmt: skip
                     # ``interrupt`` through a worker that does not run the turn: the
                     # worker running it is asked to stop it (this one is queued after).
-                    stop = (
-                        await queue.running_elsewhere(conv.id) if body.busy == "interrupt" else None
+                    running = (
+                        await queue.running_elsewhere(conv.id)
+                        if body.busy in ("interrupt", "steer")
+                        else None
                     )
+                    stop = running if body.busy == "interrupt" else None
+                    if body.busy == "steer" and running is not None:
+                        # ``steer`` through a worker that does not run the turn: queued
+                        # (nothing lost), and the worker running it takes it in.
+                        payload["steer"] = running
                     run_id, here = await queue.submit(
                         conv, body.content, author=author,
                         author_id=f"{self.ctx.instance}:{principal.name}", channel=channel,
@@ -1199,6 +1206,10 @@ class Api:
                         await queue.stop_elsewhere(conv.id, stop)
                     if here:
                         ticket.bind(run_id, chars=len(body.content))
+                    if "steer" in payload:
+                        # As on one process: the running turn's run id (a message it
+                        # does not reach gets a turn of its own, after it).
+                        run_id, steered = str(payload["steer"]), True
                 else:
                     sent = await ticket.submit(
                         conv,
@@ -1417,9 +1428,17 @@ class Api:
         principal = self.principal(request)
         after, profile = self._after(request), self._profile(request)
         self._refuse_when_closing()
-        sub = self.agent.events(
-            after=after, profile=profile, max_pending=self.ctx.settings.subscriber_queue
-        )
+        cluster = self.agent.cluster_events
+        sub: Any
+        if cluster is not None:
+            # Workers: this worker's events and those of the turns the others run.
+            sub = cluster.subscribe_all(
+                after=after, profile=profile, max_pending=self.ctx.settings.subscriber_queue
+            )
+        else:
+            sub = self.agent.events(
+                after=after, profile=profile, max_pending=self.ctx.settings.subscriber_queue
+            )
         accept = None if principal.prefixes is None else self._visible_to(principal)
         return self._stream(sub, global_ids=True, accept=accept)
 

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agentik.core.cluster.events import ClusterSubscription
+from agentik.core.cluster.events import AgentStream, ClusterSubscription
 from agentik.core.eventbus import Subscription
 from agentik.core.events import EventBase, event_to_json
 
@@ -103,7 +103,7 @@ class EventStream:
 
     def __init__(
         self,
-        subscription: Subscription | ClusterSubscription,
+        subscription: Subscription | ClusterSubscription | AgentStream,
         *,
         cache: FrameCache,
         heartbeat: float,

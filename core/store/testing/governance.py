@@ -233,6 +233,36 @@ class GovernanceContract(ContractBase):
             ("identity", "bob", "messages", 60, 2),
         ]
 
+    async def test_a_budget_take_counts_the_held_counters_not_expired(self, store: Any) -> None:
+        """Reservations of running turns (kind ``tokens_held``, window: when they
+        expire) count against a ``tokens`` check from the window given on."""
+        await store.budget_add([("identity", "bob", "tokens", 0, 30)])
+        held = ("tokens", "tokens_held", 100)
+        check = [("identity", "bob", "tokens", 0, 100)]
+        reserve = [("identity", "bob", "tokens_held", 110, 60)]
+        assert await store.budget_take(check, reserve, held=held) is None  # 30 < 100
+        # 30 counted + 60 held < 100: passes, holds 60 more.
+        assert await store.budget_take(check, reserve, held=held) is None
+        # 30 + 120 held: refused, with what counts; nothing added.
+        assert await store.budget_take(check, reserve, held=held) == (0, 150)
+        # Held counters whose window is before the one given have lapsed.
+        assert await store.budget_take(check, reserve, held=("tokens", "tokens_held", 111)) is None
+        # Settled: given back, they count no more.
+        await store.budget_add([("identity", "bob", "tokens_held", 110, -180)])
+        assert await store.budget_take(check, [], held=held) is None
+        # Another subject's held counters are not counted.
+        await store.budget_add([("identity", "amy", "tokens_held", 110, 500)])
+        assert await store.budget_take(check, [], held=held) is None
+
+    async def test_concurrent_budget_takes_with_held_tokens_pass_once(self, store: Any) -> None:
+        check = [("channel", "k", "tokens", 0, 100)]
+        rows = [("channel", "k", "tokens_held", 50, 100)]
+        held = ("tokens", "tokens_held", 10)
+        results = await asyncio.gather(
+            *(store.budget_take(check, rows, held=held) for _ in range(4))
+        )
+        assert results.count(None) == 1
+
     async def test_many_concurrent_budget_takes_never_overshoot(self, store: Any) -> None:
         check = [("channel", "k", "messages", 60, 5)]
         rows = [("channel", "k", "messages", 60, 1), ("identity", "x", "messages", 60, 1)]
