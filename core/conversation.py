@@ -32,6 +32,7 @@ from .errors import AttachmentRejected, BranchError, ClosedError, PromptRefused
 from .eventbus import Subscription
 from .events import (
     Compacted,
+    ConversationEnded,
     RunStreamEnd,
     StatusChanged,
     StatusState,
@@ -1364,7 +1365,9 @@ class Conversation:
         runs has ended: ``conversation_ended`` (reason ``closed``) is published
         and the agent's end listeners run (the memory worker reflects on it),
         as for a channel's ``!new`` — unless it already ended (reset, deleted).
-        Closing the agent closes its conversations as a shutdown instead.
+        Closing the agent closes its conversations as a shutdown instead: each
+        publishes ``conversation_ended`` (reason ``shutdown``), once (the memory
+        worker's ``wind_down`` may have, for those it reflected on).
         Subscribers' streams end after that event.
         """
         if self.state is ConversationState.CLOSED:
@@ -1372,6 +1375,7 @@ class Conversation:
         if drain:
             await self.wait_idle()
         announce = self._services.end_unannounced(self)
+        down = not announce and self._services.claim_shutdown_end(self)
         self.state = ConversationState.CLOSED
         await self._services.session_end(self, "closed")
         worker = self._worker
@@ -1382,6 +1386,10 @@ class Conversation:
         if announce:
             # After the turn stopped: its partial answer is part of what ended.
             await self.agent.end_conversation(self, "closed")
+        elif down:  # the agent is closing (Agent.aclose): the conversation ends with it
+            self.parts.events.emit(
+                ConversationEnded, None, reason="shutdown", channel_key=self.channel_key
+            )
         for item in self._queue:
             if isinstance(item, _Job) and not item.done.done():
                 item.done.cancel()
