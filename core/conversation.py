@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .approvals import RESTARTED
 from .attachments import check, part_for
-from .errors import AttachmentRejected, BranchError, ClosedError, PromptRefused
+from .checkpoints import checkpoint_document, take_checkpoint
+from .errors import AttachmentRejected, BranchError, ClosedError, NotFound, PromptRefused
 from .eventbus import Subscription
 from .events import (
     Compacted,
@@ -57,6 +58,7 @@ from .questions import may_answer
 from .runs import new_run_id
 from .services import AgentServices, ConversationEvents, ConversationParts, profile_of
 from .store.base import ConversationRecord, Store, TurnEnd
+from .store.records import CheckpointRecord
 from .streamprofiles import StreamProfile
 from .tools.base import TurnPolicy
 from .turn import Steered, TurnRunner
@@ -1356,6 +1358,27 @@ class Conversation:
         await self._store.update_conversation(self.id, title=title, updated_at=now)
         self.title = title
         self.updated_at = now
+
+    async def checkpoint(self, label: str = "") -> CheckpointRecord:
+        """Take a checkpoint now: the conversation's snapshot kept in its database
+        (:mod:`agentik.core.checkpoints`), with ``label`` (one line, at most 200
+        characters).  A temporary conversation keeps it in memory, as the rest."""
+        self._check_open()
+        record = await take_checkpoint(self._store, self.id, label=label)
+        if record is None:
+            raise NotFound(f"no conversation {self.id!r}")
+        return record
+
+    async def checkpoints(self) -> list[CheckpointRecord]:
+        """This conversation's checkpoints, newest first (their documents:
+        :meth:`checkpoint_document`)."""
+        found: list[CheckpointRecord] = await self._store.checkpoints(self.id)
+        return found
+
+    async def checkpoint_document(self, checkpoint_id: int) -> dict[str, Any] | None:
+        """The snapshot of one of this conversation's checkpoints (``None``: it has
+        no such checkpoint); it imports like any export."""
+        return await checkpoint_document(self._store, self.id, checkpoint_id)
 
     async def aclose(self, *, drain: bool = False) -> None:
         """Close: with ``drain``, let queued turns finish; else interrupt them.

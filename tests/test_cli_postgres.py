@@ -145,8 +145,8 @@ async def _forget_last_migration(dsn: str) -> int:
     try:
         number = int(await conn.fetchval("SELECT MAX(number) FROM schema_migrations"))
         await conn.execute("DELETE FROM schema_migrations WHERE number = $1", number)
-        # (the last: question_form)
-        await conn.execute("ALTER TABLE question DROP COLUMN form, DROP COLUMN partial")
+        # (the last: checkpoint)
+        await conn.execute("DROP TABLE checkpoint")
         return number
     finally:
         await conn.close()
@@ -155,7 +155,7 @@ async def _forget_last_migration(dsn: str) -> int:
 def test_db_migrate_applies_what_is_pending(bot):
     number = asyncio.run(_forget_last_migration(bot.dsn))
     planned = bot("db", "migrate", "--dry-run")
-    assert f"would apply 1 migration(s):\n  {number:>3} question_form\ndry run" in planned.stdout
+    assert f"would apply 1 migration(s):\n  {number:>3} checkpoint\ndry run" in planned.stdout
     done = bot("db", "migrate")
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith(f"now at schema version {number}")

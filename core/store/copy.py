@@ -69,6 +69,7 @@ TABLES: tuple[str, ...] = (
     "link",
     "link_message",
     "webhook_delivery",
+    "checkpoint",
 )
 #: Tables that are not data of their own: migrations' records, indexes kept by triggers
 #: (SQLite's full-text indexes, the PostgreSQL memory's word counts).  The destination

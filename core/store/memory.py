@@ -30,6 +30,7 @@ from .base import (
     outbox_advance,
 )
 from .memory_attachments import MemoryAttachments
+from .memory_checkpoints import MemoryCheckpoints
 from .memory_cluster import MemoryCluster
 from .memory_events import MemoryRunEvents
 from .memory_jobs import MemoryJobs
@@ -61,6 +62,7 @@ class MemoryStore(
     MemoryRunEvents,
     MemoryWebhooks,
     MemoryAttachments,
+    MemoryCheckpoints,
     Store,
 ):
     """In-memory :class:`Store`; nothing survives the process."""
@@ -176,6 +178,7 @@ class MemoryStore(
         for key in [k for k, v in self._bindings.items() if v == conversation_id]:
             del self._bindings[key]
         self._attachments_forget(conversation_id)
+        self._checkpoints_forget(conversation_id)
         return True
 
     async def get_binding(self, channel_key: str) -> str | None:

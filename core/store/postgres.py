@@ -40,6 +40,7 @@ from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
 from .migrations import Migration
 from .postgres_attachments import SWEEP as ATTACHMENT_SWEEP
 from .postgres_attachments import PostgresAttachments
+from .postgres_checkpoints import PostgresCheckpoints
 from .postgres_cluster import PostgresCluster
 from .postgres_copy import PostgresCopy
 from .postgres_events import PostgresRunEvents
@@ -351,6 +352,7 @@ class PostgresStore(
     PostgresLinks,
     PostgresWebhooks,
     PostgresAttachments,
+    PostgresCheckpoints,
     PostgresSearch,
     PostgresCopy,
     Store,

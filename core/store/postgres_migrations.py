@@ -665,6 +665,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE question ADD COLUMN partial text;
         """,
     ),
+    Migration(
+        17,
+        "checkpoint",
+        """
+        -- Checkpoints (SQLite's migration 28): stored snapshots of a conversation,
+        -- the document as JSON text (``text``: kept exactly as exported).
+        CREATE TABLE checkpoint (
+            id              bigserial PRIMARY KEY,
+            conversation_id text NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            created_at      double precision NOT NULL,
+            label           text NOT NULL DEFAULT '',
+            automatic       boolean NOT NULL DEFAULT false,
+            size            bigint NOT NULL,
+            document        text NOT NULL
+        );
+        CREATE INDEX checkpoint_by_conversation ON checkpoint (conversation_id, id);
+        """,
+    ),
 )
 
 _RECORDS = (

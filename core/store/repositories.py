@@ -23,6 +23,7 @@ from .records import (
     ChannelSetting,
     ChannelSettingChange,
     Checklist,
+    CheckpointRecord,
     ConversationRecord,
     JobRun,
     Lease,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REPOSITORIES",
     "AttachmentRepository",
+    "CheckpointRepository",
     "GovernanceRepository",
     "JobsRepository",
     "LeaseRepository",
@@ -495,6 +497,29 @@ class SearchRepository(Protocol):
     ) -> list[SearchHit]: ...
 
 
+@runtime_checkable
+class CheckpointRepository(Protocol):
+    """Stored snapshots of a conversation (issue 35): listable per conversation,
+    the automatic ones bounded to the last N; they go with their conversation."""
+
+    async def checkpoint_add(
+        self,
+        conversation_id: str,
+        document: str,
+        *,
+        at: float,
+        label: str = "",
+        automatic: bool = False,
+        keep: int | None = None,
+    ) -> CheckpointRecord: ...
+
+    async def checkpoints(self, conversation_id: str) -> list[CheckpointRecord]: ...
+
+    async def checkpoint_get(self, conversation_id: str, checkpoint_id: int) -> str | None: ...
+
+    async def checkpoint_delete(self, conversation_id: str, checkpoint_id: int) -> bool: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -513,6 +538,7 @@ REPOSITORIES: tuple[type, ...] = (
     WebhookRepository,
     AttachmentRepository,
     SearchRepository,
+    CheckpointRepository,
 )
 
 
@@ -535,7 +561,8 @@ def _facade(
     WebhookRepository,
     AttachmentRepository,
     SearchRepository,
+    CheckpointRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
     return (store, store, store, store, store, store, store, store, store, store, store, store,
-            store, store, store, store)  # fmt: skip
+            store, store, store, store, store)  # fmt: skip

@@ -44,6 +44,7 @@ from .base import (
 from .care import backup_before_migrating
 from .migrations import apply_migrations
 from .sqlite_attachments import SQLiteAttachments
+from .sqlite_checkpoints import SQLiteCheckpoints
 from .sqlite_cluster import SQLiteCluster
 from .sqlite_copy import SQLiteCopy
 from .sqlite_events import SQLiteRunEvents
@@ -354,6 +355,7 @@ class SQLiteStore(
     SQLiteLinks,
     SQLiteWebhooks,
     SQLiteAttachments,
+    SQLiteCheckpoints,
     SQLiteSearch,
     SQLiteCopy,
     Store,

@@ -18,7 +18,8 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`RunsContract`, :class:`LifecycleContract`, :class:`JobsContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
 :class:`RunEventsContract`, :class:`LinksContract`, :class:`SearchContract`,
-:class:`WebhooksContract`, :class:`AttachmentsContract`); :class:`StoreContract` is all
+:class:`WebhooksContract`, :class:`AttachmentsContract`,
+:class:`CheckpointsContract`); :class:`StoreContract` is all
 of them.  A case the engine legitimately cannot pass is skipped with
 its reason: ``unsupported = {"test_name": "why"}``.
 
@@ -29,6 +30,7 @@ extra); it runs in pytest-asyncio's ``strict`` and ``auto`` modes.
 from __future__ import annotations
 
 from .attachments import AttachmentsContract
+from .checkpoints import CheckpointsContract
 from .cluster import ClusterContract
 from .events import RunEventsContract
 from .governance import GovernanceContract
@@ -47,6 +49,7 @@ from .webhooks import WebhooksContract
 
 __all__ = [
     "AttachmentsContract",
+    "CheckpointsContract",
     "ClusterContract",
     "ContractBase",
     "GovernanceContract",
@@ -82,5 +85,6 @@ class StoreContract(
     WebhooksContract,
     AttachmentsContract,
     SearchContract,
+    CheckpointsContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
