@@ -12,6 +12,7 @@ from test_http_api import SECURED, error_code
 
 from agentik.bot.bridge import Bridge, ChannelOptions
 from agentik.core.checkpoints import CheckpointSettings, CheckpointWorker
+from agentik.core.client import RemoteAgent
 from agentik.core.lifecycle import import_conversation
 from agentik.core.store.sqlite import SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
@@ -150,3 +151,18 @@ async def test_the_http_api_lists_takes_and_serves_checkpoints_per_token(db_path
                 assert r.status_code == 404 and error_code(r) == "conversation_not_found"
     async with SQLiteStore(db_path) as store:
         assert len(await store.checkpoints(conv["id"])) == 2
+
+
+async def test_the_remote_client_lists_and_takes_checkpoints_as_in_process(db_path):
+    """``RemoteConversation`` drives the same checkpoints over the HTTP API."""
+    async with running_server(db_path) as server, RemoteAgent(server.url) as remote:
+        conv = await remote.create_conversation(title="remote")
+        taken = await conv.checkpoint("over the wire")
+        assert (taken.label, taken.automatic) == ("over the wire", False)
+        local = await server.agent.get_conversation(conv.id)
+        mine = await local.checkpoint("in process")
+        assert [c.id for c in await conv.checkpoints()] == [mine.id, taken.id]
+        assert await conv.checkpoints() == await local.checkpoints()
+        doc = await conv.checkpoint_document(taken.id)
+        assert doc == await local.checkpoint_document(taken.id)
+        assert await conv.checkpoint_document(10_000) is None
