@@ -34,6 +34,7 @@ from agentik.core.agents import AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
 from agentik.core.attachments import AttachmentSettings
 from agentik.core.background import MemoryWorker
+from agentik.core.checkpoints import CheckpointWorker
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.errors import PluginError
 from agentik.core.lifecycle import RetentionWorker
@@ -394,6 +395,8 @@ class AgentBuilder:
             b.background(MemoryWorker(mem))
         if config.retention.rules:
             b.background(RetentionWorker(config.retention))
+        if config.checkpoints.keep_automatic:
+            b.background(CheckpointWorker(config.checkpoints))
         b.compaction(config.compaction)
         b.persona(config)
         b.tools(*registry.tools)

@@ -43,6 +43,7 @@ from agentik.core.agents import AgentPrompt, AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
 from agentik.core.attachments import AttachmentSettings
 from agentik.core.budgets import BudgetSettings
+from agentik.core.checkpoints import CheckpointSettings
 from agentik.core.cluster import ClusterSettings
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.conversation import ResumeMode
@@ -475,6 +476,8 @@ class Config(_Section):
     attachments: AttachmentSettings = Field(default_factory=AttachmentSettings)
     #: Audit-log retention by channel pattern (issue 22).
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    #: Automatic checkpoints of conversations (issue 35).
+    checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
     #: Scrubbing secrets before they are stored (issue 22).
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     #: The file this came from (not a key).

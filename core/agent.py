@@ -237,6 +237,7 @@ class Agent:
         self.end_listeners: list[Callable[[Conversation, str, str | None], Awaitable[None]]] = []
         #: Awaited by :meth:`wind_down` (a bot's orderly shutdown), before anything closes.
         self.closing_listeners: list[Callable[[], Awaitable[None]]] = []
+        self._wound_down = False
         #: On a store several workers share: this worker's part in events and waits
         #: across workers (:mod:`agentik.core.cluster.events`); ``None`` on one process.
         self.cluster_events: ClusterEvents | None = None
@@ -333,9 +334,17 @@ class Agent:
 
     async def aclose(self, *, drain: bool = False) -> None:
         """Stop every conversation (interrupting running turns unless ``drain``),
-        close the model backend and the store.  Nothing is left running."""
+        close the model backend and the store.  Nothing is left running.
+
+        A running agent first winds down (:meth:`wind_down`, unless the caller did:
+        the memory worker reflects on and mines what is new, within its budget);
+        then each conversation open in memory publishes ``conversation_ended``
+        (reason ``shutdown``) before its event streams end, unless it ended
+        already (``closed``, ``reset``, ``deleted``, or the wind-down's)."""
         if self.state in (AgentState.CLOSING, AgentState.CLOSED):
             return
+        if self.state is AgentState.RUNNING:
+            await self.wind_down()
         self.state = AgentState.CLOSING
         await asyncio.gather(
             *(c.aclose(drain=drain) for c in self.services.conversations()),
@@ -368,8 +377,9 @@ class Agent:
         """An orderly shutdown's first step: run the :attr:`closing_listeners`
         (the memory worker reflects on conversations with turns not yet
         reflected on, within its time budget).  :meth:`aclose` follows."""
-        if self.state is not AgentState.RUNNING:
+        if self.state is not AgentState.RUNNING or self._wound_down:
             return
+        self._wound_down = True  # once: aclose() calls it too (a bot calls it before)
         for listener in list(self.closing_listeners):
             try:
                 await listener()

@@ -6,21 +6,28 @@
   new summary; each new fact becomes a note in the channel's memory scope;
 * a conversation ending (:meth:`Agent.end_conversation
   <agentik.core.Agent.end_conversation>`: a channel's ``!new``, a deletion, no
-  turn for ``reflect_after_idle`` seconds, the bot's shutdown) →
-  **reflection**: the model writes a short reflection on the part of the
-  conversation not reflected on yet into the channel's memory.
+  turn for ``reflect_after_idle`` seconds, ``Conversation.aclose()``, the bot's
+  shutdown) → **reflection**: the model writes a short reflection on the part of
+  the conversation not reflected on yet into the channel's memory; and
+  **mining** of the turns no compaction summarised yet (a conversation that
+  ends before its context fills is mined too, not only compacted ones);
+* every ``jobs_interval`` seconds (0: never, the default), the same two jobs
+  for each conversation with turns since its last job, so a channel that never
+  goes quiet is still reflected on and mined (no ``conversation_ended``: it
+  did not end).
 
 What a reflection covers is read when the conversation ends (a deleted
 conversation's rows are still there), and the highest audit-log id it covers
 is kept in the conversation's metadata (``reflected_through``): the same span
-is never reflected on twice.  Mining has a (trailing) debounce per
+is never reflected on twice; mining at an end keeps ``mined_through`` the same
+way.  Mining after a compaction has a (trailing) debounce per
 conversation: compactions arriving within ``mining_debounce`` seconds of each
 other cause one job, for the latest; a span with fewer than
 ``mine_min_turns`` user messages is not mined.  Jobs run as their own tasks,
 never inside a turn; a failing job is logged and forgotten.  Workers sharing a
-database reflect on a span once (:mod:`agentik.core.cluster.jobs`: the slot is the
-conversation and the last audit-log id reflected on); mining follows a compaction,
-which only the worker running the conversation makes.  Notes written
+database reflect on (and mine) a span once (:mod:`agentik.core.cluster.jobs`: the
+slot is the conversation and the last audit-log id of the span); mining follows a
+compaction, which only the worker running the conversation makes.  Notes written
 here have author ``agentik:mining`` or ``agentik:reflection``; each job that
 saved notes publishes a ``memory_noted`` event.
 """
@@ -33,22 +40,29 @@ import logging
 import re
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from .cluster.jobs import run_once
+from .cluster.jobs import next_interval, run_once
 from .compaction import SUMMARY_PREFIX, ask, transcript
 from .errors import NotFound
 from .events import Compacted, ConversationEnded, EventBase, MemoryNoted
 from .memory import BackgroundPolicy, NoMemory, channel_scope
 from .messages import ChatMessage
 
-__all__ = ["MINING_PROMPT", "REFLECTION_PROMPT", "BackgroundPolicy", "MemoryWorker"]
+__all__ = [
+    "MINED",
+    "MINING_PROMPT",
+    "REFLECTED",
+    "REFLECTION_PROMPT",
+    "BackgroundPolicy",
+    "MemoryWorker",
+]
 
 log = logging.getLogger(__name__)
 
 MINING_PROMPT = (
-    "From the conversation summary you are given, extract the durable facts worth "
+    "From the conversation summary or transcript you are given, extract the durable facts worth "
     "remembering for future conversations in this channel: people's preferences, "
     "decisions, commitments, names, stable facts about projects. Skip anything "
     "transient or already obvious. Answer with one fact per line, each line starting "
@@ -64,12 +78,18 @@ _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.*\S)\s*$")
 
 #: The conversation metadata key of the highest audit-log id reflected on.
 REFLECTED = "reflected_through"
+#: The conversation metadata key of the highest audit-log id mined at an end
+#: (or an interval): mining of compaction summaries needs none, a summary is mined once.
+MINED = "mined_through"
+#: The metadata key each kind of end-of-span job keeps.
+_MARKS = {"reflection": REFLECTED, "mining": MINED}
 
 
 class _Ending:
-    """What a reflection covers, read when its conversation ended."""
+    """What a reflection (or a mining, ``job``) covers, read when its conversation
+    ended (or at an interval)."""
 
-    __slots__ = ("channel_key", "conversation_id", "messages", "reason", "through", "ts")
+    __slots__ = ("channel_key", "conversation_id", "job", "messages", "reason", "through", "ts")
 
     def __init__(
         self,
@@ -78,7 +98,9 @@ class _Ending:
         reason: str,
         messages: list[ChatMessage],
         through: int,
+        job: str = "reflection",
     ) -> None:
+        self.job = job
         self.conversation_id = conversation_id
         self.channel_key = channel_key
         self.reason = reason
@@ -105,11 +127,18 @@ class MemoryWorker:
         #: Jobs of one kind run one at a time: mining reads the notes it has
         #: not to repeat, then writes; two at once would both miss the other's.
         self._serial: dict[str, asyncio.Lock] = {}
-        #: Per conversation: the highest audit-log id a reflection has taken
-        #: (persisted as ``reflected_through`` once it is written).
-        self._claimed: dict[str, int] = {}
+        #: Per job kind and conversation: the highest audit-log id a reflection (or
+        #: mining) has taken (persisted as ``reflected_through``/``mined_through``).
+        self._claimed: dict[tuple[str, str], int] = {}
         #: Conversations with a turn since this worker started (shutdown reflects on them).
         self._active: set[str] = set()
+        #: Conversations with a turn since the last ``jobs_interval`` firing.
+        self._touched: set[str] = set()
+        #: How many ``jobs_interval`` firings ran here (tests, status).
+        self.interval_runs = 0
+        #: ``_mark`` reads, then writes the conversation's metadata: a reflection and
+        #: a mining of one conversation ending together must not undo each other's.
+        self._meta_lock = asyncio.Lock()
         #: Per conversation idle since its last turn: when its idle reflection is
         #: due (``time.monotonic()``).  One timer task serves them all (a task each
         #: would cost every conversation of the last ``reflect_after_idle`` ~2 KB).
@@ -125,11 +154,15 @@ class MemoryWorker:
         self.finished: Counter[str] = Counter()
         self.changed = asyncio.Condition()
 
+    def _jobs_at_end(self) -> list[str]:
+        """The jobs a conversation's end (or an interval) runs, in order."""
+        return [k for k in ("reflection", "mining") if getattr(self.policy, k)]
+
     def _kinds(self) -> set[str]:
         kinds = set()
         if self.policy.mining:
             kinds.add("compacted")
-        if self.policy.reflection:
+        if self._jobs_at_end():
             kinds |= {"turn_started", "turn_ended"}
         return kinds
 
@@ -144,9 +177,14 @@ class MemoryWorker:
         async def closing() -> None:
             await self.shutdown(agent)
 
-        if self.policy.reflection:
+        interval: asyncio.Task[None] | None = None
+        if self._jobs_at_end():
             agent.end_listeners.append(ended)
             agent.closing_listeners.append(closing)
+            if self.policy.jobs_interval > 0:
+                interval = asyncio.create_task(
+                    self._interval_timer(agent), name="agentik-memory-interval"
+                )
         try:
             async with contextlib.aclosing(agent.events(kinds=kinds)) as events:
                 async for event in events:
@@ -160,6 +198,7 @@ class MemoryWorker:
             with contextlib.suppress(ValueError):
                 agent.closing_listeners.remove(closing)
             idle = [self._idle_timer_task] if self._idle_timer_task is not None else []
+            idle += [interval] if interval is not None else []
             tasks = [*self._timers.values(), *self._jobs, *idle]
             for task in tasks:
                 task.cancel()
@@ -170,6 +209,8 @@ class MemoryWorker:
         """A turn started (no idle timer while it runs) or ended (the timer restarts)."""
         cid = event.conversation_id
         self._active.add(cid)
+        if event.kind == "turn_ended":
+            self._touched.add(cid)
         self._idle.pop(cid, None)
         after = self.policy.reflect_after_idle
         if event.kind == "turn_ended" and after > 0:
@@ -238,13 +279,19 @@ class MemoryWorker:
                         conv = await agent.get_conversation(cid)
                     except Exception:
                         continue
-                    ending = await self._capture(agent, conv, "shutdown", conv.channel_key)
-                    if ending is None:
+                    key = conv.channel_key
+                    endings = [
+                        e
+                        for job in self._jobs_at_end()
+                        if (e := await self._capture(agent, conv, "shutdown", key, job))
+                    ]
+                    if not endings:
                         continue
-                    conv.parts.events.emit(
-                        ConversationEnded, None, reason="shutdown", channel_key=conv.channel_key
-                    )
-                    jobs.append(asyncio.create_task(self._run_reflection(agent, ending)))
+                    if agent.services.claim_shutdown_end(conv):
+                        conv.parts.events.emit(
+                            ConversationEnded, None, reason="shutdown", channel_key=key
+                        )
+                    jobs += [asyncio.create_task(self._run_ending(agent, e)) for e in endings]
                 self._active.clear()
                 await asyncio.gather(*jobs, *self._jobs)
         except TimeoutError:
@@ -258,41 +305,92 @@ class MemoryWorker:
         """A conversation ended: read what to reflect on now, reflect in the background."""
         self._idle.pop(conv.id, None)
         self._active.discard(conv.id)  # a shutdown reflects on it only after new turns
-        ending = await self._capture(agent, conv, reason, channel_key)
-        if ending is None:
-            ending = _Ending(conv.id, channel_key, reason, [], 0)
-        job = asyncio.create_task(self._later_reflection(agent, ending), name="agentik-reflection")
-        self._jobs.add(job)
-        job.add_done_callback(self._jobs.discard)
+        self._touched.discard(conv.id)  # nor does an interval
+        for kind in self._jobs_at_end():
+            ending = await self._capture(agent, conv, reason, channel_key, kind)
+            if ending is None:
+                ending = _Ending(conv.id, channel_key, reason, [], 0, kind)
+            job = asyncio.create_task(self._later_ending(agent, ending), name=f"agentik-{kind}")
+            self._jobs.add(job)
+            job.add_done_callback(self._jobs.discard)
 
     async def _capture(
-        self, agent: Any, conv: Any, reason: str, channel_key: str | None
+        self,
+        agent: Any,
+        conv: Any,
+        reason: str,
+        channel_key: str | None,
+        job: str = "reflection",
     ) -> _Ending | None:
-        """The part of ``conv`` not reflected on yet, claimed; ``None`` if nothing happened."""
-        done = self._claimed.get(conv.id)
+        """The part of ``conv`` not reflected on (``job`` ``mining``: not mined) yet,
+        claimed; ``None`` if nothing happened."""
+        done = self._claimed.get((job, conv.id))
         if done is None:
             stored = await agent.store.get_conversation(conv.id)
-            done = int((stored.meta if stored is not None else {}).get(REFLECTED) or 0)
+            done = int((stored.meta if stored is not None else {}).get(_MARKS[job]) or 0)
         # Answers carry no audit id of their own: they belong with the message
         # before them (a user message, or a summary: the highest id it covers).
         span: list[ChatMessage] = []
         current = through = 0
         for m in await conv.working_memory():
             current = m.message_id or current
+            if job == "mining" and m.role == "system":
+                continue  # a compaction summary: mined when it was made
             if current > done:
                 span.append(m)
                 through = max(through, current)
         if not any(m.role == "assistant" for m in span):
             return None  # nothing happened worth reflecting on
-        self._claimed[conv.id] = through
-        return _Ending(conv.id, channel_key, reason, span, through)
+        self._claimed[(job, conv.id)] = through
+        return _Ending(conv.id, channel_key, reason, span, through, job)
 
-    async def _later_reflection(self, agent: Any, ending: _Ending) -> None:
-        await self._sleep(self.policy.reflection_debounce)
-        await self._run_reflection(agent, ending)
+    async def _later_ending(self, agent: Any, ending: _Ending) -> None:
+        debounce = {"reflection": self.policy.reflection_debounce}
+        await self._sleep(debounce.get(ending.job, 0.0))
+        await self._run_ending(agent, ending)
 
-    async def _run_reflection(self, agent: Any, ending: _Ending) -> None:
-        await self._run(agent, "reflection", ending.conversation_id, ending)
+    async def _run_ending(self, agent: Any, ending: _Ending) -> None:
+        await self._run(agent, ending.job, ending.conversation_id, ending)
+
+    # -- the interval fallback ----------------------------------------------------------
+    async def _interval_timer(self, agent: Any) -> None:
+        """Every ``jobs_interval`` seconds, on the wall clock's interval boundaries
+        (the same on every worker): :meth:`run_interval`."""
+        while True:
+            delay, _ = next_interval(self.policy.jobs_interval)
+            await self._sleep(delay)
+            try:
+                await self.run_interval(agent)
+            except Exception:
+                log.exception("the memory jobs' interval run failed")
+
+    async def run_interval(self, agent: Any, conversation_ids: Iterable[str] = ()) -> int:
+        """Reflect on and mine, now, what each conversation with turns since the
+        last firing (and each of ``conversation_ids``) said since its last job (a
+        conversation in a turn waits for the next firing); how many jobs started.
+        Workers sharing a database run each span's job once (the same slots as at
+        an end)."""
+        touched, self._touched = self._touched | set(conversation_ids), set()
+        started: list[asyncio.Task[Any]] = []
+        for cid in sorted(touched):
+            try:
+                conv = await agent.get_conversation(cid)
+            except Exception:  # deleted meanwhile, or the agent is closing
+                continue
+            if conv.busy:
+                self._touched.add(cid)  # its turn ends later: the next firing takes it
+                continue
+            for kind in self._jobs_at_end():
+                ending = await self._capture(agent, conv, "interval", conv.channel_key, kind)
+                if ending is not None:
+                    task = asyncio.create_task(self._run_ending(agent, ending))
+                    self._jobs.add(task)
+                    task.add_done_callback(self._jobs.discard)
+                    started.append(task)
+        async with self.changed:
+            self.interval_runs += 1
+            self.changed.notify_all()
+        return len(started)
 
     # -- mining ---------------------------------------------------------------------
     def _schedule(self, agent: Any, event: EventBase) -> None:
@@ -332,7 +430,7 @@ class MemoryWorker:
                 if isinstance(work, Compacted):
                     written = await self._mine(agent, work)
                 else:
-                    written = await self._reflect_once(agent, work)
+                    written = await self._span_once(agent, work)
         except asyncio.CancelledError:
             if isinstance(work, _Ending):
                 self._unclaim(work)
@@ -383,9 +481,10 @@ class MemoryWorker:
         return text
 
     def _unclaim(self, ending: _Ending) -> None:
-        """A reflection that did not happen: its span may be taken again."""
-        if self._claimed.get(ending.conversation_id) == ending.through:
-            del self._claimed[ending.conversation_id]
+        """A reflection (or mining) that did not happen: its span may be taken again."""
+        key = (ending.job, ending.conversation_id)
+        if self._claimed.get(key) == ending.through:
+            del self._claimed[key]
 
     async def _announce(
         self, agent: Any, conversation_id: str, source: str, ids: list[int], key: str | None
@@ -410,16 +509,32 @@ class MemoryWorker:
         summary = event.summary.removeprefix(SUMMARY_PREFIX).strip()
         if not summary or event.user_turns < self.policy.mine_min_turns:
             return 0
+        return await self._extract(agent, event.conversation_id, summary, None)
+
+    async def _mine_span(self, agent: Any, ending: _Ending) -> int:
+        """Mine the turns of an ended conversation no compaction summarised."""
+        users = sum(1 for m in ending.messages if m.role == "user")
+        written = 0
+        if ending.messages and users >= self.policy.mine_min_turns:
+            text = transcript(ending.messages)
+            written = await self._extract(agent, ending.conversation_id, text, ending.channel_key)
+        await self._mark(agent, ending)
+        return written
+
+    async def _extract(
+        self, agent: Any, conversation_id: str, text: str, channel_key: str | None
+    ) -> int:
+        """Ask for the durable facts of ``text``; save the new ones as notes."""
         answer = await self._ask(
             agent,
             MINING_PROMPT.format(max_facts=self.policy.max_facts),
-            summary,
+            text,
             max_tokens=400,
         )
         if answer is None:
             return 0
         facts = [m.group(1) for line in answer.splitlines() if (m := _BULLET.match(line))]
-        scope = await self._scope(agent, event.conversation_id, None)
+        scope = await self._scope(agent, conversation_id, channel_key)
         known = {
             " ".join(n.text.lower().split()) for n in await agent.memory.list([scope], limit=500)
         }
@@ -430,29 +545,30 @@ class MemoryWorker:
                 continue
             known.add(norm)
             note = await agent.memory.save(scope, fact, author="agentik:mining")
-            await _record_source(agent, note.id, event.conversation_id)
+            await _record_source(agent, note.id, conversation_id)
             ids.append(note.id)
-        await self._announce(agent, event.conversation_id, "mining", ids, None)
+        await self._announce(agent, conversation_id, "mining", ids, channel_key)
         return len(ids)
 
-    async def _reflect_once(self, agent: Any, ending: _Ending) -> int:
-        """Reflect on ``ending``'s span unless another worker sharing the database does:
-        the firing's slot is the conversation and the last audit-log id it covers, the
-        same on every worker that saw that conversation end."""
+    async def _span_once(self, agent: Any, ending: _Ending) -> int:
+        """Reflect on (or mine) ``ending``'s span unless another worker sharing the
+        database does: the firing's slot is the conversation and the last audit-log
+        id it covers, the same on every worker that saw that conversation end."""
+        work = self._reflect if ending.job == "reflection" else self._mine_span
         if not ending.messages:
-            return await self._reflect(agent, ending)
+            return await work(agent, ending)
         written = 0
 
         async def job() -> str:
             nonlocal written
-            written = await self._reflect(agent, ending)
+            written = await work(agent, ending)
             return f"{written} note(s)"
 
         slot = f"{ending.conversation_id}:{ending.through}"
-        # A worker that died mid-reflection: another may take the span over.
+        # A worker that died mid-job: another may take the span over.
         stale = self.policy.timeout + 60
-        if not await run_once(agent.store, "reflection", slot, job, stale_after=stale):
-            log.info("reflection %s: done by another worker", slot)
+        if not await run_once(agent.store, ending.job, slot, job, stale_after=stale):
+            log.info("%s %s: done by another worker", ending.job, slot)
             self._unclaim(ending)
         return written
 
@@ -480,20 +596,22 @@ class MemoryWorker:
         return written
 
     async def _mark(self, agent: Any, ending: _Ending) -> None:
-        """Keep ``reflected_through`` in the conversation's metadata; once it is
-        there (or the conversation is gone) the in-memory claim is dropped."""
+        """Keep ``reflected_through`` (``mined_through``) in the conversation's
+        metadata; once it is there (or the conversation is gone) the in-memory
+        claim is dropped."""
         cid = ending.conversation_id
-        record = await agent.store.get_conversation(cid)
-        if record is None:
-            try:
-                await agent.get_conversation(cid)
-            except NotFound:
-                self._unclaim(ending)  # deleted: nothing left to reflect on twice
-            return  # a temporary conversation: the claim is its only record
-        if int(record.meta.get(REFLECTED) or 0) < ending.through:
-            await agent.store.update_conversation(
-                cid, meta={**record.meta, REFLECTED: ending.through}
-            )
+        async with self._meta_lock:
+            record = await agent.store.get_conversation(cid)
+            if record is None:
+                try:
+                    await agent.get_conversation(cid)
+                except NotFound:
+                    self._unclaim(ending)  # deleted: nothing left to reflect on twice
+                return  # a temporary conversation: the claim is its only record
+            mark = _MARKS[ending.job]
+            if int(record.meta.get(mark) or 0) < ending.through:
+                meta = {**record.meta, mark: ending.through}
+                await agent.store.update_conversation(cid, meta=meta)
         self._unclaim(ending)
 
 

@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .approvals import RESTARTED
 from .attachments import check, part_for
-from .errors import AttachmentRejected, BranchError, ClosedError, PromptRefused
+from .checkpoints import checkpoint_document, take_checkpoint
+from .errors import AttachmentRejected, BranchError, ClosedError, NotFound, PromptRefused
 from .eventbus import Subscription
 from .events import (
     Compacted,
+    ConversationEnded,
     RunStreamEnd,
     StatusChanged,
     StatusState,
@@ -56,6 +58,7 @@ from .questions import may_answer
 from .runs import new_run_id
 from .services import AgentServices, ConversationEvents, ConversationParts, profile_of
 from .store.base import ConversationRecord, Store, TurnEnd
+from .store.records import CheckpointRecord
 from .streamprofiles import StreamProfile
 from .tools.base import TurnPolicy
 from .turn import Steered, TurnRunner
@@ -1433,6 +1436,27 @@ class Conversation:
         self.title = title
         self.updated_at = now
 
+    async def checkpoint(self, label: str = "") -> CheckpointRecord:
+        """Take a checkpoint now: the conversation's snapshot kept in its database
+        (:mod:`agentik.core.checkpoints`), with ``label`` (one line, at most 200
+        characters).  A temporary conversation keeps it in memory, as the rest."""
+        self._check_open()
+        record = await take_checkpoint(self._store, self.id, label=label)
+        if record is None:
+            raise NotFound(f"no conversation {self.id!r}")
+        return record
+
+    async def checkpoints(self) -> list[CheckpointRecord]:
+        """This conversation's checkpoints, newest first (their documents:
+        :meth:`checkpoint_document`)."""
+        found: list[CheckpointRecord] = await self._store.checkpoints(self.id)
+        return found
+
+    async def checkpoint_document(self, checkpoint_id: int) -> dict[str, Any] | None:
+        """The snapshot of one of this conversation's checkpoints (``None``: it has
+        no such checkpoint); it imports like any export."""
+        return await checkpoint_document(self._store, self.id, checkpoint_id)
+
     async def aclose(self, *, drain: bool = False) -> None:
         """Close: with ``drain``, let queued turns finish; else interrupt them.
 
@@ -1441,7 +1465,9 @@ class Conversation:
         runs has ended: ``conversation_ended`` (reason ``closed``) is published
         and the agent's end listeners run (the memory worker reflects on it),
         as for a channel's ``!new`` — unless it already ended (reset, deleted).
-        Closing the agent closes its conversations as a shutdown instead.
+        Closing the agent closes its conversations as a shutdown instead: each
+        publishes ``conversation_ended`` (reason ``shutdown``), once (the memory
+        worker's ``wind_down`` may have, for those it reflected on).
         Subscribers' streams end after that event.
         """
         if self.state is ConversationState.CLOSED:
@@ -1449,6 +1475,7 @@ class Conversation:
         if drain:
             await self.wait_idle()
         announce = self._services.end_unannounced(self)
+        down = not announce and self._services.claim_shutdown_end(self)
         self.state = ConversationState.CLOSED
         await self._services.session_end(self, "closed")
         worker = self._worker
@@ -1459,6 +1486,10 @@ class Conversation:
         if announce:
             # After the turn stopped: its partial answer is part of what ended.
             await self.agent.end_conversation(self, "closed")
+        elif down:  # the agent is closing (Agent.aclose): the conversation ends with it
+            self.parts.events.emit(
+                ConversationEnded, None, reason="shutdown", channel_key=self.channel_key
+            )
         for item in self._queue:
             if isinstance(item, _Job) and not item.done.done():
                 item.done.cancel()

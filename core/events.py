@@ -299,7 +299,7 @@ class ConversationEnded(EventBase):
     for ``[memory] reflect_after_idle``; a later message goes on in the same
     conversation), ``closed`` (a library user closed it, ``Conversation.aclose()``,
     while the agent runs) or ``shutdown`` (the bot stopped with turns not yet
-    reflected on).
+    reflected on, or ``Agent.aclose()`` closed it: once per conversation).
     ``channel_key`` is the channel it was bound to, if any."""
 
     kind: Literal["conversation_ended"] = field(default="conversation_ended", init=False)

@@ -78,6 +78,9 @@ E = TypeVar("E", bound=Event)
 #: which is built on these parts: they name only what they read of it).
 C = TypeVar("C", bound=LiveConversation)
 
+#: How many ended conversations' ids the services remember (see ``_ended_ids``).
+_ENDED_IDS = 10_000
+
 #: What an event weighs besides its text fields (the object and its numbers).
 EVENT_OVERHEAD = 200
 #: The agent-wide stream's replay buffer packs its events in blobs of this many
@@ -261,6 +264,12 @@ class AgentServices(Generic[C]):
         self.busy: dict[str, C] = {}
         # Conversations whose ``session_end`` hooks ran.
         self._ended: weakref.WeakSet[C] = weakref.WeakSet()
+        # Conversations whose ``conversation_ended`` (reason ``shutdown``) was published.
+        self._down: weakref.WeakSet[C] = weakref.WeakSet()
+        # Ids whose last lifecycle event was ``conversation_ended`` (no turn since),
+        # the latest ``_ENDED_IDS`` of them: a conversation loaded again after it
+        # ended (the wind-down reads it) does not end a second time at shutdown.
+        self._ended_ids: dict[str, None] = {}
         #: The transcripts idle conversations keep (the agent's ``transcript_cache``).
         self.transcripts = Transcripts(agent.transcript_cache)
         #: Hands freed memory back to the system after conversations leave memory
@@ -339,6 +348,17 @@ class AgentServices(Generic[C]):
         (``reset``, ``deleted``)."""
         return self.agent.state is AgentState.RUNNING and conv not in self._ended
 
+    def claim_shutdown_end(self, conv: C) -> bool:
+        """Whether the caller is to publish ``conversation_ended`` (reason
+        ``shutdown``) on ``conv`` now, once per conversation object: the memory
+        worker's ``wind_down`` (for what it reflects on) and the conversation's
+        own ``aclose()`` while the agent closes both ask.  ``False`` when ``conv``
+        ended already (``reset``, ``deleted``, ``closed``) or was claimed."""
+        if conv in self._down or conv in self._ended or conv.id in self._ended_ids:
+            return False
+        self._down.add(conv)
+        return True
+
     # -- the registry of conversations ------------------------------------------------------
     def remember(self, conv: C) -> None:
         """Keep ``conv`` findable while anyone holds it."""
@@ -384,6 +404,14 @@ class AgentServices(Generic[C]):
         """Put ``event`` on the agent-wide stream.  Its replay buffer keeps about a
         quarter of the agent's ``event_bytes`` besides its length bound: tool outputs
         travel in events, and 4,096 of them kept by count held 20-64 KB each."""
+        kind = event.kind
+        if kind == "conversation_ended":
+            ended = self._ended_ids
+            ended[event.conversation_id] = None
+            if len(ended) > _ENDED_IDS:
+                del ended[next(iter(ended))]
+        elif kind == "turn_started":
+            self._ended_ids.pop(event.conversation_id, None)
         buffer = self._bus.buffer
         if buffer.maxlen is not None and len(buffer) >= buffer.maxlen:
             self.stream_bytes -= event_weight(buffer[0])

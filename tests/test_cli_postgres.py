@@ -145,7 +145,8 @@ async def _forget_last_migration(dsn: str) -> int:
     try:
         number = int(await conn.fetchval("SELECT MAX(number) FROM schema_migrations"))
         await conn.execute("DELETE FROM schema_migrations WHERE number = $1", number)
-        # (the last: budget_held, which may run again as it is: the kinds' CHECK made anew)
+        # (the last: checkpoint)
+        await conn.execute("DROP TABLE checkpoint")
         return number
     finally:
         await conn.close()
@@ -154,7 +155,7 @@ async def _forget_last_migration(dsn: str) -> int:
 def test_db_migrate_applies_what_is_pending(bot):
     number = asyncio.run(_forget_last_migration(bot.dsn))
     planned = bot("db", "migrate", "--dry-run")
-    assert f"would apply 1 migration(s):\n  {number:>3} budget_held\ndry run" in planned.stdout
+    assert f"would apply 1 migration(s):\n  {number:>3} checkpoint\ndry run" in planned.stdout
     done = bot("db", "migrate")
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith(f"now at schema version {number}")

@@ -311,7 +311,8 @@ async def test_debounce_coalesces_bursts(db_path):
     clock = ManualClock()
     # A long debounce on a clock the test controls: however slowly the three
     # compactions arrive, they fall within one debounce period.
-    policy = BackgroundPolicy(mining_debounce=30, reflection=False)
+    # No idle end (it mines too, and its timer would sleep on the same clock).
+    policy = BackgroundPolicy(mining_debounce=30, reflection=False, reflect_after_idle=0)
     worker = MemoryWorker(policy, sleep=clock.sleep)
     # A large budget: exactly the three forced compactions below, none automatic.
     async with make_agent(brain, db_path, worker=worker, keep=1, budget=100_000) as agent:

@@ -488,6 +488,7 @@ async def test_a_reload_names_every_top_level_section_of_the_configuration_refer
                         "restart needed for [passthrough]"),
         "runs": (None, "restart needed for [runs]"),
         "retention": (None, "restart needed for [retention]"),
+        "checkpoints": (None, "restart needed for [checkpoints]"),
         "attachments": (None, "restart needed for [attachments]"),
         "redaction": (None, "restart needed for [redaction]"),
         "cluster": ({"lease_seconds": 20}, "restart needed for [cluster]"),

@@ -8,7 +8,18 @@ from collections.abc import Callable
 
 from agentik.core.hookspecs import hookimpl
 
-from . import answer, approvals, links, memory, redact, roles, session, settings, tools
+from . import (
+    answer,
+    approvals,
+    checkpoints,
+    links,
+    memory,
+    redact,
+    roles,
+    session,
+    settings,
+    tools,
+)
 from .base import Command
 
 __all__ = ["BUILTIN", "register_commands"]
@@ -36,6 +47,17 @@ BUILTIN: tuple[Command, ...] = (
         name="budget",
         help="show what is left of your and this channel's budgets",
         handler=session.budget,
+    ),
+    # -- checkpoints (issue 35) --
+    Command(
+        name="checkpoint",
+        help="keep a snapshot of this conversation as it is now: checkpoint [label]",
+        handler=checkpoints.checkpoint,
+    ),
+    Command(
+        name="checkpoints",
+        help="list this conversation's checkpoints, newest first",
+        handler=checkpoints.checkpoints,
     ),
     Command(name="help", help="list these commands", handler=session.help_),
     Command(

@@ -41,7 +41,7 @@ from ..conversation import BusyMode, Sent
 from ..errors import ClosedError, NotFound, RemoteError
 from ..events import Event, EventsLost, event_from_json
 from ..messages import Message
-from ..store.records import ConversationRecord
+from ..store.records import CheckpointRecord, ConversationRecord
 
 __all__ = ["RemoteAgent", "RemoteConversation", "RemoteSubscription"]
 
@@ -57,6 +57,18 @@ DEFAULT_TIMEOUT = 60.0
 MAX_EVENT_BYTES = 16 * 2**20
 #: The largest answer to a request that is not an event stream (a history page, …).
 MAX_ANSWER_BYTES = 64 * 2**20
+
+
+def _checkpoint_of(data: Any, what: str) -> CheckpointRecord:
+    """A checkpoint record from the remote's JSON (checked: the remote may be hostile)."""
+    try:
+        return CheckpointRecord(
+            id=int(data["id"]), conversation_id=str(data["conversation_id"]),
+            created_at=float(data["created_at"]), label=str(data.get("label") or ""),
+            automatic=bool(data.get("automatic")), size=int(data.get("size") or 0),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RemoteError(f"{what}: the answer is not a checkpoint: {exc}") from None
 
 
 def _error_of(response: httpx2.Response, what: str, content: bytes) -> Exception:
@@ -393,6 +405,37 @@ class RemoteConversation:
             self._update(data)
         else:
             self.title = title or ""
+
+    # -- checkpoints -------------------------------------------------------------------
+    async def checkpoint(self, label: str = "") -> CheckpointRecord:
+        """Keep a snapshot of the remote conversation now (as :meth:`Conversation.checkpoint
+        <agentik.core.conversation.Conversation.checkpoint>`)."""
+        data = await self.agent.request(
+            "POST", self._path + "/checkpoints", json={"label": label}, what="take a checkpoint"
+        )
+        return _checkpoint_of(data, "take a checkpoint")
+
+    async def checkpoints(self) -> list[CheckpointRecord]:
+        """The remote conversation's checkpoints, newest first."""
+        data = await self.agent.request(
+            "GET", self._path + "/checkpoints", what="list the checkpoints"
+        )
+        items = data.get("items") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise RemoteError("list the checkpoints: the answer has no items list")
+        return [_checkpoint_of(c, "list the checkpoints") for c in items]
+
+    async def checkpoint_document(self, checkpoint_id: int) -> dict[str, Any] | None:
+        """The snapshot of one checkpoint (``None``: the conversation has no such one)."""
+        try:
+            doc: dict[str, Any] = await self.agent.request(
+                "GET", f"{self._path}/checkpoints/{int(checkpoint_id)}", what="read a checkpoint"
+            )
+        except NotFound as exc:
+            if "checkpoint_not_found" in str(exc):
+                return None
+            raise
+        return doc
 
     async def aclose(self) -> None:
         """Leave: end this object's event streams (the remote conversation stays)."""

@@ -131,11 +131,13 @@ class BackgroundPolicy(AnnounceKnob):
     """Switches and debounce times (seconds) of the background memory work.
 
     :class:`~agentik.core.background.MemoryWorker` follows it: ``mining``
-    extracts at most ``max_facts`` facts from each compaction summary,
-    ``reflection`` writes a note when a conversation ends (``!new``, deleted,
-    idle for ``reflect_after_idle`` seconds, the bot's shutdown); mining waits
-    for ``mining_debounce`` seconds of quiet and skips spans with fewer than
-    ``mine_min_turns`` user messages; ``timeout`` bounds one job's model call.
+    extracts at most ``max_facts`` facts from each compaction summary and, when
+    a conversation ends, from its turns no summary covered; ``reflection``
+    writes a note when a conversation ends (``!new``, deleted, closed, idle for
+    ``reflect_after_idle`` seconds, the bot's shutdown); mining waits for
+    ``mining_debounce`` seconds of quiet after a compaction and skips spans with
+    fewer than ``mine_min_turns`` user messages; ``timeout`` bounds one job's
+    model call; ``jobs_interval`` runs both jobs for busy conversations too.
     """
 
     mining: bool = True
@@ -152,6 +154,12 @@ class BackgroundPolicy(AnnounceKnob):
     #: Seconds a bot's shutdown may spend reflecting on conversations with
     #: turns not yet reflected on (reason ``shutdown``); 0: none at shutdown.
     reflect_on_shutdown: Annotated[float, BeforeValidator(seconds)] = Field(30.0, ge=0)
+    #: Seconds between runs of the end-of-conversation jobs (reflection, mining)
+    #: for every conversation with turns since its last job, so one that never
+    #: goes idle is covered too (workers sharing a database run each once);
+    #: 0 (the default): only at ends.  Off by default: each run costs model calls
+    #: per busy channel, and compaction already mines the busiest ones.
+    jobs_interval: Annotated[float, BeforeValidator(seconds)] = Field(0.0, ge=0)
 
 
 @settings_dataclass

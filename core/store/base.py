@@ -40,6 +40,7 @@ from .records import (
     ChannelSetting,
     ChannelSettingChange,
     Checklist,
+    CheckpointRecord,
     ConversationRecord,
     JobRun,
     Lease,
@@ -122,6 +123,7 @@ CAPABILITIES: dict[str, str] = {
     "search": "search_messages",
     "branching": "rewind",
     "a2a_tasks": "a2a_task_put",
+    "checkpoints": "checkpoint_add",
 }
 
 
@@ -788,6 +790,40 @@ class Store(abc.ABC):
     async def seen_prune(self, before: float) -> int:
         """Forget the keys last seen first before ``before``; how many."""
         raise NotImplementedError(f"{type(self).__name__} keeps no handled events")
+
+    # -- checkpoints: stored snapshots per conversation (issue 35; SQLite 28, PostgreSQL 17) -
+    async def checkpoint_add(
+        self,
+        conversation_id: str,
+        document: str,
+        *,
+        at: float,
+        label: str = "",
+        automatic: bool = False,
+        keep: int | None = None,
+    ) -> CheckpointRecord:
+        """Store ``document`` (a snapshot, :func:`~agentik.core.lifecycle.export_conversation`,
+        as JSON text) as a checkpoint of ``conversation_id``, taken at ``at``.
+
+        ``automatic`` with ``keep``: in the same transaction, only the latest ``keep``
+        automatic checkpoints of the conversation stay (this one counted); the others
+        (asked-for ones) are never removed that way.  Raises ``StoreError`` (or the
+        engine's) for a conversation that does not exist.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no checkpoints")
+
+    async def checkpoints(self, conversation_id: str) -> list[CheckpointRecord]:
+        """The checkpoints of ``conversation_id``, newest first (none: ``[]``)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no checkpoints")
+
+    async def checkpoint_get(self, conversation_id: str, checkpoint_id: int) -> str | None:
+        """The document of checkpoint ``checkpoint_id`` of ``conversation_id``, as
+        stored; ``None`` when that conversation has no such checkpoint."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no checkpoints")
+
+    async def checkpoint_delete(self, conversation_id: str, checkpoint_id: int) -> bool:
+        """Remove one checkpoint of ``conversation_id``; whether it was there."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no checkpoints")
 
     # -- run events, for SSE clients on every worker (issue 32; SQLite 18, PostgreSQL 7) ---
     async def run_events_add(

@@ -70,6 +70,7 @@ TABLES: tuple[str, ...] = (
     "link_message",
     "webhook_delivery",
     "a2a_task",
+    "checkpoint",
 )
 #: Tables that are not data of their own: migrations' records, indexes kept by triggers
 #: (SQLite's full-text indexes, the PostgreSQL memory's word counts).  The destination

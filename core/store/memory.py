@@ -31,6 +31,7 @@ from .base import (
 )
 from .memory_a2a import MemoryA2ATasks
 from .memory_attachments import MemoryAttachments
+from .memory_checkpoints import MemoryCheckpoints
 from .memory_cluster import MemoryCluster
 from .memory_events import MemoryRunEvents
 from .memory_jobs import MemoryJobs
@@ -63,6 +64,7 @@ class MemoryStore(
     MemoryWebhooks,
     MemoryAttachments,
     MemoryA2ATasks,
+    MemoryCheckpoints,
     Store,
 ):
     """In-memory :class:`Store`; nothing survives the process."""
@@ -179,6 +181,7 @@ class MemoryStore(
             del self._bindings[key]
         self._attachments_forget(conversation_id)
         self._a2a_forget(conversation_id)
+        self._checkpoints_forget(conversation_id)
         return True
 
     async def get_binding(self, channel_key: str) -> str | None:

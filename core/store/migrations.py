@@ -734,6 +734,25 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX budget_usage_by_period ON budget_usage (period);
         """,
     ),
+    Migration(
+        26,
+        "checkpoint",
+        """
+        -- Checkpoints (issue 35): stored snapshots of a conversation (the export
+        -- document, JSON text), listable per conversation; ``automatic`` ones
+        -- (taken when the conversation ends) are trimmed to the last N.
+        CREATE TABLE checkpoint (
+            id              INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id TEXT NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            created_at      REAL NOT NULL,
+            label           TEXT NOT NULL DEFAULT '',
+            automatic       INTEGER NOT NULL DEFAULT 0,
+            size            INTEGER NOT NULL,
+            document        TEXT NOT NULL
+        );
+        CREATE INDEX checkpoint_by_conversation ON checkpoint (conversation_id, id);
+        """,
+    ),
 )
 
 

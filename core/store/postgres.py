@@ -41,6 +41,7 @@ from .migrations import Migration
 from .postgres_a2a import PostgresA2ATasks
 from .postgres_attachments import SWEEP as ATTACHMENT_SWEEP
 from .postgres_attachments import PostgresAttachments
+from .postgres_checkpoints import PostgresCheckpoints
 from .postgres_cluster import PostgresCluster
 from .postgres_copy import PostgresCopy
 from .postgres_events import PostgresRunEvents
@@ -353,6 +354,7 @@ class PostgresStore(
     PostgresWebhooks,
     PostgresAttachments,
     PostgresA2ATasks,
+    PostgresCheckpoints,
     PostgresSearch,
     PostgresCopy,
     Store,

@@ -699,6 +699,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             CHECK (kind IN ('messages', 'tokens', 'tool_calls', 'tokens_held'));
         """,
     ),
+    Migration(
+        15,
+        "checkpoint",
+        """
+        -- Checkpoints (SQLite's migration 26): stored snapshots of a conversation,
+        -- the document as JSON text (``text``: kept exactly as exported).
+        CREATE TABLE checkpoint (
+            id              bigserial PRIMARY KEY,
+            conversation_id text NOT NULL REFERENCES conversation (id) ON DELETE CASCADE,
+            created_at      double precision NOT NULL,
+            label           text NOT NULL DEFAULT '',
+            automatic       boolean NOT NULL DEFAULT false,
+            size            bigint NOT NULL,
+            document        text NOT NULL
+        );
+        CREATE INDEX checkpoint_by_conversation ON checkpoint (conversation_id, id);
+        """,
+    ),
 )
 
 _RECORDS = (

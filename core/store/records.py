@@ -25,6 +25,7 @@ __all__ = [
     "ChannelSetting",
     "ChannelSettingChange",
     "Checklist",
+    "CheckpointRecord",
     "ConversationRecord",
     "JobRun",
     "Lease",
@@ -619,3 +620,29 @@ class A2ATaskRecord:
     final: bool = False
     question: str | None = None
     answer: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointRecord:
+    """A stored snapshot of a conversation (its document is read apart:
+    ``checkpoint_get``).  ``automatic``: taken by the agent when the conversation
+    ended (the last ``[checkpoints] keep_automatic`` of them are kept), else asked
+    for (``!checkpoint``, the HTTP API, the library).  ``size``: the document's
+    length in bytes (UTF-8 JSON)."""
+
+    id: int
+    conversation_id: str
+    created_at: float
+    label: str = ""
+    automatic: bool = False
+    size: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "conversation_id": self.conversation_id,
+            "created_at": self.created_at,
+            "label": self.label,
+            "automatic": self.automatic,
+            "size": self.size,
+        }

@@ -24,6 +24,7 @@ from .records import (
     ChannelSetting,
     ChannelSettingChange,
     Checklist,
+    CheckpointRecord,
     ConversationRecord,
     JobRun,
     Lease,
@@ -55,6 +56,7 @@ __all__ = [
     "REPOSITORIES",
     "A2ATaskRepository",
     "AttachmentRepository",
+    "CheckpointRepository",
     "GovernanceRepository",
     "JobsRepository",
     "LeaseRepository",
@@ -534,6 +536,29 @@ class A2ATaskRepository(Protocol):
     async def a2a_task_delete(self, owner: str, task_id: str) -> bool: ...
 
 
+@runtime_checkable
+class CheckpointRepository(Protocol):
+    """Stored snapshots of a conversation (issue 35): listable per conversation,
+    the automatic ones bounded to the last N; they go with their conversation."""
+
+    async def checkpoint_add(
+        self,
+        conversation_id: str,
+        document: str,
+        *,
+        at: float,
+        label: str = "",
+        automatic: bool = False,
+        keep: int | None = None,
+    ) -> CheckpointRecord: ...
+
+    async def checkpoints(self, conversation_id: str) -> list[CheckpointRecord]: ...
+
+    async def checkpoint_get(self, conversation_id: str, checkpoint_id: int) -> str | None: ...
+
+    async def checkpoint_delete(self, conversation_id: str, checkpoint_id: int) -> bool: ...
+
+
 #: Every repository, in the order of the contract suite's aggregates.
 REPOSITORIES: tuple[type, ...] = (
     LogRepository,
@@ -553,6 +578,7 @@ REPOSITORIES: tuple[type, ...] = (
     AttachmentRepository,
     SearchRepository,
     A2ATaskRepository,
+    CheckpointRepository,
 )
 
 
@@ -576,6 +602,7 @@ def _facade(
     AttachmentRepository,
     SearchRepository,
     A2ATaskRepository,
+    CheckpointRepository,
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
     return (store, store, store, store, store, store, store, store, store, store, store, store,

@@ -45,6 +45,7 @@ from .care import backup_before_migrating
 from .migrations import apply_migrations
 from .sqlite_a2a import SQLiteA2ATasks
 from .sqlite_attachments import SQLiteAttachments
+from .sqlite_checkpoints import SQLiteCheckpoints
 from .sqlite_cluster import SQLiteCluster
 from .sqlite_copy import SQLiteCopy
 from .sqlite_events import SQLiteRunEvents
@@ -356,6 +357,7 @@ class SQLiteStore(
     SQLiteWebhooks,
     SQLiteAttachments,
     SQLiteA2ATasks,
+    SQLiteCheckpoints,
     SQLiteSearch,
     SQLiteCopy,
     Store,

@@ -35,6 +35,7 @@ code                        status  when
 ``attachment_too_large``    413     an upload over ``[attachments] max_bytes``
 ``attachment_rejected``     415     an upload whose bytes are no type taken
 ``attachment_not_found``    404     no such attachment here (409: a message names one)
+``checkpoint_not_found``    404     no such checkpoint in this conversation
 ``budget_exceeded``         429     the token's or the conversation's budget is used up
 ``unavailable``             503     the agent is shutting down
 ``internal_error``          500     a bug: logged with its traceback
@@ -183,6 +184,17 @@ class NewConversationBody(_Body):
     title: str = Field("", max_length=200)
 
     @field_validator("title")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        return _printable_title(v)
+
+
+class CheckpointBody(_Body):
+    """``POST …/checkpoints``: an optional label (one line)."""
+
+    label: str = Field("", max_length=200)
+
+    @field_validator("label")
     @classmethod
     def _one_line(cls, v: str) -> str:
         return _printable_title(v)
@@ -988,6 +1000,42 @@ class Api:
             raise ApiError(404, "conversation_not_found", f"no conversation {conv.id!r}")
         return JSONResponse(doc, headers={"content-disposition": _attachment(conv.id)})
 
+    async def list_checkpoints(self, request: Request) -> Response:
+        """``GET …/checkpoints``: the conversation's checkpoints, newest first."""
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        found = await conv.checkpoints()
+        return JSONResponse({"items": [c.to_dict() for c in found]})
+
+    async def take_checkpoint(self, request: Request) -> Response:
+        """``POST …/checkpoints``: keep a snapshot of the conversation now (201)."""
+        self._refuse_when_closing()
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        body = await self.body(request, CheckpointBody, required=False)
+        try:
+            record = await conv.checkpoint(body.label)
+        except NotFound:
+            raise ApiError(404, "conversation_not_found", f"no conversation {conv.id!r}") from None
+        return JSONResponse(record.to_dict(), status_code=201)
+
+    async def get_checkpoint(self, request: Request) -> Response:
+        """``GET …/checkpoints/{checkpoint_id}``: that checkpoint's snapshot (it imports
+        like an export)."""
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        try:
+            checkpoint_id = int(request.path_params["checkpoint_id"])
+        except ValueError:
+            raise ApiError(422, "invalid_parameter", "checkpoint_id must be an integer") from None
+        # (An id past the engines' 64-bit integers names no checkpoint.)
+        doc = await conv.checkpoint_document(checkpoint_id) if 0 < checkpoint_id < 2**62 else None
+        if doc is None:
+            raise ApiError(
+                404, "checkpoint_not_found", f"no checkpoint {checkpoint_id} in this conversation"
+            )
+        return JSONResponse(doc)
+
     async def import_conversation(self, request: Request) -> Response:
         self._refuse_when_closing()
         principal = self.principal(request)
@@ -1673,6 +1721,8 @@ def build_app(ctx: ApiContext) -> Starlette:
         (p + "/conversations/import", {"POST": api.import_conversation}),
         (p + "/search", {"GET": api.search}),
         (conv + "/export", {"GET": api.export_conversation}),
+        (conv + "/checkpoints", {"GET": api.list_checkpoints, "POST": api.take_checkpoint}),
+        (conv + "/checkpoints/{checkpoint_id}", {"GET": api.get_checkpoint}),
         (
             conv,
             {

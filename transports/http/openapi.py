@@ -63,6 +63,7 @@ ERROR_CODES = (
     "attachment_too_large",
     "attachment_rejected",
     "attachment_not_found",
+    "checkpoint_not_found",
     "conversation_exists",
     "invalid_snapshot",
     "unsupported_media_type",
@@ -295,6 +296,46 @@ _SCHEMAS: dict[str, Any] = {
                 "default": "",
                 "description": "one line, no control characters",
             },
+        },
+    },
+    "CheckpointRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "label": {
+                "type": "string",
+                "maxLength": 200,
+                "pattern": TITLE_PATTERN,
+                "default": "",
+                "description": "one line, no control characters",
+            }
+        },
+    },
+    "Checkpoint": {
+        "type": "object",
+        "description": "A stored snapshot of the conversation (docs/lifecycle.md#checkpoints)",
+        "required": ["id", "conversation_id", "created_at", "label", "automatic", "size"],
+        "properties": {
+            "id": {"type": "integer"},
+            "conversation_id": {"type": "string"},
+            "created_at": {"type": "number"},
+            "label": {"type": "string"},
+            "automatic": {
+                "type": "boolean",
+                "description": "taken when the conversation ended ([checkpoints] keep_automatic)",
+            },
+            "size": {"type": "integer", "description": "the snapshot's length in bytes"},
+        },
+    },
+    "CheckpointList": {
+        "type": "object",
+        "required": ["items"],
+        "properties": {
+            "items": {
+                "type": "array",
+                "description": "newest first",
+                "items": {"$ref": "#/components/schemas/Checkpoint"},
+            }
         },
     },
     "Rename": {
@@ -1352,6 +1393,40 @@ def openapi_document(
                     **with_body,
                 },
                 requestBody=_body("FormAnswer", required=True),
+            ),
+        },
+        conv + "/checkpoints": {
+            "parameters": [_CONV_ID],
+            "get": op(
+                "listCheckpoints",
+                "The conversation's checkpoints (stored snapshots), newest first",
+                {"200": _json("CheckpointList", "the checkpoints"), **not_found},
+            ),
+            "post": op(
+                "takeCheckpoint",
+                "Keep a snapshot of the conversation as it is now",
+                {"201": _json("Checkpoint", "the checkpoint taken"), **not_found, **with_body},
+                requestBody=_body("CheckpointRequest", required=False),
+            ),
+        },
+        conv + "/checkpoints/{checkpoint_id}": {
+            "parameters": [
+                _CONV_ID,
+                {
+                    "name": "checkpoint_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1},
+                },
+            ],
+            "get": op(
+                "getCheckpoint",
+                "One checkpoint's snapshot (imports like an export)",
+                {
+                    "200": _json("Snapshot", "the snapshot"),
+                    "404": _error("no such conversation, or no such checkpoint in it"),
+                    "422": _error("checkpoint_id is not an integer"),
+                },
             ),
         },
         conv + "/messages/{message_id}/redact": {

@@ -19,8 +19,9 @@ part of the contract while it grows (:class:`LogContract`,
 :class:`ClusterContract`, :class:`SeenEventsContract`, :class:`QueueContract`,
 :class:`RunEventsContract`, :class:`LinksContract`, :class:`SearchContract`,
 :class:`WebhooksContract`, :class:`AttachmentsContract`,
-:class:`A2ATasksContract`); :class:`StoreContract` is all of them.  A case
-the engine legitimately cannot pass is skipped with its reason:
+:class:`A2ATasksContract`, :class:`CheckpointsContract`); :class:`StoreContract` is all
+of them.  A case the engine legitimately cannot pass is skipped with its
+reason:
 ``unsupported = {"test_name": "why"}``.
 
 The suite needs ``pytest`` and ``pytest-asyncio`` (the ``agentik[testing]``
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from .a2a import A2ATasksContract
 from .attachments import AttachmentsContract
+from .checkpoints import CheckpointsContract
 from .cluster import ClusterContract
 from .events import RunEventsContract
 from .governance import GovernanceContract
@@ -50,6 +52,7 @@ from .webhooks import WebhooksContract
 __all__ = [
     "A2ATasksContract",
     "AttachmentsContract",
+    "CheckpointsContract",
     "ClusterContract",
     "ContractBase",
     "GovernanceContract",
@@ -86,5 +89,6 @@ class StoreContract(
     AttachmentsContract,
     SearchContract,
     A2ATasksContract,
+    CheckpointsContract,
 ):
     """The whole store contract; subclass it and provide a ``store`` fixture."""
