@@ -290,8 +290,6 @@ class Conversation:
         self._idle: asyncio.Event | None = None
         #: The last state reported by a ``status_changed`` event.
         self._state: StatusState = "idle"
-        #: The run of the last turn this process ran to its end (see :meth:`run_ended`).
-        self._last_ended: str | None = None
         #: Not stored yet: the first message's write creates it (a child run's, or a
         #: new channel's: then bound to ``_unstored_key`` in the same write).
         self._unstored: ConversationRecord | None = None
@@ -349,16 +347,6 @@ class Conversation:
     @property
     def running_run_id(self) -> str | None:
         return self._runner.run_id if self._runner is not None else None
-
-    def run_ended(self, run_id: str) -> bool:
-        """Whether this process ran ``run_id``'s turn here and its end is recorded
-        (the answer and the turn's end committed): the running turn once it has
-        finished, or the last turn that ran.  ``False`` when it cannot tell (an
-        older run, one run by another worker)."""
-        runner = self._runner
-        if runner is not None and runner.run_id == run_id:
-            return runner.finished
-        return self._last_ended == run_id
 
     @property
     def interrupting(self) -> bool:
@@ -1230,8 +1218,6 @@ class Conversation:
                 finally:
                     self._queue.pop(0)
                     self._runner = self._current = None
-                    if runner.finished:
-                        self._last_ended = runner.run_id
                     if sink is not None:  # the turn's events are stored before the next
                         with contextlib.suppress(Exception):
                             await sink.flushed()
