@@ -26,7 +26,7 @@ from .agents import (
 from .approvals import ApprovalRule, Approvals
 from .attachments import AttachmentSettings, hashes_of
 from .compaction import CompactContextTool, CompactionPolicy, Compactor
-from .conversation import Conversation
+from .conversation import Conversation, ConversationState
 from .errors import ConfigError, NotFound
 from .eventbus import Subscription
 from .events import ConversationEnded, ConversationStarted
@@ -731,6 +731,10 @@ class Agent:
         lock = self._channel_lock(channel_key)
         async with lock:
             pending = self._unbound.get(channel_key)
+            if pending is not None and pending.state is ConversationState.CLOSED:
+                # Closed before its first write landed (that write failed): forgotten.
+                del self._unbound[channel_key]
+                pending = None
             if pending is not None:
                 if not lazy:
                     await pending.stored()
@@ -782,8 +786,12 @@ class Agent:
             meta={"channel_key": channel_key},
         )
         hooks = self.services.hooks
-        lazy = lazy and not (
-            hooks.implemented("session_start") or hooks.implemented("before_prompt")
+        # Not with workers (their messages are committed by the turn queue, not by
+        # the conversation), nor when a plugin could write to it before its message.
+        lazy = (
+            lazy
+            and self.turn_queue is None
+            and not (hooks.implemented("session_start") or hooks.implemented("before_prompt"))
         )
         if not lazy:
             await self.store.create_conversation(record, channel_key=channel_key)
