@@ -127,7 +127,8 @@ class Channels:
                 ch.last_used = time.monotonic()
                 self.apply(ch, eff)
                 return ch
-            conv = await self.host.agent.conversation_for_channel(key)
+            # A new channel's binding is written with its first message (lazy).
+            conv = await self.host.agent.conversation_for_channel(key, lazy=True)
             ch = self.open_new(key, transport, eff.options, conv)
             self.apply(ch, eff)
             return ch

@@ -44,9 +44,10 @@ class Outbox:
         self._pruner: asyncio.Task[None] | None = None
         self._added = 0
 
-    async def add(self, entries: Sequence[OutboxEntry]) -> list[int]:
-        """Persist pieces before they are handed to a transport; their row ids."""
-        ids = await self.store.outbox_add(entries)
+    async def add(self, entries: Sequence[OutboxEntry], *, defer: bool = False) -> list[int]:
+        """Persist pieces before they are handed to a transport; their row ids.
+        ``defer``: committed with the store's next write (``Store.outbox_add``)."""
+        ids = await self.store.outbox_add(entries, defer=defer)
         self._added += len(entries)
         if self._added >= PRUNE_EVERY and self._pruner is None:
             self._added = 0

@@ -21,6 +21,7 @@ It sends through a :class:`RenderHost` (the bridge), never importing it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -152,7 +153,9 @@ class Renderer:
         "piece",
         "progress",
         "questions",
+        "stream_hold",
         "stream_id",
+        "stream_row",
         "stream_text",
         "todo_tag",
     )
@@ -170,6 +173,10 @@ class Renderer:
         #: Streamed answer (deltas) on an outbox transport: its row and text.
         self.stream_id: int | None = None
         self.stream_text: list[str] = _NO_TEXT
+        #: Its row written deferred, while the transport holds the answer (see
+        #: :meth:`_stream_row`), and how many characters it holds.
+        self.stream_row: asyncio.Future[list[int]] | None = None
+        self.stream_hold = 0
         # The maps below are the shared empty one until first written (:meth:`_own`):
         # a renderer lives as long as its open channel, most of them quiet.
         #: Questions shown (``ask_user``): id -> the text, to edit in the answer.
@@ -482,32 +489,67 @@ class Renderer:
         )
 
     async def _stream_row(self, text: str, run_id: str) -> None:
-        """One outbox row per streamed answer: written at its first delta, completed at its end."""
+        """One outbox row per streamed answer: written at its first delta, completed at its end.
+
+        While the transport holds the answer (:meth:`Transport.holds_answer
+        <agentik.transports.base.Transport.holds_answer>`: a Slack reply shorter
+        than ``stream_buffer`` is posted whole at its end) nothing of it goes out,
+        so its row needs no write of its own: it is handed to the store deferred,
+        and commits with the store's next write — the turn's last commit (the
+        answer and its row, together), or the row completed at the end.  Once the
+        answer may go out, its row is written before (a restart finds it).
+        """
         if self.stream_text is _NO_TEXT:
             self.stream_text = []
         self.stream_text.append(text)
         if self.stream_id is not None:
             return
+        transport, key, reply = self.ch.transport, self.ch.key, self._reply_to(run_id)
+        rows = outbox_rows(transport, key, run_id, self.piece, "stream", [""], reply,
+                           complete=False)  # fmt: skip
+        if len(self.stream_text) == 1:
+            self.stream_hold = transport.holds_answer(key, reply)
+            if self.stream_hold > 0:
+                self.stream_row = asyncio.ensure_future(self.host.outbox.add(rows, defer=True))
+                self.stream_row.add_done_callback(_row_written)
+        if self.stream_row is not None and sum(map(len, self.stream_text)) < self.stream_hold:
+            return  # held: nothing of it is sent with this delta
         try:
-            [self.stream_id] = await self.host.outbox.add(
-                outbox_rows(self.ch.transport, self.ch.key, run_id, self.piece, "stream", [""],
-                      self._reply_to(run_id), complete=False)
-            )  # fmt: skip
+            # (Written at once: a held row, not committed yet, goes in with it.)
+            [self.stream_id] = await self.host.outbox.add(rows)
         except Exception:
             log.exception("could not persist a streamed answer for %s", self.ch.key)
+            self.stream_row = None
             return
         self.piece += 1
 
     async def _stream_done(self, run_id: str | None) -> None:
-        if self.stream_id is None or not run_id:
+        if not run_id or (self.stream_id is None and self.stream_row is None):
+            return
+        held = self.stream_id is None
+        piece = self.piece if held else self.piece - 1
+        rows = outbox_rows(self.ch.transport, self.ch.key, run_id, piece, "stream",
+                           ["".join(self.stream_text)], self._reply_to(run_id))  # fmt: skip
+        first = self.stream_row
+        if held and first is not None and first.done() and _written(first):
+            # Held whole, and its row is committed (it went in with the turn's end):
+            # the text goes in with the record of its delivery (deferred, one commit).
+            # A crash before that finds the row incomplete and takes the text from the
+            # audit log; a post made but not recorded is found again by its metadata.
+            [self.stream_id] = first.result()
+            self.piece += 1
+            done = asyncio.ensure_future(self.host.outbox.add(rows, defer=True))
+            done.add_done_callback(_row_written)
             return
         try:
-            await self.host.outbox.add(
-                outbox_rows(self.ch.transport, self.ch.key, run_id, self.piece - 1, "stream",
-                      ["".join(self.stream_text)], self._reply_to(run_id))
-            )  # fmt: skip
+            # (Held whole, not committed yet: the row's first write goes in with this one.)
+            [found] = await self.host.outbox.add(rows)
         except Exception:
             log.exception("could not persist a streamed answer for %s", self.ch.key)
+            return
+        if held:
+            self.stream_id = found
+            self.piece += 1
 
     async def _line(self, line: str, run_id: str | None) -> None:
         cap = self.ch.options.max_answer_lines
@@ -631,6 +673,7 @@ class Renderer:
         self.buffer, self.lines_sent, self.had_text = "", 0, False
         self.in_code = False
         self.piece, self.stream_id, self.stream_text = 0, None, _NO_TEXT
+        self.stream_row, self.stream_hold = None, 0
         self.call_args, self.children = _EMPTY, _EMPTY
 
     async def _response_started(self, e: ResponseStarted) -> None:
@@ -736,6 +779,7 @@ class Renderer:
             await self._stream_done(run)
             await self._out("", "end", run)
         self.stream_id, self.stream_text = None, _NO_TEXT
+        self.stream_row, self.stream_hold = None, 0
         stopped = _STOP_NOTICES.get(e.stop_reason)
         if stopped:
             await self._out(stopped, "notice", run)
@@ -833,6 +877,18 @@ def _progress_text(progress: float, total: float | None, message: str | None) ->
     else:
         how = f"{progress:g}"
     return f"{how} {message}".strip() if message else how
+
+
+def _written(write: asyncio.Future[list[int]]) -> bool:
+    """Whether a finished write succeeded."""
+    return not write.cancelled() and write.exception() is None
+
+
+def _row_written(write: asyncio.Future[list[int]]) -> None:
+    """A held row's deferred write ended: a failure is logged (the row is written
+    again, completed, at the answer's end)."""
+    if not write.cancelled() and write.exception() is not None:
+        log.error("could not persist a streamed answer: %s", write.exception())
 
 
 def _fit(text: str, max_bytes: int | None, max_chars: int | None) -> str:

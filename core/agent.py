@@ -26,7 +26,7 @@ from .agents import (
 from .approvals import ApprovalRule, Approvals
 from .attachments import AttachmentSettings, hashes_of
 from .compaction import CompactContextTool, CompactionPolicy, Compactor
-from .conversation import Conversation
+from .conversation import Conversation, ConversationState
 from .errors import ConfigError, NotFound
 from .eventbus import Subscription
 from .events import ConversationEnded, ConversationStarted
@@ -229,6 +229,9 @@ class Agent:
         self._trim = self.services.trim = MemoryTrim(memory_trim)
         # One lock per channel key, kept only while in use.
         self._channel_lock = KeyedLocks()
+        #: New channels' conversations not stored yet (their binding is written with
+        #: their first message), by channel key: until then the store knows nothing.
+        self._unbound: dict[str, Conversation] = {}
         #: States of transports, MCP servers and the model (:mod:`agentik.core.health`).
         self.health = HealthRegistry()
         #: Awaited by :meth:`end_conversation` (``(conversation, reason, channel_key)``),
@@ -720,15 +723,32 @@ class Agent:
         channel_key: str,
         *,
         title: str | None = None,
+        lazy: bool = False,
     ) -> Conversation:
         """Get or create the conversation bound to ``channel_key`` (persistently).
 
         Keys look like ``irc:<network>:<#channel>``,
         ``slack:<team>:<channel>[:<thread_ts>]``, ``stdio:<name>``.
+
+        ``lazy`` (a bridge opening a channel for a message it received): a new
+        conversation and its binding are written with its first message, in one
+        transaction (a new Slack thread per question made two writes of it), or
+        with whatever else is written to it first — unless a plugin could write
+        to it before that (a ``session_start`` or ``before_prompt`` hook).  A
+        caller without ``lazy`` gets it stored.
         """
         self._check_running()
         lock = self._channel_lock(channel_key)
         async with lock:
+            pending = self._unbound.get(channel_key)
+            if pending is not None and pending.state is ConversationState.CLOSED:
+                # Closed before its first write landed (that write failed): forgotten.
+                del self._unbound[channel_key]
+                pending = None
+            if pending is not None:
+                if not lazy:
+                    await pending.stored()
+                return pending
             conv_id = await self.store.get_binding(channel_key)
             if conv_id is not None:
                 conv = self.services.find(conv_id)
@@ -737,7 +757,7 @@ class Agent:
                 record = await self.store.get_conversation(conv_id)
                 if record is not None:
                     return self._wrap(record, temp=False, channel_key=channel_key)
-            return await self._bind_new(channel_key, title)
+            return await self._bind_new(channel_key, title, lazy=lazy)
 
     async def new_conversation_for_channel(
         self,
@@ -749,6 +769,9 @@ class Agent:
         self._check_running()
         lock = self._channel_lock(channel_key)
         async with lock:
+            pending = self._unbound.get(channel_key)
+            if pending is not None:
+                await pending.stored()  # what it had is history too
             old_id = await self.store.get_binding(channel_key)
             conv = await self._bind_new(channel_key, title)
         if old_id is not None:
@@ -761,7 +784,9 @@ class Agent:
                 await self.services.session_end(old, "reset")
         return conv
 
-    async def _bind_new(self, channel_key: str, title: str | None) -> Conversation:
+    async def _bind_new(
+        self, channel_key: str, title: str | None, *, lazy: bool = False
+    ) -> Conversation:
         now = time.time()
         record = ConversationRecord(
             id=uuid.uuid4().hex,
@@ -770,8 +795,25 @@ class Agent:
             updated_at=now,
             meta={"channel_key": channel_key},
         )
-        await self.store.create_conversation(record, channel_key=channel_key)
+        hooks = self.services.hooks
+        # Not with workers (their messages are committed by the turn queue, not by
+        # the conversation), nor when a plugin could write to it before its message.
+        lazy = (
+            lazy
+            and self.turn_queue is None
+            and not (hooks.implemented("session_start") or hooks.implemented("before_prompt"))
+        )
+        if not lazy:
+            await self.store.create_conversation(record, channel_key=channel_key)
         conv = self._wrap(record, temp=False, channel_key=channel_key, new=True)
+        if lazy:
+            self._unbound[channel_key] = conv
+
+            def stored(c: Conversation, key: str = channel_key) -> None:
+                if self._unbound.get(key) is c:
+                    del self._unbound[key]
+
+            conv.store_with_first_message(record, channel_key=channel_key, stored=stored)
         conv.parts.events.emit_agent_wide(ConversationStarted, channel_key=channel_key)
         await self.services.session_start(conv)
         return conv

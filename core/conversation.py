@@ -293,8 +293,13 @@ class Conversation:
         self._idle: asyncio.Event | None = None
         #: The last state reported by a ``status_changed`` event.
         self._state: StatusState = "idle"
-        #: Not stored yet: the first message's write creates it (a child run's).
+        #: Not stored yet: the first message's write creates it (a child run's, or a
+        #: new channel's: then bound to ``_unstored_key`` in the same write).
         self._unstored: ConversationRecord | None = None
+        self._unstored_key: str | None = None
+        #: Called once it is stored, or closed without ever being stored (the agent
+        #: forgets its pending binding).
+        self._on_stored: Callable[[Conversation], None] | None = None
 
     def __repr__(self) -> str:
         return f"<Conversation {self.id} {self.title!r}{' temp' if self.temp else ''}>"
@@ -742,6 +747,7 @@ class Conversation:
         now = time.time()
         for part, data, media_type in checked:
             if data is not None:
+                await self.stored()
                 await self._store.attachment_put(self.id, data, media_type, at=now)
                 out.append(part_for(data, media_type, name=part.name))
             elif part.url is not None:
@@ -816,6 +822,16 @@ class Conversation:
                 self._store.append(self.id, log=[entry], memory=stored, updated_at=now)
             )
             write = committed
+        elif self._unstored_key is not None:
+            # A new channel's conversation: it, its binding and this message are one
+            # durable write (a new Slack thread was two), awaited like any message.
+            committed = write = asyncio.ensure_future(
+                self._store.create_conversation_with(
+                    unstored, log=[entry], memory=stored, updated_at=now,
+                    channel_key=self._unstored_key,
+                )
+            )  # fmt: skip
+            write.add_done_callback(functools.partial(self._bound_write_done, unstored))
         else:
             # A child run's conversation and task: written deferred (they commit
             # with the child's next write, or its parent's tool result; see
@@ -849,12 +865,56 @@ class Conversation:
             log.error("conversation %s: could not store it and its first message: %s",
                       self.id, error)  # fmt: skip
 
-    def store_with_first_message(self, record: ConversationRecord) -> None:
+    def store_with_first_message(
+        self,
+        record: ConversationRecord,
+        *,
+        channel_key: str | None = None,
+        stored: Callable[[Conversation], None] | None = None,
+    ) -> None:
         """This new conversation's ``record`` is not stored yet: the first
         message sent writes it, in the same transaction (a child run's
         conversation, whose first act is that message).  That write is
-        deferred (``Store.append(defer=True)``): the turn does not wait for it."""
-        self._unstored = record
+        deferred (``Store.append(defer=True)``): the turn does not wait for it.
+
+        With ``channel_key`` (a new channel's conversation, see
+        :meth:`Agent.conversation_for_channel`) the binding goes in the same
+        write, which is as durable as any message's; anything else written
+        first (a note, a rename, an attachment) writes the conversation and its
+        binding before it (:meth:`stored`).  ``stored`` is called once it is
+        stored, or when it closes without ever being stored."""
+        self._unstored, self._unstored_key, self._on_stored = record, channel_key, stored
+
+    @property
+    def unstored(self) -> bool:
+        """Not in the store yet (see :meth:`store_with_first_message`)."""
+        return self._unstored is not None
+
+    async def stored(self) -> None:
+        """Write this conversation (and its binding) now if it is not stored yet."""
+        record = self._unstored
+        if record is None or self._unstored_key is None:
+            return  # stored (or a child run's: its first message is its first write)
+        self._unstored = None
+        try:
+            await self._store.create_conversation(record, channel_key=self._unstored_key)
+        except BaseException:
+            self._unstored = record  # the next write tries again
+            raise
+        self._stored_now()
+
+    def _bound_write_done(self, record: ConversationRecord, write: asyncio.Future[Any]) -> None:
+        if write.cancelled() or write.exception() is not None:
+            # Nothing of it was written: the next message (or note) writes it.
+            if self._unstored is None:
+                self._unstored = record
+            return
+        self._stored_now()
+
+    def _stored_now(self) -> None:
+        callback, self._on_stored = self._on_stored, None
+        if callback is not None:
+            callback(self)
 
     # -- resuming after a restart -------------------------------------------------
     def resume(
@@ -1075,6 +1135,7 @@ class Conversation:
         wait for a turn (older ones stay in the audit log only).
         """
         self._check_open()
+        await self.stored()
         now = time.time()
         content = self._scrub("user", content)
         rows = await self._store.append(
@@ -1432,6 +1493,7 @@ class Conversation:
         self._check_open()
         title = self._scrub("title", title or "")
         now = time.time()
+        await self.stored()
         await self._store.update_conversation(self.id, title=title, updated_at=now)
         self.title = title
         self.updated_at = now
@@ -1499,6 +1561,8 @@ class Conversation:
             self._events.close()
         self._services.transcripts.take(self._memory)
         self._services.forget(self)
+        if self._unstored is not None:
+            self._stored_now()  # never stored: its pending binding goes with it
 
     async def __aenter__(self) -> Conversation:
         return self

@@ -519,6 +519,47 @@ async def test_channel_binding_persists_across_restart(db_path):
         assert (await a.get_conversation(first_id)).id == first_id
 
 
+async def test_a_new_channels_binding_is_written_with_its_first_message(db_path):
+    """A channel opened for a message (a new Slack thread): its conversation, its
+    binding and that message commit together; opened and left, nothing is stored."""
+    model = ScriptedModel()
+    key = "slack:T1:C1:1700000000.000100"
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as a:
+        store = a.store
+        conv = await a.conversation_for_channel(key, lazy=True)
+        assert await a.conversation_for_channel(key, lazy=True) is conv
+        assert await store.get_binding(key) is None  # nothing written yet
+        statements: list[str] = []
+        await store.run_write(lambda conn: conn.set_trace_callback(statements.append))
+        await conv.send("hello")
+        await store.run_write(lambda conn: conn.set_trace_callback(None))
+        # One transaction made it all: the conversation, the binding, the message.
+        start = next(i for i, s in enumerate(statements) if "INTO conversation " in s)
+        end = statements.index("COMMIT", start)
+        one = statements[start:end]
+        assert any("INTO channel_binding" in s for s in one), statements
+        assert any("INTO message " in s for s in one), statements
+        assert sum("INTO channel_binding" in s for s in statements) == 1
+        assert await store.get_binding(key) == conv.id
+        await conv.wait_idle()
+        # A channel opened and closed with nothing said leaves no conversation.
+        quiet = await a.conversation_for_channel("slack:T1:C1:1700000001.000100", lazy=True)
+        await quiet.aclose()
+        assert [r.id for r in await store.list_conversations()] == [conv.id]
+        # A note (ambient chat) is the first write: it writes the binding first.
+        other = await a.conversation_for_channel("irc:net:#other", lazy=True)
+        await other.note("said in passing", author="bob")
+        assert await store.get_binding("irc:net:#other") == other.id
+        # Asked without lazy (links, commands), a pending one is stored at once.
+        third = await a.conversation_for_channel("irc:net:#third", lazy=True)
+        assert (await a.conversation_for_channel("irc:net:#third")) is third
+        assert await store.get_binding("irc:net:#third") == third.id
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as a:
+        again = await a.conversation_for_channel(key, lazy=True)
+        assert again.id == conv.id
+        assert [m.content for m in await again.messages()] == ["hello", "echo: hello"]
+
+
 async def test_system_prompt_goes_first(scripted, db_path):
     async with Agent(llm=scripted, store=SQLiteStore(db_path), system_prompt="Be brief.") as a:
         conv = await a.create_conversation()

@@ -282,7 +282,9 @@ async def test_kill_9_with_lines_in_the_irc_flood_queue(tmp_path, openai_server,
 
 # -- kill -9 with a Slack answer not (fully) delivered ----------------------------------------
 @contextlib.asynccontextmanager
-async def slack_kill_test(tmp_path, *, block: str, replies: str, stdin=None, go=None):
+async def slack_kill_test(
+    tmp_path, *, block: str, replies: str, stdin=None, go=None, streaming: str = "edit"
+):
     """Run the bot until ``block`` is called (and rate-limited for 1000 s), kill it,
     restart it; return the fake and the thread's key."""
     async with FakeSlack() as slack:
@@ -290,7 +292,7 @@ async def slack_kill_test(tmp_path, *, block: str, replies: str, stdin=None, go=
         db = str(tmp_path / "bot.db")
         conf = settings(
             bot_token=slack.bot_token, app_token=slack.app_token, api_url=slack.api_url,
-            state_file=str(tmp_path / "seen.sqlite3"), streaming="edit", edit_interval=1000,
+            state_file=str(tmp_path / "seen.sqlite3"), streaming=streaming, edit_interval=1000,
         )  # fmt: skip
         slack.rate_limit(block, times=1, retry_after=1000)
         async with bot_process(db, "slack", conf, replies, stdin=stdin) as (proc, redelivered):
@@ -324,6 +326,26 @@ async def test_kill_9_before_the_slack_answer_was_posted(tmp_path):
         posted = [m for m in slack.messages.values() if m.get("user") == slack.bot_user_id]
         assert [m["text"] for m in posted] == ["the whole answer"]
         assert slack.calls_to("chat.update") == []
+
+
+async def test_kill_9_before_a_short_answer_held_whole_was_posted(tmp_path):
+    # Native streaming (the default) holds a short answer and posts it whole at its
+    # end: its outbox row had no write of its own (it went in with the turn's end),
+    # and is complete before the post, which hangs; the bot dies.  After the restart
+    # the answer is posted, once.
+    async with slack_kill_test(
+        tmp_path, block="chat.postMessage", replies='["a short answer"]', streaming="auto"
+    ) as (slack, proc, db):
+        await wait_db(db, "SELECT complete, state, text FROM outbox",
+                      [(1, "queued", "a short answer")])  # fmt: skip
+        assert slack.calls_to("chat.startStream") == []  # held whole: no stream
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        async with bot_process(db, "slack", restart_conf(slack, tmp_path)) as (_, redelivered):
+            assert redelivered == 1
+            await wait_db(db, "SELECT complete, state FROM outbox", [(1, "confirmed")])
+        posted = [m for m in slack.messages.values() if m.get("user") == slack.bot_user_id]
+        assert [m["text"] for m in posted] == ["a short answer"]
 
 
 def restart_conf(slack: FakeSlack, tmp_path) -> str:

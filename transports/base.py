@@ -575,6 +575,14 @@ class Transport(abc.ABC):
         linked channel."""
         return None
 
+    def holds_answer(self, channel_key: str, reply_to: object) -> int:
+        """How many characters of a streamed answer (its ``delta`` messages) to
+        ``channel_key`` this transport holds before it sends anything of it: a
+        shorter answer goes out whole at its ``end``.  The bridge writes such an
+        answer's outbox row with the turn's own last commit, not on its own.
+        The default, 0: a delta may go out at once."""
+        return 0
+
     def in_thread(self, channel_key: str) -> bool:
         """Whether ``channel_key`` names a thread rather than a whole channel.
 

@@ -269,6 +269,7 @@ class TurnQueue:
         settings: TurnSettings,
         payload: dict[str, Any],
     ) -> tuple[str, bool]:
+        await conv.stored()  # (a channel's new conversation is in the store first)
         here = await self.take(conv.id)
         now = time.time()
         data: dict[str, Any] = {"author_id": author_id} if author_id else {}

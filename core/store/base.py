@@ -196,15 +196,16 @@ class Store(abc.ABC):
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
         defer: bool = False,
+        channel_key: str | None = None,
     ) -> list[Message]:
-        """Create a conversation (unbound) and :meth:`append` its first rows, in one
-        transaction: a crash leaves both or neither.  Returns the stored rows.
-        ``defer``: as in :meth:`append`.
+        """Create a conversation (bound to ``channel_key`` when given) and
+        :meth:`append` its first rows, in one transaction: a crash leaves both or
+        neither.  Returns the stored rows.  ``defer``: as in :meth:`append`.
 
         The default makes two writes (a store that cannot do better stays
         correct: the conversation alone, without its first rows, is valid).
         """
-        await self.create_conversation(record)
+        await self.create_conversation(record, channel_key=channel_key)
         return await self.append(record.id, log=log, memory=memory, updated_at=updated_at)
 
     def set_internal(self, conversation_id: str, internal: bool) -> None:
@@ -350,11 +351,13 @@ class Store(abc.ABC):
 
     # -- the outbox -------------------------------------------------------------
     @abc.abstractmethod
-    async def outbox_add(self, entries: Sequence[OutboxEntry]) -> list[int]:
+    async def outbox_add(self, entries: Sequence[OutboxEntry], *, defer: bool = False) -> list[int]:
         """Write outgoing pieces (state ``queued``) in one transaction; their ids.
 
         A piece already present (same channel, run and piece number) is not
         added again; if it was incomplete, its text and ``complete`` are updated.
+        ``defer``: as in :meth:`append` (held for the write that follows: a
+        streamed answer's row rides with its turn's last commit).
         """
 
     @abc.abstractmethod

@@ -123,9 +123,10 @@ class MemoryStore(
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
         defer: bool = False,
+        channel_key: str | None = None,
     ) -> list[Message]:
         # No await in between: nobody sees the conversation without its first rows.
-        await self.create_conversation(record)
+        await self.create_conversation(record, channel_key=channel_key)
         return await self.append(record.id, log=log, memory=memory, updated_at=updated_at)
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
@@ -279,7 +280,7 @@ class MemoryStore(
         kept = [e for e in self._memory[conversation_id] if e.pos > upto]
         self._memory[conversation_id] = [MemoryEntry(pos=upto, message=summary), *kept]
 
-    async def outbox_add(self, entries: Sequence[OutboxEntry]) -> list[int]:
+    async def outbox_add(self, entries: Sequence[OutboxEntry], *, defer: bool = False) -> list[int]:
         ids = []
         for e in entries:
             key = (e.channel_key, e.run_id, e.piece)

@@ -607,10 +607,16 @@ class PostgresStore(
             await self._pool.release(conn)
 
     async def _write(
-        self, fn: WriteFn, *, conversation_id: str | None = None, single: bool = False
+        self,
+        fn: WriteFn,
+        *,
+        conversation_id: str | None = None,
+        single: bool = False,
+        defer: bool = False,
     ) -> Any:
         loop = asyncio.get_running_loop()
-        return await self._submit(_Job(fn, loop.create_future(), conversation_id, single))
+        job = _Job(fn, loop.create_future(), conversation_id, single)
+        return await self._submit(job, defer=defer)
 
     async def _append_in(
         self, conn: asyncpg.Connection, cid: str, message: NewMessage, updated_at: float | None
@@ -674,14 +680,16 @@ class PostgresStore(
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
         defer: bool = False,
+        channel_key: str | None = None,
     ) -> list[Message]:
-        # One job: the record and the first rows commit in one transaction.
+        # One job: the record (and its binding) and the first rows commit in one
+        # transaction.
         if updated_at is not None and updated_at > record.updated_at:
             record = dataclasses.replace(record, updated_at=updated_at)
         rows, mem = tuple(log), tuple(memory)
 
         async def fn(conn: asyncpg.Connection) -> list[Message]:
-            await _insert_conversation(conn, record, None)
+            await _insert_conversation(conn, record, channel_key)
             return await _append(conn, record.id, rows, mem, None, None)
 
         job = _Job(fn, asyncio.get_running_loop().create_future(), record.id)

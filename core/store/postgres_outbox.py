@@ -51,7 +51,7 @@ _OUTBOX_MARK = (
 class PostgresOutbox(PostgresRoom):
     """Outgoing pieces and their delivery state."""
 
-    async def outbox_add(self, entries: Sequence[OutboxEntry]) -> list[int]:
+    async def outbox_add(self, entries: Sequence[OutboxEntry], *, defer: bool = False) -> list[int]:
         now = time.time()
         rows = [
             (
@@ -70,7 +70,7 @@ class PostgresOutbox(PostgresRoom):
             async def each(conn: asyncpg.Connection) -> list[int]:
                 return [int(await conn.fetchval(_OUTBOX_UPSERT, *row)) for row in rows]
 
-            listed: list[int] = await self._write(each)
+            listed: list[int] = await self._write(each, defer=defer)
             return listed
 
         async def fn(conn: asyncpg.Connection) -> list[int]:
@@ -78,7 +78,7 @@ class PostgresOutbox(PostgresRoom):
             ids = {(r[0], r[1], r[2]): int(r[3]) for r in found}
             return [ids[key] for key in keys]
 
-        result: list[int] = await self._write(fn, single=True)
+        result: list[int] = await self._write(fn, single=True, defer=defer)
         return result
 
     async def outbox_mark(

@@ -100,7 +100,12 @@ class PostgresRoom:
         raise NotImplementedError
 
     async def _write(
-        self, fn: WriteFn, *, conversation_id: str | None = None, single: bool = False
+        self,
+        fn: WriteFn,
+        *,
+        conversation_id: str | None = None,
+        single: bool = False,
+        defer: bool = False,
     ) -> Any:
         """Run ``fn`` in the writer's transaction; ``single``: ``fn`` runs exactly one
         statement (committed alone, it needs no BEGIN/COMMIT of its own)."""

@@ -92,6 +92,7 @@ class LogRepository(Protocol):
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
         defer: bool = False,
+        channel_key: str | None = None,
     ) -> list[Message]: ...
 
     def set_internal(self, conversation_id: str, internal: bool) -> None: ...
@@ -179,7 +180,9 @@ class LogRepository(Protocol):
 class OutboxRepository(Protocol):
     """The outbox: outgoing pieces and their delivery state."""
 
-    async def outbox_add(self, entries: Sequence[OutboxEntry]) -> list[int]: ...
+    async def outbox_add(
+        self, entries: Sequence[OutboxEntry], *, defer: bool = False
+    ) -> list[int]: ...
 
     async def outbox_mark(
         self, updates: Sequence[tuple[int, OutboxState, bool | None, str | None]]

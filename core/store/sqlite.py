@@ -542,9 +542,9 @@ class SQLiteStore(
                 item.future.set_result(result)
         self._pump()
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+    async def _write(self, fn: Callable[[sqlite3.Connection], Any], *, defer: bool = False) -> Any:
         loop = asyncio.get_running_loop()
-        return await self._submit(_Job(fn, loop.create_future()))
+        return await self._submit(_Job(fn, loop.create_future()), defer=defer)
 
     def _append_in(
         self, conn: sqlite3.Connection, cid: str, message: NewMessage, updated_at: float | None
@@ -593,9 +593,10 @@ class SQLiteStore(
         memory: Sequence[ChatMessage] = (),
         updated_at: float | None = None,
         defer: bool = False,
+        channel_key: str | None = None,
     ) -> list[Message]:
-        # One job: the record and the first rows commit in one transaction.
-        # The new row carries the first rows' ``updated_at`` (no UPDATE after it).
+        # One job: the record (and its binding) and the first rows commit in one
+        # transaction.  The new row carries the first rows' ``updated_at`` (no UPDATE after it).
         if updated_at is not None and updated_at > record.updated_at:
             record = dataclasses.replace(record, updated_at=updated_at)
         first = _Append(
@@ -607,7 +608,7 @@ class SQLiteStore(
         )
 
         def fn(conn: sqlite3.Connection) -> list[Message]:
-            _insert_conversation(conn, record, None)
+            _insert_conversation(conn, record, channel_key)
             return _apply_appends(conn, [first])[0]
 
         job = _Job(fn, asyncio.get_running_loop().create_future(), record.id)

@@ -36,7 +36,7 @@ class SQLiteOutbox(SQLiteRoom):
     """Outgoing pieces and their delivery state."""
 
     # -- the outbox ---------------------------------------------------------------------
-    async def outbox_add(self, entries: Sequence[OutboxEntry]) -> list[int]:
+    async def outbox_add(self, entries: Sequence[OutboxEntry], *, defer: bool = False) -> list[int]:
         rows = [
             (
                 e.channel_key, e.run_id, e.piece, e.transport, e.kind, e.text,
@@ -57,7 +57,7 @@ class SQLiteOutbox(SQLiteRoom):
                 ids.append(int(found[0]))
             return ids
 
-        return await self._write(fn)
+        return await self._write(fn, defer=defer)
 
     async def outbox_mark(
         self, updates: Sequence[tuple[int, OutboxState, bool | None, str | None]]

@@ -17,7 +17,7 @@ class SQLiteRoom:
     async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         raise NotImplementedError
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+    async def _write(self, fn: Callable[[sqlite3.Connection], Any], *, defer: bool = False) -> Any:
         raise NotImplementedError
 
     async def run_write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:

@@ -1314,6 +1314,8 @@ class SlackTransport(Transport):
         if message.kind == "end":
             answer = self._answers.pop(run, None)
             if answer is not None:
+                # An answer held whole (holds_answer) got its outbox row at its end.
+                answer.outbox_id = answer.outbox_id or message.outbox_id
                 async with answer.lock:
                     await self._finish(message.channel_key, answer)
                 self.delivered(answer.outbox_id, "confirmed")
@@ -1514,6 +1516,16 @@ class SlackTransport(Transport):
         if not isinstance(m.get("ts"), str) or not m["ts"]:
             return None
         return oid, run
+
+    def holds_answer(self, channel_key: str, reply_to: object) -> int:
+        # A reply in a thread goes by native streaming, held until stream_buffer
+        # characters: a shorter answer is posted whole (_finish), as _streams says.
+        where = reply_to if isinstance(reply_to, dict) else {}
+        parts = channel_key.split(":")
+        thread_ts = where.get("thread_ts") if where else (parts[3] if len(parts) > 3 else None)
+        if thread_ts is None or self._native_ok is False:
+            return 0
+        return self.options.stream_buffer
 
     def _streams(self, answer: _Answer) -> bool:
         """Whether ``answer`` goes by native streaming (or will, once it is long enough)."""

@@ -311,6 +311,23 @@ class LogContract(ContractBase):
             await store.create_conversation_with(rec("k"), log=[user("again")])
         assert [m.content for m in await store.messages("k")] == ["task"]
 
+    async def test_a_new_channels_binding_is_written_with_its_first_message(
+        self, store: Any
+    ) -> None:
+        # A new Slack thread: its conversation, its binding and the message that
+        # opened it, one write.
+        stored = await store.create_conversation_with(
+            rec("t"), log=[user("hello", run_id="run_1")], channel_key="slack:T:C:1.5"
+        )
+        assert await store.get_binding("slack:T:C:1.5") == "t"
+        assert [m.id for m in await store.messages("t")] == [stored[0].id]
+        # A failed one binds nothing (the id is taken: nothing of it is written).
+        with pytest.raises(StoreError):
+            await store.create_conversation_with(
+                rec("t"), log=[user("again")], channel_key="slack:T:C:2.5"
+            )
+        assert await store.get_binding("slack:T:C:2.5") is None
+
     async def test_every_engine_takes_a_deferred_write(self, store: Any) -> None:
         await store.create_conversation(rec("c"))
         first = asyncio.ensure_future(store.append("c", log=[user("held")], defer=True))
