@@ -456,6 +456,11 @@ class Bridge(AgentAccess):
             return None
         return decision.tools, ticket.subject
 
+    async def posting(self, conversation_id: str, instance: str) -> None:
+        """A post over the HTTP API is about to be submitted: the channels linked with its
+        conversation are opened first (:meth:`agentik.bot.links.Links.posting`)."""
+        await self.links.posting(conversation_id, instance)
+
     async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
         """A message posted over the HTTP API: relayed to the channels linked with its
         conversation (:meth:`agentik.bot.links.Links.posted`)."""

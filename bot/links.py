@@ -694,28 +694,45 @@ class Links:
             while len(recent) > 200:
                 del recent[next(iter(recent))]
 
-    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
-        """A message posted over the HTTP API (instance ``instance``) into a linked
-        conversation: relayed like a person's message in the link's ``http:<instance>:…``
-        channel, the author shown as ``carol (web)``.  How many copies."""
+    async def _posted_into(self, conversation_id: str, instance: str) -> tuple[Link, str] | None:
+        """The link whose ``http:<instance>:…`` channel is bound to ``conversation_id``,
+        and that channel's key."""
         if not self._by_key:
-            return 0
+            return None
         if not self._loaded:
             await self.load()
         prefix = f"http:{instance}:"
         for link in self.links.values():
             key = next((k for k in link.channels if k.startswith(prefix)), None)
-            if key is None or await self.store.get_binding(key) != conversation_id:
-                continue
-            transport = self.host.transport_for(key)
-            if transport is None:
-                return 0
-            message = IncomingMessage(
-                channel_key=key, text=text, author_id=author,
-                author_name=qualified(author, transport), meta={"name": author},
-            )  # fmt: skip
-            return await self.relay(message, transport, None)
-        return 0
+            if key is not None and await self.store.get_binding(key) == conversation_id:
+                return link, key
+        return None
+
+    async def posting(self, conversation_id: str, instance: str) -> None:
+        """A message is about to be posted over the HTTP API into ``conversation_id``:
+        if it is a link's, every linked channel is opened now, before the turn it asks
+        for starts.  (Opened only once the turn ran, a channel's renderer saw the turn
+        end without its text and said "(no answer: …)" where the answer was due.)"""
+        found = await self._posted_into(conversation_id, instance)
+        if found is not None:
+            await self._hold_open(found[0])
+
+    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
+        """A message posted over the HTTP API (instance ``instance``) into a linked
+        conversation: relayed like a person's message in the link's ``http:<instance>:…``
+        channel, the author shown as ``carol (web)``.  How many copies."""
+        found = await self._posted_into(conversation_id, instance)
+        if found is None:
+            return 0
+        key = found[1]
+        transport = self.host.transport_for(key)
+        if transport is None:
+            return 0
+        message = IncomingMessage(
+            channel_key=key, text=text, author_id=author,
+            author_name=qualified(author, transport), meta={"name": author},
+        )  # fmt: skip
+        return await self.relay(message, transport, None)
 
     def on_delivery(
         self,

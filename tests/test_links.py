@@ -827,6 +827,19 @@ async def test_a_message_posted_on_the_web_is_relayed_to_irc_and_slack_with_its_
             ]
             await b.bridge.links.drain()
             assert b.bridge.links.relayed == 2
+            # A question to the agent too: its answer shows in IRC and Slack as written
+            # (the linked channels are opened before the turn starts, so they render it
+            # from its start, never "(no answer: …)").
+            await alice.wait_for(lambda m: m.nick == "agentik" and m.text == "noted", WAIT)
+            await slack.wait_until(
+                lambda: any(m.get("text") == "noted" for m in slack.messages.values()),
+                WAIT, "the answer in Slack",
+            )  # fmt: skip
+            await (await b.agent.get_conversation(conv.id)).wait_idle()
+            await alice.sync()
+            said = [m.text for m in alice.received if m.nick == "agentik"]
+            assert not any("no answer" in t for t in said), said
+            assert not any("no answer" in (m.get("text") or "") for m in slack.messages.values())
         finally:
             await alice.close()
 
