@@ -105,6 +105,25 @@ class LinkSettings(BaseModel):
     #: message of 14:02 UTC)``); ``none``, nothing.  Channels that can edit (Slack)
     #: always update or delete their copy.
     edits: Literal["line", "none"] = "line"
+    #: The icon of relayed copies in Slack by the network they were said on (a transport
+    #: instance's name): a Slack emoji (``":speech_balloon:"``) or an ``https`` image URL,
+    #: e.g. ``{ libera = ":irc:", web = "https://example.org/web.png" }``.  A Slack
+    #: person keeps their profile image; a network not named here shows the app's icon.
+    #: Copies under a name and icon need the ``chat:write.customize`` scope.
+    icons: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("icons")
+    @classmethod
+    def _icons(cls, icons: dict[str, str]) -> dict[str, str]:
+        for network, icon in icons.items():
+            emoji = re.fullmatch(r":[a-z0-9_+'-]{1,80}:", icon)
+            url = icon.startswith("https://") and len(icon) <= 2000 and " " not in icon
+            if not (emoji or url):
+                raise ValueError(
+                    f"icons.{network}: {icon!r} is neither a Slack emoji (like"
+                    ' ":speech_balloon:") nor an https:// image URL'
+                )
+        return icons
 
     @field_validator("channels")
     @classmethod
@@ -229,6 +248,8 @@ class _Relay:
     thread: str | None = None
     #: Sent as it is (an outbox row a restart's redelivery could not send: :meth:`Links.later`).
     out: OutgoingMessage | None = None
+    #: The author's icon where the target shows one (Slack): :meth:`Links.icon`.
+    icon: str | None = None
 
 
 @dataclass(slots=True)
@@ -310,6 +331,66 @@ class Links:
                 self._index()
         for link in list(self.links.values()):
             await self._bind(link)
+
+    # -- a configuration reload ----------------------------------------------------------------
+    async def reconfigure(self, configured: Sequence[LinkSettings]) -> dict[str, list[str]]:
+        """Put the ``[[links]]`` of a reloaded configuration in force (``agentik reload``,
+        SIGHUP): a link added binds its channels to one conversation; a link removed
+        lets its channels go (the first keeps the conversation, the others start new
+        ones, as ``!unlink`` does); a link whose keys changed is put in force as it is
+        now (a channel that left it starts a new conversation, one that joined is
+        bound).  Every channel of a changed link is let go, so it reopens in its new
+        manners (``answer``).  Links made in chat are not touched, except one whose name
+        or channel a link of the configuration takes now: the configuration's is used
+        (as at start-up), and it comes back when the configuration frees them.
+        Returns the names ``added``, ``removed`` and ``changed``."""
+        check_links(configured)
+        if not self._loaded:
+            self.configured = [Link(settings=s) for s in configured]
+            self.links = {link.name: link for link in self.configured}
+            self._index()
+            return {"added": [s.name for s in configured], "removed": [], "changed": []}
+        before = {link.name: link for link in self.configured}
+        after = {s.name: Link(settings=s) for s in configured}
+        added = [n for n in after if n not in before]
+        removed = [n for n in before if n not in after]
+        changed = [n for n in after if n in before and after[n].settings != before[n].settings]
+        if not (added or removed or changed):
+            return {"added": [], "removed": [], "changed": []}
+        self.configured = list(after.values())
+        agent = self.host.agent
+        let_go: list[str] = []
+        for name in removed + changed:
+            old = before[name]
+            del self.links[name]
+            keep = set(after[name].channels) if name in after else {old.channels[0]}
+            for key in old.channels:
+                if key not in keep:  # out of the link: a conversation of its own again
+                    fresh = await agent.create_conversation(title=key, channel_key=key)
+                    await self.store.set_binding(key, fresh.id)
+                let_go.append(key)
+        # The configuration's links win over the ones made in chat (as at start-up).
+        taken = {k for link in after.values() for k in link.channels}
+        for name, link in list(self.links.items()):
+            if link.source != "config" and (name in after or taken & set(link.channels)):
+                log.warning("link %r made in chat clashes with the configuration's: the"
+                            " configuration's is used", name)  # fmt: skip
+                del self.links[name]
+                let_go += link.channels
+        for name in added + changed:
+            self.links[name] = after[name]
+        self._index()
+        for name in added + changed:
+            await self._bind(self.links[name])
+        for key in dict.fromkeys(let_go):
+            await self.host.release(key)
+        if "links" in self.store.capabilities:
+            # A stored link the configuration no longer shadows is in force again.
+            await self._sync(await self.store.links())
+        for verb, names in (("added", added), ("removed", removed), ("changed", changed)):
+            if names:
+                log.info("reload: links %s: %s", verb, ", ".join(names))
+        return {"added": added, "removed": removed, "changed": changed}
 
     # -- other workers' links ------------------------------------------------------------------
     def _noticed(self, notice: Any) -> None:
@@ -585,6 +666,7 @@ class Links:
         if not copies:
             return 0
         author = message.author_name
+        icon = self.icon(message, transport, link)
         # Threads: where each copy goes (a Slack thread) and what it says.
         threads = await self._threads(message, transport, key, text, [k for _, k, _ in copies])
         said = {k: threads.get(k, (text, None)) for _, k, _ in copies}
@@ -593,7 +675,7 @@ class Links:
             OutboxEntry(
                 channel_key=target_key, run_id=row.run_id or "", piece=0, transport=target.name,
                 kind="relay", text=said[target_key][0],
-                reply_to=_reply_to(author, said[target_key][1]),
+                reply_to=_reply_to(author, said[target_key][1], icon),
             )
             for target, target_key, row in copies
             if target.outbox
@@ -607,8 +689,19 @@ class Links:
         for target, target_key, row in copies:
             oid = next(it, None) if target.outbox else None
             words, thread = said[target_key]
-            await self._target(target_key).queue.put(_Relay(words, author, oid, row, thread=thread))
+            item = _Relay(words, author, oid, row, thread=thread, icon=icon)
+            await self._target(target_key).queue.put(item)
         return len(copies)
+
+    @staticmethod
+    def icon(message: IncomingMessage, transport: Transport, link: Link) -> str | None:
+        """The icon a copy of ``message`` shows for its author where copies can have one
+        (Slack): a Slack person's profile image (the source transport read it), else the
+        link's ``icons`` entry for the network it was said on, else none (the app's)."""
+        image = message.meta.get("icon")
+        if isinstance(image, str) and image and transport.type == "slack":
+            return image
+        return link.settings.icons.get(transport.name)
 
     async def _threads(
         self, message: IncomingMessage, transport: Transport, key: str, text: str,
@@ -961,7 +1054,7 @@ class Links:
                 out = OutgoingMessage(
                     channel_key=key, text=late(item.text, item.row.created_at, self.late_after),
                     kind="relay", run_id=item.row.run_id,
-                    reply_to=_reply_to(item.author, item.thread),
+                    reply_to=_reply_to(item.author, item.thread, item.icon),
                     outbox_id=item.outbox_id, author=item.author,
                 )  # fmt: skip
                 if item.outbox_id is not None:
@@ -1087,9 +1180,15 @@ def _quote(author: str, text: str) -> str:
     return f"(re {author}: {words})" if words else f"(re {author})"
 
 
-def _reply_to(author: str, thread: str | None) -> dict[str, str]:
-    """A relayed copy's reply data: its author, and the thread it goes into."""
-    return {"author": author, "thread": thread} if thread else {"author": author}
+def _reply_to(author: str, thread: str | None, icon: str | None = None) -> dict[str, str]:
+    """A relayed copy's reply data: its author, the thread it goes into, and the icon
+    shown for its author where a copy can have one (Slack)."""
+    out = {"author": author}
+    if thread:
+        out["thread"] = thread
+    if icon:
+        out["icon"] = icon
+    return out
 
 
 def _own_nick(transport: Transport) -> str:
