@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 
 #: The notification topic of links made or undone in chat (ids: link names).
 LINKS_TOPIC = "links"
+#: The notification topic of relayed copies (and changes to them) written to the outbox
+#: for a connection another worker owns (ids: outbox row ids).
+RELAY_TOPIC = "relay"
 
 #: Relayed messages waiting for one target before the next arrival waits (never dropped).
 QUEUE_SIZE = 200
@@ -209,6 +212,10 @@ class LinksHost(Protocol):
 
     def open_channel(self, key: str) -> OpenChannel | None: ...
 
+    def serves(self, transport: Transport) -> bool: ...
+
+    def standby_for(self, key: str) -> Transport | None: ...
+
     async def channel(
         self, key: str, transport: Transport, opts: ChannelOptions
     ) -> OpenChannel: ...
@@ -295,6 +302,14 @@ class Links:
         self._recent: dict[str, dict[str, tuple[str, str]]] = {}
         #: A threaded channel's relayed messages -> their thread (a reply's root).
         self._thread_of: dict[tuple[str, str], str] = {}
+        #: Following the ``relay`` topic (copies other workers wrote for connections this
+        #: one owns), on a store several workers share.
+        self._follow_relays: Any = None
+        #: Outbox rows of copies and changes this worker took to send (queued or sent,
+        #: not yet delivered): a resync of the ``relay`` topic leaves them alone.
+        self._taken: dict[int, None] = {}
+        self._taking: asyncio.Task[None] | None = None
+        self._take_again: tuple[str, ...] | None = None
         self._index()
 
     def _index(self) -> None:
@@ -313,6 +328,8 @@ class Links:
         self.host.agent.health.add_provider(self.health)
         if "links" in self.store.capabilities:
             self._follow = self.store.notifier().subscribe(LINKS_TOPIC, self._noticed)
+        if getattr(self.store, "shared", False):
+            self._follow_relays = self.store.notifier().subscribe(RELAY_TOPIC, self._relays_noticed)
             for record in await self.store.links():
                 if record.name in self.links:
                     log.warning("link %r is in the configuration and in chat: the configuration's"
@@ -655,7 +672,8 @@ class Links:
         for target_key in link.channels:
             if target_key == key:
                 continue
-            target = self.host.transport_for(target_key)
+            # (a connection another worker owns: the copy goes through the outbox to it)
+            target = self.host.transport_for(target_key) or self.host.standby_for(target_key)
             if target is None or not target.relays:
                 continue  # not served here, or it shows the conversation itself (HTTP)
             row = LinkMessage(
@@ -686,12 +704,84 @@ class Links:
             ids = list(await self.host.outbox.add(entries))
         self._map([*rows, *(row for _, _, row in copies)])
         it = iter(ids)
+        elsewhere: list[int] = []
         for target, target_key, row in copies:
             oid = next(it, None) if target.outbox else None
+            if oid is not None and not self.host.serves(target):
+                elsewhere.append(oid)  # another worker owns that connection: it sends it
+                continue
             words, thread = said[target_key]
             item = _Relay(words, author, oid, row, thread=thread, icon=icon)
+            self._take(oid)
             await self._target(target_key).queue.put(item)
+        await self._hand_over(elsewhere)
         return len(copies)
+
+    # -- copies for connections other workers own ---------------------------------------------
+    def _take(self, outbox_id: int | None) -> None:
+        """This worker sends the outbox row ``outbox_id`` (a resync leaves it alone)."""
+        if outbox_id is None:
+            return
+        self._taken[outbox_id] = None
+        while len(self._taken) > 20_000:  # (delivery reports that never came)
+            del self._taken[next(iter(self._taken))]
+
+    async def _hand_over(self, ids: Sequence[int]) -> None:
+        """Tell the workers that the outbox rows ``ids`` (copies written for connections
+        another worker owns, committed) wait for them: ids only; the owner reads the
+        rows and sends them in order (:meth:`_relays_noticed`).  A lost notice only
+        delays: the owner looks again at each resync."""
+        if not ids:
+            return
+        try:
+            await self.store.notifier().publish(RELAY_TOPIC, *(str(i) for i in ids))
+        except Exception as exc:
+            log.warning("could not announce %d relayed copies to their owner: %s", len(ids), exc)
+
+    def _relays_noticed(self, notice: Any) -> None:
+        """Copies for connections another worker owned when they were written (or a
+        resync: any undelivered one): the ones for connections this worker serves now
+        are sent, in the order they were written."""
+        if notice.local and not notice.resync:
+            return  # written here for another worker
+        ids = () if notice.resync else tuple(notice.ids)
+        if self._taking is not None:
+            # One read at a time (in order); a resync while one runs reads them all.
+            self._take_again = () if not ids or self._take_again == () else (
+                (*(self._take_again or ()), *ids)
+            )  # fmt: skip
+            return
+        self._taking = asyncio.ensure_future(self._take_relays(ids))
+
+    async def _take_relays(self, ids: tuple[str, ...]) -> None:
+        try:
+            while True:
+                try:
+                    await self._take_rows({int(i) for i in ids if i.isdigit()} if ids else None)
+                except Exception:
+                    log.exception("could not read the relayed copies of other workers")
+                if self._take_again is None:
+                    return
+                ids, self._take_again = self._take_again, None
+        finally:
+            self._taking = None
+
+    async def _take_rows(self, wanted: set[int] | None) -> None:
+        """Queue the undelivered outbox rows of copies and changes (``wanted``: these
+        only; ``None``: every one) whose connection this worker serves, unless taken."""
+        if (wanted is not None and not wanted) or not self._by_key:
+            return
+        for row in await self.store.outbox_undelivered():
+            if row.kind not in ("relay", "unrelay") or row.id is None:
+                continue
+            if (wanted is not None and row.id not in wanted) or row.id in self._taken:
+                continue
+            transport = self.host.transport_for(row.channel_key)
+            if transport is None or transport.name != row.transport:
+                continue
+            if not self.host.serves(transport):
+                continue  # still another worker's (it sends it, or its next owner does)
+            await self.requeue(row)
 
     @staticmethod
     def icon(message: IncomingMessage, transport: Transport, link: Link) -> str | None:
@@ -837,6 +927,8 @@ class Links:
         """A transport's delivery report (it goes on to the outbox): a relayed copy's
         protocol id (its Slack ``ts``) is written into its message-map row, so an edit
         or a deletion of any age finds the copy to change."""
+        if self._taken and (state == "confirmed" or not awaits_confirm):
+            self._taken.pop(outbox_id, None)
         row = self._copies.get(outbox_id) if self._copies else None
         if row is not None and (ref or state == "confirmed" or not awaits_confirm):
             del self._copies[outbox_id]
@@ -882,7 +974,9 @@ class Links:
         for row in rows:
             if row.origin or row.channel_key == key:
                 continue
-            target = self.host.transport_for(row.channel_key)
+            target = self.host.transport_for(row.channel_key) or self.host.standby_for(
+                row.channel_key
+            )
             if target is None or not target.relays:
                 continue
             copy_run = row.run_id or f"relay:{canonical}"
@@ -905,18 +999,29 @@ class Links:
             items.append((target, _Relay(words, author, None, row, kind, run=entry.run_id), entry))
         entries = [e for t, _, e in items if t.outbox]
         ids = iter(list(await self.host.outbox.add(entries)) if entries else [])
+        elsewhere: list[int] = []
         for target, item, _ in items:
             if target.outbox:
                 item.outbox_id = next(ids, None)
+            if item.outbox_id is not None and not self.host.serves(target):
+                elsewhere.append(item.outbox_id)  # its connection's owner applies it
+                continue
+            self._take(item.outbox_id)
             await self._target(item.row.channel_key).queue.put(item)
+        await self._hand_over(elsewhere)
         return len(items)
 
-    async def resending(self, row: OutboxEntry) -> OutgoingMessage | None:
+    async def resending(self, row: OutboxEntry, *, taken: bool = False) -> OutgoingMessage | None:
         """What the outbox row ``row`` of a relayed copy or of a change to one, left
         undelivered by a previous process, is sent as now (:class:`Delivery` asks
         after a restart); ``None``: not now (a change to a copy whose id is not known:
         it stays in the outbox).  A copy's protocol id goes into the message map as
-        it is reported, as for a copy sent live."""
+        it is reported, as for a copy sent live.  A row this worker has queued already
+        (a copy it relayed, or took from another worker: ``taken``) is ``None`` here:
+        its queue sends it, once."""
+        if not taken and row.id is not None and row.id in self._taken:
+            return None
+        self._take(row.id)  # (sent by this worker now: a resync leaves it alone)
         reply = row.reply_to if isinstance(row.reply_to, dict) else {}
         author = reply.get("author")
         kind: OutgoingKind = "unrelay" if row.kind == "unrelay" else "relay"
@@ -961,7 +1066,9 @@ class Links:
     async def requeue(self, row: OutboxEntry) -> None:
         """Send the outbox row ``row`` of a relayed copy or a change through its
         target's queue (a restart's redelivery found the target refusing an earlier
-        one): a change waits there for the copy it changes, its id found as it goes."""
+        one, or another worker wrote it for a connection this one owns now): a change
+        waits there for the copy it changes, its id found as it goes."""
+        self._take(row.id)
         reply = row.reply_to if isinstance(row.reply_to, dict) else {}
         change = reply.get("change")
         if change in ("edit", "delete"):
@@ -973,7 +1080,7 @@ class Links:
                           run=row.run_id)  # fmt: skip
             self._target(row.channel_key).queue.put_nowait(item)
             return
-        out = await self.resending(row)
+        out = await self.resending(row, taken=True)
         if out is not None:
             self.later(out)
 
@@ -1109,6 +1216,13 @@ class Links:
         if self._follow is not None:
             self._follow.close()
             self._follow = None
+        if self._follow_relays is not None:
+            self._follow_relays.close()
+            self._follow_relays = None
+        if self._taking is not None:
+            self._taking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._taking
         if self._reloading is not None:
             self._reloading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
