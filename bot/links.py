@@ -603,8 +603,8 @@ class Links:
             ch = self.host.open_channel(key)
             if ch is None:
                 transport = self.host.transport_for(key)
-                if transport is None:
-                    continue  # not served by this bot (or not connected)
+                if transport is None or not self.host.serves(transport):
+                    continue  # not served by this bot (or another worker owns it)
                 ch = await self.host.channel(key, transport, self.host.options_for(transport))
             ch.last_used = now
             ch.linked = True
