@@ -328,8 +328,6 @@ class Links:
         self.host.agent.health.add_provider(self.health)
         if "links" in self.store.capabilities:
             self._follow = self.store.notifier().subscribe(LINKS_TOPIC, self._noticed)
-        if getattr(self.store, "shared", False):
-            self._follow_relays = self.store.notifier().subscribe(RELAY_TOPIC, self._relays_noticed)
             for record in await self.store.links():
                 if record.name in self.links:
                     log.warning("link %r is in the configuration and in chat: the configuration's"
@@ -346,6 +344,9 @@ class Links:
                     continue
                 self.links[link.name] = link
                 self._index()
+        if getattr(self.store, "shared", False):
+            # Copies other workers write for the connections this one owns.
+            self._follow_relays = self.store.notifier().subscribe(RELAY_TOPIC, self._relays_noticed)
         for link in list(self.links.values()):
             await self._bind(link)
 
