@@ -153,6 +153,10 @@ class Bot:
         #: Which connections this worker owns (one at a time across workers sharing a
         #: PostgreSQL database: :mod:`agentik.bot.ownership`).
         self.ownership = Ownership(self, config.cluster)
+        if self.ownership.shared:
+            # A relayed copy for a connection another worker owns goes through the
+            # outbox to that worker (:mod:`agentik.bot.links`).
+            self.bridge.serves = self.ownership.serves
         #: The conversation leases and the turn queue (several workers on a shared store:
         #: :mod:`agentik.core.cluster.conversations`); ``None`` on SQLite or memory.
         self.turn_queue: TurnQueue | None = None

@@ -91,6 +91,10 @@ COMMANDS: dict[str, str] = builtin_commands().help()
 _Channel = OpenChannel
 
 
+def _everyone(transport: Transport) -> bool:
+    return True
+
+
 class Bridge(AgentAccess):
     """Connects transports to one :class:`~agentik.core.Agent`.
 
@@ -163,6 +167,10 @@ class Bridge(AgentAccess):
         #: transports, people relayed (:mod:`agentik.bot.links`).
         self.links = Links(self, links)
         self.delivery.relays = self.links
+        #: Whether this process serves ``transport``'s connection now: the bot sets it
+        #: (several workers: another may own it, and a relayed copy for it goes
+        #: through the outbox to that worker); by default every attached one.
+        self.serves: Callable[[Transport], bool] = _everyone
 
     @property
     def metrics(self) -> Metrics | None:
@@ -423,6 +431,18 @@ class Bridge(AgentAccess):
         """The attached transport instance that owns channel ``key``, if any."""
         return next((t for t in self._transports.values() if key and t.owns(key)), None)
 
+    def standby_for(self, key: str) -> Transport | None:
+        """The attached transport another worker serves ``key`` with (several workers on
+        one database): the one owning ``key`` if this worker does not serve it, else the
+        only one of ``key``'s type it does not serve (a Slack app waiting for its lease
+        has not learnt its team yet); ``None`` when this worker serves it or cannot tell."""
+        found = self.transport_for(key)
+        if found is not None:
+            return None if self.serves(found) else found
+        kind = key.partition(":")[0]
+        waiting = [t for t in self._transports.values() if t.type == kind and not self.serves(t)]
+        return waiting[0] if len(waiting) == 1 else None
+
     async def admit_resumed(
         self, key: str, transport: Transport, m: Message
     ) -> tuple[Callable[[str], bool] | None, Subject | None] | None:
@@ -455,6 +475,11 @@ class Bridge(AgentAccess):
                 await self._send(transport, key, ticket.refused.notice, "notice", None)
             return None
         return decision.tools, ticket.subject
+
+    async def posting(self, conversation_id: str, instance: str) -> None:
+        """A post over the HTTP API is about to be submitted: the channels linked with its
+        conversation are opened first (:meth:`agentik.bot.links.Links.posting`)."""
+        await self.links.posting(conversation_id, instance)
 
     async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
         """A message posted over the HTTP API: relayed to the channels linked with its

@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 
 #: The notification topic of links made or undone in chat (ids: link names).
 LINKS_TOPIC = "links"
+#: The notification topic of relayed copies (and changes to them) written to the outbox
+#: for a connection another worker owns (ids: outbox row ids).
+RELAY_TOPIC = "relay"
 
 #: Relayed messages waiting for one target before the next arrival waits (never dropped).
 QUEUE_SIZE = 200
@@ -105,6 +108,25 @@ class LinkSettings(BaseModel):
     #: message of 14:02 UTC)``); ``none``, nothing.  Channels that can edit (Slack)
     #: always update or delete their copy.
     edits: Literal["line", "none"] = "line"
+    #: The icon of relayed copies in Slack by the network they were said on (a transport
+    #: instance's name): a Slack emoji (``":speech_balloon:"``) or an ``https`` image URL,
+    #: e.g. ``{ libera = ":irc:", web = "https://example.org/web.png" }``.  A Slack
+    #: person keeps their profile image; a network not named here shows the app's icon.
+    #: Copies under a name and icon need the ``chat:write.customize`` scope.
+    icons: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("icons")
+    @classmethod
+    def _icons(cls, icons: dict[str, str]) -> dict[str, str]:
+        for network, icon in icons.items():
+            emoji = re.fullmatch(r":[a-z0-9_+'-]{1,80}:", icon)
+            url = icon.startswith("https://") and len(icon) <= 2000 and " " not in icon
+            if not (emoji or url):
+                raise ValueError(
+                    f"icons.{network}: {icon!r} is neither a Slack emoji (like"
+                    ' ":speech_balloon:") nor an https:// image URL'
+                )
+        return icons
 
     @field_validator("channels")
     @classmethod
@@ -190,6 +212,10 @@ class LinksHost(Protocol):
 
     def open_channel(self, key: str) -> OpenChannel | None: ...
 
+    def serves(self, transport: Transport) -> bool: ...
+
+    def standby_for(self, key: str) -> Transport | None: ...
+
     async def channel(
         self, key: str, transport: Transport, opts: ChannelOptions
     ) -> OpenChannel: ...
@@ -229,6 +255,8 @@ class _Relay:
     thread: str | None = None
     #: Sent as it is (an outbox row a restart's redelivery could not send: :meth:`Links.later`).
     out: OutgoingMessage | None = None
+    #: The author's icon where the target shows one (Slack): :meth:`Links.icon`.
+    icon: str | None = None
 
 
 @dataclass(slots=True)
@@ -274,6 +302,14 @@ class Links:
         self._recent: dict[str, dict[str, tuple[str, str]]] = {}
         #: A threaded channel's relayed messages -> their thread (a reply's root).
         self._thread_of: dict[tuple[str, str], str] = {}
+        #: Following the ``relay`` topic (copies other workers wrote for connections this
+        #: one owns), on a store several workers share.
+        self._follow_relays: Any = None
+        #: Outbox rows of copies and changes this worker took to send (queued or sent,
+        #: not yet delivered): a resync of the ``relay`` topic leaves them alone.
+        self._taken: dict[int, None] = {}
+        self._taking: asyncio.Task[None] | None = None
+        self._take_again: tuple[str, ...] | None = None
         self._index()
 
     def _index(self) -> None:
@@ -308,8 +344,71 @@ class Links:
                     continue
                 self.links[link.name] = link
                 self._index()
+        if getattr(self.store, "shared", False):
+            # Copies other workers write for the connections this one owns.
+            self._follow_relays = self.store.notifier().subscribe(RELAY_TOPIC, self._relays_noticed)
         for link in list(self.links.values()):
             await self._bind(link)
+
+    # -- a configuration reload ----------------------------------------------------------------
+    async def reconfigure(self, configured: Sequence[LinkSettings]) -> dict[str, list[str]]:
+        """Put the ``[[links]]`` of a reloaded configuration in force (``agentik reload``,
+        SIGHUP): a link added binds its channels to one conversation; a link removed
+        lets its channels go (the first keeps the conversation, the others start new
+        ones, as ``!unlink`` does); a link whose keys changed is put in force as it is
+        now (a channel that left it starts a new conversation, one that joined is
+        bound).  Every channel of a changed link is let go, so it reopens in its new
+        manners (``answer``).  Links made in chat are not touched, except one whose name
+        or channel a link of the configuration takes now: the configuration's is used
+        (as at start-up), and it comes back when the configuration frees them.
+        Returns the names ``added``, ``removed`` and ``changed``."""
+        check_links(configured)
+        if not self._loaded:
+            self.configured = [Link(settings=s) for s in configured]
+            self.links = {link.name: link for link in self.configured}
+            self._index()
+            return {"added": [s.name for s in configured], "removed": [], "changed": []}
+        before = {link.name: link for link in self.configured}
+        after = {s.name: Link(settings=s) for s in configured}
+        added = [n for n in after if n not in before]
+        removed = [n for n in before if n not in after]
+        changed = [n for n in after if n in before and after[n].settings != before[n].settings]
+        if not (added or removed or changed):
+            return {"added": [], "removed": [], "changed": []}
+        self.configured = list(after.values())
+        agent = self.host.agent
+        let_go: list[str] = []
+        for name in removed + changed:
+            old = before[name]
+            del self.links[name]
+            keep = set(after[name].channels) if name in after else {old.channels[0]}
+            for key in old.channels:
+                if key not in keep:  # out of the link: a conversation of its own again
+                    fresh = await agent.create_conversation(title=key, channel_key=key)
+                    await self.store.set_binding(key, fresh.id)
+                let_go.append(key)
+        # The configuration's links win over the ones made in chat (as at start-up).
+        taken = {k for link in after.values() for k in link.channels}
+        for name, link in list(self.links.items()):
+            if link.source != "config" and (name in after or taken & set(link.channels)):
+                log.warning("link %r made in chat clashes with the configuration's: the"
+                            " configuration's is used", name)  # fmt: skip
+                del self.links[name]
+                let_go += link.channels
+        for name in added + changed:
+            self.links[name] = after[name]
+        self._index()
+        for name in added + changed:
+            await self._bind(self.links[name])
+        for key in dict.fromkeys(let_go):
+            await self.host.release(key)
+        if "links" in self.store.capabilities:
+            # A stored link the configuration no longer shadows is in force again.
+            await self._sync(await self.store.links())
+        for verb, names in (("added", added), ("removed", removed), ("changed", changed)):
+            if names:
+                log.info("reload: links %s: %s", verb, ", ".join(names))
+        return {"added": added, "removed": removed, "changed": changed}
 
     # -- other workers' links ------------------------------------------------------------------
     def _noticed(self, notice: Any) -> None:
@@ -505,8 +604,8 @@ class Links:
             ch = self.host.open_channel(key)
             if ch is None:
                 transport = self.host.transport_for(key)
-                if transport is None:
-                    continue  # not served by this bot (or not connected)
+                if transport is None or not self.host.serves(transport):
+                    continue  # not served by this bot (or another worker owns it)
                 ch = await self.host.channel(key, transport, self.host.options_for(transport))
             ch.last_used = now
             ch.linked = True
@@ -574,7 +673,8 @@ class Links:
         for target_key in link.channels:
             if target_key == key:
                 continue
-            target = self.host.transport_for(target_key)
+            # (a connection another worker owns: the copy goes through the outbox to it)
+            target = self.host.transport_for(target_key) or self.host.standby_for(target_key)
             if target is None or not target.relays:
                 continue  # not served here, or it shows the conversation itself (HTTP)
             row = LinkMessage(
@@ -585,6 +685,7 @@ class Links:
         if not copies:
             return 0
         author = message.author_name
+        icon = self.icon(message, transport, link)
         # Threads: where each copy goes (a Slack thread) and what it says.
         threads = await self._threads(message, transport, key, text, [k for _, k, _ in copies])
         said = {k: threads.get(k, (text, None)) for _, k, _ in copies}
@@ -593,7 +694,7 @@ class Links:
             OutboxEntry(
                 channel_key=target_key, run_id=row.run_id or "", piece=0, transport=target.name,
                 kind="relay", text=said[target_key][0],
-                reply_to=_reply_to(author, said[target_key][1]),
+                reply_to=_reply_to(author, said[target_key][1], icon),
             )
             for target, target_key, row in copies
             if target.outbox
@@ -604,11 +705,94 @@ class Links:
             ids = list(await self.host.outbox.add(entries))
         self._map([*rows, *(row for _, _, row in copies)])
         it = iter(ids)
+        elsewhere: list[int] = []
         for target, target_key, row in copies:
             oid = next(it, None) if target.outbox else None
+            if oid is not None and not self.host.serves(target):
+                elsewhere.append(oid)  # another worker owns that connection: it sends it
+                continue
             words, thread = said[target_key]
-            await self._target(target_key).queue.put(_Relay(words, author, oid, row, thread=thread))
+            item = _Relay(words, author, oid, row, thread=thread, icon=icon)
+            self._take(oid)
+            await self._target(target_key).queue.put(item)
+        await self._hand_over(elsewhere)
         return len(copies)
+
+    # -- copies for connections other workers own ---------------------------------------------
+    def _take(self, outbox_id: int | None) -> None:
+        """This worker sends the outbox row ``outbox_id`` (a resync leaves it alone)."""
+        if outbox_id is None:
+            return
+        self._taken[outbox_id] = None
+        while len(self._taken) > 20_000:  # (delivery reports that never came)
+            del self._taken[next(iter(self._taken))]
+
+    async def _hand_over(self, ids: Sequence[int]) -> None:
+        """Tell the workers that the outbox rows ``ids`` (copies written for connections
+        another worker owns, committed) wait for them: ids only; the owner reads the
+        rows and sends them in order (:meth:`_relays_noticed`).  A lost notice only
+        delays: the owner looks again at each resync."""
+        if not ids:
+            return
+        try:
+            await self.store.notifier().publish(RELAY_TOPIC, *(str(i) for i in ids))
+        except Exception as exc:
+            log.warning("could not announce %d relayed copies to their owner: %s", len(ids), exc)
+
+    def _relays_noticed(self, notice: Any) -> None:
+        """Copies for connections another worker owned when they were written (or a
+        resync: any undelivered one): the ones for connections this worker serves now
+        are sent, in the order they were written."""
+        if notice.local and not notice.resync:
+            return  # written here for another worker
+        ids = () if notice.resync else tuple(notice.ids)
+        if self._taking is not None:
+            # One read at a time (in order); a resync while one runs reads them all.
+            self._take_again = () if not ids or self._take_again == () else (
+                (*(self._take_again or ()), *ids)
+            )  # fmt: skip
+            return
+        self._taking = asyncio.ensure_future(self._take_relays(ids))
+
+    async def _take_relays(self, ids: tuple[str, ...]) -> None:
+        try:
+            while True:
+                try:
+                    await self._take_rows({int(i) for i in ids if i.isdigit()} if ids else None)
+                except Exception:
+                    log.exception("could not read the relayed copies of other workers")
+                if self._take_again is None:
+                    return
+                ids, self._take_again = self._take_again, None
+        finally:
+            self._taking = None
+
+    async def _take_rows(self, wanted: set[int] | None) -> None:
+        """Queue the undelivered outbox rows of copies and changes (``wanted``: these
+        only; ``None``: every one) whose connection this worker serves, unless taken."""
+        if (wanted is not None and not wanted) or not self._by_key:
+            return
+        for row in await self.store.outbox_undelivered():
+            if row.kind not in ("relay", "unrelay") or row.id is None:
+                continue
+            if (wanted is not None and row.id not in wanted) or row.id in self._taken:
+                continue
+            transport = self.host.transport_for(row.channel_key)
+            if transport is None or transport.name != row.transport:
+                continue
+            if not self.host.serves(transport):
+                continue  # still another worker's (it sends it, or its next owner does)
+            await self.requeue(row)
+
+    @staticmethod
+    def icon(message: IncomingMessage, transport: Transport, link: Link) -> str | None:
+        """The icon a copy of ``message`` shows for its author where copies can have one
+        (Slack): a Slack person's profile image (the source transport read it), else the
+        link's ``icons`` entry for the network it was said on, else none (the app's)."""
+        image = message.meta.get("icon")
+        if isinstance(image, str) and image and transport.type == "slack":
+            return image
+        return link.settings.icons.get(transport.name)
 
     async def _threads(
         self, message: IncomingMessage, transport: Transport, key: str, text: str,
@@ -694,28 +878,45 @@ class Links:
             while len(recent) > 200:
                 del recent[next(iter(recent))]
 
-    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
-        """A message posted over the HTTP API (instance ``instance``) into a linked
-        conversation: relayed like a person's message in the link's ``http:<instance>:…``
-        channel, the author shown as ``carol (web)``.  How many copies."""
+    async def _posted_into(self, conversation_id: str, instance: str) -> tuple[Link, str] | None:
+        """The link whose ``http:<instance>:…`` channel is bound to ``conversation_id``,
+        and that channel's key."""
         if not self._by_key:
-            return 0
+            return None
         if not self._loaded:
             await self.load()
         prefix = f"http:{instance}:"
         for link in self.links.values():
             key = next((k for k in link.channels if k.startswith(prefix)), None)
-            if key is None or await self.store.get_binding(key) != conversation_id:
-                continue
-            transport = self.host.transport_for(key)
-            if transport is None:
-                return 0
-            message = IncomingMessage(
-                channel_key=key, text=text, author_id=author,
-                author_name=qualified(author, transport), meta={"name": author},
-            )  # fmt: skip
-            return await self.relay(message, transport, None)
-        return 0
+            if key is not None and await self.store.get_binding(key) == conversation_id:
+                return link, key
+        return None
+
+    async def posting(self, conversation_id: str, instance: str) -> None:
+        """A message is about to be posted over the HTTP API into ``conversation_id``:
+        if it is a link's, every linked channel is opened now, before the turn it asks
+        for starts.  (Opened only once the turn ran, a channel's renderer saw the turn
+        end without its text and said "(no answer: …)" where the answer was due.)"""
+        found = await self._posted_into(conversation_id, instance)
+        if found is not None:
+            await self._hold_open(found[0])
+
+    async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
+        """A message posted over the HTTP API (instance ``instance``) into a linked
+        conversation: relayed like a person's message in the link's ``http:<instance>:…``
+        channel, the author shown as ``carol (web)``.  How many copies."""
+        found = await self._posted_into(conversation_id, instance)
+        if found is None:
+            return 0
+        key = found[1]
+        transport = self.host.transport_for(key)
+        if transport is None:
+            return 0
+        message = IncomingMessage(
+            channel_key=key, text=text, author_id=author,
+            author_name=qualified(author, transport), meta={"name": author},
+        )  # fmt: skip
+        return await self.relay(message, transport, None)
 
     def on_delivery(
         self,
@@ -727,6 +928,8 @@ class Links:
         """A transport's delivery report (it goes on to the outbox): a relayed copy's
         protocol id (its Slack ``ts``) is written into its message-map row, so an edit
         or a deletion of any age finds the copy to change."""
+        if self._taken and (state == "confirmed" or not awaits_confirm):
+            self._taken.pop(outbox_id, None)
         row = self._copies.get(outbox_id) if self._copies else None
         if row is not None and (ref or state == "confirmed" or not awaits_confirm):
             del self._copies[outbox_id]
@@ -772,7 +975,9 @@ class Links:
         for row in rows:
             if row.origin or row.channel_key == key:
                 continue
-            target = self.host.transport_for(row.channel_key)
+            target = self.host.transport_for(row.channel_key) or self.host.standby_for(
+                row.channel_key
+            )
             if target is None or not target.relays:
                 continue
             copy_run = row.run_id or f"relay:{canonical}"
@@ -795,18 +1000,29 @@ class Links:
             items.append((target, _Relay(words, author, None, row, kind, run=entry.run_id), entry))
         entries = [e for t, _, e in items if t.outbox]
         ids = iter(list(await self.host.outbox.add(entries)) if entries else [])
+        elsewhere: list[int] = []
         for target, item, _ in items:
             if target.outbox:
                 item.outbox_id = next(ids, None)
+            if item.outbox_id is not None and not self.host.serves(target):
+                elsewhere.append(item.outbox_id)  # its connection's owner applies it
+                continue
+            self._take(item.outbox_id)
             await self._target(item.row.channel_key).queue.put(item)
+        await self._hand_over(elsewhere)
         return len(items)
 
-    async def resending(self, row: OutboxEntry) -> OutgoingMessage | None:
+    async def resending(self, row: OutboxEntry, *, taken: bool = False) -> OutgoingMessage | None:
         """What the outbox row ``row`` of a relayed copy or of a change to one, left
         undelivered by a previous process, is sent as now (:class:`Delivery` asks
         after a restart); ``None``: not now (a change to a copy whose id is not known:
         it stays in the outbox).  A copy's protocol id goes into the message map as
-        it is reported, as for a copy sent live."""
+        it is reported, as for a copy sent live.  A row this worker has queued already
+        (a copy it relayed, or took from another worker: ``taken``) is ``None`` here:
+        its queue sends it, once."""
+        if not taken and row.id is not None and row.id in self._taken:
+            return None
+        self._take(row.id)  # (sent by this worker now: a resync leaves it alone)
         reply = row.reply_to if isinstance(row.reply_to, dict) else {}
         author = reply.get("author")
         kind: OutgoingKind = "unrelay" if row.kind == "unrelay" else "relay"
@@ -851,7 +1067,9 @@ class Links:
     async def requeue(self, row: OutboxEntry) -> None:
         """Send the outbox row ``row`` of a relayed copy or a change through its
         target's queue (a restart's redelivery found the target refusing an earlier
-        one): a change waits there for the copy it changes, its id found as it goes."""
+        one, or another worker wrote it for a connection this one owns now): a change
+        waits there for the copy it changes, its id found as it goes."""
+        self._take(row.id)
         reply = row.reply_to if isinstance(row.reply_to, dict) else {}
         change = reply.get("change")
         if change in ("edit", "delete"):
@@ -863,7 +1081,7 @@ class Links:
                           run=row.run_id)  # fmt: skip
             self._target(row.channel_key).queue.put_nowait(item)
             return
-        out = await self.resending(row)
+        out = await self.resending(row, taken=True)
         if out is not None:
             self.later(out)
 
@@ -944,7 +1162,7 @@ class Links:
                 out = OutgoingMessage(
                     channel_key=key, text=late(item.text, item.row.created_at, self.late_after),
                     kind="relay", run_id=item.row.run_id,
-                    reply_to=_reply_to(item.author, item.thread),
+                    reply_to=_reply_to(item.author, item.thread, item.icon),
                     outbox_id=item.outbox_id, author=item.author,
                 )  # fmt: skip
                 if item.outbox_id is not None:
@@ -999,6 +1217,13 @@ class Links:
         if self._follow is not None:
             self._follow.close()
             self._follow = None
+        if self._follow_relays is not None:
+            self._follow_relays.close()
+            self._follow_relays = None
+        if self._taking is not None:
+            self._taking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._taking
         if self._reloading is not None:
             self._reloading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -1070,9 +1295,15 @@ def _quote(author: str, text: str) -> str:
     return f"(re {author}: {words})" if words else f"(re {author})"
 
 
-def _reply_to(author: str, thread: str | None) -> dict[str, str]:
-    """A relayed copy's reply data: its author, and the thread it goes into."""
-    return {"author": author, "thread": thread} if thread else {"author": author}
+def _reply_to(author: str, thread: str | None, icon: str | None = None) -> dict[str, str]:
+    """A relayed copy's reply data: its author, the thread it goes into, and the icon
+    shown for its author where a copy can have one (Slack)."""
+    out = {"author": author}
+    if thread:
+        out["thread"] = thread
+    if icon:
+        out["icon"] = icon
+    return out
 
 
 def _own_nick(transport: Transport) -> str:

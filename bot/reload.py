@@ -15,7 +15,9 @@ changes the running bot:
   approval rules, budgets, ``[access]``, ``[channels]`` defaults and the
   ``[agent]`` resume and settings keys apply from the next turn;
 * MCP servers added, removed or changed are started, stopped or restarted;
-  unchanged ones keep their session.
+  unchanged ones keep their session;
+* ``[[links]]`` added, removed or changed are put in force
+  (:meth:`agentik.bot.links.Links.reconfigure`).
 
 Every other top-level section (``[storage]``, ``[memory]``, ``[llm]``,
 ``[plugins]``, ``[retention]``, ``[compaction]``, ``[logging]``, ``[agents.*]``,
@@ -58,7 +60,7 @@ log = logging.getLogger("agentik.bot.app")
 
 #: Top-level sections a reload puts in force (``agent``: only :data:`RELOADED_AGENT_KEYS`).
 APPLIED_SECTIONS = frozenset(
-    {"agent", "tools", "approvals", "budgets", "access", "channels", "mcp", "transports"}
+    {"agent", "tools", "approvals", "budgets", "access", "channels", "mcp", "transports", "links"}
 )
 #: Sections a running bot cannot change: a reload names them in a warning.
 RESTART_SECTIONS = tuple(
@@ -200,6 +202,12 @@ class Plan:
         for name, section in self.options.items():
             bridge.attach(bot.transports[name], _options(section, bot.transports[name]))
             bot.sections[name] = section
+        # -- linked channels (after the transports: a link's channels are theirs) ---------
+        if new.links != old.links:
+            moved = await bridge.links.reconfigure(new.links)
+            for verb, names in moved.items():
+                if names:
+                    parts.append(f"links {verb}: {', '.join(names)}")
         added_t = [n for n in started if n not in stopped]
         restarted_t = [n for n in started if n in stopped]
         removed_t = [n for n in stopped if n in self.stop]

@@ -110,6 +110,10 @@ class FakeSlack:
         self.team_domain = team_domain
         self.port = port
         self.supports_streaming = True
+        #: The bot token's scopes (sent back in ``x-oauth-scopes`` as Slack does).  A
+        #: ``chat.postMessage`` with ``username``, ``icon_url`` or ``icon_emoji`` needs
+        #: ``chat:write.customize``: without it Slack answers ``missing_scope``.
+        self.scopes: set[str] = set(BOT_SCOPES)
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.messages: dict[tuple[str, str], dict[str, Any]] = {}
         self.users: dict[str, dict[str, Any]] = {}
@@ -219,6 +223,11 @@ class FakeSlack:
                 "display_name": display_name if display_name is not None else name,
                 "real_name": real,
                 "team": self.team_id,
+                # (Slack serves a profile image in several sizes)
+                **{
+                    f"image_{n}": f"https://avatars.{self.team_domain}.example/{user_id}_{n}.png"
+                    for n in (24, 32, 48, 72, 192, 512)
+                },
             },
         }
         self.users[user_id] = user
@@ -785,12 +794,21 @@ class FakeSlack:
             self._notify()
             await self._released.wait()
         if isinstance(result, str):
+            if result == "missing_scope":
+                needed = _NEEDS.get(method, "")
+                return self._error(method, params, result, needed=needed,
+                                   provided=",".join(sorted(self.scopes)))  # fmt: skip
             return self._error(method, params, result)
-        return web.json_response({"ok": True, **result})
+        return web.json_response({"ok": True, **result}, headers=self._scope_headers())
+
+    def _scope_headers(self) -> dict[str, str]:
+        return {"x-oauth-scopes": ",".join(sorted(self.scopes))}
 
     def _error(self, method: str, params: dict[str, Any], error: str, **extra: Any) -> web.Response:
         # Slack answers most errors with HTTP 200 and ok=false.
-        return web.json_response({"ok": False, "error": error, **extra})
+        return web.json_response(
+            {"ok": False, "error": error, **extra}, headers=self._scope_headers()
+        )
 
     def _channel_type(self, channel: str) -> str:
         info = self.channels.get(channel)
@@ -853,9 +871,17 @@ class FakeSlack:
             return error
         if not text and not blocks and not params.get("attachments"):
             return "no_text"
+        custom = {k: params[k] for k in ("username", "icon_url", "icon_emoji") if params.get(k)}
+        if custom and "chat:write.customize" not in self.scopes:
+            return "missing_scope"  # (as Slack: a customised author needs the scope)
+        icons = None
+        if custom.get("icon_emoji"):  # (icon_emoji overrides icon_url, as Slack documents)
+            icons = {"emoji": custom["icon_emoji"]}
+        elif custom.get("icon_url"):
+            icons = {"image_48": custom["icon_url"]}
         ts = self.new_ts()
         msg = self._bot_message(text, ts, thread_ts=params.get("thread_ts"), blocks=blocks,
-                                username=params.get("username"))  # fmt: skip
+                                username=params.get("username"), icons=icons)  # fmt: skip
         if params.get("metadata"):
             msg["metadata"] = _maybe_json(params["metadata"])
         self.messages[(channel, ts)] = msg
@@ -1062,6 +1088,15 @@ class FakeSlack:
                 return {}
         return "no_reaction"
 
+
+#: The scopes of the fake's bot token by default: those of agentik's app manifest.
+BOT_SCOPES = (
+    "app_mentions:read", "assistant:write", "channels:history", "groups:history",
+    "im:history", "mpim:history", "chat:write", "chat:write.customize", "files:read",
+    "reactions:read", "users:read",
+)  # fmt: skip
+#: The scope a method refused with ``missing_scope`` names as ``needed``.
+_NEEDS = {"chat.postMessage": "chat:write.customize"}
 
 #: Slack's documented limits: ``text`` of chat.postMessage/chat.update (longer is
 #: refused with ``msg_too_long``), a message's blocks, a section block's text.

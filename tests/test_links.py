@@ -215,6 +215,90 @@ async def test_an_irc_message_reaches_slack_under_its_name_and_escaped(
             await mallory.close()
 
 
+# -- relay into Slack: each author's name and icon ----------------------------------------------
+async def test_copies_in_slack_show_each_authors_name_and_icon(ngircd, tmp_path, monkeypatch):
+    """IRC and web people get their network's icon (the link's ``icons``); a Slack person
+    relayed into another Slack channel keeps their profile image (users.info, once)."""
+    links = [
+        LinkSettings(
+            name="team", channels=[IRC_KEY, SLACK_KEY, "slack:T1:C2", WEB_KEY],
+            icons={"testnet": ":speech_balloon:", "web": "https://example.org/web.png"},
+        )
+    ]  # fmt: skip
+    async with (
+        FakeSlack() as slack,
+        linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=links) as b,
+    ):
+        bob = slack.add_user("U2", "bob")
+        alice = await person(ngircd.port, "alice")
+        try:
+            alice.privmsg("#team", "hello from irc")
+            for i in range(2):
+                await slack.push_event(slack.message_event("C1", f"slack line {i}", user="U2"))
+            b.model.enqueue(Reply(text="ok"))
+            conv = await b.agent.conversation_for_channel(WEB_KEY)
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(base_url=f"{b.web.url}/agentik", timeout=60) as http:
+                said = {"content": "hello from the web", "author": "carol"}
+                r = await http.post(f"/conversations/{conv.id}/messages", headers=auth, json=said)
+                assert r.status_code == 202, r.text
+            await slack.wait_until(
+                lambda: len(relays_in(slack, "C2")) == 4 or None, WAIT, "four copies in C2"
+            )
+            await b.bridge.links.drain()
+            shown = {
+                c["text"]: (c["username"], c.get("icon_emoji"), c.get("icon_url"))
+                for c in relays_in(slack, "C2")
+            }
+            image = bob["profile"]["image_72"]
+            assert shown == {
+                "hello from irc": ("alice@testnet", ":speech_balloon:", None),
+                "slack line 0": ("bob (Slack)", None, image),
+                "slack line 1": ("bob (Slack)", None, image),
+                "hello from the web": ("carol (web)", None, "https://example.org/web.png"),
+            }
+            # Slack shows them so (the icon on the message), and bob was looked up once.
+            in_c2 = [m for (ch, _), m in slack.messages.items() if ch == "C2"]
+            assert {m["text"]: m.get("icons") for m in in_c2 if m.get("username")} == {
+                "hello from irc": {"emoji": ":speech_balloon:"},
+                "slack line 0": {"image_48": image},
+                "slack line 1": {"image_48": image},
+                "hello from the web": {"image_48": "https://example.org/web.png"},
+            }
+            assert [c["user"] for c in slack.calls_to("users.info")].count("U2") == 1
+        finally:
+            await alice.close()
+
+
+async def test_without_the_customize_scope_copies_say_their_author_in_the_text(
+    ngircd, tmp_path, monkeypatch
+):
+    """An app without ``chat:write.customize``: Slack refuses a post under another name
+    (``missing_scope``), so the copy says who wrote it (``*alice@testnet*: …``); none is
+    lost, and the later ones are not tried under a name again."""
+    async with FakeSlack() as slack, linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
+        slack.scopes.discard("chat:write.customize")
+        alice = await person(ngircd.port, "alice")
+        try:
+            for i in range(3):
+                alice.privmsg("#team", f"<b>line {i}</b>")
+            await slack.wait_until(
+                lambda: len([m for m in slack.messages.values() if "line" in m["text"]]) == 3
+                or None, WAIT, "three copies",
+            )  # fmt: skip
+            await b.bridge.links.drain()
+            texts = [m["text"] for m in slack.messages.values()]
+            assert texts == [f"*alice@testnet*: &lt;b&gt;line {i}&lt;/b&gt;" for i in range(3)]
+            assert not any(m.get("username") for m in slack.messages.values())
+            tried = slack.calls_to("chat.postMessage")
+            # One refused try under the name, then each copy once, signed in its text.
+            assert [bool(c.get("username")) for c in tried] == [True, False, False, False]
+            assert b.bridge.links.relayed == 3
+            assert b.slack_t.customize is False
+        finally:
+            await alice.close()
+
+
 # -- !stop anywhere stops the answer everywhere ----------------------------------------------------
 async def test_stop_from_slack_stops_the_answer_on_irc(ngircd, tmp_path, monkeypatch):
     async with FakeSlack() as slack, linked_bot(ngircd.port, slack, tmp_path, monkeypatch) as b:
@@ -827,6 +911,19 @@ async def test_a_message_posted_on_the_web_is_relayed_to_irc_and_slack_with_its_
             ]
             await b.bridge.links.drain()
             assert b.bridge.links.relayed == 2
+            # A question to the agent too: its answer shows in IRC and Slack as written
+            # (the linked channels are opened before the turn starts, so they render it
+            # from its start, never "(no answer: …)").
+            await alice.wait_for(lambda m: m.nick == "agentik" and m.text == "noted", WAIT)
+            await slack.wait_until(
+                lambda: any(m.get("text") == "noted" for m in slack.messages.values()),
+                WAIT, "the answer in Slack",
+            )  # fmt: skip
+            await (await b.agent.get_conversation(conv.id)).wait_idle()
+            await alice.sync()
+            said = [m.text for m in alice.received if m.nick == "agentik"]
+            assert not any("no answer" in t for t in said), said
+            assert not any("no answer" in (m.get("text") or "") for m in slack.messages.values())
         finally:
             await alice.close()
 

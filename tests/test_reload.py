@@ -331,6 +331,48 @@ async def test_a_transport_whose_settings_changed_is_restarted_and_a_removed_one
         assert warned == ["reload: [llm] changed but takes effect only after a restart"]
 
 
+async def test_links_added_and_removed_in_the_configuration_apply_on_reload(tmp_path, caplog):
+    """``[[links]]`` edited in the configuration: a reload links the channels (one
+    conversation, the answer shown in both) and unlinks them again, without a restart."""
+    path = tmp_path / "bot.toml"
+    a_key, b_key = "memory:a:#test", "memory:b:#test"
+    transports = {"a": {"type": "memory", "answer": "all"},
+                  "b": {"type": "memory", "answer": "all"}}  # fmt: skip
+    async with Bot(bot_config(path, servers=[], transports=transports)) as bot:  # type: ignore[arg-type]
+        a, b = bot.transports["a"], bot.transports["b"]
+        store = bot.agent.store
+        await a.inject("alone in a", channel_key=a_key, author="alice")
+        await a.wait_for(lambda m: m.kind == "answer")
+        assert await store.get_binding(b_key) != await store.get_binding(a_key)
+
+        linked = [{"name": "team", "channels": [a_key, b_key]}]
+        with caplog.at_level(logging.WARNING, logger="agentik.bot.app"):
+            summary = await bot.reload(
+                bot_config(path, servers=[], transports=transports, links=linked)
+            )
+        assert "links added: team" in summary and "restart" not in summary, summary
+        assert not [r for r in caplog.records if "restart" in r.getMessage()]
+        # One conversation (a's, with its history); asked in b, answered in a and b.
+        conv = await store.get_binding(a_key)
+        assert await store.get_binding(b_key) == conv
+        await b.inject("now linked", channel_key=b_key, author="bob")
+        await b.wait_for(lambda m: m.kind == "answer")
+        await a.wait_for(lambda m: m.kind == "answer", count=2)
+        assert "link:team" in {name for name, _ in bot.bridge.links.health()}
+
+        summary = await bot.reload(bot_config(path, servers=[], transports=transports))
+        assert "links removed: team" in summary, summary
+        # a keeps the conversation; b starts one of its own, and answers stay apart.
+        assert await store.get_binding(a_key) == conv
+        assert await store.get_binding(b_key) != conv
+        answered_in_a = len(a.texts("answer"))
+        await b.inject("apart again", channel_key=b_key, author="bob")
+        await b.wait_for(lambda m: m.kind == "answer", count=2)
+        await bot.bridge.flush(b_key)
+        assert len(a.texts("answer")) == answered_in_a
+        assert bot.bridge.links.health() == []
+
+
 async def test_repeated_sighup_during_a_held_answer_changes_mcp_servers_and_answers_once(
     miniircd, openai_server, tmp_path
 ):

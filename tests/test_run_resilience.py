@@ -493,7 +493,7 @@ async def test_a_reload_names_every_top_level_section_of_the_configuration_refer
         "redaction": (None, "restart needed for [redaction]"),
         "cluster": ({"lease_seconds": 20}, "restart needed for [cluster]"),
         "links": ([{"name": "team", "channels": ["memory:mem:#a", "memory:mem:#b"]}],
-                  "restart needed for [links]"),
+                  "links added: team"),
         "webhooks": ([{"name": "ops", "url": "http://127.0.0.1:9/", "secret_env": "NONE"}],
                      "restart needed for [webhooks]"),
         "workspace": ({"max_results": 7}, "restart needed for [workspace]"),

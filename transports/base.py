@@ -351,6 +351,12 @@ class AgentHost(MessageSink, Protocol):
         """Stop the turn running in ``channel_key``; ``False`` if none."""
         ...
 
+    async def posting(self, conversation_id: str, instance: str) -> None:
+        """A post over an API (transport instance ``instance``) into conversation
+        ``conversation_id`` is about to be submitted: the chat channels linked with it
+        (issue 33) are opened now, so they render its answer from the start."""
+        ...
+
     async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
         """A person posted ``text`` over an API (transport instance ``instance``) into
         conversation ``conversation_id``: copied to the chat channels linked with it
@@ -413,6 +419,9 @@ class BasicHost:
 
     async def interrupt(self, channel_key: str) -> bool:
         return False
+
+    async def posting(self, conversation_id: str, instance: str) -> None:
+        return None
 
     async def posted(self, conversation_id: str, instance: str, author: str, text: str) -> int:
         return 0

@@ -1228,6 +1228,9 @@ class Api:
                 TextPart(text=body.content),
                 *(ImagePart(sha256=a.sha256, name=a.name) for a in body.attachments),
             ]  # (the conversation takes each part's type from what it stored)
+        if self.ctx.host is not None:
+            # A linked conversation: its chat channels render the answer from its start.
+            await self.ctx.host.posting(conv.id, self.ctx.instance)
         try:
             async with ticket:
                 if queue is not None and queued:

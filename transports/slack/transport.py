@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -398,7 +399,13 @@ class SlackTransport(Transport):
         self._sending = True  # False once closing: send() sends nothing more
         self._sends_done: asyncio.Event | None = None
         self.where = ""  # what start() connected to, for the logs
-        self._names: dict[str, str] = {}
+        #: People by user id: (display name, profile image URL or ""), the most recent
+        #: last, at most ``PEOPLE_KEPT`` (users.info is asked once per person).
+        self._people: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        #: Whether Slack lets relayed copies carry their author's name and icon (the
+        #: ``chat:write.customize`` scope); ``False`` once it refused (``missing_scope``):
+        #: copies then say who wrote them in their text (``*alice@libera*: …``).
+        self.customize = True
         #: Thread roots of linked channels, by (channel, thread_ts): who wrote it, its words.
         self._roots: OrderedDict[tuple[str, str], dict[str, str] | None] = OrderedDict()
         #: Our pieces found in a channel or thread by a redelivery (:meth:`_posted`):
@@ -677,20 +684,36 @@ class SlackTransport(Transport):
 
     # -- incoming ---------------------------------------------------------------------
     async def _name(self, user: str) -> str:
-        name = self._names.get(user)
-        if name is None:
-            try:
-                info = (await self.client.users_info(user=user))["user"]
-                profile = info.get("profile") or {}
-                name = (
-                    profile.get("display_name") or info.get("real_name") or info.get("name")
-                    or user
-                )  # fmt: skip
-            except Exception as exc:  # the name is a nicety: never lose the message
-                log.info("slack %s: users.info %s failed: %s", self.name, user, exc)
-                name = user
-            self._names[user] = name
-        return name
+        return (await self._person(user))[0]
+
+    async def _person(self, user: str) -> tuple[str, str]:
+        """``user``'s display name and profile image (an ``https`` URL, or ``""``), from
+        users.info once per person (the last ``PEOPLE_KEPT`` people are kept)."""
+        found = self._people.get(user)
+        if found is not None:
+            self._people.move_to_end(user)
+            return found
+        try:
+            info = (await self.client.users_info(user=user))["user"]
+            profile = info.get("profile") or {}
+            name = (
+                profile.get("display_name") or info.get("real_name") or info.get("name")
+                or user
+            )  # fmt: skip
+            image = next(
+                (
+                    str(profile[k]) for k in ("image_72", "image_48", "image_192")
+                    if isinstance(profile.get(k), str) and profile[k].startswith("https://")
+                ),
+                "",
+            )  # fmt: skip
+        except Exception as exc:  # the name is a nicety: never lose the message
+            log.info("slack %s: users.info %s failed: %s", self.name, user, exc)
+            name, image = user, ""
+        found = self._people[user] = (str(name), image)
+        while len(self._people) > PEOPLE_KEPT:
+            self._people.popitem(last=False)
+        return found
 
     def _key(self, channel: str, thread_ts: str | None) -> str:
         if self.options.conversation_per == "thread" and thread_ts:
@@ -1032,9 +1055,12 @@ class SlackTransport(Transport):
             # A file that could not be fetched is named, so the model knows it was sent.
             text = "\n".join([text, *(f"[file {n!r}: could not be fetched]" for n in missing)])
             text = text.strip()
+        name, image = await self._person(item.user)
+        if image and not item.direct:
+            meta["icon"] = image  # (a linked channel's copies in Slack show it)
         message = IncomingMessage(
             channel_key=item.key, text=text, author_id=item.user,
-            author_name=await self._name(item.user), direct=item.direct,
+            author_name=name, direct=item.direct,
             addressed=item.addressed,
             reply_to={"channel": item.channel, "thread_ts": item.thread_ts, "user": item.user},
             meta=meta, attachments=attachments,
@@ -1395,9 +1421,9 @@ class SlackTransport(Transport):
         (the copy's ts), an edit or (``unrelay``) a deletion of that copy: a copy that is
         not there any more (deleted in Slack, or by this change before a restart) is
         nothing to change, and the change is done."""
-        if message.replaces:
-            from slack_sdk.errors import SlackApiError
+        from slack_sdk.errors import SlackApiError
 
+        if message.replaces:
             try:
                 if message.kind == "unrelay":
                     # The person deleted their message: so goes its copy.
@@ -1405,9 +1431,12 @@ class SlackTransport(Transport):
                 else:
                     # The person edited their message: its copy says what it says now
                     # (the name it was posted under stays).
-                    await self.client.chat_update(
-                        channel=channel, ts=message.replaces, text=escape(message.text)
-                    )
+                    author = " ".join(clean(message.author or "").split())[:80] or "someone"
+                    words = (
+                        escape(message.text) if self.customize
+                        else _signed(author, message.text)
+                    )  # fmt: skip
+                    await self.client.chat_update(channel=channel, ts=message.replaces, text=words)
             except SlackApiError as exc:
                 if exc.response.get("error") != "message_not_found":
                     raise
@@ -1416,12 +1445,33 @@ class SlackTransport(Transport):
             self.delivered(message.outbox_id, "confirmed", ref=message.replaces)
             return
         author = " ".join(clean(message.author or "").split())[:80] or "someone"
-        response = await self.client.chat_postMessage(
-            channel=channel, thread_ts=thread_ts, text=escape(message.text), username=author,
+        where = message.reply_to if isinstance(message.reply_to, dict) else {}
+        post = functools.partial(
+            self.client.chat_postMessage, channel=channel, thread_ts=thread_ts,
             unfurl_links=False, unfurl_media=False,
             # (which piece it is: found again after a restart, see _posted)
             metadata=_piece_metadata(message.outbox_id, message.run_id or ""),
         )  # fmt: skip
+        response = None
+        if self.customize:
+            try:
+                response = await post(
+                    text=escape(message.text), username=author, **_icon(where.get("icon"))
+                )
+            except SlackApiError as exc:
+                if exc.response.get("error") != "missing_scope":
+                    raise
+                # The app lacks chat:write.customize (made from an older manifest):
+                # the copies say who wrote them in their text from now on.
+                self.customize = False
+                log.warning(
+                    "slack %s: Slack refuses relayed copies under their author's name"
+                    " (missing_scope, needs chat:write.customize): they are posted as"
+                    " '*name*: text' until the app has the scope and the bot restarts",
+                    self.name,
+                )  # fmt: skip
+        if response is None:
+            response = await post(text=_signed(author, message.text))
         self._remember(response.get("ts"), message.channel_key)
         self.delivered(message.outbox_id, "confirmed", ref=response.get("ts"))
 
@@ -1706,6 +1756,33 @@ class SlackTransport(Transport):
             except Exception as exc:
                 self._native_failed(answer, exc)
         await self._edit(key, answer, final=True)
+
+
+#: People whose name and profile image are kept (users.info is asked once per person).
+PEOPLE_KEPT = 5000
+
+#: A Slack emoji name as ``icon_emoji`` takes it.
+_EMOJI = re.compile(r"^:[a-z0-9_+'-]{1,80}:$")
+
+
+def _icon(icon: object) -> dict[str, str]:
+    """The ``chat.postMessage`` arguments showing ``icon`` as a relayed copy's avatar: an
+    emoji (``:speech_balloon:``) as ``icon_emoji``, an ``https`` URL as ``icon_url``;
+    anything else, none (the app's own icon)."""
+    if not isinstance(icon, str) or not icon:
+        return {}
+    if _EMOJI.match(icon):
+        return {"icon_emoji": icon}
+    if icon.startswith("https://") and len(icon) <= 2000 and not any(c.isspace() for c in icon):
+        return {"icon_url": icon}
+    return {}
+
+
+def _signed(author: str, text: str) -> str:
+    """A relayed copy that cannot be posted under its author's name says it in its text,
+    ``*alice@libera*: text`` (both escaped; the name's own emphasis marks left out)."""
+    name = escape(author.translate(str.maketrans("", "", "*_~`"))) or "someone"
+    return f"*{name}*: {escape(text)}"
 
 
 def _piece_metadata(outbox_id: int | None, run: str) -> dict[str, Any] | None:

@@ -1,0 +1,133 @@
+"""Linked channels across workers (issue 33): the IRC connection owned by one worker, the
+Slack one by another, on one PostgreSQL database.
+
+Real processes all the way, as tests/test_cluster_failover.py: two ``agentik run``
+workers (tests/cluster.py) on a real PostgreSQL (tests/pgserver.py), a real IRC server
+(ngircd), the Slack fake (tests/fakeslack.py) and the fake OpenAI-compatible server.  A
+line said on IRC reaches the worker owning IRC; its copy for Slack is an outbox row that
+the worker owning Slack is told of (ids only) and posts.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from cluster import PATIENCE, Worker, owner_of, until, worker_config
+
+from agentik.core.testing.openai_server import Reply
+
+from fakeslack import FakeSlack
+from ircservers import IRCTestClient
+
+pytest_plugins = ["pgserver", "ircservers"]
+
+CHANNEL = "#relay"
+
+
+def _irc(port: int) -> str:
+    return f"""
+[transports.libera]
+type = "irc"
+host = "127.0.0.1"
+port = {port}
+tls = false
+nick = "agentik"
+channels = ["{CHANNEL}"]
+reconnect_min = 0.2
+reconnect_max = 1.0
+"""
+
+
+def _slack(slack: FakeSlack) -> str:
+    return f"""
+[transports.slack]
+type = "slack"
+bot_token = "{slack.bot_token}"
+app_token = "{slack.app_token}"
+api_url = "{slack.api_url}"
+conversation_per = "channel"
+streaming = "edit"
+"""
+
+
+LINK = f"""
+[[links]]
+name = "team"
+channels = ["irc:libera:{CHANNEL}", "slack:T1:C1"]
+icons = {{ libera = ":speech_balloon:" }}
+"""
+
+
+async def _relays_waiting(dsn: str) -> int:
+    """Relayed copies in the outbox not confirmed delivered yet (straight from the database)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE kind = 'relay' AND state != 'confirmed'"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def _none_waiting(dsn: str) -> bool:
+    return await _relays_waiting(dsn) == 0
+
+
+@pytest.mark.timeout(400)  # two workers started one after the other on a loaded machine
+async def test_a_line_on_irc_reaches_slack_through_the_worker_owning_slack(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Worker ``s`` owns Slack (it alone has it at first), worker ``i`` owns IRC and keeps
+    Slack in standby: people's lines said on IRC reach the Slack channel under their
+    names, in order, once each, posted by ``s`` (``i`` never opens a Slack socket)."""
+    openai_server.default = lambda body: Reply.text("noted")
+    async with FakeSlack() as slack:
+        ws = Worker(
+            tmp_path / "s",
+            worker_config("s", openai_server.base_url, extra=_slack(slack) + LINK),
+            postgres_dsn,
+        )
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   extra=_irc(ngircd.port) + _slack(slack) + LINK),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            ws.start()  # alone, with Slack only: it owns Slack
+            await owner_of([ws], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            wi.start()  # IRC is free: it owns IRC; Slack stays with ``s``
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            lines = [f"line {i} from irc" for i in range(5)]
+            for line in lines:
+                alice.privmsg(CHANNEL, line)
+
+            def copies() -> list[dict]:
+                return [c for c in slack.calls_to("chat.postMessage")
+                        if c.get("channel") == "C1" and c.get("username")]  # fmt: skip
+
+            await until(lambda: len(copies()) >= len(lines) or None, "the copies in Slack")
+            got = copies()
+            assert [c["text"] for c in got] == lines  # in order, once each
+            assert {(c["username"], c.get("icon_emoji")) for c in got} == {
+                ("alice@libera", ":speech_balloon:")
+            }
+            # Posted by the worker owning Slack: it is the only one with a socket, and the
+            # copies left the outbox (delivered, none waiting).
+            assert slack.socket_connections == 1
+            await until(lambda: _none_waiting(postgres_dsn), "the copies confirmed in the outbox")
+            # Still Slack's owner: no failover happened on the way.
+            assert (await owner_of([ws, wi], "slack")) is ws
+        except BaseException:
+            for w in (ws, wi):  # shown with the failure
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
