@@ -60,6 +60,11 @@ class ChannelKnobs:
     ambient: bool = False
     #: How many such lines at most reach the model with the next turn.
     ambient_lines: Annotated[int, Field(ge=1)] = 50
+    #: Fetch the image links (http/https) of a message for the bot and give the
+    #: images to a model that takes them (``image_in``), stored as attachments;
+    #: IRC, where people paste links (:mod:`agentik.transports.imagefetch`;
+    #: ``[attachments]`` ``url_*`` bound it).
+    image_urls: bool = False
     #: A message that arrives while the bot answers: ``queue`` (its own turn
     #: next), ``steer`` (it joins the running turn at its next model request,
     #: so the answer takes it into account), ``interrupt`` (the running answer

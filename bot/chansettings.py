@@ -131,6 +131,8 @@ _CHANNEL_DOCS = {
     "max_answer_lines": "Lines of one answer before the rest waits for `more` (0: no cap).",
     "ambient": "Record what others say (without answering) as context.",
     "ambient_lines": "How many such lines at most reach the model with the next turn.",
+    "image_urls": "Fetch the image links of a message for the bot and give them to a model"
+    " that takes images (IRC; `[attachments]` `url_*` bound it).",
     "events": "What of a turn the channel sees: `auto`, `answers`, `chat`, `debug`.",
     "tools": "Glob patterns of the tools offered here, within the transport's `allowed_tools`.",
     "model": "The model profile (`[llm.profiles.<name>]`) used here; `default`: `[llm]`.",
@@ -207,6 +209,7 @@ SETTING_KEYS: dict[str, str] = {
     "max_answer_lines": _number_help("max_answer_lines", "a whole number", " (0: no cap)"),
     "ambient": "on or off",
     "ambient_lines": _number_help("ambient_lines", "a whole number"),
+    "image_urls": "on or off (fetch image links for a model that takes images)",
     "events": "one of " + ", ".join(_choices("events")),
     "tools": "glob patterns of tool names (fs__read_* web__*), within the transport's "
     "allowed_tools; none: no tools",
@@ -308,7 +311,7 @@ def parse_setting(
         if text.lower() not in allowed:
             raise SettingError(f"{key}: {text!r} is not {SETTING_KEYS[key]}")
         return text.lower()
-    if key in ("ambient", "announce", "recall"):
+    if key in ("ambient", "announce", "recall", "image_urls"):
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE:

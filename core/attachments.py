@@ -53,10 +53,21 @@ class AttachmentSettings:
     """``[attachments]``: images and files sent with messages.
 
     ``max_bytes``: the largest attachment taken (larger ones are refused with
-    a one-line answer and nothing is stored).
+    a one-line answer and nothing is stored).  The ``url_`` keys bound the image
+    links fetched in channels with ``image_urls`` on
+    (:mod:`agentik.transports.imagefetch`).
     """
 
     max_bytes: int = Field(10 * 2**20, ge=1)
+    #: Images fetched from the links of one message, at most (the rest are not
+    #: fetched; the person is told).
+    url_max_images: int = Field(3, ge=1, le=10)
+    #: Seconds one link may take, all its redirects and its bytes included.
+    url_timeout: float = Field(10.0, gt=0, le=300)
+    #: Also fetch from loopback and private (LAN) addresses: for tests and LAN
+    #: setups only.  Link-local, multicast and unspecified addresses are refused
+    #: whatever this says.
+    url_allow_private: bool = False
 
 
 def sniff(data: bytes) -> str | None:

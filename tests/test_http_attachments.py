@@ -156,3 +156,35 @@ async def test_too_large_wrong_type_or_foreign_uploads_are_refused_and_nothing_s
         assert await s.agent.store.attachments(conv["id"]) == []
         assert (await c.get(f"/conversations/{conv['id']}/messages")).json()["items"] == []
         assert openai_server.requests == []
+
+
+async def test_an_image_on_its_own_is_a_message(db_path, openai_server):
+    """No words needed (the web page sent "(attached)" for them): the image reaches the
+    model as an image part with no made-up text, the history keeps it, the conversation is
+    named after it; a body with neither words nor attachments is still refused."""
+    openai_server.enqueue(Reply.text("a dot"))
+    async with running_server(db_path, model=_llm(openai_server)) as s, s.client() as c:
+        conv = (await c.post("/conversations", json={})).json()
+        up = await c.post(f"/conversations/{conv['id']}/attachments",
+                          files={"file": ("dot.png", PNG, "image/png")})  # fmt: skip
+        assert up.status_code == 201, up.text
+        for empty in ({}, {"content": "  ", "attachments": []}):
+            r = await c.post(f"/conversations/{conv['id']}/messages", json=empty)
+            assert r.status_code == 422 and "needs words" in r.text, r.text
+        sent = await c.post(
+            f"/conversations/{conv['id']}/messages",
+            json={"attachments": [{"sha256": PNG_SHA, "name": "dot.png"}]},
+        )
+        assert sent.status_code == 202, sent.text
+        assert sent.json()["title"] == "[attached: dot.png]"
+        items = await _wait_answer(c, conv["id"])
+        user = [m for m in openai_server.requests[-1]["messages"] if m["role"] == "user"][-1]
+        images = [p for p in user["content"] if p["type"] == "image_url"]
+        words = " ".join(p["text"] for p in user["content"] if p["type"] == "text")
+        assert images == [{
+            "type": "image_url",
+            "image_url": {"url": "data:image/png;base64," + base64.b64encode(PNG).decode()},
+        }]  # fmt: skip
+        assert "attached" not in words
+        assert items[0]["content"] == "" and items[0]["data"]["parts"][0]["sha256"] == PNG_SHA
+        assert items[-1]["content"] == "a dot"

@@ -778,3 +778,47 @@ async def test_an_image_attached_on_the_page_reaches_the_model_as_an_image_part(
                 "src", re.compile("^blob:")
             )
             assert not errors, errors
+
+
+async def test_an_image_sent_without_words_reaches_the_model_with_no_made_up_text(db_path, browser):
+    """The page used to send "(attached)" for an image without words; the API takes an
+    image on its own now, and the page sends it as it is."""
+    import base64
+
+    from agentik.core import OpenAIBackend
+    from agentik.core.testing.openai_server import FakeOpenAIServer
+    from agentik.core.testing.openai_server import Reply as OpenAIReply
+
+    png = base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    )
+    expect.set_options(timeout=60_000)
+    async with FakeOpenAIServer(model="fake-model") as fake:
+        fake.enqueue(OpenAIReply.text("a red dot"))
+        llm = OpenAIBackend(model="fake-model", base_url=fake.base_url, api_key="sk-test",
+                            max_retries=0, image_in=True)  # fmt: skip
+        async with running_server(db_path, model=llm) as server:
+            page, errors = await _open(browser, server, PHONE, token=None)
+            await _new_conversation(page, PHONE)
+            await page.set_input_files(
+                "#attach-file", files=[{"name": "dot.png", "mimeType": "image/png", "buffer": png}]
+            )
+            await expect(page.locator("#attached .chip")).to_contain_text("dot.png")
+            await _ask(page, "")  # Enter in an empty message box: the image alone
+            await expect(page.locator(".msg.assistant").last).to_contain_text("a red dot")
+            user = [m for m in fake.requests[-1]["messages"] if m["role"] == "user"][-1]
+            kinds = [p["type"] for p in user["content"]]
+            assert "image_url" in kinds
+            assert not any("attached" in p.get("text", "") for p in user["content"])
+            bubble = page.locator(".msg.user").last
+            await expect(bubble.locator(".parts img.thumb")).to_have_count(1)
+            await expect(bubble).not_to_contain_text("attached")
+            # After a reload (the conversation's URL opens it again): the image, still
+            # no words made up for it.
+            await page.reload()
+            bubble = page.locator(".msg.user").last
+            await expect(bubble.locator(".parts img.thumb")).to_have_attribute(
+                "src", re.compile("^blob:")
+            )
+            await expect(bubble).not_to_contain_text("attached")
+            assert not errors, errors

@@ -275,12 +275,28 @@ class ChannelView(Protocol):
         """The prefix of chat commands (``!``; empty: commands are off)."""
         ...
 
+    @property
+    def answer(self) -> str:
+        """Which lines the bot answers in shared channels: ``addressed``, ``all``, ``direct``."""
+        ...
+
+    @property
+    def image_urls(self) -> bool:
+        """Fetch the image links of messages for the bot
+        (:mod:`agentik.transports.imagefetch`)."""
+        ...
+
 
 class EffectiveView(Protocol):
     """What a transport reads of a channel's settings in force (the bridge's ``Effective``)."""
 
     @property
     def options(self) -> ChannelView: ...
+
+    @property
+    def model(self) -> str | None:
+        """The channel's model profile (``None``: ``[llm]``)."""
+        ...
 
 
 class HostMetrics(Protocol):
@@ -367,6 +383,9 @@ class AgentHost(MessageSink, Protocol):
 @dataclass(frozen=True, slots=True)
 class _Defaults:
     command_prefix: str
+    answer: str = "addressed"
+    image_urls: bool = False
+    model: str | None = None
 
     @property
     def options(self) -> _Defaults:

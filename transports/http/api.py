@@ -70,6 +70,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -242,7 +243,9 @@ Author = Annotated[str | None, AfterValidator(_check_author)]
 
 
 class NewMessageBody(_Body):
-    content: str = Field(min_length=1, pattern=r"\S")
+    #: The words; may be left out (or blank) when ``attachments`` are given: an
+    #: image on its own is a message.
+    content: str = ""
     #: The speaker's name the model sees: a display label, not an identity
     #: (the message's ``author_id`` is always the token's).
     author: Author = None
@@ -250,6 +253,12 @@ class NewMessageBody(_Body):
     busy: Literal["queue", "steer", "interrupt"] = "queue"
     #: Images and files uploaded before (``POST .../attachments``), sent with it.
     attachments: list[AttachmentRef] = Field(default_factory=list, max_length=MAX_ATTACHMENTS)
+
+    @model_validator(mode="after")
+    def _words_or_attachments(self) -> NewMessageBody:
+        if not self.content.strip() and not self.attachments:
+            raise ValueError("content: a message needs words, unless it has attachments")
+        return self
 
 
 class BranchBody(_Body):
@@ -371,6 +380,16 @@ def _title_from(content: str) -> str:
     visible = (_UNPRINTABLE.sub("", ln.replace("\t", " ")).strip() for ln in content.splitlines())
     line = next((ln for ln in visible if ln), "")
     return line[:TITLE_CHARS]
+
+
+def _said(body: NewMessageBody) -> str:
+    """A message's words, or for one that is only attachments their names
+    (``[attached: cat.png]``): what a linked channel is shown, what names a
+    conversation."""
+    if body.content.strip():
+        return body.content
+    names = ", ".join(a.name or "an attachment" for a in body.attachments)
+    return f"[attached: {names}]"
 
 
 def _file_name(name: str) -> str:
@@ -1224,8 +1243,9 @@ class Api:
                     422, "attachment_rejected",
                     "attachments are not taken through a cluster's turn queue yet",
                 )  # fmt: skip
+            words = [TextPart(text=body.content)] if body.content.strip() else []
             content = [
-                TextPart(text=body.content),
+                *words,
                 *(ImagePart(sha256=a.sha256, name=a.name) for a in body.attachments),
             ]  # (the conversation takes each part's type from what it stored)
         if self.ctx.host is not None:
@@ -1286,7 +1306,7 @@ class Api:
             raise ApiError(409, "cannot_branch", str(exc)) from None
         if self.ctx.host is not None:
             # A linked conversation: the people in its chat channels see it said.
-            await self.ctx.host.posted(conv.id, self.ctx.instance, author, body.content)
+            await self.ctx.host.posted(conv.id, self.ctx.instance, author, _said(body))
         title = conv.title
         if ours and not title and queue is not None:
             # Another worker may have named it (this one's copy is older).
@@ -1295,7 +1315,7 @@ class Api:
         if ours and not title:
             # An untitled conversation of this API is named by its first message,
             # here and not by a client, so no reader races a second request for it.
-            await conv.rename(_title_from(body.content))
+            await conv.rename(_title_from(_said(body)))
             title = conv.title
         accepted: dict[str, Any] = {
             "conversation_id": conv.id,

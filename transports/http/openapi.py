@@ -355,9 +355,20 @@ _SCHEMAS: dict[str, Any] = {
     "NewMessage": {
         "type": "object",
         "additionalProperties": False,
-        "required": ["content"],
+        # Words, or attachments, or both: an image on its own is a message.
+        "anyOf": [
+            {
+                "required": ["content"],
+                "properties": {"content": {"minLength": 1, "pattern": "\\S"}},
+            },
+            {"required": ["attachments"], "properties": {"attachments": {"minItems": 1}}},
+        ],
         "properties": {
-            "content": {"type": "string", "minLength": 1, "pattern": "\\S"},
+            "content": {
+                "type": "string",
+                "default": "",
+                "description": "the words; may be left out or blank when attachments are given",
+            },
             "author": {
                 "type": ["string", "null"],
                 "minLength": 1,

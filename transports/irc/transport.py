@@ -68,12 +68,14 @@ from typing import Any
 
 from agentik.core.errors import ConfigError
 from agentik.transports.base import (
+    AgentHost,
     ChannelCaps,
     IncomingMessage,
     MessageSink,
     OutgoingMessage,
     Transport,
     TransportFailed,
+    host_of,
 )
 
 from .settings import IRCSettings
@@ -258,6 +260,11 @@ class IRCTransport(Transport):
         #: The channels this transport is in, casefolded (see :meth:`wait_joined`).
         self.joined: set[str] = set()
         self._sink: MessageSink | None = None
+        self._host: AgentHost | None = None
+        #: Per channel key, the hand-over of its last message still on its way (its
+        #: image links being fetched): the next one waits for it, so that the bridge
+        #: takes a channel's messages in the order they were said.
+        self._handing: dict[str, asyncio.Future[None]] = {}
         self._bot: Any = None
         self._protocol: Any = None
         self._closing = False
@@ -341,6 +348,7 @@ class IRCTransport(Transport):
     # -- lifecycle -----------------------------------------------------------------
     async def start(self, sink: MessageSink) -> None:
         self._sink = sink
+        self._host = host_of(sink)
         if self.options.unverified_identity == "hostmask":
             log.warning(
                 'irc %s: unverified_identity = "hostmask": a speaker without a services '
@@ -1446,8 +1454,79 @@ class IRCTransport(Transport):
                   "msgid": line.tags.get("msgid") or None,
                   "reply": line.tags.get("+draft/reply") or None},
         )  # fmt: skip
+        self._hand_over(message)
+
+    # -- image links (issue 34) ----------------------------------------------------------
+    def _hand_over(self, message: IncomingMessage) -> None:
+        """Give ``message`` to the bridge (a task of its own); one with links goes
+        after its image links are fetched (:meth:`_with_images`), and the messages
+        of its channel after it wait their turn."""
         assert self._sink is not None
-        self.spawn(self._sink.handle(message, self))
+        key = message.channel_key
+        before = self._handing.get(key)
+        if before is None and "://" not in message.text:
+            self.spawn(self._sink.handle(message, self))
+            return
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._handing[key] = mine
+        self.spawn(self._hand_over_after(message, before, mine))
+
+    async def _hand_over_after(
+        self,
+        message: IncomingMessage,
+        before: asyncio.Future[None] | None,
+        mine: asyncio.Future[None],
+    ) -> None:
+        assert self._sink is not None
+        try:
+            if before is not None:
+                await before
+            message = await self._with_images(message)
+        finally:
+            # Released in the same step as the hand-over below: the next message of
+            # the channel reaches the bridge after this one.
+            if not mine.done():
+                mine.set_result(None)
+            if self._handing.get(message.channel_key) is mine:
+                del self._handing[message.channel_key]
+        await self._sink.handle(message, self)
+
+    async def _with_images(self, message: IncomingMessage) -> IncomingMessage:
+        """``message`` with the images its links show, when its channel fetches them
+        (``image_urls``), it is for the bot and the channel's model takes images;
+        what was refused is said to the person in one line each and named for the
+        model.  Never fails: the words go on whatever happens to the links."""
+        from agentik.transports.imagefetch import fetch_images, links_in
+
+        host = self._host
+        agent = host.agent if host is not None else None
+        links = links_in(message.text)
+        if host is None or agent is None or not links:
+            return message
+        try:
+            effective = await host.effective(message.channel_key, self)
+            options = effective.options
+            if not options.image_urls:
+                return message
+            if options.command_prefix and message.text.startswith(options.command_prefix):
+                return message  # a command
+            if not (message.direct or message.addressed or options.answer == "all"):
+                return message  # not for the bot
+            if not agent.llm_for(effective.model).supports_image_in:
+                return message  # its model takes text only: the links stay words
+            found = await fetch_images(links, agent.attachments)
+        except Exception:
+            log.exception("irc %s: image links of a message not fetched", self.name)
+            return message
+        for line in found.notices:
+            await self.send(OutgoingMessage(channel_key=message.channel_key, text=line,
+                                            kind="notice", reply_to=message.reply_to))  # fmt: skip
+        if not found.images and not found.notes:
+            return message
+        text = "\n".join([message.text, *found.notes])
+        return dataclasses.replace(
+            message, text=text, attachments=(*message.attachments, *found.images)
+        )
 
     def _on_echo(self, line: Line) -> None:
         """echo-message: the server relayed a line we wrote; its outbox rows are confirmed."""
