@@ -1099,6 +1099,16 @@ class Api:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
         body = await self.body(request, model, required=required)
+        queue = self.agent.turn_queue
+        if queue is not None and self._ours(conv.channel_key):
+            # Several workers: the turn queue runs this conversation's turns, maybe
+            # elsewhere; its working memory as stored, not as this worker last saw it.
+            if await queue.turn_pending(conv.id):
+                raise ApiError(
+                    409, "cannot_branch",
+                    "a turn is running or queued: stop it or wait for it first",
+                )  # fmt: skip
+            queue.refresh(conv)
         asked = await conv.last_question()
         if asked is None:
             raise ApiError(409, "cannot_branch", f"there is no question to {verb}")
@@ -1155,12 +1165,6 @@ class Api:
         # worker through the turn queue; a steer, an interrupt or the answer to a
         # question go straight in where this worker runs the conversation already.
         questions = self.agent.questions
-        if branch and queue is not None:
-            raise ApiError(
-                501, "not_supported",
-                "regenerate and edit need the conversation's turns on this worker"
-                " (several workers share this store)",
-            )  # fmt: skip
         queued = (
             queue is not None
             and ours
@@ -1171,11 +1175,7 @@ class Api:
         steered = False
         content: Content = body.content
         if body.attachments:
-            if queued:
-                raise ApiError(
-                    422, "attachment_rejected",
-                    "attachments are not taken through a cluster's turn queue yet",
-                )  # fmt: skip
+            # (Queued, they go by reference: the queued message names them by hash.)
             content = [
                 TextPart(text=body.content),
                 *(ImagePart(sha256=a.sha256, name=a.name) for a in body.attachments),
@@ -1191,9 +1191,10 @@ class Api:
                         await queue.running_elsewhere(conv.id) if body.busy == "interrupt" else None
                     )
                     run_id, here = await queue.submit(
-                        conv, body.content, author=author,
+                        conv, content, author=author,
                         author_id=f"{self.ctx.instance}:{principal.name}", channel=channel,
                         settings=self._settings(speaker, channel), payload=payload,
+                        branch_of=branch_of,
                     )  # fmt: skip
                     if stop is not None:
                         await queue.stop_elsewhere(conv.id, stop)
