@@ -6,25 +6,30 @@ Real processes all the way (as tests/test_cluster_events.py): workers ``a`` and 
 its own port; the fake OpenAI-compatible server records what the real ``openai`` SDK
 sends.  The conversation's turns run on ``b`` (it holds the conversation's lease: a
 turn of it held mid-stream, or just ended with the lease kept while idle) and the
-requests go through ``a``; ``/health`` says which worker ran the queued turns.
+requests go through ``a`` (its HTTP API, and its web page in Chromium); ``/health`` says
+which worker ran the queued turns.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import signal
 from pathlib import Path
 from typing import Any
 
 import httpx
 from cluster import PATIENCE, Worker, http_transport, until, worker_config, workers
+from playwright.async_api import expect
 
 from agentik.core.testing.openai_server import Reply
 
 from httpserver import TOKENS
 
 pytest_plugins = ["pgserver"]
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
 DSN_ENV = "AGENTIK_TEST_TURN_PARTS_DSN"
 ALICE = TOKENS["ALICE_TOKEN"]
@@ -179,3 +184,49 @@ async def test_regenerate_and_edit_through_one_worker_branch_where_the_turns_run
             assert len(openai_server.requests) == 3
             # Every turn ran on b: a only queued what it took.
             assert await ran_here(b) == 3 and await ran_here(a) == 0
+
+
+async def test_the_web_pages_regenerate_and_edit_on_one_worker_run_on_the_other(
+    postgres_dsn, openai_server, browser, tmp_path
+):
+    expect.set_options(timeout=PATIENCE * 1000)
+    held = Reply.text("first answer", chunks=4, hold_after=1)
+    openai_server.enqueue(held, Reply.text("second answer"), Reply.text("third answer"))
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url, beat=5.0) as (a, b):
+        async with b.client(ALICE) as on_b:
+            cid = (await on_b.post("/conversations", json={"title": "Weather"})).json()["id"]
+            r = await on_b.post(f"/conversations/{cid}/messages", json={"content": "Rain?"})
+            assert r.status_code == 202, r.text
+            await held.wait_held(PATIENCE)  # runs on b
+        # The page of worker a, opened on the conversation while b answers.
+        page = await (await browser.new_context(viewport={"width": 1280, "height": 800})).new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        await page.goto(a.url + "/")
+        await page.fill("#token", ALICE)
+        await page.click("#save-token")
+        await page.locator("#conversations li button", has_text="Weather").click()
+        answers = page.locator(".msg.assistant")
+        held.release()
+        await expect(answers).to_have_text([re.compile("first answer")])
+        await expect(page.locator("#stop")).to_be_disabled()
+        # Regenerate (b keeps the conversation for two heartbeats after its turn).
+        await page.keyboard.press("Alt+Shift+R")
+        await expect(answers.last).to_contain_text("second answer")
+        await expect(answers.first.locator(".who")).to_contain_text("earlier version")
+        await expect(page.locator("#stop")).to_be_disabled()
+        # Edit and resend.
+        await page.locator("#input").focus()
+        await page.keyboard.press("ArrowUp")
+        await expect(page.locator("#input")).to_have_value("Rain?")
+        await page.fill("#input", "Snow?")
+        await page.press("#input", "Enter")
+        await expect(answers.last).to_contain_text("third answer")
+        assert said(openai_server.requests[-1]) == [("user", "alice: Snow?")]
+        assert len(openai_server.requests) == 3
+        assert await ran_here(b) == 3 and await ran_here(a) == 0
+        await page.reload()
+        await expect(answers).to_have_count(3)
+        await expect(page.locator(".msg.replaced")).to_have_count(4)
+        await page.screenshot(path=str(ARTIFACTS / "cluster-web-branches.png"))
+        assert not errors, errors
