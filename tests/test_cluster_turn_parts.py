@@ -60,6 +60,14 @@ async def ran_here(worker: Worker) -> int:
     return int(view["cluster"]["queued_turns_run"])
 
 
+async def running_on(c: httpx.AsyncClient, cid: str, run_id: str) -> bool:
+    """Whether the worker of ``c`` says the turn ``run_id`` of ``cid`` runs (the status
+    and the conversation JSON; the turn may run on another worker)."""
+    status = (await c.get(f"/conversations/{cid}/status")).json()
+    doc = (await c.get(f"/conversations/{cid}")).json()
+    return bool(status["run_id"] == run_id == doc["running_run_id"])
+
+
 async def history(c: httpx.AsyncClient, cid: str) -> list[dict[str, Any]]:
     r = await c.get(f"/conversations/{cid}/messages", params={"limit": 200})
     assert r.status_code == 200, r.text
@@ -198,6 +206,11 @@ async def test_the_web_pages_regenerate_and_edit_on_one_worker_run_on_the_other(
             r = await on_b.post(f"/conversations/{cid}/messages", json={"content": "Rain?"})
             assert r.status_code == 202, r.text
             await held.wait_held(PATIENCE)  # runs on b
+            run_id = r.json()["run_id"]
+            async with a.client(ALICE) as on_a:
+                # a says so once b has stored the turn's start (its events are written
+                # in batches): a page opened there follows the turn.
+                await until(lambda: running_on(on_a, cid, run_id), "the turn running, seen on a")
         # The page of worker a, opened on the conversation while b answers.
         page = await (await browser.new_context(viewport={"width": 1280, "height": 800})).new_page()
         errors: list[str] = []

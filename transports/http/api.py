@@ -976,7 +976,19 @@ class Api:
     async def get_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        return JSONResponse(_conversation_json(conv))
+        doc = _conversation_json(conv)
+        if doc["running_run_id"] is None:
+            doc["running_run_id"] = await self._running_elsewhere(conv)
+        return JSONResponse(doc)
+
+    async def _running_elsewhere(self, conv: Conversation) -> str | None:
+        """The turn of ``conv`` another worker runs (several workers: as its stored
+        events say), so a reader opening the conversation here follows it rather than
+        taking its question for unanswered; ``None`` on one process."""
+        queue = self.agent.turn_queue
+        if queue is None or conv.running_run_id is not None:
+            return None
+        return await queue.running_elsewhere(conv.id)
 
     async def export_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -1367,7 +1379,10 @@ class Api:
     async def conversation_status(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        return JSONResponse(conv.status(todo=await conv.todo()).to_dict())
+        status = conv.status(todo=await conv.todo())
+        if status.run_id is None and (elsewhere := await self._running_elsewhere(conv)):
+            status = dataclasses.replace(status, state="running", run_id=elsewhere)
+        return JSONResponse(status.to_dict())
 
     async def interrupt(self, request: Request) -> Response:
         principal = self.principal(request)
