@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from cluster import PATIENCE, Worker, http_transport, until, worker_config, workers
 from playwright.async_api import expect
 
@@ -194,6 +195,7 @@ async def test_regenerate_and_edit_through_one_worker_branch_where_the_turns_run
             assert await ran_here(b) == 3 and await ran_here(a) == 0
 
 
+@pytest.mark.timeout(400)  # two workers and Chromium, on a loaded machine
 async def test_the_web_pages_regenerate_and_edit_on_one_worker_run_on_the_other(
     postgres_dsn, openai_server, browser, tmp_path
 ):
