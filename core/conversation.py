@@ -659,7 +659,7 @@ class Conversation:
         if isinstance(outcome, Refuse):
             raise PromptRefused(outcome.message)
         content = self._scrub("user", outcome)
-        parts = await self._attach(attached) if attached else ()
+        parts = await self.attach(attached) if attached else ()
         branch_of: int | None = None
         if branch:
             # Refused prompts change nothing; from here on, the branch is made.
@@ -719,13 +719,15 @@ class Conversation:
             stopped = await self.interrupt()
         return Sent(run_id, interrupted=stopped)
 
-    async def _attach(
+    async def attach(
         self, attached: Sequence[ImagePart | FilePart]
     ) -> tuple[ImagePart | FilePart, ...]:
         """Store the bytes of ``attached`` (checked: size, type from the bytes) and
         return the parts that name them; a part naming stored bytes by hash must
         name bytes this conversation holds.  :class:`AttachmentRejected` (nothing of
-        the message recorded) for one that is refused."""
+        the message recorded) for one that is refused.  What :meth:`submit` does
+        with the parts of its content; the turn queue of several workers calls it
+        before it queues a message with attachments."""
         max_bytes = self.agent.attachments.max_bytes
         checked: list[tuple[ImagePart | FilePart, bytes | None, str]] = []
         for part in attached:
@@ -1465,6 +1467,24 @@ class Conversation:
         ``None`` when there is none (none yet, or summarised)."""
         found = await self._memory.last_question()
         return found[1] if found is not None else None
+
+    async def branch_at(self, message_id: int) -> bool:
+        """Start the branch of a queued question that replaces the row ``message_id``
+        (the turn queue of several workers: the worker that runs the turn makes the
+        branch, as :meth:`submit` with ``branch=True`` does in one process): when
+        that row is still the last question of the working memory and nothing runs
+        or waits here, it and everything after it leave the working memory.
+        ``False`` (nothing changed) otherwise: the question is then asked after
+        what is there, and nothing of the context is lost."""
+        if self._runner is not None or self._queue:
+            return False
+        found = await self._memory.last_question()
+        if found is None or found[1].id != message_id:
+            return False
+        if self._runner is not None or self._queue:
+            return False  # (something started meanwhile)
+        await self._memory.rewind(found[0])
+        return True
 
     async def count_messages(self) -> int:
         """Number of audit-log rows."""

@@ -92,3 +92,26 @@ async def test_no_branch_while_a_turn_runs_or_before_any_question(db_path):
         slow.release.set()
         await conv.wait_idle()
         assert [m.content for m in await conv.messages()] == ["first", "slow answer"]
+
+
+async def test_a_branch_made_where_the_turn_runs_only_replaces_the_last_question(db_path):
+    """``branch_at`` (what the worker that runs a queued regenerate does): the named
+    question leaves the context with its answer only while it is the last question;
+    once another question came after it, nothing of the context is taken out."""
+    model = ScriptedModel()
+    async with Agent(llm=model, store=SQLiteStore(db_path)) as agent:
+        conv = await agent.create_conversation()
+        model.enqueue("Lyon: rain.", "Paris: sun.")
+        for text in ("Weather in Lyon?", "And Paris?"):
+            await conv.send(text)
+            await conv.wait_idle()
+        first, _, second, _ = await conv.messages(limit=10)
+        context = [(m.role, m.content) for m in await conv.working_memory()]
+        assert not await conv.branch_at(first.id)  # another question came after it
+        assert [(m.role, m.content) for m in await conv.working_memory()] == context
+        assert await conv.branch_at(second.id)
+        assert [(m.role, m.content) for m in await conv.working_memory()] == [
+            ("user", "Weather in Lyon?"),
+            ("assistant", "Lyon: rain."),
+        ]
+        assert len(await conv.messages(limit=10)) == 4  # the audit log keeps it

@@ -23,7 +23,7 @@ from playwright.async_api import expect
 
 from agentik.core.errors import LLMStatusError
 from agentik.core.testing.scripted import Reply, call
-from agentik.core.tools.base import tool
+from agentik.core.tools.base import TurnPolicy, tool
 
 from httpserver import TOKENS, running_server
 
@@ -552,6 +552,80 @@ async def test_a_long_chat_opens_at_its_latest_page_and_older_ones_come_on_scrol
         assert len(answers) == 40 and all(f"answer {i}" in a for i, a in enumerate(answers))
         await expect(page.locator(".msg.assistant .tool")).to_have_count(1)
         await expect(page.locator(".msg.assistant").nth(5).locator(".tool")).to_have_count(1)
+        assert not errors, errors
+
+
+async def _turns(conv, server, texts: list[str], long_at: int, steps: int) -> None:
+    """One turn per text, each answered; the turn ``long_at`` runs ``steps`` tool calls
+    (each step a line of text, then the call: three rows of the history a step)."""
+    for i, text in enumerate(texts):
+        if i == long_at:
+            for n in range(steps):
+                server.model.enqueue(Reply(text=f"step {n}", tool_calls=[call("clock", {})]))
+        server.model.enqueue(Reply(text=f"answer {i}"))
+        await conv.send(text)
+        await conv.wait_idle()
+
+
+async def test_a_turn_longer_than_a_history_page_is_shown_whole_and_in_order(db_path, browser):
+    """A turn of 25 tool calls (77 rows of the history, a page is 50): shown as one
+    answer, its steps and tool cards in order, each card with its result, under its
+    question, whether it is the latest turn or one an older page brings."""
+    expect.set_options(timeout=60_000)
+    steps = 25
+
+    @tool(name="clock", description="The time", parameters={"type": "object"})
+    async def clock() -> str:
+        return "noon"
+
+    whole = ["step 0", *(x for n in range(1, steps) for x in ("⚙ clock — done", f"step {n}")),
+             "⚙ clock — done"]  # fmt: skip
+    async with running_server(
+        db_path, tools=[clock], policy=TurnPolicy(max_tool_calls=100)
+    ) as server:
+        async with server.client() as c:
+            middle = (await c.post("/conversations", json={"title": "Middle"})).json()["id"]
+            last = (await c.post("/conversations", json={"title": "Last"})).json()["id"]
+        # The long turn in the middle: the latest page is its tail and the turn after it.
+        questions = [f"question {i}" for i in range(5)]
+        await _turns(await server.agent.get_conversation(middle), server, questions, 3, steps)
+        # The long turn last: the latest page starts inside it.
+        await _turns(await server.agent.get_conversation(last), server, questions[:2], 1, steps)
+
+        page, errors = await _open(browser, server, LAPTOP, token=None)
+        asked = page.locator(".msg.user .text")
+        answers = page.locator(".msg.assistant")
+        await page.locator("#conversations li button", has_text="Last").click()
+        await expect(asked).to_have_text(["question 0", "question 1"])
+        await expect(answers).to_have_count(2)
+        await expect(answers.nth(1).locator(":scope > .text, :scope > .tool summary")).to_have_text(
+            [*whole, "answer 1"]
+        )
+        await page.screenshot(path=str(ARTIFACTS / "long-turn-latest.png"))
+
+        await page.locator("#conversations li button", has_text="Middle").click()
+        # Its latest page: the turn after the long one (the long one is read when the
+        # reader goes up).
+        await expect(asked.last).to_have_text("question 4")
+        assert await asked.count() < 5
+        for _ in range(10):
+            if await page.locator("#messages .earlier").count() == 0:
+                break
+            await page.locator("#messages").evaluate("(box) => { box.scrollTop = 0; }")
+            await page.wait_for_function(
+                "(n) => document.querySelectorAll('.msg.user').length > n"
+                " || !document.querySelector('#messages .earlier')",
+                arg=await asked.count(),
+            )
+        await expect(asked).to_have_text(questions)
+        await expect(answers).to_have_count(5)
+        # One answer, under its question, from its first step to its last, each card
+        # with its result (a call and its result on two pages of the history included).
+        await expect(answers.nth(3).locator(":scope > .text, :scope > .tool summary")).to_have_text(
+            [*whole, "answer 3"]
+        )
+        await expect(answers.nth(3).locator(".tool pre.result")).to_have_count(steps)
+        await page.screenshot(path=str(ARTIFACTS / "long-turn-older.png"))
         assert not errors, errors
 
 

@@ -73,7 +73,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..messages import Message, NewMessage
+from ..messages import Content, Message, NewMessage, split_content
 from ..runs import new_run_id
 from . import CONVERSATION_PREFIX, ClusterSettings, conversation_lease
 from .notify import Notice
@@ -102,6 +102,8 @@ _RECENT_EVENTS = 500
 #: How many turns run here are remembered as done (a claim that read the queue before
 #: one left it returns it once more).
 _DONE_KEPT = 10_000
+#: User messages looked through for the last question (:meth:`TurnQueue.turn_pending`).
+_LAST_ASKED = 50
 #: Claims of a turn that could not start (its set-up failed) before it is dropped.
 _ATTEMPTS = 3
 
@@ -232,28 +234,47 @@ class TurnQueue:
     async def submit(
         self,
         conv: Conversation,
-        content: str,
+        content: Content,
         *,
         author: str | None,
         author_id: str | None,
         channel: str | None,
         settings: TurnSettings,
         payload: dict[str, Any],
+        branch_of: int | None = None,
     ) -> tuple[str, bool]:
         """Queue a turn of ``conv`` (``payload``: its front end's, with ``via``); its run
         id, and whether it runs on this worker.  Returns once the message is
         committed.  The ``before_prompt`` hooks run here (a refusal raises
-        :class:`~agentik.core.errors.PromptRefused`), as for a local submit."""
+        :class:`~agentik.core.errors.PromptRefused`), as for a local submit.
+
+        ``content`` may hold attachments (image and file parts): they are checked
+        and stored here as for a local submit
+        (:meth:`Conversation.attach <agentik.core.conversation.Conversation.attach>`),
+        and the queued message names them by hash in ``data["parts"]``; the worker
+        that runs the turn reads their bytes from the store (nothing of them in the
+        queue row or a notification).  ``branch_of``: the row of the question this
+        one replaces (regenerate, edit): recorded in ``data["branch_of"]``, the
+        branch made by the worker that runs it (:meth:`_run_turn`)."""
         from ..errors import PromptRefused
         from ..hooks import Refuse
 
-        outcome = await self.agent.hooks.before_prompt(conv, content, author, author_id)
+        text, attached = split_content(content)
+        outcome = await self.agent.hooks.before_prompt(conv, text, author, author_id)
         if isinstance(outcome, Refuse):
             raise PromptRefused(outcome.message)
         text = self.agent.hooks.before_store("user", outcome, conv.id)
+        parts = await conv.attach(attached) if attached else ()
+        extra: dict[str, Any] = {}
+        if parts:
+            extra["parts"] = [p.to_dict() for p in parts]
+        if branch_of is not None:
+            extra["branch_of"] = branch_of
         self._submitting[conv.id] = self._submitting.get(conv.id, 0) + 1
         try:
-            return await self._submit(conv, text, author, author_id, channel, settings, payload)
+            return await self._submit(
+                conv, text, author, author_id, channel, settings, payload, extra
+            )
         finally:
             left = self._submitting.pop(conv.id) - 1
             if left:
@@ -268,11 +289,13 @@ class TurnQueue:
         channel: str | None,
         settings: TurnSettings,
         payload: dict[str, Any],
+        extra: dict[str, Any],
     ) -> tuple[str, bool]:
         await conv.stored()  # (a channel's new conversation is in the store first)
         here = await self.take(conv.id)
         now = time.time()
         data: dict[str, Any] = {"author_id": author_id} if author_id else {}
+        data.update(extra)
         if settings.origin is not None:
             data["origin"] = settings.origin.to_dict()
         # Its turn comes from the queue: not an orphan for a working memory loading
@@ -297,6 +320,25 @@ class TurnQueue:
         else:
             await self.store.notifier().publish(TOPIC, conv.id)
         return turn.run_id, here
+
+    async def turn_pending(self, conversation_id: str) -> bool:
+        """Whether a turn of the conversation is queued or running, on any worker: the
+        last question's turn has no recorded end (turns run in order, so the ones
+        before it ended)."""
+        rows = await self.store.messages(conversation_id, kinds=["user"], limit=_LAST_ASKED)
+        for m in reversed(rows):
+            data = m.data if isinstance(m.data, dict) else {}
+            if not m.run_id or data.get("ambient") or data.get("steered"):
+                continue
+            return not await self.store.turn_ended(conversation_id, m.run_id)
+        return False
+
+    def refresh(self, conv: Conversation) -> None:
+        """Let ``conv`` read its working memory from the store again unless this worker
+        runs its turns (holds its lease) or runs one of it now: another worker may have
+        changed it (what regenerate and edit read before they queue a branch)."""
+        if not self.holds(conv.id) and not conv.busy:
+            conv.parts.memory.invalidate()
 
     async def settled(self, conversation_id: str) -> None:
         """Wait until this worker runs no queued turn of the conversation (its claimed
@@ -605,6 +647,16 @@ class TurnQueue:
             return False
         conv = await self.agent.get_conversation(conversation_id)
         admitted = await admit(conv, turn, message)
+        branch_of = message.data.get("branch_of") if isinstance(message.data, dict) else None
+        if admitted is not None and isinstance(branch_of, int):
+            # Regenerate or edit, queued: the branch is made here, where the turns
+            # run, just before its turn (the worker that took the request checked
+            # that nothing ran or waited; another message queued meanwhile makes it
+            # a plain question: see Conversation.branch_at).
+            if not await conv.branch_at(branch_of):
+                log.warning("cluster: conversation %s: run %s asked for a branch at row %d,"
+                            " no longer the last question: asked after what is there",
+                            conversation_id, turn.run_id, branch_of)  # fmt: skip
         if admitted is None:
             conv.resume([message], mode="drop", outcome="refused")
         elif again:

@@ -1007,7 +1007,19 @@ class Api:
     async def get_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        return JSONResponse(_conversation_json(conv))
+        doc = _conversation_json(conv)
+        if doc["running_run_id"] is None:
+            doc["running_run_id"] = await self._running_elsewhere(conv)
+        return JSONResponse(doc)
+
+    async def _running_elsewhere(self, conv: Conversation) -> str | None:
+        """The turn of ``conv`` another worker runs (several workers: as its stored
+        events say), so a reader opening the conversation here follows it rather than
+        taking its question for unanswered; ``None`` on one process."""
+        queue = self.agent.turn_queue
+        if queue is None or conv.running_run_id is not None:
+            return None
+        return await queue.running_elsewhere(conv.id)
 
     async def export_conversation(self, request: Request) -> Response:
         principal = self.principal(request)
@@ -1166,6 +1178,16 @@ class Api:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
         body = await self.body(request, model, required=required)
+        queue = self.agent.turn_queue
+        if queue is not None and self._ours(conv.channel_key):
+            # Several workers: the turn queue runs this conversation's turns, maybe
+            # elsewhere; its working memory as stored, not as this worker last saw it.
+            if await queue.turn_pending(conv.id):
+                raise ApiError(
+                    409, "cannot_branch",
+                    "a turn is running or queued: stop it or wait for it first",
+                )  # fmt: skip
+            queue.refresh(conv)
         asked = await conv.last_question()
         if asked is None:
             raise ApiError(409, "cannot_branch", f"there is no question to {verb}")
@@ -1222,12 +1244,6 @@ class Api:
         # worker through the turn queue; a steer, an interrupt or the answer to a
         # question go straight in where this worker runs the conversation already.
         questions = self.agent.questions
-        if branch and queue is not None:
-            raise ApiError(
-                501, "not_supported",
-                "regenerate and edit need the conversation's turns on this worker"
-                " (several workers share this store)",
-            )  # fmt: skip
         queued = (
             queue is not None
             and ours
@@ -1238,11 +1254,7 @@ class Api:
         steered = False
         content: Content = body.content
         if body.attachments:
-            if queued:
-                raise ApiError(
-                    422, "attachment_rejected",
-                    "attachments are not taken through a cluster's turn queue yet",
-                )  # fmt: skip
+            # (Queued, they go by reference: the queued message names them by hash.)
             words = [TextPart(text=body.content)] if body.content.strip() else []
             content = [
                 *words,
@@ -1269,9 +1281,10 @@ class Api:
                         # (nothing lost), and the worker running it takes it in.
                         payload["steer"] = running
                     run_id, here = await queue.submit(
-                        conv, body.content, author=author,
+                        conv, content, author=author,
                         author_id=f"{self.ctx.instance}:{principal.name}", channel=channel,
                         settings=self._settings(speaker, channel), payload=payload,
+                        branch_of=branch_of,
                     )  # fmt: skip
                     if stop is not None:
                         await queue.stop_elsewhere(conv.id, stop)
@@ -1448,7 +1461,10 @@ class Api:
     async def conversation_status(self, request: Request) -> Response:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        return JSONResponse(conv.status(todo=await conv.todo()).to_dict())
+        status = conv.status(todo=await conv.todo())
+        if status.run_id is None and (elsewhere := await self._running_elsewhere(conv)):
+            status = dataclasses.replace(status, state="running", run_id=elsewhere)
+        return JSONResponse(status.to_dict())
 
     async def interrupt(self, request: Request) -> Response:
         principal = self.principal(request)
