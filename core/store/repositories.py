@@ -609,4 +609,4 @@ def _facade(
 ]:
     """(For mypy: a :class:`Store` is every repository, signatures included.)"""
     return (store, store, store, store, store, store, store, store, store, store, store, store,
-            store, store, store, store, store)  # fmt: skip
+            store, store, store, store, store, store)  # fmt: skip
