@@ -265,6 +265,8 @@ class Webhooks:
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self._sending: set[asyncio.Task[WebhookOutcome]] = set()
+        #: Set by ``aclose``: the loops end at their next turn even if a cancel was lost.
+        self._closing = False
 
     @property
     def active(self) -> bool:
@@ -277,6 +279,7 @@ class Webhooks:
         run included)."""
         if self._tasks or not self.hooks:
             return
+        self._closing = False
         if "webhooks" not in self.store.capabilities:
             raise ConfigError(
                 f"webhooks: the store ({type(self.store).__name__}) keeps no webhook deliveries"
@@ -305,6 +308,7 @@ class Webhooks:
         under way are cut, what finished is recorded, and the claims this worker still
         holds are released, so another worker (or the next start) sends them at once
         rather than after the lease: at least once."""
+        self._closing = True
         tasks, self._tasks = self._tasks, []
         for task in [*tasks, *self._sending]:
             task.cancel()
@@ -373,7 +377,7 @@ class Webhooks:
     async def _record(self) -> None:
         """Write what the events made, in one write for all that gathered meanwhile (a
         busy bot's turns share a write instead of paying one each)."""
-        while True:
+        while not self._closing:
             await self._written.wait()
             self._written.clear()
             await self._write_unwritten()
@@ -400,7 +404,7 @@ class Webhooks:
         return 2 * longest + 30.0
 
     async def _send_loop(self) -> None:
-        while True:
+        while not self._closing:
             # Cleared before the round: a delivery recorded during it wakes the next.
             self._wake.clear()
             try:
@@ -412,8 +416,11 @@ class Webhooks:
                 log.exception("webhooks: the delivery round failed (retrying)")
                 due = None
             wait = self.poll if due is None else min(self.poll, max(0.05, due - time.time()))
+            # (``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for`` loses a
+            # cancel that comes as the wake-up does, and ``aclose`` then waits forever.)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
 
     async def send_due(self) -> int:
         """Claim and send what is due now, until nothing is; how many attempts.  A batch
