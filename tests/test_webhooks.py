@@ -396,6 +396,27 @@ async def _a_clean_stop_hands_claims_back(store: Any, *, engine: str) -> None:
     assert (done.id, done.attempts) == (row.id, 1)
 
 
+async def test_a_stop_that_comes_as_the_sender_wakes_up_does_not_hang(db_path):
+    """The sender is woken (a delivery was just recorded: its wake-up event is set, as
+    the recorder sets it) in the same moment the bot stops.  On Python 3.11 a
+    ``wait_for`` around that wake-up returned instead of taking the cancel, the sender
+    went round again and the stop waited forever (CI hung for 120 s)."""
+    receiver = await Receiver().start()
+    try:
+        async with Agent(llm=ScriptedModel(), store=SQLiteStore(db_path)) as agent:
+            webhooks = Webhooks(agent, [hook(receiver.url)])
+            await webhooks.start()
+            await _turn(agent)
+            await eventually(lambda: receiver.accepted, "the delivery")
+            await eventually(_all_delivered(agent, 1), "recorded as delivered")
+            webhooks._wake.set()
+            async with asyncio.timeout(60):  # a guard against the hang, not a timing check
+                await webhooks.aclose()
+            assert webhooks._tasks == [] and webhooks._session is None
+    finally:
+        await receiver.stop()
+
+
 # -- configuration -----------------------------------------------------------------------------
 def test_a_webhook_needs_one_secret_a_known_event_kind_and_an_http_url():
     with pytest.raises(
