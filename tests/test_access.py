@@ -492,8 +492,8 @@ commands = ["*", "-new"]
     assert "role: user in irc:libera:#team" in out
     assert "tools: read_*" in out
     assert (
-        "commands: stop, more, status, compact, budget, help, tool, approve, deny, approvals, "
-        "answer, memory, forget, redact\n"
+        "commands: stop, more, status, compact, budget, checkpoint, checkpoints, help, tool, "
+        "approve, deny, approvals, answer, memory, forget, redact\n"
     ) in out
     assert main(["access", "check", "-c", str(cfg), "libera:account:Bob"]) == 0
     out = capsys.readouterr().out
