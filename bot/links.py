@@ -60,7 +60,16 @@ if TYPE_CHECKING:
     from .chansettings import Effective
     from .outbox import Outbox
 
-__all__ = ["Link", "LinkSettings", "LinkedRenderer", "Links", "LinksHost", "late", "qualified"]
+__all__ = [
+    "Link",
+    "LinkSettings",
+    "LinkedRenderer",
+    "Links",
+    "LinksHost",
+    "describe",
+    "late",
+    "qualified",
+]
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +198,12 @@ class Link:
     def of(cls, record: LinkRecord) -> Link:
         settings = LinkSettings(name=record.name, channels=list(record.channels), **record.options)
         return cls(settings=settings, source="chat", created_by=record.created_by)
+
+
+def _same(link: Link, record: LinkRecord) -> bool:
+    """Whether ``record`` (stored) is ``link`` as in force here."""
+    mine = link.record()
+    return mine.channels == tuple(record.channels) and mine.options == record.options
 
 
 def qualified(name: str, transport: Transport) -> str:
@@ -446,19 +461,23 @@ class Links:
                 moved += link.channels
                 log.info("link %r was undone on another worker", name)
         for name, record in stored.items():
-            if name in self.links:
+            had = self.links.get(name)
+            if had is not None and (had.source == "config" or _same(had, record)):
                 continue
             try:
                 link = Link.of(record)
             except ValueError as exc:
                 log.warning("stored link %r is not valid any more: %s", name, exc)
                 continue
-            if any(key in self._by_key for key in link.channels):
+            if any(self._by_key.get(key, link).name != name for key in link.channels):
                 continue  # names a channel of another link (warned at load)
             self.links[name] = link
             self._index()
+            if had is not None:  # changed there (!link on its name): reopen in its manners
+                moved += had.channels
             moved += link.channels
-            log.info("link %r was made on another worker", name)
+            log.info("link %r was %s on another worker", name, "changed" if had else "made")
+        moved = list(dict.fromkeys(moved))
         for key in moved:
             await self.host.release(key)
 
@@ -536,6 +555,38 @@ class Links:
         await self._announce(link.name)
         if link.settings.history:
             await self._history(link, conv_id, self._joined)
+        return conv_id
+
+    async def amend(self, link: Link) -> str:
+        """Put ``link`` in force in place of the link of that name made in chat (``!link``
+        on an existing name: options changed, channels added or taken out): stored,
+        announced, its channels bound; the conversation's id.  A channel that left starts
+        a conversation of its own; every channel of it reopens in its new manners (as a
+        configuration reload does).  KeyError when there is no such link; ValueError for
+        a link of the configuration or a channel another link has."""
+        old = self.links[link.name]
+        if old.source == "config":
+            raise ValueError(f"link {link.name!r} is in the configuration: change it there")
+        for key in link.channels:
+            found = self.find(key)
+            if found is not None and found[0].name != link.name:
+                raise ValueError(f"{key} is already in link {found[0].name!r}")
+        await self.store.link_save(link.record())
+        self.links[link.name] = link
+        self._index()
+        agent = self.host.agent
+        for key in old.channels:
+            if key not in link.channels:  # out of the link: a conversation of its own again
+                fresh = await agent.create_conversation(title=key, channel_key=key)
+                await self.store.set_binding(key, fresh.id)
+        conv_id = await self._bind(link)
+        joined = self._joined
+        for key in dict.fromkeys(old.channels):
+            if key not in joined:
+                await self.host.release(key)
+        await self._announce(link.name)
+        if link.settings.history and joined:
+            await self._history(link, conv_id, joined)
         return conv_id
 
     async def _history(self, link: Link, conv_id: str, keys: Sequence[str]) -> None:
@@ -1240,16 +1291,32 @@ class Links:
 
     def describe(self) -> list[str]:
         """One line per link (``!links``)."""
-        out = []
-        for link in sorted(self.links.values(), key=lambda x: x.name):
-            s = link.settings
-            flags = [f"answer {s.answer}", "relay" if s.relay else "no relay"]
-            if s.verified_only:
-                flags.append("verified only")
-            if link.source == "config":
-                flags.append("configured")
-            out.append(f"{link.name}: {' '.join(link.channels)} ({', '.join(flags)})")
-        return out
+        return [
+            f"{link.name}: {describe(link)}"
+            for link in sorted(self.links.values(), key=lambda x: x.name)
+        ]
+
+
+def describe(link: Link) -> str:
+    """A link's channels and what it does, on one line (``!links``, ``!link``'s answer):
+    ``irc:libera:#team slack:T1:C1 (answer everywhere, relay, icons libera=:irc:)``."""
+    s = link.settings
+    flags = [f"answer {s.answer}", "relay" if s.relay else "no relay"]
+    if s.verified_only:
+        flags.append("verified only")
+    if s.opt_out_prefix:
+        flags.append(f"opt-out {s.opt_out_prefix}")
+    if s.settings != "asking":
+        flags.append(f"settings {s.settings}")
+    if s.edits != "line":
+        flags.append(f"edits {s.edits}")
+    if s.history:
+        flags.append(f"history {s.history}")
+    if s.icons:
+        flags.append("icons " + " ".join(f"{n}={i}" for n, i in sorted(s.icons.items())))
+    if link.source == "config":
+        flags.append("configured")
+    return f"{' '.join(link.channels)} ({', '.join(flags)})"
 
 
 def audit(action: str, link: Link, actor: str, where: str) -> None:
