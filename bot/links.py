@@ -48,8 +48,10 @@ from agentik.core.store.base import OutboxEntry
 from agentik.core.store.records import LinkMessage, LinkRecord
 from agentik.core.turnsettings import TurnSettings
 from agentik.transports.base import IncomingMessage, OutgoingMessage
+from agentik.transports.text import split_text
 
 from .logs import log_event
+from .outbox import outbox_rows
 from .render import Renderer
 
 if TYPE_CHECKING:
@@ -325,6 +327,15 @@ class Links:
         self._taken: dict[int, None] = {}
         self._taking: asyncio.Task[None] | None = None
         self._take_again: tuple[str, ...] | None = None
+        #: Following this worker's turns (a store several workers share): the answers
+        #: of a link's conversation for its channels another worker owns.
+        self._answering: asyncio.Task[None] | None = None
+        #: Runs of linked conversations started here: their link, where they were asked,
+        #: and the channels this worker serves that were not open to render them.
+        self._runs: dict[str, tuple[Link, Mapping[str, Any], tuple[str, ...]]] = {}
+        #: Answers (and ``answer = "asked"`` pointers) handed to a channel's transport
+        #: for a turn another worker ran.
+        self.answers_handed = 0
         self._index()
 
     def _index(self) -> None:
@@ -362,6 +373,10 @@ class Links:
         if getattr(self.store, "shared", False):
             # Copies other workers write for the connections this one owns.
             self._follow_relays = self.store.notifier().subscribe(RELAY_TOPIC, self._relays_noticed)
+            # The answers of the turns run here, for the channels other workers own.
+            self._answering = asyncio.get_running_loop().create_task(
+                self._follow_turns(), name="agentik-link-answers"
+            )
         for link in list(self.links.values()):
             await self._bind(link)
 
@@ -824,7 +839,8 @@ class Links:
         if (wanted is not None and not wanted) or not self._by_key:
             return
         for row in await self.store.outbox_undelivered():
-            if row.kind not in ("relay", "unrelay") or row.id is None:
+            handed = _handed(row)
+            if (row.kind not in ("relay", "unrelay") and not handed) or row.id is None:
                 continue
             if (wanted is not None and row.id not in wanted) or row.id in self._taken:
                 continue
@@ -833,7 +849,108 @@ class Links:
                 continue
             if not self.host.serves(transport):
                 continue  # still another worker's (it sends it, or its next owner does)
+            if handed:
+                self._take(row.id)
+                self._queue_answer(row)
+                continue
             await self.requeue(row)
+
+    # -- answers of turns run here, for channels other workers own -------------------------
+    async def _follow_turns(self) -> None:
+        """Follow the turns this worker runs: the answer of one in a linked conversation
+        goes to every channel of the link this worker does not render (:meth:`_answered_here`)."""
+        kinds = {"turn_started", "turn_ended"}
+        async with contextlib.aclosing(
+            self.host.agent.events(kinds=kinds, max_pending=100_000)
+        ) as events:
+            async for event in events:
+                if not self._by_key or event.parent_run_id is not None or not event.run_id:
+                    continue
+                try:
+                    if isinstance(event, TurnStarted):
+                        await self._turn_started(event)
+                    elif isinstance(event, TurnEnded):
+                        await self._answered_here(event)
+                except Exception:
+                    log.exception("could not hand the answer of %s to the linked channels",
+                                  event.run_id)  # fmt: skip
+
+    async def _turn_started(self, event: TurnStarted) -> None:
+        """Note a run of a linked conversation whose answer some channel of the link
+        would miss here: one another worker owns, or one served here but not open."""
+        for link in self.links.values():
+            missed = [
+                k for k in link.channels
+                if self.host.open_channel(k) is None and self._transport_to_hand(k) is not None
+            ]  # fmt: skip
+            if not missed:
+                continue
+            if await self.store.get_binding(link.channels[0]) != event.conversation_id:
+                continue
+            self._runs[event.run_id or ""] = (link, event.origin or {}, tuple(missed))
+            while len(self._runs) > 1_000:  # (turns whose end never came)
+                del self._runs[next(iter(self._runs))]
+            return
+
+    def _transport_to_hand(self, key: str) -> Transport | None:
+        """The transport an answer for ``key`` is written to the outbox for when no
+        channel renders it here (another worker's connection, or one served here)."""
+        transport = self.host.transport_for(key)
+        if transport is None or not self.host.serves(transport):
+            transport = self.host.standby_for(key) or transport
+        if transport is None or not transport.outbox or not transport.relays:
+            return None  # not served by this bot, or it shows the conversation (HTTP)
+        return transport
+
+    async def _answered_here(self, event: TurnEnded) -> None:
+        """A turn of a linked conversation ran here: its answer (with ``answer =
+        "asked"``, the pointer where it was not asked) is written to the outbox for
+        each channel of the link no channel rendered here, and handed to the worker
+        owning that channel's connection (the ``relay`` topic, ids only) or queued
+        here.  The owner sends it in the channel's manners, after the copies before it."""
+        noted = self._runs.pop(event.run_id or "", None)
+        if noted is None:
+            return
+        link, origin, missed = noted
+        asked_in = origin.get("channel_key")
+        entries: list[OutboxEntry] = []
+        for key in missed:
+            transport = self._transport_to_hand(key)
+            if transport is None or self.host.open_channel(key) is not None:
+                continue  # opened during the turn: its renderer showed the answer
+            if link.settings.answer == "asked" and asked_in and asked_in != key:
+                who = origin.get("display_name") or "someone"
+                kind, texts = "notice", [f"(answered in {asked_in}, asked by {who})"]
+            else:
+                kind, texts = "answer", _pieces(event.text, transport)
+            if not texts:
+                continue
+            reply = {"linked": link.name}
+            entries += outbox_rows(transport, key, event.run_id or "", 0, kind, texts, reply)
+        if not entries:
+            return
+        ids = list(await self.host.outbox.add(entries))
+        elsewhere: list[int] = []
+        for entry, oid in zip(entries, ids, strict=True):
+            row = dataclasses.replace(entry, id=oid)
+            transport = self.host.transport_for(entry.channel_key)
+            if transport is None or not self.host.serves(transport):
+                elsewhere.append(oid)
+                continue
+            self._take(oid)
+            self._queue_answer(row)
+        await self._hand_over(elsewhere)
+
+    def _queue_answer(self, row: OutboxEntry) -> None:
+        """Send ``row`` (an answer piece handed over) through its channel's queue."""
+        kind: OutgoingKind = "notice" if row.kind == "notice" else "answer"
+        out = OutgoingMessage(
+            channel_key=row.channel_key, text=row.text, kind=kind, run_id=row.run_id,
+            reply_to=row.reply_to, outbox_id=row.id, written_at=row.created_at or None,
+        )  # fmt: skip
+        placeholder = LinkMessage(link="", canonical="", channel_key=row.channel_key)
+        item = _Relay(row.text, "", row.id, placeholder, out=out)
+        self._target(row.channel_key).queue.put_nowait(item)
 
     @staticmethod
     def icon(message: IncomingMessage, transport: Transport, link: Link) -> str | None:
@@ -1227,7 +1344,15 @@ class Links:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 60.0)
                 continue
-            if item.change is None:
+            if out.kind in ("answer", "notice"):
+                # An answer handed over (a turn another worker ran): its end, as a
+                # renderer ends a run (IRC's pending lines, Slack's status).
+                with contextlib.suppress(Exception):
+                    await transport.send(dataclasses.replace(
+                        out, text="", kind="end", outbox_id=None, written_at=None
+                    ))  # fmt: skip
+                self.answers_handed += 1
+            elif item.change is None:
                 self.relayed += 1
             else:
                 self.changed += 1
@@ -1275,6 +1400,11 @@ class Links:
             self._taking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._taking
+        if self._answering is not None:
+            self._answering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._answering
+            self._answering = None
         if self._reloading is not None:
             self._reloading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -1370,6 +1500,32 @@ def _reply_to(author: str, thread: str | None, icon: str | None = None) -> dict[
         out["thread"] = thread
     if icon:
         out["icon"] = icon
+    return out
+
+
+def _handed(row: OutboxEntry) -> bool:
+    """Whether ``row`` is an answer (or a pointer) of a linked conversation written for
+    a channel whose renderer was elsewhere (:meth:`Links._answered_here`)."""
+    return (
+        row.kind in ("answer", "notice")
+        and isinstance(row.reply_to, dict)
+        and bool(row.reply_to.get("linked"))
+    )
+
+
+def _pieces(text: str, transport: Transport) -> list[str]:
+    """An answer as ``transport`` takes it whole: one message where it has no line
+    limit to speak of (Slack), else a piece per line, split at its byte limit (IRC)."""
+    text = text.strip()
+    if not text:
+        return []
+    caps = transport.caps
+    if not caps.max_bytes or caps.max_bytes >= 4000:
+        return [text]
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.strip():
+            out += split_text(line, max_bytes=caps.max_bytes, max_chars=caps.max_chars) or [line]
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from cluster import PATIENCE, Worker, owner_of, until, worker_config
+from cluster import PATIENCE, Worker, last_user, owner_of, until, worker_config
 
 from agentik.core.testing.openai_server import Reply
 
@@ -131,3 +131,88 @@ async def test_a_line_on_irc_reaches_slack_through_the_worker_owning_slack(
             await alice.close()
             for w in (ws, wi):
                 w.stop()
+
+
+@pytest.mark.timeout(400)  # two workers started one after the other on a loaded machine
+async def test_an_answer_on_irc_reaches_the_linked_slack_channel_another_worker_owns(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Worker ``s`` owns Slack, worker ``i`` owns IRC: a question asked on IRC is a turn
+    that ``i`` runs; ``i`` renders the answer on IRC and writes it to the outbox for the
+    linked Slack channel, which ``s`` posts (as the bot, in Slack's formatting): once
+    in each place, in the order asked."""
+    openai_server.default = lambda body: Reply.text(f"**answer** to: {last_user(body)}")
+    async with FakeSlack() as slack:
+        ws = Worker(
+            tmp_path / "s",
+            worker_config("s", openai_server.base_url, extra=_slack(slack) + LINK),
+            postgres_dsn,
+        )
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   extra=_irc(ngircd.port) + _slack(slack) + LINK),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            ws.start()
+            await owner_of([ws], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            questions = ["how is the build?", "and the deploy?"]
+            for q in questions:
+                alice.privmsg(CHANNEL, f"agentik: {q}")
+                # (one at a time: the second is asked once the first was answered on IRC)
+                await alice.wait_for(lambda m, q=q: m.command == "PRIVMSG" and q in m.text,
+                                     PATIENCE)  # fmt: skip
+
+            def answers() -> list[dict]:
+                return [c for c in slack.calls_to("chat.postMessage")
+                        if c.get("channel") == "C1" and not c.get("username")
+                        and "to: " in (c.get("text") or "")]  # fmt: skip
+
+            await until(lambda: len(answers()) >= len(questions) or None, "the answers in Slack")
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            alice.privmsg(CHANNEL, "agentik: last one?")  # behind it in every queue
+            await alice.wait_for(lambda m: "last one?" in m.text and m.nick != "alice", PATIENCE)
+            await until(lambda: len(answers()) > len(questions) or None, "the last answer")
+            await alice.sync()
+            # Slack: each answer once, in order, posted by the bot (no relayed name), in
+            # Slack's formatting (Markdown bold is mrkdwn *bold*); the model saw the asker
+            # qualified by network.
+            assert [c["text"] for c in answers()] == [
+                f"*answer* to: alice@libera: {q}" for q in (*questions, "last one?")
+            ]
+            # IRC: each answer once, rendered there by the worker that ran the turn.
+            said = [m.text for m in alice.received
+                    if m.command == "PRIVMSG" and (m.nick or "").startswith("agentik")]  # fmt: skip
+            for q in (*questions, "last one?"):
+                assert sum(q in line for line in said) == 1, said
+            # The questions were relayed to Slack too (under alice's name), once each.
+            relayed = [c["text"] for c in slack.calls_to("chat.postMessage") if c.get("username")]
+            assert relayed == [f"agentik: {q}" for q in (*questions, "last one?")]
+            assert slack.socket_connections == 1
+            assert (await owner_of([ws, wi], "slack")) is ws
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
+
+
+async def _none_waiting_at_all(dsn: str) -> bool:
+    """No outbox row (answers and copies alike) is waiting for its delivery."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return not await conn.fetchval(
+            "SELECT count(*) FROM outbox WHERE state = 'queued'"
+            " OR (state = 'sent' AND awaits_confirm)"
+        )
+    finally:
+        await conn.close()
