@@ -216,3 +216,77 @@ async def _none_waiting_at_all(dsn: str) -> bool:
         )
     finally:
         await conn.close()
+
+
+@pytest.mark.timeout(400)
+async def test_a_link_changed_in_chat_on_one_worker_is_in_force_on_the_other(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """An admin on Slack (worker ``s``) links #side with a Slack channel, then changes the
+    link's icon for IRC people with ``!link``: worker ``i``, which owns IRC and relays
+    #side's lines, shows the new icon from the next line on (the ``links`` topic)."""
+    openai_server.default = lambda body: Reply.text("ok")
+    access = '[access]\nadmins = ["slack:T1:U9"]\n'
+    irc = _irc(ngircd.port).replace(f'["{CHANNEL}"]', f'["{CHANNEL}", "#side"]')
+    async with FakeSlack() as slack:
+        slack.add_user("U9", "root")
+        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
+                                                   before_cluster=access, extra=_slack(slack)),
+                    postgres_dsn)  # fmt: skip
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   before_cluster=access,
+                                                   extra=irc + _slack(slack)),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join("#side")
+            ws.start()
+            await owner_of([ws], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            at = f"<@{slack.bot_user_id}> "
+
+            def said(words: str) -> bool:
+                return any(
+                    words in (c.get("text") or "") for c in slack.calls_to("chat.postMessage")
+                )
+
+            def copy(text: str) -> dict | None:
+                return next((c for c in slack.calls_to("chat.postMessage")
+                             if c.get("username") and c.get("text") == text), None)  # fmt: skip
+
+            link = at + "!link side irc:libera:#side icons.libera=:one:"
+            await slack.push_event(slack.message_event("C2", link, user="U9"))
+            await until(lambda: said("linked side") or None, "the link made")
+            # i reads it (the links topic) and relays #side with the first icon.
+            alice.privmsg("#side", "first")
+            await until(lambda: copy("first"), "the first copy")
+            assert copy("first")["icon_emoji"] == ":one:"  # type: ignore[index]
+            await slack.push_event(
+                slack.message_event("C2", at + "!link side icons.libera=:two:", user="U9")
+            )
+            await until(lambda: said("changed side") or None, "the link changed")
+
+            tries = iter(range(1_000))
+
+            async def relayed_with_two() -> bool:
+                # (i reads the change as the links topic tells it: a line said before
+                # that may still show the first icon, so lines are said until one shows)
+                text = f"again {next(tries)}"
+                alice.privmsg("#side", text)
+                got = await until(lambda: copy(text), f"the copy of {text!r}")
+                return got["icon_emoji"] == ":two:"
+
+            await until(relayed_with_two, "a copy with the new icon")
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
