@@ -290,3 +290,80 @@ async def test_a_link_changed_in_chat_on_one_worker_is_in_force_on_the_other(
             await alice.close()
             for w in (ws, wi):
                 w.stop()
+
+
+def _slack_app(name: str, slack: FakeSlack) -> str:
+    return _slack(slack).replace("[transports.slack]", f"[transports.{name}]")
+
+
+@pytest.mark.timeout(500)  # three workers started one after the other on a loaded machine
+async def test_two_slack_apps_owned_by_two_workers_both_get_copies_and_answers(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Two Slack apps (teams T1 and T2), each owned by its own worker, and IRC owned by a
+    third that holds both apps in standby: it learns each app's team (``auth.test``, no
+    socket), so a line said on IRC and the answer to a question asked there reach both
+    teams' linked channels, each through the worker owning that app, once each."""
+    openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
+    link = f"""
+[[links]]
+name = "team"
+channels = ["irc:libera:{CHANNEL}", "slack:T1:C1", "slack:T2:C1"]
+"""
+    async with FakeSlack() as one, FakeSlack(team_id="T2") as two:
+        apps = _slack_app("one", one) + _slack_app("two", two)
+        crew = [
+            Worker(tmp_path / "a", worker_config("a", openai_server.base_url,
+                                                  extra=_slack_app("one", one) + link),
+                   postgres_dsn),
+            Worker(tmp_path / "b", worker_config("b", openai_server.base_url,
+                                                  extra=_slack_app("two", two) + link),
+                   postgres_dsn),
+            Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                  extra=_irc(ngircd.port) + apps + link),
+                   postgres_dsn),
+        ]  # fmt: skip
+        wa, wb, wi = crew
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            wa.start()
+            await owner_of([wa], "one")
+            await one.wait_for_socket(1, PATIENCE)
+            wb.start()
+            await owner_of([wb], "two")
+            await two.wait_for_socket(1, PATIENCE)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            alice.privmsg(CHANNEL, "hello both teams")
+            alice.privmsg(CHANNEL, "agentik: are you there?")
+            await alice.wait_for(lambda m: "answer to:" in m.text, PATIENCE)
+
+            def posted(slack: FakeSlack) -> list[tuple[str | None, str]]:
+                calls = slack.calls_to("chat.postMessage")
+                return [(c.get("username"), c.get("text") or "") for c in calls
+                        if c.get("channel") == "C1"]  # fmt: skip
+
+            for slack in (one, two):
+                await until(lambda s=slack: len(posted(s)) >= 3 or None, "copies and answer")
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            for slack in (one, two):
+                assert posted(slack) == [
+                    ("alice@libera", "hello both teams"),
+                    ("alice@libera", "agentik: are you there?"),
+                    (None, "answer to: alice@libera: are you there?"),
+                ]
+                assert slack.socket_connections == 1  # only its owner connected
+            assert (await owner_of(crew, "one")) is wa
+            assert (await owner_of(crew, "two")) is wb
+        except BaseException:
+            for w in crew:
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in crew:
+                w.stop()
