@@ -367,3 +367,51 @@ channels = ["irc:libera:{CHANNEL}", "slack:T1:C1", "slack:T2:C1"]
             await alice.close()
             for w in crew:
                 w.stop()
+
+
+@pytest.mark.timeout(400)
+async def test_with_answer_asked_the_slack_channel_another_worker_owns_gets_the_pointer(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """``answer = "asked"``: a question asked on IRC (worker ``i``) is answered there; the
+    linked Slack channel (worker ``s``) gets the one-line pointer, once, not the answer."""
+    openai_server.default = lambda body: Reply.text("only on irc")
+    link = LINK.replace('name = "team"', 'name = "team"\nanswer = "asked"')
+    async with FakeSlack() as slack:
+        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
+                                                   extra=_slack(slack) + link),
+                    postgres_dsn)  # fmt: skip
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   extra=_irc(ngircd.port) + _slack(slack) + link),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            ws.start()
+            await owner_of([ws], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            alice.privmsg(CHANNEL, "agentik: where?")
+            await alice.wait_for(lambda m: "only on irc" in m.text, PATIENCE)
+            pointer = f"(answered in irc:libera:{CHANNEL}, asked by alice@libera)"
+
+            def bot_posts() -> list[str]:
+                return [c.get("text") or "" for c in slack.calls_to("chat.postMessage")
+                        if not c.get("username")]  # fmt: skip
+
+            await until(lambda: any(pointer in t for t in bot_posts()) or None, "the pointer")
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            assert sum(pointer in t for t in bot_posts()) == 1
+            assert not any("only on irc" in (m.get("text") or "") for m in slack.messages.values())
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
