@@ -925,8 +925,18 @@ class Links:
                 kind, texts = "answer", _pieces(event.text, transport)
             if not texts:
                 continue
-            reply = {"linked": link.name}
+            reply: dict[str, Any] = {"linked": link.name}
+            opts = self.host.options_for(transport)
+            cap = opts.max_answer_lines or 0
+            rest, texts = (texts[cap:], texts[:cap]) if cap else ([], texts)
             entries += outbox_rows(transport, key, event.run_id or "", 0, kind, texts, reply)
+            if rest:
+                # Capped as the channel caps an answer: the rest waits for ``more`` there
+                # (the owner keeps it in the channel when it sends this line).
+                note = f"… {len(rest)} more lines: {opts.command_prefix}more"
+                more = {**reply, "more": rest}
+                entries += outbox_rows(transport, key, event.run_id or "", len(texts), "notice",
+                                       [note], more)  # fmt: skip
         if not entries:
             return
         ids = list(await self.host.outbox.add(entries))
@@ -1321,6 +1331,15 @@ class Links:
                 return  # gone (a reload): the outbox row waits for a restart
             if item.out is not None:
                 out = item.out
+                more = out.reply_to.get("more") if isinstance(out.reply_to, dict) else None
+                if isinstance(more, list) and more:
+                    # An answer handed over, capped: its rest for ``more`` in this channel.
+                    opts = self.host.options_for(transport)
+                    ch = self.host.open_channel(key) or await self.host.channel(
+                        key, transport, opts
+                    )
+                    ch.more = [str(line) for line in more]
+                    ch.more_in_code = False
             elif item.change is not None:
                 changed = await self._changed(transport, key, item)
                 if changed is None:

@@ -415,3 +415,57 @@ async def test_with_answer_asked_the_slack_channel_another_worker_owns_gets_the_
             await alice.close()
             for w in (ws, wi):
                 w.stop()
+
+
+@pytest.mark.timeout(400)
+async def test_an_answer_from_slack_reaches_irc_on_another_worker_capped_with_more(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """The other way: a question asked in Slack runs on the worker owning Slack; the
+    IRC channel (the other worker's) gets the answer after the relayed question, capped
+    at IRC's 4 lines, and ``!more`` there gives the rest."""
+    lines = [f"step {n}" for n in range(1, 8)]
+    openai_server.default = lambda body: Reply.text("\n".join(lines))
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        # (i alone first, with IRC only: it owns IRC; s has both, IRC in standby)
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   extra=_irc(ngircd.port) + LINK),
+                    postgres_dsn)  # fmt: skip
+        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
+                                                   extra=_slack(slack) + _irc(ngircd.port) + LINK),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            ws.start()
+            await owner_of([ws, wi], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            ask = slack.message_event("C1", f"<@{slack.bot_user_id}> the steps?", user="U2")
+            await slack.push_event(ask)
+            note = await alice.wait_for(lambda m: "more lines: !more" in m.text, PATIENCE)
+            assert note.text.startswith("… 3 more lines")
+
+            def from_bot() -> list[str]:
+                mine = [m for m in alice.received if (m.nick or "").startswith("agentik")]
+                return [m.text for m in mine if m.command == "PRIVMSG"]
+
+            said = from_bot()
+            assert "the steps?" in said[0]  # the relayed question first
+            assert [t for t in said if t.startswith("step")] == lines[:4]
+            alice.privmsg(CHANNEL, "!more")
+            await alice.wait_for(lambda m: m.text == "step 7", PATIENCE)
+            assert [t for t in from_bot() if t.startswith("step")] == lines
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
