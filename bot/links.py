@@ -48,8 +48,10 @@ from agentik.core.store.base import OutboxEntry
 from agentik.core.store.records import LinkMessage, LinkRecord
 from agentik.core.turnsettings import TurnSettings
 from agentik.transports.base import IncomingMessage, OutgoingMessage
+from agentik.transports.text import split_text
 
 from .logs import log_event
+from .outbox import outbox_rows
 from .render import Renderer
 
 if TYPE_CHECKING:
@@ -60,7 +62,16 @@ if TYPE_CHECKING:
     from .chansettings import Effective
     from .outbox import Outbox
 
-__all__ = ["Link", "LinkSettings", "LinkedRenderer", "Links", "LinksHost", "late", "qualified"]
+__all__ = [
+    "Link",
+    "LinkSettings",
+    "LinkedRenderer",
+    "Links",
+    "LinksHost",
+    "describe",
+    "late",
+    "qualified",
+]
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +202,12 @@ class Link:
         return cls(settings=settings, source="chat", created_by=record.created_by)
 
 
+def _same(link: Link, record: LinkRecord) -> bool:
+    """Whether ``record`` (stored) is ``link`` as in force here."""
+    mine = link.record()
+    return mine.channels == tuple(record.channels) and mine.options == record.options
+
+
 def qualified(name: str, transport: Transport) -> str:
     """A person's name as the other networks see it: ``alice@libera`` on IRC,
     ``Bob (Slack)`` elsewhere (the transport type, or the instance name)."""
@@ -310,6 +327,15 @@ class Links:
         self._taken: dict[int, None] = {}
         self._taking: asyncio.Task[None] | None = None
         self._take_again: tuple[str, ...] | None = None
+        #: Following this worker's turns (a store several workers share): the answers
+        #: of a link's conversation for its channels another worker owns.
+        self._answering: asyncio.Task[None] | None = None
+        #: Runs of linked conversations started here: their link, where they were asked,
+        #: and the channels this worker serves that were not open to render them.
+        self._runs: dict[str, tuple[Link, Mapping[str, Any], tuple[str, ...]]] = {}
+        #: Answers (and ``answer = "asked"`` pointers) handed to a channel's transport
+        #: for a turn another worker ran.
+        self.answers_handed = 0
         self._index()
 
     def _index(self) -> None:
@@ -347,6 +373,10 @@ class Links:
         if getattr(self.store, "shared", False):
             # Copies other workers write for the connections this one owns.
             self._follow_relays = self.store.notifier().subscribe(RELAY_TOPIC, self._relays_noticed)
+            # The answers of the turns run here, for the channels other workers own.
+            self._answering = asyncio.get_running_loop().create_task(
+                self._follow_turns(), name="agentik-link-answers"
+            )
         for link in list(self.links.values()):
             await self._bind(link)
 
@@ -446,19 +476,23 @@ class Links:
                 moved += link.channels
                 log.info("link %r was undone on another worker", name)
         for name, record in stored.items():
-            if name in self.links:
+            had = self.links.get(name)
+            if had is not None and (had.source == "config" or _same(had, record)):
                 continue
             try:
                 link = Link.of(record)
             except ValueError as exc:
                 log.warning("stored link %r is not valid any more: %s", name, exc)
                 continue
-            if any(key in self._by_key for key in link.channels):
+            if any(self._by_key.get(key, link).name != name for key in link.channels):
                 continue  # names a channel of another link (warned at load)
             self.links[name] = link
             self._index()
+            if had is not None:  # changed there (!link on its name): reopen in its manners
+                moved += had.channels
             moved += link.channels
-            log.info("link %r was made on another worker", name)
+            log.info("link %r was %s on another worker", name, "changed" if had else "made")
+        moved = list(dict.fromkeys(moved))
         for key in moved:
             await self.host.release(key)
 
@@ -536,6 +570,38 @@ class Links:
         await self._announce(link.name)
         if link.settings.history:
             await self._history(link, conv_id, self._joined)
+        return conv_id
+
+    async def amend(self, link: Link) -> str:
+        """Put ``link`` in force in place of the link of that name made in chat (``!link``
+        on an existing name: options changed, channels added or taken out): stored,
+        announced, its channels bound; the conversation's id.  A channel that left starts
+        a conversation of its own; every channel of it reopens in its new manners (as a
+        configuration reload does).  KeyError when there is no such link; ValueError for
+        a link of the configuration or a channel another link has."""
+        old = self.links[link.name]
+        if old.source == "config":
+            raise ValueError(f"link {link.name!r} is in the configuration: change it there")
+        for key in link.channels:
+            found = self.find(key)
+            if found is not None and found[0].name != link.name:
+                raise ValueError(f"{key} is already in link {found[0].name!r}")
+        await self.store.link_save(link.record())
+        self.links[link.name] = link
+        self._index()
+        agent = self.host.agent
+        for key in old.channels:
+            if key not in link.channels:  # out of the link: a conversation of its own again
+                fresh = await agent.create_conversation(title=key, channel_key=key)
+                await self.store.set_binding(key, fresh.id)
+        conv_id = await self._bind(link)
+        joined = self._joined
+        for key in dict.fromkeys(old.channels):
+            if key not in joined:
+                await self.host.release(key)
+        await self._announce(link.name)
+        if link.settings.history and joined:
+            await self._history(link, conv_id, joined)
         return conv_id
 
     async def _history(self, link: Link, conv_id: str, keys: Sequence[str]) -> None:
@@ -773,7 +839,8 @@ class Links:
         if (wanted is not None and not wanted) or not self._by_key:
             return
         for row in await self.store.outbox_undelivered():
-            if row.kind not in ("relay", "unrelay") or row.id is None:
+            handed = _handed(row)
+            if (row.kind not in ("relay", "unrelay") and not handed) or row.id is None:
                 continue
             if (wanted is not None and row.id not in wanted) or row.id in self._taken:
                 continue
@@ -782,7 +849,118 @@ class Links:
                 continue
             if not self.host.serves(transport):
                 continue  # still another worker's (it sends it, or its next owner does)
+            if handed:
+                self._take(row.id)
+                self._queue_answer(row)
+                continue
             await self.requeue(row)
+
+    # -- answers of turns run here, for channels other workers own -------------------------
+    async def _follow_turns(self) -> None:
+        """Follow the turns this worker runs: the answer of one in a linked conversation
+        goes to every channel of the link this worker does not render (:meth:`_answered_here`)."""
+        kinds = {"turn_started", "turn_ended"}
+        async with contextlib.aclosing(
+            self.host.agent.events(kinds=kinds, max_pending=100_000)
+        ) as events:
+            async for event in events:
+                if not self._by_key or event.parent_run_id is not None or not event.run_id:
+                    continue
+                try:
+                    if isinstance(event, TurnStarted):
+                        await self._turn_started(event)
+                    elif isinstance(event, TurnEnded):
+                        await self._answered_here(event)
+                except Exception:
+                    log.exception("could not hand the answer of %s to the linked channels",
+                                  event.run_id)  # fmt: skip
+
+    async def _turn_started(self, event: TurnStarted) -> None:
+        """Note a run of a linked conversation whose answer some channel of the link
+        would miss here: one another worker owns, or one served here but not open."""
+        for link in self.links.values():
+            missed = [
+                k for k in link.channels
+                if self.host.open_channel(k) is None and self._transport_to_hand(k) is not None
+            ]  # fmt: skip
+            if not missed:
+                continue
+            if await self.store.get_binding(link.channels[0]) != event.conversation_id:
+                continue
+            self._runs[event.run_id or ""] = (link, event.origin or {}, tuple(missed))
+            while len(self._runs) > 1_000:  # (turns whose end never came)
+                del self._runs[next(iter(self._runs))]
+            return
+
+    def _transport_to_hand(self, key: str) -> Transport | None:
+        """The transport an answer for ``key`` is written to the outbox for when no
+        channel renders it here (another worker's connection, or one served here)."""
+        transport = self.host.transport_for(key)
+        if transport is None or not self.host.serves(transport):
+            transport = self.host.standby_for(key) or transport
+        if transport is None or not transport.outbox or not transport.relays:
+            return None  # not served by this bot, or it shows the conversation (HTTP)
+        return transport
+
+    async def _answered_here(self, event: TurnEnded) -> None:
+        """A turn of a linked conversation ran here: its answer (with ``answer =
+        "asked"``, the pointer where it was not asked) is written to the outbox for
+        each channel of the link no channel rendered here, and handed to the worker
+        owning that channel's connection (the ``relay`` topic, ids only) or queued
+        here.  The owner sends it in the channel's manners, after the copies before it."""
+        noted = self._runs.pop(event.run_id or "", None)
+        if noted is None:
+            return
+        link, origin, missed = noted
+        asked_in = origin.get("channel_key")
+        entries: list[OutboxEntry] = []
+        for key in missed:
+            transport = self._transport_to_hand(key)
+            if transport is None or self.host.open_channel(key) is not None:
+                continue  # opened during the turn: its renderer showed the answer
+            if link.settings.answer == "asked" and asked_in and asked_in != key:
+                who = origin.get("display_name") or "someone"
+                kind, texts = "notice", [f"(answered in {asked_in}, asked by {who})"]
+            else:
+                kind, texts = "answer", _pieces(event.text, transport)
+            if not texts:
+                continue
+            reply: dict[str, Any] = {"linked": link.name}
+            opts = self.host.options_for(transport)
+            cap = opts.max_answer_lines or 0
+            rest, texts = (texts[cap:], texts[:cap]) if cap else ([], texts)
+            entries += outbox_rows(transport, key, event.run_id or "", 0, kind, texts, reply)
+            if rest:
+                # Capped as the channel caps an answer: the rest waits for ``more`` there
+                # (the owner keeps it in the channel when it sends this line).
+                note = f"… {len(rest)} more lines: {opts.command_prefix}more"
+                more = {**reply, "more": rest}
+                entries += outbox_rows(transport, key, event.run_id or "", len(texts), "notice",
+                                       [note], more)  # fmt: skip
+        if not entries:
+            return
+        ids = list(await self.host.outbox.add(entries))
+        elsewhere: list[int] = []
+        for entry, oid in zip(entries, ids, strict=True):
+            row = dataclasses.replace(entry, id=oid)
+            transport = self.host.transport_for(entry.channel_key)
+            if transport is None or not self.host.serves(transport):
+                elsewhere.append(oid)
+                continue
+            self._take(oid)
+            self._queue_answer(row)
+        await self._hand_over(elsewhere)
+
+    def _queue_answer(self, row: OutboxEntry) -> None:
+        """Send ``row`` (an answer piece handed over) through its channel's queue."""
+        kind: OutgoingKind = "notice" if row.kind == "notice" else "answer"
+        out = OutgoingMessage(
+            channel_key=row.channel_key, text=row.text, kind=kind, run_id=row.run_id,
+            reply_to=row.reply_to, outbox_id=row.id, written_at=row.created_at or None,
+        )  # fmt: skip
+        placeholder = LinkMessage(link="", canonical="", channel_key=row.channel_key)
+        item = _Relay(row.text, "", row.id, placeholder, out=out)
+        self._target(row.channel_key).queue.put_nowait(item)
 
     @staticmethod
     def icon(message: IncomingMessage, transport: Transport, link: Link) -> str | None:
@@ -1153,6 +1331,15 @@ class Links:
                 return  # gone (a reload): the outbox row waits for a restart
             if item.out is not None:
                 out = item.out
+                more = out.reply_to.get("more") if isinstance(out.reply_to, dict) else None
+                if isinstance(more, list) and more:
+                    # An answer handed over, capped: its rest for ``more`` in this channel.
+                    opts = self.host.options_for(transport)
+                    ch = self.host.open_channel(key) or await self.host.channel(
+                        key, transport, opts
+                    )
+                    ch.more = [str(line) for line in more]
+                    ch.more_in_code = False
             elif item.change is not None:
                 changed = await self._changed(transport, key, item)
                 if changed is None:
@@ -1176,7 +1363,15 @@ class Links:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 60.0)
                 continue
-            if item.change is None:
+            if out.kind in ("answer", "notice"):
+                # An answer handed over (a turn another worker ran): its end, as a
+                # renderer ends a run (IRC's pending lines, Slack's status).
+                with contextlib.suppress(Exception):
+                    await transport.send(dataclasses.replace(
+                        out, text="", kind="end", outbox_id=None, written_at=None
+                    ))  # fmt: skip
+                self.answers_handed += 1
+            elif item.change is None:
                 self.relayed += 1
             else:
                 self.changed += 1
@@ -1224,6 +1419,11 @@ class Links:
             self._taking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._taking
+        if self._answering is not None:
+            self._answering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._answering
+            self._answering = None
         if self._reloading is not None:
             self._reloading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -1240,16 +1440,32 @@ class Links:
 
     def describe(self) -> list[str]:
         """One line per link (``!links``)."""
-        out = []
-        for link in sorted(self.links.values(), key=lambda x: x.name):
-            s = link.settings
-            flags = [f"answer {s.answer}", "relay" if s.relay else "no relay"]
-            if s.verified_only:
-                flags.append("verified only")
-            if link.source == "config":
-                flags.append("configured")
-            out.append(f"{link.name}: {' '.join(link.channels)} ({', '.join(flags)})")
-        return out
+        return [
+            f"{link.name}: {describe(link)}"
+            for link in sorted(self.links.values(), key=lambda x: x.name)
+        ]
+
+
+def describe(link: Link) -> str:
+    """A link's channels and what it does, on one line (``!links``, ``!link``'s answer):
+    ``irc:libera:#team slack:T1:C1 (answer everywhere, relay, icons libera=:irc:)``."""
+    s = link.settings
+    flags = [f"answer {s.answer}", "relay" if s.relay else "no relay"]
+    if s.verified_only:
+        flags.append("verified only")
+    if s.opt_out_prefix:
+        flags.append(f"opt-out {s.opt_out_prefix}")
+    if s.settings != "asking":
+        flags.append(f"settings {s.settings}")
+    if s.edits != "line":
+        flags.append(f"edits {s.edits}")
+    if s.history:
+        flags.append(f"history {s.history}")
+    if s.icons:
+        flags.append("icons " + " ".join(f"{n}={i}" for n, i in sorted(s.icons.items())))
+    if link.source == "config":
+        flags.append("configured")
+    return f"{' '.join(link.channels)} ({', '.join(flags)})"
 
 
 def audit(action: str, link: Link, actor: str, where: str) -> None:
@@ -1303,6 +1519,32 @@ def _reply_to(author: str, thread: str | None, icon: str | None = None) -> dict[
         out["thread"] = thread
     if icon:
         out["icon"] = icon
+    return out
+
+
+def _handed(row: OutboxEntry) -> bool:
+    """Whether ``row`` is an answer (or a pointer) of a linked conversation written for
+    a channel whose renderer was elsewhere (:meth:`Links._answered_here`)."""
+    return (
+        row.kind in ("answer", "notice")
+        and isinstance(row.reply_to, dict)
+        and bool(row.reply_to.get("linked"))
+    )
+
+
+def _pieces(text: str, transport: Transport) -> list[str]:
+    """An answer as ``transport`` takes it whole: one message where it has no line
+    limit to speak of (Slack), else a piece per line, split at its byte limit (IRC)."""
+    text = text.strip()
+    if not text:
+        return []
+    caps = transport.caps
+    if not caps.max_bytes or caps.max_bytes >= 4000:
+        return [text]
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.strip():
+            out += split_text(line, max_bytes=caps.max_bytes, max_chars=caps.max_chars) or [line]
     return out
 
 

@@ -133,6 +133,8 @@ class Ownership:
         self._given_up: set[str] = set()
         self._keeper: asyncio.Task[None] | None = None
         self._releasing: set[asyncio.Future[None]] = set()
+        #: Instances in standby learning what their channel keys need (Slack: its team).
+        self._identifying: set[asyncio.Future[None]] = set()
         self._workers: list[WorkerBeat] = []
         self._leases: list[Lease] = []
         self._seen_at = 0.0
@@ -214,6 +216,10 @@ class Ownership:
     async def aclose(self) -> None:
         """Stop the keeper and release what is still held."""
         self.draining = True
+        for task in list(self._identifying):
+            task.cancel()
+        if self._identifying:
+            await asyncio.gather(*self._identifying, return_exceptions=True)
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.cancel()
@@ -451,6 +457,19 @@ class Ownership:
         ``stopped`` in its metrics."""
         self.bot.health.forget(f"transport:{transport.name}")
         self.bot.metrics.transport_state(transport.name, "stopped")
+        if self.shared:
+            # So this worker can tell which instance a channel key is for while another
+            # owns it (a copy or an answer written for it: several Slack apps).
+            task = asyncio.ensure_future(self._identify(transport))
+            self._identifying.add(task)
+            task.add_done_callback(self._identifying.discard)
+
+    async def _identify(self, transport: Transport) -> None:
+        try:
+            await transport.identify()
+        except Exception as exc:  # it only delays copies for it until it is identified
+            log.warning("transport %s in standby could not learn its channels' keys: %s",
+                        transport.name, exc)  # fmt: skip
 
     # -- what /health shows ----------------------------------------------------------------
     def view(self) -> dict[str, Any]:

@@ -46,17 +46,17 @@ class Linked(NamedTuple):
 async def linked_bot(
     port: int, slack: FakeSlack, tmp_path: Path, monkeypatch: Any, *, links: Any = None,
     db: str = "links.db", channel_settings: Any = None, load: bool = True,
-    **slack_settings: Any,
+    admins: tuple[str, ...] = ("slack:T1:U9",), **slack_settings: Any,
 ) -> AsyncIterator[Linked]:  # fmt: skip
     """A bot on IRC (#team), Slack (conversations per channel) and the HTTP API (token
     ``web``), its channels linked as ``team`` unless ``links`` says otherwise.  The
-    Slack user U9 is an admin; everyone else a user."""
+    Slack user U9 is an admin (or whoever ``admins`` names); everyone else a user."""
     monkeypatch.setenv("WEB_TOKEN", TOKEN)
     model = ScriptedModel()
     agent = Agent(llm=model, store=SQLiteStore(str(tmp_path / db)))
     await agent.start()
     access = AccessPolicy(
-        AccessSettings(admins=("slack:T1:U9",)),
+        AccessSettings(admins=admins),
         {"testnet": "irc", "slack": "slack", "web": "http"},
         irc_casefold=casefold,
     )

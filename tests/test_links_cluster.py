@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from cluster import PATIENCE, Worker, owner_of, until, worker_config
+from cluster import PATIENCE, Worker, last_user, owner_of, until, worker_config
 
 from agentik.core.testing.openai_server import Reply
 
@@ -125,6 +125,344 @@ async def test_a_line_on_irc_reaches_slack_through_the_worker_owning_slack(
             assert (await owner_of([ws, wi], "slack")) is ws
         except BaseException:
             for w in (ws, wi):  # shown with the failure
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
+
+
+@pytest.mark.timeout(400)  # two workers started one after the other on a loaded machine
+async def test_an_answer_on_irc_reaches_the_linked_slack_channel_another_worker_owns(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Worker ``s`` owns Slack, worker ``i`` owns IRC: a question asked on IRC is a turn
+    that ``i`` runs; ``i`` renders the answer on IRC and writes it to the outbox for the
+    linked Slack channel, which ``s`` posts (as the bot, in Slack's formatting): once
+    in each place, in the order asked."""
+    openai_server.default = lambda body: Reply.text(f"**answer** to: {last_user(body)}")
+    async with FakeSlack() as slack:
+        ws = Worker(
+            tmp_path / "s",
+            worker_config("s", openai_server.base_url, extra=_slack(slack) + LINK),
+            postgres_dsn,
+        )
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   extra=_irc(ngircd.port) + _slack(slack) + LINK),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            ws.start()
+            await owner_of([ws], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            questions = ["how is the build?", "and the deploy?"]
+            for q in questions:
+                alice.privmsg(CHANNEL, f"agentik: {q}")
+                # (one at a time: the second is asked once the first was answered on IRC)
+                await alice.wait_for(lambda m, q=q: m.command == "PRIVMSG" and q in m.text,
+                                     PATIENCE)  # fmt: skip
+
+            def answers() -> list[dict]:
+                return [c for c in slack.calls_to("chat.postMessage")
+                        if c.get("channel") == "C1" and not c.get("username")
+                        and "to: " in (c.get("text") or "")]  # fmt: skip
+
+            await until(lambda: len(answers()) >= len(questions) or None, "the answers in Slack")
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            alice.privmsg(CHANNEL, "agentik: last one?")  # behind it in every queue
+            await alice.wait_for(lambda m: "last one?" in m.text and m.nick != "alice", PATIENCE)
+            await until(lambda: len(answers()) > len(questions) or None, "the last answer")
+            await alice.sync()
+            # Slack: each answer once, in order, posted by the bot (no relayed name), in
+            # Slack's formatting (Markdown bold is mrkdwn *bold*); the model saw the asker
+            # qualified by network.
+            assert [c["text"] for c in answers()] == [
+                f"*answer* to: alice@libera: {q}" for q in (*questions, "last one?")
+            ]
+            # IRC: each answer once, rendered there by the worker that ran the turn.
+            said = [m.text for m in alice.received
+                    if m.command == "PRIVMSG" and (m.nick or "").startswith("agentik")]  # fmt: skip
+            for q in (*questions, "last one?"):
+                assert sum(q in line for line in said) == 1, said
+            # The questions were relayed to Slack too (under alice's name), once each.
+            relayed = [c["text"] for c in slack.calls_to("chat.postMessage") if c.get("username")]
+            assert relayed == [f"agentik: {q}" for q in (*questions, "last one?")]
+            assert slack.socket_connections == 1
+            assert (await owner_of([ws, wi], "slack")) is ws
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
+
+
+async def _none_waiting_at_all(dsn: str) -> bool:
+    """No outbox row (answers and copies alike) is waiting for its delivery."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return not await conn.fetchval(
+            "SELECT count(*) FROM outbox WHERE state = 'queued'"
+            " OR (state = 'sent' AND awaits_confirm)"
+        )
+    finally:
+        await conn.close()
+
+
+@pytest.mark.timeout(400)
+async def test_a_link_changed_in_chat_on_one_worker_is_in_force_on_the_other(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """An admin on Slack (worker ``s``) links #side with a Slack channel, then changes the
+    link's icon for IRC people with ``!link``: worker ``i``, which owns IRC and relays
+    #side's lines, shows the new icon from the next line on (the ``links`` topic)."""
+    openai_server.default = lambda body: Reply.text("ok")
+    access = '[access]\nadmins = ["slack:T1:U9"]\n'
+    irc = _irc(ngircd.port).replace(f'["{CHANNEL}"]', f'["{CHANNEL}", "#side"]')
+    async with FakeSlack() as slack:
+        slack.add_user("U9", "root")
+        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
+                                                   before_cluster=access, extra=_slack(slack)),
+                    postgres_dsn)  # fmt: skip
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   before_cluster=access,
+                                                   extra=irc + _slack(slack)),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join("#side")
+            ws.start()
+            await owner_of([ws], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            at = f"<@{slack.bot_user_id}> "
+
+            def said(words: str) -> bool:
+                return any(
+                    words in (c.get("text") or "") for c in slack.calls_to("chat.postMessage")
+                )
+
+            def copy(text: str) -> dict | None:
+                return next((c for c in slack.calls_to("chat.postMessage")
+                             if c.get("username") and c.get("text") == text), None)  # fmt: skip
+
+            link = at + "!link side irc:libera:#side icons.libera=:one:"
+            await slack.push_event(slack.message_event("C2", link, user="U9"))
+            await until(lambda: said("linked side") or None, "the link made")
+            # i reads it (the links topic) and relays #side with the first icon.
+            alice.privmsg("#side", "first")
+            await until(lambda: copy("first"), "the first copy")
+            assert copy("first")["icon_emoji"] == ":one:"  # type: ignore[index]
+            await slack.push_event(
+                slack.message_event("C2", at + "!link side icons.libera=:two:", user="U9")
+            )
+            await until(lambda: said("changed side") or None, "the link changed")
+
+            tries = iter(range(1_000))
+
+            async def relayed_with_two() -> bool:
+                # (i reads the change as the links topic tells it: a line said before
+                # that may still show the first icon, so lines are said until one shows)
+                text = f"again {next(tries)}"
+                alice.privmsg("#side", text)
+                got = await until(lambda: copy(text), f"the copy of {text!r}")
+                return got["icon_emoji"] == ":two:"
+
+            await until(relayed_with_two, "a copy with the new icon")
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
+
+
+def _slack_app(name: str, slack: FakeSlack) -> str:
+    return _slack(slack).replace("[transports.slack]", f"[transports.{name}]")
+
+
+@pytest.mark.timeout(500)  # three workers started one after the other on a loaded machine
+async def test_two_slack_apps_owned_by_two_workers_both_get_copies_and_answers(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Two Slack apps (teams T1 and T2), each owned by its own worker, and IRC owned by a
+    third that holds both apps in standby: it learns each app's team (``auth.test``, no
+    socket), so a line said on IRC and the answer to a question asked there reach both
+    teams' linked channels, each through the worker owning that app, once each."""
+    openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
+    link = f"""
+[[links]]
+name = "team"
+channels = ["irc:libera:{CHANNEL}", "slack:T1:C1", "slack:T2:C1"]
+"""
+    async with FakeSlack() as one, FakeSlack(team_id="T2") as two:
+        apps = _slack_app("one", one) + _slack_app("two", two)
+        crew = [
+            Worker(tmp_path / "a", worker_config("a", openai_server.base_url,
+                                                  extra=_slack_app("one", one) + link),
+                   postgres_dsn),
+            Worker(tmp_path / "b", worker_config("b", openai_server.base_url,
+                                                  extra=_slack_app("two", two) + link),
+                   postgres_dsn),
+            Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                  extra=_irc(ngircd.port) + apps + link),
+                   postgres_dsn),
+        ]  # fmt: skip
+        wa, wb, wi = crew
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            wa.start()
+            await owner_of([wa], "one")
+            await one.wait_for_socket(1, PATIENCE)
+            wb.start()
+            await owner_of([wb], "two")
+            await two.wait_for_socket(1, PATIENCE)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            alice.privmsg(CHANNEL, "hello both teams")
+            alice.privmsg(CHANNEL, "agentik: are you there?")
+            await alice.wait_for(lambda m: "answer to:" in m.text, PATIENCE)
+
+            def posted(slack: FakeSlack) -> list[tuple[str | None, str]]:
+                calls = slack.calls_to("chat.postMessage")
+                return [(c.get("username"), c.get("text") or "") for c in calls
+                        if c.get("channel") == "C1"]  # fmt: skip
+
+            for slack in (one, two):
+                await until(lambda s=slack: len(posted(s)) >= 3 or None, "copies and answer")
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            for slack in (one, two):
+                assert posted(slack) == [
+                    ("alice@libera", "hello both teams"),
+                    ("alice@libera", "agentik: are you there?"),
+                    (None, "answer to: alice@libera: are you there?"),
+                ]
+                assert slack.socket_connections == 1  # only its owner connected
+            assert (await owner_of(crew, "one")) is wa
+            assert (await owner_of(crew, "two")) is wb
+        except BaseException:
+            for w in crew:
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in crew:
+                w.stop()
+
+
+@pytest.mark.timeout(400)
+async def test_with_answer_asked_the_slack_channel_another_worker_owns_gets_the_pointer(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """``answer = "asked"``: a question asked on IRC (worker ``i``) is answered there; the
+    linked Slack channel (worker ``s``) gets the one-line pointer, once, not the answer."""
+    openai_server.default = lambda body: Reply.text("only on irc")
+    link = LINK.replace('name = "team"', 'name = "team"\nanswer = "asked"')
+    async with FakeSlack() as slack:
+        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
+                                                   extra=_slack(slack) + link),
+                    postgres_dsn)  # fmt: skip
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   extra=_irc(ngircd.port) + _slack(slack) + link),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            ws.start()
+            await owner_of([ws], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            alice.privmsg(CHANNEL, "agentik: where?")
+            await alice.wait_for(lambda m: "only on irc" in m.text, PATIENCE)
+            pointer = f"(answered in irc:libera:{CHANNEL}, asked by alice@libera)"
+
+            def bot_posts() -> list[str]:
+                return [c.get("text") or "" for c in slack.calls_to("chat.postMessage")
+                        if not c.get("username")]  # fmt: skip
+
+            await until(lambda: any(pointer in t for t in bot_posts()) or None, "the pointer")
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            assert sum(pointer in t for t in bot_posts()) == 1
+            assert not any("only on irc" in (m.get("text") or "") for m in slack.messages.values())
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
+
+
+@pytest.mark.timeout(400)
+async def test_an_answer_from_slack_reaches_irc_on_another_worker_capped_with_more(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """The other way: a question asked in Slack runs on the worker owning Slack; the
+    IRC channel (the other worker's) gets the answer after the relayed question, capped
+    at IRC's 4 lines, and ``!more`` there gives the rest."""
+    lines = [f"step {n}" for n in range(1, 8)]
+    openai_server.default = lambda body: Reply.text("\n".join(lines))
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        # (i alone first, with IRC only: it owns IRC; s has both, IRC in standby)
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   extra=_irc(ngircd.port) + LINK),
+                    postgres_dsn)  # fmt: skip
+        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
+                                                   extra=_slack(slack) + _irc(ngircd.port) + LINK),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            ws.start()
+            await owner_of([ws, wi], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            ask = slack.message_event("C1", f"<@{slack.bot_user_id}> the steps?", user="U2")
+            await slack.push_event(ask)
+            note = await alice.wait_for(lambda m: "more lines: !more" in m.text, PATIENCE)
+            assert note.text.startswith("… 3 more lines")
+
+            def from_bot() -> list[str]:
+                mine = [m for m in alice.received if (m.nick or "").startswith("agentik")]
+                return [m.text for m in mine if m.command == "PRIVMSG"]
+
+            said = from_bot()
+            assert "the steps?" in said[0]  # the relayed question first
+            assert [t for t in said if t.startswith("step")] == lines[:4]
+            alice.privmsg(CHANNEL, "!more")
+            await alice.wait_for(lambda m: m.text == "step 7", PATIENCE)
+            assert [t for t in from_bot() if t.startswith("step")] == lines
+        except BaseException:
+            for w in (ws, wi):
                 print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
             raise
         finally:

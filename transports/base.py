@@ -597,6 +597,14 @@ class Transport(abc.ABC):
         """
         return channel_key.startswith(f"{self.type}:{self.name}:")
 
+    async def identify(self) -> None:
+        """Learn, without connecting, what :meth:`owns` needs to know of this instance
+        while another worker holds its connection (several workers on one database):
+        called once each time the instance waits in standby, best effort (a failure is
+        logged).  The default does nothing: most transports' keys follow from their
+        settings; a Slack app asks Slack which team it is in."""
+        return None
+
     def unreachable(self, channel_key: str) -> str | None:
         """Why this instance cannot speak in ``channel_key`` now (``not joined to
         #team``), or ``None`` when it can or cannot tell.  Health shows it for a

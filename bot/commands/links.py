@@ -7,53 +7,100 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..links import Link, LinkSettings, audit
+from ..links import Link, LinkSettings, audit, describe
 from .base import CommandContext
 
 __all__ = ["link", "links", "unlink"]
 
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
+#: What ``!link`` says when it cannot make sense of its words.
+_USAGE = (
+    "usage: {p}link <name> <channel>... [key=value]... (answer=asked, relay=false,"
+    " icons.<network>=:emoji:|https://..., key= resets; on a link made in chat:"
+    " -<channel> takes one out)"
+)
 
 
-def _value(raw: str) -> Any:
-    low = raw.lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    return int(raw) if raw.isdigit() else raw
+def _parse(words: list[str], options: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Fold ``key=value`` words into ``options`` (``icons.<network>=...`` one network's
+    icon, ``key=`` back to its default); the channels named and the ``-<channel>``s.
+    Values stay text: the settings model reads ``yes``, ``3`` as it does in TOML."""
+    add: list[str] = []
+    drop: list[str] = []
+    for word in words:
+        key, eq, value = word.partition("=")
+        if not eq:
+            (drop if word.startswith("-") and len(word) > 1 else add).append(word.lstrip("-"))
+            continue
+        group, dot, item = key.partition(".")
+        if dot and group == "icons":
+            icons = dict(options.get("icons") or {})
+            if value:
+                icons[item] = value
+            else:
+                icons.pop(item, None)
+            options["icons"] = icons
+        elif value:
+            options[key] = value
+        else:
+            options.pop(key, None)
+    return add, drop
 
 
 async def link(ctx: CommandContext) -> None:
     """``!link <name> <channel>... [key=value]...``: the channels named (and this one, in
-    a shared channel) become one conversation; options as in ``[[links]]``."""
-    usage = f"usage: {ctx.prefix}link <name> <channel>... [answer=asked] [relay=false]"
+    a shared channel) become one conversation; options as in ``[[links]]``, a network's
+    icon in Slack as ``icons.<network>=:emoji:`` (or an ``https`` URL).  On the name of a
+    link made in chat it changes that link: options set (``key=`` resets one), channels
+    named added, ``-<channel>`` taken out."""
+    usage = _USAGE.format(p=ctx.prefix)
     if not ctx.args:
         await ctx.say(usage)
         return
     name, rest = ctx.args[0], ctx.args[1:]
-    channels = [a for a in rest if "=" not in a]
-    options = dict(a.split("=", 1) for a in rest if "=" in a)
-    if not ctx.message.direct and ctx.key not in channels:
-        channels.insert(0, ctx.key)
+    old = ctx.host.links.links.get(name)
+    if old is not None and old.source == "config":
+        await ctx.say(f"link {name!r} is in the configuration: change it there")
+        return
+    options: dict[str, Any] = {}
+    if old is not None:
+        options = old.settings.model_dump(exclude={"name", "channels"}, exclude_defaults=True)
+    add, drop = _parse(rest, options)
+    if old is None:
+        if drop:
+            await ctx.say(f"there is no link named {name!r} to take {drop[0]} out of")
+            return
+        if not ctx.message.direct and ctx.key not in add:
+            add.insert(0, ctx.key)
+        channels = add
+    else:
+        if not rest:
+            await ctx.say(f"link {name!r} exists; say what to change. {usage}")
+            return
+        channels = [k for k in (*old.channels, *add) if k not in drop]
+        channels = list(dict.fromkeys(channels))
     try:
-        settings = LinkSettings(
-            name=name, channels=channels, **{k: _value(v) for k, v in options.items()}
-        )
+        settings = LinkSettings(name=name, channels=channels, **options)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "link"
         await ctx.say(f"{where}: {first['msg']}; {usage}")
         return
-    new = Link(settings=settings, source="chat", created_by=ctx.actor)
+    created_by = old.created_by if old is not None else ctx.actor
+    new = Link(settings=settings, source="chat", created_by=created_by)
     try:
-        await ctx.host.links.add(new)
-    except ValueError as exc:
-        await ctx.say(str(exc))
+        if old is None:
+            await ctx.host.links.add(new)
+        else:
+            await ctx.host.links.amend(new)
+    except (KeyError, ValueError) as exc:
+        await ctx.say(str(exc).strip("'\""))
         return
-    audit("made", new, ctx.actor, ctx.key)
-    await ctx.say(f"linked {name}: {' '.join(new.channels)} are one conversation now")
+    if old is None:
+        audit("made", new, ctx.actor, ctx.key)
+        await ctx.say(f"linked {name}: {' '.join(new.channels)} are one conversation now")
+        return
+    audit("changed", new, ctx.actor, ctx.key)
+    await ctx.say(f"changed {name}: {describe(new)}")
 
 
 async def unlink(ctx: CommandContext) -> None:

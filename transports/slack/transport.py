@@ -1299,6 +1299,21 @@ class SlackTransport(Transport):
     def owns(self, channel_key: str) -> bool:
         return bool(self.team_id) and channel_key.startswith(f"slack:{self.team_id}:")
 
+    async def identify(self) -> None:
+        """The app's team (its keys name it), from one ``auth.test`` with the bot token,
+        no socket opened: a worker holding this app in standby can then tell its
+        channels from another Slack app's (copies and answers it writes for them)."""
+        if self.team_id:
+            return
+        from slack_sdk.web.async_client import AsyncWebClient
+
+        o = self.options
+        client = AsyncWebClient(token=o.bot_token.get_secret_value())
+        if o.api_url:
+            client.base_url = o.api_url if o.api_url.endswith("/") else o.api_url + "/"
+        auth = await self._call("bot_token", client.auth_test())
+        self.team_id = self.team_id or auth.get("team_id") or ""
+
     def in_thread(self, channel_key: str) -> bool:
         # slack:<team>:<channel>:<thread_ts> (see _key)
         return self.owns(channel_key) and channel_key.count(":") >= 3

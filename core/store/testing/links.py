@@ -32,6 +32,24 @@ class LinksContract(ContractBase):
         assert await store.link_delete("team") is False
         assert [link.name for link in await store.links()] == ["ops"]
 
+    async def test_a_links_options_keep_their_nested_values(self, store: Any) -> None:
+        # ``!link team icons.libera=:irc:``: a network's icon is a table in the options;
+        # changing the link in chat saves it again under its name.
+        icons = {"libera": ":speech_balloon:", "web": "https://example.org/w.png?a=1&b=é"}
+        team = LinkRecord(
+            name="team", channels=("irc:libera:#team", "slack:T1:C1"),
+            options={"icons": icons, "history": 3, "opt_out_prefix": "[nr]"},
+            created_by="slack:T1:U9", created_at=5.0,
+        )  # fmt: skip
+        await store.link_save(team)
+        assert await store.links() == [team]
+        fewer = LinkRecord(
+            name="team", channels=team.channels, options={"icons": {"libera": ":irc:"}},
+            created_by="slack:T1:U9", created_at=6.0,
+        )  # fmt: skip
+        await store.link_save(fewer)
+        assert await store.links() == [fewer]
+
     async def test_the_message_map_keeps_every_copy_and_learns_their_ids(self, store: Any) -> None:
         origin = LinkMessage(
             link="team", canonical="m1", channel_key="slack:T1:C1", ref="1700.1", origin=True,
