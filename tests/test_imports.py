@@ -55,7 +55,8 @@ def test_building_the_openai_backend_imports_the_sdk_then():
 # used (docs/operations.md, "What a started bot imports"): the web server of the http
 # transport (configured but disabled in config.example.toml), jsonschema (passthrough
 # calls), mcp_types (MCP sessions), prometheus_client (the first scrape of the metrics),
-# the IRC and Slack transports' modules (a [transports.*] table of their type made).
+# the IRC and Slack transports' modules (a [transports.*] table of their type made), the
+# PostgreSQL store ([storage] backend = "postgres").
 # (aiohttp is not on the list: the openai SDK imports it whenever it is installed.)
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +70,14 @@ _LAZY = (
     # Registered by name (core.plugins.LazyFactory), imported when such a transport is made.
     "agentik.transports.irc.transport",
     "agentik.transports.slack.transport",
+    # ... and the chat libraries under them.
+    "irc3",
+    "slack_bolt",
+    "slack_sdk",
+    # The PostgreSQL store (twenty modules): [storage] reads its settings from a module
+    # of their own (core/store/postgres_settings.py).
+    "agentik.core.store.postgres",
+    "asyncpg",
 )
 
 _START_BOT = """
