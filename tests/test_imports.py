@@ -78,6 +78,11 @@ _LAZY = (
     # of their own (core/store/postgres_settings.py).
     "agentik.core.store.postgres",
     "asyncpg",
+    # The IRC wire module (its case mappings: folded when an IRC name first is), and the
+    # transport test kit's fake network and harness (the memory plugin is that package).
+    "agentik.transports.irc.wire",
+    "agentik.transports.testing.fake",
+    "agentik.transports.testing.harness",
 )
 
 _START_BOT = """
