@@ -158,6 +158,66 @@ def test_the_same_bot_with_its_http_transport_enabled_serves_it_and_its_metrics(
     assert {"uvicorn", "starlette", "prometheus_client"} <= loaded, started
 
 
+_RUN = """
+import json, sys
+from agentik.bot.cli import main
+
+LAZY = %r
+code = main(["run", "-c", sys.argv[1]])
+# What the process imported between its start and its stop (SIGTERM once /ready said 200).
+print(json.dumps({"code": code, "loaded": sorted(m for m in LAZY if m in sys.modules)}))
+"""
+
+
+def test_agentik_run_until_ready_imports_none_of_what_the_default_config_does_not_use(
+    tmp_path,
+):
+    """The CLI's own path (``agentik run``, not only ``Bot``): the shipped configuration
+    with its terminal transport and a health listener, stopped once ``/ready`` answered
+    200; neither Slack's nor IRC's libraries, nor the PostgreSQL store, nor the web
+    server's optional parts it does not use were imported on the way."""
+    import signal
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    text = (_ROOT / "config.example.toml").read_text(encoding="utf-8")
+    text = text.replace("\n[health]\n", f'\n[health]\nlisten = "127.0.0.1:{port}"\n', 1)
+    config = tmp_path / "agentik.toml"
+    config.write_text(text, encoding="utf-8")
+    env = clean_env(OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_KEY="x", OPENAI_MODEL="m")
+    lazy = tuple(m for m in _LAZY if m not in ("uvicorn", "starlette", "httptools"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RUN % (lazy,), str(config)], cwd=tmp_path, env=env,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=10) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            assert time.monotonic() < deadline, "agentik run was not ready within 120 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen == {"code": 0, "loaded": []}, (seen, err[-2000:])
+
+
 _BUILD_TWICE = """
 import gc, json, sys
 from agentik.bot.app import Bot
