@@ -12,23 +12,27 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from agentik.core import Agent, AgentikError, ConfigError
-from agentik.core.budgets import Budgets
-from agentik.core.cluster.conversations import TurnQueue
-from agentik.core.health import Health, status_of, watch_model, without_reasons
-from agentik.core.plugins import Registry
-from agentik.transports.base import Transport, TransportFailed
+from .gcpause import collector_paused
 
-from .bridge import Bridge, options_from
-from .builder import AgentBuilder, wire_transport
-from .config import Config, TransportSection, load_config
-from .health import HealthServer, load_token, sd_notify
-from .logs import STATUS_LOGGER, log_event
-from .metrics import Metrics
-from .ownership import Ownership
-from .parts import access_policy, load_registry, make_transport
-from .reload import prepare
-from .webhooks import Webhooks
+# Their objects live as long as the process: no collection while they load (see there).
+with collector_paused(freeze=True):
+    from agentik.core import Agent, AgentikError, ConfigError
+    from agentik.core.budgets import Budgets
+    from agentik.core.cluster.conversations import TurnQueue
+    from agentik.core.health import Health, status_of, watch_model, without_reasons
+    from agentik.core.plugins import Registry
+    from agentik.transports.base import Transport, TransportFailed
+
+    from .bridge import Bridge, options_from
+    from .builder import AgentBuilder, wire_transport
+    from .config import Config, TransportSection, load_config
+    from .health import HealthServer, load_token, sd_notify
+    from .logs import STATUS_LOGGER, log_event
+    from .metrics import Metrics
+    from .ownership import Ownership
+    from .parts import access_policy, load_registry, make_transport
+    from .reload import prepare
+    from .webhooks import Webhooks
 
 __all__ = ["Bot", "load_registry"]
 

@@ -58,14 +58,18 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from agentik.core import AgentikError, ConfigError, SQLiteStore, Store
-from agentik.core.errors import NotFound
+from .gcpause import collector_paused
 
-from .config import Config, MissingVar, load_config
-from .logs import setup_logging
-from .parts import access_policy, load_registry
-from .webhookscli import add_parser as webhooks_parser
-from .webhookscli import webhooks_command
+# Their objects live as long as the process: no collection while they load (see there).
+with collector_paused(freeze=True):
+    from agentik.core import AgentikError, ConfigError, SQLiteStore, Store
+    from agentik.core.errors import NotFound
+
+    from .config import Config, MissingVar, load_config
+    from .logs import setup_logging
+    from .parts import access_policy, load_registry
+    from .webhookscli import add_parser as webhooks_parser
+    from .webhookscli import webhooks_command
 
 __all__ = ["COMMANDS", "main"]
 

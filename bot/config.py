@@ -59,7 +59,7 @@ from agentik.core.settings import (
     setting_fields,
     settings_dataclass,
 )
-from agentik.core.store.postgres import PostgresSettings
+from agentik.core.store.postgres_settings import PostgresSettings
 from agentik.core.store.sqlite import SQLiteSettings
 from agentik.core.streamprofiles import StreamProfileSettings, resolve_profiles
 from agentik.core.tools.base import TurnPolicy

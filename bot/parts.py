@@ -15,7 +15,6 @@ from agentik.core.access import AccessPolicy
 from agentik.core.plugins import BUILTIN_DISTRIBUTION, ENTRY_POINT_GROUP, Registry, load_plugins
 from agentik.core.settings import did_you_mean, is_file_path, setting_fields
 from agentik.transports.base import Transport
-from agentik.transports.irc.wire import casefold
 
 from .config import Config, TransportSection
 
@@ -90,7 +89,16 @@ def make_transport(
         raise ConfigError(f"{source}: {exc}") from None
 
 
+def _irc_casefold(name: str, casemapping: str | None = None) -> str:
+    """:func:`agentik.transports.irc.wire.casefold`, imported when an IRC name is first
+    folded: a bot that has none (no IRC rule, no IRC message) does not import the IRC
+    wire module (its tables and patterns) at start-up."""
+    from agentik.transports.irc.wire import casefold
+
+    return casefold(name, casemapping)
+
+
 def access_policy(config: Config) -> AccessPolicy:
     """The ``[access]`` policy of ``config``, for its transport instances."""
     types = {name: section.type for name, section in config.transports.items()}
-    return AccessPolicy(config.access, types, irc_casefold=casefold)
+    return AccessPolicy(config.access, types, irc_casefold=_irc_casefold)

@@ -13,55 +13,65 @@ No chat-protocol code lives here; ``agentik.transports`` and ``agentik.bot``
 build on this package, never the other way round.
 """
 
-from .agent import Agent, AgentState
-from .conversation import Capabilities, Conversation, ConversationState
-from .errors import (
-    AgentikError,
-    ClosedError,
-    ConfigError,
-    ContextTooLong,
-    LLMConnectionError,
-    LLMError,
-    LLMResponseError,
-    LLMStatusError,
-    LLMTimeout,
-    MigrationError,
-    NotFound,
-    PluginError,
-    StoreError,
-    ToolError,
-)
-from .eventbus import Subscription
-from .events import (
-    ChildRunLinked,
-    Error,
-    Event,
-    EventsLost,
-    Interrupted,
-    ReasoningDelta,
-    ReasoningStarted,
-    ResponseStarted,
-    TextDelta,
-    ToolCallEnded,
-    ToolCallStarted,
-    TurnEnded,
-    TurnStarted,
-    event_from_dict,
-    event_from_json,
-    event_to_dict,
-    event_to_json,
-)
-from .hookspecs import hookimpl
-from .llm.base import LLMBackend, LLMRequest, ToolSpec
-from .llm.openai_backend import OpenAIBackend
-from .messages import ChatMessage, Message, ToolCall, Usage
-from .plugins import Registry, load_plugins
-from .store.base import ConversationRecord, Store
-from .store.memory import MemoryStore
-from .store.sqlite import SQLiteStore
-from .streamprofiles import PROFILES
-from .tools.base import FunctionTool, Tool, ToolContext, ToolResult, TurnPolicy, tool
-from .turnsettings import TurnOrigin, TurnSettings
+import gc as _gc
+
+# The collector would walk the objects of these imports again and again while they
+# load, finding nothing to collect (agentik.bot.gcpause tells more); restored as it was.
+_collecting = _gc.isenabled()
+_gc.disable()
+try:
+    from .agent import Agent, AgentState
+    from .conversation import Capabilities, Conversation, ConversationState
+    from .errors import (
+        AgentikError,
+        ClosedError,
+        ConfigError,
+        ContextTooLong,
+        LLMConnectionError,
+        LLMError,
+        LLMResponseError,
+        LLMStatusError,
+        LLMTimeout,
+        MigrationError,
+        NotFound,
+        PluginError,
+        StoreError,
+        ToolError,
+    )
+    from .eventbus import Subscription
+    from .events import (
+        ChildRunLinked,
+        Error,
+        Event,
+        EventsLost,
+        Interrupted,
+        ReasoningDelta,
+        ReasoningStarted,
+        ResponseStarted,
+        TextDelta,
+        ToolCallEnded,
+        ToolCallStarted,
+        TurnEnded,
+        TurnStarted,
+        event_from_dict,
+        event_from_json,
+        event_to_dict,
+        event_to_json,
+    )
+    from .hookspecs import hookimpl
+    from .llm.base import LLMBackend, LLMRequest, ToolSpec
+    from .llm.openai_backend import OpenAIBackend
+    from .messages import ChatMessage, Message, ToolCall, Usage
+    from .plugins import Registry, load_plugins
+    from .store.base import ConversationRecord, Store
+    from .store.memory import MemoryStore
+    from .store.sqlite import SQLiteStore
+    from .streamprofiles import PROFILES
+    from .tools.base import FunctionTool, Tool, ToolContext, ToolResult, TurnPolicy, tool
+    from .turnsettings import TurnOrigin, TurnSettings
+finally:
+    if _collecting:
+        _gc.enable()
 
 __all__ = [
     "PROFILES",

@@ -55,7 +55,8 @@ def test_building_the_openai_backend_imports_the_sdk_then():
 # used (docs/operations.md, "What a started bot imports"): the web server of the http
 # transport (configured but disabled in config.example.toml), jsonschema (passthrough
 # calls), mcp_types (MCP sessions), prometheus_client (the first scrape of the metrics),
-# the IRC and Slack transports' modules (a [transports.*] table of their type made).
+# the IRC and Slack transports' modules (a [transports.*] table of their type made), the
+# PostgreSQL store ([storage] backend = "postgres").
 # (aiohttp is not on the list: the openai SDK imports it whenever it is installed.)
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +70,19 @@ _LAZY = (
     # Registered by name (core.plugins.LazyFactory), imported when such a transport is made.
     "agentik.transports.irc.transport",
     "agentik.transports.slack.transport",
+    # ... and the chat libraries under them.
+    "irc3",
+    "slack_bolt",
+    "slack_sdk",
+    # The PostgreSQL store (twenty modules): [storage] reads its settings from a module
+    # of their own (core/store/postgres_settings.py).
+    "agentik.core.store.postgres",
+    "asyncpg",
+    # The IRC wire module (its case mappings: folded when an IRC name first is), and the
+    # transport test kit's fake network and harness (the memory plugin is that package).
+    "agentik.transports.irc.wire",
+    "agentik.transports.testing.fake",
+    "agentik.transports.testing.harness",
 )
 
 _START_BOT = """
@@ -142,6 +156,66 @@ def test_the_same_bot_with_its_http_transport_enabled_serves_it_and_its_metrics(
     assert "# TYPE agentik_turns_total counter" in started["metrics"]
     loaded = set(started["loaded"])  # type: ignore[arg-type]
     assert {"uvicorn", "starlette", "prometheus_client"} <= loaded, started
+
+
+_RUN = """
+import json, sys
+from agentik.bot.cli import main
+
+LAZY = %r
+code = main(["run", "-c", sys.argv[1]])
+# What the process imported between its start and its stop (SIGTERM once /ready said 200).
+print(json.dumps({"code": code, "loaded": sorted(m for m in LAZY if m in sys.modules)}))
+"""
+
+
+def test_agentik_run_until_ready_imports_none_of_what_the_default_config_does_not_use(
+    tmp_path,
+):
+    """The CLI's own path (``agentik run``, not only ``Bot``): the shipped configuration
+    with its terminal transport and a health listener, stopped once ``/ready`` answered
+    200; neither Slack's nor IRC's libraries, nor the PostgreSQL store, nor the web
+    server's optional parts it does not use were imported on the way."""
+    import signal
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    text = (_ROOT / "config.example.toml").read_text(encoding="utf-8")
+    text = text.replace("\n[health]\n", f'\n[health]\nlisten = "127.0.0.1:{port}"\n', 1)
+    config = tmp_path / "agentik.toml"
+    config.write_text(text, encoding="utf-8")
+    env = clean_env(OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_KEY="x", OPENAI_MODEL="m")
+    lazy = tuple(m for m in _LAZY if m not in ("uvicorn", "starlette", "httptools"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RUN % (lazy,), str(config)], cwd=tmp_path, env=env,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=10) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            assert time.monotonic() < deadline, "agentik run was not ready within 120 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen == {"code": 0, "loaded": []}, (seen, err[-2000:])
 
 
 _BUILD_TWICE = """

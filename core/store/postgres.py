@@ -28,14 +28,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-from pydantic import Field
 
 from ..errors import ClosedError, StoreError
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
-from ..settings import defaults, knobs_dataclass
+from ..settings import defaults
 from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
 from .migrations import Migration
 from .postgres_a2a import PostgresA2ATasks
@@ -63,6 +61,7 @@ from .postgres_room import (
 from .postgres_runs import RUN_COLUMNS, UPSERT_RUN, PostgresRuns, run_args
 from .postgres_search import PostgresSearch
 from .postgres_seen import PostgresSeen
+from .postgres_settings import PostgresSettings
 from .postgres_waits import PostgresWaits
 from .postgres_webhooks import PostgresWebhooks
 
@@ -80,20 +79,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@knobs_dataclass
-class PostgresSettings:
-    """The PostgreSQL store's settings (the configuration's ``[storage]`` with
-    ``backend = "postgres"``)."""
-
-    #: The environment variable holding the DSN (``postgresql://user:pass@host/db``):
-    #: never the secret itself in the file.
-    dsn_env: str = "AGENTIK_POSTGRES_DSN"
-    #: Connections the pool keeps open (one is the writer's).
-    pool_min: Annotated[int, Field(ge=2)] = 2
-    #: Connections the pool opens at most (reads run in parallel on them).
-    pool_max: Annotated[int, Field(ge=2)] = 10
 
 
 _DEFAULTS = defaults(PostgresSettings)

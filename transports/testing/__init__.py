@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .fake import FakeHarness, FakePost, FakeTransport
-from .harness import ConformanceSink, Place, PlaceKind, SinkFactory, TransportHarness
 from .memory import MemoryTransport
 
 if TYPE_CHECKING:
     from .conformance import Conformance, TransportConformance
+    from .fake import FakeHarness, FakePost, FakeTransport
+    from .harness import ConformanceSink, Place, PlaceKind, SinkFactory, TransportHarness
 
 __all__ = [
     "Conformance",
@@ -47,10 +47,27 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # The suite imports pytest: load it only when someone asks for it.
-    if name in ("TransportConformance", "Conformance"):
-        from . import conformance
+#: Where the names imported when first asked for live: the suite imports pytest, and
+#: every bot loads the ``memory`` plugin (this package) at start-up, which needs neither
+#: the fake network nor the harness.
+_LAZY = {
+    "TransportConformance": "conformance",
+    "Conformance": "conformance",
+    "FakeHarness": "fake",
+    "FakePost": "fake",
+    "FakeTransport": "fake",
+    "ConformanceSink": "harness",
+    "Place": "harness",
+    "PlaceKind": "harness",
+    "SinkFactory": "harness",
+    "TransportHarness": "harness",
+}
 
-        return getattr(conformance, name)
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
