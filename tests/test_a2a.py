@@ -574,3 +574,64 @@ async def test_a_task_run_on_one_worker_is_read_through_another(openai_server, p
 
 async def _is(value: Any, wanted: Any) -> bool:
     return bool(await value == wanted)
+
+
+async def test_a_cancel_through_another_worker_stops_the_turn_and_the_task_ends_canceled(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Two real ``agentik run`` workers on one PostgreSQL database: a task sent to A
+    (whose turn runs there), canceled through B (which runs nothing), stops the turn
+    on A — its partial answer kept, marked interrupted — and reads ``canceled`` on
+    both workers; a second cancel is refused as the task is over."""
+    from cluster import http_transport, until, worker_config, workers
+
+    words = [f"w{i}" for i in range(300)]
+    openai_server.default = lambda body: WireReply.text(" ".join(words), chunks=300, delay=0.1)
+    tokens = (
+        'tokens = [{ name = "alice", env = "ALICE_TOKEN" }]\n[transports.web.a2a]\nenabled = true'
+    )
+
+    def config(name: str, port: int) -> str:
+        web = http_transport("web", port, tokens)
+        return worker_config(name, openai_server.base_url, dsn_env="AGENTIK_TEST_A2A_DSN",
+                             poll=2.0, health=False, extra=web)  # fmt: skip
+
+    async with workers(["a", "b"], tmp_path, postgres_dsn, config, dsn_env="AGENTIK_TEST_A2A_DSN",
+                       env={"ALICE_TOKEN": ALICE}, ready="/ready") as (a, b):  # fmt: skip
+        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+            for http in (on_a, on_b):
+                http.headers["A2A-Version"] = "1.0"
+            r = await on_a.post("/a2a", json=rpc("SendMessage", at_once(send_params("count"))))
+            task = r.json()["result"]["task"]
+            cid = task["contextId"]
+
+            async def state(http: httpx.AsyncClient) -> str:
+                got = (await http.post("/a2a", json=rpc("GetTask", {"id": task["id"]}))).json()
+                return str(got["result"]["status"]["state"])
+
+            async def answering() -> bool:
+                items = (await on_b.get(f"/conversations/{cid}/status")).json()
+                return bool(items.get("state") == "running") and (
+                    await state(on_b) == "TASK_STATE_WORKING"
+                )
+
+            await until(answering, "the turn running on A, seen through B")
+            r = await on_b.post("/a2a", json=rpc("CancelTask", {"id": task["id"]}))
+            assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", r.text
+
+            async def stopped() -> bool:
+                items = (await on_b.get(f"/conversations/{cid}/messages")).json()["items"]
+                return any(m["kind"] == "assistant" for m in items)
+
+            await until(stopped, "the turn on A stopped, its partial answer stored")
+            items = (await on_b.get(f"/conversations/{cid}/messages")).json()["items"]
+            [answer] = [m for m in items if m["kind"] == "assistant"]
+            assert answer["status"] == "interrupted"
+            assert len(answer["content"].split()) < len(words)
+
+            async def canceled_on_both() -> bool:
+                return {await state(on_a), await state(on_b)} == {"TASK_STATE_CANCELED"}
+
+            await until(canceled_on_both, "canceled, read through A and through B")
+            r = await on_a.post("/a2a", json=rpc("CancelTask", {"id": task["id"]}))
+            assert r.json()["error"]["code"] == -32002  # TaskNotCancelable: it is over
