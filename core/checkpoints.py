@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
-from .lifecycle import export_conversation
+from .lifecycle import MAX_CHECKPOINT_LABEL, export_conversation
 from .settings import settings_dataclass
 from .store.records import CheckpointRecord
 
@@ -44,7 +44,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The longest label kept (characters); a longer one is cut.
-MAX_LABEL = 200
+MAX_LABEL = MAX_CHECKPOINT_LABEL
 
 #: The ends that take an automatic checkpoint (``deleted``: the user asked it gone,
 #: its checkpoints go with it; a shutdown is taken by the agent's shutdown listener).
@@ -83,7 +83,8 @@ async def take_checkpoint(
     """Snapshot ``conversation_id`` into a checkpoint of ``store``; ``None`` when
     there is no such conversation.  ``keep``: with ``automatic``, how many of the
     conversation's automatic checkpoints stay (this one included)."""
-    doc = await export_conversation(store, conversation_id)
+    # (Without the earlier checkpoints: each would otherwise hold all the ones before.)
+    doc = await export_conversation(store, conversation_id, checkpoints=False)
     if doc is None:
         return None
     text = json.dumps(doc, ensure_ascii=False, allow_nan=False)

@@ -75,6 +75,9 @@ __all__ = [
     "DELETED_NOTICE",
     "IMPORTED",
     "IMPORTED_SCOPE",
+    "MAX_CHECKPOINT_BYTES",
+    "MAX_CHECKPOINT_LABEL",
+    "MAX_SNAPSHOT_CHECKPOINTS",
     "RETENTION_AUTHOR",
     "SNAPSHOT_FORMAT",
     "SNAPSHOT_VERSION",
@@ -95,6 +98,12 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_FORMAT = "agentik.conversation"
 SNAPSHOT_VERSION = 1
+#: The longest checkpoint label (characters, one line).
+MAX_CHECKPOINT_LABEL = 200
+#: The most checkpoints one snapshot may bring, and the largest document of one
+#: (bytes of UTF-8 JSON): a snapshot is not trusted like the database.
+MAX_SNAPSHOT_CHECKPOINTS = 1000
+MAX_CHECKPOINT_BYTES = 16 * 2**20
 DAY = 86400.0
 
 RETENTION_PROMPT = (
@@ -506,8 +515,14 @@ class RetentionWorker:
 
 
 # -- snapshots --------------------------------------------------------------------------------
-async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any] | None:
-    """The snapshot of one conversation (``None``: there is no such conversation)."""
+async def export_conversation(
+    store: Any, conversation_id: str, *, checkpoints: bool = True
+) -> dict[str, Any] | None:
+    """The snapshot of one conversation (``None``: there is no such conversation).
+
+    ``checkpoints``: with the conversation's checkpoints (``checkpoints``: oldest
+    first, each ``{created_at, label, automatic, document}``); a checkpoint's own
+    document is exported without them (no snapshot nests in another twice)."""
     record = await store.get_conversation(conversation_id)
     if record is None:
         return None
@@ -551,7 +566,69 @@ async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any
         held = await store.attachments(conversation_id)
         if held:
             doc["attachments"] = [await _export_attachment(store, a) for a in held]
+    if checkpoints:
+        with contextlib.suppress(NotImplementedError):
+            taken = await _export_checkpoints(store, conversation_id)
+            if taken:
+                doc["checkpoints"] = taken
     return doc
+
+
+async def _export_checkpoints(store: Any, conversation_id: str) -> list[dict[str, Any]]:
+    out = []
+    for c in reversed(await store.checkpoints(conversation_id)):
+        text = await store.checkpoint_get(conversation_id, c.id)
+        if text is None:
+            continue  # deleted meanwhile
+        out.append(
+            {
+                "created_at": c.created_at,
+                "label": c.label,
+                "automatic": c.automatic,
+                "document": json.loads(text),
+            }
+        )
+    return out
+
+
+def _snapshot_checkpoints(doc: dict[str, Any]) -> list[tuple[str, float, str, bool]]:
+    """The checkpoints of a snapshot, each checked as a snapshot of its own, at most
+    :data:`MAX_SNAPSHOT_CHECKPOINTS` of at most :data:`MAX_CHECKPOINT_BYTES` each.
+    ``(document as JSON text, created_at, label, automatic)``."""
+    items = doc.get("checkpoints")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise SnapshotError(f"checkpoints: expected array, got {type(items).__name__}")
+    if len(items) > MAX_SNAPSHOT_CHECKPOINTS:
+        raise SnapshotError(f"checkpoints: at most {MAX_SNAPSHOT_CHECKPOINTS} checkpoints")
+    out = []
+    for i, c in enumerate(items):
+        where = f"checkpoints[{i}]"
+        if not isinstance(c, dict):
+            raise SnapshotError(f"{where}: expected an object")
+        at = _need(c, "created_at", where, (int, float))
+        label = _need(c, "label", where, str, optional=True) or ""
+        if len(label) > MAX_CHECKPOINT_LABEL or label != " ".join(label.split()):
+            raise SnapshotError(
+                f"{where}.label: one line of at most {MAX_CHECKPOINT_LABEL} characters"
+            )
+        automatic = bool(_need(c, "automatic", where, bool, optional=True))
+        document = _need(c, "document", where, dict)
+        if "checkpoints" in document:
+            raise SnapshotError(f"{where}.document: a checkpoint holds no checkpoints")
+        try:
+            validate_snapshot(document)
+        except SnapshotError as exc:
+            raise SnapshotError(f"{where}.document: {exc}") from None
+        text = json.dumps(document, ensure_ascii=False, allow_nan=False)
+        size = len(text.encode("utf-8"))
+        if size > MAX_CHECKPOINT_BYTES:
+            raise SnapshotError(
+                f"{where}.document: {size:,} bytes, larger than {MAX_CHECKPOINT_BYTES:,}"
+            )
+        out.append((text, float(at), label, automatic))
+    return out
 
 
 async def _export_attachment(store: Any, held: Any) -> dict[str, Any]:
@@ -799,6 +876,7 @@ async def import_conversation(
     """
     doc = validate_snapshot(doc)
     attached = _snapshot_attachments(doc, max_bytes)
+    kept = _snapshot_checkpoints(doc)  # (all checked before anything is written)
     cid = uuid.uuid4().hex if new_ids else doc["conversation"]["id"]
     if bind is not None and not bind.strip():
         raise SnapshotError("bind: empty channel key")
@@ -808,4 +886,12 @@ async def import_conversation(
     result: ImportResult = await store.import_rows(doc, cid, bind=bind, now=now)
     for data, media_type, at in attached:
         await store.attachment_put(result.conversation_id, data, media_type, at=at or now)
+    if kept and "checkpoints" not in getattr(store, "capabilities", ()):
+        log.warning("import: this store keeps no checkpoints; %d left out", len(kept))
+    elif kept:
+        for text, at, label, automatic in kept:
+            # As taken here; none trimmed (keep_automatic applies to the next ones).
+            await store.checkpoint_add(
+                result.conversation_id, text, at=at, label=label, automatic=automatic
+            )
     return result

@@ -11,15 +11,23 @@ import os
 import re
 import signal
 import socket
+from typing import Any
 
 import httpx
+import pytest
 from test_compaction import Brain, chat, make_agent
 from test_http_api import SECURED, error_code
 
 from agentik.bot.bridge import Bridge, ChannelOptions
-from agentik.core.checkpoints import CheckpointSettings, CheckpointWorker
+from agentik.core.checkpoints import CheckpointSettings, CheckpointWorker, take_checkpoint
 from agentik.core.client import RemoteAgent
-from agentik.core.lifecycle import import_conversation
+from agentik.core.lifecycle import (
+    MAX_CHECKPOINT_BYTES,
+    MAX_SNAPSHOT_CHECKPOINTS,
+    SnapshotError,
+    export_conversation,
+    import_conversation,
+)
 from agentik.core.store.sqlite import SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.testing.fake import FakeTransport
@@ -338,3 +346,81 @@ async def test_agentik_run_stopped_by_sigterm_checkpoints_what_changed(tmp_path)
 async def _collect(stream: asyncio.StreamReader, into: list[str]) -> None:
     while line := await stream.readline():
         into.append(line.decode())
+
+
+async def test_a_snapshot_carries_the_checkpoints_and_restores_them(db_path, tmp_path):
+    """Export → import into another database file: the checkpoints come along (oldest
+    first, label, automatic, the time taken, the document as it was); a checkpoint's
+    own document holds no checkpoints, so snapshots do not nest."""
+    brain = Brain()
+    async with make_agent(brain, db_path, budget=100_000) as agent:
+        conv = await agent.create_conversation(title="plans")
+        await chat(conv, 1, size=0)
+        first = await conv.checkpoint("before ✓")
+        await chat(conv, 1, start=1, size=0)
+        await take_checkpoint(agent.store, conv.id, label="reset", automatic=True, keep=2)
+        doc = await export_conversation(agent.store, conv.id)
+        assert doc is not None
+    assert [(c["label"], c["automatic"]) for c in doc["checkpoints"]] == [
+        ("before ✓", False), ("reset", True),
+    ]  # fmt: skip
+    assert doc["checkpoints"][0]["created_at"] == first.created_at
+    assert all("checkpoints" not in c["document"] for c in doc["checkpoints"])
+    other = str(tmp_path / "other.db")
+    async with SQLiteStore(other) as store:
+        result = await import_conversation(store, json.loads(json.dumps(doc)), new_ids=True)
+        restored = await store.checkpoints(result.conversation_id)
+        assert [(c.label, c.automatic, c.created_at) for c in reversed(restored)] == [
+            (c["label"], c["automatic"], c["created_at"]) for c in doc["checkpoints"]
+        ]
+        back = json.loads(await store.checkpoint_get(result.conversation_id, restored[-1].id))
+        assert back == doc["checkpoints"][0]["document"]
+        users = [m["content"] for m in back["messages"] if m["kind"] == "user"]
+        assert users == ["question 0 "]
+        # Exported again, the same checkpoints (a round trip loses nothing).
+        again = await export_conversation(store, result.conversation_id)
+        assert again["checkpoints"] == doc["checkpoints"]
+
+
+async def test_a_hostile_snapshot_checkpoint_is_refused_and_nothing_is_written(db_path):
+    brain = Brain()
+    async with make_agent(brain, db_path, budget=100_000) as agent:
+        conv = await agent.create_conversation(title="plans")
+        await chat(conv, 1, size=0)
+        await conv.checkpoint("fine")
+        good = await export_conversation(agent.store, conv.id)
+    inner = good["checkpoints"][0]["document"]
+
+    def with_checkpoint(**change: Any) -> dict[str, Any]:
+        doc = json.loads(json.dumps(good))
+        doc["checkpoints"][0].update(change)
+        return doc
+
+    huge = json.loads(json.dumps(inner))
+    huge["messages"][0]["content"] = "x" * (MAX_CHECKPOINT_BYTES + 1)
+    nested = json.loads(json.dumps(inner))
+    nested["checkpoints"] = []
+    bad_format = {**inner, "format": "something else"}
+    bad_message = json.loads(json.dumps(inner))
+    bad_message["messages"][0]["kind"] = "system"
+    cases = [
+        (with_checkpoint(document=huge), "checkpoints[0].document: 16,778,"),
+        (with_checkpoint(document=nested), "checkpoints[0].document: a checkpoint holds no"),
+        (with_checkpoint(document=bad_format), "checkpoints[0].document: format: expected"),
+        (with_checkpoint(document=bad_message), "checkpoints[0].document: messages[0].kind"),
+        (with_checkpoint(document="{}"), "checkpoints[0].document: expected object"),
+        (with_checkpoint(label="two\nlines"), "checkpoints[0].label: one line of at most 200"),
+        (with_checkpoint(label="x" * 201), "checkpoints[0].label: one line of at most 200"),
+        (with_checkpoint(automatic="yes"), "checkpoints[0].automatic: expected boolean"),
+        ({**good, "checkpoints": {"a": 1}}, "checkpoints: expected array, got dict"),
+        ({**good, "checkpoints": [good["checkpoints"][0]] * (MAX_SNAPSHOT_CHECKPOINTS + 1)},
+         "checkpoints: at most 1000 checkpoints"),
+    ]  # fmt: skip
+    async with SQLiteStore(db_path) as store:
+        before = rows(db_path, "SELECT COUNT(*) FROM conversation")
+        for doc, message in cases:
+            with pytest.raises(SnapshotError) as caught:
+                await import_conversation(store, doc, new_ids=True)
+            assert str(caught.value).startswith(message), str(caught.value)[:200]
+        assert rows(db_path, "SELECT COUNT(*) FROM conversation") == before
+        assert rows(db_path, "SELECT COUNT(*) FROM checkpoint") == [(1,)]
