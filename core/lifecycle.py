@@ -61,6 +61,7 @@ from .compaction import SUMMARY_PREFIX, ask
 from .errors import AttachmentRejected
 from .questions import MAX_TODO_ITEMS, MAX_TODO_TEXT, TODO_STATUSES
 from .settings import settings_dataclass
+from .store.records import A2ATaskRecord
 from .store.snapshot import (
     DELETED_NOTICE,
     IMPORTED,
@@ -75,8 +76,10 @@ __all__ = [
     "DELETED_NOTICE",
     "IMPORTED",
     "IMPORTED_SCOPE",
+    "MAX_A2A_TASK_BYTES",
     "MAX_CHECKPOINT_BYTES",
     "MAX_CHECKPOINT_LABEL",
+    "MAX_SNAPSHOT_A2A_TASKS",
     "MAX_SNAPSHOT_CHECKPOINTS",
     "RETENTION_AUTHOR",
     "SNAPSHOT_FORMAT",
@@ -104,6 +107,11 @@ MAX_CHECKPOINT_LABEL = 200
 #: (bytes of UTF-8 JSON): a snapshot is not trusted like the database.
 MAX_SNAPSHOT_CHECKPOINTS = 1000
 MAX_CHECKPOINT_BYTES = 16 * 2**20
+#: The most A2A task records one snapshot may bring, and the largest body of one.
+MAX_SNAPSHOT_A2A_TASKS = 10_000
+MAX_A2A_TASK_BYTES = 2**20
+#: The state an imported task that was not over is closed with (it never resumes).
+IMPORTED_TASK_STATE = "TASK_STATE_FAILED"
 DAY = 86400.0
 
 RETENTION_PROMPT = (
@@ -566,6 +574,17 @@ async def export_conversation(
         held = await store.attachments(conversation_id)
         if held:
             doc["attachments"] = [await _export_attachment(store, a) for a in held]
+    with contextlib.suppress(NotImplementedError):
+        tasks = await store.a2a_conversation_tasks(conversation_id)
+        if tasks:
+            doc["a2a_tasks"] = [
+                {
+                    "owner": t.owner, "task_id": t.task_id, "run_id": t.run_id,
+                    "state": t.state, "final": t.final, "updated_at": t.updated_at,
+                    "body": t.body,
+                }
+                for t in tasks
+            ]  # fmt: skip
     if checkpoints:
         with contextlib.suppress(NotImplementedError):
             taken = await _export_checkpoints(store, conversation_id)
@@ -588,6 +607,59 @@ async def _export_checkpoints(store: Any, conversation_id: str) -> list[dict[str
                 "document": json.loads(text),
             }
         )
+    return out
+
+
+def _snapshot_a2a_tasks(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The A2A task records of a snapshot, checked (sizes, fields, a body that is a
+    JSON object), as history that grants nothing: the owner becomes
+    ``imported:<owner>`` (no token has that name, so no caller reads them through
+    A2A) and a task not over is closed (:data:`IMPORTED_TASK_STATE`)."""
+    items = doc.get("a2a_tasks")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise SnapshotError(f"a2a_tasks: expected array, got {type(items).__name__}")
+    if len(items) > MAX_SNAPSHOT_A2A_TASKS:
+        raise SnapshotError(f"a2a_tasks: at most {MAX_SNAPSHOT_A2A_TASKS} tasks")
+    out = []
+    for i, t in enumerate(items):
+        where = f"a2a_tasks[{i}]"
+        if not isinstance(t, dict):
+            raise SnapshotError(f"{where}: expected an object")
+        fields = {}
+        for key, most in (("owner", 200), ("task_id", 200), ("state", 64)):
+            value = _need(t, key, where, str)
+            if not 1 <= len(value) <= most or not value.isprintable():
+                raise SnapshotError(f"{where}.{key}: 1 to {most} printable characters")
+            fields[key] = value
+        run_id = _need(t, "run_id", where, str, optional=True)
+        if run_id is not None and not 1 <= len(run_id) <= 200:
+            raise SnapshotError(f"{where}.run_id: 1 to 200 characters")
+        final = bool(_need(t, "final", where, bool, optional=True))
+        at = _need(t, "updated_at", where, (int, float))
+        body = _need(t, "body", where, str)
+        if len(body.encode("utf-8", "surrogatepass")) > MAX_A2A_TASK_BYTES:
+            raise SnapshotError(f"{where}.body: larger than {MAX_A2A_TASK_BYTES:,} bytes")
+        try:
+            task = json.loads(body)
+        except ValueError:
+            raise SnapshotError(f"{where}.body: not JSON") from None
+        if not isinstance(task, dict):
+            raise SnapshotError(f"{where}.body: expected a JSON object")
+        owner = fields["owner"]
+        if not owner.startswith(IMPORTED_SCOPE):
+            owner = IMPORTED_SCOPE + owner
+        state = fields["state"]
+        if not final:
+            state = IMPORTED_TASK_STATE
+            if isinstance(task.get("status"), dict):
+                task["status"]["state"] = state
+                body = json.dumps(task, separators=(",", ":"))
+        out.append(
+            {"owner": owner, "task_id": fields["task_id"], "run_id": run_id, "state": state,
+             "updated_at": float(at), "body": body}
+        )  # fmt: skip
     return out
 
 
@@ -877,6 +949,7 @@ async def import_conversation(
     doc = validate_snapshot(doc)
     attached = _snapshot_attachments(doc, max_bytes)
     kept = _snapshot_checkpoints(doc)  # (all checked before anything is written)
+    tasks = _snapshot_a2a_tasks(doc)
     cid = uuid.uuid4().hex if new_ids else doc["conversation"]["id"]
     if bind is not None and not bind.strip():
         raise SnapshotError("bind: empty channel key")
@@ -886,6 +959,8 @@ async def import_conversation(
     result: ImportResult = await store.import_rows(doc, cid, bind=bind, now=now)
     for data, media_type, at in attached:
         await store.attachment_put(result.conversation_id, data, media_type, at=at or now)
+    if tasks:
+        await _import_a2a_tasks(store, result.conversation_id, tasks)
     if kept and "checkpoints" not in getattr(store, "capabilities", ()):
         log.warning("import: this store keeps no checkpoints; %d left out", len(kept))
     elif kept:
@@ -895,3 +970,17 @@ async def import_conversation(
                 result.conversation_id, text, at=at, label=label, automatic=automatic
             )
     return result
+
+
+async def _import_a2a_tasks(store: Any, cid: str, tasks: list[dict[str, Any]]) -> None:
+    if "a2a_tasks" not in getattr(store, "capabilities", ()):
+        log.warning("import: this store keeps no A2A tasks; %d left out", len(tasks))
+        return
+    skipped = 0
+    for t in tasks:
+        if await store.a2a_task_get(t["owner"], t["task_id"]) is not None:
+            skipped += 1  # the same snapshot imported again: the first keeps its record
+            continue
+        await store.a2a_task_put(A2ATaskRecord(conversation_id=cid, final=True, **t))
+    if skipped:
+        log.warning("import: %d A2A tasks already in this database kept their records", skipped)
