@@ -693,7 +693,8 @@ _SCHEMAS: dict[str, Any] = {
         "description": (
             "A conversation snapshot (agentik conversations export; docs/lifecycle.md). "
             "An export also carries approvals, questions and runs (arrays of rows)"
-            " and the checklist (todo, optional)."
+            " and the checklist (todo, optional), the conversation's checkpoints and its"
+            " A2A task records (optional; imported tasks belong to imported:<token>)."
         ),
         "required": ["format", "version", "conversation", "messages", "working_memory"],
         "properties": {
@@ -729,6 +730,38 @@ _SCHEMAS: dict[str, Any] = {
                 },
             },
             "todo": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/Checklist"}]},
+            "checkpoints": {
+                "type": "array",
+                "maxItems": 1000,
+                "description": "oldest first; each document is a snapshot without checkpoints",
+                "items": {
+                    "type": "object",
+                    "required": ["created_at", "document"],
+                    "properties": {
+                        "created_at": {"type": "number"},
+                        "label": {"type": ["string", "null"], "maxLength": 200},
+                        "automatic": {"type": ["boolean", "null"]},
+                        "document": {"type": "object"},
+                    },
+                },
+            },
+            "a2a_tasks": {
+                "type": "array",
+                "maxItems": 10000,
+                "items": {
+                    "type": "object",
+                    "required": ["owner", "task_id", "state", "updated_at", "body"],
+                    "properties": {
+                        "owner": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "task_id": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "run_id": _NULLABLE_STR,
+                        "state": {"type": "string", "minLength": 1, "maxLength": 64},
+                        "final": {"type": ["boolean", "null"]},
+                        "updated_at": {"type": "number"},
+                        "body": {"type": "string", "description": "the SDK's task as JSON"},
+                    },
+                },
+            },
         },
     },
     "SnapshotConversation": {
