@@ -46,6 +46,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -110,6 +111,8 @@ MAX_CHECKPOINT_BYTES = 16 * 2**20
 #: The most A2A task records one snapshot may bring, and the largest body of one.
 MAX_SNAPSHOT_A2A_TASKS = 10_000
 MAX_A2A_TASK_BYTES = 2**20
+#: Characters an A2A task's owner, id or state from a snapshot may not hold.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: The state an imported task that was not over is closed with (it never resumes).
 IMPORTED_TASK_STATE = "TASK_STATE_FAILED"
 DAY = 86400.0
@@ -581,7 +584,7 @@ async def export_conversation(
                 {
                     "owner": t.owner, "task_id": t.task_id, "run_id": t.run_id,
                     "state": t.state, "final": t.final, "updated_at": t.updated_at,
-                    "body": t.body,
+                    "body": json.loads(t.body),
                 }
                 for t in tasks
             ]  # fmt: skip
@@ -630,23 +633,18 @@ def _snapshot_a2a_tasks(doc: dict[str, Any]) -> list[dict[str, Any]]:
         fields = {}
         for key, most in (("owner", 200), ("task_id", 200), ("state", 64)):
             value = _need(t, key, where, str)
-            if not 1 <= len(value) <= most or not value.isprintable():
-                raise SnapshotError(f"{where}.{key}: 1 to {most} printable characters")
+            if not 1 <= len(value) <= most or _CONTROL.search(value):
+                raise SnapshotError(f"{where}.{key}: 1 to {most} characters, no control ones")
             fields[key] = value
-        run_id = _need(t, "run_id", where, str, optional=True)
-        if run_id is not None and not 1 <= len(run_id) <= 200:
-            raise SnapshotError(f"{where}.run_id: 1 to 200 characters")
+        run_id = _need(t, "run_id", where, str, optional=True) or None
+        if run_id is not None and len(run_id) > 200:
+            raise SnapshotError(f"{where}.run_id: at most 200 characters")
         final = bool(_need(t, "final", where, bool, optional=True))
         at = _need(t, "updated_at", where, (int, float))
-        body = _need(t, "body", where, str)
-        if len(body.encode("utf-8", "surrogatepass")) > MAX_A2A_TASK_BYTES:
+        task = _need(t, "body", where, dict)
+        body = json.dumps(task, separators=(",", ":"))
+        if len(body.encode("utf-8")) > MAX_A2A_TASK_BYTES:
             raise SnapshotError(f"{where}.body: larger than {MAX_A2A_TASK_BYTES:,} bytes")
-        try:
-            task = json.loads(body)
-        except ValueError:
-            raise SnapshotError(f"{where}.body: not JSON") from None
-        if not isinstance(task, dict):
-            raise SnapshotError(f"{where}.body: expected a JSON object")
         owner = fields["owner"]
         if not owner.startswith(IMPORTED_SCOPE):
             owner = IMPORTED_SCOPE + owner
@@ -681,10 +679,9 @@ def _snapshot_checkpoints(doc: dict[str, Any]) -> list[tuple[str, float, str, bo
             raise SnapshotError(f"{where}: expected an object")
         at = _need(c, "created_at", where, (int, float))
         label = _need(c, "label", where, str, optional=True) or ""
-        if len(label) > MAX_CHECKPOINT_LABEL or label != " ".join(label.split()):
-            raise SnapshotError(
-                f"{where}.label: one line of at most {MAX_CHECKPOINT_LABEL} characters"
-            )
+        if len(label) > MAX_CHECKPOINT_LABEL:
+            raise SnapshotError(f"{where}.label: at most {MAX_CHECKPOINT_LABEL} characters")
+        label = " ".join(label.split())  # one line, as a label taken here
         automatic = bool(_need(c, "automatic", where, bool, optional=True))
         document = _need(c, "document", where, dict)
         if "checkpoints" in document:

@@ -78,6 +78,8 @@ ERROR_CODES = (
 )
 
 _NULLABLE_STR = {"type": ["string", "null"]}
+#: An A2A task record's owner, id or state in a snapshot: no control characters.
+_TASK_FIELD = "^[^\\x00-\\x1f\\x7f-\\x9f]{1,%d}$"
 #: ``GET /conversations?children=``: child-run conversations listed with the others
 #: (the default, as ``agentik conversations list`` does), left out, or listed alone.
 CHILDREN = ("include", "exclude", "only")
@@ -731,7 +733,7 @@ _SCHEMAS: dict[str, Any] = {
             },
             "todo": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/Checklist"}]},
             "checkpoints": {
-                "type": "array",
+                "type": ["array", "null"],
                 "maxItems": 1000,
                 "description": "oldest first; each document is a snapshot without checkpoints",
                 "items": {
@@ -739,26 +741,30 @@ _SCHEMAS: dict[str, Any] = {
                     "required": ["created_at", "document"],
                     "properties": {
                         "created_at": {"type": "number"},
-                        "label": {"type": ["string", "null"], "maxLength": 200},
+                        "label": {
+                            "type": ["string", "null"],
+                            "maxLength": 200,
+                            "description": "made one line (runs of white space: one space)",
+                        },
                         "automatic": {"type": ["boolean", "null"]},
-                        "document": {"type": "object"},
+                        "document": {"$ref": "#/components/schemas/CheckpointDocument"},
                     },
                 },
             },
             "a2a_tasks": {
-                "type": "array",
+                "type": ["array", "null"],
                 "maxItems": 10000,
                 "items": {
                     "type": "object",
                     "required": ["owner", "task_id", "state", "updated_at", "body"],
                     "properties": {
-                        "owner": {"type": "string", "minLength": 1, "maxLength": 200},
-                        "task_id": {"type": "string", "minLength": 1, "maxLength": 200},
-                        "run_id": _NULLABLE_STR,
-                        "state": {"type": "string", "minLength": 1, "maxLength": 64},
+                        "owner": {"type": "string", "pattern": _TASK_FIELD % 200},
+                        "task_id": {"type": "string", "pattern": _TASK_FIELD % 200},
+                        "run_id": {"type": ["string", "null"], "maxLength": 200},
+                        "state": {"type": "string", "pattern": _TASK_FIELD % 64},
                         "final": {"type": ["boolean", "null"]},
                         "updated_at": {"type": "number"},
-                        "body": {"type": "string", "description": "the SDK's task as JSON"},
+                        "body": {"type": "object", "description": "the SDK's task (at most 1 MiB)"},
                     },
                 },
             },
@@ -863,6 +869,18 @@ _SCHEMAS: dict[str, Any] = {
         },
     },
 }
+
+# A checkpoint's document: a snapshot that holds no checkpoints (its own A2A task
+# records, if any, are checked when it is imported as a conversation).
+_SCHEMAS["CheckpointDocument"] = {
+    **_SCHEMAS["Snapshot"],
+    "description": "A checkpoint's snapshot (as Snapshot, without checkpoints)",
+    "properties": {
+        k: v for k, v in _SCHEMAS["Snapshot"]["properties"].items()
+        if k not in ("checkpoints", "a2a_tasks")
+    },
+    "not": {"required": ["checkpoints"]},
+}  # fmt: skip
 
 
 def _error(description: str) -> dict[str, Any]:
