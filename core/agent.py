@@ -240,6 +240,10 @@ class Agent:
         self.end_listeners: list[Callable[[Conversation, str, str | None], Awaitable[None]]] = []
         #: Awaited by :meth:`wind_down` (a bot's orderly shutdown), before anything closes.
         self.closing_listeners: list[Callable[[], Awaitable[None]]] = []
+        #: Awaited by :meth:`aclose` once every conversation open in memory stopped
+        #: (running turns ended, their partial answers stored) and before the store
+        #: closes, with those conversations: the checkpoint worker keeps what changed.
+        self.shutdown_listeners: list[Callable[[list[Conversation]], Awaitable[None]]] = []
         self._wound_down = False
         #: On a store several workers share: this worker's part in events and waits
         #: across workers (:mod:`agentik.core.cluster.events`); ``None`` on one process.
@@ -343,16 +347,20 @@ class Agent:
         the memory worker reflects on and mines what is new, within its budget);
         then each conversation open in memory publishes ``conversation_ended``
         (reason ``shutdown``) before its event streams end, unless it ended
-        already (``closed``, ``reset``, ``deleted``, or the wind-down's)."""
+        already (``closed``, ``reset``, ``deleted``, or the wind-down's); then the
+        :attr:`shutdown_listeners` run, before the store closes."""
         if self.state in (AgentState.CLOSING, AgentState.CLOSED):
             return
         if self.state is AgentState.RUNNING:
             await self.wind_down()
         self.state = AgentState.CLOSING
-        await asyncio.gather(
-            *(c.aclose(drain=drain) for c in self.services.conversations()),
-            return_exceptions=True,
-        )
+        closing = self.services.conversations()
+        await asyncio.gather(*(c.aclose(drain=drain) for c in closing), return_exceptions=True)
+        for listener in list(self.shutdown_listeners):
+            try:
+                await listener(closing)
+            except Exception:
+                log.exception("shutdown listener %r failed", listener)
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

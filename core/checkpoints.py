@@ -7,17 +7,20 @@ makes (``format: "agentik.conversation"``), stored by the store's
 the time it was taken.  They are taken on request
 (:meth:`Conversation.checkpoint <agentik.core.conversation.Conversation.checkpoint>`,
 ``!checkpoint``, ``POST …/checkpoints``) or, with ``[checkpoints] keep_automatic``
-set, by :class:`CheckpointWorker` each time a conversation ends (``!new``, idle,
-``Conversation.aclose()``), keeping the latest ``keep_automatic`` automatic ones;
-asked-for checkpoints are never trimmed.  A checkpoint's document restores like
-any snapshot (``agentik conversations import``, ``POST …/conversations/import``):
-as a new conversation, the original left as it is.  Checkpoints go with their
+set, by :class:`CheckpointWorker` each time a conversation ends in this process
+(``!new``, idle, ``Conversation.aclose()``, and at shutdown for each conversation
+with turns since its last checkpoint), keeping the latest ``keep_automatic``
+automatic ones; none when nothing changed since the newest checkpoint, nor for an
+empty or deleted conversation; asked-for checkpoints are never trimmed.  A
+checkpoint's document restores like any snapshot (``agentik conversations
+import``, ``POST …/conversations/import``): as a new conversation, the original
+left as it is.  Checkpoints go with their
 conversation.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -25,7 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
-from .lifecycle import export_conversation
+from .lifecycle import MAX_CHECKPOINT_LABEL, export_conversation
 from .settings import settings_dataclass
 from .store.records import CheckpointRecord
 
@@ -33,6 +36,7 @@ __all__ = [
     "MAX_LABEL",
     "CheckpointSettings",
     "CheckpointWorker",
+    "changed_since_checkpoint",
     "checkpoint_document",
     "take_checkpoint",
 ]
@@ -40,10 +44,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The longest label kept (characters); a longer one is cut.
-MAX_LABEL = 200
+MAX_LABEL = MAX_CHECKPOINT_LABEL
 
-#: The ends that take an automatic checkpoint (``deleted``: its rows go anyway;
-#: ``shutdown``: the database keeps everything for the next start).
+#: The ends that take an automatic checkpoint (``deleted``: the user asked it gone,
+#: its checkpoints go with it; a shutdown is taken by the agent's shutdown listener).
 _ENDS = frozenset({"reset", "idle", "closed"})
 
 
@@ -51,9 +55,12 @@ _ENDS = frozenset({"reset", "idle", "closed"})
 class CheckpointSettings:
     """``[checkpoints]``: automatic checkpoints (see :mod:`agentik.core.checkpoints`).
 
-    ``keep_automatic``: take one each time a conversation ends (``!new``, idle,
-    closed) and keep this many of each conversation's latest; 0 (the default):
-    take none automatically (asked-for checkpoints work either way).
+    ``keep_automatic``: take one each time a conversation ends in this process
+    (``!new``, idle, closed, and at shutdown for each conversation with turns since
+    its last checkpoint; none when unchanged since its newest checkpoint, none for
+    a deleted one) and keep this many of each conversation's latest automatic ones;
+    0 (the default): take none automatically (asked-for checkpoints work either
+    way).
     """
 
     keep_automatic: int = Field(0, ge=0, le=1000)
@@ -76,7 +83,8 @@ async def take_checkpoint(
     """Snapshot ``conversation_id`` into a checkpoint of ``store``; ``None`` when
     there is no such conversation.  ``keep``: with ``automatic``, how many of the
     conversation's automatic checkpoints stay (this one included)."""
-    doc = await export_conversation(store, conversation_id)
+    # (Without the earlier checkpoints: each would otherwise hold all the ones before.)
+    doc = await export_conversation(store, conversation_id, checkpoints=False)
     if doc is None:
         return None
     text = json.dumps(doc, ensure_ascii=False, allow_nan=False)
@@ -103,14 +111,48 @@ async def checkpoint_document(
     return doc
 
 
+async def changed_since_checkpoint(store: Any, conversation_id: str) -> bool:
+    """Whether ``conversation_id`` is stored, has something in it and changed since
+    its newest checkpoint (asked-for or automatic): three small reads, no export."""
+    record = await store.get_conversation(conversation_id)
+    if record is None or await store.count_messages(conversation_id) == 0:
+        return False
+    taken = await store.checkpoints(conversation_id)
+    return not taken or record.updated_at > taken[0].created_at
+
+
 class CheckpointWorker:
     """An agent ``background`` coroutine taking the automatic checkpoints:
-    ``AgentBuilder().background(CheckpointWorker(settings))``."""
+    ``AgentBuilder().background(CheckpointWorker(settings))``.
+
+    It takes one when a conversation ends in this process (``!new``, idle,
+    ``Conversation.aclose()``) and, at :meth:`Agent.aclose
+    <agentik.core.agent.Agent.aclose>`, one of each conversation with turns since
+    its last checkpoint (label ``shutdown``) — never for an empty conversation nor
+    one unchanged since its newest checkpoint.  A deleted conversation gets none:
+    its rows (checkpoints included) go, as asked."""
 
     def __init__(self, settings: CheckpointSettings) -> None:
         self.settings = settings
         #: How many automatic checkpoints were taken (tests, status).
         self.taken = 0
+        #: Conversations with a turn ended since their last automatic checkpoint here.
+        self._changed: set[str] = set()
+
+    async def _take(self, agent: Any, store: Any, conversation_id: str, reason: str) -> None:
+        self._changed.discard(conversation_id)
+        try:
+            if not await changed_since_checkpoint(store, conversation_id):
+                return
+            record = await take_checkpoint(
+                store, conversation_id, label=reason, automatic=True,
+                keep=self.settings.keep_automatic,
+            )  # fmt: skip
+        except Exception:
+            log.exception("automatic checkpoint of conversation %s failed", conversation_id)
+            return
+        if record is not None:
+            self.taken += 1
 
     async def __call__(self, agent: Any) -> None:
         if self.settings.keep_automatic <= 0:
@@ -119,19 +161,25 @@ class CheckpointWorker:
         async def ended(conv: Any, reason: str, channel_key: str | None) -> None:
             if reason not in _ENDS or getattr(conv, "temp", False):
                 return  # a temporary conversation is never written down
-            try:
-                record = await take_checkpoint(
-                    agent.store_for(conv), conv.id, label=reason, automatic=True,
-                    keep=self.settings.keep_automatic,
-                )  # fmt: skip
-            except Exception:
-                log.exception("automatic checkpoint of conversation %s failed", conv.id)
-                return
-            if record is not None:
-                self.taken += 1
+            await self._take(agent, agent.store_for(conv), conv.id, reason)
+
+        async def shutdown(closing: list[Any]) -> None:
+            # The ones open now (their last turn may not have reached the event
+            # stream yet) and the ones that left memory after a turn.
+            ids = {c.id for c in closing if not getattr(c, "temp", False)} | self._changed
+            for cid in sorted(ids):
+                await self._take(agent, agent.store, cid, "shutdown")
 
         agent.end_listeners.append(ended)
+        agent.shutdown_listeners.append(shutdown)
         try:
-            await asyncio.Event().wait()  # until the agent closes (cancelled)
+            events = agent.events(kinds={"turn_ended"})
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if event.kind == "turn_ended":
+                        self._changed.add(event.conversation_id)
         finally:
-            agent.end_listeners.remove(ended)
+            with contextlib.suppress(ValueError):
+                agent.end_listeners.remove(ended)
+            with contextlib.suppress(ValueError):
+                agent.shutdown_listeners.remove(shutdown)

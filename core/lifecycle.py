@@ -46,6 +46,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -61,6 +62,7 @@ from .compaction import SUMMARY_PREFIX, ask
 from .errors import AttachmentRejected
 from .questions import MAX_TODO_ITEMS, MAX_TODO_TEXT, TODO_STATUSES
 from .settings import settings_dataclass
+from .store.records import A2ATaskRecord
 from .store.snapshot import (
     DELETED_NOTICE,
     IMPORTED,
@@ -75,6 +77,11 @@ __all__ = [
     "DELETED_NOTICE",
     "IMPORTED",
     "IMPORTED_SCOPE",
+    "MAX_A2A_TASK_BYTES",
+    "MAX_CHECKPOINT_BYTES",
+    "MAX_CHECKPOINT_LABEL",
+    "MAX_SNAPSHOT_A2A_TASKS",
+    "MAX_SNAPSHOT_CHECKPOINTS",
     "RETENTION_AUTHOR",
     "SNAPSHOT_FORMAT",
     "SNAPSHOT_VERSION",
@@ -95,6 +102,19 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_FORMAT = "agentik.conversation"
 SNAPSHOT_VERSION = 1
+#: The longest checkpoint label (characters, one line).
+MAX_CHECKPOINT_LABEL = 200
+#: The most checkpoints one snapshot may bring, and the largest document of one
+#: (bytes of UTF-8 JSON): a snapshot is not trusted like the database.
+MAX_SNAPSHOT_CHECKPOINTS = 1000
+MAX_CHECKPOINT_BYTES = 16 * 2**20
+#: The most A2A task records one snapshot may bring, and the largest body of one.
+MAX_SNAPSHOT_A2A_TASKS = 10_000
+MAX_A2A_TASK_BYTES = 2**20
+#: Characters an A2A task's owner, id or state from a snapshot may not hold.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: The state an imported task that was not over is closed with (it never resumes).
+IMPORTED_TASK_STATE = "TASK_STATE_FAILED"
 DAY = 86400.0
 
 RETENTION_PROMPT = (
@@ -506,8 +526,14 @@ class RetentionWorker:
 
 
 # -- snapshots --------------------------------------------------------------------------------
-async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any] | None:
-    """The snapshot of one conversation (``None``: there is no such conversation)."""
+async def export_conversation(
+    store: Any, conversation_id: str, *, checkpoints: bool = True
+) -> dict[str, Any] | None:
+    """The snapshot of one conversation (``None``: there is no such conversation).
+
+    ``checkpoints``: with the conversation's checkpoints (``checkpoints``: oldest
+    first, each ``{created_at, label, automatic, document}``); a checkpoint's own
+    document is exported without them (no snapshot nests in another twice)."""
     record = await store.get_conversation(conversation_id)
     if record is None:
         return None
@@ -551,7 +577,127 @@ async def export_conversation(store: Any, conversation_id: str) -> dict[str, Any
         held = await store.attachments(conversation_id)
         if held:
             doc["attachments"] = [await _export_attachment(store, a) for a in held]
+    with contextlib.suppress(NotImplementedError):
+        tasks = await store.a2a_conversation_tasks(conversation_id)
+        if tasks:
+            doc["a2a_tasks"] = [
+                {
+                    "owner": t.owner, "task_id": t.task_id, "run_id": t.run_id,
+                    "state": t.state, "final": t.final, "updated_at": t.updated_at,
+                    "body": json.loads(t.body),
+                }
+                for t in tasks
+            ]  # fmt: skip
+    if checkpoints:
+        with contextlib.suppress(NotImplementedError):
+            taken = await _export_checkpoints(store, conversation_id)
+            if taken:
+                doc["checkpoints"] = taken
     return doc
+
+
+async def _export_checkpoints(store: Any, conversation_id: str) -> list[dict[str, Any]]:
+    out = []
+    for c in reversed(await store.checkpoints(conversation_id)):
+        text = await store.checkpoint_get(conversation_id, c.id)
+        if text is None:
+            continue  # deleted meanwhile
+        out.append(
+            {
+                "created_at": c.created_at,
+                "label": c.label,
+                "automatic": c.automatic,
+                "document": json.loads(text),
+            }
+        )
+    return out
+
+
+def _snapshot_a2a_tasks(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The A2A task records of a snapshot, checked (sizes, fields, a body that is a
+    JSON object), as history that grants nothing: the owner becomes
+    ``imported:<owner>`` (no token has that name, so no caller reads them through
+    A2A) and a task not over is closed (:data:`IMPORTED_TASK_STATE`)."""
+    items = doc.get("a2a_tasks")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise SnapshotError(f"a2a_tasks: expected array, got {type(items).__name__}")
+    if len(items) > MAX_SNAPSHOT_A2A_TASKS:
+        raise SnapshotError(f"a2a_tasks: at most {MAX_SNAPSHOT_A2A_TASKS} tasks")
+    out = []
+    for i, t in enumerate(items):
+        where = f"a2a_tasks[{i}]"
+        if not isinstance(t, dict):
+            raise SnapshotError(f"{where}: expected an object")
+        fields = {}
+        for key, most in (("owner", 200), ("task_id", 200), ("state", 64)):
+            value = _need(t, key, where, str)
+            if not 1 <= len(value) <= most or _CONTROL.search(value):
+                raise SnapshotError(f"{where}.{key}: 1 to {most} characters, no control ones")
+            fields[key] = value
+        run_id = _need(t, "run_id", where, str, optional=True) or None
+        if run_id is not None and len(run_id) > 200:
+            raise SnapshotError(f"{where}.run_id: at most 200 characters")
+        final = bool(_need(t, "final", where, bool, optional=True))
+        at = _need(t, "updated_at", where, (int, float))
+        task = _need(t, "body", where, dict)
+        body = json.dumps(task, separators=(",", ":"))
+        if len(body.encode("utf-8")) > MAX_A2A_TASK_BYTES:
+            raise SnapshotError(f"{where}.body: larger than {MAX_A2A_TASK_BYTES:,} bytes")
+        owner = fields["owner"]
+        if not owner.startswith(IMPORTED_SCOPE):
+            owner = IMPORTED_SCOPE + owner
+        state = fields["state"]
+        if not final:
+            state = IMPORTED_TASK_STATE
+            if isinstance(task.get("status"), dict):
+                task["status"]["state"] = state
+                body = json.dumps(task, separators=(",", ":"))
+        out.append(
+            {"owner": owner, "task_id": fields["task_id"], "run_id": run_id, "state": state,
+             "updated_at": float(at), "body": body}
+        )  # fmt: skip
+    return out
+
+
+def _snapshot_checkpoints(doc: dict[str, Any]) -> list[tuple[str, float, str, bool]]:
+    """The checkpoints of a snapshot, each checked as a snapshot of its own, at most
+    :data:`MAX_SNAPSHOT_CHECKPOINTS` of at most :data:`MAX_CHECKPOINT_BYTES` each.
+    ``(document as JSON text, created_at, label, automatic)``."""
+    items = doc.get("checkpoints")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise SnapshotError(f"checkpoints: expected array, got {type(items).__name__}")
+    if len(items) > MAX_SNAPSHOT_CHECKPOINTS:
+        raise SnapshotError(f"checkpoints: at most {MAX_SNAPSHOT_CHECKPOINTS} checkpoints")
+    out = []
+    for i, c in enumerate(items):
+        where = f"checkpoints[{i}]"
+        if not isinstance(c, dict):
+            raise SnapshotError(f"{where}: expected an object")
+        at = _need(c, "created_at", where, (int, float))
+        label = _need(c, "label", where, str, optional=True) or ""
+        if len(label) > MAX_CHECKPOINT_LABEL:
+            raise SnapshotError(f"{where}.label: at most {MAX_CHECKPOINT_LABEL} characters")
+        label = " ".join(label.split())  # one line, as a label taken here
+        automatic = bool(_need(c, "automatic", where, bool, optional=True))
+        document = _need(c, "document", where, dict)
+        if "checkpoints" in document:
+            raise SnapshotError(f"{where}.document: a checkpoint holds no checkpoints")
+        try:
+            validate_snapshot(document)
+        except SnapshotError as exc:
+            raise SnapshotError(f"{where}.document: {exc}") from None
+        text = json.dumps(document, ensure_ascii=False, allow_nan=False)
+        size = len(text.encode("utf-8"))
+        if size > MAX_CHECKPOINT_BYTES:
+            raise SnapshotError(
+                f"{where}.document: {size:,} bytes, larger than {MAX_CHECKPOINT_BYTES:,}"
+            )
+        out.append((text, float(at), label, automatic))
+    return out
 
 
 async def _export_attachment(store: Any, held: Any) -> dict[str, Any]:
@@ -799,6 +945,8 @@ async def import_conversation(
     """
     doc = validate_snapshot(doc)
     attached = _snapshot_attachments(doc, max_bytes)
+    kept = _snapshot_checkpoints(doc)  # (all checked before anything is written)
+    tasks = _snapshot_a2a_tasks(doc)
     cid = uuid.uuid4().hex if new_ids else doc["conversation"]["id"]
     if bind is not None and not bind.strip():
         raise SnapshotError("bind: empty channel key")
@@ -808,4 +956,28 @@ async def import_conversation(
     result: ImportResult = await store.import_rows(doc, cid, bind=bind, now=now)
     for data, media_type, at in attached:
         await store.attachment_put(result.conversation_id, data, media_type, at=at or now)
+    if tasks:
+        await _import_a2a_tasks(store, result.conversation_id, tasks)
+    if kept and "checkpoints" not in getattr(store, "capabilities", ()):
+        log.warning("import: this store keeps no checkpoints; %d left out", len(kept))
+    elif kept:
+        for text, at, label, automatic in kept:
+            # As taken here; none trimmed (keep_automatic applies to the next ones).
+            await store.checkpoint_add(
+                result.conversation_id, text, at=at, label=label, automatic=automatic
+            )
     return result
+
+
+async def _import_a2a_tasks(store: Any, cid: str, tasks: list[dict[str, Any]]) -> None:
+    if "a2a_tasks" not in getattr(store, "capabilities", ()):
+        log.warning("import: this store keeps no A2A tasks; %d left out", len(tasks))
+        return
+    skipped = 0
+    for t in tasks:
+        if await store.a2a_task_get(t["owner"], t["task_id"]) is not None:
+            skipped += 1  # the same snapshot imported again: the first keeps its record
+            continue
+        await store.a2a_task_put(A2ATaskRecord(conversation_id=cid, final=True, **t))
+    if skipped:
+        log.warning("import: %d A2A tasks already in this database kept their records", skipped)

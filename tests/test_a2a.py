@@ -22,9 +22,11 @@ from aiohttp import web
 
 from agentik.core import Agent, OpenAIBackend, SQLiteStore
 from agentik.core.agents import AgentSpec
+from agentik.core.store.records import A2ATaskRecord
 from agentik.core.testing.openai_server import FakeOpenAIServer
 from agentik.core.testing.openai_server import Reply as WireReply
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
+from helpers import rows
 
 from httpserver import TOKENS, Server, running_server
 from rigs import eventually
@@ -574,3 +576,137 @@ async def test_a_task_run_on_one_worker_is_read_through_another(openai_server, p
 
 async def _is(value: Any, wanted: Any) -> bool:
     return bool(await value == wanted)
+
+
+async def test_a_cancel_through_another_worker_stops_the_turn_and_the_task_ends_canceled(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Two real ``agentik run`` workers on one PostgreSQL database: a task sent to A
+    (whose turn runs there), canceled through B (which runs nothing), stops the turn
+    on A — its partial answer kept, marked interrupted — and reads ``canceled`` on
+    both workers; a second cancel is refused as the task is over."""
+    from cluster import http_transport, until, worker_config, workers
+
+    words = [f"w{i}" for i in range(300)]
+    openai_server.default = lambda body: WireReply.text(" ".join(words), chunks=300, delay=0.1)
+    tokens = (
+        'tokens = [{ name = "alice", env = "ALICE_TOKEN" }]\n[transports.web.a2a]\nenabled = true'
+    )
+
+    def config(name: str, port: int) -> str:
+        web = http_transport("web", port, tokens)
+        return worker_config(name, openai_server.base_url, dsn_env="AGENTIK_TEST_A2A_DSN",
+                             poll=2.0, health=False, extra=web)  # fmt: skip
+
+    async with workers(["a", "b"], tmp_path, postgres_dsn, config, dsn_env="AGENTIK_TEST_A2A_DSN",
+                       env={"ALICE_TOKEN": ALICE}, ready="/ready") as (a, b):  # fmt: skip
+        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+            for http in (on_a, on_b):
+                http.headers["A2A-Version"] = "1.0"
+            r = await on_a.post("/a2a", json=rpc("SendMessage", at_once(send_params("count"))))
+            task = r.json()["result"]["task"]
+            cid = task["contextId"]
+
+            async def state(http: httpx.AsyncClient) -> str:
+                got = (await http.post("/a2a", json=rpc("GetTask", {"id": task["id"]}))).json()
+                return str(got["result"]["status"]["state"])
+
+            async def answering() -> bool:
+                items = (await on_b.get(f"/conversations/{cid}/status")).json()
+                return bool(items.get("state") == "running") and (
+                    await state(on_b) == "TASK_STATE_WORKING"
+                )
+
+            await until(answering, "the turn running on A, seen through B")
+            r = await on_b.post("/a2a", json=rpc("CancelTask", {"id": task["id"]}))
+            assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", r.text
+
+            async def stopped() -> bool:
+                items = (await on_b.get(f"/conversations/{cid}/messages")).json()["items"]
+                return any(m["kind"] == "assistant" for m in items)
+
+            await until(stopped, "the turn on A stopped, its partial answer stored")
+            items = (await on_b.get(f"/conversations/{cid}/messages")).json()["items"]
+            [answer] = [m for m in items if m["kind"] == "assistant"]
+            assert answer["status"] == "interrupted"
+            assert len(answer["content"].split()) < len(words)
+
+            async def canceled_on_both() -> bool:
+                return {await state(on_a), await state(on_b)} == {"TASK_STATE_CANCELED"}
+
+            await until(canceled_on_both, "canceled, read through A and through B")
+            r = await on_a.post("/a2a", json=rpc("CancelTask", {"id": task["id"]}))
+            assert r.json()["error"]["code"] == -32002  # TaskNotCancelable: it is over
+
+
+async def test_a_snapshot_carries_the_task_records_as_history_that_grants_nothing(
+    served, openai_server, tmp_path
+):
+    """Export → import into another SQLite file: the conversation's task records come
+    along, read with their text from the imported audit log, under the owner
+    ``imported:<token>`` (no token is named so: tasks/get there finds nothing), a task
+    not over closed; a hostile record is refused naming its field, nothing written."""
+    from agentik.core.lifecycle import (
+        MAX_A2A_TASK_BYTES,
+        SnapshotError,
+        export_conversation,
+        import_conversation,
+    )
+
+    openai_server.enqueue(WireReply.text("foo is 42"))
+    async with client(served) as http:
+        r = await http.post("/agentik/a2a", json=rpc("SendMessage", send_params("foo?")))
+        done = r.json()["result"]["task"]
+    cid = done["contextId"]
+    # A task still open when the snapshot is taken (its worker died, say).
+    record = await served.agent.store.a2a_task_get("alice", done["id"])
+    body = json.loads(record.body)
+    body["id"], body["status"]["state"] = "open-1", "TASK_STATE_WORKING"
+    await served.agent.store.a2a_task_put(A2ATaskRecord(
+        owner="carol", task_id="open-1", conversation_id=cid, state="TASK_STATE_WORKING",
+        updated_at=record.updated_at + 1, body=json.dumps(body), run_id="r-none",
+    ))  # fmt: skip
+    doc = await export_conversation(served.agent.store, cid)
+    assert [(t["owner"], t["task_id"], t["final"]) for t in doc["a2a_tasks"]] == [
+        ("alice", done["id"], True), ("carol", "open-1", False),
+    ]  # fmt: skip
+    other = str(tmp_path / "other.db")
+    async with SQLiteStore(other) as store:
+        result = await import_conversation(store, json.loads(json.dumps(doc)), new_ids=True)
+        assert await store.a2a_tasks("alice") == []  # the token's name grants nothing
+        kept = await store.a2a_task_get("imported:alice", done["id"])
+        assert kept.conversation_id == result.conversation_id and kept.final
+        assert (kept.state, kept.question, kept.answer) == (
+            "TASK_STATE_COMPLETED", "foo?", "foo is 42",
+        )  # fmt: skip
+        closed = await store.a2a_task_get("imported:carol", "open-1")
+        assert (closed.state, closed.final) == ("TASK_STATE_FAILED", True)
+        assert json.loads(closed.body)["status"]["state"] == "TASK_STATE_FAILED"
+        # Exported again, imported again: the records stay imported once, not twice.
+        again = await export_conversation(store, result.conversation_id)
+        assert {t["owner"] for t in again["a2a_tasks"]} == {"imported:alice", "imported:carol"}
+        second = await import_conversation(store, again, new_ids=True)
+        assert await store.a2a_conversation_tasks(second.conversation_id) == []
+
+        def hostile(**change: Any) -> dict[str, Any]:
+            bad = json.loads(json.dumps(doc))
+            bad["a2a_tasks"][0].update(change)
+            return bad
+
+        cases = [
+            (hostile(body="{}"), "a2a_tasks[0].body: expected object, got str"),
+            (hostile(body=[1]), "a2a_tasks[0].body: expected object, got list"),
+            (hostile(body={"x": "y" * MAX_A2A_TASK_BYTES}),
+             "a2a_tasks[0].body: larger than 1,048,576 bytes"),
+            (hostile(owner="a" * 201), "a2a_tasks[0].owner: 1 to 200 characters, no control"),
+            (hostile(task_id="bad\x1b[31m"), "a2a_tasks[0].task_id: 1 to 200 characters, no"),
+            (hostile(final="yes"), "a2a_tasks[0].final: expected boolean"),
+            (hostile(updated_at=None), "a2a_tasks[0].updated_at: expected"),
+            ({**doc, "a2a_tasks": "all"}, "a2a_tasks: expected array, got str"),
+        ]  # fmt: skip
+        count = rows(other, "SELECT COUNT(*) FROM conversation")
+        for bad, message in cases:
+            with pytest.raises(SnapshotError) as caught:
+                await import_conversation(store, bad, new_ids=True)
+            assert str(caught.value).startswith(message), str(caught.value)[:200]
+        assert rows(other, "SELECT COUNT(*) FROM conversation") == count

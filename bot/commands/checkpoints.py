@@ -38,9 +38,20 @@ async def checkpoint(ctx: CommandContext) -> None:
 
 
 async def checkpoints(ctx: CommandContext) -> None:
-    """``!checkpoints``: the conversation's checkpoints, newest first."""
-    ch = await ctx.host.channel(ctx.key, ctx.transport, ctx.options)
-    found = await ch.conversation.checkpoints()
+    """``!checkpoints [conversation]``: the conversation's checkpoints, newest first;
+    with an id, those of an earlier conversation of this channel (the one ``!new``
+    left, with its automatic checkpoint) — never another channel's."""
+    if ctx.args:
+        wanted = ctx.args[0]
+        record = await ctx.agent.store.get_conversation(wanted)
+        if record is None or record.meta.get("channel_key") != ctx.key:
+            # The same answer for "no such" and "another channel's": nothing leaks.
+            await ctx.say(f"this channel has no conversation {wanted[:64]!r}")
+            return
+        found = await ctx.agent.store.checkpoints(wanted)
+    else:
+        ch = await ctx.host.channel(ctx.key, ctx.transport, ctx.options)
+        found = await ch.conversation.checkpoints()
     if not found:
         await ctx.say(f"no checkpoints yet; {ctx.prefix}checkpoint [label] takes one")
         return

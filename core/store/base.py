@@ -1065,3 +1065,9 @@ class Store(abc.ABC):
     async def a2a_task_delete(self, owner: str, task_id: str) -> bool:
         """Forget ``owner``'s task ``task_id``; whether there was one."""
         raise NotImplementedError(f"{type(self).__name__} keeps no A2A tasks")
+
+    async def a2a_conversation_tasks(self, conversation_id: str) -> list[A2ATaskRecord]:
+        """Every owner's tasks of ``conversation_id``, oldest first (``updated_at``,
+        then ``owner`` and ``task_id``), without their texts (``question`` and
+        ``answer`` ``None``): what a snapshot of the conversation carries."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no A2A tasks")

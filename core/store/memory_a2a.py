@@ -102,5 +102,9 @@ class MemoryA2ATasks:
     ) -> int:
         return len(self._a2a_select(owner, conversation_id, state, since))
 
+    async def a2a_conversation_tasks(self, conversation_id: str) -> list[A2ATaskRecord]:
+        found = [r for r in self._a2a().values() if r.conversation_id == conversation_id]
+        return sorted(found, key=lambda r: (r.updated_at, r.owner, r.task_id))
+
     async def a2a_task_delete(self, owner: str, task_id: str) -> bool:
         return self._a2a().pop((owner, task_id), None) is not None

@@ -121,6 +121,15 @@ class PostgresA2ATasks(PostgresRoom):
         rows = await self._read("SELECT count(*) FROM a2a_task t" + where, *params)
         return int(rows[0][0])
 
+    async def a2a_conversation_tasks(self, conversation_id: str) -> list[A2ATaskRecord]:
+        rows = await self._read(
+            "SELECT owner, task_id, conversation_id, run_id, state, final, updated_at, body,"
+            " NULL, NULL FROM a2a_task WHERE conversation_id = $1"
+            ' ORDER BY updated_at, owner COLLATE "C", task_id COLLATE "C"',
+            conversation_id,
+        )
+        return [_record(r) for r in rows]
+
     async def a2a_task_delete(self, owner: str, task_id: str) -> bool:
         async def fn(conn: asyncpg.Connection) -> bool:
             status = await conn.execute(

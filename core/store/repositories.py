@@ -538,6 +538,8 @@ class A2ATaskRepository(Protocol):
 
     async def a2a_task_delete(self, owner: str, task_id: str) -> bool: ...
 
+    async def a2a_conversation_tasks(self, conversation_id: str) -> list[A2ATaskRecord]: ...
+
 
 @runtime_checkable
 class CheckpointRepository(Protocol):

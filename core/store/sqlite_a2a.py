@@ -118,6 +118,14 @@ class SQLiteA2ATasks(SQLiteRoom):
         rows = await self._read("SELECT COUNT(*) FROM a2a_task t" + where, params)
         return int(rows[0][0])
 
+    async def a2a_conversation_tasks(self, conversation_id: str) -> list[A2ATaskRecord]:
+        rows = await self._read(
+            "SELECT owner, task_id, conversation_id, run_id, state, final, updated_at, body"
+            " FROM a2a_task WHERE conversation_id = ? ORDER BY updated_at, owner, task_id",
+            (conversation_id,),
+        )
+        return [_record((*r, None, None, None)) for r in rows]
+
     async def a2a_task_delete(self, owner: str, task_id: str) -> bool:
         def fn(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(

@@ -32,6 +32,12 @@ counts it against its budgets.
 
 A message still waiting behind another turn of its conversation when
 ``CancelTask`` comes is withdrawn (:meth:`Conversation.withdraw`): it never runs.
+Workers sharing a PostgreSQL database: ``CancelTask`` at a worker that does not
+run the task's turn records it canceled (the SDK) and asks the worker running it
+to stop it through the cluster's ``stops`` topic (:meth:`TurnQueue.stop_elsewhere
+<agentik.core.cluster.conversations.TurnQueue.stop_elsewhere>`, as the HTTP
+interrupt); a worker whose live task's state is refused because the stored task
+is final already takes its turn back too.
 
 Tasks are records in the bot's store (:mod:`.a2a_tasks`: their text is the audit
 log's), so they outlive a restart and every worker on a shared database reads
@@ -64,6 +70,7 @@ from a2a.types import (
     AgentCard,
     AgentInterface,
     AgentSkill,
+    CancelTaskRequest,
     HTTPAuthSecurityScheme,
     InvalidParamsError,
     Message,
@@ -215,6 +222,8 @@ class _Executor(AgentExecutor):
         self.runs = runs
         #: Running tasks: task id -> (conversation, run id).
         self.running: dict[str, tuple[Conversation, str]] = {}
+        #: Turns being taken back because another worker canceled their task.
+        self._jobs: set[asyncio.Future[None]] = set()
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, cid = context.task_id, context.context_id
@@ -357,6 +366,33 @@ class _Executor(AgentExecutor):
             # Still waiting behind another turn: it is taken back and never runs.
             await conv.withdraw(run_id)
 
+    def ended_elsewhere(self, task_id: str) -> None:
+        """The stored task ended through another worker (``tasks/cancel`` there) while
+        its turn is here: take the turn back (it ends ``canceled``)."""
+        running = self.running.get(task_id)
+        if running is not None:
+            job = asyncio.ensure_future(self._take_back(*running))
+            self._jobs.add(job)
+            job.add_done_callback(self._jobs.discard)
+
+    async def stop_elsewhere(self, owner: str, task: Task) -> None:
+        """After ``tasks/cancel``: the task's turn may run on another worker sharing
+        the store, which is asked to stop it through the cluster's ``stops`` topic
+        (as the HTTP interrupt does); it then ends ``canceled`` there too."""
+        queue = self.api.agent.turn_queue
+        store = self.api.agent.store
+        if queue is None or "a2a_tasks" not in store.capabilities:
+            return  # one process: the executor's own cancel took it back
+        record = await store.a2a_task_get(owner, task.id)
+        run_id = record.run_id if record is not None else None
+        if run_id is None:
+            return  # not accepted yet: the worker taking it sees the final record
+        local = self.api.agent.services.find(task.context_id)
+        if local is not None and local.running_run_id == run_id:
+            return  # it runs here: interrupted already
+        if await queue.running_elsewhere(task.context_id) == run_id:
+            await queue.stop_elsewhere(task.context_id, run_id)
+
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, cid = context.task_id, context.context_id
         if task_id is None or cid is None:
@@ -365,6 +401,27 @@ class _Executor(AgentExecutor):
         if running is not None:
             await self._take_back(*running)
         await TaskUpdater(event_queue, task_id, cid).cancel()
+
+
+class _Handler(DefaultRequestHandler):
+    """The SDK's request handler; ``tasks/cancel`` also reaches a turn that another
+    worker runs (the SDK, when this worker does not hold the task, only records it
+    canceled)."""
+
+    def __init__(self, executor: _Executor, **kwargs: Any) -> None:
+        super().__init__(agent_executor=executor, **kwargs)
+        self._executor = executor
+
+    async def on_cancel_task(
+        self, params: CancelTaskRequest, context: ServerCallContext
+    ) -> Task | None:
+        task = await super().on_cancel_task(params, context)
+        if task is not None and task.status.state == TaskState.TASK_STATE_CANCELED:
+            try:
+                await self._executor.stop_elsewhere(context.user.user_name, task)
+            except Exception:
+                log.exception("A2A task %s: asking the other workers to stop it failed", task.id)
+        return task
 
 
 def _agent_text(updater: TaskUpdater, text: str) -> Message:
@@ -433,15 +490,16 @@ def a2a_routes(api: Api) -> tuple[list[Route], DefaultRequestHandler]:
     contexts = _Contexts(api)
     store = api.agent.store
     task_store: TaskStore
-    if "a2a_tasks" in store.capabilities:
-        task_store = StoreTaskStore(store)
-        runs = task_store.runs
-    else:  # an engine that keeps no task records (a plugin's): this process keeps them
-        task_store, runs = _BoundedTaskStore(a2a.max_tasks), {}
+    runs: dict[str, str] = {}
     executor = _Executor(api, contexts, runs)
+    if "a2a_tasks" in store.capabilities:
+        task_store = StoreTaskStore(store, executor.ended_elsewhere)
+        task_store.runs = runs
+    else:  # an engine that keeps no task records (a plugin's): this process keeps them
+        task_store = _BoundedTaskStore(a2a.max_tasks)
     base = _card(api, a2a.public_url or "http://localhost")
-    handler = DefaultRequestHandler(
-        agent_executor=executor,
+    handler = _Handler(
+        executor,
         task_store=task_store,
         agent_card=base,
         request_context_builder=contexts,

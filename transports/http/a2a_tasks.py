@@ -25,6 +25,7 @@ import binascii
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from a2a.helpers.proto_helpers import new_text_part
@@ -141,9 +142,16 @@ class StoreTaskStore(TaskStore):
     ``runs``: task id -> the run id of its turn, set by the executor once the
     message is accepted (written with the task's next status)."""
 
-    def __init__(self, store: A2ATaskRepository) -> None:
+    def __init__(
+        self,
+        store: A2ATaskRepository,
+        ended_elsewhere: Callable[[str], None] | None = None,
+    ) -> None:
         self._store = store
         self.runs: dict[str, str] = {}
+        #: Called with a task's id when a state of a task live here was refused: the
+        #: stored record is final already (``tasks/cancel`` through another worker).
+        self._ended_elsewhere = ended_elsewhere
         #: Tasks not final yet, written by this process: the SDK's live copy and the
         #: (state, body) last written (a write that changes neither is skipped).
         self._live: dict[tuple[str, str], tuple[Task, str, str]] = {}
@@ -171,7 +179,10 @@ class StoreTaskStore(TaskStore):
             updated_at=at, body=body, run_id=self.runs.get(task.id), final=final,
         )  # fmt: skip
         try:
-            await self._store.a2a_task_put(record)
+            written = await self._store.a2a_task_put(record)
+            if not written and not final and self._ended_elsewhere is not None:
+                # Canceled through another worker while its turn runs (or waits) here.
+                self._ended_elsewhere(task.id)
         except StoreError as exc:
             # (its conversation was deleted meanwhile, or the database failed): the
             # caller's stream goes on; only other readers miss this state.

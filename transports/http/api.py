@@ -1098,6 +1098,14 @@ class Api:
         if (why := _unaddressable(doc["conversation"]["id"])) is not None:
             # Checked whether kept or not: the document (SNAPSHOT_ID_PATTERN) says so.
             raise ApiError(422, "invalid_snapshot", f"conversation.id: {why}")
+        for i, kept in enumerate(doc.get("checkpoints") or []):
+            # A checkpoint's document imports as a conversation later: the same rule.
+            inner = kept.get("document") if isinstance(kept, dict) else None
+            of = inner.get("conversation") if isinstance(inner, dict) else None
+            inner_id = of.get("id") if isinstance(of, dict) else None
+            if isinstance(inner_id, str) and (why := _unaddressable(inner_id)) is not None:
+                where = f"checkpoints[{i}].document.conversation.id"
+                raise ApiError(422, "invalid_snapshot", f"{where}: {why}")
         cid = uuid.uuid4().hex if raw == "new" else doc["conversation"]["id"]
         # The conversation joins this token's channels, like one it created.
         doc["conversation"] = {**doc["conversation"], "id": cid}

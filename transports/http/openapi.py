@@ -78,6 +78,8 @@ ERROR_CODES = (
 )
 
 _NULLABLE_STR = {"type": ["string", "null"]}
+#: An A2A task record's owner, id or state in a snapshot: no control characters.
+_TASK_FIELD = "^[^\\x00-\\x1f\\x7f-\\x9f]{1,%d}$"
 #: ``GET /conversations?children=``: child-run conversations listed with the others
 #: (the default, as ``agentik conversations list`` does), left out, or listed alone.
 CHILDREN = ("include", "exclude", "only")
@@ -693,7 +695,8 @@ _SCHEMAS: dict[str, Any] = {
         "description": (
             "A conversation snapshot (agentik conversations export; docs/lifecycle.md). "
             "An export also carries approvals, questions and runs (arrays of rows)"
-            " and the checklist (todo, optional)."
+            " and the checklist (todo, optional), the conversation's checkpoints and its"
+            " A2A task records (optional; imported tasks belong to imported:<token>)."
         ),
         "required": ["format", "version", "conversation", "messages", "working_memory"],
         "properties": {
@@ -729,6 +732,42 @@ _SCHEMAS: dict[str, Any] = {
                 },
             },
             "todo": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/Checklist"}]},
+            "checkpoints": {
+                "type": ["array", "null"],
+                "maxItems": 1000,
+                "description": "oldest first; each document is a snapshot without checkpoints",
+                "items": {
+                    "type": "object",
+                    "required": ["created_at", "document"],
+                    "properties": {
+                        "created_at": {"type": "number"},
+                        "label": {
+                            "type": ["string", "null"],
+                            "maxLength": 200,
+                            "description": "made one line (runs of white space: one space)",
+                        },
+                        "automatic": {"type": ["boolean", "null"]},
+                        "document": {"$ref": "#/components/schemas/CheckpointDocument"},
+                    },
+                },
+            },
+            "a2a_tasks": {
+                "type": ["array", "null"],
+                "maxItems": 10000,
+                "items": {
+                    "type": "object",
+                    "required": ["owner", "task_id", "state", "updated_at", "body"],
+                    "properties": {
+                        "owner": {"type": "string", "pattern": _TASK_FIELD % 200},
+                        "task_id": {"type": "string", "pattern": _TASK_FIELD % 200},
+                        "run_id": {"type": ["string", "null"], "maxLength": 200},
+                        "state": {"type": "string", "pattern": _TASK_FIELD % 64},
+                        "final": {"type": ["boolean", "null"]},
+                        "updated_at": {"type": "number"},
+                        "body": {"type": "object", "description": "the SDK's task (at most 1 MiB)"},
+                    },
+                },
+            },
         },
     },
     "SnapshotConversation": {
@@ -830,6 +869,18 @@ _SCHEMAS: dict[str, Any] = {
         },
     },
 }
+
+# A checkpoint's document: a snapshot that holds no checkpoints (its own A2A task
+# records, if any, are checked when it is imported as a conversation).
+_SCHEMAS["CheckpointDocument"] = {
+    **_SCHEMAS["Snapshot"],
+    "description": "A checkpoint's snapshot (as Snapshot, without checkpoints)",
+    "properties": {
+        k: v for k, v in _SCHEMAS["Snapshot"]["properties"].items()
+        if k not in ("checkpoints", "a2a_tasks")
+    },
+    "not": {"required": ["checkpoints"]},
+}  # fmt: skip
 
 
 def _error(description: str) -> dict[str, Any]:

@@ -121,3 +121,20 @@ class A2ATasksContract(ContractBase):
         await store.prune_log("c", rows[1].id, summary=None, count=2)
         got = await store.a2a_task_get("alice", "t1")
         assert got is not None and got.question is None and got.answer is None
+
+    async def test_a_conversations_tasks_of_every_owner_oldest_first(self, store: Any) -> None:
+        await store.create_conversation(rec("c"))
+        await store.create_conversation(rec("d"))
+        await store.a2a_task_put(task("t2", updated_at=20.0, run_id="r2"))
+        await store.a2a_task_put(task("t1", owner="bob", updated_at=10.0, final=True))
+        await store.a2a_task_put(task("t3", owner="Bob", updated_at=20.0))
+        await store.a2a_task_put(task("t9", "d"))
+        await store.append("c", log=[user("q", run_id="r2"), said("a", "r2")])
+        found = await store.a2a_conversation_tasks("c")
+        assert [(r.owner, r.task_id) for r in found] == [
+            ("bob", "t1"), ("Bob", "t3"), ("alice", "t2"),
+        ]  # fmt: skip
+        assert (found[0].final, found[2].run_id, found[2].body) == (True, "r2", '{"id": "t2"}')
+        # The texts stay the audit log's: a snapshot carries the log itself.
+        assert all(r.question is None and r.answer is None for r in found)
+        assert await store.a2a_conversation_tasks("nobody") == []
