@@ -710,7 +710,9 @@ class _RemoteFeed:
 
     def stop(self) -> None:
         """Stop following (nobody subscribed for ``grace`` seconds; the hub closing)."""
-        self._idle = None
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         if self.streams:
             return
         self.active = False
@@ -735,9 +737,12 @@ class _RemoteFeed:
         if upto > self.due.get(conversation_id, 0):
             self.due[conversation_id] = upto
         if self._fetch is None:
-            self._fetch = asyncio.get_running_loop().create_task(
+            task = self._fetch = asyncio.get_running_loop().create_task(
                 self._read(), name="agentik-agent-wide-feed"
             )
+            # (The hub's closing waits for it.)
+            self.hub._tasks.add(task)
+            task.add_done_callback(self.hub._tasks.discard)
 
     async def _read(self) -> None:
         store, services = self.hub.store, self.hub.agent.services
