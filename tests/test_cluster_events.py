@@ -408,6 +408,78 @@ async def test_a_follower_whose_listening_connection_drops_misses_nothing(postgr
     ]
 
 
+async def test_an_agent_wide_reconnection_past_what_a_worker_keeps_is_told_events_lost(
+    postgres_dsn,
+):
+    """Two agents on one database in one process; B's agent-wide client drops while A
+    runs turns.  Reconnecting, it gets what B still keeps of A's events, after an
+    ``events_lost`` when the gap outgrew it (B keeps 5 here), never an event twice;
+    and ``events_lost`` too once B stopped following (its last client gone longer
+    than the grace), then what comes after."""
+    from agentik.core import Agent
+    from agentik.core.store.postgres import PostgresStore
+    from agentik.core.testing.scripted import Reply as Scripted
+    from agentik.core.testing.scripted import ScriptedModel
+
+    words = [f"w{i}" for i in range(12)]
+    model = ScriptedModel()
+    for _ in range(4):
+        model.enqueue(Scripted(text=" ".join(words), chunks=words))
+    async with (
+        Agent(llm=model, store=PostgresStore(postgres_dsn)) as on_a,
+        Agent(llm=ScriptedModel(), store=PostgresStore(postgres_dsn)) as on_b,
+    ):
+        hub = on_b.cluster_events
+        assert hub is not None
+        conv = await on_a.create_conversation()
+        await on_b.store.notifier().listening()
+
+        async def read_turn(stream: Any, got: list[Any]) -> None:
+            async for event in stream:
+                got.append(event)
+                if event.kind == "turn_ended":
+                    return
+
+        async def b_has_read_all() -> bool:
+            return hub.feed.cursor.get(conv.id, 0) >= await on_b.store.run_events_last(conv.id)
+
+        stream = hub.subscribe_all(after=None)
+        first: list[Any] = []
+        await conv.send("one")
+        await asyncio.wait_for(read_turn(stream, first), PATIENCE)
+        last = first[-1].stream_seq
+        await stream.aclose()
+        # A turn while the client is away, more events than B keeps.
+        hub.feed.keep = 5
+        await conv.send("two")
+        await conv.wait_idle()
+        await until(b_has_read_all, "B reading A's second turn")
+        again = hub.subscribe_all(after=last)
+        second: list[Any] = []
+        while len(second) < 6:
+            second.append(await asyncio.wait_for(anext(again), PATIENCE))
+        assert second[0].kind == "events_lost"
+        tail = second[1:]
+        assert [e.stream_seq for e in tail] == sorted({e.stream_seq for e in tail})
+        assert [e.seq for e in tail] == list(range(tail[0].seq, tail[0].seq + 5))
+        assert tail[0].seq > first[-1].seq
+        # The client leaves; B stops following after the grace; a turn meanwhile.
+        last = tail[-1].stream_seq
+        hub.feed.grace = 0.1
+        await again.aclose()
+        await until(lambda: not hub.feed.active, "B to stop following")
+        await conv.send("three")
+        await conv.wait_idle()
+        third = hub.subscribe_all(after=last)
+        assert (await asyncio.wait_for(anext(third), PATIENCE)).kind == "events_lost"
+        await conv.send("four")
+        fourth: list[Any] = []
+        await asyncio.wait_for(read_turn(third, fourth), PATIENCE)
+        await third.aclose()
+        assert fourth[0].kind == "turn_started"
+        assert "".join(e.text for e in fourth if e.kind == "text_delta") == "".join(words)
+
+
 @pytest.mark.timeout(400)  # two workers and three slow turns, on a loaded machine
 async def test_an_interrupt_through_one_worker_stops_the_turn_running_on_the_other(
     postgres_dsn, openai_server, tmp_path

@@ -674,9 +674,10 @@ class _RemoteFeed:
         self.streams: set[AgentStream] = set()
         self._opened = 0.0
         # What a reconnection cannot get: events numbered up to ``_evicted`` left the
-        # ring; before ``_since`` the feed was stopped (after it had run once).
+        # ring; up to ``_since`` (the number when it followed again after a stop), the
+        # feed may have missed events while stopped.
         self._evicted = 0
-        self._since = 0
+        self._since: int | None = None
         self._ran = False
         self._fetch: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
@@ -690,7 +691,8 @@ class _RemoteFeed:
         if not self.active:
             self.active = True
             self._opened = time.time()
-            self._since = self.hub.agent.services.last_stream_seq if self._ran else 0
+            if self._ran:
+                self._since = self.hub.agent.services.last_stream_seq
             self._ran = True
         self.streams.add(stream)
         if after is None:
@@ -701,7 +703,8 @@ class _RemoteFeed:
                 break
             missed.append(event)
         missed.reverse()
-        return missed, after < self._evicted or after < self._since
+        since = self._since
+        return missed, after < self._evicted or (since is not None and after <= since)
 
     def detach(self, stream: AgentStream) -> None:
         self.streams.discard(stream)
