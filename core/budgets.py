@@ -25,13 +25,16 @@ while others run *reserves* an estimate of its tokens (the larger of
 ``ceil(characters / 4)`` of its message and the mean tokens of the last turns
 this process counted; ``[budgets] turn_tokens_estimate`` before any turn
 ended), held in the store in the same atomic step (a counter of kind
-:data:`HELD` whose window is the minute it lapses, :data:`HOLD_SECONDS` on), and
-the check adds what every worker's running turns hold to the counted tokens;
-the turn's end replaces its reservation with what it used (a worker that died
-leaves its reservations to lapse).  A tool call is counted in the store when it is checked (so it
-counts for every worker at once) and given back if it did not run (a denied
-or expired approval, a plugin's block: when the turn ends), so the tool call
-budget counts the calls that ran.
+:data:`HELD` whose window is the second it lapses, ``[budgets]
+reservation_seconds`` on), and the check adds what every worker's running turns
+hold to the counted tokens; the turn's end replaces its reservation with what it
+used.  A turn running longer renews its reservation every third of
+``reservation_seconds`` (the counter moves to a later lapse), so it counts as long
+as the turn runs; a worker that died renews nothing and its reservations lapse.
+A tool call is counted in the store when it is checked (so it counts for every
+worker at once) and given back if it did not run (a denied or expired approval,
+a plugin's block: when the turn ends), so the tool call budget counts the calls
+that ran.
 
 Who is counted: a verified speaker by their qualified identity
 (``libera:alice``); a speaker the transport could not verify, all together
@@ -94,6 +97,10 @@ KINDS: tuple[UsageKind, ...] = ("messages", "tokens", "tool_calls")
 _TURN_KINDS: tuple[UsageKind, ...] = ("messages", "tokens")
 
 _MINUTE = 60
+#: Seconds a turn's token reservation counts unless renewed (the default of
+#: ``[budgets] reservation_seconds``): a worker that died keeps none for longer; a
+#: running turn renews its reservation every third of it.
+HOLD_SECONDS = 900.0
 _DAY = 86_400
 #: Daily counters older than this are pruned (kept a while for ``agentik access budgets``).
 _KEEP_DAYS = 35
@@ -172,6 +179,10 @@ class BudgetSettings:
     #: Tokens a running turn is assumed to use (its reservation against ``tokens_per_day``)
     #: until turns have ended in this process; then the mean of the last ones is used.
     turn_tokens_estimate: int = Field(1000, ge=0)
+    #: Seconds a turn's token reservation counts unless renewed: a running turn renews
+    #: it every third of this; a worker that died (kill -9, a lost machine) renews
+    #: nothing, and its turns' reservations stop counting this long after.
+    reservation_seconds: float = Field(HOLD_SECONDS, ge=3.0)
 
     def for_role(self, role: str) -> BudgetLimits:
         if role == "owner":
@@ -236,14 +247,17 @@ class Refusal:
 
 #: The counter kind of the tokens reserved by running turns (migration 25).
 HELD = "tokens_held"
-#: Seconds a turn's token reservation counts at most: a worker that died keeps none
-#: for longer (a longer turn's lapses, and it is counted at its end as any other).
-HOLD_SECONDS = 900.0
 
 
-def _held_until(now: float) -> int:
-    """The window of a reservation made at ``now``: the minute it lapses after."""
-    return int((now + HOLD_SECONDS) // _MINUTE) * _MINUTE
+class _Hold:
+    """One turn's token reservation: its tokens and the window of its held counter
+    (the second it lapses); :meth:`Budgets._renew` moves the window on."""
+
+    __slots__ = ("amount", "until")
+
+    def __init__(self, amount: int, until: int) -> None:
+        self.amount = amount
+        self.until = until
 
 
 def window(kind: UsageKind, now: float) -> int:
@@ -294,9 +308,11 @@ class Budgets:
         self._reserved: dict[tuple[str, str], int] = {}
         #: Reservations admitted but not yet bound to a run, by subject: (tokens, the
         #: window of their held counter).
-        self._unbound: dict[Subject, list[tuple[int, int]]] = {}
+        self._unbound: dict[Subject, list[_Hold]] = {}
         #: Each bound run's reservation.
-        self._run_reserved: dict[str, tuple[Subject, tuple[int, int]]] = {}
+        self._run_reserved: dict[str, tuple[Subject, _Hold]] = {}
+        #: Renews the reservations of running turns (while there are any).
+        self._renewer: asyncio.Task[None] | None = None
         #: Reservations being given back in the store.
         self._unholding: set[asyncio.Task[None]] = set()
         #: Tool calls counted when checked (in the store: every worker sees them) and
@@ -398,9 +414,9 @@ class Budgets:
             rows = [(scope, key, "messages", at, 1) for scope, key, _ in self.limits(subject)]
             # The turn's estimate is held in the store with the count (every worker's
             # check counts it) until its end settles it, or it lapses (a worker died).
-            amount, until = self.estimate(chars), _held_until(now)
+            amount, until = self.estimate(chars), self._held_until(now)
             rows += [(scope, key, HELD, until, amount) for scope, key, _ in self.limits(subject)]
-            failed = await self.store.budget_take(checks, rows, held=("tokens", HELD, at))
+            failed = await self.store.budget_take(checks, rows, held=("tokens", HELD, int(now)))
             if failed is not None:
                 index, n = failed
                 scope, key, kind, limit = meta[index]
@@ -436,15 +452,69 @@ class Budgets:
             mean = self.settings.turn_tokens_estimate
         return max(mean, -(-chars // 4))
 
+    def _held_until(self, now: float) -> int:
+        """The window of a reservation made (or renewed) at ``now``: the second it lapses."""
+        return int(now + self.settings.reservation_seconds)
+
     def _reserve(self, subject: Subject, amount: int, until: int) -> None:
         for scope, key, _ in self.limits(subject):
             self._reserved[(scope, key)] = self._reserved.get((scope, key), 0) + amount
-        self._unbound.setdefault(subject, []).append((amount, until))
+        self._unbound.setdefault(subject, []).append(_Hold(amount, until))
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._renewing(), name="agentik-budget-reservations"
+            )
 
-    def _unreserve(self, subject: Subject, held: tuple[int, int]) -> None:
+    def _holds(self) -> list[tuple[Subject, _Hold]]:
+        """Every reservation of a turn admitted here and not ended."""
+        out = [(subject, hold) for subject, hold in self._run_reserved.values()]
+        out += [(subject, hold) for subject, holds in self._unbound.items() for hold in holds]
+        return out
+
+    async def _renewing(self) -> None:
+        """Renew the reservations every third of ``reservation_seconds`` while turns hold
+        any (a turn longer than that keeps its reservation counted to its end)."""
+        while self._holds():
+            await asyncio.sleep(self.settings.reservation_seconds / 3)
+            try:
+                await self._renew()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the next round tries again, before the lapse
+                log.warning("could not renew the token reservations of running turns: %s", exc)
+
+    async def _renew(self, *, now: float | None = None) -> int:
+        """Move every live reservation's held counter to the lapse ``now`` gives (one
+        write); how many were renewed."""
+        now = self.clock() if now is None else now
+        until = self._held_until(now)
+        rows: list[tuple[str, str, str, int, int]] = []
+        moved: list[tuple[_Hold, int]] = []
+        for subject, hold in self._holds():
+            if hold.until >= until:
+                continue
+            for scope, key, _ in self.limits(subject):
+                rows += [(scope, key, HELD, hold.until, -hold.amount),
+                         (scope, key, HELD, until, hold.amount)]  # fmt: skip
+            # Moved here first: a turn ending while the write is under way gives its
+            # reservation back from the new window (the two writes add up either way).
+            moved.append((hold, hold.until))
+            hold.until = until
+        if not rows:
+            return 0
+        try:
+            await self.store.budget_add(rows)
+        except BaseException:
+            for hold, before in moved:
+                if hold.until == until:
+                    hold.until = before
+            raise
+        return len(moved)
+
+    def _unreserve(self, subject: Subject, held: _Hold) -> None:
         """Give a reservation back: here, and (a task: the callers are not all
         coroutines) in the store."""
-        amount, until = held
+        amount, until = held.amount, held.until
         for scope, key, _ in self.limits(subject):
             left = self._reserved.get((scope, key), 0) - amount
             if left > 0:
@@ -459,7 +529,7 @@ class Budgets:
     async def _unhold(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
         try:
             await self.store.budget_add(rows)
-        except Exception as exc:  # it lapses by itself (HOLD_SECONDS)
+        except Exception as exc:  # it lapses by itself (reservation_seconds)
             log.warning("could not give back a token reservation: %s", exc)
 
     def reserved(self, scope: UsageScope, key: str) -> int:
@@ -689,7 +759,13 @@ class Budgets:
             await sub.aclose()
 
     async def aclose(self) -> None:
-        """Stop watching events (the reservations being given back are written)."""
+        """Stop watching events (the reservations being given back are written) and
+        renewing reservations."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+            self._renewer = None
         if self._unholding:
             await asyncio.gather(*self._unholding, return_exceptions=True)
         if self._watcher is not None:

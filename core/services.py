@@ -391,6 +391,13 @@ class AgentServices(Generic[C]):
         self.last_stream_seq = next(self._stream_seq)
         return self.last_stream_seq
 
+    @property
+    def published_stream_seq(self) -> int:
+        """The ``stream_seq`` of the last event put on the agent-wide stream here
+        (:meth:`next_stream_seq` may have numbered later ones for a stream of their
+        own: another worker's events, :mod:`agentik.core.cluster.events`)."""
+        return self._bus.last_key
+
     def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
         return EventsLost(
             conversation_id="",

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -407,6 +408,78 @@ async def test_a_follower_whose_listening_connection_drops_misses_nothing(postgr
     ]
 
 
+async def test_an_agent_wide_reconnection_past_what_a_worker_keeps_is_told_events_lost(
+    postgres_dsn,
+):
+    """Two agents on one database in one process; B's agent-wide client drops while A
+    runs turns.  Reconnecting, it gets what B still keeps of A's events, after an
+    ``events_lost`` when the gap outgrew it (B keeps 5 here), never an event twice;
+    and ``events_lost`` too once B stopped following (its last client gone longer
+    than the grace), then what comes after."""
+    from agentik.core import Agent
+    from agentik.core.store.postgres import PostgresStore
+    from agentik.core.testing.scripted import Reply as Scripted
+    from agentik.core.testing.scripted import ScriptedModel
+
+    words = [f"w{i}" for i in range(12)]
+    model = ScriptedModel()
+    for _ in range(4):
+        model.enqueue(Scripted(text=" ".join(words), chunks=words))
+    async with (
+        Agent(llm=model, store=PostgresStore(postgres_dsn)) as on_a,
+        Agent(llm=ScriptedModel(), store=PostgresStore(postgres_dsn)) as on_b,
+    ):
+        hub = on_b.cluster_events
+        assert hub is not None
+        conv = await on_a.create_conversation()
+        await on_b.store.notifier().listening()
+
+        async def read_turn(stream: Any, got: list[Any]) -> None:
+            async for event in stream:
+                got.append(event)
+                if event.kind == "turn_ended":
+                    return
+
+        async def b_has_read_all() -> bool:
+            return hub.feed.cursor.get(conv.id, 0) >= await on_b.store.run_events_last(conv.id)
+
+        stream = hub.subscribe_all(after=None)
+        first: list[Any] = []
+        await conv.send("one")
+        await asyncio.wait_for(read_turn(stream, first), PATIENCE)
+        last = first[-1].stream_seq
+        await stream.aclose()
+        # A turn while the client is away, more events than B keeps.
+        hub.feed.keep = 5
+        await conv.send("two")
+        await conv.wait_idle()
+        await until(b_has_read_all, "B reading A's second turn")
+        again = hub.subscribe_all(after=last)
+        second: list[Any] = []
+        while len(second) < 6:
+            second.append(await asyncio.wait_for(anext(again), PATIENCE))
+        assert second[0].kind == "events_lost"
+        tail = second[1:]
+        assert [e.stream_seq for e in tail] == sorted({e.stream_seq for e in tail})
+        assert [e.seq for e in tail] == list(range(tail[0].seq, tail[0].seq + 5))
+        assert tail[0].seq > first[-1].seq
+        # The client leaves; B stops following after the grace; a turn meanwhile.
+        last = tail[-1].stream_seq
+        hub.feed.grace = 0.1
+        await again.aclose()
+        await until(lambda: not hub.feed.active, "B to stop following")
+        await conv.send("three")
+        await conv.wait_idle()
+        third = hub.subscribe_all(after=last)
+        assert (await asyncio.wait_for(anext(third), PATIENCE)).kind == "events_lost"
+        await conv.send("four")
+        fourth: list[Any] = []
+        await asyncio.wait_for(read_turn(third, fourth), PATIENCE)
+        await third.aclose()
+        assert fourth[0].kind == "turn_started"
+        assert "".join(e.text for e in fourth if e.kind == "text_delta") == "".join(words)
+
+
 @pytest.mark.timeout(400)  # two workers and three slow turns, on a loaded machine
 async def test_an_interrupt_through_one_worker_stops_the_turn_running_on_the_other(
     postgres_dsn, openai_server, tmp_path
@@ -669,6 +742,60 @@ async def test_the_agent_wide_stream_on_one_worker_shows_a_turn_on_the_other(
             assert ids == sorted(set(ids))
 
 
+async def test_the_agent_wide_stream_replays_the_other_workers_events_after_a_gap(
+    postgres_dsn, openai_server, tmp_path
+):
+    """A client of ``/agentik/events`` on A drops; meanwhile a turn runs on B and one on
+    A.  Reconnecting to A with ``Last-Event-ID`` it gets both turns whole, each event
+    once and in its conversation's order, with ids that only grow, and nothing it had
+    already got."""
+    words = [f"w{i}" for i in range(12)]
+    openai_server.default = lambda body: Reply.text(" ".join(words), chunks=12, delay=0.03)
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+            far = (await on_b.post("/conversations", json={})).json()["id"]
+            near = (await on_a.post("/conversations", json={})).json()["id"]
+            # (1) Connected to A: a turn on B reaches the client.
+            async with sse(on_a, "/events") as first:
+                r = await on_b.post(f"/conversations/{far}/messages", json={"content": "one"})
+                assert r.status_code == 202
+                part1 = await read_until(first, "turn_ended")
+            last = max(m.id for m in part1 if m.id is not None)
+
+            # (2) The client is gone: a turn on B and one on A run to their end.
+            runs = {}
+            for client, cid in ((on_b, far), (on_a, near)):
+                r = await client.post(f"/conversations/{cid}/messages", json={"content": "two"})
+                assert r.status_code == 202
+                runs[r.json()["run_id"]] = cid
+
+            async def answered(client: Any, cid: str, n: int) -> bool:
+                items = (await client.get(f"/conversations/{cid}/messages")).json()["items"]
+                return sum(m["kind"] == "assistant" for m in items) >= n
+
+            await until(partial(answered, on_b, far, 2), "the second answer on B")
+            await until(partial(answered, on_a, near, 1), "the answer on A")
+
+            # (3) Back on A with Last-Event-ID: both turns, whole, once, in order.
+            async with sse(on_a, "/events", headers={"Last-Event-ID": str(last)}) as again:
+                part2 = await read_until(again, "turn_ended", 2)
+            assert not any(m.kind == "events_lost" for m in part2), [m.kind for m in part2]
+            ids = [m.id for m in part2 if m.id is not None]
+            assert ids and ids[0] > last and ids == sorted(set(ids))
+            for run_id, cid in runs.items():
+                mine = [m.data for m in part2 if m.data and m.data.get("run_id") == run_id]
+                kinds = [d["kind"] for d in mine]
+                assert kinds[0] == "turn_started" and "turn_ended" in kinds, (cid, kinds)
+                text = "".join(str(d["text"]) for d in mine if d["kind"] == "text_delta")
+                assert text.split() == words, (cid, text)
+                seqs = [d["seq"] for d in mine]
+                assert seqs == sorted(set(seqs)), (cid, seqs)
+            # Nothing the client had before the gap comes again.
+            before = {(m.data["conversation_id"], m.data["seq"]) for m in part1 if m.data}
+            after = [(m.data["conversation_id"], m.data["seq"]) for m in part2 if m.data]
+            assert len(after) == len(set(after)) and not before & set(after)
+
+
 @pytest.mark.timeout(400)
 async def test_a_token_budget_for_one_turn_admits_one_of_two_started_on_two_workers(
     postgres_dsn, openai_server, tmp_path
@@ -701,3 +828,72 @@ tokens_per_day = 300
                 ": daily token budget used up (300, counting 1,000 reserved by turns still"
                 " running); resets at 00:00 UTC"
             ), refused
+
+
+@pytest.mark.timeout(400)
+async def test_a_turn_longer_than_its_reservation_keeps_it_and_a_dead_workers_lapses(
+    postgres_dsn, openai_server, tmp_path
+):
+    """With ``reservation_seconds = 3``: a turn on A that runs for three times that
+    still holds its tokens (a message through B is refused, counting them), and once
+    A is killed mid-turn its reservation stops counting (B admits one again)."""
+    # It uses 200 tokens: A's next turn reserves that much (the mean of its turns).
+    first = Reply.text("a long answer", chunks=4, hold_after=1, usage=(100, 100))
+    openai_server.default = lambda body: first
+    budgets = """[budgets]
+turn_tokens_estimate = 1000
+reservation_seconds = 3
+[budgets.user]
+tokens_per_day = 300
+"""
+    refusal = (
+        ": daily token budget used up (300, counting 1,000 reserved by turns still"
+        " running); resets at 00:00 UTC"
+    )
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url, extra=budgets) as (
+        a,
+        b,
+    ):
+        async with a.client(ALICE) as alice_a, b.client(ALICE) as alice_b:
+            one = (await alice_a.post("/conversations", json={})).json()["id"]
+            two = (await alice_b.post("/conversations", json={})).json()["id"]
+            r = await alice_a.post(f"/conversations/{one}/messages", json={"content": "hi"})
+            assert r.status_code == 202, r.text
+            await first.wait_held(timeout=PATIENCE)
+            # The turn outlives its first reservation three times over (no renewal: it
+            # would have lapsed twice by now).
+            deadline = time.time() + 3 * 3.0
+            await until(lambda: time.time() > deadline, "three reservation periods")
+            r = await alice_b.post(f"/conversations/{two}/messages", json={"content": "hi"})
+            assert r.status_code == 429, r.text
+            assert r.json()["error"]["message"].endswith(refusal), r.text
+            first.release()
+
+            async def answered(client: Any, cid: str, n: int) -> bool:
+                items = (await client.get(f"/conversations/{cid}/messages")).json()["items"]
+                return sum(m["kind"] == "assistant" for m in items) >= n
+
+            await until(partial(answered, alice_a, one, 1), "A's answer")
+
+            # A dies mid-turn: its reservation is renewed no more and lapses.
+            second = Reply.text("another long answer", chunks=4, hold_after=1)
+            openai_server.default = lambda body: second
+            three = (await alice_a.post("/conversations", json={})).json()["id"]
+            r = await alice_a.post(f"/conversations/{three}/messages", json={"content": "hi"})
+            assert r.status_code == 202, r.text
+            await second.wait_held(timeout=PATIENCE)
+            r = await alice_b.post(f"/conversations/{two}/messages", json={"content": "hi"})
+            assert r.status_code == 429, r.text  # 200 counted + 200 held while A lives
+            assert "counting 200 reserved" in r.json()["error"]["message"], r.text
+            a.kill()
+            await a.wait()
+            openai_server.default = lambda body: Reply.text("short")
+            second.release()
+
+            async def admitted() -> bool:
+                r = await alice_b.post(f"/conversations/{two}/messages", json={"content": "hi"})
+                assert r.status_code in (202, 429), r.text
+                return r.status_code == 202
+
+            # Refused while the dead worker's reservation counts, then admitted.
+            await until(admitted, "B admitting a message once A's reservation lapsed")

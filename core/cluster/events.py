@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..events import Event, EventsLost, event_from_json, event_to_json
-from ..services import profile_of
+from ..services import event_weight, profile_of
 
 if TYPE_CHECKING:
     from ..approvals import Approval, Approvals
@@ -66,6 +66,7 @@ EventEdit = Callable[[Event], "Event | None"]
 __all__ = [
     "DECISIONS_TOPIC",
     "EVENTS_TOPIC",
+    "FEED_GRACE",
     "REDACTIONS_TOPIC",
     "AgentStream",
     "ClusterEvents",
@@ -85,6 +86,9 @@ REDACTIONS_TOPIC = "redactions"
 #: Events kept per conversation, and for how long, by the retention job.
 KEEP_EVENTS = 4096
 KEEP_SECONDS = 24 * 3600.0
+#: How long a worker keeps following the other workers' events for its agent-wide
+#: streams after the last one closed (a client reconnecting within it misses nothing).
+FEED_GRACE = 600.0
 
 
 def conversation_lease(conversation_id: str) -> str:
@@ -116,6 +120,9 @@ class ClusterEvents:
         flush_seconds: float = 0.05,
         gap_seconds: float = 5.0,
         page: int = 500,
+        feed_grace: float = FEED_GRACE,
+        feed_keep: int = 4096,
+        feed_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         self.agent = agent
         self.store = agent.store
@@ -133,6 +140,11 @@ class ClusterEvents:
         self._writer: asyncio.Task[None] | None = None
         self._followers: dict[str, set[ClusterSubscription]] = {}
         self._everything: set[AgentStream] = set()
+        #: The other workers' events for this worker's agent-wide streams.
+        self.feed = _RemoteFeed(
+            self, keep=feed_keep, max_bytes=feed_bytes, grace=feed_grace,
+            look_back=AgentStream.LOOK_BACK,
+        )  # fmt: skip
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         #: Batches and events written so far (status, benchmarks).
@@ -170,6 +182,7 @@ class ClusterEvents:
             follower._end()
         for stream in list(self._everything):
             stream._end()
+        self.feed.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -205,6 +218,8 @@ class ClusterEvents:
         conversation's are never written (it is never stored)."""
         if getattr(stream.owner, "temp", False):
             return
+        if self.feed.active:
+            self.feed.saw(event)
         self._pending.append(event)
         self._kept += 1
         if self._timer is None and self._writer is None:
@@ -309,11 +324,17 @@ class ClusterEvents:
         (replayed from its buffer, then live) and, from now on, the events of turns
         other workers run, read when they announce them (see :class:`AgentStream`)."""
         wanted = profile_of(self.agent.stream_profiles, profile, None)
-        local = self.agent.services.subscribe(
-            after=after, profile=profile_of(self.agent.stream_profiles, "debug", None),
+        services = self.agent.services
+        local_after = after
+        if after is not None and after <= services.last_stream_seq:
+            # Numbers past the last this worker published went to other workers'
+            # events (the feed's): this worker's own replay starts from its last.
+            local_after = min(after, services.published_stream_seq)
+        local = services.subscribe(
+            after=local_after, profile=profile_of(self.agent.stream_profiles, "debug", None),
             max_pending=max_pending,
         )  # fmt: skip
-        stream = AgentStream(self, local, wanted, max_pending or 4096)
+        stream = AgentStream(self, local, wanted, max_pending or 4096, after)
         self._everything.add(stream)
         stream._start()
         return stream
@@ -326,13 +347,12 @@ class ClusterEvents:
                 del self._followers[sub.conversation_id]
 
     def _on_events(self, notice: Notice) -> None:
-        if self._everything and not notice.resync and not notice.local:
-            # Another worker stored events: agent-wide streams read them.
+        if self.feed.active and not notice.resync and not notice.local:
+            # Another worker stored events: the agent-wide streams' feed reads them.
             for one in notice.ids:
                 seq, _, cid = one.partition(":")
                 if seq.isdigit():
-                    for stream in list(self._everything):
-                        stream.poke(cid, int(seq))
+                    self.feed.poke(cid, int(seq))
         if notice.resync:
             for subs in list(self._followers.values()):
                 for sub in list(subs):
@@ -352,6 +372,7 @@ class ClusterEvents:
         kept), and the other workers are told to scrub their buffers.  How many
         stored events changed."""
         await self.flushed()
+        self.feed.scrub(edit())
         one = edit()
         changed: list[tuple[str, int, float, str]] = []
         after = 0
@@ -379,6 +400,17 @@ class ClusterEvents:
             mid, _, cid = one.partition(":")
             if mid.isdigit():
                 await self.agent.scrub_redacted(cid, int(mid))
+                if self.feed.ring:
+                    await self._scrub_feed(cid, int(mid))
+
+    async def _scrub_feed(self, conversation_id: str, message_id: int) -> None:
+        """Another worker redacted a message: what it said leaves the feed's ring too."""
+        from ..redaction import replay_edit
+
+        rows = await self.store.messages(conversation_id, after=message_id - 1, limit=1)
+        if rows and rows[0].id == message_id:
+            row = rows[0]
+            self.feed.scrub(replay_edit(row.kind, row.run_id, row.tool_call_id, row.content)())
 
     # -- waits ---------------------------------------------------------------------------
     async def _decided(self, wait_id: str) -> None:
@@ -606,18 +638,183 @@ class ClusterSubscription(AsyncIterator[Event]):
         self._end()
 
 
+class _RemoteFeed:
+    """The events of the turns other workers run, as this worker's agent-wide streams
+    get them: one reader per worker (not one per client), so each such event is read
+    once, numbered once with a ``stream_seq`` of this worker, and kept in a ring like
+    the agent-wide replay buffer.  A client that reconnects with ``Last-Event-ID``
+    gets the other workers' events of the gap from the ring, merged with this
+    worker's own from its replay buffer, in ``stream_seq`` order: the order a client
+    connected all along got them.
+
+    It follows from the first agent-wide subscription on, and for ``grace`` seconds
+    after the last one left (a client reconnecting after a dropped connection finds
+    its gap covered); then it forgets what it kept.  A reconnection from before the
+    feed stopped, or from before the oldest event the ring still holds, is told
+    ``events_lost``.
+    """
+
+    def __init__(
+        self, hub: ClusterEvents, *, keep: int, max_bytes: int, grace: float, look_back: int
+    ) -> None:
+        self.hub = hub
+        self.keep = keep
+        self.max_bytes = max_bytes
+        self.grace = grace
+        self.look_back = look_back
+        #: Whether it follows now (a stream is open, or one left less than ``grace`` ago).
+        self.active = False
+        #: The events numbered here, oldest first, and their weight.
+        self.ring: deque[Event] = deque()
+        self.weight = 0
+        #: The highest ``seq`` of each conversation numbered here (or published here).
+        self.cursor: dict[str, int] = {}
+        #: Conversations with announced events not read yet, with the highest announced.
+        self.due: dict[str, int] = {}
+        self.streams: set[AgentStream] = set()
+        self._opened = 0.0
+        # What a reconnection cannot get: events numbered up to ``_evicted`` left the
+        # ring; up to ``_since`` (the number when it followed again after a stop), the
+        # feed may have missed events while stopped.
+        self._evicted = 0
+        self._since: int | None = None
+        self._ran = False
+        self._fetch: asyncio.Task[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+
+    def attach(self, stream: AgentStream, after: int | None) -> tuple[list[Event], bool]:
+        """``stream`` opens (``after``: its ``Last-Event-ID``): the kept events it
+        missed, and whether some it missed are not kept."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        if not self.active:
+            self.active = True
+            self._opened = time.time()
+            if self._ran:
+                self._since = self.hub.agent.services.last_stream_seq
+            self._ran = True
+        self.streams.add(stream)
+        if after is None:
+            return [], False
+        missed: list[Event] = []
+        for event in reversed(self.ring):
+            if event.stream_seq <= after:
+                break
+            missed.append(event)
+        missed.reverse()
+        since = self._since
+        return missed, after < self._evicted or (since is not None and after <= since)
+
+    def detach(self, stream: AgentStream) -> None:
+        self.streams.discard(stream)
+        if not self.streams and self.active and self._idle is None:
+            self._idle = asyncio.get_running_loop().call_later(self.grace, self.stop)
+
+    def stop(self) -> None:
+        """Stop following (nobody subscribed for ``grace`` seconds; the hub closing)."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        if self.streams:
+            return
+        self.active = False
+        self.ring.clear()
+        self.weight = 0
+        self.cursor.clear()
+        self.due.clear()
+        if self._fetch is not None and self._fetch is not asyncio.current_task():
+            self._fetch.cancel()
+        self._fetch = None
+
+    def saw(self, event: Event) -> None:
+        """``event`` was published here (its conversation's numbers go on from it)."""
+        cid = event.conversation_id
+        if event.seq > self.cursor.get(cid, 0):
+            self.cursor[cid] = event.seq
+
+    def poke(self, conversation_id: str, upto: int) -> None:
+        """Another worker stored events of ``conversation_id`` up to ``seq`` ``upto``."""
+        if not self.active or upto <= self.cursor.get(conversation_id, 0):
+            return
+        if upto > self.due.get(conversation_id, 0):
+            self.due[conversation_id] = upto
+        if self._fetch is None:
+            task = self._fetch = asyncio.get_running_loop().create_task(
+                self._read(), name="agentik-agent-wide-feed"
+            )
+            # (The hub's closing waits for it.)
+            self.hub._tasks.add(task)
+            task.add_done_callback(self.hub._tasks.discard)
+
+    async def _read(self) -> None:
+        store, services = self.hub.store, self.hub.agent.services
+        try:
+            while self.due and self.active:
+                cid, upto = self.due.popitem()
+                cursor = self.cursor.get(cid)
+                if cursor is None:
+                    cursor = max(0, upto - self.look_back)
+                while self.active and cursor < upto:
+                    rows = await store.run_events_after(cid, cursor, limit=self.hub.page)
+                    if not rows:
+                        break
+                    for seq, data in rows:
+                        if seq <= self.cursor.get(cid, 0):
+                            continue  # (numbered already, or this worker's own)
+                        try:
+                            event = event_from_json(data)
+                        except ValueError:
+                            continue
+                        self.cursor[cid] = seq
+                        if event.ts >= self._opened:
+                            numbered = dataclasses.replace(
+                                event, stream_seq=services.next_stream_seq()
+                            )
+                            self._keep(numbered)
+                            for stream in list(self.streams):
+                                stream._remote(numbered)
+                    cursor = rows[-1][0]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the next notification reads again
+            log.warning("could not read stored events for the agent-wide stream: %s", exc)
+        finally:
+            if self._fetch is asyncio.current_task():
+                self._fetch = None
+
+    def _keep(self, event: Event) -> None:
+        ring = self.ring
+        ring.append(event)
+        self.weight += event_weight(event)
+        while len(ring) > self.keep or (self.weight > self.max_bytes and len(ring) > 1):
+            old = ring.popleft()
+            self.weight -= event_weight(old)
+            self._evicted = old.stream_seq
+
+    def scrub(self, edit: EventEdit) -> None:
+        """Rewrite kept events (a redaction), their numbers kept."""
+        ring = self.ring
+        for i, event in enumerate(ring):
+            new = edit(event)
+            if new is not None and new is not event:
+                ring[i] = new
+        self.weight = sum(event_weight(e) for e in ring)
+
+
 class AgentStream(AsyncIterator[Event]):
     """One SSE client's agent-wide stream on a shared store: this worker's own events
     (its agent-wide subscription: replay and live) merged with the events of the turns
-    other workers run, read from the store when their ``events`` notification comes
-    (ids only: ``<highest seq>:<conversation>``).
+    other workers run, which the worker's :class:`_RemoteFeed` reads from the store
+    when their ``events`` notification comes (ids only: ``<highest seq>:<conversation>``).
 
-    Each conversation's events come in ``seq`` order, once: a conversation's cursor is
-    the highest ``seq`` delivered, from either source.  Events of other workers are
-    taken from the moment the stream opened (older ones are not replayed), and get a
-    ``stream_seq`` of this worker (the SSE ``id``), so the ids a client sees only grow;
-    a reconnection with ``Last-Event-ID`` replays this worker's events of the gap, not
-    the other workers' (a per-conversation stream does).  A lost notification: the
+    Each conversation's events come in ``seq`` order, once.  Events of other workers
+    are taken from the moment the first agent-wide stream of this worker opened (older
+    ones are not replayed), and get a ``stream_seq`` of this worker (the SSE ``id``),
+    so the ids a client sees only grow; a reconnection with ``Last-Event-ID`` to the
+    same worker replays the events of the gap, this worker's and the others', in the
+    order they were numbered, none twice (the feed keeps the others' for
+    :data:`FEED_GRACE` seconds after its last client left).  A lost notification: the
     conversation's events are read at its next one.
     """
 
@@ -630,77 +827,76 @@ class AgentStream(AsyncIterator[Event]):
         local: Subscription,
         profile: StreamProfile | None,
         max_pending: int,
+        after: int | None = None,
     ) -> None:
         self.hub = hub
         self.local = local
         self._profile = None if profile is None or profile.passes_everything else profile
         self._max_pending = max_pending
-        self._opened = time.time()
+        self._after = after
         #: The highest ``seq`` delivered of each conversation.
         self._cursor: dict[str, int] = {}
-        #: Conversations with announced events not read yet, with the highest announced.
-        self._due: dict[str, int] = {}
         self._out: deque[Event] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._fetch: asyncio.Task[None] | None = None
         self._closed = False
 
     def _start(self) -> None:
+        replay, lost = self.hub.feed.attach(self, self._after)
+        if lost and self._after is not None:
+            after = self._after
+            self._push(
+                EventsLost(
+                    conversation_id="", seq=0, stream_seq=after, ts=time.time(),
+                    requested_after=after, oldest_seq=after + 1,
+                )
+            )  # fmt: skip
+        # This worker's events of the gap (its replay buffer) and the others' (the
+        # feed's ring), in the order they were numbered.
+        mine: list[Event] = []
+        while (event := self.local.take()) is not None:
+            mine.append(event)
+        if replay:
+            merged = sorted(
+                [(e.stream_seq, 0, e) for e in mine] + [(e.stream_seq, 1, e) for e in replay],
+                key=lambda t: (t[0], t[1]),
+            )
+            for _, remote, event in merged:
+                if remote:
+                    self._remote(event)
+                else:
+                    self._local_one(event)
+        else:
+            for event in mine:
+                self._local_one(event)
         self.local.notify = self._on_local
         self._on_local(self.local)
 
     def _on_local(self, sub: Subscription) -> None:
         while (event := sub.take()) is not None:
-            if event.kind == "events_lost":
-                self._push(event)
-                continue
-            cid = event.conversation_id
-            if event.seq > self._cursor.get(cid, 0):
-                self._cursor[cid] = event.seq
-            self._deliver(event)
+            self._local_one(event)
         if sub.ended and not self._closed:
             self._end()
 
-    def poke(self, conversation_id: str, upto: int) -> None:
-        """Another worker stored events of ``conversation_id`` up to ``seq`` ``upto``."""
-        if self._closed or upto <= self._cursor.get(conversation_id, 0):
+    def _local_one(self, event: Event) -> None:
+        if event.kind == "events_lost":
+            self._push(event)
             return
-        if upto > self._due.get(conversation_id, 0):
-            self._due[conversation_id] = upto
-        if self._fetch is None:
-            self._fetch = asyncio.get_running_loop().create_task(self._read())
+        cid = event.conversation_id
+        if event.seq > self._cursor.get(cid, 0):
+            self._cursor[cid] = event.seq
+        self._deliver(event)
 
-    async def _read(self) -> None:
-        store = self.hub.store
-        try:
-            while self._due and not self._closed:
-                cid, upto = self._due.popitem()
-                cursor = self._cursor.get(cid)
-                if cursor is None:
-                    cursor = max(0, upto - self.LOOK_BACK)
-                while not self._closed and cursor < upto:
-                    rows = await store.run_events_after(cid, cursor, limit=self.hub.page)
-                    if not rows:
-                        break
-                    for seq, data in rows:
-                        if seq <= self._cursor.get(cid, 0):
-                            continue  # (delivered already: this worker's own, live)
-                        try:
-                            event = event_from_json(data)
-                        except ValueError:
-                            continue
-                        self._cursor[cid] = seq
-                        if event.ts >= self._opened:
-                            self._deliver(event, renumber=True)
-                    cursor = rows[-1][0]
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the next notification reads again
-            log.warning("could not read stored events for the agent-wide stream: %s", exc)
-        finally:
-            self._fetch = None
+    def _remote(self, event: Event) -> None:
+        """An event of another worker, numbered by the feed."""
+        if self._closed:
+            return
+        cid = event.conversation_id
+        if event.seq <= self._cursor.get(cid, 0):
+            return  # (delivered already)
+        self._cursor[cid] = event.seq
+        self._deliver(event)
 
-    def _deliver(self, event: Event, *, renumber: bool = False) -> None:
+    def _deliver(self, event: Event) -> None:
         if self._closed:
             return
         profile = self._profile
@@ -709,8 +905,6 @@ class AgentStream(AsyncIterator[Event]):
             if admitted is None:
                 return
             event = admitted
-        if renumber:
-            event = dataclasses.replace(event, stream_seq=self.hub.agent.services.next_stream_seq())
         self._push(event)
 
     def _push(self, event: Event) -> None:
@@ -738,8 +932,7 @@ class AgentStream(AsyncIterator[Event]):
             return
         self._closed = True
         self.hub._everything.discard(self)
-        if self._fetch is not None and self._fetch is not asyncio.current_task():
-            self._fetch.cancel()
+        self.hub.feed.detach(self)
         self.local.notify = None
         task = asyncio.get_running_loop().create_task(self.local.aclose())
         self.hub._tasks.add(task)
