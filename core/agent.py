@@ -628,6 +628,10 @@ class Agent:
         if conv is not None:
             await self.services.session_end(conv, "deleted")
             await conv.aclose()
+        if self.cluster_events is not None:
+            # Its last events may still wait for their batch (50 ms): written after the
+            # delete, they would outlive the conversation.
+            await self.cluster_events.flushed()
         if not await self._temp_store.delete_conversation(conversation_id):
             if not await self.store.delete_conversation(conversation_id):
                 raise NotFound(f"no conversation {conversation_id!r}")
