@@ -75,6 +75,9 @@ REFLECTION_PROMPT = (
     "remains open. Answer 'NONE' if nothing in it is worth remembering."
 )
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.*\S)\s*$")
+#: A note quoted as recall and the memory tools show it (``#12 [scope] text``): a
+#: fact mined from such a line is that note's text, already known.
+_NOTE_REF = re.compile(r"^#\d+\s+\[[^\]\n]*\]\s+")
 
 #: The conversation metadata key of the highest audit-log id reflected on.
 REFLECTED = "reflected_through"
@@ -533,7 +536,10 @@ class MemoryWorker:
         )
         if answer is None:
             return 0
-        facts = [m.group(1) for line in answer.splitlines() if (m := _BULLET.match(line))]
+        facts = [
+            _NOTE_REF.sub("", m.group(1)) for line in answer.splitlines()
+            if (m := _BULLET.match(line))
+        ]  # fmt: skip
         scope = await self._scope(agent, conversation_id, channel_key)
         known = {
             " ".join(n.text.lower().split()) for n in await agent.memory.list([scope], limit=500)

@@ -46,6 +46,24 @@ async def test_closing_a_conversation_mines_its_uncompacted_turns_once(db_path):
         assert len(facts) == 1
 
 
+async def test_a_mined_line_that_quotes_a_known_note_is_not_saved_again(db_path):
+    """A model that mines the memory tools' or recall's way of showing a note
+    (``#12 [scope] text``) names a note already kept: it is not saved a second time
+    with the reference in front; a new fact beside it is."""
+    brain = Brain(facts="")
+    worker = MemoryWorker(BackgroundPolicy(reflection=False, mining_debounce=0))
+    async with make_agent(brain, db_path, worker=worker, budget=100_000) as agent:
+        conv = await agent.create_conversation(title="deploys")
+        scope = f"channel:conversation:{conv.id}"
+        known = await agent.memory.save(scope, "Alice deploys on Tuesdays.", author="alice")
+        brain.facts = f"- #{known.id} [{scope}] Alice deploys on Tuesdays.\n- Bob owns the build."
+        await chat(conv, 1, size=0)
+        await conv.aclose()
+        await asyncio.wait_for(worker.wait_for("mining"), 60)
+        texts = sorted(n.text for n in await agent.memory.list([scope]))
+        assert texts == ["Alice deploys on Tuesdays.", "Bob owns the build."]
+
+
 async def test_reset_and_idle_mine_and_a_summary_is_not_mined_again(db_path):
     """``!new`` (a channel's reset) and idleness end conversations: both mine.  After a
     compaction, the end mines the turns after the summary, not the summary again."""
