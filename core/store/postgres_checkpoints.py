@@ -4,26 +4,17 @@ is one transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from .postgres_room import PostgresRoom
 from .records import CheckpointRecord
+from .rows import CHECKPOINT
 
 if TYPE_CHECKING:
     import asyncpg
 
 __all__ = ["PostgresCheckpoints"]
-
-_COLUMNS = "id, conversation_id, created_at, label, automatic, size"
-
-
-def _record(r: Sequence[object]) -> CheckpointRecord:
-    return CheckpointRecord(
-        id=int(r[0]), conversation_id=str(r[1]), created_at=float(r[2]),  # type: ignore[call-overload, arg-type]
-        label=str(r[3]), automatic=bool(r[4]), size=int(r[5]),  # type: ignore[call-overload]
-    )  # fmt: skip
 
 
 class PostgresCheckpoints(PostgresRoom):
@@ -53,7 +44,7 @@ class PostgresCheckpoints(PostgresRoom):
             row = await conn.fetchrow(
                 "INSERT INTO checkpoint"
                 " (conversation_id, created_at, label, automatic, size, document)"
-                f" VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_COLUMNS}",
+                f" VALUES ($1, $2, $3, $4, $5, $6) RETURNING {CHECKPOINT.columns}",
                 conversation_id, at, label, automatic, size, document,
             )  # fmt: skip
             if automatic and keep is not None:
@@ -64,17 +55,18 @@ class PostgresCheckpoints(PostgresRoom):
                     conversation_id,
                     max(0, keep),
                 )
-            return _record(tuple(row))
+            return CHECKPOINT.record(row)
 
         record: CheckpointRecord = await self._write(fn)
         return record
 
     async def checkpoints(self, conversation_id: str) -> list[CheckpointRecord]:
         rows = await self._read(
-            f"SELECT {_COLUMNS} FROM checkpoint WHERE conversation_id = $1 ORDER BY id DESC",
+            f"SELECT {CHECKPOINT.columns} FROM checkpoint WHERE conversation_id = $1"
+            " ORDER BY id DESC",
             conversation_id,
         )
-        return [_record(tuple(r)) for r in rows]
+        return [CHECKPOINT.record(r) for r in rows]
 
     async def checkpoint_get(self, conversation_id: str, checkpoint_id: int) -> str | None:
         rows = await self._read(

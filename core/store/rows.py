@@ -26,6 +26,7 @@ from .records import (
     ChannelSetting,
     ChannelSettingChange,
     Checklist,
+    CheckpointRecord,
     Question,
     WebhookDelivery,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "CHANNEL_SETTING",
     "CHANNEL_SETTING_CHANGE",
     "CHECKLIST",
+    "CHECKPOINT",
     "OUTLINE",
     "QUESTION",
     "QUESTION_COLUMNS",
@@ -177,6 +179,17 @@ WEBHOOK_DELIVERY = RowShape(
     " claimed_by, claimed_until, last_error, finished_at",
     _webhook_delivery,
 )
+
+
+# -- checkpoints -------------------------------------------------------------------------------
+def _checkpoint(r: Sequence[Any]) -> CheckpointRecord:
+    return CheckpointRecord(
+        id=int(r[0]), conversation_id=str(r[1]), created_at=float(r[2]), label=str(r[3]),
+        automatic=bool(r[4]), size=int(r[5]),
+    )  # fmt: skip
+
+
+CHECKPOINT = RowShape("id, conversation_id, created_at, label, automatic, size", _checkpoint)
 
 
 # -- lifecycle: retention's reads, a snapshot's rows ----------------------------------------

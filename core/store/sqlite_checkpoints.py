@@ -4,22 +4,13 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
 
 from ..errors import StoreError
 from .records import CheckpointRecord
+from .rows import CHECKPOINT
 from .sqlite_room import SQLiteRoom
 
 __all__ = ["SQLiteCheckpoints"]
-
-_COLUMNS = "id, conversation_id, created_at, label, automatic, size"
-
-
-def _record(r: Sequence[object]) -> CheckpointRecord:
-    return CheckpointRecord(
-        id=int(r[0]), conversation_id=str(r[1]), created_at=float(r[2]),  # type: ignore[call-overload, arg-type]
-        label=str(r[3]), automatic=bool(r[4]), size=int(r[5]),  # type: ignore[call-overload]
-    )  # fmt: skip
 
 
 class SQLiteCheckpoints(SQLiteRoom):
@@ -45,7 +36,7 @@ class SQLiteCheckpoints(SQLiteRoom):
             row = conn.execute(
                 "INSERT INTO checkpoint"
                 " (conversation_id, created_at, label, automatic, size, document)"
-                f" VALUES (?, ?, ?, ?, ?, ?) RETURNING {_COLUMNS}",
+                f" VALUES (?, ?, ?, ?, ?, ?) RETURNING {CHECKPOINT.columns}",
                 (conversation_id, at, label, int(automatic), size, document),
             ).fetchone()
             if automatic and keep is not None:
@@ -55,17 +46,18 @@ class SQLiteCheckpoints(SQLiteRoom):
                     " AND automatic = 1 ORDER BY id DESC LIMIT ?)",
                     (conversation_id, conversation_id, max(0, keep)),
                 )
-            return _record(row)
+            return CHECKPOINT.record(row)
 
         record: CheckpointRecord = await self._write(fn)
         return record
 
     async def checkpoints(self, conversation_id: str) -> list[CheckpointRecord]:
         rows = await self._read(
-            f"SELECT {_COLUMNS} FROM checkpoint WHERE conversation_id = ? ORDER BY id DESC",
+            f"SELECT {CHECKPOINT.columns} FROM checkpoint WHERE conversation_id = ?"
+            " ORDER BY id DESC",
             (conversation_id,),
         )
-        return [_record(r) for r in rows]
+        return [CHECKPOINT.record(r) for r in rows]
 
     async def checkpoint_get(self, conversation_id: str, checkpoint_id: int) -> str | None:
         rows = await self._read(
