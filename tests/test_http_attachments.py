@@ -188,3 +188,48 @@ async def test_an_image_on_its_own_is_a_message(db_path, openai_server):
         assert "attached" not in words
         assert items[0]["content"] == "" and items[0]["data"]["parts"][0]["sha256"] == PNG_SHA
         assert items[-1]["content"] == "a dot"
+
+
+async def test_regenerate_and_edit_send_the_questions_image_again(db_path, openai_server):
+    """The CI fuzzer found a 500: regenerate of an image-only question rebuilt it with no
+    words and no attachments.  Regenerate now asks it again with its image, edit keeps the
+    image beside the new words, and a question with nothing left (redacted) is a 409."""
+    openai_server.enqueue(Reply.text("a dot"), Reply.text("still a dot"), Reply.text("red"))
+    async with running_server(db_path, model=_llm(openai_server)) as s, s.client() as c:
+        cid = (await c.post("/conversations", json={})).json()["id"]
+        await c.post(f"/conversations/{cid}/attachments",
+                     files={"file": ("dot.png", PNG, "image/png")})  # fmt: skip
+        sent = await c.post(
+            f"/conversations/{cid}/messages",
+            json={"attachments": [{"sha256": PNG_SHA, "name": "dot.png"}]},
+        )
+        assert sent.status_code == 202, sent.text
+        conv = await s.agent.get_conversation(cid)
+        await conv.wait_idle()
+        again = await c.post(f"/conversations/{cid}/regenerate", json={})
+        assert again.status_code == 202, again.text
+        await conv.wait_idle()
+        edited = await c.post(f"/conversations/{cid}/edit", json={"content": "what colour?"})
+        assert edited.status_code == 202, edited.text
+        await conv.wait_idle()
+        image = {
+            "type": "image_url",
+            "image_url": {"url": "data:image/png;base64," + base64.b64encode(PNG).decode()},
+        }
+        asked = [
+            [m for m in r["messages"] if m["role"] == "user"][-1]["content"]
+            for r in openai_server.requests
+        ]
+        assert len(asked) == 3
+        assert [p for p in asked[1] if p["type"] == "image_url"] == [image]
+        assert [p for p in asked[2] if p["type"] == "image_url"] == [image]
+        assert "what colour?" in " ".join(p["text"] for p in asked[2] if p["type"] == "text")
+        rows = (await c.get(f"/conversations/{cid}/messages")).json()["items"]
+        words = ["", "a dot", "", "still a dot", "what colour?", "red"]
+        assert [m["content"] for m in rows] == words
+        # The last question redacted: nothing is left to ask again.
+        redacted = await c.post(f"/conversations/{cid}/messages/{rows[4]['id']}/redact", json={})
+        assert redacted.status_code == 200, redacted.text
+        nothing = await c.post(f"/conversations/{cid}/regenerate", json={})
+        assert nothing.status_code == 409 and nothing.json()["error"]["code"] == "cannot_branch"
+        assert len(openai_server.requests) == 3

@@ -100,7 +100,7 @@ from agentik.core.lifecycle import (
     import_conversation,
     validate_snapshot,
 )
-from agentik.core.messages import Content, ImagePart, Message, TextPart
+from agentik.core.messages import Content, ImagePart, Message, TextPart, parts_from
 from agentik.core.questions import MAX_FORM_FIELDS, FormError, may_answer
 from agentik.core.redaction import RedactionError
 from agentik.core.store.search import SearchHit, search_terms
@@ -259,6 +259,17 @@ class NewMessageBody(_Body):
         if not self.content.strip() and not self.attachments:
             raise ValueError("content: a message needs words, unless it has attachments")
         return self
+
+
+def _attached_to(asked: Message) -> list[AttachmentRef]:
+    """The stored attachments of the question ``asked``, as a new message names them
+    (a regenerate or an edit sends them again; parts that are only links are left)."""
+    data = asked.data if isinstance(asked.data, dict) else {}
+    return [
+        AttachmentRef(sha256=p.sha256, name=p.name)
+        for p in parts_from(data.get("parts"))[:MAX_ATTACHMENTS]
+        if p.sha256 is not None and re.fullmatch(r"[0-9a-f]{64}", p.sha256)
+    ]
 
 
 class BranchBody(_Body):
@@ -1165,7 +1176,17 @@ class Api:
         principal, conv, body, asked = await self._branching(
             request, BranchBody, required=False, verb="regenerate"
         )
-        message = NewMessageBody(content=asked.content, author=body.author or asked.author)
+        attached = _attached_to(asked)
+        redacted = isinstance(asked.data, dict) and "redacted" in asked.data
+        if redacted or (not asked.content.strip() and not attached):
+            # (its words are a placeholder now; or its only parts were links)
+            raise ApiError(
+                409, "cannot_branch",
+                "the last question was redacted or has nothing left to ask again: edit it instead",
+            )  # fmt: skip
+        message = NewMessageBody(
+            content=asked.content, author=body.author or asked.author, attachments=attached
+        )
         return await self._post(principal, conv, message, branch_of=asked.id)
 
     async def edit_last(self, request: Request) -> Response:
@@ -1174,7 +1195,11 @@ class Api:
         principal, conv, body, asked = await self._branching(
             request, EditBody, required=True, verb="edit"
         )
-        message = NewMessageBody(content=body.content, author=body.author)
+        # The question's images and files stay with the new words (as a chat page's
+        # edit keeps them): only the text is replaced.
+        message = NewMessageBody(
+            content=body.content, author=body.author, attachments=_attached_to(asked)
+        )
         return await self._post(principal, conv, message, branch_of=asked.id)
 
     async def _branching(
