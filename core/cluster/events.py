@@ -444,7 +444,64 @@ class ClusterEvents:
                 await questions.settle_from_store(int(key))
 
 
-class ClusterSubscription(AsyncIterator[Event]):
+class _EventQueue(AsyncIterator[Event]):
+    """What both merged streams are to their SSE client: a bounded queue of events
+    to iterate.  A client more than ``_max_pending`` events behind is told
+    (:meth:`_overflow`'s ``events_lost``) and cut off; ``aclose()`` leaves."""
+
+    _max_pending: int
+
+    def __init__(self) -> None:
+        self._out: deque[Event] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+
+    def _overflow(self, event: Event) -> EventsLost:
+        """The ``events_lost`` the client gets instead of its backlog (``event``: the
+        one that did not fit)."""
+        raise NotImplementedError
+
+    def _end(self) -> None:
+        raise NotImplementedError
+
+    def _push(self, event: Event) -> None:
+        out = self._out
+        if len(out) >= self._max_pending:
+            # Too slow: drop the backlog, say so (from the last event it received), end.
+            lost = self._overflow(event)
+            out.clear()
+            out.append(lost)
+            self._end()
+            return
+        out.append(event)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def __aiter__(self) -> _EventQueue:
+        return self
+
+    async def __anext__(self) -> Event:
+        while not self._out:
+            if self._closed:
+                raise StopAsyncIteration
+            waiter = self._waiter
+            if waiter is None or waiter.done():
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        return self._out.popleft()
+
+    async def aclose(self) -> None:
+        self._out.clear()
+        self._end()
+
+
+class ClusterSubscription(_EventQueue):
     """One SSE client's events of one conversation on a shared store: the local
     stream merged with the stored events, in ``seq`` order (see the module's doc).
 
@@ -462,6 +519,7 @@ class ClusterSubscription(AsyncIterator[Event]):
         profile: StreamProfile | None,
         max_pending: int,
     ) -> None:
+        super().__init__()
         self.hub = hub
         self.conversation_id = conversation_id
         self.local = local
@@ -469,13 +527,10 @@ class ClusterSubscription(AsyncIterator[Event]):
         self.last = after
         self._profile = None if profile is None or profile.passes_everything else profile
         self._max_pending = max_pending
-        self._out: deque[Event] = deque()
         self._held: dict[int, Event] = {}
-        self._waiter: asyncio.Future[None] | None = None
         self._fetch: asyncio.Task[None] | None = None
         self._again = False
         self._gap: asyncio.TimerHandle | None = None
-        self._closed = False
 
     def _start(self) -> None:
         self.local.notify = self._on_local
@@ -579,28 +634,12 @@ class ClusterSubscription(AsyncIterator[Event]):
             event = admitted
         self._push(event)
 
-    def _push(self, event: Event) -> None:
-        out = self._out
-        if len(out) >= self._max_pending:
-            # Too slow: drop the backlog, say so (from the last event it received), end.
-            last = out[0].seq - 1 if out else self.last
-            out.clear()
-            lost = EventsLost(
-                conversation_id=self.conversation_id, seq=last, ts=time.time(),
-                requested_after=last, oldest_seq=last + 1,
-            )  # fmt: skip
-            out.append(lost)
-            self._end()
-            return
-        out.append(event)
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+    def _overflow(self, event: Event) -> EventsLost:
+        last = self._out[0].seq - 1 if self._out else self.last
+        return EventsLost(
+            conversation_id=self.conversation_id, seq=last, ts=time.time(),
+            requested_after=last, oldest_seq=last + 1,
+        )  # fmt: skip
 
     def _end(self) -> None:
         if self._closed:
@@ -618,24 +657,6 @@ class ClusterSubscription(AsyncIterator[Event]):
         self.hub._tasks.add(task)
         task.add_done_callback(self.hub._tasks.discard)
         self._wake()
-
-    # -- the iterator --------------------------------------------------------------------
-    def __aiter__(self) -> ClusterSubscription:
-        return self
-
-    async def __anext__(self) -> Event:
-        while not self._out:
-            if self._closed:
-                raise StopAsyncIteration
-            waiter = self._waiter
-            if waiter is None or waiter.done():
-                waiter = self._waiter = asyncio.get_running_loop().create_future()
-            await waiter
-        return self._out.popleft()
-
-    async def aclose(self) -> None:
-        self._out.clear()
-        self._end()
 
 
 class _RemoteFeed:
@@ -802,7 +823,7 @@ class _RemoteFeed:
         self.weight = sum(event_weight(e) for e in ring)
 
 
-class AgentStream(AsyncIterator[Event]):
+class AgentStream(_EventQueue):
     """One SSE client's agent-wide stream on a shared store: this worker's own events
     (its agent-wide subscription: replay and live) merged with the events of the turns
     other workers run, which the worker's :class:`_RemoteFeed` reads from the store
@@ -829,6 +850,7 @@ class AgentStream(AsyncIterator[Event]):
         max_pending: int,
         after: int | None = None,
     ) -> None:
+        super().__init__()
         self.hub = hub
         self.local = local
         self._profile = None if profile is None or profile.passes_everything else profile
@@ -836,9 +858,6 @@ class AgentStream(AsyncIterator[Event]):
         self._after = after
         #: The highest ``seq`` delivered of each conversation.
         self._cursor: dict[str, int] = {}
-        self._out: deque[Event] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._closed = False
 
     def _start(self) -> None:
         replay, lost = self.hub.feed.attach(self, self._after)
@@ -907,25 +926,12 @@ class AgentStream(AsyncIterator[Event]):
             event = admitted
         self._push(event)
 
-    def _push(self, event: Event) -> None:
-        out = self._out
-        if len(out) >= self._max_pending:
-            last = out[0].stream_seq - 1 if out else event.stream_seq
-            out.clear()
-            out.append(
-                EventsLost(
-                    conversation_id="", seq=0, stream_seq=last, ts=time.time(),
-                    requested_after=last, oldest_seq=last + 1,
-                )
-            )  # fmt: skip
-            self._end()
-            return
-        out.append(event)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+    def _overflow(self, event: Event) -> EventsLost:
+        last = self._out[0].stream_seq - 1 if self._out else event.stream_seq
+        return EventsLost(
+            conversation_id="", seq=0, stream_seq=last, ts=time.time(),
+            requested_after=last, oldest_seq=last + 1,
+        )  # fmt: skip
 
     def _end(self) -> None:
         if self._closed:
@@ -937,25 +943,4 @@ class AgentStream(AsyncIterator[Event]):
         task = asyncio.get_running_loop().create_task(self.local.aclose())
         self.hub._tasks.add(task)
         task.add_done_callback(self.hub._tasks.discard)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def __aiter__(self) -> AgentStream:
-        return self
-
-    async def __anext__(self) -> Event:
-        while not self._out:
-            if self._closed:
-                raise StopAsyncIteration
-            waiter = self._waiter
-            if waiter is None or waiter.done():
-                waiter = self._waiter = asyncio.get_running_loop().create_future()
-            await waiter
-        return self._out.popleft()
-
-    async def aclose(self) -> None:
-        self._out.clear()
-        self._end()
+        self._wake()
