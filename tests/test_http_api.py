@@ -312,6 +312,9 @@ async def test_unknown_conversation_ids_are_404_everywhere(server):
         # A lone surrogate is no text any store can keep.
         ("/conversations", b'{"title": "\\ud800"}', "title"),
         ("/conversations", b"\xff\xfe\x00garbage", "not valid JSON"),
+        # An optional body of only blanks is not "no body" (schemathesis sent one).
+        ("/conversations", b" \n", "not valid JSON"),
+        ("{conv}/checkpoints", b" ", "not valid JSON"),
         ("{conv}/messages", b"", "JSON object is required"),
         ("{conv}/messages", b"{}", "content"),
         ("{conv}/messages", b'{"content": ""}', "content"),

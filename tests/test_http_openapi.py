@@ -13,6 +13,7 @@ them could finish; test_http_api.py tests them.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,8 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
             "--max-examples",
             "30",
             "--seed",
-            "20251",
+            # (another seed: AGENTIK_FUZZ_SEED=N, to shake out what this one misses)
+            os.environ.get("AGENTIK_FUZZ_SEED", "20251"),
             "--workers",
             "2",
             "--generation-database",

@@ -711,7 +711,7 @@ class Api:
             data += chunk
             if len(data) > limit:
                 raise too_large
-        if not data.strip():
+        if not data:  # (no body; one of only blanks is not JSON: refused below)
             if required:
                 raise ApiError(422, "invalid_body", "a JSON object is required")
             return model()
