@@ -1364,7 +1364,6 @@ class Conversation:
                 break
         else:
             return False
-        emit = self._event_stream().emit
         try:
             await item.committed
         except Exception:
@@ -1372,12 +1371,21 @@ class Conversation:
         try:
             await self._store.append(self.id, ended=TurnEnd(run_id, "cancelled"))
         finally:
-            emit(TurnEnded, run_id, stop_reason="interrupted")
-            emit(RunStreamEnd, run_id)
+            self.announce_withdrawn(run_id)
             if not self._queue and self._worker is None:
                 self._set_idle()
         log.info("conversation %s: queued turn %s withdrawn", self.id, run_id)
         return True
+
+    def announce_withdrawn(self, run_id: str) -> None:
+        """Say that the turn ``run_id``, taken back before it started, is over: its
+        ``turn_ended`` (``interrupted``, with no ``turn_started`` before it) and
+        ``run_stream_end`` events (its end is recorded by whoever took it back: here
+        :meth:`withdraw`; with several workers, :meth:`TurnQueue.withdraw
+        <agentik.core.cluster.conversations.TurnQueue.withdraw>`)."""
+        emit = self._event_stream().emit
+        emit(TurnEnded, run_id, stop_reason="interrupted")
+        emit(RunStreamEnd, run_id)
 
     async def wait_idle(self) -> None:
         """Wait until no turn is running or queued."""

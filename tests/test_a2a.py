@@ -710,3 +710,123 @@ async def test_a_snapshot_carries_the_task_records_as_history_that_grants_nothin
                 await import_conversation(store, bad, new_ids=True)
             assert str(caught.value).startswith(message), str(caught.value)[:200]
         assert rows(other, "SELECT COUNT(*) FROM conversation") == count
+
+
+async def test_a_task_sent_through_the_worker_that_does_not_run_its_conversation_ends(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Two real workers on one PostgreSQL database: while A runs a turn of a context, a
+    second message of that context sent through B (queued: A runs the conversation's
+    turns) is answered on A — and B's SendMessage, which waits for the task's end,
+    returns it completed with its answer (B follows the turn A runs)."""
+    from cluster import http_transport, until, worker_config, workers
+
+    def reply(body: dict[str, Any]) -> WireReply:
+        asked = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        if "first" in str(asked):
+            return WireReply.text(" ".join(f"w{i}" for i in range(40)), chunks=40, delay=0.1)
+        return WireReply.text("the second answer")
+
+    openai_server.default = reply
+    tokens = (
+        'tokens = [{ name = "alice", env = "ALICE_TOKEN" }]\n[transports.web.a2a]\nenabled = true'
+    )
+
+    def config(name: str, port: int) -> str:
+        web = http_transport("web", port, tokens)
+        return worker_config(name, openai_server.base_url, dsn_env="AGENTIK_TEST_A2A_DSN",
+                             poll=2.0, health=False, extra=web)  # fmt: skip
+
+    async with workers(["a", "b"], tmp_path, postgres_dsn, config, dsn_env="AGENTIK_TEST_A2A_DSN",
+                       env={"ALICE_TOKEN": ALICE}, ready="/ready") as (a, b):  # fmt: skip
+        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+            for http in (on_a, on_b):
+                http.headers["A2A-Version"] = "1.0"
+            r = await on_a.post("/a2a", json=rpc("SendMessage", at_once(send_params("first"))))
+            cid = r.json()["result"]["task"]["contextId"]
+
+            async def running() -> bool:
+                got = (await on_b.get(f"/conversations/{cid}/status")).json()
+                return bool(got.get("state") == "running")
+
+            await until(running, "the first turn running on A")
+            r = await on_b.post(
+                "/a2a", json=rpc("SendMessage", send_params("second", cid)), timeout=WAIT
+            )
+            task = r.json()["result"]["task"]
+            assert task["status"]["state"] == "TASK_STATE_COMPLETED", r.text
+            [artifact] = task["artifacts"]
+            assert "".join(p["text"] for p in artifact["parts"]) == "the second answer"
+
+
+async def test_a_cancel_withdraws_a_task_queued_behind_a_turn_another_worker_runs(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Two real workers on one PostgreSQL database: A runs a context's turn; two more
+    messages of it come through B (queued: A runs its turns); the first of them is
+    canceled through B before it starts.  It never runs (the model is never asked it;
+    its turn's end is recorded ``cancelled``), the one after it is answered, and the
+    three tasks read completed, canceled, completed on both workers."""
+    from cluster import http_transport, until, worker_config, workers
+
+    def reply(body: dict[str, Any]) -> WireReply:
+        asked = str([m for m in body["messages"] if m["role"] == "user"][-1]["content"])
+        if "first" in asked:
+            return WireReply.text(" ".join(f"w{i}" for i in range(60)), chunks=60, delay=0.1)
+        return WireReply.text(f"answer to {asked.split()[-1]}")
+
+    openai_server.default = reply
+    tokens = (
+        'tokens = [{ name = "alice", env = "ALICE_TOKEN" }]\n[transports.web.a2a]\nenabled = true'
+    )
+
+    def config(name: str, port: int) -> str:
+        web = http_transport("web", port, tokens)
+        return worker_config(name, openai_server.base_url, dsn_env="AGENTIK_TEST_A2A_DSN",
+                             poll=2.0, health=False, extra=web)  # fmt: skip
+
+    async with workers(["a", "b"], tmp_path, postgres_dsn, config, dsn_env="AGENTIK_TEST_A2A_DSN",
+                       env={"ALICE_TOKEN": ALICE}, ready="/ready") as (a, b):  # fmt: skip
+        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+            for http in (on_a, on_b):
+                http.headers["A2A-Version"] = "1.0"
+            r = await on_a.post("/a2a", json=rpc("SendMessage", at_once(send_params("first"))))
+            first = r.json()["result"]["task"]
+            cid = first["contextId"]
+
+            async def running() -> bool:
+                got = (await on_b.get(f"/conversations/{cid}/status")).json()
+                return bool(got.get("state") == "running")
+
+            await until(running, "the first turn running on A")
+            tasks = []
+            for text in ("the second", "the third"):
+                r = await on_b.post(
+                    "/a2a", json=rpc("SendMessage", at_once(send_params(text, cid)))
+                )
+                tasks.append(r.json()["result"]["task"])
+            second, third = tasks
+            r = await on_b.post("/a2a", json=rpc("CancelTask", {"id": second["id"]}))
+            assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", r.text
+
+            async def states(http: httpx.AsyncClient) -> list[str]:
+                out = []
+                for t in (first, second, third):
+                    got = (await http.post("/a2a", json=rpc("GetTask", {"id": t["id"]}))).json()
+                    out.append(str(got["result"]["status"]["state"]))
+                return out
+
+            done = ["TASK_STATE_COMPLETED", "TASK_STATE_CANCELED", "TASK_STATE_COMPLETED"]
+
+            async def all_over() -> bool:
+                return await states(on_a) == done and await states(on_b) == done
+
+            await until(all_over, "first and third completed, second canceled, on both")
+            items = (await on_b.get(f"/conversations/{cid}/messages")).json()["items"]
+            answers = [m["content"] for m in items if m["kind"] == "assistant"]
+            assert answers[-1] == "answer to third" and len(answers) == 2, answers
+    asked = [
+        str([m for m in body["messages"] if m["role"] == "user"][-1]["content"])
+        for body in openai_server.requests
+    ]
+    assert not any("second" in q for q in asked), asked

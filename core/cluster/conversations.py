@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..messages import Content, Message, NewMessage, split_content
 from ..runs import new_run_id
+from ..store.records import TurnEnd
 from . import CONVERSATION_PREFIX, ClusterSettings, conversation_lease
 from .notify import Notice
 
@@ -401,6 +402,31 @@ class TurnQueue:
             return run
         return None
 
+    async def withdraw(self, conversation_id: str, run_id: str) -> bool:
+        """Take back the queued turn ``run_id`` (a run of this conversation whose user
+        message the turn queue holds) wherever it waits: if it has not started, its
+        end is recorded now (``cancelled``) and the worker that claims it skips it
+        (:meth:`_run_turn`: it announces the end to the turn's followers).  One that
+        runs already (here or elsewhere) is asked to stop instead.  ``False`` when
+        it is over already or running.  The caller vouches that ``run_id`` is a turn
+        of this conversation (an A2A task's recorded run)."""
+        store = self.store
+        if await store.turn_ended(conversation_id, run_id):
+            return False
+        local = self.agent.services.find(conversation_id)
+        if local is not None and local.running_run_id == run_id:
+            if not local.interrupting:
+                await local.interrupt()
+            return False
+        if await self.running_elsewhere(conversation_id) == run_id:
+            await self.stop_elsewhere(conversation_id, run_id)
+            return False
+        await store.append(conversation_id, ended=TurnEnd(run_id, "cancelled"))
+        # (If a worker started it between the look and the record, it is stopped.)
+        await self.store.notifier().publish(STOPS_TOPIC, f"{run_id}:{conversation_id}")
+        log.info("cluster: conversation %s: queued turn %s withdrawn", conversation_id, run_id)
+        return True
+
     async def stop_elsewhere(self, conversation_id: str, run_id: str) -> None:
         """Ask the worker running ``run_id`` of the conversation to stop it: announced
         now, and again every heartbeat until its end is recorded (see the module doc)."""
@@ -630,8 +656,16 @@ class TurnQueue:
         # A turn claimed before (its worker died or lost the lease) may have run, or
         # started: its end is looked up, and it runs again from what it committed.
         again = turn.attempts > 1
-        if again and await store.turn_ended(conversation_id, turn.run_id):
-            return True  # it ran to its end: once is enough
+        if await store.turn_ended(conversation_id, turn.run_id):
+            if not again:
+                # Withdrawn before it started (:meth:`withdraw`): it never runs, and
+                # whoever follows its run hears that it ended.
+                self._messages.pop(turn.message_id, None)
+                conv = await self.agent.get_conversation(conversation_id)
+                conv.announce_withdrawn(turn.run_id)
+                log.info("cluster: conversation %s: queued turn %s was withdrawn",
+                         conversation_id, turn.run_id)  # fmt: skip
+            return True  # it ran to its end (or was withdrawn): once is enough
         if turn.payload.get("steer") and await self._steered(conversation_id, turn):
             self._messages.pop(turn.message_id, None)
             return True  # it joined the running turn: answered there

@@ -483,6 +483,16 @@ class _EventQueue(AsyncIterator[Event]):
             if not waiter.done():
                 waiter.set_result(None)
 
+    @property
+    def ready(self) -> bool:
+        """Whether an event is waiting (:meth:`take` returns it), as on a local
+        :class:`~agentik.core.eventbus.Subscription`."""
+        return bool(self._out)
+
+    def take(self) -> Event | None:
+        """The next waiting event, without waiting (``None``: none now)."""
+        return self._out.popleft() if self._out else None
+
     def __aiter__(self) -> _EventQueue:
         return self
 

@@ -36,8 +36,13 @@ Workers sharing a PostgreSQL database: ``CancelTask`` at a worker that does not
 run the task's turn records it canceled (the SDK) and asks the worker running it
 to stop it through the cluster's ``stops`` topic (:meth:`TurnQueue.stop_elsewhere
 <agentik.core.cluster.conversations.TurnQueue.stop_elsewhere>`, as the HTTP
-interrupt); a worker whose live task's state is refused because the stored task
-is final already takes its turn back too.
+interrupt); a turn still waiting in the shared turn queue, on any worker, is
+withdrawn (its end recorded: the worker that claims it skips it); a worker whose
+live task's state is refused because the stored task is final already takes its
+turn back too.  A task's turn may run on another worker than the one its request
+came to (the conversation's turns run where its lease is): the executor follows
+its events through the store (:meth:`ClusterEvents.subscribe
+<agentik.core.cluster.events.ClusterEvents.subscribe>`), as the SSE API does.
 
 Tasks are records in the bot's store (:mod:`.a2a_tasks`: their text is the audit
 log's), so they outlive a restart and every worker on a shared database reads
@@ -245,7 +250,14 @@ class _Executor(AgentExecutor):
         principal: Principal = context.call_context.state["principal"]
         conv = await self.contexts.api_conversation(principal, cid)
         # Subscribed before the message is posted: no event of the turn is missed.
-        events = conv.events(profile="debug")
+        # Workers: the turn may run on another one (the conversation's turns run where
+        # its lease is): its events are followed through the store, as the SSE API does.
+        cluster = self.api.agent.cluster_events
+        events: Any = (
+            await cluster.subscribe(conv, after=None, profile="debug")
+            if cluster is not None
+            else conv.events(profile="debug")
+        )
         try:
             accepting = asyncio.ensure_future(
                 self.api.accept_message(principal, conv, NewMessageBody(content=text))
@@ -378,7 +390,9 @@ class _Executor(AgentExecutor):
     async def stop_elsewhere(self, owner: str, task: Task) -> None:
         """After ``tasks/cancel``: the task's turn may run on another worker sharing
         the store, which is asked to stop it through the cluster's ``stops`` topic
-        (as the HTTP interrupt does); it then ends ``canceled`` there too."""
+        (as the HTTP interrupt does), or wait in the shared turn queue, where it is
+        withdrawn (:meth:`TurnQueue.withdraw
+        <agentik.core.cluster.conversations.TurnQueue.withdraw>`: it never runs)."""
         queue = self.api.agent.turn_queue
         store = self.api.agent.store
         if queue is None or "a2a_tasks" not in store.capabilities:
@@ -387,11 +401,9 @@ class _Executor(AgentExecutor):
         run_id = record.run_id if record is not None else None
         if run_id is None:
             return  # not accepted yet: the worker taking it sees the final record
-        local = self.api.agent.services.find(task.context_id)
-        if local is not None and local.running_run_id == run_id:
-            return  # it runs here: interrupted already
-        if await queue.running_elsewhere(task.context_id) == run_id:
-            await queue.stop_elsewhere(task.context_id, run_id)
+        # Running (here or on another worker): stopped; still queued, on any worker:
+        # withdrawn (it never runs); over: nothing to do.
+        await queue.withdraw(task.context_id, run_id)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, cid = context.task_id, context.context_id
