@@ -245,3 +245,41 @@ async def test_the_web_pages_regenerate_and_edit_on_one_worker_run_on_the_other(
         await expect(page.locator(".msg.replaced")).to_have_count(4)
         await page.screenshot(path=str(ARTIFACTS / "cluster-web-branches.png"))
         assert not errors, errors
+
+
+async def test_an_interrupt_naming_a_turn_queued_on_the_other_worker_withdraws_it(
+    postgres_dsn, openai_server, tmp_path
+):
+    """b runs a turn; two more questions come through a (queued: b runs the turns); an
+    interrupt through a naming the first of them withdraws it (202, ``withdrawn``): the
+    model never sees it, its turn is recorded ``cancelled`` and ends ``interrupted``,
+    and the one after it is answered.  Naming it again, or a run of no turn, is a 409."""
+    held = Reply.text("first answer", chunks=4, hold_after=1)
+    openai_server.enqueue(held, Reply.text("third answer"))
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url, beat=5.0) as (a, b):
+        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+            cid = (await on_b.post("/conversations", json={})).json()["id"]
+            r = await on_b.post(f"/conversations/{cid}/messages", json={"content": "first"})
+            assert r.status_code == 202, r.text
+            await held.wait_held(PATIENCE)
+            runs = []
+            for text in ("second", "third"):
+                r = await on_a.post(f"/conversations/{cid}/messages", json={"content": text})
+                assert r.status_code == 202, r.text
+                runs.append(r.json()["run_id"])
+            second, third = runs
+            r = await on_a.post(f"/conversations/{cid}/interrupt", json={"run_id": second})
+            assert r.status_code == 202, r.text
+            assert r.json() == {"conversation_id": cid, "run_id": second, "withdrawn": True}
+            again = await on_a.post(f"/conversations/{cid}/interrupt", json={"run_id": second})
+            assert again.status_code == 409, again.text
+            nothing = await on_a.post(f"/conversations/{cid}/interrupt", json={"run_id": "r-x"})
+            assert nothing.status_code == 409, nothing.text
+            held.release()
+            rows = await until(lambda: answered(on_a, cid, 2), "the first and third answers")
+            assert [(m["kind"], m["content"]) for m in rows] == [
+                ("user", "first"), ("user", "second"), ("user", "third"),
+                ("assistant", "first answer"), ("assistant", "third answer"),
+            ]  # fmt: skip
+            assert len(openai_server.requests) == 2
+            assert "second" not in str(openai_server.requests[1]["messages"])

@@ -135,6 +135,9 @@ RESERVED_RETRY_AFTER = 5
 #: The longest attachment name kept, and the most attachments one message takes.
 NAME_CHARS = 200
 MAX_ATTACHMENTS = 10
+#: How many of a conversation's latest questions an interrupt naming a queued run
+#: looks through (several workers: the run may wait in the shared turn queue).
+_QUEUED_LOOK_BACK = 200
 
 
 class ApiError(Exception):
@@ -1519,6 +1522,18 @@ class Api:
                 return JSONResponse({"conversation_id": conv.id, "run_id": elsewhere},
                                     status_code=202)  # fmt: skip
             running = elsewhere
+        if (
+            queue is not None
+            and body.run_id is not None
+            and body.run_id != running
+            and await self._queued_turn(conv, body.run_id)
+            and await queue.withdraw(conv.id, body.run_id)
+        ):
+            # Waiting in the shared turn queue, on whichever worker runs the turns.
+            return JSONResponse(
+                {"conversation_id": conv.id, "run_id": body.run_id, "withdrawn": True},
+                status_code=202,
+            )
         if running is None:
             raise ApiError(409, "no_turn_running", "no turn is running in this conversation")
         if body.run_id is not None and body.run_id != running:
@@ -1527,6 +1542,14 @@ class Api:
             raise ApiError(409, "turn_already_interrupted", f"run {running} is already stopping")
         await conv.interrupt()
         return JSONResponse({"conversation_id": conv.id, "run_id": running}, status_code=202)
+
+    @staticmethod
+    async def _queued_turn(conv: Conversation, run_id: str) -> bool:
+        """Whether ``run_id`` is a turn of ``conv`` that may still wait in the turn
+        queue: a user message of its latest rows (a queued turn's message is among
+        them) carries it."""
+        rows = await conv.messages(limit=_QUEUED_LOOK_BACK, kinds=("user",))
+        return any(m.run_id == run_id for m in rows)
 
     async def conversation_events(self, request: Request) -> Any:
         principal = self.principal(request)
