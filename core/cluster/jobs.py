@@ -39,6 +39,7 @@ import os
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -103,11 +104,14 @@ def _detail(value: Any) -> str | None:
     return text[:_DETAIL_MAX]
 
 
+#: When each store's old job claims were last pruned (by this process).
+_pruned: weakref.WeakKeyDictionary[Store, float] = weakref.WeakKeyDictionary()
+
+
 async def _prune(store: Store, now: float) -> None:
-    last: float = getattr(store, "_agentik_jobs_pruned", 0.0)
-    if now - last < _PRUNE_EVERY:
+    if now - _pruned.get(store, 0.0) < _PRUNE_EVERY:
         return
-    store._agentik_jobs_pruned = now  # type: ignore[attr-defined]
+    _pruned[store] = now
     try:
         await store.job_prune(now - KEEP_SECONDS)
     except Exception as exc:
