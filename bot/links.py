@@ -1454,7 +1454,7 @@ def describe(link: Link) -> str:
     if s.verified_only:
         flags.append("verified only")
     if s.opt_out_prefix:
-        flags.append(f"opt-out {s.opt_out_prefix}")
+        flags.append(f"opt-out {_typed(s.opt_out_prefix)}")
     if s.settings != "asking":
         flags.append(f"settings {s.settings}")
     if s.edits != "line":
@@ -1466,6 +1466,14 @@ def describe(link: Link) -> str:
     if link.source == "config":
         flags.append("configured")
     return f"{' '.join(link.channels)} ({', '.join(flags)})"
+
+
+def _typed(value: str) -> str:
+    """``value`` as ``!link`` takes it back: in quotes when it holds a blank or a quote
+    (``"no relay"``; ``'say "hi"'``)."""
+    if not any(c.isspace() or c in "\"'" for c in value):
+        return value
+    return f"'{value}'" if '"' in value else f'"{value}"'
 
 
 def audit(action: str, link: Link, actor: str, where: str) -> None:
