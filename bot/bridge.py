@@ -358,9 +358,7 @@ class Bridge(AgentAccess):
                     busy=_busy_mode(opts, message, transport),
                     # The channel's persona, tools and model, and who asked where.
                     settings=self.links.settings(ch).with_origin(
-                        TurnOrigin.of_speaker(
-                            speaker, message.channel_key, reply_to=self.links.reply_data(message)
-                        )
+                        TurnOrigin.of_speaker(speaker, message.channel_key)
                     ),
                 )
                 run_id = sent.run_id

@@ -690,21 +690,6 @@ class Links:
                 return ch.run_asker[run_id]
         return None
 
-    def reply_data(self, message: IncomingMessage) -> dict[str, Any] | None:
-        """What a turn asked by ``message`` records of where it was asked in its channel
-        (its transport's ``reply_to``, a Slack thread), so the worker that runs the turn
-        can hand the answer into that place (:meth:`_answered_here`): in a linked channel
-        on a store several workers share, when it is plain JSON; else ``None``."""
-        reply = message.reply_to
-        if not isinstance(reply, dict) or not reply or not getattr(self.store, "shared", False):
-            return None
-        if self.find(message.channel_key) is None:
-            return None
-        if not all(isinstance(k, str) and (v is None or isinstance(v, str | int | bool))
-                   for k, v in reply.items()):  # fmt: skip
-            return None
-        return dict(reply)
-
     def settings(self, ch: OpenChannel) -> TurnSettings:
         """What a turn asked in ``ch`` runs with: its own settings, or with the link's
         ``settings = "link"`` rule its first channel's (wherever it was asked)."""
@@ -941,11 +926,6 @@ class Links:
             if not texts:
                 continue
             reply: dict[str, Any] = {"linked": link.name}
-            asker = origin.get("reply_to")
-            if key == asked_in and isinstance(asker, Mapping):
-                # Where it was asked: in the asker's place there (their Slack thread),
-                # as the channel's own renderer answers (the asker's reply data).
-                reply = {**asker, "linked": link.name}
             # The channel's settings in force (its ``!set``, its ``[channels]`` table),
             # as its own answers are capped: read from the store, on any worker.
             opts = (await self.host.effective(key, transport)).options

@@ -69,29 +69,17 @@ class TurnOrigin:
     display_name: str | None = None
     #: Whether the transport vouches for :attr:`speaker_id`.
     verified: bool = False
-    #: Where in the channel the answer goes, as the asking message's transport said it
-    #: (its ``reply_to``: a Slack thread), as plain JSON, when another worker may have to
-    #: send the answer there (a linked channel on a shared store); else ``None``.  Not
-    #: compared: two turns asked in one channel are alike wherever in it they were asked.
-    reply_to: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @classmethod
-    def of_speaker(
-        cls,
-        speaker: _Speaker,
-        channel_key: str | None,
-        *,
-        reply_to: Mapping[str, Any] | None = None,
-    ) -> TurnOrigin:
+    def of_speaker(cls, speaker: _Speaker, channel_key: str | None) -> TurnOrigin:
         """The origin of a message from ``speaker`` (:class:`~agentik.core.gate.Speaker`)
-        recorded under ``channel_key`` (``reply_to``: :attr:`reply_to`)."""
+        recorded under ``channel_key``."""
         return cls(
             transport=speaker.transport,
             channel_key=channel_key,
             speaker_id=speaker.id or None,
             display_name=speaker.name or None,
             verified=bool(speaker.verified),
-            reply_to=reply_to,
         )
 
     def to_dict(self) -> dict[str, Any]:
