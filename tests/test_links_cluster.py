@@ -491,3 +491,63 @@ async def test_an_answer_from_slack_reaches_irc_on_another_worker_capped_as_the_
             await alice.close()
             for w in (ws, wi):
                 w.stop()
+
+
+@pytest.mark.timeout(400)
+async def test_a_question_in_a_slack_thread_is_answered_in_the_thread_and_on_irc(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Worker ``i`` owns IRC, worker ``s`` Slack: a question asked in a thread of the linked
+    Slack channel is answered in that thread (its ``thread_ts``), never in the channel
+    itself, and on IRC (the other worker's) once, after the relayed question."""
+    openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   extra=_irc(ngircd.port) + LINK),
+                    postgres_dsn)  # fmt: skip
+        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
+                                                   extra=_slack(slack) + _irc(ngircd.port) + LINK),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            ws.start()
+            await owner_of([ws, wi], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            root = slack.message_event("C1", "a thread about the deploy", user="U2")
+            await slack.push_event(root)
+            await alice.wait_for(lambda m: "a thread about the deploy" in m.text, PATIENCE)
+            ask = slack.message_event(
+                "C1", f"<@{slack.bot_user_id}> which step failed?", user="U2",
+                thread_ts=root["ts"],
+            )  # fmt: skip
+            await slack.push_event(ask)
+            answer = "answer to: bob (Slack): which step failed?"
+            await alice.wait_for(lambda m: m.text == answer, PATIENCE)
+
+            def in_slack() -> list[dict]:
+                return [m for m in slack.messages.values()
+                        if answer in (m.get("text") or "")]  # fmt: skip
+
+            await until(lambda: in_slack() or None, "the answer in Slack")
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            assert [m.get("thread_ts") for m in in_slack()] == [root["ts"]]
+            said = [m.text for m in alice.received
+                    if m.command == "PRIVMSG" and (m.nick or "").startswith("agentik")]  # fmt: skip
+            assert sum(answer == line for line in said) == 1
+            asked = next(i for i, line in enumerate(said) if "which step failed?" in line)
+            assert asked < said.index(answer)  # the relayed question first
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
