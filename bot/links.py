@@ -926,7 +926,9 @@ class Links:
             if not texts:
                 continue
             reply: dict[str, Any] = {"linked": link.name}
-            opts = self.host.options_for(transport)
+            # The channel's settings in force (its ``!set``, its ``[channels]`` table),
+            # as its own answers are capped: read from the store, on any worker.
+            opts = (await self.host.effective(key, transport)).options
             cap = opts.max_answer_lines or 0
             rest, texts = (texts[cap:], texts[:cap]) if cap else ([], texts)
             entries += outbox_rows(transport, key, event.run_id or "", 0, kind, texts, reply)
@@ -1454,7 +1456,7 @@ def describe(link: Link) -> str:
     if s.verified_only:
         flags.append("verified only")
     if s.opt_out_prefix:
-        flags.append(f"opt-out {s.opt_out_prefix}")
+        flags.append(f"opt-out {_typed(s.opt_out_prefix)}")
     if s.settings != "asking":
         flags.append(f"settings {s.settings}")
     if s.edits != "line":
@@ -1466,6 +1468,14 @@ def describe(link: Link) -> str:
     if link.source == "config":
         flags.append("configured")
     return f"{' '.join(link.channels)} ({', '.join(flags)})"
+
+
+def _typed(value: str) -> str:
+    """``value`` as ``!link`` takes it back: in quotes when it holds a blank or a quote
+    (``"no relay"``; ``'say "hi"'``)."""
+    if not any(c.isspace() or c in "\"'" for c in value):
+        return value
+    return f"'{value}'" if '"' in value else f'"{value}"'
 
 
 def audit(action: str, link: Link, actor: str, where: str) -> None:

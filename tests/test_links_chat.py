@@ -153,3 +153,57 @@ async def test_an_irc_admin_with_a_services_account_links_with_icons(tmp_path, m
         await slack.wait_until(lambda: copy_of(slack, "hello slack"), WAIT, "carol's copy")
         copy = copy_of(slack, "hello slack")
         assert copy is not None and copy.get("icon_emoji") == ":irc:"
+
+
+async def test_link_values_with_blanks_are_given_in_quotes_and_a_bad_quote_is_named(
+    ngircd, tmp_path, monkeypatch
+):
+    """``!link`` takes a value holding blanks in quotes (shell-like): the link is made
+    with it, ``!links`` shows it quoted as it can be typed again, and it works (lines
+    starting with the opt-out prefix stay on IRC).  A quote left open is a clear error
+    naming it; nothing is made."""
+    async with FakeSlack() as slack:
+        slack.add_user("U9", "root")
+        at = f"<@{slack.bot_user_id}> "
+        say = lambda text: slack.push_event(  # noqa: E731
+            slack.message_event("C1", at + text, user="U9")
+        )
+        async with linked_bot(ngircd.port, slack, tmp_path, monkeypatch, links=[]) as b:
+            alice = await person(ngircd.port, "alice")
+            try:
+                # Open quote: the error names it and what follows; no link is made.
+                await say(f'!link team {IRC_KEY} opt_out_prefix="[no relay] answer=asked')
+                error = await said(slack, "is not closed")
+                assert error == (
+                    "!link: the \" before '[no relay] answer=asked' is not closed: close it,"
+                    " or put a value holding a \" in '...'"
+                )
+                # An apostrophe in a bare word is a quote left open too.
+                before = len(posts(slack))
+                await say(f"!link team {IRC_KEY} opt_out_prefix=don't")
+                error = await said(slack, "is not closed", since=before)
+                assert "the ' before 't' is not closed" in error
+                assert await b.agent.store.links() == []
+                # Typographic quotes (a phone's) count as ", and the value keeps its blank.
+                await say(f"!link team {IRC_KEY} opt_out_prefix=\u201c[no relay]\u201d")
+                await said(slack, "linked team")
+                [record] = await b.agent.store.links()
+                assert record.options == {"opt_out_prefix": "[no relay]"}
+                before = len(posts(slack))
+                await say("!links")
+                listed = await said(slack, "team: ", since=before)
+                assert 'opt-out "[no relay]"' in listed
+                # Changed in place with plain quotes: a value holding a " in '...'.
+                before = len(posts(slack))
+                await say("!link team opt_out_prefix='\"off the record\"'")
+                changed = await said(slack, "changed team", since=before)
+                assert "opt-out '\"off the record\"'" in changed
+                [record] = await b.agent.store.links()
+                assert record.options == {"opt_out_prefix": '"off the record"'}
+                # It is in force: the line with the prefix stays on IRC, the next is relayed.
+                alice.privmsg("#team", '"off the record" the password is hunter2')
+                alice.privmsg("#team", "public line")
+                await slack.wait_until(lambda: copy_of(slack, "public line"), WAIT, "copy")
+                assert not any("hunter2" in (c.get("text") or "") for c in posts(slack))
+            finally:
+                await alice.close()

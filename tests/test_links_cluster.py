@@ -417,23 +417,35 @@ async def test_with_answer_asked_the_slack_channel_another_worker_owns_gets_the_
                 w.stop()
 
 
-@pytest.mark.timeout(400)
-async def test_an_answer_from_slack_reaches_irc_on_another_worker_capped_with_more(
+@pytest.mark.timeout(500)
+async def test_an_answer_from_slack_reaches_irc_on_another_worker_capped_as_the_channel_says(
     ngircd, postgres_dsn, openai_server, tmp_path
 ) -> None:
     """The other way: a question asked in Slack runs on the worker owning Slack; the
     IRC channel (the other worker's) gets the answer after the relayed question, capped
-    at IRC's 4 lines, and ``!more`` there gives the rest."""
-    lines = [f"step {n}" for n in range(1, 8)]
-    openai_server.default = lambda body: Reply.text("\n".join(lines))
+    at IRC's 4 lines, and ``!more`` there gives the rest.  Once an admin on IRC has set
+    the channel's own cap (``!set max_answer_lines 2``, on the worker owning IRC), the
+    next answer handed over is capped at 2 lines, and so is each ``!more`` page."""
+
+    def steps(body: dict) -> Reply:
+        tag = "again" if "again" in last_user(body) else "first"
+        return Reply.text("\n".join(f"{tag} step {n}" for n in range(1, 8)))
+
+    openai_server.default = steps
+    lines = [f"first step {n}" for n in range(1, 8)]
+    again = [f"again step {n}" for n in range(1, 8)]
+    # (no services on ngircd: the IRC admin is named by a hostmask pattern)
+    access = '[access]\nadmins = ["libera:mask:alice!*@*"]\n'
+    irc = _irc(ngircd.port) + 'unverified_identity = "hostmask"\n'
     async with FakeSlack() as slack:
         slack.add_user("U2", "bob", display_name="bob")
         # (i alone first, with IRC only: it owns IRC; s has both, IRC in standby)
         wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
-                                                   extra=_irc(ngircd.port) + LINK),
+                                                   before_cluster=access, extra=irc + LINK),
                     postgres_dsn)  # fmt: skip
         ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
-                                                   extra=_slack(slack) + _irc(ngircd.port) + LINK),
+                                                   before_cluster=access,
+                                                   extra=_slack(slack) + irc + LINK),
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
         try:
@@ -457,10 +469,80 @@ async def test_an_answer_from_slack_reaches_irc_on_another_worker_capped_with_mo
 
             said = from_bot()
             assert "the steps?" in said[0]  # the relayed question first
-            assert [t for t in said if t.startswith("step")] == lines[:4]
+            assert [t for t in said if t.startswith("first step")] == lines[:4]
             alice.privmsg(CHANNEL, "!more")
-            await alice.wait_for(lambda m: m.text == "step 7", PATIENCE)
-            assert [t for t in from_bot() if t.startswith("step")] == lines
+            await alice.wait_for(lambda m: m.text == "first step 7", PATIENCE)
+            assert [t for t in from_bot() if t.startswith("first step")] == lines
+            # The channel's own cap, set in chat on IRC, applies to answers handed over.
+            alice.privmsg(CHANNEL, "!set max_answer_lines 2")
+            await alice.wait_for(lambda m: "max_answer_lines is now 2" in m.text, PATIENCE)
+            ask = slack.message_event("C1", f"<@{slack.bot_user_id}> again?", user="U2")
+            await slack.push_event(ask)
+            note = await alice.wait_for(lambda m: "5 more lines: !more" in m.text, PATIENCE)
+            assert [t for t in from_bot() if t.startswith("again step")] == again[:2]
+            alice.privmsg(CHANNEL, "!more")
+            await alice.wait_for(lambda m: "3 more lines: !more" in m.text, PATIENCE)
+            assert [t for t in from_bot() if t.startswith("again step")] == again[:4]
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
+
+
+@pytest.mark.timeout(400)
+async def test_a_question_in_a_slack_thread_is_answered_in_the_thread_and_on_irc(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Worker ``i`` owns IRC, worker ``s`` Slack: a question asked in a thread of the linked
+    Slack channel is answered in that thread (its ``thread_ts``), never in the channel
+    itself, and on IRC (the other worker's) once, after the relayed question."""
+    openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
+                                                   extra=_irc(ngircd.port) + LINK),
+                    postgres_dsn)  # fmt: skip
+        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
+                                                   extra=_slack(slack) + _irc(ngircd.port) + LINK),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await alice.join(CHANNEL)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            ws.start()
+            await owner_of([ws, wi], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            root = slack.message_event("C1", "a thread about the deploy", user="U2")
+            await slack.push_event(root)
+            await alice.wait_for(lambda m: "a thread about the deploy" in m.text, PATIENCE)
+            ask = slack.message_event(
+                "C1", f"<@{slack.bot_user_id}> which step failed?", user="U2",
+                thread_ts=root["ts"],
+            )  # fmt: skip
+            await slack.push_event(ask)
+            answer = "answer to: bob (Slack): which step failed?"
+            await alice.wait_for(lambda m: m.text == answer, PATIENCE)
+
+            def in_slack() -> list[dict]:
+                return [m for m in slack.messages.values()
+                        if answer in (m.get("text") or "")]  # fmt: skip
+
+            await until(lambda: in_slack() or None, "the answer in Slack")
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            assert [m.get("thread_ts") for m in in_slack()] == [root["ts"]]
+            said = [m.text for m in alice.received
+                    if m.command == "PRIVMSG" and (m.nick or "").startswith("agentik")]  # fmt: skip
+            assert sum(answer == line for line in said) == 1
+            asked = next(i for i, line in enumerate(said) if "which step failed?" in line)
+            assert asked < said.index(answer)  # the relayed question first
         except BaseException:
             for w in (ws, wi):
                 print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")

@@ -108,7 +108,10 @@ BUILTIN: tuple[Command, ...] = (
     # -- linked channels (issue 33) --
     Command(
         name="link",
-        help="make channels one conversation: link <name> <channel>... [key=value] (admins)",
+        help=(
+            "make channels one conversation: link <name> <channel>... [key=value]..."
+            ' (key="a value" with blanks) (admins)'
+        ),
         handler=links.link,
         needs_role="admin",
     ),

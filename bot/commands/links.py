@@ -3,6 +3,7 @@ verified: the registry checks ``needs_role`` against the speaker's own identity)
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from pydantic import ValidationError
@@ -15,15 +16,59 @@ __all__ = ["link", "links", "unlink"]
 #: What ``!link`` says when it cannot make sense of its words.
 _USAGE = (
     "usage: {p}link <name> <channel>... [key=value]... (answer=asked, relay=false,"
-    " icons.<network>=:emoji:|https://..., key= resets; on a link made in chat:"
-    " -<channel> takes one out)"
+    ' opt_out_prefix="no relay" (a value with blanks in quotes), icons.<network>=:emoji:|'
+    "https://..., key= resets; on a link made in chat: -<channel> takes one out)"
 )
+
+#: Typographic double quotes a phone or a word processor puts in place of ``"``.
+_CURLY = str.maketrans({"\u201c": '"', "\u201d": '"', "\u201e": '"'})
+
+
+class _Unquoted(ValueError):
+    """A quote in ``!link``'s words is not closed (the message says which)."""
+
+
+def _open_quote(text: str) -> tuple[str, str] | None:
+    """The quote left open in ``text`` and the words after it, or ``None``."""
+    quote, start = "", 0
+    for i, c in enumerate(text):
+        if not quote and c in "\"'":
+            quote, start = c, i
+        elif c == quote:
+            quote = ""
+    return (quote, text[start + 1 :]) if quote else None
+
+
+def _words(text: str) -> list[str]:
+    """``!link``'s arguments, split as a shell would: ``name="Ops room"`` is one word,
+    ``name=Ops room``.  Blanks split; ``"..."`` and ``'...'`` group (a ``'`` inside
+    ``"..."`` and the other way round); a backslash is itself (nothing is escaped);
+    ``#`` starts no comment (IRC channels); typographic double quotes count as ``"``.
+    :class:`_Unquoted` (a ValueError) names a quote left open."""
+    text = text.translate(_CURLY)
+    lexer = shlex.shlex(text, posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    lexer.escape = ""
+    try:
+        return list(lexer)
+    except ValueError:
+        found = _open_quote(text)
+        quote, after = found if found is not None else ('"', "")
+        other = "'" if quote == '"' else '"'
+        after = " ".join(after.split())
+        shown = f" before {after[:30]!r}" if after else " at the end"
+        raise _Unquoted(
+            f"the {quote}{shown} is not closed: close it, or put a value holding"
+            f" a {quote} in {other}...{other}"
+        ) from None
 
 
 def _parse(words: list[str], options: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Fold ``key=value`` words into ``options`` (``icons.<network>=...`` one network's
     icon, ``key=`` back to its default); the channels named and the ``-<channel>``s.
-    Values stay text: the settings model reads ``yes``, ``3`` as it does in TOML."""
+    Values stay text (their quotes gone): the settings model reads ``yes``, ``3`` as it
+    does in TOML."""
     add: list[str] = []
     drop: list[str] = []
     for word in words:
@@ -48,15 +93,22 @@ def _parse(words: list[str], options: dict[str, Any]) -> tuple[list[str], list[s
 
 async def link(ctx: CommandContext) -> None:
     """``!link <name> <channel>... [key=value]...``: the channels named (and this one, in
-    a shared channel) become one conversation; options as in ``[[links]]``, a network's
+    a shared channel) become one conversation; options as in ``[[links]]``, a value
+    with blanks in quotes (``opt_out_prefix="no relay"``, :func:`_words`), a network's
     icon in Slack as ``icons.<network>=:emoji:`` (or an ``https`` URL).  On the name of a
     link made in chat it changes that link: options set (``key=`` resets one), channels
     named added, ``-<channel>`` taken out."""
     usage = _USAGE.format(p=ctx.prefix)
-    if not ctx.args:
+    typed = ctx.message.text.strip()[len(ctx.prefix) :].split(maxsplit=1)
+    try:
+        args = _words(typed[1]) if len(typed) > 1 else []
+    except _Unquoted as exc:
+        await ctx.say(f"{ctx.prefix}link: {exc}")
+        return
+    if not args:
         await ctx.say(usage)
         return
-    name, rest = ctx.args[0], ctx.args[1:]
+    name, rest = args[0], args[1:]
     old = ctx.host.links.links.get(name)
     if old is not None and old.source == "config":
         await ctx.say(f"link {name!r} is in the configuration: change it there")
