@@ -214,9 +214,9 @@ async def _import(
 
 
 async def _refused(what: str, write: Any) -> Any:
-    """Run ``write()`` in a savepoint: a part the database refuses is named (``what``)
-    and the caller's transaction, the whole import, is rolled back.  The server's
-    message names the table or constraint; its detail (the values) is not repeated."""
+    """Run ``write()``: a part the database refuses is named (``what``) and the
+    caller's transaction, the whole import, is rolled back.  The server's message
+    names the table or constraint; its detail (the values) is not repeated."""
     try:
         return await write()
     except Exception as exc:
