@@ -814,14 +814,18 @@ class Store(abc.ABC):
         label: str = "",
         automatic: bool = False,
         keep: int | None = None,
+        limit: int | None = None,
     ) -> CheckpointRecord:
         """Store ``document`` (a snapshot, :func:`~agentik.core.lifecycle.export_conversation`,
         as JSON text) as a checkpoint of ``conversation_id``, taken at ``at``.
 
         ``automatic`` with ``keep``: in the same transaction, only the latest ``keep``
         automatic checkpoints of the conversation stay (this one counted); the others
-        (asked-for ones) are never removed that way.  Raises ``StoreError`` (or the
-        engine's) for a conversation that does not exist.
+        (asked-for ones) are never removed that way.  ``limit`` (a checkpoint taken by
+        hand, not ``automatic``): if the conversation has that many taken by hand
+        already, nothing is written and :class:`~agentik.core.errors.CheckpointLimit`
+        is raised — checked in the same transaction, so racing adds never pass it.
+        Raises ``StoreError`` (or the engine's) for a conversation that does not exist.
         """
         raise NotImplementedError(f"{type(self).__name__} keeps no checkpoints")
 

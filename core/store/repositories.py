@@ -561,6 +561,7 @@ class CheckpointRepository(Protocol):
         label: str = "",
         automatic: bool = False,
         keep: int | None = None,
+        limit: int | None = None,
     ) -> CheckpointRecord: ...
 
     async def checkpoints(self, conversation_id: str) -> list[CheckpointRecord]: ...
