@@ -121,7 +121,10 @@ class PostgresEngine(Engine):
         await self.store.run_write(
             lambda conn: conn.execute(
                 "CREATE OR REPLACE FUNCTION agentik_test_refuse() RETURNS trigger"
-                " LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$;"
+                " LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'"
+                # (The detail quotes the row, as a constraint's "Failing row contains"
+                # does: it must not reach the error.)
+                " USING DETAIL = row_to_json(NEW)::text; END $$;"
                 f" CREATE TRIGGER refuse_{table} BEFORE INSERT ON {table}"
                 " FOR EACH ROW EXECUTE FUNCTION agentik_test_refuse()"
             )

@@ -175,7 +175,7 @@ async def _import(
                         *values,
                     )
             except Exception as exc:
-                raise SnapshotError(f"{key}[{i}]: cannot be restored: {exc}") from exc
+                raise SnapshotError(f"{key}[{i}]: cannot be restored: {_reason(exc)}") from exc
     if skipped_runs:
         log.warning("import: %d runs already in this database kept their rows", skipped_runs)
     todo = doc.get("todo")
@@ -216,11 +216,27 @@ async def _import(
 async def _refused(what: str, write: Any) -> Any:
     """Run ``write()``: a part the database refuses is named (``what``) and the
     caller's transaction, the whole import, is rolled back.  The server's message
-    names the table or constraint; its detail (the values) is not repeated."""
+    names the table or constraint; its detail (the values) is not repeated.  A
+    lost connection is not a refusal: it goes to the writer as it is."""
+    import asyncpg
+
     try:
         return await write()
-    except Exception as exc:
-        raise SnapshotError(f"{what}: cannot be restored: {exc}") from exc
+    except (asyncpg.PostgresError, OverflowError, TypeError, ValueError) as exc:
+        if (getattr(exc, "sqlstate", None) or "").startswith(("08", "57P")):
+            raise  # the connection, not the row: the writer replaces it
+        raise SnapshotError(f"{what}: cannot be restored: {_reason(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """Why the database refused a row, without the values: the server's primary
+    message (its ``DETAIL`` may quote the row: ``Failing row contains (…)``), or the
+    kind of a client-side error (asyncpg's may quote the argument)."""
+    import asyncpg
+
+    if isinstance(exc, asyncpg.PostgresError) and exc.args:
+        return str(exc.args[0])
+    return type(exc).__name__
 
 
 async def _import_parts(
