@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..messages import Content, Message, NewMessage, split_content
 from ..runs import new_run_id
+from ..store.records import TurnEnd
 from . import CONVERSATION_PREFIX, ClusterSettings, conversation_lease
 from .notify import Notice
 
@@ -421,6 +422,25 @@ class TurnQueue:
         log.warning("cluster: run %s of conversation %s did not stop in %g s", run_id,
                     conversation_id, STOP_PATIENCE)  # fmt: skip
 
+    async def withdraw_elsewhere(self, conversation_id: str, run_id: str) -> bool:
+        """Take back turn ``run_id`` of the conversation, queued or running on any
+        worker (none in this process holds it).  Running: as :meth:`stop_elsewhere`
+        (interrupted, its partial answer kept).  Still queued: its end is recorded
+        ``cancelled`` now — its user message stays in the audit log, as
+        :meth:`Conversation.withdraw <agentik.core.conversation.Conversation.withdraw>`
+        leaves it — so the worker claiming it never runs it, and the stop is announced
+        too, for a worker that started it meanwhile.  ``False`` when its end was
+        recorded already (it ran, or was taken back)."""
+        store = self.store
+        if await store.turn_ended(conversation_id, run_id):
+            return False
+        if await self.running_elsewhere(conversation_id) != run_id:
+            await store.append(conversation_id, ended=TurnEnd(run_id, "cancelled"))
+            log.info("cluster: queued turn %s of conversation %s withdrawn", run_id,
+                     conversation_id)  # fmt: skip
+        await self.stop_elsewhere(conversation_id, run_id)
+        return True
+
     def _stop_noticed(self, notice: Notice) -> None:
         """A worker asks to stop a turn: interrupted if it runs in this process."""
         for one in notice.ids:
@@ -630,8 +650,10 @@ class TurnQueue:
         # A turn claimed before (its worker died or lost the lease) may have run, or
         # started: its end is looked up, and it runs again from what it committed.
         again = turn.attempts > 1
-        if again and await store.turn_ended(conversation_id, turn.run_id):
-            return True  # it ran to its end: once is enough
+        if await store.turn_ended(conversation_id, turn.run_id):
+            # It ran to its end (claimed before: once is enough), or was taken back
+            # while it waited (withdraw_elsewhere): it does not run.
+            return True
         if turn.payload.get("steer") and await self._steered(conversation_id, turn):
             self._messages.pop(turn.message_id, None)
             return True  # it joined the running turn: answered there

@@ -51,6 +51,7 @@ import contextlib
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from a2a.auth.user import User
@@ -224,6 +225,9 @@ class _Executor(AgentExecutor):
         self.running: dict[str, tuple[Conversation, str]] = {}
         #: Turns being taken back because another worker canceled their task.
         self._jobs: set[asyncio.Future[None]] = set()
+        #: ``record_run(owner, task_id, run_id)``: store a task's run once accepted;
+        #: ``False`` when the task was canceled meanwhile (the store-backed task store's).
+        self.record_run: Callable[[str, str, str], Awaitable[bool]] | None = None
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, cid = context.task_id, context.context_id
@@ -264,6 +268,13 @@ class _Executor(AgentExecutor):
             run_id = accepted["run_id"]
             self.running[task_id] = (conv, run_id)
             self.runs[task_id] = run_id
+            record_run = self.record_run
+            if record_run is not None and not await record_run(principal.name, task_id, run_id):
+                # Canceled (through another worker) before its run was known there:
+                # the turn is taken back here, wherever it waits.
+                self.running.pop(task_id, None)
+                await self._take_back(conv, run_id)
+                return
             try:
                 await self._follow(events, run_id, updater)
             finally:
@@ -356,15 +367,20 @@ class _Executor(AgentExecutor):
         with contextlib.suppress(RuntimeError):  # canceled already
             await updater.update_status(state, message=message, metadata=metadata)
 
-    @staticmethod
-    async def _take_back(conv: Conversation, run_id: str) -> None:
-        """Stop the turn ``run_id``: interrupt it if it runs, withdraw it if it waits."""
+    async def _take_back(self, conv: Conversation, run_id: str) -> None:
+        """Stop the turn ``run_id``: interrupt it if it runs, withdraw it if it waits —
+        here, or (workers sharing a database) in the shared turn queue or on the
+        worker running it."""
         if conv.running_run_id == run_id:
             if not conv.interrupting:
                 await conv.interrupt()
-        else:
-            # Still waiting behind another turn: it is taken back and never runs.
-            await conv.withdraw(run_id)
+            return
+        # Still waiting behind another turn: it is taken back and never runs.
+        if await conv.withdraw(run_id):
+            return
+        queue = self.api.agent.turn_queue
+        if queue is not None:
+            await queue.withdraw_elsewhere(conv.id, run_id)
 
     def ended_elsewhere(self, task_id: str) -> None:
         """The stored task ended through another worker (``tasks/cancel`` there) while
@@ -386,12 +402,15 @@ class _Executor(AgentExecutor):
         record = await store.a2a_task_get(owner, task.id)
         run_id = record.run_id if record is not None else None
         if run_id is None:
-            return  # not accepted yet: the worker taking it sees the final record
+            return  # not accepted yet: the worker accepting it sees the final record
         local = self.api.agent.services.find(task.context_id)
         if local is not None and local.running_run_id == run_id:
             return  # it runs here: interrupted already
-        if await queue.running_elsewhere(task.context_id) == run_id:
-            await queue.stop_elsewhere(task.context_id, run_id)
+        if local is not None and await local.withdraw(run_id):
+            return  # it waited here: taken back
+        # Running on another worker (stopped there), or still in the shared queue
+        # (its end recorded ``cancelled``: whoever claims it does not run it).
+        await queue.withdraw_elsewhere(task.context_id, run_id)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, cid = context.task_id, context.context_id
@@ -495,6 +514,7 @@ def a2a_routes(api: Api) -> tuple[list[Route], DefaultRequestHandler]:
     if "a2a_tasks" in store.capabilities:
         task_store = StoreTaskStore(store, executor.ended_elsewhere)
         task_store.runs = runs
+        executor.record_run = task_store.record_run
     else:  # an engine that keeps no task records (a plugin's): this process keeps them
         task_store = _BoundedTaskStore(a2a.max_tasks)
     base = _card(api, a2a.public_url or "http://localhost")
