@@ -37,7 +37,11 @@ run the task's turn records it canceled (the SDK) and asks the worker running it
 to stop it through the cluster's ``stops`` topic (:meth:`TurnQueue.stop_elsewhere
 <agentik.core.cluster.conversations.TurnQueue.stop_elsewhere>`, as the HTTP
 interrupt); a worker whose live task's state is refused because the stored task
-is final already takes its turn back too.
+is final already takes its turn back too.  A task's run is stored as soon as its
+message is accepted, so a turn still waiting in the shared turn queue is found
+and withdrawn wherever the cancel comes (:meth:`TurnQueue.withdraw_elsewhere
+<agentik.core.cluster.conversations.TurnQueue.withdraw_elsewhere>`: its end is
+recorded ``cancelled``, and the worker claiming it skips it).
 
 Tasks are records in the bot's store (:mod:`.a2a_tasks`: their text is the audit
 log's), so they outlive a restart and every worker on a shared database reads
