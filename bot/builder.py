@@ -34,7 +34,7 @@ from agentik.core.agents import AgentSpec, RunPolicy
 from agentik.core.approvals import ApprovalRule
 from agentik.core.attachments import AttachmentSettings
 from agentik.core.background import MemoryWorker
-from agentik.core.checkpoints import CheckpointWorker
+from agentik.core.checkpoints import CheckpointSettings, CheckpointWorker
 from agentik.core.compaction import CompactionPolicy
 from agentik.core.errors import PluginError
 from agentik.core.lifecycle import RetentionWorker
@@ -144,6 +144,7 @@ class AgentBuilder:
         self._prompt_events = False
         self._runs = RunPolicy()
         self._attachments = AttachmentSettings()
+        self._checkpoints = CheckpointSettings()
         self._stream_profiles: dict[str, StreamProfile] = {}
         self._passthrough: list[PassthroughSpec] = []
         self._agent_id: str | None = None
@@ -247,6 +248,14 @@ class AgentBuilder:
         self._attachments = settings
         return self
 
+    def checkpoints(self, settings: CheckpointSettings) -> Self:
+        """Checkpoints (``[checkpoints]``): the cap on those taken by hand, and the
+        automatic ones (a :class:`CheckpointWorker` when ``keep_automatic`` is set)."""
+        self._checkpoints = settings
+        if settings.keep_automatic:
+            self.background(CheckpointWorker(settings))
+        return self
+
     def runs(self, policy: RunPolicy) -> Self:
         """Limits of run trees (depth, concurrent child runs, token budgets)."""
         self._runs = policy
@@ -339,6 +348,7 @@ class AgentBuilder:
             stream_profiles=self._stream_profiles,
             prompt_events=self._prompt_events,
             attachments=self._attachments,
+            checkpoints=self._checkpoints,
         )
 
     def persona(self, config: Config) -> Self:
@@ -395,8 +405,7 @@ class AgentBuilder:
             b.background(MemoryWorker(mem))
         if config.retention.rules:
             b.background(RetentionWorker(config.retention))
-        if config.checkpoints.keep_automatic:
-            b.background(CheckpointWorker(config.checkpoints))
+        b.checkpoints(config.checkpoints)
         b.compaction(config.compaction)
         b.persona(config)
         b.tools(*registry.tools)

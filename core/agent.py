@@ -25,6 +25,7 @@ from .agents import (
 )
 from .approvals import ApprovalRule, Approvals
 from .attachments import AttachmentSettings, hashes_of
+from .checkpoints import CheckpointSettings
 from .compaction import CompactContextTool, CompactionPolicy, Compactor
 from .conversation import Conversation, ConversationState
 from .errors import ConfigError, NotFound
@@ -148,6 +149,7 @@ class Agent:
         memory_trim: float | None = DEFAULT_TRIM_INTERVAL,
         prompt_events: bool = False,
         attachments: AttachmentSettings | None = None,
+        checkpoints: CheckpointSettings | None = None,
     ) -> None:
         #: Names this agent (the standalone seed's ``agent.id``): ``id`` if given
         #: (the bot gives ``[agent] name``), else a fresh random hex id.  Shown by
@@ -213,6 +215,9 @@ class Agent:
         self.run_policy = run_policy or RunPolicy()
         #: Limits of images and files sent with messages (``[attachments]``).
         self.attachments: AttachmentSettings = attachments or AttachmentSettings()
+        #: Checkpoints (``[checkpoints]``): how many taken by hand a conversation keeps
+        #: (``keep_manual``; the automatic ones are the ``CheckpointWorker``'s).
+        self.checkpoints: CheckpointSettings = checkpoints or CheckpointSettings()
         #: The runs going on now, as a tree (:class:`~agentik.core.agents.Runs`).
         self.runs = Runs(self)
         #: Each named agent's system prompt (its ``system_prompt`` and ``soul``).

@@ -53,9 +53,13 @@ _ENDS = frozenset({"reset", "idle", "closed"})
 
 @settings_dataclass
 class CheckpointSettings:
-    """``[checkpoints]``: automatic checkpoints (see :mod:`agentik.core.checkpoints`).
+    """``[checkpoints]``: the cap on checkpoints taken by hand, and automatic ones (see
+    :mod:`agentik.core.checkpoints`).
 
-    ``keep_automatic``: take one each time a conversation ends in this process
+    ``keep_manual``: how many checkpoints taken by hand each conversation keeps
+    (default 20); past it a new one is refused
+    (:class:`~agentik.core.errors.CheckpointLimit`).  ``keep_automatic``: take one
+    each time a conversation ends in this process
     (``!new``, idle, closed, and at shutdown for each conversation with turns since
     its last checkpoint; none when unchanged since its newest checkpoint, none for
     a deleted one) and keep this many of each conversation's latest automatic ones;
@@ -64,6 +68,11 @@ class CheckpointSettings:
     """
 
     keep_automatic: int = Field(0, ge=0, le=1000)
+    #: The most checkpoints taken by hand (``!checkpoint``, ``POST …/checkpoints``,
+    #: ``Conversation.checkpoint()``) one conversation keeps; at the cap a new one is
+    #: refused, saying how to delete one (each was taken on purpose: none is dropped
+    #: to make room).  0: taking them by hand is off.  An import brings its own.
+    keep_manual: int = Field(20, ge=0, le=1000)
 
 
 def _label(label: str) -> str:
@@ -78,11 +87,14 @@ async def take_checkpoint(
     label: str = "",
     automatic: bool = False,
     keep: int | None = None,
+    limit: int | None = None,
     now: float | None = None,
 ) -> CheckpointRecord | None:
     """Snapshot ``conversation_id`` into a checkpoint of ``store``; ``None`` when
     there is no such conversation.  ``keep``: with ``automatic``, how many of the
-    conversation's automatic checkpoints stay (this one included)."""
+    conversation's automatic checkpoints stay (this one included).  ``limit``: one
+    taken by hand is refused (:class:`~agentik.core.errors.CheckpointLimit`) when the
+    conversation has that many taken by hand already."""
     # (Without the earlier checkpoints: each would otherwise hold all the ones before.)
     doc = await export_conversation(store, conversation_id, checkpoints=False)
     if doc is None:
@@ -95,6 +107,7 @@ async def take_checkpoint(
         label=_label(label),
         automatic=automatic,
         keep=keep,
+        limit=limit,
     )
     return record
 

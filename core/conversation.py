@@ -1529,9 +1529,12 @@ class Conversation:
     async def checkpoint(self, label: str = "") -> CheckpointRecord:
         """Take a checkpoint now: the conversation's snapshot kept in its database
         (:mod:`agentik.core.checkpoints`), with ``label`` (one line, at most 200
-        characters).  A temporary conversation keeps it in memory, as the rest."""
+        characters).  A temporary conversation keeps it in memory, as the rest.
+        Refused (:class:`~agentik.core.errors.CheckpointLimit`) when the conversation
+        has as many taken by hand as the agent's ``checkpoints.keep_manual``."""
         self._check_open()
-        record = await take_checkpoint(self._store, self.id, label=label)
+        limit = self.agent.checkpoints.keep_manual
+        record = await take_checkpoint(self._store, self.id, label=label, limit=limit)
         if record is None:
             raise NotFound(f"no conversation {self.id!r}")
         return record
@@ -1541,6 +1544,11 @@ class Conversation:
         :meth:`checkpoint_document`)."""
         found: list[CheckpointRecord] = await self._store.checkpoints(self.id)
         return found
+
+    async def delete_checkpoint(self, checkpoint_id: int) -> bool:
+        """Delete one of this conversation's checkpoints (one taken by hand makes
+        room for another under ``checkpoints.keep_manual``); whether it was there."""
+        return bool(await self._store.checkpoint_delete(self.id, checkpoint_id))
 
     async def checkpoint_document(self, checkpoint_id: int) -> dict[str, Any] | None:
         """The snapshot of one of this conversation's checkpoints (``None``: it has

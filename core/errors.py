@@ -22,7 +22,9 @@ boundary with ``raise ... from`` so callers only ever catch our types::
     ├── RemoteError             another agentik's HTTP API refused a request or could
     │                           not be reached (:mod:`agentik.core.client`)
     ├── AttachmentRejected      an attachment too large, or of a type not taken
-    └── BranchError             regenerate / edit-and-resend cannot start a branch now
+    ├── BranchError             regenerate / edit-and-resend cannot start a branch now
+    └── CheckpointLimit         a conversation has all the checkpoints taken by hand
+                                it may keep (``[checkpoints] keep_manual``)
 
 User/config errors (``ConfigError``) are meant to be shown to a person as one
 line; run-time errors are reported as ``error`` events and logged.  No error
@@ -35,6 +37,7 @@ __all__ = [
     "AgentikError",
     "AttachmentRejected",
     "BranchError",
+    "CheckpointLimit",
     "ClosedError",
     "ConfigError",
     "ContextTooLong",
@@ -169,3 +172,21 @@ class BranchError(AgentikError):
     """Regenerating the last answer or editing the last question cannot start a new
     branch now: a turn is running or queued, or there is no question to go back to
     in the working memory (none yet, or summarised away).  Nothing was changed."""
+
+
+class CheckpointLimit(AgentikError):
+    """A conversation has as many checkpoints taken by hand as it may keep
+    (``[checkpoints] keep_manual``, ``limit``): a new one is refused rather than an
+    old one dropped (each was taken on purpose); deleting one makes room."""
+
+    def __init__(self, conversation_id: str, limit: int) -> None:
+        self.conversation_id = conversation_id
+        self.limit = limit
+        if limit <= 0:
+            text = "checkpoints taken by hand are off here ([checkpoints] keep_manual = 0)"
+        else:
+            text = (
+                f"this conversation has {limit} checkpoints taken by hand, the most it may"
+                f" keep ([checkpoints] keep_manual); delete one to take another"
+            )
+        super().__init__(text)

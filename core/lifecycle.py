@@ -70,6 +70,7 @@ from .store.snapshot import (
     RETENTION_AUTHOR,
     ImportResult,
     SnapshotError,
+    SnapshotParts,
 )
 from .store.sqlite_lifecycle import Reader
 
@@ -935,7 +936,10 @@ async def import_conversation(
     bind: str | None = None,
     max_bytes: int | None = None,
 ) -> ImportResult:
-    """Restore a snapshot into ``store`` (a ``SQLiteStore``), in one transaction.
+    """Restore a snapshot into ``store`` in one transaction, its attachments,
+    checkpoints and A2A task records included: a part the database refuses raises
+    :class:`SnapshotError` naming it (``checkpoints[3]: cannot be restored: …``)
+    and nothing of the snapshot is written.  Everything is checked first.
 
     ``new_ids``: under a fresh conversation id (otherwise the snapshot's; an
     id already present is refused).  ``bind``: bind this channel key to it
@@ -951,33 +955,29 @@ async def import_conversation(
     if bind is not None and not bind.strip():
         raise SnapshotError("bind: empty channel key")
     now = time.time()
-    # The engine raises the snapshot's own SnapshotError (naming the field), not its
-    # writer's wrapper: SQLiteStore.import_rows unwraps it, the contract suite checks it.
-    result: ImportResult = await store.import_rows(doc, cid, bind=bind, now=now)
-    for data, media_type, at in attached:
-        await store.attachment_put(result.conversation_id, data, media_type, at=at or now)
-    if tasks:
-        await _import_a2a_tasks(store, result.conversation_id, tasks)
-    if kept and "checkpoints" not in getattr(store, "capabilities", ()):
+    caps = getattr(store, "capabilities", ())
+    if kept and "checkpoints" not in caps:
         log.warning("import: this store keeps no checkpoints; %d left out", len(kept))
-    elif kept:
-        for text, at, label, automatic in kept:
-            # As taken here; none trimmed (keep_automatic applies to the next ones).
-            await store.checkpoint_add(
-                result.conversation_id, text, at=at, label=label, automatic=automatic
-            )
-    return result
-
-
-async def _import_a2a_tasks(store: Any, cid: str, tasks: list[dict[str, Any]]) -> None:
-    if "a2a_tasks" not in getattr(store, "capabilities", ()):
+        kept = []
+    if tasks and "a2a_tasks" not in caps:
         log.warning("import: this store keeps no A2A tasks; %d left out", len(tasks))
-        return
-    skipped = 0
-    for t in tasks:
-        if await store.a2a_task_get(t["owner"], t["task_id"]) is not None:
-            skipped += 1  # the same snapshot imported again: the first keeps its record
-            continue
-        await store.a2a_task_put(A2ATaskRecord(conversation_id=cid, final=True, **t))
-    if skipped:
-        log.warning("import: %d A2A tasks already in this database kept their records", skipped)
+        tasks = []
+    if attached and "attachments" not in caps:
+        log.warning("import: this store keeps no attachments; %d left out", len(attached))
+        attached = []
+    parts = SnapshotParts(
+        attachments=[(data, media_type, at or now) for data, media_type, at in attached],
+        # As taken here; none trimmed (keep_automatic applies to the next ones).
+        checkpoints=kept,
+        a2a_tasks=[A2ATaskRecord(conversation_id=cid, final=True, **t) for t in tasks],
+    )
+    # One transaction: the rows, then the parts; a part the database refuses leaves
+    # nothing of the snapshot.  The engine raises the snapshot's own SnapshotError
+    # (naming the field), not its writer's wrapper; the contract suite checks it.
+    result: ImportResult = await store.import_rows(doc, cid, bind=bind, now=now, parts=parts)
+    if result.skipped_tasks:
+        log.warning(
+            "import: %d A2A tasks already in this database kept their records",
+            result.skipped_tasks,
+        )
+    return result

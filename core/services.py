@@ -50,6 +50,7 @@ from .workingmemory import Transcripts, WorkingMemory
 if TYPE_CHECKING:
     from .approvals import Approvals
     from .attachments import AttachmentSettings
+    from .checkpoints import CheckpointSettings
     from .compaction import Compactor
     from .hooks import Hooks
     from .llm.base import LLMBackend
@@ -151,6 +152,8 @@ class AgentLike(Protocol[C]):
     def policy(self) -> TurnPolicy: ...
     @property
     def attachments(self) -> AttachmentSettings: ...
+    @property
+    def checkpoints(self) -> CheckpointSettings: ...
     @property
     def tools(self) -> list[Tool]: ...
     @property

@@ -830,3 +830,94 @@ async def test_a_cancel_withdraws_a_task_queued_behind_a_turn_another_worker_run
         for body in openai_server.requests
     ]
     assert not any("second" in q for q in asked), asked
+
+
+async def test_a_cancel_of_a_task_queued_behind_another_turn_on_another_worker_sticks(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Two real ``agentik run`` workers on one PostgreSQL database.  Task 1's turn runs on
+    A (its answer held); tasks 2 and 3, sent to B into the same conversation, wait in
+    the shared turn queue behind it, their turns started nowhere.  Task 2 is canceled
+    through B (which accepted it), task 3 through A (which did not, and may not know its
+    run yet): neither ever runs — the model is never asked them, no answer is stored
+    for them, their turns end ``cancelled`` — and both read ``canceled`` on both
+    workers, while task 4, sent after, is answered."""
+    import asyncpg
+    from cluster import http_transport, last_user, until, worker_config, workers
+
+    held = WireReply.text("first answer", chunks=3, hold_after=1)
+    openai_server.enqueue(held)
+    tokens = (
+        'tokens = [{ name = "alice", env = "ALICE_TOKEN" }]\n[transports.web.a2a]\nenabled = true'
+    )
+
+    def config(name: str, port: int) -> str:
+        web = http_transport("web", port, tokens)
+        return worker_config(name, openai_server.base_url, dsn_env="AGENTIK_TEST_A2A_DSN",
+                             poll=2.0, health=False, extra=web)  # fmt: skip
+
+    try:
+        async with workers(["a", "b"], tmp_path, postgres_dsn, config,
+                           dsn_env="AGENTIK_TEST_A2A_DSN", env={"ALICE_TOKEN": ALICE},
+                           ready="/ready") as (a, b):  # fmt: skip
+            async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+                for http in (on_a, on_b):
+                    http.headers["A2A-Version"] = "1.0"
+
+                async def send(http: httpx.AsyncClient, text: str, cid: str | None) -> Any:
+                    params = at_once(send_params(text, cid))
+                    r = await http.post("/a2a", json=rpc("SendMessage", params))
+                    return r.json()["result"]["task"]
+
+                async def state(http: httpx.AsyncClient, task_id: str) -> str:
+                    got = (await http.post("/a2a", json=rpc("GetTask", {"id": task_id}))).json()
+                    return str(got["result"]["status"]["state"])
+
+                first = await send(on_a, "first", None)
+                cid = first["contextId"]
+                await held.wait_held(WAIT)
+                second = await send(on_b, "second", cid)
+                third = await send(on_b, "third", cid)
+
+                async def queued() -> bool:
+                    items = (await on_a.get(f"/conversations/{cid}/messages")).json()["items"]
+                    return [m["content"] for m in items if m["kind"] == "user"] == [
+                        "first", "second", "third",
+                    ]  # fmt: skip
+
+                await until(queued, "tasks 2 and 3 queued behind task 1")
+                for http, task in ((on_b, second), (on_a, third)):
+                    r = await http.post("/a2a", json=rpc("CancelTask", {"id": task["id"]}))
+                    assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", r.text
+                held.release()
+                fourth = await send(on_a, "fourth", cid)
+
+                async def answered() -> bool:
+                    return await state(on_a, fourth["id"]) == "TASK_STATE_COMPLETED"
+
+                await until(answered, "task 4 answered, after the queue's turns 2 and 3")
+                items = (await on_b.get(f"/conversations/{cid}/messages")).json()["items"]
+                for task in (second, third):
+                    assert {await state(on_a, task["id"]), await state(on_b, task["id"])} == {
+                        "TASK_STATE_CANCELED"
+                    }
+                assert await state(on_b, first["id"]) == "TASK_STATE_COMPLETED"
+    finally:
+        held.release()
+    asked = [last_user(body) for body in openai_server.requests]
+    assert asked == ["alice: first", "alice: fourth"], asked
+    said = [(m["kind"], m["content"]) for m in items if m["kind"] in ("user", "assistant")]
+    # (Tasks 2 and 3 were committed while task 1 was being answered.)
+    assert said == [
+        ("user", "first"), ("user", "second"), ("user", "third"),
+        ("assistant", "first answer"), ("user", "fourth"), ("assistant", "echo: alice: fourth"),
+    ], said  # fmt: skip
+    runs = {m["content"]: m["run_id"] for m in items if m["kind"] == "user"}
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        ends = dict(await conn.fetch(
+            "SELECT run_id, outcome FROM turn_end WHERE conversation_id = $1", cid
+        ))  # fmt: skip
+    finally:
+        await conn.close()
+    assert (ends[runs["second"]], ends[runs["third"]]) == ("cancelled", "cancelled")

@@ -19,8 +19,10 @@ from test_compaction import Brain, chat, make_agent
 from test_http_api import SECURED, error_code
 
 from agentik.bot.bridge import Bridge, ChannelOptions
+from agentik.core.access import AccessPolicy, AccessSettings
 from agentik.core.checkpoints import CheckpointSettings, CheckpointWorker, take_checkpoint
 from agentik.core.client import RemoteAgent
+from agentik.core.errors import CheckpointLimit
 from agentik.core.lifecycle import (
     MAX_CHECKPOINT_BYTES,
     MAX_SNAPSHOT_CHECKPOINTS,
@@ -234,6 +236,9 @@ async def test_the_remote_client_lists_and_takes_checkpoints_as_in_process(db_pa
         doc = await conv.checkpoint_document(taken.id)
         assert doc == await local.checkpoint_document(taken.id)
         assert await conv.checkpoint_document(10_000) is None
+        assert await conv.delete_checkpoint(taken.id) is True
+        assert await conv.delete_checkpoint(taken.id) is False
+        assert [c.id for c in await local.checkpoints()] == [mine.id]
 
 
 async def test_a_new_in_chat_leaves_an_automatic_checkpoint_in_chat_and_over_http(db_path):
@@ -423,3 +428,107 @@ async def test_a_hostile_snapshot_checkpoint_is_refused_and_nothing_is_written(d
             assert str(caught.value).startswith(message), str(caught.value)[:200]
         assert rows(db_path, "SELECT COUNT(*) FROM conversation") == before
         assert rows(db_path, "SELECT COUNT(*) FROM checkpoint") == [(1,)]
+
+
+def _manual(db_path: str, cid: str) -> list[tuple[Any, ...]]:
+    return rows(
+        db_path,
+        "SELECT id, label FROM checkpoint WHERE conversation_id = ? AND automatic = 0 ORDER BY id",
+        cid,
+    )
+
+
+async def test_keep_manual_refuses_the_next_checkpoint_in_chat_until_an_admin_deletes_one(
+    db_path,
+):
+    """``keep_manual = 2``: the third ``!checkpoint`` is refused (nothing dropped, the
+    message says how to make room); only an admin may ``!checkpoints rm N``, and that
+    makes room for the next."""
+    agent = await make_agent(
+        Brain(), db_path, budget=100_000, checkpoints=CheckpointSettings(keep_manual=2)
+    ).start()
+    bridge = Bridge(agent, access=AccessPolicy(AccessSettings(admins=("chat:boss",)),
+                                               {"chat": "fake"}))  # fmt: skip
+    fake = FakeTransport(name="chat")
+    bridge.attach(fake, ChannelOptions(command_prefix="!"))
+    await fake.start(bridge)
+
+    async def command(text: str, user: str = "bob") -> str:
+        await fake.say(text, user=user, channel="ops")
+        return fake.texts("command")[-1]
+
+    try:
+        await fake.say("agentik: hello", user="bob", channel="ops")
+        await bridge.flush(fake.key(channel="ops"))
+        cid = await agent.store.get_binding(fake.key(channel="ops"))
+        first = await command("!checkpoint one")
+        assert first.startswith("checkpoint #") and "“one” kept" in first
+        await command("!checkpoint two", user="carol")
+        refused = await command("!checkpoint three")
+        assert refused == (
+            "not taken: this conversation keeps at most 2 checkpoints taken by hand and has"
+            " them all; an admin can delete one with !checkpoints rm N (!checkpoints lists them)"
+        )
+        kept = _manual(db_path, cid)
+        assert [label for _, label in kept] == ["one", "two"]
+        # Deleting needs an admin; a bad number or one of no checkpoint says so.
+        assert (
+            await command(f"!checkpoints rm {kept[0][0]}") == "only admins may delete checkpoints"
+        )
+        assert await command("!checkpoints rm x", user="boss") == (
+            "usage: !checkpoints rm N (the checkpoint's number, from !checkpoints)"
+        )
+        assert await command("!checkpoints rm 99999", user="boss") == (
+            "this conversation has no checkpoint #99999"
+        )
+        assert _manual(db_path, cid) == kept
+        assert await command(f"!checkpoints rm #{kept[0][0]}", user="boss") == (
+            f"checkpoint #{kept[0][0]} deleted"
+        )
+        assert "“three” kept" in await command("!checkpoint three")
+        assert [label for _, label in _manual(db_path, cid)] == ["two", "three"]
+        # The library's call keeps the same cap.
+        conv = await agent.get_conversation(cid)
+        with pytest.raises(CheckpointLimit):
+            await conv.checkpoint("from code")
+    finally:
+        await fake.aclose()
+        await bridge.aclose()
+        await agent.aclose()
+
+
+async def test_keep_manual_refuses_over_http_with_409_and_delete_makes_room(db_path):
+    settings = CheckpointSettings(keep_manual=2)
+    async with running_server(db_path, settings=SECURED, environ=TOKENS,
+                              model=ScriptedModel(), checkpoints=settings) as server:  # fmt: skip
+        alice = server.client(TOKENS["ALICE_TOKEN"])
+        carol = server.client(TOKENS["CAROL_TOKEN"])
+        async with alice, carol:
+            conv = (await alice.post("/conversations", json={"title": "mine"})).json()
+            base = f"/conversations/{conv['id']}/checkpoints"
+            taken = []
+            for label in ("one", "two"):
+                r = await alice.post(base, json={"label": label})
+                assert r.status_code == 201, r.text
+                taken.append(r.json()["id"])
+            r = await alice.post(base, json={"label": "three"})
+            assert r.status_code == 409 and error_code(r) == "checkpoint_limit", r.text
+            message = r.json()["error"]["message"]
+            assert "2 checkpoints taken by hand" in message
+            assert f"DELETE /agentik{base}/{{checkpoint_id}}" in message
+            assert [c["label"] for c in (await alice.get(base)).json()["items"]] == ["two", "one"]
+            # Another token cannot delete them, nor tell them from no conversation.
+            r = await carol.delete(f"{base}/{taken[0]}")
+            assert r.status_code == 404 and error_code(r) == "conversation_not_found"
+            r = await alice.delete(f"{base}/{taken[0]}")
+            assert r.status_code == 204, r.text
+            for missing in (str(taken[0]), "99999999999999999999999"):
+                r = await alice.delete(f"{base}/{missing}")
+                assert r.status_code == 404 and error_code(r) == "checkpoint_not_found"
+            r = await alice.delete(f"{base}/x")
+            assert r.status_code == 422 and error_code(r) == "invalid_parameter"
+            r = await alice.post(base, json={"label": "three"})
+            assert r.status_code == 201, r.text
+            assert [c["label"] for c in (await alice.get(base)).json()["items"]] == [
+                "three", "two",
+            ]  # fmt: skip

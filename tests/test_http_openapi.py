@@ -83,8 +83,8 @@ def test_schemathesis_finds_no_server_error_and_no_mismatch(api, tmp_path):
     assert "Failures:" not in output and "Errors:" not in output, output
     # It really exercised the API: every operation but the two streams (the two
     # approvals operations, redact, /ready, /status, the conversation status, search,
-    # regenerate, edit, an attachment's download and the three checkpoint operations).
-    assert "Tested: 25" in output
+    # regenerate, edit, an attachment's download and the four checkpoint operations).
+    assert "Tested: 26" in output
 
 
 def test_the_document_lists_every_route(api):
@@ -108,6 +108,7 @@ def test_the_document_lists_every_route(api):
         ("GET", "/agentik/conversations/{conversation_id}/checkpoints"),
         ("POST", "/agentik/conversations/{conversation_id}/checkpoints"),
         ("GET", "/agentik/conversations/{conversation_id}/checkpoints/{checkpoint_id}"),
+        ("DELETE", "/agentik/conversations/{conversation_id}/checkpoints/{checkpoint_id}"),
         ("GET", "/agentik/conversations/{conversation_id}"),
         ("PATCH", "/agentik/conversations/{conversation_id}"),
         ("DELETE", "/agentik/conversations/{conversation_id}"),

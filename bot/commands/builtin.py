@@ -57,7 +57,8 @@ BUILTIN: tuple[Command, ...] = (
     Command(
         name="checkpoints",
         help="list this conversation's checkpoints, newest first: checkpoints"
-        " [conversation] (an earlier conversation of this channel, as new names it)",
+        " [conversation] (an earlier conversation of this channel, as new names it);"
+        " checkpoints rm N deletes one (admins)",
         handler=checkpoints.checkpoints,
     ),
     Command(name="help", help="list these commands", handler=session.help_),

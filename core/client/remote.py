@@ -437,6 +437,20 @@ class RemoteConversation:
             raise
         return doc
 
+    async def delete_checkpoint(self, checkpoint_id: int) -> bool:
+        """Delete one checkpoint of the remote conversation; whether it was there."""
+        try:
+            await self.agent.request(
+                "DELETE",
+                f"{self._path}/checkpoints/{int(checkpoint_id)}",
+                what="delete a checkpoint",
+            )
+        except NotFound as exc:
+            if "checkpoint_not_found" in str(exc):
+                return False
+            raise
+        return True
+
     async def aclose(self) -> None:
         """Leave: end this object's event streams (the remote conversation stays)."""
         for sub in list(self._streams):

@@ -63,7 +63,7 @@ from .records import (
     WorkerInfo,
 )
 from .search import SearchHit
-from .snapshot import ImportResult
+from .snapshot import ImportResult, SnapshotParts
 
 __all__ = [
     "CAPABILITIES",
@@ -597,12 +597,22 @@ class Store(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot export snapshot rows")
 
     async def import_rows(
-        self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
+        self,
+        doc: dict[str, Any],
+        conversation_id: str,
+        *,
+        bind: str | None,
+        now: float,
+        parts: SnapshotParts | None = None,
     ) -> ImportResult:
         """Restore a validated snapshot (:func:`agentik.core.lifecycle.validate_snapshot`)
-        as conversation ``conversation_id``, in one transaction; raises
-        :class:`~.snapshot.SnapshotError` (naming the field) if it cannot be, and
-        writes nothing then.
+        as conversation ``conversation_id``, in one transaction with its ``parts``
+        (:class:`~.snapshot.SnapshotParts`: attachments, checkpoints, A2A task
+        records, checked by the caller); raises :class:`~.snapshot.SnapshotError`
+        (naming the field or part, ``checkpoints[2]: cannot be restored: …``, never
+        the values refused) if it cannot be, and writes nothing then.  A task
+        record whose ``(owner, task_id)`` is taken keeps the stored one
+        (``ImportResult.skipped_tasks`` counts them).
 
         A snapshot is untrusted: apply :mod:`.snapshot`'s rules (authors become a
         label, approvals move to the ``imported:`` scope, open turns end
@@ -804,14 +814,18 @@ class Store(abc.ABC):
         label: str = "",
         automatic: bool = False,
         keep: int | None = None,
+        limit: int | None = None,
     ) -> CheckpointRecord:
         """Store ``document`` (a snapshot, :func:`~agentik.core.lifecycle.export_conversation`,
         as JSON text) as a checkpoint of ``conversation_id``, taken at ``at``.
 
         ``automatic`` with ``keep``: in the same transaction, only the latest ``keep``
         automatic checkpoints of the conversation stay (this one counted); the others
-        (asked-for ones) are never removed that way.  Raises ``StoreError`` (or the
-        engine's) for a conversation that does not exist.
+        (asked-for ones) are never removed that way.  ``limit`` (a checkpoint taken by
+        hand, not ``automatic``): if the conversation has that many taken by hand
+        already, nothing is written and :class:`~agentik.core.errors.CheckpointLimit`
+        is raised — checked in the same transaction, so racing adds never pass it.
+        Raises ``StoreError`` (or the engine's) for a conversation that does not exist.
         """
         raise NotImplementedError(f"{type(self).__name__} keeps no checkpoints")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 
-from ..errors import StoreError
+from ..errors import CheckpointLimit, StoreError
 from .records import CheckpointRecord
 
 __all__ = ["MemoryCheckpoints"]
@@ -34,15 +34,19 @@ class MemoryCheckpoints:
         label: str = "",
         automatic: bool = False,
         keep: int | None = None,
+        limit: int | None = None,
     ) -> CheckpointRecord:
         if conversation_id not in self._conversations:
             raise StoreError(f"no conversation {conversation_id!r}")
+        held = self._checkpoint_map().setdefault(conversation_id, [])
+        if not automatic and limit is not None:
+            if sum(not r.automatic for r, _ in held) >= limit:
+                raise CheckpointLimit(conversation_id, limit)
         ids = self.__dict__.setdefault("_checkpoint_ids", itertools.count(1))
         record = CheckpointRecord(
             id=next(ids), conversation_id=conversation_id, created_at=at, label=label,
             automatic=automatic, size=len(document.encode("utf-8")),
         )  # fmt: skip
-        held = self._checkpoint_map().setdefault(conversation_id, [])
         held.append((record, document))
         if automatic and keep is not None:
             auto = [r.id for r, _ in held if r.automatic]

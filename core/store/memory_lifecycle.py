@@ -31,6 +31,7 @@ from .snapshot import (
     RETENTION_AUTHOR,
     ImportResult,
     SnapshotError,
+    SnapshotParts,
     timestamp,
     untrusted_meta,
     untrusted_row,
@@ -91,7 +92,13 @@ class MemoryLifecycle:
         }
 
     async def import_rows(
-        self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
+        self,
+        doc: dict[str, Any],
+        conversation_id: str,
+        *,
+        bind: str | None,
+        now: float,
+        parts: SnapshotParts | None = None,
     ) -> ImportResult:
         # What sqlite_lifecycle.import_rows does; every record is built before
         # anything is kept, so a snapshot that cannot be restored leaves nothing.
@@ -208,6 +215,20 @@ class MemoryLifecycle:
                 meta["channel_key"] = result.bound[0]
             else:
                 meta.pop("channel_key", None)
+        if parts is not None:
+            # (The conversation is here now, so none of these can fail; no await
+            # in them yields, so nobody sees the import half done.  MemoryStore's
+            # attachment, checkpoint and A2A repositories keep them.)
+            store: Any = self
+            for data, media_type, at in parts.attachments:
+                await store.attachment_put(cid, data, media_type, at=at)
+            for document, at, label, automatic in parts.checkpoints:
+                await store.checkpoint_add(cid, document, at=at, label=label, automatic=automatic)
+            for t in parts.a2a_tasks:
+                if await store.a2a_task_get(t.owner, t.task_id) is not None:
+                    result.skipped_tasks += 1  # the first copy stays
+                    continue
+                await store.a2a_task_put(dataclasses.replace(t, conversation_id=cid))
         return result
 
     async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:

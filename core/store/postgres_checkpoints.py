@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError
+from ..errors import CheckpointLimit, StoreError
 from .postgres_room import PostgresRoom
 from .records import CheckpointRecord
 from .rows import CHECKPOINT
@@ -30,6 +30,7 @@ class PostgresCheckpoints(PostgresRoom):
         label: str = "",
         automatic: bool = False,
         keep: int | None = None,
+        limit: int | None = None,
     ) -> CheckpointRecord:
         size = len(document.encode("utf-8"))
 
@@ -41,6 +42,13 @@ class PostgresCheckpoints(PostgresRoom):
             )
             if known is None:
                 raise StoreError(f"no conversation {conversation_id!r}")
+            if not automatic and limit is not None:
+                taken = await conn.fetchval(
+                    "SELECT count(*) FROM checkpoint WHERE conversation_id = $1 AND NOT automatic",
+                    conversation_id,
+                )
+                if taken >= limit:
+                    raise CheckpointLimit(conversation_id, limit)
             row = await conn.fetchrow(
                 "INSERT INTO checkpoint"
                 " (conversation_id, created_at, label, automatic, size, document)"
@@ -57,7 +65,12 @@ class PostgresCheckpoints(PostgresRoom):
                 )
             return CHECKPOINT.record(row)
 
-        record: CheckpointRecord = await self._write(fn)
+        try:
+            record: CheckpointRecord = await self._write(fn)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, CheckpointLimit):
+                raise exc.__cause__ from None  # (the writer's wrapper is not the news)
+            raise
         return record
 
     async def checkpoints(self, conversation_id: str) -> list[CheckpointRecord]:

@@ -9,6 +9,7 @@ keys may list them in another order than SQLite's text.)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -39,6 +40,7 @@ from .snapshot import (
     RETENTION_AUTHOR,
     ImportResult,
     SnapshotError,
+    SnapshotParts,
     timestamp,
     untrusted_meta,
     untrusted_row,
@@ -91,7 +93,12 @@ def _imported(table: str, column: str, value: Any) -> Any:
 
 
 async def _import(
-    conn: asyncpg.Connection, doc: dict[str, Any], cid: str, bind: str | None, now: float
+    conn: asyncpg.Connection,
+    doc: dict[str, Any],
+    cid: str,
+    bind: str | None,
+    now: float,
+    parts: SnapshotParts | None = None,
 ) -> ImportResult:
     conv = doc["conversation"]
     if await conn.fetchval("SELECT 1 FROM conversation WHERE id = $1", cid):
@@ -168,7 +175,7 @@ async def _import(
                         *values,
                     )
             except Exception as exc:
-                raise SnapshotError(f"{key}[{i}]: cannot be restored: {exc}") from exc
+                raise SnapshotError(f"{key}[{i}]: cannot be restored: {_reason(exc)}") from exc
     if skipped_runs:
         log.warning("import: %d runs already in this database kept their rows", skipped_runs)
     todo = doc.get("todo")
@@ -201,7 +208,85 @@ async def _import(
         else:
             meta.pop("channel_key", None)
         await conn.execute("UPDATE conversation SET meta = $1 WHERE id = $2", dumps(meta), cid)
+    if parts is not None:
+        await _import_parts(conn, cid, parts, result)
     return result
+
+
+async def _refused(what: str, write: Any) -> Any:
+    """Run ``write()``: a part the database refuses is named (``what``) and the
+    caller's transaction, the whole import, is rolled back.  The server's message
+    names the table or constraint; its detail (the values) is not repeated.  A
+    lost connection is not a refusal: it goes to the writer as it is."""
+    import asyncpg
+
+    try:
+        return await write()
+    except (asyncpg.PostgresError, OverflowError, TypeError, ValueError) as exc:
+        if (getattr(exc, "sqlstate", None) or "").startswith(("08", "57P")):
+            raise  # the connection, not the row: the writer replaces it
+        raise SnapshotError(f"{what}: cannot be restored: {_reason(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """Why the database refused a row, without the values: the server's primary
+    message (its ``DETAIL`` may quote the row: ``Failing row contains (…)``), or the
+    kind of a client-side error (asyncpg's may quote the argument)."""
+    import asyncpg
+
+    if isinstance(exc, asyncpg.PostgresError) and exc.args:
+        return str(exc.args[0])
+    return type(exc).__name__
+
+
+async def _import_parts(
+    conn: asyncpg.Connection, cid: str, parts: SnapshotParts, result: ImportResult
+) -> None:
+    """The snapshot's attachments, checkpoints and A2A task records, in the import's
+    transaction."""
+    for i, (data, media_type, at) in enumerate(parts.attachments):
+        sha = hashlib.sha256(data).hexdigest()
+
+        async def attach(sha: str = sha, data: bytes = data, media_type: str = media_type,
+                         at: float = at) -> None:  # fmt: skip
+            await conn.execute(
+                "INSERT INTO attachment_blob (sha256, data) VALUES ($1, $2)"
+                " ON CONFLICT (sha256) DO NOTHING",
+                sha, bytes(data),
+            )  # fmt: skip
+            await conn.execute(
+                "INSERT INTO attachment (conversation_id, sha256, media_type, size, created_at)"
+                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (conversation_id, sha256) DO NOTHING",
+                cid, sha, media_type, len(data), at,
+            )  # fmt: skip
+
+        await _refused(f"attachments[{i}]", attach)
+    for i, (document, at, label, automatic) in enumerate(parts.checkpoints):
+        await _refused(
+            f"checkpoints[{i}]",
+            lambda document=document, at=at, label=label, automatic=automatic: conn.execute(
+                "INSERT INTO checkpoint"
+                " (conversation_id, created_at, label, automatic, size, document)"
+                " VALUES ($1, $2, $3, $4, $5, $6)",
+                cid, at, nul_free(label), automatic, len(document.encode("utf-8")),
+                document,
+            ),
+        )  # fmt: skip
+    for i, t in enumerate(parts.a2a_tasks):
+        # A record the database has already (the same snapshot imported again) keeps
+        # its first copy.
+        status = await _refused(
+            f"a2a_tasks[{i}]",
+            lambda t=t: conn.execute(
+                "INSERT INTO a2a_task (owner, task_id, conversation_id, run_id, state, final,"
+                " updated_at, body) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+                " ON CONFLICT (owner, task_id) DO NOTHING",
+                nul_free(t.owner), nul_free(t.task_id), cid, t.run_id, t.state, t.final,
+                t.updated_at, nul_free(t.body),
+            ),
+        )  # fmt: skip
+        if status == "INSERT 0 0":
+            result.skipped_tasks += 1
 
 
 async def _prune(
@@ -271,11 +356,17 @@ class PostgresLifecycle(PostgresRoom):
         return out
 
     async def import_rows(
-        self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
+        self,
+        doc: dict[str, Any],
+        conversation_id: str,
+        *,
+        bind: str | None,
+        now: float,
+        parts: SnapshotParts | None = None,
     ) -> ImportResult:
         try:
             result: ImportResult = await self._write(
-                lambda conn: _import(conn, doc, conversation_id, bind, now),
+                lambda conn: _import(conn, doc, conversation_id, bind, now, parts),
                 conversation_id=conversation_id,
             )
         except Exception as exc:

@@ -47,7 +47,7 @@ from .records import (
     WorkerInfo,
 )
 from .search import SearchHit
-from .snapshot import ImportResult
+from .snapshot import ImportResult, SnapshotParts
 
 if TYPE_CHECKING:
     from .base import Store
@@ -311,7 +311,13 @@ class LifecycleRepository(Protocol):
     async def export_rows(self, conversation_id: str) -> dict[str, list[dict[str, Any]]]: ...
 
     async def import_rows(
-        self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
+        self,
+        doc: dict[str, Any],
+        conversation_id: str,
+        *,
+        bind: str | None,
+        now: float,
+        parts: SnapshotParts | None = None,
     ) -> ImportResult: ...
 
     async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]: ...
@@ -555,6 +561,7 @@ class CheckpointRepository(Protocol):
         label: str = "",
         automatic: bool = False,
         keep: int | None = None,
+        limit: int | None = None,
     ) -> CheckpointRecord: ...
 
     async def checkpoints(self, conversation_id: str) -> list[CheckpointRecord]: ...

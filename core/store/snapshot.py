@@ -9,9 +9,11 @@ document first and re-exports these names.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .records import A2ATaskRecord
 
 __all__ = [
     "DELETED_NOTICE",
@@ -20,6 +22,7 @@ __all__ = [
     "RETENTION_AUTHOR",
     "ImportResult",
     "SnapshotError",
+    "SnapshotParts",
     "timestamp",
     "untrusted_data",
     "untrusted_meta",
@@ -105,3 +108,25 @@ class ImportResult:
     messages: int
     bound: list[str] = field(default_factory=list)
     skipped_bindings: list[str] = field(default_factory=list)
+    #: A2A task records the database had already (the same snapshot imported again):
+    #: they kept their first copy.
+    skipped_tasks: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class SnapshotParts:
+    """What a snapshot brings besides its rows, already checked and made harmless by
+    :func:`agentik.core.lifecycle.import_conversation`: ``Store.import_rows`` writes
+    them in the import's one transaction, after the rows, so a part the database
+    refuses leaves nothing of the snapshot behind.
+
+    ``attachments``: ``(data, media_type, created_at)``, as ``attachment_put`` takes
+    them.  ``checkpoints``: ``(document as JSON text, created_at, label,
+    automatic)``, as ``checkpoint_add`` takes them (none trimmed).  ``a2a_tasks``:
+    final records of the imported conversation; one whose ``(owner, task_id)`` the
+    database has already keeps that first copy.
+    """
+
+    attachments: Sequence[tuple[bytes, str, float]] = ()
+    checkpoints: Sequence[tuple[str, float, str, bool]] = ()
+    a2a_tasks: Sequence[A2ATaskRecord] = ()

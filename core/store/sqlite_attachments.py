@@ -16,9 +16,10 @@ import os
 import sqlite3
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from .records import AttachmentRecord
+from .snapshot import ImportResult
 from .sqlite_room import SQLiteRoom
 
 __all__ = ["SQLiteAttachments"]
@@ -111,6 +112,27 @@ class SQLiteAttachments(SQLiteRoom):
                 raise KeyError(f"no conversation {conversation_id}") from exc
             raise
         return record
+
+    async def _with_blobs(
+        self, blobs: Sequence[bytes], write: Callable[[], Awaitable[ImportResult]]
+    ) -> ImportResult:
+        """A snapshot's import (``write``: its one transaction, whose rows name
+        ``blobs``): the bytes are saved first, so a committed row never names missing
+        bytes; if the transaction fails, the bytes no row names are removed again."""
+        async with self._attachment_lock():
+            folder = self.attachment_folder
+            for data in blobs:
+                sha = hashlib.sha256(data).hexdigest()
+                if folder is None:
+                    self._blobs().setdefault(sha, bytes(data))
+                else:
+                    await asyncio.to_thread(self._save_file, folder, sha, data)
+            try:
+                return await write()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self._sweep()
+                raise
 
     async def attachment_get(self, conversation_id: str, sha256: str) -> AttachmentRecord | None:
         rows = await self._read(

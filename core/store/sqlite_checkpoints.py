@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..errors import StoreError
+from ..errors import CheckpointLimit, StoreError
 from .records import CheckpointRecord
 from .rows import CHECKPOINT
 from .sqlite_room import SQLiteRoom
@@ -26,6 +26,7 @@ class SQLiteCheckpoints(SQLiteRoom):
         label: str = "",
         automatic: bool = False,
         keep: int | None = None,
+        limit: int | None = None,
     ) -> CheckpointRecord:
         size = len(document.encode("utf-8"))
 
@@ -33,6 +34,13 @@ class SQLiteCheckpoints(SQLiteRoom):
             known = conn.execute("SELECT 1 FROM conversation WHERE id = ?", (conversation_id,))
             if known.fetchone() is None:
                 raise StoreError(f"no conversation {conversation_id!r}")
+            if not automatic and limit is not None:
+                (taken,) = conn.execute(
+                    "SELECT COUNT(*) FROM checkpoint WHERE conversation_id = ? AND automatic = 0",
+                    (conversation_id,),
+                ).fetchone()
+                if taken >= limit:
+                    raise CheckpointLimit(conversation_id, limit)
             row = conn.execute(
                 "INSERT INTO checkpoint"
                 " (conversation_id, created_at, label, automatic, size, document)"
@@ -48,7 +56,12 @@ class SQLiteCheckpoints(SQLiteRoom):
                 )
             return CHECKPOINT.record(row)
 
-        record: CheckpointRecord = await self._write(fn)
+        try:
+            record: CheckpointRecord = await self._write(fn)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, CheckpointLimit):
+                raise exc.__cause__ from None  # (the writer's wrapper is not the news)
+            raise
         return record
 
     async def checkpoints(self, conversation_id: str) -> list[CheckpointRecord]:

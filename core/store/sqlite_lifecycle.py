@@ -4,6 +4,7 @@ each one transaction in the writer thread (:meth:`SQLiteStore.import_rows`,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sqlite3
@@ -25,6 +26,7 @@ from .snapshot import (
     RETENTION_AUTHOR,
     ImportResult,
     SnapshotError,
+    SnapshotParts,
     timestamp,
     untrusted_data,
     untrusted_meta,
@@ -132,7 +134,12 @@ def prune_log(
 
 
 def import_rows(
-    conn: sqlite3.Connection, doc: dict[str, Any], cid: str, bind: str | None, now: float
+    conn: sqlite3.Connection,
+    doc: dict[str, Any],
+    cid: str,
+    bind: str | None,
+    now: float,
+    parts: SnapshotParts | None = None,
 ) -> ImportResult:
     conv = doc["conversation"]
     if conn.execute("SELECT 1 FROM conversation WHERE id = ?", (cid,)).fetchone():
@@ -269,7 +276,54 @@ def import_rows(
         else:
             meta.pop("channel_key", None)
         conn.execute("UPDATE conversation SET meta = ? WHERE id = ?", (json.dumps(meta), cid))
+    if parts is not None:
+        _import_parts(conn, cid, parts, result)
     return result
+
+
+#: A refusal is named by the part and its index; the database's own words say why
+#: (SQLite's messages name tables and constraints, never the values refused).
+_REFUSED = (sqlite3.Error, OverflowError, TypeError, ValueError)
+
+
+def _import_parts(
+    conn: sqlite3.Connection, cid: str, parts: SnapshotParts, result: ImportResult
+) -> None:
+    """The snapshot's attachments (their rows: the bytes were saved before the
+    transaction), checkpoints and A2A task records, in the import's transaction."""
+    for i, (data, media_type, at) in enumerate(parts.attachments):
+        try:
+            conn.execute(
+                "INSERT INTO attachment (conversation_id, sha256, media_type, size, created_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (conversation_id, sha256) DO NOTHING",
+                (cid, hashlib.sha256(data).hexdigest(), media_type, len(data), at),
+            )
+        except _REFUSED as exc:
+            raise SnapshotError(f"attachments[{i}]: cannot be restored: {exc}") from exc
+    for i, (document, at, label, automatic) in enumerate(parts.checkpoints):
+        try:
+            conn.execute(
+                "INSERT INTO checkpoint"
+                " (conversation_id, created_at, label, automatic, size, document)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (cid, at, label, int(automatic), len(document.encode("utf-8")), document),
+            )
+        except _REFUSED as exc:
+            raise SnapshotError(f"checkpoints[{i}]: cannot be restored: {exc}") from exc
+    for i, t in enumerate(parts.a2a_tasks):
+        try:
+            # A record the database has already (the same snapshot imported again)
+            # keeps its first copy.
+            cur = conn.execute(
+                "INSERT INTO a2a_task (owner, task_id, conversation_id, run_id, state, final,"
+                " updated_at, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (owner, task_id) DO NOTHING",
+                (t.owner, t.task_id, cid, t.run_id, t.state, int(t.final), t.updated_at, t.body),
+            )
+        except _REFUSED as exc:
+            raise SnapshotError(f"a2a_tasks[{i}]: cannot be restored: {exc}") from exc
+        if cur.rowcount == 0:
+            result.skipped_tasks += 1
 
 
 class SQLiteLifecycle(SQLiteRoom):
@@ -307,22 +361,37 @@ class SQLiteLifecycle(SQLiteRoom):
         return out
 
     async def import_rows(
-        self, doc: dict[str, Any], conversation_id: str, *, bind: str | None, now: float
+        self,
+        doc: dict[str, Any],
+        conversation_id: str,
+        *,
+        bind: str | None,
+        now: float,
+        parts: SnapshotParts | None = None,
     ) -> ImportResult:
-        try:
-            result: ImportResult = await self.run_write(
-                lambda conn: import_rows(conn, doc, conversation_id, bind, now)
-            )
-        except SnapshotError:
-            raise
-        except Exception as exc:
-            # The writer reports a failed job as a StoreError: the snapshot's own error
-            # (naming the field) is what the caller is told.
-            cause = exc.__cause__ if isinstance(exc.__cause__, SnapshotError) else None
-            if cause is not None:
-                raise cause from None
-            raise
-        return result
+        async def write() -> ImportResult:
+            try:
+                result: ImportResult = await self.run_write(
+                    lambda conn: import_rows(conn, doc, conversation_id, bind, now, parts)
+                )
+            except SnapshotError:
+                raise
+            except Exception as exc:
+                # The writer reports a failed job as a StoreError: the snapshot's own
+                # error (naming the field) is what the caller is told.
+                cause = exc.__cause__ if isinstance(exc.__cause__, SnapshotError) else None
+                if cause is not None:
+                    raise cause from None
+                raise
+            return result
+
+        if parts is None or not parts.attachments:
+            return await write()
+        # The bytes first, then the rows naming them (as attachment_put does); bytes
+        # no row names after a refused import are swept at once
+        # (SQLiteStore's attachments: SQLiteAttachments._with_blobs).
+        store: Any = self
+        return await store._with_blobs([data for data, _, _ in parts.attachments], write)
 
     async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
         return await Reader(self._read).retention_conversations()

@@ -37,12 +37,16 @@ run the task's turn records it canceled (the SDK) and asks the worker running it
 to stop it through the cluster's ``stops`` topic (:meth:`TurnQueue.stop_elsewhere
 <agentik.core.cluster.conversations.TurnQueue.stop_elsewhere>`, as the HTTP
 interrupt); a turn still waiting in the shared turn queue, on any worker, is
-withdrawn (its end recorded: the worker that claims it skips it); a worker whose
-live task's state is refused because the stored task is final already takes its
-turn back too.  A task's turn may run on another worker than the one its request
-came to (the conversation's turns run where its lease is): the executor follows
-its events through the store (:meth:`ClusterEvents.subscribe
-<agentik.core.cluster.events.ClusterEvents.subscribe>`), as the SSE API does.
+withdrawn (:meth:`TurnQueue.withdraw
+<agentik.core.cluster.conversations.TurnQueue.withdraw>`: a task's run is stored
+as soon as its message is accepted, so the cancel finds it wherever it comes; its
+end is recorded ``cancelled``, and the worker that claims it skips it); a worker
+whose live task's state is refused because the stored task is final already takes
+its turn back too.  A task's turn may run on another worker than the one its
+request came to (the conversation's turns run where its lease is): the executor
+follows its events through the store (:meth:`ClusterEvents.subscribe
+<agentik.core.cluster.events.ClusterEvents.subscribe>`), as the SSE API does, so
+it ends when the turn ends there (or is withdrawn).
 
 Tasks are records in the bot's store (:mod:`.a2a_tasks`: their text is the audit
 log's), so they outlive a restart and every worker on a shared database reads
@@ -56,6 +60,7 @@ import contextlib
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from a2a.auth.user import User
@@ -229,6 +234,9 @@ class _Executor(AgentExecutor):
         self.running: dict[str, tuple[Conversation, str]] = {}
         #: Turns being taken back because another worker canceled their task.
         self._jobs: set[asyncio.Future[None]] = set()
+        #: ``record_run(owner, task_id, run_id)``: store a task's run once accepted;
+        #: ``False`` when the task was canceled meanwhile (the store-backed task store's).
+        self.record_run: Callable[[str, str, str], Awaitable[bool]] | None = None
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, cid = context.task_id, context.context_id
@@ -276,6 +284,13 @@ class _Executor(AgentExecutor):
             run_id = accepted["run_id"]
             self.running[task_id] = (conv, run_id)
             self.runs[task_id] = run_id
+            record_run = self.record_run
+            if record_run is not None and not await record_run(principal.name, task_id, run_id):
+                # Canceled (through another worker) before its run was known there:
+                # the turn is taken back here, wherever it waits.
+                self.running.pop(task_id, None)
+                await self._take_back(conv, run_id)
+                return
             try:
                 await self._follow(events, run_id, updater)
             finally:
@@ -368,15 +383,20 @@ class _Executor(AgentExecutor):
         with contextlib.suppress(RuntimeError):  # canceled already
             await updater.update_status(state, message=message, metadata=metadata)
 
-    @staticmethod
-    async def _take_back(conv: Conversation, run_id: str) -> None:
-        """Stop the turn ``run_id``: interrupt it if it runs, withdraw it if it waits."""
+    async def _take_back(self, conv: Conversation, run_id: str) -> None:
+        """Stop the turn ``run_id``: interrupt it if it runs, withdraw it if it waits —
+        here, or (workers sharing a database) in the shared turn queue or on the
+        worker running it."""
         if conv.running_run_id == run_id:
             if not conv.interrupting:
                 await conv.interrupt()
-        else:
-            # Still waiting behind another turn: it is taken back and never runs.
-            await conv.withdraw(run_id)
+            return
+        # Still waiting behind another turn: it is taken back and never runs.
+        if await conv.withdraw(run_id):
+            return
+        queue = self.api.agent.turn_queue
+        if queue is not None:
+            await queue.withdraw(conv.id, run_id)
 
     def ended_elsewhere(self, task_id: str) -> None:
         """The stored task ended through another worker (``tasks/cancel`` there) while
@@ -400,9 +420,14 @@ class _Executor(AgentExecutor):
         record = await store.a2a_task_get(owner, task.id)
         run_id = record.run_id if record is not None else None
         if run_id is None:
-            return  # not accepted yet: the worker taking it sees the final record
-        # Running (here or on another worker): stopped; still queued, on any worker:
-        # withdrawn (it never runs); over: nothing to do.
+            return  # not accepted yet: the worker accepting it sees the final record
+        local = self.api.agent.services.find(task.context_id)
+        if local is not None and local.running_run_id == run_id:
+            return  # it runs here: interrupted already
+        if local is not None and await local.withdraw(run_id):
+            return  # it waited here: taken back
+        # Running on another worker (stopped there), or still in the shared queue
+        # (its end recorded ``cancelled``: whoever claims it does not run it).
         await queue.withdraw(task.context_id, run_id)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -507,6 +532,7 @@ def a2a_routes(api: Api) -> tuple[list[Route], DefaultRequestHandler]:
     if "a2a_tasks" in store.capabilities:
         task_store = StoreTaskStore(store, executor.ended_elsewhere)
         task_store.runs = runs
+        executor.record_run = task_store.record_run
     else:  # an engine that keeps no task records (a plugin's): this process keeps them
         task_store = _BoundedTaskStore(a2a.max_tasks)
     base = _card(api, a2a.public_url or "http://localhost")

@@ -192,13 +192,43 @@ class StoreTaskStore(TaskStore):
                 self._live.pop(key, None)
                 self.runs.pop(task.id, None)
 
+    async def record_run(self, owner: str, task_id: str, run_id: str) -> bool:
+        """Store the run of a task as soon as its message is accepted (before its turn
+        starts, which may be long behind another turn): a ``tasks/cancel`` through
+        any worker then finds the turn to take back.  ``False`` when the stored task
+        is final already (canceled through another worker meanwhile)."""
+        self.runs[task_id] = run_id
+        live = self._live.get((owner, task_id))
+        if live is None:
+            return True  # not stored by this process (yet): its next state carries it
+        task, state, body = live
+        at = (
+            task.status.timestamp.ToNanoseconds() / 1e9
+            if task.status.HasField("timestamp")
+            else time.time()
+        )
+        record = A2ATaskRecord(
+            owner=owner, task_id=task_id, conversation_id=task.context_id, state=state,
+            updated_at=at, body=body, run_id=run_id,
+        )  # fmt: skip
+        try:
+            return bool(await self._store.a2a_task_put(record))
+        except StoreError as exc:
+            log.warning("A2A task %s: its run was not stored: %s", task_id, exc)
+            return True
+
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
-        live = self._live.get((_owner(context), task_id))
-        if live is not None:
+        key = (_owner(context), task_id)
+        live = self._live.get(key)
+        record = await self._store.a2a_task_get(*key)
+        if live is not None and (record is None or not record.final):
             copy = Task()
             copy.CopyFrom(live[0])
             return copy
-        record = await self._store.a2a_task_get(_owner(context), task_id)
+        if live is not None:
+            # Ended through another worker (canceled) while its turn waited here, or
+            # in the shared turn queue: the stored end is the task's.
+            self._live.pop(key, None)
         return None if record is None else _filled(record)
 
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:

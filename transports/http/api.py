@@ -36,6 +36,7 @@ code                        status  when
 ``attachment_rejected``     415     an upload whose bytes are no type taken
 ``attachment_not_found``    404     no such attachment here (409: a message names one)
 ``checkpoint_not_found``    404     no such checkpoint in this conversation
+``checkpoint_limit``        409     the conversation has ``[checkpoints] keep_manual`` taken by hand
 ``budget_exceeded``         429     the token's or the conversation's budget is used up
 ``unavailable``             503     the agent is shutting down
 ``internal_error``          500     a bug: logged with its traceback
@@ -87,6 +88,7 @@ from agentik.core.budgets import Budgets
 from agentik.core.errors import (
     AttachmentRejected,
     BranchError,
+    CheckpointLimit,
     ClosedError,
     NotFound,
     PromptRefused,
@@ -1062,24 +1064,55 @@ class Api:
             record = await conv.checkpoint(body.label)
         except NotFound:
             raise ApiError(404, "conversation_not_found", f"no conversation {conv.id!r}") from None
+        except CheckpointLimit as exc:
+            # Refused, not made room for: each kept one was taken on purpose.
+            how = (
+                f"; delete one first: DELETE {request.url.path}/{{checkpoint_id}}"
+                if exc.limit > 0
+                else ""
+            )
+            raise ApiError(409, "checkpoint_limit", f"{exc}{how}") from None
         return JSONResponse(record.to_dict(), status_code=201)
+
+    @staticmethod
+    def _checkpoint_id(request: Request) -> int | None:
+        """The path's ``checkpoint_id`` (``None``: past the engines' 64-bit integers,
+        so it names no checkpoint)."""
+        try:
+            checkpoint_id = int(request.path_params["checkpoint_id"])
+        except ValueError:
+            raise ApiError(422, "invalid_parameter", "checkpoint_id must be an integer") from None
+        return checkpoint_id if 0 < checkpoint_id < 2**62 else None
 
     async def get_checkpoint(self, request: Request) -> Response:
         """``GET …/checkpoints/{checkpoint_id}``: that checkpoint's snapshot (it imports
         like an export)."""
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
-        try:
-            checkpoint_id = int(request.path_params["checkpoint_id"])
-        except ValueError:
-            raise ApiError(422, "invalid_parameter", "checkpoint_id must be an integer") from None
-        # (An id past the engines' 64-bit integers names no checkpoint.)
-        doc = await conv.checkpoint_document(checkpoint_id) if 0 < checkpoint_id < 2**62 else None
+        checkpoint_id = self._checkpoint_id(request)
+        doc = None if checkpoint_id is None else await conv.checkpoint_document(checkpoint_id)
         if doc is None:
             raise ApiError(
-                404, "checkpoint_not_found", f"no checkpoint {checkpoint_id} in this conversation"
+                404,
+                "checkpoint_not_found",
+                f"no checkpoint {request.path_params['checkpoint_id']} in this conversation",
             )
         return JSONResponse(doc)
+
+    async def delete_checkpoint(self, request: Request) -> Response:
+        """``DELETE …/checkpoints/{checkpoint_id}``: forget that checkpoint (204); one
+        taken by hand makes room for another.  As deleting the conversation: any
+        caller that sees it."""
+        principal = self.principal(request)
+        conv = await self.conversation(request, principal)
+        checkpoint_id = self._checkpoint_id(request)
+        if checkpoint_id is None or not await conv.delete_checkpoint(checkpoint_id):
+            raise ApiError(
+                404,
+                "checkpoint_not_found",
+                f"no checkpoint {request.path_params['checkpoint_id']} in this conversation",
+            )
+        return Response(status_code=204)
 
     async def import_conversation(self, request: Request) -> Response:
         self._refuse_when_closing()
@@ -1817,7 +1850,10 @@ def build_app(ctx: ApiContext) -> Starlette:
         (p + "/search", {"GET": api.search}),
         (conv + "/export", {"GET": api.export_conversation}),
         (conv + "/checkpoints", {"GET": api.list_checkpoints, "POST": api.take_checkpoint}),
-        (conv + "/checkpoints/{checkpoint_id}", {"GET": api.get_checkpoint}),
+        (
+            conv + "/checkpoints/{checkpoint_id}",
+            {"GET": api.get_checkpoint, "DELETE": api.delete_checkpoint},
+        ),
         (
             conv,
             {

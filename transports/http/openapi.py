@@ -64,6 +64,7 @@ ERROR_CODES = (
     "attachment_rejected",
     "attachment_not_found",
     "checkpoint_not_found",
+    "checkpoint_limit",
     "conversation_exists",
     "invalid_snapshot",
     "unsupported_media_type",
@@ -1465,7 +1466,15 @@ def openapi_document(
             "post": op(
                 "takeCheckpoint",
                 "Keep a snapshot of the conversation as it is now",
-                {"201": _json("Checkpoint", "the checkpoint taken"), **not_found, **with_body},
+                {
+                    "201": _json("Checkpoint", "the checkpoint taken"),
+                    **not_found,
+                    "409": _error(
+                        "the conversation has all the checkpoints taken by hand it may keep"
+                        " ([checkpoints] keep_manual): delete one first"
+                    ),
+                    **with_body,
+                },
                 requestBody=_body("CheckpointRequest", required=False),
             ),
         },
@@ -1484,6 +1493,15 @@ def openapi_document(
                 "One checkpoint's snapshot (imports like an export)",
                 {
                     "200": _json("Snapshot", "the snapshot"),
+                    "404": _error("no such conversation, or no such checkpoint in it"),
+                    "422": _error("checkpoint_id is not an integer"),
+                },
+            ),
+            "delete": op(
+                "deleteCheckpoint",
+                "Delete one checkpoint (one taken by hand makes room for another)",
+                {
+                    "204": {"description": "deleted"},
                     "404": _error("no such conversation, or no such checkpoint in it"),
                     "422": _error("checkpoint_id is not an integer"),
                 },

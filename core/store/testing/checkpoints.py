@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ...errors import CheckpointLimit
 from .kit import ContractBase, rec
 
 __all__ = ["CheckpointsContract"]
@@ -84,3 +85,36 @@ class CheckpointsContract(ContractBase):
         with pytest.raises(Exception, match="no conversation"):
             await store.checkpoint_add("ghost", doc(1), at=1.0)
         assert await store.checkpoints("ghost") == []
+
+    async def test_limit_refuses_a_checkpoint_taken_by_hand_past_it(self, store: Any) -> None:
+        """``limit``: a conversation keeps at most that many taken by hand; the next
+        is refused (nothing written), automatic ones neither count nor are refused,
+        another conversation has its own count, and deleting one makes room."""
+        await store.create_conversation(rec("a", 1.0))
+        await store.create_conversation(rec("b", 1.0))
+        mine = [await store.checkpoint_add("a", doc(i), at=float(i), limit=2) for i in range(2)]
+        auto = await store.checkpoint_add("a", doc(5), at=5.0, automatic=True, keep=3, limit=2)
+        with pytest.raises(CheckpointLimit) as caught:
+            await store.checkpoint_add("a", doc(6), at=6.0, label="third", limit=2)
+        assert (caught.value.conversation_id, caught.value.limit) == ("a", 2)
+        assert [c.id for c in await store.checkpoints("a")] == [auto.id, mine[1].id, mine[0].id]
+        await store.checkpoint_add("b", doc(7), at=7.0, limit=2)
+        with pytest.raises(CheckpointLimit):
+            await store.checkpoint_add("a", doc(8), at=8.0, limit=0)  # none allowed
+        assert await store.checkpoint_delete("a", mine[0].id)
+        again = await store.checkpoint_add("a", doc(9), at=9.0, label="room", limit=2)
+        assert [c.id for c in await store.checkpoints("a")] == [again.id, auto.id, mine[1].id]
+        # Without a limit (an import's, the library's own call) nothing is refused.
+        await store.checkpoint_add("a", doc(10), at=10.0)
+        assert len(await store.checkpoints("a")) == 4
+
+    async def test_racing_checkpoints_taken_by_hand_keep_the_limit(self, store: Any) -> None:
+        await store.create_conversation(rec("a", 1.0))
+        got = await asyncio.gather(
+            *(store.checkpoint_add("a", doc(i), at=float(i), limit=3) for i in range(10)),
+            return_exceptions=True,
+        )
+        assert sum(isinstance(g, CheckpointLimit) for g in got) == 7, got
+        assert not [g for g in got if isinstance(g, BaseException)
+                    and not isinstance(g, CheckpointLimit)]  # fmt: skip
+        assert len(await store.checkpoints("a")) == 3

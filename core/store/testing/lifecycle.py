@@ -16,8 +16,15 @@ from ...lifecycle import (
 )
 from ...messages import NewMessage
 from ...settings import validate_settings
-from ..records import Checklist, RedactionError, RunRecord, TurnEnd
-from ..snapshot import DELETED_NOTICE, IMPORTED, IMPORTED_SCOPE, RETENTION_AUTHOR, SnapshotError
+from ..records import A2ATaskRecord, Checklist, RedactionError, RunRecord, TurnEnd
+from ..snapshot import (
+    DELETED_NOTICE,
+    IMPORTED,
+    IMPORTED_SCOPE,
+    RETENTION_AUTHOR,
+    SnapshotError,
+    SnapshotParts,
+)
 from .kit import ContractBase, approval, chat, question, rec, user
 
 __all__ = ["ExportContract", "ImportContract", "LifecycleContract", "PruneContract"]
@@ -141,6 +148,22 @@ async def _one_turn(store: Any, cid: str = "c", channel: str | None = "irc:n:#c"
             memory=[chat("hi", message_id=-1), chat("yo", role="assistant", message_id=-2)],
             ended=TurnEnd("r1", "stop"),
         )
+    )  # fmt: skip
+
+
+def _task(cid: str, task_id: str, state: str) -> A2ATaskRecord:
+    return A2ATaskRecord(
+        owner="imported:alice", task_id=task_id, conversation_id=cid, state=state,
+        updated_at=30.0, body=json.dumps({"id": task_id}), final=state == "TASK_STATE_COMPLETED",
+    )  # fmt: skip
+
+
+def _parts(cid: str) -> SnapshotParts:
+    return SnapshotParts(
+        attachments=[(b"\x89PNG", "image/png", 40.0)],
+        checkpoints=[('{"n": 1}', 41.0, "first", False), ('{"n": 2}', 42.0, "later", True)],
+        a2a_tasks=[_task(cid, "t1", "TASK_STATE_COMPLETED"),
+                   _task(cid, "taken", "TASK_STATE_COMPLETED")],
     )  # fmt: skip
 
 
@@ -296,6 +319,41 @@ class ImportContract(ContractBase):
             await store.import_rows(doc, "copy", bind=None, now=50.0)
         assert await store.get_conversation("copy") is None
         assert await store.messages("copy") == []
+
+    async def test_an_import_writes_its_parts_with_its_rows(self, store: Any) -> None:
+        """``parts``: attachments, checkpoints and A2A task records land with the
+        conversation; a task record the database has keeps its first copy."""
+        await _one_turn(store)
+        doc = await _snapshot(store, "c")
+        await store.a2a_task_put(_task("c", "taken", "TASK_STATE_WORKING"))
+        parts = _parts("copy")
+        result = await store.import_rows(doc, "copy", bind=None, now=50.0, parts=parts)
+        assert result.skipped_tasks == 1
+        [held] = await store.attachments("copy")
+        assert (held.media_type, held.size, held.created_at) == ("image/png", 4, 40.0)
+        assert await store.attachment_data(held.sha256) == b"\x89PNG"
+        found = await store.checkpoints("copy")
+        assert [(c.label, c.automatic, c.created_at) for c in found] == [
+            ("later", True, 42.0), ("first", False, 41.0),
+        ]  # fmt: skip
+        assert await store.checkpoint_get("copy", found[1].id) == '{"n": 1}'
+        kept = await store.a2a_task_get("imported:alice", "t1")
+        assert (kept.conversation_id, kept.state, kept.final) == ("copy", "TASK_STATE_COMPLETED",
+                                                                  True)  # fmt: skip
+        first = await store.a2a_task_get("imported:alice", "taken")
+        assert (first.conversation_id, first.state) == ("c", "TASK_STATE_WORKING")
+
+    async def test_a_refused_import_writes_none_of_its_parts(self, store: Any) -> None:
+        await _one_turn(store)
+        await store.approval_add(approval("c"))
+        doc = await _snapshot(store, "c")
+        del doc["approvals"][0]["tool"]
+        with pytest.raises(SnapshotError, match=r"approvals\[0\]"):
+            await store.import_rows(doc, "copy", bind=None, now=50.0, parts=_parts("copy"))
+        assert await store.get_conversation("copy") is None
+        assert await store.checkpoints("copy") == []
+        assert await store.attachments("copy") == []
+        assert await store.a2a_task_get("imported:alice", "t1") is None
 
     async def test_export_import_export_keeps_the_history(self, store: Any) -> None:
         await _one_turn(store, channel=None)
