@@ -199,6 +199,8 @@ def read_secret(hook: WebhookSettings, *, where: str, resolve: Any = None) -> by
 
 @dataclass(frozen=True, slots=True)
 class _Hook:
+    """A configured webhook, ready to send."""
+
     settings: WebhookSettings
     secret: bytes
     profile: StreamProfile
