@@ -199,8 +199,6 @@ def read_secret(hook: WebhookSettings, *, where: str, resolve: Any = None) -> by
 
 @dataclass(frozen=True, slots=True)
 class _Hook:
-    """A configured webhook, ready to send."""
-
     settings: WebhookSettings
     secret: bytes
     profile: StreamProfile

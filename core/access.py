@@ -330,8 +330,6 @@ _IDENTITIES = {
 # -- patterns ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class _Pattern:
-    """One identity pattern of a role, parsed."""
-
     instance: str
     #: ``id`` (matched against the verified key), ``mask`` (the IRC hostmask),
     #: ``any`` (every verified identity of the instance).
@@ -527,8 +525,6 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class _Rule:
-    """One access rule, compiled: where it applies and what it allows."""
-
     channels_exact: frozenset[str]
     channels_glob: re.Pattern[str] | None
     roles: frozenset[str] | None

@@ -193,8 +193,6 @@ _NO_META: Mapping[str, Any] = MappingProxyType({})
 
 @dataclass(slots=True)
 class _Pending:
-    """A message sent and not yet taken by a turn."""
-
     run_id: str
     content: str
     author: str | None

@@ -41,8 +41,6 @@ MAX_SKILL_CHARS = 64_000
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Skill:
-    """A skill read from its file: name, description and body."""
-
     name: str
     description: str
     path: Path

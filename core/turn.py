@@ -98,8 +98,6 @@ class TurnAborted(Exception):
 
 @dataclass(slots=True)
 class _State:
-    """What a turn has gathered so far."""
-
     usage: Usage = field(default_factory=Usage)
     partial: list[str] = field(default_factory=list)
     final_text: str = ""

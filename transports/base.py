@@ -382,8 +382,6 @@ class AgentHost(MessageSink, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _Defaults:
-    """A transport's channel defaults."""
-
     command_prefix: str
     answer: str = "addressed"
     image_urls: bool = False

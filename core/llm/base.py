@@ -80,36 +80,26 @@ class LLMRequest:
 
 @dataclass(frozen=True, slots=True)
 class TextChunk:
-    """A piece of the answer's text."""
-
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class ReasoningChunk:
-    """A piece of the model's reasoning (shown apart from the answer)."""
-
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCallItem:
-    """A complete tool call the model asked for."""
-
     call: ToolCall
 
 
 @dataclass(frozen=True, slots=True)
 class UsageItem:
-    """The tokens the request used."""
-
     usage: Usage
 
 
 @dataclass(frozen=True, slots=True)
 class FinishItem:
-    """Why the model stopped."""
-
     #: ``stop``, ``tool_calls``, ``length``, ``content_filter`` or backend-specific.
     reason: str
 

@@ -152,8 +152,6 @@ class LiteRTStats:
 
 @dataclass(slots=True)
 class _SharedEngine:
-    """The engine shared by the backends of one model file, and how many use it."""
-
     engine: Any
     refs: int = 0
 

@@ -20,8 +20,6 @@ __all__ = ["MIGRATIONS", "Migration", "apply_migrations", "schema_version"]
 
 @dataclass(frozen=True, slots=True)
 class Migration:
-    """One numbered, named schema change."""
-
     number: int
     name: str
     sql: str

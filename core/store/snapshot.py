@@ -101,8 +101,6 @@ def untrusted_row(table: str, r: dict[str, Any], now: float) -> dict[str, Any]:
 
 @dataclass(slots=True)
 class ImportResult:
-    """What importing a conversation snapshot did."""
-
     conversation_id: str
     messages: int
     bound: list[str] = field(default_factory=list)

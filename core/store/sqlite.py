@@ -98,8 +98,6 @@ _TOUCH = "UPDATE conversation SET updated_at = MAX(updated_at, ?) WHERE id = ?"
 
 @dataclass(slots=True)
 class _Append:
-    """Messages to append, for the writer to batch."""
-
     conversation_id: str
     log: Sequence[NewMessage]
     memory: Sequence[ChatMessage]
@@ -114,8 +112,6 @@ _NO_FUTURE: Any = None
 
 @dataclass(slots=True)
 class _Job:
-    """A function the writer runs on its connection."""
-
     fn: Callable[[sqlite3.Connection], Any]
     future: asyncio.Future[Any]
     conversation_id: str | None = None  # the conversation it writes to, if one
@@ -123,8 +119,6 @@ class _Job:
 
 @dataclass(slots=True)
 class _Failed:
-    """The error a batched job raised."""
-
     error: BaseException
 
 

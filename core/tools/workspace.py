@@ -79,8 +79,6 @@ class WorkspaceSettings:
 
 @dataclass(frozen=True, slots=True)
 class _Root:
-    """A folder the workspace tools may read."""
-
     name: str
     #: The folder's real path (symbolic links resolved when configured).
     real: str
