@@ -19,7 +19,6 @@ load the same way.  Environment switches:
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.metadata
 import logging
@@ -271,6 +270,8 @@ def _check_hook_names(pm: pluggy.PluginManager, plugins: list[PluginInfo]) -> No
             if impl.optionalhook:
                 continue
             info = infos.get(impl.plugin_name) or PluginInfo(impl.plugin_name)
+            import difflib  # only a misspelt hook needs it (start-up: issue 31)
+
             close = difflib.get_close_matches(name, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise PluginError(f"{_describe(info)}: unknown hook {name!r}{hint}")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import os
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -243,6 +242,8 @@ def plain_values(settings: Any) -> dict[str, Any]:
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """`` (did you mean 'channels'?)`` when a candidate is close to ``word``, else ``""``."""
+    import difflib  # only a configuration with a mistake needs it (start-up: issue 31)
+
     close = difflib.get_close_matches(str(word), sorted(set(candidates)), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

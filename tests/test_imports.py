@@ -83,6 +83,9 @@ _LAZY = (
     "agentik.transports.irc.wire",
     "agentik.transports.testing.fake",
     "agentik.transports.testing.harness",
+    # Suggestions for a misspelt key or hook ("did you mean ...?"): only a mistake needs
+    # them (start-up, issue 31).
+    "difflib",
 )
 
 _START_BOT = """
