@@ -28,19 +28,18 @@ from typing import Any
 
 import httpx
 import pytest
-from cluster import PATIENCE, until, worker_config, workers
+from cluster import until, worker_config, workers
 
 from agentik.core.testing.openai_server import Reply
 
 pytest_plugins = ["pgserver"]
 
 DSN_ENV = "AGENTIK_TEST_SLACK_HTTP_DSN"
-#: The admin who decides approvals (Slack user U2), and the approval rule for ``todo``.
-ACCESS = """[access]
-admins = ["slack:U2"]
-[[approvals]]
+#: ``todo`` calls wait for an approval, which their asker may give.
+APPROVALS = """[[approvals]]
 tools = ["todo"]
-approvers = "admin"
+approvers = "user"
+self_approve = true
 """
 
 
@@ -186,7 +185,7 @@ async def test_a_dm_steered_through_the_other_worker_joins_the_turn_running_ther
 ):
     """A DM (``busy`` ``auto``: steer) through B while A's turn waits on an approval of
     its tool call: the message joins A's turn at its next model request — one answer,
-    no turn of its own — as on one process; the admin approves through B too."""
+    no turn of its own — as on one process; the approval is given through B too."""
     from fakeslack import FakeSlack
 
     items = {"items": [{"text": "buy bread", "status": "pending"}]}
@@ -197,10 +196,9 @@ async def test_a_dm_steered_through_the_other_worker_joins_the_turn_running_ther
     tools = "[tools]\ntodo = true\n"
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
-        slack.add_user("U2", "root")
         async with (
             _rig(tmp_path, postgres_dsn, openai_server.base_url, slack,
-                 extra=tools + ACCESS) as crew,
+                 extra=tools + APPROVALS) as crew,
             httpx.AsyncClient(timeout=30) as http,
         ):  # fmt: skip
             rig = Rig(slack, crew, http)
@@ -223,8 +221,7 @@ async def test_a_dm_steered_through_the_other_worker_joins_the_turn_running_ther
                 lambda: "steers run" in rig.a.stderr(),
                 lambda: f"A taking the message in; A's log: {rig.a.stderr()[-3000:]}",
             )
-            approve = slack.message_event("D2", f"!approve {approval_id}", user="U2",
-                                          channel_type="im")  # fmt: skip
+            approve = slack.message_event("D1", f"!approve {approval_id}", channel_type="im")
             assert await rig.post(rig.b, slack.event_callback(approve)) == 200
             await until(
                 lambda: "bread and milk then" in rig.texts("D1"),
