@@ -335,6 +335,8 @@ class Bot:
                 self.turn_queue = TurnQueue(self.agent, ownership.worker, self.config.cluster,
                                             on_round=self.metrics.turn_queue)  # fmt: skip
                 self.agent.turn_queue = self.turn_queue
+                # Slack's HTTP mode (any worker receives an event): its turns too.
+                self.bridge.chat_queue.start(self.turn_queue)
             # A message said from here on is this process's (its turn runs at once),
             # never one a crash left: recovery takes up only older ones.
             began = time.time()

@@ -56,6 +56,7 @@ from .chansettings import (
 from .chat import author_id as _author_id
 from .chat import error_line as _error_line
 from .chat import speaker_key as _speaker
+from .chatqueue import ChatQueue
 from .commands import CommandContext, CommandRegistry, builtin_commands, load_commands
 from .config import AgentSection
 from .delivery import Delivery
@@ -167,6 +168,9 @@ class Bridge(AgentAccess):
         #: transports, people relayed (:mod:`agentik.bot.links`).
         self.links = Links(self, links)
         self.delivery.relays = self.links
+        #: Turns of a transport every worker serves, through the turn queue (several
+        #: workers: :mod:`agentik.bot.chatqueue`).
+        self.chat_queue = ChatQueue(self, self._transports)
         #: Whether this process serves ``transport``'s connection now: the bot sets it
         #: (several workers: another may own it, and a relayed copy for it goes
         #: through the outbox to that worker); by default every attached one.
@@ -200,6 +204,7 @@ class Bridge(AgentAccess):
             # (through the links: a relayed copy's id goes into the message map)
             transport.on_delivery = self.links.on_delivery
         transport.hears = self.links.hears
+        self.chat_queue.attached(transport)
 
     async def detach(self, name: str) -> None:
         """Transport instance ``name`` is gone (a configuration reload removed it):
@@ -349,22 +354,26 @@ class Bridge(AgentAccess):
                 ch.direct = message.direct
                 ch.more.clear()
                 ch.more_in_code = False
-                sent = await ticket.submit(
-                    ch.conversation,
+                # To the conversation, or through the turn queue (several workers, a
+                # transport every worker serves: bot/chatqueue.py).
+                sent = await self.chat_queue.submit(
+                    ticket, ch, message, transport,
                     [TextPart(text=text), *message.attachments] if message.attachments else text,
+                    text=text,
                     author=message.author_name or message.author_id,
                     author_id=_author_id(transport, message),
-                    allow_tool=decision.tools,
+                    decision=decision,
                     busy=_busy_mode(opts, message, transport),
                     # The channel's persona, tools and model, and who asked where.
                     settings=self.links.settings(ch).with_origin(
                         TurnOrigin.of_speaker(speaker, message.channel_key)
                     ),
-                )
-                run_id = sent.run_id
-                if sent.steered:
-                    # Joined the running turn: its answer, asker and budget stay.
+                )  # fmt: skip
+                if sent is None or sent.steered:
+                    # Queued (the worker running it renders it), or joined the running
+                    # turn (its answer, asker and budget stay).
                     return None
+                run_id = sent.run_id
         except (PromptRefused, AttachmentRejected) as exc:
             # A plugin's words, or why an attachment was not taken: shown as they are.
             await self._send(transport, message.channel_key, str(exc), "error", message.reply_to)

@@ -202,6 +202,43 @@ async def test_two_users_in_one_thread(tmp_path):
             assert bot_texts(slack, "C1") == ["echo: start", "echo: and me?"]
 
 
+async def test_a_reply_in_the_bots_thread_is_answered_after_a_restart_without_a_mention(
+    tmp_path,
+):
+    """The threads the bot answers in are known by their conversations in the store, not
+    only by the process that saw them start: after a restart (or on another worker) a
+    reply there, no mention, is still for the bot; a reply in a thread it was never
+    in is not."""
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        store_path = tmp_path / "slack.db"
+        async with slack_bot(slack, tmp_path, store=SQLiteStore(str(store_path))) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> hello")
+            await slack.push_event(event)
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+        model = ScriptedModel()
+        async with slack_bot(slack, tmp_path, model=model, store=SQLiteStore(str(store_path))) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            other = slack.message_event("C1", "people talking")  # a thread without the bot
+            await slack.push_event(slack.message_event("C1", "not for you", thread_ts=other["ts"]))
+            await slack.push_event(slack.message_event("C1", "and then?", thread_ts=event["ts"]))
+            await eventually(lambda: len(bot_texts(slack, "C1")) == 2, "the reply answered")
+            # Handled in order: the reply in the other thread was seen first, and dropped.
+            assert [r.messages[-1].content for r in model.requests] == ["and then?"]
+            replies = [m for (ch, _), m in slack.messages.items()
+                       if ch == "C1" and m.get("user") == slack.bot_user_id]  # fmt: skip
+            assert all(m.get("thread_ts") == event["ts"] for m in replies)
+
+
 async def test_each_message_is_handled_once_even_across_a_restart(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")

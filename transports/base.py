@@ -558,6 +558,16 @@ class Transport(abc.ABC):
         others serve what is not exclusive (the HTTP API)."""
         return False
 
+    @property
+    def served_anywhere(self) -> bool:
+        """Every worker receives this transport's messages and may send its answers
+        (Slack's HTTP mode behind a load balancer: any worker gets an event, and any
+        can call the Web API).  Several workers sharing a database then queue its
+        turns (``agentik.bot.chatqueue``): one worker at a time runs a conversation's
+        turns, whichever received them.  ``False`` (the default): a connection one
+        worker owns (IRC, Socket Mode), or a place of one process (the terminal)."""
+        return False
+
     def set_health(self, state: HealthState, reason: str | None = None) -> None:
         """Report the connection state: ``starting``, ``connected``, ``degraded``,
         ``reconnecting`` or ``failed``, with a short reason (no secrets).

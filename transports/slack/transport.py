@@ -316,6 +316,10 @@ class _Incoming:
     change_id: str = ""
     #: The ``files`` of a file share (fetched when it is handed over).
     files: tuple[dict[str, Any], ...] = ()
+    #: A reply in a thread this process does not know the bot takes part in: for the
+    #: bot if the thread has a conversation (another worker, or a process before a
+    #: restart, answered there), looked up when it is handed over.
+    maybe_ours: bool = False
 
 
 @dataclass
@@ -371,6 +375,12 @@ class SlackTransport(Transport):
         """A Socket Mode app is one connection (one worker owns it); HTTP mode is
         served by every worker behind a load balancer."""
         return self.options.mode == "socket"
+
+    @property
+    def served_anywhere(self) -> bool:
+        """HTTP mode: any worker behind the load balancer receives an event and may
+        answer it (the Web API); several workers queue its turns."""
+        return self.options.mode == "http"
 
     def __init__(self, *, name: str, settings: dict[str, Any] | None = None) -> None:
         super().__init__(name=name, settings=settings)
@@ -767,10 +777,14 @@ class SlackTransport(Transport):
             self._incoming.put_nowait(_Incoming(keys))
             return
         addressed = is_dm or mentioned or key in self._threads
+        maybe_ours = False
         if event.get("type") == "message" and not addressed:
             if self.hears is None or not self.hears(key):
-                self._incoming.put_nowait(_Incoming(keys))  # channel chatter outside our threads
-                return
+                if not self._thread_reply(event):
+                    self._incoming.put_nowait(_Incoming(keys))  # chatter outside our threads
+                    return
+                # Maybe a thread the bot answers in elsewhere (_deliver looks it up).
+                maybe_ours = True
             # A linked channel's chatter: the bridge relays it (it is not for the bot).
         else:
             self._threads.add(key)
@@ -782,8 +796,38 @@ class SlackTransport(Transport):
             title = True
         self._incoming.put_nowait(
             _Incoming(keys, key, text.strip(), user, channel, thread_ts, ts, is_dm, title,
-                      addressed, files=files if addressed else ())
+                      addressed, files=files if addressed or maybe_ours else (),
+                      maybe_ours=maybe_ours)
         )  # fmt: skip
+
+    def _thread_reply(self, event: dict[str, Any]) -> bool:
+        """A reply in a thread (not its first message), each thread a conversation: the
+        bot may take part in it without this process knowing (see :meth:`_ours`)."""
+        thread_ts = event.get("thread_ts")
+        return (
+            self.options.conversation_per == "thread"
+            and isinstance(thread_ts, str) and bool(thread_ts) and thread_ts != event.get("ts")
+        )  # fmt: skip
+
+    async def _ours(self, item: _Incoming) -> bool:
+        """Whether the thread of ``item`` (a reply nobody addressed to the bot, in a
+        thread this process does not know) is one the bot takes part in: its channel
+        key is bound to a conversation.  With several workers, the thread's first
+        message may have reached another worker (Slack's HTTP mode behind a load
+        balancer), and after a restart this process knows no thread."""
+        agent = self._sink.agent if self._sink is not None else None
+        if agent is None or item.key is None:
+            return False
+        try:
+            bound = await agent.store.get_binding(item.key)
+        except Exception as exc:
+            log.warning("slack %s: could not tell whether the bot is in %s: %s", self.name,
+                        item.key, exc)  # fmt: skip
+            return False
+        if bound is None:
+            return False
+        self._threads.add(item.key)
+        return True
 
     def _on_change(self, body: dict[str, Any], event: dict[str, Any]) -> None:
         """A ``message_changed``/``message_deleted`` event: a person edited or deleted a
@@ -984,6 +1028,10 @@ class SlackTransport(Transport):
             for item in items:
                 if item.key is None:
                     continue
+                if item.maybe_ours:
+                    if not await self._ours(item):
+                        continue  # chatter in a thread the bot is not in
+                    item = dataclasses.replace(item, addressed=True, maybe_ours=False)
                 try:
                     await self._hand_over(item)
                 except Exception:
