@@ -113,7 +113,7 @@ class SQLiteAttachments(SQLiteRoom):
             raise
         return record
 
-    async def _with_blobs(
+    async def with_import_blobs(
         self, blobs: Sequence[bytes], write: Callable[[], Awaitable[ImportResult]]
     ) -> ImportResult:
         """A snapshot's import (``write``: its one transaction, whose rows name

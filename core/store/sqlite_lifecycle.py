@@ -389,9 +389,9 @@ class SQLiteLifecycle(SQLiteRoom):
             return await write()
         # The bytes first, then the rows naming them (as attachment_put does); bytes
         # no row names after a refused import are swept at once
-        # (SQLiteStore's attachments: SQLiteAttachments._with_blobs).
+        # (SQLiteStore's attachments: SQLiteAttachments.with_import_blobs).
         store: Any = self
-        return await store._with_blobs([data for data, _, _ in parts.attachments], write)
+        return await store.with_import_blobs([data for data, _, _ in parts.attachments], write)
 
     async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
         return await Reader(self._read).retention_conversations()
