@@ -896,3 +896,24 @@ async def test_an_image_sent_without_words_reaches_the_model_with_no_made_up_tex
             )
             await expect(bubble).not_to_contain_text("attached")
             assert not errors, errors
+
+
+async def test_a_page_opened_while_an_answer_is_written_shows_all_of_it(db_path, browser):
+    """The page subscribes from the moment it opens: the pieces of an answer sent before
+    it followed the turn never reach it; at the turn's end the whole answer replaces
+    what it showed (it showed "written." of "The answer is being written.")."""
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        conv = await server.agent.create_conversation(channel_key="http:web:admin:late")
+        await conv.rename("Late")
+        held = Reply(chunks=["The answer ", "is being ", "written."], hold_after=2)
+        server.model.enqueue(held)
+        await conv.send("Write it", author="admin")
+        await asyncio.wait_for(held.held.wait(), 60)
+        page, errors = await _open(browser, server, LAPTOP)
+        await page.locator("#conversations li button", has_text="Late").click()
+        await expect(page.locator("#status")).to_have_text("live")
+        held.release.set()
+        answer = page.locator(".msg.assistant").last
+        await expect(answer.locator(".text")).to_have_text(["The answer is being written."])
+        assert not errors, errors
