@@ -26,6 +26,11 @@ boundary with ``raise ... from`` so callers only ever catch our types::
     └── CheckpointLimit         a conversation has all the checkpoints taken by hand
                                 it may keep (``[checkpoints] keep_manual``)
 
+:class:`StoreRefusal` marks an error a store's write raises on purpose, because of
+what the rows say (:class:`CheckpointLimit`; a snapshot that cannot be imported,
+``agentik.core.store.snapshot.SnapshotError``): the engines' writers hand it to the
+caller as it is, not wrapped as a :class:`StoreError` (the database did not fail).
+
 User/config errors (``ConfigError``) are meant to be shown to a person as one
 line; run-time errors are reported as ``error`` events and logged.  No error
 message ever contains a secret (API keys are never formatted into them).
@@ -52,8 +57,15 @@ __all__ = [
     "PromptRefused",
     "RemoteError",
     "StoreError",
+    "StoreRefusal",
     "ToolError",
 ]
+
+
+class StoreRefusal(Exception):
+    """Mark of an error a store write raises on purpose, because of what the rows say:
+    the writer passes it to the caller unwrapped (a database failure is wrapped in a
+    :class:`StoreError`)."""
 
 
 class AgentikError(Exception):
@@ -174,7 +186,7 @@ class BranchError(AgentikError):
     in the working memory (none yet, or summarised away).  Nothing was changed."""
 
 
-class CheckpointLimit(AgentikError):
+class CheckpointLimit(AgentikError, StoreRefusal):
     """A conversation has as many checkpoints taken by hand as it may keep
     (``[checkpoints] keep_manual``, ``limit``): a new one is refused rather than an
     old one dropped (each was taken on purpose); deleting one makes room."""

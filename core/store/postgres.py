@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ..errors import ClosedError, StoreError
+from ..errors import ClosedError, StoreError, StoreRefusal
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults
 from .base import DEFER_MAX, ConversationRecord, MemoryEntry, Store, TurnEnd
@@ -298,8 +298,11 @@ class _Failed:
     error: BaseException
 
 
-def _store_error(exc: BaseException, what: str) -> StoreError:
-    if isinstance(exc, StoreError):
+def _store_error(exc: BaseException, what: str) -> BaseException:
+    """``exc`` as the caller is told it: a database failure as a :class:`StoreError`
+    (``retryable`` when a retry may succeed); a refusal the job raised on purpose
+    (:class:`StoreRefusal`) as it is."""
+    if isinstance(exc, (StoreError, StoreRefusal)):
         return exc
     err = StoreError(f"{what}: {exc}")
     err.__cause__ = exc

@@ -364,17 +364,11 @@ class PostgresLifecycle(PostgresRoom):
         now: float,
         parts: SnapshotParts | None = None,
     ) -> ImportResult:
-        try:
-            result: ImportResult = await self._write(
-                lambda conn: _import(conn, doc, conversation_id, bind, now, parts),
-                conversation_id=conversation_id,
-            )
-        except Exception as exc:
-            # The writer reports a failed job as a StoreError: the snapshot's own error
-            # (naming the field) is what the caller is told.
-            if isinstance(exc.__cause__, SnapshotError):
-                raise exc.__cause__ from None
-            raise
+        # A SnapshotError (naming the field) reaches the caller as it is (a refusal).
+        result: ImportResult = await self._write(
+            lambda conn: _import(conn, doc, conversation_id, bind, now, parts),
+            conversation_id=conversation_id,
+        )
         return result
 
     async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import StoreRefusal
 from .records import A2ATaskRecord
 
 __all__ = [
@@ -34,7 +35,7 @@ DELETED_NOTICE = "[{n} earlier messages were deleted by the retention policy.]"
 RETENTION_AUTHOR = "agentik:retention"
 
 
-class SnapshotError(ValueError):
+class SnapshotError(StoreRefusal, ValueError):
     """A snapshot that cannot be imported; the message names the field."""
 
 

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import aiosqlite
 
-from ..errors import ClosedError, StoreError
+from ..errors import ClosedError, StoreError, StoreRefusal
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, settings_dataclass
 from .base import (
@@ -532,7 +532,7 @@ class SQLiteStore(
                 continue
             if isinstance(result, _Failed):
                 err = result.error
-                if not isinstance(err, StoreError):
+                if not isinstance(err, (StoreError, StoreRefusal)):
                     wrapped = StoreError(f"database write failed: {err}")
                     wrapped.__cause__ = err
                     wrapped.retryable = _transient(err)

@@ -56,12 +56,7 @@ class SQLiteCheckpoints(SQLiteRoom):
                 )
             return CHECKPOINT.record(row)
 
-        try:
-            record: CheckpointRecord = await self._write(fn)
-        except StoreError as exc:
-            if isinstance(exc.__cause__, CheckpointLimit):
-                raise exc.__cause__ from None  # (the writer's wrapper is not the news)
-            raise
+        record: CheckpointRecord = await self._write(fn)
         return record
 
     async def checkpoints(self, conversation_id: str) -> list[CheckpointRecord]:

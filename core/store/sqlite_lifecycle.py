@@ -370,19 +370,10 @@ class SQLiteLifecycle(SQLiteRoom):
         parts: SnapshotParts | None = None,
     ) -> ImportResult:
         async def write() -> ImportResult:
-            try:
-                result: ImportResult = await self.run_write(
-                    lambda conn: import_rows(conn, doc, conversation_id, bind, now, parts)
-                )
-            except SnapshotError:
-                raise
-            except Exception as exc:
-                # The writer reports a failed job as a StoreError: the snapshot's own
-                # error (naming the field) is what the caller is told.
-                cause = exc.__cause__ if isinstance(exc.__cause__, SnapshotError) else None
-                if cause is not None:
-                    raise cause from None
-                raise
+            # A SnapshotError (naming the field) reaches the caller as it is (a refusal).
+            result: ImportResult = await self.run_write(
+                lambda conn: import_rows(conn, doc, conversation_id, bind, now, parts)
+            )
             return result
 
         if parts is None or not parts.attachments:
@@ -390,8 +381,7 @@ class SQLiteLifecycle(SQLiteRoom):
         # The bytes first, then the rows naming them (as attachment_put does); bytes
         # no row names after a refused import are swept at once
         # (SQLiteStore's attachments: SQLiteAttachments.with_import_blobs).
-        store: Any = self
-        return await store.with_import_blobs([data for data, _, _ in parts.attachments], write)
+        return await self.with_import_blobs([data for data, _, _ in parts.attachments], write)
 
     async def retention_conversations(self) -> list[tuple[str, list[str], str | None]]:
         return await Reader(self._read).retention_conversations()

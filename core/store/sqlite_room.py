@@ -5,8 +5,11 @@ aggregates (:mod:`.repositories`), one mixin per module, all over this."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .snapshot import ImportResult
 
 __all__ = ["SQLiteRoom"]
 
@@ -27,4 +30,13 @@ class SQLiteRoom:
         raise NotImplementedError
 
     def _redact_securely(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        raise NotImplementedError
+
+    async def with_import_blobs(
+        self, blobs: Sequence[bytes], write: Callable[[], Awaitable[ImportResult]]
+    ) -> ImportResult:
+        """A snapshot import writing ``blobs`` (its attachments' bytes) and, in its one
+        transaction (``write``), the rows naming them: the attachments' aggregate
+        (:class:`~.sqlite_attachments.SQLiteAttachments`) guards it; the lifecycle's
+        import calls it."""
         raise NotImplementedError
