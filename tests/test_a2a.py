@@ -11,6 +11,7 @@ hostile-input tests speak JSON-RPC with plain httpx, as any client could.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -76,6 +77,33 @@ async def tree_events(sub: Any, run_id: str) -> list[Any]:
             if event.kind == "run_stream_end" and event.run_id == run_id:
                 return events
     raise AssertionError(f"the stream ended early: {[e.kind for e in events]}")
+
+
+def a2a_workers(tmp_path: Any, dsn: str, model_url: str) -> Any:
+    """Workers ``a`` and ``b`` (real ``agentik run`` processes on one PostgreSQL
+    database), each serving the HTTP API with A2A on and alice's token."""
+    from cluster import http_transport, worker_config, workers
+
+    tokens = (
+        'tokens = [{ name = "alice", env = "ALICE_TOKEN" }]\n[transports.web.a2a]\nenabled = true'
+    )
+
+    def config(name: str, port: int) -> str:
+        web = http_transport("web", port, tokens)
+        return worker_config(name, model_url, dsn_env="AGENTIK_TEST_A2A_DSN", poll=2.0,
+                             health=False, extra=web)  # fmt: skip
+
+    return workers(["a", "b"], tmp_path, dsn, config, dsn_env="AGENTIK_TEST_A2A_DSN",
+                   env={"ALICE_TOKEN": ALICE}, ready="/ready")  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def a2a_clients(a: Any, b: Any) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """Alice's clients of workers ``a`` and ``b``, speaking A2A 1.0."""
+    async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+        for http in (on_a, on_b):
+            http.headers["A2A-Version"] = "1.0"
+        yield on_a, on_b
 
 
 def rpc(method: str, params: dict[str, Any], *, rid: Any = 1) -> dict[str, Any]:
@@ -585,24 +613,12 @@ async def test_a_cancel_through_another_worker_stops_the_turn_and_the_task_ends_
     (whose turn runs there), canceled through B (which runs nothing), stops the turn
     on A — its partial answer kept, marked interrupted — and reads ``canceled`` on
     both workers; a second cancel is refused as the task is over."""
-    from cluster import http_transport, until, worker_config, workers
+    from cluster import until
 
     words = [f"w{i}" for i in range(300)]
     openai_server.default = lambda body: WireReply.text(" ".join(words), chunks=300, delay=0.1)
-    tokens = (
-        'tokens = [{ name = "alice", env = "ALICE_TOKEN" }]\n[transports.web.a2a]\nenabled = true'
-    )
-
-    def config(name: str, port: int) -> str:
-        web = http_transport("web", port, tokens)
-        return worker_config(name, openai_server.base_url, dsn_env="AGENTIK_TEST_A2A_DSN",
-                             poll=2.0, health=False, extra=web)  # fmt: skip
-
-    async with workers(["a", "b"], tmp_path, postgres_dsn, config, dsn_env="AGENTIK_TEST_A2A_DSN",
-                       env={"ALICE_TOKEN": ALICE}, ready="/ready") as (a, b):  # fmt: skip
-        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
-            for http in (on_a, on_b):
-                http.headers["A2A-Version"] = "1.0"
+    async with a2a_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a2a_clients(a, b) as (on_a, on_b):
             r = await on_a.post("/a2a", json=rpc("SendMessage", at_once(send_params("count"))))
             task = r.json()["result"]["task"]
             cid = task["contextId"]
@@ -719,7 +735,7 @@ async def test_a_task_sent_through_the_worker_that_does_not_run_its_conversation
     second message of that context sent through B (queued: A runs the conversation's
     turns) is answered on A — and B's SendMessage, which waits for the task's end,
     returns it completed with its answer (B follows the turn A runs)."""
-    from cluster import http_transport, until, worker_config, workers
+    from cluster import until
 
     def reply(body: dict[str, Any]) -> WireReply:
         asked = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
@@ -728,20 +744,8 @@ async def test_a_task_sent_through_the_worker_that_does_not_run_its_conversation
         return WireReply.text("the second answer")
 
     openai_server.default = reply
-    tokens = (
-        'tokens = [{ name = "alice", env = "ALICE_TOKEN" }]\n[transports.web.a2a]\nenabled = true'
-    )
-
-    def config(name: str, port: int) -> str:
-        web = http_transport("web", port, tokens)
-        return worker_config(name, openai_server.base_url, dsn_env="AGENTIK_TEST_A2A_DSN",
-                             poll=2.0, health=False, extra=web)  # fmt: skip
-
-    async with workers(["a", "b"], tmp_path, postgres_dsn, config, dsn_env="AGENTIK_TEST_A2A_DSN",
-                       env={"ALICE_TOKEN": ALICE}, ready="/ready") as (a, b):  # fmt: skip
-        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
-            for http in (on_a, on_b):
-                http.headers["A2A-Version"] = "1.0"
+    async with a2a_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a2a_clients(a, b) as (on_a, on_b):
             r = await on_a.post("/a2a", json=rpc("SendMessage", at_once(send_params("first"))))
             cid = r.json()["result"]["task"]["contextId"]
 
@@ -767,7 +771,7 @@ async def test_a_cancel_withdraws_a_task_queued_behind_a_turn_another_worker_run
     canceled through B before it starts.  It never runs (the model is never asked it;
     its turn's end is recorded ``cancelled``), the one after it is answered, and the
     three tasks read completed, canceled, completed on both workers."""
-    from cluster import http_transport, until, worker_config, workers
+    from cluster import until
 
     def reply(body: dict[str, Any]) -> WireReply:
         asked = str([m for m in body["messages"] if m["role"] == "user"][-1]["content"])
@@ -776,20 +780,8 @@ async def test_a_cancel_withdraws_a_task_queued_behind_a_turn_another_worker_run
         return WireReply.text(f"answer to {asked.split()[-1]}")
 
     openai_server.default = reply
-    tokens = (
-        'tokens = [{ name = "alice", env = "ALICE_TOKEN" }]\n[transports.web.a2a]\nenabled = true'
-    )
-
-    def config(name: str, port: int) -> str:
-        web = http_transport("web", port, tokens)
-        return worker_config(name, openai_server.base_url, dsn_env="AGENTIK_TEST_A2A_DSN",
-                             poll=2.0, health=False, extra=web)  # fmt: skip
-
-    async with workers(["a", "b"], tmp_path, postgres_dsn, config, dsn_env="AGENTIK_TEST_A2A_DSN",
-                       env={"ALICE_TOKEN": ALICE}, ready="/ready") as (a, b):  # fmt: skip
-        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
-            for http in (on_a, on_b):
-                http.headers["A2A-Version"] = "1.0"
+    async with a2a_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a2a_clients(a, b) as (on_a, on_b):
             r = await on_a.post("/a2a", json=rpc("SendMessage", at_once(send_params("first"))))
             first = r.json()["result"]["task"]
             cid = first["contextId"]
@@ -843,26 +835,13 @@ async def test_a_cancel_of_a_task_queued_behind_another_turn_on_another_worker_s
     for them, their turns end ``cancelled`` — and both read ``canceled`` on both
     workers, while task 4, sent after, is answered."""
     import asyncpg
-    from cluster import http_transport, last_user, until, worker_config, workers
+    from cluster import last_user, until
 
     held = WireReply.text("first answer", chunks=3, hold_after=1)
     openai_server.enqueue(held)
-    tokens = (
-        'tokens = [{ name = "alice", env = "ALICE_TOKEN" }]\n[transports.web.a2a]\nenabled = true'
-    )
-
-    def config(name: str, port: int) -> str:
-        web = http_transport("web", port, tokens)
-        return worker_config(name, openai_server.base_url, dsn_env="AGENTIK_TEST_A2A_DSN",
-                             poll=2.0, health=False, extra=web)  # fmt: skip
-
     try:
-        async with workers(["a", "b"], tmp_path, postgres_dsn, config,
-                           dsn_env="AGENTIK_TEST_A2A_DSN", env={"ALICE_TOKEN": ALICE},
-                           ready="/ready") as (a, b):  # fmt: skip
-            async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
-                for http in (on_a, on_b):
-                    http.headers["A2A-Version"] = "1.0"
+        async with a2a_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+            async with a2a_clients(a, b) as (on_a, on_b):
 
                 async def send(http: httpx.AsyncClient, text: str, cid: str | None) -> Any:
                     params = at_once(send_params(text, cid))
