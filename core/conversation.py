@@ -352,6 +352,14 @@ class Conversation:
         return self._runner.run_id if self._runner is not None else None
 
     @property
+    def running_since(self) -> int | None:
+        """The ``seq`` of the ``turn_started`` of the turn running here (``None``: no
+        turn runs in this process, or it has not announced its start yet)."""
+        run, stream = self.running_run_id, self._events
+        started = stream.turn_started if stream is not None else None
+        return started[1] if started is not None and run is not None and started[0] == run else None
+
+    @property
     def interrupting(self) -> bool:
         """Whether the running turn has already been asked to stop."""
         return self._runner is not None and self._runner.interrupt_requested
@@ -1428,12 +1436,17 @@ class Conversation:
         profile: str | StreamProfile = "debug",
         kinds: Iterable[str] | None = None,
         max_pending: int | None = None,
+        from_turn: bool = False,
     ) -> Subscription:
         """Live events of this conversation (an async iterator).
 
         With ``after=seq`` a reconnecting subscriber first receives the
         buffered events it missed, or an ``events_lost`` notice if the buffer
-        no longer reaches back that far.  ``profile`` names a stream profile
+        no longer reaches back that far.  Without it, ``from_turn=True`` starts
+        with the running turn's events from its ``turn_started`` (a reader
+        opening the conversation mid-answer sees the whole answer so far; as far
+        as the buffer reaches, else ``events_lost`` first); no turn running: from
+        now on.  ``profile`` names a stream profile
         of the agent (``chat``, ``debug``, ``metrics`` or a ``[profiles.<name>]``;
         :mod:`~agentik.core.streamprofiles`) or is a
         :class:`~agentik.core.streamprofiles.StreamProfile`; an unknown name
@@ -1441,6 +1454,8 @@ class Conversation:
         it.  ``max_pending`` bounds how far this subscriber may fall behind
         before it is told and cut off.
         """
+        if after is None and from_turn and (since := self.running_since) is not None:
+            after = since - 1
         return self._event_stream().subscribe(
             after=after,
             profile=profile_of(self.agent.stream_profiles, profile, kinds),

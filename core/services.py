@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from .errors import ClosedError
 from .eventbus import EventBus, ReplayBuffer, Subscription
-from .events import Event, EventBase, EventsLost, StatusChanged
+from .events import Event, EventBase, EventsLost, StatusChanged, TurnEnded, TurnStarted
 from .protocols import LiveConversation
 from .streamprofiles import BUILTIN_PROFILES, StreamProfile, lookup
 from .workingmemory import Transcripts, WorkingMemory
@@ -600,6 +600,7 @@ class ConversationEvents:
         "parent_run_id",
         "relay_to",
         "seq",
+        "turn_started",
     )
 
     def __init__(
@@ -615,6 +616,8 @@ class ConversationEvents:
         self._services = services
         #: The number of the last event emitted.
         self.seq = 0
+        #: The run id and ``seq`` of the top-level turn started here and not ended yet.
+        self.turn_started: tuple[str, int] | None = None
         #: A child run's conversation: the run its events name as their parent,
         #: and the parent conversation's stream they are relayed into
         #: (:mod:`agentik.core.agents`).
@@ -658,6 +661,10 @@ class ConversationEvents:
             ts=time.time(),
             **fields,
         )
+        if cls is TurnStarted and run_id is not None and fields["parent_run_id"] is None:
+            self.turn_started = (run_id, self.seq)
+        elif cls is TurnEnded and self.turn_started is not None and self.turn_started[0] == run_id:
+            self.turn_started = None  # its last events may follow: it is over all the same
         services.account(self.conversation_id, *self._buffered(event))
         services.publish(event)
         # A child conversation's state is its own: the parent's stream says

@@ -154,6 +154,43 @@ async def test_events_after_a_sequence_number_replay_what_was_missed(agent):
     await resumed.aclose()
 
 
+async def test_a_reader_opening_mid_answer_gets_the_running_turn_from_its_start(agent, llm):
+    """``events(from_turn=True)`` (the HTTP API's ``?replay=turn``): a subscriber that
+    comes while an answer is being written first gets that turn's events from its
+    ``turn_started``, the pieces sent before it came included; a plain subscriber gets
+    what comes from then on."""
+    conv = await agent.create_conversation()
+    events = conv.events()
+    held = Reply.text("the first words and the rest", chunks=3, hold_after=1)
+    llm.enqueue(held)
+    run_id = await conv.send("talk", author="alice")
+    await _until(events, "text_delta", run_id=run_id)  # its first piece is out
+    late, plain = conv.events(from_turn=True), conv.events()
+    # Another question, queued behind the turn (it waits for the two streams to connect).
+    queued = await conv.send("and then?", author="alice")
+    held.release()
+    whole = await _until(late, "run_stream_end", run_id=queued)
+    rest = await _until(plain, "run_stream_end", run_id=queued)
+    assert (whole[0].kind, whole[0].run_id) == ("turn_started", run_id)
+
+    def said(seen: list[Any], run: str) -> str:
+        return "".join(e.text for e in seen if e.kind == "text_delta" and e.run_id == run)
+
+    assert said(whole, run_id) == "the first words and the rest"
+    assert "the first words and the rest".endswith(said(rest, run_id))
+    assert said(rest, run_id) != "the first words and the rest"
+    # Both have the queued turn whole, with the same numbers.
+    assert [e.seq for e in whole if e.run_id == queued] == [
+        e.seq for e in rest if e.run_id == queued
+    ]
+    # No turn running: from now on, as without it.
+    idle = conv.events(from_turn=True)
+    after = await conv.send("last", author="alice")
+    assert (await _until(idle, "turn_started"))[0].run_id == after
+    for stream in (events, late, plain, idle):
+        await stream.aclose()
+
+
 async def test_conversations_are_created_found_listed_renamed_and_deleted(agent):
     made = await agent.create_conversation(title="first")
     other = await agent.create_conversation(title="second")

@@ -657,6 +657,8 @@ async def test_a_last_event_id_the_buffer_no_longer_has_gets_events_lost(server)
         assert r.status_code == 422 and error_code(r) == "invalid_parameter"
         r = await c.get(path, params={"profile": "everything"})
         assert r.status_code == 422 and "profile" in r.json()["error"]["message"]
+        r = await c.get(path, params={"replay": "all"})
+        assert r.status_code == 422 and "replay must be turn" in r.json()["error"]["message"]
 
 
 async def test_profiles_pick_the_event_kinds(server):

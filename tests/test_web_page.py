@@ -903,9 +903,9 @@ async def test_an_image_sent_without_words_reaches_the_model_with_no_made_up_tex
 
 
 async def test_a_page_opened_while_an_answer_is_written_shows_all_of_it(db_path, browser):
-    """The page subscribes from the moment it opens: the pieces of an answer sent before
-    it followed the turn never reach it; at the turn's end the whole answer replaces
-    what it showed (it showed "written." of "The answer is being written.")."""
+    """The page opened while an answer is being written shows the pieces sent before it
+    came (its stream starts with the running turn: ``replay=turn``; it showed only
+    "written." of "The answer is being written." before), then the rest."""
     expect.set_options(timeout=60_000)
     async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
         conv = await server.agent.create_conversation(channel_key="http:web:admin:late")
@@ -917,8 +917,11 @@ async def test_a_page_opened_while_an_answer_is_written_shows_all_of_it(db_path,
         page, errors = await _open(browser, server, LAPTOP)
         await page.locator("#conversations li button", has_text="Late").click()
         await expect(page.locator("#status")).to_have_text("live")
-        held.release.set()
         answer = page.locator(".msg.assistant").last
+        # It follows the turn from its start (``replay=turn``): the pieces written before
+        # it was opened are there while the rest is held.
+        await expect(answer.locator(".text")).to_have_text(["The answer is being"])
+        held.release.set()
         await expect(answer.locator(".text")).to_have_text(["The answer is being written."])
         assert not errors, errors
 

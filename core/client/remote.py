@@ -196,10 +196,13 @@ class RemoteAgent:
                 f"{what}: the answer is not JSON", status=response.status_code
             ) from exc
 
-    def _stream(self, path: str, *, after: int | None, profile: str) -> RemoteSubscription:
+    def _stream(
+        self, path: str, *, after: int | None, profile: str, from_turn: bool = False
+    ) -> RemoteSubscription:
         sub = RemoteSubscription(
-            self._client, path, after=after, profile=profile, max_bytes=self.max_event_bytes
-        )
+            self._client, path, after=after, profile=profile, max_bytes=self.max_event_bytes,
+            from_turn=from_turn,
+        )  # fmt: skip
         self._streams.add(sub)
         return sub
 
@@ -369,11 +372,17 @@ class RemoteConversation:
             await events.aclose()
 
     # -- events and history -----------------------------------------------------------
-    def events(self, *, after: int | None = None, profile: str = "debug") -> RemoteSubscription:
+    def events(
+        self, *, after: int | None = None, profile: str = "debug", from_turn: bool = False
+    ) -> RemoteSubscription:
         """Live events of this conversation (an async iterator of
         :data:`~agentik.core.events.Event`); ``after=seq`` first replays what was
-        missed.  ``profile`` names one of the remote's stream profiles."""
-        sub = self.agent._stream(self._path + "/events", after=after, profile=profile)
+        missed; without it, ``from_turn=True`` starts with the running turn's events
+        from its start (as :meth:`Conversation.events`).  ``profile`` names one of the
+        remote's stream profiles."""
+        sub = self.agent._stream(
+            self._path + "/events", after=after, profile=profile, from_turn=from_turn
+        )
         self._streams.add(sub)
         return sub
 
@@ -480,11 +489,12 @@ class RemoteSubscription(AsyncIterator[Event]):
         after: int | None,
         profile: str,
         max_bytes: int = MAX_EVENT_BYTES,
+        from_turn: bool = False,
     ) -> None:
         self._client = client
+        self._params = {"profile": profile, **({"replay": "turn"} if from_turn else {})}
         self._max_bytes = max_bytes
         self._path = path
-        self._profile = profile
         #: The id of the last event received (what a reconnect resumes after).
         self.last_id = after
         self._response: httpx2.Response | None = None
@@ -503,7 +513,8 @@ class RemoteSubscription(AsyncIterator[Event]):
         request = self._client.build_request(
             "GET",
             self._path,
-            params={"profile": self._profile},
+            # (``replay`` is ignored when resuming after ``Last-Event-ID``.)
+            params=self._params,
             headers=headers,
             # Events may be minutes apart (the server pings every ``heartbeat``).
             timeout=httpx2.Timeout(DEFAULT_TIMEOUT, read=None),

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import deque
@@ -77,6 +76,7 @@ from ..messages import Content, Message, NewMessage, split_content
 from ..runs import new_run_id
 from ..store.records import TurnEnd
 from . import CONVERSATION_PREFIX, ClusterSettings, conversation_lease
+from .events import running_turn
 from .notify import Notice
 
 if TYPE_CHECKING:
@@ -98,8 +98,6 @@ TOPIC = "turns"
 STOPS_TOPIC = "stops"
 #: Seconds a stop asked of another worker is announced again, until the turn ends.
 STOP_PATIENCE = 120.0
-#: Stored events looked through for the turn running in a conversation.
-_RECENT_EVENTS = 500
 #: How many turns run here are remembered as done (a claim that read the queue before
 #: one left it returns it once more).
 _DONE_KEPT = 10_000
@@ -384,23 +382,8 @@ class TurnQueue:
         """The run id of the turn running in the conversation as its stored events say
         (the last top-level turn started whose end is not recorded): a turn another
         worker runs; ``None`` when none runs."""
-        store = self.store
-        last = await store.run_events_last(conversation_id)
-        rows = await store.run_events_after(
-            conversation_id, max(0, last - _RECENT_EVENTS), limit=_RECENT_EVENTS
-        )
-        for _, text in reversed(rows):
-            try:
-                event = json.loads(text)
-            except ValueError:
-                continue
-            if event.get("kind") != "turn_started" or event.get("parent_run_id"):
-                continue
-            run = event.get("run_id")
-            if not isinstance(run, str) or await store.turn_ended(conversation_id, run):
-                return None
-            return run
-        return None
+        found = await running_turn(self.store, conversation_id)
+        return found[0] if found is not None else None
 
     async def withdraw(self, conversation_id: str, run_id: str) -> bool:
         """Take back the queued turn ``run_id`` (a run of this conversation whose user

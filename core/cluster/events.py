@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import random
 import time
@@ -73,7 +74,11 @@ __all__ = [
     "ClusterSubscription",
     "EventsAgent",
     "conversation_lease",
+    "running_turn",
 ]
+
+#: Stored events looked through for the turn running in a conversation.
+_RECENT_EVENTS = 500
 
 log = logging.getLogger(__name__)
 
@@ -297,11 +302,20 @@ class ClusterEvents:
         after: int | None,
         profile: str | StreamProfile = "debug",
         max_pending: int | None = None,
+        from_turn: bool = False,
     ) -> ClusterSubscription:
         """An SSE client's subscription to ``conv``'s events (``after``: its
         ``Last-Event-ID``): replayed from the stored events and this worker's
-        buffer, then followed.  ``profile``: as :meth:`Conversation.events`'s."""
+        buffer, then followed.  ``profile`` and ``from_turn`` (no ``after``: the
+        running turn's events from its start first, whichever worker runs it): as
+        :meth:`Conversation.events`'s."""
         wanted = profile_of(self.agent.stream_profiles, profile, None)
+        if after is None and from_turn:
+            since = conv.running_since
+            if since is None and (found := await running_turn(self.store, conv.id)):
+                since = found[1]
+            if since is not None:
+                after = since - 1
         # Every event, unfiltered: the order is checked on ``seq``, the profile after.
         local = conv.events(after=after, profile="debug")
         if after is None:
@@ -509,6 +523,30 @@ class _EventQueue(AsyncIterator[Event]):
     async def aclose(self) -> None:
         self._out.clear()
         self._end()
+
+
+async def running_turn(store: Store, conversation_id: str) -> tuple[str, int] | None:
+    """The turn running in the conversation as its stored events say — the last
+    top-level turn started (among the latest events) whose end is not recorded —
+    as its run id and the ``seq`` of its ``turn_started``; ``None`` when none runs.
+    Whichever worker runs it (its events are stored in batches: a turn just started
+    may not show yet)."""
+    last = await store.run_events_last(conversation_id)
+    rows = await store.run_events_after(
+        conversation_id, max(0, last - _RECENT_EVENTS), limit=_RECENT_EVENTS
+    )
+    for seq, text in reversed(rows):
+        try:
+            event = json.loads(text)
+        except ValueError:
+            continue
+        if event.get("kind") != "turn_started" or event.get("parent_run_id"):
+            continue
+        run = event.get("run_id")
+        if not isinstance(run, str) or await store.turn_ended(conversation_id, run):
+            return None
+        return run, seq
+    return None
 
 
 class ClusterSubscription(_EventQueue):

@@ -1588,16 +1588,20 @@ class Api:
         principal = self.principal(request)
         conv = await self.conversation(request, principal)
         after, profile = self._after(request), self._profile(request)
+        replay = request.query_params.get("replay")
+        if replay not in (None, "turn"):
+            raise ApiError(422, "invalid_parameter", "replay must be turn (or left out)")
         self._refuse_when_closing()
         queue = self.ctx.settings.subscriber_queue
         cluster = self.agent.cluster_events
+        from_turn = replay == "turn"
         if cluster is not None:
             # Workers: the turn may run on another one; same seq, replay included.
             sub: Any = await cluster.subscribe(
-                conv, after=after, profile=profile, max_pending=queue
+                conv, after=after, profile=profile, max_pending=queue, from_turn=from_turn
             )
         else:
-            sub = conv.events(after=after, profile=profile, max_pending=queue)
+            sub = conv.events(after=after, profile=profile, max_pending=queue, from_turn=from_turn)
         return self._stream(sub, global_ids=False)
 
     async def all_events(self, request: Request) -> Any:

@@ -947,6 +947,15 @@ _LAST_EVENT_ID = {
     "description": "replay the events after this id (sent by EventSource when it reconnects)",
     "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
 }
+_REPLAY_TURN = {
+    "name": "replay",
+    "in": "query",
+    "description": "turn: with neither after nor Last-Event-ID, the stream starts with the"
+    " events of the turn running in the conversation, from its turn_started (whichever"
+    " worker runs it; events_lost first if they are no longer kept); ignored when resuming",
+    "schema": {"type": "string", "enum": ["turn"]},
+}
+
 _AFTER_EVENT = {
     "name": "after",
     "in": "query",
@@ -1538,9 +1547,9 @@ def openapi_document(
                 {
                     "200": _sse("an endless event stream with heartbeat comments"),
                     **not_found,
-                    "422": _error("a bad profile, after or Last-Event-ID"),
+                    "422": _error("a bad profile, replay, after or Last-Event-ID"),
                 },
-                parameters=[profile, _AFTER_EVENT, _LAST_EVENT_ID],
+                parameters=[profile, _REPLAY_TURN, _AFTER_EVENT, _LAST_EVENT_ID],
             ),
         },
         p + "/events": {
