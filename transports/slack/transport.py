@@ -59,6 +59,7 @@ from agentik.core.attachments import AttachmentSettings
 from agentik.core.errors import ConfigError
 from agentik.core.messages import FilePart
 from agentik.transports.base import (
+    NEW_CHANNEL,
     AgentHost,
     ChannelCaps,
     Form,
@@ -1109,6 +1110,9 @@ class SlackTransport(Transport):
         if item.change:
             meta["change"] = item.change
             meta["change_id"] = item.change_id
+        if item.thread_ts == item.ts and not item.direct and not item.change:
+            # A top-level message, its own thread: no conversation is bound to its key.
+            meta[NEW_CHANNEL] = item.key
         if item.thread_ts and item.thread_ts != item.ts and not item.direct:
             meta["thread_ts"] = item.thread_ts  # a reply in a thread
             if not item.change and self.hears is not None and self.hears(item.key or ""):
