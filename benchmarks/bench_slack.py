@@ -129,6 +129,9 @@ class PhaseResult:
     fake_cpu: float  # the fake Slack's CPU (load generator included)
     gc: float = 0.0  # of the bot's CPU, the cyclic garbage collector's (its thread's clock)
     gc_runs: int = 0
+    #: context switches of the bot's threads over the load, by thread (most are a wait:
+    #: for the GIL, a queue or I/O; each wake-up costs the waker and the woken)
+    switches: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -164,6 +167,14 @@ class Pooled:
         for r in self.rounds:
             for name, cpu in r.cpu_threads.items():
                 total[name] = total.get(name, 0.0) + cpu
+        return {n: c / self.answers for n, c in sorted(total.items(), key=lambda kv: -kv[1])}
+
+    def switches(self) -> dict[str, float]:
+        """Context switches per answer, by thread (the event loop's: "main")."""
+        total: dict[str, int] = {}
+        for r in self.rounds:
+            for name, n in r.switches.items():
+                total[name] = total.get(name, 0) + n
         return {n: c / self.answers for n, c in sorted(total.items(), key=lambda kv: -kv[1])}
 
     def calls(self) -> dict[str, float]:
@@ -207,6 +218,26 @@ def _thread_cpu() -> dict[str, float]:
     return out
 
 
+def _thread_switches() -> dict[str, int]:
+    """Context switches (voluntary + involuntary) of this process's threads so far, by
+    Python thread name ("main": the event loop's; numbered pool workers pooled)."""
+    import threading
+
+    names = {t.native_id: re.sub(r"_\d+$", "", t.name) for t in threading.enumerate()}
+    me = threading.get_native_id()
+    out: dict[str, int] = {}
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        n = sum(int(v) for v in re.findall(r"ctxt_switches:\s+(\d+)", status))
+        name = "main" if tid == me else names.get(tid, "native")
+        out[name] = out.get(name, 0) + n
+    return out
+
+
 _GC = {"time": 0.0, "runs": 0, "started": 0.0}
 
 
@@ -231,6 +262,7 @@ def _child_stats(**extra: Any) -> dict[str, Any]:
         "cpu": time.process_time(),  # CLOCK_PROCESS_CPUTIME_ID: every thread
         "cpu_main": time.thread_time(),  # the event-loop thread (stats run on it)
         "threads": _thread_cpu(),
+        "switches": _thread_switches(),
         "rss": st["VmRSS"],
         "hwm": st["VmHWM"],
         **extra,
@@ -557,6 +589,11 @@ async def run_phase(
         fake_cpu=load["cpu"],
         gc=after["gc"] - before["gc"],
         gc_runs=after["gc_runs"] - before["gc_runs"],
+        switches={
+            name: n - before["switches"].get(name, 0)
+            for name, n in after["switches"].items()
+            if n - before["switches"].get(name, 0) > 0
+        },
     )
 
 
@@ -749,6 +786,8 @@ async def bench(
         threads = ", ".join(f"{n} {c * 1e3:.2f} ms" for n, c in res.threads().items())
         if threads:
             say(f"  {'':<24} CPU/answer outside the event loop, by thread: {threads}")
+        switches = ", ".join(f"{n} {c:.1f}" for n, c in res.switches().items())
+        say(f"  {'':<24} context switches per answer, by thread: {switches}")
         calls = ", ".join(f"{m} {c:.2f}" for m, c in res.calls().items())
         say(f"  {'':<24} Web API calls per answer: {calls}")
         say(

@@ -33,6 +33,7 @@ from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.messages import Message, TextPart
 from agentik.core.turnsettings import TurnOrigin
 from agentik.transports.base import (
+    NEW_CHANNEL,
     Action,
     AgentAccess,
     AgentHost,
@@ -349,7 +350,10 @@ class Bridge(AgentAccess):
         try:
             # Leaving the ticket gives back a reservation no turn of its own took.
             async with ticket:
-                ch = await self.channels.channel(message.channel_key, transport, opts)
+                ch = await self.channels.channel(
+                    message.channel_key, transport, opts,
+                    unbound=message.meta.get(NEW_CHANNEL) == message.channel_key,
+                )  # fmt: skip
                 ch.reply_to = message.reply_to
                 ch.direct = message.direct
                 ch.more.clear()

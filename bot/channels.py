@@ -112,8 +112,11 @@ class Channels:
         for ch in self.open.values():
             ch.settings = dataclasses.replace(ch.settings, policy=self._bound(ch))
 
-    async def channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
-        """The channel ``key``, opened (with its conversation) if it is not."""
+    async def channel(
+        self, key: str, transport: Transport, opts: ChannelOptions, *, unbound: bool = False
+    ) -> _Channel:
+        """The channel ``key``, opened (with its conversation) if it is not.
+        ``unbound``: no conversation was ever bound to it (see :func:`unbound`)."""
         eff = await self.host.effective(key, transport)
         ch = self.open.get(key)
         if ch is not None and ch.conversation.state.value == "open":
@@ -128,7 +131,7 @@ class Channels:
                 self.apply(ch, eff)
                 return ch
             # A new channel's binding is written with its first message (lazy).
-            conv = await self.host.agent.conversation_for_channel(key, lazy=True)
+            conv = await self.host.agent.conversation_for_channel(key, lazy=True, unbound=unbound)
             ch = self.open_new(key, transport, eff.options, conv)
             self.apply(ch, eff)
             return ch

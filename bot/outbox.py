@@ -82,7 +82,7 @@ class Outbox:
     async def _flush(self) -> None:
         try:
             while self._marks:
-                batch, self._marks = self._marks, []
+                batch, self._marks = _coalesced(self._marks), []
                 try:
                     await self.store.outbox_mark(batch)
                 except Exception:
@@ -98,6 +98,29 @@ class Outbox:
             assert task is not None
             with contextlib.suppress(Exception):
                 await asyncio.shield(task)
+
+
+_RANK = {"sent": 1, "confirmed": 2}
+
+
+def _coalesced(
+    marks: list[tuple[int, Literal["sent", "confirmed"], bool | None, str | None]],
+) -> list[tuple[int, Literal["sent", "confirmed"], bool | None, str | None]]:
+    """``marks`` with one per row, the same as applying them in order (a state only
+    moves forward; a later ``awaits_confirm`` or ``ref`` given replaces an earlier one):
+    a Slack answer's ``sent`` and ``confirmed``, reported together, are one update."""
+    out: dict[int, tuple[int, Literal["sent", "confirmed"], bool | None, str | None]] = {}
+    for mark in marks:
+        was = out.get(mark[0])
+        if was is not None:
+            mark = (
+                mark[0],
+                mark[1] if _RANK[mark[1]] >= _RANK[was[1]] else was[1],
+                was[2] if mark[2] is None else mark[2],
+                was[3] if mark[3] is None else mark[3],
+            )
+        out[mark[0]] = mark
+    return list(out.values())
 
 
 def outbox_rows(

@@ -741,6 +741,7 @@ class Agent:
         *,
         title: str | None = None,
         lazy: bool = False,
+        unbound: bool = False,
     ) -> Conversation:
         """Get or create the conversation bound to ``channel_key`` (persistently).
 
@@ -753,6 +754,10 @@ class Agent:
         with whatever else is written to it first — unless a plugin could write
         to it before that (a ``session_start`` or ``before_prompt`` hook).  A
         caller without ``lazy`` gets it stored.
+
+        ``unbound``: the caller knows no conversation was ever bound to ``channel_key``
+        (a Slack thread's first message: the key names that message), so the store is
+        not asked (a read, and two thread hand-offs, a new thread's first answer).
         """
         self._check_running()
         lock = self._channel_lock(channel_key)
@@ -766,7 +771,7 @@ class Agent:
                 if not lazy:
                     await pending.stored()
                 return pending
-            conv_id = await self.store.get_binding(channel_key)
+            conv_id = None if unbound else await self.store.get_binding(channel_key)
             if conv_id is not None:
                 conv = self.services.find(conv_id)
                 if conv is not None:

@@ -354,6 +354,31 @@ async def test_the_handled_events_file_keeps_the_newest_dedupe_keep_events(tmp_p
             assert [r.messages[-1].content for r in model.requests] == ["after"]
 
 
+def test_a_burst_of_handled_events_is_remembered_whole_across_a_restart(tmp_path):
+    # Many events handed over at once are written by several statements of one
+    # transaction (a statement takes at most _SEEN_ROWS keys): all of them, in order,
+    # are known to the file's next reader.
+    from agentik.transports.slack.transport import _SEEN_ROWS, _Seen
+
+    path = str(tmp_path / "seen.sqlite3")
+    keys = [f"event:Ev{i}" for i in range(2 * _SEEN_ROWS + 7)]
+    seen = _Seen(path, keep=10_000)
+    seen.open()
+    try:
+        seen.persist("event:first")
+        seen.persist(*keys)
+    finally:
+        seen.close()
+    again = _Seen(path, keep=10_000)
+    again.open()
+    try:
+        assert list(again.keys) == ["event:first", *keys]
+        assert again.check_and_add(keys[-1])
+        assert not again.check_and_add("event:new")
+    finally:
+        again.close()
+
+
 async def test_edit_streaming_stays_within_the_edit_rate(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")

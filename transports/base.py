@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from agentik.core import Agent, Conversation, TurnPolicy
 
 __all__ = [
+    "NEW_CHANNEL",
     "Action",
     "AgentAccess",
     "AgentHost",
@@ -132,6 +133,13 @@ class IncomingMessage:
     #: checked (size, type from the bytes) and stored when the message is.
     attachments: tuple[ImagePart | FilePart, ...] = ()
 
+
+#: The :attr:`IncomingMessage.meta` key a transport sets to the message's ``channel_key``
+#: when it knows no message of that channel was handled before (a Slack thread's first
+#: message: its key names the message itself): no conversation can be bound to it yet,
+#: and the bridge does not ask the store for one.  A key rewritten since (a linked
+#: channel's) no longer matches it, and is looked up as any other.
+NEW_CHANNEL = "new_channel"
 
 OutgoingKind = Literal["answer", "delta", "end", "notice", "error", "command", "relay", "unrelay"]
 

@@ -49,11 +49,14 @@ class SQLiteOutbox(SQLiteRoom):
         def fn(conn: sqlite3.Connection) -> list[int]:
             ids = []
             for row in rows:
-                conn.execute(_OUTBOX_UPSERT, row)
-                found = conn.execute(
-                    "SELECT id FROM outbox WHERE channel_key = ? AND run_id = ? AND piece = ?",
-                    row[:3],
-                ).fetchone()
+                # The row's id comes back with the write (one statement, not two: each
+                # step hands the GIL to the event loop and waits to take it back) …
+                found = conn.execute(_OUTBOX_UPSERT + " RETURNING id", row).fetchone()
+                if found is None:  # … but not when a complete row was kept as it was
+                    found = conn.execute(
+                        "SELECT id FROM outbox WHERE channel_key = ? AND run_id = ? AND piece = ?",
+                        row[:3],
+                    ).fetchone()
                 ids.append(int(found[0]))
             return ids
 

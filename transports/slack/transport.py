@@ -59,6 +59,7 @@ from agentik.core.attachments import AttachmentSettings
 from agentik.core.errors import ConfigError
 from agentik.core.messages import FilePart
 from agentik.transports.base import (
+    NEW_CHANNEL,
     AgentHost,
     ChannelCaps,
     Form,
@@ -138,6 +139,11 @@ class SeenEvents(Protocol):
         """Record ``keys`` as handled; those no worker had handled (atomically: of two
         workers given one key at once, one gets it back)."""
         ...
+
+
+#: Keys written by one statement of the handled-events file (two parameters each: well
+#: under SQLite's oldest limit of 999 a statement).
+_SEEN_ROWS = 400
 
 
 class _Seen:
@@ -221,14 +227,34 @@ class _Seen:
         return dup
 
     def persist(self, *keys: str) -> None:
+        """Write ``keys`` to the file in one transaction.
+
+        One statement for up to :data:`_SEEN_ROWS` keys (each message has two): the
+        connection commits every statement itself, so ``executemany`` made each key a
+        transaction of its own, and each step of a statement hands the GIL to the event
+        loop and waits to take it back (7.5 context switches of this thread an answer
+        in benchmarks/bench_slack.py, with two keys a message)."""
         with self.lock:
-            if self.conn is None:
+            if self.conn is None or not keys:
                 return
             now = time.time()
-            self.conn.executemany(
-                "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)",
-                [(k, now + i * 1e-6) for i, k in enumerate(keys)],  # in order, no ties
-            )
+            rows = [(k, now + i * 1e-6) for i, k in enumerate(keys)]  # in order, no ties
+            chunks = [rows[i : i + _SEEN_ROWS] for i in range(0, len(rows), _SEEN_ROWS)]
+            if len(chunks) > 1:
+                self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                for chunk in chunks:
+                    self.conn.execute(
+                        "INSERT OR REPLACE INTO seen (key, at) VALUES"
+                        + ", ".join(["(?, ?)"] * len(chunk)),
+                        [v for row in chunk for v in row],
+                    )
+                if len(chunks) > 1:
+                    self.conn.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
             self.rows += len(keys)
             if self.rows > self.keep + self.keep // 10:
                 self.conn.execute(
@@ -1084,6 +1110,9 @@ class SlackTransport(Transport):
         if item.change:
             meta["change"] = item.change
             meta["change_id"] = item.change_id
+        if item.thread_ts == item.ts and not item.direct and not item.change:
+            # A top-level message, its own thread: no conversation is bound to its key.
+            meta[NEW_CHANNEL] = item.key
         if item.thread_ts and item.thread_ts != item.ts and not item.direct:
             meta["thread_ts"] = item.thread_ts  # a reply in a thread
             if not item.change and self.hears is not None and self.hears(item.key or ""):
