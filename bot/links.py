@@ -512,6 +512,22 @@ class Links:
                 return link, channel
         return None
 
+    def across(self, key: str, transport: Transport) -> bool:
+        """Whether channel ``key`` (as :meth:`arriving` made it) is linked with a channel
+        another transport instance serves: its conversation's questions may then arrive
+        on another worker too (several workers: each connection has its owner), so they
+        go through the shared turn queue (:meth:`agentik.bot.chatqueue.ChatQueue.queues`).
+        A channel whose transport is not known here (a Slack app still learning its
+        team) counts as another's.  Memory only: no store read."""
+        found = self.find(key)
+        if found is None:
+            return False
+        for other in found[0].channels:
+            serving = self.host.transport_for(other)
+            if serving is None or serving.name != transport.name:
+                return True
+        return False
+
     def health(self) -> list[tuple[str, Health]]:
         """``link:<name>``: ``connected`` when every channel of the link is served here,
         else ``degraded`` with why not (no transport for it, or not joined)."""

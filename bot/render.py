@@ -243,8 +243,13 @@ class Renderer:
         return self.ch.transport.caps
 
     def _reply_to(self, run_id: str | None) -> object:
-        """Where the answer of ``run_id`` goes: the reply data of the message it answers."""
-        return self.ch.run_reply_to.get(run_id or "", self.ch.reply_to)
+        """Where the answer of ``run_id`` goes: the reply data of the message it answers.
+        In a linked channel, a turn asked in another channel of the link goes to the
+        channel itself (not addressed to whoever asked here last, nor into their thread)."""
+        runs = self.ch.run_reply_to
+        if self.ch.linked and (run_id or "") not in runs:
+            return None
+        return runs.get(run_id or "", self.ch.reply_to)
 
     async def _approval(self, e: ApprovalRequested | ApprovalResolved) -> None:
         """An approval asked for (with buttons where the transport has them) or decided
