@@ -243,13 +243,8 @@ class Renderer:
         return self.ch.transport.caps
 
     def _reply_to(self, run_id: str | None) -> object:
-        """Where the answer of ``run_id`` goes: the reply data of the message it answers.
-        In a linked channel, a turn asked in another channel of the link goes to the
-        channel itself (not addressed to whoever asked here last, nor into their thread)."""
-        runs = self.ch.run_reply_to
-        if self.ch.linked and (run_id or "") not in runs:
-            return None
-        return runs.get(run_id or "", self.ch.reply_to)
+        """Where the answer of ``run_id`` goes: the reply data of the message it answers."""
+        return self.ch.run_reply_to.get(run_id or "", self.ch.reply_to)
 
     async def _approval(self, e: ApprovalRequested | ApprovalResolved) -> None:
         """An approval asked for (with buttons where the transport has them) or decided
@@ -675,6 +670,13 @@ class Renderer:
             await handler(self, e)
 
     async def _turn_started(self, e: TurnStarted) -> None:
+        run = e.run_id
+        if self.ch.linked and run and e.parent_run_id is None and run not in self.ch.run_reply_to:
+            asked_in = (e.origin or {}).get("channel_key")
+            if asked_in and asked_in != self.ch.key:
+                # Asked in another channel of the link (maybe on another worker): said to
+                # this channel, not to whoever asked here last, nor into their thread.
+                self.ch.asked(run, None, None)
         self.buffer, self.lines_sent, self.had_text = "", 0, False
         self.in_code = False
         self.piece, self.stream_id, self.stream_text = 0, None, _NO_TEXT
