@@ -252,9 +252,10 @@ class ChatQueue:
             # asked on IRC, run by the worker owning Slack): not opened here (its renderer
             # could not send); the links hand the answer over at the turn's end, to the
             # worker owning that connection (Links._answered_here), as to any linked
-            # channel of another worker.
+            # channel of another worker, where its ``reply_to`` says (a Slack thread).
             ch = await self.host.unopened(key, transport, conv)
             settings = self.host.links.settings(ch).with_origin(TurnOrigin.of_speaker(speaker, key))
+            self.host.links.asked_elsewhere(turn.run_id, speaking.reply_to)
             return decision.tools, settings
         opts = (await self.host.effective(key, transport)).options
         ch = await self.host.channel(key, transport, opts)

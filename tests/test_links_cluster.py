@@ -599,7 +599,9 @@ async def test_questions_asked_at_once_on_two_workers_run_one_after_the_other(
     """Worker ``i`` owns IRC, worker ``s`` Slack, the two channels linked: a question asked
     in Slack while the answer to one asked on IRC is being written (held mid-stream) is
     queued behind it, not run beside it: the model gets it once the first turn ended,
-    with the first exchange in its context.  Each answer reaches both channels once."""
+    with the first exchange in its context.  Each answer reaches both channels once; the
+    Slack question, asked in a thread and run by ``i`` (it holds the conversation), is
+    answered in that thread."""
     first = Reply.text("the build is green", chunks=2)
     first.hold_after = 1
     openai_server.enqueue(first)
@@ -610,9 +612,12 @@ async def test_questions_asked_at_once_on_two_workers_run_one_after_the_other(
         alice = await IRCTestClient.connect(ngircd.port, "alice")
         try:
             await _start_pair(ws, wi, slack, alice)
+            root = slack.message_event("C1", "a thread about the deploy", user="U2")
+            await slack.push_event(root)  # (``s`` has no IRC transport: not relayed there)
             alice.privmsg(CHANNEL, "agentik: how is the build?")
             await first.wait_held(PATIENCE)
-            ask = slack.message_event("C1", f"<@{slack.bot_user_id}> and the deploy?", user="U2")
+            ask = slack.message_event("C1", f"<@{slack.bot_user_id}> and the deploy?", user="U2",
+                                      thread_ts=root["ts"])  # fmt: skip
             await slack.push_event(ask)
             # Taken in by ``s`` (its user message committed) while the first turn runs on
             # ``i``: on the direct path ``s`` would ask the model now, beside it.
@@ -636,6 +641,9 @@ async def test_questions_asked_at_once_on_two_workers_run_one_after_the_other(
             posted = bot_posts()
             assert sum("the build is green" in t for t in posted) == 1, posted
             assert sum(answer in t for t in posted) == 1, posted
+            where = {m.get("thread_ts") for m in slack.messages.values()
+                     if answer in (m.get("text") or "")}  # fmt: skip
+            assert where == {root["ts"]}  # in the asker's thread
             said = [m.text for m in alice.received
                     if m.command == "PRIVMSG" and (m.nick or "").startswith("agentik")]  # fmt: skip
             assert sum("the build is green" in line for line in said) == 1, said
