@@ -66,6 +66,8 @@ from .outbox import Outbox
 from .recovery import Recovery, resumed_asker
 
 if TYPE_CHECKING:
+    from agentik.core import Conversation
+
     from .metrics import Metrics
 
 __all__ = [
@@ -592,6 +594,11 @@ class Bridge(AgentAccess):
     async def channel(self, key: str, transport: Transport, opts: ChannelOptions) -> _Channel:
         """The channel ``key``, opened (with its conversation) if it is not."""
         return await self.channels.channel(key, transport, opts)
+
+    async def unopened(self, key: str, transport: Transport, conv: Conversation) -> _Channel:
+        """Channel ``key`` with its settings in force, not opened (see
+        :meth:`agentik.bot.channels.Channels.unopened`)."""
+        return await self.channels.unopened(key, transport, conv)
 
     def open_channel(self, key: str) -> _Channel | None:
         """The channel ``key`` if it is open now, else ``None``."""

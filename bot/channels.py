@@ -136,6 +136,15 @@ class Channels:
             self.apply(ch, eff)
             return ch
 
+    async def unopened(self, key: str, transport: Transport, conv: Conversation) -> _Channel:
+        """Channel ``key`` of ``conv`` with its settings in force, not opened: no renderer
+        follows it and it is not held (a queued turn asked in a channel whose connection
+        another worker owns, run here: :meth:`agentik.bot.chatqueue.ChatQueue.admit`)."""
+        eff = await self.host.effective(key, transport)
+        ch = _Channel(key=key, transport=transport, options=eff.options, conversation=conv)
+        self.apply(ch, eff)
+        return ch
+
     async def settings_changed(self, channel_key: str, transport: Transport) -> Effective:
         """A channel's settings changed (``!set``): in force from its next turn."""
         eff = await self.host.effective(channel_key, transport)

@@ -1,4 +1,5 @@
-"""Chat turns through the turn queue: a chat transport every worker serves.
+"""Chat turns through the turn queue: a chat transport every worker serves, and a
+conversation linked across transports.
 
 Several workers on one PostgreSQL database share a turn queue
 (:mod:`agentik.core.cluster.conversations`).  A connection one worker owns (an
@@ -24,6 +25,33 @@ are queued, as the HTTP API's are (:meth:`ChatQueue.submit`):
   conversation's turn: the turn running elsewhere is found in the stored events;
   a steer is queued naming it (the holder sends it into that turn), an interrupt
   asks that worker to stop it, then queues the new turn — as the HTTP API does.
+
+**A conversation linked across transports** (``[[links]]``, :mod:`agentik.bot.links`:
+an IRC channel of the worker owning IRC with a Slack channel of the worker owning
+Slack) takes questions on several workers at once, each through a connection its
+worker owns.  Those questions go through the turn queue too, from every transport
+(:meth:`ChatQueue.queues`), so one worker at a time runs the conversation's turns,
+in the order they were committed, each with the exchanges before it in its
+context.  The rule is the link, not who owns the connections or the lease now:
+
+* "its channels are owned by different workers *now*" flips at a failover or a
+  rolling restart, while turns queued before may still run on the old holder: a
+  question taken directly then would run beside them;
+* "another worker holds the conversation's lease" is a store read per message
+  (the common case would pay it) and races: two workers reading at the same moment
+  both find it free and both run directly;
+* "linked with a channel of another transport instance" is known from memory (the
+  links every worker keeps in force), is the same on every worker, and stays so
+  while ownership moves: either every question of the conversation is queued, or
+  (not linked across transports: one connection, one owner) none is.
+
+A conversation not linked across transports keeps the direct path: no store read or
+write more than on one process.  A queued turn claimed by a worker that does not own
+the asking channel's connection (asked on IRC, run by the worker owning Slack) is
+run there without opening that channel (:meth:`ChatQueue.admit`); its answer
+reaches the asking channel as any linked channel another worker owns gets it: whole,
+at the turn's end, through the outbox and the worker owning that connection
+(:meth:`agentik.bot.links.Links._answered_here`).
 
 On one process (SQLite, the in-memory store) there is no turn queue and nothing
 here changes a message's path: it is submitted to the conversation as before.
@@ -74,6 +102,14 @@ class ChatQueueHost(Protocol):
     @property
     def gate(self) -> Gate: ...
 
+    def serves(self, transport: Transport) -> bool:
+        """Whether this worker serves ``transport``'s connection now."""
+        ...
+
+    async def unopened(self, key: str, transport: Transport, conv: Conversation) -> OpenChannel:
+        """Channel ``key`` with its settings in force, not opened."""
+        ...
+
     async def effective(self, channel_key: str, transport: Transport) -> Effective: ...
 
     async def channel(self, key: str, transport: Transport, opts: ChannelOptions) -> OpenChannel:
@@ -100,18 +136,27 @@ class ChatQueue:
             self.attached(transport)
 
     def attached(self, transport: Transport) -> None:
-        """``transport`` was attached: its queued turns are run here too."""
-        if self._queue is not None and transport.served_anywhere:
+        """``transport`` was attached: its queued turns are run here too (any transport:
+        a linked conversation's turns are queued from each, and any worker may run
+        them)."""
+        if self._queue is not None:
             name = transport.name
             self._queue.front_end(
                 VIA_PREFIX + name,
                 lambda conv, turn, message: self.admit(name, conv, turn, message),
             )
 
-    def queues(self, transport: Transport) -> TurnQueue | None:
-        """The turn queue ``transport``'s turns go through (``None``: submitted here)."""
+    def queues(self, transport: Transport, key: str) -> TurnQueue | None:
+        """The turn queue a question asked in channel ``key`` through ``transport`` goes
+        through (``None``: submitted here): with a turn queue, when every worker serves
+        the transport, or the channel is linked with a channel of another transport
+        (the module's doc says why that rule).  Memory only: no store read."""
         queue = self.host.agent.turn_queue
-        return queue if queue is not None and transport.served_anywhere else None
+        if queue is None:
+            return None
+        if transport.served_anywhere or self.host.links.across(key, transport):
+            return queue
+        return None
 
     # -- the receiving worker -------------------------------------------------------------
     async def submit(
@@ -133,7 +178,7 @@ class ChatQueue:
         one worker owns), or through the turn queue.  ``None``: queued; the worker that
         runs it renders its answer (:meth:`admit`), nothing more to do here."""
         conv = ch.conversation
-        queue = self.queues(transport)
+        queue = self.queues(transport, message.channel_key)
         if queue is None or not await self._queued(queue, conv, busy):
             return await ticket.submit(
                 conv, content, author=author, author_id=author_id, allow_tool=decision.tools,
@@ -202,6 +247,16 @@ class ChatQueue:
             log.info("conversation %s: a queued message's asker is not answered in %s now",
                      conv.id, key)  # fmt: skip
             return None
+        if not self.host.serves(transport):
+            # The asking channel's connection is another worker's (a linked conversation:
+            # asked on IRC, run by the worker owning Slack): not opened here (its renderer
+            # could not send); the links hand the answer over at the turn's end, to the
+            # worker owning that connection (Links._answered_here), as to any linked
+            # channel of another worker, where its ``reply_to`` says (a Slack thread).
+            ch = await self.host.unopened(key, transport, conv)
+            settings = self.host.links.settings(ch).with_origin(TurnOrigin.of_speaker(speaker, key))
+            self.host.links.asked_elsewhere(turn.run_id, speaking.reply_to)
+            return decision.tools, settings
         opts = (await self.host.effective(key, transport)).options
         ch = await self.host.channel(key, transport, opts)
         settings = self.host.links.settings(ch).with_origin(TurnOrigin.of_speaker(speaker, key))

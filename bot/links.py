@@ -336,6 +336,9 @@ class Links:
         #: Answers (and ``answer = "asked"`` pointers) handed to a channel's transport
         #: for a turn another worker ran.
         self.answers_handed = 0
+        #: Queued turns run here that were asked in a channel another worker owns: where
+        #: in that channel the answer goes (its ``reply_to``: a Slack thread), by run.
+        self._reply_where: dict[str, dict[str, Any]] = {}
         self._index()
 
     def _index(self) -> None:
@@ -511,6 +514,22 @@ class Links:
             if link is not None:
                 return link, channel
         return None
+
+    def across(self, key: str, transport: Transport) -> bool:
+        """Whether channel ``key`` (as :meth:`arriving` made it) is linked with a channel
+        another transport instance serves: its conversation's questions may then arrive
+        on another worker too (several workers: each connection has its owner), so they
+        go through the shared turn queue (:meth:`agentik.bot.chatqueue.ChatQueue.queues`).
+        A channel whose transport is not known here (a Slack app still learning its
+        team) counts as another's.  Memory only: no store read."""
+        found = self.find(key)
+        if found is None:
+            return False
+        for other in found[0].channels:
+            serving = self.host.transport_for(other)
+            if serving is None or serving.name != transport.name:
+                return True
+        return False
 
     def health(self) -> list[tuple[str, Health]]:
         """``link:<name>``: ``connected`` when every channel of the link is served here,
@@ -892,6 +911,15 @@ class Links:
                 del self._runs[next(iter(self._runs))]
             return
 
+    def asked_elsewhere(self, run_id: str, reply_to: object) -> None:
+        """Queued turn ``run_id``, run here, was asked in a channel whose connection
+        another worker owns, the answer going where ``reply_to`` says (a Slack thread):
+        the answer handed over at its end goes there too (:meth:`_answered_here`)."""
+        if isinstance(reply_to, dict) and reply_to:
+            self._reply_where[run_id] = reply_to
+            while len(self._reply_where) > 1_000:  # (turns whose end never came)
+                del self._reply_where[next(iter(self._reply_where))]
+
     def _transport_to_hand(self, key: str) -> Transport | None:
         """The transport an answer for ``key`` is written to the outbox for when no
         channel renders it here (another worker's connection, or one served here)."""
@@ -909,6 +937,7 @@ class Links:
         owning that channel's connection (the ``relay`` topic, ids only) or queued
         here.  The owner sends it in the channel's manners, after the copies before it."""
         noted = self._runs.pop(event.run_id or "", None)
+        where = self._reply_where.pop(event.run_id or "", None)
         if noted is None:
             return
         link, origin, missed = noted
@@ -926,6 +955,9 @@ class Links:
             if not texts:
                 continue
             reply: dict[str, Any] = {"linked": link.name}
+            if where is not None and key == asked_in:
+                # The asking channel: where its asker's answer goes (their Slack thread).
+                reply = {**where, "linked": link.name}
             # The channel's settings in force (its ``!set``, its ``[channels]`` table),
             # as its own answers are capped: read from the store, on any worker.
             opts = (await self.host.effective(key, transport)).options

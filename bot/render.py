@@ -670,6 +670,13 @@ class Renderer:
             await handler(self, e)
 
     async def _turn_started(self, e: TurnStarted) -> None:
+        run = e.run_id
+        if self.ch.linked and run and e.parent_run_id is None and run not in self.ch.run_reply_to:
+            asked_in = (e.origin or {}).get("channel_key")
+            if asked_in and asked_in != self.ch.key:
+                # Asked in another channel of the link (maybe on another worker): said to
+                # this channel, not to whoever asked here last, nor into their thread.
+                self.ch.asked(run, None, None)
         self.buffer, self.lines_sent, self.had_text = "", 0, False
         self.in_code = False
         self.piece, self.stream_id, self.stream_text = 0, None, _NO_TEXT

@@ -10,6 +10,8 @@ the worker owning Slack is told of (ids only) and posts.
 
 from __future__ import annotations
 
+import json
+
 import asyncpg
 import pytest
 from cluster import PATIENCE, Worker, last_user, owner_of, until, worker_config
@@ -543,6 +545,165 @@ async def test_a_question_in_a_slack_thread_is_answered_in_the_thread_and_on_irc
             assert sum(answer == line for line in said) == 1
             asked = next(i for i, line in enumerate(said) if "which step failed?" in line)
             assert asked < said.index(answer)  # the relayed question first
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
+
+
+async def _stored(dsn: str, words: str) -> bool:
+    """A user message holding ``words`` is in the audit log (straight from the database)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return bool(
+            await conn.fetchval(
+                "SELECT count(*) FROM message WHERE kind = 'user' AND content LIKE $1",
+                f"%{words}%",
+            )
+        )
+    finally:
+        await conn.close()
+
+
+def _pair(slack: FakeSlack, ngircd_port: int, tmp_path, openai_url: str, dsn: str,
+          access: str = "") -> tuple[Worker, Worker]:  # fmt: skip
+    """Worker ``s`` (Slack, owned once it starts alone) and ``i`` (IRC, Slack in standby)."""
+    ws = Worker(tmp_path / "s", worker_config("s", openai_url, before_cluster=access,
+                                               extra=_slack(slack) + LINK), dsn)  # fmt: skip
+    wi = Worker(tmp_path / "i", worker_config("i", openai_url, before_cluster=access,
+                                               extra=_irc(ngircd_port) + _slack(slack) + LINK),
+                dsn)  # fmt: skip
+    return ws, wi
+
+
+async def _start_pair(ws: Worker, wi: Worker, slack: FakeSlack, alice: IRCTestClient) -> None:
+    await alice.join(CHANNEL)
+    ws.start()
+    await owner_of([ws], "slack")
+    await slack.wait_for_socket(1, PATIENCE)
+    wi.start()
+    await owner_of([wi], "libera")
+    await alice.wait_for(
+        lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+    )
+
+
+@pytest.mark.timeout(400)
+async def test_questions_asked_at_once_on_two_workers_run_one_after_the_other(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Worker ``i`` owns IRC, worker ``s`` Slack, the two channels linked: a question asked
+    in Slack while the answer to one asked on IRC is being written (held mid-stream) is
+    queued behind it, not run beside it: the model gets it once the first turn ended,
+    with the first exchange in its context.  Each answer reaches both channels once; the
+    Slack question, asked in a thread and run by ``i`` (it holds the conversation), is
+    answered in that thread."""
+    first = Reply.text("the build is green", chunks=2)
+    first.hold_after = 1
+    openai_server.enqueue(first)
+    openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        ws, wi = _pair(slack, ngircd.port, tmp_path, openai_server.base_url, postgres_dsn)
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await _start_pair(ws, wi, slack, alice)
+            root = slack.message_event("C1", "a thread about the deploy", user="U2")
+            await slack.push_event(root)  # (``s`` has no IRC transport: not relayed there)
+            alice.privmsg(CHANNEL, "agentik: how is the build?")
+            await first.wait_held(PATIENCE)
+            ask = slack.message_event("C1", f"<@{slack.bot_user_id}> and the deploy?", user="U2",
+                                      thread_ts=root["ts"])  # fmt: skip
+            await slack.push_event(ask)
+            # Taken in by ``s`` (its user message committed) while the first turn runs on
+            # ``i``: on the direct path ``s`` would ask the model now, beside it.
+            await until(lambda: _stored(postgres_dsn, "and the deploy?"), "the question stored")
+            assert len(openai_server.requests) == 1
+            first.release()
+            await openai_server.wait_requests(2, PATIENCE)
+            second = json.dumps(openai_server.requests[1]["messages"])
+            assert "how is the build?" in second and "the build is green" in second
+            assert "and the deploy?" in last_user(openai_server.requests[1])
+            answer = "answer to: bob (Slack): and the deploy?"
+            await alice.wait_for(lambda m: m.text == answer, PATIENCE)
+
+            def bot_posts() -> list[str]:
+                return [c.get("text") or "" for c in slack.calls_to("chat.postMessage")
+                        if c.get("channel") == "C1" and not c.get("username")]  # fmt: skip
+
+            await until(lambda: any(answer in t for t in bot_posts()) or None, "both in Slack")
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            await alice.sync()
+            posted = bot_posts()
+            assert sum("the build is green" in t for t in posted) == 1, posted
+            assert sum(answer in t for t in posted) == 1, posted
+            where = {m.get("thread_ts") for m in slack.messages.values()
+                     if answer in (m.get("text") or "")}  # fmt: skip
+            assert where == {root["ts"]}  # in the asker's thread
+            said = [m.text for m in alice.received
+                    if m.command == "PRIVMSG" and (m.nick or "").startswith("agentik")]  # fmt: skip
+            assert sum("the build is green" in line for line in said) == 1, said
+            assert sum(answer == line for line in said) == 1, said
+            assert said.index(answer) > next(
+                i for i, line in enumerate(said) if "the build is green" in line
+            )
+            assert len(openai_server.requests) == 2  # no turn ran twice
+        except BaseException:
+            for w in (ws, wi):
+                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+            raise
+        finally:
+            first.release()
+            await alice.close()
+            for w in (ws, wi):
+                w.stop()
+
+
+@pytest.mark.timeout(400)
+async def test_stop_in_slack_stops_the_turn_another_worker_runs_and_the_queued_one_follows(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """A question asked on IRC is being answered (endlessly) by worker ``i``; a question
+    asked in Slack meanwhile waits behind it (the turn queue); ``!stop`` typed in Slack by
+    an admin (worker ``s``) stops the turn running on ``i``, and the Slack question is
+    answered next, in both channels, its request holding the stopped exchange."""
+    endless = Reply.endless("la ")
+    openai_server.enqueue(endless)
+    openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
+    access = '[access]\nadmins = ["slack:T1:U9"]\n'
+    async with FakeSlack() as slack:
+        slack.add_user("U9", "root", display_name="root")
+        ws, wi = _pair(slack, ngircd.port, tmp_path, openai_server.base_url, postgres_dsn,
+                       access)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        try:
+            await _start_pair(ws, wi, slack, alice)
+            alice.privmsg(CHANNEL, "agentik: sing")
+            await openai_server.wait_requests(1, PATIENCE)  # its answer is being written
+            at = f"<@{slack.bot_user_id}> "
+            await slack.push_event(slack.message_event("C1", at + "what next?", user="U9"))
+            await until(lambda: _stored(postgres_dsn, "what next?"), "the question stored")
+            assert len(openai_server.requests) == 1  # queued behind the running turn
+            await slack.push_event(slack.message_event("C1", at + "!stop", user="U9"))
+            await openai_server.wait_disconnect(PATIENCE)  # the endless answer stopped
+            await openai_server.wait_requests(2, PATIENCE)
+            assert "what next?" in last_user(openai_server.requests[1])
+            assert "sing" in json.dumps(openai_server.requests[1]["messages"])
+            answer = "answer to: root (Slack): what next?"
+            await alice.wait_for(lambda m: m.text == answer, PATIENCE)
+
+            def bot_posts() -> list[str]:
+                return [c.get("text") or "" for c in slack.calls_to("chat.postMessage")
+                        if c.get("channel") == "C1" and not c.get("username")]  # fmt: skip
+
+            await until(lambda: any(answer in t for t in bot_posts()) or None, "the answer")
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            assert sum(answer in t for t in bot_posts()) == 1
+            assert len(openai_server.requests) == 2
         except BaseException:
             for w in (ws, wi):
                 print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
