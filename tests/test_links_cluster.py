@@ -10,7 +10,9 @@ the worker owning Slack is told of (ids only) and posts.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
@@ -60,6 +62,51 @@ icons = {{ libera = ":speech_balloon:" }}
 """
 
 
+@contextlib.asynccontextmanager
+async def _watched(
+    alice: IRCTestClient, *workers: Worker, then: Callable[[], None] | None = None
+) -> AsyncIterator[None]:
+    """A test's body with its workers: on a failure each worker's log tail is printed
+    with it; at the end ``then`` runs (a held reply released), alice leaves IRC and the
+    workers stop."""
+    try:
+        yield
+    except BaseException:
+        for w in workers:
+            print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
+        raise
+    finally:
+        if then is not None:
+            then()
+        await alice.close()
+        for w in workers:
+            w.stop()
+
+
+def _pair(slack: FakeSlack, ngircd_port: int, tmp_path, openai_url: str, dsn: str,
+          access: str = "", link: str = LINK) -> tuple[Worker, Worker]:  # fmt: skip
+    """Worker ``s`` (Slack, owned once it starts alone) and ``i`` (IRC, Slack in standby),
+    the two channels linked by ``link``."""
+    ws = Worker(tmp_path / "s", worker_config("s", openai_url, before_cluster=access,
+                                               extra=_slack(slack) + link), dsn)  # fmt: skip
+    wi = Worker(tmp_path / "i", worker_config("i", openai_url, before_cluster=access,
+                                               extra=_irc(ngircd_port) + _slack(slack) + link),
+                dsn)  # fmt: skip
+    return ws, wi
+
+
+async def _start_pair(ws: Worker, wi: Worker, slack: FakeSlack, alice: IRCTestClient) -> None:
+    await alice.join(CHANNEL)
+    ws.start()
+    await owner_of([ws], "slack")
+    await slack.wait_for_socket(1, PATIENCE)
+    wi.start()
+    await owner_of([wi], "libera")
+    await alice.wait_for(
+        lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+    )
+
+
 async def _relays_waiting(dsn: str) -> int:
     """Relayed copies in the outbox not confirmed delivered yet (straight from the database)."""
     conn = await asyncpg.connect(dsn)
@@ -95,7 +142,7 @@ async def test_a_line_on_irc_reaches_slack_through_the_worker_owning_slack(
                                                    extra=_irc(ngircd.port) + _slack(slack) + LINK),
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
-        try:
+        async with _watched(alice, ws, wi):
             await alice.join(CHANNEL)
             ws.start()  # alone, with Slack only: it owns Slack
             await owner_of([ws], "slack")
@@ -125,14 +172,6 @@ async def test_a_line_on_irc_reaches_slack_through_the_worker_owning_slack(
             await until(lambda: _none_waiting(postgres_dsn), "the copies confirmed in the outbox")
             # Still Slack's owner: no failover happened on the way.
             assert (await owner_of([ws, wi], "slack")) is ws
-        except BaseException:
-            for w in (ws, wi):  # shown with the failure
-                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
-            raise
-        finally:
-            await alice.close()
-            for w in (ws, wi):
-                w.stop()
 
 
 @pytest.mark.timeout(400)  # two workers started one after the other on a loaded machine
@@ -154,7 +193,7 @@ async def test_an_answer_on_irc_reaches_the_linked_slack_channel_another_worker_
                                                    extra=_irc(ngircd.port) + _slack(slack) + LINK),
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
-        try:
+        async with _watched(alice, ws, wi):
             await alice.join(CHANNEL)
             ws.start()
             await owner_of([ws], "slack")
@@ -198,14 +237,6 @@ async def test_an_answer_on_irc_reaches_the_linked_slack_channel_another_worker_
             assert relayed == [f"agentik: {q}" for q in (*questions, "last one?")]
             assert slack.socket_connections == 1
             assert (await owner_of([ws, wi], "slack")) is ws
-        except BaseException:
-            for w in (ws, wi):
-                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
-            raise
-        finally:
-            await alice.close()
-            for w in (ws, wi):
-                w.stop()
 
 
 async def _none_waiting_at_all(dsn: str) -> bool:
@@ -240,7 +271,7 @@ async def test_a_link_changed_in_chat_on_one_worker_is_in_force_on_the_other(
                                                    extra=irc + _slack(slack)),
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
-        try:
+        async with _watched(alice, ws, wi):
             await alice.join("#side")
             ws.start()
             await owner_of([ws], "slack")
@@ -284,14 +315,6 @@ async def test_a_link_changed_in_chat_on_one_worker_is_in_force_on_the_other(
                 return got["icon_emoji"] == ":two:"
 
             await until(relayed_with_two, "a copy with the new icon")
-        except BaseException:
-            for w in (ws, wi):
-                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
-            raise
-        finally:
-            await alice.close()
-            for w in (ws, wi):
-                w.stop()
 
 
 def _slack_app(name: str, slack: FakeSlack) -> str:
@@ -327,7 +350,7 @@ channels = ["irc:libera:{CHANNEL}", "slack:T1:C1", "slack:T2:C1"]
         ]  # fmt: skip
         wa, wb, wi = crew
         alice = await IRCTestClient.connect(ngircd.port, "alice")
-        try:
+        async with _watched(alice, *crew):
             await alice.join(CHANNEL)
             wa.start()
             await owner_of([wa], "one")
@@ -361,14 +384,6 @@ channels = ["irc:libera:{CHANNEL}", "slack:T1:C1", "slack:T2:C1"]
                 assert slack.socket_connections == 1  # only its owner connected
             assert (await owner_of(crew, "one")) is wa
             assert (await owner_of(crew, "two")) is wb
-        except BaseException:
-            for w in crew:
-                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
-            raise
-        finally:
-            await alice.close()
-            for w in crew:
-                w.stop()
 
 
 @pytest.mark.timeout(400)
@@ -380,23 +395,11 @@ async def test_with_answer_asked_the_slack_channel_another_worker_owns_gets_the_
     openai_server.default = lambda body: Reply.text("only on irc")
     link = LINK.replace('name = "team"', 'name = "team"\nanswer = "asked"')
     async with FakeSlack() as slack:
-        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
-                                                   extra=_slack(slack) + link),
-                    postgres_dsn)  # fmt: skip
-        wi = Worker(tmp_path / "i", worker_config("i", openai_server.base_url,
-                                                   extra=_irc(ngircd.port) + _slack(slack) + link),
-                    postgres_dsn)  # fmt: skip
+        ws, wi = _pair(slack, ngircd.port, tmp_path, openai_server.base_url, postgres_dsn,
+                       link=link)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
-        try:
-            await alice.join(CHANNEL)
-            ws.start()
-            await owner_of([ws], "slack")
-            await slack.wait_for_socket(1, PATIENCE)
-            wi.start()
-            await owner_of([wi], "libera")
-            await alice.wait_for(
-                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
-            )
+        async with _watched(alice, ws, wi):
+            await _start_pair(ws, wi, slack, alice)
             alice.privmsg(CHANNEL, "agentik: where?")
             await alice.wait_for(lambda m: "only on irc" in m.text, PATIENCE)
             pointer = f"(answered in irc:libera:{CHANNEL}, asked by alice@libera)"
@@ -409,14 +412,6 @@ async def test_with_answer_asked_the_slack_channel_another_worker_owns_gets_the_
             await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
             assert sum(pointer in t for t in bot_posts()) == 1
             assert not any("only on irc" in (m.get("text") or "") for m in slack.messages.values())
-        except BaseException:
-            for w in (ws, wi):
-                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
-            raise
-        finally:
-            await alice.close()
-            for w in (ws, wi):
-                w.stop()
 
 
 @pytest.mark.timeout(500)
@@ -450,7 +445,7 @@ async def test_an_answer_from_slack_reaches_irc_on_another_worker_capped_as_the_
                                                    extra=_slack(slack) + irc + LINK),
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
-        try:
+        async with _watched(alice, ws, wi):
             await alice.join(CHANNEL)
             wi.start()
             await owner_of([wi], "libera")
@@ -485,14 +480,6 @@ async def test_an_answer_from_slack_reaches_irc_on_another_worker_capped_as_the_
             alice.privmsg(CHANNEL, "!more")
             await alice.wait_for(lambda m: "3 more lines: !more" in m.text, PATIENCE)
             assert [t for t in from_bot() if t.startswith("again step")] == again[:4]
-        except BaseException:
-            for w in (ws, wi):
-                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
-            raise
-        finally:
-            await alice.close()
-            for w in (ws, wi):
-                w.stop()
 
 
 @pytest.mark.timeout(400)
@@ -512,7 +499,7 @@ async def test_a_question_in_a_slack_thread_is_answered_in_the_thread_and_on_irc
                                                    extra=_slack(slack) + _irc(ngircd.port) + LINK),
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
-        try:
+        async with _watched(alice, ws, wi):
             await alice.join(CHANNEL)
             wi.start()
             await owner_of([wi], "libera")
@@ -545,14 +532,6 @@ async def test_a_question_in_a_slack_thread_is_answered_in_the_thread_and_on_irc
             assert sum(answer == line for line in said) == 1
             asked = next(i for i, line in enumerate(said) if "which step failed?" in line)
             assert asked < said.index(answer)  # the relayed question first
-        except BaseException:
-            for w in (ws, wi):
-                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
-            raise
-        finally:
-            await alice.close()
-            for w in (ws, wi):
-                w.stop()
 
 
 async def _stored(dsn: str, words: str) -> bool:
@@ -567,29 +546,6 @@ async def _stored(dsn: str, words: str) -> bool:
         )
     finally:
         await conn.close()
-
-
-def _pair(slack: FakeSlack, ngircd_port: int, tmp_path, openai_url: str, dsn: str,
-          access: str = "") -> tuple[Worker, Worker]:  # fmt: skip
-    """Worker ``s`` (Slack, owned once it starts alone) and ``i`` (IRC, Slack in standby)."""
-    ws = Worker(tmp_path / "s", worker_config("s", openai_url, before_cluster=access,
-                                               extra=_slack(slack) + LINK), dsn)  # fmt: skip
-    wi = Worker(tmp_path / "i", worker_config("i", openai_url, before_cluster=access,
-                                               extra=_irc(ngircd_port) + _slack(slack) + LINK),
-                dsn)  # fmt: skip
-    return ws, wi
-
-
-async def _start_pair(ws: Worker, wi: Worker, slack: FakeSlack, alice: IRCTestClient) -> None:
-    await alice.join(CHANNEL)
-    ws.start()
-    await owner_of([ws], "slack")
-    await slack.wait_for_socket(1, PATIENCE)
-    wi.start()
-    await owner_of([wi], "libera")
-    await alice.wait_for(
-        lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
-    )
 
 
 @pytest.mark.timeout(400)
@@ -610,7 +566,7 @@ async def test_questions_asked_at_once_on_two_workers_run_one_after_the_other(
         slack.add_user("U2", "bob", display_name="bob")
         ws, wi = _pair(slack, ngircd.port, tmp_path, openai_server.base_url, postgres_dsn)
         alice = await IRCTestClient.connect(ngircd.port, "alice")
-        try:
+        async with _watched(alice, ws, wi, then=first.release):
             await _start_pair(ws, wi, slack, alice)
             root = slack.message_event("C1", "a thread about the deploy", user="U2")
             await slack.push_event(root)  # (``s`` has no IRC transport: not relayed there)
@@ -652,15 +608,6 @@ async def test_questions_asked_at_once_on_two_workers_run_one_after_the_other(
                 i for i, line in enumerate(said) if "the build is green" in line
             )
             assert len(openai_server.requests) == 2  # no turn ran twice
-        except BaseException:
-            for w in (ws, wi):
-                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
-            raise
-        finally:
-            first.release()
-            await alice.close()
-            for w in (ws, wi):
-                w.stop()
 
 
 @pytest.mark.timeout(400)
@@ -680,7 +627,7 @@ async def test_stop_in_slack_stops_the_turn_another_worker_runs_and_the_queued_o
         ws, wi = _pair(slack, ngircd.port, tmp_path, openai_server.base_url, postgres_dsn,
                        access)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
-        try:
+        async with _watched(alice, ws, wi):
             await _start_pair(ws, wi, slack, alice)
             alice.privmsg(CHANNEL, "agentik: sing")
             await openai_server.wait_requests(1, PATIENCE)  # its answer is being written
@@ -704,11 +651,3 @@ async def test_stop_in_slack_stops_the_turn_another_worker_runs_and_the_queued_o
             await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
             assert sum(answer in t for t in bot_posts()) == 1
             assert len(openai_server.requests) == 2
-        except BaseException:
-            for w in (ws, wi):
-                print(f"--- {w.folder.name}\n{w.stderr()[-6000:]}")
-            raise
-        finally:
-            await alice.close()
-            for w in (ws, wi):
-                w.stop()
