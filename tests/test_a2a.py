@@ -606,6 +606,7 @@ async def _is(value: Any, wanted: Any) -> bool:
     return bool(await value == wanted)
 
 
+@pytest.mark.timeout(400)  # two `agentik run` workers, on a loaded machine
 async def test_a_cancel_through_another_worker_stops_the_turn_and_the_task_ends_canceled(
     postgres_dsn, openai_server, tmp_path
 ):
@@ -728,6 +729,7 @@ async def test_a_snapshot_carries_the_task_records_as_history_that_grants_nothin
         assert rows(other, "SELECT COUNT(*) FROM conversation") == count
 
 
+@pytest.mark.timeout(400)  # two `agentik run` workers, on a loaded machine
 async def test_a_task_sent_through_the_worker_that_does_not_run_its_conversation_ends(
     postgres_dsn, openai_server, tmp_path
 ):
@@ -763,6 +765,7 @@ async def test_a_task_sent_through_the_worker_that_does_not_run_its_conversation
             assert "".join(p["text"] for p in artifact["parts"]) == "the second answer"
 
 
+@pytest.mark.timeout(400)  # two `agentik run` workers, on a loaded machine
 async def test_a_cancel_withdraws_a_task_queued_behind_a_turn_another_worker_runs(
     postgres_dsn, openai_server, tmp_path
 ):
@@ -824,6 +827,7 @@ async def test_a_cancel_withdraws_a_task_queued_behind_a_turn_another_worker_run
     assert not any("second" in q for q in asked), asked
 
 
+@pytest.mark.timeout(400)  # two `agentik run` workers, on a loaded machine
 async def test_a_cancel_of_a_task_queued_behind_another_turn_on_another_worker_sticks(
     postgres_dsn, openai_server, tmp_path
 ):
