@@ -607,17 +607,22 @@ async def _is(value: Any, wanted: Any) -> bool:
 
 
 @pytest.mark.timeout(400)  # two `agentik run` workers, on a loaded machine
+@pytest.mark.parametrize("written", [20, 0], ids=["mid-answer", "before-the-first-word"])
 async def test_a_cancel_through_another_worker_stops_the_turn_and_the_task_ends_canceled(
-    postgres_dsn, openai_server, tmp_path
+    postgres_dsn, openai_server, tmp_path, written
 ):
     """Two real ``agentik run`` workers on one PostgreSQL database: a task sent to A
     (whose turn runs there), canceled through B (which runs nothing), stops the turn
-    on A — its partial answer kept, marked interrupted — and reads ``canceled`` on
-    both workers; a second cancel is refused as the task is over."""
+    on A — its partial answer kept, marked interrupted (none when the model had written
+    nothing yet: the question stays unanswered) — and reads ``canceled`` on both
+    workers; a second cancel is refused as the task is over.  The model holds its
+    answer after ``written`` pieces until the end, so the cancel comes mid-answer (or
+    before its first word) whatever the machine's speed."""
     from cluster import until
 
     words = [f"w{i}" for i in range(300)]
-    openai_server.default = lambda body: WireReply.text(" ".join(words), chunks=300, delay=0.1)
+    held = WireReply.text(" ".join(words), chunks=300, hold_after=written)
+    openai_server.enqueue(held)
     async with a2a_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
         async with a2a_clients(a, b) as (on_a, on_b):
             r = await on_a.post("/a2a", json=rpc("SendMessage", at_once(send_params("count"))))
@@ -628,25 +633,34 @@ async def test_a_cancel_through_another_worker_stops_the_turn_and_the_task_ends_
                 got = (await http.post("/a2a", json=rpc("GetTask", {"id": task["id"]}))).json()
                 return str(got["result"]["status"]["state"])
 
+            async def status() -> str:
+                return str((await on_b.get(f"/conversations/{cid}/status")).json().get("state"))
+
             async def answering() -> bool:
-                items = (await on_b.get(f"/conversations/{cid}/status")).json()
-                return bool(items.get("state") == "running") and (
-                    await state(on_b) == "TASK_STATE_WORKING"
-                )
+                return await status() == "running" and await state(on_b) == "TASK_STATE_WORKING"
 
-            await until(answering, "the turn running on A, seen through B")
-            r = await on_b.post("/a2a", json=rpc("CancelTask", {"id": task["id"]}))
-            assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", r.text
+            try:
+                await held.wait_held()
+                await until(answering, "the turn running on A, seen through B")
+                r = await on_b.post("/a2a", json=rpc("CancelTask", {"id": task["id"]}))
+                assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", r.text
 
-            async def stopped() -> bool:
-                items = (await on_b.get(f"/conversations/{cid}/messages")).json()["items"]
-                return any(m["kind"] == "assistant" for m in items)
+                async def stopped() -> bool:
+                    return await status() == "idle"
 
-            await until(stopped, "the turn on A stopped, its partial answer stored")
+                await until(stopped, "the turn on A stopped")
+            finally:
+                held.release()
             items = (await on_b.get(f"/conversations/{cid}/messages")).json()["items"]
-            [answer] = [m for m in items if m["kind"] == "assistant"]
-            assert answer["status"] == "interrupted"
-            assert len(answer["content"].split()) < len(words)
+            answers = [m for m in items if m["kind"] == "assistant"]
+            if written:
+                [answer] = answers
+                assert answer["status"] == "interrupted"
+                # What the model had written when it was held: a start of the answer.
+                assert 0 < len(answer["content"]) < len(" ".join(words))
+                assert " ".join(words).startswith(answer["content"])
+            else:
+                assert answers == []
 
             async def canceled_on_both() -> bool:
                 return {await state(on_a), await state(on_b)} == {"TASK_STATE_CANCELED"}
