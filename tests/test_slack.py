@@ -482,6 +482,39 @@ async def test_auto_streaming_falls_back_to_edits_without_native_support(tmp_pat
             assert slack.calls_to("chat.update")
 
 
+async def test_a_stream_due_by_time_falls_back_to_edits_without_native_support(tmp_path):
+    # The stream of a slow answer starts when its hold is over, with no new piece
+    # coming (the model waits): where the workspace refuses native streaming, what
+    # was written so far is posted then (and edited later), nothing lost.
+    async with FakeSlack() as slack:
+        slack.supports_streaming = False
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, status_delay=60, edit_interval=0.2) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            words = [f"word{i} " for i in range(80)]  # 550 characters
+            reply = Reply(chunks=words, hold_after=50)
+            model.enqueue(reply)
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> slow")
+            await slack.push_event(event)
+            await reply.held.wait()
+            first_part = "".join(words[:50]).strip()
+            await slack.wait_until(
+                lambda: [t.strip() for t in bot_texts(slack, "C1")] == [first_part],
+                60,
+                "the first part posted",
+            )
+            assert len(slack.calls_to("chat.startStream")) == 1  # tried, refused
+            reply.release.set()
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            assert [t.strip() for t in bot_texts(slack, "C1")] == ["".join(words).strip()]
+            assert len(slack.calls_to("chat.postMessage")) == 1
+            assert slack.calls_to("chat.update")
+
+
 async def test_rate_limited_calls_are_retried_not_dropped_or_doubled(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
