@@ -21,9 +21,10 @@ machine, each part in its own process, so only the bot's CPU is counted:
     retention, access, budgets, redaction) with its ``[transports.slack]`` section
     enabled and pointed at the fake (``api_url``, tokens); Socket Mode, native streaming,
     the assistant status and the handled-events file as shipped (an answer shorter than
-    ``stream_buffer`` is posted whole, and the status waits ``status_delay``: a quick
-    short answer is one ``chat.postMessage``; ``--answer-chars 600`` makes every answer
-    a native stream);
+    ``stream_buffer``, or written within ``edit_interval`` of its first words, is posted
+    whole, and the status waits ``status_delay``: a quick answer is one
+    ``chat.postMessage``, a long one too with this instant model;
+    ``--answer-chars 600 --edit-interval 0`` makes every answer a native stream);
   - the baseline: a bare slack-bolt ``AsyncApp`` over ``AsyncSocketModeHandler`` whose
     ``app_mention`` listener calls ``openai.AsyncOpenAI().chat.completions.create(
     stream=True)`` and posts the answer in the thread with ``chat.postMessage`` (no
@@ -107,6 +108,7 @@ class Config:
     warm: int  # unmeasured mentions first (connections, caches)
     rounds: int
     answer_chars: int = 0  # at least this long an answer (0: a short one)
+    edit_interval: float | None = None  # [transports.slack] edit_interval (None: as shipped)
 
 
 FULL = Config(quick=False, n=300, window=16, warm=20, rounds=4)
@@ -404,9 +406,10 @@ async def _load(slack: Any, tag: str, n: int, window: int, chars: int) -> dict[s
     }
 
 
-def _agentik_config(tmp: str, api_url: str) -> str:
+def _agentik_config(tmp: str, api_url: str, edit_interval: str | None = None) -> str:
     """``config.example.toml`` with its Slack section on (pointed at the fake) and no other
-    transport; returns the file's path."""
+    transport (``edit_interval``: that key's value instead of the shipped one); returns
+    the file's path."""
     src = (ROOT / "config.example.toml").read_text()
     head = src.split("\n[transports.terminal]", 1)[0]
     slack = (
@@ -418,6 +421,12 @@ def _agentik_config(tmp: str, api_url: str) -> str:
         raise RuntimeError("config.example.toml: [transports.slack] has no 'enabled = false'")
     slack = slack.replace("\nenabled = false\n", "\nenabled = true\n", 1)
     slack = slack.replace("[transports.slack]\n", f'[transports.slack]\napi_url = "{api_url}"\n')
+    if edit_interval is not None:
+        slack, found = re.subn(
+            r"(?m)^edit_interval = .*$", f"edit_interval = {edit_interval}", slack
+        )
+        if found != 1:
+            raise RuntimeError("config.example.toml: [transports.slack] has no edit_interval")
     path = os.path.join(tmp, "agentik.toml")
     Path(path).write_text(f"{head}\n{slack}\n{tail}")
     return path
@@ -434,7 +443,7 @@ async def agentik_child(args: argparse.Namespace) -> None:
     from agentik.bot.app import Bot
     from agentik.bot.config import load_config
 
-    config = load_config(_agentik_config(args.dir, args.api_url))
+    config = load_config(_agentik_config(args.dir, args.api_url, args.edit_interval))
     bot = Bot(config)
     async with bot:
         serving = asyncio.create_task(bot.serve())
@@ -542,6 +551,8 @@ async def run_phase(
     ]  # fmt: skip
     if profile:
         extra.append("--profile")
+    if cfg.edit_interval is not None:
+        extra += ["--edit-interval", str(cfg.edit_interval)]
     child = await Child.start(kind, tmp, f"{kind}-{r}", *extra)
     try:
         await child.recv()  # ready: connected over Socket Mode
@@ -730,7 +741,8 @@ def print_environment(cfg: Config, tmp: str) -> None:
                 f"{'quick' if cfg.quick else 'full'}: {cfg.n} mentions per bot per round, each"
                 f" in its own thread, {cfg.window} unanswered at a time, {cfg.warm} warm-up,"
                 f" {cfg.rounds} round(s); answers"
-                + (f" of {cfg.answer_chars}+ characters" if cfg.answer_chars else " short"),
+                + (f" of {cfg.answer_chars}+ characters" if cfg.answer_chars else " short")
+                + ("" if cfg.edit_interval is None else f"; edit_interval = {cfg.edit_interval}"),
             ),
         ]
     )
@@ -837,7 +849,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="rounds")
     parser.add_argument(
         "--answer-chars", type=int, default=0,
-        help="answers at least this long (default: short; 600: agentik streams them natively)",
+        help="answers at least this long (default: short; the instant model's are posted whole)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--edit-interval", default=None,
+        help="agentik's [transports.slack] edit_interval (default: as shipped; 0: an answer"
+        " longer than stream_buffer is streamed natively at once)",
     )  # fmt: skip
     parser.add_argument(
         "--profile", action="store_true", help="one more agentik run under cProfile, by stage"
@@ -864,6 +881,7 @@ def main(argv: list[str] | None = None) -> int:
         warm=base.warm,
         rounds=args.rounds or base.rounds,
         answer_chars=args.answer_chars,
+        edit_interval=float(args.edit_interval) if args.edit_interval is not None else None,
     )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="agentik-bench-slack-", dir=args.tmpdir) as tmp:

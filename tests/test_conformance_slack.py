@@ -129,7 +129,9 @@ class TestSlackNativeStreamingConformance(TransportConformance):
     async def transport_harness(self, tmp_path):
         slack = await _slack()
         try:
-            yield SlackHarness(slack, str(tmp_path / "seen.sqlite3"), stream_buffer=1)
+            yield SlackHarness(
+                slack, str(tmp_path / "seen.sqlite3"), stream_buffer=1, edit_interval=0
+            )
         finally:
             await slack.stop()
 

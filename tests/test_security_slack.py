@@ -88,7 +88,13 @@ async def test_mentions_and_fake_links_are_shown_as_text_in_posts_and_edits(tmp_
 async def test_native_streaming_appends_only_safe_markdown(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
-        async with slack_bot(slack, tmp_path, stream_buffer=8) as (bot, model, agent, bridge):
+        # (edit_interval = 0: streamed at once, every piece appended as it comes)
+        async with slack_bot(slack, tmp_path, stream_buffer=8, edit_interval=0) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
             # Token-sized pieces cut the link and the mentions in two.
             model.enqueue(Reply(chunks=[ATTACK[i : i + 5] for i in range(0, len(ATTACK), 5)]))
             event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> say it")

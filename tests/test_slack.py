@@ -20,11 +20,12 @@ from rigs import answered, bot_texts, eventually, slack_bot
 
 
 async def test_a_mention_is_answered_in_its_thread_with_native_streaming(tmp_path):
-    # An answer longer than stream_buffer is streamed; with status_delay = 0 the status
-    # is set at once, before the answer, and cleared after it.
+    # An answer longer than stream_buffer is streamed (edit_interval = 0: at once, not
+    # held to see whether it is quick); with status_delay = 0 the status is set at
+    # once, before the answer, and cleared after it.
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice", display_name="Alice A.")
-        async with slack_bot(slack, tmp_path, stream_buffer=8, status_delay=0) as (
+        async with slack_bot(slack, tmp_path, stream_buffer=8, status_delay=0, edit_interval=0) as (
             bot,
             model,
             agent,
@@ -53,7 +54,7 @@ async def test_web_api_calls_share_a_connection_not_one_each(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
         # Four calls a mention: the status set at once, the answer streamed, the status cleared.
-        async with slack_bot(slack, tmp_path, stream_buffer=4, status_delay=0) as (
+        async with slack_bot(slack, tmp_path, stream_buffer=4, status_delay=0, edit_interval=0) as (
             bot,
             model,
             agent,
@@ -76,7 +77,7 @@ async def test_a_slow_status_call_holds_up_its_own_thread_only(tmp_path):
         slack.add_user("U1", "alice")
         slack.rate_limit("assistant.threads.setStatus", times=1, retry_after=10)
         # The status set at once; the answer streamed (longer than stream_buffer).
-        async with slack_bot(slack, tmp_path, stream_buffer=4, status_delay=0) as (
+        async with slack_bot(slack, tmp_path, stream_buffer=4, status_delay=0, edit_interval=0) as (
             bot,
             model,
             agent,
@@ -114,13 +115,20 @@ def _in_thread(slack: FakeSlack, thread_ts: str) -> list[tuple[str, dict]]:
     ]
 
 
-async def test_a_quick_answer_is_one_message_and_a_long_one_is_streamed(tmp_path):
-    # An answer complete before its first stream_buffer characters is posted whole: one
-    # chat.postMessage with the Markdown, no stream, and no status (it showed within
-    # status_delay: none was set, so none is cleared).  A longer one is streamed.
+async def test_a_quick_answer_is_one_message_even_a_long_one(tmp_path):
+    # An answer complete before its first stream_buffer characters, or within
+    # edit_interval of its first ones, is posted whole: one chat.postMessage with the
+    # Markdown, no stream, and no status (it showed within status_delay: none was set,
+    # so none is cleared).  (edit_interval = 60: however slow the machine, these
+    # instant answers are written within it.)
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
-        async with slack_bot(slack, tmp_path, status_delay=60) as (bot, model, agent, bridge):
+        async with slack_bot(slack, tmp_path, status_delay=60, edit_interval=60) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
             model.enqueue(Reply(text="Hello **Alice**, the answer is `x < 2`.", chunks=None))
             quick = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> quick")
             await slack.push_event(quick)
@@ -129,19 +137,63 @@ async def test_a_quick_answer_is_one_message_and_a_long_one_is_streamed(tmp_path
             assert [m for m, _ in calls] == ["chat.postMessage"]
             assert calls[0][1]["markdown_text"] == "Hello **Alice**, the answer is `x < 2`."
             assert "text" not in calls[0][1] and calls[0][1]["channel"] == "C1"
-            words = [f"word{i} " for i in range(60)]  # 420 characters, token by token
+            words = [f"word{i} " for i in range(100)]  # 690 characters, token by token
             model.enqueue(Reply(chunks=words))
             long = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> long")
             await slack.push_event(long)
             await answered(slack, bridge, f"slack:T1:C1:{long['ts']}")
-            methods = [m for m, _ in _in_thread(slack, long["ts"])]
-            assert methods[0] == "chat.startStream" and methods[-1] == "chat.stopStream"
-            assert set(methods[1:-1]) <= {"chat.appendStream"}
-            assert bot_texts(slack, "C1") == [
+            calls = _in_thread(slack, long["ts"])
+            assert [m for m, _ in calls] == ["chat.postMessage"]
+            assert calls[0][1]["markdown_text"] == "".join(words)
+            assert [t.strip() for t in bot_texts(slack, "C1")] == [
                 "Hello **Alice**, the answer is `x < 2`.",
-                "".join(words),
+                "".join(words).strip(),
             ]
             assert slack.calls_to("assistant.threads.setStatus") == []
+            assert not [m for m, _ in slack.calls if m.startswith("chat.") and "Stream" in m]
+
+
+async def test_a_slow_answer_is_streamed_while_it_is_written_in_timed_appends(tmp_path):
+    # An answer still being written edit_interval after its first words is streamed
+    # natively: what it has so far shows before the model has finished (here the model
+    # waits half-way until the test has seen it), and each append carries everything
+    # written since the one before, not a call per piece.
+    interval = 0.3
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, status_delay=60, edit_interval=interval) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            words = [f"word{i} " for i in range(120)]  # 830 characters, token by token
+            reply = Reply(chunks=words, hold_after=60)
+            model.enqueue(reply)
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> slow")
+            began = time.monotonic()
+            await slack.push_event(event)
+            await reply.held.wait()
+            # The first 60 pieces show in one stream while the model still waits.
+            first_half = "".join(words[:60]).strip()
+            await slack.wait_until(
+                lambda: [t.strip() for t in bot_texts(slack, "C1")] == [first_half],
+                60,
+                "the first half streamed",
+            )
+            assert slack.calls_to("chat.startStream")
+            assert slack.calls_to("chat.stopStream") == []  # still open: not written yet
+            reply.release.set()
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            elapsed = time.monotonic() - began
+            assert [t.strip() for t in bot_texts(slack, "C1")] == ["".join(words).strip()]
+            methods = [m for m, _ in _in_thread(slack, event["ts"])]
+            assert methods[0] == "chat.startStream" and methods[-1] == "chat.stopStream"
+            assert set(methods[1:-1]) <= {"chat.appendStream"}
+            # At most one start or append per edit_interval (the stop carries the rest):
+            # 120 pieces came, far fewer calls went.
+            assert len(methods) - 1 <= elapsed / interval + 2, (methods, elapsed)
+            assert slack.calls_to("chat.postMessage") == []
 
 
 async def test_a_slow_answer_shows_the_status_first_and_clears_it_last(tmp_path):
@@ -408,7 +460,12 @@ async def test_auto_streaming_falls_back_to_edits_without_native_support(tmp_pat
         slack.supports_streaming = False
         slack.add_user("U1", "alice")
         # Answers longer than stream_buffer: the first one tries a native stream.
-        async with slack_bot(slack, tmp_path, stream_buffer=4) as (bot, model, agent, bridge):
+        async with slack_bot(slack, tmp_path, stream_buffer=4, edit_interval=0) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
             first = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> one")
             await slack.push_event(first)
             await answered(slack, bridge, f"slack:T1:C1:{first['ts']}")
@@ -422,6 +479,39 @@ async def test_auto_streaming_falls_back_to_edits_without_native_support(tmp_pat
             await slack.push_event(second)
             await answered(slack, bridge, f"slack:T1:C1:{second['ts']}")
             assert len(slack.calls_to("chat.startStream")) == tries
+            assert slack.calls_to("chat.update")
+
+
+async def test_a_stream_due_by_time_falls_back_to_edits_without_native_support(tmp_path):
+    # The stream of a slow answer starts when its hold is over, with no new piece
+    # coming (the model waits): where the workspace refuses native streaming, what
+    # was written so far is posted then (and edited later), nothing lost.
+    async with FakeSlack() as slack:
+        slack.supports_streaming = False
+        slack.add_user("U1", "alice")
+        async with slack_bot(slack, tmp_path, status_delay=60, edit_interval=0.2) as (
+            bot,
+            model,
+            agent,
+            bridge,
+        ):
+            words = [f"word{i} " for i in range(80)]  # 550 characters
+            reply = Reply(chunks=words, hold_after=50)
+            model.enqueue(reply)
+            event = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> slow")
+            await slack.push_event(event)
+            await reply.held.wait()
+            first_part = "".join(words[:50]).strip()
+            await slack.wait_until(
+                lambda: [t.strip() for t in bot_texts(slack, "C1")] == [first_part],
+                60,
+                "the first part posted",
+            )
+            assert len(slack.calls_to("chat.startStream")) == 1  # tried, refused
+            reply.release.set()
+            await answered(slack, bridge, f"slack:T1:C1:{event['ts']}")
+            assert [t.strip() for t in bot_texts(slack, "C1")] == ["".join(words).strip()]
+            assert len(slack.calls_to("chat.postMessage")) == 1
             assert slack.calls_to("chat.update")
 
 
@@ -557,7 +647,9 @@ def test_settings_name_the_missing_token():
 async def test_a_long_streamed_answer_continues_in_new_messages_at_word_breaks(tmp_path):
     async with FakeSlack() as slack:
         slack.add_user("U1", "alice")
-        async with slack_bot(slack, tmp_path, max_message_chars=200, stream_buffer=16) as (
+        async with slack_bot(
+            slack, tmp_path, max_message_chars=200, stream_buffer=16, edit_interval=0
+        ) as (
             bot,
             model,
             agent,

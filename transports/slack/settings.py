@@ -64,10 +64,13 @@ class SlackSettings(BaseModel):
     #: ``native`` (chat.startStream/appendStream/stopStream), ``edit`` (post, then
     #: chat.update), or ``auto`` (native where the workspace supports it).
     streaming: Literal["auto", "native", "edit"] = "auto"
-    #: Seconds between two chat.update calls on one message (Slack allows ~1/s).
-    edit_interval: float = Field(1.0, gt=0)
-    #: Characters buffered before a native stream append.  An answer shorter than
-    #: this, complete before its first append, is posted whole (one chat.postMessage).
+    #: Seconds between two updates of a message being written: chat.update (edit
+    #: mode; Slack allows about one a second) or chat.appendStream (native: what was
+    #: written meanwhile goes in one append).  Native: an answer written within this
+    #: long of its first words is posted whole (one chat.postMessage).  0: at once.
+    edit_interval: float = Field(1.0, ge=0)
+    #: Native streaming: characters an answer has before its stream starts.  A shorter
+    #: answer, complete before that, is posted whole (one chat.postMessage).
     stream_buffer: int = Field(256, ge=1)
     #: Longest message before an answer continues in a new message.
     max_message_chars: int = Field(3900, ge=100, le=40000)

@@ -11,9 +11,11 @@
   worker, :meth:`SlackTransport.share_seen_events`).
 * Streaming: Slack's native ``chat.startStream``/``appendStream``/
   ``stopStream`` (slack-sdk's ``chat_stream`` helper) where the workspace
-  supports it, else post then ``chat.update`` no more often than
-  ``edit_interval``.  An answer complete before its first ``stream_buffer``
-  characters is posted whole: one ``chat.postMessage`` (``markdown_text``).
+  supports it, else post then ``chat.update``, no more often than
+  ``edit_interval`` either way (a native append carries what was written
+  meanwhile).  An answer complete before its first ``stream_buffer``
+  characters, or within ``edit_interval`` of its first ones, is posted whole:
+  one ``chat.postMessage`` (``markdown_text``) instead of a stream's three calls.
   The assistant status shows when no answer has shown ``status_delay``
   seconds after the message (Slack clears it when the answer is posted; we
   clear it at the end only if it was set).  Long answers continue in a new
@@ -51,7 +53,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -373,6 +375,9 @@ class _Answer:
     native: bool = False  # a native stream is open (streamer)
     streamed: int = 0  # native: characters in the current streamed message
     pending: str = ""  # native: text not streamed yet (all of it before the first append)
+    first: float = 0.0  # native: when its first piece came (time.monotonic())
+    appended: float = 0.0  # native: when its latest append went out
+    done: bool = False  # ended: a flush still due sends nothing
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     outbox_id: int | None = None  # the bridge's outbox row of this answer
     reported: bool = False  # its first message's ts is in the outbox
@@ -1405,9 +1410,15 @@ class SlackTransport(Transport):
         # Counted while in flight: aclose() lets them finish before it closes the HTTP
         # session (a post cut there may have reached Slack unrecorded: sent again by
         # whoever redelivers the outbox).
+        with self._counted():
+            await self._send(message)
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Count a send (or a flush due) while it is in flight (see :meth:`aclose`)."""
         self._in_flight += 1
         try:
-            await self._send(message)
+            yield
         finally:
             self._in_flight -= 1
             if not self._in_flight and self._sends_done is not None:
@@ -1679,22 +1690,46 @@ class SlackTransport(Transport):
         answer.text += text
         if self._streams(answer):
             answer.pending += text
-            if len(answer.pending) < self.options.stream_buffer:
+            answer.first = answer.first or time.monotonic()
+            if not answer.native and len(answer.pending) < self.options.stream_buffer:
                 return  # nothing to send yet (a short answer is posted whole: _finish)
-            try:
-                if answer.streamer is None:
-                    await self._start_native(key, answer)
-                # Whole words only, so a message never ends inside a word.
-                text = answer.pending
-                cut = max(text.rfind(" "), text.rfind("\n")) + 1
-                cut = stream_cut(text[:cut])  # a link still arriving waits, to be checked whole
-                answer.pending = text[cut:]
-                await self._stream(key, answer, self._safe(text[:cut]))
-                self._native_ok = True
+            if self._append_later(key, answer) or await self._append(key, answer):
                 return
-            except Exception as exc:
-                self._native_failed(answer, exc)
         await self._edit(key, answer, final=False)
+
+    def _append_later(self, key: str, answer: _Answer) -> bool:
+        """Whether the native stream's next append waits (a flush is then due): appends
+        go out ``edit_interval`` apart, each with what was written meanwhile, and the
+        first one ``edit_interval`` after the answer's first piece, so an answer written
+        sooner than that is posted whole (one call instead of the stream's three)."""
+        due = (answer.appended or answer.first) + self.options.edit_interval
+        now = time.monotonic()
+        if now >= due:
+            return False
+        if answer.flush is None:
+            loop = asyncio.get_running_loop()
+            answer.flush = loop.call_later(due - now, lambda: self.spawn(self._flush(key, answer)))
+        return True
+
+    async def _append(self, key: str, answer: _Answer) -> bool:
+        """Append the whole words pending to the native stream (started first if need
+        be); ``False`` if native streaming failed here (edit instead, from now on)."""
+        try:
+            if answer.streamer is None:
+                await self._start_native(key, answer)
+            # Whole words only, so a message never ends inside a word.
+            text = answer.pending
+            cut = max(text.rfind(" "), text.rfind("\n")) + 1
+            cut = stream_cut(text[:cut])  # a link still arriving waits, to be checked whole
+            answer.pending = text[cut:]
+            if cut:
+                answer.appended = time.monotonic()
+            await self._stream(key, answer, self._safe(text[:cut]))
+            self._native_ok = True
+            return True
+        except Exception as exc:
+            self._native_failed(answer, exc)
+            return False
 
     async def _stream(self, key: str, answer: _Answer, text: str, *, last: bool = False) -> None:
         """Append to the native stream (``last``: and stop it); a full message is stopped
@@ -1799,10 +1834,20 @@ class SlackTransport(Transport):
         await self._write(key, answer, answer.text[answer.offset :])
 
     async def _flush(self, key: str, answer: _Answer) -> None:
-        async with answer.lock:
-            answer.flush = None
-            if not answer.native and answer.shown < len(answer.text) - answer.offset:
-                await self._write(key, answer, answer.text[answer.offset :])
+        """An update due (:meth:`_edit`, :meth:`_append_later`): what was written since
+        the last one goes out, unless the answer has ended (its end sent it all)."""
+        with self._counted():
+            async with answer.lock:
+                answer.flush = None
+                if answer.done or not self._sending:
+                    return
+                if self._streams(answer):
+                    if answer.pending:
+                        if await self._append(key, answer):
+                            return
+                        await self._edit(key, answer, final=False)
+                elif answer.shown < len(answer.text) - answer.offset:
+                    await self._write(key, answer, answer.text[answer.offset :])
 
     async def _write(self, key: str, answer: _Answer, text: str) -> None:
         body = markdown_to_mrkdwn(text, user_mentions=self._mentions) or "…"
@@ -1824,6 +1869,7 @@ class SlackTransport(Transport):
         answer.last_edit = time.monotonic()
 
     async def _finish(self, key: str, answer: _Answer) -> None:
+        answer.done = True
         if answer.flush is not None:
             answer.flush.cancel()
             answer.flush = None
