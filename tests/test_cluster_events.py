@@ -501,6 +501,53 @@ async def test_an_agent_wide_client_resumes_on_the_other_agent_with_the_same_ids
         await foreign.aclose()
 
 
+async def test_a_temporary_conversation_reaches_the_agent_wide_stream_live_without_an_id(
+    postgres_dsn,
+):
+    """A temporary conversation is never stored: its events reach the agent-wide
+    clients of the agent running it as they come, framed without an SSE ``id`` (the
+    client's ``Last-Event-ID`` stays the last stored event's), and a stored
+    conversation's events go on with positions after it."""
+    from agentik.core import Agent
+    from agentik.core.store.postgres import PostgresStore
+    from agentik.core.testing.scripted import Reply as Scripted
+    from agentik.core.testing.scripted import ScriptedModel
+    from agentik.transports.http.sse import FrameCache
+
+    model = ScriptedModel()
+    model.enqueue(Scripted(text="gone soon", chunks=["gone ", "soon"]))
+    model.enqueue(Scripted(text="kept", chunks=["kept"]))
+    async with Agent(llm=model, store=PostgresStore(postgres_dsn)) as agent:
+        hub = agent.cluster_events
+        assert hub is not None
+        stream = await hub.subscribe_all(after=None)
+        temp = await agent.create_conversation(temp=True)
+        kept = await agent.create_conversation()
+        got: list[Any] = []
+
+        async def until_ended(conv_id: str) -> None:
+            while not any(e.kind == "turn_ended" and e.conversation_id == conv_id for e in got):
+                got.append(await asyncio.wait_for(anext(stream), PATIENCE))
+
+        await temp.send("hi")
+        await until_ended(temp.id)
+        await kept.send("hi")
+        await until_ended(kept.id)
+        await stream.aclose()
+        mine = [e for e in got if e.conversation_id == temp.id]
+        assert "".join(e.text for e in mine if e.kind == "text_delta") == "gone soon"
+        assert {e.stream_seq for e in mine} == {0}
+        cache = FrameCache()
+        assert all(not cache.frame(e, global_ids=True).startswith(b"id:") for e in mine)
+        stored = [e for e in got if e.conversation_id == kept.id]
+        assert stored and all(e.stream_seq > 0 for e in stored)
+        assert cache.frame(stored[-1], global_ids=True).startswith(
+            b"id: %d\n" % stored[-1].stream_seq
+        )
+        # Nothing of it was stored: a resumption from before it does not replay it.
+        assert not await agent.store.run_events_after(temp.id, 0)
+
+
 @pytest.mark.timeout(400)  # two workers and three slow turns, on a loaded machine
 async def test_an_interrupt_through_one_worker_stops_the_turn_running_on_the_other(
     postgres_dsn, openai_server, tmp_path
