@@ -905,7 +905,8 @@ class AgentStream(_EventQueue):
     async def _catch_up(self) -> None:
         """Read the next page of what the client missed; past the end of what is
         stored, take what the tail read meanwhile and follow it."""
-        tail, page = self.hub.feed, self.hub.page
+        # (A page fits in the client's queue: catching up never cuts it off.)
+        tail, page = self.hub.feed, max(1, min(self.hub.page, self._max_pending // 2))
         rows = await self.hub.store.run_events_since(self.last, limit=page)
         for pos, data in rows:
             if self._closed or not self._catching:
