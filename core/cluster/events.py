@@ -728,24 +728,30 @@ class _StoredTail:
         self.weight = 0
         self.streams: set[AgentStream] = set()
         self._starting: asyncio.Task[None] | None = None
+        # Streams waiting for it to start.
+        self._waiting = 0
         self._fetch: asyncio.Task[None] | None = None
         self._again = False
 
     async def attach(self, stream: AgentStream) -> None:
         """``stream`` opens: follow from now on, if not yet."""
         while not self.active:
-            if self._starting is None:
+            if self._starting is None or self._starting.done():
                 self._starting = asyncio.get_running_loop().create_task(self._start())
             starting = self._starting
+            self._waiting += 1
             try:
                 await asyncio.shield(starting)
             finally:
+                self._waiting -= 1
                 if self._starting is starting and starting.done():
                     self._starting = None
         self.streams.add(stream)
 
     async def _start(self) -> None:
         last, _ = await self.hub.store.run_events_position()
+        if not self._waiting:
+            return  # (every stream that asked went away meanwhile)
         self.cursor = self.floor = last
         self.active = True
         self.poke()  # (what a notification announced while this read was on its way)
