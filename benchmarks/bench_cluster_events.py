@@ -11,10 +11,14 @@ smaller run).  Needs PostgreSQL (``make postgres``): tests/pgserver.py starts on
   one on A (the stored events, read on each ``NOTIFY``).  An event's latency is the
   time it reached the client less its ``ts`` (when B published it; one machine, one
   clock).  Median and p95 over every event of a round; the range is that of the
-  rounds'.  The ratio is A's median to B's.
+  rounds'.  The ratio is A's median to B's.  The same for two clients of the
+  agent-wide stream (``/agentik/events``: every worker reads the stored events by
+  position, the running one too), against B's conversation stream.
 * **Write cost per batch**: ``run_events_add`` of batches of 1, 10 and 50 events (the
   JSON of a ``text_delta``) into PostgreSQL through the store's writer: wall time and
-  this process's CPU per batch, median of ``--batches``.
+  this process's CPU per batch, median of ``--batches``; each batch size twice, its
+  rows on the agent-wide stream (numbered, under the advisory lock) and not (the
+  baseline: no position, no lock), interleaved, in the same run.
 """
 
 from __future__ import annotations
@@ -144,20 +148,29 @@ async def latency(args: argparse.Namespace, dsn: str, tmp: Path) -> list[Row]:
                 as on_b,
             ):  # fmt: skip
                 local_med, remote_med, local_p95, remote_p95 = [], [], [], []
+                wide_med: dict[str, list[float]] = {"a": [], "b": []}
+                wide_p95: dict[str, list[float]] = {"a": [], "b": []}
                 for r in range(args.rounds + 1):
                     conv = (await on_b.post("/conversations", json={})).json()
                     path = f"/conversations/{conv['id']}/events"
                     got_a: list[float] = []
                     got_b: list[float] = []
                     ready_a, ready_b = asyncio.Event(), asyncio.Event()
+                    wide: dict[str, list[float]] = {"a": [], "b": []}
+                    ready_wa, ready_wb = asyncio.Event(), asyncio.Event()
                     fa = asyncio.ensure_future(_follow(on_a, path, got_a, ready_a))
                     fb = asyncio.ensure_future(_follow(on_b, path, got_b, ready_b))
-                    await ready_a.wait()
-                    await ready_b.wait()
+                    fwa = asyncio.ensure_future(_follow(on_a, "/events", wide["a"], ready_wa))
+                    fwb = asyncio.ensure_future(_follow(on_b, "/events", wide["b"], ready_wb))
+                    for ready in (ready_a, ready_b, ready_wa, ready_wb):
+                        await ready.wait()
                     await on_b.post(path.replace("/events", "/messages"), json={"content": "go"})
-                    await asyncio.wait_for(asyncio.gather(fa, fb), 120)
+                    await asyncio.wait_for(asyncio.gather(fa, fb, fwa, fwb), 120)
                     if r == 0:
                         continue  # warm-up
+                    for w in ("a", "b"):
+                        wide_med[w].append(statistics.median(wide[w]))
+                        wide_p95[w].append(_p95(wide[w]))
                     local_med.append(statistics.median(got_b))
                     remote_med.append(statistics.median(got_a))
                     local_p95.append(_p95(got_b))
@@ -166,7 +179,9 @@ async def latency(args: argparse.Namespace, dsn: str, tmp: Path) -> list[Row]:
                         f"round {r}: {len(got_b)} events; local median"
                         f" {statistics.median(got_b) * 1e3:.1f} ms p95 {_p95(got_b) * 1e3:.1f} ms;"
                         f" other worker median {statistics.median(got_a) * 1e3:.1f} ms"
-                        f" p95 {_p95(got_a) * 1e3:.1f} ms"
+                        f" p95 {_p95(got_a) * 1e3:.1f} ms; /events on B median"
+                        f" {statistics.median(wide['b']) * 1e3:.1f} ms, on A"
+                        f" {statistics.median(wide['a']) * 1e3:.1f} ms"
                     )
 
                 def rng(v: list[float]) -> str:
@@ -178,6 +193,13 @@ async def latency(args: argparse.Namespace, dsn: str, tmp: Path) -> list[Row]:
                                 rng(local_med), ratio, "info", None))  # fmt: skip
                 rows.append(Row("SSE latency p95, other worker vs local", rng(remote_p95),
                                 rng(local_p95), None, "info", None))  # fmt: skip
+                for w, where in (("b", "running worker"), ("a", "other worker")):
+                    base = max(1e-9, statistics.median(local_med))
+                    ratio = statistics.median(wide_med[w]) / base
+                    name = f"/events latency median ({where}) vs local conversation"
+                    rows.append(Row(name, rng(wide_med[w]), rng(local_med), ratio, "info", None))
+                    name = f"/events latency p95 ({where}) vs local conversation"
+                    rows.append(Row(name, rng(wide_p95[w]), rng(local_p95), None, "info", None))
         finally:
             a.stop()
             b.stop()
@@ -193,21 +215,28 @@ async def write_cost(args: argparse.Namespace, dsn: str) -> list[Row]:
     async with PostgresStore(dsn) as store:
         seq = 0
         for size in (1, 10, 50):
-            walls, cpus = [], []
-            for _ in range(args.batches):
+            walls: dict[bool, list[float]] = {True: [], False: []}
+            cpus: dict[bool, list[float]] = {True: [], False: []}
+            for i in range(2 * args.batches):
+                numbered = i % 2 == 0  # (interleaved: the load hits both alike)
                 batch = []
                 for _ in range(size):
                     seq += 1
                     batch.append(("c" * 32, seq, time.time(), data))
                 w0, c0 = time.perf_counter(), time.process_time()
-                await store.run_events_add(batch)
-                walls.append(time.perf_counter() - w0)
-                cpus.append(time.process_time() - c0)
-            wall, cpu = statistics.median(walls), statistics.median(cpus)
-            say(f"batch of {size}: wall {wall * 1e3:.2f} ms, CPU {cpu * 1e3:.2f} ms,"
-                f" per event {wall / size * 1e6:.0f} us wall")  # fmt: skip
-            value = f"{wall * 1e3:.2f} ms ({cpu * 1e3:.2f} ms)"
-            rows.append(Row(f"run_events_add, batch of {size}: wall (CPU)", value, "-", None,
+                await store.run_events_add(batch, wide=[numbered] * size)
+                walls[numbered].append(time.perf_counter() - w0)
+                cpus[numbered].append(time.process_time() - c0)
+            wall, cpu = statistics.median(walls[True]), statistics.median(cpus[True])
+            base, base_cpu = statistics.median(walls[False]), statistics.median(cpus[False])
+            say(f"batch of {size}: wall {wall * 1e3:.2f} ms (without positions"
+                f" {base * 1e3:.2f} ms), CPU {cpu * 1e3:.2f} ms"
+                f" ({base_cpu * 1e3:.2f} ms)")  # fmt: skip
+            rows.append(Row(f"run_events_add, batch of {size}: wall, numbered vs not",
+                            f"{wall * 1e3:.2f} ms", f"{base * 1e3:.2f} ms", wall / max(1e-9, base),
+                            "info", None))  # fmt: skip
+            rows.append(Row(f"run_events_add, batch of {size}: CPU, numbered vs not",
+                            f"{cpu * 1e3:.2f} ms", f"{base_cpu * 1e3:.2f} ms", None,
                             "info", None))  # fmt: skip
     return rows
 

@@ -224,7 +224,9 @@ class EventSink(Protocol):
     """Where a conversation's events also go on a store several workers share
     (:class:`~agentik.core.cluster.events.ClusterEvents`): kept for a batched write."""
 
-    def add(self, stream: ConversationEvents, event: Event) -> None: ...
+    def add(self, stream: ConversationEvents, event: Event, *, wide: bool = True) -> None:
+        """Keep ``event`` of ``stream`` (``wide``: it is on the agent-wide stream too;
+        a child run's event relayed into its parent's stream is not)."""
 
     async def resume(self, events: ConversationEvents) -> None: ...
 
@@ -673,9 +675,10 @@ class ConversationEvents:
             self.relay_to.relay(event)
         return event
 
-    def _buffered(self, event: Event) -> tuple[ReplayBuffer, int, int]:
+    def _buffered(self, event: Event, *, wide: bool = True) -> tuple[ReplayBuffer, int, int]:
         """Publish ``event`` on this stream: its buffer, and the events and weight
-        that buffer gained (net of the oldest event its length bound pushed out)."""
+        that buffer gained (net of the oldest event its length bound pushed out).
+        ``wide``: the event is on the agent-wide stream too (the event sink's)."""
         buffer = cast(ReplayBuffer, self._bus.buffer)
         weight = event_weight(event)
         if buffer.maxlen is not None and len(buffer) >= buffer.maxlen and buffer:
@@ -684,7 +687,7 @@ class ConversationEvents:
         self._bus.publish(event)
         sink = self._services.event_sink
         if sink is not None:
-            sink.add(self, event)
+            sink.add(self, event, wide=wide)
         return buffer, len(buffer) - before, weight
 
     def seal(self) -> None:
@@ -697,7 +700,7 @@ class ConversationEvents:
         conversation's; not on the agent-wide stream, which has it already)."""
         self.seq += 1
         copy = _renumbered(event, self.conversation_id, self.seq)
-        self._services.account(self.conversation_id, *self._buffered(copy))
+        self._services.account(self.conversation_id, *self._buffered(copy, wide=False))
         if self.relay_to is not None:
             self.relay_to.relay(event)
 
@@ -715,6 +718,11 @@ class ConversationEvents:
             **fields,
         )
         services.publish(event)
+        sink = services.event_sink
+        if sink is not None:
+            # (Kept with the conversation's events: the agent-wide stream of every
+            # worker reads it there; ``seq`` 0 keeps it out of the conversation's.)
+            sink.add(self, event)
         return event
 
     def subscribe(

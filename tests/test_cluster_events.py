@@ -31,6 +31,7 @@ import httpx
 import pytest
 from cluster import PATIENCE, http_transport, until, worker_config, workers
 
+from agentik.core.events import event_to_json
 from agentik.core.testing.openai_server import Reply
 
 from httpserver import TOKENS, SSEMessage, SSEReader, sse
@@ -408,76 +409,144 @@ async def test_a_follower_whose_listening_connection_drops_misses_nothing(postgr
     ]
 
 
-async def test_an_agent_wide_reconnection_past_what_a_worker_keeps_is_told_events_lost(
+async def test_an_agent_wide_client_resumes_on_the_other_agent_with_the_same_ids(
     postgres_dsn,
 ):
-    """Two agents on one database in one process; B's agent-wide client drops while A
-    runs turns.  Reconnecting, it gets what B still keeps of A's events, after an
-    ``events_lost`` when the gap outgrew it (B keeps 5 here), never an event twice;
-    and ``events_lost`` too once B stopped following (its last client gone longer
-    than the grace), then what comes after."""
+    """Two agents on one database in one process.  A client of B's agent-wide stream
+    drops; turns run on A and on B while it is away; it resumes on A with its last id
+    and gets exactly what a client of B connected all along got after that id: the
+    same events, the same ids, in the same order.  An id from before what the
+    retention pruned gets ``events_lost`` first, then what is still stored; an id
+    that is no position of these events gets ``events_lost``, then the events to come."""
     from agentik.core import Agent
     from agentik.core.store.postgres import PostgresStore
     from agentik.core.testing.scripted import Reply as Scripted
     from agentik.core.testing.scripted import ScriptedModel
 
     words = [f"w{i}" for i in range(12)]
-    model = ScriptedModel()
-    for _ in range(4):
-        model.enqueue(Scripted(text=" ".join(words), chunks=words))
+
+    def model() -> ScriptedModel:
+        m = ScriptedModel()
+        for _ in range(4):
+            m.enqueue(Scripted(text=" ".join(words), chunks=words))
+        return m
+
+    async def read_turns(stream: Any, n: int, got: list[Any] | None = None) -> list[Any]:
+        got = [] if got is None else got
+        while sum(e.kind == "turn_ended" for e in got) < n:
+            got.append(await asyncio.wait_for(anext(stream), PATIENCE))
+        return got
+
+    def frames(events: list[Any]) -> list[tuple[int, str]]:
+        return [(e.stream_seq, event_to_json(e)) for e in events]
+
     async with (
-        Agent(llm=model, store=PostgresStore(postgres_dsn)) as on_a,
-        Agent(llm=ScriptedModel(), store=PostgresStore(postgres_dsn)) as on_b,
+        Agent(llm=model(), store=PostgresStore(postgres_dsn)) as on_a,
+        Agent(llm=model(), store=PostgresStore(postgres_dsn)) as on_b,
     ):
-        hub = on_b.cluster_events
-        assert hub is not None
-        conv = await on_a.create_conversation()
-        await on_b.store.notifier().listening()
-
-        async def read_turn(stream: Any, got: list[Any]) -> None:
-            async for event in stream:
-                got.append(event)
-                if event.kind == "turn_ended":
-                    return
-
-        async def b_has_read_all() -> bool:
-            return hub.feed.cursor.get(conv.id, 0) >= await on_b.store.run_events_last(conv.id)
-
-        stream = hub.subscribe_all(after=None)
-        first: list[Any] = []
-        await conv.send("one")
-        await asyncio.wait_for(read_turn(stream, first), PATIENCE)
+        hub_a, hub_b = on_a.cluster_events, on_b.cluster_events
+        assert hub_a is not None and hub_b is not None
+        for agent in (on_a, on_b):
+            await agent.store.notifier().listening()
+        here, there = await on_a.create_conversation(), await on_b.create_conversation()
+        whole = await hub_b.subscribe_all(after=None)
+        client = await hub_b.subscribe_all(after=None)
+        await here.send("one")
+        first = await read_turns(client, 1)
         last = first[-1].stream_seq
+        await client.aclose()
+        # Away: a turn on A, one on B.
+        await here.send("two")
+        await there.send("two")
+        await here.wait_idle()
+        await there.wait_idle()
+        everything = await read_turns(whole, 3)
+        hub_a.page = 7  # (the gap is read in several pages)
+        resumed = await hub_a.subscribe_all(after=last)
+        again = await read_turns(resumed, 2)
+        expected = [e for e in everything if e.stream_seq > last]
+        assert frames(again) == frames(expected)
+        ids = [e.stream_seq for e in first + again]
+        assert ids == sorted(set(ids))  # none twice, in order
+        for conv in (here, there):
+            said = "".join(
+                e.text for e in again if e.kind == "text_delta" and e.conversation_id == conv.id
+            )
+            assert said == "".join(words)
+        # Live on A from there: B's next turn comes with the ids B's client gets.
+        await there.send("three")
+        live_a = await read_turns(resumed, 1)
+        live_b = await read_turns(whole, 1)
+        assert frames(live_a) == frames(live_b)
+        await resumed.aclose()
+        await whole.aclose()
+
+        # The retention pruned the first turns: resuming from before them is told.
+        assert await hub_a.prune(now=time.time() + 2 * 24 * 3600) > 0
+        await there.send("four")
+        await there.wait_idle()
+        old = await hub_a.subscribe_all(after=last)
+        got = await read_turns(old, 1)
+        assert got[0].kind == "events_lost" and got[0].stream_seq == last
+        assert got[1].kind == "turn_started"
+        assert "".join(e.text for e in got if e.kind == "text_delta") == "".join(words)
+        await old.aclose()
+        # An id that is no position here (another database's): told, then what comes.
+        newest, _ = await on_a.store.run_events_position()
+        foreign = await hub_a.subscribe_all(after=newest + 1000)
+        assert (await asyncio.wait_for(anext(foreign), PATIENCE)).kind == "events_lost"
+        await here.send("five")
+        fifth = await read_turns(foreign, 1)
+        assert fifth[0].kind == "turn_started"
+        assert fifth[0].stream_seq > newest
+        await foreign.aclose()
+
+
+async def test_a_temporary_conversation_reaches_the_agent_wide_stream_live_without_an_id(
+    postgres_dsn,
+):
+    """A temporary conversation is never stored: its events reach the agent-wide
+    clients of the agent running it as they come, framed without an SSE ``id`` (the
+    client's ``Last-Event-ID`` stays the last stored event's), and a stored
+    conversation's events go on with positions after it."""
+    from agentik.core import Agent
+    from agentik.core.store.postgres import PostgresStore
+    from agentik.core.testing.scripted import Reply as Scripted
+    from agentik.core.testing.scripted import ScriptedModel
+    from agentik.transports.http.sse import FrameCache
+
+    model = ScriptedModel()
+    model.enqueue(Scripted(text="gone soon", chunks=["gone ", "soon"]))
+    model.enqueue(Scripted(text="kept", chunks=["kept"]))
+    async with Agent(llm=model, store=PostgresStore(postgres_dsn)) as agent:
+        hub = agent.cluster_events
+        assert hub is not None
+        stream = await hub.subscribe_all(after=None)
+        temp = await agent.create_conversation(temp=True)
+        kept = await agent.create_conversation()
+        got: list[Any] = []
+
+        async def until_ended(conv_id: str) -> None:
+            while not any(e.kind == "turn_ended" and e.conversation_id == conv_id for e in got):
+                got.append(await asyncio.wait_for(anext(stream), PATIENCE))
+
+        await temp.send("hi")
+        await until_ended(temp.id)
+        await kept.send("hi")
+        await until_ended(kept.id)
         await stream.aclose()
-        # A turn while the client is away, more events than B keeps.
-        hub.feed.keep = 5
-        await conv.send("two")
-        await conv.wait_idle()
-        await until(b_has_read_all, "B reading A's second turn")
-        again = hub.subscribe_all(after=last)
-        second: list[Any] = []
-        while len(second) < 6:
-            second.append(await asyncio.wait_for(anext(again), PATIENCE))
-        assert second[0].kind == "events_lost"
-        tail = second[1:]
-        assert [e.stream_seq for e in tail] == sorted({e.stream_seq for e in tail})
-        assert [e.seq for e in tail] == list(range(tail[0].seq, tail[0].seq + 5))
-        assert tail[0].seq > first[-1].seq
-        # The client leaves; B stops following after the grace; a turn meanwhile.
-        last = tail[-1].stream_seq
-        hub.feed.grace = 0.1
-        await again.aclose()
-        await until(lambda: not hub.feed.active, "B to stop following")
-        await conv.send("three")
-        await conv.wait_idle()
-        third = hub.subscribe_all(after=last)
-        assert (await asyncio.wait_for(anext(third), PATIENCE)).kind == "events_lost"
-        await conv.send("four")
-        fourth: list[Any] = []
-        await asyncio.wait_for(read_turn(third, fourth), PATIENCE)
-        await third.aclose()
-        assert fourth[0].kind == "turn_started"
-        assert "".join(e.text for e in fourth if e.kind == "text_delta") == "".join(words)
+        mine = [e for e in got if e.conversation_id == temp.id]
+        assert "".join(e.text for e in mine if e.kind == "text_delta") == "gone soon"
+        assert {e.stream_seq for e in mine} == {0}
+        cache = FrameCache()
+        assert all(not cache.frame(e, global_ids=True).startswith(b"id:") for e in mine)
+        stored = [e for e in got if e.conversation_id == kept.id]
+        assert stored and all(e.stream_seq > 0 for e in stored)
+        assert cache.frame(stored[-1], global_ids=True).startswith(
+            b"id: %d\n" % stored[-1].stream_seq
+        )
+        # Nothing of it was stored: a resumption from before it does not replay it.
+        assert not await agent.store.run_events_after(temp.id, 0)
 
 
 @pytest.mark.timeout(400)  # two workers and three slow turns, on a loaded machine
@@ -794,6 +863,50 @@ async def test_the_agent_wide_stream_replays_the_other_workers_events_after_a_ga
             before = {(m.data["conversation_id"], m.data["seq"]) for m in part1 if m.data}
             after = [(m.data["conversation_id"], m.data["seq"]) for m in part2 if m.data]
             assert len(after) == len(set(after)) and not before & set(after)
+
+
+async def test_an_agent_wide_client_moved_to_the_other_worker_gets_the_rest_once(
+    postgres_dsn, openai_server, tmp_path
+):
+    """Behind a load balancer: a client of ``/agentik/events`` on A drops mid-turn,
+    while turns sent through both workers stream, and reconnects to B with its
+    ``Last-Event-ID``.  It gets the rest exactly once and in order: together, its two
+    connections got what a client of B connected all along got, the same ids and
+    the same JSON."""
+    words = [f"w{i}" for i in range(30)]
+    openai_server.default = lambda body: Reply.text(" ".join(words), chunks=30, delay=0.05)
+    async with two_workers(tmp_path, postgres_dsn, openai_server.base_url) as (a, b):
+        async with a.client(ALICE) as on_a, b.client(ALICE) as on_b:
+            near = (await on_a.post("/conversations", json={})).json()["id"]
+            far = (await on_b.post("/conversations", json={})).json()["id"]
+            # From the first stored event, on both: the two streams start alike.
+            async with sse(on_b, "/events", params={"after": "0"}) as whole:
+                async with sse(on_a, "/events", params={"after": "0"}) as first:
+                    for client, cid in ((on_a, near), (on_b, far)):
+                        r = await client.post(
+                            f"/conversations/{cid}/messages", json={"content": "count"}
+                        )
+                        assert r.status_code == 202, r.text
+                    part1 = await read_until(first, "text_delta", 5)
+                last = part1[-1].id
+                assert last is not None
+                ended = sum(m.kind == "turn_ended" for m in part1)
+                assert ended < 2  # (mid-stream)
+                async with sse(on_b, "/events", headers={"Last-Event-ID": str(last)}) as second:
+                    part2 = await read_until(second, "turn_ended", 2 - ended)
+                everything = await read_until(whole, "turn_ended", 2)
+            assert not any(m.kind == "events_lost" for m in part1 + part2)
+            assert frames(part1 + part2) == frames(everything)
+            ids = [m.id for m in part1 + part2 if m.data]
+            assert None not in ids and ids == sorted(set(ids))  # in order, none twice
+            for cid in (near, far):
+                mine = [
+                    m.data for m in part1 + part2 if m.data and m.data["conversation_id"] == cid
+                ]
+                text = "".join(str(d["text"]) for d in mine if d["kind"] == "text_delta")
+                assert text.split() == words, (cid, text)
+                seqs = [d["seq"] for d in mine if d["seq"]]
+                assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), (cid, seqs)
 
 
 @pytest.mark.timeout(400)

@@ -26,6 +26,15 @@ new ones, or at the notifier's resync), delivered in ``seq`` order with no gap a
 no duplicate.  A gap that stays (a worker died before writing its last batch) is
 reported as ``events_lost`` after ``gap_seconds`` and the stream goes on.
 
+**The agent-wide stream.**  Its ids are positions in the stored events (``pos``,
+:meth:`~agentik.core.store.base.Store.run_events_since`), the same on every worker: an
+SSE client of ``/agentik/events`` gets every stored event of every worker in position
+order, one reader per worker (:class:`_StoredTail`) reading them when a notification
+(or this worker's own write) says there are new ones; a client resuming with
+``Last-Event-ID`` on any worker reads what it missed from the store, then follows.
+A temporary conversation's events are never stored: they reach this worker's clients
+live, without an id.
+
 **Waits.**  Approvals and questions are stored rows.  A decision or an answer
 recorded by a worker whose process holds no waiter for it is announced on the
 topic ``decisions`` (``a:<serial>``, ``q:<id>``); the worker whose turn waits
@@ -47,7 +56,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..events import Event, EventsLost, event_from_json, event_to_json
+from ..events import Event, EventsLost, event_from_dict, event_from_json, event_to_json
 from ..services import event_weight, profile_of
 
 if TYPE_CHECKING:
@@ -67,7 +76,6 @@ EventEdit = Callable[[Event], "Event | None"]
 __all__ = [
     "DECISIONS_TOPIC",
     "EVENTS_TOPIC",
-    "FEED_GRACE",
     "REDACTIONS_TOPIC",
     "AgentStream",
     "ClusterEvents",
@@ -91,9 +99,6 @@ REDACTIONS_TOPIC = "redactions"
 #: Events kept per conversation, and for how long, by the retention job.
 KEEP_EVENTS = 4096
 KEEP_SECONDS = 24 * 3600.0
-#: How long a worker keeps following the other workers' events for its agent-wide
-#: streams after the last one closed (a client reconnecting within it misses nothing).
-FEED_GRACE = 600.0
 
 
 def conversation_lease(conversation_id: str) -> str:
@@ -125,7 +130,6 @@ class ClusterEvents:
         flush_seconds: float = 0.05,
         gap_seconds: float = 5.0,
         page: int = 500,
-        feed_grace: float = FEED_GRACE,
         feed_keep: int = 4096,
         feed_bytes: int = 4 * 1024 * 1024,
     ) -> None:
@@ -135,7 +139,7 @@ class ClusterEvents:
         self.flush_seconds = flush_seconds
         self.gap_seconds = gap_seconds
         self.page = page
-        self._pending: list[Event] = []
+        self._pending: list[tuple[Event, bool]] = []
         # Events kept so far, and of those the ones whose batch was written (or failed).
         self._kept = 0
         self._done = 0
@@ -145,11 +149,8 @@ class ClusterEvents:
         self._writer: asyncio.Task[None] | None = None
         self._followers: dict[str, set[ClusterSubscription]] = {}
         self._everything: set[AgentStream] = set()
-        #: The other workers' events for this worker's agent-wide streams.
-        self.feed = _RemoteFeed(
-            self, keep=feed_keep, max_bytes=feed_bytes, grace=feed_grace,
-            look_back=AgentStream.LOOK_BACK,
-        )  # fmt: skip
+        #: The stored events, as this worker's agent-wide streams get them.
+        self.feed = _StoredTail(self, keep=feed_keep, max_bytes=feed_bytes)
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         #: Batches and events written so far (status, benchmarks).
@@ -217,15 +218,16 @@ class ClusterEvents:
                 log.warning("could not prune the run events: %s", exc)
 
     # -- writing -------------------------------------------------------------------------
-    def add(self, stream: ConversationEvents, event: Event) -> None:
+    def add(self, stream: ConversationEvents, event: Event, *, wide: bool = True) -> None:
         """Keep ``event`` of ``stream`` for the next batch (called for every event a
-        conversation's stream publishes: no I/O, no serialisation here).  A temporary
-        conversation's are never written (it is never stored)."""
+        conversation's stream publishes: no I/O, no serialisation here; ``wide``: it
+        is on the agent-wide stream).  A temporary conversation's are never written
+        (it is never stored): this worker's agent-wide streams get them as they come."""
         if getattr(stream.owner, "temp", False):
+            if wide and self.feed.active:
+                self.feed.unstored(event)
             return
-        if self.feed.active:
-            self.feed.saw(event)
-        self._pending.append(event)
+        self._pending.append((event, wide))
         self._kept += 1
         if self._timer is None and self._writer is None:
             loop = asyncio.get_running_loop()
@@ -257,19 +259,22 @@ class ClusterEvents:
             if changed is not None:
                 changed.set()
 
-    async def _write_batch(self, batch: list[Event]) -> None:
-        rows = [(e.conversation_id, e.seq, e.ts, event_to_json(e)) for e in batch]
+    async def _write_batch(self, batch: list[tuple[Event, bool]]) -> None:
+        rows = [(e.conversation_id, e.seq, e.ts, event_to_json(e)) for e, _ in batch]
         top: dict[str, int] = {}
-        for e in batch:
-            if e.seq > top.get(e.conversation_id, 0):
+        for e, _ in batch:
+            # (An agent-wide-only event has seq 0: its conversation is announced all the same.)
+            if e.seq >= top.get(e.conversation_id, 0):
                 top[e.conversation_id] = e.seq
         try:
-            await self.store.run_events_add(rows)
+            await self.store.run_events_add(rows, wide=[w for _, w in batch])
         except Exception as exc:  # SSE clients elsewhere see a gap (events_lost)
             log.warning("could not write %d run events: %s", len(rows), exc)
+            self.feed.failed()
             return
         self.batches += 1
         self.written += len(rows)
+        self.feed.poke()
         await self.notifier.publish(EVENTS_TOPIC, *(f"{s}:{c}" for c, s in top.items()))
 
     async def flushed(self) -> None:
@@ -326,7 +331,7 @@ class ClusterEvents:
         sub._start()
         return sub
 
-    def subscribe_all(
+    async def subscribe_all(
         self,
         *,
         after: int | None,
@@ -334,23 +339,17 @@ class ClusterEvents:
         max_pending: int | None = None,
     ) -> AgentStream:
         """An SSE client's subscription to the agent-wide stream (``after``: its
-        ``Last-Event-ID``, a ``stream_seq`` of this worker): this worker's events
-        (replayed from its buffer, then live) and, from now on, the events of turns
-        other workers run, read when they announce them (see :class:`AgentStream`)."""
+        ``Last-Event-ID``, a position of the stored events, which every worker
+        numbers alike): what it missed read from the store, then every worker's
+        events as they are stored (see :class:`AgentStream`)."""
         wanted = profile_of(self.agent.stream_profiles, profile, None)
-        services = self.agent.services
-        local_after = after
-        if after is not None and after <= services.last_stream_seq:
-            # Numbers past the last this worker published went to other workers'
-            # events (the feed's): this worker's own replay starts from its last.
-            local_after = min(after, services.published_stream_seq)
-        local = services.subscribe(
-            after=local_after, profile=profile_of(self.agent.stream_profiles, "debug", None),
-            max_pending=max_pending,
-        )  # fmt: skip
-        stream = AgentStream(self, local, wanted, max_pending or 4096, after)
+        stream = AgentStream(self, wanted, max_pending or 4096, after)
         self._everything.add(stream)
-        stream._start()
+        try:
+            await stream._start()
+        except BaseException:
+            stream._end()
+            raise
         return stream
 
     def _leave(self, sub: ClusterSubscription) -> None:
@@ -361,12 +360,10 @@ class ClusterEvents:
                 del self._followers[sub.conversation_id]
 
     def _on_events(self, notice: Notice) -> None:
-        if self.feed.active and not notice.resync and not notice.local:
-            # Another worker stored events: the agent-wide streams' feed reads them.
-            for one in notice.ids:
-                seq, _, cid = one.partition(":")
-                if seq.isdigit():
-                    self.feed.poke(cid, int(seq))
+        if not notice.local:
+            # Another worker stored events (or a resync: maybe): the agent-wide
+            # streams' reader reads them (this worker's own: after writing them).
+            self.feed.poke()
         if notice.resync:
             for subs in list(self._followers.values()):
                 for sub in list(subs):
@@ -707,143 +704,120 @@ class ClusterSubscription(_EventQueue):
         self._wake()
 
 
-class _RemoteFeed:
-    """The events of the turns other workers run, as this worker's agent-wide streams
-    get them: one reader per worker (not one per client), so each such event is read
-    once, numbered once with a ``stream_seq`` of this worker, and kept in a ring like
-    the agent-wide replay buffer.  A client that reconnects with ``Last-Event-ID``
-    gets the other workers' events of the gap from the ring, merged with this
-    worker's own from its replay buffer, in ``stream_seq`` order: the order a client
-    connected all along got them.
+class _StoredTail:
+    """The stored events as this worker's agent-wide streams get them: one reader per
+    worker (not one per client) follows the positions (``pos``) of every worker's
+    stored events, from the last stored when its first stream opened, each event read
+    and parsed once, its position as its ``stream_seq`` (the SSE ``id``).  It keeps the
+    latest in a ring (``keep`` events, about ``max_bytes``): a stream that caught up
+    from the store takes what was read meanwhile from it.  It stops when its last
+    stream closes (a resuming client reads what it missed from the store)."""
 
-    It follows from the first agent-wide subscription on, and for ``grace`` seconds
-    after the last one left (a client reconnecting after a dropped connection finds
-    its gap covered); then it forgets what it kept.  A reconnection from before the
-    feed stopped, or from before the oldest event the ring still holds, is told
-    ``events_lost``.
-    """
-
-    def __init__(
-        self, hub: ClusterEvents, *, keep: int, max_bytes: int, grace: float, look_back: int
-    ) -> None:
+    def __init__(self, hub: ClusterEvents, *, keep: int, max_bytes: int) -> None:
         self.hub = hub
         self.keep = keep
         self.max_bytes = max_bytes
-        self.grace = grace
-        self.look_back = look_back
-        #: Whether it follows now (a stream is open, or one left less than ``grace`` ago).
+        #: Whether it follows now (a stream is open).
         self.active = False
-        #: The events numbered here, oldest first, and their weight.
+        #: The highest position read (every stored event up to it was read).
+        self.cursor = 0
+        #: The events read, oldest first: every one with a position in (``floor``,
+        #: ``cursor``], and what they weigh.
         self.ring: deque[Event] = deque()
+        self.floor = 0
         self.weight = 0
-        #: The highest ``seq`` of each conversation numbered here (or published here).
-        self.cursor: dict[str, int] = {}
-        #: Conversations with announced events not read yet, with the highest announced.
-        self.due: dict[str, int] = {}
         self.streams: set[AgentStream] = set()
-        self._opened = 0.0
-        # What a reconnection cannot get: events numbered up to ``_evicted`` left the
-        # ring; up to ``_since`` (the number when it followed again after a stop), the
-        # feed may have missed events while stopped.
-        self._evicted = 0
-        self._since: int | None = None
-        self._ran = False
+        self._starting: asyncio.Task[None] | None = None
+        # Streams waiting for it to start.
+        self._waiting = 0
         self._fetch: asyncio.Task[None] | None = None
-        self._idle: asyncio.TimerHandle | None = None
+        self._again = False
 
-    def attach(self, stream: AgentStream, after: int | None) -> tuple[list[Event], bool]:
-        """``stream`` opens (``after``: its ``Last-Event-ID``): the kept events it
-        missed, and whether some it missed are not kept."""
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
-        if not self.active:
-            self.active = True
-            self._opened = time.time()
-            if self._ran:
-                self._since = self.hub.agent.services.last_stream_seq
-            self._ran = True
+    async def attach(self, stream: AgentStream) -> None:
+        """``stream`` opens: follow from now on, if not yet."""
+        while not self.active:
+            if self._starting is None or self._starting.done():
+                self._starting = asyncio.get_running_loop().create_task(self._start())
+            starting = self._starting
+            self._waiting += 1
+            try:
+                await asyncio.shield(starting)
+            finally:
+                self._waiting -= 1
+                if self._starting is starting and starting.done():
+                    self._starting = None
         self.streams.add(stream)
-        if after is None:
-            return [], False
-        missed: list[Event] = []
-        for event in reversed(self.ring):
-            if event.stream_seq <= after:
-                break
-            missed.append(event)
-        missed.reverse()
-        since = self._since
-        return missed, after < self._evicted or (since is not None and after <= since)
+
+    async def _start(self) -> None:
+        last, _ = await self.hub.store.run_events_position()
+        if not self._waiting:
+            return  # (every stream that asked went away meanwhile)
+        self.cursor = self.floor = last
+        self.active = True
+        self.poke()  # (what a notification announced while this read was on its way)
 
     def detach(self, stream: AgentStream) -> None:
         self.streams.discard(stream)
-        if not self.streams and self.active and self._idle is None:
-            self._idle = asyncio.get_running_loop().call_later(self.grace, self.stop)
+        if not self.streams:
+            self.stop()
 
     def stop(self) -> None:
-        """Stop following (nobody subscribed for ``grace`` seconds; the hub closing)."""
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        """Stop following (no stream left; the hub closing)."""
         if self.streams:
             return
         self.active = False
         self.ring.clear()
         self.weight = 0
-        self.cursor.clear()
-        self.due.clear()
         if self._fetch is not None and self._fetch is not asyncio.current_task():
             self._fetch.cancel()
         self._fetch = None
 
-    def saw(self, event: Event) -> None:
-        """``event`` was published here (its conversation's numbers go on from it)."""
-        cid = event.conversation_id
-        if event.seq > self.cursor.get(cid, 0):
-            self.cursor[cid] = event.seq
+    def unstored(self, event: Event) -> None:
+        """An event that is not stored (a temporary conversation's): to every stream now."""
+        for stream in list(self.streams):
+            stream._unstored(event)
 
-    def poke(self, conversation_id: str, upto: int) -> None:
-        """Another worker stored events of ``conversation_id`` up to ``seq`` ``upto``."""
-        if not self.active or upto <= self.cursor.get(conversation_id, 0):
+    def failed(self) -> None:
+        """This worker could not store a batch: its events are missing from every
+        stream; this worker's streams are told."""
+        for stream in list(self.streams):
+            stream._lost(self.cursor)
+
+    def poke(self) -> None:
+        """New events may be stored: read them."""
+        if not self.active:
             return
-        if upto > self.due.get(conversation_id, 0):
-            self.due[conversation_id] = upto
-        if self._fetch is None:
-            task = self._fetch = asyncio.get_running_loop().create_task(
-                self._read(), name="agentik-agent-wide-feed"
-            )
-            # (The hub's closing waits for it.)
-            self.hub._tasks.add(task)
-            task.add_done_callback(self.hub._tasks.discard)
+        if self._fetch is not None:
+            self._again = True
+            return
+        task = self._fetch = asyncio.get_running_loop().create_task(
+            self._read(), name="agentik-agent-wide-tail"
+        )
+        # (The hub's closing waits for it.)
+        self.hub._tasks.add(task)
+        task.add_done_callback(self.hub._tasks.discard)
 
     async def _read(self) -> None:
-        store, services = self.hub.store, self.hub.agent.services
+        store, page = self.hub.store, self.hub.page
         try:
-            while self.due and self.active:
-                cid, upto = self.due.popitem()
-                cursor = self.cursor.get(cid)
-                if cursor is None:
-                    cursor = max(0, upto - self.look_back)
-                while self.active and cursor < upto:
-                    rows = await store.run_events_after(cid, cursor, limit=self.hub.page)
-                    if not rows:
-                        break
-                    for seq, data in rows:
-                        if seq <= self.cursor.get(cid, 0):
-                            continue  # (numbered already, or this worker's own)
-                        try:
-                            event = event_from_json(data)
-                        except ValueError:
+            while self.active:
+                self._again = False
+                while self.active:
+                    rows = await store.run_events_since(self.cursor, limit=page)
+                    for pos, data in rows:
+                        if pos <= self.cursor or not self.active:
                             continue
-                        self.cursor[cid] = seq
-                        if event.ts >= self._opened:
-                            numbered = dataclasses.replace(
-                                event, stream_seq=services.next_stream_seq()
-                            )
-                            self._keep(numbered)
-                            for stream in list(self.streams):
-                                stream._remote(numbered)
-                    cursor = rows[-1][0]
+                        self.cursor = pos
+                        event = _parse(data, pos)
+                        if event is None:
+                            continue
+                        self._keep(event)
+                        for stream in list(self.streams):
+                            stream._stored(event)
+                    if len(rows) < page:
+                        break
+                if not self._again:
+                    break
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the next notification reads again
@@ -859,7 +833,7 @@ class _RemoteFeed:
         while len(ring) > self.keep or (self.weight > self.max_bytes and len(ring) > 1):
             old = ring.popleft()
             self.weight -= event_weight(old)
-            self._evicted = old.stream_seq
+            self.floor = old.stream_seq
 
     def scrub(self, edit: EventEdit) -> None:
         """Rewrite kept events (a redaction), their numbers kept."""
@@ -871,97 +845,129 @@ class _RemoteFeed:
         self.weight = sum(event_weight(e) for e in ring)
 
 
+def _parse(data: str, pos: int) -> Event | None:
+    """A stored event with its position as its ``stream_seq`` (``None``: a kind this
+    version does not know)."""
+    try:
+        fields = json.loads(data)
+        fields["stream_seq"] = pos
+        return event_from_dict(fields)
+    except (ValueError, TypeError, KeyError):
+        log.debug("skipped a stored event: %s", data[:80])
+        return None
+
+
 class AgentStream(_EventQueue):
-    """One SSE client's agent-wide stream on a shared store: this worker's own events
-    (its agent-wide subscription: replay and live) merged with the events of the turns
-    other workers run, which the worker's :class:`_RemoteFeed` reads from the store
-    when their ``events`` notification comes (ids only: ``<highest seq>:<conversation>``).
+    """One SSE client's agent-wide stream on a shared store: every worker's stored
+    events in position order, each once, the position its ``stream_seq`` (the SSE
+    ``id``, the same on every worker).
 
-    Each conversation's events come in ``seq`` order, once.  Events of other workers
-    are taken from the moment the first agent-wide stream of this worker opened (older
-    ones are not replayed), and get a ``stream_seq`` of this worker (the SSE ``id``),
-    so the ids a client sees only grow; a reconnection with ``Last-Event-ID`` to the
-    same worker replays the events of the gap, this worker's and the others', in the
-    order they were numbered, none twice (the feed keeps the others' for
-    :data:`FEED_GRACE` seconds after its last client left).  A lost notification: the
-    conversation's events are read at its next one.
+    Opened with ``after`` (a ``Last-Event-ID``), it first reads the events above it
+    from the store, a page at a time as the client takes them (however long the gap,
+    the client is not cut off for it), then takes what this worker's
+    :class:`_StoredTail` read meanwhile and follows it.  An ``after`` below what the
+    retention pruned gets ``events_lost`` first, then what is still stored; one above
+    every stored position (another database's, a numbering from before) gets
+    ``events_lost`` and the events from now on.  A temporary conversation's events
+    (never stored) come live, without an id, and are not replayed.
     """
-
-    #: Stored events looked back at for a conversation first seen in a notification.
-    LOOK_BACK = 500
 
     def __init__(
         self,
         hub: ClusterEvents,
-        local: Subscription,
         profile: StreamProfile | None,
         max_pending: int,
         after: int | None = None,
     ) -> None:
         super().__init__()
         self.hub = hub
-        self.local = local
         self._profile = None if profile is None or profile.passes_everything else profile
         self._max_pending = max_pending
         self._after = after
-        #: The highest ``seq`` delivered of each conversation.
-        self._cursor: dict[str, int] = {}
+        #: The position of the last event taken (delivered or filtered out).
+        self.last = 0
+        #: Reading what it missed from the store (the tail's events wait meanwhile).
+        self._catching = False
 
-    def _start(self) -> None:
-        replay, lost = self.hub.feed.attach(self, self._after)
-        if lost and self._after is not None:
-            after = self._after
-            self._push(
-                EventsLost(
-                    conversation_id="", seq=0, stream_seq=after, ts=time.time(),
-                    requested_after=after, oldest_seq=after + 1,
-                )
-            )  # fmt: skip
-        # This worker's events of the gap (its replay buffer) and the others' (the
-        # feed's ring), in the order they were numbered.
-        mine: list[Event] = []
-        while (event := self.local.take()) is not None:
-            mine.append(event)
-        if replay:
-            merged = sorted(
-                [(e.stream_seq, 0, e) for e in mine] + [(e.stream_seq, 1, e) for e in replay],
-                key=lambda t: (t[0], t[1]),
+    async def _start(self) -> None:
+        tail = self.hub.feed
+        after = self._after
+        if after is None:
+            await tail.attach(self)
+            self.last = tail.cursor  # (no await since it joined: from its next event on)
+            return
+        # Before any await: what the tail reads meanwhile waits for the catching up.
+        self.last, self._catching = after, True
+        await tail.attach(self)
+        last, pruned = await self.hub.store.run_events_position()
+        newest = max(last, tail.cursor)
+        if after > newest:
+            # Not a position of these events: say so, go on from now.
+            self._lost(after, oldest=newest + 1)
+            self.last, self._catching = tail.cursor, False
+        elif after < pruned:
+            self._lost(after, oldest=pruned + 1)
+
+    async def _catch_up(self) -> None:
+        """Read the next page of what the client missed; past the end of what is
+        stored, take what the tail read meanwhile and follow it."""
+        # (A page fits in the client's queue: catching up never cuts it off.)
+        tail, page = self.hub.feed, max(1, min(self.hub.page, self._max_pending // 2))
+        rows = await self.hub.store.run_events_since(self.last, limit=page)
+        for pos, data in rows:
+            if self._closed or not self._catching:
+                return
+            if pos <= self.last:
+                continue
+            self.last = pos
+            event = _parse(data, pos)
+            if event is not None:
+                self._deliver(event)
+        if len(rows) >= page or self._closed:
+            return
+        if self.last < tail.floor and not rows:
+            # Read by the tail, gone from its ring and from the store (pruned or
+            # deleted meanwhile): lost.
+            self._lost(self.last, oldest=tail.floor + 1)
+            self.last = tail.floor
+        if self.last >= tail.floor:
+            self._catching = False
+            for event in list(tail.ring):
+                if event.stream_seq > self.last:
+                    self.last = event.stream_seq
+                    self._deliver(event)
+
+    async def __anext__(self) -> Event:
+        while not self._out:
+            if self._closed:
+                raise StopAsyncIteration
+            if self._catching:
+                await self._catch_up()
+                continue
+            waiter = self._waiter
+            if waiter is None or waiter.done():
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        return self._out.popleft()
+
+    def _stored(self, event: Event) -> None:
+        """An event the tail read (in position order)."""
+        if self._closed or self._catching or event.stream_seq <= self.last:
+            return
+        self.last = event.stream_seq
+        self._deliver(event)
+
+    def _unstored(self, event: Event) -> None:
+        if not self._catching:
+            self._deliver(dataclasses.replace(event, stream_seq=0))
+
+    def _lost(self, after: int, *, oldest: int | None = None) -> None:
+        self._push(
+            EventsLost(
+                conversation_id="", seq=0, stream_seq=after, ts=time.time(),
+                requested_after=after, oldest_seq=after + 1 if oldest is None else oldest,
             )
-            for _, remote, event in merged:
-                if remote:
-                    self._remote(event)
-                else:
-                    self._local_one(event)
-        else:
-            for event in mine:
-                self._local_one(event)
-        self.local.notify = self._on_local
-        self._on_local(self.local)
-
-    def _on_local(self, sub: Subscription) -> None:
-        while (event := sub.take()) is not None:
-            self._local_one(event)
-        if sub.ended and not self._closed:
-            self._end()
-
-    def _local_one(self, event: Event) -> None:
-        if event.kind == "events_lost":
-            self._push(event)
-            return
-        cid = event.conversation_id
-        if event.seq > self._cursor.get(cid, 0):
-            self._cursor[cid] = event.seq
-        self._deliver(event)
-
-    def _remote(self, event: Event) -> None:
-        """An event of another worker, numbered by the feed."""
-        if self._closed:
-            return
-        cid = event.conversation_id
-        if event.seq <= self._cursor.get(cid, 0):
-            return  # (delivered already)
-        self._cursor[cid] = event.seq
-        self._deliver(event)
+        )  # fmt: skip
 
     def _deliver(self, event: Event) -> None:
         if self._closed:
@@ -975,7 +981,7 @@ class AgentStream(_EventQueue):
         self._push(event)
 
     def _overflow(self, event: Event) -> EventsLost:
-        last = self._out[0].stream_seq - 1 if self._out else event.stream_seq
+        last = self._out[0].stream_seq - 1 if self._out and self._out[0].stream_seq else self.last
         return EventsLost(
             conversation_id="", seq=0, stream_seq=last, ts=time.time(),
             requested_after=last, oldest_seq=last + 1,
@@ -985,10 +991,7 @@ class AgentStream(_EventQueue):
         if self._closed:
             return
         self._closed = True
+        self._catching = False
         self.hub._everything.discard(self)
         self.hub.feed.detach(self)
-        self.local.notify = None
-        task = asyncio.get_running_loop().create_task(self.local.aclose())
-        self.hub._tasks.add(task)
-        task.add_done_callback(self.hub._tasks.discard)
         self._wake()

@@ -844,12 +844,34 @@ class Store(abc.ABC):
 
     # -- run events, for SSE clients on every worker (issue 32; SQLite 18, PostgreSQL 7) ---
     async def run_events_add(
-        self, rows: Sequence[tuple[str, int, float, str]], *, replace: bool = False
+        self,
+        rows: Sequence[tuple[str, int, float, str]],
+        *,
+        replace: bool = False,
+        wide: Sequence[bool] | None = None,
     ) -> None:
         """Record a batch of events: ``(conversation_id, seq, at, data)`` rows, ``data``
         the event as the SSE stream sends it (:func:`~agentik.core.events.event_to_json`).
         A ``(conversation_id, seq)`` recorded already is left as it is; with
-        ``replace``, its ``data`` is replaced (a redaction rewrites what it said)."""
+        ``replace``, its ``data`` is replaced (a redaction rewrites what it said).
+
+        ``wide`` (one flag per row; ``None``: every row) says which events are on the
+        agent-wide stream: each new one gets the next position (``pos``) of that
+        stream, in the batch's order, and every reader on any process finds a
+        position only once every lower one is readable (see
+        :meth:`run_events_since`).  A row recorded already keeps its position."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run events")
+
+    async def run_events_since(self, after: int, *, limit: int = 500) -> list[tuple[int, str]]:
+        """The recorded agent-wide events with a position above ``after``, in position
+        order, ``limit`` at most: ``(pos, data)``.  Positions only grow and may skip
+        numbers; a row at a lower position than one returned never appears later."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run events")
+
+    async def run_events_position(self) -> tuple[int, int]:
+        """``(last, pruned)``: the highest position recorded (0: none), and the highest
+        one :meth:`run_events_prune` forgot (a reader resuming below it may have
+        missed events)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run events")
 
     async def run_events_after(
@@ -865,7 +887,8 @@ class Store(abc.ABC):
 
     async def run_events_prune(self, *, keep: int, before: float) -> int:
         """Forget the events recorded before ``before`` and all but the newest ``keep``
-        of each conversation; how many."""
+        of each conversation (the highest position forgotten raises ``pruned``, see
+        :meth:`run_events_position`); how many."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run events")
 
     # -- the turn queue (issue 32: agentik.core.cluster.conversations; SQLite 17, PG 6) ----

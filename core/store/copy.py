@@ -84,7 +84,9 @@ DERIVED_PREFIXES = ("sqlite_", "memory_fts", "message_fts")
 #: worker registry, scheduled jobs' claims, the turn queue and the run events kept for
 #: other workers' event streams (agentik.core.cluster).  They describe the source's
 #: workers; the destination's workers write their own.
-PROCESS_TABLES = frozenset({"lease", "worker", "job_run", "turn_queue", "run_event"})
+PROCESS_TABLES = frozenset(
+    {"lease", "worker", "job_run", "turn_queue", "run_event", "run_event_position"}
+)
 #: The memory notes' tables (the SQLite memory backend's; an engine without notes lacks them).
 NOTE_TABLES = frozenset({"memory_note", "memory_version", "memory_vector", "memory_source"})
 #: Columns one engine keeps for itself, rebuilt by the other (PostgreSQL's ``run.written``

@@ -753,6 +753,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX checkpoint_by_conversation ON checkpoint (conversation_id, id);
         """,
     ),
+    Migration(
+        28,
+        "run_event_position",
+        """
+        -- The agent-wide event stream's position of each stored event (PostgreSQL's
+        -- twin, migration 17): ``pos`` (NULL: a child run's event relayed into its
+        -- parent's stream, or a row from before), ``run_event_position``: the last
+        -- ``pos`` given and the highest one the retention pruned.
+        ALTER TABLE run_event ADD COLUMN pos INTEGER;
+        CREATE UNIQUE INDEX run_event_by_pos ON run_event (pos);
+        CREATE TABLE run_event_position (
+            id      INTEGER PRIMARY KEY CHECK (id = 1),
+            last    INTEGER NOT NULL DEFAULT 0,
+            pruned  INTEGER NOT NULL DEFAULT 0
+        );
+        INSERT INTO run_event_position (id, last, pruned) VALUES (1, 0, 0);
+        """,
+    ),
 )
 
 

@@ -32,13 +32,24 @@ from .migrations import Migration
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["LOCK_KEY", "MEMORY_LOCK_KEY", "MIGRATIONS", "apply_migrations", "schema_version"]
+__all__ = [
+    "LOCK_KEY",
+    "MEMORY_LOCK_KEY",
+    "MIGRATIONS",
+    "RUN_EVENT_LOCK_KEY",
+    "apply_migrations",
+    "schema_version",
+]
 
 #: The advisory lock key migrations run under (any constant; "agentik" in ASCII).
 LOCK_KEY = 0x6167656E74696B
 #: The advisory lock every write of memory notes takes first, held to its commit
 #: ("agentikm"; see :mod:`agentik.core.memory.postgres`).
 MEMORY_LOCK_KEY = 0x6167656E74696B6D
+#: The advisory lock a batch of run events takes before numbering its ``pos``, held
+#: to its commit, so positions become visible in order ("agentike"; see
+#: :mod:`agentik.core.store.postgres_events`).
+RUN_EVENT_LOCK_KEY = 0x6167656E74696B65
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -715,6 +726,27 @@ MIGRATIONS: tuple[Migration, ...] = (
             document        text NOT NULL
         );
         CREATE INDEX checkpoint_by_conversation ON checkpoint (conversation_id, id);
+        """,
+    ),
+    Migration(
+        17,
+        "run_event_position",
+        """
+        -- The agent-wide event stream's ids, the same on every worker (SQLite's
+        -- migration 28): ``pos`` numbers each stored event that is on the agent-wide
+        -- stream (NULL: a child run's event relayed into its parent's stream), in the
+        -- order the batches commit (a batch takes the advisory lock
+        -- RUN_EVENT_LOCK_KEY before numbering); ``run_event_position.pruned`` is the
+        -- highest ``pos`` the retention pruned (a resumption from before it may have
+        -- missed events).  Older rows keep NULL: they were never on a shared stream.
+        ALTER TABLE run_event ADD COLUMN pos bigint;
+        CREATE SEQUENCE run_event_pos_seq;
+        CREATE UNIQUE INDEX run_event_by_pos ON run_event (pos);
+        CREATE TABLE run_event_position (
+            id      boolean PRIMARY KEY DEFAULT true CHECK (id),
+            pruned  bigint NOT NULL DEFAULT 0
+        );
+        INSERT INTO run_event_position (id, pruned) VALUES (true, 0);
         """,
     ),
 )

@@ -389,15 +389,24 @@ class SeenEventRepository(Protocol):
 @runtime_checkable
 class RunEventRepository(Protocol):
     """What a conversation's turns emitted, in batches: an SSE client on any worker
-    replays and follows them with the same ``seq`` (``(seq, event JSON)`` rows)."""
+    replays and follows them with the same ``seq`` (``(seq, event JSON)`` rows), and
+    the agent-wide stream with the same position (``pos``) on every worker."""
 
     async def run_events_add(
-        self, rows: Sequence[tuple[str, int, float, str]], *, replace: bool = False
+        self,
+        rows: Sequence[tuple[str, int, float, str]],
+        *,
+        replace: bool = False,
+        wide: Sequence[bool] | None = None,
     ) -> None: ...
 
     async def run_events_after(
         self, conversation_id: str, after: int, *, limit: int = 500
     ) -> list[tuple[int, str]]: ...
+
+    async def run_events_since(self, after: int, *, limit: int = 500) -> list[tuple[int, str]]: ...
+
+    async def run_events_position(self) -> tuple[int, int]: ...
 
     async def run_events_last(self, conversation_id: str) -> int: ...
 

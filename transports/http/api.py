@@ -1611,8 +1611,8 @@ class Api:
         cluster = self.agent.cluster_events
         sub: Any
         if cluster is not None:
-            # Workers: this worker's events and those of the turns the others run.
-            sub = cluster.subscribe_all(
+            # Workers: every worker's stored events, ids the same on all of them.
+            sub = await cluster.subscribe_all(
                 after=after, profile=profile, max_pending=self.ctx.settings.subscriber_queue
             )
         else:

@@ -1555,7 +1555,10 @@ def openapi_document(
         p + "/events": {
             "get": op(
                 "allEvents",
-                "Live events of every conversation this token may see (id = stream_seq)",
+                "Live events of every conversation this token may see (id = stream_seq: on"
+                " workers sharing PostgreSQL, the stored event's position, the same on every"
+                " worker, so Last-Event-ID resumes on any of them; a temporary conversation's"
+                " events carry no id)",
                 {
                     "200": _sse("an endless event stream with heartbeat comments"),
                     "422": _error("a bad profile, after or Last-Event-ID"),

@@ -5,6 +5,10 @@ Each event becomes one SSE message::
     id: <seq>            (the conversation's seq; stream_seq on the all-conversations stream)
     data: <event JSON>   (agentik.core.events.event_to_json: the same shape everywhere)
 
+On the all-conversations stream of workers sharing PostgreSQL, an event that is
+not stored (a temporary conversation's) has no position: its message has no
+``id`` line, so the client's ``Last-Event-ID`` stays the last stored event's.
+
 A client that reconnects sends the last ``id`` it saw as ``Last-Event-ID``
 and is replayed what it missed.  A comment line (``: ping``) goes out every
 ``heartbeat`` seconds so proxies keep the connection open.
@@ -44,8 +48,11 @@ def _chunk(body: bytes) -> dict[str, Any]:
     return {"type": "http.response.body", "body": body, "more_body": True}
 
 
-def _encode(event: EventBase, event_id: int) -> bytes:
-    return b"id: %d\ndata: %s\n\n" % (event_id, event_to_json(event).encode("utf-8"))
+def _encode(event: EventBase, event_id: int | None) -> bytes:
+    data = event_to_json(event).encode("utf-8")
+    if event_id is None:
+        return b"data: %s\n\n" % data
+    return b"id: %d\ndata: %s\n\n" % (event_id, data)
 
 
 class FrameCache:
@@ -72,9 +79,12 @@ class FrameCache:
         self._frames: dict[tuple[int, bool], tuple[EventBase, bytes]] = {}
 
     def frame(self, event: EventBase, *, global_ids: bool) -> bytes:
-        event_id = event.stream_seq if global_ids else event.seq
-        if event.kind == "events_lost" or not event.stream_seq:
+        event_id: int | None = event.stream_seq if global_ids else event.seq
+        if event.kind == "events_lost":
             return _encode(event, event_id)
+        if not event.stream_seq:
+            # (On the all-conversations stream: not stored, no position to resume from.)
+            return _encode(event, None if global_ids else event_id)
         key = (event.stream_seq, global_ids)
         cached = self._frames.get(key)
         if cached is not None:
