@@ -436,3 +436,70 @@ async def test_one_outbox_write_may_name_a_piece_twice_as_on_sqlite(tmp_path, po
             texts = [(e.piece, e.text, e.complete) for e in await store.outbox_undelivered()]
             got.append((ids[0] == ids[2] != ids[1], texts))
     assert got[0] == got[1] == (True, [(0, "whole", True), (1, "b", True)])
+
+
+async def _deadlocks(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def test_batches_locking_in_opposite_orders_on_two_stores_queue_instead_of_deadlocking(
+    postgres_dsn,
+):
+    """Two stores (two workers' writers) batch a budget take (its counter's lock) and
+    run events (the agent-wide numbering's lock) in opposite orders, many times at
+    once: every write lands, and PostgreSQL never had to break a deadlock (each one
+    would stall a worker for its deadlock_timeout) — the writer takes every lock a
+    batch declares first, in one order.  The server's deadlock count is read after
+    the stores' connections ended (a backend reports its counts as it exits)."""
+    from rigs import eventually
+
+    before, others = await _deadlocks(postgres_dsn), await _backends(postgres_dsn)
+    a, b = PostgresStore(postgres_dsn), PostgresStore(postgres_dsn)
+    check = [("channel", "shared", "messages", 60, 10_000)]
+    add = [("channel", "shared", "messages", 60, 1)]
+    async with a, b:
+        await a.create_conversation(rec("da"))
+        await b.create_conversation(rec("db"))
+
+        def events(cid: str, n: int) -> list[tuple[str, int, float, str]]:
+            return [(cid, n * 2 + i + 1, 1.0, json.dumps({"kind": "x", "n": i})) for i in range(2)]
+
+        for n in range(60):
+            await asyncio.gather(
+                a.budget_take(check, add),
+                a.run_events_add(events("da", n)),
+                b.run_events_add(events("db", n)),
+                b.budget_take(check, add),
+            )
+        [(*_, counted)] = await a.budget_rows(0)
+        assert counted == 120
+        assert len(await b.run_events_after("da", 0, limit=1000)) == 120
+        assert (await a.run_events_position())[0] >= 240
+
+    # (No store connection is left: the server has their counts once they exit.)
+    async def gone() -> bool:
+        return not (await _backends(postgres_dsn) - others)
+
+    await eventually(gone, "the stores' connections gone", wait=30, interval=0.1)
+    assert await _deadlocks(postgres_dsn) == before
+
+
+async def _backends(dsn: str) -> set[int]:
+    """The server processes of this database's client connections (not this one)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        return {int(r[0]) for r in rows}
+    finally:
+        await conn.close()

@@ -754,11 +754,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(
-        28,
+        27,
         "run_event_position",
         """
         -- The agent-wide event stream's position of each stored event (PostgreSQL's
-        -- twin, migration 17): ``pos`` (NULL: a child run's event relayed into its
+        -- twin, migration 16): ``pos`` (NULL: a child run's event relayed into its
         -- parent's stream, or a row from before), ``run_event_position``: the last
         -- ``pos`` given and the highest one the retention pruned.
         ALTER TABLE run_event ADD COLUMN pos INTEGER;

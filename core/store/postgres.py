@@ -283,6 +283,10 @@ async def _insert_conversation(
         await conn.execute(_BIND, channel_key, record.id, record.created_at)
 
 
+#: Take advisory locks (a sorted ``bigint[]``) to the commit, one after another in order.
+_LOCK_ALL = "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k"
+
+
 @dataclass(slots=True)
 class _Job:
     fn: WriteFn
@@ -291,6 +295,9 @@ class _Job:
     #: ``fn`` runs exactly one statement (atomic alone): committed alone, it needs no
     #: BEGIN and COMMIT round trips of its own.
     single: bool = False
+    #: Advisory locks ``fn`` needs held to the commit: the transaction takes every
+    #: job's locks first, in one sorted order (see :meth:`PostgresStore._transaction`).
+    locks: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -534,10 +541,19 @@ class PostgresStore(
                 self._idle.set()
 
     async def _transaction(self, batch: Sequence[_Job]) -> list[Any]:
+        """Run ``batch`` in one transaction.  The advisory locks its jobs declare are
+        taken first, all of them, in ascending order: two workers' batches holding
+        jobs that lock (run events' numbering, budget counters, memory notes) in
+        different orders then queue one behind the other instead of deadlocking
+        (PostgreSQL would roll one back after its ``deadlock_timeout``, a second's
+        stall).  A job may take its own declared lock again (they stack)."""
         conn = await self._writer_conn()
-        if len(batch) == 1 and batch[0].single:
+        if len(batch) == 1 and batch[0].single and not batch[0].locks:
             return [await batch[0].fn(conn)]
+        locks = sorted({key for job in batch for key in job.locks})
         async with conn.transaction():
+            if locks:
+                await conn.execute(_LOCK_ALL, locks)
             return [await job.fn(conn) for job in batch]
 
     async def _commit(self, batch: list[_Job]) -> list[Any]:
@@ -601,9 +617,10 @@ class PostgresStore(
         conversation_id: str | None = None,
         single: bool = False,
         defer: bool = False,
+        locks: tuple[int, ...] = (),
     ) -> Any:
         loop = asyncio.get_running_loop()
-        job = _Job(fn, loop.create_future(), conversation_id, single)
+        job = _Job(fn, loop.create_future(), conversation_id, single, locks)
         return await self._submit(job, defer=defer)
 
     async def _append_in(

@@ -5,7 +5,7 @@ follows them with the same ``seq`` (:mod:`agentik.core.cluster.events`).
 A batch is one statement through the ordered writer (never a statement per event);
 a row that is there already is left as it is (a batch written twice is harmless).
 
-The agent-wide stream's ids (``pos``, migration 17) must mean the same on every
+The agent-wide stream's ids (``pos``, migration 16) must mean the same on every
 worker, so a client that resumes on another misses nothing: a batch takes the
 advisory lock :data:`~.postgres_migrations.RUN_EVENT_LOCK_KEY` before numbering its
 rows, and holds it to its commit.  The next batch (any worker's) numbers after it
@@ -61,11 +61,11 @@ class PostgresRunEvents(PostgresRoom):
             raise ValueError("wide must have one flag per row")
 
         async def fn(conn: asyncpg.Connection) -> None:
-            if any(flags):
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", RUN_EVENT_LOCK_KEY)
             await conn.execute(sql, cids, seqs, ats, data, flags)
 
-        await self._write(fn)
+        # Numbered under the lock, held to the commit (taken first by the writer's
+        # transaction, with any other job's locks, in one order).
+        await self._write(fn, locks=(RUN_EVENT_LOCK_KEY,) if any(flags) else ())
 
     async def run_events_since(self, after: int, *, limit: int = 500) -> list[tuple[int, str]]:
         rows = await self._read(

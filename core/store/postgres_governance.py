@@ -78,10 +78,7 @@ class PostgresGovernance(PostgresRoom):
         locks = sorted({_lock_key(*key[:4]) for key in checks} | {_lock_key(*a[:4]) for a in args})
 
         async def fn(conn: asyncpg.Connection) -> tuple[int, int] | None:
-            # unnest yields the sorted array in its order, one lock after another.
-            await conn.execute(
-                "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k", locks
-            )
+            # (The locks are held already: the writer takes them first.)
             got = await conn.fetch(
                 "SELECT c.n, b.amount FROM unnest($1::text[], $2::text[], $3::text[],"
                 " $4::bigint[]) WITH ORDINALITY AS c(scope, subject, kind, period, n)"
@@ -115,13 +112,14 @@ class PostgresGovernance(PostgresRoom):
                 await conn.executemany(_ADD, args)
             return None
 
-        # The writer commits several jobs in one transaction, so two workers' batches
-        # can take their takes' locks in opposite orders: PostgreSQL breaks the
-        # deadlock by rolling one back (after its deadlock_timeout); the take, which
-        # changed nothing outside its transaction, is simply run again.
+        # The writer commits several jobs in one transaction and takes all their
+        # declared locks first, in one order, so batches do not deadlock on them; a
+        # deadlock some other way (PostgreSQL rolls one back after its
+        # deadlock_timeout) is survived: the take, which changed nothing outside its
+        # transaction, is simply run again.
         for attempt in range(_TAKE_ATTEMPTS):
             try:
-                result: tuple[int, int] | None = await self._write(fn)
+                result: tuple[int, int] | None = await self._write(fn, locks=tuple(locks))
             except StoreError as exc:
                 state = getattr(exc.__cause__, "sqlstate", None) or ""
                 if state != _DEADLOCK or attempt == _TAKE_ATTEMPTS - 1:

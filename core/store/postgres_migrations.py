@@ -729,11 +729,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(
-        17,
+        16,
         "run_event_position",
         """
         -- The agent-wide event stream's ids, the same on every worker (SQLite's
-        -- migration 28): ``pos`` numbers each stored event that is on the agent-wide
+        -- migration 27): ``pos`` numbers each stored event that is on the agent-wide
         -- stream (NULL: a child run's event relayed into its parent's stream), in the
         -- order the batches commit (a batch takes the advisory lock
         -- RUN_EVENT_LOCK_KEY before numbering); ``run_event_position.pruned`` is the

@@ -149,7 +149,9 @@ class PostgresRedaction(PostgresRoom):
             )
 
         try:
-            done: Redaction | None = await self._write(fn, conversation_id=conversation_id)
+            done: Redaction | None = await self._write(
+                fn, conversation_id=conversation_id, locks=(MEMORY_LOCK_KEY,)
+            )
         except Exception as exc:
             # The writer reports a failed job as a StoreError: a redaction refused as
             # such is what the caller is told.

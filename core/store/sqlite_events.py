@@ -1,7 +1,7 @@
 """The SQLite engine's run events (:class:`~.repositories.RunEventRepository`).
 
 A bot on SQLite is one process: its SSE clients replay from the conversation's
-in-memory buffer and nothing writes here.  ``pos`` (migration 28) is taken from
+in-memory buffer and nothing writes here.  ``pos`` (migration 27) is taken from
 ``run_event_position.last`` in the writer's transaction.  The table keeps the store contract
 whole (and PostgreSQL's twin: ``agentik db copy`` skips it, as it is the workers'
 own)."""
