@@ -1225,12 +1225,15 @@ class SlackTransport(Transport):
 
     async def _elsewhere(self, items: list[_Incoming]) -> None:
         """Events another worker claimed: acknowledged once it has handled them (most
-        take milliseconds); not, if it has not within :data:`ACK_WAIT` (it may have
-        died before its commit): Slack sends them again, and once the claim expires the
+        take milliseconds); not, if it has not within most of :data:`ACK_WAIT` (it may
+        have died before its commit): Slack sends them again, and once the claim expires the
         worker that gets one takes it."""
         assert self._shared_seen is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + ACK_WAIT
+        # Given up before the acknowledgement's own wait ends: the 503 then goes out
+        # with the event out of flight here, so Slack's next attempt claims it afresh
+        # rather than waiting on this one.
+        deadline = loop.time() + ACK_WAIT * 0.8
         pause = 0.05
         try:
             while items and loop.time() < deadline:
