@@ -896,12 +896,13 @@ class SlackTransport(Transport):
             and isinstance(thread_ts, str) and bool(thread_ts) and thread_ts != event.get("ts")
         )  # fmt: skip
 
-    async def _ours(self, item: _Incoming) -> bool:
+    async def _ours(self, item: _Incoming) -> bool | None:
         """Whether the thread of ``item`` (a reply nobody addressed to the bot, in a
         thread this process does not know) is one the bot takes part in: its channel
         key is bound to a conversation.  With several workers, the thread's first
         message may have reached another worker (Slack's HTTP mode behind a load
-        balancer), and after a restart this process knows no thread."""
+        balancer), and after a restart this process knows no thread.  ``None``: the
+        store could not say (the event is not acknowledged, and comes again)."""
         agent = self._sink.agent if self._sink is not None else None
         if agent is None or item.key is None:
             return False
@@ -910,7 +911,7 @@ class SlackTransport(Transport):
         except Exception as exc:
             log.warning("slack %s: could not tell whether the bot is in %s: %s", self.name,
                         item.key, exc)  # fmt: skip
-            return False
+            return None
         if bound is None:
             return False
         self._threads.add(item.key)
@@ -1164,7 +1165,11 @@ class SlackTransport(Transport):
                     quiet.append(item)
                     continue
                 if item.maybe_ours:
-                    if not await self._ours(item):
+                    ours = await self._ours(item)
+                    if ours is None:  # could not tell: Slack sends it again
+                        self._finished(item, handled=False)
+                        continue
+                    if not ours:
                         quiet.append(item)  # chatter in a thread the bot is not in
                         continue
                     item = dataclasses.replace(item, addressed=True, maybe_ours=False)
