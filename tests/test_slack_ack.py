@@ -30,10 +30,11 @@ import httpx
 import pytest
 from cluster import Worker, last_user, until, worker_config, workers
 
+from agentik.core import SQLiteStore
 from agentik.core.testing.openai_server import Reply
 
 from fakeslack import FakeSlack
-from rigs import bot_texts
+from rigs import bot_texts, slack_bot
 
 pytest_plugins = ["pgserver"]
 
@@ -146,6 +147,43 @@ async def test_a_process_killed_before_its_commit_answers_slacks_redelivery_once
             assert _asked(openai_server, "keep me") == 1
         finally:
             bot.stop()
+
+
+async def test_a_redelivery_while_the_first_is_still_committing_is_answered_once(tmp_path):
+    """One process (in this test's loop), its SQLite file's write lock held by the test:
+    a DM arrives and cannot be committed; Slack's retry of it arrives meanwhile (the
+    first was not acknowledged).  Once the lock is released the message is committed
+    once, the retry (or a later one) is acknowledged, and it is answered once."""
+    async with FakeSlack() as slack:
+        slack.add_user("U1", "alice")
+        store_path = tmp_path / "slack.db"
+        async with slack_bot(slack, tmp_path, store=SQLiteStore(str(store_path))) as (
+            _bot, model, _agent, _bridge,
+        ):  # fmt: skip
+            await slack.wait_for_socket(1)
+            db = sqlite3.connect(store_path, isolation_level=None)
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                event = slack.message_event("D1", "only once", channel_type="im")
+                first = await slack.push_event(event, event_id="EvOnce")
+                await until(lambda: slack.calls_to("users.info"), "the bot taking it in")
+                retry = await slack.push_event(event, event_id="EvOnce", retry_num=1)
+                assert first not in slack.acks and retry not in slack.acks
+            finally:
+                db.execute("ROLLBACK")
+                db.close()
+            acked = [e for e in (first, retry) if await _acked(slack, e)]
+            for attempt in (2, 3):
+                if acked:
+                    break
+                again = await slack.push_event(event, event_id="EvOnce", retry_num=attempt)
+                acked += [again] if await _acked(slack, again) else []
+            assert acked, "no delivery of the event was acknowledged"
+            await until(lambda: bot_texts(slack, "D1"), "the answer")
+            await slack.push_event(slack.message_event("D1", "and this", channel_type="im"))
+            await until(lambda: len(bot_texts(slack, "D1")) >= 2, "the later answer")
+            assert bot_texts(slack, "D1") == ["echo: only once", "echo: and this"]
+            assert [r.messages[-1].content for r in model.requests] == ["only once", "and this"]
 
 
 # -- two workers on PostgreSQL, HTTP mode --------------------------------------------------
