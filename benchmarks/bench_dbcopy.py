@@ -147,10 +147,28 @@ async def seen(args: argparse.Namespace, folder: Path, dsn: str | None) -> list[
         async with store:  # type: ignore[attr-defined]
             shared = StoreSeenEvents(store)  # type: ignore[arg-type]
             wall, cpu = await per_event(shared.first_seen, args.events)
-        say(f"   {name}: {wall * 1e3:.3f} ms, {cpu * 1e6:.0f} us CPU per event")
-        ok = None if "SQLite" in name else wall - base_wall <= SEEN_GOAL
-        rows.append(Row(name, f"{wall * 1e3:.3f} ms", f"{base_wall * 1e3:.3f} ms",
-                        wall / base_wall, "<= +2 ms" if ok is not None else "-", ok))  # fmt: skip
+            say(f"   {name}: {wall * 1e3:.3f} ms, {cpu * 1e6:.0f} us CPU per event")
+            ok = None if "SQLite" in name else wall - base_wall <= SEEN_GOAL
+            goal = "<= +2 ms" if ok is not None else "-"
+            rows.append(Row(name, f"{wall * 1e3:.3f} ms", f"{base_wall * 1e3:.3f} ms",
+                            wall / base_wall, goal, ok))  # fmt: skip
+            if "SQLite" in name:
+                continue
+
+            async def whole(keys: tuple[str, ...], shared: StoreSeenEvents = shared) -> None:
+                # What a worker does per event since the ack waits for the commit: claim
+                # it, read whether another worker handled it, record it once committed.
+                await shared.claim([f"claim:{k}" for k in keys])
+                await shared.known(keys)
+                await shared.first_seen(keys)
+
+            wall, cpu = await per_event(whole, args.events)
+            say(f"   {name}, claim + read + record: {wall * 1e3:.3f} ms,"
+                f" {cpu * 1e6:.0f} us CPU per event")  # fmt: skip
+            ok = wall - base_wall <= SEEN_GOAL
+            rows.append(Row(f"{name}: claim + read + record", f"{wall * 1e3:.3f} ms",
+                            f"{base_wall * 1e3:.3f} ms", wall / base_wall, "<= +2 ms",
+                            ok))  # fmt: skip
     return rows
 
 

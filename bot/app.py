@@ -177,7 +177,8 @@ class Bot:
             found = self.sections.get(transport.name)
             options = options_from(found, transport) if found else None
         self.bridge.attach(transport, options)
-        wire_transport(transport, self.agent.store)
+        wire_transport(transport, self.agent.store,
+                       claim_seconds=self.config.cluster.lease_seconds)  # fmt: skip
         transport.on_health = self._on_transport_health
         self.health.report(
             f"transport:{transport.name}", transport.health.state, transport.health.reason,

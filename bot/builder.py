@@ -490,34 +490,57 @@ class StoreSeenEvents:
 
     A key is remembered for ``window`` seconds (Slack gives up redelivering an event
     after about an hour); every ``prune_every`` keys written, the older ones are pruned.
+    A worker's claim on an event in flight (:meth:`claim`) holds ``claim_seconds``: the
+    cluster's lease, after which a worker that went silent is taken for dead.
     """
 
-    def __init__(self, store: Store, *, window: float = 86400.0, prune_every: int = 5000) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        window: float = 86400.0,
+        prune_every: int = 5000,
+        claim_seconds: float = 15.0,
+    ) -> None:
         self.store = store
         self.window = window
         self.prune_every = prune_every
+        self.claim_seconds = claim_seconds
         self._written = 0
 
     async def first_seen(self, keys: Sequence[str]) -> list[str]:
         now = time.time()
         first = await self.store.seen_first(keys, now=now, window=self.window)
-        self._written += len(first)
+        await self._written_more(len(first), now)
+        return first
+
+    async def claim(self, keys: Sequence[str]) -> list[str]:
+        now = time.time()
+        won = await self.store.seen_first(keys, now=now, window=self.claim_seconds)
+        await self._written_more(len(won), now)
+        return won
+
+    async def known(self, keys: Sequence[str]) -> list[str]:
+        return await self.store.seen_known(keys, since=time.time() - self.window)
+
+    async def _written_more(self, n: int, now: float) -> None:
+        self._written += n
         if self._written >= self.prune_every:
             self._written = 0
             await self.store.seen_prune(now - self.window)
-        return first
 
 
-def wire_transport(transport: Any, store: Store) -> None:
+def wire_transport(transport: Any, store: Store, *, claim_seconds: float = 15.0) -> None:
     """Give ``transport`` what it keeps in the store: the handled events of a transport
     that dedupes redelivered events (Slack), when several workers may share the store
     (every engine but SQLite, whose single process keeps them in a file next to the
-    database: measured faster, docs/slack.md)."""
+    database: measured faster, docs/slack.md); a worker's claim on an event in flight
+    holds ``claim_seconds`` (``[cluster] lease_seconds``)."""
     share = getattr(transport, "share_seen_events", None)
     if share is None or isinstance(store, SQLiteStore):
         return
     if "seen_events" in store.capabilities:
-        share(StoreSeenEvents(store))
+        share(StoreSeenEvents(store, claim_seconds=claim_seconds))
 
 
 def resolve_agents(config: Config, registry: Registry) -> dict[str, AgentSpec]:

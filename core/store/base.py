@@ -804,6 +804,12 @@ class Store(abc.ABC):
         """Forget the keys last seen first before ``before``; how many."""
         raise NotImplementedError(f"{type(self).__name__} keeps no handled events")
 
+    async def seen_known(self, keys: Sequence[str], *, since: float) -> list[str]:
+        """Those of ``keys`` recorded (seen first) at ``since`` or later, in the order
+        given; a read, nothing is recorded.  Whether another process handled an event
+        whose redelivery reached this one."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no handled events")
+
     # -- checkpoints: stored snapshots per conversation (issue 35; SQLite 28, PostgreSQL 17) -
     async def checkpoint_add(
         self,

@@ -339,6 +339,9 @@ class MemoryStore(
             del self._seen[k]
         return len(old)
 
+    async def seen_known(self, keys: Sequence[str], *, since: float) -> list[str]:
+        return [k for k in dict.fromkeys(keys) if self._seen.get(k, since - 1.0) >= since]
+
     # -- linked channels ----------------------------------------------------------------
     async def search_messages(
         self, query: str, *, limit: int = 20, offset: int = 0

@@ -46,3 +46,13 @@ class PostgresSeen(PostgresRoom):
 
         n: int = await self._write(fn, single=True)
         return n
+
+    async def seen_known(self, keys: Sequence[str], *, since: float) -> list[str]:
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return []
+        rows = await self._read(
+            "SELECT key FROM seen_event WHERE key = ANY($1::text[]) AND at >= $2", wanted, since
+        )
+        found = {r[0] for r in rows}
+        return [k for k in wanted if k in found]

@@ -385,6 +385,8 @@ class SeenEventRepository(Protocol):
 
     async def seen_prune(self, before: float) -> int: ...
 
+    async def seen_known(self, keys: Sequence[str], *, since: float) -> list[str]: ...
+
 
 @runtime_checkable
 class RunEventRepository(Protocol):

@@ -43,3 +43,15 @@ class SQLiteSeen(SQLiteRoom):
 
         n: int = await self._write(fn)
         return n
+
+    async def seen_known(self, keys: Sequence[str], *, since: float) -> list[str]:
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return []
+        marks = ", ".join("?" * len(wanted))
+        rows = await self._read(
+            f"SELECT key FROM seen_event WHERE key IN ({marks}) AND at >= ?",
+            [*wanted, since],
+        )
+        found = {r[0] for r in rows}
+        return [k for k in wanted if k in found]

@@ -9,6 +9,24 @@
   ``app_mention`` and ``message``), remembered in a small SQLite file so a
   restart does not answer again (on PostgreSQL: in the store, shared by every
   worker, :meth:`SlackTransport.share_seen_events`).
+* **Acknowledged after the commit.**  Slack sends an event again when it is not
+  acknowledged within 3 seconds (Socket Mode: the envelope's ack; HTTP mode: a 2xx
+  answer), at once, after a minute and after five (``retry_num``/
+  ``X-Slack-Retry-Num``), and never once it is.  So an event is recorded as handled,
+  and acknowledged, only once the bridge has its message committed (or has decided
+  it needs none): bolt runs our listeners before it answers
+  (``process_before_response``), and a listener waits for that up to
+  :data:`ACK_WAIT` seconds.  A worker killed before the commit acknowledged nothing
+  and recorded nothing: Slack's redelivery, to whichever worker or the restarted
+  process, is taken as new.  A commit slower than that, or a failure, answers a
+  503 (Socket Mode: no ack): Slack sends the event again, and a redelivery that
+  finds it in flight here waits for it (:meth:`SlackTransport._acknowledge`).
+  With several workers (the shared store) an event is first *claimed* (for
+  ``[cluster] lease_seconds``): a redelivery reaching another worker while the
+  first still commits waits for it and is acknowledged without a second turn; one
+  whose claim expired (its worker died) is taken.  Delivery is at-least-once in
+  one place only: a process killed between its commit and the write recording the
+  event (one store or file write) answers Slack's redelivery again.
 * Streaming: Slack's native ``chat.startStream``/``appendStream``/
   ``stopStream`` (slack-sdk's ``chat_stream`` helper) where the workspace
   supports it, else post then ``chat.update``, no more often than
@@ -94,6 +112,12 @@ _CLOCK_SLACK = 120.0
 #: Pages of 200 messages a redelivery reads in one place for its earlier posts.
 _PIECE_PAGES = 5
 
+#: Seconds an event's acknowledgement waits for its message to be committed: Slack
+#: counts an event not acknowledged within 3 seconds as failed and sends it again.
+ACK_WAIT = 2.5
+#: The prefix of a worker's claim on an event key in the shared store (see _claim).
+_CLAIM = "claim:"
+
 _MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
 #: The most files of one file share that are fetched.
 MAX_FILES = 10
@@ -140,6 +164,15 @@ class SeenEvents(Protocol):
     async def first_seen(self, keys: Sequence[str]) -> Collection[str]:
         """Record ``keys`` as handled; those no worker had handled (atomically: of two
         workers given one key at once, one gets it back)."""
+        ...
+
+    async def claim(self, keys: Sequence[str]) -> Collection[str]:
+        """Claim ``keys`` for this worker; those it got (no worker claimed them within
+        the last ``claim_seconds``: atomically, as :meth:`first_seen`)."""
+        ...
+
+    async def known(self, keys: Sequence[str]) -> Collection[str]:
+        """Those of ``keys`` recorded as handled (:meth:`first_seen`); a read."""
         ...
 
 
@@ -220,13 +253,21 @@ class _Seen:
 
     def check_and_add(self, *keys: str) -> bool:
         """True if any key was seen before; records them all either way."""
-        dup = any(k in self.keys for k in keys)
+        dup = self.known(keys)
+        self.add(keys)
+        return dup
+
+    def known(self, keys: Sequence[str]) -> bool:
+        """Whether any of ``keys`` was recorded (in memory: the newest ``keep``)."""
+        return any(k in self.keys for k in keys)
+
+    def add(self, keys: Sequence[str]) -> None:
+        """Record ``keys`` in memory (:meth:`write` puts them in the file)."""
         for k in keys:
             self.keys[k] = None
             self.keys.move_to_end(k)
         while len(self.keys) > self.keep:
             self.keys.popitem(last=False)
-        return dup
 
     def persist(self, *keys: str) -> None:
         """Write ``keys`` to the file in one transaction.
@@ -348,6 +389,10 @@ class _Incoming:
     #: bot if the thread has a conversation (another worker, or a process before a
     #: restart, answered there), looked up when it is handed over.
     maybe_ours: bool = False
+    #: Settled once the event is handled (True: its message committed, or it was not
+    #: for the bot; Slack is acknowledged) or not (False: Slack is not, and sends it
+    #: again); see :meth:`SlackTransport._acknowledge`.
+    outcome: asyncio.Future[bool] | None = None
 
 
 @dataclass
@@ -459,6 +504,9 @@ class SlackTransport(Transport):
         self._bot_messages: OrderedDict[str, str] = OrderedDict()  # ts -> channel key
         self._native_ok: bool | None = None if o.streaming == "auto" else o.streaming == "native"
         self._incoming: asyncio.Queue[_Incoming] = asyncio.Queue()
+        #: Events in flight here (received, not yet handled or given up), by key: their
+        #: outcome, which a redelivery arriving meanwhile is acknowledged on.
+        self._pending: dict[str, asyncio.Future[bool]] = {}
         #: Messages taken from ``_incoming`` and not handed to the bridge yet, and the
         #: hand-overs under way (see :meth:`_hand_over_received`).
         self._taken = 0
@@ -490,6 +538,9 @@ class SlackTransport(Transport):
             token=o.bot_token.get_secret_value(),
             signing_secret=o.signing_secret.get_secret_value() if o.signing_secret else None,
             request_verification_enabled=o.mode == "http",
+            # Listeners run before bolt answers Slack: an event is acknowledged once its
+            # message is committed (_acknowledge), never before (see the module doc).
+            process_before_response=True,
             assistant_thread_context_store=self._contexts,  # type: ignore[arg-type]
         )
         self.client = self.app.client
@@ -761,26 +812,34 @@ class SlackTransport(Transport):
             return f"slack:{self.team_id}:{channel}:{thread_ts}"
         return f"slack:{self.team_id}:{channel}"
 
-    async def _on_event(self, body: dict[str, Any], event: dict[str, Any]) -> None:
-        # Bolt acknowledges the event itself and runs each listener as its own
-        # task.  Nothing here awaits before the queue, so messages reach the
-        # bridge in the order they arrived; the I/O happens in _deliver.
+    async def _on_event(self, body: dict[str, Any], event: dict[str, Any]) -> Any:
+        """A ``message`` or ``app_mention`` event: queued for :meth:`_deliver`, and
+        acknowledged once its message is committed (:meth:`_acknowledge`)."""
+        # Bolt runs each listener as its own task.  Nothing in _take awaits, so
+        # messages reach the queue (and the bridge) in the order they arrived; the
+        # I/O happens in _deliver.
+        outcome = self._take(body, event)
+        return None if outcome is None else await self._acknowledge(outcome)
+
+    def _take(self, body: dict[str, Any], event: dict[str, Any]) -> asyncio.Future[bool] | None:
+        """Queue ``event`` (a person's message, or a change of one) for :meth:`_deliver`;
+        the outcome it is acknowledged on (``None``: nothing to wait for)."""
         subtype = event.get("subtype")
         if subtype in ("message_changed", "message_deleted"):
-            self._on_change(body, event)
-            return
+            return self._on_change(body, event)
         if event.get("bot_id") or (subtype and subtype not in _ANSWERED_SUBTYPES):
-            return  # bots (ourselves too), edits, deletions, joins …: not a person's message
+            return None  # bots (ourselves too), edits, deletions, joins …: not a person's
         user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
         if not all(isinstance(v, str) and v for v in (user, channel, ts)):
-            return
+            return None
         assert isinstance(user, str) and isinstance(channel, str) and isinstance(ts, str)
         if user == self.bot_user_id:
-            return
+            return None
         event_id = body.get("event_id") or f"{channel}:{ts}:{event.get('type')}"
         keys = (f"event:{event_id}", f"msg:{channel}:{ts}")
-        if self._seen.check_and_add(*keys):
-            return
+        new, outcome = self._arrive(keys)
+        if not new:
+            return outcome  # a redelivery, or the mention's twin: acknowledged as it was
         text = event.get("text")
         text = clean(text) if isinstance(text, str) else ""
         links = _file_links(event.get("files"))
@@ -791,8 +850,8 @@ class SlackTransport(Transport):
             else ()
         )
         if not text.strip() and not files and not links:  # nothing to answer
-            self._incoming.put_nowait(_Incoming(keys))
-            return
+            self._incoming.put_nowait(_Incoming(keys, outcome=outcome))
+            return outcome
         is_dm = event.get("channel_type") == "im"
         mentioned = f"<@{self.bot_user_id}>" in text
         thread_ts = event.get("thread_ts")
@@ -805,15 +864,16 @@ class SlackTransport(Transport):
             # A linked channel's attachments: relayed (and seen) as links to them.
             text = f"{text} {' '.join(links)}".strip()
         if not text.strip() and not files:  # nothing to answer
-            self._incoming.put_nowait(_Incoming(keys))
-            return
+            self._incoming.put_nowait(_Incoming(keys, outcome=outcome))
+            return outcome
         addressed = is_dm or mentioned or key in self._threads
         maybe_ours = False
         if event.get("type") == "message" and not addressed:
             if self.hears is None or not self.hears(key):
                 if not self._thread_reply(event):
-                    self._incoming.put_nowait(_Incoming(keys))  # chatter outside our threads
-                    return
+                    # Chatter outside our threads.
+                    self._incoming.put_nowait(_Incoming(keys, outcome=outcome))
+                    return outcome
                 # Maybe a thread the bot answers in elsewhere (_deliver looks it up).
                 maybe_ours = True
             # A linked channel's chatter: the bridge relays it (it is not for the bot).
@@ -828,8 +888,9 @@ class SlackTransport(Transport):
         self._incoming.put_nowait(
             _Incoming(keys, key, text.strip(), user, channel, thread_ts, ts, is_dm, title,
                       addressed, files=files if addressed or maybe_ours else (),
-                      maybe_ours=maybe_ours)
+                      maybe_ours=maybe_ours, outcome=outcome)
         )  # fmt: skip
+        return outcome
 
     def _thread_reply(self, event: dict[str, Any]) -> bool:
         """A reply in a thread (not its first message), each thread a conversation: the
@@ -840,12 +901,13 @@ class SlackTransport(Transport):
             and isinstance(thread_ts, str) and bool(thread_ts) and thread_ts != event.get("ts")
         )  # fmt: skip
 
-    async def _ours(self, item: _Incoming) -> bool:
+    async def _ours(self, item: _Incoming) -> bool | None:
         """Whether the thread of ``item`` (a reply nobody addressed to the bot, in a
         thread this process does not know) is one the bot takes part in: its channel
         key is bound to a conversation.  With several workers, the thread's first
         message may have reached another worker (Slack's HTTP mode behind a load
-        balancer), and after a restart this process knows no thread."""
+        balancer), and after a restart this process knows no thread.  ``None``: the
+        store could not say (the event is not acknowledged, and comes again)."""
         agent = self._sink.agent if self._sink is not None else None
         if agent is None or item.key is None:
             return False
@@ -854,13 +916,15 @@ class SlackTransport(Transport):
         except Exception as exc:
             log.warning("slack %s: could not tell whether the bot is in %s: %s", self.name,
                         item.key, exc)  # fmt: skip
-            return False
+            return None
         if bound is None:
             return False
         self._threads.add(item.key)
         return True
 
-    def _on_change(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+    def _on_change(
+        self, body: dict[str, Any], event: dict[str, Any]
+    ) -> asyncio.Future[bool] | None:
         """A ``message_changed``/``message_deleted`` event: a person edited or deleted a
         message.  Only a linked channel's matter (the bridge carries the change to the
         message's relayed copies); ours (any bot's) and changes that leave the words
@@ -871,7 +935,7 @@ class SlackTransport(Transport):
             now = event.get("message") or {}
             change, ts, text = "edit", now.get("ts"), now.get("text")
             if not isinstance(text, str) or text == before.get("text"):
-                return
+                return None
         else:
             now, change, ts, text = before, "delete", event.get("deleted_ts"), ""
         user = now.get("user") or before.get("user")
@@ -880,7 +944,7 @@ class SlackTransport(Transport):
             or now.get("bot_id") or before.get("bot_id") or user == self.bot_user_id
             or event.get("channel_type") == "im"
         ):  # fmt: skip
-            return
+            return None
         assert isinstance(channel, str) and isinstance(ts, str) and isinstance(user, str)
         thread_ts = now.get("thread_ts") or before.get("thread_ts")
         if not isinstance(thread_ts, str) or not thread_ts:
@@ -889,17 +953,19 @@ class SlackTransport(Transport):
             thread_ts = thread_ts or ts
         key = self._key(channel, thread_ts)
         if self.hears is None or not self.hears(key):
-            return
+            return None
         keys = (f"event:{body.get('event_id') or f'{channel}:{event_ts}:change'}",)
-        if self._seen.check_and_add(*keys):
-            return
+        new, outcome = self._arrive(keys)
+        if not new:
+            return outcome
         text = _MENTION.sub(
             lambda m: "" if m.group(1) == self.bot_user_id else m.group(0), clean(text)
         )
         self._incoming.put_nowait(
             _Incoming(keys, key, incoming(text).strip(), user, channel, thread_ts, ts,
-                      addressed=False, change=change, change_id=str(event_ts))
+                      addressed=False, change=change, change_id=str(event_ts), outcome=outcome)
         )  # fmt: skip
+        return outcome
 
     async def _on_action(self, ack: Any, body: dict[str, Any]) -> None:
         """A button of ours was pressed (a ``block_actions`` payload, Socket Mode or HTTP).
@@ -925,13 +991,14 @@ class SlackTransport(Transport):
         thread_ts = message.get("thread_ts") or container.get("thread_ts")
         action_ts = actions[0].get("action_ts") or ""
         keys = (f"action:{channel}:{ts}:{user}:{action_ts}",)
-        if self._seen.check_and_add(*keys):
+        new, outcome = self._arrive(keys)
+        if not new:
             return
         is_dm = channel.startswith("D")
         key = self._bot_messages.get(ts) or self._key(channel, thread_ts)
         self._incoming.put_nowait(
             _Incoming(keys, key, clean(command).strip(), user, channel, thread_ts, action_ts,
-                      is_dm)
+                      is_dm, outcome=outcome)
         )  # fmt: skip
 
     async def _on_form_submit(self, ack: Any, body: dict[str, Any]) -> None:
@@ -971,12 +1038,13 @@ class SlackTransport(Transport):
         thread_ts = message.get("thread_ts") or container.get("thread_ts")
         action_ts = actions[0].get("action_ts") or ""
         keys = (f"action:{channel}:{ts}:{user}:{action_ts}",)
-        if self._seen.check_and_add(*keys):
+        new, outcome = self._arrive(keys)
+        if not new:
             return
         key = self._bot_messages.get(ts) or self._key(channel, thread_ts)
         self._incoming.put_nowait(
             _Incoming(keys, key, clean(text).strip(), user, channel, thread_ts, action_ts,
-                      channel.startswith("D"))
+                      channel.startswith("D"), outcome=outcome)
         )  # fmt: skip
 
     async def _drop_threadless_assistant_events(
@@ -1031,15 +1099,63 @@ class SlackTransport(Transport):
         except Exception as exc:  # a greeting is a nicety: log it, the thread still works
             log.warning("slack %s: could not greet an assistant thread: %s", self.name, exc)
 
+    def _arrive(self, keys: tuple[str, ...]) -> tuple[bool, asyncio.Future[bool]]:
+        """An event with ``keys`` arrived: ``(True, outcome)`` when it is new (now in
+        flight here, settled by :meth:`_finished`), else ``(False, outcome)`` of the
+        event it repeats (Slack's redelivery, or a mention's ``message`` twin): handled
+        already, or still in flight."""
+        loop = asyncio.get_running_loop()
+        if self._seen.known(keys):
+            done = loop.create_future()
+            done.set_result(True)
+            return False, done
+        for k in keys:
+            earlier = self._pending.get(k)
+            if earlier is not None:
+                return False, earlier
+        outcome = loop.create_future()
+        for k in keys:
+            self._pending[k] = outcome
+        return True, outcome
+
+    def _finished(self, item: _Incoming, *, handled: bool) -> None:
+        """``item`` is out of flight: ``handled`` (remembered here: a redelivery is
+        acknowledged and dropped) or not (a redelivery is taken as new)."""
+        outcome = item.outcome
+        for k in item.seen:
+            if outcome is None or self._pending.get(k) is outcome:
+                self._pending.pop(k, None)
+        if handled:
+            self._seen.add(item.seen)
+        if outcome is not None and not outcome.done():
+            outcome.set_result(handled)
+
+    async def _acknowledge(self, outcome: asyncio.Future[bool]) -> Any:
+        """What bolt answers Slack for an event: ``None`` (bolt acknowledges it) once
+        ``outcome`` says it was handled, within :data:`ACK_WAIT`; else a 503, which is
+        no acknowledgement (HTTP mode: an error status; Socket Mode: bolt sends no ack)
+        so Slack sends the event again (see the module docstring)."""
+        try:
+            async with asyncio.timeout(ACK_WAIT):
+                handled = await asyncio.shield(outcome)
+        except TimeoutError:
+            handled = False
+        if handled:
+            return None
+        from slack_bolt.response import BoltResponse
+
+        return BoltResponse(status=503, body="")
+
     async def _deliver(self) -> None:
         """Hand incoming messages to the bridge in arrival order.
 
-        The events waiting are remembered in one write (one transaction of the
-        handled-events file, not one each), each before it is handed over.  Each
-        message then goes to the bridge as its own task, started in arrival order
+        Each message goes to the bridge as its own task, started in arrival order
         (the bridge takes a channel's messages in the order their calls began, as
         IRC's): one message's turn being set up (its conversation written) does not
-        hold up the next thread's.
+        hold up the next thread's.  An event is recorded as handled once the bridge
+        has its message (committed), not before (:meth:`_handle`); those with nothing
+        for the bot are recorded together, in one write.  With the shared store,
+        each event is first claimed for this worker (:meth:`_claim`).
         """
         while True:
             items = [await self._incoming.get()]
@@ -1047,34 +1163,35 @@ class SlackTransport(Transport):
                 items.append(self._incoming.get_nowait())
             self._taken = len(items)
             if self._shared_seen is not None:
-                items = await self._first_seen(items)
-            else:
-                try:
-                    await self._seen.write([k for i in items for k in i.seen])
-                except Exception:
-                    log.debug(
-                        "slack %s: persisting %d events at once failed", self.name, len(items)
-                    )
-                    items = [i for i in items if await self._persist(i)]
+                items = await self._claim(items)
+            quiet: list[_Incoming] = []  # nothing for the bot: handled once recorded
             for item in items:
                 if item.key is None:
+                    quiet.append(item)
                     continue
                 if item.maybe_ours:
-                    if not await self._ours(item):
-                        continue  # chatter in a thread the bot is not in
+                    ours = await self._ours(item)
+                    if ours is None:  # could not tell: Slack sends it again
+                        self._finished(item, handled=False)
+                        continue
+                    if not ours:
+                        quiet.append(item)  # chatter in a thread the bot is not in
+                        continue
                     item = dataclasses.replace(item, addressed=True, maybe_ours=False)
                 try:
                     await self._hand_over(item)
                 except Exception:
                     log.exception("slack %s: could not deliver a message", self.name)
+                    self._finished(item, handled=False)
+            if quiet:
+                await self._record(quiet)
             self._taken = 0
 
     async def _hand_over_received(self, limit: float = 5.0) -> None:
         """Once nothing more arrives (the socket or HTTP listener closed): let what was
         received reach the bridge (at most ``limit`` seconds) before the tasks are
-        cancelled. An event is acknowledged as it arrives, and Slack does not send an
-        acknowledged event again: cut here, it would be lost (a rolling restart lost
-        some; tests/test_cluster_scale.py)."""
+        cancelled.  What is cut here was not acknowledged (nor recorded): Slack sends
+        it again, to the next owner or worker."""
         deadline = asyncio.get_running_loop().time() + limit
         while not self._incoming.empty() or self._taken or self._handing:
             if asyncio.get_running_loop().time() > deadline:
@@ -1086,27 +1203,79 @@ class SlackTransport(Transport):
             else:
                 await asyncio.sleep(0.01)
 
-    async def _first_seen(self, items: list[_Incoming]) -> list[_Incoming]:
-        """The items no worker has handled (recorded as handled now, in one call)."""
+    async def _claim(self, items: list[_Incoming]) -> list[_Incoming]:
+        """The items this worker takes: those whose every key it claimed in the shared
+        store (for :attr:`SeenEvents.claim_seconds`) and no worker has handled.  The
+        others are settled: handled elsewhere (acknowledged), or in flight elsewhere
+        (:meth:`_elsewhere` waits for it a little)."""
         assert self._shared_seen is not None
+        keys = [k for i in items for k in i.seen]
         try:
-            first = set(await self._shared_seen.first_seen([k for i in items for k in i.seen]))
+            won = set(await self._shared_seen.claim([_CLAIM + k for k in keys]))
+            done = set(await self._shared_seen.known(keys))
         except Exception:
-            log.exception("slack %s: could not deliver %d messages", self.name, len(items))
+            log.exception("slack %s: could not check %d events (Slack sends them again)",
+                          self.name, len(items))  # fmt: skip
+            for i in items:
+                self._finished(i, handled=False)
             return []
-        new = [i for i in items if all(k in first for k in i.seen)]
-        if len(new) < len(items):
-            log.debug("slack %s: %d events handled elsewhere", self.name, len(items) - len(new))
-        return new
+        mine: list[_Incoming] = []
+        busy: list[_Incoming] = []
+        for i in items:
+            if any(k in done for k in i.seen):
+                self._finished(i, handled=True)  # another worker handled it
+            elif all(_CLAIM + k in won for k in i.seen):
+                mine.append(i)
+            else:
+                busy.append(i)
+        if busy:
+            log.debug("slack %s: %d events in hand elsewhere", self.name, len(busy))
+            self.spawn(self._elsewhere(busy), name=f"agentik-slack-elsewhere:{self.name}")
+        return mine
 
-    async def _persist(self, item: _Incoming) -> bool:
-        """Remember ``item``'s keys on their own; False (logged) if that fails."""
+    async def _elsewhere(self, items: list[_Incoming]) -> None:
+        """Events another worker claimed: acknowledged once it has handled them (most
+        take milliseconds); not, if it has not within most of :data:`ACK_WAIT` (it may
+        have died before its commit): Slack sends them again, and once the claim expires the
+        worker that gets one takes it."""
+        assert self._shared_seen is not None
+        loop = asyncio.get_running_loop()
+        # Given up before the acknowledgement's own wait ends: the 503 then goes out
+        # with the event out of flight here, so Slack's next attempt claims it afresh
+        # rather than waiting on this one.
+        deadline = loop.time() + ACK_WAIT * 0.8
+        pause = 0.05
         try:
-            await self._seen.write(item.seen)
-        except Exception:
-            log.exception("slack %s: could not deliver a message", self.name)
-            return False
-        return True
+            while items and loop.time() < deadline:
+                await asyncio.sleep(pause)  # (a poll: the wait is short and rare)
+                pause = min(pause * 2, 0.4)
+                try:
+                    done = set(await self._shared_seen.known([k for i in items for k in i.seen]))
+                except Exception as exc:
+                    log.info("slack %s: could not read handled events: %s", self.name, exc)
+                    break
+                for i in [i for i in items if any(k in done for k in i.seen)]:
+                    self._finished(i, handled=True)
+                    items.remove(i)
+        finally:
+            for i in items:
+                self._finished(i, handled=False)
+
+    async def _record(self, items: Sequence[_Incoming]) -> None:
+        """Record ``items`` as handled (the file, or the shared store), in one write, and
+        settle them: acknowledged.  A write that fails is logged: the events are
+        handled all the same (a redelivery of one would be taken again)."""
+        keys = [k for i in items for k in i.seen]
+        try:
+            if self._shared_seen is not None:
+                await self._shared_seen.first_seen(keys)
+            else:
+                await self._seen.write(keys)
+        except Exception as exc:
+            log.warning("slack %s: could not record %d handled events: %s", self.name,
+                        len(items), exc)  # fmt: skip
+        for i in items:
+            self._finished(i, handled=True)
 
     async def _hand_over(self, item: _Incoming) -> None:
         """``item`` to the bridge (a task of its own), its assistant status due in
@@ -1151,7 +1320,7 @@ class SlackTransport(Transport):
             await self._title(item.channel, item.thread_ts, item.text)
         if item.thread_ts and self.options.status_text and not item.change:
             self._status_soon(item.channel, item.thread_ts)
-        task = self.spawn(self._handle(message), name=f"agentik-slack-handle:{self.name}")
+        task = self.spawn(self._handle(message, item), name=f"agentik-slack-handle:{self.name}")
         self._handing.add(task)
         task.add_done_callback(self._handing.discard)
 
@@ -1308,12 +1477,22 @@ class SlackTransport(Transport):
             await asyncio.wait([state.call])
         await self._status(channel, thread_ts, "")
 
-    async def _handle(self, message: IncomingMessage) -> None:
+    async def _handle(self, message: IncomingMessage, item: _Incoming) -> None:
+        """``message`` to the bridge; once it returns (the message is committed, or it
+        was decided there is nothing to commit), ``item`` is recorded as handled and
+        Slack acknowledged.  A failure (or a cut at close) leaves it unacknowledged."""
         assert self._sink is not None
         try:
             await self._sink.handle(message, self)
         except Exception:
-            log.exception("slack %s: could not deliver a message", self.name)
+            log.exception("slack %s: could not deliver a message (Slack sends it again)",
+                          self.name)  # fmt: skip
+            self._finished(item, handled=False)
+            return
+        except BaseException:
+            self._finished(item, handled=False)  # cancelled (closing): not handled
+            raise
+        await self._record([item])
 
     async def _title(self, channel: str, thread_ts: str, text: str) -> None:
         """Name an assistant thread after its first message (its first line, shortened)."""
@@ -1329,7 +1508,7 @@ class SlackTransport(Transport):
         except Exception as exc:
             log.info("slack %s: setTitle: %s", self.name, exc)
 
-    async def _on_reaction(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+    async def _on_reaction(self, body: dict[str, Any], event: dict[str, Any]) -> Any:
         """The stop reaction on one of our messages: its reactor sending ``!stop``.
 
         Like a button press, it goes to the bridge as the reactor's message, so
@@ -1347,19 +1526,27 @@ class SlackTransport(Transport):
             return
         ts = event.get("event_ts") or item.get("ts") or ""
         keys = (f"event:{body.get('event_id') or f'{channel}:{ts}:reaction:{user}'}",)
-        if self._seen.check_and_add(*keys):
-            return
+        new, outcome = self._arrive(keys)
+        if not new:
+            return await self._acknowledge(outcome)
         prefix = self.default_command_prefix
         if self._sink is not None:
-            prefix = (await self._sink.effective(key, self)).options.command_prefix
+            try:
+                prefix = (await self._sink.effective(key, self)).options.command_prefix
+            except BaseException:
+                self._finished(_Incoming(keys, outcome=outcome), handled=False)
+                raise
         if not prefix:
-            return  # commands are off here: so is stopping by reaction
-        parts = key.split(":")  # slack:<team>:<channel>[:<thread_ts>]
-        thread_ts = parts[3] if len(parts) > 3 else None
-        self._incoming.put_nowait(
-            _Incoming(keys, key, f"{prefix}stop", user, channel, thread_ts, ts,
-                      channel.startswith("D"))
-        )  # fmt: skip
+            # Commands are off here: so is stopping by reaction (recorded, nothing more).
+            self._incoming.put_nowait(_Incoming(keys, outcome=outcome))
+        else:
+            parts = key.split(":")  # slack:<team>:<channel>[:<thread_ts>]
+            thread_ts = parts[3] if len(parts) > 3 else None
+            self._incoming.put_nowait(
+                _Incoming(keys, key, f"{prefix}stop", user, channel, thread_ts, ts,
+                          channel.startswith("D"), outcome=outcome)
+            )  # fmt: skip
+        return await self._acknowledge(outcome)
 
     async def _status(self, channel: str, thread_ts: str | None, status: str) -> None:
         if not thread_ts or not self.options.status_text:

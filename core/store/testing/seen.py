@@ -50,3 +50,13 @@ class SeenEventsContract(ContractBase):
         assert await store.seen_prune(50.0) == 0
         # Forgotten: the old key is new again (even within its window); the kept one is not.
         assert await store.seen_first(["old", "new"], now=101.0, window=1000.0) == ["old"]
+
+    async def test_known_reads_which_keys_were_recorded_since(self, store: Any) -> None:
+        await store.seen_first(["a", "b"], now=100.0, window=60.0)
+        # A read: asking about a key records nothing.
+        assert await store.seen_known(["c", "b", "a", "b"], since=50.0) == ["b", "a"]
+        assert await store.seen_known(["c"], since=0.0) == []
+        assert await store.seen_first(["c"], now=101.0, window=60.0) == ["c"]
+        # Recorded before ``since``: not known.
+        assert await store.seen_known(["a", "c"], since=100.5) == ["c"]
+        assert await store.seen_known([], since=0.0) == []
