@@ -106,9 +106,11 @@ class PostgresRoom:
         conversation_id: str | None = None,
         single: bool = False,
         defer: bool = False,
+        locks: tuple[int, ...] = (),
     ) -> Any:
         """Run ``fn`` in the writer's transaction; ``single``: ``fn`` runs exactly one
-        statement (committed alone, it needs no BEGIN/COMMIT of its own)."""
+        statement (committed alone, it needs no BEGIN/COMMIT of its own); ``locks``:
+        advisory locks held to the commit, taken before any job of the batch runs."""
         raise NotImplementedError
 
     async def _vacuum(self, *tables: str) -> None:
