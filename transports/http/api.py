@@ -592,6 +592,12 @@ def _assets() -> dict[str, _Asset]:
     return found
 
 
+def asset_version(path: str) -> str:
+    """The version of a file under ``static/`` (its ETag's digest): a URL that names it
+    (``?v=``) may be cached for good, since a changed file gets another."""
+    return _assets()[path].etag.strip('"')
+
+
 def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
     raw = request.query_params.get(name)
     if raw is None:
@@ -877,13 +883,15 @@ class Api:
 
     async def static(self, request: Request) -> Response:
         """The page's scripts, KaTeX's stylesheet and fonts (vendored libraries):
-        revalidated by ETag, gzip when the browser takes it (not the fonts: woff2 is
-        compressed); nothing else under ``static/`` is served."""
+        revalidated by ETag, or kept for good when the URL names the file's version
+        (``?v=``: a reload then asks for nothing); gzip when the browser takes it (not
+        the fonts: woff2 is compressed); nothing else under ``static/`` is served."""
         asset = _assets().get(request.path_params["path"])
         if asset is None:
             raise ApiError(404, "not_found", "no such file")
+        versioned = request.query_params.get("v") == asset.etag.strip('"')
         headers = {
-            "cache-control": "no-cache",
+            "cache-control": "max-age=31536000, immutable" if versioned else "no-cache",
             "etag": asset.etag,
             "vary": "accept-encoding",
             "x-content-type-options": "nosniff",
