@@ -773,8 +773,8 @@ async def test_math_is_typeset_by_katex_loaded_only_when_a_message_holds_math(db
         await expect(answer).to_contain_text("for $3.")
         # KaTeX's \href is refused (trust is off): no link.
         await expect(answer.locator("a")).to_have_count(0)
-        assert any(u.endswith("/static/vendor/katex/katex.min.js") for u in asked), asked
-        assert any(u.endswith("/static/vendor/katex/katex.min.css") for u in asked), asked
+        assert any("/static/vendor/katex/katex.min.js?v=" in u for u in asked), asked
+        assert any("/static/vendor/katex/katex.min.css?v=" in u for u in asked), asked
         # The same from the history, after a reload (KaTeX loaded again, for this page).
         await page.reload()
         await page.locator("#conversations li button").first.click()
@@ -842,15 +842,20 @@ async def test_the_page_scripts_are_served_compressed_revalidated_and_nothing_el
             policy = page.headers["content-security-policy"]
             scripts = next(p for p in policy.split("; ") if p.startswith("script-src "))
             assert scripts.split()[-1] == "'self'" and "unsafe" not in policy
-            # The page's own code: deferred (the markup paints first), asked for by its
-            # version, so kept for good (a reload asks for nothing); another version is
-            # only revalidated.
+            # The page's own code: deferred (the markup paints first), asked for by the
+            # version of the static files, so kept for good (a reload asks for nothing),
+            # as are the libraries the page asks for by it; another version (an older
+            # page's) is only revalidated.
             (src,) = re.findall(r'<script defer src="([^"]+)"></script>', page.text)
-            assert src.startswith("/static/app.js?v=")
+            (version,) = re.findall(r' data-v="(\w+)">', page.text)
+            assert src == "/static/app.js?v=" + version
             script = await c.get(server.url + src, headers={"Accept-Encoding": "gzip"})
             assert script.status_code == 200 and "function openConversation" in script.text
             assert script.headers["cache-control"] == "max-age=31536000, immutable"
             assert script.headers["content-encoding"] == "gzip"
+            library = await c.get(server.url + "/static/vendor/purify.min.js?v=" + version)
+            assert library.headers["cache-control"] == "max-age=31536000, immutable"
+            assert "DOMPurify" in library.text
             for stale in ("/static/app.js?v=0123", "/static/app.js"):
                 again = await c.get(server.url + stale)
                 assert again.status_code == 200 and again.headers["cache-control"] == "no-cache"

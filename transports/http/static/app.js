@@ -1,7 +1,8 @@
 // agentik web chat: the page's code (index.html is its markup and style).  Loaded with
 // ``defer`` by its version (/static/app.js?v=…, kept for good by the browser), so the
 // page's markup paints before this is compiled; the API prefix comes from
-// <html data-api>, filled in by the server.  docs/web.md describes the page.
+// <html data-api>, the version of the static files from <html data-v>, both filled in
+// by the server.  docs/web.md describes the page.
 "use strict";
 const API = document.documentElement.dataset.api;
 const $ = (id) => document.getElementById(id);
@@ -33,6 +34,9 @@ class Unauthorized extends Error {}
 // A conversation's path: ids may be any text (a snapshot's, kept on import),
 // so each one is one encoded path segment, never raw URL syntax.
 const conversationPath = (id) => "/conversations/" + encodeURIComponent(id);
+// A static file (a vendored library) by the version of this server's files: kept for
+// good by the browser, so a reload asks the server for nothing.
+const staticFile = (path) => "/static/" + path + "?v=" + document.documentElement.dataset.v;
 
 function headers(extra) {
   const h = Object.assign({}, extra || {});
@@ -158,9 +162,9 @@ function typeset(box) {
       katexLoading = true;
       const css = el("link");
       css.rel = "stylesheet";
-      css.href = "/static/vendor/katex/katex.min.css";
+      css.href = staticFile("vendor/katex/katex.min.css");
       const script = el("script");
-      script.src = "/static/vendor/katex/katex.min.js";
+      script.src = staticFile("vendor/katex/katex.min.js");
       script.onload = () => { for (const m of document.querySelectorAll("#messages .text")) typeset(m); };
       document.head.append(css, script);
     }
@@ -186,7 +190,7 @@ function highlight(pre) {
     if (!highlighter) {
       highlighter = el("script");
       highlighter.type = "module";
-      highlighter.src = "/static/highlight.js";
+      highlighter.src = staticFile("highlight.js");
       document.head.append(highlighter);
     }
     return;
@@ -225,15 +229,16 @@ const pending = new IntersectionObserver((entries) => {
     });
   }
 }, { root: document.getElementById("messages"), rootMargin: "400px 0px" });
-// marked and DOMPurify are loaded once the page is painted (the first paint does
-// not wait for them); what was shown as plain text meanwhile is shown again.  (Not
-// later, when idle: a conversation opened at once would then share its first frames
-// with them, measured slower.)
+// marked and DOMPurify are loaded once the page's first paint is on the screen (the
+// first paint does not wait for them); what was shown as plain text meanwhile is shown
+// again.  Not as soon as the first frame is drawn: their compiling then competed with
+// putting that frame on the screen.  Not later, when idle: a conversation opened at
+// once would then share its first frames with them, measured slower.
 function loadLibraries() {
   let left = 2;
   for (const name of ["marked.umd.js", "purify.min.js"]) {
     const script = el("script");
-    script.src = "/static/vendor/" + name;
+    script.src = staticFile("vendor/" + name);
     script.onload = () => { if (--left === 0) librariesReady(); };
     document.head.append(script);
   }
@@ -247,7 +252,20 @@ function librariesReady() {
   }
   for (const part of dirty) scheduleRender(part);
 }
-requestAnimationFrame(() => setTimeout(loadLibraries, 0));
+// ``run`` once the first contentful paint is reported (Paint Timing); at once in a page
+// that is hidden (it paints nothing until shown) or a browser that reports no paint,
+// and after a second at the latest.
+function afterFirstPaint(run) {
+  let done = false;
+  const go = () => { if (!done) { done = true; run(); } };
+  if (document.visibilityState !== "visible"
+      || !(PerformanceObserver.supportedEntryTypes || []).includes("paint")) return go();
+  new PerformanceObserver((list, observer) => {
+    if (list.getEntriesByName("first-contentful-paint").length) { observer.disconnect(); go(); }
+  }).observe({ type: "paint", buffered: true });
+  setTimeout(go, 1000);
+}
+afterFirstPaint(loadLibraries);
 function renderLater(bubble, part, src) {
   part.source = src;
   part.textContent = src;
