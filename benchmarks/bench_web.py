@@ -112,7 +112,12 @@ async def floor(browser: Any, url: str) -> dict:
     await page.wait_for_function(PAINTED)
     again = await page.evaluate(LOAD)
     await page.close()
-    return {"fcp": load["fcp"], "fcp_reload": again["fcp"]}
+    return {
+        "fcp": load["fcp"],
+        "fcp_reload": again["fcp"],
+        "reload_last_byte": again["last_byte"],
+        "reload_parsed": again["parsed"],
+    }
 
 
 async def measure(browser: Any, url: str, cid: str, model: ScriptedModel, lines: int) -> dict:
@@ -254,7 +259,14 @@ async def run(quick: bool) -> list[Row]:
             for n in ("now", "before"))  # fmt: skip
     least = {k: statistics.median(r[k] or 0 for r in floors) for k in floors[0]}
     say(f"floor  fcp      median {least['fcp']:9.1f}   reload median {least['fcp_reload']:.1f}"
+        f" (last byte {least['reload_last_byte']:.1f}, parsed {least['reload_parsed']:.1f})"
         "  (a page of one line, same server and browser)")  # fmt: skip
+    # Every run's reload, beside the floor measured just before it (the machine's load
+    # moves both).
+    for i, (got, base) in enumerate(zip(runs["now"], floors, strict=True)):
+        say(f"run {i + 1}: reload fcp {got['fcp_reload']:.1f} (last byte "
+            f"{got['reload_last_byte']:.1f}, parsed {got['reload_parsed']:.1f}), "
+            f"floor {base['fcp_reload']:.1f}")  # fmt: skip
 
     def row(name: str, key: str, goal: float, unit: str = "ms") -> Row:
         value, base = a[key], b[key]
@@ -294,14 +306,22 @@ async def run(quick: bool) -> list[Row]:
     ]
 
 
+def _load_average() -> str:
+    """The machine's load average: first paints are wall-clock times, read them with it."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg()) + " (1, 5, 15 min)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a much smaller run (smoke test)")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a goal is missed")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    say_environment([("agentik", version("agentik")), ("chromium", CHROMIUM)])
+    say_environment(
+        [("agentik", version("agentik")), ("chromium", CHROMIUM), ("load", _load_average())]
+    )
     rows = asyncio.run(run(args.quick))
+    say(f"load after: {_load_average()}")
     return finish(rows, strict=args.strict, started=started)
 
 

@@ -70,6 +70,7 @@ def test_wheel_maps_the_three_folders(tmp_path):
         "agentik/transports/http/transport.py",
         # The web chat page is package data, not a module.
         "agentik/transports/http/static/index.html",
+        "agentik/transports/http/static/app.js",
         # KaTeX, loaded by the page when a message holds math, with its fonts.
         "agentik/transports/http/static/vendor/katex/katex.min.js",
         "agentik/transports/http/static/vendor/katex/katex.min.css",

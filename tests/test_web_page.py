@@ -296,6 +296,67 @@ async def test_dark_mode_follows_the_system(db_path, browser):
         await context.close()
 
 
+#: The page's background in each theme (``--bg``), as the browser computes it.
+BACKGROUND = {"light": "rgb(246, 247, 249)", "dark": "rgb(20, 23, 28)"}
+
+
+@pytest.mark.parametrize(
+    ("system", "chosen", "shown"),
+    [("light", "dark", "dark"), ("dark", None, "dark"), ("dark", "light", "light")],
+    ids=["chosen-dark", "system-dark", "chosen-light"],
+)
+async def test_the_page_paints_in_its_theme_before_its_script_runs(
+    db_path, browser, system, chosen, shown
+):
+    """The page's code (app.js) runs after its first paint; the theme (the system's,
+    or the one chosen with the toggle) is set before it, so a page in dark mode never
+    flashes light, and what the script adds afterwards moves nothing on screen."""
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path) as server:
+        conv = await server.agent.create_conversation(channel_key="http:web:local:t")
+        await conv.rename("Theme")
+        context = await browser.new_context(color_scheme=system, viewport=LAPTOP)
+        if chosen is not None:
+            await context.add_init_script(f"localStorage.setItem('agentik.theme', '{chosen}')")
+        page = await context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def hold_script(route) -> None:
+            held.set()
+            await release.wait()
+            await route.continue_()
+
+        await page.route(lambda url: "/static/app.js" in url, hold_script)
+        await page.goto(server.url + "/", wait_until="commit")
+        await asyncio.wait_for(held.wait(), 60)
+        await page.wait_for_function(
+            "() => performance.getEntriesByName('first-contentful-paint').length > 0"
+        )
+        # Painted, the script not run yet (it defines openConversation), in its theme.
+        assert await page.evaluate("() => typeof openConversation") == "undefined"
+        await expect(page.locator("html")).to_have_attribute("data-theme", shown)
+        background = await page.evaluate("() => getComputedStyle(document.body).backgroundColor")
+        assert background == BACKGROUND[shown]
+        await page.screenshot(path=str(ARTIFACTS / f"web-before-script-{shown}.png"))
+        await page.evaluate(
+            """() => { window.shifted = 0; new PerformanceObserver((list) => {
+                for (const e of list.getEntries()) if (!e.hadRecentInput) window.shifted += e.value;
+            }).observe({type: "layout-shift", buffered: true}); }"""
+        )
+        release.set()
+        await expect(page.locator("#conversations li")).to_have_text([re.compile("Theme")])
+        pressed = "true" if shown == "dark" else "false"
+        await expect(page.locator("#theme")).to_have_attribute("aria-pressed", pressed)
+        await expect(page.locator("html")).to_have_attribute("data-theme", shown)
+        # A frame after the list was drawn, nothing on screen has moved.
+        await page.evaluate("() => new Promise((r) => requestAnimationFrame(() => setTimeout(r)))")
+        assert await page.evaluate("() => window.shifted") == 0
+        assert not errors, errors
+        await context.close()
+
+
 async def test_tool_cards_sit_in_the_answer_in_the_order_they_ran(db_path, browser):
     expect.set_options(timeout=60_000)
 
@@ -712,8 +773,8 @@ async def test_math_is_typeset_by_katex_loaded_only_when_a_message_holds_math(db
         await expect(answer).to_contain_text("for $3.")
         # KaTeX's \href is refused (trust is off): no link.
         await expect(answer.locator("a")).to_have_count(0)
-        assert any(u.endswith("/static/vendor/katex/katex.min.js") for u in asked), asked
-        assert any(u.endswith("/static/vendor/katex/katex.min.css") for u in asked), asked
+        assert any("/static/vendor/katex/katex.min.js?v=" in u for u in asked), asked
+        assert any("/static/vendor/katex/katex.min.css?v=" in u for u in asked), asked
         # The same from the history, after a reload (KaTeX loaded again, for this page).
         await page.reload()
         await page.locator("#conversations li button").first.click()
@@ -781,6 +842,23 @@ async def test_the_page_scripts_are_served_compressed_revalidated_and_nothing_el
             policy = page.headers["content-security-policy"]
             scripts = next(p for p in policy.split("; ") if p.startswith("script-src "))
             assert scripts.split()[-1] == "'self'" and "unsafe" not in policy
+            # The page's own code: deferred (the markup paints first), asked for by the
+            # version of the static files, so kept for good (a reload asks for nothing),
+            # as are the libraries the page asks for by it; another version (an older
+            # page's) is only revalidated.
+            (src,) = re.findall(r'<script defer src="([^"]+)"></script>', page.text)
+            (version,) = re.findall(r' data-v="(\w+)">', page.text)
+            assert src == "/static/app.js?v=" + version
+            script = await c.get(server.url + src, headers={"Accept-Encoding": "gzip"})
+            assert script.status_code == 200 and "function openConversation" in script.text
+            assert script.headers["cache-control"] == "max-age=31536000, immutable"
+            assert script.headers["content-encoding"] == "gzip"
+            library = await c.get(server.url + "/static/vendor/purify.min.js?v=" + version)
+            assert library.headers["cache-control"] == "max-age=31536000, immutable"
+            assert "DOMPurify" in library.text
+            for stale in ("/static/app.js?v=0123", "/static/app.js"):
+                again = await c.get(server.url + stale)
+                assert again.status_code == 200 and again.headers["cache-control"] == "no-cache"
             url = server.url + "/static/vendor/marked.umd.js"
             first = await c.get(url, headers={"Accept-Encoding": "gzip"})
             assert first.status_code == 200 and "marked v18" in first.text

@@ -592,6 +592,15 @@ def _assets() -> dict[str, _Asset]:
     return found
 
 
+@functools.cache
+def static_version() -> str:
+    """The version of the files under ``static/`` (a digest of their ETags): a URL that
+    names it (``?v=``, as the page asks for its script and libraries) may be cached for
+    good, since a changed file changes it."""
+    tags = "".join(f"{path}={asset.etag}" for path, asset in sorted(_assets().items()))
+    return hashlib.sha256(tags.encode()).hexdigest()[:20]
+
+
 def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
     raw = request.query_params.get(name)
     if raw is None:
@@ -877,13 +886,15 @@ class Api:
 
     async def static(self, request: Request) -> Response:
         """The page's scripts, KaTeX's stylesheet and fonts (vendored libraries):
-        revalidated by ETag, gzip when the browser takes it (not the fonts: woff2 is
-        compressed); nothing else under ``static/`` is served."""
+        revalidated by ETag, or kept for good when the URL names the files' version
+        (``?v=``: a reload then asks for nothing); gzip when the browser takes it (not
+        the fonts: woff2 is compressed); nothing else under ``static/`` is served."""
         asset = _assets().get(request.path_params["path"])
         if asset is None:
             raise ApiError(404, "not_found", "no such file")
+        versioned = request.query_params.get("v") == static_version()
         headers = {
-            "cache-control": "no-cache",
+            "cache-control": "max-age=31536000, immutable" if versioned else "no-cache",
             "etag": asset.etag,
             "vary": "accept-encoding",
             "x-content-type-options": "nosniff",

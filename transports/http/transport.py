@@ -81,7 +81,13 @@ def _is_loopback(host: str) -> bool:
 
 
 def _web_page(prefix: str) -> str:
+    """The page, its API prefix filled in and the version of its static files (its
+    script's URL names it, and the libraries it loads: what ``/static/`` serves as
+    immutable, see :func:`.api.static_version`)."""
+    from .api import static_version
+
     page = resources.files(__package__).joinpath("static/index.html").read_text("utf-8")
+    page = page.replace("__AGENTIK_STATIC_VERSION__", static_version())
     return page.replace("__AGENTIK_PREFIX__", prefix)
 
 
