@@ -588,8 +588,11 @@ async def test_questions_asked_at_once_on_two_workers_run_one_after_the_other(
             await alice.wait_for(lambda m: m.text == answer, PATIENCE)
 
             def bot_posts() -> list[str]:
-                return [c.get("text") or "" for c in slack.calls_to("chat.postMessage")
-                        if c.get("channel") == "C1" and not c.get("username")]  # fmt: skip
+                # (the bot's messages as they read now: an answer streamed into Slack is
+                # posted with its first words, then edited)
+                return [m.get("text") or "" for (where, _), m in slack.messages.items()
+                        if where == "C1" and m.get("user") == slack.bot_user_id
+                        and not m.get("username")]  # fmt: skip
 
             await until(lambda: any(answer in t for t in bot_posts()) or None, "both in Slack")
             await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
