@@ -18,6 +18,9 @@ bridge's seams:
 - :meth:`Links.settings`: what a turn runs with by the link's ``settings`` rule.
 - :class:`LinkedRenderer`: ``answer = "asked"`` renders a run where it was asked
   and a one-line pointer in the other linked channels.
+- :meth:`Links.follow`: several workers: a linked channel whose connection this
+  worker owns follows its conversation's stored events, so a turn another worker
+  runs streams into it through its own renderer (:meth:`Links.served` holds them open).
 
 Links come from ``[[links]]`` (:class:`LinkSettings`) and from ``!link`` (stored,
 :mod:`agentik.bot.commands.links`).  Several workers on one database: a link made or
@@ -989,7 +992,13 @@ class Links:
         "asked"``, the pointer where it was not asked) is written to the outbox for
         each channel of the link no channel rendered here, and handed to the worker
         owning that channel's connection (the ``relay`` topic, ids only) or queued
-        here.  The owner sends it in the channel's manners, after the copies before it."""
+        here.  The owner sends it in the channel's manners, after the copies before it.
+
+        The rows are keyed as the owner's renderer keys the pieces it streams (channel,
+        run, piece: a line each on IRC, one message on Slack): where that channel
+        followed the turn (:meth:`follow`) they are the streamed pieces, and the owner
+        sends none of them again (:meth:`_answer_arrived`); where it did not (taken
+        over mid-turn), only the pieces not delivered yet go out."""
         noted = self._runs.pop(event.run_id or "", None)
         where = self._reply_where.pop(event.run_id or "", None)
         if noted is None:
