@@ -208,19 +208,21 @@ class OpenChannel:
         )
 
     # -- turns another worker runs (:attr:`follows`) ------------------------------------
-    def shows(self, run_id: str, *, started: bool, here: bool) -> bool:
+    def shows(self, run_id: str, *, started: bool) -> bool:
         """Whether this channel's renderer shows run ``run_id`` (an event of it is due):
-        yes for a run seen from its start (``started``: its ``turn_started``) and for a
-        run of this process (``here``); not for one whose answer is handed over whole
-        at its end (:meth:`handed_over` came first), nor for one of another worker seen
-        only from its middle (the channel opened then: a takeover; the handover brings
-        what the last owner did not send)."""
+        yes for a run seen from its start (``started``: its ``turn_started``); not for
+        one whose answer is handed over whole at its end (:meth:`handed_over` came
+        first), nor for one seen only from its middle (the channel opened then, e.g. at
+        a takeover: the handover brings what the last owner did not send)."""
         seen = self.remote.get(run_id)
         if seen is None:
-            if not started and here:
-                return True
             seen = self._note(run_id, RemoteRun(streamed=started))
         return seen.streamed
+
+    def streamed(self, run_id: str) -> bool:
+        """Whether this channel's renderer shows run ``run_id`` from its start."""
+        seen = self.remote.get(run_id)
+        return seen is not None and seen.streamed
 
     def handed_over(self, run_id: str, outbox_id: int) -> Literal["send", "confirm", "later"]:
         """The answer of ``run_id``, written whole at its turn's end by the worker that

@@ -499,7 +499,7 @@ class Channels:
             return False
         if ch.last_used < (now := time.monotonic()) - 1.0:
             ch.last_used = now
-        return ch.shows(run, started=isinstance(event, TurnStarted), here=here)
+        return ch.shows(run, started=isinstance(event, TurnStarted))
 
 
 def _log_answer(ch: _Channel, e: TurnEnded) -> None:

@@ -1006,9 +1006,11 @@ class Links:
         link, origin, missed = noted
         asked_in = origin.get("channel_key")
         entries: list[OutboxEntry] = []
+        run = event.run_id or ""
         for key in missed:
             transport = self._transport_to_hand(key)
-            if transport is None or self.host.open_channel(key) is not None:
+            ch = self.host.open_channel(key)
+            if transport is None or (ch is not None and (not ch.follows or ch.streamed(run))):
                 continue  # opened during the turn: its renderer showed the answer
             if link.settings.answer == "asked" and asked_in and asked_in != key:
                 who = origin.get("display_name") or "someone"
@@ -1038,14 +1040,18 @@ class Links:
             return
         ids = list(await self.host.outbox.add(entries))
         elsewhere: list[int] = []
+        mine: set[int] = set()
         for entry, oid in zip(entries, ids, strict=True):
-            row = dataclasses.replace(entry, id=oid)
             transport = self.host.transport_for(entry.channel_key)
             if transport is None or not self.host.serves(transport):
                 elsewhere.append(oid)
-                continue
-            self._take(oid)
-            self._answer_arrived(row)
+            else:
+                mine.add(oid)
+        if mine:
+            # Served here: the pieces not delivered yet (a row may be one a renderer
+            # wrote and sent: this worker's before it took the connection over, or its
+            # last owner's), as the owner of another worker's connection takes them.
+            await self._take_rows(mine)
         await self._hand_over(elsewhere)
 
     def _answer_arrived(self, row: OutboxEntry) -> None:

@@ -761,3 +761,72 @@ async def test_the_asking_slack_channel_streams_the_answer_another_worker_writes
             assert len(posts) == 1
             assert sum(head in t for t in _from_bot(alice)) == 1
             assert len(openai_server.requests) == 2
+
+
+async def _line_delivered(dsn: str, text: str) -> bool:
+    """The outbox row of the IRC line ``text`` is recorded delivered (from the database)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return bool(
+            await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE channel_key LIKE 'irc:%' AND text = $1"
+                " AND (state = 'confirmed' OR (state = 'sent' AND NOT awaits_confirm))",
+                text,
+            )
+        )
+    finally:
+        await conn.close()
+
+
+@pytest.mark.timeout(500)
+async def test_irc_owner_killed_mid_answer_the_next_owner_sends_only_the_missing_lines(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Worker ``i`` owns IRC and streams there the answer worker ``s`` writes (asked in
+    Slack); ``i`` is killed (-9) after the first line, while the model holds the rest;
+    ``s`` takes IRC over, and when the answer ends the channel has every line once: the
+    first (``i`` sent it) is not said again, the others are said by ``s``."""
+    lines = ["first line of the answer", "second line", "third line"]
+    slow = Reply(steps=[{"content": lines[0] + "\n"}, {"content": lines[1] + "\n"},
+                        {"content": lines[2]}], hold_after=1)  # fmt: skip
+    openai_server.enqueue(slow)
+    openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        # (i alone first, with IRC only: it owns IRC; s has both, IRC in standby)
+        wi = Worker(
+            tmp_path / "i",
+            worker_config("i", openai_server.base_url, extra=_irc(ngircd.port) + LINK),
+            postgres_dsn,
+        )
+        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
+                                                   extra=_slack(slack) + _irc(ngircd.port) + LINK),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        async with _watched(alice, ws, wi, then=slow.release):
+            await alice.join(CHANNEL)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            ws.start()
+            await owner_of([ws, wi], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            ask = slack.message_event("C1", f"<@{slack.bot_user_id}> in three?", user="U2")
+            await slack.push_event(ask)
+            await slow.wait_held(PATIENCE)
+            await alice.wait_for(lambda m: m.text == lines[0], PATIENCE)
+            await until(lambda: _line_delivered(postgres_dsn, lines[0]), "line 1 recorded")
+            wi.kill()
+            await wi.wait()
+            assert (await owner_of([ws], "libera")) is ws
+            slow.release()
+            await alice.wait_for(lambda m: m.text == lines[2], PATIENCE)
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            alice.privmsg(CHANNEL, "agentik: anything else?")  # behind it in every queue
+            await alice.wait_for(lambda m: "anything else?" in m.text and m.nick != "alice",
+                                 PATIENCE)  # fmt: skip
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            await alice.sync()
+            assert [t for t in _from_bot(alice) if t in lines] == lines  # once each, in order
