@@ -383,6 +383,9 @@ class Bot:
                 await self.bridge.resume_pending(
                     only=lambda key: ownership.recovers(transport_for(key)), before=began
                 )
+                # Linked channels of the connections it serves follow the turns other
+                # workers run (taken over later: see the ownership's take-over).
+                await self.bridge.links.served()
                 if self.turn_queue is not None:
                     # Turns queued for conversations nobody holds (a dead worker's) too.
                     await self.turn_queue.start()

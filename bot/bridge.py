@@ -67,6 +67,7 @@ from .recovery import Recovery, resumed_asker
 
 if TYPE_CHECKING:
     from agentik.core import Conversation
+    from agentik.core.cluster.events import ClusterSubscription
 
     from .metrics import Metrics
 
@@ -599,6 +600,14 @@ class Bridge(AgentAccess):
         """Channel ``key`` with its settings in force, not opened (see
         :meth:`agentik.bot.channels.Channels.unopened`)."""
         return await self.channels.unopened(key, transport, conv)
+
+    async def follow(
+        self, key: str, transport: Transport, conv: Conversation
+    ) -> ClusterSubscription | None:
+        """The events channel ``key`` is rendered from when it follows the turns other
+        workers run too (:meth:`agentik.bot.links.Links.follow`); ``None``: this
+        process's."""
+        return await self.links.follow(key, transport, conv)
 
     def open_channel(self, key: str) -> _Channel | None:
         """The channel ``key`` if it is open now, else ``None``."""

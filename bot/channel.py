@@ -28,10 +28,18 @@ from agentik.core.turnsettings import DEFAULT_SETTINGS, TurnSettings
 
 if TYPE_CHECKING:
     from agentik.core import Conversation
+    from agentik.core.cluster.events import ClusterSubscription
     from agentik.core.eventbus import Subscription
     from agentik.transports.base import Transport
 
-__all__ = ["ChannelKnobs", "ChannelOptions", "OpenChannel", "options_from", "resolved_options"]
+__all__ = [
+    "ChannelKnobs",
+    "ChannelOptions",
+    "OpenChannel",
+    "RemoteRun",
+    "options_from",
+    "resolved_options",
+]
 
 
 # settings_dataclass spelled out (without slots, so that an overlay can combine it
@@ -92,6 +100,21 @@ class ChannelOptions(ChannelKnobs):
 #: The runs of a channel with none pending (shared, never written: see ``asked``).
 _NO_RUNS: dict[str, Any] = {}
 
+#: Turns of other workers a following channel remembers (who showed each).
+_REMOTE_KEPT = 256
+
+
+@std_dataclass(slots=True)
+class RemoteRun:
+    """A turn another worker ran, as a following channel saw it."""
+
+    #: Shown by this channel's renderer (seen from its start), else handed over.
+    streamed: bool
+    #: The renderer has shown its end.
+    ended: bool = False
+    #: Rows of the answer handed over at its end, to confirm once its end is shown.
+    handed: list[int] = field(default_factory=list)
+
 
 @std_dataclass(eq=False, slots=True)
 class OpenChannel:
@@ -114,7 +137,10 @@ class OpenChannel:
     settings: TurnSettings = DEFAULT_SETTINGS
     #: The channel's ``tools`` setting in force (``None``: the transport's bound).
     tools: tuple[str, ...] | None = None
-    subscription: Subscription | None = None
+    #: Its conversation's events: this process's (a local subscription), or, for a
+    #: linked channel on a store several workers share, those merged with the events
+    #: of the turns other workers run (:attr:`follows`).
+    subscription: Subscription | ClusterSubscription | None = None
     #: The task rendering its events: it exists only while the channel has events
     #: to render (``None`` otherwise; :class:`~agentik.bot.channels.Channels`).
     task: asyncio.Task[None] | None = None
@@ -140,6 +166,12 @@ class OpenChannel:
     #: The channel is in a link (:mod:`agentik.bot.links`): its conversation's turns
     #: are rendered in every linked channel, and counted where they were asked.
     linked: bool = False
+    #: It follows its conversation's stored events (several workers: a linked channel
+    #: whose connection this worker owns): turns another worker runs stream here as
+    #: they are written, each shown once (:meth:`shows`, :meth:`handed_over`).
+    follows: bool = False
+    #: Turns of another worker seen here (:attr:`follows`), by run: who shows each.
+    remote: dict[str, RemoteRun] = field(default_factory=lambda: _NO_RUNS)
     last_used: float = field(default_factory=time.monotonic)
     #: See :attr:`pending` (``None`` when empty: an idle channel holds no set).
     _pending: set[str] | None = field(default=None, init=False, repr=False)
@@ -167,7 +199,65 @@ class OpenChannel:
             self.run_asker = _NO_RUNS
 
     def idle(self, now: float, after: float) -> bool:
-        return not self.pending and not self.conversation.busy and now - self.last_used >= after
+        # A channel following other workers' turns is held (they may start at any time).
+        return (
+            not self.follows
+            and not self.pending
+            and not self.conversation.busy
+            and now - self.last_used >= after
+        )
+
+    # -- turns another worker runs (:attr:`follows`) ------------------------------------
+    def shows(self, run_id: str, *, started: bool) -> bool:
+        """Whether this channel's renderer shows run ``run_id`` (an event of it is due):
+        yes for a run seen from its start (``started``: its ``turn_started``); not for
+        one whose answer is handed over whole at its end (:meth:`handed_over` came
+        first), nor for one seen only from its middle (the channel opened then, e.g. at
+        a takeover: the handover brings what the last owner did not send)."""
+        seen = self.remote.get(run_id)
+        if seen is None:
+            seen = self._note(run_id, RemoteRun(streamed=started))
+        return seen.streamed
+
+    def streamed(self, run_id: str) -> bool:
+        """Whether this channel's renderer shows run ``run_id`` from its start."""
+        seen = self.remote.get(run_id)
+        return seen is not None and seen.streamed
+
+    def handed_over(self, run_id: str, outbox_id: int) -> Literal["send", "confirm", "later"]:
+        """The answer of ``run_id``, written whole at its turn's end by the worker that
+        ran it (an outbox row, ``outbox_id``), reached this worker: ``send`` it when
+        this channel's renderer does not show the run; else it is the same answer
+        (``confirm`` the row now, the run's end is shown), or ``later`` (confirmed once
+        the renderer has shown the run's end: :meth:`shown_to_end`)."""
+        seen = self.remote.get(run_id)
+        if seen is None:
+            self._note(run_id, RemoteRun(streamed=False))
+            return "send"
+        if not seen.streamed:
+            return "send"
+        if seen.ended:
+            return "confirm"
+        seen.handed.append(outbox_id)
+        return "later"
+
+    def shown_to_end(self, run_id: str) -> list[int]:
+        """The renderer has shown run ``run_id``'s end: the rows of its handed-over
+        answer that came meanwhile (to confirm: their words were streamed)."""
+        seen = self.remote.get(run_id)
+        if seen is None or not seen.streamed:
+            return []
+        seen.ended = True
+        rows, seen.handed = seen.handed, []
+        return rows
+
+    def _note(self, run_id: str, seen: RemoteRun) -> RemoteRun:
+        if self.remote is _NO_RUNS:
+            self.remote = {}
+        self.remote[run_id] = seen
+        while len(self.remote) > _REMOTE_KEPT:
+            del self.remote[next(iter(self.remote))]
+        return seen
 
     @property
     def pending(self) -> AbstractSet[str]:

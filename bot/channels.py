@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from agentik.core.errors import PromptRefused
-from agentik.core.events import MemoryNoted, TurnEnded
+from agentik.core.events import Event, MemoryNoted, TurnEnded, TurnStarted
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.questions import FormError
 from agentik.core.turnsettings import TurnSettings
@@ -33,6 +33,7 @@ from .render import Renderer, RenderHost
 if TYPE_CHECKING:
     from agentik.core import Conversation
     from agentik.core.budgets import Budgets
+    from agentik.core.cluster.events import ClusterSubscription
     from agentik.core.eventbus import Subscription
     from agentik.core.tools.base import TurnPolicy
     from agentik.transports.base import IncomingMessage, Transport
@@ -69,6 +70,18 @@ class ChannelsHost(RenderHost, Protocol):
 
     def transport_for(self, key: str) -> Transport | None:
         """The attached transport instance that owns channel ``key``, if any."""
+        ...
+
+    def serves(self, transport: Transport) -> bool:
+        """Whether this worker serves ``transport``'s connection now."""
+        ...
+
+    async def follow(
+        self, key: str, transport: Transport, conv: Conversation
+    ) -> ClusterSubscription | None:
+        """The events channel ``key`` is rendered from when it should follow the turns
+        other workers run too (a linked channel on a store several workers share:
+        :meth:`agentik.bot.links.Links.follow`); ``None``: this process's."""
         ...
 
 
@@ -132,7 +145,8 @@ class Channels:
                 return ch
             # A new channel's binding is written with its first message (lazy).
             conv = await self.host.agent.conversation_for_channel(key, lazy=True, unbound=unbound)
-            ch = self.open_new(key, transport, eff.options, conv)
+            feed = await self.host.follow(key, transport, conv)
+            ch = self.open_new(key, transport, eff.options, conv, feed=feed)
             self.apply(ch, eff)
             return ch
 
@@ -187,14 +201,26 @@ class Channels:
         )
 
     def open_new(
-        self, key: str, transport: Transport, opts: ChannelOptions, conv: Conversation
+        self,
+        key: str,
+        transport: Transport,
+        opts: ChannelOptions,
+        conv: Conversation,
+        *,
+        feed: ClusterSubscription | None = None,
     ) -> _Channel:
-        """Open channel ``key`` on ``conv``: its renderer follows the conversation."""
+        """Open channel ``key`` on ``conv``: its renderer follows the conversation (its
+        events here, or ``feed``: merged with the turns other workers run)."""
         ch = _Channel(key=key, transport=transport, options=opts, conversation=conv)
         ch.settings = TurnSettings(policy=self._bound(ch))
         # Everything is followed: a channel's ``events`` setting may change while it
         # is open; the renderer leaves out what the chat profile would not carry.
-        sub = ch.subscription = conv.events(profile="debug")
+        sub: Subscription | ClusterSubscription
+        if feed is not None:
+            sub = ch.subscription = feed
+            ch.follows = True
+        else:
+            sub = ch.subscription = conv.events(profile="debug")
         # A render task runs only while the channel has events to show (a task per
         # idle channel held ~1 KB); each channel has its own, so one held up by its
         # transport (flood control, rate limits) never holds up the others.
@@ -400,7 +426,7 @@ class Channels:
             except Exception:
                 log.exception("could not count the tokens of run %s", event.run_id)
 
-    def _on_ready(self, sub: Subscription) -> None:
+    def _on_ready(self, sub: Subscription | ClusterSubscription) -> None:
         """A channel's subscription has events pending (its tag is the channel)."""
         if isinstance(sub.tag, OpenChannel):
             self._kick(sub.tag)
@@ -429,6 +455,8 @@ class Channels:
         sub = ch.subscription
         assert sub is not None
         while (event := sub.take()) is not None:
+            if ch.follows and not self._shown(ch, event):
+                continue
             ended = isinstance(event, TurnEnded) and event.parent_run_id is None
             # A linked channel renders turns asked in the others: counted once, where asked.
             counted = not ch.linked or (event.run_id or "") in ch.pending
@@ -446,6 +474,32 @@ class Channels:
                 _log_answer(ch, event)
                 ch.answered(event.run_id or "")
                 ch.discard_pending((event.run_id or "",))
+                if ch.follows:
+                    # Its words went out streamed: the copy of the answer the worker
+                    # that ran it handed over meanwhile is not sent again.
+                    for oid in ch.shown_to_end(event.run_id or ""):
+                        self.host.outbox.mark(oid, "confirmed")
+
+    def _shown(self, ch: _Channel, event: Event) -> bool:
+        """Whether ``event`` of a following channel (:attr:`OpenChannel.follows`) is
+        rendered: a turn another worker runs is shown streamed when this channel saw it
+        start, else its answer comes whole at its end (the handover, :mod:`.links`); a
+        channel whose connection this worker no longer serves shows no other worker's
+        turn (its new owner does)."""
+        run = event.run_id
+        if not run:
+            return True
+        if event.parent_run_id is not None:
+            # A child run's event shows as its turn does (a grandchild's parent is a
+            # child run, not noted: shown).
+            seen = ch.remote.get(event.parent_run_id)
+            return seen is None or seen.streamed
+        here = ch.conversation.running_run_id == run
+        if not here and not self.host.serves(ch.transport):
+            return False
+        if ch.last_used < (now := time.monotonic()) - 1.0:
+            ch.last_used = now
+        return ch.shows(run, started=isinstance(event, TurnStarted))
 
 
 def _log_answer(ch: _Channel, e: TurnEnded) -> None:

@@ -49,9 +49,13 @@ A conversation not linked across transports keeps the direct path: no store read
 write more than on one process.  A queued turn claimed by a worker that does not own
 the asking channel's connection (asked on IRC, run by the worker owning Slack) is
 run there without opening that channel (:meth:`ChatQueue.admit`); its answer
-reaches the asking channel as any linked channel another worker owns gets it: whole,
-at the turn's end, through the outbox and the worker owning that connection
-(:meth:`agentik.bot.links.Links._answered_here`).
+reaches the asking channel as any linked channel another worker owns gets it: the
+worker owning that connection holds the channel open following the conversation's
+stored events (:meth:`agentik.bot.links.Links.follow`), so its renderer streams the
+answer as it is written (IRC lines, Slack edits), into the asker's thread (noted here
+as the turn is queued); the whole answer written to the outbox at the turn's end
+(:meth:`agentik.bot.links.Links._answered_here`) is then the same rows, sent only
+where nobody streamed it (that worker took the connection over mid-turn).
 
 On one process (SQLite, the in-memory store) there is no turn queue and nothing
 here changes a message's path: it is submitted to the conversation as before.
@@ -202,6 +206,10 @@ class ChatQueue:
             conv, content, author=author, author_id=author_id, channel=None,
             settings=settings, payload=payload,
         )  # fmt: skip
+        if ch.follows and "steer" not in payload:
+            # Its answer streams here whoever runs it (the channel follows the turns of
+            # other workers): into the asker's thread, and ``!stop`` knows who asked.
+            ch.asked(run_id, message.reply_to, speaker_key(transport, message))
         if busy == "interrupt" and running is not None:
             await queue.stop_elsewhere(conv.id, running)
         if here:

@@ -18,6 +18,9 @@ bridge's seams:
 - :meth:`Links.settings`: what a turn runs with by the link's ``settings`` rule.
 - :class:`LinkedRenderer`: ``answer = "asked"`` renders a run where it was asked
   and a one-line pointer in the other linked channels.
+- :meth:`Links.follow`: several workers: a linked channel whose connection this
+  worker owns follows its conversation's stored events, so a turn another worker
+  runs streams into it through its own renderer (:meth:`Links.served` holds them open).
 
 Links come from ``[[links]]`` (:class:`LinkSettings`) and from ``!link`` (stored,
 :mod:`agentik.bot.commands.links`).  Several workers on one database: a link made or
@@ -55,7 +58,8 @@ from .outbox import outbox_rows
 from .render import Renderer
 
 if TYPE_CHECKING:
-    from agentik.core import Agent
+    from agentik.core import Agent, Conversation
+    from agentik.core.cluster.events import ClusterSubscription
     from agentik.transports.base import OutgoingKind, Transport
 
     from .channel import ChannelOptions, OpenChannel
@@ -382,6 +386,7 @@ class Links:
             )
         for link in list(self.links.values()):
             await self._bind(link)
+        await self.served()
 
     # -- a configuration reload ----------------------------------------------------------------
     async def reconfigure(self, configured: Sequence[LinkSettings]) -> dict[str, list[str]]:
@@ -438,6 +443,7 @@ class Links:
         if "links" in self.store.capabilities:
             # A stored link the configuration no longer shadows is in force again.
             await self._sync(await self.store.links())
+        await self.served()
         for verb, names in (("added", added), ("removed", removed), ("changed", changed)):
             if names:
                 log.info("reload: links %s: %s", verb, ", ".join(names))
@@ -498,6 +504,8 @@ class Links:
         moved = list(dict.fromkeys(moved))
         for key in moved:
             await self.host.release(key)
+        if moved:
+            await self.served()
 
     # -- what a link is made of -------------------------------------------------------------
     def find(self, key: str) -> tuple[Link, str] | None:
@@ -587,6 +595,7 @@ class Links:
         self._index()
         conv_id = await self._bind(link)
         await self._announce(link.name)
+        await self.served()
         if link.settings.history:
             await self._history(link, conv_id, self._joined)
         return conv_id
@@ -619,6 +628,7 @@ class Links:
             if key not in joined:
                 await self.host.release(key)
         await self._announce(link.name)
+        await self.served()
         if link.settings.history and joined:
             await self._history(link, conv_id, joined)
         return conv_id
@@ -656,6 +666,9 @@ class Links:
             fresh = await agent.create_conversation(title=key, channel_key=key)
             await self.store.set_binding(key, fresh.id)
             await self.host.release(key)
+        ch = self.host.open_channel(link.channels[0])
+        if ch is not None and ch.follows:
+            await self.host.release(link.channels[0])  # not linked: this process's turns
         await self._announce(name)
         return link
 
@@ -680,6 +693,45 @@ class Links:
             message, channel_key=key, author_name=qualified(name, transport),
             meta={**message.meta, "name": name},
         )  # fmt: skip
+
+    # -- other workers' turns, streamed here --------------------------------------------------
+    async def follow(
+        self, key: str, transport: Transport, conv: Conversation
+    ) -> ClusterSubscription | None:
+        """What channel ``key`` is rendered from as it opens: on a store several workers
+        share, a channel linked across transports follows its conversation's stored
+        events too (the turns another worker runs stream here, in this transport's
+        manners, as they are written); ``None``: this process's events (no link across
+        transports, one process)."""
+        hub = self.host.agent.cluster_events
+        if hub is None or conv.temp or not self.across(key, transport):
+            return None
+        return await hub.subscribe(conv, after=None, profile="debug", max_pending=100_000)
+
+    async def served(self) -> None:
+        """Hold open, following (:meth:`follow`), every channel linked across transports
+        whose connection this worker serves (several workers; called at start, when a
+        connection is taken over and when links change): a turn another worker runs
+        streams into it from its start.  A channel open before it was linked across
+        reopens, following."""
+        if self.host.agent.cluster_events is None:
+            return
+        for link in list(self.links.values()):
+            served = []
+            for key in link.channels:
+                transport = self.host.transport_for(key)
+                if transport is None or not self.host.serves(transport):
+                    continue
+                if not self.across(key, transport):
+                    break  # (one transport instance: no other worker's turns)
+                served.append(key)
+            else:
+                for key in served:
+                    ch = self.host.open_channel(key)
+                    if ch is not None and not ch.follows:
+                        await self.host.release(key)
+                if served:
+                    await self._hold_open(link)
 
     async def _hold_open(self, link: Link) -> None:
         """Open every channel of ``link`` the bot serves (so each renders the answer),
@@ -858,7 +910,12 @@ class Links:
         if (wanted is not None and not wanted) or not self._by_key:
             return
         for row in await self.store.outbox_undelivered():
-            handed = _handed(row)
+            # (an answer's row a following channel's renderer wrote first, then announced
+            # by the worker that ran the turn when it wrote the whole answer under the same
+            # key: the stream's words completed, for a channel that was not following it)
+            handed = _handed(row) or (
+                wanted is not None and row.kind == "stream" and row.complete and row.id in wanted
+            )
             if (row.kind not in ("relay", "unrelay") and not handed) or row.id is None:
                 continue
             if (wanted is not None and row.id not in wanted) or row.id in self._taken:
@@ -870,7 +927,7 @@ class Links:
                 continue  # still another worker's (it sends it, or its next owner does)
             if handed:
                 self._take(row.id)
-                self._queue_answer(row)
+                self._answer_arrived(row)
                 continue
             await self.requeue(row)
 
@@ -935,7 +992,13 @@ class Links:
         "asked"``, the pointer where it was not asked) is written to the outbox for
         each channel of the link no channel rendered here, and handed to the worker
         owning that channel's connection (the ``relay`` topic, ids only) or queued
-        here.  The owner sends it in the channel's manners, after the copies before it."""
+        here.  The owner sends it in the channel's manners, after the copies before it.
+
+        The rows are keyed as the owner's renderer keys the pieces it streams (channel,
+        run, piece: a line each on IRC, one message on Slack): where that channel
+        followed the turn (:meth:`follow`) they are the streamed pieces, and the owner
+        sends none of them again (:meth:`_answer_arrived`); where it did not (taken
+        over mid-turn), only the pieces not delivered yet go out."""
         noted = self._runs.pop(event.run_id or "", None)
         where = self._reply_where.pop(event.run_id or "", None)
         if noted is None:
@@ -943,9 +1006,11 @@ class Links:
         link, origin, missed = noted
         asked_in = origin.get("channel_key")
         entries: list[OutboxEntry] = []
+        run = event.run_id or ""
         for key in missed:
             transport = self._transport_to_hand(key)
-            if transport is None or self.host.open_channel(key) is not None:
+            ch = self.host.open_channel(key)
+            if transport is None or (ch is not None and (not ch.follows or ch.streamed(run))):
                 continue  # opened during the turn: its renderer showed the answer
             if link.settings.answer == "asked" and asked_in and asked_in != key:
                 who = origin.get("display_name") or "someone"
@@ -975,15 +1040,33 @@ class Links:
             return
         ids = list(await self.host.outbox.add(entries))
         elsewhere: list[int] = []
+        mine: set[int] = set()
         for entry, oid in zip(entries, ids, strict=True):
-            row = dataclasses.replace(entry, id=oid)
             transport = self.host.transport_for(entry.channel_key)
             if transport is None or not self.host.serves(transport):
                 elsewhere.append(oid)
-                continue
-            self._take(oid)
-            self._queue_answer(row)
+            else:
+                mine.add(oid)
+        if mine:
+            # Served here: the pieces not delivered yet (a row may be one a renderer
+            # wrote and sent: this worker's before it took the connection over, or its
+            # last owner's), as the owner of another worker's connection takes them.
+            await self._take_rows(mine)
         await self._hand_over(elsewhere)
+
+    def _answer_arrived(self, row: OutboxEntry) -> None:
+        """An answer piece of a turn another worker ran, handed over at its end, for a
+        channel this worker serves: sent, unless the channel follows that worker's turns
+        and its renderer showed this one streamed (the row is then confirmed, once the
+        renderer has shown the turn's end: :meth:`OpenChannel.handed_over`)."""
+        ch = self.host.open_channel(row.channel_key)
+        how = "send"
+        if ch is not None and ch.follows and row.id is not None:
+            how = ch.handed_over(row.run_id, row.id)
+        if how == "send":
+            self._queue_answer(row)
+        elif how == "confirm" and row.id is not None:
+            self.host.outbox.mark(row.id, "confirmed")
 
     def _queue_answer(self, row: OutboxEntry) -> None:
         """Send ``row`` (an answer piece handed over) through its channel's queue."""
@@ -991,6 +1074,8 @@ class Links:
         out = OutgoingMessage(
             channel_key=row.channel_key, text=row.text, kind=kind, run_id=row.run_id,
             reply_to=row.reply_to, outbox_id=row.id, written_at=row.created_at or None,
+            # (a streamed answer's message, cut short by its last owner: completed)
+            replaces=row.ref if row.kind == "stream" else None,
         )  # fmt: skip
         placeholder = LinkMessage(link="", canonical="", channel_key=row.channel_key)
         item = _Relay(row.text, "", row.id, placeholder, out=out)

@@ -440,6 +440,9 @@ class Ownership:
         counts = await bridge.resume_pending(
             only=lambda key: bridge.transport_for(key) is transport, before=began
         )
+        # Its linked channels follow the turns other workers run from now on (one
+        # running now shows whole at its end: its last owner may have sent part of it).
+        await bridge.links.served()
         log_event(
             self._log, logging.INFO, "takeover",
             "worker %s took over %s: %d piece(s) redelivered, %d message(s) resumed",

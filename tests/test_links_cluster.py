@@ -588,8 +588,11 @@ async def test_questions_asked_at_once_on_two_workers_run_one_after_the_other(
             await alice.wait_for(lambda m: m.text == answer, PATIENCE)
 
             def bot_posts() -> list[str]:
-                return [c.get("text") or "" for c in slack.calls_to("chat.postMessage")
-                        if c.get("channel") == "C1" and not c.get("username")]  # fmt: skip
+                # (the bot's messages as they read now: an answer streamed into Slack is
+                # posted with its first words, then edited)
+                return [m.get("text") or "" for (where, _), m in slack.messages.items()
+                        if where == "C1" and m.get("user") == slack.bot_user_id
+                        and not m.get("username")]  # fmt: skip
 
             await until(lambda: any(answer in t for t in bot_posts()) or None, "both in Slack")
             await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
@@ -651,3 +654,179 @@ async def test_stop_in_slack_stops_the_turn_another_worker_runs_and_the_queued_o
             await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
             assert sum(answer in t for t in bot_posts()) == 1
             assert len(openai_server.requests) == 2
+
+
+def _from_bot(alice: IRCTestClient) -> list[str]:
+    """The lines the bot said in the IRC channel so far, in order."""
+    return [m.text for m in alice.received
+            if m.command == "PRIVMSG" and (m.nick or "").startswith("agentik")]  # fmt: skip
+
+
+@pytest.mark.timeout(400)
+async def test_an_answer_another_worker_writes_streams_into_irc_line_by_line(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Worker ``s`` owns Slack and runs the turn of a question asked there; worker ``i``
+    owns IRC and follows the conversation's stored events: the answer's first line is
+    said on IRC while the model still holds the rest (streamed, not handed over whole
+    at the turn's end), and every line once, in order, after the turn's end too (the
+    whole answer ``s`` writes to the outbox at its end is the same rows, not sent
+    again)."""
+    lines = ["first line of the answer", "second line", "third line"]
+    slow = Reply(steps=[{"content": lines[0] + "\n"}, {"content": lines[1] + "\n"},
+                        {"content": lines[2]}], hold_after=1)  # fmt: skip
+    openai_server.enqueue(slow)
+    openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        ws, wi = _pair(slack, ngircd.port, tmp_path, openai_server.base_url, postgres_dsn)
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        async with _watched(alice, ws, wi, then=slow.release):
+            await _start_pair(ws, wi, slack, alice)
+            ask = slack.message_event("C1", f"<@{slack.bot_user_id}> in three?", user="U2")
+            await slack.push_event(ask)
+            await slow.wait_held(PATIENCE)
+            # The model sent the first line and holds the others: it is on IRC already.
+            await alice.wait_for(lambda m: m.text == lines[0], PATIENCE)
+            assert slow.held.is_set() and not slow._released.is_set()
+            assert not any(t in lines[1:] for t in _from_bot(alice))
+            slow.release()
+            await alice.wait_for(lambda m: m.text == lines[2], PATIENCE)
+
+            def answers() -> list[dict]:
+                return [m for (where, _), m in slack.messages.items()
+                        if where == "C1" and lines[0] in (m.get("text") or "")]  # fmt: skip
+
+            await until(lambda: any(lines[2] in m["text"] for m in answers()) or None,
+                        "the whole answer in Slack")  # fmt: skip
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            # Behind it in every queue: once this is answered, nothing of the first is due.
+            alice.privmsg(CHANNEL, "agentik: anything else?")
+            await alice.wait_for(lambda m: "anything else?" in m.text and m.nick != "alice",
+                                 PATIENCE)  # fmt: skip
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            await alice.sync()
+            assert [t for t in _from_bot(alice) if t in lines] == lines  # once each, in order
+            assert len(answers()) == 1  # Slack: one message, the asker's, once
+            assert len(openai_server.requests) == 2
+
+
+@pytest.mark.timeout(400)
+async def test_the_asking_slack_channel_streams_the_answer_another_worker_writes(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """A question asked in Slack (worker ``s``) while worker ``i`` runs the conversation's
+    turn is queued, and ``i``, holding the conversation, runs it too: its answer shows in
+    the asking Slack channel (posted, then edited by ``s``) while the model still holds
+    its end, and ends as one message holding the whole answer, once."""
+    first = Reply.text("the build is green", chunks=2)
+    first.hold_after = 1
+    openai_server.enqueue(first)
+    head, tail = "streamed part one", "and the part held back"
+    second = Reply(steps=[{"content": head + " "}, {"content": tail}], hold_after=1)
+    openai_server.enqueue(second)
+    openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        ws, wi = _pair(slack, ngircd.port, tmp_path, openai_server.base_url, postgres_dsn)
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        async with _watched(alice, ws, wi, then=lambda: (first.release(), second.release())):
+            await _start_pair(ws, wi, slack, alice)
+            alice.privmsg(CHANNEL, "agentik: how is the build?")
+            await first.wait_held(PATIENCE)  # run by ``i``, which holds the conversation
+            ask = slack.message_event("C1", f"<@{slack.bot_user_id}> stream it?", user="U2")
+            await slack.push_event(ask)
+            await until(lambda: _stored(postgres_dsn, "stream it?"), "the question stored")
+            first.release()
+            await second.wait_held(PATIENCE)
+
+            def bot_messages(words: str) -> list[dict]:
+                return [m for (where, _), m in slack.messages.items()
+                        if where == "C1" and not m.get("username")
+                        and words in (m.get("text") or "")]  # fmt: skip
+
+            # The model holds the answer's end: its beginning shows in Slack already.
+            await until(lambda: bot_messages(head) or None, "the answer's beginning in Slack")
+            assert second.held.is_set() and not second._released.is_set()
+            assert not bot_messages(tail)
+            second.release()
+            await until(lambda: bot_messages(tail) or None, "the whole answer in Slack")
+            await alice.wait_for(lambda m: tail in m.text, PATIENCE)
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            await alice.sync()
+            assert len(bot_messages(head)) == 1  # one message, edited: the answer once
+            assert bot_messages(head)[0]["text"] == f"{head} {tail}"
+            posts = [c for c in slack.calls_to("chat.postMessage")
+                     if head in (c.get("text") or "")]  # fmt: skip
+            assert len(posts) == 1
+            assert sum(head in t for t in _from_bot(alice)) == 1
+            assert len(openai_server.requests) == 2
+
+
+async def _line_delivered(dsn: str, text: str) -> bool:
+    """The outbox row of the IRC line ``text`` is recorded delivered (from the database)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return bool(
+            await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE channel_key LIKE 'irc:%' AND text = $1"
+                " AND (state = 'confirmed' OR (state = 'sent' AND NOT awaits_confirm))",
+                text,
+            )
+        )
+    finally:
+        await conn.close()
+
+
+@pytest.mark.timeout(500)
+async def test_irc_owner_killed_mid_answer_the_next_owner_sends_only_the_missing_lines(
+    ngircd, postgres_dsn, openai_server, tmp_path
+) -> None:
+    """Worker ``i`` owns IRC and streams there the answer worker ``s`` writes (asked in
+    Slack); ``i`` is killed (-9) after the first line, while the model holds the rest;
+    ``s`` takes IRC over, and when the answer ends the channel has every line once: the
+    first (``i`` sent it) is not said again, the others are said by ``s``."""
+    lines = ["first line of the answer", "second line", "third line"]
+    slow = Reply(steps=[{"content": lines[0] + "\n"}, {"content": lines[1] + "\n"},
+                        {"content": lines[2]}], hold_after=1)  # fmt: skip
+    openai_server.enqueue(slow)
+    openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
+    async with FakeSlack() as slack:
+        slack.add_user("U2", "bob", display_name="bob")
+        # (i alone first, with IRC only: it owns IRC; s has both, IRC in standby)
+        wi = Worker(
+            tmp_path / "i",
+            worker_config("i", openai_server.base_url, extra=_irc(ngircd.port) + LINK),
+            postgres_dsn,
+        )
+        ws = Worker(tmp_path / "s", worker_config("s", openai_server.base_url,
+                                                   extra=_slack(slack) + _irc(ngircd.port) + LINK),
+                    postgres_dsn)  # fmt: skip
+        alice = await IRCTestClient.connect(ngircd.port, "alice")
+        async with _watched(alice, ws, wi, then=slow.release):
+            await alice.join(CHANNEL)
+            wi.start()
+            await owner_of([wi], "libera")
+            await alice.wait_for(
+                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+            )
+            ws.start()
+            await owner_of([ws, wi], "slack")
+            await slack.wait_for_socket(1, PATIENCE)
+            ask = slack.message_event("C1", f"<@{slack.bot_user_id}> in three?", user="U2")
+            await slack.push_event(ask)
+            await slow.wait_held(PATIENCE)
+            await alice.wait_for(lambda m: m.text == lines[0], PATIENCE)
+            await until(lambda: _line_delivered(postgres_dsn, lines[0]), "line 1 recorded")
+            wi.kill()
+            await wi.wait()
+            assert (await owner_of([ws], "libera")) is ws
+            slow.release()
+            await alice.wait_for(lambda m: m.text == lines[2], PATIENCE)
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            alice.privmsg(CHANNEL, "agentik: anything else?")  # behind it in every queue
+            await alice.wait_for(lambda m: "anything else?" in m.text and m.nick != "alice",
+                                 PATIENCE)  # fmt: skip
+            await until(lambda: _none_waiting_at_all(postgres_dsn), "the outbox delivered")
+            await alice.sync()
+            assert [t for t in _from_bot(alice) if t in lines] == lines  # once each, in order

@@ -466,6 +466,12 @@ class _EventQueue(AsyncIterator[Event]):
         self._out: deque[Event] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
+        #: Called with this stream when an event becomes waiting (it must not raise nor
+        #: block), as a local :class:`~agentik.core.eventbus.Subscription`'s: a consumer
+        #: that holds no task while nothing happens drains it with :meth:`take`.
+        self.notify: Callable[[Any], None] | None = None
+        #: The consumer's own: what this stream is for (``None`` until set).
+        self.tag: object = None
 
     def _overflow(self, event: Event) -> EventsLost:
         """The ``events_lost`` the client gets instead of its backlog (``event``: the
@@ -493,6 +499,14 @@ class _EventQueue(AsyncIterator[Event]):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+        notify = self.notify
+        if notify is not None and self._out:
+            notify(self)
+
+    @property
+    def ended(self) -> bool:
+        """No event is waiting and none will come (it was closed or cut off)."""
+        return self._closed and not self._out
 
     @property
     def ready(self) -> bool:
