@@ -26,7 +26,8 @@
   first still commits waits for it and is acknowledged without a second turn; one
   whose claim expired (its worker died) is taken.  Delivery is at-least-once in
   one place only: a process killed between its commit and the write recording the
-  event (one store or file write) answers Slack's redelivery again.
+  event (the store's write; on one process, the acknowledgement, the file being
+  written within :data:`SEEN_FLUSH` after it) answers Slack's redelivery again.
 * Streaming: Slack's native ``chat.startStream``/``appendStream``/
   ``stopStream`` (slack-sdk's ``chat_stream`` helper) where the workspace
   supports it, else post then ``chat.update``, no more often than
