@@ -157,9 +157,9 @@ async def seen(args: argparse.Namespace, folder: Path, dsn: str | None) -> list[
 
             async def whole(keys: tuple[str, ...], shared: StoreSeenEvents = shared) -> None:
                 # What a worker does per event since the ack waits for the commit: claim
-                # it, read whether another worker handled it, record it once committed.
-                await shared.claim([f"claim:{k}" for k in keys])
-                await shared.known(keys)
+                # it and read whether another worker handled it (one statement), record
+                # it once committed.
+                await shared.claim_known([f"claim:{k}" for k in keys], keys)
                 await shared.first_seen(keys)
 
             wall, cpu = await per_event(whole, args.events)

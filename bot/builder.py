@@ -490,7 +490,7 @@ class StoreSeenEvents:
 
     A key is remembered for ``window`` seconds (Slack gives up redelivering an event
     after about an hour); every ``prune_every`` keys written, the older ones are pruned.
-    A worker's claim on an event in flight (:meth:`claim`) holds ``claim_seconds``: the
+    A worker's claim on an event in flight (:meth:`claim_known`) holds ``claim_seconds``: the
     cluster's lease, after which a worker that went silent is taken for dead.
     """
 
@@ -514,14 +514,18 @@ class StoreSeenEvents:
         await self._written_more(len(first), now)
         return first
 
-    async def claim(self, keys: Sequence[str]) -> list[str]:
-        now = time.time()
-        won = await self.store.seen_first(keys, now=now, window=self.claim_seconds)
-        await self._written_more(len(won), now)
-        return won
-
     async def known(self, keys: Sequence[str]) -> list[str]:
         return await self.store.seen_known(keys, since=time.time() - self.window)
+
+    async def claim_known(
+        self, claims: Sequence[str], keys: Sequence[str]
+    ) -> tuple[list[str], list[str]]:
+        now = time.time()
+        won, known = await self.store.seen_claim(
+            claims, keys, now=now, window=self.claim_seconds, since=now - self.window
+        )
+        await self._written_more(len(won), now)
+        return won, known
 
     async def _written_more(self, n: int, now: float) -> None:
         self._written += n

@@ -810,6 +810,23 @@ class Store(abc.ABC):
         whose redelivery reached this one."""
         raise NotImplementedError(f"{type(self).__name__} keeps no handled events")
 
+    async def seen_claim(
+        self,
+        claims: Sequence[str],
+        keys: Sequence[str],
+        *,
+        now: float,
+        window: float,
+        since: float,
+    ) -> tuple[list[str], list[str]]:
+        """``(seen_first(claims, now=now, window=window), seen_known(keys, since=since))``
+        in one round trip where the engine can (PostgreSQL: one statement): a worker
+        claims the events it received and learns which of them another worker handled
+        already.  The read sees the table as it was before the claims (a claim key and
+        a handled key never coincide: the transport prefixes its claims)."""
+        known = await self.seen_known(keys, since=since)
+        return await self.seen_first(claims, now=now, window=window), known
+
     # -- checkpoints: stored snapshots per conversation (issue 35; SQLite 28, PostgreSQL 17) -
     async def checkpoint_add(
         self,

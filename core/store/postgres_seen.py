@@ -23,6 +23,15 @@ _FIRST = (
 )
 
 
+#: :data:`_FIRST` for the claims, and the handled keys read from the table as it was
+#: before them (one snapshot: the statement's).
+_CLAIM = (
+    "WITH claimed AS (" + _FIRST + ")"
+    " SELECT true, key FROM claimed"
+    " UNION ALL SELECT false, key FROM seen_event WHERE key = ANY($4::text[]) AND at >= $5"
+)
+
+
 class PostgresSeen(PostgresRoom):
     """Handled events in the ``seen_event`` table (migration 5)."""
 
@@ -38,6 +47,30 @@ class PostgresSeen(PostgresRoom):
 
         found = set(await self._write(fn, single=True))
         return [k for k in wanted if k in found]
+
+    async def seen_claim(
+        self,
+        claims: Sequence[str],
+        keys: Sequence[str],
+        *,
+        now: float,
+        window: float,
+        since: float,
+    ) -> tuple[list[str], list[str]]:
+        # One statement, one round trip: the claims and the read (Slack's per-event cost).
+        wanted = list(dict.fromkeys(claims))
+        asked = list(dict.fromkeys(keys))
+        if not wanted:
+            return [], await self.seen_known(asked, since=since)
+
+        async def fn(conn: asyncpg.Connection) -> list[tuple[bool, str]]:
+            rows = await conn.fetch(_CLAIM, sorted(wanted), now, now - window, asked, since)
+            return [(r[0], r[1]) for r in rows]
+
+        rows: list[tuple[bool, str]] = await self._write(fn, single=True)
+        got = {k for claim, k in rows if claim}
+        known = {k for claim, k in rows if not claim}
+        return [k for k in wanted if k in got], [k for k in asked if k in known]
 
     async def seen_prune(self, before: float) -> int:
         async def fn(conn: asyncpg.Connection) -> int:

@@ -387,6 +387,16 @@ class SeenEventRepository(Protocol):
 
     async def seen_known(self, keys: Sequence[str], *, since: float) -> list[str]: ...
 
+    async def seen_claim(
+        self,
+        claims: Sequence[str],
+        keys: Sequence[str],
+        *,
+        now: float,
+        window: float,
+        since: float,
+    ) -> tuple[list[str], list[str]]: ...
+
 
 @runtime_checkable
 class RunEventRepository(Protocol):

@@ -37,6 +37,37 @@ class SQLiteSeen(SQLiteRoom):
         found: list[str] = await self._write(fn)
         return found
 
+    async def seen_claim(
+        self,
+        claims: Sequence[str],
+        keys: Sequence[str],
+        *,
+        now: float,
+        window: float,
+        since: float,
+    ) -> tuple[list[str], list[str]]:
+        # One job in the writer: the read sees the table before the claims, as on
+        # PostgreSQL (the claims' rows are written after it).
+        wanted = list(dict.fromkeys(claims))
+        asked = list(dict.fromkeys(keys))
+        marks = ", ".join("?" * len(asked))
+
+        def fn(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
+            found: set[str] = set()
+            if asked:
+                found = {
+                    r[0]
+                    for r in conn.execute(
+                        f"SELECT key FROM seen_event WHERE key IN ({marks}) AND at >= ?",
+                        [*asked, since],
+                    )
+                }
+            got = [k for k in wanted if conn.execute(_FIRST, (k, now, now - window)).fetchone()]
+            return got, [k for k in asked if k in found]
+
+        result: tuple[list[str], list[str]] = await self._write(fn)
+        return result
+
     async def seen_prune(self, before: float) -> int:
         def fn(conn: sqlite3.Connection) -> int:
             return conn.execute("DELETE FROM seen_event WHERE at < ?", (before,)).rowcount

@@ -167,13 +167,17 @@ class SeenEvents(Protocol):
         workers given one key at once, one gets it back)."""
         ...
 
-    async def claim(self, keys: Sequence[str]) -> Collection[str]:
-        """Claim ``keys`` for this worker; those it got (no worker claimed them within
-        the last ``claim_seconds``: atomically, as :meth:`first_seen`)."""
-        ...
-
     async def known(self, keys: Sequence[str]) -> Collection[str]:
         """Those of ``keys`` recorded as handled (:meth:`first_seen`); a read."""
+        ...
+
+    async def claim_known(
+        self, claims: Sequence[str], keys: Sequence[str]
+    ) -> tuple[Collection[str], Collection[str]]:
+        """Claim ``claims`` for this worker and read which of ``keys`` are :meth:`known`,
+        in one round trip (the read sees the store as it was before the claims); the
+        claims it got: those no worker claimed within the last ``claim_seconds``
+        (atomically, as :meth:`first_seen`)."""
         ...
 
 
@@ -1265,8 +1269,9 @@ class SlackTransport(Transport):
         assert self._shared_seen is not None
         keys = [k for i in items for k in i.seen]
         try:
-            won = set(await self._shared_seen.claim([_CLAIM + k for k in keys]))
-            done = set(await self._shared_seen.known(keys))
+            # One round trip (it was two: the claim, then the read).
+            got, handled = await self._shared_seen.claim_known([_CLAIM + k for k in keys], keys)
+            won, done = set(got), set(handled)
         except Exception:
             log.exception("slack %s: could not check %d events (Slack sends them again)",
                           self.name, len(items))  # fmt: skip

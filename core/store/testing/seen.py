@@ -11,7 +11,8 @@ __all__ = ["SeenEventsContract"]
 
 
 class SeenEventsContract(ContractBase):
-    """``seen_first`` records keys and says which were new; ``seen_prune`` forgets."""
+    """``seen_first`` records keys and says which were new; ``seen_prune`` forgets;
+    ``seen_claim`` claims and reads at once."""
 
     async def test_a_key_is_seen_first_once(self, store: Any) -> None:
         assert await store.seen_first(["event:E1", "msg:C:1"], now=100.0, window=60.0) == [
@@ -60,3 +61,38 @@ class SeenEventsContract(ContractBase):
         # Recorded before ``since``: not known.
         assert await store.seen_known(["a", "c"], since=100.5) == ["c"]
         assert await store.seen_known([], since=0.0) == []
+
+    async def test_a_claim_and_a_read_in_one_call(self, store: Any) -> None:
+        await store.seen_first(["event:E1"], now=100.0, window=60.0)
+        got, known = await store.seen_claim(
+            ["claim:event:E1", "claim:event:E2", "claim:event:E2"],
+            ["event:E2", "event:E1"],
+            now=101.0, window=3.0, since=50.0,
+        )  # fmt: skip
+        assert (got, known) == (["claim:event:E1", "claim:event:E2"], ["event:E1"])
+        # Claimed within the window: nobody gets the claim again; after it, one does.
+        again = await store.seen_claim(["claim:event:E2"], [], now=103.0, window=3.0, since=0.0)
+        assert again == ([], [])
+        assert await store.seen_claim(
+            ["claim:event:E2"], ["event:E2"], now=105.0, window=3.0, since=0.0
+        ) == (["claim:event:E2"], [])
+        # The read sees the table as it was before the call's claims.
+        assert await store.seen_claim(["x"], ["x"], now=106.0, window=3.0, since=0.0) == (
+            ["x"], [],
+        )  # fmt: skip
+        assert await store.seen_claim([], ["x", "y"], now=107.0, window=3.0, since=0.0) == (
+            [], ["x"],
+        )  # fmt: skip
+        assert await store.seen_claim([], [], now=108.0, window=3.0, since=0.0) == ([], [])
+
+    async def test_racing_claims_of_one_key_get_it_once(self, store: Any) -> None:
+        results = await asyncio.gather(
+            *(
+                store.seen_claim(
+                    [f"claim:w{i}", "claim:shared"], ["done"], now=5.0, window=3.0, since=0.0
+                )
+                for i in range(8)
+            )
+        )
+        assert sum("claim:shared" in got for got, _ in results) == 1
+        assert all(f"claim:w{i}" in got for i, (got, _) in enumerate(results))
