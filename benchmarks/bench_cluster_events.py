@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,18 +39,12 @@ import httpx
 from agentik.core.events import TextDelta, event_to_json
 from agentik.core.testing.openai_server import FakeOpenAIServer, Reply
 
-from _common import Row, finish, say, say_environment, version
+from _common import Row, finish, free_port, say, say_environment, version
 
 TESTS_FOLDER = str(Path(__file__).resolve().parent.parent / "tests")
 AGENTIK = str(Path(sys.executable).parent / "agentik")
 DSN_ENV = "AGENTIK_BENCH_EVENTS_DSN"
 TOKEN = "bench-0123456789abcdef"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(name: str, url: str, port: int) -> str:
@@ -83,7 +76,7 @@ class Worker:
         import os
 
         folder.mkdir(parents=True)
-        self.port = _free_port()
+        self.port = free_port()
         (folder / "bot.toml").write_text(_config(name, url, self.port))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENTIK_"))}
         env.update({DSN_ENV: dsn, "BENCH_TOKEN": TOKEN})

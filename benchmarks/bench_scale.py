@@ -42,7 +42,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,7 +51,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from _common import ChildProcess, Row, finish, ms, say, say_environment, version
+from _common import ChildProcess, Row, finish, free_port, ms, say, say_environment, version
 
 SCRIPT = os.path.abspath(__file__)
 ROOT = Path(SCRIPT).resolve().parent.parent
@@ -115,12 +114,6 @@ async def fake_model(tmp: str, delay: float) -> AsyncIterator[tuple[str, ChildPr
 
 
 # -- workers --------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Worker:
     """One ``agentik run`` process with its own folder, config and health socket."""
 
@@ -305,7 +298,7 @@ async def throughput_of(
     from pgserver import empty_database
 
     await empty_database(dsn)
-    ports = [_free_port() for _ in range(n)]
+    ports = [free_port() for _ in range(n)]
     crew = [
         Worker(folder / f"n{n}-w{i}", worker_config(f"w{i}", url, f"""
 [transports.web]

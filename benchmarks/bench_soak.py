@@ -64,7 +64,6 @@ import gc
 import json
 import os
 import re
-import socket
 import sys
 import tempfile
 import time
@@ -80,6 +79,7 @@ from _common import (
     ChildProcess,
     Row,
     finish,
+    free_port,
     irc_bot_edits,
     mb,
     ms,
@@ -653,12 +653,6 @@ def parse_metrics(text: str) -> dict[str, float]:
         with contextlib.suppress(ValueError):
             out[name] = out.get(name, 0.0) + float(value)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 # -- the benchmark ---------------------------------------------------------------------------

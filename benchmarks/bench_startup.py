@@ -38,7 +38,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from _common import Row, fake_openai_server, finish, mb, say, say_environment, version
+from _common import Row, fake_openai_server, finish, free_port, mb, say, say_environment, version
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRA_CPU = 0.2  # seconds over the bare SDK's import + build
@@ -102,14 +102,6 @@ def _run_script(body: str, env: dict[str, str], *args: str) -> dict[str, object]
     return result
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _proc_cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
@@ -125,7 +117,7 @@ def _proc_rss(pid: int) -> int:
 
 def _run_until_ready(env: dict[str, str], folder: Path) -> tuple[float, float, int]:
     """``agentik run``: seconds to /ready 200, and its CPU seconds and RSS then."""
-    port = _free_port()
+    port = free_port()
     config = _config(folder, port)
     url = f"http://127.0.0.1:{port}/ready"
     log = folder / "run.log"  # a file, not a pipe: a full pipe would stall the bot
@@ -202,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         env.update(OPENAI_BASE_URL=url, OPENAI_API_KEY="x", OPENAI_MODEL="fake-model")
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
-        build_config = _config(folder, _free_port())
+        build_config = _config(folder, free_port())
         say("== a first round fills the bytecode cache (not counted)")
         _run_script(BARE, env)
         _run_script(AGENTIK, env, str(build_config))

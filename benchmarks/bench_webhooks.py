@@ -31,7 +31,7 @@ from agentik.bot.webhooks import Webhooks, WebhookSettings
 from agentik.core import Agent, Conversation, SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
 
-from _common import Row, finish, ms, say, say_environment, version
+from _common import Row, finish, free_port, ms, say, say_environment, version
 
 _RECEIVER = """
 import sys
@@ -53,14 +53,6 @@ app.router.add_post("/hook", hook)
 app.router.add_get("/count", count)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=lambda *a: print("up", flush=True))
 """
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Side:
@@ -175,7 +167,7 @@ def main() -> int:
     say_environment([("agentik", version("agentik"))])
     rounds, blocks = (2, 4) if args.quick else (4, 10)
     os.environ["BENCH_WEBHOOK_SECRET"] = "bench-secret-0123456789"
-    port = _free_port()
+    port = free_port()
     receiver = subprocess.Popen(
         [sys.executable, "-c", _RECEIVER, str(port)], stdout=subprocess.PIPE, text=True
     )

@@ -22,90 +22,22 @@ from __future__ import annotations
 import json
 import re
 import signal
-from functools import partial
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from cluster import until, worker_config, workers
+from cluster import until
+from slackcluster import slack_http_workers
 
 from agentik.core.testing.openai_server import Reply
 
 pytest_plugins = ["pgserver"]
 
-DSN_ENV = "AGENTIK_TEST_SLACK_HTTP_DSN"
 #: ``todo`` calls wait for an approval, which their asker may give.
 APPROVALS = """[[approvals]]
 tools = ["todo"]
 approvers = "user"
 self_approve = true
 """
-
-
-class Rig:
-    """Two workers ``a`` and ``b`` serving Slack's Events API, and a way to POST signed
-    events to either."""
-
-    def __init__(self, slack: Any, crew: list[Any], http: httpx.AsyncClient) -> None:
-        self.slack = slack
-        self.a, self.b = crew
-        self.http = http
-
-    async def post(
-        self, worker: Any, payload: dict[str, Any], headers: dict[str, str] | None = None
-    ) -> int:
-        body = json.dumps(payload).encode()
-        sent = {**self.slack.sign(body), "Content-Type": "application/json", **(headers or {})}
-        url = f"http://127.0.0.1:{worker.port}/slack/events"
-        try:
-            r = await self.http.post(url, content=body, headers=sent)
-        except httpx.TransportError:
-            return 0
-        return r.status_code
-
-    async def serving(self, worker: Any) -> bool:
-        challenge = {"type": "url_verification", "token": "t", "challenge": "c"}
-        return await self.post(worker, challenge) == 200
-
-    def thread(self, channel: str, thread_ts: str) -> list[str]:
-        """The bot's messages in a thread, oldest first."""
-        slack = self.slack
-        return [
-            m["text"]
-            for (ch, _), m in sorted(slack.messages.items(), key=lambda kv: kv[0][1])
-            if ch == channel and m.get("thread_ts") == thread_ts
-            and m.get("user") == slack.bot_user_id
-        ]  # fmt: skip
-
-    def texts(self, channel: str) -> list[str]:
-        slack = self.slack
-        return [
-            m["text"]
-            for (ch, _), m in sorted(slack.messages.items(), key=lambda kv: kv[0][1])
-            if ch == channel and m.get("user") == slack.bot_user_id
-        ]  # fmt: skip
-
-
-def _rig(tmp_path: Path, dsn: str, openai_url: str, slack: Any, *, extra: str = "") -> Any:
-    def config(name: str, port: int) -> str:
-        transport = f"""
-[transports.slack]
-type = "slack"
-mode = "http"
-bot_token = "{slack.bot_token}"
-signing_secret = "${{SLACK_SIGNING_SECRET}}"
-api_url = "{slack.api_url}"
-http_port = {port}
-streaming = "edit"
-"""
-        logging = '[logging]\nlevel = "info"\n'
-        return worker_config(name, openai_url, dsn_env=DSN_ENV, poll=2.0, health=False,
-                             before_cluster=logging + extra, extra=transport)  # fmt: skip
-
-    env = {"SLACK_SIGNING_SECRET": slack.signing_secret}
-    return workers(["a", "b"], tmp_path, dsn, config, dsn_env=DSN_ENV, env=env,
-                   stop=signal.SIGTERM)  # fmt: skip
 
 
 def _users(body: dict[str, Any]) -> list[str]:
@@ -120,8 +52,6 @@ async def test_a_thread_reply_through_the_other_worker_is_answered_once_in_its_t
     reply in that thread, no mention, reaches worker B meanwhile: it is queued, run by A
     after its first answer (the model sees that answer), posted once in the thread.
     Slack's retry of that reply's event, to A this time, starts no other turn."""
-    from fakeslack import FakeSlack
-
     words = [f"w{i}" for i in range(30)]
 
     def model(body: dict[str, Any]) -> Reply:
@@ -132,51 +62,45 @@ async def test_a_thread_reply_through_the_other_worker_is_answered_once_in_its_t
         return Reply.text(" ".join(words), chunks=30, delay=0.1)
 
     openai_server.default = model
-    async with FakeSlack() as slack:
-        slack.add_user("U1", "alice")
-        async with (
-            _rig(tmp_path, postgres_dsn, openai_server.base_url, slack) as crew,
-            httpx.AsyncClient(timeout=30) as http,
-        ):
-            rig = Rig(slack, crew, http)
-            for w in crew:
-                await until(partial(rig.serving, w), f"{w.folder.name}'s Slack HTTP mode")
-            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> count to 30")
-            root = mention["ts"]
-            assert await rig.post(rig.a, slack.event_callback(mention)) == 200
-            await until(
-                lambda: any(t.startswith("w0") for t in rig.thread("C1", root)),
-                "A's answer under way in the thread",
-            )
-            reply = slack.message_event("C1", "and then?", thread_ts=root)
-            callback = slack.event_callback(reply)
-            assert await rig.post(rig.b, callback) == 200
-            await until(
-                lambda: "the end" in rig.thread("C1", root),
-                lambda: f"the reply answered in the thread: {rig.thread('C1', root)}",
-            )
-            # Slack retries an event it thinks went unanswered (to any worker): the
-            # retry is acknowledged and answered by nobody.
-            retry = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
-            assert await rig.post(rig.a, callback, retry) == 200
-            # A later message through A: once it is answered, A had taken the retry.
-            last = slack.message_event("C1", "last one", thread_ts=root)
-            assert await rig.post(rig.a, slack.event_callback(last)) == 200
-            await until(lambda: "bye" in rig.thread("C1", root), "the last message answered")
+    async with slack_http_workers(
+        tmp_path, postgres_dsn, openai_server.base_url, stop=signal.SIGTERM
+    ) as rig:
+        slack = rig.slack
+        mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> count to 30")
+        root = mention["ts"]
+        assert await rig.post(rig.a, slack.event_callback(mention)) == 200
+        await until(
+            lambda: any(t.startswith("w0") for t in rig.thread("C1", root)),
+            "A's answer under way in the thread",
+        )
+        reply = slack.message_event("C1", "and then?", thread_ts=root)
+        callback = slack.event_callback(reply)
+        assert await rig.post(rig.b, callback) == 200
+        await until(
+            lambda: "the end" in rig.thread("C1", root),
+            lambda: f"the reply answered in the thread: {rig.thread('C1', root)}",
+        )
+        # Slack retries an event it thinks went unanswered (to any worker): the
+        # retry is acknowledged and answered by nobody.
+        assert await rig.post(rig.a, callback, retry=1) == 200
+        # A later message through A: once it is answered, A had taken the retry.
+        last = slack.message_event("C1", "last one", thread_ts=root)
+        assert await rig.post(rig.a, slack.event_callback(last)) == 200
+        await until(lambda: "bye" in rig.thread("C1", root), "the last message answered")
 
-            texts = rig.thread("C1", root)
-            assert texts.count("the end") == 1, texts
-            first = next(t for t in texts if t.startswith("w0"))
-            assert "w29" in first  # A's first answer went to its end, not cut
-            assert texts.index("the end") > texts.index(first)
-            asked = [_users(r)[-1] for r in openai_server.requests]
-            assert [a.split()[-1] for a in asked] == ["30", "then?", "one"], asked
-            # The reply's turn ran after the first answer, knowing it.
-            second = openai_server.requests[1]["messages"]
-            assert any(m["role"] == "assistant" and "w29" in str(m["content"]) for m in second)
-            # Nothing of it outside the thread.
-            assert all(m.get("thread_ts") == root for (ch, _), m in slack.messages.items()
-                       if ch == "C1" and m.get("user") == slack.bot_user_id)  # fmt: skip
+        texts = rig.thread("C1", root)
+        assert texts.count("the end") == 1, texts
+        first = next(t for t in texts if t.startswith("w0"))
+        assert "w29" in first  # A's first answer went to its end, not cut
+        assert texts.index("the end") > texts.index(first)
+        asked = [_users(r)[-1] for r in openai_server.requests]
+        assert [a.split()[-1] for a in asked] == ["30", "then?", "one"], asked
+        # The reply's turn ran after the first answer, knowing it.
+        second = openai_server.requests[1]["messages"]
+        assert any(m["role"] == "assistant" and "w29" in str(m["content"]) for m in second)
+        # Nothing of it outside the thread.
+        assert all(m.get("thread_ts") == root for (ch, _), m in slack.messages.items()
+                   if ch == "C1" and m.get("user") == slack.bot_user_id)  # fmt: skip
 
 
 @pytest.mark.timeout(400)
@@ -186,49 +110,42 @@ async def test_a_dm_steered_through_the_other_worker_joins_the_turn_running_ther
     """A DM (``busy`` ``auto``: steer) through B while A's turn waits on an approval of
     its tool call: the message joins A's turn at its next model request — one answer,
     no turn of its own — as on one process; the approval is given through B too."""
-    from fakeslack import FakeSlack
-
     items = {"items": [{"text": "buy bread", "status": "pending"}]}
     openai_server.enqueue(
         Reply.tool_calls([("call-1", "todo", json.dumps(items))]),
         Reply.text("bread and milk then", chunks=3),
     )
     tools = "[tools]\ntodo = true\n"
-    async with FakeSlack() as slack:
-        slack.add_user("U1", "alice")
-        async with (
-            _rig(tmp_path, postgres_dsn, openai_server.base_url, slack,
-                 extra=tools + APPROVALS) as crew,
-            httpx.AsyncClient(timeout=30) as http,
-        ):  # fmt: skip
-            rig = Rig(slack, crew, http)
-            for w in crew:
-                await until(partial(rig.serving, w), f"{w.folder.name}'s Slack HTTP mode")
-            ask = slack.message_event("D1", "make a list", channel_type="im")
-            assert await rig.post(rig.a, slack.event_callback(ask)) == 200
+    async with slack_http_workers(
+        tmp_path, postgres_dsn, openai_server.base_url, extra=tools + APPROVALS,
+        stop=signal.SIGTERM,
+    ) as rig:  # fmt: skip
+        slack = rig.slack
+        ask = slack.message_event("D1", "make a list", channel_type="im")
+        assert await rig.post(rig.a, slack.event_callback(ask)) == 200
 
-            def approval() -> str | None:
-                for t in rig.texts("D1"):
-                    found = re.search(r"approve (\w+)", t)
-                    if found:
-                        return found.group(1)
-                return None
+        def approval() -> str | None:
+            for t in rig.texts("D1"):
+                found = re.search(r"approve (\w+)", t)
+                if found:
+                    return found.group(1)
+            return None
 
-            approval_id = await until(approval, lambda: f"the approval asked: {rig.texts('D1')}")
-            steer = slack.message_event("D1", "also add milk", channel_type="im")
-            assert await rig.post(rig.b, slack.event_callback(steer)) == 200
-            await until(
-                lambda: "steers run" in rig.a.stderr(),
-                lambda: f"A taking the message in; A's log: {rig.a.stderr()[-3000:]}",
-            )
-            approve = slack.message_event("D1", f"!approve {approval_id}", channel_type="im")
-            assert await rig.post(rig.b, slack.event_callback(approve)) == 200
-            await until(
-                lambda: "bread and milk then" in rig.texts("D1"),
-                lambda: f"the answer: {rig.texts('D1')}",
-            )
-            last = openai_server.requests[-1]["messages"]
-            assert [m["role"] for m in last][-2:] == ["tool", "user"]
-            assert "also add milk" in str(last[-1]["content"])
-            assert len(openai_server.requests) == 2  # no turn of its own
-            assert rig.texts("D1").count("bread and milk then") == 1
+        approval_id = await until(approval, lambda: f"the approval asked: {rig.texts('D1')}")
+        steer = slack.message_event("D1", "also add milk", channel_type="im")
+        assert await rig.post(rig.b, slack.event_callback(steer)) == 200
+        await until(
+            lambda: "steers run" in rig.a.stderr(),
+            lambda: f"A taking the message in; A's log: {rig.a.stderr()[-3000:]}",
+        )
+        approve = slack.message_event("D1", f"!approve {approval_id}", channel_type="im")
+        assert await rig.post(rig.b, slack.event_callback(approve)) == 200
+        await until(
+            lambda: "bread and milk then" in rig.texts("D1"),
+            lambda: f"the answer: {rig.texts('D1')}",
+        )
+        last = openai_server.requests[-1]["messages"]
+        assert [m["role"] for m in last][-2:] == ["tool", "user"]
+        assert "also add milk" in str(last[-1]["content"])
+        assert len(openai_server.requests) == 2  # no turn of its own
+        assert rig.texts("D1").count("bread and milk then") == 1

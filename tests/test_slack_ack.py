@@ -20,15 +20,13 @@ acknowledged.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sqlite3
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from cluster import Worker, last_user, until, worker_config, workers
+from cluster import Worker, last_user, until
+from slackcluster import SlackCrew, slack_http_workers
 
 from agentik.core import SQLiteStore
 from agentik.core.testing.openai_server import Reply
@@ -38,7 +36,6 @@ from rigs import bot_texts, slack_bot
 
 pytest_plugins = ["pgserver"]
 
-DSN_ENV = "AGENTIK_TEST_SLACK_ACK_DSN"
 #: Slack sends an event at most this many times again (at once, after 1 and 5 minutes).
 SLACK_RETRIES = 3
 
@@ -190,64 +187,17 @@ async def test_a_redelivery_while_the_first_is_still_committing_is_answered_once
 
 
 # -- two workers on PostgreSQL, HTTP mode --------------------------------------------------
-def _http_workers(tmp_path: Path, dsn: str, openai_url: str, slack: FakeSlack) -> Any:
-    """Workers ``a`` and ``b`` serving Slack's Events API (``[cluster] lease_seconds`` 3:
-    an event's claim holds that long)."""
-
-    def config(name: str, port: int) -> str:
-        transport = f"""
-[transports.slack]
-type = "slack"
-mode = "http"
-bot_token = "{slack.bot_token}"
-signing_secret = "${{SLACK_SIGNING_SECRET}}"
-api_url = "{slack.api_url}"
-http_port = {port}
-streaming = "edit"
-"""
-        logging = '[logging]\nlevel = "info"\n'
-        return worker_config(name, openai_url, dsn_env=DSN_ENV, poll=2.0, health=False,
-                             before_cluster=logging, extra=transport)  # fmt: skip
-
-    env = {"SLACK_SIGNING_SECRET": slack.signing_secret}
-    return workers(["a", "b"], tmp_path, dsn, config, dsn_env=DSN_ENV, env=env)
-
-
-class _Events:
-    """POSTs events to a worker's Events API, signed as Slack signs them."""
-
-    def __init__(self, slack: FakeSlack, http: httpx.AsyncClient) -> None:
-        self.slack = slack
-        self.http = http
-
-    async def post(self, worker: Worker, payload: dict[str, Any], retry: int = 0) -> int:
-        body = json.dumps(payload).encode()
-        headers = {**self.slack.sign(body), "Content-Type": "application/json"}
-        if retry:
-            headers["X-Slack-Retry-Num"] = str(retry)
-            headers["X-Slack-Retry-Reason"] = "http_timeout"
-        try:
-            r = await self.http.post(
-                f"http://127.0.0.1:{worker.port}/slack/events", content=body, headers=headers
-            )
-        except httpx.TransportError:
-            return 0  # (a worker killed while it was answering)
-        return r.status_code
-
-    async def serving(self, worker: Worker) -> bool:
-        return await self.post(worker, {"type": "url_verification", "challenge": "c"}) == 200
-
-    async def redeliver(self, worker: Worker, payload: dict[str, Any]) -> int:
-        """Slack's retries of ``payload`` to ``worker`` until one is acknowledged; which."""
-        answers = []
-        for attempt in range(1, SLACK_RETRIES + 1):
-            answers.append(await self.post(worker, payload, retry=attempt))
-            if answers[-1] == 200:
-                return attempt
-        raise AssertionError(
-            f"none of Slack's {SLACK_RETRIES} retries was acknowledged ({answers});"
-            f" {worker.folder.name}'s log:\n{worker.stderr()[-5000:]}"
-        )
+async def _redeliver(crew: SlackCrew, worker: Worker, payload: dict[str, Any]) -> int:
+    """Slack's retries of ``payload`` to ``worker`` until one is acknowledged; which."""
+    answers = []
+    for attempt in range(1, SLACK_RETRIES + 1):
+        answers.append(await crew.post(worker, payload, retry=attempt))
+        if answers[-1] == 200:
+            return attempt
+    raise AssertionError(
+        f"none of Slack's {SLACK_RETRIES} retries was acknowledged ({answers});"
+        f" {worker.folder.name}'s log:\n{worker.stderr()[-5000:]}"
+    )
 
 
 async def _blocked_on_message(conn: Any) -> bool:
@@ -271,41 +221,33 @@ async def test_a_worker_killed_before_its_commit_loses_no_event_to_the_other(
     import asyncpg
 
     openai_server.default = _heard
-    async with FakeSlack() as slack:
-        slack.add_user("U1", "alice")
-        async with (
-            _http_workers(tmp_path, postgres_dsn, openai_server.base_url, slack) as crew,
-            httpx.AsyncClient(timeout=60) as http,
-        ):
-            a, b = crew
-            events = _Events(slack, http)
-            for w in crew:
-                await until(lambda w=w: events.serving(w), f"{w.folder.name}'s Events API")
-            lock = await asyncpg.connect(postgres_dsn)
-            try:
-                tx = lock.transaction()
-                await tx.start()
-                await lock.execute("LOCK TABLE message IN EXCLUSIVE MODE")
-                event = slack.event_callback(
-                    slack.message_event("D1", "keep me", channel_type="im"), event_id="EvKeep"
-                )
-                first = asyncio.create_task(events.post(a, event))
-                await until(lambda: _blocked_on_message(lock), "A's commit waiting for the lock")
-                a.kill(signal.SIGKILL)
-                await a.wait()
-                assert await first != 200, "acknowledged before its message was committed"
-                await tx.rollback()
-            finally:
-                await lock.close()
-            assert _asked(openai_server, "keep me") == 0
+    async with slack_http_workers(tmp_path, postgres_dsn, openai_server.base_url) as crew:
+        slack, a, b = crew.slack, crew.a, crew.b
+        lock = await asyncpg.connect(postgres_dsn)
+        try:
+            tx = lock.transaction()
+            await tx.start()
+            await lock.execute("LOCK TABLE message IN EXCLUSIVE MODE")
+            event = slack.event_callback(
+                slack.message_event("D1", "keep me", channel_type="im"), event_id="EvKeep"
+            )
+            first = asyncio.create_task(crew.post(a, event))
+            await until(lambda: _blocked_on_message(lock), "A's commit waiting for the lock")
+            a.kill(signal.SIGKILL)
+            await a.wait()
+            assert await first != 200, "acknowledged before its message was committed"
+            await tx.rollback()
+        finally:
+            await lock.close()
+        assert _asked(openai_server, "keep me") == 0
 
-            await events.redeliver(b, event)
-            await until(lambda: bot_texts(slack, "D1"), "B's answer to the redelivered event")
-            later = slack.event_callback(slack.message_event("D1", "and this", channel_type="im"))
-            assert await events.post(b, later) == 200
-            await until(lambda: len(bot_texts(slack, "D1")) >= 2, "the later answer")
-            assert bot_texts(slack, "D1") == ["heard: alice: keep me", "heard: alice: and this"]
-            assert _asked(openai_server, "keep me") == 1
+        await _redeliver(crew, b, event)
+        await until(lambda: bot_texts(slack, "D1"), "B's answer to the redelivered event")
+        later = slack.event_callback(slack.message_event("D1", "and this", channel_type="im"))
+        assert await crew.post(b, later) == 200
+        await until(lambda: len(bot_texts(slack, "D1")) >= 2, "the later answer")
+        assert bot_texts(slack, "D1") == ["heard: alice: keep me", "heard: alice: and this"]
+        assert _asked(openai_server, "keep me") == 1
 
 
 @pytest.mark.timeout(400)
@@ -317,30 +259,22 @@ async def test_a_redelivery_of_a_committed_event_is_not_answered_again(
     the mention's ``message`` twin reach worker B: both are acknowledged at once, and
     nothing is answered twice."""
     openai_server.default = _heard
-    async with FakeSlack() as slack:
-        slack.add_user("U1", "alice")
-        async with (
-            _http_workers(tmp_path, postgres_dsn, openai_server.base_url, slack) as crew,
-            httpx.AsyncClient(timeout=60) as http,
-        ):
-            a, b = crew
-            events = _Events(slack, http)
-            for w in crew:
-                await until(lambda w=w: events.serving(w), f"{w.folder.name}'s Events API")
-            mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> once please")
-            event = slack.event_callback(mention, event_id="EvOnce")
-            assert await events.post(a, event) == 200
-            await until(lambda: bot_texts(slack, "C1"), "A's answer")
-            a.kill(signal.SIGKILL)
-            await a.wait()
+    async with slack_http_workers(tmp_path, postgres_dsn, openai_server.base_url) as crew:
+        slack, a, b = crew.slack, crew.a, crew.b
+        mention = slack.app_mention_event("C1", f"<@{slack.bot_user_id}> once please")
+        event = slack.event_callback(mention, event_id="EvOnce")
+        assert await crew.post(a, event) == 200
+        await until(lambda: bot_texts(slack, "C1"), "A's answer")
+        a.kill(signal.SIGKILL)
+        await a.wait()
 
-            assert await events.post(b, event, retry=1) == 200
-            twin = slack.event_callback(
-                dict(mention, type="message", channel_type="channel"), event_id="EvTwin"
-            )
-            assert await events.post(b, twin) == 200
-            later = slack.event_callback(slack.message_event("D1", "and this", channel_type="im"))
-            assert await events.post(b, later) == 200
-            await until(lambda: bot_texts(slack, "D1"), "B's answer to a later message")
-            assert bot_texts(slack, "C1") == ["heard: alice: once please"]
-            assert _asked(openai_server, "once please") == 1
+        assert await crew.post(b, event, retry=1) == 200
+        twin = slack.event_callback(
+            dict(mention, type="message", channel_type="channel"), event_id="EvTwin"
+        )
+        assert await crew.post(b, twin) == 200
+        later = slack.event_callback(slack.message_event("D1", "and this", channel_type="im"))
+        assert await crew.post(b, later) == 200
+        await until(lambda: bot_texts(slack, "D1"), "B's answer to a later message")
+        assert bot_texts(slack, "C1") == ["heard: alice: once please"]
+        assert _asked(openai_server, "once please") == 1
