@@ -7,20 +7,22 @@ method: about 50 µs each.  agentik's modules define some 260 dataclasses (event
 records, settings; pydantic dataclasses go through the same code), about a thousand
 methods: measured on Python 3.11, 100-110 ms of CPU at every start, a third of what
 importing agentik and building a bot costs over the bare ``openai`` SDK (issue 31;
-docs/operations.md, "Start-up").
+docs/operations.md, "What a started bot imports").
 
 :func:`dataclass_code_cached` keeps the code objects compiled inside its block, keyed
-by their source text, in one file beside the bytecode cache (``__pycache__`` of this
-package, or under ``PYTHONPYCACHEPREFIX``), and the next start reads them back
-instead of compiling again.  The methods are the very same: the same source compiled
-with the same flags (none inherited), bound to the class's globals as before; a class
-whose fields change has another source, so it is compiled afresh.  Like a ``.pyc``,
-the file is only an optimisation: written as bytecode is (not with
-``PYTHONDONTWRITEBYTECODE``), atomically, and only when something new was compiled;
-one that is unreadable, from another Python, or not ours is ignored (and replaced);
-where it cannot be written, every start compiles as before.  It holds what the
-processes that wrote it used, and is cut back to what the last one used once it holds
-more than twice that, so it does not grow with old versions of the classes.
+by a digest (BLAKE2b, 16 bytes) of their source text, in one file beside the bytecode
+cache (``__pycache__`` of this package, or under ``PYTHONPYCACHEPREFIX``), and the
+next start reads them back instead of compiling again.  The methods are the very
+same: the same source compiled with the same flags (none inherited), bound to the
+class's globals as before; a class whose fields change has another source, so it is
+compiled afresh.  Like a ``.pyc``, the file is only an optimisation, and trusted as
+the ``.pyc`` files beside it are (whoever can write one can write the others): written
+as bytecode is (not with ``PYTHONDONTWRITEBYTECODE``), atomically, and only when
+something new was compiled; one that is unreadable, from another Python, or not ours
+is ignored (and replaced); where it cannot be written, every start compiles as before.
+It holds what the processes that wrote it used, and is cut back to what the last one
+used once it holds more than twice that, so it does not grow with old versions of the
+classes.
 
 The block replaces the name ``exec`` in the :mod:`dataclasses` module (the builtin is
 what it finds otherwise) while it runs; nested blocks share the outermost one, and the
@@ -33,6 +35,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import hashlib
 import importlib.util
 import marshal
 import os
@@ -48,7 +51,7 @@ __all__ = ["cache_path", "dataclass_code_cached"]
 ENABLED = sys.version_info < (3, 13)
 #: The first bytes of the file: a format of ours, then the interpreter's bytecode
 #: magic (marshal's code objects are only readable by the Python that wrote them).
-_HEADER = b"agentik-dataclass-code-1\n" + importlib.util.MAGIC_NUMBER
+_HEADER = b"agentik-dataclass-code-2\n" + importlib.util.MAGIC_NUMBER
 
 _lock = threading.Lock()
 _depth = 0
@@ -59,8 +62,10 @@ class _Cache:
 
     def __init__(self, path: str | None) -> None:
         self.path = path
-        self.known: dict[str, types.CodeType] = _read(path) if path else {}
-        self.used: dict[str, types.CodeType] = {}
+        # Keyed by a digest of the source (16 bytes, not the ~400 of a method's text:
+        # a smaller file, read faster, and less memory held).
+        self.known: dict[bytes, types.CodeType] = _read(path) if path else {}
+        self.used: dict[bytes, types.CodeType] = {}
         self.compiled = 0  # since the file was last written
 
     def exec(self, source: Any, globals: Any = None, locals: Any = None) -> None:
@@ -68,14 +73,15 @@ class _Cache:
         if not isinstance(source, str):
             builtins.exec(source, globals, locals)
             return
-        code = self.used.get(source) or self.known.get(source)
+        key = hashlib.blake2b(source.encode(), digest_size=16).digest()
+        code = self.used.get(key) or self.known.get(key)
         if code is None:
             # dont_inherit: the flags of dataclasses' own exec() call (none), never this
             # module's (``from __future__ import annotations`` would turn the generated
             # methods' annotations into strings).
             code = compile(source, "<string>", "exec", dont_inherit=True)
             self.compiled += 1
-        self.used[source] = code
+        self.used[key] = code
         builtins.exec(code, globals, locals)
 
     def save(self) -> None:
@@ -125,7 +131,7 @@ def cache_path() -> str | None:
         return None
 
 
-def _read(path: str) -> dict[str, types.CodeType]:
+def _read(path: str) -> dict[bytes, types.CodeType]:
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -136,7 +142,9 @@ def _read(path: str) -> dict[str, types.CodeType]:
         return {}
     if not isinstance(loaded, dict):
         return {}
-    return {k: v for k, v in loaded.items() if isinstance(k, str) and isinstance(v, types.CodeType)}
+    return {
+        k: v for k, v in loaded.items() if isinstance(k, bytes) and isinstance(v, types.CodeType)
+    }
 
 
 @contextlib.contextmanager
