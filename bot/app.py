@@ -14,25 +14,29 @@ from typing import Any
 
 from .gcpause import collector_paused
 
-# Their objects live as long as the process: no collection while they load (see there).
+# Their objects live as long as the process: no collection while they load (see there);
+# their dataclasses' methods are compiled once, not at every start (core.dataclasscode).
 with collector_paused(freeze=True):
-    from agentik.core import Agent, AgentikError, ConfigError
-    from agentik.core.budgets import Budgets
-    from agentik.core.cluster.conversations import TurnQueue
-    from agentik.core.health import Health, status_of, watch_model, without_reasons
-    from agentik.core.plugins import Registry
-    from agentik.transports.base import Transport, TransportFailed
+    from agentik.core.dataclasscode import dataclass_code_cached as _dataclass_code_cached
 
-    from .bridge import Bridge, options_from
-    from .builder import AgentBuilder, wire_transport
-    from .config import Config, TransportSection, load_config
-    from .health import HealthServer, load_token, sd_notify
-    from .logs import STATUS_LOGGER, log_event
-    from .metrics import Metrics
-    from .ownership import Ownership
-    from .parts import access_policy, load_registry, make_transport
-    from .reload import prepare
-    from .webhooks import Webhooks
+    with _dataclass_code_cached():
+        from agentik.core import Agent, AgentikError, ConfigError
+        from agentik.core.budgets import Budgets
+        from agentik.core.cluster.conversations import TurnQueue
+        from agentik.core.health import Health, status_of, watch_model, without_reasons
+        from agentik.core.plugins import Registry
+        from agentik.transports.base import Transport, TransportFailed
+
+        from .bridge import Bridge, options_from
+        from .builder import AgentBuilder, wire_transport
+        from .config import Config, TransportSection, load_config
+        from .health import HealthServer, load_token, sd_notify
+        from .logs import STATUS_LOGGER, log_event
+        from .metrics import Metrics
+        from .ownership import Ownership
+        from .parts import access_policy, load_registry, make_transport
+        from .reload import prepare
+        from .webhooks import Webhooks
 
 __all__ = ["Bot", "load_registry"]
 
@@ -89,7 +93,7 @@ class Bot:
         transports: dict[str, Transport] | None = None,
     ) -> None:
         self.config = config
-        with _collector_paused():  # plugins, the LLM client (the openai SDK): see there
+        with _collector_paused(), _dataclass_code_cached():  # plugins, the LLM client: see there
             self.registry = registry or load_registry(config)
             self.agent: Agent = AgentBuilder.from_config(config, self.registry).build()
         budgets = config.budgets

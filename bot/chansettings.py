@@ -41,7 +41,7 @@ from pydantic.fields import FieldInfo
 
 from agentik.core import access
 from agentik.core.memory import AnnounceKnob, RecallKnobs, RecallPolicy
-from agentik.core.settings import SETTINGS, overlay, setting_fields
+from agentik.core.settings import OVERLAY_SETTINGS, overlay, setting_fields
 from agentik.core.store.base import ChannelSetting, Store
 from agentik.core.streamprofiles import PROFILE_NAME
 from agentik.transports.base import IncomingMessage, Transport
@@ -151,7 +151,7 @@ _CHANNEL_DOCS = {
 
 
 # settings_dataclass spelled out, so type checkers see the keyword constructor.
-@pydantic_dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS)
+@pydantic_dataclass(frozen=True, kw_only=True, slots=True, config=OVERLAY_SETTINGS)
 class ChannelSettings(RecallKnobs, AnnounceKnob, ChannelKnobs):
     """``[channels."<pattern>"]``: settings of the channels whose key
     matches ``<pattern>``.

@@ -60,16 +60,20 @@ from typing import Any
 
 from .gcpause import collector_paused
 
-# Their objects live as long as the process: no collection while they load (see there).
+# Their objects live as long as the process: no collection while they load (see there);
+# their dataclasses' methods are compiled once, not at every start (core.dataclasscode).
 with collector_paused(freeze=True):
-    from agentik.core import AgentikError, ConfigError, SQLiteStore, Store
-    from agentik.core.errors import NotFound
+    from agentik.core.dataclasscode import dataclass_code_cached as _dataclass_code_cached
 
-    from .config import Config, MissingVar, load_config
-    from .logs import setup_logging
-    from .parts import access_policy, load_registry
-    from .webhookscli import add_parser as webhooks_parser
-    from .webhookscli import webhooks_command
+    with _dataclass_code_cached():
+        from agentik.core import AgentikError, ConfigError, SQLiteStore, Store
+        from agentik.core.errors import NotFound
+
+        from .config import Config, MissingVar, load_config
+        from .logs import setup_logging
+        from .parts import access_policy, load_registry
+        from .webhookscli import add_parser as webhooks_parser
+        from .webhookscli import webhooks_command
 
 __all__ = ["COMMANDS", "main"]
 

@@ -15,10 +15,15 @@ build on this package, never the other way round.
 
 import gc as _gc
 
+from .dataclasscode import dataclass_code_cached as _dataclass_code_cached
+
 # The collector would walk the objects of these imports again and again while they
 # load, finding nothing to collect (agentik.bot.gcpause tells more); restored as it was.
+# Their dataclasses' methods are compiled once, not at every start (.dataclasscode).
 _collecting = _gc.isenabled()
 _gc.disable()
+_code_cached = _dataclass_code_cached()
+_code_cached.__enter__()
 try:
     from .agent import Agent, AgentState
     from .conversation import Capabilities, Conversation, ConversationState
@@ -70,6 +75,7 @@ try:
     from .tools.base import FunctionTool, Tool, ToolContext, ToolResult, TurnPolicy, tool
     from .turnsettings import TurnOrigin, TurnSettings
 finally:
+    _code_cached.__exit__(None, None, None)
     if _collecting:
         _gc.enable()
 

@@ -26,7 +26,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from .events import TurnEnded
 from .messages import Usage
-from .settings import SETTINGS, Blank, PathSetting, overlay, settings_dataclass
+from .settings import OVERLAY_SETTINGS, SETTINGS, Blank, PathSetting, overlay, settings_dataclass
 from .tools.base import TurnLimits
 from .turnsettings import TurnOrigin, TurnSettings
 
@@ -119,7 +119,7 @@ class RunPolicy(RunLimits):
 
 
 # settings_dataclass spelled out, so type checkers see the keyword constructor.
-@pydantic_dataclass(frozen=True, kw_only=True, slots=True, config=SETTINGS)
+@pydantic_dataclass(frozen=True, kw_only=True, slots=True, config=OVERLAY_SETTINGS)
 class AgentSpec(TurnLimits, RunLimits, AgentUses, AgentPrompt):
     """``[agents.<name>]``: a named agent that other agents call as the tool ``agent__<name>``.
 

@@ -47,6 +47,7 @@ from pydantic.fields import FieldInfo
 from .errors import ConfigError
 
 __all__ = [
+    "OVERLAY_SETTINGS",
     "SETTINGS",
     "Blank",
     "BlankSecret",
@@ -69,6 +70,9 @@ __all__ = [
 
 #: The pydantic configuration of settings classes.
 SETTINGS = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True)
+#: :data:`SETTINGS` for a class that :func:`overlay` completes: its schema is built
+#: once, by ``overlay``, not also when the class is made (start-up, issue 31).
+OVERLAY_SETTINGS = SETTINGS | ConfigDict(defer_build=True)
 
 _T = TypeVar("_T")
 
@@ -155,7 +159,8 @@ def overlay(
     first), then ``cls``'s own.
 
     ``cls`` must be a pydantic dataclass (``@dataclass(frozen=True, kw_only=True,
-    slots=True, config=SETTINGS)``); it is changed in place and returned.
+    slots=True, config=OVERLAY_SETTINGS)``: with :data:`SETTINGS` its schema would be
+    built twice); it is changed in place and returned.
     """
     docs = docs or {}
     own = set(getattr(cls, "__annotations__", {}))

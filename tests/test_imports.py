@@ -55,7 +55,7 @@ def test_building_the_openai_backend_imports_the_sdk_then():
 # used (docs/operations.md, "What a started bot imports"): the web server of the http
 # transport (configured but disabled in config.example.toml), jsonschema (passthrough
 # calls), mcp_types (MCP sessions), prometheus_client (the first scrape of the metrics),
-# the IRC and Slack transports' modules (a [transports.*] table of their type made), the
+# the IRC, Slack and HTTP transports' modules (a [transports.*] table of their type made), the
 # PostgreSQL store ([storage] backend = "postgres").
 # (aiohttp is not on the list: the openai SDK imports it whenever it is installed.)
 
@@ -70,6 +70,7 @@ _LAZY = (
     # Registered by name (core.plugins.LazyFactory), imported when such a transport is made.
     "agentik.transports.irc.transport",
     "agentik.transports.slack.transport",
+    "agentik.transports.http.transport",
     # ... and the chat libraries under them.
     "irc3",
     "slack_bolt",
@@ -159,6 +160,7 @@ def test_the_same_bot_with_its_http_transport_enabled_serves_it_and_its_metrics(
     assert "# TYPE agentik_turns_total counter" in started["metrics"]
     loaded = set(started["loaded"])  # type: ignore[arg-type]
     assert {"uvicorn", "starlette", "prometheus_client"} <= loaded, started
+    assert "agentik.transports.http.transport" in loaded, started
 
 
 _RUN = """

@@ -126,14 +126,15 @@ def test_every_hook_is_documented_and_typed():
         assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values())
 
 
-def test_the_irc_and_slack_transports_are_registered_by_name_and_load_when_used():
+def test_the_irc_slack_and_http_transports_are_registered_by_name_and_load_when_used():
     """They are :class:`LazyFactory` objects: calling one, or reading an attribute
     (``settings_model``), imports the transport's module (docs/plugins.md)."""
+    from agentik.transports.http.transport import HttpTransport
     from agentik.transports.irc.transport import IRCTransport
     from agentik.transports.slack.transport import SlackTransport
 
     registry = load_plugins(env={"AGENTIK_PLUGINS": ""})
-    for name, cls in (("irc", IRCTransport), ("slack", SlackTransport)):
+    for name, cls in (("irc", IRCTransport), ("slack", SlackTransport), ("http", HttpTransport)):
         factory = registry.transports[name]
         assert isinstance(factory, LazyFactory)
         assert factory.load() is cls

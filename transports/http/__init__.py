@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from agentik.core.hookspecs import hookimpl
+from agentik.core.plugins import LazyFactory
 
 __all__ = ["register_transports"]
 
 
 @hookimpl
 def register_transports(register: Any) -> None:
-    from .transport import HttpTransport
-
-    register("http", HttpTransport)
+    # Imported when a [transports.*] table of type "http" is made: a bot without one
+    # does not pay for the transport, its auth and its settings model (issue 31).
+    register("http", LazyFactory("agentik.transports.http.transport:HttpTransport"))
