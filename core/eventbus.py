@@ -520,6 +520,7 @@ class EventBus:
     """
 
     __slots__ = (
+        "_by_kind",
         "_closed",
         "_key",
         "_lost_factory",
@@ -549,6 +550,10 @@ class EventBus:
         # A tuple, replaced when someone joins or leaves: publishing iterates it
         # without a copy, and a bus with none or one costs no set (216 bytes).
         self._subscribers: tuple[Subscription, ...] = ()
+        # Per event kind, the subscribers whose profile carries it (filled as kinds
+        # are published, emptied when someone joins or leaves): most subscribers
+        # follow a few kinds, and a turn's events went through every profile.
+        self._by_kind: dict[str, tuple[Subscription, ...]] = {}
         self._max_pending = max_pending
         self._closed = False
         self.last_key = 0
@@ -559,6 +564,7 @@ class EventBus:
     def _leave(self, sub: Subscription) -> None:
         if sub in self._subscribers:
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
+            self._by_kind = {}
 
     def _oldest_key(self) -> int:
         buffer = self.buffer
@@ -576,7 +582,15 @@ class EventBus:
         """Record ``event`` in the replay buffer and hand it to every subscriber."""
         self.buffer.append(event)
         self.last_key = self._key(event)
-        for sub in self._subscribers:  # most streams (a child run's) have none
+        if not self._subscribers:  # most streams (a child run's) have none
+            return
+        kind = event.kind
+        subs = self._by_kind.get(kind)
+        if subs is None:
+            subs = self._by_kind[kind] = tuple(
+                s for s in self._subscribers if s._profile is None or s._profile.carries(kind)
+            )
+        for sub in subs:
             sub._push(event)
 
     def subscribe(
@@ -624,6 +638,7 @@ class EventBus:
             sub._end()
         else:
             self._subscribers = (*self._subscribers, sub)
+            self._by_kind = {}
         return sub
 
     def close(self) -> None:

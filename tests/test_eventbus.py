@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from agentik.core.eventbus import EventBus
-from agentik.core.events import EventsLost, TextDelta
+from agentik.core.events import EventsLost, TextDelta, TurnEnded
 
 
 def make_bus(buffer=5, max_pending=100, seal_every=None):
@@ -129,6 +129,28 @@ async def test_kind_filter():
     bus.publish(ev(1))
     bus.close()
     assert [e async for e in sub] == []
+
+
+async def test_subscribers_who_join_or_leave_mid_stream_get_exactly_their_kinds():
+    # Publishing remembers, per kind, who follows it: someone joining or leaving
+    # after a kind was published must still get (or stop getting) it at once.
+    bus = make_bus(buffer=100)
+    texts = bus.subscribe(kinds={"text_delta"})
+    ended = bus.subscribe(kinds={"turn_ended"})
+    everything = bus.subscribe()
+    bus.publish(ev(1))
+    bus.publish(TurnEnded(conversation_id="c", seq=2))
+    late = bus.subscribe(kinds={"text_delta", "turn_ended"})
+    bus.publish(ev(3))
+    bus.publish(TurnEnded(conversation_id="c", seq=4))
+    assert [e.seq for e in await drain(texts, 2)] == [1, 3]
+    await texts.aclose()
+    bus.publish(ev(5))
+    bus.close()
+    assert [e.seq async for e in texts] == []
+    assert [e.seq async for e in ended] == [2, 4]
+    assert [e.seq async for e in everything] == [1, 2, 3, 4, 5]
+    assert [e.seq async for e in late] == [3, 4, 5]
 
 
 async def test_a_self_sealing_buffer_replays_events_it_cannot_pack_as_they_are():
