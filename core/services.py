@@ -685,14 +685,15 @@ class ConversationEvents:
         bound pushed out).  ``wide``: the event is on the agent-wide stream too (the
         event sink's)."""
         buffer = cast(ReplayBuffer, self._bus.buffer)
+        gained = weight
         if buffer.maxlen is not None and len(buffer) >= buffer.maxlen and buffer:
-            weight -= event_weight(buffer[0])
+            gained -= event_weight(buffer[0])
         before = len(buffer)
-        self._bus.publish(event)
+        self._bus.publish(event, weight)
         sink = self._services.event_sink
         if sink is not None:
             sink.add(self, event, wide=wide)
-        return buffer, len(buffer) - before, weight
+        return buffer, len(buffer) - before, gained
 
     def seal(self) -> None:
         """The conversation has no turn left to run: its replay buffer packs the
