@@ -686,9 +686,9 @@ class ConversationEvents:
         event sink's)."""
         buffer = cast(ReplayBuffer, self._bus.buffer)
         gained = weight
-        if buffer.maxlen is not None and len(buffer) >= buffer.maxlen and buffer:
-            gained -= event_weight(buffer[0])
         before = len(buffer)
+        if buffer.maxlen is not None and before >= buffer.maxlen and before:
+            gained -= event_weight(buffer[0])
         self._bus.publish(event, weight)
         sink = self._services.event_sink
         if sink is not None:
