@@ -568,9 +568,10 @@ class EventBus:
         # without a copy, and a bus with none or one costs no set (216 bytes).
         self._subscribers: tuple[Subscription, ...] = ()
         # Per event kind, the subscribers whose profile carries it (filled as kinds
-        # are published, emptied when someone joins or leaves): most subscribers
-        # follow a few kinds, and a turn's events went through every profile.
-        self._by_kind: dict[str, tuple[Subscription, ...]] = {}
+        # are published, dropped when someone joins or leaves; ``None`` until it
+        # publishes to two subscribers, so a conversation's bus holds no dict): most
+        # subscribers follow a few kinds, and a turn's events went through every profile.
+        self._by_kind: dict[str, tuple[Subscription, ...]] | None = None
         self._max_pending = max_pending
         self._closed = False
         self.last_key = 0
@@ -581,7 +582,7 @@ class EventBus:
     def _leave(self, sub: Subscription) -> None:
         if sub in self._subscribers:
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
-            self._by_kind = {}
+            self._by_kind = None
 
     def _oldest_key(self) -> int:
         buffer = self.buffer
@@ -610,9 +611,12 @@ class EventBus:
                 subscribers[0]._push(event)
             return
         kind = event.kind
-        subs = self._by_kind.get(kind)
+        by_kind = self._by_kind
+        if by_kind is None:
+            by_kind = self._by_kind = {}
+        subs = by_kind.get(kind)
         if subs is None:
-            subs = self._by_kind[kind] = tuple(
+            subs = by_kind[kind] = tuple(
                 s for s in subscribers if s._profile is None or s._profile.carries(kind)
             )
         for sub in subs:
@@ -663,7 +667,7 @@ class EventBus:
             sub._end()
         else:
             self._subscribers = (*self._subscribers, sub)
-            self._by_kind = {}
+            self._by_kind = None
         return sub
 
     def close(self) -> None:
