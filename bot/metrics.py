@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
     from agentik.core import Agent
+    from agentik.core.eventbus import Subscription
 
 __all__ = ["TRANSPORT_STATES", "Metrics"]
 
@@ -336,7 +337,8 @@ class Metrics:
         )  # fmt: skip
         self._state: dict[str, str] = {}
         self._was_connected: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        #: The subscription to the agent's events (counted as they are published).
+        self._sub: Subscription | None = None
         #: Set whenever an event was counted (see :meth:`wait_until`).
         self._counted = asyncio.Event()
         #: Names of the agent's tools (refreshed when an unknown name shows up).
@@ -376,35 +378,32 @@ class Metrics:
     def start(self) -> None:
         """Follow the agent's events and model requests (call once the loop runs)."""
         agent = self.agent
-        if agent is None or self._task is not None:
+        if agent is None or self._sub is not None:
             return
         agent.request_observers.append(self.model_request)
-        sub = agent.events(kinds=_KINDS, max_pending=100_000)
-        self._task = asyncio.get_running_loop().create_task(
-            self._follow(sub), name="agentik-metrics"
-        )
+        sub = self._sub = agent.events(kinds=_KINDS, max_pending=100_000)
+        # Counted on the publisher's stack, as they happen: a task of its own woke
+        # ~1.4 times an answer for a few dict lookups (issue 31).
+        sub.notify = self._on_events
 
     async def aclose(self) -> None:
         """Stop following the agent."""
         if self.agent is not None:
             with contextlib.suppress(ValueError):
                 self.agent.request_observers.remove(self.model_request)
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _follow(self, sub: Any) -> None:
-        try:
-            async for event in sub:
-                try:
-                    self.event(event)
-                except Exception:
-                    log.exception("metrics: could not count a %s event", event.kind)
-                self._counted.set()
-        finally:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            sub.notify = None
             await sub.aclose()
+
+    def _on_events(self, sub: Subscription) -> None:
+        """Events are pending on ``sub``: count them (must not raise)."""
+        while (event := sub.take()) is not None:
+            try:
+                self.event(event)
+            except Exception:
+                log.exception("metrics: could not count a %s event", event.kind)
+        self._counted.set()
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, cached: ``labels()`` costs more than the count."""
@@ -445,9 +444,10 @@ class Metrics:
     async def wait_until(self, check: Callable[[], bool]) -> None:
         """Wait until ``check()`` is true, looking again after each event counted.
 
-        Events are counted in a task of their own, a moment after they
-        happen: tests (and anything else that needs the counts of what it
-        just saw happen) wait with this.
+        Events are counted as they are published, model requests as they
+        end, but what a caller saw happen may be counted a moment after it:
+        tests (and anything else that needs the counts of what it just saw
+        happen) wait with this.
         """
         while not check():
             self._counted.clear()

@@ -329,6 +329,7 @@ class ReplayBuffer:
         "_head",
         "_key",
         "_live",
+        "_live_weight",
         "_seal_every",
         "_sealed",
         "_weigh",
@@ -354,6 +355,8 @@ class ReplayBuffer:
         self._head: deque[Event] | None = None
         self._sealed: list[_Sealed] | None = None
         self._live: deque[Event] | None = None
+        # What the events in ``_live`` weigh (each weighed once, as it comes).
+        self._live_weight = 0
         #: Whatever its owner keeps alive with it (a weak reference whose callback
         #: takes it out of the agent's budget).
         self.keep: object = None
@@ -364,11 +367,15 @@ class ReplayBuffer:
     def __bool__(self) -> bool:
         return self._count > 0
 
-    def append(self, event: Event) -> None:
+    def append(self, event: Event, weight: int | None = None) -> None:
+        """Add ``event`` (``weight``: what ``weigh`` gives for it, if the caller has it)."""
         live = self._live
         if live is None:
             live = self._live = deque()
         live.append(event)
+        weigh = self._weigh
+        if weigh is not None:
+            self._live_weight += weigh(event) if weight is None else weight
         self._count += 1
         if self.maxlen is not None and self._count > self.maxlen:
             self.popleft()
@@ -400,12 +407,14 @@ class ReplayBuffer:
             if not live:
                 raise IndexError("pop from an empty replay buffer")
             event = live.popleft()
+            if self._weigh is not None:
+                self._live_weight -= self._weigh(event)
         self._count -= 1
         return event
 
     def clear(self) -> None:
         self._head = self._sealed = self._live = None
-        self._count = 0
+        self._count = self._live_weight = 0
 
     def seal(self) -> None:
         """Pack the events published since the last seal into one blob (into blobs
@@ -417,11 +426,14 @@ class ReplayBuffer:
         every = self._seal_every or len(events)
         if self._sealed is None:
             self._sealed = []
+        # One blob (the usual case) weighs what the live events weigh.
+        whole = self._live_weight if len(events) <= every else None
         for start in range(0, len(events), every):
-            self._sealed.append(self._blob(events[start : start + every]))
+            self._sealed.append(self._blob(events[start : start + every], whole))
         self._live = None
+        self._live_weight = 0
 
-    def _blob(self, events: list[Event]) -> _Sealed:
+    def _blob(self, events: list[Event], weight: int | None = None) -> _Sealed:
         data: bytes | tuple[Event, ...]
         try:
             data = _pack(events)
@@ -434,7 +446,7 @@ class ReplayBuffer:
             len(events),
             self._key(events[0]),
             self._key(events[-1]),
-            sum(map(weigh, events)) if weigh is not None else 0,
+            weight if weight is not None else sum(map(weigh, events)) if weigh is not None else 0,
         )
 
     @property
@@ -449,10 +461,9 @@ class ReplayBuffer:
         if weigh is None:
             return 0
         total = sum(b.weight for b in self._sealed) if self._sealed else 0
-        for part in (self._head, self._live):
-            if part:
-                total += sum(map(weigh, part))
-        return total
+        if self._head:
+            total += sum(map(weigh, self._head))
+        return total + self._live_weight
 
     def first_key(self) -> int:
         """The key of the oldest event (0 when empty)."""
@@ -493,6 +504,8 @@ class ReplayBuffer:
         events = deque(self)
         self._head = self._sealed = None
         self._live = events
+        weigh = self._weigh
+        self._live_weight = sum(map(weigh, events)) if weigh is not None else 0
         return events
 
     def __getitem__(self, index: int) -> Event:
@@ -505,7 +518,11 @@ class ReplayBuffer:
         return list(self)[index]
 
     def __setitem__(self, index: int, event: Event) -> None:
-        self._unseal()[index] = event
+        live = self._unseal()
+        weigh = self._weigh
+        if weigh is not None:
+            self._live_weight += weigh(event) - weigh(live[index])
+        live[index] = event
 
 
 class EventBus:
@@ -520,6 +537,7 @@ class EventBus:
     """
 
     __slots__ = (
+        "_by_kind",
         "_closed",
         "_key",
         "_lost_factory",
@@ -549,6 +567,11 @@ class EventBus:
         # A tuple, replaced when someone joins or leaves: publishing iterates it
         # without a copy, and a bus with none or one costs no set (216 bytes).
         self._subscribers: tuple[Subscription, ...] = ()
+        # Per event kind, the subscribers whose profile carries it (filled as kinds
+        # are published, dropped when someone joins or leaves; ``None`` until it
+        # publishes to two subscribers, so a conversation's bus holds no dict): most
+        # subscribers follow a few kinds, and a turn's events went through every profile.
+        self._by_kind: dict[str, tuple[Subscription, ...]] | None = None
         self._max_pending = max_pending
         self._closed = False
         self.last_key = 0
@@ -559,6 +582,7 @@ class EventBus:
     def _leave(self, sub: Subscription) -> None:
         if sub in self._subscribers:
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
+            self._by_kind = None
 
     def _oldest_key(self) -> int:
         buffer = self.buffer
@@ -572,11 +596,30 @@ class EventBus:
         if isinstance(self.buffer, ReplayBuffer):
             self.buffer.seal()
 
-    def publish(self, event: Event) -> None:
-        """Record ``event`` in the replay buffer and hand it to every subscriber."""
-        self.buffer.append(event)
+    def publish(self, event: Event, weight: int | None = None) -> None:
+        """Record ``event`` in the replay buffer and hand it to every subscriber
+        (``weight``: what ``weigh`` gives for it, if the caller has it)."""
+        buffer = self.buffer
+        if weight is not None and isinstance(buffer, ReplayBuffer):
+            buffer.append(event, weight)
+        else:
+            buffer.append(event)
         self.last_key = self._key(event)
-        for sub in self._subscribers:  # most streams (a child run's) have none
+        subscribers = self._subscribers
+        if len(subscribers) < 2:  # most streams have none (a child run's) or one (a channel)
+            if subscribers:
+                subscribers[0]._push(event)
+            return
+        kind = event.kind
+        by_kind = self._by_kind
+        if by_kind is None:
+            by_kind = self._by_kind = {}
+        subs = by_kind.get(kind)
+        if subs is None:
+            subs = by_kind[kind] = tuple(
+                s for s in subscribers if s._profile is None or s._profile.carries(kind)
+            )
+        for sub in subs:
             sub._push(event)
 
     def subscribe(
@@ -624,6 +667,7 @@ class EventBus:
             sub._end()
         else:
             self._subscribers = (*self._subscribers, sub)
+            self._by_kind = None
         return sub
 
     def close(self) -> None:

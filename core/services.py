@@ -412,10 +412,11 @@ class AgentServices(Generic[C]):
             oldest_seq=oldest,
         )
 
-    def publish(self, event: Event) -> None:
+    def publish(self, event: Event, weight: int | None = None) -> None:
         """Put ``event`` on the agent-wide stream.  Its replay buffer keeps about a
         quarter of the agent's ``event_bytes`` besides its length bound: tool outputs
-        travel in events, and 4,096 of them kept by count held 20-64 KB each."""
+        travel in events, and 4,096 of them kept by count held 20-64 KB each.
+        ``weight``: the event's :func:`event_weight`, if the caller has it already."""
         kind = event.kind
         if kind == "conversation_ended":
             ended = self._ended_ids
@@ -428,7 +429,7 @@ class AgentServices(Generic[C]):
         if buffer.maxlen is not None and len(buffer) >= buffer.maxlen:
             self.stream_bytes -= event_weight(buffer[0])
         self._bus.publish(event)
-        self.stream_bytes += event_weight(event)
+        self.stream_bytes += event_weight(event) if weight is None else weight
         most = self.agent.event_bytes // 4
         while self.stream_bytes > most and len(buffer) > 1:
             self.stream_bytes -= event_weight(buffer.popleft())
@@ -667,28 +668,32 @@ class ConversationEvents:
             self.turn_started = (run_id, self.seq)
         elif cls is TurnEnded and self.turn_started is not None and self.turn_started[0] == run_id:
             self.turn_started = None  # its last events may follow: it is over all the same
-        services.account(self.conversation_id, *self._buffered(event))
-        services.publish(event)
+        weight = event_weight(event)  # once: the two buffers weigh it alike
+        services.account(self.conversation_id, *self._buffered(event, weight))
+        services.publish(event, weight)
         # A child conversation's state is its own: the parent's stream says
         # ``executing_tools`` (the agent tool) while the child runs.
         if self.relay_to is not None and cls is not StatusChanged:
             self.relay_to.relay(event)
         return event
 
-    def _buffered(self, event: Event, *, wide: bool = True) -> tuple[ReplayBuffer, int, int]:
-        """Publish ``event`` on this stream: its buffer, and the events and weight
-        that buffer gained (net of the oldest event its length bound pushed out).
-        ``wide``: the event is on the agent-wide stream too (the event sink's)."""
+    def _buffered(
+        self, event: Event, weight: int, *, wide: bool = True
+    ) -> tuple[ReplayBuffer, int, int]:
+        """Publish ``event`` (which weighs ``weight``) on this stream: its buffer, and
+        the events and weight that buffer gained (net of the oldest event its length
+        bound pushed out).  ``wide``: the event is on the agent-wide stream too (the
+        event sink's)."""
         buffer = cast(ReplayBuffer, self._bus.buffer)
-        weight = event_weight(event)
-        if buffer.maxlen is not None and len(buffer) >= buffer.maxlen and buffer:
-            weight -= event_weight(buffer[0])
+        gained = weight
         before = len(buffer)
-        self._bus.publish(event)
+        if buffer.maxlen is not None and before >= buffer.maxlen and before:
+            gained -= event_weight(buffer[0])
+        self._bus.publish(event, weight)
         sink = self._services.event_sink
         if sink is not None:
             sink.add(self, event, wide=wide)
-        return buffer, len(buffer) - before, weight
+        return buffer, len(buffer) - before, gained
 
     def seal(self) -> None:
         """The conversation has no turn left to run: its replay buffer packs the
@@ -700,7 +705,9 @@ class ConversationEvents:
         conversation's; not on the agent-wide stream, which has it already)."""
         self.seq += 1
         copy = _renumbered(event, self.conversation_id, self.seq)
-        self._services.account(self.conversation_id, *self._buffered(copy, wide=False))
+        self._services.account(
+            self.conversation_id, *self._buffered(copy, event_weight(copy), wide=False)
+        )
         if self.relay_to is not None:
             self.relay_to.relay(event)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from agentik.core.eventbus import EventBus
-from agentik.core.events import EventsLost, TextDelta
+from agentik.core.eventbus import EventBus, ReplayBuffer
+from agentik.core.events import EventsLost, TextDelta, TurnEnded
+from agentik.core.services import event_weight
 
 
 def make_bus(buffer=5, max_pending=100, seal_every=None):
@@ -131,6 +132,28 @@ async def test_kind_filter():
     assert [e async for e in sub] == []
 
 
+async def test_subscribers_who_join_or_leave_mid_stream_get_exactly_their_kinds():
+    # Publishing remembers, per kind, who follows it: someone joining or leaving
+    # after a kind was published must still get (or stop getting) it at once.
+    bus = make_bus(buffer=100)
+    texts = bus.subscribe(kinds={"text_delta"})
+    ended = bus.subscribe(kinds={"turn_ended"})
+    everything = bus.subscribe()
+    bus.publish(ev(1))
+    bus.publish(TurnEnded(conversation_id="c", seq=2))
+    late = bus.subscribe(kinds={"text_delta", "turn_ended"})
+    bus.publish(ev(3))
+    bus.publish(TurnEnded(conversation_id="c", seq=4))
+    assert [e.seq for e in await drain(texts, 2)] == [1, 3]
+    await texts.aclose()
+    bus.publish(ev(5))
+    bus.close()
+    assert [e.seq async for e in texts] == []
+    assert [e.seq async for e in ended] == [2, 4]
+    assert [e.seq async for e in everything] == [1, 2, 3, 4, 5]
+    assert [e.seq async for e in late] == [3, 4, 5]
+
+
 async def test_a_self_sealing_buffer_replays_events_it_cannot_pack_as_they_are():
     # A plugin's event may hold a value that does not pickle: the events packed
     # with it stay objects (and are not tried again), the others are packed, and
@@ -145,3 +168,31 @@ async def test_a_self_sealing_buffer_replays_events_it_cannot_pack_as_they_are()
     assert replayed == published
     assert replayed[5] is published[5]
     assert [e.seq for e in await drain(bus.subscribe(after=7), 3)] == [8, 9, 10]
+
+
+def test_a_replay_buffers_weight_is_what_its_events_weigh_through_seals_and_edits():
+    # The agent's memory budget reads each buffer's weight: it must stay what the
+    # events held weigh, whether they were weighed on the way in or not, sealed,
+    # pushed out by the length bound, edited (redaction) or cleared.
+    buf = ReplayBuffer(6, key=lambda e: e.seq, weigh=event_weight)
+
+    def held() -> int:
+        return sum(map(event_weight, buf))
+
+    for i in range(1, 4):
+        buf.append(ev(i))
+    buf.append(ev(4), event_weight(ev(4)))
+    assert buf.weight() == held() > 0
+    buf.seal()
+    assert buf.sealed == 4 and buf.weight() == held()
+    for i in range(5, 10):  # the oldest leave from the sealed blob
+        buf.append(TextDelta(conversation_id="c", seq=i, text="x" * i * 10))
+    assert len(buf) == 6 and buf.weight() == held()
+    buf[-1] = TextDelta(conversation_id="c", seq=9, text="[redacted]")
+    assert buf.weight() == held()
+    buf.seal()
+    for i in range(10, 20):  # and from the live events, none sealed
+        buf.append(ev(i), event_weight(ev(i)))
+    assert [e.seq for e in buf] == list(range(14, 20)) and buf.weight() == held()
+    buf.clear()
+    assert buf.weight() == 0
