@@ -64,6 +64,35 @@ async def test_a_deferred_write_commits_with_the_write_that_follows(tmp_path):
         assert [m.content for m in await s.messages("child")] == ["answer"]
 
 
+async def test_a_deferred_write_queued_behind_a_commit_waits_for_the_next_write(tmp_path):
+    """A held write that arrives while a commit is in flight does not make a commit
+    of its own when that one ends (a third of the commits under load were only
+    held outbox rows): it goes in with the next write that is not held."""
+    path = str(tmp_path / "q.db")
+    async with SQLiteStore(path, defer_max=60.0) as s:  # the timer never decides here
+        await s.create_conversation(rec("a"))
+        await s.create_conversation(rec("b"))
+        statements: list[str] = []
+        await s.run_write(lambda conn: conn.set_trace_callback(statements.append))
+        statements.clear()
+        first = asyncio.ensure_future(s.append("a", log=[user("in flight")]))
+        held = asyncio.ensure_future(s.append("b", log=[user("held")], defer=True))
+        await first
+        assert not held.done()
+        assert statements.count("COMMIT") == 1, statements
+        await s.append("a", log=[user("next")])
+        assert [m.content for m in held.result()] == ["held"]
+        assert statements.count("COMMIT") == 2, statements  # held + next: one commit
+        await s.run_write(lambda conn: conn.set_trace_callback(None))
+        held_late = asyncio.ensure_future(s.append("b", log=[user("at close")], defer=True))
+        await asyncio.sleep(0)
+    # Closing commits what is still held.
+    assert [m.content for m in held_late.result()] == ["at close"]
+    async with SQLiteStore(path) as s:
+        assert [m.content for m in await s.messages("a")] == ["in flight", "next"]
+        assert [m.content for m in await s.messages("b")] == ["held", "at close"]
+
+
 async def test_a_deferred_write_with_nothing_after_it_commits_anyway(tmp_path):
     """Nothing follows (the parent was stopped): it commits on its own, and a
     store closed at once still writes it."""

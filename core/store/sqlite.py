@@ -8,6 +8,12 @@
   while a commit is in flight are committed together in the next one (group
   commit): many conversations writing at once cost one fsync, not one each.
   Each caller still waits for *its* commit; a failing job fails alone.
+* A write handed in with ``defer=True`` (held) never starts a commit of its
+  own while another write may come to carry it: it waits for the next write
+  that is not held, or :data:`~.base.DEFER_MAX` seconds, whichever is first —
+  also when it queued behind a commit in flight (before, the end of that
+  commit took whatever had queued, so a commit could carry held writes only:
+  a third of the commits under the Slack benchmark's load).
 * Reads go through aiosqlite on a second connection (WAL lets it read while
   the writer commits); with ``:memory:`` the one connection serves both.
 * The event loop never blocks on disk: SQLite only runs in those threads.
@@ -104,6 +110,7 @@ class _Append:
     updated_at: float | None
     future: asyncio.Future[Any]
     ended: TurnEnd | None = None
+    held: bool = False  # written with ``defer=True``: waits for a write that is not
 
 
 #: The future of an append written inside another job (nobody awaits it).
@@ -115,6 +122,7 @@ class _Job:
     fn: Callable[[sqlite3.Connection], Any]
     future: asyncio.Future[Any]
     conversation_id: str | None = None  # the conversation it writes to, if one
+    held: bool = False  # written with ``defer=True``: waits for a write that is not
 
 
 @dataclass(slots=True)
@@ -365,7 +373,8 @@ class SQLiteStore(
     """SQLite implementation of :class:`~agentik.core.store.base.Store`.
 
     ``path`` is a file path or ``":memory:"``.  ``max_batch`` bounds how many
-    queued writes one transaction takes.
+    queued writes one transaction takes.  ``defer_max``: seconds a held write
+    (``defer=True``) waits at most for a write to carry it (:data:`~.base.DEFER_MAX`).
     """
 
     def __init__(
@@ -375,6 +384,7 @@ class SQLiteStore(
         synchronous: Synchronous = _DEFAULTS.synchronous,
         max_batch: int = 512,
         busy_timeout: float = 5.0,
+        defer_max: float = DEFER_MAX,
     ) -> None:
         if synchronous not in ("off", "normal", "full", "extra"):
             raise ValueError(f"synchronous must be off|normal|full|extra, not {synchronous!r}")
@@ -382,11 +392,14 @@ class SQLiteStore(
         self.synchronous = synchronous
         self.max_batch = max_batch
         self.busy_timeout = busy_timeout
+        self.defer_max = defer_max
         self._memory = self.path == ":memory:"
         self._writer: _WriterThread | None = None
         self._conn: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._pending: list[_Append | _Job] = []
+        self._urgent = 0  # how many of ``_pending`` are not held (``defer=False``)
+        self._due = False  # the held writes in ``_pending`` commit with the next batch
         self._busy = False  # a batch is in the writer thread
         # Commits held writes (``append(defer=True)``) if no write follows them.
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -470,24 +483,31 @@ class SQLiteStore(
         if self._closed or not self._started:
             raise ClosedError("the store is closed" if self._closed else "the store is not started")
         self._pending.append(item)
-        if self._busy:
-            return item.future  # goes with the next batch
         if defer:
             # Held for the write that follows (see Store.append): both commit in
             # one transaction.  The timer commits it alone if none comes.
+            item.held = True
             assert self._idle is not None
             self._idle.clear()
-            if self._flush_timer is None:
-                self._flush_timer = asyncio.get_running_loop().call_later(DEFER_MAX, self._flush)
+            self._hold()
             return item.future
-        self._pump()
+        self._urgent += 1
+        if not self._busy:
+            self._pump()
         return item.future
+
+    def _hold(self) -> None:
+        """Held writes are pending: the timer commits them if no other write comes."""
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(self.defer_max, self._flush)
 
     def _flush(self) -> None:
         """Commit held writes now (the deferral timer, or closing)."""
         self._flush_timer = None
-        if not self._busy and self._pending:
-            self._pump()
+        if self._pending:
+            self._due = True  # (a batch in flight: they go with the next one)
+            if not self._busy:
+                self._pump()
 
     def _pump(self) -> None:
         """Hand everything pending to the writer thread as one batch.
@@ -495,12 +515,21 @@ class SQLiteStore(
         Runs when a write arrives at an idle writer, and when a batch
         finishes: writes that queued meanwhile go together (group commit).
         No task sits in between, so a write costs one thread round trip.
+        Held writes alone do not make a batch (until they are due): they wait
+        for the next write, which commits them with it.
         """
+        if self._pending and not self._urgent and not self._due:
+            self._busy = False  # (the idle event stays clear: they are not committed)
+            self._hold()
+            return
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
         batch = self._pending[: self.max_batch]
         del self._pending[: self.max_batch]
+        self._urgent -= sum(not item.held for item in batch)
+        if not self._pending:
+            self._due = False
         if not batch:
             self._busy = False
             assert self._idle is not None
