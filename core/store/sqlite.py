@@ -111,6 +111,9 @@ class _Append:
     future: asyncio.Future[Any]
     ended: TurnEnd | None = None
     held: bool = False  # written with ``defer=True``: waits for a write that is not
+    #: A new conversation written first (``create_conversation_with``), and its binding.
+    record: ConversationRecord | None = None
+    channel_key: str | None = None
 
 
 #: The future of an append written inside another job (nobody awaits it).
@@ -157,23 +160,46 @@ def _row_to_conversation(row: tuple[Any, ...]) -> ConversationRecord:
     )
 
 
+_INSERT_CONVERSATION = (
+    "INSERT INTO conversation (id, title, created_at, updated_at, meta) VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_BINDING = (
+    "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id, created_at)"
+    " VALUES (?, ?, ?)"
+)
+
+
+def _conversation_row(record: ConversationRecord) -> tuple[Any, ...]:
+    return (record.id, record.title, record.created_at, record.updated_at, json.dumps(record.meta))
+
+
 def _insert_conversation(
     conn: sqlite3.Connection, record: ConversationRecord, channel_key: str | None
 ) -> None:
-    conn.execute(
-        "INSERT INTO conversation (id, title, created_at, updated_at, meta) VALUES (?, ?, ?, ?, ?)",
-        (record.id, record.title, record.created_at, record.updated_at, json.dumps(record.meta)),
-    )
+    conn.execute(_INSERT_CONVERSATION, _conversation_row(record))
     if channel_key is not None:
-        conn.execute(
-            "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id,"
-            " created_at) VALUES (?, ?, ?)",
-            (channel_key, record.id, record.created_at),
-        )
+        conn.execute(_INSERT_BINDING, (channel_key, record.id, record.created_at))
 
 
 def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[list[Message]]:
-    """Write consecutive appends with one statement per table."""
+    """Write consecutive appends with one statement per table.
+
+    New conversations among them (``create_conversation_with``) are written
+    first, so a new Slack thread's conversation, binding and first message
+    share the run's statements (and its one read of the next message id)
+    with the other appends of the batch instead of making a run of their own.
+    """
+    conversations: list[tuple[Any, ...]] = []
+    bindings: list[tuple[Any, ...]] = []
+    for a in appends:
+        if a.record is not None:
+            conversations.append(_conversation_row(a.record))
+            if a.channel_key is not None:
+                bindings.append((a.channel_key, a.record.id, a.record.created_at))
+    if conversations:
+        conn.executemany(_INSERT_CONVERSATION, conversations)
+    if bindings:
+        conn.executemany(_INSERT_BINDING, bindings)
     row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM message").fetchone()
     next_id = int(row[0]) + 1
     message_rows: list[tuple[Any, ...]] = []
@@ -628,20 +654,17 @@ class SQLiteStore(
         # transaction.  The new row carries the first rows' ``updated_at`` (no UPDATE after it).
         if updated_at is not None and updated_at > record.updated_at:
             record = dataclasses.replace(record, updated_at=updated_at)
+        # (An append that writes the record first: it joins the batch's run of appends.)
         first = _Append(
             record.id,
             tuple(log),
             tuple(memory),
             None,
             asyncio.get_running_loop().create_future(),
+            record=record,
+            channel_key=channel_key,
         )
-
-        def fn(conn: sqlite3.Connection) -> list[Message]:
-            _insert_conversation(conn, record, channel_key)
-            return _apply_appends(conn, [first])[0]
-
-        job = _Job(fn, asyncio.get_running_loop().create_future(), record.id)
-        return await self._submit(job, defer=defer)
+        return await self._submit(first, defer=defer)
 
     def set_internal(self, conversation_id: str, internal: bool) -> None:
         # A batch of only such writes commits with synchronous = NORMAL: its WAL
