@@ -66,8 +66,8 @@ async def test_a_deferred_write_commits_with_the_write_that_follows(tmp_path):
 
 async def test_a_deferred_write_queued_behind_a_commit_waits_for_the_next_write(tmp_path):
     """A held write that arrives while a commit is in flight does not make a commit
-    of its own when that one ends (a third of the commits under load were only
-    held outbox rows): it goes in with the next write that is not held."""
+    of its own when that one ends (a sixth of the Slack benchmark's commits held
+    only outbox rows): it goes in with the next write that is not held."""
     path = str(tmp_path / "q.db")
     async with SQLiteStore(path, defer_max=60.0) as s:  # the timer never decides here
         await s.create_conversation(rec("a"))
