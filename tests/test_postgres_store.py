@@ -177,6 +177,38 @@ async def test_nul_characters_are_stored_as_replacement_characters(postgres_dsn)
         assert (row.content, row.data) == ("a\ufffdb", {"k": "x\ufffdy"})
 
 
+async def test_a_held_write_queued_behind_a_commit_waits_for_the_next_write(postgres_dsn):
+    """As on SQLite: a held write (``defer=True``) that arrives while a commit is in
+    flight does not make a commit of its own when that one ends; it goes in with the
+    next write that is not held (its rows share that transaction's ``xmin``)."""
+    async with PostgresStore(postgres_dsn, defer_max=60.0) as store:  # no timer here
+        await store.create_conversation(rec("a"))
+        await store.create_conversation(rec("b"))
+        first = asyncio.ensure_future(
+            store.append("a", log=[NewMessage(kind="user", content="in flight")])
+        )
+        await asyncio.sleep(0)  # the writer took it: a commit is in flight
+        held = asyncio.ensure_future(
+            store.append("b", log=[NewMessage(kind="user", content="held")], defer=True)
+        )
+        await first
+        assert not held.done()
+        await store.append("a", log=[NewMessage(kind="user", content="next")])
+        assert [m.content for m in held.result()] == ["held"]
+        late = asyncio.ensure_future(
+            store.append("b", log=[NewMessage(kind="user", content="at close")], defer=True)
+        )
+        await asyncio.sleep(0)
+    assert [m.content for m in late.result()] == ["at close"]  # closing commits it
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        rows = await conn.fetch("SELECT content, xmin::text AS x FROM message ORDER BY id")
+    finally:
+        await conn.close()
+    xmin = {r["content"]: r["x"] for r in rows}
+    assert xmin["held"] == xmin["next"] != xmin["in flight"]
+
+
 # -- several stores, one database ---------------------------------------------------------------
 async def test_two_stores_write_one_database_at_once(postgres_dsn):
     """Two engines on one database (as two bot processes will be): ids come from the

@@ -298,6 +298,8 @@ class _Job:
     #: Advisory locks ``fn`` needs held to the commit: the transaction takes every
     #: job's locks first, in one sorted order (see :meth:`PostgresStore._transaction`).
     locks: tuple[int, ...] = ()
+    #: Written with ``defer=True``: waits for a write that is not (see ``_write_loop``).
+    held: bool = False
 
 
 @dataclass(slots=True)
@@ -358,7 +360,8 @@ class PostgresStore(
 
     ``dsn``: a libpq connection URI or key=value string.  ``pool_min``/``pool_max``:
     the pool's size (one connection is the writer's).  ``max_batch`` bounds how many
-    queued writes one transaction takes.
+    queued writes one transaction takes.  ``defer_max``: seconds a held write
+    (``defer=True``) waits at most for a write to carry it (:data:`~.base.DEFER_MAX`).
     """
 
     #: Several ``agentik run`` processes share one database (issue 32).
@@ -373,6 +376,7 @@ class PostgresStore(
         max_batch: int = 512,
         connect_timeout: float = 10.0,
         notify_poll: float = 30.0,
+        defer_max: float = DEFER_MAX,
     ) -> None:
         if pool_min < 2 or pool_max < pool_min:
             raise ValueError(f"need 2 <= pool_min <= pool_max, not {pool_min} and {pool_max}")
@@ -381,12 +385,15 @@ class PostgresStore(
         self.pool_max = pool_max
         self.max_batch = max_batch
         self.connect_timeout = connect_timeout
+        self.defer_max = defer_max
         self._pool: asyncpg.Pool | None = None
         self._conn: asyncpg.Connection | None = None  # the writer's
         self._pending: list[_Job] = []
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._busy = False
+        self._urgent = 0  # how many of ``_pending`` are not held (``defer=False``)
+        self._due = False  # the held writes in ``_pending`` commit with the next batch
         self._flush_timer: asyncio.TimerHandle | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -497,30 +504,47 @@ class PostgresStore(
             raise ClosedError("the store is closed" if self._closed else "the store is not started")
         self._pending.append(job)
         self._idle.clear()
-        if self._busy:
-            return job.future  # goes with the next batch
         if defer:
             # Held for the write that follows (see Store.append): both commit in one
             # transaction.  The timer commits it alone if none comes.
-            if self._flush_timer is None:
-                self._flush_timer = asyncio.get_running_loop().call_later(DEFER_MAX, self._kick)
+            job.held = True
+            self._hold()
             return job.future
-        self._kick()
+        self._urgent += 1
+        if not self._busy:
+            self._wake.set()  # (busy: the write loop takes it next)
         return job.future
 
+    def _hold(self) -> None:
+        """Held writes are pending: the timer commits them if no other write comes."""
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(self.defer_max, self._kick)
+
     def _kick(self) -> None:
+        """Commit held writes now (the deferral timer, settling, closing)."""
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
+        if self._pending:
+            self._due = True
         self._wake.set()
 
     async def _write_loop(self) -> None:
+        # Held writes alone never make a batch (until they are due), even when they
+        # queued behind a commit in flight: they wait for the next write that is not
+        # held, and commit with it (as in the SQLite engine).
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._pending:
+            while self._pending and (self._urgent or self._due):
+                if self._flush_timer is not None:
+                    self._flush_timer.cancel()
+                    self._flush_timer = None
                 batch = self._pending[: self.max_batch]
                 del self._pending[: self.max_batch]
+                self._urgent -= sum(not job.held for job in batch)
+                if not self._pending:
+                    self._due = False
                 self._busy = True
                 try:
                     results = await self._commit(batch)
@@ -539,6 +563,8 @@ class PostgresStore(
                         job.future.set_result(result)
             if not self._pending:
                 self._idle.set()
+            else:
+                self._hold()  # only held writes are left
 
     async def _transaction(self, batch: Sequence[_Job]) -> list[Any]:
         """Run ``batch`` in one transaction.  The advisory locks its jobs declare are

@@ -8,6 +8,12 @@
   while a commit is in flight are committed together in the next one (group
   commit): many conversations writing at once cost one fsync, not one each.
   Each caller still waits for *its* commit; a failing job fails alone.
+* A write handed in with ``defer=True`` (held) never starts a commit of its
+  own while another write may come to carry it: it waits for the next write
+  that is not held, or :data:`~.base.DEFER_MAX` seconds, whichever is first —
+  also when it queued behind a commit in flight (the end of that commit used
+  to take whatever had queued, so a commit could carry held writes only: a
+  sixth of the Slack benchmark's commits held only outbox rows, most held).
 * Reads go through aiosqlite on a second connection (WAL lets it read while
   the writer commits); with ``:memory:`` the one connection serves both.
 * The event loop never blocks on disk: SQLite only runs in those threads.
@@ -104,6 +110,10 @@ class _Append:
     updated_at: float | None
     future: asyncio.Future[Any]
     ended: TurnEnd | None = None
+    held: bool = False  # written with ``defer=True``: waits for a write that is not
+    #: A new conversation written first (``create_conversation_with``), and its binding.
+    record: ConversationRecord | None = None
+    channel_key: str | None = None
 
 
 #: The future of an append written inside another job (nobody awaits it).
@@ -115,6 +125,7 @@ class _Job:
     fn: Callable[[sqlite3.Connection], Any]
     future: asyncio.Future[Any]
     conversation_id: str | None = None  # the conversation it writes to, if one
+    held: bool = False  # written with ``defer=True``: waits for a write that is not
 
 
 @dataclass(slots=True)
@@ -149,23 +160,46 @@ def _row_to_conversation(row: tuple[Any, ...]) -> ConversationRecord:
     )
 
 
+_INSERT_CONVERSATION = (
+    "INSERT INTO conversation (id, title, created_at, updated_at, meta) VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_BINDING = (
+    "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id, created_at)"
+    " VALUES (?, ?, ?)"
+)
+
+
+def _conversation_row(record: ConversationRecord) -> tuple[Any, ...]:
+    return (record.id, record.title, record.created_at, record.updated_at, json.dumps(record.meta))
+
+
 def _insert_conversation(
     conn: sqlite3.Connection, record: ConversationRecord, channel_key: str | None
 ) -> None:
-    conn.execute(
-        "INSERT INTO conversation (id, title, created_at, updated_at, meta) VALUES (?, ?, ?, ?, ?)",
-        (record.id, record.title, record.created_at, record.updated_at, json.dumps(record.meta)),
-    )
+    conn.execute(_INSERT_CONVERSATION, _conversation_row(record))
     if channel_key is not None:
-        conn.execute(
-            "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id,"
-            " created_at) VALUES (?, ?, ?)",
-            (channel_key, record.id, record.created_at),
-        )
+        conn.execute(_INSERT_BINDING, (channel_key, record.id, record.created_at))
 
 
 def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[list[Message]]:
-    """Write consecutive appends with one statement per table."""
+    """Write consecutive appends with one statement per table.
+
+    New conversations among them (``create_conversation_with``) are written
+    first, so a new Slack thread's conversation, binding and first message
+    share the run's statements (and its one read of the next message id)
+    with the other appends of the batch instead of making a run of their own.
+    """
+    conversations: list[tuple[Any, ...]] = []
+    bindings: list[tuple[Any, ...]] = []
+    for a in appends:
+        if a.record is not None:
+            conversations.append(_conversation_row(a.record))
+            if a.channel_key is not None:
+                bindings.append((a.channel_key, a.record.id, a.record.created_at))
+    if conversations:
+        conn.executemany(_INSERT_CONVERSATION, conversations)
+    if bindings:
+        conn.executemany(_INSERT_BINDING, bindings)
     row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM message").fetchone()
     next_id = int(row[0]) + 1
     message_rows: list[tuple[Any, ...]] = []
@@ -365,7 +399,8 @@ class SQLiteStore(
     """SQLite implementation of :class:`~agentik.core.store.base.Store`.
 
     ``path`` is a file path or ``":memory:"``.  ``max_batch`` bounds how many
-    queued writes one transaction takes.
+    queued writes one transaction takes.  ``defer_max``: seconds a held write
+    (``defer=True``) waits at most for a write to carry it (:data:`~.base.DEFER_MAX`).
     """
 
     def __init__(
@@ -375,6 +410,7 @@ class SQLiteStore(
         synchronous: Synchronous = _DEFAULTS.synchronous,
         max_batch: int = 512,
         busy_timeout: float = 5.0,
+        defer_max: float = DEFER_MAX,
     ) -> None:
         if synchronous not in ("off", "normal", "full", "extra"):
             raise ValueError(f"synchronous must be off|normal|full|extra, not {synchronous!r}")
@@ -382,11 +418,14 @@ class SQLiteStore(
         self.synchronous = synchronous
         self.max_batch = max_batch
         self.busy_timeout = busy_timeout
+        self.defer_max = defer_max
         self._memory = self.path == ":memory:"
         self._writer: _WriterThread | None = None
         self._conn: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._pending: list[_Append | _Job] = []
+        self._urgent = 0  # how many of ``_pending`` are not held (``defer=False``)
+        self._due = False  # the held writes in ``_pending`` commit with the next batch
         self._busy = False  # a batch is in the writer thread
         # Commits held writes (``append(defer=True)``) if no write follows them.
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -470,24 +509,31 @@ class SQLiteStore(
         if self._closed or not self._started:
             raise ClosedError("the store is closed" if self._closed else "the store is not started")
         self._pending.append(item)
-        if self._busy:
-            return item.future  # goes with the next batch
         if defer:
             # Held for the write that follows (see Store.append): both commit in
             # one transaction.  The timer commits it alone if none comes.
+            item.held = True
             assert self._idle is not None
             self._idle.clear()
-            if self._flush_timer is None:
-                self._flush_timer = asyncio.get_running_loop().call_later(DEFER_MAX, self._flush)
+            self._hold()
             return item.future
-        self._pump()
+        self._urgent += 1
+        if not self._busy:
+            self._pump()
         return item.future
+
+    def _hold(self) -> None:
+        """Held writes are pending: the timer commits them if no other write comes."""
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(self.defer_max, self._flush)
 
     def _flush(self) -> None:
         """Commit held writes now (the deferral timer, or closing)."""
         self._flush_timer = None
-        if not self._busy and self._pending:
-            self._pump()
+        if self._pending:
+            self._due = True  # (a batch in flight: they go with the next one)
+            if not self._busy:
+                self._pump()
 
     def _pump(self) -> None:
         """Hand everything pending to the writer thread as one batch.
@@ -495,12 +541,21 @@ class SQLiteStore(
         Runs when a write arrives at an idle writer, and when a batch
         finishes: writes that queued meanwhile go together (group commit).
         No task sits in between, so a write costs one thread round trip.
+        Held writes alone do not make a batch (until they are due): they wait
+        for the next write, which commits them with it.
         """
+        if self._pending and not self._urgent and not self._due:
+            self._busy = False  # (the idle event stays clear: they are not committed)
+            self._hold()
+            return
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
         batch = self._pending[: self.max_batch]
         del self._pending[: self.max_batch]
+        self._urgent -= sum(not item.held for item in batch)
+        if not self._pending:
+            self._due = False
         if not batch:
             self._busy = False
             assert self._idle is not None
@@ -599,20 +654,17 @@ class SQLiteStore(
         # transaction.  The new row carries the first rows' ``updated_at`` (no UPDATE after it).
         if updated_at is not None and updated_at > record.updated_at:
             record = dataclasses.replace(record, updated_at=updated_at)
+        # (An append that writes the record first: it joins the batch's run of appends.)
         first = _Append(
             record.id,
             tuple(log),
             tuple(memory),
             None,
             asyncio.get_running_loop().create_future(),
+            record=record,
+            channel_key=channel_key,
         )
-
-        def fn(conn: sqlite3.Connection) -> list[Message]:
-            _insert_conversation(conn, record, channel_key)
-            return _apply_appends(conn, [first])[0]
-
-        job = _Job(fn, asyncio.get_running_loop().create_future(), record.id)
-        return await self._submit(job, defer=defer)
+        return await self._submit(first, defer=defer)
 
     def set_internal(self, conversation_id: str, internal: bool) -> None:
         # A batch of only such writes commits with synchronous = NORMAL: its WAL
