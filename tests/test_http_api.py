@@ -1055,7 +1055,9 @@ def test_the_transport_needs_the_agent():
 def test_it_is_registered_as_a_plugin():
     from agentik.core.plugins import load_plugins
 
-    assert load_plugins(env={}).transports["http"] is HttpTransport
+    factory = load_plugins(env={}).transports["http"]
+    # Registered by name (imported when an [transports.*] table of type "http" is made).
+    assert factory.load() is HttpTransport
 
 
 class _NoPasswords:
