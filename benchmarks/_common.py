@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -180,53 +179,31 @@ def irc_bot_edits(
 
 
 # -- servers -------------------------------------------------------------------------------
-#: Ports :func:`free_port` hands out: one block below the kernel's ephemeral range (where
-#: every outgoing connection takes its local port) and below the tests' blocks
-#: (tests/ircservers.py: 20000 up, one per xdist worker), so a benchmark run beside the
-#: tests does not race them for a port.
-_PORT_FLOOR = 18000
-_PORT_BLOCK = 2000
-_next_port: int | None = None
+def _port_block() -> Any:
+    """The benchmarks' ports: 18000-19999, below the kernel's ephemeral range and below
+    the tests' blocks (20000 up, one per xdist worker), so a benchmark run beside the
+    tests does not race them for a port.  Benchmarks run one at a time: one block.
+    The picker is the tests' (tests/ports.py, standard library only), loaded by path."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "tests" / "ports.py"
+    spec = importlib.util.spec_from_file_location("_agentik_test_ports", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PortBlock(18000, 2000)
+
+
+_ports: Any = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that is free now, for a server the benchmark starts next.
-
-    Not the kernel's ``bind(0)``: that port comes from the ephemeral range, and under
-    load an outgoing connection (a client, a database pool) could take it as its local
-    port before the server binds it ("Address already in use").  Benchmarks run one at a
-    time, so one block is enough; a process starts at a place its process id picks (a
-    benchmark's child processes pick ports too) and skips ports that are bound or in
-    ``TIME_WAIT``."""
-    global _next_port
-    if _PORT_FLOOR + _PORT_BLOCK > _ephemeral_low():
-        return _kernel_port(host)  # a machine whose ephemeral range starts low
-    if _next_port is None:
-        _next_port = os.getpid() % _PORT_BLOCK
-    for _ in range(_PORT_BLOCK):
-        port = _PORT_FLOOR + _next_port
-        _next_port = (_next_port + 1) % _PORT_BLOCK
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        return port
-    return _kernel_port(host)
-
-
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _kernel_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port on ``host`` that is free now, for a server the benchmark starts next
+    (not the kernel's ``bind(0)``: see tests/ports.py)."""
+    global _ports
+    if _ports is None:
+        _ports = _port_block()
+    return int(_ports.take(host))
 
 
 async def aclose_all(*parts: object) -> None:

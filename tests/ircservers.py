@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from ports import PortBlock
 
 __all__ = [
     "HOST",
@@ -70,54 +71,22 @@ NGIRCD_OPER = ("testoper", "testoper-secret")  # an [Operator] block in ngircd.c
 # --------------------------------------------------------------------------- helpers
 
 
-#: Ports :func:`free_port` hands out: a block of its own per xdist worker, below the
-#: kernel's ephemeral range (where every outgoing connection takes its local port).
+#: Ports :func:`free_port` hands out: a block of its own per xdist worker (tests/ports.py).
 _PORT_FLOOR = 20000
 _PORT_BLOCK = 1500
 _PORT_WORKERS = 8
-_next_port: int | None = None
-
-
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+_ports: PortBlock | None = None
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now, for a server the test starts next.
-
-    Not the kernel's ``bind(0)``: that port comes from the ephemeral range, and under
-    load an outgoing connection of any process (a client, a database pool) could take
-    it as its local port before the server binds it ("Address already in use", seen in
-    CI). Ports below that range are never given to outgoing connections; each xdist
-    worker walks its own block, from a place its process id picks (two test runs on
-    one machine start apart), skipping ports that are bound or in ``TIME_WAIT``."""
-    global _next_port
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    start = _PORT_FLOOR + (int(worker) % _PORT_WORKERS if worker.isdigit() else 0) * _PORT_BLOCK
-    if start + _PORT_BLOCK > _ephemeral_low():
-        return _kernel_port()  # a machine whose ephemeral range starts low
-    if _next_port is None:
-        _next_port = os.getpid() % _PORT_BLOCK
-    for _ in range(_PORT_BLOCK):
-        port = start + _next_port
-        _next_port = (_next_port + 1) % _PORT_BLOCK
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((HOST, port))
-            except OSError:
-                continue
-        return port
-    return _kernel_port()
-
-
-def _kernel_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free now, for a server the test starts next:
+    from this xdist worker's block, below the kernel's ephemeral range (tests/ports.py)."""
+    global _ports
+    if _ports is None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+        n = int(worker) % _PORT_WORKERS if worker.isdigit() else 0
+        _ports = PortBlock(_PORT_FLOOR + n * _PORT_BLOCK, _PORT_BLOCK)
+    return _ports.take(HOST)
 
 
 def _ci() -> bool:
