@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 from .sqlite_room import SQLiteRoom
 
@@ -19,6 +20,19 @@ _FIRST = (
 )
 
 
+def _known_query(keys: Sequence[str], since: float) -> tuple[str, list[Any]]:
+    """The read of which of ``keys`` (each once) were recorded at ``since`` or later."""
+    marks = ", ".join("?" * len(keys))
+    return f"SELECT key FROM seen_event WHERE key IN ({marks}) AND at >= ?", [*keys, since]
+
+
+def _first_in(
+    conn: sqlite3.Connection, keys: Sequence[str], now: float, window: float
+) -> list[str]:
+    """Record ``keys`` (each once) in the caller's transaction; those seen first."""
+    return [k for k in keys if conn.execute(_FIRST, (k, now, now - window)).fetchone()]
+
+
 class SQLiteSeen(SQLiteRoom):
     """Handled events in the ``seen_event`` table (migration 16)."""
 
@@ -26,15 +40,7 @@ class SQLiteSeen(SQLiteRoom):
         wanted = list(dict.fromkeys(keys))
         if not wanted:
             return []
-
-        def fn(conn: sqlite3.Connection) -> list[str]:
-            first = []
-            for key in wanted:
-                if conn.execute(_FIRST, (key, now, now - window)).fetchone() is not None:
-                    first.append(key)
-            return first
-
-        found: list[str] = await self._write(fn)
+        found: list[str] = await self._write(lambda conn: _first_in(conn, wanted, now, window))
         return found
 
     async def seen_claim(
@@ -50,20 +56,10 @@ class SQLiteSeen(SQLiteRoom):
         # PostgreSQL (the claims' rows are written after it).
         wanted = list(dict.fromkeys(claims))
         asked = list(dict.fromkeys(keys))
-        marks = ", ".join("?" * len(asked))
 
         def fn(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
-            found: set[str] = set()
-            if asked:
-                found = {
-                    r[0]
-                    for r in conn.execute(
-                        f"SELECT key FROM seen_event WHERE key IN ({marks}) AND at >= ?",
-                        [*asked, since],
-                    )
-                }
-            got = [k for k in wanted if conn.execute(_FIRST, (k, now, now - window)).fetchone()]
-            return got, [k for k in asked if k in found]
+            found = {r[0] for r in conn.execute(*_known_query(asked, since))} if asked else set()
+            return _first_in(conn, wanted, now, window), [k for k in asked if k in found]
 
         result: tuple[list[str], list[str]] = await self._write(fn)
         return result
@@ -79,10 +75,5 @@ class SQLiteSeen(SQLiteRoom):
         wanted = list(dict.fromkeys(keys))
         if not wanted:
             return []
-        marks = ", ".join("?" * len(wanted))
-        rows = await self._read(
-            f"SELECT key FROM seen_event WHERE key IN ({marks}) AND at >= ?",
-            [*wanted, since],
-        )
-        found = {r[0] for r in rows}
+        found = {r[0] for r in await self._read(*_known_query(wanted, since))}
         return [k for k in wanted if k in found]
