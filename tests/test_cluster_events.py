@@ -718,69 +718,30 @@ async def test_stop_in_slack_http_mode_reaches_the_turn_another_worker_runs(
     """Slack's HTTP mode behind a load balancer: a message's event reaches worker A,
     which runs its turn; the ``!stop`` that follows reaches worker B, whose process
     runs nothing: the answer on A stops, marked interrupted, as on one process."""
-    from fakeslack import FakeSlack
-    from rigs import bot_texts
+    from slackcluster import slack_http_workers
 
     words = [f"w{i}" for i in range(300)]
     openai_server.default = lambda body: Reply.text(" ".join(words), chunks=300, delay=0.1)
-    async with FakeSlack() as slack:
-        slack.add_user("U1", "alice")
-
-        def config(name: str, port: int) -> str:
-            transport = f"""
-[transports.slack]
-type = "slack"
-mode = "http"
-bot_token = "{slack.bot_token}"
-signing_secret = "${{SLACK_SIGNING_SECRET}}"
-api_url = "{slack.api_url}"
-http_port = {port}
-streaming = "edit"
-"""
-            return worker_config(name, openai_server.base_url, dsn_env=DSN_ENV, poll=2.0,
-                                 extra=transport)  # fmt: skip
-
-        env = {"SLACK_SIGNING_SECRET": slack.signing_secret}
-        async with (
-            workers(["a", "b"], tmp_path, postgres_dsn, config, dsn_env=DSN_ENV, env=env) as crew,
-            httpx.AsyncClient(timeout=30) as http,
-        ):
-            a, b = crew
-
-            async def post(worker: Any, payload: dict[str, Any]) -> int:
-                body = json.dumps(payload).encode()
-                headers = {**slack.sign(body), "Content-Type": "application/json"}
-                url = f"http://127.0.0.1:{worker.port}/slack/events"
-                try:
-                    r = await http.post(url, content=body, headers=headers)
-                except httpx.TransportError:
-                    return 0
-                return r.status_code
-
-            async def serving(worker: Any) -> bool:
-                challenge = {"type": "url_verification", "token": "t", "challenge": "c"}
-                return await post(worker, challenge) == 200
-
-            for w in crew:
-                await until(partial(serving, w), f"{w.folder.name}'s Slack HTTP mode")
-            talk = slack.message_event("D1", "count to 300", channel_type="im")
-            assert await post(a, slack.event_callback(talk)) == 200
-            await slack.wait_for_call(
-                "chat.postMessage", lambda p: p.get("text", "").startswith("w0"), timeout=PATIENCE
-            )
-            # B finds the turn in the events A stores (within 50 ms): once they are there,
-            # B's !stop finds it running.
-            await until(partial(_stored_turn_started, postgres_dsn), "A's turn stored")
-            stop = slack.message_event("D1", "!stop", channel_type="im")
-            assert await post(b, slack.event_callback(stop)) == 200
-            await until(
-                lambda: any("_(interrupted)_" in t for t in bot_texts(slack, "D1")),
-                lambda: f"the answer marked interrupted; posted: {bot_texts(slack, 'D1')}",
-            )
-            texts = bot_texts(slack, "D1")
-            assert not any("nothing to stop" in t for t in texts), texts
-            answer = next(t for t in texts if t.startswith("w0"))
-            assert "w299" not in answer  # cut, not finished
+    async with slack_http_workers(tmp_path, postgres_dsn, openai_server.base_url) as rig:
+        slack = rig.slack
+        talk = slack.message_event("D1", "count to 300", channel_type="im")
+        assert await rig.post(rig.a, slack.event_callback(talk)) == 200
+        await slack.wait_for_call(
+            "chat.postMessage", lambda p: p.get("text", "").startswith("w0"), timeout=PATIENCE
+        )
+        # B finds the turn in the events A stores (within 50 ms): once they are there,
+        # B's !stop finds it running.
+        await until(partial(_stored_turn_started, postgres_dsn), "A's turn stored")
+        stop = slack.message_event("D1", "!stop", channel_type="im")
+        assert await rig.post(rig.b, slack.event_callback(stop)) == 200
+        await until(
+            lambda: any("_(interrupted)_" in t for t in rig.texts("D1")),
+            lambda: f"the answer marked interrupted; posted: {rig.texts('D1')}",
+        )
+        texts = rig.texts("D1")
+        assert not any("nothing to stop" in t for t in texts), texts
+        answer = next(t for t in texts if t.startswith("w0"))
+        assert "w299" not in answer  # cut, not finished
 
 
 async def test_the_agent_wide_stream_on_one_worker_shows_a_turn_on_the_other(
