@@ -107,6 +107,20 @@ async def _start_pair(ws: Worker, wi: Worker, slack: FakeSlack, alice: IRCTestCl
     )
 
 
+async def _start_irc_first(ws: Worker, wi: Worker, slack: FakeSlack, alice: IRCTestClient) -> None:
+    """``i``, started first, owns IRC; then ``s`` starts, and Slack is connected by
+    whichever of the two took it (``i`` has a Slack table too)."""
+    await alice.join(CHANNEL)
+    wi.start()
+    await owner_of([wi], "libera")
+    await alice.wait_for(
+        lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
+    )
+    ws.start()
+    await owner_of([ws, wi], "slack")
+    await slack.wait_for_socket(1, PATIENCE)
+
+
 async def _relays_waiting(dsn: str) -> int:
     """Relayed copies in the outbox not confirmed delivered yet (straight from the database)."""
     conn = await asyncpg.connect(dsn)
@@ -143,15 +157,8 @@ async def test_a_line_on_irc_reaches_slack_through_the_worker_owning_slack(
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
         async with _watched(alice, ws, wi):
-            await alice.join(CHANNEL)
-            ws.start()  # alone, with Slack only: it owns Slack
-            await owner_of([ws], "slack")
-            await slack.wait_for_socket(1, PATIENCE)
-            wi.start()  # IRC is free: it owns IRC; Slack stays with ``s``
-            await owner_of([wi], "libera")
-            await alice.wait_for(
-                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
-            )
+            # ``s`` alone, with Slack only, owns Slack; then IRC is free: ``i`` owns IRC.
+            await _start_pair(ws, wi, slack, alice)
             lines = [f"line {i} from irc" for i in range(5)]
             for line in lines:
                 alice.privmsg(CHANNEL, line)
@@ -194,15 +201,7 @@ async def test_an_answer_on_irc_reaches_the_linked_slack_channel_another_worker_
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
         async with _watched(alice, ws, wi):
-            await alice.join(CHANNEL)
-            ws.start()
-            await owner_of([ws], "slack")
-            await slack.wait_for_socket(1, PATIENCE)
-            wi.start()
-            await owner_of([wi], "libera")
-            await alice.wait_for(
-                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
-            )
+            await _start_pair(ws, wi, slack, alice)
             questions = ["how is the build?", "and the deploy?"]
             for q in questions:
                 alice.privmsg(CHANNEL, f"agentik: {q}")
@@ -446,15 +445,7 @@ async def test_an_answer_from_slack_reaches_irc_on_another_worker_capped_as_the_
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
         async with _watched(alice, ws, wi):
-            await alice.join(CHANNEL)
-            wi.start()
-            await owner_of([wi], "libera")
-            await alice.wait_for(
-                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
-            )
-            ws.start()
-            await owner_of([ws, wi], "slack")
-            await slack.wait_for_socket(1, PATIENCE)
+            await _start_irc_first(ws, wi, slack, alice)
             ask = slack.message_event("C1", f"<@{slack.bot_user_id}> the steps?", user="U2")
             await slack.push_event(ask)
             note = await alice.wait_for(lambda m: "more lines: !more" in m.text, PATIENCE)
@@ -500,15 +491,7 @@ async def test_a_question_in_a_slack_thread_is_answered_in_the_thread_and_on_irc
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
         async with _watched(alice, ws, wi):
-            await alice.join(CHANNEL)
-            wi.start()
-            await owner_of([wi], "libera")
-            await alice.wait_for(
-                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
-            )
-            ws.start()
-            await owner_of([ws, wi], "slack")
-            await slack.wait_for_socket(1, PATIENCE)
+            await _start_irc_first(ws, wi, slack, alice)
             root = slack.message_event("C1", "a thread about the deploy", user="U2")
             await slack.push_event(root)
             await alice.wait_for(lambda m: "a thread about the deploy" in m.text, PATIENCE)
@@ -804,15 +787,7 @@ async def test_irc_owner_killed_mid_answer_the_next_owner_sends_only_the_missing
                     postgres_dsn)  # fmt: skip
         alice = await IRCTestClient.connect(ngircd.port, "alice")
         async with _watched(alice, ws, wi, then=slow.release):
-            await alice.join(CHANNEL)
-            wi.start()
-            await owner_of([wi], "libera")
-            await alice.wait_for(
-                lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
-            )
-            ws.start()
-            await owner_of([ws, wi], "slack")
-            await slack.wait_for_socket(1, PATIENCE)
+            await _start_irc_first(ws, wi, slack, alice)
             ask = slack.message_event("C1", f"<@{slack.bot_user_id}> in three?", user="U2")
             await slack.push_event(ask)
             await slow.wait_held(PATIENCE)
