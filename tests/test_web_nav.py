@@ -7,6 +7,7 @@ Screenshots go to ``tests/artifacts/`` (git-ignored), as in test_web_page.py.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from urllib.parse import quote
 
@@ -107,6 +108,40 @@ async def test_any_conversation_id_has_an_address_served_by_the_page(db_path):
                 r = await c.get(server.url + path)
                 assert r.status_code == 200 and "<html" in r.text, path
                 assert "content-security-policy" in r.headers
+
+
+async def test_rename_started_while_the_conversation_still_opens_keeps_the_focus(db_path, browser):
+    """The message box takes the focus when a conversation has opened, but not
+    from a field the user went to meanwhile: Rename clicked while the history
+    still loads keeps its field, and what is typed there."""
+    expect.set_options(timeout=60_000)
+    async with running_server(db_path, settings=SETTINGS, environ=TOKENS) as server:
+        await _conversation(server, "Old title", "Rain?")
+        page, errors = await _open(browser, server, LAPTOP)
+        asked, release = asyncio.Event(), asyncio.Event()
+
+        async def hold_status(route) -> None:
+            asked.set()
+            await release.wait()
+            await route.continue_()
+
+        await page.route(lambda url: url.endswith("/status"), hold_status)
+        await _pick(page, LAPTOP, "Old title")
+        await asyncio.wait_for(asked.wait(), 60)
+        await expect(page.locator("#input")).to_be_disabled()  # (still opening)
+        await page.click("#rename")
+        await expect(page.locator("#title-edit")).to_be_focused()
+        await page.keyboard.type("Trip")
+        release.set()
+        await expect(page.locator("#input")).to_be_enabled()
+        await expect(page.locator("#title-edit")).to_be_focused()
+        await expect(page.locator("#title-edit")).to_have_value("Trip")
+        # Opening a conversation from the list still lands in the message box.
+        await page.keyboard.press("Escape")
+        await page.goto(server.url + "/")
+        await _pick(page, LAPTOP, "Old title")
+        await expect(page.locator("#input")).to_be_focused()
+        assert not errors, errors
 
 
 async def test_rename_in_place_and_delete_after_a_confirmation(db_path, browser):

@@ -490,6 +490,9 @@ async function openConversation(id, opts) {
 }
 
 async function openOne(id, opts) {
+  // Where the focus was when opening began: the message box takes it at the end
+  // only if the user has not moved it meanwhile (to Rename, the search box...).
+  const focusWas = document.activeElement;
   // The address follows the open conversation (not when the address opened it).
   if (!(opts && opts.routed)) routeTo(id);
   if (state.stream) state.stream.abort();
@@ -537,7 +540,8 @@ async function openOne(id, opts) {
     }
   } finally { shown(); }
   $("input").disabled = $("send").disabled = $("attach").disabled = false;
-  $("input").focus();
+  const focusNow = document.activeElement;
+  if (!focusNow || focusNow === focusWas || focusNow === document.body) $("input").focus();
 }
 
 function setTitle(title) {
