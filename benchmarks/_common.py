@@ -183,10 +183,11 @@ def _port_block() -> Any:
     """The benchmarks' ports: 18000-19999, below the kernel's ephemeral range and below
     the tests' blocks (20000 up, one per xdist worker), so a benchmark run beside the
     tests does not race them for a port.  Benchmarks run one at a time: one block.
-    The picker is the tests' (tests/ports.py, standard library only), loaded by path."""
+    The picker is agentik's (core/testing/ports.py, standard library only), loaded by
+    path so that a bare baseline imports nothing of agentik."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "tests" / "ports.py"
+    path = Path(__file__).resolve().parent.parent / "core" / "testing" / "ports.py"
     spec = importlib.util.spec_from_file_location("_agentik_test_ports", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -199,7 +200,7 @@ _ports: Any = None
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that is free now, for a server the benchmark starts next
-    (not the kernel's ``bind(0)``: see tests/ports.py)."""
+    (not the kernel's ``bind(0)``: see core/testing/ports.py)."""
     global _ports
     if _ports is None:
         _ports = _port_block()

@@ -15,7 +15,8 @@ PYTEST_DONT_REWRITE (test modules import from here before pytest loads the plugi
   handler, for CAP/SASL negotiation tests; :func:`registration_handler` answers the
   common registration flow and :func:`sasl_plain` scripts SASL PLAIN.
 
-Nothing here imports agentik: the tests check agentik's IRC code against it.
+Nothing here imports agentik but its standard-library port picker: the tests check
+agentik's IRC code against it.
 """
 
 # ruff: noqa: ASYNC109  (``timeout=`` arguments are this module's API)
@@ -40,7 +41,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from ports import PortBlock
+
+from agentik.core.testing.ports import PortBlock, worker_block
 
 __all__ = [
     "HOST",
@@ -71,21 +73,19 @@ NGIRCD_OPER = ("testoper", "testoper-secret")  # an [Operator] block in ngircd.c
 # --------------------------------------------------------------------------- helpers
 
 
-#: Ports :func:`free_port` hands out: a block of its own per xdist worker (tests/ports.py).
+#: Ports :func:`free_port` hands out: a block of its own per xdist worker
+#: (agentik/core/testing/ports.py).
 _PORT_FLOOR = 20000
 _PORT_BLOCK = 1500
-_PORT_WORKERS = 8
 _ports: PortBlock | None = None
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now, for a server the test starts next:
-    from this xdist worker's block, below the kernel's ephemeral range (tests/ports.py)."""
+    from this xdist worker's block, below the kernel's ephemeral range."""
     global _ports
     if _ports is None:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-        n = int(worker) % _PORT_WORKERS if worker.isdigit() else 0
-        _ports = PortBlock(_PORT_FLOOR + n * _PORT_BLOCK, _PORT_BLOCK)
+        _ports = worker_block(_PORT_FLOOR, _PORT_BLOCK)
     return _ports.take(HOST)
 
 

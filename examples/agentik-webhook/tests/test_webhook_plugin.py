@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,16 +32,21 @@ require_installed()
 
 from agentik_webhook import WebhookTransport, sign, webhook_time  # noqa: E402
 
+from agentik.core.testing.ports import worker_block  # noqa: E402
+
 PACKAGE = Path(__file__).resolve().parent.parent
 # The venv's own agentik (next to this interpreter), never the first one on PATH.
 AGENTIK = str(Path(sys.executable).parent / "agentik")
 SECRET = "webhook-test-secret-123"
 
 
+#: This plugin's test servers' ports: a block per xdist worker below the kernel's
+#: ephemeral range and apart from agentik's own tests' blocks (20000 up).
+PORTS = worker_block(16000, 250)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return PORTS.take()
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """Ports for servers a test or a benchmark starts, from a block below the kernel's
-ephemeral range (standard library only: the benchmarks load this file too).
+ephemeral range (standard library only: the benchmarks load this file by path, and a
+plugin's own tests may use it: ``worker_block(16000, 250).take()``).
 
 Not the kernel's ``bind(0)``: that port comes from the ephemeral range, and under load
 an outgoing connection of any process (a client, a database pool) could take it as its
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 
-__all__ = ["PortBlock"]
+__all__ = ["PortBlock", "worker_block"]
 
 
 def _ephemeral_low() -> int:
@@ -56,3 +57,12 @@ class PortBlock:
                     continue
             return port
         return _kernel_port(host)
+
+
+def worker_block(floor: int, size: int, workers: int = 8) -> PortBlock:
+    """This pytest-xdist worker's block of ``size`` ports from ``floor`` (worker ``gwN``
+    takes block ``N % workers``; no xdist: the first), so workers running side by side
+    never hand out the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    n = int(worker) % workers if worker.isdigit() else 0
+    return PortBlock(floor + n * size, size)
