@@ -170,6 +170,55 @@ async def test_concurrent_appends_are_group_committed_and_isolated(tmp_path):
         assert ids == sorted(ids), "audit-log order follows submission order"
 
 
+async def test_messages_written_together_are_searchable_and_the_index_stays_whole(tmp_path):
+    """A batch's audit-log rows go in as multi-row INSERTs (past 64 rows, more
+    than one): each is found by search, a batch that fails is retried write by
+    write, and redacting and deleting some rows leaves the index matching the
+    log: one indexed document per user and assistant row, FTS5's and SQLite's
+    integrity checks pass.  (FTS5's check against the content table, ``rank``
+    1, cannot hold: the tool rows in it are not indexed, on purpose.)"""
+    path = str(tmp_path / "f.db")
+
+    def turn(i: int) -> list[NewMessage]:
+        return [
+            user(f"question{i} about walrus"),
+            NewMessage(kind="tool_result", content=f"walrus tool {i}", tool_call_id="t"),
+            NewMessage(kind="assistant", content=f"answer{i} about walrus"),
+        ]
+
+    async with SQLiteStore(path) as s:
+        for i in range(5):
+            await s.create_conversation(rec(f"c{i}"))
+        statements: list[str] = []
+        await s.run_write(lambda conn: conn.set_trace_callback(statements.append))
+        await asyncio.gather(*[s.append(f"c{i % 5}", log=turn(i)) for i in range(40)])
+        await s.run_write(lambda conn: conn.set_trace_callback(None))
+        inserts = {st for st in statements if st.startswith("INSERT INTO message (")}
+        assert len(inserts) < 10, len(inserts)  # 40 appends, 120 rows
+        writes = [s.append(f"c{i % 5}", log=turn(i)) for i in range(40, 60)]
+        writes.insert(10, s.append("missing", log=[user("walrus orphan")]))
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        assert sum(isinstance(r, StoreError) for r in results) == 1
+        assert len(await s.search_messages("walrus", limit=500)) == 120  # not the tool's rows
+        assert {h.snippet for h in await s.search_messages("question17")} == {
+            "question17 about walrus"
+        }
+        (answer,) = await s.search_messages("answer17")
+        await s.redact_message(
+            answer.conversation_id, answer.message_id, content="(gone)", by="a", reason="", at=1.0
+        )
+        assert await s.search_messages("answer17") == []
+        await s.delete_conversation("c3")
+        assert len(await s.search_messages("walrus", limit=500)) == 120 - 24 - 1
+    con = sqlite3.connect(path)
+    indexed = con.execute("SELECT id FROM message_fts_docsize ORDER BY id").fetchall()
+    said = "SELECT id FROM message WHERE kind IN ('user', 'assistant') ORDER BY id"
+    assert indexed == con.execute(said).fetchall() and len(indexed) == 120 - 24
+    con.execute("INSERT INTO message_fts (message_fts) VALUES ('integrity-check')")
+    assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    con.close()
+
+
 async def test_closed_store_refuses_work(tmp_path):
     s = SQLiteStore(str(tmp_path / "c.db"))
     await s.start()

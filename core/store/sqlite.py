@@ -86,11 +86,18 @@ class SQLiteSettings:
 
 _DEFAULTS = defaults(SQLiteSettings)
 
+#: WAL pages between automatic checkpoints (see ``_open_writer``).
+_WAL_PAGES = 4000
+
 _MESSAGE_COLUMNS = (
     "id, conversation_id, kind, content, author, channel, run_id, tool_call_id, tool_name,"
     " arguments, is_error, status, data, duration, created_at"
 )
-_INSERT_MESSAGE = f"INSERT INTO message ({_MESSAGE_COLUMNS}) VALUES ({', '.join('?' * 15)})"
+_INSERT_MESSAGE = f"INSERT INTO message ({_MESSAGE_COLUMNS}) VALUES "
+_MESSAGE_ROW = f"({', '.join('?' * 15)})"
+#: Audit-log rows per INSERT: 64 rows of 15 values stay under 999, the lowest
+#: ``SQLITE_MAX_VARIABLE_NUMBER`` a build of SQLite may have.
+_MESSAGE_CHUNK = 64
 _INSERT_MEMORY = (
     "INSERT INTO working_memory (conversation_id, pos, message_id, body) VALUES"
     " (?, (SELECT COALESCE(MAX(pos), 0) + 1 FROM working_memory WHERE conversation_id = ?), ?, ?)"
@@ -181,6 +188,24 @@ def _insert_conversation(
         conn.execute(_INSERT_BINDING, (channel_key, record.id, record.created_at))
 
 
+def _insert_messages(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Audit-log rows written with one INSERT of many rows, not one INSERT each.
+
+    The search index's trigger (migration 21) adds each row to FTS5's pending
+    terms; FTS5 writes them out as a new segment when the next statement of the
+    transaction begins (or at commit), so one statement for a run's rows writes
+    one segment, where one statement per row wrote one per row (and merged them
+    later): a message row costs about half the writer's CPU it did
+    (docs/development.md, issue 31).
+    """
+    for start in range(0, len(rows), _MESSAGE_CHUNK):
+        chunk = rows[start : start + _MESSAGE_CHUNK]
+        conn.execute(
+            _INSERT_MESSAGE + ", ".join([_MESSAGE_ROW] * len(chunk)),
+            [value for row in chunk for value in row],
+        )
+
+
 def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[list[Message]]:
     """Write consecutive appends with one statement per table.
 
@@ -234,7 +259,7 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
                 runs.append(run_row(a.ended.run))
         results.append(stored)
     if message_rows:
-        conn.executemany(_INSERT_MESSAGE, message_rows)
+        _insert_messages(conn, message_rows)
     if memory_rows:
         conn.executemany(_INSERT_MEMORY, memory_rows)
     if touches:
@@ -437,12 +462,22 @@ class SQLiteStore(
 
     # -- lifecycle -----------------------------------------------------------
     def _open_writer(self) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # (More statements cached than the default 128: the audit log's INSERT has one
+        # text per number of rows, and those should not push the others out.)
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, cached_statements=256
+        )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+            # The WAL is copied into the database (and both fsynced) every 4000 pages
+            # written, not SQLite's 1000: a page written by many commits (the log's
+            # last leaf, the search index's structure, the outbox's) is copied once
+            # per checkpoint, so fewer checkpoints copy fewer pages; the WAL file is
+            # up to 16 MB.  Durability is the commit's fsync of the WAL, unchanged.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_PAGES}")
             if not self._memory:
                 # An existing database about to change schema is copied first.
                 backup_before_migrating(conn, self.path)
