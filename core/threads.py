@@ -11,9 +11,10 @@ caches, all charged to whatever system call released the GIL (in
 
 :func:`yield_to_loop` makes the calling thread a *batch* thread (``SCHED_BATCH``: same
 share of the CPU, same nice value, but a wake-up never preempts a running thread), so
-it runs when the loop waits for the network or on another CPU.  In the Slack benchmark
-this halved the helper threads' context switches per answer and took 5-8% off the bot's
-CPU per answer.
+it runs when the loop waits for the network or on another CPU.  In the Slack benchmark,
+with the SQLite writer thread a batch thread, the loop thread was preempted by agentik's
+own threads 0.2-0.3 times an answer instead of 5-6, and the bot's CPU per answer was
+about 7% less (docs/development.md, eighth pass).
 """
 
 from __future__ import annotations
