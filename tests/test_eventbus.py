@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from agentik.core.eventbus import EventBus, ReplayBuffer
-from agentik.core.events import EventsLost, TextDelta, TurnEnded
+from agentik.core.events import Event, EventsLost, TextDelta, TurnEnded
 from agentik.core.services import event_weight
 
 
@@ -196,3 +196,21 @@ def test_a_replay_buffers_weight_is_what_its_events_weigh_through_seals_and_edit
     assert [e.seq for e in buf] == list(range(14, 20)) and buf.weight() == held()
     buf.clear()
     assert buf.weight() == 0
+
+
+async def test_sealed_turns_small_and_large_replay_equal_to_what_was_published():
+    # Short turns are packed with a small compression window, long ones (tool outputs)
+    # with zlib's default: both replay the events as published, however many seals
+    # (against the process's compression dictionary) came before.
+    bus = make_bus(buffer=1000, seal_every=10_000)  # sealed by hand, between turns
+    published: list[Event] = []
+    seq = 0
+    for size in (10, 20, 9_000, 30, 60_000, 5):
+        for _ in range(3):
+            seq += 1
+            text = "".join(f"{seq}:{i} " for i in range(size // 6))[:size]
+            published.append(TextDelta(conversation_id="c", seq=seq, text=text))
+            bus.publish(published[-1])
+        bus.seal()
+    assert bus.buffer.sealed == len(published)
+    assert await drain(bus.subscribe(after=0), len(published)) == published

@@ -39,6 +39,7 @@ import aiosqlite
 from ..errors import ClosedError, StoreError, StoreRefusal
 from ..messages import ChatMessage, Message, MessageKind, NewMessage
 from ..settings import defaults, settings_dataclass
+from ..threads import yield_to_loop
 from .base import (
     DEFER_MAX,
     ConversationRecord,
@@ -345,6 +346,8 @@ class _WriterThread:
         self._thread.start()
 
     def _main(self) -> None:
+        # A batch thread: its wake-ups never preempt the event loop (core/threads.py).
+        yield_to_loop()
         while True:
             item = self._queue.get()
             if item is None:

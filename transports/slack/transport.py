@@ -79,6 +79,7 @@ from typing import Any, Protocol
 from agentik.core.attachments import AttachmentSettings
 from agentik.core.errors import ConfigError
 from agentik.core.messages import FilePart
+from agentik.core.threads import yield_to_loop
 from agentik.transports.base import (
     NEW_CHANNEL,
     AgentHost,
@@ -235,6 +236,7 @@ class _Seen:
         into their loop (each message after its commit queues one write: a write a
         message woke this thread and the loop 8.8 times an answer in
         benchmarks/bench_slack.py, against 2.9 batched)."""
+        yield_to_loop()  # its wake-ups wait for the loop thread's CPU (core/threads.py)
         stop = False
         while not stop and (job := self._jobs.get()) is not None:
             jobs = [job]
