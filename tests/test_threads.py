@@ -58,3 +58,22 @@ async def test_the_slack_handled_events_file_writes_from_a_batch_thread(tmp_path
         assert list(again.keys) == ["event:first"]  # and the write was done
     finally:
         again.close()
+
+
+@linux
+async def test_the_sqlite_store_writes_from_a_batch_thread(tmp_path):
+    from agentik.core.store.records import ConversationRecord
+    from agentik.core.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "agentik.db"))
+    await store.start()
+    try:
+        # A write: the thread has run (and set its policy) by then.
+        await store.create_conversation(ConversationRecord(id="c1", title="t"))
+        writers = [t for t in threading.enumerate() if t.name == "agentik-sqlite-writer"]
+        assert writers and writers[0].native_id is not None
+        assert os.sched_getscheduler(writers[0].native_id) == os.SCHED_BATCH
+        got = await store.get_conversation("c1")
+        assert got is not None and got.title == "t"  # and the write was done
+    finally:
+        await store.aclose()
