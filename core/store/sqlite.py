@@ -199,12 +199,18 @@ def _insert_messages(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> N
     later): a message row costs about half the writer's CPU it did
     (docs/development.md, issue 31).
     """
-    for start in range(0, len(rows), _MESSAGE_CHUNK):
-        chunk = rows[start : start + _MESSAGE_CHUNK]
+    start = 0
+    while start < len(rows):
+        # Chunks of a power of two rows (13 rows: 8, 4, 1), so the statement has
+        # seven texts at most, not one per row count: seven prepared statements in the
+        # connection's cache, not 64 (each holding its own memory).
+        size = min(_MESSAGE_CHUNK, 1 << ((len(rows) - start).bit_length() - 1))
+        chunk = rows[start : start + size]
         conn.execute(
-            _INSERT_MESSAGE + ", ".join([_MESSAGE_ROW] * len(chunk)),
+            _INSERT_MESSAGE + ", ".join([_MESSAGE_ROW] * size),
             [value for row in chunk for value in row],
         )
+        start += size
 
 
 def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[list[Message]]:
@@ -465,11 +471,7 @@ class SQLiteStore(
 
     # -- lifecycle -----------------------------------------------------------
     def _open_writer(self) -> None:
-        # (More statements cached than the default 128: the audit log's INSERT has one
-        # text per number of rows, and those should not push the others out.)
-        conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, cached_statements=256
-        )
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             conn.execute("PRAGMA foreign_keys = ON")
