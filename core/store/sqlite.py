@@ -181,21 +181,25 @@ def _conversation_row(record: ConversationRecord) -> tuple[Any, ...]:
     return (record.id, record.title, record.created_at, record.updated_at, json.dumps(record.meta))
 
 
+def _binding_row(record: ConversationRecord, channel_key: str) -> tuple[Any, ...]:
+    return (channel_key, record.id, record.created_at)
+
+
 def _insert_conversation(
     conn: sqlite3.Connection, record: ConversationRecord, channel_key: str | None
 ) -> None:
     conn.execute(_INSERT_CONVERSATION, _conversation_row(record))
     if channel_key is not None:
-        conn.execute(_INSERT_BINDING, (channel_key, record.id, record.created_at))
+        conn.execute(_INSERT_BINDING, _binding_row(record, channel_key))
 
 
 def _insert_messages(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    """Audit-log rows written with one INSERT of many rows, not one INSERT each.
+    """Audit-log rows written with a few INSERTs of many rows, not one INSERT each.
 
     The search index's trigger (migration 21) adds each row to FTS5's pending
     terms; FTS5 writes them out as a new segment when the next statement of the
-    transaction begins (or at commit), so one statement for a run's rows writes
-    one segment, where one statement per row wrote one per row (and merged them
+    transaction begins (or at commit), so a statement for many rows writes one
+    segment, where one statement per row wrote one per row (and merged them
     later): a message row costs about half the writer's CPU it did
     (docs/development.md, issue 31).
     """
@@ -227,7 +231,7 @@ def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[lis
         if a.record is not None:
             conversations.append(_conversation_row(a.record))
             if a.channel_key is not None:
-                bindings.append((a.channel_key, a.record.id, a.record.created_at))
+                bindings.append(_binding_row(a.record, a.channel_key))
     if conversations:
         conn.executemany(_INSERT_CONVERSATION, conversations)
     if bindings:
