@@ -455,9 +455,12 @@ class Bridge(AgentAccess):
         found = self.transport_for(key)
         if found is not None:
             return None if self.serves(found) else found
-        kind = key.partition(":")[0]
-        waiting = [t for t in self._transports.values() if t.type == kind and not self.serves(t)]
+        waiting = self.waiting(key.partition(":")[0])
         return waiting[0] if len(waiting) == 1 else None
+
+    def waiting(self, kind: str) -> list[Transport]:
+        """The attached instances of transport type ``kind`` another worker serves."""
+        return [t for t in self._transports.values() if t.type == kind and not self.serves(t)]
 
     async def admit_resumed(
         self, key: str, transport: Transport, m: Message

@@ -53,7 +53,7 @@ from agentik.core.turnsettings import TurnSettings
 from agentik.transports.base import IncomingMessage, OutgoingMessage
 from agentik.transports.text import split_text
 
-from .logs import log_event
+from .logs import STATUS_LOGGER, log_event
 from .outbox import outbox_rows
 from .render import Renderer
 
@@ -78,6 +78,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+status_log = logging.getLogger(STATUS_LOGGER)
 
 #: The notification topic of links made or undone in chat (ids: link names).
 LINKS_TOPIC = "links"
@@ -89,6 +90,9 @@ RELAY_TOPIC = "relay"
 QUEUE_SIZE = 200
 #: Seconds after which a copy shows it is late (``(late: 14:02 UTC) ...``).
 LATE_AFTER = 60.0
+#: Seconds a copy (or an answer handed over) waits at most for the instances in standby
+#: to learn which channels are theirs (several Slack apps each asking ``auth.test``).
+KNOWN_WAIT = 5.0
 
 _NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
@@ -237,6 +241,8 @@ class LinksHost(Protocol):
 
     def standby_for(self, key: str) -> Transport | None: ...
 
+    def waiting(self, kind: str) -> list[Transport]: ...
+
     async def channel(
         self, key: str, transport: Transport, opts: ChannelOptions
     ) -> OpenChannel: ...
@@ -299,6 +305,8 @@ class Links:
         self._by_key: dict[str, Link] = {}
         self._targets: dict[str, _Target] = {}
         self._loaded = False
+        #: Channels whose wait for the instances in standby was logged (once each).
+        self._told: set[str] = set()
         #: The channels the last :meth:`_bind` moved onto a link's conversation.
         self._joined: list[str] = []
         #: Copies handed to their transport so far (metrics, benchmarks).
@@ -807,6 +815,7 @@ class Links:
                         ref=str(ref) if ref else None, origin=True, created_at=now)
         ]  # fmt: skip
         copies: list[tuple[Transport, str, LinkMessage]] = []
+        await self._known(k for k in link.channels if k != key)
         for target_key in link.channels:
             if target_key == key:
                 continue
@@ -955,6 +964,7 @@ class Links:
         """Note a run of a linked conversation whose answer some channel of the link
         would miss here: one another worker owns, or one served here but not open."""
         for link in self.links.values():
+            await self._known(k for k in link.channels if self.host.open_channel(k) is None)
             missed = [
                 k for k in link.channels
                 if self.host.open_channel(k) is None and self._transport_to_hand(k) is not None
@@ -976,6 +986,34 @@ class Links:
             self._reply_where[run_id] = reply_to
             while len(self._reply_where) > 1_000:  # (turns whose end never came)
                 del self._reply_where[next(iter(self._reply_where))]
+
+    async def _known(self, keys: Iterable[str]) -> None:
+        """Wait, at most ``KNOWN_WAIT`` s, until this worker can tell which attached
+        instance each of ``keys`` is for.  Only while several instances of a key's type
+        wait in standby and none has claimed it (Slack apps another worker owns, still
+        asking which team they are in, just after a start or a lost lease): a copy for
+        it written before then would have no instance to go to, and be lost."""
+        unknown = [
+            k for k in keys
+            if self.host.transport_for(k) is None and len(self.host.waiting(_kind(k))) > 1
+        ]  # fmt: skip
+        if not unknown:
+            return
+        asking = {t.name: t for k in unknown for t in self.host.waiting(_kind(k))}
+        new = [k for k in unknown if k not in self._told]
+        self._told.update(new)
+        if new:
+            status_log.info("links: copies for %s wait until %s in standby know their"
+                            " channels", ", ".join(new), ", ".join(sorted(asking)))  # fmt: skip
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(KNOWN_WAIT):
+                await asyncio.gather(*(t.identify() for t in asking.values()),
+                                     return_exceptions=True)  # fmt: skip
+        lost = [k for k in new if self.host.transport_for(k) is None]
+        if lost:
+            log.warning("links: nothing goes to %s for now: %s in standby could not learn"
+                        " which channels are theirs", ", ".join(lost),
+                        ", ".join(sorted(asking)))  # fmt: skip
 
     def _transport_to_hand(self, key: str) -> Transport | None:
         """The transport an answer for ``key`` is written to the outbox for when no
@@ -1269,6 +1307,7 @@ class Links:
         stamp = str(message.meta.get("change_id") or uuid.uuid4().hex)
         author = message.author_name
         items: list[tuple[Transport, _Relay, OutboxEntry]] = []
+        await self._known(r.channel_key for r in rows if not r.origin and r.channel_key != key)
         for row in rows:
             if row.origin or row.channel_key == key:
                 continue
@@ -1705,3 +1744,8 @@ class LinkedRenderer(Renderer):
                 await self._out(line, "notice", run)
             return
         await super().on_event(event)
+
+
+def _kind(key: str) -> str:
+    """The transport type a channel key names (``slack`` of ``slack:T1:C1``)."""
+    return key.partition(":")[0]

@@ -327,7 +327,10 @@ async def test_two_slack_apps_owned_by_two_workers_both_get_copies_and_answers(
     """Two Slack apps (teams T1 and T2), each owned by its own worker, and IRC owned by a
     third that holds both apps in standby: it learns each app's team (``auth.test``, no
     socket), so a line said on IRC and the answer to a question asked there reach both
-    teams' linked channels, each through the worker owning that app, once each."""
+    teams' linked channels, each through the worker owning that app, once each.
+
+    Lines said on IRC before the third worker knows app two's team (its ``auth.test``
+    answered late) wait for it: their copies are not lost."""
     openai_server.default = lambda body: Reply.text(f"answer to: {last_user(body)}")
     link = f"""
 [[links]]
@@ -357,13 +360,23 @@ channels = ["irc:libera:{CHANNEL}", "slack:T1:C1", "slack:T2:C1"]
             wb.start()
             await owner_of([wb], "two")
             await two.wait_for_socket(1, PATIENCE)
+            asked_before = len(two.calls_to("auth.test"))
+            two.hold("auth.test")  # i's question: which team is app two in?
             wi.start()
             await owner_of([wi], "libera")
             await alice.wait_for(
                 lambda m: m.command == "JOIN" and (m.nick or "").startswith("agentik"), PATIENCE
             )
+            await two.wait_until(lambda: "auth.test" in two.held, PATIENCE, "i's auth.test")
             alice.privmsg(CHANNEL, "hello both teams")
             alice.privmsg(CHANNEL, "agentik: are you there?")
+
+            def waiting() -> bool:
+                lines = wi.stderr().splitlines()
+                return any("links: copies for" in x and "slack:T2:C1" in x for x in lines)
+
+            await until(lambda: waiting() or None, "the copies waiting for app two's team")
+            two.release()
             await alice.wait_for(lambda m: "answer to:" in m.text, PATIENCE)
 
             def posted(slack: FakeSlack) -> list[tuple[str | None, str]]:
@@ -381,6 +394,8 @@ channels = ["irc:libera:{CHANNEL}", "slack:T1:C1", "slack:T2:C1"]
                     (None, "answer to: alice@libera: are you there?"),
                 ]
                 assert slack.socket_connections == 1  # only its owner connected
+            # (i asked app two's team once: the waiting copies shared that one call)
+            assert len(two.calls_to("auth.test")) == asked_before + 1
             assert (await owner_of(crew, "one")) is wa
             assert (await owner_of(crew, "two")) is wb
 

@@ -963,3 +963,38 @@ async def test_the_stop_reaction_has_the_rights_of_stop_not_more(tmp_path):
             await slack.push_event(reaction("U1"))  # alice did
             await bridge.flush(f"slack:T1:C1:{mention['ts']}")
             assert "_(interrupted)_" in bot_texts(slack, "C1")
+
+
+async def test_a_standby_app_asks_its_team_once_for_all_waiting_and_not_again_at_once_on_failure(
+    tmp_path,
+):
+    """``identify`` (a worker holding the app in standby, and each linked copy waiting
+    for it): callers at the same time share one ``auth.test``; after a refused one,
+    the next caller is told at once, without asking Slack again."""
+    from agentik.transports.base import TransportFailed
+
+    from rigs import slack_transport
+
+    async with FakeSlack(team_id="T7") as slack:
+        transport = slack_transport(slack, tmp_path)
+        slack.hold("auth.test")
+        callers = [asyncio.ensure_future(transport.identify()) for _ in range(3)]
+        await slack.wait_until(lambda: slack.held, 10, "the held auth.test")
+        assert not transport.owns("slack:T7:C1")
+        slack.release()
+        await asyncio.gather(*callers)
+        assert transport.owns("slack:T7:C1") and not transport.owns("slack:T1:C1")
+        assert len(slack.calls_to("auth.test")) == 1
+        await transport.identify()  # known: Slack is not asked again
+        assert len(slack.calls_to("auth.test")) == 1
+
+        refused = slack_transport(slack, tmp_path / "refused", bot_token="xoxb-revoked")
+        with pytest.raises(TransportFailed, match="bot token"):
+            await refused.identify()
+        assert len(slack.calls_to("auth.test")) == 2
+        with pytest.raises(ConnectionError, match="just now"):
+            await refused.identify()
+        assert len(slack.calls_to("auth.test")) == 2  # not asked again at once
+        assert not refused.owns("slack:T7:C1")
+        await refused.aclose()
+        await transport.aclose()

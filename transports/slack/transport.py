@@ -119,6 +119,10 @@ _PIECE_PAGES = 5
 ACK_WAIT = 2.5
 #: The prefix of a worker's claim on an event key in the shared store (see _claim).
 _CLAIM = "claim:"
+#: How long one ``auth.test`` asking a standby app's team may take, and how long after a
+#: failed one Slack is not asked again (see :meth:`SlackTransport.identify`).
+_IDENTIFY_TIMEOUT = 10.0
+_IDENTIFY_RETRY = 15.0
 
 _MENTION = re.compile(r"<@([A-Z0-9]+)(?:\|[^>]*)?>")
 #: The most files of one file share that are fetched.
@@ -525,6 +529,10 @@ class SlackTransport(Transport):
             formatting="mrkdwn", streaming="deltas", forms="native",
         )  # fmt: skip
         self.team_id = ""
+        #: The ``auth.test`` of :meth:`identify` under way (every caller awaits this one),
+        #: and when the last one failed (not asked again for ``_IDENTIFY_RETRY`` s).
+        self._asking_team: asyncio.Future[None] | None = None
+        self._team_failed_at = -_IDENTIFY_RETRY
         self.bot_user_id = ""
         self._bot_id = ""  # the app's bot id (auth.test): its messages carry it
         self.client: Any = None
@@ -800,6 +808,8 @@ class SlackTransport(Transport):
         return self._seen.path
 
     async def aclose(self) -> None:
+        if self._asking_team is not None:
+            self._asking_team.cancel()
         for answer in list(self._answers.values()):
             if answer.flush is not None:
                 answer.flush.cancel()
@@ -1636,9 +1646,33 @@ class SlackTransport(Transport):
     async def identify(self) -> None:
         """The app's team (its keys name it), from one ``auth.test`` with the bot token,
         no socket opened: a worker holding this app in standby can then tell its
-        channels from another Slack app's (copies and answers it writes for them)."""
+        channels from another Slack app's (copies and answers it writes for them).
+
+        Callers at the same time share one call (the standby start and each copy that
+        waits for it); one takes at most ``_IDENTIFY_TIMEOUT`` s, and after a failure
+        Slack is not asked again for ``_IDENTIFY_RETRY`` s (the failure is raised at
+        once: copies do not each wait for an unreachable Slack)."""
         if self.team_id:
             return
+        asking = self._asking_team
+        if asking is None or asking.done():
+            if time.monotonic() - self._team_failed_at < _IDENTIFY_RETRY:
+                raise ConnectionError("Slack could not be asked for the app's team just now")
+            asking = self._asking_team = asyncio.ensure_future(self._ask_team())
+            # (read here too: every caller may have stopped waiting before it failed)
+            asking.add_done_callback(lambda f: f.cancelled() or f.exception())
+        # (shielded: a caller that stops waiting leaves the call to the others)
+        await asyncio.shield(asking)
+
+    async def _ask_team(self) -> None:
+        try:
+            async with asyncio.timeout(_IDENTIFY_TIMEOUT):
+                await self._auth_team()
+        except BaseException:
+            self._team_failed_at = time.monotonic()
+            raise
+
+    async def _auth_team(self) -> None:
         from slack_sdk.web.async_client import AsyncWebClient
 
         o = self.options
