@@ -255,13 +255,16 @@ async def test_rolling_restart_under_slack_load_loses_and_doubles_nothing(
             producer = asyncio.create_task(traffic())
             try:
                 # The Slack connection's owner first, then its next owner, then the last:
-                # the connection moves at least twice while events come.
+                # the connection moves at least twice while events come. An owner comes
+                # back only once another worker holds the connection (else, on a fast
+                # machine, it takes its own connection back before any other sees it
+                # free, and nothing moves).
                 left = list(crew)
                 while left:
                     owner = await owner_of(crew, "slack")
                     worker = owner if owner in left else left[0]
                     left.remove(worker)
-                    await _restart(worker, crew)
+                    await _restart(worker, crew, handover="slack" if worker is owner else None)
                 restarted.set()
                 await producer
             finally:
@@ -325,11 +328,14 @@ def _acked(slack: FakeSlack, event_id: str) -> bool:
     )
 
 
-async def _restart(worker: Worker, crew: list[Worker]) -> None:
+async def _restart(worker: Worker, crew: list[Worker], *, handover: str | None = None) -> None:
     """SIGTERM ``worker``, wait for it to exit cleanly, start it again and wait until
-    every worker's ``/health`` shows three live workers."""
+    every worker's ``/health`` shows three live workers. With ``handover``, the worker
+    starts again only once another worker owns that connection."""
     worker.kill(signal.SIGTERM)
     assert await worker.wait() == 0, worker.stderr()[-3000:]
+    if handover is not None:
+        await owner_of([w for w in crew if w is not worker], handover)
     worker.start()
 
     async def all_three() -> bool:
