@@ -208,6 +208,10 @@ class _Pending:
     #: steering message the turn it was sent into did not reach (so it is not
     #: taken for a message a crash left out).
     message_run_id: str | None = None
+    #: The message as it will be stored (id 0), when it joined the working memory with
+    #: its own write: the turn may start before that write commits (see
+    #: :class:`~agentik.core.turn.TurnRunner`'s ``question``).
+    early: Message | None = None
 
 
 @dataclass(slots=True)
@@ -860,11 +864,13 @@ class Conversation:
                 [*notes, ChatMessage(role="user", content=content, author=author, parts=parts)]
             )
             write.add_done_callback(memory.invalidate_on_failure)
+        early = entry.stored(id=0, conversation_id=self.id, now=now) if idle else None
         self._enqueue(
             _Pending(
-                run_id, content, author, committed, idle, allow_tool=allow_tool, settings=settings
+                run_id, content, author, committed, idle, allow_tool=allow_tool,
+                settings=settings, early=early,
             )
-        )
+        )  # fmt: skip
         await asyncio.shield(committed)
         self.updated_at = now
         return run_id
@@ -1239,15 +1245,23 @@ class Conversation:
                         with contextlib.suppress(Exception):
                             await sink.flushed()
                     continue
-                try:
-                    stored = await pending.committed
-                except Exception:
-                    self._queue.pop(0)  # send() already raised to its caller
-                    continue
+                question: asyncio.Future[list[Message]] | None = None
+                if pending.early is not None and not pending.committed.done():
+                    # Its write is under way: the turn prepares and asks the model
+                    # meanwhile, and shows nothing before the write commits.
+                    message, question = pending.early, pending.committed
+                else:
+                    try:
+                        stored = await pending.committed
+                    except Exception:
+                        self._queue.pop(0)  # send() already raised to its caller
+                        continue
+                    message = stored[0]
                 runner = TurnRunner(
                     parts,
                     run_id=pending.run_id,
-                    message=stored[0],
+                    message=message,
+                    question=question,
                     settings=pending.settings,
                     tools=self._services.tools,
                     in_memory=pending.in_memory,

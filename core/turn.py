@@ -92,6 +92,12 @@ END_RETRY_FIRST = 0.5
 END_RETRY_MAX = 30.0
 
 
+class _NotStored(BaseException):
+    """The turn's message could not be stored: the turn ends unseen (see
+    :meth:`TurnRunner._admitted`).  A ``BaseException``: no handler of the turn's
+    failures takes it for one of them."""
+
+
 class TurnAborted(Exception):
     """An ``after_response`` hook ended the turn."""
 
@@ -140,6 +146,7 @@ class TurnRunner:
         *,
         run_id: str,
         message: Message,
+        question: asyncio.Future[list[Message]] | None = None,
         settings: TurnSettings = DEFAULT_SETTINGS,
         tools: Sequence[Tool],
         in_memory: bool = False,
@@ -155,6 +162,15 @@ class TurnRunner:
         self.services = parts.services
         self.run_id = run_id
         self.message = message
+        #: The write of ``message`` when it is still under way (``message`` is then the
+        #: row as it will be stored, id 0): the turn reads what it needs and sends its
+        #: first model request meanwhile, but says nothing (no event), writes nothing
+        #: and shows nothing of the answer before that write has committed
+        #: (:meth:`_admitted`).  A write that fails ends the turn unseen: its sender
+        #: was told (the model request made meanwhile is dropped).
+        self._question = question
+        #: Events emitted before the question was stored, emitted once it is.
+        self._held: list[tuple[type[Event], dict[str, Any]]] = []
         #: What this turn runs with: the only source of its persona, tools, model,
         #: prompt and recall (``None`` fields: the agent's, as at the turn's start).
         self.settings = settings
@@ -239,7 +255,37 @@ class TurnRunner:
         return self.services.llm_for(self.settings.llm_profile)
 
     def _emit(self, cls: type[Event], **fields: Any) -> None:
+        if self._question is not None:
+            self._held.append((cls, fields))  # (shown once the question is stored)
+            return
         self.events.emit(cls, self.run_id, **fields)
+
+    def _started(self) -> None:
+        """Say the turn started (``turn_started``, then its ``running`` status)."""
+        m = self.message
+        origin = self.node.origin
+        # A child run's task has id 0 until its deferred write commits: no id yet.
+        self._emit(TurnStarted, message_id=m.id or None, author=m.author,
+                   origin=origin.to_dict() if origin is not None else None)  # fmt: skip
+        self._changed()
+
+    async def _admitted(self) -> None:
+        """Wait until the turn's message is stored, when its write was still under way
+        at the start (see ``question``); then the turn's start, and what it held, are
+        emitted.  Raises :class:`_NotStored` when that write failed."""
+        question = self._question
+        if question is None:
+            return
+        try:
+            rows = await asyncio.shield(question)
+        except Exception as exc:
+            raise _NotStored() from exc
+        self._question = None
+        self.message = rows[0]
+        self._started()
+        held, self._held = self._held, []
+        for cls, fields in held:
+            self.events.emit(cls, self.run_id, **fields)
 
     def plugin_emit(self, cls: type, **fields: Any) -> None:
         """The ``emit`` interception hooks get: publish an event of a plugin's own
@@ -255,7 +301,7 @@ class TurnRunner:
             raise PluginError(
                 f"event {cls.__qualname__}: a field JSON cannot carry: {exc}"
             ) from None
-        self.events.emit(cls, self.run_id, **fields)
+        self._emit(cls, **fields)
 
     # -- status and steering -------------------------------------------------------
     @property
@@ -268,7 +314,7 @@ class TurnRunner:
         self._changed()
 
     def _changed(self) -> None:
-        if self._on_status is not None:
+        if self._on_status is not None and self._question is None:
             self._on_status(self)
 
     @contextlib.contextmanager
@@ -299,6 +345,7 @@ class TurnRunner:
         """The boundary: messages sent into the turn join the working memory, in order."""
         self.steer_open = False
         while self._steered:
+            await self._admitted()
             item = self._steered[0]
             try:
                 rows = await asyncio.shield(item.committed)
@@ -359,13 +406,24 @@ class TurnRunner:
 
     # -- the turn ---------------------------------------------------------------
     async def run(self) -> None:
+        try:
+            await self._run()
+        except _NotStored:
+            # Its message was never stored (its sender got the error): nothing of
+            # this turn was shown or written.
+            self._held.clear()
+            self.finished = True
+            if self.node.parent is None:
+                self.services.agent.runs.leave(self.run_id)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError from None
+
+    async def _run(self) -> None:
         started = time.monotonic()
         m = self.message
-        # A child run's task has id 0 until its deferred write commits: no id yet.
-        origin = self.node.origin
-        self._emit(TurnStarted, message_id=m.id or None, author=m.author,
-                   origin=origin.to_dict() if origin is not None else None)  # fmt: skip
-        self._changed()
+        if self._question is None:
+            self._started()
         try:
             if self.resumed:
                 await self._prepare_resume()
@@ -443,6 +501,7 @@ class TurnRunner:
             self._emit(
                 Error, message=f"internal error: {type(exc).__name__}", error_type="internal"
             )
+        await self._admitted()
         await self._approvals_done()
         await self._run_stored()  # before the end is announced: readers find it
         self._end(started)
@@ -587,6 +646,7 @@ class TurnRunner:
         an empty answer of its own (``status="error"``) when nothing was said, so
         the history says why a question has no answer.  Never into the working
         memory: the model does not see our failures."""
+        await self._admitted()
         # Whatever was queued may or may not be in the cache: reload next turn.
         self.memory.invalidate()
         log_rows: list[NewMessage] = []
@@ -820,6 +880,7 @@ class TurnRunner:
 
     async def _end_early(self, text: str, calls: list[ToolCall], reason: StopReason) -> None:
         """End the turn at a limit (``reason``): the calls are logged, refused and not run."""
+        await self._admitted()
         self.state.partial.clear()
         why = self._limit_text(reason)
         refusal = f"error: not run: {why}"
@@ -852,6 +913,7 @@ class TurnRunner:
 
     async def _settled(self) -> None:
         """Wait until every write of this turn is committed (compaction reads the store)."""
+        await self._admitted()
         await self._settle_writes()
         if self.failed_writes:
             raise self.failed_writes[0]
@@ -963,10 +1025,27 @@ class TurnRunner:
         size = 0
         used = Usage()
         self.requests += 1
-        self._set_phase("streaming")
         gen = backend.stream(request)
         async with contextlib.aclosing(gen):  # type: ignore[type-var]
-            async for item in gen:
+            first: asyncio.Future[Any] | None = None
+            if self._question is not None:
+                # The request goes out now; its answer is read once the message is stored.
+                first = asyncio.ensure_future(anext(gen))
+                try:
+                    await self._admitted()
+                except BaseException:
+                    first.cancel()
+                    await asyncio.wait([first])
+                    if not first.cancelled():
+                        first.exception()  # (read: the turn ends for its own reason)
+                    raise
+            self._set_phase("streaming")
+            while True:
+                try:
+                    item = await first if first is not None else await anext(gen)
+                except StopAsyncIteration:
+                    break
+                first = None
                 if self._first_item is None and not isinstance(item, (UsageItem, FinishItem)):
                     self._first_item = time.monotonic()
                 if isinstance(item, TextChunk):

@@ -7,6 +7,8 @@ import asyncio
 import logging
 import sqlite3
 
+import pytest
+
 from agentik.core import Agent, SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel
 
@@ -61,3 +63,94 @@ async def test_a_lock_held_past_busy_timeout_mid_turn_records_the_answer_once_it
     # The next start has nothing to answer again.
     async with Agent(llm=ScriptedModel(), store=SQLiteStore(db)) as again:
         assert await again.pending_turns() == []
+
+
+def _taken(events) -> list:
+    """The events pending on the subscription ``events`` now (without waiting)."""
+    out = []
+    while (e := events.take()) is not None:
+        out.append(e)
+    return out
+
+
+async def test_a_turn_asks_the_model_while_its_message_is_written_and_shows_nothing_before(
+    tmp_path,
+):
+    """A message's turn sends its model request while the message's own write is still
+    under way (here held up by another process's write lock), but nothing of the turn
+    shows (not even its start) and nothing of it is written until the message is
+    stored; then its start, its answer and its end follow, in that order, and the
+    audit log has the question before the answer."""
+    db = str(tmp_path / "bot.db")
+    model = ScriptedModel([Reply(text="hello"), Reply(text="the answer")])
+    agent = Agent(llm=model, store=SQLiteStore(db, busy_timeout=WAIT))
+    other = sqlite3.connect(db, isolation_level=None, timeout=WAIT)
+    async with agent:
+        conv = await agent.create_conversation()
+        await conv.send("hi", author="alice")
+        await conv.wait_idle()
+        events = conv.events()
+        other.execute("BEGIN IMMEDIATE")
+        sending = asyncio.ensure_future(conv.send("what is it?", author="alice"))
+        await eventually(lambda: len(model.requests) == 2, "the model asked", wait=WAIT)
+        assert model.requests[1].messages[-1].content == "what is it?"
+        await asyncio.sleep(0.05)  # (time for anything the turn would wrongly show)
+        assert not sending.done()  # not stored yet
+        assert _taken(events) == []  # nothing of the turn shown
+        other.execute("ROLLBACK")
+        run_id = await asyncio.wait_for(sending, WAIT)
+        await conv.wait_idle()
+        shown = [e for e in _taken(events) if e.run_id == run_id]
+        kinds = [e.kind for e in shown]
+        assert kinds[0] == "turn_started" and "turn_ended" in kinds
+        assert kinds.index("text_delta") > kinds.index("turn_started")
+        started = shown[0]
+        history = await conv.messages()
+        asked = next(m for m in history if m.content == "what is it?")
+        assert started.message_id == asked.id  # its stored id, not a placeholder
+        assert [(m.kind, m.content) for m in history][-2:] == [
+            ("user", "what is it?"), ("assistant", "the answer")
+        ]  # fmt: skip
+    other.close()
+
+
+async def test_a_message_that_cannot_be_stored_gets_no_answer_though_the_model_was_asked(
+    tmp_path,
+):
+    """The message's write fails (the write lock held past ``busy_timeout``) after its
+    turn had sent the model request: its sender gets the error, and nothing of that
+    turn shows or is written; the model's answer is dropped, and the next message's
+    request does not carry the lost one."""
+    from agentik.core.errors import StoreError
+
+    db = str(tmp_path / "bot.db")
+    gate = asyncio.Event()
+    model = ScriptedModel([Reply(text="hello"), Reply(text="never shown", gate=gate),
+                           Reply(text="the next answer")])  # fmt: skip
+    agent = Agent(llm=model, store=SQLiteStore(db, busy_timeout=0.3))
+    other = sqlite3.connect(db, isolation_level=None, timeout=WAIT)
+    async with agent:
+        conv = await agent.create_conversation()
+        await conv.send("hi", author="alice")
+        await conv.wait_idle()
+        events = conv.events()
+        other.execute("BEGIN IMMEDIATE")
+        sending = asyncio.ensure_future(conv.send("lost question", author="alice"))
+        await eventually(lambda: len(model.requests) == 2, "the model asked", wait=WAIT)
+        with pytest.raises(StoreError):
+            await asyncio.wait_for(sending, WAIT)
+        gate.set()
+        other.execute("ROLLBACK")
+        await conv.wait_idle()
+        assert _taken(events) == []  # no start, no answer, no end of that turn
+        await conv.send("next question", author="alice")
+        await conv.wait_idle()
+        contents = [m.content for m in model.requests[2].messages]
+        assert "next question" in contents and "lost question" not in contents
+        history = [(m.kind, m.content) for m in await conv.messages()]
+        assert history == [
+            ("user", "hi"), ("assistant", "hello"),
+            ("user", "next question"), ("assistant", "the next answer"),
+        ]  # fmt: skip
+        assert await agent.pending_turns() == []
+    other.close()
