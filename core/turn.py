@@ -417,7 +417,9 @@ class TurnRunner:
                 self.services.agent.runs.leave(self.run_id)
             task = asyncio.current_task()
             if task is not None and task.cancelling():
-                raise asyncio.CancelledError from None
+                if not self.interrupt_requested:
+                    raise asyncio.CancelledError from None  # a shutdown: it goes on
+                task.uncancel()  # (``!stop``: the turn is over, as asked)
 
     async def _run(self) -> None:
         started = time.monotonic()
