@@ -275,8 +275,15 @@ async def test_interrupting_the_caller_cancels_the_remote_task_and_stops_its_tur
         async with caller(tmp_path, served.url, main) as agent:
             conv = await agent.create_conversation()
             sub = conv.events()
+            watch = conv.events()
             run_id = await conv.send("go")
             await held.wait_held(WAIT)
+            # The remote turn's first words came back (its request goes out before its
+            # message is stored: only then is it mid-answer).
+            async with asyncio.timeout(WAIT):
+                async for e in watch:
+                    if e.kind == "text_delta" and e.run_id != run_id:
+                        break
             assert await conv.interrupt()
             events = await tree_events(sub, run_id)
     finally:

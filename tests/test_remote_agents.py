@@ -188,8 +188,15 @@ async def test_interrupting_the_parent_stops_the_remote_child(parent, child, par
     child_llm.enqueue(held)
     conv = await parent.create_conversation()
     sub = conv.events()
+    watch = conv.events()
     run_id = await conv.send("go")
-    await held.wait_held(WAIT)  # the remote child is mid-answer
+    await held.wait_held(WAIT)
+    # The remote child is mid-answer: its turn has started (its request may go out
+    # before its message is stored; its start is shown once it is).
+    async with asyncio.timeout(WAIT):
+        async for e in watch:
+            if e.kind == "turn_started" and e.run_id != run_id:
+                break
     assert await conv.interrupt() is True
     events = await tree_events(sub, run_id)
     ends = [(e.run_id == run_id, e.stop_reason) for e in events if e.kind == "turn_ended"]

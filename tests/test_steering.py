@@ -22,7 +22,7 @@ from helpers import collect_turn
 from fakeslack import FakeSlack
 from httpserver import running_server, sse
 from ircservers import IRCTestClient
-from rigs import answered, irc_bot, said_in, slack_bot
+from rigs import answered, eventually, irc_bot, said_in, slack_bot
 
 pytest_plugins = ["ircservers"]
 
@@ -174,7 +174,8 @@ async def test_a_message_sent_while_the_final_answer_streams_becomes_the_next_tu
     openai_server.enqueue(final)
     first = await conv.send("question", busy="steer")
     await final.wait_held()
-    assert conv.status().state == "streaming"
+    # (the request goes out before the message is stored; the turn streams once it is)
+    await eventually(lambda: conv.status().state == "streaming", "the answer streaming")
     # Too late to steer: this may be the turn's last request.
     assert await conv.steer("and another thing") is None
     sent = await conv.submit("and another thing", busy="steer")
@@ -446,8 +447,12 @@ async def test_irc_channel_queues_by_default_and_interrupts_when_set(
         await bob.join("#ops")
         held = Reply.text("a very long answer", chunks=4, hold_after=1)
         openai_server.enqueue(held)
+        deltas = agent.events(kinds={"text_delta"})
         bob.privmsg("#ops", "agentik: tell me everything")
         await held.wait_held()
+        # Mid-answer: its first words reached the turn (its request goes out before
+        # the message is stored, its words are read once it is).
+        await asyncio.wait_for(anext(deltas), WAIT)
         bob.privmsg("#ops", "agentik: no, the summary")
         await bob.wait_for(said_in("#ops", "(interrupted)", notices=True))
         await bob.wait_for(said_in("#ops", "echo:", "no, the summary", notices=True))
