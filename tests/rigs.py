@@ -295,6 +295,16 @@ def bot_texts(slack: Any, channel: str) -> list[str]:
     ]
 
 
+async def asked_and_answered(model: Any, requests: int, bridge: Bridge, key: str) -> None:
+    """Wait until ``model`` got its ``requests``-th request, the turn that made it (in
+    ``key``) ended, and every answer asked for in ``key`` is sent.  (A turn's request
+    may go out before its message is stored; the channel waits for its answer only
+    once it is: the request alone does not say the answer is waited for yet.)"""
+    await eventually(lambda: len(model.requests) >= requests, f"model request {requests}")
+    await eventually(lambda: not bridge.busy(key), f"the turn in {key} to end")
+    await bridge.flush(key)
+
+
 async def answered(slack: Any, bridge: Bridge, key: str) -> None:
     """Wait until the bridge took the first message for ``key`` and every answer is sent
     (for a place whose conversation has no answer yet)."""

@@ -21,7 +21,7 @@ from agentik.core.redaction import PatternScrubber, RedactionError, RedactionSet
 from agentik.core.testing.openai_server import FakeOpenAIServer, Reply
 from agentik.transports.testing import MemoryTransport
 
-from rigs import eventually
+from rigs import asked_and_answered
 
 SECRET = "zq7-unique-hunter2-passphrase-X91"
 
@@ -329,8 +329,7 @@ async def test_chat_redact_by_the_author_or_an_admin_only(tmp_path):
             await slack.push_event(
                 slack.message_event("C1", f"my token is {SECRET}", user="U2", **thread)
             )
-            await eventually(lambda: len(model.requests) >= 2, "the second model request")
-            await bridge.flush(key)
+            await asked_and_answered(model, 2, bridge, key)
             conv_id = await agent.store.get_binding(key)
             [leak] = [m for m in await agent.store.messages(conv_id) if SECRET in m.content]
             # Carol is neither the author nor an admin: refused, nothing changes.

@@ -16,7 +16,7 @@ from agentik.core.testing.scripted import Reply, ScriptedModel
 from agentik.transports.slack.transport import SlackTransport, markdown_to_mrkdwn
 
 from fakeslack import FakeSlack
-from rigs import answered, bot_texts, eventually, slack_bot
+from rigs import answered, asked_and_answered, bot_texts, eventually, slack_bot
 
 
 async def test_a_mention_is_answered_in_its_thread_with_native_streaming(tmp_path):
@@ -239,8 +239,7 @@ async def test_two_users_in_one_thread(tmp_path):
             # A reply in the bot's thread, without a mention, is for the bot too.
             reply = slack.message_event("C1", "and me?", user="U2", thread_ts=first["ts"])
             await slack.push_event(reply)
-            await eventually(lambda: len(model.requests) >= 2, "the second model request")
-            await bridge.flush(key)
+            await asked_and_answered(model, 2, bridge, key)
             users = [(m.author, m.content) for m in model.requests[-1].messages if m.role == "user"]
             assert users == [("alice", "start"), ("bob", "and me?")]
             # Chatter outside the bot's threads is not answered. Events reach the
@@ -761,8 +760,7 @@ async def test_assistant_thread_gets_a_greeting_prompts_and_a_title(tmp_path):
             assert bot_texts(slack, "D1")[-1].startswith("echo: How do I deploy")
             # Only the first message names it.
             await slack.push_event(slack.message_event("D1", "and prod?", thread_ts=thread_ts))
-            await eventually(lambda: len(model.requests) >= 2, "the second model request")
-            await bridge.flush(f"slack:T1:D1:{thread_ts}")
+            await asked_and_answered(model, 2, bridge, f"slack:T1:D1:{thread_ts}")
             assert len(slack.calls_to("assistant.threads.setTitle")) == 1
 
 
@@ -800,8 +798,7 @@ async def test_file_share_and_thread_broadcast_are_answered_other_subtypes_not(t
                 "C1", "for everyone", thread_ts=first["ts"], subtype="thread_broadcast"
             )
             await slack.push_event(broadcast)
-            await eventually(lambda: len(model.requests) >= 3, "the third model request")
-            await bridge.flush(key)
+            await asked_and_answered(model, 3, bridge, key)
             assert bot_texts(slack, "C1") == ["echo: start", "echo: for everyone"]
             # Not people's messages: ignored.  Our own message (as Slack echoes it) too.
             ours = slack.message_event("D1", "echo: loop?", user=slack.bot_user_id)
