@@ -73,6 +73,20 @@ def _taken(events) -> list:
     return out
 
 
+async def _asked_while_locked(agent, model, other, text: str):
+    """One exchange first, then ``text`` sent while ``other`` holds the write lock,
+    until the model got its request: the conversation, its event subscription (opened
+    before the send) and the send's task."""
+    conv = await agent.create_conversation()
+    await conv.send("hi", author="alice")
+    await conv.wait_idle()
+    events = conv.events()
+    other.execute("BEGIN IMMEDIATE")
+    sending = asyncio.ensure_future(conv.send(text, author="alice"))
+    await eventually(lambda: len(model.requests) == 2, "the model asked", wait=WAIT)
+    return conv, events, sending
+
+
 async def test_a_turn_asks_the_model_while_its_message_is_written_and_shows_nothing_before(
     tmp_path,
 ):
@@ -86,13 +100,7 @@ async def test_a_turn_asks_the_model_while_its_message_is_written_and_shows_noth
     agent = Agent(llm=model, store=SQLiteStore(db, busy_timeout=WAIT))
     other = sqlite3.connect(db, isolation_level=None, timeout=WAIT)
     async with agent:
-        conv = await agent.create_conversation()
-        await conv.send("hi", author="alice")
-        await conv.wait_idle()
-        events = conv.events()
-        other.execute("BEGIN IMMEDIATE")
-        sending = asyncio.ensure_future(conv.send("what is it?", author="alice"))
-        await eventually(lambda: len(model.requests) == 2, "the model asked", wait=WAIT)
+        conv, events, sending = await _asked_while_locked(agent, model, other, "what is it?")
         assert model.requests[1].messages[-1].content == "what is it?"
         await asyncio.sleep(0.05)  # (time for anything the turn would wrongly show)
         assert not sending.done()  # not stored yet
@@ -130,13 +138,7 @@ async def test_a_message_that_cannot_be_stored_gets_no_answer_though_the_model_w
     agent = Agent(llm=model, store=SQLiteStore(db, busy_timeout=0.3))
     other = sqlite3.connect(db, isolation_level=None, timeout=WAIT)
     async with agent:
-        conv = await agent.create_conversation()
-        await conv.send("hi", author="alice")
-        await conv.wait_idle()
-        events = conv.events()
-        other.execute("BEGIN IMMEDIATE")
-        sending = asyncio.ensure_future(conv.send("lost question", author="alice"))
-        await eventually(lambda: len(model.requests) == 2, "the model asked", wait=WAIT)
+        conv, events, sending = await _asked_while_locked(agent, model, other, "lost question")
         with pytest.raises(StoreError):
             await asyncio.wait_for(sending, WAIT)
         gate.set()
