@@ -32,7 +32,7 @@ from agentik.transports.http.transport import HttpTransport
 from agentik.transports.irc.wire import casefold
 
 from ircservers import IRCTestClient
-from rigs import eventually, from_bot, irc_transport, joined
+from rigs import asked_and_answered, from_bot, irc_transport, joined
 
 pytest_plugins = ["ircservers"]
 
@@ -81,10 +81,6 @@ async def front_doors(port: int, db: str, monkeypatch):
         await agent.aclose()
 
 
-async def turns(model: ScriptedModel, n: int) -> None:
-    await eventually(lambda: len(model.requests) >= n, f"{n} model requests")
-
-
 async def test_one_rule_refuses_and_admits_over_irc_and_http_alike(miniircd, tmp_path, monkeypatch):
     async with front_doors(miniircd.port, str(tmp_path / "g.db"), monkeypatch) as (
         model, agent, bridge, irc, web,
@@ -99,8 +95,7 @@ async def test_one_rule_refuses_and_admits_over_irc_and_http_alike(miniircd, tmp
             alice.privmsg("#team", "agentik: what is the plan?")
             await alice.sync()  # relayed to the bot before boss speaks
             boss.privmsg("#team", "agentik: ship it")
-            await turns(model, 1)
-            await bridge.flush("irc:testnet:#team")
+            await asked_and_answered(model, 1, bridge, "irc:testnet:#team")
             conv = await agent.conversation_for_channel("irc:testnet:#team")
             said = [m.content for m in await conv.messages() if m.kind == "user"]
             # The channel's arrivals are taken in order: alice's went first, and the
