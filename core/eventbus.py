@@ -217,6 +217,10 @@ _ZDICT_MOST = 4096
 _SMALL = 8192
 # Set once, even by agents running in several threads.
 _ZDICT_LOCK = threading.Lock()
+# A conversation's seal packs its new events with the last blob's while the two
+# hold at most this many (about three short turns): fewer, fuller blobs, each
+# still small to unpack (see :meth:`ReplayBuffer.seal`).
+_MERGE_MOST = 32
 
 
 def _kind(cls: type) -> _Kind:
@@ -342,7 +346,6 @@ class ReplayBuffer:
         "_seal_every",
         "_sealed",
         "_weigh",
-        "keep",
         "maxlen",
     )
 
@@ -366,9 +369,6 @@ class ReplayBuffer:
         self._live: deque[Event] | None = None
         # What the events in ``_live`` weigh (each weighed once, as it comes).
         self._live_weight = 0
-        #: Whatever its owner keeps alive with it (a weak reference whose callback
-        #: takes it out of the agent's budget).
-        self.keep: object = None
 
     def __len__(self) -> int:
         return self._count
@@ -427,20 +427,37 @@ class ReplayBuffer:
 
     def seal(self) -> None:
         """Pack the events published since the last seal into one blob (into blobs
-        of ``seal_every`` events, if set)."""
+        of ``seal_every`` events, if set).  Without ``seal_every`` (a conversation's
+        buffer, sealed after each turn) they join the last blob while the two hold
+        at most :data:`_MERGE_MOST` events: a blob costs ~150 bytes of its own (the
+        object, its numbers, zlib's frame), and a turn's rows compress against the
+        turn before's."""
         live = self._live
         if not live:
             return
         events = list(live)
-        every = self._seal_every or len(events)
-        if self._sealed is None:
-            self._sealed = []
-        # One blob (the usual case) weighs what the live events weigh.
-        whole = self._live_weight if len(events) <= every else None
-        for start in range(0, len(events), every):
-            self._sealed.append(self._blob(events[start : start + every], whole))
+        weight = self._live_weight
         self._live = None
         self._live_weight = 0
+        sealed = self._sealed
+        if sealed is None:
+            sealed = self._sealed = []
+        every = self._seal_every
+        if every is None:
+            last = sealed[-1] if sealed else None
+            if (
+                last is not None
+                and isinstance(last.data, bytes)
+                and last.count + len(events) <= _MERGE_MOST
+            ):
+                sealed[-1] = self._blob(last.events() + events, last.weight + weight)
+            else:
+                sealed.append(self._blob(events, weight))
+            return
+        # One blob (the usual case) weighs what the live events weigh.
+        whole = weight if len(events) <= every else None
+        for start in range(0, len(events), every):
+            sealed.append(self._blob(events[start : start + every], whole))
 
     def _blob(self, events: list[Event], weight: int | None = None) -> _Sealed:
         data: bytes | tuple[Event, ...]
@@ -538,7 +555,8 @@ class EventBus:
     """Fan-out of events to subscribers, with a replay buffer of ``buffer`` events.
 
     ``key`` extracts the sequence number (``seq`` or ``stream_seq``);
-    ``lost`` builds the ``EventsLost`` notice for a subscriber.  ``weigh``: a
+    ``lost`` builds the ``EventsLost`` notice for a subscriber (a subclass may
+    override :meth:`_lost` instead: a conversation's stream).  ``weigh``: a
     conversation's bus, whose buffer is a sealable :class:`ReplayBuffer` (its
     events weighed with ``weigh``); ``seal_every``: a :class:`ReplayBuffer` that
     seals by itself every that many events (the agent-wide bus); with neither,
@@ -560,7 +578,7 @@ class EventBus:
         self,
         *,
         key: Callable[[Event], int],
-        lost: Callable[[Event | None, int, int], EventsLost],
+        lost: Callable[[Event | None, int, int], EventsLost] | None = None,
         buffer: int = 1024,
         max_pending: int = 4096,
         weigh: Callable[[Event], int] | None = None,
@@ -586,6 +604,9 @@ class EventBus:
         self.last_key = 0
 
     def _lost(self, event: Event | None, after: int, oldest: int) -> EventsLost:
+        """The ``events_lost`` notice for a subscriber (``lost``'s, or a subclass's own)."""
+        if self._lost_factory is None:
+            raise TypeError("an EventBus needs lost= or a _lost() of its own")
         return self._lost_factory(event, after, oldest)
 
     def _leave(self, sub: Subscription) -> None:

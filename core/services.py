@@ -547,36 +547,7 @@ def _renumbered(event: Event, conversation_id: str, seq: int) -> Event:
     return copy
 
 
-class _StreamGone(weakref.ref):
-    """A weak reference to a conversation's stream that takes its replay buffer out
-    of the agent's budget when the stream is gone (``weakref.finalize`` took 290
-    bytes per conversation, this 80)."""
-
-    __slots__ = ("buffer", "conversation_id", "services")
-
-    def __new__(
-        cls, stream: ConversationEvents, services: Any, conversation_id: str, buffer: ReplayBuffer
-    ) -> _StreamGone:
-        return super().__new__(cls, stream, _stream_gone)
-
-    def __init__(
-        self, stream: ConversationEvents, services: Any, conversation_id: str, buffer: ReplayBuffer
-    ) -> None:
-        # (weakref.ref's own __init__ only checks the arguments __new__ took.)
-        self.services = services
-        self.conversation_id = conversation_id
-        self.buffer = buffer
-
-
-def _stream_gone(ref: Any) -> None:
-    """The stream of ``ref`` is gone: its buffer leaves the budget (may run in any thread)."""
-    buffer, ref.buffer = ref.buffer, None
-    # No cycle left (buffer -> ref -> buffer): the buffer is freed once out of the budget.
-    buffer.keep = None
-    ref.services.drop_buffer(ref.conversation_id, buffer)
-
-
-class ConversationEvents:
+class ConversationEvents(EventBus):
     """The event stream of one conversation.
 
     :meth:`emit` numbers an event (``seq`` per conversation, ``stream_seq``
@@ -592,11 +563,15 @@ class ConversationEvents:
     from the store as a new object, with a stream of its own), its replay
     buffer leaves the agent's budget with it.
     ``closed``: the conversation is closing; subscribers end at once.
+
+    It is the conversation's :class:`EventBus` itself: :meth:`subscribe`
+    (``after`` is a ``seq``), :meth:`seal` (when no turn is left to run: its
+    replay buffer packs the events it holds, which a replay unpacks equal;
+    :class:`ReplayBuffer`) and :meth:`close` are the bus's.
     """
 
     __slots__ = (
         "__weakref__",
-        "_bus",
         "_services",
         "conversation_id",
         "owner",
@@ -626,16 +601,20 @@ class ConversationEvents:
         #: (:mod:`agentik.core.agents`).
         self.parent_run_id: str | None = None
         self.relay_to: ConversationEvents | None = None
-        self._bus = EventBus(
-            key=_seq, lost=self._lost, buffer=services.event_buffer, weigh=event_weight
-        )
+        # The stream is its own bus (a bus of its own and the bound method it
+        # called back for ``events_lost`` were 190 bytes a conversation).
+        super().__init__(key=_seq, buffer=services.event_buffer, weigh=event_weight)
         if closed:
-            self._bus.close()
+            self.close()
+
+    def __del__(self) -> None:
         # Nothing can replay a dropped stream's buffer: it must not hold events (and
-        # a place in the budget) until the budget pushes it out.  The buffer holds the
-        # weak reference that says so (alive while the budget holds the buffer).
-        buffer = cast(ReplayBuffer, self._bus.buffer)
-        buffer.keep = _StreamGone(self, services, conversation_id, buffer)
+        # a place in the budget) until the budget pushes it out.  (A finalizer, not a
+        # weak reference with a callback: that was 110 bytes a conversation.)  The
+        # garbage collector may call it in any thread: ``drop_buffer`` allows that.
+        buffer = getattr(self, "buffer", None)
+        if isinstance(buffer, ReplayBuffer) and buffer:
+            self._services.drop_buffer(self.conversation_id, buffer)
 
     def _lost(self, event: EventBase | None, after: int, oldest: int) -> EventsLost:
         return EventsLost(
@@ -684,21 +663,16 @@ class ConversationEvents:
         the events and weight that buffer gained (net of the oldest event its length
         bound pushed out).  ``wide``: the event is on the agent-wide stream too (the
         event sink's)."""
-        buffer = cast(ReplayBuffer, self._bus.buffer)
+        buffer = cast(ReplayBuffer, self.buffer)
         gained = weight
         before = len(buffer)
         if buffer.maxlen is not None and before >= buffer.maxlen and before:
             gained -= event_weight(buffer[0])
-        self._bus.publish(event, weight)
+        self.publish(event, weight)
         sink = self._services.event_sink
         if sink is not None:
             sink.add(self, event, wide=wide)
         return buffer, len(buffer) - before, gained
-
-    def seal(self) -> None:
-        """The conversation has no turn left to run: its replay buffer packs the
-        events it holds (a replay unpacks them, equal; :class:`ReplayBuffer`)."""
-        self._bus.seal()
 
     def relay(self, event: Event) -> None:
         """Put a descendant run's ``event`` in this stream (renumbered as this
@@ -731,20 +705,6 @@ class ConversationEvents:
             # worker reads it there; ``seq`` 0 keeps it out of the conversation's.)
             sink.add(self, event)
         return event
-
-    def subscribe(
-        self,
-        *,
-        after: int | None,
-        profile: StreamProfile | None,
-        max_pending: int | None,
-    ) -> Subscription:
-        """A subscription to this conversation's events (``after`` is a ``seq``)."""
-        return self._bus.subscribe(after=after, profile=profile, max_pending=max_pending)
-
-    def close(self) -> None:
-        """End the stream: subscribers' iterations end, later ones end at once."""
-        self._bus.close()
 
 
 @dataclass(frozen=True, slots=True)

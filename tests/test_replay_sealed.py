@@ -13,6 +13,7 @@ import gc
 
 from agentik.core import Agent
 from agentik.core.events import EventBase, EventsLost, TextDelta
+from agentik.core.services import event_weight
 from agentik.core.store.sqlite import SQLiteStore
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
@@ -95,6 +96,41 @@ async def test_the_buffer_bound_still_counts_events_one_by_one(db_path):
         assert replayed[0].oldest_seq == last - 15
         assert [e.seq for e in replayed[1:]] == list(range(last - 15, last + 1))
         assert agent.services.buffered == 16
+
+
+async def test_many_short_turns_replay_whole_and_weigh_what_they_hold(db_path):
+    # Between turns a conversation packs each turn's events together with the
+    # turns before it (a few short turns a blob): from any point a reconnecting
+    # subscriber gets exactly what a live one got, the oldest events still leave
+    # one at a time, and the budget weighs exactly the events held.
+    store = SQLiteStore(db_path)
+    async with Agent(llm=ScriptedModel(), store=store, event_buffer=40, event_budget=45) as agent:
+        conv = await agent.conversation_for_channel("irc:net:#room")
+        live_sub = conv.events()
+        for i in range(9):
+            await conv.send(f"hello {i}", author="alice")
+            await conv.wait_idle()
+        seq = conv.parts.events.seq
+        assert seq > 40
+        live = await _take(live_sub, seq)
+        held = live[seq - 40 :]
+        for after in range(seq - 40, seq):
+            assert await _take(conv.events(after=after), seq - after) == live[after:]
+        replayed = await _take(conv.events(after=0), 41)
+        assert isinstance(replayed[0], EventsLost) and replayed[1:] == held
+        assert agent.services.buffered == 40
+        assert agent.services.buffered_bytes == sum(event_weight(e) for e in held)
+        texts = "".join(e.text for e in held if isinstance(e, TextDelta))
+        assert texts.endswith("echo: hello 8")
+        # Another channel's turn passes the agent's budget: the first one's buffer,
+        # packed in several turns, leaves it whole, weight and all.
+        other = await agent.conversation_for_channel("irc:net:#other")
+        other_sub = other.events()
+        await other.send("hi", author="bob")
+        await other.wait_idle()
+        theirs = await _take(other_sub, other.parts.events.seq)
+        assert agent.services.buffered == len(theirs)
+        assert agent.services.buffered_bytes == sum(event_weight(e) for e in theirs)
 
 
 async def test_idle_conversations_hold_no_event_objects(db_path):
