@@ -22,7 +22,7 @@ from agentik.core.errors import PromptRefused
 from agentik.core.events import Event, MemoryNoted, TurnEnded, TurnStarted
 from agentik.core.keyedlocks import KeyedLocks
 from agentik.core.questions import FormError
-from agentik.core.turnsettings import TurnSettings
+from agentik.core.turnsettings import DEFAULT_SETTINGS, TurnSettings
 
 from .channel import OpenChannel
 from .chansettings import allowed_tool_names, persona_block, recall_override
@@ -174,12 +174,14 @@ class Channels:
         agent = self.host.agent
         ch.options = eff.options
         ch.tools = eff.tools
-        ch.settings = TurnSettings(
+        settings = TurnSettings(
             policy=self._bound(ch),
             system_addition=persona_block(ch.key, eff.persona) if eff.persona else None,
             llm_profile=eff.model,
             recall=recall_override(agent.memory.recall_policy, eff.recall),
         )
+        # A channel that overrides nothing shares the one default (85 bytes a channel).
+        ch.settings = DEFAULT_SETTINGS if settings == DEFAULT_SETTINGS else settings
 
     def _bound(self, ch: _Channel) -> TurnPolicy | None:
         """The tool policy of a channel's turns: the agent's, bounded by the

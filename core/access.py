@@ -623,6 +623,7 @@ class AccessPolicy:
         self.grants: dict[str, AccessGrant] = {}
         self._tables: dict[tuple[str, str | None], _Table] = {}
         self._decisions: OrderedDict[tuple[str, str], Decision] = OrderedDict()
+        self._alike: dict[Decision, Decision] = {}
         self._store: Store | None = None
         self._following: Subscription | None = None
         #: IRC: (instance, casefolded nick) → account key, from the last message seen.
@@ -719,6 +720,13 @@ class AccessPolicy:
         if found is not None:
             return found
         found = self._evaluate(role, channel_key)
+        # Channels under the same rules get equal decisions: one object serves them
+        # all (a decision a channel was 80 bytes).  Few are ever distinct: roles x
+        # the rules' combinations; the guard only bounds a pathological config.
+        alike = self._alike
+        found = alike.setdefault(found, found)
+        if len(alike) > self.CACHE:
+            alike.clear()
         self._decisions[key] = found
         if len(self._decisions) > self.CACHE:
             self._decisions.popitem(last=False)

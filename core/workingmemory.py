@@ -85,7 +85,8 @@ class WorkingMemory:
         self.conversation_id = conversation_id
         self._queue = queue
         self._cache: list[ChatMessage] | None = [] if fresh else None
-        self._notes: list[ChatMessage] = []
+        # Ambient notes waiting for the next turn (``None``: none, the usual case).
+        self._notes: list[ChatMessage] | None = None
 
     # -- the cached context ----------------------------------------------------------
     @property
@@ -222,7 +223,8 @@ class WorkingMemory:
 
         if self._cache is not None:
             self._cache[:] = [fix(cm) for cm in self._cache]
-        self._notes[:] = [fix(cm) for cm in self._notes]
+        if self._notes:
+            self._notes[:] = [fix(cm) for cm in self._notes]
 
     # -- compaction ----------------------------------------------------------------------
     async def entries(self) -> list[MemoryEntry]:
@@ -273,13 +275,16 @@ class WorkingMemory:
     # -- ambient notes -------------------------------------------------------------------
     def add_note(self, note: ChatMessage, *, keep: int) -> None:
         """Hold ``note`` for the next turn; at most the last ``keep`` notes wait."""
-        self._notes.append(note)
-        del self._notes[:-keep]
+        notes = self._notes
+        if notes is None:
+            notes = self._notes = []
+        notes.append(note)
+        del notes[:-keep]
 
     def take_notes(self) -> list[ChatMessage]:
         """The notes waiting for a turn, oldest first; none wait afterwards."""
-        notes, self._notes = self._notes, []
-        return notes
+        notes, self._notes = self._notes, None
+        return notes if notes is not None else []
 
 
 class Transcripts:
