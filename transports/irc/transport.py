@@ -60,6 +60,7 @@ import logging
 import random
 import re
 import ssl
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -1423,26 +1424,32 @@ class IRCTransport(Transport):
             account = self._tracked_account(sender)
             via = "tracked" if account is not None else None
         _, user, host = line.hostmask
+        # What an open channel and its conversation keep of a message (its key,
+        # who spoke, where answers go) is interned: each message made copies of its
+        # own, and the same speaker in many channels had one in each (~200 bytes a
+        # channel).  Interned strings are freed once nothing uses them.
+        intern = sys.intern
+        sender = intern(sender)
         if account is not None:
-            author_id, verified = account, True
+            author_id, verified = intern(account), True
         elif self.options.unverified_identity == "hostmask":
             # The nick as the server compares it; the ident as it is; the host in ASCII lower case.
-            author_id, verified = f"{self._fold(sender)}!{user}@{(host or '').lower()}", True
+            author_id = intern(f"{self._fold(sender)}!{user}@{(host or '').lower()}")
+            verified = True
         else:
-            author_id, verified = self._fold(sender), False
+            author_id, verified = intern(self._fold(sender)), False
         reply_to: Any
+        epoch = self._nick_epoch.get(self._fold(sender), 0)
+        epoch_of = intern(f"{self._epoch_session}:{epoch}")
         if direct:
             # An unverified nick never shares a conversation with the account of that name.
             who = author_id if verified else f"{author_id}!*@*"
-            key = f"irc:{self.network}:{who}"
-            epoch = self._nick_epoch.get(self._fold(sender), 0)
-            reply_to = {"target": sender, "epoch": f"{self._epoch_session}:{epoch}"}
+            key = intern(f"irc:{self.network}:{who}")
+            reply_to = {"target": sender, "epoch": epoch_of}
             addressed = True
         else:
-            key = f"irc:{self.network}:{self._fold(target)}"
-            epoch = self._nick_epoch.get(self._fold(sender), 0)
-            reply_to = {"target": target, "asker": sender,
-                        "epoch": f"{self._epoch_session}:{epoch}"}  # fmt: skip
+            key = intern(f"irc:{self.network}:{self._fold(target)}")
+            reply_to = {"target": intern(target), "asker": sender, "epoch": epoch_of}
             text, addressed = self._addressed(text)
         message = IncomingMessage(
             channel_key=key, text=text, author_id=author_id, author_name=sender,
