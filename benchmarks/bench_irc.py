@@ -348,6 +348,9 @@ def _emit(obj: dict[str, Any]) -> None:
 def _child_stats(collect: bool) -> dict[str, Any]:
     if collect:
         gc.collect()
+    # SQLite's figure first: its first call loads ctypes (~0.3 MB with its module), which
+    # must not land between two RSS readings (the wide phase's first one is here).
+    sqlite = _sqlite_memory()
     st = proc_status()
     return {
         "cpu": time.process_time(),  # CLOCK_PROCESS_CPUTIME_ID: every thread
@@ -356,7 +359,7 @@ def _child_stats(collect: bool) -> dict[str, Any]:
         "hwm": st["VmHWM"],
         "threads": st["Threads"],
         "modules": len(sys.modules),
-        "sqlite": _sqlite_memory(),
+        "sqlite": sqlite,
     }
 
 
@@ -584,6 +587,11 @@ def child_main(args: argparse.Namespace) -> int:
     # Our protocol gets a private copy of stdout; anything else printed goes to stderr.
     _PROTO = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
+    # What the measuring needs is loaded before anything is measured, in both bots
+    # alike: ctypes (for SQLite's own memory) was imported by the wide phase's first
+    # reading, after its RSS was read, and counted as ~1 KB per channel of agentik's.
+    import ctypes  # noqa: F401
+
     if args.child == "bare":
         import logging
 
