@@ -60,7 +60,6 @@ import logging
 import random
 import re
 import ssl
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -96,7 +95,7 @@ from .wire import (
     valid_target,
 )
 
-__all__ = ["IRCTransport"]
+__all__ = ["IRCTransport", "SharedStrings"]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +161,33 @@ def _within(times: deque[float], per_minute: int) -> bool:
         return False
     times.append(now)
     return True
+
+
+class SharedStrings:
+    """One object for equal strings that many channels keep: ``shared(text)`` is
+    the first string equal to ``text`` seen since the table last started over
+    (at most ``most`` of them, so a flood of names costs a bounded table).
+
+    Not ``sys.intern``: these strings come from the network, and on Python
+    3.12.0-3.12.5 interned strings are never freed."""
+
+    __slots__ = ("_most", "_table")
+
+    def __init__(self, most: int = 4096) -> None:
+        self._most = most
+        self._table: dict[str, str] = {}
+
+    def __call__(self, text: str) -> str:
+        table = self._table
+        found = table.get(text)
+        if found is None:
+            if len(table) >= self._most:
+                table.clear()
+            table[text] = found = text
+        return found
+
+    def __len__(self) -> int:
+        return len(self._table)
 
 
 class _CannotConnect(Exception):
@@ -337,6 +363,8 @@ class IRCTransport(Transport):
         self._renamed: dict[tuple[str, int], tuple[str, int]] = {}
         #: Tells this process's epochs from those in outbox rows of an earlier one.
         self._epoch_session = f"{random.getrandbits(48):012x}"
+        #: The strings open channels keep of their last message (see ``_on_privmsg``).
+        self._shared = SharedStrings()
         #: Our own services account (900 RPL_LOGGEDIN), None when not logged in.
         self.account: str | None = None
         #: Who shares each channel with us: casefolded channel → casefolded nicks.
@@ -1425,31 +1453,30 @@ class IRCTransport(Transport):
             via = "tracked" if account is not None else None
         _, user, host = line.hostmask
         # What an open channel and its conversation keep of a message (its key,
-        # who spoke, where answers go) is interned: each message made copies of its
-        # own, and the same speaker in many channels had one in each (~200 bytes a
-        # channel).  Interned strings are freed once nothing uses them.
-        intern = sys.intern
-        sender = intern(sender)
+        # who spoke, where answers go) is shared: each message made copies of its
+        # own, and the same speaker in many channels had one in each.
+        shared = self._shared
+        sender = shared(sender)
         if account is not None:
-            author_id, verified = intern(account), True
+            author_id, verified = shared(account), True
         elif self.options.unverified_identity == "hostmask":
             # The nick as the server compares it; the ident as it is; the host in ASCII lower case.
-            author_id = intern(f"{self._fold(sender)}!{user}@{(host or '').lower()}")
+            author_id = shared(f"{self._fold(sender)}!{user}@{(host or '').lower()}")
             verified = True
         else:
-            author_id, verified = intern(self._fold(sender)), False
+            author_id, verified = shared(self._fold(sender)), False
         reply_to: Any
         epoch = self._nick_epoch.get(self._fold(sender), 0)
-        epoch_of = intern(f"{self._epoch_session}:{epoch}")
+        epoch_of = shared(f"{self._epoch_session}:{epoch}")
         if direct:
             # An unverified nick never shares a conversation with the account of that name.
             who = author_id if verified else f"{author_id}!*@*"
-            key = intern(f"irc:{self.network}:{who}")
+            key = shared(f"irc:{self.network}:{who}")
             reply_to = {"target": sender, "epoch": epoch_of}
             addressed = True
         else:
-            key = intern(f"irc:{self.network}:{self._fold(target)}")
-            reply_to = {"target": intern(target), "asker": sender, "epoch": epoch_of}
+            key = shared(f"irc:{self.network}:{self._fold(target)}")
+            reply_to = {"target": shared(target), "asker": sender, "epoch": epoch_of}
             text, addressed = self._addressed(text)
         message = IncomingMessage(
             channel_key=key, text=text, author_id=author_id, author_name=sender,
