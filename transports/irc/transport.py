@@ -1444,10 +1444,11 @@ class IRCTransport(Transport):
             text = f"* {sender} {special[1]}"
         account = self._account(line)
         via = "tag" if account is not None else None
+        folded = self._fold(sender)  # (once: the nick as the server compares it)
         if "account-tag" in self.caps_enabled:
             # The tag is on every message of a logged-in user: no tag, no account.
-            if self._shares_channel(self._fold(sender)):
-                self._accounts[self._fold(sender)] = account
+            if self._shares_channel(folded):
+                self._accounts[folded] = account
         else:
             account = self._tracked_account(sender)
             via = "tracked" if account is not None else None
@@ -1461,12 +1462,12 @@ class IRCTransport(Transport):
             author_id, verified = shared(account), True
         elif self.options.unverified_identity == "hostmask":
             # The nick as the server compares it; the ident as it is; the host in ASCII lower case.
-            author_id = shared(f"{self._fold(sender)}!{user}@{(host or '').lower()}")
+            author_id = shared(f"{folded}!{user}@{(host or '').lower()}")
             verified = True
         else:
-            author_id, verified = shared(self._fold(sender)), False
+            author_id, verified = shared(folded), False
         reply_to: Any
-        epoch = self._nick_epoch.get(self._fold(sender), 0)
+        epoch = self._nick_epoch.get(folded, 0)
         epoch_of = shared(f"{self._epoch_session}:{epoch}")
         if direct:
             # An unverified nick never shares a conversation with the account of that name.
