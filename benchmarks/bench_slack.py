@@ -46,7 +46,10 @@ calls, assistant status), then the bare app once more the same way, and both bot
 CPU per answer by package side by side (``--profile-out FILE`` keeps the two profiles).
 Each bot also reports its cyclic garbage collector's CPU per answer, and with
 ``BENCH_PERF=<folder>`` each bot is recorded with ``perf record`` over its load (what
-cProfile cannot see: SQLite, the kernel, hand-offs between threads).  The exit
+cProfile cannot see: SQLite, the kernel, hand-offs between threads); with
+``BENCH_PERF_WAITS=<folder>`` each time one of its threads leaves the CPU is recorded
+instead, and each round prints, per thread, those times per answer by what it waited
+for (the GIL, after the call that released it; an fsync; its queue or epoll: idle).  The exit
 status is 0 unless ``--strict`` is given and a goal is missed.
 
 Issue 31, second pass (figures in docs/development.md): the threads and the kernel,
@@ -220,6 +223,18 @@ def _thread_cpu() -> dict[str, float]:
     return out
 
 
+def _thread_names() -> dict[str, str]:
+    """Python thread names by native thread id ("main": the event loop's), for
+    ``BENCH_PERF_WAITS``'s summary."""
+    import threading
+
+    me = threading.get_native_id()
+    return {
+        str(t.native_id): "main" if t.native_id == me else re.sub(r"_\d+$", "", t.name)
+        for t in threading.enumerate()
+    }
+
+
 def _thread_switches() -> dict[str, int]:
     """Context switches (voluntary + involuntary) of this process's threads so far, by
     Python thread name ("main": the event loop's; numbered pool workers pooled)."""
@@ -265,6 +280,7 @@ def _child_stats(**extra: Any) -> dict[str, Any]:
         "cpu_main": time.thread_time(),  # the event-loop thread (stats run on it)
         "threads": _thread_cpu(),
         "switches": _thread_switches(),
+        "tids": _thread_names(),
         "rss": st["VmRSS"],
         "hwm": st["VmHWM"],
         **extra,
@@ -575,6 +591,14 @@ async def run_phase(
         await asyncio.sleep(SETTLE)  # let the bot finish its bookkeeping (stores, fsync)
         after = await child.ask(cmd="stats")
         await _perf_stop(perf)
+        waits = os.environ.get("BENCH_PERF_WAITS")
+        if perf is not None and waits:
+            say(
+                f"  {kind} round {r}: times a thread left the CPU per answer, by what it waited for"
+            )
+            data = os.path.join(waits, f"{os.path.basename(folder)}.perf.data")
+            for line in waits_report(data, after.get("tids", {}), load["answers"]):
+                say(line)
         if profile:
             await child.ask(cmd="profile_off", path=profile)
     finally:
@@ -612,14 +636,72 @@ async def _perf_start(child: Child, folder: str) -> Any:
     """With ``BENCH_PERF=<folder>``: ``perf record`` the bot over the load (native frames:
     the C parts cProfile does not see, such as SQLite, the collector, JSON)."""
     where = os.environ.get("BENCH_PERF")
-    if not where:
+    waits = os.environ.get("BENCH_PERF_WAITS")
+    if not where and not waits:
         return None
+    if waits:
+        # Each time a thread leaves the CPU, with its native stack (DWARF: the
+        # interpreter has no frame pointers): what it waited for (waits_report).
+        where, record = waits, ["-e", "sched:sched_switch", "--call-graph", "dwarf,16384"]
+    else:
+        record = ["-g", "-F", "999"]
+    assert where is not None
     os.makedirs(where, exist_ok=True)
     out = os.path.join(where, f"{os.path.basename(folder)}.perf.data")
     return await asyncio.create_subprocess_exec(
-        "perf", "record", "-q", "-g", "-F", "999", "-o", out, "-p", str(child.proc.pid),
+        "perf", "record", "-q", *record, "-o", out, "-p", str(child.proc.pid),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
+
+
+#: Native frames that say how a thread waits, not what for (skipped by waits_report).
+_WAIT_PRIMITIVES = re.compile(
+    r"^(PyCOND_|PyMUTEX_|__?pthread|pthread_|__futex|futex|__GI_|lll_|__lll|"
+    r"__condvar|PyThread_acquire_lock|PyEval_RestoreThread|PyEval_SaveThread|"
+    r"take_gil|drop_gil|syscall|epoll_wait$|__libc|sem_|\[unknown\])"
+)
+
+
+def waits_report(path: str, tids: dict[str, str], answers: int) -> list[str]:
+    """``BENCH_PERF_WAITS``'s summary of one bot: per thread, the times an answer
+    it left the CPU, by what it waited for: the GIL (after which call released it),
+    an fsync, or what it was in (its queue, epoll: idle)."""
+    import subprocess
+
+    try:
+        text = subprocess.run(
+            ["perf", "script", "-i", path, "-F", "tid,ip,sym,dso"],
+            capture_output=True, text=True, check=True, timeout=600,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [f"  (perf script failed: {exc})"]
+    counts: dict[tuple[str, str], int] = {}
+    for block in text.split("\n\n"):
+        lines = [ln.strip() for ln in block.strip().splitlines()]
+        if not lines:
+            continue
+        tid = lines[0].split()[0]
+        frames = []
+        for ln in lines[1:]:
+            parts = ln.split(None, 1)
+            if len(parts) == 2:
+                sym, _, dso = parts[1].rpartition(" (")
+                frames.append((sym.split("+0x")[0], dso))
+        syms = [sym for sym, _ in frames]
+        if "take_gil" in syms:
+            after = [s for s in syms[syms.index("take_gil") :] if not _WAIT_PRIMITIVES.match(s)]
+            what = f"the GIL, after {after[0] if after else '?'}"
+        elif any("sync_file" in s or "fsync" in s for s in syms):
+            what = "fsync"
+        else:
+            user = [s for s, dso in frames if "kernel" not in dso and not _WAIT_PRIMITIVES.match(s)]
+            what = user[0] if user else (syms[0] if syms else "?")
+        key = (tids.get(tid, "native"), what)
+        counts[key] = counts.get(key, 0) + 1
+    out = []
+    for (name, what), n in sorted(counts.items(), key=lambda kv: -kv[1])[:12]:
+        out.append(f"    {name:<28} {n / max(answers, 1):6.2f}  {what}")
+    return out
 
 
 async def _perf_stop(perf: Any) -> None:
