@@ -357,6 +357,8 @@ class ReplayBuffer:
         weigh: Callable[[Event], int] | None = None,
         seal_every: int | None = None,
     ) -> None:
+        if seal_every is not None and seal_every < 1:
+            raise ValueError(f"seal_every must be at least 1 (or None), not {seal_every!r}")
         self.maxlen: int | None = maxlen
         self._key = key
         self._weigh = weigh

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from agentik.core.eventbus import EventBus, ReplayBuffer
 from agentik.core.events import Event, EventsLost, TextDelta, TurnEnded
 from agentik.core.services import event_weight
@@ -196,6 +198,17 @@ def test_a_replay_buffers_weight_is_what_its_events_weigh_through_seals_and_edit
     assert [e.seq for e in buf] == list(range(14, 20)) and buf.weight() == held()
     buf.clear()
     assert buf.weight() == 0
+
+
+def test_a_replay_buffer_refuses_a_seal_size_below_one():
+    # 0 would seal after every event and then fail to cut the events into blobs:
+    # the mistake is named where it is made, not at the first event.
+    for bad in (0, -4):
+        with pytest.raises(ValueError, match="seal_every must be at least 1"):
+            ReplayBuffer(6, key=lambda e: e.seq, weigh=event_weight, seal_every=bad)
+    buf = ReplayBuffer(6, key=lambda e: e.seq, weigh=event_weight, seal_every=1)
+    buf.append(ev(1))
+    assert buf.sealed == 1 and [e.seq for e in buf] == [1]
 
 
 async def test_sealed_turns_small_and_large_replay_equal_to_what_was_published():
