@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
 
+from .canonical import Canonical
 from .errors import ConfigError
 from .settings import settings_dataclass
 
@@ -623,7 +624,7 @@ class AccessPolicy:
         self.grants: dict[str, AccessGrant] = {}
         self._tables: dict[tuple[str, str | None], _Table] = {}
         self._decisions: OrderedDict[tuple[str, str], Decision] = OrderedDict()
-        self._alike: dict[Decision, Decision] = {}
+        self._alike: Canonical[Decision] = Canonical(most=self.CACHE)
         self._store: Store | None = None
         self._following: Subscription | None = None
         #: IRC: (instance, casefolded nick) → account key, from the last message seen.
@@ -723,10 +724,7 @@ class AccessPolicy:
         # Channels under the same rules get equal decisions: one object serves them
         # all (a decision a channel was 80 bytes).  Few are ever distinct: roles x
         # the rules' combinations; the guard only bounds a pathological config.
-        alike = self._alike
-        found = alike.setdefault(found, found)
-        if len(alike) > self.CACHE:
-            alike.clear()
+        found = self._alike(found)
         self._decisions[key] = found
         if len(self._decisions) > self.CACHE:
             self._decisions.popitem(last=False)

@@ -17,10 +17,11 @@ from functools import partial
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from agentik.core.canonical import Canonical
 from agentik.core.memory import NO_IDENTITY
 from agentik.core.testing.scripted import Reply, call
 from agentik.transports.base import IncomingMessage, OutgoingMessage
-from agentik.transports.irc.transport import IRCTransport, SharedStrings
+from agentik.transports.irc.transport import IRCTransport
 from agentik.transports.irc.wire import casefold, parse_line, strip_formatting
 
 import rigs
@@ -943,7 +944,7 @@ def test_the_strings_channels_share_stay_bounded_under_a_flood_of_names():
     # Open channels share the strings they keep of a message (one speaker in many
     # channels: one object); a flood of distinct names from the network only ever
     # fills a bounded table (sys.intern kept them forever on Python 3.12.0-3.12.5).
-    shared = SharedStrings(most=100)
+    shared: Canonical[str] = Canonical(most=100)
     alice = shared("".join(["ali", "ce!a@host"]))
     assert shared("".join(["alice!a", "@host"])) is alice
     for i in range(10_000):

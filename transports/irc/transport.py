@@ -66,6 +66,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentik.core.canonical import Canonical
 from agentik.core.errors import ConfigError
 from agentik.transports.base import (
     AgentHost,
@@ -95,7 +96,7 @@ from .wire import (
     valid_target,
 )
 
-__all__ = ["IRCTransport", "SharedStrings"]
+__all__ = ["IRCTransport"]
 
 log = logging.getLogger(__name__)
 
@@ -161,33 +162,6 @@ def _within(times: deque[float], per_minute: int) -> bool:
         return False
     times.append(now)
     return True
-
-
-class SharedStrings:
-    """One object for equal strings that many channels keep: ``shared(text)`` is
-    the first string equal to ``text`` seen since the table last started over
-    (at most ``most`` of them, so a flood of names costs a bounded table).
-
-    Not ``sys.intern``: these strings come from the network, and on Python
-    3.12.0-3.12.5 interned strings are never freed."""
-
-    __slots__ = ("_most", "_table")
-
-    def __init__(self, most: int = 4096) -> None:
-        self._most = most
-        self._table: dict[str, str] = {}
-
-    def __call__(self, text: str) -> str:
-        table = self._table
-        found = table.get(text)
-        if found is None:
-            if len(table) >= self._most:
-                table.clear()
-            table[text] = found = text
-        return found
-
-    def __len__(self) -> int:
-        return len(self._table)
 
 
 class _CannotConnect(Exception):
@@ -363,8 +337,8 @@ class IRCTransport(Transport):
         self._renamed: dict[tuple[str, int], tuple[str, int]] = {}
         #: Tells this process's epochs from those in outbox rows of an earlier one.
         self._epoch_session = f"{random.getrandbits(48):012x}"
-        #: The strings open channels keep of their last message (see ``_on_privmsg``).
-        self._shared = SharedStrings()
+        #: The strings open channels keep of their last message (see ``_on_message``).
+        self._shared: Canonical[str] = Canonical()
         #: Our own services account (900 RPL_LOGGEDIN), None when not logged in.
         self.account: str | None = None
         #: Who shares each channel with us: casefolded channel → casefolded nicks.
@@ -1425,7 +1399,8 @@ class IRCTransport(Transport):
             return
         target, text = line.params[0], line.params[-1]
         direct = self._is_me(target)
-        if not direct and self._fold(target) not in self.joined:
+        target_folded = self._fold(target)
+        if not direct and target_folded not in self.joined:
             # A server or host mask ($*, #*.tld), a STATUSMSG target (@#chan: for
             # the channel's operators only), a channel we are not in: not for us.
             log.debug("irc %s: ignored a message from %s to %r", self.name, sender, target)
@@ -1476,7 +1451,7 @@ class IRCTransport(Transport):
             reply_to = {"target": sender, "epoch": epoch_of}
             addressed = True
         else:
-            key = shared(f"irc:{self.network}:{self._fold(target)}")
+            key = shared(f"irc:{self.network}:{target_folded}")
             reply_to = {"target": shared(target), "asker": sender, "epoch": epoch_of}
             text, addressed = self._addressed(text)
         message = IncomingMessage(
