@@ -136,8 +136,7 @@ def say_environment(items: Iterable[tuple[str, str]]) -> None:
     say()
 
 
-def proc_status(pid: int | str = "self") -> dict[str, int]:
-    """VmRSS and VmHWM (bytes) and Threads of ``pid`` from /proc."""
+def _status(pid: int | str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
@@ -145,6 +144,68 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
             parts = value.split()
             out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
     return out
+
+
+def writer_processes(pid: int | str = "self") -> list[int]:
+    """``pid``'s SQLite writer processes (``[storage] writer = "process"``): its
+    children running ``agentik.core.store.sqlite_writer``."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"sqlite_writer" in cmdline:
+                found.append(int(child))
+    return found
+
+
+def _private(pid: int) -> int:
+    """Bytes of ``pid``'s pages no other process maps (what its exit would free)."""
+    total = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Private_Clean", "Private_Dirty"):
+            total += int(value.split()[0]) * 1024
+    return total
+
+
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    """VmRSS and VmHWM (bytes) and Threads of ``pid`` from /proc, with what its SQLite
+    writer process adds: the writer's private pages (its own heap, SQLite's cache).
+    The pages it shares are the interpreter's and the libraries' files the bot maps
+    too, already in the bot's RSS; counting its whole RSS would count them twice."""
+    out = _status(pid)
+    for child in writer_processes(pid):
+        try:
+            extra = _private(child)
+        except OSError:
+            continue
+        out["VmRSS"] += extra
+        out["VmHWM"] += extra
+    return out
+
+
+def writer_cpu(pid: int | str = "self") -> float:
+    """CPU seconds (user + system) of ``pid``'s SQLite writer processes so far."""
+    total = 0.0
+    for child in writer_processes(pid):
+        # (One thread: its schedstat's time on a CPU, in ns; /proc's stat counts ticks.)
+        try:
+            total += int(Path(f"/proc/{child}/schedstat").read_text().split()[0]) / 1e9
+        except OSError:
+            continue
+    return total
+
+
+def process_cpu() -> float:
+    """This process's CPU seconds (every thread), its SQLite writer process's included."""
+    return time.process_time() + writer_cpu()
 
 
 # -- configuration -------------------------------------------------------------------------

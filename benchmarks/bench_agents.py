@@ -37,7 +37,7 @@ from agentik.core.llm.base import LLMRequest
 from agentik.core.store.sqlite import Synchronous
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 
-from _common import Row, finish, ms, say, say_environment, version
+from _common import Row, finish, ms, process_cpu, say, say_environment, version
 
 GOAL = 1e-3  # seconds of CPU a child run may add to a turn
 
@@ -99,10 +99,10 @@ class Side:
 
     async def block(self) -> float:
         """CPU seconds per turn over one block of ``n`` turns."""
-        c0 = time.process_time()
+        c0 = process_cpu()
         for conv in self.convs:
             await self.one(conv)
-        return (time.process_time() - c0) / self.n
+        return (process_cpu() - c0) / self.n
 
     async def aclose(self) -> None:
         await self.sub.aclose()

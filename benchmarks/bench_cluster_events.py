@@ -39,7 +39,7 @@ import httpx
 from agentik.core.events import TextDelta, event_to_json
 from agentik.core.testing.openai_server import FakeOpenAIServer, Reply
 
-from _common import Row, finish, free_port, say, say_environment, version
+from _common import Row, finish, free_port, process_cpu, say, say_environment, version
 
 TESTS_FOLDER = str(Path(__file__).resolve().parent.parent / "tests")
 AGENTIK = str(Path(sys.executable).parent / "agentik")
@@ -216,10 +216,10 @@ async def write_cost(args: argparse.Namespace, dsn: str) -> list[Row]:
                 for _ in range(size):
                     seq += 1
                     batch.append(("c" * 32, seq, time.time(), data))
-                w0, c0 = time.perf_counter(), time.process_time()
+                w0, c0 = time.perf_counter(), process_cpu()
                 await store.run_events_add(batch, wide=[numbered] * size)
                 walls[numbered].append(time.perf_counter() - w0)
-                cpus[numbered].append(time.process_time() - c0)
+                cpus[numbered].append(process_cpu() - c0)
             wall, cpu = statistics.median(walls[True]), statistics.median(cpus[True])
             base, base_cpu = statistics.median(walls[False]), statistics.median(cpus[False])
             say(f"batch of {size}: wall {wall * 1e3:.2f} ms (without positions"

@@ -39,7 +39,16 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from _common import Row, fake_openai_server, finish, proc_status, say, say_environment, version
+from _common import (
+    Row,
+    fake_openai_server,
+    finish,
+    proc_status,
+    process_cpu,
+    say,
+    say_environment,
+    version,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_KB = 10.0
@@ -138,9 +147,9 @@ async def _run(url: str, phases: list[int], turns: int, top: int, parts: bool = 
             await _settle()
             snap = tracemalloc.take_snapshot()
             base, rss0 = _traced(), proc_status()["VmRSS"]
-            c0 = time.process_time()
+            c0 = process_cpu()
             await asyncio.gather(*(channel(f"p{n}c{c}", turns) for c in range(n)))
-            cpu = (time.process_time() - c0) / (n * turns)
+            cpu = (process_cpu() - c0) / (n * turns)
             await _settle()
             held, rss1 = _traced() - base, proc_status()["VmRSS"] - rss0
             say(f"== {n} channels x {turns} turns: {cpu * 1e3:.2f} ms CPU per turn (traced)")

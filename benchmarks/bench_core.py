@@ -50,6 +50,7 @@ from _common import (
     ms,
     per_s,
     proc_status,
+    process_cpu,
     say,
     say_environment,
     version,
@@ -144,10 +145,10 @@ async def _agent_round(agent: Agent, turns: int, out: Samples | None) -> None:
     conv = await agent.create_conversation()  # not timed
     for i in range(turns):
         text = _turn_text(i)
-        w0, c0 = time.perf_counter(), time.process_time()
+        w0, c0 = time.perf_counter(), process_cpu()
         await conv.send(text)
         await conv.wait_idle()
-        c1, w1 = time.process_time(), time.perf_counter()
+        c1, w1 = process_cpu(), time.perf_counter()
         if out is not None:
             out.append((w1 - w0, c1 - c0))
     # Check the turns really ran (a failing turn would look very cheap).
@@ -170,7 +171,7 @@ async def _baseline_round(
     for i in range(turns):
         text = _turn_text(i)
         history.append({"role": "user", "content": text})
-        w0, c0 = time.perf_counter(), time.process_time()
+        w0, c0 = time.perf_counter(), process_cpu()
         if post:
             stream = await client.post(
                 "/chat/completions",
@@ -192,7 +193,7 @@ async def _baseline_round(
             for choice in chunk.choices:
                 if choice.delta is not None and choice.delta.content:
                     parts.append(choice.delta.content)
-        c1, w1 = time.process_time(), time.perf_counter()
+        c1, w1 = process_cpu(), time.perf_counter()
         if out is not None:
             out.append((w1 - w0, c1 - c0))
         history.append({"role": "assistant", "content": "".join(parts)})
@@ -421,10 +422,10 @@ async def aiosqlite_round_trip(path: str, n: int) -> tuple[float, float]:
     try:
         for _ in range(50):
             await conn.execute("SELECT 1")
-        w0, c0 = time.perf_counter(), time.process_time()
+        w0, c0 = time.perf_counter(), process_cpu()
         for _ in range(n):
             await conn.execute("SELECT 1")
-        return (time.perf_counter() - w0) / n, (time.process_time() - c0) / n
+        return (time.perf_counter() - w0) / n, (process_cpu() - c0) / n
     finally:
         await conn.close()
 

@@ -34,7 +34,7 @@ from agentik.core.messages import ChatMessage, NewMessage
 from agentik.core.store.copy import copy_store, verify
 from agentik.core.store.records import ConversationRecord
 
-from _common import Row, finish, per_s, proc_status, say, say_environment, version
+from _common import Row, finish, per_s, proc_status, process_cpu, say, say_environment, version
 
 #: tests/pgserver.py starts PostgreSQL here as it does for the tests.
 TESTS_FOLDER = str(Path(__file__).resolve().parent.parent / "tests")
@@ -66,9 +66,9 @@ async def build(path: Path, conversations: int, messages: int) -> int:
 async def timed_copy(src: object, dst: object) -> tuple[float, float, int, int]:
     """(wall s, CPU s, rows, peak RSS growth in bytes) of one copy."""
     before = proc_status()["VmRSS"]
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu = time.perf_counter(), process_cpu()
     report = await copy_store(src, dst)  # type: ignore[arg-type]
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wall, cpu = time.perf_counter() - wall, process_cpu() - cpu
     return wall, cpu, report.total, proc_status()["VmHWM"] - before
 
 
@@ -111,13 +111,13 @@ async def copies(args: argparse.Namespace, folder: Path, dsn: str | None) -> lis
 async def per_event(record, events: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """Median wall and mean CPU seconds per event of ``record(keys)``, one at a time."""
     walls = []
-    cpu = time.process_time()
+    cpu = process_cpu()
     for i in range(events):
         keys = (f"event:Ev{i}", f"msg:C1:{i}.000100")
         t = time.perf_counter()
         await record(keys)
         walls.append(time.perf_counter() - t)
-    return statistics.median(walls), (time.process_time() - cpu) / events
+    return statistics.median(walls), (process_cpu() - cpu) / events
 
 
 async def seen(args: argparse.Namespace, folder: Path, dsn: str | None) -> list[Row]:

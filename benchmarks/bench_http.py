@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from _common import Row, aclose_all, finish, ms, say, say_environment, version
+from _common import Row, aclose_all, finish, ms, process_cpu, say, say_environment, version
 
 SCRIPT = os.path.abspath(__file__)
 GOAL_P99 = 0.100  # seconds
@@ -77,7 +77,7 @@ async def _server(events: int, rate: float, db: str) -> None:
         while line := await reader.readline():
             cmd = json.loads(line)
             if cmd["do"] == "cpu":
-                reply({"cpu": time.process_time()})
+                reply({"cpu": process_cpu()})
             elif cmd["do"] == "inproc":
                 reply(await _inproc(agent, cmd["subscribers"]))
             elif cmd["do"] == "quit":
@@ -100,10 +100,10 @@ async def _inproc(agent: Any, subscribers: int) -> dict[str, Any]:
                 return
 
     tasks = [asyncio.ensure_future(follow(i)) for i in range(subscribers)]
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, t0 = process_cpu(), time.perf_counter()
     await conv.send("go", author="bench")
     await asyncio.gather(*tasks)
-    cpu, elapsed = time.process_time() - cpu0, time.perf_counter() - t0
+    cpu, elapsed = process_cpu() - cpu0, time.perf_counter() - t0
     for sub in subs:
         await sub.aclose()
     published = len(latencies[0])
@@ -167,7 +167,7 @@ async def _client(url: str, subscribers: int) -> None:
 
     tasks = [asyncio.ensure_future(follow(i)) for i in range(subscribers)]
     await all_ready.wait()
-    cpu0 = time.process_time()
+    cpu0 = process_cpu()
     await request("POST", f"{api}/conversations/{conv['id']}/messages", b'{"content": "go"}')
     await asyncio.gather(*tasks)
     print(
@@ -175,7 +175,7 @@ async def _client(url: str, subscribers: int) -> None:
             {
                 "latencies": [x for per in latencies for x in per],
                 "published": len(latencies[0]),
-                "client_cpu": time.process_time() - cpu0,
+                "client_cpu": process_cpu() - cpu0,
             }
         ),
         flush=True,

@@ -107,6 +107,7 @@ from _common import (
     ms,
     per_s,
     proc_status,
+    process_cpu,
     say,
     say_environment,
     version,
@@ -353,7 +354,7 @@ def _child_stats(collect: bool) -> dict[str, Any]:
     sqlite = _sqlite_memory()
     st = proc_status()
     return {
-        "cpu": time.process_time(),  # CLOCK_PROCESS_CPUTIME_ID: every thread
+        "cpu": process_cpu(),  # CLOCK_PROCESS_CPUTIME_ID: every thread
         "cpu_main": time.thread_time(),  # the event-loop thread (stats run on it)
         "rss": st["VmRSS"],
         "hwm": st["VmHWM"],

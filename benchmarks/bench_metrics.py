@@ -41,7 +41,7 @@ from agentik.core.observe import RequestStats
 from agentik.core.testing.scripted import Reply, ScriptedModel, call
 from agentik.core.tools.base import tool
 
-from _common import Row, finish, ms, say, say_environment, version
+from _common import Row, finish, ms, process_cpu, say, say_environment, version
 
 GOAL = 0.02  # of a turn's CPU
 
@@ -69,11 +69,11 @@ async def _batch(agent: Agent, model: ScriptedModel, n: int) -> float:
     _script(model, n)
     conv = await agent.create_conversation()
     sub = conv.events(kinds=["turn_ended"])
-    start = time.process_time()
+    start = process_cpu()
     for i in range(n):
         await conv.send(f"question {i}", author="bench")
         await anext(aiter(sub))
-    cpu = time.process_time() - start
+    cpu = process_cpu() - start
     await sub.aclose()
     return cpu
 
@@ -139,7 +139,7 @@ async def isolated(events: list[Any], stats: list[RequestStats], n: int) -> floa
         if with_metrics:
             sub = bus.subscribe(kinds=_KINDS, max_pending=100_000)
             task = asyncio.get_running_loop().create_task(metrics._follow(sub))
-        start = time.process_time()
+        start = process_cpu()
         for _ in range(n):
             for e in events:
                 bus.publish(e)
@@ -149,7 +149,7 @@ async def isolated(events: list[Any], stats: list[RequestStats], n: int) -> floa
                     metrics.model_request(s)
                 metrics.message_in("irc")
                 metrics.message_out("irc", "answer")
-        cpu = time.process_time() - start
+        cpu = process_cpu() - start
         if task is not None:
             task.cancel()
         return cpu / n
@@ -182,12 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     say(f"== isolated: counting one turn ({len(events)} events, {len(stats)} model requests)")
     cost = asyncio.run(isolated(events, stats, 2_000 if args.quick else 20_000))
     say(f"counting         {cost * 1e6:.1f} µs CPU per turn ({cost / off:.2%} of a turn)")
-    start = time.process_time()
+    start = process_cpu()
     metrics.render()  # the first scrape also imports prometheus_client
-    first = time.process_time() - start
-    start = time.process_time()
+    first = process_cpu() - start
+    start = process_cpu()
     body, _ = metrics.render()
-    scrape = time.process_time() - start
+    scrape = process_cpu() - start
     say(f"== one scrape: {len(body):,} bytes in {ms(scrape)} CPU (the first: {ms(first)},"
         " importing prometheus_client)")  # fmt: skip
     rows = [

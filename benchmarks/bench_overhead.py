@@ -14,9 +14,9 @@ Each measured round is one new conversation of ``--turns`` turns (history grows 
 
 Per stack:
 
-* **CPU per turn**: ``time.process_time()`` of the child (all its threads, e.g.
-  aiosqlite's) from sending the message until the whole answer was read, median over
-  every measured turn; the range is that of the rounds' medians;
+* **CPU per turn**: the child's CPU (all its threads, e.g. aiosqlite's, and its SQLite
+  writer process: ``_common.process_cpu()``) from sending the message until the whole
+  answer was read, median over every measured turn; the range is that of the rounds' medians;
 * **RSS after import**: VmRSS once the stack is imported and its client/agent built
   (a bare ``python`` is the first line for reference); **peak RSS** is VmHWM at the end.
 
@@ -47,7 +47,7 @@ import tempfile
 import time
 from typing import Any
 
-from _common import ChildProcess, mb, proc_status, say, say_environment, version
+from _common import ChildProcess, mb, proc_status, process_cpu, say, say_environment, version
 
 MODEL = "fake-model"
 FILLER = "the quick brown fox jumps over the lazy dog, "
@@ -328,9 +328,9 @@ async def child_main(kind: str, url: str, turns: int, tmp: str) -> None:
             conv = await stack.new_conversation()
             cpu: list[float] = []
             for i in range(turns):
-                c0 = time.process_time()
+                c0 = process_cpu()
                 text = await stack.turn(conv, i)
-                cpu.append(time.process_time() - c0)
+                cpu.append(process_cpu() - c0)
                 if text != expected(i):
                     raise RuntimeError(f"{kind}: turn {i} answered {text!r}")
             await stack.end_conversation(conv)

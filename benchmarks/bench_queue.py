@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import Row, finish, ms, say, say_environment, version
+from _common import Row, finish, ms, process_cpu, say, say_environment, version
 
 TESTS_FOLDER = str(Path(__file__).resolve().parent.parent / "tests")
 
@@ -69,14 +69,14 @@ async def cpu_per_turn(dsn: str, turns: int, rounds: int) -> list[Row]:
         queued_conv = await agent.create_conversation(title="queued")
 
         async def direct(n: int) -> float:
-            t0 = time.process_time()
+            t0 = process_cpu()
             for i in range(n):
                 await direct_conv.send(f"m{i}")
                 await direct_conv.wait_idle()
-            return (time.process_time() - t0) / n
+            return (process_cpu() - t0) / n
 
         async def queued(n: int) -> float:
-            t0 = time.process_time()
+            t0 = process_cpu()
             for i in range(n):
                 _, here = await queue.submit(
                     queued_conv, f"m{i}", author=None, author_id=None, channel=None,
@@ -84,7 +84,7 @@ async def cpu_per_turn(dsn: str, turns: int, rounds: int) -> list[Row]:
                 )  # fmt: skip
                 assert here
                 await queue.settled(queued_conv.id)
-            return (time.process_time() - t0) / n
+            return (process_cpu() - t0) / n
 
         await direct(10)
         await queued(10)  # warm: connections, statements, the lease

@@ -42,7 +42,7 @@ from agentik.core import SQLiteStore
 from agentik.core.memory.embeddings import BuiltinEmbedder
 from agentik.core.memory.sqlite import SQLiteMemory, _blob, scope_key
 
-from _common import Row, finish, ms, per_s, say, say_environment, version
+from _common import Row, finish, ms, per_s, process_cpu, say, say_environment, version
 
 DATA = Path(__file__).parent / "data" / "recall.json"
 WORDS = (
@@ -202,10 +202,10 @@ async def recall_cost(tmp: str, repeats: int) -> list[Row]:
     empty, full = ["global", "channel:irc:net:#c1"], ["global", "channel:irc:net:#c2"]
 
     async def per_call(scopes: list[str]) -> float:
-        started = time.process_time()
+        started = process_cpu()
         for q in queries:
             await memory.recall(q, scopes, k=3, min_score=0.3)
-        return (time.process_time() - started) / len(queries)
+        return (process_cpu() - started) / len(queries)
 
     nothing = await per_call(empty)
     loaded = embedder.loaded

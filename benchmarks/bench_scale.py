@@ -51,7 +51,17 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from _common import ChildProcess, Row, finish, free_port, ms, say, say_environment, version
+from _common import (
+    ChildProcess,
+    Row,
+    finish,
+    free_port,
+    ms,
+    process_cpu,
+    say,
+    say_environment,
+    version,
+)
 
 SCRIPT = os.path.abspath(__file__)
 ROOT = Path(SCRIPT).resolve().parent.parent
@@ -524,10 +534,10 @@ async def cpu_per_turn(
 
     async with Bot(config, transports={"mem": mem}):
         await asyncio.gather(*(talk(c, 2) for c in range(channels)))  # warm
-        cpu, server = time.process_time(), server_cpu(data)
+        cpu, server = process_cpu(), server_cpu(data)
         await asyncio.gather(*(talk(c, turns // channels) for c in range(channels)))
         done = turns // channels * channels
-        return (time.process_time() - cpu) / done, (server_cpu(data) - server) / done
+        return (process_cpu() - cpu) / done, (server_cpu(data) - server) / done
 
 
 async def postgres_cost(folder: Path, dsn: str, args: argparse.Namespace) -> list[Row]:

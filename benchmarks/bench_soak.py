@@ -84,6 +84,7 @@ from _common import (
     mb,
     ms,
     proc_status,
+    process_cpu,
     say,
     say_environment,
     version,
@@ -339,7 +340,7 @@ async def bot_child(args: argparse.Namespace) -> None:
                 if cmd == "trim":
                     _malloc_trim()
                 st = proc_status()
-                _emit({"rss": st["VmRSS"], "hwm": st["VmHWM"], "cpu": time.process_time(),
+                _emit({"rss": st["VmRSS"], "hwm": st["VmHWM"], "cpu": process_cpu(),
                        "objects": len(gc.get_objects()), "tasks": len(asyncio.all_tasks()),
                        "blocks": sys.getallocatedblocks(), **_mallinfo()})  # fmt: skip
             elif cmd == "mark":

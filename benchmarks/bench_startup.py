@@ -38,7 +38,18 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from _common import Row, fake_openai_server, finish, free_port, mb, say, say_environment, version
+from _common import (
+    Row,
+    fake_openai_server,
+    finish,
+    free_port,
+    mb,
+    proc_status,
+    say,
+    say_environment,
+    version,
+    writer_cpu,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRA_CPU = 0.2  # seconds over the bare SDK's import + build
@@ -103,16 +114,15 @@ def _run_script(body: str, env: dict[str, str], *args: str) -> dict[str, object]
 
 
 def _proc_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and of its SQLite writer process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return (int(fields[11]) + int(fields[12])) / ticks + writer_cpu(pid)  # utime, stime
 
 
 def _proc_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    """RSS of ``pid`` and of its SQLite writer process."""
+    return proc_status(pid)["VmRSS"]
 
 
 def _run_until_ready(env: dict[str, str], folder: Path) -> tuple[float, float, int]:

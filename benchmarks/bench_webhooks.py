@@ -31,7 +31,7 @@ from agentik.bot.webhooks import Webhooks, WebhookSettings
 from agentik.core import Agent, Conversation, SQLiteStore
 from agentik.core.testing.scripted import ScriptedModel
 
-from _common import Row, finish, free_port, ms, say, say_environment, version
+from _common import Row, finish, free_port, ms, process_cpu, say, say_environment, version
 
 _RECEIVER = """
 import sys
@@ -114,12 +114,12 @@ class Side:
     async def block(self, rounds: int) -> tuple[float, float]:
         """Turns per second over ``rounds`` rounds (deliveries included), and the
         process's CPU seconds per turn (the event loop and the store's writer thread)."""
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), process_cpu()
         for _ in range(rounds):
             await self.round()
         await self.drained()
         turns = rounds * self.n
-        return turns / (time.perf_counter() - t0), (time.process_time() - c0) / turns
+        return turns / (time.perf_counter() - t0), (process_cpu() - c0) / turns
 
     async def aclose(self) -> None:
         if self.webhooks is not None:

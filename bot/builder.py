@@ -481,7 +481,7 @@ def build_store(config: Config, env: Mapping[str, str] | None = None) -> Store:
             pool_max=storage.pool_max,
             notify_poll=config.cluster.poll_seconds,
         )
-    return SQLiteStore(config.database, synchronous=storage.synchronous)
+    return SQLiteStore(config.database, synchronous=storage.synchronous, writer=storage.writer)
 
 
 class StoreSeenEvents:

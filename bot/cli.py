@@ -535,7 +535,7 @@ def _db(args: argparse.Namespace, config: Config) -> int:
         return 0
 
     async def migrate() -> None:
-        async with SQLiteStore(path, synchronous=config.storage.synchronous):
+        async with SQLiteStore(path, synchronous=config.storage.synchronous, writer="thread"):
             pass
 
     asyncio.run(migrate())
@@ -796,7 +796,8 @@ def _store(config: Config) -> Store:
         from .builder import build_store
 
         return build_store(config)
-    return SQLiteStore(config.database, synchronous=config.storage.synchronous)
+    # A command writes a few rows: not worth starting a writer process.
+    return SQLiteStore(config.database, synchronous=config.storage.synchronous, writer="thread")
 
 
 def _when(at: float) -> str:

@@ -122,7 +122,7 @@ def _open(target: Target) -> Any:
 
         return PostgresStore(target.dsn, pool_min=2, pool_max=4)
     assert target.path is not None
-    return SQLiteStore(target.path)
+    return SQLiteStore(target.path, writer="thread")  # (imports are closures: the thread's)
 
 
 def _clean(text: str, secrets: list[str]) -> str:

@@ -529,10 +529,9 @@ async def test_a_new_channels_binding_is_written_with_its_first_message(db_path)
         conv = await a.conversation_for_channel(key, lazy=True)
         assert await a.conversation_for_channel(key, lazy=True) is conv
         assert await store.get_binding(key) is None  # nothing written yet
-        statements: list[str] = []
-        await store.run_write(lambda conn: conn.set_trace_callback(statements.append))
+        await store.trace_statements(True)
         await conv.send("hello")
-        await store.run_write(lambda conn: conn.set_trace_callback(None))
+        statements = await store.trace_statements(False)
         # One transaction made it all: the conversation, the binding, the message.
         start = next(i for i, s in enumerate(statements) if "INTO conversation " in s)
         end = statements.index("COMMIT", start)

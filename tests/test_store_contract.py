@@ -25,6 +25,15 @@ class TestSQLiteFileContract(StoreContract):
             yield s
 
 
+class TestSQLiteFileThreadContract(StoreContract):
+    """A file written from the thread (``writer = "thread"``), not the default process."""
+
+    @pytest_asyncio.fixture
+    async def store(self, tmp_path):
+        async with SQLiteStore(str(tmp_path / "contract.db"), writer="thread") as s:
+            yield s
+
+
 class TestSQLiteMemoryContract(StoreContract):
     @pytest_asyncio.fixture
     async def store(self):

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -46,7 +47,6 @@ from .base import (
     MemoryEntry,
     Store,
     TurnEnd,
-    link_stored,
 )
 from .care import backup_before_migrating
 from .migrations import apply_migrations
@@ -61,19 +61,29 @@ from .sqlite_jobs import SQLiteJobs
 from .sqlite_lifecycle import SQLiteLifecycle
 from .sqlite_links import SQLiteLinks
 from .sqlite_outbox import SQLiteOutbox
+from .sqlite_process import WriterProcess
 from .sqlite_queue import SQLiteQueue
 from .sqlite_redaction import SQLiteRedaction
-from .sqlite_runs import INSERT_RUN, SQLiteRuns, run_row
+from .sqlite_runs import SQLiteRuns, run_row
 from .sqlite_search import SQLiteSearch
 from .sqlite_seen import SQLiteSeen
 from .sqlite_waits import SQLiteWaits
 from .sqlite_webhooks import SQLiteWebhooks
+from .sqlite_writer import (
+    Failed,
+    open_connection,
+    run_batch,
+    trace,
+    transaction,
+    write_appends,
+)
 
-__all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous"]
+__all__ = ["SQLiteSettings", "SQLiteStore", "Synchronous", "Writer"]
 
 log = logging.getLogger(__name__)
 
 Synchronous = Literal["off", "normal", "full", "extra"]
+Writer = Literal["process", "thread"]
 
 
 @settings_dataclass
@@ -83,31 +93,26 @@ class SQLiteSettings:
     #: SQLite ``synchronous`` mode: ``full`` survives power loss; ``normal``
     #: survives a killed process and is faster; ``off`` is for throwaway bots.
     synchronous: Synchronous = "full"
+    #: Where the writes of a database file run: ``process`` (a small process of
+    #: its own, so writing never waits for the bot's GIL) or ``thread`` (a thread
+    #: of the bot's process).  Jobs that are closures (rare ones: redaction,
+    #: imports, a plugin's ``run_write``) always run in the thread.
+    writer: Writer = "process"
 
 
 _DEFAULTS = defaults(SQLiteSettings)
 
 #: WAL pages between automatic checkpoints (see ``_open_writer``).
 _WAL_PAGES = 4000
+#: The writing connections' page caches with a writer process (KB; SQLite's default
+#: is 2000): the process's memory is the bot's too, and a miss is a read from the
+#: OS's cache, in the process (bench_irc's peak RSS: +24.5 MB with 512, +26.7 with 2000).
+_CACHE_KB = 512
 
 _MESSAGE_COLUMNS = (
     "id, conversation_id, kind, content, author, channel, run_id, tool_call_id, tool_name,"
     " arguments, is_error, status, data, duration, created_at"
 )
-_INSERT_MESSAGE = f"INSERT INTO message ({_MESSAGE_COLUMNS}) VALUES "
-_MESSAGE_ROW = f"({', '.join('?' * 15)})"
-#: Audit-log rows per INSERT: 64 rows of 15 values stay under 999, the lowest
-#: ``SQLITE_MAX_VARIABLE_NUMBER`` a build of SQLite may have.
-_MESSAGE_CHUNK = 64
-_INSERT_MEMORY = (
-    "INSERT INTO working_memory (conversation_id, pos, message_id, body) VALUES"
-    " (?, (SELECT COALESCE(MAX(pos), 0) + 1 FROM working_memory WHERE conversation_id = ?), ?, ?)"
-)
-_INSERT_TURN_END = (
-    "INSERT OR IGNORE INTO turn_end (conversation_id, run_id, outcome, created_at)"
-    " VALUES (?, ?, ?, ?)"
-)
-_TOUCH = "UPDATE conversation SET updated_at = MAX(updated_at, ?) WHERE id = ?"
 
 
 @dataclass(slots=True)
@@ -130,15 +135,13 @@ _NO_FUTURE: Any = None
 
 @dataclass(slots=True)
 class _Job:
-    fn: Callable[[sqlite3.Connection], Any]
+    fn: Callable[[sqlite3.Connection], Any] | None
     future: asyncio.Future[Any]
     conversation_id: str | None = None  # the conversation it writes to, if one
     held: bool = False  # written with ``defer=True``: waits for a write that is not
-
-
-@dataclass(slots=True)
-class _Failed:
-    error: BaseException
+    #: A named operation of :data:`.sqlite_writer.OPS` and its arguments (``fn`` is
+    #: then None): plain data, so the writer process can take it.
+    op: tuple[str, tuple[Any, ...]] | None = None
 
 
 def _row_to_message(row: sqlite3.Row | tuple[Any, ...]) -> Message:
@@ -168,179 +171,64 @@ def _row_to_conversation(row: tuple[Any, ...]) -> ConversationRecord:
     )
 
 
-_INSERT_CONVERSATION = (
-    "INSERT INTO conversation (id, title, created_at, updated_at, meta) VALUES (?, ?, ?, ?, ?)"
-)
-_INSERT_BINDING = (
-    "INSERT OR REPLACE INTO channel_binding (channel_key, conversation_id, created_at)"
-    " VALUES (?, ?, ?)"
-)
-
-
 def _conversation_row(record: ConversationRecord) -> tuple[Any, ...]:
     return (record.id, record.title, record.created_at, record.updated_at, json.dumps(record.meta))
 
 
-def _binding_row(record: ConversationRecord, channel_key: str) -> tuple[Any, ...]:
-    return (channel_key, record.id, record.created_at)
-
-
-def _insert_conversation(
-    conn: sqlite3.Connection, record: ConversationRecord, channel_key: str | None
-) -> None:
-    conn.execute(_INSERT_CONVERSATION, _conversation_row(record))
-    if channel_key is not None:
-        conn.execute(_INSERT_BINDING, _binding_row(record, channel_key))
-
-
-def _insert_messages(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    """Audit-log rows written with a few INSERTs of many rows, not one INSERT each.
-
-    The search index's trigger (migration 21) adds each row to FTS5's pending
-    terms; FTS5 writes them out as a new segment when the next statement of the
-    transaction begins (or at commit), so a statement for many rows writes one
-    segment, where one statement per row wrote one per row (and merged them
-    later): a message row costs about half the writer's CPU it did
-    (docs/development.md, issue 31).
-    """
-    start = 0
-    while start < len(rows):
-        # Chunks of a power of two rows (13 rows: 8, 4, 1), so the statement has
-        # seven texts at most, not one per row count: seven prepared statements in the
-        # connection's cache, not 64 (each holding its own memory).
-        size = min(_MESSAGE_CHUNK, 1 << ((len(rows) - start).bit_length() - 1))
-        chunk = rows[start : start + size]
-        conn.execute(
-            _INSERT_MESSAGE + ", ".join([_MESSAGE_ROW] * size),
-            [value for row in chunk for value in row],
+def _append_rows(a: _Append, now: float) -> tuple[Any, ...]:
+    """``a`` as the writer takes it (plain data: see :mod:`.sqlite_writer`)."""
+    record = a.record
+    conversation = binding = None
+    if record is not None:
+        conversation = _conversation_row(record)
+        if a.channel_key is not None:
+            binding = (a.channel_key, record.id, record.created_at)
+    messages = [
+        (
+            m.kind, m.content, m.author, m.channel, m.run_id, m.tool_call_id, m.tool_name,
+            m.arguments, int(m.is_error), m.status,
+            None if m.data is None else json.dumps(m.data, ensure_ascii=False),
+            m.duration, m.created_at or now,
         )
-        start += size
+        for m in a.log
+    ]  # fmt: skip
+    memory = [_memory_row(cm) for cm in a.memory]
+    end = run = None
+    if a.ended is not None:
+        end = (a.ended.run_id, a.ended.outcome, now)
+        if a.ended.run is not None:
+            run = run_row(a.ended.run)
+    return (a.conversation_id, conversation, binding, messages, memory, a.updated_at, end, run)
 
 
-def _apply_appends(conn: sqlite3.Connection, appends: list[_Append]) -> list[list[Message]]:
-    """Write consecutive appends with one statement per table.
-
-    New conversations among them (``create_conversation_with``) are written
-    first, so a new Slack thread's conversation, binding and first message
-    share the run's statements (and its one read of the next message id)
-    with the other appends of the batch instead of making a run of their own.
-    """
-    conversations: list[tuple[Any, ...]] = []
-    bindings: list[tuple[Any, ...]] = []
-    for a in appends:
-        if a.record is not None:
-            conversations.append(_conversation_row(a.record))
-            if a.channel_key is not None:
-                bindings.append(_binding_row(a.record, a.channel_key))
-    if conversations:
-        conn.executemany(_INSERT_CONVERSATION, conversations)
-    if bindings:
-        conn.executemany(_INSERT_BINDING, bindings)
-    row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM message").fetchone()
-    next_id = int(row[0]) + 1
-    message_rows: list[tuple[Any, ...]] = []
-    memory_rows: list[tuple[Any, ...]] = []
-    touches: list[tuple[float, str]] = []
-    ends: list[tuple[Any, ...]] = []
-    runs: list[tuple[Any, ...]] = []
-    results: list[list[Message]] = []
-    now = time.time()
-    for a in appends:
-        stored: list[Message] = []
-        for m in a.log:
-            msg = m.stored(id=next_id, conversation_id=a.conversation_id, now=now)
-            next_id += 1
-            stored.append(msg)
-            data = json.dumps(msg.data, ensure_ascii=False) if msg.data is not None else None
-            message_rows.append(
-                (
-                    msg.id, msg.conversation_id, msg.kind, msg.content, msg.author,
-                    msg.channel, msg.run_id, msg.tool_call_id, msg.tool_name, msg.arguments,
-                    int(msg.is_error), msg.status, data, msg.duration, msg.created_at,
-                )
-            )  # fmt: skip
-        for cm in a.memory:
-            cm = link_stored(cm, stored)
-            memory_rows.append((a.conversation_id, a.conversation_id, cm.message_id, cm.to_json()))
-        if a.updated_at is not None:
-            touches.append((a.updated_at, a.conversation_id))
-        if a.ended is not None:
-            ends.append((a.conversation_id, a.ended.run_id, a.ended.outcome, now))
-            if a.ended.run is not None:
-                runs.append(run_row(a.ended.run))
-        results.append(stored)
-    if message_rows:
-        _insert_messages(conn, message_rows)
-    if memory_rows:
-        conn.executemany(_INSERT_MEMORY, memory_rows)
-    if touches:
-        conn.executemany(_TOUCH, touches)
-    if ends:
-        conn.executemany(_INSERT_TURN_END, ends)
-    if runs:
-        conn.executemany(INSERT_RUN, runs)
-    return results
+def _memory_row(cm: ChatMessage) -> tuple[Any, ...]:
+    """A working-memory entry as the writer takes it.  ``message_id = -(k + 1)``
+    names the k-th row of its append (``link_stored``): its JSON goes without the
+    value of its last key, ``message_id``, which the writer adds once it knows it."""
+    body = cm.to_json()
+    if cm.message_id is None or cm.message_id >= 0:
+        return (None, cm.message_id, body)
+    tail = f"{cm.message_id}}}"
+    if not body.endswith(f'"message_id":{tail}'):
+        raise ValueError("a working-memory entry's JSON does not end with its message_id")
+    return (-cm.message_id - 1, None, body[: -len(tail)])
 
 
-def _apply(conn: sqlite3.Connection, batch: Sequence[_Append | _Job]) -> list[Any]:
-    results: list[Any] = []
-    run: list[_Append] = []
-    for item in batch:
-        if isinstance(item, _Append):
-            run.append(item)
-            continue
-        if run:
-            results.extend(_apply_appends(conn, run))
-            run = []
-        results.append(item.fn(conn))
-    if run:
-        results.extend(_apply_appends(conn, run))
-    return results
+def _stored(a: _Append, first: int | None, now: float) -> list[Message]:
+    """``a``'s rows as written: ids from ``first`` on (:func:`.sqlite_writer.write_appends`)."""
+    if first is None:
+        return []
+    cid = a.conversation_id
+    return [m.stored(id=first + k, conversation_id=cid, now=now) for k, m in enumerate(a.log)]
 
 
-def _transaction(conn: sqlite3.Connection, batch: Sequence[_Append | _Job]) -> list[Any]:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        results = _apply(conn, batch)
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    return results
-
-
-def _commit_batch(
-    conn: sqlite3.Connection, batch: list[_Append | _Job], restore: str | None = None
-) -> list[Any]:
-    """Runs in the writer thread: the batch as one transaction, or job by job.
-
-    ``restore``: the batch commits with ``synchronous = NORMAL`` (no fsync of
-    its own), then the connection's mode (``restore``) is set back.
-    """
-    if restore is None:
-        return _commit(conn, batch)
-    conn.execute("PRAGMA synchronous = NORMAL")
-    try:
-        return _commit(conn, batch)
-    finally:
-        conn.execute(f"PRAGMA synchronous = {restore}")
-
-
-def _commit(conn: sqlite3.Connection, batch: list[_Append | _Job]) -> list[Any]:
-    try:
-        return _transaction(conn, batch)
-    except Exception as exc:
-        if len(batch) == 1:
-            return [_Failed(exc)]
-    # Isolate the failing job: every other job still commits.
-    out: list[Any] = []
-    for item in batch:
-        try:
-            out.extend(_transaction(conn, [item]))
-        except Exception as exc:
-            out.append(_Failed(exc))
-    return out
+def _item(job: _Append | _Job, now: float) -> tuple[Any, ...]:
+    """One job of a batch as the writer takes it."""
+    if isinstance(job, _Append):
+        return ("append", _append_rows(job, now))
+    if job.op is not None:
+        return ("op", *job.op)
+    return ("fn", job.fn)
 
 
 class _WriterThread:
@@ -449,9 +337,13 @@ class SQLiteStore(
         max_batch: int = 512,
         busy_timeout: float = 5.0,
         defer_max: float = DEFER_MAX,
+        writer: Writer = _DEFAULTS.writer,
     ) -> None:
         if synchronous not in ("off", "normal", "full", "extra"):
             raise ValueError(f"synchronous must be off|normal|full|extra, not {synchronous!r}")
+        if writer not in ("process", "thread"):
+            raise ValueError(f"writer must be process|thread, not {writer!r}")
+        self.writer = writer
         self.path = str(path)
         self.synchronous = synchronous
         self.max_batch = max_batch
@@ -459,6 +351,7 @@ class SQLiteStore(
         self.defer_max = defer_max
         self._memory = self.path == ":memory:"
         self._writer: _WriterThread | None = None
+        self._process: WriterProcess | None = None
         self._conn: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._pending: list[_Append | _Job] = []
@@ -472,21 +365,22 @@ class SQLiteStore(
         self._idle: asyncio.Event | None = None
         self._started = False
         self._closed = False
+        self._traced_from = 0  # (trace_statements)
 
     # -- lifecycle -----------------------------------------------------------
+    def _connection_settings(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "busy_ms": int(self.busy_timeout * 1000),
+            "synchronous": self.synchronous,
+            # Checkpoints every 4000 pages (SQLite's default: 1000): the WAL file is up
+            # to 16 MB (see ``open_connection``).
+            "wal_pages": _WAL_PAGES,
+        }
+
     def _open_writer(self) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn = open_connection(**self._connection_settings())
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            conn.execute("PRAGMA foreign_keys = ON")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
-            # The WAL is copied into the database (and both fsynced) every 4000 pages
-            # written, not SQLite's 1000: a page written by many commits (the log's
-            # last leaf, the search index's structure, the outbox's) is copied once
-            # per checkpoint, so fewer checkpoints copy fewer pages; the WAL file is
-            # up to 16 MB.  Durability is the commit's fsync of the WAL, unchanged.
-            conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_PAGES}")
             if not self._memory:
                 # An existing database about to change schema is copied first.
                 backup_before_migrating(conn, self.path)
@@ -510,6 +404,8 @@ class SQLiteStore(
                 self._reader = await aiosqlite.connect(self.path, isolation_level=None)
                 await self._reader.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
                 await self._reader.execute("PRAGMA query_only = ON")
+                if self.writer == "process":
+                    await self._start_process()
         except sqlite3.Error as exc:
             await self._shutdown()
             raise StoreError(f"cannot open database {self.path!r}: {exc}") from exc
@@ -519,6 +415,29 @@ class SQLiteStore(
         self._idle = asyncio.Event()
         self._idle.set()
         self._started = True
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid; None while the writes run in the thread."""
+        process = self._process
+        return process.pid if process is not None and process.alive else None
+
+    async def _start_process(self) -> None:
+        try:
+            # Its page cache is 512 KB, not SQLite's 2 MB: the process's memory is
+            # the bot's too (a cache miss is a read from the OS's cache, in there).
+            settings = {**self._connection_settings(), "parent": os.getpid(), "cache_kb": _CACHE_KB}
+            self._process = await WriterProcess.start(settings)
+            # The thread's connection now runs the rare closures only, and the
+            # process's commits empty its cache anyway: the same bound.
+            conn = self._conn
+            assert conn is not None
+            await self._in_writer(conn.execute, f"PRAGMA cache_size = {-_CACHE_KB}")
+        except sqlite3.Error:
+            raise  # the database itself: as the thread's connection would have said
+        except Exception as exc:
+            # (No interpreter to start, no process allowed: the thread writes.)
+            log.warning("SQLite writer process not started (%s); writing from a thread", exc)
 
     async def settle(self) -> None:
         if self._closed or self._idle is None:
@@ -536,6 +455,10 @@ class SQLiteStore(
         await self._shutdown()
 
     async def _shutdown(self) -> None:
+        if self._process is not None:
+            with contextlib.suppress(Exception):
+                await self._process.stop()
+            self._process = None
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 await self._reader.close()
@@ -615,21 +538,52 @@ class SQLiteStore(
             and all(item.conversation_id in self._internal for item in batch)
         ):
             restore = self.synchronous.upper()
+        now = time.time()
+        items = [_item(job, now) for job in batch]
+        process = self._process
+        if process is not None and not process.alive:
+            process = self._process = None
+        if (
+            process is not None
+            and all(item[0] != "fn" for item in items)
+            and process.submit(
+                items, restore, lambda reply, exc: self._remote_done(batch, now, reply, exc)
+            )
+        ):
+            return
         self._writer.submit(
-            _commit_batch,
-            (self._conn, batch, restore),
-            lambda results, exc: self._done(batch, results, exc),
+            run_batch,
+            (self._conn, items, restore),
+            lambda results, exc: self._done(batch, now, results, exc),
         )
 
-    def _done(
-        self, batch: list[_Append | _Job], results: list[Any] | None, exc: BaseException | None
+    def _remote_done(
+        self,
+        batch: list[_Append | _Job],
+        now: float,
+        reply: tuple[list[Any], dict[int, BaseException]] | None,
+        exc: BaseException | None,
     ) -> None:
-        if exc is not None or results is None:  # the thread itself failed
-            results = [_Failed(exc or StoreError("the writer failed"))] * len(batch)
+        results = None
+        if reply is not None:
+            results, failures = reply
+            for index, error in failures.items():
+                results[index] = Failed(error)
+        self._done(batch, now, results, exc)
+
+    def _done(
+        self,
+        batch: list[_Append | _Job],
+        now: float,
+        results: list[Any] | None,
+        exc: BaseException | None,
+    ) -> None:
+        if exc is not None or results is None:  # the writer itself failed
+            results = [Failed(exc or StoreError("the writer failed"))] * len(batch)
         for item, result in zip(batch, results, strict=True):
             if item.future.done():
                 continue
-            if isinstance(result, _Failed):
+            if isinstance(result, Failed):
                 err = result.error
                 if not isinstance(err, (StoreError, StoreRefusal)):
                     wrapped = StoreError(f"database write failed: {err}")
@@ -637,6 +591,8 @@ class SQLiteStore(
                     wrapped.retryable = _transient(err)
                     err = wrapped
                 item.future.set_exception(err)
+            elif isinstance(item, _Append):
+                item.future.set_result(_stored(item, result, now))
             else:
                 item.future.set_result(result)
         self._pump()
@@ -645,11 +601,20 @@ class SQLiteStore(
         loop = asyncio.get_running_loop()
         return await self._submit(_Job(fn, loop.create_future()), defer=defer)
 
+    async def _write_op(self, name: str, *args: Any, defer: bool = False) -> Any:
+        """Run ``OPS[name](connection, *args)`` (:data:`.sqlite_writer.OPS`) as a write:
+        plain data, so the writer process can take it."""
+        loop = asyncio.get_running_loop()
+        return await self._submit(_Job(None, loop.create_future(), op=(name, args)), defer=defer)
+
     def _append_in(
         self, conn: sqlite3.Connection, cid: str, message: NewMessage, updated_at: float | None
     ) -> Message:
         """One audit-log row written in the caller's transaction (the turn queue's)."""
-        [[m]] = _apply_appends(conn, [_Append(cid, (message,), (), updated_at, _NO_FUTURE)])
+        append = _Append(cid, (message,), (), updated_at, _NO_FUTURE)
+        now = time.time()
+        [first] = write_appends(conn, [_append_rows(append, now)])
+        [m] = _stored(append, first, now)
         return m
 
     async def run_write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -660,6 +625,18 @@ class SQLiteStore(
         commit or roll back itself; an exception rolls back its changes only.
         """
         return await self._write(fn)
+
+    async def trace_statements(self, on: bool) -> list[str]:
+        """A debugging aid: the SQL the writing connections run (the thread's and the
+        writer process's), in the order they ran it.  ``on=True`` starts recording
+        (and returns ``[]``); ``on=False`` stops and returns what was recorded since."""
+        got = list(await self._write(lambda conn: trace(conn, on)))
+        if self._process is not None and self._process.alive:
+            got += await self._write_op("trace", on)
+        if on:
+            self._traced_from = time.monotonic_ns()
+            return []
+        return [st for t, st in sorted(got) if t >= self._traced_from]
 
     async def run_read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Run a read-only query on the reading connection; rows as tuples."""
@@ -682,7 +659,7 @@ class SQLiteStore(
     async def create_conversation(
         self, record: ConversationRecord, *, channel_key: str | None = None
     ) -> None:
-        await self._write(lambda conn: _insert_conversation(conn, record, channel_key))
+        await self.create_conversation_with(record, channel_key=channel_key)
 
     async def create_conversation_with(
         self,
@@ -914,7 +891,7 @@ class SQLiteStore(
         conn.execute("PRAGMA secure_delete = ON")
         try:
             try:
-                result = _transaction(conn, [_Job(fn, None)])[0]  # type: ignore[arg-type]
+                result = transaction(conn, [("fn", fn)])[0]
             except Exception as exc:
                 return exc
         finally:

@@ -16,20 +16,6 @@ _OUTBOX_COLUMNS = (
     "id, channel_key, run_id, piece, transport, kind, text, reply_to, complete, state,"
     " awaits_confirm, ref, created_at"
 )
-_OUTBOX_UPSERT = (
-    "INSERT INTO outbox (channel_key, run_id, piece, transport, kind, text, reply_to, complete,"
-    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (channel_key, run_id, piece) DO UPDATE SET text = excluded.text,"
-    " complete = excluded.complete WHERE outbox.complete = 0"
-)
-#: States only move forward: queued (0) → sent (1) → confirmed (2).
-_OUTBOX_RANK = "(CASE {} WHEN 'queued' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END)"
-_OUTBOX_MARK = (
-    "UPDATE outbox SET"
-    f" state = CASE WHEN {_OUTBOX_RANK.format('?1')} > {_OUTBOX_RANK.format('state')}"
-    " THEN ?1 ELSE state END,"
-    " awaits_confirm = COALESCE(?2, awaits_confirm), ref = COALESCE(?3, ref) WHERE id = ?4"
-)
 
 
 class SQLiteOutbox(SQLiteRoom):
@@ -45,22 +31,8 @@ class SQLiteOutbox(SQLiteRoom):
             )
             for e in entries
         ]  # fmt: skip
-
-        def fn(conn: sqlite3.Connection) -> list[int]:
-            ids = []
-            for row in rows:
-                # The row's id comes back with the write (one statement, not two: each
-                # step hands the GIL to the event loop and waits to take it back) …
-                found = conn.execute(_OUTBOX_UPSERT + " RETURNING id", row).fetchone()
-                if found is None:  # … but not when a complete row was kept as it was
-                    found = conn.execute(
-                        "SELECT id FROM outbox WHERE channel_key = ? AND run_id = ? AND piece = ?",
-                        row[:3],
-                    ).fetchone()
-                ids.append(int(found[0]))
-            return ids
-
-        return await self._write(fn, defer=defer)
+        ids: list[int] = await self._write_op("outbox_add", rows, defer=defer)
+        return ids
 
     async def outbox_mark(
         self, updates: Sequence[tuple[int, OutboxState, bool | None, str | None]]
@@ -69,11 +41,7 @@ class SQLiteOutbox(SQLiteRoom):
             (state, None if awaits is None else int(awaits), ref, id_)
             for id_, state, awaits, ref in updates
         ]
-
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.executemany(_OUTBOX_MARK, rows)
-
-        await self._write(fn)
+        await self._write_op("outbox_mark", rows)
 
     async def outbox_undelivered(self, *, limit: int = 10_000) -> list[OutboxEntry]:
         rows = await self._read(

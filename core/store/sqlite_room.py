@@ -23,6 +23,9 @@ class SQLiteRoom:
     async def _write(self, fn: Callable[[sqlite3.Connection], Any], *, defer: bool = False) -> Any:
         raise NotImplementedError
 
+    async def _write_op(self, name: str, *args: Any, defer: bool = False) -> Any:
+        raise NotImplementedError
+
     async def run_write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         raise NotImplementedError
 

@@ -8,14 +8,9 @@ from typing import Any
 
 from .records import RunRecord
 from .sqlite_room import SQLiteRoom
+from .sqlite_writer import INSERT_RUN
 
 __all__ = ["INSERT_RUN", "SQLiteRuns", "run_row"]
-
-INSERT_RUN = (
-    "INSERT OR REPLACE INTO run (run_id, conversation_id, parent_run_id,"
-    " parent_conversation_id, parent_call_id, agent, depth, started, ended,"
-    " stop_reason, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
 
 
 def run_row(run: RunRecord) -> tuple[Any, ...]:
