@@ -2,9 +2,12 @@
 
 * WAL journal; ``synchronous`` is configurable (``"full"`` by default: a
   committed message survives power loss, not only a killed process).
-* One writer: every write is a job handed, in batches, to one writer thread
-  owning the only writing connection.  A batch is one transaction run in a
-  single thread round trip (not one per statement), and jobs that arrive
+* One writer: every write is a job handed, in batches, to the writer: a
+  process of its own (``writer = "process"``, :mod:`.sqlite_writer`) for the
+  batches of plain data (appends, the outbox's named operations), the writer
+  thread for those holding a closure; one batch is in flight at a time.  A
+  batch is one transaction run in a single round trip (not one per
+  statement), and jobs that arrive
   while a commit is in flight are committed together in the next one (group
   commit): many conversations writing at once cost one fsync, not one each.
   Each caller still waits for *its* commit; a failing job fails alone.
@@ -16,7 +19,8 @@
   sixth of the Slack benchmark's commits held only outbox rows, most held).
 * Reads go through aiosqlite on a second connection (WAL lets it read while
   the writer commits); with ``:memory:`` the one connection serves both.
-* The event loop never blocks on disk: SQLite only runs in those threads.
+* The event loop never blocks on disk: SQLite only runs in those threads
+  and in the writer process.
 """
 
 from __future__ import annotations
