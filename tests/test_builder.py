@@ -99,14 +99,18 @@ def test_from_config_wires_backend_storage_and_policy(tmp_path):
         {
             "agent": {"system_prompt": "Hello."},
             "llm": {"base_url": "http://127.0.0.1:9/v1", "model": "m", "timeout": 5},
-            "storage": {"path": str(tmp_path / "c.db"), "synchronous": "normal"},
+            "storage": {
+                "path": str(tmp_path / "c.db"),
+                "synchronous": "normal",
+                "writer": "thread",
+            },
             "tools": {"max_tool_calls": 3, "allowed": ["safe_*"]},
         },
         env={},
     )
     agent = AgentBuilder.from_config(config, load_registry(config)).build()
     assert isinstance(agent.llm, OpenAIBackend) and agent.llm.model == "m"
-    assert agent.store.synchronous == "normal"
+    assert agent.store.synchronous == "normal" and agent.store.writer == "thread"
     assert agent.policy.max_tool_calls == 3 and agent.policy.allowed_tools == ("safe_*",)
     assert agent.system_prompt == "Hello."
 

@@ -313,6 +313,8 @@ def test_out_of_range_value_is_named(tmp_path):
 def test_value_outside_a_choice_is_named(tmp_path):
     message = load_error(tmp_path, '[storage]\nsynchronous = "sometimes"\n')
     assert "storage.synchronous" in message and "sometimes" in message
+    message = load_error(tmp_path, '[storage]\nwriter = "fork"\n')
+    assert "storage.writer" in message and "fork" in message
 
 
 def test_missing_transport_type_is_named(tmp_path):
@@ -773,6 +775,7 @@ def test_transport_mcp_and_storage_sections_are_the_classes_they_configure():
     }
     store = inspect.signature(SQLiteStore).parameters
     assert StorageSection().synchronous == store["synchronous"].default
+    assert StorageSection().writer == store["writer"].default == "process"
     pg = inspect.signature(PostgresStore).parameters
     assert (StorageSection().pool_min, StorageSection().pool_max) == (
         pg["pool_min"].default,
