@@ -452,4 +452,5 @@ def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout.buffer)
-    os._exit(0)  # (not flushing a stdout whose reader is gone)
+    # What exit flushes goes nowhere: the bot may be gone (Python's docs, "Note on SIGPIPE").
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
