@@ -262,3 +262,32 @@ async def test_no_interpreter_to_start_means_the_thread_writes(tmp_path, monkeyp
             await s.append("c", log=[user("hello")])
             assert [m.content for m in await s.messages("c")] == ["hello"]
     assert "writer process not started" in caplog.text
+
+
+def private_kb(pid: int) -> int:
+    total = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            total += int(line.split()[1])
+    return total
+
+
+async def test_a_burst_of_large_rows_does_not_stay_in_the_writers_memory(tmp_path):
+    """512 tool outputs of 20 KB in one batch (about 10 MB of rows): once written,
+    the process gives their memory back (it kept 37 MB after such a burst)."""
+    async with SQLiteStore(str(tmp_path / "m.db")) as s:
+        pid = s.writer_pid
+        assert pid is not None
+        await s.create_conversation(rec("c"))
+        before = private_kb(pid)
+        for _ in range(2):
+            await asyncio.gather(
+                *[
+                    s.append("c", log=[NewMessage(kind="tool_result", content=f"{i}" + "y" * 20_000,
+                                                  tool_call_id="t")])
+                    for i in range(512)
+                ]
+            )  # fmt: skip
+        assert await s.count_messages("c") == 1024
+        grown = private_kb(pid) - before
+        assert grown < 8 * 1024, f"the writer process kept {grown} KB"

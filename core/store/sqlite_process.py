@@ -38,6 +38,15 @@ _HEADER = 4
 #: process's lock for ``busy_timeout``), and to finish its last batch when closed.
 _START_WAIT = 30.0
 _STOP_WAIT = 30.0
+#: glibc's malloc in the process: a batch of large rows (20 KB tool outputs, up to
+#: ``max_batch`` of them) is freed once written, and these give it back to the
+#: system rather than keeping the high-water mark for good (about 37 MB after a
+#: burst of 512 such rows without them; see docs/operations.md, "The database").
+_MALLOC = {
+    "MALLOC_MMAP_THRESHOLD_": "65536",  # a fixed threshold: no dynamic raise after a free
+    "MALLOC_TRIM_THRESHOLD_": "131072",
+    "MALLOC_ARENA_MAX": "1",
+}
 #: Reaping the processes that died on their own (the loop keeps weak references).
 _REAPING: set[asyncio.Task[None]] = set()
 
@@ -97,7 +106,11 @@ class WriterProcess:
         # A vfork and exec (about a millisecond): not worth a thread, and an asyncio
         # subprocess would read its replies in a task, a task switch a batch.
         proc = subprocess.Popen(  # noqa: ASYNC220
-            _command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
+            _command(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+            env={**os.environ, **_MALLOC},
         )
         self = cls(proc)
         try:
