@@ -291,3 +291,22 @@ async def test_a_burst_of_large_rows_does_not_stay_in_the_writers_memory(tmp_pat
         assert await s.count_messages("c") == 1024
         grown = private_kb(pid) - before
         assert grown < 8 * 1024, f"the writer process kept {grown} KB"
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+async def test_a_row_that_cannot_be_written_fails_alone_and_the_writer_goes_on(tmp_path, writer):
+    """Data that is not JSON fails its own write with a StoreError; the writes
+    queued with it commit, and the next ones too."""
+    async with SQLiteStore(str(tmp_path / "j.db"), writer=writer) as s:
+        await s.create_conversation(rec("c"))
+        blocker = asyncio.ensure_future(s.append("c", log=[user("first")]))
+        bad, good = await asyncio.gather(
+            s.append("c", log=[user("bad", data={"not json": object()})]),
+            s.append("c", log=[user("queued with it")]),
+            return_exceptions=True,
+        )
+        await blocker
+        assert isinstance(bad, StoreError) and "JSON serializable" in str(bad)
+        assert [m.content for m in good] == ["queued with it"]
+        await s.append("c", log=[user("after")])
+        assert [m.content for m in await s.messages("c")] == ["first", "queued with it", "after"]

@@ -296,6 +296,19 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
+def _settle_failed(job: _Append | _Job, err: BaseException) -> None:
+    """A job's future fails with ``err``: a :class:`StoreError` (retryable when
+    SQLite's error may pass) unless it is one, or a refusal."""
+    if job.future is None or job.future.done():
+        return
+    if not isinstance(err, (StoreError, StoreRefusal)):
+        wrapped = StoreError(f"database write failed: {err}")
+        wrapped.__cause__ = err
+        wrapped.retryable = _transient(err)
+        err = wrapped
+    job.future.set_exception(err)
+
+
 def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
     if fut.cancelled():
         return
@@ -527,6 +540,22 @@ class SQLiteStore(
         self._urgent -= sum(not item.held for item in batch)
         if not self._pending:
             self._due = False
+        # Each job as the writer takes it: one that cannot be (data that is not
+        # JSON, say) fails alone, here, as it would have in the writer.
+        now = time.time()
+        items: list[tuple[Any, ...]] = []
+        ready: list[_Append | _Job] = []
+        for job in batch:
+            try:
+                items.append(_item(job, now))
+            except Exception as exc:
+                _settle_failed(job, exc)
+                continue
+            ready.append(job)
+        batch = ready
+        if not batch and self._pending:
+            self._pump()
+            return
         if not batch:
             self._busy = False
             assert self._idle is not None
@@ -542,8 +571,6 @@ class SQLiteStore(
             and all(item.conversation_id in self._internal for item in batch)
         ):
             restore = self.synchronous.upper()
-        now = time.time()
-        items = [_item(job, now) for job in batch]
         process = self._process
         if process is not None and not process.alive:
             process = self._process = None
@@ -588,13 +615,7 @@ class SQLiteStore(
             if item.future.done():
                 continue
             if isinstance(result, Failed):
-                err = result.error
-                if not isinstance(err, (StoreError, StoreRefusal)):
-                    wrapped = StoreError(f"database write failed: {err}")
-                    wrapped.__cause__ = err
-                    wrapped.retryable = _transient(err)
-                    err = wrapped
-                item.future.set_exception(err)
+                _settle_failed(item, result.error)
             elif isinstance(item, _Append):
                 item.future.set_result(_stored(item, result, now))
             else:
