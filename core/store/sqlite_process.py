@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 Done = Callable[[Any, BaseException | None], None]
 
-_HEADER = 4
+_HEADER = sqlite_writer.HEADER  # the frames' length prefix, as the process writes it
 #: Seconds the process may take to open the database (it waits out another
 #: process's lock for ``busy_timeout``), and to finish its last batch when closed.
 _START_WAIT = 30.0

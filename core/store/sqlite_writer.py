@@ -357,13 +357,14 @@ def open_connection(
 # whole batch.  An error crosses as ``("error", type name, message, SQLite's error
 # code, its name)``.
 
-_HEADER = 4
+#: Bytes of a frame's length (big-endian), before its marshal dump: both ends use it.
+HEADER = 4
 
 
 def read_frame(stream: BinaryIO) -> tuple[Any, int]:
     """One frame from a blocking stream, and its size; ``EOFError`` at its end."""
-    head = stream.read(_HEADER)
-    if len(head) < _HEADER:
+    head = stream.read(HEADER)
+    if len(head) < HEADER:
         raise EOFError
     size = int.from_bytes(head, "big")
     data = stream.read(size)
@@ -375,7 +376,7 @@ def read_frame(stream: BinaryIO) -> tuple[Any, int]:
 def frame(value: Any) -> bytes:
     """``value`` as a frame; ``ValueError`` if it is not plain data."""
     data = marshal.dumps(value)
-    return len(data).to_bytes(_HEADER, "big") + data
+    return len(data).to_bytes(HEADER, "big") + data
 
 
 def error_out(exc: BaseException) -> tuple[Any, ...]:
