@@ -22,8 +22,10 @@ Everything runs on this machine, each part in its own process:
   local server, no TLS, one channel per IRC conversation, flood control relaxed as in
   ``bench_irc.py``), ``[transports.web]`` on (the HTTP API on a free port),
   ``[compaction] context_tokens`` small (16,000: the third 20 KB tool output in a
-  conversation's context compacts it), ``[memory] reflect_after_idle`` and
-  ``mining_debounce`` short, and one ``[[mcp.servers]]`` entry (the server above).
+  conversation's context compacts it), ``[memory] reflect_after_idle``,
+  ``release_vectors_after_idle`` and ``mining_debounce`` short (the idle time: every
+  idle timer is scaled as the channels' release is), and one ``[[mcp.servers]]`` entry
+  (the server above).
   Everything else is the shipped default: streaming, SQLite persistence with
   ``synchronous = "full"``, memory with builtin embeddings, automatic recall, mining and
   reflection, metrics, access and budgets, ``transcript_cache = 64``.  The bridge's
@@ -190,6 +192,7 @@ def agentik_config(
     edits["compaction"] = {"context_tokens": str(CONTEXT_TOKENS)}
     edits["memory"] = {
         "reflect_after_idle": json.dumps(f"{cfg.idle:g}s"),
+        "release_vectors_after_idle": json.dumps(f"{cfg.idle:g}s"),
         "mining_debounce": f"{min(30.0, cfg.idle):g}",
     }
     text = bench_irc.edit_toml(EXAMPLE.read_text(), edits)
@@ -303,6 +306,16 @@ def _object_types() -> Counter[str]:
     return Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
 
 
+def _vectors(memory: Any) -> dict[str, int]:
+    """The notes' vectors in the bot's memory now, and the scopes released and read back."""
+    index = getattr(memory, "_index", None)
+    return {
+        "vectors": len(index) if index is not None else 0,
+        "scopes_released": getattr(memory, "scopes_released", 0),
+        "scopes_loaded": getattr(memory, "scopes_loaded", 0),
+    }
+
+
 async def bot_child(args: argparse.Namespace) -> None:
     """``agentik run -c <config>``, the channel release shortened, commands on stdin."""
     import signal
@@ -342,7 +355,8 @@ async def bot_child(args: argparse.Namespace) -> None:
                 st = proc_status()
                 _emit({"rss": st["VmRSS"], "hwm": st["VmHWM"], "cpu": process_cpu(),
                        "objects": len(gc.get_objects()), "tasks": len(asyncio.all_tasks()),
-                       "blocks": sys.getallocatedblocks(), **_mallinfo()})  # fmt: skip
+                       "blocks": sys.getallocatedblocks(), **_mallinfo(),
+                       **_vectors(bot.agent.memory)})  # fmt: skip
             elif cmd == "mark":
                 tracer.mark()
                 types = _object_types()
@@ -799,6 +813,11 @@ async def bench(cfg: Config, tmp: str, server_name: str) -> list[Row]:
         if "malloc_used" in st:
             say(f"  {name}: RSS {mb(st['rss'])}; malloc in use {mb(st['malloc_used'])}, free but"
                 f" kept {mb(st['malloc_free'])}; Python blocks {st['blocks']:,}")  # fmt: skip
+    say("  notes' vectors in memory: " + ", ".join(
+        f"{name} {st.get('vectors', 0):,}" for name, st in (
+            ("ready", ready), ("mark", mark), ("end of load", end), ("after idle", idle)))
+        + f"; scopes released {idle.get('scopes_released', 0):,},"
+          f" read back {idle.get('scopes_loaded', 0):,}")  # fmt: skip
     say("  objects the bot gained from the mark to the end of the load, by type: "
         + (", ".join(f"{name} +{n:,}" for name, n in grown) or "none"))  # fmt: skip
     after = [s for s in samples if cfg.mark <= s.t <= load_end]

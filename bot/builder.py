@@ -393,6 +393,7 @@ class AgentBuilder:
                 embedder=embedder,
                 search=mem.search,
                 recall=mem.recall_policy(),
+                release_after=mem.release_vectors_after_idle,
             )
         elif mem.backend == "markdown":
             memory = MarkdownMemory(

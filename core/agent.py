@@ -232,6 +232,7 @@ class Agent:
         self.services = AgentServices(self)
         # Conversations that leave memory give it back to the system (glibc).
         self._trim = self.services.trim = MemoryTrim(memory_trim)
+        self.memory.on_release = self._trim.released
         # One lock per channel key, kept only while in use.
         self._channel_lock = KeyedLocks()
         #: New channels' conversations not stored yet (their binding is written with

@@ -198,6 +198,10 @@ class MemorySettings(RecallKnobs, BackgroundPolicy):
     embedding_model: Blank = None
     #: ``openai`` embeddings: the endpoint; unset: ``$OPENAI_BASE_URL``, else the SDK's default.
     embedding_base_url: Blank = None
+    #: Seconds a scope's vectors (a channel's notes, a user's) stay in memory
+    #: after the last search or note in it; then they leave it, and the next
+    #: search there reads them back from the database.  0: all stay in memory.
+    release_vectors_after_idle: Annotated[float, BeforeValidator(seconds)] = Field(900.0, ge=0)
     #: ``openai`` embeddings: the key; unset: ``$OPENAI_API_KEY``.
     embedding_api_key: BlankSecret = None
 
@@ -342,6 +346,9 @@ class MemoryBackend(abc.ABC):
         #: Rewrites a note's text before it is stored (the agent sets it to
         #: the ``before_store`` hooks, kind ``note``); backends call :meth:`scrub`.
         self.before_store: Callable[[str], str] | None = None
+        #: Called when the backend freed memory it held (the agent sets it to
+        #: its ``malloc_trim``, so the freed pages go back to the system).
+        self.on_release: Callable[[], None] | None = None
 
     def scrub(self, text: str) -> str:
         """``text`` as :attr:`before_store` leaves it (unchanged when unset)."""

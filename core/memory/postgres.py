@@ -24,7 +24,8 @@ note), computed in SQL.
 Vectors: pgvector is not used.  The embeddings are stored as little-endian
 ``float32`` in a ``bytea`` column and each process ranks them in memory with
 :class:`~.vectors.VectorIndex` (exact cosine), catching up with other processes'
-writes by ``seq`` at most once per ``sync_interval``, as SQLite does.  Every
+writes by ``seq`` at most once per ``sync_interval``, and reading an idle scope's
+vectors back when it is searched again, as SQLite does.  Every
 memory write takes an advisory lock (:data:`MEMORY_LOCK`) first and holds it
 until it commits, so vectors become visible in ``seq`` order (a process that read
 up to ``seq`` N has seen every row below it, even with several workers writing)
@@ -45,14 +46,13 @@ from ..store.postgres_migrations import MEMORY_LOCK_KEY
 from ..store.postgres_room import nul_free
 from . import Note, NoteError, NoteVersion, RecallPolicy, valid_scope
 from .embeddings import Embedder
-from .sqlite import SYNC_INTERVAL, SearchMode, SQLiteMemory, blob_vector, vector_blob
+from .sqlite import RELEASE_AFTER, SYNC_INTERVAL, SearchMode, SQLiteMemory, vector_blob
 
 if TYPE_CHECKING:
     import asyncpg
     import numpy as np
 
     from ..store.postgres import PostgresStore
-    from .vectors import VectorIndex
 
 __all__ = ["PostgresMemory", "query_words", "tsvector", "words"]
 
@@ -173,7 +173,8 @@ class PostgresMemory(SQLiteMemory):
     The arguments are :class:`~.sqlite.SQLiteMemory`'s: ``embedder`` (``None``:
     full text only), ``search`` (``hybrid``, ``fts`` or ``vector``), ``recall``,
     ``sync_interval`` (how stale this process's copy of other processes'
-    vectors may get).
+    vectors may get), ``release_after`` (seconds a scope's vectors stay in
+    memory unused).
     """
 
     name = "postgres"
@@ -187,6 +188,7 @@ class PostgresMemory(SQLiteMemory):
         search: SearchMode = "hybrid",
         recall: RecallPolicy | None = None,
         sync_interval: float = SYNC_INTERVAL,
+        release_after: float = RELEASE_AFTER,
     ) -> None:
         super().__init__(
             store,  # type: ignore[arg-type]  # what reads it is overridden or engine-neutral SQL
@@ -195,6 +197,7 @@ class PostgresMemory(SQLiteMemory):
             search=search,
             recall=recall,
             sync_interval=sync_interval,
+            release_after=release_after,
         )
         self.pg = store
 
@@ -217,34 +220,19 @@ class PostgresMemory(SQLiteMemory):
             vector_blob(vector),
         )
 
-    async def _sync(self) -> VectorIndex | None:
-        if self.embedder is None:
-            return None
-        if not self._checked:
-            await self.check_vectors()
-        async with self._sync_lock:
-            started = time.monotonic()
-            if started - self._synced_at < self.sync_interval:
-                return self._index
-            rows = await self.pg.run_read(
-                "SELECT v.seq, v.note_id, n.scope, v.model, v.dim, v.vector FROM memory_vector v"
-                " JOIN memory_note n ON n.id = v.note_id WHERE v.seq > $1 ORDER BY v.seq",
-                self._seq,
-            )
-            self._synced_at = started
-            model = self.embedder.model
-            for seq, nid, scope, row_model, dim, blob in rows:
-                self._seq = max(self._seq, int(seq))
-                if row_model != model:
-                    continue
-                if self._index is None:
-                    from .vectors import VectorIndex
+    async def _vectors_since(self, seq: int) -> Sequence[Sequence[Any]]:
+        return await self.pg.run_read(
+            "SELECT v.seq, v.note_id, n.scope, v.model, v.dim, v.vector FROM memory_vector v"
+            " JOIN memory_note n ON n.id = v.note_id WHERE v.seq > $1 ORDER BY v.seq",
+            seq,
+        )
 
-                    self._index = VectorIndex(int(dim))
-                vec = blob_vector(bytes(blob), self._index.dim)
-                if vec is not None:
-                    self._index.put(int(nid), scope, vec)
-            return self._index
+    async def _vectors_in(self, scopes: Sequence[str]) -> Sequence[Sequence[Any]]:
+        return await self.pg.run_read(
+            "SELECT v.note_id, n.scope, v.model, v.vector FROM memory_note n"
+            " JOIN memory_vector v ON v.note_id = n.id WHERE n.scope = ANY($1::text[])",
+            list(scopes),
+        )
 
     async def reembed(self, *, everything: bool = False, batch: int = 256) -> int:
         if self.embedder is None:
@@ -292,6 +280,7 @@ class PostgresMemory(SQLiteMemory):
 
         await self._write(clean)
         self._index, self._seq, self._synced_at = None, 0, float("-inf")
+        self._counted = False
         await self.check_vectors()
         return done
 

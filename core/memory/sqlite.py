@@ -23,7 +23,13 @@ vectors other processes wrote (``agentik memory add``, another worker) are
 caught up with (by their ``seq``) before a search, at most once every
 ``sync_interval`` seconds (:data:`SYNC_INTERVAL`, one second): another
 process's note is found within a second of its commit, and a busy bot does
-not read the vector table on every message.  ``search="hybrid"`` (the default with an
+not read the vector table on every message.  The copy keeps the scopes in use:
+a scope (a channel's notes, a user's) that no search and no note used for
+``release_after`` seconds (:data:`RELEASE_AFTER`, the ``[memory]
+release_vectors_after_idle`` setting) leaves memory, and its vectors are read
+back from the database (one indexed read) by its next search.  So the memory
+a bot holds for vectors follows the channels that talk, not every note it
+ever learned.  ``search="hybrid"`` (the default with an
 embedder) fuses the FTS5 ranking and the vector ranking by reciprocal-rank
 fusion, so a paraphrase that shares no word with the note ("where do we
 deploy?" → "production runs on the Hetzner box") is found, and an exact word
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import hashlib
 import logging
 import re
@@ -78,6 +85,9 @@ SYNC_INTERVAL = 1.0
 #: How many texts' vectors are kept for reuse (a turn's message: recall, then
 #: a ``memory_search`` of the same words), most recently used first.
 EMBED_CACHE = 64
+#: Seconds a scope's vectors stay in memory after the last search or note in
+#: it (then they are read back from the database when needed; 0: kept for good).
+RELEASE_AFTER = 900.0
 
 _COLUMNS = "id, scope, text, author, version, deleted, created_at, updated_at"
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -175,7 +185,8 @@ class SQLiteMemory(MemoryBackend):
     ``recall``: automatic recall where a conversation does not say (off by
     default; the configuration's ``[memory] recall`` turns it on).
     ``sync_interval``: how stale the copy of other processes' vectors may get
-    (seconds; ``0``: read before every search).
+    (seconds; ``0``: read before every search).  ``release_after``: seconds
+    a scope's vectors stay in memory unused (``0``: for good).
     """
 
     name = "sqlite"
@@ -189,6 +200,7 @@ class SQLiteMemory(MemoryBackend):
         search: SearchMode = "hybrid",
         recall: RecallPolicy | None = None,
         sync_interval: float = SYNC_INTERVAL,
+        release_after: float = RELEASE_AFTER,
     ) -> None:
         super().__init__(allow_global_writes=allow_global_writes)
         self.store = store
@@ -198,7 +210,14 @@ class SQLiteMemory(MemoryBackend):
         self.search_mode: SearchMode = search
         self._index: VectorIndex | None = None
         self._seq = 0
+        #: Whether the first catch-up (the vectors' count by scope) ran.
+        self._counted = False
         self.sync_interval = sync_interval
+        self.release_after = release_after
+        self._release: asyncio.TimerHandle | None = None
+        #: Scopes whose vectors left memory so far, and how many were read back.
+        self.scopes_released = 0
+        self.scopes_loaded = 0
         self._synced_at = float("-inf")
         self._sync_lock = asyncio.Lock()
         self._embedded: dict[bytes, np.ndarray] = {}
@@ -214,6 +233,11 @@ class SQLiteMemory(MemoryBackend):
 
     async def start(self) -> None:
         await self.check_vectors()
+
+    async def aclose(self) -> None:
+        handle, self._release = self._release, None
+        if handle is not None:
+            handle.cancel()
 
     async def check_vectors(self) -> dict[str, Any]:
         """Compare the stored vectors with the embedder's model; log a mismatch.
@@ -290,6 +314,26 @@ class SQLiteMemory(MemoryBackend):
             (nid, self.embedder.model, int(vector.shape[0]), vector_blob(vector)),
         )
 
+    async def _vectors_since(self, seq: int) -> Sequence[Sequence[Any]]:
+        """The vector rows written after ``seq``: ``(seq, note id, scope, model,
+        dim, vector)``, in ``seq`` order."""
+        # By seq alone (the primary key: a range read); the model is checked by
+        # the caller (in SQL it leads the planner to scan the model index).
+        return await self.store.run_read(
+            "SELECT v.seq, v.note_id, n.scope, v.model, v.dim, v.vector FROM memory_vector v"
+            " JOIN memory_note n ON n.id = v.note_id WHERE v.seq > ? ORDER BY v.seq",
+            (seq,),
+        )
+
+    async def _vectors_in(self, scopes: Sequence[str]) -> Sequence[Sequence[Any]]:
+        """The vectors of ``scopes``' notes: ``(note id, scope, model, vector)``."""
+        marks = ", ".join("?" * len(scopes))
+        return await self.store.run_read(
+            "SELECT v.note_id, n.scope, v.model, v.vector FROM memory_note n"
+            f" JOIN memory_vector v ON v.note_id = n.id WHERE n.scope IN ({marks})",
+            tuple(scopes),
+        )
+
     async def _sync(self) -> VectorIndex | None:
         """The in-memory vectors, caught up with the database (with what other
         processes wrote up to ``sync_interval`` seconds ago)."""
@@ -301,13 +345,11 @@ class SQLiteMemory(MemoryBackend):
             started = time.monotonic()
             if started - self._synced_at < self.sync_interval:
                 return self._index
-            # By seq alone (the primary key: a range read); the model is checked
-            # here (in SQL it leads the planner to scan the model index).
-            rows = await self.store.run_read(
-                "SELECT v.seq, v.note_id, n.scope, v.model, v.dim, v.vector FROM memory_vector v"
-                " JOIN memory_note n ON n.id = v.note_id WHERE v.seq > ? ORDER BY v.seq",
-                (self._seq,),
-            )
+            if not self._counted:
+                await self._count_vectors()
+                self._synced_at = started
+                return self._index
+            rows = await self._vectors_since(self._seq)
             self._synced_at = started
             model = self.embedder.model
             for seq, nid, scope, row_model, dim, blob in rows:
@@ -318,16 +360,107 @@ class SQLiteMemory(MemoryBackend):
                     from .vectors import VectorIndex
 
                     self._index = VectorIndex(int(dim))
-                vec = blob_vector(blob, self._index.dim)
+                vec = blob_vector(bytes(blob), self._index.dim)
                 if vec is not None:
                     self._index.put(int(nid), scope, vec)
+            self._arm_release()
             return self._index
+
+    async def _count_vectors(self) -> None:
+        """The first catch-up: how many vectors each scope has, not the vectors.
+
+        Every scope starts cold, so a bot that restarts on a database of many
+        notes reads the vectors of the scopes it searches, when it does.  The
+        last ``seq`` is read first: a vector written between the two reads is
+        counted and read again by the next catch-up (a count may only be high).
+        """
+        assert self.embedder is not None
+        top = await self.store.run_read("SELECT COALESCE(MAX(seq), 0) FROM memory_vector")
+        rows = await self.store.run_read(
+            "SELECT n.scope, v.model, v.dim, COUNT(*) FROM memory_vector v"
+            " JOIN memory_note n ON n.id = v.note_id GROUP BY n.scope, v.model, v.dim"
+        )  # (SQL that PostgreSQL's memory runs as it is)
+        model = self.embedder.model
+        dims: dict[int, int] = {}
+        for _, row_model, dim, count in rows:
+            if row_model == model:
+                dims[int(dim)] = dims.get(int(dim), 0) + int(count)
+        self._seq, self._counted = int(top[0][0]), True
+        if not dims:
+            return
+        want = self.embedder.dim or max(dims, key=lambda d: dims[d])
+        from .vectors import VectorIndex
+
+        index = self._index = VectorIndex(want)
+        for scope, row_model, dim, count in rows:
+            if row_model == model and int(dim) == want:
+                index.add_cold(scope, int(count))
+
+    async def _warm(self, index: VectorIndex, scopes: Sequence[str] | None) -> None:
+        """Read back the vectors of ``scopes`` (all when ``None``) that left
+        memory, so that ``index.search`` sees them."""
+        if self.embedder is None or not index.cold_scopes(scopes):
+            return
+        model = self.embedder.model
+        async with self._sync_lock:  # (one read at a time, never beside a catch-up)
+            cold = index.cold_scopes(scopes)
+            for start in range(0, len(cold), 500):
+                chunk = cold[start : start + 500]
+                index.begin_load(chunk)
+                try:
+                    rows = await self._vectors_in(chunk)
+                except BaseException:
+                    index.abort_load(chunk)
+                    raise
+                found: dict[str, list[tuple[int, np.ndarray]]] = {s: [] for s in chunk}
+                for nid, scope, row_model, blob in rows:
+                    if row_model == model and scope in found:
+                        vec = blob_vector(bytes(blob), index.dim)
+                        if vec is not None:
+                            found[scope].append((int(nid), vec))
+                for scope, vectors in found.items():
+                    index.install(scope, vectors)
+                self.scopes_loaded += len(chunk)
+        self._arm_release()
+
+    def _arm_release(self) -> None:
+        """Schedule the release of scopes that will have gone unused for
+        :attr:`release_after` seconds (when none is scheduled)."""
+        index = self._index
+        if self.release_after <= 0 or self._release is not None or index is None:
+            return
+        oldest = index.oldest_use()
+        if oldest is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        # At most a few checks per period, however the uses are spread.
+        step = min(self.release_after / 8, 60.0)
+        delay = max(oldest + self.release_after - time.monotonic(), step)
+        self._release = loop.call_later(delay, self._release_idle)
+
+    def _release_idle(self) -> None:
+        self._release = None
+        index = self._index
+        if index is None:
+            return
+        released = index.release_idle(time.monotonic() - self.release_after)
+        if released:
+            self.scopes_released += released
+            log.debug("the vectors of %d idle memory scopes left memory", released)
+            hook = getattr(self, "on_release", None)
+            if hook is not None:
+                with contextlib.suppress(Exception):  # (its failure costs only a trim)
+                    hook()
+        self._arm_release()
 
     def _after_write(self, nid: int, scope: str, vector: np.ndarray | None) -> None:
         """Keep the in-memory copy in step with a write of this process."""
         if self._index is None:
-            if vector is None:
-                return
+            if vector is None or not self._counted:
+                return  # (the first catch-up counts it)
             from .vectors import VectorIndex
 
             self._index = VectorIndex(int(vector.shape[0]))
@@ -335,6 +468,7 @@ class SQLiteMemory(MemoryBackend):
             self._index.remove(nid)
         else:
             self._index.put(nid, scope, vector)
+            self._arm_release()
 
     async def reembed(self, *, everything: bool = False, batch: int = 256) -> int:
         """Embed the notes whose vector is missing or of another model (all with
@@ -378,6 +512,7 @@ class SQLiteMemory(MemoryBackend):
 
         await self._write(clean)
         self._index, self._seq, self._synced_at = None, 0, float("-inf")
+        self._counted = False
         await self.check_vectors()
         return done
 
@@ -577,6 +712,7 @@ class SQLiteMemory(MemoryBackend):
             qvec = await self._query_vector(query)
             if qvec is None:
                 return await self._fts(query, scopes, limit)
+            await self._warm(index, scopes)
             vec = index.search(qvec, scopes, pool + 8)
         if mode == "vector":
             ranked = vec
@@ -605,6 +741,7 @@ class SQLiteMemory(MemoryBackend):
         qvec = await self._query_vector(query)
         if qvec is None:
             return []
+        await self._warm(index, scopes)
         vec = index.search(qvec, scopes, CANDIDATES)
         if not vec or vec[0][1] < min_score:
             # Every candidate needs a vector this close, and none is: no reads.
