@@ -59,7 +59,7 @@ def test_the_soak_runs_the_shipped_configuration(tmp_path, monkeypatch, quick):
         f"{irc}flood_burst", f"{irc}flood_rate", f"{irc}user_rate_limit", f"{irc}queue_limit",
         f"{irc}target_queue_limit", f"{web}enabled", f"{web}port",
         "compaction.context_tokens", "memory.reflect_after_idle", "memory.mining_debounce",
-        "mcp.servers",
+        "memory.release_vectors_after_idle", "mcp.servers",
     }  # fmt: skip
     assert changed <= allowed, sorted(changed - allowed)
     assert measured[f"{irc}channels"] == channels and measured[f"{web}enabled"] is True
@@ -68,6 +68,9 @@ def test_the_soak_runs_the_shipped_configuration(tmp_path, monkeypatch, quick):
     assert measured["memory.mining"] is True and measured[f"{web}metrics"] is True
     assert measured["storage.synchronous"] == "full" and measured["compaction.enabled"] is True
     assert measured["memory.reflect_after_idle"] == cfg.idle
+    # Scaled as the channels' release is (both 15 minutes when shipped).
+    assert measured["memory.release_vectors_after_idle"] == cfg.idle
+    assert shipped["memory.release_vectors_after_idle"] == 900
     [server] = load_config(str(path)).mcp.servers
     assert server.name == "soak" and list(server.args) == [str(bench_soak.MCP_SERVER)]
 
