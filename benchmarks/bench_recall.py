@@ -40,7 +40,7 @@ from pathlib import Path
 
 from agentik.core import SQLiteStore
 from agentik.core.memory.embeddings import BuiltinEmbedder
-from agentik.core.memory.sqlite import SQLiteMemory, _blob, scope_key
+from agentik.core.memory.sqlite import SQLiteMemory, scope_key, vector_blob
 
 from _common import Row, finish, ms, per_s, process_cpu, say, say_environment, version
 
@@ -126,7 +126,7 @@ def bulk(path: str, n: int, embedder: BuiltinEmbedder, vocab: str, seed: int = 7
         conn.executemany(
             "INSERT INTO memory_vector (note_id, model, dim, vector) VALUES (?, ?, ?, ?)",
             [
-                (i, embedder.model, embedder.dim, _blob(v))
+                (i, embedder.model, embedder.dim, vector_blob(v))
                 for (i, _, _), v in zip(notes, vectors, strict=True)
             ],
         )
