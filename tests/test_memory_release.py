@@ -234,7 +234,9 @@ def test_release_and_read_back_keep_exactly_the_live_vectors(ops, during, scopes
         if snapshot is None:
             snapshot = dict(live)
         for name in names:
-            index.install(name, [(n, v) for n, (s, v) in snapshot.items() if s == name])
+            rows = [(n, v) for n, (s, v) in snapshot.items() if s == name]
+            matrix = np.array([v for _, v in rows], dtype=np.float32).reshape(len(rows), 8)
+            index.install(name, [n for n, _ in rows], matrix)
 
     for op, nid, scope, seed, at in ops:
         if op == "load":

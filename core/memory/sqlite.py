@@ -167,6 +167,13 @@ def vector_blob(vector: np.ndarray) -> bytes:
     return np.asarray(vector, dtype="<f4").tobytes()
 
 
+def blob_matrix(blobs: Sequence[bytes], dim: int) -> np.ndarray:
+    """Stored embeddings of ``dim`` floats each, one row per blob (one copy in all)."""
+    import numpy as np
+
+    return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), dim)
+
+
 def blob_vector(blob: bytes, dim: int) -> np.ndarray | None:
     """The embedding of a stored blob; ``None`` when it is not ``dim`` floats."""
     import numpy as np
@@ -412,14 +419,15 @@ class SQLiteMemory(MemoryBackend):
                 except BaseException:
                     index.abort_load(chunk)
                     raise
-                found: dict[str, list[tuple[int, np.ndarray]]] = {s: [] for s in chunk}
+                size = index.dim * 4
+                found: dict[str, tuple[list[int], list[bytes]]] = {s: ([], []) for s in chunk}
                 for nid, scope, row_model, blob in rows:
-                    if row_model == model and scope in found:
-                        vec = blob_vector(bytes(blob), index.dim)
-                        if vec is not None:
-                            found[scope].append((int(nid), vec))
-                for scope, vectors in found.items():
-                    index.install(scope, vectors)
+                    if row_model == model and scope in found and len(blob) == size:
+                        ids, blobs = found[scope]
+                        ids.append(int(nid))
+                        blobs.append(bytes(blob))
+                for scope, (ids, blobs) in found.items():
+                    index.install(scope, ids, blob_matrix(blobs, index.dim))
                 self.scopes_loaded += len(chunk)
         self._arm_release()
 

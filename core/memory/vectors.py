@@ -65,6 +65,18 @@ class _Block:
             self.ids[row] = note_id
         self.vectors[row] = vector
 
+    def fill(self, ids: Sequence[int], vectors: np.ndarray) -> None:
+        """Start from ``vectors`` (one row per id of ``ids``; an id twice: the last row)."""
+        self.vectors = np.array(vectors, dtype=np.float32, order="C")
+        self.ids = np.array(ids, dtype=np.int64)
+        self.row = {int(nid): i for i, nid in enumerate(self.ids)}
+        self.n = len(ids)
+        if len(self.row) < self.n:  # duplicates: keep each id's last row only
+            rows = sorted(self.row.values())
+            self.vectors, self.ids = self.vectors[rows], self.ids[rows]
+            self.row = {int(nid): i for i, nid in enumerate(self.ids)}
+            self.n = len(rows)
+
     def remove(self, note_id: int) -> None:
         row = self.row.pop(note_id)
         last = self.n - 1
@@ -208,13 +220,14 @@ class VectorIndex:
             if pending is not None and name in self._cold:
                 self._cold[name] += sum(1 for v in pending.values() if v is not None)
 
-    def install(self, scope: str, rows: Iterable[tuple[int, np.ndarray]]) -> None:
-        """``scope``'s vectors as read from the database (``(note id, vector)``),
-        then the writes kept aside since :meth:`begin_load`: the scope is warm."""
+    def install(self, scope: str, ids: Sequence[int], vectors: np.ndarray) -> None:
+        """``scope``'s vectors as read from the database (note ``ids``, one row
+        of ``vectors`` each), then the writes kept aside since :meth:`begin_load`:
+        the scope is warm."""
         block = _Block(self.dim)
-        for nid, vector in rows:
-            if self._scope_of.get(nid, scope) == scope:  # (not moved to a warm scope since)
-                block.put(nid, vector)
+        keep = [i for i, nid in enumerate(ids) if self._scope_of.get(nid, scope) == scope]
+        if keep:  # (a note moved to a warm scope since is not taken back)
+            block.fill([ids[i] for i in keep], vectors[keep] if len(keep) < len(ids) else vectors)
         for nid, kept in self._loading.pop(scope, {}).items():
             if kept is not None:
                 block.put(nid, kept)
