@@ -578,7 +578,7 @@ class SQLiteStore(
             process is not None
             and all(item[0] != "fn" for item in items)
             and process.submit(
-                items, restore, lambda reply, exc: self._remote_done(batch, now, reply, exc)
+                items, restore, lambda results, exc: self._done(batch, now, results, exc)
             )
         ):
             return
@@ -587,20 +587,6 @@ class SQLiteStore(
             (self._conn, items, restore),
             lambda results, exc: self._done(batch, now, results, exc),
         )
-
-    def _remote_done(
-        self,
-        batch: list[_Append | _Job],
-        now: float,
-        reply: tuple[list[Any], dict[int, BaseException]] | None,
-        exc: BaseException | None,
-    ) -> None:
-        results = None
-        if reply is not None:
-            results, failures = reply
-            for index, error in failures.items():
-                results[index] = Failed(error)
-        self._done(batch, now, results, exc)
 
     def _done(
         self,

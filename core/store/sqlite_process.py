@@ -138,9 +138,10 @@ class WriterProcess:
         self._write.write(data)
 
     def submit(self, items: list[tuple[Any, ...]], restore: str | None, done: Done) -> bool:
-        """Run a batch there; ``done((results, failures), None)`` or ``done(None, error)``
-        (``failures``: errors by index).  False if the batch is not plain data (a
-        subclass of ``str`` somewhere, say): the caller runs it in its thread."""
+        """Run a batch there; ``done(results, None)`` (a job that failed alone: its
+        result is a :class:`~.sqlite_writer.Failed`) or ``done(None, error)``.  False
+        if the batch is not plain data (a subclass of ``str`` somewhere, say): the
+        caller runs it in its thread."""
         try:
             self._send((items, restore), done)
         except ValueError:
@@ -160,8 +161,9 @@ class WriterProcess:
             done(None, sqlite_writer.error_in(value[1]))  # the whole batch failed
         elif isinstance(value, tuple) and len(value) == 2:
             results, failures = value
-            errors = {i: sqlite_writer.error_in(e) for i, e in failures.items()}
-            done((results, errors), None)
+            for index, error in failures.items():
+                results[index] = sqlite_writer.Failed(sqlite_writer.error_in(error))
+            done(results, None)
         else:
             done(None, StoreError(f"the SQLite writer process answered {type(value).__name__}"))
 
