@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import tracemalloc
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -302,3 +305,18 @@ class SilentLink:
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
+
+
+@contextlib.contextmanager
+def traced() -> Iterator[Callable[[], int]]:
+    """tracemalloc on inside the block (left as it was after it); yields a function
+    giving the bytes Python allocated and still holds since the block began."""
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        yield lambda: tracemalloc.get_traced_memory()[0] - start
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()

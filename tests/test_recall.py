@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import tracemalloc
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from agentik.core.recall import BLOCK_END, BLOCK_START, recall_block
 from agentik.core.testing.openai_server import FakeOpenAIServer
 from agentik.core.tools.base import ToolContext
 from agentik.transports.testing import MemoryTransport
-from helpers import agentik
+from helpers import agentik, traced
 
 pytest_plugins = ["pgserver", "memengines"]
 
@@ -421,21 +421,26 @@ def test_many_channels_with_a_few_notes_each_hold_their_notes_not_a_block_each()
     seen thousands of channels holds thousands of scopes of a few notes each: their
     vectors cost about their size (2,000 channels x 3 notes of 256 dimensions: 6 MB
     of floats), not a 64-row matrix per channel (131 MB, the soak benchmark's RSS
-    growing by 64 KB for every channel that got a note)."""
-    index = VectorIndex(256)
+    growing by 64 KB for every channel that got a note).  Released when idle, what
+    their matrices held is freed, and a count stays."""
     vec = normalize(np.ones(256, dtype=np.float32))[0]
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
+
+    def filled() -> VectorIndex:
+        index = VectorIndex(256)
         for channel in range(2000):
             for k in range(3):
                 index.put(channel * 3 + k, f"channel:irc:net:#c{channel}", vec)
-        used = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
+        return index
+
+    with traced() as grown:
+        index = filled()
+        used = grown()
+        spare = filled()
+        assert spare.release_idle(time.monotonic() + 1) == 2000
+        kept = grown() - used
+    assert kept < used / 10, f"{used / 2**20:.1f} MB held, {kept / 2**20:.2f} MB kept"
+    assert len(spare) == 0 and spare.count(["channel:irc:net:#c7"]) == 3
+    assert spare.search(vec, ["channel:irc:net:#c7"], 5) == []  # cold: read back first
     floats = 2000 * 3 * 256 * 4
     assert used < 3 * floats, f"{used / 2**20:.1f} MB for {floats / 2**20:.1f} MB of vectors"
     hits = index.search(vec, ["channel:irc:net:#c7"], 5)
