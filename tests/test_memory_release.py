@@ -81,7 +81,7 @@ async def test_idle_scopes_leave_memory_and_their_next_search_reads_them_back(op
         }
         assert all(before[s][0][0] == tokyo[s] for s in SCOPES)
         index = memory._index
-        assert index is not None and len(index) == 4 * len(SCOPES)
+        assert index is not None and memory.scopes_loaded == len(SCOPES)
 
         await wait_for(lambda: len(index) == 0, "every idle scope's vectors freed")
         assert memory.scopes_released >= len(SCOPES) and trims  # and the agent asked to trim
@@ -91,7 +91,7 @@ async def test_idle_scopes_leave_memory_and_their_next_search_reads_them_back(op
         loaded = memory.scopes_loaded
         got = [(n.id, round(c, 5)) for n, c in await memory.recall(QUESTION, [SCOPES[1]], k=4)]
         assert got == before[SCOPES[1]]
-        assert memory.scopes_loaded == loaded + 1 and len(index) == 4
+        assert memory.scopes_loaded == loaded + 1  # that scope only
         hits = await memory.search_scored(QUESTION, SCOPES[2:], limit=2, mode="vector")
         assert {n.id for n, _ in hits} == {tokyo[SCOPES[2]], tokyo[SCOPES[3]]}
 
