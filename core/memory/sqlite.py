@@ -458,10 +458,9 @@ class SQLiteMemory(MemoryBackend):
         if released:
             self.scopes_released += released
             log.debug("the vectors of %d idle memory scopes left memory", released)
-            hook = getattr(self, "on_release", None)
-            if hook is not None:
+            if self.on_release is not None:
                 with contextlib.suppress(Exception):  # (its failure costs only a trim)
-                    hook()
+                    self.on_release()
         self._arm_release()
 
     def _after_write(self, nid: int, scope: str, vector: np.ndarray | None) -> None:

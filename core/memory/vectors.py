@@ -66,16 +66,12 @@ class _Block:
         self.vectors[row] = vector
 
     def fill(self, ids: Sequence[int], vectors: np.ndarray) -> None:
-        """Start from ``vectors`` (one row per id of ``ids``; an id twice: the last row)."""
+        """Start from ``vectors``, one row per id of ``ids`` (distinct: note ids
+        as the database holds them)."""
         self.vectors = np.array(vectors, dtype=np.float32, order="C")
         self.ids = np.array(ids, dtype=np.int64)
-        self.row = {int(nid): i for i, nid in enumerate(self.ids)}
+        self.row = {int(nid): i for i, nid in enumerate(ids)}
         self.n = len(ids)
-        if len(self.row) < self.n:  # duplicates: keep each id's last row only
-            rows = sorted(self.row.values())
-            self.vectors, self.ids = self.vectors[rows], self.ids[rows]
-            self.row = {int(nid): i for i, nid in enumerate(self.ids)}
-            self.n = len(rows)
 
     def remove(self, note_id: int) -> None:
         row = self.row.pop(note_id)

@@ -571,22 +571,20 @@ class SQLiteStore(
             and all(item.conversation_id in self._internal for item in batch)
         ):
             restore = self.synchronous.upper()
+
+        def done(results: list[Any] | None, exc: BaseException | None) -> None:
+            self._done(batch, now, results, exc)
+
         process = self._process
         if process is not None and not process.alive:
             process = self._process = None
         if (
             process is not None
             and all(item[0] != "fn" for item in items)
-            and process.submit(
-                items, restore, lambda results, exc: self._done(batch, now, results, exc)
-            )
+            and process.submit(items, restore, done)
         ):
             return
-        self._writer.submit(
-            run_batch,
-            (self._conn, items, restore),
-            lambda results, exc: self._done(batch, now, results, exc),
-        )
+        self._writer.submit(run_batch, (self._conn, items, restore), done)
 
     def _done(
         self,
