@@ -164,3 +164,68 @@ def test_an_unreadable_or_foreign_cache_file_is_ignored_and_replaced(tmp_path):
         assert result["compiled"], "nothing usable was read: compiled afresh"
         assert result["event"][0] == "Event(kind='text', seq=3, tags=('a',))"
         assert _run(tmp_path)["compiled"] == 0, "and the file was replaced by a good one"
+
+
+# Two blocks one after the other, as a bot runs them (its imports, then its build); the
+# second defines a class the first start did not have when ``sys.argv[1]`` says so.
+_TWO_BLOCKS = r"""
+import builtins, dataclasses, json, sys
+from agentik.core import dataclasscode
+from agentik.core.dataclasscode import dataclass_code_cached
+
+compiled = 0
+real_compile = builtins.compile
+def counting_compile(*args, **kwargs):
+    global compiled
+    compiled += 1
+    return real_compile(*args, **kwargs)
+builtins.compile = counting_compile
+
+def held():  # code objects the cache itself holds (the methods hold their own)
+    cache = dataclasscode._cache
+    return len(cache.used) + len(cache.known or {})
+
+with dataclass_code_cached():
+    First = dataclasses.make_dataclass("First", [("a", int), ("b", str)], frozen=True)
+between = held()
+with dataclass_code_cached():
+    fields = [("x", int)] + ([("y", int)] if sys.argv[1] == "new" else [])
+    Second = dataclasses.make_dataclass("Second", fields, order=True)
+builtins.compile = real_compile
+print(json.dumps({"compiled": compiled, "held_between": between, "held_after": held(),
+                  "first": repr(First(1, "b")), "second": repr(Second(*range(len(fields)))),
+                  "ordered": Second(*[0] * len(fields)) < Second(*[1] * len(fields))}))
+"""
+
+
+def _run_two(folder: Path, second: str) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
+    done = subprocess.run(
+        [sys.executable, "-c", _TWO_BLOCKS, second],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_the_code_objects_are_let_go_between_blocks_and_the_file_keeps_both(tmp_path):
+    cold = _run_two(tmp_path, "old")
+    warm = _run_two(tmp_path, "old")
+    assert cold["compiled"] and warm["compiled"] == 0, "both blocks read the file"
+    for run in (cold, warm):
+        # Nothing holds the cache's code objects once a block is over: only the methods.
+        assert run["held_between"] == 0 and run["held_after"] == 0, run
+        assert run["first"] == "First(a=1, b='b')" and run["ordered"] is True
+    # The second block compiles a class the file does not have: the file it writes keeps
+    # the first block's methods too (read back, not held), so the next start compiles none.
+    grown = _run_two(tmp_path, "new")
+    assert grown["compiled"], "the new class's methods are compiled"
+    assert grown["second"] == "Second(x=0, y=1)"
+    assert _run_two(tmp_path, "new")["compiled"] == 0
+    assert _run_two(tmp_path, "old")["compiled"] == 0, "the old second class is kept too"
