@@ -10,7 +10,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .gcpause import collector_paused
 
@@ -22,7 +22,6 @@ with collector_paused(freeze=True):
     with _dataclass_code_cached():
         from agentik.core import Agent, AgentikError, ConfigError
         from agentik.core.budgets import Budgets
-        from agentik.core.cluster.conversations import TurnQueue
         from agentik.core.health import Health, status_of, watch_model, without_reasons
         from agentik.core.plugins import Registry
         from agentik.transports.base import Transport, TransportFailed
@@ -37,6 +36,9 @@ with collector_paused(freeze=True):
         from .parts import access_policy, load_registry, make_transport
         from .reload import prepare
         from .webhooks import Webhooks
+
+if TYPE_CHECKING:  # imported when workers share a database (Bot.start)
+    from agentik.core.cluster.conversations import TurnQueue
 
 __all__ = ["Bot", "load_registry"]
 
@@ -336,6 +338,9 @@ class Bot:
             # Events become deliveries from here on; what an earlier run left is sent.
             await self.webhooks.start()
             if ownership.shared and "queue" in self.agent.store.capabilities:
+                # Only workers load the queue's modules (0.3 MB a lone bot need not hold).
+                with _collector_paused(), _dataclass_code_cached():
+                    from agentik.core.cluster.conversations import TurnQueue
                 # Before the transports start: the HTTP API submits through it.
                 self.turn_queue = TurnQueue(self.agent, ownership.worker, self.config.cluster,
                                             on_round=self.metrics.turn_queue)  # fmt: skip

@@ -63,7 +63,7 @@ from agentik.core.store.postgres_settings import PostgresSettings
 from agentik.core.store.sqlite import SQLiteSettings
 from agentik.core.streamprofiles import StreamProfileSettings, resolve_profiles
 from agentik.core.tools.base import TurnPolicy
-from agentik.core.tools.mcp import MCPServerConfig
+from agentik.core.tools.mcp_config import MCPServerConfig
 from agentik.core.tools.passthrough import PassthroughSpec
 from agentik.core.tools.workspace import WorkspaceSettings
 

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentik.core import AgentikError, ConfigError
 from agentik.core.budgets import Budgets
 from agentik.core.settings import setting_fields
-from agentik.core.tools.mcp import MCPToolset
 from agentik.transports.base import Transport
 
 from .bridge import Bridge, options_from
@@ -143,10 +143,16 @@ class Plan:
         bridge.resume_max_age = new.agent.resume_max_age
         bridge.settings_role = new.agent.settings_role
         # -- MCP servers -------------------------------------------------------------------
-        toolset = next((t for t in agent.toolsets if isinstance(t, MCPToolset)), None)
+        # The client's module is loaded once a toolset was made (or is made here).
+        mcp = sys.modules.get("agentik.core.tools.mcp")
+        toolset = None
+        if mcp is not None:
+            toolset = next((t for t in agent.toolsets if isinstance(t, mcp.MCPToolset)), None)
         if toolset is not None:
             added, removed, restarted = await toolset.reconfigure(self.mcp)
         elif self.mcp:
+            from agentik.core.tools.mcp import MCPToolset
+
             toolset = MCPToolset(self.mcp)
             agent.toolsets.append(toolset)
             await toolset.start()

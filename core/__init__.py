@@ -14,6 +14,8 @@ build on this package, never the other way round.
 """
 
 import gc as _gc
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from .dataclasscode import dataclass_code_cached as _dataclass_code_cached
 
@@ -69,7 +71,6 @@ try:
     from .messages import ChatMessage, Message, ToolCall, Usage
     from .plugins import Registry, load_plugins
     from .store.base import ConversationRecord, Store
-    from .store.memory import MemoryStore
     from .store.sqlite import SQLiteStore
     from .streamprofiles import PROFILES
     from .tools.base import FunctionTool, Tool, ToolContext, ToolResult, TurnPolicy, tool
@@ -78,6 +79,21 @@ finally:
     _code_cached.__exit__(None, None, None)
     if _collecting:
         _gc.enable()
+
+if _TYPE_CHECKING:
+    from .store.memory import MemoryStore
+
+
+def __getattr__(name: str) -> _Any:
+    """``MemoryStore``, imported on first use: a bot on SQLite never loads the in-memory
+    store's modules (0.4 MB)."""
+    if name == "MemoryStore":
+        with _dataclass_code_cached():
+            from .store.memory import MemoryStore
+
+        return MemoryStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "PROFILES",

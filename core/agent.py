@@ -46,7 +46,6 @@ from .services import AgentServices, AgentState, profile_of
 from .settings import settings_dataclass
 from .soul import read_soul
 from .store.base import ConversationRecord, RunRecord, Store
-from .store.memory import MemoryStore
 from .store.sqlite import SQLiteStore
 from .streamprofiles import BUILTIN_PROFILES, StreamProfile
 from .tools.base import Tool, TurnPolicy
@@ -54,6 +53,7 @@ from .tools.base import Tool, TurnPolicy
 if TYPE_CHECKING:
     from .cluster.conversations import TurnQueue
     from .cluster.events import ClusterEvents
+    from .store.memory import MemoryStore
 
 __all__ = ["Agent", "AgentSettings", "AgentState"]
 
@@ -227,7 +227,9 @@ class Agent:
         self._background_fns = list(background)
         self._on_start = list(on_start)
         self._background: list[asyncio.Task[None]] = []
-        self._temp_store = MemoryStore()
+        # Made with the first temporary conversation: a bot without one never loads
+        # the in-memory store's modules (0.4 MB).
+        self._temp_store: MemoryStore | None = None
         #: What the agent hands each conversation (see :mod:`agentik.core.services`).
         self.services = AgentServices(self)
         # Conversations that leave memory give it back to the system (glibc).
@@ -316,6 +318,10 @@ class Agent:
     @property
     def temp_store(self) -> MemoryStore:
         """The in-memory store of temporary conversations (never written to disk)."""
+        if self._temp_store is None:
+            from .store.memory import MemoryStore
+
+            self._temp_store = MemoryStore()
         return self._temp_store
 
     @property
@@ -471,12 +477,12 @@ class Agent:
     def store_for(self, conversation: Conversation) -> Store:
         """The store that holds ``conversation``: the in-memory one of temp conversations
         (never written to disk), else :attr:`store`."""
-        return self._temp_store if conversation.temp else self.store
+        return self.temp_store if conversation.temp else self.store
 
     # -- the run tree (agentik.core.agents) ---------------------------------------------
     def _run_store(self, conversation_id: str) -> Store:
         conv = self.services.find(conversation_id)
-        return self._temp_store if conv is not None and conv.temp else self.store
+        return self.temp_store if conv is not None and conv.temp else self.store
 
     def run_started(self, node: RunNode) -> None:
         """A child run started: it and its parent are recorded in the run tree when
@@ -531,7 +537,7 @@ class Agent:
     ) -> Conversation:
         conv = self.services.find(record.id)
         if conv is None:
-            store = self._temp_store if temp else self.store
+            store = self.temp_store if temp else self.store
             conv = Conversation(
                 self.services, record, store=store, temp=temp, channel_key=channel_key, fresh=new
             )
@@ -563,7 +569,7 @@ class Agent:
             updated_at=now,
             meta={**(meta or {}), **({"channel_key": channel_key} if channel_key else {})},
         )
-        store = self._temp_store if temp else self.store
+        store = self.temp_store if temp else self.store
         await store.create_conversation(record, channel_key=channel_key)
         return await self._started(record, temp=temp, channel_key=channel_key)
 
@@ -591,7 +597,7 @@ class Agent:
         record = ConversationRecord(
             id=uuid.uuid4().hex, title=title, created_at=now, updated_at=now, meta=meta
         )
-        store = self._temp_store if temp else self.store
+        store = self.temp_store if temp else self.store
         # Until its run ends, its writes need no fsync of their own (see agents).
         store.set_internal(record.id, True)
         hooks = self.services.hooks
@@ -604,7 +610,7 @@ class Agent:
 
     def child_run_done(self, child: Conversation) -> None:
         """A child run ended: its conversation's writes are ordinary ones again."""
-        (self._temp_store if child.temp else self.store).set_internal(child.id, False)
+        (self.temp_store if child.temp else self.store).set_internal(child.id, False)
 
     async def get_conversation(self, conversation_id: str) -> Conversation:
         """The conversation with this id; raises :class:`NotFound`."""
@@ -612,7 +618,8 @@ class Agent:
         conv = self.services.find(conversation_id)
         if conv is not None:
             return conv
-        record = await self._temp_store.get_conversation(conversation_id)
+        temps = self._temp_store
+        record = None if temps is None else await temps.get_conversation(conversation_id)
         temp = record is not None
         if record is None:
             record = await self.store.get_conversation(conversation_id)
@@ -638,7 +645,8 @@ class Agent:
             # Its last events may still wait for their batch (50 ms): written after the
             # delete, they would outlive the conversation.
             await self.cluster_events.flushed()
-        if not await self._temp_store.delete_conversation(conversation_id):
+        temps = self._temp_store
+        if temps is None or not await temps.delete_conversation(conversation_id):
             if not await self.store.delete_conversation(conversation_id):
                 raise NotFound(f"no conversation {conversation_id!r}")
 
@@ -660,7 +668,8 @@ class Agent:
         """
         self._check_running()
         if await self.store.get_conversation(conversation_id) is None:
-            if await self._temp_store.get_conversation(conversation_id) is not None:
+            temps = self._temp_store
+            if temps is not None and await temps.get_conversation(conversation_id) is not None:
                 raise RedactionError("temporary conversations are never stored: nothing to redact")
             raise NotFound(f"no conversation {conversation_id!r}")
         rows = await self.store.messages(conversation_id, after=message_id - 1, limit=1)
@@ -720,7 +729,10 @@ class Agent:
         """A page of conversations (temporary ones included), most recent first."""
         self._check_running()
         stored = await self.store.list_conversations(limit=limit + offset, offset=0)
-        temp = await self._temp_store.list_conversations(limit=limit + offset, offset=0)
+        temps = self._temp_store
+        temp = (
+            [] if temps is None else await temps.list_conversations(limit=limit + offset, offset=0)
+        )
         merged = sorted([*stored, *temp], key=lambda r: (-r.updated_at, r.id))
         return merged[offset : offset + limit]
 

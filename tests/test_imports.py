@@ -87,6 +87,18 @@ _LAZY = (
     # Suggestions for a misspelt key or hook ("did you mean ...?"): only a mistake needs
     # them (start-up, issue 31).
     "difflib",
+    # What this configuration does not use of agentik's own (issue 31, fifteenth pass):
+    # the local backends (their [llm] keys are read from small modules of their own), the
+    # MCP client (no [[mcp.servers]]), the in-memory store (no temporary conversation),
+    # the cluster's turn queue (no workers), `agentik db copy`'s tables.
+    "agentik.core.llm.litert_backend",
+    "agentik.core.llm.llamacpp_backend",
+    "agentik.core.llm.llama_worker",
+    "agentik.core.tools.mcp",
+    "agentik.core.store.memory",
+    "agentik.core.cluster.conversations",
+    "agentik.core.cluster.events",
+    "agentik.core.store.copy",
 )
 
 _START_BOT = """
@@ -117,10 +129,19 @@ asyncio.run(main(sys.argv[1], sys.argv[2] == "web"))
 """
 
 
-def _default_config(folder: Path, *, web: bool) -> Path:
+def _default_config(folder: Path, *, web: bool, memory: str | None = None) -> Path:
     """config.example.toml as shipped, but for the terminal transport (the test has no
-    terminal) and, with ``web``, the http transport enabled on a free port."""
+    terminal), with ``web``, the http transport enabled on a free port, and with
+    ``memory``, that ``[memory] backend``."""
     text = (_ROOT / "config.example.toml").read_text(encoding="utf-8")
+    if memory is not None:
+        head, section = text.split("\n[memory]\n", 1)
+        assert 'backend = "sqlite"' in section.split("\n[", 1)[0]
+        text = (
+            head
+            + "\n[memory]\n"
+            + section.replace('backend = "sqlite"', f'backend = "{memory}"', 1)
+        )
     terminal, rest = text.split("[transports.terminal]\n", 1)
     rest = rest.replace("enabled = true", "enabled = false", 1)
     text = terminal + "[transports.terminal]\n" + rest
@@ -135,11 +156,13 @@ def _default_config(folder: Path, *, web: bool) -> Path:
     return path
 
 
-def _start_default_bot(tmp_path: Path, *, web: bool) -> dict[str, object]:
-    config = _default_config(tmp_path / ("web" if web else "plain"), web=web)
+def _start_default_bot(
+    tmp_path: Path, *, web: bool, memory: str | None = None, lazy: tuple[str, ...] = _LAZY
+) -> dict[str, object]:
+    config = _default_config(tmp_path / ("web" if web else "plain"), web=web, memory=memory)
     env = clean_env(OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_KEY="x", OPENAI_MODEL="m")
     done = subprocess.run(
-        [sys.executable, "-c", _START_BOT % (_LAZY,), str(config), "web" if web else "-"],
+        [sys.executable, "-c", _START_BOT % (lazy,), str(config), "web" if web else "-"],
         cwd=config.parent, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
@@ -151,6 +174,23 @@ def _start_default_bot(tmp_path: Path, *, web: bool) -> dict[str, object]:
 def test_a_started_default_bot_has_not_imported_what_it_does_not_use_yet(tmp_path):
     started = _start_default_bot(tmp_path, web=False)
     assert started["loaded"] == [], started
+
+
+#: The note memory's modules: the default bot loads them ([memory] backend = "sqlite").
+_NOTE_MEMORY = (
+    "agentik.core.memory.sqlite",
+    "agentik.core.memory.markdown",
+    "agentik.core.memory.embeddings",
+    "agentik.core.background",
+)
+
+
+def test_a_bot_without_note_memory_loads_none_of_its_modules(tmp_path):
+    without = _start_default_bot(tmp_path, web=False, memory="none", lazy=_LAZY + _NOTE_MEMORY)
+    assert without["loaded"] == [], without
+    (tmp_path / "default").mkdir()
+    default = _start_default_bot(tmp_path / "default", web=False, lazy=_NOTE_MEMORY)
+    assert "agentik.core.memory.sqlite" in default["loaded"], default  # what the list means
 
 
 def test_the_same_bot_with_its_http_transport_enabled_serves_it_and_its_metrics(tmp_path):

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError
-from .copy import TABLES
 from .sqlite_room import SQLiteRoom
 
 __all__ = ["SQLiteCopy"]
@@ -24,6 +23,8 @@ def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
 
 
 def _tables(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    from .copy import TABLES  # `agentik db copy`'s module: not loaded by a running bot
+
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     return {t: _columns(conn, t) for t in TABLES if t in names}
 
