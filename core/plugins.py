@@ -40,8 +40,8 @@ ENTRY_POINT_GROUP = "agentik"
 BUILTIN_DISTRIBUTION = "agentik"
 _BUILTIN_MODULES = (
     "agentik.core.llm.openai_backend",
-    "agentik.core.llm.litert_backend",
-    "agentik.core.llm.llamacpp_backend",
+    "agentik.core.llm.litert",
+    "agentik.core.llm.llamacpp",
     "agentik.core.testing.scripted",
 )
 
@@ -64,15 +64,20 @@ class LazyFactory:
     configuration without it should not pay (the built-in IRC and Slack transports:
     their modules, and irc3 or slack-bolt after them, are imported when a
     ``[transports.*]`` table of that type is made).  ``load()`` returns the factory.
+
+    ``settings_model``, when given, is what the attribute reads without importing the
+    factory: the built-in local backends (LiteRT-LM, llama.cpp) keep theirs in a small
+    module, read to validate ``[llm]``, so a bot on another backend loads neither.
     """
 
-    __slots__ = ("_target", "path")
+    __slots__ = ("_settings", "_target", "path")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, settings_model: Any = None) -> None:
         module, _, name = path.partition(":")
         if not module or not name:
             raise ValueError(f"expected 'package.module:Name', got {path!r}")
         self.path = path
+        self._settings = settings_model
         self._target: Any = None
 
     def load(self) -> Any:
@@ -88,6 +93,8 @@ class LazyFactory:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # copy, pickle and the like probe these
             raise AttributeError(name)
+        if name == "settings_model" and self._settings is not None:
+            return self._settings
         return getattr(self.load(), name)
 
     def __repr__(self) -> str:

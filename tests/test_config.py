@@ -36,7 +36,7 @@ from agentik.core.hookspecs import hookimpl
 from agentik.core.memory import BackgroundPolicy, MemoryBackend, MemorySettings
 from agentik.core.memory.markdown import MarkdownMemory
 from agentik.core.memory.sqlite import SQLiteMemory
-from agentik.core.plugins import load_plugins
+from agentik.core.plugins import LazyFactory, load_plugins
 from agentik.core.settings import FilePath, config_key, setting_fields
 from agentik.core.testing.scripted import ScriptedModel
 from agentik.transports.base import Transport
@@ -621,7 +621,10 @@ def test_constructor_defaults_are_the_settings_defaults():
     assert set(builtin_llm_settings()) == {"openai", "llamacpp", "litert", "scripted"}
     for name, model in builtin_llm_settings().items():
         assert backends[name].settings_model is model
-        params = inspect.signature(backends[name]).parameters
+        factory = backends[name]
+        if isinstance(factory, LazyFactory):  # the local backends: by name, their class
+            factory = factory.load()
+        params = inspect.signature(factory).parameters
         for key, field in model.model_fields.items():
             assert key in params, f"{name}: the constructor takes no {key}"
             default = params[key].default

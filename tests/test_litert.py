@@ -33,7 +33,7 @@ from agentik.core.llm.base import (
     ToolCallItem,
     UsageItem,
 )
-from agentik.core.llm.litert_backend import LiteRTBackend, to_engine_messages
+from agentik.core.llm.litert_backend import LiteRTBackend, LiteRTSettings, to_engine_messages
 from agentik.core.messages import ChatMessage, ToolCall
 from agentik.core.plugins import load_plugins
 from agentik.core.testing.scripted import Reply, ScriptedModel
@@ -598,8 +598,10 @@ def test_a_cache_dir_that_cannot_be_created_is_a_config_error_naming_it(tmp_path
 
 
 def test_the_backend_registers_as_litert():
-    registry = load_plugins(env={})
-    assert registry.llm_backends["litert"] is LiteRTBackend
+    factory = load_plugins(env={}).llm_backends["litert"]
+    # By name: its keys are read without the backend's module (tests/test_imports.py).
+    assert factory.settings_model is LiteRTSettings
+    assert factory.load() is LiteRTBackend
 
 
 async def test_configured_from_toml_and_the_seeds_environment_names(tmp_path):

