@@ -10,10 +10,26 @@
   entry-point group of this distribution's ``pyproject.toml``.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .commands import webhook_command
 from .signing import sign, verify
 from .tools import webhook_time
-from .transport import WebhookSettings, WebhookTransport
+
+if TYPE_CHECKING:
+    from .transport import WebhookSettings, WebhookTransport
+
+
+def __getattr__(name: str) -> Any:
+    """The transport's names, imported on first use: agentik loads every installed
+    plugin at start (this package comes with :mod:`.plugin`), and a bot without a
+    ``webhook`` table need not hold the transport's module."""
+    if name in ("WebhookSettings", "WebhookTransport"):
+        from . import transport
+
+        return getattr(transport, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "WebhookSettings",

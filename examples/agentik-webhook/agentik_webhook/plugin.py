@@ -15,16 +15,17 @@ from __future__ import annotations
 from typing import Any
 
 from agentik.core.hookspecs import hookimpl
+from agentik.core.plugins import LazyFactory
 
 from .commands import webhook_command
 from .tools import webhook_time
-from .transport import WebhookTransport
 
 
 @hookimpl
 def register_transports(register: Any) -> None:
-    """``[transports.<name>] type = "webhook"``."""
-    register("webhook", WebhookTransport)
+    """``[transports.<name>] type = "webhook"``: registered by name, so its module is
+    imported when such a table is made, not by every bot that has this plugin."""
+    register("webhook", LazyFactory("agentik_webhook.transport:WebhookTransport"))
 
 
 @hookimpl

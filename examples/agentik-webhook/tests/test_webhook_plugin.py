@@ -162,19 +162,22 @@ def test_agentik_plugins_lists_the_installed_distribution(tmp_path):
 
 def test_loading_the_plugin_does_not_import_its_web_framework(tmp_path):
     """agentik loads every installed plugin at start-up: a bot with no webhook transport
-    does not pay for aiohttp, imported when a webhook transport starts (the tests above)."""
+    does not pay for the transport's module (registered by name), nor for aiohttp,
+    imported when a webhook transport starts (the tests above)."""
     script = (
         "import sys\n"
         "from agentik.core.plugins import load_plugins\n"
         "registry = load_plugins()\n"
-        "print(registry.transports['webhook'].__name__, 'aiohttp' in sys.modules)\n"
+        "loaded = 'agentik_webhook.transport' in sys.modules\n"
+        "factory = registry.transports['webhook'].load()\n"
+        "print(loaded, factory.__name__, 'aiohttp' in sys.modules)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=tmp_path, env=clean_env(), capture_output=True,
         text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["WebhookTransport", "False"]
+    assert result.stdout.split() == ["False", "WebhookTransport", "False"]
 
 
 def test_the_distribution_builds_a_wheel_with_its_entry_point(tmp_path):
