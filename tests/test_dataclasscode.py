@@ -22,13 +22,9 @@ pytestmark = pytest.mark.skipif(
     not dataclasscode.ENABLED, reason="Python 3.13+ compiles a class's methods in one call"
 )
 
-# Defines dataclasses of every kind agentik uses inside the block, and prints what a
-# user of them can observe, with how many methods were compiled inside the block.
-_SCRIPT = r"""
-import builtins, dataclasses, json, pickle, sys
-from typing import Annotated
-import pydantic
-from agentik.core.dataclasscode import cache_path, dataclass_code_cached
+# Counts the calls of compile() made while builtins.compile is counting_compile.
+_COUNTING = r"""
+import builtins
 
 compiled = 0
 real_compile = builtins.compile
@@ -36,6 +32,17 @@ def counting_compile(*args, **kwargs):
     global compiled
     compiled += 1
     return real_compile(*args, **kwargs)
+"""
+
+# Defines dataclasses of every kind agentik uses inside the block, and prints what a
+# user of them can observe, with how many methods were compiled inside the block.
+_SCRIPT = (
+    _COUNTING
+    + r"""
+import builtins, dataclasses, json, pickle, sys
+from typing import Annotated
+import pydantic
+from agentik.core.dataclasscode import cache_path, dataclass_code_cached
 
 FIELDS = sys.argv[1].split(",")
 
@@ -88,15 +95,18 @@ except pydantic.ValidationError as exc:
 out["path"] = cache_path()
 print(json.dumps(out))
 """
+)
 
 
-def _run(folder: Path, fields: str = "a,b", *, write: bool = True) -> dict[str, object]:
+def _run(
+    folder: Path, fields: str = "a,b", *, write: bool = True, script: str = _SCRIPT
+) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE",)}
     env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
     if not write:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, fields],
+        [sys.executable, "-c", script, fields],
         capture_output=True,
         text=True,
         env=env,
@@ -168,17 +178,13 @@ def test_an_unreadable_or_foreign_cache_file_is_ignored_and_replaced(tmp_path):
 
 # Two blocks one after the other, as a bot runs them (its imports, then its build); the
 # second defines a class the first start did not have when ``sys.argv[1]`` says so.
-_TWO_BLOCKS = r"""
+_TWO_BLOCKS = (
+    _COUNTING
+    + r"""
 import builtins, dataclasses, json, sys
 from agentik.core import dataclasscode
 from agentik.core.dataclasscode import dataclass_code_cached
 
-compiled = 0
-real_compile = builtins.compile
-def counting_compile(*args, **kwargs):
-    global compiled
-    compiled += 1
-    return real_compile(*args, **kwargs)
 builtins.compile = counting_compile
 
 def held():  # code objects the cache itself holds (the methods hold their own)
@@ -196,22 +202,11 @@ print(json.dumps({"compiled": compiled, "held_between": between, "held_after": h
                   "first": repr(First(1, "b")), "second": repr(Second(*range(len(fields)))),
                   "ordered": Second(*[0] * len(fields)) < Second(*[1] * len(fields))}))
 """
+)
 
 
 def _run_two(folder: Path, second: str) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
-    done = subprocess.run(
-        [sys.executable, "-c", _TWO_BLOCKS, second],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return _run(folder, second, script=_TWO_BLOCKS)
 
 
 def test_the_code_objects_are_let_go_between_blocks_and_the_file_keeps_both(tmp_path):

@@ -49,7 +49,7 @@ import pydantic
 
 from ..errors import ToolError
 from .base import Tool, ToolContext, ToolResult
-from .mcp_config import _NAME_BAD, MAX_TOOL_NAME, MCPServerConfig, tool_name
+from .mcp_config import MAX_TOOL_NAME, MCPServerConfig, tool_name, uncut_tool_name
 
 if TYPE_CHECKING:
     import mcp_types as mt
@@ -873,7 +873,7 @@ class _Server:
                 log.warning("MCP server %r: duplicate tool name %r", cfg.name, tool.name)
                 continue
             cut += tool.cut
-            renamed += tool.name != f"{cfg.name}__{_NAME_BAD.sub('_', remote.name)}"
+            renamed += tool.name != uncut_tool_name(cfg.name, remote.name)
             tools[tool.name] = tool
         self.tools = tools
         cuts = []

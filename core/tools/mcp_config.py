@@ -18,11 +18,17 @@ from pydantic.dataclasses import dataclass
 
 from ..settings import SETTINGS, BlankSecret, PathSetting
 
-__all__ = ["MAX_TOOL_NAME", "MCPServerConfig", "tool_name"]
+__all__ = ["MAX_TOOL_NAME", "MCPServerConfig", "tool_name", "uncut_tool_name"]
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")
 #: Longest tool name a model is offered: OpenAI documents ``^[a-zA-Z0-9_-]{1,64}$``.
 MAX_TOOL_NAME = 64
+
+
+def uncut_tool_name(server: str, remote: str) -> str:
+    """``<server>__<tool>`` with the characters a model API refuses replaced by ``_``:
+    :func:`tool_name` before a long name is cut."""
+    return f"{server}__{_NAME_BAD.sub('_', remote)}"
 
 
 def tool_name(server: str, remote: str) -> str:
@@ -31,7 +37,7 @@ def tool_name(server: str, remote: str) -> str:
     :data:`MAX_TOOL_NAME` characters is cut and ends in ``_`` and 8 hex digits
     of a hash of the tool's own name, so it is stable across restarts and two
     long names that share a prefix stay apart."""
-    name = f"{server}__{_NAME_BAD.sub('_', remote)}"
+    name = uncut_tool_name(server, remote)
     if len(name) <= MAX_TOOL_NAME:
         return name
     digest = hashlib.sha256(remote.encode("utf-8", "surrogatepass")).hexdigest()[:8]
