@@ -50,6 +50,7 @@ __all__ = [
     "OVERLAY_SETTINGS",
     "SETTINGS",
     "Blank",
+    "BlankInt",
     "BlankSecret",
     "FilePath",
     "PathSetting",
@@ -112,6 +113,8 @@ def _blank_is_none(value: Any) -> Any:
 Blank = Annotated[str | None, BeforeValidator(_blank_is_none)]
 #: A secret where ``""`` means unset.
 BlankSecret = Annotated[SecretStr | None, BeforeValidator(_blank_is_none)]
+#: A whole number where ``""`` means unset.
+BlankInt = Annotated[int | None, BeforeValidator(_blank_is_none)]
 
 
 class FilePath:

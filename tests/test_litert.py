@@ -713,3 +713,11 @@ def test_tool_calls_and_results_translate_to_the_engines_shapes():
             {"type": "tool_response", "name": "clock", "response": "13:00"},
         ],
     }
+
+
+def test_a_blank_threads_key_is_unset_and_zero_is_refused():
+    # ``threads = "${AGENTIK_GOOGLE_THREADS:-}"`` gives "" when the variable is unset.
+    assert LiteRTSettings(threads="").threads is None
+    assert LiteRTSettings(threads="3").threads == 3
+    with pytest.raises(ValueError, match="threads"):
+        LiteRTSettings(threads=0)

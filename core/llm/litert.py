@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..hookspecs import hookimpl
 from ..plugins import LazyFactory
-from ..settings import SETTINGS, Blank, PathSetting
+from ..settings import SETTINGS, Blank, BlankInt, PathSetting
 
 __all__ = ["AuthorMode", "LiteRTSettings", "register_llm_backends"]
 
@@ -26,21 +26,19 @@ def _name_is_prefix(value: Any) -> Any:
     return "prefix" if value == "name" else value
 
 
-def _blank_is_none(value: Any) -> Any:
-    return None if value == "" else value
-
-
 class LiteRTSettings(BaseModel):
-    """The ``litert`` backend's keys in ``[llm]`` (see :class:`LiteRTBackend`)."""
+    """The ``litert`` backend's keys in ``[llm]`` (see
+    :class:`~agentik.core.llm.litert_backend.LiteRTBackend`)."""
 
     model_config = SETTINGS | ConfigDict(frozen=True)
 
     #: The ``.litertlm`` file; unset: ``$AGENTIK_GOOGLE_MODEL_PATH``.
     model_path: PathSetting = None
-    #: Compiled artifacts; unset: ``$AGENTIK_GOOGLE_CACHE_DIR``, else :func:`default_cache_dir`.
+    #: Compiled artifacts; unset: ``$AGENTIK_GOOGLE_CACHE_DIR``, else
+    #: :func:`~agentik.core.llm.litert_backend.default_cache_dir`.
     cache_dir: PathSetting = None
     #: CPU threads of the engine; unset: ``$AGENTIK_GOOGLE_THREADS``, else the engine's choice.
-    threads: Annotated[int | None, BeforeValidator(_blank_is_none)] = Field(None, ge=1)
+    threads: BlankInt = Field(None, ge=1)
     max_tokens: int | None = Field(None, gt=0)
     #: The KV cache size; unset: the model's.
     context_tokens: int | None = Field(None, gt=0)

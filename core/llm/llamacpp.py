@@ -22,7 +22,8 @@ ToolChoice = Literal["auto", "required"]
 
 
 class LlamaCppSettings(BaseModel):
-    """The ``llamacpp`` backend's keys in ``[llm]`` (see :class:`LlamaCppBackend`)."""
+    """The ``llamacpp`` backend's keys in ``[llm]`` (see
+    :class:`~agentik.core.llm.llamacpp_backend.LlamaCppBackend`)."""
 
     model_config = SETTINGS | ConfigDict(frozen=True)
 
@@ -31,7 +32,7 @@ class LlamaCppSettings(BaseModel):
     #: A display name (default: the model file's name).
     model: Blank = None
     n_ctx: int = Field(2048, ge=64)
-    #: Unset: :func:`default_threads`.
+    #: Unset: :func:`~agentik.core.llm.llamacpp_backend.default_threads`.
     n_threads: int | None = Field(None, ge=1)
     n_batch: int = Field(512, ge=1)
     #: Unset: 0.2 (0: greedy).
