@@ -252,6 +252,8 @@ async def test_a_keyboard_alone_opens_a_conversation_sends_and_uses_the_shortcut
         await page.keyboard.type("Sunny tomorrow?")
         await page.keyboard.press("Enter")
         await expect(page.locator(".msg.assistant").last).to_contain_text("echo: Sunny tomorrow?")
+        # The answer's text can show before its turn ends; editing a running turn is refused.
+        await expect(page.locator("#stop")).to_be_disabled()
         # Edit the last message: it comes back into the box.
         await page.keyboard.press("ArrowUp")
         await expect(page.locator("#input")).to_have_value("Sunny tomorrow?")
@@ -259,6 +261,7 @@ async def test_a_keyboard_alone_opens_a_conversation_sends_and_uses_the_shortcut
         await page.keyboard.type("Windy tomorrow?")
         await page.keyboard.press("Enter")
         await expect(page.locator(".msg.assistant").last).to_contain_text("echo: Windy tomorrow?")
+        await expect(page.locator("#stop")).to_be_disabled()
         # Regenerate: the last question again.
         await page.keyboard.press("Alt+Shift+R")
         await expect(page.locator(".msg.assistant")).to_have_count(4)
