@@ -54,6 +54,7 @@ from agentik.core.redaction import RedactionSettings
 from agentik.core.settings import (
     Blank,
     describe_error,
+    empty_list,
     known_keys,
     model_with_knobs,
     setting_fields,
@@ -405,7 +406,7 @@ class MCPSection(_Section):
     #: and its tools are offered once it is up.
     start_wait: float = Field(10.0, ge=0, le=600)
     #: A server without its own ``startup`` takes this one.
-    servers: list[MCPServerConfig] = Field(default_factory=list)
+    servers: list[MCPServerConfig] = Field(default_factory=empty_list)
 
     @model_validator(mode="after")
     def _unique(self) -> MCPSection:
@@ -443,7 +444,7 @@ class Config(_Section):
     channels: dict[str, ChannelSettings] = Field(default_factory=dict)
     mcp: MCPSection = Field(default_factory=MCPSection)
     #: ``[[approvals]]``: tool calls that wait for a person's approval (first match wins).
-    approvals: list[ApprovalRule] = Field(default_factory=list)
+    approvals: list[ApprovalRule] = Field(default_factory=empty_list)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     #: Named agents, called as tools (``[agents.<name>]``; ``[agent] uses`` lists
@@ -464,11 +465,11 @@ class Config(_Section):
     #: ``chat``, ``debug`` and ``metrics``.
     profiles: dict[str, StreamProfileSettings] = Field(default_factory=dict)
     #: ``[[passthrough]]``: tools that call another tool directly, with fixed arguments.
-    passthrough: list[PassthroughSpec] = Field(default_factory=list)
+    passthrough: list[PassthroughSpec] = Field(default_factory=empty_list)
     #: ``[[links]]``: channels on several transports that are one conversation.
-    links: list[LinkSettings] = Field(default_factory=list)
+    links: list[LinkSettings] = Field(default_factory=empty_list)
     #: ``[[webhooks]]``: receivers of run events, POSTed as signed JSON (issue 35).
-    webhooks: list[WebhookSettings] = Field(default_factory=list)
+    webhooks: list[WebhookSettings] = Field(default_factory=empty_list)
     #: ``[workspace]``: folders the read-only tools ``read_file``, ``list_dir``, ``glob``
     #: and ``grep`` may read (issue 35; none: the tools are not offered).
     workspace: WorkspaceSettings = Field(default_factory=WorkspaceSettings)

@@ -62,7 +62,7 @@ from pydantic import Field
 
 from .canonical import Canonical
 from .errors import ConfigError
-from .settings import settings_dataclass
+from .settings import empty_list, settings_dataclass
 
 if TYPE_CHECKING:
     from .cluster.notify import Notice, Subscription
@@ -241,7 +241,7 @@ class AccessSettings:
     #: Named roles, ``[access.roles.<name>]``.
     roles: dict[str, RoleSettings] = Field(default_factory=dict)
     #: Rules, ``[[access.rules]]``, read in order.
-    rules: list[AccessRule] = Field(default_factory=list)
+    rules: list[AccessRule] = Field(default_factory=empty_list)
 
     def check(self) -> None:
         """Raise :class:`ConfigError` naming the key of a bad role name or rule."""

@@ -61,7 +61,7 @@ from .cluster.jobs import next_interval, own_slot, run_once, startup_slot
 from .compaction import SUMMARY_PREFIX, ask
 from .errors import AttachmentRejected
 from .questions import MAX_TODO_ITEMS, MAX_TODO_TEXT, TODO_STATUSES
-from .settings import settings_dataclass
+from .settings import empty_list, settings_dataclass
 from .store.records import A2ATaskRecord
 from .store.snapshot import (
     DELETED_NOTICE,
@@ -161,7 +161,7 @@ class RetentionSettings:
     length limit of a ``summarise`` summary.
     """
 
-    rules: list[RetentionRule] = Field(default_factory=list)
+    rules: list[RetentionRule] = Field(default_factory=empty_list)
     every_turns: int = Field(200, ge=1)
     interval_hours: float = Field(24.0, gt=0)
     summary_tokens: int = Field(512, ge=32)

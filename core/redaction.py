@@ -41,7 +41,7 @@ from .events import (
     TurnEnded,
 )
 from .hookspecs import hookimpl
-from .settings import settings_dataclass
+from .settings import empty_list, settings_dataclass
 from .store.records import Redaction, RedactionError, tombstoned
 
 __all__ = [
@@ -100,7 +100,7 @@ class RedactionSettings:
     #: ``[redacted:<kind>]`` before anything is written or sent to the model.
     scrub: bool = False
     #: More patterns for the scrubber (``kind`` and ``pattern``).
-    patterns: list[RedactionPattern] = Field(default_factory=list)
+    patterns: list[RedactionPattern] = Field(default_factory=empty_list)
     #: Leave out the built-in patterns (only ``patterns`` apply).
     builtin_patterns: bool = True
 

@@ -35,7 +35,7 @@ from pydantic import Field
 from .errors import ConfigError
 from .events import EVENT_TYPES, PLUGIN_KIND, Event, plugin_event_kinds
 from .messages import Usage
-from .settings import settings_dataclass
+from .settings import empty_list, settings_dataclass
 
 __all__ = [
     "BUILTIN_PROFILES",
@@ -174,9 +174,9 @@ class StreamProfileSettings:
     #: ``[profiles.<name>]``.
     extends: ProfileName | None = None
     #: Event kinds added (``text_delta``, ``tool_call_started``, ``turn_ended``, …).
-    kinds: list[str] = Field(default_factory=list)
+    kinds: list[str] = Field(default_factory=empty_list)
     #: Event kinds left out (of what ``extends`` gives).
-    exclude: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=empty_list)
     #: Whether events of child runs (sub-agents) are carried; unset: as ``extends``.
     child_runs: bool | None = None
     #: Whether usage numbers are carried; unset: as ``extends``.

@@ -303,6 +303,41 @@ def test_building_a_bot_leaves_the_imports_objects_to_the_collectors_permanent_g
     assert seen["enabled"] and seen["kept_disabled"], seen
 
 
+_FROZEN_GARBAGE = """
+import gc, json, sys, types
+from agentik.bot.app import Bot
+from agentik.bot.config import load_config
+
+Bot(load_config(sys.argv[1]))
+# What the first build froze that nothing refers to: a collection with the frozen
+# objects back in the collector's generations finds it, and DEBUG_SAVEALL keeps it.
+gc.set_debug(gc.DEBUG_SAVEALL)
+gc.unfreeze()
+gc.collect()
+copies = [o for o in gc.garbage if isinstance(o, dict) and len(o) > 100
+          and {"sys", "builtins", "agentik.core"} <= o.keys()
+          and isinstance(o["agentik.core"], types.ModuleType)]
+print(json.dumps({"garbage": len(gc.garbage), "modules_copies": len(copies)}))
+"""
+
+
+def test_the_first_build_freezes_no_copy_of_the_module_table(tmp_path):
+    """A settings field's ``default_factory=list`` made pydantic call
+    ``inspect.signature(list)``, which leaves a reference cycle holding a copy of
+    ``sys.modules``; with the collector paused and the result frozen, a started bot kept
+    13 of them for its life (issue 31).  The settings use ``empty_list`` instead."""
+    config = _default_config(tmp_path / "garbage", web=False)
+    env = clean_env(OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_KEY="x", OPENAI_MODEL="m")
+    done = subprocess.run(
+        [sys.executable, "-c", _FROZEN_GARBAGE, str(config)], cwd=config.parent, env=env,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["garbage"] > 0, seen  # the check sees frozen garbage at all
+    assert seen["modules_copies"] == 0, seen
+
+
 def test_profiles_moved_to_streamprofiles_and_the_old_name_still_works():
     """``PROFILES`` is derived from the stream profiles, which build on the events."""
     import agentik.core

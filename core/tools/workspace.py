@@ -40,7 +40,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ..errors import ConfigError, ToolError
-from ..settings import settings_dataclass
+from ..settings import empty_list, settings_dataclass
 from .base import ToolContext, ToolResult
 
 __all__ = ["WORKSPACE_TOOLS", "Workspace", "WorkspaceSettings", "workspace_tools"]
@@ -64,7 +64,7 @@ class WorkspaceSettings:
 
     #: Folders to read (relative to the configuration file); each is named to the
     #: model by its last path component (``/srv/repo`` → ``repo/…``).
-    folders: list[str] = Field(default_factory=list)
+    folders: list[str] = Field(default_factory=empty_list)
     #: A file larger than this many bytes is refused (``grep`` skips it).
     max_file_bytes: Annotated[int, Field(ge=1, le=1_000_000_000)] = 1_000_000
     #: Characters of one ``read_file`` answer at most (the rest: ask with ``offset``).

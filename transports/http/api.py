@@ -105,6 +105,7 @@ from agentik.core.lifecycle import (
 from agentik.core.messages import Content, ImagePart, Message, TextPart, parts_from
 from agentik.core.questions import MAX_FORM_FIELDS, FormError, may_answer
 from agentik.core.redaction import RedactionError
+from agentik.core.settings import empty_list
 from agentik.core.store.search import SearchHit, search_terms
 from agentik.core.streamprofiles import PROFILES
 from agentik.core.turnsettings import DEFAULT_SETTINGS, TurnOrigin, TurnSettings
@@ -257,7 +258,7 @@ class NewMessageBody(_Body):
     #: When a turn is running: ``queue``, ``steer`` into it, or ``interrupt`` it.
     busy: Literal["queue", "steer", "interrupt"] = "queue"
     #: Images and files uploaded before (``POST .../attachments``), sent with it.
-    attachments: list[AttachmentRef] = Field(default_factory=list, max_length=MAX_ATTACHMENTS)
+    attachments: list[AttachmentRef] = Field(default_factory=empty_list, max_length=MAX_ATTACHMENTS)
 
     @model_validator(mode="after")
     def _words_or_attachments(self) -> NewMessageBody:

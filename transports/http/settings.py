@@ -6,6 +6,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentik.core.settings import empty_list
+
 from .hosts import parse_authority, parse_origin
 
 __all__ = ["A2ASettings", "HttpSettings", "TokenSettings"]
@@ -95,7 +97,7 @@ class HttpSettings(BaseModel):
     #: Path prefix of the API (``""`` for none).
     prefix: str = "/agentik"
     #: Bearer tokens; none: no authentication and loopback only.
-    tokens: list[TokenSettings] = Field(default_factory=list)
+    tokens: list[TokenSettings] = Field(default_factory=empty_list)
     #: Largest request body accepted, in bytes (larger: 413).
     max_body_bytes: int = Field(1_048_576, ge=1024)
     #: Largest conversation snapshot ``POST …/conversations/import`` takes, in bytes.
@@ -108,17 +110,17 @@ class HttpSettings(BaseModel):
     web_ui: bool = True
     #: Browser origins allowed to call the API from another site (CORS).  Each
     #: one is also an allowed origin (see ``allowed_origins``), except ``"*"``.
-    cors_origins: list[str] = Field(default_factory=list)
+    cors_origins: list[str] = Field(default_factory=empty_list)
     #: ``Host`` values answered besides loopback ones (``127.0.0.1``, ``localhost``,
     #: ``[::1]``): names of a reverse proxy in front, ``name`` (any port) or
     #: ``name:port``; ``"*"``: any.  Checked without tokens always, with tokens
     #: when set.  Guards against DNS rebinding.
-    allowed_hosts: list[str] = Field(default_factory=list)
+    allowed_hosts: list[str] = Field(default_factory=empty_list)
     #: Browser origins (``scheme://host[:port]``) allowed besides the server's own
     #: (a page served from the ``Host`` the request names, or a loopback origin
     #: on this port).  A request with any other ``Origin`` header is refused (403):
     #: without tokens always, with tokens when set.  Guards against cross-site requests.
-    allowed_origins: list[str] = Field(default_factory=list)
+    allowed_origins: list[str] = Field(default_factory=empty_list)
     #: Without tokens: channel-key prefixes of the conversations the local user
     #: sees and uses.  The default shows HTTP conversations only; add ``"irc:"``,
     #: ``"slack:"`` (or write ``["*"]``: every conversation) to expose other

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from agentik.core.settings import PathSetting
+from agentik.core.settings import PathSetting, empty_list
 
 __all__ = ["IRCSettings"]
 
@@ -38,7 +38,7 @@ class IRCSettings(BaseModel):
     password: SecretStr | None = None
     nick: str = "agentik"
     #: Tried in order when the nick is taken; then the nick with digits.
-    alt_nicks: list[str] = Field(default_factory=list)
+    alt_nicks: list[str] = Field(default_factory=empty_list)
     username: str = "agentik"
     realname: str = "agentik chat bot"
     #: ``plain`` (account + password), ``external`` (TLS client certificate), or ``none``.
@@ -66,7 +66,7 @@ class IRCSettings(BaseModel):
     #: (nothing more is sent) or ``nickserv_password``.  ``[]``: never ask.
     nickserv_recover: list[_Recovery] = Field(default_factory=lambda: list(_RECOVERY_ORDER))
     #: Channels to join; ``"#chan key"`` for a keyed channel.
-    channels: list[str] = Field(default_factory=list)
+    channels: list[str] = Field(default_factory=empty_list)
     #: ``prefix``: answer in channels only to ``nick: ...`` / ``nick, ...``;
     #: ``mention``: also when the nick appears anywhere in the message.
     address_mode: Literal["prefix", "mention"] = "mention"

@@ -15,7 +15,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from agentik.core.settings import PathSetting
+from agentik.core.settings import PathSetting, empty_list
 
 __all__ = ["SlackSettings", "SuggestedPrompt"]
 
@@ -93,14 +93,14 @@ class SlackSettings(BaseModel):
     #: ``<@U…>`` through.  Default none: everything the model writes is shown
     #: as text; ``<!here>``, ``<!channel>``, ``<!everyone>`` and group
     #: mentions never go out.
-    allow_mentions: list[Literal["users"]] = Field(default_factory=list)
+    allow_mentions: list[Literal["users"]] = Field(default_factory=empty_list)
     #: Posted when a user opens a new assistant thread (Slack's AI app view);
     #: empty: none.  Markdown.
     assistant_greeting: str = "Hi! How can I help?"
     #: Suggested prompts offered in a new assistant thread (at most 4): each a
     #: table ``{ title = "…", message = "…" }``, or a string (its own title).
     assistant_prompts: Annotated[list[SuggestedPrompt], BeforeValidator(_prompts)] = Field(
-        default_factory=list, max_length=4
+        default_factory=empty_list, max_length=4
     )
 
     # Slack's token kinds by prefix: xoxb- bot, xapp- app-level, xoxp- user.  The two
