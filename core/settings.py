@@ -16,6 +16,7 @@ Helpers for such classes:
 * :data:`Blank` — ``str | None`` where an empty string means "unset";
 * :class:`FilePath` — marks a field as a file or folder path, resolved
   against the configuration file's folder (``~`` expanded) by the builder;
+* :func:`empty_list` — the default factory of a list field (not ``list``);
 * :func:`setting_fields` — the fields of a settings class, by key;
 * :func:`validate_settings` — validate a mapping, errors naming the key;
 * :func:`overlay` — make a class that overlays others (every key optional,
