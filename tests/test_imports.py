@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -263,6 +264,20 @@ def test_agentik_run_until_ready_imports_none_of_what_the_default_config_does_no
     assert seen == {"code": 0, "loaded": []}, (seen, err[-2000:])
 
 
+def _build_in_a_fresh_interpreter(script: str, folder: Path) -> dict[str, Any]:
+    """Run ``script`` (``python -c``, the default configuration's path as its
+    argument, on a fake OpenAI endpoint) in ``folder``; the JSON of its last line."""
+    config = _default_config(folder, web=False)
+    env = clean_env(OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_KEY="x", OPENAI_MODEL="m")
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(config)], cwd=config.parent, env=env,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seen
+
+
 _BUILD_TWICE = """
 import gc, json, sys
 from agentik.bot.app import Bot
@@ -287,14 +302,7 @@ def test_building_a_bot_leaves_the_imports_objects_to_the_collectors_permanent_g
     """Start-up (docs/operations.md, "What a started bot imports"): the first build in a
     process freezes what the imports created, so no collection walks it again; later
     builds freeze nothing more, and the collector is left as the caller had it."""
-    config = _default_config(tmp_path / "freeze", web=False)
-    env = clean_env(OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_KEY="x", OPENAI_MODEL="m")
-    done = subprocess.run(
-        [sys.executable, "-c", _BUILD_TWICE, str(config)], cwd=config.parent, env=env,
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = _build_in_a_fresh_interpreter(_BUILD_TWICE, tmp_path / "freeze")
     # The modules of agentik and of the openai SDK: tens of thousands of objects.
     assert seen["first"] > 20_000, seen
     # A second build freezes nothing more (a frozen object that its last reference
@@ -326,14 +334,7 @@ def test_the_first_build_freezes_no_copy_of_the_module_table(tmp_path):
     ``inspect.signature(list)``, which leaves a reference cycle holding a copy of
     ``sys.modules``; with the collector paused and the result frozen, a started bot kept
     13 of them for its life (issue 31).  The settings use ``empty_list`` instead."""
-    config = _default_config(tmp_path / "garbage", web=False)
-    env = clean_env(OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_KEY="x", OPENAI_MODEL="m")
-    done = subprocess.run(
-        [sys.executable, "-c", _FROZEN_GARBAGE, str(config)], cwd=config.parent, env=env,
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = _build_in_a_fresh_interpreter(_FROZEN_GARBAGE, tmp_path / "garbage")
     assert seen["garbage"] > 0, seen  # the check sees frozen garbage at all
     assert seen["modules_copies"] == 0, seen
 
